@@ -1,0 +1,236 @@
+"""Position schemes as plug-ins behind one registry.
+
+A scheme contributes at most two things:
+
+* an *input* module, added to the token embeddings before the embeddings LayerNorm
+  (absolute schemes: ``learned``, ``sinusoidal``), called as ``module(position_ids, attention_mask)``;
+* a per-layer *attention* module that may rotate queries/keys and/or return an additive
+  bias on the scaled attention logits (``relative``, ``rope``, ``alibi``), called as
+  ``module(q, k, position_ids) -> (q, k, bias)`` with ``q, k`` of shape ``[B, H, T, Dh]``.
+
+``position_ids`` are 0-based indices of each token among the non-padding tokens of its
+row (the first token, ``<s>``, has position 0). The ``learned`` scheme converts them to
+RoBERTa's convention (``padding_idx + 1 + position``) so that its table loads in Hugging
+Face's ``RobertaModel`` unchanged.
+
+The names in :data:`POSITION_SCHEMES` must match the files in ``configs/pos/``; a test
+checks it, and the entry points validate ``pos=`` against those files before importing torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .config import EncoderConfig
+
+
+# ----------------------------------------------------------------------------------------
+# Input (absolute) schemes
+# ----------------------------------------------------------------------------------------
+class LearnedPositionEmbedding(nn.Embedding):
+    """Learned absolute positions, RoBERTa convention (Liu et al. 2019; Devlin et al. 2019).
+
+    Row ``padding_idx`` belongs to padding; token ``t`` (0-based) uses row ``padding_idx + 1 + t``,
+    hence ``max_len + padding_idx + 1`` rows. Same as ``create_position_ids_from_input_ids`` in
+    transformers for right- or left-padded input.
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__(
+            config.max_position_embeddings, config.hidden_size, padding_idx=config.pad_token_id
+        )
+        self.pad = config.pad_token_id
+
+    def forward(self, position_ids: Tensor, attention_mask: Tensor) -> Tensor:  # type: ignore[override]
+        ids = torch.where(attention_mask.bool(), position_ids + self.pad + 1, self.pad)
+        return super().forward(ids)
+
+
+def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
+    """Fixed sinusoidal table of Vaswani et al. (2017), §3.5, interleaved sin/cos.
+
+    ``PE[p, 2i] = sin(p / base^(2i/dim))`` and ``PE[p, 2i+1] = cos(p / base^(2i/dim))``.
+    """
+    pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, dim, 2, dtype=torch.float64)
+    angle = pos / base ** (two_i / dim)
+    table = torch.zeros(num_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : dim // 2])
+    return table.float()
+
+
+class SinusoidalPositionEmbedding(nn.Module):
+    """Non-learned sinusoidal absolute positions (Vaswani et al. 2017), added at the input."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        base = float(config.pos.get("base", 10000.0))
+        # Not persistent: the table is a function of the config, so checkpoints stay small.
+        self.register_buffer(
+            "table", sinusoidal_table(config.max_len, config.hidden_size, base), persistent=False
+        )
+
+    def forward(self, position_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        pos = position_ids.clamp(max=self.table.shape[0] - 1)
+        return self.table[pos] * attention_mask[..., None].to(self.table.dtype)
+
+
+# ----------------------------------------------------------------------------------------
+# Attention (relative) schemes
+# ----------------------------------------------------------------------------------------
+def relative_offsets(position_ids: Tensor) -> Tensor:
+    """``offset[b, i, j] = pos[b, i] - pos[b, j]`` (query minus key), shape ``[B, T, T]``."""
+    return position_ids[:, :, None] - position_ids[:, None, :]
+
+
+class RelativeKeyQuery(nn.Module):
+    """Learned relative-position representations in attention, clipped at a max distance.
+
+    Shaw et al. (2018) add ``q_i · a_{ij}`` to the logits; Huang et al. (2020, "Improve
+    Transformer Models with Better Relative Position Embeddings", method 4) also add
+    ``k_j · a_{ij}`` — what transformers 4.x called ``relative_key_query`` and the variant
+    Luo et al. (2021) trained. ``a_{ij} = A[clip(i - j, -K, K) + K]`` with one table
+    ``A ∈ R^{(2K+1) × d_head}`` per layer, shared by its heads (as in transformers 4.x).
+
+    Chosen over T5's bucketed scalar bias because it is the scheme the paper compares
+    against, and its vectors interact with content (``q·a``, ``k·a``), so position can
+    leak into hidden states the way the paper's probes test.
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.max_distance = int(config.pos.get("max_distance", 64))
+        self.distance_embedding = nn.Embedding(2 * self.max_distance + 1, config.head_dim)
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+
+    def forward(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        K = self.max_distance
+        idx = relative_offsets(position_ids).clamp(-K, K) + K  # [B, T, T]
+        table = self.distance_embedding.weight.to(q.dtype)
+        # Project onto the (2K+1) distance vectors first, then gather: O(T·K) instead of
+        # materialising a [T, T, Dh] tensor of distance vectors.
+        q_rel = q @ table.T  # [B, H, T, 2K+1]
+        k_rel = k @ table.T
+        B, H, T, _ = q.shape
+        gather_idx = idx[:, None].expand(B, H, T, T)
+        bias_q = torch.gather(q_rel, -1, gather_idx)  # q_i · a_{ij}
+        bias_k = torch.gather(k_rel, -1, gather_idx.transpose(-1, -2)).transpose(-1, -2)  # k_j · a_{ij}
+        return q, k, (bias_q + bias_k) * self.scale
+
+
+def rope_cos_sin(position_ids: Tensor, dim: int, base: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Cos/sin tables of rotary embeddings, shape ``[B, 1, T, dim]`` (half-rotation layout)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, device=position_ids.device, dtype=torch.float32) / dim)
+    angles = position_ids[..., None].float() * inv_freq  # [B, T, dim/2]
+    angles = torch.cat([angles, angles], dim=-1)[:, None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class RotaryPositions(nn.Module):
+    """Rotary position embedding, RoPE (Su et al. 2021, "RoFormer").
+
+    Queries and keys are rotated by position-dependent angles so that
+    ``<R_i q, R_j k> = <q, R_{j-i} k>`` depends on positions only through ``j - i``.
+    Uses the half-rotation layout of GPT-NeoX / transformers (``rotate_half``).
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.base = float(config.pos.get("base", 10000.0))
+        self.dim = config.head_dim
+        if self.dim % 2:
+            raise ValueError(f"rope needs an even head dimension (got {self.dim})")
+
+    def forward(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, None]:
+        cos, sin = rope_cos_sin(position_ids, self.dim, self.base, q.dtype)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, None
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """Head slopes of ALiBi (Press et al. 2022): geometric ``2^(-8h/n)``; for a head count
+    that is not a power of two, the interpolation of the reference implementation."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        slopes = power_of_two(num_heads)
+    else:
+        closest = 2 ** math.floor(math.log2(num_heads))
+        slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBiPositions(nn.Module):
+    """Attention with Linear Biases, ALiBi (Press et al. 2022), symmetric for an encoder.
+
+    Adds ``-m_h · |i - j|`` to head ``h``'s logits. The original paper is causal
+    (``j <= i``); bidirectional encoders (e.g. MosaicBERT) use the symmetric distance.
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(config.num_heads), persistent=False)
+
+    def forward(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        dist = relative_offsets(position_ids).abs().to(q.dtype)  # [B, T, T]
+        return q, k, -self.slopes.to(q.dtype)[None, :, None, None] * dist[:, None]
+
+
+# ----------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------
+class PositionScheme:
+    """One registry entry: builders for the input and the per-layer attention plug-ins."""
+
+    def __init__(
+        self,
+        name: str,
+        input_module: Callable[[EncoderConfig], nn.Module] | None = None,
+        attention_module: Callable[[EncoderConfig], nn.Module] | None = None,
+        hf_exportable: bool = False,
+        description: str = "",
+    ) -> None:
+        self.name = name
+        self.input_module = input_module
+        self.attention_module = attention_module
+        self.hf_exportable = hf_exportable
+        self.description = description
+
+
+POSITION_SCHEMES: dict[str, PositionScheme] = {}
+
+
+def register(scheme: PositionScheme) -> PositionScheme:
+    if scheme.name in POSITION_SCHEMES:
+        raise ValueError(f"position scheme {scheme.name!r} registered twice")
+    POSITION_SCHEMES[scheme.name] = scheme
+    return scheme
+
+
+register(PositionScheme("learned", LearnedPositionEmbedding, None, True, "learned absolute (RoBERTa)"))
+register(PositionScheme("none", None, None, True, "no position information anywhere"))
+register(PositionScheme("sinusoidal", SinusoidalPositionEmbedding, None, False, "fixed sinusoidal absolute (Vaswani et al. 2017)"))
+register(PositionScheme("relative", None, RelativeKeyQuery, False, "learned relative key+query (Shaw et al. 2018; Huang et al. 2020)"))
+register(PositionScheme("rope", None, RotaryPositions, False, "rotary (Su et al. 2021)"))
+register(PositionScheme("alibi", None, ALiBiPositions, False, "linear attention biases (Press et al. 2022)"))
+
+
+def get_scheme(name: str) -> PositionScheme:
+    try:
+        return POSITION_SCHEMES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown position scheme {name!r}; valid: {', '.join(sorted(POSITION_SCHEMES))}"
+        ) from None
