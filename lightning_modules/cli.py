@@ -8,6 +8,7 @@ line that lists the valid names.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -50,3 +51,38 @@ def check_overrides(argv: list[str] | None = None, config_dir: Path = CONFIG_DIR
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def register_resolvers() -> None:
+    """OmegaConf resolvers used by the configs (idempotent)."""
+    from omegaconf import OmegaConf
+
+    def accumulation(global_batch: int, per_device: int, devices, num_nodes=1) -> int:
+        # Paper batch 256 = per-device batch x devices x nodes x accumulation (Luo et al. Table 4).
+        devices = 1 if devices in ("auto", None) else (len(devices) if isinstance(devices, (list, tuple)) else int(devices))
+        per_step = int(per_device) * devices * int(num_nodes)
+        if int(global_batch) % per_step:
+            raise ValueError(f"global batch {global_batch} is not a multiple of {per_device} x {devices} devices x {num_nodes} nodes")
+        return int(global_batch) // per_step
+
+    if not OmegaConf.has_resolver("accumulation"):
+        OmegaConf.register_new_resolver("accumulation", accumulation)
+
+
+# Errors that mean "the user asked for something that cannot work": reported as one line.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, OSError, FloatingPointError)
+
+
+def run_main(job, cfg):
+    """Run ``job(cfg)``; a user error becomes ``error: <message>`` on stderr and exit status 1.
+
+    Set ``OUTLIERLAB_DEBUG=1`` to get the full traceback instead.
+    """
+    try:
+        return job(cfg)
+    except USER_ERRORS as e:
+        if os.environ.get("OUTLIERLAB_DEBUG"):
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: {msg}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,108 @@
+"""A seeded, epoch-aware, rank-sharding sampler that can resume in the middle of an epoch.
+
+Why not ``torch.utils.data.DistributedSampler``: it cannot skip the batches already consumed, so a run resumed
+from a mid-epoch checkpoint would see other data than an uninterrupted run.  This sampler produces the same
+per-epoch order as ``DistributedSampler`` would in spirit (permutation seeded by ``seed + epoch``, padded by
+wrapping to a multiple of ``world_size``, rank ``r`` takes every ``world_size``-th index from ``r``) and, after
+``load_state_dict({"epoch": e, "batches_consumed": k})``, starts epoch ``e`` at batch ``k``.
+
+Lightning calls ``set_epoch`` with its own epoch counter at every epoch start.  After resuming from a
+checkpoint taken at ``max_steps`` in the middle of an epoch, Lightning's counter is one ahead of the data
+epoch (it closed that epoch when it stopped); the first ``set_epoch`` call after ``load_state_dict`` therefore
+only records the offset between the two counters, and later calls apply it.  ``__len__`` stays the full
+epoch length, because Lightning adds the restored batch count to the number it fetches.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class ResumableSampler(Sampler[int]):
+    """Indices ``0..num_samples-1``, shuffled per epoch, sharded by rank, resumable after ``k`` batches.
+
+    Parameters
+    ----------
+    num_samples : int
+        Dataset size (all ranks together).
+    batch_size : int
+        Per-device batch size (to turn "batches consumed" into samples to skip).
+    shuffle : bool
+        Permute with ``torch.randperm`` seeded by ``seed + epoch``; else keep order (validation).
+    seed : int
+    rank, world_size : int
+        This process' shard; every rank gets ``ceil(num_samples / world_size)`` indices.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                 rank: int = 0, world_size: int = 1) -> None:
+        if num_samples < 1 or batch_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"bad sampler arguments: num_samples={num_samples}, batch_size={batch_size}, "
+                             f"rank={rank}, world_size={world_size}")
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.epoch = 0
+        self._skip_batches = 0
+        self._epoch_offset = 0
+        self._align_on_set_epoch = False
+        self._yielded = 0
+
+    # -- order ------------------------------------------------------------------------------------------
+    def epoch_indices(self, epoch: int) -> list[int]:
+        """This rank's full index order for ``epoch`` (before any resume skip)."""
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            order = torch.randperm(self.num_samples, generator=g).tolist()
+        else:
+            order = list(range(self.num_samples))
+        total = len(self) * self.world_size
+        order += order[: total - len(order)]  # wrap-pad so every rank gets the same number of batches
+        return order[self.rank : total : self.world_size]
+
+    def __len__(self) -> int:
+        return -(-self.num_samples // self.world_size)
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per epoch on this rank (last one may be short)."""
+        return -(-len(self) // self.batch_size)
+
+    def __iter__(self) -> Iterator[int]:
+        # Read the state when iteration starts: DataLoader workers pull indices at iter() time.
+        epoch, skip = self.epoch, self._skip_batches * self.batch_size
+        self._skip_batches = 0
+        self._yielded = skip
+        for i in self.epoch_indices(epoch)[skip:]:
+            self._yielded += 1
+            yield i
+
+    # -- epochs & resume --------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Called by Lightning at each epoch start with its epoch counter (see module docstring)."""
+        if self._align_on_set_epoch:
+            self._epoch_offset = self.epoch - epoch
+            self._align_on_set_epoch = False
+        else:
+            self.epoch = epoch + self._epoch_offset
+
+    def state_dict(self, batches_consumed: int | None = None) -> dict:
+        """``{"epoch", "batches_consumed"}``; pass the trainer's count (the sampler's own runs ahead of
+        training when DataLoader workers prefetch)."""
+        if batches_consumed is None:
+            batches_consumed = self._yielded // self.batch_size
+        return {"epoch": self.epoch, "batches_consumed": int(batches_consumed)}
+
+    def load_state_dict(self, state: dict, roll_over: bool = True) -> None:
+        """Make the next iteration start at batch ``batches_consumed`` of epoch ``epoch``.
+
+        If that epoch was complete, ``roll_over=True`` starts the next epoch; ``roll_over=False`` yields an
+        empty remainder instead -- what Lightning expects when it resumes a ``max_steps`` run: it first
+        finishes the restored (complete) epoch, then calls ``set_epoch`` for the next one.
+        """
+        epoch, k = int(state["epoch"]), int(state["batches_consumed"])
+        if k >= self.num_batches and roll_over:
+            epoch, k = epoch + 1, 0
+        self.epoch, self._skip_batches = epoch, k
+        self._align_on_set_epoch = True

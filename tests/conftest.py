@@ -1,0 +1,61 @@
+"""Shared fixtures: Hydra-composed configs (as lightning-hydra-template does) on temporary run dirs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = str(ROOT / "configs")
+
+# Nothing in the test suite may reach a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def compose(config_name: str, overrides: list[str] | None = None):
+    """Compose ``configs/<config_name>.yaml`` with overrides, outside of ``@hydra.main``."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from lightning_modules.cli import register_resolvers
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=overrides or [])
+
+
+@pytest.fixture
+def compose_cfg():
+    return compose
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory) -> Path:
+    """One tokenizer/dataset cache for the whole session, so the embedded corpus is tokenised once."""
+    path = tmp_path_factory.mktemp("outlierlab_cache")
+    os.environ["OUTLIERLAB_CACHE"] = str(path)
+    return path
+
+
+@pytest.fixture
+def cfg_train(tmp_path, shared_cache):
+    """``configs/train.yaml`` composed for a fast CPU test run in a temporary run directory."""
+    return compose(
+        "train",
+        [
+            f"run_dir={tmp_path}",
+            "trainer.max_steps=4",
+            "trainer.val_check_interval=2",
+            "trainer.limit_val_batches=2",
+            "trainer.log_every_n_steps=1",
+            "trainer.enable_progress_bar=false",
+            "trainer.enable_model_summary=false",
+        ],
+    )

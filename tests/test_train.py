@@ -1,0 +1,202 @@
+"""train.py end to end on a small slice of the embedded corpus (CPU)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, compose
+
+SMALL = [
+    "data.max_documents=400",
+    "data.val_blocks=4",
+    "data.batch_size=8",
+    "data.block_size=64",
+    "tokenizer.vocab_size=1000",
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.intermediate_size=128",
+    "model.max_len=64",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+]
+
+
+def small_cfg(run_dir: Path, *overrides: str):
+    return compose("train", [f"run_dir={run_dir}", *SMALL, *overrides])
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_training_lowers_the_loss_and_exports(tmp_path, shared_cache):
+    from lightning_modules.training import train
+
+    cfg = small_cfg(tmp_path, "trainer.max_steps=40", "trainer.val_check_interval=20",
+                    "module.optimizer.lr=2e-3", "module.scheduler.num_warmup_steps=5")
+    metrics = train(cfg)
+    losses = train_losses(tmp_path)
+    first = sum(losses[s] for s in range(0, 5)) / 5
+    last = sum(losses[s] for s in range(35, 40)) / 5
+    assert last < first - 0.5, (first, last)  # from ~ln(1000)=6.9 towards unigram level
+    assert metrics["val/ppl"] == pytest.approx(float(torch.exp(torch.tensor(metrics["val/loss"]))), rel=1e-4)
+    # run directory contract
+    assert (tmp_path / "config.yaml").exists()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert (tmp_path / "hf" / "config.json").exists() and (tmp_path / "hf" / "tokenizer_config.json").exists()
+    from transformers import AutoTokenizer, RobertaForMaskedLM
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    enc = tok("It is a truth universally acknowledged", return_tensors="pt")
+    assert enc["input_ids"][0, 0].item() == tok.bos_token_id == 0
+    RobertaForMaskedLM.from_pretrained(tmp_path / "hf")(**enc)
+
+
+def test_other_schemes_export_in_our_format(tmp_path, shared_cache):
+    from lightning_modules.encoder import load_pretrained
+    from lightning_modules.training import train
+
+    train(small_cfg(tmp_path, "pos=rope", "trainer.max_steps=2", "trainer.limit_val_batches=0"))
+    assert (tmp_path / "model" / "outlierlab_config.json").exists() and not (tmp_path / "hf").exists()
+    assert load_pretrained(tmp_path / "model").config.pos_name == "rope"
+
+
+def test_resume_equals_uninterrupted(tmp_path, shared_cache):
+    """10 steps + resume to 20 == 20 straight steps: same losses and weights (CPU, seeded)."""
+    from lightning_modules.training import train
+
+    common = ["trainer.limit_val_batches=0", "module.scheduler.num_training_steps=20",
+              "module.scheduler.num_warmup_steps=4", "callbacks.model_checkpoint.every_n_train_steps=10"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(small_cfg(straight, "trainer.max_steps=20", *common))
+    train(small_cfg(resumed, "trainer.max_steps=10", *common))
+    ckpt10 = torch.load(resumed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt10["global_step"] == 10
+    train(small_cfg(resumed, "trainer.max_steps=20", "ckpt_path=last", *common))
+    a, b = train_losses(straight), train_losses(resumed)
+    assert sorted(b) == list(range(20))  # metrics.csv kept across the resume: no gap, no duplicate
+    for step in range(10, 20):
+        assert b[step] == pytest.approx(a[step], abs=1e-5), step
+    wa, wb = final_weights(straight), final_weights(resumed)
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=1e-5), k
+    opt_a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["optimizer_states"][0]["state"]
+    opt_b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["optimizer_states"][0]["state"]
+    assert opt_a[0]["step"] == opt_b[0]["step"] == 20
+    assert torch.allclose(opt_a[0]["exp_avg_sq"], opt_b[0]["exp_avg_sq"], rtol=1e-4, atol=1e-10)
+
+
+def test_identical_commands_give_identical_runs(tmp_path, shared_cache):
+    from lightning_modules.training import train
+
+    for d in ("a", "b"):
+        train(small_cfg(tmp_path / d, "trainer.max_steps=5", "trainer.limit_val_batches=0"))
+    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: one clear line
+# ---------------------------------------------------------------------------------------------
+def test_block_size_larger_than_model_is_refused(tmp_path, shared_cache):
+    from lightning_modules.training import train
+
+    with pytest.raises(ValueError, match=r"data.block_size=64 is larger than the model's max_len=32"):
+        train(small_cfg(tmp_path, "model.max_len=32"))
+
+
+def test_missing_checkpoint_is_refused(tmp_path, shared_cache):
+    from lightning_modules.training import train
+
+    with pytest.raises(FileNotFoundError, match="ckpt_path=last but .* holds no checkpoint"):
+        train(small_cfg(tmp_path, "ckpt_path=last"))
+    with pytest.raises(FileNotFoundError, match="ckpt_path /nope.ckpt does not exist"):
+        train(small_cfg(tmp_path, "ckpt_path=/nope.ckpt"))
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path, shared_cache):
+    from lightning_modules.training import train
+
+    common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
+    train(small_cfg(tmp_path, "trainer.max_steps=2", *common))
+    with pytest.raises(ValueError, match=r"belongs to a different model config \(.*pos: \{'name': 'learned'\} in checkpoint"):
+        train(small_cfg(tmp_path, "pos=none", "trainer.max_steps=4", "ckpt_path=last", *common))
+
+
+def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache):
+    from lightning_modules.training import resolve_checkpoint, train
+
+    common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
+    train(small_cfg(tmp_path, "trainer.max_steps=4", *common))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2])
+    path, ckpt = resolve_checkpoint("last", tmp_path)
+    assert Path(path).name == "step0000004.ckpt" and ckpt["global_step"] == 4
+    with pytest.raises(ValueError, match="is unreadable"):
+        resolve_checkpoint(str(last), tmp_path)
+
+
+def test_nan_loss_stops_with_the_step(tmp_path, shared_cache):
+    from lightning_modules.mlm_module import NonFiniteLossError
+    from lightning_modules.training import train
+
+    with pytest.raises(NonFiniteLossError, match=r"training loss became nan at global step \d+"):
+        train(small_cfg(tmp_path, "trainer.max_steps=30", "trainer.limit_val_batches=0", "export=false",
+                        "trainer.gradient_clip_val=null", "module.optimizer.lr=1e30",
+                        "module.scheduler.num_warmup_steps=0"))
+
+
+def test_unwritable_run_dir_fails_at_start(tmp_path):
+    from lightning_modules.training import ensure_writable
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OSError, match="is not writable"):
+        ensure_writable(blocker / "run")
+
+
+def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "OUTLIERLAB_DEBUG"}
+    env["HF_HUB_OFFLINE"] = "1"
+    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_cli_unknown_scheme_is_one_line():
+    r = run_cli("pos=nope", timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: unknown pos 'nope'; valid: alibi, learned, none, relative, rope, sinusoidal"
+
+
+def test_cli_missing_text_file_is_one_line(tmp_path, shared_cache):
+    r = run_cli("data=files", f"data.files=[{tmp_path}/missing.txt]", f"hydra.run.dir={tmp_path}/run")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "missing.txt" in lines[-1], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_ddp_on_cpu_with_two_processes(tmp_path, shared_cache):
+    run = tmp_path / "ddp"
+    r = run_cli("trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_steps=3",
+                "trainer.limit_val_batches=0", f"hydra.run.dir={run}", *SMALL, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (run / "hf" / "config.json").exists()
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False) if (run / "checkpoints" / "last.ckpt").exists() else None
+    assert ckpt is None or ckpt["global_step"] == 3
+    assert "world_size=2" in r.stderr + r.stdout or "Initializing distributed: GLOBAL_RANK: 1" in r.stderr + r.stdout

@@ -1,0 +1,31 @@
+"""Pretrain a RoBERTa encoder with a chosen position scheme: ``python train.py pos=none``.
+
+Thin Hydra entry point; the job itself is :func:`lightning_modules.training.train`.
+"""
+
+import json
+import os
+import sys
+
+from lightning_modules.cli import check_overrides, register_resolvers, run_main
+
+if os.environ.get("LOCAL_RANK", "0") != "0" and "OUTLIERLAB_CHILD_ARGV" in os.environ:
+    # A DDP child started by Lightning: run exactly the parent's job, never a new sweep.
+    sys.argv = [sys.argv[0], *json.loads(os.environ["OUTLIERLAB_CHILD_ARGV"])]
+register_resolvers()
+check_overrides()  # unknown pos=/model=/data=... -> one line, before the slow imports
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    from lightning_modules.training import train
+
+    metrics = run_main(train, cfg)
+    return metrics.get("val/loss")  # for Hydra sweepers
+
+
+if __name__ == "__main__":
+    main()
