@@ -13,7 +13,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import logging
 import os
 import socket
 import threading
@@ -21,7 +20,6 @@ import warnings
 from pathlib import Path
 from typing import Iterable, Sequence
 
-log = logging.getLogger(__name__)
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "data" / "corpus"
 _LOCAL_BUILDERS = {"text", "json", "csv", "parquet", "arrow"}  # datasets' packaged loaders for local files

@@ -211,7 +211,7 @@ class MLMDataModule(L.LightningDataModule):
             tok, trained = load_tokenizer(str(name)), False
         else:
             tok, _, trained = load_or_train_bpe(get_texts, corpus_id, int(self.tokenizer_cfg["vocab_size"]),
-                                          self.cache_dir, int(self.tokenizer_cfg["min_frequency"]))
+                                                self.cache_dir, int(self.tokenizer_cfg["min_frequency"]))
         ids = mlm_special_ids(tok)
         built = False
         self.timings["tokenizer_s"] = time.perf_counter() - t0

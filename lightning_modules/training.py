@@ -150,6 +150,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     if cfg.get("export", True) and trainer.global_rank == 0:
         out = _export_dir(run_dir, config)
+        tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
         fmt = module.model.save_pretrained(out, tokenizer=tokenizer)
         log.info("exported the trained model (%s format) and tokenizer to %s", fmt, out)
     return {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
