@@ -44,9 +44,29 @@ def find_override_errors(argv: list[str], config_dir: Path = CONFIG_DIR) -> list
     return errors
 
 
+def find_run_dir_error(argv: list[str]) -> str | None:
+    """``hydra.run.dir=`` that cannot be created or written: say so now, not in a Hydra traceback
+    (and not after an hour of training, when the first checkpoint is saved)."""
+    for arg in argv:
+        if arg.startswith("hydra.run.dir="):
+            path = Path(arg.split("=", 1)[1].strip("'\""))
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                probe = path / ".write_test"
+                probe.write_bytes(b"x")
+                probe.unlink()
+            except OSError as e:
+                return f"run directory {path} is not writable ({e.strerror}); choose another with hydra.run.dir="
+    return None
+
+
 def check_overrides(argv: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> None:
-    """Exit with status 2 and one line per bad ``group=value`` override."""
-    errors = find_override_errors(sys.argv[1:] if argv is None else argv, config_dir)
+    """Exit with status 2 and one line per bad ``group=value`` override or unusable run directory."""
+    argv = sys.argv[1:] if argv is None else argv
+    errors = find_override_errors(argv, config_dir)
+    if "-m" not in argv and "--multirun" not in argv:
+        run_dir_error = find_run_dir_error(argv)
+        errors += [run_dir_error] if run_dir_error else []
     if errors:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
