@@ -1,0 +1,172 @@
+#!/usr/bin/env python
+"""Vector-space geometry and semantic quality of every layer of any frozen encoder, for the raw vectors and
+after clipping the outlier dims / whitening, side by side (Luo, Kulmizev & Mao 2021 §2, §4; Ethayarajh 2019).
+
+    python evaluate.py                                       # all-MiniLM-L6-v2, shipped data, offline, minutes
+    python evaluate.py encoder.name_or_path=outputs/train/RUN  # a train.py run (or a model dir, or a hub id)
+    python evaluate.py analyses=[outliers,anisotropy] transform=[none,clip] transform.dims=[588]
+    python evaluate.py data.files=[a.txt] wic.files=[pairs.jsonl] sts.files=[sts.csv] seed=1
+    python evaluate.py wic=superglue sts=paper               # hub data (network once, then the datasets cache)
+
+Outputs in the run dir (``hydra.run.dir``): ``<analysis>.csv`` (one row per layer x transform),
+``report.md`` (tables shaped like Luo et al. Tables 1-2 / Fig. 6), ``results.json``, PNG plots,
+``layernorm.csv`` and TensorBoard scalars ``eval/<analysis>/<transform>/<stat>`` (step = layer) under
+``tensorboard/``.  Analyses are modules registered in :mod:`evaluation.registry`.  Settings:
+``configs/evaluate.yaml``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_modules.cli import check_overrides, register_resolvers, run_main
+
+TRANSFORMS = ("none", "clip", "whiten")
+
+
+# ----------------------------------------------------------------------------------- light validation
+def selected_analyses(cfg) -> list[str]:
+    """``analyses=[...]`` checked against the registry (no torch import)."""
+    from evaluation.registry import ANALYSIS_MODULES
+
+    names = cfg.get("analyses")
+    names = [names] if isinstance(names, str) else [str(n) for n in (names or [])]
+    if not names:
+        raise ValueError(f"analyses is empty; choose from {', '.join(ANALYSIS_MODULES)}")
+    for n in names:
+        if n not in ANALYSIS_MODULES:
+            raise ValueError(f"unknown analysis {n!r}; valid: {', '.join(ANALYSIS_MODULES)}")
+        if importlib.util.find_spec(ANALYSIS_MODULES[n]) is None:
+            raise ValueError(f"analysis {n!r} is registered but {ANALYSIS_MODULES[n]} is not installed")
+    return list(dict.fromkeys(names))
+
+
+def selected_transforms(cfg) -> list[str]:
+    use = (cfg.get("transform") or {}).get("use") or {}
+    names = [n for n in TRANSFORMS if use.get(n)]
+    bad = [n for n, on in use.items() if on and n not in TRANSFORMS]
+    if bad or not names:
+        raise ValueError(f"unknown or no transform {bad}; valid: transform=[none,clip,whiten] (any subset)")
+    return names
+
+
+def check_files(cfg) -> None:
+    """Every path the user gave exists (before the slow imports)."""
+    for key in ("data.files", "wic.files", "sts.files"):
+        files = OmegaConf.select(cfg, key)
+        if not files:
+            continue
+        for f in [files] if isinstance(files, str) else files:
+            if not Path(str(f)).expanduser().is_file():
+                raise FileNotFoundError(f"{key}: file not found: {f}")
+    n = OmegaConf.select(cfg, "data.max_sentences")
+    if n is not None and int(n) < 2:
+        raise ValueError(f"data.max_sentences must be >= 2 or null, got {n}")
+
+
+# ----------------------------------------------------------------------------------------- the job
+def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
+    """Run every selected analysis on one frozen encoder and write the outputs into ``run_dir``."""
+    analyses, transforms = selected_analyses(cfg), selected_transforms(cfg)
+    check_files(cfg)
+    t_start = time.time()
+    import torch
+
+    from datamodules.frozen_encoder import FrozenEncoder
+    from evaluation.registry import ANALYSES, ANALYSIS_MODULES, EvalContext
+    from evaluation.report import write_outputs
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(int(cfg.seed))
+    e = cfg.encoder
+    encoder = FrozenEncoder(str(e.name_or_path), e.get("max_length"), e.get("on_overflow", "warn"),
+                            e.get("device", "auto"), int(e.get("batch_size", 32)))
+    tb = None
+    if cfg.get("tensorboard", True):
+        from torch.utils.tensorboard import SummaryWriter
+
+        tb = SummaryWriter(str(run_dir / "tensorboard"))
+    shared: dict = {}
+    contexts, modules = {}, {}
+    for name in analyses:
+        modules[name] = importlib.import_module(ANALYSIS_MODULES[name])
+        contexts[name] = EvalContext(encoder, cfg.get(name) or OmegaConf.create({}), cfg, transforms, run_dir,
+                                     int(cfg.seed), tb, shared)
+    for name in analyses:  # data problems (missing file, offline hub name) fail before any encoding
+        if hasattr(modules[name], "check"):
+            modules[name].check(contexts[name])
+    results = []
+    for name in analyses:
+        t0 = time.time()
+        res = ANALYSES[name](contexts[name])
+        res.summary["seconds"] = round(time.time() - t0, 2)
+        results.append(res)
+        print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s", flush=True)
+    meta = _meta(cfg, encoder, analyses, transforms, shared, time.time() - t_start)
+    # a module's COLUMNS fixes its CSV header, so a skipped analysis (STS without data) still writes one
+    columns = {n: getattr(modules[n], "COLUMNS", None) for n in analyses}
+    paths = write_outputs(run_dir, results, meta, _header(meta), columns, tb)
+    if tb is not None:
+        tb.close()
+    print(f"[evaluate] done in {meta['seconds']:.0f} s -> {run_dir} ({', '.join(sorted(paths))})", flush=True)
+    return {"results": results, "meta": meta, "files": paths}
+
+
+def _meta(cfg, encoder, analyses, transforms, shared, seconds) -> dict:
+    st = shared.get("sentence_stats")
+    meta = {"command": " ".join(sys.argv), "encoder": encoder.source.name, "encoder_kind": encoder.source.kind,
+            "layers": encoder.num_layers + 1, "hidden": encoder.hidden_size, "device": str(encoder.device),
+            "max_length": encoder.max_length, "analyses": analyses, "transforms": transforms,
+            "whiten_fit_on": str(OmegaConf.select(cfg, "transform.fit_on") or "eval"),
+            "seed": int(cfg.seed), "seconds": round(seconds, 1)}
+    if st is not None:
+        meta["sentences"] = {"n": st.n_sentences, "source": st.settings.get("source"), "passes": len(st.passes),
+                             "tokens_encoded": sum(p.n_tokens for p in st.passes),
+                             "tokens_per_s": round(st.tokens_per_s, 1), "transforms": dict(st.transforms.info),
+                             "notes": st.notes}
+    return meta
+
+
+def _header(meta: dict) -> str:
+    lines = [f"# outlierlab evaluation: {meta['encoder']}", "",
+             f"- command: `{meta['command']}`",
+             f"- encoder: {meta['encoder']} ({meta['encoder_kind']}), {meta['layers']} hidden states "
+             f"(layer 0 = embedding output), hidden size {meta['hidden']}, max length {meta['max_length']}, "
+             f"device {meta['device']}",
+             f"- analyses: {', '.join(meta['analyses'])}; transforms side by side: {', '.join(meta['transforms'])}; "
+             f"seed {meta['seed']}; {meta['seconds']:.0f} s in all"]
+    if "whiten" in meta["transforms"]:
+        lines.append(f"- **whitening fit (`transform.fit_on={meta['whiten_fit_on']}`)**: outliers/anisotropy/"
+                     "self-similarity on the evaluation sentences' token vectors; WiC and STS: "
+                     + {"eval": "each on its own evaluated data (Su et al. 2021)",
+                        "sentences": "the whitener of the evaluation sentences"}.get(
+                         meta["whiten_fit_on"], f"the {meta['whiten_fit_on']!r} split of their dataset") +
+                     " (details in each section)")
+    s = meta.get("sentences")
+    if s:
+        lines.append(f"- evaluation sentences: {s['n']} from {s['source']}; {s['passes']} streaming pass(es), "
+                     f"{s['tokens_encoded']} tokens encoded at {s['tokens_per_s']:.0f} tokens/s")
+        lines += [f"- {t}: {info}" for t, info in s["transforms"].items()]
+        lines += [f"- note: {n}" for n in s["notes"]]
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="configs", config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    run_main(lambda c: evaluate(c, HydraConfig.get().runtime.output_dir), cfg)
+
+
+if __name__ == "__main__":
+    register_resolvers()
+    check_overrides(sys.argv[1:])  # unknown encoder=/transform=/wic=/sts= -> one line, before heavy imports
+    main()

@@ -1,0 +1,161 @@
+"""Outlier dimensions of every layer (Luo, Kulmizev & Mao 2021 §2) and of the weights that feed them:
+the position-embedding table (Luo §3, Figs. 3–4) and every LayerNorm (Kovaleva et al. 2021; Puccetti et al. 2022).
+
+Activations: per layer the average token vector (non-special, non-pad tokens; Figs. 1–2), the share of
+tokens whose argmax/argmin falls on each of the top dims, and the outlier dims by
+:func:`analysis.outliers.detect_outlier_dims` — for every transform (after whitening the coordinates are
+principal directions, not neurons: compare those rows with care).  Weights: the mean position vector and
+its 3σ dims (learned absolute tables only: any parameter named ``*embeddings.position_embeddings.weight``),
+and :func:`analysis.layernorm.layernorm_stats` of every ``nn.LayerNorm`` found in the model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from analysis.layernorm import (LAYERNORM_ROW_FIELDS, flagged_from_rows, layernorm_params, layernorm_stats,
+                                shared_outlier_dims, sigma_outlier_dims)
+from analysis.outliers import detect_outlier_dims
+from evaluation.registry import AnalysisResult, EvalContext, register
+from evaluation.report import md_table, plot_vectors, write_csv
+from evaluation.streaming import _get, sentence_stats
+
+COLUMNS = ["layer", "transform", "n_tokens", "n_outlier_dims", "outlier_dims", "argmax_dim", "argmax_share",
+           "argmin_dim", "argmin_share", "top_dims", "top_mean_values", "top_argmax_share", "top_argmin_share",
+           "mean_norm"]
+POSITION_SUFFIX = "embeddings.position_embeddings.weight"
+
+
+def position_table(model: nn.Module) -> tuple[str, torch.Tensor] | None:
+    """``(name, rows actually used)`` of a learned absolute position table, or None.
+
+    RoBERTa-style tables (an ``nn.Embedding`` with ``padding_idx``) never use rows ``0..padding_idx``
+    (positions start at ``padding_idx + 1``), so those rows are dropped.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and f"{name}.weight".endswith(POSITION_SUFFIX):
+            w = module.weight.detach().float().cpu()
+            pad = module.padding_idx
+            return f"{name}.weight", (w[pad + 1:] if pad is not None and pad >= 0 else w)
+    return None
+
+
+def position_outliers(model: nn.Module, k: float = 3.0, top_k: int = 5) -> dict | None:
+    """Mean position vector (over the table's rows) and its dims outside mean ± kσ (Luo et al. Figs. 3–4)."""
+    found = position_table(model)
+    if found is None:
+        return None
+    name, table = found
+    mean = table.to(torch.float64).mean(0)
+    dims = sigma_outlier_dims(mean, k)
+    return {"name": name, "rows": int(table.shape[0]), "mean": mean, "sigma_dims": dims,
+            "sigma_values": [float(mean[i]) for i in dims], "top_abs_dims": mean.abs().topk(top_k).indices.tolist()}
+
+
+def _rows(st, transforms, cfg) -> tuple[list[dict], dict[str, list[list[int]]]]:
+    top_k = int(_get(cfg, "top_k", 5))
+    method, thr, k = str(_get(cfg, "method", "share")), float(_get(cfg, "threshold", 0.25)), float(_get(cfg, "k", 3.0))
+    rows, detected = [], {}
+    for t in transforms:
+        acc = st.outliers.get(t)
+        if acc is None or acc.count == 0:
+            continue
+        dims = detect_outlier_dims(acc, method, thr, k)
+        detected[t] = dims
+        mean, smax, smin = acc.mean(), acc.argmax_share(), acc.argmin_share()
+        for s in acc.summary(top_k):
+            layer, top = s["layer"], s["top_dims"]
+            rows.append({
+                "layer": layer, "transform": t, "n_tokens": s["n_tokens"], "n_outlier_dims": len(dims[layer]),
+                "outlier_dims": ";".join(map(str, dims[layer])),
+                "argmax_dim": s["argmax_dim"], "argmax_share": s["argmax_share"],
+                "argmin_dim": s["argmin_dim"], "argmin_share": s["argmin_share"],
+                "top_dims": ";".join(map(str, top)),
+                "top_mean_values": ";".join(f"{v:.4g}" for v in s["top_values"]),
+                "top_argmax_share": ";".join(f"{float(smax[layer, i]):.4f}" for i in top),
+                "top_argmin_share": ";".join(f"{float(smin[layer, i]):.4f}" for i in top),
+                "mean_norm": float(mean[layer].norm()),
+            })
+    return rows, detected
+
+
+def sentences_about(rows: list[dict], min_share: float = 0.25) -> list[str]:
+    """'dim 588 holds the max of 99.8% of tokens at layer 3' for every layer/direction above ``min_share``."""
+    out = []
+    for r in rows:
+        for what, key in (("max", "argmax"), ("min", "argmin")):
+            if r[f"{key}_share"] >= min_share:
+                out.append(f"dim {r[f'{key}_dim']} holds the {what} of {100 * r[f'{key}_share']:.1f}% of tokens "
+                           f"at layer {r['layer']}")
+    return out
+
+
+@register("outliers")
+def run(ctx: EvalContext) -> AnalysisResult:
+    st = sentence_stats(ctx)
+    cfg = ctx.cfg
+    rows, detected = _rows(st, ctx.transforms, cfg)
+    k_ln = float(_get(cfg, "layernorm_k", 3.0))
+    out, figures, md = ctx.out_dir, [], ["## Outlier dimensions (Luo et al. 2021 §2)"]
+    thr = float(_get(cfg, "threshold", 0.25))
+    n_tok = st.outliers["none"].count
+    md.append(f"{st.n_sentences} sentences ({st.settings.get('source', '')}), {n_tok} non-special tokens; "
+              f"layer 0 = embedding output. Outlier rule: `{_get(cfg, 'method', 'share')}` "
+              f"(share ≥ {thr:g} of tokens with their argmax/argmin on the dim; "
+              "analysis.outliers.detect_outlier_dims).")
+    none_rows = [r for r in rows if r["transform"] == "none"]
+    said = sentences_about(none_rows, thr)
+    none_said = f"no dim holds the max or min of ≥ {100 * thr:g}% of tokens in any layer."
+    md.append("**Dominant dimensions (raw vectors):** " + ("; ".join(said) + "." if said else none_said))
+    tabrows = [[r["layer"], r["transform"], r["outlier_dims"] or "–", r["argmax_dim"], 100 * r["argmax_share"],
+                r["argmin_dim"], 100 * r["argmin_share"], r["top_dims"].replace(";", ", ")] for r in rows]
+    md.append(md_table(["layer", "transform", "outlier dims", "argmax dim", "argmax %", "argmin dim", "argmin %",
+                        "top dims by |mean|"], tabrows, 1))
+    if "whiten" in detected:
+        md.append("_After whitening the coordinates are principal directions of the fitted covariance, not neurons._")
+    if "none" in st.outliers and st.outliers["none"].count:
+        mean = st.outliers["none"].mean()
+        figures.append(plot_vectors(out / "outliers_mean_vectors.png", mean.tolist(),
+                                    [f"layer {i}" for i in range(mean.shape[0])],
+                                    [mean[i].abs().topk(3).indices.tolist() for i in range(mean.shape[0])],
+                                    "average token vector per layer (Luo et al. Figs. 1–2)"))
+        md.append("![average token vectors](outliers_mean_vectors.png)")
+    summary = {"outlier_dims": detected, "dominant": said}
+
+    model = ctx.encoder.model
+    pos = position_outliers(model, float(_get(cfg, "position_k", 3.0)))
+    md.append("### Position embeddings (Luo et al. §3, Figs. 3–4)")
+    if pos is None:
+        md.append("No learned absolute position table (`*embeddings.position_embeddings.weight`) in this encoder "
+                  "(relative / rotary / ALiBi / sinusoidal / no positions): nothing to report.")
+    else:
+        vals = ", ".join(f"{d} ({v:+.3g})" for d, v in zip(pos["sigma_dims"], pos["sigma_values"]))
+        md.append(f"`{pos['name']}`: mean over its {pos['rows']} used rows; dims outside mean ± "
+                  f"{float(_get(cfg, 'position_k', 3.0)):g}σ: {vals or 'none'}. Largest |mean|: "
+                  f"{', '.join(map(str, pos['top_abs_dims']))}.")
+        figures.append(plot_vectors(out / "position_mean_vector.png", [pos["mean"].tolist()], [pos["name"]],
+                                    [pos["sigma_dims"]], "mean position vector (3σ dims marked)", ncols=1))
+        md.append("![mean position vector](position_mean_vector.png)")
+        act = {d for dims in detected.get("none", []) for d in dims}
+        summary["position"] = {k: v for k, v in pos.items() if k != "mean"}
+        if act:
+            md.append(f"3σ position dims that are also activation outlier dims in some layer: "
+                      f"{sorted(act & set(pos['sigma_dims'])) or 'none'}.")
+
+    ln = layernorm_stats(layernorm_params(model), k=k_ln)
+    md.append(f"### LayerNorm weights (Kovaleva et al. 2021; Puccetti et al. 2022: {k_ln:g}σ rule)")
+    if not ln:
+        md.append("No `torch.nn.LayerNorm` modules found in this model (custom norms are not inspected).")
+    else:
+        write_csv(out / "layernorm.csv", ln, LAYERNORM_ROW_FIELDS)
+        min_layers = int(_get(cfg, "layernorm_min_layers", 4))
+        shared = shared_outlier_dims(flagged_from_rows(ln, "gain"), min_layers)
+        md.append(md_table(["LayerNorm", "gain 3σ dims", "bias 3σ dims"],
+                           [[r["name"], r["gain_outlier_dims"].replace(";", ", ") or "–",
+                             r["bias_outlier_dims"].replace(";", ", ") or "–"] for r in ln]))
+        md.append(f"Gain dims flagged in ≥ {min_layers} of the {len(ln)} LayerNorms (Puccetti et al.): "
+                  + (", ".join(f"{d} ({c}×)" for d, c in shared.items()) or "none")
+                  + ". All columns: `layernorm.csv`.")
+        summary["layernorm_shared_gain_dims"] = shared
+    return AnalysisResult("outliers", rows, "\n\n".join(md), figures, summary)

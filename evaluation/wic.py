@@ -1,0 +1,209 @@
+"""Word-in-Context by cosine threshold, every layer, before/after clip and whiten (Luo et al. 2021 §4.2, Table 1).
+
+Target vector = mean of the vectors of the tokens overlapping the target's character span
+(``start``/``end`` offsets, end exclusive; subword pieces averaged).  Per layer the cosine of the two
+target vectors predicts "same sense" above a threshold; accuracy for thresholds 0.1 … 0.9
+(:func:`analysis.wic.threshold_sweep`).  The best (layer, threshold) is chosen on the evaluated split
+itself, as the paper's sweep does — an oracle upper bound, not a tuned-on-train result.
+
+Sources (``wic.source``): ``wordnet`` — the shipped WordNet WiC-style pairs (offline default, see
+``datamodules/data/eval/NOTICE.md``); ``superglue`` — SuperGLUE WiC (Pilehvar & Camacho-Collados 2019) via
+``datasets`` (``aps/super_glue``, ``wic``; its test split is unlabelled, so ``validation`` by default);
+``wic.files=[...]`` — local jsonl/csv/tsv in the same format (sentence1, sentence2, start1, end1, start2,
+end2, label; optional ``split`` column filtered by ``wic.split``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from analysis.similarity import pairwise_cosine
+from analysis.transforms import Whitener
+from analysis.wic import all_true_baseline, best_per_layer, best_threshold, threshold_sweep
+from evaluation.registry import AnalysisResult, EvalContext, register
+from evaluation.report import md_table, plot_layers
+from evaluation.streaming import (EncodeLog, FittedTransforms, _get, char_span_tokens, clip_dims_for_tasks,
+                                  finish_encode_log, hub_split, iter_batches, local_dataset, progress_bar,
+                                  sentence_stats)
+
+FIELDS = ("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label")
+DEFAULT_SPLIT = {"wordnet": "test", "superglue": "validation", "files": None}
+_TRUE = {"t", "true", "1", "yes", "y"}
+_FALSE = {"f", "false", "0", "no", "n"}
+
+
+def _label(v) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        if v not in (0, 1):
+            raise ValueError(f"WiC label {v!r} is not 0/1 (SuperGLUE's test split is unlabelled: -1)")
+        return bool(v)
+    s = str(v).strip().lower()
+    if s in _TRUE or s in _FALSE:
+        return s in _TRUE
+    raise ValueError(f"WiC label {v!r} is not true/false, T/F or 0/1")
+
+
+def _clean(rows, what: str) -> list[dict]:
+    out = []
+    for r in rows:
+        pair = {k: r[k] for k in FIELDS}
+        for k in ("start1", "end1", "start2", "end2"):
+            pair[k] = int(pair[k])
+        pair["label"] = _label(pair["label"])
+        pair["word"] = r.get("word", "")
+        out.append(pair)
+    if not out:
+        raise ValueError(f"{what} holds no WiC pairs")
+    return out
+
+
+def load_pairs(cfg, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
+    """WiC pairs of ``split`` (None: ``wic.split`` or the source's default) and a description;
+    ``capped``: keep only the first ``wic.max_pairs``."""
+    files, source = _get(cfg, "files"), str(_get(cfg, "source", "wordnet"))
+    source = "files" if files else source
+    split = split if split is not None else (_get(cfg, "split") or DEFAULT_SPLIT.get(source))
+    if source == "wordnet":
+        from datamodules.eval_data import load_wic
+
+        rows, what = load_wic(split=split), f"shipped WordNet WiC-style pairs, split {split}"
+    elif source == "superglue":
+        path, name = str(_get(cfg, "hub_path", "aps/super_glue")), str(_get(cfg, "hub_name", "wic"))
+        rows = hub_split(path, name, split or "validation",
+                         "use the shipped set (wic.source=wordnet) or local files (wic.files=[pairs.jsonl])")
+        what = f"SuperGLUE WiC ({path}/{name}), split {split}"
+    elif source == "files":
+        ds = local_dataset(files, FIELDS, "wic")
+        rows = [r for r in ds if split is None or "split" not in ds.column_names or r["split"] == split]
+        what = f"local files {list(files) if not isinstance(files, str) else [files]}" + (
+            f", split {split}" if split and "split" in ds.column_names else "")
+    else:
+        raise ValueError(f"unknown wic.source {source!r}; choose wordnet, superglue, or give wic.files=[...]")
+    pairs = _clean(rows, what)
+    cap = _get(cfg, "max_pairs") if capped else None
+    if cap is not None and int(cap) < len(pairs):  # first N: the shipped/hub files are not label-sorted
+        pairs = pairs[:int(cap)]
+    return pairs, what
+
+
+def target_vectors(encoder, pairs: list[dict], whitener: Whitener | None = None, batch_size=None, chunk: int = 1024,
+                   progress: bool = False, stats: EncodeLog | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target-word vectors of every pair: ``(vectors [L+1, 2, P, d] float32 on CPU, found Bool[P])``.
+
+    ``whitener``: also accumulate every non-special token of the pairs' sentences (``fit_on=eval``).
+    A pair whose target span maps to no token (e.g. truncated away) has ``found`` False.
+    """
+    texts = [p["sentence1"] for p in pairs] + [p["sentence2"] for p in pairs]
+    spans = [(p["start1"], p["end1"]) for p in pairs] + [(p["start2"], p["end2"]) for p in pairs]
+    n_layers, dim, n = encoder.num_layers + 1, encoder.hidden_size, len(pairs)
+    vecs = torch.zeros(n_layers, 2 * n, dim)
+    found = torch.zeros(2 * n, dtype=torch.bool)
+    bar = progress_bar(len(texts), "WiC", progress)
+    for b in iter_batches(encoder, texts, batch_size, chunk, offsets=True, bar=bar, stats=stats):
+        if whitener is not None:
+            whitener.partial_fit(b.hidden[:, b.valid])
+        for r, (row, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
+            toks = char_span_tokens(offs, sp, *spans[row])
+            if toks:
+                vecs[:, row] = b.hidden[:, r, toks].mean(1).cpu()
+                found[row] = True
+    if bar is not None:
+        bar.close()
+    return vecs.view(n_layers, 2, n, dim), found[:n] & found[n:]
+
+
+def _whitener_for(ctx, pairs, fit_on: str, n_layers: int, dim: int):
+    """(whitener to fit during the target pass, or a fitted one, description)."""
+    k = _get(ctx.root_cfg.get("transform"), "k")
+    if fit_on == "eval":
+        return Whitener(n_layers, dim, k=k), None, "fit on the non-special token vectors of the evaluated WiC sentences"
+    if fit_on == "sentences":
+        st = sentence_stats(ctx)
+        return None, st.transforms.whitener, st.transforms.info["whiten"]
+    fit_pairs = ctx.shared.get("wic_fit_pairs")
+    w = Whitener(n_layers, dim, k=k)
+    target_vectors(ctx.encoder, fit_pairs, w, _get(ctx.root_cfg.get("encoder"), "batch_size"),
+                   progress=bool(ctx.root_cfg.get("progress", False)))
+    what = f"fit on the {w.n} non-special token vectors of the WiC {fit_on!r} split ({len(fit_pairs)} pairs)"
+    return None, w.finalize(), what
+
+
+def check(ctx: EvalContext) -> None:
+    """Load the pairs before any encoding (a bad file or an offline hub name fails in seconds)."""
+    pairs, what = load_pairs(ctx.cfg)
+    ctx.shared["wic_pairs"] = (pairs, what)
+    fit_on = str(_get(ctx.root_cfg.get("transform"), "fit_on", "eval"))
+    if "whiten" in ctx.transforms and fit_on not in ("eval", "sentences"):
+        ctx.shared["wic_fit_pairs"] = load_pairs(ctx.cfg, split=fit_on, capped=False)[0]
+
+
+@register("wic")
+def run(ctx: EvalContext) -> AnalysisResult:
+    if "wic_pairs" not in ctx.shared:
+        check(ctx)
+    pairs, what = ctx.shared["wic_pairs"]
+    enc, cfg = ctx.encoder, ctx.cfg
+    n_layers, dim = enc.num_layers + 1, enc.hidden_size
+    thresholds = torch.tensor([float(t) for t in _get(cfg, "thresholds", [i / 10 for i in range(1, 10)])],
+                              dtype=torch.float64)
+    ft = FittedTransforms()
+    ft.clip_dims, clip_info = clip_dims_for_tasks(ctx)
+    if clip_info:
+        ft.info["clip"] = clip_info
+    fitting = None
+    if "whiten" in ctx.transforms:
+        fit_on = str(_get(ctx.root_cfg.get("transform"), "fit_on", "eval"))
+        fitting, ft.whitener, ft.info["whiten"] = _whitener_for(ctx, pairs, fit_on, n_layers, dim)
+    stats, notes = EncodeLog(), []
+    vecs, found = target_vectors(enc, pairs, fitting, _get(ctx.root_cfg.get("encoder"), "batch_size"),
+                                 progress=bool(ctx.root_cfg.get("progress", False)), stats=stats)
+    finish_encode_log(stats, "WiC", notes)
+    if fitting is not None:
+        ft.whitener = fitting.finalize()
+        ft.info["whiten"] += f" ({fitting.n} vectors; Su et al. 2021)"
+    if not bool(found.all()):
+        notes.append(f"{int((~found).sum())} pairs dropped: a target span mapped to no token")
+    keep = found.nonzero().flatten()
+    kept = [pairs[i] for i in keep.tolist()]
+    labels = torch.tensor([p["label"] for p in kept])
+    vecs = vecs[:, :, keep]
+    surface = sum((p["sentence1"][p["start1"]:p["end1"]] == p["sentence2"][p["start2"]:p["end2"]]) == p["label"]
+                  for p in kept) / len(kept)
+    all_true = all_true_baseline(labels)
+    rows, best, curves = [], {}, {}
+    for t in ctx.transforms:
+        v = ft.apply(t, vecs.reshape(n_layers, -1, dim)).reshape(n_layers, 2, len(kept), -1)
+        cos = pairwise_cosine(v[:, 0], v[:, 1]).to(torch.float64)  # [L, P]
+        acc = threshold_sweep(cos, labels, thresholds)  # [L, T]
+        thr_l, best_l = best_per_layer(acc, thresholds)
+        best[t] = best_threshold(acc, thresholds)
+        curves[t] = best_l.tolist()
+        for layer in range(n_layers):
+            row = {"layer": layer, "transform": t}
+            row.update({f"acc_{float(th):g}": float(acc[layer, i]) for i, th in enumerate(thresholds)})
+            row.update({"best_threshold": float(thr_l[layer]), "best_accuracy": float(best_l[layer]),
+                        "mean_cos_same": float(cos[layer, labels].mean()) if labels.any() else float("nan"),
+                        "mean_cos_diff": float(cos[layer, ~labels].mean()) if (~labels).any() else float("nan"),
+                        "n_pairs": len(kept)})
+            rows.append(row)
+    fig = plot_layers(ctx.out_dir / "wic.png", curves, "best accuracy over thresholds",
+                      f"WiC: {what}", hline=all_true)
+    md = ["## Word in Context (Luo et al. 2021 §4.2, Table 1)",
+          f"Data: {what}; {len(kept)} pairs ({int(labels.sum())} same sense). Target = mean of the tokens "
+          "overlapping the target's character span; cosine of the two targets > threshold ⇒ \"same sense\"; "
+          f"thresholds {', '.join(f'{float(x):g}' for x in thresholds)}. The best layer/threshold is picked on "
+          "this split itself (the paper's sweep: an upper bound).",
+          "\n".join([*(f"- **{t}**: {ft.info[t]}" for t in ctx.transforms if t in ft.info),
+                     *(f"- note: {n}" for n in notes)]),
+          md_table(["transform", "best layer", "threshold", "accuracy %"],
+                   [[t, best[t][0], f"{best[t][1]:g}", 100 * best[t][2]] for t in ctx.transforms]
+                   + [["all-true baseline", "–", "–", 100 * all_true],
+                      ["surface-form baseline", "–", "–", 100 * surface]], 1),
+          "Surface-form baseline: \"same sense\" iff the two target strings are identical.",
+          "![WiC accuracy per layer](wic.png)"]
+    summary = {"data": what, "n_pairs": len(kept), "all_true_baseline": all_true, "surface_form_baseline": surface,
+               "best": {t: {"layer": b[0], "threshold": b[1], "accuracy": b[2]} for t, b in best.items()},
+               "transforms": dict(ft.info), "notes": notes}
+    return AnalysisResult("wic", rows, "\n\n".join(md), [fig], summary)

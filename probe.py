@@ -1,0 +1,49 @@
+#!/usr/bin/env python
+"""Probe any frozen encoder (Luo, Kulmizev & Mao 2021): position probe (§3) or linear classifiers (§4.4).
+
+    python probe.py                                         # position probe, all-MiniLM-L6-v2, offline
+    python probe.py encoder.name_or_path=<run dir | model dir | hub id> transform=[none,clip,whiten]
+    python probe.py task=wordnet_pos | task=sst2 | task=local task.files=[train.csv]
+
+Outputs in the run dir (``hydra.run.dir``): ``position_probe.csv`` or ``classifier.csv`` (one row per
+layer x transform), ``probe_report.md``, PNG plots, ``probe_info.json``, TensorBoard scalars
+``probe/<transform>/layer_<i>/accuracy`` under ``tensorboard/``. Settings: ``configs/probe.yaml``.
+"""
+
+from __future__ import annotations
+
+from lightning_modules.cli import check_overrides, register_resolvers, run_main
+
+register_resolvers()
+check_overrides()  # unknown encoder=/task=/transform= -> one line listing valid names, before slow imports
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+
+def _check(cfg: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    from datamodules.frozen_encoder import resolve_encoder
+
+    for node, key, example in (("encoder", "name_or_path", "encoder.name_or_path=outputs/train/RUN"),
+                               ("task", "files", "task.files=[train.csv]")):
+        if key in cfg[node].keys() and OmegaConf.is_missing(cfg[node], key):  # `in` is False for ???
+            raise ValueError(f"{node}.{key} is required here: e.g. {example}")
+    resolve_encoder(str(cfg.encoder.name_or_path))
+
+
+@hydra.main(config_path="configs", config_name="probe", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    run_main(_check, cfg)  # missing value, bad path, offline hub: fail now, in one line
+    from lightning_modules.probe_runner import run  # heavy imports only after the config is valid
+
+    run_dir = HydraConfig.get().runtime.output_dir
+    out = run_main(lambda c: run(c, run_dir), cfg)
+    print(f"probe done: {len(out['rows'])} rows -> {run_dir}")
+
+
+if __name__ == "__main__":
+    main()

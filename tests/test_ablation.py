@@ -1,0 +1,246 @@
+"""BERT Busters ablation (evaluation.ablation, evaluation.mlm_loading): weight surgery, masking, scoring, run()."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from probe_fixtures import SENTENCES, byte_level_tokenizer, save_tiny_bert
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANTED_DIM = 7
+
+
+def tiny_mlm(layers: int = 3, hidden: int = 32, plant: bool = True, seed: int = 0):
+    """Our RobertaMaskedLM with non-trivial LayerNorms; ``plant``: a huge gain/bias on dim 7 of every
+    OUTPUT LayerNorm (so it is THE 3σ outlier), and word embeddings large enough for peaked predictions."""
+    from lightning_modules.encoder import EncoderConfig, RobertaMaskedLM
+
+    torch.manual_seed(seed)
+    tok = byte_level_tokenizer()
+    cfg = EncoderConfig(vocab_size=len(tok), hidden_size=hidden, num_layers=layers, num_heads=2,
+                        intermediate_size=2 * hidden, max_len=64, pos={"name": "learned"})
+    model = RobertaMaskedLM(cfg).eval()
+    with torch.no_grad():
+        model.roberta.embeddings.word_embeddings.weight.normal_(0, 1)
+        for key, ln in model.named_layernorms().items():
+            ln.weight.normal_(1.0, 0.05)  # no entry is 0 by accident
+            ln.bias.normal_(0.0, 0.05).add_(0.2)
+            if plant and key.endswith(".output"):
+                ln.weight[PLANTED_DIM], ln.bias[PLANTED_DIM] = 30.0, 3.0
+    return model, tok
+
+
+def save_planted(directory: Path) -> Path:
+    model, tok = tiny_mlm()
+    model.save_pretrained(directory, tokenizer=tok)
+    return directory
+
+
+def make_ctx(name: str, encoder, tmp_path: Path, overrides: dict, text_lines=SENTENCES * 6):
+    from evaluation.registry import EvalContext
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(text_lines) + "\n")
+    cfg = OmegaConf.merge(OmegaConf.load(ROOT / "configs" / name / "default.yaml"), {"files": [str(text)]}, overrides)
+    out = tmp_path / "run"
+    out.mkdir(exist_ok=True)
+    return EvalContext(encoder=encoder, cfg=cfg, root_cfg=OmegaConf.create({}), transforms=["none"], out_dir=out,
+                       seed=0, shared={})
+
+
+def _loaded(model, tok):
+    from evaluation.mlm_loading import LoadedModel, layernorm_map
+
+    return LoadedModel(model, tok, layernorm_map(model), "outlierlab", "tiny", True, max_length=64)
+
+
+# ------------------------------------------------------------------------------------------ weight surgery
+@pytest.mark.parametrize("kinds", [["output"], ["output", "attention_output", "embeddings"]])
+def test_zeroing_touches_exactly_the_chosen_entries_and_restores(kinds):
+    from evaluation.ablation import select_layernorms, zero_layernorm_dims
+
+    model, _ = tiny_mlm(plant=False)
+    chosen = select_layernorms(model.named_layernorms(), kinds)
+    expect_n = {1: 3, 3: 7}[len(kinds)]
+    assert len(chosen) == expect_n
+    touched = {f"{n}.{p}" for n, m in model.named_modules() if any(m is ln for ln in chosen.values())
+               for p in ("weight", "bias")}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    dims = [0, 5, 31]
+    with zero_layernorm_dims(chosen, dims):
+        now = model.state_dict()
+        for k, v in now.items():
+            if k in touched:
+                assert torch.all(v[dims] == 0), k
+                keep = [i for i in range(v.shape[0]) if i not in dims]
+                assert torch.equal(v[keep], before[k][keep]), k
+            else:
+                assert torch.equal(v, before[k]), f"{k} changed but is not a chosen LayerNorm"
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    # restored also when the body raises
+    with pytest.raises(RuntimeError):
+        with zero_layernorm_dims(chosen, dims):
+            raise RuntimeError("boom")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_layernorm_selection_and_bad_input():
+    from evaluation.ablation import select_layernorms, zero_layernorm_dims
+
+    model, _ = tiny_mlm(plant=False)
+    lns = model.named_layernorms()
+    assert list(select_layernorms(lns, ["attention_output"])) == [f"layer.{i}.attention_output" for i in range(3)]
+    with pytest.raises(ValueError, match="unknown LayerNorm kind"):
+        select_layernorms(lns, ["ouput"])
+    with pytest.raises(ValueError, match="out of range"):
+        with zero_layernorm_dims(select_layernorms(lns, ["output"]), [32]):
+            pass
+
+
+def test_planted_dim_is_the_detected_outlier():
+    from evaluation.ablation import layernorm_outlier_dims
+
+    model, _ = tiny_mlm()
+    det = layernorm_outlier_dims(model.named_layernorms())
+    assert det.dims == [PLANTED_DIM] and det.counts == {PLANTED_DIM: 3} and det.min_layers == 1
+    # attention-output LayerNorms carry no planted dim: nothing flagged in >= 2 of them
+    assert layernorm_outlier_dims(model.named_layernorms(), kinds=["attention_output"], min_layers=2).dims == []
+
+
+# ------------------------------------------------------------------------------------------ masking, scoring
+def test_evaluation_masking_is_deterministic_mask_only_and_skips_specials():
+    from evaluation.ablation import masked_batches
+
+    tok = byte_level_tokenizer()
+    texts = SENTENCES * 10
+    a = masked_batches(tok, texts, max_length=64, batch_size=16, mlm_probability=0.15, seed=3)
+    b = masked_batches(tok, texts, max_length=64, batch_size=16, mlm_probability=0.15, seed=3)
+    c = masked_batches(tok, texts, max_length=64, batch_size=16, mlm_probability=0.15, seed=4)
+    assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, b))
+    assert not all(torch.equal(x["labels"], y["labels"]) for x, y in zip(a, c))
+    orig = tok(texts)["input_ids"]
+    n_sel = n_tok = 0
+    for bi, batch in enumerate(a):
+        sel = batch["labels"] != -100
+        assert torch.all(batch["input_ids"][sel] == tok.mask_token_id)  # no 80/10/10 at evaluation
+        for r in range(batch["input_ids"].shape[0]):
+            ids = orig[bi * 16 + r]
+            row_sel = sel[r, :len(ids)]
+            assert not row_sel[0] and not row_sel[len(ids) - 1]  # <s>, </s> never masked
+            assert not sel[r, len(ids):].any()  # nor padding
+            assert torch.equal(batch["labels"][r, :len(ids)][row_sel], torch.tensor(ids)[row_sel])
+            n_sel += int(row_sel.sum())
+            n_tok += len(ids) - 2
+    assert 0.10 < n_sel / n_tok < 0.20
+
+
+def test_mlm_scores_hand_computed():
+    from evaluation.ablation import mlm_scores
+
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
+    labels = torch.tensor([[0, -100, 2]])
+    batch = {"input_ids": torch.zeros(1, 3, dtype=torch.long), "attention_mask": torch.ones(1, 3), "labels": labels}
+    s = mlm_scores(lambda ids, mask: logits, [batch])
+    l0 = -math.log(math.exp(2) / (math.exp(2) + 2))  # correct (argmax 0)
+    l2 = -math.log(1 / (math.exp(1) + 2))  # wrong (argmax 1)
+    assert s["n_masked"] == 2 and s["top1"] == 0.5
+    assert s["loss"] == pytest.approx((l0 + l2) / 2, rel=1e-6)
+    assert s["ppl"] == pytest.approx(math.exp((l0 + l2) / 2), rel=1e-6)
+
+
+def test_random_draws_avoid_outliers_and_follow_the_seed():
+    from evaluation.ablation import masked_batches, run_ablation
+
+    model, tok = tiny_mlm(layers=1, plant=False)
+    loaded = _loaded(model, tok)
+    batches = masked_batches(tok, SENTENCES, 64, 8, 0.3, 0)
+    outliers = list(range(0, 20, 2))  # 10 of 32 dims: an unconstrained draw of 10 avoids them with p ~ 0.01
+
+    def draws(seed):
+        rows = run_ablation(loaded, batches, ["output"], outliers, [], n_random=8, seed=seed).rows
+        return [r["dims"] for r in rows if r["condition"] == "random_draw"]
+
+    d1, d2, d3 = draws(11), draws(11), draws(12)
+    assert len(d1) == 8 and d1 == d2 and d1 != d3
+    for ds in d1 + d3:
+        dims = [int(x) for x in ds.split(";")]
+        assert len(dims) == 10 and not set(dims) & set(outliers)
+
+
+# ---------------------------------------------------------------------------------------------- run()
+def test_run_ablation_planted_outlier_rows(tmp_path):
+    from datamodules.frozen_encoder import FrozenEncoder
+    from evaluation.ablation import run
+
+    enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
+    ctx = make_ctx("ablation", enc, tmp_path, {"n_random": 3, "dims": [3], "max_length": 64, "batch_size": 8,
+                                               "example": "the quick brown {mask} jumps"})
+    before = {k: v.clone() for k, v in enc.model.state_dict().items()}
+    res = run(ctx)
+    conds = [r["condition"] for r in res.rows]
+    assert conds == ["intact", "outliers", "random", "random_draw", "random_draw", "random_draw", "user"]
+    by = {r["condition"]: r for r in res.rows}
+    assert by["outliers"]["dims"] == str(PLANTED_DIM) and res.summary["outlier_dims"] == [PLANTED_DIM]
+    assert by["user"]["dims"] == "3" and by["random"]["n_draws"] == 3
+    assert len({r["n_masked"] for r in res.rows}) == 1 and by["intact"]["n_masked"] > 20
+    # the planted outlier carries the model; one random dim does (almost) nothing (Kovaleva et al.)
+    gap_out = abs(by["outliers"]["loss"] - by["intact"]["loss"])
+    assert gap_out > 0.2
+    assert abs(by["random"]["loss"] - by["intact"]["loss"]) < 0.25 * gap_out
+    assert by["intact"]["ppl"] == pytest.approx(math.exp(by["intact"]["loss"]))
+    assert all(str(PLANTED_DIM) not in r["dims"].split(";") for r in res.rows if r["condition"] == "random_draw")
+    assert "| outlier dims disabled | 1 | 7 |" in res.markdown and "Fill in the blank" in res.markdown
+    assert all(torch.equal(v, before[k]) for k, v in enc.model.state_dict().items())
+
+
+def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    from evaluation.ablation import masked_batches, mlm_scores
+    from evaluation.mlm_loading import load_mlm
+
+    torch.manual_seed(0)
+    tok = byte_level_tokenizer()
+    cfg = RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=66, type_vocab_size=1)
+    RobertaForMaskedLM(cfg).eval().save_pretrained(tmp_path / "hfmlm")
+    tok.save_pretrained(tmp_path / "hfmlm")
+    loaded = load_mlm(str(tmp_path / "hfmlm"))
+    m = loaded.model
+    assert loaded.has_mlm_head and loaded.kind == "hf"
+    assert list(loaded.layernorms) == ["embeddings", "layer.0.attention_output", "layer.0.output",
+                                       "layer.1.attention_output", "layer.1.output"]
+    assert loaded.layernorms["layer.1.output"] is m.roberta.encoder.layer[1].output.LayerNorm
+    assert loaded.layernorms["layer.0.attention_output"] is m.roberta.encoder.layer[0].attention.output.LayerNorm
+    [batch] = masked_batches(tok, SENTENCES, 64, 64, 0.3, 0)
+    ours = mlm_scores(lambda i, a: loaded.forward(i, a).logits, [batch])
+    with torch.no_grad():
+        ref = m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+    assert ours["loss"] == pytest.approx(float(ref), rel=1e-5)
+
+
+def test_encoder_without_mlm_head_is_skipped_with_a_note(tmp_path):
+    from datamodules.frozen_encoder import FrozenEncoder
+    from evaluation.ablation import run
+
+    enc = FrozenEncoder(str(save_tiny_bert(tmp_path / "bert")), device="cpu")
+    res = run(make_ctx("ablation", enc, tmp_path, {}))
+    assert res.rows == [] and "Skipped" in res.markdown and "no masked-LM head" in res.markdown
+    assert "skipped" in res.summary
+
+
+def test_bad_settings_fail_before_any_model_is_loaded(tmp_path):
+    from evaluation.ablation import check
+
+    with pytest.raises(ValueError, match="ablation.layernorms"):
+        check(make_ctx("ablation", None, tmp_path, {"layernorms": ["ouput"]}))
+    with pytest.raises(ValueError, match="placeholder"):
+        check(make_ctx("ablation", None, tmp_path, {"example": "no blank here"}))
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        check(make_ctx("ablation", None, tmp_path, {"files": [str(tmp_path / "missing.txt")]}))

@@ -1,0 +1,141 @@
+"""``python evaluate.py`` end to end on a locally saved tiny model, and its one-line failures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from probe_fixtures import SENTENCES, save_own_run
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT),
+       "TOKENIZERS_PARALLELISM": "false"}
+N_HIDDEN_STATES = 3  # embeddings + 2 layers
+COLUMNS = {
+    "outliers.csv": ["layer", "transform", "n_tokens", "n_outlier_dims", "outlier_dims", "argmax_dim", "argmax_share",
+                     "argmin_dim", "argmin_share", "top_dims", "top_mean_values", "top_argmax_share",
+                     "top_argmin_share", "mean_norm"],
+    "anisotropy.csv": ["layer", "transform", "anisotropy", "n_pairs", "n_sentences"],
+    "self_similarity.csv": ["layer", "transform", "self_similarity", "self_similarity_raw", "intra_sentence",
+                            "intra_sentence_raw", "anisotropy", "n_words", "n_occurrences", "n_sentences"],
+    "wic.csv": ["layer", "transform", *(f"acc_{t / 10:g}" for t in range(1, 10)), "best_threshold", "best_accuracy",
+                "mean_cos_same", "mean_cos_diff", "n_pairs"],
+    "sts.csv": ["layer", "transform", "dataset", "split", "spearman", "n_pairs"],
+}
+
+
+def _evaluate(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *args], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _read(path: Path) -> tuple[list[str], list[dict]]:
+    with open(path, newline="") as fh:
+        r = csv.DictReader(fh)
+        return list(r.fieldnames or []), list(r)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("eval_inputs")
+    save_own_run(d / "run", pos="learned", layers=N_HIDDEN_STATES - 1, hidden=32)
+    texts = [f"{s} and then {t}" for s in SENTENCES for t in SENTENCES[:4]]  # 32 sentences, words repeat
+    (d / "sentences.txt").write_text("\n".join(texts) + "\n")
+    pairs = []
+    for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1])):
+        w = "the" if "the " in a and "the " in b else a.split()[0]
+        if w not in b.split():
+            b = f"{w} {b}"
+        pairs.append({"word": w, "sentence1": a, "sentence2": b, "start1": a.index(w), "end1": a.index(w) + len(w),
+                      "start2": b.index(w), "end2": b.index(w) + len(w), "label": i % 2 == 0})
+    (d / "wic.jsonl").write_text("\n".join(json.dumps(p) for p in pairs) + "\n")
+    with open(d / "sts.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["sentence1", "sentence2", "score"])
+        for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[3:] + SENTENCES[:3])):
+            w.writerow([a, b if i % 3 else a, float(i % 5)])
+    return d
+
+
+def test_end_to_end_writes_every_report_file(inputs, tmp_path):
+    out = tmp_path / "run"
+    p = _evaluate(f"encoder.name_or_path={inputs / 'run'}", f"data.files=[{inputs / 'sentences.txt'}]",
+                  f"wic.files=[{inputs / 'wic.jsonl'}]", f"sts.files=[{inputs / 'sts.csv'}]",
+                  "self_similarity.min_sentences=3", f"hydra.run.dir={out}", "progress=false", "seed=3")
+    assert p.returncode == 0, p.stderr[-3000:]
+    for name, cols in COLUMNS.items():
+        header, rows = _read(out / name)
+        assert header == cols, name
+        per_transform = {(r["transform"], r.get("dataset", "")) for r in rows}
+        assert {t for t, _ in per_transform} == {"none", "clip", "whiten"}, name
+        for key in per_transform:  # one row per hidden state (layer 0 = embeddings) for every transform
+            assert sorted(int(r["layer"]) for r in rows if (r["transform"], r.get("dataset", "")) == key) \
+                == list(range(N_HIDDEN_STATES)), (name, key)
+    # every analysis' numbers are also in results.json; the report names the whitening fit
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["analyses"]) == {"outliers", "anisotropy", "self_similarity", "wic", "sts"}
+    assert res["meta"]["seed"] == 3 and res["meta"]["layers"] == N_HIDDEN_STATES
+    assert len(res["analyses"]["wic"]["rows"]) == 3 * N_HIDDEN_STATES
+    report = (out / "report.md").read_text()
+    for heading in ("## Outlier dimensions", "## Anisotropy", "## Self-similarity", "## Word in Context",
+                    "## Semantic Textual Similarity", "### Position embeddings", "### LayerNorm weights",
+                    "whitening fit (`transform.fit_on=eval`)", "all-true baseline", "surface-form baseline"):
+        assert heading in report, heading
+    # our learned-position model has a position table and post-LN LayerNorms (emb + 2 per layer)
+    assert "roberta.embeddings.position_embeddings.weight" in report
+    ln_header, ln_rows = _read(out / "layernorm.csv")
+    assert len(ln_rows) >= 1 + 2 * (N_HIDDEN_STATES - 1) and "gain_outlier_dims" in ln_header
+    for png in ("anisotropy.png", "self_similarity.png", "outliers_mean_vectors.png", "position_mean_vector.png",
+                "wic.png", "sts.png"):
+        assert (out / png).stat().st_size > 1000, png
+    # TensorBoard scalars eval/<analysis>/<transform>/<stat>, one step per layer
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(out / "tensorboard")).Reload()
+    tags = set(ea.Tags()["scalars"])
+    assert {"eval/anisotropy/whiten/anisotropy", "eval/wic/clip/best_accuracy",
+            "eval/sts/none/local/spearman"} <= tags
+    assert [e.step for e in ea.Scalars("eval/anisotropy/none/anisotropy")] == list(range(N_HIDDEN_STATES))
+    _, sts_rows = _read(out / "sts.csv")
+    assert all(-1.0 <= float(r["spearman"]) <= 1.0 for r in sts_rows)
+
+
+def test_unknown_analysis_fails_with_one_line(tmp_path):
+    p = _evaluate("analyses=[outliers,nope]", f"hydra.run.dir={tmp_path}", timeout=60)
+    assert p.returncode == 1
+    lines = p.stderr.strip().splitlines()
+    assert lines == ["error: unknown analysis 'nope'; valid: outliers, anisotropy, self_similarity, wic, sts, "
+                     "ablation, frequency, attention_sinks"]
+
+
+def test_unknown_transform_group_fails_before_hydra(tmp_path):
+    p = _evaluate("transform=[none,blur]", f"hydra.run.dir={tmp_path}", timeout=60)
+    assert p.returncode == 2 and "unknown transform 'blur'" in p.stderr
+
+
+def test_offline_hub_datasets_fail_fast_with_the_message():
+    from omegaconf import OmegaConf
+
+    from evaluation.sts import load_pairs as sts_pairs
+    from evaluation.wic import load_pairs as wic_pairs
+
+    with pytest.raises(ConnectionError, match=r"cannot load hub dataset 'mteb/sts12-sts' split 'test'.*offline.*"
+                                              r"sts\.files=\[pairs\.csv\]"):
+        sts_pairs("sts12", "mteb/sts12-sts", "test")
+    with pytest.raises(ConnectionError, match=r"'aps/super_glue \(wic\)'.*offline.*wic\.source=wordnet"):
+        wic_pairs(OmegaConf.create({"source": "superglue", "split": "validation"}))
+
+
+def test_sts_is_skipped_with_instructions_by_default(compose_cfg, tmp_path):
+    from evaluation.registry import EvalContext
+    from evaluation.sts import run
+
+    cfg = compose_cfg("evaluate", [])
+    res = run(EvalContext(None, cfg.sts, cfg, ["none"], tmp_path))
+    assert res.rows == [] and "Skipped: no STS data given" in res.markdown
+    assert "sts.files=[pairs.csv]" in res.markdown and "sentence-transformers/stsb" in res.markdown

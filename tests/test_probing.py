@@ -1,0 +1,90 @@
+"""Probe math (analysis.probing) and the all-layers linear probes (lightning_modules.probes), Luo et al. 2021."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from analysis.probing import chance_accuracy, contribution, rank_of_dims, top_dims
+from datamodules.features import RowBatches, row_loader
+from lightning_modules.probes import PositionProbe, train_probe
+
+
+def test_contribution_hand_computed_3_dims():
+    # W [d=3, M=2]; logits = v @ W, so the true-class weights are the column w_y.
+    w = torch.tensor([[1.0, -2.0],
+                      [0.5, 3.0],
+                      [-4.0, 0.0]])
+    v = torch.tensor([[2.0, 1.0, 1.0],     # y=0: |1*2|, |0.5*1|, |-4*1|  = 2, 0.5, 4
+                      [1.0, -1.0, 5.0]])   # y=1: |-2*1|, |3*-1|, |0*5|   = 2, 3,   0
+    y = torch.tensor([0, 1])
+    assert torch.allclose(contribution(w, v, y, reduction="none"), torch.tensor([[2.0, 0.5, 4.0], [2.0, 3.0, 0.0]]))
+    assert torch.allclose(contribution(w, v, y), torch.tensor([2.0, 1.75, 2.0]))
+    assert torch.allclose(contribution(w, v, y, reduction="sum"), torch.tensor([4.0, 3.5, 4.0]))
+    # Batched over layers: layer 1 = 10x weights -> 10x contributions.
+    batched = contribution(torch.stack([w, 10 * w]), torch.stack([v, v]), y)
+    assert torch.allclose(batched, torch.tensor([[2.0, 1.75, 2.0], [20.0, 17.5, 20.0]]))
+
+
+def test_contribution_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="shapes"):
+        contribution(torch.zeros(3, 2), torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))
+
+
+def test_rank_top_and_chance():
+    scores = torch.tensor([0.1, 5.0, 0.0, 0.0, 2.0])
+    assert top_dims(scores, 2) == [1, 4]
+    assert rank_of_dims(scores, [1, 4, 0, 2, 3]) == [1, 2, 3, 4, 4]  # tied zeros share rank 4
+    assert chance_accuracy(torch.tensor([0, 1, 1, 2])) == 0.5
+
+
+def _synthetic(n_sent=300, length=10, noise_dim=16, seed=0):
+    """Layer 0: one-hot(position) ⊕ noise (position is linearly decodable); layer 1: noise only."""
+    g = np.random.default_rng(seed)
+    pos = np.tile(np.arange(length), n_sent)
+    onehot = np.eye(length)[pos] * 5.0
+    noise = g.normal(size=(2, len(pos), noise_dim))
+    layer0 = np.concatenate([onehot, noise[0]], 1)
+    layer1 = np.concatenate([g.normal(size=(len(pos), length)), noise[1]], 1)
+    feats = np.stack([layer0, layer1]).astype(np.float16)  # [L=2, N, d] as in the feature cache
+    sent = np.repeat(np.arange(n_sent), length)
+    return feats, pos, sent
+
+
+def _fit(feats, pos, sent, layers=None, epochs=3, seed=0):
+    split = {"train": sent < 200, "validation": (sent >= 200) & (sent < 250), "test": sent >= 250}
+    ds = {s: RowBatches(feats, np.flatnonzero(m), pos[m], layers=layers) for s, m in split.items()}
+    n_layers = feats.shape[0] if layers is None else len(layers)
+    module = PositionProbe(n_layers, feats.shape[2], num_positions=300, lr=1e-2, layer_ids=layers, seed=seed)
+    res = train_probe(module, row_loader(ds["train"], 128, True, seed), row_loader(ds["validation"], 512, False),
+                      row_loader(ds["test"], 512, False), epochs=epochs, accelerator="cpu")
+    return res, module, ds
+
+
+def test_position_probe_learns_position_but_not_from_noise():
+    feats, pos, sent = _synthetic()
+    res, _, _ = _fit(feats, pos, sent)
+    chance = 1 / 10  # 10 positions, uniform in every sentence
+    assert chance_accuracy(torch.from_numpy(pos)) == pytest.approx(chance)
+    assert res["accuracy"][0] > 0.98
+    assert res["accuracy"][1] < chance + 0.08
+
+
+def test_all_layers_together_equals_one_layer_alone():
+    feats, pos, sent = _synthetic(seed=1)
+    feats = np.concatenate([feats, feats[::-1] * np.float16(0.5)])  # 4 layers, all different
+    together, m_all, _ = _fit(feats, pos, sent, epochs=2, seed=3)
+    for layer in (1, 2):
+        alone, m_one, _ = _fit(feats, pos, sent, layers=[layer], epochs=2, seed=3)
+        assert alone["accuracy"][layer] == pytest.approx(together["accuracy"][layer], abs=2e-3)
+        assert torch.allclose(m_one.probe.weight[0], m_all.probe.weight[layer], atol=1e-4)
+
+
+def test_streamed_test_contribution_equals_formula_on_all_test_vectors():
+    feats, pos, sent = _synthetic(n_sent=260)
+    res, module, ds = _fit(feats, pos, sent, epochs=1)
+    test = ds["test"]
+    x, y = test[list(range(len(test)))]
+    expected = contribution(module.probe.weight.detach(), x, y)
+    assert torch.allclose(res["contribution"], expected, rtol=1e-4, atol=1e-6)
