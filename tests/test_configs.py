@@ -68,3 +68,25 @@ def test_paper_experiment_is_table_4(tmp_path, devices, expected):
     assert c["module"]["optimizer"]["lr"] == 1e-4 and c["module"]["scheduler"]["num_warmup_steps"] == 10_000
     assert c["module"]["optimizer"]["weight_decay"] == 0.01 and c["module"]["optimizer"]["eps"] == 1e-6
     assert c["model"]["hidden_size"] == 768 and c["model"]["num_layers"] == 12
+
+
+@pytest.mark.parametrize("group", ["encoder", "task", "transform"])
+def test_every_probe_option_composes(group):
+    for option in group_options(group):
+        cfg = compose("probe", [f"{group}={option}"])
+        c = OmegaConf.to_container(cfg, resolve=True)
+        assert group in c and c["seed"] == 0
+
+
+@pytest.mark.parametrize("group", ["encoder", "transform", "wic", "sts", "ablation", "frequency", "attention_sinks"])
+def test_every_evaluate_option_composes(group):
+    for option in group_options(group):
+        cfg = compose("evaluate", [f"{group}={option}"])
+        c = OmegaConf.to_container(cfg, resolve=True)
+        assert set(c["analyses"]) <= {"outliers", "anisotropy", "self_similarity", "wic", "sts",
+                                      "ablation", "frequency", "attention_sinks"}
+
+
+def test_evaluate_default_compares_all_three_transforms():
+    cfg = compose("evaluate")
+    assert {k for k, v in cfg.transform.use.items() if v} == {"none", "clip", "whiten"}
