@@ -1,0 +1,265 @@
+"""Long-format records of the outlier statistics, shared by the training monitors and post-hoc analysis.
+
+The quantities themselves live in :mod:`analysis.layernorm` (3σ LayerNorm outliers and divergence from
+initialisation; Kovaleva et al. 2021, Puccetti et al. 2022), :mod:`analysis.outliers` (per-layer mean
+vector and argmax/argmin share; Luo et al. 2021 §2) and :mod:`analysis.similarity` (anisotropy;
+Ethayarajh 2019).  This module only *calls* them and flattens the results into rows
+``(step, name, statistic, dim, value)`` — the format of ``monitor/layernorm.csv`` and
+``monitor/hidden_states.csv`` (see :mod:`lightning_modules.callbacks.history` for the column meanings) —
+so that the live callbacks and :mod:`lightning_modules.run_analysis` write identical numbers.
+
+Pure functions: tensors (and a tokenizer object) in, rows and tensors out; no Lightning, no files.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
+
+import torch
+from torch import Tensor, nn
+
+from analysis.layernorm import flagged_from_rows, layernorm_stats, shared_outlier_dims
+from analysis.outliers import OutlierAccumulator, detect_outlier_dims, valid_token_mask
+from analysis.similarity import anisotropy, sample_cross_sentence_pairs
+
+__all__ = [
+    "Row",
+    "layernorm_snapshot",
+    "min_shared_layers",
+    "flagged_per_layer",
+    "layernorm_records",
+    "tokenize_heldout",
+    "encoder_hidden_states",
+    "hidden_state_records",
+]
+
+#: One history row: (step, name, statistic, dim or None, value).
+Row = tuple[int, str, str, "int | None", float]
+
+_LAYER_RE = re.compile(r"^layer\.(\d+)\.")
+
+
+# ---------------------------------------------------------------------------------------- LayerNorm
+def layernorm_snapshot(layernorms: Mapping[str, nn.LayerNorm]) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """Detached float32 CPU copies of each LayerNorm's (gain, bias), keyed by name.
+
+    ``layernorms`` is e.g. ``RobertaMaskedLM.named_layernorms()`` (``embeddings``,
+    ``layer.{i}.attention_output``, ``layer.{i}.output``).
+    """
+    out = {}
+    for name, ln in layernorms.items():
+        if ln.weight is None:
+            continue  # LayerNorm without affine parameters: nothing to track
+        b = None if ln.bias is None else ln.bias.detach().float().cpu().clone()
+        out[name] = (ln.weight.detach().float().cpu().clone(), b)
+    return out
+
+
+def min_shared_layers(spec: int | float | str, num_layers: int) -> int:
+    """How many layers must flag a dim for it to count as a *model* outlier (Puccetti et al. 2022).
+
+    Puccetti et al. require at least 4 of BERT-base's 12 layers.  ``spec`` may be an absolute count
+    (int ≥ 1), a fraction in (0, 1), or a string ``"a/b"`` read as the fraction a/b.  A fraction is
+    scaled to the model and rounded *up*: ``"4/12"`` gives 4 of 12, 2 of 4, 2 of 6, 8 of 24 layers —
+    so a small model still needs a dim in more than one layer.  An absolute count larger than
+    ``num_layers`` is an error.
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be positive, got {num_layers}")
+    if isinstance(spec, str):
+        try:
+            frac = Fraction(spec.strip())
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"shared_min_layers={spec!r} is not a number or a fraction like '4/12'") from None
+    elif isinstance(spec, bool):
+        raise ValueError(f"shared_min_layers must be a number, got {spec!r}")
+    elif isinstance(spec, int) or (isinstance(spec, float) and spec >= 1 and float(spec).is_integer()):
+        n = int(spec)
+        if not 1 <= n <= num_layers:
+            raise ValueError(f"shared_min_layers={n} must lie in [1, {num_layers}] (the model's layers), "
+                             "or be a fraction such as '4/12'")
+        return n
+    else:
+        frac = Fraction(float(spec)).limit_denominator(1000)
+    if not 0 < frac <= 1:
+        raise ValueError(f"shared_min_layers fraction must be in (0, 1], got {spec!r}")
+    return max(1, math.ceil(frac * num_layers))
+
+
+def flagged_per_layer(flagged: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
+    """Union of the flagged dims of each encoder layer's LayerNorms.
+
+    A layer (``layer.{i}.attention_output`` and ``layer.{i}.output``) flags a dim if any of its
+    LayerNorms does; names not of the form ``layer.{i}.…`` (the embeddings LayerNorm) are not layers
+    and are left out, as in Puccetti et al.'s "k of 12 layers".
+    """
+    per: dict[str, set[int]] = {}
+    for name, dims in flagged.items():
+        m = _LAYER_RE.match(name)
+        if m:
+            per.setdefault(f"layer.{m.group(1)}", set()).update(int(d) for d in dims)
+    return {k: sorted(v) for k, v in per.items()}
+
+
+def layernorm_records(step: int, params: Mapping[str, tuple[Tensor, Tensor | None]],
+                      initial: Mapping[str, tuple[Tensor, Tensor | None]] | None = None, k: float = 3.0,
+                      shared_min: int | float | str = "4/12", top_k: int = 3, vectors: bool = True,
+                      ) -> tuple[list[Row], dict]:
+    """History rows for every LayerNorm at one step, via :func:`analysis.layernorm.layernorm_stats`.
+
+    Parameters
+    ----------
+    step : int
+    params : Mapping[name, (gain Tensor[d], bias Tensor[d] | None)]
+        Current values, e.g. from :func:`layernorm_snapshot`.
+    initial : same, or None
+        Values at initialisation (None: gain₀ = 1, bias₀ = 0).
+    k : float
+        σ multiplier of the outlier rule (Kovaleva et al. 2021: 3).
+    shared_min : int, float or "a/b"
+        Layers needed for a model-level outlier, see :func:`min_shared_layers`.
+    top_k : int
+        Dims with the largest |z-score| written per LayerNorm whether flagged or not (``top_gain_z``
+        rows), to watch an outlier emerge before it crosses kσ.
+    vectors : bool
+        Also write every dim's gain and bias (``gain``/``bias`` rows; d rows each per LayerNorm).
+
+    Returns
+    -------
+    rows : list[Row]
+        Statistics per LayerNorm name: ``gain_mean gain_std bias_mean bias_std n_gain_outliers
+        n_bias_outliers`` (dim empty), ``gain_outlier`` / ``bias_outlier`` (dim = flagged dim, value =
+        its gain/bias, strongest |z| first), ``top_gain_z`` / ``top_bias_z`` (the ``top_k`` dims of
+        largest |z|, value = signed z-score), ``max_abs_gain_div`` / ``max_abs_bias_div`` (dim = the
+        dim that moved most from init, value = |Δ|), ``gain`` / ``bias`` (every dim, if ``vectors``).
+        Under name ``model``: ``shared_min_layers``, ``n_shared_gain_outliers``,
+        ``n_shared_bias_outliers`` and ``shared_gain_outlier`` / ``shared_bias_outlier`` (dim, value =
+        number of layers flagging it).
+    summary : dict
+        ``stats`` (the :func:`layernorm_stats` records), ``flagged`` ({"gain"|"bias": {name: dims}}),
+        ``shared`` ({"gain"|"bias": {dim: n_layers}}), ``min_layers`` (int).
+    """
+    stats = layernorm_stats(params, initial, k=k, top_k=top_k)
+    rows: list[Row] = []
+    for rec in stats:
+        name = rec["name"]
+        gain, bias = params[name]
+        for part in ("gain", "bias"):
+            rows += [(step, name, f"{part}_mean", None, rec[f"{part}_mean"]),
+                     (step, name, f"{part}_std", None, rec[f"{part}_std"]),
+                     (step, name, f"n_{part}_outliers", None, rec[f"n_{part}_outliers"])]
+            vec = gain if part == "gain" else bias
+            if vec is None:
+                continue
+            v = vec.detach().double().cpu()
+            for d in flagged_from_rows([rec], part)[name]:
+                rows.append((step, name, f"{part}_outlier", d, float(v[d])))
+            top_dims = [int(x) for x in str(rec.get(f"top_{part}_dims", "")).split(";") if x != ""]
+            top_z = [float(x) for x in str(rec.get(f"top_{part}_z", "")).split(";") if x != ""]
+            rows += [(step, name, f"top_{part}_z", d, z) for d, z in zip(top_dims, top_z)]
+            rows.append((step, name, f"max_abs_{part}_div", rec[f"argmax_abs_{part}_div"], rec[f"max_abs_{part}_div"]))
+            if vectors:
+                rows += [(step, name, part, d, x) for d, x in enumerate(v.tolist())]
+    flagged = {p: flagged_from_rows(stats, p) for p in ("gain", "bias")}
+    per_layer = {p: flagged_per_layer(f) for p, f in flagged.items()}
+    n_layers = len(per_layer["gain"])
+    min_layers = min_shared_layers(shared_min, n_layers) if n_layers else 0
+    shared = {p: (shared_outlier_dims(per_layer[p], min_layers) if n_layers else {}) for p in ("gain", "bias")}
+    rows.append((step, "model", "shared_min_layers", None, min_layers))
+    for p in ("gain", "bias"):
+        rows.append((step, "model", f"n_shared_{p}_outliers", None, len(shared[p])))
+        rows += [(step, "model", f"shared_{p}_outlier", d, c) for d, c in shared[p].items()]
+    return rows, {"stats": stats, "flagged": flagged, "shared": shared, "min_layers": min_layers}
+
+
+# ------------------------------------------------------------------------------------- hidden states
+def tokenize_heldout(tokenizer, texts: Sequence[str], max_length: int) -> dict[str, Tensor]:
+    """A fixed held-out batch from texts: ``input_ids``, ``attention_mask``, ``special_tokens_mask``.
+
+    Uses the Hugging Face tokenizer's own padding, truncation and special-token mask; the
+    special-token mask is what :func:`analysis.outliers.valid_token_mask` needs to leave ``<s>``,
+    ``</s>`` and padding out of the statistics (Luo et al. 2021 §2).
+    """
+    if not texts:
+        raise ValueError("the held-out batch needs at least one text")
+    enc = tokenizer(list(texts), padding=True, truncation=True, max_length=int(max_length),
+                    return_special_tokens_mask=True, return_tensors="pt")
+    return {k: enc[k] for k in ("input_ids", "attention_mask", "special_tokens_mask")}
+
+
+def encoder_hidden_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """Stacked hidden states ``[L+1, B, T, d]`` (embedding output, then every layer).
+
+    ``model`` is a :class:`~lightning_modules.encoder.RobertaMaskedLM` (its ``.roberta`` body is run,
+    skipping the MLM head) or any module returning ``.hidden_states`` for ``output_hidden_states=True``.
+    The caller chooses eval mode and ``torch.inference_mode()``.
+    """
+    body = getattr(model, "roberta", model)
+    out = body(input_ids, attention_mask, output_hidden_states=True)
+    return torch.stack(tuple(out.hidden_states))
+
+
+def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
+                         special_tokens_mask: Tensor | None = None, top_k: int = 5, n_pairs: int = 1000,
+                         seed: int = 0, vectors: bool = True) -> tuple[list[Row], dict]:
+    """History rows for every layer's hidden states on one batch (Luo et al. 2021 §2, §4.1).
+
+    Parameters
+    ----------
+    step : int
+    hidden : Tensor[L, B, T, d]
+        From :func:`encoder_hidden_states`; layer 0 is the embedding output.
+    attention_mask, special_tokens_mask : Tensor[B, T]
+        Only non-pad, non-special tokens count (:func:`analysis.outliers.valid_token_mask`).
+    top_k : int
+        Dims with the largest |mean| written per layer.
+    n_pairs : int
+        Token pairs from different sentences for anisotropy, drawn by
+        :func:`analysis.similarity.sample_cross_sentence_pairs` with generator seed ``seed`` — the
+        same batch and seed give the same pairs at every step.
+    vectors : bool
+        Also write the whole mean vector (``mean`` rows, d per layer).
+
+    Returns
+    -------
+    rows : list[Row]
+        Per layer name ``layer_{i}``: ``n_tokens``; ``argmax_share`` / ``argmin_share`` (dim = the dim
+        holding most tokens' max/min, value = that share of tokens); ``anisotropy``; ``top_abs_mean``
+        (dim, value = mean, largest |mean| first); ``outlier_dim`` (dims found by
+        :func:`analysis.outliers.detect_outlier_dims`, value = their larger share); ``mean`` (every dim).
+    summary : dict
+        ``mean`` Tensor[L, d], ``layers`` (:meth:`OutlierAccumulator.summary`), ``anisotropy``
+        Tensor[L], ``outliers`` list[list[int]].
+    """
+    if hidden.ndim != 4:
+        raise ValueError(f"hidden must be [L, B, T, d], got {tuple(hidden.shape)}")
+    n_layers, _, _, dim = hidden.shape
+    valid = valid_token_mask(attention_mask, special_tokens_mask).to(hidden.device)
+    acc = OutlierAccumulator(n_layers, dim)
+    acc.update(hidden, mask=valid)
+    layers = acc.summary(top_k=top_k)
+    outliers = detect_outlier_dims(acc)
+    share = torch.maximum(acc.argmax_share(), acc.argmin_share())
+    tokens = hidden[:, valid]  # [L, N, d]
+    sentence_ids = valid.nonzero()[:, 0]  # batch row of every valid token
+    if sentence_ids.unique().numel() >= 2:
+        a, b = sample_cross_sentence_pairs(sentence_ids, n_pairs, generator=seed)
+        aniso = anisotropy(tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]).double().cpu()
+    else:
+        aniso = torch.full((n_layers,), math.nan, dtype=torch.float64)
+    mean = acc.mean()
+    rows: list[Row] = []
+    for i, s in enumerate(layers):
+        name = f"layer_{i}"
+        rows += [(step, name, "n_tokens", None, s["n_tokens"]),
+                 (step, name, "argmax_share", s["argmax_dim"], s["argmax_share"]),
+                 (step, name, "argmin_share", s["argmin_dim"], s["argmin_share"]),
+                 (step, name, "anisotropy", None, float(aniso[i]))]
+        rows += [(step, name, "top_abs_mean", d, v) for d, v in zip(s["top_dims"], s["top_values"])]
+        rows += [(step, name, "outlier_dim", d, float(share[i, d])) for d in outliers[i]]
+        if vectors:
+            rows += [(step, name, "mean", d, x) for d, x in enumerate(mean[i].tolist())]
+    return rows, {"mean": mean, "layers": layers, "anisotropy": aniso, "outliers": outliers}

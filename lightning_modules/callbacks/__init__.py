@@ -1,0 +1,25 @@
+"""Training-time outlier monitors (Lightning callbacks) and their CSV history.
+
+- :class:`.layernorm_monitor.LayerNormMonitor` — LayerNorm gain/bias 3σ outliers and divergence from init
+  (Kovaleva et al. 2021; Puccetti et al. 2022).
+- :class:`.hidden_state_monitor.HiddenStateMonitor` — activation outlier dims and anisotropy on a fixed
+  held-out batch (Luo et al. 2021; Ethayarajh 2019).
+
+Kept free of heavy imports: the classes load on first attribute access.
+"""
+
+_LAZY = {
+    "LayerNormMonitor": "layernorm_monitor",
+    "HiddenStateMonitor": "hidden_state_monitor",
+    "OutlierMonitor": "base",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,183 @@
+"""Watch activation outlier dimensions emerge during pretraining, on a fixed held-out batch (Luo et al. 2021 §2).
+
+At every record (step 0 before any update, every ``every_n_steps``, at checkpoints and at the end; see
+:mod:`.base`) the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out
+sequences, and :func:`analysis.monitoring.hidden_state_records` computes per layer — via
+:class:`analysis.outliers.OutlierAccumulator`, :func:`analysis.outliers.detect_outlier_dims` and
+:func:`analysis.similarity.anisotropy` — the mean token vector, the share of tokens whose argmax/argmin
+falls on the most common dim (Luo et al.: 96.6% on dim 557 in BERT-base), the dims with the largest
+|mean|, and the anisotropy over a fixed set of random cross-sentence token pairs (Ethayarajh 2019).
+Special tokens and padding are left out.  Train mode is restored afterwards, module by module.
+
+Outputs: ``<out_dir>/hidden_states.csv`` (``step,name,statistic,dim,value``; names ``layer_{i}``,
+i = 0 the embedding output; statistics ``n_tokens argmax_share argmin_share anisotropy top_abs_mean
+outlier_dim mean``, see :func:`analysis.monitoring.hidden_state_records`; the per-dim ``mean`` rows only
+at image records), and in TensorBoard:
+
+- scalars ``monitor/hidden/layer_{i}/argmax_share``, ``…/argmin_share``, ``…/argmax_dim``,
+  ``…/argmin_dim``, ``…/anisotropy``, ``…/max_abs_mean``, ``…/n_outlier_dims``;
+- image ``monitor/hidden/mean_vectors`` (average vector of every layer, Luo et al. Figs. 1–2), also
+  saved as ``<out_dir>/hidden_mean_vectors.png``.
+
+Held-out batch (``source``):
+
+- ``"sentences"`` (default): the first ``n_sequences`` shipped held-out sentences
+  (:func:`datamodules.eval_data.load_sentences`, Austen's *Persuasion*, not in the training corpus),
+  tokenised with ``trainer.datamodule.tokenizer``.  Same text for every run and position scheme, and the
+  same batch :mod:`lightning_modules.run_analysis` uses, so live and post-hoc numbers agree.
+- ``"val"``: the first ``n_sequences`` validation blocks of ``trainer.datamodule`` (in-distribution text,
+  unmasked; see :func:`heldout_from_val`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from analysis.monitoring import encoder_hidden_states, hidden_state_records, tokenize_heldout
+
+from . import plots
+from .base import OutlierMonitor, as_numpy
+
+
+SOURCES = ("sentences", "val")
+
+
+def heldout_from_val(datamodule: Any, n_sequences: int, special_ids: set[int]) -> dict[str, Tensor]:
+    """The first ``n_sequences`` validation sequences, unmasked.
+
+    Read from ``datamodule.val_dataset`` (items with unmasked ``input_ids``/``attention_mask``, as
+    :class:`datamodules.mlm_datamodule.MLMDataModule` has) when present; otherwise from the first
+    batches of ``val_dataloader()``, undoing the MLM masking (``labels != -100`` hold the original ids).
+    """
+    ids, masks = [], []
+    ds = getattr(datamodule, "val_dataset", None)
+    if ds is not None and len(ds) > 0 and isinstance(ds[0], dict) and "input_ids" in ds[0]:
+        for i in range(min(n_sequences, len(ds))):
+            item = ds[i]
+            x = torch.as_tensor(item["input_ids"])
+            ids.append(x[None])
+            masks.append(torch.as_tensor(item.get("attention_mask", torch.ones_like(x)))[None])
+    else:
+        for batch in datamodule.val_dataloader():
+            x = batch["input_ids"]
+            if "labels" in batch:
+                x = torch.where(batch["labels"] != -100, batch["labels"], x)
+            ids.append(x)
+            masks.append(batch.get("attention_mask", torch.ones_like(x)))
+            if sum(len(t) for t in ids) >= n_sequences:
+                break
+    if not ids:
+        raise ValueError("HiddenStateMonitor(source='val'): the datamodule has no validation sequences")
+    width = max(t.shape[1] for t in ids)
+    ids = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in ids])[:n_sequences]
+    masks = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in masks])[:n_sequences]
+    special = torch.isin(ids, torch.tensor(sorted(special_ids), dtype=ids.dtype))
+    return {"input_ids": ids, "attention_mask": masks, "special_tokens_mask": special.long()}
+
+
+class HiddenStateMonitor(OutlierMonitor):
+    """Per-layer activation outlier statistics on a fixed held-out batch.
+
+    Parameters
+    ----------
+    out_dir, every_n_steps, image_every_n_steps, vectors
+        See :class:`.base.OutlierMonitor` (``vectors``: write the whole ``mean`` vector of every layer).
+    n_sequences : int
+        Held-out sequences (small: one forward pass of this batch per record).
+    source : {"sentences", "val"}
+        Where the held-out batch comes from (module docstring).
+    sentences_path : str, optional
+        Other sentences file for ``source="sentences"`` (gzip text, one per line).
+    tokenizer : str, optional
+        Tokenizer directory to use when the datamodule has no ``tokenizer`` attribute.
+    max_length : int, optional
+        Truncation length in tokens (default: the model's ``max_len``).
+    top_k : int
+        Dims with the largest |mean| written per layer.
+    n_pairs, seed : int
+        Cross-sentence token pairs for anisotropy, drawn once per batch with this seed.
+    """
+
+    filename = "hidden_states.csv"
+
+    def __init__(self, out_dir: str | None = None, every_n_steps: int = 50, image_every_n_steps: int = 100,
+                 n_sequences: int = 32, source: str = "sentences", sentences_path: str | None = None,
+                 tokenizer: str | None = None, max_length: int | None = None, top_k: int = 5,
+                 n_pairs: int = 1000, seed: int = 0, vectors: bool = True) -> None:
+        super().__init__(out_dir, every_n_steps, image_every_n_steps, vectors)
+        if source not in SOURCES:
+            raise ValueError(f"HiddenStateMonitor source must be one of {', '.join(SOURCES)}, got {source!r}")
+        if int(n_sequences) < 2:
+            raise ValueError(f"n_sequences must be >= 2 (anisotropy pairs tokens of different sequences), "
+                             f"got {n_sequences}")
+        self.n_sequences, self.source = int(n_sequences), source
+        self.sentences_path, self.tokenizer_path, self.max_length = sentences_path, tokenizer, max_length
+        self.top_k, self.n_pairs, self.seed = int(top_k), int(n_pairs), int(seed)
+        self.batch: dict[str, Tensor] | None = None
+
+    def _tokenizer(self, trainer: L.Trainer):
+        tok = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule is not None else None
+        if tok is None and self.tokenizer_path:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+        return tok
+
+    def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule, resumed: bool) -> None:
+        if not trainer.is_global_zero:
+            return
+        model = getattr(pl_module, "model", pl_module)
+        config = getattr(model, "config", None)
+        tok = self._tokenizer(trainer)
+        if self.source == "sentences":
+            if tok is None:
+                raise ValueError("HiddenStateMonitor(source='sentences') needs a tokenizer: the datamodule has no "
+                                 "`tokenizer` attribute; set callbacks.hidden_state_monitor.tokenizer=<dir> or "
+                                 "source=val")
+            from datamodules.eval_data import load_sentences
+
+            texts = load_sentences(self.sentences_path)[: self.n_sequences]
+            max_len = self.max_length or getattr(config, "max_len", None) or tok.model_max_length
+            self.batch = tokenize_heldout(tok, texts, max_len)
+        else:
+            if trainer.datamodule is None:
+                raise ValueError("HiddenStateMonitor(source='val') needs a datamodule with val_dataloader()")
+            special = set(getattr(tok, "all_special_ids", None) or
+                          [getattr(config, a) for a in ("bos_token_id", "eos_token_id", "pad_token_id")
+                           if getattr(config, a, None) is not None])
+            self.batch = heldout_from_val(trainer.datamodule, self.n_sequences, special)
+
+    def compute(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, vectors: bool = True
+                ) -> tuple[list, dict]:
+        model = getattr(pl_module, "model", pl_module)
+        modes = [(m, m.training) for m in model.modules()]
+        model.eval()  # no dropout: the same batch gives the same vectors for the same weights
+        try:
+            with torch.inference_mode():
+                b = self.batch
+                hidden = encoder_hidden_states(model, b["input_ids"].to(pl_module.device),
+                                               b["attention_mask"].to(pl_module.device))
+                return hidden_state_records(step, hidden, b["attention_mask"], b["special_tokens_mask"],
+                                            top_k=self.top_k, n_pairs=self.n_pairs, seed=self.seed,
+                                            vectors=vectors)
+        finally:
+            for m, mode in modes:
+                m.training = mode
+
+    def log_to(self, writer: Any, step: int, summary: dict, images: bool) -> None:
+        for i, s in enumerate(summary["layers"]):
+            base = f"monitor/hidden/layer_{i}"
+            writer.add_scalar(f"{base}/argmax_share", s["argmax_share"], step)
+            writer.add_scalar(f"{base}/argmin_share", s["argmin_share"], step)
+            writer.add_scalar(f"{base}/argmax_dim", s["argmax_dim"], step)
+            writer.add_scalar(f"{base}/argmin_dim", s["argmin_dim"], step)
+            writer.add_scalar(f"{base}/anisotropy", float(summary["anisotropy"][i]), step)
+            writer.add_scalar(f"{base}/max_abs_mean", abs(s["top_values"][0]), step)
+            writer.add_scalar(f"{base}/n_outlier_dims", len(summary["outliers"][i]), step)
+
+    def figures(self, step: int, summary: dict) -> dict[str, Any]:
+        return {"hidden/mean_vectors": plots.mean_vector_figure(as_numpy(summary["mean"]), summary["outliers"], step)}

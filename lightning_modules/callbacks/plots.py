@@ -1,0 +1,121 @@
+"""Figures of the outlier monitors (matplotlib, Agg canvas; no pyplot state, safe on headless servers).
+
+- :func:`layernorm_heatmap` — gain or bias of every LayerNorm per dimension over training steps, the
+  view of Kovaleva et al. (2021), Fig. 3 (middle panel), with the dims flagged by the 3σ rule at the
+  latest step marked.
+- :func:`mean_vector_figure` — the average token vector of every layer, Luo et al. (2021) Figs. 1–2,
+  with the detected outlier dims labelled.
+
+:func:`render` turns a figure into an RGB array that goes to TensorBoard (``add_image``) and, unchanged,
+to a PNG in the run directory — rendered once for both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+
+
+def render(fig: Figure) -> np.ndarray:
+    """RGB uint8 array ``[H, W, 3]`` of ``fig`` (drawn on an Agg canvas)."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def save_png(image: np.ndarray, path: str | os.PathLike) -> None:
+    """Write an RGB array as PNG atomically (temporary file + ``os.replace``)."""
+    from matplotlib.image import imsave
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    imsave(tmp, image)
+    os.replace(tmp, path)
+
+
+def thin(steps: Sequence[int], max_rows: int) -> list[int]:
+    """Indices of at most ``max_rows`` evenly spaced entries, always keeping the first and the last."""
+    n = len(steps)
+    if n <= max_rows:
+        return list(range(n))
+    return sorted(set(np.linspace(0, n - 1, max_rows).round().astype(int).tolist()))
+
+
+def layernorm_heatmap(steps: Sequence[int], values: Mapping[str, np.ndarray], flagged: Mapping[str, Sequence[int]],
+                      part: str, centre: float) -> Figure:
+    """Heatmap per LayerNorm: rows = training steps, columns = dims, colour = gain (or bias).
+
+    Parameters
+    ----------
+    steps : the S recorded steps (rows, oldest at the top).
+    values : LayerNorm name -> array [S, d].
+    flagged : LayerNorm name -> dims flagged at the latest step (marked with red triangles on top).
+    part : "gain" or "bias" (titles).
+    centre : value at initialisation (1 for gain, 0 for bias): the white of the diverging colour map.
+    """
+    names = list(values)
+    # Plain subplots_adjust and no colour bars: constrained layout and one colour-bar axes per panel
+    # made this figure cost seconds per draw; the colour range is printed in each title instead.
+    height = 0.5 + 0.8 * len(names)
+    fig = Figure(figsize=(9, height), dpi=72)
+    fig.subplots_adjust(left=0.07, right=0.99, top=1 - 0.62 / height, bottom=0.35 / height, hspace=0.9)
+    axes = fig.subplots(len(names), 1, squeeze=False, sharex=True)[:, 0]
+    for ax, name in zip(axes, names):
+        v = np.asarray(values[name], dtype=float)
+        span = max(float(np.nanmax(np.abs(v - centre))) if np.isfinite(v).any() else 0.0, 1e-6)
+        ax.imshow(v, aspect="auto", interpolation="nearest", cmap="RdBu_r",
+                  norm=Normalize(centre - span, centre + span), extent=(-0.5, v.shape[1] - 0.5, len(steps) - 0.5, -0.5))
+        dims = list(flagged.get(name, ()))
+        if dims:
+            ax.plot(dims, [-0.5] * len(dims), "v", color="red", markersize=4, clip_on=False)
+        ax.set_yticks([0, len(steps) - 1], [str(steps[0]), str(steps[-1])])
+        ax.set_title(f"{name}: colour {centre:g} ± {span:.3g};  {len(dims)} dims > 3σ at step {steps[-1]}",
+                     fontsize=7, loc="left", pad=2)
+        ax.tick_params(labelsize=6, length=2, pad=1)
+    axes[-1].set_xlabel("dimension", fontsize=7)
+    fig.suptitle(f"LayerNorm {part} per dimension (x) over training steps (y); red ▼ = flagged "
+                 "(Kovaleva et al. 2021, Fig. 3)", fontsize=8)
+    return fig
+
+
+def mean_vector_figure(mean: np.ndarray, outliers: Sequence[Sequence[int]], step: int) -> Figure:
+    """One panel per layer: the average token vector over dims (Luo et al. 2021, Figs. 1–2).
+
+    Parameters
+    ----------
+    mean : array [L, d] (row 0 = embedding output).
+    outliers : per layer, dims to label (e.g. :func:`analysis.outliers.detect_outlier_dims`).
+    step : training step (title).
+    """
+    mean = np.asarray(mean, dtype=float)
+    n, d = mean.shape
+    cols = 1 if n <= 4 else 2
+    rows = -(-n // cols)
+    height = 0.5 + 1.2 * rows
+    fig = Figure(figsize=(5 * cols, height), dpi=72)
+    fig.subplots_adjust(left=0.06, right=0.99, top=1 - 0.45 / height, bottom=0.3 / height, hspace=0.6, wspace=0.12)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    x = np.arange(d)
+    for i, ax in enumerate(axes):
+        if i >= n:
+            ax.set_visible(False)
+            continue
+        ax.vlines(x, 0, mean[i], linewidth=0.8, color="tab:blue")  # one collection: fast for d = 768
+        dims = list(outliers[i])
+        label = dims or [int(np.abs(mean[i]).argmax())]
+        for dim in label[:5]:
+            ax.annotate(str(dim), (dim, mean[i, dim]), fontsize=6, color="red" if dims else "grey",
+                        ha="center", va="bottom" if mean[i, dim] >= 0 else "top")
+        ax.set_xlim(-0.5, d - 0.5)
+        ax.set_title("embeddings" if i == 0 else f"layer {i}", fontsize=7, loc="left", pad=2)
+        ax.tick_params(labelsize=6, length=2, pad=1)
+    fig.suptitle(f"average token vector per layer at step {step} (Luo et al. 2021, Figs. 1–2); "
+                 "red = outlier dims", fontsize=8)
+    return fig

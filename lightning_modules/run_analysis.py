@@ -1,0 +1,215 @@
+"""Outlier statistics of every checkpoint of a finished ``train.py`` run, after the fact.
+
+    python -m lightning_modules.run_analysis <run_dir> [--n-sequences 32] [--out DIR]
+
+For each ``<run>/checkpoints/*.ckpt`` (one per global step; ``last.ckpt`` is skipped when a step
+checkpoint holds the same step) the model is rebuilt from ``hyper_parameters["model"]`` and the
+``model.``-prefixed weights of ``state_dict``, and the *same* functions as the live monitors compute the
+*same* statistics: :func:`analysis.monitoring.layernorm_records` (LayerNorm 3σ outliers, divergence from
+init, shared dims; Kovaleva et al. 2021, Puccetti et al. 2022) and
+:func:`analysis.monitoring.hidden_state_records` (per-layer mean vector, argmax/argmin share, top dims,
+anisotropy; Luo et al. 2021, Ethayarajh 2019) on the shipped held-out sentences tokenised with the run's
+tokenizer (``<run>/hf`` or ``<run>/model``).  Output: ``<run>/monitor_posthoc/layernorm.csv`` and
+``hidden_states.csv`` in the format of :mod:`lightning_modules.callbacks.history`.
+
+Settings (k, shared_min_layers, top_k, n_sequences, n_pairs, seed, ...) default to those of the run's
+monitors, read from ``<run>/config.yaml``, so that for ``source: sentences`` the post-hoc rows of a
+checkpoint's step reproduce the live rows.  Divergence from init uses the initial LayerNorm snapshot
+that :class:`~lightning_modules.callbacks.layernorm_monitor.LayerNormMonitor` stores in every checkpoint
+(and that snapshot also gives LayerNorm rows for step 0); without it, the standard init (gain 1, bias 0).
+
+Imports no Lightning: usable from ``evaluate.py`` and on machines without a trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: Defaults of the monitors (configs/callbacks/monitors.yaml); a run's config.yaml overrides them.
+LAYERNORM_DEFAULTS = {"k": 3.0, "shared_min_layers": "4/12", "top_k": 3, "vectors": True}
+HIDDEN_DEFAULTS = {"n_sequences": 32, "sentences_path": None, "max_length": None, "top_k": 5, "n_pairs": 1000,
+                   "seed": 0, "vectors": True}
+OUT_SUBDIR = "monitor_posthoc"
+
+
+def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """``<run>/checkpoints/*.ckpt`` sorted by name; one clear error if there are none."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"run directory {run} does not exist")
+    ckpts = sorted((run / "checkpoints").glob("*.ckpt"))
+    if not ckpts:
+        raise FileNotFoundError(f"{run / 'checkpoints'} holds no *.ckpt; pass the directory of a train.py run "
+                                "(checkpoints are written every callbacks.model_checkpoint.every_n_train_steps)")
+    return ckpts
+
+
+def monitor_settings(run_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(LayerNorm, hidden-state) monitor settings of a run: defaults updated from ``<run>/config.yaml``."""
+    ln, hs = dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS)
+    cfg_file = Path(run_dir) / "config.yaml"
+    if cfg_file.is_file():
+        from omegaconf import OmegaConf
+
+        callbacks = OmegaConf.to_container(OmegaConf.load(cfg_file)).get("callbacks") or {}
+        for target, key in ((ln, "layernorm_monitor"), (hs, "hidden_state_monitor")):
+            target.update({k: v for k, v in (callbacks.get(key) or {}).items() if k in target})
+    return ln, hs
+
+
+def _tokenizer_dir(run: Path) -> Path:
+    for d in (run / "hf", run / "model", run / "tokenizer"):
+        if (d / "tokenizer_config.json").is_file() or (d / "tokenizer.json").is_file():
+            return d
+    raise FileNotFoundError(f"{run} holds no tokenizer (hf/, model/ or tokenizer/ with tokenizer files; train.py "
+                            "writes them when training ends); pass --tokenizer DIR")
+
+
+def _load(path: Path, mmap: bool = False) -> dict:
+    """A checkpoint on CPU (``mmap``: tensors are read lazily, for a cheap look at ``global_step``)."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception:  # noqa: BLE001 - older/extended checkpoints may pickle plain Python objects
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def _initial_snapshot(ckpt: dict) -> dict | None:
+    for key, state in (ckpt.get("callbacks") or {}).items():
+        if "LayerNormMonitor" in str(key) and isinstance(state, dict) and state.get("initial"):
+            return {n: (v["weight"].float(), None if v["bias"] is None else v["bias"].float())
+                    for n, v in state["initial"].items()}
+    return None
+
+
+def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, tokenizer: Any = None,
+                out_dir: str | os.PathLike | None = None, device: str = "cpu", **overrides: Any) -> dict[str, Any]:
+    """Write post-hoc monitor histories for every checkpoint of ``run_dir``.
+
+    Parameters
+    ----------
+    run_dir : a ``train.py`` run directory (with ``checkpoints/``).
+    texts : held-out texts (default: the first ``n_sequences`` of the shipped held-out sentences, as the
+        live :class:`HiddenStateMonitor` with ``source: sentences`` uses).
+    tokenizer : a Hugging Face tokenizer or a directory (default: the run's ``hf/`` or ``model/``).
+    out_dir : default ``<run>/monitor_posthoc``.
+    device : where the forward passes run.
+    **overrides : monitor settings — ``k``, ``shared_min_layers``, ``ln_top_k`` (LayerNorm top_k),
+        ``top_k``, ``n_sequences``, ``n_pairs``, ``seed``, ``max_length``, ``vectors``, ``sentences_path``.
+
+    Returns
+    -------
+    dict with ``layernorm`` and ``hidden_states`` (paths of the CSVs) and ``steps`` (analysed steps).
+    """
+    run = Path(run_dir)
+    ckpt_paths = find_checkpoints(run)
+    ln_cfg, hs_cfg = monitor_settings(run)
+    unknown = set(overrides) - set(ln_cfg) - set(hs_cfg) - {"ln_top_k"}
+    if unknown:
+        raise ValueError(f"unknown analyze_run setting(s) {sorted(unknown)}; valid: "
+                         f"{sorted(set(ln_cfg) | set(hs_cfg) | {'ln_top_k'})}")
+    for key, value in overrides.items():
+        if key == "ln_top_k":
+            ln_cfg["top_k"] = value
+        elif key == "top_k":
+            hs_cfg["top_k"] = value
+        else:
+            for cfg in (ln_cfg, hs_cfg):
+                if key in cfg:
+                    cfg[key] = value
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from analysis.monitoring import (encoder_hidden_states, hidden_state_records, layernorm_records,
+                                     layernorm_snapshot, tokenize_heldout)
+    from lightning_modules.callbacks.history import HistoryCSV
+    from lightning_modules.encoder import EncoderConfig, RobertaMaskedLM
+
+    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        tok_dir = Path(tokenizer) if tokenizer is not None else _tokenizer_dir(run)
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    if texts is None:
+        from datamodules.eval_data import load_sentences
+
+        texts = load_sentences(hs_cfg["sentences_path"])[: int(hs_cfg["n_sequences"])]
+
+    # one checkpoint per step; a step checkpoint wins over last.ckpt of the same step
+    by_step: dict[int, Path] = {}
+    for p in sorted(ckpt_paths, key=lambda p: p.name == "last.ckpt"):
+        by_step.setdefault(int(_load(p, mmap=True).get("global_step", -1)), p)
+
+    out = Path(out_dir) if out_dir is not None else run / OUT_SUBDIR
+    out.mkdir(parents=True, exist_ok=True)
+    files = {name: HistoryCSV(out / f".{name}.csv.tmp") for name in ("layernorm", "hidden_states")}
+    for h in files.values():
+        h.path.unlink(missing_ok=True)
+    done: list[int] = []
+    for step in sorted(by_step):
+        ckpt = _load(by_step[step])
+        hp = ckpt.get("hyper_parameters") or {}
+        if "model" not in hp:
+            raise ValueError(f"checkpoint {by_step[step]} was not written by train.py (no hyper_parameters['model'])")
+        config = EncoderConfig.from_dict(dict(hp["model"]))
+        model = RobertaMaskedLM(config)
+        sd = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+        model.load_state_dict(sd)
+        model.to(device).eval()
+        initial = _initial_snapshot(ckpt)
+        if initial is not None and 0 not in by_step and not done:
+            files["layernorm"].append(layernorm_records(0, initial, initial, k=ln_cfg["k"],
+                                                        shared_min=ln_cfg["shared_min_layers"],
+                                                        top_k=ln_cfg["top_k"], vectors=ln_cfg["vectors"])[0])
+        params = layernorm_snapshot(model.named_layernorms())
+        files["layernorm"].append(layernorm_records(step, params, initial, k=ln_cfg["k"],
+                                                    shared_min=ln_cfg["shared_min_layers"], top_k=ln_cfg["top_k"],
+                                                    vectors=ln_cfg["vectors"])[0])
+        batch = tokenize_heldout(tokenizer, texts, hs_cfg["max_length"] or config.max_len)
+        with torch.inference_mode():
+            hidden = encoder_hidden_states(model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+            rows = hidden_state_records(step, hidden, batch["attention_mask"], batch["special_tokens_mask"],
+                                        top_k=hs_cfg["top_k"], n_pairs=hs_cfg["n_pairs"], seed=hs_cfg["seed"],
+                                        vectors=hs_cfg["vectors"])[0]
+        files["hidden_states"].append(rows)
+        done.append(step)
+    result: dict[str, Any] = {"steps": done}
+    for name, h in files.items():
+        final = out / f"{name}.csv"
+        os.replace(h.path, final)
+        result[name] = final
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lightning_modules.run_analysis", description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", help="a train.py run directory (with checkpoints/)")
+    parser.add_argument("--out", default=None, help=f"output folder (default <run_dir>/{OUT_SUBDIR})")
+    parser.add_argument("--n-sequences", type=int, default=None, help="held-out sentences (default: the run's monitor)")
+    parser.add_argument("--sentences", default=None, help="gzip text file, one sentence per line (default: shipped)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: <run>/hf or <run>/model)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in (("n_sequences", args.n_sequences), ("sentences_path", args.sentences)) if v is not None}
+    try:
+        find_checkpoints(args.run_dir)  # fail in a second, before importing torch
+        res = analyze_run(args.run_dir, tokenizer=args.tokenizer, out_dir=args.out, device=args.device, **overrides)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

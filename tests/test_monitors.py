@@ -1,0 +1,325 @@
+"""Outlier monitors: planted LayerNorm/activation outliers are found, TensorBoard + CSV history are written with
+the documented tags, and a resumed run continues the history with no gap and no duplicate."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch.utils.data import DataLoader
+
+from analysis.monitoring import (flagged_per_layer, hidden_state_records, layernorm_records, min_shared_layers,
+                                 tokenize_heldout)
+from lightning_modules.callbacks.hidden_state_monitor import HiddenStateMonitor
+from lightning_modules.callbacks.history import HistoryCSV, read_history, vectors_by_step
+from lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
+from lightning_modules.encoder import EncoderConfig, RobertaMaskedLM
+from lightning_modules.mlm_module import MLMLitModule
+
+# ------------------------------------------------------------------------------------ shared helpers
+PLANT_GAIN = ("layer.1.output", 7, 6.0)  # LayerNorm, dim, z-score of the planted gain (+6σ)
+PLANT_BIAS = ("layer.0.attention_output", 3, -5.0)  # ... of the planted bias (−5σ)
+
+
+def tiny_tokenizer():
+    """A real byte-level BPE tokenizer (RoBERTa specials <s>=0, <pad>=1, </s>=2) trained on held-out sentences."""
+    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers.processors import RobertaProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    from datamodules.eval_data import load_sentences
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(load_sentences()[:500], vocab_size=400, min_frequency=2,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False)
+    bpe.post_processor = RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>", mask_token="<mask>")
+
+
+def planted_row(d: int, dim: int, z: float, seed: int = 0) -> torch.Tensor:
+    """d values with mean 0 whose entry ``dim`` has population z-score exactly ``z``; all others |z| < 2.
+
+    Base values b (mean 0, population variance 1 over d−1 entries) and outlier x: the row's mean is x/d
+    and σ² = (d−1 + x²)/d − x²/d², so z = (x − x/d)/σ  ⇔  x² = z²·d / (d − 1 − z²).
+    """
+    base = torch.linspace(-1.0, 1.0, d - 1, dtype=torch.float64)
+    base = (base - base.mean()) / base.std(correction=0)
+    base = base[torch.randperm(d - 1, generator=torch.Generator().manual_seed(seed))]
+    x = math.copysign(math.sqrt(z * z * d / (d - 1 - z * z)), z)
+    return torch.cat([base[:dim], torch.tensor([x], dtype=torch.float64), base[dim:]])
+
+
+def plant_layernorms(model: RobertaMaskedLM, scale: float = 0.05) -> None:
+    lns = model.named_layernorms()
+    with torch.no_grad():
+        name, dim, z = PLANT_GAIN
+        lns[name].weight.copy_(1.0 + scale * planted_row(lns[name].weight.numel(), dim, z))
+        name, dim, z = PLANT_BIAS
+        lns[name].bias.copy_(scale * planted_row(lns[name].bias.numel(), dim, z, seed=1))
+
+
+class RandomMLMData(L.LightningDataModule):
+    """Random token blocks (<s> … </s>) with 15% of positions masked, plus a real tokenizer attribute."""
+
+    def __init__(self, tokenizer, n_blocks: int = 160, seq_len: int = 24, batch_size: int = 8, seed: int = 0):
+        super().__init__()
+        self.tokenizer = tokenizer
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(5, len(tokenizer), (n_blocks, seq_len), generator=g)
+        ids[:, 0], ids[:, -1] = tokenizer.bos_token_id, tokenizer.eos_token_id
+        pick = torch.rand(n_blocks, seq_len, generator=g) < 0.15
+        pick[:, 0] = pick[:, -1] = False
+        labels = torch.where(pick, ids, torch.full_like(ids, -100))
+        masked = torch.where(pick, torch.full_like(ids, tokenizer.mask_token_id), ids)
+        self.originals = ids
+        self.items = [{"input_ids": masked[i], "attention_mask": torch.ones(seq_len, dtype=torch.long),
+                       "labels": labels[i]} for i in range(n_blocks)]
+        self.batch_size = batch_size
+
+    def train_dataloader(self):
+        return DataLoader(self.items, batch_size=self.batch_size, shuffle=False)
+
+    def val_dataloader(self):
+        return DataLoader(self.items[:16], batch_size=self.batch_size, shuffle=False)
+
+
+def tiny_module(vocab_size: int, planted: bool = True, seed: int = 0) -> MLMLitModule:
+    torch.manual_seed(seed)
+    cfg = EncoderConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
+                        max_len=64, pos={"name": "learned"})
+    module = MLMLitModule(cfg, optimizer=partial(torch.optim.AdamW, lr=3e-3), seed=seed)
+    if planted:
+        plant_layernorms(module.model)
+    return module
+
+
+def fit(root: Path, tokenizer, max_steps: int, monitors: bool = True, ckpt_path: str | None = None,
+        tb_version: str = "a", seed: int = 0):
+    module = tiny_module(len(tokenizer), seed=seed)
+    callbacks = [ModelCheckpoint(dirpath=root / "checkpoints", filename="step{step:03d}", auto_insert_metric_name=False,
+                                 every_n_train_steps=10, save_top_k=-1)]
+    if monitors:
+        callbacks += [LayerNormMonitor(out_dir=str(root / "monitor"), every_n_steps=5, image_every_n_steps=20),
+                      HiddenStateMonitor(out_dir=str(root / "monitor"), every_n_steps=5, image_every_n_steps=20,
+                                         n_sequences=8, n_pairs=200)]
+    trainer = L.Trainer(default_root_dir=root, max_steps=max_steps, accelerator="cpu", devices=1,
+                        logger=TensorBoardLogger(root, name="tb", version=tb_version, default_hp_metric=False),
+                        callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, limit_val_batches=0, log_every_n_steps=5)
+    trainer.fit(module, datamodule=RandomMLMData(tokenizer), ckpt_path=ckpt_path)
+    return module
+
+
+def csv_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def event_accumulator(logdir: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "images": 0, "histograms": 0})
+    acc.Reload()
+    return acc
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tokenizer):
+    """Run A: 20 steps, checkpoints at 10 and 20.  Run B: resume A's step-10 checkpoint to step 30."""
+    root = tmp_path_factory.mktemp("monitored_run")
+    module_a = fit(root, tokenizer, 20, tb_version="a")
+    after_a = (root / "monitor" / "layernorm.csv").read_text(), (root / "monitor" / "hidden_states.csv").read_text()
+    weights_a = {k: v.clone() for k, v in module_a.state_dict().items()}
+    fit(root, tokenizer, 30, ckpt_path=str(root / "checkpoints" / "step010.ckpt"), tb_version="b")
+    return {"root": root, "after_a": after_a, "weights_a": weights_a}
+
+
+# ------------------------------------------------------------------------------------ pure computations
+def test_min_shared_layers_scales_puccettis_rule():
+    assert [min_shared_layers("4/12", n) for n in (12, 4, 6, 24, 2, 1)] == [4, 2, 2, 8, 1, 1]
+    assert min_shared_layers(3, 12) == 3 and min_shared_layers(0.5, 4) == 2 and min_shared_layers(4.0, 12) == 4
+    for bad in (13, 0, "x/y", 1.5):
+        with pytest.raises(ValueError):
+            min_shared_layers(bad, 12)
+
+
+def test_layernorm_records_flag_planted_dims_and_shared_dims():
+    d = 64
+    ones = torch.ones(d, dtype=torch.float64)
+    params = {"embeddings": (1 + 0.05 * planted_row(d, 9, 6.0), torch.zeros(d))}
+    for i in range(4):  # dim 20 planted in the gain of layers 0 and 2 only; bias dim 5 only in layer 1
+        gain = 1 + 0.05 * planted_row(d, 20, 6.0, seed=i) if i in (0, 2) else ones.clone()
+        bias = 0.05 * planted_row(d, 5, -5.0, seed=i) if i == 1 else torch.zeros(d)
+        params[f"layer.{i}.attention_output"] = (ones.clone(), torch.zeros(d))
+        params[f"layer.{i}.output"] = (gain, bias)
+    initial = {n: (ones.clone(), torch.zeros(d)) for n in params}
+    rows, summary = layernorm_records(7, params, initial, shared_min="4/12", vectors=False)
+    flagged = {(n, s, dim) for st, n, s, dim, v in rows if s.endswith("_outlier")}
+    assert flagged == {("embeddings", "gain_outlier", 9), ("layer.0.output", "gain_outlier", 20),
+                       ("layer.2.output", "gain_outlier", 20), ("layer.1.output", "bias_outlier", 5),
+                       ("model", "shared_gain_outlier", 20)}  # 2 of 4 layers = ceil(4/12 * 4)
+    assert summary["min_layers"] == 2 and summary["shared"] == {"gain": {20: 2}, "bias": {}}
+    by = {(n, s): (dim, v) for st, n, s, dim, v in rows}
+    assert all(st == 7 for st, *_ in rows)
+    assert by[("layer.2.output", "max_abs_gain_div")] == (20, pytest.approx(float(params["layer.2.output"][0][20] - 1)))
+    assert by[("model", "n_shared_bias_outliers")] == (None, 0)
+    assert flagged_per_layer({"embeddings": [1], "layer.3.output": [2], "layer.3.attention_output": [4, 2]}) == {
+        "layer.3": [2, 4]}
+
+
+def test_hidden_state_records_count_argmax_share_on_valid_tokens_only():
+    g = torch.Generator().manual_seed(0)
+    L_, B, T, d, k = 3, 10, 13, 16, 5
+    hidden = torch.randn(L_, B, T, d, generator=g) * 0.1
+    attn = torch.ones(B, T, dtype=torch.long)
+    attn[:, 12] = 0  # padding
+    special = torch.zeros(B, T, dtype=torch.long)
+    special[:, 0] = special[:, 11] = 1  # <s> ... </s>: 10 valid tokens per row, 100 in all
+    hidden[2, :, 1:11, k] = 10.0
+    hidden[2, :, 1:11, 2] = -5.0  # ... and dim 2 their minimum,
+    hidden[2, :, 1, k] = -10.0  # except for 10 of 100 tokens, whose minimum is dim k
+    hidden[2, :, [0, 11, 12], 9] = 50.0  # specials/padding would move the shares if they were counted
+    rows, summary = hidden_state_records(3, hidden, attn, special, top_k=2, n_pairs=300, seed=1)
+    by = {(n, s): (dim, v) for st, n, s, dim, v in rows if s not in ("mean", "top_abs_mean", "outlier_dim")}
+    assert by[("layer_2", "argmax_share")] == (k, pytest.approx(0.9, abs=1e-12))
+    assert by[("layer_2", "argmin_share")] == (2, pytest.approx(0.9, abs=1e-12))
+    assert by[("layer_2", "n_tokens")] == (None, 100)
+    assert by[("layer_0", "argmax_share")][1] < 0.5
+    assert ("layer_2", "outlier_dim", k) in {(n, s, dim) for _, n, s, dim, _ in rows}
+    mean_k = [v for _, n, s, dim, v in rows if (n, s, dim) == ("layer_2", "mean", k)]
+    assert mean_k == [pytest.approx((90 * 10.0 - 10 * 10.0) / 100, abs=1e-9)]
+    # layer 2 ≈ two directions, u = (+10, −5) on (k, 2) for 90% of tokens and v = (−10, −5) for 10%:
+    # E[cos] = (0.9² + 0.1²)·1 + 2·0.9·0.1·cos(u, v) with cos(u, v) = (−100 + 25)/125 = −0.6  → 0.712
+    assert float(summary["anisotropy"][2]) == pytest.approx(0.82 - 0.18 * 0.6, abs=0.12)
+    assert abs(float(summary["anisotropy"][0])) < 0.2  # isotropic noise
+    # the same seed gives the same pairs
+    again = hidden_state_records(3, hidden, attn, special, top_k=2, n_pairs=300, seed=1)[1]["anisotropy"]
+    assert torch.equal(again, summary["anisotropy"])
+
+
+def test_hidden_monitor_finds_planted_final_layernorm_bias_and_restores_train_mode(tokenizer):
+    module = tiny_module(len(tokenizer), planted=False)
+    k = 11
+    with torch.no_grad():
+        module.model.named_layernorms()["layer.1.output"].bias[k] = 40.0  # final LayerNorm of a 2-layer model
+    module.train()
+    module.model.lm_head.eval()  # a submodule deliberately in eval mode must stay so
+    monitor = HiddenStateMonitor(n_sequences=16, n_pairs=200)
+    monitor.batch = tokenize_heldout(tokenizer, ["a first sentence", "and a second, longer one here"] * 8, 64)
+    rows, summary = monitor.compute(None, module, step=0)
+    share = {n: (dim, v) for _, n, s, dim, v in rows if s == "argmax_share"}
+    assert share["layer_2"][0] == k and share["layer_2"][1] > 0.99
+    assert share["layer_1"][1] < 0.5
+    assert module.model.roberta.training and not module.model.lm_head.training
+    assert summary["outliers"][2][0] == k
+
+
+# ------------------------------------------------------------------------------------ history file
+def test_history_drops_torn_line_and_truncates_atomically(tmp_path):
+    h = HistoryCSV(tmp_path / "h.csv")
+    h.append([(0, "a", "x", None, 1.0), (5, "a", "x", 3, 2.5)])
+    with open(h.path, "a") as fh:
+        fh.write("10,a,x,,")  # a crash in the middle of a row
+    assert h.steps() == {0, 5}
+    h.truncate_after(5)
+    h.append([(10, "a", "x", None, 3.0)])
+    assert [(r["step"], r["dim"], r["value"]) for r in read_history(h.path)] == [(0, None, 1.0), (5, 3, 2.5), (10, None, 3.0)]
+    h.truncate_after(4)
+    assert h.steps() == {0} and not (tmp_path / "h.csv.tmp").exists()
+
+
+# ------------------------------------------------------------------------------------ through Lightning
+def test_step0_rows_flag_exactly_the_planted_layernorm_dims(runs):
+    layernorm_csv, _ = runs["after_a"]
+    rows = list(csv.DictReader(layernorm_csv.splitlines()))
+    step0 = [r for r in rows if r["step"] == "0"]
+    flagged = {(r["name"], r["statistic"], int(r["dim"])) for r in step0 if r["statistic"].endswith("_outlier")}
+    assert flagged == {(PLANT_GAIN[0], "gain_outlier", PLANT_GAIN[1]), (PLANT_BIAS[0], "bias_outlier", PLANT_BIAS[1]),
+                       # 2 layers: "4/12" of them rounds up to 1, so each planted dim is also model-level
+                       ("model", "shared_gain_outlier", PLANT_GAIN[1]), ("model", "shared_bias_outlier", PLANT_BIAS[1])}
+    counts = {(r["name"], r["statistic"]): float(r["value"]) for r in step0
+              if r["statistic"].startswith("n_") and r["name"] != "model"}
+    assert counts[(PLANT_GAIN[0], "n_gain_outliers")] == 1 and counts[(PLANT_BIAS[0], "n_bias_outliers")] == 1
+    assert sum(counts.values()) == 2
+    # divergence from init is 0 at step 0 and grows once training moves the weights
+    div = {(r["step"], r["name"]): float(r["value"]) for r in rows if r["statistic"] == "max_abs_gain_div"}
+    assert div[("0", "layer.0.output")] == 0.0 and div[("20", "layer.0.output")] > 0.0
+
+
+def test_tensorboard_tags_and_values(runs):
+    root = runs["root"]
+    acc = event_accumulator(root / "tb" / "a")
+    tags = acc.Tags()
+    ln, hs = "monitor/layernorm", "monitor/hidden"
+    for name in ("embeddings", "layer.0.attention_output", "layer.1.output"):
+        for stat in ("n_gain_outliers", "n_bias_outliers", "max_abs_gain_div", "max_abs_bias_div"):
+            assert f"{ln}/{name}/{stat}" in tags["scalars"]
+        assert {f"{ln}/{name}/gain", f"{ln}/{name}/bias"} <= set(tags["histograms"])
+    for i in range(3):
+        for stat in ("argmax_share", "argmin_share", "argmax_dim", "argmin_dim", "anisotropy", "max_abs_mean",
+                     "n_outlier_dims"):
+            assert f"{hs}/layer_{i}/{stat}" in tags["scalars"]
+    assert {f"{ln}/n_shared_gain_outliers", f"{ln}/n_shared_bias_outliers"} <= set(tags["scalars"])
+    assert {f"{ln}/heatmap_gain", f"{ln}/heatmap_bias", f"{hs}/mean_vectors"} <= set(tags["images"])
+    n_gain = {e.step: e.value for e in acc.Scalars(f"{ln}/{PLANT_GAIN[0]}/n_gain_outliers")}
+    assert sorted(n_gain) == [0, 5, 10, 15, 20] and n_gain[0] == 1
+    planted = acc.Scalars(f"{ln}/{PLANT_GAIN[0]}/gain_dim_{PLANT_GAIN[1]}")
+    assert planted[0].step == 0 and planted[0].value == pytest.approx(1 + 0.05 * float(
+        planted_row(64, PLANT_GAIN[1], PLANT_GAIN[2])[PLANT_GAIN[1]]), rel=1e-6)
+    # the scalar equals the CSV value of the same step
+    share = {e.step: e.value for e in acc.Scalars(f"{hs}/layer_2/argmax_share")}
+    csv_share = {int(r["step"]): float(r["value"]) for r in csv.DictReader(runs["after_a"][1].splitlines())
+                 if r["name"] == "layer_2" and r["statistic"] == "argmax_share"}
+    assert share.keys() == csv_share.keys() and all(share[s] == pytest.approx(csv_share[s], rel=1e-6) for s in share)
+    assert sorted(e.step for e in acc.Images(f"{ln}/heatmap_gain")) == [0, 20]
+    for png in ("layernorm_heatmap_gain.png", "layernorm_heatmap_bias.png", "hidden_mean_vectors.png"):
+        assert (root / "monitor" / png).stat().st_size > 1000
+
+
+def test_resume_continues_history_without_gap_or_duplicate(runs):
+    root = runs["root"]
+    for fname, before in zip(("layernorm.csv", "hidden_states.csv"), runs["after_a"]):
+        rows = csv_rows(root / "monitor" / fname)
+        keys = Counter((r["step"], r["name"], r["statistic"], r["dim"]) for r in rows)
+        assert max(keys.values()) == 1, f"duplicated rows in {fname}"
+        assert sorted({int(r["step"]) for r in rows}) == list(range(0, 31, 5))
+        # rows up to the resumed step are the first run's, byte for byte
+        old = [line for line in before.splitlines()[1:] if int(line.split(",")[0]) <= 10]
+        new = (root / "monitor" / fname).read_text().splitlines()[1:]
+        assert new[: len(old)] == old
+        # every recorded step has the same summary rows; per-dim vectors only at image steps (0, 20, end)
+        per_step = Counter(int(r["step"]) for r in rows if r["statistic"] in ("gain_mean", "n_tokens"))
+        assert len(set(per_step.values())) == 1
+        assert {int(r["step"]) for r in rows if r["statistic"] in ("gain", "mean")} == {0, 20, 30}
+
+
+def test_resume_keeps_the_initial_snapshot(runs):
+    """Divergence after resume is measured from the planted step-0 values, not from the standard init (1, 0)."""
+    rows = read_history(runs["root"] / "monitor" / "layernorm.csv")
+    steps, gain = vectors_by_step(rows, "gain")[PLANT_GAIN[0]]
+    div = {(r["step"]): (r["dim"], r["value"]) for r in rows
+           if r["name"] == PLANT_GAIN[0] and r["statistic"] == "max_abs_gain_div"}
+    moved = (gain[steps.index(30)] - gain[0]).abs()
+    assert div[30][1] == pytest.approx(float(moved.max()), rel=1e-5, abs=1e-7) and div[30][0] == int(moved.argmax())
+    from_standard_init = float((gain[steps.index(30)] - 1).abs().max())
+    assert from_standard_init > 10 * div[30][1]  # the planted dim would dominate a lost snapshot
+
+
+def test_monitors_do_not_change_training(runs, tmp_path, tokenizer):
+    plain = fit(tmp_path, tokenizer, 20, monitors=False)
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, runs["weights_a"][name]), name

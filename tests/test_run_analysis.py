@@ -1,0 +1,64 @@
+"""Post-hoc analysis of a run's checkpoints reproduces the live monitors' rows for the same steps."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+
+import pytest
+
+from lightning_modules.run_analysis import analyze_run, main, monitor_settings
+from test_monitors import fit, tiny_tokenizer
+
+
+def rows_by_key(path, steps):
+    with open(path, newline="") as fh:
+        return {(r["step"], r["name"], r["statistic"], r["dim"]): float(r["value"])
+                for r in csv.DictReader(fh) if int(r["step"]) in steps}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finished_run")
+    tok = tiny_tokenizer()
+    fit(root, tok, 20)  # live monitors every 5 steps (8 sentences, 200 pairs); checkpoints at 10 and 20
+    tok.save_pretrained(root / "hf")
+    shutil.copy(root / "checkpoints" / "step020.ckpt", root / "checkpoints" / "last.ckpt")
+    # the run's own monitor settings are picked up from config.yaml (as train.py writes it)
+    (root / "config.yaml").write_text("callbacks:\n  hidden_state_monitor:\n    n_sequences: 8\n    n_pairs: 200\n"
+                                      "  layernorm_monitor:\n    k: 3.0\n")
+    return root
+
+
+def test_settings_come_from_the_run_config(run):
+    ln, hs = monitor_settings(run)
+    assert (hs["n_sequences"], hs["n_pairs"], hs["top_k"], ln["shared_min_layers"]) == (8, 200, 5, "4/12")
+
+
+def test_posthoc_rows_equal_live_rows_for_checkpointed_steps(run):
+    res = analyze_run(run)
+    assert res["steps"] == [10, 20]  # last.ckpt duplicates step 20 and is analysed once
+    live_ln = rows_by_key(run / "monitor" / "layernorm.csv", {0, 10, 20})
+    post_ln = rows_by_key(res["layernorm"], {0, 5, 10, 15, 20})
+    assert {k[0] for k in post_ln} == {"0", "10", "20"}
+    # LayerNorm: identical weights -> identical rows; step 0 comes from the init snapshot in the checkpoint.
+    # Live per-dim vectors exist at image steps only (0 and 20 here); post hoc at every checkpoint.
+    assert set(live_ln) <= set(post_ln) and {k[2] for k in set(post_ln) - set(live_ln)} == {"gain", "bias"}
+    assert {k: post_ln[k] for k in live_ln} == live_ln
+    live_hs = rows_by_key(run / "monitor" / "hidden_states.csv", {10, 20})
+    post_hs = rows_by_key(res["hidden_states"], {0, 10, 20})
+    assert set(live_hs) <= set(post_hs) and {k[2] for k in set(post_hs) - set(live_hs)} == {"mean"}
+    assert all(post_hs[k] == pytest.approx(live_hs[k], rel=1e-4, abs=1e-5) for k in live_hs)
+    # and the statistics differ between the two steps (the comparison is not vacuous)
+    assert any(abs(post_hs[("10", n, s, d)] - post_hs[("20", n, s, d)]) > 1e-3
+               for (st, n, s, d) in post_hs if st == "10" and s == "mean")
+
+
+def test_cli(run, capsys, tmp_path):
+    assert main([str(tmp_path / "missing")]) == 1
+    assert capsys.readouterr().err.startswith("error: run directory")
+    assert main([str(run), "--out", str(tmp_path / "out"), "--n-sequences", "4"]) == 0
+    with open(tmp_path / "out" / "hidden_states.csv", newline="") as fh:
+        n_tokens = [r for r in csv.DictReader(fh) if r["statistic"] == "n_tokens" and r["name"] == "layer_0"]
+    live = rows_by_key(run / "monitor" / "hidden_states.csv", {10})
+    assert 0 < float(n_tokens[0]["value"]) < live[("10", "layer_0", "n_tokens", "")]  # 4 sentences, not 8
