@@ -110,8 +110,37 @@ def _relaunch_args_for_ddp_children(run_dir: Path) -> None:
     )
 
 
+_DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def _release_ddp(env_before: dict[str, str | None]) -> None:
+    """Undo what Lightning's launcher left in *this* process after a DDP fit.
+
+    Lightning sets LOCAL_RANK & co. in the launching process and keeps its process group; the
+    next job of a Hydra multirun in the same process would then believe its ranks are launched
+    externally and wait for children that no longer exist. Only the launching process does this.
+    """
+    if env_before.get("LOCAL_RANK") is not None:
+        return  # ranks launched from outside (torchrun, SLURM, or a child of ours): leave them be
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    for key, value in env_before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run MLM pretraining as configured; return the final logged metrics."""
+    env_before = {k: os.environ.get(k) for k in _DDP_ENV}
+    try:
+        return _train(cfg)
+    finally:
+        _release_ddp(env_before)
+
+
+def _train(cfg: DictConfig) -> dict[str, float]:
     run_dir = Path(cfg.run_dir).resolve()
     ensure_writable(run_dir)
     L.seed_everything(cfg.seed, workers=True)

@@ -191,12 +191,22 @@ def test_cli_missing_text_file_is_one_line(tmp_path, shared_cache):
 
 
 @pytest.mark.slow
-def test_ddp_on_cpu_with_two_processes(tmp_path, shared_cache):
-    run = tmp_path / "ddp"
-    r = run_cli("trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_steps=3",
-                "trainer.limit_val_batches=0", f"hydra.run.dir={run}", *SMALL, timeout=600)
+def test_ddp_on_cpu_with_two_processes_in_a_sweep(tmp_path, shared_cache):
+    """`-m pos=learned,none trainer=ddp trainer.accelerator=cpu trainer.devices=2`: both jobs train with two
+    gloo processes; the DDP children run their parent's job, never a sweep of their own
+    (lightning-hydra-template #393), and the second job starts its own process group."""
+    sweep = tmp_path / "sweep"
+    stray_before = set((ROOT / "multirun").rglob("*")) if (ROOT / "multirun").exists() else set()
+    r = run_cli("-m", "pos=learned,none", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                "trainer.max_steps=3", "trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=3",
+                f"hydra.sweep.dir={sweep}", *SMALL, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (run / "hf" / "config.json").exists()
-    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False) if (run / "checkpoints" / "last.ckpt").exists() else None
-    assert ckpt is None or ckpt["global_step"] == 3
-    assert "world_size=2" in r.stderr + r.stdout or "Initializing distributed: GLOBAL_RANK: 1" in r.stderr + r.stdout
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert jobs == ["0_learned", "1_none"]
+    for job in jobs:
+        assert (sweep / job / "hf" / "config.json").exists()
+        ckpt = torch.load(sweep / job / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert ckpt["global_step"] == 3
+    stray_after = set((ROOT / "multirun").rglob("*")) if (ROOT / "multirun").exists() else set()
+    assert stray_after == stray_before, "a DDP child started a sweep of its own"
+    assert "GLOBAL_RANK: 1" in r.stderr + r.stdout
