@@ -296,7 +296,10 @@ class FrozenEncoder:
     def model(self) -> torch.nn.Module:
         """The frozen model, loaded on first use (a cache hit never loads the weights)."""
         if self._model is None:
-            self._model = self._load_model().to(self.device).eval().requires_grad_(False)
+            # First use may come from inside forward()'s inference_mode; weights created there would be
+            # inference tensors that no later code (e.g. the ablation's in-place zeroing) may modify.
+            with torch.inference_mode(False):
+                self._model = self._load_model().to(self.device).eval().requires_grad_(False)
         return self._model
 
     def _load_model(self) -> torch.nn.Module:

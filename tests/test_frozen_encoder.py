@@ -148,3 +148,20 @@ def test_own_run_dir_export_and_checkpoint(tmp_path, pos):
         keep = b.attention_mask.bool()
         assert b.hidden.shape[0] == 3 and torch.allclose(b.hidden[:, keep], ref[:, keep], atol=1e-5)
         assert b.input_ids[0, 0] == 0 and b.special_tokens_mask[0, 0] == 1
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_weights_loaded_on_first_encode_stay_modifiable(tmp_path, pos):
+    """Weights are loaded lazily inside encode()'s inference mode; they must still be ordinary tensors,
+    so the ablation can zero LayerNorm entries in place (regression: 'Inplace update to inference tensor')."""
+    from evaluation.ablation import zero_layernorm_dims
+    save_own_run(tmp_path / "run", pos=pos)
+    run = tmp_path / "run"
+    enc = FrozenEncoder(str(run))
+    list(enc.encode(["a short test sentence"]))
+    ln = enc.model.roberta.encoder.layer[0].output.LayerNorm
+    assert not ln.weight.is_inference()
+    before = ln.weight.detach().clone()
+    with zero_layernorm_dims({"layer.0.output": ln}, [1]):
+        assert ln.weight[1] == 0
+    assert torch.equal(ln.weight, before)
