@@ -93,7 +93,7 @@ def run_position(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict,
               "chance": chance_accuracy(torch.from_numpy(labels["test"])),
               "dropped_tokens": beyond + int(fs.meta["truncated_tokens"]),
               "truncated_sequences": int(fs.meta["n_truncated"])}
-    out, contribs = [], {}
+    out, contribs, by_position = [], {}, []
     for name in selected_transforms(cfg.transform):
         t0 = time.time()
         vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(fs.tokens, rows["train"]), outliers,
@@ -103,10 +103,15 @@ def run_position(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict,
         res = _probe_all(vt, {s: (fs.tokens, r) for s, r in rows.items()}, labels, make, cfg, logger)
         out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k))
         contribs[name] = res["contribution"]
+        count, acc = res["per_class_count"], res["per_class_accuracy"]
+        by_position += [{"layer": layer, "transform": name, "position": pos, "n_test": int(count[pos]),
+                         "accuracy": float(acc[j, pos])}
+                        for j, layer in enumerate(sorted(res["accuracy"])) for pos in range(len(count)) if count[pos] > 0]
         log.info("position probe [%s]: %d layers in %.1f s", name, n_layers, time.time() - t0)
     info = {"task": "position", "n_texts": fs.meta["n_texts"], "n_tokens": fs.meta["n_tokens"],
             "beyond_max_positions": beyond, "max_positions": m, "features": [str(fs.directory)],
-            "outlier_dims": outliers, "notes": [f"{beyond} tokens at positions >= {m} dropped"] if beyond else []}
+            "outlier_dims": outliers, "notes": [f"{beyond} tokens at positions >= {m} dropped"] if beyond else [],
+            "by_position": by_position}
     return out, info, contribs
 
 
@@ -162,6 +167,14 @@ def run(cfg, run_dir: str | Path) -> dict:
     rows, info, contribs = (run_position if kind == "position" else run_classifier)(cfg, encoder, logger)
     info.update(encoder=str(encoder.source.name), encoder_kind=encoder.source.kind, layers=encoder.num_layers + 1,
                 hidden=encoder.hidden_size, transforms=selected_transforms(cfg.transform), seed=int(cfg.seed))
+    by_position = info.pop("by_position", None)
+    if by_position:  # accuracy at each position: a position-free encoder is at chance away from the edges
+        import csv
+
+        with open(run_dir / "position_probe_by_position.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=["layer", "transform", "position", "n_test", "accuracy"])
+            w.writeheader()
+            w.writerows(by_position)
     (run_dir / "probe_info.json").write_text(json.dumps(info, indent=2, default=str))
     paths = write_outputs(rows, info, run_dir, "position_probe" if kind == "position" else "classifier",
                           contribs)

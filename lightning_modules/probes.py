@@ -77,6 +77,10 @@ class LayerwiseProbe(L.LightningModule):
         self.val_acc = nn.ModuleList(acc() for _ in range(num_layers))
         self.test_acc = nn.ModuleList(acc() for _ in range(num_layers))
         self.register_buffer("contrib_sum", torch.zeros(num_layers, dim, dtype=torch.float64), persistent=False)
+        # per-class test accuracy: for the position probe, accuracy at each position (edges vs middle)
+        self.register_buffer("class_correct", torch.zeros(num_layers, num_classes, dtype=torch.float64),
+                             persistent=False)
+        self.register_buffer("class_count", torch.zeros(num_classes, dtype=torch.float64), persistent=False)
         self.n_contrib = 0
         self.results: dict = {}
 
@@ -115,6 +119,8 @@ class LayerwiseProbe(L.LightningModule):
             metric.update(pred[j], y)
         self.contrib_sum += contribution(self.probe.weight.detach(), x, y, reduction="sum").double()
         self.n_contrib += len(y)
+        self.class_count += torch.bincount(y, minlength=self.class_count.numel()).double()
+        self.class_correct.index_add_(1, y, (pred == y).double())
 
     def on_test_epoch_end(self):
         accs = []
@@ -124,8 +130,12 @@ class LayerwiseProbe(L.LightningModule):
             accs.append(float(a))
             metric.reset()
         self.results.update(accuracy=dict(zip(self.layer_ids, accs)),
-                            contribution=(self.contrib_sum / max(self.n_contrib, 1)).float().cpu())
+                            contribution=(self.contrib_sum / max(self.n_contrib, 1)).float().cpu(),
+                            per_class_count=self.class_count.cpu().clone(),
+                            per_class_accuracy=(self.class_correct / self.class_count.clamp(min=1)).float().cpu())
         self.contrib_sum.zero_()
+        self.class_correct.zero_()
+        self.class_count.zero_()
         self.n_contrib = 0
 
     def configure_optimizers(self):

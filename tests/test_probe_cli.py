@@ -68,6 +68,14 @@ def test_position_probe_end_to_end_three_transforms(tiny_bert, tmp_path):
     for row in rows:
         if row["transform"] == "clip":
             assert not {"0", "5"} & set(row["top_neurons"].split())
+    # per-position accuracy: test-token counts per position add up to n_test, and weighted by them the
+    # per-position accuracies give back each layer's overall accuracy
+    by_pos = _rows(run / "position_probe_by_position.csv")
+    for row in rows:
+        mine = [b for b in by_pos if b["layer"] == row["layer"] and b["transform"] == row["transform"]]
+        assert sum(int(b["n_test"]) for b in mine) == int(row["n_test"])
+        weighted = sum(int(b["n_test"]) * float(b["accuracy"]) for b in mine) / int(row["n_test"])
+        assert weighted == pytest.approx(float(row["accuracy"]), abs=1e-5)
     md = (run / "probe_report.md").read_text()
     assert md.count("\n| ") == 1 + len(rows)  # header + one line per row
     # TensorBoard holds the same per-layer test accuracy as the CSV

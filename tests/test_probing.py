@@ -88,3 +88,21 @@ def test_streamed_test_contribution_equals_formula_on_all_test_vectors():
     x, y = test[list(range(len(test)))]
     expected = contribution(module.probe.weight.detach(), x, y)
     assert torch.allclose(res["contribution"], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_per_position_accuracy_separates_edges_from_the_middle():
+    """Like a position-free encoder, features that mark only the first and last token (<s>, </s>) let the
+    probe find positions 0 and 9 and nothing in between: per-position accuracy shows it."""
+    g = np.random.default_rng(0)
+    n_sent, length = 300, 10
+    pos = np.tile(np.arange(length), n_sent)
+    edge = np.stack([pos == 0, pos == length - 1], 1) * 5.0
+    feats = np.concatenate([edge, g.normal(size=(len(pos), 8))], 1)[None].astype(np.float16)
+    sent = np.repeat(np.arange(n_sent), length)
+    res, _, _ = _fit(feats, pos, sent, epochs=3)
+    acc, count = res["per_class_accuracy"][0], res["per_class_count"]
+    assert count[:length].tolist() == [50.0] * length and count[length:].sum() == 0  # 50 test sentences
+    assert acc[0] > 0.98 and acc[length - 1] > 0.98
+    assert acc[1:length - 1].mean() < 0.3  # the 8 middle positions: chance is 1/8
+    overall = res["accuracy"][0]
+    assert overall == pytest.approx(float((acc[:length] * count[:length]).sum() / count.sum()), abs=1e-6)
