@@ -49,7 +49,7 @@ def training(root: Path) -> str:
         if val:
             body.append([pos, val[-1][0] + 1, fmt(val[0][1]), fmt(val[-1][1]), fmt(val[-1][2], 1),
                          fmt(sum(tps[-5:]) / max(1, len(tps[-5:])), 0)])
-    return table(["pos", "steps", "first val loss", "final val loss", "final val ppl", "tokens/s (1 thread)"], body)
+    return table(["pos", "steps", "first val loss", "final val loss", "final val ppl", "tokens/s (last 5 logs; 4 runs shared 2 cores)"], body)
 
 
 def layernorm(root: Path) -> str:
@@ -135,6 +135,19 @@ def probe(root: Path) -> tuple[str, Path | None]:
     return table(["pos", "chance"] + [f"layer {i}" for i in range(n)], body), fig_path
 
 
+def probe_by_position(root: Path) -> str:
+    """Accuracy at position 0 (<s>), 1, 2 and the mean over the middle positions 5-40."""
+    body = []
+    for pos in SCHEMES:
+        rs = [r for r in rows(root / f"probe_{pos}" / "position_probe_by_position.csv") if r["transform"] == "none"]
+        for layer in sorted({int(r["layer"]) for r in rs}):
+            acc = {int(r["position"]): (float(r["accuracy"]), int(r["n_test"])) for r in rs if int(r["layer"]) == layer}
+            mid = [a for p, (a, n) in acc.items() if 5 <= p <= 40 and n >= 20]
+            body.append([pos, layer] + [fmt(acc.get(p, ("–", 0))[0]) for p in (0, 1, 2)]
+                        + [fmt(sum(mid) / max(1, len(mid)), 3), fmt(1 / max(1, len(mid)), 3)])
+    return table(["pos", "layer", "acc @0 (<s>)", "acc @1", "acc @2", "mean acc @5-40", "chance @5-40"], body)
+
+
 def anisotropy(root: Path) -> str:
     body = []
     for pos in SCHEMES:
@@ -165,8 +178,10 @@ def ablation(root: Path) -> str:
     body = []
     for pos in SCHEMES:
         for r in rows(root / f"evaluate_{pos}" / "ablation.csv"):
-            if r.get("draw") in (None, "", "mean") or r["condition"] != "random":
-                body.append([pos, r["condition"], r.get("n_dims"), r.get("dims", "")[:40], fmt(r.get("loss")),
+            if r["condition"] != "random_draw":
+                dims = r.get("dims", "")
+                dims = f"{dims.count('|') + 1} seeded draws" if "|" in dims else dims
+                body.append([pos, r["condition"], r.get("n_dims"), dims, fmt(r.get("loss")),
                              fmt(r.get("ppl"), 1), fmt(r.get("top1"), 3), fmt(r.get("loss_std"), 3)])
     return table(["pos", "condition", "n dims", "dims", "MLM loss", "ppl", "top-1", "loss std"], body)
 
@@ -186,6 +201,7 @@ def main() -> None:
     print("\n### LayerNorm 3σ dims over training (gain / bias / model-level shared, summed over LayerNorms)\n\n" + layernorm(root))
     print("\n### Hidden-state outliers at the last step: argmax share (dim) / anisotropy\n\n" + hid)
     print("\n### Position probe accuracy (transform none)\n\n" + prb)
+    print("\n### Position probe accuracy by position (transform none)\n\n" + probe_by_position(root))
     print("\n### Anisotropy before/after clip and whiten\n\n" + anisotropy(root))
     print("\n### WordNet WiC-style accuracy (best layer and threshold)\n\n" + wic(root))
     print("\n### Outlier ablation (masked-LM on held-out Persuasion sentences)\n\n" + ablation(root))
