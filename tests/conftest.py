@@ -17,6 +17,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_configure(config):
+    """Every test caches (tokenizers, packed blocks, features) in a fresh temporary directory: the suite
+    never reads or pollutes the user's ~/.cache/outlierlab, and CI timings are those of a cold cache."""
+    import tempfile
+
+    os.environ["OUTLIERLAB_CACHE"] = tempfile.mkdtemp(prefix="outlierlab_test_cache_")
+
+
 def compose(config_name: str, overrides: list[str] | None = None):
     """Compose ``configs/<config_name>.yaml`` with overrides, outside of ``@hydra.main``."""
     from hydra import compose as hydra_compose
@@ -37,11 +45,9 @@ def compose_cfg():
 
 
 @pytest.fixture(scope="session")
-def shared_cache(tmp_path_factory) -> Path:
-    """One tokenizer/dataset cache for the whole session, so the embedded corpus is tokenised once."""
-    path = tmp_path_factory.mktemp("outlierlab_cache")
-    os.environ["OUTLIERLAB_CACHE"] = str(path)
-    return path
+def shared_cache() -> Path:
+    """The session's tokenizer/dataset cache (see pytest_configure), so the corpus is tokenised once."""
+    return Path(os.environ["OUTLIERLAB_CACHE"])
 
 
 @pytest.fixture
