@@ -40,6 +40,25 @@ def table(header: list[str], body: list[list]) -> str:
     return "\n".join(out)
 
 
+def line_plot(series: dict, xlabel: str, ylabel: str, filename: str, title: str = "", marker=None) -> Path | None:
+    """One line per scheme; saved into the output folder (argv[2])."""
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for pos, (x, y) in series.items():
+        ax.plot(x, y, marker=marker, label=pos)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/reproduction") / filename
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def training(root: Path) -> str:
     body = []
     for pos in SCHEMES:
@@ -95,19 +114,9 @@ def hidden(root: Path) -> tuple[str, Path | None]:
         series[pos] = sorted((int(r["step"]), float(r["value"])) for r in hs
                              if r["name"] == top and r["statistic"] == "argmax_share")
     header = ["pos"] + [f"layer {i}" for i in range(len(body[0]) - 1)] if body else ["pos"]
-    fig_path = None
-    if series:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for pos, pts in series.items():
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=pos)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("argmax share, last layer")
-        ax.set_title("Share of tokens whose max falls on the most common dim")
-        ax.legend()
-        fig.tight_layout()
-        fig_path = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/reproduction") / "argmax_share_over_training.png"
-        fig.savefig(fig_path, dpi=110)
-        plt.close(fig)
+    fig_path = line_plot({k: ([p[0] for p in v], [p[1] for p in v]) for k, v in series.items()},
+                         "training step", "argmax share, last layer", "argmax_share_over_training.png",
+                         "Share of tokens whose max falls on the most common dim")
     return table(header, body), fig_path
 
 
@@ -120,18 +129,8 @@ def probe(root: Path) -> tuple[str, Path | None]:
             curves[pos] = [float(r["accuracy"]) for r in p]
             body.append([pos, fmt(p[0].get("chance"), 3)] + [fmt(r["accuracy"]) for r in p])
     n = max((len(c) for c in curves.values()), default=0)
-    fig_path = None
-    if curves:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for pos, c in curves.items():
-            ax.plot(range(len(c)), c, marker="o", label=pos)
-        ax.set_xlabel("layer (0 = embeddings)")
-        ax.set_ylabel("position-probe accuracy")
-        ax.legend()
-        fig.tight_layout()
-        fig_path = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/reproduction") / "position_probe.png"
-        fig.savefig(fig_path, dpi=110)
-        plt.close(fig)
+    fig_path = line_plot({k: (list(range(len(c))), c) for k, c in curves.items()},
+                         "layer (0 = embeddings)", "position-probe accuracy", "position_probe.png", marker="o")
     return table(["pos", "chance"] + [f"layer {i}" for i in range(n)], body), fig_path
 
 
