@@ -18,6 +18,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from datamodules.dataset_sources import existing_files, file_builder, load_hub
+
 SPLITS = ("train", "validation", "test")
 
 
@@ -122,38 +124,11 @@ def _from_datasets(dd, task: Mapping, what: str) -> ClassificationData:
 
 
 def _hub(task: Mapping) -> ClassificationData:
-    from datamodules.corpus import hub_is_offline
-
-    path, subset = task["path"], task.get("subset")
-    offline = hub_is_offline()
-    import datasets
-
-    if offline:  # serve from the datasets cache without ~40 s of network retries
-        from datamodules.corpus import _go_offline
-
-        _go_offline(datasets)
-    try:
-        dd = datasets.load_dataset(path, subset)
-    except Exception as e:  # network, unknown name, ... -> one line; the cause stays chained
-        if offline:
-            raise ConnectionError(
-                f"cannot load hub dataset {path!r}: not in the local datasets cache and the hub is unreachable "
-                f"(offline). Download it once with network (datasets.load_dataset({path!r})) and rerun, or use "
-                "task=wordnet_pos (shipped) or task=local task.files=[train.csv] (text,label columns)") from e
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ConnectionError(f"loading hub dataset {path!r} failed ({type(e).__name__}: {first})") from e
+    path = task["path"]
+    dd = load_hub(path, task.get("subset"), advice=(
+        f"download it once with network (datasets.load_dataset({path!r})) and rerun, or use task=wordnet_pos "
+        "(shipped) or task=local task.files=[train.csv] (text,label columns)"))
     return _from_datasets(dd, task, f"hub dataset {path}")
-
-
-def _builder(files: Sequence[str]) -> tuple[str, dict]:
-    exts = {f.lower().removesuffix(".gz").rsplit(".", 1)[-1] for f in files}
-    if exts <= {"csv"}:
-        return "csv", {}
-    if exts <= {"tsv"}:
-        return "csv", {"delimiter": "\t"}
-    if exts <= {"json", "jsonl"}:
-        return "json", {}
-    raise ValueError(f"task.files must all be .csv, .tsv or .json/.jsonl (got {sorted(exts)})")
 
 
 def _local(task: Mapping) -> ClassificationData:
@@ -168,12 +143,10 @@ def _local(task: Mapping) -> ClassificationData:
     unknown = set(by_split) - set(SPLITS)
     if unknown:
         raise ValueError(f"task.files split names must be train/validation/test, got {sorted(unknown)}")
-    for f in (f for fs in by_split.values() for f in fs):
-        if not Path(f).is_file():
-            raise FileNotFoundError(f"task file not found: {f}")
+    existing_files([f for fs in by_split.values() for f in fs], "task")
     import datasets
 
-    builder, kw = _builder([f for fs in by_split.values() for f in fs])
+    builder, kw = file_builder([f for fs in by_split.values() for f in fs], "task")
     dd = datasets.load_dataset(builder, data_files=by_split, **kw)
     return _from_datasets(dd, {**task, "splits": {s: s for s in by_split}}, f"local files ({builder})")
 

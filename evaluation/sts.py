@@ -21,8 +21,9 @@ from analysis.sts import mean_pool, sts_spearman
 from analysis.transforms import Whitener
 from evaluation.registry import AnalysisResult, EvalContext, register
 from evaluation.report import md_table, plot_layers
+from datamodules.dataset_sources import load_hub, load_local
 from evaluation.streaming import (EncodeLog, FittedTransforms, _get, clip_dims_for_tasks, finish_encode_log,
-                                  hub_split, iter_batches, local_dataset, progress_bar, sentence_stats)
+                                  iter_batches, progress_bar, sentence_stats)
 
 #: Short names → hub ids (all with columns sentence1, sentence2, score).  STS-B scores are in [0, 1],
 #: the others in [0, 5]; Spearman does not care.
@@ -56,9 +57,9 @@ def requested(cfg) -> list[tuple[str, str | list]]:
 def load_pairs(name: str, source, split: str, cap=None) -> tuple[list[str], list[str], torch.Tensor, str]:
     """(sentences1, sentences2, gold scores, description) of one dataset split."""
     if isinstance(source, list):
-        ds, what = local_dataset(source, FIELDS, "sts"), f"local files {source}"
+        ds, what = load_local(source, FIELDS, "sts"), f"local files {source}"
     else:
-        ds, what = hub_split(source, None, split, ADVICE), f"{source} ({split})"
+        ds, what = load_hub(source, None, split, ADVICE), f"{source} ({split})"
         missing = [c for c in FIELDS if c not in ds.column_names]
         if missing:
             raise ValueError(f"STS dataset {source} lacks column(s) {missing} (columns: {ds.column_names})")

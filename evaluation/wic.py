@@ -22,8 +22,9 @@ from analysis.transforms import Whitener
 from analysis.wic import all_true_baseline, best_per_layer, best_threshold, threshold_sweep
 from evaluation.registry import AnalysisResult, EvalContext, register
 from evaluation.report import md_table, plot_layers
+from datamodules.dataset_sources import load_hub, load_local
 from evaluation.streaming import (EncodeLog, FittedTransforms, _get, char_span_tokens, clip_dims_for_tasks,
-                                  finish_encode_log, hub_split, iter_batches, local_dataset, progress_bar,
+                                  finish_encode_log, iter_batches, progress_bar,
                                   sentence_stats)
 
 FIELDS = ("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label")
@@ -71,11 +72,11 @@ def load_pairs(cfg, split: str | None = None, capped: bool = True) -> tuple[list
         rows, what = load_wic(split=split), f"shipped WordNet WiC-style pairs, split {split}"
     elif source == "superglue":
         path, name = str(_get(cfg, "hub_path", "aps/super_glue")), str(_get(cfg, "hub_name", "wic"))
-        rows = hub_split(path, name, split or "validation",
+        rows = load_hub(path, name, split or "validation",
                          "use the shipped set (wic.source=wordnet) or local files (wic.files=[pairs.jsonl])")
         what = f"SuperGLUE WiC ({path}/{name}), split {split}"
     elif source == "files":
-        ds = local_dataset(files, FIELDS, "wic")
+        ds = load_local(files, FIELDS, "wic")
         rows = [r for r in ds if split is None or "split" not in ds.column_names or r["split"] == split]
         what = f"local files {list(files) if not isinstance(files, str) else [files]}" + (
             f", split {split}" if split and "split" in ds.column_names else "")
