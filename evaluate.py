@@ -26,7 +26,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_modules.cli import check_overrides, register_resolvers, run_main
+from jobs.startup import check_overrides, register_resolvers, run_main
 
 TRANSFORMS = ("none", "clip", "whiten")
 
@@ -79,9 +79,9 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     t_start = time.time()
     import torch
 
-    from datamodules.frozen_encoder import FrozenEncoder
+    from models.loading import FrozenEncoder
     from evaluation.registry import ANALYSES, ANALYSIS_MODULES, EvalContext
-    from evaluation.report import write_outputs
+    from reports.evaluation_report import write_outputs
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ layer x transform), ``probe_report.md``, PNG plots, ``probe_info.json``, TensorB
 
 from __future__ import annotations
 
-from lightning_modules.cli import check_overrides, register_resolvers, run_main
+from jobs.startup import check_overrides, register_resolvers, run_main
 
 register_resolvers()
 check_overrides()  # unknown encoder=/task=/transform= -> one line listing valid names, before slow imports
@@ -24,7 +24,7 @@ from omegaconf import DictConfig  # noqa: E402
 def _check(cfg: DictConfig) -> None:
     from omegaconf import OmegaConf
 
-    from datamodules.frozen_encoder import resolve_encoder
+    from models.loading import resolve_encoder
 
     for node, key, example in (("encoder", "name_or_path", "encoder.name_or_path=outputs/train/RUN"),
                                ("task", "files", "task.files=[train.csv]")):
@@ -38,7 +38,7 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     run_main(_check, cfg)  # missing value, bad path, offline hub: fail now, in one line
-    from lightning_modules.probe_runner import run  # heavy imports only after the config is valid
+    from jobs.probing import run  # heavy imports only after the config is valid
 
     run_dir = HydraConfig.get().runtime.output_dir
     out = run_main(lambda c: run(c, run_dir), cfg)

@@ -1,13 +1,13 @@
 """Pretrain a RoBERTa encoder with a chosen position scheme: ``python train.py pos=none``.
 
-Thin Hydra entry point; the job itself is :func:`lightning_modules.training.train`.
+Thin Hydra entry point; the job itself is :func:`jobs.training.train`.
 """
 
 import json
 import os
 import sys
 
-from lightning_modules.cli import check_overrides, register_resolvers, run_main
+from jobs.startup import check_overrides, register_resolvers, run_main
 
 if os.environ.get("LOCAL_RANK", "0") != "0" and "OUTLIERLAB_CHILD_ARGV" in os.environ:
     # A DDP child started by Lightning: run exactly the parent's job, never a new sweep.
@@ -21,7 +21,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from lightning_modules.training import train
+    from jobs.training import train
 
     metrics = run_main(train, cfg)
     return metrics.get("val/loss")  # for Hydra sweepers

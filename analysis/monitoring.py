@@ -5,8 +5,8 @@ initialisation; Kovaleva et al. 2021, Puccetti et al. 2022), :mod:`analysis.outl
 vector and argmax/argmin share; Luo et al. 2021 §2) and :mod:`analysis.similarity` (anisotropy;
 Ethayarajh 2019).  This module only *calls* them and flattens the results into rows
 ``(step, name, statistic, dim, value)`` — the format of ``monitor/layernorm.csv`` and
-``monitor/hidden_states.csv`` (see :mod:`lightning_modules.callbacks.history` for the column meanings) —
-so that the live callbacks and :mod:`lightning_modules.run_analysis` write identical numbers.
+``monitor/hidden_states.csv`` (see :mod:`reports.history` for the column meanings) —
+so that the live callbacks and :mod:`jobs.posthoc` write identical numbers.
 
 Pure functions: tensors (and a tokenizer object) in, rows and tensors out; no Lightning, no files.
 """
@@ -193,7 +193,7 @@ def tokenize_heldout(tokenizer, texts: Sequence[str], max_length: int) -> dict[s
 def encoder_hidden_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Stacked hidden states ``[L+1, B, T, d]`` (embedding output, then every layer).
 
-    ``model`` is a :class:`~lightning_modules.encoder.RobertaMaskedLM` (its ``.roberta`` body is run,
+    ``model`` is a :class:`~models.RobertaMaskedLM` (its ``.roberta`` body is run,
     skipping the MLM head) or any module returning ``.hidden_states`` for ``output_hidden_states=True``.
     The caller chooses eval mode and ``torch.inference_mode()``.
     """

@@ -37,7 +37,7 @@ def child(n: int, encoder: str, batch_size: int) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
     from datamodules.eval_data import load_sentences
-    from datamodules.frozen_encoder import FrozenEncoder
+    from models.loading import FrozenEncoder
     from evaluation.streaming import run_sentence_pass
 
     base = load_sentences()

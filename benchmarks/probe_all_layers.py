@@ -41,7 +41,7 @@ def main() -> None:
     import torch
 
     from datamodules.features import RowBatches, extract_features, row_loader
-    from datamodules.frozen_encoder import FrozenEncoder
+    from models.loading import FrozenEncoder
     from datamodules.probe_data import load_position_texts, split_indices
     from lightning_modules.probes import PositionProbe, train_probe
 

@@ -132,7 +132,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     peak = matmul_peak_gflops()
     cfg, dm, config = build(args)
-    from lightning_modules.encoder import RobertaMaskedLM
+    from models import RobertaMaskedLM
 
     n_params = sum(p.numel() for p in RobertaMaskedLM(config).parameters())
     flops_per_token = 6 * n_params + 12 * config.num_layers * args.block_size * config.hidden_size

@@ -92,7 +92,7 @@ class FeatureSet:
 
 def extract_features(encoder, texts: Sequence[str], cache_root: str | os.PathLike, store_tokens: bool = True,
                      batch_size: int | None = None, progress: bool = True) -> FeatureSet:
-    """Encode ``texts`` once with a :class:`~datamodules.frozen_encoder.FrozenEncoder` and cache all layers.
+    """Encode ``texts`` once with a :class:`~models.loading.FrozenEncoder` and cache all layers.
 
     Returns the cached :class:`FeatureSet` at once if this encoder+data was extracted before.
     """

@@ -9,7 +9,7 @@ with itself); anisotropy = mean cosine of the pairs.  The same pairs are used fo
 from __future__ import annotations
 
 from evaluation.registry import AnalysisResult, EvalContext, register
-from evaluation.report import md_table, plot_layers
+from reports.evaluation_report import md_table, plot_layers
 from evaluation.streaming import sentence_stats
 
 

@@ -1,12 +1,12 @@
 """Load an encoder WITH its masked-LM head (and eager attention) for the BERT Busters / Puccetti analyses.
 
-``evaluate.py``'s :class:`~datamodules.frozen_encoder.FrozenEncoder` loads ``AutoModel`` (no MLM head, SDPA
+``evaluate.py``'s :class:`~models.loading.FrozenEncoder` loads ``AutoModel`` (no MLM head, SDPA
 attention).  The ablation needs the MLM head (Kovaleva et al. 2021 score masked-LM loss with LayerNorm dims
 disabled) and the attention-sink analysis needs attention *probabilities*, which only eager attention returns.
 :func:`load_mlm` gives both behind one small wrapper, :class:`LoadedModel`:
 
 * our models (a train.py run, its ``hf/``/``model/`` export, a ``*.ckpt``): the FrozenEncoder's own
-  :class:`~lightning_modules.encoder.RobertaMaskedLM` is reused (it has the head; ``output_attentions=True``
+  :class:`~models.RobertaMaskedLM` is reused (it has the head; ``output_attentions=True``
   takes its eager path), so nothing is loaded twice;
 * Hugging Face models: ``AutoModelForMaskedLM.from_pretrained(..., attn_implementation="eager")``.  When the
   checkpoint has no MLM-head weights (e.g. the bundled all-MiniLM-L6-v2 sentence model, a ``BertModel``), the
@@ -183,7 +183,7 @@ def _load_hf(source, device: torch.device) -> tuple[nn.Module, bool, str]:
             return model.base_model, False, reason
         return model, True, ""
     except OSError as e:
-        from datamodules.frozen_encoder import EncoderUnavailableError
+        from models.loading import EncoderUnavailableError
 
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise EncoderUnavailableError(f"cannot load {source.name} with its MLM head: {first}") from None
@@ -196,7 +196,7 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
 
     Parameters
     ----------
-    encoder : datamodules.frozen_encoder.FrozenEncoder or str
+    encoder : models.loading.FrozenEncoder or str
         A FrozenEncoder of our own model is reused as is (same weights object).
     device : optional
         Default: the FrozenEncoder's device, else CPU.
@@ -206,7 +206,7 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
     LoadedModel
         ``has_mlm_head`` False (with ``no_head_reason``) for encoder-only checkpoints.
     """
-    from datamodules.frozen_encoder import FrozenEncoder
+    from models.loading import FrozenEncoder
 
     if isinstance(encoder, (str, os.PathLike)):
         encoder = FrozenEncoder(str(encoder), device=str(device) if device is not None else "cpu")

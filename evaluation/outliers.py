@@ -18,7 +18,7 @@ from analysis.layernorm import (LAYERNORM_ROW_FIELDS, flagged_from_rows, layerno
                                 shared_outlier_dims, sigma_outlier_dims)
 from analysis.outliers import detect_outlier_dims
 from evaluation.registry import AnalysisResult, EvalContext, register
-from evaluation.report import md_table, plot_vectors, write_csv
+from reports.evaluation_report import md_table, plot_vectors, write_csv
 from evaluation.streaming import _get, sentence_stats
 
 COLUMNS = ["layer", "transform", "n_tokens", "n_outlier_dims", "outlier_dims", "argmax_dim", "argmax_share",

@@ -19,7 +19,7 @@ from typing import Any, Callable
 class EvalContext:
     """What every analysis receives.
 
-    encoder : datamodules.frozen_encoder.FrozenEncoder (loaded once, shared)
+    encoder : models.loading.FrozenEncoder (loaded once, shared)
     cfg : the analysis' own config section (omegaconf DictConfig), e.g. ``cfg.wic``
     root_cfg : the whole evaluate config
     transforms : names to compare side by side, subset of ("none", "clip", "whiten")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from evaluation.anisotropy import transform_lines
 from evaluation.registry import AnalysisResult, EvalContext, register
-from evaluation.report import md_table, plot_layers
+from reports.evaluation_report import md_table, plot_layers
 from evaluation.streaming import sentence_stats
 
 

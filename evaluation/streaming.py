@@ -281,7 +281,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
 
     Parameters
     ----------
-    encoder : datamodules.frozen_encoder.FrozenEncoder (or anything with its ``tokenize``/``batches`` API)
+    encoder : models.loading.FrozenEncoder (or anything with its ``tokenize``/``batches`` API)
     transforms : transforms to compare (subset of none, clip, whiten)
     outlier_transforms : transforms whose outlier statistics are wanted ("none" is always accumulated:
         clip detects its dims from it)

@@ -20,7 +20,7 @@ from analysis.similarity import pairwise_cosine
 from analysis.sts import mean_pool, sts_spearman
 from analysis.transforms import Whitener
 from evaluation.registry import AnalysisResult, EvalContext, register
-from evaluation.report import md_table, plot_layers
+from reports.evaluation_report import md_table, plot_layers
 from datamodules.dataset_sources import load_hub, load_local
 from evaluation.streaming import (EncodeLog, FittedTransforms, _get, clip_dims_for_tasks, finish_encode_log,
                                   iter_batches, progress_bar, sentence_stats)

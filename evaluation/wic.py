@@ -21,7 +21,7 @@ from analysis.similarity import pairwise_cosine
 from analysis.transforms import Whitener
 from analysis.wic import all_true_baseline, best_per_layer, best_threshold, threshold_sweep
 from evaluation.registry import AnalysisResult, EvalContext, register
-from evaluation.report import md_table, plot_layers
+from reports.evaluation_report import md_table, plot_layers
 from datamodules.dataset_sources import load_hub, load_local
 from evaluation.streaming import (EncodeLog, FittedTransforms, _get, char_span_tokens, clip_dims_for_tasks,
                                   finish_encode_log, iter_batches, progress_bar,

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchmetrics.aggregation import MeanMetric
 
-from .encoder import EncoderConfig, RobertaMaskedLM
+from models import EncoderConfig, RobertaMaskedLM
 
 
 def batch_size_of(batch: dict[str, Tensor]) -> int:

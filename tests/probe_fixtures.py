@@ -68,7 +68,7 @@ def save_tiny_roberta(directory: Path, layers: int = 3, hidden: int = 32, seed: 
 
 def save_own_run(run: Path, pos: str = "rope", layers: int = 2, hidden: int = 32, seed: int = 0):
     """A fake train.py run: ``<run>/model/`` (our format) + ``<run>/checkpoints/last.ckpt``; returns the model."""
-    from lightning_modules.encoder import EncoderConfig, RobertaMaskedLM
+    from models import EncoderConfig, RobertaMaskedLM, save_pretrained
 
     torch.manual_seed(seed)
     tok = byte_level_tokenizer()
@@ -76,7 +76,7 @@ def save_own_run(run: Path, pos: str = "rope", layers: int = 2, hidden: int = 32
                         intermediate_size=2 * hidden, max_len=48, pos={"name": pos})
     model = RobertaMaskedLM(cfg).eval()
     export = run / ("hf" if pos in ("learned", "none") else "model")
-    model.save_pretrained(export, tokenizer=tok)
+    save_pretrained(model, export, tokenizer=tok)
     (run / "checkpoints").mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
                 "hyper_parameters": {"model": cfg.to_dict(), "seed": seed}}, run / "checkpoints" / "last.ckpt")

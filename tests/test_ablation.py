@@ -18,7 +18,7 @@ PLANTED_DIM = 7
 def tiny_mlm(layers: int = 3, hidden: int = 32, plant: bool = True, seed: int = 0):
     """Our RobertaMaskedLM with non-trivial LayerNorms; ``plant``: a huge gain/bias on dim 7 of every
     OUTPUT LayerNorm (so it is THE 3σ outlier), and word embeddings large enough for peaked predictions."""
-    from lightning_modules.encoder import EncoderConfig, RobertaMaskedLM
+    from models import EncoderConfig, RobertaMaskedLM
 
     torch.manual_seed(seed)
     tok = byte_level_tokenizer()
@@ -36,8 +36,10 @@ def tiny_mlm(layers: int = 3, hidden: int = 32, plant: bool = True, seed: int = 
 
 
 def save_planted(directory: Path) -> Path:
+    from models import save_pretrained
+
     model, tok = tiny_mlm()
-    model.save_pretrained(directory, tokenizer=tok)
+    save_pretrained(model, directory, tokenizer=tok)
     return directory
 
 
@@ -175,7 +177,7 @@ def test_random_draws_avoid_outliers_and_follow_the_seed():
 
 # ---------------------------------------------------------------------------------------------- run()
 def test_run_ablation_planted_outlier_rows(tmp_path):
-    from datamodules.frozen_encoder import FrozenEncoder
+    from models.loading import FrozenEncoder
     from evaluation.ablation import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
@@ -226,7 +228,7 @@ def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
 
 
 def test_encoder_without_mlm_head_is_skipped_with_a_note(tmp_path):
-    from datamodules.frozen_encoder import FrozenEncoder
+    from models.loading import FrozenEncoder
     from evaluation.ablation import run
 
     enc = FrozenEncoder(str(save_tiny_bert(tmp_path / "bert")), device="cpu")

@@ -7,8 +7,8 @@ import hydra
 import pytest
 from omegaconf import OmegaConf
 
-from lightning_modules.cli import group_options
-from lightning_modules.encoder import EncoderConfig, RobertaMaskedLM
+from jobs.startup import group_options
+from models import EncoderConfig, RobertaMaskedLM
 from tests.conftest import compose
 
 

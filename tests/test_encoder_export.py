@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from lightning_modules.encoder import EncoderConfig, RobertaMaskedLM, load_pretrained, save_pretrained
+from models import EncoderConfig, RobertaMaskedLM, load_pretrained, save_pretrained
 
 
 def trained_looking(pos: str) -> RobertaMaskedLM:

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from lightning_modules.encoder import POSITION_SCHEMES, EncoderConfig, RobertaMaskedLM
-from lightning_modules.encoder.positions import alibi_slopes, sinusoidal_table
-from lightning_modules.cli import group_options
+from models import POSITION_SCHEMES, EncoderConfig, RobertaMaskedLM
+from models.positions import alibi_slopes, sinusoidal_table
+from jobs.startup import group_options
 
 
 def tiny(pos: str, **kw) -> RobertaMaskedLM:

@@ -42,7 +42,7 @@ def _fake_forward(vocab: int, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
-    from datamodules.frozen_encoder import FrozenEncoder
+    from models.loading import FrozenEncoder
     from probe_fixtures import save_tiny_bert
 
     d = save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), layers=N_LAYERS, hidden=D)

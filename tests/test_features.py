@@ -9,7 +9,7 @@ import torch
 from analysis.outliers import OutlierAccumulator
 from datamodules.features import (FeatureSet, RowBatches, chunk_outlier_stats, extract_features, fit_transform,
                                   iter_chunks)
-from datamodules.frozen_encoder import FrozenEncoder
+from models.loading import FrozenEncoder
 from probe_fixtures import SENTENCES, save_tiny_bert
 
 

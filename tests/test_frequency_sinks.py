@@ -53,7 +53,7 @@ def test_frequency_spearman_known_rank_correlation():
 
 
 def test_pretraining_counts_come_from_the_run_config(tmp_path):
-    from datamodules.frozen_encoder import FrozenEncoder
+    from models.loading import FrozenEncoder
     from evaluation.frequency import count_tokens, pretraining_counts, run
 
     run_dir = tmp_path / "train_run"
@@ -87,7 +87,7 @@ def test_pretraining_counts_come_from_the_run_config(tmp_path):
 
 def test_frequency_counts_on_eval_text_for_unknown_corpus(tmp_path):
     """An encoder that is not a train.py run: frequencies are counted on the evaluated text (said so)."""
-    from datamodules.frozen_encoder import FrozenEncoder
+    from models.loading import FrozenEncoder
     from evaluation.frequency import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
@@ -147,7 +147,7 @@ def test_sink_masses_hand_built_attention():
 
 def test_attention_sinks_run_intact_vs_disabled(tmp_path):
     from analysis.attention import special_key_masks, special_token_attention_mass
-    from datamodules.frozen_encoder import FrozenEncoder
+    from models.loading import FrozenEncoder
     from evaluation.attention_sinks import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datamodules.frozen_encoder import EncoderUnavailableError, FrozenEncoder, resolve_encoder
+from models.loading import EncoderUnavailableError, FrozenEncoder, resolve_encoder
 from probe_fixtures import SENTENCES, minilm_path, save_own_run, save_tiny_bert, save_tiny_roberta
 
 

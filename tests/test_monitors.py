@@ -19,9 +19,9 @@ from torch.utils.data import DataLoader
 from analysis.monitoring import (flagged_per_layer, hidden_state_records, layernorm_records, min_shared_layers,
                                  tokenize_heldout)
 from lightning_modules.callbacks.hidden_state_monitor import HiddenStateMonitor
-from lightning_modules.callbacks.history import HistoryCSV, read_history, vectors_by_step
+from reports.history import HistoryCSV, read_history, vectors_by_step
 from lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
-from lightning_modules.encoder import EncoderConfig, RobertaMaskedLM
+from models import EncoderConfig, RobertaMaskedLM
 from lightning_modules.mlm_module import MLMLitModule
 
 # ------------------------------------------------------------------------------------ shared helpers

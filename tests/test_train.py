@@ -44,7 +44,7 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_training_lowers_the_loss_and_exports(tmp_path, shared_cache):
-    from lightning_modules.training import train
+    from jobs.training import train
 
     cfg = small_cfg(tmp_path, "trainer.max_steps=40", "trainer.val_check_interval=20",
                     "module.optimizer.lr=2e-3", "module.scheduler.num_warmup_steps=5")
@@ -67,8 +67,8 @@ def test_training_lowers_the_loss_and_exports(tmp_path, shared_cache):
 
 
 def test_other_schemes_export_in_our_format(tmp_path, shared_cache):
-    from lightning_modules.encoder import load_pretrained
-    from lightning_modules.training import train
+    from models import load_pretrained
+    from jobs.training import train
 
     train(small_cfg(tmp_path, "pos=rope", "trainer.max_steps=2", "trainer.limit_val_batches=0"))
     assert (tmp_path / "model" / "outlierlab_config.json").exists() and not (tmp_path / "hf").exists()
@@ -77,7 +77,7 @@ def test_other_schemes_export_in_our_format(tmp_path, shared_cache):
 
 def test_resume_equals_uninterrupted(tmp_path, shared_cache):
     """10 steps + resume to 20 == 20 straight steps: same losses and weights (CPU, seeded)."""
-    from lightning_modules.training import train
+    from jobs.training import train
 
     common = ["trainer.limit_val_batches=0", "module.scheduler.num_training_steps=20",
               "module.scheduler.num_warmup_steps=4", "callbacks.model_checkpoint.every_n_train_steps=10"]
@@ -101,7 +101,7 @@ def test_resume_equals_uninterrupted(tmp_path, shared_cache):
 
 
 def test_identical_commands_give_identical_runs(tmp_path, shared_cache):
-    from lightning_modules.training import train
+    from jobs.training import train
 
     for d in ("a", "b"):
         train(small_cfg(tmp_path / d, "trainer.max_steps=5", "trainer.limit_val_batches=0"))
@@ -112,14 +112,14 @@ def test_identical_commands_give_identical_runs(tmp_path, shared_cache):
 # bad input: one clear line
 # ---------------------------------------------------------------------------------------------
 def test_block_size_larger_than_model_is_refused(tmp_path, shared_cache):
-    from lightning_modules.training import train
+    from jobs.training import train
 
     with pytest.raises(ValueError, match=r"data.block_size=64 is larger than the model's max_len=32"):
         train(small_cfg(tmp_path, "model.max_len=32"))
 
 
 def test_missing_checkpoint_is_refused(tmp_path, shared_cache):
-    from lightning_modules.training import train
+    from jobs.training import train
 
     with pytest.raises(FileNotFoundError, match="ckpt_path=last but .* holds no checkpoint"):
         train(small_cfg(tmp_path, "ckpt_path=last"))
@@ -128,7 +128,7 @@ def test_missing_checkpoint_is_refused(tmp_path, shared_cache):
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path, shared_cache):
-    from lightning_modules.training import train
+    from jobs.training import train
 
     common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
     train(small_cfg(tmp_path, "trainer.max_steps=2", *common))
@@ -137,7 +137,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, shared_cache):
 
 
 def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache):
-    from lightning_modules.training import resolve_checkpoint, train
+    from jobs.training import resolve_checkpoint, train
 
     common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
     train(small_cfg(tmp_path, "trainer.max_steps=4", *common))
@@ -152,7 +152,7 @@ def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache
 
 def test_nan_loss_stops_with_the_step(tmp_path, shared_cache):
     from lightning_modules.mlm_module import NonFiniteLossError
-    from lightning_modules.training import train
+    from jobs.training import train
 
     with pytest.raises(NonFiniteLossError, match=r"training loss became nan at global step \d+"):
         train(small_cfg(tmp_path, "trainer.max_steps=30", "trainer.limit_val_batches=0", "export=false",
@@ -161,7 +161,7 @@ def test_nan_loss_stops_with_the_step(tmp_path, shared_cache):
 
 
 def test_unwritable_run_dir_fails_at_start(tmp_path):
-    from lightning_modules.training import ensure_writable
+    from jobs.training import ensure_writable
 
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -20,8 +20,8 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from . import plots
-from .history import HistoryCSV
+from reports import monitor_plots as plots
+from reports.history import HistoryCSV
 
 
 

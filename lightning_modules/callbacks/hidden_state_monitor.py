@@ -24,7 +24,7 @@ Held-out batch (``source``):
 - ``"sentences"`` (default): the first ``n_sequences`` shipped held-out sentences
   (:func:`datamodules.eval_data.load_sentences`, Austen's *Persuasion*, not in the training corpus),
   tokenised with ``trainer.datamodule.tokenizer``.  Same text for every run and position scheme, and the
-  same batch :mod:`lightning_modules.run_analysis` uses, so live and post-hoc numbers agree.
+  same batch :mod:`jobs.posthoc` uses, so live and post-hoc numbers agree.
 - ``"val"``: the first ``n_sequences`` validation blocks of ``trainer.datamodule`` (in-distribution text,
   unmasked; see :func:`heldout_from_val`).
 """
@@ -39,7 +39,7 @@ from torch import Tensor
 
 from analysis.monitoring import encoder_hidden_states, hidden_state_records, tokenize_heldout
 
-from . import plots
+from reports import monitor_plots as plots
 from .base import OutlierMonitor, as_numpy
 
 

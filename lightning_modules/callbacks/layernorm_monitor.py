@@ -44,9 +44,9 @@ from torch import nn
 
 from analysis.monitoring import layernorm_records, layernorm_snapshot
 
-from . import plots
+from reports import monitor_plots as plots
 from .base import OutlierMonitor
-from .history import read_history, vectors_by_step
+from reports.history import read_history, vectors_by_step
 
 def module_layernorms(pl_module: nn.Module) -> dict[str, nn.LayerNorm]:
     """The tracked LayerNorms: ``pl_module.model.named_layernorms()`` (our encoder) or, for any other

@@ -4,7 +4,7 @@
 
 * a train.py run directory (``<run>/hf/`` or ``<run>/model/`` export, else ``<run>/checkpoints/last.ckpt``),
   an exported directory itself, or one ``*.ckpt`` file of a run — loaded with
-  :func:`lightning_modules.encoder.load_pretrained` (our RoBERTa, any position scheme);
+  :func:`models.load_pretrained` (our RoBERTa, any position scheme);
 * a local Hugging Face model directory (anything ``AutoModel`` loads: BERT, RoBERTa, DistilBERT, MiniLM,
   MPNet, ...);
 * a hub id (``roberta-base``, ``bert-base-uncased``): served from the local HF cache; when the hub is not
@@ -320,7 +320,7 @@ class FrozenEncoder:
                 hf_logging.set_verbosity(verbosity)
                 if bar:
                     hf_logging.enable_progress_bar()
-        from lightning_modules.encoder import EncoderConfig, RobertaMaskedLM, load_pretrained
+        from models import EncoderConfig, RobertaMaskedLM, load_pretrained
 
         if src.kind == "outlierlab":
             return load_pretrained(src.model)

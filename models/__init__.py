@@ -2,7 +2,7 @@
 
 from .config import EncoderConfig
 from .export import load_pretrained, save_pretrained
-from .model import EncoderOutput, MaskedLMOutput, RobertaEncoder, RobertaMaskedLM, position_ids_from_mask
+from .encoder import EncoderOutput, MaskedLMOutput, RobertaEncoder, RobertaMaskedLM, position_ids_from_mask
 from .positions import POSITION_SCHEMES, get_scheme
 
 __all__ = [

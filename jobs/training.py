@@ -17,8 +17,8 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .encoder import EncoderConfig, get_scheme
-from .mlm_module import MLMLitModule
+from models import EncoderConfig, get_scheme, save_pretrained
+from lightning_modules.mlm_module import MLMLitModule
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +180,6 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("export", True) and trainer.global_rank == 0:
         out = _export_dir(run_dir, config)
         tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
-        fmt = module.model.save_pretrained(out, tokenizer=tokenizer)
+        fmt = save_pretrained(module.model, out, tokenizer=tokenizer)
         log.info("exported the trained model (%s format) and tokenizer to %s", fmt, out)
     return {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}

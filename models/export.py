@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import EncoderConfig
-from .model import RobertaMaskedLM
+from .encoder import RobertaMaskedLM
 from .positions import get_scheme
 
 OUR_CONFIG = "outlierlab_config.json"
@@ -98,7 +98,7 @@ def _load_hf_roberta(directory: Path) -> RobertaMaskedLM:
     if hf_cfg.get("model_type") != "roberta":
         raise ValueError(
             f"{directory} holds a {hf_cfg.get('model_type')!r} model; only RoBERTa checkpoints import into "
-            "RobertaMaskedLM (use datamodules.frozen_encoder for other encoders)"
+            "RobertaMaskedLM (use models.loading for other encoders)"
         )
     if hf_cfg.get("hidden_act", "gelu") != "gelu":
         raise ValueError(f"{directory}: hidden_act={hf_cfg['hidden_act']!r} is not supported (only exact gelu)")

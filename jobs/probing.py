@@ -1,6 +1,6 @@
 """What ``python probe.py`` does: extract (cached) features, fit transforms on train, probe all layers, report.
 
-Flow (data flows one way): config -> :class:`~datamodules.frozen_encoder.FrozenEncoder` ->
+Flow (data flows one way): config -> :class:`~models.loading.FrozenEncoder` ->
 :func:`~datamodules.features.extract_features` (cached) -> per transform: fit on the TRAINING split ->
 :class:`~lightning_modules.probes.PositionProbe` / :class:`~lightning_modules.probes.SentenceClassifier`
 on all layers at once -> rows (layer x transform) -> CSV / Markdown / PNG / TensorBoard in the run dir.
@@ -21,7 +21,7 @@ import torch
 from analysis.probing import chance_accuracy, rank_of_dims, top_dims
 from datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_outliers, extract_features,
                                   fit_transform, iter_chunks, row_loader)
-from datamodules.frozen_encoder import FrozenEncoder
+from models.loading import FrozenEncoder
 from datamodules.probe_data import load_classification, load_position_texts, split_indices
 from lightning_modules.probes import PositionProbe, SentenceClassifier, train_probe
 
@@ -151,7 +151,7 @@ def run(cfg, run_dir: str | Path) -> dict:
     from lightning.pytorch import seed_everything
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from lightning_modules.probe_report import write_outputs
+    from reports.probe_report import write_outputs
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ and bias the outlier literature tracks (Kovaleva et al. 2021; Puccetti et al. 20
 Written here rather than taken from transformers because transformers 5 dropped relative
 positions from RoBERTa and never had "no positions" (see DESIGN.md). Parameter names are
 those of ``transformers.RobertaForMaskedLM`` so learned/none models export unchanged
-(:mod:`lightning_modules.encoder.export`).
+(:mod:`models.export`).
 """
 
 from __future__ import annotations
@@ -269,8 +269,3 @@ class RobertaMaskedLM(nn.Module):
             lns[f"layer.{i}.attention_output"] = layer.attention.output.LayerNorm
             lns[f"layer.{i}.output"] = layer.output.LayerNorm
         return lns
-
-    def save_pretrained(self, directory, tokenizer=None) -> str:
-        from .export import save_pretrained
-
-        return save_pretrained(self, directory, tokenizer=tokenizer)

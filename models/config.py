@@ -29,7 +29,7 @@ class EncoderConfig:
         position ids start after ``pad_token_id``.
     pos : dict
         Position scheme: ``{"name": <registered scheme>, **options}``; see
-        :mod:`lightning_modules.encoder.positions`.
+        :mod:`models.positions`.
     """
 
     vocab_size: int = 8192

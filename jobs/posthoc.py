@@ -1,6 +1,6 @@
 """Outlier statistics of every checkpoint of a finished ``train.py`` run, after the fact.
 
-    python -m lightning_modules.run_analysis <run_dir> [--n-sequences 32] [--out DIR]
+    python -m jobs.posthoc <run_dir> [--n-sequences 32] [--out DIR]
 
 For each ``<run>/checkpoints/*.ckpt`` (one per global step; ``last.ckpt`` is skipped when a step
 checkpoint holds the same step) the model is rebuilt from ``hyper_parameters["model"]`` and the
@@ -10,7 +10,7 @@ init, shared dims; Kovaleva et al. 2021, Puccetti et al. 2022) and
 :func:`analysis.monitoring.hidden_state_records` (per-layer mean vector, argmax/argmin share, top dims,
 anisotropy; Luo et al. 2021, Ethayarajh 2019) on the shipped held-out sentences tokenised with the run's
 tokenizer (``<run>/hf`` or ``<run>/model``).  Output: ``<run>/monitor_posthoc/layernorm.csv`` and
-``hidden_states.csv`` in the format of :mod:`lightning_modules.callbacks.history`.
+``hidden_states.csv`` in the format of :mod:`reports.history`.
 
 Settings (k, shared_min_layers, top_k, n_sequences, n_pairs, seed, ...) default to those of the run's
 monitors, read from ``<run>/config.yaml``, so that for ``source: sentences`` the post-hoc rows of a
@@ -132,8 +132,8 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
 
     from analysis.monitoring import (encoder_hidden_states, hidden_state_records, layernorm_records,
                                      layernorm_snapshot, tokenize_heldout)
-    from lightning_modules.callbacks.history import HistoryCSV
-    from lightning_modules.encoder import EncoderConfig, RobertaMaskedLM
+    from reports.history import HistoryCSV
+    from models import EncoderConfig, RobertaMaskedLM
 
     if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
@@ -192,7 +192,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lightning_modules.run_analysis", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.posthoc", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", help="a train.py run directory (with checkpoints/)")
     parser.add_argument("--out", default=None, help=f"output folder (default <run_dir>/{OUT_SUBDIR})")
     parser.add_argument("--n-sequences", type=int, default=None, help="held-out sentences (default: the run's monitor)")
