@@ -1,16 +1,27 @@
 """Post-hoc vector transforms: clipping outlier dims (Luo et al. 2021 §4) and whitening (Su et al. 2021).
 
-Both operate on batched layers ``[L, N, d]`` so that one call transforms every layer.
+Both operate on batched layers ``[L, N, d]`` so that one call transforms every layer.  This module is the
+ONE definition of clip (:func:`clip`, :func:`clip_dims_per_layer`), of whitening (:class:`Whitener`, with
+its sample-size guard :meth:`Whitener.check`) and of a fitted transform applied by name
+(:class:`FittedTransform`); ``datamodules.features`` (probe.py) and ``evaluation`` (evaluate.py) use them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-__all__ = ["clip", "clip_mask", "Whitener"]
+from analysis.whitening import MIN_FIT_RATIO, DegenerateWhiteningError, Whitener, WhiteningFit
+
+__all__ = ["clip", "clip_mask", "clip_dims_per_layer", "clip_description", "Whitener", "WhiteningFit",
+           "DegenerateWhiteningError", "FittedTransform", "TRANSFORMS", "MIN_FIT_RATIO"]
+
+#: The transforms compared side by side.
+TRANSFORMS = ("none", "clip", "whiten")
 
 
 def _as_per_layer(dims, num_layers: int) -> list[list[int]]:
@@ -71,138 +82,114 @@ def clip(x: Tensor, dims: Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
     return torch.where(mask, torch.zeros((), dtype=x.dtype, device=x.device), x)
 
 
-class Whitener:
-    r"""Streaming whitening transform fitted per layer (Su et al. 2021, "Whitening Sentence
-    Representations for Better Semantics and Faster Retrieval"; Luo's thesis §3.2.3).
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 
-    .. math:: \mu = \tfrac1N\sum_t x_t,\quad
-              \Sigma = \tfrac1{N-1}\sum_t (x_t-\mu)(x_t-\mu)^\top,\quad
-              U, S, U^\top = \operatorname{svd}(\Sigma),\quad
-              W = U\,\operatorname{diag}(1/\sqrt{\max(S, \varepsilon S_1)}),\quad
-              \hat x = (x-\mu)\,W_{[:, :k]}
 
-    Σ uses N−1 like ``np.cov`` in Su et al.'s reference code, so the fitted vectors' sample covariance
-    (ddof=1) is exactly I.  :meth:`partial_fit` only accumulates float64 sums Σx and Σxxᵀ (memory
-    O(L·d²), never the vectors); :meth:`finalize` turns them into μ and W.
+def clip_dims_per_layer(num_layers: int, dim: int, dims: Sequence[int] | None = None,
+                        dims_by_layer: Mapping[str, Sequence[int]] | None = None,
+                        detected: Sequence[Sequence[int]] | None = None) -> tuple[list[list[int]], str]:
+    """The dims :func:`clip` zeroes in each hidden state, and where they came from.
 
-    Parameters
-    ----------
-    num_layers, dim : int
-    k : int or None
-        Keep the first k columns of W (dimension reduction, Su et al.); None keeps all d.
-    eps : float
-        Relative floor for singular values: each S_i is raised to at least ``eps · S_1`` before the
-        inverse square root, so directions with (near-)zero variance — e.g. dims zeroed by
-        :func:`clip` before whitening, or N ≤ d — are scaled by at most 1/√(eps·S_1) instead of
-        blowing up to inf/NaN.  Such directions are then *not* whitened to unit variance (their
-        variance stays ≤ 1); with full-rank data and the default 1e-10 nothing changes.
+    Luo et al. 2021 (App. D.1) clip *given* dims in *given* layers — the non-input layers only, not the
+    embedding output.  Three forms, in this order of precedence:
 
-    Attributes (after :meth:`finalize`)
-    ----------------------------------
-    mean : Tensor[L, d] float64
-    W : Tensor[L, d, k] float64
-    singular_values : Tensor[L, d] float64 (before the floor)
+    * ``dims_by_layer={"1-12": [588, 77], "3": [12]}`` — per inclusive layer range (hidden-state numbering:
+      0 = embedding output, 1..L = the layers); ranges may overlap (their dims are united); layers no range
+      names are left unclipped.  This is the paper's form.
+    * ``dims=[557]`` — the same dims in every hidden state, layer 0 included.
+    * ``detected`` — per-layer dims found by :func:`analysis.outliers.detect_outlier_dims` on the fit data.
 
-    Notes
-    -----
-    Fit on training vectors only (the caller's job); :meth:`transform` never changes the fit.
+    Returns
+    -------
+    (per_layer, source) : list of ``num_layers`` sorted lists of ints, and "given" / "given per layer range" /
+    "detected".
+
+    Raises
+    ------
+    ValueError
+        Both ``dims`` and ``dims_by_layer``; a malformed range; a layer or dim out of range; nothing given.
+    """
+    if dims is not None and dims_by_layer:
+        raise ValueError("give transform.dims (every layer) or transform.dims_by_layer (per layer range), not both")
+    if dims_by_layer:
+        per: list[set[int]] = [set() for _ in range(num_layers)]
+        for key, ds in dict(dims_by_layer).items():
+            m = _RANGE.match(str(key))
+            if m is None:
+                raise ValueError(f"transform.dims_by_layer key {key!r} is not a layer or an inclusive range "
+                                 f"like \"1-{num_layers - 1}\"")
+            lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
+            if not 0 <= lo <= hi < num_layers:
+                raise ValueError(f"transform.dims_by_layer range {key!r} is outside layers 0-{num_layers - 1} "
+                                 "(0 = embedding output)")
+            for layer in range(lo, hi + 1):
+                per[layer].update(int(i) for i in ds)
+        per_layer, source = [sorted(p) for p in per], "given per layer range (transform.dims_by_layer)"
+    elif dims is not None:
+        per_layer, source = [sorted({int(i) for i in dims}) for _ in range(num_layers)], "given (transform.dims)"
+    elif detected is not None:
+        per_layer, source = [sorted(int(i) for i in d) for d in detected], "detected"
+        if len(per_layer) != num_layers:
+            raise ValueError(f"detected dims for {len(per_layer)} layers, the encoder has {num_layers}")
+    else:
+        raise ValueError("clip needs transform.dims=[...], transform.dims_by_layer={...} or detected outlier dims")
+    bad = sorted({i for d in per_layer for i in d if not 0 <= i < dim})
+    if bad:
+        raise ValueError(f"clip dims {bad} out of range for hidden size {dim}")
+    return per_layer, source
+
+
+def clip_description(dims: Sequence[Sequence[int]], source: str) -> str:
+    """One line for reports: ``source (L0: -; L1: 588,77; ...)``."""
+    per = "; ".join(f"L{i}: {','.join(map(str, d)) or '-'}" for i, d in enumerate(dims))
+    return f"{source} ({per})"
+
+
+@dataclass
+class FittedTransform:
+    """One fitted per-layer transform of ``[L, ..., d]`` vectors, applied by name: ``none``, ``clip``
+    (Luo et al. 2021 §4: zero the outlier dims of each layer) or ``whiten`` (Su et al. 2021).
+
+    ``info`` says how it was obtained (report line); ``fit`` is the whitening's :class:`WhiteningFit`.
     """
 
-    def __init__(self, num_layers: int, dim: int, k: int | None = None, eps: float = 1e-10,
-                 device: torch.device | str | None = None):
-        if k is not None and not 1 <= k <= dim:
-            raise ValueError(f"whitening k must be in [1, {dim}] or None, got {k}.")
-        self.num_layers, self.dim, self.k, self.eps = int(num_layers), int(dim), k, float(eps)
-        dev = torch.device("cpu") if device is None else torch.device(device)
-        self.sum = torch.zeros(num_layers, dim, dtype=torch.float64, device=dev)
-        self.sum_outer = torch.zeros(num_layers, dim, dim, dtype=torch.float64, device=dev)
-        self.n = 0
-        self.mean: Tensor | None = None
-        self.W: Tensor | None = None
-        self.singular_values: Tensor | None = None
+    name: str
+    dim: int
+    clip_dims: list[list[int]] | None = None
+    whitener: Whitener | None = None
+    info: str = ""
+    fit: WhiteningFit | None = None
+    extra: dict = field(default_factory=dict)
 
-    def _as_lnd(self, x: Tensor) -> Tensor:
-        if x.ndim == 2 and self.num_layers == 1:
-            x = x.unsqueeze(0)
-        if x.ndim != 3 or x.shape[0] != self.num_layers or x.shape[-1] != self.dim:
-            raise ValueError(f"expected vectors [L={self.num_layers}, N, d={self.dim}] "
-                             f"(or [N, d] when L=1), got {tuple(x.shape)}.")
+    def __post_init__(self):
+        if self.name not in TRANSFORMS:
+            raise ValueError(f"unknown transform {self.name!r}; valid: {', '.join(TRANSFORMS)}")
+        if self.name == "clip" and self.clip_dims is None:
+            raise ValueError("a clip transform needs its per-layer dims")
+        if self.name == "whiten" and (self.whitener is None or self.whitener.W is None):
+            raise ValueError("a whiten transform needs a fitted Whitener")
+
+    @property
+    def out_dim(self) -> int:
+        return self.whitener.out_dim if self.name == "whiten" else self.dim
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.name == "clip":
+            return clip(x, self.clip_dims)
+        if self.name == "whiten":
+            return self.whitener.transform(x)
         return x
 
-    def partial_fit(self, x: Tensor) -> "Whitener":
-        """Accumulate a chunk of training vectors ``[L, N, d]``; returns self."""
-        x = self._as_lnd(x).detach().to(torch.float64)  # reduce on x's device, move only [L, d(, d)]
-        self.sum += x.sum(1).to(self.sum.device)
-        self.sum_outer += (x.transpose(1, 2) @ x).to(self.sum.device)
-        self.n += x.shape[1]
-        self.mean = self.W = self.singular_values = None  # stale until finalize()
-        return self
+    def select(self, layers: Sequence[int] | None) -> "FittedTransform":
+        """The same transform restricted to ``layers``."""
+        if layers is None:
+            return self
+        layers = list(layers)
+        return FittedTransform(self.name, self.dim,
+                               None if self.clip_dims is None else [self.clip_dims[i] for i in layers],
+                               None if self.whitener is None else self.whitener.select(layers),
+                               self.info, self.fit, dict(self.extra))
 
-    def fit(self, x: Tensor) -> "Whitener":
-        """One-shot :meth:`partial_fit` + :meth:`finalize`."""
-        return self.partial_fit(x).finalize()
-
-    def finalize(self) -> "Whitener":
-        """Compute μ, Σ and W from the accumulated sums; returns self."""
-        if self.n < 2:
-            raise ValueError(f"whitening needs at least 2 training vectors, got {self.n}.")
-        mean = self.sum / self.n
-        cov = (self.sum_outer - self.n * mean.unsqueeze(2) * mean.unsqueeze(1)) / (self.n - 1)
-        cov = 0.5 * (cov + cov.transpose(1, 2))  # symmetric up to rounding
-        # Σ is symmetric PSD, so its SVD is its eigendecomposition; eigh is ~7x faster than svd for
-        # 13 layers x 768 dims. eigh sorts ascending: flip to the descending order of the SVD.
-        s, u = torch.linalg.eigh(cov)
-        s, u = s.flip(-1).clamp_min(0.0), u.flip(-1)
-        floor = (self.eps * s[:, :1]).clamp_min(torch.finfo(torch.float64).tiny)
-        w = u / s.clamp_min(floor).sqrt().unsqueeze(1)
-        self.mean, self.singular_values = mean, s
-        self.W = w if self.k is None else w[:, :, : self.k].contiguous()
-        return self
-
-    def transform(self, x: Tensor) -> Tensor:
-        """:math:`\\hat x = (x-\\mu)W` for ``x`` of shape [L, ..., d] (or [N, d] when L=1), in ``x``'s dtype.
-
-        float64 inputs are transformed in float64, everything else in float32.
-        """
-        if self.W is None:
-            raise ValueError("Whitener is not fitted: call partial_fit(...) then finalize() first.")
-        squeeze = x.ndim == 2 and self.num_layers == 1
-        xx = x.unsqueeze(0) if squeeze else x
-        if xx.ndim < 3 or xx.shape[0] != self.num_layers or xx.shape[-1] != self.dim:
-            raise ValueError(f"expected vectors [L={self.num_layers}, ..., d={self.dim}], got {tuple(x.shape)}.")
-        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        shape = xx.shape
-        flat = xx.reshape(shape[0], -1, shape[-1]).to(cdt)
-        mu = self.mean.to(device=x.device, dtype=cdt).unsqueeze(1)
-        out = (flat - mu) @ self.W.to(device=x.device, dtype=cdt)
-        out = out.reshape(*shape[:-1], out.shape[-1]).to(x.dtype)
-        return out.squeeze(0) if squeeze else out
-
-    # -- caching --------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """Everything needed to rebuild the fitted transform (tensors + plain values; torch.save-able)."""
-        if self.W is None:
-            raise ValueError("Whitener is not fitted: nothing to save.")
-        return {"num_layers": self.num_layers, "dim": self.dim, "k": self.k, "eps": self.eps, "n": self.n,
-                "mean": self.mean.cpu(), "W": self.W.cpu(), "singular_values": self.singular_values.cpu()}
-
-    def load_state_dict(self, state: dict) -> "Whitener":
-        """Load a fitted transform from :meth:`state_dict` into this instance (shapes must match); returns self."""
-        other = Whitener.from_state_dict(state)
-        if (other.num_layers, other.dim) != (self.num_layers, self.dim):
-            raise ValueError(f"whitening state is for L={other.num_layers}, d={other.dim}; "
-                             f"this Whitener is L={self.num_layers}, d={self.dim}.")
-        self.k, self.eps, self.n = other.k, other.eps, other.n
-        self.mean, self.W, self.singular_values = other.mean, other.W, other.singular_values
-        return self
-
-    @classmethod
-    def from_state_dict(cls, state: dict) -> "Whitener":
-        """Rebuild a fitted Whitener from :meth:`state_dict` (running sums are not restored)."""
-        missing = {"num_layers", "dim", "k", "eps", "n", "mean", "W"} - set(state)
-        if missing:
-            raise ValueError(f"whitening state is missing keys {sorted(missing)}.")
-        w = cls(state["num_layers"], state["dim"], state["k"], state["eps"])
-        w.n, w.mean, w.W = state["n"], state["mean"].to(torch.float64), state["W"].to(torch.float64)
-        w.singular_values = state.get("singular_values")
-        return w
+    def columns(self) -> dict:
+        """CSV columns stating what a whitened result was fitted on (empty for none/clip)."""
+        return self.fit.columns() if self.fit is not None else {}

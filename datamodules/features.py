@@ -1,4 +1,5 @@
-"""Frozen-encoder features: extract every layer ONCE, cache on disk, serve batches, fit clip/whiten.
+"""Frozen-encoder features: extract every layer ONCE, cache on disk, serve batches, fit clip/whiten
+(the transforms themselves are defined once, in :mod:`analysis.transforms`).
 
 Cache layout (one directory per key under ``cache_root``; fp16 memory-mapped ``.npy`` files)::
 
@@ -25,14 +26,15 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from analysis.outliers import OutlierAccumulator, detect_outlier_dims, valid_token_mask
-from analysis.transforms import Whitener, clip
+from analysis.transforms import (MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, clip_description,
+                                 clip_dims_per_layer)
 
 LAYOUT_VERSION = 1
 
@@ -217,41 +219,6 @@ def row_loader(dataset: RowBatches, batch_size: int, shuffle: bool, seed: int = 
 
 
 # --------------------------------------------------------------------------------------------- transforms
-class VectorTransform:
-    """A fitted per-layer transform of ``[L, B, d]`` feature batches (``none``, ``clip``, ``whiten``).
-
-    Attributes: ``name``, ``out_dim``, ``info`` (what was fitted, for the report), ``clip_dims`` (per
-    layer, for clip), ``whitener`` (:class:`analysis.transforms.Whitener`, for whiten).
-    """
-
-    def __init__(self, name: str, dim: int, clip_dims: list[list[int]] | None = None,
-                 whitener: Whitener | None = None, info: dict | None = None):
-        self.name, self.clip_dims, self.whitener, self.info = name, clip_dims, whitener, info or {}
-        self.out_dim = whitener.W.shape[-1] if whitener is not None else dim
-        self._dim = dim
-
-    def __call__(self, x: Tensor) -> Tensor:
-        if self.clip_dims is not None:
-            return clip(x, self.clip_dims)
-        if self.whitener is not None:
-            return self.whitener.transform(x)
-        return x
-
-    def select(self, layers: Sequence[int] | None) -> "VectorTransform":
-        """The same transform restricted to ``layers`` (for probing a subset of layers)."""
-        if layers is None:
-            return self
-        layers = list(layers)
-        dims = None if self.clip_dims is None else [self.clip_dims[i] for i in layers]
-        white = None
-        if self.whitener is not None:
-            st = self.whitener.state_dict()
-            st.update(num_layers=len(layers), mean=st["mean"][layers], W=st["W"][layers],
-                      singular_values=st["singular_values"][layers])
-            white = Whitener.from_state_dict(st)
-        return VectorTransform(self.name, self._dim, dims, white, self.info)
-
-
 def chunk_outlier_stats(chunks: Iterator[tuple[np.ndarray, Tensor]], valid: np.ndarray | None,
                         num_layers: int, dim: int) -> dict[str, Tensor]:
     """Outlier statistics (Luo §2) streamed over feature chunks; ``valid`` = per-row bool (non-special)."""
@@ -264,41 +231,41 @@ def chunk_outlier_stats(chunks: Iterator[tuple[np.ndarray, Tensor]], valid: np.n
     return acc.stats()
 
 
-def fit_transform(name: str, num_layers: int, dim: int, train_chunks: Callable[[], Iterator],
+def fit_transform(name: str, num_layers: int, dim: int, train_chunks: Callable[[], Iterator] | None,
                   outlier_dims: list[list[int]] | None = None, dims: Sequence[int] | None = None,
-                  k: int | None = None) -> VectorTransform:
-    """Fit one transform on the TRAINING features only.
+                  k: int | None = None, dims_by_layer: Mapping[str, Sequence[int]] | None = None,
+                  fit_what: str = "the training vectors", min_ratio: float = MIN_FIT_RATIO,
+                  allow_degenerate: bool = False) -> FittedTransform:
+    """Fit one transform on the TRAINING features only (probe.py).
 
     Parameters
     ----------
     name : {"none", "clip", "whiten"}
     train_chunks : callable returning an iterator of ``(rows, float32 [L, n, d])`` training chunks
-        (used by whiten: :class:`~analysis.transforms.Whitener` streams float64 sums over them).
-    outlier_dims : per-layer dims detected on the training features (clip with ``dims=None``).
-    dims : dims to clip in every layer (Luo et al. §4), overriding detection.
+        (used by whiten: :class:`~analysis.whitening.Whitener` streams float64 sums over them).
+    outlier_dims : per-layer dims detected on the training features (clip with no dims given).
+    dims, dims_by_layer : dims to clip in every layer / per layer range (Luo et al. §4, App. D.1),
+        overriding detection (:func:`analysis.transforms.clip_dims_per_layer`).
     k : whitening dimension (Su et al. 2021), None = all.
+    fit_what, min_ratio, allow_degenerate : the whitening guard (:meth:`~analysis.whitening.Whitener.check`):
+        a fit on too few distinct vectors raises one line unless ``allow_degenerate``.
     """
     if name == "none":
-        return VectorTransform("none", dim)
+        return FittedTransform("none", dim)
     if name == "clip":
-        if dims is not None:
-            per_layer = [[int(i) for i in dims] for _ in range(num_layers)]
-            source = "given"
-        elif outlier_dims is not None:
-            per_layer, source = [list(map(int, d)) for d in outlier_dims], "detected on train"
-        else:
-            raise ValueError("clip needs transform.dims=[...] or detected outlier dims")
-        bad = sorted({i for d in per_layer for i in d if not 0 <= i < dim})
-        if bad:
-            raise ValueError(f"transform.dims {bad} out of range for hidden size {dim}")
-        return VectorTransform("clip", dim, clip_dims=per_layer, info={"dims": per_layer, "source": source})
+        per_layer, source = clip_dims_per_layer(num_layers, dim, dims, dims_by_layer, outlier_dims)
+        source = "detected on train" if source == "detected" else source
+        return FittedTransform("clip", dim, clip_dims=per_layer, info=clip_description(per_layer, source),
+                               extra={"dims": per_layer, "source": source})
     if name == "whiten":
         w = Whitener(num_layers, dim, k=k)
         for _, x in train_chunks():
             w.partial_fit(x)
         w.finalize()
-        return VectorTransform("whiten", dim, whitener=w, info={"k": k, "n_fit": w.n})
-    raise ValueError(f"unknown transform {name!r}; valid: none, clip, whiten")
+        fit = w.check(fit_what, min_ratio, allow_degenerate)
+        return FittedTransform("whiten", dim, whitener=w, info=fit.describe(), fit=fit,
+                               extra={"k": k, "n_fit": w.n})
+    raise ValueError(f"unknown transform {name!r}; valid: {', '.join(TRANSFORMS)}")
 
 
 def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", threshold: float = 0.25,

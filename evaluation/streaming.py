@@ -18,215 +18,33 @@ raw vectors and the fitted transform is applied to it afterwards (the reservoir'
 not depend on vector values, so this equals running the accumulator on transformed vectors).  Pass 2 is
 skipped when no selected analysis needs it.
 
-Words (self-similarity, intra-sentence similarity) are regex words of the text, mapped to tokens through
-the tokenizer's character offsets (``return_offsets_mapping``); a word split into several subword tokens
-is represented by the mean of its tokens' vectors.  Clip and whiten are affine, so transforming that mean
-equals averaging the transformed tokens.
+Words (self-similarity, intra-sentence similarity) come from :mod:`evaluation.words`; encoding in bounded
+memory from :mod:`evaluation.encoding`; the transforms and their settings from :mod:`evaluation.transform_fit`
+(the whitener is guarded against fits on too few distinct vectors, :meth:`analysis.whitening.Whitener.check`).
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import re
-import time
-import warnings
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from analysis.outliers import OutlierAccumulator, detect_outlier_dims, valid_token_mask
+from analysis.outliers import OutlierAccumulator, detect_outlier_dims
 from analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
                                  intra_sentence_similarity)
-from analysis.transforms import Whitener, clip
+from analysis.transforms import TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
+from evaluation.encoding import (Batch, EncodeLog, finish_encode_log, iter_batches,  # noqa: F401 (re-exported)
+                                 progress_bar)
+from evaluation.settings import setting
+from evaluation.transform_fit import FittedTransforms, WhitenSettings, clip_dims_from_cfg  # noqa: F401
+from evaluation.words import (WORD_RE, char_span_tokens, select_words, sentence_word_counts,  # noqa: F401
+                              word_occurrences, word_vectors)
 
-log = logging.getLogger(__name__)
-
-TRANSFORMS = ("none", "clip", "whiten")
-#: Words as in the shipped data's NOTICE (letters/digits, inner apostrophes and hyphens): ``don't``, ``well-bred``.
-WORD_RE = re.compile(r"[A-Za-z0-9]+(?:['’-][A-Za-z0-9]+)*")
-
-
-# -------------------------------------------------------------------------------------------- char spans
-def char_span_tokens(offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int, end: int) -> list[int]:
-    """Indices of the non-special tokens whose character span overlaps ``[start, end)`` (end exclusive).
-
-    ``offsets`` are a fast tokenizer's ``offset_mapping`` of one text (character, not byte, offsets).
-    A token that overlaps the span partly (``"bank"`` inside ``"riverbank"``) counts.
-    """
-    return [i for i, ((s, e), sp) in enumerate(zip(offsets, special))
-            if not sp and e > s and s < end and e > start]
-
-
-def word_occurrences(text: str, offsets: Sequence[tuple[int, int]], special: Sequence[int],
-                     lowercase: bool = True) -> list[tuple[str, list[int]]]:
-    """Every regex word of ``text`` (in order) with its token indices; words with no token are dropped
-    (e.g. cut off by truncation).  Ethayarajh's "one occurrence per sentence" is applied by the caller."""
-    out = []
-    for m in WORD_RE.finditer(text):
-        toks = char_span_tokens(offsets, special, m.start(), m.end())
-        if toks:
-            out.append((m.group().lower() if lowercase else m.group(), toks))
-    return out
-
-
-def sentence_word_counts(texts: Sequence[str], lowercase: bool = True) -> Counter:
-    """Number of sentences each word type occurs in (text only; no tokenizer, no encoder)."""
-    counts: Counter = Counter()
-    for t in texts:
-        counts.update({w.lower() if lowercase else w for w in WORD_RE.findall(t)})
-    return counts
-
-
-def select_words(texts: Sequence[str], min_sentences: int = 10, max_words: int | None = 1000, seed: int = 0,
-                 lowercase: bool = True) -> list[str]:
-    """Target words of self-similarity: types occurring in ≥ ``min_sentences`` sentences (Ethayarajh 2019),
-    a seeded uniform sample of ``max_words`` of them when there are more (paper: 1000), sorted."""
-    eligible = sorted(w for w, c in sentence_word_counts(texts, lowercase).items() if c >= min_sentences)
-    if max_words is not None and len(eligible) > max_words:
-        pick = np.random.default_rng(seed).choice(len(eligible), size=int(max_words), replace=False)
-        eligible = [eligible[i] for i in sorted(pick)]
-    return eligible
-
-
-# -------------------------------------------------------------------------------------------- batching
-class Batch(NamedTuple):
-    """One encoded batch: ``hidden [L+1, B, T, d]`` (encoder device), ``valid [B, T]`` bool (non-special,
-    non-pad, on the hidden's device), ``rows`` (index of each row in the texts given), ``texts`` (per row),
-    ``offsets`` / ``special`` (per row character offsets and special-token mask, or None)."""
-
-    hidden: Tensor
-    valid: Tensor
-    rows: list[int]
-    texts: list[str]
-    offsets: list | None
-    special: list | None
-
-
-@dataclass
-class EncodeLog:
-    """What encoding did: sentences, tokens (incl. special), truncation, time."""
-
-    n_texts: int = 0
-    n_tokens: int = 0
-    n_truncated: int = 0
-    truncated_tokens: int = 0
-    seconds: float = 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.n_tokens / self.seconds if self.seconds > 0 else math.nan
-
-
-def iter_batches(encoder, texts: Sequence[str], batch_size: int | None = None, chunk: int = 1024,
-                 offsets: bool = False, bar=None, stats: EncodeLog | None = None) -> Iterator[Batch]:
-    """Encode ``texts`` ``chunk`` at a time (sorted by length inside a chunk to limit padding).
-
-    ``offsets=True`` also returns each row's character offsets and special-token mask (fast tokenizers only).
-    Truncation is counted in ``stats`` instead of warned once per chunk.
-    """
-    chunk = max(1, int(chunk))
-    stats = stats if stats is not None else EncodeLog()
-    for c0 in range(0, len(texts), chunk):
-        part = list(texts[c0:c0 + chunk])
-        with warnings.catch_warnings():  # encoder.tokenize warns per call; we count and warn once at the end
-            warnings.filterwarnings("ignore", message=".*were longer than max_length.*")
-            tok = encoder.tokenize(part)
-        stats.n_truncated += tok.n_truncated
-        stats.truncated_tokens += tok.truncated_tokens
-        offs = special = None
-        if offsets:
-            offs, special = _offsets(encoder, part, tok)
-        t0 = time.perf_counter()
-        for b in encoder.batches(tok, batch_size, sort_by_length=True):
-            idx = b.index.tolist()
-            stats.seconds += time.perf_counter() - t0
-            stats.n_tokens += int(b.attention_mask.sum())
-            stats.n_texts += len(idx)
-            valid = valid_token_mask(b.attention_mask, b.special_tokens_mask).to(b.hidden.device)
-            yield Batch(b.hidden, valid, [c0 + i for i in idx], [part[i] for i in idx],
-                        None if offs is None else [offs[i] for i in idx],
-                        None if special is None else [special[i] for i in idx])
-            if bar is not None:
-                bar.update(len(idx))
-            t0 = time.perf_counter()
-
-
-def _offsets(encoder, texts: list[str], tok) -> tuple[list, list]:
-    tk = encoder.tokenizer
-    if not getattr(tk, "is_fast", False):
-        raise ValueError(f"the tokenizer of {encoder.source.name} ({type(tk).__name__}) gives no character offsets; "
-                         "word-level analyses (self_similarity, wic) need a fast tokenizer (tokenizer.json)")
-    enc = tk(texts, add_special_tokens=True, truncation=True, max_length=encoder.max_length,
-             return_offsets_mapping=True, return_special_tokens_mask=True)
-    if enc["input_ids"] != tok.input_ids:  # same call as encoder.tokenize: a mismatch would misalign words
-        raise ValueError("tokenizer offsets do not match the encoded token ids")
-    return enc["offset_mapping"], enc["special_tokens_mask"]
-
-
-def finish_encode_log(stats: EncodeLog, what: str, notes: list[str]) -> None:
-    """One truncation warning (and report note) for a whole pass."""
-    if stats.n_truncated:
-        msg = (f"{what}: {stats.n_truncated} texts were longer than the encoder accepts and were truncated "
-               f"({stats.truncated_tokens} tokens dropped)")
-        log.warning(msg)
-        notes.append(msg)
-
-
-def progress_bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="sent", dynamic_ncols=True)
-
-
-# -------------------------------------------------------------------------------------------- transforms
-@dataclass
-class FittedTransforms:
-    """The per-layer transforms compared side by side: ``none``, ``clip`` (Luo et al. 2021 §4: zero the
-    outlier dims) and ``whiten`` (Su et al. 2021), with a line saying how each was obtained."""
-
-    clip_dims: list[list[int]] | None = None
-    whitener: Whitener | None = None
-    info: dict[str, str] = field(default_factory=dict)
-
-    def ready(self, name: str) -> bool:
-        return name == "none" or (name == "clip" and self.clip_dims is not None) or \
-            (name == "whiten" and self.whitener is not None and self.whitener.W is not None)
-
-    def apply(self, name: str, x: Tensor) -> Tensor:
-        """Transform vectors ``[L, ..., d]`` (every layer with its own dims / whitener)."""
-        if name == "none":
-            return x
-        if name == "clip":
-            return clip(x, self.clip_dims)
-        if name == "whiten":
-            return self.whitener.transform(x)
-        raise ValueError(f"unknown transform {name!r}; valid: {', '.join(TRANSFORMS)}")
-
-    def out_dim(self, name: str, dim: int) -> int:
-        return int(self.whitener.W.shape[-1]) if name == "whiten" else dim
-
-
-def explicit_clip_dims(dims, num_layers: int, dim: int) -> list[list[int]] | None:
-    """``transform.dims=[557]`` → the same dims in every layer (checked against the hidden size)."""
-    if dims is None:
-        return None
-    dims = [int(i) for i in dims]
-    bad = [i for i in dims if not 0 <= i < dim]
-    if bad:
-        raise ValueError(f"transform.dims {bad} out of range for hidden size {dim}")
-    return [list(dims) for _ in range(num_layers)]
-
-
-def clip_description(dims: list[list[int]], source: str) -> str:
-    per = "; ".join(f"L{i}: {','.join(map(str, d)) or '-'}" for i, d in enumerate(dims))
-    return f"{source} ({per})"
+#: Older name of :func:`evaluation.settings.setting`, still imported by some analyses.
+_get = setting
 
 
 # -------------------------------------------------------------------------------------------- the pass
@@ -273,6 +91,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                       outlier_transforms: Sequence[str] = ("none",), need_anisotropy: bool = True,
                       need_self_sim: bool = True, need_whitener: bool = False,
                       clip_dims: Sequence[int] | None = None, whiten_k: int | None = None,
+                      clip_dims_by_layer: dict | None = None, whiten: WhitenSettings | None = None,
                       outlier_method: str = "share", outlier_threshold: float = 0.25, outlier_k: float = 3.0,
                       n_anisotropy_sentences: int = 2000, min_sentences: int = 10, max_words: int | None = 1000,
                       lowercase: bool = True, seed: int = 0, batch_size: int | None = None, chunk: int = 1024,
@@ -287,8 +106,11 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         clip detects its dims from it)
     need_whitener : fit the whitener even if no statistic here needs it (WiC/STS ``transform.fit_on=sentences``);
         it is always fitted when "whiten" is in ``transforms`` and a statistic here needs it
-    clip_dims : ``transform.dims`` (same dims in every layer), or None to detect per layer on these sentences
-        with :func:`analysis.outliers.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
+    clip_dims, clip_dims_by_layer : ``transform.dims`` (same dims in every layer) or ``transform.dims_by_layer``
+        (per layer range, Luo et al. App. D.1), or neither to detect per layer on these sentences with
+        :func:`analysis.outliers.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
+    whiten : k and the degenerate-fit guard (:class:`evaluation.transform_fit.WhitenSettings`); ``whiten_k``
+        alone is the same with the default guard
     """
     texts = [t for t in texts if t.strip()]
     if len(texts) < 2:
@@ -299,9 +121,11 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     wanted_stats = set(outlier_transforms) | (set(transforms) if (need_anisotropy or need_self_sim) else set())
     need_whitener = "whiten" in transforms and (need_whitener or "whiten" in wanted_stats)
-    ft = FittedTransforms(clip_dims=explicit_clip_dims(clip_dims, n_layers, dim))
-    if ft.clip_dims is not None:
-        ft.info["clip"] = clip_description(ft.clip_dims, "given (transform.dims)")
+    whiten = whiten if whiten is not None else WhitenSettings(k=whiten_k)
+    ft = FittedTransforms()
+    if clip_dims is not None or clip_dims_by_layer:
+        ft.clip_dims, source = clip_dims_per_layer(n_layers, dim, clip_dims, clip_dims_by_layer)
+        ft.info["clip"] = clip_description(ft.clip_dims, source)
     words = select_words(texts, min_sentences, max_words, seed, lowercase) if need_self_sim else []
     word_index = {w: i for i, w in enumerate(words)}
     if need_self_sim and not words:
@@ -314,7 +138,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     st.outliers["none"] = OutlierAccumulator(n_layers, dim)
     if need_anisotropy or need_self_sim:
         st.anisotropy_acc = AnisotropyAccumulator(n_layers, dim, n_anisotropy_sentences, seed=seed)
-    whitener = Whitener(n_layers, dim, k=whiten_k) if need_whitener else None
+    whitener = whiten.new(n_layers, dim) if need_whitener else None
 
     def setup(names: list[str]) -> None:
         for name in names:
@@ -343,11 +167,9 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         rule = (f"share >= {outlier_threshold:g}" if outlier_method == "share" else f"|mean| outside {outlier_k:g}σ")
         ft.info["clip"] = clip_description(ft.clip_dims, f"detected per layer on the {len(texts)} evaluation "
                                                          f"sentences (analysis.outliers.detect_outlier_dims, {rule})")
-    if whitener is not None:
-        whitener.finalize()
-        ft.whitener = whitener
-        ft.info["whiten"] = (f"fit on the {whitener.n} non-special token vectors of the {len(texts)} evaluation "
-                             f"sentences (Su et al. 2021; k={whiten_k or 'all'})")
+    if whitener is not None:  # refuses a degenerate fit (too few distinct vectors) in one line
+        ft.set_whitener(whitener, whiten.finish(
+            whitener, f"the non-special token vectors of the {len(texts)} evaluation sentences"))
     # pass 2: the transforms fitted in pass 1
     if later:
         setup(later)
@@ -409,49 +231,7 @@ def _consume(b: Batch, st: SentenceStats, names: list[str], whitener: Whitener |
             st.self_sim[name].update(flat[:, target.to(flat.device)], flat_keys[target])
 
 
-def word_vectors(hidden: Tensor, b: Batch, word_index: dict, lowercase: bool = True
-                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """Word vectors of a batch: the mean of each word's subword tokens.
-
-    Returns ``(vectors [L, B, W, d], mask [B, W] bool, keys [B, W] long)``: W = most words in a row;
-    ``keys`` holds the target-word index of the FIRST occurrence of a target word in its sentence and -1
-    elsewhere (Ethayarajh: at most one occurrence per sentence).
-    """
-    n_layers, bsz, t_len, d = hidden.shape
-    per_row = [word_occurrences(t, o, s, lowercase) for t, o, s in zip(b.texts, b.offsets, b.special)]
-    w_max = max((len(r) for r in per_row), default=0)
-    if w_max == 0:
-        return None, None, None
-    src, dst, keys = [], [], torch.full((bsz, w_max), -1, dtype=torch.long)
-    counts = torch.zeros(bsz * w_max, dtype=torch.float32)
-    for row, words in enumerate(per_row):
-        seen = set()
-        for w, (word, toks) in enumerate(words):
-            slot = row * w_max + w
-            src.extend(row * t_len + t for t in toks)
-            dst.extend([slot] * len(toks))
-            counts[slot] = len(toks)
-            k = word_index.get(word, -1)
-            if k >= 0 and k not in seen:
-                keys[row, w] = k
-                seen.add(k)
-    dev = hidden.device
-    src_t, dst_t = torch.tensor(src, device=dev), torch.tensor(dst, device=dev)
-    flat = hidden.reshape(n_layers, bsz * t_len, d)
-    out = torch.zeros(n_layers, bsz * w_max, d, dtype=hidden.dtype, device=dev).index_add_(1, dst_t, flat[:, src_t])
-    out = out / counts.to(dev).clamp_min(1)[None, :, None]
-    return out.reshape(n_layers, bsz, w_max, d), (counts > 0).reshape(bsz, w_max).to(dev), keys
-
-
-
 # -------------------------------------------------------------------------------------------- from a context
-def _get(node, key: str, default=None):
-    if node is None:
-        return default
-    value = node.get(key, default) if hasattr(node, "get") else getattr(node, key, default)
-    return default if value is None and default is not None else value
-
-
 def evaluation_sentences(data_cfg) -> list[str]:
     """``data.files`` (one sentence per line) or the shipped *Persuasion* sentences, first ``data.max_sentences``."""
     from datamodules.probe_data import load_position_texts
@@ -480,7 +260,8 @@ def sentence_stats(ctx) -> SentenceStats:
         need_anisotropy=bool(selected & {"anisotropy", "self_similarity"}),
         need_self_sim="self_similarity" in selected,
         need_whitener=fit_on == "sentences" and bool(selected & {"wic", "sts"}),
-        clip_dims=_get(tcfg, "dims"), whiten_k=_get(tcfg, "k"),
+        clip_dims=_get(tcfg, "dims"), clip_dims_by_layer=_get(tcfg, "dims_by_layer"),
+        whiten=WhitenSettings.from_cfg(cfg),
         outlier_method=str(_get(ocfg, "method", "share")), outlier_threshold=float(_get(ocfg, "threshold", 0.25)),
         outlier_k=float(_get(ocfg, "k", 3.0)),
         n_anisotropy_sentences=int(_get(acfg, "n_sentences", 2000)),
@@ -495,13 +276,13 @@ def sentence_stats(ctx) -> SentenceStats:
 
 
 def clip_dims_for_tasks(ctx) -> tuple[list[list[int]] | None, str]:
-    """Clip dims WiC/STS use: ``transform.dims`` or the dims detected on the evaluation sentences."""
+    """Clip dims WiC/STS use: ``transform.dims``/``dims_by_layer`` or the dims detected on the evaluation
+    sentences."""
     if "clip" not in ctx.transforms:
         return None, ""
-    dims = _get(ctx.root_cfg.get("transform"), "dims")
-    n_layers, dim = ctx.encoder.num_layers + 1, ctx.encoder.hidden_size
-    if dims is not None:
-        per = explicit_clip_dims(dims, n_layers, dim)
-        return per, clip_description(per, "given (transform.dims)")
+    per, info = clip_dims_from_cfg(ctx.root_cfg.get("transform"), ctx.encoder.num_layers + 1,
+                                   ctx.encoder.hidden_size)
+    if per is not None:
+        return per, info
     st = sentence_stats(ctx)
     return st.transforms.clip_dims, st.transforms.info["clip"]

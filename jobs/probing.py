@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from analysis.probing import chance_accuracy, rank_of_dims, top_dims
+from analysis.transforms import MIN_FIT_RATIO
 from datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_outliers, extract_features,
                                   fit_transform, iter_chunks, row_loader)
 from models.loading import FrozenEncoder
@@ -36,6 +37,15 @@ def selected_transforms(transform_cfg: Mapping) -> list[str]:
     if bad or not names:
         raise ValueError(f"unknown or no transform {bad}; valid: {', '.join(TRANSFORMS)}")
     return names
+
+
+def transform_settings(tcfg: Mapping, fit_what: str) -> dict:
+    """``fit_transform`` keywords from the ``transform`` config node (clip dims, whitening k and guard)."""
+    by_layer = tcfg.get("dims_by_layer")
+    return {"dims": tcfg.get("dims"), "k": tcfg.get("k"), "fit_what": fit_what,
+            "dims_by_layer": dict(by_layer) if by_layer else None,
+            "min_ratio": float(tcfg.get("min_fit_ratio", MIN_FIT_RATIO)),
+            "allow_degenerate": bool(tcfg.get("allow_degenerate", False))}
 
 
 def _loaders(ds: dict, batch_size: int, seed: int) -> tuple:
@@ -61,6 +71,7 @@ def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], commo
             "contribution_outlier": float(c[dims[0]]) if comparable else float("nan"),
             "contribution_mean": float(c.mean()),
             "clipped_dims": " ".join(map(str, vt.clip_dims[layer])) if vt.clip_dims is not None else "",
+            **vt.columns(),  # what a whitened result was fitted on (n, distinct, rank, k, degenerate)
         })
     return rows
 
@@ -93,16 +104,18 @@ def run_position(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict,
               "chance": chance_accuracy(torch.from_numpy(labels["test"])),
               "dropped_tokens": beyond + int(fs.meta["truncated_tokens"]),
               "truncated_sequences": int(fs.meta["n_truncated"])}
-    out, contribs, by_position = [], {}, []
+    out, contribs, by_position, fits = [], {}, [], {}
     for name in selected_transforms(cfg.transform):
         t0 = time.time()
         vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(fs.tokens, rows["train"]), outliers,
-                           cfg.transform.get("dims"), cfg.transform.get("k"))
+                           **transform_settings(cfg.transform, f"the {len(rows['train'])} training token vectors "
+                                                                f"of {len(split['train'])} sentences"))
         make = lambda d, name=name: PositionProbe(n_layers, d, m, float(cfg.probe.lr), seed=int(cfg.seed),  # noqa
                                                   tag=name)
         res = _probe_all(vt, {s: (fs.tokens, r) for s, r in rows.items()}, labels, make, cfg, logger)
         out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k))
         contribs[name] = res["contribution"]
+        fits.update({name: vt.info} if name != "none" else {})
         count, acc = res["per_class_count"], res["per_class_accuracy"]
         by_position += [{"layer": layer, "transform": name, "position": pos, "n_test": int(count[pos]),
                          "accuracy": float(acc[j, pos])}
@@ -110,7 +123,9 @@ def run_position(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict,
         log.info("position probe [%s]: %d layers in %.1f s", name, n_layers, time.time() - t0)
     info = {"task": "position", "n_texts": fs.meta["n_texts"], "n_tokens": fs.meta["n_tokens"],
             "beyond_max_positions": beyond, "max_positions": m, "features": [str(fs.directory)],
-            "outlier_dims": outliers, "notes": [f"{beyond} tokens at positions >= {m} dropped"] if beyond else [],
+            "outlier_dims": outliers, "transform_fits": fits,
+            "notes": ([f"{beyond} tokens at positions >= {m} dropped"] if beyond else [])
+            + [f"{t}: {i}" for t, i in fits.items()],
             "by_position": by_position}
     return out, info, contribs
 
@@ -131,18 +146,21 @@ def run_classifier(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dic
               "chance": chance_accuracy(torch.from_numpy(labels["test"])),
               "dropped_tokens": sum(int(fs.meta["truncated_tokens"]) for fs in fss.values()),
               "truncated_sequences": sum(int(fs.meta["n_truncated"]) for fs in fss.values())}
-    out, contribs = [], {}
+    out, contribs, fits = [], {}, {}
     train_sent = arrays["train"]
     for name in selected_transforms(cfg.transform):
         vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(*train_sent), outliers,
-                           cfg.transform.get("dims"), cfg.transform.get("k"))
+                           **transform_settings(cfg.transform, f"the {len(labels['train'])} mean-pooled "
+                                                                "training sentence vectors"))
         make = lambda d, name=name: SentenceClassifier(n_layers, d, data.num_classes, float(cfg.probe.lr),  # noqa
                                                        seed=int(cfg.seed), tag=name)
         res = _probe_all(vt, arrays, labels, make, cfg, logger)
         out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k))
         contribs[name] = res["contribution"]
+        fits.update({name: vt.info} if name != "none" else {})
     info = {"task": str(cfg.task.name), "source": data.source, "labels": data.label_names,
-            "features": [str(fs.directory) for fs in fss.values()], "outlier_dims": outliers, "notes": data.notes}
+            "features": [str(fs.directory) for fs in fss.values()], "outlier_dims": outliers,
+            "transform_fits": fits, "notes": data.notes + [f"{t}: {i}" for t, i in fits.items()]}
     return out, info, contribs
 
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 COLUMNS = ["layer", "transform", "accuracy", "val_accuracy", "chance", "n_train", "n_val", "n_test",
            "dropped_tokens", "truncated_sequences", "top_neurons", "outlier_dims", "outlier_rank",
-           "contribution_outlier", "contribution_mean", "clipped_dims"]
+           "contribution_outlier", "contribution_mean", "clipped_dims",
+           # whitened rows: what the whitener was fitted on (analysis.whitening.WhiteningFit.columns)
+           "whiten_fit", "whiten_n", "whiten_distinct", "whiten_rank", "whiten_k", "whiten_degenerate"]
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:

@@ -1,0 +1,105 @@
+"""The transforms ``evaluate.py`` compares side by side, fitted from the ``transform`` config node.
+
+The transforms themselves are defined once, in :mod:`analysis.transforms` (clip, :class:`FittedTransform`)
+and :mod:`analysis.whitening` (:class:`Whitener` and its guard); this module only reads the settings
+(``transform.dims`` / ``dims_by_layer`` / ``k`` / ``min_fit_ratio`` / ``allow_degenerate``) and keeps, per
+analysis, which transforms are ready and how each was obtained — so every analysis (outliers, anisotropy,
+self-similarity, WiC, STS) fits and guards its whitener the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from analysis.transforms import (MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, WhiteningFit,
+                                 clip_description, clip_dims_per_layer)
+from evaluation.settings import setting
+
+
+@dataclass
+class WhitenSettings:
+    """``transform.k`` (kept dims), ``transform.min_fit_ratio`` and ``transform.allow_degenerate``."""
+
+    k: int | None = None
+    min_ratio: float = MIN_FIT_RATIO
+    allow_degenerate: bool = False
+
+    @classmethod
+    def from_cfg(cls, root_cfg) -> "WhitenSettings":
+        t = root_cfg.get("transform") if root_cfg is not None and hasattr(root_cfg, "get") else None
+        k = setting(t, "k")
+        return cls(None if k is None else int(k), float(setting(t, "min_fit_ratio", MIN_FIT_RATIO)),
+                   bool(setting(t, "allow_degenerate", False)))
+
+    def new(self, num_layers: int, dim: int) -> Whitener:
+        """An empty whitener to ``partial_fit``."""
+        return Whitener(num_layers, dim, k=self.k)
+
+    def finish(self, whitener: Whitener, what: str) -> WhiteningFit:
+        """Finalize and guard (:meth:`analysis.whitening.Whitener.check`): raises one line on a degenerate fit
+        unless ``transform.allow_degenerate=true``."""
+        if whitener.W is None:
+            whitener.finalize()
+        return whitener.check(what, self.min_ratio, self.allow_degenerate)
+
+
+def new_whitener(ctx, num_layers: int, dim: int) -> Whitener:
+    """An empty whitener with the run's ``transform.k`` (for analyses that fit their own)."""
+    return WhitenSettings.from_cfg(ctx.root_cfg).new(num_layers, dim)
+
+
+def finish_whitener(ctx, whitener: Whitener, what: str) -> str:
+    """Finalize + guard a whitener fitted by an analysis; returns the report line (see :class:`WhitenSettings`)."""
+    return WhitenSettings.from_cfg(ctx.root_cfg).finish(whitener, what).describe()
+
+
+def clip_dims_from_cfg(tcfg, num_layers: int, dim: int) -> tuple[list[list[int]] | None, str]:
+    """Given clip dims (``transform.dims`` or ``transform.dims_by_layer``) per layer, or ``(None, "")`` when
+    they are to be detected."""
+    dims, by_layer = setting(tcfg, "dims"), setting(tcfg, "dims_by_layer")
+    if dims is None and not by_layer:
+        return None, ""
+    per, source = clip_dims_per_layer(num_layers, dim, dims, dict(by_layer) if by_layer else None)
+    return per, clip_description(per, source)
+
+
+@dataclass
+class FittedTransforms:
+    """The per-layer transforms of one analysis: ``none``, ``clip`` (Luo et al. 2021 §4: zero the outlier
+    dims) and ``whiten`` (Su et al. 2021), with a line saying how each was obtained (``info``) and, for
+    whiten, what it was fitted on (``fits``, CSV columns)."""
+
+    clip_dims: list[list[int]] | None = None
+    whitener: Whitener | None = None
+    info: dict[str, str] = field(default_factory=dict)
+    fits: dict[str, WhiteningFit] = field(default_factory=dict)
+
+    def ready(self, name: str) -> bool:
+        return name == "none" or (name == "clip" and self.clip_dims is not None) or \
+            (name == "whiten" and self.whitener is not None and self.whitener.W is not None)
+
+    def get(self, name: str, dim: int | None = None) -> FittedTransform:
+        """The fitted transform ``name`` (:class:`analysis.transforms.FittedTransform`)."""
+        if name not in TRANSFORMS:
+            raise ValueError(f"unknown transform {name!r}; valid: {', '.join(TRANSFORMS)}")
+        d = dim if dim is not None else (self.whitener.dim if self.whitener is not None else 0)
+        return FittedTransform(name, d, self.clip_dims if name == "clip" else None,
+                               self.whitener if name == "whiten" else None, self.info.get(name, ""),
+                               self.fits.get(name))
+
+    def apply(self, name: str, x: Tensor) -> Tensor:
+        """Transform vectors ``[L, ..., d]`` (every layer with its own dims / whitener)."""
+        return self.get(name, x.shape[-1])(x)
+
+    def out_dim(self, name: str, dim: int) -> int:
+        return self.whitener.out_dim if name == "whiten" else dim
+
+    def set_whitener(self, whitener: Whitener, fit: WhiteningFit) -> None:
+        self.whitener, self.fits["whiten"], self.info["whiten"] = whitener, fit, fit.describe()
+
+    def columns(self, name: str) -> dict:
+        """CSV columns of a row of transform ``name``: what a whitened result was fitted on."""
+        fit = self.fits.get(name)
+        return fit.columns() if fit is not None else {}
