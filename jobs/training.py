@@ -17,7 +17,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from models import EncoderConfig, get_scheme, save_pretrained
+from models import EncoderConfig, hf_exportable, save_pretrained
 from lightning_modules.mlm_module import MLMLitModule
 
 log = logging.getLogger(__name__)
@@ -86,13 +86,14 @@ def check_checkpoint_matches(ckpt: dict[str, Any], config: EncoderConfig, path: 
     if saved is None:
         raise ValueError(f"checkpoint {path} was not written by train.py (no model hyper-parameters)")
     current = config.to_dict()
+    saved = EncoderConfig.from_dict(saved).to_dict()  # keys added to the config since: their defaults
     diff = [f"{k}: {saved.get(k)!r} in checkpoint vs {current[k]!r} now" for k in current if saved.get(k) != current[k]]
     if diff:
         raise ValueError(f"checkpoint {path} belongs to a different model config ({'; '.join(diff)})")
 
 
 def _export_dir(run_dir: Path, config: EncoderConfig) -> Path:
-    return run_dir / ("hf" if get_scheme(config.pos_name).hf_exportable else "model")
+    return run_dir / ("hf" if hf_exportable(config) else "model")
 
 
 def _relaunch_args_for_ddp_children(run_dir: Path) -> None:

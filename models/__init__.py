@@ -1,7 +1,8 @@
-"""Our RoBERTa encoder with pluggable position schemes (see DESIGN.md: why it is our own code)."""
+"""Our RoBERTa encoder with pluggable position schemes and architecture switches (see DESIGN.md: why it
+is our own code; docs/architectures.md: the switches)."""
 
 from .config import EncoderConfig
-from .export import load_pretrained, save_pretrained
+from .export import hf_exportable, load_pretrained, save_pretrained
 from .encoder import EncoderOutput, MaskedLMOutput, RobertaEncoder, RobertaMaskedLM, position_ids_from_mask
 from .positions import POSITION_SCHEMES, get_scheme
 
@@ -13,6 +14,7 @@ __all__ = [
     "RobertaEncoder",
     "RobertaMaskedLM",
     "get_scheme",
+    "hf_exportable",
     "load_pretrained",
     "position_ids_from_mask",
     "save_pretrained",

@@ -1,8 +1,11 @@
-"""RoBERTa encoder with a pluggable position scheme, and its masked-LM head.
+"""RoBERTa encoder with a pluggable position scheme, architecture switches, and its masked-LM head.
 
-Post-LayerNorm blocks as in RoBERTa (Liu et al. 2019): an embeddings LayerNorm, and per
+By default post-LayerNorm blocks as in RoBERTa (Liu et al. 2019): an embeddings LayerNorm, and per
 layer an attention-output LayerNorm and an output LayerNorm — the LayerNorms whose gain
 and bias the outlier literature tracks (Kovaleva et al. 2021; Puccetti et al. 2022).
+The switches of :class:`EncoderConfig` (norm placement, norm kind, attention kind, the
+Outlier-Protected block) live in :mod:`models.norms`, :mod:`models.attention` and
+:mod:`models.blocks`; docs/architectures.md describes them.
 
 Written here rather than taken from transformers because transformers 5 dropped relative
 positions from RoBERTa and never had "no positions" (see DESIGN.md). Parameter names are
@@ -12,15 +15,20 @@ those of ``transformers.RobertaForMaskedLM`` so learned/none models export uncha
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention import SelfAttention, position_ids_from_mask
+from .blocks import Layer, OPLayer, make_layer
 from .config import EncoderConfig
+from .norms import NORM_TYPES, make_norm, reset_norm
 from .positions import get_scheme
+
+__all__ = ["EncoderOutput", "MaskedLMOutput", "RobertaEncoder", "RobertaMaskedLM", "SelfAttention",
+           "Layer", "OPLayer", "position_ids_from_mask"]
 
 
 @dataclass
@@ -38,12 +46,6 @@ class MaskedLMOutput:
     attentions: tuple[Tensor, ...] | None = None
 
 
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """0-based index of each token among the non-padding tokens of its row (pads: 0)."""
-    mask = attention_mask.long()
-    return (torch.cumsum(mask, dim=1) - 1).clamp(min=0) * mask
-
-
 class Embeddings(nn.Module):
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
@@ -51,7 +53,8 @@ class Embeddings(nn.Module):
         scheme = get_scheme(config.pos_name)
         # Absent (None) for schemes without an input term; HF export writes a zero table then.
         self.position_embeddings = scheme.input_module(config) if scheme.input_module else None
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # Not in a residual branch: kept by every block kind (its kind follows model.norm).
+        self.LayerNorm = make_norm(config.norm, config.hidden_size, config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
@@ -61,110 +64,15 @@ class Embeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
-class SelfAttention(nn.Module):
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        self.num_heads, self.head_dim = config.num_heads, config.head_dim
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout_p = config.attention_dropout
-        scheme = get_scheme(config.pos_name)
-        self.position_scheme = scheme.attention_module(config) if scheme.attention_module else None
-
-    def _heads(self, x: Tensor) -> Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-
-    def forward(
-        self, x: Tensor, key_mask_bias: Tensor, position_ids: Tensor, output_attentions: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
-        bias = key_mask_bias  # [B, 1, 1, T]: 0 for real keys, a large negative for padding
-        if self.position_scheme is not None:
-            q, k, pos_bias = self.position_scheme(q, k, position_ids)
-            if pos_bias is not None:
-                bias = bias + pos_bias
-        p = self.dropout_p if self.training else 0.0
-        if output_attentions:
-            # Eager path: the probabilities are wanted (attention-sink analyses).
-            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
-            probs = scores.softmax(dim=-1)
-            ctx = F.dropout(probs, p, self.training) @ v
-        else:
-            probs = None
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=p)
-        B, H, T, D = ctx.shape
-        return ctx.transpose(1, 2).reshape(B, T, H * D), probs
-
-    def attention_logits(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Scaled pre-softmax scores incl. the position bias, ``[B, H, T, T]`` (for analysis/tests)."""
-        B, T, _ = x.shape
-        mask = torch.ones(B, T, dtype=torch.long, device=x.device) if attention_mask is None else attention_mask
-        q, k = self._heads(self.query(x)), self._heads(self.key(x))
-        bias = torch.zeros((), dtype=x.dtype, device=x.device)
-        if self.position_scheme is not None:
-            q, k, pos_bias = self.position_scheme(q, k, position_ids_from_mask(mask))
-            if pos_bias is not None:
-                bias = pos_bias
-        return q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
-
-
-class AttentionOutput(nn.Module):
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
-
-
-class Attention(nn.Module):
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        self.self = SelfAttention(config)
-        self.output = AttentionOutput(config)
-
-
-class Intermediate(nn.Module):
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.gelu(self.dense(x))  # exact (erf) GELU, as HF's "gelu"
-
-
-class Output(nn.Module):
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
-
-
-class Layer(nn.Module):
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        self.attention = Attention(config)
-        self.intermediate = Intermediate(config)
-        self.output = Output(config)
-
-    def forward(self, x, key_mask_bias, position_ids, output_attentions=False):
-        ctx, probs = self.attention.self(x, key_mask_bias, position_ids, output_attentions)
-        x = self.attention.output(ctx, x)
-        return self.output(self.intermediate(x), x), probs
-
-
 class Encoder(nn.Module):
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
-        self.layer = nn.ModuleList(Layer(config) for _ in range(config.num_layers))
+        self.layer = nn.ModuleList(make_layer(config) for _ in range(config.num_layers))
+        # Pre-LN leaves the stream unnormalised after the last block; one final LN (Xiong et al. 2020).
+        if config.block == "roberta" and config.norm_placement == "pre":
+            self.LayerNorm = make_norm(config.norm, config.hidden_size, config.layer_norm_eps)
+        else:
+            self.LayerNorm = None
 
 
 class RobertaEncoder(nn.Module):
@@ -199,6 +107,10 @@ class RobertaEncoder(nn.Module):
             x, probs = layer(x, key_mask_bias, position_ids, output_attentions)
             hidden.append(x)
             attns.append(probs)
+        if self.encoder.LayerNorm is not None:
+            # As GPT-2 in transformers: the last hidden state is the final LN's output.
+            x = self.encoder.LayerNorm(x)
+            hidden[-1] = x
         return EncoderOutput(
             last_hidden_state=x,
             hidden_states=tuple(hidden) if output_hidden_states else None,
@@ -242,9 +154,8 @@ class RobertaMaskedLM(nn.Module):
             if module.padding_idx is not None:
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        elif isinstance(module, NORM_TYPES):
+            reset_norm(module)  # unit gain, zero bias where the norm has them
 
     def forward(
         self,
@@ -261,11 +172,21 @@ class RobertaMaskedLM(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
         return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions)
 
-    def named_layernorms(self) -> dict[str, nn.LayerNorm]:
-        """The encoder's LayerNorms tracked by the outlier literature, in depth order:
-        ``embeddings``, then per layer ``layer.{i}.attention_output`` and ``layer.{i}.output``."""
-        lns = {"embeddings": self.roberta.embeddings.LayerNorm}
+    def named_layernorms(self) -> dict[str, nn.Module]:
+        """The encoder's normalisation layers on the residual stream, in depth order — the single list
+        the LayerNorm monitor, rule and ablation read: ``embeddings``, then per layer
+        ``layer.{i}.attention_output`` and ``layer.{i}.output``, then ``final`` (pre-LN only).
+
+        Whatever norms exist are returned (``nn.LayerNorm``, also without gain/bias, or ``nn.RMSNorm``
+        with a gain only); the Outlier-Protected block has none in its layers, so only ``embeddings``.
+        QK-norms and the MLM head's LayerNorm are not listed.
+        """
+        lns: dict[str, nn.Module] = {"embeddings": self.roberta.embeddings.LayerNorm}
         for i, layer in enumerate(self.roberta.encoder.layer):
-            lns[f"layer.{i}.attention_output"] = layer.attention.output.LayerNorm
-            lns[f"layer.{i}.output"] = layer.output.LayerNorm
+            for key, norm in (("attention_output", layer.attention.output.LayerNorm),
+                              ("output", layer.output.LayerNorm)):
+                if norm is not None:
+                    lns[f"layer.{i}.{key}"] = norm
+        if self.roberta.encoder.LayerNorm is not None:
+            lns["final"] = self.roberta.encoder.LayerNorm
         return lns

@@ -4,8 +4,10 @@
   (``config.json`` + ``model.safetensors``): ``none`` becomes an all-zero position table
   (what the model adds is then exactly nothing), and RoBERTa's single token-type row, which our
   encoder leaves out, is exported as zeros. Any HF tool loads the result.
-* other schemes cannot be expressed in transformers 5 and are saved in our own format:
-  ``outlierlab_config.json`` (the :class:`EncoderConfig`) + ``model.safetensors``.
+* everything else — other schemes (transformers 5 cannot express them) and any architecture switch
+  away from plain RoBERTa (pre-LN, no-affine LayerNorm, RMSNorm, clipped softmax, gated attention, the
+  Outlier-Protected block) — is saved in our own format: ``outlierlab_config.json`` (the
+  :class:`EncoderConfig`) + ``model.safetensors``. :func:`hf_exportable` says which applies.
 
 :func:`load_pretrained` reads either. A Hugging Face RoBERTa whose token-type row is non-zero
 (e.g. ``roberta-base``) is imported exactly by folding that constant row into the position
@@ -15,18 +17,37 @@ table, since every token adds both.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import EncoderConfig
+from .config import SWITCH_CHOICES, EncoderConfig
 from .encoder import RobertaMaskedLM
 from .positions import get_scheme
 
 OUR_CONFIG = "outlierlab_config.json"
 WEIGHTS = "model.safetensors"
+FORMATS = ("auto", "hf", "outlierlab")
+
+log = logging.getLogger(__name__)
+
+
+def hf_exportable(config: EncoderConfig) -> bool:
+    """True when a plain ``RobertaForMaskedLM`` computes exactly this model: a ``learned`` or ``none``
+    position scheme and every architecture switch at its default (post-LN, affine LayerNorm, softmax,
+    RoBERTa block)."""
+    return get_scheme(config.pos_name).hf_exportable and config.is_plain_roberta
+
+
+def why_not_hf(config: EncoderConfig) -> str:
+    """The settings of ``config`` that a Hugging Face RoBERTa cannot represent (empty if none)."""
+    reasons = [] if get_scheme(config.pos_name).hf_exportable else [f"pos={config.pos_name}"]
+    reasons += [f"model.{k}={getattr(config, k)}" for k, valid in SWITCH_CHOICES.items()
+                if k != "gate" and getattr(config, k) != valid[0]]
+    return ", ".join(reasons)
 
 
 def _hf_config(config: EncoderConfig):
@@ -68,13 +89,25 @@ def to_hf_state_dict(model: RobertaMaskedLM) -> dict[str, torch.Tensor]:
     return sd
 
 
-def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokenizer=None) -> str:
+def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokenizer=None,
+                    format: str = "auto") -> str:
     """Save ``model`` (and ``tokenizer`` if given) to ``directory``; return the format written
-    (``"hf"`` or ``"outlierlab"``)."""
+    (``"hf"`` or ``"outlierlab"``).
+
+    ``format="auto"`` writes Hugging Face format where :func:`hf_exportable`, else our own; ``"hf"``
+    asks for Hugging Face format and, for a model it cannot represent, logs one line saying why and
+    writes our own format instead (which :func:`load_pretrained`, ``probe.py`` and ``evaluate.py`` read);
+    ``"outlierlab"`` always writes our own.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    if get_scheme(cfg.pos_name).hf_exportable:
+    if format == "hf" and not hf_exportable(cfg):
+        log.warning("a Hugging Face RoBERTa cannot represent %s; saved %s in outlierlab format instead "
+                    "(load it with models.load_pretrained or encoder.name_or_path=)", why_not_hf(cfg), out)
+    if format != "outlierlab" and hf_exportable(cfg):
         from transformers import RobertaForMaskedLM
 
         hf = RobertaForMaskedLM(_hf_config(cfg))

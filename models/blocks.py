@@ -1,0 +1,163 @@
+"""Transformer blocks of the encoder: RoBERTa's (post- or pre-LN) and the Outlier-Protected block.
+
+Module names follow ``transformers.RobertaLayer`` (``attention.self``, ``attention.output.dense``,
+``attention.output.LayerNorm``, ``intermediate.dense``, ``output.dense``, ``output.LayerNorm``) in every
+variant, so hooks written for RoBERTa (``layer.output.dense`` = FFN output) keep working and the default
+block's state dict is unchanged. :meth:`Layer.sites` names the activations the outlier literature
+measures, per variant.
+
+Post-LN (RoBERTa; Liu et al. 2019), with ``f`` the attention or FFN sublayer::
+
+    x ← LN(x + f(x))
+
+Pre-LN (Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture")::
+
+    x ← x + f(LN(x))            … and one more LN after the last block (in the encoder)
+
+Here each sublayer keeps its RoBERTa-named norm: ``attention.output.LayerNorm`` normalises the input of
+the attention, ``output.LayerNorm`` the input of the FFN.
+
+Outlier-Protected block (He, Noci, Paliotta, Schlag & Hofmann 2024, "Understanding and Minimising
+Outlier Features in Transformer Training", NeurIPS 2024, §4 and their Fig. 3)::
+
+    x ← x + β_SA · W_O · MHA(x)      with  A = softmax(N(x W_Q) N(x W_K)ᵀ / √d_h)   (QK-norm)
+    x ← x + β_FF · W_2 · GELU(W_1 x)
+
+with no normalisation in either residual branch, the entropy-regulation mechanism being the
+normalisation N of queries and keys (per head), and trainable scalars β (initial value ``op_beta`` < 1)
+down-weighting the branches against the skip, which they show restores signal propagation without
+norms. Their optional scaling of the MLP input is not used. The embeddings LayerNorm and the MLM head's
+LayerNorm are not in a residual branch and are kept, so the stream starts at unit scale as in RoBERTa.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import SelfAttention
+from .config import EncoderConfig
+from .norms import make_norm
+
+
+class AttentionOutput(nn.Module):
+    """Attention output projection; ``LayerNorm`` is ``None`` in the OP block."""
+
+    def __init__(self, config: EncoderConfig, norm: bool = True) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = make_norm(config.norm, config.hidden_size, config.layer_norm_eps) if norm else None
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
+        """Post-LN sublayer end: ``LN(dropout(W h) + residual)``."""
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: EncoderConfig, norm: bool = True, qk_norm: bool = False) -> None:
+        super().__init__()
+        self.self = SelfAttention(config, qk_norm=qk_norm)
+        self.output = AttentionOutput(config, norm=norm)
+
+
+class Intermediate(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(self.dense(x))  # exact (erf) GELU, as HF's "gelu"
+
+
+class Output(nn.Module):
+    """FFN down-projection; ``LayerNorm`` is ``None`` in the OP block."""
+
+    def __init__(self, config: EncoderConfig, norm: bool = True) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = make_norm(config.norm, config.hidden_size, config.layer_norm_eps) if norm else None
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
+        """Post-LN sublayer end: ``LN(dropout(W h) + residual)``."""
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+#: A hook site: (module, "input" | "output") — the activation is that module's first input or its output.
+Site = tuple[nn.Module, str]
+
+
+class Layer(nn.Module):
+    """RoBERTa block, post-LN (default) or pre-LN (``config.norm_placement``)."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.pre_norm = config.norm_placement == "pre"
+        self.attention = Attention(config)
+        self.intermediate = Intermediate(config)
+        self.output = Output(config)
+        # Parameter-free marker of the residual stream this block hands on (a hook site).
+        self.residual_out = nn.Identity()
+
+    def forward(self, x, key_mask_bias, position_ids, output_attentions=False):
+        attn, out = self.attention, self.output
+        if self.pre_norm:
+            ctx, probs = attn.self(attn.output.LayerNorm(x), key_mask_bias, position_ids, output_attentions)
+            x = x + attn.output.dropout(attn.output.dense(ctx))
+            x = x + out.dropout(out.dense(self.intermediate(out.LayerNorm(x))))
+            return self.residual_out(x), probs
+        ctx, probs = attn.self(x, key_mask_bias, position_ids, output_attentions)
+        x = attn.output(ctx, x)
+        return self.residual_out(out(self.intermediate(x), x)), probs
+
+    def sites(self) -> dict[str, Site]:
+        """Activations by name (Bondarenko et al. 2023 measure the inf-norm at these).
+
+        ``ffn_output`` — the FFN's down-projection output (before dropout); ``residual`` — the stream
+        this block outputs; post-LN only: ``ln_input`` — residual + FFN output, the input of the output
+        LayerNorm, and ``ln_output`` — that LayerNorm's output (= ``residual``). In a pre-LN block the sum
+        after the FFN is not normalised inside the block, so ``ln_input`` is the block output and there
+        is no ``ln_output``.
+        """
+        sites: dict[str, Site] = {"ffn_output": (self.output.dense, "output"),
+                                  "residual": (self.residual_out, "output")}
+        if self.pre_norm:
+            sites["ln_input"] = (self.residual_out, "output")
+        else:
+            sites["ln_input"] = (self.output.LayerNorm, "input")
+            sites["ln_output"] = (self.output.LayerNorm, "output")
+        return sites
+
+
+class OPLayer(nn.Module):
+    """Outlier-Protected block of He et al. (2024); equations in the module docstring."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.attention = Attention(config, norm=False, qk_norm=True)
+        self.intermediate = Intermediate(config)
+        self.output = Output(config, norm=False)
+        # Trainable, as in He et al.; one scalar per branch and layer.
+        self.attention_beta = nn.Parameter(torch.tensor(float(config.op_beta)))
+        self.output_beta = nn.Parameter(torch.tensor(float(config.op_beta)))
+        self.residual_out = nn.Identity()
+
+    def forward(self, x, key_mask_bias, position_ids, output_attentions=False):
+        attn, out = self.attention, self.output
+        ctx, probs = attn.self(x, key_mask_bias, position_ids, output_attentions)
+        x = x + self.attention_beta * attn.output.dropout(attn.output.dense(ctx))
+        x = x + self.output_beta * out.dropout(out.dense(self.intermediate(x)))
+        return self.residual_out(x), probs
+
+    def sites(self) -> dict[str, Site]:
+        """``ffn_output`` (before β) and ``residual``; ``ln_input`` is the block output (the sum a
+        post-LN block would normalise); there is no LayerNorm, so no ``ln_output``."""
+        return {"ffn_output": (self.output.dense, "output"), "residual": (self.residual_out, "output"),
+                "ln_input": (self.residual_out, "output")}
+
+
+def make_layer(config: EncoderConfig) -> nn.Module:
+    """The block chosen by ``config.block`` (and, for ``roberta``, ``config.norm_placement``)."""
+    return OPLayer(config) if config.block == "op" else Layer(config)
