@@ -108,6 +108,7 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
         t0 = time.time()
         res = ANALYSES[name](contexts[name])
         res.summary["seconds"] = round(time.time() - t0, 2)
+        _whiten_columns(res, shared)
         results.append(res)
         print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s", flush=True)
     meta = _meta(cfg, encoder, analyses, transforms, shared, time.time() - t_start)
@@ -118,6 +119,21 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
         tb.close()
     print(f"[evaluate] done in {meta['seconds']:.0f} s -> {run_dir} ({', '.join(sorted(paths))})", flush=True)
     return {"results": results, "meta": meta, "files": paths}
+
+
+#: Analyses whose whitened rows use the whitener of the shared pass over the evaluation sentences.
+SENTENCE_PASS = ("outliers", "anisotropy", "self_similarity")
+
+
+def _whiten_columns(res, shared) -> None:
+    """Whitened rows of the shared-pass analyses state what the whitener was fitted on (WiC/STS add theirs)."""
+    st = shared.get("sentence_stats")
+    if res.name not in SENTENCE_PASS or st is None:
+        return
+    cols = st.transforms.columns("whiten")
+    for r in res.rows:
+        if r.get("transform") == "whiten":
+            r.update({k: v for k, v in cols.items() if k not in r})
 
 
 def _meta(cfg, encoder, analyses, transforms, shared, seconds) -> dict:

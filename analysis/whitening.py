@@ -116,6 +116,7 @@ class Whitener:
         self.n = 0
         self.distinct_cap = int(distinct_cap) if distinct_cap is not None else 16 * self.dim
         self._hashes: list[Tensor] = [torch.empty(0, dtype=torch.int64) for _ in range(self.num_layers)]
+        self._distinct_stopped = [False] * self.num_layers
         # odd 64-bit multipliers: hash(row) = Σ_i bits(x_i) * m_i (mod 2^64), exact for identical rows
         g = torch.Generator().manual_seed(12345)
         self._mult = torch.randint(-2 ** 62, 2 ** 62, (self.dim,), generator=g, dtype=torch.int64) | 1
@@ -124,6 +125,7 @@ class Whitener:
         self.singular_values: Tensor | None = None
         self.rank: Tensor | None = None
         self.n_distinct: Tensor | None = None
+        self.fit_info: WhiteningFit | None = None  # set by check()
 
     @property
     def out_dim(self) -> int:
@@ -154,12 +156,14 @@ class Whitener:
         return self
 
     def _track_distinct(self, x: Tensor) -> None:
-        if all(h.numel() >= self.distinct_cap for h in self._hashes):
+        full = [h.numel() >= self.distinct_cap for h in self._hashes]
+        self._distinct_stopped = [s or f for s, f in zip(self._distinct_stopped, full)]  # later rows unseen
+        if all(full):
             return
         bits = (x + 0.0).contiguous().view(torch.int64)  # + 0.0 maps -0.0 to 0.0
         h = (bits * self._mult.to(x.device)).sum(-1).cpu()  # [L, N]; int64 wrap-around = mod 2^64
         for layer in range(self.num_layers):
-            if self._hashes[layer].numel() < self.distinct_cap:
+            if not full[layer]:
                 self._hashes[layer] = torch.unique(torch.cat([self._hashes[layer], h[layer]]))
 
     def fit(self, x: Tensor) -> "Whitener":
@@ -184,6 +188,7 @@ class Whitener:
         tol = s[:, :1] * self.dim * 1e4 * torch.finfo(torch.float64).eps
         self.rank = (s > tol).sum(1).cpu()
         self.n_distinct = torch.tensor([h.numel() for h in self._hashes])
+        self.distinct_exact = torch.tensor([not s for s in self._distinct_stopped])
         self.W = w if self.k is None else w[:, :, : self.k].contiguous()
         return self
 
@@ -220,11 +225,14 @@ class Whitener:
         """
         if self.W is None:
             raise ValueError("Whitener is not fitted: call finalize() first.")
-        n_distinct = int(self.n_distinct.min())
-        capped = n_distinct >= self.distinct_cap
+        low = int(self.n_distinct.argmin())
+        n_distinct = int(self.n_distinct[low])
+        exact = getattr(self, "distinct_exact", None)
+        capped = n_distinct >= self.distinct_cap and (exact is None or not bool(exact[low]))
         k, need = self.out_dim, math.ceil(float(min_ratio) * self.out_dim)
         fit = WhiteningFit(what, self.n, n_distinct, capped, int(self.rank.min()), k, self.dim, float(min_ratio))
-        if capped or n_distinct >= need:
+        self.fit_info = fit  # what this whitener was fitted on, for whoever applies it (CSV columns)
+        if capped or n_distinct >= need:  # capped: at least distinct_cap = 16 d, enough for any sane ratio
             return fit
         k_ok = max(1, int(n_distinct // float(min_ratio)))
         fit.reason = (f"{n_distinct} distinct vectors < {float(min_ratio):g} x k={k}"

@@ -102,4 +102,6 @@ class FittedTransforms:
     def columns(self, name: str) -> dict:
         """CSV columns of a row of transform ``name``: what a whitened result was fitted on."""
         fit = self.fits.get(name)
+        if fit is None and name == "whiten" and self.whitener is not None:
+            fit = self.whitener.fit_info
         return fit.columns() if fit is not None else {}

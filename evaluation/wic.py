@@ -23,6 +23,8 @@ from analysis.wic import all_true_baseline, best_per_layer, best_threshold, thre
 from evaluation.registry import AnalysisResult, EvalContext, register
 from reports.evaluation_report import md_table, plot_layers
 from datamodules.dataset_sources import load_hub, load_local
+from evaluation.encoding import distinct_texts, encode_log_line
+from evaluation.transform_fit import WhitenSettings
 from evaluation.streaming import (EncodeLog, FittedTransforms, _get, char_span_tokens, clip_dims_for_tasks,
                                   finish_encode_log, iter_batches, progress_bar,
                                   sentence_stats)
@@ -93,23 +95,33 @@ def target_vectors(encoder, pairs: list[dict], whitener: Whitener | None = None,
                    progress: bool = False, stats: EncodeLog | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Target-word vectors of every pair: ``(vectors [L+1, 2, P, d] float32 on CPU, found Bool[P])``.
 
-    ``whitener``: also accumulate every non-special token of the pairs' sentences (``fit_on=eval``).
+    ``whitener``: also accumulate every non-special token of the pairs' sentences (``fit_on=eval``), each
+    sentence as often as it occurs (as if every occurrence were encoded).
     A pair whose target span maps to no token (e.g. truncated away) has ``found`` False.
+    Each distinct sentence is encoded once (``stats.n_texts`` counts those).
     """
     texts = [p["sentence1"] for p in pairs] + [p["sentence2"] for p in pairs]
     spans = [(p["start1"], p["end1"]) for p in pairs] + [(p["start2"], p["end2"]) for p in pairs]
+    unique, index = distinct_texts(texts)
+    occurrences: list[list[int]] = [[] for _ in unique]
+    for i, u in enumerate(index):
+        occurrences[u].append(i)
     n_layers, dim, n = encoder.num_layers + 1, encoder.hidden_size, len(pairs)
     vecs = torch.zeros(n_layers, 2 * n, dim)
     found = torch.zeros(2 * n, dtype=torch.bool)
-    bar = progress_bar(len(texts), "WiC", progress)
-    for b in iter_batches(encoder, texts, batch_size, chunk, offsets=True, bar=bar, stats=stats):
+    bar = progress_bar(len(unique), "WiC", progress)
+    for b in iter_batches(encoder, unique, batch_size, chunk, offsets=True, bar=bar, stats=stats):
         if whitener is not None:
-            whitener.partial_fit(b.hidden[:, b.valid])
-        for r, (row, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
-            toks = char_span_tokens(offs, sp, *spans[row])
-            if toks:
-                vecs[:, row] = b.hidden[:, r, toks].mean(1).cpu()
-                found[row] = True
+            mult = torch.tensor([len(occurrences[u]) for u in b.rows], device=b.valid.device)
+            tokens = b.hidden[:, b.valid]
+            per_token = mult[:, None].expand_as(b.valid)[b.valid]
+            whitener.partial_fit(tokens if bool((mult == 1).all()) else tokens.repeat_interleave(per_token, dim=1))
+        for r, (u, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
+            for row in occurrences[u]:
+                toks = char_span_tokens(offs, sp, *spans[row])
+                if toks:
+                    vecs[:, row] = b.hidden[:, r, toks].mean(1).cpu()
+                    found[row] = True
     if bar is not None:
         bar.close()
     return vecs.view(n_layers, 2, n, dim), found[:n] & found[n:]
@@ -117,18 +129,18 @@ def target_vectors(encoder, pairs: list[dict], whitener: Whitener | None = None,
 
 def _whitener_for(ctx, pairs, fit_on: str, n_layers: int, dim: int):
     """(whitener to fit during the target pass, or a fitted one, description)."""
-    k = _get(ctx.root_cfg.get("transform"), "k")
+    whiten = WhitenSettings.from_cfg(ctx.root_cfg)  # k and the degenerate-fit guard
     if fit_on == "eval":
-        return Whitener(n_layers, dim, k=k), None, "fit on the non-special token vectors of the evaluated WiC sentences"
+        return whiten.new(n_layers, dim), None, "fit on the non-special token vectors of the evaluated WiC sentences"
     if fit_on == "sentences":
         st = sentence_stats(ctx)
         return None, st.transforms.whitener, st.transforms.info["whiten"]
     fit_pairs = ctx.shared.get("wic_fit_pairs")
-    w = Whitener(n_layers, dim, k=k)
+    w = whiten.new(n_layers, dim)
     target_vectors(ctx.encoder, fit_pairs, w, _get(ctx.root_cfg.get("encoder"), "batch_size"),
                    progress=bool(ctx.root_cfg.get("progress", False)))
-    what = f"fit on the {w.n} non-special token vectors of the WiC {fit_on!r} split ({len(fit_pairs)} pairs)"
-    return None, w.finalize(), what
+    what = f"the non-special token vectors of the WiC {fit_on!r} split ({len(fit_pairs)} pairs)"
+    return None, w, whiten.finish(w, what).describe()
 
 
 def check(ctx: EvalContext) -> None:
@@ -160,10 +172,12 @@ def run(ctx: EvalContext) -> AnalysisResult:
     stats, notes = EncodeLog(), []
     vecs, found = target_vectors(enc, pairs, fitting, _get(ctx.root_cfg.get("encoder"), "batch_size"),
                                  progress=bool(ctx.root_cfg.get("progress", False)), stats=stats)
+    notes.append(encode_log_line("WiC", stats.n_texts, 2 * len(pairs)))
     finish_encode_log(stats, "WiC", notes)
-    if fitting is not None:
-        ft.whitener = fitting.finalize()
-        ft.info["whiten"] += f" ({fitting.n} vectors; Su et al. 2021)"
+    if fitting is not None:  # refuses a fit on too few distinct vectors unless transform.allow_degenerate=true
+        ft.whitener = fitting
+        ft.info["whiten"] = WhitenSettings.from_cfg(ctx.root_cfg).finish(
+            fitting, "the non-special token vectors of the evaluated WiC sentences").describe()
     if not bool(found.all()):
         notes.append(f"{int((~found).sum())} pairs dropped: a target span mapped to no token")
     keep = found.nonzero().flatten()
@@ -182,7 +196,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
         best[t] = best_threshold(acc, thresholds)
         curves[t] = best_l.tolist()
         for layer in range(n_layers):
-            row = {"layer": layer, "transform": t}
+            row = {"layer": layer, "transform": t, **ft.columns(t)}  # whitened rows: what it was fitted on
             row.update({f"acc_{float(th):g}": float(acc[layer, i]) for i, th in enumerate(thresholds)})
             row.update({"best_threshold": float(thr_l[layer]), "best_accuracy": float(best_l[layer]),
                         "mean_cos_same": float(cos[layer, labels].mean()) if labels.any() else float("nan"),

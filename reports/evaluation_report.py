@@ -89,9 +89,10 @@ def log_scalars(tb, analysis: str, rows: Sequence[Mapping[str, Any]]) -> int:
     for r in rows:
         if "layer" not in r or "transform" not in r:
             continue
-        prefix = f"eval/{analysis}/{r['transform']}/" + (f"{r['dataset']}/" if r.get("dataset") else "")
+        prefix = f"eval/{analysis}/{r['transform']}/" + (f"{r['dataset']}/" if r.get("dataset") else "") + (
+            f"{r['subset']}/" if r.get("subset") not in (None, "", "all") else "")  # STS sub-sets, SentEval-style
         for k, v in r.items():
-            if k in KEY_COLUMNS or isinstance(v, bool) or not isinstance(v, (int, float)):
+            if k in KEY_COLUMNS or k.startswith("whiten_") or isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
             if isinstance(v, float) and not math.isfinite(v):
                 continue

@@ -132,3 +132,98 @@ def test_eps_floor_handles_clipped_rank_deficient_data_and_state_roundtrip():
     assert torch.equal(w2.transform(x), z)
     with pytest.raises(ValueError, match="not fitted"):
         Whitener(2, 16).transform(x)
+
+
+# ------------------------------------------------------------------------- whitening guard (issue 20)
+from analysis.transforms import DegenerateWhiteningError, clip_dims_per_layer  # noqa: E402
+
+
+def _reference_whiten(x: torch.Tensor, k=None) -> torch.Tensor:
+    """Su et al. 2021's reference recipe in numpy: np.cov, SVD, W = U / sqrt(S), (x - mu) W[:, :k]."""
+    a = x.double().numpy()
+    mu = a.mean(0, keepdims=True)
+    u, s, _ = np.linalg.svd(np.cov(a.T))
+    w = (u / np.sqrt(s))[:, :k]
+    return torch.from_numpy((a - mu) @ w)
+
+
+def _same_up_to_column_sign(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
+    signs = torch.sign((a * b).sum(0))
+    return bool(((a * signs) - b).abs().max() < atol)
+
+
+def test_few_distinct_points_whiten_to_a_simplex_and_are_refused_in_one_line():
+    g = torch.Generator().manual_seed(1)
+    n, d = 10, 32
+    pts = torch.randn(n, d, generator=g, dtype=torch.float64) * torch.linspace(0.5, 3, d, dtype=torch.float64) + 5.0
+    x = pts.repeat(4, 1)  # 40 vectors, 10 distinct (a sentence encoded once per occurrence)
+    w = Whitener(1, d).fit(x)
+    assert w.n == 40 and int(w.n_distinct[0]) == n and int(w.rank[0]) == n - 1
+    z = w.transform(pts)
+    cos = torch.nn.functional.normalize(z, dim=1) @ torch.nn.functional.normalize(z, dim=1).T
+    off = cos[~torch.eye(n, dtype=torch.bool)]
+    # regular simplex: every pair at the same cosine -1/(N-1), whatever the original geometry was
+    assert (off + 1 / (n - 1)).abs().max() < 1e-6
+    assert (torch.nn.functional.normalize(pts - pts.mean(0), dim=1) @ torch.nn.functional.normalize(
+        pts - pts.mean(0), dim=1).T)[~torch.eye(n, dtype=torch.bool)].std() > 0.05  # it was not one before
+    with pytest.raises(DegenerateWhiteningError) as e:
+        w.check("the 40 STS sentence vectors")
+    msg = str(e.value)
+    assert "\n" not in msg
+    for part in ("the 40 STS sentence vectors", "40 vectors, 10 distinct", "rank 9 of 32", "k=32", "simplex",
+                 "transform.fit_on=sentences", "transform.k=5", "transform.allow_degenerate=true"):
+        assert part in msg, part
+    fit = w.check("the 40 STS sentence vectors", allow_degenerate=True)
+    assert fit.degenerate and fit.columns()["whiten_degenerate"] is True and fit.columns()["whiten_distinct"] == 10
+    assert "DEGENERATE" in fit.describe()
+    # k below N/2 is accepted: the top-k principal directions are estimated from the 10 points
+    assert not Whitener(1, d, k=5).fit(x).check("x").degenerate
+    with pytest.raises(DegenerateWhiteningError):
+        Whitener(1, d, k=6).fit(x).check("x")  # 10 distinct < 2 x 6
+
+
+def test_well_posed_fits_are_unchanged_from_the_reference_recipe():
+    g = torch.Generator().manual_seed(2)
+    d = 16
+    big = torch.randn(3000, d, generator=g, dtype=torch.float64) @ torch.randn(d, d, generator=g,
+                                                                              dtype=torch.float64) + 40.0
+    w = Whitener(1, d).fit(big)  # N >> d, large mean (outlier-like): the shifted sums keep full precision
+    fit = w.check("big")
+    assert not fit.degenerate and fit.rank == d and fit.n_distinct == 3000 and not fit.distinct_capped
+    # distinct vectors are counted exactly until 16 d = 256 are seen; rows streamed after that are not hashed
+    chunked = Whitener(1, d)
+    for part in big.split(300):
+        chunked.partial_fit(part)
+    cfit = chunked.finalize().check("chunked")
+    assert cfit.distinct_capped and cfit.n_distinct == 300 and cfit.columns()["whiten_distinct"] == ">=300"
+    assert _same_up_to_column_sign(w.transform(big), _reference_whiten(big), 1e-6)
+    small = big[:40]  # 40 distinct in 16 dims with k = 8 < rank: accepted, equal to the reference's first 8
+    wk = Whitener(1, d, k=8).fit(small)
+    assert not wk.check("small").degenerate
+    assert _same_up_to_column_sign(wk.transform(small), _reference_whiten(small, 8), 1e-6)
+
+
+def test_layernorm_outputs_have_rank_d_minus_1_and_are_not_refused():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2000, 24, generator=g, dtype=torch.float64)
+    x = torch.nn.functional.layer_norm(x, (24,)) * 1.5 + 0.2  # rows of the normalised part sum to zero
+    w = Whitener(1, 24).fit(x)
+    fit = w.check("post-LN vectors")
+    assert fit.rank == 23 and not fit.degenerate
+
+
+def test_clip_dims_by_layer_range():
+    per, source = clip_dims_per_layer(5, 10, dims_by_layer={"1-3": [7, 2], "3": [9], "4": []})
+    assert per == [[], [2, 7], [2, 7], [2, 7, 9], []] and "dims_by_layer" in source
+    assert clip_dims_per_layer(3, 10, dims=[4])[0] == [[4], [4], [4]]
+    x = torch.ones(5, 2, 10)
+    out = clip(x, per)
+    assert (out[0] == 1).all() and (out[1][:, [2, 7]] == 0).all() and (out[3][:, 9] == 0).all() \
+        and (out[1][:, 9] == 1).all()
+    for kwargs, match in (({"dims": [1], "dims_by_layer": {"1": [2]}}, "not both"),
+                          ({"dims_by_layer": {"one-two": [2]}}, "not a layer or an inclusive range"),
+                          ({"dims_by_layer": {"1-5": [2]}}, "outside layers 0-4"),
+                          ({"dims_by_layer": {"1": [10]}}, "out of range for hidden size 10"),
+                          ({}, "clip needs")):
+        with pytest.raises(ValueError, match=match):
+            clip_dims_per_layer(5, 10, **kwargs)
