@@ -3,14 +3,15 @@
 At step 0 (before any update) the callback keeps a snapshot of every LayerNorm's gain and bias; it is
 part of the callback's ``state_dict`` and so of every checkpoint, and a resumed run measures divergence
 from the true initialisation.  At every record (see :mod:`.base` for when) it calls
-:func:`analysis.monitoring.layernorm_records` — i.e. :func:`analysis.layernorm.layernorm_stats` and
-:func:`analysis.layernorm.shared_outlier_dims` — and writes:
+:func:`analysis.monitoring.layernorm_records` — i.e. :func:`analysis.layernorm.layernorm_stats`
+(descriptive) and THE LayerNorm-outlier rule :func:`analysis.layernorm_rule.layernorm_outliers` with the
+``ln_rule`` settings, the same call ``evaluate.py``'s outliers and ablation analyses make — and writes:
 
 ``<out_dir>/layernorm.csv`` (columns ``step,name,statistic,dim,value``; see :mod:`.history`), names
 ``embeddings``, ``layer.{i}.attention_output``, ``layer.{i}.output`` and ``model``; statistics
 ``gain_mean gain_std bias_mean bias_std n_gain_outliers n_bias_outliers gain_outlier bias_outlier
-top_gain_z top_bias_z max_abs_gain_div max_abs_bias_div gain bias`` and (``model``) ``shared_min_layers
-n_shared_gain_outliers n_shared_bias_outliers shared_gain_outlier shared_bias_outlier``.  Per-dim
+top_gain_z top_bias_z max_abs_gain_div max_abs_bias_div rule_outlier gain bias`` and (``model``)
+``min_layers n_outlier_dims outlier_dim`` (the rule's model-level dims, value = layers flagging).  Per-dim
 divergence from init is ``gain(step) - gain(0)`` of the ``gain`` rows.  The per-dim ``gain``/``bias``
 rows are written at image records only (step 0, multiples of ``image_every_n_steps``, the last step),
 the other statistics at every record.
@@ -20,20 +21,22 @@ TensorBoard (every TensorBoardLogger of the trainer), with ``<ln>`` a LayerNorm 
 - scalars ``monitor/layernorm/<ln>/n_gain_outliers``, ``…/n_bias_outliers``, ``…/max_abs_gain_div``,
   ``…/max_abs_bias_div``, ``…/gain_dim_<j>`` and ``…/bias_dim_<j>`` (value of dim j; j = the ``top_k``
   strongest 3σ dims of that LayerNorm, kept once seen, at most ``3·top_k`` per LayerNorm), and
-  ``monitor/layernorm/n_shared_gain_outliers``, ``monitor/layernorm/n_shared_bias_outliers``;
+  ``monitor/layernorm/n_outlier_dims`` (the rule's model-level dims);
 - histograms ``monitor/layernorm/<ln>/gain`` and ``monitor/layernorm/<ln>/bias``;
 - images ``monitor/layernorm/heatmap_gain`` and ``monitor/layernorm/heatmap_bias`` (per-dim value over
   the recorded steps, Kovaleva et al. Fig. 3 middle; flagged dims marked), also saved as
   ``<out_dir>/layernorm_heatmap_gain.png`` / ``layernorm_heatmap_bias.png``.
 
-Model-level outliers (Puccetti et al.: a dim flagged in ≥ 4 of 12 layers): a layer flags a dim if any
-of its two LayerNorms does; ``shared_min_layers`` is an absolute count, a fraction, or ``"a/b"``
-(default ``"4/12"``, rounded up: 2 of 4 layers for the tiny model); see
-:func:`analysis.monitoring.min_shared_layers`.
+Model-level outliers: by default Kovaleva et al.'s criterion (gain AND bias outside mean ± 3σ of each
+layer's output LayerNorm) in more than 3 of 12 layers (Puccetti et al.), scaled: ``"4/12"`` rounded up is
+2 of 4 layers for the tiny model (:func:`analysis.layernorm_rule.min_layers_for`).  A model whose norms
+have no gain/bias (``model.norm=layernorm_noaffine``, no norms at all) or no bias (RMSNorm, under the
+``both`` criterion) gets a one-line notice and only the model-level rows, never a crash.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -42,19 +45,29 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from analysis.layernorm_rule import LayerNormRule, layernorm_outliers
 from analysis.monitoring import layernorm_records, layernorm_snapshot
+from models.layernorms import layernorm_tensors, model_layernorms
 
 from reports import monitor_plots as plots
 from .base import OutlierMonitor
 from reports.history import read_history, vectors_by_step
 
-def module_layernorms(pl_module: nn.Module) -> dict[str, nn.LayerNorm]:
-    """The tracked LayerNorms: ``pl_module.model.named_layernorms()`` (our encoder) or, for any other
-    module, every ``nn.LayerNorm`` with affine parameters."""
-    model = getattr(pl_module, "model", pl_module)
-    if hasattr(model, "named_layernorms"):
-        return dict(model.named_layernorms())
-    return {n: m for n, m in model.named_modules() if isinstance(m, nn.LayerNorm) and m.weight is not None}
+def layernorm_outliers_notice(layernorms: Mapping[str, nn.Module], rule: LayerNormRule) -> str:
+    """One line saying what ``rule`` cannot judge in these norms ('' when it judges every one it selects)."""
+    params = layernorm_tensors(layernorms)
+    det = layernorm_outliers(params, rule)
+    if not params:
+        return "the model has no LayerNorm at all (e.g. model.block=op): no LayerNorm outlier dims to track"
+    if det.unjudged:
+        return (f"{len(det.unjudged)} LayerNorm(s) cannot be judged by the rule — {next(iter(det.unjudged.values()))}"
+                + ("; nothing to track" if not det.per_layer else ""))
+    return ""
+
+
+def module_layernorms(pl_module: nn.Module) -> dict[str, nn.Module]:
+    """The tracked norms: :func:`models.layernorms.model_layernorms` of ``pl_module.model`` (or the module)."""
+    return model_layernorms(getattr(pl_module, "model", pl_module))
 
 
 class LayerNormMonitor(OutlierMonitor):
@@ -64,10 +77,9 @@ class LayerNormMonitor(OutlierMonitor):
     ----------
     out_dir, every_n_steps, image_every_n_steps, vectors
         See :class:`.base.OutlierMonitor` (``vectors``: write every dim's ``gain``/``bias``).
-    k : float
-        σ multiplier of the outlier rule (3 in both papers).
-    shared_min_layers : int, float or str
-        Layers that must flag a dim for a model-level outlier (default ``"4/12"``, Puccetti et al.).
+    rule : LayerNormRule or mapping
+        THE LayerNorm-outlier rule (``ln_rule`` config group; None: Kovaleva et al.'s default).  Its ``k``
+        also sets the σ of the per-LayerNorm gain/bias statistics.
     top_k : int
         Strongest flagged dims per LayerNorm whose values go to TensorBoard scalars, and the number of
         top-|z| dims written to the CSV (``top_gain_z``) whether flagged or not.
@@ -80,11 +92,10 @@ class LayerNormMonitor(OutlierMonitor):
     filename = "layernorm.csv"
 
     def __init__(self, out_dir: str | None = None, every_n_steps: int = 50, image_every_n_steps: int = 100,
-                 k: float = 3.0, shared_min_layers: int | float | str = "4/12", top_k: int = 3,
+                 rule: LayerNormRule | Mapping | None = None, top_k: int = 3,
                  vectors: bool = True, histograms: bool = True, max_heatmap_rows: int = 200) -> None:
         super().__init__(out_dir, every_n_steps, image_every_n_steps, vectors)
-        self.k = float(k)
-        self.shared_min_layers = shared_min_layers
+        self.rule = LayerNormRule.from_mapping(dict(rule) if isinstance(rule, Mapping) else rule)
         self.top_k = int(top_k)
         self.histograms = bool(histograms)
         self.max_heatmap_rows = int(max_heatmap_rows)
@@ -110,9 +121,9 @@ class LayerNormMonitor(OutlierMonitor):
     # -- OutlierMonitor API ---------------------------------------------------------------------------
     def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule, resumed: bool) -> None:
         lns = module_layernorms(pl_module)
-        if not lns:
-            raise ValueError(f"LayerNormMonitor: {type(pl_module).__name__} has no nn.LayerNorm to monitor; "
-                             "remove callbacks.layernorm_monitor")
+        det = layernorm_outliers_notice(lns, self.rule)
+        if det:  # e.g. model.norm=layernorm_noaffine / rmsnorm, or a block without norms: say so once, go on
+            rank_zero_warn(f"LayerNormMonitor ({type(getattr(pl_module, 'model', pl_module)).__name__}): {det}")
         self._heat_steps, self._heat, self._tracked = [], {"gain": {}, "bias": {}}, {}
         if not resumed:
             self.initial = layernorm_snapshot(lns)
@@ -136,12 +147,12 @@ class LayerNormMonitor(OutlierMonitor):
 
     def compute(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, vectors: bool
                 ) -> tuple[list, dict]:
-        params = layernorm_snapshot(module_layernorms(pl_module))
-        rows, summary = layernorm_records(step, params, self.initial, k=self.k,
-                                          shared_min=self.shared_min_layers, top_k=self.top_k, vectors=vectors)
-        summary["params"] = params
+        params = layernorm_tensors(module_layernorms(pl_module))
+        rows, summary = layernorm_records(step, params, self.initial, rule=self.rule, top_k=self.top_k,
+                                          vectors=vectors)
+        summary["params"] = {n: p for n, p in params.items() if p[0] is not None}
         self._heat_steps.append(step)
-        for name, (w, b) in params.items():
+        for name, (w, b) in summary["params"].items():
             self._heat["gain"].setdefault(name, []).append(w.numpy())
             if b is not None:
                 self._heat["bias"].setdefault(name, []).append(b.numpy())
@@ -177,8 +188,7 @@ class LayerNormMonitor(OutlierMonitor):
                     writer.add_scalar(f"{base}/{part}_dim_{d}", float(vec[d]), step)
                 if self.histograms:
                     writer.add_histogram(f"{base}/{part}", vec, step)
-        for part in ("gain", "bias"):
-            writer.add_scalar(f"monitor/layernorm/n_shared_{part}_outliers", len(summary["shared"][part]), step)
+        writer.add_scalar("monitor/layernorm/n_outlier_dims", len(summary["outliers"].dims), step)
 
     def figures(self, step: int, summary: dict) -> dict[str, Any]:
         figs = {}
