@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from jobs.startup import check_overrides, register_resolvers, run_main
+from jobs.startup import check_overrides, check_train_config, describe_plan, register_resolvers, run_main
 
 if os.environ.get("LOCAL_RANK", "0") != "0" and "OUTLIERLAB_CHILD_ARGV" in os.environ:
     # A DDP child started by Lightning: run exactly the parent's job, never a new sweep.
@@ -21,9 +21,15 @@ from omegaconf import DictConfig  # noqa: E402
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from jobs.training import train
+    def job(cfg: DictConfig) -> dict[str, float]:
+        for warning in check_train_config(cfg):  # a setting that cannot work fails here, in seconds
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        print(describe_plan(cfg), flush=True)
+        from jobs.training import train
 
-    metrics = run_main(train, cfg)
+        return train(cfg)
+
+    metrics = run_main(job, cfg)
     return metrics.get("val/loss")  # for Hydra sweepers
 
 

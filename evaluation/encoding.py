@@ -105,11 +105,10 @@ def finish_encode_log(stats: EncodeLog, what: str, notes: list[str]) -> None:
 
 
 def progress_bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
+    """tqdm on a terminal; plain ``[evaluate] ...`` lines with ETA in a log file (reports.progress)."""
+    from reports.progress import progress_bar as make_bar
 
-    return tqdm(total=total, desc=desc, unit="sent", dynamic_ncols=True)
+    return make_bar(total, f"[evaluate] {desc}", enabled, unit="sentences")
 
 
 def distinct_texts(texts: Sequence[str]) -> tuple[list[str], list[int]]:

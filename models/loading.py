@@ -381,10 +381,11 @@ class FrozenEncoder:
         order = torch.argsort(lengths, descending=True, stable=True) if sort_by_length else torch.arange(len(lengths))
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         chunks = [order[i:i + bs] for i in range(0, len(order), bs)]
-        if progress:
-            from tqdm.auto import tqdm
+        bar = None
+        if progress:  # tqdm on a terminal, plain lines with an ETA in a log file
+            from reports.progress import progress_bar
 
-            chunks = tqdm(chunks, desc=f"encoding ({self.source.name})", unit="batch")
+            bar = progress_bar(len(order), f"[encode] {self.source.name}", unit="sentences")
         for idx in chunks:
             rows = idx.tolist()
             t = max(len(tokenized.input_ids[i]) for i in rows)
@@ -397,6 +398,10 @@ class FrozenEncoder:
                 attn[b, :n] = 1
                 special[b, :n] = torch.tensor(tokenized.special_tokens_mask[i])
             yield EncodedBatch(self.forward(ids, attn), attn, special, ids, idx)
+            if bar is not None:
+                bar.update(len(rows))
+        if bar is not None:
+            bar.close()
 
     def encode(self, texts: Sequence[str], batch_size: int | None = None, sort_by_length: bool = False,
                progress: bool = False) -> Iterator[EncodedBatch]:

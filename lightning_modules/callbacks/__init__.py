@@ -4,6 +4,7 @@
   (Kovaleva et al. 2021; Puccetti et al. 2022).
 - :class:`.hidden_state_monitor.HiddenStateMonitor` — activation outlier dims and anisotropy on a fixed
   held-out batch (Luo et al. 2021; Ethayarajh 2019).
+- :class:`.progress.ProgressLines` — plain progress lines when stdout is not a terminal.
 
 Kept free of heavy imports: the classes load on first attribute access.
 """
@@ -12,6 +13,7 @@ _LAZY = {
     "LayerNormMonitor": "layernorm_monitor",
     "HiddenStateMonitor": "hidden_state_monitor",
     "OutlierMonitor": "base",
+    "ProgressLines": "progress",
 }
 
 __all__ = list(_LAZY)

@@ -1,0 +1,131 @@
+"""Plain progress lines for non-terminal runs (issue 16.1): training callback and the encoding passes."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import lightning as L
+import pytest
+import torch
+
+import lightning_modules.callbacks.progress as progress_mod
+from lightning_modules.callbacks.progress import ProgressLines
+from reports import progress as plain
+
+
+class Clock:
+    """A fake clock the test advances explicitly (seconds)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class CountingModule(L.LightningModule):
+    """Each step 'takes' 2 s on the fake clock and reports loss = batch index (hand-computable means)."""
+
+    def __init__(self, clock: Clock):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.clock = clock
+
+    def training_step(self, batch, batch_idx):
+        self.clock.t += 2.0
+        return (self.w * 0).sum() + float(batch_idx)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.zeros(64, 3), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit(callback, clock, progress_bar=True, max_steps=10):
+    trainer = L.Trainer(max_steps=max_steps, callbacks=[callback], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=progress_bar, enable_model_summary=False, accelerator="cpu")
+    trainer.fit(CountingModule(clock))
+    return trainer
+
+
+def test_non_terminal_run_prints_hand_computed_lines(capsys):
+    clock = Clock()
+    cb = ProgressLines(every_n_steps=5, length_fn=lambda batch: 10, clock=clock)
+    fit(cb, clock)
+    out = capsys.readouterr().out
+    step_lines = [l for l in out.splitlines() if l.startswith("[train] step")]
+    # step 5: 5 steps x 2 s = 10 s, 5 batches x 10 tokens = 50 -> 5 tok/s, ETA (10-5) x 10 s / 5 = 10 s;
+    # mean loss of batch indices 0..4 = 2.0, then of 5..9 = 7.0
+    assert step_lines == [
+        "[train] step 5/10 (50%) | loss 2.0000 | 5 tok/s | elapsed 0:00:10 | ETA 0:00:10",
+        "[train] step 10/10 (100%) | loss 7.0000 | 5 tok/s | elapsed 0:00:20 | ETA 0:00:00",
+    ]
+    assert "[train] starting at step 0/10 on 1 CPU device(s)" in out
+
+
+def test_last_step_prints_even_off_the_interval(capsys):
+    clock = Clock()
+    cb = ProgressLines(every_n_steps=4, length_fn=lambda batch: 1, clock=clock)
+    fit(cb, clock, max_steps=6)
+    steps = re.findall(r"\[train\] step (\d+)/6", capsys.readouterr().out)
+    assert steps == ["4", "6"]
+
+
+def test_terminal_with_a_bar_is_not_doubled(monkeypatch, capsys):
+    monkeypatch.setattr(progress_mod, "is_terminal", lambda stream=None: True)
+    clock = Clock()
+    cb = ProgressLines(every_n_steps=2, clock=clock)
+    fit(cb, clock, progress_bar=True)
+    assert cb.lines == [] and "[train]" not in capsys.readouterr().out
+    # the same terminal without a bar (enable_progress_bar=false) gets the lines
+    cb = ProgressLines(every_n_steps=5, clock=clock)
+    fit(cb, clock, progress_bar=False)
+    assert [l.split(" |")[0] for l in cb.lines[1:]] == ["[train] step 5/10 (50%)", "[train] step 10/10 (100%)"]
+
+
+def test_resumed_session_counts_only_its_own_steps():
+    clock, trainer = Clock(), type("T", (), {"global_step": 40, "max_steps": 100})()
+    cb = ProgressLines(every_n_steps=10, clock=clock)
+    cb._reset(trainer)
+    trainer.global_step, clock.t = 60, 30.0  # 20 steps in 30 s: 40 steps left -> 60 s
+    assert cb.line(trainer).endswith("elapsed 0:00:30 | ETA 0:01:00")
+
+
+def test_bad_settings_are_one_line():
+    with pytest.raises(ValueError, match="when must be auto, always or never"):
+        ProgressLines(when="sometimes")
+    with pytest.raises(ValueError, match="every_n_steps must be >= 1"):
+        ProgressLines(every_n_steps=0)
+
+
+def test_plain_lines_for_encoding_passes():
+    clock, stream = Clock(), io.StringIO()
+    bar = plain.ProgressLines(1000, "[evaluate] pass 1/1", every_s=30, stream=stream, clock=clock)
+    clock.t = 10.0
+    bar.update(200)  # 10 s < 30 s since the start: no line yet
+    clock.t = 40.0
+    bar.update(200)  # 400 in 40 s = 10/s; 600 left -> 60 s
+    clock.t = 50.0
+    bar.close()
+    bar.close()  # closing twice prints once
+    assert stream.getvalue().splitlines() == [
+        "[evaluate] pass 1/1: 400/1,000 sentences (40%) | 10 sentences/s | elapsed 0:00:40 | ETA 0:01:00",
+        "[evaluate] pass 1/1: 400/1,000 sentences (40%) | 8 sentences/s | elapsed 0:00:50 | ETA 0:01:15",
+    ]
+
+
+def test_factory_gives_lines_off_a_terminal_and_tqdm_on_one(monkeypatch):
+    assert plain.progress_bar(10, "x", enabled=False) is None
+    assert isinstance(plain.progress_bar(10, "x"), plain.ProgressLines)  # pytest's stderr is not a terminal
+    monkeypatch.setattr(plain, "is_terminal", lambda stream=None: True)
+    bar = plain.progress_bar(10, "x", stream=io.StringIO())
+    assert type(bar).__module__.startswith("tqdm")
+    bar.close()
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0:00:00"), (59.6, "0:01:00"), (3661, "1:01:01"),
+                                           (90000, "25:00:00"), (None, "?"), (float("inf"), "?")])
+def test_format_duration(seconds, text):
+    assert plain.format_duration(seconds) == text
