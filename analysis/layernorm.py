@@ -1,31 +1,34 @@
-"""LayerNorm weight outliers: the 3σ criterion and divergence from initialisation.
+"""LayerNorm weight outliers: the one LayerNorm-outlier rule, the 3σ criterion, divergence from initialisation.
 
-Kovaleva et al. (2021), "BERT Busters: Outlier Dimensions that Disrupt Transformers", flag LayerNorm
-dimensions whose gain (scaling factor) or bias lies far outside the distribution of that LayerNorm's
-weights; Puccetti et al. (2022), "Outlier Dimensions that Disrupt Transformers Are Driven by Frequency",
-use the same 3σ rule and call a dimension an outlier of the *model* when it is flagged in at least
-4 of the 12 layers.  Both track how far gain/bias move from their initial values (gain₀ = 1, bias₀ = 0
-for a freshly initialised LayerNorm).
+Kovaleva et al. (2021), "BERT Busters: Outlier Dimensions that Disrupt Transformers", flag the dims of each
+layer's *output* LayerNorm whose gain (scaling factor) **and** bias both lie outside mean ± 3σ of that
+LayerNorm's weights; Puccetti et al. (2022), "Outlier Dimensions that Disrupt Transformers Are Driven by
+Frequency", keep the 3σ rule and call a dim an outlier of the *model* when it is flagged in more than 3 of
+BERT-base's 12 layers.  Both track how far gain/bias move from their initial values (gain₀ = 1, bias₀ = 0).
 
-Every function here is pure (tensors in, tensors / plain Python out) so the training monitor and
-``evaluate.py`` compute exactly the same numbers.
+:class:`analysis.layernorm_rule.LayerNormRule` + :func:`analysis.layernorm_rule.layernorm_outliers` are THE rule: the training monitor, ``evaluate.py``'s
+outliers analysis, the ablation, the frequency and the attention-sink analyses all call them with the
+``ln_rule`` config group (``configs/ln_rule/``), so they flag identical dims on the same weights.
+:func:`layernorm_stats` is descriptive (gain and bias judged separately, z-scores, divergence) and
+flags nothing at the model level.
+
+LayerNorm names are the canonical keys of :func:`models.layernorms.model_layernorms`: ``embeddings``,
+``layer.{i}.attention_output``, ``layer.{i}.output`` (and ``head`` for the MLM head's LayerNorm, only
+when asked).  Every function here is pure (tensors in, tensors / plain Python out).
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 __all__ = [
     "sigma_outlier_mask",
     "sigma_outlier_dims",
     "layernorm_divergence",
-    "shared_outlier_dims",
-    "layernorm_params",
     "layernorm_stats",
     "flagged_from_rows",
     "LAYERNORM_ROW_FIELDS",
@@ -120,42 +123,6 @@ def layernorm_divergence(weight: Tensor, bias: Tensor | None, weight0: Tensor | 
     return out
 
 
-def shared_outlier_dims(flagged: Mapping[str, Iterable[int]], min_layers: int = 4) -> dict[int, int]:
-    """Dims flagged in at least ``min_layers`` of the given LayerNorms, with their counts.
-
-    Puccetti et al. (2022) call a dimension an outlier of the model when the 3σ rule flags it in at
-    least 4 of BERT-base's 12 layers.  Each LayerNorm counts a dim at most once.
-
-    Parameters
-    ----------
-    flagged : Mapping[str, Iterable[int]]
-        LayerNorm name -> flagged dims (e.g. gain outliers from :func:`sigma_outlier_dims`).
-    min_layers : int
-
-    Returns
-    -------
-    dict[int, int]
-        dim -> number of LayerNorms flagging it, ordered by count descending then dim ascending.
-    """
-    counts = Counter(d for dims in flagged.values() for d in {int(x) for x in dims})
-    kept = [(d, c) for d, c in counts.items() if c >= min_layers]
-    return dict(sorted(kept, key=lambda dc: (-dc[1], dc[0])))
-
-
-def layernorm_params(module: nn.Module) -> dict[str, tuple[Tensor, Tensor | None]]:
-    """Detached copies of every ``nn.LayerNorm``'s (weight, bias) in ``module``, keyed by module name.
-
-    Convenience for :func:`layernorm_stats`; call once at step 0 to keep the initial values.
-    LayerNorms without affine parameters are skipped.
-    """
-    out = {}
-    for name, m in module.named_modules():
-        if isinstance(m, nn.LayerNorm) and m.weight is not None:
-            b = None if m.bias is None else m.bias.detach().clone()
-            out[name] = (m.weight.detach().clone(), b)
-    return out
-
-
 #: Columns of one :func:`layernorm_stats` row, in order (CSV header).
 LAYERNORM_ROW_FIELDS = (
     "name", "dim", "k",
@@ -182,7 +149,7 @@ def layernorm_stats(named_layernorms: Mapping[str, tuple[Tensor, Tensor | None]]
     Parameters
     ----------
     named_layernorms : Mapping[str, (weight Tensor[d], bias Tensor[d] | None)]
-        e.g. from :func:`layernorm_params`.
+        e.g. from :func:`models.layernorms.layernorm_tensors`.
     initial : same mapping at initialisation, or None
         If None, divergence is measured from the standard init (gain 1, bias 0); a name missing from
         ``initial`` also falls back to that.
@@ -204,7 +171,7 @@ def layernorm_stats(named_layernorms: Mapping[str, tuple[Tensor, Tensor | None]]
         - ``max_abs_*_div`` / ``argmax_abs_*_div``: largest |value − initial value| and its dim.
         - A LayerNorm without bias gets NaN / ``""`` / 0 / −1 in the bias columns.
 
-        :func:`flagged_from_rows` turns rows back into the mapping :func:`shared_outlier_dims` takes.
+        :func:`flagged_from_rows` turns rows back into ``{name: flagged dims}``.
     """
     rows = []
     for name, (weight, bias) in named_layernorms.items():
@@ -243,3 +210,4 @@ def flagged_from_rows(rows: Iterable[Mapping], which: str = "gain") -> dict[str,
         raise ValueError(f"which must be 'gain' or 'bias', got {which!r}.")
     col = f"{which}_outlier_dims"
     return {r["name"]: [int(x) for x in str(r[col]).split(";") if x != ""] for r in rows}
+

@@ -14,14 +14,13 @@ Pure functions: tensors (and a tokenizer object) in, rows and tensors out; no Li
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from fractions import Fraction
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from analysis.layernorm import flagged_from_rows, layernorm_stats, shared_outlier_dims
+from analysis.layernorm import flagged_from_rows, layernorm_stats
+from analysis.layernorm_rule import LayerNormRule, layernorm_outliers, min_layers_for
 from analysis.outliers import OutlierAccumulator, detect_outlier_dims, valid_token_mask
 from analysis.similarity import anisotropy, sample_cross_sentence_pairs
 
@@ -29,7 +28,6 @@ __all__ = [
     "Row",
     "layernorm_snapshot",
     "min_shared_layers",
-    "flagged_per_layer",
     "layernorm_records",
     "tokenize_heldout",
     "encoder_hidden_states",
@@ -38,8 +36,6 @@ __all__ = [
 
 #: One history row: (step, name, statistic, dim or None, value).
 Row = tuple[int, str, str, "int | None", float]
-
-_LAYER_RE = re.compile(r"^layer\.(\d+)\.")
 
 
 # ---------------------------------------------------------------------------------------- LayerNorm
@@ -59,68 +55,30 @@ def layernorm_snapshot(layernorms: Mapping[str, nn.LayerNorm]) -> dict[str, tupl
 
 
 def min_shared_layers(spec: int | float | str, num_layers: int) -> int:
-    """How many layers must flag a dim for it to count as a *model* outlier (Puccetti et al. 2022).
-
-    Puccetti et al. require at least 4 of BERT-base's 12 layers.  ``spec`` may be an absolute count
-    (int ≥ 1), a fraction in (0, 1), or a string ``"a/b"`` read as the fraction a/b.  A fraction is
-    scaled to the model and rounded *up*: ``"4/12"`` gives 4 of 12, 2 of 4, 2 of 6, 8 of 24 layers —
-    so a small model still needs a dim in more than one layer.  An absolute count larger than
-    ``num_layers`` is an error.
-    """
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be positive, got {num_layers}")
-    if isinstance(spec, str):
-        try:
-            frac = Fraction(spec.strip())
-        except (ValueError, ZeroDivisionError):
-            raise ValueError(f"shared_min_layers={spec!r} is not a number or a fraction like '4/12'") from None
-    elif isinstance(spec, bool):
-        raise ValueError(f"shared_min_layers must be a number, got {spec!r}")
-    elif isinstance(spec, int) or (isinstance(spec, float) and spec >= 1 and float(spec).is_integer()):
-        n = int(spec)
-        if not 1 <= n <= num_layers:
-            raise ValueError(f"shared_min_layers={n} must lie in [1, {num_layers}] (the model's layers), "
-                             "or be a fraction such as '4/12'")
-        return n
-    else:
-        frac = Fraction(float(spec)).limit_denominator(1000)
-    if not 0 < frac <= 1:
-        raise ValueError(f"shared_min_layers fraction must be in (0, 1], got {spec!r}")
-    return max(1, math.ceil(frac * num_layers))
+    """Layers needed for a model-level LayerNorm outlier: :func:`analysis.layernorm_rule.min_layers_for`."""
+    return min_layers_for(spec, num_layers)
 
 
-def flagged_per_layer(flagged: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
-    """Union of the flagged dims of each encoder layer's LayerNorms.
-
-    A layer (``layer.{i}.attention_output`` and ``layer.{i}.output``) flags a dim if any of its
-    LayerNorms does; names not of the form ``layer.{i}.…`` (the embeddings LayerNorm) are not layers
-    and are left out, as in Puccetti et al.'s "k of 12 layers".
-    """
-    per: dict[str, set[int]] = {}
-    for name, dims in flagged.items():
-        m = _LAYER_RE.match(name)
-        if m:
-            per.setdefault(f"layer.{m.group(1)}", set()).update(int(d) for d in dims)
-    return {k: sorted(v) for k, v in per.items()}
-
-
-def layernorm_records(step: int, params: Mapping[str, tuple[Tensor, Tensor | None]],
+def layernorm_records(step: int, params: Mapping[str, tuple[Tensor | None, Tensor | None]],
                       initial: Mapping[str, tuple[Tensor, Tensor | None]] | None = None, k: float = 3.0,
                       shared_min: int | float | str = "4/12", top_k: int = 3, vectors: bool = True,
-                      ) -> tuple[list[Row], dict]:
+                      rule: LayerNormRule | Mapping | None = None) -> tuple[list[Row], dict]:
     """History rows for every LayerNorm at one step, via :func:`analysis.layernorm.layernorm_stats`.
 
     Parameters
     ----------
     step : int
-    params : Mapping[name, (gain Tensor[d], bias Tensor[d] | None)]
-        Current values, e.g. from :func:`layernorm_snapshot`.
+    params : Mapping[name, (gain Tensor[d] | None, bias Tensor[d] | None)]
+        Current values, e.g. from :func:`models.layernorms.layernorm_tensors` (norms without a gain get
+        no per-LayerNorm statistics; the rule lists them as not judged).
     initial : same, or None
         Values at initialisation (None: gain₀ = 1, bias₀ = 0).
-    k : float
-        σ multiplier of the outlier rule (Kovaleva et al. 2021: 3).
-    shared_min : int, float or "a/b"
-        Layers needed for a model-level outlier, see :func:`min_shared_layers`.
+    k, shared_min : float, int/float/"a/b"
+        Only when ``rule`` is None: the rule is then Kovaleva et al.'s default with this k and min_layers
+        (settings of runs recorded before the ``ln_rule`` group existed).
+    rule : LayerNormRule or mapping
+        THE LayerNorm-outlier rule (:func:`analysis.layernorm_rule.layernorm_outliers`); its k also sets the
+        σ of the descriptive per-LayerNorm statistics.
     top_k : int
         Dims with the largest |z-score| written per LayerNorm whether flagged or not (``top_gain_z``
         rows), to watch an outlier emerge before it crosses kσ.
@@ -135,14 +93,16 @@ def layernorm_records(step: int, params: Mapping[str, tuple[Tensor, Tensor | Non
         its gain/bias, strongest |z| first), ``top_gain_z`` / ``top_bias_z`` (the ``top_k`` dims of
         largest |z|, value = signed z-score), ``max_abs_gain_div`` / ``max_abs_bias_div`` (dim = the
         dim that moved most from init, value = |Δ|), ``gain`` / ``bias`` (every dim, if ``vectors``).
-        Under name ``model``: ``shared_min_layers``, ``n_shared_gain_outliers``,
-        ``n_shared_bias_outliers`` and ``shared_gain_outlier`` / ``shared_bias_outlier`` (dim, value =
-        number of layers flagging it).
+        ``rule_outlier`` (dim flagged by the rule in that LayerNorm, value = its gain, or bias for
+        ``criterion=bias``).  Under name ``model``: ``min_layers``, ``n_outlier_dims`` and
+        ``outlier_dim`` (dim, value = number of layers flagging it) — the rule's model-level dims.
     summary : dict
-        ``stats`` (the :func:`layernorm_stats` records), ``flagged`` ({"gain"|"bias": {name: dims}}),
-        ``shared`` ({"gain"|"bias": {dim: n_layers}}), ``min_layers`` (int).
+        ``stats`` (the :func:`layernorm_stats` records), ``flagged`` ({"gain"|"bias": {name: dims}},
+        descriptive), ``outliers`` (the rule's :class:`~analysis.layernorm_rule.LayerNormOutliers`),
+        ``min_layers`` (int).
     """
-    stats = layernorm_stats(params, initial, k=k, top_k=top_k)
+    rule = LayerNormRule(k=k, min_layers=shared_min) if rule is None else LayerNormRule.from_mapping(rule)
+    stats = layernorm_stats({n: p for n, p in params.items() if p[0] is not None}, initial, k=rule.k, top_k=top_k)
     rows: list[Row] = []
     for rec in stats:
         name = rec["name"]
@@ -164,15 +124,15 @@ def layernorm_records(step: int, params: Mapping[str, tuple[Tensor, Tensor | Non
             if vectors:
                 rows += [(step, name, part, d, x) for d, x in enumerate(v.tolist())]
     flagged = {p: flagged_from_rows(stats, p) for p in ("gain", "bias")}
-    per_layer = {p: flagged_per_layer(f) for p, f in flagged.items()}
-    n_layers = len(per_layer["gain"])
-    min_layers = min_shared_layers(shared_min, n_layers) if n_layers else 0
-    shared = {p: (shared_outlier_dims(per_layer[p], min_layers) if n_layers else {}) for p in ("gain", "bias")}
-    rows.append((step, "model", "shared_min_layers", None, min_layers))
-    for p in ("gain", "bias"):
-        rows.append((step, "model", f"n_shared_{p}_outliers", None, len(shared[p])))
-        rows += [(step, "model", f"shared_{p}_outlier", d, c) for d, c in shared[p].items()]
-    return rows, {"stats": stats, "flagged": flagged, "shared": shared, "min_layers": min_layers}
+    det = layernorm_outliers(params, rule)
+    for name, dims in det.flagged.items():
+        gain, bias = params[name]
+        vec = (bias if rule.criterion == "bias" or gain is None else gain).detach().double().cpu()
+        rows += [(step, name, "rule_outlier", d, float(vec[d])) for d in dims]
+    rows.append((step, "model", "min_layers", None, det.min_layers))
+    rows.append((step, "model", "n_outlier_dims", None, len(det.dims)))
+    rows += [(step, "model", "outlier_dim", d, det.counts[d]) for d in det.dims]
+    return rows, {"stats": stats, "flagged": flagged, "outliers": det, "min_layers": det.min_layers}
 
 
 # ------------------------------------------------------------------------------------- hidden states

@@ -5,7 +5,7 @@ Dark Secrets of BERT"; Clark et al. 2019); Kovaleva et al. (2021) and Puccetti e
 LayerNorm outlier dims.  Per layer and head we report the attention probability that the sequence's real
 (non-pad) queries put on the first special token (``<s>``/``[CLS]``) and on the separator
 (``</s>``/``[SEP]``), averaged over queries (:func:`analysis.attention.special_token_attention_mass`), for
-the intact model, with the LayerNorm outlier dims disabled (:func:`evaluation.ablation.zero_layernorm_dims`,
+the intact model, with the LayerNorm outlier dims disabled (:func:`models.layernorms.zero_layernorm_dims`,
 the same dims and LayerNorms as the ablation), and, as a control, with as many random dims disabled.
 Probabilities come from eager attention (our encoder with ``output_attentions=True``; Hugging Face models
 loaded with ``attn_implementation="eager"``).
@@ -22,8 +22,8 @@ from torch import Tensor
 
 from analysis.attention import AttentionMassAccumulator, special_key_masks
 from analysis.outliers import random_dims
-from evaluation.ablation import (cfg_get, check_common, detect_from_cfg, select_layernorms, skip_result,
-                                 zero_layernorm_dims)
+from evaluation.common import cfg_get, check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
+from models.layernorms import select_layernorms, zero_layernorm_dims
 from evaluation.mlm_loading import analysis_texts, shared_mlm
 from evaluation.registry import AnalysisResult, EvalContext, register
 
@@ -112,23 +112,23 @@ def _heatmap(by_condition: Mapping[str, Mapping[str, Tensor]], path: Path, title
     return path
 
 
-def check(ctx: EvalContext) -> None:
+def check(ctx: EvalContext):
     """Settings and files, before any encoding (called by evaluate.py)."""
-    check_common(ctx, "attention_sinks")
+    return check_common(ctx, "attention_sinks")
 
 
 @register("attention_sinks")
 def run(ctx: EvalContext) -> AnalysisResult:
     """Attention mass on special tokens, intact vs outlier dims disabled (``configs/attention_sinks/default.yaml``)."""
-    check(ctx)
+    rule = check(ctx)
     cfg = ctx.cfg
     loaded = shared_mlm(ctx)
     bos, eos = loaded.bos_token_id, loaded.eos_token_id
     if bos is None or eos is None:
         return skip_result("attention_sinks", TITLE, f"the tokenizer of {loaded.name} has no <s>/[CLS] or </s>/[SEP].")
-    kinds = [str(k) for k in cfg_get(cfg, "layernorms", ["output"])]
+    kinds = zeroed_kinds(ctx, rule)
     lns = select_layernorms(loaded.layernorms, kinds)
-    det = detect_from_cfg(loaded.layernorms, cfg)
+    det = detect_layernorm_outliers(loaded.layernorms, rule)  # the one rule (configs/ln_rule)
     given = cfg_get(cfg, "dims")
     dims = [int(d) for d in given] if given else det.dims
     texts, what = analysis_texts(ctx, default_max=cfg_get(cfg, "max_sentences"))

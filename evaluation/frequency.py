@@ -8,14 +8,15 @@ token type seen in the evaluation text (non-special tokens only):
   run's ``config.yaml``/``.hydra/config.yaml`` names the data; the corpus is re-read with
   :func:`datamodules.corpus.load_texts` and tokenised with the run's tokenizer, counts cached), otherwise
   its count in the evaluation text itself (``frequency.counts_from``);
-* value — per layer, the mean of each outlier dim over the type's occurrences
-  (:class:`analysis.frequency.TokenValueAccumulator`) on the hidden states ``evaluate.py`` extracts
+* value — per layer, the mean MAGNITUDE |h_j| of each outlier dim over the type's occurrences (Puccetti et
+  al. correlate frequency with the outlier dim's magnitude; ``frequency.value=signed`` uses the signed mean
+  instead) (:class:`analysis.frequency.TokenValueAccumulator`) on the hidden states ``evaluate.py`` extracts
   (streamed from the FrozenEncoder batch by batch; layer 0 = embedding output, layer l = output of block l);
 * Spearman ρ per layer × dim (:func:`analysis.frequency.token_frequency_spearman`), and a scatter plot
-  (log₁₀ frequency vs mean value) of the strongest outlier dim at a middle and the last layer.
+  (log₁₀ frequency vs mean magnitude) of the strongest outlier dim at a middle and the last layer.
 
-Outlier dims: ``frequency.dims`` if given, else the LayerNorm outlier dims of :mod:`evaluation.ablation`
-(3σ in ≥ ⌈L/3⌉ output LayerNorms, Puccetti et al.'s rule); if the model has none, the activation outlier
+Outlier dims: ``frequency.dims`` if given, else the LayerNorm outlier dims by the one rule
+(:func:`analysis.layernorm_rule.layernorm_outliers`, ``ln_rule`` settings); if the model has none, the activation outlier
 dims (:func:`analysis.outliers.detect_outlier_dims`, Luo et al.'s argmax/argmin share), said in the report.
 """
 
@@ -34,8 +35,9 @@ from torch import Tensor
 
 from analysis.frequency import TokenValueAccumulator, token_frequency_spearman
 from analysis.outliers import detect_outlier_dims
-from evaluation.ablation import cfg_get, check_common, detect_from_cfg
-from evaluation.mlm_loading import analysis_texts, layernorm_map
+from evaluation.common import cfg_get, check_common, detect_layernorm_outliers, ln_rule
+from evaluation.mlm_loading import analysis_texts
+from models.layernorms import model_layernorms
 from evaluation.registry import AnalysisResult, EvalContext, register
 
 TITLE = "## Outlier dims vs token frequency (Puccetti et al. 2022)"
@@ -134,8 +136,12 @@ class FrequencyTable:
 
 
 def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dims: Sequence[int],
-                       freq_counts: np.ndarray, min_occurrences: int = 1) -> FrequencyTable:
+                       freq_counts: np.ndarray, min_occurrences: int = 1, magnitude: bool = True) -> FrequencyTable:
     """Per-type mean of each outlier dim, its frequency, and Spearman ρ per layer × dim (Puccetti et al. 2022).
+
+    With ``magnitude`` (default) the per-type value is the mean of |h_j| — the outlier dim's magnitude,
+    which Puccetti et al. correlate with frequency: an outlier dim that is large and negative on frequent
+    tokens then correlates positively, as it should; otherwise the signed mean.
 
     Parameters
     ----------
@@ -156,7 +162,8 @@ def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dim
     for ids, values in chunks:
         if acc is None:  # float64 sums over the vocabulary, only for the chosen dims
             acc = TokenValueAccumulator(len(freq_counts), values.shape[0], len(dims))
-        acc.update(torch.as_tensor(np.asarray(ids), dtype=torch.long), values[..., dims].cpu())
+        picked = values[..., dims].cpu()
+        acc.update(torch.as_tensor(np.asarray(ids), dtype=torch.long), picked.abs() if magnitude else picked)
     if acc is None or int(acc.counts.sum()) == 0:
         raise ValueError("no token to analyse (empty text?)")
     seen, occ, means = acc.result(min_occurrences)
@@ -192,7 +199,7 @@ def choose_dims(ctx, stats_fn) -> tuple[list[int], str, str]:
     max_dims = int(cfg_get(cfg, "max_dims", 8))
     if given:
         return [int(d) for d in given], "user", "given by frequency.dims"
-    det = detect_from_cfg(layernorm_map(ctx.encoder.model), cfg)
+    det = detect_layernorm_outliers(model_layernorms(ctx.encoder.model), ln_rule(ctx))
     if det.dims:
         return det.dims[:max_dims], "layernorm", "LayerNorm outliers: " + det.describe()
     share = float(cfg_get(cfg, "share_threshold", 0.25))
@@ -210,7 +217,8 @@ def choose_dims(ctx, stats_fn) -> tuple[list[int], str, str]:
     return top, "top_mean", why
 
 
-def _scatter(table: FrequencyTable, layers: Sequence[int], strongest: dict[int, int], path: Path, title: str) -> Path:
+def _scatter(table: FrequencyTable, layers: Sequence[int], strongest: dict[int, int], path: Path, what: str,
+             title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -223,7 +231,7 @@ def _scatter(table: FrequencyTable, layers: Sequence[int], strongest: dict[int, 
         j = table.dims.index(strongest[layer])
         y = table.means[layer, keep, j].numpy()
         ax.scatter(x, y, s=6, alpha=0.4)
-        ax.set(xlabel="log10 token frequency", ylabel=f"mean value of dim {strongest[layer]}",
+        ax.set(xlabel="log10 token frequency", ylabel=f"{what} of dim {strongest[layer]}",
                title=f"layer {layer}, dim {strongest[layer]}: ρ = {float(table.rho[layer, j]):.2f}")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -240,6 +248,8 @@ def check(ctx: EvalContext) -> None:
     mode = str(cfg_get(ctx.cfg, "counts_from", "auto"))
     if mode not in MODES:
         raise ValueError(f"frequency.counts_from must be one of {', '.join(MODES)}; got {mode!r}")
+    if str(cfg_get(ctx.cfg, "value", "magnitude")) not in ("magnitude", "signed"):
+        raise ValueError(f"frequency.value must be magnitude or signed; got {cfg_get(ctx.cfg, 'value')!r}")
     if mode == "files":
         files = cfg_get(ctx.cfg, "count_files")
         if not files:
@@ -268,7 +278,8 @@ def frequency_counts(ctx, tokenized, vocab: int) -> tuple[np.ndarray, str]:
         files = list(cfg_get(ctx.cfg, "count_files"))
         return count_tokens(enc.tokenizer, load_texts_from_files(files), vocab), f"files {files}"
     ids = [t for row, sp in zip(tokenized.input_ids, tokenized.special_tokens_mask) for t, s in zip(row, sp) if not s]
-    why = "" if mode == "eval" else " (no pretraining corpus known for this model)"
+    why = "" if mode == "eval" else (" — NOT the pretraining frequency Puccetti et al. use: this model's pretraining "
+                                     "corpus is not known here (a hub/local model, not a train.py run)")
     return np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab), note + f"the evaluated text itself{why}"
 
 
@@ -285,27 +296,30 @@ def run(ctx: EvalContext) -> AnalysisResult:
     vocab = max([len(enc.tokenizer)] + [max(r) + 1 for r in tokenized.input_ids if r])
     counts, counts_from = frequency_counts(ctx, tokenized, vocab)
     min_occ = int(cfg_get(cfg, "min_occurrences", 1))
-    table = frequency_spearman(_valid_chunks(enc, tokenized), dims, counts, min_occ)
+    value = str(cfg_get(cfg, "value", "magnitude"))
+    table = frequency_spearman(_valid_chunks(enc, tokenized), dims, counts, min_occ, magnitude=value == "magnitude")
 
     L = table.rho.shape[0]
     w = torch.from_numpy(table.occurrences.astype(np.float64))
     mean = torch.einsum("lvj,v->lj", table.means, w) / w.sum()  # token-weighted mean value per layer and dim
-    rows = [{"layer": l, "dim": d, "spearman": float(table.rho[l, j]), "mean_value": float(mean[l, j]),
-             "n_types": len(table.type_ids), "counts_from": counts_from, "dim_source": dim_tag}
+    rows = [{"layer": l, "dim": d, "spearman": float(table.rho[l, j]), "value": value,
+             "mean_value": float(mean[l, j]), "n_types": len(table.type_ids), "counts_from": counts_from,
+             "dim_source": dim_tag}
             for l in range(L) for j, d in enumerate(dims)]
     plot_layers = [int(x) for x in cfg_get(cfg, "plot_layers", [L // 2, L - 1])]
     if any(not 0 <= x < L for x in plot_layers):
         raise ValueError(f"frequency.plot_layers {plot_layers} outside 0..{L - 1}")
     strongest = {l: dims[int(mean[l].abs().argmax())] for l in plot_layers}
-    fig = _scatter(table, plot_layers, strongest, Path(ctx.out_dir) / "frequency_scatter.png",
+    fig = _scatter(table, plot_layers, strongest, Path(ctx.out_dir) / "frequency_scatter.png", what_value,
                    f"{enc.source.name}: frequency from {counts_from[:90]}")
 
     def rho(l, j):
         r = float(table.rho[l, j])
         return "n/a" if r != r else f"{r:+.2f}"
 
-    md = [TITLE, "", f"Spearman ρ between a token type's frequency and its mean value on each outlier dim "
-          f"(signed), per layer: {len(table.type_ids)} token types seen ≥ {min_occ}× in {what} (special tokens "
+    what_value = "mean magnitude |h|" if value == "magnitude" else "mean signed value"
+    md = [TITLE, "", f"Spearman ρ between a token type's frequency and its {what_value} on each outlier dim, "
+          f"per layer: {len(table.type_ids)} token types seen ≥ {min_occ}× in {what} (special tokens "
           "excluded); layer 0 = embedding output. n/a: the dim is constant there.", "",
           "| layer | " + " | ".join(f"dim {d}" for d in dims) + " |", "|---" * (len(dims) + 1) + "|"]
     md += [f"| {l} | " + " | ".join(rho(l, j) for j in range(len(dims))) + " |" for l in range(L)]

@@ -20,7 +20,6 @@ LayerNorms get the keys of :meth:`RobertaMaskedLM.named_layernorms`: ``embedding
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,52 +27,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-
-#: (regex on the module name, key template). BERT/RoBERTa/ELECTRA/MPNet-style names, then DistilBERT's.
-_LN_PATTERNS = (
-    (re.compile(r"(?:^|\.)embeddings\.LayerNorm$"), "embeddings"),
-    (re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.attention\.output\.LayerNorm$"), "layer.{}.attention_output"),
-    (re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.output\.LayerNorm$"), "layer.{}.output"),
-    (re.compile(r"(?:^|\.)transformer\.layer\.(\d+)\.sa_layer_norm$"), "layer.{}.attention_output"),
-    (re.compile(r"(?:^|\.)transformer\.layer\.(\d+)\.output_layer_norm$"), "layer.{}.output"),
-)
+from models.layernorms import model_layernorms
 
 
-def _ln_order(key: str) -> tuple[int, int]:
-    if key == "embeddings":
-        return (-1, 0)
-    _, i, kind = key.split(".")
-    return (int(i), 0 if kind == "attention_output" else 1)
-
-
-def layernorm_map(model: nn.Module) -> dict[str, nn.LayerNorm]:
-    """The encoder's LayerNorms keyed ``embeddings`` / ``layer.{i}.attention_output`` / ``layer.{i}.output``.
-
-    Our :class:`RobertaMaskedLM` lists them itself (``named_layernorms``); for Hugging Face models the
-    BERT/RoBERTa names (``embeddings.LayerNorm``, ``encoder.layer.{i}.attention.output.LayerNorm``,
-    ``encoder.layer.{i}.output.LayerNorm``, any prefix) and DistilBERT's (``sa_layer_norm``,
-    ``output_layer_norm``) are recognised.  The MLM head's own LayerNorm is never included.
-
-    Raises
-    ------
-    ValueError
-        No per-layer output LayerNorm was recognised (unsupported architecture).
-    """
-    if hasattr(model, "named_layernorms"):
-        return dict(model.named_layernorms())
-    found: dict[str, nn.LayerNorm] = {}
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.LayerNorm):
-            continue
-        for pattern, template in _LN_PATTERNS:
-            m = pattern.search(name)
-            if m:
-                found.setdefault(template.format(*m.groups()), module)
-                break
-    if not any(k.endswith(".output") for k in found):
-        raise ValueError(f"cannot find the per-layer LayerNorms of {type(model).__name__}: only BERT/RoBERTa-style "
-                         "(encoder.layer.N.output.LayerNorm) and DistilBERT-style names are supported")
-    return dict(sorted(found.items(), key=lambda kv: _ln_order(kv[0])))
+def layernorm_map(model: nn.Module) -> dict[str, nn.Module]:
+    """The model's norms by canonical key, the MLM head's included as ``head`` (judged or zeroed only when
+    asked): :func:`models.layernorms.model_layernorms`, the one list of a model's LayerNorms."""
+    return model_layernorms(model, include_head=True)
 
 
 @dataclass
@@ -109,7 +69,9 @@ class LoadedModel:
 
     @property
     def hidden_size(self) -> int:
-        return int(next(iter(self.layernorms.values())).weight.shape[0])
+        config = getattr(self.model, "config", None)  # norms may lack a weight (no-affine) or be absent
+        size = getattr(config, "hidden_size", None) or getattr(config, "dim", None)
+        return int(size) if size else int(next(iter(self.layernorms.values())).normalized_shape[-1])
 
     @property
     def num_layers(self) -> int:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from analysis.layernorm import (LAYERNORM_ROW_FIELDS, flagged_from_rows, layernorm_params, layernorm_stats,
-                                shared_outlier_dims, sigma_outlier_dims)
+from analysis.layernorm import LAYERNORM_ROW_FIELDS, layernorm_stats, sigma_outlier_dims
+from analysis.layernorm_rule import layernorm_outliers
+from evaluation.common import ln_rule
+from models.layernorms import layernorm_tensors, model_layernorms
 from analysis.outliers import detect_outlier_dims
 from evaluation.registry import AnalysisResult, EvalContext, register
 from reports.evaluation_report import md_table, plot_vectors, write_csv
@@ -96,7 +98,6 @@ def run(ctx: EvalContext) -> AnalysisResult:
     st = sentence_stats(ctx)
     cfg = ctx.cfg
     rows, detected = _rows(st, ctx.transforms, cfg)
-    k_ln = float(_get(cfg, "layernorm_k", 3.0))
     out, figures, md = ctx.out_dir, [], ["## Outlier dimensions (Luo et al. 2021 §2)"]
     thr = float(_get(cfg, "threshold", 0.25))
     n_tok = st.outliers["none"].count
@@ -143,19 +144,21 @@ def run(ctx: EvalContext) -> AnalysisResult:
             md.append(f"3σ position dims that are also activation outlier dims in some layer: "
                       f"{sorted(act & set(pos['sigma_dims'])) or 'none'}.")
 
-    ln = layernorm_stats(layernorm_params(model), k=k_ln)
-    md.append(f"### LayerNorm weights (Kovaleva et al. 2021; Puccetti et al. 2022: {k_ln:g}σ rule)")
-    if not ln:
-        md.append("No `torch.nn.LayerNorm` modules found in this model (custom norms are not inspected).")
-    else:
+    rule = ln_rule(ctx)  # THE LayerNorm-outlier rule (configs/ln_rule), as the monitor and the ablation
+    md.append(f"### LayerNorm weights (Kovaleva et al. 2021; Puccetti et al. 2022: {rule.k:g}σ rule)")
+    try:
+        params = layernorm_tensors(model_layernorms(model, include_head=True))
+    except ValueError as e:
+        params = {}
+        md.append(f"LayerNorms not recognised: {e}.")
+    ln = layernorm_stats({n: (w, b) for n, (w, b) in params.items() if w is not None}, k=rule.k)
+    if ln:
         write_csv(out / "layernorm.csv", ln, LAYERNORM_ROW_FIELDS)
-        min_layers = int(_get(cfg, "layernorm_min_layers", 4))
-        shared = shared_outlier_dims(flagged_from_rows(ln, "gain"), min_layers)
         md.append(md_table(["LayerNorm", "gain 3σ dims", "bias 3σ dims"],
                            [[r["name"], r["gain_outlier_dims"].replace(";", ", ") or "–",
                              r["bias_outlier_dims"].replace(";", ", ") or "–"] for r in ln]))
-        md.append(f"Gain dims flagged in ≥ {min_layers} of the {len(ln)} LayerNorms (Puccetti et al.): "
-                  + (", ".join(f"{d} ({c}×)" for d, c in shared.items()) or "none")
-                  + ". All columns: `layernorm.csv`.")
-        summary["layernorm_shared_gain_dims"] = shared
+    det = layernorm_outliers(params, rule)
+    md.append(f"Outlier dims of the model: {det.describe()}. Per-LayerNorm columns (gain and bias judged "
+              "separately, descriptive): `layernorm.csv`.")
+    summary["layernorm_outlier_dims"] = det.dims
     return AnalysisResult("outliers", rows, "\n\n".join(md), figures, summary)

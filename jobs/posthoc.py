@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 #: Defaults of the monitors (configs/callbacks/monitors.yaml); a run's config.yaml overrides them.
-LAYERNORM_DEFAULTS = {"k": 3.0, "shared_min_layers": "4/12", "top_k": 3, "vectors": True}
+# rule: the ln_rule a run recorded (callbacks.layernorm_monitor.rule); older runs recorded k/shared_min_layers
+LAYERNORM_DEFAULTS = {"k": 3.0, "shared_min_layers": "4/12", "rule": None, "top_k": 3, "vectors": True}
 HIDDEN_DEFAULTS = {"n_sequences": 32, "sentences_path": None, "max_length": None, "top_k": 5, "n_pairs": 1000,
                    "seed": 0, "vectors": True}
 OUT_SUBDIR = "monitor_posthoc"
@@ -169,12 +170,12 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         initial = _initial_snapshot(ckpt)
         if initial is not None and 0 not in by_step and not done:
             files["layernorm"].append(layernorm_records(0, initial, initial, k=ln_cfg["k"],
-                                                        shared_min=ln_cfg["shared_min_layers"],
+                                                        shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"],
                                                         top_k=ln_cfg["top_k"], vectors=ln_cfg["vectors"])[0])
         params = layernorm_snapshot(model.named_layernorms())
         files["layernorm"].append(layernorm_records(step, params, initial, k=ln_cfg["k"],
                                                     shared_min=ln_cfg["shared_min_layers"], top_k=ln_cfg["top_k"],
-                                                    vectors=ln_cfg["vectors"])[0])
+                                                    vectors=ln_cfg["vectors"], rule=ln_cfg["rule"])[0])
         batch = tokenize_heldout(tokenizer, texts, hs_cfg["max_length"] or config.max_len)
         with torch.inference_mode():
             hidden = encoder_hidden_states(model, batch["input_ids"].to(device), batch["attention_mask"].to(device))

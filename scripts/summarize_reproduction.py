@@ -84,11 +84,11 @@ def layernorm(root: Path) -> str:
                 per_step[s][0] += int(float(r["value"]))
             elif r["statistic"] == "n_bias_outliers":
                 per_step[s][1] += int(float(r["value"]))
-            elif r["statistic"] in ("n_shared_gain_outliers", "n_shared_bias_outliers"):
+            elif r["statistic"] in ("n_shared_gain_outliers", "n_shared_bias_outliers", "n_outlier_dims"):
                 per_step[s][2] += int(float(r["value"]))
         steps = sorted(per_step)
         steps_wanted = [s for s in steps if s % 200 == 0] + ([steps[-1]] if steps[-1] % 200 else [])
-        shared = sorted({r["dim"] for r in ln if int(r["step"]) == steps[-1] and r["statistic"].startswith("shared_") and r["dim"]},
+        shared = sorted({r["dim"] for r in ln if int(r["step"]) == steps[-1] and (r["statistic"].startswith("shared_") or r["statistic"] == "outlier_dim") and r["dim"]},
                         key=int)
         body.append([pos] + [f"{per_step[s][0]}/{per_step[s][1]}/{per_step[s][2]}" for s in steps_wanted]
                     + [", ".join(shared) or "–"])

@@ -16,8 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from analysis.monitoring import (flagged_per_layer, hidden_state_records, layernorm_records, min_shared_layers,
-                                 tokenize_heldout)
+from analysis.monitoring import hidden_state_records, layernorm_records, min_shared_layers, tokenize_heldout
 from lightning_modules.callbacks.hidden_state_monitor import HiddenStateMonitor
 from reports.history import HistoryCSV, read_history, vectors_by_step
 from lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
@@ -157,28 +156,31 @@ def test_min_shared_layers_scales_puccettis_rule():
             min_shared_layers(bad, 12)
 
 
-def test_layernorm_records_flag_planted_dims_and_shared_dims():
+def test_layernorm_records_flag_planted_dims_and_the_rules_model_dims():
     d = 64
     ones = torch.ones(d, dtype=torch.float64)
-    params = {"embeddings": (1 + 0.05 * planted_row(d, 9, 6.0), torch.zeros(d))}
-    for i in range(4):  # dim 20 planted in the gain of layers 0 and 2 only; bias dim 5 only in layer 1
+    params = {"embeddings": (1 + 0.05 * planted_row(d, 9, 6.0), 0.05 * planted_row(d, 9, 6.0, seed=9))}
+    for i in range(4):  # dim 20: gain AND bias in the output LN of layers 0, 2; dim 5: bias only in layer 1
         gain = 1 + 0.05 * planted_row(d, 20, 6.0, seed=i) if i in (0, 2) else ones.clone()
-        bias = 0.05 * planted_row(d, 5, -5.0, seed=i) if i == 1 else torch.zeros(d)
+        bias = (0.05 * planted_row(d, 20, 5.0, seed=i + 4) if i in (0, 2)
+                else 0.05 * planted_row(d, 5, -5.0, seed=i) if i == 1 else torch.zeros(d))
         params[f"layer.{i}.attention_output"] = (ones.clone(), torch.zeros(d))
         params[f"layer.{i}.output"] = (gain, bias)
     initial = {n: (ones.clone(), torch.zeros(d)) for n in params}
     rows, summary = layernorm_records(7, params, initial, shared_min="4/12", vectors=False)
-    flagged = {(n, s, dim) for st, n, s, dim, v in rows if s.endswith("_outlier")}
-    assert flagged == {("embeddings", "gain_outlier", 9), ("layer.0.output", "gain_outlier", 20),
-                       ("layer.2.output", "gain_outlier", 20), ("layer.1.output", "bias_outlier", 5),
-                       ("model", "shared_gain_outlier", 20)}  # 2 of 4 layers = ceil(4/12 * 4)
-    assert summary["min_layers"] == 2 and summary["shared"] == {"gain": {20: 2}, "bias": {}}
+    flagged = {(n, s, dim) for st, n, s, dim, v in rows if s.endswith("_outlier") or s == "outlier_dim"}
+    assert flagged == {("embeddings", "gain_outlier", 9), ("embeddings", "bias_outlier", 9),
+                       ("layer.0.output", "gain_outlier", 20), ("layer.0.output", "bias_outlier", 20),
+                       ("layer.2.output", "gain_outlier", 20), ("layer.2.output", "bias_outlier", 20),
+                       ("layer.1.output", "bias_outlier", 5),
+                       # the rule: gain AND bias, output LNs only (never the embeddings'), 2 of 4 layers
+                       ("layer.0.output", "rule_outlier", 20), ("layer.2.output", "rule_outlier", 20),
+                       ("model", "outlier_dim", 20)}
+    assert summary["min_layers"] == 2 and summary["outliers"].dims == [20]
     by = {(n, s): (dim, v) for st, n, s, dim, v in rows}
     assert all(st == 7 for st, *_ in rows)
     assert by[("layer.2.output", "max_abs_gain_div")] == (20, pytest.approx(float(params["layer.2.output"][0][20] - 1)))
-    assert by[("model", "n_shared_bias_outliers")] == (None, 0)
-    assert flagged_per_layer({"embeddings": [1], "layer.3.output": [2], "layer.3.attention_output": [4, 2]}) == {
-        "layer.3": [2, 4]}
+    assert by[("model", "n_outlier_dims")] == (None, 1) and by[("model", "min_layers")] == (None, 2)
 
 
 def test_hidden_state_records_count_argmax_share_on_valid_tokens_only():
@@ -248,9 +250,10 @@ def test_step0_rows_flag_exactly_the_planted_layernorm_dims(runs):
     rows = list(csv.DictReader(layernorm_csv.splitlines()))
     step0 = [r for r in rows if r["step"] == "0"]
     flagged = {(r["name"], r["statistic"], int(r["dim"])) for r in step0 if r["statistic"].endswith("_outlier")}
-    assert flagged == {(PLANT_GAIN[0], "gain_outlier", PLANT_GAIN[1]), (PLANT_BIAS[0], "bias_outlier", PLANT_BIAS[1]),
-                       # 2 layers: "4/12" of them rounds up to 1, so each planted dim is also model-level
-                       ("model", "shared_gain_outlier", PLANT_GAIN[1]), ("model", "shared_bias_outlier", PLANT_BIAS[1])}
+    # gain-only and attention-output-bias-only plants: the rule (gain AND bias, output LNs) flags neither
+    assert flagged == {(PLANT_GAIN[0], "gain_outlier", PLANT_GAIN[1]), (PLANT_BIAS[0], "bias_outlier", PLANT_BIAS[1])}
+    assert {(r["name"], r["statistic"], r["value"]) for r in step0 if r["name"] == "model"} == {
+        ("model", "min_layers", "1"), ("model", "n_outlier_dims", "0")}  # 2 layers: "4/12" rounds up to 1
     counts = {(r["name"], r["statistic"]): float(r["value"]) for r in step0
               if r["statistic"].startswith("n_") and r["name"] != "model"}
     assert counts[(PLANT_GAIN[0], "n_gain_outliers")] == 1 and counts[(PLANT_BIAS[0], "n_bias_outliers")] == 1
@@ -273,7 +276,7 @@ def test_tensorboard_tags_and_values(runs):
         for stat in ("argmax_share", "argmin_share", "argmax_dim", "argmin_dim", "anisotropy", "max_abs_mean",
                      "n_outlier_dims"):
             assert f"{hs}/layer_{i}/{stat}" in tags["scalars"]
-    assert {f"{ln}/n_shared_gain_outliers", f"{ln}/n_shared_bias_outliers"} <= set(tags["scalars"])
+    assert f"{ln}/n_outlier_dims" in set(tags["scalars"])
     assert {f"{ln}/heatmap_gain", f"{ln}/heatmap_bias", f"{hs}/mean_vectors"} <= set(tags["images"])
     n_gain = {e.step: e.value for e in acc.Scalars(f"{ln}/{PLANT_GAIN[0]}/n_gain_outliers")}
     assert sorted(n_gain) == [0, 5, 10, 15, 20] and n_gain[0] == 1
