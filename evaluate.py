@@ -114,6 +114,11 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     meta = _meta(cfg, encoder, analyses, transforms, shared, time.time() - t_start)
     # a module's COLUMNS fixes its CSV header, so a skipped analysis (STS without data) still writes one
     columns = {n: getattr(modules[n], "COLUMNS", None) for n in analyses}
+    for res in results:  # a fixed header also gets the whitening-fit columns its whitened rows carry
+        cols = columns.get(res.name)
+        extra = [k for r in res.rows for k in r if k.startswith("whiten_")]
+        if cols and extra:
+            columns[res.name] = list(cols) + [k for k in dict.fromkeys(extra) if k not in cols]
     paths = write_outputs(run_dir, results, meta, _header(meta), columns, tb)
     if tb is not None:
         tb.close()

@@ -25,8 +25,11 @@ COLUMNS = {
                             "intra_sentence_raw", "anisotropy", "n_words", "n_occurrences", "n_sentences"],
     "wic.csv": ["layer", "transform", *(f"acc_{t / 10:g}" for t in range(1, 10)), "best_threshold", "best_accuracy",
                 "mean_cos_same", "mean_cos_diff", "n_pairs"],
-    "sts.csv": ["layer", "transform", "dataset", "split", "spearman", "n_pairs"],
+    "sts.csv": ["layer", "transform", "dataset", "subset", "split", "spearman", "n_pairs"],
 }
+# every whitened row states what the whitener was fitted on (analysis.whitening.WhiteningFit.columns)
+WHITEN = ["whiten_fit", "whiten_n", "whiten_distinct", "whiten_rank", "whiten_k", "whiten_degenerate"]
+COLUMNS = {name: cols + WHITEN for name, cols in COLUMNS.items()}
 
 
 def _evaluate(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -66,7 +69,8 @@ def test_end_to_end_writes_every_report_file(inputs, tmp_path):
     out = tmp_path / "run"
     p = _evaluate(f"encoder.name_or_path={inputs / 'run'}", f"data.files=[{inputs / 'sentences.txt'}]",
                   f"wic.files=[{inputs / 'wic.jsonl'}]", f"sts.files=[{inputs / 'sts.csv'}]",
-                  "self_similarity.min_sentences=3", f"hydra.run.dir={out}", "progress=false", "seed=3")
+                  "self_similarity.min_sentences=3", f"hydra.run.dir={out}", "progress=false", "seed=3",
+                  "transform.allow_degenerate=true")  # 8 STS pairs cannot support a 32-dim whitening
     assert p.returncode == 0, p.stderr[-3000:]
     for name, cols in COLUMNS.items():
         header, rows = _read(out / name)
@@ -99,7 +103,7 @@ def test_end_to_end_writes_every_report_file(inputs, tmp_path):
     ea = EventAccumulator(str(out / "tensorboard")).Reload()
     tags = set(ea.Tags()["scalars"])
     assert {"eval/anisotropy/whiten/anisotropy", "eval/wic/clip/best_accuracy",
-            "eval/sts/none/local/spearman"} <= tags
+            "eval/sts/none/sts.csv/spearman"} <= tags
     assert [e.step for e in ea.Scalars("eval/anisotropy/none/anisotropy")] == list(range(N_HIDDEN_STATES))
     _, sts_rows = _read(out / "sts.csv")
     assert all(-1.0 <= float(r["spearman"]) <= 1.0 for r in sts_rows)
