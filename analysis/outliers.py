@@ -2,10 +2,13 @@
 
 Luo et al. (2021), "Positional Artefacts Propagate Through Masked Language Model Embeddings", average
 every layer's token vectors (non-special, non-pad tokens) and find a few dimensions whose mean value is
-huge; per token, those dims also hold the vector's maximum (or minimum): in BERT-base dim 557 is the
-argmax of 96.6% of tokens.  :class:`OutlierAccumulator` collects exactly those statistics in one pass,
-with memory independent of the number of tokens, and :func:`detect_outlier_dims` is the single rule
-that turns them into a list of outlier dims (used by clip's auto-detection, the monitors, evaluate.py).
+huge; per token, those dims also hold the vector's maximum or minimum.  The paper's figure is an
+*argmin* share pooled over layers: in BERT-base dim 557 holds the minimum of 96.60% of all token vectors
+of all non-input layers (:func:`pooled_share`).  :class:`OutlierAccumulator` collects exactly those
+statistics in one pass, with memory independent of the number of tokens, and :func:`detect_outlier_dims`
+is the single rule that turns them into a list of outlier dims (used by clip's auto-detection, the
+monitors, evaluate.py).  :func:`position_row_stats` reads the same argmax/argmin shares off the rows of a
+learned position table (Luo et al. §3, Figs. 3–4).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ __all__ = [
     "outlier_dims_by_sigma",
     "detect_outlier_dims",
     "random_dims",
+    "pooled_share",
+    "position_row_stats",
     "DEFAULT_SHARE_THRESHOLD",
 ]
 
@@ -173,6 +178,14 @@ class OutlierAccumulator:
         """``{"mean", "argmax_share", "argmin_share"}``: the mapping :func:`detect_outlier_dims` accepts."""
         return {"mean": self.mean(), "argmax_share": self.argmax_share(), "argmin_share": self.argmin_share()}
 
+    def pooled_share(self, which: str = "argmin", layers: slice | None = None) -> tuple[int, float]:
+        """:func:`pooled_share` of this accumulator's counts (default: all non-input layers, 1..L-1)."""
+        self._check_nonempty()
+        counts = self.argmin_counts if which == "argmin" else self.argmax_counts if which == "argmax" else None
+        if counts is None:
+            raise ValueError(f"which must be 'argmin' or 'argmax', got {which!r}")
+        return pooled_share(counts, self.count, layers)
+
     def summary(self, top_k: int = 5) -> list[dict]:
         """One flat record per layer.
 
@@ -201,7 +214,8 @@ def outlier_dims_by_share(argmax_share: Tensor, argmin_share: Tensor,
               \ge \text{threshold} \}
 
     Why 0.25 by default: with no outlier structure each dim holds ~1/d of the argmaxes (0.13% at
-    d = 768), while the outliers Luo et al. report hold 82-97%.  A quarter of all tokens is ~190× the
+    d = 768), while the dim Luo et al. report (557 in BERT-base) holds the minimum of 96.60% of token
+    vectors.  A quarter of all tokens is ~190× the
     uniform rate at d = 768 (~64× at d = 256), and at most 4 dims per direction can reach it, so the
     rule never returns a long list.  Caveat: a non-zero token-type embedding row can make one dim the
     argmax of 20-40% of tokens at random init (DESIGN.md pitfalls), which this threshold would flag;
@@ -299,7 +313,8 @@ def random_dims(dim: int, n: int, exclude: Iterable[int] = (),
                 generator: torch.Generator | int | None = None) -> list[int]:
     """``n`` distinct random dims in ``[0, dim)`` that avoid ``exclude`` — the ablation control draw.
 
-    Used to compare clipping the outlier dims with clipping as many random dims (Luo et al. §4).
+    The control of Kovaleva et al. (2021): disabling as many random dims as outlier dims shows that the
+    effect of disabling the outliers is not that of removing *any* few dims.
 
     Parameters
     ----------
@@ -325,3 +340,79 @@ def random_dims(dim: int, n: int, exclude: Iterable[int] = (),
         generator = torch.Generator().manual_seed(generator)
     pick = torch.randperm(len(pool), generator=generator)[:n]
     return sorted(pool[pick].tolist())
+
+
+def pooled_share(counts: Tensor, n_tokens: int, layers: slice | None = None) -> tuple[int, float]:
+    r"""Luo et al. (2021) §2's pooled share: the dim holding the argmin (argmax) of the largest share of
+    all token vectors of all non-input layers.
+
+    .. math:: \text{pooled}_i = \frac{\sum_{l \in \mathcal L} \#\{t : \arg\min_j h_{l,t,j} = i\}}
+              {|\mathcal L|\cdot n}
+
+    Luo et al.'s "dim 557 holds the minimum of 96.60% of all token vectors of BERT-base" is this number
+    for argmin counts over layers 1..12 (the embedding output, layer 0, left out).  Each layer sees the
+    same n tokens, so this equals the mean over those layers of the per-layer shares of one dim — but of
+    the *same* dim in every layer, which is why it can be lower than every per-layer maximum.
+
+    Parameters
+    ----------
+    counts : Tensor[L+1, d]
+        argmin (or argmax) counts per layer, layer 0 = embedding output (:class:`OutlierAccumulator`).
+    n_tokens : int
+        Tokens counted per layer.
+    layers : slice, optional
+        Layers pooled; default ``slice(1, None)`` (all non-input layers).  A single-layer model pools
+        layer 0 only if asked.
+
+    Returns
+    -------
+    (dim, share) : the dim with the largest pooled count, and its share in [0, 1].
+    """
+    sel = counts[slice(1, None) if layers is None else layers]
+    if sel.ndim != 2 or sel.shape[0] == 0:
+        raise ValueError(f"no layer to pool: counts {tuple(counts.shape)}, layers {layers}")
+    if n_tokens <= 0:
+        raise ValueError("pooled_share needs n_tokens > 0")
+    total = sel.to(torch.float64).sum(0)
+    dim = int(total.argmax())
+    return dim, float(total[dim] / (sel.shape[0] * n_tokens))
+
+
+def position_row_stats(table: Tensor, k: float = 3.0) -> dict:
+    r"""Row-by-row outlier statistics of a position-embedding table (Luo et al. 2021 §3, Figs. 3–4).
+
+    Averaging the rows (one mean position vector) hides an artefact carried by single rows; Luo et al.
+    look at every row: in RoBERTa-base dim 588 is the argmax of 99.8% of the position embeddings.  For
+    each row p of ``table`` this takes its argmax and argmin dim and its dims outside mean ± kσ *of that
+    row* (:func:`analysis.layernorm.sigma_outlier_mask` on the row), then counts rows per dim.
+
+    Parameters
+    ----------
+    table : Tensor[P, d]
+        The rows actually used (e.g. without RoBERTa's padding rows).
+    k : float
+
+    Returns
+    -------
+    dict with
+        ``rows`` (P); ``argmax`` / ``argmin`` LongTensor[P] (per-row dim); ``argmax_dim``,
+        ``argmax_share`` (the dim most rows have as argmax, and that share of rows), ``argmin_dim``,
+        ``argmin_share``; ``sigma_mask`` Bool[P, d] (per-row kσ dims); ``sigma_row_share`` Tensor[d]
+        (share of rows flagging each dim); ``sigma_dims`` (dims flagged in at least half the rows, most
+        rows first).
+    """
+    t = table.detach().to(torch.float64)
+    if t.ndim != 2 or t.shape[0] == 0:
+        raise ValueError(f"position table must be [P >= 1, d], got {tuple(t.shape)}")
+    p, d = t.shape
+    out: dict = {"rows": p}
+    for what, idx in (("argmax", t.argmax(-1)), ("argmin", t.argmin(-1))):
+        counts = torch.bincount(idx, minlength=d)
+        out[what] = idx
+        out[f"{what}_dim"] = int(counts.argmax())
+        out[f"{what}_share"] = float(counts.max()) / p
+    mask = sigma_outlier_mask(t, k)
+    row_share = mask.to(torch.float64).mean(0)
+    out["sigma_mask"], out["sigma_row_share"] = mask, row_share
+    out["sigma_dims"] = _sorted_dims(row_share >= 0.5, row_share)
+    return out
