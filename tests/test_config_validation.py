@@ -1,0 +1,95 @@
+"""The optimisation setup is validated before the heavy imports (issue 17): one line, in seconds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, compose
+from jobs.startup import check_train_config, describe_plan
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.max_steps=0"], "trainer.max_steps must be >= 1 optimizer steps, got 0"),
+    (["trainer.max_steps=-1"], "trainer.max_steps must be >= 1 optimizer steps, got -1"),
+    (["trainer.max_steps=2.5"], "trainer.max_steps must be an integer, got 2.5"),
+    (["module.scheduler._target_=models.schedules.cosine_typo"], "models.schedules has no 'cosine_typo'"),
+    (["module.scheduler._target_=transfromers.get_linear_schedule_with_warmup"], "no module 'transfromers'"),
+    (["module.optimizer._target_=torch.optim.nope.Adam"], "no module 'torch.optim.nope'"),
+    (["module.scheduler.num_warmup_steps=-5"], "module.scheduler.num_warmup_steps must be >= 0, got -5"),
+    (["callbacks.model_checkpoint.every_n_train_steps=0"], "every_n_train_steps must be >= 1, got 0"),
+    (["data.block_size=512"], "data.block_size=512 is larger than the model's max_len=128"),
+    (["trainer.val_check_interval=0"], "trainer.val_check_interval must be >= 1 batches, got 0"),
+])
+def test_impossible_settings_fail_with_one_line(overrides, message):
+    with pytest.raises(ValueError) as err:
+        check_train_config(compose("train", overrides))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("max_steps, expected", [
+    (29, "warm-up (30 steps) >= trainer.max_steps (29): the learning rate never decays and never reaches its peak"),
+    (30, "warm-up (30 steps) >= trainer.max_steps (30): the learning rate never decays (it holds the peak"),
+    (31, None),
+])
+def test_warmup_at_or_above_max_steps_warns(max_steps, expected):
+    cfg = compose("train", [f"trainer.max_steps={max_steps}", "trainer.val_check_interval=10"])
+    warnings = check_train_config(cfg)
+    warmup = [w for w in warnings if w.startswith("warm-up")]
+    assert (warmup == []) if expected is None else (len(warmup) == 1 and warmup[0].startswith(expected))
+
+
+def test_val_check_interval_beyond_the_run_validates_once_at_the_end():
+    cfg = compose("train", ["trainer.max_steps=40", "trainer.val_check_interval=100",
+                            "trainer.accumulate_grad_batches=2"])
+    warnings = check_train_config(cfg)
+    assert cfg.trainer.val_check_interval == 80  # batches: 40 steps x 2 accumulation
+    assert any("val_check_interval=100 exceeds the run (80 batches)" in w for w in warnings)
+
+
+def test_valid_defaults_and_experiments_pass_unchanged():
+    for overrides in ([], ["experiment=paper_roberta_base"], ["experiment=emergence_cpu"]):
+        cfg = compose("train", overrides)
+        before = cfg.trainer.val_check_interval
+        assert check_train_config(cfg) == []
+        assert cfg.trainer.val_check_interval == before
+
+
+def test_plan_line_of_the_paper_experiment():
+    cfg = compose("train", ["experiment=paper_roberta_base", "trainer=ddp", "trainer.devices=4"])
+    # Luo et al. Table 4: batch 256 = 32 per device x 4 devices x 2 accumulation; 256 x 512 tokens per step
+    assert describe_plan(cfg) == (
+        "plan: 200000 steps on auto x 4 device(s) x 1 node(s), global batch 256 = 32 per device x 4 device(s) "
+        "x 2 accumulation, 131,072 tokens/step, 26,214,400,000 tokens, precision bf16-mixed, strategy ddp")
+
+
+def test_validation_imports_nothing_heavy():
+    code = ("import sys; sys.path[:0] = ['tests', '.']\n"
+            "from conftest import compose\nfrom jobs.startup import check_train_config, describe_plan\n"
+            "cfg = compose('train', ['trainer.max_steps=30'])\ncheck_train_config(cfg); describe_plan(cfg)\n"
+            "heavy = [m for m in ('torch', 'lightning', 'transformers') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_cli_fails_in_seconds_before_training(tmp_path):
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "train.py", "trainer.max_steps=0", f"hydra.run.dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "error: trainer.max_steps must be >= 1 optimizer steps, got 0 " \
+                                  "(e.g. trainer.max_steps=300)"
+    assert time.monotonic() - t0 < 10  # no Lightning/transformers import (≈ 25 s together here)
+
+
+def test_max_steps_equal_to_warmup_trains_to_the_end(cfg_train):
+    """The issue's crash: max_steps == warm-up divided by zero at the last step."""
+    from jobs.training import train
+
+    cfg_train.module.scheduler.num_warmup_steps = cfg_train.trainer.max_steps
+    assert check_train_config(cfg_train)  # warns
+    metrics = train(cfg_train)
+    assert metrics["train/loss"] == metrics["train/loss"]  # finite, not NaN
