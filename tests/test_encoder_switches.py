@@ -256,7 +256,7 @@ def test_op_block_has_no_norm_in_its_residual_branches():
     assert norms == {"attention.self.query_norm", "attention.self.key_norm"}  # QK-norm only
     assert list(model.named_layernorms()) == ["embeddings"]
     assert layer.attention.output.LayerNorm is None and layer.output.LayerNorm is None
-    assert float(layer.attention_beta) == pytest.approx(0.1) and layer.attention_beta.requires_grad
+    assert float(layer.attention_beta.detach()) == pytest.approx(0.1) and layer.attention_beta.requires_grad
 
 
 def test_op_block_matches_its_equations_on_a_small_input():
@@ -332,3 +332,36 @@ def test_plain_roberta_with_learned_positions_still_exports_to_hf(tmp_path):
     assert (tmp_path / "config.json").exists()
     with pytest.raises(ValueError, match="unknown export format 'onnx'"):
         save_pretrained(RobertaMaskedLM(cfg()), tmp_path, format="onnx")
+
+
+# ------------------------------------------------------------------------------ the command line
+@pytest.mark.slow
+def test_cli_sweep_over_schemes_and_attention_kinds(tmp_path, shared_cache):
+    """`python train.py -m pos=learned,none model.attention=softmax,clipped_softmax,gated`: every job trains,
+    plain RoBERTa exports to hf/, the others to model/, and each export reloads as the job's config."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.test_train import SMALL
+
+    sweep = tmp_path / "sweep"
+    env = {**{k: v for k, v in os.environ.items() if k != "OUTLIERLAB_DEBUG"}, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "train.py", "-m", "pos=learned,none",
+                        "model.attention=softmax,clipped_softmax,gated", "trainer.max_steps=2",
+                        "trainer.limit_val_batches=0", "callbacks=none", "logger=none", f"hydra.sweep.dir={sweep}",
+                        *SMALL], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    jobs = sorted((p for p in sweep.iterdir() if p.is_dir()), key=lambda p: int(p.name.split("_")[0]))
+    assert len(jobs) == 6
+    seen = set()
+    for job in jobs:
+        export = job / "hf" if (job / "hf").exists() else job / "model"
+        model = load_pretrained(export)
+        seen.add((model.config.pos_name, model.config.attention))
+        assert (export.name == "hf") == (model.config.attention == "softmax")
+        if export.name == "model":
+            assert json.loads((export / "outlierlab_config.json").read_text())["attention"] == model.config.attention
+    assert seen == {(p, a) for p in ("learned", "none") for a in ("softmax", "clipped_softmax", "gated")}
