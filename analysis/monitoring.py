@@ -2,8 +2,9 @@
 
 The quantities themselves live in :mod:`analysis.layernorm` (3σ LayerNorm outliers and divergence from
 initialisation; Kovaleva et al. 2021, Puccetti et al. 2022), :mod:`analysis.outliers` (per-layer mean
-vector and argmax/argmin share; Luo et al. 2021 §2) and :mod:`analysis.similarity` (anisotropy;
-Ethayarajh 2019).  This module only *calls* them and flattens the results into rows
+vector and argmax/argmin share; Luo et al. 2021 §2), :mod:`analysis.activations` (kurtosis, He et al. 2024;
+max/median, Sun et al. 2024), :mod:`analysis.attention` (sink heads and entropy, Gu et al. 2025) and
+:mod:`analysis.similarity` (anisotropy; Ethayarajh 2019).  This module only *calls* them and flattens the results into rows
 ``(step, name, statistic, dim, value)`` — the format of ``monitor/layernorm.csv`` and
 ``monitor/hidden_states.csv`` (see :mod:`reports.history` for the column meanings) —
 so that the live callbacks and :mod:`jobs.posthoc` write identical numbers.
@@ -21,8 +22,11 @@ from torch import Tensor, nn
 
 from analysis.layernorm import flagged_from_rows, layernorm_stats
 from analysis.layernorm_rule import LayerNormRule, layernorm_outliers, min_layers_for
+from analysis.activations import ActivationAccumulator
+from analysis.attention import (SINK_THRESHOLD, attention_entropy, sink_head_share, special_key_masks,
+                                special_token_attention_mass)
 from analysis.outliers import OutlierAccumulator, detect_outlier_dims, valid_token_mask
-from analysis.similarity import anisotropy, sample_cross_sentence_pairs
+from analysis.similarity import anisotropy, paired_sentence_tokens, sample_cross_sentence_pairs
 
 __all__ = [
     "Row",
@@ -164,35 +168,63 @@ def encoder_hidden_states(model: nn.Module, input_ids: Tensor, attention_mask: T
 
 def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
                          special_tokens_mask: Tensor | None = None, top_k: int = 5, n_pairs: int = 1000,
-                         seed: int = 0, vectors: bool = True) -> tuple[list[Row], dict]:
-    """History rows for every layer's hidden states on one batch (Luo et al. 2021 §2, §4.1).
+                         seed: int = 0, vectors: bool = True, *, attentions: Tensor | None = None,
+                         input_ids: Tensor | None = None, bos_token_id: int | None = None,
+                         eos_token_id: int | None = None, inf_norms: Mapping[str, Tensor] | None = None,
+                         sink_threshold: float = SINK_THRESHOLD) -> tuple[list[Row], dict]:
+    """History rows for every layer's hidden states on one batch (Luo et al. 2021 §2, §4.1 and the modern
+    outlier metrics of DESIGN.md).
 
     Parameters
     ----------
     step : int
     hidden : Tensor[L, B, T, d]
-        From :func:`encoder_hidden_states`; layer 0 is the embedding output.
+        From :func:`encoder_hidden_states` or :func:`models.sites.monitored_forward`; layer 0 is the
+        embedding output.
     attention_mask, special_tokens_mask : Tensor[B, T]
         Only non-pad, non-special tokens count (:func:`analysis.outliers.valid_token_mask`).
     top_k : int
         Dims with the largest |mean| written per layer.
     n_pairs : int
-        Token pairs from different sentences for anisotropy, drawn by
-        :func:`analysis.similarity.sample_cross_sentence_pairs` with generator seed ``seed`` — the
-        same batch and seed give the same pairs at every step.
+        Token pairs for ``token_pair_cosine`` (uniform over tokens, with replacement, from different
+        sentences; :func:`analysis.similarity.sample_cross_sentence_pairs`, generator seed ``seed``).
+    seed : int
+        Also seeds ``anisotropy``'s pairs: the same batch and seed give the same pairs at every step.
     vectors : bool
         Also write the whole mean vector (``mean`` rows, d per layer).
+    attentions : Tensor[L-1, B, H, T, T], optional
+        Attention probabilities of every block; with ``input_ids`` and the ``<s>``/``</s>`` ids, the
+        sink rows are written (Gu et al. 2025).
+    inf_norms : {site: Tensor[L]}, optional
+        From :class:`models.sites.InfNormRecorder` (index = hidden-state layer).
+    sink_threshold : float
+        Gu et al.'s ε.
 
     Returns
     -------
     rows : list[Row]
         Per layer name ``layer_{i}``: ``n_tokens``; ``argmax_share`` / ``argmin_share`` (dim = the dim
-        holding most tokens' max/min, value = that share of tokens); ``anisotropy``; ``top_abs_mean``
-        (dim, value = mean, largest |mean| first); ``outlier_dim`` (dims found by
-        :func:`analysis.outliers.detect_outlier_dims`, value = their larger share); ``mean`` (every dim).
+        holding most tokens' max/min, value = that share of tokens; signed values); ``abs_argmax_share``
+        (the same for |x|); ``anisotropy`` — the evaluation protocol of ``evaluate.py`` (one random token
+        per sentence, sentences paired without replacement: B sentences give ⌊B/2⌋ pairs;
+        :func:`analysis.similarity.paired_sentence_tokens`, Ethayarajh 2019, Luo et al. §4.1) —,
+        ``n_anisotropy_pairs``; ``token_pair_cosine`` (``n_pairs`` pairs drawn with replacement: lower
+        variance on a small batch, but not the papers' protocol; the monitor's "anisotropy" before
+        2026-11); ``kurtosis`` (He et al. 2024); ``max_median`` (He et al. 2024; Sun et al. 2024);
+        ``max_abs`` (dim = its dim, value = the largest |x|) and ``max_abs_token_id`` (value = the id of
+        the token holding it, when ``input_ids`` is given); ``top_abs_mean`` (dim, value = mean, largest
+        |mean| first); ``outlier_dim`` (dims found by :func:`analysis.outliers.detect_outlier_dims`,
+        value = their larger share); ``mean`` (every dim); for layers ≥ 1 with ``inf_norms``:
+        ``inf_norm_<site>`` (Bondarenko et al. 2023); with ``attentions``: ``sink_share_bos`` /
+        ``sink_share_eos`` (share of heads with mean mass > ε on ``<s>`` / ``</s>``), ``attn_entropy``
+        (mean over heads, nats) and ``attn_entropy_head`` (dim = head).  Under name ``model``:
+        ``pooled_argmin_share`` / ``pooled_argmax_share`` (dim, value; Luo et al. §2's pooled share over
+        layers 1..L-1, :func:`analysis.outliers.pooled_share`).
     summary : dict
-        ``mean`` Tensor[L, d], ``layers`` (:meth:`OutlierAccumulator.summary`), ``anisotropy``
-        Tensor[L], ``outliers`` list[list[int]].
+        ``mean`` Tensor[L, d], ``layers`` (:meth:`OutlierAccumulator.summary` merged with
+        :meth:`analysis.activations.ActivationAccumulator.summary`), ``anisotropy`` and
+        ``token_pair_cosine`` Tensor[L], ``outliers`` list[list[int]], ``pooled`` {"argmin"|"argmax":
+        (dim, share)}, ``inf_norms``, ``sinks`` ({"bos", "eos", "entropy"}: Tensor[L-1, H]) or None.
     """
     if hidden.ndim != 4:
         raise ValueError(f"hidden must be [L, B, T, d], got {tuple(hidden.shape)}")
@@ -200,16 +232,31 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     valid = valid_token_mask(attention_mask, special_tokens_mask).to(hidden.device)
     acc = OutlierAccumulator(n_layers, dim)
     acc.update(hidden, mask=valid)
-    layers = acc.summary(top_k=top_k)
+    act = ActivationAccumulator(n_layers, dim)
+    tokens = hidden[:, valid]  # [L, N, d]
+    act.update(tokens)
+    layers = [{**o, **a} for o, a in zip(acc.summary(top_k=top_k), act.summary())]
     outliers = detect_outlier_dims(acc)
     share = torch.maximum(acc.argmax_share(), acc.argmin_share())
-    tokens = hidden[:, valid]  # [L, N, d]
     sentence_ids = valid.nonzero()[:, 0]  # batch row of every valid token
+    nan = torch.full((n_layers,), math.nan, dtype=torch.float64)
+    aniso, pair_cos, n_aniso = nan, nan, 0
     if sentence_ids.unique().numel() >= 2:
-        a, b = sample_cross_sentence_pairs(sentence_ids, n_pairs, generator=seed)
+        a, b = paired_sentence_tokens(sentence_ids, generator=seed)
+        n_aniso = int(a.numel())
         aniso = anisotropy(tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]).double().cpu()
-    else:
-        aniso = torch.full((n_layers,), math.nan, dtype=torch.float64)
+        a, b = sample_cross_sentence_pairs(sentence_ids, n_pairs, generator=seed)
+        pair_cos = anisotropy(tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]).double().cpu()
+    token_ids = None
+    if input_ids is not None:
+        token_ids = input_ids.to(valid.device)[valid]  # id of every valid token, in the order of `tokens`
+    pooled = {w: acc.pooled_share(w) for w in ("argmin", "argmax")} if n_layers > 1 else {}
+    sinks = None
+    if attentions is not None and input_ids is not None and bos_token_id is not None and eos_token_id is not None:
+        keys = special_key_masks(input_ids, bos_token_id, eos_token_id, attention_mask)
+        am = attention_mask.bool().to(attentions.device)
+        mass = special_token_attention_mass(attentions, {k: keys[k] for k in ("bos", "eos")}, am)
+        sinks = {**mass, "entropy": attention_entropy(attentions, am)}
     mean = acc.mean()
     rows: list[Row] = []
     for i, s in enumerate(layers):
@@ -217,9 +264,29 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         rows += [(step, name, "n_tokens", None, s["n_tokens"]),
                  (step, name, "argmax_share", s["argmax_dim"], s["argmax_share"]),
                  (step, name, "argmin_share", s["argmin_dim"], s["argmin_share"]),
-                 (step, name, "anisotropy", None, float(aniso[i]))]
+                 (step, name, "abs_argmax_share", s["abs_argmax_dim"], s["abs_argmax_share"]),
+                 (step, name, "anisotropy", None, float(aniso[i])),
+                 (step, name, "n_anisotropy_pairs", None, n_aniso),
+                 (step, name, "token_pair_cosine", None, float(pair_cos[i])),
+                 (step, name, "kurtosis", None, s["kurtosis"]),
+                 (step, name, "max_median", None, s["max_median"]),
+                 (step, name, "max_abs", s["max_abs_dim"], s["max_abs"])]
+        if token_ids is not None:
+            rows.append((step, name, "max_abs_token_id", None, int(token_ids[s["max_abs_token"]])))
+        for site, v in (inf_norms or {}).items():
+            if i >= 1 and not math.isnan(float(v[i])):
+                rows.append((step, name, f"inf_norm_{site}", None, float(v[i])))
+        if sinks is not None and i >= 1:
+            rows += [(step, name, "sink_share_bos", None, float(sink_head_share(sinks["bos"][i - 1], sink_threshold))),
+                     (step, name, "sink_share_eos", None, float(sink_head_share(sinks["eos"][i - 1], sink_threshold))),
+                     (step, name, "attn_entropy", None, float(sinks["entropy"][i - 1].mean()))]
+            rows += [(step, name, "attn_entropy_head", h, float(e)) for h, e in enumerate(sinks["entropy"][i - 1])]
         rows += [(step, name, "top_abs_mean", d, v) for d, v in zip(s["top_dims"], s["top_values"])]
         rows += [(step, name, "outlier_dim", d, float(share[i, d])) for d in outliers[i]]
         if vectors:
             rows += [(step, name, "mean", d, x) for d, x in enumerate(mean[i].tolist())]
-    return rows, {"mean": mean, "layers": layers, "anisotropy": aniso, "outliers": outliers}
+    for w, (d, v) in pooled.items():
+        rows.append((step, "model", f"pooled_{w}_share", d, v))
+    return rows, {"mean": mean, "layers": layers, "anisotropy": aniso, "token_pair_cosine": pair_cos,
+                  "outliers": outliers, "pooled": pooled, "inf_norms": dict(inf_norms or {}), "sinks": sinks,
+                  "sink_threshold": sink_threshold}

@@ -119,3 +119,47 @@ def mean_vector_figure(mean: np.ndarray, outliers: Sequence[Sequence[int]], step
     fig.suptitle(f"average token vector per layer at step {step} (Luo et al. 2021, Figs. 1–2); "
                  "red = outlier dims", fontsize=8)
     return fig
+
+
+#: Per-layer statistics drawn as curves vs step (:func:`metric_curves_figure`), in panel order.
+CURVE_STATISTICS = ("kurtosis", "max_median", "argmax_share", "argmin_share", "abs_argmax_share",
+                    "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output", "sink_share_bos",
+                    "attn_entropy", "anisotropy", "n_layernorm_outliers")
+_LOG_SCALE = {"kurtosis", "max_median", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output"}
+
+
+def curves_from_rows(rows: Sequence) -> dict[str, dict[int, tuple[list[int], list[float]]]]:
+    """History rows (tuples or dicts) -> ``{statistic: {layer: (steps, values)}}`` for :data:`CURVE_STATISTICS`."""
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for r in rows:
+        step, name, stat, _, value = ((r["step"], r["name"], r["statistic"], r["dim"], r["value"])
+                                      if isinstance(r, Mapping) else r)
+        if stat in CURVE_STATISTICS and str(name).startswith("layer_"):
+            out.setdefault(stat, {}).setdefault(int(str(name)[6:]), {})[int(step)] = float(value)
+    return {s: {l: (sorted(v), [v[k] for k in sorted(v)]) for l, v in sorted(per.items())}
+            for s, per in out.items()}
+
+
+def metric_curves_figure(curves: Mapping[str, Mapping[int, tuple[Sequence[int], Sequence[float]]]],
+                         title: str = "") -> Figure:
+    """One panel per statistic, one line per layer, vs optimizer step (the emergence view of He et al.
+    2024, Fig. 1: kurtosis and max/median on a log axis)."""
+    stats = [s for s in CURVE_STATISTICS if s in curves] or ["(no data)"]
+    ncols = min(3, len(stats))
+    nrows = -(-len(stats) // ncols)
+    fig = Figure(figsize=(4.2 * ncols, 2.8 * nrows), layout="constrained")
+    for k, stat in enumerate(stats):
+        ax = fig.add_subplot(nrows, ncols, k + 1)
+        per = curves.get(stat, {})
+        for layer, (steps, values) in per.items():
+            ax.plot(steps, values, marker="." if len(steps) < 30 else None, lw=1.2, label=f"layer {layer}")
+        if stat in _LOG_SCALE and any(v > 0 for _, vs in per.values() for v in vs):
+            ax.set_yscale("log")
+        ax.set_title(stat, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if k == 0 and per:
+            ax.legend(fontsize=6, ncol=2)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig

@@ -16,7 +16,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
+from analysis.activations import activation_kurtosis
 from analysis.monitoring import hidden_state_records, layernorm_records, min_shared_layers, tokenize_heldout
+from analysis.similarity import anisotropy, paired_sentence_tokens
 from lightning_modules.callbacks.hidden_state_monitor import HiddenStateMonitor
 from reports.history import HistoryCSV, read_history, vectors_by_step
 from lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
@@ -206,11 +208,22 @@ def test_hidden_state_records_count_argmax_share_on_valid_tokens_only():
     assert mean_k == [pytest.approx((90 * 10.0 - 10 * 10.0) / 100, abs=1e-9)]
     # layer 2 ≈ two directions, u = (+10, −5) on (k, 2) for 90% of tokens and v = (−10, −5) for 10%:
     # E[cos] = (0.9² + 0.1²)·1 + 2·0.9·0.1·cos(u, v) with cos(u, v) = (−100 + 25)/125 = −0.6  → 0.712
-    assert float(summary["anisotropy"][2]) == pytest.approx(0.82 - 0.18 * 0.6, abs=0.12)
-    assert abs(float(summary["anisotropy"][0])) < 0.2  # isotropic noise
+    # token_pair_cosine draws 300 pairs with replacement, close to that expectation
+    assert float(summary["token_pair_cosine"][2]) == pytest.approx(0.82 - 0.18 * 0.6, abs=0.12)
+    assert abs(float(summary["token_pair_cosine"][0])) < 0.2  # isotropic noise
+    # anisotropy is evaluate.py's protocol: one token per sentence, 10 sentences -> 5 disjoint pairs
+    valid = (attn.bool() & ~special.bool())
+    a, b = paired_sentence_tokens(valid.nonzero()[:, 0], generator=1)
+    tokens = hidden[:, valid]
+    assert by[("layer_2", "n_anisotropy_pairs")] == (None, 5)
+    assert torch.allclose(summary["anisotropy"], anisotropy(tokens[:, a], tokens[:, b]).double())
     # the same seed gives the same pairs
-    again = hidden_state_records(3, hidden, attn, special, top_k=2, n_pairs=300, seed=1)[1]["anisotropy"]
-    assert torch.equal(again, summary["anisotropy"])
+    again = hidden_state_records(3, hidden, attn, special, top_k=2, n_pairs=300, seed=1)[1]
+    assert torch.equal(again["anisotropy"], summary["anisotropy"])
+    assert torch.equal(again["token_pair_cosine"], summary["token_pair_cosine"])
+    # the modern metrics are the analysis functions' values on the valid tokens (specials/padding excluded)
+    assert by[("layer_2", "kurtosis")][1] == pytest.approx(float(activation_kurtosis(tokens[2])))
+    assert by[("layer_2", "max_abs")] == (k, pytest.approx(10.0))
 
 
 def test_hidden_monitor_finds_planted_final_layernorm_bias_and_restores_train_mode(tokenizer):
@@ -228,6 +241,12 @@ def test_hidden_monitor_finds_planted_final_layernorm_bias_and_restores_train_mo
     assert share["layer_1"][1] < 0.5
     assert module.model.roberta.training and not module.model.lm_head.training
     assert summary["outliers"][2][0] == k
+    # the planted bias 40 is in the output LayerNorm of block 2: its output's inf-norm holds it, its input's not
+    by = {(n, s): v for _, n, s, dim, v in rows}
+    assert by[("layer_2", "inf_norm_ln_output")] == pytest.approx(40.0, abs=3.0)
+    assert by[("layer_2", "inf_norm_ln_input")] < 20.0
+    assert 0.0 <= by[("layer_1", "sink_share_bos")] <= 1.0 and by[("layer_1", "attn_entropy")] > 0.0
+    assert ("model", "pooled_argmax_share") in by
 
 
 # ------------------------------------------------------------------------------------ history file

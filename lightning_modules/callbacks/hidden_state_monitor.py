@@ -2,20 +2,27 @@
 
 At every record (step 0 before any update, every ``every_n_steps``, at checkpoints and at the end; see
 :mod:`.base`) the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out
-sequences, and :func:`analysis.monitoring.hidden_state_records` computes per layer — via
-:class:`analysis.outliers.OutlierAccumulator`, :func:`analysis.outliers.detect_outlier_dims` and
-:func:`analysis.similarity.anisotropy` — the mean token vector, the share of tokens whose argmax/argmin
-falls on the most common dim (Luo et al.: 96.6% on dim 557 in BERT-base), the dims with the largest
-|mean|, and the anisotropy over a fixed set of random cross-sentence token pairs (Ethayarajh 2019).
-Special tokens and padding are left out.  Train mode is restored afterwards, module by module.
+sequences (one forward pass, :func:`models.sites.monitored_forward`), and
+:func:`analysis.monitoring.hidden_state_records` computes per layer the mean token vector, the share of
+tokens whose argmax/argmin falls on the most common dim (Luo et al. 2021 §2; their 96.60% on dim 557 of
+BERT-base is a pooled *argmin* share, also written), the dims with the largest |mean|, anisotropy by the
+evaluation protocol (Ethayarajh 2019), activation kurtosis and max/median ratio (He et al. 2024; Sun et
+al. 2024), the inf-norm at the FFN output and around the output LayerNorm (Bondarenko et al. 2023), and
+sink-head shares and attention entropy (Gu et al. 2025).  Special tokens and padding are left out of the
+activation statistics (the inf-norm and the attention queries keep special tokens, see
+:mod:`models.sites`).  Train mode is restored afterwards, module by module.
 
 Outputs: ``<out_dir>/hidden_states.csv`` (``step,name,statistic,dim,value``; names ``layer_{i}``,
-i = 0 the embedding output; statistics ``n_tokens argmax_share argmin_share anisotropy top_abs_mean
-outlier_dim mean``, see :func:`analysis.monitoring.hidden_state_records`; the per-dim ``mean`` rows only
-at image records), and in TensorBoard:
+i = 0 the embedding output, and ``model``; statistics listed in
+:func:`analysis.monitoring.hidden_state_records`; the per-dim ``mean`` rows only at image records),
+``<out_dir>/hidden_metrics.png`` (curves vs step per layer, at image records), and in TensorBoard:
 
 - scalars ``monitor/hidden/layer_{i}/argmax_share``, ``…/argmin_share``, ``…/argmax_dim``,
-  ``…/argmin_dim``, ``…/anisotropy``, ``…/max_abs_mean``, ``…/n_outlier_dims``;
+  ``…/argmin_dim``, ``…/anisotropy``, ``…/max_abs_mean``, ``…/n_outlier_dims``, ``…/kurtosis``,
+  ``…/max_median``, ``…/max_abs``, ``…/abs_argmax_share``, ``…/token_pair_cosine``,
+  ``…/sink_share_bos``, ``…/sink_share_eos``, ``…/attn_entropy``; ``monitor/inf_norm/<site>/layer_{i}``
+  (site = ``ffn_output``, ``ln_input``, ``ln_output``); ``monitor/hidden/model/pooled_argmin_share``
+  and ``…/pooled_argmax_share``;
 - image ``monitor/hidden/mean_vectors`` (average vector of every layer, Luo et al. Figs. 1–2), also
   saved as ``<out_dir>/hidden_mean_vectors.png``.
 
@@ -37,7 +44,8 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from analysis.monitoring import encoder_hidden_states, hidden_state_records, tokenize_heldout
+from analysis.monitoring import hidden_state_records, tokenize_heldout
+from models.sites import monitored_forward
 
 from reports import monitor_plots as plots
 from .base import OutlierMonitor, as_numpy
@@ -99,7 +107,11 @@ class HiddenStateMonitor(OutlierMonitor):
     top_k : int
         Dims with the largest |mean| written per layer.
     n_pairs, seed : int
-        Cross-sentence token pairs for anisotropy, drawn once per batch with this seed.
+        Pairs for ``token_pair_cosine`` (with replacement); ``seed`` also seeds the anisotropy pairs.
+        Anisotropy itself pairs one token of each of the ``n_sequences`` sentences (n/2 pairs, the
+        evaluation protocol): raise ``n_sequences`` for a less noisy estimate.
+    sink_threshold : float
+        Gu et al. (2025)'s ε for a sink head (mean attention on the token above it).
     """
 
     filename = "hidden_states.csv"
@@ -107,7 +119,7 @@ class HiddenStateMonitor(OutlierMonitor):
     def __init__(self, out_dir: str | None = None, every_n_steps: int = 50, image_every_n_steps: int = 100,
                  n_sequences: int = 32, source: str = "sentences", sentences_path: str | None = None,
                  tokenizer: str | None = None, max_length: int | None = None, top_k: int = 5,
-                 n_pairs: int = 1000, seed: int = 0, vectors: bool = True) -> None:
+                 n_pairs: int = 1000, seed: int = 0, vectors: bool = True, sink_threshold: float = 0.3) -> None:
         super().__init__(out_dir, every_n_steps, image_every_n_steps, vectors)
         if source not in SOURCES:
             raise ValueError(f"HiddenStateMonitor source must be one of {', '.join(SOURCES)}, got {source!r}")
@@ -117,7 +129,9 @@ class HiddenStateMonitor(OutlierMonitor):
         self.n_sequences, self.source = int(n_sequences), source
         self.sentences_path, self.tokenizer_path, self.max_length = sentences_path, tokenizer, max_length
         self.top_k, self.n_pairs, self.seed = int(top_k), int(n_pairs), int(seed)
+        self.sink_threshold = float(sink_threshold)
         self.batch: dict[str, Tensor] | None = None
+        self.curves: list[dict] = []  # per record {"step", "layers"} for the metric curves figure
 
     def _tokenizer(self, trainer: L.Trainer):
         tok = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule is not None else None
@@ -159,11 +173,17 @@ class HiddenStateMonitor(OutlierMonitor):
         try:
             with torch.inference_mode():
                 b = self.batch
-                hidden = encoder_hidden_states(model, b["input_ids"].to(pl_module.device),
-                                               b["attention_mask"].to(pl_module.device))
-                return hidden_state_records(step, hidden, b["attention_mask"], b["special_tokens_mask"],
-                                            top_k=self.top_k, n_pairs=self.n_pairs, seed=self.seed,
-                                            vectors=vectors)
+                config = getattr(model, "config", None)
+                hidden, attn, inf = monitored_forward(model, b["input_ids"].to(pl_module.device),
+                                                      b["attention_mask"].to(pl_module.device))
+                rows, summary = hidden_state_records(
+                    step, hidden, b["attention_mask"], b["special_tokens_mask"], top_k=self.top_k,
+                    n_pairs=self.n_pairs, seed=self.seed, vectors=vectors, attentions=attn,
+                    input_ids=b["input_ids"], bos_token_id=getattr(config, "bos_token_id", None),
+                    eos_token_id=getattr(config, "eos_token_id", None), inf_norms=inf,
+                    sink_threshold=self.sink_threshold)
+                self.curves.append({"step": step, "rows": [r for r in rows if r[2] in plots.CURVE_STATISTICS]})
+                return rows, summary
         finally:
             for m, mode in modes:
                 m.training = mode
@@ -178,6 +198,28 @@ class HiddenStateMonitor(OutlierMonitor):
             writer.add_scalar(f"{base}/anisotropy", float(summary["anisotropy"][i]), step)
             writer.add_scalar(f"{base}/max_abs_mean", abs(s["top_values"][0]), step)
             writer.add_scalar(f"{base}/n_outlier_dims", len(summary["outliers"][i]), step)
+            for key in ("kurtosis", "max_median", "max_abs", "abs_argmax_share"):
+                writer.add_scalar(f"{base}/{key}", s[key], step)
+            writer.add_scalar(f"{base}/token_pair_cosine", float(summary["token_pair_cosine"][i]), step)
+            for site, v in summary["inf_norms"].items():
+                if i >= 1 and v[i] == v[i]:  # NaN: the block has no such site
+                    writer.add_scalar(f"monitor/inf_norm/{site}/layer_{i}", float(v[i]), step)
+            sinks = summary["sinks"]
+            if sinks is not None and i >= 1:
+                for key in ("bos", "eos"):
+                    share = float((sinks[key][i - 1] > summary["sink_threshold"]).double().mean())
+                    writer.add_scalar(f"{base}/sink_share_{key}", share, step)
+                writer.add_scalar(f"{base}/attn_entropy", float(sinks["entropy"][i - 1].mean()), step)
+        for which, (dim, share) in summary["pooled"].items():
+            writer.add_scalar(f"monitor/hidden/model/pooled_{which}_share", share, step)
+            writer.add_scalar(f"monitor/hidden/model/pooled_{which}_dim", dim, step)
+
+    def after_resume(self, step: int) -> None:
+        # the curves figure draws the whole history, including the part before the resume
+        self.curves = [{"step": r["step"], "rows": [(r["step"], r["name"], r["statistic"], r["dim"], r["value"])]}
+                       for r in self.history.rows() if r["statistic"] in plots.CURVE_STATISTICS]
 
     def figures(self, step: int, summary: dict) -> dict[str, Any]:
-        return {"hidden/mean_vectors": plots.mean_vector_figure(as_numpy(summary["mean"]), summary["outliers"], step)}
+        rows = [row for rec in self.curves for row in rec["rows"]]
+        return {"hidden/mean_vectors": plots.mean_vector_figure(as_numpy(summary["mean"]), summary["outliers"], step),
+                "hidden/metrics": plots.metric_curves_figure(plots.curves_from_rows(rows))}
