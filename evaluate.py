@@ -57,18 +57,15 @@ def selected_transforms(cfg) -> list[str]:
     return names
 
 
-def check_files(cfg) -> None:
-    """Every path the user gave exists (before the slow imports)."""
-    for key in ("data.files", "wic.files", "sts.files"):
-        files = OmegaConf.select(cfg, key)
-        if not files:
-            continue
-        for f in [files] if isinstance(files, str) else files:
-            if not Path(str(f)).expanduser().is_file():
-                raise FileNotFoundError(f"{key}: file not found: {f}")
+def check_files(cfg) -> list[str]:
+    """Every data file the user gave is usable (datamodules.validation), before the model loads; returns
+    warnings about valid-but-weak input (printed, and kept in the report)."""
+    from datamodules.validation import validate_inputs
+
     n = OmegaConf.select(cfg, "data.max_sentences")
     if n is not None and int(n) < 2:
         raise ValueError(f"data.max_sentences must be >= 2 or null, got {n}")
+    return validate_inputs(cfg, "evaluate")
 
 
 # ----------------------------------------------------------------------------------------- the job

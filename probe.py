@@ -30,6 +30,9 @@ def _check(cfg: DictConfig) -> None:
                                ("task", "files", "task.files=[train.csv]")):
         if key in cfg[node].keys() and OmegaConf.is_missing(cfg[node], key):  # `in` is False for ???
             raise ValueError(f"{node}.{key} is required here: e.g. {example}")
+    from datamodules.validation import validate_inputs
+
+    validate_inputs(cfg, "probe")  # every data file and the encoder path, one line per fault
     resolve_encoder(str(cfg.encoder.name_or_path))
 
 

@@ -24,6 +24,9 @@ def main(cfg: DictConfig) -> float | None:
     def job(cfg: DictConfig) -> dict[str, float]:
         for warning in check_train_config(cfg):  # a setting that cannot work fails here, in seconds
             print(f"warning: {warning}", file=sys.stderr, flush=True)
+        from datamodules.validation import validate_inputs
+
+        validate_inputs(cfg, "train")  # data.files: missing/empty/non-UTF-8/truncated gzip -> one line
         print(describe_plan(cfg), flush=True)
         from jobs.training import train
 
