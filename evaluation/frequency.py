@@ -297,6 +297,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     counts, counts_from = frequency_counts(ctx, tokenized, vocab)
     min_occ = int(cfg_get(cfg, "min_occurrences", 1))
     value = str(cfg_get(cfg, "value", "magnitude"))
+    what_value = "mean magnitude |h|" if value == "magnitude" else "mean signed value"
     table = frequency_spearman(_valid_chunks(enc, tokenized), dims, counts, min_occ, magnitude=value == "magnitude")
 
     L = table.rho.shape[0]
@@ -317,7 +318,6 @@ def run(ctx: EvalContext) -> AnalysisResult:
         r = float(table.rho[l, j])
         return "n/a" if r != r else f"{r:+.2f}"
 
-    what_value = "mean magnitude |h|" if value == "magnitude" else "mean signed value"
     md = [TITLE, "", f"Spearman ρ between a token type's frequency and its {what_value} on each outlier dim, "
           f"per layer: {len(table.type_ids)} token types seen ≥ {min_occ}× in {what} (special tokens "
           "excluded); layer 0 = embedding output. n/a: the dim is constant there.", "",

@@ -1,4 +1,5 @@
-"""BERT Busters ablation (evaluation.ablation, evaluation.mlm_loading): weight surgery, masking, scoring, run()."""
+"""BERT Busters ablation (evaluation.ablation, evaluation.masked_lm, models.layernorms): weight surgery, masking,
+scoring, run()."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def _loaded(model, tok):
 # ------------------------------------------------------------------------------------------ weight surgery
 @pytest.mark.parametrize("kinds", [["output"], ["output", "attention_output", "embeddings"]])
 def test_zeroing_touches_exactly_the_chosen_entries_and_restores(kinds):
-    from evaluation.ablation import select_layernorms, zero_layernorm_dims
+    from models.layernorms import select_layernorms, zero_layernorm_dims
 
     model, _ = tiny_mlm(plant=False)
     chosen = select_layernorms(model.named_layernorms(), kinds)
@@ -93,7 +94,7 @@ def test_zeroing_touches_exactly_the_chosen_entries_and_restores(kinds):
 
 
 def test_layernorm_selection_and_bad_input():
-    from evaluation.ablation import select_layernorms, zero_layernorm_dims
+    from models.layernorms import select_layernorms, zero_layernorm_dims
 
     model, _ = tiny_mlm(plant=False)
     lns = model.named_layernorms()
@@ -106,18 +107,21 @@ def test_layernorm_selection_and_bad_input():
 
 
 def test_planted_dim_is_the_detected_outlier():
-    from evaluation.ablation import layernorm_outlier_dims
+    from analysis.layernorm_rule import LayerNormRule, layernorm_outliers
+    from models.layernorms import layernorm_tensors, model_layernorms
 
     model, _ = tiny_mlm()
-    det = layernorm_outlier_dims(model.named_layernorms())
+    det = layernorm_outliers(layernorm_tensors(model_layernorms(model)))
+    # 3 layers: "4/12" rounds up to 1 layer; dim 7 is planted in the output LN of all three
     assert det.dims == [PLANTED_DIM] and det.counts == {PLANTED_DIM: 3} and det.min_layers == 1
     # attention-output LayerNorms carry no planted dim: nothing flagged in >= 2 of them
-    assert layernorm_outlier_dims(model.named_layernorms(), kinds=["attention_output"], min_layers=2).dims == []
+    rule = LayerNormRule(layernorms=["attention_output"], criterion="either", min_layers=2)
+    assert layernorm_outliers(layernorm_tensors(model_layernorms(model)), rule).dims == []
 
 
 # ------------------------------------------------------------------------------------------ masking, scoring
 def test_evaluation_masking_is_deterministic_mask_only_and_skips_specials():
-    from evaluation.ablation import masked_batches
+    from evaluation.masked_lm import masked_batches
 
     tok = byte_level_tokenizer()
     texts = SENTENCES * 10
@@ -143,7 +147,7 @@ def test_evaluation_masking_is_deterministic_mask_only_and_skips_specials():
 
 
 def test_mlm_scores_hand_computed():
-    from evaluation.ablation import mlm_scores
+    from evaluation.masked_lm import mlm_scores
 
     logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
     labels = torch.tensor([[0, -100, 2]])
@@ -157,7 +161,8 @@ def test_mlm_scores_hand_computed():
 
 
 def test_random_draws_avoid_outliers_and_follow_the_seed():
-    from evaluation.ablation import masked_batches, run_ablation
+    from evaluation.ablation import run_ablation
+    from evaluation.masked_lm import masked_batches
 
     model, tok = tiny_mlm(layers=1, plant=False)
     loaded = _loaded(model, tok)
@@ -204,7 +209,7 @@ def test_run_ablation_planted_outlier_rows(tmp_path):
 def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
     from transformers import RobertaConfig, RobertaForMaskedLM
 
-    from evaluation.ablation import masked_batches, mlm_scores
+    from evaluation.masked_lm import masked_batches, mlm_scores
     from evaluation.mlm_loading import load_mlm
 
     torch.manual_seed(0)
@@ -217,7 +222,8 @@ def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
     m = loaded.model
     assert loaded.has_mlm_head and loaded.kind == "hf"
     assert list(loaded.layernorms) == ["embeddings", "layer.0.attention_output", "layer.0.output",
-                                       "layer.1.attention_output", "layer.1.output"]
+                                       "layer.1.attention_output", "layer.1.output", "head"]
+    assert loaded.layernorms["head"] is m.lm_head.layer_norm
     assert loaded.layernorms["layer.1.output"] is m.roberta.encoder.layer[1].output.LayerNorm
     assert loaded.layernorms["layer.0.attention_output"] is m.roberta.encoder.layer[0].attention.output.LayerNorm
     [batch] = masked_batches(tok, SENTENCES, 64, 64, 0.3, 0)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from analysis.layernorm import (LAYERNORM_ROW_FIELDS, flagged_from_rows, layernorm_divergence, layernorm_params,
-                                layernorm_stats, shared_outlier_dims, sigma_outlier_dims, sigma_outlier_mask)
+from analysis.layernorm import (LAYERNORM_ROW_FIELDS, flagged_from_rows, layernorm_divergence, layernorm_stats,
+                                sigma_outlier_dims, sigma_outlier_mask)
 
 D = 64
 
@@ -80,18 +80,6 @@ def test_divergence_hand_values():
     assert out["gain_div"].tolist() == [0.0, 1.0, -0.5] and float(out["max_abs_bias_div"]) == 3.0
 
 
-def test_shared_outlier_dims_counts_each_layernorm_once():
-    flagged = {f"layer.{i}": [] for i in range(12)}
-    for i in range(5):
-        flagged[f"layer.{i}"] += [588, 588]  # duplicate within one LN counts once
-    for i in range(4):
-        flagged[f"layer.{i + 6}"].append(77)
-    for i in range(3):
-        flagged[f"layer.{i}"].append(3)
-    assert shared_outlier_dims(flagged, min_layers=4) == {588: 5, 77: 4}
-    assert list(shared_outlier_dims(flagged, min_layers=3)) == [588, 77, 3]
-
-
 def test_layernorm_stats_rows_and_csv_roundtrip():
     gain, bias = _planted()
     named = {"enc.0.ln": (gain, bias), "enc.1.ln": (torch.ones(D), torch.zeros(D)), "nobias": (gain, None)}
@@ -121,15 +109,17 @@ def test_layernorm_stats_rows_and_csv_roundtrip():
     assert flagged_from_rows(back, "bias") == {"enc.0.ln": [40], "enc.1.ln": [], "nobias": []}
 
 
-def test_layernorm_params_collects_named_layernorms():
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Sequential(nn.LayerNorm(4, bias=False)),
-                      nn.LayerNorm(4, elementwise_affine=False))
+def test_layernorm_tensors_copy_every_norm_with_none_where_absent():
+    from models.layernorms import layernorm_tensors
+
+    lns = {"a": nn.LayerNorm(4), "b": nn.LayerNorm(4, bias=False), "c": nn.LayerNorm(4, elementwise_affine=False),
+           "d": nn.RMSNorm(4)}
     with torch.no_grad():
-        m[1].weight[2] = 5.0
-    params = layernorm_params(m)
-    assert list(params) == ["1", "2.0"]
-    assert params["1"][0].tolist() == [1.0, 1.0, 5.0, 1.0] and params["2.0"][1] is None
+        lns["a"].weight[2] = 5.0
+    params = layernorm_tensors(lns)
+    assert list(params) == ["a", "b", "c", "d"]
+    assert params["a"][0].tolist() == [1.0, 1.0, 5.0, 1.0] and params["b"][1] is None
+    assert params["c"] == (None, None) and params["d"][1] is None
     with torch.no_grad():
-        m[1].weight[2] = 7.0
-    assert params["1"][0][2] == 5.0  # a copy, not a view of the live parameter
+        lns["a"].weight[2] = 7.0
+    assert params["a"][0][2] == 5.0  # a copy, not a view of the live parameter

@@ -41,7 +41,12 @@ def test_frequency_spearman_known_rank_correlation():
                           torch.cat([torch.zeros(len(ids), 2), -v], 1)])  # layer 1: dims 2..4 = -design
     valid = np.flatnonzero(ids != 0)
     chunks = [(ids[r], hidden[:, r]) for r in (valid[:7], valid[7:])]  # streamed in 2 chunks
-    table = frequency_spearman(chunks, dims=[0, 1, 2, 4], freq_counts=freq)
+    table = frequency_spearman(chunks, dims=[0, 1, 2, 4], freq_counts=freq, magnitude=False)
+    # magnitude (the default, Puccetti et al.): dim 1 = −freq/10 ± 0.4 never changes sign, so its mean |h| is
+    # +freq/10 and ρ flips from −1 to +1; the all-positive dims are unchanged
+    mag = frequency_spearman(chunks, dims=[0, 1, 2, 4], freq_counts=freq)
+    torch.testing.assert_close(mag.means[0, :, :3], torch.tensor(np.abs(design)), rtol=0, atol=1e-5)
+    assert mag.rho[0, :3].tolist() == pytest.approx([1.0, 1.0, rho_expected])
 
     assert table.type_ids.tolist() == types.tolist() and table.occurrences.tolist() == [3] * 6
     assert table.freqs.tolist() == freq[types].tolist()
@@ -96,7 +101,8 @@ def test_frequency_counts_on_eval_text_for_unknown_corpus(tmp_path):
     assert {(r["layer"], r["dim"]) for r in res.rows} == {(l, d) for l in range(4) for d in (1, PLANTED_DIM)}
     assert all(r["dim_source"] == "user" for r in res.rows)
 
-    # the same numbers straight from the model: per non-special type, mean of the dim; ρ with its count
+    # the same numbers straight from the model: per non-special type, mean MAGNITUDE |h| of the dim (Puccetti et
+    # al.); ρ with its count
     from scipy.stats import spearmanr
 
     texts = SENTENCES * 6
@@ -107,11 +113,16 @@ def test_frequency_counts_on_eval_text_for_unknown_corpus(tmp_path):
     ids, last = b["input_ids"][valid].numpy(), hs[-1][valid][:, PLANTED_DIM].numpy()
     types = np.unique(ids)
     count = np.array([(ids == t).sum() for t in types])
-    mean = np.array([last[ids == t].mean() for t in types])
+    mean = np.array([np.abs(last[ids == t]).mean() for t in types])
     row = next(r for r in res.rows if r["layer"] == 3 and r["dim"] == PLANTED_DIM)
     assert row["n_types"] == len(types)
     assert row["spearman"] == pytest.approx(spearmanr(count, mean).statistic, abs=1e-4)
-    assert row["mean_value"] == pytest.approx(float(last.mean()), rel=1e-4)
+    assert row["mean_value"] == pytest.approx(float(np.abs(last).mean()), rel=1e-4) and row["value"] == "magnitude"
+    signed = run(make_ctx("frequency", enc, tmp_path, {"dims": [PLANTED_DIM], "value": "signed"}))
+    srow = next(r for r in signed.rows if r["layer"] == 3)
+    smean = np.array([last[ids == t].mean() for t in types])
+    assert srow["spearman"] == pytest.approx(spearmanr(count, smean).statistic, abs=1e-4)
+    assert srow["mean_value"] == pytest.approx(float(last.mean()), rel=1e-4)
 
 
 # --------------------------------------------------------------------------------------- attention sinks
