@@ -8,9 +8,15 @@ checkpoint holds the same step) the model is rebuilt from ``hyper_parameters["mo
 *same* statistics: :func:`analysis.monitoring.layernorm_records` (LayerNorm 3σ outliers, divergence from
 init, shared dims; Kovaleva et al. 2021, Puccetti et al. 2022) and
 :func:`analysis.monitoring.hidden_state_records` (per-layer mean vector, argmax/argmin share, top dims,
-anisotropy; Luo et al. 2021, Ethayarajh 2019) on the shipped held-out sentences tokenised with the run's
-tokenizer (``<run>/hf`` or ``<run>/model``).  Output: ``<run>/monitor_posthoc/layernorm.csv`` and
-``hidden_states.csv`` in the format of :mod:`reports.history`.
+anisotropy, kurtosis, max/median, inf-norm by site, sink heads; Luo et al. 2021, Ethayarajh 2019, He et al.
+2024, Sun et al. 2024, Bondarenko et al. 2023, Gu et al. 2025) on the shipped held-out sentences tokenised
+with the run's tokenizer (``<run>/hf`` or ``<run>/model``).  Output in ``<run>/monitor_posthoc/``:
+``layernorm.csv`` and ``hidden_states.csv`` in the format of :mod:`reports.history`; ``metrics.csv``, one
+row per checkpoint step and layer (:data:`METRIC_COLUMNS`: kurtosis, max/median, inf-norms by site,
+signed and |x| argmax/argmin shares with their dims, sink-head shares, attention entropy, anisotropy and
+the number of LayerNorm outlier dims the project's rule flags in that layer,
+:func:`analysis.layernorm_rule.layernorm_outliers`); ``metrics.png``, those curves vs step per layer.
+Works on checkpoints of older code too (same parameter names), so curves can be drawn after the fact.
 
 Settings (k, shared_min_layers, top_k, n_sequences, n_pairs, seed, ...) default to those of the run's
 monitors, read from ``<run>/config.yaml``, so that for ``source: sentences`` the post-hoc rows of a
@@ -34,8 +40,13 @@ from typing import Any
 # rule: the ln_rule a run recorded (callbacks.layernorm_monitor.rule); older runs recorded k/shared_min_layers
 LAYERNORM_DEFAULTS = {"k": 3.0, "shared_min_layers": "4/12", "rule": None, "top_k": 3, "vectors": True}
 HIDDEN_DEFAULTS = {"n_sequences": 32, "sentences_path": None, "max_length": None, "top_k": 5, "n_pairs": 1000,
-                   "seed": 0, "vectors": True}
+                   "seed": 0, "vectors": True, "sink_threshold": 0.3}
 OUT_SUBDIR = "monitor_posthoc"
+#: Per-layer columns of ``metrics.csv`` (after ``step, layer``); ``*_dim`` columns follow their share.
+METRIC_COLUMNS = ("kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input",
+                  "inf_norm_ln_output", "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos",
+                  "sink_share_eos", "attn_entropy", "anisotropy", "n_layernorm_outliers")
+_WITH_DIMS = ("max_abs", "argmax_share", "argmin_share", "abs_argmax_share")
 
 
 def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
@@ -131,10 +142,13 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from analysis.monitoring import (encoder_hidden_states, hidden_state_records, layernorm_records,
-                                     layernorm_snapshot, tokenize_heldout)
-    from reports.history import HistoryCSV
+    from analysis.layernorm_rule import layernorm_outliers
+    from analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
     from models import EncoderConfig, RobertaMaskedLM
+    from models.layernorms import layernorm_tensors
+    from models.sites import monitored_forward
+    from reports import monitor_plots as plots
+    from reports.history import HistoryCSV, wide_by_layer
 
     if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
@@ -157,6 +171,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     for h in files.values():
         h.path.unlink(missing_ok=True)
     done: list[int] = []
+    metric_rows: list = []
     for step in sorted(by_step):
         ckpt = _load(by_step[step])
         hp = ckpt.get("hyper_parameters") or {}
@@ -178,18 +193,43 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
                                                     vectors=ln_cfg["vectors"], rule=ln_cfg["rule"])[0])
         batch = tokenize_heldout(tokenizer, texts, hs_cfg["max_length"] or config.max_len)
         with torch.inference_mode():
-            hidden = encoder_hidden_states(model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+            hidden, attn, inf = monitored_forward(model, batch["input_ids"].to(device),
+                                                  batch["attention_mask"].to(device))
             rows = hidden_state_records(step, hidden, batch["attention_mask"], batch["special_tokens_mask"],
                                         top_k=hs_cfg["top_k"], n_pairs=hs_cfg["n_pairs"], seed=hs_cfg["seed"],
-                                        vectors=hs_cfg["vectors"])[0]
+                                        vectors=hs_cfg["vectors"], attentions=attn, input_ids=batch["input_ids"],
+                                        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                        inf_norms=inf, sink_threshold=hs_cfg["sink_threshold"])[0]
         files["hidden_states"].append(rows)
+        # the project's one LayerNorm rule (default: output LN, gain AND bias outside 3σ), per block
+        det = layernorm_outliers(layernorm_tensors(model.named_layernorms()))
+        ln_counts = [(step, f"layer_{i + 1}", "n_layernorm_outliers", None, len(det.per_layer.get(f"layer.{i}", [])))
+                     for i in range(config.num_layers)]
+        metric_rows += [r for r in rows if r[2] in METRIC_COLUMNS] + ln_counts
         done.append(step)
     result: dict[str, Any] = {"steps": done}
+    table = wide_by_layer(metric_rows, METRIC_COLUMNS, with_dims=_WITH_DIMS)
+    result["metrics"] = _write_table(out / "metrics.csv", table)
+    img = plots.render(plots.metric_curves_figure(plots.curves_from_rows(metric_rows), title=run.name))
+    plots.save_png(img, out / "metrics.png")
     for name, h in files.items():
         final = out / f"{name}.csv"
         os.replace(h.path, final)
         result[name] = final
     return result
+
+
+def _write_table(path: Path, rows: list[dict]) -> Path:
+    """CSV with the columns of the first row, written atomically."""
+    import csv
+
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["step", "layer"])
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}")
+    print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}, {res['metrics']}")
     return 0
 
 

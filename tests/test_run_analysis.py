@@ -62,3 +62,21 @@ def test_cli(run, capsys, tmp_path):
         n_tokens = [r for r in csv.DictReader(fh) if r["statistic"] == "n_tokens" and r["name"] == "layer_0"]
     live = rows_by_key(run / "monitor" / "hidden_states.csv", {10})
     assert 0 < float(n_tokens[0]["value"]) < live[("10", "layer_0", "n_tokens", "")]  # 4 sentences, not 8
+
+
+def test_metrics_table_per_step_and_layer_matches_the_long_rows(run, tmp_path):
+    res = analyze_run(run, out_dir=tmp_path / "post")
+    with open(res["metrics"], newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert [(int(r["step"]), int(r["layer"])) for r in table] == [(s, l) for s in (10, 20) for l in range(3)]
+    long = rows_by_key(res["hidden_states"], {10, 20})
+    for r in table:
+        key = (r["step"], f"layer_{r['layer']}")
+        assert float(r["kurtosis"]) == pytest.approx(long[key + ("kurtosis", "")])
+        assert float(r["argmin_share"]) == pytest.approx(long[key + ("argmin_share", r["argmin_share_dim"])])
+        if r["layer"] == "0":  # the embedding output has no block: no sites, no attention, no LayerNorm rule
+            assert r["inf_norm_ffn_output"] == r["sink_share_bos"] == r["n_layernorm_outliers"] == ""
+        else:
+            assert float(r["inf_norm_ln_output"]) >= float(r["max_abs"]) - 1e-4  # specials included in the former
+            assert int(r["n_layernorm_outliers"]) >= 0 and 0.0 <= float(r["sink_share_bos"]) <= 1.0
+    assert (tmp_path / "post" / "metrics.png").stat().st_size > 0
