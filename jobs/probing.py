@@ -80,7 +80,8 @@ def _probe_all(vt, arrays: dict, labels: dict, make_module, cfg, logger) -> dict
     ds = {s: RowBatches(arrays[s][0], arrays[s][1], labels[s], vt) for s in arrays}
     module = make_module(vt.out_dim)
     p = cfg.probe
-    return train_probe(module, *_loaders(ds, int(p.batch_size), int(cfg.seed)), epochs=int(p.epochs), logger=logger,
+    batch_size = int(cfg.task.get("batch_size") or p.batch_size)  # the paper's per-task batch (configs/task)
+    return train_probe(module, *_loaders(ds, batch_size, int(cfg.seed)), epochs=int(p.epochs), logger=logger,
                        accelerator=cfg.trainer.accelerator, progress=bool(cfg.trainer.enable_progress_bar),
                        validate=bool(p.validate))
 
@@ -153,7 +154,8 @@ def run_classifier(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dic
                            **transform_settings(cfg.transform, f"the {len(labels['train'])} mean-pooled "
                                                                 "training sentence vectors"))
         make = lambda d, name=name: SentenceClassifier(n_layers, d, data.num_classes, float(cfg.probe.lr),  # noqa
-                                                       seed=int(cfg.seed), tag=name)
+                                                       seed=int(cfg.seed), tag=name,
+                                                       bias=bool(cfg.probe.get("classifier_bias", True)))
         res = _probe_all(vt, arrays, labels, make, cfg, logger)
         out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k))
         contribs[name] = res["contribution"]

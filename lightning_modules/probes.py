@@ -7,7 +7,8 @@ cached features are read once per batch for all layers instead of once per layer
 
 * :class:`PositionProbe` — bias-free ``W ∈ R^{d×M}`` predicting each token's position (Luo §3); at test time
   it also accumulates the neuron contributions ``c_i = |w_{y,i} v_i|`` (:func:`analysis.probing.contribution`).
-* :class:`SentenceClassifier` — ``W ∈ R^{d×N}`` + bias on mean-pooled sentence vectors (Luo §4.4).
+* :class:`SentenceClassifier` — ``W ∈ R^{d×N}`` on mean-pooled sentence vectors (Luo §4.4), with a bias by
+  default or bias-free exactly as the paper writes it (``probe.classifier_bias=false``).
 """
 
 from __future__ import annotations
@@ -151,11 +152,17 @@ class PositionProbe(LayerwiseProbe):
 
 
 class SentenceClassifier(LayerwiseProbe):
-    """Luo et al. 2021 §4.4: linear classifier (with bias) on mean-pooled sentence vectors, per layer."""
+    """Luo et al. 2021 §4.4: linear classifier on mean-pooled sentence vectors, per layer.
+
+    ``bias=False`` is the paper's map exactly, ``W ∈ R^{d×N}`` with no offset: every class score is then a
+    pure projection of the sentence vector, so a clipped or whitened vector cannot be compensated for by a
+    learned offset.  ``bias=True`` (default) adds one bias per class, the usual logistic-regression probe.
+    """
 
     def __init__(self, num_layers: int, dim: int, num_classes: int, lr: float = 1e-3,
-                 layer_ids: Sequence[int] | None = None, seed: int = 0, tag: str = "none", prefix: str = "probe"):
-        super().__init__(num_layers, dim, num_classes, True, lr, layer_ids, seed, tag, prefix)
+                 layer_ids: Sequence[int] | None = None, seed: int = 0, tag: str = "none", prefix: str = "probe",
+                 bias: bool = True):
+        super().__init__(num_layers, dim, num_classes, bool(bias), lr, layer_ids, seed, tag, prefix)
 
 
 def train_probe(module: LayerwiseProbe, train_loader, val_loader, test_loader, epochs: int = 10,

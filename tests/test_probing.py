@@ -106,3 +106,29 @@ def test_per_position_accuracy_separates_edges_from_the_middle():
     assert acc[1:length - 1].mean() < 0.3  # the 8 middle positions: chance is 1/8
     overall = res["accuracy"][0]
     assert overall == pytest.approx(float((acc[:length] * count[:length]).sum() / count.sum()), abs=1e-6)
+
+
+def test_bias_free_sentence_classifier_is_a_pure_projection():
+    """Luo et al. §4.4's W ∈ R^{d×N}: no offset, so the zero vector scores every class 0; with a bias it need not."""
+    from lightning_modules.probes import SentenceClassifier
+
+    free = SentenceClassifier(2, 4, 3, bias=False)
+    assert free.probe.bias is None and sum(p.numel() for p in free.parameters()) == 2 * 4 * 3
+    x = torch.zeros(2, 8, 4)
+    assert torch.equal(free(x), torch.zeros(2, 8, 3))
+    x[..., 1] = 2.0  # a score is x·W_c exactly
+    torch.testing.assert_close(free(x), 2.0 * free.probe.weight[:, 1, None, :].expand(2, 8, 3))
+    biased = SentenceClassifier(2, 4, 3)
+    with torch.no_grad():
+        biased.probe.bias[:, 2] = 1.0
+    assert (biased(torch.zeros(2, 8, 4)).argmax(-1) == 2).all()
+
+
+def test_task_configs_carry_the_papers_batch_sizes():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    root = Path(__file__).resolve().parent.parent / "configs" / "task"
+    sizes = {t: OmegaConf.load(root / f"{t}.yaml").batch_size for t in ("sst2", "sst5", "imdb", "position")}
+    assert sizes == {"sst2": 768, "sst5": 1536, "imdb": 128, "position": None}  # Luo et al. §4.4; None: probe's
