@@ -243,8 +243,8 @@ class Whitener:
             return fit
         raise DegenerateWhiteningError(
             f"whitening fit on {what} is degenerate: {self.n} vectors, {n_distinct} distinct, rank "
-            f"{fit.rank} of {self.dim}, k={k} — {fit.reason}; fit on more data (transform.fit_on=sentences or a "
-            f"larger split), or keep fewer dims with transform.k={k_ok} or less (Su et al. 2021 keep 256 of 768), "
+            f"{fit.rank} of {self.dim}, k={k} — {fit.reason}; fit on more distinct data (a larger training split; in "
+            f"evaluate.py also transform.fit_on=sentences), or keep fewer dims with transform.k={k_ok} or less (Su et al. 2021 keep 256 of 768), "
             "or keep this result marked degenerate with transform.allow_degenerate=true")
 
     def transform(self, x: Tensor) -> Tensor:

@@ -50,7 +50,8 @@ def test_position_probe_end_to_end_three_transforms(tiny_bert, tmp_path):
     run = tmp_path / "run"
     r = _probe(f"encoder.name_or_path={tiny_bert}", f"data.files=[{text}]", "probe.epochs=2",
                "transform=[none,clip,whiten]", "transform.dims=[0,5]", f"features.cache_dir={tmp_path / 'cache'}",
-               "progress=false", f"hydra.run.dir={run}")
+               "progress=false", f"hydra.run.dir={run}",
+               "transform.allow_degenerate=true")  # 8 distinct sentences x 5: too few distinct tokens for 32 dims
     assert r.returncode == 0, r.stderr[-2000:]
     for f in ("position_probe.csv", "probe_report.md", "position_probe_accuracy.png",
               "position_probe_contribution.png", "position_probe_contribution_heatmap.png", "probe_info.json"):
@@ -58,6 +59,11 @@ def test_position_probe_end_to_end_three_transforms(tiny_bert, tmp_path):
     rows = _rows(run / "position_probe.csv")
     assert [(r["layer"], r["transform"]) for r in rows] == [
         (str(layer), t) for t in ("none", "clip", "whiten") for layer in range(3)]
+    # the kept degenerate whitening is marked in every whitened row, with what it was fitted on
+    assert {r["whiten_degenerate"] for r in rows if r["transform"] == "whiten"} == {"True"}
+    assert {r["whiten_distinct"] for r in rows if r["transform"] == "whiten"} == {"60"}
+    assert {r["whiten_fit"] for r in rows if r["transform"] == "none"} == {""}
+    assert "DEGENERATE" in (run / "probe_report.md").read_text()
     n_tokens = sum(len(x) for x in __import__("transformers").AutoTokenizer.from_pretrained(tiny_bert)(
         SENTENCES * 5)["input_ids"])
     for row in rows:
