@@ -2,7 +2,10 @@
 
 WiC asks whether a target word has the same sense in two sentences.  The unsupervised baseline:
 cosine of the word's vectors in the two sentences, predict "same sense" when it is above a
-threshold; Luo et al. sweep thresholds 0.1 … 0.9 for every layer.
+threshold; Luo et al. sweep thresholds 0.1 … 0.9 for every layer on the WiC training split and report the
+best — an upper bound.  :func:`choose_then_report` is the honest protocol beside it: the threshold (per layer,
+and the best layer) is chosen on one split and the accuracy reported on another, whose labels never enter
+the choice.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["default_thresholds", "wic_accuracy", "threshold_sweep", "best_threshold", "best_per_layer",
-           "all_true_baseline"]
+           "all_true_baseline", "choose_then_report"]
 
 
 def default_thresholds() -> Tensor:
@@ -97,3 +100,31 @@ def all_true_baseline(labels: Tensor) -> float:
     if lab.numel() == 0:
         raise ValueError("WiC needs at least one labelled pair.")
     return float(lab.to(torch.float64).mean())
+
+
+def choose_then_report(cos_choose: Tensor, labels_choose: Tensor, cos_report: Tensor, labels_report: Tensor,
+                       thresholds: Tensor | None = None) -> dict:
+    """Threshold chosen on one split, accuracy reported on another (the honest counterpart of the paper's sweep).
+
+    Per layer, the threshold with the best accuracy on the *choose* split (ties → lowest,
+    :func:`best_per_layer`) is applied unchanged to the *report* split (:func:`wic_accuracy`); the best layer is
+    also chosen on the choose split.  ``labels_report`` is used only to score, never to choose.
+
+    Parameters
+    ----------
+    cos_choose : Tensor[L, P_c];  labels_choose : Bool[P_c]
+    cos_report : Tensor[L, P_r];  labels_report : Bool[P_r]
+    thresholds : Tensor[T], default :func:`default_thresholds`
+
+    Returns
+    -------
+    dict with ``threshold`` Tensor[L] (chosen per layer), ``choose_accuracy`` Tensor[L], ``report_accuracy``
+    Tensor[L], ``best_layer`` int, ``best_threshold`` float and ``best_report_accuracy`` float (all chosen on
+    the choose split, the last scored on the report split).
+    """
+    acc = threshold_sweep(cos_choose, labels_choose, thresholds)
+    thr_l, acc_l = best_per_layer(acc, thresholds)
+    layer, thr, _ = best_threshold(acc, thresholds)
+    report = wic_accuracy(cos_report, labels_report, thr_l)
+    return {"threshold": thr_l, "choose_accuracy": acc_l, "report_accuracy": report, "best_layer": layer,
+            "best_threshold": thr, "best_report_accuracy": float(report[layer])}

@@ -3,8 +3,11 @@
 Target vector = mean of the vectors of the tokens overlapping the target's character span
 (``start``/``end`` offsets, end exclusive; subword pieces averaged).  Per layer the cosine of the two
 target vectors predicts "same sense" above a threshold; accuracy for thresholds 0.1 … 0.9
-(:func:`analysis.wic.threshold_sweep`).  The best (layer, threshold) is chosen on the evaluated split
-itself, as the paper's sweep does — an oracle upper bound, not a tuned-on-train result.
+(:func:`analysis.wic.threshold_sweep`).  The paper's sweep picks the best (layer, threshold) on the WiC
+*training* split itself (``wic.split``, default ``train``) — an upper bound.  Beside it, the honest protocol
+(:func:`analysis.wic.choose_then_report`): the threshold per layer and the best layer chosen on ``wic.split``
+are applied unchanged to ``wic.report_split`` (SuperGLUE: ``validation``; shipped WordNet set: ``test``),
+whose labels never enter the choice — CSV columns ``report_*`` and a second table in the report.
 
 Sources (``wic.source``): ``wordnet`` — the shipped WordNet WiC-style pairs (offline default, see
 ``datamodules/data/eval/NOTICE.md``); ``superglue`` — SuperGLUE WiC (Pilehvar & Camacho-Collados 2019) via
@@ -19,7 +22,7 @@ import torch
 
 from analysis.similarity import pairwise_cosine
 from analysis.transforms import Whitener
-from analysis.wic import all_true_baseline, best_per_layer, best_threshold, threshold_sweep
+from analysis.wic import all_true_baseline, best_per_layer, best_threshold, choose_then_report, threshold_sweep
 from evaluation.registry import AnalysisResult, EvalContext, register
 from reports.evaluation_report import md_table, plot_layers
 from datamodules.dataset_sources import load_hub, load_local
@@ -30,7 +33,7 @@ from evaluation.streaming import (EncodeLog, FittedTransforms, _get, char_span_t
                                   sentence_stats)
 
 FIELDS = ("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label")
-DEFAULT_SPLIT = {"wordnet": "test", "superglue": "validation", "files": None}
+DEFAULT_SPLIT = {"wordnet": "train", "superglue": "train", "files": None}  # the paper sweeps on WiC's train split
 _TRUE = {"t", "true", "1", "yes", "y"}
 _FALSE = {"f", "false", "0", "no", "n"}
 
@@ -147,6 +150,12 @@ def check(ctx: EvalContext) -> None:
     """Load the pairs before any encoding (a bad file or an offline hub name fails in seconds)."""
     pairs, what = load_pairs(ctx.cfg)
     ctx.shared["wic_pairs"] = (pairs, what)
+    report = _get(ctx.cfg, "report_split")
+    if report:  # threshold chosen on wic.split, accuracy reported on this split (never used to choose)
+        if str(report) == str(_get(ctx.cfg, "split") or ""):
+            raise ValueError(f"wic.report_split={report!r} equals wic.split: choose on one split, report on another "
+                             "(or wic.report_split=null for the paper's sweep only)")
+        ctx.shared["wic_report_pairs"] = load_pairs(ctx.cfg, split=str(report))
     fit_on = str(_get(ctx.root_cfg.get("transform"), "fit_on", "eval"))
     if "whiten" in ctx.transforms and fit_on not in ("eval", "sentences"):
         ctx.shared["wic_fit_pairs"] = load_pairs(ctx.cfg, split=fit_on, capped=False)[0]
@@ -187,7 +196,17 @@ def run(ctx: EvalContext) -> AnalysisResult:
     surface = sum((p["sentence1"][p["start1"]:p["end1"]] == p["sentence2"][p["start2"]:p["end2"]]) == p["label"]
                   for p in kept) / len(kept)
     all_true = all_true_baseline(labels)
-    rows, best, curves = [], {}, {}
+    report = None
+    if "wic_report_pairs" in ctx.shared:
+        rpairs, rwhat = ctx.shared["wic_report_pairs"]
+        rvecs, rfound = target_vectors(enc, rpairs, None, _get(ctx.root_cfg.get("encoder"), "batch_size"),
+                                       progress=bool(ctx.root_cfg.get("progress", False)))
+        rkeep = rfound.nonzero().flatten()
+        rlabels = torch.tensor([rpairs[i]["label"] for i in rkeep.tolist()])
+        report = (rvecs[:, :, rkeep], rlabels, rwhat, str(_get(cfg, "report_split")))
+        if not bool(rfound.all()):
+            notes.append(f"{int((~rfound).sum())} {report[3]} pairs dropped: a target span mapped to no token")
+    rows, best, curves, held = [], {}, {}, {}
     for t in ctx.transforms:
         v = ft.apply(t, vecs.reshape(n_layers, -1, dim)).reshape(n_layers, 2, len(kept), -1)
         cos = pairwise_cosine(v[:, 0], v[:, 1]).to(torch.float64)  # [L, P]
@@ -195,6 +214,11 @@ def run(ctx: EvalContext) -> AnalysisResult:
         thr_l, best_l = best_per_layer(acc, thresholds)
         best[t] = best_threshold(acc, thresholds)
         curves[t] = best_l.tolist()
+        if report is not None:  # same transform fit (on the choose split's data), applied to the report split
+            rv, rl = report[0], report[1]
+            rv = ft.apply(t, rv.reshape(n_layers, -1, dim)).reshape(n_layers, 2, len(rl), -1)
+            held[t] = choose_then_report(cos, labels, pairwise_cosine(rv[:, 0], rv[:, 1]).to(torch.float64), rl,
+                                         thresholds)
         for layer in range(n_layers):
             row = {"layer": layer, "transform": t, **ft.columns(t)}  # whitened rows: what it was fitted on
             row.update({f"acc_{float(th):g}": float(acc[layer, i]) for i, th in enumerate(thresholds)})
@@ -202,6 +226,10 @@ def run(ctx: EvalContext) -> AnalysisResult:
                         "mean_cos_same": float(cos[layer, labels].mean()) if labels.any() else float("nan"),
                         "mean_cos_diff": float(cos[layer, ~labels].mean()) if (~labels).any() else float("nan"),
                         "n_pairs": len(kept)})
+            if t in held:
+                row.update({"report_split": report[3], "report_threshold": float(held[t]["threshold"][layer]),
+                            "report_accuracy": float(held[t]["report_accuracy"][layer]),
+                            "report_n_pairs": len(report[1])})
             rows.append(row)
     fig = plot_layers(ctx.out_dir / "wic.png", curves, "best accuracy over thresholds",
                       f"WiC: {what}", hline=all_true)
@@ -209,7 +237,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
           f"Data: {what}; {len(kept)} pairs ({int(labels.sum())} same sense). Target = mean of the tokens "
           "overlapping the target's character span; cosine of the two targets > threshold ⇒ \"same sense\"; "
           f"thresholds {', '.join(f'{float(x):g}' for x in thresholds)}. The best layer/threshold is picked on "
-          "this split itself (the paper's sweep: an upper bound).",
+          "this split itself (the paper's sweep on the training split: an upper bound).",
           "\n".join([*(f"- **{t}**: {ft.info[t]}" for t in ctx.transforms if t in ft.info),
                      *(f"- note: {n}" for n in notes)]),
           md_table(["transform", "best layer", "threshold", "accuracy %"],
@@ -218,7 +246,16 @@ def run(ctx: EvalContext) -> AnalysisResult:
                       ["surface-form baseline", "–", "–", 100 * surface]], 1),
           "Surface-form baseline: \"same sense\" iff the two target strings are identical.",
           "![WiC accuracy per layer](wic.png)"]
+    if held:
+        r_all_true = all_true_baseline(report[1])
+        md += [f"**Held-out (honest protocol):** layer and threshold chosen on {what} only, accuracy on "
+               f"{report[2]} ({len(report[1])} pairs; its labels never enter the choice). CSV: `report_*` columns.",
+               md_table(["transform", "layer (chosen)", "threshold (chosen)", "held-out accuracy %"],
+                        [[t, h["best_layer"], f"{h['best_threshold']:g}", 100 * h["best_report_accuracy"]]
+                         for t, h in held.items()] + [["all-true baseline", "–", "–", 100 * r_all_true]], 1)]
     summary = {"data": what, "n_pairs": len(kept), "all_true_baseline": all_true, "surface_form_baseline": surface,
                "best": {t: {"layer": b[0], "threshold": b[1], "accuracy": b[2]} for t, b in best.items()},
-               "transforms": dict(ft.info), "notes": notes}
+               "transforms": dict(ft.info), "notes": notes,
+               **({"held_out": {t: {"split": report[3], "layer": h["best_layer"], "threshold": h["best_threshold"],
+                                    "accuracy": h["best_report_accuracy"]} for t, h in held.items()}} if held else {})}
     return AnalysisResult("wic", rows, "\n\n".join(md), [fig], summary)

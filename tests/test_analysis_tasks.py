@@ -9,8 +9,8 @@ from scipy.stats import spearmanr
 from analysis.attention import AttentionMassAccumulator, special_key_masks, special_token_attention_mass
 from analysis.frequency import TokenValueAccumulator, token_frequency_spearman
 from analysis.sts import mean_pool, spearman_columns, sts_spearman
-from analysis.wic import (all_true_baseline, best_per_layer, best_threshold, default_thresholds, threshold_sweep,
-                          wic_accuracy)
+from analysis.wic import (all_true_baseline, best_per_layer, best_threshold, choose_then_report, default_thresholds,
+                          threshold_sweep, wic_accuracy)
 
 
 def test_wic_sweep_picks_the_right_threshold():
@@ -30,6 +30,27 @@ def test_wic_sweep_picks_the_right_threshold():
     assert wic_accuracy(torch.stack([l0, l1]), labels, torch.tensor([0.7, 0.3])).tolist() == pytest.approx([0.9, 1.0])
     assert wic_accuracy(l1, labels, 0.5).tolist() == pytest.approx([0.4])
     assert default_thresholds()[2].item() == 0.3
+
+
+def test_wic_choose_on_train_report_on_test_never_uses_test_labels():
+    """Train wants a threshold in [0.2, 0.4) (same-sense cosines 0.4, others 0.2; ties -> 0.2), test wants one in
+    [0.6, 0.8): the honest protocol applies 0.2 to test (accuracy 0.5, every pair called "same"), whatever the
+    test labels are."""
+    train_cos = torch.tensor([[0.4, 0.4, 0.2, 0.2], [0.5, 0.1, 0.5, 0.1]], dtype=torch.float64)  # layer 1: useless
+    train_lab = torch.tensor([True, True, False, False])
+    test_cos = torch.tensor([[0.8, 0.8, 0.6, 0.6], [0.9, 0.9, 0.9, 0.9]], dtype=torch.float64)
+    test_lab = torch.tensor([True, True, False, False])
+    out = choose_then_report(train_cos, train_lab, test_cos, test_lab)
+    assert out["threshold"][0] == pytest.approx(0.2) and out["choose_accuracy"][0] == 1.0  # ties -> lowest of 0.2, 0.3
+    assert (out["best_layer"], out["best_threshold"]) == (0, pytest.approx(0.2))
+    assert out["report_accuracy"][0] == pytest.approx(0.5) and out["best_report_accuracy"] == pytest.approx(0.5)
+    # the test split's own sweep would pick 0.6 and score 1.0: the honest number is not that
+    assert float(threshold_sweep(test_cos[0], test_lab).max()) == 1.0
+    # the choice does not move when the test labels do (they are only scored)
+    for flipped in (~test_lab, torch.tensor([True, False, True, False])):
+        again = choose_then_report(train_cos, train_lab, test_cos, flipped)
+        assert torch.equal(again["threshold"], out["threshold"]) and again["best_layer"] == out["best_layer"]
+        assert again["report_accuracy"][0] == pytest.approx(float(((test_cos[0] > 0.2) == flipped).double().mean()))
 
 
 def test_sts_spearman_matches_scipy_and_flags_constant_layer():
