@@ -9,6 +9,9 @@ the intact model, with the LayerNorm outlier dims disabled (:func:`models.layern
 the same dims and LayerNorms as the ablation), and, as a control, with as many random dims disabled.
 Probabilities come from eager attention (our encoder with ``output_attentions=True``; Hugging Face models
 loaded with ``attn_implementation="eager"``).
+Per layer, the share of *sink heads* — heads whose mean attention on ``<s>`` (``</s>``) exceeds ε = 0.3 — and
+every head's mean attention entropy follow Gu et al. (2025, "When Attention Sink Emerges in Language Models")
+(:func:`analysis.attention.sink_head_share`, :func:`analysis.attention.attention_entropy`).
 Layer numbering: l = 1..L is the attention inside transformer block l (hidden-state layer l).
 """
 
@@ -20,7 +23,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from analysis.attention import AttentionMassAccumulator, special_key_masks
+from analysis.attention import (SINK_THRESHOLD, AttentionEntropyAccumulator, AttentionMassAccumulator,
+                                sink_head_share, special_key_masks)
 from analysis.outliers import random_dims
 from evaluation.common import cfg_get, check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
 from models.layernorms import select_layernorms, zero_layernorm_dims
@@ -60,30 +64,36 @@ def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]]
 
     Returns
     -------
-    ``{"bos", "eos", "special"}`` -> Tensor[L, H] float64
+    ``{"bos", "eos", "special"}`` -> Tensor[L, H] float64, and ``"entropy"`` -> Tensor[L, H]: the mean
+    attention entropy (nats) of the same queries (:func:`analysis.attention.attention_entropy`)
     """
     accs: dict[str, AttentionMassAccumulator] = {}
+    entropy: AttentionEntropyAccumulator | None = None
     for ids, mask in batches:
         attn = torch.stack([a.detach().float().cpu() for a in forward_attentions(ids, mask)])
         keys = special_key_masks(ids, bos_token_id, eos_token_id, mask)
         for k in KEYS:
             accs.setdefault(k, AttentionMassAccumulator(tuple(attn.shape[:1]) + (attn.shape[2],)))
             accs[k].update(attn, keys[k], query_mask=mask.bool())
+        entropy = entropy or AttentionEntropyAccumulator(tuple(attn.shape[:1]) + (attn.shape[2],))
+        entropy.update(attn, mask.bool())
     if not accs:
         raise ValueError("no batch to measure attention on")
-    return {k: a.compute() for k, a in accs.items()}
+    return {**{k: a.compute() for k, a in accs.items()}, "entropy": entropy.compute()}
 
 
 def sink_rows(by_condition: Mapping[str, Mapping[str, Tensor]], dims: Mapping[str, str] | None = None) -> list[dict]:
-    """CSV rows ``layer`` (1-based), ``head``, ``condition``, ``bos``, ``eos``, ``special``, ``dims``
-    (``dims``: condition -> the disabled dims as text, e.g. ``"77;588"``)."""
+    """CSV rows ``layer`` (1-based), ``head``, ``condition``, ``bos``, ``eos``, ``special``, ``entropy`` (when
+    measured), ``dims`` (``dims``: condition -> the disabled dims as text, e.g. ``"77;588"``)."""
     rows = []
     for cond, m in by_condition.items():
         L, H = m["bos"].shape
         for l in range(L):
             for h in range(H):
                 rows.append({"layer": l + 1, "head": h, "condition": cond,
-                             **{k: float(m[k][l, h]) for k in KEYS}, "dims": (dims or {}).get(cond, "")})
+                             **{k: float(m[k][l, h]) for k in KEYS},
+                             **({"entropy": float(m["entropy"][l, h])} if "entropy" in m else {}),
+                             "dims": (dims or {}).get(cond, "")})
     return rows
 
 
@@ -155,7 +165,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
             for ds in draws:
                 with zero_layernorm_dims(lns, ds):
                     per.append(sink_masses(attentions, batches, bos, eos))
-            results["random_disabled"] = {k: torch.stack([p[k] for p in per]).mean(0) for k in KEYS}
+            results["random_disabled"] = {k: torch.stack([p[k] for p in per]).mean(0) for k in KEYS + ("entropy",)}
             dims_text["random_disabled"] = "|".join(";".join(map(str, ds)) for ds in draws)
     fig = _heatmap(results, Path(ctx.out_dir) / "attention_sinks.png",
                    f"{loaded.name}: attention mass on special tokens (mean over real queries)")
@@ -176,6 +186,21 @@ def run(ctx: EvalContext) -> AnalysisResult:
            "", f"![attention mass on special tokens, layers × heads]({fig.name})", ""]
     if not dims:
         md.insert(-3, "- No outlier dim to disable: only the intact model is shown.")
+    thr = float(cfg_get(cfg, "sink_threshold", SINK_THRESHOLD))
+    shares = {c: {k: sink_head_share(results[c][k], thr) for k in ("bos", "eos")} for c in conds}
+    md += ["", f"Sink heads (Gu et al. 2025): share of a layer's heads whose mean attention on `<s>` (`</s>`) "
+           f"exceeds {thr:g}, and the mean attention entropy over heads (nats).", "",
+           "| layer | " + " | ".join(f"{c}: <s> sinks | {c}: </s> sinks | {c}: entropy" for c in conds) + " |",
+           "|---" * (1 + 3 * len(conds)) + "|"]
+    for l in range(L):
+        md.append(f"| {l + 1} | " + " | ".join(
+            f"{100 * float(shares[c]['bos'][l]):.0f}% | {100 * float(shares[c]['eos'][l]):.0f}% | "
+            f"{float(results[c]['entropy'][l].mean()):.2f}" for c in conds) + " |")
+    md.append("")
     summary = {f"special_mass_{c}": float(results[c]["special"].mean()) for c in conds}
+    for c in conds:
+        summary[f"sink_share_bos_{c}"] = [float(v) for v in shares[c]["bos"]]
+        summary[f"sink_share_eos_{c}"] = [float(v) for v in shares[c]["eos"]]
+        summary[f"attn_entropy_{c}"] = [float(v) for v in results[c]["entropy"].mean(-1)]
     return AnalysisResult("attention_sinks", sink_rows(results, dims_text), "\n".join(md), figures=[fig],
                           summary=summary)

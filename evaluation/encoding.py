@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 class Batch(NamedTuple):
     """One encoded batch: ``hidden [L+1, B, T, d]`` (encoder device), ``valid [B, T]`` bool (non-special,
     non-pad, on the hidden's device), ``rows`` (index of each row in the texts given), ``texts`` (per row),
-    ``offsets`` / ``special`` (per row character offsets and special-token mask, or None)."""
+    ``offsets`` / ``special`` (per row character offsets and special-token mask, or None),
+    ``attention_mask`` / ``input_ids`` ([B, T], on the hidden's device)."""
 
     hidden: Tensor
     valid: Tensor
@@ -32,6 +33,8 @@ class Batch(NamedTuple):
     texts: list[str]
     offsets: list | None
     special: list | None
+    attention_mask: Tensor | None = None
+    input_ids: Tensor | None = None
 
 
 @dataclass
@@ -77,7 +80,8 @@ def iter_batches(encoder, texts: Sequence[str], batch_size: int | None = None, c
             valid = valid_token_mask(b.attention_mask, b.special_tokens_mask).to(b.hidden.device)
             yield Batch(b.hidden, valid, [c0 + i for i in idx], [part[i] for i in idx],
                         None if offs is None else [offs[i] for i in idx],
-                        None if special is None else [special[i] for i in idx])
+                        None if special is None else [special[i] for i in idx],
+                        b.attention_mask.to(b.hidden.device), b.input_ids.to(b.hidden.device))
             if bar is not None:
                 bar.update(len(idx))
             t0 = time.perf_counter()

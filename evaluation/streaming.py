@@ -25,6 +25,7 @@ memory from :mod:`evaluation.encoding`; the transforms and their settings from :
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -35,6 +36,7 @@ from torch import Tensor
 from analysis.outliers import OutlierAccumulator, detect_outlier_dims
 from analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
                                  intra_sentence_similarity)
+from evaluation.activation_pass import ActivationObserver
 from analysis.transforms import TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
 from evaluation.encoding import (Batch, EncodeLog, finish_encode_log, iter_batches,  # noqa: F401 (re-exported)
                                  progress_bar)
@@ -65,6 +67,7 @@ class SentenceStats:
     passes: list[EncodeLog] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    activations: Any = None  # evaluation.activation_pass.ActivationObserver of the first pass, if asked
 
     def anisotropy(self, name: str) -> Tensor:
         """Anisotropy per layer (Tensor[L+1], float64) of the reservoir after transform ``name``."""
@@ -95,7 +98,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                       outlier_method: str = "share", outlier_threshold: float = 0.25, outlier_k: float = 3.0,
                       n_anisotropy_sentences: int = 2000, min_sentences: int = 10, max_words: int | None = 1000,
                       lowercase: bool = True, seed: int = 0, batch_size: int | None = None, chunk: int = 1024,
-                      progress: bool = False) -> SentenceStats:
+                      progress: bool = False, need_activations: bool = False) -> SentenceStats:
     """Run the fit pass (and, if needed, the apply pass) over ``texts``; see the module docstring.
 
     Parameters
@@ -111,6 +114,8 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         :func:`analysis.outliers.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
     whiten : k and the degenerate-fit guard (:class:`evaluation.transform_fit.WhitenSettings`); ``whiten_k``
         alone is the same with the default guard
+    need_activations : also run :class:`evaluation.activation_pass.ActivationObserver` (kurtosis, max/median,
+        inf-norm by site) along the first pass, into ``SentenceStats.activations``
     """
     texts = [t for t in texts if t.strip()]
     if len(texts) < 2:
@@ -157,8 +162,10 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     later = [t for t in transforms if not ft.ready(t) and t in wanted_stats
              and (t in outlier_transforms or need_self_sim)]
     setup(now)
-    _one_pass(encoder, texts, st, now, whitener, word_index, lowercase, need_self_sim, batch_size, chunk,
-              progress, "pass 1/2 (fit)" if later else "pass 1/1")
+    st.activations = ActivationObserver(encoder) if need_activations else None
+    with st.activations or contextlib.nullcontext():
+        _one_pass(encoder, texts, st, now, whitener, word_index, lowercase, need_self_sim, batch_size, chunk,
+                  progress, "pass 1/2 (fit)" if later else "pass 1/1")
     # fit clip dims and whitener from pass 1
     if "clip" in transforms and ft.clip_dims is None:
         acc = st.outliers["none"]
@@ -201,6 +208,8 @@ def _consume(b: Batch, st: SentenceStats, names: list[str], whitener: Whitener |
     tokens = h[:, valid]  # [L, N, d] non-special, non-pad tokens
     if first:
         st.outliers["none"].update(tokens)
+        if st.activations is not None:
+            st.activations.observe(h, valid, b.attention_mask, b.input_ids)
         if whitener is not None:
             whitener.partial_fit(tokens)
         if st.anisotropy_acc is not None:
@@ -268,7 +277,7 @@ def sentence_stats(ctx) -> SentenceStats:
         min_sentences=int(_get(scfg, "min_sentences", 10)), max_words=_get(scfg, "max_words", 1000),
         lowercase=bool(_get(scfg, "lowercase", True)), seed=int(ctx.seed),
         batch_size=_get(cfg.get("encoder"), "batch_size"), chunk=int(_get(cfg.get("data"), "chunk", 1024)),
-        progress=bool(cfg.get("progress", False)))
+        progress=bool(cfg.get("progress", False)), need_activations="outliers" in selected)
     source = "data.files" if _get(cfg.get("data"), "files") else "shipped Persuasion sentences (datamodules/data/eval)"
     st.settings["source"] = source
     ctx.shared["sentence_stats"] = st

@@ -163,3 +163,26 @@ def metric_curves_figure(curves: Mapping[str, Mapping[int, tuple[Sequence[int], 
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
+
+
+def position_rows_figure(table: np.ndarray, stats: Mapping, name: str = "") -> Figure:
+    """A position table row by row (Luo et al. 2021, Figs. 3–4): the rows × dims heatmap with the
+    most common argmax/argmin dims marked, and per dim the share of rows having it as argmax, argmin
+    or as a kσ dim (:func:`analysis.outliers.position_row_stats`)."""
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    lim = float(np.abs(table).max()) or 1.0
+    im = ax.imshow(table, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+    for key, color in (("argmax_dim", "k"), ("argmin_dim", "g")):
+        ax.axvline(stats[key], color=color, lw=0.8, ls="--", label=f"{key[:6]} dim {stats[key]}")
+    ax.set(xlabel="dim", ylabel="position (row)", title=f"{name} ({table.shape[0]} rows)")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    d = table.shape[1]
+    x = np.arange(d)
+    for key, label in (("argmax", "argmax"), ("argmin", "argmin")):
+        bx.plot(x, np.bincount(np.asarray(stats[key]), minlength=d) / table.shape[0], lw=1, label=label)
+    bx.plot(x, np.asarray(stats["sigma_row_share"]), lw=1, label="outside 3σ of its row")
+    bx.set(xlabel="dim", ylabel="share of rows", ylim=(0, 1.02), title="per dim: share of position rows")
+    bx.legend(fontsize=7)
+    return fig

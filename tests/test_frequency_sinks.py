@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import math
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -152,8 +154,14 @@ def test_sink_masses_hand_built_attention():
     assert m["bos"][0].tolist() == pytest.approx([0.5, 0.3])
     assert m["eos"][0].tolist() == pytest.approx([0.25, 0.3])
     assert m["special"][0].tolist() == pytest.approx([0.75, 0.6]) and m["bos"].shape == (1, 2)
+    # entropy over the same 10 real queries: head 0 rows 1 and 3 are (0.5, 0.125, 0.125, 0.25) / (0.5, 0.25, 0.25);
+    # head 1 is uniform over 4 (4 queries) or 3 keys (6 queries)
+    h4 = -(0.5 * math.log(0.5) + 2 * 0.125 * math.log(0.125) + 0.25 * math.log(0.25))
+    h3 = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
+    assert m["entropy"][0].tolist() == pytest.approx([(4 * h4 + 6 * h3) / 10, (4 * math.log(4) + 6 * math.log(3)) / 10])
     rows = sink_rows({"intact": m})
     assert [(r["layer"], r["head"]) for r in rows] == [(1, 0), (1, 1)] and rows[1]["special"] == pytest.approx(0.6)
+    assert rows[0]["entropy"] == pytest.approx((4 * h4 + 6 * h3) / 10)
 
 
 def test_attention_sinks_run_intact_vs_disabled(tmp_path):
@@ -189,3 +197,7 @@ def test_attention_sinks_run_intact_vs_disabled(tmp_path):
                for l in (2, 3) for h in range(2)) > 1e-3
     assert all(torch.equal(v, before[k]) for k, v in enc.model.state_dict().items())
     assert res.figures[0].is_file()
+    # per-layer sink-head shares (Gu et al. 2025) are the share of the rows' heads above 0.3
+    for l in range(3):
+        heads = [rows[("intact", l + 1, h)]["bos"] for h in range(2)]
+        assert res.summary["sink_share_bos_intact"][l] == sum(v > 0.3 for v in heads) / 2

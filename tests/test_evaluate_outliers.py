@@ -1,0 +1,54 @@
+"""evaluate.py's outliers analysis: the modern metrics ride along the streaming pass on a real Hugging Face
+encoder and equal the one-shot functions; position tables are read row by row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from analysis.activations import activation_kurtosis, max_median_ratio
+from evaluation.outliers import position_outliers
+from evaluation.streaming import run_sentence_pass
+from probe_fixtures import SENTENCES
+
+
+def test_streaming_metrics_on_a_real_bert_equal_one_shot_values():
+    from models.loading import FrozenEncoder
+
+    enc = FrozenEncoder("all-minilm-l6-v2", device="cpu")
+    texts = list(SENTENCES)[:24]
+    st = run_sentence_pass(enc, texts, ["none"], need_anisotropy=False, need_self_sim=False, batch_size=5,
+                           chunk=7, need_activations=True)
+    obs = st.activations
+    # one shot: every text in one padded batch
+    hidden, valid, real = [], [], []
+    for b in enc.encode(texts, batch_size=len(texts)):
+        hidden.append(b.hidden), real.append(b.attention_mask.bool())
+        valid.append(b.attention_mask.bool() & ~b.special_tokens_mask.bool())
+    h, v, r = hidden[0], valid[0], real[0]
+    assert torch.allclose(obs.acc.kurtosis(), activation_kurtosis(h, v), rtol=1e-5)
+    assert torch.allclose(obs.acc.max_median(), max_median_ratio(h, v)["ratio"], rtol=1e-5)
+    assert torch.allclose(obs.acc.max_abs, max_median_ratio(h, v)["max_abs"], rtol=1e-6)
+    # BERT is post-LN: the last block's output-LayerNorm output is the last hidden state (all real tokens)
+    inf = obs.recorder.result()
+    assert inf["ln_output"][-1].item() == pytest.approx(h[-1][r].abs().max().item(), rel=1e-5)
+    assert (inf["ln_input"][1:] > 0).all() and torch.isnan(inf["ffn_output"][0])
+    assert obs.token_text(0) != ""  # the token holding the largest |x| is named
+    assert not obs.recorder._handles  # hooks are removed after the pass
+
+
+def test_position_table_row_by_row_finds_a_planted_dim_the_mean_hides():
+    from models import EncoderConfig, RobertaMaskedLM
+
+    cfg = EncoderConfig(vocab_size=40, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_len=20)
+    model = RobertaMaskedLM(cfg)
+    emb = model.roberta.embeddings.position_embeddings
+    table = emb.weight if isinstance(emb, torch.nn.Embedding) else next(
+        m for m in emb.modules() if isinstance(m, torch.nn.Embedding)).weight
+    with torch.no_grad():
+        table[cfg.pad_token_id + 1:, 4] = torch.tensor([1.0, -1.0] * 10)  # alternating sign: mean ≈ 0
+    pos = position_outliers(model)
+    assert pos is not None and pos["rows"] == 20
+    assert 4 not in pos["sigma_dims"]  # the averaged vector hides it ...
+    assert (pos["by_row"]["argmax_dim"], pos["by_row"]["argmax_share"]) == (4, 0.5)  # ... rows show it
+    assert pos["by_row"]["argmin_dim"] == 4 and 4 in pos["by_row"]["sigma_dims"]
