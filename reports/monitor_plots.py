@@ -152,7 +152,9 @@ def metric_curves_figure(curves: Mapping[str, Mapping[int, tuple[Sequence[int], 
         ax = fig.add_subplot(nrows, ncols, k + 1)
         per = curves.get(stat, {})
         for layer, (steps, values) in per.items():
-            ax.plot(steps, values, marker="." if len(steps) < 30 else None, lw=1.2, label=f"layer {layer}")
+            # colour fixed by layer: panels without layer 0 (sites, sinks) keep the legend's colours
+            ax.plot(steps, values, marker="." if len(steps) < 30 else None, lw=1.2, label=f"layer {layer}",
+                    color=f"C{layer % 10}")
         if stat in _LOG_SCALE and any(v > 0 for _, vs in per.values() for v in vs):
             ax.set_yscale("log")
         ax.set_title(stat, fontsize=9)
