@@ -1,11 +1,20 @@
-"""Training throughput: our Lightning training step vs a plain PyTorch loop.
+"""Training throughput: our Lightning training step vs a plain PyTorch loop, or train.py variants.
 
-Same model (tiny by default), same data (the embedded corpus, packed blocks), same collator
+Default mode -- same model (tiny by default), same data (the embedded corpus, packed blocks), same collator
 (transformers' DataCollatorForLanguageModeling behind our datamodule), same optimizer, schedule
 and gradient clipping. Prints real tokens/s of both, their ratio (goal >= 1.0x), and the
 model-FLOPs utilisation (6·N + attention FLOPs per token) against a matmul peak measured here.
 
     python benchmarks/train_throughput.py [--steps 40] [--model tiny] [--pos learned] [--rounds 2]
+
+``--compare`` mode -- train.py's Lightning step under config variants, interleaved round by round in ONE
+process so that background load hits every variant alike; prints tokens/s and optimizer steps/s of each and
+its ratio to the first ("eager").  Default variants: eager, ``module.compile=true``, fused and foreach AdamW,
+and two batch shapes with the same tokens per step (64x32 and 16x128 against 32x64).  The compiled
+variant's compilation happens in its warm-up steps, outside the timing (its cost is printed separately).
+
+    python benchmarks/train_throughput.py --compare --block-size 64 --batch-size 32 --rounds 3
+    python benchmarks/train_throughput.py --compare --variant eager= --variant compiled=module.compile=true
 """
 
 from __future__ import annotations
@@ -35,14 +44,25 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> float:
     return best / 1e9
 
 
-def build(args):
+DEFAULT_VARIANTS = {
+    "eager": [],
+    "compiled": ["module.compile=true"],
+    "adamw_fused": ["+module.optimizer.fused=true"],
+    "adamw_foreach": ["+module.optimizer.foreach=true"],
+    "batch2x_block/2": ["data.batch_size=__2B__", "data.block_size=__L/2__"],
+    "batch/2_block2x": ["data.batch_size=__B/2__", "data.block_size=__2L__"],
+}
+
+
+def build(args, extra: list[str] | None = None):
     import hydra
 
     from tests.conftest import compose
 
     cfg = compose("train", [f"run_dir={args.run_dir}", f"model={args.model}", f"pos={args.pos}",
                             f"data.batch_size={args.batch_size}", f"data.block_size={args.block_size}",
-                            f"trainer.max_steps={args.warmup + args.steps}", "trainer.limit_val_batches=0"])
+                            f"trainer.max_steps={args.warmup + args.steps}", "trainer.limit_val_batches=0",
+                            *(extra or [])])
     dm = hydra.utils.instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
@@ -83,13 +103,16 @@ def plain_loop(cfg, dm, config, warmup: int, steps: int) -> float:
     return tokens / (time.perf_counter() - t0)
 
 
-def lightning_loop(cfg, dm, config, warmup: int, steps: int, callbacks: bool) -> float:
+def lightning_loop(cfg, dm, config, warmup: int, steps: int, callbacks: bool, timer_out: dict | None = None) -> float:
     import hydra
     import lightning as L
     import torch
 
     class Timer(L.Callback):
         tokens, t0 = 0, None
+
+        def on_train_start(self, trainer, pl_module):
+            self.t_start = time.perf_counter()
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if trainer.global_step == warmup:
@@ -109,7 +132,61 @@ def lightning_loop(cfg, dm, config, warmup: int, steps: int, callbacks: bool) ->
     trainer = hydra.utils.instantiate(cfg.trainer, callbacks=cbs, logger=False, enable_checkpointing=callbacks,
                                       enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=dm)
+    if timer_out is not None:  # warm-up wall time (compilation, for a compiled module) and steps/s
+        timer_out.update(warmup_s=timer.t0 - timer.t_start, steps_per_s=steps / (timer.t1 - timer.t0))
     return timer.tokens / (timer.t1 - timer.t0)
+
+
+def _expand(overrides: list[str], batch: int, block: int) -> list[str]:
+    """Fill the shape placeholders of DEFAULT_VARIANTS from --batch-size/--block-size."""
+    subs = {"__2B__": 2 * batch, "__B/2__": max(1, batch // 2), "__2L__": 2 * block, "__L/2__": max(2, block // 2)}
+    out = []
+    for o in overrides:
+        for k, v in subs.items():
+            o = o.replace(k, str(v))
+        out.append(o)
+    return out
+
+
+def compare(args) -> None:
+    """Interleave config variants of train.py's step round by round; print each one's ratio to the first."""
+    import torch
+
+    variants = DEFAULT_VARIANTS
+    if args.variant:
+        variants = {}
+        for spec in args.variant:
+            name, _, rest = spec.partition("=")
+            variants[name] = [o for o in rest.split(",") if o] if rest else []
+    built = {}
+    for name, overrides in variants.items():
+        extra = _expand(overrides, args.batch_size, args.block_size)
+        cfg, dm, config = build(args, extra)
+        if dm.block_size > config.max_len:
+            config.max_len = dm.block_size
+        built[name] = (cfg, dm, config, extra)
+    tps: dict[str, list[float]] = {n: [] for n in built}
+    sps: dict[str, list[float]] = {n: [] for n in built}
+    warm: dict[str, list[float]] = {n: [] for n in built}
+    for r in range(args.rounds):
+        for name, (cfg, dm, config, _) in built.items():
+            info: dict = {}
+            tps[name].append(lightning_loop(cfg, dm, config, args.warmup, args.steps, False, info))
+            sps[name].append(info["steps_per_s"])
+            warm[name].append(info["warmup_s"])
+            torch._dynamo.reset()  # every compiled round pays (and reports) its own compilation
+            print(f"  round {r + 1} {name:18s} {tps[name][-1]:8.0f} tokens/s  {sps[name][-1]:6.2f} steps/s "
+                  f"(warm-up {warm[name][-1]:.1f} s)", flush=True)
+    base = next(iter(built))
+    b_t, b_s = max(tps[base]), max(sps[base])
+    print(f"\nmodel {args.model} pos={args.pos}, base shape {args.batch_size}x{args.block_size}, "
+          f"{args.steps} timed steps after {args.warmup} warm-up, best of {args.rounds} interleaved rounds, "
+          f"{torch.get_num_threads()} threads")
+    print(f"{'variant':18s} {'tokens/s':>9s} {'ratio':>6s} {'steps/s':>8s} {'ratio':>6s} {'warm-up s':>9s}  overrides")
+    for name in built:
+        t, s_ = max(tps[name]), max(sps[name])
+        print(f"{name:18s} {t:9.0f} {t / b_t:6.2f} {s_:8.2f} {s_ / b_s:6.2f} {min(warm[name]):9.1f}  "
+              f"{' '.join(built[name][3]) or '-'}")
 
 
 def main() -> None:
@@ -123,9 +200,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="alternate plain/Lightning this many times; best of each")
     p.add_argument("--with-callbacks", action="store_true", help="Lightning with the default callbacks (monitors, checkpoints)")
     p.add_argument("--run-dir", default="/tmp/outlierlab_bench_train")
+    p.add_argument("--compare", action="store_true", help="compare train.py config variants (see module docstring)")
+    p.add_argument("--variant", action="append", help="NAME=override1,override2 (repeatable; first is the base)")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
+
+    if args.compare:
+        compare(args)
+        return
 
     from lightning_modules.mlm_module import MLMLitModule  # noqa: F401 (import cost outside timing)
 

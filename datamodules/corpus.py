@@ -239,11 +239,27 @@ def load_texts(source: str, files: Sequence[str] | None = None, hub: dict | None
 
 # ----------------------------------------------------------------------------------------------- helpers
 def _as_paths(files) -> list[Path]:
+    """Text file paths; a corpus FOLDER (one with ``manifest.json``, as the build scripts write) stands for
+    its files in manifest order."""
     if files is None or (not isinstance(files, (str, os.PathLike)) and len(files) == 0):
         raise ValueError("no text files given: set data.files=[a.txt,b.txt.gz] (one document per line)")
     if isinstance(files, (str, os.PathLike)):
         files = [files]
-    return [Path(str(f)).expanduser() for f in files]
+    paths: list[Path] = []
+    for f in files:
+        p = Path(str(f)).expanduser()
+        if p.suffix in (".txt", ".gz"):
+            paths.append(p)
+        elif (p / "manifest.json").is_file():
+            paths.extend(p / e["file"] for e in json.loads((p / "manifest.json").read_text())["files"])
+        elif p.is_dir():
+            raise ValueError(f"corpus folder {p} has no manifest.json; list its .txt/.txt.gz files in data.files")
+        elif not p.exists():
+            raise FileNotFoundError(f"corpus folder {p} does not exist; build it first (data=english_large: "
+                                    f"apt-get install dict-gcide && python scripts/build_english_large.py)")
+        else:
+            paths.append(p)
+    return paths
 
 
 def _non_empty(texts: Iterable) -> list[str]:

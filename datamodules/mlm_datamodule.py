@@ -8,7 +8,7 @@ Pipeline (RoBERTa / fairseq style pretraining data, Liu et al. 2019):
    into blocks of ``block_size`` tokens (:mod:`datamodules.packing`).  EVERY block is ``<s>`` + the next
    ``block_size - 1`` stream tokens, so position 0 always carries ``<s>`` -- the token whose position
    artefacts Luo et al. (2021) study; blocks may start mid-document.  Only the final block is padded
-   (``attention_mask`` 0), so no token is lost.  The blocks are saved with ``save_to_disk`` under
+   (``attention_mask`` 0), so no token is lost.  The blocks are cached (:mod:`datamodules.blocks`) under
    ``<cache_dir>/blocks/b<block_size>-<hash>``, the hash keyed by (corpus identity, tokenizer, block size),
    so a second run starts in about a second;
 4. train/validation split by blocks, a seeded permutation of block ids (``val_blocks`` or ``val_fraction``).
@@ -25,13 +25,9 @@ Call ``prepare_data(); setup("fit")`` before building the model to read ``tokeni
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import shutil
 import time
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -39,54 +35,21 @@ from typing import Any, Sequence
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from . import corpus as corpus_lib
+from .blocks import BlockDataset, ResumableDataLoader, blocks_cache_path, build_blocks, ensure_blocks, load_blocks
+from .data_validation import plain, validate_data_args
 from .masking import DeterministicMLMCollator
-from .packing import pack_blocks
 from .sampler import ResumableSampler
-from .tokenizer import MIN_VOCAB, load_or_train_bpe, load_tokenizer, mlm_special_ids, tokenizer_fingerprint
+from .tokenizer import load_or_train_bpe, load_tokenizer, mlm_special_ids
 
 log = logging.getLogger(__name__)
-
-SOURCES = ("embedded", "files", "hub")
-HUB_KEYS = {"path", "name", "split", "text_column", "streaming", "data_files", "revision"}
-TOKENIZER_KEYS = {"name_or_path", "vocab_size", "min_frequency"}
-PACKING_VERSION = "bos-stream-eos-v1"  # bump when the block layout changes, to invalidate caches
 
 
 def default_cache_dir() -> Path:
     """``$OUTLIERLAB_CACHE`` or ``~/.cache/outlierlab``."""
     return Path(os.environ.get("OUTLIERLAB_CACHE") or "~/.cache/outlierlab").expanduser()
-
-
-class BlockDataset(Dataset):
-    """Rows ``rows`` of the packed block table; items carry their global block index for mask seeding."""
-
-    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: np.ndarray) -> None:
-        self.input_ids, self.attention_mask, self.rows = input_ids, attention_mask, rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        r = int(self.rows[i])
-        return {"index": r, "input_ids": self.input_ids[r], "attention_mask": self.attention_mask[r]}
-
-
-class ResumableDataLoader(DataLoader):
-    """A DataLoader Lightning recognises as resumable (it has ``state_dict``/``load_state_dict``).
-
-    The data position itself lives in :meth:`MLMDataModule.state_dict` (applied to the sampler before the
-    loader is built), so these are no-ops; they only stop Lightning from warning that a mid-epoch resume
-    is unreliable.
-    """
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        pass
 
 
 class MLMDataModule(L.LightningDataModule):
@@ -133,8 +96,8 @@ class MLMDataModule(L.LightningDataModule):
         super().__init__()
         # No save_hyperparameters(): Lightning refuses to log when a datamodule hparam (seed, batch_size ...)
         # differs from the LightningModule's; the run's config.yaml records these values.
-        files, hub, tokenizer = _plain(files), _plain(hub), _plain(tokenizer)
-        _validate(source, files, hub, tokenizer, block_size, batch_size, val_fraction, val_blocks, num_workers,
+        files, hub, tokenizer = plain(files), plain(hub), plain(tokenizer)
+        validate_data_args(source, files, hub, tokenizer, block_size, batch_size, val_fraction, val_blocks, num_workers,
                   mlm_probability, max_documents, limit_blocks)
         self.source = source
         self.files = [files] if isinstance(files, str) else (list(files) if files else None)
@@ -213,57 +176,13 @@ class MLMDataModule(L.LightningDataModule):
             tok, _, trained = load_or_train_bpe(get_texts, corpus_id, int(self.tokenizer_cfg["vocab_size"]),
                                                 self.cache_dir, int(self.tokenizer_cfg["min_frequency"]))
         ids = mlm_special_ids(tok)
-        built = False
         self.timings["tokenizer_s"] = time.perf_counter() - t0
-        key = json.dumps({"v": PACKING_VERSION, "corpus": corpus_id, "tok": tokenizer_fingerprint(tok),
-                          "block_size": self.block_size}, sort_keys=True)
-        path = self.cache_dir / "blocks" / f"b{self.block_size}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-        if not (path / "meta.json").is_file():
-            from filelock import FileLock
-
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with FileLock(str(path) + ".lock"):
-                if not (path / "meta.json").is_file():
-                    self._build_blocks(get_texts(), tok, ids, path, corpus_id)
-                    built = True
+        path = blocks_cache_path(self.cache_dir, corpus_id, tok, self.block_size)
+        built = ensure_blocks(path, lambda p: build_blocks(get_texts(), tok, ids, p, self.block_size,
+                                                           {"corpus_id": corpus_id, "source": self.source}))
         self.tokenizer, self.blocks_path = tok, path
         self.cache_hits = {"tokenizer": not trained, "blocks": not built}
         self.timings["prepare_s"] = time.perf_counter() - t0
-
-    def _build_blocks(self, texts: list[str], tok, ids: dict, path: Path, corpus_id: str) -> None:
-        import datasets
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        eos = ids["eos"]
-
-        def tokenize(batch: dict) -> dict:
-            enc = tok(batch["text"], add_special_tokens=False, verbose=False)["input_ids"]
-            return {"input_ids": [e + [eos] for e in enc]}
-
-        docs = datasets.Dataset.from_dict({"text": texts})
-        tokenized = docs.map(tokenize, batched=True, batch_size=1000, remove_columns=["text"],
-                             desc="tokenize", keep_in_memory=True)
-        stream = pc.list_flatten(tokenized.data.column("input_ids")).to_numpy().astype(np.int32)
-        input_ids, attention_mask = pack_blocks(stream, self.block_size, ids["bos"], ids["pad"])
-        table = pa.table({
-            "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(input_ids.reshape(-1)), self.block_size),
-            "attention_mask": pa.FixedSizeListArray.from_arrays(pa.array(attention_mask.reshape(-1)),
-                                                                self.block_size),
-        })
-        meta = {"corpus_id": corpus_id, "source": self.source, "documents": len(texts),
-                "characters": sum(len(t) for t in texts), "stream_tokens": int(len(stream)),
-                "blocks": int(len(input_ids)), "block_size": self.block_size,
-                "pad_tokens": int((attention_mask == 0).sum()), "vocab_size": len(tok),
-                "tokenizer": str(getattr(tok, "name_or_path", "")) or "bpe", "special_ids": ids}
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        datasets.Dataset(table).save_to_disk(str(tmp))
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        if path.exists():  # a broken earlier attempt
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-        log.info("packed %d documents -> %d blocks of %d tokens in %s", len(texts), len(input_ids),
-                 self.block_size, path)
 
     def _hf_cache(self) -> str:
         return str(self.cache_dir / "hf_datasets")
@@ -274,14 +193,7 @@ class MLMDataModule(L.LightningDataModule):
             return
         t0 = time.perf_counter()
         self._ensure_built()
-        import datasets
-
-        table = datasets.load_from_disk(str(self.blocks_path)).data
-        b = self.block_size
-        input_ids = table.column("input_ids").combine_chunks().flatten().to_numpy().reshape(-1, b)
-        attention_mask = table.column("attention_mask").combine_chunks().flatten().to_numpy().reshape(-1, b)
-        if self.limit_blocks is not None:
-            input_ids, attention_mask = input_ids[: self.limit_blocks], attention_mask[: self.limit_blocks]
+        input_ids, attention_mask, meta = load_blocks(self.blocks_path, self.block_size, self.limit_blocks)
         n = len(input_ids)
         n_val = self._num_val(n)
         order = np.random.default_rng(self.seed).permutation(n)
@@ -291,8 +203,8 @@ class MLMDataModule(L.LightningDataModule):
         self.val_dataset = BlockDataset(ids_t, mask_t, val_rows) if n_val else None
         self.collator = DeterministicMLMCollator(self.tokenizer, self.mlm_probability, self.seed,
                                                  self.mask_replace_prob, self.random_replace_prob)
-        self.stats = {**json.loads((self.blocks_path / "meta.json").read_text()),
-                      "train_blocks": len(train_rows), "val_blocks": int(n_val)}
+        self.stats = {**meta, "train_blocks": len(train_rows), "val_blocks": int(n_val),
+                      "train_tokens": self.train_dataset.real_tokens()}
         self.timings["setup_s"] = time.perf_counter() - t0
 
     def _num_val(self, n: int) -> int:
@@ -382,48 +294,3 @@ class MLMDataModule(L.LightningDataModule):
         epoch-based runs; with ``max_steps`` it restarts the restored epoch and expects its remainder."""
         trainer = getattr(self, "trainer", None)
         return trainer is None or trainer.max_steps == -1
-
-
-# ---------------------------------------------------------------------------------------------- validation
-def _plain(x):
-    """Hydra passes DictConfig/ListConfig: turn them into dict/list."""
-    if x is not None and type(x).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(x, resolve=True)
-    return x
-
-
-def _validate(source, files, hub, tokenizer, block_size, batch_size, val_fraction, val_blocks, num_workers,
-              mlm_probability, max_documents, limit_blocks) -> None:
-    """Cheap checks with one actionable line each (before any heavy work)."""
-    if source not in SOURCES:
-        raise ValueError(f"unknown data.source {source!r}; choose one of {', '.join(SOURCES)}")
-    if source == "files" and not files:
-        raise ValueError("data.source=files needs data.files=[a.txt,b.txt.gz] (one document per line)")
-    if source == "hub" and (hub or {}).get("streaming", True) and not max_documents:
-        raise ValueError("data.source=hub streams the dataset: set data.max_documents (e.g. 10000)")
-    if not (tokenizer or {}).get("name_or_path") and int((tokenizer or {}).get("vocab_size", 8192)) < MIN_VOCAB:
-        raise ValueError(f"data.tokenizer.vocab_size must be >= {MIN_VOCAB} for byte-level BPE (256 bytes + 5 "
-                         f"special tokens), got {tokenizer['vocab_size']}")
-    if not isinstance(block_size, int) or block_size < 2:
-        raise ValueError(f"data.block_size must be an integer >= 2 (<s> plus at least one text token), "
-                         f"got {block_size!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"data.batch_size must be an integer >= 1, got {batch_size!r}")
-    if not 0 <= float(val_fraction) < 1:
-        raise ValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
-    if val_blocks is not None and int(val_blocks) < 0:
-        raise ValueError(f"data.val_blocks must be >= 0 or null, got {val_blocks}")
-    if num_workers < 0:
-        raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
-    if not 0 < float(mlm_probability) < 1:
-        raise ValueError(f"data.mlm_probability must be in (0, 1), got {mlm_probability}")
-    for name, v in (("max_documents", max_documents), ("limit_blocks", limit_blocks)):
-        if v is not None and int(v) < 1:
-            raise ValueError(f"data.{name} must be >= 1 or null, got {v}")
-    if hub and set(hub) - HUB_KEYS:
-        raise ValueError(f"unknown data.hub option(s) {sorted(set(hub) - HUB_KEYS)}; allowed: {sorted(HUB_KEYS)}")
-    if tokenizer and set(tokenizer) - TOKENIZER_KEYS:
-        raise ValueError(f"unknown data.tokenizer option(s) {sorted(set(tokenizer) - TOKENIZER_KEYS)}; "
-                         f"allowed: {sorted(TOKENIZER_KEYS)}")

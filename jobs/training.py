@@ -17,6 +17,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from datamodules.budget import DataBudget, data_budget
 from models import EncoderConfig, hf_exportable, save_pretrained
 from lightning_modules.mlm_module import MLMLitModule
 
@@ -90,6 +91,21 @@ def check_checkpoint_matches(ckpt: dict[str, Any], config: EncoderConfig, path: 
     diff = [f"{k}: {saved.get(k)!r} in checkpoint vs {current[k]!r} now" for k in current if saved.get(k) != current[k]]
     if diff:
         raise ValueError(f"checkpoint {path} belongs to a different model config ({'; '.join(diff)})")
+
+
+def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None) -> DataBudget:
+    """Log tokens per epoch, the tokens this run will see and its epochs over the data; warn above
+    ``warn_above`` epochs (``data_epochs_warning``: a memorisation regime, see :mod:`datamodules.budget`)."""
+    budget = data_budget(int(datamodule.stats["train_blocks"]), int(datamodule.stats["train_tokens"]),
+                         datamodule.batch_size, trainer.world_size, trainer.accumulate_grad_batches,
+                         trainer.max_steps, trainer.max_epochs)
+    if trainer.global_rank == 0:
+        log.info(budget.summary())
+        if warn_above is not None and budget.epochs > warn_above:
+            log.warning("this run loops %.0f times over its training data (> data_epochs_warning=%s): a "
+                        "memorisation regime, not the paper's few epochs; use more text (data.max_documents=null, "
+                        "data=english_large) or fewer steps", budget.epochs, warn_above)
+    return budget
 
 
 def _export_dir(run_dir: Path, config: EncoderConfig) -> Path:
@@ -173,6 +189,7 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
+    report_data_budget(datamodule, trainer, cfg.get("data_epochs_warning"))
     if trainer.global_rank == 0:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     _relaunch_args_for_ddp_children(run_dir)

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import lightning as L
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
 from models import EncoderConfig, RobertaMaskedLM
@@ -23,9 +23,47 @@ def tokens_in(batch: dict[str, Tensor]) -> int:
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].numel())
 
 
-def no_decay(name: str) -> bool:
-    """RoBERTa/BERT convention: no weight decay on biases and LayerNorm parameters."""
-    return name.endswith(".bias") or "LayerNorm" in name or "layer_norm" in name
+WEIGHT_DECAY_SCOPES = ("all", "no_norm_bias")
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """LayerNorm/RMSNorm-like modules, ours included (their class names end in ``Norm``)."""
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or type(module).__name__.endswith("Norm")
+
+
+def weight_decay_groups(model: nn.Module, scope: str = "no_norm_bias") -> list[dict[str, Any]]:
+    """Optimizer parameter groups that say which parameters get weight decay.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The module whose trainable parameters are optimised.
+    scope : {"all", "no_norm_bias"}
+        ``"all"``: one group, decay on every parameter -- what fairseq does, and so what RoBERTa
+        (Liu et al. 2019) and Luo et al. (2021), who pretrained with fairseq, used: fairseq's
+        ``Trainer._build_optimizer`` hands the optimizer every ``requires_grad`` parameter in one list and
+        ``FairseqAdam`` applies the decoupled decay ``p -= lr * wd * p`` to each, LayerNorm gains and
+        biases included.  ``"no_norm_bias"``: no decay on biases and on normalisation gains/biases
+        (the BERT / Hugging Face ``Trainer`` convention).  Decay pulls LayerNorm gains towards 0, so the
+        choice may change how the gain outliers of Kovaleva et al. (2021) emerge.
+
+    Returns
+    -------
+    list of dict
+        ``[{"params": decayed}, {"params": exempt, "weight_decay": 0.0}]``; the second group is absent
+        for ``"all"``.  The decayed group takes the optimizer's own ``weight_decay``.
+    """
+    if scope not in WEIGHT_DECAY_SCOPES:
+        raise ValueError(f"unknown module.weight_decay_scope {scope!r}; choose one of {', '.join(WEIGHT_DECAY_SCOPES)}")
+    if scope == "all":
+        return [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    decay, exempt = [], []
+    for module in model.modules():
+        norm = _is_norm(module)
+        for name, p in module.named_parameters(recurse=False):
+            if p.requires_grad:
+                (exempt if norm or name == "bias" else decay).append(p)
+    return [{"params": decay}, {"params": exempt, "weight_decay": 0.0}]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -44,10 +82,19 @@ class MLMLitModule(L.LightningModule):
         (paper: β = (0.9, 0.98), ε = 1e-6, weight decay 0.01).
     scheduler : callable, optional
         ``optimizer -> LRScheduler`` stepped every optimizer step (paper: linear warm-up then
-        polynomial decay, ``transformers.get_polynomial_decay_schedule_with_warmup``).
+        polynomial decay, ``models.schedules.warmup_polynomial_decay``).
     seed : int
         Dropout is re-seeded from ``(seed, global_step, rank)`` before every step, so a run
         resumed from a checkpoint draws exactly the dropout masks of an uninterrupted run.
+    weight_decay_scope : {"no_norm_bias", "all"}
+        Which parameters the optimizer's weight decay applies to (:func:`weight_decay_groups`);
+        ``experiment=paper_roberta_base`` uses ``"all"`` as fairseq did.
+    compile : bool or dict
+        Run the training forward through ``torch.compile`` (a dict: its keyword arguments, e.g.
+        ``{mode: max-autotune-no-cudagraphs}``).  Only the training step is compiled: validation and
+        the monitors call the eager model, so their hooks and ``eval()`` never trigger a recompilation,
+        and checkpoints keep the eager parameter names.  ``benchmarks/train_throughput.py --compare``
+        measures the gain.
     """
 
     def __init__(
@@ -56,15 +103,27 @@ class MLMLitModule(L.LightningModule):
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Callable[..., Any] | None = None,
         seed: int = 0,
+        weight_decay_scope: str = "no_norm_bias",
+        compile: bool | dict = False,
     ) -> None:
         super().__init__()
         config = model if isinstance(model, EncoderConfig) else EncoderConfig(**dict(model))
         # Plain dict in hparams: checkpoints stay readable and comparable across runs.
+        if weight_decay_scope not in WEIGHT_DECAY_SCOPES:
+            raise ValueError(f"unknown module.weight_decay_scope {weight_decay_scope!r}; "
+                             f"choose one of {', '.join(WEIGHT_DECAY_SCOPES)}")
         self.save_hyperparameters({"model": config.to_dict(), "seed": seed})
         self.model = RobertaMaskedLM(config)
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.seed = seed
+        self.weight_decay_scope = weight_decay_scope
+        if not isinstance(compile, bool):  # Hydra hands a DictConfig
+            compile = dict(compile)
+        self.compile_options: dict | None = (compile if isinstance(compile, dict) else {}) if compile else None
+        # A compiled *function* (not a module attribute): it shares the eager parameters, and the
+        # state_dict gains no ``_orig_mod.`` copies.  Built lazily on the first training step.
+        self._train_forward: Callable[..., Any] | None = None
         n = sum(p.numel() for p in self.model.parameters())
         # Training FLOPs per token ≈ 6·N (Kaplan et al. 2020) + attention 12·L·T·d; ThroughputMonitor
         # reads ``flops_per_batch`` to report FLOP/s and MFU.
@@ -83,8 +142,15 @@ class MLMLitModule(L.LightningModule):
         # Lightning does not checkpoint the global RNG; a step-keyed seed makes resume exact.
         torch.manual_seed((self.seed * 1_000_003 + self.global_step * 7919 + self.global_rank) % 2**63)
 
+    def _training_forward(self) -> Callable[..., Any]:
+        if self.compile_options is None:
+            return self.model
+        if self._train_forward is None:
+            self._train_forward = torch.compile(self.model.forward, **self.compile_options)
+        return self._train_forward
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self(**batch).loss
+        loss = self._training_forward()(batch["input_ids"], batch.get("attention_mask"), batch.get("labels")).loss
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"training loss became {loss.item()} at global step {self.global_step}; "
@@ -113,11 +179,7 @@ class MLMLitModule(L.LightningModule):
         self.log("val/ppl", torch.exp(loss.clamp(max=50.0)), prog_bar=True)
 
     def configure_optimizers(self):
-        decay, plain = [], []
-        for name, p in self.model.named_parameters():
-            if p.requires_grad:
-                (plain if no_decay(name) else decay).append(p)
-        optimizer = self.optimizer_factory([{"params": decay}, {"params": plain, "weight_decay": 0.0}])
+        optimizer = self.optimizer_factory(weight_decay_groups(self.model, self.weight_decay_scope))
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)

@@ -168,3 +168,69 @@ def test_corpus_module_imports_no_heavy_libraries():
     code = "import sys, datamodules.corpus; print(sorted(m for m in ('torch', 'datasets', 'transformers', 'lightning') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------------------------ english_large build
+def _load_build_script():
+    spec = importlib.util.spec_from_file_location("build_english_large", ROOT / "scripts" / "build_english_large.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _dictd_code(n: int) -> str:
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    out = ""
+    while True:
+        out = alphabet[n % 64] + out
+        n //= 64
+        if n == 0:
+            return out
+
+
+def test_dictd_numbers_decode_by_hand():
+    b = _load_build_script()
+    assert b.dictd_number("A") == 0 and b.dictd_number("/") == 63
+    assert b.dictd_number("Fz") == 5 * 64 + 51        # F=5, z=51
+    assert b.dictd_number("BAA") == 64 * 64
+
+
+def test_gcide_entries_are_cleaned_and_wordnet_entries_dropped():
+    b = _load_build_script()
+    entries = [
+        ("00-database-info", "00-database-info\n   This file was converted from the original database.\n"),
+        ("Abdication", 'Abdication \\Ab`di*ca"tion\\, n. [L. abdicatio.]\n   The act of abdicating; the '
+                       'renunciation of a high office.\n   [1913 Webster]\n'),
+        ("Accipitridae", "Accipitridae \\Accipitridae\\ n.\n   1. a family of birds consisting of the hawks.\n\n"
+                         "   Syn: family {Accipitridae}.\n        [WordNet 1.5]\n"),
+        ("Abbe", "Abbe \\Ab`be\\, n.\n   An abbot; a title given in France to clergymen.\n   [Webster 1913 Suppl.]\n"),
+        ("Ab", "Ab \\Ab\\\n"),  # a bare headword: no text
+    ]
+    data, index, offsets = b"", [], {}
+    for head, text in entries:
+        raw = text.encode("utf-8") + b"\n"
+        offsets[head] = (len(data), len(raw))
+        data += raw
+    for head, (start, length) in offsets.items():
+        index.append(f"{head}\t{_dictd_code(start)}\t{_dictd_code(length)}")
+    index.append(f"abdication\t{_dictd_code(offsets['Abdication'][0])}\t{_dictd_code(offsets['Abdication'][1])}")
+    docs = b.gcide_documents(data, "\n".join(index))
+    assert docs == [
+        "Abdication , n. [L. abdicatio.] The act of abdicating; the renunciation of a high office.",
+        "Abbe , n. An abbot; a title given in France to clergymen.",
+    ]
+
+
+def test_corpus_folder_with_manifest_stands_for_its_files(tmp_path):
+    (tmp_path / "b.txt").write_text("second file\n")
+    with gzip.open(tmp_path / "a.txt.gz", "wt") as f:
+        f.write("first file, line one\nline two\n")
+    (tmp_path / "manifest.json").write_text(json.dumps({"files": [{"file": "a.txt.gz"}, {"file": "b.txt"}]}))
+    assert load_texts_from_files([tmp_path]) == ["first file, line one", "line two", "second file"]
+    assert corpus_identity("files", [str(tmp_path)]) == corpus_identity("files", [tmp_path / "a.txt.gz",
+                                                                                 tmp_path / "b.txt"])
+    with pytest.raises(FileNotFoundError, match="build it first.*build_english_large.py"):
+        load_texts_from_files([tmp_path / "not_built"])
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(ValueError, match="has no manifest.json"):
+        load_texts_from_files([tmp_path / "bare"])
