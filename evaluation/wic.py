@@ -155,7 +155,9 @@ def check(ctx: EvalContext) -> None:
         if str(report) == str(_get(ctx.cfg, "split") or ""):
             raise ValueError(f"wic.report_split={report!r} equals wic.split: choose on one split, report on another "
                              "(or wic.report_split=null for the paper's sweep only)")
-        ctx.shared["wic_report_pairs"] = load_pairs(ctx.cfg, split=str(report))
+        rpairs = load_pairs(ctx.cfg, split=str(report))
+        if rpairs[0] != pairs:  # local files without a `split` column have one split only: sweep alone
+            ctx.shared["wic_report_pairs"] = rpairs
     fit_on = str(_get(ctx.root_cfg.get("transform"), "fit_on", "eval"))
     if "whiten" in ctx.transforms and fit_on not in ("eval", "sentences"):
         ctx.shared["wic_fit_pairs"] = load_pairs(ctx.cfg, split=fit_on, capped=False)[0]
