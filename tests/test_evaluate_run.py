@@ -19,7 +19,9 @@ N_HIDDEN_STATES = 3  # embeddings + 2 layers
 COLUMNS = {
     "outliers.csv": ["layer", "transform", "n_tokens", "n_outlier_dims", "outlier_dims", "argmax_dim", "argmax_share",
                      "argmin_dim", "argmin_share", "top_dims", "top_mean_values", "top_argmax_share",
-                     "top_argmin_share", "mean_norm"],
+                     "top_argmin_share", "mean_norm", "kurtosis", "max_median", "max_abs", "max_abs_dim",
+                     "max_abs_token", "abs_argmax_dim", "abs_argmax_share", "inf_norm_ffn_output",
+                     "inf_norm_ln_input", "inf_norm_ln_output"],
     "anisotropy.csv": ["layer", "transform", "anisotropy", "n_pairs", "n_sentences"],
     "self_similarity.csv": ["layer", "transform", "self_similarity", "self_similarity_raw", "intra_sentence",
                             "intra_sentence_raw", "anisotropy", "n_words", "n_occurrences", "n_sentences"],
