@@ -1,18 +1,27 @@
-"""A CSV logger whose ``metrics.csv`` survives resuming.
+"""Loggers whose history survives resuming into the same run directory.
 
-Lightning's CSVLogger deletes an existing ``metrics.csv`` when a run resumes into the same
-directory, losing the history a researcher plots. :class:`ResumableCSVLogger` keeps it: on its
-first write it drops only the rows of the abandoned timeline (steps at or after the first step
-the resumed run logs) and appends from there, so the file has no gap and no duplicated step.
+* Lightning's CSVLogger deletes an existing ``metrics.csv`` when a run resumes, losing the history a
+  researcher plots. :class:`ResumableCSVLogger` keeps it: on its first write it drops only the rows of
+  the abandoned timeline (steps at or after the first step the resumed run logs) and appends from there,
+  so the file has no gap and no duplicated step.
+* TensorBoard keeps every event file of a run directory: after a crash at step 14 and a resume from the
+  step-10 checkpoint, steps 11-14 show twice. :class:`TensorBoardResumePurge` writes TensorBoard's
+  restart marker (a ``SessionLog.START`` event at the resumed step, what ``SummaryWriter(purge_step=…)``
+  writes) the moment the checkpoint is loaded, before anything of the new session is logged; TensorBoard's
+  reader then discards the earlier events at or after that step.
 """
 
 from __future__ import annotations
 
 import csv
 import os
+from typing import Any
 
-from lightning.pytorch.loggers import CSVLogger
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
 
 class _ResumableWriter(ExperimentWriter):
@@ -53,3 +62,41 @@ class ResumableCSVLogger(CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _ResumableWriter(log_dir=self.log_dir)
         return self._experiment
+
+
+def write_purge_marker(writer, step: int) -> None:
+    """Mark a restart at ``step`` in a ``torch.utils.tensorboard.SummaryWriter``'s event file.
+
+    The same two events ``SummaryWriter(purge_step=step)`` writes when it opens a file: the file version
+    (TensorBoard honours restart markers only in version-2 files) and ``SessionLog.START``, on which the
+    reader purges every event seen so far with a step >= ``step``.
+    """
+    file_writer = writer._get_file_writer()
+    file_writer.add_event(Event(step=int(step), file_version="brain.Event:2"))
+    file_writer.add_event(Event(step=int(step), session_log=SessionLog(status=SessionLog.START)))
+    file_writer.flush()
+
+
+class TensorBoardResumePurge(Callback):
+    """On resume, purge the TensorBoard events the interrupted run wrote at or after the resumed step.
+
+    Works with Lightning's own :class:`~lightning.pytorch.loggers.TensorBoardLogger`; the step is read
+    from the checkpoint in ``on_load_checkpoint``, which runs before the new session logs anything.
+
+    Attributes
+    ----------
+    purged_from : int or None
+        The step of the last marker written (None: this session did not resume).
+    """
+
+    def __init__(self) -> None:
+        self.purged_from: int | None = None
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if not trainer.is_global_zero:
+            return
+        step = int(checkpoint.get("global_step", 0))
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                write_purge_marker(logger.experiment, step)
+                self.purged_from = step

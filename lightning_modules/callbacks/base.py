@@ -87,6 +87,9 @@ class OutlierMonitor(L.Callback):
                 self.after_resume(step)
             if step in self.history.steps():
                 self._last_step = step
+                # TensorBoard drops the interrupted run's events from this step on (loggers.TensorBoardResumePurge):
+                # log the step again there; the history already holds it
+                self._record(trainer, pl_module, to_history=False)
         if self._last_step is None:
             self._record(trainer, pl_module, images=True)
 
@@ -109,7 +112,8 @@ class OutlierMonitor(L.Callback):
             self._record(trainer, pl_module, images=True)
 
     # -- recording ------------------------------------------------------------------------------------
-    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, images: bool = False) -> None:
+    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, images: bool = False,
+                to_history: bool = True) -> None:
         step = trainer.global_step
         self._last_step = step
         if not trainer.is_global_zero:
@@ -117,7 +121,8 @@ class OutlierMonitor(L.Callback):
         images = images or step % self.image_every_n_steps == 0
         # Per-dim vectors only with the images: they are most of the rows (2·d per LayerNorm, d per layer).
         rows, summary = self.compute(trainer, pl_module, step, vectors=self.vectors and images)
-        self.history.append(rows)
+        if to_history:
+            self.history.append(rows)
         writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         for w in writers:
             self.log_to(w, step, summary, images)
