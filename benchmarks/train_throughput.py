@@ -15,6 +15,14 @@ variant's compilation happens in its warm-up steps, outside the timing (its cost
 
     python benchmarks/train_throughput.py --compare --block-size 64 --batch-size 32 --rounds 3
     python benchmarks/train_throughput.py --compare --variant eager= --variant compiled=module.compile=true
+
+``--paired`` mode -- for a LOADED machine: eager and ``torch.compile`` training steps (forward, backward,
+clipping, AdamW) of two copies of the same model on the same real batches, alternated step by step, so every
+pair of steps sees the same background load; prints the median step time of each, the median of the paired
+ratios, and the loss difference (dropout 0, so both compute the same function).
+
+    python benchmarks/train_throughput.py --paired --block-size 64 --batch-size 32 --steps 30 \
+        --set model.hidden_size=128 --set model.intermediate_size=512   # experiment=emergence_cpu's model
 """
 
 from __future__ import annotations
@@ -62,7 +70,7 @@ def build(args, extra: list[str] | None = None):
     cfg = compose("train", [f"run_dir={args.run_dir}", f"model={args.model}", f"pos={args.pos}",
                             f"data.batch_size={args.batch_size}", f"data.block_size={args.block_size}",
                             f"trainer.max_steps={args.warmup + args.steps}", "trainer.limit_val_batches=0",
-                            *(extra or [])])
+                            *(args.set or []), *(extra or [])])
     dm = hydra.utils.instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
@@ -148,6 +156,62 @@ def _expand(overrides: list[str], batch: int, block: int) -> list[str]:
     return out
 
 
+def paired(args) -> None:
+    """Eager vs compiled training steps, alternated step by step on the same batches (see module docstring)."""
+    import copy
+    import statistics
+
+    import torch
+
+    from datamodules.sampler import ResumableSampler
+    from models import RobertaMaskedLM
+
+    cfg, dm, config = build(args, ["model.dropout=0.0", "model.attention_dropout=0.0"])
+    torch.manual_seed(0)
+    eager = RobertaMaskedLM(config).train()
+    compiled_model = copy.deepcopy(eager)
+    step_fn = {"eager": eager, "compiled": torch.compile(compiled_model.forward)}
+    models = {"eager": eager, "compiled": compiled_model}
+    opts = {n: torch.optim.AdamW(m.parameters(), lr=float(cfg.module.optimizer.lr), betas=(0.9, 0.98), eps=1e-6,
+                                 weight_decay=0.01) for n, m in models.items()}
+    loader = dm._loader(dm.train_dataset, ResumableSampler(len(dm.train_dataset), dm.batch_size, shuffle=True, seed=0))
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    losses: dict[str, list[float]] = {"eager": [], "compiled": []}
+    compile_s = 0.0
+    for i, batch in enumerate(loader):
+        if i == args.warmup + args.steps:
+            break
+        order = ("eager", "compiled") if i % 2 == 0 else ("compiled", "eager")  # no first-mover bias
+        for name in order:
+            t = time.perf_counter()
+            loss = step_fn[name](batch["input_ids"], batch["attention_mask"], batch["labels"]).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(models[name].parameters(), 1.0)
+            opts[name].step()
+            opts[name].zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t
+            losses[name].append(float(loss))
+            if i >= args.warmup:
+                times[name].append(dt)
+            elif name == "compiled":
+                compile_s += dt
+        if i >= args.warmup:
+            print(f"  step {i}: eager {times['eager'][-1] * 1e3:7.0f} ms  compiled {times['compiled'][-1] * 1e3:7.0f} ms",
+                  flush=True)
+    ratios = [e / c for e, c in zip(times["eager"], times["compiled"])]
+    med_e, med_c = statistics.median(times["eager"]), statistics.median(times["compiled"])
+    diff = max(abs(a - b) for a, b in zip(losses["eager"], losses["compiled"]))
+    print(f"\nmodel {args.model} ({config.num_layers}x{config.hidden_size}) pos={args.pos}, batch "
+          f"{args.batch_size}x{args.block_size}, {len(ratios)} paired steps after {args.warmup} warm-up "
+          f"(compilation + warm-up {compile_s:.0f} s), {torch.get_num_threads()} threads")
+    print(f"eager    median step {med_e * 1e3:8.0f} ms")
+    print(f"compiled median step {med_c * 1e3:8.0f} ms")
+    print(f"speed-up compiled/eager: {med_e / med_c:.2f}x (ratio of medians), {statistics.median(ratios):.2f}x "
+          f"(median of paired ratios; quartiles {statistics.quantiles(ratios, n=4)[0]:.2f}-"
+          f"{statistics.quantiles(ratios, n=4)[2]:.2f})")
+    print(f"largest loss difference over {len(losses['eager'])} steps: {diff:.2e}")
+
+
 def compare(args) -> None:
     """Interleave config variants of train.py's step round by round; print each one's ratio to the first."""
     import torch
@@ -202,12 +266,17 @@ def main() -> None:
     p.add_argument("--run-dir", default="/tmp/outlierlab_bench_train")
     p.add_argument("--compare", action="store_true", help="compare train.py config variants (see module docstring)")
     p.add_argument("--variant", action="append", help="NAME=override1,override2 (repeatable; first is the base)")
+    p.add_argument("--set", action="append", help="extra train.py override for every variant, e.g. model.hidden_size=128")
+    p.add_argument("--paired", action="store_true", help="eager vs compiled, alternated step by step (loaded machine)")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
     if args.compare:
         compare(args)
+        return
+    if args.paired:
+        paired(args)
         return
 
     from lightning_modules.mlm_module import MLMLitModule  # noqa: F401 (import cost outside timing)

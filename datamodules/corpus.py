@@ -78,7 +78,7 @@ def load_texts_from_files(files: str | os.PathLike | Sequence[str | os.PathLike]
 
     All paths are checked before any is read, so a typo fails at once with the missing path in the message.
     """
-    paths = _as_paths(files)
+    paths = corpus_paths(files)
     for p in paths:
         if not p.is_file():
             raise FileNotFoundError(f"text file not found: {p} (data.files={[str(q) for q in paths]})")
@@ -197,7 +197,7 @@ def _head(ds, max_documents: int | None, streaming: bool) -> Iterable[dict]:
 def file_identity(files: Sequence[str | os.PathLike]) -> str:
     """sha256 over the raw bytes of ``files`` (in order): changes when any file changes, not when it moves."""
     h = hashlib.sha256()
-    for p in _as_paths(files):
+    for p in corpus_paths(files):
         if not p.is_file():
             raise FileNotFoundError(f"text file not found: {p}")
         h.update(str(p.stat().st_size).encode())
@@ -213,11 +213,11 @@ def corpus_identity(source: str, files: Sequence[str] | None = None, hub: dict |
     if source == "embedded":
         ident = {"source": "embedded", "content": file_identity(embedded_files())}
     elif source == "files":
-        ident = {"source": "files", "content": file_identity(_as_paths(files))}
+        ident = {"source": "files", "content": file_identity(corpus_paths(files))}
     elif source == "hub":
         hub = dict(hub or {})
         if hub.get("data_files"):  # local files behind a packaged loader: hash their content
-            hub["data_files"] = file_identity(_as_paths(hub["data_files"]))
+            hub["data_files"] = file_identity(corpus_paths(hub["data_files"]))
         ident = {"source": "hub", **{k: hub.get(k) for k in sorted(hub) if k != "cache_dir"}}
     else:
         raise ValueError(f"unknown data.source {source!r}; choose embedded, files or hub")
@@ -238,7 +238,7 @@ def load_texts(source: str, files: Sequence[str] | None = None, hub: dict | None
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def _as_paths(files) -> list[Path]:
+def corpus_paths(files) -> list[Path]:
     """Text file paths; a corpus FOLDER (one with ``manifest.json``, as the build scripts write) stands for
     its files in manifest order."""
     if files is None or (not isinstance(files, (str, os.PathLike)) and len(files) == 0):

@@ -33,6 +33,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .corpus import corpus_paths
+
 __all__ = ["DataFileError", "MissingDataFileError", "read_lines", "read_table", "validate_inputs",
            "FEW_STS_PAIRS"]
 
@@ -179,7 +181,10 @@ def check_table(path, key: str, spec: TableSpec) -> tuple[list[str], list[dict]]
 def _files(value) -> list[str]:
     if not value:
         return []
-    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
+    names = [str(value)] if isinstance(value, str) else [str(v) for v in value]
+    # a built corpus folder (manifest.json, e.g. data=english_large) stands for its files
+    return [str(f) for n in names
+            for f in (corpus_paths([n]) if (Path(n).expanduser() / "manifest.json").is_file() else [n])]
 
 
 STS = TableSpec(("sentence1", "sentence2", "score"), {"score": "float"},
