@@ -90,3 +90,41 @@ def test_every_evaluate_option_composes(group):
 def test_evaluate_default_compares_all_three_transforms():
     cfg = compose("evaluate")
     assert {k for k, v in cfg.transform.use.items() if v} == {"none", "clip", "whiten"}
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["trainer=gpu"], {"accelerator": "gpu", "devices": 1, "precision": "bf16-mixed", "strategy": "auto"}),
+    (["trainer=ddp", "trainer.devices=4"], {"accelerator": "auto", "devices": 4, "strategy": "ddp"}),
+    (["experiment=paper_roberta_base", "trainer=ddp", "trainer.devices=8"],
+     {"strategy": "ddp", "devices": 8, "precision": "bf16-mixed", "accumulate_grad_batches": 1}),
+])
+def test_gpu_and_ddp_configs_compose_and_validate(tmp_path, overrides, expected):
+    """GPU readiness on CPU (issue 16.5): the accelerator configs pass the start-up validation unchanged."""
+    from jobs.startup import check_train_config
+
+    cfg = compose("train", [f"run_dir={tmp_path}", *overrides])
+    assert check_train_config(cfg) == []
+    trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
+    assert {k: trainer[k] for k in expected} == expected
+
+
+@pytest.mark.slow
+def test_bf16_mixed_trains_on_cpu_and_resumes_exactly(tmp_path, shared_cache):
+    """bf16 autocast (the GPU configs' precision) on CPU: finite losses, and 10 + resume to 20 == 20 straight."""
+    import math
+
+    from jobs.training import train
+    from tests.test_train import small_cfg, train_losses
+
+    common = ["trainer.precision=bf16-mixed", "trainer.limit_val_batches=0", "module.scheduler.num_warmup_steps=4",
+              "module.scheduler.num_training_steps=20",  # one LR curve for the 10-step session and the 20-step run
+              "callbacks.model_checkpoint.every_n_train_steps=10", "export=false"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(small_cfg(straight, "trainer.max_steps=20", *common))
+    train(small_cfg(resumed, "trainer.max_steps=10", *common))
+    train(small_cfg(resumed, "trainer.max_steps=20", "ckpt_path=last", *common))
+    a, b = train_losses(straight), train_losses(resumed)
+    assert sorted(b) == list(range(20)) and all(math.isfinite(v) for v in a.values())
+    assert a[19] < a[0]  # it learns under autocast
+    for step in range(10, 20):
+        assert b[step] == pytest.approx(a[step], abs=1e-5), step
