@@ -4,6 +4,7 @@
 # One factor at a time from experiment=emergence_cpu (pos=learned); then
 #   python -m jobs.posthoc OUT/<name>    (kurtosis, max/median, argmax share per checkpoint)
 #   python scripts/summarize_emergence.py sweep OUT > docs/emergence/sweep.csv
+# wd_all: weight decay on LayerNorm gains and biases too (fairseq's scope; the default exempts them).
 # usage: scripts/emergence_sweep.sh OUT_DIR [STEPS=600] [POS=learned]
 set -euo pipefail
 OUT=${1:?usage: emergence_sweep.sh OUT_DIR [STEPS] [POS]}
@@ -21,8 +22,10 @@ declare -A RUNS=(
   [eps1e-6]="module.optimizer.eps=1e-6"
   [dropout0.1]="model.dropout=0.1 model.attention_dropout=0.1"
   [width256]="model.hidden_size=256 model.intermediate_size=1024"
+  [wd_all]="module.weight_decay_scope=all"
 )
-for name in base lr3e-4 lr1e-3 eps1e-6 dropout0.1 width256; do
+# SWEEP_RUNS="base eps1e-6" runs a subset (names above)
+for name in ${SWEEP_RUNS:-base lr3e-4 lr1e-3 eps1e-6 dropout0.1 width256 wd_all}; do
   if [ -f "$OUT/$name/checkpoints/last.ckpt" ] && [ -f "$OUT/$name/done" ]; then continue; fi
   # shellcheck disable=SC2086
   python train.py $COMMON ${RUNS[$name]} hydra.run.dir="$OUT/$name"
