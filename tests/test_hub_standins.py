@@ -185,3 +185,34 @@ def test_wikipedia_corpus_loads_the_hub_layout(hub):
     assert texts == SENTENCES[:5]
     assert hub["datasets"] == [{"path": "wikimedia/wikipedia", "name": "20231101.en", "split": "train",
                                 "streaming": False}]
+
+
+@pytest.mark.slow
+def test_probe_job_with_hub_encoder_and_hub_task(hub, tmp_path, monkeypatch):
+    """probe.py's job as `python probe.py encoder=bert_base_uncased task=sst2` runs it (Luo et al. §4.4)."""
+    from jobs.probing import run
+
+    monkeypatch.setenv("OUTLIERLAB_CACHE", str(tmp_path / "cache"))
+    cfg = compose("probe", ["encoder=bert_base_uncased", "task=sst2", "probe.epochs=1", "progress=false",
+                            f"features.cache_dir={tmp_path / 'features'}"])
+    out = run(cfg, str(tmp_path / "run"))
+    assert {c["name"] for c in hub["models"]} == {"bert-base-uncased"}
+    assert [c["path"] for c in hub["datasets"]] == ["stanfordnlp/sst2"]
+    assert len(out["rows"]) == 3  # embedding output + 2 layers of the stand-in, transform none
+    assert (tmp_path / "run" / "classifier.csv").is_file()
+
+
+@pytest.mark.slow
+def test_evaluate_with_hub_encoder_wic_and_sts(hub, tmp_path):
+    """evaluate.py's job as `python evaluate.py encoder=roberta_base wic=superglue sts=paper` runs it."""
+    import evaluate
+
+    cfg = compose("evaluate", ["encoder.name_or_path=roberta-base", "analyses=[wic,sts]", "wic=superglue",
+                               "sts=paper", "sts.datasets=[stsb,sickr]", "transform=none", "progress=false",
+                               "tensorboard=false"])
+    res = evaluate.evaluate(cfg, tmp_path / "run")
+    assert {c["name"] for c in hub["models"]} == {"roberta-base"}
+    paths = [c["path"] for c in hub["datasets"]]
+    assert "aps/super_glue" in paths and {"sentence-transformers/stsb", "mteb/sickr-sts"} <= set(paths)
+    sts = next(r for r in res["results"] if r.name == "sts")
+    assert {row["dataset"] for row in sts.rows} >= {"stsb", "sickr"}
