@@ -23,6 +23,8 @@ ratios, and the loss difference (dropout 0, so both compute the same function).
 
     python benchmarks/train_throughput.py --paired --block-size 64 --batch-size 32 --steps 30 \
         --set model.hidden_size=128 --set model.intermediate_size=512   # experiment=emergence_cpu's model
+
+``--shapes`` mode -- eager steps at 32x64, 64x32 and 16x128 (same tokens per step), alternated likewise.
 """
 
 from __future__ import annotations
@@ -212,6 +214,42 @@ def paired(args) -> None:
     print(f"largest loss difference over {len(losses['eager'])} steps: {diff:.2e}")
 
 
+def shapes(args) -> None:
+    """Tokens/s of eager training steps at batch shapes with the same tokens per step, alternated step by
+    step (base: --batch-size x --block-size; then 2x batch / half block and half batch / 2x block)."""
+    import statistics
+
+    import torch
+
+    from datamodules.sampler import ResumableSampler
+    from models import RobertaMaskedLM
+
+    b, l = args.batch_size, args.block_size
+    runs = {}
+    for bs, bl in ((b, l), (2 * b, l // 2), (b // 2, 2 * l)):
+        cfg, dm, config = build(args, [f"data.batch_size={bs}", f"data.block_size={bl}", f"model.max_len={max(bl, 2)}"])
+        torch.manual_seed(0)
+        model = RobertaMaskedLM(config).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.module.optimizer.lr), betas=(0.9, 0.98), eps=1e-6)
+        loader = iter(dm._loader(dm.train_dataset, ResumableSampler(len(dm.train_dataset), bs, shuffle=True, seed=0)))
+        runs[f"{bs}x{bl}"] = (model, opt, loader)
+    tps: dict[str, list[float]] = {n: [] for n in runs}
+    for i in range(args.warmup + args.steps):
+        for name, (model, opt, loader) in runs.items():
+            batch = next(loader)
+            t = time.perf_counter()
+            model(batch["input_ids"], batch["attention_mask"], batch["labels"]).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if i >= args.warmup:
+                tps[name].append(int(batch["attention_mask"].sum()) / (time.perf_counter() - t))
+    base = statistics.median(tps[next(iter(tps))])
+    print(f"\nmodel {args.model}, eager, {args.steps} steps per shape alternated, {torch.get_num_threads()} threads")
+    for name, ts in tps.items():
+        print(f"batch x block {name:8s} {statistics.median(ts):8.0f} tokens/s  {statistics.median(ts) / base:5.2f}x")
+
+
 def compare(args) -> None:
     """Interleave config variants of train.py's step round by round; print each one's ratio to the first."""
     import torch
@@ -267,6 +305,7 @@ def main() -> None:
     p.add_argument("--compare", action="store_true", help="compare train.py config variants (see module docstring)")
     p.add_argument("--variant", action="append", help="NAME=override1,override2 (repeatable; first is the base)")
     p.add_argument("--set", action="append", help="extra train.py override for every variant, e.g. model.hidden_size=128")
+    p.add_argument("--shapes", action="store_true", help="batch shapes with equal tokens per step, alternated")
     p.add_argument("--paired", action="store_true", help="eager vs compiled, alternated step by step (loaded machine)")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -277,6 +316,9 @@ def main() -> None:
         return
     if args.paired:
         paired(args)
+        return
+    if args.shapes:
+        shapes(args)
         return
 
     from lightning_modules.mlm_module import MLMLitModule  # noqa: F401 (import cost outside timing)
