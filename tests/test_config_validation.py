@@ -93,3 +93,16 @@ def test_max_steps_equal_to_warmup_trains_to_the_end(cfg_train):
     assert check_train_config(cfg_train)  # warns
     metrics = train(cfg_train)
     assert metrics["train/loss"] == metrics["train/loss"]  # finite, not NaN
+
+
+def test_batch_larger_than_the_data_trains_on_what_there_is(tmp_path, shared_cache):
+    """A batch larger than the training blocks is not an error: each step sees all blocks (a sensible reading)."""
+    from jobs.training import train
+
+    cfg = compose("train", [f"run_dir={tmp_path}", "data.limit_blocks=6", "data.val_blocks=1", "data.batch_size=32",
+                            "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
+                            "module.scheduler.num_warmup_steps=1",
+                            "model.num_layers=1", "callbacks=none", "logger=none", "export=false"])
+    assert check_train_config(cfg) == []
+    metrics = train(cfg)
+    assert metrics["train/loss"] == metrics["train/loss"] and metrics["val/loss"] < 20

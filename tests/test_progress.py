@@ -129,3 +129,24 @@ def test_factory_gives_lines_off_a_terminal_and_tqdm_on_one(monkeypatch):
                                            (90000, "25:00:00"), (None, "?"), (float("inf"), "?")])
 def test_format_duration(seconds, text):
     assert plain.format_duration(seconds) == text
+
+
+@pytest.mark.slow
+def test_train_py_under_nohup_prints_plan_and_progress(tmp_path):
+    """`python train.py > log` (stdout not a terminal): the plan line, then progress lines, in the log."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "train.py", f"hydra.run.dir={tmp_path}", "trainer.max_steps=4", "trainer.val_check_interval=4",
+         "trainer.limit_val_batches=1", "data.limit_blocks=200", "model.num_layers=1", "callbacks.progress.every_n_steps=2",
+         "callbacks.model_checkpoint.every_n_train_steps=4", "export=false", "module.scheduler.num_warmup_steps=2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("plan: 4 steps on auto x 1 device(s)")
+    steps = [l.split(" |")[0] for l in lines if l.startswith("[train] step") and "validation" not in l]
+    assert steps == ["[train] step 2/4 (50%)", "[train] step 4/4 (100%)"]
+    assert any(l.startswith("[train] step 4/4 validation | val/loss ") for l in lines)
