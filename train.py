@@ -22,12 +22,15 @@ from omegaconf import DictConfig  # noqa: E402
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     def job(cfg: DictConfig) -> dict[str, float]:
+        rank0 = os.environ.get("LOCAL_RANK", "0") == "0"  # DDP children validate too, but say it once
         for warning in check_train_config(cfg):  # a setting that cannot work fails here, in seconds
-            print(f"warning: {warning}", file=sys.stderr, flush=True)
+            if rank0:
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
         from datamodules.validation import validate_inputs
 
         validate_inputs(cfg, "train")  # data.files: missing/empty/non-UTF-8/truncated gzip -> one line
-        print(describe_plan(cfg), flush=True)
+        if rank0:
+            print(describe_plan(cfg), flush=True)
         from jobs.training import train
 
         return train(cfg)
