@@ -56,7 +56,8 @@ def _good(inp: str) -> str:
     if inp == "classifier":
         return _csv([["text", "label"], *[[s.replace(",", ""), i % 2] for i, s in enumerate(GOOD_SENTENCES * 4)]])
     if inp == "wic":
-        return "\n".join(json.dumps(WIC_PAIR) for _ in range(4)) + "\n"
+        # both splits of the default protocol: the sweep on `train`, the report on `test` (configs/wic/wordnet.yaml)
+        return "\n".join(json.dumps({**WIC_PAIR, "split": sp}) for sp in ("train", "test") * 2) + "\n"
     if inp == "sts":
         return _csv([STS_HEAD, *[[a.replace(",", ""), b.replace(",", ""), float(i)] for i, (a, b) in
                                  enumerate(zip(GOOD_SENTENCES * 8, GOOD_SENTENCES[1:] * 8))]])
