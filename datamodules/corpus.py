@@ -14,8 +14,6 @@ import gzip
 import hashlib
 import json
 import os
-import socket
-import threading
 import warnings
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -97,28 +95,11 @@ def load_embedded_texts(max_documents: int | None = None) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------------- hub
 def hub_is_offline(endpoint: str | None = None, timeout: float = 3.0) -> bool:
-    """True if ``HF_HUB_OFFLINE`` is set or the hub host cannot be reached within ``timeout`` seconds.
+    """:func:`models.hub.hub_is_offline` (the one definition), imported lazily: ``models`` imports torch, and this
+    module must stay light for the start-up checks."""
+    from models.hub import hub_is_offline as _check
 
-    Without this check a hub call on a machine without network retries for ~30-50 s before failing.
-    """
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
-        return True
-    host = (endpoint or constants.ENDPOINT).split("://")[-1].split("/")[0].split(":")[0]
-    ok: list[bool] = []
-
-    def probe() -> None:  # in a thread: getaddrinfo ignores socket timeouts
-        try:
-            socket.create_connection((host, 443), timeout=timeout).close()
-            ok.append(True)
-        except OSError:
-            pass
-
-    t = threading.Thread(target=probe, daemon=True)
-    t.start()
-    t.join(timeout + 0.5)
-    return not ok
+    return _check(endpoint, timeout)
 
 
 def load_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "20231101.en", split: str = "train",

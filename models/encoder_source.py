@@ -125,7 +125,7 @@ def resolve_encoder(name_or_path: str) -> EncoderSource:
 
 
 def _resolve_hub(repo_id: str) -> EncoderSource:
-    from datamodules.corpus import hub_is_offline
+    from .hub import hub_is_offline
 
     offline = hub_is_offline()
     if offline:
