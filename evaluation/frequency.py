@@ -90,7 +90,9 @@ def pretraining_data(source) -> dict | None:
 
 
 def _counts_cache() -> Path:
-    return Path(os.environ.get("OUTLIERLAB_CACHE", "~/.cache/outlierlab")).expanduser()
+    from datamodules.mlm_datamodule import default_cache_dir  # the one definition of the cache root
+
+    return default_cache_dir()
 
 
 def pretraining_counts(source, tokenizer, cache_dir: Path) -> tuple[np.ndarray, str]:
