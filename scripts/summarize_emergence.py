@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reports.history import read_history, wide_by_layer  # noqa: E402
 
-METRICS = ["kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output",
+METRICS = ["anisotropy", "kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output",
            "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos", "attn_entropy",
            "n_layernorm_outliers"]
 WITH_DIMS = ["argmax_share", "argmin_share", "abs_argmax_share"]
@@ -87,6 +87,8 @@ def summary(rows: list[dict], step: int) -> dict:
         "argmax_share_last": _num(last["argmax_share"]),
         "argmax_dim_last": last.get("argmax_share_dim", ""),
         "argmin_share_last": _num(last["argmin_share"]),
+        # an argmax share near 1 together with anisotropy near 1 is collapse (all tokens alike), not an outlier dim
+        "anisotropy_last": _num(last.get("anisotropy")),
         "argmax_share_max": max(col("argmax_share"), default=None),
         "layernorm_outliers_total": sum(col("n_layernorm_outliers")) if col("n_layernorm_outliers") else None,
         "sink_share_bos_max": max(col("sink_share_bos"), default=None),
@@ -134,7 +136,7 @@ def long_runs(args) -> None:
             table.append({"pos": name, **summary([r for r in all_rows if r["pos"] == name], s)})
     _write(out / "long_runs_table.csv", table)
     print(markdown(table, ["pos", "step", "kurtosis_last", "kurtosis_max", "max_median_max", "argmax_share_last",
-                           "argmax_dim_last", "argmin_share_last", "inf_norm_ln_input_max", "layernorm_outliers_total",
+                           "argmax_dim_last", "argmin_share_last", "anisotropy_last", "inf_norm_ln_input_max", "layernorm_outliers_total",
                            "sink_share_bos_max"]))
 
 
@@ -157,7 +159,7 @@ def sweep_table(args) -> None:
     _write(Path(args.out), table)
     print(markdown(table, ["run", "step", "kurtosis_last", "kurtosis_ratio_last", "kurtosis_mean", "max_median_max",
                            "inf_norm_ffn_output_max", "inf_norm_ln_input_max", "argmax_share_last",
-                           "layernorm_outliers_total", "val_ppl"]))
+                           "anisotropy_last", "layernorm_outliers_total", "val_ppl"]))
 
 
 def markdown(rows: list[dict], cols: list[str]) -> str:
