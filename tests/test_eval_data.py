@@ -6,7 +6,6 @@ Checks that need the shared source data (../shared/data or /work/shared/data) sk
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import random
@@ -21,18 +20,15 @@ from datamodules import eval_data
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "build_eval_data.py"
+# The builder's parts (scripts/eval_sets/), imported the way the script imports them: scripts/ is not a package.
+sys.path.insert(0, str(SCRIPT.parent))
+from eval_sets import common  # noqa: E402
+from eval_sets import sentences as sent_rules  # noqa: E402
+from eval_sets import wic as wic_rules  # noqa: E402
+from eval_sets import wordnet_pos as pos_rules  # noqa: E402
 
-
-def _load_builder():
-    spec = importlib.util.spec_from_file_location("build_eval_data", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-B = _load_builder()
-SOURCE = B.default_source()
-HAVE_SOURCE = (SOURCE / B.SYNSETS).is_file() and (SOURCE / B.PERSUASION).is_file()
+SOURCE = common.default_source()
+HAVE_SOURCE = (SOURCE / common.SYNSETS).is_file() and (SOURCE / common.PERSUASION).is_file()
 needs_source = pytest.mark.skipif(not HAVE_SOURCE, reason=f"shared source data not found at {SOURCE}")
 
 
@@ -50,19 +46,19 @@ def pos_rows():
 def source_synsets():
     if not HAVE_SOURCE:
         pytest.skip(f"shared source data not found at {SOURCE}")
-    return {s["id"]: s for s in B.read_synsets(SOURCE)}
+    return {s["id"]: s for s in common.read_synsets(SOURCE)}
 
 
 # ------------------------------------------------------------------ sentences
 
 
 def test_count_words_and_split_rule_on_hand_cases():
-    assert B.count_words("her word had no weight, her convenience was always to give way--she was only Anne.") == 16
-    assert B.count_words("don't stop; well-known") == 3
-    assert B.split_sentences('"Indeed!" was the reply. Charles Musgrove, Esq. of Uppercross came.  Not I. I would') == [
+    assert common.count_words("her word had no weight, her convenience was always to give way--she was only Anne.") == 16
+    assert common.count_words("don't stop; well-known") == 3
+    assert sent_rules.split_sentences('"Indeed!" was the reply. Charles Musgrove, Esq. of Uppercross came.  Not I. I would') == [
         '"Indeed!" was the reply.', "Charles Musgrove, Esq. of Uppercross came.", "Not I.", "I would",
     ]
-    assert B.split_sentences('She laughed. "Oh! certainly," was his reply? Yes') == [
+    assert sent_rules.split_sentences('She laughed. "Oh! certainly," was his reply? Yes') == [
         "She laughed.", '"Oh! certainly," was his reply?', "Yes",
     ]
 
@@ -70,22 +66,22 @@ def test_count_words_and_split_rule_on_hand_cases():
 def test_shipped_sentences_respect_documented_bounds():
     sents = eval_data.load_sentences()
     assert len(sents) >= 2000  # Luo et al. §4.1 draw 2000 sentences for anisotropy
-    counts = [B.count_words(s) for s in sents]
-    assert min(counts) >= B.SENT_MIN_WORDS and max(counts) <= B.SENT_MAX_WORDS
+    counts = [common.count_words(s) for s in sents]
+    assert min(counts) >= sent_rules.SENT_MIN_WORDS and max(counts) <= sent_rules.SENT_MAX_WORDS
     assert len(set(sents)) == len(sents)
     assert all(s == " ".join(s.split()) for s in sents)
     # enough repeated words for self-similarity (words in >= 10 sentences, Ethayarajh 2019)
-    assert sum(c >= 10 for c in B.word_sentence_freq(sents).values()) >= 300
+    assert sum(c >= 10 for c in sent_rules.word_sentence_freq(sents).values()) >= 300
 
 
 @needs_source
 def test_sentences_come_from_persuasion_only():
-    text = " ".join(" ".join(p.split()) for p in B.read_paragraphs(SOURCE))
+    text = " ".join(" ".join(p.split()) for p in common.read_paragraphs(SOURCE))
     sents = eval_data.load_sentences()
     assert all(s in text for s in sents[::25])
     emma = gzip.open(SOURCE / "corpora/janeaustenr__emma.txt.gz", "rt", encoding="utf-8").read()
     emma = " ".join(emma.split())
-    long_ones = [s for s in sents if B.count_words(s) >= 20][:200]
+    long_ones = [s for s in sents if common.count_words(s) >= 20][:200]
     assert not any(s in emma for s in long_ones)
 
 
@@ -100,7 +96,7 @@ def test_wic_balanced_overall_per_split_and_per_lemma(wic):
     per_lemma = defaultdict(Counter)
     for r in wic:
         per_lemma[(r["word"], r["pos"])][r["label"]] += 1
-    assert all(c[True] == c[False] <= B.WIC_CAP_PER_LEMMA for c in per_lemma.values())
+    assert all(c[True] == c[False] <= wic_rules.WIC_CAP_PER_LEMMA for c in per_lemma.values())
 
 
 def test_wic_offsets_point_at_identical_whole_target_tokens(wic):
@@ -119,7 +115,7 @@ def test_wic_offsets_point_at_identical_whole_target_tokens(wic):
         t2 = r["sentence2"][r["start2"]:r["end2"]]
         assert t1 == t2 and t1, r  # identical surface form: form alone cannot separate the labels
         assert is_token(r["sentence1"], r["start1"], r["end1"]) and is_token(r["sentence2"], r["start2"], r["end2"]), r
-        assert t1.lower() in B.surface_forms(r["word"], r["pos"].lower()), r
+        assert t1.lower() in wic_rules.surface_forms(r["word"], r["pos"].lower()), r
         assert r["sentence1"] != r["sentence2"]
 
 
@@ -146,7 +142,7 @@ def test_wic_rows_rederive_from_wordnet(wic, source_synsets):
             syn = source_synsets[r["synset" + k]]
             assert r["word"] in {lem.lower() for lem in syn["lemmas"]}, r
             assert r["sentence" + k] in {" ".join(e.split()) for e in syn["examples"]}, r
-            assert B.WIC_POS[syn["pos"]] == r["pos"]
+            assert wic_rules.WIC_POS[syn["pos"]] == r["pos"]
 
 
 # ------------------------------------------------------------------ WordNet POS
@@ -194,46 +190,46 @@ TOY_SYNSETS = [
 
 
 def test_surface_forms_and_find_target():
-    assert {"stopped", "stopping", "stops"} <= B.surface_forms("stop", "v")
-    assert {"carried", "carries"} <= B.surface_forms("carry", "v")
-    assert "happier" in B.surface_forms("happy", "a") and "boxes" in B.surface_forms("box", "n")
-    assert B.find_target("the pilot banked the plane", B.surface_forms("bank", "v")) == (10, 16)
-    assert B.find_target("bank to bank", B.surface_forms("bank", "n")) is None  # ambiguous -> skipped
-    assert B.find_target("a well-banked road", B.surface_forms("bank", "v")) is None  # inside a compound
+    assert {"stopped", "stopping", "stops"} <= wic_rules.surface_forms("stop", "v")
+    assert {"carried", "carries"} <= wic_rules.surface_forms("carry", "v")
+    assert "happier" in wic_rules.surface_forms("happy", "a") and "boxes" in wic_rules.surface_forms("box", "n")
+    assert wic_rules.find_target("the pilot banked the plane", wic_rules.surface_forms("bank", "v")) == (10, 16)
+    assert wic_rules.find_target("bank to bank", wic_rules.surface_forms("bank", "n")) is None  # ambiguous -> skipped
+    assert wic_rules.find_target("a well-banked road", wic_rules.surface_forms("bank", "v")) is None  # inside a compound
 
 
 def test_build_wic_toy_counts_follow_the_rule():
     # noun "bank", form "bank": synsets 1 (3 examples), 2 (2; "banks ..." is another form, "bank to bank"
     # is ambiguous), 3 (2) -> 3 positive and 3 negative candidates; verb "bank": one example per
     # synset per form -> no positive, so the verb contributes nothing.
-    rows = B.build_wic(TOY_SYNSETS, cap_per_lemma=3)
+    rows = wic_rules.build_wic(TOY_SYNSETS, cap_per_lemma=3)
     assert Counter((r["word"], r["pos"], r["label"]) for r in rows) == {("bank", "N", True): 3, ("bank", "N", False): 3}
     assert {frozenset((r["synset1"], r["synset2"])) for r in rows if not r["label"]} == {
         frozenset(p) for p in (("1-n", "2-n"), ("1-n", "3-n"), ("2-n", "3-n"))}
-    assert len(B.build_wic(TOY_SYNSETS, cap_per_lemma=1)) == 2
+    assert len(wic_rules.build_wic(TOY_SYNSETS, cap_per_lemma=1)) == 2
 
 
 def test_build_wordnet_pos_toy_rule():
-    rows = B.build_wordnet_pos(TOY_SYNSETS, per_class=2, n_validation=0, n_test=1)
+    rows = pos_rules.build_wordnet_pos(TOY_SYNSETS, per_class=2, n_validation=0, n_test=1)
     assert Counter((r["label_name"], r["split"]) for r in rows) == {
         (n, s): 1 for n in eval_data.POS_LABELS for s in ("train", "test")}
     assert "a shared gloss" not in {r["text"] for r in rows}  # repeated definitions dropped
     assert {r["synset"] for r in rows if r["label_name"] == "adjective"} == {"8-a", "9-s"}  # satellites merged
     with pytest.raises(ValueError, match="per_class"):
-        B.build_wordnet_pos(TOY_SYNSETS, per_class=3)
+        pos_rules.build_wordnet_pos(TOY_SYNSETS, per_class=3)
 
 
 def test_builders_are_deterministic_on_a_small_slice(tmp_path):
     paragraphs = ["Sir Walter Elliot, of Kellynch Hall, was a man who never took up any book but the Baronetage. "
                   "He read it often. Mr. Shepherd, a civil, cautious lawyer, said so to everyone he met that day."] * 3
-    for builder, data, kw in ((B.build_wic, TOY_SYNSETS, {}),
-                              (B.build_wordnet_pos, TOY_SYNSETS, {"per_class": 2, "n_test": 1, "n_validation": 0})):
+    for builder, data, kw in ((wic_rules.build_wic, TOY_SYNSETS, {}),
+                              (pos_rules.build_wordnet_pos, TOY_SYNSETS, {"per_class": 2, "n_test": 1, "n_validation": 0})):
         a, b = builder(data, **kw), builder(list(data), **kw)
         assert a == b and a
-        B.write_jsonl_gz(a, tmp_path / "a.gz")
-        B.write_jsonl_gz(b, tmp_path / "b.gz")
+        common.write_jsonl_gz(a, tmp_path / "a.gz")
+        common.write_jsonl_gz(b, tmp_path / "b.gz")
         assert (tmp_path / "a.gz").read_bytes() == (tmp_path / "b.gz").read_bytes()
-    assert B.build_sentences(paragraphs) == B.build_sentences(paragraphs) == [
+    assert sent_rules.build_sentences(paragraphs) == sent_rules.build_sentences(paragraphs) == [
         "Sir Walter Elliot, of Kellynch Hall, was a man who never took up any book but the Baronetage.",
         "Mr. Shepherd, a civil, cautious lawyer, said so to everyone he met that day."]
 
@@ -242,9 +238,9 @@ def test_cli_output_identical_across_processes_on_a_toy_source(tmp_path):
     src = tmp_path / "src"
     (src / "corpora").mkdir(parents=True)
     (src / "LICENSE.wordnet").write_text("WordNet 3.0 Copyright 2006 by Princeton University.\n")
-    with gzip.open(src / B.PERSUASION, "wt") as fh:
+    with gzip.open(src / common.PERSUASION, "wt") as fh:
         fh.write("Anne walked alone to the end of the long gravel path. She was not sorry to be alone there.\n")
-    with gzip.open(src / B.SYNSETS, "wt") as fh:
+    with gzip.open(src / common.SYNSETS, "wt") as fh:
         fh.writelines(json.dumps(s) + "\n" for s in TOY_SYNSETS)
     outs = []
     for hashseed in ("1", "2"):
@@ -263,7 +259,7 @@ def test_shipped_files_equal_a_fresh_build(tmp_path):
     """The shipped files are what the script builds now (no stale data, no hidden hand edits)."""
     subprocess.run([sys.executable, str(SCRIPT), "all", "--source", str(SOURCE), "--out", str(tmp_path)],
                    check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "random"})
-    for name in (B.SENTENCES_FILE, B.WIC_FILE, B.POS_FILE, "LICENSE.wordnet", "NOTICE.md"):
+    for name in (common.SENTENCES_FILE, common.WIC_FILE, common.POS_FILE, "LICENSE.wordnet", "NOTICE.md"):
         assert (tmp_path / name).read_bytes() == (eval_data.EVAL_DATA_DIR / name).read_bytes(), name
 
 
@@ -280,5 +276,5 @@ def test_loaders_filter_splits_and_fail_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="build_eval_data.py"):
         eval_data.load_sentences(tmp_path / "missing.txt.gz")
     custom = tmp_path / "s.txt.gz"
-    B.write_lines_gz(["one sentence here", "another one"], custom)
+    common.write_lines_gz(["one sentence here", "another one"], custom)
     assert eval_data.load_sentences(custom) == ["one sentence here", "another one"]
