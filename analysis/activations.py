@@ -17,7 +17,7 @@ training monitor, ``evaluate.py`` and the post-hoc checkpoint analysis use the a
 
 Token vectors are passed either already selected, ``[..., N, d]`` (e.g. ``hidden[:, valid]``), or as
 ``[..., B, T, d]`` together with a ``[B, T]`` bool mask of the tokens that count (non-special, non-pad:
-:func:`analysis.outliers.valid_token_mask`).  Leading dims (e.g. the layer axis) are kept.
+:func:`analysis.outlier_stats.valid_token_mask`).  Leading dims (e.g. the layer axis) are kept.
 """
 
 from __future__ import annotations

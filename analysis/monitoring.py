@@ -1,9 +1,10 @@
 """Long-format records of the outlier statistics, shared by the training monitors and post-hoc analysis.
 
 The quantities themselves live in :mod:`analysis.layernorm` (3σ LayerNorm outliers and divergence from
-initialisation; Kovaleva et al. 2021, Puccetti et al. 2022), :mod:`analysis.outliers` (per-layer mean
-vector and argmax/argmin share; Luo et al. 2021 §2), :mod:`analysis.activations` (kurtosis, He et al. 2024;
-max/median, Sun et al. 2024), :mod:`analysis.attention` (sink heads and entropy, Gu et al. 2025) and
+initialisation; Kovaleva et al. 2021, Puccetti et al. 2022), :mod:`analysis.outlier_stats` (per-layer mean
+vector and argmax/argmin share; Luo et al. 2021 §2) with :mod:`analysis.outlier_dims` (the outlier-dim
+rule), :mod:`analysis.activations` (kurtosis, He et al. 2024; max/median, Sun et al. 2024),
+:mod:`analysis.attention` (sink heads and entropy, Gu et al. 2025) and
 :mod:`analysis.similarity` (anisotropy; Ethayarajh 2019).  This module only *calls* them and flattens the results into rows
 ``(step, name, statistic, dim, value)`` — the format of ``monitor/layernorm.csv`` and
 ``monitor/hidden_states.csv`` (see :mod:`reports.history` for the column meanings) —
@@ -25,7 +26,8 @@ from analysis.layernorm_rule import LayerNormRule, layernorm_outliers, min_layer
 from analysis.activations import ActivationAccumulator
 from analysis.attention import (SINK_THRESHOLD, attention_entropy, sink_head_share, special_key_masks,
                                 special_token_attention_mass)
-from analysis.outliers import OutlierAccumulator, detect_outlier_dims, valid_token_mask
+from analysis.outlier_dims import detect_outlier_dims
+from analysis.outlier_stats import OutlierAccumulator, valid_token_mask
 from analysis.similarity import anisotropy, paired_sentence_tokens, sample_cross_sentence_pairs
 
 __all__ = [
@@ -144,7 +146,7 @@ def tokenize_heldout(tokenizer, texts: Sequence[str], max_length: int) -> dict[s
     """A fixed held-out batch from texts: ``input_ids``, ``attention_mask``, ``special_tokens_mask``.
 
     Uses the Hugging Face tokenizer's own padding, truncation and special-token mask; the
-    special-token mask is what :func:`analysis.outliers.valid_token_mask` needs to leave ``<s>``,
+    special-token mask is what :func:`analysis.outlier_stats.valid_token_mask` needs to leave ``<s>``,
     ``</s>`` and padding out of the statistics (Luo et al. 2021 §2).
     """
     if not texts:
@@ -182,7 +184,7 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         From :func:`encoder_hidden_states` or :func:`models.sites.monitored_forward`; layer 0 is the
         embedding output.
     attention_mask, special_tokens_mask : Tensor[B, T]
-        Only non-pad, non-special tokens count (:func:`analysis.outliers.valid_token_mask`).
+        Only non-pad, non-special tokens count (:func:`analysis.outlier_stats.valid_token_mask`).
     top_k : int
         Dims with the largest |mean| written per layer.
     n_pairs : int
@@ -213,13 +215,13 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         2026-11); ``kurtosis`` (He et al. 2024); ``max_median`` (He et al. 2024; Sun et al. 2024);
         ``max_abs`` (dim = its dim, value = the largest |x|) and ``max_abs_token_id`` (value = the id of
         the token holding it, when ``input_ids`` is given); ``top_abs_mean`` (dim, value = mean, largest
-        |mean| first); ``outlier_dim`` (dims found by :func:`analysis.outliers.detect_outlier_dims`,
+        |mean| first); ``outlier_dim`` (dims found by :func:`analysis.outlier_dims.detect_outlier_dims`,
         value = their larger share); ``mean`` (every dim); for layers ≥ 1 with ``inf_norms``:
         ``inf_norm_<site>`` (Bondarenko et al. 2023); with ``attentions``: ``sink_share_bos`` /
         ``sink_share_eos`` (share of heads with mean mass > ε on ``<s>`` / ``</s>``), ``attn_entropy``
         (mean over heads, nats) and ``attn_entropy_head`` (dim = head).  Under name ``model``:
         ``pooled_argmin_share`` / ``pooled_argmax_share`` (dim, value; Luo et al. §2's pooled share over
-        layers 1..L-1, :func:`analysis.outliers.pooled_share`).
+        layers 1..L-1, :func:`analysis.outlier_stats.pooled_share`).
     summary : dict
         ``mean`` Tensor[L, d], ``layers`` (:meth:`OutlierAccumulator.summary` merged with
         :meth:`analysis.activations.ActivationAccumulator.summary`), ``anisotropy`` and

@@ -62,7 +62,7 @@ def clip(x: Tensor, dims: Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
         With a per-layer ``dims`` the first axis is the layer axis; with shared dims any shape works.
     dims : list[int] or list[list[int]]
         One list applied to every layer, or one list per layer (e.g. the output of
-        :func:`analysis.outliers.detect_outlier_dims`).
+        :func:`analysis.outlier_dims.detect_outlier_dims`).
 
     Returns
     -------
@@ -97,7 +97,7 @@ def clip_dims_per_layer(num_layers: int, dim: int, dims: Sequence[int] | None = 
       0 = embedding output, 1..L = the layers); ranges may overlap (their dims are united); layers no range
       names are left unclipped.  This is the paper's form.
     * ``dims=[557]`` — the same dims in every hidden state, layer 0 included.
-    * ``detected`` — per-layer dims found by :func:`analysis.outliers.detect_outlier_dims` on the fit data.
+    * ``detected`` — per-layer dims found by :func:`analysis.outlier_dims.detect_outlier_dims` on the fit data.
 
     Returns
     -------

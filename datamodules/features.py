@@ -11,7 +11,7 @@ Cache layout (one directory per key under ``cache_root``; fp16 memory-mapped ``.
     <key>/special.npy        [N_tokens] bool   special token (<s>, </s>, [CLS], [SEP], ...)
     <key>/sentences.npy      [L+1, N_texts, d] mean over each text's non-special, non-pad tokens
     <key>/outlier_stats.npz  mean / argmax_share / argmin_share [L+1, d] over all non-special tokens
-                             (analysis.outliers.OutlierAccumulator, Luo et al. 2021 §2)
+                             (analysis.outlier_stats.OutlierAccumulator, Luo et al. 2021 §2)
 
 The key hashes the encoder identity (weights file sizes+mtimes or hub revision, tokenizer fingerprint,
 max_length), the texts and the layout version, so a second run with the same encoder and data never
@@ -32,7 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from analysis.outliers import OutlierAccumulator, detect_outlier_dims, valid_token_mask
+from analysis.outlier_dims import detect_outlier_dims
+from analysis.outlier_stats import OutlierAccumulator, valid_token_mask
 from analysis.transforms import (MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, clip_description,
                                  clip_dims_per_layer)
 
@@ -270,7 +271,7 @@ def fit_transform(name: str, num_layers: int, dim: int, train_chunks: Callable[[
 
 def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", threshold: float = 0.25,
                           k: float = 3.0) -> list[list[int]]:
-    """Per-layer outlier dims from training statistics (the single rule of :mod:`analysis.outliers`)."""
+    """Per-layer outlier dims from training statistics (the single rule of :mod:`analysis.outlier_dims`)."""
     if float(stats["argmax_share"].sum()) == 0:  # no valid token (all special): nothing to detect
         return [[] for _ in range(stats["argmax_share"].shape[0])]
     return detect_outlier_dims(stats, method=method, threshold=threshold, k=k)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from analysis.layernorm_rule import LayerNormRule
-from analysis.outliers import random_dims
+from analysis.outlier_dims import random_dims
 from evaluation.common import cfg_get, check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
 from evaluation.masked_lm import fill_mask, masked_batches, mlm_scores, pack_texts
 from evaluation.mlm_loading import LoadedModel, analysis_texts, shared_mlm

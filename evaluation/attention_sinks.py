@@ -25,7 +25,7 @@ from torch import Tensor
 
 from analysis.attention import (SINK_THRESHOLD, AttentionEntropyAccumulator, AttentionMassAccumulator,
                                 sink_head_share, special_key_masks)
-from analysis.outliers import random_dims
+from analysis.outlier_dims import random_dims
 from evaluation.common import cfg_get, check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
 from models.layernorms import select_layernorms, zero_layernorm_dims
 from evaluation.mlm_loading import analysis_texts, shared_mlm

@@ -16,7 +16,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 from torch import Tensor
 
-from analysis.outliers import valid_token_mask
+from analysis.outlier_stats import valid_token_mask
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from analysis.frequency import TokenValueAccumulator, token_frequency_spearman
-from analysis.outliers import detect_outlier_dims
+from analysis.outlier_dims import detect_outlier_dims
 from evaluation.common import cfg_get, check_common, detect_layernorm_outliers, ln_rule
 from evaluation.mlm_loading import analysis_texts
 from models.layernorms import model_layernorms
@@ -177,7 +177,7 @@ def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dim
 
 def _valid_chunks(encoder, tokenized) -> Iterable[tuple[Tensor, Tensor]]:
     """``(token ids, hidden [L+1, n, d])`` of the non-special, non-pad tokens, one encoder batch at a time."""
-    from analysis.outliers import valid_token_mask
+    from analysis.outlier_stats import valid_token_mask
 
     for b in encoder.batches(tokenized, sort_by_length=True):
         valid = valid_token_mask(b.attention_mask, b.special_tokens_mask).to(b.hidden.device)
@@ -186,7 +186,7 @@ def _valid_chunks(encoder, tokenized) -> Iterable[tuple[Tensor, Tensor]]:
 
 def _activation_stats(encoder, tokenized) -> dict[str, Tensor]:
     """Luo et al.'s per-layer statistics (one extra encoder pass; only when no LayerNorm outlier exists)."""
-    from analysis.outliers import OutlierAccumulator
+    from analysis.outlier_stats import OutlierAccumulator
 
     acc = OutlierAccumulator(encoder.num_layers + 1, encoder.hidden_size)
     for _, h in _valid_chunks(encoder, tokenized):

@@ -18,7 +18,7 @@ from analysis.layernorm import LAYERNORM_ROW_FIELDS, layernorm_stats, sigma_outl
 from analysis.layernorm_rule import layernorm_outliers
 from evaluation.common import ln_rule
 from models.layernorms import layernorm_tensors, model_layernorms
-from analysis.outliers import detect_outlier_dims, position_row_stats
+from analysis.outlier_dims import detect_outlier_dims, position_row_stats
 from evaluation.activation_pass import ACTIVATION_COLUMNS, activation_columns, activation_section
 from reports import monitor_plots
 from evaluation.registry import AnalysisResult, EvalContext, register

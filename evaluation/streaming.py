@@ -33,7 +33,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from analysis.outliers import OutlierAccumulator, detect_outlier_dims
+from analysis.outlier_dims import detect_outlier_dims
+from analysis.outlier_stats import OutlierAccumulator
 from analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
                                  intra_sentence_similarity)
 from evaluation.activation_pass import ActivationObserver

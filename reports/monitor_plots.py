@@ -91,7 +91,7 @@ def mean_vector_figure(mean: np.ndarray, outliers: Sequence[Sequence[int]], step
     Parameters
     ----------
     mean : array [L, d] (row 0 = embedding output).
-    outliers : per layer, dims to label (e.g. :func:`analysis.outliers.detect_outlier_dims`).
+    outliers : per layer, dims to label (e.g. :func:`analysis.outlier_dims.detect_outlier_dims`).
     step : training step (title).
     """
     mean = np.asarray(mean, dtype=float)
@@ -170,7 +170,7 @@ def metric_curves_figure(curves: Mapping[str, Mapping[int, tuple[Sequence[int], 
 def position_rows_figure(table: np.ndarray, stats: Mapping, name: str = "") -> Figure:
     """A position table row by row (Luo et al. 2021, Figs. 3–4): the rows × dims heatmap with the
     most common argmax/argmin dims marked, and per dim the share of rows having it as argmax, argmin
-    or as a kσ dim (:func:`analysis.outliers.position_row_stats`)."""
+    or as a kσ dim (:func:`analysis.outlier_dims.position_row_stats`)."""
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     lim = float(np.abs(table).max()) or 1.0

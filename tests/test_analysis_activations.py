@@ -9,7 +9,8 @@ import torch
 from analysis.activations import ActivationAccumulator, activation_kurtosis, max_median_ratio
 from analysis.attention import (AttentionEntropyAccumulator, attention_entropy, sink_head_share,
                                 special_token_attention_mass)
-from analysis.outliers import OutlierAccumulator, pooled_share, position_row_stats
+from analysis.outlier_dims import position_row_stats
+from analysis.outlier_stats import OutlierAccumulator, pooled_share
 from models import EncoderConfig, RobertaMaskedLM
 from models.sites import InfNormRecorder, block_sites, encoder_blocks, monitored_forward
 

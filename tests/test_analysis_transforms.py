@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.outliers import OutlierAccumulator, detect_outlier_dims
+from analysis.outlier_dims import detect_outlier_dims
+from analysis.outlier_stats import OutlierAccumulator
 from analysis.similarity import anisotropy, paired_sentence_tokens
 from analysis.transforms import Whitener, clip
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.outliers import OutlierAccumulator
+from analysis.outlier_stats import OutlierAccumulator
 from datamodules.features import (FeatureSet, RowBatches, chunk_outlier_stats, extract_features, fit_transform,
                                   iter_chunks)
 from models.loading import FrozenEncoder
