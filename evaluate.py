@@ -57,14 +57,21 @@ def selected_transforms(cfg) -> list[str]:
     return names
 
 
+def check_settings(cfg, analyses: list[str]) -> None:
+    """Every config section the run reads, built as its typed settings (:mod:`evaluation.settings`, no torch):
+    an unknown or missing key, a wrong type or a value out of range fails here in one line."""
+    from evaluation.registry import RUN_SETTINGS, SETTINGS
+    from evaluation.settings import section_settings
+
+    for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses)]):
+        section_settings(cls, cfg)
+
+
 def check_files(cfg) -> list[str]:
     """Every data file the user gave is usable (datamodules.validation), before the model loads; returns
     warnings about valid-but-weak input (printed, and kept in the report)."""
     from datamodules.validation import validate_inputs
 
-    n = OmegaConf.select(cfg, "data.max_sentences")
-    if n is not None and int(n) < 2:
-        raise ValueError(f"data.max_sentences must be >= 2 or null, got {n}")
     return validate_inputs(cfg, "evaluate")
 
 
@@ -72,34 +79,35 @@ def check_files(cfg) -> list[str]:
 def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Run every selected analysis on one frozen encoder and write the outputs into ``run_dir``."""
     analyses, transforms = selected_analyses(cfg), selected_transforms(cfg)
+    check_settings(cfg, analyses)
     check_files(cfg)
     t_start = time.time()
     import torch
 
     from models.loading import FrozenEncoder
-    from evaluation.registry import ANALYSES, ANALYSIS_MODULES, EvalContext
+    from evaluation.registry import ANALYSES, ANALYSIS_MODULES, EvalContext, SharedPasses
+    from evaluation.settings import EncoderSettings, section_settings
     from reports.evaluation_report import write_outputs
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(int(cfg.seed))
-    e = cfg.encoder
-    encoder = FrozenEncoder(str(e.name_or_path), e.get("max_length"), e.get("on_overflow", "warn"),
-                            e.get("device", "auto"), int(e.get("batch_size", 32)))
+    e = section_settings(EncoderSettings, cfg)
+    encoder = FrozenEncoder(e.name_or_path, e.max_length, e.on_overflow, e.device, e.batch_size)
     tb = None
-    if cfg.get("tensorboard", True):
+    if cfg.tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 
         tb = SummaryWriter(str(run_dir / "tensorboard"))
-    shared: dict = {}
+    shared = SharedPasses()  # the sentence pass and the MLM model, computed once for every analysis
     contexts, modules = {}, {}
     for name in analyses:
         modules[name] = importlib.import_module(ANALYSIS_MODULES[name])
         contexts[name] = EvalContext(encoder, cfg.get(name) or OmegaConf.create({}), cfg, transforms, run_dir,
                                      int(cfg.seed), tb, shared)
     for name in analyses:  # data problems (missing file, offline hub name) fail before any encoding
-        if hasattr(modules[name], "check"):
-            modules[name].check(contexts[name])
+        if hasattr(modules[name], "check"):  # its data (WiC pairs, STS sets) is handed to its run()
+            contexts[name].prepared = modules[name].check(contexts[name])
     results = []
     for name in analyses:
         t0 = time.time()
@@ -129,7 +137,7 @@ SENTENCE_PASS = ("outliers", "anisotropy", "self_similarity")
 
 def _whiten_columns(res, shared) -> None:
     """Whitened rows of the shared-pass analyses state what the whitener was fitted on (WiC/STS add theirs)."""
-    st = shared.get("sentence_stats")
+    st = shared.sentence_stats
     if res.name not in SENTENCE_PASS or st is None:
         return
     cols = st.transforms.columns("whiten")
@@ -139,11 +147,11 @@ def _whiten_columns(res, shared) -> None:
 
 
 def _meta(cfg, encoder, analyses, transforms, shared, seconds) -> dict:
-    st = shared.get("sentence_stats")
+    st = shared.sentence_stats
     meta = {"command": " ".join(sys.argv), "encoder": encoder.source.name, "encoder_kind": encoder.source.kind,
             "layers": encoder.num_layers + 1, "hidden": encoder.hidden_size, "device": str(encoder.device),
             "max_length": encoder.max_length, "analyses": analyses, "transforms": transforms,
-            "whiten_fit_on": str(OmegaConf.select(cfg, "transform.fit_on") or "eval"),
+            "whiten_fit_on": str(cfg.transform.fit_on),
             "seed": int(cfg.seed), "seconds": round(seconds, 1)}
     if st is not None:
         meta["sentences"] = {"n": st.n_sentences, "source": st.settings.get("source"), "passes": len(st.passes),

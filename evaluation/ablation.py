@@ -36,10 +36,11 @@ from torch import Tensor
 
 from analysis.layernorm_rule import LayerNormRule
 from analysis.outlier_dims import random_dims
-from evaluation.common import cfg_get, check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
+from evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
 from evaluation.masked_lm import fill_mask, masked_batches, mlm_scores, pack_texts
 from evaluation.mlm_loading import LoadedModel, analysis_texts, shared_mlm
 from evaluation.registry import AnalysisResult, EvalContext, register
+from evaluation.settings import AblationSettings, load_settings
 from models.layernorms import select_layernorms, zero_layernorm_dims
 
 TITLE = "## LayerNorm outlier ablation (Kovaleva et al. 2021, BERT Busters)"
@@ -152,50 +153,41 @@ def ablation_markdown(outcome: AblationOutcome, notes: Sequence[str], example: s
 
 
 def check(ctx: EvalContext) -> LayerNormRule:
-    """Settings and files, before any encoding (called by evaluate.py); returns the outlier rule."""
-    rule = check_common(ctx, "ablation")
-    p = float(cfg_get(ctx.cfg, "mlm_probability", 0.15))
-    if not 0 < p < 1:
-        raise ValueError(f"ablation.mlm_probability must be in (0, 1), got {p}")
-    if int(cfg_get(ctx.cfg, "n_random", 5)) < 0:
-        raise ValueError("ablation.n_random must be >= 0")
-    example = cfg_get(ctx.cfg, "example")
-    if example and "{mask}" not in str(example):
-        raise ValueError(f"ablation.example must contain the placeholder {{mask}}: {example!r}")
-    return rule
+    """Settings and files, before any encoding (called by evaluate.py); returns the outlier rule.  The value
+    ranges are checked when the settings are built (:class:`evaluation.settings.AblationSettings`)."""
+    return check_common(ctx, load_settings(AblationSettings, ctx.cfg))
 
 
 @register("ablation")
 def run(ctx: EvalContext) -> AnalysisResult:
     """Kovaleva et al.'s "Random vs Outliers" MLM comparison (settings: ``configs/ablation/default.yaml``,
     the outlier rule: ``configs/ln_rule/``)."""
-    rule = check(ctx)
-    cfg = ctx.cfg
+    s = load_settings(AblationSettings, ctx.cfg)
+    rule = check_common(ctx, s)
     loaded = shared_mlm(ctx)
     if not loaded.has_mlm_head:
         return skip_result("ablation", TITLE, f"{loaded.name}: {loaded.no_head_reason}.")
-    kinds = zeroed_kinds(ctx, rule)
+    kinds = zeroed_kinds(s, rule)
     select_layernorms(loaded.layernorms, kinds)  # validate before the slow part
     det = detect_layernorm_outliers(loaded.layernorms, rule)
-    given = cfg_get(cfg, "outlier_dims")
-    outliers = [int(x) for x in given] if given else det.dims
-    user = [int(x) for x in cfg_get(cfg, "dims", [])]
-    texts, what = analysis_texts(ctx, default_max=cfg_get(cfg, "max_sentences"))
-    max_length = min(int(cfg_get(cfg, "max_length", 128)), loaded.max_length)
-    if cfg_get(cfg, "pack", True):
+    given = s.outlier_dims
+    outliers = list(given) if given else det.dims
+    user = list(s.dims)
+    texts, what = analysis_texts(ctx, s)
+    max_length = min(s.max_length, loaded.max_length)
+    if s.pack:
         texts = pack_texts(loaded.tokenizer, texts, max_length)
-    seed = int(cfg_get(cfg, "seed", ctx.seed))
-    p = float(cfg_get(cfg, "mlm_probability", 0.15))
-    batches = masked_batches(loaded.tokenizer, texts, max_length, int(cfg_get(cfg, "batch_size", 16)), p, seed)
-    example = cfg_get(cfg, "example")
-    out = run_ablation(loaded, batches, kinds, outliers, user, int(cfg_get(cfg, "n_random", 5)), seed, example,
-                       int(cfg_get(cfg, "top_k", 5)))
+    seed = s.seed if s.seed is not None else ctx.seed  # null: the global seed
+    p = s.mlm_probability
+    batches = masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, p, seed)
+    example = s.example
+    out = run_ablation(loaded, batches, kinds, outliers, user, s.n_random, seed, example, s.top_k)
     notes = [f"Model: {loaded.name}. LayerNorms zeroed (gain and bias): {', '.join(kinds)} "
              f"({len(select_layernorms(loaded.layernorms, kinds))} LayerNorms).",
              ("Outlier dims given by ablation.outlier_dims; detected: " if given else "Outlier dims: ")
              + det.describe() + ".",
              f"Text: {what}" + (f", packed into {len(texts)} sequences of ≤ {max_length} tokens"
-                                if cfg_get(cfg, "pack", True) else "") + f"; {out.n_masked} masked tokens.",
+                                if s.pack else "") + f"; {out.n_masked} masked tokens.",
              f"Masking: {p:.0%} of non-special tokens -> mask token (no 80/10/10), seed {seed}, identical "
              "positions in every condition. Random draws never include the outlier dims."]
     if not outliers:

@@ -23,13 +23,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from analysis.attention import (SINK_THRESHOLD, AttentionEntropyAccumulator, AttentionMassAccumulator,
+from analysis.attention import (AttentionEntropyAccumulator, AttentionMassAccumulator,
                                 sink_head_share, special_key_masks)
 from analysis.outlier_dims import random_dims
-from evaluation.common import cfg_get, check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
+from evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
 from models.layernorms import select_layernorms, zero_layernorm_dims
 from evaluation.mlm_loading import analysis_texts, shared_mlm
 from evaluation.registry import AnalysisResult, EvalContext, register
+from evaluation.settings import AttentionSinksSettings, load_settings
 
 TITLE = "## Attention sinks: mass on special tokens (Kovaleva et al. 2019/2021)"
 KEYS = ("bos", "eos", "special")
@@ -123,27 +124,27 @@ def _heatmap(by_condition: Mapping[str, Mapping[str, Tensor]], path: Path, title
 
 
 def check(ctx: EvalContext):
-    """Settings and files, before any encoding (called by evaluate.py)."""
-    return check_common(ctx, "attention_sinks")
+    """Settings and files, before any encoding (called by evaluate.py); returns the outlier rule."""
+    return check_common(ctx, load_settings(AttentionSinksSettings, ctx.cfg))
 
 
 @register("attention_sinks")
 def run(ctx: EvalContext) -> AnalysisResult:
     """Attention mass on special tokens, intact vs outlier dims disabled (``configs/attention_sinks/default.yaml``)."""
-    rule = check(ctx)
-    cfg = ctx.cfg
+    s = load_settings(AttentionSinksSettings, ctx.cfg)
+    rule = check_common(ctx, s)
     loaded = shared_mlm(ctx)
     bos, eos = loaded.bos_token_id, loaded.eos_token_id
     if bos is None or eos is None:
         return skip_result("attention_sinks", TITLE, f"the tokenizer of {loaded.name} has no <s>/[CLS] or </s>/[SEP].")
-    kinds = zeroed_kinds(ctx, rule)
+    kinds = zeroed_kinds(s, rule)
     lns = select_layernorms(loaded.layernorms, kinds)
     det = detect_layernorm_outliers(loaded.layernorms, rule)  # the one rule (configs/ln_rule)
-    given = cfg_get(cfg, "dims")
-    dims = [int(d) for d in given] if given else det.dims
-    texts, what = analysis_texts(ctx, default_max=cfg_get(cfg, "max_sentences"))
-    max_length = min(int(cfg_get(cfg, "max_length", 128)), loaded.max_length)
-    batches = text_batches(loaded.tokenizer, texts, max_length, int(cfg_get(cfg, "batch_size", 16)))
+    given = s.dims
+    dims = list(given) if given else det.dims
+    texts, what = analysis_texts(ctx, s)
+    max_length = min(s.max_length, loaded.max_length)
+    batches = text_batches(loaded.tokenizer, texts, max_length, s.batch_size)
 
     def attentions(ids, mask):
         out = loaded.forward(ids, mask, output_attentions=True).attentions
@@ -153,13 +154,13 @@ def run(ctx: EvalContext) -> AnalysisResult:
 
     results = {"intact": sink_masses(attentions, batches, bos, eos)}
     dims_text = {}
-    n_random = int(cfg_get(cfg, "n_random", 1))
+    n_random = s.n_random
     if dims:
         with zero_layernorm_dims(lns, dims):
             results["outliers_disabled"] = sink_masses(attentions, batches, bos, eos)
         dims_text["outliers_disabled"] = ";".join(map(str, dims))
         if n_random > 0:  # control: as many random dims (never the outlier dims), mean over the draws
-            gen = torch.Generator().manual_seed(int(cfg_get(cfg, "seed", ctx.seed)))
+            gen = torch.Generator().manual_seed(s.seed if s.seed is not None else ctx.seed)  # null: global
             draws = [random_dims(loaded.hidden_size, len(dims), exclude=dims, generator=gen) for _ in range(n_random)]
             per = []
             for ds in draws:
@@ -186,7 +187,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
            "", f"![attention mass on special tokens, layers × heads]({fig.name})", ""]
     if not dims:
         md.insert(-3, "- No outlier dim to disable: only the intact model is shown.")
-    thr = float(cfg_get(cfg, "sink_threshold", SINK_THRESHOLD))
+    thr = s.sink_threshold
     shares = {c: {k: sink_head_share(results[c][k], thr) for k in ("bos", "eos")} for c in conds}
     md += ["", f"Sink heads (Gu et al. 2025): share of a layer's heads whose mean attention on `<s>` (`</s>`) "
            f"exceeds {thr:g}, and the mean attention entropy over heads (nats).", "",

@@ -1,4 +1,4 @@
-"""Settings shared by the analyses that disable or correlate LayerNorm outlier dims (ablation, frequency,
+"""Helpers shared by the analyses that disable or correlate LayerNorm outlier dims (ablation, frequency,
 attention sinks) and by the outliers analysis: the ``ln_rule`` config group, read once, and small helpers.
 
 The rule itself is :func:`analysis.layernorm_rule.layernorm_outliers` (Kovaleva et al. 2021; Puccetti et
@@ -18,17 +18,10 @@ from torch import nn
 from analysis.layernorm_rule import LayerNormOutliers, LayerNormRule, layernorm_outliers
 from evaluation.mlm_loading import check_texts
 from evaluation.registry import AnalysisResult, EvalContext
+from evaluation.settings import LAYERNORM_KINDS
 from models.layernorms import layernorm_tensors
 
-__all__ = ["cfg_get", "skip_result", "ln_rule", "detect_layernorm_outliers", "zeroed_kinds", "check_common"]
-
-
-def cfg_get(cfg, key: str, default=None):
-    """``cfg.<key>`` (dotted) of a DictConfig or mapping; ``default`` when absent or null."""
-    if cfg is None:
-        return default
-    v = OmegaConf.select(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(dict(cfg)), key, default=None)
-    return default if v is None else v
+__all__ = ["skip_result", "ln_rule", "detect_layernorm_outliers", "zeroed_kinds", "check_common"]
 
 
 def skip_result(name: str, title: str, reason: str) -> AnalysisResult:
@@ -37,12 +30,10 @@ def skip_result(name: str, title: str, reason: str) -> AnalysisResult:
 
 
 def ln_rule(ctx: EvalContext) -> LayerNormRule:
-    """The run's :class:`LayerNormRule` from the top-level ``ln_rule`` node (absent: the default rule)."""
-    node = cfg_get(ctx.root_cfg, "ln_rule")
-    if node is None:
-        return LayerNormRule()
-    return LayerNormRule.from_mapping(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node)
-                                      else dict(node))
+    """The run's :class:`LayerNormRule` from the top-level ``ln_rule`` node (absent: the rule's own default,
+    as for train.py's monitor)."""
+    node = OmegaConf.select(ctx.root_cfg, "ln_rule") if OmegaConf.is_config(ctx.root_cfg) else None
+    return LayerNormRule.from_mapping(None if node is None else OmegaConf.to_container(node, resolve=True))
 
 
 def detect_layernorm_outliers(layernorms: Mapping[str, nn.Module], rule: LayerNormRule) -> LayerNormOutliers:
@@ -50,18 +41,19 @@ def detect_layernorm_outliers(layernorms: Mapping[str, nn.Module], rule: LayerNo
     return layernorm_outliers(layernorm_tensors(layernorms), rule)
 
 
-def zeroed_kinds(ctx: EvalContext, rule: LayerNormRule) -> list[str]:
-    """Where dims are disabled: ``<section>.layernorms`` if set, else the norms the rule judged."""
-    return [str(k) for k in cfg_get(ctx.cfg, "layernorms", list(rule.layernorms))]
+def zeroed_kinds(settings, rule: LayerNormRule) -> list[str]:
+    """Where dims are disabled: ``<section>.layernorms`` if set, else the norms the rule judged (frequency
+    disables nothing and has no such key: the rule's norms are checked)."""
+    kinds = getattr(settings, "layernorms", None)
+    return [str(k) for k in (kinds if kinds is not None else rule.layernorms)]
 
 
-def check_common(ctx: EvalContext, section: str) -> LayerNormRule:
-    """Validate ``ln_rule`` and ``<section>.layernorms`` and the text files, before any model is loaded."""
+def check_common(ctx: EvalContext, settings) -> LayerNormRule:
+    """Validate ``ln_rule``, the LayerNorms ``settings`` (an analysis' typed settings with ``layernorms``,
+    ``files``) disables dims in, and its text files, before any model is loaded."""
     rule = ln_rule(ctx)
-    kinds = zeroed_kinds(ctx, rule)
-    valid = {"output", "attention_output", "embeddings", "head", "all"}
-    if not kinds or set(kinds) - valid:
-        raise ValueError(f"{section}.layernorms={kinds}: choose from {sorted(valid)}")
-    check_texts(ctx)
+    kinds = zeroed_kinds(settings, rule)
+    if not kinds or set(kinds) - set(LAYERNORM_KINDS):
+        raise ValueError(f"{settings.SECTION}.layernorms={kinds}: choose from {sorted(LAYERNORM_KINDS)}")
+    check_texts(settings)
     return rule
-

@@ -35,8 +35,9 @@ from torch import Tensor
 
 from analysis.frequency import TokenValueAccumulator, token_frequency_spearman
 from analysis.outlier_dims import detect_outlier_dims
-from evaluation.common import cfg_get, check_common, detect_layernorm_outliers, ln_rule
+from evaluation.common import check_common, detect_layernorm_outliers, ln_rule
 from evaluation.mlm_loading import analysis_texts
+from evaluation.settings import FrequencySettings, load_settings
 from models.layernorms import model_layernorms
 from evaluation.registry import AnalysisResult, EvalContext, register
 
@@ -194,17 +195,15 @@ def _activation_stats(encoder, tokenized) -> dict[str, Tensor]:
     return acc.stats()
 
 
-def choose_dims(ctx, stats_fn) -> tuple[list[int], str, str]:
+def choose_dims(ctx, s: FrequencySettings, stats_fn) -> tuple[list[int], str, str]:
     """(dims, tag, description): user dims, LayerNorm outlier dims, else activation outlier dims."""
-    cfg = ctx.cfg
-    given = cfg_get(cfg, "dims")
-    max_dims = int(cfg_get(cfg, "max_dims", 8))
-    if given:
-        return [int(d) for d in given], "user", "given by frequency.dims"
+    max_dims = s.max_dims
+    if s.dims:
+        return list(s.dims), "user", "given by frequency.dims"
     det = detect_layernorm_outliers(model_layernorms(ctx.encoder.model), ln_rule(ctx))
     if det.dims:
         return det.dims[:max_dims], "layernorm", "LayerNorm outliers: " + det.describe()
-    share = float(cfg_get(cfg, "share_threshold", 0.25))
+    share = s.share_threshold
     stats = stats_fn()
     per_layer = detect_outlier_dims(stats, method="share", threshold=share)
     score = torch.maximum(stats["argmax_share"], stats["argmin_share"]).max(0).values
@@ -242,29 +241,21 @@ def _scatter(table: FrequencyTable, layers: Sequence[int], strongest: dict[int, 
     return path
 
 
-MODES = ("auto", "pretraining", "eval", "files")
-
-
-def check(ctx: EvalContext) -> None:
-    """Settings and files, before any encoding (called by evaluate.py)."""
-    mode = str(cfg_get(ctx.cfg, "counts_from", "auto"))
-    if mode not in MODES:
-        raise ValueError(f"frequency.counts_from must be one of {', '.join(MODES)}; got {mode!r}")
-    if str(cfg_get(ctx.cfg, "value", "magnitude")) not in ("magnitude", "signed"):
-        raise ValueError(f"frequency.value must be magnitude or signed; got {cfg_get(ctx.cfg, 'value')!r}")
-    if mode == "files":
-        files = cfg_get(ctx.cfg, "count_files")
-        if not files:
-            raise ValueError("frequency.counts_from=files needs frequency.count_files=[a.txt,...]")
-        for f in [files] if isinstance(files, str) else files:
+def check(ctx: EvalContext) -> FrequencySettings:
+    """Settings and files, before any encoding (called by evaluate.py); the value checks (``counts_from``,
+    ``value``, ...) run when the settings are built (:class:`evaluation.settings.FrequencySettings`)."""
+    s = load_settings(FrequencySettings, ctx.cfg)
+    if s.counts_from == "files":
+        for f in s.count_files:
             if not Path(str(f)).expanduser().is_file():
                 raise FileNotFoundError(f"frequency.count_files: file not found: {f}")
-    check_common(ctx, "frequency")
+    check_common(ctx, s)
+    return s
 
 
-def frequency_counts(ctx, tokenized, vocab: int) -> tuple[np.ndarray, str]:
+def frequency_counts(ctx, s: FrequencySettings, tokenized, vocab: int) -> tuple[np.ndarray, str]:
     """Frequency of every token id [vocab] and where it was counted (``frequency.counts_from``)."""
-    enc, mode = ctx.encoder, str(cfg_get(ctx.cfg, "counts_from", "auto"))
+    enc, mode = ctx.encoder, s.counts_from
     note = ""
     if mode == "pretraining" or (mode == "auto" and enc.source.kind != "hf"):  # HF models: corpus unknown
         try:
@@ -277,7 +268,7 @@ def frequency_counts(ctx, tokenized, vocab: int) -> tuple[np.ndarray, str]:
     if mode == "files":
         from datamodules.corpus import load_texts_from_files
 
-        files = list(cfg_get(ctx.cfg, "count_files"))
+        files = list(s.count_files)
         return count_tokens(enc.tokenizer, load_texts_from_files(files), vocab), f"files {files}"
     ids = [t for row, sp in zip(tokenized.input_ids, tokenized.special_tokens_mask) for t, s in zip(row, sp) if not s]
     why = "" if mode == "eval" else (" — NOT the pretraining frequency Puccetti et al. use: this model's pretraining "
@@ -288,17 +279,16 @@ def frequency_counts(ctx, tokenized, vocab: int) -> tuple[np.ndarray, str]:
 @register("frequency")
 def run(ctx: EvalContext) -> AnalysisResult:
     """Puccetti et al.'s frequency analysis (settings: ``configs/frequency/default.yaml``)."""
-    check(ctx)
-    cfg, enc = ctx.cfg, ctx.encoder
-    texts, what = analysis_texts(ctx, default_max=cfg_get(cfg, "max_sentences"))
+    s = check(ctx)
+    enc = ctx.encoder
+    texts, what = analysis_texts(ctx, s)
     tokenized = enc.tokenize(texts)
-    dims, dim_tag, dims_from = choose_dims(ctx, lambda: _activation_stats(enc, tokenized))
+    dims, dim_tag, dims_from = choose_dims(ctx, s, lambda: _activation_stats(enc, tokenized))
     if any(not 0 <= d < enc.hidden_size for d in dims):
         raise ValueError(f"frequency.dims {dims} outside 0..{enc.hidden_size - 1}")
     vocab = max([len(enc.tokenizer)] + [max(r) + 1 for r in tokenized.input_ids if r])
-    counts, counts_from = frequency_counts(ctx, tokenized, vocab)
-    min_occ = int(cfg_get(cfg, "min_occurrences", 1))
-    value = str(cfg_get(cfg, "value", "magnitude"))
+    counts, counts_from = frequency_counts(ctx, s, tokenized, vocab)
+    min_occ, value = s.min_occurrences, s.value
     what_value = "mean magnitude |h|" if value == "magnitude" else "mean signed value"
     table = frequency_spearman(_valid_chunks(enc, tokenized), dims, counts, min_occ, magnitude=value == "magnitude")
 
@@ -309,7 +299,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
              "mean_value": float(mean[l, j]), "n_types": len(table.type_ids), "counts_from": counts_from,
              "dim_source": dim_tag}
             for l in range(L) for j, d in enumerate(dims)]
-    plot_layers = [int(x) for x in cfg_get(cfg, "plot_layers", [L // 2, L - 1])]
+    plot_layers = list(s.plot_layers) if s.plot_layers is not None else [L // 2, L - 1]  # null: middle, last
     if any(not 0 <= x < L for x in plot_layers):
         raise ValueError(f"frequency.plot_layers {plot_layers} outside 0..{L - 1}")
     strongest = {l: dims[int(mean[l].abs().argmax())] for l in plot_layers}

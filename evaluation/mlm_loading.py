@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from evaluation.settings import DataSettings, section_settings
 from models.layernorms import model_layernorms
 
 
@@ -186,55 +187,37 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
 
 
 def shared_mlm(ctx) -> LoadedModel:
-    """:func:`load_mlm` of ``ctx.encoder``, loaded once per evaluate.py run (cached in ``ctx.shared``)."""
-    key = "evaluation.mlm_loading.loaded"
-    if key not in ctx.shared:
-        ctx.shared[key] = load_mlm(ctx.encoder)
-    return ctx.shared[key]
+    """:func:`load_mlm` of ``ctx.encoder``, loaded once per evaluate.py run (kept in ``ctx.shared.mlm``)."""
+    if ctx.shared.mlm is None:
+        ctx.shared.mlm = load_mlm(ctx.encoder)
+    return ctx.shared.mlm
 
 
 # ------------------------------------------------------------------------------------------------ text
-def check_texts(ctx) -> None:
-    """The analysis' own ``files`` exist and ``max_sentences`` is sensible (before any encoding)."""
-    from omegaconf import OmegaConf
-
-    cfg = ctx.cfg if ctx.cfg is None or OmegaConf.is_config(ctx.cfg) else OmegaConf.create(dict(ctx.cfg))
-    files = OmegaConf.select(cfg, "files", default=None) if cfg is not None else None
-    for f in ([files] if isinstance(files, str) else files or []):
+def check_texts(settings) -> None:
+    """The analysis' own ``files`` (``settings.files``) exist (before any encoding); its ``max_sentences``
+    was range-checked when the settings were built."""
+    for f in settings.files or ():
         if not Path(str(f)).expanduser().is_file():
             raise FileNotFoundError(f"files: file not found: {f}")
-    n = OmegaConf.select(cfg, "max_sentences", default=None) if cfg is not None else None
-    if n is not None and int(n) < 1:
-        raise ValueError(f"max_sentences must be >= 1 or null, got {n}")
 
 
-def analysis_texts(ctx, default_max: int | None = None) -> tuple[list[str], str]:
+def analysis_texts(ctx, settings) -> tuple[list[str], str]:
     """Held-out texts for an analysis and a short description of where they come from.
 
-    Looked up in order: the analysis' own ``files`` / ``max_sentences``, then the evaluate config's
-    ``data.files`` / ``data.max_sentences``; no files -> the shipped *Persuasion* sentences
-    (:func:`datamodules.eval_data.load_sentences`; not in our pretraining corpus).  The FIRST
+    Looked up in order: the analysis' own ``files`` / ``max_sentences`` (``settings``, its typed section),
+    then the evaluate config's ``data.files`` / ``data.max_sentences``; no files -> the shipped *Persuasion*
+    sentences (:func:`datamodules.eval_data.load_sentences`; not in our pretraining corpus).  The FIRST
     ``max_sentences`` texts are used, so two analyses with the same limit see the same texts.
     """
-    from omegaconf import OmegaConf
-
     from datamodules.corpus import load_texts_from_files
     from datamodules.eval_data import load_sentences
 
-    def sel(cfg, key: str):
-        if cfg is None:
-            return None
-        return OmegaConf.select(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(dict(cfg)), key, default=None)
-
-    def pick(key: str):
-        own = sel(ctx.cfg, key)
-        return own if own is not None else sel(ctx.root_cfg, f"data.{key}")
-
-    files = pick("files")
-    limit = pick("max_sentences")
-    limit = default_max if limit is None else int(limit)
+    data = section_settings(DataSettings, ctx.root_cfg)
+    files = settings.files if settings.files is not None else data.files
+    limit = settings.max_sentences if settings.max_sentences is not None else data.max_sentences
     if files:
-        files = [files] if isinstance(files, str) else list(files)
+        files = list(files)
         texts, what = load_texts_from_files(files), f"{len(files)} file(s): " + ", ".join(map(str, files))
     else:
         texts, what = load_sentences(), "held-out sentences (Austen, Persuasion)"

@@ -23,7 +23,8 @@ from evaluation.activation_pass import ACTIVATION_COLUMNS, activation_columns, a
 from reports import monitor_plots
 from evaluation.registry import AnalysisResult, EvalContext, register
 from reports.evaluation_report import md_table, plot_vectors, write_csv
-from evaluation.streaming import _get, sentence_stats
+from evaluation.settings import OutliersSettings, load_settings
+from evaluation.streaming import sentence_stats
 
 COLUMNS = ["layer", "transform", "n_tokens", "n_outlier_dims", "outlier_dims", "argmax_dim", "argmax_share",
            "argmin_dim", "argmin_share", "top_dims", "top_mean_values", "top_argmax_share", "top_argmin_share",
@@ -76,9 +77,8 @@ def _position_rows_section(pos: dict, out, k: float) -> tuple[str, object]:
     return text, out / "position_rows.png"
 
 
-def _rows(st, transforms, cfg) -> tuple[list[dict], dict[str, list[list[int]]]]:
-    top_k = int(_get(cfg, "top_k", 5))
-    method, thr, k = str(_get(cfg, "method", "share")), float(_get(cfg, "threshold", 0.25)), float(_get(cfg, "k", 3.0))
+def _rows(st, transforms, s: OutliersSettings) -> tuple[list[dict], dict[str, list[list[int]]]]:
+    top_k, method, thr, k = s.top_k, s.method, s.threshold, s.k
     rows, detected = [], {}
     for t in transforms:
         acc = st.outliers.get(t)
@@ -116,14 +116,14 @@ def sentences_about(rows: list[dict], min_share: float = 0.25) -> list[str]:
 
 @register("outliers")
 def run(ctx: EvalContext) -> AnalysisResult:
+    s = load_settings(OutliersSettings, ctx.cfg)
     st = sentence_stats(ctx)
-    cfg = ctx.cfg
-    rows, detected = _rows(st, ctx.transforms, cfg)
+    rows, detected = _rows(st, ctx.transforms, s)
     out, figures, md = ctx.out_dir, [], ["## Outlier dimensions (Luo et al. 2021 §2)"]
-    thr = float(_get(cfg, "threshold", 0.25))
+    thr = s.threshold
     n_tok = st.outliers["none"].count
     md.append(f"{st.n_sentences} sentences ({st.settings.get('source', '')}), {n_tok} non-special tokens; "
-              f"layer 0 = embedding output. Outlier rule: `{_get(cfg, 'method', 'share')}` "
+              f"layer 0 = embedding output. Outlier rule: `{s.method}` "
               f"(share ≥ {thr:g} of tokens with their argmax/argmin on the dim; "
               "analysis.outliers.detect_outlier_dims).")
     none_rows = [r for r in rows if r["transform"] == "none"]
@@ -161,7 +161,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
         summary["max_median"] = [c["max_median"] for c in cols]
 
     model = ctx.encoder.model
-    pos = position_outliers(model, float(_get(cfg, "position_k", 3.0)))
+    pos = position_outliers(model, s.position_k)
     md.append("### Position embeddings (Luo et al. §3, Figs. 3–4)")
     if pos is None:
         md.append("No learned absolute position table (`*embeddings.position_embeddings.weight`) in this encoder "
@@ -169,12 +169,12 @@ def run(ctx: EvalContext) -> AnalysisResult:
     else:
         vals = ", ".join(f"{d} ({v:+.3g})" for d, v in zip(pos["sigma_dims"], pos["sigma_values"]))
         md.append(f"`{pos['name']}`: mean over its {pos['rows']} used rows; dims outside mean ± "
-                  f"{float(_get(cfg, 'position_k', 3.0)):g}σ: {vals or 'none'}. Largest |mean|: "
+                  f"{s.position_k:g}σ: {vals or 'none'}. Largest |mean|: "
                   f"{', '.join(map(str, pos['top_abs_dims']))}.")
         figures.append(plot_vectors(out / "position_mean_vector.png", [pos["mean"].tolist()], [pos["name"]],
                                     [pos["sigma_dims"]], "mean position vector (3σ dims marked)", ncols=1))
         md.append("![mean position vector](position_mean_vector.png)")
-        text, fig = _position_rows_section(pos, out, float(_get(cfg, "position_k", 3.0)))
+        text, fig = _position_rows_section(pos, out, s.position_k)
         md.append(text)
         figures.append(fig)
         act = {d for dims in detected.get("none", []) for d in dims}

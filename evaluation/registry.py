@@ -1,9 +1,11 @@
 """Registry of the analyses ``evaluate.py`` runs; one module per analysis registers itself here.
 
-Each analysis is a function ``run(ctx: EvalContext) -> AnalysisResult``. ``evaluate.py`` builds
-one :class:`EvalContext` (the frozen encoder, the analysis' own config section, the transforms
-to compare, the run directory), calls every selected analysis, and writes ``<name>.csv``
-(rows), the Markdown report (sections in order) and the figures.
+Each analysis is a function ``run(ctx: EvalContext) -> AnalysisResult`` whose config section is read as the
+frozen dataclass :data:`SETTINGS` names.  ``evaluate.py`` builds every selected section's settings (and
+:data:`RUN_SETTINGS`) before any model is loaded, then one :class:`EvalContext` per analysis (the frozen
+encoder, the analysis' own config section, the transforms to compare, the run directory, the typed
+:class:`SharedPasses`), calls every selected analysis, and writes ``<name>.csv`` (rows), the Markdown report
+(sections in order) and the figures.
 
 Kept free of heavy imports: analyses import torch/transformers inside their own modules.
 """
@@ -12,7 +14,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+from evaluation.settings import (AblationSettings, AnisotropySettings, AttentionSinksSettings, DataSettings,
+                                 EncoderSettings, FrequencySettings, OutliersSettings, SelfSimilaritySettings,
+                                 StsSettings, TransformSettings, WicSettings)
+
+if TYPE_CHECKING:  # annotations only: the registry stays free of torch
+    from evaluation.mlm_loading import LoadedModel
+    from evaluation.streaming import SentenceStats
+
+
+@dataclass
+class SharedPasses:
+    """Work done once per ``evaluate.py`` run and reused by several analyses, each under its own typed
+    field (filled on first use by the function named).
+
+    sentence_stats : the one streaming pass over the evaluation sentences
+        (:func:`evaluation.streaming.sentence_stats`): outliers, anisotropy, self_similarity read it; WiC and
+        STS take their detected clip dims and their ``transform.fit_on=sentences`` whitener from it
+    mlm : the encoder with its masked-LM head (:func:`evaluation.mlm_loading.shared_mlm`): ablation,
+        attention_sinks
+    """
+
+    sentence_stats: SentenceStats | None = None
+    mlm: LoadedModel | None = None
 
 
 @dataclass
@@ -20,13 +46,16 @@ class EvalContext:
     """What every analysis receives.
 
     encoder : models.loading.FrozenEncoder (loaded once, shared)
-    cfg : the analysis' own config section (omegaconf DictConfig), e.g. ``cfg.wic``
+    cfg : the analysis' own config section (omegaconf DictConfig), e.g. ``cfg.wic``; read it through
+        :func:`evaluation.settings.load_settings` and the class in :data:`SETTINGS`
     root_cfg : the whole evaluate config
     transforms : names to compare side by side, subset of ("none", "clip", "whiten")
     out_dir : run directory (write figures here; CSV/MD are written by evaluate.py)
     seed : global seed
     tb : a ``torch.utils.tensorboard.SummaryWriter`` or None
-    shared : cache shared between analyses (e.g. encoded features of the default sentences)
+    shared : :class:`SharedPasses`, the work shared between analyses
+    prepared : what the analysis' own ``check`` loaded before any encoding (its data), handed to its ``run``
+        (None: ``run`` loads it itself)
     """
 
     encoder: Any
@@ -36,7 +65,8 @@ class EvalContext:
     out_dir: Path
     seed: int = 0
     tb: Any = None
-    shared: dict[str, Any] = field(default_factory=dict)
+    shared: SharedPasses = field(default_factory=SharedPasses)
+    prepared: Any = None
 
 
 @dataclass
@@ -64,6 +94,22 @@ ANALYSIS_MODULES: dict[str, str] = {
     "frequency": "evaluation.frequency",
     "attention_sinks": "evaluation.attention_sinks",
 }
+
+
+#: The typed settings of each analysis' own config section (``configs/<analysis>/`` or evaluate.yaml).
+SETTINGS: dict[str, type] = {
+    "outliers": OutliersSettings,
+    "anisotropy": AnisotropySettings,
+    "self_similarity": SelfSimilaritySettings,
+    "wic": WicSettings,
+    "sts": StsSettings,
+    "ablation": AblationSettings,
+    "frequency": FrequencySettings,
+    "attention_sinks": AttentionSinksSettings,
+}
+#: Sections of the whole run that the shared sentence pass and every analysis may read, whichever are selected.
+RUN_SETTINGS: tuple[type, ...] = (EncoderSettings, DataSettings, TransformSettings, OutliersSettings,
+                                  AnisotropySettings, SelfSimilaritySettings)
 
 
 def register(name: str):

@@ -41,14 +41,11 @@ from evaluation.activation_pass import ActivationObserver
 from analysis.transforms import TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
 from evaluation.encoding import (Batch, EncodeLog, finish_encode_log, iter_batches,  # noqa: F401 (re-exported)
                                  progress_bar)
-from evaluation.settings import setting
-from evaluation.transform_fit import FittedTransforms, WhitenSettings, clip_dims_from_cfg  # noqa: F401
+from evaluation.settings import (AnisotropySettings, DataSettings, EncoderSettings, OutliersSettings,
+                                 SelfSimilaritySettings, TransformSettings, section_settings)
+from evaluation.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims  # noqa: F401
 from evaluation.words import (WORD_RE, char_span_tokens, select_words, sentence_word_counts,  # noqa: F401
                               word_occurrences, word_vectors)
-
-#: Older name of :func:`evaluation.settings.setting`, still imported by some analyses.
-_get = setting
-
 
 # -------------------------------------------------------------------------------------------- the pass
 @dataclass
@@ -242,46 +239,40 @@ def _consume(b: Batch, st: SentenceStats, names: list[str], whitener: Whitener |
 
 
 # -------------------------------------------------------------------------------------------- from a context
-def evaluation_sentences(data_cfg) -> list[str]:
+def evaluation_sentences(data: DataSettings) -> list[str]:
     """``data.files`` (one sentence per line) or the shipped *Persuasion* sentences, first ``data.max_sentences``."""
     from datamodules.probe_data import load_position_texts
 
-    files = _get(data_cfg, "files")
-    files = [str(f) for f in files] if files is not None and not isinstance(files, str) else files
-    return load_position_texts(files, _get(data_cfg, "max_sentences"))
+    return load_position_texts(None if data.files is None else list(data.files), data.max_sentences)
 
 
 def sentence_stats(ctx) -> SentenceStats:
-    """The shared pass of an ``evaluate.py`` run (run once, cached in ``ctx.shared``), configured from
-    ``ctx.root_cfg`` for every selected analysis at once: outlier statistics of every transform when
-    ``outliers`` is selected, the anisotropy reservoir for ``anisotropy``/``self_similarity``, words for
-    ``self_similarity``, the sentence whitener also when WiC/STS use ``transform.fit_on=sentences``."""
-    if "sentence_stats" in ctx.shared:
-        return ctx.shared["sentence_stats"]
+    """The shared pass of an ``evaluate.py`` run (run once, kept in ``ctx.shared.sentence_stats``), configured
+    from the sections of ``ctx.root_cfg`` for every selected analysis at once: outlier statistics of every
+    transform when ``outliers`` is selected, the anisotropy reservoir for ``anisotropy``/``self_similarity``,
+    words for ``self_similarity``, the sentence whitener also when WiC/STS use ``transform.fit_on=sentences``."""
+    if ctx.shared.sentence_stats is not None:
+        return ctx.shared.sentence_stats
     cfg = ctx.root_cfg
     selected = set(cfg.analyses)
-    tcfg, ocfg = cfg.get("transform"), cfg.get("outliers")
-    acfg, scfg = cfg.get("anisotropy"), cfg.get("self_similarity")
-    texts = evaluation_sentences(cfg.get("data"))
-    fit_on = str(_get(tcfg, "fit_on", "eval"))
+    t, data = section_settings(TransformSettings, cfg), section_settings(DataSettings, cfg)
+    o, a = section_settings(OutliersSettings, cfg), section_settings(AnisotropySettings, cfg)
+    ss = section_settings(SelfSimilaritySettings, cfg)
     st = run_sentence_pass(
-        ctx.encoder, texts, ctx.transforms,
+        ctx.encoder, evaluation_sentences(data), ctx.transforms,
         outlier_transforms=list(ctx.transforms) if "outliers" in selected else ["none"],
         need_anisotropy=bool(selected & {"anisotropy", "self_similarity"}),
         need_self_sim="self_similarity" in selected,
-        need_whitener=fit_on == "sentences" and bool(selected & {"wic", "sts"}),
-        clip_dims=_get(tcfg, "dims"), clip_dims_by_layer=_get(tcfg, "dims_by_layer"),
-        whiten=WhitenSettings.from_cfg(cfg),
-        outlier_method=str(_get(ocfg, "method", "share")), outlier_threshold=float(_get(ocfg, "threshold", 0.25)),
-        outlier_k=float(_get(ocfg, "k", 3.0)),
-        n_anisotropy_sentences=int(_get(acfg, "n_sentences", 2000)),
-        min_sentences=int(_get(scfg, "min_sentences", 10)), max_words=_get(scfg, "max_words", 1000),
-        lowercase=bool(_get(scfg, "lowercase", True)), seed=int(ctx.seed),
-        batch_size=_get(cfg.get("encoder"), "batch_size"), chunk=int(_get(cfg.get("data"), "chunk", 1024)),
-        progress=bool(cfg.get("progress", False)), need_activations="outliers" in selected)
-    source = "data.files" if _get(cfg.get("data"), "files") else "shipped Persuasion sentences (datamodules/data/eval)"
-    st.settings["source"] = source
-    ctx.shared["sentence_stats"] = st
+        need_whitener=t.fit_on == "sentences" and bool(selected & {"wic", "sts"}),
+        clip_dims=None if t.dims is None else list(t.dims), clip_dims_by_layer=t.dims_by_layer,
+        whiten=WhitenSettings.from_settings(t),
+        outlier_method=o.method, outlier_threshold=o.threshold, outlier_k=o.k,
+        n_anisotropy_sentences=a.n_sentences,
+        min_sentences=ss.min_sentences, max_words=ss.max_words, lowercase=ss.lowercase, seed=int(ctx.seed),
+        batch_size=section_settings(EncoderSettings, cfg).batch_size, chunk=data.chunk,
+        progress=bool(cfg.progress), need_activations="outliers" in selected)
+    st.settings["source"] = "data.files" if data.files else "shipped Persuasion sentences (datamodules/data/eval)"
+    ctx.shared.sentence_stats = st
     return st
 
 
@@ -290,8 +281,8 @@ def clip_dims_for_tasks(ctx) -> tuple[list[list[int]] | None, str]:
     sentences."""
     if "clip" not in ctx.transforms:
         return None, ""
-    per, info = clip_dims_from_cfg(ctx.root_cfg.get("transform"), ctx.encoder.num_layers + 1,
-                                   ctx.encoder.hidden_size)
+    per, info = given_clip_dims(section_settings(TransformSettings, ctx.root_cfg), ctx.encoder.num_layers + 1,
+                                ctx.encoder.hidden_size)
     if per is not None:
         return per, info
     st = sentence_stats(ctx)

@@ -35,7 +35,7 @@ from datamodules.dataset_sources import load_hub, load_local
 from evaluation.encoding import (EncodeLog, distinct_texts, encode_log_line, finish_encode_log, iter_batches,
                                  progress_bar)
 from evaluation.registry import AnalysisResult, EvalContext, register
-from evaluation.settings import setting
+from evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
 from evaluation.streaming import clip_dims_for_tasks, sentence_stats
 from evaluation.transform_fit import FittedTransforms, WhitenSettings
 from reports.evaluation_report import md_table, plot_layers
@@ -71,16 +71,15 @@ class Pairs:
     local: bool
 
 
-def requested(cfg) -> list[tuple[str, str | list]]:
+def requested(s: StsSettings) -> list[tuple[str, str | list]]:
     """``(name, hub id or [file])`` of every data set asked for (``all`` = the seven of Luo et al. Table 2);
     each local file is its own data set, named by its file name."""
-    names = [str(n) for n in (setting(cfg, "datasets") or [])]
+    names = list(s.datasets)
     if "all" in names:
         names = list(HUB) + [n for n in names if n not in HUB and n != "all"]
     out = [(n, HUB.get(n.lower(), n)) for n in names]
-    files = setting(cfg, "files")
+    files = s.files
     if files:
-        files = [str(files)] if isinstance(files, str) else [str(f) for f in files]
         taken = {n for n, _ in out}
         for f in files:
             name = Path(f).name.removesuffix(".gz")
@@ -150,15 +149,23 @@ def _precheck_whitening(ctx, name: str, pairs: Pairs, whiten: WhitenSettings) ->
           "or keep the result marked degenerate with transform.allow_degenerate=true")
 
 
-def check(ctx: EvalContext) -> None:
+@dataclass
+class StsData:
+    """What :func:`check` loads before any encoding and :func:`run` evaluates (``EvalContext.prepared``)."""
+
+    data: dict[str, Pairs]  # data set name -> its evaluated split
+    fit: dict[str, Pairs | str]  # transform.fit_on=<split>: the pairs to fit on, or why they are unavailable
+
+
+def check(ctx: EvalContext) -> StsData:
     """Load every requested data set before any encoding (an offline hub name fails in seconds)."""
-    cfg, split = ctx.cfg, str(setting(ctx.cfg, "split", "test"))
-    fit_on = str(setting(ctx.root_cfg.get("transform"), "fit_on", "eval"))
-    subset_field = setting(cfg, "subset_field")
-    whiten = WhitenSettings.from_cfg(ctx.root_cfg)
+    s = load_settings(StsSettings, ctx.cfg)
+    split, t = s.split, section_settings(TransformSettings, ctx.root_cfg)
+    fit_on = t.fit_on
+    whiten = WhitenSettings.from_settings(t)
     data, fit = {}, {}
-    for name, source in requested(cfg):
-        data[name] = load_pairs(name, source, split, setting(cfg, "max_pairs"), subset_field)
+    for name, source in requested(s):
+        data[name] = load_pairs(name, source, split, s.max_pairs, s.subset_field)
         if "whiten" in ctx.transforms and fit_on not in ("eval", "sentences", split) and not isinstance(source, list):
             try:
                 fit[name] = load_pairs(name, source, fit_on)
@@ -167,19 +174,20 @@ def check(ctx: EvalContext) -> None:
         fits_on_pairs = fit_on in ("eval", split) or not isinstance(fit.get(name), Pairs)
         if "whiten" in ctx.transforms and fit_on != "sentences" and fits_on_pairs:
             _precheck_whitening(ctx, name, data[name], whiten)
-    ctx.shared["sts_data"], ctx.shared["sts_fit"] = data, fit
+    return StsData(data, fit)
 
 
-def _whiten(ctx, name: str, vecs: torch.Tensor, fit_on: str, split: str, ft: FittedTransforms) -> None:
-    whiten = WhitenSettings.from_cfg(ctx.root_cfg)
+def _whiten(ctx, name: str, vecs: torch.Tensor, fit: Pairs | str | None, t: TransformSettings, split: str,
+            ft: FittedTransforms) -> None:
+    whiten, fit_on = WhitenSettings.from_settings(t), t.fit_on
     n_layers, _, dim = vecs.shape
     if fit_on == "sentences":
         st = sentence_stats(ctx)
         ft.set_whitener(st.transforms.whitener, st.transforms.fits["whiten"])
         return
-    fit = ctx.shared["sts_fit"].get(name)
     if fit_on not in ("eval", split) and isinstance(fit, Pairs):
-        v, ok = sentence_vectors(ctx.encoder, fit.s1 + fit.s2, setting(ctx.root_cfg.get("encoder"), "batch_size"))
+        batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
+        v, ok = sentence_vectors(ctx.encoder, fit.s1 + fit.s2, batch_size)
         w = whiten.new(n_layers, dim).fit(v[:, ok])
         ft.set_whitener(w, whiten.finish(w, f"the mean-pooled sentence vectors of {fit.what}"))
         return
@@ -227,23 +235,22 @@ def score_dataset(name: str, pairs: Pairs, vecs: torch.Tensor, keep: torch.Tenso
 @register("sts")
 def run(ctx: EvalContext) -> AnalysisResult:
     head = "## Semantic Textual Similarity (Luo et al. 2021 §4.3, Table 2)"
-    if "sts_data" not in ctx.shared:
-        check(ctx)
-    data = ctx.shared["sts_data"]
+    prepared = ctx.prepared if isinstance(ctx.prepared, StsData) else check(ctx)
+    data = prepared.data
     if not data:
         md = (f"{head}\n\n**Skipped: no STS data given.** No STS set can be shipped with outlierlab. Run with "
               "`sts.datasets=[stsb,sickr,sts12,sts13,sts14,sts15,sts16]` (or `sts=paper`; Hugging Face hub "
               f"names {', '.join(f'{k}={v}' for k, v in HUB.items())}; they need network once, then the local "
               "datasets cache) or with local pairs `sts.files=[pairs.csv]` (columns sentence1, sentence2, score).")
         return AnalysisResult("sts", [], md, [], {"skipped": "no sts.datasets / sts.files given"})
-    enc, cfg, transforms = ctx.encoder, ctx.cfg, list(ctx.transforms)
-    split, fit_on = str(setting(cfg, "split", "test")), str(setting(ctx.root_cfg.get("transform"), "fit_on", "eval"))
+    enc, transforms = ctx.encoder, list(ctx.transforms)
+    split, t = load_settings(StsSettings, ctx.cfg).split, section_settings(TransformSettings, ctx.root_cfg)
+    batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
     clip_dims, clip_info = clip_dims_for_tasks(ctx)
     rows, notes, infos, curves, headlines = [], [], {}, {}, {}
     for name, pairs in data.items():
         stats = EncodeLog()
-        vecs, ok = sentence_vectors(enc, pairs.s1 + pairs.s2, setting(ctx.root_cfg.get("encoder"), "batch_size"),
-                                    bool(ctx.root_cfg.get("progress", False)), stats)
+        vecs, ok = sentence_vectors(enc, pairs.s1 + pairs.s2, batch_size, bool(ctx.root_cfg.progress), stats)
         notes.append(encode_log_line(f"STS {name}", stats.n_texts, 2 * len(pairs.s1)))
         finish_encode_log(stats, f"STS {name}", notes)
         n = len(pairs.s1)
@@ -256,7 +263,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
         ft = FittedTransforms(clip_dims=clip_dims, info={"clip": clip_info} if clip_info else {})
         if "whiten" in transforms:
             v = torch.cat([vecs[:, keep], vecs[:, n + keep]], 1)
-            _whiten(ctx, name, v, fit_on, split, ft)
+            _whiten(ctx, name, v, prepared.fit.get(name), t, split, ft)
         ds_rows, headlines[name] = score_dataset(name, pairs, vecs, keep, ft, transforms,
                                                  "" if pairs.local else split)
         rows += ds_rows

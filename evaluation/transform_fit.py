@@ -15,7 +15,7 @@ from torch import Tensor
 
 from analysis.transforms import (MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, WhiteningFit,
                                  clip_description, clip_dims_per_layer)
-from evaluation.settings import setting
+from evaluation.settings import TransformSettings
 
 
 @dataclass
@@ -27,11 +27,12 @@ class WhitenSettings:
     allow_degenerate: bool = False
 
     @classmethod
-    def from_cfg(cls, root_cfg) -> "WhitenSettings":
-        t = root_cfg.get("transform") if root_cfg is not None and hasattr(root_cfg, "get") else None
-        k = setting(t, "k")
-        return cls(None if k is None else int(k), float(setting(t, "min_fit_ratio", MIN_FIT_RATIO)),
-                   bool(setting(t, "allow_degenerate", False)))
+    def from_settings(cls, t: TransformSettings) -> "WhitenSettings":
+        """From the ``transform`` section.  Its whiten keys are absent when the whiten group is not selected
+        (then nothing is whitened): the guard then keeps the analysis library's own defaults."""
+        guard = {name: value for name, value in (("min_ratio", t.min_fit_ratio),
+                                                 ("allow_degenerate", t.allow_degenerate)) if value is not None}
+        return cls(t.k, **guard)
 
     def new(self, num_layers: int, dim: int) -> Whitener:
         """An empty whitener to ``partial_fit``."""
@@ -45,23 +46,14 @@ class WhitenSettings:
         return whitener.check(what, self.min_ratio, self.allow_degenerate)
 
 
-def new_whitener(ctx, num_layers: int, dim: int) -> Whitener:
-    """An empty whitener with the run's ``transform.k`` (for analyses that fit their own)."""
-    return WhitenSettings.from_cfg(ctx.root_cfg).new(num_layers, dim)
-
-
-def finish_whitener(ctx, whitener: Whitener, what: str) -> str:
-    """Finalize + guard a whitener fitted by an analysis; returns the report line (see :class:`WhitenSettings`)."""
-    return WhitenSettings.from_cfg(ctx.root_cfg).finish(whitener, what).describe()
-
-
-def clip_dims_from_cfg(tcfg, num_layers: int, dim: int) -> tuple[list[list[int]] | None, str]:
+def given_clip_dims(t: TransformSettings, num_layers: int, dim: int) -> tuple[list[list[int]] | None, str]:
     """Given clip dims (``transform.dims`` or ``transform.dims_by_layer``) per layer, or ``(None, "")`` when
     they are to be detected."""
-    dims, by_layer = setting(tcfg, "dims"), setting(tcfg, "dims_by_layer")
+    dims, by_layer = t.dims, t.dims_by_layer
     if dims is None and not by_layer:
         return None, ""
-    per, source = clip_dims_per_layer(num_layers, dim, dims, dict(by_layer) if by_layer else None)
+    per, source = clip_dims_per_layer(num_layers, dim, None if dims is None else list(dims),
+                                      dict(by_layer) if by_layer else None)
     return per, clip_description(per, source)
 
 

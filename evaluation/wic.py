@@ -18,6 +18,9 @@ end2, label; optional ``split`` column filtered by ``wic.split``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from analysis.similarity import pairwise_cosine
@@ -27,8 +30,9 @@ from evaluation.registry import AnalysisResult, EvalContext, register
 from reports.evaluation_report import md_table, plot_layers
 from datamodules.dataset_sources import load_hub, load_local
 from evaluation.encoding import distinct_texts, encode_log_line
+from evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from evaluation.transform_fit import WhitenSettings
-from evaluation.streaming import (EncodeLog, FittedTransforms, _get, char_span_tokens, clip_dims_for_tasks,
+from evaluation.streaming import (EncodeLog, FittedTransforms, char_span_tokens, clip_dims_for_tasks,
                                   finish_encode_log, iter_batches, progress_bar,
                                   sentence_stats)
 
@@ -65,32 +69,34 @@ def _clean(rows, what: str) -> list[dict]:
     return out
 
 
-def load_pairs(cfg, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
+def load_pairs(settings: WicSettings | Any, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
     """WiC pairs of ``split`` (None: ``wic.split`` or the source's default) and a description;
-    ``capped``: keep only the first ``wic.max_pairs``."""
-    files, source = _get(cfg, "files"), str(_get(cfg, "source", "wordnet"))
-    source = "files" if files else source
-    split = split if split is not None else (_get(cfg, "split") or DEFAULT_SPLIT.get(source))
+    ``capped``: keep only the first ``wic.max_pairs``.  ``settings``: :class:`WicSettings`, or the ``wic``
+    config node it is built from."""
+    s = settings if isinstance(settings, WicSettings) else load_settings(WicSettings, settings)
+    files = s.files
+    source = "files" if files else s.source
+    split = split if split is not None else (s.split or DEFAULT_SPLIT.get(source))
     if source == "wordnet":
         from datamodules.eval_data import load_wic
 
         rows, what = load_wic(split=split), f"shipped WordNet WiC-style pairs, split {split}"
     elif source == "superglue":
-        path, name = str(_get(cfg, "hub_path", "aps/super_glue")), str(_get(cfg, "hub_name", "wic"))
+        path, name = s.hub_path, s.hub_name
         rows = load_hub(path, name, split or "validation",
                          "use the shipped set (wic.source=wordnet) or local files (wic.files=[pairs.jsonl])")
         what = f"SuperGLUE WiC ({path}/{name}), split {split}"
     elif source == "files":
-        ds = load_local(files, FIELDS, "wic")
+        ds = load_local(list(files), FIELDS, "wic")
         rows = [r for r in ds if split is None or "split" not in ds.column_names or r["split"] == split]
-        what = f"local files {list(files) if not isinstance(files, str) else [files]}" + (
+        what = f"local files {list(files)}" + (
             f", split {split}" if split and "split" in ds.column_names else "")
     else:
         raise ValueError(f"unknown wic.source {source!r}; choose wordnet, superglue, or give wic.files=[...]")
     pairs = _clean(rows, what)
-    cap = _get(cfg, "max_pairs") if capped else None
-    if cap is not None and int(cap) < len(pairs):  # first N: the shipped/hub files are not label-sorted
-        pairs = pairs[:int(cap)]
+    cap = s.max_pairs if capped else None
+    if cap is not None and cap < len(pairs):  # first N: the shipped/hub files are not label-sorted
+        pairs = pairs[:cap]
     return pairs, what
 
 
@@ -130,64 +136,73 @@ def target_vectors(encoder, pairs: list[dict], whitener: Whitener | None = None,
     return vecs.view(n_layers, 2, n, dim), found[:n] & found[n:]
 
 
-def _whitener_for(ctx, pairs, fit_on: str, n_layers: int, dim: int):
+@dataclass
+class WicData:
+    """What :func:`check` loads before any encoding and :func:`run` evaluates (``EvalContext.prepared``)."""
+
+    pairs: list[dict]  # wic.split: the threshold sweep, and the choice of layer/threshold
+    what: str
+    report: tuple[list[dict], str] | None  # wic.report_split pairs (honest protocol), if it differs
+    fit_pairs: list[dict] | None  # transform.fit_on=<split>: the pairs the whitener is fitted on
+
+
+def _whitener_for(ctx, data: WicData, t: TransformSettings, n_layers: int, dim: int):
     """(whitener to fit during the target pass, or a fitted one, description)."""
-    whiten = WhitenSettings.from_cfg(ctx.root_cfg)  # k and the degenerate-fit guard
+    whiten = WhitenSettings.from_settings(t)  # k and the degenerate-fit guard
+    fit_on = t.fit_on
     if fit_on == "eval":
         return whiten.new(n_layers, dim), None, "fit on the non-special token vectors of the evaluated WiC sentences"
     if fit_on == "sentences":
         st = sentence_stats(ctx)
         return None, st.transforms.whitener, st.transforms.info["whiten"]
-    fit_pairs = ctx.shared.get("wic_fit_pairs")
+    fit_pairs = data.fit_pairs
     w = whiten.new(n_layers, dim)
-    target_vectors(ctx.encoder, fit_pairs, w, _get(ctx.root_cfg.get("encoder"), "batch_size"),
-                   progress=bool(ctx.root_cfg.get("progress", False)))
+    target_vectors(ctx.encoder, fit_pairs, w, section_settings(EncoderSettings, ctx.root_cfg).batch_size,
+                   progress=bool(ctx.root_cfg.progress))
     what = f"the non-special token vectors of the WiC {fit_on!r} split ({len(fit_pairs)} pairs)"
     return None, w, whiten.finish(w, what).describe()
 
 
-def check(ctx: EvalContext) -> None:
+def check(ctx: EvalContext) -> WicData:
     """Load the pairs before any encoding (a bad file or an offline hub name fails in seconds)."""
-    pairs, what = load_pairs(ctx.cfg)
-    ctx.shared["wic_pairs"] = (pairs, what)
-    report = _get(ctx.cfg, "report_split")
-    if report:  # threshold chosen on wic.split, accuracy reported on this split (never used to choose)
-        if str(report) == str(_get(ctx.cfg, "split") or ""):
-            raise ValueError(f"wic.report_split={report!r} equals wic.split: choose on one split, report on another "
-                             "(or wic.report_split=null for the paper's sweep only)")
-        rpairs = load_pairs(ctx.cfg, split=str(report))
+    s = load_settings(WicSettings, ctx.cfg)
+    pairs, what = load_pairs(s)
+    report = None
+    if s.report_split:  # threshold chosen on wic.split, accuracy reported on this split (never used to choose)
+        rpairs = load_pairs(s, split=str(s.report_split))
         if rpairs[0] != pairs:  # local files without a `split` column have one split only: sweep alone
-            ctx.shared["wic_report_pairs"] = rpairs
-    fit_on = str(_get(ctx.root_cfg.get("transform"), "fit_on", "eval"))
+            report = rpairs
+    fit_on = section_settings(TransformSettings, ctx.root_cfg).fit_on
+    fit_pairs = None
     if "whiten" in ctx.transforms and fit_on not in ("eval", "sentences"):
-        ctx.shared["wic_fit_pairs"] = load_pairs(ctx.cfg, split=fit_on, capped=False)[0]
+        fit_pairs = load_pairs(s, split=fit_on, capped=False)[0]
+    return WicData(pairs, what, report, fit_pairs)
 
 
 @register("wic")
 def run(ctx: EvalContext) -> AnalysisResult:
-    if "wic_pairs" not in ctx.shared:
-        check(ctx)
-    pairs, what = ctx.shared["wic_pairs"]
-    enc, cfg = ctx.encoder, ctx.cfg
+    data = ctx.prepared if isinstance(ctx.prepared, WicData) else check(ctx)
+    s = load_settings(WicSettings, ctx.cfg)
+    t = section_settings(TransformSettings, ctx.root_cfg)
+    batch_size, progress = section_settings(EncoderSettings, ctx.root_cfg).batch_size, bool(ctx.root_cfg.progress)
+    pairs, what = data.pairs, data.what
+    enc = ctx.encoder
     n_layers, dim = enc.num_layers + 1, enc.hidden_size
-    thresholds = torch.tensor([float(t) for t in _get(cfg, "thresholds", [i / 10 for i in range(1, 10)])],
-                              dtype=torch.float64)
+    thresholds = torch.tensor(s.thresholds, dtype=torch.float64)
     ft = FittedTransforms()
     ft.clip_dims, clip_info = clip_dims_for_tasks(ctx)
     if clip_info:
         ft.info["clip"] = clip_info
     fitting = None
     if "whiten" in ctx.transforms:
-        fit_on = str(_get(ctx.root_cfg.get("transform"), "fit_on", "eval"))
-        fitting, ft.whitener, ft.info["whiten"] = _whitener_for(ctx, pairs, fit_on, n_layers, dim)
+        fitting, ft.whitener, ft.info["whiten"] = _whitener_for(ctx, data, t, n_layers, dim)
     stats, notes = EncodeLog(), []
-    vecs, found = target_vectors(enc, pairs, fitting, _get(ctx.root_cfg.get("encoder"), "batch_size"),
-                                 progress=bool(ctx.root_cfg.get("progress", False)), stats=stats)
+    vecs, found = target_vectors(enc, pairs, fitting, batch_size, progress=progress, stats=stats)
     notes.append(encode_log_line("WiC", stats.n_texts, 2 * len(pairs)))
     finish_encode_log(stats, "WiC", notes)
     if fitting is not None:  # refuses a fit on too few distinct vectors unless transform.allow_degenerate=true
         ft.whitener = fitting
-        ft.info["whiten"] = WhitenSettings.from_cfg(ctx.root_cfg).finish(
+        ft.info["whiten"] = WhitenSettings.from_settings(t).finish(
             fitting, "the non-special token vectors of the evaluated WiC sentences").describe()
     if not bool(found.all()):
         notes.append(f"{int((~found).sum())} pairs dropped: a target span mapped to no token")
@@ -199,13 +214,12 @@ def run(ctx: EvalContext) -> AnalysisResult:
                   for p in kept) / len(kept)
     all_true = all_true_baseline(labels)
     report = None
-    if "wic_report_pairs" in ctx.shared:
-        rpairs, rwhat = ctx.shared["wic_report_pairs"]
-        rvecs, rfound = target_vectors(enc, rpairs, None, _get(ctx.root_cfg.get("encoder"), "batch_size"),
-                                       progress=bool(ctx.root_cfg.get("progress", False)))
+    if data.report is not None:
+        rpairs, rwhat = data.report
+        rvecs, rfound = target_vectors(enc, rpairs, None, batch_size, progress=progress)
         rkeep = rfound.nonzero().flatten()
         rlabels = torch.tensor([rpairs[i]["label"] for i in rkeep.tolist()])
-        report = (rvecs[:, :, rkeep], rlabels, rwhat, str(_get(cfg, "report_split")))
+        report = (rvecs[:, :, rkeep], rlabels, rwhat, str(s.report_split))
         if not bool(rfound.all()):
             notes.append(f"{int((~rfound).sum())} {report[3]} pairs dropped: a target span mapped to no token")
     rows, best, curves, held = [], {}, {}, {}

@@ -45,15 +45,18 @@ def save_planted(directory: Path) -> Path:
 
 
 def make_ctx(name: str, encoder, tmp_path: Path, overrides: dict, text_lines=SENTENCES * 6):
+    """The context evaluate.py builds for analysis ``name``: the composed evaluate config (every default from
+    the YAML), the section's ``files`` set to a temporary text file, then ``overrides``."""
+    from conftest import compose
     from evaluation.registry import EvalContext
 
     text = tmp_path / "text.txt"
     text.write_text("\n".join(text_lines) + "\n")
-    cfg = OmegaConf.merge(OmegaConf.load(ROOT / "configs" / name / "default.yaml"), {"files": [str(text)]}, overrides)
+    root = compose("evaluate", ["progress=false"])
+    cfg = OmegaConf.merge(root[name], {"files": [str(text)]}, overrides)
     out = tmp_path / "run"
     out.mkdir(exist_ok=True)
-    return EvalContext(encoder=encoder, cfg=cfg, root_cfg=OmegaConf.create({}), transforms=["none"], out_dir=out,
-                       seed=0, shared={})
+    return EvalContext(encoder=encoder, cfg=cfg, root_cfg=root, transforms=["none"], out_dir=out, seed=0)
 
 
 def _loaded(model, tok):

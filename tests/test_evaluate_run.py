@@ -124,9 +124,7 @@ def test_unknown_transform_group_fails_before_hydra(tmp_path):
     assert p.returncode == 2 and "unknown transform 'blur'" in p.stderr
 
 
-def test_offline_hub_datasets_fail_fast_with_the_message():
-    from omegaconf import OmegaConf
-
+def test_offline_hub_datasets_fail_fast_with_the_message(compose_cfg):
     from evaluation.sts import load_pairs as sts_pairs
     from evaluation.wic import load_pairs as wic_pairs
 
@@ -134,7 +132,7 @@ def test_offline_hub_datasets_fail_fast_with_the_message():
                                               r"sts\.files=\[pairs\.csv\]"):
         sts_pairs("sts12", "mteb/sts12-sts", "test")
     with pytest.raises(ConnectionError, match=r"'aps/super_glue \(wic\)'.*offline.*wic\.source=wordnet"):
-        wic_pairs(OmegaConf.create({"source": "superglue", "split": "validation"}))
+        wic_pairs(compose_cfg("evaluate", ["wic=superglue"]).wic, split="validation")
 
 
 def test_sts_is_skipped_with_instructions_by_default(compose_cfg, tmp_path):
