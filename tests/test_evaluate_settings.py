@@ -1,0 +1,163 @@
+"""Typed settings of the evaluate.py analyses (evaluation/settings.py): the composed YAML is the one source of
+default values, load_settings refuses unknown/missing keys and wrong types in one line, and evaluate.py
+checks every selected section before any model is loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import compose
+from evaluation.registry import RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
+from evaluation.settings import (AblationSettings, DataSettings, OutliersSettings, TransformSettings, WicSettings,
+                                 load_settings, section_settings)
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL = list(dict.fromkeys([*RUN_SETTINGS, *SETTINGS.values()]))
+
+
+def _plain(value):
+    """Settings values as the YAML writes them (tuples are lists)."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.parametrize("overrides", [[], ["wic=superglue", "sts=paper", "transform=[none,clip]"],
+                                       ["encoder=bert_base_uncased", "transform=[whiten]"]])
+def test_settings_from_the_composed_config_equal_the_yaml_values(overrides):
+    cfg = compose("evaluate", overrides)
+    for cls in ALL:
+        settings = section_settings(cls, cfg)
+        yaml = OmegaConf.to_container(cfg[cls.SECTION], resolve=True)
+        got = {k: _plain(v) for k, v in dataclasses.asdict(settings).items() if k in yaml}
+        assert got == yaml, cls.SECTION
+        # a key absent from the YAML is one of the genuinely optional ones, and then None
+        assert all(getattr(settings, k) is None for k in dataclasses.asdict(settings) if k not in yaml), cls.SECTION
+
+
+def test_a_yaml_default_change_flows_through_without_code(tmp_path):
+    """Edit the defaults in a copy of configs/: the settings follow (no default is restated in code)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    ablation = configs / "ablation" / "default.yaml"
+    ablation.write_text(re.sub(r"(?m)^n_random: 5", "n_random: 7", ablation.read_text()))
+    evaluate = configs / "evaluate.yaml"
+    evaluate.write_text(re.sub(r"(?m)^  threshold: 0.25", "  threshold: 0.4", evaluate.read_text()))
+    compose("evaluate")  # registers the resolvers
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        cfg = hydra_compose(config_name="evaluate")
+    assert section_settings(AblationSettings, cfg).n_random == 7
+    assert section_settings(OutliersSettings, cfg).threshold == 0.4
+
+
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.SECTION)
+def test_unknown_key_names_the_key_and_the_valid_ones(cls):
+    node = OmegaConf.create({**OmegaConf.to_container(compose("evaluate")[cls.SECTION]), "treshold": 1})
+    valid = [f.name for f in dataclasses.fields(cls)]
+    with pytest.raises(ValueError) as e:
+        load_settings(cls, node)
+    msg = str(e.value)
+    assert f"{cls.SECTION}.treshold" in msg and "\n" not in msg
+    assert all(name in msg.split("valid keys")[1] for name in valid)
+
+
+def test_missing_key_is_refused_with_its_name():
+    node = OmegaConf.to_container(compose("evaluate").ablation)
+    del node["n_random"]
+    with pytest.raises(ValueError, match=r"missing key\(s\) ablation\.n_random"):
+        load_settings(AblationSettings, node)
+    with pytest.raises(ValueError, match=r"missing key\(s\) data\.files, data\.max_sentences, data\.chunk"):
+        load_settings(DataSettings, None)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("threshold", "high", r"outliers\.threshold='high': expected float, got str"),
+    ("top_k", 2.5, r"outliers\.top_k=2\.5: expected int, got float"),
+    ("top_k", True, r"outliers\.top_k=True: expected int, got bool"),
+    ("method", 3, r"outliers\.method=3: expected str, got int"),
+])
+def test_wrong_type_is_refused(key, value, match):
+    node = {**OmegaConf.to_container(compose("evaluate").outliers), key: value}
+    with pytest.raises(ValueError, match=match):
+        load_settings(OutliersSettings, node)
+
+
+def test_coercions_int_to_float_and_lists_to_tuples():
+    cfg = compose("evaluate", ["outliers.threshold=1", "wic.thresholds=[0.5,1]", "ablation.dims=[3,5]",
+                               "data.files=a.txt"])
+    o = section_settings(OutliersSettings, cfg)
+    assert o.threshold == 1.0 and isinstance(o.threshold, float)
+    assert section_settings(WicSettings, cfg).thresholds == (0.5, 1.0)
+    assert section_settings(AblationSettings, cfg).dims == (3, 5)
+    assert section_settings(DataSettings, cfg).files == ("a.txt",)  # one file without brackets
+    with pytest.raises(ValueError, match=r"ablation\.dims\[1\]='x': expected int"):
+        section_settings(AblationSettings, compose("evaluate", ["ablation.dims=[3,x]"]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.threshold = 0.5
+
+
+@pytest.mark.parametrize("override, match", [
+    ("outliers.threshold=0", r"outliers\.threshold must be in \(0, 1\]"),
+    ("outliers.threshold=1.5", r"outliers\.threshold must be in \(0, 1\]"),
+    ("data.max_sentences=1", r"data\.max_sentences must be >= 2 or null, got 1"),
+    ("ablation.mlm_probability=1", r"ablation\.mlm_probability must be in \(0, 1\)"),
+    ("ablation.layernorms=[ouput]", r"ablation\.layernorms=\['ouput'\]: choose from"),
+    ("frequency.counts_from=files", r"frequency\.counts_from=files needs frequency\.count_files"),
+    ("wic.report_split=train", r"wic\.report_split='train' equals wic\.split"),
+    ("attention_sinks.sink_threshold=0", r"attention_sinks\.sink_threshold must be in \(0, 1\)"),
+])
+def test_value_ranges_are_checked_when_the_settings_are_built(override, match):
+    cfg = compose("evaluate", [override])
+    section = override.split(".")[0]
+    cls = next(c for c in ALL if c.SECTION == section)
+    with pytest.raises(ValueError, match=match):
+        section_settings(cls, cfg)
+
+
+def test_optional_keys_are_none_when_their_group_is_absent():
+    t = section_settings(TransformSettings, compose("evaluate", ["transform=[none]"]))
+    assert (t.dims, t.dims_by_layer, t.k, t.min_fit_ratio, t.allow_degenerate) == (None,) * 5
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["analyses=[outliers]", "outliers.threshold=2"], r"outliers\.threshold must be in"),
+    (["analyses=[ablation]", "+ablation.n_randon=3"], r"unknown key\(s\) ablation\.n_randon; valid keys of ablation"),
+    (["analyses=[wic]", "wic.max_pairs=many"], r"wic\.max_pairs='many': expected int or null"),
+])
+def test_evaluate_checks_settings_before_any_model_is_loaded(overrides, match, tmp_path, monkeypatch):
+    import models.loading
+    from evaluate import evaluate
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the encoder was loaded before the settings were checked")
+
+    monkeypatch.setattr(models.loading, "FrozenEncoder", refuse)
+    with pytest.raises(ValueError, match=match):
+        evaluate(compose("evaluate", overrides), tmp_path)
+
+
+def test_shared_work_is_typed_fields_not_string_keys():
+    ctx = EvalContext(None, None, None, ["none"], Path("."))
+    assert isinstance(ctx.shared, SharedPasses) and ctx.prepared is None
+    assert {f.name for f in dataclasses.fields(SharedPasses)} == {"sentence_stats", "mlm"}
+
+
+def test_no_default_is_restated_at_a_call_site():
+    """The helpers that took a fallback default (cfg_get, _get, setting) are gone from evaluation/."""
+    pattern = re.compile(r"\b(cfg_get|_get|setting)\(")
+    hits = [f"{p.name}:{i}" for p in sorted((ROOT / "evaluation").glob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []
