@@ -18,8 +18,8 @@ end2, label; optional ``split`` column filtered by ``wic.split``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -69,7 +69,7 @@ def _clean(rows, what: str) -> list[dict]:
     return out
 
 
-def load_pairs(settings: WicSettings | Any, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
+def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
     """WiC pairs of ``split`` (None: ``wic.split`` or the source's default) and a description;
     ``capped``: keep only the first ``wic.max_pairs``.  ``settings``: :class:`WicSettings`, or the ``wic``
     config node it is built from."""
@@ -86,13 +86,11 @@ def load_pairs(settings: WicSettings | Any, split: str | None = None, capped: bo
         rows = load_hub(path, name, split or "validation",
                          "use the shipped set (wic.source=wordnet) or local files (wic.files=[pairs.jsonl])")
         what = f"SuperGLUE WiC ({path}/{name}), split {split}"
-    elif source == "files":
+    else:  # wic.files given (any other wic.source is refused by WicSettings)
         ds = load_local(list(files), FIELDS, "wic")
         rows = [r for r in ds if split is None or "split" not in ds.column_names or r["split"] == split]
         what = f"local files {list(files)}" + (
             f", split {split}" if split and "split" in ds.column_names else "")
-    else:
-        raise ValueError(f"unknown wic.source {source!r}; choose wordnet, superglue, or give wic.files=[...]")
     pairs = _clean(rows, what)
     cap = s.max_pairs if capped else None
     if cap is not None and cap < len(pairs):  # first N: the shipped/hub files are not label-sorted
