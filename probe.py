@@ -18,19 +18,19 @@ register_resolvers()
 check_overrides()  # unknown encoder=/task=/transform= -> one line listing valid names, before slow imports
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 
 def _check(cfg: DictConfig) -> None:
-    from omegaconf import OmegaConf
-
+    # lazy: models imports torch; only once Hydra has composed a config (a bad override failed above)
     from models.loading import resolve_encoder
 
     for node, key, example in (("encoder", "name_or_path", "encoder.name_or_path=outputs/train/RUN"),
                                ("task", "files", "task.files=[train.csv]")):
         if key in cfg[node].keys() and OmegaConf.is_missing(cfg[node], key):  # `in` is False for ???
             raise ValueError(f"{node}.{key} is required here: e.g. {example}")
-    from datamodules.validation import validate_inputs
+    from datamodules.validation import validate_inputs  # lazy: module level imports only startup + Hydra
 
     validate_inputs(cfg, "probe")  # every data file and the encoder path, one line per fault
     resolve_encoder(str(cfg.encoder.name_or_path))
@@ -38,10 +38,8 @@ def _check(cfg: DictConfig) -> None:
 
 @hydra.main(config_path="configs", config_name="probe", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
     run_main(_check, cfg)  # missing value, bad path, offline hub: fail now, in one line
-    from jobs.probing import run  # heavy imports only after the config is valid
+    from jobs.probing import run  # lazy: heavy imports only after the config is valid
 
     run_dir = HydraConfig.get().runtime.output_dir
     out = run_main(lambda c: run(c, run_dir), cfg)

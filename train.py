@@ -26,12 +26,12 @@ def main(cfg: DictConfig) -> float | None:
         for warning in check_train_config(cfg):  # a setting that cannot work fails here, in seconds
             if rank0:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
-        from datamodules.validation import validate_inputs
+        from datamodules.validation import validate_inputs  # lazy: module level imports only startup + Hydra
 
         validate_inputs(cfg, "train")  # data.files: missing/empty/non-UTF-8/truncated gzip -> one line
         if rank0:
             print(describe_plan(cfg), flush=True)
-        from jobs.training import train
+        from jobs.training import train  # lazy: torch/Lightning load only once the config is valid
 
         return train(cfg)
 

@@ -25,6 +25,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# Before transformers/huggingface_hub are imported: they read the flag at import.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from datamodules.eval_data import load_sentences  # noqa: E402
+from evaluation.streaming import run_sentence_pass  # noqa: E402
+from models.loading import FrozenEncoder  # noqa: E402
 
 
 def _rss_mb() -> float:
@@ -34,12 +41,6 @@ def _rss_mb() -> float:
 
 
 def child(n: int, encoder: str, batch_size: int) -> dict:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(ROOT))
-    from datamodules.eval_data import load_sentences
-    from models.loading import FrozenEncoder
-    from evaluation.streaming import run_sentence_pass
-
     base = load_sentences()
     texts = [base[i % len(base)] for i in range(n)]
     enc = FrozenEncoder(encoder, batch_size=batch_size)

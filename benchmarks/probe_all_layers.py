@@ -24,6 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from datamodules.features import RowBatches, extract_features, row_loader  # noqa: E402
+from datamodules.probe_data import load_position_texts, split_indices  # noqa: E402
+from lightning_modules.probes import PositionProbe, train_probe  # noqa: E402
+from models.loading import FrozenEncoder  # noqa: E402
 
 
 def main() -> None:
@@ -37,13 +43,6 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="probe timings: best of N (after one warm-up run)")
     ap.add_argument("--skip-naive", action="store_true")
     args = ap.parse_args()
-
-    import torch
-
-    from datamodules.features import RowBatches, extract_features, row_loader
-    from models.loading import FrozenEncoder
-    from datamodules.probe_data import load_position_texts, split_indices
-    from lightning_modules.probes import PositionProbe, train_probe
 
     warnings.filterwarnings("ignore")
     for name in ("lightning.pytorch", "lightning.fabric"):

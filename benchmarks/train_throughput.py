@@ -30,19 +30,30 @@ ratios, and the loss difference (dropout 0, so both compute the same function).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# Before transformers/huggingface_hub are imported: they read the flag at import.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import hydra  # noqa: E402
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+
+from datamodules.sampler import ResumableSampler  # noqa: E402
+from lightning_modules.mlm_module import MLMLitModule  # noqa: E402 (import cost outside every timing)
+from models import RobertaMaskedLM  # noqa: E402
+from tests.conftest import compose  # noqa: E402
 
 
 def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> float:
     """Best-of fp32 matmul rate on this machine (the denominator of MFU)."""
-    import torch
-
     a, b = torch.randn(n, n), torch.randn(n, n)
     for _ in range(2):
         a @ b
@@ -65,10 +76,6 @@ DEFAULT_VARIANTS = {
 
 
 def build(args, extra: list[str] | None = None):
-    import hydra
-
-    from tests.conftest import compose
-
     cfg = compose("train", [f"run_dir={args.run_dir}", f"model={args.model}", f"pos={args.pos}",
                             f"data.batch_size={args.batch_size}", f"data.block_size={args.block_size}",
                             f"trainer.max_steps={args.warmup + args.steps}", "trainer.limit_val_batches=0",
@@ -83,11 +90,6 @@ def build(args, extra: list[str] | None = None):
 
 def plain_loop(cfg, dm, config, warmup: int, steps: int) -> float:
     """The loop a researcher would write by hand (no Lightning)."""
-    import hydra
-    import torch
-
-    from lightning_modules.mlm_module import MLMLitModule
-
     torch.manual_seed(0)
     module = MLMLitModule(config, hydra.utils.instantiate(cfg.module.optimizer),
                           hydra.utils.instantiate(cfg.module.scheduler))
@@ -114,10 +116,6 @@ def plain_loop(cfg, dm, config, warmup: int, steps: int) -> float:
 
 
 def lightning_loop(cfg, dm, config, warmup: int, steps: int, callbacks: bool, timer_out: dict | None = None) -> float:
-    import hydra
-    import lightning as L
-    import torch
-
     class Timer(L.Callback):
         tokens, t0 = 0, None
 
@@ -160,14 +158,6 @@ def _expand(overrides: list[str], batch: int, block: int) -> list[str]:
 
 def paired(args) -> None:
     """Eager vs compiled training steps, alternated step by step on the same batches (see module docstring)."""
-    import copy
-    import statistics
-
-    import torch
-
-    from datamodules.sampler import ResumableSampler
-    from models import RobertaMaskedLM
-
     cfg, dm, config = build(args, ["model.dropout=0.0", "model.attention_dropout=0.0"])
     torch.manual_seed(0)
     eager = RobertaMaskedLM(config).train()
@@ -217,13 +207,6 @@ def paired(args) -> None:
 def shapes(args) -> None:
     """Tokens/s of eager training steps at batch shapes with the same tokens per step, alternated step by
     step (base: --batch-size x --block-size; then 2x batch / half block and half batch / 2x block)."""
-    import statistics
-
-    import torch
-
-    from datamodules.sampler import ResumableSampler
-    from models import RobertaMaskedLM
-
     b, l = args.batch_size, args.block_size
     runs = {}
     for bs, bl in ((b, l), (2 * b, l // 2), (b // 2, 2 * l)):
@@ -252,8 +235,6 @@ def shapes(args) -> None:
 
 def compare(args) -> None:
     """Interleave config variants of train.py's step round by round; print each one's ratio to the first."""
-    import torch
-
     variants = DEFAULT_VARIANTS
     if args.variant:
         variants = {}
@@ -308,9 +289,6 @@ def main() -> None:
     p.add_argument("--shapes", action="store_true", help="batch shapes with equal tokens per step, alternated")
     p.add_argument("--paired", action="store_true", help="eager vs compiled, alternated step by step (loaded machine)")
     args = p.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-
     if args.compare:
         compare(args)
         return
@@ -321,13 +299,9 @@ def main() -> None:
         shapes(args)
         return
 
-    from lightning_modules.mlm_module import MLMLitModule  # noqa: F401 (import cost outside timing)
-
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     peak = matmul_peak_gflops()
     cfg, dm, config = build(args)
-    from models import RobertaMaskedLM
-
     n_params = sum(p.numel() for p in RobertaMaskedLM(config).parameters())
     flops_per_token = 6 * n_params + 12 * config.num_layers * args.block_size * config.hidden_size
     plain, light = [], []

@@ -97,7 +97,7 @@ def load_embedded_texts(max_documents: int | None = None) -> list[str]:
 def hub_is_offline(endpoint: str | None = None, timeout: float = 3.0) -> bool:
     """:func:`models.hub.hub_is_offline` (the one definition), imported lazily: ``models`` imports torch, and this
     module must stay light for the start-up checks."""
-    from models.hub import hub_is_offline as _check
+    from models.hub import hub_is_offline as _check  # lazy: see the docstring
 
     return _check(endpoint, timeout)
 
@@ -134,7 +134,7 @@ def load_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "202311
     if not local and streaming and hub_is_offline():
         raise ConnectionError(f"cannot stream hub dataset {what}: no network (HF_HUB_OFFLINE or hub unreachable); "
                               + advice)
-    import datasets
+    import datasets  # lazy: this module is imported by the start-up checks; datasets takes seconds
 
     if not local and not streaming and hub_is_offline():
         _go_offline(datasets)  # serve it from the datasets cache without ~40 s of network retries
@@ -158,7 +158,7 @@ def load_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "202311
 
 def _go_offline(datasets_module) -> None:
     """Switch this process to offline mode (the flags are read at import, so set the module copies too)."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # lazy: kept out of the start-up checks, as datasets above
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     constants.HF_HUB_OFFLINE = True

@@ -10,14 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import datasets
+
+from datamodules.corpus import _go_offline, hub_is_offline
+
 
 def load_hub(path: str, name: str | None = None, split: str | None = None, advice: str = ""):
     """``datasets.load_dataset(path, name, split=split)``; any failure becomes one line ending in ``advice``."""
-    from datamodules.corpus import _go_offline, hub_is_offline
-
     offline = hub_is_offline()
-    import datasets
-
     if offline:
         _go_offline(datasets)
     what = repr(path + (f" ({name})" if name else "")) + (f" split {split!r}" if split else "")
@@ -56,8 +56,6 @@ def load_local(files, required: Sequence[str], what: str):
     """Rows of local files (one ``train`` split) that must hold the ``required`` columns."""
     files = existing_files(files, what)
     builder, kw = file_builder(files, what)
-    import datasets
-
     ds = datasets.load_dataset(builder, data_files=files, split="train", **kw)
     missing = [c for c in required if c not in ds.column_names]
     if missing:

@@ -31,6 +31,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 from analysis.outlier_dims import detect_outlier_dims
 from analysis.outlier_stats import OutlierAccumulator, valid_token_mask
@@ -212,8 +213,6 @@ class RowBatches(torch.utils.data.Dataset):
 
 def row_loader(dataset: RowBatches, batch_size: int, shuffle: bool, seed: int = 0) -> torch.utils.data.DataLoader:
     """DataLoader of whole batches; with ``shuffle`` the order depends only on ``seed`` (reproducible)."""
-    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
-
     base = (RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)) if shuffle
             else SequentialSampler(dataset))
     return DataLoader(dataset, batch_size=None, sampler=BatchSampler(base, batch_size, drop_last=False))

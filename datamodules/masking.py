@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from transformers import DataCollatorForLanguageModeling
 
 
 def batch_seed(seed: int, indices: Sequence[int]) -> int:
@@ -37,8 +38,6 @@ class DeterministicMLMCollator:
 
     def __init__(self, tokenizer, mlm_probability: float = 0.15, seed: int = 0,
                  mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1) -> None:
-        from transformers import DataCollatorForLanguageModeling
-
         self.hf = DataCollatorForLanguageModeling(
             tokenizer=tokenizer, mlm=True, mlm_probability=mlm_probability,
             mask_replace_prob=mask_replace_prob, random_replace_prob=random_replace_prob, return_tensors="pt")

@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import datasets
 import numpy as np
 
+from datamodules.corpus import load_texts_from_files
 from datamodules.dataset_sources import existing_files, file_builder, load_hub
+from datamodules.eval_data import POS_LABELS, load_sentences, load_wordnet_pos
 
 SPLITS = ("train", "validation", "test")
 
@@ -44,12 +47,8 @@ def load_position_texts(files: Sequence[str] | str | None = None, max_sentences:
     The first ``max_sentences`` (text order; None = all) are kept, so the cache key is seed-independent.
     """
     if files:
-        from datamodules.corpus import load_texts_from_files
-
         texts = load_texts_from_files(files, max_sentences)
     else:
-        from datamodules.eval_data import load_sentences
-
         texts = load_sentences()
     if max_sentences is not None:
         if max_sentences < 1:
@@ -93,8 +92,6 @@ def load_classification(task: Mapping, seed: int = 0) -> ClassificationData:
 
 
 def _wordnet_pos() -> ClassificationData:
-    from datamodules.eval_data import POS_LABELS, load_wordnet_pos
-
     splits = {}
     for s in SPLITS:
         rows = load_wordnet_pos(split=s)
@@ -144,8 +141,6 @@ def _local(task: Mapping) -> ClassificationData:
     if unknown:
         raise ValueError(f"task.files split names must be train/validation/test, got {sorted(unknown)}")
     existing_files([f for fs in by_split.values() for f in fs], "task")
-    import datasets
-
     builder, kw = file_builder([f for fs in by_split.values() for f in fs], "task")
     dd = datasets.load_dataset(builder, data_files=by_split, **kw)
     return _from_datasets(dd, {**task, "splits": {s: s for s in by_split}}, f"local files ({builder})")

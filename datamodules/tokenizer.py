@@ -23,6 +23,12 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
+from filelock import FileLock
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from .corpus import hub_is_offline
+
 log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # RoBERTa order: ids 0..4
@@ -36,9 +42,6 @@ def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 8192, min_freque
     Training is deterministic for the same texts and arguments.  A corpus too small for ``vocab_size``
     yields a smaller vocabulary (``len(tokenizer)``), with a warning.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
     if vocab_size < MIN_VOCAB:
         raise ValueError(f"data.tokenizer.vocab_size must be >= {MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} "
                          f"special tokens), got {vocab_size}")
@@ -75,8 +78,6 @@ def load_or_train_bpe(texts: Callable[[], Sequence[str]] | Sequence[str], corpus
     Returns ``(tokenizer, path, trained)``.  Safe with several processes (DDP ranks): a file lock serialises
     training, and the folder appears atomically (written to a temporary name, then renamed).
     """
-    from filelock import FileLock
-
     path = bpe_cache_path(cache_dir, corpus_id, vocab_size, min_frequency)
     if not (path / "tokenizer_config.json").is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,8 +97,6 @@ def load_or_train_bpe(texts: Callable[[], Sequence[str]] | Sequence[str], corpus
 
 def load_tokenizer(name_or_path: str):
     """``AutoTokenizer.from_pretrained(name_or_path)`` with a one-line error when it cannot be loaded offline."""
-    from transformers import AutoTokenizer
-
     local = Path(name_or_path).expanduser()
     if local.exists():
         if not local.is_dir():
@@ -108,8 +107,6 @@ def load_tokenizer(name_or_path: str):
             raise ValueError(f"cannot load a tokenizer from {local} ({type(e).__name__}: "
                              f"{(str(e).splitlines() or [''])[0][:200]}); it needs tokenizer.json or "
                              "vocab files plus tokenizer_config.json (save_pretrained writes them)") from e
-    from .corpus import hub_is_offline
-
     if hub_is_offline():
         try:  # it may be in the local HF cache
             return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)

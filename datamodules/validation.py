@@ -288,7 +288,8 @@ def _encoder(cfg) -> None:
     name = _select(cfg, "encoder.name_or_path")
     if name is None:
         return
-    from models.loading import resolve_encoder  # light: no weights are loaded
+    # lazy: models imports torch, and this module runs before it (start-up checks); no weights are loaded
+    from models.loading import resolve_encoder
 
     p = Path(str(name)).expanduser()
     if p.is_dir() and not any(p.iterdir()):

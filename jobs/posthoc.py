@@ -30,11 +30,16 @@ Imports no Lightning: usable from ``evaluate.py`` and on machines without a trai
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
+
+from datamodules.eval_data import load_sentences
 
 #: Defaults of the monitors (configs/callbacks/monitors.yaml); a run's config.yaml overrides them.
 # rule: the ln_rule a run recorded (callbacks.layernorm_monitor.rule); older runs recorded k/shared_min_layers
@@ -66,8 +71,6 @@ def monitor_settings(run_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[s
     ln, hs = dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS)
     cfg_file = Path(run_dir) / "config.yaml"
     if cfg_file.is_file():
-        from omegaconf import OmegaConf
-
         callbacks = OmegaConf.to_container(OmegaConf.load(cfg_file)).get("callbacks") or {}
         for target, key in ((ln, "layernorm_monitor"), (hs, "hidden_state_monitor")):
             target.update({k: v for k, v in (callbacks.get(key) or {}).items() if k in target})
@@ -84,7 +87,7 @@ def _tokenizer_dir(run: Path) -> Path:
 
 def _load(path: Path, mmap: bool = False) -> dict:
     """A checkpoint on CPU (``mmap``: tensors are read lazily, for a cheap look at ``global_step``)."""
-    import torch
+    import torch  # lazy: `python -m jobs.posthoc` checks its arguments before torch loads (see main)
 
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -139,6 +142,8 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
                 if key in cfg:
                     cfg[key] = value
 
+    # lazy: `python -m jobs.posthoc BAD_DIR` fails in a second, before torch loads; and HF_HUB_OFFLINE
+    # must be set before transformers is imported (it reads the flag at import)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -156,8 +161,6 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         tok_dir = Path(tokenizer) if tokenizer is not None else _tokenizer_dir(run)
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     if texts is None:
-        from datamodules.eval_data import load_sentences
-
         texts = load_sentences(hs_cfg["sentences_path"])[: int(hs_cfg["n_sequences"])]
 
     # one checkpoint per step; a step checkpoint wins over last.ckpt of the same step
@@ -221,8 +224,6 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
 
 def _write_table(path: Path, rows: list[dict]) -> Path:
     """CSV with the columns of the first row, written atomically."""
-    import csv
-
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["step", "layer"])

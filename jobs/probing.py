@@ -8,6 +8,7 @@ on all layers at once -> rows (layer x transform) -> CSV / Markdown / PNG / Tens
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import time
@@ -17,6 +18,8 @@ from typing import Mapping
 
 import numpy as np
 import torch
+from lightning.pytorch import seed_everything
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from analysis.probing import chance_accuracy, rank_of_dims, top_dims
 from analysis.transforms import MIN_FIT_RATIO
@@ -25,6 +28,7 @@ from datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_
 from models.loading import FrozenEncoder
 from datamodules.probe_data import load_classification, load_position_texts, split_indices
 from lightning_modules.probes import PositionProbe, SentenceClassifier, train_probe
+from reports.probe_report import write_outputs
 
 log = logging.getLogger(__name__)
 TRANSFORMS = ("none", "clip", "whiten")
@@ -168,11 +172,6 @@ def run_classifier(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dic
 
 def run(cfg, run_dir: str | Path) -> dict:
     """Run the probe described by ``cfg`` (configs/probe.yaml) and write every output into ``run_dir``."""
-    from lightning.pytorch import seed_everything
-    from lightning.pytorch.loggers import TensorBoardLogger
-
-    from reports.probe_report import write_outputs
-
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(int(cfg.seed), verbose=False)
@@ -189,8 +188,6 @@ def run(cfg, run_dir: str | Path) -> dict:
                 hidden=encoder.hidden_size, transforms=selected_transforms(cfg.transform), seed=int(cfg.seed))
     by_position = info.pop("by_position", None)
     if by_position:  # accuracy at each position: a position-free encoder is at chance away from the edges
-        import csv
-
         with open(run_dir / "position_probe_by_position.csv", "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=["layer", "transform", "position", "n_test", "accuracy"])
             w.writeheader()

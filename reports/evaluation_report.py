@@ -12,6 +12,11 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures go to files only
+import matplotlib.pyplot as plt  # noqa: E402
+
 #: Columns that identify a row rather than measure something (not sent to TensorBoard as scalars).
 KEY_COLUMNS = ("layer", "transform", "dataset", "split")
 
@@ -102,19 +107,9 @@ def log_scalars(tb, analysis: str, rows: Sequence[Mapping[str, Any]]) -> int:
 
 
 # ------------------------------------------------------------------------------------------------- plots
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_layers(path: Path, series: Mapping[str, Sequence[float]], ylabel: str, title: str,
                 hline: float | None = None) -> Path:
     """One line per label over layers 0..L (0 = embedding output) — the shape of Luo et al. Fig. 6."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for label, ys in series.items():
         ax.plot(range(len(ys)), ys, marker="o", ms=3, label=label)
@@ -135,7 +130,6 @@ def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequenc
                  marks: Sequence[Sequence[int]] | None = None, suptitle: str = "", ncols: int = 4) -> Path:
     """Small multiples of d-dimensional vectors (value per dimension), marked dims annotated —
     the average-vector plots of Luo et al. Figs. 1–4."""
-    plt = _plt()
     n = len(vectors)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)

@@ -20,6 +20,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.image import imsave
 
 
 def render(fig: Figure) -> np.ndarray:
@@ -31,8 +32,6 @@ def render(fig: Figure) -> np.ndarray:
 
 def save_png(image: np.ndarray, path: str | os.PathLike) -> None:
     """Write an RGB array as PNG atomically (temporary file + ``os.replace``)."""
-    from matplotlib.image import imsave
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.png")

@@ -6,6 +6,11 @@ import csv
 import math
 from pathlib import Path
 
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures go to files only
+import matplotlib.pyplot as plt  # noqa: E402
+
 COLUMNS = ["layer", "transform", "accuracy", "val_accuracy", "chance", "n_train", "n_val", "n_test",
            "dropped_tokens", "truncated_sequences", "top_neurons", "outlier_dims", "outlier_rank",
            "contribution_outlier", "contribution_mean", "clipped_dims",
@@ -50,11 +55,6 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str) -> Path
 
 def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
     """accuracy vs layer; outlier vs mean contribution per layer; contribution heatmap layers x top dims."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     transforms = list(dict.fromkeys(r["transform"] for r in rows))
     by_t = {t: [r for r in rows if r["transform"] == t] for t in transforms}
     paths = []
@@ -89,11 +89,6 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
 def write_heatmap(contrib: dict, run_dir: Path, stem: str, per_layer: int = 3, extra_dims=()) -> Path | None:
     """Heatmap layers x dims of mean contribution; dims = union of each layer's top ``per_layer`` (first
     panel) and ``extra_dims`` (the detected outlier dims)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = {t: c for t, c in contrib.items() if t != "whiten"}
     if not panels:
         return None

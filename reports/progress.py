@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Callable, TextIO
 
+from tqdm.auto import tqdm
+
 
 def is_terminal(stream: TextIO | None = None) -> bool:
     """Whether ``stream`` (default stdout) is an interactive terminal, where a progress bar draws."""
@@ -105,7 +107,5 @@ def progress_bar(total: int | None, desc: str, enabled: bool = True, unit: str =
     if not enabled:
         return None
     if is_terminal(sys.stderr):
-        from tqdm.auto import tqdm
-
         return tqdm(total=total, desc=desc, unit=unit[:4], dynamic_ncols=True)
     return ProgressLines(total, desc, unit, every_s, stream)

@@ -18,6 +18,11 @@ import csv
 import sys
 from pathlib import Path
 
+import matplotlib
+
+matplotlib.use("Agg")  # headless: files only
+import matplotlib.pyplot as plt  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reports.history import read_history, wide_by_layer  # noqa: E402
@@ -169,11 +174,6 @@ def markdown(rows: list[dict], cols: list[str]) -> str:
 
 
 def plot_curves(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = [("kurtosis", "activation kurtosis (He et al. 2024)"), ("max_median", "max / median |x|"),
               ("argmax_share", "signed argmax share (Luo et al. 2021)"),
               ("n_layernorm_outliers", "LayerNorm 3σ dims (gain AND bias; Kovaleva et al.)")]

@@ -9,6 +9,8 @@
 Kept free of heavy imports: the classes load on first attribute access.
 """
 
+import importlib
+
 _LAZY = {
     "LayerNormMonitor": "layernorm_monitor",
     "HiddenStateMonitor": "hidden_state_monitor",
@@ -21,7 +23,5 @@ __all__ = list(_LAZY)
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

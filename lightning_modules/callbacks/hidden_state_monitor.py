@@ -43,8 +43,10 @@ from typing import Any
 import lightning as L
 import torch
 from torch import Tensor
+from transformers import AutoTokenizer
 
 from analysis.monitoring import hidden_state_records, tokenize_heldout
+from datamodules.eval_data import load_sentences
 from models.sites import monitored_forward
 
 from reports import monitor_plots as plots
@@ -136,8 +138,6 @@ class HiddenStateMonitor(OutlierMonitor):
     def _tokenizer(self, trainer: L.Trainer):
         tok = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule is not None else None
         if tok is None and self.tokenizer_path:
-            from transformers import AutoTokenizer
-
             tok = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
         return tok
 
@@ -152,8 +152,6 @@ class HiddenStateMonitor(OutlierMonitor):
                 raise ValueError("HiddenStateMonitor(source='sentences') needs a tokenizer: the datamodule has no "
                                  "`tokenizer` attribute; set callbacks.hidden_state_monitor.tokenizer=<dir> or "
                                  "source=val")
-            from datamodules.eval_data import load_sentences
-
             texts = load_sentences(self.sentences_path)[: self.n_sequences]
             max_len = self.max_length or getattr(config, "max_len", None) or tok.model_max_length
             self.batch = tokenize_heldout(tok, texts, max_len)
