@@ -13,7 +13,7 @@ masked-LM, while zeroing as many random dims does almost nothing.  This module r
 * **disabled** — gain and bias of those dims set to 0 in the norms the rule judged (or
   ``ablation.layernorms``), by :func:`models.layernorms.zero_layernorm_dims`, which restores the weights after;
 * **controls** — the intact model; the same number of random dims (``n_random`` seeded draws,
-  :func:`analysis.outliers.random_dims`, never including the outlier dims), reported as mean ± std; and
+  :func:`analysis.outlier_dims.random_dims`, never including the outlier dims), reported as mean ± std; and
   the dims the user names (``ablation.dims``);
 * **score** — masked-LM loss, perplexity (exp of the mean loss per masked token) and top-1 accuracy on
   held-out text.  Evaluation masking is deterministic: 15% of the non-special tokens, seeded per batch,

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+import matplotlib
 import torch
 from torch import Tensor
 
@@ -31,6 +32,9 @@ from models.layernorms import select_layernorms, zero_layernorm_dims
 from evaluation.mlm_loading import analysis_texts, shared_mlm
 from evaluation.registry import AnalysisResult, EvalContext, register
 from evaluation.settings import AttentionSinksSettings, load_settings
+
+matplotlib.use("Agg")  # headless: the heatmap is written to a file
+import matplotlib.pyplot as plt  # noqa: E402
 
 TITLE = "## Attention sinks: mass on special tokens (Kovaleva et al. 2019/2021)"
 KEYS = ("bos", "eos", "special")
@@ -99,11 +103,6 @@ def sink_rows(by_condition: Mapping[str, Mapping[str, Tensor]], dims: Mapping[st
 
 
 def _heatmap(by_condition: Mapping[str, Mapping[str, Tensor]], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     conds = list(by_condition)
     L, H = by_condition[conds[0]]["bos"].shape
     panel_w, panel_h = max(3.0, 0.35 * H + 1.2), max(2.5, 0.3 * L + 1.2)

@@ -17,7 +17,7 @@ token type seen in the evaluation text (non-special tokens only):
 
 Outlier dims: ``frequency.dims`` if given, else the LayerNorm outlier dims by the one rule
 (:func:`analysis.layernorm_rule.layernorm_outliers`, ``ln_rule`` settings); if the model has none, the activation outlier
-dims (:func:`analysis.outliers.detect_outlier_dims`, Luo et al.'s argmax/argmin share), said in the report.
+dims (:func:`analysis.outlier_dims.detect_outlier_dims`, Luo et al.'s argmax/argmin share), said in the report.
 """
 
 from __future__ import annotations
@@ -29,17 +29,26 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from torch import Tensor
 
 from analysis.frequency import TokenValueAccumulator, token_frequency_spearman
 from analysis.outlier_dims import detect_outlier_dims
+from analysis.outlier_stats import OutlierAccumulator, valid_token_mask
+from datamodules.corpus import corpus_identity, load_texts, load_texts_from_files
+from datamodules.mlm_datamodule import default_cache_dir  # the one definition of the cache root
+from datamodules.tokenizer import tokenizer_fingerprint
 from evaluation.common import check_common, detect_layernorm_outliers, ln_rule
 from evaluation.mlm_loading import analysis_texts
+from evaluation.registry import AnalysisResult, EvalContext, register
 from evaluation.settings import FrequencySettings, load_settings
 from models.layernorms import model_layernorms
-from evaluation.registry import AnalysisResult, EvalContext, register
+
+matplotlib.use("Agg")  # headless: the plots are written to files
+import matplotlib.pyplot as plt  # noqa: E402
 
 TITLE = "## Outlier dims vs token frequency (Puccetti et al. 2022)"
 
@@ -66,8 +75,6 @@ def find_run_config(source) -> Path | None:
     for d in [p, *list(p.parents)[:2]]:
         for cand in (d / "config.yaml", d / ".hydra" / "config.yaml"):
             if cand.is_file():
-                from omegaconf import OmegaConf
-
                 if OmegaConf.select(OmegaConf.load(cand), "data.source", default=None) is not None:
                     return cand
     return None
@@ -78,8 +85,6 @@ def pretraining_data(source) -> dict | None:
     cfg_path = find_run_config(source)
     if cfg_path is None:
         return None
-    from omegaconf import OmegaConf
-
     cfg = OmegaConf.load(cfg_path)
 
     def sel(key):  # only these nodes are resolved: the rest may use Hydra-only resolvers
@@ -91,8 +96,6 @@ def pretraining_data(source) -> dict | None:
 
 
 def _counts_cache() -> Path:
-    from datamodules.mlm_datamodule import default_cache_dir  # the one definition of the cache root
-
     return default_cache_dir()
 
 
@@ -104,9 +107,6 @@ def pretraining_counts(source, tokenizer, cache_dir: Path) -> tuple[np.ndarray, 
     FileNotFoundError / ValueError / ConnectionError / RuntimeError
         The run config names data that cannot be read here (the caller falls back, with a note).
     """
-    from datamodules.corpus import corpus_identity, load_texts
-    from datamodules.tokenizer import tokenizer_fingerprint
-
     data = pretraining_data(source)
     if data is None:
         raise FileNotFoundError(f"{source.name} is not a train.py run (no config.yaml naming data.source)")
@@ -178,8 +178,6 @@ def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dim
 
 def _valid_chunks(encoder, tokenized) -> Iterable[tuple[Tensor, Tensor]]:
     """``(token ids, hidden [L+1, n, d])`` of the non-special, non-pad tokens, one encoder batch at a time."""
-    from analysis.outlier_stats import valid_token_mask
-
     for b in encoder.batches(tokenized, sort_by_length=True):
         valid = valid_token_mask(b.attention_mask, b.special_tokens_mask).to(b.hidden.device)
         yield b.input_ids[valid.cpu()], b.hidden[:, valid]
@@ -187,8 +185,6 @@ def _valid_chunks(encoder, tokenized) -> Iterable[tuple[Tensor, Tensor]]:
 
 def _activation_stats(encoder, tokenized) -> dict[str, Tensor]:
     """Luo et al.'s per-layer statistics (one extra encoder pass; only when no LayerNorm outlier exists)."""
-    from analysis.outlier_stats import OutlierAccumulator
-
     acc = OutlierAccumulator(encoder.num_layers + 1, encoder.hidden_size)
     for _, h in _valid_chunks(encoder, tokenized):
         acc.update(h.cpu())
@@ -220,11 +216,6 @@ def choose_dims(ctx, s: FrequencySettings, stats_fn) -> tuple[list[int], str, st
 
 def _scatter(table: FrequencyTable, layers: Sequence[int], strongest: dict[int, int], path: Path, what: str,
              title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(1, len(layers), figsize=(5 * len(layers), 4), squeeze=False)
     keep = table.freqs > 0
     x = np.log10(table.freqs[keep])
@@ -266,8 +257,6 @@ def frequency_counts(ctx, s: FrequencySettings, tokenized, vocab: int) -> tuple[
                 raise
             note = f"pretraining corpus not available ({(str(e).splitlines() or [''])[0][:160]}); "
     if mode == "files":
-        from datamodules.corpus import load_texts_from_files
-
         files = list(s.count_files)
         return count_tokens(enc.tokenizer, load_texts_from_files(files), vocab), f"files {files}"
     ids = [t for row, sp in zip(tokenized.input_ids, tokenized.special_tokens_mask) for t, s in zip(row, sp) if not s]

@@ -28,7 +28,10 @@ import torch
 from torch import Tensor, nn
 
 from evaluation.settings import DataSettings, section_settings
+from datamodules.corpus import load_texts_from_files
+from datamodules.eval_data import load_sentences
 from models.layernorms import model_layernorms
+from models.loading import EncoderUnavailableError, FrozenEncoder
 
 
 def layernorm_map(model: nn.Module) -> dict[str, nn.Module]:
@@ -107,7 +110,7 @@ class LoadedModel:
 
 
 def _quiet_hf():
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: transformers reads the offline flag at import
 
     state = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
     hf_logging.set_verbosity_error()
@@ -116,7 +119,7 @@ def _quiet_hf():
 
 
 def _restore_hf(state) -> None:
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: transformers reads the offline flag at import
 
     hf_logging.set_verbosity(state[0])
     if state[1]:
@@ -125,7 +128,7 @@ def _restore_hf(state) -> None:
 
 def _load_hf(source, device: torch.device) -> tuple[nn.Module, bool, str]:
     """(model, has_mlm_head, reason) for a Hugging Face model directory / cached hub id, eager attention."""
-    from transformers import AutoModel, AutoModelForMaskedLM
+    from transformers import AutoModel, AutoModelForMaskedLM  # lazy: after the entry point set the offline flag
 
     if source.local_files_only:
         os.environ["HF_HUB_OFFLINE"] = "1"
@@ -146,8 +149,6 @@ def _load_hf(source, device: torch.device) -> tuple[nn.Module, bool, str]:
             return model.base_model, False, reason
         return model, True, ""
     except OSError as e:
-        from models.loading import EncoderUnavailableError
-
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise EncoderUnavailableError(f"cannot load {source.name} with its MLM head: {first}") from None
     finally:
@@ -169,8 +170,6 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
     LoadedModel
         ``has_mlm_head`` False (with ``no_head_reason``) for encoder-only checkpoints.
     """
-    from models.loading import FrozenEncoder
-
     if isinstance(encoder, (str, os.PathLike)):
         encoder = FrozenEncoder(str(encoder), device=str(device) if device is not None else "cpu")
     dev = torch.device(device) if device is not None else encoder.device
@@ -210,9 +209,6 @@ def analysis_texts(ctx, settings) -> tuple[list[str], str]:
     sentences (:func:`datamodules.eval_data.load_sentences`; not in our pretraining corpus).  The FIRST
     ``max_sentences`` texts are used, so two analyses with the same limit see the same texts.
     """
-    from datamodules.corpus import load_texts_from_files
-    from datamodules.eval_data import load_sentences
-
     data = section_settings(DataSettings, ctx.root_cfg)
     files = settings.files if settings.files is not None else data.files
     limit = settings.max_sentences if settings.max_sentences is not None else data.max_sentences

@@ -3,7 +3,7 @@ the position-embedding table (Luo §3, Figs. 3–4) and every LayerNorm (Kovalev
 
 Activations: per layer the average token vector (non-special, non-pad tokens; Figs. 1–2), the share of
 tokens whose argmax/argmin falls on each of the top dims, and the outlier dims by
-:func:`analysis.outliers.detect_outlier_dims` — for every transform (after whitening the coordinates are
+:func:`analysis.outlier_dims.detect_outlier_dims` — for every transform (after whitening the coordinates are
 principal directions, not neurons: compare those rows with care).  Weights: the mean position vector and
 its 3σ dims (learned absolute tables only: any parameter named ``*embeddings.position_embeddings.weight``),
 and :func:`analysis.layernorm.layernorm_stats` of every ``nn.LayerNorm`` found in the model.
@@ -125,7 +125,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     md.append(f"{st.n_sentences} sentences ({st.settings.get('source', '')}), {n_tok} non-special tokens; "
               f"layer 0 = embedding output. Outlier rule: `{s.method}` "
               f"(share ≥ {thr:g} of tokens with their argmax/argmin on the dim; "
-              "analysis.outliers.detect_outlier_dims).")
+              "analysis.outlier_dims.detect_outlier_dims).")
     none_rows = [r for r in rows if r["transform"] == "none"]
     said = sentences_about(none_rows, thr)
     none_said = f"no dim holds the max or min of ≥ {100 * thr:g}% of tokens in any layer."

@@ -3,7 +3,7 @@
 Memory never grows with the number of sentences: texts are tokenized ``chunk`` at a time, every batch of
 hidden states ``[L+1, B, T, d]`` is reduced into running statistics and dropped:
 
-* :class:`analysis.outliers.OutlierAccumulator` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2);
+* :class:`analysis.outlier_stats.OutlierAccumulator` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2);
 * :class:`analysis.transforms.Whitener` — float64 Σx and Σxxᵀ (Su et al. 2021);
 * :class:`analysis.similarity.AnisotropyAccumulator` — a reservoir of one random token of each of at most
   ``n_sentences`` sentences (Ethayarajh 2019; Luo §4.1: 2000 sentences → 1000 pairs);
@@ -38,6 +38,7 @@ from analysis.outlier_stats import OutlierAccumulator
 from analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
                                  intra_sentence_similarity)
 from evaluation.activation_pass import ActivationObserver
+from datamodules.probe_data import load_position_texts
 from analysis.transforms import TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
 from evaluation.encoding import (Batch, EncodeLog, finish_encode_log, iter_batches,  # noqa: F401 (re-exported)
                                  progress_bar)
@@ -109,7 +110,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         it is always fitted when "whiten" is in ``transforms`` and a statistic here needs it
     clip_dims, clip_dims_by_layer : ``transform.dims`` (same dims in every layer) or ``transform.dims_by_layer``
         (per layer range, Luo et al. App. D.1), or neither to detect per layer on these sentences with
-        :func:`analysis.outliers.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
+        :func:`analysis.outlier_dims.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
     whiten : k and the degenerate-fit guard (:class:`evaluation.transform_fit.WhitenSettings`); ``whiten_k``
         alone is the same with the default guard
     need_activations : also run :class:`evaluation.activation_pass.ActivationObserver` (kurtosis, max/median,
@@ -171,7 +172,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                         else [[] for _ in range(n_layers)])
         rule = (f"share >= {outlier_threshold:g}" if outlier_method == "share" else f"|mean| outside {outlier_k:g}σ")
         ft.info["clip"] = clip_description(ft.clip_dims, f"detected per layer on the {len(texts)} evaluation "
-                                                         f"sentences (analysis.outliers.detect_outlier_dims, {rule})")
+                                                         f"sentences (analysis.outlier_dims.detect_outlier_dims, {rule})")
     if whitener is not None:  # refuses a degenerate fit (too few distinct vectors) in one line
         ft.set_whitener(whitener, whiten.finish(
             whitener, f"the non-special token vectors of the {len(texts)} evaluation sentences"))
@@ -241,8 +242,6 @@ def _consume(b: Batch, st: SentenceStats, names: list[str], whitener: Whitener |
 # -------------------------------------------------------------------------------------------- from a context
 def evaluation_sentences(data: DataSettings) -> list[str]:
     """``data.files`` (one sentence per line) or the shipped *Persuasion* sentences, first ``data.max_sentences``."""
-    from datamodules.probe_data import load_position_texts
-
     return load_position_texts(None if data.files is None else list(data.files), data.max_sentences)
 
 

@@ -29,6 +29,7 @@ from analysis.wic import all_true_baseline, best_per_layer, best_threshold, choo
 from evaluation.registry import AnalysisResult, EvalContext, register
 from reports.evaluation_report import md_table, plot_layers
 from datamodules.dataset_sources import load_hub, load_local
+from datamodules.eval_data import load_wic
 from evaluation.encoding import distinct_texts, encode_log_line
 from evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from evaluation.transform_fit import WhitenSettings
@@ -78,8 +79,6 @@ def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped
     source = "files" if files else s.source
     split = split if split is not None else (s.split or DEFAULT_SPLIT.get(source))
     if source == "wordnet":
-        from datamodules.eval_data import load_wic
-
         rows, what = load_wic(split=split), f"shipped WordNet WiC-style pairs, split {split}"
     elif source == "superglue":
         path, name = s.hub_path, s.hub_name
