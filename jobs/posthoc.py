@@ -87,15 +87,9 @@ def _tokenizer_dir(run: Path) -> Path:
 
 def _load(path: Path, mmap: bool = False) -> dict:
     """A checkpoint on CPU (``mmap``: tensors are read lazily, for a cheap look at ``global_step``)."""
-    import torch  # lazy: `python -m jobs.posthoc` checks its arguments before torch loads (see main)
+    from models.checkpoint import read_checkpoint  # lazy: `python -m jobs.posthoc` checks its arguments before torch loads
 
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception:  # noqa: BLE001 - older/extended checkpoints may pickle plain Python objects
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
-        except Exception as e:  # noqa: BLE001
-            raise ValueError(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:120]})") from None
+    return read_checkpoint(path, mmap=mmap)
 
 
 def _initial_snapshot(ckpt: dict) -> dict | None:

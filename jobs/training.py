@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from datamodules.budget import DataBudget, data_budget
 from models import EncoderConfig, hf_exportable, save_pretrained
+from models.checkpoint import read_checkpoint
 from lightning_modules.mlm_module import MLMLitModule
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,8 @@ def ensure_writable(run_dir: Path, min_free_mb: int = 200) -> None:
 def _readable(path: Path) -> dict[str, Any] | None:
     try:
         # mmap: a truncated zip archive fails at once, and large checkpoints are not read twice.
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except Exception:  # noqa: BLE001 - any unreadable file is "not a good checkpoint"
+        return read_checkpoint(path, mmap=True)
+    except ValueError:  # any unreadable file is "not a good checkpoint"
         return None
 
 
@@ -191,6 +192,9 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     report_data_budget(datamodule, trainer, cfg.get("data_epochs_warning"))
     if trainer.global_rank == 0:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        # the run directory is self-contained from the start: post-hoc analysis and probe.py on a checkpoint
+        # find the tokenizer here even when the run stops early or export=false
+        tokenizer.save_pretrained(str(run_dir / "tokenizer"))
     _relaunch_args_for_ddp_children(run_dir)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from models import EncoderConfig, RobertaMaskedLM, load_pretrained
+from models.checkpoint import read_checkpoint
 # Resolution lives in models.encoder_source (no transformers import); re-exported here, where users look.
 from models.encoder_source import (BUNDLED, EncoderSource, EncoderUnavailableError, bundled_model_path,  # noqa: F401
                                    resolve_encoder)
@@ -160,10 +161,7 @@ class FrozenEncoder:
     def _ckpt_payload(self) -> dict:
         if not hasattr(self, "_ckpt"):
             path = self.source.model
-            try:
-                self._ckpt = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception:  # Lightning hparams may hold objects the safe unpickler refuses (own run files)
-                self._ckpt = torch.load(path, map_location="cpu", weights_only=False)
+            self._ckpt = read_checkpoint(path)
             if "model" not in self._ckpt.get("hyper_parameters", {}):
                 raise ValueError(f"{path} is not a train.py checkpoint (no hyper_parameters['model'])")
         return self._ckpt
