@@ -17,7 +17,7 @@ from typing import Iterator, NamedTuple, Sequence
 from torch import Tensor
 
 from analysis.outlier_stats import valid_token_mask
-from reports.progress import progress_bar as make_bar
+from utils.progress import progress_bar as make_bar
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def finish_encode_log(stats: EncodeLog, what: str, notes: list[str]) -> None:
 
 
 def progress_bar(total: int, desc: str, enabled: bool):
-    """tqdm on a terminal; plain ``[evaluate] ...`` lines with ETA in a log file (reports.progress)."""
+    """tqdm on a terminal; plain ``[evaluate] ...`` lines with ETA in a log file (utils.progress)."""
     return make_bar(total, f"[evaluate] {desc}", enabled, unit="sentences")
 
 

@@ -39,7 +39,7 @@ from models.checkpoint import read_checkpoint
 # Resolution lives in models.encoder_source (no transformers import); re-exported here, where users look.
 from models.encoder_source import (BUNDLED, EncoderSource, EncoderUnavailableError, bundled_model_path,  # noqa: F401
                                    resolve_encoder)
-from reports.progress import progress_bar
+from utils.progress import progress_bar
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import torch
 
 import lightning_modules.callbacks.progress as progress_mod
 from lightning_modules.callbacks.progress import ProgressLines
-from reports import progress as plain
+from utils import progress as plain
 
 
 class Clock:

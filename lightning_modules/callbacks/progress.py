@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from reports.progress import eta_seconds, format_duration, is_terminal
+from utils.progress import eta_seconds, format_duration, is_terminal
 
 
 def default_tokens(batch: Any) -> int:

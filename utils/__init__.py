@@ -1,0 +1,1 @@
+"""Leaf helpers with no project imports, usable from every layer (progress lines in logs)."""
