@@ -24,8 +24,12 @@ import time
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from datamodules.validation import validate_inputs
+from evaluation.registry import ANALYSES, ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
+from evaluation.settings import EncoderSettings, section_settings
 from jobs.startup import check_overrides, register_resolvers, run_main
 
 TRANSFORMS = ("none", "clip", "whiten")
@@ -34,8 +38,6 @@ TRANSFORMS = ("none", "clip", "whiten")
 # ----------------------------------------------------------------------------------- light validation
 def selected_analyses(cfg) -> list[str]:
     """``analyses=[...]`` checked against the registry (no torch import)."""
-    from evaluation.registry import ANALYSIS_MODULES
-
     names = cfg.get("analyses")
     names = [names] if isinstance(names, str) else [str(n) for n in (names or [])]
     if not names:
@@ -60,9 +62,6 @@ def selected_transforms(cfg) -> list[str]:
 def check_settings(cfg, analyses: list[str]) -> None:
     """Every config section the run reads, built as its typed settings (:mod:`evaluation.settings`, no torch):
     an unknown or missing key, a wrong type or a value out of range fails here in one line."""
-    from evaluation.registry import RUN_SETTINGS, SETTINGS
-    from evaluation.settings import section_settings
-
     for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses)]):
         section_settings(cls, cfg)
 
@@ -70,8 +69,6 @@ def check_settings(cfg, analyses: list[str]) -> None:
 def check_files(cfg) -> list[str]:
     """Every data file the user gave is usable (datamodules.validation), before the model loads; returns
     warnings about valid-but-weak input (printed, and kept in the report)."""
-    from datamodules.validation import validate_inputs
-
     return validate_inputs(cfg, "evaluate")
 
 
@@ -82,11 +79,10 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     check_settings(cfg, analyses)
     check_files(cfg)
     t_start = time.time()
+    # lazy: torch and the models load only after every setting and file above was checked (fails in a second)
     import torch
 
     from models.loading import FrozenEncoder
-    from evaluation.registry import ANALYSES, ANALYSIS_MODULES, EvalContext, SharedPasses
-    from evaluation.settings import EncoderSettings, section_settings
     from reports.evaluation_report import write_outputs
 
     run_dir = Path(run_dir)
@@ -96,7 +92,7 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     encoder = FrozenEncoder(e.name_or_path, e.max_length, e.on_overflow, e.device, e.batch_size)
     tb = None
     if cfg.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: only when tensorboard is on
 
         tb = SummaryWriter(str(run_dir / "tensorboard"))
     shared = SharedPasses()  # the sentence pass and the MLM model, computed once for every analysis
@@ -187,8 +183,6 @@ def _header(meta: dict) -> str:
 
 @hydra.main(config_path="configs", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
     run_main(lambda c: evaluate(c, HydraConfig.get().runtime.output_dir), cfg)
 
 
