@@ -143,7 +143,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
 
     from analysis.layernorm_rule import layernorm_outliers
     from analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
-    from models import EncoderConfig, RobertaMaskedLM
+    from models.checkpoint import model_from_checkpoint
     from models.layernorms import layernorm_tensors
     from models.sites import monitored_forward
     from reports import monitor_plots as plots
@@ -171,14 +171,8 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     metric_rows: list = []
     for step in sorted(by_step):
         ckpt = _load(by_step[step])
-        hp = ckpt.get("hyper_parameters") or {}
-        if "model" not in hp:
-            raise ValueError(f"checkpoint {by_step[step]} was not written by train.py (no hyper_parameters['model'])")
-        config = EncoderConfig.from_dict(dict(hp["model"]))
-        model = RobertaMaskedLM(config)
-        sd = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-        model.load_state_dict(sd)
-        model.to(device).eval()
+        model = model_from_checkpoint(ckpt, f"checkpoint {by_step[step]}").to(device).eval()
+        config = model.config
         initial = _initial_snapshot(ckpt)
         if initial is not None and 0 not in by_step and not done:
             files["layernorm"].append(layernorm_records(0, initial, initial, k=ln_cfg["k"],

@@ -13,7 +13,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["read_checkpoint"]
+from models.config import EncoderConfig
+from models.encoder import RobertaMaskedLM
+
+__all__ = ["read_checkpoint", "model_from_checkpoint"]
 
 
 def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
@@ -42,3 +45,22 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
             return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
         except Exception as e:  # noqa: BLE001
             raise ValueError(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path = "checkpoint") -> RobertaMaskedLM:
+    """The encoder of a ``train.py`` checkpoint dict: built from ``hyper_parameters['model']``, weights from the
+    ``model.``-prefixed ``state_dict`` entries (the LightningModule's ``self.model``), in train mode.
+
+    Raises
+    ------
+    ValueError
+        One line naming ``where`` when the checkpoint was not written by ``train.py``.
+    """
+    hp = ckpt.get("hyper_parameters") or {}
+    if "model" not in hp:
+        raise ValueError(f"{where} was not written by train.py (no hyper_parameters['model'])")
+    model = RobertaMaskedLM(EncoderConfig.from_dict(dict(hp["model"])))
+    state = ckpt["state_dict"]
+    prefix = "model." if any(k.startswith("model.roberta.") for k in state) else ""
+    model.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+    return model

@@ -34,8 +34,8 @@ from typing import Iterator, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from models import EncoderConfig, RobertaMaskedLM, load_pretrained
-from models.checkpoint import read_checkpoint
+from models import load_pretrained
+from models.checkpoint import model_from_checkpoint, read_checkpoint
 # Resolution lives in models.encoder_source (no transformers import); re-exported here, where users look.
 from models.encoder_source import (BUNDLED, EncoderSource, EncoderUnavailableError, bundled_model_path,  # noqa: F401
                                    resolve_encoder)
@@ -196,12 +196,7 @@ class FrozenEncoder:
                     hf_logging.enable_progress_bar()
         if src.kind == "outlierlab":
             return load_pretrained(src.model)
-        payload = self._ckpt_payload()
-        model = RobertaMaskedLM(EncoderConfig.from_dict(payload["hyper_parameters"]["model"]))
-        state = payload["state_dict"]
-        prefix = "model." if any(k.startswith("model.roberta.") for k in state) else ""
-        model.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
-        return model
+        return model_from_checkpoint(self._ckpt_payload(), self.source.model)
 
     @property
     def identity(self) -> dict:

@@ -20,16 +20,7 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from datamodules.eval_data import load_sentences  # noqa: E402
-from models import EncoderConfig, RobertaMaskedLM  # noqa: E402
-from models.checkpoint import read_checkpoint  # noqa: E402
-
-
-def load_run_model(ckpt: Path) -> RobertaMaskedLM:
-    ck = read_checkpoint(ckpt)
-    hp = dict(ck["hyper_parameters"]["model"])
-    model = RobertaMaskedLM(EncoderConfig(**{k: v for k, v in hp.items() if k in EncoderConfig.__dataclass_fields__}))
-    model.load_state_dict({k.removeprefix("model."): v for k, v in ck["state_dict"].items() if k.startswith("model.")})
-    return model.eval()
+from models.checkpoint import model_from_checkpoint, read_checkpoint  # noqa: E402
 
 
 def largest_at_output_norm_inputs(model, enc, tok) -> list[dict]:
@@ -68,7 +59,7 @@ def main(argv=None) -> None:
         name, run = spec.split("=", 1)
         ckpt = Path(run) / "checkpoints" / "last.ckpt"
         step = int(read_checkpoint(ckpt, mmap=True).get("global_step", -1))
-        out += [{"run": name, "step": step, **r} for r in largest_at_output_norm_inputs(load_run_model(ckpt), enc, tok)]
+        out += [{"run": name, "step": step, **r} for r in largest_at_output_norm_inputs(model_from_checkpoint(read_checkpoint(ckpt), ckpt).eval(), enc, tok)]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, list(out[0]))
