@@ -11,7 +11,7 @@ after clipping the outlier dims / whitening, side by side (Luo, Kulmizev & Mao 2
 Outputs in the run dir (``hydra.run.dir``): ``<analysis>.csv`` (one row per layer x transform),
 ``report.md`` (tables shaped like Luo et al. Tables 1-2 / Fig. 6), ``results.json``, PNG plots,
 ``layernorm.csv`` and TensorBoard scalars ``eval/<analysis>/<transform>/<stat>`` (step = layer) under
-``tensorboard/``.  Analyses are modules registered in :mod:`evaluation.registry`.  Settings:
+``tensorboard/``.  Analyses are modules registered in :mod:`outlierlab.evaluation.registry`.  Settings:
 ``configs/evaluate.yaml``.
 """
 
@@ -27,10 +27,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from datamodules.validation import validate_inputs
-from evaluation.registry import ANALYSES, ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
-from evaluation.settings import EncoderSettings, section_settings
-from jobs.startup import check_overrides, register_resolvers, run_main
+from outlierlab.datamodules.validation import validate_inputs
+from outlierlab.evaluation.registry import ANALYSES, ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
+from outlierlab.evaluation.settings import EncoderSettings, section_settings
+from outlierlab.jobs.startup import check_overrides, register_resolvers, run_main
 
 TRANSFORMS = ("none", "clip", "whiten")
 
@@ -60,14 +60,14 @@ def selected_transforms(cfg) -> list[str]:
 
 
 def check_settings(cfg, analyses: list[str]) -> None:
-    """Every config section the run reads, built as its typed settings (:mod:`evaluation.settings`, no torch):
+    """Every config section the run reads, built as its typed settings (:mod:`outlierlab.evaluation.settings`, no torch):
     an unknown or missing key, a wrong type or a value out of range fails here in one line."""
     for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses)]):
         section_settings(cls, cfg)
 
 
 def check_files(cfg) -> list[str]:
-    """Every data file the user gave is usable (datamodules.validation), before the model loads; returns
+    """Every data file the user gave is usable (outlierlab.datamodules.validation), before the model loads; returns
     warnings about valid-but-weak input (printed, and kept in the report)."""
     return validate_inputs(cfg, "evaluate")
 
@@ -82,8 +82,8 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     # lazy: torch and the models load only after every setting and file above was checked (fails in a second)
     import torch
 
-    from models.loading import FrozenEncoder
-    from reports.evaluation_report import write_outputs
+    from outlierlab.models.loading import FrozenEncoder
+    from outlierlab.reports.evaluation_report import write_outputs
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

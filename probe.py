@@ -12,7 +12,7 @@ layer x transform), ``probe_report.md``, PNG plots, ``probe_info.json``, TensorB
 
 from __future__ import annotations
 
-from jobs.startup import check_overrides, register_resolvers, run_main
+from outlierlab.jobs.startup import check_overrides, register_resolvers, run_main
 
 register_resolvers()
 check_overrides()  # unknown encoder=/task=/transform= -> one line listing valid names, before slow imports
@@ -24,13 +24,13 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 def _check(cfg: DictConfig) -> None:
     # lazy: models imports torch; only once Hydra has composed a config (a bad override failed above)
-    from models.loading import resolve_encoder
+    from outlierlab.models.loading import resolve_encoder
 
     for node, key, example in (("encoder", "name_or_path", "encoder.name_or_path=outputs/train/RUN"),
                                ("task", "files", "task.files=[train.csv]")):
         if key in cfg[node].keys() and OmegaConf.is_missing(cfg[node], key):  # `in` is False for ???
             raise ValueError(f"{node}.{key} is required here: e.g. {example}")
-    from datamodules.validation import validate_inputs  # lazy: module level imports only startup + Hydra
+    from outlierlab.datamodules.validation import validate_inputs  # lazy: module level imports only startup + Hydra
 
     validate_inputs(cfg, "probe")  # every data file and the encoder path, one line per fault
     resolve_encoder(str(cfg.encoder.name_or_path))
@@ -39,7 +39,7 @@ def _check(cfg: DictConfig) -> None:
 @hydra.main(config_path="configs", config_name="probe", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     run_main(_check, cfg)  # missing value, bad path, offline hub: fail now, in one line
-    from jobs.probing import run  # lazy: heavy imports only after the config is valid
+    from outlierlab.jobs.probing import run  # lazy: heavy imports only after the config is valid
 
     run_dir = HydraConfig.get().runtime.output_dir
     out = run_main(lambda c: run(c, run_dir), cfg)

@@ -1,13 +1,13 @@
 """Pretrain a RoBERTa encoder with a chosen position scheme: ``python train.py pos=none``.
 
-Thin Hydra entry point; the job itself is :func:`jobs.training.train`.
+Thin Hydra entry point; the job itself is :func:`outlierlab.jobs.training.train`.
 """
 
 import json
 import os
 import sys
 
-from jobs.startup import check_overrides, check_train_config, describe_plan, register_resolvers, run_main
+from outlierlab.jobs.startup import check_overrides, check_train_config, describe_plan, register_resolvers, run_main
 
 if os.environ.get("LOCAL_RANK", "0") != "0" and "OUTLIERLAB_CHILD_ARGV" in os.environ:
     # A DDP child started by Lightning: run exactly the parent's job, never a new sweep.
@@ -26,12 +26,12 @@ def main(cfg: DictConfig) -> float | None:
         for warning in check_train_config(cfg):  # a setting that cannot work fails here, in seconds
             if rank0:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
-        from datamodules.validation import validate_inputs  # lazy: module level imports only startup + Hydra
+        from outlierlab.datamodules.validation import validate_inputs  # lazy: module level imports only startup + Hydra
 
         validate_inputs(cfg, "train")  # data.files: missing/empty/non-UTF-8/truncated gzip -> one line
         if rank0:
             print(describe_plan(cfg), flush=True)
-        from jobs.training import train  # lazy: torch/Lightning load only once the config is valid
+        from outlierlab.jobs.training import train  # lazy: torch/Lightning load only once the config is valid
 
         return train(cfg)
 

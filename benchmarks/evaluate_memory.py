@@ -6,7 +6,7 @@
 
 Each size runs in its own subprocess (``resource.getrusage`` high-water marks are per process) and does what
 ``python evaluate.py analyses=[outliers,anisotropy,self_similarity]`` does with all three transforms: the
-fit pass and the apply pass of :func:`evaluation.streaming.run_sentence_pass` (outlier counts, whitener
+fit pass and the apply pass of :func:`outlierlab.evaluation.streaming.run_sentence_pass` (outlier counts, whitener
 sums, anisotropy reservoir, self-similarity and intra-sentence sums).  Reported per size: peak RSS, RSS
 after loading the model (baseline), the growth during the pass, and tokens/s of the encoding.  Sentences
 are the shipped Persuasion sentences, cycled when more are asked for (memory does not depend on content).
@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 # Before transformers/huggingface_hub are imported: they read the flag at import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from datamodules.eval_data import load_sentences  # noqa: E402
-from evaluation.streaming import run_sentence_pass  # noqa: E402
-from models.loading import FrozenEncoder  # noqa: E402
+from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
+from outlierlab.evaluation.streaming import run_sentence_pass  # noqa: E402
+from outlierlab.models.loading import FrozenEncoder  # noqa: E402
 
 
 def _rss_mb() -> float:

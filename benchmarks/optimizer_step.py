@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from models import EncoderConfig, RobertaMaskedLM  # noqa: E402
+from outlierlab.models import EncoderConfig, RobertaMaskedLM  # noqa: E402
 
 VARIANTS = {"for-loop (default on CPU)": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 

@@ -3,7 +3,7 @@
 
     python benchmarks/probe_all_layers.py [--encoder all-minilm-l6-v2] [--sentences 300] [--epochs 2]
 
-1. extract: encode the sentences once, cache every layer (datamodules.features);
+1. extract: encode the sentences once, cache every layer (outlierlab.datamodules.features);
 2. all layers: one PositionProbe with a [L+1, d, M] weight trained on the cached features in one pass;
 3. one layer: the same probe for a single layer (what one iteration of a per-layer loop costs);
 4. naive: for every layer, re-encode the sentences and train that layer's probe alone.
@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from datamodules.features import RowBatches, extract_features, row_loader  # noqa: E402
-from datamodules.probe_data import load_position_texts, split_indices  # noqa: E402
-from lightning_modules.probes import PositionProbe, train_probe  # noqa: E402
-from models.loading import FrozenEncoder  # noqa: E402
+from outlierlab.datamodules.features import RowBatches, extract_features, row_loader  # noqa: E402
+from outlierlab.datamodules.probe_data import load_position_texts, split_indices  # noqa: E402
+from outlierlab.lightning_modules.probes import PositionProbe, train_probe  # noqa: E402
+from outlierlab.models.loading import FrozenEncoder  # noqa: E402
 
 
 def main() -> None:

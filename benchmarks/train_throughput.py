@@ -46,9 +46,9 @@ import hydra  # noqa: E402
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
-from datamodules.sampler import ResumableSampler  # noqa: E402
-from lightning_modules.mlm_module import MLMLitModule  # noqa: E402 (import cost outside every timing)
-from models import RobertaMaskedLM  # noqa: E402
+from outlierlab.datamodules.sampler import ResumableSampler  # noqa: E402
+from outlierlab.lightning_modules.mlm_module import MLMLitModule  # noqa: E402 (import cost outside every timing)
+from outlierlab.models import RobertaMaskedLM  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def plain_loop(cfg, dm, config, warmup: int, steps: int) -> float:
     model = module.model.train()
     opt_cfg = module.configure_optimizers()
     opt, sched = opt_cfg["optimizer"], opt_cfg["lr_scheduler"]["scheduler"]
-    loader = dm._loader(dm.train_dataset, __import__("datamodules.sampler", fromlist=["ResumableSampler"])
+    loader = dm._loader(dm.train_dataset, __import__("outlierlab.datamodules.sampler", fromlist=["ResumableSampler"])
                         .ResumableSampler(len(dm.train_dataset), dm.batch_size, shuffle=True, seed=0))
     tokens, t0 = 0, None
     for i, batch in enumerate(loader):

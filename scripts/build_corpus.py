@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Rebuild the embedded pretraining corpus ``datamodules/data/corpus/`` from the shared raw text.
+"""Rebuild the embedded pretraining corpus ``outlierlab/datamodules/data/corpus/`` from the shared raw text.
 
 The corpus is real English, one document (paragraph or verse) per line, ~5.6 MB uncompressed:
 
@@ -17,7 +17,7 @@ terms).  Deterministic: running it twice gives identical bytes; ``--check`` veri
 
 Usage::
 
-    python scripts/build_corpus.py [--source ../shared/data] [--out datamodules/data/corpus] [--check]
+    python scripts/build_corpus.py [--source ../shared/data] [--out outlierlab/datamodules/data/corpus] [--check]
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO / "datamodules" / "data" / "corpus"
+DEFAULT_OUT = REPO / "outlierlab" / "datamodules" / "data" / "corpus"
 DEFAULT_SOURCE = Path(os.environ.get("OUTLIERLAB_SOURCE_DATA", REPO.parent / "shared" / "data"))
 
 # (output name, source file, title) -- the order here is the document order of the corpus.

@@ -146,7 +146,7 @@ Total: {words:,} words.
 - **King James Bible**, from `bible-kjv-text` (text marked for unrestricted use; public domain in most
   countries, Crown rights in the United Kingdom).
 - **Jane Austen** (five novels; *Persuasion* held out) and **Herman Melville, Moby Dick**: public domain; see
-  `datamodules/data/corpus/NOTICE.md`.
+  `outlierlab/datamodules/data/corpus/NOTICE.md`.
 
 No WordNet text is included: GCIDE entries citing WordNet are removed because WordNet is the source of this
 project's evaluation sets.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Build the small real evaluation sets shipped in ``datamodules/data/eval/``.
+"""Build the small real evaluation sets shipped in ``outlierlab/datamodules/data/eval/``.
 
 Every set comes from text that is NOT in the pretraining corpus (Austen's other five novels,
 *Moby Dick*, KJV), so that probing/evaluation measures held-out text:

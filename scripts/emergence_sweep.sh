@@ -2,7 +2,7 @@
 # Short sweep at a fixed step budget over what the literature says drives outlier emergence
 # (He et al. 2024; Kovaleva et al. 2021): learning rate, Adam eps, dropout, width, weight-decay scope.
 # One factor at a time from experiment=emergence_cpu (pos=learned); then
-#   python -m jobs.posthoc OUT/<name>    (kurtosis, max/median, argmax share per checkpoint)
+#   python -m outlierlab.jobs.posthoc OUT/<name>    (kurtosis, max/median, argmax share per checkpoint)
 #   python scripts/summarize_emergence.py table --runs OUT/* --out docs/emergence/sweep.csv
 # wd_all: weight decay on LayerNorm gains and biases too (fairseq's scope; the default exempts them).
 # usage: scripts/emergence_sweep.sh OUT_DIR [STEPS=600] [POS=learned]

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from datamodules.eval_data import load_sentences  # noqa: E402
-from models.checkpoint import model_from_checkpoint, read_checkpoint  # noqa: E402
+from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
+from outlierlab.models.checkpoint import model_from_checkpoint, read_checkpoint  # noqa: E402
 
 
 def largest_at_output_norm_inputs(model, enc, tok) -> list[dict]:

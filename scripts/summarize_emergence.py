@@ -1,6 +1,6 @@
 """Tables and curves of docs/emergence.md from training runs and their post-hoc checkpoint analysis.
 
-Every number comes from CSVs the runs wrote: ``<run>/monitor_posthoc/metrics.csv`` (``python -m jobs.posthoc
+Every number comes from CSVs the runs wrote: ``<run>/monitor_posthoc/metrics.csv`` (``python -m outlierlab.jobs.posthoc
 <run>``: one row per checkpoint step x layer) plus the step-0 record of the live hidden-state monitor
 (``<run>/monitor/hidden_states.csv``, or that of a 1-step run with the same config and seed, ``--init``, for runs
 made before the monitor recorded these metrics — the initial weights are identical, checked by the step-0 argmax
@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reports.history import read_history, wide_by_layer  # noqa: E402
+from outlierlab.reports.history import read_history, wide_by_layer  # noqa: E402
 
 METRICS = ["anisotropy", "kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output",
            "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos", "attn_entropy",
@@ -45,7 +45,7 @@ def run_rows(run: Path, init: Path | None = None) -> list[dict]:
     from the post-hoc analysis of its checkpoints."""
     posthoc = run / "monitor_posthoc" / "metrics.csv"
     if not posthoc.is_file():
-        raise SystemExit(f"error: {posthoc} is missing; run `python -m jobs.posthoc {run}` first")
+        raise SystemExit(f"error: {posthoc} is missing; run `python -m outlierlab.jobs.posthoc {run}` first")
     with posthoc.open() as f:
         rows = [dict(r) for r in csv.DictReader(f)]
     source = (init or run) / "monitor" / "hidden_states.csv"

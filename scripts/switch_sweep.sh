@@ -2,7 +2,7 @@
 # Architecture switches x position schemes at the emergence CPU budget (issue 13; docs/emergence.md table).
 # Every run: experiment=emergence_cpu with a fixed step budget; one switch changed from plain RoBERTa.
 # clipped softmax uses Bondarenko et al.'s length rule gamma = -12.8/T: T = 64 tokens here -> gamma = -0.2.
-# Then: python -m jobs.posthoc OUT/<pos>_<switch>   and
+# Then: python -m outlierlab.jobs.posthoc OUT/<pos>_<switch>   and
 #   python scripts/summarize_emergence.py table --runs OUT/* --out docs/emergence/switches.csv
 # usage: scripts/switch_sweep.sh OUT_DIR [STEPS=600] [POS_LIST="learned none"] [SWITCHES="softmax clipped ..."]
 set -euo pipefail

@@ -31,7 +31,7 @@ def compose(config_name: str, overrides: list[str] | None = None):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from jobs.startup import register_resolvers
+    from outlierlab.jobs.startup import register_resolvers
 
     register_resolvers()
     GlobalHydra.instance().clear()

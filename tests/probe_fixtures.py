@@ -68,7 +68,7 @@ def save_tiny_roberta(directory: Path, layers: int = 3, hidden: int = 32, seed: 
 
 def save_own_run(run: Path, pos: str = "rope", layers: int = 2, hidden: int = 32, seed: int = 0):
     """A fake train.py run: ``<run>/model/`` (our format) + ``<run>/checkpoints/last.ckpt``; returns the model."""
-    from models import EncoderConfig, RobertaMaskedLM, save_pretrained
+    from outlierlab.models import EncoderConfig, RobertaMaskedLM, save_pretrained
 
     torch.manual_seed(seed)
     tok = byte_level_tokenizer()

@@ -1,4 +1,4 @@
-"""BERT Busters ablation (evaluation.ablation, evaluation.masked_lm, models.layernorms): weight surgery, masking,
+"""BERT Busters ablation (outlierlab.evaluation.ablation, outlierlab.evaluation.masked_lm, outlierlab.models.layernorms): weight surgery, masking,
 scoring, run()."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ PLANTED_DIM = 7
 def tiny_mlm(layers: int = 3, hidden: int = 32, plant: bool = True, seed: int = 0):
     """Our RobertaMaskedLM with non-trivial LayerNorms; ``plant``: a huge gain/bias on dim 7 of every
     OUTPUT LayerNorm (so it is THE 3σ outlier), and word embeddings large enough for peaked predictions."""
-    from models import EncoderConfig, RobertaMaskedLM
+    from outlierlab.models import EncoderConfig, RobertaMaskedLM
 
     torch.manual_seed(seed)
     tok = byte_level_tokenizer()
@@ -37,7 +37,7 @@ def tiny_mlm(layers: int = 3, hidden: int = 32, plant: bool = True, seed: int = 
 
 
 def save_planted(directory: Path) -> Path:
-    from models import save_pretrained
+    from outlierlab.models import save_pretrained
 
     model, tok = tiny_mlm()
     save_pretrained(model, directory, tokenizer=tok)
@@ -48,7 +48,7 @@ def make_ctx(name: str, encoder, tmp_path: Path, overrides: dict, text_lines=SEN
     """The context evaluate.py builds for analysis ``name``: the composed evaluate config (every default from
     the YAML), the section's ``files`` set to a temporary text file, then ``overrides``."""
     from conftest import compose
-    from evaluation.registry import EvalContext
+    from outlierlab.evaluation.registry import EvalContext
 
     text = tmp_path / "text.txt"
     text.write_text("\n".join(text_lines) + "\n")
@@ -60,7 +60,7 @@ def make_ctx(name: str, encoder, tmp_path: Path, overrides: dict, text_lines=SEN
 
 
 def _loaded(model, tok):
-    from evaluation.mlm_loading import LoadedModel, layernorm_map
+    from outlierlab.evaluation.mlm_loading import LoadedModel, layernorm_map
 
     return LoadedModel(model, tok, layernorm_map(model), "outlierlab", "tiny", True, max_length=64)
 
@@ -68,7 +68,7 @@ def _loaded(model, tok):
 # ------------------------------------------------------------------------------------------ weight surgery
 @pytest.mark.parametrize("kinds", [["output"], ["output", "attention_output", "embeddings"]])
 def test_zeroing_touches_exactly_the_chosen_entries_and_restores(kinds):
-    from models.layernorms import select_layernorms, zero_layernorm_dims
+    from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 
     model, _ = tiny_mlm(plant=False)
     chosen = select_layernorms(model.named_layernorms(), kinds)
@@ -97,7 +97,7 @@ def test_zeroing_touches_exactly_the_chosen_entries_and_restores(kinds):
 
 
 def test_layernorm_selection_and_bad_input():
-    from models.layernorms import select_layernorms, zero_layernorm_dims
+    from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 
     model, _ = tiny_mlm(plant=False)
     lns = model.named_layernorms()
@@ -110,8 +110,8 @@ def test_layernorm_selection_and_bad_input():
 
 
 def test_planted_dim_is_the_detected_outlier():
-    from analysis.layernorm_rule import LayerNormRule, layernorm_outliers
-    from models.layernorms import layernorm_tensors, model_layernorms
+    from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
+    from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 
     model, _ = tiny_mlm()
     det = layernorm_outliers(layernorm_tensors(model_layernorms(model)))
@@ -124,7 +124,7 @@ def test_planted_dim_is_the_detected_outlier():
 
 # ------------------------------------------------------------------------------------------ masking, scoring
 def test_evaluation_masking_is_deterministic_mask_only_and_skips_specials():
-    from evaluation.masked_lm import masked_batches
+    from outlierlab.evaluation.masked_lm import masked_batches
 
     tok = byte_level_tokenizer()
     texts = SENTENCES * 10
@@ -150,7 +150,7 @@ def test_evaluation_masking_is_deterministic_mask_only_and_skips_specials():
 
 
 def test_mlm_scores_hand_computed():
-    from evaluation.masked_lm import mlm_scores
+    from outlierlab.evaluation.masked_lm import mlm_scores
 
     logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
     labels = torch.tensor([[0, -100, 2]])
@@ -164,8 +164,8 @@ def test_mlm_scores_hand_computed():
 
 
 def test_random_draws_avoid_outliers_and_follow_the_seed():
-    from evaluation.ablation import run_ablation
-    from evaluation.masked_lm import masked_batches
+    from outlierlab.evaluation.ablation import run_ablation
+    from outlierlab.evaluation.masked_lm import masked_batches
 
     model, tok = tiny_mlm(layers=1, plant=False)
     loaded = _loaded(model, tok)
@@ -185,8 +185,8 @@ def test_random_draws_avoid_outliers_and_follow_the_seed():
 
 # ---------------------------------------------------------------------------------------------- run()
 def test_run_ablation_planted_outlier_rows(tmp_path):
-    from models.loading import FrozenEncoder
-    from evaluation.ablation import run
+    from outlierlab.models.loading import FrozenEncoder
+    from outlierlab.evaluation.ablation import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
     ctx = make_ctx("ablation", enc, tmp_path, {"n_random": 3, "dims": [3], "max_length": 64, "batch_size": 8,
@@ -212,8 +212,8 @@ def test_run_ablation_planted_outlier_rows(tmp_path):
 def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
     from transformers import RobertaConfig, RobertaForMaskedLM
 
-    from evaluation.masked_lm import masked_batches, mlm_scores
-    from evaluation.mlm_loading import load_mlm
+    from outlierlab.evaluation.masked_lm import masked_batches, mlm_scores
+    from outlierlab.evaluation.mlm_loading import load_mlm
 
     torch.manual_seed(0)
     tok = byte_level_tokenizer()
@@ -237,8 +237,8 @@ def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
 
 
 def test_encoder_without_mlm_head_is_skipped_with_a_note(tmp_path):
-    from models.loading import FrozenEncoder
-    from evaluation.ablation import run
+    from outlierlab.models.loading import FrozenEncoder
+    from outlierlab.evaluation.ablation import run
 
     enc = FrozenEncoder(str(save_tiny_bert(tmp_path / "bert")), device="cpu")
     res = run(make_ctx("ablation", enc, tmp_path, {}))
@@ -247,7 +247,7 @@ def test_encoder_without_mlm_head_is_skipped_with_a_note(tmp_path):
 
 
 def test_bad_settings_fail_before_any_model_is_loaded(tmp_path):
-    from evaluation.ablation import check
+    from outlierlab.evaluation.ablation import check
 
     with pytest.raises(ValueError, match="ablation.layernorms"):
         check(make_ctx("ablation", None, tmp_path, {"layernorms": ["ouput"]}))

@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from analysis.activations import ActivationAccumulator, activation_kurtosis, max_median_ratio
-from analysis.attention import (AttentionEntropyAccumulator, attention_entropy, sink_head_share,
+from outlierlab.analysis.activations import ActivationAccumulator, activation_kurtosis, max_median_ratio
+from outlierlab.analysis.attention import (AttentionEntropyAccumulator, attention_entropy, sink_head_share,
                                 special_token_attention_mass)
-from analysis.outlier_dims import position_row_stats
-from analysis.outlier_stats import OutlierAccumulator, pooled_share
-from models import EncoderConfig, RobertaMaskedLM
-from models.sites import InfNormRecorder, block_sites, encoder_blocks, monitored_forward
+from outlierlab.analysis.outlier_dims import position_row_stats
+from outlierlab.analysis.outlier_stats import OutlierAccumulator, pooled_share
+from outlierlab.models import EncoderConfig, RobertaMaskedLM
+from outlierlab.models.sites import InfNormRecorder, block_sites, encoder_blocks, monitored_forward
 
 
 # ----------------------------------------------------------------------------------------------- kurtosis
@@ -165,7 +165,7 @@ def test_inf_norm_sites_agree_with_a_manual_forward_pass():
     with torch.no_grad():
         hidden, attn, inf = monitored_forward(model, ids, mask)
         # manual: re-run block by block from the embedding output
-        from models.attention import position_ids_from_mask
+        from outlierlab.models.attention import position_ids_from_mask
 
         pos = position_ids_from_mask(mask)
         x = model.roberta.embeddings(ids, mask, pos)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from analysis.layernorm import (LAYERNORM_ROW_FIELDS, flagged_from_rows, layernorm_divergence, layernorm_stats,
+from outlierlab.analysis.layernorm import (LAYERNORM_ROW_FIELDS, flagged_from_rows, layernorm_divergence, layernorm_stats,
                                 sigma_outlier_dims, sigma_outlier_mask)
 
 D = 64
@@ -110,7 +110,7 @@ def test_layernorm_stats_rows_and_csv_roundtrip():
 
 
 def test_layernorm_tensors_copy_every_norm_with_none_where_absent():
-    from models.layernorms import layernorm_tensors
+    from outlierlab.models.layernorms import layernorm_tensors
 
     lns = {"a": nn.LayerNorm(4), "b": nn.LayerNorm(4, bias=False), "c": nn.LayerNorm(4, elementwise_affine=False),
            "d": nn.RMSNorm(4)}

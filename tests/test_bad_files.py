@@ -1,5 +1,5 @@
 """Every user data file input x every fault -> one line naming the file and the fault, before any model loads
-(datamodules/validation.py, called by train.py, probe.py and evaluate.py).
+(outlierlab/datamodules/validation.py, called by train.py, probe.py and evaluate.py).
 
 Each case writes a bad file into a temporary directory, composes the entry point's config exactly as the
 command line would (``data.files=[...]``, ``task.files=[...]``, ``wic.files=[...]``, ``sts.files=[...]``,
@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from datamodules.validation import DataFileError, validate_inputs
+from outlierlab.datamodules.validation import DataFileError, validate_inputs
 
 GOOD_SENTENCES = ["The captain walked along the shore.", "Anne saw the ship leave the harbour.",
                   "It rained all day in Bath.", "They spoke of the war.", "A letter came at noon."]
@@ -37,7 +37,7 @@ FAULTS = ["missing", "empty", "header_only", "bad_column", "bad_value", "non_utf
 IMPOSSIBLE = {
     **{(i, f): "a one-sentence-per-line text file has no header, columns or typed values"
        for i in ("corpus", "sentences") for f in ("header_only", "bad_column", "bad_value")},
-    ("corpus", "too_small"): "the training corpus is split into blocks only after tokenization; datamodules/corpus.py "
+    ("corpus", "too_small"): "the training corpus is split into blocks only after tokenization; outlierlab/datamodules/corpus.py "
                              "reports too few blocks (tests/test_data_errors.py::test_too_few_blocks_for_a_validation_split)",
     ("wic", "header_only"): "JSON lines have no header row (an empty JSON list is the 'empty' case)",
     **{("model", f): "a model directory is a directory of weights and configs, not a table or a gzip file"
@@ -165,7 +165,7 @@ def test_good_files_pass_and_still_load(inp, tmp_path, compose_cfg):
             warnings.simplefilter("error")  # no warning for a good file
             assert validate_inputs(cfg, entry) == []
     if inp == "sts":  # the loader the analysis uses reads the same 32 pairs
-        from evaluation.sts import load_pairs
+        from outlierlab.evaluation.sts import load_pairs
 
         assert len(load_pairs("x", [str(tmp_path / name)], "test").s1) == 32
 

@@ -1,10 +1,10 @@
-"""models.checkpoint.read_checkpoint: the one reader of checkpoint files (training resume, loading, post-hoc)."""
+"""outlierlab.models.checkpoint.read_checkpoint: the one reader of checkpoint files (training resume, loading, post-hoc)."""
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from models.checkpoint import read_checkpoint
+from outlierlab.models.checkpoint import read_checkpoint
 
 
 def test_reads_plain_and_hparams_with_python_objects(tmp_path):

@@ -1,6 +1,6 @@
 """Start-up validation of config-group overrides (before any heavy import)."""
 
-from jobs.startup import find_override_errors, group_options
+from outlierlab.jobs.startup import find_override_errors, group_options
 
 
 def test_valid_overrides_pass():

@@ -22,7 +22,7 @@ def test_compiled_and_eager_training_give_the_same_losses(tmp_path, shared_cache
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     torch._dynamo.reset()
     counters.clear()
@@ -38,7 +38,7 @@ def test_compiled_and_eager_training_give_the_same_losses(tmp_path, shared_cache
 
 def test_resume_equals_uninterrupted_with_compile_on(tmp_path, shared_cache):
     """3 steps + resume to 6 == 6 straight steps, compiled, with dropout on (seeded per step)."""
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     common = ["module.compile=true", "callbacks=default", "callbacks.model_checkpoint.every_n_train_steps=3",
               "trainer.limit_val_batches=0", "module.scheduler.num_training_steps=6",

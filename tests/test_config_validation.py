@@ -9,14 +9,14 @@ import time
 import pytest
 
 from conftest import ROOT, compose
-from jobs.startup import check_train_config, describe_plan
+from outlierlab.jobs.startup import check_train_config, describe_plan
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["trainer.max_steps=0"], "trainer.max_steps must be >= 1 optimizer steps, got 0"),
     (["trainer.max_steps=-1"], "trainer.max_steps must be >= 1 optimizer steps, got -1"),
     (["trainer.max_steps=2.5"], "trainer.max_steps must be an integer, got 2.5"),
-    (["module.scheduler._target_=models.schedules.cosine_typo"], "models.schedules has no 'cosine_typo'"),
+    (["module.scheduler._target_=outlierlab.models.schedules.cosine_typo"], "outlierlab.models.schedules has no 'cosine_typo'"),
     (["module.scheduler._target_=transfromers.get_linear_schedule_with_warmup"], "no module 'transfromers'"),
     (["module.optimizer._target_=torch.optim.nope.Adam"], "no module 'torch.optim.nope'"),
     (["module.scheduler.num_warmup_steps=-5"], "module.scheduler.num_warmup_steps must be >= 0, got -5"),
@@ -68,7 +68,7 @@ def test_plan_line_of_the_paper_experiment():
 
 def test_validation_imports_nothing_heavy():
     code = ("import sys; sys.path[:0] = ['tests', '.']\n"
-            "from conftest import compose\nfrom jobs.startup import check_train_config, describe_plan\n"
+            "from conftest import compose\nfrom outlierlab.jobs.startup import check_train_config, describe_plan\n"
             "cfg = compose('train', ['trainer.max_steps=30'])\ncheck_train_config(cfg); describe_plan(cfg)\n"
             "heavy = [m for m in ('torch', 'lightning', 'transformers') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
@@ -87,7 +87,7 @@ def test_cli_fails_in_seconds_before_training(tmp_path):
 
 def test_max_steps_equal_to_warmup_trains_to_the_end(cfg_train):
     """The issue's crash: max_steps == warm-up divided by zero at the last step."""
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     cfg_train.module.scheduler.num_warmup_steps = cfg_train.trainer.max_steps
     assert check_train_config(cfg_train)  # warns
@@ -97,7 +97,7 @@ def test_max_steps_equal_to_warmup_trains_to_the_end(cfg_train):
 
 def test_batch_larger_than_the_data_trains_on_what_there_is(tmp_path, shared_cache):
     """A batch larger than the training blocks is not an error: each step sees all blocks (a sensible reading)."""
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     cfg = compose("train", [f"run_dir={tmp_path}", "data.limit_blocks=6", "data.val_blocks=1", "data.batch_size=32",
                             "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",

@@ -7,8 +7,8 @@ import hydra
 import pytest
 from omegaconf import OmegaConf
 
-from jobs.startup import group_options
-from models import EncoderConfig, RobertaMaskedLM
+from outlierlab.jobs.startup import group_options
+from outlierlab.models import EncoderConfig, RobertaMaskedLM
 from tests.conftest import compose
 
 
@@ -100,7 +100,7 @@ def test_evaluate_default_compares_all_three_transforms():
 ])
 def test_gpu_and_ddp_configs_compose_and_validate(tmp_path, overrides, expected):
     """GPU readiness on CPU (issue 16.5): the accelerator configs pass the start-up validation unchanged."""
-    from jobs.startup import check_train_config
+    from outlierlab.jobs.startup import check_train_config
 
     cfg = compose("train", [f"run_dir={tmp_path}", *overrides])
     assert check_train_config(cfg) == []
@@ -113,7 +113,7 @@ def test_bf16_mixed_trains_on_cpu_and_resumes_exactly(tmp_path, shared_cache):
     """bf16 autocast (the GPU configs' precision) on CPU: finite losses, and 10 + resume to 20 == 20 straight."""
     import math
 
-    from jobs.training import train
+    from outlierlab.jobs.training import train
     from tests.test_train import small_cfg, train_losses
 
     common = ["trainer.precision=bf16-mixed", "trainer.limit_val_batches=0", "module.scheduler.num_warmup_steps=4",

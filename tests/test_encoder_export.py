@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from models import EncoderConfig, RobertaMaskedLM, load_pretrained, save_pretrained
+from outlierlab.models import EncoderConfig, RobertaMaskedLM, load_pretrained, save_pretrained
 
 
 def trained_looking(pos: str) -> RobertaMaskedLM:

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from models import POSITION_SCHEMES, EncoderConfig, RobertaMaskedLM
-from models.positions import alibi_slopes, sinusoidal_table
-from jobs.startup import group_options
+from outlierlab.models import POSITION_SCHEMES, EncoderConfig, RobertaMaskedLM
+from outlierlab.models.positions import alibi_slopes, sinusoidal_table
+from outlierlab.jobs.startup import group_options
 
 
 def tiny(pos: str, **kw) -> RobertaMaskedLM:

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import POSITION_SCHEMES, EncoderConfig, RobertaMaskedLM, load_pretrained, save_pretrained
-from models.attention import HeadGate, SelfAttention, clipped_softmax
-from models.blocks import Layer, OPLayer
-from models.norms import NORM_TYPES, make_norm
+from outlierlab.models import POSITION_SCHEMES, EncoderConfig, RobertaMaskedLM, load_pretrained, save_pretrained
+from outlierlab.models.attention import HeadGate, SelfAttention, clipped_softmax
+from outlierlab.models.blocks import Layer, OPLayer
+from outlierlab.models.norms import NORM_TYPES, make_norm
 
 SMALL = dict(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, max_len=12)
 
@@ -319,7 +319,7 @@ def test_every_scheme_and_switch_trains_and_reloads_from_its_export(tmp_path, ca
         losses.append(float(loss))
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]  # it learns the fixed batch
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
-    with caplog.at_level(logging.WARNING, logger="models.export"):
+    with caplog.at_level(logging.WARNING, logger="outlierlab.models.export"):
         fmt = save_pretrained(model.eval(), tmp_path, format="hf")
     assert fmt == "outlierlab" and "cannot represent" in caplog.text and len(caplog.records) == 1
     back = load_pretrained(tmp_path).eval()

@@ -1,4 +1,4 @@
-"""Tests for the shipped evaluation sets (datamodules/data/eval) and their builder script.
+"""Tests for the shipped evaluation sets (outlierlab/datamodules/data/eval) and their builder script.
 
 Checks that need the shared source data (../shared/data or /work/shared/data) skip when it is absent.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from datamodules import eval_data
+from outlierlab.datamodules import eval_data
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "build_eval_data.py"

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analysis.activations import activation_kurtosis, max_median_ratio
-from evaluation.outliers import position_outliers
-from evaluation.streaming import run_sentence_pass
+from outlierlab.analysis.activations import activation_kurtosis, max_median_ratio
+from outlierlab.evaluation.outliers import position_outliers
+from outlierlab.evaluation.streaming import run_sentence_pass
 from probe_fixtures import SENTENCES
 
 
 def test_streaming_metrics_on_a_real_bert_equal_one_shot_values():
-    from models.loading import FrozenEncoder
+    from outlierlab.models.loading import FrozenEncoder
 
     enc = FrozenEncoder("all-minilm-l6-v2", device="cpu")
     texts = list(SENTENCES)[:24]
@@ -38,7 +38,7 @@ def test_streaming_metrics_on_a_real_bert_equal_one_shot_values():
 
 
 def test_position_table_row_by_row_finds_a_planted_dim_the_mean_hides():
-    from models import EncoderConfig, RobertaMaskedLM
+    from outlierlab.models import EncoderConfig, RobertaMaskedLM
 
     cfg = EncoderConfig(vocab_size=40, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_len=20)
     model = RobertaMaskedLM(cfg)

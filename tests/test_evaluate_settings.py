@@ -1,4 +1,4 @@
-"""Typed settings of the evaluate.py analyses (evaluation/settings.py): the composed YAML is the one source of
+"""Typed settings of the evaluate.py analyses (outlierlab/evaluation/settings.py): the composed YAML is the one source of
 default values, load_settings refuses unknown/missing keys and wrong types in one line, and evaluate.py
 checks every selected section before any model is loaded."""
 
@@ -13,8 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose
-from evaluation.registry import RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
-from evaluation.settings import (AblationSettings, DataSettings, OutliersSettings, TransformSettings, WicSettings,
+from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
+from outlierlab.evaluation.settings import (AblationSettings, DataSettings, OutliersSettings, TransformSettings, WicSettings,
                                  load_settings, section_settings)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,13 +138,13 @@ def test_optional_keys_are_none_when_their_group_is_absent():
     (["analyses=[wic]", "wic.max_pairs=many"], r"wic\.max_pairs='many': expected int or null"),
 ])
 def test_evaluate_checks_settings_before_any_model_is_loaded(overrides, match, tmp_path, monkeypatch):
-    import models.loading
+    import outlierlab.models.loading
     from evaluate import evaluate
 
     def refuse(*args, **kwargs):
         raise AssertionError("the encoder was loaded before the settings were checked")
 
-    monkeypatch.setattr(models.loading, "FrozenEncoder", refuse)
+    monkeypatch.setattr(outlierlab.models.loading, "FrozenEncoder", refuse)
     with pytest.raises(ValueError, match=match):
         evaluate(compose("evaluate", overrides), tmp_path)
 
@@ -156,8 +156,8 @@ def test_shared_work_is_typed_fields_not_string_keys():
 
 
 def test_no_default_is_restated_at_a_call_site():
-    """The helpers that took a fallback default (cfg_get, _get, setting) are gone from evaluation/."""
+    """The helpers that took a fallback default (cfg_get, _get, setting) are gone from outlierlab/evaluation/."""
     pattern = re.compile(r"\b(cfg_get|_get|setting)\(")
-    hits = [f"{p.name}:{i}" for p in sorted((ROOT / "evaluation").glob("*.py"))
+    hits = [f"{p.name}:{i}" for p in sorted((ROOT / "outlierlab" / "evaluation").glob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []

@@ -1,4 +1,4 @@
-"""evaluate.py's streaming layer (evaluation/streaming.py, evaluation/wic.py) against all-in-memory computations.
+"""evaluate.py's streaming layer (outlierlab/evaluation/streaming.py, outlierlab/evaluation/wic.py) against all-in-memory computations.
 
 The encoder is a real FrozenEncoder (tiny BERT directory, real MiniLM WordPiece tokenizer, real batching and
 padding) whose forward pass is replaced by a per-token lookup — hidden state = f(token id, position) with a
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.streaming import (Batch, char_span_tokens, run_sentence_pass, word_occurrences, word_vectors)
+from outlierlab.evaluation.streaming import (Batch, char_span_tokens, run_sentence_pass, word_occurrences, word_vectors)
 
 OUTLIER_DIM, D, N_LAYERS = 3, 32, 2  # hidden states: embeddings + 2 layers
 WORDS = ("the dog cat saw ran house river bank sea ship captain anne walked quickly slowly green old new "
@@ -42,7 +42,7 @@ def _fake_forward(vocab: int, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
-    from models.loading import FrozenEncoder
+    from outlierlab.models.loading import FrozenEncoder
     from probe_fixtures import save_tiny_bert
 
     d = save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), layers=N_LAYERS, hidden=D)
@@ -185,7 +185,7 @@ def test_word_spans_average_subwords_and_keep_one_occurrence_per_sentence(encode
 
 
 def test_wic_target_span_maps_char_offsets_to_tokens(encoder):
-    from evaluation.wic import target_vectors
+    from outlierlab.evaluation.wic import target_vectors
 
     tok = encoder.tokenizer
     s1 = "Café owners by the riverbank said the bank was closed."

@@ -1,4 +1,4 @@
-"""Feature extraction + cache (datamodules.features): values, layout, reuse, and the clip/whiten fits."""
+"""Feature extraction + cache (outlierlab.datamodules.features): values, layout, reuse, and the clip/whiten fits."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.outlier_stats import OutlierAccumulator
-from datamodules.features import (FeatureSet, RowBatches, chunk_outlier_stats, extract_features, fit_transform,
+from outlierlab.analysis.outlier_stats import OutlierAccumulator
+from outlierlab.datamodules.features import (FeatureSet, RowBatches, chunk_outlier_stats, extract_features, fit_transform,
                                   iter_chunks)
-from models.loading import FrozenEncoder
+from outlierlab.models.loading import FrozenEncoder
 from probe_fixtures import SENTENCES, save_tiny_bert
 
 
@@ -76,7 +76,7 @@ def test_clip_zeroes_given_or_detected_dims():
     raw = torch.from_numpy(x[:, :50].astype(np.float32))
     assert (out[..., [1, 3]] == 0).all() and torch.equal(out[..., [0, 2, 4, 5]], raw[..., [0, 2, 4, 5]])
     # dims=None: per-layer dims detected on the (training) chunks
-    from datamodules.features import detect_train_outliers
+    from outlierlab.datamodules.features import detect_train_outliers
 
     detected = detect_train_outliers(chunk_outlier_stats(iter_chunks(x, rows, 128), None, 2, 6))
     assert detected == [[2], [2, 4]]

@@ -1,4 +1,4 @@
-"""Puccetti et al. frequency analysis (evaluation.frequency) and attention sinks (evaluation.attention_sinks)."""
+"""Puccetti et al. frequency analysis (outlierlab.evaluation.frequency) and attention sinks (outlierlab.evaluation.attention_sinks)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ CORPUS = ["the the the the the cat", "the cat sat", "a dog", "the cat and the do
 # -------------------------------------------------------------------------------------------- frequency
 def test_frequency_spearman_known_rank_correlation():
     """6 types with known frequencies; per-type values designed so ρ is +1, -1 and a hand-computed value."""
-    from evaluation.frequency import frequency_spearman
+    from outlierlab.evaluation.frequency import frequency_spearman
 
     freq = np.zeros(20, dtype=np.int64)
     types = np.array([3, 5, 8, 11, 14, 17])
@@ -60,8 +60,8 @@ def test_frequency_spearman_known_rank_correlation():
 
 
 def test_pretraining_counts_come_from_the_run_config(tmp_path):
-    from models.loading import FrozenEncoder
-    from evaluation.frequency import count_tokens, pretraining_counts, run
+    from outlierlab.models.loading import FrozenEncoder
+    from outlierlab.evaluation.frequency import count_tokens, pretraining_counts, run
 
     run_dir = tmp_path / "train_run"
     save_planted(run_dir / "hf")
@@ -94,8 +94,8 @@ def test_pretraining_counts_come_from_the_run_config(tmp_path):
 
 def test_frequency_counts_on_eval_text_for_unknown_corpus(tmp_path):
     """An encoder that is not a train.py run: frequencies are counted on the evaluated text (said so)."""
-    from models.loading import FrozenEncoder
-    from evaluation.frequency import run
+    from outlierlab.models.loading import FrozenEncoder
+    from outlierlab.evaluation.frequency import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
     res = run(make_ctx("frequency", enc, tmp_path, {"dims": [1, PLANTED_DIM]}))
@@ -129,7 +129,7 @@ def test_frequency_counts_on_eval_text_for_unknown_corpus(tmp_path):
 
 # --------------------------------------------------------------------------------------- attention sinks
 def test_sink_masses_hand_built_attention():
-    from evaluation.attention_sinks import sink_masses, sink_rows
+    from outlierlab.evaluation.attention_sinks import sink_masses, sink_rows
 
     bos, eos, pad = 0, 2, 1
     ids1 = torch.tensor([[0, 5, 6, 2], [0, 7, 2, 1]])
@@ -165,9 +165,9 @@ def test_sink_masses_hand_built_attention():
 
 
 def test_attention_sinks_run_intact_vs_disabled(tmp_path):
-    from analysis.attention import special_key_masks, special_token_attention_mass
-    from models.loading import FrozenEncoder
-    from evaluation.attention_sinks import run
+    from outlierlab.analysis.attention import special_key_masks, special_token_attention_mass
+    from outlierlab.models.loading import FrozenEncoder
+    from outlierlab.evaluation.attention_sinks import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
     ctx = make_ctx("attention_sinks", enc, tmp_path, {"batch_size": 64}, text_lines=SENTENCES)

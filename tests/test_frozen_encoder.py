@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.loading import EncoderUnavailableError, FrozenEncoder, resolve_encoder
+from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder, resolve_encoder
 from probe_fixtures import SENTENCES, minilm_path, save_own_run, save_tiny_bert, save_tiny_roberta
 
 
@@ -154,7 +154,7 @@ def test_own_run_dir_export_and_checkpoint(tmp_path, pos):
 def test_weights_loaded_on_first_encode_stay_modifiable(tmp_path, pos):
     """Weights are loaded lazily inside encode()'s inference mode; they must still be ordinary tensors,
     so the ablation can zero LayerNorm entries in place (regression: 'Inplace update to inference tensor')."""
-    from models.layernorms import zero_layernorm_dims
+    from outlierlab.models.layernorms import zero_layernorm_dims
     save_own_run(tmp_path / "run", pos=pos)
     run = tmp_path / "run"
     enc = FrozenEncoder(str(run))

@@ -134,7 +134,7 @@ def hub(monkeypatch, hub_cache, hub_data):
 def test_hub_id_encoders_load_through_the_hub_branch(hub, hub_cache, repo):
     from safetensors.torch import load_file
 
-    from models.loading import FrozenEncoder
+    from outlierlab.models.loading import FrozenEncoder
 
     enc = FrozenEncoder(repo, max_length=32)
     assert (enc.source.kind, enc.source.model, enc.source.local_files_only) == ("hf", repo, True)
@@ -152,7 +152,7 @@ def test_hub_id_encoders_load_through_the_hub_branch(hub, hub_cache, repo):
 
 @pytest.mark.parametrize("task, labels", [("sst2", ["negative", "positive"]), ("sst5", ["0", "1", "2", "3", "4"]), ("imdb", ["neg", "pos"])])
 def test_probe_tasks_load_the_hub_layout(hub, task, labels):
-    from datamodules.probe_data import load_classification
+    from outlierlab.datamodules.probe_data import load_classification
 
     cfg = compose("probe", [f"task={task}"])
     data = load_classification(cfg.task, seed=0)
@@ -165,8 +165,8 @@ def test_probe_tasks_load_the_hub_layout(hub, task, labels):
 
 
 def test_superglue_wic_and_sts_load_the_hub_layout(hub):
-    from evaluation.sts import HUB, load_pairs
-    from evaluation.wic import load_pairs as load_wic_pairs
+    from outlierlab.evaluation.sts import HUB, load_pairs
+    from outlierlab.evaluation.wic import load_pairs as load_wic_pairs
 
     pairs, _ = load_wic_pairs(compose("evaluate", ["wic=superglue"]).wic, split="validation")
     assert hub["datasets"][-1] == {"path": "aps/super_glue", "name": "wic", "split": "validation",
@@ -179,7 +179,7 @@ def test_superglue_wic_and_sts_load_the_hub_layout(hub):
 
 
 def test_wikipedia_corpus_loads_the_hub_layout(hub):
-    from datamodules.corpus import load_hub_texts
+    from outlierlab.datamodules.corpus import load_hub_texts
 
     texts = load_hub_texts("wikimedia/wikipedia", "20231101.en", split="train", max_documents=5, streaming=False)
     assert texts == SENTENCES[:5]
@@ -190,7 +190,7 @@ def test_wikipedia_corpus_loads_the_hub_layout(hub):
 @pytest.mark.slow
 def test_probe_job_with_hub_encoder_and_hub_task(hub, tmp_path, monkeypatch):
     """probe.py's job as `python probe.py encoder=bert_base_uncased task=sst2` runs it (Luo et al. §4.4)."""
-    from jobs.probing import run
+    from outlierlab.jobs.probing import run
 
     monkeypatch.setenv("OUTLIERLAB_CACHE", str(tmp_path / "cache"))
     cfg = compose("probe", ["encoder=bert_base_uncased", "task=sst2", "probe.epochs=1", "progress=false",

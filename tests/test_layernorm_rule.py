@@ -1,4 +1,4 @@
-"""THE LayerNorm-outlier rule (analysis.layernorm_rule; Kovaleva et al. 2021, Puccetti et al. 2022): planted gain-only /
+"""THE LayerNorm-outlier rule (outlierlab.analysis.layernorm_rule; Kovaleva et al. 2021, Puccetti et al. 2022): planted gain-only /
 bias-only / both dims, the layer count, what it cannot judge, and the monitor, evaluate.py's outliers analysis and
 the ablation flagging identical dims on one checkpoint."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from analysis.layernorm_rule import LayerNormRule, layernorm_outliers, min_layers_for
+from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers, min_layers_for
 
 D = 48
 
@@ -88,7 +88,7 @@ def test_rule_says_what_it_cannot_judge():
 
 
 def test_monitor_notices_a_model_without_gains_instead_of_crashing():
-    from lightning_modules.callbacks.layernorm_monitor import layernorm_outliers_notice
+    from outlierlab.lightning_modules.callbacks.layernorm_monitor import layernorm_outliers_notice
 
     lns = {"layer.0.output": nn.LayerNorm(8, elementwise_affine=False)}
     assert "nothing to judge" in layernorm_outliers_notice(lns, LayerNormRule())
@@ -100,7 +100,7 @@ def test_monitor_notices_a_model_without_gains_instead_of_crashing():
 def _planted_model(directory: Path) -> Path:
     """A saved tiny model whose rules disagree: dim 7 gain AND bias in every output LN (the rule's dim), dim 3
     gain only in every output LN (old outliers rule), dim 11 bias in every attention-output LN (old monitor)."""
-    from models import EncoderConfig, RobertaMaskedLM, save_pretrained
+    from outlierlab.models import EncoderConfig, RobertaMaskedLM, save_pretrained
     from probe_fixtures import byte_level_tokenizer
 
     torch.manual_seed(0)
@@ -124,8 +124,8 @@ def test_monitor_outliers_analysis_and_ablation_flag_identical_dims(tmp_path):
     from hydra import compose, initialize_config_dir
 
     import evaluate
-    from lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
-    from models.loading import FrozenEncoder
+    from outlierlab.lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
+    from outlierlab.models.loading import FrozenEncoder
     from probe_fixtures import SENTENCES
 
     model_dir = _planted_model(tmp_path / "model")

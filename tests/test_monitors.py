@@ -16,14 +16,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from analysis.activations import activation_kurtosis
-from analysis.monitoring import hidden_state_records, layernorm_records, min_shared_layers, tokenize_heldout
-from analysis.similarity import anisotropy, paired_sentence_tokens
-from lightning_modules.callbacks.hidden_state_monitor import HiddenStateMonitor
-from reports.history import HistoryCSV, read_history, vectors_by_step
-from lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
-from models import EncoderConfig, RobertaMaskedLM
-from lightning_modules.mlm_module import MLMLitModule
+from outlierlab.analysis.activations import activation_kurtosis
+from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, min_shared_layers, tokenize_heldout
+from outlierlab.analysis.similarity import anisotropy, paired_sentence_tokens
+from outlierlab.lightning_modules.callbacks.hidden_state_monitor import HiddenStateMonitor
+from outlierlab.reports.history import HistoryCSV, read_history, vectors_by_step
+from outlierlab.lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
+from outlierlab.models import EncoderConfig, RobertaMaskedLM
+from outlierlab.lightning_modules.mlm_module import MLMLitModule
 
 # ------------------------------------------------------------------------------------ shared helpers
 PLANT_GAIN = ("layer.1.output", 7, 6.0)  # LayerNorm, dim, z-score of the planted gain (+6σ)
@@ -36,7 +36,7 @@ def tiny_tokenizer():
     from tokenizers.processors import RobertaProcessing
     from transformers import PreTrainedTokenizerFast
 
-    from datamodules.eval_data import load_sentences
+    from outlierlab.datamodules.eval_data import load_sentences
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(load_sentences()[:500], vocab_size=400, min_frequency=2,

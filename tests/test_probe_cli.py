@@ -32,8 +32,8 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_defaults_compose_to_offline_minilm_position_probe(compose_cfg):
-    from models.loading import resolve_encoder
-    from jobs.probing import selected_transforms
+    from outlierlab.models.loading import resolve_encoder
+    from outlierlab.jobs.probing import selected_transforms
 
     cfg = compose_cfg("probe")
     assert cfg.task.kind == "position" and selected_transforms(cfg.transform) == ["none"]
@@ -94,7 +94,7 @@ def test_position_probe_end_to_end_three_transforms(tiny_bert, tmp_path):
 
 
 def test_classifier_on_shipped_wordnet_pos_and_planted_local_csv(tiny_bert, tmp_path, compose_cfg):
-    from jobs.probing import run
+    from outlierlab.jobs.probing import run
 
     common = [f"encoder.name_or_path={tiny_bert}", f"features.cache_dir={tmp_path / 'cache'}", "progress=false"]
     out = run(compose_cfg("probe", common + ["task=wordnet_pos", "task.max_train=120", "task.max_eval=40",

@@ -1,4 +1,4 @@
-"""Probe math (analysis.probing) and the all-layers linear probes (lightning_modules.probes), Luo et al. 2021."""
+"""Probe math (outlierlab.analysis.probing) and the all-layers linear probes (outlierlab.lightning_modules.probes), Luo et al. 2021."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.probing import chance_accuracy, contribution, rank_of_dims, top_dims
-from datamodules.features import RowBatches, row_loader
-from lightning_modules.probes import PositionProbe, train_probe
+from outlierlab.analysis.probing import chance_accuracy, contribution, rank_of_dims, top_dims
+from outlierlab.datamodules.features import RowBatches, row_loader
+from outlierlab.lightning_modules.probes import PositionProbe, train_probe
 
 
 def test_contribution_hand_computed_3_dims():
@@ -110,7 +110,7 @@ def test_per_position_accuracy_separates_edges_from_the_middle():
 
 def test_bias_free_sentence_classifier_is_a_pure_projection():
     """Luo et al. §4.4's W ∈ R^{d×N}: no offset, so the zero vector scores every class 0; with a bias it need not."""
-    from lightning_modules.probes import SentenceClassifier
+    from outlierlab.lightning_modules.probes import SentenceClassifier
 
     free = SentenceClassifier(2, 4, 3, bias=False)
     assert free.probe.bias is None and sum(p.numel() for p in free.parameters()) == 2 * 4 * 3

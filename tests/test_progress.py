@@ -9,9 +9,9 @@ import lightning as L
 import pytest
 import torch
 
-import lightning_modules.callbacks.progress as progress_mod
-from lightning_modules.callbacks.progress import ProgressLines
-from utils import progress as plain
+import outlierlab.lightning_modules.callbacks.progress as progress_mod
+from outlierlab.lightning_modules.callbacks.progress import ProgressLines
+from outlierlab.utils import progress as plain
 
 
 class Clock:

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from jobs.posthoc import analyze_run, main, monitor_settings
+from outlierlab.jobs.posthoc import analyze_run, main, monitor_settings
 from test_monitors import fit, tiny_tokenizer
 
 

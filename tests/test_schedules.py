@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.schedules import warmup_polynomial_decay
+from outlierlab.models.schedules import warmup_polynomial_decay
 
 PEAK, WARMUP = 1.0e-3, 4
 

@@ -1,4 +1,4 @@
-"""STS (evaluation/sts.py): encode each distinct text once, per data set / sub-set rows and their mean
+"""STS (outlierlab/evaluation/sts.py): encode each distinct text once, per data set / sub-set rows and their mean
 (SentEval), and the whitening guard on the pairs' own sentence vectors.
 
 The encoder is a real FrozenEncoder (tiny BERT directory, MiniLM tokenizer, real batching and padding) whose
@@ -14,11 +14,11 @@ import random
 import pytest
 import torch
 
-from analysis.similarity import pairwise_cosine
-from analysis.sts import sts_spearman
-from analysis.whitening import DegenerateWhiteningError
-from evaluation.encoding import iter_batches
-from evaluation.registry import EvalContext
+from outlierlab.analysis.similarity import pairwise_cosine
+from outlierlab.analysis.sts import sts_spearman
+from outlierlab.analysis.whitening import DegenerateWhiteningError
+from outlierlab.evaluation.encoding import iter_batches
+from outlierlab.evaluation.registry import EvalContext
 
 D, N_LAYERS = 32, 2
 WORDS = "the dog cat saw ran house river bank sea ship captain anne walked green old new".split()
@@ -40,7 +40,7 @@ class Counting:
 
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
-    from models.loading import FrozenEncoder
+    from outlierlab.models.loading import FrozenEncoder
     from probe_fixtures import save_tiny_bert
 
     enc = FrozenEncoder(str(save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), layers=N_LAYERS, hidden=D)),
@@ -73,7 +73,7 @@ def _ctx(compose_cfg, encoder, tmp_path, files, transforms=("none",), extra=()):
 
 
 def test_repeated_sentences_are_encoded_once_and_give_exactly_the_same_spearman(encoder, compose_cfg, tmp_path):
-    from evaluation.sts import load_pairs, run
+    from outlierlab.evaluation.sts import load_pairs, run
 
     texts = _texts(12, seed=1)
     f = _write(tmp_path / "pairs.csv", texts, 60, seed=2)
@@ -99,7 +99,7 @@ def test_repeated_sentences_are_encoded_once_and_give_exactly_the_same_spearman(
 
 
 def test_two_files_give_one_row_each_and_a_mean_equal_to_their_average(encoder, compose_cfg, tmp_path):
-    from evaluation.sts import run
+    from outlierlab.evaluation.sts import run
 
     a = _write(tmp_path / "a.csv", _texts(20, seed=3), 40, seed=4)
     b = _write(tmp_path / "b.tsv.csv", _texts(20, seed=5), 35, seed=6)
@@ -122,7 +122,7 @@ def test_two_files_give_one_row_each_and_a_mean_equal_to_their_average(encoder, 
 
 
 def test_sub_sets_are_scored_separately_and_averaged_as_senteval(encoder, compose_cfg, tmp_path):
-    from evaluation.sts import run
+    from outlierlab.evaluation.sts import run
 
     f = _write(tmp_path / "genres.csv", _texts(30, seed=7), 60, seed=8, genres=["news", "forum"])
     res = run(_ctx(compose_cfg, encoder, tmp_path, [f]))
@@ -139,7 +139,7 @@ def test_sub_sets_are_scored_separately_and_averaged_as_senteval(encoder, compos
 
 
 def test_whitening_on_too_few_distinct_texts_fails_before_encoding(encoder, compose_cfg, tmp_path):
-    from evaluation.sts import check, run
+    from outlierlab.evaluation.sts import check, run
 
     f = _write(tmp_path / "docs.csv", _texts(10, seed=9), 45, seed=10)  # <= 10 distinct texts, 32 dims
     ctx = _ctx(compose_cfg, encoder, tmp_path, [f], ("none", "whiten"))

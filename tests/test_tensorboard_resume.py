@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.tensorboard import SummaryWriter
 
 from conftest import compose
-from lightning_modules.loggers import write_purge_marker
+from outlierlab.lightning_modules.loggers import write_purge_marker
 
 FAST = ["trainer.log_every_n_steps=1", "trainer.val_check_interval=5", "trainer.limit_val_batches=1",
         "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "export=false",
@@ -30,7 +30,7 @@ def scalar_steps(run_dir: Path) -> dict[str, list[int]]:
 
 
 def train_run(run_dir: Path, max_steps: int, ckpt_path: str | None = None) -> None:
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     train(compose("train", [f"run_dir={run_dir}", f"trainer.max_steps={max_steps}", *FAST,
                             *([f"ckpt_path={ckpt_path}"] if ckpt_path else [])]))

@@ -44,7 +44,7 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_training_lowers_the_loss_and_exports(tmp_path, shared_cache):
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     cfg = small_cfg(tmp_path, "trainer.max_steps=40", "trainer.val_check_interval=20",
                     "module.optimizer.lr=2e-3", "module.scheduler.num_warmup_steps=5")
@@ -67,8 +67,8 @@ def test_training_lowers_the_loss_and_exports(tmp_path, shared_cache):
 
 
 def test_other_schemes_export_in_our_format(tmp_path, shared_cache):
-    from models import load_pretrained
-    from jobs.training import train
+    from outlierlab.models import load_pretrained
+    from outlierlab.jobs.training import train
 
     train(small_cfg(tmp_path, "pos=rope", "trainer.max_steps=2", "trainer.limit_val_batches=0"))
     assert (tmp_path / "model" / "outlierlab_config.json").exists() and not (tmp_path / "hf").exists()
@@ -77,7 +77,7 @@ def test_other_schemes_export_in_our_format(tmp_path, shared_cache):
 
 def test_resume_equals_uninterrupted(tmp_path, shared_cache):
     """10 steps + resume to 20 == 20 straight steps: same losses and weights (CPU, seeded)."""
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     common = ["trainer.limit_val_batches=0", "module.scheduler.num_training_steps=20",
               "module.scheduler.num_warmup_steps=4", "callbacks.model_checkpoint.every_n_train_steps=10"]
@@ -101,7 +101,7 @@ def test_resume_equals_uninterrupted(tmp_path, shared_cache):
 
 
 def test_identical_commands_give_identical_runs(tmp_path, shared_cache):
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     for d in ("a", "b"):
         train(small_cfg(tmp_path / d, "trainer.max_steps=5", "trainer.limit_val_batches=0"))
@@ -112,14 +112,14 @@ def test_identical_commands_give_identical_runs(tmp_path, shared_cache):
 # bad input: one clear line
 # ---------------------------------------------------------------------------------------------
 def test_block_size_larger_than_model_is_refused(tmp_path, shared_cache):
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     with pytest.raises(ValueError, match=r"data.block_size=64 is larger than the model's max_len=32"):
         train(small_cfg(tmp_path, "model.max_len=32"))
 
 
 def test_missing_checkpoint_is_refused(tmp_path, shared_cache):
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     with pytest.raises(FileNotFoundError, match="ckpt_path=last but .* holds no checkpoint"):
         train(small_cfg(tmp_path, "ckpt_path=last"))
@@ -128,7 +128,7 @@ def test_missing_checkpoint_is_refused(tmp_path, shared_cache):
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path, shared_cache):
-    from jobs.training import train
+    from outlierlab.jobs.training import train
 
     common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
     train(small_cfg(tmp_path, "trainer.max_steps=2", *common))
@@ -137,7 +137,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, shared_cache):
 
 
 def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache):
-    from jobs.training import resolve_checkpoint, train
+    from outlierlab.jobs.training import resolve_checkpoint, train
 
     common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
     train(small_cfg(tmp_path, "trainer.max_steps=4", *common))
@@ -151,8 +151,8 @@ def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache
 
 
 def test_nan_loss_stops_with_the_step(tmp_path, shared_cache):
-    from lightning_modules.mlm_module import NonFiniteLossError
-    from jobs.training import train
+    from outlierlab.lightning_modules.mlm_module import NonFiniteLossError
+    from outlierlab.jobs.training import train
 
     with pytest.raises(NonFiniteLossError, match=r"training loss became nan at global step \d+"):
         train(small_cfg(tmp_path, "trainer.max_steps=30", "trainer.limit_val_batches=0", "export=false",
@@ -161,7 +161,7 @@ def test_nan_loss_stops_with_the_step(tmp_path, shared_cache):
 
 
 def test_unwritable_run_dir_fails_at_start(tmp_path):
-    from jobs.training import ensure_writable
+    from outlierlab.jobs.training import ensure_writable
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -210,3 +210,25 @@ def test_ddp_on_cpu_with_two_processes_in_a_sweep(tmp_path, shared_cache):
     stray_after = set((ROOT / "multirun").rglob("*")) if (ROOT / "multirun").exists() else set()
     assert stray_after == stray_before, "a DDP child started a sweep of its own"
     assert "GLOBAL_RANK: 1" in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("switch, gain", [("model.norm=rmsnorm", True), ("model.norm=layernorm_noaffine", False),
+                                          ("model.block=op", False)])
+def test_norm_switches_train_with_the_monitors_on_and_analyse_post_hoc(tmp_path, shared_cache, switch, gain):
+    """Issue 13: every norm kind trains from train.py's default config, LayerNorm monitor included (torch's RMSNorm
+    has a gain and no ``bias`` attribute at all, which crashed the monitor's first snapshot), and post-hoc reads it."""
+    from outlierlab.jobs.posthoc import analyze_run
+    from outlierlab.jobs.training import train
+
+    train(small_cfg(tmp_path, switch, "trainer.max_steps=4", "trainer.limit_val_batches=0", "export=false",
+                    "callbacks.model_checkpoint.every_n_train_steps=2"))
+    with open(tmp_path / "monitor" / "layernorm.csv") as f:
+        rows = list(csv.DictReader(f))
+    statistics = {r["statistic"] for r in rows if r["name"] == "layer.0.output"}
+    if gain:  # RMSNorm: the gain is tracked, and there is no bias to report
+        assert {int(r["step"]) for r in rows if r["name"] == "layer.0.output"} >= {0, 4}
+        assert any(s.startswith("gain") for s in statistics) and not any(s.startswith("bias") for s in statistics)
+    else:  # nothing affine to track: no per-norm rows at all
+        assert not statistics
+    analyze_run(tmp_path)
+    assert (tmp_path / "monitor_posthoc" / "metrics.csv").exists()

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_modules.mlm_module import MLMLitModule, weight_decay_groups
-from models import EncoderConfig, RobertaMaskedLM
+from outlierlab.lightning_modules.mlm_module import MLMLitModule, weight_decay_groups
+from outlierlab.models import EncoderConfig, RobertaMaskedLM
 
 
 class PlantedRMSNorm(nn.Module):

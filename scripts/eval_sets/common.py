@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO_ROOT / "datamodules" / "data" / "eval"
+DEFAULT_OUT = REPO_ROOT / "outlierlab" / "datamodules" / "data" / "eval"
 DEFAULT_SEED = 0
 
 PERSUASION = "corpora/janeaustenr__persuasion.txt.gz"

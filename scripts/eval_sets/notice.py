@@ -52,7 +52,7 @@ def write_notice(out: Path, source: Path, seed: int) -> str:
         f"by hand). Seed {seed}. Source: the shared data folder (PROVENANCE.md there), read offline from Debian",
         "packages. None of this text is in the pretraining corpus (Austen's other five novels, *Moby Dick*, KJV).",
         "All files are gzip-compressed UTF-8; JSONL files hold one JSON object per line. Loaders:",
-        "`datamodules.eval_data.load_sentences / load_wic / load_wordnet_pos`.",
+        "`outlierlab.datamodules.eval_data.load_sentences / load_wic / load_wordnet_pos`.",
         "",
     ]
     f = out / SENTENCES_FILE

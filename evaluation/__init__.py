@@ -1,4 +1,0 @@
-"""The analyses of ``evaluate.py`` (one module each, registered in :mod:`evaluation.registry`).
-
-Kept free of heavy imports: ``evaluate.py`` validates analysis names against the registry before torch loads.
-"""

@@ -1,0 +1,240 @@
+"""The one LayerNorm-outlier rule (Kovaleva et al. 2021; Puccetti et al. 2022), used everywhere.
+
+The training monitor (:mod:`outlierlab.lightning_modules.callbacks.layernorm_monitor`), ``evaluate.py``'s outliers
+analysis, the ablation, the frequency and the attention-sink analyses all call :func:`layernorm_outliers`
+with the settings of the ``ln_rule`` config group (``configs/ln_rule/``), so the same weights give the same
+flagged dims everywhere.  Default (Kovaleva et al. 2021): each layer's *output* LayerNorm, dims whose gain
+AND bias both lie outside mean ± 3σ of that LayerNorm; a dim is an outlier of the model when more than a
+quarter of the layers flag it (Puccetti et al.'s code: more than 3 of 12).  Options: ``criterion`` gain /
+bias / either, other LayerNorm kinds (``all`` per-layer ones; the embeddings' and the MLM head's only when
+named).  Pure functions on tensors keyed by the canonical names of :func:`outlierlab.models.layernorms.model_layernorms`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import torch
+from torch import Tensor
+
+from outlierlab.analysis.layernorm import sigma_outlier_mask
+
+__all__ = ["CRITERIA", "LayerNormRule", "LayerNormOutliers", "layernorm_outliers", "layernorm_kind",
+           "min_layers_for", "rule_names"]
+
+# ------------------------------------------------------------------------------------- the one rule
+#: How gain and bias combine per dim: ``both`` (Kovaleva et al. 2021, the default), ``either``, ``gain``, ``bias``.
+CRITERIA = ("both", "either", "gain", "bias")
+_LAYER_RE = re.compile(r"^layer\.(\d+)\.")
+
+
+def layernorm_kind(name: str) -> str:
+    """Kind of a canonical LayerNorm key: ``embeddings``, ``head``, or the part after ``layer.{i}.``
+    (``output``, ``attention_output``, or whatever a block variant names its norms)."""
+    m = _LAYER_RE.match(name)
+    return name[m.end():] if m else name
+
+
+def min_layers_for(spec: int | float | str, num_layers: int) -> int:
+    """How many layers must flag a dim for it to be an outlier of the model (Puccetti et al. 2022).
+
+    Puccetti et al.'s code keeps dims flagged in more than 3 of BERT-base's 12 layers, i.e. at least 4.
+    ``spec`` is an absolute count (int ≥ 1), a fraction in (0, 1], or a string ``"a/b"`` read as the
+    fraction a/b.  A fraction is scaled to the model and rounded *up*: ``"4/12"`` gives 4 of 12, 2 of 4,
+    2 of 6, 8 of 24 layers, so a 4-layer model still needs a dim in two layers (the "more than a quarter
+    of the layers" reading of "more than 3 of 12").  An absolute count above ``num_layers`` is an error.
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be positive, got {num_layers}")
+    if isinstance(spec, bool):
+        raise ValueError(f"ln_rule.min_layers must be a number or 'a/b', got {spec!r}")
+    if isinstance(spec, str):
+        try:
+            frac = Fraction(spec.strip())
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"ln_rule.min_layers={spec!r} is not a number or a fraction like '4/12'") from None
+        if frac >= 1 and frac.denominator == 1:
+            spec = int(frac)
+    if isinstance(spec, int) or (isinstance(spec, float) and spec >= 1 and float(spec).is_integer()):
+        n = int(spec)
+        if not 1 <= n <= num_layers:
+            raise ValueError(f"ln_rule.min_layers={n} must lie in [1, {num_layers}] (the model's layers), "
+                             "or be a fraction such as '4/12'")
+        return n
+    if not isinstance(spec, str):
+        frac = Fraction(float(spec)).limit_denominator(1000)
+    if not 0 < frac <= 1:
+        raise ValueError(f"ln_rule.min_layers fraction must be in (0, 1], got {spec!r}")
+    return max(1, math.ceil(frac * num_layers))
+
+
+@dataclass(frozen=True)
+class LayerNormRule:
+    """Settings of the LayerNorm-outlier rule (``configs/ln_rule/kovaleva.yaml``; see :func:`layernorm_outliers`).
+
+    Parameters
+    ----------
+    k : float
+        σ multiplier (3 in both papers).
+    criterion : {"both", "either", "gain", "bias"}
+        ``both`` (default, Kovaleva et al. 2021): gain AND bias outside mean ± kσ; ``either``: gain OR bias;
+        ``gain`` / ``bias``: that parameter alone.
+    layernorms : sequence of str
+        LayerNorm kinds judged: ``output`` (default, Kovaleva et al.: each layer's output LayerNorm),
+        ``attention_output``, ``embeddings``, ``head`` (the MLM head's), or ``all`` (every per-layer
+        LayerNorm; the embeddings' and the head's still only when named).
+    min_layers : int, float or "a/b"
+        Layers that must flag a dim for a model-level outlier (:func:`min_layers_for`; default ``"4/12"``).
+    """
+
+    k: float = 3.0
+    criterion: str = "both"
+    layernorms: tuple[str, ...] = ("output",)
+    min_layers: int | float | str = "4/12"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "k", float(self.k))
+        kinds = (self.layernorms,) if isinstance(self.layernorms, str) else tuple(str(x) for x in self.layernorms)
+        object.__setattr__(self, "layernorms", kinds)
+        if not self.k > 0:
+            raise ValueError(f"ln_rule.k must be positive, got {self.k}")
+        if self.criterion not in CRITERIA:
+            raise ValueError(f"ln_rule.criterion={self.criterion!r}: choose from {', '.join(CRITERIA)}")
+        if not kinds:
+            raise ValueError("ln_rule.layernorms is empty: e.g. [output], [output,attention_output] or [all]")
+        min_layers_for(self.min_layers, 10**6)  # validates the form; the range is checked per model
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping | "LayerNormRule" | None) -> "LayerNormRule":
+        """A rule from a plain mapping (e.g. the ``ln_rule`` config node); None gives the default rule."""
+        if settings is None or isinstance(settings, cls):
+            return settings or cls()
+        known = {"k", "criterion", "layernorms", "min_layers"}
+        extra = sorted(set(settings) - known - {"_target_"})
+        if extra:
+            raise ValueError(f"unknown ln_rule key(s) {extra}; valid: {sorted(known)}")
+        return cls(**{key: settings[key] for key in known if key in settings})
+
+    def selects(self, name: str) -> bool:
+        """Whether the LayerNorm with canonical key ``name`` is judged by this rule."""
+        kind = layernorm_kind(name)
+        if kind in self.layernorms:
+            return True
+        return "all" in self.layernorms and _LAYER_RE.match(name) is not None
+
+    def describe(self) -> str:
+        what = {"both": "gain and bias", "either": "gain or bias", "gain": "gain", "bias": "bias"}[self.criterion]
+        return f"{what} outside mean ± {self.k:g}σ in {'/'.join(self.layernorms)} LayerNorms"
+
+
+@dataclass
+class LayerNormOutliers:
+    """Result of :func:`layernorm_outliers`."""
+
+    rule: LayerNormRule
+    dims: list[int]  # model-level outlier dims: flagged in >= min_layers layers, most layers first
+    counts: dict[int, int]  # every flagged dim -> number of layers flagging it (most first)
+    flagged: dict[str, list[int]]  # judged LayerNorm -> its dims meeting the criterion (largest |z| first)
+    per_layer: dict[str, list[int]]  # layer (``layer.{i}``, ``embeddings``, ``head``) -> union over its LayerNorms
+    min_layers: int
+    unjudged: dict[str, str] = field(default_factory=dict)  # LayerNorm -> why the rule cannot judge it
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.per_layer)
+
+    def describe(self) -> str:
+        """One line: the rule, the dims found, and what could not be judged."""
+        if not self.per_layer:
+            why = "; ".join(f"{n}: {r}" for n, r in self.unjudged.items()) or "no LayerNorm of those kinds"
+            return f"{self.rule.describe()}: cannot judge ({why})"
+        shown = ", ".join(f"{d} ({self.counts[d]}/{self.n_layers})" for d in self.dims) or "none"
+        text = (f"{self.rule.describe()}, in ≥ {self.min_layers} of {self.n_layers} layers "
+                f"(Kovaleva et al. 2021; Puccetti et al. 2022): {shown}")
+        if self.unjudged:
+            text += f"; not judged: {', '.join(self.unjudged)} ({next(iter(self.unjudged.values()))})"
+        return text
+
+
+def _unjudgeable(weight: Tensor | None, bias: Tensor | None, criterion: str) -> str | None:
+    """Why a norm's parameters cannot be judged by ``criterion`` (None: they can)."""
+    if weight is None and bias is None:
+        return "no gain and no bias (LayerNorm without affine parameters): nothing to judge"
+    if criterion in ("both", "bias") and bias is None:
+        return f"no bias (e.g. RMSNorm): criterion {criterion!r} needs one; ln_rule.criterion=gain judges the gain"
+    if criterion in ("both", "gain") and weight is None:
+        return f"no gain: criterion {criterion!r} needs one"
+    return None
+
+
+def layernorm_outliers(params: Mapping[str, tuple[Tensor | None, Tensor | None]],
+                       rule: LayerNormRule | Mapping | None = None) -> LayerNormOutliers:
+    r"""THE LayerNorm-outlier rule (Kovaleva et al. 2021; Puccetti et al. 2022).
+
+    For each LayerNorm the rule selects (default: every layer's output LayerNorm, never the embeddings'
+    or the MLM head's unless named), a dim is flagged when
+
+    .. math:: |\gamma_i - \bar\gamma| > k\sigma_\gamma \ \wedge\ |\beta_i - \bar\beta| > k\sigma_\beta
+
+    (``criterion="both"``, the default; ``either`` uses ∨, ``gain``/``bias`` one side), with mean and
+    population σ over that LayerNorm's d dims (:func:`sigma_outlier_mask`).  A *layer* flags a dim if any
+    of its selected LayerNorms does (the embeddings' and the head's LayerNorm are a layer each, when
+    selected); a dim is an outlier of the model when at least :func:`min_layers_for` ``(rule.min_layers,
+    number of layers)`` layers flag it — Puccetti et al.'s "more than 3 of 12", scaled up for other depths
+    (2 of 4 for a 4-layer model).
+
+    Parameters
+    ----------
+    params : Mapping[name, (gain Tensor[d] | None, bias Tensor[d] | None)]
+        Canonical keys (:func:`outlierlab.models.layernorms.layernorm_tensors`).  A norm without the parameters the
+        criterion needs (no-affine LayerNorm; RMSNorm has no bias) is listed in ``unjudged`` with the
+        reason instead of raising.
+    rule : LayerNormRule, mapping, or None (default rule)
+
+    Returns
+    -------
+    LayerNormOutliers
+    """
+    rule = LayerNormRule.from_mapping(rule)
+    flagged: dict[str, list[int]] = {}
+    unjudged: dict[str, str] = {}
+    per_layer: dict[str, set[int]] = {}
+    for name, (weight, bias) in params.items():
+        if not rule.selects(name):
+            continue
+        why = _unjudgeable(weight, bias, rule.criterion)
+        if why:
+            unjudged[name] = why
+            continue
+        masks = {p: sigma_outlier_mask(v, rule.k) for p, v in (("gain", weight), ("bias", bias)) if v is not None}
+        if rule.criterion == "both":
+            mask = masks["gain"] & masks["bias"]
+        elif rule.criterion == "either":  # a norm with only a gain (RMSNorm) is judged on its gain
+            mask = masks.get("gain", masks.get("bias")) | masks.get("bias", masks.get("gain"))
+        else:
+            mask = masks[rule.criterion]
+        ref = (weight if rule.criterion != "bias" and weight is not None else bias).detach().to(torch.float64)
+        dev = (ref - ref.mean()).abs()
+        idx = mask.nonzero().flatten()
+        flagged[name] = idx[dev[idx].argsort(descending=True, stable=True)].tolist()
+        m = _LAYER_RE.match(name)
+        per_layer.setdefault(f"layer.{m.group(1)}" if m else name, set()).update(flagged[name])
+    layers = {n: sorted(d) for n, d in per_layer.items()}
+    if not layers:
+        return LayerNormOutliers(rule, [], {}, flagged, {}, 0, unjudged)
+    min_layers = min_layers_for(rule.min_layers, len(layers))
+    counts = Counter(d for ds in layers.values() for d in ds)
+    ordered = dict(sorted(counts.items(), key=lambda dc: (-dc[1], dc[0])))
+    dims = [d for d, c in ordered.items() if c >= min_layers]
+    return LayerNormOutliers(rule, dims, ordered, flagged, layers, min_layers, unjudged)
+
+
+def rule_names(names: Sequence[str], rule: LayerNormRule | Mapping | None = None) -> list[str]:
+    """The LayerNorm keys among ``names`` that ``rule`` judges (e.g. where the ablation zeroes dims)."""
+    rule = LayerNormRule.from_mapping(rule)
+    return [n for n in names if rule.selects(n)]

@@ -1,0 +1,309 @@
+"""Whitening (Su et al. 2021, "Whitening Sentence Representations for Better Semantics and Faster Retrieval"),
+fitted per layer by streaming float64 sums, with the sample-size guard of :meth:`Whitener.check`.
+
+Pure tensor code: no config, no files.  Re-exported by :mod:`outlierlab.analysis.transforms`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["Whitener", "WhiteningFit", "DegenerateWhiteningError", "MIN_FIT_RATIO"]
+
+#: Default for :meth:`Whitener.check`: distinct fit vectors per kept dimension (see there for why 2).
+MIN_FIT_RATIO = 2.0
+
+
+class DegenerateWhiteningError(ValueError):
+    """Whitening was fitted on too few distinct vectors for the dims it is asked to keep (one-line message)."""
+
+
+@dataclass
+class WhiteningFit:
+    """What a whitener was fitted on, for CSV rows and reports (:meth:`Whitener.check`).
+
+    ``n_distinct`` is exact up to ``distinct_cap`` and reported as ">= cap" beyond; ``rank`` is the numerical
+    rank of Σ (smallest over layers); ``k`` the kept output dims.
+    """
+
+    what: str
+    n: int
+    n_distinct: int
+    distinct_capped: bool
+    rank: int
+    k: int
+    dim: int
+    min_ratio: float
+    degenerate: bool = False
+    reason: str = ""
+
+    def columns(self) -> dict:
+        """CSV columns of a whitened row."""
+        return {"whiten_fit": self.what, "whiten_n": self.n,
+                "whiten_distinct": f">={self.n_distinct}" if self.distinct_capped else self.n_distinct,
+                "whiten_rank": self.rank, "whiten_k": self.k, "whiten_degenerate": self.degenerate}
+
+    def describe(self) -> str:
+        distinct = f">= {self.n_distinct}" if self.distinct_capped else str(self.n_distinct)
+        line = (f"fit on {self.what}: {self.n} vectors, {distinct} distinct, rank {self.rank} of {self.dim}, "
+                f"k={self.k} (Su et al. 2021)")
+        return line + (f" — **DEGENERATE** ({self.reason}; kept by transform.allow_degenerate=true)"
+                       if self.degenerate else "")
+
+
+class Whitener:
+    r"""Streaming whitening transform fitted per layer (Su et al. 2021, "Whitening Sentence
+    Representations for Better Semantics and Faster Retrieval"; Luo's thesis §3.2.3).
+
+    .. math:: \mu = \tfrac1N\sum_t x_t,\quad
+              \Sigma = \tfrac1{N-1}\sum_t (x_t-\mu)(x_t-\mu)^\top,\quad
+              U, S, U^\top = \operatorname{svd}(\Sigma),\quad
+              W = U\,\operatorname{diag}(1/\sqrt{\max(S, \varepsilon S_1)}),\quad
+              \hat x = (x-\mu)\,W_{[:, :k]}
+
+    Σ uses N−1 like ``np.cov`` in Su et al.'s reference code, so the fitted vectors' sample covariance
+    (ddof=1) is exactly I.  :meth:`partial_fit` only accumulates float64 sums Σ(x−x₀) and Σ(x−x₀)(x−x₀)ᵀ
+    about the first vector x₀ (the shifted-data algorithm: Σ does not change, and a large mean — outlier
+    dims — no longer cancels catastrophically, so the numerical rank is honest); memory O(L·d²), never the
+    vectors.  :meth:`finalize` turns the sums into μ, W, the numerical rank of Σ and the number of distinct
+    fitted vectors (64-bit hashes of the rows, counted exactly up to ``distinct_cap``).
+
+    Parameters
+    ----------
+    num_layers, dim : int
+    k : int or None
+        Keep the first k columns of W (dimension reduction, Su et al.); None keeps all d.
+    eps : float
+        Relative floor for singular values: each S_i is raised to at least ``eps · S_1`` before the
+        inverse square root, so directions with (near-)zero variance — e.g. dims zeroed by
+        :func:`outlierlab.analysis.transforms.clip` before whitening, or N ≤ d — are scaled by at most 1/√(eps·S_1) instead of
+        blowing up to inf/NaN.  Such directions are then *not* whitened to unit variance (their
+        variance stays ≤ 1); with full-rank data and the default 1e-10 nothing changes.
+
+    distinct_cap : int or None
+        Count distinct vectors exactly up to this many per layer (None: 16·d; :meth:`check` needs only
+        ``min_ratio · k`` ≤ 16·d of them).
+
+    Attributes (after :meth:`finalize`)
+    ----------------------------------
+    mean : Tensor[L, d] float64
+    W : Tensor[L, d, k] float64
+    singular_values : Tensor[L, d] float64 (before the floor)
+    rank : Tensor[L] long — eigenvalues above ``S_1 · d · 1e4 · eps(float64)`` (the rounding of the
+        float64 sums stays ~100× below that; a post-LayerNorm layer has rank ≤ d−1 because the normalised
+        vector sums to zero — harmless: every vector, fitted or not, has no component there)
+    n_distinct : Tensor[L] long (capped at ``distinct_cap``)
+
+    Notes
+    -----
+    Fit on training vectors only (the caller's job); :meth:`transform` never changes the fit.
+    """
+
+    def __init__(self, num_layers: int, dim: int, k: int | None = None, eps: float = 1e-10,
+                 device: torch.device | str | None = None, distinct_cap: int | None = None):
+        if k is not None and not 1 <= k <= dim:
+            raise ValueError(f"whitening k must be in [1, {dim}] or None, got {k}.")
+        self.num_layers, self.dim, self.k, self.eps = int(num_layers), int(dim), k, float(eps)
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        self.sum = torch.zeros(num_layers, dim, dtype=torch.float64, device=dev)
+        self.sum_outer = torch.zeros(num_layers, dim, dim, dtype=torch.float64, device=dev)
+        self.shift: Tensor | None = None
+        self.n = 0
+        self.distinct_cap = int(distinct_cap) if distinct_cap is not None else 16 * self.dim
+        self._hashes: list[Tensor] = [torch.empty(0, dtype=torch.int64) for _ in range(self.num_layers)]
+        self._distinct_stopped = [False] * self.num_layers
+        # odd 64-bit multipliers: hash(row) = Σ_i bits(x_i) * m_i (mod 2^64), exact for identical rows
+        g = torch.Generator().manual_seed(12345)
+        self._mult = torch.randint(-2 ** 62, 2 ** 62, (self.dim,), generator=g, dtype=torch.int64) | 1
+        self.mean: Tensor | None = None
+        self.W: Tensor | None = None
+        self.singular_values: Tensor | None = None
+        self.rank: Tensor | None = None
+        self.n_distinct: Tensor | None = None
+        self.fit_info: WhiteningFit | None = None  # set by check()
+
+    @property
+    def out_dim(self) -> int:
+        """Kept output dims k (d when ``k`` is None)."""
+        return self.dim if self.k is None else int(self.k)
+
+    def _as_lnd(self, x: Tensor) -> Tensor:
+        if x.ndim == 2 and self.num_layers == 1:
+            x = x.unsqueeze(0)
+        if x.ndim != 3 or x.shape[0] != self.num_layers or x.shape[-1] != self.dim:
+            raise ValueError(f"expected vectors [L={self.num_layers}, N, d={self.dim}] "
+                             f"(or [N, d] when L=1), got {tuple(x.shape)}.")
+        return x
+
+    def partial_fit(self, x: Tensor) -> "Whitener":
+        """Accumulate a chunk of training vectors ``[L, N, d]``; returns self."""
+        x = self._as_lnd(x).detach().to(torch.float64)  # reduce on x's device, move only [L, d(, d)]
+        if x.shape[1] == 0:
+            return self
+        if self.shift is None:
+            self.shift = x[:, :1].clone()  # [L, 1, d]
+        self._track_distinct(x)
+        x = x - self.shift.to(x.device)
+        self.sum += x.sum(1).to(self.sum.device)
+        self.sum_outer += (x.transpose(1, 2) @ x).to(self.sum.device)
+        self.n += x.shape[1]
+        self.mean = self.W = self.singular_values = self.rank = self.n_distinct = None  # stale until finalize()
+        return self
+
+    def _track_distinct(self, x: Tensor) -> None:
+        full = [h.numel() >= self.distinct_cap for h in self._hashes]
+        self._distinct_stopped = [s or f for s, f in zip(self._distinct_stopped, full)]  # later rows unseen
+        if all(full):
+            return
+        bits = (x + 0.0).contiguous().view(torch.int64)  # + 0.0 maps -0.0 to 0.0
+        h = (bits * self._mult.to(x.device)).sum(-1).cpu()  # [L, N]; int64 wrap-around = mod 2^64
+        for layer in range(self.num_layers):
+            if not full[layer]:
+                self._hashes[layer] = torch.unique(torch.cat([self._hashes[layer], h[layer]]))
+
+    def fit(self, x: Tensor) -> "Whitener":
+        """One-shot :meth:`partial_fit` + :meth:`finalize`."""
+        return self.partial_fit(x).finalize()
+
+    def finalize(self) -> "Whitener":
+        """Compute μ, Σ and W from the accumulated sums; returns self."""
+        if self.n < 2:
+            raise ValueError(f"whitening needs at least 2 training vectors, got {self.n}.")
+        mean_shifted = self.sum / self.n
+        cov = (self.sum_outer - self.n * mean_shifted.unsqueeze(2) * mean_shifted.unsqueeze(1)) / (self.n - 1)
+        cov = 0.5 * (cov + cov.transpose(1, 2))  # symmetric up to rounding
+        # Σ is symmetric PSD, so its SVD is its eigendecomposition; eigh is ~7x faster than svd for
+        # 13 layers x 768 dims. eigh sorts ascending: flip to the descending order of the SVD.
+        s, u = torch.linalg.eigh(cov)
+        s, u = s.flip(-1).clamp_min(0.0), u.flip(-1)
+        floor = (self.eps * s[:, :1]).clamp_min(torch.finfo(torch.float64).tiny)
+        w = u / s.clamp_min(floor).sqrt().unsqueeze(1)
+        self.mean = mean_shifted + self.shift[:, 0].to(mean_shifted.device)
+        self.singular_values = s
+        tol = s[:, :1] * self.dim * 1e4 * torch.finfo(torch.float64).eps
+        self.rank = (s > tol).sum(1).cpu()
+        self.n_distinct = torch.tensor([h.numel() for h in self._hashes])
+        self.distinct_exact = torch.tensor([not s for s in self._distinct_stopped])
+        self.W = w if self.k is None else w[:, :, : self.k].contiguous()
+        return self
+
+    def check(self, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: bool = False) -> WhiteningFit:
+        r"""Refuse a whitening fitted on too few distinct vectors for the ``k`` dims it keeps.
+
+        Why the threshold, N_distinct ≥ ``min_ratio`` · k (default 2):
+
+        * N distinct points span an affine space of dimension ≤ N−1.  With k ≥ N−1 kept dims the whitened
+          fitted points satisfy ZᵀZ = (N−1)·I and Z's rows sum to 0, so ZZᵀ = (N−1)(I − 11ᵀ/N): every
+          point has the same norm and every pair the same cosine −1/(N−1) — a regular simplex.  Any
+          similarity computed on them (STS, WiC, anisotropy) is then numerical noise, and a vector outside
+          the fit set is divided by √ε in the d−N+1 unseen directions.  So N_distinct ≤ k is always wrong.
+        * Above that, the smallest of k sample eigenvalues of N points is biased low:
+          λ_min/λ ≈ (1 − √(k/N))² (Marchenko–Pastur).  At N = 2k that is 0.09 (the least-variance kept
+          direction is blown up ≈ 3.4×), at N = k it is 0.  Below 2k the whitened coordinates are
+          dominated by sampling noise in the smallest directions, so we refuse there; 2k is also where
+          Su et al. 2021 operate when they keep k = 256 of 768 dims on a few thousand STS sentences.
+
+        The numerical rank is reported, not judged: a post-LayerNorm layer has rank d−1 whatever N is
+        (its normalised vectors sum to zero), and a direction no vector varies in does no harm.
+
+        Parameters
+        ----------
+        what : which texts/vectors the whitener was fitted on (for the message and the CSV).
+        min_ratio : distinct fit vectors required per kept dim.
+        allow_degenerate : return the fit marked ``degenerate`` instead of raising.
+
+        Raises
+        ------
+        DegenerateWhiteningError
+            One line: what happened and what to do (``transform.fit_on=sentences``, a larger split,
+            ``transform.k=`` below N_distinct / min_ratio, or ``transform.allow_degenerate=true``).
+        """
+        if self.W is None:
+            raise ValueError("Whitener is not fitted: call finalize() first.")
+        low = int(self.n_distinct.argmin())
+        n_distinct = int(self.n_distinct[low])
+        exact = getattr(self, "distinct_exact", None)
+        capped = n_distinct >= self.distinct_cap and (exact is None or not bool(exact[low]))
+        k, need = self.out_dim, math.ceil(float(min_ratio) * self.out_dim)
+        fit = WhiteningFit(what, self.n, n_distinct, capped, int(self.rank.min()), k, self.dim, float(min_ratio))
+        self.fit_info = fit  # what this whitener was fitted on, for whoever applies it (CSV columns)
+        if capped or n_distinct >= need:  # capped: at least distinct_cap = 16 d, enough for any sane ratio
+            return fit
+        k_ok = max(1, int(n_distinct // float(min_ratio)))
+        fit.reason = (f"{n_distinct} distinct vectors < {float(min_ratio):g} x k={k}"
+                      + (" (fewer than the dims: the whitened points form a regular simplex, every cosine equal)"
+                         if n_distinct <= k else ""))
+        if allow_degenerate:
+            fit.degenerate = True
+            return fit
+        raise DegenerateWhiteningError(
+            f"whitening fit on {what} is degenerate: {self.n} vectors, {n_distinct} distinct, rank "
+            f"{fit.rank} of {self.dim}, k={k} — {fit.reason}; fit on more distinct data (a larger training split; in "
+            f"evaluate.py also transform.fit_on=sentences), or keep fewer dims with transform.k={k_ok} or less (Su et al. 2021 keep 256 of 768), "
+            "or keep this result marked degenerate with transform.allow_degenerate=true")
+
+    def transform(self, x: Tensor) -> Tensor:
+        """:math:`\\hat x = (x-\\mu)W` for ``x`` of shape [L, ..., d] (or [N, d] when L=1), in ``x``'s dtype.
+
+        float64 inputs are transformed in float64, everything else in float32.
+        """
+        if self.W is None:
+            raise ValueError("Whitener is not fitted: call partial_fit(...) then finalize() first.")
+        squeeze = x.ndim == 2 and self.num_layers == 1
+        xx = x.unsqueeze(0) if squeeze else x
+        if xx.ndim < 3 or xx.shape[0] != self.num_layers or xx.shape[-1] != self.dim:
+            raise ValueError(f"expected vectors [L={self.num_layers}, ..., d={self.dim}], got {tuple(x.shape)}.")
+        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        shape = xx.shape
+        flat = xx.reshape(shape[0], -1, shape[-1]).to(cdt)
+        mu = self.mean.to(device=x.device, dtype=cdt).unsqueeze(1)
+        out = (flat - mu) @ self.W.to(device=x.device, dtype=cdt)
+        out = out.reshape(*shape[:-1], out.shape[-1]).to(x.dtype)
+        return out.squeeze(0) if squeeze else out
+
+    # -- caching --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to rebuild the fitted transform (tensors + plain values; torch.save-able)."""
+        if self.W is None:
+            raise ValueError("Whitener is not fitted: nothing to save.")
+        return {"num_layers": self.num_layers, "dim": self.dim, "k": self.k, "eps": self.eps, "n": self.n,
+                "mean": self.mean.cpu(), "W": self.W.cpu(), "singular_values": self.singular_values.cpu(),
+                "rank": self.rank, "n_distinct": self.n_distinct, "distinct_cap": self.distinct_cap}
+
+    def load_state_dict(self, state: dict) -> "Whitener":
+        """Load a fitted transform from :meth:`state_dict` into this instance (shapes must match); returns self."""
+        other = Whitener.from_state_dict(state)
+        if (other.num_layers, other.dim) != (self.num_layers, self.dim):
+            raise ValueError(f"whitening state is for L={other.num_layers}, d={other.dim}; "
+                             f"this Whitener is L={self.num_layers}, d={self.dim}.")
+        self.k, self.eps, self.n = other.k, other.eps, other.n
+        self.mean, self.W, self.singular_values = other.mean, other.W, other.singular_values
+        self.rank, self.n_distinct, self.distinct_cap = other.rank, other.n_distinct, other.distinct_cap
+        return self
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> "Whitener":
+        """Rebuild a fitted Whitener from :meth:`state_dict` (running sums are not restored)."""
+        missing = {"num_layers", "dim", "k", "eps", "n", "mean", "W"} - set(state)
+        if missing:
+            raise ValueError(f"whitening state is missing keys {sorted(missing)}.")
+        w = cls(state["num_layers"], state["dim"], state["k"], state["eps"], distinct_cap=state.get("distinct_cap"))
+        w.n, w.mean, w.W = state["n"], state["mean"].to(torch.float64), state["W"].to(torch.float64)
+        w.singular_values = state.get("singular_values")
+        w.rank, w.n_distinct = state.get("rank"), state.get("n_distinct")
+        return w
+
+    def select(self, layers: Sequence[int]) -> "Whitener":
+        """The fitted whitener of some layers only (probing a subset of layers)."""
+        layers = list(layers)
+        st = self.state_dict()
+        st.update(num_layers=len(layers), mean=st["mean"][layers], W=st["W"][layers],
+                  singular_values=st["singular_values"][layers],
+                  rank=None if st["rank"] is None else st["rank"][layers],
+                  n_distinct=None if st["n_distinct"] is None else st["n_distinct"][layers])
+        return Whitener.from_state_dict(st)

@@ -1,0 +1,253 @@
+"""Read pretraining text: the embedded corpus, user text files, or a Hugging Face hub dataset.
+
+A *document* is one non-empty line of a text file (the embedded corpus stores one paragraph or verse per
+line), or one record of a hub dataset (one Wikipedia article).  Every loader returns ``list[str]`` of
+documents in a fixed order, and each source has a cheap *identity* string (a content hash or the hub
+coordinates) that keys the tokenizer and block caches without re-reading the text.
+
+Only the standard library is imported at module level; ``datasets``/``huggingface_hub`` are imported inside
+:func:`load_hub_texts` so that config validation stays fast.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Iterable, Sequence
+
+
+EMBEDDED_DIR = Path(__file__).resolve().parent / "data" / "corpus"
+_LOCAL_BUILDERS = {"text", "json", "csv", "parquet", "arrow"}  # datasets' packaged loaders for local files
+
+
+# --------------------------------------------------------------------------------------------------- files
+def embedded_files() -> list[Path]:
+    """The embedded corpus files in document order (as listed in ``manifest.json``)."""
+    manifest = EMBEDDED_DIR / "manifest.json"
+    if not manifest.is_file():
+        raise FileNotFoundError(f"embedded corpus manifest missing: {manifest}; run scripts/build_corpus.py")
+    return [EMBEDDED_DIR / f["file"] for f in json.loads(manifest.read_text())["files"]]
+
+
+def read_text_file(path: str | os.PathLike) -> list[str]:
+    """Documents (non-empty, stripped lines) of one UTF-8 ``.txt`` or gzip ``.txt.gz`` file.
+
+    Lines that are not valid UTF-8 are SKIPPED (not decoded with replacement characters, which would put
+    U+FFFD tokens into the training data), with one warning naming the file and the number of skipped lines.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the file holds no non-empty line.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"text file not found: {p}")
+    opener = gzip.open if p.suffix == ".gz" else open
+    docs, bad = [], 0
+    try:
+        with opener(p, "rb") as f:  # bytes, so one bad line does not abort the whole file
+            for raw in f:
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    bad += 1
+                    continue
+                line = line.replace("\ufeff", "").strip()
+                if line:
+                    docs.append(line)
+    except gzip.BadGzipFile as e:
+        raise ValueError(f"{p} is not a valid gzip file ({e}); use .txt for plain text") from None
+    if bad:
+        warnings.warn(f"{p}: skipped {bad} line(s) that are not valid UTF-8", UnicodeWarning, stacklevel=2)
+    if not docs:
+        raise ValueError(f"text file {p} contains no text (no non-empty UTF-8 line)")
+    return docs
+
+
+def load_texts_from_files(files: str | os.PathLike | Sequence[str | os.PathLike],
+                          max_documents: int | None = None) -> list[str]:
+    """Documents of several text files, in the given order (see :func:`read_text_file`).
+
+    All paths are checked before any is read, so a typo fails at once with the missing path in the message.
+    """
+    paths = corpus_paths(files)
+    for p in paths:
+        if not p.is_file():
+            raise FileNotFoundError(f"text file not found: {p} (data.files={[str(q) for q in paths]})")
+    docs: list[str] = []
+    for p in paths:
+        docs.extend(read_text_file(p))
+        if max_documents is not None and len(docs) >= max_documents:
+            break
+    return _limit(docs, max_documents)
+
+
+def load_embedded_texts(max_documents: int | None = None) -> list[str]:
+    """Documents of the embedded corpus (Austen, Moby Dick, KJV Pentateuch; see data/corpus/NOTICE.md)."""
+    return load_texts_from_files(embedded_files(), max_documents)
+
+
+# ----------------------------------------------------------------------------------------------------- hub
+def hub_is_offline(endpoint: str | None = None, timeout: float = 3.0) -> bool:
+    """:func:`outlierlab.models.hub.hub_is_offline` (the one definition), imported lazily: ``models`` imports torch, and this
+    module must stay light for the start-up checks."""
+    from outlierlab.models.hub import hub_is_offline as _check  # lazy: see the docstring
+
+    return _check(endpoint, timeout)
+
+
+def load_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "20231101.en", split: str = "train",
+                   text_column: str = "text", max_documents: int | None = 10_000, streaming: bool = True,
+                   data_files: str | Sequence[str] | None = None, revision: str | None = None,
+                   cache_dir: str | os.PathLike | None = None) -> list[str]:
+    """First ``max_documents`` non-empty documents of a ``datasets.load_dataset`` dataset.
+
+    The default is English Wikipedia (``wikimedia/wikipedia``, ``20231101.en``), streamed so that only the
+    needed shards are read.  ``path`` may also be a packaged local loader, e.g.
+    ``load_hub_texts("text", None, data_files=["a.txt"])``.
+
+    Offline a hub id fails fast (see :func:`hub_is_offline`) with one line saying what to do instead.
+    Non-streaming loads are tried offline too, because ``datasets`` can serve them from its cache.
+
+    Raises
+    ------
+    ValueError
+        ``max_documents`` missing for a streamed dataset, missing ``text_column``, or no text.
+    ConnectionError
+        A hub id is streamed while offline (``HF_HUB_OFFLINE`` set or the hub unreachable).
+    RuntimeError
+        ``datasets.load_dataset`` or reading the first rows failed (message: the cause's first line).
+    """
+    if streaming and not max_documents:
+        raise ValueError(f"data.max_documents must be set (>0) to stream {path}, e.g. data.max_documents=10000")
+    local = path in _LOCAL_BUILDERS or Path(path).expanduser().exists()
+    what = f"{path}" + (f" ({name})" if name else "")
+    advice = ("use data=embedded, or data=files data.files=[a.txt,b.txt.gz] for local text, or pre-download "
+              f"it on a machine with network (datasets.load_dataset('{path}', {name!r})) and rerun with "
+              "HF_HUB_OFFLINE=1 data.hub.streaming=false")
+    if not local and streaming and hub_is_offline():
+        raise ConnectionError(f"cannot stream hub dataset {what}: no network (HF_HUB_OFFLINE or hub unreachable); "
+                              + advice)
+    import datasets  # lazy: this module is imported by the start-up checks; datasets takes seconds
+
+    if not local and not streaming and hub_is_offline():
+        _go_offline(datasets)  # serve it from the datasets cache without ~40 s of network retries
+
+    try:
+        ds = datasets.load_dataset(path, name, split=split, streaming=streaming, data_files=data_files,
+                                   revision=revision, cache_dir=None if cache_dir is None else str(cache_dir))
+        rows = list(_head(ds, max_documents, streaming))
+    except Exception as e:  # network, auth, unknown config ... -> one line (the cause stays chained)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise RuntimeError(f"loading {what} split {split!r} failed ({type(e).__name__}: {first}); "
+                           + (advice if not local else "check data.hub and data.files")) from e
+    if rows and text_column not in rows[0]:
+        raise ValueError(f"{what} has no column {text_column!r} (columns: {sorted(rows[0])}); "
+                         "set data.hub.text_column")
+    docs = _limit(_non_empty(row[text_column] for row in rows), max_documents)
+    if not docs:
+        raise ValueError(f"dataset {what} split {split!r} gave no non-empty {text_column!r} documents")
+    return docs
+
+
+def _go_offline(datasets_module) -> None:
+    """Switch this process to offline mode (the flags are read at import, so set the module copies too)."""
+    from huggingface_hub import constants  # lazy: kept out of the start-up checks, as datasets above
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+    datasets_module.config.HF_HUB_OFFLINE = True
+
+
+def _head(ds, max_documents: int | None, streaming: bool) -> Iterable[dict]:
+    if max_documents is None:
+        return ds
+    # Over-read a little: empty documents are dropped afterwards.
+    if streaming:
+        return ds.take(max_documents + 100)
+    return ds.select(range(min(len(ds), max_documents + 100)))
+
+
+# ------------------------------------------------------------------------------------------------ identity
+def file_identity(files: Sequence[str | os.PathLike]) -> str:
+    """sha256 over the raw bytes of ``files`` (in order): changes when any file changes, not when it moves."""
+    h = hashlib.sha256()
+    for p in corpus_paths(files):
+        if not p.is_file():
+            raise FileNotFoundError(f"text file not found: {p}")
+        h.update(str(p.stat().st_size).encode())
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def corpus_identity(source: str, files: Sequence[str] | None = None, hub: dict | None = None,
+                    max_documents: int | None = None) -> str:
+    """Short stable id of the documents ``load_texts`` returns for these arguments (no text is read)."""
+    if source == "embedded":
+        ident = {"source": "embedded", "content": file_identity(embedded_files())}
+    elif source == "files":
+        ident = {"source": "files", "content": file_identity(corpus_paths(files))}
+    elif source == "hub":
+        hub = dict(hub or {})
+        if hub.get("data_files"):  # local files behind a packaged loader: hash their content
+            hub["data_files"] = file_identity(corpus_paths(hub["data_files"]))
+        ident = {"source": "hub", **{k: hub.get(k) for k in sorted(hub) if k != "cache_dir"}}
+    else:
+        raise ValueError(f"unknown data.source {source!r}; choose embedded, files or hub")
+    ident["max_documents"] = max_documents
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_texts(source: str, files: Sequence[str] | None = None, hub: dict | None = None,
+               max_documents: int | None = None) -> list[str]:
+    """Documents of ``source`` ("embedded" | "files" | "hub"); the single entry point of the datamodule."""
+    if source == "embedded":
+        return load_embedded_texts(max_documents)
+    if source == "files":
+        return load_texts_from_files(files, max_documents)
+    if source == "hub":
+        return load_hub_texts(**{**(hub or {}), "max_documents": max_documents})
+    raise ValueError(f"unknown data.source {source!r}; choose embedded, files or hub")
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def corpus_paths(files) -> list[Path]:
+    """Text file paths; a corpus FOLDER (one with ``manifest.json``, as the build scripts write) stands for
+    its files in manifest order."""
+    if files is None or (not isinstance(files, (str, os.PathLike)) and len(files) == 0):
+        raise ValueError("no text files given: set data.files=[a.txt,b.txt.gz] (one document per line)")
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    paths: list[Path] = []
+    for f in files:
+        p = Path(str(f)).expanduser()
+        if p.suffix in (".txt", ".gz"):
+            paths.append(p)
+        elif (p / "manifest.json").is_file():
+            paths.extend(p / e["file"] for e in json.loads((p / "manifest.json").read_text())["files"])
+        elif p.is_dir():
+            raise ValueError(f"corpus folder {p} has no manifest.json; list its .txt/.txt.gz files in data.files")
+        elif not p.exists():
+            raise FileNotFoundError(f"corpus folder {p} does not exist; build it first (data=english_large: "
+                                    f"apt-get install dict-gcide && python scripts/build_english_large.py)")
+        else:
+            paths.append(p)
+    return paths
+
+
+def _non_empty(texts: Iterable) -> list[str]:
+    return [t.strip() for t in texts if isinstance(t, str) and t.strip()]
+
+
+def _limit(docs: list[str], max_documents: int | None) -> list[str]:
+    if max_documents is not None and max_documents < 1:
+        raise ValueError(f"max_documents must be >= 1 or null, got {max_documents}")
+    return docs if max_documents is None else docs[:max_documents]

@@ -1,0 +1,276 @@
+"""Frozen-encoder features: extract every layer ONCE, cache on disk, serve batches, fit clip/whiten
+(the transforms themselves are defined once, in :mod:`outlierlab.analysis.transforms`).
+
+Cache layout (one directory per key under ``cache_root``; fp16 memory-mapped ``.npy`` files)::
+
+    <key>/meta.json          encoder identity, counts, truncation, shapes
+    <key>/tokens.npy         [L+1, N_tokens, d] every non-pad token, every layer (if store_tokens)
+    <key>/sentence_id.npy    [N_tokens] int32  which text the token belongs to
+    <key>/position.npy       [N_tokens] int32  index in the tokenized sequence (0 = <s>/[CLS])
+    <key>/token_id.npy       [N_tokens] int32
+    <key>/special.npy        [N_tokens] bool   special token (<s>, </s>, [CLS], [SEP], ...)
+    <key>/sentences.npy      [L+1, N_texts, d] mean over each text's non-special, non-pad tokens
+    <key>/outlier_stats.npz  mean / argmax_share / argmin_share [L+1, d] over all non-special tokens
+                             (outlierlab.analysis.outlier_stats.OutlierAccumulator, Luo et al. 2021 §2)
+
+The key hashes the encoder identity (weights file sizes+mtimes or hub revision, tokenizer fingerprint,
+max_length), the texts and the layout version, so a second run with the same encoder and data never
+calls the encoder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+from outlierlab.analysis.outlier_dims import detect_outlier_dims
+from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
+from outlierlab.analysis.transforms import (MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, clip_description,
+                                 clip_dims_per_layer)
+
+LAYOUT_VERSION = 1
+
+
+# ------------------------------------------------------------------------------------------------- cache
+def feature_key(identity: dict, texts: Sequence[str], store_tokens: bool) -> str:
+    """sha256 (24 hex chars) of encoder identity + texts + layout; the cache directory name."""
+    h = hashlib.sha256(json.dumps({"encoder": identity, "store_tokens": bool(store_tokens),
+                                   "version": LAYOUT_VERSION}, sort_keys=True, default=str).encode())
+    for t in texts:
+        h.update(t.encode("utf-8") + b"\0")
+    return h.hexdigest()[:24]
+
+
+@dataclass
+class FeatureSet:
+    """Cached features of one list of texts (arrays are read-only memmaps)."""
+
+    directory: Path
+    meta: dict
+    sentences: np.ndarray  # [L+1, N_texts, d] float16
+    lengths: np.ndarray  # [N_texts] tokens per text (after truncation)
+    tokens: np.ndarray | None = None  # [L+1, N_tokens, d] float16
+    sentence_id: np.ndarray | None = None
+    position: np.ndarray | None = None
+    token_id: np.ndarray | None = None
+    special: np.ndarray | None = None
+
+    @property
+    def num_layers(self) -> int:
+        """L+1: the embedding output plus every layer."""
+        return int(self.meta["num_layers"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "FeatureSet":
+        d = Path(directory)
+        meta = json.loads((d / "meta.json").read_text())
+        opt = {n: np.load(d / f"{n}.npy", mmap_mode="r") for n in
+               ("tokens", "sentence_id", "position", "token_id", "special") if (d / f"{n}.npy").is_file()}
+        return cls(d, meta, np.load(d / "sentences.npy", mmap_mode="r"), np.load(d / "lengths.npy"), **opt)
+
+    def outlier_stats(self) -> dict[str, Tensor]:
+        """Stored outlier statistics over all texts (mapping accepted by ``detect_outlier_dims``)."""
+        z = np.load(self.directory / "outlier_stats.npz")
+        return {k: torch.from_numpy(z[k]) for k in ("mean", "argmax_share", "argmin_share")}
+
+    def token_rows(self, sentence_ids: np.ndarray) -> np.ndarray:
+        """Sorted token-row indices of the given texts (``tokens`` must be stored)."""
+        if self.tokens is None:
+            raise ValueError(f"{self.directory} holds no token features (extracted with store_tokens=False)")
+        return np.flatnonzero(np.isin(self.sentence_id, np.asarray(sentence_ids)))
+
+
+def extract_features(encoder, texts: Sequence[str], cache_root: str | os.PathLike, store_tokens: bool = True,
+                     batch_size: int | None = None, progress: bool = True) -> FeatureSet:
+    """Encode ``texts`` once with a :class:`~outlierlab.models.loading.FrozenEncoder` and cache all layers.
+
+    Returns the cached :class:`FeatureSet` at once if this encoder+data was extracted before.
+    """
+    texts = list(texts)
+    if not texts:
+        raise ValueError("no texts to encode")
+    key = feature_key(encoder.identity, texts, store_tokens)
+    root = Path(cache_root).expanduser().resolve()
+    final = root / key
+    if (final / "meta.json").is_file():
+        return FeatureSet.load(final)
+    tmp = root / f".{key}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        _write(encoder, texts, tmp, store_tokens, batch_size, progress)
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another process finished the same key first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return FeatureSet.load(final)
+
+
+def _write(encoder, texts: list[str], out: Path, store_tokens: bool, batch_size, progress: bool) -> None:
+    tok = encoder.tokenize(texts)
+    lengths = np.asarray(tok.lengths, dtype=np.int64)
+    n_layers, dim, n_tok = encoder.num_layers + 1, encoder.hidden_size, int(lengths.sum())
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    sentences = np.lib.format.open_memmap(out / "sentences.npy", "w+", np.float16, (n_layers, len(texts), dim))
+    tokens = None
+    if store_tokens:
+        tokens = np.lib.format.open_memmap(out / "tokens.npy", "w+", np.float16, (n_layers, n_tok, dim))
+        np.save(out / "sentence_id.npy", np.repeat(np.arange(len(texts), dtype=np.int32), lengths))
+        np.save(out / "position.npy", np.concatenate([np.arange(n, dtype=np.int32) for n in lengths]))
+        np.save(out / "token_id.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in tok.input_ids]))
+        np.save(out / "special.npy", np.concatenate([np.asarray(x, dtype=bool) for x in tok.special_tokens_mask]))
+    np.save(out / "lengths.npy", lengths)
+    acc = OutlierAccumulator(n_layers, dim)
+    for batch in encoder.batches(tok, batch_size, sort_by_length=True, progress=progress):
+        hidden = batch.hidden.cpu()
+        valid = valid_token_mask(batch.attention_mask, batch.special_tokens_mask)
+        acc.update(hidden, mask=valid)
+        # Mean over non-special, non-pad tokens (Luo et al. §4.4 sentence vectors); no valid token -> 0.
+        w = valid.to(hidden.dtype)
+        mean = torch.einsum("lbtd,bt->lbd", hidden, w) / w.sum(1).clamp_min(1)[None, :, None]
+        idx = batch.index.numpy()
+        sentences[:, idx] = mean.numpy().astype(np.float16)
+        if tokens is not None:
+            h16 = hidden.numpy().astype(np.float16)
+            for b, i in enumerate(idx):
+                tokens[:, offsets[i]:offsets[i] + lengths[i]] = h16[:, b, :lengths[i]]
+    sentences.flush()
+    if tokens is not None:
+        tokens.flush()
+    if acc.count:
+        np.savez(out / "outlier_stats.npz", **{k: v.numpy() for k, v in acc.stats().items()})
+    else:
+        zeros = np.zeros((n_layers, dim))
+        np.savez(out / "outlier_stats.npz", mean=zeros, argmax_share=zeros, argmin_share=zeros)
+    meta = {"encoder": encoder.identity, "name": encoder.source.name, "num_layers": n_layers, "dim": dim,
+            "n_texts": len(texts), "n_tokens": n_tok, "n_valid_tokens": acc.count,
+            "n_truncated": tok.n_truncated, "truncated_tokens": tok.truncated_tokens,
+            "max_length": encoder.max_length, "store_tokens": store_tokens, "version": LAYOUT_VERSION}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+
+
+# ------------------------------------------------------------------------------------------------ batches
+def gather(array: np.ndarray, rows: np.ndarray, layers: Sequence[int] | None = None) -> Tensor:
+    """Rows of a ``[L, N, d]`` (memmap) array as float32 ``[L', n, d]``; rows are read in sorted order."""
+    rows = np.asarray(rows)
+    if layers is None:
+        x = np.take(array, rows, axis=1)
+    else:  # array[l] is a view: only the selected layers' rows are read
+        x = np.stack([np.take(array[int(layer)], rows, axis=0) for layer in layers])
+    # numpy's fp16->fp32 cast is ~8x faster than torch's on CPU (measured here)
+    return torch.from_numpy(x.astype(np.float32, copy=False))
+
+
+def iter_chunks(array: np.ndarray, rows: np.ndarray, chunk: int = 8192) -> Iterator[tuple[np.ndarray, Tensor]]:
+    """``(rows_chunk, float32 [L, n, d])`` over ``rows`` in chunks (streaming fits never hold all rows)."""
+    for i in range(0, len(rows), chunk):
+        r = rows[i:i + chunk]
+        yield r, gather(array, r)
+
+
+class RowBatches(torch.utils.data.Dataset):
+    """Batches ``(x [L', B, d] float32, y [B])`` of rows of a ``[L, N, d]`` feature array.
+
+    Indexed by a LIST of positions into ``rows`` (use :func:`row_loader`, whose BatchSampler yields
+    lists): one fancy-index read per batch instead of B small reads.
+    """
+
+    def __init__(self, array: np.ndarray, rows: np.ndarray, labels: np.ndarray, transform=None,
+                 layers: Sequence[int] | None = None):
+        self.array, self.rows, self.labels = array, np.asarray(rows), torch.as_tensor(np.asarray(labels)).long()
+        if len(self.rows) != len(self.labels):
+            raise ValueError(f"{len(self.rows)} rows but {len(self.labels)} labels")
+        self.layers = None if layers is None else list(layers)
+        self.transform = None if transform is None else transform.select(self.layers)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, positions) -> tuple[Tensor, Tensor]:
+        pos = np.sort(np.asarray(positions))
+        x = gather(self.array, self.rows[pos], self.layers)
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, self.labels[pos]
+
+
+def row_loader(dataset: RowBatches, batch_size: int, shuffle: bool, seed: int = 0) -> torch.utils.data.DataLoader:
+    """DataLoader of whole batches; with ``shuffle`` the order depends only on ``seed`` (reproducible)."""
+    base = (RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)) if shuffle
+            else SequentialSampler(dataset))
+    return DataLoader(dataset, batch_size=None, sampler=BatchSampler(base, batch_size, drop_last=False))
+
+
+# --------------------------------------------------------------------------------------------- transforms
+def chunk_outlier_stats(chunks: Iterator[tuple[np.ndarray, Tensor]], valid: np.ndarray | None,
+                        num_layers: int, dim: int) -> dict[str, Tensor]:
+    """Outlier statistics (Luo §2) streamed over feature chunks; ``valid`` = per-row bool (non-special)."""
+    acc = OutlierAccumulator(num_layers, dim)
+    for rows, x in chunks:
+        acc.update(x if valid is None else x[:, torch.from_numpy(valid[rows])])
+    if acc.count == 0:
+        zeros = torch.zeros(num_layers, dim, dtype=torch.float64)
+        return {"mean": zeros, "argmax_share": zeros, "argmin_share": zeros}
+    return acc.stats()
+
+
+def fit_transform(name: str, num_layers: int, dim: int, train_chunks: Callable[[], Iterator] | None,
+                  outlier_dims: list[list[int]] | None = None, dims: Sequence[int] | None = None,
+                  k: int | None = None, dims_by_layer: Mapping[str, Sequence[int]] | None = None,
+                  fit_what: str = "the training vectors", min_ratio: float = MIN_FIT_RATIO,
+                  allow_degenerate: bool = False) -> FittedTransform:
+    """Fit one transform on the TRAINING features only (probe.py).
+
+    Parameters
+    ----------
+    name : {"none", "clip", "whiten"}
+    train_chunks : callable returning an iterator of ``(rows, float32 [L, n, d])`` training chunks
+        (used by whiten: :class:`~outlierlab.analysis.whitening.Whitener` streams float64 sums over them).
+    outlier_dims : per-layer dims detected on the training features (clip with no dims given).
+    dims, dims_by_layer : dims to clip in every layer / per layer range (Luo et al. §4, App. D.1),
+        overriding detection (:func:`outlierlab.analysis.transforms.clip_dims_per_layer`).
+    k : whitening dimension (Su et al. 2021), None = all.
+    fit_what, min_ratio, allow_degenerate : the whitening guard (:meth:`~outlierlab.analysis.whitening.Whitener.check`):
+        a fit on too few distinct vectors raises one line unless ``allow_degenerate``.
+    """
+    if name == "none":
+        return FittedTransform("none", dim)
+    if name == "clip":
+        per_layer, source = clip_dims_per_layer(num_layers, dim, dims, dims_by_layer, outlier_dims)
+        source = "detected on train" if source == "detected" else source
+        return FittedTransform("clip", dim, clip_dims=per_layer, info=clip_description(per_layer, source),
+                               extra={"dims": per_layer, "source": source})
+    if name == "whiten":
+        w = Whitener(num_layers, dim, k=k)
+        for _, x in train_chunks():
+            w.partial_fit(x)
+        w.finalize()
+        fit = w.check(fit_what, min_ratio, allow_degenerate)
+        return FittedTransform("whiten", dim, whitener=w, info=fit.describe(), fit=fit,
+                               extra={"k": k, "n_fit": w.n})
+    raise ValueError(f"unknown transform {name!r}; valid: {', '.join(TRANSFORMS)}")
+
+
+def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", threshold: float = 0.25,
+                          k: float = 3.0) -> list[list[int]]:
+    """Per-layer outlier dims from training statistics (the single rule of :mod:`outlierlab.analysis.outlier_dims`)."""
+    if float(stats["argmax_share"].sum()) == 0:  # no valid token (all special): nothing to detect
+        return [[] for _ in range(stats["argmax_share"].shape[0])]
+    return detect_outlier_dims(stats, method=method, threshold=threshold, k=k)

@@ -1,0 +1,296 @@
+"""``MLMDataModule``: text -> tokenizer -> packed blocks -> deterministic dynamic masking, resumable mid-epoch.
+
+Pipeline (RoBERTa / fairseq style pretraining data, Liu et al. 2019):
+
+1. documents from ``source`` (:mod:`outlierlab.datamodules.corpus`): the embedded corpus, user text files, or a hub dataset;
+2. tokenizer (:mod:`outlierlab.datamodules.tokenizer`): byte-level BPE trained on these documents (cached), or any HF one;
+3. tokenize with ``datasets.Dataset.map(batched=True)``, append ``</s>`` to every document, concatenate, and cut
+   into blocks of ``block_size`` tokens (:mod:`outlierlab.datamodules.packing`).  EVERY block is ``<s>`` + the next
+   ``block_size - 1`` stream tokens, so position 0 always carries ``<s>`` -- the token whose position
+   artefacts Luo et al. (2021) study; blocks may start mid-document.  Only the final block is padded
+   (``attention_mask`` 0), so no token is lost.  The blocks are cached (:mod:`outlierlab.datamodules.blocks`) under
+   ``<cache_dir>/blocks/b<block_size>-<hash>``, the hash keyed by (corpus identity, tokenizer, block size),
+   so a second run starts in about a second;
+4. train/validation split by blocks, a seeded permutation of block ids (``val_blocks`` or ``val_fraction``).
+   Neighbouring blocks of one document may fall on both sides of the split;
+5. batches: a :class:`~outlierlab.datamodules.sampler.ResumableSampler` (shuffled per epoch with ``seed + epoch``, sharded
+   by ``trainer.global_rank``/``world_size``; set ``use_distributed_sampler: False`` in the Trainer) and the
+   HF MLM collator seeded per batch (:mod:`outlierlab.datamodules.masking`: 15 % selected, 80/10/10).
+
+Resume: ``state_dict()`` (Lightning stores it in every checkpoint) records the data epoch and how many batches
+of it the trainer consumed; ``load_state_dict()`` makes the next train dataloader skip exactly those.
+
+Call ``prepare_data(); setup("fit")`` before building the model to read ``tokenizer``, ``vocab_size`` and
+``pad_token_id``; both are idempotent and cheap on a second call.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from . import corpus as corpus_lib
+from .blocks import BlockDataset, ResumableDataLoader, blocks_cache_path, build_blocks, ensure_blocks, load_blocks
+from .data_validation import plain, validate_data_args
+from .masking import DeterministicMLMCollator
+from .sampler import ResumableSampler
+from .tokenizer import load_or_train_bpe, load_tokenizer, mlm_special_ids
+
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """``$OUTLIERLAB_CACHE`` or ``~/.cache/outlierlab``."""
+    return Path(os.environ.get("OUTLIERLAB_CACHE") or "~/.cache/outlierlab").expanduser()
+
+
+class MLMDataModule(L.LightningDataModule):
+    """Masked-LM pretraining data (see module docstring).
+
+    Parameters
+    ----------
+    source : {"embedded", "files", "hub"}
+        Embedded corpus (Austen, Moby Dick, KJV Pentateuch), ``files``, or ``datasets.load_dataset(**hub)``.
+    files : list of str
+        Text files, one document per line, ``.txt`` or ``.txt.gz`` (source "files").
+    hub : dict
+        ``path, name, split, text_column, streaming, data_files, revision`` for ``datasets.load_dataset``.
+    tokenizer : dict
+        ``name_or_path`` (null: train byte-level BPE), ``vocab_size`` (BPE size, default 8192),
+        ``min_frequency`` (BPE, default 2).
+    block_size : int
+        Tokens per block including the leading ``<s>`` (the model's sequence length).
+    batch_size : int
+        Blocks per batch per device.
+    val_fraction, val_blocks : float, int or None
+        Validation blocks: ``val_blocks`` if given, else ``round(val_fraction * n_blocks)`` (at least 1 when
+        ``val_fraction > 0``).  Both 0: no validation loader.
+    num_workers : int
+        DataLoader workers (0: collate in the training process -- fastest on 2 cores, see configs/data).
+    mlm_probability, mask_replace_prob, random_replace_prob : float
+        Masking recipe (BERT/RoBERTa: 0.15, 0.8, 0.1).
+    cache_dir : str or None
+        Tokenizer and block caches; default ``$OUTLIERLAB_CACHE`` or ``~/.cache/outlierlab``.
+    seed : int
+        Split, shuffling and masking seed.
+    max_documents : int or None
+        Use only the first N documents (required for streamed hub data; handy for small experiments).
+    limit_blocks : int or None
+        Use only the first N packed blocks (tiny tests).
+    """
+
+    def __init__(self, source: str = "embedded", files: Sequence[str] | None = None, hub: dict | None = None,
+                 tokenizer: dict | None = None, block_size: int = 128, batch_size: int = 32,
+                 val_fraction: float = 0.02, val_blocks: int | None = None, num_workers: int = 0,
+                 mlm_probability: float = 0.15, mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1,
+                 cache_dir: str | None = None, seed: int = 0, max_documents: int | None = None,
+                 limit_blocks: int | None = None, pin_memory: bool = False) -> None:
+        super().__init__()
+        # No save_hyperparameters(): Lightning refuses to log when a datamodule hparam (seed, batch_size ...)
+        # differs from the LightningModule's; the run's config.yaml records these values.
+        files, hub, tokenizer = plain(files), plain(hub), plain(tokenizer)
+        validate_data_args(source, files, hub, tokenizer, block_size, batch_size, val_fraction, val_blocks, num_workers,
+                  mlm_probability, max_documents, limit_blocks)
+        self.source = source
+        self.files = [files] if isinstance(files, str) else (list(files) if files else None)
+        self.hub = {"path": "wikimedia/wikipedia", "name": "20231101.en", "split": "train",
+                    "text_column": "text", "streaming": True, **(hub or {})}
+        self.tokenizer_cfg = {"name_or_path": None, "vocab_size": 8192, "min_frequency": 2, **(tokenizer or {})}
+        self.block_size, self.batch_size = int(block_size), int(batch_size)
+        self.val_fraction, self.val_blocks = float(val_fraction), val_blocks
+        self.num_workers, self.pin_memory = int(num_workers), bool(pin_memory)
+        self.mlm_probability = float(mlm_probability)
+        self.mask_replace_prob, self.random_replace_prob = float(mask_replace_prob), float(random_replace_prob)
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        self.seed, self.max_documents, self.limit_blocks = int(seed), max_documents, limit_blocks
+
+        self.tokenizer = None
+        self.blocks_path: Path | None = None
+        self.stats: dict[str, Any] = {}
+        self.timings: dict[str, float] = {}
+        self.cache_hits: dict[str, bool] = {}  # after prepare_data: was the tokenizer / were the blocks cached?
+        self.train_dataset: BlockDataset | None = None
+        self.val_dataset: BlockDataset | None = None
+        self.collator: DeterministicMLMCollator | None = None
+        self._train_sampler: ResumableSampler | None = None
+        self._pending_state: dict | None = None
+
+    # ------------------------------------------------------------------------------------------ tokenizer ids
+    @property
+    def vocab_size(self) -> int:
+        """Embedding rows the model needs (``len(tokenizer)``, includes added special tokens)."""
+        return len(self._need_tokenizer())
+
+    @property
+    def pad_token_id(self) -> int:
+        return self._need_tokenizer().pad_token_id
+
+    @property
+    def bos_token_id(self) -> int:
+        return mlm_special_ids(self._need_tokenizer())["bos"]
+
+    @property
+    def eos_token_id(self) -> int:
+        return mlm_special_ids(self._need_tokenizer())["eos"]
+
+    @property
+    def mask_token_id(self) -> int:
+        return self._need_tokenizer().mask_token_id
+
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise RuntimeError("call datamodule.prepare_data() and setup('fit') before reading the tokenizer")
+        return self.tokenizer
+
+    # ----------------------------------------------------------------------------------------------- build
+    def prepare_data(self) -> None:
+        """Train/load the tokenizer and build/load the packed blocks (cached on disk)."""
+        self._ensure_built()
+
+    def _ensure_built(self) -> None:
+        if self.blocks_path is not None:
+            return
+        t0 = time.perf_counter()
+        corpus_id = corpus_lib.corpus_identity(self.source, self.files, self.hub, self.max_documents)
+        texts: list[str] | None = None
+
+        def get_texts() -> list[str]:  # read the corpus only if some cache is missing
+            nonlocal texts
+            if texts is None:
+                texts = corpus_lib.load_texts(self.source, self.files, {**self.hub, "cache_dir": self._hf_cache()},
+                                              self.max_documents)
+            return texts
+
+        name = self.tokenizer_cfg["name_or_path"]
+        if name:
+            tok, trained = load_tokenizer(str(name)), False
+        else:
+            tok, _, trained = load_or_train_bpe(get_texts, corpus_id, int(self.tokenizer_cfg["vocab_size"]),
+                                                self.cache_dir, int(self.tokenizer_cfg["min_frequency"]))
+        ids = mlm_special_ids(tok)
+        self.timings["tokenizer_s"] = time.perf_counter() - t0
+        path = blocks_cache_path(self.cache_dir, corpus_id, tok, self.block_size)
+        built = ensure_blocks(path, lambda p: build_blocks(get_texts(), tok, ids, p, self.block_size,
+                                                           {"corpus_id": corpus_id, "source": self.source}))
+        self.tokenizer, self.blocks_path = tok, path
+        self.cache_hits = {"tokenizer": not trained, "blocks": not built}
+        self.timings["prepare_s"] = time.perf_counter() - t0
+
+    def _hf_cache(self) -> str:
+        return str(self.cache_dir / "hf_datasets")
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the cached blocks and split them into train/validation (idempotent)."""
+        if self.train_dataset is not None:
+            return
+        t0 = time.perf_counter()
+        self._ensure_built()
+        input_ids, attention_mask, meta = load_blocks(self.blocks_path, self.block_size, self.limit_blocks)
+        n = len(input_ids)
+        n_val = self._num_val(n)
+        order = np.random.default_rng(self.seed).permutation(n)
+        val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
+        ids_t, mask_t = torch.from_numpy(input_ids.copy()), torch.from_numpy(attention_mask.copy())
+        self.train_dataset = BlockDataset(ids_t, mask_t, train_rows)
+        self.val_dataset = BlockDataset(ids_t, mask_t, val_rows) if n_val else None
+        self.collator = DeterministicMLMCollator(self.tokenizer, self.mlm_probability, self.seed,
+                                                 self.mask_replace_prob, self.random_replace_prob)
+        self.stats = {**meta, "train_blocks": len(train_rows), "val_blocks": int(n_val),
+                      "train_tokens": self.train_dataset.real_tokens()}
+        self.timings["setup_s"] = time.perf_counter() - t0
+
+    def _num_val(self, n: int) -> int:
+        if self.val_blocks is not None:
+            n_val = int(self.val_blocks)
+        else:
+            n_val = int(round(self.val_fraction * n))
+            n_val = max(n_val, 1) if self.val_fraction > 0 else 0
+        if n - n_val < 1:
+            raise ValueError(
+                f"the corpus gives only {n} block(s) of block_size={self.block_size}, too few for {n_val} "
+                f"validation block(s) plus training; add text, lower data.block_size or data.val_blocks/val_fraction")
+        return n_val
+
+    # ---------------------------------------------------------------------------------------- dataloaders
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 0, 1
+        return int(trainer.global_rank), int(trainer.world_size)
+
+    def _loader(self, dataset: BlockDataset, sampler: ResumableSampler) -> ResumableDataLoader:
+        if self.num_workers > 0:
+            # Tokenizers warns (and disables its thread pool) when a process forks after using it.
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return ResumableDataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
+                                   collate_fn=self.collator, num_workers=self.num_workers,
+                                   pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup("fit")
+        rank, world = self._rank_world()
+        sampler = ResumableSampler(len(self.train_dataset), self.batch_size, shuffle=True, seed=self.seed,
+                                   rank=rank, world_size=world)
+        if self._pending_state:
+            sampler.load_state_dict(self._pending_state, roll_over=self._rolls_over_epochs())
+            self._pending_state = None
+        self._train_sampler = sampler
+        return self._loader(self.train_dataset, sampler)
+
+    def val_dataloader(self):
+        self.setup("fit")
+        if self.val_dataset is None:
+            return []
+        rank, world = self._rank_world()
+        sampler = ResumableSampler(len(self.val_dataset), self.batch_size, shuffle=False, rank=rank,
+                                   world_size=world)
+        return self._loader(self.val_dataset, sampler)
+
+    # ---------------------------------------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "batches_consumed"}`` of the training data, read from the trainer's batch counter."""
+        sampler = self._train_sampler
+        if sampler is None:
+            return dict(self._pending_state or {})
+        consumed = None
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            consumed = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+            limit = trainer.num_training_batches
+            if isinstance(limit, int) and consumed >= limit:  # epoch over (also with limit_train_batches)
+                consumed = sampler.num_batches
+        return {**sampler.state_dict(consumed), **self._layout()}
+
+    def _layout(self) -> dict[str, Any]:
+        """What the recorded position refers to; checked on resume."""
+        return {"batch_size": self.batch_size, "train_blocks": len(self.train_dataset) if self.train_dataset
+                else None, "seed": self.seed, "block_size": self.block_size}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume: the next ``train_dataloader()`` starts at the recorded batch of the recorded epoch."""
+        if state_dict:
+            self.setup("fit")
+            now = self._layout()
+            changed = [f"{k}: {state_dict[k]} -> {now[k]}" for k in now if k in state_dict and state_dict[k] != now[k]]
+            if changed:
+                warnings.warn("the data differ from the checkpoint's (" + ", ".join(changed) + "); the resumed "
+                              "run will not see the data an uninterrupted run would have", stacklevel=2)
+            self._pending_state = {"epoch": int(state_dict["epoch"]),
+                                   "batches_consumed": int(state_dict["batches_consumed"])}
+            if self._train_sampler is not None:  # loader already built (e.g. reload): apply now
+                self._train_sampler.load_state_dict(self._pending_state, roll_over=self._rolls_over_epochs())
+                self._pending_state = None
+
+    def _rolls_over_epochs(self) -> bool:
+        """Does the resumed trainer start a fresh epoch after a complete one?  Lightning does so for
+        epoch-based runs; with ``max_steps`` it restarts the restored epoch and expects its remainder."""
+        trainer = getattr(self, "trainer", None)
+        return trainer is None or trainer.max_steps == -1

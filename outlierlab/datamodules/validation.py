@@ -1,0 +1,325 @@
+"""One validation of every user data file, run by the entry points before any model is loaded.
+
+Plain Python (csv, json, gzip; no torch, no datasets), so a bad file fails in a second with one line that
+names the file and the fault, instead of a traceback from pandas/datasets after the model has loaded:
+
+=====================  =====================================================================================
+input                  config key (entry point)
+=====================  =====================================================================================
+training corpus        ``data.files`` (train.py, ``data=files``): text, one document per line
+sentence files         ``data.files`` (probe.py position probe, evaluate.py): text, one sentence per line
+classifier files       ``task.files`` (probe.py ``task=local``): CSV/TSV/JSON(L) with text/label columns
+WiC pairs              ``wic.files`` (evaluate.py): sentence1, sentence2, start1, end1, start2, end2, label
+STS pairs              ``sts.files`` (evaluate.py): sentence1, sentence2, score
+encoder                ``encoder.name_or_path`` (probe.py, evaluate.py): run dir, checkpoint, model dir
+=====================  =====================================================================================
+
+Faults (each one line, :class:`DataFileError`): missing file; empty file; header with no rows; missing or
+misspelled column (the existing columns are listed); a value of the wrong type (row and column named);
+bytes that are not UTF-8 (line named); a split empty or too small after carving validation/test out (sizes
+and the setting); a truncated gzip.  Valid-but-weak input (fewer than 30 STS pairs) is a warning.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import gzip
+import io
+import json
+import math
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .corpus import corpus_paths
+
+__all__ = ["DataFileError", "MissingDataFileError", "read_lines", "read_table", "validate_inputs",
+           "FEW_STS_PAIRS"]
+
+FEW_STS_PAIRS = 30  # below this a Spearman ρ's 95% interval is wider than ±0.35: valid, but weak
+_TRUE = {"t", "true", "1", "yes", "y"}
+_FALSE = {"f", "false", "0", "no", "n"}
+
+
+class DataFileError(ValueError):
+    """A user data file that cannot be used; the message is one line naming the file and what to fix."""
+
+
+class MissingDataFileError(DataFileError, FileNotFoundError):
+    """A data file (or model path) that does not exist."""
+
+
+def _fail(key: str, path, what: str) -> DataFileError:
+    return DataFileError(f"{key}: {path}: {what}")
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def read_lines(path: str | Path, key: str) -> list[str]:
+    """Every line of a text file (``.gz`` decompressed), decoded as UTF-8; one-line errors for a missing,
+    empty, non-UTF-8 (line number) or truncated/corrupt gzip file."""
+    p = Path(str(path)).expanduser()
+    if not p.is_file():
+        raise MissingDataFileError(f"{key}: file not found: {path}")
+    try:
+        raw = gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
+    except EOFError:
+        raise _fail(key, path, "the gzip file is truncated (incomplete download or copy?): recompress or "
+                               "re-copy it") from None
+    except (gzip.BadGzipFile, zlib.error, OSError) as e:
+        raise _fail(key, path, f"not a valid gzip file ({e}); drop the .gz suffix if it is plain text") from None
+    if not raw.strip():
+        raise _fail(key, path, "the file is empty")
+    lines = raw.split(b"\n")
+    out = []
+    for i, line in enumerate(lines, 1):
+        try:
+            out.append(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise _fail(key, path, f"line {i} is not UTF-8 (byte {line[e.start]:#x} at column {e.start + 1}); "
+                                   "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    return [x.removesuffix("\r") for x in out]
+
+
+def read_table(path: str | Path, key: str) -> tuple[list[str], list[dict], list[int]]:
+    """``(columns, rows, line of each row)`` of a CSV/TSV/JSON/JSONL file (``.gz`` ok)."""
+    lines = read_lines(path, key)
+    name = str(path).lower().removesuffix(".gz")
+    if name.endswith((".csv", ".tsv")):
+        reader = csv.reader(io.StringIO("\n".join(lines)), delimiter="\t" if name.endswith(".tsv") else ",")
+        header, data = [], []
+        for rec in reader:  # line numbers from the reader: a quoted field may span lines
+            if not header:
+                header = [h.strip() for h in rec]
+            elif any(c.strip() for c in rec):
+                data.append((reader.line_num, dict(zip(header, rec))))
+        if not data:
+            raise _fail(key, path, f"has a header ({', '.join(header)}) but no rows")
+        return header, [r for _, r in data], [i for i, _ in data]
+    if name.endswith((".json", ".jsonl")):
+        text = "\n".join(lines).strip()
+        if text.startswith("["):
+            try:
+                rows, where = json.loads(text), None
+            except json.JSONDecodeError as e:
+                raise _fail(key, path, f"line {e.lineno}: invalid JSON ({e.msg})") from None
+        else:
+            rows, where = [], []
+            for i, line in enumerate(lines, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise _fail(key, path, f"line {i}: invalid JSON ({e.msg})") from None
+                    where.append(i)
+        if not rows:
+            raise _fail(key, path, "holds an empty JSON list: no rows")
+        if not all(isinstance(r, dict) for r in rows):
+            raise _fail(key, path, "every JSON row must be an object {column: value}")
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        return columns, rows, where or list(range(1, len(rows) + 1))
+    raise _fail(key, path, "must be .csv, .tsv, .json or .jsonl (optionally .gz)")
+
+
+# ------------------------------------------------------------------------------------------------ checks
+@dataclass
+class TableSpec:
+    """Required columns and the type of some of them (``float``, ``int``, ``bool``, ``label``)."""
+
+    required: tuple[str, ...]
+    types: dict[str, str] = field(default_factory=dict)
+    fix: str = ""
+
+
+def _check_columns(key, path, columns, spec: TableSpec) -> None:
+    for col in spec.required:
+        if col not in columns:
+            close = difflib.get_close_matches(col, columns, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _fail(key, path, f"no column {col!r}{hint}; the file has columns {', '.join(columns) or '(none)'}"
+                        + (f"; {spec.fix}" if spec.fix else ""))
+
+
+def _ok(value, kind: str) -> bool:
+    if kind == "float":
+        try:
+            return math.isfinite(float(value)) and not isinstance(value, bool)
+        except (TypeError, ValueError):
+            return False
+    if kind == "int":
+        try:
+            return not isinstance(value, bool) and float(value) == int(float(value))
+        except (TypeError, ValueError):
+            return False
+    if kind == "bool":
+        return isinstance(value, bool) or (isinstance(value, (int, float)) and value in (0, 1)) or \
+            str(value).strip().lower() in _TRUE | _FALSE
+    if kind == "label":  # an integer class id or a non-empty class name
+        return value is not None and not isinstance(value, (float, dict, list)) and str(value).strip() != ""
+    raise ValueError(kind)
+
+
+_KIND_TEXT = {"float": "a number", "int": "an integer", "bool": "true/false, T/F or 0/1",
+              "label": "an integer or a class name"}
+
+
+def _check_types(key, path, rows, where, spec: TableSpec) -> None:
+    for r, line in zip(rows, where):
+        for col, kind in spec.types.items():
+            if not _ok(r.get(col), kind):
+                raise _fail(key, path, f"row at line {line}, column {col!r}: {r.get(col)!r} is not {_KIND_TEXT[kind]}")
+
+
+def check_table(path, key: str, spec: TableSpec) -> tuple[list[str], list[dict]]:
+    columns, rows, where = read_table(path, key)
+    _check_columns(key, path, columns, spec)
+    _check_types(key, path, rows, where, spec)
+    return columns, rows
+
+
+def _files(value) -> list[str]:
+    if not value:
+        return []
+    names = [str(value)] if isinstance(value, str) else [str(v) for v in value]
+    # a built corpus folder (manifest.json, e.g. data=english_large) stands for its files
+    return [str(f) for n in names
+            for f in (corpus_paths([n]) if (Path(n).expanduser() / "manifest.json").is_file() else [n])]
+
+
+STS = TableSpec(("sentence1", "sentence2", "score"), {"score": "float"},
+                "sts.files need columns sentence1, sentence2, score")
+WIC = TableSpec(("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label"),
+                {"start1": "int", "end1": "int", "start2": "int", "end2": "int", "label": "bool"},
+                "wic.files need columns sentence1, sentence2, start1, end1, start2, end2, label")
+
+
+def _sentences(cfg, key: str, minimum: int, why: str) -> None:
+    files = _files(_select(cfg, key))
+    total = 0
+    for f in files:
+        n = sum(1 for x in read_lines(f, key) if x.strip())
+        if n == 0:
+            raise _fail(key, f, "holds only blank lines")
+        total += n
+    cap = _select(cfg, "data.max_sentences")
+    total = min(total, int(cap)) if cap is not None else total
+    if files and total < minimum:
+        raise DataFileError(f"{key}: {', '.join(files)}: {total} sentences are too few: {why}")
+
+
+def _select(cfg, key: str):
+    node = cfg
+    for part in key.split("."):
+        if node is None or not hasattr(node, "get") or part not in node:
+            return None
+        node = node.get(part)
+    return node
+
+
+def _classifier(cfg) -> None:
+    task = _select(cfg, "task")
+    if task is None or task.get("source") != "local" or not task.get("files"):
+        return
+    files = task.get("files")
+    spec = TableSpec((str(task.get("text_field", "text")), str(task.get("label_field", "label"))),
+                     {str(task.get("label_field", "label")): "label"},
+                     "set task.text_field / task.label_field to your columns")
+    by_split = dict(files) if hasattr(files, "items") else {"train": _files(files)}
+    sizes = {s: sum(len(check_table(f, "task.files", spec)[1]) for f in _files(v)) for s, v in by_split.items()}
+    n, frac = sizes.get("train", 0), float(task.get("val_fraction", 0.1))
+    carve = [s for s in ("validation", "test") if s not in sizes]
+    n_out = max(1, int(round(frac * n)))
+    left = n - n_out * len(carve)
+    if carve and left < 1:
+        raise DataFileError(
+            f"task.files: {', '.join(_files(by_split.get('train')))}: {n} training rows leave {left} for training "
+            f"after carving {' and '.join(f'{s} ({n_out})' for s in carve)} out (task.val_fraction={frac:g}); give "
+            "more rows or separate files: task.files={train: a.csv, validation: b.csv, test: c.csv}")
+    for s, k in sizes.items():
+        if k < 1:
+            raise DataFileError(f"task.files: split {s} is empty")
+
+
+def _position(cfg) -> None:
+    fr = _select(cfg, "probe.splits")
+    if fr is None:
+        return
+    fr = [float(x) for x in fr]
+    files = _files(_select(cfg, "data.files"))
+    if not files:
+        return
+    n = sum(1 for f in files for x in read_lines(f, "data.files") if x.strip())
+    cap = _select(cfg, "data.max_sentences")
+    n = min(n, int(cap)) if cap is not None else n
+    tot = sum(fr)
+    n_train, n_val = int(round(fr[0] / tot * n)), int(round(fr[1] / tot * n))
+    if n_train < 1 or n - n_train - n_val < 1:
+        raise DataFileError(f"data.files: {', '.join(files)}: {n} sentences give train/validation/test = "
+                            f"{n_train}/{n_val}/{n - n_train - n_val} with probe.splits={fr}: every split needs "
+                            "at least one sentence; give more sentences or change probe.splits")
+
+
+def _sts(cfg) -> list[str]:
+    notes = []
+    for f in _files(_select(cfg, "sts.files")):
+        _, rows = check_table(f, "sts.files", STS)
+        if len(rows) < 2:
+            raise _fail("sts.files", f, f"{len(rows)} pair: Spearman needs at least 2 (SentEval sets have hundreds)")
+        if len(rows) < FEW_STS_PAIRS:
+            msg = (f"sts.files: {f}: only {len(rows)} pairs — the Spearman ρ is valid but weak (its 95% interval "
+                   f"is wide below {FEW_STS_PAIRS} pairs); it is reported with its pair count")
+            warnings.warn(msg, stacklevel=2)
+            notes.append(msg)
+    return notes
+
+
+def _wic(cfg) -> None:
+    split = _select(cfg, "wic.split")
+    for f in _files(_select(cfg, "wic.files")):
+        columns, rows = check_table(f, "wic.files", WIC)
+        if split and "split" in columns and not any(r.get("split") == split for r in rows):
+            found = sorted({str(r.get("split")) for r in rows})
+            raise _fail("wic.files", f, f"no pair in split {split!r} (wic.split); the file has splits "
+                                        f"{', '.join(found)}")
+
+
+def _encoder(cfg) -> None:
+    name = _select(cfg, "encoder.name_or_path")
+    if name is None:
+        return
+    # lazy: models imports torch, and this module runs before it (start-up checks); no weights are loaded
+    from outlierlab.models.loading import resolve_encoder
+
+    p = Path(str(name)).expanduser()
+    if p.is_dir() and not any(p.iterdir()):
+        raise DataFileError(f"encoder.name_or_path: {name}: the directory is empty (no run, checkpoint or model "
+                            "files); point it at a train.py run dir, a *.ckpt, or a save_pretrained directory")
+    resolve_encoder(str(name))
+
+
+def validate_inputs(cfg, entry: str) -> list[str]:
+    """Check every data file ``cfg`` names for ``entry`` ("train", "probe", "evaluate") before any model loads.
+
+    Returns warnings (valid but weak input) for the report; raises :class:`DataFileError` (one line) otherwise.
+    """
+    if entry == "train":
+        if _select(cfg, "data.source") == "files":
+            _sentences(cfg, "data.files", 1, "")
+        return []
+    if entry == "probe":
+        kind = _select(cfg, "task.kind")
+        if kind == "position":
+            _sentences(cfg, "data.files", 1, "")
+            _position(cfg)
+        else:
+            _classifier(cfg)
+        _encoder(cfg)
+        return []
+    if entry == "evaluate":
+        _sentences(cfg, "data.files", 2, "the geometry analyses need at least 2 (data.max_sentences)")
+        _wic(cfg)
+        notes = _sts(cfg)
+        _encoder(cfg)
+        return notes
+    raise ValueError(f"unknown entry point {entry!r}")

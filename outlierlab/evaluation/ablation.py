@@ -1,0 +1,201 @@
+"""``evaluate.py`` analysis ``ablation``: disable LayerNorm outlier dims, measure masked-LM quality.
+
+Kovaleva et al. (2021), "BERT Busters: Outlier Dimensions that Disrupt Transformers": zeroing the gain and
+bias of a handful of LayerNorm dims that are outliers in many layers (BERT-base: 308 and 381) wrecks the
+masked-LM, while zeroing as many random dims does almost nothing.  This module reproduces their
+"Random vs Outliers" comparison for any encoder with an MLM head:
+
+* **outlier dims** — the model's LayerNorm outlier dims by THE rule,
+  :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers` with the ``ln_rule`` settings (default: each layer's
+  output LayerNorm, gain AND bias outside mean ± 3σ, in more than a quarter of the layers — Kovaleva et
+  al.'s criterion with Puccetti et al.'s layer count), the same dims the training monitor and the outliers
+  analysis flag on the same weights;
+* **disabled** — gain and bias of those dims set to 0 in the norms the rule judged (or
+  ``ablation.layernorms``), by :func:`outlierlab.models.layernorms.zero_layernorm_dims`, which restores the weights after;
+* **controls** — the intact model; the same number of random dims (``n_random`` seeded draws,
+  :func:`outlierlab.analysis.outlier_dims.random_dims`, never including the outlier dims), reported as mean ± std; and
+  the dims the user names (``ablation.dims``);
+* **score** — masked-LM loss, perplexity (exp of the mean loss per masked token) and top-1 accuracy on
+  held-out text.  Evaluation masking is deterministic: 15% of the non-special tokens, seeded per batch,
+  ALL replaced by ``<mask>`` (no 80/10/10 split: at evaluation the random/unchanged replacements only add
+  noise), and the same masked batches are scored under every condition.
+
+The weight surgery (:mod:`outlierlab.models.layernorms`) and the masked-LM scoring (:mod:`outlierlab.evaluation.masked_lm`) are
+plain functions, usable without evaluate.py.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from outlierlab.analysis.layernorm_rule import LayerNormRule
+from outlierlab.analysis.outlier_dims import random_dims
+from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
+from outlierlab.evaluation.masked_lm import fill_mask, masked_batches, mlm_scores, pack_texts
+from outlierlab.evaluation.mlm_loading import LoadedModel, analysis_texts, shared_mlm
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.settings import AblationSettings, load_settings
+from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
+
+TITLE = "## LayerNorm outlier ablation (Kovaleva et al. 2021, BERT Busters)"
+
+
+# ------------------------------------------------------------------------------------------- experiment
+@dataclass
+class AblationOutcome:
+    rows: list[dict]
+    examples: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    n_masked: int = 0
+
+
+ROW_FIELDS = ("condition", "draw", "n_dims", "dims", "layernorms", "loss", "ppl", "top1",
+              "loss_std", "ppl_std", "top1_std", "n_draws", "n_masked")
+COLUMNS = list(ROW_FIELDS)  # evaluate.py writes this header even when the ablation is skipped
+
+
+def _row(condition: str, dims: Sequence, kinds: Sequence[str], scores: Mapping, draw: int | None = None,
+         std: Mapping | None = None, n_draws: int = 1) -> dict:
+    """One CSV row; ``dims`` is a list of dims, or (random) a list of draws written ``a;b|c;d``."""
+    std = std or {}
+    nested = bool(dims) and isinstance(dims[0], (list, tuple))
+    return {"condition": condition, "draw": draw, "n_dims": len(dims[0]) if nested else len(dims),
+            "dims": "|".join(";".join(map(str, ds)) for ds in dims) if nested else ";".join(map(str, dims)),
+            "layernorms": ";".join(kinds), "loss": scores["loss"], "ppl": scores["ppl"], "top1": scores["top1"],
+            "loss_std": std.get("loss"), "ppl_std": std.get("ppl"), "top1_std": std.get("top1"),
+            "n_draws": n_draws, "n_masked": scores["n_masked"]}
+
+
+def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], kinds: Sequence[str] = ("output",),
+                 outlier_dims: Sequence[int] = (), user_dims: Sequence[int] = (), n_random: int = 5, seed: int = 0,
+                 example: str | None = None, top_k: int = 5) -> AblationOutcome:
+    """Score ``batches`` intact, with the outlier dims, random dims and user dims disabled.
+
+    Random control: ``n_random`` draws of ``len(outlier_dims)`` dims avoiding the outlier dims (if no
+    outlier dims are given: ``len(user_dims)`` dims avoiding the user's), from one generator seeded with
+    ``seed``.  Rows: ``intact``, ``outliers``, ``random`` (mean ± sample std over draws), one
+    ``random_draw`` per draw, ``user`` (see :data:`ROW_FIELDS`).
+    """
+    if not loaded.has_mlm_head:
+        raise ValueError(f"{loaded.name} has no masked-LM head: {loaded.no_head_reason}")
+    lns = select_layernorms(loaded.layernorms, kinds)
+    kinds = [str(k) for k in kinds]
+    d = loaded.hidden_size
+    outlier_dims, user_dims = [int(x) for x in outlier_dims], [int(x) for x in user_dims]
+    for name, ds in (("outlier", outlier_dims), ("user", user_dims)):
+        if any(not 0 <= x < d for x in ds):
+            raise ValueError(f"{name} dims {ds} out of range for hidden size {d}")
+
+    def logits(ids, mask):
+        return loaded.forward(ids, mask).logits
+
+    def score(dims: Sequence[int], tag: str) -> dict:
+        with zero_layernorm_dims(lns, dims):
+            s = mlm_scores(logits, batches)
+            if example and tag not in out.examples:
+                out.examples[tag] = fill_mask(loaded, example, top_k)
+        return s
+
+    out = AblationOutcome([])
+    intact = score([], "intact")
+    out.n_masked = intact["n_masked"]
+    out.rows.append(_row("intact", [], kinds, intact))
+    if outlier_dims:
+        out.rows.append(_row("outliers", outlier_dims, kinds, score(outlier_dims, "outliers")))
+    control = outlier_dims or user_dims
+    if control and n_random > 0:
+        gen = torch.Generator().manual_seed(int(seed))
+        draws = [random_dims(d, len(control), exclude=control, generator=gen) for _ in range(n_random)]
+        per = [score(ds, "random") for ds in draws]
+        mean = {k: statistics.fmean(s[k] for s in per) for k in ("loss", "ppl", "top1")}
+        std = {k: statistics.stdev(s[k] for s in per) if len(per) > 1 else 0.0 for k in ("loss", "ppl", "top1")}
+        out.rows.append(_row("random", draws, kinds, {**mean, "n_masked": out.n_masked}, std=std, n_draws=len(per)))
+        out.rows += [_row("random_draw", ds, kinds, s, draw=i) for i, (ds, s) in enumerate(zip(draws, per))]
+    if user_dims:
+        out.rows.append(_row("user", user_dims, kinds, score(user_dims, "user")))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ report
+_LABELS = {"intact": "intact model", "outliers": "outlier dims disabled", "random": "random dims disabled",
+           "user": "chosen dims disabled"}
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    return "inf" if x == math.inf else f"{x:.{digits}f}" if abs(x) < 1e4 else f"{x:.3g}"
+
+
+def ablation_markdown(outcome: AblationOutcome, notes: Sequence[str], example: str | None) -> str:
+    lines = [TITLE, "", "| condition | # dims | dims | MLM loss | perplexity | top-1 acc. |",
+             "|---|---|---|---|---|---|"]
+    for r in outcome.rows:
+        if r["condition"] == "random_draw":
+            continue
+        label = _LABELS[r["condition"]]
+        if r["condition"] == "random":
+            label += f" (mean ± std, {r['n_draws']} draws)"
+        dims = "see CSV" if r["condition"] == "random" else (r["dims"].replace(";", ", ") or "–")
+        vals = [(r["loss"], r["loss_std"]), (r["ppl"], r["ppl_std"]), (r["top1"], r["top1_std"])]
+        cells = [_fmt(v) + ("" if s is None else f" ± {_fmt(s)}") for v, s in vals]
+        lines.append(f"| {label} | {r['n_dims']} | {dims} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"- {n}" for n in notes]
+    if example and outcome.examples:
+        lines += ["", f"Fill in the blank: `{example}` (top-{len(next(iter(outcome.examples.values())))} "
+                  "predictions; random: first draw)", "", "| condition | predictions |", "|---|---|"]
+        for tag, preds in outcome.examples.items():
+            lines.append(f"| {_LABELS[tag]} | " + ", ".join(f"`{t}` {p:.3g}" for t, p in preds) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def check(ctx: EvalContext) -> LayerNormRule:
+    """Settings and files, before any encoding (called by evaluate.py); returns the outlier rule.  The value
+    ranges are checked when the settings are built (:class:`outlierlab.evaluation.settings.AblationSettings`)."""
+    return check_common(ctx, load_settings(AblationSettings, ctx.cfg))
+
+
+@register("ablation")
+def run(ctx: EvalContext) -> AnalysisResult:
+    """Kovaleva et al.'s "Random vs Outliers" MLM comparison (settings: ``configs/ablation/default.yaml``,
+    the outlier rule: ``configs/ln_rule/``)."""
+    s = load_settings(AblationSettings, ctx.cfg)
+    rule = check_common(ctx, s)
+    loaded = shared_mlm(ctx)
+    if not loaded.has_mlm_head:
+        return skip_result("ablation", TITLE, f"{loaded.name}: {loaded.no_head_reason}.")
+    kinds = zeroed_kinds(s, rule)
+    select_layernorms(loaded.layernorms, kinds)  # validate before the slow part
+    det = detect_layernorm_outliers(loaded.layernorms, rule)
+    given = s.outlier_dims
+    outliers = list(given) if given else det.dims
+    user = list(s.dims)
+    texts, what = analysis_texts(ctx, s)
+    max_length = min(s.max_length, loaded.max_length)
+    if s.pack:
+        texts = pack_texts(loaded.tokenizer, texts, max_length)
+    seed = s.seed if s.seed is not None else ctx.seed  # null: the global seed
+    p = s.mlm_probability
+    batches = masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, p, seed)
+    example = s.example
+    out = run_ablation(loaded, batches, kinds, outliers, user, s.n_random, seed, example, s.top_k)
+    notes = [f"Model: {loaded.name}. LayerNorms zeroed (gain and bias): {', '.join(kinds)} "
+             f"({len(select_layernorms(loaded.layernorms, kinds))} LayerNorms).",
+             ("Outlier dims given by ablation.outlier_dims; detected: " if given else "Outlier dims: ")
+             + det.describe() + ".",
+             f"Text: {what}" + (f", packed into {len(texts)} sequences of ≤ {max_length} tokens"
+                                if s.pack else "") + f"; {out.n_masked} masked tokens.",
+             f"Masking: {p:.0%} of non-special tokens -> mask token (no 80/10/10), seed {seed}, identical "
+             "positions in every condition. Random draws never include the outlier dims."]
+    if not outliers:
+        notes.append("No LayerNorm outlier dim was found, so there is no outlier condition"
+                     + (" (random control matches the chosen dims)." if user else "."))
+    by = {r["condition"]: r for r in out.rows}
+    summary = {"outlier_dims": outliers, "layernorm_outlier_dims": det.dims, "intact_ppl": by["intact"]["ppl"],
+               **({"outliers_ppl": by["outliers"]["ppl"]} if "outliers" in by else {}),
+               **({"random_ppl_mean": by["random"]["ppl"]} if "random" in by else {}),
+               **({"user_ppl": by["user"]["ppl"]} if "user" in by else {})}
+    return AnalysisResult("ablation", out.rows, ablation_markdown(out, notes, example), summary=summary)

@@ -1,0 +1,111 @@
+"""The modern outlier metrics in ``evaluate.py``'s streaming pass, for any encoder (ours or Hugging Face).
+
+:class:`ActivationObserver` rides along the first pass of :func:`outlierlab.evaluation.streaming.run_sentence_pass`
+(the pass that already computes Luo et al.'s argmax/argmin shares), so the metrics cost no extra
+encoding:
+
+* :class:`outlierlab.analysis.activations.ActivationAccumulator` on the raw token vectors of every hidden state —
+  activation kurtosis (He et al. 2024) and max/median ratio (He et al. 2024; Sun et al. 2024) over the
+  non-special, non-pad tokens, the largest |x| with its dim and token, the |x|-argmax share;
+* :class:`outlierlab.models.sites.InfNormRecorder` hooks on the encoder's blocks — ‖x‖∞ at the FFN output and
+  around the output LayerNorm (Bondarenko et al. 2023) over the non-pad tokens, special tokens included
+  (their largest BERT activations sit on ``[SEP]``).
+
+:func:`activation_columns` and :func:`activation_section` turn the result into ``outliers.csv`` columns
+and a report section.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor
+
+from outlierlab.analysis.activations import ActivationAccumulator
+from outlierlab.models.sites import SITE_NAMES, InfNormRecorder
+
+__all__ = ["ActivationObserver", "activation_columns", "activation_section", "ACTIVATION_COLUMNS"]
+
+ACTIVATION_COLUMNS = ["kurtosis", "max_median", "max_abs", "max_abs_dim", "max_abs_token", "abs_argmax_dim",
+                      "abs_argmax_share"] + [f"inf_norm_{s}" for s in SITE_NAMES]
+
+
+class ActivationObserver:
+    """Context manager fed every batch of the first streaming pass (``observe(batch)``).
+
+    Parameters
+    ----------
+    encoder : outlierlab.models.loading.FrozenEncoder
+        Its ``model`` gets the inf-norm hooks; its tokenizer maps the max-|x| token id to text.
+    """
+
+    def __init__(self, encoder) -> None:
+        self.encoder = encoder
+        self.acc = ActivationAccumulator(encoder.num_layers + 1, encoder.hidden_size)
+        self.token_ids: dict[int, int] = {}  # running token index -> id, only for the current maxima
+        self.recorder: InfNormRecorder | None = None
+        self.note = ""
+
+    def __enter__(self) -> "ActivationObserver":
+        try:
+            self.recorder = InfNormRecorder(self.encoder.model).__enter__()
+        except ValueError as e:  # an encoder whose blocks we cannot name: the rest still works
+            self.recorder, self.note = None, f"inf-norm sites not recorded: {e}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.recorder is not None:
+            self.recorder.__exit__(*exc)
+
+    def observe(self, hidden: Tensor, valid: Tensor, attention_mask: Tensor, input_ids: Tensor | None) -> None:
+        """One batch: ``hidden`` [L+1, B, T, d], ``valid`` [B, T] (non-special, non-pad), ``attention_mask``
+        [B, T] (non-pad), ``input_ids`` [B, T] (to name the max-|x| token) or None."""
+        offset = self.acc.n_tokens
+        before = self.acc.max_token.clone()
+        self.acc.update(hidden, mask=valid)
+        if input_ids is not None:
+            ids = input_ids.to(valid.device)[valid.bool()]
+            # a layer whose maximum moved to this batch: remember that token's id (indices run across batches)
+            for tok in self.acc.max_token[self.acc.max_token != before].tolist():
+                if tok >= offset:
+                    self.token_ids[tok] = int(ids[tok - offset])
+        if self.recorder is not None:
+            self.recorder.commit(attention_mask.bool())
+
+    def token_text(self, layer: int) -> str:
+        tid = self.token_ids.get(int(self.acc.max_token[layer]))
+        return "" if tid is None else self.encoder.tokenizer.convert_ids_to_tokens(tid)
+
+
+def activation_columns(obs: ActivationObserver) -> list[dict]:
+    """Per hidden-state layer the :data:`ACTIVATION_COLUMNS` values (inf-norms empty for layer 0)."""
+    inf = obs.recorder.result() if obs.recorder is not None else {}
+    out = []
+    for i, s in enumerate(obs.acc.summary()):
+        row = {**s, "max_abs_token": obs.token_text(i)}
+        for site in SITE_NAMES:
+            v = float(inf[site][i]) if site in inf else math.nan
+            row[f"inf_norm_{site}"] = "" if math.isnan(v) else v
+        out.append(row)
+    return out
+
+
+def activation_section(cols: list[dict], note: str = "") -> str:
+    """Markdown: kurtosis, max/median, max |x| (dim, token) and inf-norms per layer."""
+    lines = ["### Activation kurtosis, max/median, inf-norm (He et al. 2024; Sun et al. 2024; Bondarenko et al. 2023)",
+             "Raw vectors, non-special non-pad tokens (inf-norms: all non-pad tokens, special tokens included). "
+             "Kurtosis of the per-dim RMS: 1 = all dims equal, d = one dim holds everything; max/median: mean over "
+             "tokens of max|x| / median|x|.",
+             "",
+             "| layer | kurtosis | max/median | max \\|x\\| (dim, token) | \\|x\\|-argmax dim (share) | "
+             "inf-norm FFN out | LN input | LN output |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, c in enumerate(cols):
+        f = [(f"{c[k]:.3g}" if c[k] != "" else "–") for k in ("inf_norm_ffn_output", "inf_norm_ln_input",
+                                                                  "inf_norm_ln_output")]
+        lines.append(f"| {i} | {c['kurtosis']:.3g} | {c['max_median']:.3g} | {c['max_abs']:.3g} "
+                     f"({c['max_abs_dim']}, `{c['max_abs_token']}`) | {c['abs_argmax_dim']} "
+                     f"({100 * c['abs_argmax_share']:.1f}%) | {' | '.join(f)} |")
+    if note:
+        lines += ["", f"_{note}_"]
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""``evaluate.py`` analysis ``attention_sinks``: attention mass on ``<s>``/``[CLS]`` and ``</s>``/``[SEP]``.
+
+Many BERT heads park most of their attention on the special tokens (Kovaleva et al. 2019, "Revealing the
+Dark Secrets of BERT"; Clark et al. 2019); Kovaleva et al. (2021) and Puccetti et al. (2022) tie this to the
+LayerNorm outlier dims.  Per layer and head we report the attention probability that the sequence's real
+(non-pad) queries put on the first special token (``<s>``/``[CLS]``) and on the separator
+(``</s>``/``[SEP]``), averaged over queries (:func:`outlierlab.analysis.attention.special_token_attention_mass`), for
+the intact model, with the LayerNorm outlier dims disabled (:func:`outlierlab.models.layernorms.zero_layernorm_dims`,
+the same dims and LayerNorms as the ablation), and, as a control, with as many random dims disabled.
+Probabilities come from eager attention (our encoder with ``output_attentions=True``; Hugging Face models
+loaded with ``attn_implementation="eager"``).
+Per layer, the share of *sink heads* — heads whose mean attention on ``<s>`` (``</s>``) exceeds ε = 0.3 — and
+every head's mean attention entropy follow Gu et al. (2025, "When Attention Sink Emerges in Language Models")
+(:func:`outlierlab.analysis.attention.sink_head_share`, :func:`outlierlab.analysis.attention.attention_entropy`).
+Layer numbering: l = 1..L is the attention inside transformer block l (hidden-state layer l).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+import torch
+from torch import Tensor
+
+from outlierlab.analysis.attention import (AttentionEntropyAccumulator, AttentionMassAccumulator,
+                                sink_head_share, special_key_masks)
+from outlierlab.analysis.outlier_dims import random_dims
+from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
+from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
+from outlierlab.evaluation.mlm_loading import analysis_texts, shared_mlm
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.settings import AttentionSinksSettings, load_settings
+
+matplotlib.use("Agg")  # headless: the heatmap is written to a file
+import matplotlib.pyplot as plt  # noqa: E402
+
+TITLE = "## Attention sinks: mass on special tokens (Kovaleva et al. 2019/2021)"
+KEYS = ("bos", "eos", "special")
+
+
+def text_batches(tokenizer, texts: Sequence[str], max_length: int, batch_size: int) -> list[tuple[Tensor, Tensor]]:
+    """``(input_ids, attention_mask)`` padded batches of ``texts`` with special tokens, truncated."""
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token")
+    out = []
+    for i in range(0, len(texts), batch_size):
+        enc = tokenizer(list(texts[i:i + batch_size]), truncation=True, max_length=max_length, padding=True,
+                        return_tensors="pt")
+        out.append((enc["input_ids"], enc["attention_mask"]))
+    return out
+
+
+def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]],
+                batches: Iterable[tuple[Tensor, Tensor]], bos_token_id: int, eos_token_id: int) -> dict[str, Tensor]:
+    r"""Per layer and head, the mean attention mass real queries put on ``<s>``, ``</s>`` and on either.
+
+    .. math:: m_{l,h}^{(s)} = \frac{1}{|Q|}\sum_{(b,q)\in Q}\ \sum_{k:\ x_{b,k}=s} A^{(l)}_{b,h,q,k}
+
+    with Q all non-pad query positions of all batches (special-token queries included) — streamed with
+    :class:`outlierlab.analysis.attention.AttentionMassAccumulator`.
+
+    Parameters
+    ----------
+    forward_attentions : callable ``(input_ids, attention_mask) -> per-layer attention [B, H, T, T]``
+    batches : iterable of ``(input_ids [B, T], attention_mask [B, T])``
+    bos_token_id, eos_token_id : ids of ``<s>``/``[CLS]`` and ``</s>``/``[SEP]``
+
+    Returns
+    -------
+    ``{"bos", "eos", "special"}`` -> Tensor[L, H] float64, and ``"entropy"`` -> Tensor[L, H]: the mean
+    attention entropy (nats) of the same queries (:func:`outlierlab.analysis.attention.attention_entropy`)
+    """
+    accs: dict[str, AttentionMassAccumulator] = {}
+    entropy: AttentionEntropyAccumulator | None = None
+    for ids, mask in batches:
+        attn = torch.stack([a.detach().float().cpu() for a in forward_attentions(ids, mask)])
+        keys = special_key_masks(ids, bos_token_id, eos_token_id, mask)
+        for k in KEYS:
+            accs.setdefault(k, AttentionMassAccumulator(tuple(attn.shape[:1]) + (attn.shape[2],)))
+            accs[k].update(attn, keys[k], query_mask=mask.bool())
+        entropy = entropy or AttentionEntropyAccumulator(tuple(attn.shape[:1]) + (attn.shape[2],))
+        entropy.update(attn, mask.bool())
+    if not accs:
+        raise ValueError("no batch to measure attention on")
+    return {**{k: a.compute() for k, a in accs.items()}, "entropy": entropy.compute()}
+
+
+def sink_rows(by_condition: Mapping[str, Mapping[str, Tensor]], dims: Mapping[str, str] | None = None) -> list[dict]:
+    """CSV rows ``layer`` (1-based), ``head``, ``condition``, ``bos``, ``eos``, ``special``, ``entropy`` (when
+    measured), ``dims`` (``dims``: condition -> the disabled dims as text, e.g. ``"77;588"``)."""
+    rows = []
+    for cond, m in by_condition.items():
+        L, H = m["bos"].shape
+        for l in range(L):
+            for h in range(H):
+                rows.append({"layer": l + 1, "head": h, "condition": cond,
+                             **{k: float(m[k][l, h]) for k in KEYS},
+                             **({"entropy": float(m["entropy"][l, h])} if "entropy" in m else {}),
+                             "dims": (dims or {}).get(cond, "")})
+    return rows
+
+
+def _heatmap(by_condition: Mapping[str, Mapping[str, Tensor]], path: Path, title: str) -> Path:
+    conds = list(by_condition)
+    L, H = by_condition[conds[0]]["bos"].shape
+    panel_w, panel_h = max(3.0, 0.35 * H + 1.2), max(2.5, 0.3 * L + 1.2)
+    fig, axes = plt.subplots(2, len(conds), figsize=(panel_w * len(conds) + 1, 2 * panel_h), squeeze=False,
+                             layout="constrained")
+    for j, cond in enumerate(conds):
+        for i, (key, label) in enumerate((("bos", "<s>/[CLS]"), ("eos", "</s>/[SEP]"))):
+            ax = axes[i, j]
+            im = ax.imshow(by_condition[cond][key].numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
+            ax.set(xlabel="head", ylabel="layer", xticks=range(H), yticks=range(L), yticklabels=range(1, L + 1))
+            ax.set_title(f"{cond}\nmass on {label}", fontsize=9)
+            ax.tick_params(labelsize=7)
+    fig.colorbar(im, ax=axes, shrink=0.6)
+    fig.suptitle(title, fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def check(ctx: EvalContext):
+    """Settings and files, before any encoding (called by evaluate.py); returns the outlier rule."""
+    return check_common(ctx, load_settings(AttentionSinksSettings, ctx.cfg))
+
+
+@register("attention_sinks")
+def run(ctx: EvalContext) -> AnalysisResult:
+    """Attention mass on special tokens, intact vs outlier dims disabled (``configs/attention_sinks/default.yaml``)."""
+    s = load_settings(AttentionSinksSettings, ctx.cfg)
+    rule = check_common(ctx, s)
+    loaded = shared_mlm(ctx)
+    bos, eos = loaded.bos_token_id, loaded.eos_token_id
+    if bos is None or eos is None:
+        return skip_result("attention_sinks", TITLE, f"the tokenizer of {loaded.name} has no <s>/[CLS] or </s>/[SEP].")
+    kinds = zeroed_kinds(s, rule)
+    lns = select_layernorms(loaded.layernorms, kinds)
+    det = detect_layernorm_outliers(loaded.layernorms, rule)  # the one rule (configs/ln_rule)
+    given = s.dims
+    dims = list(given) if given else det.dims
+    texts, what = analysis_texts(ctx, s)
+    max_length = min(s.max_length, loaded.max_length)
+    batches = text_batches(loaded.tokenizer, texts, max_length, s.batch_size)
+
+    def attentions(ids, mask):
+        out = loaded.forward(ids, mask, output_attentions=True).attentions
+        if not out or out[0] is None:
+            raise ValueError(f"{loaded.name} returned no attention probabilities (needs eager attention)")
+        return out
+
+    results = {"intact": sink_masses(attentions, batches, bos, eos)}
+    dims_text = {}
+    n_random = s.n_random
+    if dims:
+        with zero_layernorm_dims(lns, dims):
+            results["outliers_disabled"] = sink_masses(attentions, batches, bos, eos)
+        dims_text["outliers_disabled"] = ";".join(map(str, dims))
+        if n_random > 0:  # control: as many random dims (never the outlier dims), mean over the draws
+            gen = torch.Generator().manual_seed(s.seed if s.seed is not None else ctx.seed)  # null: global
+            draws = [random_dims(loaded.hidden_size, len(dims), exclude=dims, generator=gen) for _ in range(n_random)]
+            per = []
+            for ds in draws:
+                with zero_layernorm_dims(lns, ds):
+                    per.append(sink_masses(attentions, batches, bos, eos))
+            results["random_disabled"] = {k: torch.stack([p[k] for p in per]).mean(0) for k in KEYS + ("entropy",)}
+            dims_text["random_disabled"] = "|".join(";".join(map(str, ds)) for ds in draws)
+    fig = _heatmap(results, Path(ctx.out_dir) / "attention_sinks.png",
+                   f"{loaded.name}: attention mass on special tokens (mean over real queries)")
+
+    conds = list(results)
+    head = "| layer | " + " | ".join(f"{c}: <s> | {c}: </s>" for c in conds) + " |"
+    md = [TITLE, "", "Mean over heads (max head in brackets) of the attention mass real queries put on "
+          f"`<s>`/`[CLS]` and `</s>`/`[SEP]`; {what}.", "", head, "|---" * (1 + 2 * len(conds)) + "|"]
+    L = results["intact"]["bos"].shape[0]
+    for l in range(L):
+        cells = [f"{float(results[c][k][l].mean()):.2f} ({float(results[c][k][l].max()):.2f})"
+                 for c in conds for k in ("bos", "eos")]
+        md.append(f"| {l + 1} | " + " | ".join(cells) + " |")
+    md += ["", f"- Outlier dims: " + (f"given by attention_sinks.dims: {dims}" if given else det.describe())
+           + f"; disabled (gain and bias zeroed) in: {', '.join(kinds)} LayerNorms."
+           + (f" Control `random_disabled`: as many random dims (never the outlier dims), mean over {n_random} "
+              "seeded draw(s) (dims in the CSV)." if dims and n_random > 0 else ""),
+           "", f"![attention mass on special tokens, layers × heads]({fig.name})", ""]
+    if not dims:
+        md.insert(-3, "- No outlier dim to disable: only the intact model is shown.")
+    thr = s.sink_threshold
+    shares = {c: {k: sink_head_share(results[c][k], thr) for k in ("bos", "eos")} for c in conds}
+    md += ["", f"Sink heads (Gu et al. 2025): share of a layer's heads whose mean attention on `<s>` (`</s>`) "
+           f"exceeds {thr:g}, and the mean attention entropy over heads (nats).", "",
+           "| layer | " + " | ".join(f"{c}: <s> sinks | {c}: </s> sinks | {c}: entropy" for c in conds) + " |",
+           "|---" * (1 + 3 * len(conds)) + "|"]
+    for l in range(L):
+        md.append(f"| {l + 1} | " + " | ".join(
+            f"{100 * float(shares[c]['bos'][l]):.0f}% | {100 * float(shares[c]['eos'][l]):.0f}% | "
+            f"{float(results[c]['entropy'][l].mean()):.2f}" for c in conds) + " |")
+    md.append("")
+    summary = {f"special_mass_{c}": float(results[c]["special"].mean()) for c in conds}
+    for c in conds:
+        summary[f"sink_share_bos_{c}"] = [float(v) for v in shares[c]["bos"]]
+        summary[f"sink_share_eos_{c}"] = [float(v) for v in shares[c]["eos"]]
+        summary[f"attn_entropy_{c}"] = [float(v) for v in results[c]["entropy"].mean(-1)]
+    return AnalysisResult("attention_sinks", sink_rows(results, dims_text), "\n".join(md), figures=[fig],
+                          summary=summary)

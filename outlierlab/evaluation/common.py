@@ -1,0 +1,59 @@
+"""Helpers shared by the analyses that disable or correlate LayerNorm outlier dims (ablation, frequency,
+attention sinks) and by the outliers analysis: the ``ln_rule`` config group, read once, and small helpers.
+
+The rule itself is :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers` (Kovaleva et al. 2021; Puccetti et
+al. 2022); the norms come from :func:`outlierlab.models.layernorms.model_layernorms`.  ``evaluate.py`` composes
+``ln_rule`` at the top level (``configs/ln_rule/kovaleva.yaml``), so ``ln_rule=gain`` or
+``ln_rule.criterion=either`` changes every analysis at once — and ``train.py`` passes the same group to
+the LayerNorm monitor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from omegaconf import OmegaConf
+from torch import nn
+
+from outlierlab.analysis.layernorm_rule import LayerNormOutliers, LayerNormRule, layernorm_outliers
+from outlierlab.evaluation.mlm_loading import check_texts
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
+from outlierlab.evaluation.settings import LAYERNORM_KINDS
+from outlierlab.models.layernorms import layernorm_tensors
+
+__all__ = ["skip_result", "ln_rule", "detect_layernorm_outliers", "zeroed_kinds", "check_common"]
+
+
+def skip_result(name: str, title: str, reason: str) -> AnalysisResult:
+    """A one-line 'skipped' section (no rows) instead of a crash."""
+    return AnalysisResult(name, [], f"{title}\n\nSkipped: {reason}\n", summary={"skipped": reason})
+
+
+def ln_rule(ctx: EvalContext) -> LayerNormRule:
+    """The run's :class:`LayerNormRule` from the top-level ``ln_rule`` node (absent: the rule's own default,
+    as for train.py's monitor)."""
+    node = OmegaConf.select(ctx.root_cfg, "ln_rule") if OmegaConf.is_config(ctx.root_cfg) else None
+    return LayerNormRule.from_mapping(None if node is None else OmegaConf.to_container(node, resolve=True))
+
+
+def detect_layernorm_outliers(layernorms: Mapping[str, nn.Module], rule: LayerNormRule) -> LayerNormOutliers:
+    """:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers` on the current weights of ``layernorms``."""
+    return layernorm_outliers(layernorm_tensors(layernorms), rule)
+
+
+def zeroed_kinds(settings, rule: LayerNormRule) -> list[str]:
+    """Where dims are disabled: ``<section>.layernorms`` if set, else the norms the rule judged (frequency
+    disables nothing and has no such key: the rule's norms are checked)."""
+    kinds = getattr(settings, "layernorms", None)
+    return [str(k) for k in (kinds if kinds is not None else rule.layernorms)]
+
+
+def check_common(ctx: EvalContext, settings) -> LayerNormRule:
+    """Validate ``ln_rule``, the LayerNorms ``settings`` (an analysis' typed settings with ``layernorms``,
+    ``files``) disables dims in, and its text files, before any model is loaded."""
+    rule = ln_rule(ctx)
+    kinds = zeroed_kinds(settings, rule)
+    if not kinds or set(kinds) - set(LAYERNORM_KINDS):
+        raise ValueError(f"{settings.SECTION}.layernorms={kinds}: choose from {sorted(LAYERNORM_KINDS)}")
+    check_texts(settings)
+    return rule

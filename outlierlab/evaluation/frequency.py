@@ -1,0 +1,313 @@
+"""``evaluate.py`` analysis ``frequency``: outlier-dim magnitude vs token frequency (Puccetti et al. 2022).
+
+Puccetti et al. (2022), "Outlier Dimensions that Disrupt Transformers Are Driven by Frequency": the value a
+LayerNorm outlier dim takes on a token grows with how often that token occurred in *pretraining*.  Here, per
+token type seen in the evaluation text (non-special tokens only):
+
+* frequency — its count in the model's own pretraining corpus when we can know it (our train.py runs: the
+  run's ``config.yaml``/``.hydra/config.yaml`` names the data; the corpus is re-read with
+  :func:`outlierlab.datamodules.corpus.load_texts` and tokenised with the run's tokenizer, counts cached), otherwise
+  its count in the evaluation text itself (``frequency.counts_from``);
+* value — per layer, the mean MAGNITUDE |h_j| of each outlier dim over the type's occurrences (Puccetti et
+  al. correlate frequency with the outlier dim's magnitude; ``frequency.value=signed`` uses the signed mean
+  instead) (:class:`outlierlab.analysis.frequency.TokenValueAccumulator`) on the hidden states ``evaluate.py`` extracts
+  (streamed from the FrozenEncoder batch by batch; layer 0 = embedding output, layer l = output of block l);
+* Spearman ρ per layer × dim (:func:`outlierlab.analysis.frequency.token_frequency_spearman`), and a scatter plot
+  (log₁₀ frequency vs mean magnitude) of the strongest outlier dim at a middle and the last layer.
+
+Outlier dims: ``frequency.dims`` if given, else the LayerNorm outlier dims by the one rule
+(:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`, ``ln_rule`` settings); if the model has none, the activation outlier
+dims (:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`, Luo et al.'s argmax/argmin share), said in the report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from torch import Tensor
+
+from outlierlab.analysis.frequency import TokenValueAccumulator, token_frequency_spearman
+from outlierlab.analysis.outlier_dims import detect_outlier_dims
+from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
+from outlierlab.datamodules.corpus import corpus_identity, load_texts, load_texts_from_files
+from outlierlab.datamodules.mlm_datamodule import default_cache_dir  # the one definition of the cache root
+from outlierlab.datamodules.tokenizer import tokenizer_fingerprint
+from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, ln_rule
+from outlierlab.evaluation.mlm_loading import analysis_texts
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.settings import FrequencySettings, load_settings
+from outlierlab.models.layernorms import model_layernorms
+
+matplotlib.use("Agg")  # headless: the plots are written to files
+import matplotlib.pyplot as plt  # noqa: E402
+
+TITLE = "## Outlier dims vs token frequency (Puccetti et al. 2022)"
+
+
+# --------------------------------------------------------------------------------------------- counting
+def count_tokens(tokenizer, texts: Sequence[str], vocab_size: int | None = None, batch_size: int = 2000) -> np.ndarray:
+    """Occurrences of every token id in ``texts`` (tokenised without special tokens), int64 [vocab]."""
+    size = int(vocab_size or len(tokenizer))
+    counts = np.zeros(size, dtype=np.int64)
+    for i in range(0, len(texts), batch_size):
+        ids = tokenizer(list(texts[i:i + batch_size]), add_special_tokens=False, verbose=False)["input_ids"]
+        flat = np.fromiter((t for row in ids for t in row), dtype=np.int64)
+        if flat.size:
+            counts += np.bincount(flat, minlength=size)[:size]
+    return counts
+
+
+def find_run_config(source) -> Path | None:
+    """The train.py config of the run an encoder comes from (``config.yaml`` or ``.hydra/config.yaml``
+    in the run directory, found from its ``hf/``/``model/`` export or checkpoint), else None."""
+    if source.kind == "hf" and not Path(source.model).exists():
+        return None
+    p = Path(source.model)
+    for d in [p, *list(p.parents)[:2]]:
+        for cand in (d / "config.yaml", d / ".hydra" / "config.yaml"):
+            if cand.is_file():
+                if OmegaConf.select(OmegaConf.load(cand), "data.source", default=None) is not None:
+                    return cand
+    return None
+
+
+def pretraining_data(source) -> dict | None:
+    """``{source, files, hub, max_documents, config}`` of the run's pretraining data, or None."""
+    cfg_path = find_run_config(source)
+    if cfg_path is None:
+        return None
+    cfg = OmegaConf.load(cfg_path)
+
+    def sel(key):  # only these nodes are resolved: the rest may use Hydra-only resolvers
+        v = OmegaConf.select(cfg, f"data.{key}", default=None)
+        return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+
+    return {"source": sel("source"), "files": sel("files"), "hub": sel("hub"),
+            "max_documents": sel("max_documents"), "config": str(cfg_path)}
+
+
+def _counts_cache() -> Path:
+    return default_cache_dir()
+
+
+def pretraining_counts(source, tokenizer, cache_dir: Path) -> tuple[np.ndarray, str]:
+    """Token counts of the run's pretraining corpus (cached under ``cache_dir/token_counts``).
+
+    Raises
+    ------
+    FileNotFoundError / ValueError / ConnectionError / RuntimeError
+        The run config names data that cannot be read here (the caller falls back, with a note).
+    """
+    data = pretraining_data(source)
+    if data is None:
+        raise FileNotFoundError(f"{source.name} is not a train.py run (no config.yaml naming data.source)")
+    ident = corpus_identity(data["source"], data["files"], data["hub"], data["max_documents"])
+    key = hashlib.sha256(json.dumps([ident, tokenizer_fingerprint(tokenizer), len(tokenizer)]).encode()).hexdigest()
+    path = cache_dir / "token_counts" / f"{key[:24]}.npy"
+    what = f"the run's pretraining corpus (data.source={data['source']}, from {data['config']})"
+    if path.is_file():
+        return np.load(path), what
+    texts = load_texts(data["source"], data["files"], data["hub"], data["max_documents"])
+    counts = count_tokens(tokenizer, texts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.npy")
+    np.save(tmp, counts)
+    os.replace(tmp, path)
+    return counts, what
+
+
+# --------------------------------------------------------------------------------------------- pipeline
+@dataclass
+class FrequencyTable:
+    """Per seen token type: id, occurrences in the evaluated text, frequency, mean outlier values; and ρ."""
+
+    type_ids: np.ndarray  # [V_seen]
+    occurrences: np.ndarray  # [V_seen]
+    freqs: np.ndarray  # [V_seen] frequency used for the correlation
+    means: Tensor  # [L, V_seen, n_dims] float64
+    rho: Tensor  # [L, n_dims] float64 (NaN where undefined)
+    dims: list[int]
+
+
+def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dims: Sequence[int],
+                       freq_counts: np.ndarray, min_occurrences: int = 1, magnitude: bool = True) -> FrequencyTable:
+    """Per-type mean of each outlier dim, its frequency, and Spearman ρ per layer × dim (Puccetti et al. 2022).
+
+    With ``magnitude`` (default) the per-type value is the mean of |h_j| — the outlier dim's magnitude,
+    which Puccetti et al. correlate with frequency: an outlier dim that is large and negative on frequent
+    tokens then correlates positively, as it should; otherwise the signed mean.
+
+    Parameters
+    ----------
+    chunks : iterable of ``(token_ids [n], values Tensor[L, n, d])``
+        The tokens to analyse (the caller leaves out special and pad tokens) and their hidden states,
+        streamed batch by batch.
+    dims : the outlier dims (indices into d)
+    freq_counts : int array [vocab]
+        Frequency of every token id (pretraining corpus or evaluated text); defines the id space.
+    min_occurrences : int
+        Types seen fewer times in the analysed tokens are left out (noisy means).
+    """
+    dims = [int(d) for d in dims]
+    if not dims:
+        raise ValueError("no dims to correlate with frequency")
+    freq_counts = np.asarray(freq_counts)
+    acc = None
+    for ids, values in chunks:
+        if acc is None:  # float64 sums over the vocabulary, only for the chosen dims
+            acc = TokenValueAccumulator(len(freq_counts), values.shape[0], len(dims))
+        picked = values[..., dims].cpu()
+        acc.update(torch.as_tensor(np.asarray(ids), dtype=torch.long), picked.abs() if magnitude else picked)
+    if acc is None or int(acc.counts.sum()) == 0:
+        raise ValueError("no token to analyse (empty text?)")
+    seen, occ, means = acc.result(min_occurrences)
+    type_ids = seen.numpy()
+    freqs = freq_counts[type_ids]
+    rho = token_frequency_spearman(torch.from_numpy(freqs.astype(np.float64)), means)
+    return FrequencyTable(type_ids, occ.numpy(), freqs, means, rho, dims)
+
+
+def _valid_chunks(encoder, tokenized) -> Iterable[tuple[Tensor, Tensor]]:
+    """``(token ids, hidden [L+1, n, d])`` of the non-special, non-pad tokens, one encoder batch at a time."""
+    for b in encoder.batches(tokenized, sort_by_length=True):
+        valid = valid_token_mask(b.attention_mask, b.special_tokens_mask).to(b.hidden.device)
+        yield b.input_ids[valid.cpu()], b.hidden[:, valid]
+
+
+def _activation_stats(encoder, tokenized) -> dict[str, Tensor]:
+    """Luo et al.'s per-layer statistics (one extra encoder pass; only when no LayerNorm outlier exists)."""
+    acc = OutlierAccumulator(encoder.num_layers + 1, encoder.hidden_size)
+    for _, h in _valid_chunks(encoder, tokenized):
+        acc.update(h.cpu())
+    return acc.stats()
+
+
+def choose_dims(ctx, s: FrequencySettings, stats_fn) -> tuple[list[int], str, str]:
+    """(dims, tag, description): user dims, LayerNorm outlier dims, else activation outlier dims."""
+    max_dims = s.max_dims
+    if s.dims:
+        return list(s.dims), "user", "given by frequency.dims"
+    det = detect_layernorm_outliers(model_layernorms(ctx.encoder.model), ln_rule(ctx))
+    if det.dims:
+        return det.dims[:max_dims], "layernorm", "LayerNorm outliers: " + det.describe()
+    share = s.share_threshold
+    stats = stats_fn()
+    per_layer = detect_outlier_dims(stats, method="share", threshold=share)
+    score = torch.maximum(stats["argmax_share"], stats["argmin_share"]).max(0).values
+    dims = sorted({d for ds in per_layer for d in ds}, key=lambda d: -float(score[d]))
+    if dims:
+        why = (f"no LayerNorm outlier dim ({det.describe()}); activation outliers instead "
+               f"(argmax/argmin share ≥ {share:g} in some layer, Luo et al. 2021)")
+        return dims[:max_dims], "activation", why
+    top = stats["mean"].abs().max(0).values.argsort(descending=True)[:max_dims].tolist()
+    why = (f"no LayerNorm or activation outlier dim; the {len(top)} dims with the largest |mean activation| "
+           "instead (no outlier structure: read ρ with care)")
+    return top, "top_mean", why
+
+
+def _scatter(table: FrequencyTable, layers: Sequence[int], strongest: dict[int, int], path: Path, what: str,
+             title: str) -> Path:
+    fig, axes = plt.subplots(1, len(layers), figsize=(5 * len(layers), 4), squeeze=False)
+    keep = table.freqs > 0
+    x = np.log10(table.freqs[keep])
+    for ax, layer in zip(axes[0], layers):
+        j = table.dims.index(strongest[layer])
+        y = table.means[layer, keep, j].numpy()
+        ax.scatter(x, y, s=6, alpha=0.4)
+        ax.set(xlabel="log10 token frequency", ylabel=f"{what} of dim {strongest[layer]}",
+               title=f"layer {layer}, dim {strongest[layer]}: ρ = {float(table.rho[layer, j]):.2f}")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def check(ctx: EvalContext) -> FrequencySettings:
+    """Settings and files, before any encoding (called by evaluate.py); the value checks (``counts_from``,
+    ``value``, ...) run when the settings are built (:class:`outlierlab.evaluation.settings.FrequencySettings`)."""
+    s = load_settings(FrequencySettings, ctx.cfg)
+    if s.counts_from == "files":
+        for f in s.count_files:
+            if not Path(str(f)).expanduser().is_file():
+                raise FileNotFoundError(f"frequency.count_files: file not found: {f}")
+    check_common(ctx, s)
+    return s
+
+
+def frequency_counts(ctx, s: FrequencySettings, tokenized, vocab: int) -> tuple[np.ndarray, str]:
+    """Frequency of every token id [vocab] and where it was counted (``frequency.counts_from``)."""
+    enc, mode = ctx.encoder, s.counts_from
+    note = ""
+    if mode == "pretraining" or (mode == "auto" and enc.source.kind != "hf"):  # HF models: corpus unknown
+        try:
+            counts, what = pretraining_counts(enc.source, enc.tokenizer, _counts_cache())
+            return np.pad(counts, (0, max(0, vocab - len(counts)))), what
+        except (OSError, ValueError, RuntimeError) as e:
+            if mode == "pretraining":
+                raise
+            note = f"pretraining corpus not available ({(str(e).splitlines() or [''])[0][:160]}); "
+    if mode == "files":
+        files = list(s.count_files)
+        return count_tokens(enc.tokenizer, load_texts_from_files(files), vocab), f"files {files}"
+    ids = [t for row, sp in zip(tokenized.input_ids, tokenized.special_tokens_mask) for t, s in zip(row, sp) if not s]
+    why = "" if mode == "eval" else (" — NOT the pretraining frequency Puccetti et al. use: this model's pretraining "
+                                     "corpus is not known here (a hub/local model, not a train.py run)")
+    return np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab), note + f"the evaluated text itself{why}"
+
+
+@register("frequency")
+def run(ctx: EvalContext) -> AnalysisResult:
+    """Puccetti et al.'s frequency analysis (settings: ``configs/frequency/default.yaml``)."""
+    s = check(ctx)
+    enc = ctx.encoder
+    texts, what = analysis_texts(ctx, s)
+    tokenized = enc.tokenize(texts)
+    dims, dim_tag, dims_from = choose_dims(ctx, s, lambda: _activation_stats(enc, tokenized))
+    if any(not 0 <= d < enc.hidden_size for d in dims):
+        raise ValueError(f"frequency.dims {dims} outside 0..{enc.hidden_size - 1}")
+    vocab = max([len(enc.tokenizer)] + [max(r) + 1 for r in tokenized.input_ids if r])
+    counts, counts_from = frequency_counts(ctx, s, tokenized, vocab)
+    min_occ, value = s.min_occurrences, s.value
+    what_value = "mean magnitude |h|" if value == "magnitude" else "mean signed value"
+    table = frequency_spearman(_valid_chunks(enc, tokenized), dims, counts, min_occ, magnitude=value == "magnitude")
+
+    L = table.rho.shape[0]
+    w = torch.from_numpy(table.occurrences.astype(np.float64))
+    mean = torch.einsum("lvj,v->lj", table.means, w) / w.sum()  # token-weighted mean value per layer and dim
+    rows = [{"layer": l, "dim": d, "spearman": float(table.rho[l, j]), "value": value,
+             "mean_value": float(mean[l, j]), "n_types": len(table.type_ids), "counts_from": counts_from,
+             "dim_source": dim_tag}
+            for l in range(L) for j, d in enumerate(dims)]
+    plot_layers = list(s.plot_layers) if s.plot_layers is not None else [L // 2, L - 1]  # null: middle, last
+    if any(not 0 <= x < L for x in plot_layers):
+        raise ValueError(f"frequency.plot_layers {plot_layers} outside 0..{L - 1}")
+    strongest = {l: dims[int(mean[l].abs().argmax())] for l in plot_layers}
+    fig = _scatter(table, plot_layers, strongest, Path(ctx.out_dir) / "frequency_scatter.png", what_value,
+                   f"{enc.source.name}: frequency from {counts_from[:90]}")
+
+    def rho(l, j):
+        r = float(table.rho[l, j])
+        return "n/a" if r != r else f"{r:+.2f}"
+
+    md = [TITLE, "", f"Spearman ρ between a token type's frequency and its {what_value} on each outlier dim, "
+          f"per layer: {len(table.type_ids)} token types seen ≥ {min_occ}× in {what} (special tokens "
+          "excluded); layer 0 = embedding output. n/a: the dim is constant there.", "",
+          "| layer | " + " | ".join(f"dim {d}" for d in dims) + " |", "|---" * (len(dims) + 1) + "|"]
+    md += [f"| {l} | " + " | ".join(rho(l, j) for j in range(len(dims))) + " |" for l in range(L)]
+    md += ["", f"- Dims: {dims_from}.", f"- Frequencies counted on {counts_from}.",
+           f"- Types never seen in that corpus: {int((table.freqs == 0).sum())} (kept for ρ, left out of the "
+           "log-scale plot).", "", f"![frequency vs outlier value]({fig.name})", ""]
+    last = plot_layers[-1]
+    summary = {"dims": dims, "counts_from": counts_from,
+               f"rho_layer{last}_dim{strongest[last]}": float(table.rho[last, dims.index(strongest[last])])}
+    return AnalysisResult("frequency", rows, "\n".join(md), figures=[fig], summary=summary)

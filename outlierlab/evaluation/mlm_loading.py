@@ -1,0 +1,224 @@
+"""Load an encoder WITH its masked-LM head (and eager attention) for the BERT Busters / Puccetti analyses.
+
+``evaluate.py``'s :class:`~outlierlab.models.loading.FrozenEncoder` loads ``AutoModel`` (no MLM head, SDPA
+attention).  The ablation needs the MLM head (Kovaleva et al. 2021 score masked-LM loss with LayerNorm dims
+disabled) and the attention-sink analysis needs attention *probabilities*, which only eager attention returns.
+:func:`load_mlm` gives both behind one small wrapper, :class:`LoadedModel`:
+
+* our models (a train.py run, its ``hf/``/``model/`` export, a ``*.ckpt``): the FrozenEncoder's own
+  :class:`~models.RobertaMaskedLM` is reused (it has the head; ``output_attentions=True``
+  takes its eager path), so nothing is loaded twice;
+* Hugging Face models: ``AutoModelForMaskedLM.from_pretrained(..., attn_implementation="eager")``.  When the
+  checkpoint has no MLM-head weights (e.g. the bundled all-MiniLM-L6-v2 sentence model, a ``BertModel``), the
+  randomly initialised head is NOT used: ``has_mlm_head`` is False with a one-line reason, and the encoder
+  body (correctly loaded) still serves the attention and LayerNorm analyses.
+
+LayerNorms get the keys of :meth:`RobertaMaskedLM.named_layernorms`: ``embeddings``,
+``layer.{i}.attention_output``, ``layer.{i}.output`` (i 0-based), for BERT/RoBERTa-style and DistilBERT names.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from outlierlab.evaluation.settings import DataSettings, section_settings
+from outlierlab.datamodules.corpus import load_texts_from_files
+from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.models.layernorms import model_layernorms
+from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder
+
+
+def layernorm_map(model: nn.Module) -> dict[str, nn.Module]:
+    """The model's norms by canonical key, the MLM head's included as ``head`` (judged or zeroed only when
+    asked): :func:`outlierlab.models.layernorms.model_layernorms`, the one list of a model's LayerNorms."""
+    return model_layernorms(model, include_head=True)
+
+
+@dataclass
+class ModelOutputs:
+    logits: Tensor | None
+    hidden_states: tuple[Tensor, ...] | None
+    attentions: tuple[Tensor, ...] | None
+
+
+@dataclass
+class LoadedModel:
+    """An encoder ready for the MLM / attention analyses (see the module docstring).
+
+    model : the module whose forward is called (MLM model, or the encoder body when there is no head)
+    tokenizer : its tokenizer
+    layernorms : key -> nn.LayerNorm (see :func:`layernorm_map`)
+    kind : "outlierlab" (our RobertaMaskedLM) or "hf"
+    has_mlm_head : False when the checkpoint holds no MLM-head weights; ``no_head_reason`` says why
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    layernorms: dict[str, nn.LayerNorm]
+    kind: str
+    name: str
+    has_mlm_head: bool
+    no_head_reason: str = ""
+    max_length: int = 512
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def hidden_size(self) -> int:
+        config = getattr(self.model, "config", None)  # norms may lack a weight (no-affine) or be absent
+        size = getattr(config, "hidden_size", None) or getattr(config, "dim", None)
+        return int(size) if size else int(next(iter(self.layernorms.values())).normalized_shape[-1])
+
+    @property
+    def num_layers(self) -> int:
+        return sum(k.endswith(".output") for k in self.layernorms)
+
+    @property
+    def bos_token_id(self) -> int:
+        """``<s>`` / ``[CLS]``: the first special token of every sequence."""
+        t = self.tokenizer
+        return t.cls_token_id if t.cls_token_id is not None else t.bos_token_id
+
+    @property
+    def eos_token_id(self) -> int:
+        """``</s>`` / ``[SEP]``."""
+        t = self.tokenizer
+        return t.sep_token_id if t.sep_token_id is not None else t.eos_token_id
+
+    @torch.inference_mode()
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> ModelOutputs:
+        """One forward pass; ``logits`` is None without an MLM head; attentions are eager probabilities."""
+        dev = self.device
+        input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
+        if self.kind == "outlierlab":
+            out = self.model(input_ids, attention_mask, output_hidden_states=output_hidden_states,
+                             output_attentions=output_attentions)
+        else:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=output_attentions,
+                             output_hidden_states=output_hidden_states, return_dict=True)
+        return ModelOutputs(getattr(out, "logits", None) if self.has_mlm_head else None,
+                            getattr(out, "hidden_states", None), getattr(out, "attentions", None))
+
+
+def _quiet_hf():
+    from transformers.utils import logging as hf_logging  # lazy: transformers reads the offline flag at import
+
+    state = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    return state
+
+
+def _restore_hf(state) -> None:
+    from transformers.utils import logging as hf_logging  # lazy: transformers reads the offline flag at import
+
+    hf_logging.set_verbosity(state[0])
+    if state[1]:
+        hf_logging.enable_progress_bar()
+
+
+def _load_hf(source, device: torch.device) -> tuple[nn.Module, bool, str]:
+    """(model, has_mlm_head, reason) for a Hugging Face model directory / cached hub id, eager attention."""
+    from transformers import AutoModel, AutoModelForMaskedLM  # lazy: after the entry point set the offline flag
+
+    if source.local_files_only:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    kw = dict(local_files_only=source.local_files_only, attn_implementation="eager")
+    state = _quiet_hf()
+    try:
+        try:
+            model, info = AutoModelForMaskedLM.from_pretrained(source.model, output_loading_info=True, **kw)
+        except ValueError as e:  # this architecture has no *ForMaskedLM class at all
+            model = AutoModel.from_pretrained(source.model, **kw)
+            return model.float().to(device).eval(), False, f"{type(model).__name__} has no masked-LM class ({e})"[:200]
+        prefix = getattr(model, "base_model_prefix", "") + "."
+        head_missing = sorted(k for k in info["missing_keys"] if not k.startswith(prefix))
+        model = model.float().to(device).eval()
+        if head_missing:
+            reason = (f"the checkpoint has no masked-LM head weights ({len(head_missing)} missing, e.g. "
+                      f"{head_missing[0]}); it is an encoder-only model")
+            return model.base_model, False, reason
+        return model, True, ""
+    except OSError as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise EncoderUnavailableError(f"cannot load {source.name} with its MLM head: {first}") from None
+    finally:
+        _restore_hf(state)
+
+
+def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
+    """Load ``encoder`` (a FrozenEncoder, or an ``encoder.name_or_path`` string) with its MLM head.
+
+    Parameters
+    ----------
+    encoder : outlierlab.models.loading.FrozenEncoder or str
+        A FrozenEncoder of our own model is reused as is (same weights object).
+    device : optional
+        Default: the FrozenEncoder's device, else CPU.
+
+    Returns
+    -------
+    LoadedModel
+        ``has_mlm_head`` False (with ``no_head_reason``) for encoder-only checkpoints.
+    """
+    if isinstance(encoder, (str, os.PathLike)):
+        encoder = FrozenEncoder(str(encoder), device=str(device) if device is not None else "cpu")
+    dev = torch.device(device) if device is not None else encoder.device
+    src = encoder.source
+    if src.kind == "hf":
+        model, has_head, reason = _load_hf(src, dev)
+        kind = "hf"
+    else:  # our RobertaMaskedLM (export dir or checkpoint): the FrozenEncoder's model has the head already
+        model, has_head, reason, kind = encoder.model, True, "", "outlierlab"
+    model.requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=encoder.tokenizer, layernorms=layernorm_map(model), kind=kind,
+                       name=src.name, has_mlm_head=has_head, no_head_reason=reason,
+                       max_length=int(encoder.max_length))
+
+
+def shared_mlm(ctx) -> LoadedModel:
+    """:func:`load_mlm` of ``ctx.encoder``, loaded once per evaluate.py run (kept in ``ctx.shared.mlm``)."""
+    if ctx.shared.mlm is None:
+        ctx.shared.mlm = load_mlm(ctx.encoder)
+    return ctx.shared.mlm
+
+
+# ------------------------------------------------------------------------------------------------ text
+def check_texts(settings) -> None:
+    """The analysis' own ``files`` (``settings.files``) exist (before any encoding); its ``max_sentences``
+    was range-checked when the settings were built."""
+    for f in settings.files or ():
+        if not Path(str(f)).expanduser().is_file():
+            raise FileNotFoundError(f"files: file not found: {f}")
+
+
+def analysis_texts(ctx, settings) -> tuple[list[str], str]:
+    """Held-out texts for an analysis and a short description of where they come from.
+
+    Looked up in order: the analysis' own ``files`` / ``max_sentences`` (``settings``, its typed section),
+    then the evaluate config's ``data.files`` / ``data.max_sentences``; no files -> the shipped *Persuasion*
+    sentences (:func:`outlierlab.datamodules.eval_data.load_sentences`; not in our pretraining corpus).  The FIRST
+    ``max_sentences`` texts are used, so two analyses with the same limit see the same texts.
+    """
+    data = section_settings(DataSettings, ctx.root_cfg)
+    files = settings.files if settings.files is not None else data.files
+    limit = settings.max_sentences if settings.max_sentences is not None else data.max_sentences
+    if files:
+        files = list(files)
+        texts, what = load_texts_from_files(files), f"{len(files)} file(s): " + ", ".join(map(str, files))
+    else:
+        texts, what = load_sentences(), "held-out sentences (Austen, Persuasion)"
+    if limit is not None:
+        texts = texts[:limit]
+    if not texts:
+        raise ValueError("no evaluation texts: set data.files or max_sentences > 0")
+    return texts, f"{len(texts)} texts from {what}"

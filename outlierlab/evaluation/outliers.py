@@ -1,0 +1,205 @@
+"""Outlier dimensions of every layer (Luo, Kulmizev & Mao 2021 §2) and of the weights that feed them:
+the position-embedding table (Luo §3, Figs. 3–4) and every LayerNorm (Kovaleva et al. 2021; Puccetti et al. 2022).
+
+Activations: per layer the average token vector (non-special, non-pad tokens; Figs. 1–2), the share of
+tokens whose argmax/argmin falls on each of the top dims, and the outlier dims by
+:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` — for every transform (after whitening the coordinates are
+principal directions, not neurons: compare those rows with care).  Weights: the mean position vector and
+its 3σ dims (learned absolute tables only: any parameter named ``*embeddings.position_embeddings.weight``),
+and :func:`outlierlab.analysis.layernorm.layernorm_stats` of every ``nn.LayerNorm`` found in the model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from outlierlab.analysis.layernorm import LAYERNORM_ROW_FIELDS, layernorm_stats, sigma_outlier_dims
+from outlierlab.analysis.layernorm_rule import layernorm_outliers
+from outlierlab.evaluation.common import ln_rule
+from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
+from outlierlab.analysis.outlier_dims import detect_outlier_dims, position_row_stats
+from outlierlab.evaluation.activation_pass import ACTIVATION_COLUMNS, activation_columns, activation_section
+from outlierlab.reports import monitor_plots
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.reports.evaluation_report import md_table, plot_vectors, write_csv
+from outlierlab.evaluation.settings import OutliersSettings, load_settings
+from outlierlab.evaluation.streaming import sentence_stats
+
+COLUMNS = ["layer", "transform", "n_tokens", "n_outlier_dims", "outlier_dims", "argmax_dim", "argmax_share",
+           "argmin_dim", "argmin_share", "top_dims", "top_mean_values", "top_argmax_share", "top_argmin_share",
+           "mean_norm"] + ACTIVATION_COLUMNS  # activation columns: raw vectors (transform none) only
+POSITION_SUFFIX = "embeddings.position_embeddings.weight"
+
+
+def position_table(model: nn.Module) -> tuple[str, torch.Tensor] | None:
+    """``(name, rows actually used)`` of a learned absolute position table, or None.
+
+    RoBERTa-style tables (an ``nn.Embedding`` with ``padding_idx``) never use rows ``0..padding_idx``
+    (positions start at ``padding_idx + 1``), so those rows are dropped.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and f"{name}.weight".endswith(POSITION_SUFFIX):
+            w = module.weight.detach().float().cpu()
+            pad = module.padding_idx
+            return f"{name}.weight", (w[pad + 1:] if pad is not None and pad >= 0 else w)
+    return None
+
+
+def position_outliers(model: nn.Module, k: float = 3.0, top_k: int = 5) -> dict | None:
+    """Mean position vector (over the table's rows) and its dims outside mean ± kσ (Luo et al. Figs. 3–4)."""
+    found = position_table(model)
+    if found is None:
+        return None
+    name, table = found
+    mean = table.to(torch.float64).mean(0)
+    dims = sigma_outlier_dims(mean, k)
+    return {"name": name, "rows": int(table.shape[0]), "mean": mean, "sigma_dims": dims,
+            "sigma_values": [float(mean[i]) for i in dims], "top_abs_dims": mean.abs().topk(top_k).indices.tolist(),
+            "table": table, "by_row": position_row_stats(table, k)}
+
+
+def _position_rows_section(pos: dict, out, k: float) -> tuple[str, object]:
+    """Luo et al. Figs. 3–4 row by row: per-row argmax/argmin dims and kσ dims; ``position_rows.csv`` and a plot."""
+    st = pos["by_row"]
+    per_row = [{"row": r, "argmax_dim": int(st["argmax"][r]), "argmin_dim": int(st["argmin"][r]),
+                "sigma_dims": ";".join(map(str, st["sigma_mask"][r].nonzero().flatten().tolist()))}
+               for r in range(st["rows"])]
+    write_csv(out / "position_rows.csv", per_row, ["row", "argmax_dim", "argmin_dim", "sigma_dims"])
+    img = monitor_plots.render(monitor_plots.position_rows_figure(pos["table"].numpy(), st, pos["name"]))
+    monitor_plots.save_png(img, out / "position_rows.png")
+    shares = ", ".join(f"{d} ({100 * float(st['sigma_row_share'][d]):.1f}%)" for d in st["sigma_dims"]) or "none"
+    text = (f"Row by row ({st['rows']} rows; Luo et al. find dim 588 the argmax of 99.8% of RoBERTa-base's "
+            f"position embeddings): dim {st['argmax_dim']} is the argmax of {100 * st['argmax_share']:.1f}% of the "
+            f"rows, dim {st['argmin_dim']} the argmin of {100 * st['argmin_share']:.1f}%. Dims outside their row's "
+            f"mean ± {k:g}σ in at least half the rows: {shares}. Per row: `position_rows.csv`.\n\n"
+            "![position embeddings row by row](position_rows.png)")
+    return text, out / "position_rows.png"
+
+
+def _rows(st, transforms, s: OutliersSettings) -> tuple[list[dict], dict[str, list[list[int]]]]:
+    top_k, method, thr, k = s.top_k, s.method, s.threshold, s.k
+    rows, detected = [], {}
+    for t in transforms:
+        acc = st.outliers.get(t)
+        if acc is None or acc.count == 0:
+            continue
+        dims = detect_outlier_dims(acc, method, thr, k)
+        detected[t] = dims
+        mean, smax, smin = acc.mean(), acc.argmax_share(), acc.argmin_share()
+        for s in acc.summary(top_k):
+            layer, top = s["layer"], s["top_dims"]
+            rows.append({
+                "layer": layer, "transform": t, "n_tokens": s["n_tokens"], "n_outlier_dims": len(dims[layer]),
+                "outlier_dims": ";".join(map(str, dims[layer])),
+                "argmax_dim": s["argmax_dim"], "argmax_share": s["argmax_share"],
+                "argmin_dim": s["argmin_dim"], "argmin_share": s["argmin_share"],
+                "top_dims": ";".join(map(str, top)),
+                "top_mean_values": ";".join(f"{v:.4g}" for v in s["top_values"]),
+                "top_argmax_share": ";".join(f"{float(smax[layer, i]):.4f}" for i in top),
+                "top_argmin_share": ";".join(f"{float(smin[layer, i]):.4f}" for i in top),
+                "mean_norm": float(mean[layer].norm()),
+            })
+    return rows, detected
+
+
+def sentences_about(rows: list[dict], min_share: float = 0.25) -> list[str]:
+    """'dim 588 holds the max of 99.8% of tokens at layer 3' for every layer/direction above ``min_share``."""
+    out = []
+    for r in rows:
+        for what, key in (("max", "argmax"), ("min", "argmin")):
+            if r[f"{key}_share"] >= min_share:
+                out.append(f"dim {r[f'{key}_dim']} holds the {what} of {100 * r[f'{key}_share']:.1f}% of tokens "
+                           f"at layer {r['layer']}")
+    return out
+
+
+@register("outliers")
+def run(ctx: EvalContext) -> AnalysisResult:
+    s = load_settings(OutliersSettings, ctx.cfg)
+    st = sentence_stats(ctx)
+    rows, detected = _rows(st, ctx.transforms, s)
+    out, figures, md = ctx.out_dir, [], ["## Outlier dimensions (Luo et al. 2021 §2)"]
+    thr = s.threshold
+    n_tok = st.outliers["none"].count
+    md.append(f"{st.n_sentences} sentences ({st.settings.get('source', '')}), {n_tok} non-special tokens; "
+              f"layer 0 = embedding output. Outlier rule: `{s.method}` "
+              f"(share ≥ {thr:g} of tokens with their argmax/argmin on the dim; "
+              "outlierlab.analysis.outlier_dims.detect_outlier_dims).")
+    none_rows = [r for r in rows if r["transform"] == "none"]
+    said = sentences_about(none_rows, thr)
+    none_said = f"no dim holds the max or min of ≥ {100 * thr:g}% of tokens in any layer."
+    md.append("**Dominant dimensions (raw vectors):** " + ("; ".join(said) + "." if said else none_said))
+    acc_none = st.outliers["none"]
+    pooled = ({w: acc_none.pooled_share(w) for w in ("argmin", "argmax")}
+              if acc_none.count and acc_none.num_layers > 1 else {})
+    if pooled:
+        md.append("**Pooled over all non-input layers (Luo et al. §2: dim 557 holds the minimum of 96.60% of all "
+                  "token vectors of BERT-base's layers 1–12):** " + "; ".join(
+                      f"dim {d} holds the {w[3:]} of {100 * v:.2f}%" for w, (d, v) in pooled.items()) + ".")
+    tabrows = [[r["layer"], r["transform"], r["outlier_dims"] or "–", r["argmax_dim"], 100 * r["argmax_share"],
+                r["argmin_dim"], 100 * r["argmin_share"], r["top_dims"].replace(";", ", ")] for r in rows]
+    md.append(md_table(["layer", "transform", "outlier dims", "argmax dim", "argmax %", "argmin dim", "argmin %",
+                        "top dims by |mean|"], tabrows, 1))
+    if "whiten" in detected:
+        md.append("_After whitening the coordinates are principal directions of the fitted covariance, not neurons._")
+    if "none" in st.outliers and st.outliers["none"].count:
+        mean = st.outliers["none"].mean()
+        figures.append(plot_vectors(out / "outliers_mean_vectors.png", mean.tolist(),
+                                    [f"layer {i}" for i in range(mean.shape[0])],
+                                    [mean[i].abs().topk(3).indices.tolist() for i in range(mean.shape[0])],
+                                    "average token vector per layer (Luo et al. Figs. 1–2)"))
+        md.append("![average token vectors](outliers_mean_vectors.png)")
+    summary = {"outlier_dims": detected, "dominant": said,
+               "pooled": {w: {"dim": d, "share": v} for w, (d, v) in pooled.items()}}
+    if st.activations is not None and acc_none.count:
+        cols = activation_columns(st.activations)
+        for r in rows:
+            r.update(cols[r["layer"]] if r["transform"] == "none" else {c: "" for c in ACTIVATION_COLUMNS})
+        md.append(activation_section(cols, st.activations.note))
+        summary["kurtosis"] = [c["kurtosis"] for c in cols]
+        summary["max_median"] = [c["max_median"] for c in cols]
+
+    model = ctx.encoder.model
+    pos = position_outliers(model, s.position_k)
+    md.append("### Position embeddings (Luo et al. §3, Figs. 3–4)")
+    if pos is None:
+        md.append("No learned absolute position table (`*embeddings.position_embeddings.weight`) in this encoder "
+                  "(relative / rotary / ALiBi / sinusoidal / no positions): nothing to report.")
+    else:
+        vals = ", ".join(f"{d} ({v:+.3g})" for d, v in zip(pos["sigma_dims"], pos["sigma_values"]))
+        md.append(f"`{pos['name']}`: mean over its {pos['rows']} used rows; dims outside mean ± "
+                  f"{s.position_k:g}σ: {vals or 'none'}. Largest |mean|: "
+                  f"{', '.join(map(str, pos['top_abs_dims']))}.")
+        figures.append(plot_vectors(out / "position_mean_vector.png", [pos["mean"].tolist()], [pos["name"]],
+                                    [pos["sigma_dims"]], "mean position vector (3σ dims marked)", ncols=1))
+        md.append("![mean position vector](position_mean_vector.png)")
+        text, fig = _position_rows_section(pos, out, s.position_k)
+        md.append(text)
+        figures.append(fig)
+        act = {d for dims in detected.get("none", []) for d in dims}
+        summary["position"] = {k: v for k, v in pos.items() if k not in ("mean", "table", "by_row")}
+        summary["position"].update({k: pos["by_row"][k] for k in ("argmax_dim", "argmax_share", "argmin_dim",
+                                                                   "argmin_share", "sigma_dims")})
+        if act:
+            md.append(f"3σ position dims that are also activation outlier dims in some layer: "
+                      f"{sorted(act & set(pos['sigma_dims'])) or 'none'}.")
+
+    rule = ln_rule(ctx)  # THE LayerNorm-outlier rule (configs/ln_rule), as the monitor and the ablation
+    md.append(f"### LayerNorm weights (Kovaleva et al. 2021; Puccetti et al. 2022: {rule.k:g}σ rule)")
+    try:
+        params = layernorm_tensors(model_layernorms(model, include_head=True))
+    except ValueError as e:
+        params = {}
+        md.append(f"LayerNorms not recognised: {e}.")
+    ln = layernorm_stats({n: (w, b) for n, (w, b) in params.items() if w is not None}, k=rule.k)
+    if ln:
+        write_csv(out / "layernorm.csv", ln, LAYERNORM_ROW_FIELDS)
+        md.append(md_table(["LayerNorm", "gain 3σ dims", "bias 3σ dims"],
+                           [[r["name"], r["gain_outlier_dims"].replace(";", ", ") or "–",
+                             r["bias_outlier_dims"].replace(";", ", ") or "–"] for r in ln]))
+    det = layernorm_outliers(params, rule)
+    md.append(f"Outlier dims of the model: {det.describe()}. Per-LayerNorm columns (gain and bias judged "
+              "separately, descriptive): `layernorm.csv`.")
+    summary["layernorm_outlier_dims"] = det.dims
+    return AnalysisResult("outliers", rows, "\n\n".join(md), figures, summary)

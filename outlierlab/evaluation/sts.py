@@ -1,0 +1,308 @@
+"""Semantic Textual Similarity, every layer, before/after clip and whiten (Luo et al. 2021 §4.3, Table 2; SentEval).
+
+Sentence vector = mean of its non-special, non-pad token vectors (:func:`outlierlab.analysis.sts.mean_pool`); score =
+cosine of the two sentence vectors; quality = Spearman's ρ with the gold scores
+(:func:`outlierlab.analysis.sts.sts_spearman`).  Clip and whiten are affine, so transforming the mean-pooled vector
+equals pooling the transformed tokens.
+
+Aggregation as SentEval reports it (Conneau & Kiela 2018): per data set, every pair pooled (``subset`` =
+``all``) and, when the data carry a sub-set column (``sts.subset_field``, e.g. STS12-16's genres), ρ per
+sub-set and their unweighted mean (``subset`` = ``mean``, SentEval's headline for STS12-16); across data sets
+the ``dataset`` = ``mean`` rows average each data set's headline (the sub-set mean where there are sub-sets,
+else the pooled ρ).  ``sts.files=[a.csv,b.csv]`` gives one data set per file.
+
+Each distinct text is encoded once and its vector reused for every occurrence (an STS file built from 50
+documents has 1,225 pairs but 50 texts); the log and the report say how many.
+
+No STS data can be shipped (licences), so by default this analysis is skipped with a note.  Give
+``sts.datasets=[stsb,sickr,sts12,...]`` (Hugging Face hub names through ``datasets``; offline they must be
+in the local datasets cache, else one clear line) or ``sts.files=[pairs.csv]`` (columns sentence1,
+sentence2, score; .csv/.tsv/.json/.jsonl).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from outlierlab.analysis.similarity import pairwise_cosine
+from outlierlab.analysis.sts import mean_pool, sts_spearman
+from outlierlab.analysis.whitening import DegenerateWhiteningError
+from outlierlab.datamodules.dataset_sources import load_hub, load_local
+from outlierlab.evaluation.encoding import (EncodeLog, distinct_texts, encode_log_line, finish_encode_log, iter_batches,
+                                 progress_bar)
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
+from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
+from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings
+from outlierlab.reports.evaluation_report import md_table, plot_layers
+
+#: Short names → hub ids (all with columns sentence1, sentence2, score).  STS-B scores are in [0, 1],
+#: the others in [0, 5]; Spearman does not care.
+HUB = {
+    "stsb": "sentence-transformers/stsb",
+    "sickr": "mteb/sickr-sts",
+    "sts12": "mteb/sts12-sts",
+    "sts13": "mteb/sts13-sts",
+    "sts14": "mteb/sts14-sts",
+    "sts15": "mteb/sts15-sts",
+    "sts16": "mteb/sts16-sts",
+}
+WHITEN_COLUMNS = ["whiten_fit", "whiten_n", "whiten_distinct", "whiten_rank", "whiten_k", "whiten_degenerate"]
+COLUMNS = ["layer", "transform", "dataset", "subset", "split", "spearman", "n_pairs", *WHITEN_COLUMNS]
+FIELDS = ("sentence1", "sentence2", "score")
+ADVICE = "pass local pairs instead: sts.files=[pairs.csv] (columns sentence1, sentence2, score)"
+#: Below this many pairs a Spearman ρ is printed with a warning (its 95% interval is wider than ±0.35).
+FEW_PAIRS = 30
+
+
+@dataclass
+class Pairs:
+    """One STS data set: sentence pairs, gold scores, optional sub-set label per pair, description."""
+
+    s1: list[str]
+    s2: list[str]
+    gold: torch.Tensor
+    subsets: list[str] | None
+    what: str
+    local: bool
+
+
+def requested(s: StsSettings) -> list[tuple[str, str | list]]:
+    """``(name, hub id or [file])`` of every data set asked for (``all`` = the seven of Luo et al. Table 2);
+    each local file is its own data set, named by its file name."""
+    names = list(s.datasets)
+    if "all" in names:
+        names = list(HUB) + [n for n in names if n not in HUB and n != "all"]
+    out = [(n, HUB.get(n.lower(), n)) for n in names]
+    files = s.files
+    if files:
+        taken = {n for n, _ in out}
+        for f in files:
+            name = Path(f).name.removesuffix(".gz")
+            while name in taken:  # same file name in two folders
+                name = f"{Path(f).parent.name}/{name}"
+            taken.add(name)
+            out.append((name, [f]))
+    return out
+
+
+def load_pairs(name: str, source, split: str, cap=None, subset_field: str | None = None) -> Pairs:
+    """The pairs of one data set split (``source``: a hub id or ``[file]``)."""
+    if isinstance(source, list):
+        ds, what = load_local(source, FIELDS, "sts"), f"local file {source[0]}"
+    else:
+        ds, what = load_hub(source, None, split, ADVICE), f"{source} ({split})"
+        missing = [c for c in FIELDS if c not in ds.column_names]
+        if missing:
+            raise ValueError(f"STS dataset {source} lacks column(s) {missing} (columns: {ds.column_names})")
+    s1, s2 = [str(x) for x in ds["sentence1"]], [str(x) for x in ds["sentence2"]]
+    gold = torch.tensor([float(x) for x in ds["score"]], dtype=torch.float64)
+    subsets = ([str(x) for x in ds[subset_field]] if subset_field and subset_field in ds.column_names else None)
+    if cap is not None and int(cap) < len(s1):
+        s1, s2, gold = s1[:int(cap)], s2[:int(cap)], gold[:int(cap)]
+        subsets = None if subsets is None else subsets[:int(cap)]
+    if len(s1) < 2:
+        raise ValueError(f"STS dataset {what} has fewer than 2 pairs")
+    return Pairs(s1, s2, gold, subsets, what, isinstance(source, list))
+
+
+def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool = False,
+                     stats: EncodeLog | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean-pooled vectors ``[L+1, N, d]`` (float32, CPU) of every text and Bool[N] (text had a token).
+
+    Each distinct text is encoded once; repeated texts get the same vector (``stats.n_texts`` counts the
+    texts actually encoded)."""
+    unique, index = distinct_texts(texts)
+    n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
+    out = torch.zeros(n_layers, len(unique), dim)
+    ok = torch.zeros(len(unique), dtype=torch.bool)
+    bar = progress_bar(len(unique), "STS", progress)
+    for b in iter_batches(encoder, unique, batch_size, bar=bar, stats=stats):
+        has = b.valid.any(1)
+        if has.any():
+            rows = torch.tensor(b.rows)[has.cpu()]
+            out[:, rows] = mean_pool(b.hidden[:, has], b.valid[has]).cpu()
+            ok[rows] = True
+    if bar is not None:
+        bar.close()
+    idx = torch.tensor(index, dtype=torch.long)
+    return out[:, idx], ok[idx]
+
+
+def _precheck_whitening(ctx, name: str, pairs: Pairs, whiten: WhitenSettings) -> None:
+    """With ``fit_on=eval`` the whitener is fitted on the pairs' own sentence vectors: too few distinct
+    texts fail here, before anything is encoded (the same rule as :meth:`Whitener.check`)."""
+    k = whiten.k or ctx.encoder.hidden_size
+    n_distinct = len(set(pairs.s1) | set(pairs.s2))
+    if whiten.allow_degenerate or n_distinct >= math.ceil(whiten.min_ratio * k):
+        return
+    raise DegenerateWhiteningError(
+        f"whitening fit on the mean-pooled sentence vectors of STS {name} ({pairs.what}) would be degenerate: "
+        f"{n_distinct} distinct texts < {whiten.min_ratio:g} x k={k}"
+        + (" (fewer than the dims: every whitened cosine would be equal)" if n_distinct <= k else "")
+        + f"; fit on more data (transform.fit_on=sentences or a larger split), or keep fewer dims with "
+          f"transform.k={max(1, int(n_distinct // whiten.min_ratio))} or less (Su et al. 2021 keep 256 of 768), "
+          "or keep the result marked degenerate with transform.allow_degenerate=true")
+
+
+@dataclass
+class StsData:
+    """What :func:`check` loads before any encoding and :func:`run` evaluates (``EvalContext.prepared``)."""
+
+    data: dict[str, Pairs]  # data set name -> its evaluated split
+    fit: dict[str, Pairs | str]  # transform.fit_on=<split>: the pairs to fit on, or why they are unavailable
+
+
+def check(ctx: EvalContext) -> StsData:
+    """Load every requested data set before any encoding (an offline hub name fails in seconds)."""
+    s = load_settings(StsSettings, ctx.cfg)
+    split, t = s.split, section_settings(TransformSettings, ctx.root_cfg)
+    fit_on = t.fit_on
+    whiten = WhitenSettings.from_settings(t)
+    data, fit = {}, {}
+    for name, source in requested(s):
+        data[name] = load_pairs(name, source, split, s.max_pairs, s.subset_field)
+        if "whiten" in ctx.transforms and fit_on not in ("eval", "sentences", split) and not isinstance(source, list):
+            try:
+                fit[name] = load_pairs(name, source, fit_on)
+            except ConnectionError as e:  # e.g. STS13-16 / SICK-R have no train split on the hub
+                fit[name] = str(e).split(";")[0]
+        fits_on_pairs = fit_on in ("eval", split) or not isinstance(fit.get(name), Pairs)
+        if "whiten" in ctx.transforms and fit_on != "sentences" and fits_on_pairs:
+            _precheck_whitening(ctx, name, data[name], whiten)
+    return StsData(data, fit)
+
+
+def _whiten(ctx, name: str, vecs: torch.Tensor, fit: Pairs | str | None, t: TransformSettings, split: str,
+            ft: FittedTransforms) -> None:
+    whiten, fit_on = WhitenSettings.from_settings(t), t.fit_on
+    n_layers, _, dim = vecs.shape
+    if fit_on == "sentences":
+        st = sentence_stats(ctx)
+        ft.set_whitener(st.transforms.whitener, st.transforms.fits["whiten"])
+        return
+    if fit_on not in ("eval", split) and isinstance(fit, Pairs):
+        batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
+        v, ok = sentence_vectors(ctx.encoder, fit.s1 + fit.s2, batch_size)
+        w = whiten.new(n_layers, dim).fit(v[:, ok])
+        ft.set_whitener(w, whiten.finish(w, f"the mean-pooled sentence vectors of {fit.what}"))
+        return
+    w = whiten.new(n_layers, dim).fit(vecs)
+    note = ("" if fit_on in ("eval", split)
+            else f" (split {fit_on!r} unavailable: {fit}; fell back to the evaluated pairs)")
+    ft.set_whitener(w, whiten.finish(w, f"the mean-pooled sentence vectors of the evaluated pairs of {name}{note}"))
+
+
+def _rho_rows(name: str, t: str, rho: torch.Tensor, subset: str, split: str, n: int, extra: dict) -> list[dict]:
+    return [{"layer": layer, "transform": t, "dataset": name, "subset": subset, "split": split,
+             "spearman": float(r), "n_pairs": n, **extra} for layer, r in enumerate(rho.tolist())]
+
+
+def score_dataset(name: str, pairs: Pairs, vecs: torch.Tensor, keep: torch.Tensor, ft: FittedTransforms,
+                  transforms: list[str], split: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """Rows (pooled ``all``, per sub-set, sub-set ``mean``) and the headline ρ per layer of each transform."""
+    m = keep.numel()
+    gold = pairs.gold[keep]
+    v = torch.cat([vecs[:, keep], vecs[:, len(pairs.s1) + keep]], 1)
+    subsets = None if pairs.subsets is None else [pairs.subsets[i] for i in keep.tolist()]
+    rows, headline = [], {}
+    for t in transforms:
+        tv = ft.apply(t, v)
+        cos = pairwise_cosine(tv[:, :m], tv[:, m:])  # [L, P]
+        extra = ft.columns(t)
+        pooled = sts_spearman(cos, gold)
+        rows += _rho_rows(name, t, pooled, "all", split, m, extra)
+        headline[t] = pooled
+        if subsets is not None and len(set(subsets)) > 1:
+            per = []
+            for g in sorted(set(subsets)):
+                idx = torch.tensor([i for i, s in enumerate(subsets) if s == g])
+                if idx.numel() < 2:
+                    continue
+                rho = sts_spearman(cos[:, idx], gold[idx])
+                per.append(rho)
+                rows += _rho_rows(name, t, rho, g, split, idx.numel(), extra)
+            if per:
+                headline[t] = torch.stack(per).mean(0)  # SentEval: unweighted mean of the sub-sets
+                rows += _rho_rows(name, t, headline[t], "mean", split, m, extra)
+    return rows, headline
+
+
+@register("sts")
+def run(ctx: EvalContext) -> AnalysisResult:
+    head = "## Semantic Textual Similarity (Luo et al. 2021 §4.3, Table 2)"
+    prepared = ctx.prepared if isinstance(ctx.prepared, StsData) else check(ctx)
+    data = prepared.data
+    if not data:
+        md = (f"{head}\n\n**Skipped: no STS data given.** No STS set can be shipped with outlierlab. Run with "
+              "`sts.datasets=[stsb,sickr,sts12,sts13,sts14,sts15,sts16]` (or `sts=paper`; Hugging Face hub "
+              f"names {', '.join(f'{k}={v}' for k, v in HUB.items())}; they need network once, then the local "
+              "datasets cache) or with local pairs `sts.files=[pairs.csv]` (columns sentence1, sentence2, score).")
+        return AnalysisResult("sts", [], md, [], {"skipped": "no sts.datasets / sts.files given"})
+    enc, transforms = ctx.encoder, list(ctx.transforms)
+    split, t = load_settings(StsSettings, ctx.cfg).split, section_settings(TransformSettings, ctx.root_cfg)
+    batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
+    clip_dims, clip_info = clip_dims_for_tasks(ctx)
+    rows, notes, infos, curves, headlines = [], [], {}, {}, {}
+    for name, pairs in data.items():
+        stats = EncodeLog()
+        vecs, ok = sentence_vectors(enc, pairs.s1 + pairs.s2, batch_size, bool(ctx.root_cfg.progress), stats)
+        notes.append(encode_log_line(f"STS {name}", stats.n_texts, 2 * len(pairs.s1)))
+        finish_encode_log(stats, f"STS {name}", notes)
+        n = len(pairs.s1)
+        keep = (ok[:n] & ok[n:]).nonzero().flatten()
+        if keep.numel() < n:
+            notes.append(f"{name}: {n - keep.numel()} pairs dropped (a sentence with no token)")
+        if keep.numel() < FEW_PAIRS:
+            notes.append(f"{name}: only {keep.numel()} pairs — ρ is valid but its 95% interval is wide "
+                         f"(use >= {FEW_PAIRS} pairs)")
+        ft = FittedTransforms(clip_dims=clip_dims, info={"clip": clip_info} if clip_info else {})
+        if "whiten" in transforms:
+            v = torch.cat([vecs[:, keep], vecs[:, n + keep]], 1)
+            _whiten(ctx, name, v, prepared.fit.get(name), t, split, ft)
+        ds_rows, headlines[name] = score_dataset(name, pairs, vecs, keep, ft, transforms,
+                                                 "" if pairs.local else split)
+        rows += ds_rows
+        for t in transforms:
+            curves[f"{name} {t}"] = headlines[name][t].tolist()
+        infos[name] = {**ft.info, "data": pairs.what, "n_pairs": keep.numel(),
+                       "subsets": sorted(set(pairs.subsets)) if pairs.subsets else []}
+    mean = {t: torch.stack([h[t] for h in headlines.values()]).mean(0) for t in transforms}
+    for t in transforms:
+        rows += _rho_rows("mean", t, mean[t], "headline", "", sum(i["n_pairs"] for i in infos.values()), {})
+    fig = plot_layers(ctx.out_dir / "sts.png", curves, "Spearman ρ", "STS: cosine of mean-pooled vectors vs gold")
+    md = [head, _method_text(), "\n".join(
+        [*(f"- {n}: {i['data']}, {i['n_pairs']} pairs" + (f", sub-sets {', '.join(i['subsets'])}" if i["subsets"]
+                                                            else "") + "; "
+           + "; ".join(f"**{t}**: {i[t]}" for t in transforms if t in i) for n, i in infos.items()),
+         *(f"- note: {x}" for x in notes)]),
+          md_table(["dataset", *(f"last layer {t}" for t in transforms), *(f"best layer {t}" for t in transforms)],
+                   _table(headlines, mean, transforms), 1), "![STS per layer](sts.png)"]
+    summary = {"datasets": infos, "aggregation": "per data set (sub-set mean where sub-sets exist), mean over "
+                                                  "data sets", "mean_last_layer": {t: float(mean[t][-1])
+                                                                                   for t in transforms},
+               "notes": notes}
+    return AnalysisResult("sts", rows, "\n\n".join(md), [fig], summary)
+
+
+def _method_text() -> str:
+    return ("Spearman ρ × 100 between the cosine of mean-pooled sentence vectors (non-special, non-pad tokens) and "
+            "the gold scores, as SentEval reports it: per data set every pair pooled, or — where the data have "
+            "sub-sets (`sts.subset_field`) — the unweighted mean of the sub-sets' ρ (all rows in sts.csv); the "
+            "**mean** row averages the data sets. Best layer = the layer with the highest ρ for that data set.")
+
+
+def _table(headlines: dict, mean: dict, transforms: list[str]) -> list[list]:
+    def best(rho: torch.Tensor) -> str:
+        r = torch.nan_to_num(rho, nan=-2.0)
+        i = int(r.argmax())
+        return f"{100 * float(rho[i]):.1f} (L{i})"
+
+    table = [[n, *(100 * float(h[t][-1]) for t in transforms), *(best(h[t]) for t in transforms)]
+             for n, h in headlines.items()]
+    return table + [["**mean**", *(100 * float(mean[t][-1]) for t in transforms),
+                     *(best(mean[t]) for t in transforms)]]

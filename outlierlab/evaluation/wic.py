@@ -1,0 +1,274 @@
+"""Word-in-Context by cosine threshold, every layer, before/after clip and whiten (Luo et al. 2021 §4.2, Table 1).
+
+Target vector = mean of the vectors of the tokens overlapping the target's character span
+(``start``/``end`` offsets, end exclusive; subword pieces averaged).  Per layer the cosine of the two
+target vectors predicts "same sense" above a threshold; accuracy for thresholds 0.1 … 0.9
+(:func:`outlierlab.analysis.wic.threshold_sweep`).  The paper's sweep picks the best (layer, threshold) on the WiC
+*training* split itself (``wic.split``, default ``train``) — an upper bound.  Beside it, the honest protocol
+(:func:`outlierlab.analysis.wic.choose_then_report`): the threshold per layer and the best layer chosen on ``wic.split``
+are applied unchanged to ``wic.report_split`` (SuperGLUE: ``validation``; shipped WordNet set: ``test``),
+whose labels never enter the choice — CSV columns ``report_*`` and a second table in the report.
+
+Sources (``wic.source``): ``wordnet`` — the shipped WordNet WiC-style pairs (offline default, see
+``outlierlab/datamodules/data/eval/NOTICE.md``); ``superglue`` — SuperGLUE WiC (Pilehvar & Camacho-Collados 2019) via
+``datasets`` (``aps/super_glue``, ``wic``; its test split is unlabelled, so ``validation`` by default);
+``wic.files=[...]`` — local jsonl/csv/tsv in the same format (sentence1, sentence2, start1, end1, start2,
+end2, label; optional ``split`` column filtered by ``wic.split``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from outlierlab.analysis.similarity import pairwise_cosine
+from outlierlab.analysis.transforms import Whitener
+from outlierlab.analysis.wic import all_true_baseline, best_per_layer, best_threshold, choose_then_report, threshold_sweep
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.reports.evaluation_report import md_table, plot_layers
+from outlierlab.datamodules.dataset_sources import load_hub, load_local
+from outlierlab.datamodules.eval_data import load_wic
+from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
+from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
+from outlierlab.evaluation.transform_fit import WhitenSettings
+from outlierlab.evaluation.streaming import (EncodeLog, FittedTransforms, char_span_tokens, clip_dims_for_tasks,
+                                  finish_encode_log, iter_batches, progress_bar,
+                                  sentence_stats)
+
+FIELDS = ("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label")
+DEFAULT_SPLIT = {"wordnet": "train", "superglue": "train", "files": None}  # the paper sweeps on WiC's train split
+_TRUE = {"t", "true", "1", "yes", "y"}
+_FALSE = {"f", "false", "0", "no", "n"}
+
+
+def _label(v) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        if v not in (0, 1):
+            raise ValueError(f"WiC label {v!r} is not 0/1 (SuperGLUE's test split is unlabelled: -1)")
+        return bool(v)
+    s = str(v).strip().lower()
+    if s in _TRUE or s in _FALSE:
+        return s in _TRUE
+    raise ValueError(f"WiC label {v!r} is not true/false, T/F or 0/1")
+
+
+def _clean(rows, what: str) -> list[dict]:
+    out = []
+    for r in rows:
+        pair = {k: r[k] for k in FIELDS}
+        for k in ("start1", "end1", "start2", "end2"):
+            pair[k] = int(pair[k])
+        pair["label"] = _label(pair["label"])
+        pair["word"] = r.get("word", "")
+        out.append(pair)
+    if not out:
+        raise ValueError(f"{what} holds no WiC pairs")
+    return out
+
+
+def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
+    """WiC pairs of ``split`` (None: ``wic.split`` or the source's default) and a description;
+    ``capped``: keep only the first ``wic.max_pairs``.  ``settings``: :class:`WicSettings`, or the ``wic``
+    config node it is built from."""
+    s = settings if isinstance(settings, WicSettings) else load_settings(WicSettings, settings)
+    files = s.files
+    source = "files" if files else s.source
+    split = split if split is not None else (s.split or DEFAULT_SPLIT.get(source))
+    if source == "wordnet":
+        rows, what = load_wic(split=split), f"shipped WordNet WiC-style pairs, split {split}"
+    elif source == "superglue":
+        path, name = s.hub_path, s.hub_name
+        rows = load_hub(path, name, split or "validation",
+                         "use the shipped set (wic.source=wordnet) or local files (wic.files=[pairs.jsonl])")
+        what = f"SuperGLUE WiC ({path}/{name}), split {split}"
+    else:  # wic.files given (any other wic.source is refused by WicSettings)
+        ds = load_local(list(files), FIELDS, "wic")
+        rows = [r for r in ds if split is None or "split" not in ds.column_names or r["split"] == split]
+        what = f"local files {list(files)}" + (
+            f", split {split}" if split and "split" in ds.column_names else "")
+    pairs = _clean(rows, what)
+    cap = s.max_pairs if capped else None
+    if cap is not None and cap < len(pairs):  # first N: the shipped/hub files are not label-sorted
+        pairs = pairs[:cap]
+    return pairs, what
+
+
+def target_vectors(encoder, pairs: list[dict], whitener: Whitener | None = None, batch_size=None, chunk: int = 1024,
+                   progress: bool = False, stats: EncodeLog | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target-word vectors of every pair: ``(vectors [L+1, 2, P, d] float32 on CPU, found Bool[P])``.
+
+    ``whitener``: also accumulate every non-special token of the pairs' sentences (``fit_on=eval``), each
+    sentence as often as it occurs (as if every occurrence were encoded).
+    A pair whose target span maps to no token (e.g. truncated away) has ``found`` False.
+    Each distinct sentence is encoded once (``stats.n_texts`` counts those).
+    """
+    texts = [p["sentence1"] for p in pairs] + [p["sentence2"] for p in pairs]
+    spans = [(p["start1"], p["end1"]) for p in pairs] + [(p["start2"], p["end2"]) for p in pairs]
+    unique, index = distinct_texts(texts)
+    occurrences: list[list[int]] = [[] for _ in unique]
+    for i, u in enumerate(index):
+        occurrences[u].append(i)
+    n_layers, dim, n = encoder.num_layers + 1, encoder.hidden_size, len(pairs)
+    vecs = torch.zeros(n_layers, 2 * n, dim)
+    found = torch.zeros(2 * n, dtype=torch.bool)
+    bar = progress_bar(len(unique), "WiC", progress)
+    for b in iter_batches(encoder, unique, batch_size, chunk, offsets=True, bar=bar, stats=stats):
+        if whitener is not None:
+            mult = torch.tensor([len(occurrences[u]) for u in b.rows], device=b.valid.device)
+            tokens = b.hidden[:, b.valid]
+            per_token = mult[:, None].expand_as(b.valid)[b.valid]
+            whitener.partial_fit(tokens if bool((mult == 1).all()) else tokens.repeat_interleave(per_token, dim=1))
+        for r, (u, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
+            for row in occurrences[u]:
+                toks = char_span_tokens(offs, sp, *spans[row])
+                if toks:
+                    vecs[:, row] = b.hidden[:, r, toks].mean(1).cpu()
+                    found[row] = True
+    if bar is not None:
+        bar.close()
+    return vecs.view(n_layers, 2, n, dim), found[:n] & found[n:]
+
+
+@dataclass
+class WicData:
+    """What :func:`check` loads before any encoding and :func:`run` evaluates (``EvalContext.prepared``)."""
+
+    pairs: list[dict]  # wic.split: the threshold sweep, and the choice of layer/threshold
+    what: str
+    report: tuple[list[dict], str] | None  # wic.report_split pairs (honest protocol), if it differs
+    fit_pairs: list[dict] | None  # transform.fit_on=<split>: the pairs the whitener is fitted on
+
+
+def _whitener_for(ctx, data: WicData, t: TransformSettings, n_layers: int, dim: int):
+    """(whitener to fit during the target pass, or a fitted one, description)."""
+    whiten = WhitenSettings.from_settings(t)  # k and the degenerate-fit guard
+    fit_on = t.fit_on
+    if fit_on == "eval":
+        return whiten.new(n_layers, dim), None, "fit on the non-special token vectors of the evaluated WiC sentences"
+    if fit_on == "sentences":
+        st = sentence_stats(ctx)
+        return None, st.transforms.whitener, st.transforms.info["whiten"]
+    fit_pairs = data.fit_pairs
+    w = whiten.new(n_layers, dim)
+    target_vectors(ctx.encoder, fit_pairs, w, section_settings(EncoderSettings, ctx.root_cfg).batch_size,
+                   progress=bool(ctx.root_cfg.progress))
+    what = f"the non-special token vectors of the WiC {fit_on!r} split ({len(fit_pairs)} pairs)"
+    return None, w, whiten.finish(w, what).describe()
+
+
+def check(ctx: EvalContext) -> WicData:
+    """Load the pairs before any encoding (a bad file or an offline hub name fails in seconds)."""
+    s = load_settings(WicSettings, ctx.cfg)
+    pairs, what = load_pairs(s)
+    report = None
+    if s.report_split:  # threshold chosen on wic.split, accuracy reported on this split (never used to choose)
+        rpairs = load_pairs(s, split=str(s.report_split))
+        if rpairs[0] != pairs:  # local files without a `split` column have one split only: sweep alone
+            report = rpairs
+    fit_on = section_settings(TransformSettings, ctx.root_cfg).fit_on
+    fit_pairs = None
+    if "whiten" in ctx.transforms and fit_on not in ("eval", "sentences"):
+        fit_pairs = load_pairs(s, split=fit_on, capped=False)[0]
+    return WicData(pairs, what, report, fit_pairs)
+
+
+@register("wic")
+def run(ctx: EvalContext) -> AnalysisResult:
+    data = ctx.prepared if isinstance(ctx.prepared, WicData) else check(ctx)
+    s = load_settings(WicSettings, ctx.cfg)
+    t = section_settings(TransformSettings, ctx.root_cfg)
+    batch_size, progress = section_settings(EncoderSettings, ctx.root_cfg).batch_size, bool(ctx.root_cfg.progress)
+    pairs, what = data.pairs, data.what
+    enc = ctx.encoder
+    n_layers, dim = enc.num_layers + 1, enc.hidden_size
+    thresholds = torch.tensor(s.thresholds, dtype=torch.float64)
+    ft = FittedTransforms()
+    ft.clip_dims, clip_info = clip_dims_for_tasks(ctx)
+    if clip_info:
+        ft.info["clip"] = clip_info
+    fitting = None
+    if "whiten" in ctx.transforms:
+        fitting, ft.whitener, ft.info["whiten"] = _whitener_for(ctx, data, t, n_layers, dim)
+    stats, notes = EncodeLog(), []
+    vecs, found = target_vectors(enc, pairs, fitting, batch_size, progress=progress, stats=stats)
+    notes.append(encode_log_line("WiC", stats.n_texts, 2 * len(pairs)))
+    finish_encode_log(stats, "WiC", notes)
+    if fitting is not None:  # refuses a fit on too few distinct vectors unless transform.allow_degenerate=true
+        ft.whitener = fitting
+        ft.info["whiten"] = WhitenSettings.from_settings(t).finish(
+            fitting, "the non-special token vectors of the evaluated WiC sentences").describe()
+    if not bool(found.all()):
+        notes.append(f"{int((~found).sum())} pairs dropped: a target span mapped to no token")
+    keep = found.nonzero().flatten()
+    kept = [pairs[i] for i in keep.tolist()]
+    labels = torch.tensor([p["label"] for p in kept])
+    vecs = vecs[:, :, keep]
+    surface = sum((p["sentence1"][p["start1"]:p["end1"]] == p["sentence2"][p["start2"]:p["end2"]]) == p["label"]
+                  for p in kept) / len(kept)
+    all_true = all_true_baseline(labels)
+    report = None
+    if data.report is not None:
+        rpairs, rwhat = data.report
+        rvecs, rfound = target_vectors(enc, rpairs, None, batch_size, progress=progress)
+        rkeep = rfound.nonzero().flatten()
+        rlabels = torch.tensor([rpairs[i]["label"] for i in rkeep.tolist()])
+        report = (rvecs[:, :, rkeep], rlabels, rwhat, str(s.report_split))
+        if not bool(rfound.all()):
+            notes.append(f"{int((~rfound).sum())} {report[3]} pairs dropped: a target span mapped to no token")
+    rows, best, curves, held = [], {}, {}, {}
+    for t in ctx.transforms:
+        v = ft.apply(t, vecs.reshape(n_layers, -1, dim)).reshape(n_layers, 2, len(kept), -1)
+        cos = pairwise_cosine(v[:, 0], v[:, 1]).to(torch.float64)  # [L, P]
+        acc = threshold_sweep(cos, labels, thresholds)  # [L, T]
+        thr_l, best_l = best_per_layer(acc, thresholds)
+        best[t] = best_threshold(acc, thresholds)
+        curves[t] = best_l.tolist()
+        if report is not None:  # same transform fit (on the choose split's data), applied to the report split
+            rv, rl = report[0], report[1]
+            rv = ft.apply(t, rv.reshape(n_layers, -1, dim)).reshape(n_layers, 2, len(rl), -1)
+            held[t] = choose_then_report(cos, labels, pairwise_cosine(rv[:, 0], rv[:, 1]).to(torch.float64), rl,
+                                         thresholds)
+        for layer in range(n_layers):
+            row = {"layer": layer, "transform": t, **ft.columns(t)}  # whitened rows: what it was fitted on
+            row.update({f"acc_{float(th):g}": float(acc[layer, i]) for i, th in enumerate(thresholds)})
+            row.update({"best_threshold": float(thr_l[layer]), "best_accuracy": float(best_l[layer]),
+                        "mean_cos_same": float(cos[layer, labels].mean()) if labels.any() else float("nan"),
+                        "mean_cos_diff": float(cos[layer, ~labels].mean()) if (~labels).any() else float("nan"),
+                        "n_pairs": len(kept)})
+            if t in held:
+                row.update({"report_split": report[3], "report_threshold": float(held[t]["threshold"][layer]),
+                            "report_accuracy": float(held[t]["report_accuracy"][layer]),
+                            "report_n_pairs": len(report[1])})
+            rows.append(row)
+    fig = plot_layers(ctx.out_dir / "wic.png", curves, "best accuracy over thresholds",
+                      f"WiC: {what}", hline=all_true)
+    md = ["## Word in Context (Luo et al. 2021 §4.2, Table 1)",
+          f"Data: {what}; {len(kept)} pairs ({int(labels.sum())} same sense). Target = mean of the tokens "
+          "overlapping the target's character span; cosine of the two targets > threshold ⇒ \"same sense\"; "
+          f"thresholds {', '.join(f'{float(x):g}' for x in thresholds)}. The best layer/threshold is picked on "
+          "this split itself (the paper's sweep on the training split: an upper bound).",
+          "\n".join([*(f"- **{t}**: {ft.info[t]}" for t in ctx.transforms if t in ft.info),
+                     *(f"- note: {n}" for n in notes)]),
+          md_table(["transform", "best layer", "threshold", "accuracy %"],
+                   [[t, best[t][0], f"{best[t][1]:g}", 100 * best[t][2]] for t in ctx.transforms]
+                   + [["all-true baseline", "–", "–", 100 * all_true],
+                      ["surface-form baseline", "–", "–", 100 * surface]], 1),
+          "Surface-form baseline: \"same sense\" iff the two target strings are identical.",
+          "![WiC accuracy per layer](wic.png)"]
+    if held:
+        r_all_true = all_true_baseline(report[1])
+        md += [f"**Held-out (honest protocol):** layer and threshold chosen on {what} only, accuracy on "
+               f"{report[2]} ({len(report[1])} pairs; its labels never enter the choice). CSV: `report_*` columns.",
+               md_table(["transform", "layer (chosen)", "threshold (chosen)", "held-out accuracy %"],
+                        [[t, h["best_layer"], f"{h['best_threshold']:g}", 100 * h["best_report_accuracy"]]
+                         for t, h in held.items()] + [["all-true baseline", "–", "–", 100 * r_all_true]], 1)]
+    summary = {"data": what, "n_pairs": len(kept), "all_true_baseline": all_true, "surface_form_baseline": surface,
+               "best": {t: {"layer": b[0], "threshold": b[1], "accuracy": b[2]} for t, b in best.items()},
+               "transforms": dict(ft.info), "notes": notes,
+               **({"held_out": {t: {"split": report[3], "layer": h["best_layer"], "threshold": h["best_threshold"],
+                                    "accuracy": h["best_report_accuracy"]} for t, h in held.items()}} if held else {})}
+    return AnalysisResult("wic", rows, "\n\n".join(md), [fig], summary)

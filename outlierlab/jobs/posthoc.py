@@ -1,0 +1,245 @@
+"""Outlier statistics of every checkpoint of a finished ``train.py`` run, after the fact.
+
+    python -m outlierlab.jobs.posthoc <run_dir> [--n-sequences 32] [--out DIR]
+
+For each ``<run>/checkpoints/*.ckpt`` (one per global step; ``last.ckpt`` is skipped when a step
+checkpoint holds the same step) the model is rebuilt from ``hyper_parameters["model"]`` and the
+``model.``-prefixed weights of ``state_dict``, and the *same* functions as the live monitors compute the
+*same* statistics: :func:`outlierlab.analysis.monitoring.layernorm_records` (LayerNorm 3σ outliers, divergence from
+init, shared dims; Kovaleva et al. 2021, Puccetti et al. 2022) and
+:func:`outlierlab.analysis.monitoring.hidden_state_records` (per-layer mean vector, argmax/argmin share, top dims,
+anisotropy, kurtosis, max/median, inf-norm by site, sink heads; Luo et al. 2021, Ethayarajh 2019, He et al.
+2024, Sun et al. 2024, Bondarenko et al. 2023, Gu et al. 2025) on the shipped held-out sentences tokenised
+with the run's tokenizer (``<run>/hf`` or ``<run>/model``).  Output in ``<run>/monitor_posthoc/``:
+``layernorm.csv`` and ``hidden_states.csv`` in the format of :mod:`outlierlab.reports.history`; ``metrics.csv``, one
+row per checkpoint step and layer (:data:`METRIC_COLUMNS`: kurtosis, max/median, inf-norms by site,
+signed and |x| argmax/argmin shares with their dims, sink-head shares, attention entropy, anisotropy and
+the number of LayerNorm outlier dims the project's rule flags in that layer,
+:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`); ``metrics.png``, those curves vs step per layer.
+Works on checkpoints of older code too (same parameter names), so curves can be drawn after the fact.
+
+Settings (k, shared_min_layers, top_k, n_sequences, n_pairs, seed, ...) default to those of the run's
+monitors, read from ``<run>/config.yaml``, so that for ``source: sentences`` the post-hoc rows of a
+checkpoint's step reproduce the live rows.  Divergence from init uses the initial LayerNorm snapshot
+that :class:`~outlierlab.lightning_modules.callbacks.layernorm_monitor.LayerNormMonitor` stores in every checkpoint
+(and that snapshot also gives LayerNorm rows for step 0); without it, the standard init (gain 1, bias 0).
+
+Imports no Lightning: usable from ``evaluate.py`` and on machines without a trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from outlierlab.datamodules.eval_data import load_sentences
+
+#: Defaults of the monitors (configs/callbacks/monitors.yaml); a run's config.yaml overrides them.
+# rule: the ln_rule a run recorded (callbacks.layernorm_monitor.rule); older runs recorded k/shared_min_layers
+LAYERNORM_DEFAULTS = {"k": 3.0, "shared_min_layers": "4/12", "rule": None, "top_k": 3, "vectors": True}
+HIDDEN_DEFAULTS = {"n_sequences": 32, "sentences_path": None, "max_length": None, "top_k": 5, "n_pairs": 1000,
+                   "seed": 0, "vectors": True, "sink_threshold": 0.3}
+OUT_SUBDIR = "monitor_posthoc"
+#: Per-layer columns of ``metrics.csv`` (after ``step, layer``); ``*_dim`` columns follow their share.
+METRIC_COLUMNS = ("kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input",
+                  "inf_norm_ln_output", "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos",
+                  "sink_share_eos", "attn_entropy", "anisotropy", "n_layernorm_outliers")
+_WITH_DIMS = ("max_abs", "argmax_share", "argmin_share", "abs_argmax_share")
+
+
+def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """``<run>/checkpoints/*.ckpt`` sorted by name; one clear error if there are none."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"run directory {run} does not exist")
+    ckpts = sorted((run / "checkpoints").glob("*.ckpt"))
+    if not ckpts:
+        raise FileNotFoundError(f"{run / 'checkpoints'} holds no *.ckpt; pass the directory of a train.py run "
+                                "(checkpoints are written every callbacks.model_checkpoint.every_n_train_steps)")
+    return ckpts
+
+
+def monitor_settings(run_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(LayerNorm, hidden-state) monitor settings of a run: defaults updated from ``<run>/config.yaml``."""
+    ln, hs = dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS)
+    cfg_file = Path(run_dir) / "config.yaml"
+    if cfg_file.is_file():
+        callbacks = OmegaConf.to_container(OmegaConf.load(cfg_file)).get("callbacks") or {}
+        for target, key in ((ln, "layernorm_monitor"), (hs, "hidden_state_monitor")):
+            target.update({k: v for k, v in (callbacks.get(key) or {}).items() if k in target})
+    return ln, hs
+
+
+def _tokenizer_dir(run: Path) -> Path:
+    for d in (run / "hf", run / "model", run / "tokenizer"):
+        if (d / "tokenizer_config.json").is_file() or (d / "tokenizer.json").is_file():
+            return d
+    raise FileNotFoundError(f"{run} holds no tokenizer (hf/, model/ or tokenizer/ with tokenizer files; train.py "
+                            "writes them when training ends); pass --tokenizer DIR")
+
+
+def _load(path: Path, mmap: bool = False) -> dict:
+    """A checkpoint on CPU (``mmap``: tensors are read lazily, for a cheap look at ``global_step``)."""
+    from outlierlab.models.checkpoint import read_checkpoint  # lazy: `python -m outlierlab.jobs.posthoc` checks its arguments before torch loads
+
+    return read_checkpoint(path, mmap=mmap)
+
+
+def _initial_snapshot(ckpt: dict) -> dict | None:
+    for key, state in (ckpt.get("callbacks") or {}).items():
+        if "LayerNormMonitor" in str(key) and isinstance(state, dict) and state.get("initial"):
+            return {n: (v["weight"].float(), None if v["bias"] is None else v["bias"].float())
+                    for n, v in state["initial"].items()}
+    return None
+
+
+def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, tokenizer: Any = None,
+                out_dir: str | os.PathLike | None = None, device: str = "cpu", **overrides: Any) -> dict[str, Any]:
+    """Write post-hoc monitor histories for every checkpoint of ``run_dir``.
+
+    Parameters
+    ----------
+    run_dir : a ``train.py`` run directory (with ``checkpoints/``).
+    texts : held-out texts (default: the first ``n_sequences`` of the shipped held-out sentences, as the
+        live :class:`HiddenStateMonitor` with ``source: sentences`` uses).
+    tokenizer : a Hugging Face tokenizer or a directory (default: the run's ``hf/`` or ``model/``).
+    out_dir : default ``<run>/monitor_posthoc``.
+    device : where the forward passes run.
+    **overrides : monitor settings — ``k``, ``shared_min_layers``, ``ln_top_k`` (LayerNorm top_k),
+        ``top_k``, ``n_sequences``, ``n_pairs``, ``seed``, ``max_length``, ``vectors``, ``sentences_path``.
+
+    Returns
+    -------
+    dict with ``layernorm`` and ``hidden_states`` (paths of the CSVs) and ``steps`` (analysed steps).
+    """
+    run = Path(run_dir)
+    ckpt_paths = find_checkpoints(run)
+    ln_cfg, hs_cfg = monitor_settings(run)
+    unknown = set(overrides) - set(ln_cfg) - set(hs_cfg) - {"ln_top_k"}
+    if unknown:
+        raise ValueError(f"unknown analyze_run setting(s) {sorted(unknown)}; valid: "
+                         f"{sorted(set(ln_cfg) | set(hs_cfg) | {'ln_top_k'})}")
+    for key, value in overrides.items():
+        if key == "ln_top_k":
+            ln_cfg["top_k"] = value
+        elif key == "top_k":
+            hs_cfg["top_k"] = value
+        else:
+            for cfg in (ln_cfg, hs_cfg):
+                if key in cfg:
+                    cfg[key] = value
+
+    # lazy: `python -m outlierlab.jobs.posthoc BAD_DIR` fails in a second, before torch loads; and HF_HUB_OFFLINE
+    # must be set before transformers is imported (it reads the flag at import)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from outlierlab.analysis.layernorm_rule import layernorm_outliers
+    from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
+    from outlierlab.models.checkpoint import model_from_checkpoint
+    from outlierlab.models.layernorms import layernorm_tensors
+    from outlierlab.models.sites import monitored_forward
+    from outlierlab.reports import monitor_plots as plots
+    from outlierlab.reports.history import HistoryCSV, wide_by_layer
+
+    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        tok_dir = Path(tokenizer) if tokenizer is not None else _tokenizer_dir(run)
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    if texts is None:
+        texts = load_sentences(hs_cfg["sentences_path"])[: int(hs_cfg["n_sequences"])]
+
+    # one checkpoint per step; a step checkpoint wins over last.ckpt of the same step
+    by_step: dict[int, Path] = {}
+    for p in sorted(ckpt_paths, key=lambda p: p.name == "last.ckpt"):
+        by_step.setdefault(int(_load(p, mmap=True).get("global_step", -1)), p)
+
+    out = Path(out_dir) if out_dir is not None else run / OUT_SUBDIR
+    out.mkdir(parents=True, exist_ok=True)
+    files = {name: HistoryCSV(out / f".{name}.csv.tmp") for name in ("layernorm", "hidden_states")}
+    for h in files.values():
+        h.path.unlink(missing_ok=True)
+    done: list[int] = []
+    metric_rows: list = []
+    for step in sorted(by_step):
+        ckpt = _load(by_step[step])
+        model = model_from_checkpoint(ckpt, f"checkpoint {by_step[step]}").to(device).eval()
+        config = model.config
+        initial = _initial_snapshot(ckpt)
+        if initial is not None and 0 not in by_step and not done:
+            files["layernorm"].append(layernorm_records(0, initial, initial, k=ln_cfg["k"],
+                                                        shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"],
+                                                        top_k=ln_cfg["top_k"], vectors=ln_cfg["vectors"])[0])
+        params = layernorm_snapshot(model.named_layernorms())
+        files["layernorm"].append(layernorm_records(step, params, initial, k=ln_cfg["k"],
+                                                    shared_min=ln_cfg["shared_min_layers"], top_k=ln_cfg["top_k"],
+                                                    vectors=ln_cfg["vectors"], rule=ln_cfg["rule"])[0])
+        batch = tokenize_heldout(tokenizer, texts, hs_cfg["max_length"] or config.max_len)
+        with torch.inference_mode():
+            hidden, attn, inf = monitored_forward(model, batch["input_ids"].to(device),
+                                                  batch["attention_mask"].to(device))
+            rows = hidden_state_records(step, hidden, batch["attention_mask"], batch["special_tokens_mask"],
+                                        top_k=hs_cfg["top_k"], n_pairs=hs_cfg["n_pairs"], seed=hs_cfg["seed"],
+                                        vectors=hs_cfg["vectors"], attentions=attn, input_ids=batch["input_ids"],
+                                        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                        inf_norms=inf, sink_threshold=hs_cfg["sink_threshold"])[0]
+        files["hidden_states"].append(rows)
+        # the project's one LayerNorm rule (default: output LN, gain AND bias outside 3σ), per block
+        det = layernorm_outliers(layernorm_tensors(model.named_layernorms()))
+        ln_counts = [(step, f"layer_{i + 1}", "n_layernorm_outliers", None, len(det.per_layer.get(f"layer.{i}", [])))
+                     for i in range(config.num_layers)]
+        metric_rows += [r for r in rows if r[2] in METRIC_COLUMNS] + ln_counts
+        done.append(step)
+    result: dict[str, Any] = {"steps": done}
+    table = wide_by_layer(metric_rows, METRIC_COLUMNS, with_dims=_WITH_DIMS)
+    result["metrics"] = _write_table(out / "metrics.csv", table)
+    img = plots.render(plots.metric_curves_figure(plots.curves_from_rows(metric_rows), title=run.name))
+    plots.save_png(img, out / "metrics.png")
+    for name, h in files.items():
+        final = out / f"{name}.csv"
+        os.replace(h.path, final)
+        result[name] = final
+    return result
+
+
+def _write_table(path: Path, rows: list[dict]) -> Path:
+    """CSV with the columns of the first row, written atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["step", "layer"])
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.posthoc", description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", help="a train.py run directory (with checkpoints/)")
+    parser.add_argument("--out", default=None, help=f"output folder (default <run_dir>/{OUT_SUBDIR})")
+    parser.add_argument("--n-sequences", type=int, default=None, help="held-out sentences (default: the run's monitor)")
+    parser.add_argument("--sentences", default=None, help="gzip text file, one sentence per line (default: shipped)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: <run>/hf or <run>/model)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in (("n_sequences", args.n_sequences), ("sentences_path", args.sentences)) if v is not None}
+    try:
+        find_checkpoints(args.run_dir)  # fail in a second, before importing torch
+        res = analyze_run(args.run_dir, tokenizer=args.tokenizer, out_dir=args.out, device=args.device, **overrides)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}, {res['metrics']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

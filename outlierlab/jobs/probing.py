@@ -1,0 +1,199 @@
+"""What ``python probe.py`` does: extract (cached) features, fit transforms on train, probe all layers, report.
+
+Flow (data flows one way): config -> :class:`~outlierlab.models.loading.FrozenEncoder` ->
+:func:`~outlierlab.datamodules.features.extract_features` (cached) -> per transform: fit on the TRAINING split ->
+:class:`~outlierlab.lightning_modules.probes.PositionProbe` / :class:`~outlierlab.lightning_modules.probes.SentenceClassifier`
+on all layers at once -> rows (layer x transform) -> CSV / Markdown / PNG / TensorBoard in the run dir.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import torch
+from lightning.pytorch import seed_everything
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from outlierlab.analysis.probing import chance_accuracy, rank_of_dims, top_dims
+from outlierlab.analysis.transforms import MIN_FIT_RATIO
+from outlierlab.datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_outliers, extract_features,
+                                  fit_transform, iter_chunks, row_loader)
+from outlierlab.models.loading import FrozenEncoder
+from outlierlab.datamodules.probe_data import load_classification, load_position_texts, split_indices
+from outlierlab.lightning_modules.probes import PositionProbe, SentenceClassifier, train_probe
+from outlierlab.reports.probe_report import write_outputs
+
+log = logging.getLogger(__name__)
+TRANSFORMS = ("none", "clip", "whiten")
+
+
+def selected_transforms(transform_cfg: Mapping) -> list[str]:
+    """Transform names in selection order (``transform=[none,clip,whiten]`` -> all three)."""
+    names = [str(n) for n, on in (transform_cfg.get("use") or {}).items() if on]
+    bad = [n for n in names if n not in TRANSFORMS]
+    if bad or not names:
+        raise ValueError(f"unknown or no transform {bad}; valid: {', '.join(TRANSFORMS)}")
+    return names
+
+
+def transform_settings(tcfg: Mapping, fit_what: str) -> dict:
+    """``fit_transform`` keywords from the ``transform`` config node (clip dims, whitening k and guard)."""
+    by_layer = tcfg.get("dims_by_layer")
+    return {"dims": tcfg.get("dims"), "k": tcfg.get("k"), "fit_what": fit_what,
+            "dims_by_layer": dict(by_layer) if by_layer else None,
+            "min_ratio": float(tcfg.get("min_fit_ratio", MIN_FIT_RATIO)),
+            "allow_degenerate": bool(tcfg.get("allow_degenerate", False))}
+
+
+def _loaders(ds: dict, batch_size: int, seed: int) -> tuple:
+    return (row_loader(ds["train"], batch_size, True, seed), row_loader(ds["validation"], 4 * batch_size, False),
+            row_loader(ds["test"], 4 * batch_size, False))
+
+
+def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], common: dict, top_k: int) -> list[dict]:
+    """One CSV row per layer for one transform (Luo Fig. 5b/c columns)."""
+    rows = []
+    contrib = results["contribution"]
+    for layer, acc in results["accuracy"].items():
+        c = contrib[layer]
+        dims = outlier_dims[layer]
+        # After whitening, coordinate i is a principal direction, not neuron i: no outlier columns.
+        comparable = name != "whiten" and bool(dims)
+        rows.append({
+            "layer": layer, "transform": name, "accuracy": acc,
+            "val_accuracy": results.get("val_accuracy", {}).get(layer, float("nan")), **common,
+            "top_neurons": " ".join(map(str, top_dims(c, top_k))),
+            "outlier_dims": " ".join(map(str, dims)),
+            "outlier_rank": " ".join(map(str, rank_of_dims(c, dims))) if comparable else "",
+            "contribution_outlier": float(c[dims[0]]) if comparable else float("nan"),
+            "contribution_mean": float(c.mean()),
+            "clipped_dims": " ".join(map(str, vt.clip_dims[layer])) if vt.clip_dims is not None else "",
+            **vt.columns(),  # what a whitened result was fitted on (n, distinct, rank, k, degenerate)
+        })
+    return rows
+
+
+def _probe_all(vt, arrays: dict, labels: dict, make_module, cfg, logger) -> dict:
+    ds = {s: RowBatches(arrays[s][0], arrays[s][1], labels[s], vt) for s in arrays}
+    module = make_module(vt.out_dim)
+    p = cfg.probe
+    batch_size = int(cfg.task.get("batch_size") or p.batch_size)  # the paper's per-task batch (configs/task)
+    return train_probe(module, *_loaders(ds, batch_size, int(cfg.seed)), epochs=int(p.epochs), logger=logger,
+                       accelerator=cfg.trainer.accelerator, progress=bool(cfg.trainer.enable_progress_bar),
+                       validate=bool(p.validate))
+
+
+def run_position(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict, dict]:
+    """Luo et al. §3: position probe on token vectors of every layer, per transform."""
+    texts = load_position_texts(cfg.data.files, cfg.data.max_sentences)
+    fs = extract_features(encoder, texts, cfg.features.cache_dir, store_tokens=True,
+                          batch_size=cfg.encoder.batch_size, progress=bool(cfg.progress))
+    n_layers, dim, m = fs.num_layers, fs.dim, int(cfg.probe.max_positions)
+    split = split_indices(fs.meta["n_texts"], cfg.probe.splits, int(cfg.seed))
+    keep = fs.position < m
+    if not cfg.probe.include_special:
+        keep &= ~fs.special
+    beyond = int((fs.position >= m).sum())
+    rows = {s: np.intersect1d(fs.token_rows(ids), np.flatnonzero(keep)) for s, ids in split.items()}
+    labels = {s: fs.position[r].astype(np.int64) for s, r in rows.items()}
+    stats = chunk_outlier_stats(iter_chunks(fs.tokens, rows["train"]), ~np.asarray(fs.special), n_layers, dim)
+    outliers = detect_train_outliers(stats, **cfg.outliers)
+    common = {"n_train": len(rows["train"]), "n_val": len(rows["validation"]), "n_test": len(rows["test"]),
+              "chance": chance_accuracy(torch.from_numpy(labels["test"])),
+              "dropped_tokens": beyond + int(fs.meta["truncated_tokens"]),
+              "truncated_sequences": int(fs.meta["n_truncated"])}
+    out, contribs, by_position, fits = [], {}, [], {}
+    for name in selected_transforms(cfg.transform):
+        t0 = time.time()
+        vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(fs.tokens, rows["train"]), outliers,
+                           **transform_settings(cfg.transform, f"the {len(rows['train'])} training token vectors "
+                                                                f"of {len(split['train'])} sentences"))
+        make = lambda d, name=name: PositionProbe(n_layers, d, m, float(cfg.probe.lr), seed=int(cfg.seed),  # noqa
+                                                  tag=name)
+        res = _probe_all(vt, {s: (fs.tokens, r) for s, r in rows.items()}, labels, make, cfg, logger)
+        out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k))
+        contribs[name] = res["contribution"]
+        fits.update({name: vt.info} if name != "none" else {})
+        count, acc = res["per_class_count"], res["per_class_accuracy"]
+        by_position += [{"layer": layer, "transform": name, "position": pos, "n_test": int(count[pos]),
+                         "accuracy": float(acc[j, pos])}
+                        for j, layer in enumerate(sorted(res["accuracy"])) for pos in range(len(count)) if count[pos] > 0]
+        log.info("position probe [%s]: %d layers in %.1f s", name, n_layers, time.time() - t0)
+    info = {"task": "position", "n_texts": fs.meta["n_texts"], "n_tokens": fs.meta["n_tokens"],
+            "beyond_max_positions": beyond, "max_positions": m, "features": [str(fs.directory)],
+            "outlier_dims": outliers, "transform_fits": fits,
+            "notes": ([f"{beyond} tokens at positions >= {m} dropped"] if beyond else [])
+            + [f"{t}: {i}" for t, i in fits.items()],
+            "by_position": by_position}
+    return out, info, contribs
+
+
+def run_classifier(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict, dict]:
+    """Luo et al. §4.4: linear classifier on mean-pooled sentence vectors of every layer, per transform."""
+    data = load_classification(cfg.task, int(cfg.seed))
+    fss = {s: extract_features(encoder, t, cfg.features.cache_dir, store_tokens=False,
+                               batch_size=cfg.encoder.batch_size, progress=bool(cfg.progress))
+           for s, (t, _) in data.splits.items()}
+    n_layers, dim = fss["train"].num_layers, fss["train"].dim
+    labels = {s: np.asarray(y, dtype=np.int64) for s, (_, y) in data.splits.items()}
+    if labels["train"].max() >= data.num_classes:
+        raise ValueError(f"labels exceed the {data.num_classes} label names")
+    arrays = {s: (fs.sentences, np.arange(fs.meta["n_texts"])) for s, fs in fss.items()}
+    outliers = detect_train_outliers(fss["train"].outlier_stats(), **cfg.outliers)
+    common = {"n_train": len(labels["train"]), "n_val": len(labels["validation"]), "n_test": len(labels["test"]),
+              "chance": chance_accuracy(torch.from_numpy(labels["test"])),
+              "dropped_tokens": sum(int(fs.meta["truncated_tokens"]) for fs in fss.values()),
+              "truncated_sequences": sum(int(fs.meta["n_truncated"]) for fs in fss.values())}
+    out, contribs, fits = [], {}, {}
+    train_sent = arrays["train"]
+    for name in selected_transforms(cfg.transform):
+        vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(*train_sent), outliers,
+                           **transform_settings(cfg.transform, f"the {len(labels['train'])} mean-pooled "
+                                                                "training sentence vectors"))
+        make = lambda d, name=name: SentenceClassifier(n_layers, d, data.num_classes, float(cfg.probe.lr),  # noqa
+                                                       seed=int(cfg.seed), tag=name,
+                                                       bias=bool(cfg.probe.get("classifier_bias", True)))
+        res = _probe_all(vt, arrays, labels, make, cfg, logger)
+        out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k))
+        contribs[name] = res["contribution"]
+        fits.update({name: vt.info} if name != "none" else {})
+    info = {"task": str(cfg.task.name), "source": data.source, "labels": data.label_names,
+            "features": [str(fs.directory) for fs in fss.values()], "outlier_dims": outliers,
+            "transform_fits": fits, "notes": data.notes + [f"{t}: {i}" for t, i in fits.items()]}
+    return out, info, contribs
+
+
+def run(cfg, run_dir: str | Path) -> dict:
+    """Run the probe described by ``cfg`` (configs/probe.yaml) and write every output into ``run_dir``."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seed_everything(int(cfg.seed), verbose=False)
+    for pattern in (".*does not have many workers.*", ".*The number of training batches.*", ".*LeafSpec.*"):
+        warnings.filterwarnings("ignore", pattern)
+    for name in ("lightning.pytorch", "lightning.fabric"):  # per-Trainer banners, once per transform
+        logging.getLogger(name).setLevel(logging.WARNING)
+    encoder = FrozenEncoder(str(cfg.encoder.name_or_path), cfg.encoder.max_length, cfg.encoder.on_overflow,
+                            cfg.encoder.device, int(cfg.encoder.batch_size))
+    logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
+    kind = str(cfg.task.kind)
+    rows, info, contribs = (run_position if kind == "position" else run_classifier)(cfg, encoder, logger)
+    info.update(encoder=str(encoder.source.name), encoder_kind=encoder.source.kind, layers=encoder.num_layers + 1,
+                hidden=encoder.hidden_size, transforms=selected_transforms(cfg.transform), seed=int(cfg.seed))
+    by_position = info.pop("by_position", None)
+    if by_position:  # accuracy at each position: a position-free encoder is at chance away from the edges
+        with open(run_dir / "position_probe_by_position.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=["layer", "transform", "position", "n_test", "accuracy"])
+            w.writeheader()
+            w.writerows(by_position)
+    (run_dir / "probe_info.json").write_text(json.dumps(info, indent=2, default=str))
+    paths = write_outputs(rows, info, run_dir, "position_probe" if kind == "position" else "classifier",
+                          contribs)
+    logger.finalize("success")
+    return {"rows": rows, "info": info, "files": paths}

@@ -1,0 +1,227 @@
+"""Start-up checks for the Hydra entry points, importing nothing heavy.
+
+``import lightning`` and ``import transformers`` take 10–15 s each on a small machine, and
+Hydra's own message for an unknown config option is several lines long. The entry points call
+:func:`check_overrides` first, so ``python train.py pos=nope`` fails within a second with one
+line that lists the valid names.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf, open_dict
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository root, beside train.py
+
+
+def group_options(group: str, config_dir: Path = CONFIG_DIR) -> list[str]:
+    """Names of the option files of a config group (``configs/<group>/*.yaml``)."""
+    return sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+
+
+def find_override_errors(argv: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
+    """One message per ``group=value`` override whose value is not a file of that group.
+
+    Handles Hydra's ``+group=``/``++group=`` prefixes and multirun lists (``pos=a,b``).
+    Dotted keys (``trainer.devices=2``) are values, not group choices, and are left to Hydra.
+    """
+    errors = []
+    for arg in argv:
+        if "=" not in arg or arg.startswith("-"):
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if "." in key or "/" in key or not (config_dir / key).is_dir():
+            continue
+        value = value.strip()
+        if value.startswith("[") and value.endswith("]"):  # list-valued choice, e.g. transform=[none,clip]
+            value = value[1:-1]
+        valid = group_options(key, config_dir)
+        for choice in filter(None, (v.strip() for v in value.split(","))):
+            if choice not in valid and choice != "null":
+                errors.append(f"unknown {key} {choice!r}; valid: {', '.join(valid)}")
+    return errors
+
+
+def find_run_dir_error(argv: list[str]) -> str | None:
+    """``hydra.run.dir=`` that cannot be created or written: say so now, not in a Hydra traceback
+    (and not after an hour of training, when the first checkpoint is saved)."""
+    for arg in argv:
+        if arg.startswith("hydra.run.dir="):
+            path = Path(arg.split("=", 1)[1].strip("'\""))
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                probe = path / ".write_test"
+                probe.write_bytes(b"x")
+                probe.unlink()
+            except OSError as e:
+                return f"run directory {path} is not writable ({e.strerror}); choose another with hydra.run.dir="
+    return None
+
+
+def check_overrides(argv: list[str] | None = None, config_dir: Path = CONFIG_DIR) -> None:
+    """Exit with status 2 and one line per bad ``group=value`` override or unusable run directory."""
+    argv = sys.argv[1:] if argv is None else argv
+    errors = find_override_errors(argv, config_dir)
+    if "-m" not in argv and "--multirun" not in argv:
+        run_dir_error = find_run_dir_error(argv)
+        errors += [run_dir_error] if run_dir_error else []
+    if errors:
+        for e in errors:
+            print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _target_error(target: str, where: str) -> str | None:
+    """Whether ``module.attr`` of a Hydra ``_target_`` exists, without executing the module (no heavy import).
+
+    The top-level package is located with ``find_spec``, submodules on its search path with ``PathFinder``;
+    the attribute is checked only in this repository's own source files, where a missing name is a typo.
+    """
+    module, _, attr = str(target).rpartition(".")
+    parts = module.split(".") if module else []
+    spec = importlib.util.find_spec(parts[0]) if parts else None
+    for part in parts[1:]:
+        if spec is None or not spec.submodule_search_locations:
+            spec = None
+            break
+        spec = importlib.machinery.PathFinder.find_spec(part, list(spec.submodule_search_locations))
+    if spec is None or not attr:
+        return f"{where}._target_={target}: no module {module or target!r} (check the spelling)"
+    origin = Path(spec.origin or "")
+    if origin.suffix == ".py" and CONFIG_DIR.parent in origin.parents:
+        names = set()
+        for node in ast.parse(origin.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        if attr not in names:
+            return f"{where}._target_={target}: {module} has no {attr!r}"
+    return None
+
+
+def _as_int(value, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    return int(value)
+
+
+def check_train_config(cfg) -> list[str]:
+    """Validate the optimisation setup of a composed ``train.yaml`` before the heavy imports (issue 17).
+
+    Combinations that cannot work raise ``ValueError`` with one line; combinations with a sensible
+    reading are adjusted in ``cfg`` and returned as one-line warnings (which the caller prints):
+
+    * ``trainer.max_steps`` must be >= 1 (``-1``, Lightning's "use max_epochs", would also make the
+      schedule's length negative);
+    * the scheduler's and optimizer's ``_target_`` must exist; the warm-up must be >= 0; a warm-up >=
+      max_steps only warns (the schedule holds the peak, :mod:`outlierlab.models.schedules`);
+    * ``trainer.val_check_interval`` (batches) above the run's length is lowered to it: one validation at
+      the end instead of none;
+    * ``callbacks.model_checkpoint.every_n_train_steps`` must be >= 1 (0 saves nothing to resume from);
+    * ``data.block_size`` must not exceed ``model.max_len``.
+    """
+    warnings: list[str] = []
+    trainer = cfg.trainer
+    max_steps = _as_int(trainer.max_steps, "trainer.max_steps")
+    if max_steps <= 0:
+        raise ValueError(f"trainer.max_steps must be >= 1 optimizer steps, got {max_steps} "
+                         "(e.g. trainer.max_steps=300)")
+    for key in ("module.optimizer", "module.scheduler"):
+        node = OmegaConf.select(cfg, key)
+        if node is not None and node.get("_target_"):
+            error = _target_error(node._target_, key)
+            if error:
+                raise ValueError(error)
+    sched = OmegaConf.select(cfg, "module.scheduler")
+    if sched is not None and "num_warmup_steps" in sched:
+        warmup = _as_int(sched.num_warmup_steps, "module.scheduler.num_warmup_steps")
+        if warmup < 0:
+            raise ValueError(f"module.scheduler.num_warmup_steps must be >= 0, got {warmup}")
+        if warmup >= max_steps:
+            warnings.append(f"warm-up ({warmup} steps) >= trainer.max_steps ({max_steps}): the learning rate "
+                            "never decays" + (" and never reaches its peak" if warmup > max_steps else
+                                              " (it holds the peak after the warm-up)"))
+    accumulate = trainer.get("accumulate_grad_batches", 1)
+    batches = max_steps * (accumulate if isinstance(accumulate, int) and accumulate > 0 else 1)
+    vci = trainer.get("val_check_interval")
+    if isinstance(vci, int) and not isinstance(vci, bool) and trainer.get("check_val_every_n_epoch") is None:
+        if vci < 1:
+            raise ValueError(f"trainer.val_check_interval must be >= 1 batches, got {vci}")
+        if vci > batches:
+            with open_dict(trainer):
+                trainer.val_check_interval = batches
+            warnings.append(f"trainer.val_check_interval={vci} exceeds the run ({batches} batches): "
+                            f"validating once, at batch {batches}")
+    every = OmegaConf.select(cfg, "callbacks.model_checkpoint.every_n_train_steps")
+    if every is not None and _as_int(every, "callbacks.model_checkpoint.every_n_train_steps") < 1:
+        raise ValueError(f"callbacks.model_checkpoint.every_n_train_steps must be >= 1, got {every} (0 never saves "
+                         "a checkpoint to resume from; to save none use ~callbacks.model_checkpoint)")
+    block, max_len = OmegaConf.select(cfg, "data.block_size"), OmegaConf.select(cfg, "model.max_len")
+    if isinstance(block, int) and isinstance(max_len, int) and block > max_len:
+        raise ValueError(f"data.block_size={block} is larger than the model's max_len={max_len}; "
+                         "lower data.block_size or raise model.max_len")
+    return warnings
+
+
+def describe_plan(cfg) -> str:
+    """One line saying what the run will do: steps, devices, global batch, tokens and precision.
+
+    Printed before the heavy imports, so a misread multi-GPU setting (global batch, accumulation) shows
+    before hours of compute, e.g. for ``experiment=paper_roberta_base`` (Luo et al. Table 4: batch 256).
+    """
+    t = cfg.trainer
+    per_device = OmegaConf.select(cfg, "data.batch_size")
+    block = OmegaConf.select(cfg, "data.block_size")
+    devices, nodes, accumulate = t.get("devices", 1), int(t.get("num_nodes", 1) or 1), t.get("accumulate_grad_batches", 1)
+    n_dev = len(devices) if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices) else devices
+    line = f"plan: {t.max_steps} steps on {t.get('accelerator', 'auto')} x {n_dev} device(s) x {nodes} node(s)"
+    if isinstance(n_dev, int) and isinstance(per_device, int) and isinstance(accumulate, int):
+        global_batch = per_device * n_dev * nodes * accumulate
+        line += (f", global batch {global_batch} = {per_device} per device x {n_dev * nodes} device(s) x "
+                 f"{accumulate} accumulation")
+        if isinstance(block, int):
+            line += f", {global_batch * block:,} tokens/step, {global_batch * block * int(t.max_steps):,} tokens"
+    return line + f", precision {t.get('precision', '32-true')}, strategy {t.get('strategy', 'auto')}"
+
+
+def register_resolvers() -> None:
+    """OmegaConf resolvers used by the configs (idempotent)."""
+    def accumulation(global_batch: int, per_device: int, devices, num_nodes=1) -> int:
+        # Paper batch 256 = per-device batch x devices x nodes x accumulation (Luo et al. Table 4).
+        devices = 1 if devices in ("auto", None) else (len(devices) if isinstance(devices, (list, tuple)) else int(devices))
+        per_step = int(per_device) * devices * int(num_nodes)
+        if int(global_batch) % per_step:
+            raise ValueError(f"global batch {global_batch} is not a multiple of {per_device} x {devices} devices x {num_nodes} nodes")
+        return int(global_batch) // per_step
+
+    if not OmegaConf.has_resolver("accumulation"):
+        OmegaConf.register_new_resolver("accumulation", accumulation)
+
+
+# Errors that mean "the user asked for something that cannot work": reported as one line.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, OSError, FloatingPointError)
+
+
+def run_main(job, cfg):
+    """Run ``job(cfg)``; a user error becomes ``error: <message>`` on stderr and exit status 1.
+
+    Set ``OUTLIERLAB_DEBUG=1`` to get the full traceback instead.
+    """
+    try:
+        return job(cfg)
+    except USER_ERRORS as e:
+        if os.environ.get("OUTLIERLAB_DEBUG"):
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: {msg}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,206 @@
+"""The pretraining job behind ``python train.py``: config -> datamodule -> module -> Trainer -> export.
+
+Kept out of ``train.py`` so the entry point stays thin and its heavy imports happen only after
+the config has been validated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from outlierlab.datamodules.budget import DataBudget, data_budget
+from outlierlab.models import EncoderConfig, hf_exportable, save_pretrained
+from outlierlab.models.checkpoint import read_checkpoint
+from outlierlab.lightning_modules.mlm_module import MLMLitModule
+
+log = logging.getLogger(__name__)
+
+
+def ensure_writable(run_dir: Path, min_free_mb: int = 200) -> None:
+    """Fail at start, not after an hour, if the run directory cannot hold checkpoints."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        probe.write_bytes(b"x" * 1024)
+        probe.unlink()
+    except OSError as e:
+        raise OSError(f"run directory {run_dir} is not writable ({e.strerror}); choose another with hydra.run.dir=") from None
+    free_mb = os.statvfs(run_dir).f_bavail * os.statvfs(run_dir).f_frsize / 2**20
+    if free_mb < min_free_mb:
+        raise OSError(f"only {free_mb:.0f} MB free under {run_dir}; checkpoints need more (free space or set hydra.run.dir=)")
+
+
+def _readable(path: Path) -> dict[str, Any] | None:
+    try:
+        # mmap: a truncated zip archive fails at once, and large checkpoints are not read twice.
+        return read_checkpoint(path, mmap=True)
+    except ValueError:  # any unreadable file is "not a good checkpoint"
+        return None
+
+
+def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
+    """Turn ``ckpt_path`` (``null``, ``last`` or a path) into a readable checkpoint file.
+
+    ``last`` means ``<run_dir>/checkpoints/last.ckpt``; if that file is unreadable (a crash
+    while the file system flushed, a truncated copy) the newest readable checkpoint next to it
+    is used instead, with a warning.
+    """
+    if ckpt_path in (None, "", "null"):
+        return None, None
+    if ckpt_path == "last":
+        ckpt_dir = run_dir / "checkpoints"
+        candidates = sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+        if not candidates:
+            raise FileNotFoundError(
+                f"ckpt_path=last but {ckpt_dir} holds no checkpoint; start without ckpt_path, or pass "
+                "hydra.run.dir= of the run to resume"
+            )
+        last = ckpt_dir / "last.ckpt"
+        ordered = ([last] if last.exists() else []) + [c for c in candidates if c.name != "last.ckpt"]
+        for cand in ordered:
+            ckpt = _readable(cand)
+            if ckpt is not None:
+                if cand != ordered[0]:
+                    log.warning("checkpoint %s is unreadable (truncated?); resuming from %s instead", ordered[0], cand)
+                return str(cand), ckpt
+        raise ValueError(f"no readable checkpoint in {ckpt_dir} (all {len(ordered)} are corrupt or truncated)")
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path {path} does not exist")
+    ckpt = _readable(path)
+    if ckpt is None:
+        raise ValueError(f"checkpoint {path} is unreadable (truncated or not a Lightning checkpoint)")
+    return str(path), ckpt
+
+
+def check_checkpoint_matches(ckpt: dict[str, Any], config: EncoderConfig, path: str) -> None:
+    """One line naming the fields that differ between a checkpoint's model and the current config."""
+    saved = (ckpt.get("hyper_parameters") or {}).get("model")
+    if saved is None:
+        raise ValueError(f"checkpoint {path} was not written by train.py (no model hyper-parameters)")
+    current = config.to_dict()
+    saved = EncoderConfig.from_dict(saved).to_dict()  # keys added to the config since: their defaults
+    diff = [f"{k}: {saved.get(k)!r} in checkpoint vs {current[k]!r} now" for k in current if saved.get(k) != current[k]]
+    if diff:
+        raise ValueError(f"checkpoint {path} belongs to a different model config ({'; '.join(diff)})")
+
+
+def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None) -> DataBudget:
+    """Log tokens per epoch, the tokens this run will see and its epochs over the data; warn above
+    ``warn_above`` epochs (``data_epochs_warning``: a memorisation regime, see :mod:`outlierlab.datamodules.budget`)."""
+    budget = data_budget(int(datamodule.stats["train_blocks"]), int(datamodule.stats["train_tokens"]),
+                         datamodule.batch_size, trainer.world_size, trainer.accumulate_grad_batches,
+                         trainer.max_steps, trainer.max_epochs)
+    if trainer.global_rank == 0:
+        log.info(budget.summary())
+        if warn_above is not None and budget.epochs > warn_above:
+            log.warning("this run loops %.0f times over its training data (> data_epochs_warning=%s): a "
+                        "memorisation regime, not the paper's few epochs; use more text (data.max_documents=null, "
+                        "data=english_large) or fewer steps", budget.epochs, warn_above)
+    return budget
+
+
+def _export_dir(run_dir: Path, config: EncoderConfig) -> Path:
+    return run_dir / ("hf" if hf_exportable(config) else "model")
+
+
+def _relaunch_args_for_ddp_children(run_dir: Path) -> None:
+    """Lightning relaunches ranks >= 1 with the original argv; under ``-m`` that starts a new
+    sweep in each child (lightning-hydra-template #393). Record this job's own overrides so
+    ``train.py`` can hand exactly those to the children (see ``train.py``)."""
+    try:
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:  # not running under @hydra.main (tests calling train() directly)
+        return
+    os.environ["OUTLIERLAB_CHILD_ARGV"] = json.dumps(
+        [o for o in overrides if not o.startswith("hydra.")] + [f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
+    )
+
+
+_DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def _release_ddp(env_before: dict[str, str | None]) -> None:
+    """Undo what Lightning's launcher left in *this* process after a DDP fit.
+
+    Lightning sets LOCAL_RANK & co. in the launching process and keeps its process group; the
+    next job of a Hydra multirun in the same process would then believe its ranks are launched
+    externally and wait for children that no longer exist. Only the launching process does this.
+    """
+    if env_before.get("LOCAL_RANK") is not None:
+        return  # ranks launched from outside (torchrun, SLURM, or a child of ours): leave them be
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    for key, value in env_before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Run MLM pretraining as configured; return the final logged metrics."""
+    env_before = {k: os.environ.get(k) for k in _DDP_ENV}
+    try:
+        return _train(cfg)
+    finally:
+        _release_ddp(env_before)
+
+
+def _train(cfg: DictConfig) -> dict[str, float]:
+    run_dir = Path(cfg.run_dir).resolve()
+    ensure_writable(run_dir)
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = hydra.utils.instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    tokenizer = datamodule.tokenizer
+
+    config: EncoderConfig = hydra.utils.instantiate(
+        cfg.model,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id,
+        eos_token_id=tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id,
+    )
+    if datamodule.block_size > config.max_len:
+        raise ValueError(
+            f"data.block_size={datamodule.block_size} is larger than the model's max_len={config.max_len}; "
+            f"lower data.block_size or raise model.max_len"
+        )
+    ckpt_path, ckpt = resolve_checkpoint(cfg.get("ckpt_path"), run_dir)
+    if ckpt is not None:
+        check_checkpoint_matches(ckpt, config, ckpt_path)
+        del ckpt
+
+    module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config)
+    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    report_data_budget(datamodule, trainer, cfg.get("data_epochs_warning"))
+    if trainer.global_rank == 0:
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        # the run directory is self-contained from the start: post-hoc analysis and probe.py on a checkpoint
+        # find the tokenizer here even when the run stops early or export=false
+        tokenizer.save_pretrained(str(run_dir / "tokenizer"))
+    _relaunch_args_for_ddp_children(run_dir)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+
+    if cfg.get("export", True) and trainer.global_rank == 0:
+        out = _export_dir(run_dir, config)
+        tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
+        fmt = save_pretrained(module.model, out, tokenizer=tokenizer)
+        log.info("exported the trained model (%s format) and tokenizer to %s", fmt, out)
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}

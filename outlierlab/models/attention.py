@@ -1,0 +1,185 @@
+"""Multi-head self-attention with the ``model.attention`` switch and optional QK-norm.
+
+Three kinds of attention (``EncoderConfig.attention``):
+
+* ``softmax`` — RoBERTa's scaled dot-product attention (through ``F.scaled_dot_product_attention``
+  unless the probabilities are asked for);
+* ``clipped_softmax`` — Bondarenko, Nagel & Blankevoort (2023), "Quantizable Transformers: Removing
+  Outliers by Helping Attention Heads Do Nothing", §4.1:
+  ``clip((ζ - γ)·softmax(x) + γ, 0, 1)``. With γ < 0 a head can give a key *exactly* zero weight
+  (and with ζ > 1 exactly one) from finite logits, so a head that wants to "do nothing" no longer
+  needs the huge logits — and the outlier activations that produce them;
+* ``gated`` — the same paper, §4.2: ``π(G(x)) ⊙ softmax(QKᵀ/√d) V`` per head, with π the
+  sigmoid and G a small gating function of the token's own input ``x``; a head can switch its update
+  off through the gate instead of through its attention pattern (:class:`HeadGate`).
+
+Every position scheme of :mod:`outlierlab.models.positions` acts before the probabilities are formed (it rotates
+q/k or adds a bias to the logits), so it composes with each kind unchanged. Only plain softmax can use
+the fused SDPA kernel; the other kinds take the explicit path.
+
+QK-norm (``qk_norm=True``; used by the Outlier-Protected block, :mod:`outlierlab.models.blocks`) normalises
+queries and keys per head before the position scheme and the dot product — the entropy-regulation
+mechanism of He et al. (2024) (Dehghani et al. 2023; Wortsman et al. 2023).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import EncoderConfig
+from .norms import make_norm
+from .positions import get_scheme
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """0-based index of each token among the non-padding tokens of its row (pads: 0)."""
+    mask = attention_mask.long()
+    return (torch.cumsum(mask, dim=1) - 1).clamp(min=0) * mask
+
+
+def clipped_softmax(scores: Tensor, gamma: float, zeta: float, dim: int = -1) -> Tensor:
+    """Clipped softmax of Bondarenko et al. (2023), §4.1: ``clip((ζ - γ)·softmax(x) + γ, 0, 1)``.
+
+    The softmax is stretched from (0, 1) to (γ, ζ) and clipped back to [0, 1]; γ = 0, ζ = 1 is the
+    plain softmax. Where the stretched value leaves [0, 1] the result is exactly 0 or 1 and its gradient
+    is zero — that is the point: a probability that is already clipped stops pulling its logit towards
+    ±∞. Their BERT setting is γ = -0.025, ζ = 1 at sequence length T = 512, and they keep
+    α = -γ·T fixed across lengths (γ = -α/T).
+
+    Rows no longer sum to one in general; that is part of the method.
+    """
+    return ((zeta - gamma) * scores.softmax(dim=dim) + gamma).clamp(0.0, 1.0)
+
+
+class HeadGate(nn.Module):
+    """Per-head sigmoid gate of gated attention (Bondarenko et al. 2023, §4.2).
+
+    ``gate_h(x_t) = sigmoid(G_h(x_t))`` multiplies head ``h``'s output at token ``t``. ``G`` is (config
+    ``gate``): ``linear`` — per head, a linear map of that head's slice ``x_t[h·d_h:(h+1)·d_h]`` of the
+    input (``n_heads·(d_h + 1)`` parameters, their default); ``mlp`` — per head, a one-hidden-layer ReLU
+    MLP of the same slice, width ``gate_hidden``; ``all_heads_linear`` — one linear map of the full
+    ``x_t`` to all heads. The output bias starts at ``gate_bias_init``, so the initial gate is
+    ``sigmoid(gate_bias_init)`` (the paper's π_init).
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.kind = config.gate
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.bias_init, self.std = float(config.gate_bias_init), config.initializer_range
+        H, Dh = self.num_heads, self.head_dim
+        if self.kind == "linear":
+            self.weight = nn.Parameter(torch.empty(H, Dh))
+        elif self.kind == "mlp":
+            n = config.gate_hidden
+            self.hidden_weight = nn.Parameter(torch.empty(H, Dh, n))
+            self.hidden_bias = nn.Parameter(torch.empty(H, n))
+            self.weight = nn.Parameter(torch.empty(H, n))
+        else:  # all_heads_linear
+            self.weight = nn.Parameter(torch.empty(H, config.hidden_size))
+        self.bias = nn.Parameter(torch.empty(H))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.std)
+        nn.init.constant_(self.bias, self.bias_init)
+        if self.kind == "mlp":
+            nn.init.normal_(self.hidden_weight, std=self.std)
+            nn.init.zeros_(self.hidden_bias)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Gate logits ``G(x)``, shape ``[B, H, T]``."""
+        B, T, _ = x.shape
+        if self.kind == "all_heads_linear":
+            g = x @ self.weight.T  # [B, T, H]
+        else:
+            xh = x.view(B, T, self.num_heads, self.head_dim)
+            if self.kind == "linear":
+                g = torch.einsum("bthd,hd->bth", xh, self.weight)
+            else:
+                hidden = F.relu(torch.einsum("bthd,hdn->bthn", xh, self.hidden_weight) + self.hidden_bias)
+                g = torch.einsum("bthn,hn->bth", hidden, self.weight)
+        return (g + self.bias).transpose(1, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Gates in (0, 1), shape ``[B, H, T, 1]`` (broadcasts over a head's output dims)."""
+        return torch.sigmoid(self.logits(x))[..., None]
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention; parameter names as ``RobertaSelfAttention`` (query/key/value)."""
+
+    def __init__(self, config: EncoderConfig, qk_norm: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_dropout
+        scheme = get_scheme(config.pos_name)
+        self.position_scheme = scheme.attention_module(config) if scheme.attention_module else None
+        # Registered after the RoBERTa modules only when used: the default model's parameters, their
+        # order and hence their seeded initial values are unchanged.
+        self.kind = config.attention
+        self.gamma, self.zeta = float(config.clip_gamma), float(config.clip_zeta)
+        self.gate = HeadGate(config) if self.kind == "gated" else None
+        if qk_norm:
+            self.query_norm = make_norm(config.norm, config.head_dim, config.layer_norm_eps)
+            self.key_norm = make_norm(config.norm, config.head_dim, config.layer_norm_eps)
+        else:
+            self.query_norm = self.key_norm = None
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _qk(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        q, k = self._heads(self.query(x)), self._heads(self.key(x))
+        if self.query_norm is not None:
+            # QK-norm before the position scheme: RoPE then rotates unit-scale vectors, and a relative
+            # or ALiBi bias is added to logits whose content part is bounded.
+            q, k = self.query_norm(q), self.key_norm(k)
+        pos_bias = None
+        if self.position_scheme is not None:
+            q, k, pos_bias = self.position_scheme(q, k, position_ids)
+        return q, k, pos_bias
+
+    def probabilities(self, scores: Tensor) -> Tensor:
+        """Attention weights from scaled logits incl. masks/position bias (softmax or clipped softmax)."""
+        if self.kind == "clipped_softmax":
+            return clipped_softmax(scores, self.gamma, self.zeta)
+        return scores.softmax(dim=-1)
+
+    def forward(
+        self, x: Tensor, key_mask_bias: Tensor, position_ids: Tensor, output_attentions: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        q, k, pos_bias = self._qk(x, position_ids)
+        v = self._heads(self.value(x))
+        bias = key_mask_bias  # [B, 1, 1, T]: 0 for real keys, a large negative for padding
+        if pos_bias is not None:
+            bias = bias + pos_bias
+        p = self.dropout_p if self.training else 0.0
+        if output_attentions or self.kind == "clipped_softmax":
+            # Explicit path: the probabilities are wanted (attention-sink analyses) or are not a softmax.
+            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
+            probs = self.probabilities(scores)
+            ctx = F.dropout(probs, p, self.training) @ v
+        else:
+            probs = None
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=p)
+        if self.gate is not None:
+            ctx = ctx * self.gate(x)  # [B, H, T, Dh] * [B, H, T, 1]: each head's update, per token
+        B, H, T, D = ctx.shape
+        return ctx.transpose(1, 2).reshape(B, T, H * D), (probs if output_attentions else None)
+
+    def attention_logits(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Scaled pre-softmax scores incl. the position bias, ``[B, H, T, T]`` (for outlierlab/analysis/tests)."""
+        B, T, _ = x.shape
+        mask = torch.ones(B, T, dtype=torch.long, device=x.device) if attention_mask is None else attention_mask
+        q, k, pos_bias = self._qk(x, position_ids_from_mask(mask))
+        bias = torch.zeros((), dtype=x.dtype, device=x.device) if pos_bias is None else pos_bias
+        return q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias

@@ -1,0 +1,150 @@
+"""Configuration of the RoBERTa encoder (Liu et al. 2019) with a pluggable position scheme
+and architecture switches against outlier features (see docs/architectures.md).
+
+A plain dataclass so that Hydra can build it with ``_target_`` and it can be saved
+as JSON next to the weights. The defaults are today's post-LayerNorm RoBERTa: a config
+saved before the switches existed loads into exactly the same model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Valid values of each architecture switch; the first is the default (plain RoBERTa).
+SWITCH_CHOICES: dict[str, tuple[str, ...]] = {
+    "norm_placement": ("post", "pre"),
+    "norm": ("layernorm", "layernorm_noaffine", "rmsnorm"),
+    "attention": ("softmax", "clipped_softmax", "gated"),
+    "block": ("roberta", "op"),
+    "gate": ("linear", "mlp", "all_heads_linear"),
+}
+
+
+@dataclass
+class EncoderConfig:
+    """Architecture of a post-LayerNorm RoBERTa encoder.
+
+    Parameters
+    ----------
+    vocab_size : int
+        Size of the token vocabulary (set from the tokenizer at run time).
+    hidden_size, num_layers, num_heads, intermediate_size : int
+        Transformer dimensions (paper Table 4, RoBERTa-base: 768, 12, 12, 3072).
+    dropout, attention_dropout : float
+        Dropout on hidden states and on attention probabilities.
+    max_len : int
+        Longest sequence the model accepts, in tokens including ``<s>`` and ``</s>``.
+        Learned positions follow RoBERTa and allocate ``max_len + 2`` rows because
+        position ids start after ``pad_token_id``.
+    pos : dict
+        Position scheme: ``{"name": <registered scheme>, **options}``; see
+        :mod:`outlierlab.models.positions`.
+    norm_placement : {"post", "pre"}
+        ``post``: RoBERTa, ``x = LN(x + f(x))``; ``pre``: ``x = x + f(LN(x))`` and a final
+        LayerNorm after the last block (Xiong et al. 2020).
+    norm : {"layernorm", "layernorm_noaffine", "rmsnorm"}
+        Kind of every normalisation layer of the encoder body (:mod:`outlierlab.models.norms`); the MLM head
+        keeps RoBERTa's affine LayerNorm.
+    attention : {"softmax", "clipped_softmax", "gated"}
+        Attention probabilities: softmax; clipped softmax ``clip((ζ-γ)·softmax + γ, 0, 1)``; or softmax
+        attention whose per-head output is multiplied by a sigmoid gate of the token's input
+        (Bondarenko et al. 2023; :mod:`outlierlab.models.attention`).
+    block : {"roberta", "op"}
+        ``roberta``: the block chosen by ``norm_placement``; ``op``: the Outlier-Protected block of
+        He et al. (2024) — no normalisation in the residual branches, QK-norm, down-scaled branches.
+    clip_gamma, clip_zeta : float
+        γ ≤ 0 and ζ ≥ 1 of the clipped softmax. Bondarenko et al.'s BERT setting is γ = -0.025,
+        ζ = 1 at sequence length T = 512; they scale γ with the length as γ = -α/T (α = 12.8 gives
+        their BERT value; for T = 128, γ = -0.1).
+    gate : {"linear", "mlp", "all_heads_linear"}
+        Gating function of gated attention (Bondarenko et al. 2023, §4.2): per head a linear map
+        (or a one-hidden-layer MLP of width ``gate_hidden``) of that head's slice of the input, or one
+        linear map of the full input to all heads.
+    gate_hidden : int
+        Hidden width of the ``mlp`` gate.
+    gate_bias_init : float
+        Initial bias of the gate logits; the initial gate value is ``sigmoid(gate_bias_init)``
+        (the paper's π_init; 0 gives 0.5).
+    op_beta : float
+        Initial value of the trainable scalars β that scale the OP block's residual branches,
+        ``x + β·f(x)``.
+    """
+
+    vocab_size: int = 8192
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 1024
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    max_len: int = 128
+    pos: dict[str, Any] = field(default_factory=lambda: {"name": "learned"})
+    pad_token_id: int = 1
+    bos_token_id: int = 0
+    eos_token_id: int = 2
+    layer_norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    norm_placement: str = "post"
+    norm: str = "layernorm"
+    attention: str = "softmax"
+    block: str = "roberta"
+    clip_gamma: float = -0.025
+    clip_zeta: float = 1.0
+    gate: str = "linear"
+    gate_hidden: int = 16
+    gate_bias_init: float = 0.0
+    op_beta: float = 0.1
+
+    def __post_init__(self) -> None:
+        # Hydra hands over DictConfig objects; keep a plain dict so the config is JSON-able.
+        self.pos = dict(self.pos) if self.pos is not None else {"name": "none"}
+        if "name" not in self.pos:
+            raise ValueError("pos must name a position scheme, e.g. pos={name: learned}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
+            )
+        if self.max_len < 2:
+            raise ValueError(f"max_len must be >= 2 (got {self.max_len})")
+        for key, valid in SWITCH_CHOICES.items():
+            if getattr(self, key) not in valid:
+                raise ValueError(f"unknown model.{key} {getattr(self, key)!r}; valid: {', '.join(valid)}")
+        if not self.clip_zeta > self.clip_gamma:
+            raise ValueError(f"clipped softmax needs clip_zeta > clip_gamma (got zeta={self.clip_zeta}, "
+                             f"gamma={self.clip_gamma}); the paper uses gamma <= 0 <= 1 <= zeta")
+        if self.block == "op" and self.norm_placement != "post":
+            raise ValueError("model.block=op has no normalisation in its blocks, so model.norm_placement=pre "
+                             "does not apply; leave norm_placement at its default (post)")
+        if self.gate_hidden < 1:
+            raise ValueError(f"gate_hidden must be >= 1 (got {self.gate_hidden})")
+
+    @property
+    def pos_name(self) -> str:
+        return str(self.pos["name"])
+
+    @property
+    def is_plain_roberta(self) -> bool:
+        """True when every switch is at its default: the body is exactly ``RobertaModel``'s."""
+        return all(getattr(self, key) == valid[0] for key, valid in SWITCH_CHOICES.items() if key != "gate")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def max_position_embeddings(self) -> int:
+        """Rows of an absolute position table in the RoBERTa convention (max_len + pad + 1)."""
+        return self.max_len + self.pad_token_id + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EncoderConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown EncoderConfig keys: {sorted(unknown)}")
+        return cls(**d)  # keys missing from an older config take their (plain RoBERTa) defaults

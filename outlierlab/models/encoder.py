@@ -1,0 +1,192 @@
+"""RoBERTa encoder with a pluggable position scheme, architecture switches, and its masked-LM head.
+
+By default post-LayerNorm blocks as in RoBERTa (Liu et al. 2019): an embeddings LayerNorm, and per
+layer an attention-output LayerNorm and an output LayerNorm — the LayerNorms whose gain
+and bias the outlier literature tracks (Kovaleva et al. 2021; Puccetti et al. 2022).
+The switches of :class:`EncoderConfig` (norm placement, norm kind, attention kind, the
+Outlier-Protected block) live in :mod:`outlierlab.models.norms`, :mod:`outlierlab.models.attention` and
+:mod:`outlierlab.models.blocks`; docs/architectures.md describes them.
+
+Written here rather than taken from transformers because transformers 5 dropped relative
+positions from RoBERTa and never had "no positions" (see DESIGN.md). Parameter names are
+those of ``transformers.RobertaForMaskedLM`` so learned/none models export unchanged
+(:mod:`outlierlab.models.export`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import SelfAttention, position_ids_from_mask
+from .blocks import Layer, OPLayer, make_layer
+from .config import EncoderConfig
+from .norms import NORM_TYPES, make_norm, reset_norm
+from .positions import get_scheme
+
+__all__ = ["EncoderOutput", "MaskedLMOutput", "RobertaEncoder", "RobertaMaskedLM", "SelfAttention",
+           "Layer", "OPLayer", "position_ids_from_mask"]
+
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class MaskedLMOutput:
+    loss: Tensor | None
+    logits: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        scheme = get_scheme(config.pos_name)
+        # Absent (None) for schemes without an input term; HF export writes a zero table then.
+        self.position_embeddings = scheme.input_module(config) if scheme.input_module else None
+        # Not in a residual branch: kept by every block kind (its kind follows model.norm).
+        self.LayerNorm = make_norm(config.norm, config.hidden_size, config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        x = self.word_embeddings(input_ids)
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings(position_ids, attention_mask)
+        return self.dropout(self.LayerNorm(x))
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(make_layer(config) for _ in range(config.num_layers))
+        # Pre-LN leaves the stream unnormalised after the last block; one final LN (Xiong et al. 2020).
+        if config.block == "roberta" and config.norm_placement == "pre":
+            self.LayerNorm = make_norm(config.norm, config.hidden_size, config.layer_norm_eps)
+        else:
+            self.LayerNorm = None
+
+
+class RobertaEncoder(nn.Module):
+    """The encoder body (``RobertaModel`` without pooler)."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.encoder = Encoder(config)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> EncoderOutput:
+        if input_ids.shape[1] > self.config.max_len:
+            raise ValueError(
+                f"sequence length {input_ids.shape[1]} exceeds the model's max_len={self.config.max_len}; "
+                "truncate the input or use a model with more positions"
+            )
+        if attention_mask is None:
+            attention_mask = (input_ids != self.config.pad_token_id).long()
+        position_ids = position_ids_from_mask(attention_mask)
+        x = self.embeddings(input_ids, attention_mask, position_ids)
+        # Large negative instead of -inf keeps rows finite even when a row is all padding.
+        key_mask_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        hidden, attns = [x], []
+        for layer in self.encoder.layer:
+            x, probs = layer(x, key_mask_bias, position_ids, output_attentions)
+            hidden.append(x)
+            attns.append(probs)
+        if self.encoder.LayerNorm is not None:
+            # As GPT-2 in transformers: the last hidden state is the final LN's output.
+            x = self.encoder.LayerNorm(x)
+            hidden[-1] = x
+        return EncoderOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden) if output_hidden_states else None,
+            attentions=tuple(attns) if output_attentions else None,
+        )
+
+
+class LMHead(nn.Module):
+    """RoBERTa's MLM head: dense -> GELU -> LayerNorm -> decoder tied to the input embeddings."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: Tensor, decoder_weight: Tensor) -> Tensor:
+        x = self.layer_norm(F.gelu(self.dense(x)))
+        return F.linear(x, decoder_weight, self.bias)
+
+
+class RobertaMaskedLM(nn.Module):
+    """RoBERTa encoder + tied MLM head; parameter names as ``transformers.RobertaForMaskedLM``."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.roberta = RobertaEncoder(config)
+        self.lm_head = LMHead(config)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # BERT/RoBERTa initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm gains.
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, NORM_TYPES):
+            reset_norm(module)  # unit gain, zero bias where the norm has them
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> MaskedLMOutput:
+        out = self.roberta(input_ids, attention_mask, output_hidden_states, output_attentions)
+        logits = self.lm_head(out.last_hidden_state, self.roberta.embeddings.word_embeddings.weight)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
+        return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions)
+
+    def named_layernorms(self) -> dict[str, nn.Module]:
+        """The encoder's normalisation layers on the residual stream, in depth order — the single list
+        the LayerNorm monitor, rule and ablation read: ``embeddings``, then per layer
+        ``layer.{i}.attention_output`` and ``layer.{i}.output``, then ``final`` (pre-LN only).
+
+        Whatever norms exist are returned (``nn.LayerNorm``, also without gain/bias, or ``nn.RMSNorm``
+        with a gain only); the Outlier-Protected block has none in its layers, so only ``embeddings``.
+        QK-norms and the MLM head's LayerNorm are not listed.
+        """
+        lns: dict[str, nn.Module] = {"embeddings": self.roberta.embeddings.LayerNorm}
+        for i, layer in enumerate(self.roberta.encoder.layer):
+            for key, norm in (("attention_output", layer.attention.output.LayerNorm),
+                              ("output", layer.output.LayerNorm)):
+                if norm is not None:
+                    lns[f"layer.{i}.{key}"] = norm
+        if self.roberta.encoder.LayerNorm is not None:
+            lns["final"] = self.roberta.encoder.LayerNorm
+        return lns

