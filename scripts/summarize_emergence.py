@@ -9,6 +9,7 @@ row). Validation perplexity: the last ``val/ppl`` in ``<run>/csv/metrics.csv``.
     python scripts/summarize_emergence.py long --run learned=RUN_L --run none=RUN_N \
         --init learned=INIT_L --init none=INIT_N --out docs/emergence
     python scripts/summarize_emergence.py table --runs SWEEP_DIR/* --init INIT_L --out docs/emergence/sweep.csv
+    python scripts/summarize_emergence.py grid --table docs/emergence/switches.csv --out docs/emergence/switches_grid.md
 """
 
 from __future__ import annotations
@@ -167,6 +168,46 @@ def sweep_table(args) -> None:
                            "anisotropy_last", "layernorm_outliers_total", "val_ppl"]))
 
 
+#: (column of a ``table`` CSV, heading, format) of the scheme x switch grids: the issue-13 quantities
+GRID_METRICS = [
+    ("argmax_share_last", "argmax share, last layer (Luo et al. 2021; 1/d = 0.008 is no preferred dim)", "{:.2f}"),
+    ("kurtosis_ratio_last", "kurtosis of the last layer, × its step-0 value (He et al. 2024)", "{:.2f}"),
+    ("max_median_max", "max/median |x|, max over layers", "{:.1f}"),
+    ("inf_norm_ln_input_max", "‖x‖∞ at the output-LayerNorm input, max over layers (Bondarenko et al. 2023)", "{:.1f}"),
+    ("anisotropy_last", "anisotropy, last layer (Ethayarajh 2019)", "{:.2f}"),
+    ("layernorm_outliers_total", "LayerNorm 3σ dims (gain AND bias), summed over layers (Kovaleva et al. 2021)", "{:.0f}"),
+    ("val_ppl", "validation perplexity", "{:.0f}"),
+]
+SWITCH_ORDER = ["softmax", "clipped_softmax", "gated", "op", "pre_ln", "noaffine", "rmsnorm"]
+POS_ORDER = ["learned", "none", "relative", "sinusoidal", "rope", "alibi"]
+
+
+def grid(args) -> None:
+    """Pivot a ``table`` CSV whose runs are named ``<pos>_<switch>`` (scripts/switch_sweep.sh) into one
+    markdown grid per metric: rows = position scheme, columns = switch; a missing cell is "–"."""
+    with open(args.table) as f:
+        rows = list(csv.DictReader(f))
+    cells = {}
+    for r in rows:
+        pos, _, switch = r["run"].partition("_")
+        cells[pos, switch] = r
+    poss = [p for p in POS_ORDER if any(k[0] == p for k in cells)] + sorted({k[0] for k in cells} - set(POS_ORDER))
+    switches = ([w for w in SWITCH_ORDER if any(k[1] == w for k in cells)]
+                + sorted({k[1] for k in cells} - set(SWITCH_ORDER)))
+    steps = sorted({int(r["step"]) + 1 for r in rows})
+    out = [f"<!-- written by: python scripts/summarize_emergence.py grid --table {args.table} --out {args.out} -->",
+           f"Final checkpoint (step {', '.join(map(str, steps))}); rows: `pos=`, columns: switch.", ""]
+    for col, title, fmt in GRID_METRICS:
+        out += [f"**{title}**", "", "| pos | " + " | ".join(switches) + " |", "|---|" + "---|" * len(switches)]
+        for p_ in poss:
+            vals = [_num(cells[p_, w].get(col)) if (p_, w) in cells else None for w in switches]
+            out.append(f"| {p_} | " + " | ".join("–" if v is None else fmt.format(v) for v in vals) + " |")
+        out.append("")
+    Path(args.out).write_text("\n".join(out))
+    print("\n".join(out))
+    print(f"wrote {args.out}")
+
+
 def markdown(rows: list[dict], cols: list[str]) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
@@ -209,8 +250,11 @@ def main(argv=None) -> None:
     sp.add_argument("--runs", nargs="+", required=True)
     sp.add_argument("--init", help="1-step run for runs whose live monitor lacks step-0 kurtosis")
     sp.add_argument("--out", required=True)
+    gp = sub.add_parser("grid", help="scheme x switch markdown grids of a switch-sweep table CSV")
+    gp.add_argument("--table", required=True, help="CSV written by `table` over <pos>_<switch> run directories")
+    gp.add_argument("--out", required=True, help="markdown file")
     args = p.parse_args(argv)
-    {"long": long_runs, "table": sweep_table}[args.cmd](args)
+    {"long": long_runs, "table": sweep_table, "grid": grid}[args.cmd](args)
 
 
 if __name__ == "__main__":
