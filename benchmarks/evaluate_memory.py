@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
-from outlierlab.evaluation.streaming import run_sentence_pass  # noqa: E402
+from outlierlab.evaluation.streaming import pass_settings, run_sentence_pass  # noqa: E402
 from outlierlab.models.loading import FrozenEncoder  # noqa: E402
 
 
@@ -38,6 +38,14 @@ def _rss_mb() -> float:
     """Current resident set size (Linux /proc), MiB."""
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def evaluate_defaults():
+    """configs/evaluate.yaml as evaluate.py composes it (the settings of the shared pass come from there)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose(config_name="evaluate")
 
 
 def child(n: int, encoder: str, batch_size: int) -> dict:
@@ -48,7 +56,7 @@ def child(n: int, encoder: str, batch_size: int) -> dict:
     baseline = _rss_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     st = run_sentence_pass(enc, texts, ["none", "clip", "whiten"], outlier_transforms=["none", "clip", "whiten"],
-                           batch_size=batch_size)
+                           batch_size=batch_size, **pass_settings(evaluate_defaults()))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     tokens = sum(p.n_tokens for p in st.passes)

@@ -173,7 +173,7 @@ def test_random_draws_avoid_outliers_and_follow_the_seed():
     outliers = list(range(0, 20, 2))  # 10 of 32 dims: an unconstrained draw of 10 avoids them with p ~ 0.01
 
     def draws(seed):
-        rows = run_ablation(loaded, batches, ["output"], outliers, [], n_random=8, seed=seed).rows
+        rows = run_ablation(loaded, batches, ["output"], outliers, [], n_random=8, seed=seed, top_k=5).rows
         return [r["dims"] for r in rows if r["condition"] == "random_draw"]
 
     d1, d2, d3 = draws(11), draws(11), draws(12)

@@ -8,7 +8,8 @@ import torch
 
 from outlierlab.analysis.activations import activation_kurtosis, max_median_ratio
 from outlierlab.evaluation.outliers import position_outliers
-from outlierlab.evaluation.streaming import run_sentence_pass
+from outlierlab.evaluation.streaming import pass_settings, run_sentence_pass
+from tests.conftest import compose
 from probe_fixtures import SENTENCES
 
 
@@ -17,8 +18,9 @@ def test_streaming_metrics_on_a_real_bert_equal_one_shot_values():
 
     enc = FrozenEncoder("all-minilm-l6-v2", device="cpu")
     texts = list(SENTENCES)[:24]
+    settings = {**pass_settings(compose("evaluate")), "chunk": 7}  # the YAML's values, an odd chunk on purpose
     st = run_sentence_pass(enc, texts, ["none"], need_anisotropy=False, need_self_sim=False, batch_size=5,
-                           chunk=7, need_activations=True)
+                           need_activations=True, **settings)
     obs = st.activations
     # one shot: every text in one padded batch
     hidden, valid, real = [], [], []

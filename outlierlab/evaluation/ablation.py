@@ -71,15 +71,16 @@ def _row(condition: str, dims: Sequence, kinds: Sequence[str], scores: Mapping, 
             "n_draws": n_draws, "n_masked": scores["n_masked"]}
 
 
-def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], kinds: Sequence[str] = ("output",),
-                 outlier_dims: Sequence[int] = (), user_dims: Sequence[int] = (), n_random: int = 5, seed: int = 0,
-                 example: str | None = None, top_k: int = 5) -> AblationOutcome:
+def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], kinds: Sequence[str],
+                 outlier_dims: Sequence[int] = (), user_dims: Sequence[int] = (), *, n_random: int, seed: int,
+                 example: str | None = None, top_k: int) -> AblationOutcome:
     """Score ``batches`` intact, with the outlier dims, random dims and user dims disabled.
 
     Random control: ``n_random`` draws of ``len(outlier_dims)`` dims avoiding the outlier dims (if no
     outlier dims are given: ``len(user_dims)`` dims avoiding the user's), from one generator seeded with
     ``seed``.  Rows: ``intact``, ``outliers``, ``random`` (mean ± sample std over draws), one
-    ``random_draw`` per draw, ``user`` (see :data:`ROW_FIELDS`).
+    ``random_draw`` per draw, ``user`` (see :data:`ROW_FIELDS`).  ``n_random``, ``seed`` and ``top_k`` have no
+    Python default: ``configs/evaluate.yaml`` (section ``ablation``) states them once.
     """
     if not loaded.has_mlm_head:
         raise ValueError(f"{loaded.name} has no masked-LM head: {loaded.no_head_reason}")
@@ -181,7 +182,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
     p = s.mlm_probability
     batches = masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, p, seed)
     example = s.example
-    out = run_ablation(loaded, batches, kinds, outliers, user, s.n_random, seed, example, s.top_k)
+    out = run_ablation(loaded, batches, kinds, outliers, user, n_random=s.n_random, seed=seed, example=example,
+                       top_k=s.top_k)
     notes = [f"Model: {loaded.name}. LayerNorms zeroed (gain and bias): {', '.join(kinds)} "
              f"({len(select_layernorms(loaded.layernorms, kinds))} LayerNorms).",
              ("Outlier dims given by ablation.outlier_dims; detected: " if given else "Outlier dims: ")

@@ -94,11 +94,14 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                       need_self_sim: bool = True, need_whitener: bool = False,
                       clip_dims: Sequence[int] | None = None, whiten_k: int | None = None,
                       clip_dims_by_layer: dict | None = None, whiten: WhitenSettings | None = None,
-                      outlier_method: str = "share", outlier_threshold: float = 0.25, outlier_k: float = 3.0,
-                      n_anisotropy_sentences: int = 2000, min_sentences: int = 10, max_words: int | None = 1000,
-                      lowercase: bool = True, seed: int = 0, batch_size: int | None = None, chunk: int = 1024,
+                      outlier_method: str, outlier_threshold: float, outlier_k: float,
+                      n_anisotropy_sentences: int, min_sentences: int, max_words: int | None,
+                      lowercase: bool, seed: int, chunk: int, batch_size: int | None = None,
                       progress: bool = False, need_activations: bool = False) -> SentenceStats:
     """Run the fit pass (and, if needed, the apply pass) over ``texts``; see the module docstring.
+
+    The keywords that ``configs/evaluate.yaml`` sets have no Python default (the YAML states each default once):
+    pass them from a composed config with ``**pass_settings(cfg)``.
 
     Parameters
     ----------
@@ -245,6 +248,17 @@ def evaluation_sentences(data: DataSettings) -> list[str]:
     return load_position_texts(None if data.files is None else list(data.files), data.max_sentences)
 
 
+def pass_settings(cfg) -> dict[str, Any]:
+    """The keywords of :func:`run_sentence_pass` that an ``evaluate.py`` config sets (sections ``outliers``,
+    ``anisotropy``, ``self_similarity``, ``data.chunk`` and the top-level ``seed``), read from the composed
+    config so that a direct caller and ``evaluate.py`` use the same, once-stated defaults."""
+    o, a = section_settings(OutliersSettings, cfg), section_settings(AnisotropySettings, cfg)
+    ss, data = section_settings(SelfSimilaritySettings, cfg), section_settings(DataSettings, cfg)
+    return dict(outlier_method=o.method, outlier_threshold=o.threshold, outlier_k=o.k,
+                n_anisotropy_sentences=a.n_sentences, min_sentences=ss.min_sentences, max_words=ss.max_words,
+                lowercase=ss.lowercase, seed=int(cfg.seed), chunk=data.chunk)
+
+
 def sentence_stats(ctx) -> SentenceStats:
     """The shared pass of an ``evaluate.py`` run (run once, kept in ``ctx.shared.sentence_stats``), configured
     from the sections of ``ctx.root_cfg`` for every selected analysis at once: outlier statistics of every
@@ -255,20 +269,15 @@ def sentence_stats(ctx) -> SentenceStats:
     cfg = ctx.root_cfg
     selected = set(cfg.analyses)
     t, data = section_settings(TransformSettings, cfg), section_settings(DataSettings, cfg)
-    o, a = section_settings(OutliersSettings, cfg), section_settings(AnisotropySettings, cfg)
-    ss = section_settings(SelfSimilaritySettings, cfg)
     st = run_sentence_pass(
-        ctx.encoder, evaluation_sentences(data), ctx.transforms,
+        ctx.encoder, evaluation_sentences(data), ctx.transforms, **pass_settings(cfg),
         outlier_transforms=list(ctx.transforms) if "outliers" in selected else ["none"],
         need_anisotropy=bool(selected & {"anisotropy", "self_similarity"}),
         need_self_sim="self_similarity" in selected,
         need_whitener=t.fit_on == "sentences" and bool(selected & {"wic", "sts"}),
         clip_dims=None if t.dims is None else list(t.dims), clip_dims_by_layer=t.dims_by_layer,
         whiten=WhitenSettings.from_settings(t),
-        outlier_method=o.method, outlier_threshold=o.threshold, outlier_k=o.k,
-        n_anisotropy_sentences=a.n_sentences,
-        min_sentences=ss.min_sentences, max_words=ss.max_words, lowercase=ss.lowercase, seed=int(ctx.seed),
-        batch_size=section_settings(EncoderSettings, cfg).batch_size, chunk=data.chunk,
+        batch_size=section_settings(EncoderSettings, cfg).batch_size,
         progress=bool(cfg.progress), need_activations="outliers" in selected)
     st.settings["source"] = "data.files" if data.files else "shipped Persuasion sentences (outlierlab/datamodules/data/eval)"
     ctx.shared.sentence_stats = st
