@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Architecture switches x position schemes at the emergence CPU budget (issue 13; docs/emergence.md table).
 # Every run: experiment=emergence_cpu with a fixed step budget; one switch changed from plain RoBERTa.
-# clipped softmax uses Bondarenko et al.'s length rule gamma = -12.8/T: T = 64 tokens here -> gamma = -0.2.
+# clipped softmax keeps Bondarenko et al.'s BERT alpha = -gamma*T = 3.2 (gamma -0.025 at T=128): T = 64 here -> gamma = -0.05.
 # Then: python -m outlierlab.jobs.posthoc OUT/<pos>_<switch>   and
 #   python scripts/summarize_emergence.py table --runs OUT/* --out docs/emergence/switches.csv
 # usage: scripts/switch_sweep.sh OUT_DIR [STEPS=600] [POS_LIST="learned none"] [SWITCHES="softmax clipped ..."]
@@ -17,7 +17,7 @@ COMMON="experiment=emergence_cpu trainer.max_steps=$STEPS module.scheduler.num_w
  callbacks.layernorm_monitor.every_n_steps=$((STEPS / 6)) callbacks.hidden_state_monitor.every_n_steps=$((STEPS / 6))"
 declare -A SW=(
   [softmax]=""
-  [clipped_softmax]="model.attention=clipped_softmax model.clip_gamma=-0.2"
+  [clipped_softmax]="model.attention=clipped_softmax model.clip_gamma=-0.05"
   [gated]="model.attention=gated"
   [pre_ln]="model.norm_placement=pre"
   [noaffine]="model.norm=layernorm_noaffine"

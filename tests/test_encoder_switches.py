@@ -9,7 +9,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from outlierlab.lightning_modules.mlm_module import weight_decay_groups
 from outlierlab.models import POSITION_SCHEMES, EncoderConfig, RobertaMaskedLM, load_pretrained, save_pretrained
 from outlierlab.models.attention import HeadGate, SelfAttention, clipped_softmax
 from outlierlab.models.blocks import Layer, OPLayer
@@ -58,7 +60,8 @@ def test_default_config_reproduces_the_pre_switch_model_bit_for_bit():
 def test_config_saved_before_the_switches_loads_with_defaults():
     old = {k: v for k, v in cfg().to_dict().items() if k not in ("norm_placement", "norm", "attention", "block",
                                                                   "clip_gamma", "clip_zeta", "gate", "gate_hidden",
-                                                                  "gate_bias_init", "op_beta")}
+                                                                  "gate_bias_init", "op_beta",
+                                                                  "op_beta_trainable")}
     assert EncoderConfig.from_dict(old) == cfg()
 
 
@@ -81,7 +84,7 @@ def test_arch_config_group_states_the_dataclass_defaults(compose_cfg):
     model = compose_cfg("train", []).model
     for key, value in cfg().to_dict().items():
         if key in ("norm_placement", "norm", "attention", "block", "clip_gamma", "clip_zeta", "gate",
-                   "gate_hidden", "gate_bias_init", "op_beta"):
+                   "gate_hidden", "gate_bias_init", "op_beta", "op_beta_trainable"):
             assert model[key] == value, key
 
 
@@ -256,7 +259,33 @@ def test_op_block_has_no_norm_in_its_residual_branches():
     assert norms == {"attention.self.query_norm", "attention.self.key_norm"}  # QK-norm only
     assert list(model.named_layernorms()) == ["embeddings"]
     assert layer.attention.output.LayerNorm is None and layer.output.LayerNorm is None
-    assert float(layer.attention_beta.detach()) == pytest.approx(0.1) and layer.attention_beta.requires_grad
+    # QK-norm is RMSNorm with a gain whatever model.norm is (He et al.'s qk_norm_type), no bias
+    assert isinstance(layer.attention.self.query_norm, nn.RMSNorm)
+    assert isinstance(OPLayer(cfg(block="op", norm="layernorm_noaffine")).attention.self.key_norm, nn.RMSNorm)
+
+
+def test_gate_defaults_are_bondarenkos_bert_recipe():
+    """Their BERT script: a per-head MLP gate of width d_h // 4 (their code), initial gate 0.5."""
+    c = cfg(attention="gated", hidden_size=64, num_heads=2)  # d_h = 32 -> 8 hidden units
+    gate = HeadGate(c)
+    assert gate.kind == "mlp" and tuple(gate.hidden_weight.shape) == (2, 32, 8)
+    assert torch.allclose(gate(torch.randn(1, 3, 64) * 0), torch.full((1, 2, 3, 1), 0.5))
+    assert tuple(HeadGate(cfg(attention="gated", gate_hidden=5)).hidden_weight.shape) == (2, 8, 5)
+
+
+def test_op_beta_follows_the_depth_rule_and_is_fixed_unless_asked():
+    """He et al.'s configuration: β = 0.2 at 12 layers, O(1/√depth); fixed (trainable gains are their option)."""
+    for layers, expected in [(12, 0.2), (3, 0.4), (4, 0.2 * math.sqrt(3))]:
+        layer = RobertaMaskedLM(cfg(block="op", num_layers=layers)).roberta.encoder.layer[0]
+        assert float(layer.attention_beta) == pytest.approx(expected) == float(layer.output_beta)
+        assert "attention_beta" not in dict(layer.named_parameters())  # a buffer: no gradient, no optimizer
+        assert "attention_beta" in layer.state_dict()  # ... but saved with the model
+    assert float(OPLayer(cfg(block="op", op_beta=0.05)).output_beta) == pytest.approx(0.05)
+    model = RobertaMaskedLM(cfg(block="op", op_beta_trainable=True))
+    beta = model.roberta.encoder.layer[1].output_beta
+    assert isinstance(beta, nn.Parameter) and beta.requires_grad
+    decayed = {id(p) for p in weight_decay_groups(model)[0]["params"]}
+    assert id(beta) not in decayed and id(model.roberta.encoder.layer[1].output.dense.weight) in decayed
 
 
 def test_op_block_matches_its_equations_on_a_small_input():
@@ -267,10 +296,14 @@ def test_op_block_matches_its_equations_on_a_small_input():
     x = torch.randn(2, 5, 16) * 4  # an unnormalised stream
     out, _ = layer(x, torch.zeros(2, 1, 1, 5), torch.arange(5).expand(2, 5))
     sa, ao, o = layer.attention.self, layer.attention.output, layer.output
-    # QK-norm: per head over d_h, each with its own (perturbed) gain and bias
+    # QK-norm: RMSNorm per head over d_h, each with its own (perturbed) gain
     B, T, H, Dh = 2, 5, 2, 8
-    q = _ln(F.linear(x, sa.query.weight, sa.query.bias).view(B, T, H, Dh).transpose(1, 2), sa.query_norm)
-    k = _ln(F.linear(x, sa.key.weight, sa.key.bias).view(B, T, H, Dh).transpose(1, 2), sa.key_norm)
+
+    def rms(t, m):
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + m.eps) * m.weight
+
+    q = rms(F.linear(x, sa.query.weight, sa.query.bias).view(B, T, H, Dh).transpose(1, 2), sa.query_norm)
+    k = rms(F.linear(x, sa.key.weight, sa.key.bias).view(B, T, H, Dh).transpose(1, 2), sa.key_norm)
     v = F.linear(x, sa.value.weight, sa.value.bias).view(B, T, H, Dh).transpose(1, 2)
     mha = (torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(Dh), -1) @ v).transpose(1, 2).reshape(B, T, 16)
     h = x + layer.attention_beta * F.linear(mha, ao.dense.weight, ao.dense.bias)

@@ -44,7 +44,7 @@ def weight_decay_groups(model: nn.Module, scope: str = "no_norm_bias") -> list[d
         ``Trainer._build_optimizer`` hands the optimizer every ``requires_grad`` parameter in one list and
         ``FairseqAdam`` applies the decoupled decay ``p -= lr * wd * p`` to each, LayerNorm gains and
         biases included.  ``"no_norm_bias"``: no decay on biases and on normalisation gains/biases
-        (the BERT / Hugging Face ``Trainer`` convention).  Decay pulls LayerNorm gains towards 0, so the
+        (the BERT / Hugging Face ``Trainer`` convention), nor on the OP block's trainable β.  Decay pulls LayerNorm gains towards 0, so the
         choice may change how the gain outliers of Kovaleva et al. (2021) emerge.
 
     Returns
@@ -62,7 +62,8 @@ def weight_decay_groups(model: nn.Module, scope: str = "no_norm_bias") -> list[d
         norm = _is_norm(module)
         for name, p in module.named_parameters(recurse=False):
             if p.requires_grad:
-                (exempt if norm or name == "bias" else decay).append(p)
+                # *_beta: the OP block's branch scales (when trainable), gains like a norm's (He et al. exempt them)
+                (exempt if norm or name == "bias" or name.endswith("_beta") else decay).append(p)
     return [{"params": decay}, {"params": exempt, "weight_decay": 0.0}]
 
 

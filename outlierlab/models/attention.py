@@ -47,8 +47,9 @@ def clipped_softmax(scores: Tensor, gamma: float, zeta: float, dim: int = -1) ->
     The softmax is stretched from (0, 1) to (γ, ζ) and clipped back to [0, 1]; γ = 0, ζ = 1 is the
     plain softmax. Where the stretched value leaves [0, 1] the result is exactly 0 or 1 and its gradient
     is zero — that is the point: a probability that is already clipped stops pulling its logit towards
-    ±∞. Their BERT setting is γ = -0.025, ζ = 1 at sequence length T = 512, and they keep
-    α = -γ·T fixed across lengths (γ = -α/T).
+    ±∞. Their BERT setting is γ = -0.025, ζ = 1 at sequence length T = 128 (α = -γ·T = 3.2); for OPT they
+    state γ = -α/T with α = 12 at T = 512 (github.com/qualcomm-ai-research/outlier-free-transformers, the
+    bert/opt clipped-softmax scripts). Keeping their BERT α at another length: γ = -3.2/T.
 
     Rows no longer sum to one in general; that is part of the method.
     """
@@ -60,9 +61,9 @@ class HeadGate(nn.Module):
 
     ``gate_h(x_t) = sigmoid(G_h(x_t))`` multiplies head ``h``'s output at token ``t``. ``G`` is (config
     ``gate``): ``linear`` — per head, a linear map of that head's slice ``x_t[h·d_h:(h+1)·d_h]`` of the
-    input (``n_heads·(d_h + 1)`` parameters, their default); ``mlp`` — per head, a one-hidden-layer ReLU
-    MLP of the same slice, width ``gate_hidden``; ``all_heads_linear`` — one linear map of the full
-    ``x_t`` to all heads. The output bias starts at ``gate_bias_init``, so the initial gate is
+    input (``n_heads·(d_h + 1)`` parameters; their OPT recipe); ``mlp`` — per head, a one-hidden-layer ReLU
+    MLP of the same slice, width ``gate_hidden`` (default ``d_h // 4``; their BERT recipe and our default);
+    ``all_heads_linear`` — one linear map of the full ``x_t`` to all heads. The output bias starts at ``gate_bias_init``, so the initial gate is
     ``sigmoid(gate_bias_init)`` (the paper's π_init).
     """
 
@@ -75,7 +76,7 @@ class HeadGate(nn.Module):
         if self.kind == "linear":
             self.weight = nn.Parameter(torch.empty(H, Dh))
         elif self.kind == "mlp":
-            n = config.gate_hidden
+            n = config.gate_width
             self.hidden_weight = nn.Parameter(torch.empty(H, Dh, n))
             self.hidden_bias = nn.Parameter(torch.empty(H, n))
             self.weight = nn.Parameter(torch.empty(H, n))
@@ -128,8 +129,9 @@ class SelfAttention(nn.Module):
         self.gamma, self.zeta = float(config.clip_gamma), float(config.clip_zeta)
         self.gate = HeadGate(config) if self.kind == "gated" else None
         if qk_norm:
-            self.query_norm = make_norm(config.norm, config.head_dim, config.layer_norm_eps)
-            self.key_norm = make_norm(config.norm, config.head_dim, config.layer_norm_eps)
+            # RMSNorm with a gain whatever model.norm says: He et al.'s OP configuration (qk_norm_type: rmsnorm)
+            self.query_norm = make_norm("rmsnorm", config.head_dim, config.layer_norm_eps)
+            self.key_norm = make_norm("rmsnorm", config.head_dim, config.layer_norm_eps)
         else:
             self.query_norm = self.key_norm = None
 

@@ -24,9 +24,11 @@ Outlier Features in Transformer Training", NeurIPS 2024, §4 and their Fig. 3)::
     x ← x + β_FF · W_2 · GELU(W_1 x)
 
 with no normalisation in either residual branch, the entropy-regulation mechanism being the
-normalisation N of queries and keys (per head), and trainable scalars β (initial value ``op_beta`` < 1)
-down-weighting the branches against the skip, which they show restores signal propagation without
-norms. Their optional scaling of the MLP input is not used. The embeddings LayerNorm and the MLM head's
+normalisation N of queries and keys (per head; RMSNorm with a gain, their ``qk_norm_type``), and scalars
+β < 1 down-weighting the branches against the skip, which they show restores signal propagation without
+norms. As in their configuration (github.com/bobby-he/simplified_transformers, ``config/model/op.yaml``):
+β = 0.2 at 12 layers, scaled as 1/√depth (``op_beta`` overrides it), fixed rather than learned
+(``op_beta_trainable`` is their optional variant). Their optional scaling of the MLP input is not used. The embeddings LayerNorm and the MLM head's
 LayerNorm are not in a residual branch and are kept, so the stream starts at unit scale as in RoBERTa.
 """
 
@@ -139,9 +141,13 @@ class OPLayer(nn.Module):
         self.attention = Attention(config, norm=False, qk_norm=True)
         self.intermediate = Intermediate(config)
         self.output = Output(config, norm=False)
-        # Trainable, as in He et al.; one scalar per branch and layer.
-        self.attention_beta = nn.Parameter(torch.tensor(float(config.op_beta)))
-        self.output_beta = nn.Parameter(torch.tensor(float(config.op_beta)))
+        # One scalar per branch and layer; fixed (a buffer) unless model.op_beta_trainable, as in He et al.
+        beta = config.op_beta_value
+        for name in ("attention_beta", "output_beta"):
+            if config.op_beta_trainable:
+                setattr(self, name, nn.Parameter(torch.tensor(beta)))
+            else:
+                self.register_buffer(name, torch.tensor(beta))
         self.residual_out = nn.Identity()
 
     def forward(self, x, key_mask_bias, position_ids, output_attentions=False):

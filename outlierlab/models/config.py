@@ -9,6 +9,7 @@ saved before the switches existed loads into exactly the same model.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,21 +56,25 @@ class EncoderConfig:
         ``roberta``: the block chosen by ``norm_placement``; ``op``: the Outlier-Protected block of
         He et al. (2024) — no normalisation in the residual branches, QK-norm, down-scaled branches.
     clip_gamma, clip_zeta : float
-        γ ≤ 0 and ζ ≥ 1 of the clipped softmax. Bondarenko et al.'s BERT setting is γ = -0.025,
-        ζ = 1 at sequence length T = 512; they scale γ with the length as γ = -α/T (α = 12.8 gives
-        their BERT value; for T = 128, γ = -0.1).
+        γ ≤ 0 and ζ ≥ 1 of the clipped softmax. Bondarenko et al.'s BERT setting is γ = -0.025, ζ = 1 at
+        sequence length T = 128 (their BERT script); for OPT they scale γ with the length, γ = -α/T
+        (α = 12 at T = 512). The BERT value is α = 3.2, i.e. γ = -0.05 at T = 64.
     gate : {"linear", "mlp", "all_heads_linear"}
-        Gating function of gated attention (Bondarenko et al. 2023, §4.2): per head a linear map
-        (or a one-hidden-layer MLP of width ``gate_hidden``) of that head's slice of the input, or one
-        linear map of the full input to all heads.
-    gate_hidden : int
-        Hidden width of the ``mlp`` gate.
+        Gating function of gated attention (Bondarenko et al. 2023, §4.2): per head a one-hidden-layer
+        ReLU MLP (their BERT recipe, the default) or a linear map (their OPT recipe) of that head's slice
+        of the input, or one linear map of the full input to all heads.
+    gate_hidden : int or None
+        Hidden width of the ``mlp`` gate; None: ``head_dim // 4``, as their code does.
     gate_bias_init : float
         Initial bias of the gate logits; the initial gate value is ``sigmoid(gate_bias_init)``
         (the paper's π_init; 0 gives 0.5).
-    op_beta : float
-        Initial value of the trainable scalars β that scale the OP block's residual branches,
-        ``x + β·f(x)``.
+    op_beta : float or None
+        The scalar β that scales the OP block's residual branches, ``x + β·f(x)``. None: He et al.'s
+        depth rule, 0.2 at 12 layers scaled as 1/√depth, i.e. ``0.2·√(12/num_layers)`` (their
+        ``resid_gain`` 0.2 "O(1/sqrt(depth))").
+    op_beta_trainable : bool
+        Learn β (one scalar per branch and layer). Off, as in He et al.'s configuration, where trainable
+        gains are an option they leave off: a learned β can grow back and undo the down-scaling.
     """
 
     vocab_size: int = 8192
@@ -92,10 +97,11 @@ class EncoderConfig:
     block: str = "roberta"
     clip_gamma: float = -0.025
     clip_zeta: float = 1.0
-    gate: str = "linear"
-    gate_hidden: int = 16
+    gate: str = "mlp"
+    gate_hidden: int | None = None
     gate_bias_init: float = 0.0
-    op_beta: float = 0.1
+    op_beta: float | None = None
+    op_beta_trainable: bool = False
 
     def __post_init__(self) -> None:
         # Hydra hands over DictConfig objects; keep a plain dict so the config is JSON-able.
@@ -117,7 +123,7 @@ class EncoderConfig:
         if self.block == "op" and self.norm_placement != "post":
             raise ValueError("model.block=op has no normalisation in its blocks, so model.norm_placement=pre "
                              "does not apply; leave norm_placement at its default (post)")
-        if self.gate_hidden < 1:
+        if self.gate_hidden is not None and self.gate_hidden < 1:
             raise ValueError(f"gate_hidden must be >= 1 (got {self.gate_hidden})")
 
     @property
@@ -132,6 +138,16 @@ class EncoderConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def gate_width(self) -> int:
+        """Hidden width of the ``mlp`` gate: ``gate_hidden``, or ``head_dim // 4`` (Bondarenko et al.'s code)."""
+        return int(self.gate_hidden) if self.gate_hidden is not None else max(1, self.head_dim // 4)
+
+    @property
+    def op_beta_value(self) -> float:
+        """β of the OP block: ``op_beta``, or He et al.'s 0.2 at 12 layers scaled as 1/√depth."""
+        return float(self.op_beta) if self.op_beta is not None else 0.2 * math.sqrt(12 / self.num_layers)
 
     @property
     def max_position_embeddings(self) -> int:
