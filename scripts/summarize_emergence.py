@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from outlierlab.reports.history import read_history, wide_by_layer  # noqa: E402
 
 METRICS = ["anisotropy", "kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output",
-           "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos", "attn_entropy",
+           "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos", "attn_entropy", "attn_row_mass",
            "n_layernorm_outliers"]
 WITH_DIMS = ["argmax_share", "argmin_share", "abs_argmax_share"]
 
@@ -98,6 +98,8 @@ def summary(rows: list[dict], step: int) -> dict:
         "argmax_share_max": max(col("argmax_share"), default=None),
         "layernorm_outliers_total": sum(col("n_layernorm_outliers")) if col("n_layernorm_outliers") else None,
         "sink_share_bos_max": max(col("sink_share_bos"), default=None),
+        # 1 for softmax; 0 = a layer whose clipped-softmax attention is entirely off (no gradient reaches Q, K)
+        "attn_row_mass_min": min(col("attn_row_mass"), default=None),
     }
 
 
@@ -176,6 +178,7 @@ GRID_METRICS = [
     ("inf_norm_ln_input_max", "‖x‖∞ at the output-LayerNorm input, max over layers (Bondarenko et al. 2023)", "{:.1f}"),
     ("anisotropy_last", "anisotropy, last layer (Ethayarajh 2019)", "{:.2f}"),
     ("layernorm_outliers_total", "LayerNorm 3σ dims (gain AND bias), summed over layers (Kovaleva et al. 2021)", "{:.0f}"),
+    ("attn_row_mass_min", "attention row mass, min over layers (1 = softmax; 0 = attention entirely clipped off)", "{:.2f}"),
     ("val_ppl", "validation perplexity", "{:.0f}"),
 ]
 SWITCH_ORDER = ["softmax", "clipped_softmax", "gated", "op", "pre_ln", "noaffine", "rmsnorm"]

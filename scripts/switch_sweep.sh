@@ -18,6 +18,9 @@ COMMON="experiment=emergence_cpu trainer.max_steps=$STEPS module.scheduler.num_w
 declare -A SW=(
   [softmax]=""
   [clipped_softmax]="model.attention=clipped_softmax model.clip_gamma=-0.05"
+  # ours, not the paper's: half the largest |gamma| that leaves a uniform row (p = 1/T) unclipped, 1/(2T) at T = 64
+  # (at the paper's alpha every probability of this small model is clipped from initialisation on: docs/emergence.md)
+  [clipped_softmax_alive]="model.attention=clipped_softmax model.clip_gamma=-0.0078"
   [gated]="model.attention=gated"
   [pre_ln]="model.norm_placement=pre"
   [noaffine]="model.norm=layernorm_noaffine"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from outlierlab.analysis.activations import ActivationAccumulator, activation_kurtosis, max_median_ratio
-from outlierlab.analysis.attention import (AttentionEntropyAccumulator, attention_entropy, sink_head_share,
+from outlierlab.analysis.attention import (AttentionEntropyAccumulator, attention_entropy, attention_row_mass, sink_head_share,
                                 special_token_attention_mass)
 from outlierlab.analysis.outlier_dims import position_row_stats
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, pooled_share
@@ -148,6 +148,22 @@ def test_entropy_ignores_padded_queries():
     attn[0, 0, 0] = torch.tensor([0.5, 0.5])
     attn[0, 0, 1] = torch.tensor([1.0, 0.0])  # padded query: must not count
     assert attention_entropy(attn, torch.tensor([[True, False]])).item() == pytest.approx(math.log(2))
+
+
+def test_row_mass_is_one_for_softmax_and_what_the_clipped_softmax_leaves():
+    from outlierlab.models.attention import clipped_softmax
+
+    scores = torch.zeros(1, 2, 3, 4)  # uniform rows: p = 0.25 everywhere
+    scores[0, 1, 2] = torch.tensor([2.0, 0.0, 0.0, 0.0])  # one peaked row in head 1
+    assert attention_row_mass(scores.softmax(-1)).tolist() == pytest.approx([1.0, 1.0])
+    # gamma = -0.1: a uniform row keeps 4 x (1.1 x 0.25 - 0.1) = 0.7
+    p = torch.exp(torch.tensor(2.0)) / (torch.exp(torch.tensor(2.0)) + 3)  # 0.711 on the peaked key
+    peaked = (1.1 * p - 0.1) + 3 * (1.1 * (1 - p) / 3 - 0.1)
+    mass = attention_row_mass(clipped_softmax(scores, -0.1, 1.0))
+    assert mass.tolist() == pytest.approx([0.7, (0.7 + 0.7 + float(peaked)) / 3])
+    # gamma = -0.5: 1.5 x 0.25 - 0.5 < 0, every uniform row is switched off; only the peaked key survives
+    mass = attention_row_mass(clipped_softmax(scores, -0.5, 1.0), torch.tensor([[True, True, False]]))
+    assert mass.tolist() == pytest.approx([0.0, 0.0])  # the peaked row is a padded query: not counted
 
 
 # ---------------------------------------------------------------------------------------------- sites

@@ -42,6 +42,18 @@ def test_warmup_at_or_above_max_steps_warns(max_steps, expected):
     assert (warmup == []) if expected is None else (len(warmup) == 1 and warmup[0].startswith(expected))
 
 
+@pytest.mark.parametrize("gamma, expected", [
+    (-0.05, "every attention probability below 0.0476 is clipped to exactly 0, 3.0x the uniform 1/T = 0.0156"),
+    (-0.2, "below 0.167 is clipped to exactly 0, 10.7x the uniform"),
+    (-0.01, None),  # threshold 0.0099 < 1/64: a uniform row stays alive
+    (0.0, None),
+])
+def test_clipped_softmax_that_zeroes_uniform_attention_warns(gamma, expected):
+    cfg = compose("train", ["experiment=emergence_cpu", "model.attention=clipped_softmax", f"model.clip_gamma={gamma}"])
+    found = [w for w in check_train_config(cfg) if w.startswith("model.clip_gamma")]
+    assert found == [] if expected is None else (len(found) == 1 and expected in found[0] and "\n" not in found[0])
+
+
 def test_val_check_interval_beyond_the_run_validates_once_at_the_end():
     cfg = compose("train", ["trainer.max_steps=40", "trainer.val_check_interval=100",
                             "trainer.accumulate_grad_batches=2"])

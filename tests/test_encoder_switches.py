@@ -89,6 +89,23 @@ def test_arch_config_group_states_the_dataclass_defaults(compose_cfg):
 
 
 # ------------------------------------------------------------------------------ clipped softmax
+def test_clipped_softmax_at_a_large_gamma_switches_attention_off_and_gets_no_gradient():
+    """What the emergence_cpu sweep measured (docs/emergence.md): with small initial logits attention is
+    near uniform (p ~ 1/T); if -gamma/(zeta-gamma) >= 1/T every probability is clipped to exactly 0, and the
+    queries and keys get exactly zero gradient, so attention never switches on. Below that threshold it does."""
+    ids = torch.randint(5, 40, (2, 12), generator=torch.Generator().manual_seed(0))
+    grads = {}
+    for gamma in (-0.2, -0.05):  # threshold 0.167 / 0.048 vs 1/T = 0.083
+        torch.manual_seed(0)
+        model = RobertaMaskedLM(cfg(attention="clipped_softmax", clip_gamma=gamma))
+        out = model.roberta(ids, torch.ones_like(ids), output_attentions=True)
+        model(ids, torch.ones_like(ids), labels=ids).loss.backward()
+        sa = model.roberta.encoder.layer[0].attention.self
+        grads[gamma] = (float(torch.stack(out.attentions).detach().sum(-1).mean()), float(sa.query.weight.grad.abs().sum()))
+    assert grads[-0.2] == (0.0, 0.0)  # all off, no gradient to W_Q
+    assert grads[-0.05][0] > 0.3 and grads[-0.05][1] > 0
+
+
 def test_clipped_softmax_is_softmax_at_gamma0_zeta1():
     s = torch.randn(4, 7, 7, generator=torch.Generator().manual_seed(0)) * 3
     assert torch.allclose(clipped_softmax(s, 0.0, 1.0), s.softmax(-1), atol=1e-7)

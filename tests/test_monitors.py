@@ -246,6 +246,7 @@ def test_hidden_monitor_finds_planted_final_layernorm_bias_and_restores_train_mo
     assert by[("layer_2", "inf_norm_ln_output")] == pytest.approx(40.0, abs=3.0)
     assert by[("layer_2", "inf_norm_ln_input")] < 20.0
     assert 0.0 <= by[("layer_1", "sink_share_bos")] <= 1.0 and by[("layer_1", "attn_entropy")] > 0.0
+    assert by[("layer_1", "attn_row_mass")] == pytest.approx(1.0) == by[("layer_2", "attn_row_mass")]  # softmax
     assert ("model", "pooled_argmax_share") in by
 
 

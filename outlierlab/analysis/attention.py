@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["special_token_attention_mass", "special_key_masks", "AttentionMassAccumulator", "sink_head_share",
-           "attention_entropy", "AttentionEntropyAccumulator", "SINK_THRESHOLD"]
+           "attention_entropy", "AttentionEntropyAccumulator", "SINK_THRESHOLD", "attention_row_mass"]
 
 #: Gu et al. (2025)'s ε: a head is a sink head when its mean attention on the token exceeds this.
 SINK_THRESHOLD = 0.3
@@ -160,6 +160,36 @@ def attention_entropy(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
     if n == 0:
         raise ValueError("no valid query: query_mask is all False.")
     return s / n
+
+
+def attention_row_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
+    r"""Mean total attention weight of a query row per head, over the real queries.
+
+    .. math:: M_{l,h} = \frac{1}{|Q|}\sum_{(b,q)\in Q} \sum_k A^{(l)}_{b,h,q,k}
+
+    Exactly 1 for softmax attention.  The clipped softmax of Bondarenko et al. (2023) lets rows sum to
+    less (a head "doing nothing"); 0 means the head attends to nothing at all — with small initial
+    logits and a large |γ| that can hold from initialisation on, since clipped probabilities get no gradient.
+
+    Parameters
+    ----------
+    attn : Tensor[B, H, Tq, Tk] or Tensor[L, B, H, Tq, Tk]
+    query_mask : Bool[B, Tq] or None
+
+    Returns
+    -------
+    Tensor[H] or Tensor[L, H], float64
+    """
+    if attn.ndim < 4:
+        raise ValueError(f"attention must be [..., B, H, Tq, Tk], got {tuple(attn.shape)}.")
+    b, _, tq, _ = attn.shape[-4:]
+    rows = attn.detach().to(torch.float64).sum(-1)  # [..., B, H, Tq]
+    qm = torch.ones(b, tq, dtype=torch.float64, device=rows.device) if query_mask is None \
+        else query_mask.to(rows.device, torch.float64)
+    n = qm.sum()
+    if n == 0:
+        raise ValueError("no valid query: query_mask is all False.")
+    return torch.einsum("...bhq,bq->...h", rows, qm) / n
 
 
 class AttentionEntropyAccumulator:

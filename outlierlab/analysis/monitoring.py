@@ -24,8 +24,8 @@ from torch import Tensor, nn
 from outlierlab.analysis.layernorm import flagged_from_rows, layernorm_stats
 from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers, min_layers_for
 from outlierlab.analysis.activations import ActivationAccumulator
-from outlierlab.analysis.attention import (SINK_THRESHOLD, attention_entropy, sink_head_share, special_key_masks,
-                                special_token_attention_mass)
+from outlierlab.analysis.attention import (SINK_THRESHOLD, attention_entropy, attention_row_mass, sink_head_share,
+                                           special_key_masks, special_token_attention_mass)
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
 from outlierlab.analysis.similarity import anisotropy, paired_sentence_tokens, sample_cross_sentence_pairs
@@ -221,7 +221,8 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         value = their larger share); ``mean`` (every dim); for layers ≥ 1 with ``inf_norms``:
         ``inf_norm_<site>`` (Bondarenko et al. 2023); with ``attentions``: ``sink_share_bos`` /
         ``sink_share_eos`` (share of heads with mean mass > ε on ``<s>`` / ``</s>``), ``attn_entropy``
-        (mean over heads, nats) and ``attn_entropy_head`` (dim = head).  Under name ``model``:
+        (mean over heads, nats), ``attn_entropy_head`` (dim = head) and ``attn_row_mass`` (mean total
+        attention weight of a query row, mean over heads: 1 for softmax, < 1 under clipped softmax).  Under name ``model``:
         ``pooled_argmin_share`` / ``pooled_argmax_share`` (dim, value; Luo et al. §2's pooled share over
         layers 1..L-1, :func:`outlierlab.analysis.outlier_stats.pooled_share`).
     summary : dict
@@ -260,7 +261,7 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         keys = special_key_masks(input_ids, bos_token_id, eos_token_id, attention_mask)
         am = attention_mask.bool().to(attentions.device)
         mass = special_token_attention_mass(attentions, {k: keys[k] for k in ("bos", "eos")}, am)
-        sinks = {**mass, "entropy": attention_entropy(attentions, am)}
+        sinks = {**mass, "entropy": attention_entropy(attentions, am), "row_mass": attention_row_mass(attentions, am)}
     mean = acc.mean()
     rows: list[Row] = []
     for i, s in enumerate(layers):
@@ -283,7 +284,8 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         if sinks is not None and i >= 1:
             rows += [(step, name, "sink_share_bos", None, float(sink_head_share(sinks["bos"][i - 1], sink_threshold))),
                      (step, name, "sink_share_eos", None, float(sink_head_share(sinks["eos"][i - 1], sink_threshold))),
-                     (step, name, "attn_entropy", None, float(sinks["entropy"][i - 1].mean()))]
+                     (step, name, "attn_entropy", None, float(sinks["entropy"][i - 1].mean())),
+                     (step, name, "attn_row_mass", None, float(sinks["row_mass"][i - 1].mean()))]
             rows += [(step, name, "attn_entropy_head", h, float(e)) for h, e in enumerate(sinks["entropy"][i - 1])]
         rows += [(step, name, "top_abs_mean", d, v) for d, v in zip(s["top_dims"], s["top_values"])]
         rows += [(step, name, "outlier_dim", d, float(share[i, d])) for d in outliers[i]]

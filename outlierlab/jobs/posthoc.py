@@ -50,7 +50,7 @@ OUT_SUBDIR = "monitor_posthoc"
 #: Per-layer columns of ``metrics.csv`` (after ``step, layer``); ``*_dim`` columns follow their share.
 METRIC_COLUMNS = ("kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input",
                   "inf_norm_ln_output", "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos",
-                  "sink_share_eos", "attn_entropy", "anisotropy", "n_layernorm_outliers")
+                  "sink_share_eos", "attn_entropy", "attn_row_mass", "anisotropy", "n_layernorm_outliers")
 _WITH_DIMS = ("max_abs", "argmax_share", "argmin_share", "abs_argmax_share")
 
 

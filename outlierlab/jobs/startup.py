@@ -128,7 +128,8 @@ def check_train_config(cfg) -> list[str]:
     * ``trainer.val_check_interval`` (batches) above the run's length is lowered to it: one validation at
       the end instead of none;
     * ``callbacks.model_checkpoint.every_n_train_steps`` must be >= 1 (0 saves nothing to resume from);
-    * ``data.block_size`` must not exceed ``model.max_len``.
+    * ``data.block_size`` must not exceed ``model.max_len``;
+    * a clipped softmax that zeroes a uniform attention row warns (:func:`clipped_softmax_warning`).
     """
     warnings: list[str] = []
     trainer = cfg.trainer
@@ -170,7 +171,31 @@ def check_train_config(cfg) -> list[str]:
     if isinstance(block, int) and isinstance(max_len, int) and block > max_len:
         raise ValueError(f"data.block_size={block} is larger than the model's max_len={max_len}; "
                          "lower data.block_size or raise model.max_len")
+    if OmegaConf.select(cfg, "model.attention") == "clipped_softmax" and isinstance(block, int):
+        warning = clipped_softmax_warning(float(cfg.model.clip_gamma), float(cfg.model.clip_zeta), block)
+        if warning:
+            warnings.append(warning)
     return warnings
+
+
+def clipped_softmax_warning(gamma: float, zeta: float, length: int) -> str | None:
+    """One line when the clipped softmax zeroes a uniform attention row (None otherwise).
+
+    ``clip((ζ-γ)·p + γ, 0, 1)`` is exactly 0, with zero gradient, for every ``p < -γ/(ζ-γ)``. Attention
+    starts near uniform (``p ≈ 1/T``) when the initial logits are small, so if ``-γ/(ζ-γ) >= 1/T`` every
+    probability is clipped at initialisation and the queries and keys get no gradient: attention may never
+    switch on. We measured exactly that on the emergence_cpu model (d = 128, T = 64) at Bondarenko et al.'s
+    BERT α (γ = -0.05): zero attention mass at every checkpoint (docs/emergence.md). BERT-base's larger
+    initial logits make it less likely there, but the rule γ = -α/T does not account for the logit scale.
+    """
+    threshold = -gamma / (zeta - gamma)
+    if threshold < 1.0 / length:
+        return None
+    return (f"model.clip_gamma={gamma:g} with {length}-token blocks: every attention probability below "
+            f"{threshold:.3g} is clipped to exactly 0, {threshold * length:.1f}x the uniform 1/T = {1 / length:.3g} "
+            f"— near-uniform attention at initialisation is zeroed and gets no gradient, so attention may "
+            f"never switch on (watch monitor/hidden/layer_*/attn_row_mass); |gamma| < {1 / (length - 1):.3g} "
+            f"keeps a uniform row alive")
 
 
 def describe_plan(cfg) -> str:

@@ -20,7 +20,7 @@ i = 0 the embedding output, and ``model``; statistics listed in
 - scalars ``monitor/hidden/layer_{i}/argmax_share``, ``…/argmin_share``, ``…/argmax_dim``,
   ``…/argmin_dim``, ``…/anisotropy``, ``…/max_abs_mean``, ``…/n_outlier_dims``, ``…/kurtosis``,
   ``…/max_median``, ``…/max_abs``, ``…/abs_argmax_share``, ``…/token_pair_cosine``,
-  ``…/sink_share_bos``, ``…/sink_share_eos``, ``…/attn_entropy``; ``monitor/inf_norm/<site>/layer_{i}``
+  ``…/sink_share_bos``, ``…/sink_share_eos``, ``…/attn_entropy``, ``…/attn_row_mass``; ``monitor/inf_norm/<site>/layer_{i}``
   (site = ``ffn_output``, ``ln_input``, ``ln_output``); ``monitor/hidden/model/pooled_argmin_share``
   and ``…/pooled_argmax_share``;
 - image ``monitor/hidden/mean_vectors`` (average vector of every layer, Luo et al. Figs. 1–2), also
@@ -208,6 +208,7 @@ class HiddenStateMonitor(OutlierMonitor):
                     share = float((sinks[key][i - 1] > summary["sink_threshold"]).double().mean())
                     writer.add_scalar(f"{base}/sink_share_{key}", share, step)
                 writer.add_scalar(f"{base}/attn_entropy", float(sinks["entropy"][i - 1].mean()), step)
+                writer.add_scalar(f"{base}/attn_row_mass", float(sinks["row_mass"][i - 1].mean()), step)
         for which, (dim, share) in summary["pooled"].items():
             writer.add_scalar(f"monitor/hidden/model/pooled_{which}_share", share, step)
             writer.add_scalar(f"monitor/hidden/model/pooled_{which}_dim", dim, step)
