@@ -231,4 +231,8 @@ def test_norm_switches_train_with_the_monitors_on_and_analyse_post_hoc(tmp_path,
     else:  # nothing affine to track: no per-norm rows at all
         assert not statistics
     analyze_run(tmp_path)
-    assert (tmp_path / "monitor_posthoc" / "metrics.csv").exists()
+    with open(tmp_path / "monitor_posthoc" / "metrics.csv") as f:
+        metrics = [r for r in csv.DictReader(f) if r["layer"] != "0"]
+    # none of these has a LayerNorm the default rule (gain AND bias) can judge: an empty cell, never a 0
+    assert metrics and all(r["n_layernorm_outliers"] == "" for r in metrics)
+    assert all(float(r["attn_row_mass"]) == pytest.approx(1.0) for r in metrics)  # softmax rows sum to one

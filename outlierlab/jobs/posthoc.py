@@ -194,8 +194,10 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         files["hidden_states"].append(rows)
         # the project's one LayerNorm rule (default: output LN, gain AND bias outside 3σ), per block
         det = layernorm_outliers(layernorm_tensors(model.named_layernorms()))
-        ln_counts = [(step, f"layer_{i + 1}", "n_layernorm_outliers", None, len(det.per_layer.get(f"layer.{i}", [])))
-                     for i in range(config.num_layers)]
+        # only layers whose LayerNorm the rule can judge: no row (an empty cell), not 0, for a block without
+        # affine norms (no-affine LayerNorm, the OP block) or one the criterion cannot judge (RMSNorm has no bias)
+        ln_counts = [(step, f"layer_{i + 1}", "n_layernorm_outliers", None, len(det.per_layer[f"layer.{i}"]))
+                     for i in range(config.num_layers) if f"layer.{i}" in det.per_layer]
         metric_rows += [r for r in rows if r[2] in METRIC_COLUMNS] + ln_counts
         done.append(step)
     result: dict[str, Any] = {"steps": done}
