@@ -104,6 +104,23 @@ def test_alibi_slopes_and_bias_values():
     assert bias[0, 1, 4, 1].item() == pytest.approx(-3 * 2 ** -4)
 
 
+def test_sinusoidal_scale_matches_the_token_embeddings_or_is_what_is_asked():
+    def table(**pos):
+        c = EncoderConfig(vocab_size=50, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=32,
+                          max_len=32, pos={"name": "sinusoidal", **pos})
+        return RobertaMaskedLM(c).roberta.embeddings.position_embeddings.table
+
+    raw = sinusoidal_table(32, 64)
+    assert torch.equal(table(), raw)  # a config saved before the option: the raw table, as it was trained
+    assert torch.equal(table(scale=1.0), raw)
+    matched = table(scale="match_tokens")
+    assert torch.allclose(matched, raw * 0.02 * math.sqrt(2))
+    # RMS over a long table ~ the token embeddings' initial std 0.02 (unit-amplitude sin/cos have RMS 1/sqrt 2)
+    assert float(sinusoidal_table(512, 64).pow(2).mean().sqrt()) * 0.02 * math.sqrt(2) == pytest.approx(0.02, rel=0.02)
+    with pytest.raises(ValueError, match="pos.scale must be a number or 'match_tokens'"):
+        table(scale="big")
+
+
 def test_sinusoidal_matches_closed_form():
     t = sinusoidal_table(10, 4)
     assert t[0].tolist() == pytest.approx([0.0, 1.0, 0.0, 1.0])

@@ -64,15 +64,34 @@ def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> Ten
     return table.float()
 
 
+def sinusoidal_scale(scale: float | str, initializer_range: float) -> float:
+    """Factor on the sinusoidal table: a number, or ``"match_tokens"`` = ``initializer_range·√2``.
+
+    The table has unit amplitude (RMS 1/√2 per entry). Vaswani et al. balance it against token embeddings
+    multiplied by √d_model; RoBERTa's token embeddings start at N(0, 0.02²) and are not scaled, so an
+    unscaled table outweighs them ~35:1 at initialisation (d = 128) and the embedding LayerNorm's output is
+    almost all position — at emergence_cpu's budget every such model collapsed (docs/emergence.md).
+    ``match_tokens`` gives the table the token embeddings' initial RMS instead (our choice, not a paper's).
+    """
+    if scale == "match_tokens":
+        return float(initializer_range) * math.sqrt(2.0)
+    try:
+        return float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"pos.scale must be a number or 'match_tokens', got {scale!r}") from None
+
+
 class SinusoidalPositionEmbedding(nn.Module):
-    """Non-learned sinusoidal absolute positions (Vaswani et al. 2017), added at the input."""
+    """Non-learned sinusoidal absolute positions (Vaswani et al. 2017), added at the input, times
+    :func:`sinusoidal_scale` (``pos.scale``; a config saved without it — before the option — means 1)."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
         base = float(config.pos.get("base", 10000.0))
+        factor = sinusoidal_scale(config.pos.get("scale", 1.0), config.initializer_range)
         # Not persistent: the table is a function of the config, so checkpoints stay small.
         self.register_buffer(
-            "table", sinusoidal_table(config.max_len, config.hidden_size, base), persistent=False
+            "table", sinusoidal_table(config.max_len, config.hidden_size, base) * factor, persistent=False
         )
 
     def forward(self, position_ids: Tensor, attention_mask: Tensor) -> Tensor:
