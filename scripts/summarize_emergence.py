@@ -181,8 +181,8 @@ GRID_METRICS = [
     ("attn_row_mass_min", "attention row mass, min over layers (1 = softmax; 0 = attention entirely clipped off)", "{:.2f}"),
     ("val_ppl", "validation perplexity", "{:.0f}"),
 ]
-SWITCH_ORDER = ["softmax", "clipped_softmax", "gated", "op", "pre_ln", "noaffine", "rmsnorm"]
-POS_ORDER = ["learned", "none", "relative", "sinusoidal", "rope", "alibi"]
+SWITCH_ORDER = ["softmax", "clipped_softmax", "clipped_softmax_alive", "gated", "op", "pre_ln", "noaffine", "rmsnorm"]
+POS_ORDER = ["learned", "none", "relative", "sinusoidal", "sinusoidal-unscaled", "rope", "alibi"]
 
 
 def grid(args) -> None:
