@@ -125,17 +125,22 @@ def sink_head_share(mass: Tensor, threshold: float = SINK_THRESHOLD) -> Tensor:
     return (mass > threshold).to(torch.float64).mean(-1)
 
 
-def _entropy_sums(attn: Tensor, query_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+def _row_sums(attn: Tensor, per_row, query_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Σ over real queries of ``per_row(A)`` (a [..., B, H, Tq] value per query row) per head, and the count."""
     if attn.ndim < 4:
         raise ValueError(f"attention must be [..., B, H, Tq, Tk], got {tuple(attn.shape)}.")
     b, _, tq, _ = attn.shape[-4:]
     a = attn.detach().to(torch.float64)
-    ent = -torch.special.xlogy(a, a).sum(-1)  # [..., B, H, Tq]; 0·log 0 = 0 for padded keys
     qm = torch.ones(b, tq, dtype=torch.float64, device=a.device) if query_mask is None \
         else query_mask.to(a.device, torch.float64)
     if tuple(qm.shape) != (b, tq):
         raise ValueError(f"query mask must be [B={b}, Tq={tq}], got {tuple(qm.shape)}.")
-    return torch.einsum("...bhq,bq->...h", ent, qm), qm.sum()
+    return torch.einsum("...bhq,bq->...h", per_row(a), qm), qm.sum()
+
+
+def _entropy_sums(attn: Tensor, query_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    # 0·log 0 = 0 for padded keys
+    return _row_sums(attn, lambda a: -torch.special.xlogy(a, a).sum(-1), query_mask)
 
 
 def attention_entropy(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
@@ -180,16 +185,10 @@ def attention_row_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor
     -------
     Tensor[H] or Tensor[L, H], float64
     """
-    if attn.ndim < 4:
-        raise ValueError(f"attention must be [..., B, H, Tq, Tk], got {tuple(attn.shape)}.")
-    b, _, tq, _ = attn.shape[-4:]
-    rows = attn.detach().to(torch.float64).sum(-1)  # [..., B, H, Tq]
-    qm = torch.ones(b, tq, dtype=torch.float64, device=rows.device) if query_mask is None \
-        else query_mask.to(rows.device, torch.float64)
-    n = qm.sum()
+    s, n = _row_sums(attn, lambda a: a.sum(-1), query_mask)
     if n == 0:
         raise ValueError("no valid query: query_mask is all False.")
-    return torch.einsum("...bhq,bq->...h", rows, qm) / n
+    return s / n
 
 
 class AttentionEntropyAccumulator:
