@@ -1,0 +1,400 @@
+"""The model families of this research line, keyed by ``config.model_type``: where each keeps its blocks,
+per-layer norms, position table, attention, query/key projections, FFN output and LM head.
+
+One :class:`Family` per block structure.  Every analysis that needs a model's insides asks this module
+(:func:`family_of`), never a regex over parameter names:
+
+* :meth:`Family.layernorms` — the norms on the residual stream under canonical keys, the input of THE
+  LayerNorm-outlier rule (:mod:`outlierlab.analysis.layernorm_rule`): ``embeddings``, per layer
+  ``layer.{i}.<kind>``, ``final`` (pre-LN), ``head`` (the LM head's own norm, only when asked).  The per-layer
+  *kind* says where the norm sits in the block:
+
+  - post-LN blocks (BERT; Kovaleva et al. 2021), ``x ← LN(x + f(x))``: ``attention_output`` (after the
+    attention's residual add) and ``output`` (after the FFN's — the norm Kovaleva et al. judge);
+  - pre-LN blocks (GPT-2, Llama, Pythia, ModernBERT; Xiong et al. 2020), ``x ← x + f(LN(x))``:
+    ``attention_input`` and ``mlp_input``, the two norms reading the residual stream before each sublayer,
+    and one ``final`` norm before the LM head.
+
+  Which kinds the rule judges by default (both pre-LN norms in the role of Kovaleva's output LayerNorm) is
+  decided in :data:`outlierlab.analysis.layernorm_rule.KIND_ROLES` and argued in docs/fidelity.md.
+* :meth:`Family.position_table`, :attr:`Family.positions` — a learned absolute table (GPT-2's ``wpe``,
+  BERT's ``position_embeddings``) or what the model uses instead (rotary, relative, ...).
+* :meth:`Family.blocks`, :meth:`Family.attention_modules`, :meth:`Family.qk_projections` (with
+  :func:`split_qk` for fused projections), :meth:`Family.sites` (Bondarenko et al. 2023's activation sites),
+  :func:`lm_head` / :func:`unembedding` (the model's own output layer, ``get_output_embeddings``).
+
+Paths are dotted module paths: block paths from the *base model* (``model.base_model``, so a model with or
+without its LM head resolves alike), norm/projection paths from one block, ``head_norm`` from the full
+model.  A path that does not resolve is an error naming it (a transformers version renamed a module), except
+where a family says a norm may be absent (ModernBERT's first block has no attention norm: ``nn.Identity``).
+
+Adding a family: one :class:`Family` entry in :data:`FAMILIES` with its ``model_types``; the test
+``tests/test_families.py`` then plants an outlier dim in a tiny random model of that type and checks that
+the rule finds exactly it.  Our own encoder (``outlierlab``) is resolved from its ``named_layernorms``
+with the placement its blocks were built with (``model.norm_placement``), so a pre-LN run of ours and a
+pre-LN hub model get the same kinds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from torch import Tensor, nn
+
+__all__ = ["Family", "FAMILIES", "UnknownFamilyError", "QKProjection", "family_of", "family_for_type",
+           "model_type_of", "lm_head", "unembedding", "split_qk", "base_model", "is_decoder", "causal_or_masked",
+           "POST_KINDS", "PRE_KINDS", "OURS"]
+
+#: Per-layer norm kinds of a post-LN block, in block order (Kovaleva et al. 2021 judge ``output``).
+POST_KINDS = ("attention_output", "output")
+#: Per-layer norm kinds of a pre-LN block, in block order.
+PRE_KINDS = ("attention_input", "mlp_input")
+
+
+class UnknownFamilyError(ValueError):
+    """The model's ``model_type`` is not in :data:`FAMILIES`; the message is one line saying how to add it."""
+
+
+class QKProjection(NamedTuple):
+    """Where one block computes its queries and keys.
+
+    q, k : the modules whose *output* holds the queries / keys (the same module when fused)
+    layout : ``separate`` (q and k are their own Linear layers), ``qkv`` (one output ``[q | k | v]``, each
+        ``num_heads * head_dim`` wide: GPT-2 ``c_attn``, ModernBERT ``Wqkv``), ``head_qkv`` (per head
+        ``[q_h | k_h | v_h]`` interleaved: GPT-NeoX ``query_key_value``)
+    num_heads, num_kv_heads, head_dim : from the config (``num_kv_heads < num_heads``: grouped-query attention)
+    """
+
+    q: nn.Module
+    k: nn.Module
+    layout: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def split_qk(proj: QKProjection, q_out: Tensor, k_out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Queries ``[..., num_heads, head_dim]`` and keys ``[..., num_kv_heads, head_dim]`` from the hooked outputs.
+
+    ``q_out`` is the output of ``proj.q``; ``k_out`` that of ``proj.k`` (ignored for fused layouts, where
+    both come from ``q_out``).  Rotary embeddings, where a family has them, are applied *after* these
+    projections (Su et al. 2021): what is returned is the pre-rotation q/k.
+    """
+    h, hk, dh = proj.num_heads, proj.num_kv_heads, proj.head_dim
+    lead = q_out.shape[:-1]
+    if proj.layout == "separate":
+        if k_out is None:
+            raise ValueError("split_qk: layout 'separate' needs the key projection's output too")
+        return q_out.reshape(*lead, h, dh), k_out.reshape(*k_out.shape[:-1], hk, dh)
+    if proj.layout == "qkv":
+        q, k = q_out[..., :h * dh], q_out[..., h * dh:(h + hk) * dh]
+        return q.reshape(*lead, h, dh), k.reshape(*lead, hk, dh)
+    if proj.layout == "head_qkv":
+        per = q_out.reshape(*lead, h, 3 * dh)
+        return per[..., :dh], per[..., dh:2 * dh]
+    raise ValueError(f"unknown q/k layout {proj.layout!r}")
+
+
+def _get(root: nn.Module, path: str | None) -> nn.Module | None:
+    """``root.get_submodule(path)``; None for an empty path or a missing module.  ``a|b`` tries each
+    alternative in turn (the MLM heads of one family differ between model classes)."""
+    for p in (path or "").split("|"):
+        try:
+            return root.get_submodule(p) if p else None
+        except AttributeError:
+            continue
+    return None
+
+
+def _is_norm(module: nn.Module | None) -> bool:
+    """A normalisation layer to judge: LayerNorm (also bias- or gain-free) or any RMSNorm class (HF writes
+    its own per family, e.g. ``LlamaRMSNorm``); ``nn.Identity`` (a norm left out) is not."""
+    if module is None or isinstance(module, nn.Identity):
+        return False
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        return True
+    weight = getattr(module, "weight", None)
+    return "norm" in type(module).__name__.lower() and (weight is None or weight.dim() == 1)
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The encoder/decoder body: ``model.base_model`` of a Hugging Face model (itself for ``AutoModel``),
+    ``model.roberta`` of ours."""
+    if hasattr(model, "roberta") and hasattr(model, "named_layernorms"):
+        return model.roberta
+    return getattr(model, "base_model", model)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One block structure of the registry (see the module docstring for the paths' roots).
+
+    Parameters
+    ----------
+    name : short name shown in reports
+    model_types : the ``config.model_type`` values it covers
+    placement : ``post`` or ``pre`` (where the per-layer norms sit; Xiong et al. 2020)
+    decoder : causal (next-token) model; its token vectors see only their left context
+    blocks : path of the ``ModuleList`` of blocks, from the base model
+    norms : ``(path in a block, kind)`` per per-layer norm, in block order (kinds: :data:`POST_KINDS`,
+        :data:`PRE_KINDS`)
+    embeddings_norm, final_norm : paths from the base model (None: the family has none)
+    head_norm : path of the LM head's own norm, from the full model (None: none)
+    position_table : path of a learned absolute position ``nn.Embedding``, from the base model (None: none)
+    positions : what the family uses for positions, said in the reports
+    attention : path of the attention module in a block
+    q, k : paths of the query / key projections in a block (the same path for a fused projection)
+    qk_layout : see :class:`QKProjection`
+    ffn_output : path of the FFN down-projection in a block (Bondarenko et al. 2023's ``ffn_output`` site)
+    norm_kind : the norm class in words, said in reports
+    optional_norms : block norm paths that may be ``nn.Identity`` (left out) in some blocks
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    placement: str
+    decoder: bool
+    blocks: str
+    norms: tuple[tuple[str, str], ...]
+    embeddings_norm: str | None
+    final_norm: str | None
+    head_norm: str | None
+    position_table: str | None
+    positions: str
+    attention: str
+    q: str
+    k: str
+    qk_layout: str
+    ffn_output: str
+    norm_kind: str
+    optional_norms: tuple[str, ...] = field(default=())
+
+    # -- structure ------------------------------------------------------------------------------------------
+    def block_list(self, model: nn.Module) -> list[nn.Module]:
+        """The blocks in depth order."""
+        mod = _get(base_model(model), self.blocks)
+        if not isinstance(mod, nn.ModuleList) or not len(mod):
+            raise ValueError(f"{type(model).__name__} ({self.name} family) has no block list at {self.blocks!r}: "
+                             "has transformers renamed it? Update outlierlab/models/families.py")
+        return list(mod)
+
+    def _required(self, root: nn.Module, path: str, what: str) -> nn.Module:
+        mod = _get(root, path)
+        if mod is None:
+            raise ValueError(f"{type(root).__name__} ({self.name} family) has no {what} at {path!r}: "
+                             "has transformers renamed it? Update outlierlab/models/families.py")
+        return mod
+
+    def norm_paths(self, model: nn.Module, include_head: bool = False) -> dict[str, str]:
+        """Canonical key -> dotted module name in ``model`` of every norm :meth:`layernorms` returns."""
+        names = {id(m): n for n, m in model.named_modules()}
+        return {k: names.get(id(m), "?") for k, m in self.layernorms(model, include_head).items()}
+
+    def layernorms(self, model: nn.Module, include_head: bool = False) -> dict[str, nn.Module]:
+        """The norms on the residual stream by canonical key, in depth order (see the module docstring).
+
+        Raises
+        ------
+        ValueError
+            A declared norm is missing (and not optional) or is not a normalisation layer.
+        """
+        base = base_model(model)
+        out: dict[str, nn.Module] = {}
+        emb = _get(base, self.embeddings_norm)
+        if _is_norm(emb):
+            out["embeddings"] = emb
+        for i, block in enumerate(self.block_list(model)):
+            for path, kind in self.norms:
+                mod = _get(block, path)
+                if mod is None and path not in self.optional_norms:
+                    raise ValueError(f"block {i} of {type(model).__name__} ({self.name} family) has no norm at "
+                                     f"{path!r}: update outlierlab/models/families.py")
+                if _is_norm(mod):
+                    out[f"layer.{i}.{kind}"] = mod
+                elif mod is not None and path not in self.optional_norms:
+                    raise ValueError(f"{path!r} in block {i} is a {type(mod).__name__}, not a norm")
+        final = _get(base, self.final_norm)
+        if _is_norm(final):
+            out["final"] = final
+        if include_head:
+            head = _get(model, self.head_norm)
+            if _is_norm(head):
+                out["head"] = head
+        return out
+
+    def position_weight(self, model: nn.Module) -> tuple[str, Tensor] | None:
+        """``(parameter name, rows actually used)`` of the learned absolute position table, or None.
+
+        RoBERTa-style tables (``padding_idx`` set) never use rows ``0..padding_idx`` (positions start at
+        ``padding_idx + 1``), so those rows are dropped.
+        """
+        base = base_model(model)
+        table = _get(base, self.position_table)
+        if not isinstance(table, nn.Embedding):
+            return None
+        names = {id(m): n for n, m in model.named_modules()}
+        w = table.weight.detach().float().cpu()
+        pad = table.padding_idx
+        return f"{names.get(id(table), self.position_table)}.weight", (w[pad + 1:] if pad is not None and pad >= 0
+                                                                       else w)
+
+    def attention_modules(self, model: nn.Module) -> list[nn.Module]:
+        """Each block's attention module, in depth order."""
+        return [self._required(b, self.attention, "attention module") for b in self.block_list(model)]
+
+    def qk_projections(self, model: nn.Module) -> list[QKProjection]:
+        """Each block's query/key projections (:class:`QKProjection`; outputs split by :func:`split_qk`)."""
+        cfg = getattr(model, "config", None)
+        heads = int(getattr(cfg, "num_attention_heads", 0) or getattr(cfg, "n_heads", 0) or 0)
+        kv = int(getattr(cfg, "num_key_value_heads", 0) or heads)
+        hidden = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "dim", 0) or 0)
+        head_dim = int(getattr(cfg, "head_dim", 0) or (hidden // heads if heads else 0))
+        if not heads:
+            raise ValueError(f"{type(model).__name__}: the config names no number of attention heads")
+        return [QKProjection(self._required(b, self.q, "query projection"), self._required(b, self.k, "key projection"),
+                             self.qk_layout, heads, kv, head_dim) for b in self.block_list(model)]
+
+    def sites(self, block: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+        """Bondarenko et al. (2023)'s activation sites of one block, ``{site: (module, "input" | "output")}``
+        (:mod:`outlierlab.models.sites`): ``ffn_output``; post-LN: ``ln_input``/``ln_output`` around the
+        output LayerNorm; pre-LN: ``ln_input`` = the block output (the sum a post-LN block would normalise,
+        as our own pre-LN blocks declare it) and ``residual``."""
+        sites = {"ffn_output": (self._required(block, self.ffn_output, "FFN output projection"), "output")}
+        if self.placement == "post":
+            path = next(p for p, kind in self.norms if kind == "output")
+            ln = self._required(block, path, "output LayerNorm")
+            sites.update(ln_input=(ln, "input"), ln_output=(ln, "output"))
+        else:
+            sites.update(ln_input=(block, "output"), residual=(block, "output"))
+        return sites
+
+    def describe(self) -> str:
+        """One line: the family, its block kind, norms and positions."""
+        kind = "decoder (causal: each token vector sees only its left context)" if self.decoder else "encoder"
+        norms = ", ".join(f"`{p}` ({k})" for p, k in self.norms)
+        return (f"{self.name} family: {kind}, {self.placement}-LN blocks with {self.norm_kind} ({norms}"
+                f"{f', final `{self.final_norm}`' if self.final_norm else ''}); positions: {self.positions}")
+
+
+_BERT_NORMS = (("attention.output.LayerNorm", "attention_output"), ("output.LayerNorm", "output"))
+_LLAMA_NORMS = (("input_layernorm", "attention_input"), ("post_attention_layernorm", "mlp_input"))
+
+#: The registry.  Module paths checked against transformers 5 (tests/test_families.py builds each one).
+FAMILIES: tuple[Family, ...] = (
+    Family("bert", ("bert", "roberta", "xlm-roberta", "camembert", "electra", "data2vec-text"), "post", False,
+           "encoder.layer", _BERT_NORMS, "embeddings.LayerNorm", None,
+           "cls.predictions.transform.LayerNorm|lm_head.layer_norm|generator_predictions.LayerNorm",
+           "embeddings.position_embeddings", "learned absolute table", "attention.self", "attention.self.query",
+           "attention.self.key", "separate", "output.dense", "LayerNorm"),
+    Family("deberta-v2", ("deberta-v2", "deberta"), "post", False, "encoder.layer", _BERT_NORMS,
+           "embeddings.LayerNorm", None, "cls.predictions.transform.LayerNorm|lm_predictions.lm_head.LayerNorm",
+           "embeddings.position_embeddings",
+           "disentangled relative attention (He et al. 2021); an absolute table only with position_biased_input",
+           "attention.self", "attention.self.query_proj", "attention.self.key_proj", "separate", "output.dense",
+           "LayerNorm"),
+    Family("mpnet", ("mpnet",), "post", False, "encoder.layer",
+           (("attention.LayerNorm", "attention_output"), ("output.LayerNorm", "output")), "embeddings.LayerNorm",
+           None, "lm_head.layer_norm", "embeddings.position_embeddings",
+           "learned absolute table plus relative attention buckets", "attention.attn", "attention.attn.q",
+           "attention.attn.k", "separate", "output.dense", "LayerNorm"),
+    Family("distilbert", ("distilbert",), "post", False, "transformer.layer",
+           (("sa_layer_norm", "attention_output"), ("output_layer_norm", "output")), "embeddings.LayerNorm", None,
+           "vocab_layer_norm", "embeddings.position_embeddings", "learned absolute table", "attention",
+           "attention.q_lin", "attention.k_lin", "separate", "ffn.lin2", "LayerNorm"),
+    Family("modernbert", ("modernbert",), "pre", False, "layers",
+           (("attn_norm", "attention_input"), ("mlp_norm", "mlp_input")), "embeddings.norm", "final_norm",
+           "head.norm", None, "rotary (RoPE; Su et al. 2021), no position table", "attn", "attn.Wqkv", "attn.Wqkv",
+           "qkv", "mlp.Wo", "LayerNorm without bias", optional_norms=("attn_norm",)),
+    Family("gpt2", ("gpt2",), "pre", True, "h", (("ln_1", "attention_input"), ("ln_2", "mlp_input")), None, "ln_f",
+           None, "wpe", "learned absolute table (wpe)", "attn", "attn.c_attn", "attn.c_attn", "qkv", "mlp.c_proj",
+           "LayerNorm"),
+    Family("gpt_neox", ("gpt_neox",), "pre", True, "layers", _LLAMA_NORMS, None, "final_layer_norm", None, None,
+           "rotary (RoPE) on part of each head, no position table", "attention", "attention.query_key_value",
+           "attention.query_key_value", "head_qkv", "mlp.dense_4h_to_h", "LayerNorm"),
+    Family("llama", ("llama", "mistral", "qwen2", "qwen3"), "pre", True, "layers", _LLAMA_NORMS, None, "norm", None,
+           None, "rotary (RoPE), no position table", "self_attn", "self_attn.q_proj", "self_attn.k_proj",
+           "separate", "mlp.down_proj", "RMSNorm (gain, no bias)"),
+)
+_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+
+#: Our own encoder (``outlierlab.models.encoder.RobertaMaskedLM``): resolved by :func:`family_of` from its blocks.
+OURS = {p: Family("outlierlab", ("outlierlab",), p, False, "encoder.layer",
+                  tuple(zip(("attention.output.LayerNorm", "output.LayerNorm"), POST_KINDS if p == "post" else PRE_KINDS)),
+                  "embeddings.LayerNorm", "encoder.LayerNorm", "lm_head.layer_norm", None,
+                  "our position scheme (model.pos; a learned table when pos=learned)", "attention.self",
+                  "attention.self.query", "attention.self.key", "separate", "output.dense",
+                  "model.norm (LayerNorm, no-affine LayerNorm or RMSNorm)") for p in ("post", "pre")}
+
+
+def model_type_of(model_or_config) -> str:
+    """``config.model_type`` of a Hugging Face model or config; ``outlierlab`` for our own encoder."""
+    if hasattr(model_or_config, "named_layernorms"):
+        return "outlierlab"
+    cfg = getattr(model_or_config, "config", model_or_config)
+    return str(getattr(cfg, "model_type", "") or type(model_or_config).__name__)
+
+
+def family_for_type(model_type: str, placement: str = "post") -> Family:
+    """The family of a ``model_type`` (``outlierlab`` with the given placement for ours).
+
+    Raises
+    ------
+    UnknownFamilyError
+        One line naming the type and how to add it.
+    """
+    if model_type == "outlierlab":
+        return OURS[placement]
+    try:
+        return _BY_TYPE[model_type]
+    except KeyError:
+        known = ", ".join(sorted(_BY_TYPE))
+        raise UnknownFamilyError(
+            f"model_type {model_type!r} is not in the model-family registry ({known}): add a Family entry naming "
+            "its blocks and per-layer norms to FAMILIES in outlierlab/models/families.py; the hidden-state "
+            "analyses still run") from None
+
+
+def family_of(model: nn.Module) -> Family:
+    """The :class:`Family` of a loaded model (Hugging Face, with or without head, or our own encoder)."""
+    if hasattr(model, "named_layernorms"):
+        layers = list(getattr(getattr(base_model(model), "encoder", None), "layer", []) or [])
+        return OURS["pre" if layers and getattr(layers[0], "pre_norm", False) else "post"]
+    return family_for_type(model_type_of(model))
+
+
+def lm_head(model: nn.Module) -> nn.Module | None:
+    """The model's own output layer (the decoder of its MLM head / its LM head): transformers'
+    ``get_output_embeddings``; ours: ``lm_head.decoder``.  None for a body without head."""
+    if hasattr(model, "named_layernorms"):
+        return getattr(getattr(model, "lm_head", None), "decoder", None)
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if callable(get) else None
+
+
+def unembedding(model: nn.Module) -> Tensor | None:
+    """The output layer's weight ``[vocab, d]`` (detached), or None (Macocco et al. 2025 read it row · dim)."""
+    head = lm_head(model)
+    w = getattr(head, "weight", None)
+    return None if w is None else w.detach()
+
+
+def is_decoder(model: nn.Module) -> bool:
+    """Whether the model is causal (a registered decoder family)."""
+    try:
+        return family_of(model).decoder
+    except UnknownFamilyError:
+        cfg = getattr(model, "config", None)
+        return bool(getattr(cfg, "is_decoder", False))
+
+
+def causal_or_masked(config) -> str:
+    """``masked_lm`` or ``next_token``: the objective of the model's own LM head (registered families by
+    their kind; others by which transformers auto class has the config, masked-LM first)."""
+    try:
+        return "next_token" if family_for_type(model_type_of(config)).decoder else "masked_lm"
+    except UnknownFamilyError:
+        from transformers import MODEL_FOR_MASKED_LM_MAPPING  # lazy: heavy import
+
+        return "masked_lm" if type(config) in MODEL_FOR_MASKED_LM_MAPPING else "next_token"
+
