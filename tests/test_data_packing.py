@@ -49,7 +49,7 @@ def test_datamodule_blocks_decode_back_to_the_documents(tmp_path):
     dm.prepare_data()
     dm.setup("fit")
     tok = dm.tokenizer
-    table, mask = dm.train_dataset.input_ids.numpy(), dm.train_dataset.attention_mask.numpy()
+    table, mask = dm.train_dataset.blocks.arrays()  # every block, cut from the memory-mapped token file
     assert (table[:, 0] == tok.bos_token_id).all()
     stream = table[:, 1:][mask[:, 1:] == 1]
     expected = sum(len(tok(d, add_special_tokens=False)["input_ids"]) + 1 for d in docs)

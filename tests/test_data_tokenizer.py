@@ -91,7 +91,7 @@ def test_hf_tokenizer_by_local_path_bert_style(tmp_path):
                        val_blocks=1, cache_dir=str(tmp_path))
     dm.prepare_data()
     dm.setup("fit")
-    ids = dm.train_dataset.input_ids
+    ids = dm.train_dataset.blocks.arrays()[0]
     assert dm.vocab_size == 30522 and dm.pad_token_id == 0 and dm.bos_token_id == 101
     assert (ids[:, 0] == 101).all() and (ids[:, 1:] == 101).sum() == 0
     assert int((ids == 102).sum()) == 50  # one [SEP] per document

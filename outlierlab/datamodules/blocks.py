@@ -1,121 +1,119 @@
-"""Packed MLM blocks on disk: build once per (corpus, tokenizer, block size), load, and serve as a Dataset.
+"""MLM blocks cut from the memory-mapped token stream when they are read: nothing is packed or stored per block.
 
-The layout (Liu et al. 2019, RoBERTa's FULL-SENTENCES packing, with ``<s>`` at position 0 of every block as
-Luo et al. 2021 study it) is made by :func:`outlierlab.datamodules.packing.pack_blocks`; this module owns the cache:
-``<cache_dir>/blocks/b<block_size>-<hash>`` saved with ``datasets.Dataset.save_to_disk`` plus ``meta.json``
-(corpus and token counts), written to a temporary name and renamed, so a crash never leaves a half cache.
+Block ``i`` of size ``B`` is ``<s>`` followed by stream tokens ``[i (B-1), (i+1) (B-1))`` -- RoBERTa's
+FULL-SENTENCES packing with ``<s>`` at position 0 of every block, as Luo et al. (2021) study it; the layout and
+its in-memory reference are :func:`outlierlab.datamodules.packing.pack_blocks`.  Only the last block can be
+short: it is right-padded with ``<pad>``, and the attention mask (1 up to the block's last stream token, 0 after)
+is derived, not stored.  The stream is an ``np.memmap`` of :mod:`outlierlab.datamodules.token_cache`'s file:
+every process (DDP rank, DataLoader worker) maps the same file, and the OS keeps one copy in its page cache.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import os
-import shutil
-import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
-from filelock import FileLock
 from torch.utils.data import DataLoader, Dataset
 
-from .packing import pack_blocks
-from .tokenizer import tokenizer_fingerprint
-
-log = logging.getLogger(__name__)
-
-PACKING_VERSION = "bos-stream-eos-v1"  # bump when the block layout changes, to invalidate caches
+from .token_cache import open_tokens
 
 
-def blocks_cache_path(cache_dir: Path, corpus_id: str, tokenizer, block_size: int) -> Path:
-    """Where the blocks of this (corpus, tokenizer, block size) live; the hash keys all three."""
-    key = json.dumps({"v": PACKING_VERSION, "corpus": corpus_id, "tok": tokenizer_fingerprint(tokenizer),
-                      "block_size": block_size}, sort_keys=True)
-    return cache_dir / "blocks" / f"b{block_size}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+class TokenBlocks:
+    """Fixed-size ``<s>``-led blocks over a token file, read on demand.
 
+    Parameters
+    ----------
+    path : Path
+        Token cache folder (``tokens.bin`` + ``meta.json``).
+    meta : dict
+        Its ``meta.json`` (dtype, token count).
+    block_size : int
+        Tokens per block including ``<s>``; must be >= 2.
+    bos_id, pad_id : int
+    limit : int, optional
+        Use only the first ``limit`` blocks.
 
-def ensure_blocks(path: Path, build: Callable[[Path], None]) -> bool:
-    """Run ``build(path)`` unless ``path`` holds finished blocks; one process builds, others wait.
-
-    Returns
-    -------
-    bool
-        True if this call built the blocks.
+    The memory map is opened lazily in each process and dropped when pickled (a DataLoader worker started with
+    spawn, ``ddp_spawn``), so no process ever pickles or copies the stream.
     """
-    if (path / "meta.json").is_file():
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        if (path / "meta.json").is_file():  # another process built them while we waited
-            return False
-        build(path)
-        return True
 
+    def __init__(self, path: Path, meta: dict[str, Any], block_size: int, bos_id: int, pad_id: int,
+                 limit: int | None = None) -> None:
+        if block_size < 2:
+            raise ValueError(f"data.block_size must be >= 2 (<s> plus at least one text token), got {block_size}")
+        self.path, self.meta, self.block_size = Path(path), meta, int(block_size)
+        self.bos_id, self.pad_id = int(bos_id), int(pad_id)
+        self.n_tokens = int(meta["tokens"])
+        n = -(-self.n_tokens // (self.block_size - 1))  # ceil: no stream token is dropped
+        self.n_blocks = n if limit is None else min(n, int(limit))
+        self._stream: np.ndarray | None = None
 
-def build_blocks(texts: list[str], tok, ids: dict, path: Path, block_size: int, meta: dict[str, Any]) -> None:
-    """Tokenise ``texts`` (``</s>`` after each document), pack into blocks and save them at ``path``.
+    @property
+    def stream(self) -> np.ndarray:
+        if self._stream is None:
+            self._stream = open_tokens(self.path, self.meta)
+        return self._stream
 
-    ``meta`` (corpus identity, source) is stored in ``meta.json`` together with the counts.
-    """
-    eos = ids["eos"]
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_stream": None}
 
-    def tokenize(batch: dict) -> dict:
-        enc = tok(batch["text"], add_special_tokens=False, verbose=False)["input_ids"]
-        return {"input_ids": [e + [eos] for e in enc]}
+    def __len__(self) -> int:
+        return self.n_blocks
 
-    docs = datasets.Dataset.from_dict({"text": texts})
-    tokenized = docs.map(tokenize, batched=True, batch_size=1000, remove_columns=["text"],
-                         desc="tokenize", keep_in_memory=True)
-    stream = pc.list_flatten(tokenized.data.column("input_ids")).to_numpy().astype(np.int32)
-    input_ids, attention_mask = pack_blocks(stream, block_size, ids["bos"], ids["pad"])
-    table = pa.table({
-        "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(input_ids.reshape(-1)), block_size),
-        "attention_mask": pa.FixedSizeListArray.from_arrays(pa.array(attention_mask.reshape(-1)), block_size),
-    })
-    meta = {**meta, "documents": len(texts), "characters": sum(len(t) for t in texts),
-            "stream_tokens": int(len(stream)), "blocks": int(len(input_ids)), "block_size": block_size,
-            "pad_tokens": int((attention_mask == 0).sum()), "vocab_size": len(tok),
-            "tokenizer": str(getattr(tok, "name_or_path", "")) or "bpe", "special_ids": ids}
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    datasets.Dataset(table).save_to_disk(str(tmp))
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-    if path.exists():  # a broken earlier attempt
-        shutil.rmtree(path)
-    os.replace(tmp, path)
-    log.info("packed %d documents -> %d blocks of %d tokens in %s", len(texts), len(input_ids), block_size, path)
+    def block(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids int32 [B], attention_mask int8 [B])`` of block ``i``."""
+        if not 0 <= i < self.n_blocks:
+            raise IndexError(f"block {i} out of range ({self.n_blocks} blocks)")
+        body = self.block_size - 1
+        part = self.stream[i * body : (i + 1) * body]
+        ids = np.full(self.block_size, self.pad_id, dtype=np.int32)
+        ids[0] = self.bos_id
+        ids[1 : 1 + len(part)] = part
+        mask = np.zeros(self.block_size, dtype=np.int8)
+        mask[: 1 + len(part)] = 1
+        return ids, mask
 
+    def arrays(self, rows=None) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids, attention_mask)`` of ``rows`` (default all blocks) stacked in memory: for inspection and
+        tests on small corpora -- it holds ``rows x block_size x 5`` bytes."""
+        rows = range(self.n_blocks) if rows is None else rows
+        pairs = [self.block(int(r)) for r in rows]
+        if not pairs:
+            return np.zeros((0, self.block_size), np.int32), np.zeros((0, self.block_size), np.int8)
+        return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
 
-def load_blocks(path: Path, block_size: int, limit: int | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``(input_ids, attention_mask, meta)`` of saved blocks, arrays of shape ``(n_blocks, block_size)``."""
-    table = datasets.load_from_disk(str(path)).data
-    input_ids = table.column("input_ids").combine_chunks().flatten().to_numpy().reshape(-1, block_size)
-    attention_mask = table.column("attention_mask").combine_chunks().flatten().to_numpy().reshape(-1, block_size)
-    if limit is not None:
-        input_ids, attention_mask = input_ids[:limit], attention_mask[:limit]
-    return input_ids, attention_mask, json.loads((path / "meta.json").read_text())
+    @property
+    def pad_tokens(self) -> int:
+        """Right padding of the stream's final block (0 if it is full or cut off by ``limit``)."""
+        body = self.block_size - 1
+        last = -(-self.n_tokens // body) - 1
+        return body - (self.n_tokens - last * body) if 0 <= last < self.n_blocks else 0
+
+    def real_tokens(self, rows: np.ndarray) -> int:
+        """Non-padding tokens of ``rows`` (``<s>`` included), from the counts alone: no token is read."""
+        rows = np.asarray(rows)
+        last = -(-self.n_tokens // (self.block_size - 1)) - 1  # the only block that can be padded
+        return len(rows) * self.block_size - (self.pad_tokens if (rows == last).any() else 0)
 
 
 class BlockDataset(Dataset):
-    """Rows ``rows`` of the packed block table; items carry their global block index for mask seeding."""
+    """Blocks ``rows`` of a :class:`TokenBlocks`; items carry their global block index for mask seeding."""
 
-    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: np.ndarray) -> None:
-        self.input_ids, self.attention_mask, self.rows = input_ids, attention_mask, rows
+    def __init__(self, blocks: TokenBlocks, rows: np.ndarray) -> None:
+        self.blocks, self.rows = blocks, rows
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         r = int(self.rows[i])
-        return {"index": r, "input_ids": self.input_ids[r], "attention_mask": self.attention_mask[r]}
+        ids, mask = self.blocks.block(r)
+        return {"index": r, "input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
     def real_tokens(self) -> int:
         """Non-padding tokens in these rows: what one epoch over this split trains on."""
-        return int(self.attention_mask[torch.from_numpy(np.asarray(self.rows, dtype=np.int64))].sum())
+        return self.blocks.real_tokens(self.rows)
 
 
 class ResumableDataLoader(DataLoader):

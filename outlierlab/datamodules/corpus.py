@@ -16,7 +16,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "data" / "corpus"
@@ -33,41 +33,58 @@ def embedded_files() -> list[Path]:
 
 
 def read_text_file(path: str | os.PathLike) -> list[str]:
-    """Documents (non-empty, stripped lines) of one UTF-8 ``.txt`` or gzip ``.txt.gz`` file.
+    """Documents (non-empty, stripped lines) of one UTF-8 ``.txt`` or gzip ``.txt.gz`` file, as a list.
+
+    See :func:`iter_text_file`, which streams them; this is ``list(iter_text_file(path))``.
+    """
+    return list(iter_text_file(path))
+
+
+def iter_text_file(path: str | os.PathLike, raw_position: list[int] | None = None) -> Iterator[str]:
+    """Stream the documents (non-empty, stripped lines) of one UTF-8 ``.txt`` or gzip ``.txt.gz`` file.
 
     Lines that are not valid UTF-8 are SKIPPED (not decoded with replacement characters, which would put
     U+FFFD tokens into the training data), with one warning naming the file and the number of skipped lines.
+    Only one line is held at a time.
+
+    Parameters
+    ----------
+    path : path-like
+    raw_position : list of one int, optional
+        Updated in place with the bytes of the file read so far (compressed bytes for ``.gz``), for progress.
 
     Raises
     ------
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        If the file holds no non-empty line.
+        If the file holds no non-empty line (raised when the end is reached) or is not valid gzip.
     """
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"text file not found: {p}")
-    opener = gzip.open if p.suffix == ".gz" else open
-    docs, bad = [], 0
+    n, bad = 0, 0
     try:
-        with opener(p, "rb") as f:  # bytes, so one bad line does not abort the whole file
-            for raw in f:
+        with open(p, "rb") as raw:  # bytes, so one bad line does not abort the whole file
+            f = gzip.GzipFile(fileobj=raw) if p.suffix == ".gz" else raw
+            for line_bytes in f:
+                if raw_position is not None:
+                    raw_position[0] = raw.tell()
                 try:
-                    line = raw.decode("utf-8")
+                    line = line_bytes.decode("utf-8")
                 except UnicodeDecodeError:
                     bad += 1
                     continue
                 line = line.replace("\ufeff", "").strip()
                 if line:
-                    docs.append(line)
+                    n += 1
+                    yield line
     except gzip.BadGzipFile as e:
         raise ValueError(f"{p} is not a valid gzip file ({e}); use .txt for plain text") from None
     if bad:
         warnings.warn(f"{p}: skipped {bad} line(s) that are not valid UTF-8", UnicodeWarning, stacklevel=2)
-    if not docs:
+    if not n:
         raise ValueError(f"text file {p} contains no text (no non-empty UTF-8 line)")
-    return docs
 
 
 def load_texts_from_files(files: str | os.PathLike | Sequence[str | os.PathLike],
@@ -126,6 +143,22 @@ def load_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "202311
     """
     if streaming and not max_documents:
         raise ValueError(f"data.max_documents must be set (>0) to stream {path}, e.g. data.max_documents=10000")
+    return _limit(list(iter_hub_texts(path, name, split, text_column, max_documents, streaming, data_files,
+                                      revision, cache_dir)), max_documents)
+
+
+def iter_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "20231101.en", split: str = "train",
+                   text_column: str = "text", max_documents: int | None = None, streaming: bool = True,
+                   data_files: str | Sequence[str] | None = None, revision: str | None = None,
+                   cache_dir: str | os.PathLike | None = None, progress: list[int] | None = None) -> Iterator[str]:
+    """Stream the first ``max_documents`` (None: all) non-empty documents of a ``datasets`` dataset.
+
+    ``streaming=True`` reads the hub's shards as they are needed (``datasets.IterableDataset``);
+    ``streaming=False`` reads the memory-mapped Arrow cache (downloaded once) in batches of 1,000 rows.  Either
+    way one batch of rows is held at a time, so a whole Wikipedia dump passes through in bounded memory.
+    Arguments and errors as :func:`load_hub_texts`; ``progress``, a list of two ints, receives
+    ``[documents yielded, documents expected or 0 when unknown]``.
+    """
     local = path in _LOCAL_BUILDERS or Path(path).expanduser().exists()
     what = f"{path}" + (f" ({name})" if name else "")
     advice = ("use data=embedded, or data=files data.files=[a.txt,b.txt.gz] for local text, or pre-download "
@@ -139,21 +172,52 @@ def load_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "202311
     if not local and not streaming and hub_is_offline():
         _go_offline(datasets)  # serve it from the datasets cache without ~40 s of network retries
 
+    def failed(e: Exception) -> RuntimeError:  # network, auth, unknown config ... -> one line (cause chained)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return RuntimeError(f"loading {what} split {split!r} failed ({type(e).__name__}: {first}); "
+                            + (advice if not local else "check data.hub and data.files"))
+
     try:
         ds = datasets.load_dataset(path, name, split=split, streaming=streaming, data_files=data_files,
                                    revision=revision, cache_dir=None if cache_dir is None else str(cache_dir))
-        rows = list(_head(ds, max_documents, streaming))
-    except Exception as e:  # network, auth, unknown config ... -> one line (the cause stays chained)
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        raise RuntimeError(f"loading {what} split {split!r} failed ({type(e).__name__}: {first}); "
-                           + (advice if not local else "check data.hub and data.files")) from e
-    if rows and text_column not in rows[0]:
-        raise ValueError(f"{what} has no column {text_column!r} (columns: {sorted(rows[0])}); "
+    except Exception as e:
+        raise failed(e) from e
+    columns = ds.column_names
+    if columns is not None and text_column not in columns:
+        raise ValueError(f"{what} has no column {text_column!r} (columns: {sorted(columns)}); "
                          "set data.hub.text_column")
-    docs = _limit(_non_empty(row[text_column] for row in rows), max_documents)
-    if not docs:
+    if progress is not None:
+        progress[1] = int(max_documents or (0 if streaming else len(ds)) or _split_size(ds, split))
+    rows = iter(ds.select_columns([text_column]) if columns is not None else ds) if streaming else \
+        (row for batch in ds.select_columns([text_column]).iter(batch_size=1000)
+         for row in ({text_column: t} for t in batch[text_column]))
+    n = 0
+    while max_documents is None or n < max_documents:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except Exception as e:
+            raise failed(e) from e
+        if text_column not in row:
+            raise ValueError(f"{what} has no column {text_column!r} (columns: {sorted(row)}); "
+                             "set data.hub.text_column")
+        text = row[text_column]
+        if isinstance(text, str) and text.strip():
+            n += 1
+            if progress is not None:
+                progress[0] = n
+            yield text.strip()
+    if not n:
         raise ValueError(f"dataset {what} split {split!r} gave no non-empty {text_column!r} documents")
-    return docs
+
+
+def _split_size(ds, split: str) -> int:
+    """Rows of a streamed split when the dataset card records them (Wikipedia's does), else 0."""
+    try:
+        return int(ds.info.splits[split].num_examples)
+    except Exception:  # no info, no split record: progress without ETA
+        return 0
 
 
 def _go_offline(datasets_module) -> None:
@@ -163,15 +227,6 @@ def _go_offline(datasets_module) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     constants.HF_HUB_OFFLINE = True
     datasets_module.config.HF_HUB_OFFLINE = True
-
-
-def _head(ds, max_documents: int | None, streaming: bool) -> Iterable[dict]:
-    if max_documents is None:
-        return ds
-    # Over-read a little: empty documents are dropped afterwards.
-    if streaming:
-        return ds.take(max_documents + 100)
-    return ds.select(range(min(len(ds), max_documents + 100)))
 
 
 # ------------------------------------------------------------------------------------------------ identity
@@ -241,10 +296,6 @@ def corpus_paths(files) -> list[Path]:
         else:
             paths.append(p)
     return paths
-
-
-def _non_empty(texts: Iterable) -> list[str]:
-    return [t.strip() for t in texts if isinstance(t, str) and t.strip()]
 
 
 def _limit(docs: list[str], max_documents: int | None) -> list[str]:

@@ -10,7 +10,7 @@ from .tokenizer import MIN_VOCAB
 
 SOURCES = ("embedded", "files", "hub")
 HUB_KEYS = {"path", "name", "split", "text_column", "streaming", "data_files", "revision"}
-TOKENIZER_KEYS = {"name_or_path", "vocab_size", "min_frequency"}
+TOKENIZER_KEYS = {"name_or_path", "vocab_size", "min_frequency", "max_training_documents"}
 
 
 def plain(x):
@@ -19,7 +19,8 @@ def plain(x):
 
 
 def validate_data_args(source, files, hub, tokenizer, block_size, batch_size, val_fraction, val_blocks,
-                       num_workers, mlm_probability, max_documents, limit_blocks) -> None:
+                       num_workers, mlm_probability, max_documents, limit_blocks, num_proc=None,
+                       tokenize_chunk_mb=4.0) -> None:
     """Raise ``ValueError`` naming the ``data.*`` key and what to set it to."""
     if source not in SOURCES:
         raise ValueError(f"unknown data.source {source!r}; choose one of {', '.join(SOURCES)}")
@@ -44,6 +45,15 @@ def validate_data_args(source, files, hub, tokenizer, block_size, batch_size, va
         raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
     if not 0 < float(mlm_probability) < 1:
         raise ValueError(f"data.mlm_probability must be in (0, 1), got {mlm_probability}")
+    if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
+        raise ValueError(f"data.num_proc must be an integer >= 1 (tokenizing processes) or null (all cores), "
+                         f"got {num_proc!r}")
+    if not isinstance(tokenize_chunk_mb, (int, float)) or not 0 < tokenize_chunk_mb <= 1024:
+        raise ValueError(f"data.tokenize_chunk_mb must be in (0, 1024] (millions of characters per tokenizer "
+                         f"chunk; 4 is plenty), got {tokenize_chunk_mb!r}")
+    cap = (tokenizer or {}).get("max_training_documents")
+    if cap is not None and (not isinstance(cap, int) or cap < 1):
+        raise ValueError(f"data.tokenizer.max_training_documents must be an integer >= 1 or null (all), got {cap!r}")
     for name, v in (("max_documents", max_documents), ("limit_blocks", limit_blocks)):
         if v is not None and int(v) < 1:
             raise ValueError(f"data.{name} must be >= 1 or null, got {v}")

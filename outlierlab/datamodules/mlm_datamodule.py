@@ -4,13 +4,14 @@ Pipeline (RoBERTa / fairseq style pretraining data, Liu et al. 2019):
 
 1. documents from ``source`` (:mod:`outlierlab.datamodules.corpus`): the embedded corpus, user text files, or a hub dataset;
 2. tokenizer (:mod:`outlierlab.datamodules.tokenizer`): byte-level BPE trained on these documents (cached), or any HF one;
-3. tokenize with ``datasets.Dataset.map(batched=True)``, append ``</s>`` to every document, concatenate, and cut
-   into blocks of ``block_size`` tokens (:mod:`outlierlab.datamodules.packing`).  EVERY block is ``<s>`` + the next
-   ``block_size - 1`` stream tokens, so position 0 always carries ``<s>`` -- the token whose position
-   artefacts Luo et al. (2021) study; blocks may start mid-document.  Only the final block is padded
-   (``attention_mask`` 0), so no token is lost.  The blocks are cached (:mod:`outlierlab.datamodules.blocks`) under
-   ``<cache_dir>/blocks/b<block_size>-<hash>``, the hash keyed by (corpus identity, tokenizer, block size),
-   so a second run starts in about a second;
+3. the documents are streamed (:mod:`outlierlab.datamodules.documents`) and tokenized in ``num_proc`` processes,
+   ``</s>`` after every document, into ONE flat token file (:mod:`outlierlab.datamodules.token_cache`: ``uint16``
+   when the vocabulary fits, else ``int32``) under ``<cache_dir>/tokens/<hash>``, keyed by (corpus identity,
+   tokenizer); built once, atomically, in memory bounded by ``tokenize_chunk_mb``, so a second run (and every
+   other DDP rank) just memory-maps it.  Blocks are cut from the map when read
+   (:mod:`outlierlab.datamodules.blocks`): EVERY block is ``<s>`` + the next ``block_size - 1`` stream tokens,
+   so position 0 always carries ``<s>`` -- the token whose position artefacts Luo et al. (2021) study; blocks
+   may start mid-document.  Only the final block is padded (``attention_mask`` 0, derived), so no token is lost;
 4. train/validation split by blocks, a seeded permutation of block ids (``val_blocks`` or ``val_fraction``).
    Neighbouring blocks of one document may fall on both sides of the split;
 5. batches: a :class:`~outlierlab.datamodules.sampler.ResumableSampler` (shuffled per epoch with ``seed + epoch``, sharded
@@ -38,10 +39,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import corpus as corpus_lib
-from .blocks import BlockDataset, ResumableDataLoader, blocks_cache_path, build_blocks, ensure_blocks, load_blocks
+from .blocks import BlockDataset, ResumableDataLoader, TokenBlocks
 from .data_validation import plain, validate_data_args
+from .documents import open_documents
 from .masking import DeterministicMLMCollator
 from .sampler import ResumableSampler
+from .token_cache import FORMAT_VERSION, ensure_token_file, token_cache_path, write_token_file
+from .tokenize_parallel import default_num_proc
 from .tokenizer import load_or_train_bpe, load_tokenizer, mlm_special_ids
 
 log = logging.getLogger(__name__)
@@ -65,7 +69,8 @@ class MLMDataModule(L.LightningDataModule):
         ``path, name, split, text_column, streaming, data_files, revision`` for ``datasets.load_dataset``.
     tokenizer : dict
         ``name_or_path`` (null: train byte-level BPE), ``vocab_size`` (BPE size, default 8192),
-        ``min_frequency`` (BPE, default 2).
+        ``min_frequency`` (BPE, default 2), ``max_training_documents`` (BPE trained on the first N documents
+        only; null: all -- cap it for corpora whose distinct words would not fit in memory).
     block_size : int
         Tokens per block including the leading ``<s>`` (the model's sequence length).
     batch_size : int
@@ -85,6 +90,11 @@ class MLMDataModule(L.LightningDataModule):
         Use only the first N documents (required for streamed hub data; handy for small experiments).
     limit_blocks : int or None
         Use only the first N packed blocks (tiny tests).
+    num_proc : int or None
+        Processes that tokenize the corpus when its token file is built; None: this machine's cores.
+    tokenize_chunk_mb : float
+        Millions of characters per tokenization chunk; the build holds about ``2 x num_proc`` chunks, so this
+        (not the corpus size) bounds its memory.
     """
 
     def __init__(self, source: str = "embedded", files: Sequence[str] | None = None, hub: dict | None = None,
@@ -92,18 +102,20 @@ class MLMDataModule(L.LightningDataModule):
                  val_fraction: float = 0.02, val_blocks: int | None = None, num_workers: int = 0,
                  mlm_probability: float = 0.15, mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1,
                  cache_dir: str | None = None, seed: int = 0, max_documents: int | None = None,
-                 limit_blocks: int | None = None, pin_memory: bool = False) -> None:
+                 limit_blocks: int | None = None, pin_memory: bool = False, num_proc: int | None = None,
+                 tokenize_chunk_mb: float = 4.0) -> None:
         super().__init__()
         # No save_hyperparameters(): Lightning refuses to log when a datamodule hparam (seed, batch_size ...)
         # differs from the LightningModule's; the run's config.yaml records these values.
         files, hub, tokenizer = plain(files), plain(hub), plain(tokenizer)
         validate_data_args(source, files, hub, tokenizer, block_size, batch_size, val_fraction, val_blocks, num_workers,
-                  mlm_probability, max_documents, limit_blocks)
+                  mlm_probability, max_documents, limit_blocks, num_proc, tokenize_chunk_mb)
         self.source = source
         self.files = [files] if isinstance(files, str) else (list(files) if files else None)
         self.hub = {"path": "wikimedia/wikipedia", "name": "20231101.en", "split": "train",
                     "text_column": "text", "streaming": True, **(hub or {})}
-        self.tokenizer_cfg = {"name_or_path": None, "vocab_size": 8192, "min_frequency": 2, **(tokenizer or {})}
+        self.tokenizer_cfg = {"name_or_path": None, "vocab_size": 8192, "min_frequency": 2,
+                              "max_training_documents": None, **(tokenizer or {})}
         self.block_size, self.batch_size = int(block_size), int(batch_size)
         self.val_fraction, self.val_blocks = float(val_fraction), val_blocks
         self.num_workers, self.pin_memory = int(num_workers), bool(pin_memory)
@@ -111,9 +123,12 @@ class MLMDataModule(L.LightningDataModule):
         self.mask_replace_prob, self.random_replace_prob = float(mask_replace_prob), float(random_replace_prob)
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.seed, self.max_documents, self.limit_blocks = int(seed), max_documents, limit_blocks
+        self.num_proc = int(num_proc) if num_proc else default_num_proc()
+        self.chunk_chars = max(1, int(float(tokenize_chunk_mb) * 1e6))
 
         self.tokenizer = None
-        self.blocks_path: Path | None = None
+        self.blocks_path: Path | None = None  # the token cache folder (tokens.bin + meta.json)
+        self.token_meta: dict[str, Any] | None = None
         self.stats: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         self.cache_hits: dict[str, bool] = {}  # after prepare_data: was the tokenizer / were the blocks cached?
@@ -160,50 +175,69 @@ class MLMDataModule(L.LightningDataModule):
             return
         t0 = time.perf_counter()
         corpus_id = corpus_lib.corpus_identity(self.source, self.files, self.hub, self.max_documents)
-        texts: list[str] | None = None
 
-        def get_texts() -> list[str]:  # read the corpus only if some cache is missing
-            nonlocal texts
-            if texts is None:
-                texts = corpus_lib.load_texts(self.source, self.files, {**self.hub, "cache_dir": self._hf_cache()},
-                                              self.max_documents)
-            return texts
+        def documents():  # a fresh stream per pass; nothing is read unless a cache is missing
+            return open_documents(self.source, self.files, {**self.hub, "cache_dir": self._hf_cache()},
+                                  self.max_documents)
 
         name = self.tokenizer_cfg["name_or_path"]
         if name:
             tok, trained = load_tokenizer(str(name)), False
         else:
-            tok, _, trained = load_or_train_bpe(get_texts, corpus_id, int(self.tokenizer_cfg["vocab_size"]),
-                                                self.cache_dir, int(self.tokenizer_cfg["min_frequency"]))
+            tok, _, trained = load_or_train_bpe(documents, corpus_id, int(self.tokenizer_cfg["vocab_size"]),
+                                                self.cache_dir, int(self.tokenizer_cfg["min_frequency"]),
+                                                self.tokenizer_cfg["max_training_documents"])
         ids = mlm_special_ids(tok)
         self.timings["tokenizer_s"] = time.perf_counter() - t0
-        path = blocks_cache_path(self.cache_dir, corpus_id, tok, self.block_size)
-        built = ensure_blocks(path, lambda p: build_blocks(get_texts(), tok, ids, p, self.block_size,
-                                                           {"corpus_id": corpus_id, "source": self.source}))
+        path = token_cache_path(self.cache_dir, corpus_id, tok)
+
+        def build(p: Path) -> None:
+            docs = documents()
+            log.info("building the token cache (format %s: one flat memory-mapped token file, %d process(es))"
+                     "%s -> %s", FORMAT_VERSION, self.num_proc, self._old_cache_note(), p)
+            write_token_file(docs, tok, ids["eos"], p, {"corpus_id": corpus_id, "source": self.source,
+                                                        "tokenizer": str(getattr(tok, "name_or_path", "")) or "bpe",
+                                                        "special_ids": ids},
+                             num_proc=self.num_proc, chunk_chars=self.chunk_chars, fraction=docs.fraction)
+
+        self.token_meta, built = ensure_token_file(path, build)
         self.tokenizer, self.blocks_path = tok, path
         self.cache_hits = {"tokenizer": not trained, "blocks": not built}
         self.timings["prepare_s"] = time.perf_counter() - t0
+
+    def _old_cache_note(self) -> str:
+        """Say so when caches of the earlier format (packed Arrow blocks, v1) exist: they are not used."""
+        old = self.cache_dir / "blocks"
+        if not old.is_dir() or not any(old.iterdir()):
+            return ""
+        return f"; the packed-block caches of earlier versions in {old} are not used (delete them to free the space)"
 
     def _hf_cache(self) -> str:
         return str(self.cache_dir / "hf_datasets")
 
     def setup(self, stage: str | None = None) -> None:
-        """Load the cached blocks and split them into train/validation (idempotent)."""
+        """Memory-map the token file and split its blocks into train/validation (idempotent)."""
         if self.train_dataset is not None:
             return
         t0 = time.perf_counter()
         self._ensure_built()
-        input_ids, attention_mask, meta = load_blocks(self.blocks_path, self.block_size, self.limit_blocks)
-        n = len(input_ids)
+        ids = mlm_special_ids(self.tokenizer)
+        blocks = TokenBlocks(self.blocks_path, self.token_meta, self.block_size, ids["bos"], ids["pad"],
+                             self.limit_blocks)
+        n = len(blocks)
         n_val = self._num_val(n)
-        order = np.random.default_rng(self.seed).permutation(n)
-        val_rows, train_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
-        ids_t, mask_t = torch.from_numpy(input_ids.copy()), torch.from_numpy(attention_mask.copy())
-        self.train_dataset = BlockDataset(ids_t, mask_t, train_rows)
-        self.val_dataset = BlockDataset(ids_t, mask_t, val_rows) if n_val else None
+        order = np.random.default_rng(self.seed).permutation(n)  # the split of earlier versions, exactly
+        row_type = np.int32 if n < 2**31 else np.int64  # 4 bytes per block: ~1% of a uint16 block of 256
+        val_rows, train_rows = np.sort(order[:n_val]).astype(row_type), np.sort(order[n_val:]).astype(row_type)
+        del order
+        self.train_dataset = BlockDataset(blocks, train_rows)
+        self.val_dataset = BlockDataset(blocks, val_rows) if n_val else None
         self.collator = DeterministicMLMCollator(self.tokenizer, self.mlm_probability, self.seed,
                                                  self.mask_replace_prob, self.random_replace_prob)
-        self.stats = {**meta, "train_blocks": len(train_rows), "val_blocks": int(n_val),
+        meta = self.token_meta
+        self.stats = {**meta, "stream_tokens": int(meta["tokens"]), "blocks": n, "block_size": self.block_size,
+                      "pad_tokens": blocks.pad_tokens, "token_file": str(self.blocks_path / "tokens.bin"),
+                      "train_blocks": len(train_rows), "val_blocks": int(n_val),
                       "train_tokens": self.train_dataset.real_tokens()}
         self.timings["setup_s"] = time.perf_counter() - t0
 

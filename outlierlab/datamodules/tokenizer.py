@@ -18,10 +18,12 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 import warnings
 from pathlib import Path
-from typing import Callable, Sequence
+from itertools import islice
+from typing import Callable, Iterable, Sized
 
 from filelock import FileLock
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -36,11 +38,14 @@ RECIPE = "bytelevel-bpe-v1"  # bump when the training recipe changes, to invalid
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # byte alphabet + specials
 
 
-def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 8192, min_frequency: int = 2):
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 8192, min_frequency: int = 2):
     """Train a RoBERTa-style byte-level BPE on ``texts``; returns a ``PreTrainedTokenizerFast``.
 
-    Training is deterministic for the same texts and arguments.  A corpus too small for ``vocab_size``
-    yields a smaller vocabulary (``len(tokenizer)``), with a warning.
+    ``texts`` is read once, as a stream (``Tokenizer.train_from_iterator``): the trainer keeps word counts, not
+    the text, so its memory grows with the number of distinct pre-tokenized words, not with the corpus -- for
+    a huge corpus cap the sample (``tokenizer.max_training_documents``).  Training is deterministic for the same
+    texts and arguments.  A corpus too small for ``vocab_size`` yields a smaller vocabulary
+    (``len(tokenizer)``), with a warning.
     """
     if vocab_size < MIN_VOCAB:
         raise ValueError(f"data.tokenizer.vocab_size must be >= {MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} "
@@ -52,7 +57,7 @@ def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 8192, min_freque
     specials = [AddedToken(t, special=True, normalized=False, lstrip=(t == "<mask>")) for t in SPECIAL_TOKENS]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer, length=len(texts))
+    tok.train_from_iterator(texts, trainer, length=len(texts) if isinstance(texts, Sized) else None)
     for i, t in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(t) == i, (t, tok.token_to_id(t))
     tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True,
@@ -64,33 +69,46 @@ def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 8192, min_freque
                                    sep_token="</s>", cls_token="<s>", pad_token="<pad>", mask_token="<mask>")
 
 
-def bpe_cache_path(cache_dir: str | os.PathLike, corpus_id: str, vocab_size: int, min_frequency: int = 2) -> Path:
-    """Cache folder of the BPE tokenizer for this (corpus, vocab size, recipe)."""
-    key = json.dumps({"recipe": RECIPE, "corpus": corpus_id, "vocab_size": vocab_size,
-                      "min_frequency": min_frequency}, sort_keys=True)
+def bpe_cache_path(cache_dir: str | os.PathLike, corpus_id: str, vocab_size: int, min_frequency: int = 2,
+                   max_training_documents: int | None = None) -> Path:
+    """Cache folder of the BPE tokenizer for this (corpus, vocab size, recipe, training-sample cap)."""
+    fields = {"recipe": RECIPE, "corpus": corpus_id, "vocab_size": vocab_size, "min_frequency": min_frequency}
+    if max_training_documents is not None:  # absent when uncapped: caches of earlier versions stay valid
+        fields["max_training_documents"] = int(max_training_documents)
+    key = json.dumps(fields, sort_keys=True)
     return Path(cache_dir).expanduser() / "tokenizers" / f"bpe{vocab_size}-{_sha(key)[:16]}"
 
 
-def load_or_train_bpe(texts: Callable[[], Sequence[str]] | Sequence[str], corpus_id: str, vocab_size: int,
-                      cache_dir: str | os.PathLike, min_frequency: int = 2):
+def load_or_train_bpe(texts: Callable[[], Iterable[str]] | Iterable[str], corpus_id: str, vocab_size: int,
+                      cache_dir: str | os.PathLike, min_frequency: int = 2, max_training_documents: int | None = None):
     """Load the cached BPE tokenizer for ``corpus_id`` or train (``texts()`` is only called then) and cache it.
 
+    ``texts`` (or what ``texts()`` returns) is streamed once; with ``max_training_documents`` only its first
+    that many documents are read -- the sample cap for corpora whose distinct words would not fit in memory
+    (the first documents of a Wikipedia dump are in page-id order, a spread of topics).
     Returns ``(tokenizer, path, trained)``.  Safe with several processes (DDP ranks): a file lock serialises
     training, and the folder appears atomically (written to a temporary name, then renamed).
     """
-    path = bpe_cache_path(cache_dir, corpus_id, vocab_size, min_frequency)
+    if max_training_documents is not None and int(max_training_documents) < 1:
+        raise ValueError(f"data.tokenizer.max_training_documents must be >= 1 or null, got {max_training_documents}")
+    path = bpe_cache_path(cache_dir, corpus_id, vocab_size, min_frequency, max_training_documents)
     if not (path / "tokenizer_config.json").is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path) + ".lock"):
             if not (path / "tokenizer_config.json").is_file():
                 docs = texts() if callable(texts) else texts
+                if max_training_documents is not None:
+                    docs = islice(docs, int(max_training_documents))
+                t0 = time.perf_counter()
                 tok = train_bpe_tokenizer(docs, vocab_size, min_frequency)
                 tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
                 tok.save_pretrained(str(tmp))
                 if path.exists():  # a broken earlier attempt
                     shutil.rmtree(path)
                 os.replace(tmp, path)
-                log.info("trained byte-level BPE (vocab %d) -> %s", len(tok), path)
+                log.info("trained byte-level BPE (vocab %d) in %.1f s%s -> %s", len(tok), time.perf_counter() - t0,
+                         "" if max_training_documents is None else
+                         f" on the first {int(max_training_documents):,} documents", path)
                 return tok, path, True
     return load_tokenizer(str(path)), path, False
 

@@ -1,0 +1,169 @@
+"""The corpus as one flat token file, built once out of core and memory-mapped by every process (nanoGPT's format).
+
+``<cache_dir>/tokens/<hash>/`` (the hash keys corpus identity, tokenizer and :data:`FORMAT_VERSION`; not the
+block size -- blocks are cut from the stream when read, :mod:`outlierlab.datamodules.blocks`) holds
+
+* ``tokens.bin`` -- the token stream: every document's ids followed by ``</s>``, in corpus order, as raw
+  little-endian ``uint16`` when the vocabulary has at most 65,536 ids (ids 0..65535), else ``int32``;
+* ``meta.json`` -- the small index: format version, dtype, token/document/character counts, special ids.
+
+The build streams documents (:mod:`outlierlab.datamodules.documents`) through
+:func:`~outlierlab.datamodules.tokenize_parallel.encode_documents` straight into the file, so its memory is set
+by ``data.tokenize_chunk_mb`` and ``data.num_proc``, not by the corpus.  It is atomic: written under a
+temporary name (``.<hash>.<uuid>``), fsync'ed, then renamed; a cache is trusted only if ``meta.json`` has this
+format version and ``tokens.bin`` has exactly the bytes it announces, so a killed build never leaves a cache a
+later run accepts.  A file lock makes one process build while the others (DDP ranks) wait, then map the file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+from filelock import FileLock
+
+from outlierlab.utils.progress import eta_seconds, format_duration
+
+from .tokenize_parallel import encode_documents
+from .tokenizer import tokenizer_fingerprint
+
+log = logging.getLogger(__name__)
+
+# v1: packed Arrow blocks under <cache>/blocks/ (datasets.save_to_disk, loaded whole into memory).
+# v2: one flat memory-mapped token file per (corpus, tokenizer), blocks derived when read.
+FORMAT_VERSION = "flat-stream-v2"
+TOKENS, META = "tokens.bin", "meta.json"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` if every id of a ``vocab_size`` vocabulary (0..vocab_size-1) fits, i.e. ``vocab_size <= 65,536``;
+    else ``int32``."""
+    if vocab_size < 1:
+        raise ValueError(f"vocabulary size must be >= 1, got {vocab_size}")
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<i4")
+
+
+def token_cache_path(cache_dir: str | os.PathLike, corpus_id: str, tokenizer) -> Path:
+    """Folder of the token file for this (corpus, tokenizer)."""
+    key = json.dumps({"v": FORMAT_VERSION, "corpus": corpus_id, "tok": tokenizer_fingerprint(tokenizer)},
+                     sort_keys=True)
+    return Path(cache_dir).expanduser() / "tokens" / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """The meta of a complete token file at ``path``, or None if there is none this code can trust."""
+    try:
+        meta = json.loads((path / META).read_text())
+        size = (path / TOKENS).stat().st_size
+    except (OSError, ValueError):
+        return None
+    if meta.get("format") != FORMAT_VERSION or size != meta["tokens"] * np.dtype(meta["dtype"]).itemsize:
+        return None
+    return meta
+
+
+def ensure_token_file(path: Path, build) -> tuple[dict[str, Any], bool]:
+    """``(meta, built)``: run ``build(path)`` unless ``path`` holds a trusted token file; one process builds.
+
+    Other processes block on the lock (no timeout) and then read the finished file.  Leftovers of killed
+    builds (``.<name>.*`` folders) are removed by the next builder, which holds the lock.
+    """
+    meta = read_meta(path)
+    if meta is not None:
+        return meta, False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        meta = read_meta(path)
+        if meta is not None:  # another process built it while we waited
+            return meta, False
+        for stale in path.parent.glob(f".{path.name}.*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if path.exists():  # an untrusted cache (older format, truncated): rebuild
+            log.warning("token cache %s is incomplete or of another format version; rebuilding it", path)
+            shutil.rmtree(path)
+        build(path)
+        meta = read_meta(path)
+        if meta is None:
+            raise RuntimeError(f"token cache {path} was built but does not verify; delete it and rerun")
+        return meta, True
+
+
+def write_token_file(documents: Iterable[str], tokenizer, eos_id: int, path: Path, meta: dict[str, Any],
+                     num_proc: int = 1, chunk_chars: int = 4_000_000, fraction=None,
+                     log_every_s: float = 30.0) -> dict[str, Any]:
+    """Tokenize ``documents`` (read once) into ``path/tokens.bin`` + ``meta.json``, atomically.
+
+    Parameters
+    ----------
+    documents : iterable of str
+        Read once, as a stream.
+    tokenizer
+        HF tokenizer; ``len(tokenizer)`` picks the dtype (:func:`token_dtype`).
+    eos_id : int
+        Appended after every document.
+    path : Path
+        Final folder; written as ``.<name>.<uuid>`` next to it and renamed when complete.
+    meta : dict
+        Extra fields for ``meta.json`` (corpus id, source ...).
+    num_proc, chunk_chars
+        Parallelism and memory bound of the tokenizer pass (:func:`encode_documents`).
+    fraction : callable, optional
+        Share of the corpus read so far (None when unknown), for the ETA of the progress lines.
+    log_every_s : float
+        Seconds between two INFO progress lines (one more at the end).
+    """
+    dtype = token_dtype(len(tokenizer))
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    tmp.mkdir(parents=True)
+    t0 = last = time.monotonic()
+    n_tokens = n_docs = n_bytes = 0
+
+    def progress(final: bool = False) -> None:
+        el = max(time.monotonic() - t0, 1e-9)
+        frac = fraction() if fraction is not None else None
+        eta = "0:00:00" if final else format_duration(eta_seconds(frac or 0.0, 1.0, el) if frac else None)
+        log.info("[tokenize] %s documents | %s tokens | %.1f MB of text, %.1f MB/s | %s tokens/s | elapsed %s | "
+                 "ETA %s%s", f"{n_docs:,}", f"{n_tokens:,}", n_bytes / 1e6, n_bytes / 1e6 / el,
+                 f"{n_tokens / el:,.0f}", format_duration(el), eta, f" ({100 * frac:.0f}%)" if frac else "")
+
+    try:
+        with open(tmp / TOKENS, "wb") as f:
+            for ids, docs, nbytes in encode_documents(documents, tokenizer, eos_id, dtype, num_proc, chunk_chars):
+                f.write(ids.tobytes())
+                n_tokens, n_docs, n_bytes = n_tokens + len(ids), n_docs + docs, n_bytes + nbytes
+                if time.monotonic() - last >= log_every_s:
+                    progress()
+                    last = time.monotonic()
+            f.flush()
+            os.fsync(f.fileno())
+        if not n_docs:
+            raise ValueError("the corpus gave no document to tokenize (no non-empty line / record)")
+        meta = {**meta, "format": FORMAT_VERSION, "dtype": dtype.str, "tokens": n_tokens, "documents": n_docs,
+                "bytes": n_bytes, "vocab_size": len(tokenizer), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+                "build_seconds": round(time.monotonic() - t0, 2), "num_proc": num_proc}
+        with open(tmp / META, "w") as f:
+            f.write(json.dumps(meta, indent=2))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # an error or Ctrl-C: leave nothing behind (a kill -9 leaves tmp, removed next time)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    progress(final=True)
+    log.info("token file: %s documents -> %s tokens (%s, %.1f MB) in %s", f"{n_docs:,}", f"{n_tokens:,}",
+             dtype.name, n_tokens * dtype.itemsize / 1e6, path)
+    return meta
+
+
+def open_tokens(path: Path, meta: dict[str, Any]) -> np.memmap:
+    """The token stream of a finished cache as a read-only memory map (pages shared by every process)."""
+    if meta["tokens"] == 0:
+        return np.zeros(0, dtype=np.dtype(meta["dtype"]))
+    return np.memmap(path / TOKENS, dtype=np.dtype(meta["dtype"]), mode="r", shape=(int(meta["tokens"]),))
