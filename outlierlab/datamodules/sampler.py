@@ -50,16 +50,22 @@ class ResumableSampler(Sampler[int]):
         self._yielded = 0
 
     # -- order ------------------------------------------------------------------------------------------
-    def epoch_indices(self, epoch: int) -> list[int]:
-        """This rank's full index order for ``epoch`` (before any resume skip)."""
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        """This rank's index order for ``epoch`` as an int32/int64 tensor (4-8 bytes per index, not a list of
+        Python ints: ~36 bytes each, 0.3 GB per rank for the 8.8M blocks of Wikipedia)."""
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed + epoch)
-            order = torch.randperm(self.num_samples, generator=g).tolist()
+            order = torch.randperm(self.num_samples, generator=g)
         else:
-            order = list(range(self.num_samples))
+            order = torch.arange(self.num_samples)
         total = len(self) * self.world_size
-        order += order[: total - len(order)]  # wrap-pad so every rank gets the same number of batches
-        return order[self.rank : total : self.world_size]
+        order = torch.cat([order, order[: total - len(order)]])  # wrap-pad: every rank gets as many batches
+        mine = order[self.rank : total : self.world_size]
+        return mine.to(torch.int32) if self.num_samples < 2**31 else mine.clone()
+
+    def epoch_indices(self, epoch: int) -> list[int]:
+        """This rank's full index order for ``epoch`` (before any resume skip)."""
+        return self._epoch_order(epoch).tolist()
 
     def __len__(self) -> int:
         return -(-self.num_samples // self.world_size)
@@ -74,9 +80,10 @@ class ResumableSampler(Sampler[int]):
         epoch, skip = self.epoch, self._skip_batches * self.batch_size
         self._skip_batches = 0
         self._yielded = skip
-        for i in self.epoch_indices(epoch)[skip:]:
-            self._yielded += 1
-            yield i
+        for part in self._epoch_order(epoch)[skip:].split(1 << 16):  # Python ints only 65,536 at a time
+            for i in part.tolist():
+                self._yielded += 1
+                yield i
 
     # -- epochs & resume --------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
