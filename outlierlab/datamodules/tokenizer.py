@@ -23,7 +23,7 @@ import uuid
 import warnings
 from pathlib import Path
 from itertools import islice
-from typing import Callable, Iterable, Sized
+from typing import Callable, Iterable
 
 from filelock import FileLock
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -57,7 +57,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 8192, min_freque
     specials = [AddedToken(t, special=True, normalized=False, lstrip=(t == "<mask>")) for t in SPECIAL_TOKENS]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer, length=len(texts) if isinstance(texts, Sized) else None)
+    tok.train_from_iterator(texts, trainer, length=len(texts) if isinstance(texts, (list, tuple)) else None)
     for i, t in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(t) == i, (t, tok.token_to_id(t))
     tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True,
