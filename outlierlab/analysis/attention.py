@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["special_token_attention_mass", "special_key_masks", "AttentionMassAccumulator", "sink_head_share",
-           "attention_entropy", "AttentionEntropyAccumulator", "SINK_THRESHOLD", "attention_row_mass"]
+           "attention_entropy", "AttentionEntropyAccumulator", "SINK_THRESHOLD", "attention_row_mass",
+           "first_token_mask", "later_key_mass"]
 
 #: Gu et al. (2025)'s ε: a head is a sink head when its mean attention on the token exceeds this.
 SINK_THRESHOLD = 0.3
@@ -66,12 +67,54 @@ def special_token_attention_mass(attn: Tensor, key_is_special: Tensor | Mapping[
     return s / n
 
 
-def special_key_masks(input_ids: Tensor, bos_token_id: int, eos_token_id: int,
-                      attention_mask: Tensor | None = None) -> dict[str, Tensor]:
-    """``{"bos": ids == bos, "eos": ids == eos, "special": either}`` as Bool[B, T] (padding excluded)."""
+def special_key_masks(input_ids: Tensor, bos_token_id: int | None, eos_token_id: int | None,
+                      attention_mask: Tensor | None = None, first_token: bool = False) -> dict[str, Tensor]:
+    """``{"bos": ids == bos, "eos": ids == eos, "special": either}`` as Bool[B, T] (padding excluded).
+
+    ``first_token=True`` (decoders): ``bos`` is each sequence's first real token whatever its id — the sink
+    of a causal model is the initial token, which every query can see (Xiao et al. 2024; Gu et al. 2025),
+    and GPT-2's tokenizer adds no ``<s>`` at all.  A missing id (None) matches no token.
+    """
     valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    bos, eos = (input_ids == bos_token_id) & valid, (input_ids == eos_token_id) & valid
+    bos = first_token_mask(valid) if first_token else (input_ids == bos_token_id) & valid
+    eos = (input_ids == eos_token_id) & valid if eos_token_id is not None else torch.zeros_like(valid)
+    if bos_token_id is None and not first_token:
+        bos = torch.zeros_like(valid)
     return {"bos": bos, "eos": eos, "special": bos | eos}
+
+
+def first_token_mask(attention_mask: Tensor) -> Tensor:
+    """Bool[B, T]: the first non-pad position of each row (position 0 with right padding)."""
+    valid = attention_mask.bool()
+    return valid & (valid.long().cumsum(-1) == 1)
+
+
+def later_key_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
+    r"""Per head, the mean attention mass valid queries put on LATER keys (k > q): 0 under a causal mask.
+
+    .. math:: f_{h} = \frac{1}{|Q|}\sum_{(b,q)\in Q}\sum_{k>q} A_{b,h,q,k}
+
+    A check that a decoder's attention respects its causal mask (an encoder's is its right-context mass).
+
+    Parameters
+    ----------
+    attn : Tensor[..., B, H, T, T]
+    query_mask : Bool[B, T] or None (all queries)
+
+    Returns
+    -------
+    Tensor[..., H] float64
+    """
+    t = attn.shape[-1]
+    later = torch.ones(t, t, dtype=torch.bool, device=attn.device).triu(1)
+    per_query = (attn.detach().to(torch.float64) * later).sum(-1)  # [..., B, H, T]
+    b = attn.shape[-4]
+    qm = torch.ones(b, t, dtype=torch.float64, device=attn.device) if query_mask is None \
+        else query_mask.to(attn.device, torch.float64)
+    n = qm.sum()
+    if n == 0:
+        raise ValueError("no valid query: query_mask is all False.")
+    return torch.einsum("...bhq,bq->...h", per_query, qm) / n
 
 
 class AttentionMassAccumulator:

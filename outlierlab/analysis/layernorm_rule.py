@@ -6,8 +6,16 @@ with the settings of the ``ln_rule`` config group (``configs/ln_rule/``), so the
 flagged dims everywhere.  Default (Kovaleva et al. 2021): each layer's *output* LayerNorm, dims whose gain
 AND bias both lie outside mean ± 3σ of that LayerNorm; a dim is an outlier of the model when more than a
 quarter of the layers flag it (Puccetti et al.'s code: more than 3 of 12).  Options: ``criterion`` gain /
-bias / either, other LayerNorm kinds (``all`` per-layer ones; the embeddings' and the MLM head's only when
-named).  Pure functions on tensors keyed by the canonical names of :func:`outlierlab.models.layernorms.model_layernorms`.
+bias / either, other LayerNorm kinds (``all`` per-layer ones; the embeddings', the final and the MLM head's
+only when named).  Pure functions on tensors keyed by the canonical names of
+:func:`outlierlab.models.layernorms.model_layernorms`.
+
+Pre-LN models (GPT-2, Llama, Pythia, ModernBERT, our ``model.norm_placement=pre``) have no output LayerNorm:
+their two per-layer norms read the residual stream before the attention (``attention_input``) and before
+the MLP (``mlp_input``).  Both play the role of Kovaleva's output LayerNorm (:data:`KIND_ROLES`; the
+choice and its sources: docs/fidelity.md), so ``layernorms=[output]`` judges both and a layer flags a dim
+when either does.  Norms without a bias (RMSNorm; ModernBERT's bias-free LayerNorm) are judged on their
+gain alone under ``both``/``either`` and listed in :attr:`LayerNormOutliers.gain_only`.
 """
 
 from __future__ import annotations
@@ -24,20 +32,31 @@ from torch import Tensor
 
 from outlierlab.analysis.layernorm import sigma_outlier_mask
 
-__all__ = ["CRITERIA", "LayerNormRule", "LayerNormOutliers", "layernorm_outliers", "layernorm_kind",
-           "min_layers_for", "rule_names"]
+__all__ = ["CRITERIA", "KIND_ROLES", "LayerNormRule", "LayerNormOutliers", "layernorm_outliers", "layernorm_kind",
+           "layernorm_role", "min_layers_for", "rule_names"]
 
 # ------------------------------------------------------------------------------------- the one rule
 #: How gain and bias combine per dim: ``both`` (Kovaleva et al. 2021, the default), ``either``, ``gain``, ``bias``.
 CRITERIA = ("both", "either", "gain", "bias")
 _LAYER_RE = re.compile(r"^layer\.(\d+)\.")
+#: The rule role of each per-layer norm kind that is not a role itself.  Pre-LN blocks have no output
+#: LayerNorm; the norms before the attention and before the MLP both take its role (docs/fidelity.md:
+#: Dettmers et al. 2022 and Wei et al. 2023 find the outlier channels of pre-LN LLMs at the output of both;
+#: Sun et al. 2024's massive activations sit in the residual stream both read).
+KIND_ROLES = {"attention_input": "output", "mlp_input": "output"}
 
 
 def layernorm_kind(name: str) -> str:
-    """Kind of a canonical LayerNorm key: ``embeddings``, ``head``, or the part after ``layer.{i}.``
-    (``output``, ``attention_output``, or whatever a block variant names its norms)."""
+    """Kind of a canonical LayerNorm key: ``embeddings``, ``final``, ``head``, or the part after ``layer.{i}.``
+    (post-LN ``output``/``attention_output``, pre-LN ``attention_input``/``mlp_input``)."""
     m = _LAYER_RE.match(name)
     return name[m.end():] if m else name
+
+
+def layernorm_role(name: str) -> str:
+    """The rule role of a canonical key: its kind, with pre-LN kinds mapped by :data:`KIND_ROLES`."""
+    kind = layernorm_kind(name)
+    return KIND_ROLES.get(kind, kind)
 
 
 def min_layers_for(spec: int | float | str, num_layers: int) -> int:
@@ -85,9 +104,10 @@ class LayerNormRule:
         ``both`` (default, Kovaleva et al. 2021): gain AND bias outside mean ± kσ; ``either``: gain OR bias;
         ``gain`` / ``bias``: that parameter alone.
     layernorms : sequence of str
-        LayerNorm kinds judged: ``output`` (default, Kovaleva et al.: each layer's output LayerNorm),
-        ``attention_output``, ``embeddings``, ``head`` (the MLM head's), or ``all`` (every per-layer
-        LayerNorm; the embeddings' and the head's still only when named).
+        LayerNorm kinds judged: ``output`` (default, Kovaleva et al.: each layer's output LayerNorm; pre-LN:
+        both per-layer norms, :data:`KIND_ROLES`), ``attention_output``, ``attention_input`` / ``mlp_input``
+        (one pre-LN norm alone), ``embeddings``, ``final`` (pre-LN), ``head`` (the MLM head's), or ``all``
+        (every per-layer norm; the embeddings', final and head's still only when named).
     min_layers : int, float or "a/b"
         Layers that must flag a dim for a model-level outlier (:func:`min_layers_for`; default ``"4/12"``).
     """
@@ -123,7 +143,7 @@ class LayerNormRule:
     def selects(self, name: str) -> bool:
         """Whether the LayerNorm with canonical key ``name`` is judged by this rule."""
         kind = layernorm_kind(name)
-        if kind in self.layernorms:
+        if kind in self.layernorms or KIND_ROLES.get(kind) in self.layernorms:
             return True
         return "all" in self.layernorms and _LAYER_RE.match(name) is not None
 
@@ -143,6 +163,7 @@ class LayerNormOutliers:
     per_layer: dict[str, list[int]]  # layer (``layer.{i}``, ``embeddings``, ``head``) -> union over its LayerNorms
     min_layers: int
     unjudged: dict[str, str] = field(default_factory=dict)  # LayerNorm -> why the rule cannot judge it
+    gain_only: list[str] = field(default_factory=list)  # bias-free norms (RMSNorm ...) judged on their gain alone
 
     @property
     def n_layers(self) -> int:
@@ -156,17 +177,21 @@ class LayerNormOutliers:
         shown = ", ".join(f"{d} ({self.counts[d]}/{self.n_layers})" for d in self.dims) or "none"
         text = (f"{self.rule.describe()}, in ≥ {self.min_layers} of {self.n_layers} layers "
                 f"(Kovaleva et al. 2021; Puccetti et al. 2022): {shown}")
+        if self.gain_only:
+            text += (f"; {len(self.gain_only)} of the {len(self.flagged)} judged norms have no bias (RMSNorm or a "
+                     "bias-free LayerNorm) and were judged on their gain alone")
         if self.unjudged:
             text += f"; not judged: {', '.join(self.unjudged)} ({next(iter(self.unjudged.values()))})"
         return text
 
 
 def _unjudgeable(weight: Tensor | None, bias: Tensor | None, criterion: str) -> str | None:
-    """Why a norm's parameters cannot be judged by ``criterion`` (None: they can)."""
+    """Why a norm's parameters cannot be judged by ``criterion`` (None: they can).  A norm with a gain and no
+    bias is judged on the gain under ``both``/``either`` (the caller records it as gain-only)."""
     if weight is None and bias is None:
         return "no gain and no bias (LayerNorm without affine parameters): nothing to judge"
-    if criterion in ("both", "bias") and bias is None:
-        return f"no bias (e.g. RMSNorm): criterion {criterion!r} needs one; ln_rule.criterion=gain judges the gain"
+    if criterion == "bias" and bias is None:
+        return "no bias (e.g. RMSNorm): criterion 'bias' needs one; ln_rule.criterion=gain judges the gain"
     if criterion in ("both", "gain") and weight is None:
         return f"no gain: criterion {criterion!r} needs one"
     return None
@@ -182,7 +207,9 @@ def layernorm_outliers(params: Mapping[str, tuple[Tensor | None, Tensor | None]]
     .. math:: |\gamma_i - \bar\gamma| > k\sigma_\gamma \ \wedge\ |\beta_i - \bar\beta| > k\sigma_\beta
 
     (``criterion="both"``, the default; ``either`` uses ∨, ``gain``/``bias`` one side), with mean and
-    population σ over that LayerNorm's d dims (:func:`sigma_outlier_mask`).  A *layer* flags a dim if any
+    population σ over that LayerNorm's d dims (:func:`sigma_outlier_mask`).  A norm without a bias (RMSNorm,
+    ModernBERT's bias-free LayerNorm) is judged on its gain alone under ``both``/``either`` — the only
+    parameter where it can place an outlier — and listed in ``gain_only``.  A *layer* flags a dim if any
     of its selected LayerNorms does (the embeddings' and the head's LayerNorm are a layer each, when
     selected); a dim is an outlier of the model when at least :func:`min_layers_for` ``(rule.min_layers,
     number of layers)`` layers flag it — Puccetti et al.'s "more than 3 of 12", scaled up for other depths
@@ -192,8 +219,8 @@ def layernorm_outliers(params: Mapping[str, tuple[Tensor | None, Tensor | None]]
     ----------
     params : Mapping[name, (gain Tensor[d] | None, bias Tensor[d] | None)]
         Canonical keys (:func:`outlierlab.models.layernorms.layernorm_tensors`).  A norm without the parameters the
-        criterion needs (no-affine LayerNorm; RMSNorm has no bias) is listed in ``unjudged`` with the
-        reason instead of raising.
+        criterion needs (no-affine LayerNorm; ``criterion="bias"`` on RMSNorm) is listed in ``unjudged`` with
+        the reason instead of raising.
     rule : LayerNormRule, mapping, or None (default rule)
 
     Returns
@@ -203,6 +230,7 @@ def layernorm_outliers(params: Mapping[str, tuple[Tensor | None, Tensor | None]]
     rule = LayerNormRule.from_mapping(rule)
     flagged: dict[str, list[int]] = {}
     unjudged: dict[str, str] = {}
+    gain_only: list[str] = []
     per_layer: dict[str, set[int]] = {}
     for name, (weight, bias) in params.items():
         if not rule.selects(name):
@@ -212,7 +240,10 @@ def layernorm_outliers(params: Mapping[str, tuple[Tensor | None, Tensor | None]]
             unjudged[name] = why
             continue
         masks = {p: sigma_outlier_mask(v, rule.k) for p, v in (("gain", weight), ("bias", bias)) if v is not None}
-        if rule.criterion == "both":
+        if bias is None and rule.criterion in ("both", "either"):  # RMSNorm / bias-free LayerNorm
+            gain_only.append(name)
+            mask = masks["gain"]
+        elif rule.criterion == "both":
             mask = masks["gain"] & masks["bias"]
         elif rule.criterion == "either":  # a norm with only a gain (RMSNorm) is judged on its gain
             mask = masks.get("gain", masks.get("bias")) | masks.get("bias", masks.get("gain"))
@@ -226,12 +257,12 @@ def layernorm_outliers(params: Mapping[str, tuple[Tensor | None, Tensor | None]]
         per_layer.setdefault(f"layer.{m.group(1)}" if m else name, set()).update(flagged[name])
     layers = {n: sorted(d) for n, d in per_layer.items()}
     if not layers:
-        return LayerNormOutliers(rule, [], {}, flagged, {}, 0, unjudged)
+        return LayerNormOutliers(rule, [], {}, flagged, {}, 0, unjudged, gain_only)
     min_layers = min_layers_for(rule.min_layers, len(layers))
     counts = Counter(d for ds in layers.values() for d in ds)
     ordered = dict(sorted(counts.items(), key=lambda dc: (-dc[1], dc[0])))
     dims = [d for d, c in ordered.items() if c >= min_layers]
-    return LayerNormOutliers(rule, dims, ordered, flagged, layers, min_layers, unjudged)
+    return LayerNormOutliers(rule, dims, ordered, flagged, layers, min_layers, unjudged, gain_only)
 
 
 def rule_names(names: Sequence[str], rule: LayerNormRule | Mapping | None = None) -> list[str]:

@@ -15,10 +15,14 @@ masked-LM, while zeroing as many random dims does almost nothing.  This module r
 * **controls** — the intact model; the same number of random dims (``n_random`` seeded draws,
   :func:`outlierlab.analysis.outlier_dims.random_dims`, never including the outlier dims), reported as mean ± std; and
   the dims the user names (``ablation.dims``);
-* **score** — masked-LM loss, perplexity (exp of the mean loss per masked token) and top-1 accuracy on
-  held-out text.  Evaluation masking is deterministic: 15% of the non-special tokens, seeded per batch,
-  ALL replaced by ``<mask>`` (no 80/10/10 split: at evaluation the random/unchanged replacements only add
-  noise), and the same masked batches are scored under every condition.
+* **score** — with the model's own LM head: for encoders the masked-LM loss, perplexity (exp of the mean
+  loss per masked token) and top-1 accuracy on held-out text — evaluation masking is deterministic: 15% of
+  the non-special tokens, seeded per batch, ALL replaced by ``<mask>`` (no 80/10/10 split: at evaluation the
+  random/unchanged replacements only add noise); for decoders (GPT-2, Pythia, Llama-style) the next-token
+  loss of every non-special token given its left context (:mod:`outlierlab.evaluation.next_token`).  The
+  ``objective`` column says which; the same batches are scored under every condition.
+* **pre-LN models** — the dims are zeroed in both per-layer norms and the final norm before the LM head
+  (:func:`outlierlab.evaluation.common.zeroed_kinds`; docs/fidelity.md).
 
 The weight surgery (:mod:`outlierlab.models.layernorms`) and the masked-LM scoring (:mod:`outlierlab.evaluation.masked_lm`) are
 plain functions, usable without evaluate.py.
@@ -39,6 +43,7 @@ from outlierlab.analysis.outlier_dims import random_dims
 from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
 from outlierlab.evaluation.masked_lm import fill_mask, masked_batches, mlm_scores, pack_texts
 from outlierlab.evaluation.mlm_loading import LoadedModel, analysis_texts, shared_mlm
+from outlierlab.evaluation.next_token import next_token_batches, predict_next
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import AblationSettings, load_settings
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
@@ -54,19 +59,19 @@ class AblationOutcome:
     n_masked: int = 0
 
 
-ROW_FIELDS = ("condition", "draw", "n_dims", "dims", "layernorms", "loss", "ppl", "top1",
+ROW_FIELDS = ("condition", "draw", "n_dims", "dims", "layernorms", "objective", "loss", "ppl", "top1",
               "loss_std", "ppl_std", "top1_std", "n_draws", "n_masked")
 COLUMNS = list(ROW_FIELDS)  # evaluate.py writes this header even when the ablation is skipped
 
 
 def _row(condition: str, dims: Sequence, kinds: Sequence[str], scores: Mapping, draw: int | None = None,
-         std: Mapping | None = None, n_draws: int = 1) -> dict:
+         std: Mapping | None = None, n_draws: int = 1, objective: str = "masked_lm") -> dict:
     """One CSV row; ``dims`` is a list of dims, or (random) a list of draws written ``a;b|c;d``."""
     std = std or {}
     nested = bool(dims) and isinstance(dims[0], (list, tuple))
     return {"condition": condition, "draw": draw, "n_dims": len(dims[0]) if nested else len(dims),
             "dims": "|".join(";".join(map(str, ds)) for ds in dims) if nested else ";".join(map(str, dims)),
-            "layernorms": ";".join(kinds), "loss": scores["loss"], "ppl": scores["ppl"], "top1": scores["top1"],
+            "layernorms": ";".join(kinds), "objective": objective, "loss": scores["loss"], "ppl": scores["ppl"], "top1": scores["top1"],
             "loss_std": std.get("loss"), "ppl_std": std.get("ppl"), "top1_std": std.get("top1"),
             "n_draws": n_draws, "n_masked": scores["n_masked"]}
 
@@ -80,11 +85,14 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
     outlier dims are given: ``len(user_dims)`` dims avoiding the user's), from one generator seeded with
     ``seed``.  Rows: ``intact``, ``outliers``, ``random`` (mean ± sample std over draws), one
     ``random_draw`` per draw, ``user`` (see :data:`ROW_FIELDS`).  ``n_random``, ``seed`` and ``top_k`` have no
-    Python default: ``configs/evaluate.yaml`` (section ``ablation``) states them once.
+    Python default: ``configs/evaluate.yaml`` (section ``ablation``) states them once.  ``batches`` hold
+    ``labels`` aligned with the logits: masked positions (:func:`masked_batches`, encoders) or next tokens
+    (:func:`next_token_batches`, decoders); ``loaded.objective`` names which in every row.
     """
     if not loaded.has_mlm_head:
-        raise ValueError(f"{loaded.name} has no masked-LM head: {loaded.no_head_reason}")
-    lns = select_layernorms(loaded.layernorms, kinds)
+        raise ValueError(f"{loaded.name} has no LM head: {loaded.no_head_reason}")
+    predict = predict_next if loaded.objective == "next_token" else fill_mask
+    lns = select_layernorms(loaded.layernorms, kinds) if kinds else {}  # none: an unregistered family
     kinds = [str(k) for k in kinds]
     d = loaded.hidden_size
     outlier_dims, user_dims = [int(x) for x in outlier_dims], [int(x) for x in user_dims]
@@ -99,15 +107,16 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
         with zero_layernorm_dims(lns, dims):
             s = mlm_scores(logits, batches)
             if example and tag not in out.examples:
-                out.examples[tag] = fill_mask(loaded, example, top_k)
+                out.examples[tag] = predict(loaded, example, top_k)
         return s
 
     out = AblationOutcome([])
     intact = score([], "intact")
     out.n_masked = intact["n_masked"]
-    out.rows.append(_row("intact", [], kinds, intact))
+    out.rows.append(_row("intact", [], kinds, intact, objective=loaded.objective))
     if outlier_dims:
-        out.rows.append(_row("outliers", outlier_dims, kinds, score(outlier_dims, "outliers")))
+        out.rows.append(_row("outliers", outlier_dims, kinds, score(outlier_dims, "outliers"),
+                             objective=loaded.objective))
     control = outlier_dims or user_dims
     if control and n_random > 0:
         gen = torch.Generator().manual_seed(int(seed))
@@ -115,10 +124,12 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
         per = [score(ds, "random") for ds in draws]
         mean = {k: statistics.fmean(s[k] for s in per) for k in ("loss", "ppl", "top1")}
         std = {k: statistics.stdev(s[k] for s in per) if len(per) > 1 else 0.0 for k in ("loss", "ppl", "top1")}
-        out.rows.append(_row("random", draws, kinds, {**mean, "n_masked": out.n_masked}, std=std, n_draws=len(per)))
-        out.rows += [_row("random_draw", ds, kinds, s, draw=i) for i, (ds, s) in enumerate(zip(draws, per))]
+        out.rows.append(_row("random", draws, kinds, {**mean, "n_masked": out.n_masked}, std=std, n_draws=len(per),
+                             objective=loaded.objective))
+        out.rows += [_row("random_draw", ds, kinds, s, draw=i, objective=loaded.objective)
+                     for i, (ds, s) in enumerate(zip(draws, per))]
     if user_dims:
-        out.rows.append(_row("user", user_dims, kinds, score(user_dims, "user")))
+        out.rows.append(_row("user", user_dims, kinds, score(user_dims, "user"), objective=loaded.objective))
     return out
 
 
@@ -131,8 +142,10 @@ def _fmt(x: float, digits: int = 3) -> str:
     return "inf" if x == math.inf else f"{x:.{digits}f}" if abs(x) < 1e4 else f"{x:.3g}"
 
 
-def ablation_markdown(outcome: AblationOutcome, notes: Sequence[str], example: str | None) -> str:
-    lines = [TITLE, "", "| condition | # dims | dims | MLM loss | perplexity | top-1 acc. |",
+def ablation_markdown(outcome: AblationOutcome, notes: Sequence[str], example: str | None,
+                      decoder: bool = False) -> str:
+    loss = "next-token loss" if decoder else "MLM loss"
+    lines = [TITLE, "", f"| condition | # dims | dims | {loss} | perplexity | top-1 acc. |",
              "|---|---|---|---|---|---|"]
     for r in outcome.rows:
         if r["condition"] == "random_draw":
@@ -146,7 +159,8 @@ def ablation_markdown(outcome: AblationOutcome, notes: Sequence[str], example: s
         lines.append(f"| {label} | {r['n_dims']} | {dims} | " + " | ".join(cells) + " |")
     lines += [""] + [f"- {n}" for n in notes]
     if example and outcome.examples:
-        lines += ["", f"Fill in the blank: `{example}` (top-{len(next(iter(outcome.examples.values())))} "
+        what = "Next token after the text before `{mask}` in" if decoder else "Fill in the blank:"
+        lines += ["", f"{what} `{example}` (top-{len(next(iter(outcome.examples.values())))} "
                   "predictions; random: first draw)", "", "| condition | predictions |", "|---|---|"]
         for tag, preds in outcome.examples.items():
             lines.append(f"| {_LABELS[tag]} | " + ", ".join(f"`{t}` {p:.3g}" for t, p in preds) + " |")
@@ -168,36 +182,49 @@ def run(ctx: EvalContext) -> AnalysisResult:
     loaded = shared_mlm(ctx)
     if not loaded.has_mlm_head:
         return skip_result("ablation", TITLE, f"{loaded.name}: {loaded.no_head_reason}.")
-    kinds = zeroed_kinds(s, rule)
-    select_layernorms(loaded.layernorms, kinds)  # validate before the slow part
-    det = detect_layernorm_outliers(loaded.layernorms, rule)
-    given = s.outlier_dims
-    outliers = list(given) if given else det.dims
-    user = list(s.dims)
+    decoder = loaded.objective == "next_token"
+    if loaded.family is None:  # unregistered model_type: no norms to zero, the intact score still comes out
+        kinds, outliers, user, given = [], [], [], None
+        found = loaded.family_note
+    else:
+        kinds = zeroed_kinds(s, rule, loaded.layernorms)
+        select_layernorms(loaded.layernorms, kinds)  # validate before the slow part
+        det = detect_layernorm_outliers(loaded.layernorms, rule)
+        given = s.outlier_dims
+        outliers = list(given) if given else det.dims
+        user = list(s.dims)
+        found = det.describe()
     texts, what = analysis_texts(ctx, s)
     max_length = min(s.max_length, loaded.max_length)
     if s.pack:
         texts = pack_texts(loaded.tokenizer, texts, max_length)
     seed = s.seed if s.seed is not None else ctx.seed  # null: the global seed
     p = s.mlm_probability
-    batches = masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, p, seed)
+    batches = (next_token_batches(loaded.tokenizer, texts, max_length, s.batch_size) if decoder
+               else masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, p, seed))
     example = s.example
     out = run_ablation(loaded, batches, kinds, outliers, user, n_random=s.n_random, seed=seed, example=example,
                        top_k=s.top_k)
-    notes = [f"Model: {loaded.name}. LayerNorms zeroed (gain and bias): {', '.join(kinds)} "
-             f"({len(select_layernorms(loaded.layernorms, kinds))} LayerNorms).",
+    n_lns = len(select_layernorms(loaded.layernorms, kinds)) if kinds else 0
+    notes = [f"Model: {loaded.name}. LayerNorms zeroed (gain and bias): {', '.join(kinds) or 'none'} "
+             f"({n_lns} LayerNorms)" + (" — pre-LN: both per-layer norms and the final norm before the LM head"
+                                        if "final" in kinds and s.layernorms is None else "") + ".",
              ("Outlier dims given by ablation.outlier_dims; detected: " if given else "Outlier dims: ")
-             + det.describe() + ".",
+             + found + ".",
              f"Text: {what}" + (f", packed into {len(texts)} sequences of ≤ {max_length} tokens"
-                                if s.pack else "") + f"; {out.n_masked} masked tokens.",
-             f"Masking: {p:.0%} of non-special tokens -> mask token (no 80/10/10), seed {seed}, identical "
-             "positions in every condition. Random draws never include the outlier dims."]
+                                if s.pack else "") + f"; {out.n_masked} scored tokens.",
+             ("Objective: next-token loss with the model's own LM head — every non-special token predicted from "
+              "its left context (a decoder), identical batches in every condition." if decoder else
+              f"Objective: masked-LM loss with the model's own head. Masking: {p:.0%} of non-special tokens -> "
+              f"mask token (no 80/10/10), seed {seed}, identical positions in every condition.")
+             + " Random draws never include the outlier dims."]
     if not outliers:
         notes.append("No LayerNorm outlier dim was found, so there is no outlier condition"
                      + (" (random control matches the chosen dims)." if user else "."))
     by = {r["condition"]: r for r in out.rows}
-    summary = {"outlier_dims": outliers, "layernorm_outlier_dims": det.dims, "intact_ppl": by["intact"]["ppl"],
+    summary = {"outlier_dims": outliers, "layernorm_outlier_dims": det.dims if loaded.family else [],
+               "objective": loaded.objective, "intact_ppl": by["intact"]["ppl"],
                **({"outliers_ppl": by["outliers"]["ppl"]} if "outliers" in by else {}),
                **({"random_ppl_mean": by["random"]["ppl"]} if "random" in by else {}),
                **({"user_ppl": by["user"]["ppl"]} if "user" in by else {})}
-    return AnalysisResult("ablation", out.rows, ablation_markdown(out, notes, example), summary=summary)
+    return AnalysisResult("ablation", out.rows, ablation_markdown(out, notes, example, decoder), summary=summary)

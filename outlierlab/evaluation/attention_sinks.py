@@ -13,6 +13,12 @@ Per layer, the share of *sink heads* — heads whose mean attention on ``<s>`` (
 every head's mean attention entropy follow Gu et al. (2025, "When Attention Sink Emerges in Language Models")
 (:func:`outlierlab.analysis.attention.sink_head_share`, :func:`outlierlab.analysis.attention.attention_entropy`).
 Layer numbering: l = 1..L is the attention inside transformer block l (hidden-state layer l).
+
+Decoders (GPT-2, Pythia, Llama-style): the ``<s>`` column is the sequence's FIRST token whatever its id —
+the sink of a causal model is the initial token every query sees (Xiao et al. 2024, "Efficient Streaming
+Language Models with Attention Sinks"; Gu et al. 2025) — and the causal mask is checked, not assumed: the
+``later`` column is the mean mass queries put on later keys, 0 when the mask is respected (an encoder's
+right-context mass).  Entropies of a decoder's early queries are bounded by their few visible keys.
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ import matplotlib
 import torch
 from torch import Tensor
 
-from outlierlab.analysis.attention import (AttentionEntropyAccumulator, AttentionMassAccumulator,
-                                sink_head_share, special_key_masks)
+from outlierlab.analysis.attention import (AttentionEntropyAccumulator, AttentionMassAccumulator, later_key_mass,
+                                           sink_head_share, special_key_masks)
 from outlierlab.analysis.outlier_dims import random_dims
 from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
@@ -43,17 +49,18 @@ KEYS = ("bos", "eos", "special")
 def text_batches(tokenizer, texts: Sequence[str], max_length: int, batch_size: int) -> list[tuple[Tensor, Tensor]]:
     """``(input_ids, attention_mask)`` padded batches of ``texts`` with special tokens, truncated."""
     if tokenizer.pad_token_id is None:
-        raise ValueError("the tokenizer has no pad token")
+        raise ValueError("the tokenizer has no pad token (and no eos token to pad with)")
     out = []
-    for i in range(0, len(texts), batch_size):
+    for i in range(0, len(texts), batch_size):  # right padding: position 0 is every row's first real token
         enc = tokenizer(list(texts[i:i + batch_size]), truncation=True, max_length=max_length, padding=True,
-                        return_tensors="pt")
+                        padding_side="right", return_tensors="pt")
         out.append((enc["input_ids"], enc["attention_mask"]))
     return out
 
 
 def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]],
-                batches: Iterable[tuple[Tensor, Tensor]], bos_token_id: int, eos_token_id: int) -> dict[str, Tensor]:
+                batches: Iterable[tuple[Tensor, Tensor]], bos_token_id: int | None, eos_token_id: int | None,
+                first_token: bool = False) -> dict[str, Tensor]:
     r"""Per layer and head, the mean attention mass real queries put on ``<s>``, ``</s>`` and on either.
 
     .. math:: m_{l,h}^{(s)} = \frac{1}{|Q|}\sum_{(b,q)\in Q}\ \sum_{k:\ x_{b,k}=s} A^{(l)}_{b,h,q,k}
@@ -66,17 +73,24 @@ def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]]
     forward_attentions : callable ``(input_ids, attention_mask) -> per-layer attention [B, H, T, T]``
     batches : iterable of ``(input_ids [B, T], attention_mask [B, T])``
     bos_token_id, eos_token_id : ids of ``<s>``/``[CLS]`` and ``</s>``/``[SEP]``
+    first_token : decoders: ``bos`` is each sequence's first token, whatever its id
 
     Returns
     -------
-    ``{"bos", "eos", "special"}`` -> Tensor[L, H] float64, and ``"entropy"`` -> Tensor[L, H]: the mean
-    attention entropy (nats) of the same queries (:func:`outlierlab.analysis.attention.attention_entropy`)
+    ``{"bos", "eos", "special"}`` -> Tensor[L, H] float64, ``"entropy"`` -> Tensor[L, H]: the mean
+    attention entropy (nats) of the same queries (:func:`outlierlab.analysis.attention.attention_entropy`),
+    and ``"later"`` -> Tensor[L, H]: their mean mass on later keys
+    (:func:`outlierlab.analysis.attention.later_key_mass`; 0 under a causal mask)
     """
     accs: dict[str, AttentionMassAccumulator] = {}
     entropy: AttentionEntropyAccumulator | None = None
+    later, n_queries = None, 0.0
     for ids, mask in batches:
         attn = torch.stack([a.detach().float().cpu() for a in forward_attentions(ids, mask)])
-        keys = special_key_masks(ids, bos_token_id, eos_token_id, mask)
+        keys = special_key_masks(ids, bos_token_id, eos_token_id, mask, first_token=first_token)
+        n = float(mask.sum())
+        part = later_key_mass(attn, mask.bool()) * n
+        later, n_queries = (part if later is None else later + part), n_queries + n
         for k in KEYS:
             accs.setdefault(k, AttentionMassAccumulator(tuple(attn.shape[:1]) + (attn.shape[2],)))
             accs[k].update(attn, keys[k], query_mask=mask.bool())
@@ -84,7 +98,7 @@ def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]]
         entropy.update(attn, mask.bool())
     if not accs:
         raise ValueError("no batch to measure attention on")
-    return {**{k: a.compute() for k, a in accs.items()}, "entropy": entropy.compute()}
+    return {**{k: a.compute() for k, a in accs.items()}, "entropy": entropy.compute(), "later": later / n_queries}
 
 
 def sink_rows(by_condition: Mapping[str, Mapping[str, Tensor]], dims: Mapping[str, str] | None = None) -> list[dict]:
@@ -98,6 +112,7 @@ def sink_rows(by_condition: Mapping[str, Mapping[str, Tensor]], dims: Mapping[st
                 rows.append({"layer": l + 1, "head": h, "condition": cond,
                              **{k: float(m[k][l, h]) for k in KEYS},
                              **({"entropy": float(m["entropy"][l, h])} if "entropy" in m else {}),
+                             **({"later": float(m["later"][l, h])} if "later" in m else {}),
                              "dims": (dims or {}).get(cond, "")})
     return rows
 
@@ -133,14 +148,18 @@ def run(ctx: EvalContext) -> AnalysisResult:
     s = load_settings(AttentionSinksSettings, ctx.cfg)
     rule = check_common(ctx, s)
     loaded = shared_mlm(ctx)
-    bos, eos = loaded.bos_token_id, loaded.eos_token_id
-    if bos is None or eos is None:
+    bos, eos, decoder = loaded.bos_token_id, loaded.eos_token_id, loaded.is_decoder
+    if not decoder and (bos is None or eos is None):
         return skip_result("attention_sinks", TITLE, f"the tokenizer of {loaded.name} has no <s>/[CLS] or </s>/[SEP].")
-    kinds = zeroed_kinds(s, rule)
-    lns = select_layernorms(loaded.layernorms, kinds)
-    det = detect_layernorm_outliers(loaded.layernorms, rule)  # the one rule (configs/ln_rule)
-    given = s.dims
-    dims = list(given) if given else det.dims
+    if loaded.family is None:  # unregistered model_type: no norms to disable, the intact pattern still comes out
+        kinds, lns, given, dims, found = [], {}, None, [], loaded.family_note
+    else:
+        kinds = zeroed_kinds(s, rule, loaded.layernorms)
+        lns = select_layernorms(loaded.layernorms, kinds)
+        det = detect_layernorm_outliers(loaded.layernorms, rule)  # the one rule (configs/ln_rule)
+        given = s.dims
+        dims = list(given) if given else det.dims
+        found = det.describe()
     texts, what = analysis_texts(ctx, s)
     max_length = min(s.max_length, loaded.max_length)
     batches = text_batches(loaded.tokenizer, texts, max_length, s.batch_size)
@@ -151,12 +170,12 @@ def run(ctx: EvalContext) -> AnalysisResult:
             raise ValueError(f"{loaded.name} returned no attention probabilities (needs eager attention)")
         return out
 
-    results = {"intact": sink_masses(attentions, batches, bos, eos)}
+    results = {"intact": sink_masses(attentions, batches, bos, eos, decoder)}
     dims_text = {}
     n_random = s.n_random
     if dims:
         with zero_layernorm_dims(lns, dims):
-            results["outliers_disabled"] = sink_masses(attentions, batches, bos, eos)
+            results["outliers_disabled"] = sink_masses(attentions, batches, bos, eos, decoder)
         dims_text["outliers_disabled"] = ";".join(map(str, dims))
         if n_random > 0:  # control: as many random dims (never the outlier dims), mean over the draws
             gen = torch.Generator().manual_seed(s.seed if s.seed is not None else ctx.seed)  # null: global
@@ -164,23 +183,30 @@ def run(ctx: EvalContext) -> AnalysisResult:
             per = []
             for ds in draws:
                 with zero_layernorm_dims(lns, ds):
-                    per.append(sink_masses(attentions, batches, bos, eos))
-            results["random_disabled"] = {k: torch.stack([p[k] for p in per]).mean(0) for k in KEYS + ("entropy",)}
+                    per.append(sink_masses(attentions, batches, bos, eos, decoder))
+            results["random_disabled"] = {k: torch.stack([p[k] for p in per]).mean(0)
+                                          for k in KEYS + ("entropy", "later")}
             dims_text["random_disabled"] = "|".join(";".join(map(str, ds)) for ds in draws)
     fig = _heatmap(results, Path(ctx.out_dir) / "attention_sinks.png",
                    f"{loaded.name}: attention mass on special tokens (mean over real queries)")
 
     conds = list(results)
     head = "| layer | " + " | ".join(f"{c}: <s> | {c}: </s>" for c in conds) + " |"
-    md = [TITLE, "", "Mean over heads (max head in brackets) of the attention mass real queries put on "
+    first = ("Decoder: `<s>` is each sequence's FIRST token (the sink of a causal model, whatever its id). "
+             if decoder else "")
+    md = [TITLE, "", first + "Mean over heads (max head in brackets) of the attention mass real queries put on "
           f"`<s>`/`[CLS]` and `</s>`/`[SEP]`; {what}.", "", head, "|---" * (1 + 2 * len(conds)) + "|"]
     L = results["intact"]["bos"].shape[0]
     for l in range(L):
         cells = [f"{float(results[c][k][l].mean()):.2f} ({float(results[c][k][l].max()):.2f})"
                  for c in conds for k in ("bos", "eos")]
         md.append(f"| {l + 1} | " + " | ".join(cells) + " |")
-    md += ["", f"- Outlier dims: " + (f"given by attention_sinks.dims: {dims}" if given else det.describe())
-           + f"; disabled (gain and bias zeroed) in: {', '.join(kinds)} LayerNorms."
+    leak = float(results["intact"]["later"].max())
+    md += ["", (f"- Causal mask: the largest mean mass a head puts on later tokens is {leak:.2g} "
+                + ("(respected)." if leak < 1e-6 else "— NOT 0: this decoder's attention sees the future.")
+                if decoder else f"- Right-context mass (keys after the query), largest head: {leak:.2f}."),
+           f"- Outlier dims: " + (f"given by attention_sinks.dims: {dims}" if given else found)
+           + f"; disabled (gain and bias zeroed) in: {', '.join(kinds) or 'no'} LayerNorms."
            + (f" Control `random_disabled`: as many random dims (never the outlier dims), mean over {n_random} "
               "seeded draw(s) (dims in the CSV)." if dims and n_random > 0 else ""),
            "", f"![attention mass on special tokens, layers × heads]({fig.name})", ""]
@@ -198,6 +224,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
             f"{float(results[c]['entropy'][l].mean()):.2f}" for c in conds) + " |")
     md.append("")
     summary = {f"special_mass_{c}": float(results[c]["special"].mean()) for c in conds}
+    summary["max_later_mass"] = leak
     for c in conds:
         summary[f"sink_share_bos_{c}"] = [float(v) for v in shares[c]["bos"]]
         summary[f"sink_share_eos_{c}"] = [float(v) for v in shares[c]["eos"]]

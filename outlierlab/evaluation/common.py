@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from omegaconf import OmegaConf
 from torch import nn
 
-from outlierlab.analysis.layernorm_rule import LayerNormOutliers, LayerNormRule, layernorm_outliers
+from outlierlab.analysis.layernorm_rule import (LayerNormOutliers, LayerNormRule, layernorm_kind, layernorm_outliers,
+                                                layernorm_role)
 from outlierlab.evaluation.mlm_loading import check_texts
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import LAYERNORM_KINDS
@@ -41,11 +42,23 @@ def detect_layernorm_outliers(layernorms: Mapping[str, nn.Module], rule: LayerNo
     return layernorm_outliers(layernorm_tensors(layernorms), rule)
 
 
-def zeroed_kinds(settings, rule: LayerNormRule) -> list[str]:
+def zeroed_kinds(settings, rule: LayerNormRule, layernorms: Mapping[str, nn.Module] | None = None) -> list[str]:
     """Where dims are disabled: ``<section>.layernorms`` if set, else the norms the rule judged (frequency
-    disables nothing and has no such key: the rule's norms are checked)."""
+    disables nothing and has no such key: the rule's norms are checked).
+
+    In a pre-LN model (``layernorms`` given and holding a ``final`` norm) the rule's default adds ``final``:
+    a pre-LN block never normalises the residual stream it writes, so Kovaleva et al.'s intervention —
+    the dim removed wherever a norm hands the stream on — needs every norm that reads it: the two per-layer
+    norms before each sublayer and the final norm before the LM head (docs/fidelity.md).
+    """
     kinds = getattr(settings, "layernorms", None)
-    return [str(k) for k in (kinds if kinds is not None else rule.layernorms)]
+    if kinds is not None:
+        return [str(k) for k in kinds]
+    out = [str(k) for k in rule.layernorms]
+    pre = layernorms is not None and any(layernorm_role(k) != layernorm_kind(k) for k in layernorms)
+    if pre and "final" in layernorms and "final" not in out and "output" in out:
+        out.append("final")
+    return out
 
 
 def check_common(ctx: EvalContext, settings) -> LayerNormRule:

@@ -45,7 +45,7 @@ from outlierlab.evaluation.common import check_common, detect_layernorm_outliers
 from outlierlab.evaluation.mlm_loading import analysis_texts
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import FrequencySettings, load_settings
-from outlierlab.models.layernorms import model_layernorms
+from outlierlab.models.layernorms import UnknownFamilyError, model_layernorms
 
 matplotlib.use("Agg")  # headless: the plots are written to files
 import matplotlib.pyplot as plt  # noqa: E402
@@ -196,16 +196,20 @@ def choose_dims(ctx, s: FrequencySettings, stats_fn) -> tuple[list[int], str, st
     max_dims = s.max_dims
     if s.dims:
         return list(s.dims), "user", "given by frequency.dims"
-    det = detect_layernorm_outliers(model_layernorms(ctx.encoder.model), ln_rule(ctx))
-    if det.dims:
-        return det.dims[:max_dims], "layernorm", "LayerNorm outliers: " + det.describe()
+    try:
+        det = detect_layernorm_outliers(model_layernorms(ctx.encoder.model), ln_rule(ctx))
+        ln_said = det.describe()
+    except UnknownFamilyError as e:  # an unregistered family: its norms are unknown, activations still work
+        det, ln_said = None, str(e)
+    if det is not None and det.dims:
+        return det.dims[:max_dims], "layernorm", "LayerNorm outliers: " + ln_said
     share = s.share_threshold
     stats = stats_fn()
     per_layer = detect_outlier_dims(stats, method="share", threshold=share)
     score = torch.maximum(stats["argmax_share"], stats["argmin_share"]).max(0).values
     dims = sorted({d for ds in per_layer for d in ds}, key=lambda d: -float(score[d]))
     if dims:
-        why = (f"no LayerNorm outlier dim ({det.describe()}); activation outliers instead "
+        why = (f"no LayerNorm outlier dim ({ln_said}); activation outliers instead "
                f"(argmax/argmin share ≥ {share:g} in some layer, Luo et al. 2021)")
         return dims[:max_dims], "activation", why
     top = stats["mean"].abs().max(0).values.argsort(descending=True)[:max_dims].tolist()

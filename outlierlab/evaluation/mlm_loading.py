@@ -1,4 +1,4 @@
-"""Load an encoder WITH its masked-LM head (and eager attention) for the BERT Busters / Puccetti analyses.
+"""Load a model WITH its own LM head (and eager attention) for the BERT Busters / Puccetti analyses.
 
 ``evaluate.py``'s :class:`~outlierlab.models.loading.FrozenEncoder` loads ``AutoModel`` (no MLM head, SDPA
 attention).  The ablation needs the MLM head (Kovaleva et al. 2021 score masked-LM loss with LayerNorm dims
@@ -8,13 +8,18 @@ disabled) and the attention-sink analysis needs attention *probabilities*, which
 * our models (a train.py run, its ``hf/``/``model/`` export, a ``*.ckpt``): the FrozenEncoder's own
   :class:`~models.RobertaMaskedLM` is reused (it has the head; ``output_attentions=True``
   takes its eager path), so nothing is loaded twice;
-* Hugging Face models: ``AutoModelForMaskedLM.from_pretrained(..., attn_implementation="eager")``.  When the
-  checkpoint has no MLM-head weights (e.g. the bundled all-MiniLM-L6-v2 sentence model, a ``BertModel``), the
-  randomly initialised head is NOT used: ``has_mlm_head`` is False with a one-line reason, and the encoder
-  body (correctly loaded) still serves the attention and LayerNorm analyses.
+* Hugging Face models: ``AutoModelForMaskedLM.from_pretrained(..., attn_implementation="eager")`` for
+  encoders, ``AutoModelForCausalLM`` for decoders (GPT-2, Pythia, Llama-style: :attr:`LoadedModel.objective`
+  is ``next_token``; the family registry, :mod:`outlierlab.models.families`, says which, and for an
+  unregistered ``model_type`` the transformers auto mappings do).  When the checkpoint has no LM-head weights
+  (e.g. the bundled all-MiniLM-L6-v2 sentence model, a ``BertModel``), the randomly initialised head is NOT
+  used: ``has_mlm_head`` is False with a one-line reason, and the body (correctly loaded) still serves the
+  attention and LayerNorm analyses.
 
-LayerNorms get the keys of :meth:`RobertaMaskedLM.named_layernorms`: ``embeddings``,
-``layer.{i}.attention_output``, ``layer.{i}.output`` (i 0-based), for BERT/RoBERTa-style and DistilBERT names.
+LayerNorms get the canonical keys of :func:`outlierlab.models.layernorms.model_layernorms` (post-LN
+``layer.{i}.attention_output``/``output``, pre-LN ``layer.{i}.attention_input``/``mlp_input``, ``final``,
+``embeddings``, ``head``).  A model whose ``model_type`` is not registered gets no norms and a one-line
+``family_note``; the analyses that need none still run.
 """
 
 from __future__ import annotations
@@ -30,8 +35,12 @@ from torch import Tensor, nn
 from outlierlab.evaluation.settings import DataSettings, section_settings
 from outlierlab.datamodules.corpus import load_texts_from_files
 from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.models.families import Family, UnknownFamilyError, causal_or_masked, family_of
 from outlierlab.models.layernorms import model_layernorms
 from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder
+
+#: What the model's own head scores: masked tokens (encoders) or the next token (decoders).
+OBJECTIVES = ("masked_lm", "next_token")
 
 
 def layernorm_map(model: nn.Module) -> dict[str, nn.Module]:
@@ -55,7 +64,11 @@ class LoadedModel:
     tokenizer : its tokenizer
     layernorms : key -> nn.LayerNorm (see :func:`layernorm_map`)
     kind : "outlierlab" (our RobertaMaskedLM) or "hf"
-    has_mlm_head : False when the checkpoint holds no MLM-head weights; ``no_head_reason`` says why
+    has_mlm_head : False when the checkpoint holds no weights for its own LM head (masked-LM or next-token);
+        ``no_head_reason`` says why
+    objective : ``masked_lm`` or ``next_token`` (:data:`OBJECTIVES`)
+    family : the model's :class:`~outlierlab.models.families.Family`, None when its ``model_type`` is not
+        registered (``family_note`` says so in one line, and ``layernorms`` is empty)
     """
 
     model: nn.Module
@@ -66,6 +79,13 @@ class LoadedModel:
     has_mlm_head: bool
     no_head_reason: str = ""
     max_length: int = 512
+    objective: str = "masked_lm"
+    family: Family | None = None
+    family_note: str = ""
+
+    @property
+    def is_decoder(self) -> bool:
+        return self.objective == "next_token"
 
     @property
     def device(self) -> torch.device:
@@ -79,11 +99,14 @@ class LoadedModel:
 
     @property
     def num_layers(self) -> int:
-        return sum(k.endswith(".output") for k in self.layernorms)
+        config = getattr(self.model, "config", None)
+        n = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None)
+        return int(n) if n else len({k.split(".")[1] for k in self.layernorms if k.startswith("layer.")})
 
     @property
     def bos_token_id(self) -> int:
-        """``<s>`` / ``[CLS]``: the first special token of every sequence."""
+        """``<s>`` / ``[CLS]``: the first special token of every sequence (a decoder's sink is its first
+        token whatever its id: see the attention-sink analysis)."""
         t = self.tokenizer
         return t.cls_token_id if t.cls_token_id is not None else t.bos_token_id
 
@@ -126,28 +149,33 @@ def _restore_hf(state) -> None:
         hf_logging.enable_progress_bar()
 
 
-def _load_hf(source, device: torch.device) -> tuple[nn.Module, bool, str]:
-    """(model, has_mlm_head, reason) for a Hugging Face model directory / cached hub id, eager attention."""
-    from transformers import AutoModel, AutoModelForMaskedLM  # lazy: after the entry point set the offline flag
+def _load_hf(source, device: torch.device) -> tuple[nn.Module, bool, str, str]:
+    """(model, has_head, reason, objective) for a Hugging Face model directory / cached hub id, eager
+    attention: the masked-LM class for encoders, the causal-LM class for decoders."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM  # lazy: offline flag
 
     if source.local_files_only:
         os.environ["HF_HUB_OFFLINE"] = "1"
     kw = dict(local_files_only=source.local_files_only, attn_implementation="eager")
     state = _quiet_hf()
     try:
+        objective = causal_or_masked(AutoConfig.from_pretrained(source.model, local_files_only=source.local_files_only))
+        auto, what = ((AutoModelForCausalLM, "next-token (causal LM)") if objective == "next_token"
+                      else (AutoModelForMaskedLM, "masked-LM"))
         try:
-            model, info = AutoModelForMaskedLM.from_pretrained(source.model, output_loading_info=True, **kw)
-        except ValueError as e:  # this architecture has no *ForMaskedLM class at all
+            model, info = auto.from_pretrained(source.model, output_loading_info=True, **kw)
+        except ValueError as e:  # this architecture has no such head class at all
             model = AutoModel.from_pretrained(source.model, **kw)
-            return model.float().to(device).eval(), False, f"{type(model).__name__} has no masked-LM class ({e})"[:200]
+            return (model.float().to(device).eval(), False,
+                    f"{type(model).__name__} has no {what} class ({e})"[:200], objective)
         prefix = getattr(model, "base_model_prefix", "") + "."
         head_missing = sorted(k for k in info["missing_keys"] if not k.startswith(prefix))
         model = model.float().to(device).eval()
         if head_missing:
-            reason = (f"the checkpoint has no masked-LM head weights ({len(head_missing)} missing, e.g. "
-                      f"{head_missing[0]}); it is an encoder-only model")
-            return model.base_model, False, reason
-        return model, True, ""
+            reason = (f"the checkpoint has no {what} head weights ({len(head_missing)} missing, e.g. "
+                      f"{head_missing[0]}); it is a body without its head")
+            return model.base_model, False, reason, objective
+        return model, True, "", objective
     except OSError as e:
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise EncoderUnavailableError(f"cannot load {source.name} with its MLM head: {first}") from None
@@ -175,14 +203,18 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
     dev = torch.device(device) if device is not None else encoder.device
     src = encoder.source
     if src.kind == "hf":
-        model, has_head, reason = _load_hf(src, dev)
+        model, has_head, reason, objective = _load_hf(src, dev)
         kind = "hf"
     else:  # our RobertaMaskedLM (export dir or checkpoint): the FrozenEncoder's model has the head already
-        model, has_head, reason, kind = encoder.model, True, "", "outlierlab"
+        model, has_head, reason, kind, objective = encoder.model, True, "", "outlierlab", "masked_lm"
     model.requires_grad_(False)
-    return LoadedModel(model=model, tokenizer=encoder.tokenizer, layernorms=layernorm_map(model), kind=kind,
+    try:
+        family, note, layernorms = family_of(model), "", layernorm_map(model)
+    except UnknownFamilyError as e:  # the hidden-state and attention analyses still run
+        family, note, layernorms = None, str(e), {}
+    return LoadedModel(model=model, tokenizer=encoder.tokenizer, layernorms=layernorms, kind=kind,
                        name=src.name, has_mlm_head=has_head, no_head_reason=reason,
-                       max_length=int(encoder.max_length))
+                       max_length=int(encoder.max_length), objective=objective, family=family, family_note=note)
 
 
 def shared_mlm(ctx) -> LoadedModel:

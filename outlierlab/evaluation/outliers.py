@@ -5,8 +5,11 @@ Activations: per layer the average token vector (non-special, non-pad tokens; Fi
 tokens whose argmax/argmin falls on each of the top dims, and the outlier dims by
 :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` — for every transform (after whitening the coordinates are
 principal directions, not neurons: compare those rows with care).  Weights: the mean position vector and
-its 3σ dims (learned absolute tables only: any parameter named ``*embeddings.position_embeddings.weight``),
-and :func:`outlierlab.analysis.layernorm.layernorm_stats` of every ``nn.LayerNorm`` found in the model.
+its 3σ dims (learned absolute tables only: where the model family keeps one, :mod:`outlierlab.models.families`
+— BERT's ``embeddings.position_embeddings``, GPT-2's ``wpe``; rotary/ALiBi/relative models have none, said
+so), and :func:`outlierlab.analysis.layernorm.layernorm_stats` of every norm of the family, judged by the one
+rule with the norms it judged named (pre-LN: both per-layer norms; bias-free norms on their gain alone).
+A model whose ``model_type`` is not registered gets one line saying how to add it; the rest still runs.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torch import nn
 from outlierlab.analysis.layernorm import LAYERNORM_ROW_FIELDS, layernorm_stats, sigma_outlier_dims
 from outlierlab.analysis.layernorm_rule import layernorm_outliers
 from outlierlab.evaluation.common import ln_rule
+from outlierlab.models.families import UnknownFamilyError, family_of
 from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 from outlierlab.analysis.outlier_dims import detect_outlier_dims, position_row_stats
 from outlierlab.evaluation.activation_pass import ACTIVATION_COLUMNS, activation_columns, activation_section
@@ -35,9 +39,16 @@ POSITION_SUFFIX = "embeddings.position_embeddings.weight"
 def position_table(model: nn.Module) -> tuple[str, torch.Tensor] | None:
     """``(name, rows actually used)`` of a learned absolute position table, or None.
 
-    RoBERTa-style tables (an ``nn.Embedding`` with ``padding_idx``) never use rows ``0..padding_idx``
-    (positions start at ``padding_idx + 1``), so those rows are dropped.
+    Hugging Face models: the table their family declares (:meth:`outlierlab.models.families.Family.position_weight`;
+    GPT-2's ``wpe``).  Ours and unregistered models: an ``nn.Embedding`` named
+    ``*embeddings.position_embeddings``.  RoBERTa-style tables (``padding_idx`` set) never use rows
+    ``0..padding_idx`` (positions start at ``padding_idx + 1``), so those rows are dropped.
     """
+    if not hasattr(model, "named_layernorms"):
+        try:
+            return family_of(model).position_weight(model)
+        except UnknownFamilyError:
+            pass
     for name, module in model.named_modules():
         if isinstance(module, nn.Embedding) and f"{name}.weight".endswith(POSITION_SUFFIX):
             w = module.weight.detach().float().cpu()
@@ -161,11 +172,16 @@ def run(ctx: EvalContext) -> AnalysisResult:
         summary["max_median"] = [c["max_median"] for c in cols]
 
     model = ctx.encoder.model
+    try:
+        family, family_note = family_of(model), ""
+    except UnknownFamilyError as e:
+        family, family_note = None, str(e)
     pos = position_outliers(model, s.position_k)
     md.append("### Position embeddings (Luo et al. §3, Figs. 3–4)")
     if pos is None:
-        md.append("No learned absolute position table (`*embeddings.position_embeddings.weight`) in this encoder "
-                  "(relative / rotary / ALiBi / sinusoidal / no positions): nothing to report.")
+        uses = family.positions if family is not None else "relative / rotary / ALiBi / sinusoidal / no positions"
+        md.append(f"No position table: this model has no learned absolute position table ({uses}); nothing to "
+                  "report.")
     else:
         vals = ", ".join(f"{d} ({v:+.3g})" for d, v in zip(pos["sigma_dims"], pos["sigma_values"]))
         md.append(f"`{pos['name']}`: mean over its {pos['rows']} used rows; dims outside mean ± "
@@ -187,11 +203,20 @@ def run(ctx: EvalContext) -> AnalysisResult:
 
     rule = ln_rule(ctx)  # THE LayerNorm-outlier rule (configs/ln_rule), as the monitor and the ablation
     md.append(f"### LayerNorm weights (Kovaleva et al. 2021; Puccetti et al. 2022: {rule.k:g}σ rule)")
-    try:
-        params = layernorm_tensors(model_layernorms(model, include_head=True))
-    except ValueError as e:
+    if family is None:
         params = {}
-        md.append(f"LayerNorms not recognised: {e}.")
+        md.append(f"LayerNorms not judged: {family_note}.")
+    else:
+        norms = model_layernorms(model, include_head=True)
+        params = layernorm_tensors(norms)
+        names = {id(m): n for n, m in model.named_modules()}
+        judged = [k for k in norms if rule.selects(k)]
+        md.append(f"Model family: {family.describe()}. Norms judged by the rule ({len(judged)}): "
+                  + ", ".join(f"`{names.get(id(norms[k]), k)}`" for k in judged[:4])
+                  + (f", … (`{names.get(id(norms[judged[-1]]), judged[-1])}`)" if len(judged) > 4 else "")
+                  + (". Pre-LN: both per-layer norms take the role of Kovaleva et al.'s output LayerNorm "
+                     "(docs/fidelity.md)." if family.placement == "pre" else "."))
+        summary["layernorms_judged"] = [names.get(id(norms[k]), k) for k in judged]
     ln = layernorm_stats({n: (w, b) for n, (w, b) in params.items() if w is not None}, k=rule.k)
     if ln:
         write_csv(out / "layernorm.csv", ln, LAYERNORM_ROW_FIELDS)
@@ -202,4 +227,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
     md.append(f"Outlier dims of the model: {det.describe()}. Per-LayerNorm columns (gain and bias judged "
               "separately, descriptive): `layernorm.csv`.")
     summary["layernorm_outlier_dims"] = det.dims
+    summary["family"] = family.name if family is not None else None
+    if family is not None and family.decoder:
+        md.append("_Decoder: each token vector sees only its left context (causal attention); the same pooling "
+                  "rules as for encoders (non-special, non-pad tokens) apply._")
     return AnalysisResult("outliers", rows, "\n\n".join(md), figures, summary)

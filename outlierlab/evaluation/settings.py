@@ -32,7 +32,7 @@ __all__ = ["load_settings", "section_settings", "DataSettings", "EncoderSettings
 S = TypeVar("S")
 
 #: LayerNorm kinds a ``layernorms`` list may name (:func:`outlierlab.models.layernorms.select_layernorms`).
-LAYERNORM_KINDS = ("output", "attention_output", "embeddings", "head", "all")
+LAYERNORM_KINDS = ("output", "attention_output", "attention_input", "mlp_input", "embeddings", "final", "head", "all")
 
 
 # ------------------------------------------------------------------------------------------- the loader

@@ -144,7 +144,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     from outlierlab.analysis.layernorm_rule import layernorm_outliers
     from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
     from outlierlab.models.checkpoint import model_from_checkpoint
-    from outlierlab.models.layernorms import layernorm_tensors
+    from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
     from outlierlab.models.sites import monitored_forward
     from outlierlab.reports import monitor_plots as plots
     from outlierlab.reports.history import HistoryCSV, wide_by_layer
@@ -178,7 +178,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
             files["layernorm"].append(layernorm_records(0, initial, initial, k=ln_cfg["k"],
                                                         shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"],
                                                         top_k=ln_cfg["top_k"], vectors=ln_cfg["vectors"])[0])
-        params = layernorm_snapshot(model.named_layernorms())
+        params = layernorm_snapshot(model_layernorms(model))  # the monitor's keys (pre-LN: attention/mlp_input)
         files["layernorm"].append(layernorm_records(step, params, initial, k=ln_cfg["k"],
                                                     shared_min=ln_cfg["shared_min_layers"], top_k=ln_cfg["top_k"],
                                                     vectors=ln_cfg["vectors"], rule=ln_cfg["rule"])[0])
@@ -193,9 +193,9 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
                                         inf_norms=inf, sink_threshold=hs_cfg["sink_threshold"])[0]
         files["hidden_states"].append(rows)
         # the project's one LayerNorm rule (default: output LN, gain AND bias outside 3σ), per block
-        det = layernorm_outliers(layernorm_tensors(model.named_layernorms()))
+        det = layernorm_outliers(layernorm_tensors(model_layernorms(model)))
         # only layers whose LayerNorm the rule can judge: no row (an empty cell), not 0, for a block without
-        # affine norms (no-affine LayerNorm, the OP block) or one the criterion cannot judge (RMSNorm has no bias)
+        # affine norms (no-affine LayerNorm, the OP block); RMSNorm is judged on its gain alone
         ln_counts = [(step, f"layer_{i + 1}", "n_layernorm_outliers", None, len(det.per_layer[f"layer.{i}"]))
                      for i in range(config.num_layers) if f"layer.{i}" in det.per_layer]
         metric_rows += [r for r in rows if r[2] in METRIC_COLUMNS] + ln_counts

@@ -1,11 +1,14 @@
 """The one list of a model's LayerNorms, their parameters, and the weight surgery of Kovaleva et al. (2021).
 
 Every analysis of LayerNorm outlier dims (the training monitor, ``evaluate.py``'s outliers, ablation,
-frequency and attention-sink analyses) gets the norms from :func:`model_layernorms`, keyed by canonical
-names: ``embeddings``, ``layer.{i}.attention_output``, ``layer.{i}.output`` in depth order, and — only
-when asked (``include_head=True``) — ``head`` for the MLM head's LayerNorm.  Our encoder lists its own
-(:meth:`outlierlab.models.encoder.RobertaMaskedLM.named_layernorms`, whatever norms a block variant has); Hugging
-Face BERT/RoBERTa/ELECTRA-style and DistilBERT models are recognised by their module names.
+frequency and attention-sink analyses, probe.py's report) gets the norms from :func:`model_layernorms`,
+keyed by canonical names in depth order: ``embeddings``; per layer ``layer.{i}.attention_output`` and
+``layer.{i}.output`` (post-LN) or ``layer.{i}.attention_input`` and ``layer.{i}.mlp_input`` (pre-LN);
+``final`` (pre-LN); and — only when asked (``include_head=True``) — ``head`` for the LM head's norm.
+Hugging Face models are resolved by their family (:mod:`outlierlab.models.families`, keyed by
+``config.model_type``, by module structure); our encoder lists its own
+(:meth:`outlierlab.models.encoder.RobertaMaskedLM.named_layernorms`), renamed to the pre-LN kinds when its
+blocks are pre-LN, so a pre-LN run of ours and a pre-LN hub model are judged alike.
 The rule that judges these norms is :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`.
 """
 
@@ -18,42 +21,38 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from outlierlab.analysis.layernorm_rule import layernorm_kind
+from outlierlab.analysis.layernorm_rule import KIND_ROLES, layernorm_kind
+from outlierlab.models.families import PRE_KINDS, UnknownFamilyError, family_of
 
 __all__ = ["NORM_TYPES", "model_layernorms", "layernorm_kind", "select_layernorms", "layernorm_tensors",
-           "zero_layernorm_dims"]
+           "zero_layernorm_dims", "UnknownFamilyError"]
 
-#: Norm modules whose weights are judged (LayerNorm with or without affine parameters, RMSNorm).
+#: Norm modules of our own encoder (LayerNorm with or without affine parameters, RMSNorm).
 NORM_TYPES = (nn.LayerNorm, nn.RMSNorm)
-
-#: (regex on the module name, key template). BERT/RoBERTa/ELECTRA/MPNet-style names, then DistilBERT's.
-_LN_PATTERNS = (
-    (re.compile(r"(?:^|\.)embeddings\.LayerNorm$"), "embeddings"),
-    (re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.attention\.output\.LayerNorm$"), "layer.{}.attention_output"),
-    (re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.output\.LayerNorm$"), "layer.{}.output"),
-    (re.compile(r"(?:^|\.)transformer\.layer\.(\d+)\.sa_layer_norm$"), "layer.{}.attention_output"),
-    (re.compile(r"(?:^|\.)transformer\.layer\.(\d+)\.output_layer_norm$"), "layer.{}.output"),
-)
-#: The MLM head's LayerNorm: ours and HF RoBERTa (``lm_head.layer_norm``), BERT
-#: (``cls.predictions.transform.LayerNorm``), DistilBERT (``vocab_layer_norm``).
-_HEAD_RE = re.compile(r"(?:^|\.)(?:lm_head\.layer_norm|predictions\.transform\.LayerNorm|vocab_layer_norm)$")
 _LAYER_RE = re.compile(r"^layer\.(\d+)\.")
+_KIND_ORDER = {"attention_output": 0, "attention_input": 0, "output": 1, "mlp_input": 1}
+#: Our encoder names its pre-LN norms after RoBERTa's modules; their kinds by where they sit in the block.
+_OURS_PRE = {"attention_output": PRE_KINDS[0], "output": PRE_KINDS[1]}
 
 
 def _order(key: str) -> tuple[int, int]:
     if key == "embeddings":
         return (-1, 0)
-    if key == "head":
-        return (10**9, 0)
+    if key in ("final", "head"):
+        return (10**9, 0 if key == "final" else 1)
     m = _LAYER_RE.match(key)
-    return (int(m.group(1)), 0 if key.endswith("attention_output") else 1) if m else (10**9 - 1, 0)
+    return (int(m.group(1)), _KIND_ORDER.get(layernorm_kind(key), 2)) if m else (10**9 - 1, 0)
 
 
-def _head_norm(model: nn.Module) -> nn.Module | None:
-    for name, module in model.named_modules():
-        if isinstance(module, NORM_TYPES) and _HEAD_RE.search(name):
-            return module
-    return None
+def _ours(model: nn.Module, include_head: bool) -> dict[str, nn.Module]:
+    found = dict(model.named_layernorms())
+    if family_of(model).placement == "pre":
+        found = {(f"layer.{m.group(1)}.{_OURS_PRE.get(layernorm_kind(k), layernorm_kind(k))}"
+                  if (m := _LAYER_RE.match(k)) else k): v for k, v in found.items()}
+    head = getattr(getattr(model, "lm_head", None), "layer_norm", None)
+    if include_head and isinstance(head, NORM_TYPES):
+        found["head"] = head
+    return found
 
 
 def model_layernorms(model: nn.Module, include_head: bool = False) -> dict[str, nn.Module]:
@@ -62,8 +61,9 @@ def model_layernorms(model: nn.Module, include_head: bool = False) -> dict[str, 
     Parameters
     ----------
     model : our :class:`~outlierlab.models.encoder.RobertaMaskedLM` (anything with ``named_layernorms()``), or a
-        Hugging Face BERT/RoBERTa/ELECTRA/MPNet-style or DistilBERT model (any prefix, with or without head).
-    include_head : also list the MLM head's LayerNorm as ``head`` (never counted unless asked: it is not a
+        Hugging Face model of a registered family (:data:`outlierlab.models.families.FAMILIES`), with or
+        without its head.
+    include_head : also list the LM head's own norm as ``head`` (never counted unless asked: it is not a
         layer of the encoder).
 
     Returns
@@ -73,42 +73,31 @@ def model_layernorms(model: nn.Module, include_head: bool = False) -> dict[str, 
 
     Raises
     ------
-    ValueError
-        A model that is not ours and has no recognised per-layer output LayerNorm (unsupported architecture).
+    UnknownFamilyError
+        A Hugging Face model whose ``model_type`` is not registered (one line naming it and how to add it).
     """
-    if hasattr(model, "named_layernorms"):
-        found = dict(model.named_layernorms())
-    else:
-        found = {}
-        for name, module in model.named_modules():
-            if not isinstance(module, NORM_TYPES):
-                continue
-            for pattern, template in _LN_PATTERNS:
-                m = pattern.search(name)
-                if m:
-                    found.setdefault(template.format(*m.groups()), module)
-                    break
-        if not any(k.endswith(".output") for k in found):
-            raise ValueError(f"cannot find the per-layer LayerNorms of {type(model).__name__}: only BERT/RoBERTa-"
-                             "style (encoder.layer.N.output.LayerNorm) and DistilBERT-style names are supported")
-    if include_head:
-        head = _head_norm(model)
-        if head is not None:
-            found["head"] = head
+    found = _ours(model, include_head) if hasattr(model, "named_layernorms") else \
+        family_of(model).layernorms(model, include_head)
     return dict(sorted(found.items(), key=lambda kv: _order(kv[0])))
 
 
 def select_layernorms(layernorms: Mapping[str, nn.Module], kinds: Iterable[str]) -> dict[str, nn.Module]:
-    """The norms of the given kinds (``output``, ``attention_output``, ``embeddings``, ``head``; ``all`` = every
-    per-layer norm), in model order.  Raises on an empty or unknown choice, naming what the model has."""
+    """The norms of the given kinds or roles (``output`` — in a pre-LN model both per-layer norms,
+    :data:`outlierlab.analysis.layernorm_rule.KIND_ROLES` —, ``attention_output``, ``attention_input``,
+    ``mlp_input``, ``embeddings``, ``final``, ``head``; ``all`` = every per-layer norm), in model order.
+    Raises on an empty choice or a kind this model does not have, naming what it has."""
     kinds = [str(k) for k in kinds]
-    present = sorted({layernorm_kind(k) for k in layernorms}) + ["all"]
-    bad = sorted(set(kinds) - set(present) - {"embeddings", "head", "output", "attention_output"})
+    present = sorted({layernorm_kind(k) for k in layernorms})
+    roles = set(present) | {KIND_ROLES[k] for k in present if k in KIND_ROLES} | {"all"}
+    optional = {"embeddings", "head", "final"}  # asked for where a model may lack them: selects nothing
+    bad = sorted(set(kinds) - roles - optional)
     if bad or not kinds:
-        raise ValueError(f"unknown LayerNorm kind(s) {bad or kinds}: this model has {present}, "
-                         "e.g. ablation.layernorms=[output,attention_output]")
+        raise ValueError(f"unknown LayerNorm kind(s) {bad or kinds} for this model: it has {present + ['all']}"
+                         + (" (pre-LN: output = both per-layer norms)" if "mlp_input" in present else "")
+                         + ", e.g. ablation.layernorms=[output]")
     return {k: m for k, m in layernorms.items()
-            if layernorm_kind(k) in kinds or ("all" in kinds and _LAYER_RE.match(k))}
+            if layernorm_kind(k) in kinds or KIND_ROLES.get(layernorm_kind(k)) in kinds
+            or ("all" in kinds and _LAYER_RE.match(k))}
 
 
 def layernorm_tensors(layernorms: Mapping[str, nn.Module]) -> dict[str, tuple[Tensor | None, Tensor | None]]:

@@ -19,6 +19,11 @@ Resolving ``name_or_path`` to a source is :mod:`outlierlab.models.encoder_source
 
 Position index convention (used by the position probe): a token's index in the tokenized sequence,
 0 = ``<s>``/``[CLS]``.
+
+Decoders (GPT-2, Pythia, Llama-style; :mod:`outlierlab.models.families`) load the same way: their token
+vectors see only their left context (causal attention), and the same pooling rules apply (non-special,
+non-pad tokens).  Their tokenizers often have no pad token: the end-of-sequence token pads the batches
+(padding is on the right and masked, so it never reaches a real token's vector).
 """
 
 from __future__ import annotations
@@ -121,6 +126,7 @@ class FrozenEncoder:
         self._model = None
         self.n_forward_calls = 0
         self.tokenizer = self._load_tokenizer()
+        self.model_type, self.norm_placement = "outlierlab", "post"  # _read_config sets both for HF models
         self.num_layers, self.hidden_size, limit = self._read_config()
         tok_max = getattr(self.tokenizer, "model_max_length", None) or 10**9
         self.model_max_length = min(limit, tok_max) if tok_max < 10**6 else limit
@@ -136,23 +142,30 @@ class FrozenEncoder:
         from transformers import AutoTokenizer
 
         try:
-            return AutoTokenizer.from_pretrained(self.source.tokenizer, local_files_only=self.source.local_files_only)
+            tok = AutoTokenizer.from_pretrained(self.source.tokenizer, local_files_only=self.source.local_files_only)
         except (OSError, ValueError) as e:
             first = (str(e).strip().splitlines() or [""])[0][:200]
             raise EncoderUnavailableError(f"cannot load the tokenizer of {self.source.name}: {first}") from None
+        if tok.pad_token is None and tok.eos_token is not None:  # decoders (GPT-2, Llama): pad = eos, masked
+            tok.pad_token = tok.eos_token
+        return tok
 
     def _read_config(self) -> tuple[int, int, int]:
         """(layers, hidden size, longest accepted sequence) without loading weights."""
         src = self.source
         if src.kind == "ckpt":
             cfg = self._ckpt_payload()["hyper_parameters"]["model"]
+            self.norm_placement = str(cfg.get("norm_placement", "post"))
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         if src.kind == "outlierlab" and (Path(src.model) / "outlierlab_config.json").is_file():
             cfg = json.loads((Path(src.model) / "outlierlab_config.json").read_text())
+            self.norm_placement = str(cfg.get("norm_placement", "post"))
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         from transformers import AutoConfig
 
         cfg = AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only)
+        if src.kind == "hf":
+            self.model_type = str(getattr(cfg, "model_type", "") or type(cfg).__name__)
         positions = getattr(cfg, "max_position_embeddings", None) or 10**9
         if getattr(cfg, "model_type", "") in _ROBERTA_LIKE:  # position ids start after padding_idx
             positions -= (getattr(cfg, "pad_token_id", 1) or 0) + 1
@@ -197,6 +210,19 @@ class FrozenEncoder:
         if src.kind == "outlierlab":
             return load_pretrained(src.model)
         return model_from_checkpoint(self._ckpt_payload(), self.source.model)
+
+    def family_line(self) -> str:
+        """One line for reports: the model family (from the config, no weights loaded) and the norms the
+        LayerNorm-outlier rule judges in it, or what to do when the ``model_type`` is not registered."""
+        from outlierlab.models.families import UnknownFamilyError, family_for_type
+
+        try:
+            family = family_for_type(self.model_type, self.norm_placement)
+        except UnknownFamilyError as e:
+            return str(e)
+        roles = ("both per-layer norms (before the attention and before the MLP)" if family.placement == "pre"
+                 else "each layer's output LayerNorm (after the FFN's residual add)")
+        return f"{family.describe()}. The LayerNorm-outlier rule's default `output` role judges {roles}."
 
     @property
     def identity(self) -> dict:

@@ -13,9 +13,11 @@ so here every value is tagged by its site:
 Where the sites are: a block may declare them itself with a ``sites()`` method returning
 ``{name: (module, "input" | "output")}`` — the activation is that module's first positional input or its
 output (our :class:`outlierlab.models.blocks.Layer` and :class:`outlierlab.models.blocks.OPLayer` do, so pre-LN and
-Outlier-Protected blocks name their own sites and simply omit those they lack).  Otherwise the
-Hugging Face module names are used: BERT/RoBERTa layers (``output.dense``, ``output.LayerNorm``) and
-DistilBERT blocks (``ffn.lin2``, ``output_layer_norm``).
+Outlier-Protected blocks name their own sites and simply omit those they lack).  Hugging Face blocks get
+theirs from their family (:meth:`outlierlab.models.families.Family.sites`: the FFN down-projection; the
+output LayerNorm of a post-LN block; the block output of a pre-LN one, GPT-2/Llama/Pythia/ModernBERT);
+an unregistered model falls back to BERT/RoBERTa (``output.dense``, ``output.LayerNorm``) and DistilBERT
+(``ffn.lin2``, ``output_layer_norm``) module names.
 
 Layers are numbered like hidden states: block i (1-based) produces hidden state i; hidden state 0 is the
 embedding output, which has no sites.
@@ -28,6 +30,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
+
+from outlierlab.models.families import UnknownFamilyError, family_of
 
 __all__ = ["SITE_NAMES", "encoder_blocks", "block_sites", "InfNormRecorder", "monitored_forward"]
 
@@ -45,8 +49,19 @@ _BLOCK_LISTS = ("roberta.encoder.layer", "encoder.layer", "transformer.layer", "
                 "distilbert.transformer.layer")
 
 
+def _family(model: nn.Module):
+    try:
+        return None if hasattr(model, "named_layernorms") else family_of(model)
+    except UnknownFamilyError:
+        return None
+
+
 def encoder_blocks(model: nn.Module) -> list[nn.Module]:
-    """The encoder's blocks in depth order (ours, HF BERT/RoBERTa/DistilBERT, with or without MLM head)."""
+    """The blocks in depth order (ours, a registered Hugging Face family, else BERT/DistilBERT-style names;
+    with or without the LM head)."""
+    family = _family(model)
+    if family is not None:
+        return family.block_list(model)
     for path in _BLOCK_LISTS:
         mod = model
         try:
@@ -60,10 +75,13 @@ def encoder_blocks(model: nn.Module) -> list[nn.Module]:
                      f"{', '.join(_BLOCK_LISTS)}")
 
 
-def block_sites(block: nn.Module) -> dict[str, tuple[nn.Module, str]]:
-    """``{site: (module, "input" | "output")}`` of one block: its own ``sites()``, else the HF names."""
+def block_sites(block: nn.Module, family=None) -> dict[str, tuple[nn.Module, str]]:
+    """``{site: (module, "input" | "output")}`` of one block: its own ``sites()``, its family's
+    (:meth:`outlierlab.models.families.Family.sites`), else the HF BERT/DistilBERT names."""
     if callable(getattr(block, "sites", None)):
         return dict(block.sites())
+    if family is not None:
+        return family.sites(block)
     for table in _HF_SITES:
         found = {}
         for site, path, kind in table:
@@ -106,7 +124,8 @@ class InfNormRecorder:
     def __init__(self, model: nn.Module, sites: Iterable[str] = SITE_NAMES) -> None:
         self.blocks = encoder_blocks(model)
         self.sites = tuple(sites)
-        per_block = [block_sites(b) for b in self.blocks]
+        family = _family(model)
+        per_block = [block_sites(b, family) for b in self.blocks]
         self.where = {(s, i + 1): bs[s] for i, bs in enumerate(per_block) for s in self.sites if s in bs}
         self.max = {s: torch.full((len(self.blocks) + 1,), math.nan, dtype=torch.float64) for s in self.sites}
         self._pending: dict[tuple[str, int], Tensor] = {}
