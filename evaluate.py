@@ -32,7 +32,10 @@ from outlierlab.evaluation.registry import ANALYSES, ANALYSIS_MODULES, RUN_SETTI
 from outlierlab.evaluation.settings import EncoderSettings, section_settings
 from outlierlab.jobs.startup import check_overrides, register_resolvers, run_main
 
-TRANSFORMS = ("none", "clip", "whiten")
+#: = outlierlab.analysis.transforms.TRANSFORMS (restated here so a typo fails before torch loads; a test keeps them equal)
+TRANSFORMS = ("none", "clip", "whiten", "standardize", "abtt", "center")
+#: The transforms fitted on data; their CSV rows carry ``<name>_fit``, ``<name>_n``, ... columns.
+FITTED = TRANSFORMS[2:]
 
 
 # ----------------------------------------------------------------------------------- light validation
@@ -55,7 +58,7 @@ def selected_transforms(cfg) -> list[str]:
     names = [n for n in TRANSFORMS if use.get(n)]
     bad = [n for n, on in use.items() if on and n not in TRANSFORMS]
     if bad or not names:
-        raise ValueError(f"unknown or no transform {bad}; valid: transform=[none,clip,whiten] (any subset)")
+        raise ValueError(f"unknown or no transform {bad}; valid: transform=[{','.join(TRANSFORMS)}] (any subset)")
     return names
 
 
@@ -109,15 +112,15 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
         t0 = time.time()
         res = ANALYSES[name](contexts[name])
         res.summary["seconds"] = round(time.time() - t0, 2)
-        _whiten_columns(res, shared)
+        _fit_columns(res, shared)
         results.append(res)
         print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s", flush=True)
     meta = _meta(cfg, encoder, analyses, transforms, shared, time.time() - t_start)
     # a module's COLUMNS fixes its CSV header, so a skipped analysis (STS without data) still writes one
     columns = {n: getattr(modules[n], "COLUMNS", None) for n in analyses}
-    for res in results:  # a fixed header also gets the whitening-fit columns its whitened rows carry
+    for res in results:  # a fixed header also gets the fit columns its fitted rows carry (whiten_n, abtt_d, ...)
         cols = columns.get(res.name)
-        extra = [k for r in res.rows for k in r if k.startswith("whiten_")]
+        extra = [k for r in res.rows for k in r if k.startswith(tuple(f"{n}_" for n in FITTED))]
         if cols and extra:
             columns[res.name] = list(cols) + [k for k in dict.fromkeys(extra) if k not in cols]
     paths = write_outputs(run_dir, results, meta, _header(meta), columns, tb)
@@ -127,19 +130,20 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     return {"results": results, "meta": meta, "files": paths}
 
 
-#: Analyses whose whitened rows use the whitener of the shared pass over the evaluation sentences.
-SENTENCE_PASS = ("outliers", "anisotropy", "self_similarity")
+#: Analyses whose fitted rows use the maps fitted in the shared pass over the evaluation sentences.
+SENTENCE_PASS = ("outliers", "anisotropy", "isotropy", "self_similarity")
 
 
-def _whiten_columns(res, shared) -> None:
-    """Whitened rows of the shared-pass analyses state what the whitener was fitted on (WiC/STS add theirs)."""
+def _fit_columns(res, shared) -> None:
+    """Fitted rows (whiten, standardize, abtt, center) of the shared-pass analyses state what their map was
+    fitted on (WiC/STS add theirs)."""
     st = shared.sentence_stats
     if res.name not in SENTENCE_PASS or st is None:
         return
-    cols = st.transforms.columns("whiten")
+    cols = {name: st.transforms.columns(name) for name in FITTED}
     for r in res.rows:
-        if r.get("transform") == "whiten":
-            r.update({k: v for k, v in cols.items() if k not in r})
+        if r.get("transform") in FITTED:
+            r.update({k: v for k, v in cols[r["transform"]].items() if k not in r})
 
 
 def _meta(cfg, encoder, analyses, transforms, shared, seconds) -> dict:
@@ -165,9 +169,11 @@ def _header(meta: dict) -> str:
              f"device {meta['device']}",
              f"- analyses: {', '.join(meta['analyses'])}; transforms side by side: {', '.join(meta['transforms'])}; "
              f"seed {meta['seed']}; {meta['seconds']:.0f} s in all"]
-    if "whiten" in meta["transforms"]:
-        lines.append(f"- **whitening fit (`transform.fit_on={meta['whiten_fit_on']}`)**: outliers/anisotropy/"
-                     "self-similarity on the evaluation sentences' token vectors; WiC and STS: "
+    fitted = [t for t in meta["transforms"] if t in FITTED]
+    if fitted:
+        label = "/".join({"whiten": "whitening"}.get(t, t) for t in fitted)
+        lines.append(f"- **{label} fit (`transform.fit_on={meta['whiten_fit_on']}`)**: outliers/"
+                     "anisotropy/isotropy/self-similarity on the evaluation sentences' token vectors; WiC and STS: "
                      + {"eval": "each on its own evaluated data (Su et al. 2021)",
                         "sentences": "the whitener of the evaluation sentences"}.get(
                          meta["whiten_fit_on"], f"the {meta['whiten_fit_on']!r} split of their dataset") +

@@ -22,7 +22,10 @@ COLUMNS = {
                      "top_argmin_share", "mean_norm", "kurtosis", "max_median", "max_abs", "max_abs_dim",
                      "max_abs_token", "abs_argmax_dim", "abs_argmax_share", "inf_norm_ffn_output",
                      "inf_norm_ln_input", "inf_norm_ln_output"],
-    "anisotropy.csv": ["layer", "transform", "anisotropy", "n_pairs", "n_sentences"],
+    "anisotropy.csv": ["layer", "transform", "anisotropy", "n_pairs", "n_sentences", "rogue_dims", "rogue_cc",
+                       "rogue_share", "top1_share", "top3_share", "top5_share", "r2_without_top1", "r2_without_top3",
+                       "r2_without_top5", "spearman_without_top1", "spearman_without_top3", "spearman_without_top5"],
+    "isotropy.csv": ["layer", "transform", "isoscore", "isoscore_star", "zeta", "dims", "n_tokens", "n_star_points"],
     "self_similarity.csv": ["layer", "transform", "self_similarity", "self_similarity_raw", "intra_sentence",
                             "intra_sentence_raw", "anisotropy", "n_words", "n_occurrences", "n_sentences"],
     "wic.csv": ["layer", "transform", *(f"acc_{t / 10:g}" for t in range(1, 10)), "best_threshold", "best_accuracy",
@@ -84,11 +87,12 @@ def test_end_to_end_writes_every_report_file(inputs, tmp_path):
                 == list(range(N_HIDDEN_STATES)), (name, key)
     # every analysis' numbers are also in results.json; the report names the whitening fit
     res = json.loads((out / "results.json").read_text())
-    assert set(res["analyses"]) == {"outliers", "anisotropy", "self_similarity", "wic", "sts"}
+    assert set(res["analyses"]) == {"outliers", "anisotropy", "isotropy", "self_similarity", "wic", "sts"}
     assert res["meta"]["seed"] == 3 and res["meta"]["layers"] == N_HIDDEN_STATES
     assert len(res["analyses"]["wic"]["rows"]) == 3 * N_HIDDEN_STATES
     report = (out / "report.md").read_text()
-    for heading in ("## Outlier dimensions", "## Anisotropy", "## Self-similarity", "## Word in Context",
+    for heading in ("## Outlier dimensions", "## Anisotropy", "### Rogue dimensions", "## Isotropy",
+                    "## Geometry per layer and transform (Table 1 layout)", "## Self-similarity", "## Word in Context",
                     "## Semantic Textual Similarity", "### Position embeddings", "### LayerNorm weights",
                     "whitening fit (`transform.fit_on=eval`)", "all-true baseline", "surface-form baseline"):
         assert heading in report, heading
@@ -115,8 +119,9 @@ def test_unknown_analysis_fails_with_one_line(tmp_path):
     p = _evaluate("analyses=[outliers,nope]", f"hydra.run.dir={tmp_path}", timeout=60)
     assert p.returncode == 1
     lines = p.stderr.strip().splitlines()
-    assert lines == ["error: unknown analysis 'nope'; valid: outliers, anisotropy, self_similarity, wic, sts, "
-                     "ablation, frequency, attention_sinks"]
+    assert lines[0].startswith("error: unknown analysis 'nope'; valid: outliers, anisotropy, isotropy, "
+                               "self_similarity, wic, sts, ablation, frequency, attention_sinks")
+    assert len(lines) == 1
 
 
 def test_unknown_transform_group_fails_before_hydra(tmp_path):

@@ -129,7 +129,9 @@ def test_value_ranges_are_checked_when_the_settings_are_built(override, match):
 
 def test_optional_keys_are_none_when_their_group_is_absent():
     t = section_settings(TransformSettings, compose("evaluate", ["transform=[none]"]))
-    assert (t.dims, t.dims_by_layer, t.k, t.min_fit_ratio, t.allow_degenerate) == (None,) * 5
+    assert (t.dims, t.dims_by_layer, t.k, t.abtt_d) == (None,) * 4
+    # the guard of every fitted transform is stated once, in evaluate.yaml, whichever groups are selected
+    assert (t.min_fit_ratio, t.allow_degenerate) == (2.0, False)
 
 
 @pytest.mark.parametrize("overrides, match", [

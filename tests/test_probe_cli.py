@@ -124,7 +124,7 @@ def test_classifier_on_shipped_wordnet_pos_and_planted_local_csv(tiny_bert, tmp_
 def test_bad_names_and_offline_hub_fail_with_one_line(tmp_path):
     r = _probe("transform=whitn", f"hydra.run.dir={tmp_path / 'a'}")
     assert r.returncode == 2
-    assert r.stderr.strip() == "error: unknown transform 'whitn'; valid: clip, none, whiten"
+    assert r.stderr.strip() == "error: unknown transform 'whitn'; valid: abtt, center, clip, none, standardize, whiten"
     r = _probe("encoder.name_or_path=roberta-base", f"hydra.run.dir={tmp_path / 'b'}")
     assert r.returncode == 1
     err = [line for line in r.stderr.splitlines() if line.startswith("error:")]

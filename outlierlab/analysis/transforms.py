@@ -1,9 +1,12 @@
-"""Post-hoc vector transforms: clipping outlier dims (Luo et al. 2021 §4) and whitening (Su et al. 2021).
+"""Post-hoc vector transforms: clipping outlier dims (Luo et al. 2021 §4), whitening (Su et al. 2021),
+standardization (Timkey & van Schijndel 2021), all-but-the-top (Mu & Viswanath 2018) and mean removal.
 
-Both operate on batched layers ``[L, N, d]`` so that one call transforms every layer.  This module is the
-ONE definition of clip (:func:`clip`, :func:`clip_dims_per_layer`), of whitening (:class:`Whitener`, with
-its sample-size guard :meth:`Whitener.check`) and of a fitted transform applied by name
-(:class:`FittedTransform`); ``outlierlab.datamodules.features`` (probe.py) and ``evaluation`` (evaluate.py) use them.
+All operate on batched layers ``[L, N, d]`` so that one call transforms every layer.  This module is the
+ONE definition of clip (:func:`clip`, :func:`clip_dims_per_layer`) and of a fitted transform applied by name
+(:class:`FittedTransform`); the fitted affine maps (whiten, standardize, abtt, center) are one
+:class:`Whitener` each (:mod:`outlierlab.analysis.whitening`, :mod:`outlierlab.analysis.postprocessing`), with
+one sample-size guard (:meth:`Whitener.check`).  ``outlierlab.datamodules.features`` (probe.py) and
+``evaluation`` (evaluate.py) use them.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from outlierlab.analysis.postprocessing import FITTED
 from outlierlab.analysis.whitening import MIN_FIT_RATIO, DegenerateWhiteningError, Whitener, WhiteningFit
 
 __all__ = ["clip", "clip_mask", "clip_dims_per_layer", "clip_description", "Whitener", "WhiteningFit",
-           "DegenerateWhiteningError", "FittedTransform", "TRANSFORMS", "MIN_FIT_RATIO"]
+           "DegenerateWhiteningError", "FittedTransform", "TRANSFORMS", "FITTED", "MIN_FIT_RATIO"]
 
-#: The transforms compared side by side.
-TRANSFORMS = ("none", "clip", "whiten")
+#: The transforms compared side by side (the last four fitted on data: :data:`FITTED`).
+TRANSFORMS = ("none", "clip", *FITTED)
 
 
 def _as_per_layer(dims, num_layers: int) -> list[list[int]]:
@@ -148,9 +152,11 @@ def clip_description(dims: Sequence[Sequence[int]], source: str) -> str:
 @dataclass
 class FittedTransform:
     """One fitted per-layer transform of ``[L, ..., d]`` vectors, applied by name: ``none``, ``clip``
-    (Luo et al. 2021 §4: zero the outlier dims of each layer) or ``whiten`` (Su et al. 2021).
+    (Luo et al. 2021 §4: zero the outlier dims of each layer) or one of :data:`FITTED` (``whiten``, Su et al.
+    2021; ``standardize``; ``abtt``, Mu & Viswanath 2018; ``center``), whose map is ``whitener``
+    (a :class:`Whitener` fitted with that ``method``).
 
-    ``info`` says how it was obtained (report line); ``fit`` is the whitening's :class:`WhiteningFit`.
+    ``info`` says how it was obtained (report line); ``fit`` is the fitted map's :class:`WhiteningFit`.
     """
 
     name: str
@@ -166,17 +172,19 @@ class FittedTransform:
             raise ValueError(f"unknown transform {self.name!r}; valid: {', '.join(TRANSFORMS)}")
         if self.name == "clip" and self.clip_dims is None:
             raise ValueError("a clip transform needs its per-layer dims")
-        if self.name == "whiten" and (self.whitener is None or self.whitener.W is None):
-            raise ValueError("a whiten transform needs a fitted Whitener")
+        if self.name in FITTED and (self.whitener is None or self.whitener.W is None):
+            raise ValueError(f"a {self.name} transform needs a fitted Whitener(method={self.name!r})")
+        if self.name in FITTED and self.whitener.method != self.name:
+            raise ValueError(f"a {self.name} transform got a Whitener fitted as {self.whitener.method}")
 
     @property
     def out_dim(self) -> int:
-        return self.whitener.out_dim if self.name == "whiten" else self.dim
+        return self.whitener.out_dim if self.name in FITTED else self.dim
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.name == "clip":
             return clip(x, self.clip_dims)
-        if self.name == "whiten":
+        if self.name in FITTED:
             return self.whitener.transform(x)
         return x
 
@@ -191,5 +199,5 @@ class FittedTransform:
                                self.info, self.fit, dict(self.extra))
 
     def columns(self) -> dict:
-        """CSV columns stating what a whitened result was fitted on (empty for none/clip)."""
+        """CSV columns stating what a fitted result was fitted on (empty for none/clip)."""
         return self.fit.columns() if self.fit is not None else {}

@@ -1,5 +1,7 @@
 """Whitening (Su et al. 2021, "Whitening Sentence Representations for Better Semantics and Faster Retrieval"),
-fitted per layer by streaming float64 sums, with the sample-size guard of :meth:`Whitener.check`.
+fitted per layer by streaming float64 sums, with the sample-size guard of :meth:`Whitener.check` — and, from the
+same sums and under the same guard, the other affine post-processing maps of
+:mod:`outlierlab.analysis.postprocessing` (standardize, all-but-the-top, center; ``Whitener(method=...)``).
 
 Pure tensor code: no config, no files.  Re-exported by :mod:`outlierlab.analysis.transforms`.
 """
@@ -12,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from outlierlab.analysis.postprocessing import CITATION, FITTED, affine_matrix, default_abtt_d, fit_size
 
 __all__ = ["Whitener", "WhiteningFit", "DegenerateWhiteningError", "MIN_FIT_RATIO"]
 
@@ -41,17 +45,28 @@ class WhiteningFit:
     min_ratio: float
     degenerate: bool = False
     reason: str = ""
+    method: str = "whiten"
+    abtt_d: int | None = None
 
     def columns(self) -> dict:
-        """CSV columns of a whitened row."""
-        return {"whiten_fit": self.what, "whiten_n": self.n,
-                "whiten_distinct": f">={self.n_distinct}" if self.distinct_capped else self.n_distinct,
-                "whiten_rank": self.rank, "whiten_k": self.k, "whiten_degenerate": self.degenerate}
+        """CSV columns of a fitted row, prefixed by the method (``whiten_n``, ``abtt_n``, ...); ``whiten_k`` for
+        whitening, ``abtt_d`` for all-but-the-top."""
+        m = self.method
+        cols = {f"{m}_fit": self.what, f"{m}_n": self.n,
+                f"{m}_distinct": f">={self.n_distinct}" if self.distinct_capped else self.n_distinct,
+                f"{m}_rank": self.rank}
+        if m == "whiten":
+            cols["whiten_k"] = self.k
+        if m == "abtt":
+            cols["abtt_d"] = self.abtt_d
+        cols[f"{m}_degenerate"] = self.degenerate
+        return cols
 
     def describe(self) -> str:
         distinct = f">= {self.n_distinct}" if self.distinct_capped else str(self.n_distinct)
-        line = (f"fit on {self.what}: {self.n} vectors, {distinct} distinct, rank {self.rank} of {self.dim}, "
-                f"k={self.k} (Su et al. 2021)")
+        param = {"whiten": f", k={self.k}", "abtt": f", D={self.abtt_d}"}.get(self.method, "")
+        line = (f"fit on {self.what}: {self.n} vectors, {distinct} distinct, rank {self.rank} of {self.dim}"
+                f"{param} ({CITATION[self.method]})")
         return line + (f" — **DEGENERATE** ({self.reason}; kept by transform.allow_degenerate=true)"
                        if self.degenerate else "")
 
@@ -88,11 +103,17 @@ class Whitener:
     distinct_cap : int or None
         Count distinct vectors exactly up to this many per layer (None: 16·d; :meth:`check` needs only
         ``min_ratio · k`` ≤ 16·d of them).
+    method : {"whiten", "standardize", "abtt", "center"}
+        The map :meth:`finalize` fits from the same sums (:func:`outlierlab.analysis.postprocessing.affine_matrix`);
+        ``k`` applies to ``whiten`` only.  :meth:`derive` fits another method from this one's sums.
+    abtt_d : int or None
+        All-but-the-top's D (None: :func:`outlierlab.analysis.postprocessing.default_abtt_d`, d/100).
 
     Attributes (after :meth:`finalize`)
     ----------------------------------
     mean : Tensor[L, d] float64
-    W : Tensor[L, d, k] float64
+    W : Tensor[L, d, k] float64 (whiten) or [L, d, d] (the other methods)
+    cov : Tensor[L, d, d] float64 — Σ of the fitted vectors (ddof = 1; IsoScore reads it)
     singular_values : Tensor[L, d] float64 (before the floor)
     rank : Tensor[L] long — eigenvalues above ``S_1 · d · 1e4 · eps(float64)`` (the rounding of the
         float64 sums stays ~100× below that; a post-LayerNorm layer has rank ≤ d−1 because the normalised
@@ -105,9 +126,18 @@ class Whitener:
     """
 
     def __init__(self, num_layers: int, dim: int, k: int | None = None, eps: float = 1e-10,
-                 device: torch.device | str | None = None, distinct_cap: int | None = None):
+                 device: torch.device | str | None = None, distinct_cap: int | None = None,
+                 method: str = "whiten", abtt_d: int | None = None):
+        if method not in FITTED:
+            raise ValueError(f"unknown fitted transform {method!r}; valid: {', '.join(FITTED)}")
         if k is not None and not 1 <= k <= dim:
             raise ValueError(f"whitening k must be in [1, {dim}] or None, got {k}.")
+        if k is not None and method != "whiten":
+            raise ValueError(f"k (kept dims) applies to whiten only, not to {method}")
+        if method == "abtt" and abtt_d is not None and not 0 <= abtt_d < dim:
+            raise ValueError(f"transform.abtt_d must be in [0, {dim - 1}] for hidden size {dim}, got {abtt_d}")
+        self.method = method
+        self.abtt_d = (default_abtt_d(dim) if abtt_d is None else int(abtt_d)) if method == "abtt" else None
         self.num_layers, self.dim, self.k, self.eps = int(num_layers), int(dim), k, float(eps)
         dev = torch.device("cpu") if device is None else torch.device(device)
         self.sum = torch.zeros(num_layers, dim, dtype=torch.float64, device=dev)
@@ -122,6 +152,8 @@ class Whitener:
         self._mult = torch.randint(-2 ** 62, 2 ** 62, (self.dim,), generator=g, dtype=torch.int64) | 1
         self.mean: Tensor | None = None
         self.W: Tensor | None = None
+        self.cov: Tensor | None = None
+        self._eig: tuple[Tensor, Tensor] | None = None
         self.singular_values: Tensor | None = None
         self.rank: Tensor | None = None
         self.n_distinct: Tensor | None = None
@@ -152,7 +184,8 @@ class Whitener:
         self.sum += x.sum(1).to(self.sum.device)
         self.sum_outer += (x.transpose(1, 2) @ x).to(self.sum.device)
         self.n += x.shape[1]
-        self.mean = self.W = self.singular_values = self.rank = self.n_distinct = None  # stale until finalize()
+        self.mean = self.W = self.cov = self._eig = None  # stale until finalize()
+        self.singular_values = self.rank = self.n_distinct = None
         return self
 
     def _track_distinct(self, x: Tensor) -> None:
@@ -171,26 +204,41 @@ class Whitener:
         return self.partial_fit(x).finalize()
 
     def finalize(self) -> "Whitener":
-        """Compute μ, Σ and W from the accumulated sums; returns self."""
+        """Compute μ, Σ and W (of :attr:`method`) from the accumulated sums; returns self."""
         if self.n < 2:
-            raise ValueError(f"whitening needs at least 2 training vectors, got {self.n}.")
+            raise ValueError(f"{self.method} needs at least 2 fit vectors, got {self.n}.")
         mean_shifted = self.sum / self.n
-        cov = (self.sum_outer - self.n * mean_shifted.unsqueeze(2) * mean_shifted.unsqueeze(1)) / (self.n - 1)
-        cov = 0.5 * (cov + cov.transpose(1, 2))  # symmetric up to rounding
-        # Σ is symmetric PSD, so its SVD is its eigendecomposition; eigh is ~7x faster than svd for
-        # 13 layers x 768 dims. eigh sorts ascending: flip to the descending order of the SVD.
-        s, u = torch.linalg.eigh(cov)
-        s, u = s.flip(-1).clamp_min(0.0), u.flip(-1)
-        floor = (self.eps * s[:, :1]).clamp_min(torch.finfo(torch.float64).tiny)
-        w = u / s.clamp_min(floor).sqrt().unsqueeze(1)
+        if self._eig is None:
+            cov = (self.sum_outer - self.n * mean_shifted.unsqueeze(2) * mean_shifted.unsqueeze(1)) / (self.n - 1)
+            self.cov = 0.5 * (cov + cov.transpose(1, 2))  # symmetric up to rounding
+            # Σ is symmetric PSD, so its SVD is its eigendecomposition; eigh is ~7x faster than svd for
+            # 13 layers x 768 dims. eigh sorts ascending: flip to the descending order of the SVD.
+            s, u = torch.linalg.eigh(self.cov)
+            self._eig = (s.flip(-1).clamp_min(0.0), u.flip(-1))
+        s, u = self._eig
         self.mean = mean_shifted + self.shift[:, 0].to(mean_shifted.device)
         self.singular_values = s
         tol = s[:, :1] * self.dim * 1e4 * torch.finfo(torch.float64).eps
         self.rank = (s > tol).sum(1).cpu()
         self.n_distinct = torch.tensor([h.numel() for h in self._hashes])
         self.distinct_exact = torch.tensor([not s for s in self._distinct_stopped])
-        self.W = w if self.k is None else w[:, :, : self.k].contiguous()
+        self.W = affine_matrix(self.method, self.cov, s, u, k=self.k, abtt_d=self.abtt_d, eps=self.eps)
         return self
+
+    def derive(self, method: str, k: int | None = None, abtt_d: int | None = None) -> "Whitener":
+        """Another fitted map (:mod:`outlierlab.analysis.postprocessing`) from the same sums, finalized: one
+        streaming pass fits whiten, standardize, abtt and center at once (Σ and its eigendecomposition are
+        computed once and shared)."""
+        if self.n < 2:
+            raise ValueError(f"{method} needs at least 2 fit vectors, got {self.n}.")
+        if self.W is None:
+            self.finalize()
+        other = Whitener(self.num_layers, self.dim, k=k, eps=self.eps, distinct_cap=self.distinct_cap,
+                         method=method, abtt_d=abtt_d)
+        other.sum, other.sum_outer, other.shift, other.n = self.sum, self.sum_outer, self.shift, self.n
+        other._hashes, other._distinct_stopped = self._hashes, self._distinct_stopped
+        other.cov, other._eig = self.cov, self._eig
+        return other.finalize()
 
     def check(self, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: bool = False) -> WhiteningFit:
         r"""Refuse a whitening fitted on too few distinct vectors for the ``k`` dims it keeps.
@@ -225,12 +273,15 @@ class Whitener:
         """
         if self.W is None:
             raise ValueError("Whitener is not fitted: call finalize() first.")
+        if self.method != "whiten":
+            return self._check_fitted(what, min_ratio, allow_degenerate)
         low = int(self.n_distinct.argmin())
         n_distinct = int(self.n_distinct[low])
         exact = getattr(self, "distinct_exact", None)
         capped = n_distinct >= self.distinct_cap and (exact is None or not bool(exact[low]))
         k, need = self.out_dim, math.ceil(float(min_ratio) * self.out_dim)
-        fit = WhiteningFit(what, self.n, n_distinct, capped, int(self.rank.min()), k, self.dim, float(min_ratio))
+        fit = WhiteningFit(what, self.n, n_distinct, capped, int(self.rank.min()), k, self.dim, float(min_ratio),
+                           method="whiten")
         self.fit_info = fit  # what this whitener was fitted on, for whoever applies it (CSV columns)
         if capped or n_distinct >= need:  # capped: at least distinct_cap = 16 d, enough for any sane ratio
             return fit
@@ -246,6 +297,35 @@ class Whitener:
             f"{fit.rank} of {self.dim}, k={k} — {fit.reason}; fit on more distinct data (a larger training split; in "
             f"evaluate.py also transform.fit_on=sentences), or keep fewer dims with transform.k={k_ok} or less (Su et al. 2021 keep 256 of 768), "
             "or keep this result marked degenerate with transform.allow_degenerate=true")
+
+    def _check_fitted(self, what: str, min_ratio: float, allow_degenerate: bool) -> WhiteningFit:
+        """:meth:`check` for standardize / abtt / center: N_distinct ≥ min_ratio · p with p the directions the
+        fit estimates (:func:`outlierlab.analysis.postprocessing.fit_size`, where the module docstring says
+        what goes wrong below it)."""
+        low = int(self.n_distinct.argmin())
+        n_distinct = int(self.n_distinct[low])
+        exact = getattr(self, "distinct_exact", None)
+        capped = n_distinct >= self.distinct_cap and (exact is None or not bool(exact[low]))
+        p = fit_size(self.method, self.dim, abtt_d=self.abtt_d)
+        need = math.ceil(float(min_ratio) * p)
+        fit = WhiteningFit(what, self.n, n_distinct, capped, int(self.rank.min()), self.dim, self.dim,
+                           float(min_ratio), method=self.method, abtt_d=self.abtt_d)
+        self.fit_info = fit
+        if capped or n_distinct >= need:
+            return fit
+        what_p = {"abtt": f"the mean and D={self.abtt_d} principal directions", "standardize": "a mean and a scale per dim",
+                  "center": "the mean"}[self.method]
+        fit.reason = (f"{n_distinct} distinct vectors < {float(min_ratio):g} x {p} (it estimates {what_p})"
+                      + (": every fitted vector degenerates" if n_distinct <= p else ""))
+        if allow_degenerate:
+            fit.degenerate = True
+            return fit
+        fix = (f"or remove fewer directions with transform.abtt_d={max(0, int(n_distinct // float(min_ratio)) - 1)}, "
+               if self.method == "abtt" else "")
+        raise DegenerateWhiteningError(
+            f"{self.method} fit on {what} is degenerate: {self.n} vectors, {n_distinct} distinct — {fit.reason}; "
+            f"fit on more distinct data (a larger training split; in evaluate.py also transform.fit_on=sentences), "
+            f"{fix}or keep this result marked degenerate with transform.allow_degenerate=true")
 
     def transform(self, x: Tensor) -> Tensor:
         """:math:`\\hat x = (x-\\mu)W` for ``x`` of shape [L, ..., d] (or [N, d] when L=1), in ``x``'s dtype.
@@ -272,6 +352,7 @@ class Whitener:
         if self.W is None:
             raise ValueError("Whitener is not fitted: nothing to save.")
         return {"num_layers": self.num_layers, "dim": self.dim, "k": self.k, "eps": self.eps, "n": self.n,
+                "method": self.method, "abtt_d": self.abtt_d,
                 "mean": self.mean.cpu(), "W": self.W.cpu(), "singular_values": self.singular_values.cpu(),
                 "rank": self.rank, "n_distinct": self.n_distinct, "distinct_cap": self.distinct_cap}
 
@@ -281,7 +362,7 @@ class Whitener:
         if (other.num_layers, other.dim) != (self.num_layers, self.dim):
             raise ValueError(f"whitening state is for L={other.num_layers}, d={other.dim}; "
                              f"this Whitener is L={self.num_layers}, d={self.dim}.")
-        self.k, self.eps, self.n = other.k, other.eps, other.n
+        self.k, self.eps, self.n, self.method, self.abtt_d = other.k, other.eps, other.n, other.method, other.abtt_d
         self.mean, self.W, self.singular_values = other.mean, other.W, other.singular_values
         self.rank, self.n_distinct, self.distinct_cap = other.rank, other.n_distinct, other.distinct_cap
         return self
@@ -292,7 +373,8 @@ class Whitener:
         missing = {"num_layers", "dim", "k", "eps", "n", "mean", "W"} - set(state)
         if missing:
             raise ValueError(f"whitening state is missing keys {sorted(missing)}.")
-        w = cls(state["num_layers"], state["dim"], state["k"], state["eps"], distinct_cap=state.get("distinct_cap"))
+        w = cls(state["num_layers"], state["dim"], state["k"], state["eps"], distinct_cap=state.get("distinct_cap"),
+                method=state.get("method", "whiten"), abtt_d=state.get("abtt_d"))
         w.n, w.mean, w.W = state["n"], state["mean"].to(torch.float64), state["W"].to(torch.float64)
         w.singular_values = state.get("singular_values")
         w.rank, w.n_distinct = state.get("rank"), state.get("n_distinct")

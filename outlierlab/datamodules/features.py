@@ -35,7 +35,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
-from outlierlab.analysis.transforms import (MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, clip_description,
+from outlierlab.analysis.transforms import (FITTED, MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, clip_description,
                                  clip_dims_per_layer)
 
 LAYOUT_VERSION = 1
@@ -235,18 +235,19 @@ def fit_transform(name: str, num_layers: int, dim: int, train_chunks: Callable[[
                   outlier_dims: list[list[int]] | None = None, dims: Sequence[int] | None = None,
                   k: int | None = None, dims_by_layer: Mapping[str, Sequence[int]] | None = None,
                   fit_what: str = "the training vectors", min_ratio: float = MIN_FIT_RATIO,
-                  allow_degenerate: bool = False) -> FittedTransform:
+                  allow_degenerate: bool = False, abtt_d: int | None = None) -> FittedTransform:
     """Fit one transform on the TRAINING features only (probe.py).
 
     Parameters
     ----------
-    name : {"none", "clip", "whiten"}
+    name : {"none", "clip", "whiten", "standardize", "abtt", "center"}
     train_chunks : callable returning an iterator of ``(rows, float32 [L, n, d])`` training chunks
         (used by whiten: :class:`~outlierlab.analysis.whitening.Whitener` streams float64 sums over them).
     outlier_dims : per-layer dims detected on the training features (clip with no dims given).
     dims, dims_by_layer : dims to clip in every layer / per layer range (Luo et al. §4, App. D.1),
         overriding detection (:func:`outlierlab.analysis.transforms.clip_dims_per_layer`).
     k : whitening dimension (Su et al. 2021), None = all.
+    abtt_d : all-but-the-top's D (Mu & Viswanath 2018), None = d/100 (:mod:`outlierlab.analysis.postprocessing`).
     fit_what, min_ratio, allow_degenerate : the whitening guard (:meth:`~outlierlab.analysis.whitening.Whitener.check`):
         a fit on too few distinct vectors raises one line unless ``allow_degenerate``.
     """
@@ -257,14 +258,15 @@ def fit_transform(name: str, num_layers: int, dim: int, train_chunks: Callable[[
         source = "detected on train" if source == "detected" else source
         return FittedTransform("clip", dim, clip_dims=per_layer, info=clip_description(per_layer, source),
                                extra={"dims": per_layer, "source": source})
-    if name == "whiten":
-        w = Whitener(num_layers, dim, k=k)
+    if name in FITTED:  # whiten, standardize, abtt, center: the same float64 sums, the same guard
+        w = Whitener(num_layers, dim, k=k if name == "whiten" else None, method=name,
+                     abtt_d=abtt_d if name == "abtt" else None)
         for _, x in train_chunks():
             w.partial_fit(x)
         w.finalize()
         fit = w.check(fit_what, min_ratio, allow_degenerate)
-        return FittedTransform("whiten", dim, whitener=w, info=fit.describe(), fit=fit,
-                               extra={"k": k, "n_fit": w.n})
+        return FittedTransform(name, dim, whitener=w, info=fit.describe(), fit=fit,
+                               extra={"k": k if name == "whiten" else None, "abtt_d": w.abtt_d, "n_fit": w.n})
     raise ValueError(f"unknown transform {name!r}; valid: {', '.join(TRANSFORMS)}")
 
 

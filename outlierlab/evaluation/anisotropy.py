@@ -1,33 +1,74 @@
-"""Anisotropy of every layer before/after clip and whiten (Ethayarajh 2019; Luo et al. 2021 §4.1, Fig. 6).
+"""Anisotropy of every layer for every transform (Ethayarajh 2019; Luo et al. 2021 §4.1, Fig. 6), and how much of
+it each dimension causes (rogue dimensions, Timkey & van Schijndel 2021).
 
 Paper protocol (outlierlab.analysis.similarity.AnisotropyAccumulator): one random token (non-special, non-pad) of each
 of ``anisotropy.n_sentences`` sentences (default 2000, a seeded uniform reservoir when there are more), the
 sentences shuffled and paired two by two → 1000 pairs of tokens from different sentences (never a token
 with itself); anisotropy = mean cosine of the pairs.  The same pairs are used for every transform.
+
+On the same pairs, :func:`outlierlab.analysis.rogue_dims.rogue_summary`: each dim's contribution CC_i (Σ_i CC_i
+= anisotropy exactly), the dims of largest CC_i with their share, the share of the top k
+(``anisotropy.rogue_k``, default 1/3/5) and r²/Spearman between the pair cosines with all dims and without
+the top k.  The whole CC vector goes to ``anisotropy_contributions.csv`` (layer, transform, dim, cc, share).
 """
 
 from __future__ import annotations
 
+from outlierlab.analysis.rogue_dims import rogue_summary
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
-from outlierlab.reports.evaluation_report import md_table, plot_layers
+from outlierlab.evaluation.settings import AnisotropySettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
+from outlierlab.reports.evaluation_report import md_table, plot_layers, write_csv
+
+#: Transforms whose coordinate i is not neuron i: their "dims" are directions of the fitted map.
+MIXING = ("whiten", "abtt")
 
 
 def transform_lines(st, transforms) -> list[str]:
-    """How clip/whiten were obtained (one Markdown list), for every report section that uses them."""
+    """How clip and the fitted transforms were obtained (one Markdown list), for every report section that uses them."""
     return ["\n".join(f"- **{t}**: {st.transforms.info[t]}" for t in transforms if t in st.transforms.info)]
+
+
+def columns(ks) -> list[str]:
+    """The CSV header for top-k values ``ks``."""
+    return (["layer", "transform", "anisotropy", "n_pairs", "n_sentences", "rogue_dims", "rogue_cc", "rogue_share"]
+            + [f"top{k}_share" for k in ks] + [f"r2_without_top{k}" for k in ks]
+            + [f"spearman_without_top{k}" for k in ks])
 
 
 @register("anisotropy")
 def run(ctx: EvalContext) -> AnalysisResult:
+    s = load_settings(AnisotropySettings, ctx.cfg)
     st = sentence_stats(ctx)
     acc = st.anisotropy_acc
     n_pairs = acc.n_kept // 2
-    values = {t: st.anisotropy(t).tolist() for t in ctx.transforms}
-    rows = [{"layer": layer, "transform": t, "anisotropy": v, "n_pairs": n_pairs, "n_sentences": acc.n_seen}
-            for t, vals in values.items() for layer, v in enumerate(vals)]
+    a, b = acc.pair_vectors()
+    rows, side, values, rogue = [], [], {}, {}
+    for t in ctx.transforms:
+        ta, tb = st.transforms.apply(t, a), st.transforms.apply(t, b)
+        r = rogue_summary(ta, tb, s.rogue_k)
+        rogue[t] = r
+        values[t] = r.anisotropy.tolist()
+        for layer in range(st.num_layers):
+            total = float(r.cc[layer].sum())
+            top = r.order[layer, : s.rogue_list].tolist()
+            row = {"layer": layer, "transform": t, "anisotropy": values[t][layer], "n_pairs": n_pairs,
+                   "n_sentences": acc.n_seen, "rogue_dims": " ".join(map(str, top)),
+                   "rogue_cc": " ".join(f"{float(r.cc[layer, d]):.5g}" for d in top),
+                   "rogue_share": " ".join(f"{float(r.cc[layer, d]) / total:.4g}" if total else "nan" for d in top)}
+            row.update({f"top{k}_share": float(r.share[k][layer]) for k in r.share})
+            row.update({f"r2_without_top{k}": float(r.r2[k][layer]) for k in r.r2})
+            row.update({f"spearman_without_top{k}": float(r.spearman[k][layer]) for k in r.spearman})
+            rows.append(row)
+            side += [{"layer": layer, "transform": t, "dim": d, "cc": float(c), "share": float(c) / total if total
+                      else float("nan")} for d, c in enumerate(r.cc[layer].tolist())]
+    side_path = write_csv(ctx.out_dir / "anisotropy_contributions.csv", side, ["layer", "transform", "dim", "cc", "share"])
     fig = plot_layers(ctx.out_dir / "anisotropy.png", values, "mean cosine of random token pairs",
                       f"anisotropy, {n_pairs} cross-sentence pairs (Luo et al. Fig. 6)", hline=0.0)
+    k_mid = 3 if 3 in rogue[ctx.transforms[0]].share else max(rogue[ctx.transforms[0]].share)
+    shares = {t: rogue[t].share[k_mid].tolist() for t in ctx.transforms}
+    fig2 = plot_layers(ctx.out_dir / "anisotropy_rogue_share.png", shares, f"share of the top {k_mid} dims",
+                       "rogue dimensions: share of the anisotropy (Timkey & van Schijndel 2021)", hline=0.0)
     md = ["## Anisotropy (Ethayarajh 2019; Luo et al. 2021 §4.1)",
           f"Mean cosine of {n_pairs} pairs of tokens from different sentences: one random non-special token of "
           f"each of {acc.n_kept} sentences (seed {st.settings['seed']}; sampled from {acc.n_seen} sentences), "
@@ -35,7 +76,21 @@ def run(ctx: EvalContext) -> AnalysisResult:
           *transform_lines(st, ctx.transforms),
           md_table(["layer", *ctx.transforms], [[layer, *(values[t][layer] for t in ctx.transforms)]
                                                 for layer in range(st.num_layers)]),
-          "![anisotropy per layer](anisotropy.png)"]
+          "![anisotropy per layer](anisotropy.png)",
+          "### Rogue dimensions (Timkey & van Schijndel 2021)",
+          "Each dim's contribution to the mean pair cosine, CC_i = mean over the pairs of x_i·y_i/(‖x‖‖y‖), sums "
+          f"to the anisotropy exactly. Below: the dim of largest CC_i and the share of the top {k_mid} dims "
+          f"(CSV: top {s.rogue_list} dims with CC_i and share, the shares of the top "
+          f"{'/'.join(map(str, rogue[ctx.transforms[0]].share))}, and r² / Spearman between the pair cosines with "
+          "every dim and without the top k — how much those dims decide the similarity *ranking*; every CC_i in "
+          "`anisotropy_contributions.csv`). "
+          + ("After " + " and ".join(t for t in ctx.transforms if t in MIXING) + " a \"dim\" is a direction of the "
+             "fitted map, not a neuron." if any(t in MIXING for t in ctx.transforms) else ""),
+          md_table(["layer", *(f"{t}: top dim" for t in ctx.transforms), *(f"{t}: top-{k_mid} share" for t in ctx.transforms)],
+                   [[layer, *(int(rogue[t].order[layer, 0]) for t in ctx.transforms),
+                     *(shares[t][layer] for t in ctx.transforms)] for layer in range(st.num_layers)]),
+          "![share of the anisotropy held by the top dims](anisotropy_rogue_share.png)"]
     summary = {"n_pairs": n_pairs, "mean_over_layers": {t: sum(v) / len(v) for t, v in values.items()},
-               "transforms": dict(st.transforms.info)}
-    return AnalysisResult("anisotropy", rows, "\n\n".join(md), [fig], summary)
+               f"top{k_mid}_share": shares, "transforms": dict(st.transforms.info),
+               "contributions_csv": side_path.name}
+    return AnalysisResult("anisotropy", rows, "\n\n".join(md), [fig, fig2], summary)

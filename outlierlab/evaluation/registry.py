@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings, AttentionSinksSettings, DataSettings,
-                                 EncoderSettings, FrequencySettings, OutliersSettings, SelfSimilaritySettings,
-                                 StsSettings, TransformSettings, WicSettings)
+                                 EncoderSettings, FrequencySettings, IsotropySettings, OutliersSettings,
+                                 SelfSimilaritySettings, StsSettings, TransformSettings, WicSettings)
 
 if TYPE_CHECKING:  # annotations only: the registry stays free of torch
     from outlierlab.evaluation.mlm_loading import LoadedModel
@@ -49,7 +49,7 @@ class EvalContext:
     cfg : the analysis' own config section (omegaconf DictConfig), e.g. ``cfg.wic``; read it through
         :func:`outlierlab.evaluation.settings.load_settings` and the class in :data:`SETTINGS`
     root_cfg : the whole evaluate config
-    transforms : names to compare side by side, subset of ("none", "clip", "whiten")
+    transforms : names to compare side by side, subset of outlierlab.analysis.transforms.TRANSFORMS
     out_dir : run directory (write figures here; CSV/MD are written by evaluate.py)
     seed : global seed
     tb : a ``torch.utils.tensorboard.SummaryWriter`` or None
@@ -87,6 +87,7 @@ ANALYSES: dict[str, Callable[[EvalContext], AnalysisResult]] = {}
 ANALYSIS_MODULES: dict[str, str] = {
     "outliers": "outlierlab.evaluation.outliers",
     "anisotropy": "outlierlab.evaluation.anisotropy",
+    "isotropy": "outlierlab.evaluation.isotropy",
     "self_similarity": "outlierlab.evaluation.self_similarity",
     "wic": "outlierlab.evaluation.wic",
     "sts": "outlierlab.evaluation.sts",
@@ -100,6 +101,7 @@ ANALYSIS_MODULES: dict[str, str] = {
 SETTINGS: dict[str, type] = {
     "outliers": OutliersSettings,
     "anisotropy": AnisotropySettings,
+    "isotropy": IsotropySettings,
     "self_similarity": SelfSimilaritySettings,
     "wic": WicSettings,
     "sts": StsSettings,

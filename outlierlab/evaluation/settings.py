@@ -26,7 +26,7 @@ from typing import Any, ClassVar, TypeVar, Union
 from omegaconf import OmegaConf
 
 __all__ = ["load_settings", "section_settings", "DataSettings", "EncoderSettings", "TransformSettings",
-           "OutliersSettings", "AnisotropySettings", "SelfSimilaritySettings", "WicSettings", "StsSettings",
+           "OutliersSettings", "AnisotropySettings", "IsotropySettings", "SelfSimilaritySettings", "WicSettings", "StsSettings",
            "AblationSettings", "FrequencySettings", "AttentionSinksSettings", "LAYERNORM_KINDS"]
 
 S = TypeVar("S")
@@ -179,9 +179,9 @@ class EncoderSettings:
 
 @dataclass(frozen=True)
 class TransformSettings:
-    """``transform``: which transforms are compared and how clip/whiten are fitted.  ``dims``,
-    ``dims_by_layer`` (clip group) and ``k``, ``min_fit_ratio``, ``allow_degenerate`` (whiten group) are
-    absent when their group is not selected."""
+    """``transform``: which transforms are compared and how they are fitted.  ``dims``, ``dims_by_layer``
+    (clip group), ``k`` (whiten group) and ``abtt_d`` (abtt group) are absent when their group is not
+    selected; ``min_fit_ratio`` and ``allow_degenerate`` guard every fitted transform (evaluate.yaml)."""
 
     SECTION: ClassVar[str] = "transform"
     use: dict
@@ -191,9 +191,11 @@ class TransformSettings:
     k: int | None = None
     min_fit_ratio: float | None = None
     allow_degenerate: bool | None = None
+    abtt_d: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.k is None or self.k >= 1, f"transform.k must be >= 1 or null, got {self.k}")
+        _check(self.abtt_d is None or self.abtt_d >= 0, f"transform.abtt_d must be >= 0 or null, got {self.abtt_d}")
         _check(self.min_fit_ratio is None or self.min_fit_ratio > 0,
                f"transform.min_fit_ratio must be > 0, got {self.min_fit_ratio}")
 
@@ -220,13 +222,30 @@ class OutliersSettings:
 
 @dataclass(frozen=True)
 class AnisotropySettings:
-    """``anisotropy``: sentences sampled for the cross-sentence token pairs."""
+    """``anisotropy``: sentences sampled for the cross-sentence token pairs; the rogue-dimension columns
+    (Timkey & van Schijndel 2021): the k of the top-k shares and rankings, and how many dims are listed."""
 
     SECTION: ClassVar[str] = "anisotropy"
     n_sentences: int
+    rogue_k: tuple[int, ...]
+    rogue_list: int
 
     def __post_init__(self) -> None:
         _check(self.n_sentences >= 2, f"anisotropy.n_sentences must be >= 2 (one pair), got {self.n_sentences}")
+        _check(bool(self.rogue_k) and all(k >= 1 for k in self.rogue_k),
+               f"anisotropy.rogue_k must list ks >= 1, got {list(self.rogue_k)}")
+        _check(self.rogue_list >= 1, f"anisotropy.rogue_list must be >= 1, got {self.rogue_list}")
+
+
+@dataclass(frozen=True)
+class IsotropySettings:
+    """``isotropy``: IsoScore* shrinkage (Rudman & Eickhoff 2023)."""
+
+    SECTION: ClassVar[str] = "isotropy"
+    zeta: float
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.zeta <= 1.0, f"isotropy.zeta must be in [0, 1], got {self.zeta}")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Memory never grows with the number of sentences: texts are tokenized ``chunk`` a
 hidden states ``[L+1, B, T, d]`` is reduced into running statistics and dropped:
 
 * :class:`outlierlab.analysis.outlier_stats.OutlierAccumulator` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2);
-* :class:`outlierlab.analysis.transforms.Whitener` — float64 Σx and Σxxᵀ (Su et al. 2021);
+* :class:`outlierlab.analysis.transforms.Whitener` — float64 Σx and Σxxᵀ, from which whiten (Su et al. 2021),
+  standardize, abtt and center are all fitted, and Σ itself for IsoScore (:mod:`outlierlab.evaluation.isotropy`);
 * :class:`outlierlab.analysis.similarity.AnisotropyAccumulator` — a reservoir of one random token of each of at most
   ``n_sentences`` sentences (Ethayarajh 2019; Luo §4.1: 2000 sentences → 1000 pairs);
 * :class:`outlierlab.analysis.similarity.SelfSimilarityAccumulator` — per target word, Σ of unit vectors (Ethayarajh 2019),
@@ -39,7 +40,7 @@ from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarit
                                  intra_sentence_similarity)
 from outlierlab.evaluation.activation_pass import ActivationObserver
 from outlierlab.datamodules.probe_data import load_position_texts
-from outlierlab.analysis.transforms import TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
+from outlierlab.analysis.transforms import FITTED, TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
 from outlierlab.evaluation.encoding import (Batch, EncodeLog, finish_encode_log, iter_batches,  # noqa: F401 (re-exported)
                                  progress_bar)
 from outlierlab.evaluation.settings import (AnisotropySettings, DataSettings, EncoderSettings, OutliersSettings,
@@ -97,7 +98,8 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                       outlier_method: str, outlier_threshold: float, outlier_k: float,
                       n_anisotropy_sentences: int, min_sentences: int, max_words: int | None,
                       lowercase: bool, seed: int, chunk: int, batch_size: int | None = None,
-                      progress: bool = False, need_activations: bool = False) -> SentenceStats:
+                      progress: bool = False, need_activations: bool = False,
+                      need_covariance: bool = False) -> SentenceStats:
     """Run the fit pass (and, if needed, the apply pass) over ``texts``; see the module docstring.
 
     The keywords that ``configs/evaluate.yaml`` sets have no Python default (the YAML states each default once):
@@ -109,8 +111,11 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     transforms : transforms to compare (subset of none, clip, whiten)
     outlier_transforms : transforms whose outlier statistics are wanted ("none" is always accumulated:
         clip detects its dims from it)
-    need_whitener : fit the whitener even if no statistic here needs it (WiC/STS ``transform.fit_on=sentences``);
-        it is always fitted when "whiten" is in ``transforms`` and a statistic here needs it
+    need_whitener : fit the selected fitted transforms (whiten, standardize, abtt, center) even if no statistic
+        here needs them (WiC/STS ``transform.fit_on=sentences``); each is always fitted when it is in
+        ``transforms`` and a statistic here needs it
+    need_covariance : stream the float64 covariance Σ of every layer even when no fitted transform needs it
+        (``SentenceStats.transforms.source.cov``: IsoScore, :mod:`outlierlab.evaluation.isotropy`)
     clip_dims, clip_dims_by_layer : ``transform.dims`` (same dims in every layer) or ``transform.dims_by_layer``
         (per layer range, Luo et al. App. D.1), or neither to detect per layer on these sentences with
         :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
@@ -127,7 +132,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         raise ValueError(f"unknown transform(s) {bad}; valid: {', '.join(TRANSFORMS)}")
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     wanted_stats = set(outlier_transforms) | (set(transforms) if (need_anisotropy or need_self_sim) else set())
-    need_whitener = "whiten" in transforms and (need_whitener or "whiten" in wanted_stats)
+    fitted = [t for t in transforms if t in FITTED and (need_whitener or t in wanted_stats)]
     whiten = whiten if whiten is not None else WhitenSettings(k=whiten_k)
     ft = FittedTransforms()
     if clip_dims is not None or clip_dims_by_layer:
@@ -145,7 +150,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     st.outliers["none"] = OutlierAccumulator(n_layers, dim)
     if need_anisotropy or need_self_sim:
         st.anisotropy_acc = AnisotropyAccumulator(n_layers, dim, n_anisotropy_sentences, seed=seed)
-    whitener = whiten.new(n_layers, dim) if need_whitener else None
+    whitener = whiten.new(n_layers, dim) if fitted or need_covariance else None
 
     def setup(names: list[str]) -> None:
         for name in names:
@@ -177,8 +182,9 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         ft.info["clip"] = clip_description(ft.clip_dims, f"detected per layer on the {len(texts)} evaluation "
                                                          f"sentences (outlierlab.analysis.outlier_dims.detect_outlier_dims, {rule})")
     if whitener is not None:  # refuses a degenerate fit (too few distinct vectors) in one line
-        ft.set_whitener(whitener, whiten.finish(
-            whitener, f"the non-special token vectors of the {len(texts)} evaluation sentences"))
+        ft.set_all(whiten.fit_all(whitener, fitted,
+                                  f"the non-special token vectors of the {len(texts)} evaluation sentences"),
+                   source=whitener.finalize() if whitener.W is None else whitener)
     # pass 2: the transforms fitted in pass 1
     if later:
         setup(later)
@@ -272,13 +278,14 @@ def sentence_stats(ctx) -> SentenceStats:
     st = run_sentence_pass(
         ctx.encoder, evaluation_sentences(data), ctx.transforms, **pass_settings(cfg),
         outlier_transforms=list(ctx.transforms) if "outliers" in selected else ["none"],
-        need_anisotropy=bool(selected & {"anisotropy", "self_similarity"}),
+        need_anisotropy=bool(selected & {"anisotropy", "self_similarity", "isotropy"}),
         need_self_sim="self_similarity" in selected,
         need_whitener=t.fit_on == "sentences" and bool(selected & {"wic", "sts"}),
         clip_dims=None if t.dims is None else list(t.dims), clip_dims_by_layer=t.dims_by_layer,
         whiten=WhitenSettings.from_settings(t),
         batch_size=section_settings(EncoderSettings, cfg).batch_size,
-        progress=bool(cfg.progress), need_activations="outliers" in selected)
+        progress=bool(cfg.progress), need_activations="outliers" in selected,
+        need_covariance="isotropy" in selected)
     st.settings["source"] = "data.files" if data.files else "shipped Persuasion sentences (outlierlab/datamodules/data/eval)"
     ctx.shared.sentence_stats = st
     return st

@@ -30,6 +30,7 @@ import torch
 
 from outlierlab.analysis.similarity import pairwise_cosine
 from outlierlab.analysis.sts import mean_pool, sts_spearman
+from outlierlab.analysis.postprocessing import FITTED, fit_size
 from outlierlab.analysis.whitening import DegenerateWhiteningError
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.evaluation.encoding import (EncodeLog, distinct_texts, encode_log_line, finish_encode_log, iter_batches,
@@ -134,19 +135,26 @@ def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool 
 
 
 def _precheck_whitening(ctx, name: str, pairs: Pairs, whiten: WhitenSettings) -> None:
-    """With ``fit_on=eval`` the whitener is fitted on the pairs' own sentence vectors: too few distinct
-    texts fail here, before anything is encoded (the same rule as :meth:`Whitener.check`)."""
-    k = whiten.k or ctx.encoder.hidden_size
+    """With ``fit_on=eval`` the fitted transforms are fitted on the pairs' own sentence vectors: too few
+    distinct texts fail here, before anything is encoded (the same rule as :meth:`Whitener.check`)."""
     n_distinct = len(set(pairs.s1) | set(pairs.s2))
-    if whiten.allow_degenerate or n_distinct >= math.ceil(whiten.min_ratio * k):
-        return
-    raise DegenerateWhiteningError(
-        f"whitening fit on the mean-pooled sentence vectors of STS {name} ({pairs.what}) would be degenerate: "
-        f"{n_distinct} distinct texts < {whiten.min_ratio:g} x k={k}"
-        + (" (fewer than the dims: every whitened cosine would be equal)" if n_distinct <= k else "")
-        + f"; fit on more data (transform.fit_on=sentences or a larger split), or keep fewer dims with "
-          f"transform.k={max(1, int(n_distinct // whiten.min_ratio))} or less (Su et al. 2021 keep 256 of 768), "
-          "or keep the result marked degenerate with transform.allow_degenerate=true")
+    dim = ctx.encoder.hidden_size
+    for method in (n for n in ctx.transforms if n in FITTED):
+        p = fit_size(method, dim, k=whiten.k, abtt_d=whiten.abtt_d)
+        if whiten.allow_degenerate or n_distinct >= math.ceil(whiten.min_ratio * p):
+            continue
+        what = {"whiten": f"k={p}", "abtt": f"D+1={p}", "standardize": "2 (a mean and a scale per dim)",
+                "center": "1 (the mean)"}[method]
+        fix = {"whiten": f"keep fewer dims with transform.k={max(1, int(n_distinct // whiten.min_ratio))} or less "
+                         "(Su et al. 2021 keep 256 of 768), ",
+               "abtt": f"remove fewer directions with transform.abtt_d="
+                       f"{max(0, int(n_distinct // whiten.min_ratio) - 1)}, "}.get(method, "")
+        raise DegenerateWhiteningError(
+            f"{method} fit on the mean-pooled sentence vectors of STS {name} ({pairs.what}) would be degenerate: "
+            f"{n_distinct} distinct texts < {whiten.min_ratio:g} x {what}"
+            + (" (every fitted vector degenerates: for whiten every cosine would be equal)" if n_distinct <= p else "")
+            + f"; fit on more data (transform.fit_on=sentences or a larger split), or {fix}"
+              "or keep the result marked degenerate with transform.allow_degenerate=true")
 
 
 @dataclass
@@ -166,35 +174,40 @@ def check(ctx: EvalContext) -> StsData:
     data, fit = {}, {}
     for name, source in requested(s):
         data[name] = load_pairs(name, source, split, s.max_pairs, s.subset_field)
-        if "whiten" in ctx.transforms and fit_on not in ("eval", "sentences", split) and not isinstance(source, list):
+        fitted = any(n in FITTED for n in ctx.transforms)
+        if fitted and fit_on not in ("eval", "sentences", split) and not isinstance(source, list):
             try:
                 fit[name] = load_pairs(name, source, fit_on)
             except ConnectionError as e:  # e.g. STS13-16 / SICK-R have no train split on the hub
                 fit[name] = str(e).split(";")[0]
         fits_on_pairs = fit_on in ("eval", split) or not isinstance(fit.get(name), Pairs)
-        if "whiten" in ctx.transforms and fit_on != "sentences" and fits_on_pairs:
+        if fitted and fit_on != "sentences" and fits_on_pairs:
             _precheck_whitening(ctx, name, data[name], whiten)
     return StsData(data, fit)
 
 
 def _whiten(ctx, name: str, vecs: torch.Tensor, fit: Pairs | str | None, t: TransformSettings, split: str,
             ft: FittedTransforms) -> None:
+    """Fit every selected fitted transform (whiten, standardize, abtt, center) of data set ``name`` into ``ft``."""
     whiten, fit_on = WhitenSettings.from_settings(t), t.fit_on
+    names = [n for n in ctx.transforms if n in FITTED]
     n_layers, _, dim = vecs.shape
     if fit_on == "sentences":
         st = sentence_stats(ctx)
-        ft.set_whitener(st.transforms.whitener, st.transforms.fits["whiten"])
+        for n in names:
+            ft.set_whitener(st.transforms.fitted[n], st.transforms.fits[n])
         return
     if fit_on not in ("eval", split) and isinstance(fit, Pairs):
         batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
         v, ok = sentence_vectors(ctx.encoder, fit.s1 + fit.s2, batch_size)
-        w = whiten.new(n_layers, dim).fit(v[:, ok])
-        ft.set_whitener(w, whiten.finish(w, f"the mean-pooled sentence vectors of {fit.what}"))
+        w = whiten.new(n_layers, dim).partial_fit(v[:, ok])
+        ft.set_all(whiten.fit_all(w, names, f"the mean-pooled sentence vectors of {fit.what}"), source=w)
         return
-    w = whiten.new(n_layers, dim).fit(vecs)
+    w = whiten.new(n_layers, dim).partial_fit(vecs)
     note = ("" if fit_on in ("eval", split)
             else f" (split {fit_on!r} unavailable: {fit}; fell back to the evaluated pairs)")
-    ft.set_whitener(w, whiten.finish(w, f"the mean-pooled sentence vectors of the evaluated pairs of {name}{note}"))
+    ft.set_all(whiten.fit_all(w, names, f"the mean-pooled sentence vectors of the evaluated pairs of {name}{note}"),
+               source=w)
 
 
 def _rho_rows(name: str, t: str, rho: torch.Tensor, subset: str, split: str, n: int, extra: dict) -> list[dict]:
@@ -261,7 +274,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
             notes.append(f"{name}: only {keep.numel()} pairs — ρ is valid but its 95% interval is wide "
                          f"(use >= {FEW_PAIRS} pairs)")
         ft = FittedTransforms(clip_dims=clip_dims, info={"clip": clip_info} if clip_info else {})
-        if "whiten" in transforms:
+        if any(n in FITTED for n in transforms):
             v = torch.cat([vecs[:, keep], vecs[:, n + keep]], 1)
             _whiten(ctx, name, v, prepared.fit.get(name), t, split, ft)
         ds_rows, headlines[name] = score_dataset(name, pairs, vecs, keep, ft, transforms,

@@ -1,10 +1,11 @@
 """The transforms ``evaluate.py`` compares side by side, fitted from the ``transform`` config node.
 
-The transforms themselves are defined once, in :mod:`outlierlab.analysis.transforms` (clip, :class:`FittedTransform`)
-and :mod:`outlierlab.analysis.whitening` (:class:`Whitener` and its guard); this module only reads the settings
-(``transform.dims`` / ``dims_by_layer`` / ``k`` / ``min_fit_ratio`` / ``allow_degenerate``) and keeps, per
-analysis, which transforms are ready and how each was obtained — so every analysis (outliers, anisotropy,
-self-similarity, WiC, STS) fits and guards its whitener the same way.
+The transforms themselves are defined once, in :mod:`outlierlab.analysis.transforms` (clip, :class:`FittedTransform`),
+:mod:`outlierlab.analysis.whitening` (:class:`Whitener`: the streamed float64 sums and the guard) and
+:mod:`outlierlab.analysis.postprocessing` (whiten, standardize, abtt, center from those sums); this module only
+reads the settings (``transform.dims`` / ``dims_by_layer`` / ``k`` / ``abtt_d`` / ``min_fit_ratio`` /
+``allow_degenerate``) and keeps, per analysis, which transforms are ready and how each was obtained — so every
+analysis (outliers, anisotropy, isotropy, self-similarity, WiC, STS) fits and guards its maps the same way.
 """
 
 from __future__ import annotations
@@ -13,29 +14,32 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from outlierlab.analysis.transforms import (MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, WhiteningFit,
-                                 clip_description, clip_dims_per_layer)
+from outlierlab.analysis.transforms import (FITTED, MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener,
+                                            WhiteningFit, clip_description, clip_dims_per_layer)
 from outlierlab.evaluation.settings import TransformSettings
 
 
 @dataclass
 class WhitenSettings:
-    """``transform.k`` (kept dims), ``transform.min_fit_ratio`` and ``transform.allow_degenerate``."""
+    """How the fitted transforms (whiten, standardize, abtt, center) are fitted and guarded:
+    ``transform.k`` (whiten's kept dims), ``transform.abtt_d`` (all-but-the-top's D), ``transform.min_fit_ratio``
+    and ``transform.allow_degenerate`` (:meth:`outlierlab.analysis.whitening.Whitener.check`)."""
 
     k: int | None = None
     min_ratio: float = MIN_FIT_RATIO
     allow_degenerate: bool = False
+    abtt_d: int | None = None
 
     @classmethod
     def from_settings(cls, t: TransformSettings) -> "WhitenSettings":
-        """From the ``transform`` section.  Its whiten keys are absent when the whiten group is not selected
-        (then nothing is whitened): the guard then keeps the analysis library's own defaults."""
+        """From the ``transform`` section.  A key is absent when no group that sets it is selected (then
+        nothing uses it): the guard then keeps the analysis library's own defaults."""
         guard = {name: value for name, value in (("min_ratio", t.min_fit_ratio),
                                                  ("allow_degenerate", t.allow_degenerate)) if value is not None}
-        return cls(t.k, **guard)
+        return cls(t.k, **guard, abtt_d=t.abtt_d)
 
     def new(self, num_layers: int, dim: int) -> Whitener:
-        """An empty whitener to ``partial_fit``."""
+        """An empty accumulator to ``partial_fit`` (its sums fit every method: :meth:`fit_all`)."""
         return Whitener(num_layers, dim, k=self.k)
 
     def finish(self, whitener: Whitener, what: str) -> WhiteningFit:
@@ -44,6 +48,15 @@ class WhitenSettings:
         if whitener.W is None:
             whitener.finalize()
         return whitener.check(what, self.min_ratio, self.allow_degenerate)
+
+    def fit_all(self, acc: Whitener, names, what: str) -> dict[str, tuple[Whitener, WhiteningFit]]:
+        """Every fitted transform among ``names`` from the sums of ``acc`` (one pass fits them all), each
+        guarded: ``{name: (fitted Whitener, its WhiteningFit)}``."""
+        out = {}
+        for name in (n for n in FITTED if n in names):
+            w = acc if name == "whiten" else acc.derive(name, abtt_d=self.abtt_d if name == "abtt" else None)
+            out[name] = (w, self.finish(w, what))
+        return out
 
 
 def given_clip_dims(t: TransformSettings, num_layers: int, dim: int) -> tuple[list[list[int]] | None, str]:
@@ -60,40 +73,58 @@ def given_clip_dims(t: TransformSettings, num_layers: int, dim: int) -> tuple[li
 @dataclass
 class FittedTransforms:
     """The per-layer transforms of one analysis: ``none``, ``clip`` (Luo et al. 2021 §4: zero the outlier
-    dims) and ``whiten`` (Su et al. 2021), with a line saying how each was obtained (``info``) and, for
-    whiten, what it was fitted on (``fits``, CSV columns)."""
+    dims) and the fitted maps of :data:`outlierlab.analysis.postprocessing.FITTED` (``whiten``, Su et al. 2021;
+    ``standardize``; ``abtt``, Mu & Viswanath 2018; ``center``), with a line saying how each was obtained
+    (``info``) and what each fitted map was fitted on (``fits``, CSV columns).  ``source`` is the accumulator
+    whose float64 sums they were fitted from (its ``cov`` is Σ of the fit data, for IsoScore)."""
 
     clip_dims: list[list[int]] | None = None
-    whitener: Whitener | None = None
+    fitted: dict[str, Whitener] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     fits: dict[str, WhiteningFit] = field(default_factory=dict)
+    source: Whitener | None = None
+
+    @property
+    def whitener(self) -> Whitener | None:
+        """The fitted ``whiten`` map (None when not fitted)."""
+        return self.fitted.get("whiten")
 
     def ready(self, name: str) -> bool:
         return name == "none" or (name == "clip" and self.clip_dims is not None) or \
-            (name == "whiten" and self.whitener is not None and self.whitener.W is not None)
+            (name in self.fitted and self.fitted[name].W is not None)
 
     def get(self, name: str, dim: int | None = None) -> FittedTransform:
         """The fitted transform ``name`` (:class:`outlierlab.analysis.transforms.FittedTransform`)."""
         if name not in TRANSFORMS:
             raise ValueError(f"unknown transform {name!r}; valid: {', '.join(TRANSFORMS)}")
-        d = dim if dim is not None else (self.whitener.dim if self.whitener is not None else 0)
+        any_fit = next(iter(self.fitted.values()), None)
+        d = dim if dim is not None else (any_fit.dim if any_fit is not None else 0)
         return FittedTransform(name, d, self.clip_dims if name == "clip" else None,
-                               self.whitener if name == "whiten" else None, self.info.get(name, ""),
+                               self.fitted.get(name) if name in FITTED else None, self.info.get(name, ""),
                                self.fits.get(name))
 
     def apply(self, name: str, x: Tensor) -> Tensor:
-        """Transform vectors ``[L, ..., d]`` (every layer with its own dims / whitener)."""
+        """Transform vectors ``[L, ..., d]`` (every layer with its own dims / fitted map)."""
         return self.get(name, x.shape[-1])(x)
 
     def out_dim(self, name: str, dim: int) -> int:
-        return self.whitener.out_dim if name == "whiten" else dim
+        return self.fitted[name].out_dim if name in FITTED and name in self.fitted else dim
 
     def set_whitener(self, whitener: Whitener, fit: WhiteningFit) -> None:
-        self.whitener, self.fits["whiten"], self.info["whiten"] = whitener, fit, fit.describe()
+        """Keep one fitted map (its ``method`` names the transform) and what it was fitted on."""
+        name = whitener.method
+        self.fitted[name], self.fits[name], self.info[name] = whitener, fit, fit.describe()
+
+    def set_all(self, fitted: dict[str, tuple[Whitener, WhiteningFit]], source: Whitener | None = None) -> None:
+        """Keep every map of :meth:`WhitenSettings.fit_all`."""
+        for w, fit in fitted.values():
+            self.set_whitener(w, fit)
+        if source is not None:
+            self.source = source
 
     def columns(self, name: str) -> dict:
-        """CSV columns of a row of transform ``name``: what a whitened result was fitted on."""
+        """CSV columns of a row of transform ``name``: what a fitted result was fitted on."""
         fit = self.fits.get(name)
-        if fit is None and name == "whiten" and self.whitener is not None:
-            fit = self.whitener.fit_info
+        if fit is None and name in self.fitted:
+            fit = self.fitted[name].fit_info
         return fit.columns() if fit is not None else {}

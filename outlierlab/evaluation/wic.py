@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from outlierlab.analysis.similarity import pairwise_cosine
-from outlierlab.analysis.transforms import Whitener
+from outlierlab.analysis.transforms import FITTED, Whitener
 from outlierlab.analysis.wic import all_true_baseline, best_per_layer, best_threshold, choose_then_report, threshold_sweep
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.reports.evaluation_report import md_table, plot_layers
@@ -143,21 +143,29 @@ class WicData:
     fit_pairs: list[dict] | None  # transform.fit_on=<split>: the pairs the whitener is fitted on
 
 
-def _whitener_for(ctx, data: WicData, t: TransformSettings, n_layers: int, dim: int):
-    """(whitener to fit during the target pass, or a fitted one, description)."""
-    whiten = WhitenSettings.from_settings(t)  # k and the degenerate-fit guard
+def _fit_transforms(ctx, data: WicData, t: TransformSettings, ft: FittedTransforms, n_layers: int,
+                    dim: int) -> Whitener | None:
+    """Fit the selected fitted transforms (whiten, standardize, abtt, center) into ``ft``; with
+    ``transform.fit_on=eval`` return the accumulator the target pass fills instead (fitted after it)."""
+    names = [n for n in ctx.transforms if n in FITTED]
+    if not names:
+        return None
+    settings = WhitenSettings.from_settings(t)  # k, abtt_d and the degenerate-fit guard
     fit_on = t.fit_on
     if fit_on == "eval":
-        return whiten.new(n_layers, dim), None, "fit on the non-special token vectors of the evaluated WiC sentences"
+        return settings.new(n_layers, dim)
     if fit_on == "sentences":
         st = sentence_stats(ctx)
-        return None, st.transforms.whitener, st.transforms.info["whiten"]
+        for name in names:
+            ft.set_whitener(st.transforms.fitted[name], st.transforms.fits[name])
+        return None
     fit_pairs = data.fit_pairs
-    w = whiten.new(n_layers, dim)
+    w = settings.new(n_layers, dim)
     target_vectors(ctx.encoder, fit_pairs, w, section_settings(EncoderSettings, ctx.root_cfg).batch_size,
                    progress=bool(ctx.root_cfg.progress))
     what = f"the non-special token vectors of the WiC {fit_on!r} split ({len(fit_pairs)} pairs)"
-    return None, w, whiten.finish(w, what).describe()
+    ft.set_all(settings.fit_all(w, names, what), source=w)
+    return None
 
 
 def check(ctx: EvalContext) -> WicData:
@@ -171,7 +179,7 @@ def check(ctx: EvalContext) -> WicData:
             report = rpairs
     fit_on = section_settings(TransformSettings, ctx.root_cfg).fit_on
     fit_pairs = None
-    if "whiten" in ctx.transforms and fit_on not in ("eval", "sentences"):
+    if any(n in FITTED for n in ctx.transforms) and fit_on not in ("eval", "sentences"):
         fit_pairs = load_pairs(s, split=fit_on, capped=False)[0]
     return WicData(pairs, what, report, fit_pairs)
 
@@ -190,17 +198,14 @@ def run(ctx: EvalContext) -> AnalysisResult:
     ft.clip_dims, clip_info = clip_dims_for_tasks(ctx)
     if clip_info:
         ft.info["clip"] = clip_info
-    fitting = None
-    if "whiten" in ctx.transforms:
-        fitting, ft.whitener, ft.info["whiten"] = _whitener_for(ctx, data, t, n_layers, dim)
+    fitting = _fit_transforms(ctx, data, t, ft, n_layers, dim)
     stats, notes = EncodeLog(), []
     vecs, found = target_vectors(enc, pairs, fitting, batch_size, progress=progress, stats=stats)
     notes.append(encode_log_line("WiC", stats.n_texts, 2 * len(pairs)))
     finish_encode_log(stats, "WiC", notes)
     if fitting is not None:  # refuses a fit on too few distinct vectors unless transform.allow_degenerate=true
-        ft.whitener = fitting
-        ft.info["whiten"] = WhitenSettings.from_settings(t).finish(
-            fitting, "the non-special token vectors of the evaluated WiC sentences").describe()
+        ft.set_all(WhitenSettings.from_settings(t).fit_all(
+            fitting, ctx.transforms, "the non-special token vectors of the evaluated WiC sentences"), source=fitting)
     if not bool(found.all()):
         notes.append(f"{int((~found).sum())} pairs dropped: a target span mapped to no token")
     keep = found.nonzero().flatten()
@@ -233,7 +238,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
             held[t] = choose_then_report(cos, labels, pairwise_cosine(rv[:, 0], rv[:, 1]).to(torch.float64), rl,
                                          thresholds)
         for layer in range(n_layers):
-            row = {"layer": layer, "transform": t, **ft.columns(t)}  # whitened rows: what it was fitted on
+            row = {"layer": layer, "transform": t, **ft.columns(t)}  # fitted rows: what it was fitted on
             row.update({f"acc_{float(th):g}": float(acc[layer, i]) for i, th in enumerate(thresholds)})
             row.update({"best_threshold": float(thr_l[layer]), "best_accuracy": float(best_l[layer]),
                         "mean_cos_same": float(cos[layer, labels].mean()) if labels.any() else float("nan"),

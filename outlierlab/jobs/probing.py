@@ -22,7 +22,7 @@ from lightning.pytorch import seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from outlierlab.analysis.probing import chance_accuracy, rank_of_dims, top_dims
-from outlierlab.analysis.transforms import MIN_FIT_RATIO
+from outlierlab.analysis.transforms import MIN_FIT_RATIO, TRANSFORMS
 from outlierlab.datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_outliers, extract_features,
                                   fit_transform, iter_chunks, row_loader)
 from outlierlab.models.loading import FrozenEncoder
@@ -31,11 +31,11 @@ from outlierlab.lightning_modules.probes import PositionProbe, SentenceClassifie
 from outlierlab.reports.probe_report import write_outputs
 
 log = logging.getLogger(__name__)
-TRANSFORMS = ("none", "clip", "whiten")
 
 
 def selected_transforms(transform_cfg: Mapping) -> list[str]:
-    """Transform names in selection order (``transform=[none,clip,whiten]`` -> all three)."""
+    """Transform names in selection order (``transform=[none,clip,whiten]`` -> those three; also standardize,
+    abtt, center)."""
     names = [str(n) for n, on in (transform_cfg.get("use") or {}).items() if on]
     bad = [n for n in names if n not in TRANSFORMS]
     if bad or not names:
@@ -44,9 +44,9 @@ def selected_transforms(transform_cfg: Mapping) -> list[str]:
 
 
 def transform_settings(tcfg: Mapping, fit_what: str) -> dict:
-    """``fit_transform`` keywords from the ``transform`` config node (clip dims, whitening k and guard)."""
+    """``fit_transform`` keywords from the ``transform`` config node (clip dims, whitening k, abtt D, the guard)."""
     by_layer = tcfg.get("dims_by_layer")
-    return {"dims": tcfg.get("dims"), "k": tcfg.get("k"), "fit_what": fit_what,
+    return {"dims": tcfg.get("dims"), "k": tcfg.get("k"), "fit_what": fit_what, "abtt_d": tcfg.get("abtt_d"),
             "dims_by_layer": dict(by_layer) if by_layer else None,
             "min_ratio": float(tcfg.get("min_fit_ratio", MIN_FIT_RATIO)),
             "allow_degenerate": bool(tcfg.get("allow_degenerate", False))}
@@ -64,8 +64,9 @@ def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], commo
     for layer, acc in results["accuracy"].items():
         c = contrib[layer]
         dims = outlier_dims[layer]
-        # After whitening, coordinate i is a principal direction, not neuron i: no outlier columns.
-        comparable = name != "whiten" and bool(dims)
+        # After whitening or all-but-the-top, coordinate i mixes neurons (whiten: a principal direction): no
+        # outlier columns.  Standardize and center keep neuron i at coordinate i.
+        comparable = name not in ("whiten", "abtt") and bool(dims)
         rows.append({
             "layer": layer, "transform": name, "accuracy": acc,
             "val_accuracy": results.get("val_accuracy", {}).get(layer, float("nan")), **common,

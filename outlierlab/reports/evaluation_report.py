@@ -19,6 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 #: Columns that identify a row rather than measure something (not sent to TensorBoard as scalars).
 KEY_COLUMNS = ("layer", "transform", "dataset", "split")
+#: Columns that say what a fitted transform was fitted on (not scalars either): whiten_n, abtt_d, ...
+FIT_PREFIXES = ("whiten_", "standardize_", "abtt_", "center_")
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -97,7 +99,7 @@ def log_scalars(tb, analysis: str, rows: Sequence[Mapping[str, Any]]) -> int:
         prefix = f"eval/{analysis}/{r['transform']}/" + (f"{r['dataset']}/" if r.get("dataset") else "") + (
             f"{r['subset']}/" if r.get("subset") not in (None, "", "all") else "")  # STS sub-sets, SentEval-style
         for k, v in r.items():
-            if k in KEY_COLUMNS or k.startswith("whiten_") or isinstance(v, bool) or not isinstance(v, (int, float)):
+            if k in KEY_COLUMNS or k.startswith(FIT_PREFIXES) or isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
             if isinstance(v, float) and not math.isfinite(v):
                 continue
@@ -154,6 +156,35 @@ def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequenc
 
 
 # ------------------------------------------------------------------------------------------------ report
+def geometry_table(results: Sequence[Any]) -> str:
+    """The Table-1 layout of the geometry: per layer, for every transform, anisotropy (Ethayarajh 2019), the
+    share of it held by the top-3 dims (Timkey & van Schijndel 2021) and IsoScore (Rudman et al. 2022), from the
+    rows of the ``anisotropy`` and ``isotropy`` analyses ("" when neither ran)."""
+    by = {r.name: r.rows for r in results if r.name in ("anisotropy", "isotropy")}
+    if not by:
+        return ""
+    cells: dict[tuple[int, str], dict[str, Any]] = {}
+    for name, rows in by.items():
+        for r in rows:
+            c = cells.setdefault((int(r["layer"]), str(r["transform"])), {})
+            if name == "anisotropy":
+                c.update(aniso=r.get("anisotropy", math.nan), top3=r.get("top3_share", math.nan))
+            else:
+                c.update(iso=r.get("isoscore", math.nan))
+    layers = sorted({k[0] for k in cells})
+    transforms = list(dict.fromkeys(k[1] for k in cells))
+    parts = [("aniso", "anisotropy"), ("top3", "top-3 share"), ("iso", "IsoScore")]
+    parts = [(key, label) for key, label in parts if any(key in c for c in cells.values())]
+    headers = ["layer"] + [f"{t}: {label}" for t in transforms for _, label in parts]
+    body = [[layer] + [cells.get((layer, t), {}).get(key, math.nan) for t in transforms for key, _ in parts]
+            for layer in layers]
+    return ("## Geometry per layer and transform (Table 1 layout)\n\n"
+            "Anisotropy = mean cosine of cross-sentence token pairs (Ethayarajh 2019; Luo et al. 2021 §4.1); "
+            "top-3 share = the part of it the 3 dims of largest contribution CC_i hold (Timkey & van Schijndel "
+            "2021); IsoScore = how uniformly the space's directions carry variance, 1 = isotropic (Rudman et al. "
+            "2022). Details in the sections below.\n\n" + md_table(headers, body))
+
+
 def write_report(out_dir: Path, header: str, sections: Sequence[str]) -> Path:
     path = out_dir / "report.md"
     path.write_text(header.rstrip() + "\n\n" + "\n\n".join(s.strip() for s in sections if s.strip()) + "\n")
@@ -177,5 +208,5 @@ def write_outputs(out_dir: Path, results: Sequence[Any], meta: Mapping[str, Any]
         "meta": meta,
         "analyses": {r.name: {"summary": r.summary, "rows": r.rows,
                               "figures": [Path(f).name for f in r.figures]} for r in results}})
-    paths["report.md"] = write_report(out_dir, header, [r.markdown for r in results])
+    paths["report.md"] = write_report(out_dir, header, [geometry_table(results), *(r.markdown for r in results)])
     return paths

@@ -14,8 +14,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 COLUMNS = ["layer", "transform", "accuracy", "val_accuracy", "chance", "n_train", "n_val", "n_test",
            "dropped_tokens", "truncated_sequences", "top_neurons", "outlier_dims", "outlier_rank",
            "contribution_outlier", "contribution_mean", "clipped_dims",
-           # whitened rows: what the whitener was fitted on (outlierlab.analysis.whitening.WhiteningFit.columns)
-           "whiten_fit", "whiten_n", "whiten_distinct", "whiten_rank", "whiten_k", "whiten_degenerate"]
+           # fitted rows: what each map was fitted on (outlierlab.analysis.whitening.WhiteningFit.columns)
+           *(f"{m}_{c}" for m in ("whiten", "standardize", "abtt", "center")
+             for c in ("fit", "n", "distinct", "rank", *(("k",) if m == "whiten" else ()),
+                       *(("d",) if m == "abtt" else ()), "degenerate"))]
+#: Transforms whose coordinate i is not neuron i (no outlier-contribution columns or panels).
+MIXING = ("whiten", "abtt")
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:
@@ -45,7 +49,7 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str) -> Path
              f"- dropped tokens: {r0['dropped_tokens']} (truncated sequences: {r0['truncated_sequences']})",
              "- contribution c_i = |w_{y,i} v_i| averaged over test vectors (Luo et al. 2021 §3); outlier dims "
              "detected on the untransformed TRAINING features; outlier_rank 1 = largest contribution; no "
-             "outlier columns for whiten (its coordinates are principal directions, not neurons)"]
+             "outlier columns for whiten and abtt (their coordinates mix neurons; whiten's are principal directions)"]
     lines += [f"- note: {n}" for n in info.get("notes", [])]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in rows]
@@ -72,7 +76,7 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for t, rs in by_t.items():
-        if t == "whiten":
+        if t in MIXING:
             continue
         layers = [r["layer"] for r in rs]
         ax.plot(layers, [r["contribution_outlier"] for r in rs], marker="o", label=f"{t}: outlier neuron")
@@ -89,7 +93,7 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
 def write_heatmap(contrib: dict, run_dir: Path, stem: str, per_layer: int = 3, extra_dims=()) -> Path | None:
     """Heatmap layers x dims of mean contribution; dims = union of each layer's top ``per_layer`` (first
     panel) and ``extra_dims`` (the detected outlier dims)."""
-    panels = {t: c for t, c in contrib.items() if t != "whiten"}
+    panels = {t: c for t, c in contrib.items() if t not in MIXING}
     if not panels:
         return None
     first = next(iter(panels.values()))

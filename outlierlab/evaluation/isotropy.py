@@ -1,0 +1,79 @@
+"""IsoScore and IsoScore* of every layer for every transform (Rudman et al. 2022; Rudman & Eickhoff 2023).
+
+* **IsoScore** of the covariance Σ of *all* non-special evaluation tokens, streamed in float64 by the shared
+  sentence pass (:attr:`outlierlab.evaluation.transform_fit.FittedTransforms.source`).  Every transform is affine,
+  x̂ = (x − μ)W (clip: W = diag(kept dims); the fitted ones are fitted on these same tokens), so the covariance of
+  the transformed tokens is WᵀΣW (:func:`outlierlab.analysis.isoscore.transformed_covariance`) — no second pass.
+* **IsoScore*** as in the authors' analysis (``I-STAR/analysis.py``): the point cloud is a sample (here the
+  anisotropy tokens: one random token per sentence, the same for every transform) and its covariance C is shrunk
+  toward the covariance C0 of the larger sample (all tokens), (1 − ζ)C + ζC0 with ζ = ``isotropy.zeta`` (0.75,
+  theirs).  It says how isotropic a small sample looks once stabilised; with ζ = 0 it is the sample's IsoScore.
+
+Both in [0, 1]: 1 = every direction carries the same variance, 0 = all variance on one line.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from outlierlab.analysis.isoscore import covariance, isoscore_from_covariance, isoscore_star, transformed_covariance
+from outlierlab.analysis.transforms import FITTED, clip_mask
+from outlierlab.evaluation.anisotropy import transform_lines
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.settings import IsotropySettings, load_settings
+from outlierlab.evaluation.streaming import sentence_stats
+from outlierlab.reports.evaluation_report import md_table, plot_layers
+
+COLUMNS = ["layer", "transform", "isoscore", "isoscore_star", "zeta", "dims", "n_tokens", "n_star_points"]
+
+
+def transform_matrix(st, name: str) -> torch.Tensor:
+    """W of transform ``name`` per layer, ``[L, d, d']`` float64: I (none), diag(kept dims) (clip), the fitted map."""
+    n_layers, dim = st.num_layers, st.dim
+    if name == "none":
+        return torch.eye(dim, dtype=torch.float64).expand(n_layers, dim, dim)
+    if name == "clip":
+        keep = (~clip_mask(st.transforms.clip_dims, n_layers, dim)).to(torch.float64)
+        return torch.diag_embed(keep)
+    if name in FITTED:
+        return st.transforms.fitted[name].W.to(torch.float64).cpu()
+    raise ValueError(f"unknown transform {name!r}")
+
+
+@register("isotropy")
+def run(ctx: EvalContext) -> AnalysisResult:
+    s = load_settings(IsotropySettings, ctx.cfg)
+    st = sentence_stats(ctx)
+    source = st.transforms.source
+    if source is None or source.cov is None:
+        raise ValueError("isotropy needs the streamed covariance of the sentence pass (select it in analyses=[...])")
+    cov = source.cov.cpu()
+    a, b = st.anisotropy_acc.pair_vectors()
+    sample = torch.cat([a, b], 1).to(torch.float64)  # the anisotropy tokens, [L, 2P, d]
+    rows, iso, star = [], {}, {}
+    for t in ctx.transforms:
+        w = transform_matrix(st, t)
+        c0 = transformed_covariance(cov, w)
+        iso[t] = isoscore_from_covariance(c0).tolist()
+        c = covariance(st.transforms.apply(t, sample))
+        star[t] = isoscore_star(c, c0, s.zeta).tolist()
+        rows += [{"layer": layer, "transform": t, "isoscore": iso[t][layer], "isoscore_star": star[t][layer],
+                  "zeta": s.zeta, "dims": int(w.shape[-1]), "n_tokens": source.n, "n_star_points": sample.shape[1]}
+                 for layer in range(st.num_layers)]
+    fig = plot_layers(ctx.out_dir / "isotropy.png", iso, "IsoScore", "IsoScore of all evaluation tokens "
+                      "(Rudman et al. 2022): 1 = isotropic, 0 = a line", hline=None)
+    md = ["## Isotropy: IsoScore and IsoScore* (Rudman et al. 2022; Rudman & Eickhoff 2023)",
+          f"IsoScore of the float64 covariance of all {source.n} non-special evaluation tokens (after each transform: "
+          "WᵀΣW), in [0, 1]: 1 = every direction of the space carries the same variance, 0 = all of it on one line "
+          "— unlike the mean cosine (anisotropy), it does not move when the mean is shifted. "
+          f"IsoScore* (column `isoscore_star`): the {sample.shape[1]} anisotropy tokens' covariance shrunk toward "
+          f"that covariance with ζ = {s.zeta:g} (the authors' analysis). Formula and code: "
+          "`outlierlab.analysis.isoscore`, matching github.com/bcbi-edu/p_eickhoff_isoscore.",
+          *transform_lines(st, ctx.transforms),
+          md_table(["layer", *(f"{t}: IsoScore" for t in ctx.transforms), *(f"{t}: IsoScore*" for t in ctx.transforms)],
+                   [[layer, *(iso[t][layer] for t in ctx.transforms), *(star[t][layer] for t in ctx.transforms)]
+                    for layer in range(st.num_layers)]),
+          "![IsoScore per layer](isotropy.png)"]
+    summary = {"mean_isoscore": {t: sum(v) / len(v) for t, v in iso.items()},
+               "mean_isoscore_star": {t: sum(v) / len(v) for t, v in star.items()}, "zeta": s.zeta}
+    return AnalysisResult("isotropy", rows, "\n\n".join(md), [fig], summary)
