@@ -5,7 +5,8 @@ initialisation; Kovaleva et al. 2021, Puccetti et al. 2022), :mod:`outlierlab.an
 vector and argmax/argmin share; Luo et al. 2021 §2) with :mod:`outlierlab.analysis.outlier_dims` (the outlier-dim
 rule), :mod:`outlierlab.analysis.activations` (kurtosis, He et al. 2024; max/median, Sun et al. 2024),
 :mod:`outlierlab.analysis.attention` (sink heads and entropy, Gu et al. 2025) and
-:mod:`outlierlab.analysis.similarity` (anisotropy; Ethayarajh 2019).  This module only *calls* them and flattens the results into rows
+:mod:`outlierlab.analysis.similarity` (anisotropy; Ethayarajh 2019), :mod:`outlierlab.analysis.rogue_dims` (each dim's share of
+the anisotropy; Timkey & van Schijndel 2021) and :mod:`outlierlab.analysis.isoscore` (IsoScore; Rudman et al. 2022).  This module only *calls* them and flattens the results into rows
 ``(step, name, statistic, dim, value)`` — the format of ``monitor/layernorm.csv`` and
 ``monitor/hidden_states.csv`` (see :mod:`outlierlab.reports.history` for the column meanings) —
 so that the live callbacks and :mod:`outlierlab.jobs.posthoc` write identical numbers.
@@ -28,6 +29,8 @@ from outlierlab.analysis.attention import (SINK_THRESHOLD, attention_entropy, at
                                            special_key_masks, special_token_attention_mass)
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
+from outlierlab.analysis.isoscore import isoscore
+from outlierlab.analysis.rogue_dims import cosine_contributions, top_share
 from outlierlab.analysis.similarity import anisotropy, paired_sentence_tokens, sample_cross_sentence_pairs
 
 __all__ = [
@@ -214,7 +217,10 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         :func:`outlierlab.analysis.similarity.paired_sentence_tokens`, Ethayarajh 2019, Luo et al. §4.1) —,
         ``n_anisotropy_pairs``; ``token_pair_cosine`` (``n_pairs`` pairs drawn with replacement: lower
         variance on a small batch, but not the papers' protocol; the monitor's "anisotropy" before
-        2026-11); ``kurtosis`` (He et al. 2024); ``max_median`` (He et al. 2024; Sun et al. 2024);
+        2026-11); ``rogue_top1_share`` (dim = the dim of largest contribution CC_i to the anisotropy, value =
+        its share of it) and ``rogue_top3_share`` (Timkey & van Schijndel 2021, on the anisotropy pairs;
+        :mod:`outlierlab.analysis.rogue_dims`); ``isoscore`` (Rudman et al. 2022, from the covariance of
+        the valid tokens; :mod:`outlierlab.analysis.isoscore`); ``kurtosis`` (He et al. 2024); ``max_median`` (He et al. 2024; Sun et al. 2024);
         ``max_abs`` (dim = its dim, value = the largest |x|) and ``max_abs_token_id`` (value = the id of
         the token holding it, when ``input_ids`` is given); ``top_abs_mean`` (dim, value = mean, largest
         |mean| first); ``outlier_dim`` (dims found by :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`,
@@ -246,12 +252,18 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     sentence_ids = valid.nonzero()[:, 0]  # batch row of every valid token
     nan = torch.full((n_layers,), math.nan, dtype=torch.float64)
     aniso, pair_cos, n_aniso = nan, nan, 0
+    share1, share3, top_dim = nan, nan, [None] * n_layers
     if sentence_ids.unique().numel() >= 2:
         a, b = paired_sentence_tokens(sentence_ids, generator=seed)
         n_aniso = int(a.numel())
-        aniso = anisotropy(tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]).double().cpu()
+        va, vb = tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]
+        aniso = anisotropy(va, vb).double().cpu()
+        cc = cosine_contributions(va, vb).cpu()  # [L, d], sums to the anisotropy
+        share1, share3 = top_share(cc, 1), top_share(cc, min(3, dim))
+        top_dim = cc.argmax(-1).tolist()
         a, b = sample_cross_sentence_pairs(sentence_ids, n_pairs, generator=seed)
         pair_cos = anisotropy(tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]).double().cpu()
+    iso = isoscore(tokens).cpu() if tokens.shape[1] >= 2 else nan
     token_ids = None
     if input_ids is not None:
         token_ids = input_ids.to(valid.device)[valid]  # id of every valid token, in the order of `tokens`
@@ -273,6 +285,9 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
                  (step, name, "anisotropy", None, float(aniso[i])),
                  (step, name, "n_anisotropy_pairs", None, n_aniso),
                  (step, name, "token_pair_cosine", None, float(pair_cos[i])),
+                 (step, name, "rogue_top1_share", top_dim[i], float(share1[i])),
+                 (step, name, "rogue_top3_share", None, float(share3[i])),
+                 (step, name, "isoscore", None, float(iso[i])),
                  (step, name, "kurtosis", None, s["kurtosis"]),
                  (step, name, "max_median", None, s["max_median"]),
                  (step, name, "max_abs", s["max_abs_dim"], s["max_abs"])]
@@ -294,5 +309,6 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     for w, (d, v) in pooled.items():
         rows.append((step, "model", f"pooled_{w}_share", d, v))
     return rows, {"mean": mean, "layers": layers, "anisotropy": aniso, "token_pair_cosine": pair_cos,
+                  "rogue_top1_share": share1, "rogue_top3_share": share3, "isoscore": iso,
                   "outliers": outliers, "pooled": pooled, "inf_norms": dict(inf_norms or {}), "sinks": sinks,
                   "sink_threshold": sink_threshold}

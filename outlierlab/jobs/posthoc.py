@@ -13,7 +13,8 @@ anisotropy, kurtosis, max/median, inf-norm by site, sink heads; Luo et al. 2021,
 with the run's tokenizer (``<run>/hf`` or ``<run>/model``).  Output in ``<run>/monitor_posthoc/``:
 ``layernorm.csv`` and ``hidden_states.csv`` in the format of :mod:`outlierlab.reports.history`; ``metrics.csv``, one
 row per checkpoint step and layer (:data:`METRIC_COLUMNS`: kurtosis, max/median, inf-norms by site,
-signed and |x| argmax/argmin shares with their dims, sink-head shares, attention entropy, anisotropy and
+signed and |x| argmax/argmin shares with their dims, sink-head shares, attention entropy, anisotropy, the
+top-1 (with its dim) and top-3 dims' share of it (Timkey & van Schijndel 2021), IsoScore (Rudman et al. 2022) and
 the number of LayerNorm outlier dims the project's rule flags in that layer,
 :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`); ``metrics.png``, those curves vs step per layer.
 Works on checkpoints of older code too (same parameter names), so curves can be drawn after the fact.
@@ -50,8 +51,9 @@ OUT_SUBDIR = "monitor_posthoc"
 #: Per-layer columns of ``metrics.csv`` (after ``step, layer``); ``*_dim`` columns follow their share.
 METRIC_COLUMNS = ("kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input",
                   "inf_norm_ln_output", "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos",
-                  "sink_share_eos", "attn_entropy", "attn_row_mass", "anisotropy", "n_layernorm_outliers")
-_WITH_DIMS = ("max_abs", "argmax_share", "argmin_share", "abs_argmax_share")
+                  "sink_share_eos", "attn_entropy", "attn_row_mass", "anisotropy", "rogue_top1_share",
+                  "rogue_top3_share", "isoscore", "n_layernorm_outliers")
+_WITH_DIMS = ("max_abs", "argmax_share", "argmin_share", "abs_argmax_share", "rogue_top1_share")
 
 
 def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:

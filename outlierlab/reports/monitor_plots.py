@@ -123,7 +123,8 @@ def mean_vector_figure(mean: np.ndarray, outliers: Sequence[Sequence[int]], step
 #: Per-layer statistics drawn as curves vs step (:func:`metric_curves_figure`), in panel order.
 CURVE_STATISTICS = ("kurtosis", "max_median", "argmax_share", "argmin_share", "abs_argmax_share",
                     "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output", "sink_share_bos",
-                    "attn_entropy", "attn_row_mass", "anisotropy", "n_layernorm_outliers")
+                    "attn_entropy", "attn_row_mass", "anisotropy", "rogue_top3_share", "isoscore",
+                    "n_layernorm_outliers")
 _LOG_SCALE = {"kurtosis", "max_median", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output"}
 
 

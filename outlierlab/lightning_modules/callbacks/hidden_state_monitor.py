@@ -6,7 +6,8 @@ sequences (one forward pass, :func:`outlierlab.models.sites.monitored_forward`),
 :func:`outlierlab.analysis.monitoring.hidden_state_records` computes per layer the mean token vector, the share of
 tokens whose argmax/argmin falls on the most common dim (Luo et al. 2021 §2; their 96.60% on dim 557 of
 BERT-base is a pooled *argmin* share, also written), the dims with the largest |mean|, anisotropy by the
-evaluation protocol (Ethayarajh 2019), activation kurtosis and max/median ratio (He et al. 2024; Sun et
+evaluation protocol (Ethayarajh 2019) with the top-1/top-3 dims' share of it (Timkey & van Schijndel 2021)
+and IsoScore (Rudman et al. 2022), activation kurtosis and max/median ratio (He et al. 2024; Sun et
 al. 2024), the inf-norm at the FFN output and around the output LayerNorm (Bondarenko et al. 2023), and
 sink-head shares and attention entropy (Gu et al. 2025).  Special tokens and padding are left out of the
 activation statistics (the inf-norm and the attention queries keep special tokens, see
@@ -19,7 +20,8 @@ i = 0 the embedding output, and ``model``; statistics listed in
 
 - scalars ``monitor/hidden/layer_{i}/argmax_share``, ``…/argmin_share``, ``…/argmax_dim``,
   ``…/argmin_dim``, ``…/anisotropy``, ``…/max_abs_mean``, ``…/n_outlier_dims``, ``…/kurtosis``,
-  ``…/max_median``, ``…/max_abs``, ``…/abs_argmax_share``, ``…/token_pair_cosine``,
+  ``…/max_median``, ``…/max_abs``, ``…/abs_argmax_share``, ``…/token_pair_cosine``, ``…/rogue_top1_share``,
+  ``…/rogue_top3_share``, ``…/isoscore``,
   ``…/sink_share_bos``, ``…/sink_share_eos``, ``…/attn_entropy``, ``…/attn_row_mass``; ``monitor/inf_norm/<site>/layer_{i}``
   (site = ``ffn_output``, ``ln_input``, ``ln_output``); ``monitor/hidden/model/pooled_argmin_share``
   and ``…/pooled_argmax_share``;
@@ -199,6 +201,9 @@ class HiddenStateMonitor(OutlierMonitor):
             for key in ("kurtosis", "max_median", "max_abs", "abs_argmax_share"):
                 writer.add_scalar(f"{base}/{key}", s[key], step)
             writer.add_scalar(f"{base}/token_pair_cosine", float(summary["token_pair_cosine"][i]), step)
+            for key in ("rogue_top1_share", "rogue_top3_share", "isoscore"):  # NaN (one sentence) is skipped
+                if summary[key][i] == summary[key][i]:
+                    writer.add_scalar(f"{base}/{key}", float(summary[key][i]), step)
             for site, v in summary["inf_norms"].items():
                 if i >= 1 and v[i] == v[i]:  # NaN: the block has no such site
                     writer.add_scalar(f"monitor/inf_norm/{site}/layer_{i}", float(v[i]), step)
