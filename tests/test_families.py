@@ -1,0 +1,231 @@
+"""Issue 33: every model family through the one LayerNorm rule, evaluate.py's analyses and probe.py.
+
+Each registered family is a tiny random model saved in its real transformers format (tests/family_models.py)
+and loaded back through the project's loaders, with one outlier dim planted in every per-layer norm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from family_models import DECODERS, SPECS, build, plant, save
+
+REGISTERED = [t for t in SPECS if t != "albert"]
+PLANTED = 11
+
+
+def _per_layer(norms: dict) -> list:
+    return [m for k, m in norms.items() if k.startswith("layer.")]
+
+
+@pytest.mark.parametrize("model_type", REGISTERED)
+def test_rule_flags_exactly_the_planted_dim_in_every_family(tmp_path, model_type):
+    """Large gain (and bias where the norm has one) on one dim of every per-layer norm: the rule (default
+    settings) flags exactly that dim; with bounded noise alone it flags none.  Loaded back from disk through
+    load_mlm, i.e. with the family's own LM-head class."""
+    from outlierlab.analysis.layernorm_rule import layernorm_outliers
+    from outlierlab.evaluation.mlm_loading import load_mlm
+    from outlierlab.models.families import PRE_KINDS, family_of
+    from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
+
+    for dim, expected in ((PLANTED, [PLANTED]), (None, [])):
+        model, tok = build(model_type)
+        plant(_per_layer(model_layernorms(model)), dim)
+        loaded = load_mlm(str(save(model, tok, tmp_path / f"{model_type}_{dim}")), device="cpu")
+        family = family_of(loaded.model)
+        assert loaded.family is family and loaded.has_mlm_head
+        assert loaded.objective == ("next_token" if model_type in DECODERS else "masked_lm")
+        det = layernorm_outliers(layernorm_tensors(loaded.layernorms))
+        assert det.dims == expected, (model_type, det.describe())
+        kinds = {k.split(".", 2)[2] for k in det.flagged}
+        if family.placement == "pre":  # both per-layer norms judged, in the role of the output LayerNorm
+            assert kinds == set(PRE_KINDS) and "final" in loaded.layernorms
+        else:
+            assert kinds == {"output"}
+        no_bias = [k for k, (w, b) in layernorm_tensors(loaded.layernorms).items() if b is None and k in det.flagged]
+        assert det.gain_only == no_bias and (not no_bias or "gain alone" in det.describe())
+    assert model_layernorms(loaded.model).keys() <= loaded.layernorms.keys()
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "modernbert", "llama"])
+def test_pre_ln_judges_both_norms_of_a_layer(model_type):
+    """A dim planted only in the norms before the MLP, another only before the attention: both are outliers."""
+    from outlierlab.analysis.layernorm_rule import layernorm_outliers
+    from outlierlab.models.layernorms import layernorm_tensors, model_layernorms, select_layernorms
+
+    model, _ = build(model_type)
+    norms = model_layernorms(model)
+    plant(select_layernorms(norms, ["mlp_input"]).values(), 3)
+    plant(select_layernorms(norms, ["attention_input"]).values(), 5, seed=1)
+    det = layernorm_outliers(layernorm_tensors(norms))
+    assert sorted(det.dims) == [3, 5]
+    assert layernorm_outliers(layernorm_tensors(norms), {"layernorms": ["mlp_input"]}).dims == [3]
+    with pytest.raises(ValueError, match="unknown LayerNorm kind"):
+        select_layernorms(norms, ["attention_output"])  # a post-LN kind: this model has none
+
+
+def test_our_pre_ln_encoder_gets_the_same_mapping():
+    """model.norm_placement=pre: our blocks' norms are judged as a pre-LN hub model's are."""
+    from outlierlab.analysis.layernorm_rule import layernorm_outliers
+    from outlierlab.models import EncoderConfig, RobertaMaskedLM
+    from outlierlab.models.families import family_of
+    from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
+
+    def ours(placement):
+        cfg = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                            max_len=16, pos={"name": "learned"}, norm_placement=placement)
+        return RobertaMaskedLM(cfg)
+
+    pre, post = ours("pre"), ours("post")
+    assert family_of(pre).placement == "pre" and family_of(post).placement == "post"
+    keys = list(model_layernorms(pre))
+    assert keys == ["embeddings", "layer.0.attention_input", "layer.0.mlp_input", "layer.1.attention_input",
+                    "layer.1.mlp_input", "final"]
+    assert list(model_layernorms(post))[1:3] == ["layer.0.attention_output", "layer.0.output"]
+    plant(_per_layer(model_layernorms(pre)), PLANTED)
+    det = layernorm_outliers(layernorm_tensors(model_layernorms(pre)))
+    assert det.dims == [PLANTED] and set(det.flagged) == {k for k in keys if k.startswith("layer.")}
+
+
+def test_unregistered_model_type_is_one_line_and_the_other_analyses_run(tmp_path, compose_cfg):
+    """ALBERT is not in the registry: the outliers analysis says so in one line naming it and how to add it;
+    anisotropy, ablation, frequency and attention sinks still write their CSVs."""
+    import evaluate as evaluate_script
+
+    model, tok = build("albert")
+    path = save(model, tok, tmp_path / "albert")
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(f"The {w} sat by the window and read a letter." for w in
+                              ("captain", "lady", "admiral", "sister", "friend", "cousin") * 6) + "\n")
+    cfg = compose_cfg("evaluate", [f"encoder.name_or_path={path}", "progress=false", "tensorboard=false",
+                                   "analyses=[outliers,anisotropy,ablation,frequency,attention_sinks]",
+                                   f"data.files=[{text}]", "anisotropy.n_sentences=20", "ablation.n_random=1",
+                                   "transform=[none]"])
+    out = evaluate_script.evaluate(cfg, tmp_path / "run")
+    for name in ("outliers", "anisotropy", "ablation", "frequency", "attention_sinks"):
+        assert (tmp_path / "run" / f"{name}.csv").is_file(), name
+    report = (tmp_path / "run" / "report.md").read_text()
+    lines = [ln for ln in report.splitlines() if "model_type 'albert' is not in the model-family registry" in ln]
+    assert lines and all("outlierlab/models/families.py" in ln for ln in lines)
+    res = {r.name: r for r in out["results"]}
+    assert res["ablation"].rows and res["ablation"].rows[0]["condition"] == "intact"
+
+
+def test_next_token_ablation_of_the_dim_the_lm_head_reads(tmp_path):
+    """A stand-in decoder (GPT-2) whose LM head reads only the planted dim: zeroing that dim in its norms
+    (both per-layer norms and the final norm) changes the next-token loss far more than as many random dims."""
+    from outlierlab.analysis.layernorm_rule import LayerNormRule
+    from outlierlab.evaluation.ablation import run_ablation
+    from outlierlab.evaluation.common import detect_layernorm_outliers, zeroed_kinds
+    from outlierlab.evaluation.mlm_loading import load_mlm
+    from outlierlab.evaluation.next_token import next_token_batches
+
+    model, tok = build("gpt2", tie_word_embeddings=False)
+    with torch.no_grad():
+        norms = [m for n, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm)]
+        plant(norms, PLANTED)
+        head = torch.zeros_like(model.lm_head.weight)
+        head[:, PLANTED] = torch.randn(head.shape[0], generator=torch.Generator().manual_seed(0))
+        model.lm_head.weight.copy_(head)
+    loaded = load_mlm(str(save(model, tok, tmp_path / "gpt2")), device="cpu")
+    rule = LayerNormRule()
+    det = detect_layernorm_outliers(loaded.layernorms, rule)
+    assert det.dims == [PLANTED]
+    kinds = zeroed_kinds(OmegaConf.create({"layernorms": None}), rule, loaded.layernorms)
+    assert kinds == ["output", "final"]
+    texts = [f"The {w} walked into the room and sat down near the fire." for w in ("captain", "lady", "admiral")]
+    batches = next_token_batches(tok, texts, max_length=32, batch_size=2)
+    assert all((b["labels"][:, :-1][b["attention_mask"][:, 1:] == 0] == -100).all() for b in batches)
+    out = run_ablation(loaded, batches, kinds, det.dims, n_random=4, seed=0, example="The lady {mask}", top_k=3)
+    by = {r["condition"]: r for r in out.rows}
+    assert {r["objective"] for r in out.rows} == {"next_token"}
+    moved = abs(by["outliers"]["loss"] - by["intact"]["loss"])
+    random_moves = [abs(r["loss"] - by["intact"]["loss"]) for r in out.rows if r["condition"] == "random_draw"]
+    assert moved > 1.0 and moved > 20 * max(random_moves), (moved, random_moves)
+    # with the dim zeroed the head sees nothing: uniform logits, loss = log V
+    assert by["outliers"]["loss"] == pytest.approx(math.log(model.config.vocab_size), abs=1e-3)
+    assert set(out.examples) == {"intact", "outliers", "random"}
+
+
+def _planted_sink_gpt2():
+    """GPT-2 whose every head puts (almost) all attention on token 0: position 0's table row is the only one
+    with a large value on dim m; keys read dim m, queries are a constant (their bias), values and MLPs are 0."""
+    model, tok = build("gpt2")
+    d, m = model.config.n_embd, 0
+    with torch.no_grad():
+        model.transformer.wte.weight[:, m] = 0
+        model.transformer.wpe.weight[:, m] = 0
+        model.transformer.wpe.weight[0, m] = 100.0
+        for block in model.transformer.h:
+            block.ln_1.weight.fill_(1.0), block.ln_1.bias.zero_()
+            block.attn.c_attn.weight.zero_(), block.attn.c_attn.bias.zero_()
+            block.attn.c_attn.weight[m, d:2 * d] = 1.0  # keys: dim m of the normalised input
+            block.attn.c_attn.bias[:d] = 10.0  # queries: constant
+            block.attn.c_proj.weight.zero_(), block.attn.c_proj.bias.zero_()
+            block.mlp.c_proj.weight.zero_(), block.mlp.c_proj.bias.zero_()
+    return model, tok
+
+
+def test_attention_sinks_on_a_planted_decoder(tmp_path):
+    """All mass on token 0 in a decoder: the first token is the sink (share 1 in every layer and head), and
+    the causal mask is respected (no mass on later tokens)."""
+    from test_ablation import make_ctx
+
+    from outlierlab.evaluation.attention_sinks import run
+    from outlierlab.models.loading import FrozenEncoder
+
+    model, tok = _planted_sink_gpt2()
+    enc = FrozenEncoder(str(save(model, tok, tmp_path / "gpt2")), device="cpu")
+    lines = [f"The {w} walked into the room and sat down." for w in ("captain", "lady", "admiral", "friend")]
+    res = run(make_ctx("attention_sinks", enc, tmp_path, {"batch_size": 2}, text_lines=lines))
+    intact = [r for r in res.rows if r["condition"] == "intact"]
+    assert len(intact) == 2 * 2
+    assert all(r["bos"] > 0.999 and r["later"] == 0.0 for r in intact)
+    assert res.summary["sink_share_bos_intact"] == [1.0, 1.0] and res.summary["max_later_mass"] == 0.0
+    assert "Causal mask" in res.markdown and "(respected)" in res.markdown
+
+
+def test_later_key_mass_tells_causal_from_bidirectional():
+    from outlierlab.analysis.attention import first_token_mask, later_key_mass, special_key_masks
+
+    t = 4
+    bidirectional = torch.full((1, 1, t, t), 1 / t)
+    causal = torch.tril(torch.ones(t, t)) / torch.arange(1, t + 1).unsqueeze(1)
+    assert float(later_key_mass(bidirectional)[0]) == pytest.approx((t - 1) / (2 * t))
+    assert float(later_key_mass(causal.view(1, 1, t, t))[0]) == 0.0
+    mask = torch.tensor([[0, 1, 1, 0], [1, 1, 0, 0]])
+    assert first_token_mask(mask).tolist() == [[False, True, False, False], [True, False, False, False]]
+    ids = torch.tensor([[9, 5, 6, 0], [7, 8, 0, 0]])
+    keys = special_key_masks(ids, None, 6, mask, first_token=True)
+    assert keys["bos"].tolist() == first_token_mask(mask).tolist() and keys["eos"][0, 2]
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "modernbert", "llama"])
+def test_family_structure_helpers(model_type):
+    """Position table where the family has one, q/k projections split to heads, LM head, inf-norm sites."""
+    from outlierlab.models.families import family_of, lm_head, split_qk, unembedding
+    from outlierlab.models.sites import InfNormRecorder
+
+    model, tok = build(model_type)
+    family = family_of(model)
+    pos = family.position_weight(model)
+    assert (pos is not None) == (model_type == "gpt2")
+    if pos is not None:
+        assert pos[0] == "transformer.wpe.weight" and pos[1].shape == (512, 32)
+    assert lm_head(model) is model.get_output_embeddings() and unembedding(model).shape == (tok.vocab_size, 32)
+    projections = family.qk_projections(model)
+    assert len(projections) == 2 and len(family.attention_modules(model)) == 2
+    x = torch.randn(3, 32)
+    p = projections[0]
+    q, k = split_qk(p, p.q(x), p.k(x))
+    assert q.shape == (3, p.num_heads, p.head_dim) and k.shape == (3, p.num_kv_heads, p.head_dim)
+    ids = tok(["a short sentence", "another"], padding=True, return_tensors="pt")
+    with InfNormRecorder(model) as rec, torch.no_grad():
+        model(**ids)
+        rec.commit(ids["attention_mask"].bool())
+    result = rec.result()
+    assert all(not math.isnan(float(result[s][l])) for s in ("ffn_output", "ln_input") for l in (1, 2))
