@@ -20,7 +20,7 @@ def plain(x):
 
 def validate_data_args(source, files, hub, tokenizer, block_size, batch_size, val_fraction, val_blocks,
                        num_workers, mlm_probability, max_documents, limit_blocks, num_proc=None,
-                       tokenize_chunk_mb=4.0) -> None:
+                       tokenize_chunk_mb=1.0) -> None:
     """Raise ``ValueError`` naming the ``data.*`` key and what to set it to."""
     if source not in SOURCES:
         raise ValueError(f"unknown data.source {source!r}; choose one of {', '.join(SOURCES)}")
@@ -50,7 +50,7 @@ def validate_data_args(source, files, hub, tokenizer, block_size, batch_size, va
                          f"got {num_proc!r}")
     if not isinstance(tokenize_chunk_mb, (int, float)) or not 0 < tokenize_chunk_mb <= 1024:
         raise ValueError(f"data.tokenize_chunk_mb must be in (0, 1024] (millions of characters per tokenizer "
-                         f"chunk; 4 is plenty), got {tokenize_chunk_mb!r}")
+                         f"chunk; 1 is plenty), got {tokenize_chunk_mb!r}")
     cap = (tokenizer or {}).get("max_training_documents")
     if cap is not None and (not isinstance(cap, int) or cap < 1):
         raise ValueError(f"data.tokenizer.max_training_documents must be an integer >= 1 or null (all), got {cap!r}")

@@ -93,8 +93,8 @@ class MLMDataModule(L.LightningDataModule):
     num_proc : int or None
         Processes that tokenize the corpus when its token file is built; None: this machine's cores.
     tokenize_chunk_mb : float
-        Millions of characters per tokenization chunk; the build holds about ``2 x num_proc`` chunks, so this
-        (not the corpus size) bounds its memory.
+        Millions of characters per tokenization chunk; the build holds about ``2 x num_proc`` chunks (and each
+        worker the tokenizer's encodings of one, ~120 bytes per token), so this, not the corpus, bounds its memory.
     """
 
     def __init__(self, source: str = "embedded", files: Sequence[str] | None = None, hub: dict | None = None,
@@ -103,7 +103,7 @@ class MLMDataModule(L.LightningDataModule):
                  mlm_probability: float = 0.15, mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1,
                  cache_dir: str | None = None, seed: int = 0, max_documents: int | None = None,
                  limit_blocks: int | None = None, pin_memory: bool = False, num_proc: int | None = None,
-                 tokenize_chunk_mb: float = 4.0) -> None:
+                 tokenize_chunk_mb: float = 1.0) -> None:
         super().__init__()
         # No save_hyperparameters(): Lightning refuses to log when a datamodule hparam (seed, batch_size ...)
         # differs from the LightningModule's; the run's config.yaml records these values.

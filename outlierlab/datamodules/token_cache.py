@@ -96,7 +96,7 @@ def ensure_token_file(path: Path, build) -> tuple[dict[str, Any], bool]:
 
 
 def write_token_file(documents: Iterable[str], tokenizer, eos_id: int, path: Path, meta: dict[str, Any],
-                     num_proc: int = 1, chunk_chars: int = 4_000_000, fraction=None,
+                     num_proc: int = 1, chunk_chars: int = 1_000_000, fraction=None,
                      log_every_s: float = 30.0) -> dict[str, Any]:
     """Tokenize ``documents`` (read once) into ``path/tokens.bin`` + ``meta.json``, atomically.
 

@@ -12,7 +12,7 @@ tens of GB extra for Wikipedia) and cannot shard a streamed ``IterableDataset`` 
 ``multiprocessing.Pool.imap`` reads its input without limit.  A window of ``apply_async`` results is the
 smallest thing that reads a stream once, keeps the order and bounds memory.  The workers run the Rust
 ``tokenizers.Tokenizer`` behind a fast HF tokenizer (``encode_batch`` -- exactly what
-``PreTrainedTokenizerFast.__call__`` runs), rebuilt from its JSON in each worker, so a worker imports neither
+``PreTrainedTokenizerFast.__call__`` runs, or its offset-free twin ``encode_batch_fast``), rebuilt from its JSON in each worker, so a worker imports neither
 torch nor transformers; a slow (Python) tokenizer is sent to the workers as it is.  The Rust thread pool is
 switched off in the workers (``TOKENIZERS_PARALLELISM=false``): ``num_proc`` alone sets the parallelism.
 """
@@ -55,8 +55,11 @@ def _init_worker(spec: tuple[str, Any], eos_id: int, dtype: str) -> None:
         tok.no_truncation()
         tok.no_padding()
 
+        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets we do not keep: same ids, ~15% faster
+        batch = getattr(tok, "encode_batch_fast", tok.encode_batch)
+
         def encode(texts: list[str]) -> list[list[int]]:
-            return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+            return [e.ids for e in batch(texts, add_special_tokens=False)]
     else:
         def encode(texts: list[str]) -> list[list[int]]:
             return obj(texts, add_special_tokens=False, verbose=False)["input_ids"]
@@ -89,7 +92,7 @@ def chunk_documents(documents: Iterable[str], chunk_chars: int) -> Iterator[list
 
 
 def encode_documents(documents: Iterable[str], tokenizer, eos_id: int, dtype, num_proc: int = 1,
-                     chunk_chars: int = 4_000_000) -> Iterator[tuple[np.ndarray, int, int]]:
+                     chunk_chars: int = 1_000_000) -> Iterator[tuple[np.ndarray, int, int]]:
     """Yield ``(ids, documents, bytes)`` per chunk of ``documents``, in order (see the module docstring).
 
     Parameters
