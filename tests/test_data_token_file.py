@@ -214,3 +214,36 @@ def test_bad_build_settings_are_one_line():
         MLMDataModule(tokenize_chunk_mb=0)
     with pytest.raises(ValueError, match=r"data\.tokenizer\.max_training_documents must be an integer >= 1"):
         MLMDataModule(tokenizer={"max_training_documents": 0})
+
+
+def test_bpe_sample_cap_trains_on_the_first_documents_only(tmp_path):
+    docs = load_embedded_texts(max_documents=N_DOCS)
+    capped = datamodule(tmp_path, tokenizer={"vocab_size": VOCAB, "max_training_documents": 300})
+    full = datamodule(tmp_path, tokenizer={"vocab_size": VOCAB})
+    assert capped.tokenizer.get_vocab() == train_bpe_tokenizer(docs[:300], vocab_size=VOCAB).get_vocab()
+    assert capped.tokenizer.get_vocab() != full.tokenizer.get_vocab()
+    assert capped.token_meta["documents"] == full.token_meta["documents"] == N_DOCS  # the cap is for the BPE only
+
+
+def test_build_progress_lines_at_info(tmp_path, caplog):
+    import logging
+
+    from outlierlab.datamodules.corpus import embedded_files
+    from outlierlab.datamodules.documents import FileDocuments
+
+    caplog.set_level(logging.INFO, logger="outlierlab.datamodules.token_cache")
+    docs = FileDocuments(embedded_files()[:1])  # one novel, ~0.5-1 MB
+    tok = train_bpe_tokenizer(load_embedded_texts(max_documents=300), vocab_size=400)
+    fractions = []
+
+    def fraction():
+        fractions.append(docs.fraction())
+        return fractions[-1]
+
+    write_token_file(docs, tok, 2, tmp_path / "t", {}, num_proc=1, chunk_chars=100_000, fraction=fraction,
+                     log_every_s=0)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[tokenize]")]
+    assert len(lines) >= 5  # one per 100k-character chunk, and the final one
+    assert all(k in lines[0] for k in ("documents |", "tokens |", "MB/s", "tokens/s", "ETA"))
+    assert "ETA ?" not in lines[1] and "%)" in lines[1]  # the files' bytes give the share done
+    assert 0 < fractions[0] < fractions[-2] <= 1 and lines[-1].split("ETA ")[1].startswith("0:00:00")
