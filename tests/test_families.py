@@ -229,3 +229,56 @@ def test_family_structure_helpers(model_type):
         rec.commit(ids["attention_mask"].bool())
     result = rec.result()
     assert all(not math.isnan(float(result[s][l])) for s in ("ffn_output", "ln_input") for l in (1, 2))
+
+
+PRESETS = {"modernbert_base": "modernbert", "gpt2": "gpt2", "pythia_160m": "gpt_neox", "qwen2_0_5b": "qwen2",
+           "tinyllama_1_1b": "llama"}
+
+
+@pytest.fixture
+def family_hub(tmp_path, monkeypatch):
+    """A Hugging Face hub cache (``models--<id>/refs/main`` + ``snapshots/<sha>/``, as the hub client writes it)
+    holding a tiny stand-in of each preset's family under the preset's real hub id."""
+    import huggingface_hub.constants
+
+    from conftest import compose
+
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    cache = tmp_path / "hf_hub_cache"
+    repos = {}
+    for preset, model_type in PRESETS.items():
+        repo = str(compose("probe", [f"encoder={preset}"]).encoder.name_or_path)
+        model, tok = build(model_type)
+        save(model, tok, cache / f"models--{repo.replace('/', '--')}" / "snapshots" / sha)
+        (cache / f"models--{repo.replace('/', '--')}" / "refs").mkdir()
+        (cache / f"models--{repo.replace('/', '--')}" / "refs" / "main").write_text(sha)
+        repos[preset] = repo
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return repos
+
+
+def test_presets_load_through_the_hub_path_and_name_their_family(family_hub, tmp_path):
+    """encoder=<preset> resolves its real hub id through the hub branch (offline, from the cache), and
+    probe.py's report names the family and the norms the rule judges."""
+    from conftest import compose
+
+    from outlierlab.jobs.probing import run
+    from outlierlab.models.loading import FrozenEncoder
+
+    for preset, repo in family_hub.items():
+        enc = FrozenEncoder(repo, max_length=32, device="cpu")
+        assert (enc.source.kind, enc.identity["hub"]) == ("hf", repo)
+        assert enc.family_line().startswith(f"{'llama' if PRESETS[preset] == 'qwen2' else PRESETS[preset]} family")
+    text = tmp_path / "sentences.txt"
+    text.write_text("\n".join(f"The {w} sat by the window and read the letter again." for w in
+                              ("captain", "lady", "admiral", "sister", "friend", "cousin", "doctor", "widow") * 4))
+    cfg = compose("probe", ["encoder=gpt2", "probe.epochs=1", "progress=false", f"data.files=[{text}]",
+                            f"features.cache_dir={tmp_path / 'features'}", "transform=[none,clip]"])
+    out = run(cfg, str(tmp_path / "probe"))
+    report = (tmp_path / "probe" / "position_probe_report.md")
+    report = report if report.is_file() else next((tmp_path / "probe").glob("*report*.md"))
+    text = report.read_text()
+    assert "- family: gpt2 family: decoder" in text and "`transformer.h.0.ln_1`" not in text
+    assert "judged: 4 norms, `h.0.ln_1`, `h.0.ln_2`" in text and "clip zeroes the ACTIVATION outlier dims" in text
+    assert out["info"]["family"].startswith("gpt2 family")

@@ -171,6 +171,27 @@ def run_classifier(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dic
     return out, info, contribs
 
 
+def layernorm_note(encoder: FrozenEncoder) -> str:
+    """One line for the report: the norms the LayerNorm-outlier rule (default settings, as the training
+    monitor) judges in this encoder's family, the dims it flags, and how they relate to ``clip``."""
+    from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
+    from outlierlab.models.layernorms import UnknownFamilyError, layernorm_tensors, model_layernorms
+
+    try:
+        norms = model_layernorms(encoder.model)
+    except UnknownFamilyError as e:
+        return str(e)
+    rule = LayerNormRule()
+    names = {id(m): n for n, m in encoder.model.named_modules()}
+    judged = [names.get(id(m), k) for k, m in norms.items() if rule.selects(k)]
+    det = layernorm_outliers(layernorm_tensors(norms), rule)
+    shown = ", ".join(f"`{n}`" for n in judged[:2]) + (f", … `{judged[-1]}`" if len(judged) > 2 else "")
+    return (f"LayerNorm outlier dims by the rule (judged: {len(judged)} norms, {shown or 'none'}): "
+            f"{det.dims or 'none'}{'; bias-free norms judged on their gain alone' if det.gain_only else ''}. "
+            "clip zeroes the ACTIVATION outlier dims detected on the training features (`outlier_dims`, Luo et "
+            "al. 2021), not these; transform.dims=[...] clips given dims instead.")
+
+
 def run(cfg, run_dir: str | Path) -> dict:
     """Run the probe described by ``cfg`` (configs/probe.yaml) and write every output into ``run_dir``."""
     run_dir = Path(run_dir)
@@ -186,7 +207,8 @@ def run(cfg, run_dir: str | Path) -> dict:
     kind = str(cfg.task.kind)
     rows, info, contribs = (run_position if kind == "position" else run_classifier)(cfg, encoder, logger)
     info.update(encoder=str(encoder.source.name), encoder_kind=encoder.source.kind, layers=encoder.num_layers + 1,
-                hidden=encoder.hidden_size, transforms=selected_transforms(cfg.transform), seed=int(cfg.seed))
+                hidden=encoder.hidden_size, transforms=selected_transforms(cfg.transform), seed=int(cfg.seed),
+                family=encoder.family_line(), layernorms=layernorm_note(encoder))
     by_position = info.pop("by_position", None)
     if by_position:  # accuracy at each position: a position-free encoder is at chance away from the edges
         with open(run_dir / "position_probe_by_position.csv", "w", newline="") as fh:

@@ -45,6 +45,8 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str) -> Path
              f"layers (0 = embeddings), hidden size {info.get('hidden')}",
              f"- task: `{info.get('task')}`; train/val/test = {r0['n_train']}/{r0['n_val']}/{r0['n_test']}; "
              f"chance (majority class on test) = {r0['chance']:.4f}",
+             f"- family: {info.get('family', 'unknown')}",
+             f"- {info.get('layernorms', 'LayerNorms: not examined')}",
              f"- transforms: {', '.join(info.get('transforms', []))}; seed {info.get('seed')}",
              f"- dropped tokens: {r0['dropped_tokens']} (truncated sequences: {r0['truncated_sequences']})",
              "- contribution c_i = |w_{y,i} v_i| averaged over test vectors (Luo et al. 2021 §3); outlier dims "
