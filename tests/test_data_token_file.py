@@ -247,3 +247,21 @@ def test_build_progress_lines_at_info(tmp_path, caplog):
     assert all(k in lines[0] for k in ("documents |", "tokens |", "MB/s", "tokens/s", "ETA"))
     assert "ETA ?" not in lines[1] and "%)" in lines[1]  # the files' bytes give the share done
     assert 0 < fractions[0] < fractions[-2] <= 1 and lines[-1].split("ETA ")[1].startswith("0:00:00")
+
+
+def test_file_digest_is_remembered_by_stat_and_recomputed_after_a_change(tmp_path):
+    import os
+
+    from outlierlab.datamodules.corpus import corpus_identity
+
+    f = tmp_path / "a.txt"
+    f.write_text("one\ntwo\n")
+    memo = tmp_path / "memo"
+    plain = corpus_identity("files", [str(f)])
+    assert corpus_identity("files", [str(f)], memo_dir=memo) == plain  # the same id as without a memo
+    (entry,) = memo.glob("*.json")
+    entry.write_text(entry.read_text().replace(json.loads(entry.read_text())["sha256"], "0" * 64))
+    assert corpus_identity("files", [str(f)], memo_dir=memo) != plain  # read from the memo, not the file
+    f.write_text("one\nchanged\n")
+    os.utime(f, ns=(1, 1))  # a new stat: size/mtime differ, so the digest is computed from the bytes
+    assert corpus_identity("files", [str(f)], memo_dir=memo) == corpus_identity("files", [str(f)]) != plain

@@ -174,7 +174,8 @@ class MLMDataModule(L.LightningDataModule):
         if self.blocks_path is not None:
             return
         t0 = time.perf_counter()
-        corpus_id = corpus_lib.corpus_identity(self.source, self.files, self.hub, self.max_documents)
+        corpus_id = corpus_lib.corpus_identity(self.source, self.files, self.hub, self.max_documents,
+                                               memo_dir=self.cache_dir / "file_hashes")
 
         def documents():  # a fresh stream per pass; nothing is read unless a cache is missing
             return open_documents(self.source, self.files, {**self.hub, "cache_dir": self._hf_cache()},
