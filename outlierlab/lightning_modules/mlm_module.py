@@ -19,8 +19,31 @@ def batch_size_of(batch: dict[str, Tensor]) -> int:
 
 
 def tokens_in(batch: dict[str, Tensor]) -> int:
-    """Real (non-padding) tokens in a batch: what ``train/items_per_sec`` counts."""
+    """Real (non-padding) tokens in a batch: what ``train/items_per_sec`` counts.
+
+    A batch without ``attention_mask`` is unpadded (:meth:`MLMLitModule.on_before_batch_transfer` drops an
+    all-ones mask), so its size needs no device read; only a padded batch sums its mask.
+    """
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].numel())
+
+
+def prepare_mlm_batch(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Host-side batch preparation that spares the accelerator two waits (called before the transfer).
+
+    * an all-ones ``attention_mask`` is dropped: the encoder then runs attention without a mask, so
+      ``F.scaled_dot_product_attention`` can take its flash kernel (packed blocks: all but the last are
+      unpadded);
+    * ``masked_positions``: flat indices of the labelled positions, so the MLM head can gather them without
+      a ``nonzero`` on the device (:meth:`outlierlab.models.encoder.RobertaMaskedLM.forward`).
+    """
+    batch = dict(batch)
+    mask = batch.get("attention_mask")
+    if mask is not None and bool(mask.all()):
+        del batch["attention_mask"]
+    labels = batch.get("labels")
+    if labels is not None and "masked_positions" not in batch:
+        batch["masked_positions"] = (labels.reshape(-1) != -100).nonzero().squeeze(1)
+    return batch
 
 
 WEIGHT_DECAY_SCOPES = ("all", "no_norm_bias")
@@ -90,6 +113,11 @@ class MLMLitModule(L.LightningModule):
     weight_decay_scope : {"no_norm_bias", "all"}
         Which parameters the optimizer's weight decay applies to (:func:`weight_decay_groups`);
         ``experiment=paper_roberta_base`` uses ``"all"`` as fairseq did.
+    finite_check_every_n_steps : int
+        On an accelerator, how often the non-finite-loss guard reads its flag back (a host read waits for
+        the device; Lightning's own logging reads every ``log_every_n_steps``, 10 by default). The flag is
+        set on the device at every step, so the error still names the first bad step, and it is read before
+        any checkpoint is written. On CPU the check is immediate (it costs nothing there).
     compile : bool or dict
         Run the training forward through ``torch.compile`` (a dict: its keyword arguments, e.g.
         ``{mode: max-autotune-no-cudagraphs}``).  Only the training step is compiled: validation and
@@ -106,6 +134,7 @@ class MLMLitModule(L.LightningModule):
         seed: int = 0,
         weight_decay_scope: str = "no_norm_bias",
         compile: bool | dict = False,
+        finite_check_every_n_steps: int = 10,
     ) -> None:
         super().__init__()
         config = model if isinstance(model, EncoderConfig) else EncoderConfig(**dict(model))
@@ -131,13 +160,25 @@ class MLMLitModule(L.LightningModule):
         self.flops_per_token = 6 * n + 12 * config.num_layers * config.max_len * config.hidden_size
         self.flops_per_batch: int | None = None
         self.val_loss = MeanMetric()
+        if int(finite_check_every_n_steps) < 1:
+            raise ValueError(f"module.finite_check_every_n_steps must be >= 1, got {finite_check_every_n_steps}")
+        self.finite_check_every_n_steps = int(finite_check_every_n_steps)
+        # Global step of the first non-finite training loss, -1 while none; lives on the training device
+        # (not a buffer: it is not part of the model, and not in checkpoints).
+        self._first_nonfinite_step: Tensor | None = None
+        self._defer_finite_check: bool | None = None  # None: decided by the device on the first step
 
     @property
     def config(self) -> EncoderConfig:
         return self.model.config
 
     def forward(self, **batch: Tensor):
-        return self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"))
+        return self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
+                          masked_positions=batch.get("masked_positions"))
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Still on the host: reading the mask and the labels here costs no device synchronisation.
+        return prepare_mlm_batch(batch) if isinstance(batch, dict) and "input_ids" in batch else batch
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Lightning does not checkpoint the global RNG; a step-keyed seed makes resume exact.
@@ -151,19 +192,53 @@ class MLMLitModule(L.LightningModule):
         return self._train_forward
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._training_forward()(batch["input_ids"], batch.get("attention_mask"), batch.get("labels")).loss
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(
-                f"training loss became {loss.item()} at global step {self.global_step}; "
-                "lower the learning rate or raise gradient clipping (trainer.gradient_clip_val)"
-            )
+        loss = self._training_forward()(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
+                                        masked_positions=batch.get("masked_positions")).loss
+        self._guard_finite(loss)
         self.flops_per_batch = int(self.flops_per_token * batch["input_ids"].numel())
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
 
+    # ------------------------------------------------------------------------------ non-finite loss guard
+    def _nonfinite_error(self, step: int, value: str) -> NonFiniteLossError:
+        return NonFiniteLossError(f"training loss became {value} at global step {step}; "
+                                  "lower the learning rate or raise gradient clipping (trainer.gradient_clip_val)")
+
+    def _guard_finite(self, loss: Tensor) -> None:
+        """Stop the run at a NaN/inf loss. On CPU at once; on an accelerator the first bad step is recorded on
+        the device without a host read, and :meth:`_raise_if_nonfinite` reads it every
+        ``finite_check_every_n_steps`` steps and before every checkpoint."""
+        if self._defer_finite_check is None:
+            self._defer_finite_check = loss.device.type != "cpu"
+        if not self._defer_finite_check:
+            if not torch.isfinite(loss):
+                raise self._nonfinite_error(self.global_step, str(loss.item()))
+            return
+        if self._first_nonfinite_step is None or self._first_nonfinite_step.device != loss.device:
+            self._first_nonfinite_step = torch.full((), -1, dtype=torch.long, device=loss.device)
+        first = self._first_nonfinite_step
+        bad = ~torch.isfinite(loss.detach()) & (first < 0)
+        self._first_nonfinite_step = torch.where(bad, torch.full_like(first, self.global_step), first)
+
+    def _raise_if_nonfinite(self) -> None:
+        if self._first_nonfinite_step is not None:
+            step = int(self._first_nonfinite_step)  # the one host read
+            if step >= 0:
+                raise self._nonfinite_error(step, "NaN or inf")
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._defer_finite_check and (self.global_step % self.finite_check_every_n_steps == 0
+                                         or self.global_step >= (self.trainer.max_steps or 0) > 0):
+            self._raise_if_nonfinite()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._raise_if_nonfinite()  # never save weights updated from a non-finite loss as if they were good
+
+    def on_train_end(self) -> None:
+        self._raise_if_nonfinite()
+
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        labels = batch["labels"]
-        n_masked = (labels != -100).sum()
+        n_masked = batch["masked_positions"].numel() if "masked_positions" in batch else int((batch["labels"] != -100).sum())
         if n_masked == 0:
             return
         loss = self(**batch).loss

@@ -157,22 +157,27 @@ class SelfAttention(nn.Module):
         return scores.softmax(dim=-1)
 
     def forward(
-        self, x: Tensor, key_mask_bias: Tensor, position_ids: Tensor, output_attentions: bool = False
+        self, x: Tensor, key_mask_bias: Tensor | None, position_ids: Tensor, output_attentions: bool = False
     ) -> tuple[Tensor, Tensor | None]:
+        """``key_mask_bias`` ``[B, 1, 1, T]``: 0 for real keys, a large negative for padding; ``None`` when
+        nothing is padded -- then plain softmax with a bias-free scheme calls SDPA with no mask at all."""
         q, k, pos_bias = self._qk(x, position_ids)
         v = self._heads(self.value(x))
-        bias = key_mask_bias  # [B, 1, 1, T]: 0 for real keys, a large negative for padding
-        if pos_bias is not None:
-            bias = bias + pos_bias
+        bias = key_mask_bias
+        if pos_bias is not None:  # ALiBi / relative: a per-head bias on the logits, mask or not
+            bias = pos_bias if bias is None else bias + pos_bias
         p = self.dropout_p if self.training else 0.0
         if output_attentions or self.kind == "clipped_softmax":
             # Explicit path: the probabilities are wanted (attention-sink analyses) or are not a softmax.
-            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
+            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)
+            if bias is not None:
+                scores = scores + bias
             probs = self.probabilities(scores)
             ctx = F.dropout(probs, p, self.training) @ v
         else:
             probs = None
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=p)
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
+                                                 dropout_p=p)
         if self.gate is not None:
             ctx = ctx * self.gate(x)  # [B, H, T, Dh] * [B, H, T, 1]: each head's update, per token
         B, H, T, D = ctx.shape

@@ -40,10 +40,14 @@ class EncoderOutput:
 
 @dataclass
 class MaskedLMOutput:
+    """``logits`` are ``[B, T, V]`` (every position), or ``[N, V]`` at the ``N`` masked positions when the loss
+    was computed on those only; ``masked_positions`` then holds their flat indices into ``B*T``."""
+
     loss: Tensor | None
     logits: Tensor
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
+    masked_positions: Tensor | None = None
 
 
 class Embeddings(nn.Module):
@@ -91,17 +95,26 @@ class RobertaEncoder(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> EncoderOutput:
+        """``attention_mask`` ``[B, T]`` (1 = token, 0 = padding), or ``None`` when no position is padding
+        (as in ``transformers``: ``None`` means all ones). ``None`` runs attention without a mask."""
         if input_ids.shape[1] > self.config.max_len:
             raise ValueError(
                 f"sequence length {input_ids.shape[1]} exceeds the model's max_len={self.config.max_len}; "
                 "truncate the input or use a model with more positions"
             )
         if attention_mask is None:
-            attention_mask = (input_ids != self.config.pad_token_id).long()
-        position_ids = position_ids_from_mask(attention_mask)
-        x = self.embeddings(input_ids, attention_mask, position_ids)
-        # Large negative instead of -inf keeps rows finite even when a row is all padding.
-        key_mask_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+            # No padding: attention runs without any mask, so F.scaled_dot_product_attention may take its
+            # FlashAttention / memory-efficient kernels on a GPU (an additive mask rules those out). Packed
+            # MLM blocks are unpadded except the last one; the training module drops their all-ones mask.
+            B, T = input_ids.shape
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+            x = self.embeddings(input_ids, torch.ones_like(input_ids), position_ids)
+            key_mask_bias = None
+        else:
+            position_ids = position_ids_from_mask(attention_mask)
+            x = self.embeddings(input_ids, attention_mask, position_ids)
+            # Large negative instead of -inf keeps rows finite even when a row is all padding.
+            key_mask_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
         hidden, attns = [x], []
         for layer in self.encoder.layer:
             x, probs = layer(x, key_mask_bias, position_ids, output_attentions)
@@ -116,6 +129,11 @@ class RobertaEncoder(nn.Module):
             hidden_states=tuple(hidden) if output_hidden_states else None,
             attentions=tuple(attns) if output_attentions else None,
         )
+
+
+def _upcast(logits: Tensor) -> Tensor:
+    """fp16/bf16 logits to fp32 for the softmax of the loss (mixed precision); fp32/fp64 stay as they are."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
 class LMHead(nn.Module):
@@ -164,13 +182,38 @@ class RobertaMaskedLM(nn.Module):
         labels: Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        masked_positions: Tensor | None = None,
+        full_logits: bool = False,
     ) -> MaskedLMOutput:
+        """Encoder + MLM head; with ``labels`` (-100 = not predicted) also the mean cross-entropy.
+
+        With ``labels`` the head runs only at the labelled (masked) positions, as fairseq's RoBERTa does
+        (``masked_tokens`` in its ``RobertaLMHead``): at 15 % masking the head's dense, LayerNorm and the
+        ``[·, V]`` vocabulary projection -- more than half the FLOPs of a small model -- cost 0.15x, and no
+        full ``[B·T, V]`` fp32 logit tensor is made. Loss and gradients equal those of the full head
+        (tests/test_masked_head.py). ``logits`` are then ``[N, V]`` at ``masked_positions`` (flat indices
+        into ``B·T``), which the caller may pass precomputed: computing them from ``labels`` on a GPU waits
+        for the device (``nonzero``), so the training module computes them on the host before the batch
+        moves. ``full_logits=True`` (or no ``labels``) gives ``[B, T, V]`` as before.
+        """
         out = self.roberta(input_ids, attention_mask, output_hidden_states, output_attentions)
-        logits = self.lm_head(out.last_hidden_state, self.roberta.embeddings.word_embeddings.weight)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
-        return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions)
+        decoder = self.roberta.embeddings.word_embeddings.weight
+        hidden = out.last_hidden_state
+        if labels is None or full_logits:
+            logits = self.lm_head(hidden, decoder)
+            loss = None
+            if labels is not None:
+                loss = F.cross_entropy(_upcast(logits.view(-1, logits.shape[-1])), labels.view(-1), ignore_index=-100)
+            return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions)
+        flat_labels = labels.reshape(-1)
+        if masked_positions is None:
+            masked_positions = (flat_labels != -100).nonzero().squeeze(1)
+        logits = self.lm_head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_positions), decoder)
+        targets = flat_labels.index_select(0, masked_positions)
+        # sum / max(N, 1): a batch without any masked token gives loss 0 (and zero gradients), not the
+        # NaN of a mean over nothing; N is the index tensor's length, known on the host (no device sync).
+        loss = F.cross_entropy(_upcast(logits), targets, reduction="sum") / max(int(masked_positions.numel()), 1)
+        return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions, masked_positions)
 
     def named_layernorms(self) -> dict[str, nn.Module]:
         """The encoder's normalisation layers on the residual stream, in depth order — the single list
