@@ -148,8 +148,62 @@ def _release_ddp(env_before: dict[str, str | None]) -> None:
             os.environ[key] = value
 
 
+FINISHED_MARKER = "finished.json"
+
+
+def finished_run(run_dir: Path) -> dict[str, Any] | None:
+    """The ``finished.json`` a completed run wrote (its steps and final metrics), or None."""
+    marker = run_dir / FINISHED_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None  # a torn marker: the run is treated as unfinished and resumes from its checkpoint
+
+
+def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float]) -> None:
+    tmp = run_dir / f".{FINISHED_MARKER}.tmp"
+    tmp.write_text(json.dumps({"global_step": int(trainer.global_step), "max_steps": int(trainer.max_steps),
+                               "metrics": metrics}, indent=2))
+    os.replace(tmp, run_dir / FINISHED_MARKER)
+
+
+def parallel_cells() -> int:
+    """How many sweep cells run at once on this machine: ``hydra.launcher.n_jobs`` under the joblib
+    launcher (``-1``: one per core), else 1."""
+    try:
+        launcher = HydraConfig.get().launcher
+    except ValueError:  # not under @hydra.main
+        return 1
+    if "joblib" not in str(launcher.get("_target_", "")).lower():
+        return 1
+    n = int(launcher.get("n_jobs") or 1)
+    return (os.cpu_count() or 1) if n < 0 else n
+
+
+def set_threads(threads: int | None) -> int:
+    """Intra-op threads for this process: ``threads``, or the machine's cores divided among the cells that
+    run in parallel (joblib starts each cell in its own process, and torch would otherwise give every one
+    of them all the cores -- N cells x all cores oversubscribes the machine and each runs slower)."""
+    n = int(threads) if threads else max(1, (os.cpu_count() or 1) // parallel_cells())
+    torch.set_num_threads(n)
+    return n
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Run MLM pretraining as configured; return the final logged metrics."""
+    """Run MLM pretraining as configured; return the final logged metrics.
+
+    A run directory that holds ``finished.json`` is skipped (its metrics are returned), and one with a
+    checkpoint but no marker resumes from it (``resume: true``) -- so re-running a stopped multirun
+    continues it cell by cell instead of starting over.
+    """
+    run_dir = Path(cfg.run_dir).resolve()
+    done = finished_run(run_dir)
+    if done is not None and cfg.get("skip_finished", True) and cfg.get("ckpt_path") in (None, "", "null"):
+        log.info("%s finished earlier (step %s): skipped; delete it, or set skip_finished=false, to train it again",
+                 run_dir, done.get("global_step"))
+        return {k: float(v) for k, v in (done.get("metrics") or {}).items()}
     env_before = {k: os.environ.get(k) for k in _DDP_ENV}
     try:
         return _train(cfg)
@@ -160,6 +214,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def _train(cfg: DictConfig) -> dict[str, float]:
     run_dir = Path(cfg.run_dir).resolve()
     ensure_writable(run_dir)
+    threads = set_threads(cfg.get("threads"))
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = hydra.utils.instantiate(cfg.data)
@@ -179,7 +234,13 @@ def _train(cfg: DictConfig) -> dict[str, float]:
             f"data.block_size={datamodule.block_size} is larger than the model's max_len={config.max_len}; "
             f"lower data.block_size or raise model.max_len"
         )
-    ckpt_path, ckpt = resolve_checkpoint(cfg.get("ckpt_path"), run_dir)
+    requested = cfg.get("ckpt_path")
+    if requested in (None, "", "null") and cfg.get("resume", True) and any((run_dir / "checkpoints").glob("*.ckpt")):
+        # an interrupted cell of a sweep (or a re-run into the same hydra.run.dir): continue it
+        log.info("%s holds checkpoints of an unfinished run: resuming from the last one (resume=false starts over)",
+                 run_dir)
+        requested = "last"
+    ckpt_path, ckpt = resolve_checkpoint(requested, run_dir)
     if ckpt is not None:
         check_checkpoint_matches(ckpt, config, ckpt_path)
         del ckpt
@@ -190,6 +251,7 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
     report_data_budget(datamodule, trainer, cfg.get("data_epochs_warning"))
+    log.info("%d intra-op thread(s) for this run", threads)
     if trainer.global_rank == 0:
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         # the run directory is self-contained from the start: post-hoc analysis and probe.py on a checkpoint
@@ -203,4 +265,12 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
         fmt = save_pretrained(module.model, out, tokenizer=tokenizer)
         log.info("exported the trained model (%s format) and tokenizer to %s", fmt, out)
-    return {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+    if trainer.global_rank == 0 and trainer.global_step >= trainer.max_steps > 0:
+        if cfg.get("posthoc", False):
+            from outlierlab.jobs.posthoc import analyze_run  # every checkpoint, the monitors' statistics
+
+            res = analyze_run(run_dir)
+            log.info("post-hoc analysis of steps %s -> %s", res["steps"], res["metrics"])
+        _mark_finished(run_dir, trainer, metrics)  # last: a cell counts as done only with all its files
+    return metrics

@@ -5,6 +5,7 @@
 - :class:`.hidden_state_monitor.HiddenStateMonitor` — activation outlier dims and anisotropy on a fixed
   held-out batch (Luo et al. 2021; Ethayarajh 2019).
 - :class:`.progress.ProgressLines` — plain progress lines when stdout is not a terminal.
+- :class:`.interrupt_checkpoint.InterruptCheckpoint` — ``last.ckpt`` on SIGTERM (schedulers, preemption).
 
 Kept free of heavy imports: the classes load on first attribute access.
 """
@@ -16,6 +17,7 @@ _LAZY = {
     "HiddenStateMonitor": "hidden_state_monitor",
     "OutlierMonitor": "base",
     "ProgressLines": "progress",
+    "InterruptCheckpoint": "interrupt_checkpoint",
 }
 
 __all__ = list(_LAZY)

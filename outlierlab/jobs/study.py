@@ -1,0 +1,219 @@
+"""Aggregate a sweep over seeds: ``python -m outlierlab.jobs.study multirun/<study> [--contrast key=a,b]``.
+
+Reads every cell of one or more sweep directories (:mod:`outlierlab.jobs.study_cells`), groups the cells by
+every override except the seed, and writes into ``<sweep>/study/`` (or ``--out``):
+
+* ``study.csv`` -- group x step x layer x metric: n seeds, mean, std, the 95 % confidence interval of the mean
+  (Student t with n - 1 df, :mod:`outlierlab.analysis.seed_statistics`), min, max and the seeds;
+* ``study.md`` -- the groups, the unfinished cells, the headline metrics at chosen steps (default: step 0, the
+  middle and the last recorded step), and for each ``--contrast key=a,b`` the difference of means with its
+  CI, a paired t-test when both groups hold the same seeds (else Welch's), and whether the ordering holds in
+  every seed;
+* ``contrasts.csv`` -- those contrasts at every step;
+* ``curves/<metric>__<layer>.png`` -- mean and CI band per group over steps, the seeds drawn faintly behind.
+
+Refused in one line, before anything is written: a group whose cells ran different step budgets, or differ
+in a resolved setting that is not an override (so the grouping cannot tell them apart), or repeat a seed.
+Unfinished cells (a training cell without ``finished.json``) are listed and left out, never averaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from outlierlab.analysis.seed_statistics import CI_METHOD, contrast, summarize
+from outlierlab.jobs.study_cells import LAYER_MAX, SEED_DEPENDENT, Cell, cell_numbers, find_cells
+
+#: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
+HEADLINE = ["hidden/kurtosis", "hidden/argmax_share", "hidden/abs_argmax_share", "hidden/max_median",
+            "hidden/anisotropy", "posthoc/n_layernorm_outliers", "val/ppl"]
+
+
+def group_label(overrides: dict[str, str], varying: Sequence[str]) -> str:
+    """``pos=learned,arch=op``: the overrides that differ between groups (all of them if none differ)."""
+    keys = [k for k in sorted(overrides) if k in varying] or sorted(overrides)
+    return ",".join(f"{k}={overrides[k]}" for k in keys) or "all"
+
+
+def check_groups(groups: dict[str, list[Cell]]) -> None:
+    """Refuse a group the aggregator cannot average honestly (one line each, raised together)."""
+    errors = []
+    for label, cells in groups.items():
+        budgets = defaultdict(list)
+        for c in cells:
+            budgets[c.max_steps].append(c.seed)
+        if len(budgets) > 1:
+            parts = "; ".join(f"{b} steps (seeds {', '.join(map(str, s))})" for b, s in budgets.items())
+            errors.append(f"group {label} mixes step budgets: {parts}; run them as separate sweeps or override "
+                          "trainer.max_steps explicitly so they form separate groups")
+            continue
+        seeds = [c.seed for c in cells]
+        dupes = sorted({s for s in seeds if seeds.count(s) > 1}, key=str)
+        if dupes:
+            errors.append(f"group {label} holds seed {dupes[0]} more than once ({', '.join(str(c.path) for c in cells if c.seed == dupes[0])})")
+            continue
+        ref = cells[0].config
+        for c in cells[1:]:
+            keys = sorted(k for k in set(ref) | set(c.config) if not SEED_DEPENDENT.search(k)
+                          and ref.get(k) != c.config.get(k))
+            if keys:
+                shown = ", ".join(f"{k}: {ref.get(k)!r} vs {c.config.get(k)!r}" for k in keys[:3])
+                errors.append(f"group {label}: {cells[0].path.name} and {c.path.name} differ in settings that are not "
+                              f"overrides ({shown}{' ...' if len(keys) > 3 else ''}); they cannot be averaged as seeds")
+                break
+    if errors:
+        raise ValueError(" | ".join(errors))
+
+
+def aggregate(cells: list[Cell]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[Cell]]]:
+    """``(summary, per_seed, groups)``: the study table, every finished cell's numbers with its group and
+    seed, and the finished cells by group label."""
+    finished = [c for c in cells if c.finished]
+    if not finished:
+        raise ValueError(f"none of the {len(cells)} cells has finished; nothing to aggregate "
+                         "(unfinished: " + ", ".join(c.path.name for c in cells) + ")")
+    keys = sorted({k for c in finished for k in c.overrides})
+    varying = [k for k in keys if len({c.overrides.get(k) for c in finished}) > 1]
+    groups: dict[str, list[Cell]] = defaultdict(list)
+    for c in finished:
+        groups[group_label(c.overrides, varying)].append(c)
+    check_groups(groups)
+    frames = []
+    for label, members in groups.items():
+        for c in members:
+            df = cell_numbers(c)
+            df["group"], df["seed"] = label, c.seed
+            frames.append(df)
+    per_seed = pd.concat(frames, ignore_index=True)
+    rows = []
+    for (label, step, layer, metric), sub in per_seed.groupby(["group", "step", "layer", "metric"], sort=True):
+        s = summarize(sub["value"].tolist())
+        rows.append({"group": label, "step": int(step), "layer": layer, "metric": metric, "n": s.n, "mean": s.mean,
+                     "std": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high, "min": s.min, "max": s.max,
+                     "seeds": " ".join(str(x) for x in sorted(sub["seed"].dropna().astype(int).unique()))})
+    summary = pd.DataFrame(rows)
+    summary.insert(4, "ci", CI_METHOD)
+    return summary, per_seed, dict(groups)
+
+
+def parse_contrast(spec: str) -> tuple[str, str, str]:
+    """``pos=learned,none`` -> ``("pos", "learned", "none")``."""
+    key, _, values = spec.partition("=")
+    parts = [v for v in values.split(",") if v]
+    if not key or len(parts) != 2:
+        raise ValueError(f"--contrast {spec!r}: write key=a,b (e.g. pos=learned,none)")
+    return key, parts[0], parts[1]
+
+
+def contrast_table(per_seed: pd.DataFrame, groups: dict[str, list[Cell]], spec: str) -> pd.DataFrame:
+    """Every pair of groups that differ only in ``key`` (a vs b): the contrast at every step/layer/metric."""
+    key, a, b = parse_contrast(spec)
+    by_rest: dict[tuple, dict[str, str]] = defaultdict(dict)
+    for label, cells in groups.items():
+        ov = cells[0].overrides
+        if ov.get(key) in (a, b):
+            rest = tuple(sorted((k, v) for k, v in ov.items() if k != key))
+            by_rest[rest][ov[key]] = label
+    pairs = [(v[a], v[b]) for v in by_rest.values() if a in v and b in v]
+    if not pairs:
+        present = sorted({c.overrides.get(key) for cells in groups.values() for c in cells} - {None})
+        raise ValueError(f"--contrast {spec}: no two groups differ only in {key} = {a} vs {b} "
+                         f"(values of {key} in this study: {', '.join(present) or 'none'})")
+    rows = []
+    for ga, gb in pairs:
+        da, db = per_seed[per_seed["group"] == ga], per_seed[per_seed["group"] == gb]
+        merged = da.merge(db, on=["step", "layer", "metric"], suffixes=("_a", "_b"))
+        for (step, layer, metric), sub in merged.groupby(["step", "layer", "metric"]):
+            va = dict(zip(sub["seed_a"], sub["value_a"]))
+            vb = dict(zip(sub["seed_b"], sub["value_b"]))
+            try:
+                c = contrast(va, vb)
+            except ValueError:
+                continue
+            rows.append({"contrast": f"{key}: {a} - {b}", "group_a": ga, "group_b": gb, "step": int(step),
+                         "layer": layer, "metric": metric, "mean_a": sum(va.values()) / len(va),
+                         "mean_b": sum(vb.values()) / len(vb), "diff": c.diff, "ci_low": c.ci_low,
+                         "ci_high": c.ci_high, "test": c.test, "p_value": c.p_value, "n_a": c.n_a, "n_b": c.n_b,
+                         "same_order_every_seed": c.same_order, "ordering": c.order_count})
+    return pd.DataFrame(rows)
+
+
+def default_steps(summary: pd.DataFrame) -> list[int]:
+    """Step 0, the recorded step nearest the middle, and the last recorded step."""
+    steps = sorted(s for s in summary["step"].unique() if s >= 0)
+    if not steps:
+        return [-1]
+    last = steps[-1]
+    middle = min(steps, key=lambda s: abs(s - last / 2))
+    return sorted({steps[0], middle, last})
+
+
+def default_layers(summary: pd.DataFrame) -> list[str]:
+    """The last encoder layer and the across-layer maximum (the emergence issue's 'last and max layer')."""
+    layers = [x for x in summary["layer"].unique() if x.startswith("layer_") and x[6:].isdigit()]
+    last = max(layers, key=lambda x: int(x[6:])) if layers else None
+    return [x for x in (last, LAYER_MAX, "model") if x is not None]
+
+
+def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] = (), metrics: Sequence[str] | None = None,
+        steps: Sequence[int] | None = None, layers: Sequence[str] | None = None, plots: bool = True) -> dict:
+    from outlierlab.reports.study_report import write_curves, write_markdown
+
+    for spec in contrasts:
+        parse_contrast(spec)  # a malformed contrast fails before any reading
+    cells = find_cells(list(paths))
+    summary, per_seed, groups = aggregate(cells)
+    tables = {spec: contrast_table(per_seed, groups, spec) for spec in contrasts}
+    out_dir = Path(out) if out else Path(paths[0]) / "study"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary.to_csv(out_dir / "study.csv", index=False, float_format="%.10g")
+    if tables:
+        pd.concat(tables.values(), ignore_index=True).to_csv(out_dir / "contrasts.csv", index=False, float_format="%.10g")
+    metrics = [m for m in (metrics or HEADLINE) if m in set(summary["metric"])]
+    steps = list(steps) if steps else default_steps(summary)
+    layers = list(layers) if layers else default_layers(summary)
+    unfinished = [c for c in cells if not c.finished]
+    write_markdown(out_dir / "study.md", paths, summary, tables, groups, unfinished, metrics, steps, layers)
+    pngs = write_curves(out_dir / "curves", summary, per_seed, metrics, layers) if plots else []
+    return {"out": out_dir, "groups": {k: len(v) for k, v in groups.items()}, "unfinished": [str(c.path) for c in unfinished],
+            "plots": pngs}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.study", description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="+", help="multirun sweep directories (or run directories)")
+    parser.add_argument("--out", default=None, help="output folder (default <first path>/study)")
+    parser.add_argument("--contrast", action="append", default=[], help="key=a,b, e.g. pos=learned,none (repeatable)")
+    parser.add_argument("--metrics", default=None, help="comma-separated metrics for study.md and the curves "
+                        f"(default: {','.join(HEADLINE)})")
+    parser.add_argument("--steps", default=None, help="comma-separated steps for study.md (default: 0, middle, last)")
+    parser.add_argument("--layers", default=None, help=f"comma-separated layers (default: the last, {LAYER_MAX}, model)")
+    parser.add_argument("--no-plots", action="store_true")
+    a = parser.parse_args(argv)
+
+    def split(s: str) -> list[str]:
+        return [x for x in s.split(",") if x]
+
+    try:
+        res = run(a.paths, a.out, a.contrast, split(a.metrics) if a.metrics else None,
+                  [int(x) for x in split(a.steps)] if a.steps else None, split(a.layers) if a.layers else None,
+                  plots=not a.no_plots)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    groups = ", ".join(f"{k} ({n} seeds)" for k, n in res["groups"].items())
+    print(f"groups: {groups}")
+    if res["unfinished"]:
+        print(f"unfinished (left out): {', '.join(res['unfinished'])}")
+    print(f"wrote {res['out']}/study.csv, study.md" + (f" and {len(res['plots'])} curves" if res["plots"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The cells of a sweep and their numbers, in one long table: what :mod:`outlierlab.jobs.study` aggregates.
+
+A *cell* is one run directory of a Hydra multirun (``train.py``, ``evaluate.py`` or ``probe.py``): its
+``.hydra/overrides.yaml`` says what was set, its resolved ``config.yaml`` (or ``.hydra/config.yaml``) what
+ran, ``finished.json`` (train.py) whether it completed. Its numbers come from the CSVs it wrote:
+
+* ``monitor/hidden_states.csv``, ``monitor/layernorm.csv`` (the live monitors; long format, one row per step
+  x layer x statistic, :mod:`outlierlab.reports.history`) -> metrics ``hidden/<statistic>``,
+  ``layernorm/<statistic>`` (per-dimension rows such as ``mean`` or ``gain`` are vectors, not aggregated);
+* ``monitor_posthoc/metrics.csv`` (``python -m outlierlab.jobs.posthoc``; one row per checkpoint x layer)
+  -> ``posthoc/<column>``;
+* ``csv/metrics.csv`` (Lightning's CSV logger) -> ``val/ppl``, ``train/loss``, ... at layer ``model``;
+* any other CSV at the cell's top with a ``layer`` column (``evaluate.py``'s ``anisotropy.csv``, ...,
+  ``probe.py``'s ``position_probe.csv``) -> ``<file>/<key columns>/<column>`` at step -1.
+
+Per-layer monitor metrics also get a derived layer ``max_layer``: the largest value over the encoder layers
+(``layer_1`` .. ``layer_L``, not the embedding output), taken within each run before averaging.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+#: Overrides that do not change what a cell computes: how it was launched, resumed or named.
+NOT_IDENTITY = {"study", "ckpt_path", "resume", "skip_finished", "threads", "posthoc", "trainer.enable_progress_bar",
+                "callbacks.progress.when", "progress", "tensorboard"}
+#: Resolved-config keys that legitimately differ between the seeds of one group.
+SEED_DEPENDENT = re.compile(r"(^|\.)(seed|run_dir|save_dir|dirpath|study)$|^hydra\.|^paths\.")
+_SEED_IN_VALUE = re.compile(r"seed=(\d+)")
+LAYER_MAX = "max_layer"
+
+
+@dataclass
+class Cell:
+    path: Path
+    overrides: dict[str, str]          # identity: every override but the seed (a seed inside a value -> seed=*)
+    seed: int | None
+    finished: bool
+    config: dict[str, Any] = field(default_factory=dict)  # flattened resolved config
+
+    @property
+    def max_steps(self) -> Any:
+        return self.config.get("trainer.max_steps")
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    for candidate in (path / "config.yaml", path / ".hydra" / "config.yaml"):
+        if candidate.is_file():
+            try:
+                cfg = OmegaConf.load(candidate)
+                return _flatten(OmegaConf.to_container(cfg, resolve=False))
+            except Exception as e:  # a torn file: the cell is reported, not silently dropped
+                raise ValueError(f"cannot read {candidate}: {e}") from None
+    return {}
+
+
+def is_cell(path: Path) -> bool:
+    return (path / ".hydra" / "overrides.yaml").is_file() or (path / "finished.json").is_file()
+
+
+def _finished(path: Path) -> bool:
+    if (path / "finished.json").is_file():
+        return True
+    if (path / "checkpoints").is_dir():  # a training cell without its marker: stopped or still running
+        return False
+    return any((path / name).is_file() for name in ("results.json", "report.md", "probe_report.md"))
+
+
+def read_cell(path: Path) -> Cell:
+    """One cell: its identity (overrides without the seed), seed, completion and resolved config."""
+    overrides: dict[str, str] = {}
+    seed: int | None = None
+    file = path / ".hydra" / "overrides.yaml"
+    items = OmegaConf.to_container(OmegaConf.load(file)) if file.is_file() else []
+    for item in items or []:
+        key, _, value = str(item).partition("=")
+        key = key.lstrip("+~")
+        if key.startswith("hydra.") or key.startswith("hydra/") or key in NOT_IDENTITY:
+            continue
+        if key == "seed":
+            seed = int(value)
+            continue
+        found = _SEED_IN_VALUE.search(value)
+        if found:  # e.g. evaluate.py over the seeds' runs: encoder.name_or_path=multirun/x/pos=none,seed=2
+            seed = int(found.group(1)) if seed is None else seed
+            value = _SEED_IN_VALUE.sub("seed=*", value)
+        overrides[key] = value
+    config = _read_config(path)
+    if seed is None and isinstance(config.get("seed"), int):
+        seed = int(config["seed"])
+    return Cell(path, overrides, seed, _finished(path), config)
+
+
+def find_cells(paths: list[str | Path]) -> list[Cell]:
+    """Cells under each path (a sweep directory, or a cell itself), sorted by path."""
+    cells = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise FileNotFoundError(f"{p} is not a directory (give a multirun sweep directory or run directories)")
+        found = [p] if is_cell(p) else sorted(c for c in p.iterdir() if c.is_dir() and is_cell(c))
+        cells += [read_cell(c) for c in found]
+    if not cells:
+        raise ValueError(f"no run directories (with .hydra/overrides.yaml) under {', '.join(map(str, paths))}")
+    return sorted(cells, key=lambda c: str(c.path))
+
+
+# ----------------------------------------------------------------------------------------------- numbers
+def _long_history(path: Path, prefix: str) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    if df.empty:
+        return df
+    size = df.groupby(["step", "name", "statistic"])["value"].transform("size")
+    df = df[size == 1]  # scalars only; per-dimension statistics are vectors
+    return pd.DataFrame({"step": df["step"].astype(int), "layer": df["name"].astype(str),
+                         "metric": prefix + df["statistic"].astype(str), "value": pd.to_numeric(df["value"], errors="coerce")})
+
+
+def _posthoc(path: Path) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    cols = [c for c in df.columns if c not in ("step", "layer") and not c.endswith("_dim")]
+    long = df.melt(id_vars=["step", "layer"], value_vars=cols, var_name="metric", value_name="value")
+    layer = long["layer"].astype(str)
+    long["layer"] = layer.where(~layer.str.fullmatch(r"\d+"), "layer_" + layer)
+    long["metric"] = "posthoc/" + long["metric"]
+    long["value"] = pd.to_numeric(long["value"], errors="coerce")
+    return long
+
+
+def _lightning_csv(path: Path) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    cols = [c for c in df.columns if c not in ("step", "epoch")]
+    long = df.melt(id_vars=["step"], value_vars=cols, var_name="metric", value_name="value").dropna(subset=["value"])
+    long = long.groupby(["step", "metric"], as_index=False).last()  # one value per step (the last logged)
+    long["layer"] = "model"
+    return long
+
+
+def _layer_csv(path: Path) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    numeric = [c for c in df.columns if c != "layer" and pd.api.types.is_numeric_dtype(df[c])]
+    keys = [c for c in df.columns if c != "layer" and c not in numeric]
+    rows = []
+    for _, r in df.iterrows():
+        tag = "/".join(str(r[k]) for k in keys)
+        for c in numeric:
+            rows.append({"step": -1, "layer": f"layer_{r['layer']}" if str(r["layer"]).isdigit() else str(r["layer"]),
+                         "metric": "/".join(x for x in (path.stem, tag, c) if x), "value": r[c]})
+    return pd.DataFrame(rows)
+
+
+def _add_max_layer(df: pd.DataFrame) -> pd.DataFrame:
+    per_layer = df[df["layer"].str.fullmatch(r"layer_\d+") & (df["layer"] != "layer_0")
+                   & df["metric"].str.match(r"(hidden|posthoc)/")]
+    if per_layer.empty:
+        return df
+    mx = per_layer.groupby(["step", "metric"], as_index=False)["value"].max()
+    mx["layer"] = LAYER_MAX
+    return pd.concat([df, mx[df.columns]], ignore_index=True)
+
+
+def cell_numbers(cell: Cell) -> pd.DataFrame:
+    """Every scalar the cell wrote: columns ``step, layer, metric, value``."""
+    p = cell.path
+    parts = []
+    for rel, prefix in (("monitor/hidden_states.csv", "hidden/"), ("monitor/layernorm.csv", "layernorm/")):
+        if (p / rel).is_file():
+            parts.append(_long_history(p / rel, prefix))
+    if (p / "monitor_posthoc" / "metrics.csv").is_file():
+        parts.append(_posthoc(p / "monitor_posthoc" / "metrics.csv"))
+    if (p / "csv" / "metrics.csv").is_file():
+        parts.append(_lightning_csv(p / "csv" / "metrics.csv"))
+    for csv_file in sorted(p.glob("*.csv")):
+        head = pd.read_csv(csv_file, nrows=1)
+        if "layer" in head.columns:
+            parts.append(_layer_csv(csv_file))
+    parts = [x for x in parts if not x.empty]
+    if not parts:
+        return pd.DataFrame(columns=["step", "layer", "metric", "value"])
+    df = pd.concat([x[["step", "layer", "metric", "value"]] for x in parts], ignore_index=True)
+    df = df.dropna(subset=["value"])
+    return _add_max_layer(df)
+
+
+def finished_info(cell: Cell) -> dict[str, Any]:
+    try:
+        return json.loads((cell.path / "finished.json").read_text())
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,176 @@
+"""The seed-study aggregator (issue 30) on planted cells whose numbers are chosen by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from outlierlab.analysis.seed_statistics import contrast, summarize
+from outlierlab.jobs import study
+
+T_975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2), as a constant: the test must not share the code's call
+
+
+def plant_cell(root: Path, overrides: dict, values: dict[int, dict[str, float]], *, finished: bool = True,
+               max_steps: int = 100, extra_config: dict | None = None) -> Path:
+    """A train.py-like run directory: overrides, resolved config, live monitor history, val/ppl."""
+    name = ",".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+    cell = root / name
+    (cell / ".hydra").mkdir(parents=True)
+    (cell / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"{k}={v}" for k, v in overrides.items()]))
+    config = {"seed": overrides.get("seed", 0), "run_dir": str(cell), "pos": {"name": overrides.get("pos", "learned")},
+              "trainer": {"max_steps": max_steps}, **(extra_config or {})}
+    (cell / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = ["step,name,statistic,dim,value"]
+    for step, stats in values.items():
+        for layer, v in (("layer_1", stats["kurtosis"] / 2), ("layer_2", stats["kurtosis"])):
+            rows.append(f"{step},{layer},kurtosis,,{v}")
+        rows.append(f"{step},layer_2,argmax_share,17,{stats['share']}")
+        rows += [f"{step},layer_2,mean,{d},{d * 0.1}" for d in range(3)]  # a vector: not aggregated
+    (cell / "monitor").mkdir()
+    (cell / "monitor" / "hidden_states.csv").write_text("\n".join(rows) + "\n")
+    (cell / "csv").mkdir()
+    (cell / "csv" / "metrics.csv").write_text("epoch,step,val/ppl,train/loss\n0,50,,3.0\n0,100,"
+                                              f"{values[max(values)]['ppl']},\n")
+    (cell / "checkpoints").mkdir()
+    if finished:
+        (cell / "finished.json").write_text(json.dumps({"global_step": max_steps, "max_steps": max_steps}))
+    return cell
+
+
+LEARNED = {1: 2.0, 2: 4.0, 3: 9.0}   # final kurtosis per seed
+NONE = {1: 1.0, 2: 1.5, 3: 2.0}
+
+
+def plant_study(root: Path) -> Path:
+    for pos, finals in (("learned", LEARNED), ("none", NONE)):
+        for seed, k in finals.items():
+            plant_cell(root, {"pos": pos, "seed": seed, "experiment": "emergence_seeds"},
+                       {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 900.0},
+                        100: {"kurtosis": k, "share": 0.2 * seed, "ppl": 300.0 + seed}})
+    return root
+
+
+def row(df: pd.DataFrame, **where) -> pd.Series:
+    sub = df
+    for k, v in where.items():
+        sub = sub[sub[k] == v]
+    assert len(sub) == 1, where
+    return sub.iloc[0]
+
+
+def test_summary_equals_hand_computed_mean_std_and_t_interval(tmp_path):
+    plant_study(tmp_path)
+    res = study.run([str(tmp_path)], contrasts=["pos=learned,none"], plots=True)
+    df = pd.read_csv(res["out"] / "study.csv")
+    r = row(df, group="pos=learned", step=100, layer="layer_2", metric="hidden/kurtosis")
+    mean = 5.0  # (2 + 4 + 9) / 3
+    std = math.sqrt(((2 - 5) ** 2 + (4 - 5) ** 2 + (9 - 5) ** 2) / 2)  # sqrt(13)
+    assert r["n"] == 3 and r["mean"] == pytest.approx(mean) and r["std"] == pytest.approx(std, rel=1e-6)
+    assert r["ci_high"] - r["mean"] == pytest.approx(T_975_2 * std / math.sqrt(3), rel=1e-6)
+    assert r["min"] == 2.0 and r["max"] == 9.0 and r["seeds"] == "1 2 3"
+    assert r["ci"] == "Student t, 95%"
+    # max_layer is taken within each run (layer_2 = 2 x layer_1 here), then averaged
+    assert row(df, group="pos=learned", step=100, layer="max_layer", metric="hidden/kurtosis")["mean"] == pytest.approx(5.0)
+    # per-dimension vectors are not aggregated; the Lightning CSV gives val/ppl at layer "model"
+    assert not (df["metric"] == "hidden/mean").any()
+    assert row(df, group="pos=none", step=100, layer="model", metric="val/ppl")["mean"] == pytest.approx(302.0)
+    md = (res["out"] / "study.md").read_text()
+    assert "| pos=learned | 1, 2, 3 |" in md and "Contrast pos=learned,none" in md
+    assert res["plots"] and all(p.is_file() for p in res["plots"])
+
+
+def test_contrast_paired_over_common_seeds_and_ordering(tmp_path):
+    plant_study(tmp_path)
+    res = study.run([str(tmp_path)], contrasts=["pos=learned,none"], plots=False)
+    c = pd.read_csv(res["out"] / "contrasts.csv")
+    r = row(c, step=100, layer="layer_2", metric="hidden/kurtosis")
+    d = [2 - 1, 4 - 1.5, 9 - 2]  # per-seed differences 1, 2.5, 7
+    mean = sum(d) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
+    assert r["test"] == "paired t" and r["diff"] == pytest.approx(mean)
+    assert r["ci_low"] == pytest.approx(mean - T_975_2 * sd / math.sqrt(3), rel=1e-6)
+    assert bool(r["same_order_every_seed"]) and r["ordering"] == "3/3 seeds a > b"
+
+
+def test_contrast_whose_seeds_disagree_in_sign_is_reported_as_such():
+    c = contrast({1: 3.0, 2: 1.0, 3: 5.0}, {1: 2.0, 2: 2.0, 3: 2.0})  # differences +1, -1, +3
+    assert c.test == "paired t" and not c.same_order and c.order_count == "2/3 seeds a > b"
+    assert c.ci_low < 0 < c.ci_high
+
+
+def test_welch_when_seeds_differ():
+    c = contrast({1: 10.0, 2: 12.0}, {3: 1.0, 4: 2.0, 5: 3.0})
+    assert c.test == "Welch t" and c.diff == pytest.approx(9.0)
+    va, vb = 2.0 / 2, 1.0 / 3  # sample variances over n
+    df = (va + vb) ** 2 / (va ** 2 / 1 + vb ** 2 / 2)
+    from scipy import stats
+    assert c.ci_high - c.diff == pytest.approx(stats.t.ppf(0.975, df) * math.sqrt(va + vb))
+    assert c.same_order and c.order_count == "a > b in every pair of runs"
+
+
+def test_one_seed_has_no_interval():
+    s = summarize([3.0])
+    assert s.n == 1 and s.mean == 3.0 and math.isnan(s.ci_low) and math.isnan(s.std)
+
+
+def test_group_mixing_step_budgets_is_refused(tmp_path):
+    v = {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}, 100: {"kurtosis": 2.0, "share": 0.1, "ppl": 9.0}}
+    plant_cell(tmp_path, {"pos": "learned", "seed": 1}, v, max_steps=100)
+    plant_cell(tmp_path, {"pos": "learned", "seed": 2}, v, max_steps=200)
+    with pytest.raises(ValueError, match=r"group .* mixes step budgets: 100 steps \(seeds 1\); 200 steps \(seeds 2\)"):
+        study.run([str(tmp_path)], plots=False)
+
+
+def test_group_differing_in_a_hidden_setting_is_refused(tmp_path):
+    v = {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}, 100: {"kurtosis": 2.0, "share": 0.1, "ppl": 9.0}}
+    plant_cell(tmp_path, {"pos": "learned", "seed": 1}, v, extra_config={"module": {"lr": 1e-3}})
+    plant_cell(tmp_path, {"pos": "learned", "seed": 2}, v, extra_config={"module": {"lr": 2e-3}})
+    with pytest.raises(ValueError, match=r"differ in settings that are not overrides \(module.lr: 0.001 vs 0.002\)"):
+        study.run([str(tmp_path)], plots=False)
+
+
+def test_unfinished_cell_is_listed_not_averaged(tmp_path):
+    plant_study(tmp_path)
+    plant_cell(tmp_path, {"pos": "learned", "seed": 4, "experiment": "emergence_seeds"},
+               {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}, 100: {"kurtosis": 1000.0, "share": 0.1, "ppl": 9.0}},
+               finished=False)
+    res = study.run([str(tmp_path)], plots=False)
+    assert any("seed=4" in p for p in res["unfinished"])
+    df = pd.read_csv(res["out"] / "study.csv")
+    assert row(df, group="pos=learned", step=100, layer="layer_2", metric="hidden/kurtosis")["n"] == 3
+    assert "Unfinished, left out (1)" in (res["out"] / "study.md").read_text()
+
+
+def test_contrast_that_matches_no_groups_says_which_values_exist(tmp_path):
+    plant_study(tmp_path)
+    with pytest.raises(ValueError, match="values of pos in this study: learned, none"):
+        study.run([str(tmp_path)], contrasts=["pos=learned,rope"], plots=False)
+
+
+def test_cli_one_line_error(tmp_path, capsys):
+    assert study.main([str(tmp_path / "missing")]) == 1
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_seed_inside_a_run_path_groups_evaluate_cells(tmp_path):
+    """evaluate.py over the seeds' runs: the seed is part of encoder.name_or_path."""
+    for pos in ("learned", "none"):
+        for seed in (1, 2):
+            cell = tmp_path / f"{pos}{seed}"
+            (cell / ".hydra").mkdir(parents=True)
+            (cell / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(
+                [f"encoder.name_or_path=multirun/s/pos={pos},seed={seed}"]))
+            (cell / "results.json").write_text("{}")
+            (cell / "anisotropy.csv").write_text(f"layer,transform,anisotropy\n1,none,{0.1 * seed}\n1,whiten,0.0\n")
+    res = study.run([str(tmp_path)], plots=False)
+    df = pd.read_csv(res["out"] / "study.csv")
+    assert set(df["group"]) == {"encoder.name_or_path=multirun/s/pos=learned,seed=*",
+                                "encoder.name_or_path=multirun/s/pos=none,seed=*"}
+    r = row(df, group="encoder.name_or_path=multirun/s/pos=none,seed=*", metric="anisotropy/none/anisotropy")
+    assert r["n"] == 2 and r["mean"] == pytest.approx(0.15) and r["step"] == -1
