@@ -78,13 +78,15 @@ def test_every_probe_option_composes(group):
         assert group in c and c["seed"] == 0
 
 
-@pytest.mark.parametrize("group", ["encoder", "transform", "wic", "sts", "ablation", "frequency", "attention_sinks"])
+@pytest.mark.parametrize("group", ["encoder", "transform", "wic", "sts", "ablation", "frequency", "attention_sinks",
+                                   "frequent_tokens", "qk_outliers"])
 def test_every_evaluate_option_composes(group):
+    from outlierlab.evaluation.registry import ANALYSIS_MODULES
+
     for option in group_options(group):
         cfg = compose("evaluate", [f"{group}={option}"])
         c = OmegaConf.to_container(cfg, resolve=True)
-        assert set(c["analyses"]) <= {"outliers", "anisotropy", "self_similarity", "wic", "sts",
-                                      "ablation", "frequency", "attention_sinks"}
+        assert set(c["analyses"]) <= set(ANALYSIS_MODULES)
 
 
 def test_evaluate_default_compares_all_three_transforms():

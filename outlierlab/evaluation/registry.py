@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings, AttentionSinksSettings, DataSettings,
-                                 EncoderSettings, FrequencySettings, IsotropySettings, OutliersSettings,
-                                 SelfSimilaritySettings, StsSettings, TransformSettings, WicSettings)
+                                 EncoderSettings, FrequencySettings, FrequentTokensSettings, IsotropySettings,
+                                 OutliersSettings, QKOutliersSettings, SelfSimilaritySettings, StsSettings,
+                                 TransformSettings, WicSettings)
 
 if TYPE_CHECKING:  # annotations only: the registry stays free of torch
     from outlierlab.evaluation.mlm_loading import LoadedModel
@@ -94,6 +95,8 @@ ANALYSIS_MODULES: dict[str, str] = {
     "ablation": "outlierlab.evaluation.ablation",
     "frequency": "outlierlab.evaluation.frequency",
     "attention_sinks": "outlierlab.evaluation.attention_sinks",
+    "frequent_tokens": "outlierlab.evaluation.frequent_tokens",
+    "qk_outliers": "outlierlab.evaluation.qk_outliers",
 }
 
 
@@ -108,6 +111,8 @@ SETTINGS: dict[str, type] = {
     "ablation": AblationSettings,
     "frequency": FrequencySettings,
     "attention_sinks": AttentionSinksSettings,
+    "frequent_tokens": FrequentTokensSettings,
+    "qk_outliers": QKOutliersSettings,
 }
 #: Sections of the whole run that the shared sentence pass and every analysis may read, whichever are selected.
 RUN_SETTINGS: tuple[type, ...] = (EncoderSettings, DataSettings, TransformSettings, OutliersSettings,

@@ -27,7 +27,8 @@ from omegaconf import OmegaConf
 
 __all__ = ["load_settings", "section_settings", "DataSettings", "EncoderSettings", "TransformSettings",
            "OutliersSettings", "AnisotropySettings", "IsotropySettings", "SelfSimilaritySettings", "WicSettings", "StsSettings",
-           "AblationSettings", "FrequencySettings", "AttentionSinksSettings", "LAYERNORM_KINDS"]
+           "AblationSettings", "FrequencySettings", "AttentionSinksSettings", "FrequentTokensSettings",
+           "QKOutliersSettings", "LAYERNORM_KINDS"]
 
 S = TypeVar("S")
 
@@ -403,3 +404,52 @@ class AttentionSinksSettings(_TextSettings):
         _check(self.max_length >= 2 and self.batch_size >= 1,
                f"attention_sinks.max_length (>= 2) and batch_size (>= 1) out of range: {self.max_length}, "
                f"{self.batch_size}")
+
+
+@dataclass(frozen=True)
+class FrequentTokensSettings(_TextSettings):
+    """``frequent_tokens`` (``configs/frequent_tokens/default.yaml``): Macocco et al. 2025's heuristic."""
+
+    SECTION: ClassVar[str] = "frequent_tokens"
+    counts_from: str
+    count_files: tuple[str, ...] | None
+    percentile: float
+    share_threshold: float
+    n_random: int
+    seed: int | None
+    min_count: int
+    mlm_probability: float
+    pack: bool
+    max_length: int
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.counts_from in FREQUENCY_MODES,
+               f"frequent_tokens.counts_from must be one of {', '.join(FREQUENCY_MODES)}; got {self.counts_from!r}")
+        _check(self.counts_from != "files" or bool(self.count_files),
+               "frequent_tokens.counts_from=files needs frequent_tokens.count_files=[a.txt,...]")
+        _check(0 < self.percentile < 100, f"frequent_tokens.percentile must be in (0, 100), got {self.percentile}")
+        _check(0 < self.share_threshold <= 1,
+               f"frequent_tokens.share_threshold must be in (0, 1], got {self.share_threshold}")
+        _check(self.n_random >= 0 and self.min_count >= 1,
+               f"frequent_tokens.n_random (>= 0) and min_count (>= 1) out of range: {self.n_random}, {self.min_count}")
+        _check(0 < self.mlm_probability < 1,
+               f"frequent_tokens.mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        _check(self.max_length >= 2 and self.batch_size >= 1,
+               f"frequent_tokens.max_length (>= 2) and batch_size (>= 1) out of range: {self.max_length}, "
+               f"{self.batch_size}")
+
+
+@dataclass(frozen=True)
+class QKOutliersSettings(_TextSettings):
+    """``qk_outliers`` (``configs/qk_outliers/default.yaml``): Jonasson 2025's query/key features."""
+
+    SECTION: ClassVar[str] = "qk_outliers"
+    k: float
+    max_cycles: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.k > 0, f"qk_outliers.k must be > 0, got {self.k}")
+        _check(self.max_cycles > 0, f"qk_outliers.max_cycles must be > 0, got {self.max_cycles}")

@@ -1,0 +1,225 @@
+"""``evaluate.py`` analysis ``qk_outliers``: query/key outlier features per layer × head × dim, and for rotary
+positions the pair and frequency each lies in (Jonasson 2025, "Rotary Offset Features in Large Language Models").
+
+The seeds trace outliers from position *embeddings* through LayerNorm; this traces them from *rotary positions*
+into attention.  Every query/key projection is hooked (:meth:`outlierlab.models.families.Family.qk_projections`;
+q and k before the rotation) while the evaluation sentences are encoded; per layer × head × dim the max and mean
+|q_d|, |k_d| over every real token (special tokens included: attention sinks live there) are streamed
+(:class:`outlierlab.analysis.qk_outliers.QKAccumulator`), and a dim is an outlier of its head by
+:func:`~outlierlab.analysis.qk_outliers.magnitude_outliers` (max |·| more than ``qk_outliers.k`` σ above the
+head's mean).  With rotary positions (our ``pos=rope``; hub models whose family rotates: Llama, GPT-NeoX,
+ModernBERT) each dim is named with its rotary pair, frequency θ_i and cycles over the context (T = the model's
+position limit), beside the partial-cycle bound (:class:`~outlierlab.analysis.qk_outliers.RotarySpec`); schemes
+without rotation (learned, none, sinusoidal, relative, ALiBi, BERT-style hub encoders) get the magnitudes alone.
+
+Output: ``qk_outliers.csv`` (one row per layer × head × dim), ``qk_outliers.png`` (max |q|, max |k| as heatmaps of
+(layer, head) × dim, Jonasson's Fig. 1, rotary pair halves marked), a report table per layer.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import matplotlib
+import torch
+from torch import nn
+
+from outlierlab.analysis.qk_outliers import QKAccumulator, RotarySpec, magnitude_outliers
+from outlierlab.evaluation.encoding import iter_batches
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.settings import QKOutliersSettings, load_settings
+from outlierlab.evaluation.mlm_loading import analysis_texts
+from outlierlab.evaluation.settings import DataSettings, section_settings
+from outlierlab.models.families import OURS, QKProjection, family_of, split_qk
+from outlierlab.reports.evaluation_report import md_table
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+TITLE = "## Query/key outlier features and rotary pairs (Jonasson 2025)"
+COLUMNS = ["layer", "head", "dim", "q_max", "q_mean", "k_max", "k_mean", "q_z", "k_z", "q_outlier", "k_outlier",
+           "rotary_pair", "partner_dim", "theta", "cycles", "within_bound"]
+
+
+# ---------------------------------------------------------------------------------------- the model's insides
+def qk_projections(model: nn.Module) -> list[QKProjection]:
+    """Each block's query/key projections: the family registry's, or for our encoder (whose config names
+    ``num_heads``) its ``attention.self.query``/``key`` Linear layers."""
+    if hasattr(model, "named_layernorms"):  # our RobertaMaskedLM
+        cfg = model.config
+        fam = OURS[getattr(cfg, "norm_placement", "post")]
+        return [QKProjection(b.get_submodule(fam.q), b.get_submodule(fam.k), "separate", cfg.num_heads,
+                             cfg.num_heads, cfg.head_dim) for b in fam.block_list(model)]
+    return family_of(model).qk_projections(model)
+
+
+def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: float) -> list[RotarySpec | None]:
+    """The rotary scheme of every layer (None where a layer does not rotate)."""
+    cfg = model.config
+    if hasattr(model, "named_layernorms"):  # ours: pos=rope rotates every head fully, half layout
+        pos = dict(cfg.pos)
+        if pos.get("name") != "rope":
+            return [None] * num_layers
+        spec = RotarySpec(head_dim, head_dim, float(pos.get("base", 10000.0)), int(cfg.max_len), "half", max_cycles)
+        return [spec] * num_layers
+    try:
+        rotates = "rotary" in family_of(model).positions.lower()
+    except ValueError:
+        rotates = False
+    if not rotates:
+        return [None] * num_layers
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if "full_attention" in params:  # transformers 5 per-layer-type parameters (ModernBERT)
+        params = params["full_attention"]
+    base = float(params.get("rope_theta", getattr(cfg, "rope_theta", None) or getattr(cfg, "global_rope_theta", 10000.0)))
+    partial = float(params.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", None)
+                               or getattr(cfg, "rotary_pct", None) or 1.0))
+    r = int(head_dim * partial) // 2 * 2
+    context = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
+    specs: list[RotarySpec | None] = [RotarySpec(head_dim, r, base, context, "half", max_cycles)] * num_layers
+    every = getattr(cfg, "global_attn_every_n_layers", None)  # ModernBERT: sliding-window layers in between
+    local = getattr(cfg, "local_rope_theta", None)
+    if every and local:
+        window = int(getattr(cfg, "local_attention", context))
+        specs = [s if i % int(every) == 0 else RotarySpec(head_dim, r, float(local), window, "half", max_cycles)
+                 for i, s in enumerate(specs)]
+    return specs
+
+
+class QKRecorder:
+    """Hooks every layer's q/k projections; :meth:`observe` after each forward adds the real tokens' q/k
+    (``attention_mask`` ``[B, T]``) to :attr:`acc`."""
+
+    def __init__(self, model: nn.Module):
+        self.projs = qk_projections(model)
+        p0 = self.projs[0]
+        self.acc = QKAccumulator(len(self.projs), p0.num_heads, p0.head_dim, p0.num_kv_heads)
+        self._out: dict[tuple[int, str], torch.Tensor] = {}
+        self._handles: list = []
+
+    @contextmanager
+    def hooked(self):
+        def keep(key):
+            def hook(_m, _args, out):
+                self._out[key] = out.detach()
+            return hook
+
+        for i, p in enumerate(self.projs):
+            self._handles.append(p.q.register_forward_hook(keep((i, "q"))))
+            if p.k is not p.q:
+                self._handles.append(p.k.register_forward_hook(keep((i, "k"))))
+        try:
+            yield self
+        finally:
+            for h in self._handles:
+                h.remove()
+            self._handles.clear()
+
+    def observe(self, attention_mask: torch.Tensor) -> None:
+        for i, p in enumerate(self.projs):
+            q_out = self._out.pop((i, "q"))
+            k_out = self._out.pop((i, "k"), None)
+            q, k = split_qk(p, q_out, k_out)  # [B, T, H, hd]
+            real = attention_mask.to(q.device).bool()
+            self.acc.update(i, q[real], k[real])
+
+
+# ------------------------------------------------------------------------------------------------- rows
+def qk_rows(stats: dict, specs: list[RotarySpec | None], k: float) -> list[dict]:
+    """One row per layer × head × dim (:data:`COLUMNS`); a key head shared by several query heads (GQA) is
+    repeated for each of them."""
+    q_mask, q_z = magnitude_outliers(stats["q_max"], k)
+    k_mask, k_z = magnitude_outliers(stats["k_max"], k)
+    n_layers, n_heads, hd = stats["q_max"].shape
+    group = n_heads // stats["k_max"].shape[1]
+    rows = []
+    for layer in range(n_layers):
+        spec = specs[layer]
+        for head in range(n_heads):
+            kh = head // group
+            for d in range(hd):
+                pair = spec.pair(d) if spec is not None else None
+                row = {"layer": layer, "head": head, "dim": d, "q_max": float(stats["q_max"][layer, head, d]),
+                       "q_mean": float(stats["q_mean"][layer, head, d]), "k_max": float(stats["k_max"][layer, kh, d]),
+                       "k_mean": float(stats["k_mean"][layer, kh, d]), "q_z": float(q_z[layer, head, d]),
+                       "k_z": float(k_z[layer, kh, d]), "q_outlier": bool(q_mask[layer, head, d]),
+                       "k_outlier": bool(k_mask[layer, kh, d]), "rotary_pair": "", "partner_dim": "", "theta": "",
+                       "cycles": "", "within_bound": ""}
+                if pair is not None:
+                    i, partner = pair
+                    row.update(rotary_pair=i, partner_dim=partner, theta=spec.theta(i), cycles=spec.cycles(i),
+                               within_bound=spec.within_bound(i))
+                rows.append(row)
+    return rows
+
+
+def _heatmap(stats: dict, specs, path, title: str) -> None:
+    panels = [("max |q|", stats["q_max"]), ("max |k|", stats["k_max"])]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, (name, v) in zip(axes, panels):
+        n_layers, n_heads, hd = v.shape
+        im = ax.imshow(v.reshape(n_layers * n_heads, hd).numpy(), aspect="auto", cmap="viridis", interpolation="nearest")
+        spec = specs[0]
+        if spec is not None:  # rotary (left of r) vs not; first vs second half of each pair (half layout)
+            ax.axvline(spec.rotary_dim - 0.5, color="red", ls="--", lw=1)
+            ax.axvline(spec.rotary_dim / 2 - 0.5, color="white", ls="--", lw=1)
+        for layer in range(1, n_layers):
+            ax.axhline(layer * n_heads - 0.5, color="black", lw=0.3)
+        ax.set(xlabel="dim within head", ylabel="layer × head", title=name)
+        fig.colorbar(im, ax=ax)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- the job
+@register("qk_outliers")
+def run(ctx: EvalContext) -> AnalysisResult:
+    s = load_settings(QKOutliersSettings, ctx.cfg)
+    enc = ctx.encoder
+    model = enc.model
+    texts, what = analysis_texts(ctx, s)
+    chunk = section_settings(DataSettings, ctx.root_cfg).chunk
+    rec = QKRecorder(model)
+    specs = rotary_specs(model, len(rec.projs), rec.acc.head_dim, s.max_cycles)
+    with rec.hooked():
+        for b in iter_batches(enc, texts, None, chunk):
+            rec.observe(b.attention_mask)
+    stats = rec.acc.result()
+    rows = qk_rows(stats, specs, s.k)
+    fig = ctx.out_dir / "qk_outliers.png"
+    rotary = specs[0] is not None
+    _heatmap(stats, specs, fig, f"{enc.source.name}: max |q_d|, |k_d| per (layer, head) × dim"
+             + (" — red: rotary | not, white: first | second dim of each pair" if rotary else " (no rotary positions)"))
+    per_layer = []
+    for layer in range(len(rec.projs)):
+        rs = [r for r in rows if r["layer"] == layer]
+        out_q = [r for r in rs if r["q_outlier"]]
+        out_k = [r for r in rs if r["k_outlier"]]
+        line = [layer, len(out_q), len(out_k),
+                ", ".join(f"h{r['head']}:{r['dim']}" for r in sorted(out_q, key=lambda r: -r["q_z"])[:4]) or "–",
+                ", ".join(f"h{r['head']}:{r['dim']}" for r in sorted(out_k, key=lambda r: -r["k_z"])[:4]) or "–"]
+        if rotary:
+            flagged = out_q + out_k
+            inside = sum(1 for r in flagged if r["within_bound"] is True)
+            all_rot = [r for r in rs if r["within_bound"] != ""]
+            base = sum(1 for r in all_rot if r["within_bound"] is True) / max(1, len(all_rot))
+            line += [f"{inside}/{len(flagged)}" if flagged else "–", base]
+        per_layer.append(line)
+    headers = ["layer", "# q outlier dims", "# k outlier dims", "top q (head:dim)", "top k (head:dim)"]
+    if rotary:
+        headers += ["outliers in partial-cycle pairs", "share of all rotary dims in them"]
+    spec = specs[0]
+    bound = (f"Rotary: {spec.layout} layout, r = {spec.rotary_dim} of {spec.head_dim} dims, base {spec.base:g}, "
+             f"context T = {spec.context}: pair i turns θ_i·T/2π times over the context; pairs i ≥ "
+             f"{spec.first_partial_pair()} make fewer than {spec.max_cycles:g} turn(s) (the partial-cycle bound: where "
+             "Jonasson's rotary offset features are expected)." if rotary else
+             "No rotary positions in this model: per-dim magnitudes alone, no pair named.")
+    md = [TITLE,
+          f"q and k before rotation, every real token of {what}. Outlier dim of a head: "
+          f"its max |·| more than {s.k:g}σ above the mean over the head's {rec.acc.head_dim} dims. {bound}",
+          md_table(headers, per_layer), "![max |q|, |k| per layer, head and dim](qk_outliers.png)"]
+    summary = {"rotary": rotary, "n_q_outliers": sum(r["q_outlier"] for r in rows),
+               "n_k_outliers": sum(r["k_outlier"] for r in rows)}
+    return AnalysisResult("qk_outliers", rows, "\n\n".join(md), [fig], summary)

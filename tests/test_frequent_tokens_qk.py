@@ -1,0 +1,168 @@
+"""The frequent-token heuristic of last-layer outlier dims (Macocco et al. 2025) and query/key outlier features
+of rotary positions (Jonasson 2025), on planted models."""
+
+import math
+
+import pytest
+import torch
+
+from outlierlab.analysis.frequent_tokens import macocco_outlier_dims, split_logits
+from outlierlab.analysis.qk_outliers import RotarySpec, magnitude_outliers
+from outlierlab.evaluation.frequent_tokens import score_conditions
+from outlierlab.evaluation.qk_outliers import QKRecorder, qk_rows, rotary_specs
+from outlierlab.models.config import EncoderConfig
+from outlierlab.models.encoder import RobertaMaskedLM
+
+
+def _g(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------------ frequent tokens
+def _planted_head(vocab=200, dim=256, planted=5, n=400):
+    """Positions whose dim ``planted`` is large and positive (an outlier), and an output layer whose column
+    ``planted`` is log-frequency while every other column is noise unrelated to frequency."""
+    freqs = (10_000 / torch.arange(1, vocab + 1, dtype=torch.float64)).round().to(torch.int64)  # Zipf, distinct
+    weight = torch.randn(vocab, dim, generator=_g(0), dtype=torch.float64) * 0.3
+    weight[:, planted] = freqs.double().log()
+    h = torch.randn(n, dim, generator=_g(1), dtype=torch.float64)
+    h[:, planted] = 10.0 + 0.5 * torch.randn(n, generator=_g(2), dtype=torch.float64)
+    labels = torch.randint(vocab, (n,), generator=_g(3))
+    return h, labels, weight, freqs, planted
+
+
+def test_macocco_rule_finds_the_planted_dim_and_the_split_adds_up():
+    h, _, weight, _, planted = _planted_head()
+    assert macocco_outlier_dims(h) == [planted]
+    bias = torch.randn(weight.shape[0], generator=_g(4), dtype=torch.float64)
+    only, rest = split_logits(h, weight, [planted], bias)
+    assert torch.allclose(only + rest, h @ weight.T + bias, atol=1e-9)
+    assert torch.allclose(only, h[:, [planted]] @ weight[:, [planted]].T, atol=1e-12)  # h[:, S] W[S, :]
+
+
+def test_logits_of_the_planted_dim_alone_rank_tokens_by_frequency_and_dropping_it_removes_that():
+    h, labels, weight, freqs, planted = _planted_head()
+    rows = score_conditions(h, labels, weight, None, {"macocco": [planted]}, freqs, n_random=3, seed=0,
+                            min_count=1)
+    by = {(r["rule"], r["condition"]): r for r in rows}
+    only, without = by[("macocco", "only")], by[("macocco", "without")]
+    assert only["logprob_spearman"] == pytest.approx(1.0, abs=1e-12)  # the dim's logits ARE log-frequency
+    assert abs(without["logprob_spearman"]) < 0.25  # without it: noise unrelated to frequency
+    # the dim alone always predicts the most frequent token: its top-1 count goes with frequency
+    assert only["spearman"] > 0 and abs(without["spearman"]) < 0.25
+    assert abs(by[("macocco", "random_only")]["logprob_spearman"]) < 0.3
+    assert by[("macocco", "random_only")]["n_draws"] == 3
+    # the full model is the reference: KL 0 to itself, and the planted dim dominates it (dropping it moves far)
+    assert by[("model", "full")]["kl"] == pytest.approx(0.0, abs=1e-9)
+    assert without["kl"] > by[("macocco", "random_without")]["kl"]
+
+
+# ------------------------------------------------------------------------------------ query/key features
+def _tiny(pos: str) -> RobertaMaskedLM:
+    # head_dim 32: two equal outliers among n dims reach z = √((n-2)/2) at most, 3.9 > 3 here (2.6 with n = 16)
+    cfg = EncoderConfig(vocab_size=60, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
+                        dropout=0.0, attention_dropout=0.0, max_len=64, pos={"name": pos})
+    torch.manual_seed(0)
+    return RobertaMaskedLM(cfg).eval()
+
+
+def _plant_pair(model: RobertaMaskedLM, layer: int, head: int, pair: int) -> tuple[int, int]:
+    """Large W_Q and W_K rows on the two dims of rotary pair ``pair`` of one head (half layout)."""
+    hd = model.config.head_dim
+    dims = (head * hd + pair, head * hd + pair + hd // 2)
+    attn = model.roberta.encoder.layer[layer].attention.self
+    with torch.no_grad():
+        for lin in (attn.query, attn.key):
+            lin.weight[list(dims)] = 4.0 * torch.randn(2, lin.weight.shape[1], generator=_g(5))
+    return pair, pair + hd // 2
+
+
+def _record(model: RobertaMaskedLM):
+    rec = QKRecorder(model)
+    ids = torch.randint(3, 60, (4, 20), generator=_g(6))
+    mask = torch.ones_like(ids)
+    mask[0, 15:] = 0
+    with rec.hooked(), torch.no_grad():
+        model(ids, mask)
+        rec.observe(mask)
+    return rec
+
+
+def test_a_planted_rotary_pair_is_reported_with_its_frequency_and_dims():
+    model = _tiny("rope")
+    d0, d1 = _plant_pair(model, layer=1, head=1, pair=6)
+    rec = _record(model)
+    specs = rotary_specs(model, 2, model.config.head_dim, 1.0)
+    assert specs[0] == RotarySpec(32, 32, 10000.0, 64, "half", 1.0)
+    rows = qk_rows(rec.acc.result(), specs, k=3.0)
+    flagged_q = {(r["layer"], r["head"], r["dim"]) for r in rows if r["q_outlier"]}
+    flagged_k = {(r["layer"], r["head"], r["dim"]) for r in rows if r["k_outlier"]}
+    assert {(1, 1, d0), (1, 1, d1)} <= flagged_q and {(1, 1, d0), (1, 1, d1)} <= flagged_k
+    assert not any(layer == 1 and head == 1 and d not in (d0, d1) for layer, head, d in flagged_q)
+    planted = [r for r in rows if (r["layer"], r["head"], r["dim"]) in {(1, 1, d0), (1, 1, d1)}]
+    theta = 10000.0 ** (-2 * 6 / 32)
+    for r in planted:
+        assert r["rotary_pair"] == 6 and {r["dim"], r["partner_dim"]} == {d0, d1}
+        assert r["theta"] == pytest.approx(theta) and r["cycles"] == pytest.approx(theta * 64 / (2 * math.pi))
+        assert r["within_bound"] is (theta * 64 / (2 * math.pi) < 1.0)
+    assert specs[0].first_partial_pair() == next(i for i in range(16) if 10000.0 ** (-2 * i / 32) * 64 < 2 * math.pi)
+
+
+def test_no_rotary_scheme_names_no_pair():
+    model = _tiny("learned")
+    _plant_pair(model, layer=0, head=0, pair=3)
+    rec = _record(model)
+    specs = rotary_specs(model, 2, model.config.head_dim, 1.0)
+    assert specs == [None, None]
+    rows = qk_rows(rec.acc.result(), specs, k=3.0)
+    assert {r["dim"] for r in rows if r["layer"] == 0 and r["head"] == 0 and r["q_outlier"]} == {3, 19}
+    assert all(r["rotary_pair"] == "" and r["theta"] == "" for r in rows)
+
+
+def test_pairs_of_both_layouts_and_the_outlier_rule():
+    half, inter = RotarySpec(8, 8, 100.0, 32, "half"), RotarySpec(8, 6, 100.0, 32, "interleaved")
+    assert [half.pair(d) for d in range(8)] == [(0, 4), (1, 5), (2, 6), (3, 7), (0, 0), (1, 1), (2, 2), (3, 3)]
+    assert [inter.pair(d) for d in range(8)] == [(0, 1), (0, 0), (1, 3), (1, 2), (2, 5), (2, 4), None, None]
+    mask, z = magnitude_outliers(torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0], [2.0] * 8]), 2.0)
+    assert mask[0].tolist() == [False] * 7 + [True] and not mask[1].any() and float(z[1].abs().max()) == 0.0
+
+
+# ------------------------------------------------------------------------------------- the two analyses
+def test_frequent_tokens_and_qk_outliers_run_on_our_model_and_a_hub_bert(tmp_path):
+    from probe_fixtures import minilm_path
+    from test_ablation import make_ctx, save_planted
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    def save_tiny_bert_mlm(directory):  # a hub-style BERT WITH its masked-LM head (random weights)
+        torch.manual_seed(0)
+        tok = AutoTokenizer.from_pretrained(minilm_path())
+        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)
+        BertForMaskedLM(cfg).eval().save_pretrained(directory)
+        tok.save_pretrained(directory)
+        return directory
+
+    from outlierlab.evaluation import frequent_tokens, qk_outliers
+    from outlierlab.models.loading import FrozenEncoder
+
+    for name, path in (("ours", save_planted(tmp_path / "ours")), ("bert", save_tiny_bert_mlm(tmp_path / "bert"))):
+        enc = FrozenEncoder(str(path), device="cpu")
+        ctx = make_ctx("frequent_tokens", enc, tmp_path, {"n_random": 2, "max_length": 64, "batch_size": 8,
+                                                          "counts_from": "eval"})
+        res = frequent_tokens.run(ctx)
+        conds = {(r["rule"], r["condition"]) for r in res.rows}
+        assert ("model", "full") in conds and ("model", "bias") in conds, name
+        assert set(res.rows[0]) >= set(frequent_tokens.COLUMNS) - {"kl_std", "entropy_std", "top1_std",
+                                                                   "spearman_std", "logprob_spearman_std"}
+        full = next(r for r in res.rows if r["condition"] == "full")
+        assert full["kl"] == pytest.approx(0.0, abs=1e-9) and full["n_positions"] > 10
+        assert "## Last-layer outlier dims" in res.markdown and (ctx.out_dir / "frequent_tokens.png").is_file()
+        if name == "ours":  # the planted output-LayerNorm dim 7 feeds the head: a rule must see *something*
+            assert any(v for v in res.summary["dims"].values())
+        ctx = make_ctx("qk_outliers", enc, tmp_path, {"max_sentences": 20})
+        res = qk_outliers.run(ctx)
+        cfg = enc.model.config
+        heads = getattr(cfg, "num_heads", None) or cfg.num_attention_heads
+        layers = getattr(cfg, "num_layers", None) or cfg.num_hidden_layers
+        assert len(res.rows) == layers * cfg.hidden_size and {r["head"] for r in res.rows} == set(range(heads))
+        assert res.summary["rotary"] is False and "no pair named" in res.markdown
