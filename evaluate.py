@@ -150,7 +150,8 @@ def _meta(cfg, encoder, analyses, transforms, shared, seconds) -> dict:
     st = shared.sentence_stats
     meta = {"command": " ".join(sys.argv), "encoder": encoder.source.name, "encoder_kind": encoder.source.kind,
             "layers": encoder.num_layers + 1, "hidden": encoder.hidden_size, "device": str(encoder.device),
-            "max_length": encoder.max_length, "analyses": analyses, "transforms": transforms,
+            "max_length": encoder.max_length, "family": encoder.family_line(), "analyses": analyses,
+            "transforms": transforms,
             "whiten_fit_on": str(cfg.transform.fit_on),
             "seed": int(cfg.seed), "seconds": round(seconds, 1)}
     if st is not None:
@@ -167,6 +168,9 @@ def _header(meta: dict) -> str:
              f"- encoder: {meta['encoder']} ({meta['encoder_kind']}), {meta['layers']} hidden states "
              f"(layer 0 = embedding output), hidden size {meta['hidden']}, max length {meta['max_length']}, "
              f"device {meta['device']}",
+             f"- family: {meta['family']}" + (" Token vectors see only their left context; pooling rules are "
+                                              "those of encoders (non-special, non-pad tokens; sentence = mean)."
+                                              if "decoder (causal" in meta["family"] else ""),
              f"- analyses: {', '.join(meta['analyses'])}; transforms side by side: {', '.join(meta['transforms'])}; "
              f"seed {meta['seed']}; {meta['seconds']:.0f} s in all"]
     fitted = [t for t in meta["transforms"] if t in FITTED]

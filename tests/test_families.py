@@ -269,7 +269,8 @@ def test_presets_load_through_the_hub_path_and_name_their_family(family_hub, tmp
     for preset, repo in family_hub.items():
         enc = FrozenEncoder(repo, max_length=32, device="cpu")
         assert (enc.source.kind, enc.identity["hub"]) == ("hf", repo)
-        assert enc.family_line().startswith(f"{'llama' if PRESETS[preset] == 'qwen2' else PRESETS[preset]} family")
+        family = "llama-style" if PRESETS[preset] in ("qwen2", "llama") else PRESETS[preset]
+        assert enc.family_line().startswith(f"{family} family")
     text = tmp_path / "sentences.txt"
     text.write_text("\n".join(f"The {w} sat by the window and read the letter again." for w in
                               ("captain", "lady", "admiral", "sister", "friend", "cousin", "doctor", "widow") * 4))

@@ -312,7 +312,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt_neox", ("gpt_neox",), "pre", True, "layers", _LLAMA_NORMS, None, "final_layer_norm", None, None,
            "rotary (RoPE) on part of each head", "attention", "attention.query_key_value",
            "attention.query_key_value", "head_qkv", "mlp.dense_4h_to_h", "LayerNorm"),
-    Family("llama", ("llama", "mistral", "qwen2", "qwen3"), "pre", True, "layers", _LLAMA_NORMS, None, "norm", None,
+    Family("llama-style", ("llama", "mistral", "qwen2", "qwen3"), "pre", True, "layers", _LLAMA_NORMS, None, "norm", None,
            None, "rotary (RoPE)", "self_attn", "self_attn.q_proj", "self_attn.k_proj",
            "separate", "mlp.down_proj", "RMSNorm (gain, no bias)"),
 )
