@@ -89,6 +89,8 @@ def test_our_pre_ln_encoder_gets_the_same_mapping():
     plant(_per_layer(model_layernorms(pre)), PLANTED)
     det = layernorm_outliers(layernorm_tensors(model_layernorms(pre)))
     assert det.dims == [PLANTED] and set(det.flagged) == {k for k in keys if k.startswith("layer.")}
+    proj = family_of(pre).qk_projections(pre)[0]  # the registry's q/k API covers our encoder too
+    assert proj.q is pre.roberta.encoder.layer[0].attention.self.query and (proj.num_heads, proj.head_dim) == (2, 16)
 
 
 def test_unregistered_model_type_is_one_line_and_the_other_analyses_run(tmp_path, compose_cfg):

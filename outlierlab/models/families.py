@@ -246,7 +246,8 @@ class Family:
     def qk_projections(self, model: nn.Module) -> list[QKProjection]:
         """Each block's query/key projections (:class:`QKProjection`; outputs split by :func:`split_qk`)."""
         cfg = getattr(model, "config", None)
-        heads = int(getattr(cfg, "num_attention_heads", 0) or getattr(cfg, "n_heads", 0) or 0)
+        heads = int(getattr(cfg, "num_attention_heads", 0) or getattr(cfg, "n_heads", 0)
+                    or getattr(cfg, "num_heads", 0) or 0)  # HF names; ours: num_heads
         kv = int(getattr(cfg, "num_key_value_heads", 0) or heads)
         hidden = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "dim", 0) or 0)
         head_dim = int(getattr(cfg, "head_dim", 0) or (hidden // heads if heads else 0))
