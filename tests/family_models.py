@@ -45,11 +45,14 @@ SPECS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                                       num_key_value_heads=HEADS, intermediate_size=FFN,
                                                       max_position_embeddings=512)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                                      num_key_value_heads=HEADS, head_dim=D // HEADS,
+                                                      intermediate_size=FFN, max_position_embeddings=512)),
     # not registered (the "unknown family" case): ALBERT shares one block across its layers
     "albert": ("AlbertConfig", "AlbertForMaskedLM", dict(hidden_size=D, embedding_size=16, num_hidden_layers=LAYERS,
                                                          num_attention_heads=HEADS, intermediate_size=FFN)),
 }
-DECODERS = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+DECODERS = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3")
 
 
 def minilm_tokenizer():

@@ -175,7 +175,10 @@ class LayerNormOutliers:
             why = "; ".join(f"{n}: {r}" for n, r in self.unjudged.items()) or "no LayerNorm of those kinds"
             return f"{self.rule.describe()}: cannot judge ({why})"
         shown = ", ".join(f"{d} ({self.counts[d]}/{self.n_layers})" for d in self.dims) or "none"
-        text = (f"{self.rule.describe()}, in ≥ {self.min_layers} of {self.n_layers} layers "
+        what = self.rule.describe()
+        if any(layernorm_kind(n) in KIND_ROLES for n in self.flagged):
+            what += " (pre-LN: the norms before the attention and before the MLP)"
+        text = (f"{what}, in ≥ {self.min_layers} of {self.n_layers} layers "
                 f"(Kovaleva et al. 2021; Puccetti et al. 2022): {shown}")
         if self.gain_only:
             text += (f"; {len(self.gain_only)} of the {len(self.flagged)} judged norms have no bias (RMSNorm or a "
