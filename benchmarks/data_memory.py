@@ -4,6 +4,7 @@
     python benchmarks/data_memory.py                              # 40 MB and 400 MB of text
     python benchmarks/data_memory.py --sizes 40,400,2000          # + 2 GB (about 10 min more on 2 cores)
     python benchmarks/data_memory.py --sizes 40 --skip-ddp        # quick
+    python benchmarks/data_memory.py --sizes 40,2000 --assemble-above 400 --check-assembly   # training at 2 GB
 
 The corpora are the shipped texts (``outlierlab/datamodules/data/corpus``, 5.6 MB) repeated line by line up to
 each size -- fine for memory and throughput, which depend on the amount of text, not on its novelty.  The
@@ -36,6 +37,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -191,16 +194,84 @@ def child_warm(a) -> dict:
     t_import = time.perf_counter()
     import outlierlab.datamodules.mlm_datamodule  # noqa: F401  (lightning + transformers: not data work)
 
+    from types import SimpleNamespace
+
+    rss0 = _rss_mb()
     t0 = time.perf_counter()
     dm = _datamodule(a.corpus, a.tokenizer, a.cache, a.num_proc)
     dm.prepare_data()
     dm.setup("fit")
+    dm.trainer = SimpleNamespace(global_rank=1, world_size=2, max_steps=2)  # rank 1 of 2, as under DDP
     batch = next(iter(dm.train_dataloader()))
     wall = time.perf_counter() - t0
     assert dm.cache_hits["blocks"] is True and batch["input_ids"].shape == (32, 128)
-    return {"data_ready_s": round(wall, 3), "imports_s": round(t0 - t_import, 2), "prepare_s": round(dm.timings["prepare_s"], 3),
+    for _ in range(9):  # ten batches in all, to page in some of the map
+        batch = next(iter(dm.train_dataloader()))
+    mapped = _mapping_kb("tokens.bin")
+    return {"data_ready_s": round(wall, 3), "imports_s": round(t0 - t_import, 2),
+            "data_rss_mb": round(_rss_mb() - rss0, 1), "token_map_rss_mb": round(mapped.get("Rss", 0) / 1024, 2),
+            "token_map_pss_mb": round(mapped.get("Pss", 0) / 1024, 2), "prepare_s": round(dm.timings["prepare_s"], 3),
             "setup_s": round(dm.timings["setup_s"], 3), "train_blocks": dm.stats["train_blocks"],
             "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _mapping_kb(name: str) -> dict[str, int]:
+    """Rss/Pss (kB) of this process' mappings of files called ``name`` (/proc/self/smaps)."""
+    out: dict[str, int] = {}
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            inside = line.rstrip().endswith("/" + name)
+        elif inside and head and head[0] in ("Rss:", "Pss:"):
+            out[head[0][:-1]] = out.get(head[0][:-1], 0) + int(head[1])
+    return out
+
+
+def assemble_cache(corpus: Path, mb: int, tokenizer_dir: Path, cache: Path) -> dict:
+    """The token file of a corpus of the shipped lines cycled to ``mb`` MB, without tokenizing it all.
+
+    :func:`make_corpus` repeats the shipped lines, and every line is tokenized on its own, so the token stream
+    of the big corpus is exactly the lines' ids cycled the same way: tokenize one cycle, repeat.  The file is
+    written where ``MLMDataModule`` looks for it, with the meta ``write_token_file`` writes; checked byte for
+    byte against a real build on the smallest size (``--check-assembly``).
+    """
+    from outlierlab.datamodules import token_cache
+    from outlierlab.datamodules.corpus import corpus_identity, embedded_files, iter_text_file
+    from outlierlab.datamodules.tokenizer import load_tokenizer, mlm_special_ids, tokenizer_fingerprint
+
+    tok = load_tokenizer(str(tokenizer_dir))
+    ids = mlm_special_ids(tok)
+    dtype = token_cache.token_dtype(len(tok))
+    lines = [line for f in embedded_files() for line in iter_text_file(f)]
+    encoded = [np.asarray([*x, ids["eos"]], dtype=dtype).tobytes()
+               for x in tok(lines, add_special_tokens=False, verbose=False)["input_ids"]]
+    corpus_id = corpus_identity("files", [str(corpus)], None, None, memo_dir=cache / "file_hashes")
+    path = token_cache.token_cache_path(cache, corpus_id, tok)
+    tmp = path.with_name(f".{path.name}.assembling")
+    tmp.mkdir(parents=True, exist_ok=True)
+    size = n_docs = n_bytes = 0
+    with open(tmp / token_cache.TOKENS, "wb") as fh:
+        while size < mb * 1e6:
+            for line, enc in zip(lines, encoded):
+                fh.write(enc)
+                size += len(line.encode()) + 1
+                n_docs, n_bytes = n_docs + 1, n_bytes + len(line.encode())
+                if size >= mb * 1e6:
+                    break
+    n_tokens = (tmp / token_cache.TOKENS).stat().st_size // dtype.itemsize
+    meta = {"corpus_id": corpus_id, "source": "files", "tokenizer": str(tokenizer_dir), "special_ids": ids,
+            "format": token_cache.FORMAT_VERSION, "dtype": dtype.str, "tokens": n_tokens, "documents": n_docs,
+            "bytes": n_bytes, "vocab_size": len(tok), "tokenizer_fingerprint": tokenizer_fingerprint(tok),
+            "assembled": True}
+    (tmp / token_cache.META).write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, path)
+    return {"path": str(path), "tokens": n_tokens, "documents": n_docs}
 
 
 def _json_of(stdout: str) -> dict:
@@ -209,6 +280,8 @@ def _json_of(stdout: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------- phases
 def train_cmd(corpus: Path, tokenizer: Path, cache: Path, run_dir: Path, ddp: bool) -> list[str]:
+    """A fresh 2-step run (an existing run directory would be resumed from its last.ckpt: no step at all)."""
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     cmd = [sys.executable, "train.py", "data=files", f"data.files=[{corpus}]", f"tokenizer.name_or_path={tokenizer}",
            f"data.cache_dir={cache}", "trainer.max_steps=2", "trainer.limit_val_batches=0", "export=false",
            "callbacks.progress.every_n_steps=1", "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}"]
@@ -223,6 +296,12 @@ def main() -> None:
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "outlierlab_data_bench"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "data_memory.json"))
     ap.add_argument("--skip-ddp", action="store_true")
+    ap.add_argument("--assemble-above", type=int, default=None, metavar="MB",
+                    help="for sizes above MB, assemble the token file from one tokenized cycle of the shipped lines "
+                         "(exact, see assemble_cache) instead of building it: training is measured, the build not")
+    ap.add_argument("--skip-build", action="store_true", help="reuse the caches of an earlier run of this script")
+    ap.add_argument("--check-assembly", action="store_true",
+                    help="assemble the smallest size too and compare it byte for byte with its real build")
     ap.add_argument("--child", choices=["build", "warm"], help=argparse.SUPPRESS)
     ap.add_argument("--corpus", help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer", help=argparse.SUPPRESS)
@@ -250,15 +329,34 @@ def main() -> None:
     me = [sys.executable, str(Path(__file__).resolve())]
     for size in sizes:
         corpus = make_corpus(work / f"corpus_{size}mb.txt", size)
-        for num_proc in ([1, 2] if size == sizes[0] else [2]):
+        if a.skip_build:
+            pass
+        elif a.assemble_above is not None and size > a.assemble_above:
+            cache = work / f"cache_{size}mb_np2"
+            subprocess.run(["rm", "-rf", str(cache)], check=True)
+            t0 = time.perf_counter()
+            record("assemble", size, **assemble_cache(corpus, size, tokenizer, cache),
+                   wall_s=round(time.perf_counter() - t0, 1))
+        for num_proc in [] if a.skip_build or (a.assemble_above is not None and size > a.assemble_above) else \
+                [1, 2] if size == sizes[0] else [2]:
             cache = work / f"cache_{size}mb_np{num_proc}"
             subprocess.run(["rm", "-rf", str(cache)], check=True)
             r = watch(me + ["--child", "build", "--corpus", str(corpus), "--tokenizer", str(tokenizer),
                             "--cache", str(cache), "--num-proc", str(num_proc)])
             record("build", size, num_proc=num_proc, **_json_of(r["stdout"]), wall_s=r["wall_s"], procs=r["procs"])
         cache = work / f"cache_{size}mb_np2"
-        r = watch(me + ["--child", "warm", "--corpus", str(corpus), "--tokenizer", str(tokenizer), "--cache", str(cache),
-                        "--num-proc", "2"])
+        if a.check_assembly and size == sizes[0] and not a.skip_build:
+            check = work / "cache_check"
+            subprocess.run(["rm", "-rf", str(check)], check=True)
+            got = Path(assemble_cache(corpus, size, tokenizer, check)["path"]) / "tokens.bin"
+            built = next(cache.glob("tokens/*/tokens.bin"))
+            same = got.read_bytes() == built.read_bytes()
+            record("assembly_check", size, identical_to_build=same)
+            assert same, f"assembled {got} differs from built {built}"
+        warm = ["--child", "warm", "--corpus", str(corpus), "--tokenizer", str(tokenizer), "--cache", str(cache),
+                "--num-proc", "2"]
+        watch(me + warm)  # the first warm process memoizes the corpus file's digest (file_hashes/)
+        r = watch(me + warm)
         record("warm_data", size, **_json_of(r["stdout"]))
         r = watch(train_cmd(corpus, tokenizer, cache, work / f"run_{size}", ddp=False), marker="[train] step 1/")
         record("train", size, wall_s=r["wall_s"], first_step_s=r["marker_s"], peak_mb=r["ru_maxrss_mb"],

@@ -265,3 +265,16 @@ def test_file_digest_is_remembered_by_stat_and_recomputed_after_a_change(tmp_pat
     f.write_text("one\nchanged\n")
     os.utime(f, ns=(1, 1))  # a new stat: size/mtime differ, so the digest is computed from the bytes
     assert corpus_identity("files", [str(f)], memo_dir=memo) == corpus_identity("files", [str(f)]) != plain
+
+
+def test_sampler_int32_permutation_is_the_int64_one_of_earlier_versions():
+    from outlierlab.datamodules.sampler import ResumableSampler
+
+    for n, world in ((10, 1), (1001, 2), (70_001, 3)):
+        for rank in range(world):
+            s = ResumableSampler(n, batch_size=4, seed=9, rank=rank, world_size=world)
+            g = torch.Generator().manual_seed(9 + 2)
+            order = torch.randperm(n, generator=g).tolist()  # earlier versions: int64, a list
+            total = len(s) * world
+            order += order[: total - n]
+            assert s.epoch_indices(2) == order[rank:total:world]

@@ -229,7 +229,9 @@ class MLMDataModule(L.LightningDataModule):
         n_val = self._num_val(n)
         order = np.random.default_rng(self.seed).permutation(n)  # the split of earlier versions, exactly
         row_type = np.int32 if n < 2**31 else np.int64  # 4 bytes per block: ~1% of a uint16 block of 256
-        val_rows, train_rows = np.sort(order[:n_val]).astype(row_type), np.sort(order[n_val:]).astype(row_type)
+        val_rows = np.sort(order[:n_val]).astype(row_type)
+        order[n_val:].sort()  # in place: no second copy of a permutation of every block
+        train_rows = order[n_val:].astype(row_type)
         del order
         self.train_dataset = BlockDataset(blocks, train_rows)
         self.val_dataset = BlockDataset(blocks, val_rows) if n_val else None
