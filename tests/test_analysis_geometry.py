@@ -189,3 +189,13 @@ def test_evaluate_py_restates_the_transform_names_of_the_analysis_package():
     from outlierlab.analysis.transforms import FITTED, TRANSFORMS
 
     assert evaluate.TRANSFORMS == TRANSFORMS and evaluate.FITTED == FITTED
+
+
+def test_a_share_of_an_anisotropy_indistinguishable_from_zero_is_not_given():
+    x, y = torch.randn(2, 2, 500, 16, generator=_g(14), dtype=torch.float64).unbind(0)  # centred, isotropic
+    y[1] += 3.0
+    x[1] += 3.0  # layer 1: every vector shares a direction -> clearly anisotropic
+    s = rogue_summary(x, y, (1, 3))
+    assert math.isnan(float(s.share[1][0])) and math.isnan(float(s.share[3][0]))
+    assert not math.isnan(float(s.share[3][1])) and 0 < float(s.share[3][1]) <= 1.0
+    assert torch.allclose(s.anisotropy, anisotropy(x, y), atol=1e-12)  # CC_i are kept either way

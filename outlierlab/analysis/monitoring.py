@@ -30,7 +30,7 @@ from outlierlab.analysis.attention import (SINK_THRESHOLD, attention_entropy, at
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
 from outlierlab.analysis.isoscore import isoscore
-from outlierlab.analysis.rogue_dims import cosine_contributions, top_share
+from outlierlab.analysis.rogue_dims import cosine_contributions, share_defined, top_share
 from outlierlab.analysis.similarity import anisotropy, paired_sentence_tokens, sample_cross_sentence_pairs
 
 __all__ = [
@@ -219,7 +219,7 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         variance on a small batch, but not the papers' protocol; the monitor's "anisotropy" before
         2026-11); ``rogue_top1_share`` (dim = the dim of largest contribution CC_i to the anisotropy, value =
         its share of it) and ``rogue_top3_share`` (Timkey & van Schijndel 2021, on the anisotropy pairs;
-        :mod:`outlierlab.analysis.rogue_dims`); ``isoscore`` (Rudman et al. 2022, from the covariance of
+        :mod:`outlierlab.analysis.rogue_dims`; NaN where the anisotropy is within 2 standard errors of 0); ``isoscore`` (Rudman et al. 2022, from the covariance of
         the valid tokens; :mod:`outlierlab.analysis.isoscore`); ``kurtosis`` (He et al. 2024); ``max_median`` (He et al. 2024; Sun et al. 2024);
         ``max_abs`` (dim = its dim, value = the largest |x|) and ``max_abs_token_id`` (value = the id of
         the token holding it, when ``input_ids`` is given); ``top_abs_mean`` (dim, value = mean, largest
@@ -259,7 +259,9 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         va, vb = tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]
         aniso = anisotropy(va, vb).double().cpu()
         cc = cosine_contributions(va, vb).cpu()  # [L, d], sums to the anisotropy
-        share1, share3 = top_share(cc, 1), top_share(cc, min(3, dim))
+        defined = share_defined(va, vb)  # a share of an anisotropy within 2 SE of 0 is noise: NaN
+        share1 = torch.where(defined, top_share(cc, 1), nan)
+        share3 = torch.where(defined, top_share(cc, min(3, dim)), nan)
         top_dim = cc.argmax(-1).tolist()
         a, b = sample_cross_sentence_pairs(sentence_ids, n_pairs, generator=seed)
         pair_cos = anisotropy(tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]).double().cpu()

@@ -27,7 +27,13 @@ from torchmetrics.functional.regression import pearson_corrcoef
 
 from outlierlab.analysis.sts import spearman_columns
 
-__all__ = ["cosine_contributions", "top_share", "ranking_without_top", "RogueSummary", "rogue_summary"]
+__all__ = ["cosine_contributions", "top_share", "share_defined", "ranking_without_top", "RogueSummary",
+           "rogue_summary", "MIN_Z"]
+
+#: A share of the anisotropy is reported only where the anisotropy differs from 0 by at least this many standard
+#: errors (:func:`share_defined`): a share of a mean cosine indistinguishable from 0 (after centering,
+#: standardizing, whitening) is a ratio of noise, not a fraction.
+MIN_Z = 2.0
 
 _EPS = 1e-8  # the eps of torch.nn.functional.cosine_similarity (and of pairwise_cosine)
 
@@ -68,6 +74,16 @@ def top_share(cc: Tensor, k: int) -> Tensor:
     return torch.where(total != 0, top / total, torch.full_like(total, float("nan")))
 
 
+def share_defined(a: Tensor, b: Tensor, min_z: float = MIN_Z) -> Tensor:
+    """Bool ``[L]``: the mean pair cosine of ``a``, ``b`` ``[L, P, d]`` is at least ``min_z`` standard errors
+    (std of the P cosines / √P) away from 0, so a share of it means something."""
+    cos = torch.nn.functional.cosine_similarity(a.to(torch.float64), b.to(torch.float64), dim=-1, eps=_EPS)
+    if cos.shape[-1] < 2:
+        return torch.zeros(cos.shape[:-1], dtype=torch.bool)
+    se = cos.std(-1) / cos.shape[-1] ** 0.5
+    return (cos.mean(-1).abs() >= min_z * se).cpu()
+
+
 def ranking_without_top(a: Tensor, b: Tensor, dims: Tensor) -> tuple[Tensor, Tensor]:
     """How much the pair-similarity ranking changes without some dims (Timkey & van Schijndel 2021 §4).
 
@@ -106,7 +122,8 @@ class RogueSummary:
     ----------
     cc : Tensor[L, d] float64 — :math:`CC_i` (sums to the anisotropy)
     order : LongTensor[L, d] — dims by descending :math:`CC_i`
-    share : dict k -> Tensor[L] — share of the top k dims (:func:`top_share`)
+    share : dict k -> Tensor[L] — share of the top k dims (:func:`top_share`); NaN where the anisotropy is
+        within ``min_z`` standard errors of 0 (:func:`share_defined`)
     r2, spearman : dict k -> Tensor[L] — ranking with the top k removed (:func:`ranking_without_top`)
     """
 
@@ -118,17 +135,19 @@ class RogueSummary:
         return self.cc.sum(-1)
 
 
-def rogue_summary(a: Tensor, b: Tensor, ks: Sequence[int] = (1, 3, 5)) -> RogueSummary:
-    """:func:`cosine_contributions`, the top-k shares and :func:`ranking_without_top` for each k in ``ks``
-    (Timkey & van Schijndel report k = 1, 3, 5), on paired vectors ``[L, P, d]``."""
+def rogue_summary(a: Tensor, b: Tensor, ks: Sequence[int] = (1, 3, 5), min_z: float = MIN_Z) -> RogueSummary:
+    """:func:`cosine_contributions`, the top-k shares (where :func:`share_defined`) and
+    :func:`ranking_without_top` for each k in ``ks`` (Timkey & van Schijndel report k = 1, 3, 5), on paired
+    vectors ``[L, P, d]``."""
     if a.ndim == 2:
         a, b = a[None], b[None]
     cc = cosine_contributions(a, b)
+    defined = share_defined(a, b, min_z)
     ks = [int(k) for k in ks if 1 <= int(k) <= cc.shape[-1]]
     order = cc.argsort(dim=-1, descending=True)
     share, r2, rho = {}, {}, {}
     for k in ks:
-        share[k] = top_share(cc, k)
+        share[k] = torch.where(defined, top_share(cc, k), torch.full((cc.shape[0],), float("nan"), dtype=cc.dtype))
         r2[k], rho[k] = ranking_without_top(a, b, order[:, :k]) if a.shape[1] >= 3 else (
             torch.full((cc.shape[0],), float("nan"), dtype=torch.float64),) * 2
     return RogueSummary(cc, order, share, r2, rho)

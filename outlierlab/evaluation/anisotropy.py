@@ -14,7 +14,7 @@ the top k.  The whole CC vector goes to ``anisotropy_contributions.csv`` (layer,
 
 from __future__ import annotations
 
-from outlierlab.analysis.rogue_dims import rogue_summary
+from outlierlab.analysis.rogue_dims import MIN_Z, rogue_summary
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import AnisotropySettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
@@ -51,16 +51,18 @@ def run(ctx: EvalContext) -> AnalysisResult:
         values[t] = r.anisotropy.tolist()
         for layer in range(st.num_layers):
             total = float(r.cc[layer].sum())
+            first = next(iter(r.share.values()))
+            ok = total != 0 and float(first[layer]) == float(first[layer])  # a share is defined (rogue_summary)
             top = r.order[layer, : s.rogue_list].tolist()
             row = {"layer": layer, "transform": t, "anisotropy": values[t][layer], "n_pairs": n_pairs,
                    "n_sentences": acc.n_seen, "rogue_dims": " ".join(map(str, top)),
                    "rogue_cc": " ".join(f"{float(r.cc[layer, d]):.5g}" for d in top),
-                   "rogue_share": " ".join(f"{float(r.cc[layer, d]) / total:.4g}" if total else "nan" for d in top)}
+                   "rogue_share": " ".join(f"{float(r.cc[layer, d]) / total:.4g}" if ok else "nan" for d in top)}
             row.update({f"top{k}_share": float(r.share[k][layer]) for k in r.share})
             row.update({f"r2_without_top{k}": float(r.r2[k][layer]) for k in r.r2})
             row.update({f"spearman_without_top{k}": float(r.spearman[k][layer]) for k in r.spearman})
             rows.append(row)
-            side += [{"layer": layer, "transform": t, "dim": d, "cc": float(c), "share": float(c) / total if total
+            side += [{"layer": layer, "transform": t, "dim": d, "cc": float(c), "share": float(c) / total if ok
                       else float("nan")} for d, c in enumerate(r.cc[layer].tolist())]
     side_path = write_csv(ctx.out_dir / "anisotropy_contributions.csv", side, ["layer", "transform", "dim", "cc", "share"])
     fig = plot_layers(ctx.out_dir / "anisotropy.png", values, "mean cosine of random token pairs",
@@ -79,7 +81,9 @@ def run(ctx: EvalContext) -> AnalysisResult:
           "![anisotropy per layer](anisotropy.png)",
           "### Rogue dimensions (Timkey & van Schijndel 2021)",
           "Each dim's contribution to the mean pair cosine, CC_i = mean over the pairs of x_i·y_i/(‖x‖‖y‖), sums "
-          f"to the anisotropy exactly. Below: the dim of largest CC_i and the share of the top {k_mid} dims "
+          "to the anisotropy exactly. A share is given only where the anisotropy is at least "
+          f"{MIN_Z:g} standard errors from 0 (else –: a share of noise). "
+          f"Below: the dim of largest CC_i and the share of the top {k_mid} dims "
           f"(CSV: top {s.rogue_list} dims with CC_i and share, the shares of the top "
           f"{'/'.join(map(str, rogue[ctx.transforms[0]].share))}, and r² / Spearman between the pair cosines with "
           "every dim and without the top k — how much those dims decide the similarity *ranking*; every CC_i in "

@@ -68,21 +68,20 @@ def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: f
         rotates = False
     if not rotates:
         return [None] * num_layers
-    params = getattr(cfg, "rope_parameters", None) or {}
-    if "full_attention" in params:  # transformers 5 per-layer-type parameters (ModernBERT)
-        params = params["full_attention"]
-    base = float(params.get("rope_theta", getattr(cfg, "rope_theta", None) or getattr(cfg, "global_rope_theta", 10000.0)))
-    partial = float(params.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", None)
-                               or getattr(cfg, "rotary_pct", None) or 1.0))
-    r = int(head_dim * partial) // 2 * 2
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    types = list(getattr(cfg, "layer_types", None) or [])
     context = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
-    specs: list[RotarySpec | None] = [RotarySpec(head_dim, r, base, context, "half", max_cycles)] * num_layers
-    every = getattr(cfg, "global_attn_every_n_layers", None)  # ModernBERT: sliding-window layers in between
-    local = getattr(cfg, "local_rope_theta", None)
-    if every and local:
-        window = int(getattr(cfg, "local_attention", context))
-        specs = [s if i % int(every) == 0 else RotarySpec(head_dim, r, float(local), window, "half", max_cycles)
-                 for i, s in enumerate(specs)]
+    specs: list[RotarySpec | None] = []
+    for layer in range(num_layers):
+        kind = types[layer] if layer < len(types) else None
+        p = params.get(kind, params) if kind in params else params  # transformers 5: per layer type (ModernBERT)
+        base = float(p.get("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0))
+        partial = float(p.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", None)
+                              or getattr(cfg, "rotary_pct", None) or 1.0))
+        r = int(head_dim * partial) // 2 * 2
+        # a sliding-window layer only ever rotates by distances within its window
+        window = int(getattr(cfg, "local_attention", 0) or 0) if kind == "sliding_attention" else 0
+        specs.append(RotarySpec(head_dim, r, base, window or context, "half", max_cycles))
     return specs
 
 
@@ -214,7 +213,9 @@ def run(ctx: EvalContext) -> AnalysisResult:
     bound = (f"Rotary: {spec.layout} layout, r = {spec.rotary_dim} of {spec.head_dim} dims, base {spec.base:g}, "
              f"context T = {spec.context}: pair i turns θ_i·T/2π times over the context; pairs i ≥ "
              f"{spec.first_partial_pair()} make fewer than {spec.max_cycles:g} turn(s) (the partial-cycle bound: where "
-             "Jonasson's rotary offset features are expected)." if rotary else
+             "Jonasson's rotary offset features are expected)"
+             + (" — layer 0; the layers differ (base, window): per-layer values in the CSV." if len(set(specs)) > 1
+                else ".") if rotary else
              "No rotary positions in this model: per-dim magnitudes alone, no pair named.")
     md = [TITLE,
           f"q and k before rotation, every real token of {what}. Outlier dim of a head: "
