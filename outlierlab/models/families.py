@@ -28,6 +28,13 @@ without its LM head resolves alike), norm/projection paths from one block, ``hea
 model.  A path that does not resolve is an error naming it (a transformers version renamed a module), except
 where a family says a norm may be absent (ModernBERT's first block has no attention norm: ``nn.Identity``).
 
+Written by hand because transformers has no API that lists a model's per-layer norms or says where they
+sit: each modeling file names its own (``ln_1``, ``input_layernorm``, ``attn_norm``, ``attention.output.LayerNorm``)
+and pre- or post-LN is only visible in its forward code.  The registry states them once; ``tests/test_families.py``
+checks every entry against the installed transformers by building each model type.  What transformers does
+provide is used: ``config.model_type`` keys the registry, ``base_model`` roots the paths, ``get_output_embeddings``
+is the LM head, and the auto mappings decide masked-LM vs causal-LM for an unregistered type.
+
 Adding a family: one :class:`Family` entry in :data:`FAMILIES` with its ``model_types``; the test
 ``tests/test_families.py`` then plants an outlier dim in a tiny random model of that type and checks that
 the rule finds exactly it.  Our own encoder (``outlierlab``) is resolved from its ``named_layernorms``
