@@ -199,3 +199,22 @@ def test_a_share_of_an_anisotropy_indistinguishable_from_zero_is_not_given():
     assert math.isnan(float(s.share[1][0])) and math.isnan(float(s.share[3][0]))
     assert not math.isnan(float(s.share[3][1])) and 0 < float(s.share[3][1]) <= 1.0
     assert torch.allclose(s.anisotropy, anisotropy(x, y), atol=1e-12)  # CC_i are kept either way
+
+
+def test_the_monitor_records_the_top_dims_share_and_isoscore_per_layer():
+    from outlierlab.analysis.monitoring import hidden_state_records
+
+    hidden = torch.randn(3, 8, 12, 32, generator=_g(15))
+    hidden[2, :, :, 9] += 25.0  # layer 2: one dim carries a large constant -> it causes the anisotropy
+    mask = torch.ones(8, 12, dtype=torch.long)
+    rows, summary = hidden_state_records(5, hidden, mask, vectors=False)
+    got = {(r[1], r[2]): r for r in rows}
+    assert got[("layer_2", "rogue_top1_share")][3] == 9 and got[("layer_2", "rogue_top1_share")][4] > 0.9
+    assert math.isnan(got[("layer_0", "rogue_top1_share")][4])  # isotropic noise: no share of ~0
+    for layer in range(3):
+        assert 0.0 <= got[(f"layer_{layer}", "isoscore")][4] <= 1.0
+    # IsoScore is a property of the covariance: the constant that makes layer 2 anisotropic leaves it unchanged
+    plain = hidden[2].clone()
+    plain[..., 9] -= 25.0
+    assert got[("layer_2", "isoscore")][4] == pytest.approx(float(isoscore(plain.reshape(-1, 32).double())), abs=1e-9)
+    assert torch.allclose(summary["isoscore"], isoscore(hidden.reshape(3, -1, 32).double()), atol=1e-9)

@@ -161,3 +161,23 @@ def test_whitening_on_too_few_distinct_texts_fails_before_encoding(encoder, comp
     res = run(ctx)
     assert all(r["whiten_degenerate"] is False for r in res.rows if r["transform"] == "whiten"
                and r["dataset"] == "docs.csv")
+
+
+def test_standardize_abtt_center_are_fitted_on_the_pairs_and_guarded_like_whitening(encoder, compose_cfg, tmp_path):
+    """Issue 32: the other fitted transforms go through the same STS path (fit on the evaluated sentence vectors,
+    same pre-encoding refusal, their own ``<name>_*`` fit columns)."""
+    from outlierlab.evaluation.sts import check, run
+
+    few = _write(tmp_path / "few.csv", _texts(4, seed=11), 6, seed=12)  # 4 distinct texts: abtt D=8 needs 18
+    with pytest.raises(DegenerateWhiteningError, match=r"abtt fit .*few\.csv.*distinct texts < 2 x D\+1="):
+        check(_ctx(compose_cfg, encoder, tmp_path, [few], ("none", "abtt"), ["transform.abtt_d=8"]))
+    f = _write(tmp_path / "many.csv", _texts(40, seed=13), 80, seed=14)
+    names = ("none", "standardize", "abtt", "center")
+    ctx = _ctx(compose_cfg, encoder, tmp_path, [f], names, ["transform.abtt_d=2"])
+    check(ctx)
+    res = run(ctx)
+    by = {t: [r for r in res.rows if r["transform"] == t and r["subset"] == "all"] for t in names}
+    assert all(len(v) == N_LAYERS + 1 for v in by.values())
+    assert all(r["abtt_d"] == 2 and r["abtt_degenerate"] is False for r in by["abtt"])
+    assert all(r["standardize_n"] > 0 and "center_fit" not in r for r in by["standardize"])
+    assert all(-1.0 <= r["spearman"] <= 1.0 for rows in by.values() for r in rows if r["spearman"] == r["spearman"])
