@@ -186,13 +186,18 @@ POS_ORDER = ["learned", "none", "relative", "sinusoidal", "sinusoidal-unscaled",
 
 
 def grid(args) -> None:
-    """Pivot a ``table`` CSV whose runs are named ``<pos>_<switch>`` (scripts/switch_sweep.sh) into one
+    """Pivot a ``table`` CSV whose runs are named ``<pos>_<switch>`` (the first switch grid) or
+    ``arch=<switch>,pos=<pos>`` (``experiment=switch_grid`` cells) into one
     markdown grid per metric: rows = position scheme, columns = switch; a missing cell is "–"."""
     with open(args.table) as f:
         rows = list(csv.DictReader(f))
     cells = {}
     for r in rows:
-        pos, _, switch = r["run"].partition("_")
+        if "=" in r["run"]:  # a Hydra cell name: arch=op,pos=rope (arch=default is plain softmax)
+            ov = dict(kv.split("=", 1) for kv in r["run"].split(","))
+            pos, switch = ov.get("pos", "learned"), ov.get("arch", "default").replace("default", "softmax")
+        else:
+            pos, _, switch = r["run"].partition("_")
         cells[pos, switch] = r
     poss = [p for p in POS_ORDER if any(k[0] == p for k in cells)] + sorted({k[0] for k in cells} - set(POS_ORDER))
     switches = ([w for w in SWITCH_ORDER if any(k[1] == w for k in cells)]

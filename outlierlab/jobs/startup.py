@@ -219,8 +219,36 @@ def describe_plan(cfg) -> str:
     return line + f", precision {t.get('precision', '32-true')}, strategy {t.get('strategy', 'auto')}"
 
 
+#: Longest multirun cell directory name written as is (file systems allow 255 bytes per name).
+CELL_NAME_MAX = 150
+
+
+def cell_dir_name(override_dirname: str, limit: int = CELL_NAME_MAX) -> str:
+    """A sweep cell's directory name: its overrides (``hydra.job.override_dirname``), readable and stable.
+
+    Beyond ``limit`` characters (a run with many overrides would exceed the file system's 255) the name
+    is cut at an override boundary, the ``seed=`` item is kept, and a 10-hex digest of the full name keeps it
+    unique; the full overrides stay in the cell's ``.hydra/overrides.yaml``, which is what the study aggregator
+    reads.
+    """
+    import hashlib
+
+    if len(override_dirname) <= limit:
+        return override_dirname
+    digest = hashlib.sha1(override_dirname.encode()).hexdigest()[:10]
+    seed = next((item for item in override_dirname.split(",") if item.startswith("seed=")), None)
+    keep = limit - len(digest) - 1 - (len(seed) + 1 if seed else 0)
+    prefix = override_dirname[:keep].rsplit(",", 1)[0]
+    return ",".join(x for x in (prefix, seed, digest) if x)
+
+
 def register_resolvers() -> None:
-    """OmegaConf resolvers used by the configs (idempotent)."""
+    """OmegaConf resolvers used by the configs (idempotent).
+
+    Also run when this module is imported: Hydra's joblib and submitit launchers resolve a cell's output
+    directory (``${cell_dir:...}``) in their worker process, which imports this module while unpickling the
+    task function but never runs ``train.py``'s module code.
+    """
     def accumulation(global_batch: int, per_device: int, devices, num_nodes=1) -> int:
         # Paper batch 256 = per-device batch x devices x nodes x accumulation (Luo et al. Table 4).
         devices = 1 if devices in ("auto", None) else (len(devices) if isinstance(devices, (list, tuple)) else int(devices))
@@ -231,6 +259,8 @@ def register_resolvers() -> None:
 
     if not OmegaConf.has_resolver("accumulation"):
         OmegaConf.register_new_resolver("accumulation", accumulation)
+    if not OmegaConf.has_resolver("cell_dir"):
+        OmegaConf.register_new_resolver("cell_dir", lambda name: cell_dir_name(str(name)))
 
 
 # Errors that mean "the user asked for something that cannot work": reported as one line.
@@ -250,3 +280,6 @@ def run_main(job, cfg):
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: {msg}", file=sys.stderr)
         sys.exit(1)
+
+
+register_resolvers()  # see its docstring: launcher workers need the resolvers too

@@ -194,13 +194,15 @@ def set_threads(threads: int | None) -> int:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run MLM pretraining as configured; return the final logged metrics.
 
-    A run directory that holds ``finished.json`` is skipped (its metrics are returned), and one with a
-    checkpoint but no marker resumes from it (``resume: true``) -- so re-running a stopped multirun
-    continues it cell by cell instead of starting over.
+    A run directory whose ``finished.json`` records the same ``trainer.max_steps`` is skipped (its metrics
+    are returned), and one with a checkpoint but no such marker resumes from it (``resume: true``; also a
+    finished run given more steps) -- so re-running a stopped multirun continues it cell by cell instead of
+    starting over.
     """
     run_dir = Path(cfg.run_dir).resolve()
     done = finished_run(run_dir)
-    if done is not None and cfg.get("skip_finished", True) and cfg.get("ckpt_path") in (None, "", "null"):
+    same_budget = done is not None and done.get("max_steps") == OmegaConf.select(cfg, "trainer.max_steps")
+    if same_budget and cfg.get("skip_finished", True) and cfg.get("ckpt_path") in (None, "", "null"):
         log.info("%s finished earlier (step %s): skipped; delete it, or set skip_finished=false, to train it again",
                  run_dir, done.get("global_step"))
         return {k: float(v) for k, v in (done.get("metrics") or {}).items()}

@@ -9,15 +9,22 @@ exception, including a non-finite loss or a bug, whose checkpoint must not becom
 trusts; this subclass saves only for SIGTERM, and under the name the resume logic reads (``last.ckpt``),
 written to a temporary name and renamed so a kill during the write leaves the previous ``last.ckpt`` intact.
 
-SLURM sends SIGTERM at preemption and at the time limit (then SIGKILL after ``KillWait``); submitit's
-requeue then restarts the cell, which finds ``last.ckpt`` and resumes (``outlierlab.jobs.training``).
+SLURM sends SIGTERM at preemption and at the time limit (then SIGKILL after ``KillWait``). Under submitit
+(``hydra/launcher=submitit_slurm``) the job is warned earlier by ``SIGUSR2`` (``signal_delay_s`` before the
+limit, or at preemption), and submitit's handler requeues the job and exits at once -- mid-step, without a
+checkpoint. So while training runs, a handler already installed for ``SIGUSR2`` is deferred: the signal only
+asks Lightning to stop at the end of the current step (as SIGTERM does), ``last.ckpt`` is written, and then the
+original handler runs (submitit requeues the cell, which finds ``last.ckpt`` and resumes,
+``outlierlab.jobs.training``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+import signal
+import threading
+from typing import Any, Callable
 
 import lightning as L
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
@@ -29,10 +36,41 @@ log = logging.getLogger(__name__)
 class InterruptCheckpoint(OnExceptionCheckpoint):
     """On SIGTERM: write ``<dirpath>/<filename>.ckpt`` (default ``last.ckpt``) at the end of the current step."""
 
+    #: Signals whose existing handler (a scheduler's requeue) runs only after the checkpoint is written.
+    DEFERRED_SIGNALS = ("SIGUSR2",)
+
     def __init__(self, dirpath: str, filename: str = "last") -> None:
         super().__init__(dirpath, filename)
+        self._deferring = False
+        self._pending: tuple[Callable, int, Any] | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._deferring = True
+        if threading.current_thread() is not threading.main_thread():
+            return  # handlers can only be installed from the main thread
+        for name in self.DEFERRED_SIGNALS:
+            sig = getattr(signal, name, None)
+            old = signal.getsignal(sig) if sig is not None else None
+            if callable(old) and not getattr(old, "_outlierlab_deferred", False):
+
+                def deferred(signum, frame, _old=old, _trainer=trainer):
+                    if not self._deferring:  # training is over: behave exactly as the original handler
+                        return _old(signum, frame)
+                    log.warning("%s: stopping at the end of this step to save %s first",
+                                signal.Signals(signum).name, self.ckpt_path)
+                    self._pending = (_old, signum, frame)
+                    _trainer._signal_connector.received_sigterm = True  # Lightning's own orderly stop
+
+                # Lightning snapshots every handler after on_fit_start and restores that snapshot at its
+                # teardown, so this wrapper may outlive training: it then passes the signal straight on.
+                deferred._outlierlab_deferred = True
+                signal.signal(sig, deferred)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._deferring = False
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._deferring = False
         if not isinstance(exception, SIGTERMException):
             return
         os.makedirs(self.dirpath, exist_ok=True)
@@ -40,8 +78,12 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         trainer.save_checkpoint(tmp)
         if trainer.is_global_zero:
             os.replace(tmp, self.ckpt_path)
-            log.warning("SIGTERM at global step %d: saved %s; run again in the same directory to resume",
+            log.warning("stopped by a signal at global step %d: saved %s; run again in the same directory to resume",
                         trainer.global_step, self.ckpt_path)
+        if self._pending is not None:
+            handler, signum, frame = self._pending
+            self._pending = None
+            handler(signum, frame)  # e.g. submitit: requeue this cell, then exit
 
     def teardown(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         pass  # OnExceptionCheckpoint deletes its file at a normal end; ours is the run's last.ckpt: keep it

@@ -1,0 +1,140 @@
+"""Our training step vs Hugging Face's ``RobertaForMaskedLM`` (SDPA attention) of the same configuration, and our
+step before vs after the masked-position LM head (issue 29).
+
+Three training steps (forward, loss, backward, gradient clipping 1.0, AdamW) on the SAME real batches (embedded
+corpus, our packed blocks and seeded 15 % masking), alternated step by step in one process so that background
+load hits all of them alike:
+
+* ``ours``      -- ``RobertaMaskedLM`` as ``train.py`` runs it: the head only at the masked positions, the
+                   all-ones attention mask dropped on the host (``MLMLitModule.on_before_batch_transfer``);
+* ``ours_full`` -- the step before issue 29: the head on every position (``full_logits=True``), mask passed;
+* ``hf``        -- ``transformers.RobertaForMaskedLM(attn_implementation="sdpa")`` with the same sizes, given
+                   the collator's ``input_ids, attention_mask, labels`` as a user would.
+
+Prints per variant the median step time, tokens/s, the median of the per-step time ratios to ``ours`` with
+quartiles, and MFU = tokens/s x F / peak, with F = 6·N + 12·L·T·d FLOPs per token (N all parameters, Kaplan
+et al. 2020, plus attention scores and values; the same F for every variant, so MFU ratios are throughput
+ratios -- the masked head does fewer FLOPs than F assumes) and the peak the best fp32 2048² matmul rate here.
+
+    python benchmarks/train_vs_hf.py --preset tiny --steps 30
+    python benchmarks/train_vs_hf.py --preset emergence_cpu --steps 30
+    python benchmarks/train_vs_hf.py --preset base --steps 4 --batch-size 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import hydra  # noqa: E402
+import torch  # noqa: E402
+from transformers import RobertaConfig, RobertaForMaskedLM  # noqa: E402
+
+from benchmarks.train_throughput import matmul_peak_gflops  # noqa: E402
+from outlierlab.datamodules.sampler import ResumableSampler  # noqa: E402
+from outlierlab.lightning_modules.mlm_module import prepare_mlm_batch  # noqa: E402
+from outlierlab.models import RobertaMaskedLM  # noqa: E402
+from tests.conftest import compose  # noqa: E402
+
+PRESETS = {
+    "tiny": ["model=tiny"],
+    "emergence_cpu": ["experiment=emergence_cpu"],
+    "base": ["model=base", "data.batch_size=8"],
+}
+
+
+def hf_twin(config) -> RobertaForMaskedLM:
+    """HF RoBERTa of our configuration (learned positions: max_len + 2 rows, one token type)."""
+    hf = RobertaConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                       num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+                       intermediate_size=config.intermediate_size, max_position_embeddings=config.max_len + 2,
+                       hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.attention_dropout,
+                       type_vocab_size=1, layer_norm_eps=config.layer_norm_eps, pad_token_id=config.pad_token_id,
+                       attn_implementation="sdpa")
+    return RobertaForMaskedLM(hf)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="emergence_cpu")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--run-dir", default="/tmp/outlierlab_bench")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    overrides = [f"run_dir={args.run_dir}", *PRESETS[args.preset], "trainer.limit_val_batches=0"]
+    if args.batch_size:
+        overrides.append(f"data.batch_size={args.batch_size}")
+    cfg = compose("train", overrides)
+    dm = hydra.utils.instantiate(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    tok = dm.tokenizer
+    config = hydra.utils.instantiate(cfg.model, vocab_size=len(tok), pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    models = {"ours": RobertaMaskedLM(config), "ours_full": RobertaMaskedLM(config), "hf": hf_twin(config)}
+    for m in models.values():
+        m.train()
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
+    n_params = sum(p.numel() for p in models["ours"].parameters())
+    T, d, L = dm.block_size, config.hidden_size, config.num_layers
+    flops_per_token = 6 * n_params + 12 * L * T * d
+
+    def step(name, batch):
+        m = models[name]
+        if name == "ours":
+            b = prepare_mlm_batch(batch)
+            loss = m(b["input_ids"], b.get("attention_mask"), b["labels"], masked_positions=b["masked_positions"]).loss
+        elif name == "ours_full":
+            loss = m(batch["input_ids"], batch["attention_mask"], batch["labels"], full_logits=True).loss
+        else:
+            loss = m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opts[name].step()
+        opts[name].zero_grad(set_to_none=True)
+
+    loader = dm._loader(dm.train_dataset, ResumableSampler(len(dm.train_dataset), dm.batch_size, seed=0))
+    times = {k: [] for k in models}
+    tokens = []
+    order = list(models)
+    for i, batch in enumerate(loader):
+        if i == args.warmup + args.steps:
+            break
+        if batch["input_ids"].shape[0] < dm.batch_size:
+            continue
+        for name in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
+            t = time.perf_counter()
+            step(name, batch)
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - t)
+        if i >= args.warmup:
+            tokens.append(int(batch["attention_mask"].sum()))
+    peak = matmul_peak_gflops() * 1e9
+    tok_step = statistics.mean(tokens)
+    print(f"preset {args.preset}: {L} layers x {d} hidden, block {T}, batch {dm.batch_size}, vocab {config.vocab_size}, "
+          f"{n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} thread(s), {len(tokens)} paired steps")
+    print(f"F = 6N + 12LTd = {flops_per_token / 1e6:.1f} MFLOP/token; fp32 matmul peak {peak / 1e9:.0f} GFLOP/s")
+    print(f"{'variant':<10} {'median s/step':>13} {'tokens/s':>10} {'ours is x faster (median, q1-q3)':>34} {'MFU':>6}")
+    for name in order:
+        med = statistics.median(times[name])
+        ratios = sorted(a / b for a, b in zip(times[name], times["ours"]))
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        tps = tok_step / med
+        print(f"{name:<10} {med:>13.4f} {tps:>10,.0f} {statistics.median(ratios):>20.2f}x ({q[0]:.2f}-{q[2]:.2f})"
+              f" {100 * tps * flops_per_token / peak:>5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
