@@ -165,9 +165,10 @@ def test_joblib_multirun_skips_finished_and_resumes_killed_cells(tmp_path, share
     from outlierlab.jobs.training import train
 
     reference = tmp_path / "reference"
-    train(small_cfg(reference, *SWEEP, "seed=2"))
+    train(small_cfg(reference, *SWEEP, "seed=2", "threads=1"))  # a cell's threads: 2 cores / 2 jobs (bitwise equality)
     sweep = tmp_path / "sweep"
-    args = ["-m", "seed=1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}", *SWEEP]
+    args = ["-m", "seed=1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}", "threads=1",
+            *SWEEP]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
