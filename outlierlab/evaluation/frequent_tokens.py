@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import matplotlib
@@ -38,7 +39,7 @@ from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.evaluation.common import ln_rule, skip_result
 from outlierlab.evaluation.frequency import frequency_counts
 from outlierlab.evaluation.masked_lm import masked_batches, pack_texts
-from outlierlab.evaluation.mlm_loading import LoadedModel, analysis_texts, shared_mlm
+from outlierlab.evaluation.mlm_loading import LoadedModel, analysis_texts, check_texts, shared_mlm
 from outlierlab.evaluation.next_token import next_token_batches
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import FrequentTokensSettings, load_settings
@@ -224,15 +225,19 @@ def _plot(rows: list[dict], path) -> None:
 
 
 def check(ctx: EvalContext) -> FrequentTokensSettings:
-    """Settings (and the ``ln_rule`` group) before any model is loaded."""
+    """Settings, the ``ln_rule`` group and every file (texts, ``count_files``) before any model is loaded."""
     s = load_settings(FrequentTokensSettings, ctx.cfg)
     ln_rule(ctx)
+    check_texts(s)
+    for f in (s.count_files or ()) if s.counts_from == "files" else ():
+        if not Path(str(f)).expanduser().is_file():
+            raise FileNotFoundError(f"frequent_tokens.count_files: file not found: {f}")
     return s
 
 
 @register("frequent_tokens")
 def run(ctx: EvalContext) -> AnalysisResult:
-    s = load_settings(FrequentTokensSettings, ctx.cfg)
+    s = ctx.prepared if isinstance(ctx.prepared, FrequentTokensSettings) else check(ctx)
     rule = ln_rule(ctx)
     loaded = shared_mlm(ctx)
     if not loaded.has_mlm_head:

@@ -28,7 +28,7 @@ from outlierlab.analysis.qk_outliers import QKAccumulator, RotarySpec, magnitude
 from outlierlab.evaluation.encoding import iter_batches
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import QKOutliersSettings, load_settings
-from outlierlab.evaluation.mlm_loading import analysis_texts
+from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts
 from outlierlab.evaluation.settings import DataSettings, section_settings
 from outlierlab.models.families import OURS, QKProjection, family_of, split_qk
 from outlierlab.reports.evaluation_report import md_table
@@ -173,9 +173,16 @@ def _heatmap(stats: dict, specs, path, title: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the job
+def check(ctx: EvalContext) -> QKOutliersSettings:
+    """Settings and text files before any model is loaded."""
+    s = load_settings(QKOutliersSettings, ctx.cfg)
+    check_texts(s)
+    return s
+
+
 @register("qk_outliers")
 def run(ctx: EvalContext) -> AnalysisResult:
-    s = load_settings(QKOutliersSettings, ctx.cfg)
+    s = ctx.prepared if isinstance(ctx.prepared, QKOutliersSettings) else check(ctx)
     enc = ctx.encoder
     model = enc.model
     texts, what = analysis_texts(ctx, s)
