@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,9 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         # find the tokenizer here even when the run stops early or export=false
         tokenizer.save_pretrained(str(run_dir / "tokenizer"))
     _relaunch_args_for_ddp_children(run_dir)
+    # MLMLitModule.on_before_batch_transfer prepares any MLM batch on the host (it does not replace a
+    # datamodule hook); Lightning warns whenever a module overrides it while a datamodule is passed.
+    warnings.filterwarnings("ignore", message=r".*overridden `on_before_batch_transfer` in `LightningModule`")
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
     if cfg.get("export", True) and trainer.global_rank == 0:
