@@ -41,6 +41,13 @@ def group_label(overrides: dict[str, str], varying: Sequence[str]) -> str:
     return ",".join(f"{k}={overrides[k]}" for k in keys) or "all"
 
 
+def _portable(cell: Cell) -> dict:
+    """The cell's resolved config with its own directory written as ``<cell>`` (paths inside it differ by
+    construction)."""
+    here = str(cell.path.resolve())
+    return {k: (v.replace(here, "<cell>") if isinstance(v, str) else v) for k, v in cell.config.items()}
+
+
 def check_groups(groups: dict[str, list[Cell]]) -> None:
     """Refuse a group the aggregator cannot average honestly (one line each, raised together)."""
     errors = []
@@ -58,10 +65,11 @@ def check_groups(groups: dict[str, list[Cell]]) -> None:
         if dupes:
             errors.append(f"group {label} holds seed {dupes[0]} more than once ({', '.join(str(c.path) for c in cells if c.seed == dupes[0])})")
             continue
-        ref = cells[0].config
+        ref = _portable(cells[0])
         for c in cells[1:]:
-            keys = sorted(k for k in set(ref) | set(c.config) if not SEED_DEPENDENT.search(k)
-                          and ref.get(k) != c.config.get(k))
+            other = _portable(c)
+            keys = sorted(k for k in set(ref) | set(other) if not SEED_DEPENDENT.search(k)
+                          and ref.get(k) != other.get(k))
             if keys:
                 shown = ", ".join(f"{k}: {ref.get(k)!r} vs {c.config.get(k)!r}" for k in keys[:3])
                 errors.append(f"group {label}: {cells[0].path.name} and {c.path.name} differ in settings that are not "

@@ -31,8 +31,10 @@ from omegaconf import OmegaConf
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named.
 NOT_IDENTITY = {"study", "ckpt_path", "resume", "skip_finished", "threads", "posthoc", "trainer.enable_progress_bar",
                 "callbacks.progress.when", "progress", "tensorboard"}
-#: Resolved-config keys that legitimately differ between the seeds of one group.
-SEED_DEPENDENT = re.compile(r"(^|\.)(seed|run_dir|save_dir|dirpath|study)$|^hydra\.|^paths\.")
+#: Resolved-config keys that legitimately differ between the seeds of one group: the seed itself, where a
+#: run writes, and how its work is scheduled (processes, threads, chunk sizes), which does not change a number.
+SEED_DEPENDENT = re.compile(r"(^|\.)(seed|run_dir|save_dir|dirpath|out_dir|study|num_proc|num_workers|"
+                            r"tokenize_chunk_mb|pin_memory|threads)$|^hydra\.|^paths\.")
 _SEED_IN_VALUE = re.compile(r"seed=(\d+)")
 LAYER_MAX = "max_layer"
 
