@@ -278,3 +278,23 @@ def test_sampler_int32_permutation_is_the_int64_one_of_earlier_versions():
             total = len(s) * world
             order += order[: total - n]
             assert s.epoch_indices(2) == order[rank:total:world]
+
+
+def test_training_corpus_check_streams_and_runs_once_per_file_version(tmp_path, monkeypatch, compose_cfg):
+    import os
+
+    from outlierlab.datamodules import validation
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("one\n\ntwo\nthree\n")
+    cfg = compose_cfg("train", ["data=files", f"data.files=[{corpus}]", f"data.cache_dir={tmp_path / 'cache'}"])
+    calls = []
+    real = validation.count_text_lines
+    monkeypatch.setattr(validation, "count_text_lines", lambda *a: calls.append(a) or real(*a))
+    validation.validate_inputs(cfg, "train")
+    validation.validate_inputs(cfg, "train")  # the same file version: not read again
+    assert len(calls) == 1 and real(corpus, "data.files") == 3
+    corpus.write_bytes(b"one\n\xff\xfe bad\n")
+    os.utime(corpus, ns=(1, 1))
+    with pytest.raises(validation.DataFileError, match=r"line 2 is not UTF-8 \(byte 0xff at column 1\)"):
+        validation.validate_inputs(cfg, "train")

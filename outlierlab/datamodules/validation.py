@@ -25,9 +25,11 @@ from __future__ import annotations
 import csv
 import difflib
 import gzip
+import hashlib
 import io
 import json
 import math
+import os
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -80,6 +82,55 @@ def read_lines(path: str | Path, key: str) -> list[str]:
             raise _fail(key, path, f"line {i} is not UTF-8 (byte {line[e.start]:#x} at column {e.start + 1}); "
                                    "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
     return [x.removesuffix("\r") for x in out]
+
+
+def count_text_lines(path: str | Path, key: str) -> int:
+    """Non-blank lines of a text file (``.gz`` decompressed), read as a stream: the faults and messages of
+    :func:`read_lines` in memory of one line -- a training corpus can be larger than memory."""
+    p = Path(str(path)).expanduser()
+    if not p.is_file():
+        raise MissingDataFileError(f"{key}: file not found: {path}")
+    n, seen = 0, False
+    try:
+        with open(p, "rb") as raw:
+            f = gzip.GzipFile(fileobj=raw) if p.name.endswith(".gz") else raw
+            for i, line in enumerate(f, 1):
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise _fail(key, path, f"line {i} is not UTF-8 (byte {line[e.start]:#x} at column "
+                                           f"{e.start + 1}); re-save the file as UTF-8 (e.g. iconv -f latin1 -t "
+                                           "utf-8)") from None
+                if text.strip():
+                    n, seen = n + 1, True
+                elif line.strip():  # e.g. a line of U+FEFF / non-breaking spaces: bytes, no text
+                    seen = True
+    except EOFError:
+        raise _fail(key, path, "the gzip file is truncated (incomplete download or copy?): recompress or "
+                               "re-copy it") from None
+    except (gzip.BadGzipFile, zlib.error, OSError) as e:
+        raise _fail(key, path, f"not a valid gzip file ({e}); drop the .gz suffix if it is plain text") from None
+    if not n and not seen:
+        raise _fail(key, path, "the file is empty")
+    return n
+
+
+def _counted_before(path: str, memo_dir) -> tuple[Path | None, int | None]:
+    """A training corpus checked by an earlier run: the count recorded under ``memo_dir``, keyed by the file's
+    (real path, size, mtime, inode) -- a rewritten file has a new stat and is checked again."""
+    if memo_dir is None:
+        return None, None
+    p = Path(str(path)).expanduser()
+    try:
+        st = p.stat()
+    except OSError:
+        return None, None
+    key = json.dumps([str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino])
+    memo = Path(str(memo_dir)).expanduser() / "checked_files" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+    try:
+        return memo, int(json.loads(memo.read_text())["lines"])
+    except (OSError, ValueError, KeyError):
+        return memo, None
 
 
 def read_table(path: str | Path, key: str) -> tuple[list[str], list[dict], list[int]]:
@@ -194,13 +245,20 @@ WIC = TableSpec(("sentence1", "sentence2", "start1", "end1", "start2", "end2", "
                 "wic.files need columns sentence1, sentence2, start1, end1, start2, end2, label")
 
 
-def _sentences(cfg, key: str, minimum: int, why: str) -> None:
+def _sentences(cfg, key: str, minimum: int, why: str, memo_dir=None) -> None:
     files = _files(_select(cfg, key))
     total = 0
     for f in files:
-        n = sum(1 for x in read_lines(f, key) if x.strip())
+        memo, n = _counted_before(f, memo_dir)
+        if n is None:
+            n = count_text_lines(f, key)
         if n == 0:
             raise _fail(key, f, "holds only blank lines")
+        if memo is not None:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({"file": str(f), "lines": n}))
+            os.replace(tmp, memo)
         total += n
     cap = _select(cfg, "data.max_sentences")
     total = min(total, int(cap)) if cap is not None else total
@@ -249,7 +307,7 @@ def _position(cfg) -> None:
     files = _files(_select(cfg, "data.files"))
     if not files:
         return
-    n = sum(1 for f in files for x in read_lines(f, "data.files") if x.strip())
+    n = sum(count_text_lines(f, "data.files") for f in files)
     cap = _select(cfg, "data.max_sentences")
     n = min(n, int(cap)) if cap is not None else n
     tot = sum(fr)
@@ -304,8 +362,8 @@ def validate_inputs(cfg, entry: str) -> list[str]:
     Returns warnings (valid but weak input) for the report; raises :class:`DataFileError` (one line) otherwise.
     """
     if entry == "train":
-        if _select(cfg, "data.source") == "files":
-            _sentences(cfg, "data.files", 1, "")
+        if _select(cfg, "data.source") == "files":  # checked once per file version (data.cache_dir/checked_files)
+            _sentences(cfg, "data.files", 1, "", memo_dir=_select(cfg, "data.cache_dir"))
         return []
     if entry == "probe":
         kind = _select(cfg, "task.kind")
