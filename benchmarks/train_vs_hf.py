@@ -73,6 +73,9 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--run-dir", default="/tmp/outlierlab_bench")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (batches move after the host-side preparation)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the device's peak for MFU (e.g. 989 for an H100's dense bf16); default: a measured fp32 matmul")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,24 +90,29 @@ def main() -> None:
     config = hydra.utils.instantiate(cfg.model, vocab_size=len(tok), pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     models = {"ours": RobertaMaskedLM(config), "ours_full": RobertaMaskedLM(config), "hf": hf_twin(config)}
+    device = torch.device(args.device)
     for m in models.values():
-        m.train()
+        m.to(device).train()
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
     n_params = sum(p.numel() for p in models["ours"].parameters())
     T, d, L = dm.block_size, config.hidden_size, config.num_layers
     flops_per_token = 6 * n_params + 12 * L * T * d
 
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
     def step(name, batch):
         m = models[name]
         if name == "ours":
-            b = prepare_mlm_batch(batch)
+            b = {k: v.to(device, non_blocking=True) for k, v in prepare_mlm_batch(batch).items()}
             loss = m(b["input_ids"], b.get("attention_mask"), b["labels"], masked_positions=b["masked_positions"]).loss
         elif name == "ours_full":
             loss = m(batch["input_ids"], batch["attention_mask"], batch["labels"], full_logits=True).loss
         else:
             loss = m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=True)
         opts[name].step()
         opts[name].zero_grad(set_to_none=True)
 
@@ -117,15 +125,19 @@ def main() -> None:
             break
         if batch["input_ids"].shape[0] < dm.batch_size:
             continue
+        on_device = {k: v.to(device) for k, v in batch.items()}
         for name in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
+            sync()
             t = time.perf_counter()
-            step(name, batch)
+            step(name, batch if name == "ours" else on_device)
+            sync()
             if i >= args.warmup:
                 times[name].append(time.perf_counter() - t)
         if i >= args.warmup:
             tokens.append(int(batch["attention_mask"].sum()))
             masked.append(int((batch["labels"] != -100).sum()))
-    peak = matmul_peak_gflops() * 1e9  # measured after the steps, in the same process and load
+    # measured after the steps, in the same process and load
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else matmul_peak_gflops() * 1e9
     tok_step = statistics.mean(tokens)
     print(f"preset {args.preset}: {L} layers x {d} hidden, block {T}, batch {dm.batch_size}, vocab {config.vocab_size}, "
           f"{n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} thread(s), {len(tokens)} paired steps")

@@ -174,3 +174,23 @@ def test_seed_inside_a_run_path_groups_evaluate_cells(tmp_path):
                                 "encoder.name_or_path=multirun/s/pos=none,seed=*"}
     r = row(df, group="encoder.name_or_path=multirun/s/pos=none,seed=*", metric="anisotropy/none/anisotropy")
     assert r["n"] == 2 and r["mean"] == pytest.approx(0.15) and r["step"] == -1
+
+
+def test_exported_cells_aggregate_to_the_same_study(tmp_path):
+    """scripts/export_cells.py keeps what the aggregator reads (and drops per-dimension rows)."""
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("export_cells", ROOT / "scripts" / "export_cells.py")
+    export_cells = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export_cells)
+    sweep, out = plant_study(tmp_path / "sweep"), tmp_path / "exported"
+    plant_cell(sweep, {"pos": "none", "seed": 9}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}, finished=False)
+    assert sorted(export_cells.export(sweep, out)) == sorted(c.name for c in sweep.iterdir() if (c / "finished.json").exists())
+    assert not (out / "pos=none,seed=9").exists()  # unfinished cells are not exported
+    hist = (out / "experiment=emergence_seeds,pos=learned,seed=1" / "monitor" / "hidden_states.csv").read_text()
+    assert ",mean," not in hist and ",kurtosis," in hist
+    a = pd.read_csv(study.run([str(sweep)], out=str(tmp_path / "a"), plots=False)["out"] / "study.csv")
+    b = pd.read_csv(study.run([str(out)], out=str(tmp_path / "b"), plots=False)["out"] / "study.csv")
+    pd.testing.assert_frame_equal(a, b)
