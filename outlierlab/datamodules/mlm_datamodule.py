@@ -1,4 +1,4 @@
-"""``MLMDataModule``: text -> tokenizer -> packed blocks -> deterministic dynamic masking, resumable mid-epoch.
+"""``MLMDataModule``: text -> tokenizer -> memory-mapped token file -> blocks -> seeded dynamic masking, resumable.
 
 Pipeline (RoBERTa / fairseq style pretraining data, Liu et al. 2019):
 
@@ -167,7 +167,7 @@ class MLMDataModule(L.LightningDataModule):
 
     # ----------------------------------------------------------------------------------------------- build
     def prepare_data(self) -> None:
-        """Train/load the tokenizer and build/load the packed blocks (cached on disk)."""
+        """Train/load the tokenizer and build/find the token file (cached on disk; one process builds, others wait)."""
         self._ensure_built()
 
     def _ensure_built(self) -> None:
