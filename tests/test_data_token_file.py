@@ -298,3 +298,15 @@ def test_training_corpus_check_streams_and_runs_once_per_file_version(tmp_path, 
     os.utime(corpus, ns=(1, 1))
     with pytest.raises(validation.DataFileError, match=r"line 2 is not UTF-8 \(byte 0xff at column 1\)"):
         validation.validate_inputs(cfg, "train")
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_hub_dataset_builds_the_same_token_file_as_the_files(tmp_path, streaming):
+    src = tmp_path / "docs.txt"
+    src.write_text("\n".join(load_embedded_texts(max_documents=300)) + "\n")
+    files = datamodule(tmp_path / "c", source="files", files=[str(src)], max_documents=None)
+    hub = datamodule(tmp_path / "c", source="hub", max_documents=None if not streaming else 10_000,
+                     hub={"path": "text", "name": None, "data_files": [str(src)], "streaming": streaming})
+    assert hub.token_meta["documents"] == files.token_meta["documents"] == 300
+    assert hub.blocks_path != files.blocks_path  # another corpus identity ...
+    assert (hub.blocks_path / "tokens.bin").read_bytes() == (files.blocks_path / "tokens.bin").read_bytes()
