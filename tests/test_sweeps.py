@@ -215,6 +215,7 @@ def test_long_cell_names_are_cut_keep_the_seed_and_stay_unique():
     from outlierlab.jobs.startup import cell_dir_name
 
     assert cell_dir_name("pos=none,seed=2") == "pos=none,seed=2"  # short: the overrides themselves
+    assert cell_dir_name("") == "default"  # never the sweep directory itself
     long = ",".join(f"model.option_{i}={i}" for i in range(20)) + ",seed=7,trainer.max_steps=10"
     a, b = cell_dir_name(long), cell_dir_name(long.replace("=10", "=11"))
     assert len(a) <= 150 and a.split(",")[-2] == "seed=7" and a.startswith("model.option_0=0,")

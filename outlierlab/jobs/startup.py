@@ -233,6 +233,8 @@ def cell_dir_name(override_dirname: str, limit: int = CELL_NAME_MAX) -> str:
     """
     import hashlib
 
+    if not override_dirname:  # a sweep cell with nothing but excluded overrides (e.g. -m experiment=x)
+        return "default"
     if len(override_dirname) <= limit:
         return override_dirname
     digest = hashlib.sha1(override_dirname.encode()).hexdigest()[:10]
