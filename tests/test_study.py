@@ -35,8 +35,8 @@ def plant_cell(root: Path, overrides: dict, values: dict[int, dict[str, float]],
     (cell / "monitor").mkdir()
     (cell / "monitor" / "hidden_states.csv").write_text("\n".join(rows) + "\n")
     (cell / "csv").mkdir()
-    (cell / "csv" / "metrics.csv").write_text("epoch,step,val/ppl,train/loss\n0,50,,3.0\n0,100,"
-                                              f"{values[max(values)]['ppl']},\n")
+    (cell / "csv" / "metrics.csv").write_text("epoch,step,val/ppl,train/loss,lr-AdamW\n0,50,,3.0,0.1\n0,100,"
+                                              f"{values[max(values)]['ppl']},,\n")
     (cell / "checkpoints").mkdir()
     if finished:
         (cell / "finished.json").write_text(json.dumps({"global_step": max_steps, "max_steps": max_steps}))
@@ -80,6 +80,7 @@ def test_summary_equals_hand_computed_mean_std_and_t_interval(tmp_path):
     # per-dimension vectors are not aggregated; the Lightning CSV gives val/ppl at layer "model"
     assert not (df["metric"] == "hidden/mean").any()
     assert row(df, group="pos=none", step=100, layer="model", metric="val/ppl")["mean"] == pytest.approx(302.0)
+    assert not df["metric"].str.startswith("lr-").any()  # Lightning's bookkeeping is not a result
     md = (res["out"] / "study.md").read_text()
     assert "| pos=learned | 1, 2, 3 |" in md and "Contrast pos=learned,none" in md
     assert res["plots"] and all(p.is_file() for p in res["plots"])
@@ -102,6 +103,11 @@ def test_contrast_whose_seeds_disagree_in_sign_is_reported_as_such():
     c = contrast({1: 3.0, 2: 1.0, 3: 5.0}, {1: 2.0, 2: 2.0, 3: 2.0})  # differences +1, -1, +3
     assert c.test == "paired t" and not c.same_order and c.order_count == "2/3 seeds a > b"
     assert c.ci_low < 0 < c.ci_high
+
+
+def test_identical_groups_are_not_called_ordered():
+    c = contrast({1: 0.0, 2: 0.0}, {1: 0.0, 2: 0.0})
+    assert not c.same_order and c.order_count == "a = b in 2/2 seeds" and c.diff == 0
 
 
 def test_welch_when_seeds_differ():

@@ -99,10 +99,14 @@ def contrast(a: Mapping[int, float], b: Mapping[int, float], confidence: float =
             0.0 if s.mean != 0 else 1.0)
         sign = np.sign(d)
         lead = np.sign(s.mean)
-        agree = int((sign == lead).sum()) if lead != 0 else 0
+        if lead == 0:
+            equal = int((sign == 0).sum())
+            return Contrast("paired t", len(a), len(b), s.mean, s.ci_low, s.ci_high, p, False,
+                            f"a = b in {equal}/{len(d)} seeds" if equal else "no mean difference")
+        agree = int((sign == lead).sum())
         word = ">" if lead > 0 else "<"
         return Contrast("paired t", len(a), len(b), s.mean, s.ci_low, s.ci_high, p,
-                        bool(lead != 0 and agree == len(d)), f"{agree}/{len(d)} seeds a {word} b")
+                        bool(agree == len(d)), f"{agree}/{len(d)} seeds a {word} b")
     xa, xb = np.array(list(a.values())), np.array(list(b.values()))
     diff = float(xa.mean() - xb.mean())
     va = xa.var(ddof=1) / xa.size if xa.size > 1 else math.nan

@@ -9,7 +9,8 @@ ran, ``finished.json`` (train.py) whether it completed. Its numbers come from th
   ``layernorm/<statistic>`` (per-dimension rows such as ``mean`` or ``gain`` are vectors, not aggregated);
 * ``monitor_posthoc/metrics.csv`` (``python -m outlierlab.jobs.posthoc``; one row per checkpoint x layer)
   -> ``posthoc/<column>``;
-* ``csv/metrics.csv`` (Lightning's CSV logger) -> ``val/ppl``, ``train/loss``, ... at layer ``model``;
+* ``csv/metrics.csv`` (Lightning's CSV logger) -> ``val/ppl``, ``train/loss``, ... at layer ``model`` (not its
+  bookkeeping: learning rate, throughput, batch counters);
 * any other CSV at the cell's top with a ``layer`` column (``evaluate.py``'s ``anisotropy.csv``, ...,
   ``probe.py``'s ``position_probe.csv``) -> ``<file>/<key columns>/<column>`` at step -1.
 
@@ -37,6 +38,8 @@ SEED_DEPENDENT = re.compile(r"(^|\.)(seed|run_dir|save_dir|dirpath|out_dir|study
                             r"tokenize_chunk_mb|pin_memory|threads)$|^hydra\.|^paths\.")
 _SEED_IN_VALUE = re.compile(r"seed=(\d+)")
 LAYER_MAX = "max_layer"
+#: Lightning's bookkeeping scalars (learning rate, throughput, batch counters): not results, left out.
+BOOKKEEPING = re.compile(r"^(lr-|epoch$|train/(batches|lengths|samples|time)$|train/device/|validate/)")
 
 
 @dataclass
@@ -148,6 +151,7 @@ def _lightning_csv(path: Path) -> pd.DataFrame:
     df = pd.read_csv(path)
     cols = [c for c in df.columns if c not in ("step", "epoch")]
     long = df.melt(id_vars=["step"], value_vars=cols, var_name="metric", value_name="value").dropna(subset=["value"])
+    long = long[~long["metric"].str.match(BOOKKEEPING)]
     long = long.groupby(["step", "metric"], as_index=False).last()  # one value per step (the last logged)
     long["layer"] = "model"
     return long
