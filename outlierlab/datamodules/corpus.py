@@ -19,7 +19,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "data" / "corpus"

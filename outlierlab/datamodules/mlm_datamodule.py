@@ -35,7 +35,6 @@ from typing import Any, Sequence
 
 import lightning as L
 import numpy as np
-import torch
 from torch.utils.data import DataLoader
 
 from . import corpus as corpus_lib
