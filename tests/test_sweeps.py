@@ -220,3 +220,23 @@ def test_long_cell_names_are_cut_keep_the_seed_and_stay_unique():
     a, b = cell_dir_name(long), cell_dir_name(long.replace("=10", "=11"))
     assert len(a) <= 150 and a.split(",")[-2] == "seed=7" and a.startswith("model.option_0=0,")
     assert a != b and a == cell_dir_name(long)  # unique and stable
+
+
+def test_named_studies_carry_their_sweep_and_slurm_preset_resolves():
+    """experiment=emergence_seeds is the whole study; hydra/launcher=slurm asks one task per device."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from tests.conftest import CONFIG_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = hydra_compose("train", ["experiment=emergence_seeds", "hydra/launcher=slurm", "trainer.devices=4",
+                                      "run_dir=/tmp/x"], return_hydra_config=True)
+    assert dict(cfg.hydra.sweeper.params) == {"seed": "1,2,3", "pos": "learned,none"}
+    assert cfg.study == "emergence_seeds" and cfg.trainer.max_steps == 4000 and cfg.posthoc is True
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert launcher["tasks_per_node"] == 4 and launcher["gpus_per_node"] == 4 and launcher["nodes"] == 1
+    assert "SlurmLauncher" in launcher["_target_"] and launcher["signal_delay_s"] > 0
