@@ -285,3 +285,26 @@ def test_presets_load_through_the_hub_path_and_name_their_family(family_hub, tmp
     assert "- family: gpt2 family: decoder" in text and "`transformer.h.0.ln_1`" not in text
     assert "judged: 4 norms, `h.0.ln_1`, `h.0.ln_2`" in text and "clip zeroes the ACTIVATION outlier dims" in text
     assert out["info"]["family"].startswith("gpt2 family")
+
+
+def test_frequency_reads_the_model_own_lm_head(tmp_path):
+    """A decoder whose LM-head weight on dim 5 is each token's count in the text: ρ(frequency, W_out[:, 5]) = 1,
+    named with the head's objective; a dim with random head weights is far from it."""
+    from test_ablation import make_ctx
+
+    from outlierlab.evaluation.frequency import run
+    from outlierlab.models.loading import FrozenEncoder
+
+    lines = [f"The {w} walked into the {p} and sat down near the fire." for w in ("captain", "lady", "admiral")
+             for p in ("room", "hall", "garden", "house")] * 2
+    model, tok = build("gpt2", tie_word_embeddings=False)
+    counts = torch.zeros(tok.vocab_size)
+    for ids in tok(lines, add_special_tokens=False)["input_ids"]:
+        counts += torch.bincount(torch.tensor(ids), minlength=tok.vocab_size).float()
+    with torch.no_grad():
+        model.lm_head.weight[:, 5] = counts
+    enc = FrozenEncoder(str(save(model, tok, tmp_path / "gpt2")), device="cpu")
+    res = run(make_ctx("frequency", enc, tmp_path, {"dims": [5, 7], "counts_from": "eval"}, text_lines=lines))
+    by_dim = {r["dim"]: r for r in res.rows if r["layer"] == 0}
+    assert by_dim[5]["head_spearman"] == pytest.approx(1.0) and abs(by_dim[7]["head_spearman"]) < 0.9
+    assert {r["objective"] for r in res.rows} == {"next_token"} and "LM head (next-token" in res.markdown

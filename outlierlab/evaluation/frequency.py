@@ -15,6 +15,11 @@ token type seen in the evaluation text (non-special tokens only):
 * Spearman ρ per layer × dim (:func:`outlierlab.analysis.frequency.token_frequency_spearman`), and a scatter plot
   (log₁₀ frequency vs mean magnitude) of the strongest outlier dim at a middle and the last layer.
 
+With the model's own LM head (masked-LM for encoders, next-token for decoders; the ``objective`` column):
+the Spearman ρ between a type's frequency and the head's output weight on each outlier dim, ``W_out[v, j]``
+(``head_spearman``; layer-independent) — the route by which Macocco et al. (2025) find last-layer outlier dims
+favouring frequent tokens.  Empty when the checkpoint has no LM-head weights (said in the report).
+
 Outlier dims: ``frequency.dims`` if given, else the LayerNorm outlier dims by the one rule
 (:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`, ``ln_rule`` settings); if the model has none, the activation outlier
 dims (:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`, Luo et al.'s argmax/argmin share), said in the report.
@@ -42,9 +47,10 @@ from outlierlab.datamodules.corpus import corpus_identity, load_texts, load_text
 from outlierlab.datamodules.mlm_datamodule import default_cache_dir  # the one definition of the cache root
 from outlierlab.datamodules.tokenizer import tokenizer_fingerprint
 from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, ln_rule
-from outlierlab.evaluation.mlm_loading import analysis_texts
+from outlierlab.evaluation.mlm_loading import analysis_texts, shared_mlm
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import FrequencySettings, load_settings
+from outlierlab.models.families import unembedding
 from outlierlab.models.layernorms import UnknownFamilyError, model_layernorms
 
 matplotlib.use("Agg")  # headless: the plots are written to files
@@ -236,6 +242,20 @@ def _scatter(table: FrequencyTable, layers: Sequence[int], strongest: dict[int, 
     return path
 
 
+def head_spearman(loaded, table: FrequencyTable) -> tuple[list[float] | None, str]:
+    """Per outlier dim, Spearman ρ between type frequency and the LM head's weight ``W_out[v, j]`` on it
+    (None without LM-head weights), and one line saying what was used."""
+    w = unembedding(loaded.model) if loaded.has_mlm_head else None
+    if w is None or int(table.type_ids.max()) >= w.shape[0]:
+        why = loaded.no_head_reason or "no output layer covering the tokenizer's ids"
+        return None, f"LM head: not used ({why})"
+    values = w.detach().cpu().to(torch.float64)[torch.from_numpy(table.type_ids)][:, table.dims]
+    rho = token_frequency_spearman(torch.from_numpy(table.freqs.astype(np.float64)), values)
+    kind = "next-token" if loaded.objective == "next_token" else "masked-LM"
+    return [float(r) for r in rho], (f"LM head ({kind}, the model's own): ρ between a type's frequency and its output "
+                                     "weight on the dim, W_out[v, j] (Macocco et al. 2025), column `head_spearman`")
+
+
 def check(ctx: EvalContext) -> FrequencySettings:
     """Settings and files, before any encoding (called by evaluate.py); the value checks (``counts_from``,
     ``value``, ...) run when the settings are built (:class:`outlierlab.evaluation.settings.FrequencySettings`)."""
@@ -288,9 +308,12 @@ def run(ctx: EvalContext) -> AnalysisResult:
     L = table.rho.shape[0]
     w = torch.from_numpy(table.occurrences.astype(np.float64))
     mean = torch.einsum("lvj,v->lj", table.means, w) / w.sum()  # token-weighted mean value per layer and dim
+    loaded = shared_mlm(ctx)
+    head_rho, head_said = head_spearman(loaded, table)
     rows = [{"layer": l, "dim": d, "spearman": float(table.rho[l, j]), "value": value,
              "mean_value": float(mean[l, j]), "n_types": len(table.type_ids), "counts_from": counts_from,
-             "dim_source": dim_tag}
+             "dim_source": dim_tag, "objective": loaded.objective,
+             "head_spearman": head_rho[j] if head_rho is not None else ""}
             for l in range(L) for j, d in enumerate(dims)]
     plot_layers = list(s.plot_layers) if s.plot_layers is not None else [L // 2, L - 1]  # null: middle, last
     if any(not 0 <= x < L for x in plot_layers):
@@ -308,7 +331,9 @@ def run(ctx: EvalContext) -> AnalysisResult:
           "excluded); layer 0 = embedding output. n/a: the dim is constant there.", "",
           "| layer | " + " | ".join(f"dim {d}" for d in dims) + " |", "|---" * (len(dims) + 1) + "|"]
     md += [f"| {l} | " + " | ".join(rho(l, j) for j in range(len(dims))) + " |" for l in range(L)]
-    md += ["", f"- Dims: {dims_from}.", f"- Frequencies counted on {counts_from}.",
+    if head_rho is not None:
+        md += ["| LM head W_out | " + " | ".join(f"{r:+.2f}" if r == r else "n/a" for r in head_rho) + " |"]
+    md += ["", f"- Dims: {dims_from}.", f"- Frequencies counted on {counts_from}.", f"- {head_said}.",
            f"- Types never seen in that corpus: {int((table.freqs == 0).sum())} (kept for ρ, left out of the "
            "log-scale plot).", "", f"![frequency vs outlier value]({fig.name})", ""]
     last = plot_layers[-1]
