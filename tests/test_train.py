@@ -196,19 +196,28 @@ def test_ddp_on_cpu_with_two_processes_in_a_sweep(tmp_path, shared_cache):
     gloo processes; the DDP children run their parent's job, never a sweep of their own
     (lightning-hydra-template #393), and the second job starts its own process group."""
     sweep = tmp_path / "sweep"
-    stray_before = set((ROOT / "multirun").rglob("*")) if (ROOT / "multirun").exists() else set()
-    r = run_cli("-m", "pos=learned,none", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-                "trainer.max_steps=3", "trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=3",
-                f"hydra.sweep.dir={sweep}", *SMALL, timeout=600)
+    # run from an empty working directory: a child that started a sweep of its own would write multirun/ there
+    work = tmp_path / "cwd"
+    work.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if k != "OUTLIERLAB_DEBUG"}, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "pos=learned,none", "trainer=ddp",
+                        "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_steps=3",
+                        "trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=3",
+                        f"hydra.sweep.dir={sweep}", *SMALL], cwd=work, capture_output=True, text=True, timeout=600,
+                       env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    assert jobs == ["0_learned", "1_none"]
+    import yaml  # cells are named by their overrides (cut, with a digest, when long): read what each ran
+
+    poses = sorted(o.split("=", 1)[1] for j in jobs
+                   for o in yaml.safe_load((sweep / j / ".hydra" / "overrides.yaml").read_text()) if o.startswith("pos="))
+    assert len(jobs) == 2 and poses == ["learned", "none"]
     for job in jobs:
         assert (sweep / job / "hf" / "config.json").exists()
         ckpt = torch.load(sweep / job / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
         assert ckpt["global_step"] == 3
-    stray_after = set((ROOT / "multirun").rglob("*")) if (ROOT / "multirun").exists() else set()
-    assert stray_after == stray_before, "a DDP child started a sweep of its own"
+    assert not (work / "multirun").exists() and not (work / "outputs").exists(), "a DDP child started a sweep of its own"
+    assert (r.stdout + r.stderr).count("Launching 2 jobs locally") == 1, "a DDP child started a sweep of its own"
     assert "GLOBAL_RANK: 1" in r.stderr + r.stdout
 
 

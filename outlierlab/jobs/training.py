@@ -124,7 +124,9 @@ def _relaunch_args_for_ddp_children(run_dir: Path) -> None:
     except ValueError:  # not running under @hydra.main (tests calling train() directly)
         return
     os.environ["OUTLIERLAB_CHILD_ARGV"] = json.dumps(
-        [o for o in overrides if not o.startswith("hydra.")] + [f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
+        # quoted: a sweep cell's directory holds '=' and ',' (multirun/<study>/pos=none,seed=2), which Hydra's
+        # override grammar would otherwise read as a key and a sweep
+        [o for o in overrides if not o.startswith("hydra.")] + [f'hydra.run.dir="{run_dir}"', "hydra.output_subdir=null"]
     )
 
 
