@@ -242,6 +242,7 @@ def test_norm_switches_train_with_the_monitors_on_and_analyse_post_hoc(tmp_path,
     analyze_run(tmp_path)
     with open(tmp_path / "monitor_posthoc" / "metrics.csv") as f:
         metrics = [r for r in csv.DictReader(f) if r["layer"] != "0"]
-    # none of these has a LayerNorm the default rule (gain AND bias) can judge: an empty cell, never a 0
-    assert metrics and all(r["n_layernorm_outliers"] == "" for r in metrics)
+    # no-affine norms and the OP block: nothing the rule can judge, an empty cell, never a 0; RMSNorm (no bias) is
+    # judged on its gain alone (issue 33), so every layer has a count
+    assert metrics and all((r["n_layernorm_outliers"] != "") == gain for r in metrics)
     assert all(float(r["attn_row_mass"]) == pytest.approx(1.0) for r in metrics)  # softmax rows sum to one
