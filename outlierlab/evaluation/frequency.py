@@ -18,7 +18,9 @@ token type seen in the evaluation text (non-special tokens only):
 With the model's own LM head (masked-LM for encoders, next-token for decoders; the ``objective`` column):
 the Spearman ρ between a type's frequency and the head's output weight on each outlier dim, ``W_out[v, j]``
 (``head_spearman``; layer-independent) — the route by which Macocco et al. (2025) find last-layer outlier dims
-favouring frequent tokens.  Empty when the checkpoint has no LM-head weights (said in the report).
+favouring frequent tokens.  Only where the output layer reads the hidden dims themselves (decoders: the final norm
+is elementwise); a masked-LM head's dense transform mixes the dims first, and a checkpoint may have no head
+weights — then the column is empty and the report says why.
 
 Outlier dims: ``frequency.dims`` if given, else the LayerNorm outlier dims by the one rule
 (:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`, ``ln_rule`` settings); if the model has none, the activation outlier
@@ -246,9 +248,13 @@ def head_spearman(loaded, table: FrequencyTable) -> tuple[list[float] | None, st
     """Per outlier dim, Spearman ρ between type frequency and the LM head's weight ``W_out[v, j]`` on it
     (None without LM-head weights), and one line saying what was used."""
     w = unembedding(loaded.model) if loaded.has_mlm_head else None
-    if w is None or int(table.type_ids.max()) >= w.shape[0]:
-        why = loaded.no_head_reason or "no output layer covering the tokenizer's ids"
-        return None, f"LM head: not used ({why})"
+    if w is None:
+        return None, f"LM head: not used ({loaded.no_head_reason or 'no output layer'})"
+    if loaded.objective != "next_token" or w.shape[1] != loaded.hidden_size:
+        return None, ("LM head: not read (the masked-LM head's dense transform mixes the hidden dims before its "
+                      "output layer, so W_out's columns are not the outlier dims)")
+    if int(table.type_ids.max()) >= w.shape[0]:
+        return None, "LM head: not read (its output layer does not cover the tokenizer's ids)"
     values = w.detach().cpu().to(torch.float64)[torch.from_numpy(table.type_ids)][:, table.dims]
     rho = token_frequency_spearman(torch.from_numpy(table.freqs.astype(np.float64)), values)
     kind = "next-token" if loaded.objective == "next_token" else "masked-LM"
