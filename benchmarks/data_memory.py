@@ -17,7 +17,8 @@ every 0.2 s, plus ``os.wait4``'s ``ru_maxrss`` of the direct child.  Measured:
 
 1. build: ``MLMDataModule.prepare_data()`` into an empty cache -- peak RSS of the main process and of the
    largest tokenizer worker, wall time, tokens/s; ``num_proc`` 1 and 2 on the smallest size, 2 on the others;
-2. train: ``python train.py data=files ...`` (tiny model, 2 steps) with the warm cache -- peak RSS, seconds from
+2. train: ``python train.py data=files ...`` (tiny model, 2 steps) with the warm cache, twice (the first run also
+   checks the corpus file, once per file version) -- peak RSS, seconds from
    launch to the first ``[train] step`` line, and the data part alone (``prepare_data + setup + first batch``
    in a fresh process);
 3. DDP: the same with ``trainer=ddp trainer.accelerator=cpu trainer.devices=2`` (gloo) on the smallest and the
@@ -358,6 +359,10 @@ def main() -> None:
         watch(me + warm)  # the first warm process memoizes the corpus file's digest (file_hashes/)
         r = watch(me + warm)
         record("warm_data", size, **_json_of(r["stdout"]))
+        # twice: the first run also checks the corpus file line by line (once per file version, remembered)
+        r = watch(train_cmd(corpus, tokenizer, cache, work / f"run_{size}", ddp=False), marker="[train] step 1/")
+        record("train_first", size, wall_s=r["wall_s"], first_step_s=r["marker_s"], peak_mb=r["ru_maxrss_mb"],
+               procs=r["procs"])
         r = watch(train_cmd(corpus, tokenizer, cache, work / f"run_{size}", ddp=False), marker="[train] step 1/")
         record("train", size, wall_s=r["wall_s"], first_step_s=r["marker_s"], peak_mb=r["ru_maxrss_mb"],
                procs=r["procs"])
