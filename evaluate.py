@@ -28,7 +28,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from outlierlab.datamodules.validation import validate_inputs
-from outlierlab.evaluation.registry import ANALYSES, ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
+from outlierlab.evaluation import registry
+from outlierlab.evaluation.registry import ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
 from outlierlab.evaluation.settings import EncoderSettings, section_settings
 from outlierlab.jobs.startup import check_overrides, register_resolvers, run_main
 
@@ -110,7 +111,10 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     results = []
     for name in analyses:
         t0 = time.time()
-        res = ANALYSES[name](contexts[name])
+        # registry.ANALYSES, not a name imported into this module: Hydra's joblib/submitit launchers pickle this
+        # script's functions by value, globals included, so an imported dict would reach the worker as an empty
+        # copy while import_module above registers into the worker's real registry
+        res = registry.ANALYSES[name](contexts[name])
         res.summary["seconds"] = round(time.time() - t0, 2)
         _fit_columns(res, shared)
         results.append(res)

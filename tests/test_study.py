@@ -170,16 +170,22 @@ def test_seed_inside_a_run_path_groups_evaluate_cells(tmp_path):
         for seed in (1, 2):
             cell = tmp_path / f"{pos}{seed}"
             (cell / ".hydra").mkdir(parents=True)
-            (cell / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(
-                [f"encoder.name_or_path=multirun/s/pos={pos},seed={seed}"]))
+            (cell / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(  # quoted, as a path with ',' must be
+                [f'encoder.name_or_path="multirun/s/pos={pos},seed={seed}"']))
+            (cell / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+                {"encoder": {"name_or_path": f"multirun/s/pos={pos},seed={seed}"}, "seed": 0}))
             (cell / "results.json").write_text("{}")
-            (cell / "anisotropy.csv").write_text(f"layer,transform,anisotropy\n1,none,{0.1 * seed}\n1,whiten,0.0\n")
+            (cell / "anisotropy.csv").write_text(f"layer,transform,anisotropy,rogue_dims\n1,none,{0.1 * seed},3 7\n"
+                                                 "1,whiten,0.0,1 2\n")
+            (cell / "anisotropy_contributions.csv").write_text("layer,transform,dim,cc\n1,none,0,0.1\n1,none,1,0.2\n")
     res = study.run([str(tmp_path)], plots=False)
     df = pd.read_csv(res["out"] / "study.csv")
     assert set(df["group"]) == {"encoder.name_or_path=multirun/s/pos=learned,seed=*",
                                 "encoder.name_or_path=multirun/s/pos=none,seed=*"}
     r = row(df, group="encoder.name_or_path=multirun/s/pos=none,seed=*", metric="anisotropy/none/anisotropy")
     assert r["n"] == 2 and r["mean"] == pytest.approx(0.15) and r["step"] == -1
+    # text columns (dims listed as text) and per-dimension files are not averaged
+    assert set(df["metric"]) == {"anisotropy/none/anisotropy", "anisotropy/whiten/anisotropy"}
 
 
 def test_exported_cells_aggregate_to_the_same_study(tmp_path):

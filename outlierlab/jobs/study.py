@@ -28,7 +28,7 @@ from typing import Sequence
 import pandas as pd
 
 from outlierlab.analysis.seed_statistics import CI_METHOD, contrast, summarize
-from outlierlab.jobs.study_cells import LAYER_MAX, SEED_DEPENDENT, Cell, cell_numbers, find_cells
+from outlierlab.jobs.study_cells import _SEED_IN_VALUE, LAYER_MAX, SEED_DEPENDENT, Cell, cell_numbers, find_cells
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
 HEADLINE = ["hidden/kurtosis", "hidden/argmax_share", "hidden/abs_argmax_share", "hidden/max_median",
@@ -43,9 +43,10 @@ def group_label(overrides: dict[str, str], varying: Sequence[str]) -> str:
 
 def _portable(cell: Cell) -> dict:
     """The cell's resolved config with its own directory written as ``<cell>`` (paths inside it differ by
-    construction)."""
+    construction) and a ``seed=N`` inside a value (a path to one seed's run) as ``seed=*``."""
     here = str(cell.path.resolve())
-    return {k: (v.replace(here, "<cell>") if isinstance(v, str) else v) for k, v in cell.config.items()}
+    return {k: (_SEED_IN_VALUE.sub("seed=*", v.replace(here, "<cell>")) if isinstance(v, str) else v)
+            for k, v in cell.config.items()}
 
 
 def check_groups(groups: dict[str, list[Cell]]) -> None:
@@ -184,6 +185,8 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
     if tables:
         pd.concat(tables.values(), ignore_index=True).to_csv(out_dir / "contrasts.csv", index=False, float_format="%.10g")
     metrics = [m for m in (metrics or HEADLINE) if m in set(summary["metric"])]
+    if not metrics:  # e.g. an evaluate.py study: none of the training headlines; show its first metrics
+        metrics = sorted(summary["metric"].unique())[:12]
     steps = list(steps) if steps else default_steps(summary)
     layers = list(layers) if layers else default_layers(summary)
     unfinished = [c for c in cells if not c.finished]

@@ -96,6 +96,8 @@ def read_cell(path: Path) -> Cell:
     for item in items or []:
         key, _, value = str(item).partition("=")
         key = key.lstrip("+~")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":  # a quoted value (paths with ',' or '=')
+            value = value[1:-1]
         if key.startswith("hydra.") or key.startswith("hydra/") or key in NOT_IDENTITY:
             continue
         if key == "seed":
@@ -157,10 +159,18 @@ def _lightning_csv(path: Path) -> pd.DataFrame:
     return long
 
 
+#: Columns of evaluate.py/probe.py CSVs that say WHICH row it is (folded into the metric name); every other
+#: non-numeric column is a description (dims listed as text, fit notes) and is not aggregated.
+KEY_COLUMNS = ("transform", "dataset", "genre", "task", "split", "condition", "rule", "objective", "site", "head")
+
+
 def _layer_csv(path: Path) -> pd.DataFrame:
     df = pd.read_csv(path)
-    numeric = [c for c in df.columns if c != "layer" and pd.api.types.is_numeric_dtype(df[c])]
-    keys = [c for c in df.columns if c != "layer" and c not in numeric]
+    keys = [c for c in KEY_COLUMNS if c in df.columns]
+    if df.duplicated(subset=["layer", *keys]).any():  # several rows per layer: a per-dimension file, not scalars
+        return pd.DataFrame()
+    numeric = [c for c in df.columns if c != "layer" and c not in keys and pd.api.types.is_numeric_dtype(df[c])
+               and not df[c].isna().all()]
     rows = []
     for _, r in df.iterrows():
         tag = "/".join(str(r[k]) for k in keys)
