@@ -28,7 +28,7 @@ from typing import Sequence
 import pandas as pd
 
 from outlierlab.analysis.seed_statistics import CI_METHOD, contrast, summarize
-from outlierlab.jobs.study_cells import _SEED_IN_VALUE, LAYER_MAX, SEED_DEPENDENT, Cell, cell_numbers, find_cells
+from outlierlab.jobs.study_cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
 HEADLINE = ["hidden/kurtosis", "hidden/argmax_share", "hidden/abs_argmax_share", "hidden/max_median",
@@ -45,7 +45,7 @@ def _portable(cell: Cell) -> dict:
     """The cell's resolved config with its own directory written as ``<cell>`` (paths inside it differ by
     construction) and a ``seed=N`` inside a value (a path to one seed's run) as ``seed=*``."""
     here = str(cell.path.resolve())
-    return {k: (_SEED_IN_VALUE.sub("seed=*", v.replace(here, "<cell>")) if isinstance(v, str) else v)
+    return {k: (SEED_IN_VALUE.sub("seed=*", v.replace(here, "<cell>")) if isinstance(v, str) else v)
             for k, v in cell.config.items()}
 
 

@@ -36,7 +36,7 @@ NOT_IDENTITY = {"study", "ckpt_path", "resume", "skip_finished", "threads", "pos
 #: run writes, and how its work is scheduled (processes, threads, chunk sizes), which does not change a number.
 SEED_DEPENDENT = re.compile(r"(^|\.)(seed|run_dir|save_dir|dirpath|out_dir|study|num_proc|num_workers|"
                             r"tokenize_chunk_mb|pin_memory|threads)$|^hydra\.|^paths\.")
-_SEED_IN_VALUE = re.compile(r"seed=(\d+)")
+SEED_IN_VALUE = re.compile(r"seed=(\d+)")
 LAYER_MAX = "max_layer"
 #: Lightning's bookkeeping scalars (learning rate, throughput, batch counters): not results, left out.
 BOOKKEEPING = re.compile(r"^(lr-|epoch$|train/(batches|lengths|samples|time)$|train/device/|validate/)")
@@ -103,10 +103,10 @@ def read_cell(path: Path) -> Cell:
         if key == "seed":
             seed = int(value)
             continue
-        found = _SEED_IN_VALUE.search(value)
+        found = SEED_IN_VALUE.search(value)
         if found:  # e.g. evaluate.py over the seeds' runs: encoder.name_or_path=multirun/x/pos=none,seed=2
             seed = int(found.group(1)) if seed is None else seed
-            value = _SEED_IN_VALUE.sub("seed=*", value)
+            value = SEED_IN_VALUE.sub("seed=*", value)
         overrides[key] = value
     config = _read_config(path)
     if seed is None and isinstance(config.get("seed"), int):
