@@ -43,7 +43,7 @@ def validate_data_args(source, files, hub, tokenizer, block_size, batch_size, va
         raise ValueError(f"data.val_blocks must be >= 0 or null, got {val_blocks}")
     if num_workers < 0:
         raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
-    if not 0 < float(mlm_probability) < 1:
+    if mlm_probability is not None and not 0 < float(mlm_probability) < 1:
         raise ValueError(f"data.mlm_probability must be in (0, 1), got {mlm_probability}")
     if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
         raise ValueError(f"data.num_proc must be an integer >= 1 (tokenizing processes) or null (all cores), "

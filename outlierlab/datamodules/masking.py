@@ -57,3 +57,22 @@ class DeterministicMLMCollator:
             self.hf.generator = torch.Generator().manual_seed(seed)
             masked, labels = self.hf.torch_mask_tokens(input_ids.clone(), special_tokens_mask=special)
         return {"input_ids": masked, "attention_mask": attention_mask, "labels": labels}
+
+
+class CausalLMCollator:
+    """Collate ``{"index", "input_ids", "attention_mask"}`` examples into a causal-LM batch (``objective=clm``).
+
+    Returns ``{"input_ids", "attention_mask", "labels"}`` with ``labels`` = the input ids, -100 at padding:
+    transformers' ``DataCollatorForLanguageModeling(mlm=False)``. Unshifted: the model shifts (position ``t``
+    predicts ``labels[t + 1]``), as transformers' causal LMs do. Nothing is random, so resume is exact as is.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.hf = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=False, return_tensors="pt")
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        batch = self.hf([{"input_ids": torch.as_tensor(e["input_ids"]).long(),
+                          "attention_mask": torch.as_tensor(e["attention_mask"]).long()} for e in examples])
+        # the HF collator labels by pad *id*; a block's padding is what its mask says
+        batch["labels"][batch["attention_mask"] == 0] = -100
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": batch["labels"]}

@@ -41,13 +41,16 @@ from . import corpus as corpus_lib
 from .blocks import BlockDataset, ResumableDataLoader, TokenBlocks
 from .data_validation import plain, validate_data_args
 from .documents import open_documents
-from .masking import DeterministicMLMCollator
+from .masking import CausalLMCollator, DeterministicMLMCollator
 from .sampler import ResumableSampler
 from .token_cache import FORMAT_VERSION, ensure_token_file, token_cache_path, write_token_file
 from .tokenize_parallel import default_num_proc
 from .tokenizer import load_or_train_bpe, load_tokenizer, mlm_special_ids
 
 log = logging.getLogger(__name__)
+
+#: ``data.objective``: what the collator makes of a block (``objective=`` sets it with ``model.causal``).
+OBJECTIVES = ("mlm", "clm")
 
 
 def default_cache_dir() -> Path:
@@ -79,8 +82,11 @@ class MLMDataModule(L.LightningDataModule):
         ``val_fraction > 0``).  Both 0: no validation loader.
     num_workers : int
         DataLoader workers (0: collate in the training process -- fastest on 2 cores, see configs/data).
-    mlm_probability, mask_replace_prob, random_replace_prob : float
-        Masking recipe (BERT/RoBERTa: 0.15, 0.8, 0.1).
+    mlm_probability, mask_replace_prob, random_replace_prob : float or None
+        Masking recipe (BERT/RoBERTa: 0.15, 0.8, 0.1); null under ``objective="clm"``.
+    objective : {"mlm", "clm"}
+        ``mlm``: dynamic masking (:class:`~outlierlab.datamodules.masking.DeterministicMLMCollator`); ``clm``: the
+        blocks as they are, labels = inputs (:class:`~outlierlab.datamodules.masking.CausalLMCollator`).
     cache_dir : str or None
         Tokenizer and block caches; default ``$OUTLIERLAB_CACHE`` or ``~/.cache/outlierlab``.
     seed : int
@@ -102,11 +108,20 @@ class MLMDataModule(L.LightningDataModule):
                  mlm_probability: float = 0.15, mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1,
                  cache_dir: str | None = None, seed: int = 0, max_documents: int | None = None,
                  limit_blocks: int | None = None, pin_memory: bool = False, num_proc: int | None = None,
-                 tokenize_chunk_mb: float = 1.0) -> None:
+                 tokenize_chunk_mb: float = 1.0, objective: str = "mlm") -> None:
         super().__init__()
         # No save_hyperparameters(): Lightning refuses to log when a datamodule hparam (seed, batch_size ...)
         # differs from the LightningModule's; the run's config.yaml records these values.
         files, hub, tokenizer = plain(files), plain(hub), plain(tokenizer)
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown data.objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+        if objective == "clm":
+            for key, value in (("mlm_probability", mlm_probability), ("mask_replace_prob", mask_replace_prob),
+                               ("random_replace_prob", random_replace_prob)):
+                if value is not None:
+                    raise ValueError(f"data.{key}={value} is a masked-LM setting and objective=clm masks nothing; "
+                                     f"drop the override (or use objective=mlm)")
+        self.objective = objective
         validate_data_args(source, files, hub, tokenizer, block_size, batch_size, val_fraction, val_blocks, num_workers,
                   mlm_probability, max_documents, limit_blocks, num_proc, tokenize_chunk_mb)
         self.source = source
@@ -118,8 +133,9 @@ class MLMDataModule(L.LightningDataModule):
         self.block_size, self.batch_size = int(block_size), int(batch_size)
         self.val_fraction, self.val_blocks = float(val_fraction), val_blocks
         self.num_workers, self.pin_memory = int(num_workers), bool(pin_memory)
-        self.mlm_probability = float(mlm_probability)
-        self.mask_replace_prob, self.random_replace_prob = float(mask_replace_prob), float(random_replace_prob)
+        self.mlm_probability = None if mlm_probability is None else float(mlm_probability)
+        self.mask_replace_prob = None if mask_replace_prob is None else float(mask_replace_prob)
+        self.random_replace_prob = None if random_replace_prob is None else float(random_replace_prob)
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.seed, self.max_documents, self.limit_blocks = int(seed), max_documents, limit_blocks
         self.num_proc = int(num_proc) if num_proc else default_num_proc()
@@ -133,7 +149,7 @@ class MLMDataModule(L.LightningDataModule):
         self.cache_hits: dict[str, bool] = {}  # after prepare_data: was the tokenizer / were the blocks cached?
         self.train_dataset: BlockDataset | None = None
         self.val_dataset: BlockDataset | None = None
-        self.collator: DeterministicMLMCollator | None = None
+        self.collator: DeterministicMLMCollator | CausalLMCollator | None = None
         self._train_sampler: ResumableSampler | None = None
         self._pending_state: dict | None = None
 
@@ -234,8 +250,11 @@ class MLMDataModule(L.LightningDataModule):
         del order
         self.train_dataset = BlockDataset(blocks, train_rows)
         self.val_dataset = BlockDataset(blocks, val_rows) if n_val else None
-        self.collator = DeterministicMLMCollator(self.tokenizer, self.mlm_probability, self.seed,
-                                                 self.mask_replace_prob, self.random_replace_prob)
+        if self.objective == "clm":
+            self.collator = CausalLMCollator(self.tokenizer)
+        else:
+            self.collator = DeterministicMLMCollator(self.tokenizer, self.mlm_probability, self.seed,
+                                                     self.mask_replace_prob, self.random_replace_prob)
         meta = self.token_meta
         self.stats = {**meta, "stream_tokens": int(meta["tokens"]), "blocks": n, "block_size": self.block_size,
                       "pad_tokens": blocks.pad_tokens, "token_file": str(self.blocks_path / "tokens.bin"),

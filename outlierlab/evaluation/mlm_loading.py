@@ -206,7 +206,8 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
         model, has_head, reason, objective = _load_hf(src, dev)
         kind = "hf"
     else:  # our RobertaMaskedLM (export dir or checkpoint): the FrozenEncoder's model has the head already
-        model, has_head, reason, kind, objective = encoder.model, True, "", "outlierlab", "masked_lm"
+        model, has_head, reason, kind = encoder.model, True, "", "outlierlab"
+        objective = "next_token" if getattr(model.config, "causal", False) else "masked_lm"
     model.requires_grad_(False)
     try:
         family, note, layernorms = family_of(model), "", layernorm_map(model)

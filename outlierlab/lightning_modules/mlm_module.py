@@ -1,4 +1,6 @@
-"""Masked-language-model pretraining of :class:`RobertaMaskedLM` (Liu et al. 2019; Luo et al. 2021, Table 4)."""
+"""Language-model pretraining of :class:`RobertaMaskedLM`: the masked objective (Liu et al. 2019; Luo et al. 2021,
+Table 4) or, with ``model.causal`` (``objective=clm``), next-token prediction under a causal mask (Radford et al.
+2019; Haviv et al. 2022) -- one module, so both objectives share optimizer, schedule, guards and monitors."""
 
 from __future__ import annotations
 
@@ -27,21 +29,32 @@ def tokens_in(batch: dict[str, Tensor]) -> int:
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].numel())
 
 
-def prepare_mlm_batch(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+def predicted_tokens(batch: dict[str, Tensor], causal: bool) -> int:
+    """Tokens the loss of a (host-side) batch averages over: masked positions (MLM), or every labelled
+    position after the first (CLM: position t predicts token t + 1)."""
+    if causal:
+        return int((batch["labels"][:, 1:] != -100).sum())
+    if "masked_positions" in batch:
+        return int(batch["masked_positions"].numel())
+    return int((batch["labels"] != -100).sum())
+
+
+def prepare_mlm_batch(batch: dict[str, Tensor], causal: bool = False) -> dict[str, Tensor]:
     """Host-side batch preparation that spares the accelerator two waits (called before the transfer).
 
     * an all-ones ``attention_mask`` is dropped: the encoder then runs attention without a mask, so
       ``F.scaled_dot_product_attention`` can take its flash kernel (packed blocks: all but the last are
       unpadded);
     * ``masked_positions``: flat indices of the labelled positions, so the MLM head can gather them without
-      a ``nonzero`` on the device (:meth:`outlierlab.models.encoder.RobertaMaskedLM.forward`).
+      a ``nonzero`` on the device (:meth:`outlierlab.models.encoder.RobertaMaskedLM.forward`); not for the
+      causal objective, whose loss reads every position.
     """
     batch = dict(batch)
     mask = batch.get("attention_mask")
     if mask is not None and bool(mask.all()):
         del batch["attention_mask"]
     labels = batch.get("labels")
-    if labels is not None and "masked_positions" not in batch:
+    if labels is not None and not causal and "masked_positions" not in batch:
         batch["masked_positions"] = (labels.reshape(-1) != -100).nonzero().squeeze(1)
     return batch
 
@@ -95,7 +108,8 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class MLMLitModule(L.LightningModule):
-    """Pretrains a RoBERTa encoder with the masked-LM objective.
+    """Pretrains a RoBERTa encoder with the masked-LM objective, or a decoder of the same blocks with the
+    causal-LM objective when ``model.causal`` is true (``objective=clm``).
 
     Parameters
     ----------
@@ -178,7 +192,9 @@ class MLMLitModule(L.LightningModule):
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Still on the host: reading the mask and the labels here costs no device synchronisation.
-        return prepare_mlm_batch(batch) if isinstance(batch, dict) and "input_ids" in batch else batch
+        if isinstance(batch, dict) and "input_ids" in batch:
+            return prepare_mlm_batch(batch, causal=self.config.causal)
+        return batch
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Lightning does not checkpoint the global RNG; a step-keyed seed makes resume exact.
@@ -238,13 +254,13 @@ class MLMLitModule(L.LightningModule):
         self._raise_if_nonfinite()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        n_masked = batch["masked_positions"].numel() if "masked_positions" in batch else int((batch["labels"] != -100).sum())
-        if n_masked == 0:
+        n_predicted = predicted_tokens(batch, self.config.causal)
+        if n_predicted == 0:
             return
         loss = self(**batch).loss
-        # Weighted by masked-token count: val/loss is the per-token mean over the whole split
+        # Weighted by predicted-token count: val/loss is the per-token mean over the whole split
         # (synchronised across DDP ranks by torchmetrics).
-        self.val_loss.update(loss, n_masked)
+        self.val_loss.update(loss, n_predicted)
 
     def on_validation_epoch_end(self) -> None:
         if self.val_loss.update_count == 0:

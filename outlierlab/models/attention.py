@@ -13,6 +13,10 @@ Three kinds of attention (``EncoderConfig.attention``):
   sigmoid and G a small gating function of the token's own input ``x``; a head can switch its update
   off through the gate instead of through its attention pattern (:class:`HeadGate`).
 
+With ``causal=True`` (the causal-LM objective) each query sees only its own and earlier keys: the fused
+SDPA call takes ``is_causal=True`` when nothing else needs a mask; otherwise the future is hidden in the same
+additive bias (:func:`hide_future`).
+
 Every position scheme of :mod:`outlierlab.models.positions` acts before the probabilities are formed (it rotates
 q/k or adds a bias to the logits), so it composes with each kind unchanged. Only plain softmax can use
 the fused SDPA kernel; the other kinds take the explicit path.
@@ -39,6 +43,21 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """0-based index of each token among the non-padding tokens of its row (pads: 0)."""
     mask = attention_mask.long()
     return (torch.cumsum(mask, dim=1) - 1).clamp(min=0) * mask
+
+
+def future_mask(T: int, device: torch.device) -> Tensor:
+    """``[T, T]`` boolean, True where key ``j`` lies after query ``i`` (``j > i``): what a causal mask hides."""
+    return torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
+
+
+def hide_future(scores_or_bias: Tensor, T: int) -> Tensor:
+    """The causal mask applied to logits or an additive bias (broadcast to ``[..., T, T]``).
+
+    ``torch.where`` with the dtype's smallest finite value rather than adding ``-inf``: a padded query row whose
+    every visible key is padding stays finite (uniform), where ``-inf`` would give NaN.
+    """
+    future = future_mask(T, scores_or_bias.device)
+    return torch.where(future, torch.finfo(scores_or_bias.dtype).min, scores_or_bias)
 
 
 def clipped_softmax(scores: Tensor, gamma: float, zeta: float, dim: int = -1) -> Tensor:
@@ -121,6 +140,7 @@ class SelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_dropout
+        self.causal = bool(config.causal)
         scheme = get_scheme(config.pos_name)
         self.position_scheme = scheme.attention_module(config) if scheme.attention_module else None
         # Registered after the RoBERTa modules only when used: the default model's parameters, their
@@ -160,24 +180,30 @@ class SelfAttention(nn.Module):
         self, x: Tensor, key_mask_bias: Tensor | None, position_ids: Tensor, output_attentions: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """``key_mask_bias`` ``[B, 1, 1, T]``: 0 for real keys, a large negative for padding; ``None`` when
-        nothing is padded -- then plain softmax with a bias-free scheme calls SDPA with no mask at all."""
+        nothing is padded -- then plain softmax with a bias-free scheme calls SDPA with no mask at all, and a
+        causal model passes ``is_causal=True`` (the fused causal kernels; no ``[T, T]`` mask is made)."""
         q, k, pos_bias = self._qk(x, position_ids)
         v = self._heads(self.value(x))
         bias = key_mask_bias
         if pos_bias is not None:  # ALiBi / relative: a per-head bias on the logits, mask or not
             bias = pos_bias if bias is None else bias + pos_bias
+        T = x.shape[1]
         p = self.dropout_p if self.training else 0.0
         if output_attentions or self.kind == "clipped_softmax":
             # Explicit path: the probabilities are wanted (attention-sink analyses) or are not a softmax.
             scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)
             if bias is not None:
                 scores = scores + bias
+            if self.causal:
+                scores = hide_future(scores, T)
             probs = self.probabilities(scores)
             ctx = F.dropout(probs, p, self.training) @ v
         else:
             probs = None
+            if bias is not None and self.causal:
+                bias = hide_future(bias.to(q.dtype), T)
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
-                                                 dropout_p=p)
+                                                 dropout_p=p, is_causal=self.causal and bias is None)
         if self.gate is not None:
             ctx = ctx * self.gate(x)  # [B, H, T, Dh] * [B, H, T, 1]: each head's update, per token
         B, H, T, D = ctx.shape
@@ -189,4 +215,5 @@ class SelfAttention(nn.Module):
         mask = torch.ones(B, T, dtype=torch.long, device=x.device) if attention_mask is None else attention_mask
         q, k, pos_bias = self._qk(x, position_ids_from_mask(mask))
         bias = torch.zeros((), dtype=x.dtype, device=x.device) if pos_bias is None else pos_bias
-        return q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
+        return hide_future(scores, T) if self.causal else scores

@@ -72,6 +72,11 @@ class EncoderConfig:
         The scalar β that scales the OP block's residual branches, ``x + β·f(x)``. None: He et al.'s
         depth rule, 0.2 at 12 layers scaled as 1/√depth, i.e. ``0.2·√(12/num_layers)`` (their
         ``resid_gain`` 0.2 "O(1/sqrt(depth))").
+    causal : bool
+        ``False``: a bidirectional encoder (the masked-LM objective). ``True``: every token attends only to
+        itself and the tokens before it -- the decoder of the causal-LM objective (``objective=clm``; Radford
+        et al. 2019; Haviv et al. 2022), with the same blocks, schemes and switches. How each position scheme
+        reads under the causal mask: docs/architectures.md.
     op_beta_trainable : bool
         Learn β (one scalar per branch and layer). Off, as in He et al.'s configuration, where trainable
         gains are an option they leave off: a learned β can grow back and undo the down-scaling.
@@ -102,6 +107,7 @@ class EncoderConfig:
     gate_bias_init: float = 0.0
     op_beta: float | None = None
     op_beta_trainable: bool = False
+    causal: bool = False
 
     def __post_init__(self) -> None:
         # Hydra hands over DictConfig objects; keep a plain dict so the config is JSON-able.

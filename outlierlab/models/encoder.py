@@ -151,7 +151,12 @@ class LMHead(nn.Module):
 
 
 class RobertaMaskedLM(nn.Module):
-    """RoBERTa encoder + tied MLM head; parameter names as ``transformers.RobertaForMaskedLM``."""
+    """RoBERTa encoder + tied LM head; parameter names as ``transformers.RobertaForMaskedLM``.
+
+    One class for both objectives: with ``config.causal`` the blocks attend to the past only and ``labels``
+    are scored as next tokens (the body and head of ``transformers.RobertaForCausalLM``); otherwise as masked
+    tokens (``RobertaForMaskedLM``).
+    """
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
@@ -199,6 +204,8 @@ class RobertaMaskedLM(nn.Module):
         out = self.roberta(input_ids, attention_mask, output_hidden_states, output_attentions)
         decoder = self.roberta.embeddings.word_embeddings.weight
         hidden = out.last_hidden_state
+        if self.config.causal and labels is not None:
+            return self._next_token_loss(out, hidden, decoder, labels, full_logits)
         if labels is None or full_logits:
             logits = self.lm_head(hidden, decoder)
             loss = None
@@ -214,6 +221,24 @@ class RobertaMaskedLM(nn.Module):
         # NaN of a mean over nothing; N is the index tensor's length, known on the host (no device sync).
         loss = F.cross_entropy(_upcast(logits), targets, reduction="sum") / max(int(masked_positions.numel()), 1)
         return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions, masked_positions)
+
+    def _next_token_loss(self, out: EncoderOutput, hidden: Tensor, decoder: Tensor, labels: Tensor,
+                         full_logits: bool) -> MaskedLMOutput:
+        """Causal-LM loss: the vector at position ``t`` predicts ``labels[t + 1]`` (Radford et al. 2019).
+
+        ``labels`` are the input ids with padding (and anything else not to predict) set to -100, unshifted,
+        as transformers' causal LMs take them; the shift happens here. The head runs on positions ``0..T-2``
+        only (the last position has no next token in the block), so ``logits`` are ``[B, T-1, V]``, or
+        ``[B, T, V]`` with ``full_logits``. The loss is the mean over the predicted tokens (sum / max(N, 1): a
+        batch with nothing to predict gives 0, not NaN, and N stays on the device -- no host sync).
+        """
+        logits = self.lm_head(hidden if full_logits else hidden[:, :-1], decoder)
+        shifted = logits[:, :-1] if full_logits else logits
+        targets = labels[:, 1:].reshape(-1)
+        total = F.cross_entropy(_upcast(shifted.reshape(-1, shifted.shape[-1])), targets, ignore_index=-100,
+                                reduction="sum")
+        loss = total / (targets != -100).sum().clamp(min=1)
+        return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions)
 
     def named_layernorms(self) -> dict[str, nn.Module]:
         """The encoder's normalisation layers on the residual stream, in depth order — the single list

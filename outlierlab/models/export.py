@@ -1,6 +1,8 @@
 """Save/load :class:`RobertaMaskedLM` in Hugging Face format or our own.
 
-* ``learned`` and ``none`` encoders are saved as a plain ``RobertaForMaskedLM``
+* ``learned`` and ``none`` encoders are saved as a plain ``RobertaForMaskedLM`` (a causal run, ``objective=clm``,
+  as ``RobertaForCausalLM`` with ``is_decoder``: the same body and head under a causal mask, so
+  ``AutoModelForCausalLM`` loads it and gives our logits)
   (``config.json`` + ``model.safetensors``): ``none`` becomes an all-zero position table
   (what the model adds is then exactly nothing), and RoBERTa's single token-type row, which our
   encoder leaves out, is exported as zeros. Any HF tool loads the result.
@@ -36,7 +38,8 @@ log = logging.getLogger(__name__)
 
 
 def hf_exportable(config: EncoderConfig) -> bool:
-    """True when a plain ``RobertaForMaskedLM`` computes exactly this model: a ``learned`` or ``none``
+    """True when a plain ``RobertaForMaskedLM`` (``RobertaForCausalLM`` for a causal model) computes exactly
+    this model: a ``learned`` or ``none``
     position scheme and every architecture switch at its default (post-LN, affine LayerNorm, softmax,
     RoBERTa block)."""
     return get_scheme(config.pos_name).hf_exportable and config.is_plain_roberta
@@ -71,7 +74,9 @@ def _hf_config(config: EncoderConfig):
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         tie_word_embeddings=True,
-        architectures=["RobertaForMaskedLM"],
+        # a causal run is exactly RobertaForCausalLM: the same body and head, causal mask from is_decoder
+        is_decoder=bool(config.causal),
+        architectures=["RobertaForCausalLM" if config.causal else "RobertaForMaskedLM"],
         # Recorded for humans and for our importer; transformers itself ignores it.
         outlierlab_pos=config.pos_name,
     )
@@ -109,9 +114,9 @@ def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokeni
         log.warning("a Hugging Face RoBERTa cannot represent %s; saved %s in outlierlab format instead "
                     "(load it with outlierlab.models.load_pretrained or encoder.name_or_path=)", why_not_hf(cfg), out)
     if format != "outlierlab" and hf_exportable(cfg):
-        from transformers import RobertaForMaskedLM  # lazy: as in _hf_config
+        from transformers import RobertaForCausalLM, RobertaForMaskedLM  # lazy: as in _hf_config
 
-        hf = RobertaForMaskedLM(_hf_config(cfg))
+        hf = (RobertaForCausalLM if cfg.causal else RobertaForMaskedLM)(_hf_config(cfg))
         missing, unexpected = hf.load_state_dict(to_hf_state_dict(model), strict=False)
         if unexpected or [k for k in missing if "position_ids" not in k]:
             raise RuntimeError(f"HF export mismatch: missing={missing} unexpected={unexpected}")
@@ -166,6 +171,7 @@ def _load_hf_roberta(directory: Path) -> RobertaMaskedLM:
         eos_token_id=hf_cfg.get("eos_token_id", 2),
         layer_norm_eps=hf_cfg.get("layer_norm_eps", 1e-5),
         initializer_range=hf_cfg.get("initializer_range", 0.02),
+        causal=bool(hf_cfg.get("is_decoder", False)),
     )
     if name == "learned":
         table = pos_table + tt_row  # exact: every (non-pad) token adds both rows

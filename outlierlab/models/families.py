@@ -44,6 +44,7 @@ pre-LN hub model get the same kinds.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -51,7 +52,7 @@ from torch import Tensor, nn
 
 __all__ = ["Family", "FAMILIES", "UnknownFamilyError", "QKProjection", "family_of", "family_for_type",
            "model_type_of", "lm_head", "unembedding", "split_qk", "base_model", "is_decoder", "causal_or_masked",
-           "POST_KINDS", "PRE_KINDS", "OURS"]
+           "POST_KINDS", "PRE_KINDS", "OURS", "OURS_CAUSAL", "ours"]
 
 #: Per-layer norm kinds of a post-LN block, in block order (Kovaleva et al. 2021 judge ``output``).
 POST_KINDS = ("attention_output", "output")
@@ -335,6 +336,15 @@ OURS = {p: Family("outlierlab", ("outlierlab",), p, False, "encoder.layer",
                   "model.norm (LayerNorm, no-affine LayerNorm or RMSNorm)") for p in ("post", "pre")}
 
 
+#: Our own model trained with ``objective=clm`` (``model.causal``): the same blocks, a decoder.
+OURS_CAUSAL = {p: dataclasses.replace(f, decoder=True) for p, f in OURS.items()}
+
+
+def ours(placement: str = "post", causal: bool = False) -> Family:
+    """The family entry of our own model: its norm placement and objective (one entry, either objective)."""
+    return (OURS_CAUSAL if causal else OURS)[placement]
+
+
 def model_type_of(model_or_config) -> str:
     """``config.model_type`` of a Hugging Face model or config; ``outlierlab`` for our own encoder."""
     if hasattr(model_or_config, "named_layernorms"):
@@ -343,7 +353,7 @@ def model_type_of(model_or_config) -> str:
     return str(getattr(cfg, "model_type", "") or type(model_or_config).__name__)
 
 
-def family_for_type(model_type: str, placement: str = "post") -> Family:
+def family_for_type(model_type: str, placement: str = "post", causal: bool = False) -> Family:
     """The family of a ``model_type`` (``outlierlab`` with the given placement for ours).
 
     Raises
@@ -352,7 +362,7 @@ def family_for_type(model_type: str, placement: str = "post") -> Family:
         One line naming the type and how to add it.
     """
     if model_type == "outlierlab":
-        return OURS[placement]
+        return ours(placement, causal)
     try:
         return _BY_TYPE[model_type]
     except KeyError:
@@ -367,8 +377,18 @@ def family_of(model: nn.Module) -> Family:
     """The :class:`Family` of a loaded model (Hugging Face, with or without head, or our own encoder)."""
     if hasattr(model, "named_layernorms"):
         layers = list(getattr(getattr(base_model(model), "encoder", None), "layer", []) or [])
-        return OURS["pre" if layers and getattr(layers[0], "pre_norm", False) else "post"]
-    return family_for_type(model_type_of(model))
+        return ours("pre" if layers and getattr(layers[0], "pre_norm", False) else "post",
+                    bool(getattr(getattr(model, "config", None), "causal", False)))
+    family = family_for_type(model_type_of(model))
+    if not family.decoder and _is_decoder_config(getattr(model, "config", None)):
+        # an encoder family's body under a causal mask (our clm runs exported as RobertaForCausalLM)
+        family = dataclasses.replace(family, decoder=True)
+    return family
+
+
+def _is_decoder_config(config) -> bool:
+    """transformers' ``is_decoder`` flag: an encoder architecture run causally (``RobertaForCausalLM``)."""
+    return bool(getattr(config, "is_decoder", False)) and not bool(getattr(config, "add_cross_attention", False))
 
 
 def lm_head(model: nn.Module) -> nn.Module | None:
@@ -399,6 +419,8 @@ def is_decoder(model: nn.Module) -> bool:
 def causal_or_masked(config) -> str:
     """``masked_lm`` or ``next_token``: the objective of the model's own LM head (registered families by
     their kind; others by which transformers auto class has the config, masked-LM first)."""
+    if _is_decoder_config(config):
+        return "next_token"
     try:
         return "next_token" if family_for_type(model_type_of(config)).decoder else "masked_lm"
     except UnknownFamilyError:

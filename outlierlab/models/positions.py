@@ -119,17 +119,25 @@ class RelativeKeyQuery(nn.Module):
     Chosen over T5's bucketed scalar bias because it is the scheme the paper compares
     against, and its vectors interact with content (``q·a``, ``k·a``), so position can
     leak into hidden states the way the paper's probes test.
+
+    Causal form (``config.causal``): a query never sees a later key, so only offsets ``i - j >= 0`` occur;
+    the table is one-directional, ``A ∈ R^{(K+1) × d_head}`` indexed by ``clip(i - j, 0, K)`` (as T5's
+    decoder buckets are one-directional), rather than 2K+1 rows of which K would never receive a gradient.
     """
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
         self.max_distance = int(config.pos.get("max_distance", 64))
-        self.distance_embedding = nn.Embedding(2 * self.max_distance + 1, config.head_dim)
+        self.causal = bool(getattr(config, "causal", False))
+        rows = self.max_distance + 1 if self.causal else 2 * self.max_distance + 1
+        self.distance_embedding = nn.Embedding(rows, config.head_dim)
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
     def forward(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         K = self.max_distance
-        idx = relative_offsets(position_ids).clamp(-K, K) + K  # [B, T, T]
+        offsets = relative_offsets(position_ids)
+        # causal: future keys (negative offsets) are masked anyway; clamping them to row 0 keeps the gather valid
+        idx = offsets.clamp(0, K) if self.causal else offsets.clamp(-K, K) + K  # [B, T, T]
         table = self.distance_embedding.weight.to(q.dtype)
         # Project onto the (2K+1) distance vectors first, then gather: O(T·K) instead of
         # materialising a [T, T, Dh] tensor of distance vectors.
@@ -195,7 +203,10 @@ class ALiBiPositions(nn.Module):
     """Attention with Linear Biases, ALiBi (Press et al. 2022), symmetric for an encoder.
 
     Adds ``-m_h · |i - j|`` to head ``h``'s logits. The original paper is causal
-    (``j <= i``); bidirectional encoders (e.g. MosaicBERT) use the symmetric distance.
+    (``j <= i``); bidirectional encoders (e.g. MosaicBERT) use the symmetric distance. Under the causal mask
+    (``config.causal``) only ``j <= i`` is seen, where ``|i - j| = i - j``: exactly Press et al.'s decoder bias
+    (their ``m·[-(i-1), …, 0]`` per query row differs from ``-m(i - j)`` by a per-row constant, which the
+    softmax ignores), so one module serves both objectives.
     """
 
     def __init__(self, config: EncoderConfig) -> None:
