@@ -115,6 +115,28 @@ def _as_int(value, key: str) -> int:
     return int(value)
 
 
+#: ``data.*`` keys that only the masked objective reads (refused with ``objective=clm``).
+MASKED_ONLY_DATA_KEYS = ("mlm_probability", "mask_replace_prob", "random_replace_prob")
+
+
+def _check_objective(cfg) -> None:
+    """``objective=clm`` with a masked-LM setting, or ``model.causal`` / ``data.objective`` edited apart from
+    the objective group: one line each, before anything heavy loads."""
+    objective = OmegaConf.select(cfg, "objective", default="mlm")
+    if objective not in ("mlm", "clm"):
+        raise ValueError(f"unknown objective {objective!r}; valid: clm, mlm (objective=clm)")
+    causal = bool(OmegaConf.select(cfg, "model.causal", default=False))
+    data_objective = OmegaConf.select(cfg, "data.objective", default="mlm")
+    if causal != (objective == "clm") or data_objective != objective:
+        raise ValueError(f"objective={objective} but model.causal={causal} and data.objective={data_objective}; "
+                         "choose the objective with objective=mlm|clm alone (it sets both)")
+    if objective == "clm":
+        given = [k for k in MASKED_ONLY_DATA_KEYS if OmegaConf.select(cfg, f"data.{k}") is not None]
+        if given:
+            raise ValueError(f"data.{given[0]} is a masked-LM setting and objective=clm masks nothing; "
+                             "drop the override (or use objective=mlm)")
+
+
 def check_train_config(cfg) -> list[str]:
     """Validate the optimisation setup of a composed ``train.yaml`` before the heavy imports (issue 17).
 
@@ -132,6 +154,7 @@ def check_train_config(cfg) -> list[str]:
     * a clipped softmax that zeroes a uniform attention row warns (:func:`clipped_softmax_warning`).
     """
     warnings: list[str] = []
+    _check_objective(cfg)
     trainer = cfg.trainer
     max_steps = _as_int(trainer.max_steps, "trainer.max_steps")
     if max_steps <= 0:
