@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch import seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from outlierlab.analysis.distance_similarity import DistanceSimilarity
 from outlierlab.analysis.probing import chance_accuracy, rank_of_dims, top_dims
 from outlierlab.analysis.transforms import MIN_FIT_RATIO, TRANSFORMS
 from outlierlab.datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_outliers, extract_features,
@@ -57,7 +58,8 @@ def _loaders(ds: dict, batch_size: int, seed: int) -> tuple:
             row_loader(ds["test"], 4 * batch_size, False))
 
 
-def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], common: dict, top_k: int) -> list[dict]:
+def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], common: dict, top_k: int,
+              position: bool = False) -> list[dict]:
     """One CSV row per layer for one transform (Luo Fig. 5b/c columns)."""
     rows = []
     contrib = results["contribution"]
@@ -69,6 +71,8 @@ def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], commo
         comparable = name not in ("whiten", "abtt") and bool(dims)
         rows.append({
             "layer": layer, "transform": name, "accuracy": acc,
+            # position task: mean |predicted - true position| (Haviv et al. 2022 read position this way too)
+            **({"mean_abs_error": results["mean_abs_error"][layer]} if position else {}),
             "val_accuracy": results.get("val_accuracy", {}).get(layer, float("nan")), **common,
             "top_neurons": " ".join(map(str, top_dims(c, top_k))),
             "outlier_dims": " ".join(map(str, dims)),
@@ -119,7 +123,7 @@ def run_position(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict,
         make = lambda d, name=name: PositionProbe(n_layers, d, m, float(cfg.probe.lr), seed=int(cfg.seed),  # noqa
                                                   tag=name)
         res = _probe_all(vt, {s: (fs.tokens, r) for s, r in rows.items()}, labels, make, cfg, logger)
-        out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k))
+        out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k), position=True)
         contribs[name] = res["contribution"]
         fits.update({name: vt.info} if name != "none" else {})
         count, acc = res["per_class_count"], res["per_class_accuracy"]
@@ -128,12 +132,25 @@ def run_position(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict,
                         for j, layer in enumerate(sorted(res["accuracy"])) for pos in range(len(count)) if count[pos] > 0]
         log.info("position probe [%s]: %d layers in %.1f s", name, n_layers, time.time() - t0)
     info = {"task": "position", "n_texts": fs.meta["n_texts"], "n_tokens": fs.meta["n_tokens"],
+            "similarity_by_distance": similarity_by_distance(fs, int(cfg.probe.get("max_distance") or 32)),
             "beyond_max_positions": beyond, "max_positions": m, "features": [str(fs.directory)],
             "outlier_dims": outliers, "transform_fits": fits,
             "notes": ([f"{beyond} tokens at positions >= {m} dropped"] if beyond else [])
             + [f"{t}: {i}" for t, i in fits.items()],
             "by_position": by_position}
     return out, info, contribs
+
+
+def similarity_by_distance(fs, max_distance: int) -> list[dict]:
+    """Mean cosine of two tokens of one sentence by their distance, per layer (Zuo et al. 2025), from the cached
+    token features of every sentence, special tokens left out: rows ``layer, distance, cosine, n_pairs``."""
+    acc = DistanceSimilarity(fs.num_layers, max_distance)
+    sid, special = np.asarray(fs.sentence_id), np.asarray(fs.special)
+    starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])  # rows of a sentence are contiguous, in order
+    for a, b in zip(starts, np.r_[starts[1:], len(sid)]):
+        h = torch.from_numpy(np.asarray(fs.tokens[:, a:b])).unsqueeze(1)  # [L+1, 1, T, d]
+        acc.update(h, torch.from_numpy(~special[a:b]).unsqueeze(0))
+    return acc.rows()
 
 
 def run_classifier(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict, dict]:
@@ -162,7 +179,7 @@ def run_classifier(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dic
                                                        seed=int(cfg.seed), tag=name,
                                                        bias=bool(cfg.probe.get("classifier_bias", True)))
         res = _probe_all(vt, arrays, labels, make, cfg, logger)
-        out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k))
+        out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k), position=True)
         contribs[name] = res["contribution"]
         fits.update({name: vt.info} if name != "none" else {})
     info = {"task": str(cfg.task.name), "source": data.source, "labels": data.label_names,
@@ -209,6 +226,12 @@ def run(cfg, run_dir: str | Path) -> dict:
     info.update(encoder=str(encoder.source.name), encoder_kind=encoder.source.kind, layers=encoder.num_layers + 1,
                 hidden=encoder.hidden_size, transforms=selected_transforms(cfg.transform), seed=int(cfg.seed),
                 family=encoder.family_line(), layernorms=layernorm_note(encoder))
+    by_distance = info.pop("similarity_by_distance", None)
+    if by_distance:  # Zuo et al.: nearby tokens more similar than distant ones -> position readable
+        with open(run_dir / "similarity_by_distance.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=["layer", "distance", "cosine", "n_pairs"])
+            w.writeheader()
+            w.writerows(by_distance)
     by_position = info.pop("by_position", None)
     if by_position:  # accuracy at each position: a position-free encoder is at chance away from the edges
         with open(run_dir / "position_probe_by_position.csv", "w", newline="") as fh:

@@ -82,6 +82,9 @@ class LayerwiseProbe(L.LightningModule):
         self.register_buffer("class_correct", torch.zeros(num_layers, num_classes, dtype=torch.float64),
                              persistent=False)
         self.register_buffer("class_count", torch.zeros(num_classes, dtype=torch.float64), persistent=False)
+        # sum of |predicted - true| class index per layer: for ordinal classes (positions) the mean absolute
+        # position error, which Haviv et al. (2022) report beside accuracy (an off-by-one guess is not chance)
+        self.register_buffer("abs_error_sum", torch.zeros(num_layers, dtype=torch.float64), persistent=False)
         self.n_contrib = 0
         self.results: dict = {}
 
@@ -122,6 +125,7 @@ class LayerwiseProbe(L.LightningModule):
         self.n_contrib += len(y)
         self.class_count += torch.bincount(y, minlength=self.class_count.numel()).double()
         self.class_correct.index_add_(1, y, (pred == y).double())
+        self.abs_error_sum += (pred - y).abs().double().sum(1)
 
     def on_test_epoch_end(self):
         accs = []
@@ -133,7 +137,9 @@ class LayerwiseProbe(L.LightningModule):
         self.results.update(accuracy=dict(zip(self.layer_ids, accs)),
                             contribution=(self.contrib_sum / max(self.n_contrib, 1)).float().cpu(),
                             per_class_count=self.class_count.cpu().clone(),
-                            per_class_accuracy=(self.class_correct / self.class_count.clamp(min=1)).float().cpu())
+                            per_class_accuracy=(self.class_correct / self.class_count.clamp(min=1)).float().cpu(),
+                            mean_abs_error=dict(zip(self.layer_ids, (self.abs_error_sum / max(self.n_contrib, 1)).tolist())))
+        self.abs_error_sum.zero_()
         self.contrib_sum.zero_()
         self.class_correct.zero_()
         self.class_count.zero_()

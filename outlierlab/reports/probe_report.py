@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: figures go to files only
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLUMNS = ["layer", "transform", "accuracy", "val_accuracy", "chance", "n_train", "n_val", "n_test",
+COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "chance", "n_train", "n_val", "n_test",
            "dropped_tokens", "truncated_sequences", "top_neurons", "outlier_dims", "outlier_rank",
            "contribution_outlier", "contribution_mean", "clipped_dims",
            # fitted rows: what each map was fitted on (outlierlab.analysis.whitening.WhiteningFit.columns)
