@@ -148,7 +148,7 @@ def similarity_by_distance(fs, max_distance: int) -> list[dict]:
     sid, special = np.asarray(fs.sentence_id), np.asarray(fs.special)
     starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])  # rows of a sentence are contiguous, in order
     for a, b in zip(starts, np.r_[starts[1:], len(sid)]):
-        h = torch.from_numpy(np.asarray(fs.tokens[:, a:b])).unsqueeze(1)  # [L+1, 1, T, d]
+        h = torch.from_numpy(np.array(fs.tokens[:, a:b])).unsqueeze(1)  # [L+1, 1, T, d]
         acc.update(h, torch.from_numpy(~special[a:b]).unsqueeze(0))
     return acc.rows()
 

@@ -1,0 +1,143 @@
+"""The position probe and the similarity by distance on every checkpoint of a run, after the fact.
+
+    python -m outlierlab.jobs.checkpoint_probes multirun/objective_positions          # every finished cell
+    python -m outlierlab.jobs.checkpoint_probes <run_dir> [--max-sentences 1000] [probe.py overrides ...]
+
+For each ``<run>/checkpoints/step*.ckpt`` (step 0 is the random initialisation that
+:class:`~outlierlab.lightning_modules.callbacks.initial_checkpoint.InitialCheckpoint` saves) this runs exactly what
+``python probe.py encoder.name_or_path=<ckpt>`` runs -- Luo et al.'s bias-free position probe on every layer, with
+its accuracy and mean absolute position error, and the similarity by distance of Zuo et al. (2025) -- composed
+from ``configs/probe.yaml`` with the overrides given. Per step its outputs go to ``<run>/probe_posthoc/step<N>/``
+(features cached in a temporary directory, removed after); the tables the study reads gather every step:
+``<run>/probe_posthoc/position.csv`` (``step, layer, accuracy, mean_abs_error, chance, ...``, transform ``none``) and
+``<run>/probe_posthoc/similarity_by_distance.csv`` (``step, layer, distance, cosine, n_pairs``). Steps already
+probed are skipped, so an interrupted pass continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+OUT_SUBDIR = "probe_posthoc"
+_STEP = re.compile(r"step(\d+)\.ckpt$")
+
+
+def step_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """``{step: path}`` of the step checkpoints (``last.ckpt`` repeats one of them and is skipped)."""
+    out = {}
+    for path in sorted((run_dir / "checkpoints").glob("step*.ckpt")):
+        m = _STEP.search(path.name)
+        if m:
+            out[int(m.group(1))] = path
+    return out
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from outlierlab.jobs.startup import CONFIG_DIR, register_resolvers
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="probe", overrides=overrides)
+
+
+def _gather(run_out: Path, name: str, steps: list[int]) -> Path | None:
+    """Concatenate ``step<N>/<name>`` of every probed step into ``<name>`` with a leading ``step`` column."""
+    rows, fields = [], None
+    for step in steps:
+        src = run_out / f"step{step:07d}" / name
+        if not src.is_file():
+            continue
+        with open(src, newline="") as f:
+            reader = csv.DictReader(f)
+            fields = fields or ["step", *reader.fieldnames]
+            rows += [{"step": step, **r} for r in reader]
+    if fields is None:
+        return None
+    path = run_out / name
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)  # atomic: a reader never sees half a table
+    return path
+
+
+def probe_run(run_dir: str | Path, overrides: list[str] | None = None, max_sentences: int = 1000) -> list[int]:
+    """Probe every step checkpoint of ``run_dir`` not probed yet; return the steps probed now."""
+    from outlierlab.jobs.probing import run
+
+    run_dir = Path(run_dir)
+    checkpoints = step_checkpoints(run_dir)
+    if not checkpoints:
+        raise FileNotFoundError(f"{run_dir} holds no checkpoints/step*.ckpt to probe")
+    out = run_dir / OUT_SUBDIR
+    done = []
+    for step, ckpt in sorted(checkpoints.items()):
+        dest = out / f"step{step:07d}"
+        if (dest / "position_probe.csv").is_file():
+            continue
+        with tempfile.TemporaryDirectory(prefix="outlierlab_probe_") as cache:
+            cfg = _compose([f"encoder.name_or_path={ckpt}", f"features.cache_dir={cache}", "progress=false",
+                            f"data.max_sentences={max_sentences}", *(overrides or [])])
+            staging = out / f".step{step:07d}.partial"
+            shutil.rmtree(staging, ignore_errors=True)
+            run(cfg, staging)
+            shutil.rmtree(dest, ignore_errors=True)
+            staging.replace(dest)  # a step counts as probed only with all its files
+        done.append(step)
+        print(f"[checkpoint_probes] {run_dir.name}: step {step} probed", flush=True)
+    steps = sorted(checkpoints)
+    _gather(out, "position_probe.csv", steps)
+    _gather(out, "similarity_by_distance.csv", steps)
+    return done
+
+
+def run_dirs(paths: list[str]) -> list[Path]:
+    """Run directories among ``paths``: a run itself (it has checkpoints/) or a sweep holding runs."""
+    found = []
+    for p in map(Path, paths):
+        if (p / "checkpoints").is_dir():
+            found.append(p)
+        elif p.is_dir():
+            found += sorted(d for d in p.iterdir() if (d / "checkpoints").is_dir())
+        else:
+            raise FileNotFoundError(f"{p} is neither a run directory nor a sweep directory")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", help="run directories or sweep directories (multirun/<study>)")
+    ap.add_argument("--max-sentences", type=int, default=1000, help="held-out sentences probed (probe.py's default)")
+    ap.add_argument("--finished-only", action="store_true", default=True,
+                    help="only cells whose training finished (default); --all probes interrupted ones too")
+    ap.add_argument("--all", dest="finished_only", action="store_false")
+    args, overrides = ap.parse_known_args(argv)
+    from outlierlab.jobs.training import finished_run
+
+    try:
+        dirs = run_dirs(args.paths)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for d in dirs:
+        if args.finished_only and finished_run(d) is None:
+            print(f"[checkpoint_probes] {d}: training not finished, skipped (--all probes it anyway)", flush=True)
+            continue
+        probe_run(d, overrides, args.max_sentences)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
