@@ -155,15 +155,16 @@ class FrozenEncoder:
         src = self.source
         if src.kind == "ckpt":
             cfg = self._ckpt_payload()["hyper_parameters"]["model"]
-            self.norm_placement = str(cfg.get("norm_placement", "post"))
+            self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         if src.kind == "outlierlab" and (Path(src.model) / "outlierlab_config.json").is_file():
             cfg = json.loads((Path(src.model) / "outlierlab_config.json").read_text())
-            self.norm_placement = str(cfg.get("norm_placement", "post"))
+            self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         from transformers import AutoConfig
 
         cfg = AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only)
+        self.causal = bool(getattr(cfg, "is_decoder", False))  # our clm runs export as RobertaForCausalLM
         if src.kind == "hf":
             self.model_type = str(getattr(cfg, "model_type", "") or type(cfg).__name__)
         positions = getattr(cfg, "max_position_embeddings", None) or 10**9
@@ -217,7 +218,7 @@ class FrozenEncoder:
         from outlierlab.models.families import UnknownFamilyError, family_for_type
 
         try:
-            family = family_for_type(self.model_type, self.norm_placement)
+            family = family_for_type(self.model_type, self.norm_placement, getattr(self, "causal", False))
         except UnknownFamilyError as e:
             return str(e)
         roles = ("both per-layer norms (before the attention and before the MLP)" if family.placement == "pre"
