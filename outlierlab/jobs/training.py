@@ -23,6 +23,7 @@ from outlierlab.datamodules.budget import DataBudget, data_budget
 from outlierlab.models import EncoderConfig, hf_exportable, save_pretrained
 from outlierlab.models.checkpoint import read_checkpoint
 from outlierlab.lightning_modules.mlm_module import MLMLitModule
+from outlierlab.jobs.run_state import FINISHED_MARKER, finished_run, mark_finished, record_start  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -151,25 +152,10 @@ def _release_ddp(env_before: dict[str, str | None]) -> None:
             os.environ[key] = value
 
 
-FINISHED_MARKER = "finished.json"
-
-
-def finished_run(run_dir: Path) -> dict[str, Any] | None:
-    """The ``finished.json`` a completed run wrote (its steps and final metrics), or None."""
-    marker = run_dir / FINISHED_MARKER
-    if not marker.is_file():
-        return None
-    try:
-        return json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None  # a torn marker: the run is treated as unfinished and resumes from its checkpoint
-
-
-def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float]) -> None:
-    tmp = run_dir / f".{FINISHED_MARKER}.tmp"
-    tmp.write_text(json.dumps({"global_step": int(trainer.global_step), "max_steps": int(trainer.max_steps),
-                               "metrics": metrics}, indent=2))
-    os.replace(tmp, run_dir / FINISHED_MARKER)
+def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float],
+                   config: dict[str, Any] | None = None) -> None:
+    """manifest.json, then finished.json (:func:`outlierlab.jobs.run_state.mark_finished`)."""
+    mark_finished(run_dir, int(trainer.global_step), int(trainer.max_steps), metrics, config)
 
 
 def parallel_cells() -> int:
@@ -246,8 +232,10 @@ def _train(cfg: DictConfig) -> dict[str, float]:
                  run_dir)
         requested = "last"
     ckpt_path, ckpt = resolve_checkpoint(requested, run_dir)
+    start_step = 0
     if ckpt is not None:
         check_checkpoint_matches(ckpt, config, ckpt_path)
+        start_step = int(ckpt.get("global_step", 0))
         del ckpt
 
     module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config)
@@ -258,6 +246,7 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     report_data_budget(datamodule, trainer, cfg.get("data_epochs_warning"))
     log.info("%d intra-op thread(s) for this run", threads)
     if trainer.global_rank == 0:
+        record_start(run_dir, start_step)  # code_versions.jsonl: a resume on other code says so
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         # the run directory is self-contained from the start: post-hoc analysis and probe.py on a checkpoint
         # find the tokenizer here even when the run stops early or export=false
@@ -280,5 +269,5 @@ def _train(cfg: DictConfig) -> dict[str, float]:
 
             res = analyze_run(run_dir)
             log.info("post-hoc analysis of steps %s -> %s", res["steps"], res["metrics"])
-        _mark_finished(run_dir, trainer, metrics)  # last: a cell counts as done only with all its files
+        _mark_finished(run_dir, trainer, metrics, OmegaConf.to_container(cfg, resolve=True))  # last: a cell counts as done only with all its files
     return metrics

@@ -1,0 +1,276 @@
+"""What a run directory says about itself: the code it ran on, whether it finished or failed, and a manifest
+of its result files that a reader can verify.
+
+One definition shared by the trainer (skip a finished cell, resume an unfinished one) and the study aggregator
+(average finished cells only, name torn ones). The lifecycle is documented in ``docs/run_directories.md``:
+
+* at every start (and resume) one JSON line is appended to ``code_versions.jsonl`` (:func:`record_start`);
+* at the end :func:`write_manifest` writes ``manifest.json`` -- every result file with its size, SHA-256 and CSV
+  row count, the code version and the resolved config -- and only then ``finished.json`` (:func:`mark_finished`);
+* a failed cell writes ``failed.json`` instead (:func:`mark_failed`).
+
+Every file here is written atomically (a temporary file in the same directory, fsync, ``os.replace``), so a
+reader sees the old file or the new one, never a torn one. Issue 37 (item 3) and issue 40.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+FINISHED_MARKER = "finished.json"
+FAILED_MARKER = "failed.json"
+MANIFEST = "manifest.json"
+CODE_VERSIONS = "code_versions.jsonl"
+LOCK_FILE = "run.lock"
+MANIFEST_SCHEMA = 1
+
+#: Suffixes of a cell's result files (the manifest covers these; weights, checkpoints and event files it does not).
+RESULT_SUFFIXES = (".csv", ".json", ".yaml", ".yml", ".md")
+_NOT_RESULTS = {MANIFEST, FINISHED_MARKER, FAILED_MARKER, LOCK_FILE}
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ------------------------------------------------------------------------------------------ atomic writes
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``path`` through a temporary file in its own directory, fsync it, ``os.replace`` it over ``path``.
+
+    The rename is atomic on one file system, so readers never see a partial file (a temporary file elsewhere,
+    e.g. ``$TMPDIR``, would make the final move a copy -- see Lightning issue #21253).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    payload = data.encode() if isinstance(data, str) else data
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (a no-op where directories cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------ code version
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(_PACKAGE_DIR), *args], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def code_version() -> dict[str, Any]:
+    """``{"commit", "dirty", "describe"}`` of the git checkout holding this package; nulls outside one.
+
+    ``dirty``: tracked files differ from HEAD (untracked files are not counted: scratch files are common and
+    ``git status`` over them is slow on large trees).
+    """
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None, "describe": None}
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": None if status is None else bool(status),
+            "describe": _git("describe", "--always", "--dirty", "--tags")}
+
+
+def record_start(run_dir: Path, global_step: int) -> dict[str, Any]:
+    """Append this start's code version to ``<run_dir>/code_versions.jsonl`` (a resume on other code says so)."""
+    line = {"started": now_iso(), "global_step_at_start": int(global_step), **code_version()}
+    with open(Path(run_dir) / CODE_VERSIONS, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return line
+
+
+def code_versions(run_dir: Path) -> list[dict[str, Any]]:
+    """Every parseable line of ``code_versions.jsonl`` (a line torn by a crash is skipped)."""
+    try:
+        lines = (Path(run_dir) / CODE_VERSIONS).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+# ------------------------------------------------------------------------------------------ finished / failed
+def finished_run(run_dir: Path) -> dict[str, Any] | None:
+    """``finished.json`` of a completed run, or None: THE definition of finished (trainer and aggregator).
+
+    Finished means the marker parses and records an integer ``global_step >= max_steps``; a torn or partial
+    marker, or one of a run stopped short of its budget, is not finished.
+    """
+    done = _read_json(Path(run_dir) / FINISHED_MARKER)
+    if not isinstance(done, dict):
+        return None
+    step, max_steps = done.get("global_step"), done.get("max_steps")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (step, max_steps)) or step < max_steps:
+        return None
+    return done
+
+
+def failed_run(run_dir: Path) -> dict[str, Any] | None:
+    """``failed.json`` of a cell whose last attempt failed (and that has not finished since), or None."""
+    if finished_run(run_dir) is not None:
+        return None
+    failed = _read_json(Path(run_dir) / FAILED_MARKER)
+    if (Path(run_dir) / FAILED_MARKER).is_file() and not isinstance(failed, dict):
+        return {"error": "failed.json is unreadable"}
+    return failed if isinstance(failed, dict) else None
+
+
+def mark_failed(run_dir: Path, error: str, global_step: int | None) -> dict[str, Any]:
+    """Write ``failed.json``: the one-line error, the step reached and the code version."""
+    info = {"error": error, "global_step": global_step, "failed": now_iso(), "code": code_version()}
+    write_atomic(Path(run_dir) / FAILED_MARKER, json.dumps(info, indent=2))
+    return info
+
+
+def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict[str, float],
+                  config: dict[str, Any] | None) -> None:
+    """Write ``manifest.json``, then ``finished.json`` (both atomically), and drop an earlier ``failed.json``."""
+    run_dir = Path(run_dir)
+    write_manifest(run_dir, config, global_step, max_steps)
+    write_atomic(run_dir / FINISHED_MARKER, json.dumps({"global_step": int(global_step), "max_steps": int(max_steps),
+                                                        "metrics": metrics}, indent=2))
+    (run_dir / FAILED_MARKER).unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------ manifest
+def result_files(run_dir: Path) -> list[str]:
+    """Relative paths (POSIX) of the result files a manifest covers, sorted."""
+    run_dir = Path(run_dir)
+    out = []
+    for root, dirs, files in os.walk(run_dir):
+        dirs[:] = [d for d in dirs if ".partial-" not in d]  # staging directories of an export in progress
+        for name in files:
+            rel = (Path(root) / name).relative_to(run_dir).as_posix()
+            if name.endswith(RESULT_SUFFIXES) and rel not in _NOT_RESULTS and ".partial-" not in name:
+                out.append(rel)
+    return sorted(out)
+
+
+def _csv_rows(path: Path) -> int:
+    with open(path, newline="") as fh:
+        return max(0, sum(1 for _ in csv.reader(fh)) - 1)
+
+
+def describe_file(path: Path) -> dict[str, Any]:
+    """``{"bytes", "sha256", "rows"}`` of one result file (``rows``: data rows of a CSV, else None)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    rows = _csv_rows(path) if path.suffix == ".csv" else None
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest(), "rows": rows}
+
+
+def write_manifest(run_dir: Path, config: dict[str, Any] | None, global_step: int, max_steps: int) -> dict[str, Any]:
+    """Write ``<run_dir>/manifest.json`` (schema 1) over every result file of the cell; return it."""
+    run_dir = Path(run_dir)
+    versions = code_versions(run_dir)
+    first = versions[0] if versions else None
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "code_versions": versions,
+        "code": None if first is None else {k: first.get(k) for k in ("commit", "dirty", "describe")},
+        "config": config,
+        "global_step": int(global_step),
+        "max_steps": int(max_steps),
+        "files": {rel: describe_file(run_dir / rel) for rel in result_files(run_dir)},
+    }
+    write_atomic(run_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=False))
+    return manifest
+
+
+def _csv_problem(path: Path) -> str | None:
+    """Structure of a CSV alone: empty, header-only, last line cut, or a row of another width."""
+    data = path.read_bytes()
+    if not data.strip():
+        return "empty file"
+    if not data.endswith(b"\n"):
+        return "truncated (last line has no newline)"
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    if len(rows) < 2:
+        return "header only (no data rows)"
+    width = len(rows[0])
+    for i, row in enumerate(rows[1:], start=2):
+        if len(row) != width:
+            return f"line {i} has {len(row)} fields, the header {width}"
+    return None
+
+
+def verify_manifest(run_dir: Path) -> list[str]:
+    """Problems of a finished cell, one string per file (``<cell dir>: <file>: <what is wrong>``); [] if intact.
+
+    Checks ``finished.json`` (:func:`finished_run`), ``manifest.json`` itself, and each file it lists: missing,
+    CSV structure (empty, header-only where the manifest had rows, last line cut, a row of another width),
+    row count, size and SHA-256.
+    """
+    run_dir = Path(run_dir)
+    problems = []
+    if finished_run(run_dir) is None:
+        what = "missing" if not (run_dir / FINISHED_MARKER).is_file() else "torn or short of max_steps"
+        problems.append(f"{run_dir}: {FINISHED_MARKER}: {what}")
+    manifest = _read_json(run_dir / MANIFEST)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        what = "missing" if not (run_dir / MANIFEST).is_file() else "unreadable (torn?)"
+        return problems + [f"{run_dir}: {MANIFEST}: {what}"]
+    for rel, want in sorted(manifest["files"].items()):
+        path = run_dir / rel
+        if not path.is_file():
+            problems.append(f"{run_dir}: {rel}: missing")
+            continue
+        if path.suffix == ".csv":
+            bad = None if want.get("rows") == 0 else _csv_problem(path)  # a CSV finished empty: hash only
+            if bad:
+                problems.append(f"{run_dir}: {rel}: {bad}")
+                continue
+        got = describe_file(path)
+        if want.get("rows") is not None and got["rows"] != want["rows"]:
+            problems.append(f"{run_dir}: {rel}: {got['rows']} data rows, the manifest says {want['rows']}")
+        elif got["bytes"] != want.get("bytes"):
+            problems.append(f"{run_dir}: {rel}: {got['bytes']} bytes, the manifest says {want.get('bytes')}")
+        elif got["sha256"] != want.get("sha256"):
+            problems.append(f"{run_dir}: {rel}: content changed (SHA-256 differs from the manifest)")
+    return problems

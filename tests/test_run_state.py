@@ -1,0 +1,162 @@
+"""run_state: code versions per start, the shared definition of finished/failed, and manifests that catch a torn cell."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from outlierlab.jobs import run_state
+from outlierlab.jobs.run_state import (code_version, failed_run, finished_run, mark_failed, mark_finished,
+                                       record_start, result_files, verify_manifest)
+
+METRICS_CSV = "step,train/loss,val/ppl\n0,6.9,\n10,5.1,\n20,4.2,329.7\n"
+MONITOR_CSV = "step,name,statistic,dim,value\n0,layer_0,mean,,0.78697\n10,layer_0,mean,,0.5\n"
+
+
+def make_cell(root: Path, steps: int = 20, max_steps: int = 20) -> Path:
+    """A hand-made finished training cell: two CSVs, a config, a checkpoint, an event file and HF weights."""
+    (root / "csv").mkdir(parents=True)
+    (root / "monitor").mkdir()
+    (root / "checkpoints").mkdir()
+    (root / "tensorboard").mkdir()
+    (root / "hf").mkdir()
+    (root / ".hydra").mkdir()
+    (root / "csv" / "metrics.csv").write_text(METRICS_CSV)
+    (root / "monitor" / "hidden_states.csv").write_text(MONITOR_CSV)
+    (root / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (root / "config.yaml").write_text("seed: 1\n")
+    (root / "checkpoints" / "last.ckpt").write_bytes(b"\0" * 64)
+    (root / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"ev")
+    (root / "hf" / "model.safetensors").write_bytes(b"w" * 32)
+    (root / "hf" / "config.json").write_text("{}")
+    record_start(root, 0)
+    mark_finished(root, steps, max_steps, {"val/ppl": 329.7}, {"seed": 1})
+    return root
+
+
+@pytest.fixture
+def cell(tmp_path):
+    return make_cell(tmp_path / "seed=1")
+
+
+def test_manifest_lists_result_files_with_sizes_hashes_and_rows(cell):
+    manifest = json.loads((cell / "manifest.json").read_text())
+    assert manifest["schema"] == 1 and manifest["global_step"] == 20 and manifest["max_steps"] == 20
+    assert manifest["config"] == {"seed": 1}
+    # checkpoints, event files, weights, the markers and the manifest itself are not result files
+    assert sorted(manifest["files"]) == [".hydra/overrides.yaml", "config.yaml", "csv/metrics.csv", "hf/config.json",
+                                         "monitor/hidden_states.csv"]
+    m = manifest["files"]["csv/metrics.csv"]
+    assert m == {"bytes": len(METRICS_CSV), "sha256": hashlib.sha256(METRICS_CSV.encode()).hexdigest(), "rows": 3}
+    assert manifest["files"]["monitor/hidden_states.csv"]["rows"] == 2
+    assert manifest["files"]["config.yaml"]["rows"] is None
+    # the code version of the (first) start is the cell's code
+    assert manifest["code"] == {k: manifest["code_versions"][0][k] for k in ("commit", "dirty", "describe")}
+    assert json.loads((cell / "finished.json").read_text())["global_step"] == 20
+
+
+def test_intact_cell_verifies_clean(cell):
+    assert verify_manifest(cell) == []
+
+
+def test_truncated_csv_is_one_named_problem(cell):
+    path = cell / "csv" / "metrics.csv"
+    path.write_text(METRICS_CSV[:-4])  # val ppl 329.7 cut to 32
+    assert verify_manifest(cell) == [f"{cell}: csv/metrics.csv: truncated (last line has no newline)"]
+
+
+def test_csv_rows_removed_at_a_line_boundary(cell):
+    path = cell / "monitor" / "hidden_states.csv"
+    path.write_text("".join(MONITOR_CSV.splitlines(keepends=True)[:2]))
+    assert verify_manifest(cell) == [f"{cell}: monitor/hidden_states.csv: 1 data rows, the manifest says 2"]
+
+
+def test_header_only_and_ragged_csv(cell, tmp_path):
+    (cell / "monitor" / "hidden_states.csv").write_text("step,name,statistic,dim,value\n")
+    assert verify_manifest(cell) == [f"{cell}: monitor/hidden_states.csv: header only (no data rows)"]
+    (cell / "monitor" / "hidden_states.csv").write_text(MONITOR_CSV.replace("0.5\n", "0.5,9\n"))
+    assert verify_manifest(cell) == [f"{cell}: monitor/hidden_states.csv: line 3 has 6 fields, the header 5"]
+
+
+def test_changed_and_missing_files(cell):
+    (cell / "config.yaml").write_text("seed: 2\n")  # same size, other content
+    assert verify_manifest(cell) == [f"{cell}: config.yaml: content changed (SHA-256 differs from the manifest)"]
+    (cell / "config.yaml").unlink()
+    assert verify_manifest(cell) == [f"{cell}: config.yaml: missing"]
+
+
+def test_torn_finished_json_is_unfinished_and_one_problem(cell):
+    text = (cell / "finished.json").read_text()
+    (cell / "finished.json").write_text(text[: len(text) // 2])
+    assert finished_run(cell) is None
+    assert verify_manifest(cell) == [f"{cell}: finished.json: torn or short of max_steps"]
+
+
+def test_finished_needs_integer_steps_at_the_budget(tmp_path):
+    for body, ok in [({"global_step": 20, "max_steps": 20}, True), ({"global_step": 21, "max_steps": 20}, True),
+                     ({"global_step": 19, "max_steps": 20}, False), ({"global_step": "20", "max_steps": 20}, False),
+                     ({"global_step": True, "max_steps": 1}, False), ({"max_steps": 20}, False), ([20, 20], False)]:
+        (tmp_path / "finished.json").write_text(json.dumps(body))
+        assert (finished_run(tmp_path) is not None) is ok, body
+    assert finished_run(tmp_path / "nowhere") is None
+
+
+def test_missing_or_torn_manifest(tmp_path, cell):
+    (cell / "manifest.json").write_text('{"schema": 1, "fil')
+    assert verify_manifest(cell) == [f"{cell}: manifest.json: unreadable (torn?)"]
+    (cell / "manifest.json").unlink()
+    assert verify_manifest(cell) == [f"{cell}: manifest.json: missing"]
+
+
+def test_code_versions_gain_a_line_per_start(tmp_path):
+    record_start(tmp_path, 0)
+    record_start(tmp_path, 60)
+    lines = [json.loads(x) for x in (tmp_path / "code_versions.jsonl").read_text().splitlines()]
+    assert [x["global_step_at_start"] for x in lines] == [0, 60]
+    assert all(set(x) == {"started", "global_step_at_start", "commit", "dirty", "describe"} for x in lines)
+
+
+def test_code_version_is_head_of_this_checkout():
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(run_state.__file__).parent,
+                          capture_output=True, text=True).stdout.strip()
+    version = code_version()
+    assert version["commit"] == head and isinstance(version["dirty"], bool)
+
+
+def test_code_version_outside_git_is_nulls(monkeypatch, tmp_path):
+    monkeypatch.setattr(run_state, "_PACKAGE_DIR", tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert code_version() == {"commit": None, "dirty": None, "describe": None}
+
+
+def test_failed_then_finished(tmp_path):
+    mark_failed(tmp_path, "hidden_size=130 is not divisible by num_heads=4", 0)
+    assert failed_run(tmp_path)["error"].startswith("hidden_size=130") and finished_run(tmp_path) is None
+    mark_finished(tmp_path, 5, 5, {}, None)
+    assert failed_run(tmp_path) is None and not (tmp_path / "failed.json").exists()
+
+
+def test_staging_files_are_not_results(tmp_path):
+    (tmp_path / ".hf.partial-12").mkdir()
+    (tmp_path / ".hf.partial-12" / "config.json").write_text("{}")
+    (tmp_path / ".x.json.partial-3").write_text("{")
+    (tmp_path / "report.md").write_text("# r\n")
+    assert result_files(tmp_path) == ["report.md"]
+
+
+def test_a_training_run_records_each_start_and_finishes_with_a_clean_manifest(tmp_path, shared_cache):
+    from outlierlab.jobs.training import train
+    from tests.test_train import small_cfg
+
+    train(small_cfg(tmp_path, "trainer.max_steps=2", "trainer.limit_val_batches=0"))
+    train(small_cfg(tmp_path, "trainer.max_steps=3", "trainer.limit_val_batches=0"))  # more steps: a resume
+    lines = [json.loads(x) for x in (tmp_path / "code_versions.jsonl").read_text().splitlines()]
+    assert [x["global_step_at_start"] for x in lines] == [0, 2]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert (manifest["global_step"], manifest["max_steps"], manifest["config"]["trainer"]["max_steps"]) == (3, 3, 3)
+    assert manifest["code_versions"] == lines and "csv/metrics.csv" in manifest["files"]
+    assert verify_manifest(tmp_path) == []
