@@ -22,6 +22,12 @@ projection run on masked tokens only).
     python benchmarks/train_vs_hf.py --preset tiny --steps 30
     python benchmarks/train_vs_hf.py --preset emergence_cpu --steps 30
     python benchmarks/train_vs_hf.py --preset base --steps 4 --batch-size 8
+    python benchmarks/train_vs_hf.py --objective clm --preset emergence_cpu --steps 30
+
+With ``--objective clm`` (issue 36) the variants are our causal step (``objective=clm``: fused causal attention,
+shifted next-token loss) against transformers' ``RobertaForCausalLM`` (``is_decoder``; the exact twin: the same
+function, tested in tests/test_causal_lm.py) and ``GPT2LMHeadModel`` of the same sizes (pre-LN, its own head: a
+different function of the same cost class), all on the same unmasked blocks with labels = inputs.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import hydra  # noqa: E402
 import torch  # noqa: E402
-from transformers import RobertaConfig, RobertaForMaskedLM  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, RobertaConfig, RobertaForCausalLM, RobertaForMaskedLM  # noqa: E402
 
 from benchmarks.train_throughput import matmul_peak_gflops  # noqa: E402
 from outlierlab.datamodules.sampler import ResumableSampler  # noqa: E402
@@ -54,20 +60,30 @@ PRESETS = {
 }
 
 
-def hf_twin(config) -> RobertaForMaskedLM:
-    """HF RoBERTa of our configuration (learned positions: max_len + 2 rows, one token type)."""
+def hf_twin(config) -> RobertaForMaskedLM | RobertaForCausalLM:
+    """HF RoBERTa of our configuration (learned positions: max_len + 2 rows, one token type); the causal-LM class
+    with ``is_decoder`` for a causal config."""
     hf = RobertaConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
                        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
                        intermediate_size=config.intermediate_size, max_position_embeddings=config.max_len + 2,
                        hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.attention_dropout,
                        type_vocab_size=1, layer_norm_eps=config.layer_norm_eps, pad_token_id=config.pad_token_id,
-                       attn_implementation="sdpa")
-    return RobertaForMaskedLM(hf)
+                       is_decoder=bool(config.causal), attn_implementation="sdpa")
+    return RobertaForCausalLM(hf) if config.causal else RobertaForMaskedLM(hf)
+
+
+def gpt2_twin(config) -> GPT2LMHeadModel:
+    """GPT-2 of the same width, depth, heads, FFN and context (SDPA attention)."""
+    return GPT2LMHeadModel(GPT2Config(vocab_size=config.vocab_size, n_positions=config.max_len, n_embd=config.hidden_size,
+                                      n_layer=config.num_layers, n_head=config.num_heads, n_inner=config.intermediate_size,
+                                      resid_pdrop=config.dropout, embd_pdrop=config.dropout,
+                                      attn_pdrop=config.attention_dropout, attn_implementation="sdpa"))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="emergence_cpu")
+    p.add_argument("--objective", choices=("mlm", "clm"), default="mlm")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=None)
@@ -79,7 +95,8 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    overrides = [f"run_dir={args.run_dir}", *PRESETS[args.preset], "trainer.limit_val_batches=0"]
+    overrides = [f"run_dir={args.run_dir}", *PRESETS[args.preset], "trainer.limit_val_batches=0",
+                 f"objective={args.objective}"]
     if args.batch_size:
         overrides.append(f"data.batch_size={args.batch_size}")
     cfg = compose("train", overrides)
@@ -89,7 +106,11 @@ def main() -> None:
     tok = dm.tokenizer
     config = hydra.utils.instantiate(cfg.model, vocab_size=len(tok), pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
-    models = {"ours": RobertaMaskedLM(config), "ours_full": RobertaMaskedLM(config), "hf": hf_twin(config)}
+    causal = bool(config.causal)
+    if causal:
+        models = {"ours": RobertaMaskedLM(config), "hf": hf_twin(config), "gpt2": gpt2_twin(config)}
+    else:
+        models = {"ours": RobertaMaskedLM(config), "ours_full": RobertaMaskedLM(config), "hf": hf_twin(config)}
     device = torch.device(args.device)
     for m in models.values():
         m.to(device).train()
@@ -105,8 +126,8 @@ def main() -> None:
     def step(name, batch):
         m = models[name]
         if name == "ours":
-            b = {k: v.to(device, non_blocking=True) for k, v in prepare_mlm_batch(batch).items()}
-            loss = m(b["input_ids"], b.get("attention_mask"), b["labels"], masked_positions=b["masked_positions"]).loss
+            b = {k: v.to(device, non_blocking=True) for k, v in prepare_mlm_batch(batch, causal=causal).items()}
+            loss = m(b["input_ids"], b.get("attention_mask"), b["labels"], masked_positions=b.get("masked_positions")).loss
         elif name == "ours_full":
             loss = m(batch["input_ids"], batch["attention_mask"], batch["labels"], full_logits=True).loss
         else:
@@ -139,13 +160,17 @@ def main() -> None:
     # measured after the steps, in the same process and load
     peak = args.peak_tflops * 1e12 if args.peak_tflops else matmul_peak_gflops() * 1e9
     tok_step = statistics.mean(tokens)
-    print(f"preset {args.preset}: {L} layers x {d} hidden, block {T}, batch {dm.batch_size}, vocab {config.vocab_size}, "
+    print(f"objective {args.objective}, preset {args.preset}: {L} layers x {d} hidden, block {T}, batch {dm.batch_size}, vocab {config.vocab_size}, "
           f"{n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} thread(s), {len(tokens)} paired steps")
     print(f"F = 6N + 12LTd = {flops_per_token / 1e6:.1f} MFLOP/token; fp32 matmul peak {peak / 1e9:.0f} GFLOP/s")
     m = statistics.mean(masked) / tok_step
     head = 6 * (1 - m) * (d * d + d * config.vocab_size)
-    executed = {"ours": flops_per_token - head, "ours_full": flops_per_token, "hf": flops_per_token}
-    print(f"masked share m = {m:.3f}; ours executes {executed['ours'] / 1e6:.1f} MFLOP/token")
+    if causal:  # every position is predicted: each variant executes F
+        executed = dict.fromkeys(models, flops_per_token)
+        print(f"objective clm: every position predicted; labels = inputs ({m:.3f} of the tokens labelled)")
+    else:
+        executed = {"ours": flops_per_token - head, "ours_full": flops_per_token, "hf": flops_per_token}
+        print(f"masked share m = {m:.3f}; ours executes {executed['ours'] / 1e6:.1f} MFLOP/token")
     print(f"{'variant':<10} {'median s/step':>13} {'tokens/s':>10} {'ours is x faster (median, q1-q3)':>34} "
           f"{'MFU':>6} {'HFU':>6}")
     for name in order:
