@@ -269,5 +269,9 @@ def _train(cfg: DictConfig) -> dict[str, float]:
 
             res = analyze_run(run_dir)
             log.info("post-hoc analysis of steps %s -> %s", res["steps"], res["metrics"])
+        if cfg.get("posthoc_probe"):  # position probe + similarity by distance on every step checkpoint
+            from outlierlab.jobs.checkpoint_probes import probe_run
+
+            probe_run(run_dir, list(cfg.posthoc_probe.get("overrides") or []), int(cfg.posthoc_probe.max_sentences))
         _mark_finished(run_dir, trainer, metrics, OmegaConf.to_container(cfg, resolve=True))  # last: a cell counts as done only with all its files
     return metrics
