@@ -8,19 +8,26 @@ Per finished cell (``finished.json``): ``.hydra/overrides.yaml``, ``config.yaml`
 hundreds of thousands of lines that the study aggregator does not average). Checkpoints, TensorBoard events,
 exported models and plots stay behind. ``python -m outlierlab.jobs.study <out>`` then gives the same
 ``study.csv`` for the scalars as on the sweep itself. Cells already exported are skipped.
+
+A cell's ``manifest.json`` (:mod:`outlierlab.jobs.run_state`) comes along, restricted to the exported files: a file
+copied as is keeps its entry (so the hash still proves it is the file the run wrote); a history cut to its scalar
+rows gets the entry of the cut file with the original's under ``filtered_from``; files left behind are listed under
+``not_exported``. The exported cell then verifies like the original (``verify_manifest``).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import shutil
 import sys
 from collections import Counter
 from pathlib import Path
 
 SMALL_FILES = [".hydra/overrides.yaml", ".hydra/config.yaml", "config.yaml", "finished.json", "csv/metrics.csv",
-               "monitor_posthoc/metrics.csv"]
+               "monitor_posthoc/metrics.csv", "code_versions.jsonl", "probe_posthoc/position_probe.csv",
+               "probe_posthoc/similarity_by_distance.csv"]
 HISTORIES = ["monitor/hidden_states.csv", "monitor/layernorm.csv"]
 
 
@@ -38,6 +45,27 @@ def scalar_rows(src: Path, dst: Path) -> int:
     return len(kept)
 
 
+def export_manifest(cell: Path, target: Path) -> None:
+    """The cell's manifest restricted to what was exported (see the module docstring); no manifest, nothing."""
+    from outlierlab.jobs.run_state import MANIFEST, describe_file, write_atomic
+
+    src = cell / MANIFEST
+    if not src.is_file():
+        return
+    manifest = json.loads(src.read_text())
+    files, kept = manifest.get("files", {}), {}
+    for rel, entry in files.items():
+        if not (target / rel).is_file():
+            continue
+        if rel in HISTORIES:
+            kept[rel] = {**describe_file(target / rel), "filtered_from": entry}
+        else:
+            kept[rel] = entry
+    manifest["files"] = kept
+    manifest["not_exported"] = sorted(set(files) - set(kept))
+    write_atomic(target / MANIFEST, json.dumps(manifest, indent=2))
+
+
 def export(sweep: Path, out: Path) -> list[str]:
     done = []
     for cell in sorted(p for p in sweep.iterdir() if (p / "finished.json").is_file()):
@@ -51,6 +79,7 @@ def export(sweep: Path, out: Path) -> list[str]:
         for rel in HISTORIES:
             if (cell / rel).is_file():
                 scalar_rows(cell / rel, target / rel)
+        export_manifest(cell, target)
         done.append(cell.name)
     return done
 
