@@ -210,3 +210,27 @@ def test_causal_collator_labels_are_inputs_with_padding_ignored():
                                    {"index": 1, "input_ids": [0, 3, 1, 1], "attention_mask": [1, 1, 0, 0]}])
     assert batch["labels"].tolist() == [[0, 3, 3, 2], [0, 3, -100, -100]]
     assert torch.equal(batch["input_ids"], torch.tensor([[0, 3, 3, 2], [0, 3, 1, 1]]))
+
+
+def test_unpadded_causal_batch_takes_the_fused_causal_path(monkeypatch):
+    """No mask and a bias-free scheme: SDPA gets is_causal=True and no attn_mask (no [T, T] mask is built);
+    with padding the future is hidden in the additive mask instead."""
+    import outlierlab.models.attention as attention
+
+    calls = []
+    real = attention.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+        calls.append((attn_mask is None, is_causal))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    model = tiny("rope", True)
+    x = torch.randint(3, 40, (2, 8), generator=torch.Generator().manual_seed(7))
+    model.roberta(x)
+    assert calls == [(True, True)] * 2
+    calls.clear()
+    mask = torch.ones_like(x)
+    mask[1, 6:] = 0
+    model.roberta(x, mask)
+    assert calls == [(False, False)] * 2
