@@ -311,9 +311,14 @@ class FrequentTokensSettings(_TextSettings):
     pack: bool
     max_length: int
     batch_size: int
+    positions: str
+    late_position: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check(self.positions in ("late", "every"),
+               f"frequent_tokens.positions must be late (Macocco et al.) or every; got {self.positions!r}")
+        _check(self.late_position >= 0, f"frequent_tokens.late_position must be >= 0, got {self.late_position}")
         _check(self.counts_from in FREQUENCY_MODES,
                f"frequent_tokens.counts_from must be one of {', '.join(FREQUENCY_MODES)}; got {self.counts_from!r}")
         _check(self.counts_from != "files" or bool(self.count_files),
