@@ -11,16 +11,20 @@ Macocco et al.'s ``h[:, S] @ W[S, :]``.  Their claim: with S the last layer's ou
 rank tokens by corpus frequency — the heuristic "predict a frequent token" — and removing S moves the prediction
 away from frequent tokens.  This module holds the pieces, pure tensor code:
 
-* :func:`macocco_outlier_dims` — their rule: dims whose median |h_d| over inputs exceeds the 99th percentile of
-  all |h| values;
+* :func:`macocco_outlier_dims` — their rule (``outlier_dims_quantile`` of their ``src/evaluate.py``): dims whose
+  median |h_d| over inputs exceeds the 99th percentile of all |h| values — applied to the last layer's vectors
+  *and* to the unembedding matrix's rows (their ``only_out``/``ablate_out`` conditions);
 * :func:`split_logits` — the two parts above (the bias stays with "everything but S": it is the rest of the
   model; S alone is the bias-free term of the equation);
 * :class:`ConditionStats` — per condition, streamed over positions: KL(full ‖ condition), entropy, top-1
-  accuracy, the count of each token as top-1 prediction and each token's mean log-probability; their Spearman
-  correlations with the tokens' corpus frequency (:func:`frequency_spearman`) say whether the condition
-  predicts frequent tokens (the top-1 count: Macocco et al.'s measure, tied at 0 for most tokens) and whether
-  it *ranks* tokens by frequency (the mean log-probability: a dim whose decoder weights are log-frequency
-  gives ρ = 1).
+  accuracy, mean surprisal, the count of each token as top-1 prediction and each token's mean log-probability;
+* :func:`lin_coeff` — Macocco et al.'s measure (``lin_coeff`` of their ``src/analysis.py``): over the tokens a
+  condition predicts at least once (and that the corpus counts), Spearman ρ and the least-squares slope of
+  prediction frequency on corpus frequency, with the number of distinct predicted tokens; a condition whose
+  predictions leave fewer than two such tokens is reported as such (NaN and a status, where their code writes 0);
+* :func:`frequency_spearman` — ours, beside theirs: Spearman of frequency with a per-token value over *every*
+  counted token (the mean log-probability: does the condition *rank* the vocabulary by frequency — a dim whose
+  decoder weights are log-frequency gives ρ = 1).
 
 Written by hand: the decomposition is one matrix product; no library computes these statistics for a head.
 """
@@ -29,26 +33,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+from scipy import stats
 from torch import Tensor
 
 from outlierlab.analysis.sts import spearman_columns
 
-__all__ = ["macocco_outlier_dims", "split_logits", "ConditionStats", "frequency_spearman"]
+__all__ = ["macocco_outlier_dims", "split_logits", "ConditionStats", "frequency_spearman", "lin_coeff", "LinCoeff"]
 
 
-def macocco_outlier_dims(h: Tensor, percentile: float = 99.0) -> list[int]:
-    """Macocco et al. 2025's last-layer outlier dims: d such that :math:`\\mathrm{median}_n |h_{n,d}|` exceeds the
-    ``percentile``-th percentile of every :math:`|h_{n,d'}|` of the inputs ``h`` ``[N, d]``; sorted by that
-    median, largest first (NumPy's percentile: linear interpolation)."""
+def macocco_outlier_dims(h: Tensor, percentile: float = 99.0, local_quantile: float = 0.5) -> list[int]:
+    """Macocco et al. 2025's outlier dims: d such that the ``local_quantile`` (median) of :math:`|h_{n,d}|` over
+    the rows n exceeds the ``percentile``-th percentile of every :math:`|h_{n,d'}|`; sorted by that median,
+    largest first.  As their ``outlier_dims_quantile(X, loc=0.5, glo=0.99)`` (``src/evaluate.py``): NumPy
+    quantiles with linear interpolation on both sides (an even number of rows: the mean of the two middle
+    values), strict ``>``.  ``h`` ``[N, d]``: the last layer's vectors, or the unembedding matrix ``[V, d]``."""
     if h.ndim != 2 or h.shape[0] == 0:
         raise ValueError(f"expected vectors [N, d] with N >= 1, got {tuple(h.shape)}")
-    a = h.detach().abs().to(torch.float64).cpu()
-    threshold = float(np.percentile(a.numpy(), percentile))
-    med = a.median(0).values
-    dims = (med > threshold).nonzero().flatten()
-    return dims[med[dims].argsort(descending=True)].tolist()
+    a = h.detach().abs().to(torch.float64).cpu().numpy()
+    threshold = np.quantile(a, percentile / 100.0)
+    med = np.quantile(a, local_quantile, axis=0)
+    dims = np.nonzero(med > threshold)[0]
+    return dims[np.argsort(-med[dims], kind="stable")].tolist()
 
 
 def split_logits(h: Tensor, weight: Tensor, dims: Sequence[int], bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -69,12 +78,13 @@ class ConditionStats:
 
     :meth:`update` with ``logits [n, V]`` of the condition, ``full [n, V]`` (the model's logits) and ``labels
     [n]`` (the masked / next token; -100 = none); :meth:`result` returns mean KL(p_full ‖ p_cond) (nats), mean
-    entropy of p_cond (nats), top-1 accuracy, ``top1_counts`` ``[V]`` (how often each token is the argmax) and
-    ``mean_logprob`` ``[V]`` (each token's log-probability averaged over the positions).
+    entropy of p_cond (nats), top-1 accuracy, mean surprisal −log p_cond(label) (nats; Macocco et al.'s
+    boxplots), ``top1_counts`` ``[V]`` (how often each token is the argmax) and ``mean_logprob`` ``[V]`` (each
+    token's log-probability averaged over the positions).
     """
 
     def __init__(self, vocab_size: int):
-        self.kl = self.entropy = 0.0
+        self.kl = self.entropy = self.surprisal = 0.0
         self.correct = self.n = self.n_labelled = 0
         self.top1_counts = torch.zeros(vocab_size, dtype=torch.int64)
         self.logprob_sum = torch.zeros(vocab_size, dtype=torch.float64)
@@ -88,7 +98,9 @@ class ConditionStats:
         top = logits.argmax(-1)
         self.top1_counts += torch.bincount(top.cpu(), minlength=self.top1_counts.numel())[: self.top1_counts.numel()]
         has = labels != -100
-        self.correct += int((top[has] == labels[has].to(top.device)).sum())
+        lab = labels[has].to(top.device)
+        self.correct += int((top[has] == lab).sum())
+        self.surprisal -= float(lp[has.to(lp.device)].gather(1, lab[:, None].to(lp.device)).sum())
         self.n += logits.shape[0]
         self.n_labelled += int(has.sum())
 
@@ -97,6 +109,7 @@ class ConditionStats:
             raise ValueError("no position was scored")
         return {"kl": self.kl / self.n, "entropy": self.entropy / self.n,
                 "top1": self.correct / self.n_labelled if self.n_labelled else float("nan"),
+                "surprisal": self.surprisal / self.n_labelled if self.n_labelled else float("nan"),
                 "top1_counts": self.top1_counts, "mean_logprob": self.logprob_sum / self.n, "n_positions": self.n}
 
 
@@ -109,3 +122,62 @@ def frequency_spearman(freqs: Tensor, values: Tensor, min_count: int = 1) -> flo
         return float("nan")
     return float(spearman_columns(values.flatten()[keep].to(torch.float64),
                                   freqs.flatten()[keep].to(torch.float64))[0])
+
+
+@dataclass(frozen=True)
+class LinCoeff:
+    """Macocco et al.'s per-condition frequency measures (:func:`lin_coeff`).
+
+    spearman, slope : ρ and least-squares slope of prediction frequency on corpus frequency (NaN when undefined)
+    n_tokens : distinct tokens predicted at least once (their ``n_tokens``, counted or not)
+    n_correlated : of those, the tokens the corpus counts (the points of the fit)
+    status : ``ok``; ``no prediction`` (no position, or no predicted token counted in the corpus); ``one token``
+        (a single such token: nothing to correlate); ``constant`` (all points share one corpus or one
+        prediction frequency: ρ undefined; the slope is 0 when only the predictions are constant)
+    """
+
+    spearman: float
+    slope: float
+    n_tokens: int
+    n_correlated: int
+    status: str
+
+
+def lin_coeff(corpus_counts: Tensor, top1_counts: Tensor, min_count: int = 1) -> LinCoeff:
+    r"""Macocco et al. 2025's ``lin_coeff`` (imacocco/llms_outlier_dimensions, ``src/analysis.py``): over the
+    tokens V_c a condition predicts at least once that the corpus counts (``corpus_counts >= min_count``; their
+    counts file lists the counted tokens),
+
+    .. math:: f_t = \frac{\text{corpus count}_t}{\sum_{t'} \text{corpus count}_{t'}}, \qquad
+              g_t = \frac{\text{top-1 count}_t}{N}, \qquad t \in V_c
+
+    Spearman ρ(f, g) (``scipy.stats.spearmanr``) and the slope of ``scipy.stats.linregress(f, g)``, as their
+    code calls them; N = the scored positions (the sum of the top-1 counts).  Never-predicted tokens are *not*
+    points (a correlation over the whole vocabulary ties them at 0 and can flip the sign).  Where their
+    ``try/except`` writes 0 for an undefined fit, this returns NaN and says why in ``status``.
+
+    Parameters
+    ----------
+    corpus_counts : Tensor[V] — each token's count in the corpus
+    top1_counts : Tensor[V] — how often the condition's argmax is each token
+    min_count : int — tokens counted fewer times are not in the corpus list
+    """
+    counts = corpus_counts.flatten().to(torch.float64).cpu().numpy()
+    pred = top1_counts.flatten().to(torch.float64).cpu().numpy()
+    if counts.shape != pred.shape:
+        raise ValueError(f"corpus_counts has {counts.size} tokens but top1_counts {pred.size}")
+    n, total = pred.sum(), counts.sum()
+    n_tokens = int((pred > 0).sum())
+    keep = (pred > 0) & (counts >= min_count)
+    nan = float("nan")
+    if n == 0 or not keep.any():
+        return LinCoeff(nan, nan, n_tokens, 0, "no prediction")
+    if keep.sum() == 1:
+        return LinCoeff(nan, nan, n_tokens, 1, "one token")
+    f, g = counts[keep] / total, pred[keep] / n
+    if np.all(f == f[0]):
+        return LinCoeff(nan, nan, n_tokens, int(keep.sum()), "constant")
+    slope = float(stats.linregress(f, g).slope)
+    if np.all(g == g[0]):
+        return LinCoeff(nan, slope, n_tokens, int(keep.sum()), "constant")
+    return LinCoeff(float(stats.spearmanr(f, g)[0]), slope, n_tokens, int(keep.sum()), "ok")

@@ -1,23 +1,27 @@
 """``evaluate.py`` analysis ``frequent_tokens``: do the last layer's outlier dims implement "predict a frequent
-token"?  (Macocco et al. 2025, "Outlier dimensions favor frequent tokens in language models"; shown there for
-decoders, here for any model with its own LM head — masked positions of an MLM, every position of a decoder.)
+token"?  (Macocco et al. 2025, "Outlier dimensions favor frequent tokens in language models"; their code:
+imacocco/llms_outlier_dimensions.  Shown there for decoders, here for any model with its own LM head.)
 
-At the scored positions (encoders: deterministic 15% masking as the ablation; decoders: next token) the vector
-h that enters the output layer (the MLM head's transformed vector, a decoder's final-normed residual) is
-captured, and the logits ``hW^T + b`` are split over a set of dims S (:func:`outlierlab.analysis.frequent_tokens.split_logits`):
+**Positions.** Decoders, by default (``positions: late``), as Macocco et al.: ONE late position per sequence —
+the vector at token ``late_position`` (default 100; they take the last token of the 100th word of each
+Wikipedia sequence, ``src/running.py``) scored against the next token; sequences too short are left out (said
+so).  ``positions: every`` scores every next-token position (the first included), our earlier protocol.  The
+masked-LM analogue keeps its definition: the masked positions (deterministic 15% masking, as the ablation).
+The vector h that enters the output layer (a decoder's final-normed residual, the MLM head's transformed
+vector) is captured and the logits ``hW^T + b`` are split over a set of dims S
+(:func:`outlierlab.analysis.frequent_tokens.split_logits`):
 
-* **S** by three rules — ``macocco`` (theirs: median |h_d| above the 99th percentile of all |h|,
-  :func:`~outlierlab.analysis.frequent_tokens.macocco_outlier_dims`), ``argmax_share`` (Luo et al.'s rule on h,
-  :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`) and ``layernorm`` (THE LayerNorm rule,
-  ``ln_rule`` k and criterion, on the norm that produces h: the MLM head's / a decoder's final norm);
-* **conditions** — ``full`` (the model), ``only`` (h_S W_S^T: the dims alone), ``without`` (the model minus
-  their term), the same two for ``n_random`` draws of |S| random dims (mean ± std), and ``bias`` (the output
-  layer's bias alone, when it has one: the head's own unigram prior);
-* **per condition** — KL(full ‖ condition), entropy, top-1 accuracy against the true token, and Spearman ρ
-  between a token's corpus frequency and how often it is the top-1 prediction (``spearman``) and its mean
-  log-probability (``logprob_spearman``: does the condition *rank* tokens by frequency)
-  (:func:`~outlierlab.analysis.frequent_tokens.frequency_spearman`).  Frequencies as the ``frequency`` analysis counts them
-  (``frequent_tokens.counts_from``: our runs' pretraining corpus, else the evaluated text, said so).
+* **S** by four rules — ``macocco`` (theirs on h: median |h_d| above the 99th percentile of all |h|),
+  ``unembedding`` (the same rule on the output layer's weight rows: their ``only_out``/``ablate_out``),
+  ``argmax_share`` (Luo et al.'s rule on h) and ``layernorm`` (THE LayerNorm rule on the norm producing h);
+* **conditions** — ``full`` (the model), ``only`` (h_S W_S^T), ``without`` (the model minus that term), the same
+  two for ``n_random`` draws of |S| random dims that avoid S AND both Macocco sets (last-layer and unembedding
+  outliers, as their ``not_rd``), and ``bias`` (the output layer's bias alone, when it has one);
+* **per condition** — Macocco et al.'s ``lin_coeff`` (:func:`~outlierlab.analysis.frequent_tokens.lin_coeff`):
+  Spearman ρ and slope of prediction frequency on corpus frequency over the tokens the condition predicts at
+  least once, the number of distinct predicted tokens, top-1 accuracy; KL(full ‖ condition), entropy and
+  surprisal; and ours beside them, ``logprob_spearman`` (frequency vs mean log-probability over every counted
+  token).  A condition with no correlatable prediction gets NaN and its ``lin_status``.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from outlierlab.analysis.frequent_tokens import ConditionStats, frequency_spearman, macocco_outlier_dims, split_logits
+from outlierlab.analysis.frequent_tokens import (ConditionStats, frequency_spearman, lin_coeff,
+                                                 macocco_outlier_dims, split_logits)
 from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
 from outlierlab.analysis.outlier_dims import detect_outlier_dims, random_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator
@@ -51,11 +56,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 TITLE = "## Last-layer outlier dims and the frequent-token heuristic (Macocco et al. 2025)"
-COLUMNS = ["rule", "condition", "n_dims", "dims", "kl", "entropy", "top1", "spearman", "logprob_spearman", "kl_std",
-           "entropy_std", "top1_std", "spearman_std", "logprob_spearman_std", "n_draws", "n_positions",
-           "n_tokens_correlated", "objective"]
-METRICS = ("kl", "entropy", "top1", "spearman", "logprob_spearman")
-RULES = ("macocco", "argmax_share", "layernorm")
+METRICS = ("kl", "entropy", "surprisal", "top1", "spearman", "slope", "n_tokens", "n_correlated",
+           "logprob_spearman")
+COLUMNS = (["rule", "condition", "n_dims", "dims", *METRICS, "lin_status"] + [f"{m}_std" for m in METRICS]
+           + ["n_draws", "n_positions", "n_tokens_counted", "positions", "objective"])
+RULES = ("macocco", "unembedding", "argmax_share", "layernorm")
 
 
 # ------------------------------------------------------------------------------------- the output layer
@@ -109,12 +114,29 @@ def last_vectors(loaded: LoadedModel, batches) -> tuple[Tensor, Tensor]:
     return torch.cat(hs), torch.cat(ys)
 
 
+def late_labels(batches, position: int) -> tuple[list[dict], int]:
+    """Macocco et al.'s position protocol: keep in each sequence only the label at ``position`` (the vector
+    at that token scored against the next one); ``(batches, sequences left out)`` — a sequence whose
+    ``position`` has no target (too short, or its next token is special) is left out."""
+    out, skipped = [], 0
+    for b in batches:
+        lab = b["labels"]
+        keep = torch.full_like(lab, -100)
+        if lab.shape[1] > position:
+            keep[:, position] = lab[:, position]
+        skipped += lab.shape[0] - int((keep != -100).any(1).sum())
+        out.append({**b, "labels": keep})
+    return out, skipped
+
+
 # ------------------------------------------------------------------------------------------- the dims
-def outlier_sets(loaded: LoadedModel, h: Tensor, s: FrequentTokensSettings, rule: LayerNormRule,
+def outlier_sets(loaded: LoadedModel, h: Tensor, weight: Tensor, s: FrequentTokensSettings, rule: LayerNormRule,
                  norm_key: str) -> dict[str, tuple[list[int], str]]:
     """``{rule: (dims, how)}`` for :data:`RULES` (a rule that cannot judge gives ``[]`` and says why)."""
-    out = {"macocco": (macocco_outlier_dims(h, s.percentile),
-                       f"median |h_d| > the {s.percentile:g}th percentile of all |h| (Macocco et al. 2025)")}
+    how = f"median |·| > the {s.percentile:g}th percentile of all |·|"
+    out = {"macocco": (macocco_outlier_dims(h, s.percentile), f"{how} of h (Macocco et al. 2025)"),
+           "unembedding": (macocco_outlier_dims(weight, s.percentile),
+                           f"{how} of the output layer's weight rows (Macocco et al.'s unembedding outliers)")}
     acc = OutlierAccumulator(1, h.shape[-1])
     acc.update(h[None])
     out["argmax_share"] = (detect_outlier_dims(acc, "share", s.share_threshold)[0],
@@ -135,55 +157,48 @@ def outlier_sets(loaded: LoadedModel, h: Tensor, s: FrequentTokensSettings, rule
 # --------------------------------------------------------------------------------------- the conditions
 def score_conditions(h: Tensor, labels: Tensor, weight: Tensor, bias: Tensor | None, sets: dict[str, list[int]],
                      freqs: Tensor, *, n_random: int, seed: int, min_count: int, chunk: int = 512) -> list[dict]:
-    """Rows of :data:`COLUMNS` (without ``objective``) for ``full``, ``bias``, and per rule ``only``/``without``
-    and their random controls."""
+    """Rows of :data:`COLUMNS` (without ``positions``/``objective``) for ``full``, ``bias``, and per rule
+    ``only``/``without`` and their random controls.  Random dims avoid the rule's own dims and both of Macocco
+    et al.'s sets (``sets["macocco"]``, ``sets["unembedding"]`` where given)."""
     vocab, d = weight.shape
     gen = torch.Generator().manual_seed(int(seed))
-    conds: dict[tuple[str, str], list[int] | None] = {("model", "full"): None}
-    draws: dict[str, list[list[int]]] = {}
+    macocco = set(sets.get("macocco", [])) | set(sets.get("unembedding", []))
+    draws = {name: [random_dims(d, len(dims), exclude=set(dims) | macocco, generator=gen) for _ in range(n_random)]
+             for name, dims in sets.items() if dims and d - len(set(dims) | macocco) >= len(dims)}
+    keys = [("model", "full", -1)] + ([("model", "bias", -1)] if bias is not None else [])
     for name, dims in sets.items():
         if dims:
-            conds[(name, "only")] = conds[(name, "without")] = dims
-            draws[name] = [random_dims(d, len(dims), exclude=dims, generator=gen) for _ in range(n_random)]
-    stats: dict[tuple, ConditionStats] = {}
-    keys = [("model", "full", -1)] + ([("model", "bias", -1)] if bias is not None else [])
-    for name in draws:
-        keys += [(name, "only", -1), (name, "without", -1)]
-        keys += [(name, f"random_{c}", i) for i in range(len(draws[name])) for c in ("only", "without")]
-    for key in keys:
-        stats[key] = ConditionStats(vocab)
+            keys += [(name, "only", -1), (name, "without", -1)]
+            keys += [(name, f"random_{c}", i) for i in range(len(draws.get(name, []))) for c in ("only", "without")]
+    stats = {key: ConditionStats(vocab) for key in keys}
     for start in range(0, h.shape[0], chunk):
         hc, yc = h[start:start + chunk].to(weight), labels[start:start + chunk]
         full = hc @ weight.T + (bias if bias is not None else 0)
         stats[("model", "full", -1)].update(full, full, yc)
         if bias is not None:
             stats[("model", "bias", -1)].update(bias.expand_as(full), full, yc)
-        for name, dims in sets.items():
-            if not dims:
+        for (name, cond, i), st in stats.items():
+            if name == "model":
                 continue
+            dims = sets[name] if i < 0 else draws[name][i]
             only, rest = split_logits(hc, weight, dims, bias)
-            stats[(name, "only", -1)].update(only, full, yc)
-            stats[(name, "without", -1)].update(rest, full, yc)
-            for i, rd in enumerate(draws[name]):
-                only, rest = split_logits(hc, weight, rd, bias)
-                stats[(name, "random_only", i)].update(only, full, yc)
-                stats[(name, "random_without", i)].update(rest, full, yc)
-    n_corr = int((freqs >= min_count).sum())
+            st.update(only if cond.endswith("only") else rest, full, yc)
 
     def metrics(st: ConditionStats) -> dict:
         r = st.result()
-        return {"kl": r["kl"], "entropy": r["entropy"], "top1": r["top1"], "n_positions": r["n_positions"],
-                "spearman": frequency_spearman(freqs, r["top1_counts"], min_count),
+        lc = lin_coeff(freqs, r["top1_counts"], min_count)
+        return {"kl": r["kl"], "entropy": r["entropy"], "surprisal": r["surprisal"], "top1": r["top1"],
+                "n_positions": r["n_positions"], "spearman": lc.spearman, "slope": lc.slope, "n_tokens": lc.n_tokens,
+                "n_correlated": lc.n_correlated, "lin_status": lc.status,
                 "logprob_spearman": frequency_spearman(freqs, r["mean_logprob"], min_count)}
 
+    n_counted = int((freqs >= min_count).sum())
     rows = []
     for (name, cond, i), st in stats.items():
-        if i >= 0:
-            continue
-        dims = sets.get(name, [])
-        rows.append({"rule": name, "condition": cond, "n_dims": len(dims) if name != "model" else 0,
-                     "dims": ";".join(map(str, dims)) if name != "model" else "", **metrics(st),
-                     "n_draws": 1, "n_tokens_correlated": n_corr})
+        if i < 0:
+            dims = sets.get(name, []) if name != "model" else []
+            rows.append({"rule": name, "condition": cond, "n_dims": len(dims), "dims": ";".join(map(str, dims)),
+                         **metrics(st), "n_draws": 1, "n_tokens_counted": n_counted})
     for name, ds in draws.items():
         for cond in ("only", "without"):
             per = [metrics(stats[(name, f"random_{cond}", i)]) for i in range(len(ds))]
@@ -191,7 +206,8 @@ def score_conditions(h: Tensor, labels: Tensor, weight: Tensor, bias: Tensor | N
                 continue
             row = {"rule": name, "condition": f"random_{cond}", "n_dims": len(ds[0]),
                    "dims": "|".join(";".join(map(str, x)) for x in ds), "n_draws": len(per),
-                   "n_positions": per[0]["n_positions"], "n_tokens_correlated": n_corr}
+                   "n_positions": per[0]["n_positions"], "n_tokens_counted": n_counted,
+                   "lin_status": ";".join(sorted({p["lin_status"] for p in per}))}
             for k in METRICS:
                 vals = [p[k] for p in per if p[k] == p[k]]
                 row[k] = statistics.fmean(vals) if vals else float("nan")
@@ -202,13 +218,14 @@ def score_conditions(h: Tensor, labels: Tensor, weight: Tensor, bias: Tensor | N
 
 # ------------------------------------------------------------------------------------------- the job
 def _plot(rows: list[dict], path) -> None:
-    """Two bar panels, one bar per condition: ρ(frequency, top-1 count) and ρ(frequency, mean log p)."""
+    """Two bar panels, one bar per condition: Macocco's ρ(corpus, prediction frequency) and our ρ(frequency,
+    mean log p)."""
     labels = [f"{r['rule']}:{r['condition']}" if r["rule"] != "model" else r["condition"] for r in rows]
     colors = ["tab:grey" if r["rule"] == "model" else "tab:red" if not r["condition"].startswith("random")
               else "tab:blue" for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(2 * max(5, 0.5 * len(rows) + 2), 3.8))
-    for ax, key, ylabel in zip(axes, ("spearman", "logprob_spearman"), ("ρ(frequency, top-1 count)",
-                                                                         "ρ(frequency, mean log p)")):
+    for ax, key, ylabel in zip(axes, ("spearman", "logprob_spearman"), ("ρ(corpus, prediction freq.), predicted",
+                                                                         "ρ(frequency, mean log p), all counted")):
         vals = [0.0 if r[key] != r[key] else r[key] for r in rows]
         err = [r.get(f"{key}_std") for r in rows]
         err = [0.0 if e is None or e != e else e for e in err]
@@ -235,6 +252,22 @@ def check(ctx: EvalContext) -> FrequentTokensSettings:
     return s
 
 
+def _batches(loaded: LoadedModel, s: FrequentTokensSettings, texts, max_length: int, seed: int):
+    """``(batches, what is scored)`` by the objective and ``positions`` (see the module docstring)."""
+    if not loaded.is_decoder:
+        return (masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, s.mlm_probability, seed),
+                f"masked positions ({s.mlm_probability:g} of the tokens; the masked-LM analogue)")
+    batches = next_token_batches(loaded.tokenizer, texts, max_length, s.batch_size)
+    if s.positions == "every":
+        return batches, "every next-token position (positions=every, ours)"
+    batches, skipped = late_labels(batches, s.late_position)
+    if all(int((b["labels"] != -100).sum()) == 0 for b in batches):
+        raise ValueError(f"frequent_tokens: no sequence reaches token {s.late_position + 1} (positions=late): lower "
+                         "frequent_tokens.late_position, set pack=true or a larger max_length, or positions=every")
+    return batches, (f"token {s.late_position} of each sequence, scored against the next (Macocco et al.'s one "
+                     f"late position per sequence; {skipped} sequence(s) too short left out)")
+
+
 @register("frequent_tokens")
 def run(ctx: EvalContext) -> AnalysisResult:
     s = ctx.prepared if isinstance(ctx.prepared, FrequentTokensSettings) else check(ctx)
@@ -247,8 +280,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     if s.pack:
         texts = pack_texts(loaded.tokenizer, texts, max_length)
     seed = s.seed if s.seed is not None else ctx.seed
-    batches = (next_token_batches(loaded.tokenizer, texts, max_length, s.batch_size) if loaded.is_decoder
-               else masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, s.mlm_probability, seed))
+    batches, where = _batches(loaded, s, texts, max_length, seed)
     h, labels = last_vectors(loaded, batches)
     _, _, weight, bias, norm_key = output_layer(loaded)
     weight = weight.float().cpu()
@@ -257,30 +289,32 @@ def run(ctx: EvalContext) -> AnalysisResult:
     tokenized = SimpleNamespace(input_ids=enc["input_ids"], special_tokens_mask=enc["special_tokens_mask"])
     counts, counts_from = frequency_counts(ctx, s, tokenized, weight.shape[0])
     freqs = torch.from_numpy(np.asarray(counts[: weight.shape[0]], dtype=np.int64))
-    sets = outlier_sets(loaded, h, s, rule, norm_key)
+    sets = outlier_sets(loaded, h, weight, s, rule, norm_key)
     rows = score_conditions(h, labels, weight, bias, {k: v[0] for k, v in sets.items()}, freqs,
                             n_random=s.n_random, seed=seed, min_count=s.min_count)
+    protocol = "masked" if not loaded.is_decoder else s.positions
     for r in rows:
-        r["objective"] = loaded.objective
+        r["objective"], r["positions"] = loaded.objective, protocol
     fig = ctx.out_dir / "frequent_tokens.png"
     _plot(rows, fig)
-    where = "next-token positions" if loaded.is_decoder else f"masked positions ({s.mlm_probability:g} of the tokens)"
     md = [TITLE,
-          f"h = the vector entering the output layer at {rows[0]['n_positions']} {where} of {what}; logits "
-          "hWᵀ + b split over dims S: **only** = h_S W_Sᵀ (the dims alone, Macocco et al.'s h[:, S] W[S, :]), "
-          "**without** = the model minus that term; random_* = as many random dims "
-          f"({s.n_random} draws, mean ± std); **bias** = the output layer's bias alone. ρ = Spearman between a "
-          f"token's frequency ({counts_from}) and how often it is the top-1 prediction (Macocco et al.; most tokens "
-          "are never top-1 and tie at 0) or its mean log-probability (how the condition *ranks* tokens), over the "
-          f"{rows[0]['n_tokens_correlated']} tokens counted >= {s.min_count} times.",
+          f"h = the vector entering the output layer at {rows[0]['n_positions']} positions — {where} — of {what}; "
+          "logits hWᵀ + b split over dims S: **only** = h_S W_Sᵀ (Macocco et al.'s h[:, S] W[S, :]), **without** = "
+          f"the model minus that term; random_* = as many random dims avoiding S and both Macocco sets "
+          f"({s.n_random} draws, mean ± std); **bias** = the output layer's bias alone. Macocco et al.'s "
+          "`lin_coeff`: over the tokens a condition predicts at least once, ρ and slope of prediction frequency "
+          f"on corpus frequency ({counts_from}); # predicted = distinct predicted tokens. Ours beside it: "
+          f"ρ(frequency, mean log p) over all {rows[0]['n_tokens_counted']} tokens counted >= {s.min_count} times.",
           "\n".join(f"- **{k}**: dims {', '.join(map(str, v[0])) or 'none'} — {v[1]}" for k, v in sets.items()),
-          md_table(["rule", "condition", "# dims", "KL(full‖cond)", "entropy", "top-1", "ρ(freq, top-1 count)",
+          md_table(["rule", "condition", "# dims", "KL(full‖cond)", "top-1", "# predicted", "ρ (predicted)", "slope",
                     "ρ(freq, mean log p)"],
-                   [[r["rule"], r["condition"], r["n_dims"], _pm(r, "kl"), _pm(r, "entropy"), _pm(r, "top1"),
-                     _pm(r, "spearman"), _pm(r, "logprob_spearman")] for r in rows]),
+                   [[r["rule"], r["condition"], r["n_dims"], _pm(r, "kl"), _pm(r, "top1"), _pm(r, "n_tokens"),
+                     _pm(r, "spearman") if r["lin_status"] == "ok" else f"– ({r['lin_status']})", _pm(r, "slope"),
+                     _pm(r, "logprob_spearman")] for r in rows]),
           "![Spearman per condition](frequent_tokens.png)"]
-    summary = {"dims": {k: v[0] for k, v in sets.items()}, "counts_from": counts_from,
+    summary = {"dims": {k: v[0] for k, v in sets.items()}, "counts_from": counts_from, "positions": protocol,
                "spearman": {f"{r['rule']}:{r['condition']}": r["spearman"] for r in rows},
+               "slope": {f"{r['rule']}:{r['condition']}": r["slope"] for r in rows},
                "logprob_spearman": {f"{r['rule']}:{r['condition']}": r["logprob_spearman"] for r in rows}}
     return AnalysisResult("frequent_tokens", rows, "\n\n".join(md), [fig], summary)
 
@@ -289,4 +323,5 @@ def _pm(r: dict, k: str) -> str:
     v, sd = r.get(k), r.get(f"{k}_std")
     if v is None or v != v:
         return "–"
-    return f"{v:.3f}" + (f" ± {sd:.3f}" if sd is not None and sd == sd else "")
+    fmt = "{:.0f}" if k == "n_tokens" and sd is None else "{:.3g}" if k == "slope" else "{:.3f}"
+    return fmt.format(v) + (f" ± {sd:.3f}" if sd is not None and sd == sd else "")
