@@ -93,7 +93,7 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(int(cfg.seed))
     e = section_settings(EncoderSettings, cfg)
-    encoder = FrozenEncoder(e.name_or_path, e.max_length, e.on_overflow, e.device, e.batch_size)
+    encoder = FrozenEncoder.from_config(e)  # + dtype, device_map, revision (configs/encoder/)
     tb = None
     if cfg.tensorboard:
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when tensorboard is on

@@ -32,6 +32,12 @@ __all__ = ["load_settings", "section_settings", "DataSettings", "EncoderSettings
 LAYERNORM_KINDS = ("output", "attention_output", "attention_input", "mlp_input", "embeddings", "final", "head", "all")
 
 
+#: ``encoder.dtype`` values (auto = the checkpoint's own dtype) and the ``encoder.device_map`` strings
+#: accelerate accepts (a mapping ``{module: device}`` also works).
+ENCODER_DTYPES = ("auto", "bfloat16", "float16", "float32")
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
 # ------------------------------------------------------------------------------------- shared sections
 @dataclass(frozen=True)
 class DataSettings:
@@ -58,8 +64,16 @@ class EncoderSettings:
     on_overflow: str
     device: str
     batch_size: int
+    dtype: str  # auto (the checkpoint's own) | bfloat16 | float16 | float32
+    device_map: str | dict | None  # null (one device) | auto | {module: device} (accelerate)
+    revision: str | None  # a hub revision (branch, tag, commit: Pythia's step1000)
 
     def __post_init__(self) -> None:
+        _check(self.dtype in ENCODER_DTYPES,
+               f"encoder.dtype must be one of {', '.join(ENCODER_DTYPES)}, got {self.dtype!r}")
+        _check(self.device_map is None or isinstance(self.device_map, dict) or self.device_map in DEVICE_MAPS,
+               f"encoder.device_map must be null, a mapping or one of {', '.join(DEVICE_MAPS)}, "
+               f"got {self.device_map!r}")
         _check(self.on_overflow in ("warn", "error"),
                f"encoder.on_overflow must be warn or error, got {self.on_overflow!r}")
         _check(self.batch_size >= 1, f"encoder.batch_size must be >= 1, got {self.batch_size}")

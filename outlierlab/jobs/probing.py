@@ -218,8 +218,7 @@ def run(cfg, run_dir: str | Path) -> dict:
         warnings.filterwarnings("ignore", pattern)
     for name in ("lightning.pytorch", "lightning.fabric"):  # per-Trainer banners, once per transform
         logging.getLogger(name).setLevel(logging.WARNING)
-    encoder = FrozenEncoder(str(cfg.encoder.name_or_path), cfg.encoder.max_length, cfg.encoder.on_overflow,
-                            cfg.encoder.device, int(cfg.encoder.batch_size))
+    encoder = FrozenEncoder.from_config(cfg.encoder)  # + dtype, device_map, revision (configs/encoder/)
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     kind = str(cfg.task.kind)
     rows, info, contribs = (run_position if kind == "position" else run_classifier)(cfg, encoder, logger)

@@ -35,6 +35,7 @@ class EncoderSource:
     name: str  # what the user asked for
     local_files_only: bool = True
     identity: dict = field(default_factory=dict)
+    revision: str | None = None  # a hub revision (branch, tag, commit); None = main
 
 
 def bundled_model_path(name: str = "all-minilm-l6-v2") -> str:
@@ -82,17 +83,26 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(".ckpt")
 
 
-def resolve_encoder(name_or_path: str) -> EncoderSource:
-    """Turn ``encoder.name_or_path`` into an :class:`EncoderSource` (no weights are loaded).
+def resolve_encoder(name_or_path: str, revision: str | None = None) -> EncoderSource:
+    """Turn ``encoder.name_or_path`` (and ``encoder.revision`` for a hub id) into an :class:`EncoderSource`
+    (no weights are loaded).
 
     Raises
     ------
     FileNotFoundError
         A path that does not exist or holds no model.
     EncoderUnavailableError
-        A hub id that is not cached while the hub is unreachable.
+        A hub id (or its ``revision``) that is not cached while the hub is unreachable.
+    ValueError
+        A ``revision`` with a local path (revisions name hub snapshots).
     """
     name = str(name_or_path)
+    if revision is not None:
+        p = Path(name).expanduser()
+        if name.lower() in BUNDLED or p.exists() or _looks_like_path(name):
+            raise ValueError(f"encoder.revision={revision} names a hub snapshot, but {name} is a local model; drop "
+                             "encoder.revision (or give a hub id such as EleutherAI/pythia-160m)")
+        return _resolve_hub(name, str(revision))
     if name.lower() in BUNDLED:
         d = Path(bundled_model_path(name))
         return EncoderSource("hf", str(d), str(d), name, identity={"bundled": name.lower(), "files": _file_stats(d)})
@@ -126,7 +136,7 @@ def resolve_encoder(name_or_path: str) -> EncoderSource:
     return _resolve_hub(name)
 
 
-def _resolve_hub(repo_id: str) -> EncoderSource:
+def _resolve_hub(repo_id: str, revision: str | None = None) -> EncoderSource:
     offline = hub_is_offline()
     if offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
@@ -134,17 +144,23 @@ def _resolve_hub(repo_id: str) -> EncoderSource:
     # flag above must be set before transformers reads it at import
     from transformers import AutoConfig
 
+    at = f" at revision {revision!r}" if revision else ""
     try:
-        cfg = AutoConfig.from_pretrained(repo_id, local_files_only=offline)
+        cfg = AutoConfig.from_pretrained(repo_id, revision=revision, local_files_only=offline)
     except OSError as e:
         if offline:
+            rev = f" --revision {revision}" if revision else ""
             raise EncoderUnavailableError(
-                f"cannot load {repo_id!r}: not in the local Hugging Face cache and the hub is unreachable "
-                f"(offline). Download it once where there is network (`hf download {repo_id}`) and copy "
+                f"cannot load {repo_id!r}{at}: not in the local Hugging Face cache and the hub is unreachable "
+                f"(offline). Download it once where there is network (`hf download {repo_id}{rev}`) and copy "
                 "~/.cache/huggingface, or pass a local directory: encoder.name_or_path=/path/to/model "
                 "(or encoder.name_or_path=all-minilm-l6-v2, installed locally); if you meant a local path, "
                 f"it does not exist") from None
         first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise EncoderUnavailableError(f"cannot load {repo_id!r} from the hub: {first}") from None
+        raise EncoderUnavailableError(f"cannot load {repo_id!r}{at} from the hub: {first}") from None
+    # the commit hash identifies the weights (cached features of step1000 never serve step2000)
     ident = {"hub": repo_id, "revision": getattr(cfg, "_commit_hash", None)}
-    return EncoderSource("hf", repo_id, repo_id, repo_id, local_files_only=offline, identity=ident)
+    if revision:
+        ident["requested_revision"] = revision
+    return EncoderSource("hf", repo_id, repo_id, repo_id, local_files_only=offline, identity=ident,
+                         revision=revision)

@@ -34,7 +34,8 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple, Sequence
+from functools import partial
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -49,6 +50,8 @@ from outlierlab.utils.progress import progress_bar
 log = logging.getLogger(__name__)
 
 # Position ids start after padding_idx in these models: max_position_embeddings - (pad + 1) usable tokens.
+#: ``encoder.dtype`` values (the settings check the same tuple before torch loads).
+DTYPES = ("float32", "auto", "bfloat16", "float16")
 _ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl", "mpnet"}
 
 
@@ -58,13 +61,16 @@ class EncodedBatch(NamedTuple):
     hidden : Tensor[L+1, B, T, d] float32 (embedding output + every layer)
     attention_mask, special_tokens_mask, input_ids : Tensor[B, T] (int64; padding has attention 0)
     index : Tensor[B] position of each row in the ``texts`` given to :meth:`FrozenEncoder.encode`
+    layers : with ``batches(layerwise=True)``: ``layers(fn)`` runs the forward and feeds ``fn(layer, [B, T, d])``
+        one layer at a time (``hidden`` is then None)
     """
 
-    hidden: Tensor
+    hidden: Tensor | None
     attention_mask: Tensor
     special_tokens_mask: Tensor
     input_ids: Tensor
     index: Tensor
+    layers: Callable | None = None
 
 
 @dataclass
@@ -105,9 +111,20 @@ class FrozenEncoder:
     on_overflow : {"warn", "error"}
         Longer sequences: truncate and warn once with the count, or raise ValueError.
     device : str
-        "auto" (CUDA if available), "cpu", "cuda", ...
+        "auto" (CUDA if available), "cpu", "cuda", ...; where the model goes without a ``device_map``.
     batch_size : int
         Default batch size of :meth:`encode`.
+    dtype : {"float32", "auto", "bfloat16", "float16"}
+        Precision of the weights and activations; "auto" keeps the checkpoint's own (Pythia: float16, most
+        Llama-style hubs: bfloat16).  Every statistic still accumulates in float32/float64: the accumulators
+        upcast what they receive.
+    device_map : None, "auto" or a mapping
+        accelerate's placement (Hugging Face models only): "auto" spreads the layers over every GPU, then CPU
+        memory; a mapping ``{module name: device}`` places them by hand ("disk" offloads to ``offload_folder``).
+    revision : str, optional
+        Hub revision (branch, tag or commit, e.g. Pythia's ``step1000``) of the model AND its tokenizer.
+    offload_folder : str, optional
+        Where ``device_map`` entries set to "disk" keep their weights (default: a temporary directory).
 
     Attributes
     ----------
@@ -116,10 +133,18 @@ class FrozenEncoder:
     """
 
     def __init__(self, name_or_path: str = "all-minilm-l6-v2", max_length: int | None = None,
-                 on_overflow: str = "warn", device: str = "auto", batch_size: int = 32):
+                 on_overflow: str = "warn", device: str = "auto", batch_size: int = 32, dtype: str = "float32",
+                 device_map: str | dict | None = None, revision: str | None = None,
+                 offload_folder: str | None = None):
         if on_overflow not in ("warn", "error"):
             raise ValueError(f"on_overflow must be 'warn' or 'error', got {on_overflow!r}")
-        self.source = resolve_encoder(name_or_path)
+        if dtype not in DTYPES:
+            raise ValueError(f"encoder.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        self.dtype_name, self.device_map, self.offload_folder = dtype, device_map, offload_folder
+        self.source = resolve_encoder(name_or_path, revision)
+        if device_map is not None and self.source.kind != "hf":
+            raise ValueError(f"encoder.device_map applies to Hugging Face models; {name_or_path} is a {self.source.kind} "
+                             "model of this project: set encoder.device_map=null (it fits one device)")
         self.on_overflow, self.batch_size = on_overflow, int(batch_size)
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
                                    else ("cpu" if device == "auto" else device))
@@ -135,6 +160,18 @@ class FrozenEncoder:
                              f"({self.model_max_length} tokens)")
         self.max_length = int(max_length or self.model_max_length)
 
+    @classmethod
+    def from_config(cls, node) -> "FrozenEncoder":
+        """From an ``encoder`` config section (omegaconf node, mapping or settings object); ``dtype``,
+        ``device_map`` and ``revision`` may be absent (float32, one device, main)."""
+        get = node.get if hasattr(node, "get") else (lambda k, d=None: getattr(node, k, d))
+        dm = get("device_map", None)
+        if dm is not None and not isinstance(dm, str):  # an omegaconf DictConfig -> a plain dict for accelerate
+            dm = {str(k): v for k, v in dict(dm).items()}
+        return cls(str(get("name_or_path")), get("max_length", None), str(get("on_overflow", "warn")),
+                   str(get("device", "auto")), int(get("batch_size", 32)), str(get("dtype", "float32") or "float32"),
+                   dm, None if get("revision", None) is None else str(get("revision")))
+
     # -- loading ----------------------------------------------------------------------------------------
     def _load_tokenizer(self):
         # lazy (transformers, here and below): this module is imported by the start-up checks for
@@ -142,7 +179,8 @@ class FrozenEncoder:
         from transformers import AutoTokenizer
 
         try:
-            tok = AutoTokenizer.from_pretrained(self.source.tokenizer, local_files_only=self.source.local_files_only)
+            tok = AutoTokenizer.from_pretrained(self.source.tokenizer, local_files_only=self.source.local_files_only,
+                                                revision=self.source.revision)
         except (OSError, ValueError) as e:
             first = (str(e).strip().splitlines() or [""])[0][:200]
             raise EncoderUnavailableError(f"cannot load the tokenizer of {self.source.name}: {first}") from None
@@ -163,7 +201,7 @@ class FrozenEncoder:
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         from transformers import AutoConfig
 
-        cfg = AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only)
+        cfg = AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only, revision=src.revision)
         self.causal = bool(getattr(cfg, "is_decoder", False))  # our clm runs export as RobertaForCausalLM
         if src.kind == "hf":
             self.model_type = str(getattr(cfg, "model_type", "") or type(cfg).__name__)
@@ -187,8 +225,24 @@ class FrozenEncoder:
             # First use may come from inside forward()'s inference_mode; weights created there would be
             # inference tensors that no later code (e.g. the ablation's in-place zeroing) may modify.
             with torch.inference_mode(False):
-                self._model = self._load_model().to(self.device).eval().requires_grad_(False)
+                model = self._load_model()
+                if self.device_map is None:  # accelerate has placed a device-mapped model already
+                    model = model.to(self.device)
+                self._model = model.eval().requires_grad_(False)
         return self._model
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where the token ids go: ``device``, or with a ``device_map`` the device of the input embeddings
+        (accelerate's hooks move every later activation to its layer's device)."""
+        if self.device_map is None:
+            return self.device
+        emb = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
+        dev = emb.weight.device if emb is not None else next(self.model.parameters()).device
+        return torch.device("cpu") if dev.type == "meta" else dev  # "disk"-offloaded: fed from CPU
+
+    def _hf_dtype(self):
+        return "auto" if self.dtype_name == "auto" else getattr(torch, self.dtype_name)
 
     def _load_model(self) -> torch.nn.Module:
         src = self.source
@@ -199,8 +253,17 @@ class FrozenEncoder:
             verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
             hf_logging.set_verbosity_error()  # "unused lm_head weights" etc. are expected for an encoder
             hf_logging.disable_progress_bar()
+            kw = {"dtype": self._hf_dtype(), "revision": src.revision}
+            if self.device_map is not None:
+                kw["device_map"] = self.device_map
+                if self.offload_folder is None and isinstance(self.device_map, dict) and \
+                        "disk" in self.device_map.values():
+                    import tempfile
+
+                    self.offload_folder = tempfile.mkdtemp(prefix="outlierlab-offload-")
+                kw["offload_folder"] = self.offload_folder
             try:
-                return AutoModel.from_pretrained(src.model, local_files_only=src.local_files_only)
+                return AutoModel.from_pretrained(src.model, local_files_only=src.local_files_only, **kw)
             except OSError as e:
                 first = (str(e).strip().splitlines() or [""])[0][:200]
                 raise EncoderUnavailableError(f"cannot load model weights of {src.name}: {first}") from None
@@ -208,9 +271,9 @@ class FrozenEncoder:
                 hf_logging.set_verbosity(verbosity)
                 if bar:
                     hf_logging.enable_progress_bar()
-        if src.kind == "outlierlab":
-            return load_pretrained(src.model)
-        return model_from_checkpoint(self._ckpt_payload(), self.source.model)
+        model = (load_pretrained(src.model) if src.kind == "outlierlab"
+                 else model_from_checkpoint(self._ckpt_payload(), self.source.model))
+        return model if self.dtype_name == "auto" else model.to(getattr(torch, self.dtype_name))
 
     def family_line(self) -> str:
         """One line for reports: the model family (from the config, no weights loaded) and the norms the
@@ -230,8 +293,11 @@ class FrozenEncoder:
         """What the cached features depend on: weights (file stats / hub revision), tokenizer, max_length."""
         if not hasattr(self, "_tok_fp"):
             self._tok_fp = _tokenizer_fingerprint(self.tokenizer)
-        return {**self.source.identity, "kind": self.source.kind, "max_length": self.max_length,
-                "tokenizer": self._tok_fp}
+        out = {**self.source.identity, "kind": self.source.kind, "max_length": self.max_length,
+               "tokenizer": self._tok_fp}
+        if self.dtype_name != "float32":  # cached fp16 features of a bf16 model differ from float32's
+            out["dtype"] = self.dtype_name
+        return out
 
     # -- running ----------------------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> Tokenized:
@@ -257,7 +323,7 @@ class FrozenEncoder:
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Hidden states ``[L+1, B, T, d]`` (float32, on ``self.device``) of one padded batch."""
         model = self.model
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        input_ids, attention_mask = input_ids.to(self.input_device), attention_mask.to(self.input_device)
         self.n_forward_calls += 1
         if self.source.kind == "hf":
             out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
@@ -267,9 +333,30 @@ class FrozenEncoder:
             raise ValueError(f"{self.source.name} returned no hidden_states; it is not an encoder AutoModel supports")
         return torch.stack(out.hidden_states).float()
 
+    @torch.inference_mode()
+    def forward_layers(self, input_ids: Tensor, attention_mask: Tensor, fn) -> None:
+        """One padded batch, each hidden state handed to ``fn(layer, hidden [B, T, d])`` as the model produces
+        it (in the model's dtype, on its layer's device): activation memory is one layer, not ``L+1``
+        (:func:`outlierlab.models.layer_stream.tap_layers`)."""
+        from outlierlab.models.layer_stream import tap_layers
+
+        model = self.model
+        input_ids, attention_mask = input_ids.to(self.input_device), attention_mask.to(self.input_device)
+        self.n_forward_calls += 1
+        if self.source.kind == "hf":
+            def call(all_states: bool):
+                return model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=all_states)
+        else:
+            def call(all_states: bool):
+                return model.roberta(input_ids, attention_mask, output_hidden_states=all_states)
+        tap_layers(model, call, fn)
+
     def batches(self, tokenized: Tokenized, batch_size: int | None = None, sort_by_length: bool = False,
-                progress: bool = False) -> Iterator[EncodedBatch]:
-        """Run the encoder over pre-tokenized sequences, one padded batch at a time."""
+                progress: bool = False, layerwise: bool = False) -> Iterator[EncodedBatch]:
+        """Run the encoder over pre-tokenized sequences, one padded batch at a time.
+
+        ``layerwise=True`` runs nothing yet: each batch's ``hidden`` is None and its ``layers(fn)`` runs the
+        forward, feeding ``fn(layer, hidden [B, T, d])`` one layer at a time (:meth:`forward_layers`)."""
         bs = int(batch_size or self.batch_size)
         lengths = torch.tensor(tokenized.lengths)
         order = torch.argsort(lengths, descending=True, stable=True) if sort_by_length else torch.arange(len(lengths))
@@ -289,7 +376,10 @@ class FrozenEncoder:
                 ids[b, :n] = torch.tensor(tokenized.input_ids[i])
                 attn[b, :n] = 1
                 special[b, :n] = torch.tensor(tokenized.special_tokens_mask[i])
-            yield EncodedBatch(self.forward(ids, attn), attn, special, ids, idx)
+            if layerwise:
+                yield EncodedBatch(None, attn, special, ids, idx, partial(self.forward_layers, ids, attn))
+            else:
+                yield EncodedBatch(self.forward(ids, attn), attn, special, ids, idx)
             if bar is not None:
                 bar.update(len(rows))
         if bar is not None:

@@ -1,0 +1,177 @@
+"""Issue 39: encoder precision (dtype), placement (device_map), hub revisions, one layer in memory.
+
+Every model here is tiny and saved locally; the "hub" is a local Hugging Face cache laid out as the hub
+client writes it (refs/<revision> -> snapshots/<commit>/), read offline, so revisions resolve exactly as
+they would for ``EleutherAI/pythia-160m`` at ``step1000``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from outlierlab.evaluation.streaming import run_sentence_pass
+from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder
+from probe_fixtures import minilm_path, save_tiny_bert
+
+PASS = dict(outlier_method="share", outlier_threshold=0.25, outlier_k=3.0, n_anisotropy_sentences=40,
+            min_sentences=3, max_words=20, lowercase=True, seed=0, chunk=16, batch_size=8)
+
+
+def _texts(n: int = 40) -> list[str]:
+    from outlierlab.datamodules.probe_data import load_position_texts
+
+    return load_position_texts(None, n)
+
+
+def save_tiny_llama(directory: Path, seed: int = 0, dtype=torch.float32) -> Path:
+    """A random 3-layer Llama (pre-RMSNorm decoder) with the MiniLM WordPiece tokenizer, saved in ``dtype``."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaModel
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(minilm_path())
+    cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
+    model = LlamaModel(cfg).eval()
+    with torch.no_grad():  # a massive-activation-like dim so the statistics have something to find
+        model.embed_tokens.weight[:, 5] += 4.0
+    model.to(dtype).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return Path(directory)
+
+
+def fake_hub(cache: Path, repo: str, revisions: dict[str, Path]) -> None:
+    """Lay saved model directories out as the hub client's cache: ``models--org--name/refs/<rev>`` holds a
+    commit hash, ``snapshots/<hash>/`` the files."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    for rev, src in revisions.items():
+        commit = hashlib.sha1(rev.encode()).hexdigest()
+        snap = root / "snapshots" / commit
+        snap.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            (snap / f.name).write_bytes(f.read_bytes())
+        (root / "refs" / rev).write_text(commit)
+
+
+@pytest.fixture()
+def offline_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def _stats(enc, texts, **kw):
+    return run_sentence_pass(enc, texts, ["none", "clip", "whiten"], outlier_transforms=["none", "clip", "whiten"],
+                             need_whitener=True, need_covariance=True, need_activations=True, **PASS, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ dtype
+def test_bfloat16_statistics_agree_with_float32_and_accumulate_in_float64(tmp_path):
+    d = save_tiny_llama(tmp_path / "llama")
+    texts = _texts()
+    f32 = FrozenEncoder(str(d), device="cpu", dtype="float32")
+    bf16 = FrozenEncoder(str(d), device="cpu", dtype="bfloat16")
+    a, b = _stats(f32, texts), _stats(bf16, texts)
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    assert next(f32.model.parameters()).dtype == torch.float32
+    # the accumulators upcast: float64 sums whatever the model's dtype
+    for st in (a, b):
+        assert st.outliers["none"].sum.dtype == torch.float64
+        assert st.transforms.source.sum_outer.dtype == torch.float64
+        assert st.activations.acc.sum_sq.dtype == torch.float64
+    # stated tolerance: bf16 keeps 8 mantissa bits (relative error 2^-8 = 0.4% per value, a few % after 3 layers)
+    ma, mb = a.outliers["none"].mean(), b.outliers["none"].mean()
+    assert torch.allclose(ma, mb, rtol=0.05, atol=0.05 * float(ma.abs().max()))
+    sa, sb = a.outliers["none"].argmax_share(), b.outliers["none"].argmax_share()
+    assert (sa - sb).abs().max() < 0.1  # argmax shares: ties in bf16 may move a few tokens
+    assert a.outliers["none"].argmax_share()[1:, 5].min() > 0.5  # the planted dim is found in both
+    assert torch.allclose(a.anisotropy("none"), b.anisotropy("none"), atol=0.02)
+    assert torch.allclose(a.activations.acc.kurtosis(), b.activations.acc.kurtosis(), rtol=0.05)
+
+
+def test_dtype_auto_keeps_the_checkpoint_dtype(tmp_path):
+    d = save_tiny_llama(tmp_path / "llama16", dtype=torch.float16)
+    assert next(FrozenEncoder(str(d), device="cpu", dtype="auto").model.parameters()).dtype == torch.float16
+    assert next(FrozenEncoder(str(d), device="cpu").model.parameters()).dtype == torch.float32
+    with pytest.raises(ValueError, match="encoder.dtype must be one of"):
+        FrozenEncoder(str(d), device="cpu", dtype="int8")
+
+
+# ------------------------------------------------------------------------------------------------ revisions
+def test_revision_reaches_from_pretrained_for_model_and_tokenizer(tmp_path, offline_cache):
+    fake_hub(offline_cache, "org/tiny", {"step0": save_tiny_bert(tmp_path / "s0", seed=0),
+                                         "step1000": save_tiny_bert(tmp_path / "s1", seed=1)})
+    from transformers import AutoModel
+
+    for rev, seed_dir in (("step0", "s0"), ("step1000", "s1")):
+        enc = FrozenEncoder("org/tiny", device="cpu", revision=rev)
+        ref = AutoModel.from_pretrained(tmp_path / seed_dir)
+        assert torch.equal(enc.model.embeddings.word_embeddings.weight, ref.embeddings.word_embeddings.weight)
+        assert enc.source.revision == rev and enc.identity["requested_revision"] == rev
+        assert enc.tokenizer("a b")["input_ids"][0] == enc.tokenizer.cls_token_id
+    assert FrozenEncoder("org/tiny", device="cpu", revision="step0").identity != \
+        FrozenEncoder("org/tiny", device="cpu", revision="step1000").identity  # the feature cache tells them apart
+
+
+def test_unknown_revision_offline_is_one_line(tmp_path, offline_cache):
+    fake_hub(offline_cache, "org/tiny", {"step0": save_tiny_bert(tmp_path / "s0")})
+    with pytest.raises(EncoderUnavailableError) as e:
+        FrozenEncoder("org/tiny", device="cpu", revision="step9")
+    msg = str(e.value)
+    assert "\n" not in msg and "'step9'" in msg and "hf download org/tiny --revision step9" in msg
+
+
+def test_revision_with_a_local_path_is_one_line(tmp_path):
+    d = save_tiny_bert(tmp_path / "b")
+    with pytest.raises(ValueError, match="encoder.revision=step1 names a hub snapshot"):
+        FrozenEncoder(str(d), device="cpu", revision="step1")
+
+
+def test_from_config_reads_every_encoder_key(tmp_path):
+    from omegaconf import OmegaConf
+
+    d = save_tiny_bert(tmp_path / "b")
+    node = OmegaConf.create({"name_or_path": str(d), "max_length": 32, "on_overflow": "error", "device": "cpu",
+                             "batch_size": 4, "dtype": "bfloat16", "device_map": None, "revision": None})
+    enc = FrozenEncoder.from_config(node)
+    assert (enc.max_length, enc.on_overflow, enc.batch_size, enc.dtype_name) == (32, "error", 4, "bfloat16")
+
+
+# ------------------------------------------------------------------------------------------------ device_map
+def test_device_map_split_over_cpu_and_disk_gives_the_same_statistics(tmp_path):
+    """accelerate on a CPU-only machine can place modules on "cpu" and offload others to "disk" (loaded into
+    CPU memory one module at a time, as it does for CPU-offloaded layers of a GPU run)."""
+    d = save_tiny_bert(tmp_path / "b", layers=2)
+    texts = _texts()
+    whole = FrozenEncoder(str(d), device="cpu")
+    split = FrozenEncoder(str(d), device="cpu", device_map={"embeddings": "cpu", "encoder.layer.0": "cpu",
+                                                            "encoder.layer.1": "disk", "pooler": "cpu"},
+                          offload_folder=str(tmp_path / "offload"))
+    a, b = _stats(whole, texts), _stats(split, texts)
+    assert split.model.hf_device_map["encoder.layer.1"] == "disk"
+    # the layer really is off-device: its weights stay on "meta" and accelerate loads them (from the
+    # safetensors file itself) for each forward
+    assert next(split.model.encoder.layer[1].parameters()).device.type == "meta"
+    assert next(split.model.encoder.layer[0].parameters()).device.type == "cpu"
+    for name in ("none", "clip", "whiten"):
+        assert torch.equal(a.outliers[name].argmax_counts, b.outliers[name].argmax_counts)
+        assert torch.allclose(a.outliers[name].sum, b.outliers[name].sum, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(a.anisotropy("whiten"), b.anisotropy("whiten"), atol=1e-6)
+
+
+def test_device_map_with_our_own_model_is_one_line(tmp_path):
+    from probe_fixtures import save_own_run
+
+    save_own_run(tmp_path / "run")
+    with pytest.raises(ValueError, match="encoder.device_map applies to Hugging Face models"):
+        FrozenEncoder(str(tmp_path / "run"), device="cpu", device_map="auto")
