@@ -1,0 +1,248 @@
+"""The masked-vs-causal study's tables (issue 36; docs/objectives.md), generated from its cells.
+
+    python -m outlierlab.reports.objectives_report multirun/objective_positions --doc docs/objectives.md
+
+Reads the cells of ``experiment=objective_positions`` ({mlm, clm} x {learned, none} x seeds) through the study
+aggregator's reader (:mod:`outlierlab.jobs.study_cells`: only usable cells -- finished, manifest verified, one code
+version -- are averaged; the others are listed) and answers the papers' questions with the aggregator's statistics
+(:mod:`outlierlab.analysis.seed_statistics`, :mod:`outlierlab.analysis.study_inference`):
+
+1. Haviv et al. (2022): is dropping positions cheaper for a causal LM than for a masked one? The per-seed
+   difference-in-differences of validation loss (nats/token), ``[clm none - clm learned] - [mlm none - mlm learned]``,
+   paired over seeds; each objective's own ``none - learned``; and whether clm none is *equivalent* to clm learned
+   within a stated margin (TOST).
+2. Haviv et al. / Zuo et al. (2025): is position readable from a causal model without positions, and is it so at
+   initialisation? Position-probe accuracy and mean absolute position error per layer, clm none vs mlm none, at
+   step 0 and at the final step (``probe_posthoc/position_probe.csv``).
+3. Zuo et al.: cosine of two tokens of one sentence at distance 1 minus at distance 8, per layer
+   (``probe_posthoc/similarity_by_distance.csv``).
+4. The outlier measures at the final step (post-hoc monitor), clm vs mlm within each scheme.
+
+Multiplicity: the PRIMARY family (Holm) is declared here, before the data: the interaction (1), and the last
+layer's probe accuracy clm none vs mlm none at step 0 and trained (2). Every other contrast gets a BH q-value over
+this report. For each primary contrast the minimum detectable effect at 80 % power is given.
+Writes ``<out>/objectives.csv`` (every contrast) and, with ``--doc``, the generated block of that Markdown file
+between ``<!-- objectives:begin -->`` and ``<!-- objectives:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from outlierlab.analysis.seed_statistics import contrast, summarize
+from outlierlab.analysis.study_inference import adjust_pvalues, minimum_detectable_effect, tost
+from outlierlab.jobs.study_cells import Cell, cell_numbers, find_cells
+
+#: Equivalence margin of "clm none is competitive with clm learned": 0.05 nats/token, i.e. perplexity within ~5 %.
+EQUIVALENCE_MARGIN = 0.05
+NEAR, FAR = 1, 8  # distances of the similarity-by-distance contrast
+POSTHOC = ("argmax_share", "abs_argmax_share", "kurtosis", "max_median", "anisotropy")
+BEGIN, END = "<!-- objectives:begin -->", "<!-- objectives:end -->"
+
+
+def _key(cell: Cell) -> tuple[str, str]:
+    return str(cell.config.get("objective", "mlm")), str(cell.config.get("pos.name", cell.overrides.get("pos", "?")))
+
+
+def _read(cell: Cell, rel: str) -> pd.DataFrame:
+    path = cell.path / rel
+    return pd.read_csv(path) if path.is_file() else pd.DataFrame()
+
+
+def collect(cells: list[Cell]) -> dict[str, pd.DataFrame]:
+    """Long tables with ``objective, pos, seed`` columns: final validation loss, probe rows, similarity rows,
+    post-hoc rows at the final step."""
+    loss, probe, sim, posthoc = [], [], [], []
+    for cell in cells:
+        objective, pos = _key(cell)
+        tag = {"objective": objective, "pos": pos, "seed": cell.seed}
+        nums = cell_numbers(cell)
+        val = nums[nums.metric == "val/loss"]
+        if not val.empty:
+            last = val[val.step == val.step.max()].value.iloc[-1]
+            loss.append({**tag, "step": int(val.step.max()), "val_loss": float(last), "val_ppl": math.exp(last)})
+        p = _read(cell, "probe_posthoc/position_probe.csv")
+        if not p.empty:
+            probe.append(p[p["transform"] == "none"].assign(**tag))
+        s = _read(cell, "probe_posthoc/similarity_by_distance.csv")
+        if not s.empty:
+            sim.append(s.assign(**tag))
+        h = nums[nums.metric.isin([f"posthoc/{m}" for m in POSTHOC])]
+        if not h.empty:
+            posthoc.append(h[h.step == h.step.max()].assign(**tag))
+    cat = lambda parts: pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()  # noqa: E731
+    return {"loss": pd.DataFrame(loss), "probe": cat(probe), "similarity": cat(sim), "posthoc": cat(posthoc)}
+
+
+def _by_seed(df: pd.DataFrame, value: str, **where) -> dict[int, float]:
+    for k, v in where.items():
+        df = df[df[k] == v]
+    return {int(s): float(x) for s, x in zip(df.seed, df[value])}
+
+
+def _row(question: str, quantity: str, a: str, b: str, va: dict, vb: dict, primary: bool = False) -> dict:
+    c = contrast(va, vb)
+    mde = minimum_detectable_effect(c.n_pairs or c.n_a, c.n_b, c.sd, paired=bool(c.n_pairs)) if primary else math.nan
+    return {"question": question, "quantity": quantity, "a": a, "b": b, "mean_a": summarize(list(va.values())).mean,
+            "mean_b": summarize(list(vb.values())).mean, "diff": c.diff, "ci_low": c.ci_low, "ci_high": c.ci_high,
+            "p": c.p_value, "test": c.test, "n_pairs": c.n_pairs, "order": c.order_count, "primary": primary,
+            "mde_80": mde, "note": c.note}
+
+
+def contrasts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    rows = []
+    loss = tables["loss"]
+    if not loss.empty:
+        delta = {o: {s: _by_seed(loss, "val_loss", objective=o, pos="none").get(s, math.nan)
+                     - _by_seed(loss, "val_loss", objective=o, pos="learned").get(s, math.nan)
+                     for s in sorted(set(loss.seed))} for o in ("clm", "mlm")}
+        rows.append(_row("1 Haviv", "val loss: (none - learned), clm minus mlm", "clm", "mlm",
+                         delta["clm"], delta["mlm"], primary=True))
+        for o in ("clm", "mlm"):
+            va, vb = _by_seed(loss, "val_loss", objective=o, pos="none"), _by_seed(loss, "val_loss", objective=o, pos="learned")
+            r = _row("1 Haviv", f"val loss, {o}", f"{o} none", f"{o} learned", va, vb)
+            shared = sorted(set(va) & set(vb))
+            r["tost_p"] = tost([va[s] for s in shared], [vb[s] for s in shared], EQUIVALENCE_MARGIN, paired=True) \
+                if len(shared) >= 2 else math.nan
+            rows.append(r)
+    probe = tables["probe"]
+    if not probe.empty:
+        last_layer = int(probe.layer.max())
+        for step in sorted({int(probe.step.min()), int(probe.step.max())}):
+            for layer in sorted(probe.layer.unique()):
+                at = probe[(probe.step == step) & (probe.layer == layer)]
+                for col in ("accuracy", "mean_abs_error"):
+                    rows.append(_row("2 position", f"probe {col}, layer {layer}, step {step}", "clm none", "mlm none",
+                                     _by_seed(at, col, objective="clm", pos="none"),
+                                     _by_seed(at, col, objective="mlm", pos="none"),
+                                     primary=col == "accuracy" and layer == last_layer))
+    sim = tables["similarity"]
+    if not sim.empty:
+        for step in sorted({int(sim.step.min()), int(sim.step.max())}):
+            for layer in sorted(sim.layer.unique()):
+                at = sim[(sim.step == step) & (sim.layer == layer)]
+                near = at[at.distance == NEAR].set_index(["objective", "pos", "seed"]).cosine
+                far = at[at.distance == FAR].set_index(["objective", "pos", "seed"]).cosine
+                decay = (near - far).dropna().reset_index(name="decay")
+                rows.append(_row("3 Zuo", f"cos(d={NEAR}) - cos(d={FAR}), layer {layer}, step {step}", "clm none",
+                                 "mlm none", _by_seed(decay, "decay", objective="clm", pos="none"),
+                                 _by_seed(decay, "decay", objective="mlm", pos="none")))
+    ph = tables["posthoc"]
+    if not ph.empty:
+        for metric in sorted(ph.metric.unique()):
+            for pos in ("learned", "none"):
+                at = ph[(ph.metric == metric) & (ph.layer == "max_layer")]
+                if at.empty:
+                    continue
+                rows.append(_row("4 outliers", f"{metric} (max over layers), final step, pos={pos}", f"clm {pos}",
+                                 f"mlm {pos}", _by_seed(at, "value", objective="clm", pos=pos),
+                                 _by_seed(at, "value", objective="mlm", pos=pos)))
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    prim = out.primary.astype(bool)
+    out["p_holm"] = math.nan
+    out.loc[prim, "p_holm"] = adjust_pvalues(out.loc[prim, "p"].tolist(), "holm")
+    out["q_bh"] = math.nan
+    out.loc[~prim, "q_bh"] = adjust_pvalues(out.loc[~prim, "p"].tolist(), "fdr_bh")
+    return out
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def markdown(tables: dict[str, pd.DataFrame], table: pd.DataFrame, cells: list[Cell], command: str) -> str:
+    used = [c for c in cells if c.usable]
+    codes = sorted({c.code for c in used})
+    lines = [f"Generated by `{command}` from {len(used)} usable cell(s) of {len(cells)}, code "
+             f"{', '.join(codes) or 'none'}; do not edit by hand.", ""]
+    if len(codes) > 1:
+        lines.append(f"- **mixed code versions** among the cells: {', '.join(codes)}")
+    for c in cells:
+        if not c.usable:
+            lines.append(f"- excluded: {c.path.name}: {'; '.join(c.problems) or 'not finished'}")
+    loss = tables["loss"]
+    if not loss.empty:
+        lines += ["", "**Validation perplexity at the final step** (mean over seeds, 95 % t interval of the loss mapped "
+                  "to perplexity; n = seeds)", "", "| objective | pos | n | val loss | val ppl | ppl 95 % CI |",
+                  "|---|---|---|---|---|---|"]
+        for (o, p), g in loss.groupby(["objective", "pos"]):
+            s = summarize(g.val_loss.tolist())
+            lines.append(f"| {o} | {p} | {s.n} | {_fmt(s.mean)} | {math.exp(s.mean):.1f} | "
+                         f"[{_fmt(math.exp(s.ci_low) if math.isfinite(s.ci_low) else math.nan, 1)}, "
+                         f"{_fmt(math.exp(s.ci_high) if math.isfinite(s.ci_high) else math.nan, 1)}] |")
+    probe = tables["probe"]
+    if not probe.empty:
+        layers = sorted(probe.layer.unique())
+        lines += ["", "**Position-probe accuracy by layer** (mean over seeds; mean absolute position error in brackets)", "",
+                  "| objective | pos | step | " + " | ".join(f"layer {x}" for x in layers) + " |",
+                  "|---|---|---|" + "---|" * len(layers)]
+        for (o, p, step), g in probe.groupby(["objective", "pos", "step"]):
+            cells_ = [f"{g[g.layer == x].accuracy.mean():.3f} ({g[g.layer == x].mean_abs_error.mean():.1f})" for x in layers]
+            lines.append(f"| {o} | {p} | {step} | " + " | ".join(cells_) + " |")
+        chance = probe.get("chance")
+        if chance is not None:
+            lines.append(f"\nChance (the most frequent position in the test split): {chance.mean():.3f}.")
+    if not table.empty:
+        lines += ["", "**Contrasts** (a − b, paired over the seeds both hold; primary family Holm-adjusted, the rest "
+                  "BH q over this report; MDE = smallest difference detectable at 80 % power)", "",
+                  "| question | quantity | a − b | diff [95 % CI] | p | p Holm / q BH | MDE | seeds | note |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in table.itertuples():
+            adj = f"{_fmt(r.p_holm)} (Holm)" if r.primary else f"{_fmt(r.q_bh)} (BH)"
+            tost_p = getattr(r, "tost_p", math.nan)
+            extra = f"TOST ±{EQUIVALENCE_MARGIN}: p = {_fmt(tost_p)}" if isinstance(tost_p, float) and math.isfinite(tost_p) else ""
+            note = "; ".join(x for x in (r.note if isinstance(r.note, str) else "", extra) if x)
+            lines.append(f"| {r.question} | {r.quantity} | {r.a} − {r.b} | {_fmt(r.diff)} [{_fmt(r.ci_low)}, "
+                         f"{_fmt(r.ci_high)}] | {_fmt(r.p, 4)} | {adj} | {_fmt(r.mde_80)} | {r.order} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(doc: Path, block: str) -> None:
+    """Replace the generated block of ``doc`` (between the markers), or append one."""
+    text = doc.read_text() if doc.is_file() else ""
+    new = f"{BEGIN}\n{block}{END}"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + new + rest.split(END, 1)[1]
+    else:
+        text = text + ("\n" if text and not text.endswith("\n") else "") + new + "\n"
+    doc.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweep", help="the study's sweep (multirun/objective_positions) or a folder of exported cells")
+    ap.add_argument("--out", default=None, help="folder for objectives.csv (default: <sweep>/objectives)")
+    ap.add_argument("--doc", default=None, help="Markdown file whose generated block is rewritten")
+    args = ap.parse_args(argv)
+    try:
+        cells = find_cells([args.sweep])
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for c in cells:
+        if not c.usable:
+            print(f"excluded: {c.path}: {'; '.join(c.problems) or 'not finished'}", file=sys.stderr)
+    tables = collect([c for c in cells if c.usable])
+    table = contrasts(tables)
+    out = Path(args.out or Path(args.sweep) / "objectives")
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "objectives.csv", index=False)
+    command = f"python -m outlierlab.reports.objectives_report {args.sweep}" + (f" --doc {args.doc}" if args.doc else "")
+    block = markdown(tables, table, cells, command)
+    (out / "objectives.md").write_text(block)
+    if args.doc:
+        write_doc(Path(args.doc), block)
+    print(f"{len(table)} contrasts -> {out / 'objectives.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

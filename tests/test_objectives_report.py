@@ -1,0 +1,80 @@
+"""outlierlab.reports.objectives_report on planted cells: the papers' contrasts equal hand/scipy values."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from scipy import stats
+
+from outlierlab.jobs.run_state import mark_finished
+from outlierlab.reports import objectives_report as report
+
+LOSS = {("mlm", "learned"): [5.0, 5.2, 5.1], ("mlm", "none"): [5.6, 5.9, 5.7],
+        ("clm", "learned"): [4.0, 4.1, 4.3], ("clm", "none"): [4.05, 4.2, 4.3]}
+ACC = {("mlm", "none"): [0.05, 0.06, 0.04], ("clm", "none"): [0.30, 0.45, 0.41],
+       ("mlm", "learned"): [0.9, 0.9, 0.9], ("clm", "learned"): [0.95, 0.9, 0.92]}
+
+
+def plant(root, objective, pos, seed, i):
+    cell = root / f"objective={objective},pos={pos},seed={seed}"
+    (cell / ".hydra").mkdir(parents=True)
+    (cell / ".hydra" / "overrides.yaml").write_text(f"- objective={objective}\n- pos={pos}\n- seed={seed}\n")
+    (cell / "config.yaml").write_text(f"objective: {objective}\nseed: {seed}\npos:\n  name: {pos}\n"
+                                      "trainer:\n  max_steps: 4000\n")
+    (cell / "csv").mkdir()
+    loss = LOSS[objective, pos][i]
+    (cell / "csv" / "metrics.csv").write_text(f"step,val/loss,val/ppl\n3999,{loss},{math.exp(loss)}\n")
+    (cell / "probe_posthoc").mkdir()
+    acc = ACC[objective, pos][i]
+    rows = ["step,layer,transform,accuracy,mean_abs_error"]
+    rows += [f"{step},{layer},none,{acc if step else acc / 2},{10 - 10 * acc}" for step in (0, 4000) for layer in (0, 4)]
+    (cell / "probe_posthoc" / "position_probe.csv").write_text("\n".join(rows) + "\n")
+    sims = ["step,layer,distance,cosine,n_pairs"]
+    sims += [f"{step},{layer},{d},{0.5 - (0.01 * d if objective == 'clm' else 0)},100"
+             for step in (0, 4000) for layer in (0, 4) for d in (1, 8)]
+    (cell / "probe_posthoc" / "similarity_by_distance.csv").write_text("\n".join(sims) + "\n")
+    mark_finished(cell, 4000, 4000, {"val/loss": loss}, None)
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    root = tmp_path / "sweep"
+    for (objective, pos) in LOSS:
+        for i, seed in enumerate((1, 2, 3)):
+            plant(root, objective, pos, seed, i)
+    return root
+
+
+def test_haviv_interaction_and_probe_contrasts(sweep, tmp_path):
+    assert report.main([str(sweep), "--out", str(tmp_path / "out"), "--doc", str(tmp_path / "doc.md")]) == 0
+    table = pd.read_csv(tmp_path / "out" / "objectives.csv")
+    inter = table[table.quantity.str.startswith("val loss: (none - learned)")].iloc[0]
+    d = [(LOSS["clm", "none"][i] - LOSS["clm", "learned"][i]) - (LOSS["mlm", "none"][i] - LOSS["mlm", "learned"][i])
+         for i in range(3)]
+    assert inter["diff"] == pytest.approx(sum(d) / 3)
+    assert inter["p"] == pytest.approx(stats.ttest_1samp(d, 0).pvalue)
+    assert bool(inter["primary"]) and inter["mde_80"] > 0
+    acc = table[table.quantity == "probe accuracy, layer 4, step 4000"].iloc[0]
+    assert acc["diff"] == pytest.approx(sum(a - b for a, b in zip(ACC["clm", "none"], ACC["mlm", "none"])) / 3)
+    assert acc["p"] == pytest.approx(stats.ttest_rel(ACC["clm", "none"], ACC["mlm", "none"]).pvalue)
+    prim = table[table.primary]
+    assert len(prim) == 3  # interaction + last-layer accuracy at step 0 and trained
+    holm = sorted(prim.p)
+    assert prim.p_holm.min() == pytest.approx(min(1.0, 3 * holm[0]))
+    zuo = table[table.quantity == "cos(d=1) - cos(d=8), layer 4, step 0"].iloc[0]
+    assert zuo["diff"] == pytest.approx(0.07) and zuo["note"] == "constant across seeds"
+    doc = (tmp_path / "doc.md").read_text()
+    assert report.BEGIN in doc and "| clm | none | 3 |" in doc
+    # regenerating replaces the block, it does not append a second one
+    assert report.main([str(sweep), "--out", str(tmp_path / "out"), "--doc", str(tmp_path / "doc.md")]) == 0
+    assert (tmp_path / "doc.md").read_text().count(report.BEGIN) == 1
+
+
+def test_a_torn_cell_is_named_and_excluded(sweep, tmp_path):
+    cell = sweep / "objective=clm,pos=none,seed=3"
+    (cell / "csv" / "metrics.csv").write_text("step,val/loss,val/ppl\n3999,4.3,7")  # cut mid-row
+    assert report.main([str(sweep), "--out", str(tmp_path / "out"), "--doc", str(tmp_path / "doc.md")]) == 0
+    doc = (tmp_path / "doc.md").read_text()
+    assert "excluded: objective=clm,pos=none,seed=3" in doc and "| clm | none | 2 |" in doc
