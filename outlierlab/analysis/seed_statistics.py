@@ -13,6 +13,12 @@ the monitor statistics of one run are deterministic given its seed.
   whether the ordering is the same in every seed (paired) or every run of one group lies above every run of
   the other (unpaired).
 
+Zero variance (a setting fixed by the design, or every seed at the same value) has no interval and no test:
+the interval and p are NaN with the note "constant across seeds", never a zero-width interval and p = 0.
+Pairing uses the seeds both groups hold (a seed missing in one group drops out of the pairs, it does not turn the
+test into Welch's); Welch only when the groups share fewer than two seeds. Multiple-comparison corrections, power
+and equivalence: :mod:`outlierlab.analysis.study_inference`.
+
 Plain numpy + scipy.stats; written here only to fix the protocol in one place (which interval, which test,
 what "the same ordering" means) for the study aggregator and its tests.
 """
@@ -28,6 +34,7 @@ from scipy import stats
 
 CONFIDENCE = 0.95
 CI_METHOD = "Student t, 95%"
+CONSTANT = "constant across seeds"
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class Summary:
     ci_high: float
     min: float
     max: float
+    note: str = ""
 
 
 def t_halfwidth(std: float, n: int, confidence: float = CONFIDENCE) -> float:
@@ -63,8 +71,9 @@ def summarize(values: Sequence[float], confidence: float = CONFIDENCE) -> Summar
         return Summary(0, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan)
     mean = float(x.mean())
     std = float(x.std(ddof=1)) if n > 1 else math.nan
-    h = t_halfwidth(std, n, confidence)
-    return Summary(n, mean, std, mean - h, mean + h, float(x.min()), float(x.max()))
+    constant = n > 1 and bool(np.all(x == x[0]))
+    h = math.nan if constant else t_halfwidth(std, n, confidence)
+    return Summary(n, mean, std, mean - h, mean + h, float(x.min()), float(x.max()), CONSTANT if constant else "")
 
 
 @dataclass(frozen=True)
@@ -72,52 +81,71 @@ class Contrast:
     test: str            # "paired t" or "Welch t"
     n_a: int
     n_b: int
-    diff: float          # mean(a) - mean(b)
+    diff: float          # paired: mean of the per-seed differences over the shared seeds; Welch: mean(a) - mean(b)
     ci_low: float
     ci_high: float
     p_value: float
     same_order: bool     # paired: every seed's difference has the sign of `diff`; unpaired: the groups do not overlap
     order_count: str     # e.g. "3/3 seeds a > b" or "a > b in every pair of runs"
+    n_pairs: int = 0     # paired: the seeds both groups hold (the test's n)
+    sd: float = math.nan  # paired: sd of the differences; Welch: the pooled sd (what the power analysis uses)
+    note: str = ""       # "constant across seeds", "paired over seeds 1, 3 (b lacks 2)", ...
 
 
 def contrast(a: Mapping[int, float], b: Mapping[int, float], confidence: float = CONFIDENCE) -> Contrast:
     """Group ``a`` minus group ``b``, each a mapping seed -> value.
 
-    Paired (both groups hold exactly the same seeds, at least two): the mean of the per-seed differences
-    d_s = a_s - b_s, its t interval (n - 1 df) and the paired t-test. Otherwise Welch: the difference of
-    means, ``se = sqrt(s_a²/n_a + s_b²/n_b)`` with Welch–Satterthwaite degrees of freedom, and Welch's t-test.
+    Paired (the groups share at least two seeds): over the shared seeds S, the mean of d_s = a_s - b_s, its t
+    interval (|S| - 1 df) and the paired t-test -- ``scipy.stats.ttest_rel`` on the shared seeds; a seed held by
+    one group only is left out of the pairs and named in ``note``. Otherwise Welch: the difference of means,
+    ``se = sqrt(s_a²/n_a + s_b²/n_b)`` with Welch–Satterthwaite degrees of freedom, and Welch's t-test.
+    Zero variance: interval and p NaN, ``note`` "constant across seeds".
     """
+    from outlierlab.analysis.study_inference import pooled_sd
+
     a = {k: float(v) for k, v in a.items() if math.isfinite(float(v))}
     b = {k: float(v) for k, v in b.items() if math.isfinite(float(v))}
     if not a or not b:
         raise ValueError("a contrast needs at least one finite value in each group")
-    if set(a) == set(b) and len(a) >= 2:
-        seeds = sorted(a)
-        d = np.array([a[s] - b[s] for s in seeds])
+    shared = sorted(set(a) & set(b))
+    if len(shared) >= 2:
+        d = np.array([a[s] - b[s] for s in shared])
         s = summarize(d, confidence)
-        p = float(stats.ttest_rel([a[k] for k in seeds], [b[k] for k in seeds]).pvalue) if s.std > 0 else (
-            0.0 if s.mean != 0 else 1.0)
+        note = s.note
+        if s.note != CONSTANT and s.std > 0:
+            p = float(stats.ttest_rel([a[k] for k in shared], [b[k] for k in shared]).pvalue)
+        else:
+            p = math.nan
+            note = CONSTANT
+        lost = [f"{g} lacks {', '.join(map(str, sorted(set(other) - set(shared))))}"
+                for g, other in (("a", b), ("b", a)) if set(other) - set(shared)]
+        if lost:
+            note = "; ".join(x for x in (note, f"paired over seeds {', '.join(map(str, shared))} ({'; '.join(lost)})") if x)
         sign = np.sign(d)
         lead = np.sign(s.mean)
+        common = dict(n_pairs=len(shared), sd=s.std, note=note)
         if lead == 0:
             equal = int((sign == 0).sum())
             return Contrast("paired t", len(a), len(b), s.mean, s.ci_low, s.ci_high, p, False,
-                            f"a = b in {equal}/{len(d)} seeds" if equal else "no mean difference")
+                            f"a = b in {equal}/{len(d)} seeds" if equal else "no mean difference", **common)
         agree = int((sign == lead).sum())
         word = ">" if lead > 0 else "<"
         return Contrast("paired t", len(a), len(b), s.mean, s.ci_low, s.ci_high, p,
-                        bool(agree == len(d)), f"{agree}/{len(d)} seeds a {word} b")
+                        bool(agree == len(d)), f"{agree}/{len(d)} seeds a {word} b", **common)
     xa, xb = np.array(list(a.values())), np.array(list(b.values()))
     diff = float(xa.mean() - xb.mean())
     va = xa.var(ddof=1) / xa.size if xa.size > 1 else math.nan
     vb = xb.var(ddof=1) / xb.size if xb.size > 1 else math.nan
     se = math.sqrt(va + vb) if math.isfinite(va + vb) else math.nan
+    note = ""
     if math.isfinite(se) and se > 0:
         df = (va + vb) ** 2 / (va ** 2 / (xa.size - 1) + vb ** 2 / (xb.size - 1))
         h = float(stats.t.ppf(0.5 + confidence / 2, df) * se)
         p = float(stats.ttest_ind(xa, xb, equal_var=False).pvalue)
     else:
         h, p = math.nan, math.nan
+        note = CONSTANT if se == 0 else ""
     above, below = bool(xa.min() > xb.max()), bool(xa.max() < xb.min())
     order = "a > b in every pair of runs" if above else ("a < b in every pair of runs" if below else "the groups overlap")
-    return Contrast("Welch t", int(xa.size), int(xb.size), diff, diff - h, diff + h, p, above or below, order)
+    return Contrast("Welch t", int(xa.size), int(xb.size), diff, diff - h, diff + h, p, above or below, order,
+                    0, pooled_sd(xa, xb), note)

@@ -13,13 +13,19 @@ every override except the seed, and writes into ``<sweep>/study/`` (or ``--out``
 * ``curves/<metric>__<layer>.png`` -- mean and CI band per group over steps, the seeds drawn faintly behind.
 
 Refused in one line, before anything is written: a group whose cells ran different step budgets, or differ
-in a resolved setting that is not an override (so the grouping cannot tell them apart), or repeat a seed.
-Unfinished cells (a training cell without ``finished.json``) are listed and left out, never averaged.
+in a resolved setting that is not an override (so the grouping cannot tell them apart), or repeat a seed, or ran
+on different code versions (unless ``--allow-mixed-code``; cells without a manifest count as one unknown version).
+Unfinished cells are listed and left out; unusable cells (a torn, truncated, header-only or changed file, a torn
+marker, a cell extended and interrupted: :mod:`outlierlab.jobs.study_cells`) are listed one line each and left out,
+never averaged. Every row states its n; ``n_below_seeds`` marks a row with fewer seeds than its group holds.
+Bounded measures (shares, cosines) get intervals inside their range; contrasts get corrected p-values over the
+declared families, the minimum detectable effect and TOST (:mod:`outlierlab.jobs.study_families`).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -27,12 +33,14 @@ from typing import Sequence
 
 import pandas as pd
 
-from outlierlab.analysis.seed_statistics import CI_METHOD, contrast, summarize
+from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
+from outlierlab.analysis.study_inference import bounded_interval, bounds_of
 from outlierlab.jobs.study_cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
+from outlierlab.jobs.study_families import assign_families, declared_design
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
 HEADLINE = ["hidden/kurtosis", "hidden/argmax_share", "hidden/abs_argmax_share", "hidden/max_median",
-            "hidden/anisotropy", "posthoc/n_layernorm_outliers", "val/ppl"]
+            "hidden/token_pair_cosine", "hidden/anisotropy", "posthoc/n_layernorm_outliers", "val/ppl"]
 
 
 def group_label(overrides: dict[str, str], varying: Sequence[str]) -> str:
@@ -49,10 +57,18 @@ def _portable(cell: Cell) -> dict:
             for k, v in cell.config.items()}
 
 
-def check_groups(groups: dict[str, list[Cell]]) -> None:
+def check_groups(groups: dict[str, list[Cell]], allow_mixed_code: bool = False) -> None:
     """Refuse a group the aggregator cannot average honestly (one line each, raised together)."""
     errors = []
     for label, cells in groups.items():
+        codes = defaultdict(list)
+        for c in cells:
+            codes[c.code].append(c.seed)
+        if len(codes) > 1 and not allow_mixed_code:
+            parts = "; ".join(f"{v} (seeds {', '.join(map(str, s))})" for v, s in sorted(codes.items()))
+            errors.append(f"group {label} mixes code versions: {parts}; re-run the older cells on the current code "
+                          "or pass --allow-mixed-code")
+            continue
         budgets = defaultdict(list)
         for c in cells:
             budgets[c.max_steps].append(c.seed)
@@ -80,19 +96,21 @@ def check_groups(groups: dict[str, list[Cell]]) -> None:
         raise ValueError(" | ".join(errors))
 
 
-def aggregate(cells: list[Cell]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[Cell]]]:
-    """``(summary, per_seed, groups)``: the study table, every finished cell's numbers with its group and
-    seed, and the finished cells by group label."""
-    finished = [c for c in cells if c.finished]
-    if not finished:
-        raise ValueError(f"none of the {len(cells)} cells has finished; nothing to aggregate "
-                         "(unfinished: " + ", ".join(c.path.name for c in cells) + ")")
-    keys = sorted({k for c in finished for k in c.overrides})
-    varying = [k for k in keys if len({c.overrides.get(k) for c in finished}) > 1]
+def aggregate(cells: list[Cell], allow_mixed_code: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[Cell]]]:
+    """``(summary, per_seed, groups)``: the study table, every usable cell's numbers with its group and
+    seed, and the usable cells by group label."""
+    usable = [c for c in cells if c.usable]
+    if not usable:
+        bad = [c for c in cells if c.problems]
+        raise ValueError(f"none of the {len(cells)} cells is finished and intact; nothing to aggregate ("
+                         + "; ".join([p for c in bad for p in c.problems][:5]
+                                     or ["unfinished: " + ", ".join(c.path.name for c in cells)]) + ")")
+    keys = sorted({k for c in usable for k in c.overrides})
+    varying = [k for k in keys if len({c.overrides.get(k) for c in usable}) > 1]
     groups: dict[str, list[Cell]] = defaultdict(list)
-    for c in finished:
+    for c in usable:
         groups[group_label(c.overrides, varying)].append(c)
-    check_groups(groups)
+    check_groups(groups, allow_mixed_code)
     frames = []
     for label, members in groups.items():
         for c in members:
@@ -102,13 +120,19 @@ def aggregate(cells: list[Cell]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, 
     per_seed = pd.concat(frames, ignore_index=True)
     rows = []
     for (label, step, layer, metric), sub in per_seed.groupby(["group", "step", "layer", "metric"], sort=True):
-        s = summarize(sub["value"].tolist())
-        rows.append({"group": label, "step": int(step), "layer": layer, "metric": metric, "n": s.n, "mean": s.mean,
-                     "std": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high, "min": s.min, "max": s.max,
+        values = sub["value"].tolist()
+        s = summarize(values)
+        low, high, method = s.ci_low, s.ci_high, CI_METHOD
+        rng = bounds_of(metric)
+        if rng is not None and s.n >= 2:
+            low, high, method = bounded_interval(values, *rng)
+        if s.note == CONSTANT:
+            low, high, method = math.nan, math.nan, CONSTANT
+        rows.append({"group": label, "step": int(step), "layer": layer, "metric": metric, "ci": method, "n": s.n,
+                     "n_below_seeds": s.n < len(groups[label]), "mean": s.mean, "std": s.std, "ci_low": low,
+                     "ci_high": high, "min": s.min, "max": s.max,
                      "seeds": " ".join(str(x) for x in sorted(sub["seed"].dropna().astype(int).unique()))})
-    summary = pd.DataFrame(rows)
-    summary.insert(4, "ci", CI_METHOD)
-    return summary, per_seed, dict(groups)
+    return pd.DataFrame(rows), per_seed, dict(groups)
 
 
 def parse_contrast(spec: str) -> tuple[str, str, str]:
@@ -135,6 +159,7 @@ def contrast_table(per_seed: pd.DataFrame, groups: dict[str, list[Cell]], spec: 
         raise ValueError(f"--contrast {spec}: no two groups differ only in {key} = {a} vs {b} "
                          f"(values of {key} in this study: {', '.join(present) or 'none'})")
     rows = []
+    seeds = {label: len(cells) for label, cells in groups.items()}
     for ga, gb in pairs:
         da, db = per_seed[per_seed["group"] == ga], per_seed[per_seed["group"] == gb]
         merged = da.merge(db, on=["step", "layer", "metric"], suffixes=("_a", "_b"))
@@ -149,7 +174,9 @@ def contrast_table(per_seed: pd.DataFrame, groups: dict[str, list[Cell]], spec: 
                          "layer": layer, "metric": metric, "mean_a": sum(va.values()) / len(va),
                          "mean_b": sum(vb.values()) / len(vb), "diff": c.diff, "ci_low": c.ci_low,
                          "ci_high": c.ci_high, "test": c.test, "p_value": c.p_value, "n_a": c.n_a, "n_b": c.n_b,
-                         "same_order_every_seed": c.same_order, "ordering": c.order_count})
+                         "n_pairs": c.n_pairs, "n_below_seeds": c.n_a < seeds[ga] or c.n_b < seeds[gb],
+                         "sd": c.sd, "same_order_every_seed": c.same_order, "ordering": c.order_count,
+                         "note": c.note})
     return pd.DataFrame(rows)
 
 
@@ -171,14 +198,20 @@ def default_layers(summary: pd.DataFrame) -> list[str]:
 
 
 def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] = (), metrics: Sequence[str] | None = None,
-        steps: Sequence[int] | None = None, layers: Sequence[str] | None = None, plots: bool = True) -> dict:
+        steps: Sequence[int] | None = None, layers: Sequence[str] | None = None, plots: bool = True,
+        primary: Sequence[str] | None = None, equivalence_margin=None, allow_mixed_code: bool = False) -> dict:
     from outlierlab.reports.study_report import write_curves, write_markdown
 
     for spec in contrasts:
         parse_contrast(spec)  # a malformed contrast fails before any reading
     cells = find_cells(list(paths))
-    summary, per_seed, groups = aggregate(cells)
+    design = declared_design(cells, primary, equivalence_margin)
+    contrasts = list(contrasts) or design["contrasts"]  # the design's own contrasts when none are given
+    summary, per_seed, groups = aggregate(cells, allow_mixed_code)
     tables = {spec: contrast_table(per_seed, groups, spec) for spec in contrasts}
+    if tables:
+        joined = assign_families(pd.concat(tables.values(), ignore_index=True), per_seed, design)
+        tables = {spec: joined[joined["contrast"] == t["contrast"].iloc[0]] if len(t) else t for spec, t in tables.items()}
     out_dir = Path(out) if out else Path(paths[0]) / "study"
     out_dir.mkdir(parents=True, exist_ok=True)
     summary.to_csv(out_dir / "study.csv", index=False, float_format="%.10g")
@@ -189,11 +222,14 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
         metrics = sorted(summary["metric"].unique())[:12]
     steps = list(steps) if steps else default_steps(summary)
     layers = list(layers) if layers else default_layers(summary)
-    unfinished = [c for c in cells if not c.finished]
-    write_markdown(out_dir / "study.md", paths, summary, tables, groups, unfinished, metrics, steps, layers)
+    unfinished = [c for c in cells if not c.finished and not c.problems]
+    unusable = [c for c in cells if c.problems]
+    notes = [n for c in cells if c.usable for n in c.notes]
+    write_markdown(out_dir / "study.md", paths, summary, tables, groups, unfinished, metrics, steps, layers,
+                   unusable=unusable, notes=notes, design=design)
     pngs = write_curves(out_dir / "curves", summary, per_seed, metrics, layers) if plots else []
     return {"out": out_dir, "groups": {k: len(v) for k, v in groups.items()}, "unfinished": [str(c.path) for c in unfinished],
-            "plots": pngs}
+            "unusable": [p for c in unusable for p in c.problems], "notes": notes, "plots": pngs, "design": design}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -206,6 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", default=None, help="comma-separated steps for study.md (default: 0, middle, last)")
     parser.add_argument("--layers", default=None, help=f"comma-separated layers (default: the last, {LAYER_MAX}, model)")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--primary", default=None, help="comma-separated metric@layer of the primary family (Holm), "
+                        "e.g. hidden/argmax_share@layer_4,val/ppl@model (default: the experiment config's study_design)")
+    parser.add_argument("--equivalence-margin", default=None, help="TOST margin: one number, or metric=margin,... "
+                        "in the metric's units (default: the experiment config's study_design)")
+    parser.add_argument("--allow-mixed-code", action="store_true", help="average cells of different code versions")
     a = parser.parse_args(argv)
 
     def split(s: str) -> list[str]:
@@ -214,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         res = run(a.paths, a.out, a.contrast, split(a.metrics) if a.metrics else None,
                   [int(x) for x in split(a.steps)] if a.steps else None, split(a.layers) if a.layers else None,
-                  plots=not a.no_plots)
+                  plots=not a.no_plots, primary=split(a.primary) if a.primary else None,
+                  equivalence_margin=a.equivalence_margin, allow_mixed_code=a.allow_mixed_code)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -222,6 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"groups: {groups}")
     if res["unfinished"]:
         print(f"unfinished (left out): {', '.join(res['unfinished'])}")
+    for problem in res["unusable"]:
+        print(f"unusable (left out): {problem}")
+    for note in res["notes"]:
+        print(f"note: {note}")
     print(f"wrote {res['out']}/study.csv, study.md" + (f" and {len(res['plots'])} curves" if res["plots"] else ""))
     return 0
 

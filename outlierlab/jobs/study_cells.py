@@ -16,10 +16,20 @@ ran, ``finished.json`` (train.py) whether it completed. Its numbers come from th
 
 Per-layer monitor metrics also get a derived layer ``max_layer``: the largest value over the encoder layers
 (``layer_1`` .. ``layer_L``, not the embedding output), taken within each run before averaging.
+
+Cells that cannot be read wrong (issue 37): a training cell is finished by :func:`outlierlab.jobs.run_state.finished_run`
+(the trainer's own definition; a torn ``finished.json`` is not finished), and its marker must cover the budget its
+config asks for (a cell extended past it and interrupted is not finished). A cell with ``manifest.json`` is checked
+by :func:`outlierlab.jobs.run_state.verify_manifest`; one without (cells made before manifests) has every CSV it
+contributes checked here (zero bytes, header only, last line cut, a row of another width) and its code version is
+unknown. A torn ``.hydra/overrides.yaml`` or ``config.yaml`` is one problem line, not a traceback. Every problem
+is ``<cell>: <file>: <what>``; a cell with any is unusable, listed and never averaged. A scalar statistic with
+more than one row per step is an error naming it (it is not dropped for that seed).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from dataclasses import dataclass, field
@@ -29,17 +39,26 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
+from outlierlab.jobs import run_state
+
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named.
 NOT_IDENTITY = {"study", "ckpt_path", "resume", "skip_finished", "threads", "posthoc", "trainer.enable_progress_bar",
                 "callbacks.progress.when", "progress", "tensorboard"}
 #: Resolved-config keys that legitimately differ between the seeds of one group: the seed itself, where a
 #: run writes, and how its work is scheduled (processes, threads, chunk sizes), which does not change a number.
 SEED_DEPENDENT = re.compile(r"(^|\.)(seed|run_dir|save_dir|dirpath|out_dir|study|num_proc|num_workers|"
-                            r"tokenize_chunk_mb|pin_memory|threads)$|^hydra\.|^paths\.")
+                            r"tokenize_chunk_mb|pin_memory|threads)$|^hydra\.|^paths\.|^study_design\.")
 SEED_IN_VALUE = re.compile(r"seed=(\d+)")
 LAYER_MAX = "max_layer"
 #: Lightning's bookkeeping scalars (learning rate, throughput, batch counters): not results, left out.
 BOOKKEEPING = re.compile(r"^(lr-|epoch$|train/(batches|lengths|samples|time)$|train/device/|validate/)")
+#: Monitor statistics with one row per dimension, head or detected dim (vectors and lists, not scalars).
+VECTOR_STATISTICS = {"mean", "gain", "bias", "top_abs_mean", "outlier_dim", "gain_outlier", "bias_outlier",
+                     "attn_entropy_head"}
+#: Monitor rows that are identifiers, counts fixed by the setting, or standard errors: not quantities to average.
+NOT_QUANTITIES = re.compile(r"^(max_abs_token_id|n_tokens|n_anisotropy_pairs|min_layers|.*_se)$")
+#: Code version of a cell without a manifest (made before cells recorded one).
+UNKNOWN_CODE = "unknown"
 
 
 @dataclass
@@ -49,6 +68,13 @@ class Cell:
     seed: int | None
     finished: bool
     config: dict[str, Any] = field(default_factory=dict)  # flattened resolved config
+    problems: list[str] = field(default_factory=list)    # '<cell>: <file>: <what>'; any -> unusable
+    code: str = UNKNOWN_CODE                              # '<commit>[-dirty]', 'unknown' without a manifest
+    notes: list[str] = field(default_factory=list)       # e.g. 'no manifest: code version unknown'
+
+    @property
+    def usable(self) -> bool:
+        return self.finished and not self.problems
 
     @property
     def max_steps(self) -> Any:
@@ -64,14 +90,19 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:160]
+
+
+def _read_config(path: Path, problems: list[str]) -> dict[str, Any]:
     for candidate in (path / "config.yaml", path / ".hydra" / "config.yaml"):
         if candidate.is_file():
             try:
                 cfg = OmegaConf.load(candidate)
                 return _flatten(OmegaConf.to_container(cfg, resolve=False))
             except Exception as e:  # a torn file: the cell is reported, not silently dropped
-                raise ValueError(f"cannot read {candidate}: {e}") from None
+                problems.append(f"{path}: {candidate.relative_to(path)}: unreadable ({_one_line(e)})")
+                return {}
     return {}
 
 
@@ -79,20 +110,89 @@ def is_cell(path: Path) -> bool:
     return (path / ".hydra" / "overrides.yaml").is_file() or (path / "finished.json").is_file()
 
 
-def _finished(path: Path) -> bool:
-    if (path / "finished.json").is_file():
+def _finished(path: Path, config: dict[str, Any], problems: list[str]) -> bool:
+    """Training cells: :func:`run_state.finished_run` and a marker covering the config's budget; a torn marker or
+    one short of the budget is a problem (the cell is not merely unfinished). Other cells: their result file."""
+    if (path / run_state.FINISHED_MARKER).is_file():
+        done = run_state.finished_run(path)
+        if done is None:
+            problems.append(f"{path}: {run_state.FINISHED_MARKER}: torn, or short of its max_steps (not finished)")
+            return False
+        want = config.get("trainer.max_steps")
+        if isinstance(want, int) and done["max_steps"] != want:
+            problems.append(f"{path}: {run_state.FINISHED_MARKER}: records {done['global_step']} of {done['max_steps']} "
+                            f"steps but the config asks for {want} (extended and not finished)")
+            return False
         return True
     if (path / "checkpoints").is_dir():  # a training cell without its marker: stopped or still running
         return False
     return any((path / name).is_file() for name in ("results.json", "report.md", "probe_report.md"))
 
 
+def csv_problem(path: Path) -> str | None:
+    """What is wrong with a CSV's structure (zero bytes, header only, last line cut, a row of another width), or
+    None. A cell's own check where it has no manifest to verify against."""
+    data = path.read_bytes()
+    if not data.strip():
+        return "empty file (zero bytes)" if not data else "empty file"
+    if not data.endswith(b"\n"):
+        return "truncated (the last line has no newline: cut mid-row)"
+    rows = list(csv.reader(data.decode("utf-8", errors="replace").splitlines()))
+    if len(rows) < 2:
+        return "header only (no data rows)"
+    width = len(rows[0])
+    for i, row in enumerate(rows[1:], start=2):
+        if len(row) != width:
+            return f"line {i} has {len(row)} fields, the header {width}"
+    return None
+
+
+def _code_version(path: Path, manifest: dict) -> str:
+    versions = manifest.get("code_versions") or []
+    code = manifest.get("code") or {}
+    seen = {(v.get("commit"), bool(v.get("dirty"))) for v in versions if isinstance(v, dict)}
+    seen.add((code.get("commit"), bool(code.get("dirty"))))
+    seen.discard((None, False))
+    labels = sorted(f"{c[:12] if c else 'unknown'}{'-dirty' if d else ''}" for c, d in seen)
+    return "+".join(labels) or UNKNOWN_CODE
+
+
+def validate(cell: "Cell") -> None:
+    """Fill ``cell.problems``, ``cell.code`` and ``cell.notes`` (a finished cell only: an unfinished one is listed
+    as such, not read)."""
+    if not cell.finished or cell.problems:
+        return
+    path = cell.path
+    if (path / run_state.MANIFEST).is_file():
+        try:
+            manifest = json.loads((path / run_state.MANIFEST).read_text())
+        except (OSError, ValueError):
+            manifest = None  # verify_manifest names it
+        if (path / run_state.FINISHED_MARKER).is_file():
+            cell.problems += [p for p in run_state.verify_manifest(path) if p not in cell.problems]
+        if isinstance(manifest, dict):
+            cell.code = _code_version(path, manifest)
+        return
+    cell.notes.append(f"{path.name}: no manifest: code version unknown")
+    for rel in data_files(path):
+        bad = csv_problem(path / rel)
+        if bad:
+            cell.problems.append(f"{path}: {rel}: {bad}")
+
+
 def read_cell(path: Path) -> Cell:
     """One cell: its identity (overrides without the seed), seed, completion and resolved config."""
     overrides: dict[str, str] = {}
     seed: int | None = None
+    problems: list[str] = []
     file = path / ".hydra" / "overrides.yaml"
-    items = OmegaConf.to_container(OmegaConf.load(file)) if file.is_file() else []
+    try:
+        items = OmegaConf.to_container(OmegaConf.load(file)) if file.is_file() else []
+        if items is not None and not isinstance(items, list):
+            raise ValueError(f"a list of key=value overrides expected, got {type(items).__name__}")
+    except Exception as e:  # torn: one line naming the cell and the file, the cell is unusable
+        problems.append(f"{path}: .hydra/overrides.yaml: unreadable ({_one_line(e)})")
+        items = []
     for item in items or []:
         key, _, value = str(item).partition("=")
         key = key.lstrip("+~")
@@ -108,10 +208,13 @@ def read_cell(path: Path) -> Cell:
             seed = int(found.group(1)) if seed is None else seed
             value = SEED_IN_VALUE.sub("seed=*", value)
         overrides[key] = value
-    config = _read_config(path)
+    config = _read_config(path, problems)
     if seed is None and isinstance(config.get("seed"), int):
         seed = int(config["seed"])
-    return Cell(path, overrides, seed, _finished(path), config)
+    cell = Cell(path, overrides, seed, _finished(path, config, problems), config, problems)
+    if not problems:
+        validate(cell)
+    return cell
 
 
 def find_cells(paths: list[str | Path]) -> list[Cell]:
@@ -132,14 +235,22 @@ def _long_history(path: Path, prefix: str) -> pd.DataFrame:
     df = pd.read_csv(path)
     if df.empty:
         return df
-    size = df.groupby(["step", "name", "statistic"])["value"].transform("size")
-    df = df[size == 1]  # scalars only; per-dimension statistics are vectors
+    df = df[~df["statistic"].isin(VECTOR_STATISTICS) & ~df["statistic"].astype(str).str.match(NOT_QUANTITIES)]
+    dupes = df[df.duplicated(["step", "name", "statistic"], keep=False)]
+    if not dupes.empty:
+        r = dupes.iloc[0]
+        raise ValueError(f"{path}: statistic {r['statistic']!r} has {int((dupes['statistic'] == r['statistic']).sum())} "
+                         f"rows at step {r['step']}, {r['name']} (one expected); a per-dimension statistic must be "
+                         "listed in study_cells.VECTOR_STATISTICS")
     return pd.DataFrame({"step": df["step"].astype(int), "layer": df["name"].astype(str),
                          "metric": prefix + df["statistic"].astype(str), "value": pd.to_numeric(df["value"], errors="coerce")})
 
 
 def _posthoc(path: Path) -> pd.DataFrame:
     df = pd.read_csv(path)
+    if df.duplicated(["step", "layer"]).any():
+        r = df[df.duplicated(["step", "layer"])].iloc[0]
+        raise ValueError(f"{path}: step {r['step']}, layer {r['layer']} has more than one row (one expected)")
     cols = [c for c in df.columns if c not in ("step", "layer") and not c.endswith("_dim")]
     long = df.melt(id_vars=["step", "layer"], value_vars=cols, var_name="metric", value_name="value")
     layer = long["layer"].astype(str)
@@ -188,6 +299,13 @@ def _add_max_layer(df: pd.DataFrame) -> pd.DataFrame:
     mx = per_layer.groupby(["step", "metric"], as_index=False)["value"].max()
     mx["layer"] = LAYER_MAX
     return pd.concat([df, mx[df.columns]], ignore_index=True)
+
+
+def data_files(path: Path) -> list[str]:
+    """The CSVs :func:`cell_numbers` reads, relative to the cell."""
+    rels = [r for r in ("monitor/hidden_states.csv", "monitor/layernorm.csv", "monitor_posthoc/metrics.csv",
+                        "csv/metrics.csv") if (path / r).is_file()]
+    return rels + [f.name for f in sorted(path.glob("*.csv"))]
 
 
 def cell_numbers(cell: Cell) -> pd.DataFrame:

@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from outlierlab.analysis.seed_statistics import CI_METHOD
+from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT
 
 
 def _fmt(x: float) -> str:
@@ -22,26 +22,68 @@ def _fmt(x: float) -> str:
 
 
 def _pm(row: pd.Series) -> str:
-    half = (row["ci_high"] - row["mean"]) if math.isfinite(row["ci_high"]) else math.nan
-    return f"{_fmt(row['mean'])} ± {_fmt(half)} (n={int(row['n'])})"
+    """``mean ± half-width`` for a symmetric (t) interval, ``mean [low, high]`` for a bounded one; n always."""
+    mark = "*" if bool(row.get("n_below_seeds", False)) else ""
+    n = f"(n={int(row['n'])}{mark})"
+    if not math.isfinite(row["ci_high"]):
+        note = " const" if row.get("ci") == CONSTANT else ""
+        return f"{_fmt(row['mean'])}{note} {n}"
+    if str(row.get("ci", CI_METHOD)).startswith("Student"):
+        return f"{_fmt(row['mean'])} ± {_fmt(row['ci_high'] - row['mean'])} {n}"
+    return f"{_fmt(row['mean'])} [{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}] {n}"
 
 
 def _nearest(available: Sequence[int], step: int) -> int | None:
     return min(available, key=lambda s: abs(s - step)) if len(available) else None
 
 
+def _design_lines(design: Mapping | None, contrasts: Mapping[str, pd.DataFrame]) -> list[str]:
+    if not contrasts:
+        return []
+    joined = pd.concat(contrasts.values(), ignore_index=True)
+    sizes = joined["family"].value_counts().to_dict() if "family" in joined else {}
+    primary = ", ".join(f"{m}@{l}" for m, l in (design or {}).get("primary", [])) or "none declared"
+    lines = ["", "## Families and corrections", "",
+             f"Primary metrics ({(design or {}).get('source', 'none declared')}): {primary}, at the last recorded step, "
+             "for every contrast below.", "",
+             f"* **primary family: {sizes.get('primary', 0)} contrasts** — Holm-adjusted p (`p_holm`, family-wise 5%);",
+             f"* **secondary: {sizes.get('secondary', 0)} contrasts** (every other metric, layer and step) — "
+             "Benjamini–Hochberg q (`q_bh`, false discovery rate);",
+             f"* not tested: {sizes.get('not tested', 0)} (constant across seeds or too few seeds: p is NaN, never 0); "
+             f"duplicate: {sizes.get('duplicate', 0)} (a post-hoc row of a statistic the live monitor recorded at the "
+             "same step) — in no family.", "",
+             "Claims rest on `p_holm` (primary) and `q_bh` (secondary), not on the raw p. `mde`: the smallest "
+             "difference a two-sided t-test at 5% detects with 80% power at this n (paired: from the sd of the "
+             "per-seed differences); a difference inside ±mde that is not significant is absence of evidence. "
+             "`tost_p`: two one-sided tests against ±margin (equivalence shown where < 0.05)."]
+    return lines
+
+
 def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, contrasts: Mapping[str, pd.DataFrame],
                    groups: Mapping[str, list], unfinished: list, metrics: Sequence[str], steps: Sequence[int],
-                   layers: Sequence[str]) -> Path:
+                   layers: Sequence[str], unusable: Sequence = (), notes: Sequence[str] = (),
+                   design: Mapping | None = None) -> Path:
     lines = [f"# Study: {', '.join(map(str, sources))}", "",
-             f"Every number: the mean over seeds ± the half-width of its 95% confidence interval ({CI_METHOD}, "
-             "n − 1 degrees of freedom), n = seeds. `max_layer`: the largest value over the encoder layers, "
-             "taken within each run before averaging.", "", "## Groups", "", "| group | seeds | cells |", "|---|---|---|"]
+             f"Every number: the mean over seeds with its 95% confidence interval, n = seeds. Unbounded measures: "
+             f"± the half-width of the {CI_METHOD} interval (n − 1 degrees of freedom). Bounded measures (shares in "
+             "[0, 1], cosines in [−1, 1]): [low, high], a bootstrap percentile interval over seeds when n ≥ 5, else "
+             "a t interval on the logit / Fisher-z scale mapped back (`ci` column of study.csv). `const`: the same "
+             "value in every seed (no interval). `*`: fewer seeds than the group holds (`n_below_seeds`). "
+             "`max_layer`: the largest value over the encoder layers, taken within each run before averaging.", "",
+             "## Groups", "", "| group | seeds | code | cells |", "|---|---|---|---|"]
     for label, cells in groups.items():
         seeds = ", ".join(str(c.seed) for c in sorted(cells, key=lambda c: (c.seed is None, c.seed)))
-        lines.append(f"| {label} | {seeds} | {', '.join(c.path.name for c in cells)} |")
+        codes = ", ".join(sorted({c.code for c in cells}))
+        lines.append(f"| {label} | {seeds} | {codes} | {', '.join(c.path.name for c in cells)} |")
     if unfinished:
         lines += ["", f"**Unfinished, left out ({len(unfinished)}):** " + ", ".join(c.path.name for c in unfinished)]
+    if unusable:
+        lines += ["", f"**Unusable, left out ({len(unusable)}):**", ""]
+        lines += [f"* {p}" for c in unusable for p in c.problems]
+    if notes:
+        lines += ["", f"**Notes:** {len(notes)} cells have no manifest: code version unknown ("
+                  + ", ".join(n.split(':')[0] for n in notes) + ")."]
+    lines += _design_lines(design, contrasts)
     group_names = list(groups)
     lines += ["", "## Headline metrics", ""]
     lines.append("| metric | layer | step | " + " | ".join(group_names) + " |")
@@ -60,11 +102,12 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                 lines.append(f"| {metric} | {layer} | {near} | " + " | ".join(cells) + " |")
     for spec, table in contrasts.items():
         lines += ["", f"## Contrast {spec}", "",
-                  "diff = mean(a) − mean(b) with its 95% CI: a paired t interval over the per-seed differences when "
-                  "both groups hold the same seeds, else Welch's. *ordering*: in how many seeds a − b has the sign "
-                  "of the mean difference (paired), or whether the two groups' runs overlap (Welch).", "",
-                  "| metric | layer | step | a | b | mean a | mean b | diff [95% CI] | test | p | ordering |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "diff = a − b with its 95% CI: a paired t interval over the per-seed differences of the seeds both "
+                  "groups hold (n = pairs), Welch's only when they share fewer than two seeds. *ordering*: in how "
+                  "many seeds a − b has the sign of the mean difference (paired), or whether the two groups' runs "
+                  "overlap (Welch). p: raw; p_holm / q_bh: corrected within the row's family.", "",
+                  "| metric | layer | step | a | b | mean a | mean b | diff [95% CI] | n | p | p_holm / q_bh | mde | tost_p | ordering |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for metric in metrics:
             for layer in layers:
                 sub = table[(table["metric"] == metric) & (table["layer"] == layer)] if not table.empty else table
@@ -73,10 +116,14 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                 available = sorted(sub["step"].unique())
                 for near in sorted({_nearest(available, step) for step in steps}):
                     for _, r in sub[sub["step"] == near].iterrows():
+                        adj = (f"{_fmt(r['p_holm'])} (Holm)" if r.get("family") == "primary" else
+                               f"{_fmt(r['q_bh'])} (BH)" if r.get("family") == "secondary" else r.get("family", "–"))
+                        n = int(r["n_pairs"]) if r["test"] == "paired t" else f"{int(r['n_a'])}+{int(r['n_b'])}"
                         lines.append(f"| {metric} | {layer} | {near} | {r['group_a']} | {r['group_b']} | "
                                      f"{_fmt(r['mean_a'])} | {_fmt(r['mean_b'])} | {_fmt(r['diff'])} "
-                                     f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | {r['test']} | {_fmt(r['p_value'])} | "
-                                     f"{r['ordering']} |")
+                                     f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | {n}{'*' if r['n_below_seeds'] else ''} | "
+                                     f"{_fmt(r['p_value'])} | {adj} | {_fmt(r.get('mde'))} | {_fmt(r.get('tost_p'))} | "
+                                     f"{r['ordering']}{'; ' + r['note'] if isinstance(r.get('note'), str) and r['note'] else ''} |")
     lines += ["", "All metrics, steps and layers: `study.csv`" + (" and `contrasts.csv`." if contrasts else "."), ""]
     path.write_text("\n".join(lines))
     return path

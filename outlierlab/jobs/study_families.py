@@ -1,0 +1,179 @@
+"""A study's declared design and what it licenses: the primary family, corrected p-values, power and equivalence.
+
+The design is declared beside the sweep, in the experiment config (``configs/experiment/<name>.yaml``)::
+
+    study_design:
+      contrasts: ["pos=learned,none"]                         # run when no --contrast is given
+      primary_contrasts: ["pos=learned,none"]                 # the primary family's contrasts (default: all)
+      primary: [hidden/argmax_share@layer_4, val/ppl@model]   # metric@layer, at the last recorded step
+      equivalence_margin: {hidden/argmax_share: 0.1}          # in the metric's own units (TOST)
+
+or on the command line (``--primary``, ``--equivalence-margin``), which wins. Read from, in order: the command
+line, the cells' resolved config (cells made since the key exists), ``configs/experiment/<experiment>.yaml`` of the
+cells' ``experiment=`` override.
+
+Every contrast row gets a ``family``: ``primary`` (a declared metric@layer at its last step, in a primary
+contrast) -> Holm-adjusted ``p_holm`` over that family; ``secondary`` -> Benjamini–Hochberg ``q_bh`` over
+all of them; ``not tested`` (p is NaN: constant across seeds or one seed) and ``duplicate`` (a post-hoc row at a
+step where the live monitor recorded the same statistic of the same model) are in no family. Primary rows also
+get the minimum detectable effect at 80 % power (``mde``) and, where a margin is declared, the TOST p-value
+(``tost_p``) -- :mod:`outlierlab.analysis.study_inference`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from outlierlab.analysis.study_inference import adjust_pvalues, minimum_detectable_effect, tost
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "experiment"
+DESIGN_KEY = "study_design"
+
+
+def parse_primary(items: Sequence[str]) -> list[tuple[str, str]]:
+    """``["hidden/kurtosis@layer_4"]`` -> ``[("hidden/kurtosis", "layer_4")]`` (layer ``model`` when omitted)."""
+    out = []
+    for item in items:
+        metric, _, layer = str(item).partition("@")
+        if not metric:
+            raise ValueError(f"primary metric {item!r}: write metric@layer, e.g. hidden/argmax_share@layer_4")
+        out.append((metric, layer or "model"))
+    return out
+
+
+def parse_margins(spec: Any) -> dict[str, float] | float | None:
+    """A number (every primary metric), a mapping metric -> margin, or ``"m=0.1,n=2"`` from the command line."""
+    if spec is None or spec == "":
+        return None
+    if isinstance(spec, Mapping):
+        return {str(k): float(v) for k, v in spec.items()}
+    if isinstance(spec, (int, float)):
+        return float(spec)
+    text = str(spec)
+    if "=" not in text:
+        return float(text)
+    out = {}
+    for part in filter(None, text.split(",")):
+        k, _, v = part.partition("=")
+        try:
+            out[k] = float(v)
+        except ValueError:
+            raise ValueError(f"--equivalence-margin {spec!r}: write metric=margin[,metric=margin] or one number") from None
+    return out
+
+
+def _from_config_file(name: str) -> dict:
+    path = CONFIGS / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        return (yaml.safe_load(path.read_text()) or {}).get(DESIGN_KEY) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: cannot read its {DESIGN_KEY} ({' '.join(str(e).split())[:120]})") from None
+
+
+def declared_design(cells: Sequence, primary: Sequence[str] | None = None, margin: Any = None) -> dict:
+    """``{"primary": [(metric, layer)], "margin": ..., "source": where it came from}``."""
+    design, source = {}, "none declared"
+    from_cells = [{k[len(DESIGN_KEY) + 1:]: v for k, v in c.config.items() if k.startswith(DESIGN_KEY + ".")}
+                  for c in cells]
+    from_cells = [d for d in from_cells if d]
+    if from_cells:
+        design = {"primary": from_cells[0].get("primary"), "contrasts": from_cells[0].get("contrasts"),
+                  "primary_contrasts": from_cells[0].get("primary_contrasts"),
+                  "equivalence_margin": {k.split(".", 1)[1]: v for k, v in from_cells[0].items()
+                                         if k.startswith("equivalence_margin.")} or from_cells[0].get("equivalence_margin")}
+        source = "the cells' resolved config"
+    else:
+        names = sorted({c.overrides.get("experiment") for c in cells} - {None})
+        if len(names) == 1 and _from_config_file(names[0]):
+            design, source = _from_config_file(names[0]), f"configs/experiment/{names[0]}.yaml"
+    if primary:
+        design = {**design, "primary": list(primary)}
+        source = "--primary"
+    if margin is not None:
+        design = {**design, "equivalence_margin": margin}
+    contrasts = [str(c) for c in design.get("contrasts") or []]
+    return {"primary": parse_primary(design.get("primary") or []), "contrasts": contrasts,
+            "primary_contrasts": [str(c) for c in design.get("primary_contrasts") or contrasts],
+            "margin": parse_margins(design.get("equivalence_margin")), "source": source}
+
+
+def contrast_name(spec: str) -> str:
+    """``arch=default,op`` -> ``arch: default - op`` (the ``contrast`` column of contrasts.csv)."""
+    key, _, values = spec.partition("=")
+    a, _, b = values.partition(",")
+    return f"{key}: {a} - {b}"
+
+
+def _margin_for(margin: dict[str, float] | float | None, metric: str) -> float:
+    if margin is None:
+        return math.nan
+    if isinstance(margin, float):
+        return margin
+    return float(margin.get(metric, math.nan))
+
+
+@functools.lru_cache(maxsize=None)
+def _standardized_mde(n_a: int, n_b: int, paired: bool) -> float:
+    return minimum_detectable_effect(n_a, n_b, 1.0, paired)
+
+
+def assign_families(table: pd.DataFrame, per_seed: pd.DataFrame, design: dict) -> pd.DataFrame:
+    """Add ``family, p_holm, q_bh, mde, margin, tost_p`` to a contrast table (see the module docstring)."""
+    if table.empty:
+        return table.assign(family=[], p_holm=[], q_bh=[], mde=[], margin=[], tost_p=[])
+    t = table.copy()
+    t["family"] = "secondary"
+    t.loc[~np.isfinite(t["p_value"].astype(float)), "family"] = "not tested"
+    hidden = set(zip(t["group_a"], t["group_b"], t["step"], t["layer"], t["metric"]))
+    is_dup = [m.startswith("posthoc/") and (ga, gb, s, l, "hidden/" + m[len("posthoc/"):]) in hidden
+              for ga, gb, s, l, m in zip(t["group_a"], t["group_b"], t["step"], t["layer"], t["metric"])]
+    t.loc[np.array(is_dup) & (t["family"] == "secondary"), "family"] = "duplicate"
+    declared = {contrast_name(c) for c in design.get("primary_contrasts") or []}
+    in_primary_contrast = t["contrast"].isin(declared) if declared else pd.Series(True, index=t.index)
+    for metric, layer in design["primary"]:
+        sel = (t["metric"] == metric) & (t["layer"] == layer) & in_primary_contrast
+        if not sel.any():
+            continue
+        last = t[sel].groupby(["group_a", "group_b"])["step"].transform("max")
+        t.loc[t[sel].index[t.loc[sel, "step"].to_numpy() == last.to_numpy()], "family"] = "primary"
+    t["p_holm"] = math.nan
+    t["q_bh"] = math.nan
+    prim, sec = t["family"] == "primary", t["family"] == "secondary"
+    t.loc[prim, "p_holm"] = adjust_pvalues(t.loc[prim, "p_value"], "holm")
+    t.loc[sec, "q_bh"] = adjust_pvalues(t.loc[sec, "p_value"], "fdr_bh")
+    t["mde"], t["margin"], t["tost_p"] = math.nan, math.nan, math.nan
+    for i in t.index[prim]:
+        r = t.loc[i]
+        paired = r["test"] == "paired t"
+        n_a, n_b = (int(r["n_pairs"]), int(r["n_pairs"])) if paired else (int(r["n_a"]), int(r["n_b"]))
+        t.at[i, "mde"] = _standardized_mde(n_a, n_b, paired) * float(r["sd"]) if min(n_a, n_b) >= 2 else math.nan
+        m = _margin_for(design["margin"], r["metric"])
+        t.at[i, "margin"] = m
+        if math.isfinite(m):
+            a, b = _values(per_seed, r["group_a"], r), _values(per_seed, r["group_b"], r)
+            if paired:
+                shared = sorted(set(a) & set(b))
+                t.at[i, "tost_p"] = tost([a[s] for s in shared], [b[s] for s in shared], m, True)
+            else:
+                t.at[i, "tost_p"] = tost(list(a.values()), list(b.values()), m, False)
+    return t
+
+
+def _values(per_seed: pd.DataFrame, group: str, r: pd.Series) -> dict:
+    sub = per_seed[(per_seed["group"] == group) & (per_seed["step"] == r["step"]) & (per_seed["layer"] == r["layer"])
+                   & (per_seed["metric"] == r["metric"])]
+    return {int(s): float(v) for s, v in zip(sub["seed"], sub["value"]) if math.isfinite(float(v))}
+
+
+def family_sizes(table: pd.DataFrame) -> dict[str, int]:
+    """Rows per family (``primary``, ``secondary``, ``not tested``, ``duplicate``)."""
+    return {k: int(v) for k, v in table["family"].value_counts().items()} if "family" in table else {}
