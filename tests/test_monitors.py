@@ -211,12 +211,15 @@ def test_hidden_state_records_count_argmax_share_on_valid_tokens_only():
     # token_pair_cosine draws 300 pairs with replacement, close to that expectation
     assert float(summary["token_pair_cosine"][2]) == pytest.approx(0.82 - 0.18 * 0.6, abs=0.12)
     assert abs(float(summary["token_pair_cosine"][0])) < 0.2  # isotropic noise
-    # anisotropy is evaluate.py's protocol: one token per sentence, 10 sentences -> 5 disjoint pairs
+    # anisotropy_one_per_sentence is evaluate.py's protocol: one token per sentence, 10 sentences -> 5 disjoint
+    # pairs; anisotropy itself is the n_pairs estimate (issue 37), with a jackknife standard error beside it
     valid = (attn.bool() & ~special.bool())
     a, b = paired_sentence_tokens(valid.nonzero()[:, 0], generator=1)
     tokens = hidden[:, valid]
-    assert by[("layer_2", "n_anisotropy_pairs")] == (None, 5)
-    assert torch.allclose(summary["anisotropy"], anisotropy(tokens[:, a], tokens[:, b]).double())
+    assert by[("layer_2", "n_anisotropy_pairs")] == (None, 300)
+    assert torch.allclose(summary["anisotropy_one_per_sentence"], anisotropy(tokens[:, a], tokens[:, b]).double())
+    assert torch.equal(summary["anisotropy"], summary["token_pair_cosine"])
+    assert 0 < by[("layer_2", "anisotropy_se")][1] < 0.2
     # the same seed gives the same pairs
     again = hidden_state_records(3, hidden, attn, special, top_k=2, n_pairs=300, seed=1)[1]
     assert torch.equal(again["anisotropy"], summary["anisotropy"])
@@ -346,3 +349,22 @@ def test_monitors_do_not_change_training(runs, tmp_path, tokenizer):
     plain = fit(tmp_path, tokenizer, 20, monitors=False)
     for name, value in plain.state_dict().items():
         assert torch.equal(value, runs["weights_a"][name]), name
+
+
+def test_anisotropy_standard_error_is_the_delete_one_sentence_jackknife():
+    """Issue 37: the SE of the 1,000-pair anisotropy, checked against an explicit leave-one-sentence-out loop."""
+    from outlierlab.analysis.monitoring import jackknife_se_by_sentence
+
+    cos = torch.tensor([[0.9, 0.1, 0.5, 0.3, 0.7, 0.2]], dtype=torch.float64)
+    sa = torch.tensor([0, 0, 1, 2, 3, 1])
+    sb = torch.tensor([1, 2, 3, 3, 0, 2])
+    thetas = []
+    for k in range(4):
+        keep = (sa != k) & (sb != k)
+        thetas.append(float(cos[0, keep].mean()))
+    mean = sum(thetas) / 4
+    expected = math.sqrt(3 / 4 * sum((t - mean) ** 2 for t in thetas))
+    assert float(jackknife_se_by_sentence(cos, sa, sb)[0]) == pytest.approx(expected, rel=1e-12)
+    # equal cosines everywhere: no spread, SE 0; two sentences: no jackknife
+    assert float(jackknife_se_by_sentence(torch.full((1, 6), 0.4, dtype=torch.float64), sa, sb)[0]) == pytest.approx(0)
+    assert math.isnan(float(jackknife_se_by_sentence(cos[:, :1], sa[:1], sb[:1])[0]))

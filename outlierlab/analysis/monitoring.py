@@ -31,7 +31,7 @@ from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
 from outlierlab.analysis.isoscore import isoscore
 from outlierlab.analysis.rogue_dims import cosine_contributions, share_defined, top_share
-from outlierlab.analysis.similarity import anisotropy, paired_sentence_tokens, sample_cross_sentence_pairs
+from outlierlab.analysis.similarity import anisotropy, paired_sentence_tokens, pairwise_cosine, sample_cross_sentence_pairs
 
 __all__ = [
     "Row",
@@ -173,6 +173,36 @@ def encoder_hidden_states(model: nn.Module, input_ids: Tensor, attention_mask: T
     return torch.stack(tuple(out.hidden_states))
 
 
+def jackknife_se_by_sentence(cosines: Tensor, sentence_a: Tensor, sentence_b: Tensor) -> Tensor:
+    r"""Standard error of a mean pair cosine, by deleting one sentence at a time (Efron & Stein 1981's jackknife).
+
+    With S sentences and θ₍ₖ₎ the mean over the pairs that do not involve sentence k,
+    SE = √((S − 1)/S · Σₖ (θ₍ₖ₎ − θ̄)²), θ̄ = mean of the θ₍ₖ₎. Pairs drawn from a small batch share sentences
+    (1,000 pairs from 32 sentences), so they are not independent and sd/√P understates the error.
+
+    Parameters
+    ----------
+    cosines : Tensor[L, P]
+    sentence_a, sentence_b : LongTensor[P]
+        The sentence of each pair's two tokens.
+
+    Returns
+    -------
+    Tensor[L] (float64); NaN with fewer than 3 sentences.
+    """
+    ids = torch.cat([sentence_a, sentence_b]).cpu().unique()
+    n_layers = cosines.shape[0]
+    if ids.numel() < 3:
+        return torch.full((n_layers,), math.nan, dtype=torch.float64)
+    c = cosines.double().cpu()
+    involves = (sentence_a.cpu()[None, :] == ids[:, None]) | (sentence_b.cpu()[None, :] == ids[:, None])  # [S, P]
+    keep = (~involves).double()
+    counts = keep.sum(1)  # pairs left after deleting sentence k
+    theta = (c @ keep.T) / counts  # [L, S]
+    s = ids.numel()
+    return torch.sqrt((s - 1) / s * ((theta - theta.mean(1, keepdim=True)) ** 2).sum(1))
+
+
 def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
                          special_tokens_mask: Tensor | None = None, top_k: int = 5, n_pairs: int = 1000,
                          seed: int = 0, vectors: bool = True, *, attentions: Tensor | None = None,
@@ -193,10 +223,10 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     top_k : int
         Dims with the largest |mean| written per layer.
     n_pairs : int
-        Token pairs for ``token_pair_cosine`` (uniform over tokens, with replacement, from different
-        sentences; :func:`outlierlab.analysis.similarity.sample_cross_sentence_pairs`, generator seed ``seed``).
+        Token pairs for ``anisotropy`` (uniform over tokens, with replacement, from different sentences;
+        :func:`outlierlab.analysis.similarity.sample_cross_sentence_pairs`, generator seed ``seed``).
     seed : int
-        Also seeds ``anisotropy``'s pairs: the same batch and seed give the same pairs at every step.
+        Seeds the pairs: the same batch and seed give the same pairs at every step.
     vectors : bool
         Also write the whole mean vector (``mean`` rows, d per layer).
     attentions : Tensor[L-1, B, H, T, T], optional
@@ -212,12 +242,16 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     rows : list[Row]
         Per layer name ``layer_{i}``: ``n_tokens``; ``argmax_share`` / ``argmin_share`` (dim = the dim
         holding most tokens' max/min, value = that share of tokens; signed values); ``abs_argmax_share``
-        (the same for |x|); ``anisotropy`` — the evaluation protocol of ``evaluate.py`` (one random token
-        per sentence, sentences paired without replacement: B sentences give ⌊B/2⌋ pairs;
-        :func:`outlierlab.analysis.similarity.paired_sentence_tokens`, Ethayarajh 2019, Luo et al. §4.1) —,
-        ``n_anisotropy_pairs``; ``token_pair_cosine`` (``n_pairs`` pairs drawn with replacement: lower
-        variance on a small batch, but not the papers' protocol; the monitor's "anisotropy" before
-        2026-11); ``rogue_top1_share`` (dim = the dim of largest contribution CC_i to the anisotropy, value =
+        (the same for |x|); ``anisotropy`` — the mean cosine of ``n_pairs`` (default 1,000) token pairs from
+        different sentences (Ethayarajh 2019; uniform over tokens, with replacement,
+        :func:`outlierlab.analysis.similarity.sample_cross_sentence_pairs`), with ``anisotropy_se``, its
+        delete-one-sentence jackknife standard error (:func:`jackknife_se_by_sentence`: the pairs reuse the
+        batch's few sentences, so sd/√P would be too small), and ``n_anisotropy_pairs``;
+        ``token_pair_cosine`` (the same estimate, its name before issue 37: old cells hold it too);
+        ``anisotropy_one_per_sentence`` (evaluate.py's protocol, one random token per sentence, sentences
+        paired without replacement: on a 32-sentence batch only 16 pairs — the monitor's ``anisotropy`` before
+        issue 37, :func:`outlierlab.analysis.similarity.paired_sentence_tokens`, Luo et al. §4.1);
+        ``rogue_top1_share`` (dim = the dim of largest contribution CC_i to the anisotropy, value =
         its share of it) and ``rogue_top3_share`` (Timkey & van Schijndel 2021, on the anisotropy pairs;
         :mod:`outlierlab.analysis.rogue_dims`; NaN where the anisotropy is within 2 standard errors of 0); ``isoscore`` (Rudman et al. 2022, from the covariance of
         the valid tokens; :mod:`outlierlab.analysis.isoscore`); ``kurtosis`` (He et al. 2024); ``max_median`` (He et al. 2024; Sun et al. 2024);
@@ -251,20 +285,22 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     share = torch.maximum(acc.argmax_share(), acc.argmin_share())
     sentence_ids = valid.nonzero()[:, 0]  # batch row of every valid token
     nan = torch.full((n_layers,), math.nan, dtype=torch.float64)
-    aniso, pair_cos, n_aniso = nan, nan, 0
+    aniso, aniso_se, one_per_sentence, n_aniso = nan, nan, nan, 0
     share1, share3, top_dim = nan, nan, [None] * n_layers
     if sentence_ids.unique().numel() >= 2:
         a, b = paired_sentence_tokens(sentence_ids, generator=seed)
+        one_per_sentence = anisotropy(tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]).double().cpu()
+        a, b = sample_cross_sentence_pairs(sentence_ids, n_pairs, generator=seed)
         n_aniso = int(a.numel())
         va, vb = tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]
         aniso = anisotropy(va, vb).double().cpu()
+        aniso_se = jackknife_se_by_sentence(pairwise_cosine(va, vb).double().cpu(), sentence_ids[a], sentence_ids[b])
         cc = cosine_contributions(va, vb).cpu()  # [L, d], sums to the anisotropy
         defined = share_defined(va, vb)  # a share of an anisotropy within 2 SE of 0 is noise: NaN
         share1 = torch.where(defined, top_share(cc, 1), nan)
         share3 = torch.where(defined, top_share(cc, min(3, dim)), nan)
         top_dim = cc.argmax(-1).tolist()
-        a, b = sample_cross_sentence_pairs(sentence_ids, n_pairs, generator=seed)
-        pair_cos = anisotropy(tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]).double().cpu()
+    pair_cos = aniso
     iso = isoscore(tokens).cpu() if tokens.shape[1] >= 2 else nan
     token_ids = None
     if input_ids is not None:
@@ -285,8 +321,10 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
                  (step, name, "argmin_share", s["argmin_dim"], s["argmin_share"]),
                  (step, name, "abs_argmax_share", s["abs_argmax_dim"], s["abs_argmax_share"]),
                  (step, name, "anisotropy", None, float(aniso[i])),
+                 (step, name, "anisotropy_se", None, float(aniso_se[i])),
                  (step, name, "n_anisotropy_pairs", None, n_aniso),
                  (step, name, "token_pair_cosine", None, float(pair_cos[i])),
+                 (step, name, "anisotropy_one_per_sentence", None, float(one_per_sentence[i])),
                  (step, name, "rogue_top1_share", top_dim[i], float(share1[i])),
                  (step, name, "rogue_top3_share", None, float(share3[i])),
                  (step, name, "isoscore", None, float(iso[i])),
@@ -310,7 +348,8 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
             rows += [(step, name, "mean", d, x) for d, x in enumerate(mean[i].tolist())]
     for w, (d, v) in pooled.items():
         rows.append((step, "model", f"pooled_{w}_share", d, v))
-    return rows, {"mean": mean, "layers": layers, "anisotropy": aniso, "token_pair_cosine": pair_cos,
+    return rows, {"mean": mean, "layers": layers, "anisotropy": aniso, "anisotropy_se": aniso_se,
+                  "anisotropy_one_per_sentence": one_per_sentence, "token_pair_cosine": pair_cos,
                   "rogue_top1_share": share1, "rogue_top3_share": share3, "isoscore": iso,
                   "outliers": outliers, "pooled": pooled, "inf_norms": dict(inf_norms or {}), "sinks": sinks,
                   "sink_threshold": sink_threshold}

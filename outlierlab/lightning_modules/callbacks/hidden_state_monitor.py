@@ -5,8 +5,8 @@ At every record (step 0 before any update, every ``every_n_steps``, at checkpoin
 sequences (one forward pass, :func:`outlierlab.models.sites.monitored_forward`), and
 :func:`outlierlab.analysis.monitoring.hidden_state_records` computes per layer the mean token vector, the share of
 tokens whose argmax/argmin falls on the most common dim (Luo et al. 2021 §2; their 96.60% on dim 557 of
-BERT-base is a pooled *argmin* share, also written), the dims with the largest |mean|, anisotropy by the
-evaluation protocol (Ethayarajh 2019) with the top-1/top-3 dims' share of it (Timkey & van Schijndel 2021)
+BERT-base is a pooled *argmin* share, also written), the dims with the largest |mean|, anisotropy from
+1,000 cross-sentence token pairs with its jackknife standard error (Ethayarajh 2019) with the top-1/top-3 dims' share of it (Timkey & van Schijndel 2021)
 and IsoScore (Rudman et al. 2022), activation kurtosis and max/median ratio (He et al. 2024; Sun et
 al. 2024), the inf-norm at the FFN output and around the output LayerNorm (Bondarenko et al. 2023), and
 sink-head shares and attention entropy (Gu et al. 2025).  Special tokens and padding are left out of the
@@ -111,9 +111,10 @@ class HiddenStateMonitor(OutlierMonitor):
     top_k : int
         Dims with the largest |mean| written per layer.
     n_pairs, seed : int
-        Pairs for ``token_pair_cosine`` (with replacement); ``seed`` also seeds the anisotropy pairs.
-        Anisotropy itself pairs one token of each of the ``n_sequences`` sentences (n/2 pairs, the
-        evaluation protocol): raise ``n_sequences`` for a less noisy estimate.
+        Cross-sentence token pairs of the anisotropy (with replacement; default 1,000, issue 37) and their
+        seed; its standard error (``anisotropy_se``, a delete-one-sentence jackknife) is written beside it.
+        ``anisotropy_one_per_sentence`` keeps the evaluation protocol (one token of each of the
+        ``n_sequences`` sentences, n/2 pairs: 16 on the default batch, too few to contrast runs).
     sink_threshold : float
         Gu et al. (2025)'s ε for a sink head (mean attention on the token above it).
     """
@@ -196,6 +197,8 @@ class HiddenStateMonitor(OutlierMonitor):
             writer.add_scalar(f"{base}/argmax_dim", s["argmax_dim"], step)
             writer.add_scalar(f"{base}/argmin_dim", s["argmin_dim"], step)
             writer.add_scalar(f"{base}/anisotropy", float(summary["anisotropy"][i]), step)
+            if summary["anisotropy_se"][i] == summary["anisotropy_se"][i]:  # NaN below 3 sentences
+                writer.add_scalar(f"{base}/anisotropy_se", float(summary["anisotropy_se"][i]), step)
             writer.add_scalar(f"{base}/max_abs_mean", abs(s["top_values"][0]), step)
             writer.add_scalar(f"{base}/n_outlier_dims", len(summary["outliers"][i]), step)
             for key in ("kurtosis", "max_median", "max_abs", "abs_argmax_share"):
