@@ -12,6 +12,7 @@ layer x transform), ``probe_report.md``, PNG plots, ``probe_info.json``, TensorB
 
 from __future__ import annotations
 
+from outlierlab.jobs.run_errors import CELL_FAILED
 from outlierlab.jobs.startup import check_overrides, register_resolvers, run_main
 
 register_resolvers()
@@ -38,11 +39,14 @@ def _check(cfg: DictConfig) -> None:
 
 @hydra.main(config_path="configs", config_name="probe", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_main(_check, cfg)  # missing value, bad path, offline hub: fail now, in one line
+    if run_main(_check, cfg) is CELL_FAILED:  # missing value, bad path, offline hub: fail now, in one line
+        return  # a multirun cell that failed its checks (recorded); the sweep goes on
     from outlierlab.jobs.probing import run  # lazy: heavy imports only after the config is valid
 
     run_dir = HydraConfig.get().runtime.output_dir
     out = run_main(lambda c: run(c, run_dir), cfg)
+    if out is CELL_FAILED:
+        return
     print(f"probe done: {len(out['rows'])} rows -> {run_dir}")
 
 

@@ -35,8 +35,8 @@ def main(cfg: DictConfig) -> float | None:
 
         return train(cfg)
 
-    metrics = run_main(job, cfg)
-    return metrics.get("val/loss")  # for Hydra sweepers
+    metrics = run_main(job, cfg)  # a failed or skipped cell of a multirun returns run_errors.CELL_FAILED
+    return metrics.get("val/loss") if isinstance(metrics, dict) else None  # for Hydra sweepers
 
 
 if __name__ == "__main__":

@@ -288,23 +288,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("cell_dir", lambda name: cell_dir_name(str(name)))
 
 
-# Errors that mean "the user asked for something that cannot work": reported as one line.
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, OSError, FloatingPointError)
-
-
-def run_main(job, cfg):
-    """Run ``job(cfg)``; a user error becomes ``error: <message>`` on stderr and exit status 1.
-
-    Set ``OUTLIERLAB_DEBUG=1`` to get the full traceback instead.
-    """
-    try:
-        return job(cfg)
-    except USER_ERRORS as e:
-        if os.environ.get("OUTLIERLAB_DEBUG"):
-            raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: {msg}", file=sys.stderr)
-        sys.exit(1)
+# run_main / USER_ERRORS live in run_errors (one line per failure, a sweep that survives a failing cell)
+from outlierlab.jobs.run_errors import USER_ERRORS, run_main  # noqa: E402,F401 (the entry points import them here)
 
 
 register_resolvers()  # see its docstring: launcher workers need the resolvers too

@@ -17,29 +17,43 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.plugins.io import CheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from outlierlab.datamodules.budget import DataBudget, data_budget
 from outlierlab.models import EncoderConfig, hf_exportable, save_pretrained
 from outlierlab.models.checkpoint import read_checkpoint
 from outlierlab.lightning_modules.mlm_module import MLMLitModule
-from outlierlab.jobs.run_state import FINISHED_MARKER, finished_run, mark_finished, record_start  # noqa: F401 (re-exported)
+from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space, checkpoint_bytes, checkpoints_kept,
+                                           free_bytes_needed, staged_dir)
+from outlierlab.jobs.run_errors import error_line
+from outlierlab.jobs.run_lock import is_primary_process, lock_run_dir
+from outlierlab.jobs.run_state import FINISHED_MARKER, finished_run, mark_failed, mark_finished, record_start  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 
-def ensure_writable(run_dir: Path, min_free_mb: int = 200) -> None:
-    """Fail at start, not after an hour, if the run directory cannot hold checkpoints."""
+def ensure_writable(run_dir: Path) -> None:
+    """Fail at start, not after an hour, if the run directory cannot be written (free space: once the model is
+    built, :func:`outlierlab.jobs.checkpoint_io.check_free_space`)."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write_test"
+        probe = run_dir / f".write_test-{os.getpid()}"  # per process: two starts on one directory do not collide
         probe.write_bytes(b"x" * 1024)
         probe.unlink()
     except OSError as e:
         raise OSError(f"run directory {run_dir} is not writable ({e.strerror}); choose another with hydra.run.dir=") from None
-    free_mb = os.statvfs(run_dir).f_bavail * os.statvfs(run_dir).f_frsize / 2**20
-    if free_mb < min_free_mb:
-        raise OSError(f"only {free_mb:.0f} MB free under {run_dir}; checkpoints need more (free space or set hydra.run.dir=)")
+
+
+def ensure_room(run_dir: Path, module: L.LightningModule, cfg: DictConfig) -> int:
+    """Refuse to start, in one line, unless the run directory can hold this model's checkpoints (parameters and
+    Adam state, for every checkpoint kept plus the one being staged) and its export; return the bytes needed."""
+    ckpt = checkpoint_bytes(module)
+    existing = len(list((run_dir / "checkpoints").glob("*.ckpt")))
+    export = ckpt // 3 if cfg.get("export", True) else 0
+    need = free_bytes_needed(ckpt, checkpoints_kept(cfg), export, existing)
+    check_free_space(run_dir, need)
+    return need
 
 
 def _readable(path: Path) -> dict[str, Any] | None:
@@ -183,28 +197,44 @@ def set_threads(threads: int | None) -> int:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run MLM pretraining as configured; return the final logged metrics.
 
-    A run directory whose ``finished.json`` records the same ``trainer.max_steps`` is skipped (its metrics
-    are returned), and one with a checkpoint but no such marker resumes from it (``resume: true``; also a
-    finished run given more steps) -- so re-running a stopped multirun continues it cell by cell instead of
-    starting over.
+    The run directory is locked for this process first (:mod:`outlierlab.jobs.run_lock`: a second process on it
+    gets one line naming the holder). A run directory whose ``finished.json`` records the same
+    ``trainer.max_steps`` is skipped (its metrics are returned), and one with a checkpoint but no such marker
+    resumes from it (``resume: true``; also a finished run given more steps) -- so re-running a stopped multirun
+    continues it cell by cell instead of starting over. A run that fails writes ``failed.json`` (the one-line
+    error and the step reached, :func:`outlierlab.jobs.run_state.failed_run`).
     """
     run_dir = Path(cfg.run_dir).resolve()
-    done = finished_run(run_dir)
-    same_budget = done is not None and done.get("max_steps") == OmegaConf.select(cfg, "trainer.max_steps")
-    if same_budget and cfg.get("skip_finished", True) and cfg.get("ckpt_path") in (None, "", "null"):
-        log.info("%s finished earlier (step %s): skipped; delete it, or set skip_finished=false, to train it again",
-                 run_dir, done.get("global_step"))
-        return {k: float(v) for k, v in (done.get("metrics") or {}).items()}
-    env_before = {k: os.environ.get(k) for k in _DDP_ENV}
+    primary = is_primary_process()  # DDP ranks >= 1 share rank 0's lock and write no markers
+    if primary:
+        ensure_writable(run_dir)
+    lock = lock_run_dir(run_dir) if primary else None
     try:
-        return _train(cfg)
+        done = finished_run(run_dir)
+        same_budget = done is not None and done.get("max_steps") == OmegaConf.select(cfg, "trainer.max_steps")
+        if same_budget and cfg.get("skip_finished", True) and cfg.get("ckpt_path") in (None, "", "null"):
+            log.info("%s finished earlier (step %s): skipped; delete it, or set skip_finished=false, to train it "
+                     "again", run_dir, done.get("global_step"))
+            return {k: float(v) for k, v in (done.get("metrics") or {}).items()}
+        env_before = {k: os.environ.get(k) for k in _DDP_ENV}
+        progress: dict[str, Any] = {}
+        try:
+            return _train(cfg, progress)
+        except Exception as e:
+            if primary:
+                trainer = progress.get("trainer")
+                mark_failed(run_dir, error_line(e), int(trainer.global_step) if trainer is not None else None)
+                e.failed_recorded = True  # run_errors.run_main: failed.json is written, with the step
+            raise
+        finally:
+            _release_ddp(env_before)
     finally:
-        _release_ddp(env_before)
+        if lock is not None:
+            lock.release()
 
 
-def _train(cfg: DictConfig) -> dict[str, float]:
+def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     run_dir = Path(cfg.run_dir).resolve()
-    ensure_writable(run_dir)
     threads = set_threads(cfg.get("threads"))
     L.seed_everything(cfg.seed, workers=True)
 
@@ -239,9 +269,17 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         del ckpt
 
     module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config)
+    ensure_room(run_dir, module, cfg)
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    # checkpoints staged beside their destination (Lightning #21253): no torn file under a checkpoint's name
+    plugins = list(hydra.utils.instantiate(cfg.trainer.get("plugins")) or [])
+    if not any(isinstance(p, CheckpointIO) for p in plugins):  # a CheckpointIO of the user's own wins
+        plugins.append(StagedCheckpointIO())
+    trainer_cfg = {k: v for k, v in cfg.trainer.items() if k != "plugins"}
+    trainer: L.Trainer = hydra.utils.instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False,
+                                                 plugins=plugins)
+    progress["trainer"] = trainer
 
     report_data_budget(datamodule, trainer, cfg.get("data_epochs_warning"))
     log.info("%d intra-op thread(s) for this run", threads)
@@ -260,7 +298,8 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("export", True) and trainer.global_rank == 0:
         out = _export_dir(run_dir, config)
         tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
-        fmt = save_pretrained(module.model, out, tokenizer=tokenizer)
+        with staged_dir(out) as staging:  # written beside hf/ (model/), renamed into place when complete
+            fmt = save_pretrained(module.model, staging, tokenizer=tokenizer)
         log.info("exported the trained model (%s format) and tokenizer to %s", fmt, out)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
     if trainer.global_rank == 0 and trainer.global_step >= trainer.max_steps > 0:

@@ -1,0 +1,117 @@
+"""Checkpoints and exports written like the rest of our files: staged beside their destination (issue 40).
+
+Lightning's ``TorchCheckpointIO`` saves through ``_atomic_save``, which stages the bytes in an fsspec transaction
+under ``$TMPDIR`` and then *moves* the file to the run directory. Across file systems that move is a copy, not a
+rename: with a full disk it left a 45 MB torn file under the checkpoint's own name (good ones: 64 MB), and on
+clusters whose ``$TMPDIR`` is small it fails even when the run directory has room -- Lightning issue #21253,
+fix proposed in PR #21744. Remove :class:`StagedCheckpointIO` once a Lightning release carries that fix.
+
+This module also sizes the free-space check from the model (:func:`checkpoint_bytes`, :func:`check_free_space`)
+and stages the ``hf/`` / ``model/`` exports (:func:`staged_dir`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from outlierlab.jobs.run_state import fsync_dir
+
+#: Room kept free beyond checkpoints and export, for logs, monitor CSVs and the tokenizer.
+MARGIN_BYTES = 64 * 2**20
+
+
+class StagedCheckpointIO(TorchCheckpointIO):
+    """``torch.save`` into ``<dest>.partial-<pid>`` in the destination's directory, fsync, ``os.replace``.
+
+    No file under a checkpoint's name is ever partial: a failure (disk full, a kill, an error while
+    serialising) leaves the previous file with that name, and the staging file is removed on any exception.
+    Remote paths (``s3://`` and the like) are left to Lightning's own writer.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.partial-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as fh:
+                torch.save(checkpoint, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+
+
+def checkpoint_bytes(module: torch.nn.Module, optimizer_states: int = 2) -> int:
+    """Approximate bytes of one checkpoint: the parameters plus Adam's two moment tensors per parameter
+    (``optimizer_states=2``), each at the parameter's own element size (fp32 master weights: 4 bytes)."""
+    return sum(p.numel() * p.element_size() for p in module.parameters()) * (1 + optimizer_states)
+
+
+def checkpoints_kept(cfg) -> int:
+    """How many checkpoint files a run keeps at once: ``save_top_k`` step checkpoints (-1: every one the run
+    writes) plus ``last.ckpt``; 1 without a ModelCheckpoint callback (the SIGTERM ``last.ckpt``)."""
+    from omegaconf import OmegaConf
+
+    mc = OmegaConf.select(cfg, "callbacks.model_checkpoint")
+    if mc is None:
+        return 1
+    top_k = int(mc.get("save_top_k", 1))
+    if top_k < 0:
+        every = int(mc.get("every_n_train_steps") or 1)
+        top_k = max(1, int(OmegaConf.select(cfg, "trainer.max_steps") or 1) // every)
+    return top_k + (1 if mc.get("save_last") else 0)
+
+
+def free_bytes_needed(ckpt_bytes: int, kept: int, export_bytes: int = 0, existing: int = 0) -> int:
+    """Bytes the run directory must have free: one checkpoint per file kept and one more being staged
+    (``kept + 1``), less the ``existing`` checkpoint files a resumed run replaces (at least the staging one),
+    plus the export and :data:`MARGIN_BYTES`."""
+    files = max(1, kept + 1 - existing)
+    return ckpt_bytes * files + export_bytes + MARGIN_BYTES
+
+
+def check_free_space(run_dir: Path, need: int) -> None:
+    """One line if ``run_dir``'s file system has less than ``need`` bytes free."""
+    free = shutil.disk_usage(run_dir).free
+    if free < need:
+        raise OSError(f"only {free / 2**20:.0f} MB free under {run_dir}; this model's checkpoints, their staging "
+                      f"copy and the export need about {need / 2**20:.0f} MB (free space, keep fewer checkpoints "
+                      "with callbacks.model_checkpoint.save_top_k=, or choose another hydra.run.dir=)")
+
+
+@contextmanager
+def staged_dir(dest: Path) -> Iterator[Path]:
+    """Yield a sibling staging directory ``.<name>.partial-<pid>``; on success it replaces ``dest``.
+
+    A directory cannot be renamed over a non-empty one, so an existing ``dest`` is moved aside first and removed
+    after; a failure inside the block removes the staging directory and leaves ``dest`` as it was.
+    """
+    dest = Path(dest)
+    tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    try:
+        yield tmp
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not dest.exists():
+            os.replace(old, dest)  # the previous export stays where it was
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    fsync_dir(dest.parent)
