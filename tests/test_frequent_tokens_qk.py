@@ -13,6 +13,7 @@ from outlierlab.analysis.qk_outliers import RotarySpec, magnitude_outliers
 from outlierlab.evaluation.frequent_tokens import late_labels, score_conditions
 from outlierlab.evaluation.qk_outliers import QKRecorder, qk_rows, rotary_specs
 from outlierlab.models.config import EncoderConfig
+from outlierlab.models.families import QKProjection
 from outlierlab.models.encoder import RobertaMaskedLM
 
 
@@ -180,7 +181,8 @@ def test_a_planted_rotary_pair_is_reported_with_its_frequency_and_dims():
     d0, d1 = _plant_pair(model, layer=1, head=1, pair=6)
     rec = _record(model)
     specs = rotary_specs(model, 2, model.config.head_dim, 1.0)
-    assert specs[0] == RotarySpec(32, 32, 10000.0, 64, "half", 1.0)
+    assert specs[0].inv_freq == pytest.approx(RotarySpec.from_base(32, 32, 10000.0, 64).inv_freq, rel=1e-12)
+    assert specs[0].context == 64 and specs[0].rotary_dim == 32 and specs[0].layout == "half"
     rows = qk_rows(rec.acc.result(), specs, k=3.0)
     flagged_q = {(r["layer"], r["head"], r["dim"]) for r in rows if r["q_outlier"]}
     flagged_k = {(r["layer"], r["head"], r["dim"]) for r in rows if r["k_outlier"]}
@@ -207,11 +209,99 @@ def test_no_rotary_scheme_names_no_pair():
 
 
 def test_pairs_of_both_layouts_and_the_outlier_rule():
-    half, inter = RotarySpec(8, 8, 100.0, 32, "half"), RotarySpec(8, 6, 100.0, 32, "interleaved")
+    half, inter = RotarySpec.from_base(8, 8, 100.0, 32, "half"), RotarySpec.from_base(8, 6, 100.0, 32, "interleaved")
     assert [half.pair(d) for d in range(8)] == [(0, 4), (1, 5), (2, 6), (3, 7), (0, 0), (1, 1), (2, 2), (3, 3)]
     assert [inter.pair(d) for d in range(8)] == [(0, 1), (0, 0), (1, 3), (1, 2), (2, 5), (2, 4), None, None]
     mask, z = magnitude_outliers(torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0], [2.0] * 8]), 2.0)
     assert mask[0].tolist() == [False] * 7 + [True] and not mask[1].any() and float(z[1].abs().max()) == 0.0
+
+
+def _record_hf(model, seed=11, T=24):
+    rec = QKRecorder(model)
+    ids = torch.randint(1000, 2000, (3, T), generator=_g(seed))
+    mask = torch.ones_like(ids)
+    with rec.hooked(), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+        rec.observe(mask)
+    return rec
+
+
+LLAMA31 = dict(rope_type="llama3", rope_theta=500_000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+               original_max_position_embeddings=8192)
+
+
+def test_llama31_scaled_rope_frequencies_are_the_models_inv_freq():
+    """Issue 38: rope_type llama3, factor 8 (head_dim 64: 32 pairs) — 17 frequencies differ from rope_theta alone
+    by up to 8x, and the first partial-cycle pair over T = 131072 is 20, not 25."""
+    from family_models import build
+
+    model, _ = build("llama", hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                     max_position_embeddings=131_072, rope_parameters=LLAMA31)
+    specs = rotary_specs(model, 2, 64, 1.0)
+    inv = model.model.rotary_emb.inv_freq.double()
+    unscaled = RotarySpec.from_base(64, 64, 500_000.0, 131_072)
+    for spec in specs:
+        assert spec.inv_freq == tuple(inv.tolist()) and spec.context == 131_072 and spec.rotary_dim == 64
+    differ = ~torch.isclose(inv, torch.tensor(unscaled.inv_freq, dtype=torch.float64), rtol=1e-4)
+    assert int(differ.sum()) == 17
+    assert max(u / t for u, t in zip(unscaled.inv_freq, spec.inv_freq)) == pytest.approx(8.0, rel=1e-6)
+    expected = next(i for i in range(32) if float(inv[i]) * 131_072 / (2 * math.pi) < 1.0)
+    assert specs[0].first_partial_pair() == expected == 20 and unscaled.first_partial_pair() == 25
+
+
+def test_partial_rotary_and_modernbert_local_layers_use_their_own_frequencies_and_64_token_reach():
+    from family_models import build
+
+    neox, _ = build("gpt_neox", rotary_pct=0.25)
+    spec = rotary_specs(neox, 2, 16, 1.0)[0]
+    assert spec.rotary_dim == 4 and spec.inv_freq == tuple(neox.gpt_neox.rotary_emb.inv_freq.double().tolist())
+    assert spec.pair(4) is None  # dims beyond r do not rotate
+    bert, _ = build("modernbert", global_attn_every_n_layers=2, local_attention=128)
+    assert bert.config.layer_types == ["full_attention", "sliding_attention"]
+    full, local = rotary_specs(bert, 2, 16, 1.0)
+    rot = bert.model.rotary_emb
+    assert local.context == 64 and full.context == 512  # sliding_window = local_attention / 2: the reach
+    assert local.inv_freq == tuple(rot.sliding_attention_inv_freq.double().tolist())
+    assert full.inv_freq == tuple(rot.full_attention_inv_freq.double().tolist())
+    assert local.inv_freq[1] == pytest.approx(10_000.0 ** (-2 / 16)) and full.inv_freq[1] == pytest.approx(
+        160_000.0 ** (-2 / 16))
+
+
+def test_qwen3_qk_norm_gain_is_seen_because_q_and_k_are_read_after_it():
+    """Issue 38: a q-norm gain of 25 planted on dim 40 — after the norm (where Qwen3 rotates q) every head of
+    that layer flags it; at the projection (before the norm) no head does."""
+    from family_models import build
+
+    model, _ = build("qwen3", hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=64)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.q_norm.weight[40] = 25.0
+    rec = _record_hf(model)
+    assert rec.projs[1].q is model.model.layers[1].self_attn.q_norm and rec.projs[1].layout == "heads"
+    rows = qk_rows(rec.acc.result(), rotary_specs(model, 2, 64, 1.0), k=3.0)
+    assert {r["head"] for r in rows if r["layer"] == 1 and r["dim"] == 40 and r["q_outlier"]} == {0, 1}
+    before = QKRecorder(model)
+    before.projs = [QKProjection(b.self_attn.q_proj, b.self_attn.k_proj, "separate", 2, 2, 64)
+                    for b in model.model.layers]
+    with before.hooked(), torch.no_grad():
+        ids = torch.randint(1000, 2000, (3, 24), generator=_g(11))
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        before.observe(torch.ones_like(ids))
+    rows = qk_rows(before.acc.result(), [None, None], k=3.0)
+    assert not any(r["layer"] == 1 and r["dim"] == 40 and r["q_outlier"] for r in rows)
+
+
+def test_our_op_block_is_read_after_its_query_norm():
+    cfg = EncoderConfig(vocab_size=60, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64, dropout=0.0,
+                        attention_dropout=0.0, max_len=64, pos={"name": "rope"}, block="op")
+    torch.manual_seed(0)
+    model = RobertaMaskedLM(cfg).eval()
+    attn = model.roberta.encoder.layer[0].attention.self
+    with torch.no_grad():
+        attn.query_norm.weight[5] = 25.0
+    rec = _record(model)
+    assert rec.projs[0].q is attn.query_norm and rec.projs[0].layout == "head_major"
+    rows = qk_rows(rec.acc.result(), rotary_specs(model, 2, 32, 1.0), k=3.0)
+    assert {r["head"] for r in rows if r["layer"] == 0 and r["dim"] == 5 and r["q_outlier"]} == {0, 1}
 
 
 # ------------------------------------------------------------------------------------- the two analyses

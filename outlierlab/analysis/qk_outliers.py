@@ -7,7 +7,8 @@ over the context, so that a large constant component there acts as an offset the
 every distance ("rotary offset features").  This module holds the pieces, pure tensor code:
 
 * :class:`QKAccumulator` — per layer × head × dim, max |q_d| and mean |q_d| (the same for k) over tokens,
-  streamed; q and k are taken *before* the rotation (the projections' outputs, as the weights make them;
+  streamed; q and k are taken where the model rotates them, just *before* the rotation (after any QK-norm —
+  Qwen3's ``q_norm``/``k_norm``, our OP block's ``query_norm``/``key_norm`` — else the projections' outputs;
   the rotation keeps each pair's norm).
 * :func:`magnitude_outliers` — our rule for an outlier dim (Jonasson does not fix one): within one (layer,
   head), a dim whose max |·| lies more than k standard deviations above the mean over that head's dims (the
@@ -15,8 +16,9 @@ every distance ("rotary offset features").  This module holds the pieces, pure t
   ``configs/qk_outliers/default.yaml``).
 * :class:`RotarySpec` — which dims a rotary scheme pairs (``half``: dim i with i + r/2, GPT-NeoX /
   transformers ``rotate_half``, also our ``pos=rope``; ``interleaved``: 2i with 2i+1, the RoFormer paper), each
-  pair's frequency :math:`\theta_i = \text{base}^{-2i/r}` (r = rotary dims) and its number of cycles over the
-  context length T, :math:`c_i = \theta_i T / 2\pi`.  The partial-cycle bound (Jonasson §4, as we state it):
+  pair's frequency θ_i *as the model rotates it* (the ``inv_freq`` of its rotary module, scaled RoPE included;
+  :meth:`RotarySpec.from_base` gives the unscaled :math:`\theta_i = \text{base}^{-2i/r}`, r = rotary dims) and
+  its number of cycles over the context T the layer attends, :math:`c_i = \theta_i T / 2\pi`.  The partial-cycle bound (Jonasson §4, as we state it):
   pairs with :math:`c_i < 1` — rotated by less than a full turn over the context — are those that can carry
   offset features; :attr:`RotarySpec.max_cycles` holds the bound (1), stated in the YAML.
 """
@@ -84,22 +86,36 @@ def magnitude_outliers(values: Tensor, k: float) -> tuple[Tensor, Tensor]:
 
 @dataclass(frozen=True)
 class RotarySpec:
-    """A rotary scheme of one layer: ``head_dim``, ``rotary_dim`` (the first r dims of each head rotate; r <
-    head_dim for partial rotary, e.g. Pythia), ``base`` (θ_i = base^(−2i/r)), ``context`` (T, the tokens the
-    rotation is trained over), ``layout`` (``half`` or ``interleaved``) and the bound ``max_cycles``."""
+    """A rotary scheme of one layer: ``head_dim``, ``inv_freq`` (θ_i of each pair, radians per position; the
+    first r = 2·len(inv_freq) dims of each head rotate, r < head_dim for partial rotary, e.g. Pythia),
+    ``context`` (T, the largest distance the layer attends), ``layout`` (``half`` or ``interleaved``), the bound
+    ``max_cycles`` and ``source`` (where θ was read)."""
 
     head_dim: int
-    rotary_dim: int
-    base: float
+    inv_freq: tuple[float, ...]
     context: int
     layout: str = "half"
     max_cycles: float = 1.0
+    source: str = ""
 
     def __post_init__(self) -> None:
         if self.layout not in ("half", "interleaved"):
             raise ValueError(f"rotary layout must be half or interleaved, got {self.layout!r}")
-        if self.rotary_dim % 2 or not 2 <= self.rotary_dim <= self.head_dim:
-            raise ValueError(f"rotary_dim must be even and in [2, {self.head_dim}], got {self.rotary_dim}")
+        if not 2 <= self.rotary_dim <= self.head_dim:
+            raise ValueError(f"rotary dims 2·len(inv_freq) must be in [2, {self.head_dim}], got {self.rotary_dim}")
+
+    @classmethod
+    def from_base(cls, head_dim: int, rotary_dim: int, base: float, context: int, layout: str = "half",
+                  max_cycles: float = 1.0) -> "RotarySpec":
+        """The textbook frequencies θ_i = base^(−2i/r) (Su et al. 2021), no scaling."""
+        if rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
+        theta = tuple(float(base) ** (-2.0 * i / rotary_dim) for i in range(rotary_dim // 2))
+        return cls(head_dim, theta, context, layout, max_cycles, f"base {base:g}")
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * len(self.inv_freq)
 
     def pair(self, dim: int) -> tuple[int, int] | None:
         """``(pair index i, partner dim)`` of head dim ``dim``, or None for a dim that is not rotated."""
@@ -112,8 +128,8 @@ class RotarySpec:
         return dim // 2, dim ^ 1
 
     def theta(self, i: int) -> float:
-        """Angular frequency of pair i (radians per position): base^(−2i/r)."""
-        return float(self.base) ** (-2.0 * i / self.rotary_dim)
+        """Angular frequency of pair i (radians per position), as the model rotates it."""
+        return float(self.inv_freq[i])
 
     def cycles(self, i: int) -> float:
         """Turns pair i makes over the context: θ_i · T / 2π."""
@@ -124,7 +140,8 @@ class RotarySpec:
         return self.cycles(i) < self.max_cycles
 
     def first_partial_pair(self) -> int:
-        """Smallest pair index within the bound (pairs i ≥ it all are: θ_i decreases with i); r/2 if none."""
+        """Smallest pair index within the bound (pairs i ≥ it all are where θ_i decreases with i, as every
+        scaling keeps it); r/2 if none."""
         for i in range(self.rotary_dim // 2):
             if self.within_bound(i):
                 return i

@@ -2,14 +2,17 @@
 positions the pair and frequency each lies in (Jonasson 2025, "Rotary Offset Features in Large Language Models").
 
 The seeds trace outliers from position *embeddings* through LayerNorm; this traces them from *rotary positions*
-into attention.  Every query/key projection is hooked (:meth:`outlierlab.models.families.Family.qk_projections`;
-q and k before the rotation) while the evaluation sentences are encoded; per layer × head × dim the max and mean
+into attention.  q and k are hooked where the model rotates them, just before the rotation (:func:`qk_projections`:
+the query/key projections, or a block's QK-norm where it has one — Qwen3's per-head ``q_norm``/``k_norm``, our OP
+block's ``query_norm``/``key_norm`` — whose gains scale dims before the rotation) while the evaluation sentences
+are encoded; per layer × head × dim the max and mean
 |q_d|, |k_d| over every real token (special tokens included: attention sinks live there) are streamed
 (:class:`outlierlab.analysis.qk_outliers.QKAccumulator`), and a dim is an outlier of its head by
 :func:`~outlierlab.analysis.qk_outliers.magnitude_outliers` (max |·| more than ``qk_outliers.k`` σ above the
 head's mean).  With rotary positions (our ``pos=rope``; hub models whose family rotates: Llama, GPT-NeoX,
-ModernBERT) each dim is named with its rotary pair, frequency θ_i and cycles over the context (T = the model's
-position limit), beside the partial-cycle bound (:class:`~outlierlab.analysis.qk_outliers.RotarySpec`); schemes
+ModernBERT, Qwen3) each dim is named with its rotary pair, frequency θ_i — read from the model's rotary module
+(``inv_freq``: every RoPE scaling transformers applies, partial rotary, one set per layer type) — and cycles over
+the context (T = the layer's reach: the position limit, a sliding-window layer's window), beside the partial-cycle bound (:class:`~outlierlab.analysis.qk_outliers.RotarySpec`); schemes
 without rotation (learned, none, sinusoidal, relative, ALiBi, BERT-style hub encoders) get the magnitudes alone.
 
 Output: ``qk_outliers.csv`` (one row per layer × head × dim), ``qk_outliers.png`` (max |q|, max |k| as heatmaps of
@@ -30,7 +33,7 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import QKOutliersSettings, load_settings
 from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts
 from outlierlab.evaluation.settings import DataSettings, section_settings
-from outlierlab.models.families import OURS, QKProjection, family_of, split_qk
+from outlierlab.models.families import QKProjection, family_of, rotary_layers, split_qk
 from outlierlab.reports.evaluation_report import md_table
 
 matplotlib.use("Agg")
@@ -43,46 +46,37 @@ COLUMNS = ["layer", "head", "dim", "q_max", "q_mean", "k_max", "k_mean", "q_z", 
 
 # ---------------------------------------------------------------------------------------- the model's insides
 def qk_projections(model: nn.Module) -> list[QKProjection]:
-    """Each block's query/key projections: the family registry's, or for our encoder (whose config names
-    ``num_heads``) its ``attention.self.query``/``key`` Linear layers."""
-    if hasattr(model, "named_layernorms"):  # our RobertaMaskedLM
-        cfg = model.config
-        fam = OURS[getattr(cfg, "norm_placement", "post")]
-        return [QKProjection(b.get_submodule(fam.q), b.get_submodule(fam.k), "separate", cfg.num_heads,
-                             cfg.num_heads, cfg.head_dim) for b in fam.block_list(model)]
-    return family_of(model).qk_projections(model)
+    """Each block's queries and keys where the model rotates them: the family registry's
+    (:meth:`outlierlab.models.families.Family.qk_projections`: the projections, or Qwen3's per-head
+    ``q_norm``/``k_norm``), or for our encoder its ``query_norm``/``key_norm`` (the OP block's QK-norm, applied
+    before the position scheme) where it has them, else its ``query``/``key`` Linear layers."""
+    if not hasattr(model, "named_layernorms"):
+        return family_of(model).qk_projections(model)
+    cfg, fam = model.config, family_of(model)
+    out = []
+    for b in fam.block_list(model):
+        attn = b.get_submodule(fam.attention)
+        qn, kn = getattr(attn, "query_norm", None), getattr(attn, "key_norm", None)
+        if qn is not None and kn is not None:
+            out.append(QKProjection(qn, kn, "head_major", cfg.num_heads, cfg.num_heads, cfg.head_dim))
+        else:
+            out.append(QKProjection(b.get_submodule(fam.q), b.get_submodule(fam.k), "separate", cfg.num_heads,
+                                    cfg.num_heads, cfg.head_dim))
+    return out
 
 
 def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: float) -> list[RotarySpec | None]:
-    """The rotary scheme of every layer (None where a layer does not rotate)."""
-    cfg = model.config
-    if hasattr(model, "named_layernorms"):  # ours: pos=rope rotates every head fully, half layout
-        pos = dict(cfg.pos)
-        if pos.get("name") != "rope":
-            return [None] * num_layers
-        spec = RotarySpec(head_dim, head_dim, float(pos.get("base", 10000.0)), int(cfg.max_len), "half", max_cycles)
-        return [spec] * num_layers
+    """The rotary scheme of every layer (None where a layer does not rotate): θ_i from the model's own rotary
+    module (:func:`outlierlab.models.families.rotary_layers`: ``inv_freq``, scaled RoPE and partial rotary
+    included; per layer type) and the layer's reach (a sliding-window layer: its window)."""
     try:
-        rotates = "rotary" in family_of(model).positions.lower()
-    except ValueError:
-        rotates = False
-    if not rotates:
+        layers = rotary_layers(model)
+    except ValueError:  # an unregistered family: magnitudes alone
         return [None] * num_layers
-    params = dict(getattr(cfg, "rope_parameters", None) or {})
-    types = list(getattr(cfg, "layer_types", None) or [])
-    context = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
-    specs: list[RotarySpec | None] = []
-    for layer in range(num_layers):
-        kind = types[layer] if layer < len(types) else None
-        p = params.get(kind, params) if kind in params else params  # transformers 5: per layer type (ModernBERT)
-        base = float(p.get("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0))
-        partial = float(p.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", None)
-                              or getattr(cfg, "rotary_pct", None) or 1.0))
-        r = int(head_dim * partial) // 2 * 2
-        # a sliding-window layer only ever rotates by distances within its window
-        window = int(getattr(cfg, "local_attention", 0) or 0) if kind == "sliding_attention" else 0
-        specs.append(RotarySpec(head_dim, r, base, window or context, "half", max_cycles))
-    return specs
+    if len(layers) != num_layers:
+        raise ValueError(f"{len(layers)} rotary entries for {num_layers} layers")
+    return [None if r is None else RotarySpec(head_dim, tuple(r.inv_freq.tolist()), r.context, "half", max_cycles,
+                                              r.source) for r in layers]
 
 
 class QKRecorder:
@@ -217,15 +211,17 @@ def run(ctx: EvalContext) -> AnalysisResult:
     if rotary:
         headers += ["outliers in partial-cycle pairs", "share of all rotary dims in them"]
     spec = specs[0]
-    bound = (f"Rotary: {spec.layout} layout, r = {spec.rotary_dim} of {spec.head_dim} dims, base {spec.base:g}, "
-             f"context T = {spec.context}: pair i turns θ_i·T/2π times over the context; pairs i ≥ "
+    bound = (f"Rotary: {spec.layout} layout, r = {spec.rotary_dim} of {spec.head_dim} dims, θ_i from {spec.source} "
+             f"(the frequencies the model rotates by), context T = {spec.context}: pair i turns θ_i·T/2π times over "
+             "the context; pairs i ≥ "
              f"{spec.first_partial_pair()} make fewer than {spec.max_cycles:g} turn(s) (the partial-cycle bound: where "
              "Jonasson's rotary offset features are expected)"
-             + (" — layer 0; the layers differ (base, window): per-layer values in the CSV." if len(set(specs)) > 1
+             + (" — layer 0; the layers differ (frequencies, window): per-layer values in the CSV." if len(set(specs)) > 1
                 else ".") if rotary else
              "No rotary positions in this model: per-dim magnitudes alone, no pair named.")
     md = [TITLE,
-          f"q and k before rotation, every real token of {what}. Outlier dim of a head: "
+          f"q and k where the model rotates them (after any QK-norm, before the rotation), every real token of "
+          f"{what}. Outlier dim of a head: "
           f"its max |·| more than {s.k:g}σ above the mean over the head's {rec.acc.head_dim} dims. {bound}",
           md_table(headers, per_layer), "![max |q|, |k| per layer, head and dim](qk_outliers.png)"]
     summary = {"rotary": rotary, "n_q_outliers": sum(r["q_outlier"] for r in rows),

@@ -48,11 +48,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 __all__ = ["Family", "FAMILIES", "UnknownFamilyError", "QKProjection", "family_of", "family_for_type",
            "model_type_of", "lm_head", "unembedding", "split_qk", "base_model", "is_decoder", "causal_or_masked",
-           "POST_KINDS", "PRE_KINDS", "OURS", "OURS_CAUSAL", "ours"]
+           "POST_KINDS", "PRE_KINDS", "OURS", "OURS_CAUSAL", "ours", "RotaryLayer", "rotary_layers"]
 
 #: Per-layer norm kinds of a post-LN block, in block order (Kovaleva et al. 2021 judge ``output``).
 POST_KINDS = ("attention_output", "output")
@@ -70,7 +71,9 @@ class QKProjection(NamedTuple):
     q, k : the modules whose *output* holds the queries / keys (the same module when fused)
     layout : ``separate`` (q and k are their own Linear layers), ``qkv`` (one output ``[q | k | v]``, each
         ``num_heads * head_dim`` wide: GPT-2 ``c_attn``, ModernBERT ``Wqkv``), ``head_qkv`` (per head
-        ``[q_h | k_h | v_h]`` interleaved: GPT-NeoX ``query_key_value``)
+        ``[q_h | k_h | v_h]`` interleaved: GPT-NeoX ``query_key_value``), ``heads`` (separate modules whose
+        outputs are already ``[..., T, H, head_dim]``: Qwen3's per-head ``q_norm``/``k_norm``), ``head_major``
+        (``[B, H, T, head_dim]``: our attention's ``query_norm``/``key_norm`` and position scheme input)
     num_heads, num_kv_heads, head_dim : from the config (``num_kv_heads < num_heads``: grouped-query attention)
     """
 
@@ -101,6 +104,12 @@ def split_qk(proj: QKProjection, q_out: Tensor, k_out: Tensor | None = None) -> 
     if proj.layout == "head_qkv":
         per = q_out.reshape(*lead, h, 3 * dh)
         return per[..., :dh], per[..., dh:2 * dh]
+    if proj.layout in ("heads", "head_major"):
+        if k_out is None:
+            raise ValueError(f"split_qk: layout {proj.layout!r} needs the key module's output too")
+        if proj.layout == "head_major":
+            return q_out.transpose(-3, -2), k_out.transpose(-3, -2)
+        return q_out, k_out
     raise ValueError(f"unknown q/k layout {proj.layout!r}")
 
 
@@ -157,6 +166,8 @@ class Family:
     ffn_output : path of the FFN down-projection in a block (Bondarenko et al. 2023's ``ffn_output`` site)
     norm_kind : the norm class in words, said in reports
     optional_norms : block norm paths that may be ``nn.Identity`` (left out) in some blocks
+    qk_norms : paths of per-head query/key norms in a block, used where a block has them (Qwen3's
+        ``q_norm``/``k_norm``): the model rotates their outputs, so q/k are read there (layout ``heads``)
     """
 
     name: str
@@ -177,6 +188,7 @@ class Family:
     ffn_output: str
     norm_kind: str
     optional_norms: tuple[str, ...] = field(default=())
+    qk_norms: tuple[str, str] | None = None
 
     # -- structure ------------------------------------------------------------------------------------------
     def block_list(self, model: nn.Module) -> list[nn.Module]:
@@ -252,7 +264,9 @@ class Family:
         return [self._required(b, self.attention, "attention module") for b in self.block_list(model)]
 
     def qk_projections(self, model: nn.Module) -> list[QKProjection]:
-        """Each block's query/key projections (:class:`QKProjection`; outputs split by :func:`split_qk`)."""
+        """Each block's queries and keys where the model rotates them (:class:`QKProjection`; outputs split by
+        :func:`split_qk`): the projections, or a block's per-head QK-norms where it has them (:attr:`qk_norms`:
+        Qwen3 normalises q and k per head with a learned gain *before* the rotation)."""
         cfg = getattr(model, "config", None)
         heads = int(getattr(cfg, "num_attention_heads", 0) or getattr(cfg, "n_heads", 0)
                     or getattr(cfg, "num_heads", 0) or 0)  # HF names; ours: num_heads
@@ -261,8 +275,16 @@ class Family:
         head_dim = int(getattr(cfg, "head_dim", 0) or (hidden // heads if heads else 0))
         if not heads:
             raise ValueError(f"{type(model).__name__}: the config names no number of attention heads")
-        return [QKProjection(self._required(b, self.q, "query projection"), self._required(b, self.k, "key projection"),
-                             self.qk_layout, heads, kv, head_dim) for b in self.block_list(model)]
+        out = []
+        for b in self.block_list(model):
+            qn, kn = (_get(b, p) for p in self.qk_norms) if self.qk_norms else (None, None)
+            if _is_norm(qn) and _is_norm(kn):
+                out.append(QKProjection(qn, kn, "heads", heads, kv, head_dim))
+            else:
+                out.append(QKProjection(self._required(b, self.q, "query projection"),
+                                        self._required(b, self.k, "key projection"), self.qk_layout, heads, kv,
+                                        head_dim))
+        return out
 
     def sites(self, block: nn.Module) -> dict[str, tuple[nn.Module, str]]:
         """Bondarenko et al. (2023)'s activation sites of one block, ``{site: (module, "input" | "output")}``
@@ -323,7 +345,8 @@ FAMILIES: tuple[Family, ...] = (
            "attention.query_key_value", "head_qkv", "mlp.dense_4h_to_h", "LayerNorm"),
     Family("llama-style", ("llama", "mistral", "qwen2", "qwen3"), "pre", True, "layers", _LLAMA_NORMS, None, "norm", None,
            None, "rotary (RoPE)", "self_attn", "self_attn.q_proj", "self_attn.k_proj",
-           "separate", "mlp.down_proj", "RMSNorm (gain, no bias)"),
+           "separate", "mlp.down_proj", "RMSNorm (gain, no bias)",
+           qk_norms=("self_attn.q_norm", "self_attn.k_norm")),  # Qwen3; absent in Llama, Mistral, Qwen2
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
@@ -428,3 +451,69 @@ def causal_or_masked(config) -> str:
 
         return "masked_lm" if type(config) in MODEL_FOR_MASKED_LM_MAPPING else "next_token"
 
+
+
+# ------------------------------------------------------------------------------------------------- rotary
+class RotaryLayer(NamedTuple):
+    """How one layer rotates its queries and keys (Su et al. 2021), as the model itself does it.
+
+    inv_freq : ``[r/2]`` float64, θ_i of pair i in radians per position (r = the rotated dims of a head; r <
+        head_dim for partial rotary, GPT-NeoX/Pythia) — read from the model's rotary module, so every scaling
+        transformers applies (linear, dynamic, YaRN, LongRoPE, llama3) is in it
+    context : the largest distance the layer attends: ``sliding_window`` for a sliding-window layer (ModernBERT's
+        local layers: 64, half of ``local_attention`` = 128), else the position limit
+    source : where ``inv_freq`` was read (said in reports)
+    """
+
+    inv_freq: Tensor
+    context: int
+    source: str
+
+
+def _rotary_module(root: nn.Module) -> tuple[str, nn.Module] | None:
+    """The first submodule holding rotary frequencies: an ``inv_freq`` buffer (transformers'
+    ``*RotaryEmbedding``, per layer type ``{type}_inv_freq``: ModernBERT), or — duck typing our own
+    :class:`outlierlab.models.positions.RotaryPositions` — a float ``base`` and an int ``dim``."""
+    for name, mod in root.named_modules():
+        bufs = dict(mod.named_buffers(recurse=False))
+        if "inv_freq" in bufs or any(b.endswith("_inv_freq") and not b.endswith("original_inv_freq") for b in bufs):
+            return name, mod
+        if isinstance(getattr(mod, "base", None), float) and isinstance(getattr(mod, "dim", None), int) \
+                and "rotary" in type(mod).__name__.lower():
+            return name, mod
+    return None
+
+
+def rotary_layers(model: nn.Module) -> list[RotaryLayer | None]:
+    """Per block, the frequencies the model rotates q/k by and the layer's reach (:class:`RotaryLayer`), or
+    None for every block of a model that does not rotate.
+
+    Read from the rotary module of each block's attention if it has one, else the model's (transformers:
+    ``model.rotary_emb``); per layer type where the module keeps one set per type (``config.layer_types``).
+    Ours (``pos=rope``): θ_i = base^(−2i/dim) with the module's own ``base`` and ``dim``, as
+    :func:`outlierlab.models.positions.rope_cos_sin` computes them."""
+    cfg = getattr(model, "config", None)
+    blocks = family_of(model).block_list(model)
+    shared = _rotary_module(model)
+    types = list(getattr(cfg, "layer_types", None) or [])
+    limit = int(getattr(cfg, "max_len", 0) or getattr(cfg, "max_position_embeddings", 0) or 0)  # ours: max_len
+    out: list[RotaryLayer | None] = []
+    names = {id(m): n for n, m in model.named_modules()}
+    for i, block in enumerate(blocks):
+        found = _rotary_module(block) or shared
+        if found is None:
+            out.append(None)
+            continue
+        _, mod = found
+        kind = types[i] if i < len(types) else None
+        buf = getattr(mod, f"{kind}_inv_freq", None) if kind else None
+        where = f"{names.get(id(mod), '?')}.{kind}_inv_freq"
+        if buf is None:
+            buf, where = getattr(mod, "inv_freq", None), f"{names.get(id(mod), '?')}.inv_freq"
+        if buf is None:  # ours: base and dim
+            dim = int(mod.dim)
+            buf = float(mod.base) ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+            where = f"{names.get(id(mod), '?')} (base {mod.base:g}, dim {dim})"
+        reach = int(getattr(cfg, "sliding_window", 0) or 0) if kind == "sliding_attention" else 0
+        out.append(RotaryLayer(buf.detach().to(torch.float64).cpu(), reach or limit or 2048, where))
+    return out
