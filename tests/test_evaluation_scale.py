@@ -175,3 +175,104 @@ def test_device_map_with_our_own_model_is_one_line(tmp_path):
     save_own_run(tmp_path / "run")
     with pytest.raises(ValueError, match="encoder.device_map applies to Hugging Face models"):
         FrozenEncoder(str(tmp_path / "run"), device="cpu", device_map="auto")
+
+
+# ------------------------------------------------------------------------------------------------ one pass
+def _run_evaluate(cfg, out: Path) -> dict:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evaluate_script", Path(__file__).parents[1] / "evaluate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.evaluate(cfg, out)
+
+
+def _numbers(rows: list[dict]) -> dict:
+    """Every numeric cell of an analysis' rows, keyed by (row identity, column)."""
+    out = {}
+    for i, r in enumerate(rows):
+        key = tuple(str(r.get(k, "")) for k in ("layer", "transform", "dataset", "word", "threshold")) + (i,)
+        for c, v in r.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and c != "seconds":
+                out[key + (c,)] = float(v)
+    return out
+
+
+def test_one_pass_equals_two_passes_for_every_analysis_and_transform(tmp_path, compose_cfg):
+    """The default analyses (+ STS) × all six transforms: one forward over the sentences (fitted transforms
+    applied to the stored tokens) against the two-pass reference (re-encoding to apply them)."""
+    import csv
+    import json
+
+    from probe_fixtures import SENTENCES
+
+    d = save_tiny_llama(tmp_path / "llama")
+    texts = [f"{s} and then {t}" for s in SENTENCES for t in SENTENCES[:5]]  # 40 sentences, words repeat
+    (tmp_path / "s.txt").write_text("\n".join(texts) + "\n")
+    pairs = []
+    for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1])):
+        w = a.split()[0]
+        b = b if w in b.split() else f"{w} {b}"
+        pairs.append({"word": w, "sentence1": a, "sentence2": b, "start1": a.index(w), "end1": a.index(w) + len(w),
+                      "start2": b.index(w), "end2": b.index(w) + len(w), "label": i % 2 == 0})
+    (tmp_path / "wic.jsonl").write_text("\n".join(json.dumps(p) for p in pairs) + "\n")
+    with open(tmp_path / "sts.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["sentence1", "sentence2", "score"])
+        for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[3:] + SENTENCES[:3])):
+            w.writerow([a, b, float(i % 5)])
+    common = [f"encoder.name_or_path={d}", "encoder.device=cpu", f"data.files=[{tmp_path / 's.txt'}]",
+              f"wic.files=[{tmp_path / 'wic.jsonl'}]", f"sts.files=[{tmp_path / 'sts.csv'}]",
+              "transform=[none,clip,whiten,standardize,abtt,center]", "transform.allow_degenerate=true",
+              "analyses=[outliers,anisotropy,isotropy,self_similarity,wic,sts]", "self_similarity.min_sentences=3",
+              "anisotropy.n_sentences=40", "tensorboard=false", "progress=false", "encoder.batch_size=7",
+              "data.chunk=16"]
+    one = _run_evaluate(compose_cfg("evaluate", common + ["data.one_pass=true"]), tmp_path / "one")
+    two = _run_evaluate(compose_cfg("evaluate", common + ["data.one_pass=false"]), tmp_path / "two")
+    assert one["meta"]["sentences"]["passes"] == 1 and two["meta"]["sentences"]["passes"] == 2
+    assert one["meta"]["sentences"]["tokens_encoded"] * 2 == two["meta"]["sentences"]["tokens_encoded"]
+    checked = set()
+    for a, b in zip(one["results"], two["results"]):
+        assert a.name == b.name
+        na, nb = _numbers(a.rows), _numbers(b.rows)
+        assert na.keys() == nb.keys() and na, a.name
+        for k in na:
+            assert na[k] == pytest.approx(nb[k], rel=1e-5, abs=1e-6, nan_ok=True), (a.name, k)
+        checked |= {(a.name, r.get("transform")) for r in a.rows}
+    for name in ("outliers", "anisotropy", "isotropy", "self_similarity", "wic", "sts"):
+        assert {t for n, t in checked if n == name} >= {"none", "clip", "whiten", "standardize", "abtt", "center"}, name
+
+
+# ------------------------------------------------------------------------------------------------ one layer at a time
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "gpt_neox", "llama", "ours"])
+def test_layers_one_at_a_time_equal_the_stacked_hidden_states(tmp_path, arch):
+    """forward_layers (hooks on the family's blocks, each layer handed over and dropped) gives exactly the
+    hidden states of output_hidden_states, the last one after the final norm where HF applies it."""
+    import transformers as T
+
+    from probe_fixtures import save_own_run
+
+    torch.manual_seed(0)
+    if arch == "ours":
+        save_own_run(tmp_path / "run", pos="rope")
+        enc = FrozenEncoder(str(tmp_path / "run"), device="cpu")
+    else:
+        cfg = {"bert": lambda: T.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3,
+                                            num_attention_heads=4, intermediate_size=64),
+               "gpt2": lambda: T.GPT2Config(vocab_size=30522, n_embd=32, n_layer=3, n_head=4),
+               "gpt_neox": lambda: T.GPTNeoXConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3,
+                                                   num_attention_heads=4, intermediate_size=64),
+               "llama": lambda: T.LlamaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3,
+                                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)}[arch]()
+        from transformers import AutoModel, AutoTokenizer
+
+        AutoModel.from_config(cfg).save_pretrained(tmp_path / arch)
+        AutoTokenizer.from_pretrained(minilm_path()).save_pretrained(tmp_path / arch)
+        enc = FrozenEncoder(str(tmp_path / arch), device="cpu")
+    tok = enc.tokenize(_texts(6))
+    (b,) = list(enc.batches(tok, 6))
+    got = {}
+    enc.forward_layers(b.input_ids, b.attention_mask, lambda i, h: got.__setitem__(i, h.clone()))
+    assert sorted(got) == list(range(enc.num_layers + 1))
+    stacked = torch.stack([got[i] for i in range(enc.num_layers + 1)]).float()
+    assert torch.equal(stacked, b.hidden)

@@ -276,3 +276,50 @@ def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", thres
     if float(stats["argmax_share"].sum()) == 0:  # no valid token (all special): nothing to detect
         return [[] for _ in range(stats["argmax_share"].shape[0])]
     return detect_outlier_dims(stats, method=method, threshold=threshold, k=k)
+
+
+# ------------------------------------------------------------------------------------- a per-layer token store
+class LayerTokenStore:
+    """Token vectors of every layer appended batch by batch, one raw file per layer, in the model's dtype.
+
+    The one-pass evaluation (:mod:`outlierlab.evaluation.one_pass`) writes each layer's valid tokens here as
+    the layer is produced and reads them back one layer at a time once the transforms are fitted, instead
+    of encoding the sentences a second time.  Disk: ``N_tokens × (L+1) × d × itemsize`` bytes (MiniLM,
+    2,000 sentences: ≈ 0.3 GB in float32); memory: one layer's rows at a time.  bfloat16 (which numpy lacks)
+    is stored as its raw 16 bits.
+    """
+
+    def __init__(self, directory: str | os.PathLike, num_layers: int, dim: int) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.num_layers, self.dim = int(num_layers), int(dim)
+        self.rows_written = [0] * self.num_layers
+        self.dtype: torch.dtype | None = None
+        self._files = [open(self.directory / f"layer_{i}.bin", "wb") for i in range(self.num_layers)]
+
+    def append(self, layer: int, x: Tensor) -> None:
+        """Add ``x [N, d]`` (any float dtype; the first call fixes it) to ``layer``'s file."""
+        if self.dtype is None:
+            self.dtype = x.dtype
+        x = x.detach().to("cpu", self.dtype).contiguous()
+        self._files[layer].write(x.view(_STORE_INT[x.element_size()]).numpy().tobytes())
+        self.rows_written[layer] += x.shape[0]
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+    def rows(self, layer: int, start: int, end: int) -> Tensor:
+        """Rows ``start:end`` of ``layer`` as ``[end-start, d]`` in the stored dtype."""
+        size = torch.empty((), dtype=self.dtype).element_size()
+        np_dtype = {2: np.int16, 4: np.int32, 8: np.int64}[size]
+        arr = np.memmap(self.directory / f"layer_{layer}.bin", dtype=np_dtype, mode="r",
+                        shape=(self.rows_written[layer], self.dim))
+        return torch.from_numpy(np.array(arr[start:end])).view(self.dtype)
+
+    def cleanup(self) -> None:
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+_STORE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}

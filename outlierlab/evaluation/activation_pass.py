@@ -72,6 +72,32 @@ class ActivationObserver:
         if self.recorder is not None:
             self.recorder.commit(attention_mask.bool())
 
+    # -- one layer at a time (outlierlab.evaluation.one_pass) ---------------------------------------------
+    def start_layers(self) -> None:
+        """Keep one single-layer accumulator per layer, fed by :meth:`observe_layer` as each layer arrives."""
+        self.layer_accs = [ActivationAccumulator(1, self.acc.dim) for _ in range(self.acc.num_layers)]
+
+    def observe_layer(self, layer: int, tokens: Tensor, ids: Tensor | None) -> None:
+        """One layer of one batch: ``tokens [N, d]`` (non-special, non-pad), ``ids [N]`` their token ids."""
+        acc = self.layer_accs[layer]
+        offset, before = acc.n_tokens, acc.max_token.clone()
+        acc.update(tokens[None])
+        if ids is not None:
+            for tok in acc.max_token[acc.max_token != before].tolist():
+                if tok >= offset:
+                    self.token_ids[tok] = int(ids[tok - offset])
+
+    def commit(self, attention_mask: Tensor) -> None:
+        """End of a batch (layerwise): the inf-norm hooks' maxima over its non-pad tokens."""
+        if self.recorder is not None:
+            self.recorder.commit(attention_mask.bool())
+
+    def finish_layers(self) -> None:
+        """The per-layer accumulators stacked into :attr:`acc` (the same numbers as feeding all layers at once)."""
+        from outlierlab.evaluation.one_pass import stack_layers
+
+        self.acc = stack_layers(self.layer_accs)
+
     def token_text(self, layer: int) -> str:
         tid = self.token_ids.get(int(self.acc.max_token[layer]))
         return "" if tid is None else self.encoder.tokenizer.convert_ids_to_tokens(tid)

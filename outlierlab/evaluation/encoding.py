@@ -12,7 +12,8 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple, Sequence
+from functools import partial
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 from torch import Tensor
 
@@ -36,6 +37,7 @@ class Batch(NamedTuple):
     special: list | None
     attention_mask: Tensor | None = None
     input_ids: Tensor | None = None
+    layers: Callable | None = None  # layerwise=True: layers(fn) runs the forward, fn(layer, [B, T, d]) per layer
 
 
 @dataclass
@@ -54,11 +56,13 @@ class EncodeLog:
 
 
 def iter_batches(encoder, texts: Sequence[str], batch_size: int | None = None, chunk: int = 1024,
-                 offsets: bool = False, bar=None, stats: EncodeLog | None = None) -> Iterator[Batch]:
+                 offsets: bool = False, bar=None, stats: EncodeLog | None = None,
+                 layerwise: bool = False) -> Iterator[Batch]:
     """Encode ``texts`` ``chunk`` at a time (sorted by length inside a chunk to limit padding).
 
     ``offsets=True`` also returns each row's character offsets and special-token mask (fast tokenizers only).
-    Truncation is counted in ``stats`` instead of warned once per chunk.
+    Truncation is counted in ``stats`` instead of warned once per chunk.  ``layerwise=True``: ``hidden`` is
+    None and ``layers(fn)`` runs the batch's forward one layer at a time (its time is counted when called).
     """
     chunk = max(1, int(chunk))
     stats = stats if stats is not None else EncodeLog()
@@ -73,19 +77,30 @@ def iter_batches(encoder, texts: Sequence[str], batch_size: int | None = None, c
         if offsets:
             offs, special = _offsets(encoder, part, tok)
         t0 = time.perf_counter()
-        for b in encoder.batches(tok, batch_size, sort_by_length=True):
+        kw = {"layerwise": True} if layerwise else {}
+        for b in encoder.batches(tok, batch_size, sort_by_length=True, **kw):
             idx = b.index.tolist()
             stats.seconds += time.perf_counter() - t0
             stats.n_tokens += int(b.attention_mask.sum())
             stats.n_texts += len(idx)
-            valid = valid_token_mask(b.attention_mask, b.special_tokens_mask).to(b.hidden.device)
+            dev = b.hidden.device if b.hidden is not None else b.attention_mask.device
+            valid = valid_token_mask(b.attention_mask, b.special_tokens_mask).to(dev)
+            layers = None
+            if layerwise:
+                layers = partial(_timed, b.layers, stats)
             yield Batch(b.hidden, valid, [c0 + i for i in idx], [part[i] for i in idx],
                         None if offs is None else [offs[i] for i in idx],
                         None if special is None else [special[i] for i in idx],
-                        b.attention_mask.to(b.hidden.device), b.input_ids.to(b.hidden.device))
+                        b.attention_mask.to(dev), b.input_ids.to(dev), layers)
             if bar is not None:
                 bar.update(len(idx))
             t0 = time.perf_counter()
+
+
+def _timed(run, stats: EncodeLog, fn) -> None:
+    t0 = time.perf_counter()
+    run(fn)
+    stats.seconds += time.perf_counter() - t0
 
 
 def _offsets(encoder, texts: list[str], tok) -> tuple[list, list]:

@@ -47,6 +47,7 @@ class DataSettings:
     files: tuple[str, ...] | None
     max_sentences: int | None
     chunk: int
+    one_pass: bool = True  # absent in older configs: the one-pass default
 
     def __post_init__(self) -> None:
         n = self.max_sentences

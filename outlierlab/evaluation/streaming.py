@@ -39,6 +39,7 @@ from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
                                  intra_sentence_similarity)
 from outlierlab.evaluation.activation_pass import ActivationObserver
+from outlierlab.evaluation.one_pass import layer_pass, replay
 from outlierlab.datamodules.probe_data import load_position_texts
 from outlierlab.analysis.transforms import FITTED, TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
 from outlierlab.evaluation.encoding import (Batch, EncodeLog, finish_encode_log, iter_batches,  # noqa: F401 (re-exported)
@@ -99,7 +100,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                       n_anisotropy_sentences: int, min_sentences: int, max_words: int | None,
                       lowercase: bool, seed: int, chunk: int, batch_size: int | None = None,
                       progress: bool = False, need_activations: bool = False,
-                      need_covariance: bool = False) -> SentenceStats:
+                      need_covariance: bool = False, one_pass: bool = True) -> SentenceStats:
     """Run the fit pass (and, if needed, the apply pass) over ``texts``; see the module docstring.
 
     The keywords that ``configs/evaluate.yaml`` sets have no Python default (the YAML states each default once):
@@ -121,6 +122,9 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
     whiten : k and the degenerate-fit guard (:class:`outlierlab.evaluation.transform_fit.WhitenSettings`); ``whiten_k``
         alone is the same with the default guard
+    one_pass : encode the sentences once, one layer in memory at a time, and apply the transforms fitted from
+        that pass to its stored tokens (:mod:`outlierlab.evaluation.one_pass`); False = the two-pass reference
+        (re-encode to apply), same results
     need_activations : also run :class:`outlierlab.evaluation.activation_pass.ActivationObserver` (kurtosis, max/median,
         inf-norm by site) along the first pass, into ``SentenceStats.activations``
     """
@@ -170,9 +174,17 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
              and (t in outlier_transforms or need_self_sim)]
     setup(now)
     st.activations = ActivationObserver(encoder) if need_activations else None
+    kept = None
     with st.activations or contextlib.nullcontext():
-        _one_pass(encoder, texts, st, now, whitener, word_index, lowercase, need_self_sim, batch_size, chunk,
-                  progress, "pass 1/2 (fit)" if later else "pass 1/1")
+        if one_pass:  # one forward, one layer at a time; what `later` needs is stored (outlierlab.evaluation.one_pass)
+            new = (lambda n, d: whiten.new(n, d)) if whitener is not None else None
+            stacked, kept = layer_pass(encoder, texts, st, now, new, word_index, lowercase, need_self_sim,
+                                       bool(later), batch_size, chunk, progress,
+                                       "pass 1/1 (+ stored tokens)" if later else "pass 1/1")
+            whitener = stacked if whitener is not None else None
+        else:
+            _one_pass(encoder, texts, st, now, whitener, word_index, lowercase, need_self_sim, batch_size, chunk,
+                      progress, "pass 1/2 (fit)" if later else "pass 1/1")
     # fit clip dims and whitener from pass 1
     if "clip" in transforms and ft.clip_dims is None:
         acc = st.outliers["none"]
@@ -188,8 +200,11 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     # pass 2: the transforms fitted in pass 1
     if later:
         setup(later)
-        _one_pass(encoder, texts, st, later, None, word_index, lowercase, need_self_sim, batch_size, chunk,
-                  progress, "pass 2/2 (apply)")
+        if one_pass:
+            replay(st, later, kept)
+        else:
+            _one_pass(encoder, texts, st, later, None, word_index, lowercase, need_self_sim, batch_size, chunk,
+                      progress, "pass 2/2 (apply)")
     return st
 
 
@@ -285,7 +300,7 @@ def sentence_stats(ctx) -> SentenceStats:
         whiten=WhitenSettings.from_settings(t),
         batch_size=section_settings(EncoderSettings, cfg).batch_size,
         progress=bool(cfg.progress), need_activations="outliers" in selected,
-        need_covariance="isotropy" in selected)
+        need_covariance="isotropy" in selected, one_pass=data.one_pass)
     st.settings["source"] = "data.files" if data.files else "shipped Persuasion sentences (outlierlab/datamodules/data/eval)"
     ctx.shared.sentence_stats = st
     return st

@@ -61,19 +61,14 @@ def select_words(texts: Sequence[str], min_sentences: int = 10, max_words: int |
     return eligible
 
 
-def word_vectors(hidden: Tensor, b, word_index: dict, lowercase: bool = True
-                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """Word vectors of a batch: the mean of each word's subword tokens.
-
-    Returns ``(vectors [L, B, W, d], mask [B, W] bool, keys [B, W] long)``: W = most words in a row;
-    ``keys`` holds the target-word index of the FIRST occurrence of a target word in its sentence and -1
-    elsewhere (Ethayarajh: at most one occurrence per sentence).
-    """
-    n_layers, bsz, t_len, d = hidden.shape
+def word_plan(b, word_index: dict, t_len: int, lowercase: bool = True):
+    """Which tokens make which word slot in a batch (text work only, done once per batch and reused for
+    every layer): ``(src, dst, counts, keys, w_max)`` or None when no row has a word; see :func:`word_vectors`."""
     per_row = [word_occurrences(t, o, s, lowercase) for t, o, s in zip(b.texts, b.offsets, b.special)]
     w_max = max((len(r) for r in per_row), default=0)
     if w_max == 0:
-        return None, None, None
+        return None
+    bsz = len(per_row)
     src, dst, keys = [], [], torch.full((bsz, w_max), -1, dtype=torch.long)
     counts = torch.zeros(bsz * w_max, dtype=torch.float32)
     for row, words in enumerate(per_row):
@@ -87,9 +82,30 @@ def word_vectors(hidden: Tensor, b, word_index: dict, lowercase: bool = True
             if k >= 0 and k not in seen:
                 keys[row, w] = k
                 seen.add(k)
-    dev = hidden.device
-    src_t, dst_t = torch.tensor(src, device=dev), torch.tensor(dst, device=dev)
-    flat = hidden.reshape(n_layers, bsz * t_len, d)
-    out = torch.zeros(n_layers, bsz * w_max, d, dtype=hidden.dtype, device=dev).index_add_(1, dst_t, flat[:, src_t])
+    return torch.tensor(src), torch.tensor(dst), counts, keys, w_max
+
+
+def plan_vectors(flat: Tensor, plan, bsz: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`word_vectors` from a :func:`word_plan`: ``flat [L, n, d]`` holds the batch's token vectors (any L,
+    e.g. one layer) at the indices the plan's ``src`` names (the ``[B, T]`` grid flattened, or a store's rows)."""
+    src, dst, counts, keys, w_max = plan
+    n_layers, d, dev = flat.shape[0], flat.shape[-1], flat.device
+    out = torch.zeros(n_layers, bsz * w_max, d, dtype=flat.dtype, device=dev).index_add_(
+        1, dst.to(dev), flat[:, src.to(dev)])
     out = out / counts.to(dev).clamp_min(1)[None, :, None]
     return out.reshape(n_layers, bsz, w_max, d), (counts > 0).reshape(bsz, w_max).to(dev), keys
+
+
+def word_vectors(hidden: Tensor, b, word_index: dict, lowercase: bool = True
+                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """Word vectors of a batch: the mean of each word's subword tokens.
+
+    Returns ``(vectors [L, B, W, d], mask [B, W] bool, keys [B, W] long)``: W = most words in a row;
+    ``keys`` holds the target-word index of the FIRST occurrence of a target word in its sentence and -1
+    elsewhere (Ethayarajh: at most one occurrence per sentence).
+    """
+    n_layers, bsz, t_len, d = hidden.shape
+    plan = word_plan(b, word_index, t_len, lowercase)
+    if plan is None:
+        return None, None, None
+    return plan_vectors(hidden.reshape(n_layers, bsz * t_len, d), plan, bsz)

@@ -1,0 +1,217 @@
+"""The shared sentence pass in ONE forward pass, one layer in memory at a time (issue 39).
+
+The two-pass design (:mod:`outlierlab.evaluation.streaming`, ``one_pass=False``) encodes the evaluation
+sentences once to fit clip's dims and the fitted transforms and again to apply them.  Here the encoder runs
+once, layer by layer (:meth:`outlierlab.models.loading.FrozenEncoder.forward_layers`): as each layer arrives,
+its valid tokens go into single-layer accumulators (raw outlier counts, the float64 whitener sums, the
+anisotropy reservoir, the activation metrics, the word statistics of the transforms already known) and into
+a :class:`outlierlab.datamodules.features.LayerTokenStore` (the model's dtype, on disk).  Once the transforms
+are fitted from the streamed sums, :func:`replay` reads the stored tokens back one layer at a time and
+accumulates the statistics of the transforms fitted only now — the same numbers as a second encoding, since
+the encoder is deterministic in eval mode.
+
+Every accumulator here is a single-layer instance of the class the two-pass code uses;
+:func:`stack_layers` joins them into the ``L+1``-layer accumulator the analyses read, so both paths give the
+same results (tests/test_evaluation_scale.py compares them for every analysis × transform).
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from outlierlab.analysis.activations import ActivationAccumulator
+from outlierlab.analysis.outlier_stats import OutlierAccumulator
+from outlierlab.analysis.similarity import AnisotropyAccumulator, SelfSimilarityAccumulator, intra_sentence_similarity
+from outlierlab.analysis.transforms import Whitener
+from outlierlab.datamodules.features import LayerTokenStore
+from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, iter_batches, progress_bar
+from outlierlab.evaluation.words import plan_vectors, word_plan
+
+#: Per class, the running tensors with one row per layer (concatenated by :func:`stack_layers`); every other
+#: attribute (token counts, seeds, the whitener's hash multipliers) is the same in each single-layer instance.
+_PER_LAYER = {
+    OutlierAccumulator: ("sum", "argmax_counts", "argmin_counts"),
+    Whitener: ("sum", "sum_outer", "shift"),
+    ActivationAccumulator: ("sum_sq", "ratio_sum", "abs_argmax_counts", "max_abs", "max_dim", "max_token"),
+    AnisotropyAccumulator: ("vectors",),
+    SelfSimilarityAccumulator: ("sum_unit", "sum_sq"),
+}
+_PER_LAYER_LISTS = {Whitener: ("_hashes", "_distinct_stopped")}
+
+
+def stack_layers(accs: list) -> Any:
+    """Single-layer accumulators of one class, fed the same tokens layer by layer, as ONE accumulator of
+    ``len(accs)`` layers — equal to feeding that accumulator ``[L, N, d]`` batches (per-layer state is
+    independent; the anisotropy reservoirs draw the same tokens because they share the seed and the calls)."""
+    first = accs[0]
+    if type(first) not in _PER_LAYER:
+        raise TypeError(f"stack_layers: no per-layer layout for {type(first).__name__}")
+    out = copy.copy(first)
+    for name in _PER_LAYER[type(first)]:
+        vals = [getattr(a, name) for a in accs]
+        setattr(out, name, None if vals[0] is None else torch.cat(vals))
+    for name in _PER_LAYER_LISTS.get(type(first), ()):
+        setattr(out, name, [x for a in accs for x in getattr(a, name)])
+    out.num_layers = len(accs)
+    return out
+
+
+@dataclass
+class Replay:
+    """What the single pass kept for the transforms fitted after it: the token store and, per batch, its
+    first stored row, its number of valid tokens, its word plan (indices into the stored rows) and size."""
+
+    store: LayerTokenStore | None
+    batches: list[tuple[int, int, Any, int]] = field(default_factory=list)
+
+
+class _Transforms:
+    """Each transform restricted to one layer (``FittedTransform.select``), built once per (name, layer)."""
+
+    def __init__(self, ft, dim: int) -> None:
+        self.ft, self.dim, self.cache = ft, dim, {}
+
+    def __call__(self, name: str, layer: int, x: Tensor) -> Tensor:
+        if name == "none":
+            return x
+        key = (name, layer)
+        if key not in self.cache:
+            self.cache[key] = self.ft.get(name, self.dim).select([layer])
+        return self.cache[key](x)
+
+
+def _word_layer(st, sims: dict, names: list[str], layer: int, flat: Tensor, plan, bsz: int, tf: _Transforms) -> None:
+    """Intra-sentence similarity and self-similarity sums of one layer of one batch (Ethayarajh 2019)."""
+    wv, mask, keys = plan_vectors(flat, plan, bsz)  # [1, B, W, d]
+    has_words = mask.any(1)
+    flat_keys = keys.flatten()
+    target = (flat_keys >= 0).nonzero().flatten()
+    for name in names:
+        tv = tf(name, layer, wv)
+        if has_words.any():
+            intra = intra_sentence_similarity(tv[:, has_words], mask=mask[has_words])  # [1, B']
+            st.intra_sum[name][layer] += intra.sum(1).cpu()[0]
+        if target.numel():
+            rows = tv.reshape(1, -1, tv.shape[-1])
+            sims[name][layer].update(rows[:, target.to(rows.device)], flat_keys[target])
+
+
+def _plan_on_rows(plan, valid: Tensor):
+    """A word plan over the ``[B, T]`` grid re-indexed to the batch's valid tokens (the stored rows)."""
+    src, dst, counts, keys, w_max = plan
+    row_of = torch.cumsum(valid.flatten().long().cpu(), 0) - 1
+    return row_of[src], dst, counts, keys, w_max
+
+
+def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dict, lowercase: bool,
+               need_words: bool, keep_for_later: bool, batch_size, chunk: int, progress: bool,
+               desc: str) -> tuple[Whitener | None, Replay]:
+    """The single forward pass: fills ``st`` (outliers and word statistics of ``now``, the anisotropy
+    reservoir, the activation metrics) and returns the stacked whitener sums (``whitener_new(1, d)`` per
+    layer, or None) and the :class:`Replay` for the transforms fitted afterwards."""
+    n_layers, d = st.num_layers, st.dim
+    tf = _Transforms(st.transforms, d)
+    out_names = ["none"] + [n for n in now if n != "none" and n in st.outliers]
+    outs = {n: [OutlierAccumulator(1, st.transforms.out_dim(n, d)) for _ in range(n_layers)] for n in out_names}
+    wh = [whitener_new(1, d) for _ in range(n_layers)] if whitener_new is not None else None
+    res = st.anisotropy_acc
+    aniso = [AnisotropyAccumulator(1, d, res.capacity, seed=res.seed) for _ in range(n_layers)] if res else None
+    sim_names = [n for n in now if n in st.self_sim]
+    sims = {n: [SelfSimilarityAccumulator(1, st.self_sim[n].dim, st.self_sim[n].keys.tolist())
+                for _ in range(n_layers)] for n in sim_names}
+    if st.activations is not None:
+        st.activations.start_layers()
+    store = LayerTokenStore(tempfile.mkdtemp(prefix="outlierlab-replay-"), n_layers, d) if keep_for_later else None
+    replay, log_ = Replay(store), EncodeLog()
+    bar = progress_bar(len(texts), f"{desc} {getattr(getattr(encoder, 'source', None), 'name', '')}", progress)
+    try:
+        for b in iter_batches(encoder, texts, batch_size, chunk, offsets=need_words, bar=bar, stats=log_,
+                              layerwise=True):
+            valid = b.valid
+            bsz = valid.shape[0]
+            sid = torch.arange(bsz, device=valid.device)[:, None].expand_as(valid)[valid]
+            ids = b.input_ids[valid] if b.input_ids is not None else None
+            plan = word_plan(b, word_index, valid.shape[1], lowercase) if need_words else None
+            plan = _plan_on_rows(plan, valid) if plan is not None else None
+            start = store.rows_written[0] if store is not None else 0
+
+            def fn(layer: int, h: Tensor) -> None:
+                v = valid.to(h.device)
+                raw = h[v]  # [N, d] in the model's dtype
+                tok = raw.float()[None]  # [1, N, d]: what the accumulators get (they upcast to float64)
+                for n in out_names:
+                    outs[n][layer].update(tf(n, layer, tok))
+                if st.activations is not None:
+                    st.activations.observe_layer(layer, tok[0], ids)
+                if wh is not None:
+                    wh[layer].partial_fit(tok)
+                if aniso is not None:
+                    aniso[layer].update(tok, sid.to(h.device))
+                if store is not None:
+                    store.append(layer, raw)
+                if plan is not None and sim_names:
+                    _word_layer(st, sims, sim_names, layer, tok, plan, bsz, tf)
+
+            b.layers(fn)
+            if st.activations is not None:
+                st.activations.commit(b.attention_mask)
+            if plan is not None:
+                n_with_words = int((plan[2].reshape(bsz, -1) > 0).any(1).sum())
+                for n in sim_names:
+                    st.intra_n[n] += n_with_words
+            replay.batches.append((start, int(valid.sum()), plan, bsz))
+    finally:
+        if bar is not None:
+            bar.close()
+        if store is not None:
+            store.close()
+    finish_encode_log(log_, desc, st.notes)
+    st.passes.append(log_)
+    for n in out_names:
+        st.outliers[n] = stack_layers(outs[n])
+    for n in sim_names:
+        st.self_sim[n] = stack_layers(sims[n])
+    if aniso is not None:
+        st.anisotropy_acc = stack_layers(aniso)
+    if st.activations is not None:
+        st.activations.finish_layers()
+    return (stack_layers(wh) if wh is not None else None), replay
+
+
+def replay(st, later: list[str], rp: Replay) -> None:
+    """The statistics of ``later`` (transforms fitted after the pass) from the stored tokens, one layer at a
+    time, batch by batch in the pass's order (so the float64 sums add up in the same order)."""
+    if rp.store is None:
+        return
+    n_layers, d = st.num_layers, st.dim
+    tf = _Transforms(st.transforms, d)
+    out_names = [n for n in later if n != "none" and n in st.outliers]
+    sim_names = [n for n in later if n in st.self_sim]
+    outs = {n: [OutlierAccumulator(1, st.transforms.out_dim(n, d)) for _ in range(n_layers)] for n in out_names}
+    sims = {n: [SelfSimilarityAccumulator(1, st.self_sim[n].dim, st.self_sim[n].keys.tolist())
+                for _ in range(n_layers)] for n in sim_names}
+    try:
+        for layer in range(n_layers):
+            for start, n_rows, plan, bsz in rp.batches:
+                tok = rp.store.rows(layer, start, start + n_rows).float()[None]
+                for n in out_names:
+                    outs[n][layer].update(tf(n, layer, tok))
+                if plan is not None and sim_names:
+                    _word_layer(st, sims, sim_names, layer, tok, plan, bsz, tf)
+    finally:
+        rp.store.cleanup()
+    for start, n_rows, plan, bsz in rp.batches:
+        if plan is not None:
+            n_with_words = int((plan[2].reshape(bsz, -1) > 0).any(1).sum())
+            for n in sim_names:
+                st.intra_n[n] += n_with_words
+    for n in out_names:
+        st.outliers[n] = stack_layers(outs[n])
+    for n in sim_names:
+        st.self_sim[n] = stack_layers(sims[n])
