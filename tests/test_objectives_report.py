@@ -1,4 +1,4 @@
-"""outlierlab.reports.objectives_report on planted cells: the papers' contrasts equal hand/scipy values."""
+"""outlierlab.jobs.objectives_report on planted cells: the papers' contrasts equal hand/scipy values."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from outlierlab.jobs.run_state import mark_finished
-from outlierlab.reports import objectives_report as report
+from outlierlab.jobs import objectives_report as report
 
 LOSS = {("mlm", "learned"): [5.0, 5.2, 5.1], ("mlm", "none"): [5.6, 5.9, 5.7],
         ("clm", "learned"): [4.0, 4.1, 4.3], ("clm", "none"): [4.05, 4.2, 4.3]}

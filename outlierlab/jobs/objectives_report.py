@@ -1,6 +1,6 @@
 """The masked-vs-causal study's tables (issue 36; docs/objectives.md), generated from its cells.
 
-    python -m outlierlab.reports.objectives_report multirun/objective_positions --doc docs/objectives.md
+    python -m outlierlab.jobs.objectives_report multirun/objective_positions --doc docs/objectives.md
 
 Reads the cells of ``experiment=objective_positions`` ({mlm, clm} x {learned, none} x seeds) through the study
 aggregator's reader (:mod:`outlierlab.jobs.study_cells`: only usable cells -- finished, manifest verified, one code
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or Path(args.sweep) / "objectives")
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "objectives.csv", index=False)
-    command = f"python -m outlierlab.reports.objectives_report {args.sweep}" + (f" --doc {args.doc}" if args.doc else "")
+    command = f"python -m outlierlab.jobs.objectives_report {args.sweep}" + (f" --doc {args.doc}" if args.doc else "")
     block = markdown(tables, table, cells, command)
     (out / "objectives.md").write_text(block)
     if args.doc:
