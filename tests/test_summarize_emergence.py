@@ -1,13 +1,9 @@
-"""scripts/summarize_emergence.py grid: the scheme x switch grids of docs/emergence.md come from the table CSV."""
+"""outlierlab.reports.emergence_tables grid (was scripts/summarize_emergence.py): the scheme x switch grids of
+docs/emergence.md come from the table CSV."""
 
 import csv
-import importlib.util
 
-from tests.conftest import ROOT
-
-spec = importlib.util.spec_from_file_location("summarize_emergence", ROOT / "scripts" / "summarize_emergence.py")
-summarize = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(summarize)
+from outlierlab.reports import emergence_tables as summarize
 
 
 def test_grid_pivots_runs_named_pos_switch_into_rows_and_columns(tmp_path):
@@ -28,3 +24,4 @@ def test_grid_pivots_runs_named_pos_switch_into_rows_and_columns(tmp_path):
     assert share.index("| learned |") < share.index("| none |")
     assert "| none | – | 512 |" in text.split("**validation perplexity**")[1]
     assert "step 400" in text
+    assert text.startswith("<!-- written by: python -m outlierlab.reports.emergence_tables grid")

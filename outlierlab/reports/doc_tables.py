@@ -1,0 +1,238 @@
+"""The result tables of the docs, generated from committed study outputs instead of transcribed (issue 37).
+
+A doc marks each generated block::
+
+    <!-- generated: emergence_seeds -->
+    ... (replaced) ...
+    <!-- end generated -->
+
+and ``python -m outlierlab.reports.doc_tables docs/emergence.md README.md`` rewrites every block from
+:data:`TABLES` (``--check``: exit 1 naming each block that differs from what the committed CSVs give, as the tests
+do). Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.jobs.study`` and, for
+per-seed rows, the cells' own CSVs (:func:`outlierlab.jobs.study_cells.cell_numbers`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+SEEDS = "docs/emergence/seeds"
+SWITCH = "docs/emergence/switch_seeds"
+EVALUATE = "docs/emergence/seeds_evaluate"
+BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.S)
+
+#: The primary quantities of the seed studies, in the order the docs show them.
+PRIMARY = [("hidden/argmax_share", "layer_4", "argmax share"), ("hidden/abs_argmax_share", "layer_4", "\\|x\\| argmax share"),
+           ("hidden/kurtosis", "layer_4", "kurtosis (1 = flat)"), ("hidden/max_median", "layer_4", "max / median"),
+           ("hidden/token_pair_cosine", "layer_4", "anisotropy (1,000 pairs)"), ("val/ppl", "model", "val perplexity")]
+
+
+def fmt(x: float, digits: int = 2) -> str:
+    if x is None or not math.isfinite(float(x)):
+        return "–"
+    x = float(x)
+    if x != 0 and abs(x) < 0.01:
+        return f"{x:.1e}".replace("-", "−")
+    places = 0 if abs(x) >= 100 else 1 if abs(x) >= 10 else digits
+    return f"{x:.{places}f}".replace("-", "−")
+
+
+def signed(x: float) -> str:
+    return ("+" if math.isfinite(x) and x > 0 else "") + fmt(x)
+
+
+@lru_cache(maxsize=None)
+def _read(path: str) -> pd.DataFrame:
+    return pd.read_csv(ROOT / path)
+
+
+def summary_cell(study: str, group: str, metric: str, layer: str, step: int | None = None) -> str:
+    """``mean ± t half-width`` or ``mean [low, high]`` (bounded measures), at ``step`` (default: the last)."""
+    s = _read(f"{study}/study/study.csv")
+    sub = s[(s["group"] == group) & (s["metric"] == metric) & (s["layer"] == layer)]
+    r = sub[sub["step"] == (sub["step"].max() if step is None else step)].iloc[0]
+    if not math.isfinite(r["ci_low"]):
+        return fmt(r["mean"])
+    if str(r["ci"]).startswith("Student"):
+        return f"{fmt(r['mean'])} ± {fmt(r['ci_high'] - r['mean'])}"
+    return f"{fmt(r['mean'])} [{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]"
+
+
+def contrast_row(study: str, contrast: str, metric: str, layer: str, step: int | None = None) -> pd.Series:
+    c = _read(f"{study}/study/contrasts.csv")
+    sub = c[(c["contrast"] == contrast) & (c["metric"] == metric) & (c["layer"] == layer)]
+    return sub[sub["step"] == (sub["step"].max() if step is None else step)].iloc[0]
+
+
+def _adjusted(r: pd.Series) -> str:
+    if r["family"] == "primary":
+        return f"{fmt(r['p_holm'], 3)} (Holm)"
+    if r["family"] == "secondary":
+        return f"{fmt(r['q_bh'], 3)} (BH)"
+    return str(r["family"])
+
+
+def _seeds_word(r: pd.Series) -> str:
+    m = re.match(r"(\d+)/(\d+) seeds a ([<>]) b", str(r["ordering"]))
+    return f"{m.group(1)}/{m.group(2)} {m.group(3)}" if m else str(r["ordering"])
+
+
+def families_line(study: str, after_step: int = 1) -> str:
+    c = _read(f"{study}/study/contrasts.csv")
+    sec = c[c["family"] == "secondary"]
+    late = sec[sec["step"] >= after_step]
+    return (f"Families ({study}/study/contrasts.csv): primary {int((c['family'] == 'primary').sum())} contrasts, "
+            f"{int((c[c['family'] == 'primary']['p_holm'] < 0.05).sum())} with Holm p < 0.05; secondary "
+            f"{len(sec)}, {int((sec['q_bh'] < 0.05).sum())} with BH q < 0.05 ({len(late)} from step {after_step:,} on, "
+            f"{int((late['q_bh'] < 0.05).sum())} with q < 0.05; raw p < 0.05: {int((late['p_value'] < 0.05).sum())}); "
+            f"not tested (constant or one seed) {int((c['family'] == 'not tested').sum())}, post-hoc duplicates of a "
+            f"monitor row {int((c['family'] == 'duplicate').sum())}.")
+
+
+def emergence_seeds() -> str:
+    head = ["| quantity | learned | none | learned − none [95% CI] | n | p | adjusted p | MDE (80%) | TOST p (margin) | seeds |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for metric, layer, label in PRIMARY:
+        r = contrast_row(SEEDS, "pos: learned - none", metric, layer)
+        head.append(f"| {label} | {summary_cell(SEEDS, 'pos=learned', metric, layer)} | "
+                    f"{summary_cell(SEEDS, 'pos=none', metric, layer)} | {signed(r['diff'])} [{fmt(r['ci_low'])}, "
+                    f"{fmt(r['ci_high'])}] | {int(r['n_pairs'])} | {fmt(r['p_value'], 3)} | {_adjusted(r)} | {fmt(r['mde'])} | "
+                    f"{fmt(r['tost_p'], 3)} (±{fmt(r['margin'])}) | {_seeds_word(r)} |")
+    return "\n".join(head + ["", families_line(SEEDS, 1000)])
+
+
+def _cell_table(study: str, group_key: str, labels: dict[str, str]) -> pd.DataFrame:
+    from outlierlab.jobs.study_cells import cell_numbers, find_cells
+
+    frames = []
+    for cell in find_cells([ROOT / study]):
+        if not cell.usable:
+            continue
+        df = cell_numbers(cell)
+        df["group"], df["seed"] = labels.get(cell.overrides.get(group_key), cell.overrides.get(group_key)), cell.seed
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _last(df: pd.DataFrame, metric: str, layer: str) -> pd.Series:
+    sub = df[(df["metric"] == metric) & (df["layer"] == layer)]
+    return sub[sub["step"] == sub["step"].max()].set_index(["group", "seed"])["value"]
+
+
+def emergence_seeds_per_seed() -> str:
+    return _per_seed(SEEDS, "pos")
+
+
+def switch_seeds_per_seed() -> str:
+    return _per_seed(SWITCH, "arch")
+
+
+def _per_seed(study: str, key: str) -> str:
+    df = _cell_table(study, key, {})
+    cols = [("hidden/argmax_share", "layer_4", "argmax share"), ("hidden/abs_argmax_share", "layer_4", "\\|x\\| argmax share"),
+            ("hidden/kurtosis", "layer_4", "kurtosis"), ("hidden/max_median", "layer_4", "max/median"),
+            ("hidden/token_pair_cosine", "layer_4", "anisotropy"), ("hidden/inf_norm_ln_input", "max_layer", "inf-norm LN input (max layer)"),
+            ("hidden/inf_norm_ffn_output", "layer_4", "inf-norm FFN out (layer 4)"), ("val/ppl", "model", "val ppl")]
+    values = {c: _last(df, m, l) for m, l, c in cols}
+    ln = df[(df["metric"] == "posthoc/n_layernorm_outliers") & df["layer"].str.fullmatch(r"layer_[1-9]\d*")]
+    ln = ln[ln["step"] == ln["step"].max()].groupby(["group", "seed"])["value"].sum()
+    lines = [f"| {key} | seed | " + " | ".join(c for *_, c in cols) + " | LayerNorm 3σ dims (sum over layers) |",
+             "|---|---|" + "---|" * (len(cols) + 1)]
+    for key in sorted(values["val ppl"].index):
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(fmt(values[c].get(key, math.nan)) for *_, c in cols)
+                     + f" | {int(ln.get(key, 0))} |")
+    return "\n".join(lines)
+
+
+def switch_seeds() -> str:
+    lines = ["| quantity | plain (default) | OP | pre-LN | plain − OP [95% CI], p, adjusted p, MDE, TOST p (margin), seeds | "
+             "plain − pre-LN [95% CI], p, adjusted p, seeds |", "|---|---|---|---|---|---|"]
+    for metric, layer, label in PRIMARY:
+        op = contrast_row(SWITCH, "arch: default - op", metric, layer)
+        pre = contrast_row(SWITCH, "arch: default - pre_ln", metric, layer)
+        lines.append(f"| {label} | " + " | ".join(summary_cell(SWITCH, f"arch={a}", metric, layer) for a in ("default", "op", "pre_ln"))
+                     + f" | {signed(op['diff'])} [{fmt(op['ci_low'])}, {fmt(op['ci_high'])}], {fmt(op['p_value'], 3)}, "
+                       f"{_adjusted(op)}, {fmt(op['mde'])}, {fmt(op['tost_p'], 3)} (±{fmt(op['margin'])}), {_seeds_word(op)} | {signed(pre['diff'])} [{fmt(pre['ci_low'])}, "
+                       f"{fmt(pre['ci_high'])}], {fmt(pre['p_value'], 3)}, {_adjusted(pre)}, {_seeds_word(pre)} |")
+    return "\n".join(lines + ["", families_line(SWITCH, 1000)])
+
+
+def switch_seeds_all_measures() -> str:
+    """Every monitor measure of the last layer, plain vs OP: where the direction holds and where it does not."""
+    c = _read(f"{SWITCH}/study/contrasts.csv")
+    sub = c[(c["contrast"] == "arch: default - op") & (c["layer"] == "layer_4") & c["metric"].str.startswith("hidden/")]
+    sub = sub[sub["step"] == sub["step"].max()].sort_values("metric")
+    lines = ["| measure (layer 4, step 2,000) | plain | OP | plain − OP | p | adjusted p | seeds |", "|---|---|---|---|---|---|---|"]
+    for _, r in sub.iterrows():
+        lines.append(f"| {r['metric'][len('hidden/'):]} | {fmt(r['mean_a'])} | {fmt(r['mean_b'])} | {signed(r['diff'])} | "
+                     f"{fmt(r['p_value'], 3)} | {_adjusted(r)} | {_seeds_word(r)} |")
+    return "\n".join(lines)
+
+
+def seeds_evaluate() -> str:
+    groups = {"learned": "encoder.name_or_path=multirun/emergence_seeds/pos=learned,seed=*",
+              "none": "encoder.name_or_path=multirun/emergence_seeds/pos=none,seed=*"}
+    rows = [("anisotropy/none/anisotropy", "anisotropy"), ("anisotropy/none/top3_share", "top-3 rogue-dim share"),
+            ("isotropy/none/isoscore", "IsoScore"), ("anisotropy/whiten/anisotropy", "anisotropy after whitening")]
+    lines = ["| layer 4 (evaluate.py, 1,000 sentences) | learned | none |", "|---|---|---|"]
+    for metric, label in rows:
+        lines.append(f"| {label} | " + " | ".join(summary_cell(EVALUATE, g, metric, "layer_4", -1) for g in groups.values()) + " |")
+    return "\n".join(lines)
+
+
+def readme_results() -> str:
+    def line(study, contrast, what):
+        parts = []
+        for metric, layer, label in PRIMARY:
+            r = contrast_row(study, contrast, metric, layer)
+            parts.append(f"{label.replace(chr(92), '')} {signed(r['diff'])} (Holm p {fmt(r['p_holm'], 2)}, MDE {fmt(r['mde'])})")
+        return f"* {what}: " + "; ".join(parts) + "."
+    return "\n".join([line(SEEDS, "pos: learned - none", "`emergence_seeds`, learned − none, last layer, step 4,000, 3 seeds"),
+                      line(SWITCH, "arch: default - op", "`switch_seeds`, plain − OP, last layer, step 2,000, 3 seeds")])
+
+
+TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds, emergence_seeds_per_seed, switch_seeds, switch_seeds_per_seed,
+                                                                switch_seeds_all_measures, seeds_evaluate, readme_results)}
+
+
+def render(text: str, source: str = "") -> str:
+    def one(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in TABLES:
+            raise ValueError(f"{source}: unknown generated table {name!r} (known: {', '.join(TABLES)})")
+        return m.group(1) + TABLES[name]().rstrip("\n") + "\n" + m.group(4)
+    return BLOCK.sub(one, text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.reports.doc_tables", description=__doc__.split("\n")[0])
+    parser.add_argument("docs", nargs="+")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a block differs from the committed CSVs")
+    a = parser.parse_args(argv)
+    stale = []
+    for doc in map(Path, a.docs):
+        text = doc.read_text()
+        new = render(text, str(doc))
+        if new != text:
+            if a.check:
+                stale += [f"{doc}: block {m.group(2)} differs from the committed CSVs" for m, n in
+                          zip(BLOCK.finditer(text), BLOCK.finditer(new)) if m.group(0) != n.group(0)]
+            else:
+                doc.write_text(new)
+                print(f"rewrote {doc}")
+    for line in stale:
+        print(line, file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
