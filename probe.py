@@ -34,7 +34,8 @@ def _check(cfg: DictConfig) -> None:
     from outlierlab.datamodules.validation import validate_inputs  # lazy: module level imports only startup + Hydra
 
     validate_inputs(cfg, "probe")  # every data file and the encoder path, one line per fault
-    resolve_encoder(str(cfg.encoder.name_or_path))
+    rev = cfg.encoder.get("revision")
+    resolve_encoder(str(cfg.encoder.name_or_path), None if rev is None else str(rev))
 
 
 @hydra.main(config_path="configs", config_name="probe", version_base="1.3")

@@ -353,7 +353,8 @@ def _encoder(cfg) -> None:
     if p.is_dir() and not any(p.iterdir()):
         raise DataFileError(f"encoder.name_or_path: {name}: the directory is empty (no run, checkpoint or model "
                             "files); point it at a train.py run dir, a *.ckpt, or a save_pretrained directory")
-    resolve_encoder(str(name))
+    rev = _select(cfg, "encoder.revision")
+    resolve_encoder(str(name), None if rev is None else str(rev))
 
 
 def validate_inputs(cfg, entry: str) -> list[str]:

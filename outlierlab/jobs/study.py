@@ -77,10 +77,10 @@ def check_groups(groups: dict[str, list[Cell]], allow_mixed_code: bool = False) 
             errors.append(f"group {label} mixes step budgets: {parts}; run them as separate sweeps or override "
                           "trainer.max_steps explicitly so they form separate groups")
             continue
-        seeds = [c.seed for c in cells]
+        seeds = [c.seed if c.series_step is None else (c.seed, c.series_step) for c in cells]  # series: seed x step
         dupes = sorted({s for s in seeds if seeds.count(s) > 1}, key=str)
         if dupes:
-            errors.append(f"group {label} holds seed {dupes[0]} more than once ({', '.join(str(c.path) for c in cells if c.seed == dupes[0])})")
+            errors.append(f"group {label} holds seed {dupes[0]} more than once ({', '.join(str(c.path) for c, s in zip(cells, seeds) if s == dupes[0])})")
             continue
         ref = _portable(cells[0])
         for c in cells[1:]:

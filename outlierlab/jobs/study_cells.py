@@ -40,6 +40,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from outlierlab.jobs import run_state
+from outlierlab.jobs.series import apply_series
 
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named.
 NOT_IDENTITY = {"study", "ckpt_path", "resume", "skip_finished", "threads", "posthoc", "trainer.enable_progress_bar",
@@ -71,6 +72,7 @@ class Cell:
     problems: list[str] = field(default_factory=list)    # '<cell>: <file>: <what>'; any -> unusable
     code: str = UNKNOWN_CODE                              # '<commit>[-dirty]', 'unknown' without a manifest
     notes: list[str] = field(default_factory=list)       # e.g. 'no manifest: code version unknown'
+    series_step: int | None = None                        # a published checkpoint's step (outlierlab.jobs.series)
 
     @property
     def usable(self) -> bool:
@@ -209,9 +211,11 @@ def read_cell(path: Path) -> Cell:
             value = SEED_IN_VALUE.sub("seed=*", value)
         overrides[key] = value
     config = _read_config(path, problems)
+    series_seed, series_step = apply_series(overrides, config)  # checkpoint series: step/seed in a revision or name
+    seed = series_seed if series_seed is not None else seed
     if seed is None and isinstance(config.get("seed"), int):
         seed = int(config["seed"])
-    cell = Cell(path, overrides, seed, _finished(path, config, problems), config, problems)
+    cell = Cell(path, overrides, seed, _finished(path, config, problems), config, problems, series_step=series_step)
     if not problems:
         validate(cell)
     return cell
@@ -328,6 +332,8 @@ def cell_numbers(cell: Cell) -> pd.DataFrame:
         return pd.DataFrame(columns=["step", "layer", "metric", "value"])
     df = pd.concat([x[["step", "layer", "metric", "value"]] for x in parts], ignore_index=True)
     df = df.dropna(subset=["value"])
+    if cell.series_step is not None:  # evaluate.py/probe.py numbers (step -1) of a published checkpoint
+        df.loc[df["step"] == -1, "step"] = cell.series_step
     return _add_max_layer(df)
 
 
