@@ -235,7 +235,8 @@ def test_named_studies_carry_their_sweep_and_slurm_preset_resolves():
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = hydra_compose("train", ["experiment=emergence_seeds", "hydra/launcher=slurm", "trainer.devices=4",
                                       "run_dir=/tmp/x"], return_hydra_config=True)
-    assert dict(cfg.hydra.sweeper.params) == {"seed": "1,2,3", "pos": "learned,none"}
+    assert dict(cfg.hydra.sweeper.params) == {"seed": "1,2,3,4,5", "pos": "learned,none"}  # issue 37: 5 seeds
+    assert list(cfg.study_design.contrasts) == ["pos=learned,none"] and len(cfg.study_design.primary) == 6
     assert cfg.study == "emergence_seeds" and cfg.trainer.max_steps == 4000 and cfg.posthoc is True
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert launcher["tasks_per_node"] == 4 and launcher["gpus_per_node"] == 4 and launcher["nodes"] == 1
