@@ -22,6 +22,8 @@ away from frequent tokens.  This module holds the pieces, pure tensor code:
   condition predicts at least once (and that the corpus counts), Spearman ρ and the least-squares slope of
   prediction frequency on corpus frequency, with the number of distinct predicted tokens; a condition whose
   predictions leave fewer than two such tokens is reported as such (NaN and a status, where their code writes 0);
+* :func:`score_conditions` — every condition (the model, the bias, per dim set *only*/*without* and their random
+  controls) streamed over the positions, one row of :data:`COLUMNS` each;
 * :func:`frequency_spearman` — ours, beside theirs: Spearman of frequency with a per-token value over *every*
   counted token (the mean log-probability: does the condition *rank* the vocabulary by frequency — a dim whose
   decoder weights are log-frequency gives ρ = 1).
@@ -31,6 +33,7 @@ Written by hand: the decomposition is one matrix product; no library computes th
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from dataclasses import dataclass
@@ -40,9 +43,19 @@ import torch
 from scipy import stats
 from torch import Tensor
 
+from outlierlab.analysis.outlier_dims import random_dims
 from outlierlab.analysis.sts import spearman_columns
 
-__all__ = ["macocco_outlier_dims", "split_logits", "ConditionStats", "frequency_spearman", "lin_coeff", "LinCoeff"]
+__all__ = ["macocco_outlier_dims", "split_logits", "ConditionStats", "frequency_spearman", "lin_coeff", "LinCoeff",
+           "score_conditions", "COLUMNS", "METRICS"]
+
+#: Per-condition metrics of :func:`score_conditions` (random controls: mean and ``*_std`` over the draws) and the
+#: columns of ``frequent_tokens.csv``.
+METRICS = ("kl", "entropy", "surprisal", "top1", "spearman", "slope", "n_tokens", "n_correlated",
+           "logprob_spearman")
+COLUMNS = (["rule", "condition", "n_dims", "dims", *METRICS, "lin_status"] + [f"{m}_std" for m in METRICS]
+           + ["n_draws", "n_positions", "n_tokens_counted", "positions", "objective"])
+
 
 
 def macocco_outlier_dims(h: Tensor, percentile: float = 99.0, local_quantile: float = 0.5) -> list[int]:
@@ -181,3 +194,64 @@ def lin_coeff(corpus_counts: Tensor, top1_counts: Tensor, min_count: int = 1) ->
     if np.all(g == g[0]):
         return LinCoeff(nan, slope, n_tokens, int(keep.sum()), "constant")
     return LinCoeff(float(stats.spearmanr(f, g)[0]), slope, n_tokens, int(keep.sum()), "ok")
+
+
+def score_conditions(h: Tensor, labels: Tensor, weight: Tensor, bias: Tensor | None, sets: dict[str, list[int]],
+                     freqs: Tensor, *, n_random: int, seed: int, min_count: int, chunk: int = 512) -> list[dict]:
+    """Rows of :data:`COLUMNS` (without ``positions``/``objective``) for ``full``, ``bias``, and per rule
+    ``only``/``without`` and their random controls.  Random dims avoid the rule's own dims and both of Macocco
+    et al.'s sets (``sets["macocco"]``, ``sets["unembedding"]`` where given)."""
+    vocab, d = weight.shape
+    gen = torch.Generator().manual_seed(int(seed))
+    macocco = set(sets.get("macocco", [])) | set(sets.get("unembedding", []))
+    draws = {name: [random_dims(d, len(dims), exclude=set(dims) | macocco, generator=gen) for _ in range(n_random)]
+             for name, dims in sets.items() if dims and d - len(set(dims) | macocco) >= len(dims)}
+    keys = [("model", "full", -1)] + ([("model", "bias", -1)] if bias is not None else [])
+    for name, dims in sets.items():
+        if dims:
+            keys += [(name, "only", -1), (name, "without", -1)]
+            keys += [(name, f"random_{c}", i) for i in range(len(draws.get(name, []))) for c in ("only", "without")]
+    stats = {key: ConditionStats(vocab) for key in keys}
+    for start in range(0, h.shape[0], chunk):
+        hc, yc = h[start:start + chunk].to(weight), labels[start:start + chunk]
+        full = hc @ weight.T + (bias if bias is not None else 0)
+        stats[("model", "full", -1)].update(full, full, yc)
+        if bias is not None:
+            stats[("model", "bias", -1)].update(bias.expand_as(full), full, yc)
+        for (name, cond, i), st in stats.items():
+            if name == "model":
+                continue
+            dims = sets[name] if i < 0 else draws[name][i]
+            only, rest = split_logits(hc, weight, dims, bias)
+            st.update(only if cond.endswith("only") else rest, full, yc)
+
+    def metrics(st: ConditionStats) -> dict:
+        r = st.result()
+        lc = lin_coeff(freqs, r["top1_counts"], min_count)
+        return {"kl": r["kl"], "entropy": r["entropy"], "surprisal": r["surprisal"], "top1": r["top1"],
+                "n_positions": r["n_positions"], "spearman": lc.spearman, "slope": lc.slope, "n_tokens": lc.n_tokens,
+                "n_correlated": lc.n_correlated, "lin_status": lc.status,
+                "logprob_spearman": frequency_spearman(freqs, r["mean_logprob"], min_count)}
+
+    n_counted = int((freqs >= min_count).sum())
+    rows = []
+    for (name, cond, i), st in stats.items():
+        if i < 0:
+            dims = sets.get(name, []) if name != "model" else []
+            rows.append({"rule": name, "condition": cond, "n_dims": len(dims), "dims": ";".join(map(str, dims)),
+                         **metrics(st), "n_draws": 1, "n_tokens_counted": n_counted})
+    for name, ds in draws.items():
+        for cond in ("only", "without"):
+            per = [metrics(stats[(name, f"random_{cond}", i)]) for i in range(len(ds))]
+            if not per:
+                continue
+            row = {"rule": name, "condition": f"random_{cond}", "n_dims": len(ds[0]),
+                   "dims": "|".join(";".join(map(str, x)) for x in ds), "n_draws": len(per),
+                   "n_positions": per[0]["n_positions"], "n_tokens_counted": n_counted,
+                   "lin_status": ";".join(sorted({p["lin_status"] for p in per}))}
+            for k in METRICS:
+                vals = [p[k] for p in per if p[k] == p[k]]
+                row[k] = statistics.fmean(vals) if vals else float("nan")
+                row[f"{k}_std"] = statistics.stdev(vals) if len(vals) > 1 else float("nan")
+            rows.append(row)
+    return rows

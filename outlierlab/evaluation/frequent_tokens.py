@@ -26,7 +26,6 @@ vector) is captured and the logits ``hW^T + b`` are split over a set of dims S
 
 from __future__ import annotations
 
-import statistics
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,10 +35,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from outlierlab.analysis.frequent_tokens import (ConditionStats, frequency_spearman, lin_coeff,
-                                                 macocco_outlier_dims, split_logits)
+from outlierlab.analysis.frequent_tokens import COLUMNS, METRICS, macocco_outlier_dims, score_conditions
 from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
-from outlierlab.analysis.outlier_dims import detect_outlier_dims, random_dims
+from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.evaluation.common import ln_rule, skip_result
 from outlierlab.evaluation.frequency import frequency_counts
@@ -55,11 +53,10 @@ from outlierlab.reports.evaluation_report import md_table
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+__all__ = ["run", "check", "COLUMNS", "METRICS", "RULES", "score_conditions", "late_labels", "output_layer",
+           "last_vectors", "outlier_sets"]
+
 TITLE = "## Last-layer outlier dims and the frequent-token heuristic (Macocco et al. 2025)"
-METRICS = ("kl", "entropy", "surprisal", "top1", "spearman", "slope", "n_tokens", "n_correlated",
-           "logprob_spearman")
-COLUMNS = (["rule", "condition", "n_dims", "dims", *METRICS, "lin_status"] + [f"{m}_std" for m in METRICS]
-           + ["n_draws", "n_positions", "n_tokens_counted", "positions", "objective"])
 RULES = ("macocco", "unembedding", "argmax_share", "layernorm")
 
 
@@ -152,68 +149,6 @@ def outlier_sets(loaded: LoadedModel, h: Tensor, weight: Tensor, s: FrequentToke
                             why or f"the {norm_key} norm's gain/bias outside mean ± {rule.k:g}σ "
                                    f"(criterion {rule.criterion}; Kovaleva et al. 2021)")
     return out
-
-
-# --------------------------------------------------------------------------------------- the conditions
-def score_conditions(h: Tensor, labels: Tensor, weight: Tensor, bias: Tensor | None, sets: dict[str, list[int]],
-                     freqs: Tensor, *, n_random: int, seed: int, min_count: int, chunk: int = 512) -> list[dict]:
-    """Rows of :data:`COLUMNS` (without ``positions``/``objective``) for ``full``, ``bias``, and per rule
-    ``only``/``without`` and their random controls.  Random dims avoid the rule's own dims and both of Macocco
-    et al.'s sets (``sets["macocco"]``, ``sets["unembedding"]`` where given)."""
-    vocab, d = weight.shape
-    gen = torch.Generator().manual_seed(int(seed))
-    macocco = set(sets.get("macocco", [])) | set(sets.get("unembedding", []))
-    draws = {name: [random_dims(d, len(dims), exclude=set(dims) | macocco, generator=gen) for _ in range(n_random)]
-             for name, dims in sets.items() if dims and d - len(set(dims) | macocco) >= len(dims)}
-    keys = [("model", "full", -1)] + ([("model", "bias", -1)] if bias is not None else [])
-    for name, dims in sets.items():
-        if dims:
-            keys += [(name, "only", -1), (name, "without", -1)]
-            keys += [(name, f"random_{c}", i) for i in range(len(draws.get(name, []))) for c in ("only", "without")]
-    stats = {key: ConditionStats(vocab) for key in keys}
-    for start in range(0, h.shape[0], chunk):
-        hc, yc = h[start:start + chunk].to(weight), labels[start:start + chunk]
-        full = hc @ weight.T + (bias if bias is not None else 0)
-        stats[("model", "full", -1)].update(full, full, yc)
-        if bias is not None:
-            stats[("model", "bias", -1)].update(bias.expand_as(full), full, yc)
-        for (name, cond, i), st in stats.items():
-            if name == "model":
-                continue
-            dims = sets[name] if i < 0 else draws[name][i]
-            only, rest = split_logits(hc, weight, dims, bias)
-            st.update(only if cond.endswith("only") else rest, full, yc)
-
-    def metrics(st: ConditionStats) -> dict:
-        r = st.result()
-        lc = lin_coeff(freqs, r["top1_counts"], min_count)
-        return {"kl": r["kl"], "entropy": r["entropy"], "surprisal": r["surprisal"], "top1": r["top1"],
-                "n_positions": r["n_positions"], "spearman": lc.spearman, "slope": lc.slope, "n_tokens": lc.n_tokens,
-                "n_correlated": lc.n_correlated, "lin_status": lc.status,
-                "logprob_spearman": frequency_spearman(freqs, r["mean_logprob"], min_count)}
-
-    n_counted = int((freqs >= min_count).sum())
-    rows = []
-    for (name, cond, i), st in stats.items():
-        if i < 0:
-            dims = sets.get(name, []) if name != "model" else []
-            rows.append({"rule": name, "condition": cond, "n_dims": len(dims), "dims": ";".join(map(str, dims)),
-                         **metrics(st), "n_draws": 1, "n_tokens_counted": n_counted})
-    for name, ds in draws.items():
-        for cond in ("only", "without"):
-            per = [metrics(stats[(name, f"random_{cond}", i)]) for i in range(len(ds))]
-            if not per:
-                continue
-            row = {"rule": name, "condition": f"random_{cond}", "n_dims": len(ds[0]),
-                   "dims": "|".join(";".join(map(str, x)) for x in ds), "n_draws": len(per),
-                   "n_positions": per[0]["n_positions"], "n_tokens_counted": n_counted,
-                   "lin_status": ";".join(sorted({p["lin_status"] for p in per}))}
-            for k in METRICS:
-                vals = [p[k] for p in per if p[k] == p[k]]
-                row[k] = statistics.fmean(vals) if vals else float("nan")
-                row[f"{k}_std"] = statistics.stdev(vals) if len(vals) > 1 else float("nan")
-            rows.append(row)
-    return rows
 
 
 # ------------------------------------------------------------------------------------------- the job
