@@ -367,3 +367,31 @@ def test_a_decoder_is_scored_at_one_late_position_per_sequence_by_default(tmp_pa
     assert "unembedding" in late.summary["dims"]
     with pytest.raises(ValueError, match="no sequence reaches token 101"):
         frequent_tokens.run(make_ctx("frequent_tokens", enc, tmp_path, {**common, "late_position": 100}))
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "modernbert", "gpt_neox"])
+def test_qk_outliers_runs_on_hub_families_with_their_rotary_layers(tmp_path, model_type):
+    """evaluate.py's qk_outliers on saved hub-format models: per-layer θ and reach in the CSV rows, the source
+    of θ and the QK-norm reading point in the report."""
+    from family_models import build, save
+    from test_ablation import make_ctx
+
+    from outlierlab.evaluation import qk_outliers
+    from outlierlab.models.loading import FrozenEncoder
+
+    extra = {"global_attn_every_n_layers": 2} if model_type == "modernbert" else {}
+    enc = FrozenEncoder(str(save(*build(model_type, **extra), tmp_path / model_type)), device="cpu")
+    res = qk_outliers.run(make_ctx("qk_outliers", enc, tmp_path, {"max_sentences": 12}))
+    assert res.summary["rotary"] is True and "inv_freq" in res.markdown
+    rot = enc.model.rotary_emb  # the body (AutoModel) holds the rotary module in every family here
+    by_layer = {}
+    for r in res.rows:
+        if r["rotary_pair"] != "":
+            by_layer.setdefault(r["layer"], {})[r["rotary_pair"]] = (r["theta"], r["cycles"])
+    if model_type == "modernbert":  # layer 1 is local: its own frequencies over a 64-token reach
+        theta, cyc = by_layer[1][1]
+        assert theta == pytest.approx(float(rot.sliding_attention_inv_freq[1])) and cyc == pytest.approx(
+            theta * 64 / (2 * math.pi))
+        assert by_layer[0][1][0] == pytest.approx(float(rot.full_attention_inv_freq[1]))
+    else:
+        assert by_layer[0][1][0] == pytest.approx(float(rot.inv_freq[1]))
