@@ -244,7 +244,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
           md_table(["rule", "condition", "# dims", "KL(full‖cond)", "top-1", "# predicted", "ρ (predicted)", "slope",
                     "ρ(freq, mean log p)"],
                    [[r["rule"], r["condition"], r["n_dims"], _pm(r, "kl"), _pm(r, "top1"), _pm(r, "n_tokens"),
-                     _pm(r, "spearman") if r["lin_status"] == "ok" else f"– ({r['lin_status']})", _pm(r, "slope"),
+                     _pm(r, "spearman") + ("" if r["lin_status"] == "ok" else f" ({r['lin_status']})"), _pm(r, "slope"),
                      _pm(r, "logprob_spearman")] for r in rows]),
           "![Spearman per condition](frequent_tokens.png)"]
     summary = {"dims": {k: v[0] for k, v in sets.items()}, "counts_from": counts_from, "positions": protocol,
@@ -258,5 +258,7 @@ def _pm(r: dict, k: str) -> str:
     v, sd = r.get(k), r.get(f"{k}_std")
     if v is None or v != v:
         return "–"
-    fmt = "{:.0f}" if k == "n_tokens" and sd is None else "{:.3g}" if k == "slope" else "{:.3f}"
-    return fmt.format(v) + (f" ± {sd:.3f}" if sd is not None and sd == sd else "")
+    fmt = "{:.3g}" if k == "slope" else "{:.1f}" if k == "n_tokens" else "{:.3f}"
+    if k == "n_tokens" and sd is None:
+        fmt = "{:.0f}"
+    return fmt.format(v) + (" ± " + fmt.format(sd) if sd is not None and sd == sd else "")
