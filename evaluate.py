@@ -31,7 +31,7 @@ from outlierlab.datamodules.validation import validate_inputs
 from outlierlab.evaluation import registry
 from outlierlab.evaluation.registry import ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
 from outlierlab.evaluation.settings import EncoderSettings, section_settings
-from outlierlab.jobs.startup import check_overrides, register_resolvers, run_main
+from outlierlab.jobs.startup import check_device, check_overrides, register_resolvers, run_main
 
 #: = outlierlab.analysis.transforms.TRANSFORMS (restated here so a typo fails before torch loads; a test keeps them equal)
 TRANSFORMS = ("none", "clip", "whiten", "standardize", "abtt", "center")
@@ -197,7 +197,11 @@ def _header(meta: dict) -> str:
 
 @hydra.main(config_path="configs", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_main(lambda c: evaluate(c, HydraConfig.get().runtime.output_dir), cfg)
+    def job(c: DictConfig) -> dict:
+        check_device(OmegaConf.select(c, "encoder.device"))  # cuda without a GPU: one line now, not mid-pass
+        return evaluate(c, HydraConfig.get().runtime.output_dir)
+
+    run_main(job, cfg)
 
 
 if __name__ == "__main__":

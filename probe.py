@@ -13,7 +13,7 @@ layer x transform), ``probe_report.md``, PNG plots, ``probe_info.json``, TensorB
 from __future__ import annotations
 
 from outlierlab.jobs.run_errors import CELL_FAILED
-from outlierlab.jobs.startup import check_overrides, register_resolvers, run_main
+from outlierlab.jobs.startup import check_device, check_overrides, register_resolvers, run_main
 
 register_resolvers()
 check_overrides()  # unknown encoder=/task=/transform= -> one line listing valid names, before slow imports
@@ -36,6 +36,7 @@ def _check(cfg: DictConfig) -> None:
     validate_inputs(cfg, "probe")  # every data file and the encoder path, one line per fault
     rev = cfg.encoder.get("revision")
     resolve_encoder(str(cfg.encoder.name_or_path), None if rev is None else str(rev))
+    check_device(OmegaConf.select(cfg, "encoder.device"))  # cuda without a GPU: one line now, not mid-run
 
 
 @hydra.main(config_path="configs", config_name="probe", version_base="1.3")

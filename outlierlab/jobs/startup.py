@@ -288,6 +288,25 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("cell_dir", lambda name: cell_dir_name(str(name)))
 
 
+def check_device(device, key: str = "encoder.device") -> None:
+    """A requested accelerator that this machine lacks is one line at start, not an assertion deep in torch when
+    the model first moves (``Torch not compiled with CUDA enabled``). Imports torch: call it after the light checks."""
+    name = str(device or "auto")
+    if name in ("auto", "cpu", "meta"):
+        return
+    import torch
+
+    kind, _, index = name.partition(":")
+    if kind == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0 or (index.isdigit() and int(index) >= n):
+            have = "no CUDA GPU" if n == 0 else f"{n} CUDA GPU(s) (cuda:0..cuda:{n - 1})"
+            raise ValueError(f"{key}={name} but this machine has {have}; use {key}=auto (a GPU when there is one) "
+                             f"or {key}=cpu")
+    elif kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"{key}={name} but MPS is not available here; use {key}=auto or {key}=cpu")
+
+
 # run_main / USER_ERRORS live in run_errors (one line per failure, a sweep that survives a failing cell)
 from outlierlab.jobs.run_errors import USER_ERRORS, run_main  # noqa: E402,F401 (the entry points import them here)
 
