@@ -119,6 +119,7 @@ def aggregate(cells: list[Cell], allow_mixed_code: bool = False) -> tuple[pd.Dat
             frames.append(df)
     per_seed = pd.concat(frames, ignore_index=True)
     rows = []
+    n_seeds = {label: len({c.seed for c in cells}) for label, cells in groups.items()}
     for (label, step, layer, metric), sub in per_seed.groupby(["group", "step", "layer", "metric"], sort=True):
         values = sub["value"].tolist()
         s = summarize(values)
@@ -129,7 +130,7 @@ def aggregate(cells: list[Cell], allow_mixed_code: bool = False) -> tuple[pd.Dat
         if s.note == CONSTANT:
             low, high, method = math.nan, math.nan, CONSTANT
         rows.append({"group": label, "step": int(step), "layer": layer, "metric": metric, "ci": method, "n": s.n,
-                     "n_below_seeds": s.n < len(groups[label]), "mean": s.mean, "std": s.std, "ci_low": low,
+                     "n_below_seeds": s.n < n_seeds[label], "mean": s.mean, "std": s.std, "ci_low": low,
                      "ci_high": high, "min": s.min, "max": s.max,
                      "seeds": " ".join(str(x) for x in sorted(sub["seed"].dropna().astype(int).unique()))})
     return pd.DataFrame(rows), per_seed, dict(groups)
@@ -159,7 +160,7 @@ def contrast_table(per_seed: pd.DataFrame, groups: dict[str, list[Cell]], spec: 
         raise ValueError(f"--contrast {spec}: no two groups differ only in {key} = {a} vs {b} "
                          f"(values of {key} in this study: {', '.join(present) or 'none'})")
     rows = []
-    seeds = {label: len(cells) for label, cells in groups.items()}
+    seeds = {label: len({c.seed for c in cells}) for label, cells in groups.items()}
     for ga, gb in pairs:
         da, db = per_seed[per_seed["group"] == ga], per_seed[per_seed["group"] == gb]
         merged = da.merge(db, on=["step", "layer", "metric"], suffixes=("_a", "_b"))

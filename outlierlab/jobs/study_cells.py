@@ -29,7 +29,6 @@ more than one row per step is an error naming it (it is not dropped for that see
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from outlierlab.jobs import run_state
+from outlierlab.jobs.cell_checks import UNKNOWN_CODE, check_cell, finished
 from outlierlab.jobs.series import apply_series
 
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named.
@@ -58,8 +57,6 @@ VECTOR_STATISTICS = {"mean", "gain", "bias", "top_abs_mean", "outlier_dim", "gai
                      "attn_entropy_head"}
 #: Monitor rows that are identifiers, counts fixed by the setting, or standard errors: not quantities to average.
 NOT_QUANTITIES = re.compile(r"^(max_abs_token_id|n_tokens|n_anisotropy_pairs|min_layers|.*_se)$")
-#: Code version of a cell without a manifest (made before cells recorded one).
-UNKNOWN_CODE = "unknown"
 
 
 @dataclass
@@ -112,76 +109,6 @@ def is_cell(path: Path) -> bool:
     return (path / ".hydra" / "overrides.yaml").is_file() or (path / "finished.json").is_file()
 
 
-def _finished(path: Path, config: dict[str, Any], problems: list[str]) -> bool:
-    """Training cells: :func:`run_state.finished_run` and a marker covering the config's budget; a torn marker or
-    one short of the budget is a problem (the cell is not merely unfinished). Other cells: their result file."""
-    if (path / run_state.FINISHED_MARKER).is_file():
-        done = run_state.finished_run(path)
-        if done is None:
-            problems.append(f"{path}: {run_state.FINISHED_MARKER}: torn, or short of its max_steps (not finished)")
-            return False
-        want = config.get("trainer.max_steps")
-        if isinstance(want, int) and done["max_steps"] != want:
-            problems.append(f"{path}: {run_state.FINISHED_MARKER}: records {done['global_step']} of {done['max_steps']} "
-                            f"steps but the config asks for {want} (extended and not finished)")
-            return False
-        return True
-    if (path / "checkpoints").is_dir():  # a training cell without its marker: stopped or still running
-        return False
-    return any((path / name).is_file() for name in ("results.json", "report.md", "probe_report.md"))
-
-
-def csv_problem(path: Path) -> str | None:
-    """What is wrong with a CSV's structure (zero bytes, header only, last line cut, a row of another width), or
-    None. A cell's own check where it has no manifest to verify against."""
-    data = path.read_bytes()
-    if not data.strip():
-        return "empty file (zero bytes)" if not data else "empty file"
-    if not data.endswith(b"\n"):
-        return "truncated (the last line has no newline: cut mid-row)"
-    rows = list(csv.reader(data.decode("utf-8", errors="replace").splitlines()))
-    if len(rows) < 2:
-        return "header only (no data rows)"
-    width = len(rows[0])
-    for i, row in enumerate(rows[1:], start=2):
-        if len(row) != width:
-            return f"line {i} has {len(row)} fields, the header {width}"
-    return None
-
-
-def _code_version(path: Path, manifest: dict) -> str:
-    versions = manifest.get("code_versions") or []
-    code = manifest.get("code") or {}
-    seen = {(v.get("commit"), bool(v.get("dirty"))) for v in versions if isinstance(v, dict)}
-    seen.add((code.get("commit"), bool(code.get("dirty"))))
-    seen.discard((None, False))
-    labels = sorted(f"{c[:12] if c else 'unknown'}{'-dirty' if d else ''}" for c, d in seen)
-    return "+".join(labels) or UNKNOWN_CODE
-
-
-def validate(cell: "Cell") -> None:
-    """Fill ``cell.problems``, ``cell.code`` and ``cell.notes`` (a finished cell only: an unfinished one is listed
-    as such, not read)."""
-    if not cell.finished or cell.problems:
-        return
-    path = cell.path
-    if (path / run_state.MANIFEST).is_file():
-        try:
-            manifest = json.loads((path / run_state.MANIFEST).read_text())
-        except (OSError, ValueError):
-            manifest = None  # verify_manifest names it
-        if (path / run_state.FINISHED_MARKER).is_file():
-            cell.problems += [p for p in run_state.verify_manifest(path) if p not in cell.problems]
-        if isinstance(manifest, dict):
-            cell.code = _code_version(path, manifest)
-        return
-    cell.notes.append(f"{path.name}: no manifest: code version unknown")
-    for rel in data_files(path):
-        bad = csv_problem(path / rel)
-        if bad:
-            cell.problems.append(f"{path}: {rel}: {bad}")
-
-
 def read_cell(path: Path) -> Cell:
     """One cell: its identity (overrides without the seed), seed, completion and resolved config."""
     overrides: dict[str, str] = {}
@@ -215,9 +142,9 @@ def read_cell(path: Path) -> Cell:
     seed = series_seed if series_seed is not None else seed
     if seed is None and isinstance(config.get("seed"), int):
         seed = int(config["seed"])
-    cell = Cell(path, overrides, seed, _finished(path, config, problems), config, problems, series_step=series_step)
-    if not problems:
-        validate(cell)
+    cell = Cell(path, overrides, seed, finished(path, config, problems), config, problems, series_step=series_step)
+    if cell.finished and not problems:
+        cell.problems, cell.code, cell.notes = check_cell(path, data_files(path))
     return cell
 
 

@@ -1,0 +1,86 @@
+"""Whether a cell of a sweep can be read: finished by the trainer's own definition, and every file it contributes
+intact (issue 37; :mod:`outlierlab.jobs.study_cells` reads it, :mod:`outlierlab.jobs.study` lists what fails).
+
+Every problem is one line, ``<cell>: <file>: <what>``. A cell with a manifest is verified against it
+(:func:`outlierlab.jobs.run_state.verify_manifest`); one without (made before manifests) has its CSVs checked here
+for the faults a crash or a copy leaves: zero bytes, header only, last line cut mid-row, a row of another width.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from outlierlab.jobs import run_state
+
+#: Code version of a cell without a manifest (made before cells recorded one).
+UNKNOWN_CODE = "unknown"
+
+
+def finished(path: Path, config: dict[str, Any], problems: list[str]) -> bool:
+    """Training cells: :func:`run_state.finished_run` and a marker covering the config's budget; a torn marker or
+    one short of the budget is a problem (the cell is not merely unfinished). Other cells: their result file."""
+    if (path / run_state.FINISHED_MARKER).is_file():
+        done = run_state.finished_run(path)
+        if done is None:
+            problems.append(f"{path}: {run_state.FINISHED_MARKER}: torn, or short of its max_steps (not finished)")
+            return False
+        want = config.get("trainer.max_steps")
+        if isinstance(want, int) and done["max_steps"] != want:
+            problems.append(f"{path}: {run_state.FINISHED_MARKER}: records {done['global_step']} of {done['max_steps']} "
+                            f"steps but the config asks for {want} (extended and not finished)")
+            return False
+        return True
+    if (path / "checkpoints").is_dir():  # a training cell without its marker: stopped or still running
+        return False
+    return any((path / name).is_file() for name in ("results.json", "report.md", "probe_report.md"))
+
+
+def csv_problem(path: Path) -> str | None:
+    """What is wrong with a CSV's structure (zero bytes, header only, last line cut, a row of another width), or
+    None. A cell's own check where it has no manifest to verify against."""
+    data = path.read_bytes()
+    if not data.strip():
+        return "empty file (zero bytes)" if not data else "empty file"
+    if not data.endswith(b"\n"):
+        return "truncated (the last line has no newline: cut mid-row)"
+    rows = list(csv.reader(data.decode("utf-8", errors="replace").splitlines()))
+    if len(rows) < 2:
+        return "header only (no data rows)"
+    width = len(rows[0])
+    for i, row in enumerate(rows[1:], start=2):
+        if len(row) != width:
+            return f"line {i} has {len(row)} fields, the header {width}"
+    return None
+
+
+def _code_version(manifest: dict) -> str:
+    versions = manifest.get("code_versions") or []
+    code = manifest.get("code") or {}
+    seen = {(v.get("commit"), bool(v.get("dirty"))) for v in versions if isinstance(v, dict)}
+    seen.add((code.get("commit"), bool(code.get("dirty"))))
+    seen.discard((None, False))
+    labels = sorted(f"{c[:12] if c else 'unknown'}{'-dirty' if d else ''}" for c, d in seen)
+    return "+".join(labels) or UNKNOWN_CODE
+
+
+def check_cell(path: Path, files: list[str]) -> tuple[list[str], str, list[str]]:
+    """``(problems, code version, notes)`` of a finished cell: its manifest verified when it has one, else each
+    of ``files`` (the CSVs the aggregator reads) checked by :func:`csv_problem`."""
+    problems, notes = [], []
+    if (path / run_state.MANIFEST).is_file():
+        try:
+            manifest = json.loads((path / run_state.MANIFEST).read_text())
+        except (OSError, ValueError):
+            manifest = None  # verify_manifest names it
+        if (path / run_state.FINISHED_MARKER).is_file():
+            problems += run_state.verify_manifest(path)
+        return problems, _code_version(manifest) if isinstance(manifest, dict) else UNKNOWN_CODE, notes
+    notes.append(f"{path.name}: no manifest: code version unknown")
+    for rel in files:
+        bad = csv_problem(path / rel)
+        if bad:
+            problems.append(f"{path}: {rel}: {bad}")
+    return problems, UNKNOWN_CODE, notes
