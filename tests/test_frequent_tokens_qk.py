@@ -265,6 +265,10 @@ def test_partial_rotary_and_modernbert_local_layers_use_their_own_frequencies_an
     assert full.inv_freq == tuple(rot.full_attention_inv_freq.double().tolist())
     assert local.inv_freq[1] == pytest.approx(10_000.0 ** (-2 / 16)) and full.inv_freq[1] == pytest.approx(
         160_000.0 ** (-2 / 16))
+    mistral, _ = build("mistral", sliding_window=48)  # no layer types: the window holds in every layer
+    assert [s.context for s in rotary_specs(mistral, 2, 16, 1.0)] == [48, 48]
+    qwen, _ = build("qwen2", sliding_window=48, use_sliding_window=False)  # a window in the config, switched off
+    assert [s.context for s in rotary_specs(qwen, 2, 16, 1.0)] == [512, 512]
 
 
 def test_qwen3_qk_norm_gain_is_seen_because_q_and_k_are_read_after_it():

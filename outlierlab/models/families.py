@@ -461,7 +461,8 @@ class RotaryLayer(NamedTuple):
         head_dim for partial rotary, GPT-NeoX/Pythia) — read from the model's rotary module, so every scaling
         transformers applies (linear, dynamic, YaRN, LongRoPE, llama3) is in it
     context : the largest distance the layer attends: ``sliding_window`` for a sliding-window layer (ModernBERT's
-        local layers: 64, half of ``local_attention`` = 128), else the position limit
+        local layers: 64, half of ``local_attention`` = 128; a causal window such as Mistral's reaches one token
+        less, which we do not subtract), else the position limit
     source : where ``inv_freq`` was read (said in reports)
     """
 
@@ -497,6 +498,7 @@ def rotary_layers(model: nn.Module) -> list[RotaryLayer | None]:
     shared = _rotary_module(model)
     types = list(getattr(cfg, "layer_types", None) or [])
     limit = int(getattr(cfg, "max_len", 0) or getattr(cfg, "max_position_embeddings", 0) or 0)  # ours: max_len
+    window = int(getattr(cfg, "sliding_window", 0) or 0)
     out: list[RotaryLayer | None] = []
     names = {id(m): n for n, m in model.named_modules()}
     for i, block in enumerate(blocks):
@@ -514,6 +516,9 @@ def rotary_layers(model: nn.Module) -> list[RotaryLayer | None]:
             dim = int(mod.dim)
             buf = float(mod.base) ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
             where = f"{names.get(id(mod), '?')} (base {mod.base:g}, dim {dim})"
-        reach = int(getattr(cfg, "sliding_window", 0) or 0) if kind == "sliding_attention" else 0
+        # a sliding-window layer: typed so (ModernBERT local, Qwen2/3 with use_sliding_window), or every layer of
+        # a model whose config sets a window without layer types (Mistral)
+        slides = kind == "sliding_attention" if types else getattr(cfg, "use_sliding_window", True) is not False
+        reach = window if slides else 0
         out.append(RotaryLayer(buf.detach().to(torch.float64).cpu(), reach or limit or 2048, where))
     return out
