@@ -387,6 +387,9 @@ def test_qk_outliers_runs_on_hub_families_with_their_rotary_layers(tmp_path, mod
     enc = FrozenEncoder(str(save(*build(model_type, **extra), tmp_path / model_type)), device="cpu")
     res = qk_outliers.run(make_ctx("qk_outliers", enc, tmp_path, {"max_sentences": 12}))
     assert res.summary["rotary"] is True and "inv_freq" in res.markdown
+    if model_type == "qwen3":
+        assert res.summary["qk_read_at"] == ["layers.0.self_attn.q_norm", "layers.0.self_attn.k_norm"]
+        assert "after the QK-norm" in res.markdown
     rot = enc.model.rotary_emb  # the body (AutoModel) holds the rotary module in every family here
     by_layer = {}
     for r in res.rows:

@@ -219,11 +219,17 @@ def run(ctx: EvalContext) -> AnalysisResult:
              + (" — layer 0; the layers differ (frequencies, window): per-layer values in the CSV." if len(set(specs)) > 1
                 else ".") if rotary else
              "No rotary positions in this model: per-dim magnitudes alone, no pair named.")
+    names = {id(m): n for n, m in model.named_modules()}
+    p0 = rec.projs[0]
+    read = (f"the outputs of `{names.get(id(p0.q), '?')}` / `{names.get(id(p0.k), '?')}` (block 0; the same in every "
+            "block)" + (" — after the QK-norm, whose gain scales dims before the rotation" if p0.layout in
+                        ("heads", "head_major") else " — the projections: no QK-norm in this model"))
     md = [TITLE,
-          f"q and k where the model rotates them (after any QK-norm, before the rotation), every real token of "
+          f"q and k where the model rotates them, just before the rotation: {read}; every real token of "
           f"{what}. Outlier dim of a head: "
           f"its max |·| more than {s.k:g}σ above the mean over the head's {rec.acc.head_dim} dims. {bound}",
           md_table(headers, per_layer), "![max |q|, |k| per layer, head and dim](qk_outliers.png)"]
-    summary = {"rotary": rotary, "n_q_outliers": sum(r["q_outlier"] for r in rows),
+    summary = {"rotary": rotary, "qk_read_at": [names.get(id(p0.q), "?"), names.get(id(p0.k), "?")],
+               "n_q_outliers": sum(r["q_outlier"] for r in rows),
                "n_k_outliers": sum(r["k_outlier"] for r in rows)}
     return AnalysisResult("qk_outliers", rows, "\n\n".join(md), [fig], summary)
