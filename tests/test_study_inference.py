@@ -145,3 +145,21 @@ def test_study_uses_bounded_intervals_for_shares(tmp_path):
     assert r["ci"] == "logit t, 95%" and 0 < r["ci_low"] < 0.4 < r["ci_high"] < 1
     assert row(s, group="pos=learned", step=100, layer="layer_2", metric="hidden/kurtosis")["ci"] == "Student t, 95%"
     assert row(s, group="pos=learned", step=0, layer="layer_2", metric="hidden/kurtosis")["ci"] == "constant across seeds"
+
+
+def test_the_design_is_read_from_the_cells_resolved_config(tmp_path):
+    """Cells made since study_design exists carry it in config.yaml: primary family, contrast and margins."""
+    from tests.test_study import plant_cell
+
+    design = {"study_design": {"contrasts": ["pos=learned,none"], "primary": ["hidden/kurtosis@layer_2"],
+                               "equivalence_margin": {"hidden/kurtosis": 5.0}}}
+    for pos, finals in (("learned", {1: 2.0, 2: 4.0, 3: 9.0}), ("none", {1: 1.0, 2: 1.5, 3: 2.0})):
+        for seed, k in finals.items():
+            plant_cell(tmp_path, {"pos": pos, "seed": seed}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0},
+                                                             100: {"kurtosis": k, "share": 0.2, "ppl": 9.0}},
+                       extra_config=design)
+    res = study.run([str(tmp_path)], plots=False)  # no --contrast: the design's
+    assert res["design"]["source"] == "the cells' resolved config"
+    c = pd.read_csv(res["out"] / "contrasts.csv")
+    r = row(c, step=100, layer="layer_2", metric="hidden/kurtosis")
+    assert r["family"] == "primary" and r["margin"] == 5.0 and (c["family"] == "primary").sum() == 1
