@@ -19,8 +19,10 @@ One :class:`Family` per block structure.  Every analysis that needs a model's in
   decided in :data:`outlierlab.analysis.layernorm_rule.KIND_ROLES` and argued in docs/fidelity.md.
 * :meth:`Family.position_table`, :attr:`Family.positions` — a learned absolute table (GPT-2's ``wpe``,
   BERT's ``position_embeddings``) or what the model uses instead (rotary, relative, ...).
-* :meth:`Family.blocks`, :meth:`Family.attention_modules`, :meth:`Family.qk_projections` (with
-  :func:`split_qk` for fused projections), :meth:`Family.sites` (Bondarenko et al. 2023's activation sites),
+* :meth:`Family.blocks`, :meth:`Family.attention_modules`, :meth:`Family.qk_projections` (q/k where the model
+  rotates them: the projections, or a per-head QK-norm; :func:`split_qk` for fused projections),
+  :func:`rotary_layers` (per block the rotary frequencies the model uses, read from its rotary module, and the
+  layer's reach), :meth:`Family.sites` (Bondarenko et al. 2023's activation sites),
   :func:`lm_head` / :func:`unembedding` (the model's own output layer, ``get_output_embeddings``).
 
 Paths are dotted module paths: block paths from the *base model* (``model.base_model``, so a model with or
