@@ -1,16 +1,21 @@
 #!/usr/bin/env python
-"""Peak memory and throughput of evaluate.py's streaming pass for N and 10·N sentences.
+"""Peak memory and throughput of evaluate.py's streaming pass for N and 10·N sentences — and, with ``--llama``,
+of a randomly initialised Llama saved in bfloat16 (issue 39: peak RSS against the checkpoint's size).
 
     python benchmarks/evaluate_memory.py                       # all-MiniLM-L6-v2, N = 100 and 1000
     python benchmarks/evaluate_memory.py --n 200 --encoder outputs/train/RUN
+    python benchmarks/evaluate_memory.py --llama 2048,18,5632,32000 --n 16   # ≈ 1.0B parameters, 2.0 GB in bf16
+    python benchmarks/evaluate_memory.py --llama 1024,8,2816,32000 --n 16    # ≈ 0.13B (what fits a 2-core CPU)
 
 Each size runs in its own subprocess (``resource.getrusage`` high-water marks are per process) and does what
-``python evaluate.py analyses=[outliers,anisotropy,self_similarity]`` does with all three transforms: the
-fit pass and the apply pass of :func:`outlierlab.evaluation.streaming.run_sentence_pass` (outlier counts, whitener
-sums, anisotropy reservoir, self-similarity and intra-sentence sums).  Reported per size: peak RSS, RSS
-after loading the model (baseline), the growth during the pass, and tokens/s of the encoding.  Sentences
-are the shipped Persuasion sentences, cycled when more are asked for (memory does not depend on content).
-Goal: peak RSS(10·N) / peak RSS(N) ≤ 1.2.
+``python evaluate.py analyses=[outliers,anisotropy,self_similarity]`` does with all three transforms:
+:func:`outlierlab.evaluation.streaming.run_sentence_pass` (outlier counts, whitener sums, anisotropy reservoir,
+self-similarity and intra-sentence sums) — one pass, one layer at a time (``--two-pass``: the reference that
+re-encodes).  Reported per size: peak RSS, RSS after the imports and after loading the model, the growth
+during the pass, tokens/s, and the largest hidden state handed over by one layer (bytes per token per layer).
+Sentences are the shipped Persuasion sentences, cycled when more are asked for.
+Goals: peak RSS(10·N) / peak RSS(N) ≤ 1.2; with ``--llama``: (peak RSS − RSS after imports) ≤ 1.5 × checkpoint
+size in bfloat16 (float32: the weights alone are 2×).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
 from outlierlab.evaluation.streaming import pass_settings, run_sentence_pass  # noqa: E402
+from outlierlab.evaluation.transform_fit import WhitenSettings  # noqa: E402
 from outlierlab.models.loading import FrozenEncoder  # noqa: E402
 
 
@@ -48,20 +54,67 @@ def evaluate_defaults():
         return compose(config_name="evaluate")
 
 
-def child(n: int, encoder: str, batch_size: int) -> dict:
+def save_random_llama(shape: str, directory: Path) -> Path:
+    """A randomly initialised LlamaModel of ``hidden,layers,intermediate,vocab`` saved in bfloat16 (reused when
+    ``directory`` already holds it), with the MiniLM WordPiece tokenizer (its vocabulary fits any vocab >= 30522)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaModel
+
+    from outlierlab.models.encoder_source import bundled_model_path
+
+    if (directory / "config.json").is_file():
+        return directory
+    hidden, layers, inter, vocab = (int(x) for x in shape.split(","))
+    cfg = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter, vocab_size=vocab,
+                      num_attention_heads=max(1, hidden // 128), num_key_value_heads=max(1, hidden // 128),
+                      max_position_embeddings=2048, dtype="bfloat16")
+    torch.set_default_dtype(torch.bfloat16)  # initialise in bf16: never hold a float32 copy
+    model = LlamaModel(cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(bundled_model_path()).save_pretrained(directory)
+    return directory
+
+
+def _dir_size(path: str) -> int:
+    p = Path(path)
+    return sum(f.stat().st_size for f in p.glob("*.safetensors")) if p.is_dir() else 0
+
+
+def child(n: int, encoder: str, batch_size: int, dtype: str = "float32", one_pass: bool = True,
+          max_length: int | None = None) -> dict:
     base = load_sentences()
     texts = [base[i % len(base)] for i in range(n)]
-    enc = FrozenEncoder(encoder, batch_size=batch_size)
+    imports = _rss_mb()
+    enc = FrozenEncoder(encoder, max_length=max_length, batch_size=batch_size, dtype=dtype)
     list(enc.encode(texts[:2]))  # load the weights before the baseline
     baseline = _rss_mb()
+    layer_bytes = {"max": 0, "per_token": 0.0}
+    forward_layers = enc.forward_layers
+
+    def measured(ids, attn, fn):  # the largest hidden state one layer hands over
+        def wrap(i, h):
+            b = h.numel() * h.element_size()
+            if b > layer_bytes["max"]:
+                layer_bytes.update(max=b, per_token=b / (h.shape[0] * h.shape[1]), dtype=str(h.dtype))
+            fn(i, h)
+        forward_layers(ids, attn, wrap)
+
+    enc.forward_layers = measured
     t0, c0 = time.perf_counter(), time.process_time()
     st = run_sentence_pass(enc, texts, ["none", "clip", "whiten"], outlier_transforms=["none", "clip", "whiten"],
-                           batch_size=batch_size, **pass_settings(evaluate_defaults()))
+                           batch_size=batch_size, one_pass=one_pass, **pass_settings(evaluate_defaults()),
+                           whiten=WhitenSettings(allow_degenerate=True))  # memory, not a fit: few tokens for d
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     tokens = sum(p.n_tokens for p in st.passes)
-    return {"n": n, "peak_rss_mb": round(peak, 1), "baseline_rss_mb": round(baseline, 1),
-            "growth_mb": round(peak - baseline, 1), "tokens": tokens, "passes": len(st.passes),
+    ckpt = _dir_size(enc.source.model) / 2**20
+    return {"n": n, "dtype": dtype, "one_pass": one_pass, "peak_rss_mb": round(peak, 1),
+            "imports_rss_mb": round(imports, 1), "baseline_rss_mb": round(baseline, 1),
+            "growth_mb": round(peak - baseline, 1), "checkpoint_mb": round(ckpt, 1),
+            "peak_over_checkpoint": round((peak - imports) / ckpt, 3) if ckpt else None,
+            "layer_max_bytes": layer_bytes["max"], "layer_bytes_per_token": layer_bytes["per_token"],
+            "layers": enc.num_layers + 1, "hidden": enc.hidden_size, "tokens": tokens, "passes": len(st.passes),
             "encode_tokens_per_s": round(st.tokens_per_s, 1), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
             "words": len(st.words)}
 
@@ -72,21 +125,39 @@ def main() -> None:
     ap.add_argument("--factor", type=int, default=10)
     ap.add_argument("--encoder", default="all-minilm-l6-v2")
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--dtype", default=None, help="encoder.dtype (default float32; bfloat16 with --llama)")
+    ap.add_argument("--two-pass", action="store_true", help="the two-pass reference (data.one_pass=false)")
+    ap.add_argument("--llama", default=None, metavar="HIDDEN,LAYERS,INTERMEDIATE,VOCAB",
+                    help="a random Llama of this shape saved in bf16 under --save-dir; N sentences, bf16 vs float32")
+    ap.add_argument("--save-dir", default="/tmp/outlierlab-random-llama")
+    ap.add_argument("--max-length", type=int, default=None)
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
-        print(json.dumps(child(a.child, a.encoder, a.batch_size)))
+        print(json.dumps(child(a.child, a.encoder, a.batch_size, a.dtype or "float32", not a.two_pass,
+                               a.max_length)))
         return
-    results = []
-    for n in (a.n, a.factor * a.n):
-        cmd = [sys.executable, __file__, "--child", str(n), "--encoder", a.encoder, "--batch-size", str(a.batch_size)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-        results.append(json.loads(out))
-        r = results[-1]
-        print(f"N={r['n']:>6}: peak RSS {r['peak_rss_mb']:.0f} MiB (baseline {r['baseline_rss_mb']:.0f}, "
-              f"+{r['growth_mb']:.0f} during the pass), {r['tokens']} tokens in {r['passes']} passes, "
-              f"{r['encode_tokens_per_s']:.0f} tokens/s, wall {r['wall_s']} s, cpu {r['cpu_s']} s", flush=True)
-    small, large = results
+
+    def run(n: int, encoder: str, dtype: str, two_pass: bool) -> dict:
+        cmd = [sys.executable, __file__, "--child", str(n), "--encoder", encoder, "--batch-size", str(a.batch_size),
+               "--dtype", dtype] + (["--two-pass"] if two_pass else []) + \
+              (["--max-length", str(a.max_length)] if a.max_length else [])
+        r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+        print(f"N={r['n']:>6} {r['dtype']:>8} {'1 pass ' if r['one_pass'] else '2 passes'}: peak RSS "
+              f"{r['peak_rss_mb']:.0f} MiB (imports {r['imports_rss_mb']:.0f}, model loaded {r['baseline_rss_mb']:.0f}, "
+              f"+{r['growth_mb']:.0f} during the pass; checkpoint {r['checkpoint_mb']:.0f} MiB -> (peak - imports) / "
+              f"checkpoint = {r['peak_over_checkpoint']}), one layer {r['layer_bytes_per_token']:.0f} B/token "
+              f"({r['layer_max_bytes'] / 2**20:.1f} MiB at most), {r['tokens']} tokens, "
+              f"{r['encode_tokens_per_s']:.0f} tokens/s, wall {r['wall_s']} s", flush=True)
+        return r
+
+    if a.llama:
+        d = save_random_llama(a.llama, Path(a.save_dir))
+        results = [run(a.n, str(d), "bfloat16", a.two_pass), run(a.n, str(d), "float32", True)]
+        print(json.dumps(results))
+        return
+    small = run(a.n, a.encoder, a.dtype or "float32", a.two_pass)
+    large = run(a.factor * a.n, a.encoder, a.dtype or "float32", a.two_pass)
     ratio = large["peak_rss_mb"] / small["peak_rss_mb"]
     growth = (large["growth_mb"] / small["growth_mb"]) if small["growth_mb"] > 0 else float("nan")
     print(f"peak RSS ratio {a.factor}N/N = {ratio:.3f} (goal <= 1.2); growth-during-pass ratio = {growth:.2f}")

@@ -45,21 +45,55 @@ _PER_LAYER = {
 _PER_LAYER_LISTS = {Whitener: ("_hashes", "_distinct_stopped")}
 
 
-def stack_layers(accs: list) -> Any:
+def stack_layers(accs: list, base: Any = None) -> Any:
     """Single-layer accumulators of one class, fed the same tokens layer by layer, as ONE accumulator of
     ``len(accs)`` layers — equal to feeding that accumulator ``[L, N, d]`` batches (per-layer state is
-    independent; the anisotropy reservoirs draw the same tokens because they share the seed and the calls)."""
+    independent; the anisotropy reservoirs draw the same tokens because they share the seed and the calls).
+
+    With ``base`` (the accumulator :func:`layer_views` made them from), tensors the accumulators updated in
+    place are already ``base``'s rows and are not copied: the large float64 sums never exist twice."""
     first = accs[0]
     if type(first) not in _PER_LAYER:
         raise TypeError(f"stack_layers: no per-layer layout for {type(first).__name__}")
-    out = copy.copy(first)
+    out = copy.copy(first) if base is None else base
     for name in _PER_LAYER[type(first)]:
         vals = [getattr(a, name) for a in accs]
-        setattr(out, name, None if vals[0] is None else torch.cat(vals))
+        if vals[0] is None:
+            setattr(out, name, None)
+        elif base is None or not all(_is_row(v, getattr(base, name), i) for i, v in enumerate(vals)):
+            setattr(out, name, torch.cat(vals))
     for name in _PER_LAYER_LISTS.get(type(first), ()):
         setattr(out, name, [x for a in accs for x in getattr(a, name)])
+    for name, value in vars(first).items():  # shared counters (token counts, generator, n) from layer 0
+        if name not in _PER_LAYER[type(first)] and name not in _PER_LAYER_LISTS.get(type(first), ()):
+            if name != "num_layers":
+                setattr(out, name, value)
     out.num_layers = len(accs)
     return out
+
+
+def _is_row(v, full, i: int) -> bool:
+    return isinstance(full, Tensor) and v.data_ptr() == full[i:i + 1].data_ptr() and v.shape == full[i:i + 1].shape
+
+
+def layer_views(full: Any) -> list:
+    """Single-layer accumulators whose running tensors are rows of ``full`` (an ``L``-layer accumulator of a
+    class in :data:`_PER_LAYER`): their in-place updates fill ``full`` directly; :func:`stack_layers` with
+    ``base=full`` then gathers only what was reassigned (the whitener's shift, the running maxima)."""
+    views = []
+    for i in range(full.num_layers):
+        v = copy.copy(full)
+        for name in _PER_LAYER[type(full)]:
+            t = getattr(full, name)
+            if t is not None:
+                setattr(v, name, t[i:i + 1])
+        for name in _PER_LAYER_LISTS.get(type(full), ()):
+            setattr(v, name, getattr(full, name)[i:i + 1])
+        if isinstance(full, AnisotropyAccumulator):  # each draws the same tokens: same seed, same calls
+            v._gen = torch.Generator().manual_seed(full.seed)
+        v.num_layers = 1
+        views.append(v)
+    return views
 
 
 @dataclass
@@ -119,9 +153,10 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
     tf = _Transforms(st.transforms, d)
     out_names = ["none"] + [n for n in now if n != "none" and n in st.outliers]
     outs = {n: [OutlierAccumulator(1, st.transforms.out_dim(n, d)) for _ in range(n_layers)] for n in out_names}
-    wh = [whitener_new(1, d) for _ in range(n_layers)] if whitener_new is not None else None
+    wh_full = whitener_new(n_layers, d) if whitener_new is not None else None
+    wh = layer_views(wh_full) if wh_full is not None else None  # the O(L·d²) sums are allocated once
     res = st.anisotropy_acc
-    aniso = [AnisotropyAccumulator(1, d, res.capacity, seed=res.seed) for _ in range(n_layers)] if res else None
+    aniso = layer_views(res) if res is not None else None  # the reservoir [L, capacity, d], filled in place
     sim_names = [n for n in now if n in st.self_sim]
     sims = {n: [SelfSimilarityAccumulator(1, st.self_sim[n].dim, st.self_sim[n].keys.tolist())
                 for _ in range(n_layers)] for n in sim_names}
@@ -178,10 +213,10 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
     for n in sim_names:
         st.self_sim[n] = stack_layers(sims[n])
     if aniso is not None:
-        st.anisotropy_acc = stack_layers(aniso)
+        st.anisotropy_acc = stack_layers(aniso, base=res)
     if st.activations is not None:
         st.activations.finish_layers()
-    return (stack_layers(wh) if wh is not None else None), replay
+    return (stack_layers(wh, base=wh_full) if wh is not None else None), replay
 
 
 def replay(st, later: list[str], rp: Replay) -> None:
