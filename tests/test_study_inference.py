@@ -79,6 +79,7 @@ def test_study_reports_the_mde_of_the_declared_primary_contrast(tmp_path):
     assert r0["family"] == "not tested" and math.isnan(r0["p_value"]) and r0["note"] == "constant across seeds"
     md = (res["out"] / "study.md").read_text()
     assert "primary family: 1 contrasts" in md and "Primary metrics (--primary): hidden/kurtosis@layer_2" in md
+    assert "in the contrasts pos=learned,none" in md  # the experiment config's, with --primary over its metrics
 
 
 def test_tost_within_a_wide_margin_and_not_within_a_narrow_one():

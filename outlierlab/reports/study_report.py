@@ -45,7 +45,7 @@ def _design_lines(design: Mapping | None, contrasts: Mapping[str, pd.DataFrame])
     primary = ", ".join(f"{m}@{l}" for m, l in (design or {}).get("primary", [])) or "none declared"
     lines = ["", "## Families and corrections", "",
              f"Primary metrics ({(design or {}).get('source', 'none declared')}): {primary}, at the last recorded step, "
-             "for every contrast below.", "",
+             f"in the contrasts {', '.join((design or {}).get('primary_contrasts') or []) or '(all below)'}.", "",
              f"* **primary family: {sizes.get('primary', 0)} contrasts** — Holm-adjusted p (`p_holm`, family-wise 5%);",
              f"* **secondary: {sizes.get('secondary', 0)} contrasts** (every other metric, layer and step) — "
              "Benjamini–Hochberg q (`q_bh`, false discovery rate);",
