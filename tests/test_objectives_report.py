@@ -48,7 +48,7 @@ def sweep(tmp_path):
 
 
 def test_haviv_interaction_and_probe_contrasts(sweep, tmp_path):
-    assert report.main([str(sweep), "--out", str(tmp_path / "out"), "--doc", str(tmp_path / "doc.md")]) == 0
+    assert report.main([str(sweep), "--out", str(tmp_path / "out")]) == 0
     table = pd.read_csv(tmp_path / "out" / "objectives.csv")
     inter = table[table.quantity.str.startswith("val loss: (none - learned)")].iloc[0]
     d = [(LOSS["clm", "none"][i] - LOSS["clm", "learned"][i]) - (LOSS["mlm", "none"][i] - LOSS["mlm", "learned"][i])
@@ -65,16 +65,22 @@ def test_haviv_interaction_and_probe_contrasts(sweep, tmp_path):
     assert prim.p_holm.min() == pytest.approx(min(1.0, 3 * holm[0]))
     zuo = table[table.quantity == "cos(d=1) - cos(d=8), layer 4, step 0"].iloc[0]
     assert zuo["diff"] == pytest.approx(0.07) and zuo["note"] == "constant across seeds"
-    doc = (tmp_path / "doc.md").read_text()
-    assert report.BEGIN in doc and "| clm | none | 3 |" in doc
-    # regenerating replaces the block, it does not append a second one
-    assert report.main([str(sweep), "--out", str(tmp_path / "out"), "--doc", str(tmp_path / "doc.md")]) == 0
-    assert (tmp_path / "doc.md").read_text().count(report.BEGIN) == 1
+    doc = (tmp_path / "out" / "objectives.md").read_text()
+    assert "| clm | none | 3 |" in doc and "| clm | none | 4000 | 0.387 (6.1) | 0.387 (6.1) |" in doc
 
 
 def test_a_torn_cell_is_named_and_excluded(sweep, tmp_path):
     cell = sweep / "objective=clm,pos=none,seed=3"
     (cell / "csv" / "metrics.csv").write_text("step,val/loss,val/ppl\n3999,4.3,7")  # cut mid-row
-    assert report.main([str(sweep), "--out", str(tmp_path / "out"), "--doc", str(tmp_path / "doc.md")]) == 0
-    doc = (tmp_path / "doc.md").read_text()
+    assert report.main([str(sweep), "--out", str(tmp_path / "out")]) == 0
+    doc = (tmp_path / "out" / "objectives.md").read_text()
     assert "excluded: objective=clm,pos=none,seed=3" in doc and "| clm | none | 2 |" in doc
+
+
+def test_doc_tables_renders_the_objectives_block(sweep, monkeypatch):
+    from outlierlab.jobs import doc_tables
+
+    monkeypatch.setattr(doc_tables, "ROOT", sweep.parent)
+    monkeypatch.setattr(doc_tables, "OBJECTIVES", sweep.name)
+    text = doc_tables.render("<!-- generated: objectives -->\nold\n<!-- end generated -->\n")
+    assert "| mlm | none | 3 |" in text and "\nold\n" not in text

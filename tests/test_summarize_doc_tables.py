@@ -1,11 +1,11 @@
 """Issue 37: the result tables of docs/emergence.md and README.md are generated from the committed study CSVs
-(outlierlab.reports.doc_tables), replacing the hand-transcribed tables of scripts/summarize_emergence.py's era."""
+(outlierlab.jobs.doc_tables), replacing the hand-transcribed tables of scripts/summarize_emergence.py's era."""
 
 from __future__ import annotations
 
 import pytest
 
-from outlierlab.reports import doc_tables
+from outlierlab.jobs import doc_tables
 from tests.conftest import ROOT
 
 

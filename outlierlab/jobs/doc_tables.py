@@ -6,7 +6,7 @@ A doc marks each generated block::
     ... (replaced) ...
     <!-- end generated -->
 
-and ``python -m outlierlab.reports.doc_tables docs/emergence.md README.md`` rewrites every block from
+and ``python -m outlierlab.jobs.doc_tables docs/emergence.md README.md`` rewrites every block from
 :data:`TABLES` (``--check``: exit 1 naming each block that differs from what the committed CSVs give, as the tests
 do). Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.jobs.study`` and, for
 per-seed rows, the cells' own CSVs (:func:`outlierlab.jobs.study_cells.cell_numbers`).
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SEEDS = "docs/emergence/seeds"
 SWITCH = "docs/emergence/switch_seeds"
 EVALUATE = "docs/emergence/seeds_evaluate"
+OBJECTIVES = "docs/objectives/cells"
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.S)
 
 #: The primary quantities of the seed studies, in the order the docs show them.
@@ -200,8 +201,18 @@ def readme_results() -> str:
                       line(SWITCH, "arch: default - op", "`switch_seeds`, plain − OP, last layer, step 2,000, 3 seeds")])
 
 
+def objectives() -> str:
+    """The masked-vs-causal study (docs/objectives.md): :mod:`outlierlab.jobs.objectives_report` on its exported cells."""
+    from outlierlab.jobs import objectives_report
+
+    if not (ROOT / OBJECTIVES).is_dir():
+        return f"No cells exported to {OBJECTIVES} yet."
+    return objectives_report.report(ROOT / OBJECTIVES, source=OBJECTIVES)[1]
+
+
 TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds, emergence_seeds_per_seed, switch_seeds, switch_seeds_per_seed,
-                                                                switch_seeds_all_measures, seeds_evaluate, readme_results)}
+                                                                switch_seeds_all_measures, seeds_evaluate, readme_results,
+                                                                objectives)}
 
 
 def render(text: str, source: str = "") -> str:
@@ -214,7 +225,7 @@ def render(text: str, source: str = "") -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m outlierlab.reports.doc_tables", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.doc_tables", description=__doc__.split("\n")[0])
     parser.add_argument("docs", nargs="+")
     parser.add_argument("--check", action="store_true", help="exit 1 if a block differs from the committed CSVs")
     a = parser.parse_args(argv)
