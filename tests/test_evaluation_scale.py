@@ -276,3 +276,43 @@ def test_layers_one_at_a_time_equal_the_stacked_hidden_states(tmp_path, arch):
     assert sorted(got) == list(range(enc.num_layers + 1))
     stacked = torch.stack([got[i] for i in range(enc.num_layers + 1)]).float()
     assert torch.equal(stacked, b.hidden)
+
+
+def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path):
+    """WiC target vectors (+ the fit_on=eval whitener sums, repeated sentences weighted) and STS mean-pooled
+    sentence vectors, taken layer by layer, equal what the stacked [L+1, B, T, d] batches give."""
+    from outlierlab.analysis.sts import mean_pool
+    from outlierlab.analysis.transforms import Whitener
+    from outlierlab.evaluation.sts import sentence_vectors
+    from outlierlab.evaluation.wic import target_vectors
+
+    enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu", batch_size=3)
+    s = _texts(6)
+    pairs = []
+    for i in range(5):
+        a, b = s[i], s[(i + 1) % 5]  # every sentence twice: once as sentence1, once as sentence2
+        wa, wb = a.split()[1], b.split()[2]
+        pairs.append({"sentence1": a, "sentence2": b, "start1": a.index(wa), "end1": a.index(wa) + len(wa),
+                      "start2": b.index(wb), "end2": b.index(wb) + len(wb), "label": True})
+    w = Whitener(enc.num_layers + 1, enc.hidden_size)
+    vecs, found = target_vectors(enc, pairs, w)
+    assert found.all()
+    ref_w = Whitener(enc.num_layers + 1, enc.hidden_size)
+    for p_i, p in enumerate(pairs):
+        for side in (1, 2):
+            text, start, end = p[f"sentence{side}"], p[f"start{side}"], p[f"end{side}"]
+            (b,) = list(enc.encode([text]))
+            offs = enc.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+            toks = [t for t, (a0, a1) in enumerate(offs) if a1 > a0 and a0 < end and a1 > start]
+            assert torch.allclose(vecs[:, side - 1, p_i], b.hidden[:, 0, toks].mean(1), atol=1e-5)
+            valid = (b.attention_mask.bool() & ~b.special_tokens_mask.bool())[0]
+            ref_w.partial_fit(b.hidden[:, 0, valid])
+    assert w.n == ref_w.n == sum(len(enc.tokenize([p[k]]).input_ids[0]) - 2 for p in pairs
+                                 for k in ("sentence1", "sentence2"))
+    assert torch.allclose(w.finalize().cov, ref_w.finalize().cov, rtol=1e-6, atol=1e-8)
+    out, ok = sentence_vectors(enc, s + s[:2])
+    assert ok.all() and torch.equal(out[:, 6], out[:, 0])  # a repeated text: the same vector
+    for i, text in enumerate(s):
+        (b,) = list(enc.encode([text]))
+        valid = b.attention_mask.bool() & ~b.special_tokens_mask.bool()
+        assert torch.allclose(out[:, i], mean_pool(b.hidden, valid)[:, 0], atol=1e-5)

@@ -122,11 +122,15 @@ def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool 
     out = torch.zeros(n_layers, len(unique), dim)
     ok = torch.zeros(len(unique), dtype=torch.bool)
     bar = progress_bar(len(unique), "STS", progress)
-    for b in iter_batches(encoder, unique, batch_size, bar=bar, stats=stats):
+    for b in iter_batches(encoder, unique, batch_size, bar=bar, stats=stats, layerwise=True):
         has = b.valid.any(1)
-        if has.any():
+        if has.any():  # one layer at a time (issue 39): each layer is pooled as it is produced
             rows = torch.tensor(b.rows)[has.cpu()]
-            out[:, rows] = mean_pool(b.hidden[:, has], b.valid[has]).cpu()
+
+            def fn(layer: int, h: torch.Tensor, has=has, rows=rows, valid=b.valid) -> None:
+                out[layer, rows] = mean_pool(h.float()[None][:, has.to(h.device)], valid[has].to(h.device))[0].cpu()
+
+            b.layers(fn)
             ok[rows] = True
     if bar is not None:
         bar.close()

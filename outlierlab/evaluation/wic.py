@@ -31,6 +31,7 @@ from outlierlab.reports.evaluation_report import md_table, plot_layers
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.datamodules.eval_data import load_wic
 from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
+from outlierlab.evaluation.one_pass import layer_views, stack_layers
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from outlierlab.evaluation.transform_fit import WhitenSettings
 from outlierlab.evaluation.streaming import (EncodeLog, FittedTransforms, char_span_tokens, clip_dims_for_tasks,
@@ -116,18 +117,31 @@ def target_vectors(encoder, pairs: list[dict], whitener: Whitener | None = None,
     vecs = torch.zeros(n_layers, 2 * n, dim)
     found = torch.zeros(2 * n, dtype=torch.bool)
     bar = progress_bar(len(unique), "WiC", progress)
-    for b in iter_batches(encoder, unique, batch_size, chunk, offsets=True, bar=bar, stats=stats):
-        if whitener is not None:
-            mult = torch.tensor([len(occurrences[u]) for u in b.rows], device=b.valid.device)
-            tokens = b.hidden[:, b.valid]
-            per_token = mult[:, None].expand_as(b.valid)[b.valid]
-            whitener.partial_fit(tokens if bool((mult == 1).all()) else tokens.repeat_interleave(per_token, dim=1))
+    # one layer at a time (issue 39): each layer's target vectors and whitener sums are taken as it is produced
+    views = layer_views(whitener) if whitener is not None else None
+    for b in iter_batches(encoder, unique, batch_size, chunk, offsets=True, bar=bar, stats=stats, layerwise=True):
+        mult = torch.tensor([len(occurrences[u]) for u in b.rows], device=b.valid.device)
+        per_token = mult[:, None].expand_as(b.valid)[b.valid]
+        targets = []  # (batch row, pair row, its tokens)
         for r, (u, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
             for row in occurrences[u]:
                 toks = char_span_tokens(offs, sp, *spans[row])
                 if toks:
-                    vecs[:, row] = b.hidden[:, r, toks].mean(1).cpu()
+                    targets.append((r, row, toks))
                     found[row] = True
+
+        def fn(layer: int, h: torch.Tensor, b=b, per_token=per_token, targets=targets) -> None:
+            h = h.float()  # what the stacked path gave; the whitener upcasts to float64
+            if views is not None:
+                tokens = h[b.valid.to(h.device)][None]
+                once = bool((per_token == 1).all())
+                views[layer].partial_fit(tokens if once else tokens.repeat_interleave(per_token.to(h.device), dim=1))
+            for r, row, toks in targets:
+                vecs[layer, row] = h[r, toks].mean(0).cpu()
+
+        b.layers(fn)
+    if views is not None:
+        stack_layers(views, base=whitener)  # the shift and distinct-row hashes back into `whitener`
     if bar is not None:
         bar.close()
     return vecs.view(n_layers, 2, n, dim), found[:n] & found[n:]
