@@ -137,20 +137,28 @@ def _write(encoder, texts: list[str], out: Path, store_tokens: bool, batch_size,
         np.save(out / "token_id.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in tok.input_ids]))
         np.save(out / "special.npy", np.concatenate([np.asarray(x, dtype=bool) for x in tok.special_tokens_mask]))
     np.save(out / "lengths.npy", lengths)
-    acc = OutlierAccumulator(n_layers, dim)
-    for batch in encoder.batches(tok, batch_size, sort_by_length=True, progress=progress):
-        hidden = batch.hidden.cpu()
+    from outlierlab.evaluation.one_pass import stack_layers  # lazy: evaluation imports this module
+
+    layer_accs = [OutlierAccumulator(1, dim) for _ in range(n_layers)]
+    # one layer at a time (issue 39): each hidden state is reduced and written as the model produces it
+    for batch in encoder.batches(tok, batch_size, sort_by_length=True, progress=progress, layerwise=True):
         valid = valid_token_mask(batch.attention_mask, batch.special_tokens_mask)
-        acc.update(hidden, mask=valid)
-        # Mean over non-special, non-pad tokens (Luo et al. §4.4 sentence vectors); no valid token -> 0.
-        w = valid.to(hidden.dtype)
-        mean = torch.einsum("lbtd,bt->lbd", hidden, w) / w.sum(1).clamp_min(1)[None, :, None]
+        w = valid.float()
         idx = batch.index.numpy()
-        sentences[:, idx] = mean.numpy().astype(np.float16)
-        if tokens is not None:
-            h16 = hidden.numpy().astype(np.float16)
-            for b, i in enumerate(idx):
-                tokens[:, offsets[i]:offsets[i] + lengths[i]] = h16[:, b, :lengths[i]]
+
+        def fn(layer: int, h: Tensor, valid=valid, w=w, idx=idx) -> None:
+            hidden = h.detach().float().cpu()  # [B, T, d]
+            layer_accs[layer].update(hidden[None], mask=valid)
+            # Mean over non-special, non-pad tokens (Luo et al. §4.4 sentence vectors); no valid token -> 0.
+            mean = torch.einsum("btd,bt->bd", hidden, w) / w.sum(1).clamp_min(1)[:, None]
+            sentences[layer, idx] = mean.numpy().astype(np.float16)
+            if tokens is not None:
+                h16 = hidden.numpy().astype(np.float16)
+                for b, i in enumerate(idx):
+                    tokens[layer, offsets[i]:offsets[i] + lengths[i]] = h16[b, :lengths[i]]
+
+        batch.layers(fn)
+    acc = stack_layers(layer_accs)
     sentences.flush()
     if tokens is not None:
         tokens.flush()
