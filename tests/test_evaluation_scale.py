@@ -316,3 +316,20 @@ def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path
         (b,) = list(enc.encode([text]))
         valid = b.attention_mask.bool() & ~b.special_tokens_mask.bool()
         assert torch.allclose(out[:, i], mean_pool(b.hidden, valid)[:, 0], atol=1e-5)
+
+
+def test_mlm_analyses_load_the_encoders_revision_and_dtype(tmp_path, offline_cache):
+    """ablation / frequency / attention sinks load the model again with its LM head: at the same revision
+    and dtype as the encoder (not main, not float32)."""
+    from transformers import AutoModel
+
+    from outlierlab.evaluation.mlm_loading import load_mlm
+
+    fake_hub(offline_cache, "org/tiny", {"step0": save_tiny_bert(tmp_path / "s0", seed=0),
+                                         "step1000": save_tiny_bert(tmp_path / "s1", seed=1)})
+    enc = FrozenEncoder("org/tiny", device="cpu", revision="step1000", dtype="bfloat16")
+    loaded = load_mlm(enc)
+    emb = loaded.model.get_input_embeddings().weight
+    assert emb.dtype == torch.bfloat16
+    ref = AutoModel.from_pretrained(tmp_path / "s1").embeddings.word_embeddings.weight
+    assert torch.equal(emb, ref.to(torch.bfloat16))

@@ -149,28 +149,40 @@ def _restore_hf(state) -> None:
         hf_logging.enable_progress_bar()
 
 
-def _load_hf(source, device: torch.device) -> tuple[nn.Module, bool, str, str]:
+def _load_hf(source, device: torch.device, dtype: str = "float32", device_map=None) -> tuple[nn.Module, bool, str, str]:
     """(model, has_head, reason, objective) for a Hugging Face model directory / cached hub id, eager
-    attention: the masked-LM class for encoders, the causal-LM class for decoders."""
+    attention: the masked-LM class for encoders, the causal-LM class for decoders; at the encoder's
+    revision, dtype and device_map (issue 39: a bf16 7B model is not loaded again in float32)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM  # lazy: offline flag
 
     if source.local_files_only:
         os.environ["HF_HUB_OFFLINE"] = "1"
-    kw = dict(local_files_only=source.local_files_only, attn_implementation="eager")
+    kw = dict(local_files_only=source.local_files_only, attn_implementation="eager",
+              revision=getattr(source, "revision", None))
+    if dtype != "float32":
+        kw["dtype"] = "auto" if dtype == "auto" else getattr(torch, dtype)
+    if device_map is not None:
+        kw["device_map"] = device_map
+
+    def place(m: nn.Module) -> nn.Module:
+        m = m.float() if dtype == "float32" else m
+        return (m if device_map is not None else m.to(device)).eval()
+
     state = _quiet_hf()
     try:
-        objective = causal_or_masked(AutoConfig.from_pretrained(source.model, local_files_only=source.local_files_only))
+        objective = causal_or_masked(AutoConfig.from_pretrained(source.model, local_files_only=source.local_files_only,
+                                                                revision=kw["revision"]))
         auto, what = ((AutoModelForCausalLM, "next-token (causal LM)") if objective == "next_token"
                       else (AutoModelForMaskedLM, "masked-LM"))
         try:
             model, info = auto.from_pretrained(source.model, output_loading_info=True, **kw)
         except ValueError as e:  # this architecture has no such head class at all
             model = AutoModel.from_pretrained(source.model, **kw)
-            return (model.float().to(device).eval(), False,
+            return (place(model), False,
                     f"{type(model).__name__} has no {what} class ({e})"[:200], objective)
         prefix = getattr(model, "base_model_prefix", "") + "."
         head_missing = sorted(k for k in info["missing_keys"] if not k.startswith(prefix))
-        model = model.float().to(device).eval()
+        model = place(model)
         if head_missing:
             reason = (f"the checkpoint has no {what} head weights ({len(head_missing)} missing, e.g. "
                       f"{head_missing[0]}); it is a body without its head")
@@ -203,7 +215,8 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
     dev = torch.device(device) if device is not None else encoder.device
     src = encoder.source
     if src.kind == "hf":
-        model, has_head, reason, objective = _load_hf(src, dev)
+        model, has_head, reason, objective = _load_hf(src, dev, getattr(encoder, "dtype_name", "float32"),
+                                                      getattr(encoder, "device_map", None))
         kind = "hf"
     else:  # our RobertaMaskedLM (export dir or checkpoint): the FrozenEncoder's model has the head already
         model, has_head, reason, kind = encoder.model, True, "", "outlierlab"
