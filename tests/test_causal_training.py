@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from tests.test_train import small_cfg, train_losses
+from tests.conftest import compose
+from tests.test_train import SMALL, small_cfg, train_losses
 
 
 def _rows(path):
@@ -56,8 +57,9 @@ def test_clm_run_step0_checkpoint_probes_and_evaluate(tmp_path, shared_cache):
     from outlierlab.jobs.checkpoint_probes import probe_run
     from outlierlab.jobs.training import train
 
-    cfg = small_cfg(tmp_path, "objective=clm", "trainer.max_steps=4", "trainer.limit_val_batches=1",
-                    "callbacks.model_checkpoint.every_n_train_steps=4")
+    tmp_path = tmp_path / "objective=clm,pos=none,seed=1"  # a sweep cell's name: '=' and ',' in every path
+    cfg = compose("train", [f"run_dir='{tmp_path}'", *SMALL, "objective=clm", "trainer.max_steps=4",
+                            "trainer.limit_val_batches=1", "callbacks.model_checkpoint.every_n_train_steps=4"])
     with open_dict(cfg):
         cfg.callbacks.initial_checkpoint = {
             "_target_": "outlierlab.lightning_modules.callbacks.initial_checkpoint.InitialCheckpoint",

@@ -38,6 +38,14 @@ def step_checkpoints(run_dir: Path) -> dict[int, Path]:
     return out
 
 
+def quoted(value) -> str:
+    """A value for Hydra's override grammar: quoted, since a sweep cell's path holds '=' and ','
+    (multirun/<study>/objective=clm,pos=none,seed=1) that the grammar would read as a key and a sweep."""
+    text = str(value)
+    quote = "'" if "'" not in text else '"'
+    return f"{quote}{text}{quote}"
+
+
 def _compose(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -88,7 +96,7 @@ def probe_run(run_dir: str | Path, overrides: list[str] | None = None, max_sente
         if (dest / "position_probe.csv").is_file():
             continue
         with tempfile.TemporaryDirectory(prefix="outlierlab_probe_") as cache:
-            cfg = _compose([f"encoder.name_or_path={ckpt}", f"features.cache_dir={cache}", "progress=false",
+            cfg = _compose([f"encoder.name_or_path={quoted(ckpt)}", f"features.cache_dir={quoted(cache)}", "progress=false",
                             f"data.max_sentences={max_sentences}", *(overrides or [])])
             staging = out / f".step{step:07d}.partial"
             shutil.rmtree(staging, ignore_errors=True)
@@ -135,7 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.finished_only and finished_run(d) is None:
             print(f"[checkpoint_probes] {d}: training not finished, skipped (--all probes it anyway)", flush=True)
             continue
-        probe_run(d, overrides, args.max_sentences)
+        from outlierlab.jobs.run_lock import RunDirBusy, lock_run_dir  # one writer per run directory (issue 40)
+        from outlierlab.jobs.run_state import refresh_manifest
+
+        try:
+            with lock_run_dir(d):
+                probe_run(d, overrides, args.max_sentences)
+                refresh_manifest(d, "checkpoint_probes")  # a finished cell's manifest covers the new files
+        except RunDirBusy as e:
+            print(f"[checkpoint_probes] skipped: {e}", flush=True)
     return 0
 
 
