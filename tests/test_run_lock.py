@@ -147,3 +147,14 @@ def test_two_processes_on_one_run_directory_only_one_trains(tmp_path, shared_cac
     steps = [k[0] for k in _keys(run / "csv" / "metrics.csv", ("step", "train/loss")) if k[1]]
     assert len(steps) == len(set(steps)) == 12
     assert not (run / "run.lock").exists()
+
+
+def test_post_hoc_tools_leave_a_held_run_alone(tmp_path, capsys):
+    from outlierlab.jobs import checkpoint_probes
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "finished.json").write_text(json.dumps({"global_step": 4, "max_steps": 4}))
+    with lock_run_dir(tmp_path):
+        assert checkpoint_probes.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"skipped: run directory {tmp_path} is in use by pid {os.getpid()}" in out

@@ -160,3 +160,15 @@ def test_a_training_run_records_each_start_and_finishes_with_a_clean_manifest(tm
     assert (manifest["global_step"], manifest["max_steps"], manifest["config"]["trainer"]["max_steps"]) == (3, 3, 3)
     assert manifest["code_versions"] == lines and "csv/metrics.csv" in manifest["files"]
     assert verify_manifest(tmp_path) == []
+
+
+def test_a_later_analysis_refreshes_the_manifest(cell, tmp_path):
+    (cell / "monitor_posthoc").mkdir()
+    (cell / "monitor_posthoc" / "metrics.csv").write_text("step,value\n0,1.5\n")
+    (cell / "monitor" / "hidden_states.csv").write_text(MONITOR_CSV + "20,layer_0,mean,,0.25\n")
+    assert verify_manifest(cell) == [f"{cell}: monitor/hidden_states.csv: 3 data rows, the manifest says 2"]
+    manifest = run_state.refresh_manifest(cell, "posthoc")
+    assert verify_manifest(cell) == []
+    assert manifest["files"]["monitor_posthoc/metrics.csv"]["rows"] == 1 and manifest["refreshed"][0]["by"] == "posthoc"
+    assert manifest["config"] == {"seed": 1} and manifest["global_step"] == 20  # the run's own facts are kept
+    assert run_state.refresh_manifest(tmp_path, "posthoc") is None  # no manifest: left alone

@@ -237,8 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k: v for k, v in (("n_sequences", args.n_sequences), ("sentences_path", args.sentences)) if v is not None}
     try:
         find_checkpoints(args.run_dir)  # fail in a second, before importing torch
-        res = analyze_run(args.run_dir, tokenizer=args.tokenizer, out_dir=args.out, device=args.device, **overrides)
-    except (ValueError, FileNotFoundError, OSError) as e:
+        from outlierlab.jobs.run_lock import lock_run_dir  # one writer per run directory (issue 40)
+        from outlierlab.jobs.run_state import refresh_manifest
+
+        with lock_run_dir(Path(args.run_dir)):
+            res = analyze_run(args.run_dir, tokenizer=args.tokenizer, out_dir=args.out, device=args.device, **overrides)
+            refresh_manifest(Path(args.run_dir), "posthoc")  # a finished cell's manifest covers the new files
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}, {res['metrics']}")

@@ -222,6 +222,20 @@ def write_manifest(run_dir: Path, config: dict[str, Any] | None, global_step: in
     return manifest
 
 
+def refresh_manifest(run_dir: Path, tool: str) -> dict[str, Any] | None:
+    """Re-describe the result files of a finished cell after ``tool`` (a post-hoc analysis run on it later) wrote
+    or rewrote some, keeping its code, config and steps; the refresh is recorded under ``"refreshed"``. A cell
+    without a manifest (unfinished, or from before manifests) is left alone (None)."""
+    run_dir = Path(run_dir)
+    manifest = _read_json(run_dir / MANIFEST)
+    if not isinstance(manifest, dict) or finished_run(run_dir) is None:
+        return None
+    manifest["files"] = {rel: describe_file(run_dir / rel) for rel in result_files(run_dir)}
+    manifest.setdefault("refreshed", []).append({"by": tool, "at": now_iso(), **code_version()})
+    write_atomic(run_dir / MANIFEST, json.dumps(manifest, indent=1))
+    return manifest
+
+
 def _csv_problem(path: Path) -> str | None:
     """Structure of a CSV alone: empty, header-only, last line cut, or a row of another width."""
     data = path.read_bytes()
