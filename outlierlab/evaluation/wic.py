@@ -122,22 +122,29 @@ def target_vectors(encoder, pairs: list[dict], whitener: Whitener | None = None,
     for b in iter_batches(encoder, unique, batch_size, chunk, offsets=True, bar=bar, stats=stats, layerwise=True):
         mult = torch.tensor([len(occurrences[u]) for u in b.rows], device=b.valid.device)
         per_token = mult[:, None].expand_as(b.valid)[b.valid]
-        targets = []  # (batch row, pair row, its tokens)
+        src, dst, rows_hit = [], [], []  # token (flattened [B, T] index) -> the pair row it is a target of
+        t_len = b.valid.shape[1]
         for r, (u, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
             for row in occurrences[u]:
                 toks = char_span_tokens(offs, sp, *spans[row])
                 if toks:
-                    targets.append((r, row, toks))
+                    src += [r * t_len + t for t in toks]
+                    dst += [len(rows_hit)] * len(toks)
+                    rows_hit.append(row)
                     found[row] = True
+        src_t, dst_t, rows_t = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long), \
+            torch.tensor(rows_hit, dtype=torch.long)
+        count = torch.bincount(dst_t, minlength=len(rows_hit)).clamp_min(1).float()[:, None]
 
-        def fn(layer: int, h: torch.Tensor, b=b, per_token=per_token, targets=targets) -> None:
+        def fn(layer: int, h: torch.Tensor, b=b, per_token=per_token) -> None:
             h = h.float()  # what the stacked path gave; the whitener upcasts to float64
             if views is not None:
                 tokens = h[b.valid.to(h.device)][None]
                 once = bool((per_token == 1).all())
                 views[layer].partial_fit(tokens if once else tokens.repeat_interleave(per_token.to(h.device), dim=1))
-            for r, row, toks in targets:
-                vecs[layer, row] = h[r, toks].mean(0).cpu()
+            if rows_hit:  # each target: the mean of its tokens, all targets of the batch in one index_add
+                flat = h.reshape(-1, h.shape[-1])[src_t.to(h.device)].cpu()
+                vecs[layer, rows_t] = torch.zeros(len(rows_hit), h.shape[-1]).index_add_(0, dst_t, flat) / count
 
         b.layers(fn)
     if views is not None:
