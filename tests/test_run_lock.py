@@ -158,3 +158,27 @@ def test_post_hoc_tools_leave_a_held_run_alone(tmp_path, capsys):
         assert checkpoint_probes.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"skipped: run directory {tmp_path} is in use by pid {os.getpid()}" in out
+
+
+@pytest.mark.slow
+def test_a_study_launched_twice_splits_its_cells(tmp_path, shared_cache):
+    """Two launches of one 3-cell sweep at once: every cell is trained by exactly one of them (one start in its
+    code_versions.jsonl), every cell finishes, and the skipped cells are listed."""
+    sweep = tmp_path / "sweep"
+    args = [sys.executable, "train.py", "-m", *SMALL, "seed=1,2,3", f"hydra.sweep.dir={sweep}",
+            "hydra.sweep.subdir=s${seed}", "trainer.max_steps=8", "trainer.limit_val_batches=0", "export=false"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("OUTLIERLAB_DEBUG", None)
+    procs = [subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
+    for cell in ("s1", "s2", "s3"):
+        assert json.loads((sweep / cell / "finished.json").read_text())["global_step"] == 8
+        starts = (sweep / cell / "code_versions.jsonl").read_text().splitlines()
+        assert len(starts) == 1, cell  # trained once, by one launch
+        keys = _keys(sweep / cell / "monitor" / "hidden_states.csv", ("step", "name", "statistic", "dim"))
+        assert not [k for k, n in Counter(keys).items() if n > 1], cell
+    text = "".join(o[0] + o[1] for o in outs)
+    skipped = text.count("skipped (held by another process)") + text.count("finished earlier (step 8)")
+    assert skipped == 3, text[-3000:]  # each cell trained by one launch and skipped (held or done) by the other
