@@ -199,7 +199,11 @@ def _header(meta: dict) -> str:
 def main(cfg: DictConfig) -> None:
     def job(c: DictConfig) -> dict:
         check_device(OmegaConf.select(c, "encoder.device"))  # cuda without a GPU: one line now, not mid-pass
-        return evaluate(c, HydraConfig.get().runtime.output_dir)
+        from outlierlab.jobs.run_lock import lock_run_dir  # one process per output directory (a study launched twice)
+
+        out = Path(HydraConfig.get().runtime.output_dir)
+        with lock_run_dir(out):
+            return evaluate(c, out)
 
     run_main(job, cfg)
 
