@@ -57,7 +57,7 @@ def find_run_dir_error(argv: list[str]) -> str | None:
             path = Path(arg.split("=", 1)[1].strip("'\""))
             try:
                 path.mkdir(parents=True, exist_ok=True)
-                probe = path / ".write_test"
+                probe = path / f".write_test-{os.getpid()}"  # per process: a second start on it does not collide
                 probe.write_bytes(b"x")
                 probe.unlink()
             except OSError as e:
