@@ -56,6 +56,9 @@ class WhitenSettings:
         for name in (n for n in FITTED if n in names):
             w = acc if name == "whiten" else acc.derive(name, abtt_d=self.abtt_d if name == "abtt" else None)
             out[name] = (w, self.finish(w, what))
+        if acc.W is not None:  # fitted: Σxxᵀ and Σ's eigenvectors ((L+1)·d² float64 each) are needed no more
+            for w in [acc] + [w for w, _ in out.values()]:
+                w.sum_outer, w._eig = None, None  # kept: mean, W, Σ (IsoScore), the eigenvalues
         return out
 
 
