@@ -334,3 +334,25 @@ def test_mlm_analyses_load_the_encoders_revision_and_dtype(tmp_path, offline_cac
     assert emb.dtype == torch.bfloat16
     ref = AutoModel.from_pretrained(tmp_path / "s1").embeddings.word_embeddings.weight
     assert torch.equal(emb, ref.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_layer_token_store_gives_back_exactly_what_it_was_given(tmp_path, dtype):
+    from outlierlab.datamodules.features import LayerTokenStore
+
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(n, 3, 5, generator=g).to(dtype) for n in (4, 1, 7)]  # [N, L, d] per batch
+    store = LayerTokenStore(tmp_path / "s", num_layers=3, dim=5)
+    for x in batches:
+        for layer in range(3):
+            store.append(layer, x[:, layer])
+    store.close()
+    start = 0
+    for x in batches:
+        for layer in range(3):
+            got = store.rows(layer, start, start + x.shape[0])
+            assert got.dtype == dtype and torch.equal(got, x[:, layer])
+        start += x.shape[0]
+    assert store.rows_written == [12, 12, 12]
+    store.cleanup()
+    assert not (tmp_path / "s").exists()
