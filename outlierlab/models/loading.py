@@ -45,13 +45,12 @@ from outlierlab.models.checkpoint import model_from_checkpoint, read_checkpoint
 # Resolution lives in outlierlab.models.encoder_source (no transformers import); re-exported here, where users look.
 from outlierlab.models.encoder_source import (BUNDLED, EncoderSource, EncoderUnavailableError, bundled_model_path,  # noqa: F401
                                    resolve_encoder)
+from outlierlab.models.placement import DTYPES, input_device, load_hf_model
 from outlierlab.utils.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
 # Position ids start after padding_idx in these models: max_position_embeddings - (pad + 1) usable tokens.
-#: ``encoder.dtype`` values (the settings check the same tuple before torch loads).
-DTYPES = ("float32", "auto", "bfloat16", "float16")
 _ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl", "mpnet"}
 
 
@@ -233,44 +232,14 @@ class FrozenEncoder:
 
     @property
     def input_device(self) -> torch.device:
-        """Where the token ids go: ``device``, or with a ``device_map`` the device of the input embeddings
-        (accelerate's hooks move every later activation to its layer's device)."""
-        if self.device_map is None:
-            return self.device
-        emb = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
-        dev = emb.weight.device if emb is not None else next(self.model.parameters()).device
-        return torch.device("cpu") if dev.type == "meta" else dev  # "disk"-offloaded: fed from CPU
-
-    def _hf_dtype(self):
-        return "auto" if self.dtype_name == "auto" else getattr(torch, self.dtype_name)
+        """Where the token ids go: ``device``, or with a ``device_map`` the input embeddings' device."""
+        return self.device if self.device_map is None else input_device(self.model)
 
     def _load_model(self) -> torch.nn.Module:
         src = self.source
-        if src.kind == "hf":
-            from transformers import AutoModel
-            from transformers.utils import logging as hf_logging
-
-            verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-            hf_logging.set_verbosity_error()  # "unused lm_head weights" etc. are expected for an encoder
-            hf_logging.disable_progress_bar()
-            kw = {"dtype": self._hf_dtype(), "revision": src.revision}
-            if self.device_map is not None:
-                kw["device_map"] = self.device_map
-                if self.offload_folder is None and isinstance(self.device_map, dict) and \
-                        "disk" in self.device_map.values():
-                    import tempfile
-
-                    self.offload_folder = tempfile.mkdtemp(prefix="outlierlab-offload-")
-                kw["offload_folder"] = self.offload_folder
-            try:
-                return AutoModel.from_pretrained(src.model, local_files_only=src.local_files_only, **kw)
-            except OSError as e:
-                first = (str(e).strip().splitlines() or [""])[0][:200]
-                raise EncoderUnavailableError(f"cannot load model weights of {src.name}: {first}") from None
-            finally:
-                hf_logging.set_verbosity(verbosity)
-                if bar:
-                    hf_logging.enable_progress_bar()
+        if src.kind == "hf":  # dtype, device_map, revision: outlierlab.models.placement
+            model, self.offload_folder = load_hf_model(src, self.dtype_name, self.device_map, self.offload_folder)
+            return model
         model = (load_pretrained(src.model) if src.kind == "outlierlab"
                  else model_from_checkpoint(self._ckpt_payload(), self.source.model))
         return model if self.dtype_name == "auto" else model.to(getattr(torch, self.dtype_name))
