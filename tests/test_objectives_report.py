@@ -84,3 +84,19 @@ def test_doc_tables_renders_the_objectives_block(sweep, monkeypatch):
     monkeypatch.setattr(doc_tables, "OBJECTIVES", sweep.name)
     text = doc_tables.render("<!-- generated: objectives -->\nold\n<!-- end generated -->\n")
     assert "| mlm | none | 3 |" in text and "\nold\n" not in text
+
+
+def test_fresh_monitor_histories_with_per_dimension_rows_are_read(tmp_path):
+    """The live LayerNorm monitor writes top_gain_z / top_bias_z once per top dim: vectors, not scalars to average
+    (a fresh sweep -- not an exported one, whose histories are cut to scalars -- failed on them)."""
+    from outlierlab.jobs.study_cells import cell_numbers, read_cell
+
+    cell = tmp_path / "pos=none,seed=1"
+    plant(tmp_path, "mlm", "none", 1, 0)
+    cell = tmp_path / "objective=mlm,pos=none,seed=1"
+    (cell / "monitor").mkdir()
+    (cell / "monitor" / "layernorm.csv").write_text(
+        "step,name,statistic,dim,value\n10,embeddings,top_gain_z,3,4.1\n10,embeddings,top_gain_z,7,3.2\n"
+        "10,embeddings,top_bias_z,1,2.0\n10,embeddings,top_bias_z,2,1.5\n10,embeddings,n_gain_outliers,,2\n")
+    nums = cell_numbers(read_cell(cell))
+    assert set(nums[nums.metric.str.startswith("layernorm/")].metric) == {"layernorm/n_gain_outliers"}

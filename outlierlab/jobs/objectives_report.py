@@ -86,7 +86,12 @@ def _by_seed(df: pd.DataFrame, value: str, **where) -> dict[int, float]:
     return {int(s): float(x) for s, x in zip(df.seed, df[value])}
 
 
-def _row(question: str, quantity: str, a: str, b: str, va: dict, vb: dict, primary: bool = False) -> dict:
+def _row(question: str, quantity: str, a: str, b: str, va: dict, vb: dict, primary: bool = False) -> dict | None:
+    """One contrast row, or None while a group has no finite value (its cells are not in yet)."""
+    va = {k: v for k, v in va.items() if math.isfinite(v)}
+    vb = {k: v for k, v in vb.items() if math.isfinite(v)}
+    if not va or not vb:
+        return None
     c = contrast(va, vb)
     mde = minimum_detectable_effect(c.n_pairs or c.n_a, c.n_b, c.sd, paired=bool(c.n_pairs)) if primary else math.nan
     return {"question": question, "quantity": quantity, "a": a, "b": b, "mean_a": summarize(list(va.values())).mean,
@@ -107,6 +112,8 @@ def contrasts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         for o in ("clm", "mlm"):
             va, vb = _by_seed(loss, "val_loss", objective=o, pos="none"), _by_seed(loss, "val_loss", objective=o, pos="learned")
             r = _row("1 Haviv", f"val loss, {o}", f"{o} none", f"{o} learned", va, vb)
+            if r is None:
+                continue
             shared = sorted(set(va) & set(vb))
             r["tost_p"] = tost([va[s] for s in shared], [vb[s] for s in shared], EQUIVALENCE_MARGIN, paired=True) \
                 if len(shared) >= 2 else math.nan
@@ -143,7 +150,7 @@ def contrasts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 rows.append(_row("4 outliers", f"{metric} (max over layers), final step, pos={pos}", f"clm {pos}",
                                  f"mlm {pos}", _by_seed(at, "value", objective="clm", pos=pos),
                                  _by_seed(at, "value", objective="mlm", pos=pos)))
-    out = pd.DataFrame(rows)
+    out = pd.DataFrame([r for r in rows if r is not None])
     if out.empty:
         return out
     prim = out.primary.astype(bool)
