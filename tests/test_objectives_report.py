@@ -91,7 +91,6 @@ def test_fresh_monitor_histories_with_per_dimension_rows_are_read(tmp_path):
     (a fresh sweep -- not an exported one, whose histories are cut to scalars -- failed on them)."""
     from outlierlab.jobs.study_cells import cell_numbers, read_cell
 
-    cell = tmp_path / "pos=none,seed=1"
     plant(tmp_path, "mlm", "none", 1, 0)
     cell = tmp_path / "objective=mlm,pos=none,seed=1"
     (cell / "monitor").mkdir()
