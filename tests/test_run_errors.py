@@ -132,3 +132,13 @@ def test_a_sweep_survives_a_failing_cell_and_skips_a_held_one(tmp_path, shared_c
     assert f"failed: {sweep / 's1'}: {HIDDEN_130.replace('130', '66')}" in lines
     assert f"skipped (held by another process): {sweep / 's3'}" in lines
     assert not (sweep / ".sweep_outcomes").exists()
+
+
+def test_a_two_line_lightning_message_is_kept_whole_with_its_fix():
+    class MisconfigurationException(Exception):  # Lightning's, by name (nothing heavy imported)
+        pass
+
+    exc = MisconfigurationException("You requested gpu: [0, 1]\n But your machine only has: [0]")
+    assert error_line(exc) == ("You requested gpu: [0, 1] But your machine only has: [0] (lower trainer.devices, or "
+                               "trainer.devices=auto to use every device there is)")
+    assert error_line(ValueError("x" * 1000)) == "x" * 397 + "..."

@@ -34,7 +34,8 @@ CELL_FAILED = object()
 FIX_HINTS = (
     (re.compile(r"no supported (gpu|cuda|mps) backend|not available|no (gpu|cuda)", re.I),
      "run on the CPU with trainer.accelerator=cpu, or trainer.accelerator=auto to take what is there"),
-    (re.compile(r"devices? .*(available|requested)", re.I), "lower trainer.devices, or trainer.devices=auto"),
+    (re.compile(r"devices? .*(available|requested)|you requested (gpu|cuda|tpu|mps)|only has", re.I),
+     "lower trainer.devices, or trainer.devices=auto to use every device there is"),
 )
 
 
@@ -63,10 +64,13 @@ def is_user_error(exc: BaseException) -> bool:
 
 
 def _message(exc: BaseException) -> str:
-    text = str(exc).strip()
-    if _is_instantiation_error(exc):  # 'Error in call to target ...:\nValueError("...")' with no cause attached
-        text = text.splitlines()[1] if len(text.splitlines()) > 1 else text
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The exception's text on one line: its first three non-empty lines joined (Lightning words some errors over
+    two: 'You requested gpu: [0, 1]' / 'But your machine only has: [0]'), at most 400 characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if _is_instantiation_error(exc) and len(lines) > 1:  # 'Error in call to target ...:' / 'ValueError("...")'
+        lines = lines[1:2]
+    text = " ".join(lines[:3])
+    return (text[:397] + "...") if len(text) > 400 else (text or type(exc).__name__)
 
 
 def error_line(exc: BaseException) -> str:
