@@ -103,6 +103,7 @@ class Replay:
 
     store: LayerTokenStore | None
     batches: list[tuple[int, int, Any, int]] = field(default_factory=list)
+    devices: dict[int, torch.device] = field(default_factory=dict)  # where each layer ran: the replay runs there
 
 
 class _Transforms:
@@ -163,7 +164,7 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
     if st.activations is not None:
         st.activations.start_layers()
     store = LayerTokenStore(tempfile.mkdtemp(prefix="outlierlab-replay-"), n_layers, d) if keep_for_later else None
-    replay, log_ = Replay(store), EncodeLog()
+    kept, log_ = Replay(store), EncodeLog()
     bar = progress_bar(len(texts), f"{desc} {getattr(getattr(encoder, 'source', None), 'name', '')}", progress)
     try:
         for b in iter_batches(encoder, texts, batch_size, chunk, offsets=need_words, bar=bar, stats=log_,
@@ -190,6 +191,7 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
                     aniso[layer].update(tok, sid.to(h.device))
                 if store is not None:
                     store.append(layer, raw)
+                    kept.devices[layer] = h.device
                 if plan is not None and sim_names:
                     _word_layer(st, sims, sim_names, layer, tok, plan, bsz, tf)
 
@@ -200,7 +202,7 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
                 n_with_words = int((plan[2].reshape(bsz, -1) > 0).any(1).sum())
                 for n in sim_names:
                     st.intra_n[n] += n_with_words
-            replay.batches.append((start, int(valid.sum()), plan, bsz))
+            kept.batches.append((start, int(valid.sum()), plan, bsz))
     finally:
         if bar is not None:
             bar.close()
@@ -216,7 +218,7 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
         st.anisotropy_acc = stack_layers(aniso, base=res)
     if st.activations is not None:
         st.activations.finish_layers()
-    return (stack_layers(wh, base=wh_full) if wh is not None else None), replay
+    return (stack_layers(wh, base=wh_full) if wh is not None else None), kept
 
 
 def replay(st, later: list[str], rp: Replay) -> None:
@@ -234,7 +236,7 @@ def replay(st, later: list[str], rp: Replay) -> None:
     try:
         for layer in range(n_layers):
             for start, n_rows, plan, bsz in rp.batches:
-                tok = rp.store.rows(layer, start, start + n_rows).float()[None]
+                tok = rp.store.rows(layer, start, start + n_rows).to(rp.devices.get(layer, "cpu")).float()[None]
                 for n in out_names:
                     outs[n][layer].update(tf(n, layer, tok))
                 if plan is not None and sim_names:
