@@ -47,9 +47,11 @@ def test_manifest_lists_result_files_with_sizes_hashes_and_rows(cell):
     manifest = json.loads((cell / "manifest.json").read_text())
     assert manifest["schema"] == 1 and manifest["global_step"] == 20 and manifest["max_steps"] == 20
     assert manifest["config"] == {"seed": 1}
-    # checkpoints, event files, weights, the markers and the manifest itself are not result files
-    assert sorted(manifest["files"]) == [".hydra/overrides.yaml", "config.yaml", "csv/metrics.csv", "hf/config.json",
+    # checkpoints, event files, weights, the markers, the manifest itself and Hydra's .hydra/ (rewritten at every
+    # launch) are not result files; the cell's overrides are kept in the manifest instead
+    assert sorted(manifest["files"]) == ["config.yaml", "csv/metrics.csv", "hf/config.json",
                                          "monitor/hidden_states.csv"]
+    assert manifest["overrides"] == ["seed=1"]
     m = manifest["files"]["csv/metrics.csv"]
     assert m == {"bytes": len(METRICS_CSV), "sha256": hashlib.sha256(METRICS_CSV.encode()).hexdigest(), "rows": 3}
     assert manifest["files"]["monitor/hidden_states.csv"]["rows"] == 2
@@ -172,3 +174,9 @@ def test_a_later_analysis_refreshes_the_manifest(cell, tmp_path):
     assert manifest["files"]["monitor_posthoc/metrics.csv"]["rows"] == 1 and manifest["refreshed"][0]["by"] == "posthoc"
     assert manifest["config"] == {"seed": 1} and manifest["global_step"] == 20  # the run's own facts are kept
     assert run_state.refresh_manifest(tmp_path, "posthoc") is None  # no manifest: left alone
+
+
+def test_a_relaunch_rewriting_hydras_folder_is_not_tampering(cell):
+    (cell / ".hydra" / "hydra.yaml").write_text("hydra:\n  job:\n    num: 5\n")  # the study grew: another job number
+    (cell / ".hydra" / "overrides.yaml").write_text("- seed=1\n- threads=2\n")
+    assert verify_manifest(cell) == []

@@ -177,11 +177,18 @@ def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict
 
 # ------------------------------------------------------------------------------------------ manifest
 def result_files(run_dir: Path) -> list[str]:
-    """Relative paths (POSIX) of the result files a manifest covers, sorted."""
+    """Relative paths (POSIX) of the result files a manifest covers, sorted.
+
+    Not ``.hydra/``: Hydra rewrites it at every launch before any job code runs -- also for a finished cell the
+    launch skips, or one another process holds -- and its ``hydra.yaml`` holds launch state (the job's number in
+    the sweep, the launcher), so a re-launched study would read as tampered with. The cell's overrides are kept in
+    the manifest instead (``"overrides"``), its resolved config in ``config.yaml`` and ``"config"``.
+    """
     run_dir = Path(run_dir)
     out = []
     for root, dirs, files in os.walk(run_dir):
-        dirs[:] = [d for d in dirs if ".partial-" not in d]  # staging directories of an export in progress
+        # staging directories of an export in progress; Hydra's own folder (above)
+        dirs[:] = [d for d in dirs if ".partial-" not in d and not (Path(root) == run_dir and d == ".hydra")]
         for name in files:
             rel = (Path(root) / name).relative_to(run_dir).as_posix()
             if name.endswith(RESULT_SUFFIXES) and rel not in _NOT_RESULTS and ".partial-" not in name:
@@ -216,6 +223,7 @@ def write_manifest(run_dir: Path, config: dict[str, Any] | None, global_step: in
         "config": config,
         "global_step": int(global_step),
         "max_steps": int(max_steps),
+        "overrides": _overrides(run_dir),
         "files": {rel: describe_file(run_dir / rel) for rel in result_files(run_dir)},
     }
     write_atomic(run_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=False))
@@ -234,6 +242,17 @@ def refresh_manifest(run_dir: Path, tool: str) -> dict[str, Any] | None:
     manifest.setdefault("refreshed", []).append({"by": tool, "at": now_iso(), **code_version()})
     write_atomic(run_dir / MANIFEST, json.dumps(manifest, indent=1))
     return manifest
+
+
+def _overrides(run_dir: Path) -> list[str] | None:
+    """The cell's Hydra overrides (``.hydra/overrides.yaml``) when it finished; None if absent or unreadable."""
+    try:
+        import yaml
+
+        value = yaml.safe_load((Path(run_dir) / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, ValueError, ImportError):
+        return None
+    return [str(v) for v in value] if isinstance(value, list) else None
 
 
 def _csv_problem(path: Path) -> str | None:
