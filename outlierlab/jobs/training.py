@@ -223,8 +223,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         except Exception as e:
             if primary:
                 trainer = progress.get("trainer")
-                mark_failed(run_dir, error_line(e), int(trainer.global_step) if trainer is not None else None)
-                e.failed_recorded = True  # run_errors.run_main: failed.json is written, with the step
+                try:
+                    mark_failed(run_dir, error_line(e), int(trainer.global_step) if trainer is not None else None)
+                    e.failed_recorded = True  # run_errors.run_main: failed.json is written, with the step
+                except OSError:  # a full or vanished disk: the original error is the one to report
+                    pass
             raise
         finally:
             _release_ddp(env_before)
