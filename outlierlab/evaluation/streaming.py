@@ -1,7 +1,9 @@
 """The one streaming pass over the evaluation sentences, shared by outliers, anisotropy and self-similarity.
 
-Memory never grows with the number of sentences: texts are tokenized ``chunk`` at a time, every batch of
-hidden states ``[L+1, B, T, d]`` is reduced into running statistics and dropped:
+Memory never grows with the number of sentences: texts are tokenized ``chunk`` at a time, every batch's
+hidden states are reduced into running statistics and dropped — one layer at a time as the model produces
+them (``one_pass=True``, the default: :mod:`outlierlab.evaluation.one_pass`), or all ``[L+1, B, T, d]`` at once
+(``one_pass=False``, the reference):
 
 * :class:`outlierlab.analysis.outlier_stats.OutlierAccumulator` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2);
 * :class:`outlierlab.analysis.transforms.Whitener` — float64 Σx and Σxxᵀ, from which whiten (Su et al. 2021),
@@ -11,13 +13,13 @@ hidden states ``[L+1, B, T, d]`` is reduced into running statistics and dropped:
 * :class:`outlierlab.analysis.similarity.SelfSimilarityAccumulator` — per target word, Σ of unit vectors (Ethayarajh 2019),
   and a running sum of intra-sentence similarities.
 
-Clip needs the outlier dims and whiten needs a fitted whitener before they can be applied, so the pass runs
-twice when it must: **pass 1 (fit)** accumulates the raw (``none``) statistics, the outlier counts that clip
-detects its dims from, and the whitener sums; **pass 2 (apply)** re-encodes the sentences and accumulates
-the statistics of the transforms fitted in pass 1.  Anisotropy needs no second pass: the reservoir holds
-raw vectors and the fitted transform is applied to it afterwards (the reservoir's choice of tokens does
-not depend on vector values, so this equals running the accumulator on transformed vectors).  Pass 2 is
-skipped when no selected analysis needs it.
+Clip needs the outlier dims and whiten needs a fitted whitener before they can be applied: **the fit** accumulates
+the raw (``none``) statistics, the outlier counts that clip detects its dims from, and the whitener sums; **the
+apply step** accumulates the statistics of the transforms fitted only then — from the tokens the single pass kept
+(one pass, issue 39), or by re-encoding the sentences (``one_pass=False``: two passes, no disk).  Anisotropy needs
+neither: the reservoir holds raw vectors and the fitted transform is applied to it afterwards (the reservoir's
+choice of tokens does not depend on vector values, so this equals running the accumulator on transformed
+vectors).  The apply step is skipped when no selected analysis needs it.
 
 Words (self-similarity, intra-sentence similarity) come from :mod:`outlierlab.evaluation.words`; encoding in bounded
 memory from :mod:`outlierlab.evaluation.encoding`; the transforms and their settings from :mod:`outlierlab.evaluation.transform_fit`
