@@ -142,3 +142,15 @@ def test_a_two_line_lightning_message_is_kept_whole_with_its_fix():
     assert error_line(exc) == ("You requested gpu: [0, 1] But your machine only has: [0] (lower trainer.devices, or "
                                "trainer.devices=auto to use every device there is)")
     assert error_line(ValueError("x" * 1000)) == "x" * 397 + "..."
+
+
+def test_an_evaluate_sweep_survives_a_failing_cell(tmp_path):
+    """The same for evaluate.py (configs/evaluate.yaml selects the callback): cuda:99 fails in one line, cpu runs."""
+    sweep = tmp_path / "sweep"
+    r = cli("evaluate.py", ["-m", "encoder.device=cuda:99,cpu", "analyses=[outliers]", "data.max_sentences=50",
+                            "transform=[none]", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=c${hydra.job.num}"])
+    assert r.returncode == 1, r.stderr[-2000:]
+    error = json.loads((sweep / "c0" / "failed.json").read_text())["error"]
+    assert error.startswith("encoder.device=cuda:99 but this machine has ")
+    assert (sweep / "c1" / "outliers.csv").is_file() and not (sweep / "c1" / "failed.json").exists()
+    assert f"failed: {sweep / 'c0'}: {error}" in r.stderr.splitlines()

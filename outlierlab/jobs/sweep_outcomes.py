@@ -84,6 +84,6 @@ class SweepOutcomes(Callback):
         for o in failed:
             print(f"failed: {o['cell']}: {o['error']}", file=sys.stderr)
         if failed:
-            print(f"error: {len(failed)} cell(s) of this sweep failed (see failed.json in each); fix and run the "
-                  "same command again: finished cells are skipped", file=sys.stderr, flush=True)
+            print(f"error: {len(failed)} cell(s) of this sweep failed (see failed.json in each); fix them and run the "
+                  "same command again (train.py skips finished cells)", file=sys.stderr, flush=True)
             sys.exit(1)
