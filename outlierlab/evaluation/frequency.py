@@ -147,7 +147,8 @@ class FrequencyTable:
 
 
 def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dims: Sequence[int],
-                       freq_counts: np.ndarray, min_occurrences: int = 1, magnitude: bool = True) -> FrequencyTable:
+                       freq_counts: np.ndarray, min_occurrences: int = 1, magnitude: bool = True,
+                       picked: bool = False) -> FrequencyTable:
     """Per-type mean of each outlier dim, its frequency, and Spearman ρ per layer × dim (Puccetti et al. 2022).
 
     With ``magnitude`` (default) the per-type value is the mean of |h_j| — the outlier dim's magnitude,
@@ -164,6 +165,8 @@ def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dim
         Frequency of every token id (pretraining corpus or evaluated text); defines the id space.
     min_occurrences : int
         Types seen fewer times in the analysed tokens are left out (noisy means).
+    picked : bool
+        The chunks' values hold only the ``dims`` columns already (``[L, n, len(dims)]``, :func:`_valid_chunks`).
     """
     dims = [int(d) for d in dims]
     if not dims:
@@ -173,8 +176,8 @@ def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dim
     for ids, values in chunks:
         if acc is None:  # float64 sums over the vocabulary, only for the chosen dims
             acc = TokenValueAccumulator(len(freq_counts), values.shape[0], len(dims))
-        picked = values[..., dims].cpu()
-        acc.update(torch.as_tensor(np.asarray(ids), dtype=torch.long), picked.abs() if magnitude else picked)
+        cols = (values if picked else values[..., dims]).cpu()
+        acc.update(torch.as_tensor(np.asarray(ids), dtype=torch.long), cols.abs() if magnitude else cols)
     if acc is None or int(acc.counts.sum()) == 0:
         raise ValueError("no token to analyse (empty text?)")
     seen, occ, means = acc.result(min_occurrences)
@@ -184,19 +187,27 @@ def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dim
     return FrequencyTable(type_ids, occ.numpy(), freqs, means, rho, dims)
 
 
-def _valid_chunks(encoder, tokenized) -> Iterable[tuple[Tensor, Tensor]]:
-    """``(token ids, hidden [L+1, n, d])`` of the non-special, non-pad tokens, one encoder batch at a time."""
-    for b in encoder.batches(tokenized, sort_by_length=True):
-        valid = valid_token_mask(b.attention_mask, b.special_tokens_mask).to(b.hidden.device)
-        yield b.input_ids[valid.cpu()], b.hidden[:, valid]
+def _valid_chunks(encoder, tokenized, dims: Sequence[int]) -> Iterable[tuple[Tensor, Tensor]]:
+    """``(token ids, hidden [L+1, n, len(dims)])`` of the non-special, non-pad tokens, one encoder batch at a
+    time; each layer's ``dims`` columns are taken as the layer is produced (issue 39: never all layers × d)."""
+    idx = torch.as_tensor(list(dims), dtype=torch.long)
+    for b in encoder.batches(tokenized, sort_by_length=True, layerwise=True):
+        valid = valid_token_mask(b.attention_mask, b.special_tokens_mask)
+        cols: dict[int, Tensor] = {}
+        b.layers(lambda i, h: cols.__setitem__(i, h[valid.to(h.device)][:, idx.to(h.device)].float().cpu()))
+        yield b.input_ids[valid], torch.stack([cols[i] for i in range(len(cols))])
 
 
 def _activation_stats(encoder, tokenized) -> dict[str, Tensor]:
-    """Luo et al.'s per-layer statistics (one extra encoder pass; only when no LayerNorm outlier exists)."""
-    acc = OutlierAccumulator(encoder.num_layers + 1, encoder.hidden_size)
-    for _, h in _valid_chunks(encoder, tokenized):
-        acc.update(h.cpu())
-    return acc.stats()
+    """Luo et al.'s per-layer statistics (one extra encoder pass; only when no LayerNorm outlier exists),
+    one layer at a time."""
+    from outlierlab.evaluation.one_pass import stack_layers
+
+    accs = [OutlierAccumulator(1, encoder.hidden_size) for _ in range(encoder.num_layers + 1)]
+    for b in encoder.batches(tokenized, sort_by_length=True, layerwise=True):
+        valid = valid_token_mask(b.attention_mask, b.special_tokens_mask)
+        b.layers(lambda i, h: accs[i].update(h[valid.to(h.device)].float()[None]))
+    return stack_layers(accs).stats()
 
 
 def choose_dims(ctx, s: FrequencySettings, stats_fn) -> tuple[list[int], str, str]:
@@ -309,7 +320,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
     counts, counts_from = frequency_counts(ctx, s, tokenized, vocab)
     min_occ, value = s.min_occurrences, s.value
     what_value = "mean magnitude |h|" if value == "magnitude" else "mean signed value"
-    table = frequency_spearman(_valid_chunks(enc, tokenized), dims, counts, min_occ, magnitude=value == "magnitude")
+    table = frequency_spearman(_valid_chunks(enc, tokenized, dims), dims, counts, min_occ,
+                               magnitude=value == "magnitude", picked=True)
 
     L = table.rho.shape[0]
     w = torch.from_numpy(table.occurrences.astype(np.float64))
