@@ -180,3 +180,15 @@ def test_a_relaunch_rewriting_hydras_folder_is_not_tampering(cell):
     (cell / ".hydra" / "hydra.yaml").write_text("hydra:\n  job:\n    num: 5\n")  # the study grew: another job number
     (cell / ".hydra" / "overrides.yaml").write_text("- seed=1\n- threads=2\n")
     assert verify_manifest(cell) == []
+
+
+def test_code_shipped_without_git_records_the_stated_commit(monkeypatch):
+    """git archive to a machine without .git: the launcher's $OUTLIERLAB_CODE_VERSION is recorded, and said so."""
+    from outlierlab.jobs import run_state
+
+    monkeypatch.setattr(run_state, "_git", lambda *a: None)
+    monkeypatch.delenv(run_state.CODE_VERSION_ENV, raising=False)
+    assert run_state.code_version() == {"commit": None, "dirty": None, "describe": None}
+    monkeypatch.setenv(run_state.CODE_VERSION_ENV, "70e824bfb7dd441d3df91731db6f436af9bea8f0")
+    v = run_state.code_version()
+    assert v["commit"].startswith("70e824b") and v["dirty"] is False and v["stated_by"] == "OUTLIERLAB_CODE_VERSION"

@@ -30,6 +30,8 @@ MANIFEST = "manifest.json"
 CODE_VERSIONS = "code_versions.jsonl"
 LOCK_FILE = "run.lock"
 MANIFEST_SCHEMA = 1
+#: Environment variable stating the commit of code that runs without git metadata (see :func:`code_version`).
+CODE_VERSION_ENV = "OUTLIERLAB_CODE_VERSION"
 
 #: Suffixes of a cell's result files (the manifest covers these; weights, checkpoints and event files it does not).
 RESULT_SUFFIXES = (".csv", ".json", ".yaml", ".yml", ".md")
@@ -97,10 +99,16 @@ def code_version() -> dict[str, Any]:
     """``{"commit", "dirty", "describe"}`` of the git checkout holding this package; nulls outside one.
 
     ``dirty``: tracked files differ from HEAD (untracked files are not counted: scratch files are common and
-    ``git status`` over them is slow on large trees).
+    ``git status`` over them is slow on large trees). Outside a checkout, ``$OUTLIERLAB_CODE_VERSION`` (the commit a
+    clean ``git archive`` was made from) is recorded with ``stated_by``.
     """
     commit = _git("rev-parse", "HEAD")
     if commit is None:
+        # code shipped without git metadata (``git archive <commit>`` to a cluster node, a container, an accelerator
+        # host): the launcher states the commit it exported; recorded as stated, with where it came from
+        stated = os.environ.get(CODE_VERSION_ENV, "").strip()
+        if stated:
+            return {"commit": stated, "dirty": False, "describe": stated[:12], "stated_by": CODE_VERSION_ENV}
         return {"commit": None, "dirty": None, "describe": None}
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": None if status is None else bool(status),
