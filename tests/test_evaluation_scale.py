@@ -377,3 +377,21 @@ def test_frequency_chunks_one_layer_at_a_time_equal_the_stacked_batches(tmp_path
     got = _activation_stats(enc, tok)
     for k, v in ref.stats().items():
         assert torch.allclose(got[k], v, rtol=0, atol=1e-12), k
+
+
+def test_anisotropy_reservoir_sized_to_the_sentences_draws_the_same_pairs():
+    """streaming.py sizes the reservoir min(anisotropy.n_sentences, #sentences): the same tokens and pairs as the
+    full 2,000-slot reservoir (the generator is consumed the same way), without its memory."""
+    from outlierlab.analysis.similarity import AnisotropyAccumulator
+
+    g = torch.Generator().manual_seed(1)
+    big, small = AnisotropyAccumulator(3, 8, 2000, seed=4), AnisotropyAccumulator(3, 8, 37, seed=4)
+    for n_sent in (10, 15, 12):  # 37 sentences in all
+        sid = torch.randint(0, n_sent, (60,), generator=g).sort().values
+        h = torch.randn(3, 60, 8, generator=g)
+        big.update(h, sid)
+        small.update(h, sid)
+    assert big.n_kept == small.n_kept
+    for a, b in zip(big.pair_vectors(), small.pair_vectors()):
+        assert torch.equal(a, b)
+    assert small.vectors.shape[1] == 37 and big.vectors.shape[1] == 2000

@@ -155,7 +155,10 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         "seed": seed, "lowercase": lowercase})
     st.outliers["none"] = OutlierAccumulator(n_layers, dim)
     if need_anisotropy or need_self_sim:
-        st.anisotropy_acc = AnisotropyAccumulator(n_layers, dim, n_anisotropy_sentences, seed=seed)
+        # a reservoir no larger than the sentences it can hold: the same draws (the generator is consumed the
+        # same way whatever the capacity), without [L+1, 2000, d] float32 allocated for a short text list
+        st.anisotropy_acc = AnisotropyAccumulator(n_layers, dim, max(2, min(n_anisotropy_sentences, len(texts))),
+                                                  seed=seed)
     whitener = whiten.new(n_layers, dim) if fitted or need_covariance else None
 
     def setup(names: list[str]) -> None:
