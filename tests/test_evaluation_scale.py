@@ -395,3 +395,18 @@ def test_anisotropy_reservoir_sized_to_the_sentences_draws_the_same_pairs():
     for a, b in zip(big.pair_vectors(), small.pair_vectors()):
         assert torch.equal(a, b)
     assert small.vectors.shape[1] == 37 and big.vectors.shape[1] == 2000
+
+
+def test_a_refused_fit_leaves_no_stored_tokens_behind(tmp_path, monkeypatch):
+    import tempfile
+
+    from outlierlab.analysis.whitening import DegenerateWhiteningError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu")
+    with pytest.raises(DegenerateWhiteningError):  # 6 tokens cannot support a 32-dim whitening
+        run_sentence_pass(enc, ["the cat", "the dog", "a bird"], ["none", "clip", "whiten"],
+                          outlier_transforms=["none", "clip", "whiten"], need_self_sim=False,
+                          **{**PASS, "n_anisotropy_sentences": 3})
+    assert not list((tmp_path / "tmp").glob("outlierlab-replay-*"))

@@ -203,6 +203,10 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
                 for n in sim_names:
                     st.intra_n[n] += n_with_words
             kept.batches.append((start, int(valid.sum()), plan, bsz))
+    except BaseException:
+        if store is not None:
+            store.cleanup()  # nothing will replay it
+        raise
     finally:
         if bar is not None:
             bar.close()

@@ -190,6 +190,21 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         else:
             _one_pass(encoder, texts, st, now, whitener, word_index, lowercase, need_self_sim, batch_size, chunk,
                       progress, "pass 1/2 (fit)" if later else "pass 1/1")
+    try:
+        _fit_and_apply(encoder, texts, st, transforms, fitted, later, whitener, whiten, kept, one_pass, setup,
+                       word_index, lowercase, need_self_sim, batch_size, chunk, progress, outlier_method,
+                       outlier_threshold, outlier_k)
+    finally:  # a refused fit (degenerate whitening) must not leave the stored tokens behind in $TMPDIR
+        if kept is not None and kept.store is not None:
+            kept.store.cleanup()
+    return st
+
+
+def _fit_and_apply(encoder, texts, st, transforms, fitted, later, whitener, whiten, kept, one_pass, setup,
+                   word_index, lowercase, need_self_sim, batch_size, chunk, progress, outlier_method,
+                   outlier_threshold, outlier_k) -> None:
+    """Fit clip's dims and the fitted transforms from the first pass, then the statistics of ``later``."""
+    ft, n_layers = st.transforms, st.num_layers
     # fit clip dims and whitener from pass 1
     if "clip" in transforms and ft.clip_dims is None:
         acc = st.outliers["none"]
@@ -210,7 +225,6 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         else:
             _one_pass(encoder, texts, st, later, None, word_index, lowercase, need_self_sim, batch_size, chunk,
                       progress, "pass 2/2 (apply)")
-    return st
 
 
 def _one_pass(encoder, texts, st: SentenceStats, names: list[str], whitener: Whitener | None, word_index: dict,
