@@ -162,7 +162,10 @@ def contrasts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def _fmt(x: float, digits: int = 3) -> str:
-    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+    """Fixed decimals; a non-zero value below 10^-digits in scientific notation (an effect of 1e-4 is not 0.000)."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:.1e}" if x != 0 and abs(x) < 10 ** -digits else f"{x:.{digits}f}"
 
 
 def markdown(tables: dict[str, pd.DataFrame], table: pd.DataFrame, cells: list[Cell], source: str) -> str:
