@@ -29,6 +29,9 @@ SEEDS = "docs/emergence/seeds"
 SWITCH = "docs/emergence/switch_seeds"
 EVALUATE = "docs/emergence/seeds_evaluate"
 OBJECTIVES = "docs/objectives/cells"
+#: The same two seed studies with 5 seeds, on one GPU and one code version (issue 37 item 6)
+SEEDS_GPU = "docs/emergence/seeds_gpu"
+SWITCH_GPU = "docs/emergence/switch_seeds_gpu"
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.S)
 
 #: The primary quantities of the seed studies, in the order the docs show them.
@@ -99,16 +102,16 @@ def families_line(study: str, after_step: int = 1) -> str:
             f"monitor row {int((c['family'] == 'duplicate').sum())}.")
 
 
-def emergence_seeds() -> str:
+def emergence_seeds(study: str = SEEDS) -> str:
     head = ["| quantity | learned | none | learned − none [95% CI] | n | p | adjusted p | MDE (80%) | TOST p (margin) | seeds |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for metric, layer, label in PRIMARY:
-        r = contrast_row(SEEDS, "pos: learned - none", metric, layer)
-        head.append(f"| {label} | {summary_cell(SEEDS, 'pos=learned', metric, layer)} | "
-                    f"{summary_cell(SEEDS, 'pos=none', metric, layer)} | {signed(r['diff'])} [{fmt(r['ci_low'])}, "
+        r = contrast_row(study, "pos: learned - none", metric, layer)
+        head.append(f"| {label} | {summary_cell(study, 'pos=learned', metric, layer)} | "
+                    f"{summary_cell(study, 'pos=none', metric, layer)} | {signed(r['diff'])} [{fmt(r['ci_low'])}, "
                     f"{fmt(r['ci_high'])}] | {int(r['n_pairs'])} | {fmt(r['p_value'], 3)} | {_adjusted(r)} | {fmt(r['mde'])} | "
                     f"{fmt(r['tost_p'], 3)} (±{fmt(r['margin'])}) | {_seeds_word(r)} |")
-    return "\n".join(head + ["", families_line(SEEDS, 1000)])
+    return "\n".join(head + ["", families_line(study, 1000)])
 
 
 def _cell_table(study: str, group_key: str, labels: dict[str, str]) -> pd.DataFrame:
@@ -154,17 +157,25 @@ def _per_seed(study: str, key: str) -> str:
     return "\n".join(lines)
 
 
-def switch_seeds() -> str:
+def emergence_seeds_gpu() -> str:
+    return emergence_seeds(SEEDS_GPU)
+
+
+def switch_seeds_gpu() -> str:
+    return switch_seeds(SWITCH_GPU)
+
+
+def switch_seeds(study: str = SWITCH) -> str:
     lines = ["| quantity | plain (default) | OP | pre-LN | plain − OP [95% CI], p, adjusted p, MDE, TOST p (margin), seeds | "
              "plain − pre-LN [95% CI], p, adjusted p, seeds |", "|---|---|---|---|---|---|"]
     for metric, layer, label in PRIMARY:
-        op = contrast_row(SWITCH, "arch: default - op", metric, layer)
-        pre = contrast_row(SWITCH, "arch: default - pre_ln", metric, layer)
-        lines.append(f"| {label} | " + " | ".join(summary_cell(SWITCH, f"arch={a}", metric, layer) for a in ("default", "op", "pre_ln"))
+        op = contrast_row(study, "arch: default - op", metric, layer)
+        pre = contrast_row(study, "arch: default - pre_ln", metric, layer)
+        lines.append(f"| {label} | " + " | ".join(summary_cell(study, f"arch={a}", metric, layer) for a in ("default", "op", "pre_ln"))
                      + f" | {signed(op['diff'])} [{fmt(op['ci_low'])}, {fmt(op['ci_high'])}], {fmt(op['p_value'], 3)}, "
                        f"{_adjusted(op)}, {fmt(op['mde'])}, {fmt(op['tost_p'], 3)} (±{fmt(op['margin'])}), {_seeds_word(op)} | {signed(pre['diff'])} [{fmt(pre['ci_low'])}, "
                        f"{fmt(pre['ci_high'])}], {fmt(pre['p_value'], 3)}, {_adjusted(pre)}, {_seeds_word(pre)} |")
-    return "\n".join(lines + ["", families_line(SWITCH, 1000)])
+    return "\n".join(lines + ["", families_line(study, 1000)])
 
 
 def switch_seeds_all_measures() -> str:
@@ -197,8 +208,12 @@ def readme_results() -> str:
             r = contrast_row(study, contrast, metric, layer)
             parts.append(f"{label.replace(chr(92), '')} {signed(r['diff'])} (Holm p {fmt(r['p_holm'], 2)}, MDE {fmt(r['mde'])})")
         return f"* {what}: " + "; ".join(parts) + "."
-    return "\n".join([line(SEEDS, "pos: learned - none", "`emergence_seeds`, learned − none, last layer, step 4,000, 3 seeds"),
-                      line(SWITCH, "arch: default - op", "`switch_seeds`, plain − OP, last layer, step 2,000, 3 seeds")])
+    return "\n".join([line(SEEDS_GPU, "pos: learned - none", "`emergence_seeds`, learned − none, last layer, step 4,000, "
+                           "5 seeds (one H100, one code version)"),
+                      line(SWITCH_GPU, "arch: default - op", "`switch_seeds`, plain − OP, last layer, step 2,000, "
+                           "5 seeds (one H100, one code version)"),
+                      line(SEEDS, "pos: learned - none", "`emergence_seeds`, the earlier 3 CPU seeds (code unknown)"),
+                      line(SWITCH, "arch: default - op", "`switch_seeds`, the earlier 3 CPU seeds (code unknown)")])
 
 
 def objectives() -> str:
@@ -212,7 +227,7 @@ def objectives() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds, emergence_seeds_per_seed, switch_seeds, switch_seeds_per_seed,
                                                                 switch_seeds_all_measures, seeds_evaluate, readme_results,
-                                                                objectives)}
+                                                                objectives, emergence_seeds_gpu, switch_seeds_gpu)}
 
 
 def render(text: str, source: str = "") -> str:
