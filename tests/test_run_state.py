@@ -68,7 +68,7 @@ def test_intact_cell_verifies_clean(cell):
 def test_truncated_csv_is_one_named_problem(cell):
     path = cell / "csv" / "metrics.csv"
     path.write_text(METRICS_CSV[:-4])  # val ppl 329.7 cut to 32
-    assert verify_manifest(cell) == [f"{cell}: csv/metrics.csv: truncated (last line has no newline)"]
+    assert verify_manifest(cell) == [f"{cell}: csv/metrics.csv: truncated (last line has no newline: cut mid-row)"]
 
 
 def test_csv_rows_removed_at_a_line_boundary(cell):

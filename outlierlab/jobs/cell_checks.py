@@ -8,12 +8,12 @@ for the faults a crash or a copy leaves: zero bytes, header only, last line cut 
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Any
 
 from outlierlab.jobs import run_state
+from outlierlab.jobs.run_state import csv_problem  # the one CSV-structure check, shared with verify_manifest
 
 #: Code version of a cell without a manifest (made before cells recorded one).
 UNKNOWN_CODE = "unknown"
@@ -38,24 +38,6 @@ def finished(path: Path, config: dict[str, Any], problems: list[str]) -> bool:
     return any((path / name).is_file() for name in ("results.json", "report.md", "probe_report.md"))
 
 
-def csv_problem(path: Path) -> str | None:
-    """What is wrong with a CSV's structure (zero bytes, header only, last line cut, a row of another width), or
-    None. A cell's own check where it has no manifest to verify against."""
-    data = path.read_bytes()
-    if not data.strip():
-        return "empty file (zero bytes)" if not data else "empty file"
-    if not data.endswith(b"\n"):
-        return "truncated (the last line has no newline: cut mid-row)"
-    rows = list(csv.reader(data.decode("utf-8", errors="replace").splitlines()))
-    if len(rows) < 2:
-        return "header only (no data rows)"
-    width = len(rows[0])
-    for i, row in enumerate(rows[1:], start=2):
-        if len(row) != width:
-            return f"line {i} has {len(row)} fields, the header {width}"
-    return None
-
-
 def _code_version(manifest: dict) -> str:
     versions = manifest.get("code_versions") or []
     code = manifest.get("code") or {}
@@ -68,7 +50,7 @@ def _code_version(manifest: dict) -> str:
 
 def check_cell(path: Path, files: list[str]) -> tuple[list[str], str, list[str]]:
     """``(problems, code version, notes)`` of a finished cell: its manifest verified when it has one, else each
-    of ``files`` (the CSVs the aggregator reads) checked by :func:`csv_problem`."""
+    of ``files`` (the CSVs the aggregator reads) checked by :func:`run_state.csv_problem`."""
     problems, notes = [], []
     if (path / run_state.MANIFEST).is_file():
         try:

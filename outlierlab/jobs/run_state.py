@@ -263,15 +263,15 @@ def _overrides(run_dir: Path) -> list[str] | None:
     return [str(v) for v in value] if isinstance(value, list) else None
 
 
-def _csv_problem(path: Path) -> str | None:
-    """Structure of a CSV alone: empty, header-only, last line cut, or a row of another width."""
+def csv_problem(path: Path) -> str | None:
+    """What is wrong with a CSV's structure (zero bytes, header only, last line cut, a row of another width), or
+    None -- the check a manifest's hash cannot name, and the whole check of a cell that has no manifest."""
     data = path.read_bytes()
     if not data.strip():
-        return "empty file"
+        return "empty file (zero bytes)" if not data else "empty file"
     if not data.endswith(b"\n"):
-        return "truncated (last line has no newline)"
-    with open(path, newline="") as fh:
-        rows = list(csv.reader(fh))
+        return "truncated (last line has no newline: cut mid-row)"
+    rows = list(csv.reader(data.decode("utf-8", errors="replace").splitlines()))
     if len(rows) < 2:
         return "header only (no data rows)"
     width = len(rows[0])
@@ -303,7 +303,7 @@ def verify_manifest(run_dir: Path) -> list[str]:
             problems.append(f"{run_dir}: {rel}: missing")
             continue
         if path.suffix == ".csv":
-            bad = None if want.get("rows") == 0 else _csv_problem(path)  # a CSV finished empty: hash only
+            bad = None if want.get("rows") == 0 else csv_problem(path)  # a CSV finished empty: hash only
             if bad:
                 problems.append(f"{run_dir}: {rel}: {bad}")
                 continue
