@@ -137,7 +137,7 @@ def _write(encoder, texts: list[str], out: Path, store_tokens: bool, batch_size,
         np.save(out / "token_id.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in tok.input_ids]))
         np.save(out / "special.npy", np.concatenate([np.asarray(x, dtype=bool) for x in tok.special_tokens_mask]))
     np.save(out / "lengths.npy", lengths)
-    from outlierlab.evaluation.one_pass import stack_layers  # lazy: evaluation imports this module
+    from outlierlab.analysis.layer_accumulators import stack_layers
 
     layer_accs = [OutlierAccumulator(1, dim) for _ in range(n_layers)]
     # one layer at a time (issue 39): each hidden state is reduced and written as the model produces it
