@@ -47,7 +47,8 @@ def scalar_rows(src: Path, dst: Path) -> int:
 
 def export_manifest(cell: Path, target: Path) -> None:
     """The cell's manifest restricted to what was exported (see the module docstring); no manifest, nothing."""
-    from outlierlab.jobs.run_state import MANIFEST, describe_file, write_atomic
+    from outlierlab.jobs.run_state import MANIFEST, describe_file
+    from outlierlab.utils.atomic import write_atomic
 
     src = cell / MANIFEST
     if not src.is_file():

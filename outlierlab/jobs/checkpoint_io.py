@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from outlierlab.jobs.run_state import fsync_dir
+from outlierlab.utils.atomic import fsync_dir
 
 #: Room kept free beyond checkpoints and export, for logs, monitor CSVs and the tokenizer.
 MARGIN_BYTES = 64 * 2**20

@@ -24,6 +24,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from outlierlab.utils.atomic import write_atomic
+
 FINISHED_MARKER = "finished.json"
 FAILED_MARKER = "failed.json"
 MANIFEST = "manifest.json"
@@ -41,42 +43,6 @@ _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-# ------------------------------------------------------------------------------------------ atomic writes
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write ``path`` through a temporary file in its own directory, fsync it, ``os.replace`` it over ``path``.
-
-    The rename is atomic on one file system, so readers never see a partial file (a temporary file elsewhere,
-    e.g. ``$TMPDIR``, would make the final move a copy -- see Lightning issue #21253).
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    payload = data.encode() if isinstance(data, str) else data
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (a no-op where directories cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _read_json(path: Path) -> Any | None:

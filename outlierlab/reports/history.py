@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from outlierlab.utils.atomic import fsync_dir
+
 COLUMNS = ("step", "name", "statistic", "dim", "value")
 
 
@@ -110,7 +112,7 @@ class HistoryCSV:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
     def append(self, rows: Iterable[Sequence]) -> None:
         """Append ``(step, name, statistic, dim, value)`` rows; flushed and fsynced before returning."""
@@ -125,19 +127,6 @@ class HistoryCSV:
             fh.write(buf.getvalue())
             fh.flush()
             os.fsync(fh.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # not supported on this platform/file system: the rename itself is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_history(path: str | os.PathLike, statistics: Iterable[str] | None = None) -> list[dict]:

@@ -1,0 +1,49 @@
+"""Files that readers never see half-written: a temporary file in the destination's own directory, fsync, then
+``os.replace`` (atomic on one file system), and an fsync of the directory so the rename survives a crash.
+
+Written by hand: the standard library has the pieces (``os.replace``, ``os.fsync``) but no function joining them,
+and Lightning's ``_atomic_save`` stages in ``$TMPDIR``, which makes the final move a copy across file systems
+(Lightning issue #21253).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["write_atomic", "fsync_dir"]
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``path`` through a temporary file in its own directory, fsync it, ``os.replace`` it over ``path``.
+
+    The rename is atomic on one file system, so readers never see a partial file (a temporary file elsewhere,
+    e.g. ``$TMPDIR``, would make the final move a copy -- see Lightning issue #21253).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    payload = data.encode() if isinstance(data, str) else data
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (a no-op where directories cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
