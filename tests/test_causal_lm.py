@@ -234,3 +234,10 @@ def test_unpadded_causal_batch_takes_the_fused_causal_path(monkeypatch):
     mask[1, 6:] = 0
     model.roberta(x, mask)
     assert calls == [(False, False)] * 2
+
+
+def test_heads_that_do_not_divide_the_width_fail_before_anything_loads(compose_cfg):
+    from outlierlab.jobs.startup import check_train_config
+
+    with pytest.raises(ValueError, match=r"model.hidden_size=130 is not divisible by model.num_heads=4.*hidden_size=128"):
+        check_train_config(compose_cfg("train", ["model.hidden_size=130"]))

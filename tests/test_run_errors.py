@@ -23,6 +23,12 @@ HIDDEN_130 = ("hidden_size=130 is not divisible by num_heads=4 (in model: change
               "model.num_heads=...)")
 
 
+def early(hidden: int, heads: int = 4) -> str:
+    """train.py's start-up check says it before data and model load (check_train_config)."""
+    return (f"model.hidden_size={hidden} is not divisible by model.num_heads={heads}; change one of them "
+            f"(e.g. model.hidden_size={hidden - hidden % heads})")
+
+
 def instantiate_error(node: dict, key: str) -> Exception:
     import hydra
 
@@ -100,7 +106,7 @@ def test_cli_accelerator_without_a_gpu(tmp_path):
 def test_cli_constructor_rejected_config(tmp_path):
     r = cli("train.py", [f"hydra.run.dir={tmp_path}", *SMALL, "model.hidden_size=130", "model.num_heads=4",
                          "trainer.max_steps=2"])
-    assert r.returncode == 1 and one_error(r.stderr) == f"error: {HIDDEN_130}"
+    assert r.returncode == 1 and one_error(r.stderr) == f"error: {early(130)}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
@@ -124,12 +130,12 @@ def test_a_sweep_survives_a_failing_cell_and_skips_a_held_one(tmp_path, shared_c
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert [finished_run(sweep / s) is not None for s in ("s0", "s1", "s2", "s3")] == [True, False, True, False]
     failed = json.loads((sweep / "s1" / "failed.json").read_text())
-    assert failed["error"] == HIDDEN_130.replace("130", "66") and failed["global_step"] is None
+    assert failed["error"] == early(66) and failed["global_step"] is None
     assert failed_run(sweep / "s1") == failed and failed_run(sweep / "s0") is None
     # a held cell: only what Hydra writes before any job code runs (its .hydra/ and the log), no training files
     assert sorted(p.name for p in (sweep / "s3").iterdir()) == [".hydra", "train.log"]
     lines = r.stderr.splitlines()
-    assert f"failed: {sweep / 's1'}: {HIDDEN_130.replace('130', '66')}" in lines
+    assert f"failed: {sweep / 's1'}: {early(66)}" in lines
     assert f"skipped (held by another process): {sweep / 's3'}" in lines
     assert not (sweep / ".sweep_outcomes").exists()
 

@@ -155,6 +155,11 @@ def check_train_config(cfg) -> list[str]:
     """
     warnings: list[str] = []
     _check_objective(cfg)
+    hidden, heads = OmegaConf.select(cfg, "model.hidden_size"), OmegaConf.select(cfg, "model.num_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads:
+        # the same rule EncoderConfig enforces, said here before data and model load
+        raise ValueError(f"model.hidden_size={hidden} is not divisible by model.num_heads={heads}; "
+                         "change one of them (e.g. model.hidden_size=" + str(hidden - hidden % heads) + ")")
     trainer = cfg.trainer
     max_steps = _as_int(trainer.max_steps, "trainer.max_steps")
     if max_steps <= 0:
