@@ -33,7 +33,8 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import QKOutliersSettings, load_settings
 from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts
 from outlierlab.evaluation.settings import DataSettings, section_settings
-from outlierlab.models.families import QKProjection, family_of, rotary_layers, split_qk
+from outlierlab.models.families import QKProjection, family_of, split_qk
+from outlierlab.models.rotary_layers import rotary_layers
 from outlierlab.reports.evaluation_report import md_table
 
 matplotlib.use("Agg")
@@ -67,7 +68,7 @@ def qk_projections(model: nn.Module) -> list[QKProjection]:
 
 def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: float) -> list[RotarySpec | None]:
     """The rotary scheme of every layer (None where a layer does not rotate): θ_i from the model's own rotary
-    module (:func:`outlierlab.models.families.rotary_layers`: ``inv_freq``, scaled RoPE and partial rotary
+    module (:func:`outlierlab.models.rotary_layers.rotary_layers`: ``inv_freq``, scaled RoPE and partial rotary
     included; per layer type) and the layer's reach (a sliding-window layer: its window)."""
     try:
         layers = rotary_layers(model)

@@ -21,8 +21,8 @@ One :class:`Family` per block structure.  Every analysis that needs a model's in
   BERT's ``position_embeddings``) or what the model uses instead (rotary, relative, ...).
 * :meth:`Family.blocks`, :meth:`Family.attention_modules`, :meth:`Family.qk_projections` (q/k where the model
   rotates them: the projections, or a per-head QK-norm; :func:`split_qk` for fused projections),
-  :func:`rotary_layers` (per block the rotary frequencies the model uses, read from its rotary module, and the
-  layer's reach), :meth:`Family.sites` (Bondarenko et al. 2023's activation sites),
+  :func:`outlierlab.models.rotary_layers.rotary_layers` (per block the rotary frequencies the model uses, read from
+  its rotary module, and the layer's reach), :meth:`Family.sites` (Bondarenko et al. 2023's activation sites),
   :func:`lm_head` / :func:`unembedding` (the model's own output layer, ``get_output_embeddings``).
 
 Paths are dotted module paths: block paths from the *base model* (``model.base_model``, so a model with or
@@ -50,12 +50,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import torch
 from torch import Tensor, nn
 
 __all__ = ["Family", "FAMILIES", "UnknownFamilyError", "QKProjection", "family_of", "family_for_type",
            "model_type_of", "lm_head", "unembedding", "split_qk", "base_model", "is_decoder", "causal_or_masked",
-           "POST_KINDS", "PRE_KINDS", "OURS", "OURS_CAUSAL", "ours", "RotaryLayer", "rotary_layers"]
+           "POST_KINDS", "PRE_KINDS", "OURS", "OURS_CAUSAL", "ours"]
 
 #: Per-layer norm kinds of a post-LN block, in block order (Kovaleva et al. 2021 judge ``output``).
 POST_KINDS = ("attention_output", "output")
@@ -452,75 +451,3 @@ def causal_or_masked(config) -> str:
         from transformers import MODEL_FOR_MASKED_LM_MAPPING  # lazy: heavy import
 
         return "masked_lm" if type(config) in MODEL_FOR_MASKED_LM_MAPPING else "next_token"
-
-
-
-# ------------------------------------------------------------------------------------------------- rotary
-class RotaryLayer(NamedTuple):
-    """How one layer rotates its queries and keys (Su et al. 2021), as the model itself does it.
-
-    inv_freq : ``[r/2]`` float64, θ_i of pair i in radians per position (r = the rotated dims of a head; r <
-        head_dim for partial rotary, GPT-NeoX/Pythia) — read from the model's rotary module, so every scaling
-        transformers applies (linear, dynamic, YaRN, LongRoPE, llama3) is in it
-    context : the largest distance the layer attends: ``sliding_window`` for a sliding-window layer (ModernBERT's
-        local layers: 64, half of ``local_attention`` = 128; a causal window such as Mistral's reaches one token
-        less, which we do not subtract), else the position limit
-    source : where ``inv_freq`` was read (said in reports)
-    """
-
-    inv_freq: Tensor
-    context: int
-    source: str
-
-
-def _rotary_module(root: nn.Module) -> tuple[str, nn.Module] | None:
-    """The first submodule holding rotary frequencies: an ``inv_freq`` buffer (transformers'
-    ``*RotaryEmbedding``, per layer type ``{type}_inv_freq``: ModernBERT), or — duck typing our own
-    :class:`outlierlab.models.positions.RotaryPositions` — a float ``base`` and an int ``dim``."""
-    for name, mod in root.named_modules():
-        bufs = dict(mod.named_buffers(recurse=False))
-        if "inv_freq" in bufs or any(b.endswith("_inv_freq") and not b.endswith("original_inv_freq") for b in bufs):
-            return name, mod
-        if isinstance(getattr(mod, "base", None), float) and isinstance(getattr(mod, "dim", None), int) \
-                and "rotary" in type(mod).__name__.lower():
-            return name, mod
-    return None
-
-
-def rotary_layers(model: nn.Module) -> list[RotaryLayer | None]:
-    """Per block, the frequencies the model rotates q/k by and the layer's reach (:class:`RotaryLayer`), or
-    None for every block of a model that does not rotate.
-
-    Read from the rotary module of each block's attention if it has one, else the model's (transformers:
-    ``model.rotary_emb``); per layer type where the module keeps one set per type (``config.layer_types``).
-    Ours (``pos=rope``): θ_i = base^(−2i/dim) with the module's own ``base`` and ``dim``, as
-    :func:`outlierlab.models.positions.rope_cos_sin` computes them."""
-    cfg = getattr(model, "config", None)
-    blocks = family_of(model).block_list(model)
-    shared = _rotary_module(model)
-    types = list(getattr(cfg, "layer_types", None) or [])
-    limit = int(getattr(cfg, "max_len", 0) or getattr(cfg, "max_position_embeddings", 0) or 0)  # ours: max_len
-    window = int(getattr(cfg, "sliding_window", 0) or 0)
-    out: list[RotaryLayer | None] = []
-    names = {id(m): n for n, m in model.named_modules()}
-    for i, block in enumerate(blocks):
-        found = _rotary_module(block) or shared
-        if found is None:
-            out.append(None)
-            continue
-        _, mod = found
-        kind = types[i] if i < len(types) else None
-        buf = getattr(mod, f"{kind}_inv_freq", None) if kind else None
-        where = f"{names.get(id(mod), '?')}.{kind}_inv_freq"
-        if buf is None:
-            buf, where = getattr(mod, "inv_freq", None), f"{names.get(id(mod), '?')}.inv_freq"
-        if buf is None:  # ours: base and dim
-            dim = int(mod.dim)
-            buf = float(mod.base) ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-            where = f"{names.get(id(mod), '?')} (base {mod.base:g}, dim {dim})"
-        # a sliding-window layer: typed so (ModernBERT local, Qwen2/3 with use_sliding_window), or every layer of
-        # a model whose config sets a window without layer types (Mistral)
-        slides = kind == "sliding_attention" if types else getattr(cfg, "use_sliding_window", True) is not False
-        reach = window if slides else 0
-        out.append(RotaryLayer(buf.detach().to(torch.float64).cpu(), reach or limit or 2048, where))
-    return out
