@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="only cells whose training finished (default); --all probes interrupted ones too")
     ap.add_argument("--all", dest="finished_only", action="store_false")
     args, overrides = ap.parse_known_args(argv)
-    from outlierlab.jobs.training import finished_run
+    from outlierlab.jobs.run_state import finished_run  # not via training: no Lightning import to list the cells
 
     try:
         dirs = run_dirs(args.paths)
