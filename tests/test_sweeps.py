@@ -222,6 +222,49 @@ def test_long_cell_names_are_cut_keep_the_seed_and_stay_unique():
     assert a != b and a == cell_dir_name(long)  # unique and stable
 
 
+def _cell_name(overrides: list[str]) -> str:
+    """The directory name (``hydra.sweep.subdir``) a sweep cell with these overrides gets, as a launcher resolves it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from outlierlab.jobs.startup import register_resolvers
+    from tests.conftest import CONFIG_DIR
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = hydra_compose("train", overrides, return_hydra_config=True)
+    return str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["+posthoc_probe.max_sentences=200", "seed=3"],  # posthoc_probe is null by default: added with +
+    ["experiment=objective_positions", "posthoc_probe.max_sentences=200", "seed=3"],  # the experiment sets it
+    ["++posthoc_probe.overrides=['data.max_sentences=50','seed=1']", "seed=3", "posthoc=true", "study=x"],
+])
+def test_sub_keys_of_an_excluded_key_stay_out_of_the_cell_name(overrides):
+    """Hydra's exclude_keys match whole keys: posthoc_probe is excluded, posthoc_probe.max_sentences was not, so
+    setting it moved the cell to another directory (and a rerun trained it again instead of skipping it)."""
+    name = _cell_name(overrides)
+    assert name == "seed=3", name
+
+
+def test_cell_names_of_other_overrides_are_hydras_override_dirname():
+    """Everything but the excluded keys and their sub-keys is named exactly as before (Hydra's sort and join, a
+    list value's commas included), so existing cells keep their directories."""
+    from outlierlab.jobs.startup import cell_overrides
+
+    overrides = ["seed=3", "model.norm=rmsnorm", "data=files", "data.files=[a.txt,b.txt]", "+posthoc_probe.max_sentences=2",
+                 "posthoc_probe_extra=1", "trainer.enable_progress_bar=false", "ckpt_path=last"]
+    expected = "data.files=[a.txt,b.txt],data=files,model.norm=rmsnorm,posthoc_probe_extra=1,seed=3"
+    excluded = ["posthoc_probe", "trainer.enable_progress_bar", "ckpt_path"]
+    assert cell_overrides(overrides, excluded) == expected  # posthoc_probe_extra is not under posthoc_probe
+    assert cell_overrides(["a=1", "b=2"], [], item_sep="__", kv_sep="-") == "a-1__b-2"
+    assert _cell_name(["seed=3", "model.norm=rmsnorm", "pos=none"]) == "model.norm=rmsnorm,pos=none,seed=3"
+
+
 def test_named_studies_carry_their_sweep_and_slurm_preset_resolves():
     """experiment=emergence_seeds is the whole study; hydra/launcher=slurm asks one task per device."""
     from hydra import compose as hydra_compose
