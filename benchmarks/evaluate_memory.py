@@ -63,6 +63,7 @@ def save_random_llama(shape: str, directory: Path) -> Path:
     from outlierlab.models.encoder_source import bundled_model_path
 
     if (directory / "config.json").is_file():
+        check_saved_shape(directory, shape)
         return directory
     hidden, layers, inter, vocab = (int(x) for x in shape.split(","))
     cfg = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter, vocab_size=vocab,
@@ -74,6 +75,17 @@ def save_random_llama(shape: str, directory: Path) -> Path:
     model.save_pretrained(directory)
     AutoTokenizer.from_pretrained(bundled_model_path()).save_pretrained(directory)
     return directory
+
+
+def check_saved_shape(directory: Path, shape: str) -> None:
+    """A ``--save-dir`` that already holds a Llama of another shape (e.g. the CPU example's before a 7B run) is
+    one line, not a benchmark of the wrong model."""
+    cfg = json.loads((directory / "config.json").read_text())
+    saved = ",".join(str(cfg.get(k)) for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
+    want = ",".join(str(int(x)) for x in shape.split(","))
+    if saved != want:
+        sys.exit(f"evaluate_memory.py: {directory} holds a random Llama of shape {saved}, not --llama {want}; "
+                 "pass another --save-dir or delete that one")
 
 
 def _dir_size(path: str) -> int:
