@@ -104,7 +104,7 @@ class OutlierAccumulator:
         if h.shape[1] == 0:
             return
         dev = self.sum.device
-        self.sum += h.to(torch.float64).sum(1).to(dev)
+        self.sum += h.sum(1, dtype=torch.float64).to(dev)  # float64 accumulation without a float64 copy
         ones = torch.ones(h.shape[:2], dtype=torch.int64, device=h.device)
         amax = torch.zeros(self.num_layers, self.dim, dtype=torch.int64, device=h.device)
         amin = torch.zeros_like(amax)

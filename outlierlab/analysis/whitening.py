@@ -341,10 +341,20 @@ class Whitener:
         cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
         shape = xx.shape
         flat = xx.reshape(shape[0], -1, shape[-1]).to(cdt)
-        mu = self.mean.to(device=x.device, dtype=cdt).unsqueeze(1)
-        out = (flat - mu) @ self.W.to(device=x.device, dtype=cdt)
+        mu, w = self._applied(x.device, cdt)
+        out = (flat - mu) @ w
         out = out.reshape(*shape[:-1], out.shape[-1]).to(x.dtype)
         return out.squeeze(0) if squeeze else out
+
+    def _applied(self, device, dtype) -> tuple[Tensor, Tensor]:
+        """μ [L, 1, d] and W in the dtype/device of the vectors, converted once per fit: a float32 copy of
+        the float64 W for every batch cost as much as the product itself (issue 39)."""
+        c = getattr(self, "_applied_cache", None)
+        if c is None or c[0] is not self.W or c[1] is not self.mean or c[2] != (device, dtype):
+            c = (self.W, self.mean, (device, dtype), self.mean.to(device=device, dtype=dtype).unsqueeze(1),
+                 self.W.to(device=device, dtype=dtype))
+            self._applied_cache = c
+        return c[3], c[4]
 
     # -- caching --------------------------------------------------------------------------------
     def state_dict(self) -> dict:

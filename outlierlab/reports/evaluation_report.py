@@ -141,7 +141,9 @@ def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequenc
             ax.axis("off")
             continue
         v = list(vectors[i])
-        ax.bar(range(len(v)), v, width=1.0, color="tab:blue")
+        # one filled step patch = unit-width bars; ax.bar draws one Rectangle per dim (4,096 patches per
+        # panel for a 7B model), which made plotting cost more than the statistics (issue 39)
+        ax.stairs(v, [k - 0.5 for k in range(len(v) + 1)], fill=True, baseline=0.0, color="tab:blue")
         for dim in (marks[i] if marks else [])[:4]:
             ax.annotate(str(dim), (dim, v[dim]), fontsize=7, color="tab:red", ha="center",
                         va="bottom" if v[dim] >= 0 else "top")
