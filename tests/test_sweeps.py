@@ -256,8 +256,9 @@ def test_cell_names_of_other_overrides_are_hydras_override_dirname():
     list value's commas included), so existing cells keep their directories."""
     from outlierlab.jobs.startup import cell_overrides
 
-    overrides = ["seed=3", "model.norm=rmsnorm", "data=files", "data.files=[a.txt,b.txt]", "+posthoc_probe.max_sentences=2",
-                 "posthoc_probe_extra=1", "trainer.enable_progress_bar=false", "ckpt_path=last"]
+    overrides = ["seed=3", "model.norm=rmsnorm", "data=files", "data.files=[a.txt,b.txt]",
+                 "+posthoc_probe.max_sentences=2", "posthoc_probe_extra=1", "trainer.enable_progress_bar=false",
+                 "ckpt_path=last"]
     expected = "data.files=[a.txt,b.txt],data=files,model.norm=rmsnorm,posthoc_probe_extra=1,seed=3"
     excluded = ["posthoc_probe", "trainer.enable_progress_bar", "ckpt_path"]
     assert cell_overrides(overrides, excluded) == expected  # posthoc_probe_extra is not under posthoc_probe
