@@ -228,3 +228,45 @@ def test_clip_dims_by_layer_range():
                           ({}, "clip needs")):
         with pytest.raises(ValueError, match=match):
             clip_dims_per_layer(5, 10, **kwargs)
+
+
+# ------------------------------------------------------------------- a fit's memory (issue 39), same numbers
+def _fitted_pair(method_names=("whiten",)):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 200, 12, generator=g, dtype=torch.float64) @ torch.randn(12, 12, generator=g,
+                                                                                 dtype=torch.float64)
+    x[:, :, 4] += 30.0  # an outlier dim with a large mean
+    ref = Whitener(3, 12).partial_fit(x[:, :120]).partial_fit(x[:, 120:]).finalize()
+    lean = Whitener(3, 12).partial_fit(x[:, :120]).partial_fit(x[:, 120:])
+    lean.finalize(release_sums=True, keep_eigvecs=False)
+    return x, ref, lean
+
+
+def test_finalize_over_the_sums_without_eigenvectors_gives_the_same_fit():
+    x, ref, lean = _fitted_pair()
+    assert lean.sum_outer is None and lean._eig[1] is None  # Σ took the sums' place; no eigenvectors kept
+    for attr in ("mean", "cov", "W", "singular_values"):
+        assert torch.allclose(getattr(lean, attr), getattr(ref, attr), rtol=1e-12, atol=1e-12), attr
+    assert torch.equal(lean.rank, ref.rank)
+    z = lean.transform(x)
+    assert torch.allclose(torch.stack([torch.cov(z[i].T) for i in range(3)]), torch.eye(12, dtype=torch.float64)
+                          .expand(3, 12, 12), atol=1e-8)  # Su et al.: the fitted vectors' covariance is I
+    with pytest.raises(ValueError, match="released by finalize"):
+        lean.partial_fit(x[:, :5])
+
+
+def test_derived_maps_recompute_the_eigenvectors_they_need():
+    _, ref, lean = _fitted_pair()
+    for method in ("abtt", "standardize", "center"):
+        a, b = ref.derive(method, abtt_d=2 if method == "abtt" else None), \
+            lean.derive(method, abtt_d=2 if method == "abtt" else None)
+        assert torch.allclose(a.W, b.W, atol=1e-10), method
+
+
+def test_selecting_consecutive_layers_shares_the_fitted_map():
+    _, ref, _ = _fitted_pair()
+    one = ref.select([1])
+    assert one.W.data_ptr() == ref.W[1].data_ptr()  # a view: no per-layer copy of W in the replay
+    assert torch.equal(one.W[0], ref.W[1]) and torch.equal(one.mean[0], ref.mean[1])
+    two = ref.select([2, 0])  # not a run: an indexed copy, same values
+    assert torch.equal(two.W, ref.W[[2, 0]]) and two.num_layers == 2

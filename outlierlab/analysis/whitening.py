@@ -174,6 +174,9 @@ class Whitener:
 
     def partial_fit(self, x: Tensor) -> "Whitener":
         """Accumulate a chunk of training vectors ``[L, N, d]``; returns self."""
+        if self.sum_outer is None:
+            raise ValueError("this Whitener's sums were released by finalize(release_sums=True): it takes no more "
+                             "vectors (fit a new one)")
         x = self._as_lnd(x).detach().to(torch.float64)  # reduce on x's device, move only [L, d(, d)]
         if x.shape[1] == 0:
             return self
@@ -203,27 +206,73 @@ class Whitener:
         """One-shot :meth:`partial_fit` + :meth:`finalize`."""
         return self.partial_fit(x).finalize()
 
-    def finalize(self) -> "Whitener":
-        """Compute μ, Σ and W (of :attr:`method`) from the accumulated sums; returns self."""
+    def finalize(self, release_sums: bool = False, keep_eigvecs: bool = True) -> "Whitener":
+        """Compute μ, Σ and W (of :attr:`method`) from the accumulated sums; returns self.
+
+        One layer at a time (issue 39): Σ's eigendecomposition and W are computed per layer into ``[L, d, d]``
+        results, so the float64 working set beside the sums is Σ and W, not also a batched eigh's copies.
+
+        Parameters
+        ----------
+        release_sums : Σ is written over Σxxᵀ in place (no second ``(L+1)·d²`` float64 array; the sums are
+            gone, so no later :meth:`partial_fit`) — what a one-shot fit wants
+        keep_eigvecs : keep Σ's eigenvectors for :meth:`derive` (abtt needs them; without them a derived
+            whiten/abtt recomputes each layer's eigendecomposition — the same numbers)
+        """
         if self.n < 2:
             raise ValueError(f"{self.method} needs at least 2 fit vectors, got {self.n}.")
         mean_shifted = self.sum / self.n
-        if self._eig is None:
-            cov = (self.sum_outer - self.n * mean_shifted.unsqueeze(2) * mean_shifted.unsqueeze(1)) / (self.n - 1)
-            self.cov = 0.5 * (cov + cov.transpose(1, 2))  # symmetric up to rounding
-            # Σ is symmetric PSD, so its SVD is its eigendecomposition; eigh is ~7x faster than svd for
-            # 13 layers x 768 dims. eigh sorts ascending: flip to the descending order of the SVD.
-            s, u = torch.linalg.eigh(self.cov)
-            self._eig = (s.flip(-1).clamp_min(0.0), u.flip(-1))
-        s, u = self._eig
+        if self.cov is None:
+            self.cov = self._covariance(mean_shifted, release_sums)
+            self._eig = None
+        num_layers, dim = self.num_layers, self.dim
+        needs_vectors = self.method in ("whiten", "abtt")
+        vals = self._eig[0] if self._eig is not None else None
+        vecs = self._eig[1] if self._eig is not None else None
+        fresh = vals is None
+        if fresh:
+            vals = torch.empty(num_layers, dim, dtype=torch.float64, device=self.cov.device)
+            vecs = torch.empty_like(self.cov) if keep_eigvecs else None
+        W = None
+        for layer in range(num_layers):
+            cov = self.cov[layer:layer + 1]
+            if fresh or (needs_vectors and vecs is None):
+                # Σ is symmetric PSD, so its SVD is its eigendecomposition; eigh is ~7x faster than svd.
+                # eigh sorts ascending: flip to the descending order of the SVD.
+                ev, eu = torch.linalg.eigh(cov)
+                ev, eu = ev.flip(-1).clamp_min(0.0), eu.flip(-1)
+                if fresh:
+                    vals[layer] = ev[0]
+                    if vecs is not None:
+                        vecs[layer] = eu[0]
+            else:
+                ev, eu = vals[layer:layer + 1], (vecs[layer:layer + 1] if vecs is not None else None)
+            w = affine_matrix(self.method, cov, ev, eu, k=self.k, abtt_d=self.abtt_d, eps=self.eps)
+            if W is None:
+                W = torch.empty(num_layers, *w.shape[1:], dtype=w.dtype, device=w.device)
+            W[layer] = w[0]
+        self._eig = (vals, vecs)
         self.mean = mean_shifted + self.shift[:, 0].to(mean_shifted.device)
-        self.singular_values = s
-        tol = s[:, :1] * self.dim * 1e4 * torch.finfo(torch.float64).eps
-        self.rank = (s > tol).sum(1).cpu()
+        self.singular_values = vals
+        tol = vals[:, :1] * self.dim * 1e4 * torch.finfo(torch.float64).eps
+        self.rank = (vals > tol).sum(1).cpu()
         self.n_distinct = torch.tensor([h.numel() for h in self._hashes])
         self.distinct_exact = torch.tensor([not s for s in self._distinct_stopped])
-        self.W = affine_matrix(self.method, self.cov, s, u, k=self.k, abtt_d=self.abtt_d, eps=self.eps)
+        self.W = W
         return self
+
+    def _covariance(self, mean_shifted: Tensor, in_place: bool) -> Tensor:
+        """Σ (ddof = 1, symmetrised) from the shifted sums, layer by layer; ``in_place``: over Σxxᵀ."""
+        if self.sum_outer is None:
+            raise ValueError("this Whitener's sums were released by finalize(release_sums=True): nothing to fit")
+        cov = self.sum_outer if in_place else torch.empty_like(self.sum_outer)
+        for layer in range(self.num_layers):
+            m = mean_shifted[layer]
+            c = (self.sum_outer[layer] - self.n * torch.outer(m, m)) / (self.n - 1)
+            cov[layer] = 0.5 * (c + c.T)  # symmetric up to rounding
+        if in_place:
+            self.sum_outer = None
+        return cov
 
     def derive(self, method: str, k: int | None = None, abtt_d: int | None = None) -> "Whitener":
         """Another fitted map (:mod:`outlierlab.analysis.postprocessing`) from the same sums, finalized: one
@@ -393,8 +442,13 @@ class Whitener:
     def select(self, layers: Sequence[int]) -> "Whitener":
         """The fitted whitener of some layers only (probing a subset of layers)."""
         layers = list(layers)
+        # a run of consecutive layers is a view (the replay selects one layer at a time: a copy of W per
+        # layer would double the (L+1)·d² float64 state; issue 39)
+        if layers and layers == list(range(layers[0], layers[0] + len(layers))):
+            layers = slice(layers[0], layers[0] + len(layers))
         st = self.state_dict()
-        st.update(num_layers=len(layers), mean=st["mean"][layers], W=st["W"][layers],
+        st.update(num_layers=len(range(self.num_layers)[layers]) if isinstance(layers, slice) else len(layers),
+                  mean=st["mean"][layers], W=st["W"][layers],
                   singular_values=st["singular_values"][layers],
                   rank=None if st["rank"] is None else st["rank"][layers],
                   n_distinct=None if st["n_distinct"] is None else st["n_distinct"][layers])

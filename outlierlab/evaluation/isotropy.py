@@ -27,16 +27,17 @@ from outlierlab.reports.evaluation_report import md_table, plot_layers
 COLUMNS = ["layer", "transform", "isoscore", "isoscore_star", "zeta", "dims", "n_tokens", "n_star_points"]
 
 
-def transform_matrix(st, name: str) -> torch.Tensor:
-    """W of transform ``name`` per layer, ``[L, d, d']`` float64: I (none), diag(kept dims) (clip), the fitted map."""
+def transform_matrix(st, name: str, layer: int) -> torch.Tensor:
+    """W of transform ``name`` at ``layer``, ``[1, d, d']`` float64: I (none), diag(kept dims) (clip), the
+    fitted map.  One layer at a time: ``[L, d, d]`` float64 copies are 40 GiB each for a 70B model."""
     n_layers, dim = st.num_layers, st.dim
     if name == "none":
-        return torch.eye(dim, dtype=torch.float64).expand(n_layers, dim, dim)
+        return torch.eye(dim, dtype=torch.float64)[None]
     if name == "clip":
-        keep = (~clip_mask(st.transforms.clip_dims, n_layers, dim)).to(torch.float64)
+        keep = (~clip_mask(st.transforms.clip_dims, n_layers, dim)[layer:layer + 1]).to(torch.float64)
         return torch.diag_embed(keep)
     if name in FITTED:
-        return st.transforms.fitted[name].W.to(torch.float64).cpu()
+        return st.transforms.fitted[name].W[layer:layer + 1].to(torch.float64).cpu()
     raise ValueError(f"unknown transform {name!r}")
 
 
@@ -48,17 +49,20 @@ def run(ctx: EvalContext) -> AnalysisResult:
     if source is None or source.cov is None:
         raise ValueError("isotropy needs the streamed covariance of the sentence pass (select it in analyses=[...])")
     cov = source.cov.cpu()
-    a, b = st.anisotropy_acc.pair_vectors()
-    sample = torch.cat([a, b], 1).to(torch.float64)  # the anisotropy tokens, [L, 2P, d]
+    a, b = st.anisotropy_acc.pair_vectors()  # the anisotropy tokens, two [L, P, d]
+    n_star = 2 * a.shape[1]
     rows, iso, star = [], {}, {}
     for t in ctx.transforms:
-        w = transform_matrix(st, t)
-        c0 = transformed_covariance(cov, w)
-        iso[t] = isoscore_from_covariance(c0).tolist()
-        c = covariance(st.transforms.apply(t, sample))
-        star[t] = isoscore_star(c, c0, s.zeta).tolist()
+        tf, iso[t], star[t] = st.transforms.get(t, st.dim), [], []
+        for layer in range(st.num_layers):  # one layer's d x d float64 matrices at a time
+            w = transform_matrix(st, t, layer)
+            c0 = transformed_covariance(cov[layer:layer + 1], w)
+            iso[t].append(float(isoscore_from_covariance(c0)[0]))
+            sample = torch.cat([a[layer:layer + 1], b[layer:layer + 1]], 1).to(torch.float64)  # [1, 2P, d]
+            c = covariance(tf.select([layer])(sample))
+            star[t].append(float(isoscore_star(c, c0, s.zeta)[0]))
         rows += [{"layer": layer, "transform": t, "isoscore": iso[t][layer], "isoscore_star": star[t][layer],
-                  "zeta": s.zeta, "dims": int(w.shape[-1]), "n_tokens": source.n, "n_star_points": sample.shape[1]}
+                  "zeta": s.zeta, "dims": int(w.shape[-1]), "n_tokens": source.n, "n_star_points": n_star}
                  for layer in range(st.num_layers)]
     fig = plot_layers(ctx.out_dir / "isotropy.png", iso, "IsoScore", "IsoScore of all evaluation tokens "
                       "(Rudman et al. 2022): 1 = isotropic, 0 = a line", hline=None)
@@ -66,7 +70,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
           f"IsoScore of the float64 covariance of all {source.n} non-special evaluation tokens (after each transform: "
           "WᵀΣW), in [0, 1]: 1 = every direction of the space carries the same variance, 0 = all of it on one line "
           "— unlike the mean cosine (anisotropy), it does not move when the mean is shifted. "
-          f"IsoScore* (column `isoscore_star`): the {sample.shape[1]} anisotropy tokens' covariance shrunk toward "
+          f"IsoScore* (column `isoscore_star`): the {n_star} anisotropy tokens' covariance shrunk toward "
           f"that covariance with ζ = {s.zeta:g} (the authors' analysis). Formula and code: "
           "`outlierlab.analysis.isoscore`, matching github.com/bcbi-edu/p_eickhoff_isoscore.",
           *transform_lines(st, ctx.transforms),

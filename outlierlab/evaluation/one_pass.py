@@ -175,6 +175,7 @@ def replay(st, later: list[str], rp: Replay) -> None:
                 for _ in range(n_layers)] for n in sim_names}
     try:
         for layer in range(n_layers):
+            tf.cache.clear()  # one layer's maps (and their float32 copies) at a time
             for start, n_rows, plan, bsz in rp.batches:
                 tok = rp.store.rows(layer, start, start + n_rows).to(rp.devices.get(layer, "cpu")).float()[None]
                 for n in out_names:

@@ -216,7 +216,7 @@ def _fit_and_apply(encoder, texts, st, transforms, fitted, later, whitener, whit
     if whitener is not None:  # refuses a degenerate fit (too few distinct vectors) in one line
         ft.set_all(whiten.fit_all(whitener, fitted,
                                   f"the non-special token vectors of the {len(texts)} evaluation sentences"),
-                   source=whitener.finalize() if whitener.W is None else whitener)
+                   source=whitener.finalize(release_sums=True, keep_eigvecs=False) if whitener.W is None else whitener)
     # pass 2: the transforms fitted in pass 1
     if later:
         setup(later)

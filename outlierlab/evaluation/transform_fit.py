@@ -53,7 +53,12 @@ class WhitenSettings:
         """Every fitted transform among ``names`` from the sums of ``acc`` (one pass fits them all), each
         guarded: ``{name: (fitted Whitener, its WhiteningFit)}``."""
         out = {}
-        for name in (n for n in FITTED if n in names):
+        wanted = [n for n in FITTED if n in names]
+        if acc.W is None and wanted:
+            # Σ over the sums in place, eigenvectors kept only for a second map that needs them: the fit's
+            # float64 working set is Σ and W, each (L+1)·d² (issue 39: 4 such arrays were alive together)
+            acc.finalize(release_sums=True, keep_eigvecs="abtt" in wanted and "whiten" in wanted)
+        for name in wanted:
             w = acc if name == "whiten" else acc.derive(name, abtt_d=self.abtt_d if name == "abtt" else None)
             out[name] = (w, self.finish(w, what))
         if acc.W is not None:  # fitted: Σxxᵀ and Σ's eigenvectors ((L+1)·d² float64 each) are needed no more
