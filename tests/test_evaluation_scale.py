@@ -87,7 +87,9 @@ def test_bfloat16_statistics_agree_with_float32_and_accumulate_in_float64(tmp_pa
     # the accumulators upcast: float64 sums whatever the model's dtype
     for st in (a, b):
         assert st.outliers["none"].sum.dtype == torch.float64
-        assert st.transforms.source.sum.dtype == st.transforms.source.cov.dtype == torch.float64
+        src = st.transforms.source  # Σx, Σxxᵀ and the fit in float64; the fitted Σ and W kept in float32
+        assert src.sum.dtype == src.singular_values.dtype == src.mean.dtype == torch.float64
+        assert src.compact and src.cov.dtype == src.W.dtype == torch.float32
         assert st.transforms.source.sum_outer is None  # released once fitted (the (L+1)·d² sums are done)
         assert st.activations.acc.sum_sq.dtype == torch.float64
     # stated tolerance: bf16 keeps 8 mantissa bits (relative error 2^-8 = 0.4% per value, a few % after 3 layers)

@@ -158,6 +158,7 @@ class Whitener:
         self.rank: Tensor | None = None
         self.n_distinct: Tensor | None = None
         self.fit_info: WhiteningFit | None = None  # set by check()
+        self.compact = False  # Σ and W stored in float32 in the sums' memory (finalize(release_sums=True))
 
     @property
     def out_dim(self) -> int:
@@ -209,33 +210,49 @@ class Whitener:
     def finalize(self, release_sums: bool = False, keep_eigvecs: bool = True) -> "Whitener":
         """Compute μ, Σ and W (of :attr:`method`) from the accumulated sums; returns self.
 
-        One layer at a time (issue 39): Σ's eigendecomposition and W are computed per layer into ``[L, d, d]``
-        results, so the float64 working set beside the sums is Σ and W, not also a batched eigh's copies.
+        One layer at a time (issue 39): Σ's eigendecomposition and W are computed per layer, in float64, so the
+        working set beside the stored results is one layer's d x d matrices, not a batched eigh's copies.
 
         Parameters
         ----------
-        release_sums : Σ is written over Σxxᵀ in place (no second ``(L+1)·d²`` float64 array; the sums are
-            gone, so no later :meth:`partial_fit`) — what a one-shot fit wants
-        keep_eigvecs : keep Σ's eigenvectors for :meth:`derive` (abtt needs them; without them a derived
-            whiten/abtt recomputes each layer's eigendecomposition — the same numbers)
+        release_sums : the one-shot fit of ``evaluate.py`` (:attr:`compact`): each layer's Σ and W are stored
+            as float32 in the memory that layer's float64 Σxxᵀ occupied (8 bytes per entry = 4 for Σ + 4 for W),
+            so the fit allocates no second ``(L+1)·d²`` array — 43 GB each for a 70B model.  float32 is what W
+            is applied in to a model's float32 states anyway, and what IsoScore needs of Σ; the sums are gone
+            (no later :meth:`partial_fit`).  False: Σ and W in float64, the sums kept.
+        keep_eigvecs : keep Σ's eigenvectors for :meth:`derive` (without them a derived whiten/abtt recomputes
+            each layer's eigendecomposition — the same numbers)
         """
         if self.n < 2:
             raise ValueError(f"{self.method} needs at least 2 fit vectors, got {self.n}.")
         mean_shifted = self.sum / self.n
-        if self.cov is None:
-            self.cov = self._covariance(mean_shifted, release_sums)
-            self._eig = None
         num_layers, dim = self.num_layers, self.dim
+        packed, from_sums = None, self.cov is None
+        if from_sums:
+            if self.sum_outer is None:
+                raise ValueError("this Whitener's sums were released by finalize(release_sums=True): nothing to fit")
+            if release_sums:  # layer l's float64 block of Σxxᵀ becomes [Σ_l, W_l] in float32
+                packed = self.sum_outer.view(torch.float32).view(num_layers, 2, dim, dim)
+                self.compact = True
+            else:
+                self.cov = torch.empty_like(self.sum_outer)
+            self._eig = None
         needs_vectors = self.method in ("whiten", "abtt")
         vals = self._eig[0] if self._eig is not None else None
         vecs = self._eig[1] if self._eig is not None else None
         fresh = vals is None
         if fresh:
-            vals = torch.empty(num_layers, dim, dtype=torch.float64, device=self.cov.device)
-            vecs = torch.empty_like(self.cov) if keep_eigvecs else None
+            vals = torch.empty(num_layers, dim, dtype=torch.float64, device=self.sum.device)
+            vecs = torch.empty(num_layers, dim, dim, dtype=torch.float64, device=self.sum.device) \
+                if keep_eigvecs else None
         W = None
         for layer in range(num_layers):
-            cov = self.cov[layer:layer + 1]
+            if from_sums:
+                cov = self._layer_covariance(layer, mean_shifted)  # float64 [1, d, d]
+                if packed is None:
+                    self.cov[layer] = cov[0]
+            else:
+                cov = self.cov[layer:layer + 1].to(torch.float64)
             if fresh or (needs_vectors and vecs is None):
                 # Σ is symmetric PSD, so its SVD is its eigendecomposition; eigh is ~7x faster than svd.
                 # eigh sorts ascending: flip to the descending order of the SVD.
@@ -248,9 +265,17 @@ class Whitener:
             else:
                 ev, eu = vals[layer:layer + 1], (vecs[layer:layer + 1] if vecs is not None else None)
             w = affine_matrix(self.method, cov, ev, eu, k=self.k, abtt_d=self.abtt_d, eps=self.eps)
+            if packed is not None:  # this layer's sums were read into `cov` above: its block is free now
+                packed[layer, 0] = cov[0]
+                packed[layer, 1, :, :w.shape[-1]] = w[0]
+                continue
             if W is None:
-                W = torch.empty(num_layers, *w.shape[1:], dtype=w.dtype, device=w.device)
+                W = torch.empty(num_layers, *w.shape[1:], device=w.device,
+                                dtype=torch.float32 if self.compact else torch.float64)
             W[layer] = w[0]
+        if packed is not None:
+            self.cov, W = packed[:, 0], packed[:, 1, :, :self.out_dim]
+            self.sum_outer = None
         self._eig = (vals, vecs)
         self.mean = mean_shifted + self.shift[:, 0].to(mean_shifted.device)
         self.singular_values = vals
@@ -261,18 +286,11 @@ class Whitener:
         self.W = W
         return self
 
-    def _covariance(self, mean_shifted: Tensor, in_place: bool) -> Tensor:
-        """Σ (ddof = 1, symmetrised) from the shifted sums, layer by layer; ``in_place``: over Σxxᵀ."""
-        if self.sum_outer is None:
-            raise ValueError("this Whitener's sums were released by finalize(release_sums=True): nothing to fit")
-        cov = self.sum_outer if in_place else torch.empty_like(self.sum_outer)
-        for layer in range(self.num_layers):
-            m = mean_shifted[layer]
-            c = (self.sum_outer[layer] - self.n * torch.outer(m, m)) / (self.n - 1)
-            cov[layer] = 0.5 * (c + c.T)  # symmetric up to rounding
-        if in_place:
-            self.sum_outer = None
-        return cov
+    def _layer_covariance(self, layer: int, mean_shifted: Tensor) -> Tensor:
+        """Σ of one layer (ddof = 1, symmetrised), float64 ``[1, d, d]``, from the shifted sums."""
+        m = mean_shifted[layer]
+        c = (self.sum_outer[layer] - self.n * torch.outer(m, m)) / (self.n - 1)
+        return (0.5 * (c + c.T))[None]  # symmetric up to rounding
 
     def derive(self, method: str, k: int | None = None, abtt_d: int | None = None) -> "Whitener":
         """Another fitted map (:mod:`outlierlab.analysis.postprocessing`) from the same sums, finalized: one
@@ -286,7 +304,7 @@ class Whitener:
                          method=method, abtt_d=abtt_d)
         other.sum, other.sum_outer, other.shift, other.n = self.sum, self.sum_outer, self.shift, self.n
         other._hashes, other._distinct_stopped = self._hashes, self._distinct_stopped
-        other.cov, other._eig = self.cov, self._eig
+        other.cov, other._eig, other.compact = self.cov, self._eig, self.compact
         return other.finalize()
 
     def check(self, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: bool = False) -> WhiteningFit:
@@ -434,7 +452,9 @@ class Whitener:
             raise ValueError(f"whitening state is missing keys {sorted(missing)}.")
         w = cls(state["num_layers"], state["dim"], state["k"], state["eps"], distinct_cap=state.get("distinct_cap"),
                 method=state.get("method", "whiten"), abtt_d=state.get("abtt_d"))
-        w.n, w.mean, w.W = state["n"], state["mean"].to(torch.float64), state["W"].to(torch.float64)
+        W = state["W"]  # a compact fit's float32 W stays float32 (and a selected layer stays a view)
+        w.n, w.mean = state["n"], state["mean"].to(torch.float64)
+        w.W = W if W.dtype in (torch.float32, torch.float64) else W.to(torch.float64)
         w.singular_values = state.get("singular_values")
         w.rank, w.n_distinct = state.get("rank"), state.get("n_distinct")
         return w
