@@ -277,3 +277,23 @@ def test_selecting_consecutive_layers_shares_the_fitted_map():
     assert torch.equal(one.W[0], ref.W[1]) and torch.equal(one.mean[0], ref.mean[1])
     two = ref.select([2, 0])  # not a run: an indexed copy, same values
     assert torch.equal(two.W, ref.W[[2, 0]]) and two.num_layers == 2
+
+
+def test_fit_by_layer_equals_the_all_layer_stream():
+    x, ref, lean = _fitted_pair()
+    chunks = [(0, 70), (70, 120), (120, 200)]
+    by_layer = Whitener.fit_by_layer(3, 12, lambda layer: (x[layer, a:b] for a, b in chunks))
+    stream = Whitener(3, 12)
+    for a, b in chunks:
+        stream.partial_fit(x[:, a:b])
+    stream.finalize(release_sums=True, keep_eigvecs=False)
+    # the same float64 sums in the same order: bitwise the same fit
+    for attr in ("mean", "singular_values", "cov", "W", "sum", "shift", "rank", "n_distinct"):
+        assert torch.equal(getattr(by_layer, attr), getattr(stream, attr)), attr
+    assert by_layer.n == 200 and by_layer.compact and by_layer.sum_outer is None
+    assert torch.allclose(by_layer.W.double(), ref.W, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(by_layer.derive("abtt", abtt_d=2).W, ref.derive("abtt", abtt_d=2).W.float(), atol=1e-5)
+    fit = by_layer.check("test vectors")
+    assert not fit.degenerate and fit.n == 200
+    with pytest.raises(ValueError, match="layer 1 got 70 vectors"):
+        Whitener.fit_by_layer(2, 12, lambda layer: [x[layer, :120]] if layer == 0 else [x[layer, :70]])

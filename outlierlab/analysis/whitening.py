@@ -9,7 +9,7 @@ Pure tensor code: no config, no files.  Re-exported by :mod:`outlierlab.analysis
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -127,7 +127,7 @@ class Whitener:
 
     def __init__(self, num_layers: int, dim: int, k: int | None = None, eps: float = 1e-10,
                  device: torch.device | str | None = None, distinct_cap: int | None = None,
-                 method: str = "whiten", abtt_d: int | None = None):
+                 method: str = "whiten", abtt_d: int | None = None, *, allocate: bool = True):
         if method not in FITTED:
             raise ValueError(f"unknown fitted transform {method!r}; valid: {', '.join(FITTED)}")
         if k is not None and not 1 <= k <= dim:
@@ -140,8 +140,9 @@ class Whitener:
         self.abtt_d = (default_abtt_d(dim) if abtt_d is None else int(abtt_d)) if method == "abtt" else None
         self.num_layers, self.dim, self.k, self.eps = int(num_layers), int(dim), k, float(eps)
         dev = torch.device("cpu") if device is None else torch.device(device)
-        self.sum = torch.zeros(num_layers, dim, dtype=torch.float64, device=dev)
-        self.sum_outer = torch.zeros(num_layers, dim, dim, dtype=torch.float64, device=dev)
+        # allocate=False: no sums (fit_by_layer fills the fitted state itself)
+        self.sum = torch.zeros(num_layers, dim, dtype=torch.float64, device=dev) if allocate else None
+        self.sum_outer = torch.zeros(num_layers, dim, dim, dtype=torch.float64, device=dev) if allocate else None
         self.shift: Tensor | None = None
         self.n = 0
         self.distinct_cap = int(distinct_cap) if distinct_cap is not None else 16 * self.dim
@@ -285,6 +286,45 @@ class Whitener:
         self.distinct_exact = torch.tensor([not s for s in self._distinct_stopped])
         self.W = W
         return self
+
+    @classmethod
+    def fit_by_layer(cls, num_layers: int, dim: int, chunks: Callable[[int], Iterable[Tensor]], *,
+                     k: int | None = None, eps: float = 1e-10, distinct_cap: int | None = None,
+                     method: str = "whiten") -> "Whitener":
+        """Fit every layer from its own stream of vectors, one layer after the other (issue 39).
+
+        ``chunks(layer)`` yields that layer's vectors ``[N, d]`` in the same chunks and order for every layer.
+        The result equals feeding the ``[L, N, d]`` chunks to :meth:`partial_fit` and calling
+        ``finalize(release_sums=True)`` — the same float64 sums, added in the same order, so the same Σ and W
+        (stored in float32, :attr:`compact`) — but the float64 sums exist for one layer at a time: memory is
+        the float32 ``[L, d, d]`` Σ and W plus one layer's sums, instead of ``(L+1)·d²`` float64 sums beside
+        the model during its forward passes (one third of a bf16 checkpoint's size, for any Llama shape).
+        """
+        out = cls(num_layers, dim, k=k, eps=eps, distinct_cap=distinct_cap, method=method, allocate=False)
+        packed = torch.empty(num_layers, 2, dim, dim, dtype=torch.float32)
+        parts: dict[str, list] = {name: [] for name in ("sum", "shift", "mean", "singular_values", "rank",
+                                                        "n_distinct", "distinct_exact", "_hashes",
+                                                        "_distinct_stopped")}
+        for layer in range(num_layers):
+            one = cls(1, dim, k=k, eps=eps, distinct_cap=distinct_cap, method=method)
+            for x in chunks(layer):
+                one.partial_fit(x[None] if x.ndim == 2 else x)
+            if layer and one.n != out.n:
+                raise ValueError(f"fit_by_layer: layer {layer} got {one.n} vectors, layer 0 got {out.n}")
+            out.n = one.n
+            one.finalize(release_sums=True, keep_eigvecs=False)
+            packed[layer, 0] = one.cov[0]
+            packed[layer, 1, :, :one.out_dim] = one.W[0]
+            for name, got in parts.items():
+                got.append(getattr(one, name)[0])
+        out.sum, out.shift, out.mean = (torch.stack(parts[n]) for n in ("sum", "shift", "mean"))
+        out.singular_values = torch.stack(parts["singular_values"])
+        out.rank, out.n_distinct, out.distinct_exact = (torch.stack(parts[n]) for n in
+                                                        ("rank", "n_distinct", "distinct_exact"))
+        out._hashes, out._distinct_stopped = parts["_hashes"], parts["_distinct_stopped"]
+        out.cov, out.W, out.compact = packed[:, 0], packed[:, 1, :, :out.out_dim], True
+        out._eig = (out.singular_values, None)
+        return out
 
     def _layer_covariance(self, layer: int, mean_shifted: Tensor) -> Tensor:
         """Σ of one layer (ddof = 1, symmetrised), float64 ``[1, d, d]``, from the shifted sums."""

@@ -161,6 +161,13 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
     return (stack_layers(wh, base=wh_full) if wh is not None else None), kept
 
 
+def stored_chunks(rp: Replay, layer: int):
+    """The tokens the pass stored for ``layer``, batch by batch in the pass's order, as the accumulators got
+    them (float32, on the device that layer ran on): what :meth:`Whitener.fit_by_layer` reads."""
+    for start, n_rows, _, _ in rp.batches:
+        yield rp.store.rows(layer, start, start + n_rows).to(rp.devices.get(layer, "cpu")).float()
+
+
 def replay(st, later: list[str], rp: Replay) -> None:
     """The statistics of ``later`` (transforms fitted after the pass) from the stored tokens, one layer at a
     time, batch by batch in the pass's order (so the float64 sums add up in the same order)."""

@@ -41,7 +41,7 @@ from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
                                  intra_sentence_similarity)
 from outlierlab.evaluation.activation_pass import ActivationObserver
-from outlierlab.evaluation.one_pass import layer_pass, replay
+from outlierlab.evaluation.one_pass import layer_pass, replay, stored_chunks
 from outlierlab.datamodules.probe_data import load_position_texts
 from outlierlab.analysis.transforms import FITTED, TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
 from outlierlab.evaluation.encoding import (Batch, EncodeLog, finish_encode_log, iter_batches,  # noqa: F401 (re-exported)
@@ -49,6 +49,7 @@ from outlierlab.evaluation.encoding import (Batch, EncodeLog, finish_encode_log,
 from outlierlab.evaluation.settings import (AnisotropySettings, DataSettings, EncoderSettings, OutliersSettings,
                                  SelfSimilaritySettings, TransformSettings, section_settings)
 from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims  # noqa: F401
+from outlierlab.utils.memory import release_freed_memory
 from outlierlab.evaluation.words import (WORD_RE, char_span_tokens, select_words, sentence_word_counts,  # noqa: F401
                               word_occurrences, word_vectors)
 
@@ -159,7 +160,9 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         # same way whatever the capacity), without [L+1, 2000, d] float32 allocated for a short text list
         st.anisotropy_acc = AnisotropyAccumulator(n_layers, dim, max(2, min(n_anisotropy_sentences, len(texts))),
                                                   seed=seed)
-    whitener = whiten.new(n_layers, dim) if fitted or need_covariance else None
+    need_fit = bool(fitted) or need_covariance
+    # two passes: the sums stream along pass 1; one pass: they are taken from the stored tokens afterwards
+    whitener = whiten.new(n_layers, dim) if need_fit and not one_pass else None
 
     def setup(names: list[str]) -> None:
         for name in names:
@@ -182,11 +185,16 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     kept = None
     with st.activations or contextlib.nullcontext():
         if one_pass:  # one forward, one layer at a time; what `later` needs is stored (outlierlab.evaluation.one_pass)
-            new = (lambda n, d: whiten.new(n, d)) if whitener is not None else None
-            stacked, kept = layer_pass(encoder, texts, st, now, new, word_index, lowercase, need_self_sim,
-                                       bool(later), batch_size, chunk, progress,
-                                       "pass 1/1 (+ stored tokens)" if later else "pass 1/1")
-            whitener = stacked if whitener is not None else None
+            _, kept = layer_pass(encoder, texts, st, now, None, word_index, lowercase, need_self_sim,
+                                 bool(later) or need_fit, batch_size, chunk, progress,
+                                 "pass 1/1 (+ stored tokens)" if later or need_fit else "pass 1/1")
+            if need_fit:
+                # the fit's sums from the stored tokens, one layer at a time (Whitener.fit_by_layer): the same
+                # float64 sums as streaming them along the pass, but never (L+1)·d² of them beside the model's
+                # forward — a third of a bf16 checkpoint's size (issue 39).  The forward's freed buffers go
+                # back to the OS first, or the fit's state would add to them.
+                release_freed_memory()
+                whitener = whiten.fit_by_layer(n_layers, dim, lambda layer: stored_chunks(kept, layer))
         else:
             _one_pass(encoder, texts, st, now, whitener, word_index, lowercase, need_self_sim, batch_size, chunk,
                       progress, "pass 1/2 (fit)" if later else "pass 1/1")

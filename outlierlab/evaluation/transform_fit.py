@@ -42,6 +42,11 @@ class WhitenSettings:
         """An empty accumulator to ``partial_fit`` (its sums fit every method: :meth:`fit_all`)."""
         return Whitener(num_layers, dim, k=self.k)
 
+    def fit_by_layer(self, num_layers: int, dim: int, chunks) -> Whitener:
+        """Fitted from per-layer streams of vectors, one layer at a time
+        (:meth:`outlierlab.analysis.whitening.Whitener.fit_by_layer`); its sums fit every method."""
+        return Whitener.fit_by_layer(num_layers, dim, chunks, k=self.k)
+
     def finish(self, whitener: Whitener, what: str) -> WhiteningFit:
         """Finalize and guard (:meth:`outlierlab.analysis.whitening.Whitener.check`): raises one line on a degenerate fit
         unless ``transform.allow_degenerate=true``."""
