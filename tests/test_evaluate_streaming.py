@@ -211,7 +211,8 @@ def test_wic_target_span_maps_char_offsets_to_tokens(encoder):
     # through the WiC encoding path (batched, padded): target vector = mean of those tokens' vectors
     pairs = [{"sentence1": s1, "sentence2": s2, "start1": st1, "end1": st1 + 4, "start2": st2, "end2": st2 + 7,
               "label": False}]
-    vecs, found = target_vectors(encoder, pairs * 3)
+    vecs, found, fitted = target_vectors(encoder, pairs * 3)
+    assert fitted is None  # nothing asked to be fitted
     assert found.all()
     enc2 = tok(s2)
     h2 = encoder.forward(torch.tensor(enc2["input_ids"])[None], None)[:, 0]

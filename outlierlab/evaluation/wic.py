@@ -18,6 +18,7 @@ end2, label; optional ``split`` column filtered by ``wic.split``).
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -31,9 +32,10 @@ from outlierlab.reports.evaluation_report import md_table, plot_layers
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.datamodules.eval_data import load_wic
 from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
-from outlierlab.evaluation.one_pass import layer_views, stack_layers
+from outlierlab.datamodules.features import LayerTokenStore
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from outlierlab.evaluation.transform_fit import WhitenSettings
+from outlierlab.utils.memory import release_freed_memory
 from outlierlab.evaluation.streaming import (EncodeLog, FittedTransforms, char_span_tokens, clip_dims_for_tasks,
                                   finish_encode_log, iter_batches, progress_bar,
                                   sentence_stats)
@@ -98,12 +100,16 @@ def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped
     return pairs, what
 
 
-def target_vectors(encoder, pairs: list[dict], whitener: Whitener | None = None, batch_size=None, chunk: int = 1024,
-                   progress: bool = False, stats: EncodeLog | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target-word vectors of every pair: ``(vectors [L+1, 2, P, d] float32 on CPU, found Bool[P])``.
+def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None, batch_size=None,
+                   chunk: int = 1024, progress: bool = False,
+                   stats: EncodeLog | None = None) -> tuple[torch.Tensor, torch.Tensor, Whitener | None]:
+    """Target-word vectors of every pair: ``(vectors [L+1, 2, P, d] float32 on CPU, found Bool[P], fitted)``.
 
-    ``whitener``: also accumulate every non-special token of the pairs' sentences (``fit_on=eval``), each
-    sentence as often as it occurs (as if every occurrence were encoded).
+    ``fit``: also fit the transforms on every non-special token of the pairs' sentences (``fit_on=eval``),
+    each sentence as often as it occurs (as if every occurrence were encoded); ``fitted`` is the fitted
+    :class:`Whitener` (else None).  The tokens are kept on disk in the model's dtype as the pass produces
+    them and the fit reads them back one layer at a time (:meth:`Whitener.fit_by_layer`, issue 39): no
+    ``(L+1)·d²`` float64 sums beside the model's forward.
     A pair whose target span maps to no token (e.g. truncated away) has ``found`` False.
     Each distinct sentence is encoded once (``stats.n_texts`` counts those).
     """
@@ -117,41 +123,57 @@ def target_vectors(encoder, pairs: list[dict], whitener: Whitener | None = None,
     vecs = torch.zeros(n_layers, 2 * n, dim)
     found = torch.zeros(2 * n, dtype=torch.bool)
     bar = progress_bar(len(unique), "WiC", progress)
-    # one layer at a time (issue 39): each layer's target vectors and whitener sums are taken as it is produced
-    views = layer_views(whitener) if whitener is not None else None
-    for b in iter_batches(encoder, unique, batch_size, chunk, offsets=True, bar=bar, stats=stats, layerwise=True):
-        mult = torch.tensor([len(occurrences[u]) for u in b.rows], device=b.valid.device)
-        per_token = mult[:, None].expand_as(b.valid)[b.valid]
-        src, dst, rows_hit = [], [], []  # token (flattened [B, T] index) -> the pair row it is a target of
-        t_len = b.valid.shape[1]
-        for r, (u, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
-            for row in occurrences[u]:
-                toks = char_span_tokens(offs, sp, *spans[row])
-                if toks:
-                    src += [r * t_len + t for t in toks]
-                    dst += [len(rows_hit)] * len(toks)
-                    rows_hit.append(row)
-                    found[row] = True
-        src_t, dst_t, rows_t = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long), \
-            torch.tensor(rows_hit, dtype=torch.long)
-        count = torch.bincount(dst_t, minlength=len(rows_hit)).clamp_min(1).float()[:, None]
+    store = LayerTokenStore(tempfile.mkdtemp(prefix="outlierlab-wic-"), n_layers, dim) if fit is not None else None
+    kept: list[tuple[int, int, torch.Tensor | None]] = []  # per batch: first stored row, rows, multiplicities
+    devices: dict[int, torch.device] = {}
+    try:
+        for b in iter_batches(encoder, unique, batch_size, chunk, offsets=True, bar=bar, stats=stats,
+                              layerwise=True):
+            mult = torch.tensor([len(occurrences[u]) for u in b.rows], device=b.valid.device)
+            per_token = mult[:, None].expand_as(b.valid)[b.valid]
+            src, dst, rows_hit = [], [], []  # token (flattened [B, T] index) -> the pair row it is a target of
+            t_len = b.valid.shape[1]
+            for r, (u, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
+                for row in occurrences[u]:
+                    toks = char_span_tokens(offs, sp, *spans[row])
+                    if toks:
+                        src += [r * t_len + t for t in toks]
+                        dst += [len(rows_hit)] * len(toks)
+                        rows_hit.append(row)
+                        found[row] = True
+            src_t, dst_t, rows_t = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long), \
+                torch.tensor(rows_hit, dtype=torch.long)
+            count = torch.bincount(dst_t, minlength=len(rows_hit)).clamp_min(1).float()[:, None]
+            if store is not None:
+                kept.append((store.rows_written[0], int(b.valid.sum()),
+                             None if bool((per_token == 1).all()) else per_token.cpu()))
 
-        def fn(layer: int, h: torch.Tensor, b=b, per_token=per_token) -> None:
-            h = h.float()  # what the stacked path gave; the whitener upcasts to float64
-            if views is not None:
-                tokens = h[b.valid.to(h.device)][None]
-                once = bool((per_token == 1).all())
-                views[layer].partial_fit(tokens if once else tokens.repeat_interleave(per_token.to(h.device), dim=1))
-            if rows_hit:  # each target: the mean of its tokens, all targets of the batch in one index_add
-                flat = h.reshape(-1, h.shape[-1])[src_t.to(h.device)].cpu()
-                vecs[layer, rows_t] = torch.zeros(len(rows_hit), h.shape[-1]).index_add_(0, dst_t, flat) / count
+            def fn(layer: int, h: torch.Tensor, b=b) -> None:
+                if store is not None:
+                    store.append(layer, h[b.valid.to(h.device)])  # the model's dtype, on disk
+                    devices[layer] = h.device
+                if rows_hit:  # each target: the mean of its tokens, all targets of the batch in one index_add
+                    flat = h.float().reshape(-1, h.shape[-1])[src_t.to(h.device)].cpu()
+                    vecs[layer, rows_t] = torch.zeros(len(rows_hit), h.shape[-1]).index_add_(0, dst_t, flat) / count
 
-        b.layers(fn)
-    if views is not None:
-        stack_layers(views, base=whitener)  # the shift and distinct-row hashes back into `whitener`
-    if bar is not None:
-        bar.close()
-    return vecs.view(n_layers, 2, n, dim), found[:n] & found[n:]
+            b.layers(fn)
+        if bar is not None:
+            bar.close()
+        fitted = None
+        if store is not None:
+            store.close()
+            release_freed_memory()  # the forward's buffers back to the OS before the fit's state
+
+            def chunks(layer: int):
+                for start, n_rows, mult in kept:
+                    x = store.rows(layer, start, start + n_rows).to(devices.get(layer, "cpu")).float()
+                    yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
+
+            fitted = fit.fit_by_layer(n_layers, dim, chunks)
+    finally:
+        if store is not None:
+            store.cleanup()
+    return vecs.view(n_layers, 2, n, dim), found[:n] & found[n:], fitted
 
 
 @dataclass
@@ -165,25 +187,24 @@ class WicData:
 
 
 def _fit_transforms(ctx, data: WicData, t: TransformSettings, ft: FittedTransforms, n_layers: int,
-                    dim: int) -> Whitener | None:
+                    dim: int) -> WhitenSettings | None:
     """Fit the selected fitted transforms (whiten, standardize, abtt, center) into ``ft``; with
-    ``transform.fit_on=eval`` return the accumulator the target pass fills instead (fitted after it)."""
+    ``transform.fit_on=eval`` return the settings the target pass fits them with instead (after it)."""
     names = [n for n in ctx.transforms if n in FITTED]
     if not names:
         return None
     settings = WhitenSettings.from_settings(t)  # k, abtt_d and the degenerate-fit guard
     fit_on = t.fit_on
-    if fit_on == "eval":
-        return settings.new(n_layers, dim)
+    if fit_on == "eval":  # fitted by the target pass itself
+        return settings
     if fit_on == "sentences":
         st = sentence_stats(ctx)
         for name in names:
             ft.set_whitener(st.transforms.fitted[name], st.transforms.fits[name])
         return None
     fit_pairs = data.fit_pairs
-    w = settings.new(n_layers, dim)
-    target_vectors(ctx.encoder, fit_pairs, w, section_settings(EncoderSettings, ctx.root_cfg).batch_size,
-                   progress=bool(ctx.root_cfg.progress))
+    w = target_vectors(ctx.encoder, fit_pairs, settings, section_settings(EncoderSettings, ctx.root_cfg).batch_size,
+                       progress=bool(ctx.root_cfg.progress))[2]
     what = f"the non-special token vectors of the WiC {fit_on!r} split ({len(fit_pairs)} pairs)"
     ft.set_all(settings.fit_all(w, names, what), source=w)
     return None
@@ -221,12 +242,12 @@ def run(ctx: EvalContext) -> AnalysisResult:
         ft.info["clip"] = clip_info
     fitting = _fit_transforms(ctx, data, t, ft, n_layers, dim)
     stats, notes = EncodeLog(), []
-    vecs, found = target_vectors(enc, pairs, fitting, batch_size, progress=progress, stats=stats)
+    vecs, found, fitted = target_vectors(enc, pairs, fitting, batch_size, progress=progress, stats=stats)
     notes.append(encode_log_line("WiC", stats.n_texts, 2 * len(pairs)))
     finish_encode_log(stats, "WiC", notes)
-    if fitting is not None:  # refuses a fit on too few distinct vectors unless transform.allow_degenerate=true
+    if fitted is not None:  # refuses a fit on too few distinct vectors unless transform.allow_degenerate=true
         ft.set_all(WhitenSettings.from_settings(t).fit_all(
-            fitting, ctx.transforms, "the non-special token vectors of the evaluated WiC sentences"), source=fitting)
+            fitted, ctx.transforms, "the non-special token vectors of the evaluated WiC sentences"), source=fitted)
     if not bool(found.all()):
         notes.append(f"{int((~found).sum())} pairs dropped: a target span mapped to no token")
     keep = found.nonzero().flatten()
@@ -239,7 +260,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     report = None
     if data.report is not None:
         rpairs, rwhat = data.report
-        rvecs, rfound = target_vectors(enc, rpairs, None, batch_size, progress=progress)
+        rvecs, rfound, _ = target_vectors(enc, rpairs, None, batch_size, progress=progress)
         rkeep = rfound.nonzero().flatten()
         rlabels = torch.tensor([rpairs[i]["label"] for i in rkeep.tolist()])
         report = (rvecs[:, :, rkeep], rlabels, rwhat, str(s.report_split))
