@@ -109,7 +109,7 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
         if hasattr(modules[name], "check"):  # its data (WiC pairs, STS sets) is handed to its run()
             contexts[name].prepared = modules[name].check(contexts[name])
     results = []
-    for name in analyses:
+    for i, name in enumerate(analyses):
         t0 = time.time()
         # registry.ANALYSES, not a name imported into this module: Hydra's joblib/submitit launchers pickle this
         # script's functions by value, globals included, so an imported dict would reach the worker as an empty
@@ -119,6 +119,8 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
         _fit_columns(res, shared)
         results.append(res)
         print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s", flush=True)
+        if shared.sentence_stats is not None and not _reads_sentence_maps(analyses[i + 1:], cfg):
+            shared.sentence_stats.release_layer_state()  # its [L, d, d] maps, before WiC/STS fit theirs
     meta = _meta(cfg, encoder, analyses, transforms, shared, time.time() - t_start)
     # a module's COLUMNS fixes its CSV header, so a skipped analysis (STS without data) still writes one
     columns = {n: getattr(modules[n], "COLUMNS", None) for n in analyses}
@@ -136,6 +138,12 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
 
 #: Analyses whose fitted rows use the maps fitted in the shared pass over the evaluation sentences.
 SENTENCE_PASS = ("outliers", "anisotropy", "isotropy", "self_similarity")
+
+
+def _reads_sentence_maps(analyses, cfg) -> bool:
+    """Whether any of ``analyses`` reads the shared pass's fitted maps, Σ or anisotropy reservoir."""
+    return any(n in SENTENCE_PASS for n in analyses) or (
+        str(cfg.transform.fit_on) == "sentences" and any(n in ("wic", "sts") for n in analyses))
 
 
 def _fit_columns(res, shared) -> None:

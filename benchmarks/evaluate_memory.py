@@ -19,6 +19,11 @@ Sentences are the shipped Persuasion sentences, cycled when more are asked for.
 Goals: peak RSS(10·N) / peak RSS(N) ≤ 1.2; with ``--llama``: (peak RSS − RSS after imports) ≤ 1.5 × checkpoint
 size in bfloat16 (float32: the weights alone are 2×).
 
+``--evaluate``: the whole ``python evaluate.py`` (its default analyses: outliers, anisotropy, isotropy,
+self-similarity, WiC, STS, with none/clip/whiten) on the random Llama in bfloat16, ``data.max_sentences=N``
+and ``wic.max_pairs=--wic-pairs``, in a child process: its peak RSS, against the RSS of a child that only
+imports evaluate.py's modules and loads the model.
+
 ``--device cuda`` (issue 39: peak GPU memory and tokens/s on a GPU): the model is loaded the way evaluate.py loads
 it — ``FrozenEncoder.from_config`` of configs/evaluate.yaml's ``encoder`` section with ``encoder.device=cuda`` and
 ``encoder.dtype`` (bfloat16 with ``--llama``; the random Llama is initialised on the GPU and saved to
@@ -211,6 +216,56 @@ def child(n: int, encoder: str, batch_size: int, dtype: str = "float32", one_pas
             "words": len(st.words)}
 
 
+_LOAD_CHILD = """
+import json, resource, runpy
+runpy.run_path({script!r}, run_name="benchmark")  # evaluate.py's imports, nothing run
+imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+from outlierlab.models.loading import FrozenEncoder
+list(FrozenEncoder({model!r}, dtype={dtype!r}, device="cpu").encode(["Anne Elliot walked to the Cobb."]))
+print(json.dumps({{"imports_kib": imports, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
+"""
+# a fresh process whose only child is evaluate.py: RUSAGE_CHILDREN's high-water mark is evaluate.py's own
+_EVALUATE_PARENT = """
+import json, resource, subprocess, sys
+rc = subprocess.run([sys.executable] + {argv!r}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+print(json.dumps({{"rc": rc.returncode, "error": (rc.stderr.strip().splitlines() or [""])[-1],
+                  "peak_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}}))
+"""
+
+
+def evaluate_run(model: str, n: int, wic_pairs: int, dtype: str, out_dir: str, load_only: bool = False) -> dict:
+    """Peak RSS (KiB) of ``python evaluate.py`` on ``model`` (``load_only``: of a process that imports
+    evaluate.py's modules and runs the model's first forward, with its RSS after the imports)."""
+    script = str(ROOT / "evaluate.py")
+    if load_only:
+        code = _LOAD_CHILD.format(script=script, model=model, dtype=dtype)
+    else:
+        code = _EVALUATE_PARENT.format(argv=[script, f"encoder.name_or_path={model}", f"encoder.dtype={dtype}",
+                                             "encoder.device=cpu", f"data.max_sentences={n}",
+                                             f"wic.max_pairs={wic_pairs}", "tensorboard=false", "progress=false",
+                                             f"hydra.run.dir={out_dir}",
+                                             "transform.allow_degenerate=true"])  # memory, not a fit: few tokens for d
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
+    out = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 and res.stdout.strip() else None
+    if out is None or out.get("rc", 0) != 0:
+        why = out["error"] if out else (res.stderr.strip().splitlines() or ["?"])[-1]
+        sys.exit(f"evaluate_memory.py --evaluate: the evaluate.py child failed: {why}")
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def evaluate_fields(run: dict, loaded: dict, checkpoint_bytes: int) -> dict:
+    """The JSON fields of ``--evaluate`` (pure arithmetic): peaks in MiB and (peak − imports) / checkpoint."""
+    mib, ckpt = 1024, checkpoint_bytes / 2**20  # ru_maxrss is in KiB
+    imports, peak, load_peak = loaded["imports_kib"] / mib, run["peak_kib"] / mib, loaded["peak_kib"] / mib
+    return {"imports_rss_mb": round(imports, 1), "load_and_forward_peak_mb": round(load_peak, 1),
+            "evaluate_peak_rss_mb": round(peak, 1), "checkpoint_mb": round(ckpt, 1),
+            "peak_over_checkpoint": round((peak - imports) / ckpt, 3) if ckpt else None,
+            "load_over_checkpoint": round((load_peak - imports) / ckpt, 3) if ckpt else None,
+            "wall_s": run["wall_s"]}
+
+
 def child_cuda(n: int, encoder: str, batch_size: int, dtype: str = "bfloat16", one_pass: bool = True,
                max_length: int | None = None) -> dict:
     """One size on the GPU, loaded as evaluate.py loads it (its config's ``encoder`` section, device cuda)."""
@@ -256,6 +311,9 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=None)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="cpu: peak RSS (default); cuda: peak GPU memory and tokens/s on the first GPU")
+    ap.add_argument("--evaluate", action="store_true",
+                    help="with --llama: the whole evaluate.py (default analyses) in bf16, N sentences")
+    ap.add_argument("--wic-pairs", type=int, default=200, help="--evaluate: wic.max_pairs")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     cuda = a.device == "cuda"
@@ -284,6 +342,22 @@ def main() -> None:
               f"{r['encode_tokens_per_s']:.0f} tokens/s, wall {r['wall_s']} s", flush=True)
         return r
 
+    if a.llama and a.evaluate:
+        import tempfile
+
+        d = save_random_llama(a.llama, Path(a.save_dir))
+        dtype = a.dtype or "bfloat16"
+        with tempfile.TemporaryDirectory() as out:
+            loaded = evaluate_run(str(d), a.n, a.wic_pairs, dtype, out, load_only=True)
+            run_ = evaluate_run(str(d), a.n, a.wic_pairs, dtype, out)
+        r = {"n": a.n, "wic_pairs": a.wic_pairs, "dtype": dtype, **evaluate_fields(run_, loaded, _dir_size(str(d)))}
+        print(f"evaluate.py, N={a.n} sentences, {a.wic_pairs} WiC pairs, {dtype}: peak RSS {r['evaluate_peak_rss_mb']:.0f} "
+              f"MiB (imports {r['imports_rss_mb']:.0f}; loading + one forward peaks at "
+              f"{r['load_and_forward_peak_mb']:.0f}); checkpoint {r['checkpoint_mb']:.0f} MiB -> (peak - imports) / "
+              f"checkpoint = {r['peak_over_checkpoint']} (loading alone {r['load_over_checkpoint']}), wall "
+              f"{r['wall_s']} s", flush=True)
+        print(json.dumps(r))
+        return
     if a.llama:
         d = save_random_llama(a.llama, Path(a.save_dir), a.device)
         results = ([run(a.n, str(d), a.dtype or "bfloat16", a.two_pass)] if cuda else

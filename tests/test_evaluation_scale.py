@@ -413,3 +413,46 @@ def test_a_refused_fit_leaves_no_stored_tokens_behind(tmp_path, monkeypatch):
                           outlier_transforms=["none", "clip", "whiten"], need_self_sim=False,
                           **{**PASS, "n_anisotropy_sentences": 3})
     assert not list((tmp_path / "tmp").glob("outlierlab-replay-*"))
+
+
+def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_path, compose_cfg):
+    """evaluate.py drops the shared pass's [L, d, d] maps and reservoir once no analysis left reads them (so
+    WiC's own fit never sits beside them), and keeps them when WiC fits on the sentences' maps."""
+    import importlib.util
+    import json
+
+    from probe_fixtures import SENTENCES
+
+    from outlierlab.evaluation.transform_fit import WhitenSettings
+
+    d = save_tiny_llama(tmp_path / "llama")
+    (tmp_path / "s.txt").write_text("\n".join(f"{s} and then {t}" for s in SENTENCES for t in SENTENCES[:5]) + "\n")
+    pairs = [{"sentence1": a, "sentence2": f"{a.split()[0]} {b}", "start1": 0, "end1": len(a.split()[0]),
+              "start2": 0, "end2": len(a.split()[0]), "label": i % 2 == 0}
+             for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1]))]
+    (tmp_path / "wic.jsonl").write_text("\n".join(json.dumps(p) for p in pairs) + "\n")
+    common = [f"encoder.name_or_path={d}", "encoder.device=cpu", f"data.files=[{tmp_path / 's.txt'}]",
+              f"wic.files=[{tmp_path / 'wic.jsonl'}]", "transform=[none,whiten]", "transform.allow_degenerate=true",
+              "analyses=[outliers,isotropy,wic]", "tensorboard=false", "progress=false"]
+    spec_cfg = compose_cfg("evaluate", common + ["transform.fit_on=sentences"])
+    spec = importlib.util.spec_from_file_location("evaluate_script", Path(__file__).parents[1] / "evaluate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod._reads_sentence_maps(["wic"], spec_cfg) and mod._reads_sentence_maps(["isotropy"], spec_cfg)
+    eval_cfg = compose_cfg("evaluate", common)  # fit_on=eval: WiC fits its own maps
+    assert not mod._reads_sentence_maps(["wic", "sts"], eval_cfg)
+    # WiC with fit_on=sentences still finds the sentence pass's maps (not released after isotropy)
+    res = mod.evaluate(spec_cfg, tmp_path / "sent")
+    wic = next(r for r in res["results"] if r.name == "wic")
+    assert "evaluation sentences" in wic.summary["transforms"]["whiten"]
+    assert any(r["transform"] == "whiten" and r["best_accuracy"] >= 0 for r in wic.rows)
+    # what the release keeps and drops
+    st = run_sentence_pass(FrozenEncoder(str(d), device="cpu"), (tmp_path / "s.txt").read_text().splitlines(),
+                           ["none", "whiten"], outlier_transforms=["none", "whiten"], need_covariance=True,
+                           need_self_sim=False, whiten=WhitenSettings(allow_degenerate=True), **PASS)
+    src = st.transforms.source
+    assert src.W is not None and src.cov is not None and st.anisotropy_acc is not None
+    info = st.transforms.columns("whiten")
+    st.release_layer_state()
+    assert src.W is None and src.cov is None and st.anisotropy_acc is None
+    assert st.transforms.columns("whiten") == info and st.outliers["whiten"].count > 0

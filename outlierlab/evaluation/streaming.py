@@ -80,6 +80,16 @@ class SentenceStats:
         a, b = self.anisotropy_acc.pair_vectors()
         return anisotropy(self.transforms.apply(name, a), self.transforms.apply(name, b)).to(torch.float64)
 
+    def release_layer_state(self) -> None:
+        """Drop what grows with L·d² or L·n·d — the fitted maps and Σ (``[L, d, d]``) and the anisotropy
+        reservoir — once no analysis left reads them (``evaluate.py``, before WiC/STS encode their own
+        sentences and fit their own maps: not both at once; issue 39).  Clip's dims, the fit descriptions
+        (CSV columns) and every accumulated statistic stay."""
+        for w in {id(w): w for w in [*self.transforms.fitted.values(), self.transforms.source] if w}.values():
+            w.W = w.cov = w._eig = None
+            w._applied_cache = None
+        self.anisotropy_acc = None
+
     def intra_sentence(self, name: str) -> Tensor:
         """Mean intra-sentence similarity per layer (raw, not adjusted), Tensor[L+1] float64."""
         return self.intra_sum[name] / max(1, self.intra_n[name])
