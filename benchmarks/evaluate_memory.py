@@ -233,7 +233,8 @@ print(json.dumps({{"rc": rc.returncode, "error": (rc.stderr.strip().splitlines()
 """
 
 
-def evaluate_run(model: str, n: int, wic_pairs: int, dtype: str, out_dir: str, load_only: bool = False) -> dict:
+def evaluate_run(model: str, n: int, wic_pairs: int, dtype: str, out_dir: str, load_only: bool = False,
+                 batch_size: int = 32) -> dict:
     """Peak RSS (KiB) of ``python evaluate.py`` on ``model`` (``load_only``: of a process that imports
     evaluate.py's modules and runs the model's first forward, with its RSS after the imports)."""
     script = str(ROOT / "evaluate.py")
@@ -241,7 +242,8 @@ def evaluate_run(model: str, n: int, wic_pairs: int, dtype: str, out_dir: str, l
         code = _LOAD_CHILD.format(script=script, model=model, dtype=dtype)
     else:
         code = _EVALUATE_PARENT.format(argv=[script, f"encoder.name_or_path={model}", f"encoder.dtype={dtype}",
-                                             "encoder.device=cpu", f"data.max_sentences={n}",
+                                             "encoder.device=cpu", f"encoder.batch_size={batch_size}",
+                                             f"data.max_sentences={n}",
                                              f"wic.max_pairs={wic_pairs}", "tensorboard=false", "progress=false",
                                              f"hydra.run.dir={out_dir}",
                                              "transform.allow_degenerate=true"])  # memory, not a fit: few tokens for d
@@ -349,9 +351,10 @@ def main() -> None:
         dtype = a.dtype or "bfloat16"
         with tempfile.TemporaryDirectory() as out:
             loaded = evaluate_run(str(d), a.n, a.wic_pairs, dtype, out, load_only=True)
-            run_ = evaluate_run(str(d), a.n, a.wic_pairs, dtype, out)
-        r = {"n": a.n, "wic_pairs": a.wic_pairs, "dtype": dtype, **evaluate_fields(run_, loaded, _dir_size(str(d)))}
-        print(f"evaluate.py, N={a.n} sentences, {a.wic_pairs} WiC pairs, {dtype}: peak RSS {r['evaluate_peak_rss_mb']:.0f} "
+            run_ = evaluate_run(str(d), a.n, a.wic_pairs, dtype, out, batch_size=a.batch_size)
+        r = {"n": a.n, "wic_pairs": a.wic_pairs, "dtype": dtype, "batch_size": a.batch_size,
+             **evaluate_fields(run_, loaded, _dir_size(str(d)))}
+        print(f"evaluate.py, N={a.n} sentences, {a.wic_pairs} WiC pairs, {dtype}, batch {a.batch_size}: peak RSS {r['evaluate_peak_rss_mb']:.0f} "
               f"MiB (imports {r['imports_rss_mb']:.0f}; loading + one forward peaks at "
               f"{r['load_and_forward_peak_mb']:.0f}); checkpoint {r['checkpoint_mb']:.0f} MiB -> (peak - imports) / "
               f"checkpoint = {r['peak_over_checkpoint']} (loading alone {r['load_over_checkpoint']}), wall "

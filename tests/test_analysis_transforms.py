@@ -291,6 +291,9 @@ def test_fit_by_layer_equals_the_all_layer_stream():
     for attr in ("mean", "singular_values", "cov", "W", "sum", "shift", "rank", "n_distinct"):
         assert torch.equal(getattr(by_layer, attr), getattr(stream, attr)), attr
     assert by_layer.n == 200 and by_layer.compact and by_layer.sum_outer is None
+    assert by_layer.W.is_contiguous()  # a strided W would be copied by every batched product
+    w_only = Whitener.fit_by_layer(3, 12, lambda layer: (x[layer, a:b] for a, b in chunks), keep_cov=False)
+    assert w_only.cov is None and torch.equal(w_only.W, stream.W)  # Σ not kept when nothing reads it
     assert torch.allclose(by_layer.W.double(), ref.W, rtol=1e-6, atol=1e-6)
     assert torch.allclose(by_layer.derive("abtt", abtt_d=2).W, ref.derive("abtt", abtt_d=2).W.float(), atol=1e-5)
     fit = by_layer.check("test vectors")

@@ -290,7 +290,7 @@ class Whitener:
     @classmethod
     def fit_by_layer(cls, num_layers: int, dim: int, chunks: Callable[[int], Iterable[Tensor]], *,
                      k: int | None = None, eps: float = 1e-10, distinct_cap: int | None = None,
-                     method: str = "whiten") -> "Whitener":
+                     method: str = "whiten", keep_cov: bool = True) -> "Whitener":
         """Fit every layer from its own stream of vectors, one layer after the other (issue 39).
 
         ``chunks(layer)`` yields that layer's vectors ``[N, d]`` in the same chunks and order for every layer.
@@ -299,9 +299,13 @@ class Whitener:
         (stored in float32, :attr:`compact`) — but the float64 sums exist for one layer at a time: memory is
         the float32 ``[L, d, d]`` Σ and W plus one layer's sums, instead of ``(L+1)·d²`` float64 sums beside
         the model during its forward passes (one third of a bf16 checkpoint's size, for any Llama shape).
+        ``keep_cov=False``: only W is kept (Σ is what IsoScore and the maps :meth:`derive` fits read).
         """
         out = cls(num_layers, dim, k=k, eps=eps, distinct_cap=distinct_cap, method=method, allocate=False)
-        packed = torch.empty(num_layers, 2, dim, dim, dtype=torch.float32)
+        k_out = out.out_dim
+        # two contiguous blocks (a strided W would be copied by every batched product)
+        cov32 = torch.empty(num_layers, dim, dim, dtype=torch.float32) if keep_cov else None
+        w32 = torch.empty(num_layers, dim, k_out, dtype=torch.float32)
         parts: dict[str, list] = {name: [] for name in ("sum", "shift", "mean", "singular_values", "rank",
                                                         "n_distinct", "distinct_exact", "_hashes",
                                                         "_distinct_stopped")}
@@ -313,8 +317,10 @@ class Whitener:
                 raise ValueError(f"fit_by_layer: layer {layer} got {one.n} vectors, layer 0 got {out.n}")
             out.n = one.n
             one.finalize(release_sums=True, keep_eigvecs=False)
-            packed[layer, 0] = one.cov[0]
-            packed[layer, 1, :, :one.out_dim] = one.W[0]
+            if cov32 is not None:
+                cov32[layer] = one.cov[0]
+            w32[layer] = one.W[0]
+            one.cov = one.W = None  # this layer's float64 block goes before the next layer's is summed
             for name, got in parts.items():
                 got.append(getattr(one, name)[0])
         out.sum, out.shift, out.mean = (torch.stack(parts[n]) for n in ("sum", "shift", "mean"))
@@ -322,7 +328,7 @@ class Whitener:
         out.rank, out.n_distinct, out.distinct_exact = (torch.stack(parts[n]) for n in
                                                         ("rank", "n_distinct", "distinct_exact"))
         out._hashes, out._distinct_stopped = parts["_hashes"], parts["_distinct_stopped"]
-        out.cov, out.W, out.compact = packed[:, 0], packed[:, 1, :, :out.out_dim], True
+        out.cov, out.W, out.compact = cov32, w32, True
         out._eig = (out.singular_values, None)
         return out
 
@@ -458,8 +464,10 @@ class Whitener:
         the float64 W for every batch cost as much as the product itself (issue 39)."""
         c = getattr(self, "_applied_cache", None)
         if c is None or c[0] is not self.W or c[1] is not self.mean or c[2] != (device, dtype):
+            w = self.W.to(device=device, dtype=dtype)
+            # a batched product copies a W strided across layers (the two-pass fit's [Σ, W] blocks) every call
             c = (self.W, self.mean, (device, dtype), self.mean.to(device=device, dtype=dtype).unsqueeze(1),
-                 self.W.to(device=device, dtype=dtype))
+                 w if w.is_contiguous() else w.contiguous())
             self._applied_cache = c
         return c[3], c[4]
 

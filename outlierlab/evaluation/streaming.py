@@ -204,7 +204,8 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                 # forward — a third of a bf16 checkpoint's size (issue 39).  The forward's freed buffers go
                 # back to the OS first, or the fit's state would add to them.
                 release_freed_memory()
-                whitener = whiten.fit_by_layer(n_layers, dim, lambda layer: stored_chunks(kept, layer))
+                whitener = whiten.fit_by_layer(n_layers, dim, lambda layer: stored_chunks(kept, layer), fitted,
+                                               keep_cov=need_covariance)
         else:
             _one_pass(encoder, texts, st, now, whitener, word_index, lowercase, need_self_sim, batch_size, chunk,
                       progress, "pass 1/2 (fit)" if later else "pass 1/1")

@@ -204,11 +204,11 @@ def _whiten(ctx, name: str, vecs: torch.Tensor, fit: Pairs | str | None, t: Tran
     if fit_on not in ("eval", split) and isinstance(fit, Pairs):
         batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
         v, ok = sentence_vectors(ctx.encoder, fit.s1 + fit.s2, batch_size)
-        w = whiten.fit_by_layer(n_layers, dim, lambda layer: [v[layer, ok]])
+        w = whiten.fit_by_layer(n_layers, dim, lambda layer: [v[layer, ok]], names)
         ft.set_all(whiten.fit_all(w, names, f"the mean-pooled sentence vectors of {fit.what}"), source=w)
         return
     # one layer's float64 sums at a time (issue 39); the same fit as partial_fit over [L, N, d]
-    w = whiten.fit_by_layer(n_layers, dim, lambda layer: [vecs[layer]])
+    w = whiten.fit_by_layer(n_layers, dim, lambda layer: [vecs[layer]], names)
     note = ("" if fit_on in ("eval", split)
             else f" (split {fit_on!r} unavailable: {fit}; fell back to the evaluated pairs)")
     ft.set_all(whiten.fit_all(w, names, f"the mean-pooled sentence vectors of the evaluated pairs of {name}{note}"),

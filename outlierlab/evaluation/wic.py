@@ -101,13 +101,13 @@ def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped
 
 
 def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None, batch_size=None,
-                   chunk: int = 1024, progress: bool = False,
-                   stats: EncodeLog | None = None) -> tuple[torch.Tensor, torch.Tensor, Whitener | None]:
+                   chunk: int = 1024, progress: bool = False, stats: EncodeLog | None = None,
+                   fit_names=FITTED) -> tuple[torch.Tensor, torch.Tensor, Whitener | None]:
     """Target-word vectors of every pair: ``(vectors [L+1, 2, P, d] float32 on CPU, found Bool[P], fitted)``.
 
     ``fit``: also fit the transforms on every non-special token of the pairs' sentences (``fit_on=eval``),
     each sentence as often as it occurs (as if every occurrence were encoded); ``fitted`` is the fitted
-    :class:`Whitener` (else None).  The tokens are kept on disk in the model's dtype as the pass produces
+    :class:`Whitener` (else None), from whose sums the maps ``fit_names`` are fitted.  The tokens are kept on disk in the model's dtype as the pass produces
     them and the fit reads them back one layer at a time (:meth:`Whitener.fit_by_layer`, issue 39): no
     ``(L+1)·d²`` float64 sums beside the model's forward.
     A pair whose target span maps to no token (e.g. truncated away) has ``found`` False.
@@ -169,7 +169,7 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
                     x = store.rows(layer, start, start + n_rows).to(devices.get(layer, "cpu")).float()
                     yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
 
-            fitted = fit.fit_by_layer(n_layers, dim, chunks)
+            fitted = fit.fit_by_layer(n_layers, dim, chunks, fit_names)
     finally:
         if store is not None:
             store.cleanup()
@@ -204,7 +204,7 @@ def _fit_transforms(ctx, data: WicData, t: TransformSettings, ft: FittedTransfor
         return None
     fit_pairs = data.fit_pairs
     w = target_vectors(ctx.encoder, fit_pairs, settings, section_settings(EncoderSettings, ctx.root_cfg).batch_size,
-                       progress=bool(ctx.root_cfg.progress))[2]
+                       progress=bool(ctx.root_cfg.progress), fit_names=names)[2]
     what = f"the non-special token vectors of the WiC {fit_on!r} split ({len(fit_pairs)} pairs)"
     ft.set_all(settings.fit_all(w, names, what), source=w)
     return None
@@ -242,7 +242,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
         ft.info["clip"] = clip_info
     fitting = _fit_transforms(ctx, data, t, ft, n_layers, dim)
     stats, notes = EncodeLog(), []
-    vecs, found, fitted = target_vectors(enc, pairs, fitting, batch_size, progress=progress, stats=stats)
+    vecs, found, fitted = target_vectors(enc, pairs, fitting, batch_size, progress=progress, stats=stats,
+                                         fit_names=ctx.transforms)
     notes.append(encode_log_line("WiC", stats.n_texts, 2 * len(pairs)))
     finish_encode_log(stats, "WiC", notes)
     if fitted is not None:  # refuses a fit on too few distinct vectors unless transform.allow_degenerate=true
