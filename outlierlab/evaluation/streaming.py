@@ -7,7 +7,8 @@ them (``one_pass=True``, the default: :mod:`outlierlab.evaluation.one_pass`), or
 
 * :class:`outlierlab.analysis.outlier_stats.OutlierAccumulator` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2);
 * :class:`outlierlab.analysis.transforms.Whitener` — float64 Σx and Σxxᵀ, from which whiten (Su et al. 2021),
-  standardize, abtt and center are all fitted, and Σ itself for IsoScore (:mod:`outlierlab.evaluation.isotropy`);
+  standardize, abtt and center are all fitted, and Σ itself for IsoScore (:mod:`outlierlab.evaluation.isotropy`)
+  — with one pass summed from the stored tokens after it, one layer at a time (``Whitener.fit_by_layer``);
 * :class:`outlierlab.analysis.similarity.AnisotropyAccumulator` — a reservoir of one random token of each of at most
   ``n_sentences`` sentences (Ethayarajh 2019; Luo §4.1: 2000 sentences → 1000 pairs);
 * :class:`outlierlab.analysis.similarity.SelfSimilarityAccumulator` — per target word, Σ of unit vectors (Ethayarajh 2019),
