@@ -50,7 +50,7 @@ def test_apply_series_rewrites_identity_and_config():
 def test_revision_sweep_is_one_curve_over_steps(tmp_path):
     from outlierlab.jobs.study import run as study
     from probe_fixtures import SENTENCES, save_tiny_bert
-    from test_evaluation_scale import fake_hub
+    from llama_fixtures import fake_hub
 
     cache = tmp_path / "hub"
     fake_hub(cache, "org/tiny", {f"step{s}": save_tiny_bert(tmp_path / f"m{s}", seed=i)
