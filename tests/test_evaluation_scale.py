@@ -13,9 +13,10 @@ import torch
 
 from outlierlab.evaluation.streaming import run_sentence_pass
 from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder
-from llama_fixtures import PASS, fake_hub, save_tiny_llama  # noqa: F401 (fake_hub: tests/test_series.py)
+from llama_fixtures import PASS, fake_hub, save_tiny_llama
 from llama_fixtures import texts as _texts
 from probe_fixtures import save_tiny_bert
+
 
 @pytest.fixture()
 def offline_cache(tmp_path, monkeypatch):
