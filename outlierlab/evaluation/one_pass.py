@@ -31,6 +31,7 @@ from outlierlab.analysis.transforms import Whitener
 from outlierlab.datamodules.features import LayerTokenStore
 from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, iter_batches, progress_bar
 from outlierlab.evaluation.words import plan_vectors, word_plan
+from outlierlab.utils.memory import release_freed_memory
 
 @dataclass
 class Replay:
@@ -161,11 +162,29 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
     return (stack_layers(wh, base=wh_full) if wh is not None else None), kept
 
 
-def stored_chunks(rp: Replay, layer: int):
-    """The tokens the pass stored for ``layer``, batch by batch in the pass's order, as the accumulators got
-    them (float32, on the device that layer ran on): what :meth:`Whitener.fit_by_layer` reads."""
-    for start, n_rows, _, _ in rp.batches:
-        yield rp.store.rows(layer, start, start + n_rows).to(rp.devices.get(layer, "cpu")).float()
+def fit_from_store(fit, store: LayerTokenStore, spans, devices: dict, num_layers: int, dim: int, names,
+                   keep_cov: bool = False) -> Whitener:
+    """The fitted transforms' sums from the tokens a pass stored, one layer at a time (issue 39): the same
+    float64 sums as streaming them along the pass (the same chunks in the same order), never ``(L+1)·d²`` of them
+    beside the model's forward.  The forward's freed buffers go back to the OS first, or the fit's state would
+    add to them.
+
+    Parameters
+    ----------
+    fit : :class:`outlierlab.evaluation.transform_fit.WhitenSettings`
+    spans : per batch ``(first stored row, rows, multiplicities or None)`` — a row fed ``m`` times counts ``m``
+        times, as WiC's repeated sentences do
+    devices : where each layer ran (the sums are taken there)
+    names, keep_cov : the maps to be fitted and whether Σ is kept (:meth:`WhitenSettings.fit_by_layer`)
+    """
+    release_freed_memory()
+
+    def chunks(layer: int):
+        for start, n_rows, mult in spans:
+            x = store.rows(layer, start, start + n_rows).to(devices.get(layer, "cpu")).float()
+            yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
+
+    return fit.fit_by_layer(num_layers, dim, chunks, names, keep_cov=keep_cov)
 
 
 def replay(st, later: list[str], rp: Replay) -> None:

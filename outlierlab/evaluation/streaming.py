@@ -42,7 +42,7 @@ from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
                                  intra_sentence_similarity)
 from outlierlab.evaluation.activation_pass import ActivationObserver
-from outlierlab.evaluation.one_pass import layer_pass, replay, stored_chunks
+from outlierlab.evaluation.one_pass import fit_from_store, layer_pass, replay
 from outlierlab.datamodules.probe_data import load_position_texts
 from outlierlab.analysis.transforms import FITTED, TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
 from outlierlab.evaluation.encoding import (Batch, EncodeLog, finish_encode_log, iter_batches,  # noqa: F401 (re-exported)
@@ -50,7 +50,6 @@ from outlierlab.evaluation.encoding import (Batch, EncodeLog, finish_encode_log,
 from outlierlab.evaluation.settings import (AnisotropySettings, DataSettings, EncoderSettings, OutliersSettings,
                                  SelfSimilaritySettings, TransformSettings, section_settings)
 from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims  # noqa: F401
-from outlierlab.utils.memory import release_freed_memory
 from outlierlab.evaluation.words import (WORD_RE, char_span_tokens, select_words, sentence_word_counts,  # noqa: F401
                               word_occurrences, word_vectors)
 
@@ -199,14 +198,9 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
             _, kept = layer_pass(encoder, texts, st, now, None, word_index, lowercase, need_self_sim,
                                  bool(later) or need_fit, batch_size, chunk, progress,
                                  "pass 1/1 (+ stored tokens)" if later or need_fit else "pass 1/1")
-            if need_fit:
-                # the fit's sums from the stored tokens, one layer at a time (Whitener.fit_by_layer): the same
-                # float64 sums as streaming them along the pass, but never (L+1)·d² of them beside the model's
-                # forward — a third of a bf16 checkpoint's size (issue 39).  The forward's freed buffers go
-                # back to the OS first, or the fit's state would add to them.
-                release_freed_memory()
-                whitener = whiten.fit_by_layer(n_layers, dim, lambda layer: stored_chunks(kept, layer), fitted,
-                                               keep_cov=need_covariance)
+            if need_fit:  # from the stored tokens, one layer at a time: no (L+1)·d² sums beside the forward
+                whitener = fit_from_store(whiten, kept.store, [(s, n, None) for s, n, _, _ in kept.batches],
+                                          kept.devices, n_layers, dim, fitted, keep_cov=need_covariance)
         else:
             _one_pass(encoder, texts, st, now, whitener, word_index, lowercase, need_self_sim, batch_size, chunk,
                       progress, "pass 1/2 (fit)" if later else "pass 1/1")

@@ -33,9 +33,9 @@ from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.datamodules.eval_data import load_wic
 from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
 from outlierlab.datamodules.features import LayerTokenStore
+from outlierlab.evaluation.one_pass import fit_from_store
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from outlierlab.evaluation.transform_fit import WhitenSettings
-from outlierlab.utils.memory import release_freed_memory
 from outlierlab.evaluation.streaming import (EncodeLog, FittedTransforms, char_span_tokens, clip_dims_for_tasks,
                                   finish_encode_log, iter_batches, progress_bar,
                                   sentence_stats)
@@ -162,14 +162,7 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
         fitted = None
         if store is not None:
             store.close()
-            release_freed_memory()  # the forward's buffers back to the OS before the fit's state
-
-            def chunks(layer: int):
-                for start, n_rows, mult in kept:
-                    x = store.rows(layer, start, start + n_rows).to(devices.get(layer, "cpu")).float()
-                    yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
-
-            fitted = fit.fit_by_layer(n_layers, dim, chunks, fit_names)
+            fitted = fit_from_store(fit, store, kept, devices, n_layers, dim, fit_names)
     finally:
         if store is not None:
             store.cleanup()
