@@ -12,7 +12,7 @@ the encoder is deterministic in eval mode.
 
 Every accumulator here is a single-layer instance of the class the two-pass code uses;
 :func:`~outlierlab.analysis.layer_accumulators.stack_layers` joins them into the ``L+1``-layer accumulator the analyses read, so both paths give the
-same results (tests/test_evaluation_scale.py compares them for every analysis × transform).
+same results (tests/test_one_pass.py compares them for every analysis × transform).
 """
 
 from __future__ import annotations

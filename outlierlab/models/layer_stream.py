@@ -7,7 +7,7 @@ forward hooks on the family's blocks (:mod:`outlierlab.models.families`) and cal
 each layer's ``[B, T, d]`` output in the model's dtype; the caller reduces it into its accumulators (which
 upcast) and drops it, so activation memory stays at about one layer's batch.
 
-The layers are those of ``output_hidden_states`` (checked per family in tests/test_evaluation_scale.py):
+The layers are those of ``output_hidden_states`` (checked per family in tests/test_one_pass.py):
 layer 0 is the input of the first block (the embedding output), layer ``i`` the output of block ``i-1``,
 and the last one the model's ``last_hidden_state`` — after the final norm where Hugging Face applies it to
 the last hidden state (GPT-2, GPT-NeoX, Llama, Qwen2, ModernBERT and our pre-LN encoder).
