@@ -70,6 +70,35 @@ def test_a_live_holder_in_another_process_is_refused(tmp_path):
         proc.wait()
 
 
+LATE = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("locked", flush=True)
+time.sleep(float(sys.argv[3]))
+os.write(fd, sys.argv[2].encode())
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("delay,named", [(0.3, True), (5.0, False)])
+def test_a_holder_that_has_not_written_its_record_yet_is_waited_for(tmp_path, delay, named):
+    """The race CI hit: the winner holds the flock but writes its record a moment later. The loser waits
+    briefly for the record and names the holder; a record that never comes is "no record yet"."""
+    record = {"host": socket.gethostname(), "pid": os.getppid(), "started": "t0", "slurm_job_id": None}
+    proc = subprocess.Popen([sys.executable, "-c", LATE, str(tmp_path / "run.lock"), json.dumps(record), str(delay)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirBusy) as err:
+            lock_run_dir(tmp_path)
+        assert (f"pid {os.getppid()} on {socket.gethostname()} since t0" in str(err.value)) is named
+        assert ("no record yet" in str(err.value)) is not named
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_dead_holders_record_is_taken_over_with_a_warning(tmp_path, caplog):
     pid = dead_pid()
     (tmp_path / "run.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "started": "t0"}))

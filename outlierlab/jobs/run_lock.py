@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,21 @@ def read_holder(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
+
+
+def await_holder(path: Path, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The holder's record, waiting up to ``timeout`` s for it to appear.
+
+    A holder writes its record just after taking the flock (truncate, then write), so a contender that loses the
+    race by microseconds can read an empty or half-written file; a record still missing after ``timeout`` is
+    reported as "no record yet".
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        holder = read_holder(path)
+        if holder is not None or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.02)
 
 
 def pid_alive(pid: Any) -> bool:
@@ -144,7 +160,7 @@ def lock_run_dir(run_dir: Path) -> RunLock:
     except OSError as e:  # a file system without flock (some Lustre mounts): run, but say so
         log.warning("cannot lock %s (%s): a second process on this directory would not be stopped", path, e.strerror)
         return RunLock(path, None, record)
-    previous = read_holder(path)
+    previous = read_holder(path) if fd is not None else await_holder(path)
     if fd is None:
         reason = reclaim_reason(previous)
         if reason is None:
@@ -153,7 +169,7 @@ def lock_run_dir(run_dir: Path) -> RunLock:
         path.unlink(missing_ok=True)
         fd = _try_flock(path)
         if fd is None:  # a third process was quicker
-            raise RunDirBusy(run_dir, read_holder(path))
+            raise RunDirBusy(run_dir, await_holder(path))
     elif previous and previous.get("pid") != record["pid"]:
         log.warning("taking over the lock on %s from %s, which no longer holds it (killed?)", run_dir,
                     describe_holder(previous))
