@@ -206,3 +206,18 @@ def test_exported_cells_aggregate_to_the_same_study(tmp_path):
     a = pd.read_csv(study.run([str(sweep)], out=str(tmp_path / "a"), plots=False)["out"] / "study.csv")
     b = pd.read_csv(study.run([str(out)], out=str(tmp_path / "b"), plots=False)["out"] / "study.csv")
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_an_excluded_key_excludes_its_sub_keys_from_a_cells_identity(tmp_path):
+    """posthoc_probe.max_sentences=200 on one seed (a re-analysis setting) must not split the group, as it does not
+    move the cell's directory (startup.cell_overrides); a real setting under another key still does."""
+    from outlierlab.jobs.study_cells import read_cell
+
+    base = {"pos": "none", "experiment": "emergence_seeds"}
+    a = read_cell(plant_cell(tmp_path, {**base, "seed": 1}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}))
+    b = read_cell(plant_cell(tmp_path, {**base, "seed": 2, "posthoc_probe.max_sentences": 200,
+                                        "posthoc.every": 2}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}))
+    c = read_cell(plant_cell(tmp_path, {**base, "seed": 3, "posthoc_probes.x": 1},
+                             {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}))
+    assert a.overrides == b.overrides and (a.seed, b.seed) == (1, 2)
+    assert c.overrides != a.overrides  # a key that merely starts with the same letters is not under it

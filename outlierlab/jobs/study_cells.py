@@ -42,8 +42,10 @@ from outlierlab.jobs.cell_checks import UNKNOWN_CODE, check_cell, finished
 from outlierlab.jobs.series import apply_series
 
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named.
-NOT_IDENTITY = {"study", "ckpt_path", "resume", "skip_finished", "threads", "posthoc", "trainer.enable_progress_bar",
-                "callbacks.progress.when", "progress", "tensorboard"}
+#: Each also excludes every key under it (``posthoc_probe.max_sentences=200``), as in the cells' directory names
+#: (:func:`outlierlab.jobs.startup.cell_overrides`).
+NOT_IDENTITY = {"study", "ckpt_path", "resume", "skip_finished", "threads", "posthoc", "posthoc_probe",
+                "trainer.enable_progress_bar", "callbacks.progress.when", "progress", "tensorboard"}
 #: Resolved-config keys that legitimately differ between the seeds of one group: the seed itself, where a
 #: run writes, and how its work is scheduled (processes, threads, chunk sizes), which does not change a number.
 SEED_DEPENDENT = re.compile(r"(^|\.)(seed|run_dir|save_dir|dirpath|out_dir|study|num_proc|num_workers|"
@@ -109,6 +111,10 @@ def is_cell(path: Path) -> bool:
     return (path / ".hydra" / "overrides.yaml").is_file() or (path / "finished.json").is_file()
 
 
+def _not_identity(key: str) -> bool:
+    return any(key == k or key.startswith((k + ".", k + "/")) for k in NOT_IDENTITY)
+
+
 def read_cell(path: Path) -> Cell:
     """One cell: its identity (overrides without the seed), seed, completion and resolved config."""
     overrides: dict[str, str] = {}
@@ -127,7 +133,7 @@ def read_cell(path: Path) -> Cell:
         key = key.lstrip("+~")
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":  # a quoted value (paths with ',' or '=')
             value = value[1:-1]
-        if key.startswith("hydra.") or key.startswith("hydra/") or key in NOT_IDENTITY:
+        if key.startswith(("hydra.", "hydra/")) or _not_identity(key):
             continue
         if key == "seed":
             seed = int(value)
