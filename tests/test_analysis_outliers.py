@@ -106,3 +106,64 @@ def test_random_dims_excludes_and_is_reproducible():
     assert random_dims(64, 4, [1], g1) == random_dims(64, 4, [1], g2)
     with pytest.raises(ValueError, match="cannot draw"):
         random_dims(8, 5, [0, 1, 2, 3])
+
+
+def _loop_counts(h: torch.Tensor, which: str) -> torch.Tensor:
+    """Reference: per layer and token, the FIRST dim holding the extreme (a NaN counts as the extreme, the
+    first NaN wins), counted by hand."""
+    n_layers, n, d = h.shape
+    out = torch.zeros(n_layers, d, dtype=torch.int64)
+    for layer in range(n_layers):
+        for t in range(n):
+            row = h[layer, t].tolist()
+            nan = [i for i, x in enumerate(row) if x != x]
+            if nan:
+                best = nan[0]
+            else:
+                best = 0
+                for i, x in enumerate(row):
+                    if (x > row[best]) if which == "max" else (x < row[best]):
+                        best = i
+            out[layer, best] += 1
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_argmin_counts_equal_first_index_reference_with_ties_nan_and_signed_zero(dtype):
+    """The counts (numpy's argmax/argmin on the CPU, torch's for other dtypes) equal a plain loop that takes
+    the first of tied extremes: exact ties, -0.0 against 0.0, +-inf, NaN, a one-dim and a one-token input."""
+    nan, inf = float("nan"), float("inf")
+    rows = [[1.0, 3.0, 3.0, -2.0], [-0.0, 0.0, 0.0, -0.0], [0.0, -0.0, 1.0, -1.0], [2.0, 2.0, -5.0, -5.0],
+            [inf, inf, -inf, -inf], [1.0, nan, 3.0, nan], [-inf, 1.0, -inf, nan], [7.0, 7.0, 7.0, 7.0]]
+    g = torch.Generator().manual_seed(3)
+    h = torch.stack([torch.tensor(rows), torch.randint(-2, 3, (8, 4), generator=g).float()]).to(dtype)
+    acc = OutlierAccumulator(2, 4)
+    acc.update(h)
+    assert torch.equal(acc.argmax_counts, _loop_counts(h.float(), "max"))
+    assert torch.equal(acc.argmin_counts, _loop_counts(h.float(), "min"))
+    assert torch.equal(acc.argmax_counts, torch.zeros(2, 4, dtype=torch.int64).scatter_add_(
+        1, h.argmax(-1), torch.ones(2, 8, dtype=torch.int64)))  # the torch kernels the numpy path replaced
+    one = OutlierAccumulator(1, 1)
+    one.update(torch.tensor([[[-3.0], [2.0]]], dtype=dtype))
+    assert one.argmax_counts.tolist() == [[2]] and one.argmin_counts.tolist() == [[2]]
+    tok = OutlierAccumulator(3, 4)
+    tok.update(h[:1, :1].expand(3, 1, 4).to(dtype))
+    assert tok.argmax_counts.tolist() == [[0, 1, 0, 0]] * 3 and tok.argmin_counts.tolist() == [[0, 0, 0, 1]] * 3
+
+
+def test_update_counts_equal_the_previous_torch_formula_on_random_and_strided_inputs():
+    """Bitwise: sum, argmax/argmin counts of several updates (strided, inference-mode, multi-layer) equal
+    ``h.sum(1, float64)`` and torch's argmax/argmin + scatter_add_ (the formula before issue 39)."""
+    g = torch.Generator().manual_seed(0)
+    acc, ref = OutlierAccumulator(3, 24), [torch.zeros(3, 24, dtype=torch.float64)] + [
+        torch.zeros(3, 24, dtype=torch.int64) for _ in range(2)]
+    for n in (1, 17, 300):
+        with torch.inference_mode():
+            h = torch.randn(3, n, 40, generator=g).round(decimals=1)[:, :, 8:32]  # non-contiguous, with ties
+        acc.update(h)
+        ref[0] += h.sum(1, dtype=torch.float64)
+        ones = torch.ones(3, n, dtype=torch.int64)
+        ref[1] += torch.zeros(3, 24, dtype=torch.int64).scatter_add_(1, h.argmax(-1), ones)
+        ref[2] += torch.zeros(3, 24, dtype=torch.int64).scatter_add_(1, h.argmin(-1), ones)
+    assert torch.equal(acc.sum, ref[0]) and torch.equal(acc.argmax_counts, ref[1])
+    assert torch.equal(acc.argmin_counts, ref[2]) and acc.count == 318

@@ -11,6 +11,7 @@ is decided in :mod:`outlierlab.analysis.outlier_dims`.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,6 +44,28 @@ def valid_token_mask(attention_mask: Tensor, special_tokens_mask: Tensor | None 
                              f"{tuple(attention_mask.shape)} must have the same shape.")
         valid = valid & ~special_tokens_mask.bool()
     return valid
+
+
+def _argmax_argmin_counts(h: Tensor) -> tuple[Tensor, Tensor]:
+    """Per layer, how many of the ``N`` token vectors of ``h [L, N, d]`` have their largest (smallest) component on
+    each dim: two int64 ``[L, d]``, on ``h``'s device.
+
+    On the CPU, numpy's SIMD ``argmax``/``argmin`` and ``bincount`` are ~8x faster than ``Tensor.argmax`` /
+    ``argmin`` + ``scatter_add_`` (0.17 ms against 1.3 ms for each of 2,339 x 384 float32 on one core, issue 39),
+    with the same indices: the first of tied extremes, the first NaN when a row holds one, ``-0.0 == 0.0``
+    (tests/test_analysis_outliers.py compares them).  Other devices and dtypes keep torch's kernels.
+    """
+    n_layers, _, d = h.shape
+    if h.device.type == "cpu" and h.dtype in (torch.float32, torch.float64):
+        a = h.numpy()
+        base = (np.arange(n_layers) * d)[:, None]  # layer l counts into bins l*d .. l*d + d - 1
+        return tuple(torch.from_numpy(np.bincount((arg(a, axis=-1) + base).ravel(), minlength=n_layers * d)
+                                      .astype(np.int64, copy=False).reshape(n_layers, d))
+                     for arg in (np.argmax, np.argmin))
+    ones = torch.ones(h.shape[:2], dtype=torch.int64, device=h.device)
+    amax = torch.zeros(n_layers, d, dtype=torch.int64, device=h.device).scatter_add_(1, h.argmax(-1), ones)
+    amin = torch.zeros(n_layers, d, dtype=torch.int64, device=h.device).scatter_add_(1, h.argmin(-1), ones)
+    return amax, amin
 
 
 class OutlierAccumulator:
@@ -105,11 +128,9 @@ class OutlierAccumulator:
             return
         dev = self.sum.device
         self.sum += h.sum(1, dtype=torch.float64).to(dev)  # float64 accumulation without a float64 copy
-        ones = torch.ones(h.shape[:2], dtype=torch.int64, device=h.device)
-        amax = torch.zeros(self.num_layers, self.dim, dtype=torch.int64, device=h.device)
-        amin = torch.zeros_like(amax)
-        self.argmax_counts += amax.scatter_add_(1, h.argmax(-1), ones).to(dev)
-        self.argmin_counts += amin.scatter_add_(1, h.argmin(-1), ones).to(dev)
+        amax, amin = _argmax_argmin_counts(h)
+        self.argmax_counts += amax.to(dev)
+        self.argmin_counts += amin.to(dev)
         self.n_tokens += h.shape[1]
 
     def merge(self, other: "OutlierAccumulator") -> "OutlierAccumulator":
