@@ -148,3 +148,41 @@ def test_intra_sentence_similarity_hand_and_masked():
     assert batched.shape == (2, 3)
     for b in range(3):
         assert torch.allclose(batched[:, b], intra_sentence_similarity(h[:, b, mask[b]]), atol=1e-9)
+
+
+def _intra_torch_formula(v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """intra_sentence_similarity as written before issue 39: F.cosine_similarity against the expanded centre."""
+    import torch.nn.functional as F
+    if mask is None:
+        return F.cosine_similarity(v, v.mean(-2, keepdim=True), dim=-1, eps=1e-8).to(torch.float64).mean(-1)
+    m = mask.to(v.dtype)
+    n = m.sum(-1)
+    centre = (v * m[..., None]).sum(-2, keepdim=True) / n[:, None, None]
+    return (F.cosine_similarity(v, centre, dim=-1, eps=1e-8) * m).sum(-1, dtype=torch.float64) / n.double()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_intra_sentence_similarity_equals_cosine_similarity_formula_bitwise(dtype):
+    """The centre's unit vector computed once gives F.cosine_similarity's numbers bitwise: random sentences,
+    a one-word sentence, a zero vector (eps), an all-zero sentence, padding holding garbage, ties."""
+    g = torch.Generator().manual_seed(11)
+    h = torch.randn(3, 5, 7, 16, generator=g).to(dtype) * torch.rand(1, 5, 7, 1, generator=g).to(dtype) * 50
+    mask = torch.tensor([[1] * 7, [1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0], [1] * 7, [0, 1, 0, 1, 0, 1, 1]],
+                        dtype=torch.bool)
+    h[:, 2, 1] = 0.0  # a zero word vector: cosine 0 through eps
+    h[:, 3] = 0.0  # an all-zero sentence: a zero centre
+    h[:, 4, 3] = h[:, 4, 5]  # two equal vectors
+    h[:, 1, 3:] = 1e6  # padding with huge values, masked out
+    assert torch.equal(intra_sentence_similarity(h, mask=mask), _intra_torch_formula(h, mask))
+    for b in range(5):
+        one = h[:, b, mask[b]]
+        assert torch.equal(intra_sentence_similarity(one), _intra_torch_formula(one, None))
+    one_word = intra_sentence_similarity(h[:, 1, :1])  # a one-word sentence: cos(v, v) = 1 up to rounding
+    assert torch.equal(one_word, _intra_torch_formula(h[:, 1, :1], None))
+    assert torch.allclose(one_word, torch.ones(3, dtype=torch.float64), atol=1e-6)
+    assert torch.equal(intra_sentence_similarity(h[:, 3]), torch.zeros(3, dtype=torch.float64))
+    # the definition by hand: each token's cosine with the mean vector, averaged
+    v = h[:, 2, :3].double()
+    c = v.mean(1, keepdim=True)
+    hand = ((v * c).sum(-1) / (v.norm(dim=-1).clamp_min(1e-8) * c.norm(dim=-1).clamp_min(1e-8))).mean(-1)
+    assert torch.allclose(intra_sentence_similarity(h[:, 2, :3]), hand, atol=1e-6)

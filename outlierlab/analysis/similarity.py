@@ -281,7 +281,7 @@ def intra_sentence_similarity(vectors: Tensor, anisotropy: Tensor | None = None,
     # averaged in float64: float64 copies of every word vector cost 6x the float32 cosines (issue 39)
     v = vectors if vectors.dtype == torch.float64 else vectors.float()
     if mask is None:
-        out = F.cosine_similarity(v, v.mean(-2, keepdim=True), dim=-1, eps=_EPS).to(torch.float64).mean(-1)
+        out = _cosine_to_centre(v, v.mean(-2, keepdim=True)).to(torch.float64).mean(-1)
     else:
         if v.ndim != 4 or tuple(v.shape[1:3]) != tuple(mask.shape):
             raise ValueError(f"with a mask, vectors must be [L, B, T, d] matching mask [B, T]; "
@@ -291,11 +291,22 @@ def intra_sentence_similarity(vectors: Tensor, anisotropy: Tensor | None = None,
         if (n == 0).any():
             raise ValueError("every sentence needs at least one valid token for intra-sentence similarity.")
         centre = (v * m[..., None]).sum(-2, keepdim=True) / n[:, None, None]
-        out = (F.cosine_similarity(v, centre, dim=-1, eps=_EPS) * m).sum(-1, dtype=torch.float64) / n.double()
+        out = (_cosine_to_centre(v, centre) * m).sum(-1, dtype=torch.float64) / n.double()
     if anisotropy is None:
         return out
     a = anisotropy.to(out)
     return out - (a if out.ndim == 1 else a[:, None])
+
+
+def _cosine_to_centre(v: Tensor, centre: Tensor) -> Tensor:
+    """``F.cosine_similarity(v, centre, dim=-1, eps=_EPS)`` for ``centre [..., 1, d]`` broadcast over the tokens of
+    ``v [..., n, d]`` (same dtype), bitwise: torch's formula, ``sum((v / max(|v|, eps)) * (c / max(|c|, eps)))``,
+    but the centre's norm and unit vector computed once rather than on its copy expanded to ``v``'s shape —
+    0.67 ms against 0.97 ms for [1, 32, 60, 384] float32 on one core (issue 39).  tests/test_analysis_similarity.py
+    compares it with ``F.cosine_similarity``."""
+    v_norm = torch.linalg.vector_norm(v, 2, dim=-1, keepdim=True).clamp_min_(_EPS)
+    c_norm = torch.linalg.vector_norm(centre, 2, dim=-1, keepdim=True).clamp_min_(_EPS)
+    return (v / v_norm).mul_(centre / c_norm).sum(-1)
 
 
 class SelfSimilarityAccumulator:
