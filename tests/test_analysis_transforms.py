@@ -300,3 +300,60 @@ def test_fit_by_layer_equals_the_all_layer_stream():
     assert not fit.degenerate and fit.n == 200
     with pytest.raises(ValueError, match="layer 1 got 70 vectors"):
         Whitener.fit_by_layer(2, 12, lambda layer: [x[layer, :120]] if layer == 0 else [x[layer, :70]])
+
+
+def test_fit_by_layer_on_disk_gives_the_in_memory_fit_one_layer_at_a_time(tmp_path):
+    """Issue 39: Σ and the maps in files (DiskLayers), read back one layer at a time: the same numbers as the
+    in-memory fit for the fit, every derived map, a selected layer and the transform; the files go with them."""
+    import gc
+
+    from outlierlab.utils.disk_layers import DiskLayers
+
+    x, _, _ = _fitted_pair()
+    chunks = [(0, 70), (70, 120), (120, 200)]
+    mem = Whitener.fit_by_layer(3, 12, lambda layer: (x[layer, a:b] for a, b in chunks))
+    disk = Whitener.fit_by_layer(3, 12, lambda layer: (x[layer, a:b] for a, b in chunks), on_disk=tmp_path)
+    assert isinstance(disk.W, DiskLayers) and isinstance(disk.cov, DiskLayers)
+    assert len(list(tmp_path.iterdir())) == 2 and disk.W.path.parent == tmp_path
+    assert torch.equal(disk.W[:], mem.W) and torch.equal(disk.cov[:], mem.cov)  # bitwise: the same fit
+    assert torch.equal(disk.W[1], mem.W[1]) and torch.equal(disk.cov[[2, 0]], mem.cov[[2, 0]])
+    z = x[:, :9].float()
+    assert torch.allclose(disk.transform(z), mem.transform(z), rtol=1e-6, atol=1e-6)
+    one = disk.select([1])  # the replay's one layer: an in-memory map of that layer only
+    assert isinstance(one.W, torch.Tensor) and torch.equal(one.W[0], mem.W[1])
+    for method in ("abtt", "standardize", "center"):
+        d_map, m_map = (w.derive(method, abtt_d=2 if method == "abtt" else None) for w in (disk, mem))
+        assert isinstance(d_map.W, DiskLayers), method  # derived from Σ on disk: written there too
+        assert torch.equal(d_map.W[:], m_map.W), method
+        del d_map
+    gc.collect()
+    assert len(list(tmp_path.iterdir())) == 2  # a derived map's file went with it
+    del disk, one
+    gc.collect()
+    assert not list(tmp_path.iterdir())  # and the fit's own with the fit
+
+
+def test_disk_layers_reads_and_writes_one_layer_at_a_time(tmp_path):
+    from outlierlab.utils.disk_layers import DiskLayers
+
+    ref = torch.arange(4 * 3 * 2, dtype=torch.float64).view(4, 3, 2)
+    stack = DiskLayers(4, 3, 2, dtype=torch.float64, directory=tmp_path)
+    assert stack.path.stat().st_size == 4 * 3 * 2 * 8 and stack.shape == (4, 3, 2) and len(stack) == 4
+    for i in range(4):
+        stack[i] = ref[i]
+    assert torch.equal(stack[2], ref[2]) and torch.equal(stack[-1], ref[3])
+    assert torch.equal(stack[1:3], ref[1:3]) and torch.equal(stack[[3, 0]], ref[[3, 0]])
+    assert torch.equal(stack.to(torch.float32), ref.float())
+    got = stack[0]
+    got += 1  # a read is a fresh tensor: the file does not change
+    assert torch.equal(stack[0], ref[0])
+    with pytest.raises(IndexError, match="layer 4 out of range for 4 layers"):
+        stack[4]
+    with pytest.raises(ValueError, match=r"layer block must be \(3, 2\)"):
+        stack[0] = torch.zeros(2, 3)
+    with pytest.raises(TypeError, match="one layer at a time"):
+        stack[0:2] = ref[:2]
+    with pytest.raises(ValueError, match="float32 or float64"):
+        DiskLayers(1, 2, 2, dtype=torch.bfloat16, directory=tmp_path)
+    stack.close()
+    assert not stack.path.exists()

@@ -13,6 +13,7 @@ from llama_fixtures import texts as _texts
 from probe_fixtures import minilm_path
 from outlierlab.evaluation.streaming import run_sentence_pass
 from outlierlab.models.loading import FrozenEncoder
+from outlierlab.utils.disk_layers import DiskLayers
 
 
 # ------------------------------------------------------------------------------------------------ one pass
@@ -150,8 +151,9 @@ def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path
             ref_w.partial_fit(b.hidden[:, 0, valid])
     assert w.n == ref_w.n == sum(len(enc.tokenize([p[k]]).input_ids[0]) - 2 for p in pairs
                                  for k in ("sentence1", "sentence2"))
-    # fitted from the stored tokens one layer at a time, Σ kept in float32
-    assert torch.allclose(w.cov.double(), ref_w.finalize().cov, rtol=1e-5, atol=1e-7)
+    # fitted from the stored tokens one layer at a time, Σ kept in float32 on disk (read one layer at a time)
+    assert isinstance(w.cov, DiskLayers) and isinstance(w.W, DiskLayers)
+    assert torch.allclose(w.cov[:].double(), ref_w.finalize().cov, rtol=1e-5, atol=1e-7)
     out, ok = sentence_vectors(enc, s + s[:2])
     assert ok.all() and torch.equal(out[:, 6], out[:, 0])  # a repeated text: the same vector
     for i, text in enumerate(s):

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from outlierlab.analysis.fit_guard import MIN_FIT_RATIO, DegenerateWhiteningError, WhiteningFit, check_fit
 from outlierlab.analysis.postprocessing import FITTED, affine_matrix, default_abtt_d
+from outlierlab.utils.disk_layers import DiskLayers
 
 __all__ = ["Whitener", "WhiteningFit", "DegenerateWhiteningError", "MIN_FIT_RATIO"]
 
@@ -218,7 +219,9 @@ class Whitener:
                 packed[layer, 0] = cov[0]
                 packed[layer, 1, :, :w.shape[-1]] = w[0]
                 continue
-            if W is None:
+            if W is None and isinstance(self.cov, DiskLayers):  # a map derived from Σ on disk goes there too
+                W = DiskLayers(num_layers, *w.shape[1:], directory=self.cov.path.parent)
+            elif W is None:
                 W = torch.empty(num_layers, *w.shape[1:], device=w.device,
                                 dtype=torch.float32 if self.compact else torch.float64)
             W[layer] = w[0]
@@ -238,7 +241,8 @@ class Whitener:
     @classmethod
     def fit_by_layer(cls, num_layers: int, dim: int, chunks: Callable[[int], Iterable[Tensor]], *,
                      k: int | None = None, eps: float = 1e-10, distinct_cap: int | None = None,
-                     method: str = "whiten", keep_cov: bool = True) -> "Whitener":
+                     method: str = "whiten", keep_cov: bool = True,
+                     on_disk: str | bool | None = None) -> "Whitener":
         """Fit every layer from its own stream of vectors, one layer after the other (issue 39).
 
         ``chunks(layer)`` yields that layer's vectors ``[N, d]`` in the same chunks and order for every layer.
@@ -248,12 +252,21 @@ class Whitener:
         the float32 ``[L, d, d]`` Σ and W plus one layer's sums, instead of ``(L+1)·d²`` float64 sums beside
         the model during its forward passes (one third of a bf16 checkpoint's size, for any Llama shape).
         ``keep_cov=False``: only W is kept (Σ is what IsoScore and the maps :meth:`derive` fits read).
+        ``on_disk``: Σ and W go to files (:class:`outlierlab.utils.disk_layers.DiskLayers`; True = ``$TMPDIR``,
+        or a directory) and are read back one layer at a time by :meth:`transform`, :meth:`select` and
+        IsoScore — memory is then one layer's matrices, not ``(L+1)·2d²`` floats (40 GiB at 70B); the maps
+        :meth:`derive` fits from such a fit are written there too.  The numbers are the same.
         """
         out = cls(num_layers, dim, k=k, eps=eps, distinct_cap=distinct_cap, method=method, allocate=False)
         k_out = out.out_dim
         # two contiguous blocks (a strided W would be copied by every batched product)
-        cov32 = torch.empty(num_layers, dim, dim, dtype=torch.float32) if keep_cov else None
-        w32 = torch.empty(num_layers, dim, k_out, dtype=torch.float32)
+        if on_disk:
+            where = None if on_disk is True else on_disk
+            cov32 = DiskLayers(num_layers, dim, dim, directory=where) if keep_cov else None
+            w32 = DiskLayers(num_layers, dim, k_out, directory=where)
+        else:
+            cov32 = torch.empty(num_layers, dim, dim, dtype=torch.float32) if keep_cov else None
+            w32 = torch.empty(num_layers, dim, k_out, dtype=torch.float32)
         parts: dict[str, list] = {name: [] for name in ("sum", "shift", "mean", "singular_values", "rank",
                                                         "n_distinct", "distinct_exact", "_hashes",
                                                         "_distinct_stopped")}
@@ -320,8 +333,13 @@ class Whitener:
         cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
         shape = xx.shape
         flat = xx.reshape(shape[0], -1, shape[-1]).to(cdt)
-        mu, w = self._applied(x.device, cdt)
-        out = (flat - mu) @ w
+        if isinstance(self.W, DiskLayers):  # one layer's W in memory at a time (issue 39)
+            mu = self.mean.to(device=x.device, dtype=cdt)
+            out = torch.stack([(flat[i] - mu[i]) @ self.W[i].to(device=x.device, dtype=cdt)
+                               for i in range(self.num_layers)])
+        else:
+            mu, w = self._applied(x.device, cdt)
+            out = (flat - mu) @ w
         out = out.reshape(*shape[:-1], out.shape[-1]).to(x.dtype)
         return out.squeeze(0) if squeeze else out
 
@@ -340,11 +358,14 @@ class Whitener:
     # -- caching --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything needed to rebuild the fitted transform (tensors + plain values; torch.save-able)."""
+        return self._state(lambda W: W.cpu())
+
+    def _state(self, w_of) -> dict:
         if self.W is None:
             raise ValueError("Whitener is not fitted: nothing to save.")
         return {"num_layers": self.num_layers, "dim": self.dim, "k": self.k, "eps": self.eps, "n": self.n,
                 "method": self.method, "abtt_d": self.abtt_d,
-                "mean": self.mean.cpu(), "W": self.W.cpu(), "singular_values": self.singular_values.cpu(),
+                "mean": self.mean.cpu(), "W": w_of(self.W), "singular_values": self.singular_values.cpu(),
                 "rank": self.rank, "n_distinct": self.n_distinct, "distinct_cap": self.distinct_cap}
 
     def load_state_dict(self, state: dict) -> "Whitener":
@@ -377,10 +398,10 @@ class Whitener:
         """The fitted whitener of some layers only (probing a subset of layers)."""
         layers = list(layers)
         # a run of consecutive layers is a view (the replay selects one layer at a time: a copy of W per
-        # layer would double the (L+1)·d² float64 state; issue 39)
+        # layer would double the (L+1)·d² float64 state; issue 39); on disk, only those layers are read
         if layers and layers == list(range(layers[0], layers[0] + len(layers))):
             layers = slice(layers[0], layers[0] + len(layers))
-        st = self.state_dict()
+        st = self._state(lambda W: W if isinstance(W, DiskLayers) else W.cpu())  # W[layers] reads only those
         st.update(num_layers=len(range(self.num_layers)[layers]) if isinstance(layers, slice) else len(layers),
                   mean=st["mean"][layers], W=st["W"][layers],
                   singular_values=st["singular_values"][layers],

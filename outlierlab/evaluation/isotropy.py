@@ -48,22 +48,23 @@ def run(ctx: EvalContext) -> AnalysisResult:
     source = st.transforms.source
     if source is None or source.cov is None:
         raise ValueError("isotropy needs the streamed covariance of the sentence pass (select it in analyses=[...])")
-    cov = source.cov.cpu()
     a, b = st.anisotropy_acc.pair_vectors()  # the anisotropy tokens, two [L, P, d]
     n_star = 2 * a.shape[1]
-    rows, iso, star = [], {}, {}
-    for t in ctx.transforms:
-        tf, iso[t], star[t] = st.transforms.get(t, st.dim), [], []
-        for layer in range(st.num_layers):  # one layer's d x d float64 matrices at a time
+    tfs = {t: st.transforms.get(t, st.dim) for t in ctx.transforms}
+    iso, star, dims = {t: [] for t in tfs}, {t: [] for t in tfs}, {}
+    for layer in range(st.num_layers):  # one layer's d x d float64 matrices at a time (Σ and W may be on disk)
+        cov = source.cov[layer:layer + 1].cpu()
+        sample = torch.cat([a[layer:layer + 1], b[layer:layer + 1]], 1).to(torch.float64)  # [1, 2P, d]
+        for t, tf in tfs.items():
             w = transform_matrix(st, t, layer)
-            c0 = transformed_covariance(cov[layer:layer + 1], w)
+            dims[t] = int(w.shape[-1])
+            c0 = transformed_covariance(cov, w)
             iso[t].append(float(isoscore_from_covariance(c0)[0]))
-            sample = torch.cat([a[layer:layer + 1], b[layer:layer + 1]], 1).to(torch.float64)  # [1, 2P, d]
             c = covariance(tf.select([layer])(sample))
             star[t].append(float(isoscore_star(c, c0, s.zeta)[0]))
-        rows += [{"layer": layer, "transform": t, "isoscore": iso[t][layer], "isoscore_star": star[t][layer],
-                  "zeta": s.zeta, "dims": int(w.shape[-1]), "n_tokens": source.n, "n_star_points": n_star}
-                 for layer in range(st.num_layers)]
+    rows = [{"layer": layer, "transform": t, "isoscore": iso[t][layer], "isoscore_star": star[t][layer],
+             "zeta": s.zeta, "dims": dims[t], "n_tokens": source.n, "n_star_points": n_star}
+            for t in tfs for layer in range(st.num_layers)]
     fig = plot_layers(ctx.out_dir / "isotropy.png", iso, "IsoScore", "IsoScore of all evaluation tokens "
                       "(Rudman et al. 2022): 1 = isotropic, 0 = a line", hline=None)
     md = ["## Isotropy: IsoScore and IsoScore* (Rudman et al. 2022; Rudman & Eickhoff 2023)",

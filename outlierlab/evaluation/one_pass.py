@@ -176,6 +176,10 @@ def fit_from_store(fit, store: LayerTokenStore, spans, devices: dict, num_layers
         times, as WiC's repeated sentences do
     devices : where each layer ran (the sums are taken there)
     names, keep_cov : the maps to be fitted and whether Σ is kept (:meth:`WhitenSettings.fit_by_layer`)
+
+    Σ and the fitted maps are written to files beside the token store
+    (:class:`outlierlab.utils.disk_layers.DiskLayers`) and read back one layer at a time by the replay, the
+    anisotropy and WiC transforms and IsoScore: ``(L+1)·2d²`` float32 (40 GiB at 70B) never sits in memory.
     """
     release_freed_memory()
 
@@ -184,7 +188,8 @@ def fit_from_store(fit, store: LayerTokenStore, spans, devices: dict, num_layers
             x = store.rows(layer, start, start + n_rows).to(devices.get(layer, "cpu")).float()
             yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
 
-    return fit.fit_by_layer(num_layers, dim, chunks, names, keep_cov=keep_cov)
+    # Σ and the maps go to files beside the token store, read back one layer at a time by every reader
+    return fit.fit_by_layer(num_layers, dim, chunks, names, keep_cov=keep_cov, on_disk=store.directory.parent)
 
 
 def replay(st, later: list[str], rp: Replay) -> None:

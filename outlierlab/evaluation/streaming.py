@@ -83,7 +83,8 @@ class SentenceStats:
     def release_layer_state(self) -> None:
         """Drop what grows with L·d² or L·n·d — the fitted maps and Σ (``[L, d, d]``) and the anisotropy
         reservoir — once no analysis left reads them (``evaluate.py``, before WiC/STS encode their own
-        sentences and fit their own maps: not both at once; issue 39).  Clip's dims, the fit descriptions
+        sentences and fit their own maps: not both at once; issue 39; maps kept on disk delete their files).
+        Clip's dims, the fit descriptions
         (CSV columns) and every accumulated statistic stay."""
         for w in {id(w): w for w in [*self.transforms.fitted.values(), self.transforms.source] if w}.values():
             w.W = w.cov = w._eig = None

@@ -42,12 +42,14 @@ class WhitenSettings:
         """An empty accumulator to ``partial_fit`` (its sums fit every method: :meth:`fit_all`)."""
         return Whitener(num_layers, dim, k=self.k)
 
-    def fit_by_layer(self, num_layers: int, dim: int, chunks, names=FITTED, keep_cov: bool = False) -> Whitener:
+    def fit_by_layer(self, num_layers: int, dim: int, chunks, names=FITTED, keep_cov: bool = False,
+                     on_disk: str | bool | None = None) -> Whitener:
         """Fitted from per-layer streams of vectors, one layer at a time
         (:meth:`outlierlab.analysis.whitening.Whitener.fit_by_layer`), for the maps ``names`` (:meth:`fit_all`);
-        Σ is kept when asked (IsoScore) or when a map other than whiten is derived from it."""
+        Σ is kept when asked (IsoScore) or when a map other than whiten is derived from it; ``on_disk``: Σ and
+        the maps in files, read one layer at a time."""
         keep = keep_cov or any(n in FITTED and n != "whiten" for n in names)
-        return Whitener.fit_by_layer(num_layers, dim, chunks, k=self.k, keep_cov=keep)
+        return Whitener.fit_by_layer(num_layers, dim, chunks, k=self.k, keep_cov=keep, on_disk=on_disk)
 
     def finish(self, whitener: Whitener, what: str) -> WhiteningFit:
         """Finalize and guard (:meth:`outlierlab.analysis.whitening.Whitener.check`): raises one line on a degenerate fit

@@ -1,0 +1,131 @@
+"""A stack of per-layer matrices ``[L, r, c]`` kept in a file, one layer in memory at a time (issue 39).
+
+The fitted maps of ``evaluate.py`` (whiten, standardize, abtt, center: one ``d × d`` W per layer) and the
+covariance Σ that IsoScore reads are ``(L+1)·d²`` floats each — 20 GiB apiece in float32 for a 70B model, and a
+third of a bf16 checkpoint for any Llama shape (W and Σ together).  Every reader needs them one layer at a time
+(the replay of the stored tokens, IsoScore, a transform applied to ``[L, ..., d]`` vectors layer by layer), so
+they live on disk beside the token store and each read returns a fresh tensor of the layers asked for: resident
+memory is the layers being used, not the stack.  Reads are plain ``pread``s (no memory map), so nothing of the
+file stays mapped into the process; the page cache keeps a small stack (MiniLM: 8 MB) as fast as memory.
+
+Written by hand: ``torch.from_file``/``numpy.memmap`` map the whole file (its touched pages count as resident
+until unmapped) and neither gives a tensor whose slices are read on demand.  The file is deleted when the array
+is garbage-collected or the process exits.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import weakref
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+
+class DiskLayers:
+    """``[num_layers, rows, cols]`` float32 (or float64) on disk; ``x[i]``, ``x[a:b]``, ``x[[i, j]]`` read
+    those layers, ``x[i] = m`` writes one.
+
+    Only what the fitted maps' readers need of a tensor: ``shape``, ``dtype``, ``ndim``, ``device`` (always
+    CPU: a reader moves the layer it reads), indexing along the first axis and :meth:`to` (the whole stack, for
+    callers that want it in memory — e.g. a small model's cached state).
+    """
+
+    def __init__(self, num_layers: int, rows: int, cols: int, dtype: torch.dtype = torch.float32,
+                 directory: str | os.PathLike | None = None) -> None:
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"DiskLayers holds float32 or float64, not {dtype}")
+        self.shape = torch.Size((int(num_layers), int(rows), int(cols)))
+        self.dtype = dtype
+        self.device = torch.device("cpu")
+        self._layer_bytes = int(rows) * int(cols) * torch.empty((), dtype=dtype).element_size()
+        fd, path = tempfile.mkstemp(prefix="outlierlab-layers-", suffix=".bin",
+                                    dir=None if directory is None else str(directory))
+        self.path = Path(path)
+        os.ftruncate(fd, self._layer_bytes * int(num_layers))  # sparse until written
+        self._fd = fd
+        self._finalizer = weakref.finalize(self, _remove, fd, path)
+
+    ndim = 3
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"DiskLayers(shape={tuple(self.shape)}, dtype={self.dtype}, path={str(self.path)!r})"
+
+    @property
+    def nbytes(self) -> int:
+        return self._layer_bytes * self.shape[0]
+
+    def _layer_ids(self, index) -> tuple[list[int], bool]:
+        n = self.shape[0]
+        if isinstance(index, int) or (isinstance(index, Tensor) and index.ndim == 0):
+            i = int(index)
+            if not -n <= i < n:
+                raise IndexError(f"layer {i} out of range for {n} layers")
+            return [i % n], True
+        if isinstance(index, slice):
+            return list(range(n)[index]), False
+        ids = [int(i) for i in (index.tolist() if isinstance(index, Tensor) else index)]
+        for i in ids:
+            if not -n <= i < n:
+                raise IndexError(f"layer {i} out of range for {n} layers")
+        return [i % n for i in ids], False
+
+    def _read(self, layer: int) -> Tensor:
+        buf = bytearray(self._layer_bytes)
+        view = memoryview(buf)
+        got, offset = 0, layer * self._layer_bytes
+        while got < self._layer_bytes:  # pread may return short counts
+            n = os.preadv(self._fd, [view[got:]], offset + got)
+            if n <= 0:
+                raise OSError(f"{self.path}: short read at layer {layer}")
+            got += n
+        return torch.frombuffer(buf, dtype=self.dtype).view(self.shape[1], self.shape[2])
+
+    def __getitem__(self, index) -> Tensor:
+        ids, single = self._layer_ids(index)
+        if single:
+            return self._read(ids[0])
+        out = torch.empty(len(ids), self.shape[1], self.shape[2], dtype=self.dtype)
+        for j, layer in enumerate(ids):
+            out[j] = self._read(layer)
+        return out
+
+    def __setitem__(self, index, value: Tensor) -> None:
+        ids, single = self._layer_ids(index)
+        if not single:
+            raise TypeError("DiskLayers is written one layer at a time: x[i] = matrix")
+        value = torch.as_tensor(value).detach().to("cpu", self.dtype)
+        if value.shape != self.shape[1:]:
+            raise ValueError(f"layer block must be {tuple(self.shape[1:])}, got {tuple(value.shape)}")
+        data = value.contiguous().numpy().tobytes()
+        offset, done = ids[0] * self._layer_bytes, 0
+        while done < len(data):
+            done += os.pwrite(self._fd, data[done:], offset + done)
+
+    def to(self, *args, **kwargs) -> Tensor:
+        """The whole stack as one in-memory tensor (then ``Tensor.to``)."""
+        return self[:].to(*args, **kwargs)
+
+    def cpu(self) -> Tensor:
+        return self[:]
+
+    def close(self) -> None:
+        """Delete the file now (also done when the array is garbage-collected or at exit)."""
+        self._finalizer()
+
+
+def _remove(fd: int, path: str) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
