@@ -186,3 +186,34 @@ def test_intra_sentence_similarity_equals_cosine_similarity_formula_bitwise(dtyp
     c = v.mean(1, keepdim=True)
     hand = ((v * c).sum(-1) / (v.norm(dim=-1).clamp_min(1e-8) * c.norm(dim=-1).clamp_min(1e-8))).mean(-1)
     assert torch.allclose(intra_sentence_similarity(h[:, 2, :3]), hand, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_self_similarity_update_equals_normalize_formula_bitwise_and_leaves_input_alone(dtype):
+    """The in-place float64 normalisation gives F.normalize's unit vectors and ``u.pow(2).sum(-1)`` bitwise
+    (the formula before issue 39): all rows targets (no gather) or mixed with non-targets, a word twice in a
+    call, a zero vector (eps); the caller's tensor (float64: no copy made by ``.to``) is not modified."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(12)
+    h = (torch.randn(2, 9, 16, generator=g) * 30).to(dtype)
+    h[:, 4] = 0.0
+    ids = torch.tensor([5, 2, 5, 9, 2, 7, 3, 2, 9])
+    for rows in (torch.tensor([0, 1, 2, 3, 4, 6, 7, 8]), torch.arange(9)):  # all targets / with non-target 7
+        x = h[:, rows]
+        before = x.clone()
+        acc = SelfSimilarityAccumulator(2, 16, keys=[2, 3, 5, 9])
+        acc.update(x, ids[rows])
+        assert torch.equal(x, before)  # float64: ``.to`` alone would not copy it
+        ref_unit = torch.zeros(2, 4, 16, dtype=torch.float64)
+        ref_sq = torch.zeros(2, 4, dtype=torch.float64)
+        slot = {2: 0, 3: 1, 5: 2, 9: 3}
+        for r in rows.tolist():
+            if ids[r].item() in slot:
+                u = F.normalize(h[:, r].to(torch.float64), dim=-1, eps=1e-8)
+                ref_unit[:, slot[ids[r].item()]] += u
+                ref_sq[:, slot[ids[r].item()]] += u.pow(2).sum(-1)
+        assert torch.equal(acc.sum_unit, ref_unit) and torch.equal(acc.sum_sq, ref_sq)
+        assert acc.counts.tolist() == [3, 1, 2, 2]
+    acc.update(h[:, :0], ids[:0])  # nothing
+    acc.update(h[:, 5:6], ids[5:6])  # no target
+    assert acc.counts.tolist() == [3, 1, 2, 2]

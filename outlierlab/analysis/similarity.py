@@ -348,10 +348,16 @@ class SelfSimilarityAccumulator:
         if hit.numel() == 0:
             return
         dev = self.sum_unit.device
-        u = F.normalize(hidden.detach()[:, hit.to(hidden.device)].to(torch.float64), dim=-1, eps=_EPS).to(dev)
-        p = pos[hit].to(dev)
+        h = hidden.detach()
+        # every row a target (what the sentence pass passes): no gather.  The float64 copy is ours, so
+        # F.normalize's division and the squares are done in it in place — the same numbers (issue 39)
+        x = h if hit.numel() == ids.numel() else h[:, hit.to(h.device)]
+        x = x.to(torch.float64, copy=True)
+        u = x.div_(x.norm(2.0, -1, keepdim=True).clamp_min(_EPS)).to(dev)  # = F.normalize(x, dim=-1, eps=_EPS)
+        p = pos if hit.numel() == ids.numel() else pos[hit]
+        p = p.to(dev)
         self.sum_unit.index_add_(1, p, u)
-        self.sum_sq.index_add_(1, p, u.pow(2).sum(-1))
+        self.sum_sq.index_add_(1, p, u.mul_(u).sum(-1))  # = u.pow(2).sum(-1); u is not read after this
         self.counts.index_add_(0, p, torch.ones_like(p))
 
     def compute(self, min_occurrences: int = 10, anisotropy: Tensor | None = None) -> tuple[Tensor, Tensor]:
