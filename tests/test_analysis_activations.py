@@ -81,6 +81,64 @@ def test_accumulator_equals_one_shot_over_batches():
     assert s["abs_argmax_dim"] == 2 and s["abs_argmax_share"] > 0.5
 
 
+def _accumulator_torch_formula(batches: list[torch.Tensor], eps: float = 1e-12) -> dict:
+    """ActivationAccumulator's state as computed before issue 39, written plainly with torch: Tensor.sort for
+    the median, Tensor.max for each token's max |x| and its dim, scatter_add_ for the counts."""
+    n_layers, d = batches[0].shape[0], batches[0].shape[-1]
+    out = {"sum_sq": torch.zeros(n_layers, d, dtype=torch.float64), "ratio_sum": torch.zeros(n_layers, dtype=torch.float64),
+           "abs_argmax_counts": torch.zeros(n_layers, d, dtype=torch.int64),
+           "max_abs": torch.full((n_layers,), -1.0, dtype=torch.float64),
+           "max_dim": torch.zeros(n_layers, dtype=torch.int64), "max_token": torch.zeros(n_layers, dtype=torch.int64)}
+    seen = 0
+    for x in batches:
+        a = x.abs()
+        srt = a.sort(-1).values
+        median = 0.5 * (srt[..., (d - 1) // 2].double() + srt[..., d // 2].double())
+        top, top_dim = a.max(-1)
+        out["ratio_sum"] += (top.double() / median.clamp_min(eps)).sum(1)
+        out["sum_sq"] += (a if a.dtype in (torch.float32, torch.float64) else a.float()).square().sum(
+            -2, dtype=torch.float64)
+        out["abs_argmax_counts"] += torch.zeros(n_layers, d, dtype=torch.int64).scatter_add_(
+            1, top_dim, torch.ones_like(top_dim))
+        best, tok = top.double().max(-1)
+        better = best > out["max_abs"]
+        out["max_abs"] = torch.where(better, best, out["max_abs"])
+        out["max_dim"] = torch.where(better, top_dim.gather(1, tok[:, None])[:, 0], out["max_dim"])
+        out["max_token"] = torch.where(better, tok + seen, out["max_token"])
+        seen += x.shape[1]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("d", [1, 2, 7, 16])
+def test_accumulator_equals_the_torch_formula_bitwise(dtype, d):
+    """The numpy argmax / bincount / in-place squares give the previous torch formula's state bitwise:
+    ties of |x| (x and -x), zero rows (median 0 -> eps), a NaN, a maximum equalled in a later batch."""
+    g = torch.Generator().manual_seed(21)
+    batches = []
+    for n in (5, 1, 9):
+        x = torch.randn(3, n, d, generator=g).round(decimals=1) * 4
+        batches.append(x)
+    batches[0][0, 0] = 0.0
+    batches[0][1, 1, 0] = 9.0
+    if d > 1:
+        batches[0][1, 1, d - 1] = -9.0  # |x| tie: the first dim wins
+        batches[2][2, 3, 1] = float("nan")
+    batches[2][1, 4, 0] = 9.0  # equals the running max: not "better", the first token stays
+    batches = [x.to(dtype) for x in batches]
+    acc = ActivationAccumulator(3, d)
+    for x in batches:
+        acc.update(x.clone())
+    ref = _accumulator_torch_formula(batches)
+    for k, v in ref.items():
+        got = getattr(acc, k)
+        assert torch.equal(got.isnan(), v.isnan()) if v.is_floating_point() else True, k
+        assert torch.equal(torch.nan_to_num(got, nan=-7.0), torch.nan_to_num(v, nan=-7.0)), k
+    assert acc.n_tokens == 15
+    one = max_median_ratio(batches[0])
+    assert torch.equal(one["ratio"], _accumulator_torch_formula(batches[:1])["ratio_sum"] / 5)
+
+
 def test_empty_accumulator_and_empty_mask_fail_clearly():
     with pytest.raises(ValueError, match="empty"):
         ActivationAccumulator(1, 4).kurtosis()
