@@ -48,11 +48,21 @@ SPECS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                                       num_key_value_heads=HEADS, head_dim=D // HEADS,
                                                       intermediate_size=FFN, max_position_embeddings=512)),
+    # OLMo (non-parametric LayerNorm, pre-LN), OLMo 2 and 3 (reordered norm: RMSNorm on each sublayer's output);
+    # OLMo 3 with one sliding-window layer (a 16-token window) and one full-attention layer
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                                   intermediate_size=FFN, max_position_embeddings=512)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                                      intermediate_size=FFN, max_position_embeddings=512)),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                                      intermediate_size=FFN, max_position_embeddings=512,
+                                                      sliding_window=16,
+                                                      layer_types=["sliding_attention", "full_attention"])),
     # not registered (the "unknown family" case): ALBERT shares one block across its layers
     "albert": ("AlbertConfig", "AlbertForMaskedLM", dict(hidden_size=D, embedding_size=16, num_hidden_layers=LAYERS,
                                                          num_attention_heads=HEADS, intermediate_size=FFN)),
 }
-DECODERS = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3")
+DECODERS = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "olmo3")
 
 
 def minilm_tokenizer():

@@ -16,6 +16,8 @@ from family_models import DECODERS, SPECS, build, plant, save
 
 REGISTERED = [t for t in SPECS if t != "albert"]
 PLANTED = 11
+#: Norms without gain or bias (OLMo's non-parametric LayerNorm; Groeneveld et al. 2024): nothing to plant or judge.
+NON_PARAMETRIC = ("olmo",)
 
 
 def _per_layer(norms: dict) -> list:
@@ -26,10 +28,11 @@ def _per_layer(norms: dict) -> list:
 def test_rule_flags_exactly_the_planted_dim_in_every_family(tmp_path, model_type):
     """Large gain (and bias where the norm has one) on one dim of every per-layer norm: the rule (default
     settings) flags exactly that dim; with bounded noise alone it flags none.  Loaded back from disk through
-    load_mlm, i.e. with the family's own LM-head class."""
+    load_mlm, i.e. with the family's own LM-head class.  Norms without gain or bias (OLMo): the rule says it
+    cannot judge any of them, as for our layernorm_noaffine runs."""
     from outlierlab.analysis.layernorm_rule import layernorm_outliers
     from outlierlab.evaluation.mlm_loading import load_mlm
-    from outlierlab.models.families import PRE_KINDS, family_of
+    from outlierlab.models.families import PRE_KINDS, REORDERED_KINDS, family_of
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 
     for dim, expected in ((PLANTED, [PLANTED]), (None, [])):
@@ -40,32 +43,49 @@ def test_rule_flags_exactly_the_planted_dim_in_every_family(tmp_path, model_type
         assert loaded.family is family and loaded.has_mlm_head
         assert loaded.objective == ("next_token" if model_type in DECODERS else "masked_lm")
         det = layernorm_outliers(layernorm_tensors(loaded.layernorms))
+        if model_type in NON_PARAMETRIC:  # nothing was planted: there is no parameter to plant in
+            per_layer = [k for k in loaded.layernorms if k.startswith("layer.")]
+            assert len(per_layer) == 2 * model.config.num_hidden_layers and "final" in loaded.layernorms
+            assert not [p for m in loaded.layernorms.values() for p in m.parameters()]
+            assert det.dims == [] and not det.flagged and list(det.unjudged) == per_layer, det.describe()
+            assert "cannot judge" in det.describe() and "nothing to judge" in det.describe()
+            assert f"{len(per_layer)} norms (layer.0.attention_input … " in det.describe()
+            continue
         assert det.dims == expected, (model_type, det.describe())
         kinds = {k.split(".", 2)[2] for k in det.flagged}
-        if family.placement == "pre":  # both per-layer norms judged, in the role of the output LayerNorm
-            assert kinds == set(PRE_KINDS) and "final" in loaded.layernorms
-        else:
+        if family.placement == "post":
             assert kinds == {"output"}
+        else:  # both per-layer norms judged, in the role of the output LayerNorm; a final norm before the head
+            assert kinds == set(PRE_KINDS if family.placement == "pre" else REORDERED_KINDS)
+            assert "final" in loaded.layernorms
+        if dim is not None:  # the report names where the judged norms sit
+            assert ("pre-LN: the norms before" in det.describe()) == (family.placement == "pre")
+            assert ("reordered norm: the norms on the attention's and the MLP's outputs" in det.describe()) == (
+                family.placement == "reordered")
         no_bias = [k for k, (w, b) in layernorm_tensors(loaded.layernorms).items() if b is None and k in det.flagged]
         assert det.gain_only == no_bias and (not no_bias or "gain alone" in det.describe())
     assert model_layernorms(loaded.model).keys() <= loaded.layernorms.keys()
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "modernbert", "llama"])
-def test_pre_ln_judges_both_norms_of_a_layer(model_type):
-    """A dim planted only in the norms before the MLP, another only before the attention: both are outliers."""
+@pytest.mark.parametrize("model_type", ["gpt2", "modernbert", "llama", "olmo2", "olmo3"])
+def test_pre_ln_and_reordered_blocks_judge_both_norms_of_a_layer(model_type):
+    """A dim planted only in the norms of the MLP (pre-LN: before it; reordered, OLMo 2/3: on its output),
+    another only in those of the attention: both are outliers."""
     from outlierlab.analysis.layernorm_rule import layernorm_outliers
+    from outlierlab.models.families import PRE_KINDS, REORDERED_KINDS, family_of
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms, select_layernorms
 
     model, _ = build(model_type)
+    attention, mlp = PRE_KINDS if family_of(model).placement == "pre" else REORDERED_KINDS
     norms = model_layernorms(model)
-    plant(select_layernorms(norms, ["mlp_input"]).values(), 3)
-    plant(select_layernorms(norms, ["attention_input"]).values(), 5, seed=1)
+    plant(select_layernorms(norms, [mlp]).values(), 3)
+    plant(select_layernorms(norms, [attention]).values(), 5, seed=1)
     det = layernorm_outliers(layernorm_tensors(norms))
     assert sorted(det.dims) == [3, 5]
-    assert layernorm_outliers(layernorm_tensors(norms), {"layernorms": ["mlp_input"]}).dims == [3]
-    with pytest.raises(ValueError, match="unknown LayerNorm kind"):
-        select_layernorms(norms, ["attention_output"])  # a post-LN kind: this model has none
+    assert layernorm_outliers(layernorm_tensors(norms), {"layernorms": [mlp]}).dims == [3]
+    for other in ("attention_output", *{*PRE_KINDS, *REORDERED_KINDS} - {attention, mlp}):
+        with pytest.raises(ValueError, match="unknown LayerNorm kind"):
+            select_layernorms(norms, [other])  # a kind of another placement: this model has none
 
 
 def test_our_pre_ln_encoder_gets_the_same_mapping():
@@ -206,7 +226,7 @@ def test_later_key_mass_tells_causal_from_bidirectional():
     assert keys["bos"].tolist() == first_token_mask(mask).tolist() and keys["eos"][0, 2]
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "modernbert", "llama"])
+@pytest.mark.parametrize("model_type", ["gpt2", "modernbert", "llama", "olmo", "olmo2", "olmo3"])
 def test_family_structure_helpers(model_type):
     """Position table where the family has one, q/k projections split to heads, LM head, inf-norm sites."""
     from outlierlab.models.families import family_of, lm_head, split_qk, unembedding
@@ -233,8 +253,135 @@ def test_family_structure_helpers(model_type):
     assert all(not math.isnan(float(result[s][l])) for s in ("ffn_output", "ln_input") for l in (1, 2))
 
 
+# ------------------------------------------------------------------------------------------------ OLMo
+def _rotated(monkeypatch, model_type: str) -> list:
+    """Record the q and k that the OLMo attention hands to the rotation, ``[B, H, T, hd]`` per layer."""
+    import importlib
+
+    mod = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    seen, rotate = [], mod.apply_rotary_pos_emb
+
+    def record(q, k, *args, **kwargs):
+        seen.append((q.detach().clone(), k.detach().clone()))
+        return rotate(q, k, *args, **kwargs)
+
+    monkeypatch.setattr(mod, "apply_rotary_pos_emb", record)
+    return seen
+
+
+@pytest.mark.parametrize("model_type, clip", [("olmo", 0.05), ("olmo", None), ("olmo2", None), ("olmo3", None)])
+def test_olmo_queries_and_keys_are_those_the_model_rotates(monkeypatch, model_type, clip):
+    """split_qk of the registry's q/k modules gives exactly the q and k the model rotates: OLMo's projections
+    clamped to ±clip_qkv (Groeneveld et al. 2024; hooks copy the output, so the clip must come from the
+    registry), OLMo 2/3's whole-projection q_norm/k_norm outputs (Team OLMo 2024)."""
+    from outlierlab.models.families import family_of, split_qk
+
+    model, tok = build(model_type, **({"clip_qkv": clip} if model_type == "olmo" else {}))
+    projections = family_of(model).qk_projections(model)
+    blocks = model.model.layers
+    for p, b in zip(projections, blocks):
+        if model_type == "olmo":
+            assert (p.q, p.k, p.layout, p.clip) == (b.self_attn.q_proj, b.self_attn.k_proj, "separate", clip)
+        else:
+            assert (p.q, p.k, p.layout, p.clip) == (b.self_attn.q_norm, b.self_attn.k_norm, "separate", None)
+    out, handles = {}, []
+    for i, p in enumerate(projections):
+        for name, m in (("q", p.q), ("k", p.k)):
+            handles.append(m.register_forward_hook(
+                lambda _m, _a, o, key=(i, name): out.__setitem__(key, o.detach().clone())))
+    seen = _rotated(monkeypatch, model_type)
+    ids = tok(["the captain read the letter again", "a lady"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        model(**ids)
+    for h in handles:
+        h.remove()
+    assert len(seen) == len(projections) == 2
+    for i, (p, (q_rot, k_rot)) in enumerate(zip(projections, seen)):
+        q, k = split_qk(p, out[(i, "q")], out[(i, "k")])
+        assert torch.equal(q, q_rot.transpose(1, 2)) and torch.equal(k, k_rot.transpose(1, 2))
+        if clip is not None:  # the clip was active: without it the hooked projections are not what is rotated
+            assert out[(i, "q")].abs().max() > 2 * clip and q.abs().max() == pytest.approx(clip)
+            q_raw, _ = split_qk(p._replace(clip=None), out[(i, "q")], out[(i, "k")])
+            assert not torch.equal(q_raw, q_rot.transpose(1, 2))
+
+
+@pytest.mark.parametrize("model_type", ["olmo", "olmo2", "olmo3"])
+def test_olmo_rotary_layers_and_sites(model_type):
+    """Per layer the model's own θ_i and reach (OLMo 3: a 16-token sliding window, then a full layer with its own
+    frequencies); Bondarenko et al.'s sites: the FFN down-projection and the block output (no norm on the
+    stream inside an OLMo block), the latter equal to the hidden state the model hands on."""
+    from outlierlab.models.families import family_of
+    from outlierlab.models.rotary_layers import rotary_layers
+    from outlierlab.models.sites import InfNormRecorder
+
+    model, tok = build(model_type)
+    rot = model.model.rotary_emb
+    layers = rotary_layers(model)
+    if model_type == "olmo3":
+        assert [r.context for r in layers] == [16, 512]
+        for r, kind in zip(layers, ("sliding_attention", "full_attention")):
+            assert torch.equal(r.inv_freq, getattr(rot, f"{kind}_inv_freq").double())
+            assert r.source == f"model.rotary_emb.{kind}_inv_freq"
+    else:
+        assert [r.context for r in layers] == [512, 512]
+        assert all(torch.equal(r.inv_freq, rot.inv_freq.double()) for r in layers)
+    family = family_of(model)
+    for b in model.model.layers:
+        sites = family.sites(b)
+        assert sites == {"ffn_output": (b.mlp.down_proj, "output"), "ln_input": (b, "output"),
+                         "residual": (b, "output")}
+    ids = tok(["the captain read the letter again", "a lady"], padding=True, return_tensors="pt")
+    mask = ids["attention_mask"].bool()
+    with InfNormRecorder(model) as rec, torch.no_grad():
+        hidden = model(**ids, output_hidden_states=True).hidden_states
+        rec.commit(mask)
+    got = rec.result()
+    assert float(got["ln_input"][1]) == pytest.approx(float(hidden[1][mask].abs().max()))
+
+
+@pytest.mark.parametrize("model_type", ["olmo", "olmo2"])
+def test_olmo_analyses_name_the_family(tmp_path, compose_cfg, model_type):
+    """evaluate.py on a saved OLMo: the outliers analysis names the family (not 'not in the registry'), records
+    the inf-norm sites, and judges the norms — OLMo's non-parametric ones: cannot be judged; OLMo 2's planted
+    gain dim: found; qk_outliers reads q/k with their rotary frequencies."""
+    import csv
+
+    import evaluate as evaluate_script
+
+    from outlierlab.models.layernorms import model_layernorms
+
+    model, tok = build(model_type)
+    plant(_per_layer(model_layernorms(model)), PLANTED)
+    path = save(model, tok, tmp_path / model_type)
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(f"The {w} sat by the window and read a letter." for w in
+                              ("captain", "lady", "admiral", "sister", "friend", "cousin") * 4) + "\n")
+    cfg = compose_cfg("evaluate", [f"encoder.name_or_path={path}", "progress=false", "tensorboard=false",
+                                   "analyses=[outliers,qk_outliers]", f"data.files=[{text}]", "transform=[none]"])
+    out = evaluate_script.evaluate(cfg, tmp_path / "run")
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "not in the model-family registry" not in report and f"Model family: {model_type} family" in report
+    res = {r.name: r for r in out["results"]}
+    assert res["outliers"].summary["family"] == model_type
+    if model_type == "olmo":
+        assert res["outliers"].summary["layernorm_outlier_dims"] == []
+        assert "cannot judge (4 norms (layer.0.attention_input … layer.1.mlp_input): no gain and no bias" in report
+    else:
+        assert res["outliers"].summary["layernorm_outlier_dims"] == [PLANTED]
+        assert "reordered norm: the norms on the attention's and the MLP's outputs" in report
+    with open(tmp_path / "run" / "outliers.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["transform"] == "none" and r["layer"] in ("1", "2")]
+    assert len(rows) == 2 and all(float(r["inf_norm_ffn_output"]) > 0 and float(r["inf_norm_ln_input"]) > 0
+                                  for r in rows)
+    qk = res["qk_outliers"]
+    assert qk.summary["rotary"] is True and "inv_freq" in qk.markdown
+    read = ["layers.0.self_attn.q_proj", "layers.0.self_attn.k_proj"] if model_type == "olmo" else \
+        ["layers.0.self_attn.q_norm", "layers.0.self_attn.k_norm"]
+    assert qk.summary["qk_read_at"] == read
+
+
 PRESETS = {"modernbert_base": "modernbert", "gpt2": "gpt2", "pythia_160m": "gpt_neox", "qwen2_0_5b": "qwen2",
-           "tinyllama_1_1b": "llama"}
+           "tinyllama_1_1b": "llama", "olmo_1b": "olmo"}
 
 
 @pytest.fixture

@@ -83,7 +83,7 @@ def test_one_pass_equals_two_passes_for_every_analysis_and_transform(tmp_path, c
 
 
 # ------------------------------------------------------------------------------------------------ one layer at a time
-@pytest.mark.parametrize("arch", ["bert", "gpt2", "gpt_neox", "llama", "olmo", "ours"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "gpt_neox", "llama", "olmo", "olmo2", "olmo3", "olmoe", "ours"])
 def test_layers_one_at_a_time_equal_the_stacked_hidden_states(tmp_path, arch):
     """forward_layers (hooks on the family's blocks, each layer handed over and dropped) gives exactly the
     hidden states of output_hidden_states, the last one after the final norm where HF applies it."""
@@ -103,9 +103,18 @@ def test_layers_one_at_a_time_equal_the_stacked_hidden_states(tmp_path, arch):
                                                    num_attention_heads=4, intermediate_size=64),
                "llama": lambda: T.LlamaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3,
                                               num_attention_heads=4, num_key_value_heads=2, intermediate_size=64),
-               # not in the family registry: the layers come from output_hidden_states (the fallback)
                "olmo": lambda: T.OlmoConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3,
-                                            num_attention_heads=4, intermediate_size=64, pad_token_id=0)}[arch]()
+                                            num_attention_heads=4, intermediate_size=64, pad_token_id=0),
+               "olmo2": lambda: T.Olmo2Config(vocab_size=30522, hidden_size=32, num_hidden_layers=3,
+                                              num_attention_heads=4, intermediate_size=64, pad_token_id=0),
+               "olmo3": lambda: T.Olmo3Config(vocab_size=30522, hidden_size=32, num_hidden_layers=3,
+                                              num_attention_heads=4, intermediate_size=64, pad_token_id=0,
+                                              sliding_window=4),
+               # not in the family registry (OLMoE: a mixture-of-experts FFN): the layers come from
+               # output_hidden_states (the fallback)
+               "olmoe": lambda: T.OlmoeConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3,
+                                              num_attention_heads=4, intermediate_size=64, num_experts=4,
+                                              num_experts_per_tok=2, pad_token_id=0)}[arch]()
         from transformers import AutoModel, AutoTokenizer
 
         AutoModel.from_config(cfg).save_pretrained(tmp_path / arch)

@@ -14,8 +14,12 @@ Pre-LN models (GPT-2, Llama, Pythia, ModernBERT, our ``model.norm_placement=pre`
 their two per-layer norms read the residual stream before the attention (``attention_input``) and before
 the MLP (``mlp_input``).  Both play the role of Kovaleva's output LayerNorm (:data:`KIND_ROLES`; the
 choice and its sources: docs/fidelity.md), so ``layernorms=[output]`` judges both and a layer flags a dim
-when either does.  Norms without a bias (RMSNorm; ModernBERT's bias-free LayerNorm) are judged on their
-gain alone under ``both``/``either`` and listed in :attr:`LayerNormOutliers.gain_only`.
+when either does.  OLMo 2's "reordered norm" blocks (``x ← x + RMSNorm(f(x))``) have neither: their norms sit
+on each sublayer's output before the residual add (``attention_update``, ``mlp_update``) and take the same role.
+Norms without a bias (RMSNorm; ModernBERT's bias-free LayerNorm) are judged on their gain alone under
+``both``/``either`` and listed in :attr:`LayerNormOutliers.gain_only`; norms with neither gain nor bias (OLMo's
+non-parametric LayerNorm, our ``model.norm=layernorm_noaffine``) cannot be judged and are listed in
+:attr:`LayerNormOutliers.unjudged`.
 """
 
 from __future__ import annotations
@@ -42,19 +46,30 @@ _LAYER_RE = re.compile(r"^layer\.(\d+)\.")
 #: The rule role of each per-layer norm kind that is not a role itself.  Pre-LN blocks have no output
 #: LayerNorm; the norms before the attention and before the MLP both take its role (docs/fidelity.md:
 #: Dettmers et al. 2022 and Wei et al. 2023 find the outlier channels of pre-LN LLMs at the output of both;
-#: Sun et al. 2024's massive activations sit in the residual stream both read).
-KIND_ROLES = {"attention_input": "output", "mlp_input": "output"}
+#: Sun et al. 2024's massive activations sit in the residual stream both read).  Reordered-norm blocks (OLMo 2 and
+#: 3: Team OLMo 2024, "2 OLMo 2 Furious") have no norm on the stream inside a block either: every write to the
+#: stream is ``γ ⊙ RMSNorm(f(x))``, so the norms on the attention's and the MLP's outputs are the per-channel gains
+#: through which each layer shapes the stream — the writing half of the post-LN output LayerNorm's role, as the
+#: pre-LN norms are its reading half — and both take it too (docs/fidelity.md).
+KIND_ROLES = {"attention_input": "output", "mlp_input": "output", "attention_update": "output",
+              "mlp_update": "output"}
+#: What the report says the ``output`` role judged, per mapped kind.
+_ROLE_NOTES = {"attention_input": "pre-LN: the norms before the attention and before the MLP",
+               "mlp_input": "pre-LN: the norms before the attention and before the MLP",
+               "attention_update": "reordered norm: the norms on the attention's and the MLP's outputs",
+               "mlp_update": "reordered norm: the norms on the attention's and the MLP's outputs"}
 
 
 def layernorm_kind(name: str) -> str:
     """Kind of a canonical LayerNorm key: ``embeddings``, ``final``, ``head``, or the part after ``layer.{i}.``
-    (post-LN ``output``/``attention_output``, pre-LN ``attention_input``/``mlp_input``)."""
+    (post-LN ``output``/``attention_output``, pre-LN ``attention_input``/``mlp_input``, reordered
+    ``attention_update``/``mlp_update``)."""
     m = _LAYER_RE.match(name)
     return name[m.end():] if m else name
 
 
 def layernorm_role(name: str) -> str:
-    """The rule role of a canonical key: its kind, with pre-LN kinds mapped by :data:`KIND_ROLES`."""
+    """The rule role of a canonical key: its kind, with pre-LN and reordered kinds mapped by :data:`KIND_ROLES`."""
     kind = layernorm_kind(name)
     return KIND_ROLES.get(kind, kind)
 
@@ -105,9 +120,10 @@ class LayerNormRule:
         ``gain`` / ``bias``: that parameter alone.
     layernorms : sequence of str
         LayerNorm kinds judged: ``output`` (default, Kovaleva et al.: each layer's output LayerNorm; pre-LN:
-        both per-layer norms, :data:`KIND_ROLES`), ``attention_output``, ``attention_input`` / ``mlp_input``
-        (one pre-LN norm alone), ``embeddings``, ``final`` (pre-LN), ``head`` (the MLM head's), or ``all``
-        (every per-layer norm; the embeddings', final and head's still only when named).
+        both per-layer norms; reordered: both, :data:`KIND_ROLES`), ``attention_output``, ``attention_input`` /
+        ``mlp_input`` (one pre-LN norm alone), ``attention_update`` / ``mlp_update`` (one reordered norm),
+        ``embeddings``, ``final`` (pre-LN, reordered), ``head`` (the MLM head's), or ``all`` (every per-layer norm;
+        the embeddings', final and head's still only when named).
     min_layers : int, float or "a/b"
         Layers that must flag a dim for a model-level outlier (:func:`min_layers_for`; default ``"4/12"``).
     """
@@ -171,13 +187,18 @@ class LayerNormOutliers:
 
     def describe(self) -> str:
         """One line: the rule, the dims found, and what could not be judged."""
-        if not self.per_layer:
-            why = "; ".join(f"{n}: {r}" for n, r in self.unjudged.items()) or "no LayerNorm of those kinds"
+        if not self.per_layer:  # one entry per reason (a 32-layer OLMo: 64 non-parametric norms, one reason)
+            by_reason: dict[str, list[str]] = {}
+            for n, r in self.unjudged.items():
+                by_reason.setdefault(r, []).append(n)
+            why = "; ".join(f"{ns[0]}: {r}" if len(ns) == 1 else f"{len(ns)} norms ({ns[0]} … {ns[-1]}): {r}"
+                            for r, ns in by_reason.items()) or "no LayerNorm of those kinds"
             return f"{self.rule.describe()}: cannot judge ({why})"
         shown = ", ".join(f"{d} ({self.counts[d]}/{self.n_layers})" for d in self.dims) or "none"
         what = self.rule.describe()
-        if any(layernorm_kind(n) in KIND_ROLES for n in self.flagged):
-            what += " (pre-LN: the norms before the attention and before the MLP)"
+        notes = dict.fromkeys(_ROLE_NOTES[k] for n in self.flagged if (k := layernorm_kind(n)) in _ROLE_NOTES)
+        if notes:
+            what += f" ({'; '.join(notes)})"
         text = (f"{what}, in ≥ {self.min_layers} of {self.n_layers} layers "
                 f"(Kovaleva et al. 2021; Puccetti et al. 2022): {shown}")
         if self.gain_only:

@@ -11,16 +11,23 @@ One :class:`Family` per block structure.  Every analysis that needs a model's in
 
   - post-LN blocks (BERT; Kovaleva et al. 2021), ``x ← LN(x + f(x))``: ``attention_output`` (after the
     attention's residual add) and ``output`` (after the FFN's — the norm Kovaleva et al. judge);
-  - pre-LN blocks (GPT-2, Llama, Pythia, ModernBERT; Xiong et al. 2020), ``x ← x + f(LN(x))``:
+  - pre-LN blocks (GPT-2, Llama, Pythia, ModernBERT, OLMo; Xiong et al. 2020), ``x ← x + f(LN(x))``:
     ``attention_input`` and ``mlp_input``, the two norms reading the residual stream before each sublayer,
-    and one ``final`` norm before the LM head.
+    and one ``final`` norm before the LM head;
+  - reordered-norm blocks (OLMo 2 and 3: Team OLMo 2024, "2 OLMo 2 Furious", whose "reordered norm" is Swin
+    V2's res-post-norm, Liu et al. 2022), ``x ← x + LN(f(x))``: ``attention_update`` and ``mlp_update``, the
+    norms on each sublayer's *output* before the residual add.  Neither kind above: no norm reads or
+    rewrites the residual stream inside a block (the sublayers read it raw), each norm's gain scales what its
+    sublayer adds to it; one ``final`` norm before the LM head.
 
-  Which kinds the rule judges by default (both pre-LN norms in the role of Kovaleva's output LayerNorm) is
-  decided in :data:`outlierlab.analysis.layernorm_rule.KIND_ROLES` and argued in docs/fidelity.md.
+  Which kinds the rule judges by default (both pre-LN norms, and both reordered ones, in the role of
+  Kovaleva's output LayerNorm) is decided in :data:`outlierlab.analysis.layernorm_rule.KIND_ROLES` and argued
+  in docs/fidelity.md.
 * :meth:`Family.position_table`, :attr:`Family.positions` — a learned absolute table (GPT-2's ``wpe``,
   BERT's ``position_embeddings``) or what the model uses instead (rotary, relative, ...).
 * :meth:`Family.blocks`, :meth:`Family.attention_modules`, :meth:`Family.qk_projections` (q/k where the model
-  rotates them: the projections, or a per-head QK-norm; :func:`split_qk` for fused projections),
+  rotates them: the projections, clipped where the model clips them, or a QK-norm; :func:`split_qk` for fused
+  projections),
   :func:`outlierlab.models.rotary_layers.rotary_layers` (per block the rotary frequencies the model uses, read from
   its rotary module, and the layer's reach), :meth:`Family.sites` (Bondarenko et al. 2023's activation sites),
   :func:`lm_head` / :func:`unembedding` (the model's own output layer, ``get_output_embeddings``).
@@ -54,12 +61,14 @@ from torch import Tensor, nn
 
 __all__ = ["Family", "FAMILIES", "UnknownFamilyError", "QKProjection", "family_of", "family_for_type",
            "model_type_of", "lm_head", "unembedding", "split_qk", "base_model", "is_decoder", "causal_or_masked",
-           "POST_KINDS", "PRE_KINDS", "OURS", "OURS_CAUSAL", "ours"]
+           "POST_KINDS", "PRE_KINDS", "REORDERED_KINDS", "OURS", "OURS_CAUSAL", "ours"]
 
 #: Per-layer norm kinds of a post-LN block, in block order (Kovaleva et al. 2021 judge ``output``).
 POST_KINDS = ("attention_output", "output")
 #: Per-layer norm kinds of a pre-LN block, in block order.
 PRE_KINDS = ("attention_input", "mlp_input")
+#: Per-layer norm kinds of a reordered-norm block (OLMo 2), in block order: the norm on each sublayer's output.
+REORDERED_KINDS = ("attention_update", "mlp_update")
 
 
 class UnknownFamilyError(ValueError):
@@ -76,6 +85,8 @@ class QKProjection(NamedTuple):
         outputs are already ``[..., T, H, head_dim]``: Qwen3's per-head ``q_norm``/``k_norm``), ``head_major``
         (``[B, H, T, head_dim]``: our attention's ``query_norm``/``key_norm`` and position scheme input)
     num_heads, num_kv_heads, head_dim : from the config (``num_kv_heads < num_heads``: grouped-query attention)
+    clip : the model clamps q and k to ``[-clip, clip]`` before rotating them (OLMo's ``config.clip_qkv``;
+        Groeneveld et al. 2024), so :func:`split_qk` does too; None: no clipping
     """
 
     q: nn.Module
@@ -84,6 +95,7 @@ class QKProjection(NamedTuple):
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    clip: float | None = None
 
 
 def split_qk(proj: QKProjection, q_out: Tensor, k_out: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -91,8 +103,13 @@ def split_qk(proj: QKProjection, q_out: Tensor, k_out: Tensor | None = None) -> 
 
     ``q_out`` is the output of ``proj.q``; ``k_out`` that of ``proj.k`` (ignored for fused layouts, where
     both come from ``q_out``).  Rotary embeddings, where a family has them, are applied *after* these
-    projections (Su et al. 2021): what is returned is the pre-rotation q/k.
+    projections (Su et al. 2021): what is returned is the pre-rotation q/k, clipped where the model clips them
+    (:attr:`QKProjection.clip`; transformers clamps the projection's output in place, so a hook that kept it
+    without a copy already sees it clipped — clipping again changes nothing).
     """
+    if proj.clip is not None:
+        q_out = q_out.clamp(-proj.clip, proj.clip)
+        k_out = None if k_out is None else k_out.clamp(-proj.clip, proj.clip)
     h, hk, dh = proj.num_heads, proj.num_kv_heads, proj.head_dim
     lead = q_out.shape[:-1]
     if proj.layout == "separate":
@@ -152,11 +169,12 @@ class Family:
     ----------
     name : short name shown in reports
     model_types : the ``config.model_type`` values it covers
-    placement : ``post`` or ``pre`` (where the per-layer norms sit; Xiong et al. 2020)
+    placement : ``post``, ``pre`` (where the per-layer norms sit; Xiong et al. 2020) or ``reordered`` (on the
+        sublayers' outputs before the residual add; OLMo 2)
     decoder : causal (next-token) model; its token vectors see only their left context
     blocks : path of the ``ModuleList`` of blocks, from the base model
     norms : ``(path in a block, kind)`` per per-layer norm, in block order (kinds: :data:`POST_KINDS`,
-        :data:`PRE_KINDS`)
+        :data:`PRE_KINDS`, :data:`REORDERED_KINDS`)
     embeddings_norm, final_norm : paths from the base model (None: the family has none)
     head_norm : path of the LM head's own norm, from the full model (None: none)
     position_table : path of a learned absolute position ``nn.Embedding``, from the base model (None: none)
@@ -167,8 +185,11 @@ class Family:
     ffn_output : path of the FFN down-projection in a block (Bondarenko et al. 2023's ``ffn_output`` site)
     norm_kind : the norm class in words, said in reports
     optional_norms : block norm paths that may be ``nn.Identity`` (left out) in some blocks
-    qk_norms : paths of per-head query/key norms in a block, used where a block has them (Qwen3's
-        ``q_norm``/``k_norm``): the model rotates their outputs, so q/k are read there (layout ``heads``)
+    qk_norms : paths of query/key norms in a block, used where a block has them (Qwen3's per-head, OLMo 2's
+        whole-projection ``q_norm``/``k_norm``): the model rotates their outputs, so q/k are read there
+    qk_norm_layout : the layout of the QK-norms' outputs: ``heads`` (Qwen3) or ``separate`` (OLMo 2)
+    qk_clip : the config attribute holding the value q/k are clamped to before the rotation (OLMo's
+        ``clip_qkv``; unset or None in the config: no clipping)
     """
 
     name: str
@@ -190,6 +211,8 @@ class Family:
     norm_kind: str
     optional_norms: tuple[str, ...] = field(default=())
     qk_norms: tuple[str, str] | None = None
+    qk_norm_layout: str = "heads"
+    qk_clip: str | None = None
 
     # -- structure ------------------------------------------------------------------------------------------
     def block_list(self, model: nn.Module) -> list[nn.Module]:
@@ -266,8 +289,9 @@ class Family:
 
     def qk_projections(self, model: nn.Module) -> list[QKProjection]:
         """Each block's queries and keys where the model rotates them (:class:`QKProjection`; outputs split by
-        :func:`split_qk`): the projections, or a block's per-head QK-norms where it has them (:attr:`qk_norms`:
-        Qwen3 normalises q and k per head with a learned gain *before* the rotation)."""
+        :func:`split_qk`): the projections (with the model's clip, :attr:`qk_clip`), or a block's QK-norms where
+        it has them (:attr:`qk_norms`: Qwen3 per head, OLMo 2 over the whole projection, normalise q and k with a
+        learned gain *before* the rotation)."""
         cfg = getattr(model, "config", None)
         heads = int(getattr(cfg, "num_attention_heads", 0) or getattr(cfg, "n_heads", 0)
                     or getattr(cfg, "num_heads", 0) or 0)  # HF names; ours: num_heads
@@ -276,22 +300,25 @@ class Family:
         head_dim = int(getattr(cfg, "head_dim", 0) or (hidden // heads if heads else 0))
         if not heads:
             raise ValueError(f"{type(model).__name__}: the config names no number of attention heads")
+        clip = getattr(cfg, self.qk_clip, None) if self.qk_clip else None
+        clip = None if clip is None else float(clip)
         out = []
         for b in self.block_list(model):
             qn, kn = (_get(b, p) for p in self.qk_norms) if self.qk_norms else (None, None)
             if _is_norm(qn) and _is_norm(kn):
-                out.append(QKProjection(qn, kn, "heads", heads, kv, head_dim))
+                out.append(QKProjection(qn, kn, self.qk_norm_layout, heads, kv, head_dim))
             else:
                 out.append(QKProjection(self._required(b, self.q, "query projection"),
                                         self._required(b, self.k, "key projection"), self.qk_layout, heads, kv,
-                                        head_dim))
+                                        head_dim, clip))
         return out
 
     def sites(self, block: nn.Module) -> dict[str, tuple[nn.Module, str]]:
         """Bondarenko et al. (2023)'s activation sites of one block, ``{site: (module, "input" | "output")}``
         (:mod:`outlierlab.models.sites`): ``ffn_output``; post-LN: ``ln_input``/``ln_output`` around the
-        output LayerNorm; pre-LN: ``ln_input`` = the block output (the sum a post-LN block would normalise,
-        as our own pre-LN blocks declare it) and ``residual``."""
+        output LayerNorm; pre-LN and reordered: ``ln_input`` = the block output (the sum a post-LN block would
+        normalise, as our own pre-LN blocks declare it; a reordered block normalises only the FFN's output, which
+        is ``ffn_output`` before its gain) and ``residual``."""
         sites = {"ffn_output": (self._required(block, self.ffn_output, "FFN output projection"), "output")}
         if self.placement == "post":
             path = next(p for p, kind in self.norms if kind == "output")
@@ -305,7 +332,9 @@ class Family:
         """One line: the family, its block kind, norms and positions."""
         kind = "decoder (causal: each token vector sees only its left context)" if self.decoder else "encoder"
         norms = ", ".join(f"`{p}` ({k})" for p, k in self.norms)
-        return (f"{self.name} family: {kind}, {self.placement}-LN blocks with {self.norm_kind} ({norms}"
+        blocks = ("reordered-norm blocks (x + norm(sublayer(x)))" if self.placement == "reordered"
+                  else f"{self.placement}-LN blocks")
+        return (f"{self.name} family: {kind}, {blocks} with {self.norm_kind} ({norms}"
                 f"{f', final `{self.final_norm}`' if self.final_norm else ''}); positions: {self.positions}")
 
 
@@ -348,6 +377,20 @@ FAMILIES: tuple[Family, ...] = (
            None, "rotary (RoPE)", "self_attn", "self_attn.q_proj", "self_attn.k_proj",
            "separate", "mlp.down_proj", "RMSNorm (gain, no bias)",
            qk_norms=("self_attn.q_norm", "self_attn.k_norm")),  # Qwen3; absent in Llama, Mistral, Qwen2
+    # OLMo (Groeneveld et al. 2024, "OLMo: Accelerating the Science of Language Models"): Llama's block with a
+    # LayerNorm without gain or bias ("non-parametric"), so the rule cannot judge it and says so; q/k/v clamped
+    # to ±clip_qkv before the rotation where the config sets it
+    Family("olmo", ("olmo",), "pre", True, "layers", _LLAMA_NORMS, None, "norm", None, None, "rotary (RoPE)",
+           "self_attn", "self_attn.q_proj", "self_attn.k_proj", "separate", "mlp.down_proj",
+           "LayerNorm without gain or bias (non-parametric: nothing for the rule to judge)", qk_clip="clip_qkv"),
+    # OLMo 2 (Team OLMo 2024, "2 OLMo 2 Furious") and OLMo 3 (the same block; sliding-window layers):
+    # "reordered norm", x ← x + RMSNorm(f(x)) — Llama's module name post_attention_layernorm, another place —
+    # and a QK-norm over the whole q / k projection (not per head) before the rotation
+    Family("olmo2", ("olmo2", "olmo3"), "reordered", True, "layers",
+           tuple(zip(("post_attention_layernorm", "post_feedforward_layernorm"), REORDERED_KINDS)), None, "norm",
+           None, None, "rotary (RoPE; OLMo 3: sliding-window layers beside full ones)", "self_attn",
+           "self_attn.q_proj", "self_attn.k_proj", "separate", "mlp.down_proj", "RMSNorm (gain, no bias)",
+           qk_norms=("self_attn.q_norm", "self_attn.k_norm"), qk_norm_layout="separate"),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
