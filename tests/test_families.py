@@ -455,3 +455,26 @@ def test_frequency_reads_the_model_own_lm_head(tmp_path):
     by_dim = {r["dim"]: r for r in res.rows if r["layer"] == 0}
     assert by_dim[5]["head_spearman"] == pytest.approx(1.0) and abs(by_dim[7]["head_spearman"]) < 0.9
     assert {r["objective"] for r in res.rows} == {"next_token"} and "LM head (next-token" in res.markdown
+
+
+def test_every_norm_kind_of_the_registry_can_be_named_in_a_layernorms_setting():
+    """ablation/attention_sinks `layernorms=[...]` accepts every per-layer kind a family declares (OLMo 2's
+    reordered kinds were refused by the settings check)."""
+    from outlierlab.evaluation.settings import LAYERNORM_KINDS
+    from outlierlab.models.families import POST_KINDS, PRE_KINDS, REORDERED_KINDS
+
+    assert set(POST_KINDS + PRE_KINDS + REORDERED_KINDS) <= set(LAYERNORM_KINDS)
+
+
+@pytest.mark.parametrize("model_type,roles", [
+    ("olmo2", "both per-layer norms (on the attention's and the MLP's output, before each residual add)"),
+    ("llama", "both per-layer norms (before the attention and before the MLP)"),
+    ("bert", "each layer's output LayerNorm (after the FFN's residual add)")])
+def test_the_family_line_says_which_norms_the_output_role_judges(tmp_path, model_type, roles):
+    from family_models import build, save
+
+    from outlierlab.models.loading import FrozenEncoder
+
+    enc = FrozenEncoder(str(save(*build(model_type), tmp_path / model_type)), device="cpu")
+    line = enc.family_line()
+    assert "\n" not in line and line.endswith(f"role judges {roles}."), line

@@ -180,7 +180,7 @@ def test_our_op_block_is_read_after_its_query_norm():
     assert {r["head"] for r in rows if r["layer"] == 0 and r["dim"] == 5 and r["q_outlier"]} == {0, 1}
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "modernbert", "gpt_neox"])
+@pytest.mark.parametrize("model_type", ["qwen3", "modernbert", "gpt_neox", "olmo2"])
 def test_qk_outliers_runs_on_hub_families_with_their_rotary_layers(tmp_path, model_type):
     """evaluate.py's qk_outliers on saved hub-format models: per-layer θ and reach in the CSV rows, the source
     of θ and the QK-norm reading point in the report."""
@@ -197,6 +197,11 @@ def test_qk_outliers_runs_on_hub_families_with_their_rotary_layers(tmp_path, mod
     if model_type == "qwen3":
         assert res.summary["qk_read_at"] == ["layers.0.self_attn.q_norm", "layers.0.self_attn.k_norm"]
         assert "after the QK-norm" in res.markdown
+    if model_type == "olmo2":  # a QK-norm over the whole projection: read after it, and said so
+        assert res.summary["qk_read_at"] == ["layers.0.self_attn.q_norm", "layers.0.self_attn.k_norm"]
+        assert "after the QK-norm" in res.markdown and "no QK-norm" not in res.markdown
+    if model_type == "gpt_neox":
+        assert "no QK-norm in this model" in res.markdown
     rot = enc.model.rotary_emb  # the body (AutoModel) holds the rotary module in every family here
     by_layer = {}
     for r in res.rows:

@@ -207,7 +207,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
                        top_k=s.top_k)
     n_lns = len(select_layernorms(loaded.layernorms, kinds)) if kinds else 0
     notes = [f"Model: {loaded.name}. LayerNorms zeroed (gain and bias): {', '.join(kinds) or 'none'} "
-             f"({n_lns} LayerNorms)" + (" — pre-LN: both per-layer norms and the final norm before the LM head"
+             f"({n_lns} LayerNorms)" + (" — and the final norm before the LM head: no per-layer norm of a pre-LN "
+                                        "or reordered-norm block normalises the stream it reads"
                                         if "final" in kinds and s.layernorms is None else "") + ".",
              ("Outlier dims given by ablation.outlier_dims; detected: " if given else "Outlier dims: ")
              + found + ".",

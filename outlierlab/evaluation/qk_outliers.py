@@ -33,7 +33,7 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import QKOutliersSettings, load_settings
 from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts
 from outlierlab.evaluation.settings import DataSettings, section_settings
-from outlierlab.models.families import QKProjection, family_of, split_qk
+from outlierlab.models.families import QKProjection, family_of, is_norm, split_qk
 from outlierlab.models.rotary_layers import rotary_layers
 from outlierlab.reports.evaluation_report import md_table
 
@@ -223,8 +223,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
     names = {id(m): n for n, m in model.named_modules()}
     p0 = rec.projs[0]
     read = (f"the outputs of `{names.get(id(p0.q), '?')}` / `{names.get(id(p0.k), '?')}` (block 0; the same in every "
-            "block)" + (" — after the QK-norm, whose gain scales dims before the rotation" if p0.layout in
-                        ("heads", "head_major") else " — the projections: no QK-norm in this model"))
+            "block)" + (" — after the QK-norm, whose gain scales dims before the rotation" if is_norm(p0.q)
+                        else " — the projections: no QK-norm in this model"))
     md = [TITLE,
           f"q and k where the model rotates them, just before the rotation: {read}; every real token of "
           f"{what}. Outlier dim of a head: "

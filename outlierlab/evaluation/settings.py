@@ -29,7 +29,8 @@ __all__ = ["load_settings", "section_settings", "DataSettings", "EncoderSettings
            "QKOutliersSettings", "LAYERNORM_KINDS"]
 
 #: LayerNorm kinds a ``layernorms`` list may name (:func:`outlierlab.models.layernorms.select_layernorms`).
-LAYERNORM_KINDS = ("output", "attention_output", "attention_input", "mlp_input", "embeddings", "final", "head", "all")
+LAYERNORM_KINDS = ("output", "attention_output", "attention_input", "mlp_input", "attention_update", "mlp_update",
+                   "embeddings", "final", "head", "all")
 
 
 #: ``encoder.dtype`` values (auto = the checkpoint's own dtype) and the ``encoder.device_map`` strings

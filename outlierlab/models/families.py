@@ -142,7 +142,7 @@ def _get(root: nn.Module, path: str | None) -> nn.Module | None:
     return None
 
 
-def _is_norm(module: nn.Module | None) -> bool:
+def is_norm(module: nn.Module | None) -> bool:
     """A normalisation layer to judge: LayerNorm (also bias- or gain-free) or any RMSNorm class (HF writes
     its own per family, e.g. ``LlamaRMSNorm``); ``nn.Identity`` (a norm left out) is not."""
     if module is None or isinstance(module, nn.Identity):
@@ -246,7 +246,7 @@ class Family:
         base = base_model(model)
         out: dict[str, nn.Module] = {}
         emb = _get(base, self.embeddings_norm)
-        if _is_norm(emb):
+        if is_norm(emb):
             out["embeddings"] = emb
         for i, block in enumerate(self.block_list(model)):
             for path, kind in self.norms:
@@ -254,16 +254,16 @@ class Family:
                 if mod is None and path not in self.optional_norms:
                     raise ValueError(f"block {i} of {type(model).__name__} ({self.name} family) has no norm at "
                                      f"{path!r}: update outlierlab/models/families.py")
-                if _is_norm(mod):
+                if is_norm(mod):
                     out[f"layer.{i}.{kind}"] = mod
                 elif mod is not None and path not in self.optional_norms:
                     raise ValueError(f"{path!r} in block {i} is a {type(mod).__name__}, not a norm")
         final = _get(base, self.final_norm)
-        if _is_norm(final):
+        if is_norm(final):
             out["final"] = final
         if include_head:
             head = _get(model, self.head_norm)
-            if _is_norm(head):
+            if is_norm(head):
                 out["head"] = head
         return out
 
@@ -305,7 +305,7 @@ class Family:
         out = []
         for b in self.block_list(model):
             qn, kn = (_get(b, p) for p in self.qk_norms) if self.qk_norms else (None, None)
-            if _is_norm(qn) and _is_norm(kn):
+            if is_norm(qn) and is_norm(kn):
                 out.append(QKProjection(qn, kn, self.qk_norm_layout, heads, kv, head_dim))
             else:
                 out.append(QKProjection(self._required(b, self.q, "query projection"),

@@ -253,8 +253,10 @@ class FrozenEncoder:
             family = family_for_type(self.model_type, self.norm_placement, getattr(self, "causal", False))
         except UnknownFamilyError as e:
             return str(e)
-        roles = ("both per-layer norms (before the attention and before the MLP)" if family.placement == "pre"
-                 else "each layer's output LayerNorm (after the FFN's residual add)")
+        roles = {"pre": "both per-layer norms (before the attention and before the MLP)",
+                 "reordered": "both per-layer norms (on the attention's and the MLP's output, before each "
+                              "residual add)"}.get(family.placement,
+                                                  "each layer's output LayerNorm (after the FFN's residual add)")
         return f"{family.describe()}. The LayerNorm-outlier rule's default `output` role judges {roles}."
 
     @property
