@@ -101,6 +101,20 @@ def save_random_llama(shape: str, directory: Path, device: str = "cpu") -> Path:
     return directory
 
 
+def ensure_random_llama(shape: str, directory: Path, device: str = "cpu") -> Path:
+    """:func:`save_random_llama` in a child process when ``directory`` does not hold the model yet.
+
+    Linux copies a process's RSS high-water mark into every child it forks and keeps it across ``exec``
+    (``ru_maxrss`` of a child is at least its parent's RSS at the fork): a benchmark process that had built the
+    2 GB model itself reported 2.3 GiB "after the imports" for its children.  Built in a child, it never
+    holds the weights."""
+    if not (directory / "config.json").is_file():
+        code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import evaluate_memory as m; "
+                f"from pathlib import Path; m.save_random_llama({shape!r}, Path({str(directory)!r}), {device!r})")
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=str(ROOT))
+    return save_random_llama(shape, directory, device)  # checks the saved shape
+
+
 def check_saved_shape(directory: Path, shape: str) -> None:
     """A ``--save-dir`` that already holds a Llama of another shape (e.g. the CPU example's before a 7B run) is
     one line, not a benchmark of the wrong model."""
@@ -347,7 +361,7 @@ def main() -> None:
     if a.llama and a.evaluate:
         import tempfile
 
-        d = save_random_llama(a.llama, Path(a.save_dir))
+        d = ensure_random_llama(a.llama, Path(a.save_dir))
         dtype = a.dtype or "bfloat16"
         with tempfile.TemporaryDirectory() as out:
             loaded = evaluate_run(str(d), a.n, a.wic_pairs, dtype, out, load_only=True)
@@ -362,7 +376,7 @@ def main() -> None:
         print(json.dumps(r))
         return
     if a.llama:
-        d = save_random_llama(a.llama, Path(a.save_dir), a.device)
+        d = ensure_random_llama(a.llama, Path(a.save_dir), a.device)
         results = ([run(a.n, str(d), a.dtype or "bfloat16", a.two_pass)] if cuda else
                    [run(a.n, str(d), "bfloat16", a.two_pass), run(a.n, str(d), "float32", True)])
         print(json.dumps(results))

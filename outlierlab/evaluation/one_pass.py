@@ -66,8 +66,9 @@ def _word_layer(st, sims: dict, names: list[str], layer: int, flat: Tensor, plan
     target = (flat_keys >= 0).nonzero().flatten()
     for name in names:
         tv = tf(name, layer, wv)
-        if has_words.any():
-            intra = intra_sentence_similarity(tv[:, has_words], mask=mask[has_words])  # [1, B']
+        if has_words.any():  # every sentence with words (the common case): no boolean-index copy
+            x, m = (tv, mask) if bool(has_words.all()) else (tv[:, has_words], mask[has_words])
+            intra = intra_sentence_similarity(x, mask=m)  # [1, B']
             st.intra_sum[name][layer] += intra.sum(1).cpu()[0]
         if target.numel():
             rows = tv.reshape(1, -1, tv.shape[-1])
