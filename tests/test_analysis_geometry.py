@@ -218,3 +218,29 @@ def test_the_monitor_records_the_top_dims_share_and_isoscore_per_layer():
     plain[..., 9] -= 25.0
     assert got[("layer_2", "isoscore")][4] == pytest.approx(float(isoscore(plain.reshape(-1, 32).double())), abs=1e-9)
     assert torch.allclose(summary["isoscore"], isoscore(hidden.reshape(3, -1, 32).double()), atol=1e-9)
+
+
+def test_isotropy_takes_the_transformed_covariance_without_products_for_none_and_clip():
+    """evaluate's isotropy: Σ itself (none) and Σ with the clipped dims' rows/columns zeroed (clip) are exactly
+    IᵀΣI and diag(k)ᵀΣdiag(k) — the IsoScore the products gave, at O(d²) instead of two d³ products; a fitted map
+    still goes through WᵀΣW, which equals the covariance of the mapped points."""
+    from types import SimpleNamespace
+
+    from outlierlab.evaluation.isotropy import transform_matrix, transformed_layer_covariance
+    from outlierlab.evaluation.transform_fit import FittedTransforms
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 300, 6, dtype=torch.float64, generator=g) * torch.tensor([1.0, 5.0, 0.3, 2.0, 1.0, 9.0])
+    w = Whitener(2, 6).fit(x)
+    st = SimpleNamespace(num_layers=2, dim=6, transforms=FittedTransforms(clip_dims=[[1], [1, 5]], fitted={"whiten": w}))
+    for layer in (0, 1):
+        cov = covariance(x[layer:layer + 1])
+        for name in ("none", "clip", "whiten"):
+            got = transformed_layer_covariance(st, name, layer, cov)
+            assert torch.equal(got, transformed_covariance(cov, transform_matrix(st, name, layer))), (name, layer)
+        clipped = x[layer].clone()
+        clipped[:, st.transforms.clip_dims[layer]] = 0
+        assert torch.allclose(transformed_layer_covariance(st, "clip", layer, cov), covariance(clipped[None]),
+                              atol=1e-12)
+        assert float(isoscore_from_covariance(transformed_layer_covariance(st, "whiten", layer, cov))[0]) == \
+            pytest.approx(1.0, abs=1e-6)  # whitened: every direction carries the same variance

@@ -41,6 +41,25 @@ def transform_matrix(st, name: str, layer: int) -> torch.Tensor:
     raise ValueError(f"unknown transform {name!r}")
 
 
+def transformed_layer_covariance(st, name: str, layer: int, cov: torch.Tensor) -> torch.Tensor:
+    """WᵀΣW of ``name`` at ``layer`` for Σ = ``cov`` ``[1, d, d]`` float64, on ``cov``'s device: Σ itself for
+    none and Σ with the clipped dims' rows and columns zeroed for clip (what IᵀΣI and diag(k)ᵀΣdiag(k) give,
+    without two d³ products each — at d = 8192 those dominated the analysis), the product for a fitted map."""
+    if name == "none":
+        return cov
+    if name == "clip":
+        keep = (~clip_mask(st.transforms.clip_dims, st.num_layers, st.dim)[layer]).to(cov)
+        return cov * keep[:, None] * keep[None, :]
+    return transformed_covariance(cov, transform_matrix(st, name, layer).to(cov.device))
+
+
+def _device(encoder) -> torch.device:
+    """Where the d x d float64 algebra runs: the encoder's GPU when it has one (eigvalsh of an 8192² matrix is
+    minutes on a CPU core), else the CPU."""
+    dev = torch.device(getattr(encoder, "device", "cpu"))
+    return dev if dev.type == "cuda" else torch.device("cpu")
+
+
 @register("isotropy")
 def run(ctx: EvalContext) -> AnalysisResult:
     s = load_settings(IsotropySettings, ctx.cfg)
@@ -52,15 +71,15 @@ def run(ctx: EvalContext) -> AnalysisResult:
     n_star = 2 * a.shape[1]
     tfs = {t: st.transforms.get(t, st.dim) for t in ctx.transforms}
     iso, star, dims = {t: [] for t in tfs}, {t: [] for t in tfs}, {}
+    dev = _device(ctx.encoder)
     for layer in range(st.num_layers):  # one layer's d x d float64 matrices at a time (Σ and W may be on disk)
-        cov = source.cov[layer:layer + 1].cpu()
+        cov = source.cov[layer:layer + 1].to(dev, torch.float64)
         sample = torch.cat([a[layer:layer + 1], b[layer:layer + 1]], 1).to(torch.float64)  # [1, 2P, d]
         for t, tf in tfs.items():
-            w = transform_matrix(st, t, layer)
-            dims[t] = int(w.shape[-1])
-            c0 = transformed_covariance(cov, w)
+            dims[t] = st.transforms.out_dim(t, st.dim)
+            c0 = transformed_layer_covariance(st, t, layer, cov)
             iso[t].append(float(isoscore_from_covariance(c0)[0]))
-            c = covariance(tf.select([layer])(sample))
+            c = covariance(tf.select([layer])(sample)).to(dev)
             star[t].append(float(isoscore_star(c, c0, s.zeta)[0]))
     rows = [{"layer": layer, "transform": t, "isoscore": iso[t][layer], "isoscore_star": star[t][layer],
              "zeta": s.zeta, "dims": dims[t], "n_tokens": source.n, "n_star_points": n_star}
