@@ -211,7 +211,8 @@ def test_wic_target_span_maps_char_offsets_to_tokens(encoder):
     # through the WiC encoding path (batched, padded): target vector = mean of those tokens' vectors
     pairs = [{"sentence1": s1, "sentence2": s2, "start1": st1, "end1": st1 + 4, "start2": st2, "end2": st2 + 7,
               "label": False}]
-    vecs, found, fitted = target_vectors(encoder, pairs * 3)
+    targets, found, fitted = target_vectors(encoder, pairs * 3)
+    vecs = targets.stack()
     assert fitted is None  # nothing asked to be fitted
     assert found.all()
     enc2 = tok(s2)
@@ -220,3 +221,26 @@ def test_wic_target_span_maps_char_offsets_to_tokens(encoder):
     # a span that maps to no token (beyond the text) is reported as not found
     bad = dict(pairs[0], start2=500, end2=505)
     assert target_vectors(encoder, [bad])[1].tolist() == [False]
+
+
+def test_wic_target_vectors_live_on_disk_one_layer_at_a_time(encoder, tmp_path, monkeypatch):
+    """Issue 39: the targets of every layer go to a float32 store under $TMPDIR, a pair never found reads as
+    zeros, each layer reads back alone, and the files go with cleanup()."""
+    import tempfile
+
+    from outlierlab.evaluation.wic import target_vectors
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    s1, s2 = "The bank was closed.", "She sat on the bank."
+    good = {"sentence1": s1, "sentence2": s2, "start1": 4, "end1": 8, "start2": 16, "end2": 20, "label": False}
+    bad = dict(good, start2=500, end2=505)  # its sentence2 target maps to no token
+    targets, found, _ = target_vectors(encoder, [good, bad])
+    assert found.tolist() == [True, False]
+    (store_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("outlierlab-wic-targets-")]
+    assert len(list(store_dir.glob("layer_*.bin"))) == targets.num_layers == encoder.num_layers + 1
+    stacked = targets.stack()
+    h1 = encoder.forward(torch.tensor(encoder.tokenizer(s1)["input_ids"])[None], None)[:, 0]
+    assert torch.allclose(stacked[:, 0, 0], h1[:, 2], atol=1e-6)  # "bank": token 2 of [CLS] the bank ...
+    assert torch.equal(targets.layer(1), stacked[1]) and stacked[:, 1, 1].abs().sum() == 0
+    targets.cleanup()
+    assert not store_dir.exists()

@@ -146,8 +146,10 @@ def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path
         wa, wb = a.split()[1], b.split()[2]
         pairs.append({"sentence1": a, "sentence2": b, "start1": a.index(wa), "end1": a.index(wa) + len(wa),
                       "start2": b.index(wb), "end2": b.index(wb) + len(wb), "label": True})
-    vecs, found, w = target_vectors(enc, pairs, WhitenSettings())
+    targets, found, w = target_vectors(enc, pairs, WhitenSettings())
     assert found.all()
+    vecs = targets.stack()  # kept on disk, read back one layer at a time
+    assert torch.equal(targets.layer(1), vecs[1]) and vecs.shape == (enc.num_layers + 1, 2, 5, enc.hidden_size)
     ref_w = Whitener(enc.num_layers + 1, enc.hidden_size)
     for p_i, p in enumerate(pairs):
         for side in (1, 2):

@@ -18,27 +18,24 @@ end2, label; optional ``split`` column filtered by ``wic.split``).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from outlierlab.analysis.similarity import pairwise_cosine
-from outlierlab.analysis.transforms import FITTED, Whitener
+from outlierlab.analysis.transforms import FITTED
 from outlierlab.analysis.wic import all_true_baseline, best_per_layer, best_threshold, choose_then_report, threshold_sweep
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.reports.evaluation_report import md_table, plot_layers
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.datamodules.eval_data import load_wic
-from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
-from outlierlab.datamodules.features import LayerTokenStore
-from outlierlab.evaluation.one_pass import fit_from_store
+from outlierlab.evaluation.encoding import encode_log_line
+from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from outlierlab.evaluation.transform_fit import WhitenSettings
-from outlierlab.evaluation.streaming import (EncodeLog, FittedTransforms, char_span_tokens, clip_dims_for_tasks,
-                                  finish_encode_log, iter_batches, progress_bar,
-                                  sentence_stats)
+from outlierlab.evaluation.streaming import (EncodeLog, FittedTransforms, clip_dims_for_tasks, finish_encode_log,
+                                             sentence_stats)
 
 FIELDS = ("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label")
 DEFAULT_SPLIT = {"wordnet": "train", "superglue": "train", "files": None}  # the paper sweeps on WiC's train split
@@ -100,73 +97,16 @@ def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped
     return pairs, what
 
 
-def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None, batch_size=None,
-                   chunk: int = 1024, progress: bool = False, stats: EncodeLog | None = None,
-                   fit_names=FITTED) -> tuple[torch.Tensor, torch.Tensor, Whitener | None]:
-    """Target-word vectors of every pair: ``(vectors [L+1, 2, P, d] float32 on CPU, found Bool[P], fitted)``.
-
-    ``fit``: also fit the transforms on every non-special token of the pairs' sentences (``fit_on=eval``),
-    each sentence as often as it occurs (as if every occurrence were encoded); ``fitted`` is the fitted
-    :class:`Whitener` (else None), from whose sums the maps ``fit_names`` are fitted.  The tokens are kept on disk in the model's dtype as the pass produces
-    them and the fit reads them back one layer at a time (:meth:`Whitener.fit_by_layer`, issue 39): no
-    ``(L+1)·d²`` float64 sums beside the model's forward.
-    A pair whose target span maps to no token (e.g. truncated away) has ``found`` False.
-    Each distinct sentence is encoded once (``stats.n_texts`` counts those).
-    """
-    texts = [p["sentence1"] for p in pairs] + [p["sentence2"] for p in pairs]
-    spans = [(p["start1"], p["end1"]) for p in pairs] + [(p["start2"], p["end2"]) for p in pairs]
-    unique, index = distinct_texts(texts)
-    occurrences: list[list[int]] = [[] for _ in unique]
-    for i, u in enumerate(index):
-        occurrences[u].append(i)
-    n_layers, dim, n = encoder.num_layers + 1, encoder.hidden_size, len(pairs)
-    vecs = torch.zeros(n_layers, 2 * n, dim)
-    found = torch.zeros(2 * n, dtype=torch.bool)
-    bar = progress_bar(len(unique), "WiC", progress)
-    store = LayerTokenStore(tempfile.mkdtemp(prefix="outlierlab-wic-"), n_layers, dim) if fit is not None else None
-    kept: list[tuple[int, int, torch.Tensor | None]] = []  # per batch: first stored row, rows, multiplicities
-    devices: dict[int, torch.device] = {}
-    try:
-        for b in iter_batches(encoder, unique, batch_size, chunk, offsets=True, bar=bar, stats=stats,
-                              layerwise=True):
-            mult = torch.tensor([len(occurrences[u]) for u in b.rows], device=b.valid.device)
-            per_token = mult[:, None].expand_as(b.valid)[b.valid]
-            src, dst, rows_hit = [], [], []  # token (flattened [B, T] index) -> the pair row it is a target of
-            t_len = b.valid.shape[1]
-            for r, (u, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
-                for row in occurrences[u]:
-                    toks = char_span_tokens(offs, sp, *spans[row])
-                    if toks:
-                        src += [r * t_len + t for t in toks]
-                        dst += [len(rows_hit)] * len(toks)
-                        rows_hit.append(row)
-                        found[row] = True
-            src_t, dst_t, rows_t = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long), \
-                torch.tensor(rows_hit, dtype=torch.long)
-            count = torch.bincount(dst_t, minlength=len(rows_hit)).clamp_min(1).float()[:, None]
-            if store is not None:
-                kept.append((store.rows_written[0], int(b.valid.sum()),
-                             None if bool((per_token == 1).all()) else per_token.cpu()))
-
-            def fn(layer: int, h: torch.Tensor, b=b) -> None:
-                if store is not None:
-                    store.append(layer, h[b.valid.to(h.device)])  # the model's dtype, on disk
-                    devices[layer] = h.device
-                if rows_hit:  # each target: the mean of its tokens, all targets of the batch in one index_add
-                    flat = h.float().reshape(-1, h.shape[-1])[src_t.to(h.device)].cpu()
-                    vecs[layer, rows_t] = torch.zeros(len(rows_hit), h.shape[-1]).index_add_(0, dst_t, flat) / count
-
-            b.layers(fn)
-        if bar is not None:
-            bar.close()
-        fitted = None
-        if store is not None:
-            store.close()
-            fitted = fit_from_store(fit, store, kept, devices, n_layers, dim, fit_names)
-    finally:
-        if store is not None:
-            store.cleanup()
-    return vecs.view(n_layers, 2, n, dim), found[:n] & found[n:], fitted
+def pair_cosines(ft: FittedTransforms, names, vecs: TargetVectors, keep: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Cosine of the two target vectors of every kept pair after each transform, ``{name: [L, P] float64}``:
+    one layer's vectors and maps in memory at a time (:class:`TargetVectors`, fitted maps on disk)."""
+    cos: dict[str, list] = {t: [] for t in names}
+    for layer in range(vecs.num_layers):
+        v = vecs.layer(layer)[:, keep]  # [2, P, d]
+        for t in names:
+            x = ft.get(t, vecs.dim).select([layer])(v.reshape(1, -1, vecs.dim)).reshape(2, len(keep), -1)
+            cos[t].append(pairwise_cosine(x[0], x[1]))
+    return {t: torch.stack(c).to(torch.float64) for t, c in cos.items()}
 
 
 @dataclass
@@ -247,7 +187,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     keep = found.nonzero().flatten()
     kept = [pairs[i] for i in keep.tolist()]
     labels = torch.tensor([p["label"] for p in kept])
-    vecs = vecs[:, :, keep]
+    cosines = pair_cosines(ft, ctx.transforms, vecs, keep)  # one layer of target vectors in memory at a time
     surface = sum((p["sentence1"][p["start1"]:p["end1"]] == p["sentence2"][p["start2"]:p["end2"]]) == p["label"]
                   for p in kept) / len(kept)
     all_true = all_true_baseline(labels)
@@ -257,22 +197,20 @@ def run(ctx: EvalContext) -> AnalysisResult:
         rvecs, rfound, _ = target_vectors(enc, rpairs, None, batch_size, progress=progress)
         rkeep = rfound.nonzero().flatten()
         rlabels = torch.tensor([rpairs[i]["label"] for i in rkeep.tolist()])
-        report = (rvecs[:, :, rkeep], rlabels, rwhat, str(s.report_split))
+        report = (pair_cosines(ft, ctx.transforms, rvecs, rkeep), rlabels, rwhat, str(s.report_split))
+        rvecs.cleanup()
         if not bool(rfound.all()):
             notes.append(f"{int((~rfound).sum())} {report[3]} pairs dropped: a target span mapped to no token")
     rows, best, curves, held = [], {}, {}, {}
+    vecs.cleanup()
     for t in ctx.transforms:
-        v = ft.apply(t, vecs.reshape(n_layers, -1, dim)).reshape(n_layers, 2, len(kept), -1)
-        cos = pairwise_cosine(v[:, 0], v[:, 1]).to(torch.float64)  # [L, P]
+        cos = cosines[t]  # [L, P]
         acc = threshold_sweep(cos, labels, thresholds)  # [L, T]
         thr_l, best_l = best_per_layer(acc, thresholds)
         best[t] = best_threshold(acc, thresholds)
         curves[t] = best_l.tolist()
         if report is not None:  # same transform fit (on the choose split's data), applied to the report split
-            rv, rl = report[0], report[1]
-            rv = ft.apply(t, rv.reshape(n_layers, -1, dim)).reshape(n_layers, 2, len(rl), -1)
-            held[t] = choose_then_report(cos, labels, pairwise_cosine(rv[:, 0], rv[:, 1]).to(torch.float64), rl,
-                                         thresholds)
+            held[t] = choose_then_report(cos, labels, report[0][t], report[1], thresholds)
         for layer in range(n_layers):
             row = {"layer": layer, "transform": t, **ft.columns(t)}  # fitted rows: what it was fitted on
             row.update({f"acc_{float(th):g}": float(acc[layer, i]) for i, th in enumerate(thresholds)})
