@@ -22,7 +22,8 @@ size in bfloat16 (float32: the weights alone are 2×).
 ``--evaluate``: the whole ``python evaluate.py`` (its default analyses: outliers, anisotropy, isotropy,
 self-similarity, WiC, STS, with none/clip/whiten) on the random Llama in bfloat16, ``data.max_sentences=N``
 and ``wic.max_pairs=--wic-pairs``, in a child process: its peak RSS, against the RSS of a child that only
-imports evaluate.py's modules and loads the model.
+imports evaluate.py's modules and loads the model, and beside the same ratio for a child that runs one bare
+Hugging Face forward over the same sentences at the same batch size (the floor of any evaluation).
 
 ``--device cuda`` (issue 39: peak GPU memory and tokens/s on a GPU): the model is loaded the way evaluate.py loads
 it — ``FrozenEncoder.from_config`` of configs/evaluate.yaml's ``encoder`` section with ``encoder.device=cuda`` and
@@ -238,6 +239,37 @@ from outlierlab.models.loading import FrozenEncoder
 list(FrozenEncoder({model!r}, dtype={dtype!r}, device="cpu").encode(["Anne Elliot walked to the Cobb."]))
 print(json.dumps({{"imports_kib": imports, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
 """
+# the floor: a bare Hugging Face forward over the same sentences at the same batch size, nothing kept
+_BARE_CHILD = """
+import json, resource, sys
+sys.path.insert(0, {root!r})
+import torch
+from transformers import AutoModel, AutoTokenizer
+from outlierlab.datamodules.probe_data import load_position_texts
+imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+texts = load_position_texts(None, {n})
+tok = AutoTokenizer.from_pretrained({model!r})
+model = AutoModel.from_pretrained({model!r}, dtype=getattr(torch, {dtype!r})).eval()
+ids = tok(texts, truncation=True, max_length=512)["input_ids"]
+order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+with torch.inference_mode():
+    for s in range(0, len(order), {batch_size}):
+        model(**tok.pad([{{"input_ids": ids[i]}} for i in order[s:s + {batch_size}]], return_tensors="pt"))
+print(json.dumps({{"imports_kib": imports, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
+"""
+
+
+def bare_forward_run(model: str, n: int, dtype: str, batch_size: int) -> dict:
+    """Peak RSS (KiB) of a process that runs one bare HF forward over the ``n`` sentences, with its RSS after
+    the imports: the memory no evaluation of this model at this batch size can go below."""
+    code = _BARE_CHILD.format(root=str(ROOT), model=model, n=n, dtype=dtype, batch_size=batch_size)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
+    if res.returncode != 0:
+        sys.exit(f"evaluate_memory.py --evaluate: the bare-forward child failed: "
+                 f"{(res.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 # a fresh process whose only child is evaluate.py: RUSAGE_CHILDREN's high-water mark is evaluate.py's own
 _EVALUATE_PARENT = """
 import json, resource, subprocess, sys
@@ -366,12 +398,17 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as out:
             loaded = evaluate_run(str(d), a.n, a.wic_pairs, dtype, out, load_only=True)
             run_ = evaluate_run(str(d), a.n, a.wic_pairs, dtype, out, batch_size=a.batch_size)
+        bare = bare_forward_run(str(d), a.n, dtype, a.batch_size)
+        ckpt = _dir_size(str(d))
         r = {"n": a.n, "wic_pairs": a.wic_pairs, "dtype": dtype, "batch_size": a.batch_size,
-             **evaluate_fields(run_, loaded, _dir_size(str(d)))}
+             **evaluate_fields(run_, loaded, ckpt),
+             "bare_forward_peak_mb": round(bare["peak_kib"] / 1024, 1),
+             "bare_forward_over_checkpoint": round((bare["peak_kib"] - bare["imports_kib"]) / 1024 / (ckpt / 2**20), 3)}
         print(f"evaluate.py, N={a.n} sentences, {a.wic_pairs} WiC pairs, {dtype}, batch {a.batch_size}: peak RSS {r['evaluate_peak_rss_mb']:.0f} "
               f"MiB (imports {r['imports_rss_mb']:.0f}; loading + one forward peaks at "
               f"{r['load_and_forward_peak_mb']:.0f}); checkpoint {r['checkpoint_mb']:.0f} MiB -> (peak - imports) / "
-              f"checkpoint = {r['peak_over_checkpoint']} (loading alone {r['load_over_checkpoint']}), wall "
+              f"checkpoint = {r['peak_over_checkpoint']} (loading alone {r['load_over_checkpoint']}; a bare HF "
+              f"forward over the same sentences at this batch size {r['bare_forward_over_checkpoint']}), wall "
               f"{r['wall_s']} s", flush=True)
         print(json.dumps(r))
         return
