@@ -165,12 +165,17 @@ def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path
     # fitted from the stored tokens one layer at a time, Σ kept in float32 on disk (read one layer at a time)
     assert isinstance(w.cov, DiskLayers) and isinstance(w.W, DiskLayers)
     assert torch.allclose(w.cov[:].double(), ref_w.finalize().cov, rtol=1e-5, atol=1e-7)
-    out, ok = sentence_vectors(enc, s + s[:2])
+    vecs, ok = sentence_vectors(enc, s + s[:2])
+    out = vecs.stack()  # on disk, one layer read at a time
+    assert len(vecs.order) == 6 and torch.equal(vecs.layer(2), out[2])  # the repeated texts stored once
     assert ok.all() and torch.equal(out[:, 6], out[:, 0])  # a repeated text: the same vector
     for i, text in enumerate(s):
         (b,) = list(enc.encode([text]))
         valid = b.attention_mask.bool() & ~b.special_tokens_mask.bool()
         assert torch.allclose(out[:, i], mean_pool(b.hidden, valid)[:, 0], atol=1e-5)
+    assert vecs.store.directory.is_dir()
+    vecs.cleanup()
+    assert not vecs.store.directory.exists()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

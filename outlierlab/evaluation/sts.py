@@ -35,6 +35,7 @@ from outlierlab.analysis.whitening import DegenerateWhiteningError
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.evaluation.encoding import (EncodeLog, distinct_texts, encode_log_line, finish_encode_log, iter_batches,
                                  progress_bar)
+from outlierlab.evaluation.layer_rows import LayerRows
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
 from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
@@ -111,31 +112,58 @@ def load_pairs(name: str, source, split: str, cap=None, subset_field: str | None
     return Pairs(s1, s2, gold, subsets, what, isinstance(source, list))
 
 
+class SentenceVectors(LayerRows):
+    """Mean-pooled vectors of every text, per layer, on disk (:class:`LayerRows` of the distinct texts, each
+    stored once); :meth:`layer` gives ``[N, d]`` in text order, a repeated text with the same vector."""
+
+    def __init__(self, num_layers: int, dim: int, index: list[int], n_distinct: int) -> None:
+        super().__init__(num_layers, dim, n_distinct, prefix="outlierlab-sts-")
+        self.index = torch.tensor(index, dtype=torch.long)
+
+    def layer(self, layer: int) -> torch.Tensor:
+        return super().layer(layer)[self.index]
+
+
 def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool = False,
-                     stats: EncodeLog | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean-pooled vectors ``[L+1, N, d]`` (float32, CPU) of every text and Bool[N] (text had a token).
+                     stats: EncodeLog | None = None) -> tuple[SentenceVectors, torch.Tensor]:
+    """Mean-pooled vectors of every text (:class:`SentenceVectors`: ``[N, d]`` float32 per layer, kept on disk)
+    and Bool[N] (text had a token).
 
     Each distinct text is encoded once; repeated texts get the same vector (``stats.n_texts`` counts the
-    texts actually encoded)."""
+    texts actually encoded).  Each layer is pooled as it is produced and written to disk (issue 39): the
+    ``(L+1)·N·d`` vectors (21 GiB for 4,300 pairs of a 70B model) are never in memory together."""
     unique, index = distinct_texts(texts)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
-    out = torch.zeros(n_layers, len(unique), dim)
+    out = SentenceVectors(n_layers, dim, index, len(unique))
     ok = torch.zeros(len(unique), dtype=torch.bool)
     bar = progress_bar(len(unique), "STS", progress)
-    for b in iter_batches(encoder, unique, batch_size, bar=bar, stats=stats, layerwise=True):
-        has = b.valid.any(1)
-        if has.any():  # one layer at a time (issue 39): each layer is pooled as it is produced
-            rows = torch.tensor(b.rows)[has.cpu()]
+    try:
+        for b in iter_batches(encoder, unique, batch_size, bar=bar, stats=stats, layerwise=True):
+            has = b.valid.any(1)
+            if has.any():  # one layer at a time (issue 39): each layer is pooled as it is produced
+                rows = torch.tensor(b.rows)[has.cpu()]
 
-            def fn(layer: int, h: torch.Tensor, has=has, rows=rows, valid=b.valid) -> None:
-                out[layer, rows] = mean_pool(h.float()[None][:, has.to(h.device)], valid[has].to(h.device))[0].cpu()
+                def fn(layer: int, h: torch.Tensor, has=has, valid=b.valid) -> None:
+                    out.append(layer, mean_pool(h.float()[None][:, has.to(h.device)], valid[has].to(h.device))[0])
 
-            b.layers(fn)
-            ok[rows] = True
-    if bar is not None:
-        bar.close()
-    idx = torch.tensor(index, dtype=torch.long)
-    return out[:, idx], ok[idx]
+                b.layers(fn)
+                out.add_rows(rows.tolist())
+                ok[rows] = True
+        out.close()
+    except BaseException:
+        out.cleanup()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return out, ok[torch.tensor(index, dtype=torch.long)]
+
+
+def pair_rows(vecs: SentenceVectors, layer: int, keep: torch.Tensor) -> torch.Tensor:
+    """``[2m, d]`` of ``layer``: the kept pairs' sentence1 vectors, then their sentence2 vectors."""
+    v = vecs.layer(layer)
+    n = v.shape[0] // 2
+    return torch.cat([v[keep], v[n + keep]])
 
 
 def _precheck_whitening(ctx, name: str, pairs: Pairs, whiten: WhitenSettings) -> None:
@@ -190,12 +218,13 @@ def check(ctx: EvalContext) -> StsData:
     return StsData(data, fit)
 
 
-def _whiten(ctx, name: str, vecs: torch.Tensor, fit: Pairs | str | None, t: TransformSettings, split: str,
-            ft: FittedTransforms) -> None:
-    """Fit every selected fitted transform (whiten, standardize, abtt, center) of data set ``name`` into ``ft``."""
+def _whiten(ctx, name: str, vecs: SentenceVectors, keep: torch.Tensor, fit: Pairs | str | None,
+            t: TransformSettings, split: str, ft: FittedTransforms) -> None:
+    """Fit every selected fitted transform (whiten, standardize, abtt, center) of data set ``name`` into ``ft``;
+    one layer's vectors, float64 sums and maps in memory at a time (the maps are kept on disk)."""
     whiten, fit_on = WhitenSettings.from_settings(t), t.fit_on
     names = [n for n in ctx.transforms if n in FITTED]
-    n_layers, _, dim = vecs.shape
+    n_layers, dim = vecs.num_layers, vecs.dim
     if fit_on == "sentences":
         st = sentence_stats(ctx)
         for n in names:
@@ -204,11 +233,12 @@ def _whiten(ctx, name: str, vecs: torch.Tensor, fit: Pairs | str | None, t: Tran
     if fit_on not in ("eval", split) and isinstance(fit, Pairs):
         batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
         v, ok = sentence_vectors(ctx.encoder, fit.s1 + fit.s2, batch_size)
-        w = whiten.fit_by_layer(n_layers, dim, lambda layer: [v[layer, ok]], names)
+        w = whiten.fit_by_layer(n_layers, dim, lambda layer: [v.layer(layer)[ok]], names, on_disk=True)
+        v.cleanup()
         ft.set_all(whiten.fit_all(w, names, f"the mean-pooled sentence vectors of {fit.what}"), source=w)
         return
     # one layer's float64 sums at a time (issue 39); the same fit as partial_fit over [L, N, d]
-    w = whiten.fit_by_layer(n_layers, dim, lambda layer: [vecs[layer]], names)
+    w = whiten.fit_by_layer(n_layers, dim, lambda layer: [pair_rows(vecs, layer, keep)], names, on_disk=True)
     note = ("" if fit_on in ("eval", split)
             else f" (split {fit_on!r} unavailable: {fit}; fell back to the evaluated pairs)")
     ft.set_all(whiten.fit_all(w, names, f"the mean-pooled sentence vectors of the evaluated pairs of {name}{note}"),
@@ -220,17 +250,21 @@ def _rho_rows(name: str, t: str, rho: torch.Tensor, subset: str, split: str, n: 
              "spearman": float(r), "n_pairs": n, **extra} for layer, r in enumerate(rho.tolist())]
 
 
-def score_dataset(name: str, pairs: Pairs, vecs: torch.Tensor, keep: torch.Tensor, ft: FittedTransforms,
+def score_dataset(name: str, pairs: Pairs, vecs: SentenceVectors, keep: torch.Tensor, ft: FittedTransforms,
                   transforms: list[str], split: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
     """Rows (pooled ``all``, per sub-set, sub-set ``mean``) and the headline ρ per layer of each transform."""
     m = keep.numel()
     gold = pairs.gold[keep]
-    v = torch.cat([vecs[:, keep], vecs[:, len(pairs.s1) + keep]], 1)
     subsets = None if pairs.subsets is None else [pairs.subsets[i] for i in keep.tolist()]
+    cosines: dict[str, list] = {t: [] for t in transforms}
+    for layer in range(vecs.num_layers):  # one layer's vectors and maps in memory at a time
+        v = pair_rows(vecs, layer, keep)[None]  # [1, 2m, d]
+        for t in transforms:
+            tv = ft.get(t, vecs.dim).select([layer])(v)
+            cosines[t].append(pairwise_cosine(tv[0, :m], tv[0, m:]))
     rows, headline = [], {}
     for t in transforms:
-        tv = ft.apply(t, v)
-        cos = pairwise_cosine(tv[:, :m], tv[:, m:])  # [L, P]
+        cos = torch.stack(cosines[t])  # [L, P]
         extra = ft.columns(t)
         pooled = sts_spearman(cos, gold)
         rows += _rho_rows(name, t, pooled, "all", split, m, extra)
@@ -280,10 +314,10 @@ def run(ctx: EvalContext) -> AnalysisResult:
                          f"(use >= {FEW_PAIRS} pairs)")
         ft = FittedTransforms(clip_dims=clip_dims, info={"clip": clip_info} if clip_info else {})
         if any(n in FITTED for n in transforms):
-            v = torch.cat([vecs[:, keep], vecs[:, n + keep]], 1)
-            _whiten(ctx, name, v, prepared.fit.get(name), t, split, ft)
+            _whiten(ctx, name, vecs, keep, prepared.fit.get(name), t, split, ft)
         ds_rows, headlines[name] = score_dataset(name, pairs, vecs, keep, ft, transforms,
                                                  "" if pairs.local else split)
+        vecs.cleanup()
         rows += ds_rows
         for t in transforms:
             curves[f"{name} {t}"] = headlines[name][t].tolist()

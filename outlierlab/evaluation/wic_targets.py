@@ -4,15 +4,14 @@ Target vector = mean of the vectors of the tokens overlapping the target's chara
 §4.2; :func:`outlierlab.evaluation.words.char_span_tokens`).  Every pair's two targets of every layer are
 ``(L+1)·2P·d`` floats — 27 GiB in float32 for all 5,512 WordNet pairs of a 70B model — so they are appended to a
 :class:`outlierlab.datamodules.features.LayerTokenStore` (float32, one file per layer, the machinery of the token
-store and of probe.py's feature cache) as each layer is produced, and :meth:`TargetVectors.layer` reads one
-layer back as ``[2, P, d]``: the scoring (cosine, threshold sweep) runs layer by layer.
+store and of probe.py's feature cache; :class:`outlierlab.evaluation.layer_rows.LayerRows`) as each layer is
+produced, and :meth:`TargetVectors.layer` reads one layer back as ``[2, P, d]``: the scoring (cosine, threshold
+sweep) runs layer by layer.
 """
 
 from __future__ import annotations
 
 import tempfile
-import weakref
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -20,45 +19,23 @@ from torch import Tensor
 from outlierlab.analysis.transforms import FITTED, Whitener
 from outlierlab.datamodules.features import LayerTokenStore
 from outlierlab.evaluation.encoding import EncodeLog, distinct_texts, iter_batches, progress_bar
+from outlierlab.evaluation.layer_rows import LayerRows
 from outlierlab.evaluation.one_pass import fit_from_store
 from outlierlab.evaluation.transform_fit import WhitenSettings
 from outlierlab.evaluation.words import char_span_tokens
 
 
-@dataclass
-class TargetVectors:
-    """Every pair's two target vectors per layer, on disk: row ``order[j]`` of the ``[2P, d]`` layer (sentence1
-    targets first, then sentence2's) is stored row ``j``; rows never found stay zero."""
+class TargetVectors(LayerRows):
+    """Every pair's two target vectors per layer, on disk (:class:`LayerRows` of ``2P`` rows: sentence1's
+    targets, then sentence2's); rows never found stay zero."""
 
-    store: LayerTokenStore
-    n_pairs: int
-    order: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._finalizer = weakref.finalize(self, self.store.cleanup)
-
-    @property
-    def num_layers(self) -> int:
-        return self.store.num_layers
-
-    @property
-    def dim(self) -> int:
-        return self.store.dim
+    def __init__(self, num_layers: int, dim: int, n_pairs: int) -> None:
+        super().__init__(num_layers, dim, 2 * n_pairs, prefix="outlierlab-wic-targets-")
+        self.n_pairs = int(n_pairs)
 
     def layer(self, layer: int) -> Tensor:
         """``[2, P, d]`` float32: the two target vectors of every pair at ``layer``."""
-        out = torch.zeros(2 * self.n_pairs, self.dim)
-        if self.order:
-            out[torch.tensor(self.order)] = self.store.rows(layer, 0, len(self.order)).float()
-        return out.view(2, self.n_pairs, self.dim)
-
-    def stack(self) -> Tensor:
-        """All layers at once, ``[L+1, 2, P, d]`` (small models and tests)."""
-        return torch.stack([self.layer(i) for i in range(self.num_layers)])
-
-    def cleanup(self) -> None:
-        """Delete the files now (also done when the object is garbage-collected or at exit)."""
-        self._finalizer()
+        return super().layer(layer).view(2, self.n_pairs, self.dim)
 
 
 def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None, batch_size=None,
@@ -81,7 +58,7 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
     for i, u in enumerate(index):
         occurrences[u].append(i)
     n_layers, dim, n = encoder.num_layers + 1, encoder.hidden_size, len(pairs)
-    targets = TargetVectors(LayerTokenStore(tempfile.mkdtemp(prefix="outlierlab-wic-targets-"), n_layers, dim), n)
+    targets = TargetVectors(n_layers, dim, n)
     found = torch.zeros(2 * n, dtype=torch.bool)
     bar = progress_bar(len(unique), "WiC", progress)
     store = LayerTokenStore(tempfile.mkdtemp(prefix="outlierlab-wic-"), n_layers, dim) if fit is not None else None
@@ -104,7 +81,7 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
                         found[row] = True
             src_t, dst_t = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
             count = torch.bincount(dst_t, minlength=len(rows_hit)).clamp_min(1).float()[:, None]
-            targets.order += rows_hit
+            targets.add_rows(rows_hit)
             if store is not None:
                 kept.append((store.rows_written[0], int(b.valid.sum()),
                              None if bool((per_token == 1).all()) else per_token.cpu()))
@@ -115,13 +92,12 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
                     devices[layer] = h.device
                 if rows_hit:  # each target: the mean of its tokens, all targets of the batch in one index_add
                     flat = h.float().reshape(-1, h.shape[-1])[src_t.to(h.device)].cpu()
-                    targets.store.append(layer, torch.zeros(len(rows_hit), h.shape[-1]).index_add_(0, dst_t, flat)
-                                         / count)
+                    targets.append(layer, torch.zeros(len(rows_hit), h.shape[-1]).index_add_(0, dst_t, flat) / count)
 
             b.layers(fn)
         if bar is not None:
             bar.close()
-        targets.store.close()
+        targets.close()
         fitted = None
         if store is not None:
             store.close()
