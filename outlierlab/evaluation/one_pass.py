@@ -29,6 +29,7 @@ from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.analysis.similarity import SelfSimilarityAccumulator, intra_sentence_similarity
 from outlierlab.analysis.transforms import Whitener
 from outlierlab.datamodules.features import LayerTokenStore
+from outlierlab.evaluation.disk_room import check_room
 from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, iter_batches, progress_bar
 from outlierlab.evaluation.words import plan_vectors, word_plan
 from outlierlab.utils.memory import release_freed_memory
@@ -101,6 +102,10 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
                 for _ in range(n_layers)] for n in sim_names}
     if st.activations is not None:
         st.activations.start_layers()
+    if keep_for_later:  # fails in one line now, not with ENOSPC hours into the pass
+        check_room(encoder, texts, "the one-pass evaluation's token store and fitted maps",
+                   "set TMPDIR to a larger disk, or encode twice without storing tokens: data.one_pass=false",
+                   extra_bytes=2 * n_layers * d * d * 4)
     store = LayerTokenStore(tempfile.mkdtemp(prefix="outlierlab-replay-"), n_layers, d) if keep_for_later else None
     kept, log_ = Replay(store), EncodeLog()
     bar = progress_bar(len(texts), f"{desc} {getattr(getattr(encoder, 'source', None), 'name', '')}", progress)

@@ -35,6 +35,7 @@ from outlierlab.analysis.whitening import DegenerateWhiteningError
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.evaluation.encoding import (EncodeLog, distinct_texts, encode_log_line, finish_encode_log, iter_batches,
                                  progress_bar)
+from outlierlab.evaluation.disk_room import check_room
 from outlierlab.evaluation.layer_rows import LayerRows
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
@@ -134,6 +135,8 @@ def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool 
     ``(L+1)·N·d`` vectors (21 GiB for 4,300 pairs of a 70B model) are never in memory together."""
     unique, index = distinct_texts(texts)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
+    check_room(encoder, [], "STS's sentence vectors", "set TMPDIR to a larger disk or evaluate fewer pairs "
+               "(sts.max_pairs=)", extra_bytes=len(unique) * n_layers * dim * 4)
     out = SentenceVectors(n_layers, dim, index, len(unique))
     ok = torch.zeros(len(unique), dtype=torch.bool)
     bar = progress_bar(len(unique), "STS", progress)

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from outlierlab.analysis.transforms import FITTED, Whitener
 from outlierlab.datamodules.features import LayerTokenStore
+from outlierlab.evaluation.disk_room import check_room
 from outlierlab.evaluation.encoding import EncodeLog, distinct_texts, iter_batches, progress_bar
 from outlierlab.evaluation.layer_rows import LayerRows
 from outlierlab.evaluation.one_pass import fit_from_store
@@ -58,6 +59,12 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
     for i, u in enumerate(index):
         occurrences[u].append(i)
     n_layers, dim, n = encoder.num_layers + 1, encoder.hidden_size, len(pairs)
+    check_room(encoder, unique if fit is not None else [], "WiC's target vectors" + (
+        ", token store and fitted maps" if fit is not None else ""),
+        "set TMPDIR to a larger disk" + (", fit WiC's maps on the evaluation sentences "
+                                          "(transform.fit_on=sentences)" if fit is not None else "")
+        + " or evaluate fewer pairs (wic.max_pairs=)",
+        extra_bytes=n_layers * dim * 4 * (2 * n + (2 * dim if fit is not None else 0)))
     targets = TargetVectors(n_layers, dim, n)
     found = torch.zeros(2 * n, dtype=torch.bool)
     bar = progress_bar(len(unique), "WiC", progress)

@@ -1,0 +1,88 @@
+"""Issue 39: a pass whose on-disk stores cannot fit in $TMPDIR fails in one line before encoding anything."""
+
+from __future__ import annotations
+
+import shutil
+from collections import namedtuple
+
+import pytest
+import torch
+
+from llama_fixtures import PASS, save_tiny_llama
+from llama_fixtures import texts as _texts
+from outlierlab.evaluation import disk_room
+from outlierlab.evaluation.streaming import run_sentence_pass
+from outlierlab.models.loading import FrozenEncoder
+
+Usage = namedtuple("Usage", "total used free")
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    return FrozenEncoder(str(save_tiny_llama(tmp_path_factory.mktemp("llama") / "m")), device="cpu", batch_size=8)
+
+
+def _free(monkeypatch, free: int) -> None:
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10 ** 12, 10 ** 12 - free, free))
+
+
+def _count_forwards(monkeypatch, enc) -> list:
+    calls = []
+    real = enc.forward_layers
+    monkeypatch.setattr(enc, "forward_layers", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    return calls
+
+
+def test_the_byte_bound_holds_and_the_exact_count_is_the_tokenizers(encoder):
+    texts = ["Anne walked to the Cobb.", "Café naïveté — 東京 🙂", "x" * 500]
+    exact = disk_room.token_bound(encoder, texts, exact=True)
+    tok = encoder.tokenizer(texts, add_special_tokens=False, truncation=True, max_length=encoder.max_length)
+    assert exact == sum(len(i) for i in tok["input_ids"])
+    assert disk_room.token_bound(encoder, texts) >= exact
+    assert disk_room.token_bound(encoder, ["ab"]) == 2 and disk_room.token_bound(encoder, ["é"]) == 2  # UTF-8 bytes
+    assert disk_room.model_itemsize(encoder) == 4
+
+
+def test_a_full_tmpdir_stops_the_one_pass_evaluation_before_the_first_forward(encoder, monkeypatch):
+    texts = _texts(20)
+    n_tok = disk_room.token_bound(encoder, texts, exact=True)
+    per_token = (encoder.num_layers + 1) * encoder.hidden_size * 4
+    need = n_tok * per_token + 2 * (encoder.num_layers + 1) * encoder.hidden_size ** 2 * 4
+    _free(monkeypatch, int(need / disk_room.HEADROOM) - 1000)
+    calls = _count_forwards(monkeypatch, encoder)
+    with pytest.raises(OSError) as err:
+        run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], **PASS)
+    msg = str(err.value)
+    assert "\n" not in msg and f"({n_tok} tokens × {per_token} B" in msg and "data.one_pass=false" in msg
+    assert "TMPDIR" in msg and calls == []  # nothing encoded
+    # the two-pass reference stores nothing on disk: it runs
+    st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], **PASS, one_pass=False)
+    assert st.outliers["none"].count > 0 and torch.isfinite(st.anisotropy("whiten")).all()
+
+
+def test_enough_room_for_the_exact_count_runs(encoder, monkeypatch):
+    """Between the exact need and the byte bound's: the tokens are counted, and the pass runs."""
+    texts = _texts(20)
+    per_token = (encoder.num_layers + 1) * encoder.hidden_size * 4
+    extra = 2 * (encoder.num_layers + 1) * encoder.hidden_size ** 2 * 4
+    exact = disk_room.token_bound(encoder, texts, exact=True) * per_token + extra
+    bound = disk_room.token_bound(encoder, texts) * per_token + extra
+    assert exact < bound
+    _free(monkeypatch, int((exact + bound) / 2 / disk_room.HEADROOM))
+    st = run_sentence_pass(encoder, texts, ["none", "whiten"], **PASS)
+    assert torch.isfinite(st.anisotropy("whiten")).all()
+
+
+def test_wic_and_sts_say_which_setting_makes_room(encoder, monkeypatch):
+    from outlierlab.evaluation.sts import sentence_vectors
+    from outlierlab.evaluation.transform_fit import WhitenSettings
+    from outlierlab.evaluation.wic import target_vectors
+
+    s = "The bank was closed."
+    pairs = [{"sentence1": s, "sentence2": s, "start1": 4, "end1": 8, "start2": 4, "end2": 8, "label": True}]
+    _free(monkeypatch, 100)
+    with pytest.raises(OSError, match=r"WiC's target vectors, token store and fitted maps needs .*"
+                                      r"\(transform\.fit_on=sentences\) or evaluate fewer pairs \(wic\.max_pairs=\)"):
+        target_vectors(encoder, pairs, WhitenSettings())
+    with pytest.raises(OSError, match=r"STS's sentence vectors needs .*sts\.max_pairs="):
+        sentence_vectors(encoder, [s, "Another one."])
