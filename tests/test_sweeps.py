@@ -287,3 +287,29 @@ def test_named_studies_carry_their_sweep_and_slurm_preset_resolves():
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert launcher["tasks_per_node"] == 4 and launcher["gpus_per_node"] == 4 and launcher["nodes"] == 1
     assert "SlurmLauncher" in launcher["_target_"] and launcher["signal_delay_s"] > 0
+
+
+@pytest.mark.parametrize("logger,key", [("mlflow", "logger.mlflow.run_name"), ("wandb", "logger.wandb.name")])
+def test_tracker_run_names_are_the_cells_directory_names(logger, key):
+    """MLflow / W&B name a run as the cell's directory is named: a re-analysis setting under an excluded key
+    (posthoc_probe.max_sentences=200) stays out of the run name too."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from outlierlab.jobs.startup import register_resolvers
+    from tests.conftest import CONFIG_DIR
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    overrides = [f"logger={logger}", "+posthoc_probe.max_sentences=200", "pos=none", "seed=2"]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = hydra_compose("train", overrides, return_hydra_config=True)
+    previous = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(cfg)  # what a launched job has: ${hydra:...} resolves against it
+    try:
+        assert OmegaConf.select(cfg, key) == f"logger={logger},pos=none,seed=2" == _cell_name(overrides)
+    finally:
+        HydraConfig.instance().cfg = previous
