@@ -313,3 +313,14 @@ def test_tracker_run_names_are_the_cells_directory_names(logger, key):
         assert OmegaConf.select(cfg, key) == f"logger={logger},pos=none,seed=2" == _cell_name(overrides)
     finally:
         HydraConfig.instance().cfg = previous
+
+
+def test_a_slash_in_an_override_value_keeps_the_cell_one_directory():
+    """tokenizer.name_or_path=FacebookAI/roberta-base nested the cell two directories deep (Hydra #3018), where the
+    study aggregator, which reads a sweep directory's children, never found it."""
+    from outlierlab.jobs.startup import cell_dir_name
+
+    name = _cell_name(["tokenizer.name_or_path=FacebookAI/roberta-base", "seed=1"])
+    assert name == "seed=1,tokenizer.name_or_path=FacebookAI%2Froberta-base" and "/" not in name
+    long = cell_dir_name("data.files=[" + "/very/long/path" * 30 + "],seed=4")
+    assert "/" not in long and long.endswith(",seed=4," + long.rsplit(",", 1)[1]) and len(long) <= 255

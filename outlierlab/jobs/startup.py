@@ -254,6 +254,7 @@ CELL_NAME_MAX = 150
 def cell_dir_name(override_dirname: str, limit: int = CELL_NAME_MAX) -> str:
     """A sweep cell's directory name: its overrides (``hydra.job.override_dirname``), readable and stable.
 
+    A ``/`` inside a value (``tokenizer.name_or_path=FacebookAI/roberta-base``) is written ``%2F``.
     Beyond ``limit`` characters (a run with many overrides would exceed the file system's 255) the name
     is cut at an override boundary, the ``seed=`` item is kept, and a 10-hex digest of the full name keeps it
     unique; the full overrides stay in the cell's ``.hydra/overrides.yaml``, which is what the study aggregator
@@ -263,6 +264,9 @@ def cell_dir_name(override_dirname: str, limit: int = CELL_NAME_MAX) -> str:
 
     if not override_dirname:  # a sweep cell with nothing but excluded overrides (e.g. -m experiment=x)
         return "default"
+    # a '/' in a value (a hub id, a path) would nest the cell in sub-directories, where neither a rerun's
+    # skip nor the study aggregator finds it (Hydra issue #3018): written as %2F, one directory per cell
+    override_dirname = override_dirname.replace("/", "%2F")
     if len(override_dirname) <= limit:
         return override_dirname
     digest = hashlib.sha1(override_dirname.encode()).hexdigest()[:10]
