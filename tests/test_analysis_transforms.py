@@ -314,31 +314,35 @@ def test_fit_by_layer_on_disk_gives_the_in_memory_fit_one_layer_at_a_time(tmp_pa
     mem = Whitener.fit_by_layer(3, 12, lambda layer: (x[layer, a:b] for a, b in chunks))
     disk = Whitener.fit_by_layer(3, 12, lambda layer: (x[layer, a:b] for a, b in chunks), on_disk=tmp_path)
     assert isinstance(disk.W, DiskLayers) and isinstance(disk.cov, DiskLayers)
-    assert len(list(tmp_path.iterdir())) == 2 and disk.W.path.parent == tmp_path
+    assert disk.W.directory == tmp_path and not list(tmp_path.iterdir())  # unnamed files: nothing left by a kill
     assert torch.equal(disk.W[:], mem.W) and torch.equal(disk.cov[:], mem.cov)  # bitwise: the same fit
     assert torch.equal(disk.W[1], mem.W[1]) and torch.equal(disk.cov[[2, 0]], mem.cov[[2, 0]])
     z = x[:, :9].float()
     assert torch.allclose(disk.transform(z), mem.transform(z), rtol=1e-6, atol=1e-6)
     one = disk.select([1])  # the replay's one layer: an in-memory map of that layer only
     assert isinstance(one.W, torch.Tensor) and torch.equal(one.W[0], mem.W[1])
+    derived = []
     for method in ("abtt", "standardize", "center"):
         d_map, m_map = (w.derive(method, abtt_d=2 if method == "abtt" else None) for w in (disk, mem))
-        assert isinstance(d_map.W, DiskLayers), method  # derived from Σ on disk: written there too
+        assert isinstance(d_map.W, DiskLayers) and d_map.W.directory == tmp_path, method  # Σ on disk: W too
         assert torch.equal(d_map.W[:], m_map.W), method
-        del d_map
+        derived.append(d_map.W._file)  # the file object only: the map itself may go
+    own = [disk.W._file, disk.cov._file]
+    assert not any(f.closed for f in own)  # the fit is still referenced
+    del d_map, disk, one
     gc.collect()
-    assert len(list(tmp_path.iterdir())) == 2  # a derived map's file went with it
-    del disk, one
-    gc.collect()
-    assert not list(tmp_path.iterdir())  # and the fit's own with the fit
+    assert all(f.closed for f in derived + own)  # each file went with its map
 
 
 def test_disk_layers_reads_and_writes_one_layer_at_a_time(tmp_path):
     from outlierlab.utils.disk_layers import DiskLayers
 
     ref = torch.arange(4 * 3 * 2, dtype=torch.float64).view(4, 3, 2)
+    import os
+
     stack = DiskLayers(4, 3, 2, dtype=torch.float64, directory=tmp_path)
-    assert stack.path.stat().st_size == 4 * 3 * 2 * 8 and stack.shape == (4, 3, 2) and len(stack) == 4
+    assert os.fstat(stack._fd).st_size == 4 * 3 * 2 * 8 and stack.shape == (4, 3, 2) and len(stack) == 4
+    assert not list(tmp_path.iterdir())  # no name in the directory
     for i in range(4):
         stack[i] = ref[i]
     assert torch.equal(stack[2], ref[2]) and torch.equal(stack[-1], ref[3])
@@ -356,4 +360,4 @@ def test_disk_layers_reads_and_writes_one_layer_at_a_time(tmp_path):
     with pytest.raises(ValueError, match="float32 or float64"):
         DiskLayers(1, 2, 2, dtype=torch.bfloat16, directory=tmp_path)
     stack.close()
-    assert not stack.path.exists()
+    assert stack.closed

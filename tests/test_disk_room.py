@@ -86,3 +86,29 @@ def test_wic_and_sts_say_which_setting_makes_room(encoder, monkeypatch):
         target_vectors(encoder, pairs, WhitenSettings())
     with pytest.raises(OSError, match=r"STS's sentence vectors needs .*sts\.max_pairs="):
         sentence_vectors(encoder, [s, "Another one."])
+
+
+def test_a_killed_pass_leaves_no_stored_tokens_or_maps_behind(tmp_path):
+    """The token store and the maps on disk are unnamed files: SIGKILL mid-pass (a scheduler's kill, an OOM kill)
+    gives their space back — named, a killed 70B run left 84 GB in $TMPDIR."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, tempfile, torch
+from outlierlab.datamodules.features import LayerTokenStore
+from outlierlab.utils.disk_layers import DiskLayers
+store = LayerTokenStore(tempfile.mkdtemp(dir={str(tmp_path)!r}), 3, 64)
+maps = DiskLayers(3, 64, 64, directory={str(tmp_path)!r})
+for layer in range(3):
+    store.append(layer, torch.randn(5000, 64))
+    maps[layer] = torch.randn(64, 64)
+store.close()
+print("written", flush=True)
+sys.stdin.read()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "written"
+    proc.kill()
+    proc.wait()
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # (the store's empty directory may stay)

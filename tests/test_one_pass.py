@@ -196,8 +196,11 @@ def test_layer_token_store_gives_back_exactly_what_it_was_given(tmp_path, dtype)
             assert got.dtype == dtype and torch.equal(got, x[:, layer])
         start += x.shape[0]
     assert store.rows_written == [12, 12, 12]
+    assert torch.equal(store.rows(1, 10, 99), torch.cat([b[:, 1] for b in batches])[10:])  # clipped at the end
+    assert not list((tmp_path / "s").iterdir())  # unnamed files: a killed run leaves no 84 GB behind
+    files = list(store._files)
     store.cleanup()
-    assert not (tmp_path / "s").exists()
+    assert not (tmp_path / "s").exists() and all(f.closed for f in files)
 
 
 def test_frequency_chunks_one_layer_at_a_time_equal_the_stacked_batches(tmp_path):

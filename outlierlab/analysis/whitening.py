@@ -221,7 +221,7 @@ class Whitener:
                 packed[layer, 1, :, :w.shape[-1]] = w[0]
                 continue
             if W is None and isinstance(self.cov, DiskLayers):  # a map derived from Σ on disk goes there too
-                W = DiskLayers(num_layers, *w.shape[1:], directory=self.cov.path.parent)
+                W = DiskLayers(num_layers, *w.shape[1:], directory=self.cov.directory)
             elif W is None:
                 W = torch.empty(num_layers, *w.shape[1:], device=w.device,
                                 dtype=torch.float32 if self.compact else torch.float64)

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
@@ -288,13 +289,17 @@ def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", thres
 
 # ------------------------------------------------------------------------------------- a per-layer token store
 class LayerTokenStore:
-    """Token vectors of every layer appended batch by batch, one raw file per layer, in the model's dtype.
+    """Token vectors of every layer appended batch by batch, one file per layer, in the model's dtype.
 
     The one-pass evaluation (:mod:`outlierlab.evaluation.one_pass`) writes each layer's valid tokens here as
     the layer is produced and reads them back one layer at a time once the transforms are fitted, instead
     of encoding the sentences a second time.  Disk: ``N_tokens × (L+1) × d × itemsize`` bytes (MiniLM,
-    2,000 sentences: ≈ 0.3 GB in float32); memory: one layer's rows at a time.  bfloat16 (which numpy lacks)
-    is stored as its raw 16 bits.
+    2,000 sentences: ≈ 0.3 GB in float32; 84 GB for a 70B model); memory: one layer's rows at a time.
+    bfloat16 (which numpy lacks) is stored as its raw 16 bits.
+
+    The files are unnamed (``tempfile.TemporaryFile`` in ``directory``: ``O_TMPFILE``, or unlinked at once), so the
+    file system takes their space back however the process ends — a killed 70B run left 84 GB in ``$TMPDIR``
+    while they had names.  Reads are ``pread``s of the rows asked for.
     """
 
     def __init__(self, directory: str | os.PathLike, num_layers: int, dim: int) -> None:
@@ -303,30 +308,42 @@ class LayerTokenStore:
         self.num_layers, self.dim = int(num_layers), int(dim)
         self.rows_written = [0] * self.num_layers
         self.dtype: torch.dtype | None = None
-        self._files = [open(self.directory / f"layer_{i}.bin", "wb") for i in range(self.num_layers)]
+        self._files = [tempfile.TemporaryFile(dir=self.directory) for _ in range(self.num_layers)]
 
     def append(self, layer: int, x: Tensor) -> None:
         """Add ``x [N, d]`` (any float dtype; the first call fixes it) to ``layer``'s file."""
         if self.dtype is None:
             self.dtype = x.dtype
         x = x.detach().to("cpu", self.dtype).contiguous()
-        self._files[layer].write(x.view(_STORE_INT[x.element_size()]).numpy().tobytes())
+        self._files[layer].write(memoryview(x.view(_STORE_INT[x.element_size()]).numpy()).cast("B"))
         self.rows_written[layer] += x.shape[0]
 
     def close(self) -> None:
+        """Writing is done: flush what is buffered (the files stay open for :meth:`rows`)."""
         for f in self._files:
-            f.close()
+            if not f.closed:
+                f.flush()
 
     def rows(self, layer: int, start: int, end: int) -> Tensor:
         """Rows ``start:end`` of ``layer`` as ``[end-start, d]`` in the stored dtype."""
+        f = self._files[layer]
+        f.flush()
         size = torch.empty((), dtype=self.dtype).element_size()
-        np_dtype = {2: np.int16, 4: np.int32, 8: np.int64}[size]
-        arr = np.memmap(self.directory / f"layer_{layer}.bin", dtype=np_dtype, mode="r",
-                        shape=(self.rows_written[layer], self.dim))
-        return torch.from_numpy(np.array(arr[start:end])).view(self.dtype)
+        n = max(0, min(end, self.rows_written[layer]) - start) * self.dim * size
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:  # pread may return short counts
+            k = os.preadv(f.fileno(), [view[got:]], start * self.dim * size + got)
+            if k <= 0:
+                raise OSError(f"token store of layer {layer}: short read")
+            got += k
+        return torch.frombuffer(buf, dtype=_STORE_INT[size]).view(-1, self.dim).view(self.dtype) if n else \
+            torch.empty(0, self.dim, dtype=self.dtype)
 
     def cleanup(self) -> None:
-        self.close()
+        """Close (and so free) the files and remove the directory."""
+        for f in self._files:
+            f.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 

@@ -9,8 +9,8 @@ memory is the layers being used, not the stack.  Reads are plain ``pread``s (no 
 file stays mapped into the process; the page cache keeps a small stack (MiniLM: 8 MB) as fast as memory.
 
 Written by hand: ``torch.from_file``/``numpy.memmap`` map the whole file (its touched pages count as resident
-until unmapped) and neither gives a tensor whose slices are read on demand.  The file is deleted when the array
-is garbage-collected or the process exits.
+until unmapped) and neither gives a tensor whose slices are read on demand.  The file has no name: its space
+goes back when the array is garbage-collected or the process ends, however it ends.
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ class DiskLayers:
         self.dtype = dtype
         self.device = torch.device("cpu")
         self._layer_bytes = int(rows) * int(cols) * torch.empty((), dtype=dtype).element_size()
-        fd, path = tempfile.mkstemp(prefix="outlierlab-layers-", suffix=".bin",
-                                    dir=None if directory is None else str(directory))
-        self.path = Path(path)
-        os.ftruncate(fd, self._layer_bytes * int(num_layers))  # sparse until written
-        self._fd = fd
-        self._finalizer = weakref.finalize(self, _remove, fd, path)
+        self.directory = Path(tempfile.gettempdir() if directory is None else directory)
+        # unnamed (O_TMPFILE, or unlinked at once): the file system takes the space back however the process
+        # ends — a killed run left its named files behind
+        self._file = tempfile.TemporaryFile(dir=self.directory)
+        self._fd = self._file.fileno()
+        os.ftruncate(self._fd, self._layer_bytes * int(num_layers))  # sparse until written
+        self._finalizer = weakref.finalize(self, self._file.close)
 
     ndim = 3
 
@@ -54,7 +55,7 @@ class DiskLayers:
         return self.shape[0]
 
     def __repr__(self) -> str:
-        return f"DiskLayers(shape={tuple(self.shape)}, dtype={self.dtype}, path={str(self.path)!r})"
+        return f"DiskLayers(shape={tuple(self.shape)}, dtype={self.dtype}, in {str(self.directory)!r})"
 
     @property
     def nbytes(self) -> int:
@@ -82,7 +83,7 @@ class DiskLayers:
         while got < self._layer_bytes:  # pread may return short counts
             n = os.preadv(self._fd, [view[got:]], offset + got)
             if n <= 0:
-                raise OSError(f"{self.path}: short read at layer {layer}")
+                raise OSError(f"DiskLayers in {self.directory}: short read at layer {layer}")
             got += n
         return torch.frombuffer(buf, dtype=self.dtype).view(self.shape[1], self.shape[2])
 
@@ -114,18 +115,11 @@ class DiskLayers:
     def cpu(self) -> Tensor:
         return self[:]
 
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
     def close(self) -> None:
-        """Delete the file now (also done when the array is garbage-collected or at exit)."""
+        """Free the file now (also done when the array is garbage-collected, or by the OS when the process ends)."""
         self._finalizer()
-
-
-def _remove(fd: int, path: str) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
