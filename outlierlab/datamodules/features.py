@@ -38,6 +38,7 @@ from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
 from outlierlab.analysis.transforms import (FITTED, MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, clip_description,
                                  clip_dims_per_layer)
+from outlierlab.utils.disk_layers import read_at
 
 LAYOUT_VERSION = 1
 
@@ -330,15 +331,10 @@ class LayerTokenStore:
         f.flush()
         size = torch.empty((), dtype=self.dtype).element_size()
         n = max(0, min(end, self.rows_written[layer]) - start) * self.dim * size
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:  # pread may return short counts
-            k = os.preadv(f.fileno(), [view[got:]], start * self.dim * size + got)
-            if k <= 0:
-                raise OSError(f"token store of layer {layer}: short read")
-            got += k
-        return torch.frombuffer(buf, dtype=_STORE_INT[size]).view(-1, self.dim).view(self.dtype) if n else \
-            torch.empty(0, self.dim, dtype=self.dtype)
+        if not n:
+            return torch.empty(0, self.dim, dtype=self.dtype)
+        buf = read_at(f.fileno(), n, start * self.dim * size)
+        return torch.frombuffer(buf, dtype=_STORE_INT[size]).view(-1, self.dim).view(self.dtype)
 
     def cleanup(self) -> None:
         """Close (and so free) the files and remove the directory."""

@@ -77,14 +77,7 @@ class DiskLayers:
         return [i % n for i in ids], False
 
     def _read(self, layer: int) -> Tensor:
-        buf = bytearray(self._layer_bytes)
-        view = memoryview(buf)
-        got, offset = 0, layer * self._layer_bytes
-        while got < self._layer_bytes:  # pread may return short counts
-            n = os.preadv(self._fd, [view[got:]], offset + got)
-            if n <= 0:
-                raise OSError(f"DiskLayers in {self.directory}: short read at layer {layer}")
-            got += n
+        buf = read_at(self._fd, self._layer_bytes, layer * self._layer_bytes)
         return torch.frombuffer(buf, dtype=self.dtype).view(self.shape[1], self.shape[2])
 
     def __getitem__(self, index) -> Tensor:
@@ -123,3 +116,14 @@ class DiskLayers:
         """Free the file now (also done when the array is garbage-collected, or by the OS when the process ends)."""
         self._finalizer()
 
+
+def read_at(fd: int, n: int, offset: int) -> bytearray:
+    """Exactly ``n`` bytes of ``fd`` from ``offset`` into a fresh buffer (``pread``: no file position, no mapping)."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:  # pread may return short counts
+        k = os.preadv(fd, [view[got:]], offset + got)
+        if k <= 0:
+            raise OSError(f"short read: {got} of {n} bytes at offset {offset}")
+        got += k
+    return buf
