@@ -17,6 +17,7 @@ import weakref
 import torch
 from torch import Tensor
 
+from outlierlab.analysis.similarity import pairwise_cosine
 from outlierlab.datamodules.features import LayerTokenStore
 
 
@@ -69,3 +70,17 @@ class LayerRows:
     def cleanup(self) -> None:
         """Delete the files now (also done when the object is garbage-collected or at exit)."""
         self._finalizer()
+
+
+def pair_cosines(ft, names, num_layers: int, dim: int, pairs_at) -> dict[str, Tensor]:
+    """Cosine of the two vectors of every pair after each transform, ``{name: [L, P]}`` (WiC's targets, STS's
+    sentences): ``pairs_at(layer)`` gives that layer's ``[2, P, d]``, and each transform of ``ft``
+    (:class:`outlierlab.evaluation.transform_fit.FittedTransforms`) is taken for that layer alone — one layer's
+    vectors and maps in memory at a time (the maps may be on disk)."""
+    cos: dict[str, list] = {t: [] for t in names}
+    for layer in range(num_layers):
+        v = pairs_at(layer)
+        for t in names:
+            x = ft.get(t, dim).select([layer])(v.reshape(1, -1, dim)).reshape(2, v.shape[1], -1)
+            cos[t].append(pairwise_cosine(x[0], x[1]))
+    return {t: torch.stack(c) for t, c in cos.items()}

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-from outlierlab.analysis.similarity import pairwise_cosine
 from outlierlab.analysis.sts import mean_pool, sts_spearman
 from outlierlab.analysis.postprocessing import FITTED, fit_size
 from outlierlab.analysis.whitening import DegenerateWhiteningError
@@ -36,7 +35,7 @@ from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.evaluation.encoding import (EncodeLog, distinct_texts, encode_log_line, finish_encode_log, iter_batches,
                                  progress_bar)
 from outlierlab.evaluation.disk_room import check_room
-from outlierlab.evaluation.layer_rows import LayerRows
+from outlierlab.evaluation.layer_rows import LayerRows, pair_cosines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
 from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
@@ -259,15 +258,11 @@ def score_dataset(name: str, pairs: Pairs, vecs: SentenceVectors, keep: torch.Te
     m = keep.numel()
     gold = pairs.gold[keep]
     subsets = None if pairs.subsets is None else [pairs.subsets[i] for i in keep.tolist()]
-    cosines: dict[str, list] = {t: [] for t in transforms}
-    for layer in range(vecs.num_layers):  # one layer's vectors and maps in memory at a time
-        v = pair_rows(vecs, layer, keep)[None]  # [1, 2m, d]
-        for t in transforms:
-            tv = ft.get(t, vecs.dim).select([layer])(v)
-            cosines[t].append(pairwise_cosine(tv[0, :m], tv[0, m:]))
+    cosines = pair_cosines(ft, transforms, vecs.num_layers, vecs.dim,
+                           lambda layer: pair_rows(vecs, layer, keep).view(2, m, vecs.dim))
     rows, headline = [], {}
     for t in transforms:
-        cos = torch.stack(cosines[t])  # [L, P]
+        cos = cosines[t]  # [L, P]
         extra = ft.columns(t)
         pooled = sts_spearman(cos, gold)
         rows += _rho_rows(name, t, pooled, "all", split, m, extra)

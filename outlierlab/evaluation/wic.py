@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from outlierlab.analysis.similarity import pairwise_cosine
 from outlierlab.analysis.transforms import FITTED
 from outlierlab.analysis.wic import all_true_baseline, best_per_layer, best_threshold, choose_then_report, threshold_sweep
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
@@ -31,6 +30,7 @@ from outlierlab.reports.evaluation_report import md_table, plot_layers
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.datamodules.eval_data import load_wic
 from outlierlab.evaluation.encoding import encode_log_line
+from outlierlab.evaluation.layer_rows import pair_cosines
 from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from outlierlab.evaluation.transform_fit import WhitenSettings
@@ -97,16 +97,11 @@ def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped
     return pairs, what
 
 
-def pair_cosines(ft: FittedTransforms, names, vecs: TargetVectors, keep: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Cosine of the two target vectors of every kept pair after each transform, ``{name: [L, P] float64}``:
-    one layer's vectors and maps in memory at a time (:class:`TargetVectors`, fitted maps on disk)."""
-    cos: dict[str, list] = {t: [] for t in names}
-    for layer in range(vecs.num_layers):
-        v = vecs.layer(layer)[:, keep]  # [2, P, d]
-        for t in names:
-            x = ft.get(t, vecs.dim).select([layer])(v.reshape(1, -1, vecs.dim)).reshape(2, len(keep), -1)
-            cos[t].append(pairwise_cosine(x[0], x[1]))
-    return {t: torch.stack(c).to(torch.float64) for t, c in cos.items()}
+def target_cosines(ft: FittedTransforms, names, vecs: TargetVectors, keep: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Cosine of the two target vectors of every kept pair after each transform, ``{name: [L, P] float64}``,
+    one layer at a time (:func:`outlierlab.evaluation.layer_rows.pair_cosines`)."""
+    cos = pair_cosines(ft, names, vecs.num_layers, vecs.dim, lambda layer: vecs.layer(layer)[:, keep])
+    return {t: c.to(torch.float64) for t, c in cos.items()}
 
 
 @dataclass
@@ -187,7 +182,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     keep = found.nonzero().flatten()
     kept = [pairs[i] for i in keep.tolist()]
     labels = torch.tensor([p["label"] for p in kept])
-    cosines = pair_cosines(ft, ctx.transforms, vecs, keep)  # one layer of target vectors in memory at a time
+    cosines = target_cosines(ft, ctx.transforms, vecs, keep)  # one layer of target vectors in memory at a time
     surface = sum((p["sentence1"][p["start1"]:p["end1"]] == p["sentence2"][p["start2"]:p["end2"]]) == p["label"]
                   for p in kept) / len(kept)
     all_true = all_true_baseline(labels)
@@ -197,7 +192,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
         rvecs, rfound, _ = target_vectors(enc, rpairs, None, batch_size, progress=progress)
         rkeep = rfound.nonzero().flatten()
         rlabels = torch.tensor([rpairs[i]["label"] for i in rkeep.tolist()])
-        report = (pair_cosines(ft, ctx.transforms, rvecs, rkeep), rlabels, rwhat, str(s.report_split))
+        report = (target_cosines(ft, ctx.transforms, rvecs, rkeep), rlabels, rwhat, str(s.report_split))
         rvecs.cleanup()
         if not bool(rfound.all()):
             notes.append(f"{int((~rfound).sum())} {report[3]} pairs dropped: a target span mapped to no token")
