@@ -10,7 +10,8 @@ import torch
 from outlierlab.analysis.isoscore import (covariance, isoscore, isoscore_from_covariance, isoscore_star,
                                           transformed_covariance)
 from outlierlab.analysis.postprocessing import default_abtt_d, fit_size
-from outlierlab.analysis.rogue_dims import cosine_contributions, ranking_without_top, rogue_summary, top_share
+from outlierlab.analysis.rogue_dims import (RogueSummary, cosine_contributions, ranking_without_top, rogue_summary,
+                                           top_share)
 from outlierlab.analysis.similarity import anisotropy
 from outlierlab.analysis.transforms import FittedTransform, Whitener
 from outlierlab.analysis.whitening import DegenerateWhiteningError
@@ -53,6 +54,21 @@ def test_a_planted_large_constant_dim_gets_almost_all_of_the_anisotropy():
     assert 0.0 <= float(r2_rogue[0]) <= 1.0
     s = rogue_summary(x, y, (1, 3, 5))
     assert int(s.order[0, 0]) == 7 and set(s.share) == {1, 3, 5} and float(s.share[5][0]) >= float(s.share[1][0]) - 1e-9
+
+
+def test_rogue_summaries_of_single_layers_stack_to_the_summary_of_all_layers():
+    g = _g(21)
+    a, b = torch.randn(3, 50, 12, generator=g), torch.randn(3, 50, 12, generator=g)
+    a[1, :, 4] += 6.0  # a layer with a rogue dim, whose shares are defined
+    b[1, :, 4] += 6.0
+    whole = rogue_summary(a, b, (1, 3))
+    parts = RogueSummary.stack([rogue_summary(a[i:i + 1], b[i:i + 1], (1, 3)) for i in range(3)])
+    assert torch.equal(parts.cc, whole.cc) and torch.equal(parts.order, whole.order)
+    for f in ("share", "r2", "spearman"):
+        for k in (1, 3):
+            # exactly equal, NaN (an undefined share) where the whole has NaN
+            assert torch.allclose(getattr(parts, f)[k], getattr(whole, f)[k], rtol=0, atol=0, equal_nan=True)
+    assert int(parts.order[1, 0]) == 4 and parts.anisotropy.shape == (3,)
 
 
 # ---------------------------------------------------------------------------------------------- IsoScore

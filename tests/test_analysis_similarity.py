@@ -86,6 +86,30 @@ def test_anisotropy_accumulator_matches_expected_values():
     assert torch.equal(acc_dir.compute(), acc_dir.compute())  # compute() is repeatable
 
 
+def test_reservoir_in_the_models_dtype_loses_nothing_and_one_layer_reads_the_same_pairs():
+    # bf16 hidden states (upcast, as the pass hands them over) kept in a bf16 reservoir: the same pairs,
+    # bitwise, as a float32 reservoir, at half its size; a layer read alone is that layer of the whole
+    g = torch.Generator().manual_seed(8)
+    batches = [(torch.randn(3, 40, 16, generator=g).bfloat16().float(), torch.arange(10).repeat_interleave(4))
+               for _ in range(6)]
+    half = AnisotropyAccumulator(3, 16, n_sentences_max=25, seed=1, dtype=torch.bfloat16)
+    full = AnisotropyAccumulator(3, 16, n_sentences_max=25, seed=1)
+    for h, sid in batches:
+        half.update(h, sid)
+        full.update(h, sid)
+    assert half.vectors.dtype == torch.bfloat16 and half.vectors.nbytes * 2 == full.vectors.nbytes
+    for x, y in zip(half.pair_vectors(), full.pair_vectors()):
+        assert x.dtype == torch.float32 and torch.equal(x, y)
+    for layer in range(3):
+        for x, y in zip(half.pair_vectors(layer), full.pair_vectors()):
+            assert x.shape == (1, 12, 16) and torch.equal(x[0], y[layer])
+    # a value bf16 cannot hold widens the reservoir to float32 instead of rounding it
+    odd = torch.full((3, 4, 16), 1.0 + 2 ** -12)
+    half.update(odd, torch.arange(4))
+    full.update(odd, torch.arange(4))
+    assert half.vectors.dtype == torch.float32 and torch.equal(half.vectors, full.vectors)
+
+
 def test_anisotropy_reservoir_is_uniform_over_sentences():
     # vectors carry their global sentence id; 100 sentences in 5 batches of 20 into 10 slots:
     # every sentence must be kept with probability 10/100.
@@ -133,6 +157,12 @@ def test_self_similarity_accumulator_streams():
     assert 3 not in keys_hi.tolist()
     _, adj = acc.compute(min_occurrences=2, anisotropy=torch.tensor([0.1, 0.2]))
     assert torch.allclose(adj, vals - torch.tensor([[0.1], [0.2]], dtype=torch.float64))
+    # compact: [L, K] squared norms instead of [L, K, d] sums, bitwise the same values; no update after it
+    assert acc.compact().sum_unit is None and acc.sum_norm_sq.shape == (2, 4)
+    keys_c, vals_c = acc.compute(min_occurrences=2)
+    assert torch.equal(keys_c, keys) and torch.equal(vals_c, vals)
+    with pytest.raises(ValueError, match="compacted"):
+        acc.update(h[:, :3], ids[:3])
 
 
 def test_intra_sentence_similarity_hand_and_masked():

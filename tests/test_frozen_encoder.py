@@ -128,6 +128,11 @@ def test_truncation_warns_with_count_or_fails(tiny_bert):
     assert tok.lengths == [16, 4, 16] and tok.n_truncated == 2
     assert tok.truncated_tokens == (102 - 16) + (82 - 16)
     assert tok.input_ids[0][-1] == enc.tokenizer.sep_token_id  # truncation keeps [SEP]
+    # one call, the long texts re-tokenized: what truncating every text in one call gives, offsets included
+    ref = enc.tokenizer(texts, truncation=True, max_length=16, return_special_tokens_mask=True,
+                        return_offsets_mapping=True)
+    assert tok.input_ids == ref["input_ids"] and tok.special_tokens_mask == ref["special_tokens_mask"]
+    assert tok.offsets == [[tuple(o) for o in row] for row in ref["offset_mapping"]]
     with pytest.raises(ValueError, match="exceed max_length=16"):
         FrozenEncoder(str(tiny_bert), max_length=16, on_overflow="error").tokenize(texts)
     with pytest.raises(ValueError, match="exceeds"):

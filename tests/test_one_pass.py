@@ -239,6 +239,37 @@ def test_anisotropy_reservoir_sized_to_the_sentences_draws_the_same_pairs():
     assert small.vectors.shape[1] == 37 and big.vectors.shape[1] == 2000
 
 
+def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time(tmp_path, monkeypatch):
+    """Issue 39, what stays in memory after the pass: the anisotropy reservoir in the model's dtype (the same pairs
+    as a float32 one), the self-similarity sums [L, K, d] compacted to [L, K], and the replay's sums of the
+    transforms fitted after the pass alive for one layer at a time (not L)."""
+    import outlierlab.evaluation.one_pass as one_pass
+    from outlierlab.analysis.similarity import SelfSimilarityAccumulator
+
+    alive, most = [], [0]
+
+    class Tracked(SelfSimilarityAccumulator):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            alive.append(self)
+            most[0] = max(most[0], sum(x.sum_unit is not None for x in alive))
+
+    monkeypatch.setattr(one_pass, "SelfSimilarityAccumulator", Tracked)
+    enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama", dtype=torch.bfloat16)), device="cpu", dtype="auto")
+    st = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"], outlier_transforms=["none"], **PASS)
+    assert st.anisotropy_acc.vectors.dtype == torch.bfloat16
+    assert all(acc.sum_unit is None and acc.sum_norm_sq.shape == (st.num_layers, len(st.words))
+               for acc in st.self_sim.values()) and len(st.words) >= 2
+    assert len(alive) == 2 * st.num_layers and most[0] == 2  # clip's and whiten's sums of one layer at a time
+    ref = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"], outlier_transforms=["none"],
+                            one_pass=False, **PASS)
+    for name in ("none", "clip", "whiten"):
+        assert torch.allclose(st.anisotropy(name), ref.anisotropy(name), rtol=1e-5, atol=1e-6)
+        k1, v1 = st.self_sim[name].compute(3)
+        k2, v2 = ref.self_sim[name].compute(3)
+        assert torch.equal(k1, k2) and torch.allclose(v1, v2, rtol=1e-5, atol=1e-7)
+
+
 def test_a_refused_fit_leaves_no_stored_tokens_behind(tmp_path, monkeypatch):
     import tempfile
 

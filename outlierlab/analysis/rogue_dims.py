@@ -134,6 +134,16 @@ class RogueSummary:
     def anisotropy(self) -> Tensor:
         return self.cc.sum(-1)
 
+    @classmethod
+    def stack(cls, parts: Sequence["RogueSummary"]) -> "RogueSummary":
+        """Summaries of single layers (each :func:`rogue_summary` of ``[1, P, d]``) as one of ``len(parts)``
+        layers — every quantity is per layer, so this equals the summary of ``[L, P, d]`` (what the anisotropy
+        analysis does to keep one layer's float64 copies in memory; issue 39)."""
+        cat = torch.cat
+        return cls(cat([p.cc for p in parts]), cat([p.order for p in parts]),
+                   *({k: cat([getattr(p, f)[k] for p in parts]) for k in getattr(parts[0], f)}
+                     for f in ("share", "r2", "spearman")))
+
 
 def rogue_summary(a: Tensor, b: Tensor, ks: Sequence[int] = (1, 3, 5), min_z: float = MIN_Z) -> RogueSummary:
     """:func:`cosine_contributions`, the top-k shares (where :func:`share_defined`) and

@@ -14,7 +14,7 @@ the top k.  The whole CC vector goes to ``anisotropy_contributions.csv`` (layer,
 
 from __future__ import annotations
 
-from outlierlab.analysis.rogue_dims import MIN_Z, rogue_summary
+from outlierlab.analysis.rogue_dims import MIN_Z, RogueSummary, rogue_summary
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import AnisotropySettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
@@ -42,11 +42,10 @@ def run(ctx: EvalContext) -> AnalysisResult:
     st = sentence_stats(ctx)
     acc = st.anisotropy_acc
     n_pairs = acc.n_kept // 2
-    a, b = acc.pair_vectors()
     rows, side, values, rogue = [], [], {}, {}
-    for t in ctx.transforms:
-        ta, tb = st.transforms.apply(t, a), st.transforms.apply(t, b)
-        r = rogue_summary(ta, tb, s.rogue_k)
+    for t in ctx.transforms:  # one layer's pairs (and their float64 copies) in memory at a time
+        r = RogueSummary.stack([rogue_summary(*st.anisotropy_pairs(t, layer), s.rogue_k)
+                                for layer in range(st.num_layers)])
         rogue[t] = r
         values[t] = r.anisotropy.tolist()
         for layer in range(st.num_layers):

@@ -108,6 +108,8 @@ def _offsets(encoder, texts: list[str], tok) -> tuple[list, list]:
     if not getattr(tk, "is_fast", False):
         raise ValueError(f"the tokenizer of {encoder.source.name} ({type(tk).__name__}) gives no character offsets; "
                          "word-level analyses (self_similarity, wic) need a fast tokenizer (tokenizer.json)")
+    if getattr(tok, "offsets", None) is not None:  # FrozenEncoder.tokenize kept them: no second tokenizer call
+        return tok.offsets, tok.special_tokens_mask
     enc = tk(texts, add_special_tokens=True, truncation=True, max_length=encoder.max_length,
              return_offsets_mapping=True, return_special_tokens_mask=True)
     if enc["input_ids"] != tok.input_ids:  # same call as encoder.tokenize: a mismatch would misalign words

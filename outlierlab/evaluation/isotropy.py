@@ -67,14 +67,13 @@ def run(ctx: EvalContext) -> AnalysisResult:
     source = st.transforms.source
     if source is None or source.cov is None:
         raise ValueError("isotropy needs the streamed covariance of the sentence pass (select it in analyses=[...])")
-    a, b = st.anisotropy_acc.pair_vectors()  # the anisotropy tokens, two [L, P, d]
-    n_star = 2 * a.shape[1]
+    n_star = 2 * (st.anisotropy_acc.n_kept // 2)  # the anisotropy tokens
     tfs = {t: st.transforms.get(t, st.dim) for t in ctx.transforms}
     iso, star, dims = {t: [] for t in tfs}, {t: [] for t in tfs}, {}
     dev = _device(ctx.encoder)
     for layer in range(st.num_layers):  # one layer's d x d float64 matrices at a time (Σ and W may be on disk)
         cov = source.cov[layer:layer + 1].to(dev, torch.float64)
-        sample = torch.cat([a[layer:layer + 1], b[layer:layer + 1]], 1).to(torch.float64)  # [1, 2P, d]
+        sample = torch.cat(st.anisotropy_acc.pair_vectors(layer), 1).to(torch.float64)  # [1, 2P, d]
         for t, tf in tfs.items():
             dims[t] = st.transforms.out_dim(t, st.dim)
             c0 = transformed_layer_covariance(st, t, layer, cov)

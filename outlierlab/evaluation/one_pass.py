@@ -98,8 +98,7 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
     res = st.anisotropy_acc
     aniso = layer_views(res) if res is not None else None  # the reservoir [L, capacity, d], filled in place
     sim_names = [n for n in now if n in st.self_sim]
-    sims = {n: [SelfSimilarityAccumulator(1, st.self_sim[n].dim, st.self_sim[n].keys.tolist())
-                for _ in range(n_layers)] for n in sim_names}
+    sims = {n: layer_views(st.self_sim[n]) for n in sim_names}  # rows of the [L, K, d] sums: never twice
     if st.activations is not None:
         st.activations.start_layers()
     if keep_for_later:  # fails in one line now, not with ENOSPC hours into the pass
@@ -160,7 +159,7 @@ def layer_pass(encoder, texts, st, now: list[str], whitener_new, word_index: dic
     for n in out_names:
         st.outliers[n] = stack_layers(outs[n])
     for n in sim_names:
-        st.self_sim[n] = stack_layers(sims[n])
+        st.self_sim[n] = stack_layers(sims[n], base=st.self_sim[n])
     if aniso is not None:
         st.anisotropy_acc = stack_layers(aniso, base=res)
     if st.activations is not None:
@@ -200,25 +199,32 @@ def fit_from_store(fit, store: LayerTokenStore, spans, devices: dict, num_layers
 
 def replay(st, later: list[str], rp: Replay) -> None:
     """The statistics of ``later`` (transforms fitted after the pass) from the stored tokens, one layer at a
-    time, batch by batch in the pass's order (so the float64 sums add up in the same order)."""
+    time, batch by batch in the pass's order (so the float64 sums add up in the same order).
+
+    Self-similarity's ``[K, d]`` sums exist for one layer at a time: each layer's are compacted to their
+    squared norms (:meth:`SelfSimilarityAccumulator.compact`) before the next layer starts (issue 39)."""
     if rp.store is None:
         return
     n_layers, d = st.num_layers, st.dim
     tf = _Transforms(st.transforms, d)
     out_names = [n for n in later if n != "none" and n in st.outliers]
-    sim_names = [n for n in later if n in st.self_sim]
+    sim_names = [n for n in later if n in st.intra_sum]  # word statistics wanted (streaming's setup)
     outs = {n: [OutlierAccumulator(1, st.transforms.out_dim(n, d)) for _ in range(n_layers)] for n in out_names}
-    sims = {n: [SelfSimilarityAccumulator(1, st.self_sim[n].dim, st.self_sim[n].keys.tolist())
-                for _ in range(n_layers)] for n in sim_names}
+    sims: dict[str, list] = {n: [None] * n_layers for n in sim_names}
+    keys = range(len(st.words))
     try:
         for layer in range(n_layers):
             tf.cache.clear()  # one layer's maps (and their float32 copies) at a time
+            for n in sim_names:
+                sims[n][layer] = SelfSimilarityAccumulator(1, st.transforms.out_dim(n, d), keys)
             for start, n_rows, plan, bsz in rp.batches:
                 tok = rp.store.rows(layer, start, start + n_rows).to(rp.devices.get(layer, "cpu")).float()[None]
                 for n in out_names:
                     outs[n][layer].update(tf(n, layer, tok))
                 if plan is not None and sim_names:
                     _word_layer(st, sims, sim_names, layer, tok, plan, bsz, tf)
+            for n in sim_names:
+                sims[n][layer].compact()
     finally:
         rp.store.cleanup()
     for start, n_rows, plan, bsz in rp.batches:

@@ -75,10 +75,18 @@ class SentenceStats:
 
     def anisotropy(self, name: str) -> Tensor:
         """Anisotropy per layer (Tensor[L+1], float64) of the reservoir after transform ``name``."""
+        return torch.cat([anisotropy(*self.anisotropy_pairs(name, layer)) for layer in range(self.num_layers)]
+                         ).to(torch.float64)
+
+    def anisotropy_pairs(self, name: str, layer: int) -> tuple[Tensor, Tensor]:
+        """One layer's anisotropy pairs after transform ``name``: two float32 ``[1, P, d']``.  The analyses
+        read the reservoir this way, one layer at a time: ``[L, P, d]`` float64 copies would be ≈ 10 GB at
+        70B (issue 39)."""
         if self.anisotropy_acc is None:
             raise ValueError("anisotropy was not accumulated in this pass")
-        a, b = self.anisotropy_acc.pair_vectors()
-        return anisotropy(self.transforms.apply(name, a), self.transforms.apply(name, b)).to(torch.float64)
+        a, b = self.anisotropy_acc.pair_vectors(layer)
+        tf = self.transforms.get(name, self.dim).select([layer])
+        return tf(a), tf(b)
 
     def release_layer_state(self) -> None:
         """Drop what grows with L·d² or L·n·d — the fitted maps and Σ (``[L, d, d]``) and the anisotropy
@@ -103,6 +111,13 @@ class SentenceStats:
     def tokens_per_s(self) -> float:
         n = sum(p.n_tokens for p in self.passes)
         return n / self.seconds if self.seconds > 0 else math.nan
+
+
+def _model_dtype(encoder) -> torch.dtype:
+    """The 16-bit dtype of the encoder's weights (its hidden states come out in it), else float32."""
+    params = getattr(getattr(encoder, "model", None), "parameters", None)
+    p = next(iter(params()), None) if callable(params) else None
+    return p.dtype if p is not None and p.dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
 def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] = TRANSFORMS, *,
@@ -170,18 +185,19 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         # a reservoir no larger than the sentences it can hold: the same draws (the generator is consumed the
         # same way whatever the capacity), without [L+1, 2000, d] float32 allocated for a short text list
         st.anisotropy_acc = AnisotropyAccumulator(n_layers, dim, max(2, min(n_anisotropy_sentences, len(texts))),
-                                                  seed=seed)
+                                                  seed=seed, dtype=_model_dtype(encoder))
     need_fit = bool(fitted) or need_covariance
     # two passes: the sums stream along pass 1; one pass: they are taken from the stored tokens afterwards
     whitener = whiten.new(n_layers, dim) if need_fit and not one_pass else None
 
-    def setup(names: list[str]) -> None:
+    def setup(names: list[str], word_sums: bool = True) -> None:
         for name in names:
             d = ft.out_dim(name, dim)
             if name in outlier_transforms and name not in st.outliers:
                 st.outliers[name] = OutlierAccumulator(n_layers, d)
             if need_self_sim:
-                st.self_sim[name] = SelfSimilarityAccumulator(n_layers, d, range(len(words)))
+                if word_sums:  # the replay makes its own, one layer at a time: no [L, K, d] here
+                    st.self_sim[name] = SelfSimilarityAccumulator(n_layers, d, range(len(words)))
                 st.intra_sum[name] = torch.zeros(n_layers, dtype=torch.float64)
                 st.intra_n[name] = 0
 
@@ -205,6 +221,8 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         else:
             _one_pass(encoder, texts, st, now, whitener, word_index, lowercase, need_self_sim, batch_size, chunk,
                       progress, "pass 1/2 (fit)" if later else "pass 1/1")
+    for acc in st.self_sim.values():  # complete after the first pass: [L, K, d] -> [L, K] (issue 39)
+        acc.compact()
     try:
         _fit_and_apply(encoder, texts, st, transforms, fitted, later, whitener, whiten, kept, one_pass, setup,
                        word_index, lowercase, need_self_sim, batch_size, chunk, progress, outlier_method,
@@ -212,6 +230,8 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     finally:  # a refused fit (degenerate whitening) must not leave the stored tokens behind in $TMPDIR
         if kept is not None and kept.store is not None:
             kept.store.cleanup()
+    for acc in st.self_sim.values():  # the transforms fitted after the pass, compacted too
+        acc.compact()
     return st
 
 
@@ -234,7 +254,7 @@ def _fit_and_apply(encoder, texts, st, transforms, fitted, later, whitener, whit
                    source=whitener.finalize(release_sums=True, keep_eigvecs=False) if whitener.W is None else whitener)
     # pass 2: the transforms fitted in pass 1
     if later:
-        setup(later)
+        setup(later, word_sums=not one_pass)
         if one_pass:
             replay(st, later, kept)
         else:

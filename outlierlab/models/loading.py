@@ -272,23 +272,35 @@ class FrozenEncoder:
 
     # -- running ----------------------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> Tokenized:
-        """Token ids (with special tokens) of every text, truncated to ``max_length``."""
+        """Token ids (with special tokens) of every text, truncated to ``max_length``.
+
+        One tokenizer call over all texts (ids, special-token mask and, with a fast tokenizer, character
+        offsets); only the texts found longer than ``max_length`` are tokenized again, with truncation — the
+        same ids as truncating every text, at a third of the tokenizer's time (issue 39).
+        """
         texts = list(texts)
-        full = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-        over = [i for i, ids in enumerate(full) if len(ids) > self.max_length]
+        fast = bool(getattr(self.tokenizer, "is_fast", False))
+        kw = dict(add_special_tokens=True, return_special_tokens_mask=True, return_offsets_mapping=fast)
+        enc = self.tokenizer(texts, truncation=False, verbose=False, **kw)
+        ids, special = enc["input_ids"], enc["special_tokens_mask"]
+        offsets = enc["offset_mapping"] if fast else None
+        over = [i for i, row in enumerate(ids) if len(row) > self.max_length]
         if over and self.on_overflow == "error":
             raise ValueError(f"{len(over)} of {len(texts)} texts exceed max_length={self.max_length} tokens "
-                             f"(first: #{over[0]}, {len(full[over[0]])} tokens); shorten them or set "
+                             f"(first: #{over[0]}, {len(ids[over[0]])} tokens); shorten them or set "
                              "encoder.on_overflow=warn to truncate")
-        fast = bool(getattr(self.tokenizer, "is_fast", False))
-        enc = self.tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_length,
-                             return_special_tokens_mask=True, return_offsets_mapping=fast)
-        cut = sum(len(full[i]) - len(enc["input_ids"][i]) for i in over)
+        cut = 0
         if over:
+            short = self.tokenizer([texts[i] for i in over], truncation=True, max_length=self.max_length, **kw)
+            for j, i in enumerate(over):
+                cut += len(ids[i]) - len(short["input_ids"][j])
+                ids[i], special[i] = short["input_ids"][j], short["special_tokens_mask"][j]
+                if fast:
+                    offsets[i] = short["offset_mapping"][j]
             warnings.warn(f"{len(over)} of {len(texts)} texts were longer than max_length={self.max_length} tokens "
                           f"and were truncated ({cut} tokens dropped)", stacklevel=2)
-        offsets = [[tuple(o) for o in row] for row in enc["offset_mapping"]] if fast else None
-        return Tokenized(enc["input_ids"], enc["special_tokens_mask"], len(over), cut, offsets)
+        offsets = [[tuple(o) for o in row] for row in offsets] if fast else None
+        return Tokenized(ids, special, len(over), cut, offsets)
 
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
