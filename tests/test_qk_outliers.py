@@ -48,6 +48,26 @@ def _record(model: RobertaMaskedLM):
     return rec
 
 
+def test_with_the_mask_given_first_each_layer_is_reduced_in_its_hook_to_the_same_numbers():
+    """evaluate's path (issue 39): no projections of finished layers held while the forward runs."""
+    model = _tiny("rope")
+    ref = _record(model)
+    rec = QKRecorder(model)
+    held = []
+    update = rec.acc.update
+    rec.acc.update = lambda *a: (held.append(len(rec._out)), update(*a))
+    ids = torch.randint(3, 60, (4, 20), generator=_g(6))
+    mask = torch.ones_like(ids)
+    mask[0, 15:] = 0
+    with rec.hooked(), torch.no_grad():
+        rec.expect(mask)
+        model(ids, mask)
+        rec.observe(mask)
+    assert held == [0, 0] and not rec._out  # each layer reduced before the next one ran
+    for key, value in ref.acc.result().items():
+        assert torch.equal(rec.acc.result()[key], value), key
+
+
 def test_a_planted_rotary_pair_is_reported_with_its_frequency_and_dims():
     model = _tiny("rope")
     d0, d1 = _plant_pair(model, layer=1, head=1, pair=6)

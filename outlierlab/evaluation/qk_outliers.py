@@ -82,7 +82,11 @@ def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: f
 
 class QKRecorder:
     """Hooks every layer's q/k projections; :meth:`observe` after each forward adds the real tokens' q/k
-    (``attention_mask`` ``[B, T]``) to :attr:`acc`."""
+    (``attention_mask`` ``[B, T]``) to :attr:`acc`.
+
+    Given the batch's mask before its forward (:meth:`expect`), each layer's q/k are reduced in the hook that
+    produces the last of them, so no more than one layer's projections are ever held (issue 39) — not every
+    layer's until the forward returns."""
 
     def __init__(self, model: nn.Module):
         self.projs = qk_projections(model)
@@ -90,12 +94,15 @@ class QKRecorder:
         self.acc = QKAccumulator(len(self.projs), p0.num_heads, p0.head_dim, p0.num_kv_heads)
         self._out: dict[tuple[int, str], torch.Tensor] = {}
         self._handles: list = []
+        self._mask: torch.Tensor | None = None
 
     @contextmanager
     def hooked(self):
         def keep(key):
             def hook(_m, _args, out):
                 self._out[key] = out.detach()
+                if self._mask is not None:
+                    self._reduce(key[0], self._mask)
             return hook
 
         for i, p in enumerate(self.projs):
@@ -109,13 +116,23 @@ class QKRecorder:
                 h.remove()
             self._handles.clear()
 
+    def expect(self, attention_mask: torch.Tensor) -> None:
+        """The mask of the batch about to run: its layers are reduced as the model produces them."""
+        self._mask = attention_mask
+
+    def _reduce(self, i: int, attention_mask: torch.Tensor) -> None:
+        p = self.projs[i]
+        if (i, "q") not in self._out or (p.k is not p.q and (i, "k") not in self._out):
+            return  # the layer's other projection is still to come
+        q, k = split_qk(p, self._out.pop((i, "q")), self._out.pop((i, "k"), None))  # [B, T, H, hd]
+        real = attention_mask.to(q.device).bool()
+        self.acc.update(i, q[real], k[real])
+
     def observe(self, attention_mask: torch.Tensor) -> None:
-        for i, p in enumerate(self.projs):
-            q_out = self._out.pop((i, "q"))
-            k_out = self._out.pop((i, "k"), None)
-            q, k = split_qk(p, q_out, k_out)  # [B, T, H, hd]
-            real = attention_mask.to(q.device).bool()
-            self.acc.update(i, q[real], k[real])
+        """Reduce what the last forward left (every layer, unless :meth:`expect` was called before it)."""
+        for i in range(len(self.projs)):
+            self._reduce(i, attention_mask)
+        self._mask = None
 
 
 # ------------------------------------------------------------------------------------------------- rows
@@ -184,8 +201,10 @@ def run(ctx: EvalContext) -> AnalysisResult:
     chunk = section_settings(DataSettings, ctx.root_cfg).chunk
     rec = QKRecorder(model)
     specs = rotary_specs(model, len(rec.projs), rec.acc.head_dim, s.max_cycles)
-    with rec.hooked():
-        for b in iter_batches(enc, texts, None, chunk):
+    with rec.hooked():  # the forward without hidden states stacked; q/k reduced layer by layer in the hooks
+        for b in iter_batches(enc, texts, None, chunk, layerwise=True):
+            rec.expect(b.attention_mask)
+            b.layers(lambda _layer, _h: None)
             rec.observe(b.attention_mask)
     stats = rec.acc.result()
     rows = qk_rows(stats, specs, s.k)
