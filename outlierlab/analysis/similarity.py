@@ -162,8 +162,8 @@ class AnisotropyAccumulator:
         Seeds token choice and reservoir replacement: the same stream gives the same result.
     device : where the reservoir lives (default CPU).
     dtype : what the reservoir holds (default float32).  The model's own dtype (bfloat16 for a bf16 model) loses
-        nothing — every kept value came out of the model in it — and halves the reservoir (2.6 GiB instead of
-        5.3 at 70B, 81 × 2000 × 8192; issue 39); :meth:`pair_vectors` returns float32 either way.
+        nothing — every kept value came out of the model in it — and halves the reservoir (2.5 GiB instead of
+        4.9 at 70B, 81 × 2000 × 8192; issue 39); :meth:`pair_vectors` returns float32 either way.
 
     Notes
     -----
@@ -324,7 +324,7 @@ class SelfSimilarityAccumulator:
     Keeps, per word and layer, the float64 sum of unit vectors, the sum of their squared norms and the
     occurrence count — memory ``L × K × d`` for K words, independent of the number of occurrences —
     which is all :func:`self_similarity`'s closed form needs.  Once every occurrence is in,
-    :meth:`compact` keeps only each sum's squared norm (``L × K``): 5.3 GB → 0.7 MB for 1000 words at 70B.
+    :meth:`compact` keeps only each sum's squared norm (``L × K``): 4.9 GiB → 0.6 MiB for 1000 words at 70B.
 
     Parameters
     ----------
