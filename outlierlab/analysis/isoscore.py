@@ -29,6 +29,8 @@ import math
 import torch
 from torch import Tensor
 
+from outlierlab.analysis.gram import gram
+
 __all__ = ["isoscore_from_eigenvalues", "isoscore_from_covariance", "isoscore", "isoscore_star",
            "covariance", "transformed_covariance"]
 
@@ -60,7 +62,7 @@ def covariance(points: Tensor) -> Tensor:
         raise ValueError(f"a covariance needs at least 2 points, got {points.shape[-2]}")
     x = points.to(torch.float64)
     x = x - x.mean(-2, keepdim=True)
-    return x.transpose(-1, -2) @ x / (x.shape[-2] - 1)
+    return gram(x) / (x.shape[-2] - 1)
 
 
 def isoscore(points: Tensor) -> Tensor:

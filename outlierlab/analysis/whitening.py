@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
+from outlierlab.analysis.gram import gram
 from outlierlab.analysis.fit_guard import MIN_FIT_RATIO, DegenerateWhiteningError, WhiteningFit, check_fit
 from outlierlab.analysis.postprocessing import FITTED, affine_matrix, default_abtt_d
 from outlierlab.utils.disk_layers import DiskLayers
@@ -137,7 +138,7 @@ class Whitener:
         self._track_distinct(x)
         x = x - self.shift.to(x.device)
         self.sum += x.sum(1).to(self.sum.device)
-        self.sum_outer += (x.transpose(1, 2) @ x).to(self.sum.device)
+        self.sum_outer += gram(x).to(self.sum.device)  # syrk: half a GEMM's multiply-adds
         self.n += x.shape[1]
         self.mean = self.W = self.cov = self._eig = None  # stale until finalize()
         self.singular_values = self.rank = self.n_distinct = None
