@@ -65,3 +65,14 @@ def cfg_train(tmp_path, shared_cache):
             "trainer.enable_model_summary=false",
         ],
     )
+
+
+@pytest.fixture(autouse=True)
+def _nothing_written_into_the_checkout():
+    """A test writes only under tmp_path: a run that drops checkpoints or logs into the repository (found:
+    ``checkpoints/epoch=2-step=3.ckpt`` after every suite) pollutes the user's checkout and the next run's
+    ``git status``.  Fails the test that wrote, naming what appeared at the repository's top level."""
+    before = set(os.listdir(ROOT))
+    yield
+    new = sorted(set(os.listdir(ROOT)) - before - {".pytest_cache", ".hypothesis"})
+    assert not new, f"this test wrote {new} into the repository root ({ROOT}); write under tmp_path"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,6 @@ def test_batch_larger_than_the_data_trains_on_what_there_is(tmp_path, shared_cac
     assert check_train_config(cfg) == []
     metrics = train(cfg)
     assert metrics["train/loss"] == metrics["train/loss"] and metrics["val/loss"] < 20
+    # callbacks=none means no checkpoints: not Lightning's implicit one either (it wrote epoch=2-step=3.ckpt
+    # into the current directory, the repository when tests ran)
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(Path.cwd().glob("checkpoints/epoch=*.ckpt"))

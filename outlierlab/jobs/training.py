@@ -17,6 +17,7 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import CheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
@@ -280,6 +281,10 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     if not any(isinstance(p, CheckpointIO) for p in plugins):  # a CheckpointIO of the user's own wins
         plugins.append(StagedCheckpointIO())
     trainer_cfg = {k: v for k, v in cfg.trainer.items() if k != "plugins"}
+    if trainer_cfg.get("enable_checkpointing") is None and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+        # without one of ours Lightning adds its own ModelCheckpoint (epoch=E-step=S.ckpt every epoch), which
+        # `callbacks=none` says it does not have and the disk check (checkpoints_kept) does not count
+        trainer_cfg["enable_checkpointing"] = False
     trainer: L.Trainer = hydra.utils.instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False,
                                                  plugins=plugins)
     progress["trainer"] = trainer
