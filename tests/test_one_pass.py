@@ -241,9 +241,10 @@ def test_anisotropy_reservoir_sized_to_the_sentences_draws_the_same_pairs():
 
 def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time(tmp_path, monkeypatch):
     """Issue 39, what stays in memory after the pass: the anisotropy reservoir in the model's dtype (the same pairs
-    as a float32 one), the self-similarity sums [L, K, d] compacted to [L, K], and the replay's sums of the
-    transforms fitted after the pass alive for one layer at a time (not L)."""
+    as a float32 one), the self-similarity sums [L, K, d] compacted to [L, K], and every transform's word sums
+    (none's too: the replay takes them from the stored tokens) alive for one layer at a time, never [L, K, d]."""
     import outlierlab.evaluation.one_pass as one_pass
+    import outlierlab.evaluation.streaming as streaming
     from outlierlab.analysis.similarity import SelfSimilarityAccumulator
 
     alive, most = [], [0]
@@ -255,12 +256,15 @@ def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time
             most[0] = max(most[0], sum(x.sum_unit is not None for x in alive))
 
     monkeypatch.setattr(one_pass, "SelfSimilarityAccumulator", Tracked)
+    monkeypatch.setattr(streaming, "SelfSimilarityAccumulator", Tracked)
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama", dtype=torch.bfloat16)), device="cpu", dtype="auto")
     st = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"], outlier_transforms=["none"], **PASS)
     assert st.anisotropy_acc.vectors.dtype == torch.bfloat16
     assert all(acc.sum_unit is None and acc.sum_norm_sq.shape == (st.num_layers, len(st.words))
                for acc in st.self_sim.values()) and len(st.words) >= 2
-    assert len(alive) == 2 * st.num_layers and most[0] == 2  # clip's and whiten's sums of one layer at a time
+    assert all(acc.num_layers == 1 for acc in alive)  # no [L, K, d] set: not even none's, during the forward
+    assert len(alive) == 3 * st.num_layers and most[0] == 3  # none's, clip's, whiten's of one layer at a time
+    assert list(st.self_sim) == ["none", "clip", "whiten"]  # the CSVs' order
     ref = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"], outlier_transforms=["none"],
                             one_pass=False, **PASS)
     for name in ("none", "clip", "whiten"):
@@ -268,6 +272,23 @@ def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time
         k1, v1 = st.self_sim[name].compute(3)
         k2, v2 = ref.self_sim[name].compute(3)
         assert torch.equal(k1, k2) and torch.allclose(v1, v2, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", ["none", "clip_with_given_dims"])
+def test_word_statistics_taken_in_the_replay_equal_the_pass_s_bit_for_bit(tmp_path, case):
+    """The replay takes the word statistics of the transforms the pass already applied (none; clip with given
+    dims), also when no transform is fitted after the pass (IsoScore's Σ alone makes the replay): the same float64
+    sums, added in the same order, as filling them during the forward (the pass without a store does)."""
+    enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu")
+    names, extra = (["none"], {}) if case == "none" else (["none", "clip"], {"clip_dims": [3, 7]})
+    replayed = run_sentence_pass(enc, _texts(40), names, need_covariance=True, **extra, **PASS)
+    in_pass = run_sentence_pass(enc, _texts(40), names, **extra, **PASS)  # no store, no replay: the forward fills
+    assert replayed.passes and len(replayed.passes) == 1  # still one forward
+    for name in names:
+        a, b = replayed.self_sim[name], in_pass.self_sim[name]
+        assert torch.equal(a.sum_norm_sq, b.sum_norm_sq) and torch.equal(a.counts, b.counts)
+        assert torch.equal(replayed.intra_sum[name], in_pass.intra_sum[name])
+        assert replayed.intra_n[name] == in_pass.intra_n[name] > 0
 
 
 def test_a_refused_fit_leaves_no_stored_tokens_behind(tmp_path, monkeypatch):

@@ -4,7 +4,8 @@ The two-pass design (:mod:`outlierlab.evaluation.streaming`, ``one_pass=False``)
 sentences once to fit clip's dims and the fitted transforms and again to apply them.  Here the encoder runs
 once, layer by layer (:meth:`outlierlab.models.loading.FrozenEncoder.forward_layers`): as each layer arrives,
 its valid tokens go into single-layer accumulators (raw outlier counts, the float64 whitener sums, the
-anisotropy reservoir, the activation metrics, the word statistics of the transforms already known) and into
+anisotropy reservoir, the activation metrics; the word statistics of the transforms already known only when no
+replay follows — otherwise the replay takes them, one layer at a time) and into
 a :class:`outlierlab.datamodules.features.LayerTokenStore` (the model's dtype, on disk).  Once the transforms
 are fitted from the streamed sums, :func:`replay` reads the stored tokens back one layer at a time and
 accumulates the statistics of the transforms fitted only now — the same numbers as a second encoding, since
@@ -18,6 +19,7 @@ same results (tests/test_one_pass.py compares them for every analysis × transfo
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,18 +199,22 @@ def fit_from_store(fit, store: LayerTokenStore, spans, devices: dict, num_layers
     return fit.fit_by_layer(num_layers, dim, chunks, names, keep_cov=keep_cov, on_disk=store.directory.parent)
 
 
-def replay(st, later: list[str], rp: Replay) -> None:
+def replay(st, later: list[str], rp: Replay, words_now: Sequence[str] = ()) -> None:
     """The statistics of ``later`` (transforms fitted after the pass) from the stored tokens, one layer at a
-    time, batch by batch in the pass's order (so the float64 sums add up in the same order).
+    time, batch by batch in the pass's order (so the float64 sums add up in the same order), and the word
+    statistics (intra-sentence and self-similarity) of ``words_now``, transforms the pass already applied.
 
     Self-similarity's ``[K, d]`` sums exist for one layer at a time: each layer's are compacted to their
-    squared norms (:meth:`SelfSimilarityAccumulator.compact`) before the next layer starts (issue 39)."""
+    squared norms (:meth:`SelfSimilarityAccumulator.compact`) before the next layer starts (issue 39).  Taking
+    the first pass's word sums here too (``words_now``) is what keeps them out of memory during the forward:
+    they would be ``[L, K, d]`` float64 there (4.9 GiB at 70B with 1,000 words); the numbers are the same."""
     if rp.store is None:
         return
     n_layers, d = st.num_layers, st.dim
     tf = _Transforms(st.transforms, d)
     out_names = [n for n in later if n != "none" and n in st.outliers]
-    sim_names = [n for n in later if n in st.intra_sum]  # word statistics wanted (streaming's setup)
+    # word statistics wanted (streaming's setup made their intra-sentence sums)
+    sim_names = [n for n in dict.fromkeys([*words_now, *later]) if n in st.intra_sum]
     outs = {n: [OutlierAccumulator(1, st.transforms.out_dim(n, d)) for _ in range(n_layers)] for n in out_names}
     sims: dict[str, list] = {n: [None] * n_layers for n in sim_names}
     keys = range(len(st.words))

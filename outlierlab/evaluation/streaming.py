@@ -207,13 +207,17 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     # the fitted transform is applied to its reservoir afterwards)
     later = [t for t in transforms if not ft.ready(t) and t in wanted_stats
              and (t in outlier_transforms or need_self_sim)]
-    setup(now)
+    keep_tokens = one_pass and (bool(later) or need_fit)  # the pass stores its tokens for a replay
+    # with a replay, the word statistics of `now` are taken there too, one layer at a time, from the same
+    # stored tokens in the same order (the same sums): no [L, K, d] float64 beside the forward (issue 39)
+    words_later = list(now) if keep_tokens and need_self_sim else []
+    setup(now, word_sums=not words_later)
     st.activations = ActivationObserver(encoder) if need_activations else None
     kept = None
     with st.activations or contextlib.nullcontext():
         if one_pass:  # one forward, one layer at a time; what `later` needs is stored (outlierlab.evaluation.one_pass)
             _, kept = layer_pass(encoder, texts, st, now, None, word_index, lowercase, need_self_sim,
-                                 bool(later) or need_fit, batch_size, chunk, progress,
+                                 keep_tokens, batch_size, chunk, progress,
                                  "pass 1/1 (+ stored tokens)" if later or need_fit else "pass 1/1")
             if need_fit:  # from the stored tokens, one layer at a time: no (L+1)·d² sums beside the forward
                 whitener = fit_from_store(whiten, kept.store, [(s, n, None) for s, n, _, _ in kept.batches],
@@ -226,7 +230,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     try:
         _fit_and_apply(encoder, texts, st, transforms, fitted, later, whitener, whiten, kept, one_pass, setup,
                        word_index, lowercase, need_self_sim, batch_size, chunk, progress, outlier_method,
-                       outlier_threshold, outlier_k)
+                       outlier_threshold, outlier_k, words_later)
     finally:  # a refused fit (degenerate whitening) must not leave the stored tokens behind in $TMPDIR
         if kept is not None and kept.store is not None:
             kept.store.cleanup()
@@ -237,8 +241,9 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
 
 def _fit_and_apply(encoder, texts, st, transforms, fitted, later, whitener, whiten, kept, one_pass, setup,
                    word_index, lowercase, need_self_sim, batch_size, chunk, progress, outlier_method,
-                   outlier_threshold, outlier_k) -> None:
-    """Fit clip's dims and the fitted transforms from the first pass, then the statistics of ``later``."""
+                   outlier_threshold, outlier_k, words_later=()) -> None:
+    """Fit clip's dims and the fitted transforms from the first pass, then the statistics of ``later`` (and the
+    word statistics of ``words_later``, transforms of the first pass whose words the replay takes)."""
     ft, n_layers = st.transforms, st.num_layers
     # fit clip dims and whitener from pass 1
     if "clip" in transforms and ft.clip_dims is None:
@@ -255,11 +260,11 @@ def _fit_and_apply(encoder, texts, st, transforms, fitted, later, whitener, whit
     # pass 2: the transforms fitted in pass 1
     if later:
         setup(later, word_sums=not one_pass)
-        if one_pass:
-            replay(st, later, kept)
-        else:
-            _one_pass(encoder, texts, st, later, None, word_index, lowercase, need_self_sim, batch_size, chunk,
-                      progress, "pass 2/2 (apply)")
+    if one_pass and (later or words_later):
+        replay(st, later, kept, words_now=words_later)
+    elif later:
+        _one_pass(encoder, texts, st, later, None, word_index, lowercase, need_self_sim, batch_size, chunk,
+                  progress, "pass 2/2 (apply)")
 
 
 def _one_pass(encoder, texts, st: SentenceStats, names: list[str], whitener: Whitener | None, word_index: dict,
