@@ -98,7 +98,8 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
                     store.append(layer, h[b.valid.to(h.device)])  # the model's dtype, on disk
                     devices[layer] = h.device
                 if rows_hit:  # each target: the mean of its tokens, all targets of the batch in one index_add
-                    flat = h.float().reshape(-1, h.shape[-1])[src_t.to(h.device)].cpu()
+                    # gather the target tokens, then upcast them alone (not the whole [B, T, d] batch)
+                    flat = h.reshape(-1, h.shape[-1])[src_t.to(h.device)].float().cpu()
                     targets.append(layer, torch.zeros(len(rows_hit), h.shape[-1]).index_add_(0, dst_t, flat) / count)
 
             b.layers(fn)
