@@ -1,11 +1,18 @@
-"""The Gram matrix xᵀx of float64 vectors — the arithmetic under every covariance this package fits.
+"""The Gram matrix xᵀx — the arithmetic under every covariance this package fits (the whitener's float64 sums,
+IsoScore's covariance).
 
-Written here because torch has no symmetric rank-k update: ``x.mT @ x`` runs a general GEMM and computes both
-triangles.  numpy's ``matmul`` recognises a matrix times its own transpose and calls BLAS ``syrk``, which
-computes one triangle and mirrors it — half the multiply-adds, the same float64 dot products (results agree
-with torch's to ~1e-15 relative and are exactly symmetric).  Measured on this project's 2-core CPU, one thread:
-2.4 ms against 3.4–4.6 ms for 1,000 × 384, 58 ms against 94 ms for 4,000 × 1,024 (issue 39: the whitener's
-float64 sums were the largest cost of ``evaluate.py`` beside the model's forward).
+Written here because torch has no symmetric rank-k update (BLAS ``syrk``): ``x.mT @ x`` runs a general GEMM that
+computes both triangles.  :func:`gram` computes the upper triangle by column blocks — block ``i`` against blocks
+``i..k`` — and mirrors it, which is (k+1)/2k of the GEMM's multiply-adds (5/8 at k = 4), in torch's own BLAS and
+thread pool, on any device.  Each entry is the same float64 dot product over the same tokens (the results agree
+with ``x.mT @ x`` to ~1e-15 relative) and the result is exactly symmetric.
+
+numpy's ``matmul`` would call ``syrk`` (half the multiply-adds), and measured faster on one thread (2.4 ms against
+3.4 ms for 1,000 × 384) — but its OpenBLAS threads, spinning beside torch's after each call, made the torch
+matrix products that follow 3× slower with 2 threads (18.8 ms against 6.4 ms in a loop alternating the two), so
+the blocked product stays inside torch.  Measured on this project's 2-core CPU (benchmarks/whitening_gram_precision.py
+times the whitener's Gram over real tokens): 1,000 × 384, 2.3 ms against 3.1 ms for the GEMM on one thread, 1.3 ms
+against 1.7 ms on two; 4,000 × 1,024, 71 ms against 99 ms (one thread), 34 ms against 47 ms (two).
 """
 
 from __future__ import annotations
@@ -13,16 +20,29 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+BLOCKS = 4  # 5/8 of the GEMM's work; more blocks save little more and make each product less efficient
 
-def gram(x: Tensor) -> Tensor:
-    """``x.mT @ x`` of ``x`` ``[..., N, d]`` → ``[..., d, d]``, same dtype and device.
 
-    CPU float64 (and float32) tensors go through numpy (BLAS ``syrk``, zero-copy views); any other device or
-    dtype through torch's product.
+def gram(x: Tensor, blocks: int = BLOCKS) -> Tensor:
+    """``x.mT @ x`` of ``x`` ``[..., N, d]`` → ``[..., d, d]``, same dtype and device, exactly symmetric.
+
+    Upper-triangular column blocks, each one torch matrix product, mirrored into the lower triangle; a tensor
+    that needs autograd, an empty one, or one with fewer than 2·``blocks`` dims takes the plain product.
     """
-    if x.device.type != "cpu" or x.dtype not in (torch.float64, torch.float32) or x.requires_grad:
+    d = x.shape[-1]
+    if x.requires_grad or d < 2 * blocks or x.numel() == 0:
         return x.mT @ x
-    xn = x.contiguous().numpy()  # a strided matrix would leave BLAS for numpy's naive loop
-    # the syrk path needs the two operands to be one buffer, one seen transposed (numpy's matmul checks
-    # identical data pointers and swapped strides per stacked matrix)
-    return torch.from_numpy(xn.swapaxes(-1, -2) @ xn)
+    out = torch.empty(*x.shape[:-2], d, d, dtype=x.dtype, device=x.device)
+    flat_x, flat_out = x.reshape(-1, *x.shape[-2:]), out.view(-1, d, d)
+    edges = [d * i // blocks for i in range(blocks + 1)]
+    # one matrix at a time: a 2-D product reads a column block in place (its leading dimension), where the
+    # batched one measured slower on the strided blocks
+    for m, o in zip(flat_x, flat_out):
+        for i in range(blocks):
+            a, b = edges[i], edges[i + 1]
+            row = m[:, a:b].mT @ m[:, a:]  # [b-a, d-a]: block i against blocks i..k-1
+            o[a:b, a:] = row
+            o[b:, a:b] = row[:, b - a:].mT
+            diag = o[a:b, a:b]  # the diagonal block's two triangles from one of them: exact symmetry
+            diag.copy_(diag.triu() + diag.triu(1).mT)
+    return out

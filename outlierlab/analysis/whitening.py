@@ -138,7 +138,7 @@ class Whitener:
         self._track_distinct(x)
         x = x - self.shift.to(x.device)
         self.sum += x.sum(1).to(self.sum.device)
-        self.sum_outer += gram(x).to(self.sum.device)  # syrk: half a GEMM's multiply-adds
+        self.sum_outer += gram(x).to(self.sum.device)  # the upper triangle only: 5/8 of a GEMM's work
         self.n += x.shape[1]
         self.mean = self.W = self.cov = self._eig = None  # stale until finalize()
         self.singular_values = self.rank = self.n_distinct = None
