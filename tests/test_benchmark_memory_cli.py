@@ -77,6 +77,22 @@ def test_gpu_fields_arithmetic(bench):
     bench.gpu_line(z)
 
 
+def test_repeated_evaluate_runs_report_the_median_run_and_every_ratio(bench):
+    """--evaluate --repeat: the median run's fields (by peak), every run's ratio in run order, the bare forward's
+    median; ratios are (peak - imports) / checkpoint with ru_maxrss in KiB and the checkpoint in bytes."""
+    mib = 1024
+    loaded = {"imports_kib": 500 * mib, "peak_kib": 2_500 * mib}
+    runs = [{"peak_kib": p * mib, "wall_s": w} for p, w in ((3_500, 10.0), (3_300, 11.0), (3_400, 12.0))]
+    bares = [{"peak_kib": p * mib, "imports_kib": 500 * mib} for p in (3_100, 2_900, 3_000)]
+    r = bench.median_fields(runs, bares, loaded, 2_000 * 2**20)
+    assert r["runs_peak_over_checkpoint"] == [1.5, 1.4, 1.45]  # (3500-500)/2000, ...
+    assert r["evaluate_peak_rss_mb"] == 3_400.0 and r["peak_over_checkpoint"] == 1.45 and r["wall_s"] == 12.0
+    assert r["runs_bare_forward_over_checkpoint"] == [1.2, 1.25, 1.3] and r["bare_forward_over_checkpoint"] == 1.25
+    assert r["bare_forward_peak_mb"] == 3_000.0 and r["imports_rss_mb"] == 500.0
+    one = bench.median_fields(runs[:1], bares[:1], loaded, 2_000 * 2**20)  # --repeat 1: that run, as before
+    assert one["peak_over_checkpoint"] == 1.5 and one["bare_forward_over_checkpoint"] == 1.3
+
+
 def test_cuda_child_loads_through_evaluates_encoder_config(bench, monkeypatch):
     """child_cuda end to end with the CUDA calls faked and the model on the CPU: the encoder gets evaluate's
     config section with device=cuda and the dtype, and the pass's numbers reach the fields."""
