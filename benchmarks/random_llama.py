@@ -12,6 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+TOKENIZER_VOCAB = 30522  # the bundled all-MiniLM-L6-v2 WordPiece vocabulary every random Llama is saved with
+
+
 def save_random_llama(shape: str, directory: Path, device: str = "cpu") -> Path:
     """A randomly initialised LlamaModel of ``hidden,layers,intermediate,vocab`` saved in bfloat16 (reused when
     ``directory`` already holds it), with the MiniLM WordPiece tokenizer (its vocabulary fits any vocab >= 30522).
@@ -47,6 +50,10 @@ def ensure_random_llama(shape: str, directory: Path, device: str = "cpu") -> Pat
     (``ru_maxrss`` of a child is at least its parent's RSS at the fork): a benchmark process that had built the
     2 GB model itself reported 2.3 GiB "after the imports" for its children.  Built in a child, it never
     holds the weights."""
+    vocab = int(shape.split(",")[-1])
+    if vocab < TOKENIZER_VOCAB:  # the tokenizer's ids would index past the embedding, deep inside evaluate.py
+        sys.exit(f"evaluate_memory.py: --llama {shape}: the vocabulary must hold the bundled MiniLM tokenizer's "
+                 f"{TOKENIZER_VOCAB} ids; use a vocab >= {TOKENIZER_VOCAB} (e.g. 32000)")
     if not (directory / "config.json").is_file():
         code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'benchmarks')!r}]; import random_llama as m; "
                 f"from pathlib import Path; m.save_random_llama({shape!r}, Path({str(directory)!r}), {device!r})")

@@ -33,6 +33,16 @@ def test_a_save_dir_holding_another_shape_is_refused_in_one_line(bench, tmp_path
     assert "\n" not in msg and "1024,8,2816,32000" in msg and "--llama 4096,32,11008,32000" in msg
 
 
+def test_a_vocabulary_smaller_than_the_tokenizer_is_refused_before_anything_is_built(bench, tmp_path):
+    """The random Llama carries the bundled 30,522-id tokenizer: a smaller vocab failed as an IndexError deep in
+    the evaluate.py child."""
+    with pytest.raises(SystemExit) as e:
+        bench.ensure_random_llama("256,2,512,1000", tmp_path / "llama")
+    msg = str(e.value.code)
+    assert "\n" not in msg and "30522" in msg and "--llama 256,2,512,1000" in msg
+    assert not (tmp_path / "llama").exists()
+
+
 def test_device_cuda_without_a_gpu_is_one_line_and_builds_nothing(tmp_path):
     """No traceback, exit != 0, and it stops before --llama builds (and saves) a model."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, even on a machine with one
