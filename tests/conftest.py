@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,39 @@ def pytest_configure(config):
     import tempfile
 
     os.environ["OUTLIERLAB_CACHE"] = tempfile.mkdtemp(prefix="outlierlab_test_cache_")
+    config._checkout_before = checkout_entries(ROOT)
+
+
+#: What a test run legitimately leaves in a checkout: Python's and pytest's own caches, the editable install.
+RUN_CACHES = ("__pycache__", ".pytest_cache", ".hypothesis", ".egg-info")
+
+
+def checkout_entries(root: Path) -> set[str] | None:
+    """Every path ``git status`` reports in ``root`` — modified, untracked AND ignored, at any depth — as
+    ``"XY path"``, less :data:`RUN_CACHES`; None where ``root`` is not a git checkout (or git is missing)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-z", "--untracked-files=all",
+                              "--ignored"], capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {e for e in out.split("\0") if e and not any(c in e for c in RUN_CACHES)}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The whole suite's deep check (the per-test fixture below sees only the repository's top level): a path
+    that appeared or changed anywhere in the checkout during the run fails the session, named."""
+    before = getattr(session.config, "_checkout_before", None)
+    after = checkout_entries(ROOT) if before is not None else None
+    new = sorted(after - before) if after is not None else []
+    if new:
+        shown = ", ".join(e[3:] for e in new[:10]) + (f" and {len(new) - 10} more" if len(new) > 10 else "")
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = (f"the test run wrote into the checkout ({ROOT}): {shown} — a test must write under tmp_path; "
+               "find which by running the test files one at a time")
+        if tr is not None:
+            tr.write_line(f"FAILED (checkout written): {msg}", red=True)
+        if session.exitstatus == 0:
+            session.exitstatus = 1
 
 
 def compose(config_name: str, overrides: list[str] | None = None):
@@ -71,7 +105,8 @@ def cfg_train(tmp_path, shared_cache):
 def _nothing_written_into_the_checkout():
     """A test writes only under tmp_path: a run that drops checkpoints or logs into the repository (found:
     ``checkpoints/epoch=2-step=3.ckpt`` after every suite) pollutes the user's checkout and the next run's
-    ``git status``.  Fails the test that wrote, naming what appeared at the repository's top level."""
+    ``git status``.  Fails the test that wrote, naming what appeared at the repository's top level (deeper writes:
+    :func:`pytest_sessionfinish`)."""
     before = set(os.listdir(ROOT))
     yield
     new = sorted(set(os.listdir(ROOT)) - before - {".pytest_cache", ".hypothesis"})
