@@ -82,6 +82,9 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     analyses, transforms = selected_analyses(cfg), selected_transforms(cfg)
     check_settings(cfg, analyses)
     check_files(cfg)
+    plots = cfg.get("plots", True)
+    if not isinstance(plots, bool):
+        raise ValueError(f"plots={plots!r}: expected true (PNG figures) or false (CSVs, report and JSON only)")
     t_start = time.time()
     # lazy: torch and the models load only after every setting and file above was checked (fails in a second)
     import torch
@@ -104,7 +107,7 @@ def evaluate(cfg: DictConfig, run_dir: str | Path) -> dict:
     for name in analyses:
         modules[name] = importlib.import_module(ANALYSIS_MODULES[name])
         contexts[name] = EvalContext(encoder, cfg.get(name) or OmegaConf.create({}), cfg, transforms, run_dir,
-                                     int(cfg.seed), tb, shared)
+                                     int(cfg.seed), tb, shared, plots=plots)
     for name in analyses:  # data problems (missing file, offline hub name) fail before any encoding
         if hasattr(modules[name], "check"):  # its data (WiC pairs, STS sets) is handed to its run()
             contexts[name].prepared = modules[name].check(contexts[name])

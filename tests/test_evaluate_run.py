@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,13 +71,24 @@ def inputs(tmp_path_factory):
     return d
 
 
-def test_end_to_end_writes_every_report_file(inputs, tmp_path):
-    out = tmp_path / "run"
-    p = _evaluate(f"encoder.name_or_path={inputs / 'run'}", f"data.files=[{inputs / 'sentences.txt'}]",
-                  f"wic.files=[{inputs / 'wic.jsonl'}]", f"sts.files=[{inputs / 'sts.csv'}]",
-                  "self_similarity.min_sentences=3", f"hydra.run.dir={out}", "progress=false", "seed=3",
-                  "transform.allow_degenerate=true")  # 8 STS pairs cannot support a 32-dim whitening
+def _full_args(inputs: Path) -> list[str]:
+    return [f"encoder.name_or_path={inputs / 'run'}", f"data.files=[{inputs / 'sentences.txt'}]",
+            f"wic.files=[{inputs / 'wic.jsonl'}]", f"sts.files=[{inputs / 'sts.csv'}]",
+            "self_similarity.min_sentences=3", "progress=false", "seed=3",
+            "transform.allow_degenerate=true"]  # 8 STS pairs cannot support a 32-dim whitening
+
+
+@pytest.fixture(scope="module")
+def full_run(inputs, tmp_path_factory) -> Path:
+    """Every default analysis (and STS) on the tiny model, with figures and TensorBoard."""
+    out = tmp_path_factory.mktemp("full") / "run"
+    p = _evaluate(*_full_args(inputs), f"hydra.run.dir={out}")
     assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
+def test_end_to_end_writes_every_report_file(full_run):
+    out = full_run
     for name, cols in COLUMNS.items():
         header, rows = _read(out / name)
         assert header == cols, name
@@ -103,6 +115,11 @@ def test_end_to_end_writes_every_report_file(inputs, tmp_path):
     for png in ("anisotropy.png", "self_similarity.png", "outliers_mean_vectors.png", "position_mean_vector.png",
                 "wic.png", "sts.png"):
         assert (out / png).stat().st_size > 1000, png
+    # the report links exactly the figures results.json lists, and each was drawn
+    linked = set(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report))
+    listed = {f for a in res["analyses"].values() for f in a["figures"]}
+    assert linked == listed and "position_rows.png" in linked
+    assert all((out / f).stat().st_size > 1000 for f in linked)
     # TensorBoard scalars eval/<analysis>/<transform>/<stat>, one step per layer
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -113,6 +130,29 @@ def test_end_to_end_writes_every_report_file(inputs, tmp_path):
     assert [e.step for e in ea.Scalars("eval/anisotropy/none/anisotropy")] == list(range(N_HIDDEN_STATES))
     _, sts_rows = _read(out / "sts.csv")
     assert all(-1.0 <= float(r["spearman"]) <= 1.0 for r in sts_rows)
+
+
+def test_plots_false_writes_the_same_numbers_and_no_figure(inputs, full_run, tmp_path):
+    """``plots=false`` (a checkpoint series, a sweep): the same CSVs byte for byte, no PNG, a report that links
+    none and a results.json that lists none."""
+    out = tmp_path / "run"
+    p = _evaluate(*_full_args(inputs), f"hydra.run.dir={out}", "plots=false")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert sorted(f.name for f in full_run.glob("*.png"))  # the reference drew them
+    assert not list(out.glob("*.png"))
+    for name in [*COLUMNS, "position_rows.csv", "anisotropy_contributions.csv", "layernorm.csv"]:
+        assert (out / name).read_bytes() == (full_run / name).read_bytes(), name
+    report = (out / "report.md").read_text()
+    assert "![" not in report and "## Anisotropy" in report and "### Position embeddings" in report
+    res = json.loads((out / "results.json").read_text())
+    assert all(a["figures"] == [] for a in res["analyses"].values())
+
+
+def test_plots_must_be_a_boolean(tmp_path):
+    p = _evaluate("plots=maybe", f"hydra.run.dir={tmp_path}", timeout=60)
+    assert p.returncode == 1
+    lines = p.stderr.strip().splitlines()
+    assert lines == ["error: plots='maybe': expected true (PNG figures) or false (CSVs, report and JSON only)"]
 
 
 def test_unknown_analysis_fails_with_one_line(tmp_path):

@@ -201,3 +201,11 @@ def test_attention_sinks_run_intact_vs_disabled(tmp_path):
     for l in range(3):
         heads = [rows[("intact", l + 1, h)]["bos"] for h in range(2)]
         assert res.summary["sink_share_bos_intact"][l] == sum(v > 0.3 for v in heads) / 2
+
+    # plots=false (a sweep): the same rows, no figure drawn and none listed
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    ctx = make_ctx("attention_sinks", enc, quiet, {"batch_size": 64}, text_lines=SENTENCES)
+    ctx.plots = False
+    res2 = run(ctx)
+    assert repr(res2.rows) == repr(res.rows) and res2.figures == [] and not list((quiet / "run").glob("*.png"))

@@ -180,6 +180,18 @@ def test_frequent_tokens_and_qk_outliers_run_on_our_model_and_a_hub_bert(tmp_pat
         layers = getattr(cfg, "num_layers", None) or cfg.num_hidden_layers
         assert len(res.rows) == layers * cfg.hidden_size and {r["head"] for r in res.rows} == set(range(heads))
         assert res.summary["rotary"] is False and "no pair named" in res.markdown
+    # plots=false (a sweep): the same rows, nothing drawn
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    for analysis, extra in ((frequent_tokens, {"n_random": 2, "max_length": 64, "batch_size": 8,
+                                                "counts_from": "eval"}), (qk_outliers, {"max_sentences": 20})):
+        name = analysis.__name__.rsplit(".", 1)[-1]
+        drawn = analysis.run(make_ctx(name, enc, tmp_path, extra))
+        ctx = make_ctx(name, enc, quiet, extra)
+        ctx.plots = False
+        res = analysis.run(ctx)
+        assert repr(res.rows) == repr(drawn.rows) and res.figures == [] and drawn.figures, name  # NaN-safe
+    assert not list((quiet / "run").glob("*.png"))
 
 
 def test_a_decoder_is_scored_at_one_late_position_per_sequence_by_default(tmp_path):

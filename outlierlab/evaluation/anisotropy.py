@@ -65,11 +65,13 @@ def run(ctx: EvalContext) -> AnalysisResult:
                       else float("nan")} for d, c in enumerate(r.cc[layer].tolist())]
     side_path = write_csv(ctx.out_dir / "anisotropy_contributions.csv", side, ["layer", "transform", "dim", "cc", "share"])
     fig = plot_layers(ctx.out_dir / "anisotropy.png", values, "mean cosine of random token pairs",
-                      f"anisotropy, {n_pairs} cross-sentence pairs (Luo et al. Fig. 6)", hline=0.0)
+                      f"anisotropy, {n_pairs} cross-sentence pairs (Luo et al. Fig. 6)",
+                      hline=0.0) if ctx.plots else None
     k_mid = 3 if 3 in rogue[ctx.transforms[0]].share else max(rogue[ctx.transforms[0]].share)
     shares = {t: rogue[t].share[k_mid].tolist() for t in ctx.transforms}
     fig2 = plot_layers(ctx.out_dir / "anisotropy_rogue_share.png", shares, f"share of the top {k_mid} dims",
-                       "rogue dimensions: share of the anisotropy (Timkey & van Schijndel 2021)", hline=0.0)
+                       "rogue dimensions: share of the anisotropy (Timkey & van Schijndel 2021)",
+                       hline=0.0) if ctx.plots else None
     md = ["## Anisotropy (Ethayarajh 2019; Luo et al. 2021 §4.1)",
           f"Mean cosine of {n_pairs} pairs of tokens from different sentences: one random non-special token of "
           f"each of {acc.n_kept} sentences (seed {st.settings['seed']}; sampled from {acc.n_seen} sentences), "

@@ -187,8 +187,9 @@ def run(ctx: EvalContext) -> AnalysisResult:
             results["random_disabled"] = {k: torch.stack([p[k] for p in per]).mean(0)
                                           for k in KEYS + ("entropy", "later")}
             dims_text["random_disabled"] = "|".join(";".join(map(str, ds)) for ds in draws)
-    fig = _heatmap(results, Path(ctx.out_dir) / "attention_sinks.png",
-                   f"{loaded.name}: attention mass on special tokens (mean over real queries)")
+    fig_path = Path(ctx.out_dir) / "attention_sinks.png"
+    fig = _heatmap(results, fig_path, f"{loaded.name}: attention mass on special tokens (mean over real queries)"
+                   ) if ctx.plots else None
 
     conds = list(results)
     head = "| layer | " + " | ".join(f"{c}: <s> | {c}: </s>" for c in conds) + " |"
@@ -209,7 +210,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
            + f"; disabled (gain and bias zeroed) in: {', '.join(kinds) or 'no'} LayerNorms."
            + (f" Control `random_disabled`: as many random dims (never the outlier dims), mean over {n_random} "
               "seeded draw(s) (dims in the CSV)." if dims and n_random > 0 else ""),
-           "", f"![attention mass on special tokens, layers × heads]({fig.name})", ""]
+           "", f"![attention mass on special tokens, layers × heads]({fig_path.name})", ""]
     if not dims:
         md.insert(-3, "- No outlier dim to disable: only the intact model is shown.")
     thr = s.sink_threshold

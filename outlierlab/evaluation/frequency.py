@@ -337,8 +337,9 @@ def run(ctx: EvalContext) -> AnalysisResult:
     if any(not 0 <= x < L for x in plot_layers):
         raise ValueError(f"frequency.plot_layers {plot_layers} outside 0..{L - 1}")
     strongest = {l: dims[int(mean[l].abs().argmax())] for l in plot_layers}
-    fig = _scatter(table, plot_layers, strongest, Path(ctx.out_dir) / "frequency_scatter.png", what_value,
-                   f"{enc.source.name}: frequency from {counts_from[:90]}")
+    fig_path = Path(ctx.out_dir) / "frequency_scatter.png"
+    fig = _scatter(table, plot_layers, strongest, fig_path, what_value,
+                   f"{enc.source.name}: frequency from {counts_from[:90]}") if ctx.plots else None
 
     def rho(l, j):
         r = float(table.rho[l, j])
@@ -353,7 +354,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
         md += ["| LM head W_out | " + " | ".join(f"{r:+.2f}" if r == r else "n/a" for r in head_rho) + " |"]
     md += ["", f"- Dims: {dims_from}.", f"- Frequencies counted on {counts_from}.", f"- {head_said}.",
            f"- Types never seen in that corpus: {int((table.freqs == 0).sum())} (kept for ρ, left out of the "
-           "log-scale plot).", "", f"![frequency vs outlier value]({fig.name})", ""]
+           "log-scale plot).", "", f"![frequency vs outlier value]({fig_path.name})", ""]
     last = plot_layers[-1]
     summary = {"dims": dims, "counts_from": counts_from,
                f"rho_layer{last}_dim{strongest[last]}": float(table.rho[last, dims.index(strongest[last])])}

@@ -230,8 +230,9 @@ def run(ctx: EvalContext) -> AnalysisResult:
     protocol = "masked" if not loaded.is_decoder else s.positions
     for r in rows:
         r["objective"], r["positions"] = loaded.objective, protocol
-    fig = ctx.out_dir / "frequent_tokens.png"
-    _plot(rows, fig)
+    fig = ctx.out_dir / "frequent_tokens.png" if ctx.plots else None
+    if fig is not None:
+        _plot(rows, fig)
     md = [TITLE,
           f"h = the vector entering the output layer at {rows[0]['n_positions']} positions — {where} — of {what}; "
           "logits hWᵀ + b split over dims S: **only** = h_S W_Sᵀ (Macocco et al.'s h[:, S] W[S, :]), **without** = "

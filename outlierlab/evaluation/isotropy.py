@@ -84,7 +84,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
              "zeta": s.zeta, "dims": dims[t], "n_tokens": source.n, "n_star_points": n_star}
             for t in tfs for layer in range(st.num_layers)]
     fig = plot_layers(ctx.out_dir / "isotropy.png", iso, "IsoScore", "IsoScore of all evaluation tokens "
-                      "(Rudman et al. 2022): 1 = isotropic, 0 = a line", hline=None)
+                      "(Rudman et al. 2022): 1 = isotropic, 0 = a line", hline=None) if ctx.plots else None
     md = ["## Isotropy: IsoScore and IsoScore* (Rudman et al. 2022; Rudman & Eickhoff 2023)",
           f"IsoScore of the float64 covariance of all {source.n} non-special evaluation tokens (after each transform: "
           "WᵀΣW), in [0, 1]: 1 = every direction of the space carries the same variance, 0 = all of it on one line "

@@ -70,22 +70,24 @@ def position_outliers(model: nn.Module, k: float = 3.0, top_k: int = 5) -> dict 
             "table": table, "by_row": position_row_stats(table, k)}
 
 
-def _position_rows_section(pos: dict, out, k: float) -> tuple[str, object]:
-    """Luo et al. Figs. 3–4 row by row: per-row argmax/argmin dims and kσ dims; ``position_rows.csv`` and a plot."""
+def _position_rows_section(pos: dict, out, k: float, plots: bool = True) -> tuple[str, object]:
+    """Luo et al. Figs. 3–4 row by row: per-row argmax/argmin dims and kσ dims; ``position_rows.csv`` and a plot
+    (None when ``plots`` is off)."""
     st = pos["by_row"]
     per_row = [{"row": r, "argmax_dim": int(st["argmax"][r]), "argmin_dim": int(st["argmin"][r]),
                 "sigma_dims": ";".join(map(str, st["sigma_mask"][r].nonzero().flatten().tolist()))}
                for r in range(st["rows"])]
     write_csv(out / "position_rows.csv", per_row, ["row", "argmax_dim", "argmin_dim", "sigma_dims"])
-    img = monitor_plots.render(monitor_plots.position_rows_figure(pos["table"].numpy(), st, pos["name"]))
-    monitor_plots.save_png(img, out / "position_rows.png")
+    if plots:
+        img = monitor_plots.render(monitor_plots.position_rows_figure(pos["table"].numpy(), st, pos["name"]))
+        monitor_plots.save_png(img, out / "position_rows.png")
     shares = ", ".join(f"{d} ({100 * float(st['sigma_row_share'][d]):.1f}%)" for d in st["sigma_dims"]) or "none"
     text = (f"Row by row ({st['rows']} rows; Luo et al. find dim 588 the argmax of 99.8% of RoBERTa-base's "
             f"position embeddings): dim {st['argmax_dim']} is the argmax of {100 * st['argmax_share']:.1f}% of the "
             f"rows, dim {st['argmin_dim']} the argmin of {100 * st['argmin_share']:.1f}%. Dims outside their row's "
             f"mean ± {k:g}σ in at least half the rows: {shares}. Per row: `position_rows.csv`.\n\n"
             "![position embeddings row by row](position_rows.png)")
-    return text, out / "position_rows.png"
+    return text, out / "position_rows.png" if plots else None
 
 
 def _rows(st, transforms, s: OutliersSettings) -> tuple[list[dict], dict[str, list[list[int]]]]:
@@ -156,10 +158,11 @@ def run(ctx: EvalContext) -> AnalysisResult:
         md.append("_After whitening the coordinates are principal directions of the fitted covariance, not neurons._")
     if "none" in st.outliers and st.outliers["none"].count:
         mean = st.outliers["none"].mean()
-        figures.append(plot_vectors(out / "outliers_mean_vectors.png", mean.tolist(),
-                                    [f"layer {i}" for i in range(mean.shape[0])],
-                                    [mean[i].abs().topk(3).indices.tolist() for i in range(mean.shape[0])],
-                                    "average token vector per layer (Luo et al. Figs. 1–2)"))
+        if ctx.plots:
+            figures.append(plot_vectors(out / "outliers_mean_vectors.png", mean.tolist(),
+                                        [f"layer {i}" for i in range(mean.shape[0])],
+                                        [mean[i].abs().topk(3).indices.tolist() for i in range(mean.shape[0])],
+                                        "average token vector per layer (Luo et al. Figs. 1–2)"))
         md.append("![average token vectors](outliers_mean_vectors.png)")
     summary = {"outlier_dims": detected, "dominant": said,
                "pooled": {w: {"dim": d, "share": v} for w, (d, v) in pooled.items()}}
@@ -187,10 +190,11 @@ def run(ctx: EvalContext) -> AnalysisResult:
         md.append(f"`{pos['name']}`: mean over its {pos['rows']} used rows; dims outside mean ± "
                   f"{s.position_k:g}σ: {vals or 'none'}. Largest |mean|: "
                   f"{', '.join(map(str, pos['top_abs_dims']))}.")
-        figures.append(plot_vectors(out / "position_mean_vector.png", [pos["mean"].tolist()], [pos["name"]],
-                                    [pos["sigma_dims"]], "mean position vector (3σ dims marked)", ncols=1))
+        if ctx.plots:
+            figures.append(plot_vectors(out / "position_mean_vector.png", [pos["mean"].tolist()], [pos["name"]],
+                                        [pos["sigma_dims"]], "mean position vector (3σ dims marked)", ncols=1))
         md.append("![mean position vector](position_mean_vector.png)")
-        text, fig = _position_rows_section(pos, out, s.position_k)
+        text, fig = _position_rows_section(pos, out, s.position_k, ctx.plots)
         md.append(text)
         figures.append(fig)
         act = {d for dims in detected.get("none", []) for d in dims}

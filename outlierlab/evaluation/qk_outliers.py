@@ -208,10 +208,12 @@ def run(ctx: EvalContext) -> AnalysisResult:
             rec.observe(b.attention_mask)
     stats = rec.acc.result()
     rows = qk_rows(stats, specs, s.k)
-    fig = ctx.out_dir / "qk_outliers.png"
+    fig = ctx.out_dir / "qk_outliers.png" if ctx.plots else None
     rotary = specs[0] is not None
-    _heatmap(stats, specs, fig, f"{enc.source.name}: max |q_d|, |k_d| per (layer, head) × dim"
-             + (" — red: rotary | not, white: first | second dim of each pair" if rotary else " (no rotary positions)"))
+    if fig is not None:
+        _heatmap(stats, specs, fig, f"{enc.source.name}: max |q_d|, |k_d| per (layer, head) × dim"
+                 + (" — red: rotary | not, white: first | second dim of each pair" if rotary
+                    else " (no rotary positions)"))
     per_layer = []
     for layer in range(len(rec.projs)):
         rs = [r for r in rows if r["layer"] == layer]

@@ -57,6 +57,8 @@ class EvalContext:
     shared : :class:`SharedPasses`, the work shared between analyses
     prepared : what the analysis' own ``check`` loaded before any encoding (its data), handed to its ``run``
         (None: ``run`` loads it itself)
+    plots : draw the analysis' PNG figures (``plots=false``: CSVs, report and JSON only — a checkpoint series
+        or a sweep of many cells, where each cell's 7+ figures cost seconds and nobody opens them)
     """
 
     encoder: Any
@@ -68,6 +70,7 @@ class EvalContext:
     tb: Any = None
     shared: SharedPasses = field(default_factory=SharedPasses)
     prepared: Any = None
+    plots: bool = True
 
 
 @dataclass
@@ -81,6 +84,9 @@ class AnalysisResult:
     markdown: str
     figures: list[Path] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.figures = [f for f in self.figures if f is not None]  # a figure not drawn (plots=false)
 
 
 ANALYSES: dict[str, Callable[[EvalContext], AnalysisResult]] = {}

@@ -46,7 +46,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
         series[f"intra-sent {t}"] = (intra - aniso).tolist()
         per_word[t] = (keys, raw)
     fig = plot_layers(ctx.out_dir / "self_similarity.png", series, "cosine − anisotropy",
-                      "self-similarity and intra-sentence similarity (Ethayarajh 2019), anisotropy-adjusted")
+                      "self-similarity and intra-sentence similarity (Ethayarajh 2019), anisotropy-adjusted"
+                      ) if ctx.plots else None
     n_words = rows[0]["n_words"] if rows else 0
     md = ["## Self-similarity and intra-sentence similarity (Ethayarajh 2019)",
           f"{n_words} target words (occurring in ≥ {min_occ} of {st.n_sentences} sentences; cap "

@@ -324,7 +324,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
     mean = {t: torch.stack([h[t] for h in headlines.values()]).mean(0) for t in transforms}
     for t in transforms:
         rows += _rho_rows("mean", t, mean[t], "headline", "", sum(i["n_pairs"] for i in infos.values()), {})
-    fig = plot_layers(ctx.out_dir / "sts.png", curves, "Spearman ρ", "STS: cosine of mean-pooled vectors vs gold")
+    fig = plot_layers(ctx.out_dir / "sts.png", curves, "Spearman ρ", "STS: cosine of mean-pooled vectors vs gold"
+                      ) if ctx.plots else None
     md = [head, _method_text(), "\n".join(
         [*(f"- {n}: {i['data']}, {i['n_pairs']} pairs" + (f", sub-sets {', '.join(i['subsets'])}" if i["subsets"]
                                                             else "") + "; "

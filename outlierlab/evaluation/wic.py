@@ -219,7 +219,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
                             "report_n_pairs": len(report[1])})
             rows.append(row)
     fig = plot_layers(ctx.out_dir / "wic.png", curves, "best accuracy over thresholds",
-                      f"WiC: {what}", hline=all_true)
+                      f"WiC: {what}", hline=all_true) if ctx.plots else None
     md = ["## Word in Context (Luo et al. 2021 §4.2, Table 1)",
           f"Data: {what}; {len(kept)} pairs ({int(labels.sum())} same sense). Target = mean of the tokens "
           "overlapping the target's character span; cosine of the two targets > threshold ⇒ \"same sense\"; "

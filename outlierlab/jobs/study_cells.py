@@ -45,7 +45,7 @@ from outlierlab.jobs.series import apply_series
 #: Each also excludes every key under it (``posthoc_probe.max_sentences=200``), as in the cells' directory names
 #: (:func:`outlierlab.jobs.startup.cell_overrides`).
 NOT_IDENTITY = {"study", "ckpt_path", "resume", "skip_finished", "threads", "posthoc", "posthoc_probe",
-                "trainer.enable_progress_bar", "callbacks.progress.when", "progress", "tensorboard"}
+                "trainer.enable_progress_bar", "callbacks.progress.when", "progress", "tensorboard", "plots"}
 #: Resolved-config keys that legitimately differ between the seeds of one group: the seed itself, where a
 #: run writes, and how its work is scheduled (processes, threads, chunk sizes), which does not change a number.
 SEED_DEPENDENT = re.compile(r"(^|\.)(seed|run_dir|save_dir|dirpath|out_dir|study|num_proc|num_workers|"

@@ -1,0 +1,46 @@
+"""The evaluation report's own drawing and linking (outlierlab/reports/evaluation_report.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _pixels(draw) -> tuple[np.ndarray, tuple]:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3.2, 2.2))
+    draw(ax)
+    ax.set_title("layer 3", fontsize=8)
+    fig.tight_layout()
+    fig.canvas.draw()
+    out = np.asarray(fig.canvas.buffer_rgba()).copy(), (ax.get_xlim(), ax.get_ylim())
+    plt.close(fig)
+    return out
+
+
+@pytest.mark.parametrize("values", [np.random.default_rng(0).standard_normal(384).tolist(),  # both signs
+                                    (np.random.default_rng(1).random(50) + 0.5).tolist(),   # all above 0
+                                    (-np.random.default_rng(2).random(20)).tolist(),        # all below 0
+                                    [0.0] * 8])                                             # flat
+def test_the_step_bars_are_the_pixels_matplotlib_stairs_draws(values):
+    """``_bars`` skips stairs' per-segment extent walks (minutes over a series of 7B figures); the figure must
+    not change: the same axis limits (margins, the sticky baseline) and the same pixels."""
+    from outlierlab.reports.evaluation_report import _bars
+
+    edges = [k - 0.5 for k in range(len(values) + 1)]
+    ref, ref_lims = _pixels(lambda ax: ax.stairs(values, edges, fill=True, baseline=0.0, color="tab:blue"))
+    got, got_lims = _pixels(lambda ax: _bars(ax, values))
+    assert got_lims == ref_lims
+    assert (got == ref).all()
+
+
+def test_the_report_links_only_the_figures_drawn(tmp_path):
+    from outlierlab.reports.evaluation_report import write_report
+
+    (tmp_path / "old.png").write_bytes(b"an earlier run's figure")
+    sections = ["## A\n\n![a](a.png)\n\ntext after", "## B\n\n![old](old.png)", "## C\n\n![c](c.png)"]
+    text = write_report(tmp_path, "# head", sections, drawn=["a.png"]).read_text()
+    assert "![a](a.png)" in text and "text after" in text
+    assert "old.png" not in text and "c.png" not in text and "## B" in text and "## C" in text
+    assert write_report(tmp_path, "# head", sections).read_text().count("![") == 3  # no list: nothing removed
