@@ -4,6 +4,7 @@
     python benchmarks/evaluate_vs_forward.py                    # all-MiniLM-L6-v2, the 2,000 default sentences
     python benchmarks/evaluate_vs_forward.py --n 500 --two-pass # also the two-pass reference (data.one_pass=false)
     python benchmarks/evaluate_vs_forward.py --n 300 wic.max_pairs=300   # any evaluate.py override after the flags
+    python benchmarks/evaluate_vs_forward.py encoder.dtype=bfloat16      # on a GPU (encoder.device=auto: CUDA)
 
 The bare forward is what any script would do: tokenize, pad the batch (sorted by length, the batch size of
 ``encoder.batch_size``), ``model(**batch)`` under ``inference_mode`` — no hidden states kept, nothing
@@ -41,16 +42,21 @@ def compose(overrides: list[str]):
         return hydra_compose(config_name="evaluate", overrides=overrides)
 
 
-def bare_forward(name: str, texts: list[str], batch_size: int) -> tuple[float, int]:
-    """Seconds of one forward over ``texts`` (tokenization included) and the tokens it saw."""
+def bare_forward(encoder_cfg, texts: list[str], batch_size: int) -> tuple[float, int]:
+    """Seconds of one forward over ``texts`` (tokenization included) and the tokens it saw.
+
+    The model is loaded as evaluate.py loads it (``encoder.*``: the same device, dtype, device_map and
+    revision — on a GPU machine ``encoder.device=auto`` is CUDA, and a CPU forward would flatter the ratio), then
+    driven as any script would: ``model(**batch)`` under ``inference_mode``, nothing kept.
+    """
     import torch
-    from transformers import AutoModel, AutoTokenizer
 
-    from outlierlab.models.encoder_source import resolve_encoder
+    from outlierlab.models.loading import FrozenEncoder
 
-    src = resolve_encoder(name)
-    tok = AutoTokenizer.from_pretrained(src.tokenizer)
-    model = AutoModel.from_pretrained(src.model).eval()
+    enc = FrozenEncoder.from_config(encoder_cfg)
+    tok, model, dev = enc.tokenizer, enc.model, enc.input_device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     ids = tok(texts, truncation=True)["input_ids"]
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
@@ -59,8 +65,9 @@ def bare_forward(name: str, texts: list[str], batch_size: int) -> tuple[float, i
         for s in range(0, len(order), batch_size):
             rows = [{"input_ids": ids[i]} for i in order[s:s + batch_size]]
             batch = tok.pad(rows, return_tensors="pt")
-            model(**batch)
+            model(**{k: v.to(dev) for k, v in batch.items()})
             n_tok += int(batch["attention_mask"].sum())
+    sync()  # CUDA runs asynchronously: the time is the kernels', not their launches'
     return time.perf_counter() - t0, n_tok
 
 
@@ -102,10 +109,12 @@ def main() -> None:
     cfg = compose(common)
     batch = int(cfg.encoder.batch_size)
     wic = wic_texts(cfg) if "wic" in cfg.analyses else []
-    bare_forward(a.encoder, texts[:64], batch)  # warm-up: first-call allocations, lazy imports
-    fwd, n_tok = bare_forward(a.encoder, texts, batch)
-    fwd_wic = bare_forward(a.encoder, wic, batch)[0] if wic else 0.0
+    bare_forward(cfg.encoder, texts[:64], batch)  # warm-up: first-call allocations, lazy imports
+    fwd, n_tok = bare_forward(cfg.encoder, texts, batch)
+    fwd_wic = bare_forward(cfg.encoder, wic, batch)[0] if wic else 0.0
+    device = "cuda" if cfg.encoder.device == "auto" and torch.cuda.is_available() else str(cfg.encoder.device)
     out = {"encoder": a.encoder, "sentences": len(texts), "tokens": n_tok, "threads": torch.get_num_threads(),
+           "device": device, "dtype": str(cfg.encoder.dtype),
            "bare_forward_s": round(fwd, 2), "wic_sentences": len(wic), "bare_forward_wic_s": round(fwd_wic, 2)}
     print(f"bare forward: {fwd:.1f} s over {len(texts)} sentences ({n_tok} tokens), {fwd_wic:.1f} s over WiC's "
           f"{len(wic)} distinct sentences", flush=True)
