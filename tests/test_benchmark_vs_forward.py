@@ -38,3 +38,11 @@ def test_the_bare_forward_runs_evaluates_model_in_its_dtype_and_counts_every_tok
     assert n_tok == sum(len(ids) for ids in tok(SENTENCES, truncation=True)["input_ids"]) and secs > 0
     assert len(built) == 1 and {p.dtype for p in built[0].model.parameters()} == {torch.bfloat16}
     assert built[0].device == torch.device("cpu")
+
+
+def test_the_ratios_divide_by_the_right_forward():
+    r = _bench().ratios(30.0, {"outliers": 12.0, "anisotropy": 1.0, "isotropy": 1.0, "self_similarity": 1.0,
+                               "wic": 14.0, "sts": 0.0}, fwd=10.0, fwd_wic=10.0)
+    assert r["ratio_all"] == 1.5 and r["sentence_analyses_s"] == 15.0 and r["ratio_sentences"] == 1.5
+    assert r["ratio_wic"] == 1.4
+    assert _bench().ratios(12.0, {"outliers": 12.0}, fwd=10.0, fwd_wic=0.0)["ratio_wic"] is None  # analyses=[...] without WiC
