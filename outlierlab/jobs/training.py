@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import CheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
+from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, order_use_message
 from outlierlab.datamodules.budget import DataBudget, data_budget
 from outlierlab.models import EncoderConfig, hf_exportable, save_pretrained
 from outlierlab.models.checkpoint import read_checkpoint
@@ -125,6 +126,19 @@ def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None)
                         "memorisation regime, not the paper's few epochs; use more text (data.max_documents=null, "
                         "data=english_large) or fewer steps", budget.epochs, warn_above)
     return budget
+
+
+def report_order_use(metrics: dict[str, float], threshold: float | None) -> str | None:
+    """Say in one line (the run's log, on the console and in its train.log) when the run ends below ``threshold`` nats of order use: its loss is
+    then that of a bag-of-words model (:mod:`outlierlab.analysis.order_use`).  Nothing when order use was not
+    measured (``module.order_use=false``) or ``threshold`` is null."""
+    value = metrics.get("val/order_use")
+    if value is None or threshold is None:
+        return None
+    line = order_use_message(value, float(threshold))
+    if line is not None:
+        log.warning(line)
+    return line
 
 
 def _export_dir(run_dir: Path, config: EncoderConfig) -> Path:
@@ -310,6 +324,8 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
             fmt = save_pretrained(module.model, staging, tokenizer=tokenizer)
         log.info("exported the trained model (%s format) and tokenizer to %s", fmt, out)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+    if trainer.global_rank == 0:
+        report_order_use(metrics, cfg.get("order_use_threshold", ORDER_USE_THRESHOLD))
     if trainer.global_rank == 0 and trainer.global_step >= trainer.max_steps > 0:
         if cfg.get("posthoc", False):
             from outlierlab.jobs.posthoc import analyze_run  # every checkpoint, the monitors' statistics

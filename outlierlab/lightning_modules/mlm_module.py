@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
+from outlierlab.analysis.order_use import attention_locality, movable_positions, permute_block_tokens
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 
 
@@ -37,6 +38,21 @@ def predicted_tokens(batch: dict[str, Tensor], causal: bool) -> int:
     if "masked_positions" in batch:
         return int(batch["masked_positions"].numel())
     return int((batch["labels"] != -100).sum())
+
+
+def predicted_accuracy(out, batch: dict[str, Tensor], causal: bool) -> Tensor:
+    """Top-1 accuracy over the tokens the loss averages over: the masked ones (``out.logits`` are then ``[N, V]`` at
+    ``out.masked_positions``) or, causal, every labelled next token (``out.logits`` ``[B, T-1, V]``)."""
+    labels = batch["labels"]
+    if causal:
+        targets = labels[:, 1:]
+        keep = targets != -100
+        return (out.logits.argmax(-1)[keep] == targets[keep]).float().mean()
+    if out.masked_positions is not None:
+        targets = labels.reshape(-1).index_select(0, out.masked_positions)
+        return (out.logits.argmax(-1) == targets).float().mean()
+    keep = labels != -100
+    return (out.logits.argmax(-1)[keep] == labels[keep]).float().mean()
 
 
 def prepare_mlm_batch(batch: dict[str, Tensor], causal: bool = False) -> dict[str, Tensor]:
@@ -127,6 +143,12 @@ class MLMLitModule(L.LightningModule):
     weight_decay_scope : {"no_norm_bias", "all"}
         Which parameters the optimizer's weight decay applies to (:func:`weight_decay_groups`);
         ``experiment=paper_roberta_base`` uses ``"all"`` as fairseq did.
+    order_use : bool
+        At every validation also compute *order use* -- the validation loss with each block's tokens permuted
+        minus the intact loss (:func:`outlierlab.analysis.order_use.order_use`; one more forward per validation
+        batch) -- logged as ``val/order_use``, and on the first validation batch the *attention locality* of
+        every layer (``val/attn_local/layer_i``, its uniform baseline ``val/attn_local/uniform``).  The
+        permutations are drawn from ``(seed, batch_idx)``: every validation of a run permutes the same way.
     finite_check_every_n_steps : int
         On an accelerator, how often the non-finite-loss guard reads its flag back (a host read waits for
         the device; Lightning's own logging reads every ``log_every_n_steps``, 10 by default). The flag is
@@ -149,6 +171,7 @@ class MLMLitModule(L.LightningModule):
         weight_decay_scope: str = "no_norm_bias",
         compile: bool | dict = False,
         finite_check_every_n_steps: int = 10,
+        order_use: bool = True,
     ) -> None:
         super().__init__()
         config = model if isinstance(model, EncoderConfig) else EncoderConfig(**dict(model))
@@ -174,6 +197,10 @@ class MLMLitModule(L.LightningModule):
         self.flops_per_token = 6 * n + 12 * config.num_layers * config.max_len * config.hidden_size
         self.flops_per_batch: int | None = None
         self.val_loss = MeanMetric()
+        self.order_use = bool(order_use)
+        self.val_loss_permuted = MeanMetric()
+        self.val_accuracy = MeanMetric()  # top-1 on the predicted tokens (masked, or next)
+        self._locality: dict[str, Tensor] | None = None
         if int(finite_check_every_n_steps) < 1:
             raise ValueError(f"module.finite_check_every_n_steps must be >= 1, got {finite_check_every_n_steps}")
         self.finite_check_every_n_steps = int(finite_check_every_n_steps)
@@ -257,10 +284,28 @@ class MLMLitModule(L.LightningModule):
         n_predicted = predicted_tokens(batch, self.config.causal)
         if n_predicted == 0:
             return
-        loss = self(**batch).loss
+        first = batch_idx == 0 and self.order_use
+        out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
+                         output_attentions=first, masked_positions=batch.get("masked_positions"))
         # Weighted by predicted-token count: val/loss is the per-token mean over the whole split
         # (synchronised across DDP ranks by torchmetrics).
-        self.val_loss.update(loss, n_predicted)
+        self.val_loss.update(out.loss, n_predicted)
+        self.val_accuracy.update(predicted_accuracy(out, batch, self.config.causal), n_predicted)
+        if not self.order_use:
+            return
+        if first:
+            self._locality = attention_locality(out.attentions, batch.get("attention_mask"), self.config.causal)
+        self.val_loss_permuted.update(self.permuted_loss(batch, batch_idx), n_predicted)
+
+    def permuted_loss(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        """The loss of ``batch`` with each block's tokens permuted (special tokens and positions in place; a token
+        moves with its label): the first term of order use (:mod:`outlierlab.analysis.order_use`)."""
+        config = self.config
+        movable = movable_positions(batch["input_ids"], batch.get("labels"), batch.get("attention_mask"),
+                                    {config.bos_token_id, config.eos_token_id, config.pad_token_id})
+        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + batch_idx) % 2**63)
+        shuffled = permute_block_tokens(batch, movable, generator)
+        return self.model(shuffled["input_ids"], batch.get("attention_mask"), shuffled.get("labels")).loss
 
     def on_validation_epoch_end(self) -> None:
         if self.val_loss.update_count == 0:
@@ -269,6 +314,16 @@ class MLMLitModule(L.LightningModule):
         self.val_loss.reset()
         self.log("val/loss", loss, prog_bar=True)
         self.log("val/ppl", torch.exp(loss.clamp(max=50.0)), prog_bar=True)
+        self.log("val/acc", self.val_accuracy.compute())
+        self.val_accuracy.reset()
+        if self.order_use and self.val_loss_permuted.update_count:
+            self.log("val/order_use", self.val_loss_permuted.compute() - loss, prog_bar=True)
+            self.val_loss_permuted.reset()
+        if self._locality is not None:
+            for i, mass in enumerate(self._locality["mass"]):
+                self.log(f"val/attn_local/layer_{i}", mass.float())
+            self.log("val/attn_local/uniform", self._locality["uniform"].float())
+            self._locality = None
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(weight_decay_groups(self.model, self.weight_decay_scope))

@@ -1,0 +1,190 @@
+"""Does a language model use word order?  *Order use* and *attention locality*.
+
+A masked LM without positions is a bag-of-words model: each prediction depends only on the multiset of tokens in
+its block (self-attention without positions is permutation-equivariant).  A model *with* a position scheme can sit
+at exactly that bag-of-words loss for thousands of steps before it starts to use its positions -- the plateau that
+Chen et al. (2024, "Sudden drops in the loss: syntax acquisition, phase transitions, and simplicity bias in MLMs",
+ICLR 2024) describe and that ended at no budget of this project's ``experiment=emergence_cpu`` for learned
+positions (docs/order_use.md).  A learned-vs-none comparison between two such models compares two bag-of-words
+models, so every run and every evaluated model reports these two numbers (our definitions, docs/design.md):
+
+* **order use** (:func:`order_use`): the model's own loss -- masked tokens for a masked LM, next token for a causal
+  LM -- on the validation blocks with each block's tokens randomly permuted (special tokens, padding and the
+  position ids left in place; a token moves together with its label), minus the loss on the intact blocks, in nats.
+  Exactly 0 (up to float summation order) for a masked LM without positions; > 0 for any model whose predictions
+  depend on order, a causal LM without positions included (its mask is an order signal, Haviv et al. 2022).
+* **attention locality** (:func:`attention_locality`): per layer, the mean attention mass a query puts on the keys
+  within distance <= :data:`LOCAL_WINDOW` of itself (itself included), against the mass a uniform row over the same
+  visible keys would put there.  Uniform attention (the bag-of-words plateau) gives mass = baseline.
+
+Pure functions: no config, no files, no Lightning.  The training module, the post-hoc job and the study aggregator
+call these; nothing else defines them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["LOCAL_WINDOW", "ORDER_USE_THRESHOLD", "movable_positions", "permute_block_tokens", "order_use",
+           "attention_locality", "order_use_message"]
+
+#: Keys within this distance of the query (itself included) count as local (our choice: ±1, ±2 are the offsets an
+#: n-gram-like head first attends to).
+LOCAL_WINDOW = 2
+
+#: Below this many nats of order use a run is reported as "does not use token order yet".  The recipe target of
+#: docs/order_use.md is 0.5 nats; a model at the bag-of-words plateau measures |order use| < 0.01 there.
+ORDER_USE_THRESHOLD = 0.1
+
+
+def movable_positions(input_ids: Tensor, labels: Tensor | None, attention_mask: Tensor | None,
+                      special_ids: Iterable[int]) -> Tensor:
+    """``Bool[B, T]``: positions whose token may be moved by :func:`permute_block_tokens`.
+
+    Fixed are padding (``attention_mask == 0``) and special tokens (``<s>``, ``</s>``, ``<pad>``) -- unless the
+    position carries a label: a position to predict always moves with its token, so that a ``<mask>`` and its
+    answer travel together and a masked LM without positions sees the same problem in another order.
+    """
+    special = torch.zeros_like(input_ids, dtype=torch.bool)
+    for i in special_ids:
+        special |= input_ids == int(i)
+    if labels is not None:
+        special &= labels == -100
+    movable = ~special
+    if attention_mask is not None:
+        movable &= attention_mask.bool()
+    return movable
+
+
+def permute_block_tokens(fields: Mapping[str, Tensor], movable: Tensor,
+                         generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    """Shuffle, within each row, the values of every per-token field (``input_ids``, ``labels``, ...) among that
+    row's ``movable`` positions with one random permutation per row, the same for every field; fixed positions
+    keep their values.  Fields that are not ``[B, T]`` (``masked_positions``) are dropped: they no longer apply.
+
+    Vectorised: sorting random keys (fixed positions: +inf, so they sort last in both orders, stably, and are
+    written onto themselves) gives each row's source order; the movable positions in ascending order are the
+    destinations.
+    """
+    B, T = movable.shape
+    keys = torch.rand(B, T, generator=generator).to(movable.device).masked_fill(~movable, float("inf"))
+    source = keys.argsort(dim=1, stable=True)
+    ascending = torch.arange(T, device=movable.device, dtype=torch.float).expand(B, T)
+    dest = ascending.masked_fill(~movable, float("inf")).argsort(dim=1, stable=True)
+    out = {}
+    for name, value in fields.items():
+        if not isinstance(value, Tensor) or tuple(value.shape[:2]) != (B, T) or value.ndim != 2:
+            continue
+        out[name] = value.clone().scatter_(1, dest, value.gather(1, source))
+    return out
+
+
+LossFn = Callable[[Mapping[str, Tensor]], tuple[Tensor, int]]
+
+
+@torch.no_grad()
+def order_use(loss_sum: LossFn, batches: Iterable[Mapping[str, Tensor]], special_ids: Sequence[int],
+              seed: int = 0) -> dict[str, float]:
+    """Order use of a model on ``batches``: permuted-block loss minus intact loss, per predicted token, in nats.
+
+    Parameters
+    ----------
+    loss_sum : callable
+        ``batch -> (summed loss over the batch's predicted tokens, number of those tokens)``: the model's own
+        objective (masked tokens, or next tokens).  Called once on each intact and once on each permuted batch.
+    batches : iterable of dict
+        ``input_ids`` and ``labels`` (-100 = not predicted), optionally ``attention_mask``; ``[B, T]`` each.
+    special_ids : sequence of int
+        Ids that stay where they are (``<s>``, ``</s>``, ``<pad>``).
+    seed : int
+        The permutations are drawn from ``torch.Generator().manual_seed(seed)`` (on the CPU), so two calls on the
+        same batches permute identically.
+
+    Returns
+    -------
+    dict
+        ``loss`` (intact), ``loss_permuted`` and ``order_use`` = ``loss_permuted - loss``, and ``tokens``.
+    """
+    generator = torch.Generator().manual_seed(int(seed))
+    intact = permuted = 0.0
+    n_total = 0
+    for batch in batches:
+        mask = batch.get("attention_mask")
+        movable = movable_positions(batch["input_ids"].cpu(), batch["labels"].cpu(),
+                                    None if mask is None else mask.cpu(), special_ids)
+        shuffled = permute_block_tokens({k: v.cpu() for k, v in batch.items() if isinstance(v, Tensor)}, movable,
+                                        generator)
+        if mask is not None:
+            shuffled["attention_mask"] = mask.cpu()
+        device = batch["input_ids"].device
+        shuffled = {k: v.to(device) for k, v in shuffled.items()}
+        loss_a, n_a = loss_sum(batch)
+        loss_b, n_b = loss_sum(shuffled)
+        if int(n_a) != int(n_b):  # a permutation moves labels with their tokens: the count cannot change
+            raise RuntimeError(f"order use: {n_a} predicted tokens intact but {n_b} permuted")
+        intact += float(loss_a)
+        permuted += float(loss_b)
+        n_total += int(n_a)
+    if n_total == 0:
+        raise ValueError("order use needs at least one predicted token in the batches")
+    return {"loss": intact / n_total, "loss_permuted": permuted / n_total,
+            "order_use": (permuted - intact) / n_total, "tokens": float(n_total)}
+
+
+def attention_locality(attentions: Sequence[Tensor], attention_mask: Tensor | None = None, causal: bool = False,
+                       window: int = LOCAL_WINDOW) -> dict[str, Tensor]:
+    r"""Per layer, the mean attention mass on keys within ``window`` of the query, and its uniform baseline.
+
+    .. math::  m_\ell = \frac{1}{|Q|}\sum_{(b,h,q)} \sum_{k:\,|k-q|\le w} A^{\ell}_{b,h,q,k}, \qquad
+               u = \frac{1}{|Q|}\sum_{(b,h,q)} \frac{|\{k \text{ visible}: |k-q|\le w\}|}{|\{k \text{ visible}\}|}
+
+    Visible keys are the non-padding ones (and, for a causal model, those at or before the query); queries are
+    the non-padding positions.  The baseline is what a uniform row over the visible keys puts in the window: the
+    bag-of-words plateau has ``m = u`` in every layer (docs/order_use.md).
+
+    Parameters
+    ----------
+    attentions : sequence of Tensor[B, H, T, T]
+        One per layer, rows summing to one (``output_attentions=True``).
+    attention_mask : Tensor[B, T] or None
+        1 = token, 0 = padding; None: no padding.
+    causal : bool
+        Whether the model attends to the past only.
+
+    Returns
+    -------
+    dict
+        ``mass``: Tensor[L] float64; ``uniform``: the baseline (a 0-d float64 tensor, the same for every layer).
+    """
+    if not attentions:
+        raise ValueError("attention locality needs the attention probabilities of at least one layer")
+    B, H, T, _ = attentions[0].shape
+    device = attentions[0].device
+    keys = torch.ones(B, T, dtype=torch.bool, device=device) if attention_mask is None \
+        else attention_mask.to(device).bool()
+    q = torch.arange(T, device=device)
+    near = (q[:, None] - q[None, :]).abs() <= window  # [T, T]
+    visible = keys[:, None, :].expand(B, T, T)  # [B, Tq, Tk]
+    if causal:
+        visible = visible & (q[None, :] <= q[:, None])[None]
+    queries = keys.to(torch.float64)  # [B, T]
+    n_queries = queries.sum() * H
+    uniform_row = (visible & near[None]).sum(-1).double() / visible.sum(-1).clamp(min=1).double()  # [B, T]
+    uniform = (uniform_row * queries).sum() * H / n_queries
+    masses = []
+    for attn in attentions:
+        local = (attn.detach().double() * near.double()).sum(-1)  # [B, H, T]
+        masses.append((local * queries[:, None, :]).sum() / n_queries)
+    return {"mass": torch.stack(masses), "uniform": uniform}
+
+
+def order_use_message(value: float, threshold: float = ORDER_USE_THRESHOLD) -> str | None:
+    """The one line a run (or a study cell) gets when its order use is below ``threshold``; None above it."""
+    if value >= threshold:
+        return None
+    return (f"the model does not use token order yet: order use {value:.3f} nats < {threshold} (permuting each "
+            "block's tokens barely changes its loss; a learned-vs-none comparison at this point compares "
+            "bag-of-words models, docs/order_use.md)")
