@@ -39,7 +39,7 @@ def order_task_tokenizer(num_symbols: int, max_len: int):
     vocab["<mask>"] = len(vocab)
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.post_processor = processors.RobertaProcessing(sep=("</s>", 2), cls=("<s>", 0))
+    core.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                    unk_token="<unk>", mask_token="<mask>", cls_token="<s>", sep_token="</s>",
                                    model_max_length=max_len)

@@ -25,7 +25,7 @@ from .attention import SelfAttention, position_ids_from_mask
 from .blocks import Layer, OPLayer, make_layer
 from .config import EncoderConfig
 from .norms import NORM_TYPES, make_norm, reset_norm
-from .positions import get_scheme
+from .positions import LearnedPositionEmbedding, get_scheme
 
 __all__ = ["EncoderOutput", "MaskedLMOutput", "RobertaEncoder", "RobertaMaskedLM", "SelfAttention",
            "Layer", "OPLayer", "position_ids_from_mask"]
@@ -172,6 +172,8 @@ class RobertaMaskedLM(nn.Module):
             nn.init.normal_(module.weight, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
+        elif isinstance(module, LearnedPositionEmbedding):
+            module.reset_parameters()  # pos.init / pos.init_scale (N(0, std²) by default, as below)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=std)
             if module.padding_idx is not None:

@@ -31,6 +31,10 @@ from .config import EncoderConfig
 # ----------------------------------------------------------------------------------------
 # Input (absolute) schemes
 # ----------------------------------------------------------------------------------------
+#: ``pos.init`` values of the learned table.
+LEARNED_INITS = ("normal", "sinusoidal")
+
+
 class LearnedPositionEmbedding(nn.Embedding):
     """Learned absolute positions, RoBERTa convention (Liu et al. 2019; Devlin et al. 2019).
 
@@ -44,6 +48,31 @@ class LearnedPositionEmbedding(nn.Embedding):
             config.max_position_embeddings, config.hidden_size, padding_idx=config.pad_token_id
         )
         self.pad = config.pad_token_id
+        self.init = str(config.pos.get("init", "normal"))
+        self.init_scale = float(config.pos.get("init_scale", 1.0))
+        if self.init not in LEARNED_INITS:
+            raise ValueError(f"pos.init={self.init!r}; choose one of {', '.join(LEARNED_INITS)}")
+        self.initializer_range = float(config.initializer_range)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The table's initial values (``pos.init``, ``pos.init_scale``): ``normal`` is BERT/RoBERTa's
+        N(0, (initializer_range·init_scale)²); ``sinusoidal`` starts the *learned* table at Vaswani et al.'s
+        sinusoids with the token embeddings' RMS times ``init_scale`` (:func:`sinusoidal_scale` "match_tokens") --
+        a table that already holds relative-offset structure, trained like any other (docs/order_use.md: one
+        candidate of the order-use recipe sweep).  The padding row stays zero."""
+        if not hasattr(self, "init"):  # nn.Embedding.__init__ calls this before our attributes exist
+            return super().reset_parameters()
+        with torch.no_grad():
+            if self.init == "sinusoidal":
+                rows = self.weight.shape[0] - self.pad - 1
+                table = sinusoidal_table(rows, self.weight.shape[1]) * sinusoidal_scale("match_tokens",
+                                                                                         self.initializer_range)
+                self.weight.zero_()
+                self.weight[self.pad + 1:] = table * self.init_scale
+            else:
+                self.weight.normal_(0.0, self.initializer_range * self.init_scale)
+                self.weight[self.pad].zero_()
 
     def forward(self, position_ids: Tensor, attention_mask: Tensor) -> Tensor:  # type: ignore[override]
         ids = torch.where(attention_mask.bool(), position_ids + self.pad + 1, self.pad)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The order-use recipe sweep on one GPU (docs/order_use.md): every cell of the sweep at once, one process each, for
+# a fixed wall-clock budget. Real text (experiment=emergence_cpu, 20k steps, validation with order use every 1k):
+# learned-position candidates beside their no-position references and rope; plus the synthetic order task per
+# position scheme. Small files of every run end in $OUT/order_recipe_gpu.tgz (or ./order_recipe_gpu.tgz).
+#   bash scripts/order_recipe_gpu.sh [SECONDS_PER_CELL]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUDGET=${1:-460}
+OUTDIR=${OUT:-.}
+ROOT=gpu_runs
+mkdir -p "$ROOT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# MPS lets the many small processes' kernels run side by side instead of time-slicing the GPU; optional.
+if nvidia-cuda-mps-control -d 2>/dev/null; then
+  python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" || echo quit | nvidia-cuda-mps-control
+fi
+COMMON="trainer=${TRAINER:-gpu} threads=1 paths.cache_dir=$PWD/.gpu_cache"
+cell() {  # name, overrides...
+  local name=$1; shift
+  if [ -n "${DRY:-}" ]; then python3 train.py $COMMON "hydra.run.dir=$ROOT/$name" "$@" --cfg job >/dev/null || echo "BAD $name"; return; fi
+  timeout -s INT "$BUDGET" python3 train.py $COMMON "hydra.run.dir=$ROOT/$name" "$@" >"$ROOT/$name.log" 2>&1 &
+}
+REAL="experiment=emergence_cpu trainer.max_steps=20000 callbacks.model_checkpoint.every_n_train_steps=5000"
+cell real_learned           $REAL pos=learned
+cell real_none              $REAL pos=none
+cell real_rope              $REAL pos=rope
+cell real_learned_sininit   $REAL pos=learned pos.init=sinusoidal
+cell real_learned_init10x   $REAL pos=learned pos.init_scale=10
+cell real_learned_preln     $REAL pos=learned model.norm_placement=pre
+cell real_learned_b128      $REAL pos=learned data.batch_size=128 module.optimizer.lr=1e-3
+cell real_none_b128         $REAL pos=none data.batch_size=128 module.optimizer.lr=1e-3
+TASK="experiment=order_task"
+for p in learned none sinusoidal relative rope alibi; do cell task_$p $TASK pos=$p; done
+cell task_learned_sininit $TASK pos=learned pos.init=sinusoidal
+cell task_learned_preln   $TASK pos=learned model.norm_placement=pre
+wait
+nvidia-smi --query-gpu=name,memory.used --format=csv > "$ROOT/gpu.txt" 2>&1
+tar czf "$OUTDIR/order_recipe_gpu.tgz" --exclude='*.ckpt' --exclude='*.safetensors' --exclude='*.bin' \
+  --exclude='events.out.*' "$ROOT"
+ls -la "$OUTDIR"
