@@ -156,6 +156,19 @@ def tokenize_heldout(tokenizer, texts: Sequence[str], max_length: int) -> dict[s
     """
     if not texts:
         raise ValueError("the held-out batch needs at least one text")
+    if getattr(tokenizer, "pad_token_id", 0) is None:
+        # decoder tokenizers (GPT-2, Llama) have no pad token and the monitor must not give the caller's
+        # tokenizer one: pad here, right-aligned, with attention 0 and special 1 so no statistic reads the pads
+        enc = tokenizer(list(texts), truncation=True, max_length=int(max_length), return_special_tokens_mask=True)
+        width = max(len(x) for x in enc["input_ids"])
+        pad_id = getattr(tokenizer, "eos_token_id", None) or 0
+        out = {"input_ids": [], "attention_mask": [], "special_tokens_mask": []}
+        for ids, mask, special in zip(enc["input_ids"], enc["attention_mask"], enc["special_tokens_mask"]):
+            n = width - len(ids)
+            out["input_ids"].append(list(ids) + [pad_id] * n)
+            out["attention_mask"].append(list(mask) + [0] * n)
+            out["special_tokens_mask"].append(list(special) + [1] * n)
+        return {k: torch.tensor(v, dtype=torch.long) for k, v in out.items()}
     enc = tokenizer(list(texts), padding=True, truncation=True, max_length=int(max_length),
                     return_special_tokens_mask=True, return_tensors="pt")
     return {k: enc[k] for k in ("input_ids", "attention_mask", "special_tokens_mask")}

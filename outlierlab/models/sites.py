@@ -26,14 +26,15 @@ embedding output, which has no sites.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor, nn
 
 from outlierlab.models.families import UnknownFamilyError, family_of
 
-__all__ = ["SITE_NAMES", "encoder_blocks", "block_sites", "InfNormRecorder", "monitored_forward"]
+__all__ = ["SITE_NAMES", "encoder_blocks", "block_sites", "InfNormRecorder", "eager_attention", "monitored_forward"]
 
 #: The sites recorded by default (Bondarenko et al. 2023).
 SITE_NAMES = ("ffn_output", "ln_input", "ln_output")
@@ -174,6 +175,29 @@ class InfNormRecorder:
         return {s: v.clone() for s, v in self.max.items()}
 
 
+@contextmanager
+def eager_attention(model: nn.Module) -> Iterator[None]:
+    """Run a Hugging Face model with eager attention inside the block, and restore its own implementation after.
+
+    Only eager attention returns attention *probabilities* (the sink-head and entropy rows; Gu et al. 2025); a
+    model being trained usually runs ``sdpa``, whose ``output_attentions=True`` silently gives None.  The switch
+    is transformers' ``set_attn_implementation`` (no weights change), so the monitor of a live model and the
+    post-hoc analysis of its checkpoint loaded with ``attn_implementation="eager"`` compute the same numbers.
+    Our own encoder (always eager) and models without the switch are left as they are.
+    """
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    switch = getattr(model, "set_attn_implementation", None)
+    if current in (None, "eager") or not callable(switch):
+        yield
+        return
+    switch("eager")
+    try:
+        yield
+    finally:
+        switch(current)
+
+
 def monitored_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, attentions: bool = True,
                       sites: Iterable[str] = SITE_NAMES) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
     """One forward pass of the encoder body giving everything the outlier monitors read.
@@ -182,7 +206,8 @@ def monitored_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     (our ``RobertaEncoder``, or a Hugging Face encoder loaded with eager attention) with hidden states and
     attention probabilities, inside an :class:`InfNormRecorder` committed over the non-pad tokens — special
     tokens included, because Bondarenko et al. (2023) find BERT's largest activations on ``[SEP]`` and
-    punctuation.  The caller chooses eval mode and ``torch.inference_mode()``.
+    punctuation.  A Hugging Face model running ``sdpa`` is switched to eager attention for this pass only
+    (:func:`eager_attention`).  The caller chooses eval mode and ``torch.inference_mode()``.
 
     Returns
     -------
@@ -191,7 +216,7 @@ def monitored_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     inf_norms : {site: Tensor[L+1]} (see :meth:`InfNormRecorder.result`)
     """
     body = getattr(model, "roberta", model)
-    with InfNormRecorder(body, sites) as rec:
+    with (eager_attention(model) if attentions else nullcontext()), InfNormRecorder(body, sites) as rec:
         if hasattr(model, "roberta"):
             out = body(input_ids, attention_mask, output_hidden_states=True, output_attentions=attentions)
         else:
