@@ -3,9 +3,24 @@ positional artefacts (Luo, Kulmizev & Mao 2021; Kovaleva et al. 2021; Puccetti e
 
 One sub-package per role; each imports only the ones below it (tests/test_layout.py checks it):
 
-    jobs → lightning_modules → evaluation → reports → datamodules → models → analysis → utils
+    jobs → lightning_modules → monitoring → evaluation → reports → datamodules → models → analysis → utils
 
 The entry points ``train.py``, ``probe.py`` and ``evaluate.py`` sit in the repository root, beside ``configs/``.
 Everything lives under this one name so that installing the project never shadows another package
 (``evaluate``, ``utils``, ``models`` are common top-level names).
 """
+
+# The one-line monitors for other loops (outlierlab/monitoring/, docs/loop_monitors.md), loaded on first access:
+# ``import outlierlab`` stays free of torch and transformers.
+_LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
+         "OutlierMonitorCallback": "outlierlab.monitoring.hf_trainer"}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,6 +4,8 @@
   (Kovaleva et al. 2021; Puccetti et al. 2022).
 - :class:`.hidden_state_monitor.HiddenStateMonitor` — activation outlier dims and anisotropy on a fixed
   held-out batch (Luo et al. 2021; Ethayarajh 2019).
+- both are adapters over the framework-free trackers of :mod:`outlierlab.monitoring`, which the plain-loop
+  ``OutlierMonitor`` and the Hugging Face ``OutlierMonitorCallback`` drive too.
 - :class:`.progress.ProgressLines` — plain progress lines when stdout is not a terminal.
 - :class:`.interrupt_checkpoint.InterruptCheckpoint` — ``last.ckpt`` on SIGTERM (schedulers, preemption).
 
@@ -15,7 +17,8 @@ import importlib
 _LAZY = {
     "LayerNormMonitor": "layernorm_monitor",
     "HiddenStateMonitor": "hidden_state_monitor",
-    "OutlierMonitor": "base",
+    "LightningOutlierMonitor": "base",
+    "OutlierMonitor": "base",  # the old name of LightningOutlierMonitor
     "ProgressLines": "progress",
     "InterruptCheckpoint": "interrupt_checkpoint",
 }

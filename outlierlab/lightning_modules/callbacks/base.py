@@ -1,4 +1,11 @@
-"""What the two outlier monitors share: when to record, resume handling, the history file, TensorBoard.
+"""The Lightning side of the two outlier monitors: when to record, resume handling, the trainer's loggers.
+
+What a record computes and writes is not here: each monitor is an adapter over a framework-free tracker of
+:mod:`outlierlab.monitoring` (:class:`~outlierlab.monitoring.layernorm_tracker.LayerNormTracker`,
+:class:`~outlierlab.monitoring.hidden_state_tracker.HiddenStateTracker`), and a record is written by
+:func:`outlierlab.monitoring.recording.publish` — the same objects the plain-loop
+:class:`~outlierlab.monitoring.loop_monitor.OutlierMonitor` and the Hugging Face
+:class:`~outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` use, so every loop writes the same rows.
 
 A monitor records at step 0 (in ``on_train_start``, before the first optimizer update), every
 ``every_n_steps`` optimizer steps, whenever a checkpoint is saved, and at the end of training — at most
@@ -20,13 +27,13 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from outlierlab.reports import monitor_plots as plots
+from outlierlab.monitoring.recording import is_image_step, publish
 from outlierlab.reports.history import HistoryCSV
 
 
-
-class OutlierMonitor(L.Callback):
-    """Base class; subclasses set ``filename`` and implement :meth:`prepare`, :meth:`compute`, :meth:`log_to`.
+class LightningOutlierMonitor(L.Callback):
+    """Base class; subclasses set ``tracker`` (whose ``filename`` names the history) and implement :meth:`prepare`
+    and :meth:`compute`.
 
     Parameters
     ----------
@@ -44,6 +51,8 @@ class OutlierMonitor(L.Callback):
     """
 
     filename = "monitor.csv"
+    #: the framework-free tracker (``log_to``, ``figures``) a subclass sets in its ``__init__``
+    tracker: Any = None
 
     def __init__(self, out_dir: str | None = None, every_n_steps: int = 50, image_every_n_steps: int = 100,
                  vectors: bool = True) -> None:
@@ -67,11 +76,12 @@ class OutlierMonitor(L.Callback):
         raise NotImplementedError
 
     def log_to(self, writer: Any, step: int, summary: dict, images: bool) -> None:
-        """Scalars/histograms/images to one TensorBoard ``SummaryWriter``."""
+        """Scalars/histograms to one TensorBoard ``SummaryWriter`` (the tracker's)."""
+        self.tracker.log_to(writer, step, summary, images)
 
     def figures(self, step: int, summary: dict) -> dict[str, Any]:
         """``{tag_suffix: Figure}`` drawn at image steps (also saved as ``<out_dir>/<suffix>.png``)."""
-        return {}
+        return self.tracker.figures(step, summary)
 
     # -- hooks ----------------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -118,20 +128,13 @@ class OutlierMonitor(L.Callback):
         self._last_step = step
         if not trainer.is_global_zero:
             return
-        images = images or step % self.image_every_n_steps == 0
+        images = is_image_step(step, self.image_every_n_steps, images)
         # Per-dim vectors only with the images: they are most of the rows (2·d per LayerNorm, d per layer).
         rows, summary = self.compute(trainer, pl_module, step, vectors=self.vectors and images)
-        if to_history:
-            self.history.append(rows)
         writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
-        for w in writers:
-            self.log_to(w, step, summary, images)
-        if images:
-            for name, fig in self.figures(step, summary).items():
-                img = plots.render(fig)
-                for w in writers:
-                    w.add_image(f"monitor/{name}", img, step, dataformats="HWC")
-                plots.save_png(img, self.history.path.parent / f"{name.replace('/', '_')}.png")
+        # self, not the tracker: log_to/figures stay overridable per monitor
+        publish(self, step, rows, summary, history=self.history if to_history else None, writers=writers,
+                images=images, out_dir=self.history.path.parent)
 
 
 def _is_final_step(trainer: L.Trainer) -> bool:
@@ -141,6 +144,10 @@ def _is_final_step(trainer: L.Trainer) -> bool:
     max_epochs = trainer.max_epochs
     return bool(trainer.is_last_batch and max_epochs is not None and max_epochs > 0
                 and trainer.current_epoch + 1 >= max_epochs)
+
+
+#: The name this base class had before the plain-loop monitor (:class:`outlierlab.monitoring.OutlierMonitor`) came.
+OutlierMonitor = LightningOutlierMonitor
 
 
 def as_numpy(x) -> np.ndarray:

@@ -1,5 +1,9 @@
 """Watch activation outlier dimensions emerge during pretraining, on a fixed held-out batch (Luo et al. 2021 §2).
 
+A thin Lightning adapter over :class:`outlierlab.monitoring.hidden_state_tracker.HiddenStateTracker`, the object
+the plain-loop and Hugging Face Trainer monitors (:mod:`outlierlab.monitoring`) drive too; only the choice of the
+held-out batch (the datamodule's tokenizer, or its validation blocks) is Lightning's.
+
 At every record (step 0 before any update, every ``every_n_steps``, at checkpoints and at the end; see
 :mod:`.base`) the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out
 sequences (one forward pass, :func:`outlierlab.models.sites.monitored_forward`), and
@@ -47,12 +51,9 @@ import torch
 from torch import Tensor
 from transformers import AutoTokenizer
 
-from outlierlab.analysis.monitoring import hidden_state_records, tokenize_heldout
-from outlierlab.datamodules.eval_data import load_sentences
-from outlierlab.models.sites import monitored_forward
+from outlierlab.monitoring.hidden_state_tracker import HiddenStateTracker
 
-from outlierlab.reports import monitor_plots as plots
-from .base import OutlierMonitor, as_numpy
+from .base import LightningOutlierMonitor
 
 
 SOURCES = ("sentences", "val")
@@ -91,13 +92,13 @@ def heldout_from_val(datamodule: Any, n_sequences: int, special_ids: set[int]) -
     return {"input_ids": ids, "attention_mask": masks, "special_tokens_mask": special.long()}
 
 
-class HiddenStateMonitor(OutlierMonitor):
+class HiddenStateMonitor(LightningOutlierMonitor):
     """Per-layer activation outlier statistics on a fixed held-out batch.
 
     Parameters
     ----------
     out_dir, every_n_steps, image_every_n_steps, vectors
-        See :class:`.base.OutlierMonitor` (``vectors``: write the whole ``mean`` vector of every layer).
+        See :class:`.base.LightningOutlierMonitor` (``vectors``: write the whole ``mean`` vector of every layer).
     n_sequences : int
         Held-out sequences (small: one forward pass of this batch per record).
     source : {"sentences", "val"}
@@ -119,7 +120,7 @@ class HiddenStateMonitor(OutlierMonitor):
         Gu et al. (2025)'s ε for a sink head (mean attention on the token above it).
     """
 
-    filename = "hidden_states.csv"
+    filename = HiddenStateTracker.filename
 
     def __init__(self, out_dir: str | None = None, every_n_steps: int = 50, image_every_n_steps: int = 100,
                  n_sequences: int = 32, source: str = "sentences", sentences_path: str | None = None,
@@ -128,15 +129,27 @@ class HiddenStateMonitor(OutlierMonitor):
         super().__init__(out_dir, every_n_steps, image_every_n_steps, vectors)
         if source not in SOURCES:
             raise ValueError(f"HiddenStateMonitor source must be one of {', '.join(SOURCES)}, got {source!r}")
-        if int(n_sequences) < 2:
-            raise ValueError(f"n_sequences must be >= 2 (anisotropy pairs tokens of different sequences), "
-                             f"got {n_sequences}")
-        self.n_sequences, self.source = int(n_sequences), source
-        self.sentences_path, self.tokenizer_path, self.max_length = sentences_path, tokenizer, max_length
-        self.top_k, self.n_pairs, self.seed = int(top_k), int(n_pairs), int(seed)
-        self.sink_threshold = float(sink_threshold)
-        self.batch: dict[str, Tensor] | None = None
-        self.curves: list[dict] = []  # per record {"step", "layers"} for the metric curves figure
+        self.tracker = HiddenStateTracker(n_sequences, sentences_path, max_length, top_k, n_pairs, seed,
+                                          sink_threshold)
+        self.source, self.tokenizer_path = source, tokenizer
+
+    # the tracker's settings and state, under the names this callback always had
+    n_sequences = property(lambda self: self.tracker.n_sequences)
+    sentences_path = property(lambda self: self.tracker.sentences_path)
+    max_length = property(lambda self: self.tracker.max_length)
+    top_k = property(lambda self: self.tracker.top_k)
+    n_pairs = property(lambda self: self.tracker.n_pairs)
+    seed = property(lambda self: self.tracker.seed)
+    sink_threshold = property(lambda self: self.tracker.sink_threshold)
+    curves = property(lambda self: self.tracker.curves)
+
+    @property
+    def batch(self) -> dict[str, Tensor] | None:
+        return self.tracker.batch
+
+    @batch.setter
+    def batch(self, value: dict[str, Tensor] | None) -> None:
+        self.tracker.batch = value
 
     def _tokenizer(self, trainer: L.Trainer):
         tok = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule is not None else None
@@ -155,9 +168,7 @@ class HiddenStateMonitor(OutlierMonitor):
                 raise ValueError("HiddenStateMonitor(source='sentences') needs a tokenizer: the datamodule has no "
                                  "`tokenizer` attribute; set callbacks.hidden_state_monitor.tokenizer=<dir> or "
                                  "source=val")
-            texts = load_sentences(self.sentences_path)[: self.n_sequences]
-            max_len = self.max_length or getattr(config, "max_len", None) or tok.model_max_length
-            self.batch = tokenize_heldout(tok, texts, max_len)
+            self.tracker.tokenize(tok, model)
         else:
             if trainer.datamodule is None:
                 raise ValueError("HiddenStateMonitor(source='val') needs a datamodule with val_dataloader()")
@@ -168,65 +179,7 @@ class HiddenStateMonitor(OutlierMonitor):
 
     def compute(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, vectors: bool = True
                 ) -> tuple[list, dict]:
-        model = getattr(pl_module, "model", pl_module)
-        modes = [(m, m.training) for m in model.modules()]
-        model.eval()  # no dropout: the same batch gives the same vectors for the same weights
-        try:
-            with torch.inference_mode():
-                b = self.batch
-                config = getattr(model, "config", None)
-                hidden, attn, inf = monitored_forward(model, b["input_ids"].to(pl_module.device),
-                                                      b["attention_mask"].to(pl_module.device))
-                rows, summary = hidden_state_records(
-                    step, hidden, b["attention_mask"], b["special_tokens_mask"], top_k=self.top_k,
-                    n_pairs=self.n_pairs, seed=self.seed, vectors=vectors, attentions=attn,
-                    input_ids=b["input_ids"], bos_token_id=getattr(config, "bos_token_id", None),
-                    eos_token_id=getattr(config, "eos_token_id", None), inf_norms=inf,
-                    sink_threshold=self.sink_threshold)
-                self.curves.append({"step": step, "rows": [r for r in rows if r[2] in plots.CURVE_STATISTICS]})
-                return rows, summary
-        finally:
-            for m, mode in modes:
-                m.training = mode
-
-    def log_to(self, writer: Any, step: int, summary: dict, images: bool) -> None:
-        for i, s in enumerate(summary["layers"]):
-            base = f"monitor/hidden/layer_{i}"
-            writer.add_scalar(f"{base}/argmax_share", s["argmax_share"], step)
-            writer.add_scalar(f"{base}/argmin_share", s["argmin_share"], step)
-            writer.add_scalar(f"{base}/argmax_dim", s["argmax_dim"], step)
-            writer.add_scalar(f"{base}/argmin_dim", s["argmin_dim"], step)
-            writer.add_scalar(f"{base}/anisotropy", float(summary["anisotropy"][i]), step)
-            if summary["anisotropy_se"][i] == summary["anisotropy_se"][i]:  # NaN below 3 sentences
-                writer.add_scalar(f"{base}/anisotropy_se", float(summary["anisotropy_se"][i]), step)
-            writer.add_scalar(f"{base}/max_abs_mean", abs(s["top_values"][0]), step)
-            writer.add_scalar(f"{base}/n_outlier_dims", len(summary["outliers"][i]), step)
-            for key in ("kurtosis", "max_median", "max_abs", "abs_argmax_share"):
-                writer.add_scalar(f"{base}/{key}", s[key], step)
-            writer.add_scalar(f"{base}/token_pair_cosine", float(summary["token_pair_cosine"][i]), step)
-            for key in ("rogue_top1_share", "rogue_top3_share", "isoscore"):  # NaN (one sentence) is skipped
-                if summary[key][i] == summary[key][i]:
-                    writer.add_scalar(f"{base}/{key}", float(summary[key][i]), step)
-            for site, v in summary["inf_norms"].items():
-                if i >= 1 and v[i] == v[i]:  # NaN: the block has no such site
-                    writer.add_scalar(f"monitor/inf_norm/{site}/layer_{i}", float(v[i]), step)
-            sinks = summary["sinks"]
-            if sinks is not None and i >= 1:
-                for key in ("bos", "eos"):
-                    share = float((sinks[key][i - 1] > summary["sink_threshold"]).double().mean())
-                    writer.add_scalar(f"{base}/sink_share_{key}", share, step)
-                writer.add_scalar(f"{base}/attn_entropy", float(sinks["entropy"][i - 1].mean()), step)
-                writer.add_scalar(f"{base}/attn_row_mass", float(sinks["row_mass"][i - 1].mean()), step)
-        for which, (dim, share) in summary["pooled"].items():
-            writer.add_scalar(f"monitor/hidden/model/pooled_{which}_share", share, step)
-            writer.add_scalar(f"monitor/hidden/model/pooled_{which}_dim", dim, step)
+        return self.tracker.compute(getattr(pl_module, "model", pl_module), step, vectors, device=pl_module.device)
 
     def after_resume(self, step: int) -> None:
-        # the curves figure draws the whole history, including the part before the resume
-        self.curves = [{"step": r["step"], "rows": [(r["step"], r["name"], r["statistic"], r["dim"], r["value"])]}
-                       for r in self.history.rows() if r["statistic"] in plots.CURVE_STATISTICS]
-
-    def figures(self, step: int, summary: dict) -> dict[str, Any]:
-        rows = [row for rec in self.curves for row in rec["rows"]]
-        return {"hidden/mean_vectors": plots.mean_vector_figure(as_numpy(summary["mean"]), summary["outliers"], step),
-                "hidden/metrics": plots.metric_curves_figure(plots.curves_from_rows(rows))}
+        self.tracker.reload(self.history.rows())

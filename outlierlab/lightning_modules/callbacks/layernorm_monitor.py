@@ -1,6 +1,8 @@
 """Watch LayerNorm gain/bias outlier dimensions emerge during pretraining (Kovaleva et al. 2021; Puccetti et al. 2022).
 
-At step 0 (before any update) the callback keeps a snapshot of every LayerNorm's gain and bias; it is
+A thin Lightning adapter over :class:`outlierlab.monitoring.layernorm_tracker.LayerNormTracker`, the object the
+plain-loop and Hugging Face Trainer monitors (:mod:`outlierlab.monitoring`) drive too.  At step 0 (before any
+update) the callback keeps a snapshot of every LayerNorm's gain and bias; it is
 part of the callback's ``state_dict`` and so of every checkpoint, and a resumed run measures divergence
 from the true initialisation.  At every record (see :mod:`.base` for when) it calls
 :func:`outlierlab.analysis.monitoring.layernorm_records` — i.e. :func:`outlierlab.analysis.layernorm.layernorm_stats`
@@ -40,29 +42,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
-from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot
-from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
+from outlierlab.analysis.layernorm_rule import LayerNormRule
+from outlierlab.models.layernorms import model_layernorms
+# re-exported: its home is the framework-free tracker now
+from outlierlab.monitoring.layernorm_tracker import LayerNormTracker, layernorm_outliers_notice  # noqa: F401
 
-from outlierlab.reports import monitor_plots as plots
-from .base import OutlierMonitor
-from outlierlab.reports.history import read_history, vectors_by_step
-
-def layernorm_outliers_notice(layernorms: Mapping[str, nn.Module], rule: LayerNormRule) -> str:
-    """One line saying what ``rule`` cannot judge in these norms ('' when it judges every one it selects)."""
-    params = layernorm_tensors(layernorms)
-    det = layernorm_outliers(params, rule)
-    if not params:
-        return "the model has no LayerNorm at all (e.g. model.block=op): no LayerNorm outlier dims to track"
-    if det.unjudged:
-        return (f"{len(det.unjudged)} LayerNorm(s) cannot be judged by the rule — {next(iter(det.unjudged.values()))}"
-                + ("; nothing to track" if not det.per_layer else ""))
-    return ""
+from .base import LightningOutlierMonitor
 
 
 def module_layernorms(pl_module: nn.Module) -> dict[str, nn.Module]:
@@ -70,13 +59,13 @@ def module_layernorms(pl_module: nn.Module) -> dict[str, nn.Module]:
     return model_layernorms(getattr(pl_module, "model", pl_module))
 
 
-class LayerNormMonitor(OutlierMonitor):
+class LayerNormMonitor(LightningOutlierMonitor):
     """LayerNorm gain/bias: 3σ outlier dims, divergence from init, dims shared across layers.
 
     Parameters
     ----------
     out_dir, every_n_steps, image_every_n_steps, vectors
-        See :class:`.base.OutlierMonitor` (``vectors``: write every dim's ``gain``/``bias``).
+        See :class:`.base.LightningOutlierMonitor` (``vectors``: write every dim's ``gain``/``bias``).
     rule : LayerNormRule or mapping
         THE LayerNorm-outlier rule (``ln_rule`` config group; None: Kovaleva et al.'s default).  Its ``k``
         also sets the σ of the per-LayerNorm gain/bias statistics.
@@ -89,112 +78,44 @@ class LayerNormMonitor(OutlierMonitor):
         Steps kept (evenly thinned) for the heatmap image, bounding memory on long runs.
     """
 
-    filename = "layernorm.csv"
+    filename = LayerNormTracker.filename
 
     def __init__(self, out_dir: str | None = None, every_n_steps: int = 50, image_every_n_steps: int = 100,
                  rule: LayerNormRule | Mapping | None = None, top_k: int = 3,
                  vectors: bool = True, histograms: bool = True, max_heatmap_rows: int = 200) -> None:
         super().__init__(out_dir, every_n_steps, image_every_n_steps, vectors)
-        self.rule = LayerNormRule.from_mapping(dict(rule) if isinstance(rule, Mapping) else rule)
-        self.top_k = int(top_k)
-        self.histograms = bool(histograms)
-        self.max_heatmap_rows = int(max_heatmap_rows)
-        self.initial: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
-        self._initial_from_checkpoint = False
-        self._heat_steps: list[int] = []
-        self._heat: dict[str, dict[str, list[np.ndarray]]] = {"gain": {}, "bias": {}}
-        self._tracked: dict[str, list[int]] = {}
+        self.tracker = LayerNormTracker(rule, top_k, histograms, max_heatmap_rows)
 
-    # -- state (the init snapshot survives resume) ---------------------------------------------------
+    # the tracker's settings and init snapshot, under the names this callback always had
+    rule = property(lambda self: self.tracker.rule)
+    top_k = property(lambda self: self.tracker.top_k)
+    histograms = property(lambda self: self.tracker.histograms)
+    max_heatmap_rows = property(lambda self: self.tracker.max_heatmap_rows)
+
+    @property
+    def initial(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None:
+        return self.tracker.initial
+
+    @initial.setter
+    def initial(self, value) -> None:
+        self.tracker.initial = value
+
+    # -- state (the init snapshot survives resume: it is part of every checkpoint) -----------------------
     def state_dict(self) -> dict[str, Any]:
-        if self.initial is None:
-            return {}
-        return {"initial": {n: {"weight": w, "bias": b} for n, (w, b) in self.initial.items()}}
+        return self.tracker.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        init = state_dict.get("initial")
-        if init:
-            self.initial = {n: (v["weight"].float().cpu(), None if v["bias"] is None else v["bias"].float().cpu())
-                            for n, v in init.items()}
-            self._initial_from_checkpoint = True
+        self.tracker.load_state_dict(state_dict)
 
-    # -- OutlierMonitor API ---------------------------------------------------------------------------
+    # -- LightningOutlierMonitor API --------------------------------------------------------------------
     def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule, resumed: bool) -> None:
-        lns = module_layernorms(pl_module)
-        det = layernorm_outliers_notice(lns, self.rule)
-        if det:  # e.g. model.norm=layernorm_noaffine / rmsnorm, or a block without norms: say so once, go on
-            rank_zero_warn(f"LayerNormMonitor ({type(getattr(pl_module, 'model', pl_module)).__name__}): {det}")
-        self._heat_steps, self._heat, self._tracked = [], {"gain": {}, "bias": {}}, {}
-        if not resumed:
-            self.initial = layernorm_snapshot(lns)
-        elif not self._initial_from_checkpoint:
-            self.initial = None
-            rank_zero_warn("LayerNormMonitor: the checkpoint holds no initial LayerNorm snapshot (trained without "
-                           "this monitor?); divergence is measured from the standard init (gain 1, bias 0)")
+        for notice in self.tracker.begin(getattr(pl_module, "model", pl_module), resumed):
+            rank_zero_warn(notice)
 
     def after_resume(self, step: int) -> None:
-        if not self.vectors:
-            return
-        try:
-            rows = read_history(self.history.path, ("gain", "bias"))
-        except FileNotFoundError:
-            return
-        for part in ("gain", "bias"):
-            for name, (steps, m) in vectors_by_step(rows, part).items():
-                self._heat[part][name] = list(m.numpy())
-                self._heat_steps = steps
-        self._thin_heat()
+        if self.vectors:
+            self.tracker.reload(self.history.path)
 
     def compute(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, vectors: bool
                 ) -> tuple[list, dict]:
-        params = layernorm_tensors(module_layernorms(pl_module))
-        rows, summary = layernorm_records(step, params, self.initial, rule=self.rule, top_k=self.top_k,
-                                          vectors=vectors)
-        summary["params"] = {n: p for n, p in params.items() if p[0] is not None}
-        self._heat_steps.append(step)
-        for name, (w, b) in summary["params"].items():
-            self._heat["gain"].setdefault(name, []).append(w.numpy())
-            if b is not None:
-                self._heat["bias"].setdefault(name, []).append(b.numpy())
-        self._thin_heat()
-        return rows, summary
-
-    def _thin_heat(self) -> None:
-        n = len(self._heat_steps)
-        if n <= 2 * self.max_heatmap_rows:
-            return
-        keep = plots.thin(self._heat_steps, self.max_heatmap_rows)
-        self._heat_steps = [self._heat_steps[i] for i in keep]
-        for part in self._heat.values():
-            for name, hist in part.items():
-                if len(hist) == n:
-                    part[name] = [hist[i] for i in keep]
-
-    def log_to(self, writer: Any, step: int, summary: dict, images: bool) -> None:
-        for rec in summary["stats"]:
-            name = rec["name"]
-            base = f"monitor/layernorm/{name}"
-            w, b = summary["params"][name]
-            for part, vec in (("gain", w), ("bias", b)):
-                if vec is None:
-                    continue
-                writer.add_scalar(f"{base}/n_{part}_outliers", rec[f"n_{part}_outliers"], step)
-                writer.add_scalar(f"{base}/max_abs_{part}_div", rec[f"max_abs_{part}_div"], step)
-                tracked = self._tracked.setdefault(f"{name}/{part}", [])
-                for d in summary["flagged"][part][name][: self.top_k]:
-                    if d not in tracked and len(tracked) < 3 * self.top_k:
-                        tracked.append(d)
-                for d in tracked:
-                    writer.add_scalar(f"{base}/{part}_dim_{d}", float(vec[d]), step)
-                if self.histograms:
-                    writer.add_histogram(f"{base}/{part}", vec, step)
-        writer.add_scalar("monitor/layernorm/n_outlier_dims", len(summary["outliers"].dims), step)
-
-    def figures(self, step: int, summary: dict) -> dict[str, Any]:
-        figs = {}
-        for part, centre in (("gain", 1.0), ("bias", 0.0)):
-            hist = {n: np.stack(v) for n, v in self._heat[part].items() if len(v) == len(self._heat_steps)}
-            if hist:
-                figs[f"layernorm/heatmap_{part}"] = plots.layernorm_heatmap(
-                    self._heat_steps, hist, summary["flagged"][part], part, centre)
-        return figs
+        return self.tracker.compute(getattr(pl_module, "model", pl_module), step, vectors)

@@ -1,0 +1,132 @@
+"""The outlier monitors as a Hugging Face ``TrainerCallback``: one line added to any ``transformers.Trainer``.
+
+::
+
+    from outlierlab import OutlierMonitorCallback
+    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collator,
+                      callbacks=[OutlierMonitorCallback(tokenizer=tok, every_n_steps=50)])
+
+LayerNorm outlier dims (Kovaleva et al. 2021; Puccetti et al. 2022) and activation outlier dims on a fixed
+held-out batch (Luo et al. 2021) of the model being trained — our ``RobertaMaskedLM`` or any model of a
+registered family (``BertForMaskedLM``, ``RobertaForMaskedLM``, ModernBERT, ``GPT2LMHeadModel``, Llama-style,
+...) — computed by :class:`outlierlab.monitoring.loop_monitor.OutlierMonitor`, i.e. by the same trackers and the
+same pure functions as the Lightning callbacks, into ``<args.output_dir>/monitor/layernorm.csv`` and
+``hidden_states.csv`` (the columns of :mod:`outlierlab.reports.history`).
+
+When: at ``on_train_begin`` (``state.global_step``: 0, or the step of the checkpoint a resume starts from),
+at ``on_step_end`` every ``every_n_steps`` optimizer steps (``state.global_step``), after every checkpoint save
+(``on_save``: so every ``checkpoint-N`` has its row, and ``python -m outlierlab.jobs.posthoc`` on the checkpoints
+reproduces them), and at the end of training; only on the world's process zero (``state.is_world_process_zero``).
+
+Resume (``trainer.train(resume_from_checkpoint=...)``): the rows at steps ≥ the checkpoint's step are dropped
+and the history continues (:class:`~outlierlab.monitoring.loop_monitor.OutlierMonitor`); the LayerNorm snapshot
+at initialisation is read back from ``<out_dir>/layernorm_initial.pt``.
+
+TensorBoard: a ``TrainerCallback`` gets no handle on the Trainer's own ``TensorBoardCallback``, and by the time
+a user callback's ``on_log`` runs, the reporting callbacks (added before it) have already written that step's
+logs — so the monitor cannot slip its scalars into them.  Instead, when ``args.report_to`` includes
+``tensorboard``, the monitor opens its own ``SummaryWriter`` in the Trainer's TensorBoard folder
+(``$TENSORBOARD_LOGGING_DIR`` or ``<output_dir>/runs``), sub-folder ``outlier_monitor``: one more run beside the
+Trainer's in the same TensorBoard.  To put the scalars in the Trainer's very event file, give both callbacks one
+writer: ``TensorBoardCallback(tb_writer=w)`` and ``OutlierMonitorCallback(..., writer=w)``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from .loop_monitor import OutlierMonitor
+
+__all__ = ["OutlierMonitorCallback"]
+
+
+def _reports_to_tensorboard(args: Any) -> bool:
+    report = getattr(args, "report_to", None) or []
+    report = [report] if isinstance(report, str) else list(report)
+    return "tensorboard" in report or "all" in report
+
+
+class OutlierMonitorCallback(TrainerCallback):
+    """LayerNorm and hidden-state outlier monitors for ``transformers.Trainer`` (module docstring).
+
+    Parameters
+    ----------
+    tokenizer : a Hugging Face tokenizer, optional
+        The model's own; default the Trainer's ``processing_class``.
+    every_n_steps : int
+        Record every this many optimizer steps.
+    out_dir : str, optional
+        Default ``<args.output_dir>/monitor``.
+    sentences : sequence of str, optional
+        Held-out texts (default: the shipped held-out sentences).
+    writer : SummaryWriter-like, None or False
+        TensorBoard writer for the scalars; None: the Trainer's TensorBoard folder when it reports to
+        TensorBoard, else none; False: none.
+    **monitor_kwargs
+        Any other setting of :class:`~outlierlab.monitoring.loop_monitor.OutlierMonitor` (``image_every_n_steps``,
+        ``vectors``, ``figures``, ``layernorm``, ``hidden_states``, ``rule``, ``n_sequences``, ``n_pairs``, ...).
+
+    Attributes
+    ----------
+    monitor : OutlierMonitor or None
+        The monitor of the current ``train()`` call (None on other processes and before training).
+    """
+
+    def __init__(self, tokenizer: Any = None, every_n_steps: int = 50, out_dir: str | os.PathLike | None = None,
+                 sentences: list[str] | None = None, writer: Any = None, **monitor_kwargs: Any) -> None:
+        bad = {"model", "global_zero", "max_steps", "out_dir", "every_n_steps", "tokenizer"} & set(monitor_kwargs)
+        if bad:
+            raise TypeError(f"OutlierMonitorCallback sets {sorted(bad)} itself")
+        if int(every_n_steps) < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.tokenizer, self.every_n_steps, self.out_dir = tokenizer, int(every_n_steps), out_dir
+        self.sentences, self.writer, self.monitor_kwargs = sentences, writer, monitor_kwargs
+        self.monitor: OutlierMonitor | None = None
+        self._opened: Any = None
+
+    def _writer(self, args: Any) -> Any:
+        if self.writer is not None:
+            return self.writer
+        if not _reports_to_tensorboard(args):
+            return False
+        from torch.utils.tensorboard import SummaryWriter  # lazy: only when the Trainer reports to TensorBoard
+
+        root = os.path.expanduser(os.getenv("TENSORBOARD_LOGGING_DIR") or os.path.join(args.output_dir, "runs"))
+        return SummaryWriter(log_dir=os.path.join(root, "outlier_monitor"))
+
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        tok = self.tokenizer if self.tokenizer is not None else getattr(processing_class, "tokenizer",
+                                                                        processing_class)
+        out = Path(self.out_dir) if self.out_dir is not None else Path(args.output_dir) / "monitor"
+        writer = self._writer(args)
+        self.monitor = OutlierMonitor(tokenizer=tok, out_dir=out, every_n_steps=self.every_n_steps,
+                                      sentences=self.sentences, writer=writer, max_steps=state.max_steps,
+                                      global_zero=True, **self.monitor_kwargs)
+        # a writer this callback opened is closed at the end of train(); the caller's is left open
+        self._opened = writer if writer is not False and writer is not self.writer else None
+        self.monitor.start(model, state.global_step)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.is_world_process_zero and self.monitor is not None:
+            self.monitor.step(model, state.global_step)
+
+    def on_save(self, args, state, control, model=None, **kwargs):
+        # the weights of checkpoint-N are those at on_step_end of step N: a row for every checkpoint, once per step
+        if state.is_world_process_zero and self.monitor is not None and state.global_step != self.monitor.last_step:
+            self.monitor.record(model, state.global_step)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if not state.is_world_process_zero or self.monitor is None:
+            return
+        if state.global_step != self.monitor.last_step:
+            self.monitor.record(model, state.global_step, images=True)
+        self.monitor.close()
+        if self._opened is not None:
+            self._opened.close()
+            self._opened = None

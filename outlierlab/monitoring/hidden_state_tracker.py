@@ -1,0 +1,194 @@
+"""The hidden-state half of every outlier monitor: activation outlier dims on a fixed held-out batch, any model.
+
+At every record the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out sequences
+(one forward pass, :func:`outlierlab.models.sites.monitored_forward`, with eager attention for that pass), and
+:func:`outlierlab.analysis.monitoring.hidden_state_records` computes per layer the mean token vector, the share of
+tokens whose argmax/argmin falls on the most common dim (Luo et al. 2021 §2), anisotropy (Ethayarajh 2019) with
+its rogue-dim shares (Timkey & van Schijndel 2021) and IsoScore (Rudman et al. 2022), kurtosis and max/median
+(He et al. 2024; Sun et al. 2024), inf-norms by site (Bondarenko et al. 2023) and sink heads (Gu et al. 2025).
+Train mode is restored afterwards, module by module.
+
+:class:`HiddenStateTracker` holds the batch and the curve history and is framework-free: the Lightning
+:class:`~outlierlab.lightning_modules.callbacks.hidden_state_monitor.HiddenStateMonitor`, the plain-loop
+:class:`~outlierlab.monitoring.loop_monitor.OutlierMonitor` and the Hugging Face
+:class:`~outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` drive this one object, so a run's
+``hidden_states.csv`` has the same rows whichever loop trained it.  The held-out text is the shipped held-out
+sentences (:func:`outlierlab.datamodules.eval_data.load_sentences`, Austen's *Persuasion*, not in the training
+corpus) unless the caller gives its own, tokenised by the model's own tokenizer
+(:func:`outlierlab.analysis.monitoring.tokenize_heldout`), the batch :mod:`outlierlab.jobs.posthoc` uses too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from outlierlab.analysis.monitoring import hidden_state_records, tokenize_heldout
+from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.models.sites import monitored_forward
+from outlierlab.reports import monitor_plots as plots
+
+__all__ = ["HiddenStateTracker", "heldout_max_length", "model_device"]
+
+#: transformers model types whose position ids start after ``pad_token_id`` (their table has 2 rows unused)
+_PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl",
+                         "mpnet"}
+#: what a tokenizer without a real limit reports as ``model_max_length`` (transformers' VERY_LARGE_INTEGER)
+_NO_LIMIT = 10**6
+
+
+def heldout_max_length(model: nn.Module, tokenizer: Any = None, max_length: int | None = None) -> int:
+    """Truncation length of the held-out batch: ``max_length`` if given, else our model's ``max_len``, else the
+    smaller of the model's position table (RoBERTa-style tables lose ``pad_token_id + 1`` rows) and the
+    tokenizer's ``model_max_length``; 512 when neither says.  The live monitors and the post-hoc analysis of a
+    checkpoint call this one function so they truncate alike."""
+    if max_length:
+        return int(max_length)
+    config = getattr(model, "config", None)
+    if getattr(config, "max_len", None):
+        return int(config.max_len)
+    limits = []
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if positions:
+        if getattr(config, "model_type", "") in _PADDING_OFFSET_TYPES:
+            positions -= (getattr(config, "pad_token_id", 1) or 0) + 1
+        limits.append(int(positions))
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if tok_max and tok_max < _NO_LIMIT:
+        limits.append(int(tok_max))
+    return min(limits) if limits else 512
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where the model's parameters are (CPU for a model without any)."""
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+class HiddenStateTracker:
+    """Per-layer activation outlier statistics of one model on a fixed held-out batch (Luo et al. 2021).
+
+    Parameters
+    ----------
+    n_sequences : int
+        Held-out sequences (small: one forward pass of this batch per record); ≥ 2 (anisotropy pairs tokens
+        of different sequences).
+    sentences_path : str, optional
+        Other sentences file (gzip text, one per line) instead of the shipped one.
+    max_length : int, optional
+        Truncation length in tokens (default :func:`heldout_max_length`).
+    top_k : int
+        Dims with the largest |mean| written per layer.
+    n_pairs, seed : int
+        Cross-sentence token pairs of the anisotropy and their seed.
+    sink_threshold : float
+        Gu et al. (2025)'s ε for a sink head.
+    """
+
+    filename = "hidden_states.csv"
+
+    def __init__(self, n_sequences: int = 32, sentences_path: str | None = None, max_length: int | None = None,
+                 top_k: int = 5, n_pairs: int = 1000, seed: int = 0, sink_threshold: float = 0.3) -> None:
+        if int(n_sequences) < 2:
+            raise ValueError(f"n_sequences must be >= 2 (anisotropy pairs tokens of different sequences), "
+                             f"got {n_sequences}")
+        self.n_sequences, self.sentences_path, self.max_length = int(n_sequences), sentences_path, max_length
+        self.top_k, self.n_pairs, self.seed = int(top_k), int(n_pairs), int(seed)
+        self.sink_threshold = float(sink_threshold)
+        self.batch: dict[str, Tensor] | None = None
+        self.curves: list[dict] = []  # per record {"step", "rows"} for the metric curves figure
+
+    # -- the held-out batch ----------------------------------------------------------------------------
+    def texts(self, sentences: Sequence[str] | None = None) -> list[str]:
+        """The held-out texts: ``sentences`` (first ``n_sequences``) or the shipped held-out sentences."""
+        texts = list(sentences) if sentences is not None else load_sentences(self.sentences_path)
+        texts = texts[: self.n_sequences]
+        if len(texts) < 2:
+            raise ValueError(f"the held-out batch needs at least 2 sentences (anisotropy pairs tokens of different "
+                             f"sentences), got {len(texts)}")
+        return texts
+
+    def tokenize(self, tokenizer: Any, model: nn.Module, sentences: Sequence[str] | None = None) -> None:
+        """Build the fixed batch from texts with the model's own tokenizer (kept for every later record)."""
+        if tokenizer is None:
+            raise ValueError("the hidden-state monitor needs the model's tokenizer to build its held-out batch "
+                             "(pass tokenizer=...)")
+        self.batch = tokenize_heldout(tokenizer, self.texts(sentences),
+                                      heldout_max_length(model, tokenizer, self.max_length))
+
+    def reload(self, history_rows: Sequence[dict]) -> None:
+        """After a resume: the curves figure draws the whole history, including the part before the resume."""
+        self.curves = [{"step": r["step"], "rows": [(r["step"], r["name"], r["statistic"], r["dim"], r["value"])]}
+                       for r in history_rows if r["statistic"] in plots.CURVE_STATISTICS]
+
+    # -- one record ------------------------------------------------------------------------------------
+    def compute(self, model: nn.Module, step: int, vectors: bool = True,
+                device: torch.device | str | None = None) -> tuple[list, dict]:
+        """History rows and a summary of one forward pass of the held-out batch (eval mode, no grad)."""
+        if self.batch is None:
+            raise ValueError("HiddenStateTracker has no held-out batch: call tokenize() (or set .batch) first")
+        device = model_device(model) if device is None else device
+        modes = [(m, m.training) for m in model.modules()]
+        model.eval()  # no dropout: the same batch gives the same vectors for the same weights
+        try:
+            with torch.inference_mode():
+                b = self.batch
+                config = getattr(model, "config", None)
+                hidden, attn, inf = monitored_forward(model, b["input_ids"].to(device),
+                                                      b["attention_mask"].to(device))
+                rows, summary = hidden_state_records(
+                    step, hidden, b["attention_mask"], b["special_tokens_mask"], top_k=self.top_k,
+                    n_pairs=self.n_pairs, seed=self.seed, vectors=vectors, attentions=attn,
+                    input_ids=b["input_ids"], bos_token_id=getattr(config, "bos_token_id", None),
+                    eos_token_id=getattr(config, "eos_token_id", None), inf_norms=inf,
+                    sink_threshold=self.sink_threshold)
+                self.curves.append({"step": step, "rows": [r for r in rows if r[2] in plots.CURVE_STATISTICS]})
+                return rows, summary
+        finally:
+            for m, mode in modes:  # module by module: a submodule the caller keeps in eval mode stays so
+                m.training = mode
+
+    def log_to(self, writer: Any, step: int, summary: dict, images: bool) -> None:
+        """Scalars to one TensorBoard ``SummaryWriter``-like writer (tags: module docstring of the callback)."""
+        for i, s in enumerate(summary["layers"]):
+            base = f"monitor/hidden/layer_{i}"
+            writer.add_scalar(f"{base}/argmax_share", s["argmax_share"], step)
+            writer.add_scalar(f"{base}/argmin_share", s["argmin_share"], step)
+            writer.add_scalar(f"{base}/argmax_dim", s["argmax_dim"], step)
+            writer.add_scalar(f"{base}/argmin_dim", s["argmin_dim"], step)
+            writer.add_scalar(f"{base}/anisotropy", float(summary["anisotropy"][i]), step)
+            if summary["anisotropy_se"][i] == summary["anisotropy_se"][i]:  # NaN below 3 sentences
+                writer.add_scalar(f"{base}/anisotropy_se", float(summary["anisotropy_se"][i]), step)
+            writer.add_scalar(f"{base}/max_abs_mean", abs(s["top_values"][0]), step)
+            writer.add_scalar(f"{base}/n_outlier_dims", len(summary["outliers"][i]), step)
+            for key in ("kurtosis", "max_median", "max_abs", "abs_argmax_share"):
+                writer.add_scalar(f"{base}/{key}", s[key], step)
+            writer.add_scalar(f"{base}/token_pair_cosine", float(summary["token_pair_cosine"][i]), step)
+            for key in ("rogue_top1_share", "rogue_top3_share", "isoscore"):  # NaN (one sentence) is skipped
+                if summary[key][i] == summary[key][i]:
+                    writer.add_scalar(f"{base}/{key}", float(summary[key][i]), step)
+            for site, v in summary["inf_norms"].items():
+                if i >= 1 and v[i] == v[i]:  # NaN: the block has no such site
+                    writer.add_scalar(f"monitor/inf_norm/{site}/layer_{i}", float(v[i]), step)
+            sinks = summary["sinks"]
+            if sinks is not None and i >= 1:
+                for key in ("bos", "eos"):
+                    share = float((sinks[key][i - 1] > summary["sink_threshold"]).double().mean())
+                    writer.add_scalar(f"{base}/sink_share_{key}", share, step)
+                writer.add_scalar(f"{base}/attn_entropy", float(sinks["entropy"][i - 1].mean()), step)
+                writer.add_scalar(f"{base}/attn_row_mass", float(sinks["row_mass"][i - 1].mean()), step)
+        for which, (dim, share) in summary["pooled"].items():
+            writer.add_scalar(f"monitor/hidden/model/pooled_{which}_share", share, step)
+            writer.add_scalar(f"monitor/hidden/model/pooled_{which}_dim", dim, step)
+
+    def figures(self, step: int, summary: dict) -> dict[str, Any]:
+        """The mean vector of every layer (Luo et al. Figs. 1–2) and the metric curves so far."""
+        rows = [row for rec in self.curves for row in rec["rows"]]
+        mean = summary["mean"]
+        mean = mean.detach().cpu().numpy() if hasattr(mean, "detach") else mean
+        return {"hidden/mean_vectors": plots.mean_vector_figure(mean, summary["outliers"], step),
+                "hidden/metrics": plots.metric_curves_figure(plots.curves_from_rows(rows))}

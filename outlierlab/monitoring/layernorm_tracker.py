@@ -1,0 +1,187 @@
+"""The LayerNorm half of every outlier monitor: gain/bias 3σ outliers and divergence from init, on any model.
+
+Kovaleva et al. (2021) flag the dims of each layer's output LayerNorm whose gain and bias both lie outside
+mean ± 3σ; Puccetti et al. (2022) call a dim an outlier of the model when more than 3 of 12 layers flag it and
+follow how far gains move from their initial values.  :class:`LayerNormTracker` holds what watching that during
+training needs — the initial snapshot, the heatmap history, the dims already shown as scalars — and calls the
+pure functions every monitor shares: :func:`outlierlab.analysis.monitoring.layernorm_records` (which calls
+:func:`outlierlab.analysis.layernorm.layernorm_stats` and THE rule
+:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`) on the norms
+:func:`outlierlab.models.layernorms.model_layernorms` finds (our encoder, or a Hugging Face model of a registered
+family: BERT/RoBERTa, ModernBERT, GPT-2, Llama-style, ...).
+
+No training framework here: the Lightning callback
+(:class:`outlierlab.lightning_modules.callbacks.layernorm_monitor.LayerNormMonitor`), the plain-loop
+:class:`outlierlab.monitoring.loop_monitor.OutlierMonitor` and the Hugging Face
+:class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` all drive this one object, so they write the
+same rows (``layernorm.csv``, columns of :mod:`outlierlab.reports.history`) and the same TensorBoard tags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
+from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot
+from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
+from outlierlab.reports import monitor_plots as plots
+from outlierlab.reports.history import read_history, vectors_by_step
+
+__all__ = ["LayerNormTracker", "layernorm_outliers_notice"]
+
+
+def layernorm_outliers_notice(layernorms: Mapping[str, nn.Module], rule: LayerNormRule) -> str:
+    """One line saying what ``rule`` cannot judge in these norms ('' when it judges every one it selects)."""
+    params = layernorm_tensors(layernorms)
+    det = layernorm_outliers(params, rule)
+    if not params:
+        return "the model has no LayerNorm at all (e.g. model.block=op): no LayerNorm outlier dims to track"
+    if det.unjudged:
+        return (f"{len(det.unjudged)} LayerNorm(s) cannot be judged by the rule — {next(iter(det.unjudged.values()))}"
+                + ("; nothing to track" if not det.per_layer else ""))
+    return ""
+
+
+class LayerNormTracker:
+    """LayerNorm gain/bias statistics of one model over training (Kovaleva et al. 2021; Puccetti et al. 2022).
+
+    Parameters
+    ----------
+    rule : LayerNormRule or mapping
+        THE LayerNorm-outlier rule (None: Kovaleva et al.'s default); its ``k`` also sets the σ of the
+        per-LayerNorm statistics.
+    top_k : int
+        Strongest flagged dims per LayerNorm shown as TensorBoard scalars, and top-|z| dims written per LayerNorm.
+    histograms : bool
+        Log gain/bias histograms per LayerNorm.
+    max_heatmap_rows : int
+        Steps kept (evenly thinned) for the heatmap figure, bounding memory on long runs.
+
+    Attributes
+    ----------
+    initial : {name: (gain, bias | None)} or None
+        The snapshot divergence is measured from (None: the standard init, gain 1 and bias 0).
+    """
+
+    filename = "layernorm.csv"
+
+    def __init__(self, rule: LayerNormRule | Mapping | None = None, top_k: int = 3, histograms: bool = True,
+                 max_heatmap_rows: int = 200) -> None:
+        self.rule = LayerNormRule.from_mapping(dict(rule) if isinstance(rule, Mapping) else rule)
+        self.top_k = int(top_k)
+        self.histograms = bool(histograms)
+        self.max_heatmap_rows = int(max_heatmap_rows)
+        self.initial: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
+        self.initial_restored = False  # the snapshot came from a checkpoint / file, not from this session
+        self._heat_steps: list[int] = []
+        self._heat: dict[str, dict[str, list[np.ndarray]]] = {"gain": {}, "bias": {}}
+        self._tracked: dict[str, list[int]] = {}
+
+    # -- the init snapshot (survives a resume through a checkpoint or a file) -------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self.initial is None:
+            return {}
+        return {"initial": {n: {"weight": w, "bias": b} for n, (w, b) in self.initial.items()}}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        init = state_dict.get("initial")
+        if init:
+            self.initial = {n: (v["weight"].float().cpu(), None if v["bias"] is None else v["bias"].float().cpu())
+                            for n, v in init.items()}
+            self.initial_restored = True
+
+    # -- session ---------------------------------------------------------------------------------------
+    def begin(self, model: nn.Module, resumed: bool) -> list[str]:
+        """Start a training session; returns notices for the caller to warn with (its framework's way).
+
+        A fresh session (``resumed=False``, before any update) snapshots the norms as the initial values; a
+        resumed one keeps the snapshot restored by :meth:`load_state_dict`, else measures from gain 1 / bias 0.
+        """
+        lns = model_layernorms(model)
+        notices = []
+        det = layernorm_outliers_notice(lns, self.rule)
+        if det:  # e.g. model.norm=layernorm_noaffine / rmsnorm, or a block without norms: say so once, go on
+            notices.append(f"LayerNormMonitor ({type(model).__name__}): {det}")
+        self._heat_steps, self._heat, self._tracked = [], {"gain": {}, "bias": {}}, {}
+        if not resumed:
+            self.initial = layernorm_snapshot(lns)
+        elif not self.initial_restored:
+            self.initial = None
+            notices.append("LayerNormMonitor: the checkpoint holds no initial LayerNorm snapshot (trained without "
+                           "this monitor?); divergence is measured from the standard init (gain 1, bias 0)")
+        return notices
+
+    def reload(self, history_path: str | Path) -> None:
+        """After a resume: reload the heatmap data of the steps kept in the history (vector rows)."""
+        try:
+            rows = read_history(history_path, ("gain", "bias"))
+        except FileNotFoundError:
+            return
+        for part in ("gain", "bias"):
+            for name, (steps, m) in vectors_by_step(rows, part).items():
+                self._heat[part][name] = list(m.numpy())
+                self._heat_steps = steps
+        self._thin_heat()
+
+    # -- one record ------------------------------------------------------------------------------------
+    def compute(self, model: nn.Module, step: int, vectors: bool = True) -> tuple[list, dict]:
+        """History rows and a summary (for :meth:`log_to` / :meth:`figures`) of the model's norms now."""
+        params = layernorm_tensors(model_layernorms(model))
+        rows, summary = layernorm_records(step, params, self.initial, rule=self.rule, top_k=self.top_k,
+                                          vectors=vectors)
+        summary["params"] = {n: p for n, p in params.items() if p[0] is not None}
+        self._heat_steps.append(step)
+        for name, (w, b) in summary["params"].items():
+            self._heat["gain"].setdefault(name, []).append(w.numpy())
+            if b is not None:
+                self._heat["bias"].setdefault(name, []).append(b.numpy())
+        self._thin_heat()
+        return rows, summary
+
+    def _thin_heat(self) -> None:
+        n = len(self._heat_steps)
+        if n <= 2 * self.max_heatmap_rows:
+            return
+        keep = plots.thin(self._heat_steps, self.max_heatmap_rows)
+        self._heat_steps = [self._heat_steps[i] for i in keep]
+        for part in self._heat.values():
+            for name, hist in part.items():
+                if len(hist) == n:
+                    part[name] = [hist[i] for i in keep]
+
+    def log_to(self, writer: Any, step: int, summary: dict, images: bool) -> None:
+        """Scalars (and histograms) to one TensorBoard ``SummaryWriter``-like writer."""
+        for rec in summary["stats"]:
+            name = rec["name"]
+            base = f"monitor/layernorm/{name}"
+            w, b = summary["params"][name]
+            for part, vec in (("gain", w), ("bias", b)):
+                if vec is None:
+                    continue
+                writer.add_scalar(f"{base}/n_{part}_outliers", rec[f"n_{part}_outliers"], step)
+                writer.add_scalar(f"{base}/max_abs_{part}_div", rec[f"max_abs_{part}_div"], step)
+                tracked = self._tracked.setdefault(f"{name}/{part}", [])
+                for d in summary["flagged"][part][name][: self.top_k]:
+                    if d not in tracked and len(tracked) < 3 * self.top_k:
+                        tracked.append(d)
+                for d in tracked:
+                    writer.add_scalar(f"{base}/{part}_dim_{d}", float(vec[d]), step)
+                if self.histograms:
+                    writer.add_histogram(f"{base}/{part}", vec, step)
+        writer.add_scalar("monitor/layernorm/n_outlier_dims", len(summary["outliers"].dims), step)
+
+    def figures(self, step: int, summary: dict) -> dict[str, Any]:
+        """Heatmaps of gain and bias per dim over the recorded steps (Kovaleva et al. Fig. 3 middle)."""
+        figs = {}
+        for part, centre in (("gain", 1.0), ("bias", 0.0)):
+            hist = {n: np.stack(v) for n, v in self._heat[part].items() if len(v) == len(self._heat_steps)}
+            if hist:
+                figs[f"layernorm/heatmap_{part}"] = plots.layernorm_heatmap(
+                    self._heat_steps, hist, summary["flagged"][part], part, centre)
+        return figs

@@ -1,0 +1,253 @@
+"""The outlier monitors for any training loop: one object, ``monitor.step(model, step)``.
+
+Watches LayerNorm outlier dims emerge (Kovaleva et al. 2021; Puccetti et al. 2022) and activation outlier dims
+on a fixed held-out batch (Luo et al. 2021), on our own ``RobertaMaskedLM`` or any Hugging Face model of a
+registered family (:mod:`outlierlab.models.families`: ``BertForMaskedLM``, ``RobertaForMaskedLM``, ModernBERT,
+``GPT2LMHeadModel``, Llama-style, ...), trained by a hand-written loop::
+
+    monitor = OutlierMonitor(model, tokenizer=tok, out_dir="run/monitor", every_n_steps=50)
+    monitor.step(model, 0)                      # before the first update: the init snapshot and step 0
+    for step in range(1, max_steps + 1):
+        loss = model(**next(batches)).loss; loss.backward(); opt.step(); opt.zero_grad()
+        monitor.step(model, step)               # records at step multiples of every_n_steps
+    monitor.close()
+
+It computes the same statistics with the same code as the Lightning callbacks
+(:mod:`outlierlab.lightning_modules.callbacks`): both drive :class:`~.layernorm_tracker.LayerNormTracker` and
+:class:`~.hidden_state_tracker.HiddenStateTracker` and write through :func:`~.recording.publish`, so the files
+are the same — ``<out_dir>/layernorm.csv`` and ``<out_dir>/hidden_states.csv`` (``step,name,statistic,dim,value``,
+:mod:`outlierlab.reports.history`), the PNG figures, and the ``monitor/...`` TensorBoard scalars (own
+``SummaryWriter`` in ``<out_dir>/tensorboard`` unless the caller passes one).
+
+When it records: at the first call (the session's start), then every ``every_n_steps`` steps, at ``max_steps``,
+and whenever :meth:`OutlierMonitor.record` is called (e.g. at a checkpoint save) — at most once per step.
+
+Resume: the first call of a new monitor at step S > 0 starts a resumed session: the history's rows at steps
+≥ S (written by the interrupted run, possibly past its last checkpoint) are dropped, S is recorded again and
+appending goes on — no gap, no duplicate, as :class:`outlierlab.lightning_modules.loggers.ResumableCSVLogger`
+does for ``metrics.csv``.  The LayerNorm snapshot at initialisation is written to
+``<out_dir>/layernorm_initial.pt`` by a fresh session and read back by a resumed one (or restored with
+:meth:`OutlierMonitor.load_state_dict` from the caller's own checkpoint), so divergence is always measured from
+the true init.  Its own TensorBoard writer opens with ``purge_step=S``, so TensorBoard drops the interrupted
+run's events at steps ≥ S.
+
+Distributed: only global rank 0 computes and writes (the statistics are on rank 0's copy of the weights,
+identical under DDP); other ranks return at once.  A ``DistributedDataParallel`` or ``torch.compile`` wrapper
+is looked through.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from outlierlab.analysis.layernorm_rule import LayerNormRule
+from outlierlab.reports.history import HistoryCSV
+from outlierlab.utils.atomic import write_atomic
+
+from .hidden_state_tracker import HiddenStateTracker
+from .layernorm_tracker import LayerNormTracker
+from .recording import is_image_step, publish
+
+__all__ = ["OutlierMonitor", "INITIAL_SNAPSHOT", "unwrap_model", "is_global_zero"]
+
+#: The init snapshot of the LayerNorms, beside the history (read back on resume and by the post-hoc analysis).
+INITIAL_SNAPSHOT = "layernorm_initial.pt"
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model itself inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers: the
+    norms and blocks are found by the family registry on the model's own module names."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def is_global_zero() -> bool:
+    """Global rank 0, or no process group at all."""
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+class OutlierMonitor:
+    """LayerNorm and hidden-state outlier monitors for a plain training loop (module docstring).
+
+    Parameters
+    ----------
+    model : nn.Module, optional
+        Given here, the held-out batch is tokenised at once (a bad tokenizer fails before training starts).
+    tokenizer : a Hugging Face tokenizer
+        The model's own; tokenises the held-out sentences (needed for the hidden-state statistics).
+    out_dir : str or Path
+        Folder of the history CSVs, the PNG figures, the init snapshot and (by default) TensorBoard events.
+    every_n_steps : int
+        Record every this many steps (besides the first call, ``max_steps`` and :meth:`record`).
+    sentences : sequence of str, optional
+        Held-out texts (the first ``n_sequences``); default the shipped held-out sentences the Lightning
+        monitors and ``python -m outlierlab.jobs.posthoc`` use, so live and post-hoc numbers agree.
+    image_every_n_steps : int
+        Figures and per-dim vector rows at step multiples of this (and at the first and the last record).
+    vectors, figures : bool
+        Write per-dim vector rows / render figures at image records.
+    max_steps : int, optional
+        The last step: recorded (with figures) even off the cadence.
+    layernorm, hidden_states : bool
+        Which monitors run.
+    rule, ln_top_k, histograms, max_heatmap_rows
+        LayerNorm settings (:class:`~.layernorm_tracker.LayerNormTracker`; ``ln_top_k`` is its ``top_k``).
+    n_sequences, sentences_path, max_length, top_k, n_pairs, seed, sink_threshold
+        Hidden-state settings (:class:`~.hidden_state_tracker.HiddenStateTracker`).
+    writer : SummaryWriter-like, None or False
+        Where the TensorBoard scalars go: a writer of the caller's; None (default) a
+        ``torch.utils.tensorboard.SummaryWriter`` in ``<out_dir>/tensorboard``; False none.
+    global_zero : bool, optional
+        Whether this process writes (default: global rank 0 of ``torch.distributed``, or no process group).
+    warn : callable
+        How notices are shown (default ``warnings.warn``).
+    """
+
+    def __init__(self, model: nn.Module | None = None, tokenizer: Any = None, out_dir: str | Path = "monitor",
+                 every_n_steps: int = 50, sentences: Sequence[str] | None = None, *, image_every_n_steps: int = 100,
+                 vectors: bool = True, figures: bool = True, max_steps: int | None = None, layernorm: bool = True,
+                 hidden_states: bool = True, rule: LayerNormRule | Mapping | None = None, ln_top_k: int = 3,
+                 histograms: bool = True, max_heatmap_rows: int = 200, n_sequences: int = 32,
+                 sentences_path: str | None = None, max_length: int | None = None, top_k: int = 5,
+                 n_pairs: int = 1000, seed: int = 0, sink_threshold: float = 0.3, writer: Any = None,
+                 global_zero: bool | None = None, warn: Callable[[str], Any] = warnings.warn) -> None:
+        if int(every_n_steps) < 1 or int(image_every_n_steps) < 1:
+            raise ValueError(f"every_n_steps and image_every_n_steps must be >= 1, got {every_n_steps}, "
+                             f"{image_every_n_steps}")
+        self.out_dir = Path(out_dir)
+        self.every_n_steps, self.image_every_n_steps = int(every_n_steps), int(image_every_n_steps)
+        self.vectors, self.figures = bool(vectors), bool(figures)
+        self.max_steps = None if max_steps is None or int(max_steps) <= 0 else int(max_steps)
+        self.tokenizer, self.sentences = tokenizer, None if sentences is None else list(sentences)
+        self.layernorm = LayerNormTracker(rule, ln_top_k, histograms, max_heatmap_rows) if layernorm else None
+        self.hidden = (HiddenStateTracker(n_sequences, sentences_path, max_length, top_k, n_pairs, seed,
+                                          sink_threshold) if hidden_states else None)
+        self._writer_arg = writer
+        self.writer: Any = None
+        self._own_writer = False
+        self._global_zero = global_zero
+        self._warn = warn
+        self.histories: dict[str, HistoryCSV] = {}
+        self.started = False
+        self.last_step: int | None = None
+        if model is not None and self.hidden is not None and self.is_global_zero:
+            self.hidden.tokenize(self.tokenizer, unwrap_model(model), self.sentences)
+
+    @property
+    def is_global_zero(self) -> bool:
+        return is_global_zero() if self._global_zero is None else bool(self._global_zero)
+
+    @property
+    def trackers(self) -> list:
+        return [t for t in (self.layernorm, self.hidden) if t is not None]
+
+    # -- state (for the caller's own checkpoints; the file beside the history does the same) -------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"layernorm": self.layernorm.state_dict()} if self.layernorm is not None else {}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        if self.layernorm is not None and state_dict.get("layernorm"):
+            self.layernorm.load_state_dict(state_dict["layernorm"])
+
+    # -- session ---------------------------------------------------------------------------------------
+    def start(self, model: nn.Module, step: int = 0) -> None:
+        """Start the session at ``step`` (0: a fresh run, before any update; S > 0: resumed at S) and record it.
+
+        Called by the first :meth:`step`; call it yourself to start before the loop.  Rows at steps ≥ ``step``
+        are dropped from the histories first (a fresh run in an old folder starts new files).
+        """
+        self.started = True
+        if not self.is_global_zero:
+            return
+        model, step = unwrap_model(model), int(step)
+        resumed = step > 0
+        snapshot = self.out_dir / INITIAL_SNAPSHOT
+        if self.layernorm is not None:
+            if resumed and not self.layernorm.initial_restored and snapshot.is_file():
+                self.layernorm.load_state_dict(torch.load(snapshot, map_location="cpu", weights_only=True))
+            for notice in self.layernorm.begin(model, resumed):
+                self._warn(notice)
+            if not resumed:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                buf = io.BytesIO()
+                torch.save(self.layernorm.state_dict(), buf)
+                write_atomic(snapshot, buf.getvalue())
+        if self.hidden is not None and self.hidden.batch is None:
+            self.hidden.tokenize(self.tokenizer, model, self.sentences)
+        for tracker in self.trackers:
+            history = self.histories[tracker.filename] = HistoryCSV(self.out_dir / tracker.filename)
+            history.truncate_after(step - 1)  # the abandoned timeline: every row at or after this step
+            if resumed and tracker is self.layernorm and self.vectors:
+                tracker.reload(history.path)
+            elif resumed and tracker is self.hidden:
+                tracker.reload(history.rows())
+        self._open_writer(step if resumed else None)
+        self.last_step = None  # a new session records its start even where an earlier one stopped
+        self.record(model, step, images=True)
+
+    def _open_writer(self, purge_step: int | None) -> None:
+        if self.writer is not None or self._writer_arg is False:
+            return
+        if self._writer_arg is not None:
+            self.writer = self._writer_arg
+            return
+        from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is only needed when a run writes
+
+        self.writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"), purge_step=purge_step)
+        self._own_writer = True
+
+    def step(self, model: nn.Module, step: int) -> bool:
+        """Record at the configured cadence; the first call starts the session.  Returns whether it recorded."""
+        step = int(step)
+        if not self.started:
+            self.start(model, step)
+            return self.is_global_zero
+        if not self.is_global_zero or step == self.last_step:
+            return False
+        last = self.max_steps is not None and step >= self.max_steps
+        if step % self.every_n_steps == 0 or last:
+            self.record(model, step, images=last)
+            return True
+        return False
+
+    def record(self, model: nn.Module, step: int, images: bool = False) -> None:
+        """Record now, off the cadence (e.g. when a checkpoint is saved); ``images`` forces figures and vectors.
+        A step already recorded is not recorded twice (a checkpoint on the cadence)."""
+        if not self.is_global_zero:
+            return
+        if not self.started:
+            self.start(model, step)
+            return
+        model, step = unwrap_model(model), int(step)
+        if step == self.last_step:
+            return
+        self.last_step = step
+        images = is_image_step(step, self.image_every_n_steps, images)
+        writers = [self.writer] if self.writer is not None else []
+        for tracker in self.trackers:
+            # per-dim vectors only with the images: they are most of the rows
+            rows, summary = tracker.compute(model, step, vectors=self.vectors and images)
+            publish(tracker, step, rows, summary, history=self.histories[tracker.filename], writers=writers,
+                    images=images, figures=self.figures, out_dir=self.out_dir)
+        for w in writers:
+            if callable(getattr(w, "flush", None)):
+                w.flush()
+
+    def close(self) -> None:
+        """Close the TensorBoard writer this monitor opened (a caller's writer is left open)."""
+        if self._own_writer and self.writer is not None:
+            self.writer.close()
+        self.writer, self._own_writer = None, False
