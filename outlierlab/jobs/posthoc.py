@@ -25,6 +25,10 @@ checkpoint's step reproduce the live rows.  Divergence from init uses the initia
 that :class:`~outlierlab.lightning_modules.callbacks.layernorm_monitor.LayerNormMonitor` stores in every checkpoint
 (and that snapshot also gives LayerNorm rows for step 0); without it, the standard init (gain 1, bias 0).
 
+A transformers ``Trainer`` output directory (``checkpoint-<step>/`` folders, e.g. a run monitored by
+:class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback`) is analysed by :func:`analyze_hf_checkpoints`
+(``layernorm.csv`` and ``hidden_states.csv``; the CLI picks it when the directory has no ``checkpoints/``).
+
 Imports no Lightning: usable from ``evaluate.py`` and on machines without a trainer.
 """
 
@@ -123,20 +127,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     """
     run = Path(run_dir)
     ckpt_paths = find_checkpoints(run)
-    ln_cfg, hs_cfg = monitor_settings(run)
-    unknown = set(overrides) - set(ln_cfg) - set(hs_cfg) - {"ln_top_k"}
-    if unknown:
-        raise ValueError(f"unknown analyze_run setting(s) {sorted(unknown)}; valid: "
-                         f"{sorted(set(ln_cfg) | set(hs_cfg) | {'ln_top_k'})}")
-    for key, value in overrides.items():
-        if key == "ln_top_k":
-            ln_cfg["top_k"] = value
-        elif key == "top_k":
-            hs_cfg["top_k"] = value
-        else:
-            for cfg in (ln_cfg, hs_cfg):
-                if key in cfg:
-                    cfg[key] = value
+    ln_cfg, hs_cfg = _apply_overrides(*monitor_settings(run), overrides)
 
     # lazy: `python -m outlierlab.jobs.posthoc BAD_DIR` fails in a second, before torch loads; and HF_HUB_OFFLINE
     # must be set before transformers is imported (it reads the flag at import)
@@ -214,6 +205,134 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     return result
 
 
+def _apply_overrides(ln_cfg: dict, hs_cfg: dict, overrides: dict) -> tuple[dict, dict]:
+    """The monitor settings with ``overrides`` (``ln_top_k`` is the LayerNorm ``top_k``); unknown keys raise."""
+    unknown = set(overrides) - set(ln_cfg) - set(hs_cfg) - {"ln_top_k"}
+    if unknown:
+        raise ValueError(f"unknown analyze_run setting(s) {sorted(unknown)}; valid: "
+                         f"{sorted(set(ln_cfg) | set(hs_cfg) | {'ln_top_k'})}")
+    for key, value in overrides.items():
+        if key == "ln_top_k":
+            ln_cfg["top_k"] = value
+        elif key == "top_k":
+            hs_cfg["top_k"] = value
+        else:
+            for cfg in (ln_cfg, hs_cfg):
+                if key in cfg:
+                    cfg[key] = value
+    return ln_cfg, hs_cfg
+
+
+#: Hugging Face Trainer checkpoint folders: ``<output_dir>/checkpoint-<global_step>``.
+HF_CHECKPOINT_PREFIX = "checkpoint-"
+
+
+def find_hf_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
+    """``{global_step: <output_dir>/checkpoint-<step>}`` of a Hugging Face Trainer run (empty: none)."""
+    out = Path(output_dir)
+    found = {}
+    for d in out.glob(f"{HF_CHECKPOINT_PREFIX}*"):
+        suffix = d.name[len(HF_CHECKPOINT_PREFIX):]
+        if d.is_dir() and suffix.isdigit() and (d / "config.json").is_file():
+            found[int(suffix)] = d
+    return dict(sorted(found.items()))
+
+
+def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] | None = None, tokenizer: Any = None,
+                           out_dir: str | os.PathLike | None = None, monitor_dir: str | os.PathLike | None = None,
+                           device: str = "cpu", **overrides: Any) -> dict[str, Any]:
+    """Post-hoc monitor histories for every ``checkpoint-<step>`` of a Hugging Face ``Trainer`` run.
+
+    The counterpart of :func:`analyze_run` for runs monitored by
+    :class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` (or any Trainer run): each checkpoint is
+    loaded with its own LM head and eager attention (``AutoModelForMaskedLM`` / ``AutoModelForCausalLM`` by the
+    family's objective, :func:`outlierlab.models.families.causal_or_masked`), and the same pure functions as the
+    live monitors — :func:`outlierlab.analysis.monitoring.layernorm_records` (Kovaleva et al. 2021; Puccetti et al.
+    2022) and :func:`outlierlab.analysis.monitoring.hidden_state_records` (Luo et al. 2021 and the later metrics) —
+    run on the same held-out batch (the shipped sentences, the checkpoint's own tokenizer, truncated by
+    :func:`outlierlab.monitoring.hidden_state_tracker.heldout_max_length`), so a checkpoint's rows reproduce the
+    live rows of its step.  Divergence from init reads the live monitor's snapshot
+    (``<monitor_dir>/layernorm_initial.pt``, default ``<output_dir>/monitor``), which also gives LayerNorm rows
+    for step 0; without it, the standard init (gain 1, bias 0).
+
+    Parameters
+    ----------
+    output_dir : the Trainer's ``args.output_dir``.
+    texts, tokenizer, device, **overrides : as :func:`analyze_run` (defaults: the monitors' defaults).
+    out_dir : default ``<output_dir>/monitor_posthoc``.
+    monitor_dir : where the live monitor wrote (for its init snapshot).
+
+    Returns
+    -------
+    dict with ``layernorm`` and ``hidden_states`` (CSV paths) and ``steps`` (analysed steps).
+    """
+    run = Path(output_dir)
+    ckpts = find_hf_checkpoints(run)
+    if not ckpts:
+        raise FileNotFoundError(f"{run} holds no {HF_CHECKPOINT_PREFIX}<step>/ folder with a config.json: pass the "
+                                "output_dir of a transformers Trainer run saved with save_steps")
+    ln_cfg, hs_cfg = _apply_overrides(dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS), overrides)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (it reads the flag at import)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+    from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
+    from outlierlab.models.families import causal_or_masked
+    from outlierlab.models.layernorms import model_layernorms
+    from outlierlab.models.sites import monitored_forward
+    from outlierlab.monitoring.hidden_state_tracker import heldout_max_length
+    from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT
+    from outlierlab.reports.history import HistoryCSV
+
+    if texts is None:
+        texts = load_sentences(hs_cfg["sentences_path"])[: int(hs_cfg["n_sequences"])]
+    snapshot = Path(monitor_dir if monitor_dir is not None else run / "monitor") / INITIAL_SNAPSHOT
+    initial = None
+    if snapshot.is_file():
+        state = torch.load(snapshot, map_location="cpu", weights_only=True).get("initial") or {}
+        initial = {n: (v["weight"].float(), None if v["bias"] is None else v["bias"].float())
+                   for n, v in state.items()} or None
+    out = Path(out_dir) if out_dir is not None else run / OUT_SUBDIR
+    out.mkdir(parents=True, exist_ok=True)
+    files = {name: HistoryCSV(out / f".{name}.csv.tmp") for name in ("layernorm", "hidden_states")}
+    for h in files.values():
+        h.path.unlink(missing_ok=True)
+    ln_kw = dict(k=ln_cfg["k"], shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"], top_k=ln_cfg["top_k"],
+                 vectors=ln_cfg["vectors"])
+    if initial is not None and 0 not in ckpts:
+        files["layernorm"].append(layernorm_records(0, initial, initial, **ln_kw)[0])
+    for step, path in ckpts.items():
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        auto = AutoModelForCausalLM if causal_or_masked(config) == "next_token" else AutoModelForMaskedLM
+        model = auto.from_pretrained(path, attn_implementation="eager", local_files_only=True).to(device).eval()
+        tok = tokenizer
+        if tok is None or isinstance(tok, (str, os.PathLike)):
+            tok_dir = Path(tok) if tok is not None else next(
+                (d for d in (path, run) if (d / "tokenizer_config.json").is_file()), None)
+            if tok_dir is None:
+                raise FileNotFoundError(f"{path} holds no tokenizer (give the Trainer processing_class=tokenizer, "
+                                        "or pass tokenizer=...)")
+            tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+        params = layernorm_snapshot(model_layernorms(model))
+        files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])
+        batch = tokenize_heldout(tok, texts, heldout_max_length(model, tok, hs_cfg["max_length"]))
+        with torch.inference_mode():
+            hidden, attn, inf = monitored_forward(model, batch["input_ids"].to(device),
+                                                  batch["attention_mask"].to(device))
+            rows = hidden_state_records(step, hidden, batch["attention_mask"], batch["special_tokens_mask"],
+                                        top_k=hs_cfg["top_k"], n_pairs=hs_cfg["n_pairs"], seed=hs_cfg["seed"],
+                                        vectors=hs_cfg["vectors"], attentions=attn, input_ids=batch["input_ids"],
+                                        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                        inf_norms=inf, sink_threshold=hs_cfg["sink_threshold"])[0]
+        files["hidden_states"].append(rows)
+    result: dict[str, Any] = {"steps": list(ckpts)}
+    for name, h in files.items():
+        final = out / f"{name}.csv"
+        os.replace(h.path, final)
+        result[name] = final
+    return result
+
+
 def _write_table(path: Path, rows: list[dict]) -> Path:
     """CSV with the columns of the first row, written atomically."""
     tmp = path.with_name(path.name + ".tmp")
@@ -227,7 +346,8 @@ def _write_table(path: Path, rows: list[dict]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.posthoc", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", help="a train.py run directory (with checkpoints/)")
+    parser.add_argument("run_dir", help="a train.py run directory (with checkpoints/), or a transformers Trainer "
+                                        "output_dir (with checkpoint-<step>/ folders)")
     parser.add_argument("--out", default=None, help=f"output folder (default <run_dir>/{OUT_SUBDIR})")
     parser.add_argument("--n-sequences", type=int, default=None, help="held-out sentences (default: the run's monitor)")
     parser.add_argument("--sentences", default=None, help="gzip text file, one sentence per line (default: shipped)")
@@ -236,6 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("n_sequences", args.n_sequences), ("sentences_path", args.sentences)) if v is not None}
     try:
+        if not (Path(args.run_dir) / "checkpoints").is_dir() and find_hf_checkpoints(args.run_dir):
+            # a transformers Trainer output_dir (checkpoint-<step>/ folders), e.g. monitored by OutlierMonitorCallback
+            res = analyze_hf_checkpoints(args.run_dir, tokenizer=args.tokenizer, out_dir=args.out, device=args.device,
+                                         **overrides)
+            print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}")
+            return 0
         find_checkpoints(args.run_dir)  # fail in a second, before importing torch
         from outlierlab.jobs.run_lock import lock_run_dir  # one writer per run directory (issue 40)
         from outlierlab.jobs.run_state import refresh_manifest
