@@ -1,0 +1,375 @@
+"""Monitors for any loop (issue 49): the Hugging Face Trainer callback and the plain-loop monitor write the rows the
+post-hoc analysis computes on the checkpoints of the same steps, only on rank 0, and continue after a resume.
+
+Every model is tiny (2 layers, width 32) and every tokenizer is trained here on the shipped held-out sentences:
+nothing reaches a hub.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
+from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.jobs.posthoc import analyze_hf_checkpoints
+from outlierlab.models.layernorms import model_layernorms
+from outlierlab.models.sites import monitored_forward
+from outlierlab.monitoring.hidden_state_tracker import heldout_max_length
+from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT, OutlierMonitor
+from outlierlab.reports.history import HistoryCSV, read_history
+
+SETTINGS = dict(n_sequences=8, n_pairs=100)  # small held-out batch: one forward pass per record stays cheap
+BLOCK = 32
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+def bpe_tokenizer(specials: list[str], roberta: bool):
+    """A byte-level BPE (vocab 400) trained on held-out sentences: RoBERTa's specials and post-processor, or a
+    GPT-2-like tokenizer with only ``<|endoftext|>`` (no pad token, no special token added)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers.processors import RobertaProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(load_sentences()[:500], vocab_size=400, min_frequency=2, special_tokens=specials,
+                            show_progress=False)
+    if roberta:
+        bpe.post_processor = RobertaProcessing(("</s>", 2), ("<s>", 0))
+        return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>",
+                                       pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def roberta_tok():
+    return bpe_tokenizer(["<s>", "<pad>", "</s>", "<unk>", "<mask>"], roberta=True)
+
+
+@pytest.fixture(scope="module")
+def gpt2_tok():
+    tok = bpe_tokenizer(["<|endoftext|>"], roberta=False)
+    assert tok.pad_token is None  # the monitor must cope with a decoder tokenizer as it comes
+    return tok
+
+
+def tiny_roberta(tok, seed: int = 0):
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    torch.manual_seed(seed)
+    cfg = RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=BLOCK + 2, pad_token_id=1, bos_token_id=0,
+                        eos_token_id=2)
+    return RobertaForMaskedLM(cfg)
+
+
+def tiny_gpt2(tok, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    eos = tok.eos_token_id
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=BLOCK, bos_token_id=eos,
+                     eos_token_id=eos)
+    return GPT2LMHeadModel(cfg)
+
+
+def tiny_llama(tok, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    eos = tok.eos_token_id
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, intermediate_size=64, max_position_embeddings=BLOCK, bos_token_id=eos,
+                      eos_token_id=eos)
+    return LlamaForCausalLM(cfg)
+
+
+def perturb_layernorms(model, seed: int = 1) -> None:
+    """Move every norm's gain/bias off (1, 0): divergence from init then depends on the true init snapshot."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for ln in model_layernorms(model).values():
+            for p in (getattr(ln, "weight", None), getattr(ln, "bias", None)):
+                if p is not None:
+                    p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def blocks(tok, n: int = 64, mlm: bool = False) -> list[dict]:
+    """Fixed-length training blocks of training-like text (run_clm.py's ``group_texts``): no padding needed."""
+    ids = [i for s in load_sentences()[600:1200] for i in tok(s)["input_ids"]]
+    out = [ids[i * BLOCK:(i + 1) * BLOCK] for i in range(n)]
+    assert all(len(b) == BLOCK for b in out)
+    return [{"input_ids": b} if mlm else {"input_ids": b, "labels": list(b)} for b in out]
+
+
+def train(model, tok, out: Path, collator, data, callback, max_steps: int = 6, resume: str | None = None):
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(out), max_steps=max_steps, save_steps=3, save_strategy="steps",
+                             per_device_train_batch_size=4, learning_rate=3e-3, report_to=[], use_cpu=True,
+                             logging_steps=100, seed=0, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator, processing_class=tok,
+                      callbacks=[callback])
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def by_step(rows) -> dict[int, dict[tuple, float]]:
+    out: dict[int, dict[tuple, float]] = {}
+    for r in rows:
+        key = (r["name"], r["statistic"], r["dim"])
+        assert key not in out.setdefault(r["step"], {}), f"duplicate row {r['step']} {key}"
+        out[r["step"]][key] = r["value"]
+    return out
+
+
+def assert_same_rows(live: dict[tuple, float], posthoc: dict[tuple, float], what: str) -> None:
+    assert live, f"{what}: no live rows"
+    assert set(live) == set(posthoc), f"{what}: rows differ: {sorted(set(live) ^ set(posthoc))[:10]}"
+    bad = [(k, live[k], posthoc[k]) for k in live
+           if not (math.isnan(live[k]) and math.isnan(posthoc[k]))
+           and not math.isclose(live[k], posthoc[k], rel_tol=1e-5, abs_tol=1e-6)]
+    assert not bad, f"{what}: {len(bad)} values differ, e.g. {bad[:5]}"
+
+
+def assert_matches_posthoc(output_dir: Path, steps: list[int], tok) -> dict:
+    post = analyze_hf_checkpoints(output_dir, tokenizer=tok, **SETTINGS)
+    assert post["steps"] == steps
+    for name in ("layernorm", "hidden_states"):
+        live = by_step(read_history(output_dir / "monitor" / f"{name}.csv"))
+        ref = by_step(read_history(post[name]))
+        for s in steps:
+            assert_same_rows(live[s], ref[s], f"{name} step {s}")
+    return post
+
+
+# ---------------------------------------------------------------------------------- HF Trainer callback
+def test_trainer_callback_rows_equal_posthoc_on_the_checkpoints_roberta(tmp_path, roberta_tok):
+    from transformers import DataCollatorForLanguageModeling
+
+    from outlierlab import OutlierMonitorCallback
+
+    writer = RecordingWriter()
+    callback = OutlierMonitorCallback(tokenizer=roberta_tok, every_n_steps=2, image_every_n_steps=3, figures=False,
+                                      writer=writer, **SETTINGS)
+    model = tiny_roberta(roberta_tok)
+    perturb_layernorms(model)
+    collator = DataCollatorForLanguageModeling(roberta_tok, mlm=True, mlm_probability=0.15)
+    train(model, roberta_tok, tmp_path, collator, blocks(roberta_tok, mlm=True), callback)
+
+    hidden = read_history(tmp_path / "monitor" / "hidden_states.csv")
+    # step 0 (train begin), the cadence (2, 4, 6) and the checkpoint save at 3
+    assert sorted({r["step"] for r in hidden}) == [0, 2, 3, 4, 6]
+    assert (tmp_path / "monitor" / INITIAL_SNAPSHOT).is_file()
+    assert_matches_posthoc(tmp_path, [3, 6], roberta_tok)
+    live = by_step(read_history(tmp_path / "monitor" / "layernorm.csv"))
+    # the post-hoc step 0 comes from the snapshot the callback wrote; the weights did move afterwards
+    post0 = by_step(read_history(tmp_path / "monitor_posthoc" / "layernorm.csv"))[0]
+    assert_same_rows({k: v for k, v in live[0].items()}, post0, "layernorm step 0")
+    assert live[6][("layer.1.output", "max_abs_gain_div", live_dim(live[6], "layer.1.output"))] > 0
+    assert by_step(hidden)[3] != by_step(hidden)[6]
+    # TensorBoard scalars at every record, under the Lightning monitors' tags
+    assert {s for t, s in writer.scalars if t == "monitor/layernorm/n_outlier_dims"} == {0, 2, 3, 4, 6}
+    assert any(t == "monitor/hidden/layer_2/kurtosis" for t, _ in writer.scalars)
+
+
+def live_dim(rows: dict, name: str) -> int:
+    return next(d for (n, s, d) in rows if n == name and s == "max_abs_gain_div")
+
+
+def test_trainer_callback_rows_equal_posthoc_on_the_checkpoints_gpt2(tmp_path, gpt2_tok):
+    from transformers import default_data_collator
+
+    from outlierlab import OutlierMonitorCallback
+
+    callback = OutlierMonitorCallback(every_n_steps=2, image_every_n_steps=3, figures=False, **SETTINGS)
+    model = tiny_gpt2(gpt2_tok)
+    impl = model.config._attn_implementation
+    train(model, gpt2_tok, tmp_path, default_data_collator, blocks(gpt2_tok), callback)  # tokenizer: processing_class
+    assert gpt2_tok.pad_token is None  # the monitor padded its batch itself, the caller's tokenizer is untouched
+    assert model.config._attn_implementation == impl  # eager only for the monitor's own passes
+    post = assert_matches_posthoc(tmp_path, [3, 6], gpt2_tok)
+    rows = read_history(post["hidden_states"])
+    names = {r["name"] for r in rows}
+    assert {"layer_0", "layer_1", "layer_2"} <= names
+    assert any(r["statistic"] == "attn_entropy" for r in rows)  # attention probabilities came back (eager pass)
+    # pre-LN GPT-2: the rule judges both per-layer norms (attention_input, mlp_input)
+    ln = {r["name"] for r in read_history(tmp_path / "monitor" / "layernorm.csv")}
+    assert {"layer.0.attention_input", "layer.0.mlp_input", "final"} <= ln
+
+
+def test_trainer_callback_resume_drops_and_reappends_rows(tmp_path, roberta_tok):
+    from transformers import DataCollatorForLanguageModeling
+
+    from outlierlab import OutlierMonitorCallback
+
+    collator = DataCollatorForLanguageModeling(roberta_tok, mlm=True, mlm_probability=0.15)
+    data = blocks(roberta_tok, mlm=True)
+    kw = dict(tokenizer=roberta_tok, every_n_steps=2, image_every_n_steps=3, figures=False, **SETTINGS)
+    model = tiny_roberta(roberta_tok)
+    perturb_layernorms(model)
+    train(model, roberta_tok, tmp_path, collator, data, OutlierMonitorCallback(**kw))
+    hist = HistoryCSV(tmp_path / "monitor" / "hidden_states.csv")
+    before = by_step(hist.rows())
+    hist.append([(5, "layer_1", "kurtosis", None, 123.0)])  # a row of the abandoned timeline, past checkpoint-3
+
+    resumed = tiny_roberta(roberta_tok, seed=7)  # other weights: the checkpoint's must be the ones recorded
+    train(resumed, roberta_tok, tmp_path, collator, data, OutlierMonitorCallback(**kw),
+          resume=str(tmp_path / "checkpoint-3"))
+    after = hist.rows()
+    steps = Counter(r["step"] for r in after if (r["name"], r["statistic"]) == ("layer_1", "kurtosis"))
+    assert steps == {0: 1, 2: 1, 3: 1, 4: 1, 6: 1}  # 5 dropped, 3 re-recorded once, no gap, no duplicate
+    after = by_step(after)
+    for s in (0, 2, 3):  # kept (0, 2) or recorded again from the same weights (3)
+        assert_same_rows(after[s], before[s], f"step {s} across the resume")
+    assert_matches_posthoc(tmp_path, [3, 6], roberta_tok)  # divergence still from the first session's snapshot
+
+
+# ----------------------------------------------------------------------------------------- plain loop
+class RecordingWriter:
+    """A stand-in ``SummaryWriter``: what was logged."""
+
+    def __init__(self):
+        self.scalars: list[tuple[str, int]] = []
+
+    def add_scalar(self, tag, value, step):
+        assert math.isfinite(float(value)) or math.isnan(float(value))
+        self.scalars.append((tag, int(step)))
+
+    def add_histogram(self, tag, values, step):
+        pass
+
+    def add_image(self, tag, img, step, dataformats="HWC"):
+        pass
+
+    def flush(self):
+        pass
+
+
+def plain_loop(model, tok, monitor, steps: range, save_at=(), out: Path | None = None, seed: int = 0):
+    """A hand-written causal-LM loop: AdamW, fixed blocks, ``monitor.step`` after every update."""
+    data = blocks(tok, n=len(steps) * 2 + 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    torch.manual_seed(seed)
+    model.train()
+    if steps.start == 1:
+        monitor.step(model, 0)  # before the first update: the init snapshot and step 0
+    for step in steps:
+        batch = data[2 * (step - 1): 2 * step]
+        ids = torch.tensor([b["input_ids"] for b in batch])
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        monitor.step(model, step)
+        if step in save_at:
+            model.save_pretrained(out / f"checkpoint-{step}")
+            tok.save_pretrained(out / f"checkpoint-{step}")
+    return model
+
+
+def test_plain_loop_rows_equal_posthoc_llama_and_resume(tmp_path, gpt2_tok):
+    tok = gpt2_tok
+    model = tiny_llama(tok)
+    perturb_layernorms(model)  # RMSNorm gains: judged on the gain alone
+    writer = RecordingWriter()
+    monitor = OutlierMonitor(model, tokenizer=tok, out_dir=tmp_path / "monitor", every_n_steps=2,
+                             image_every_n_steps=3, figures=False, writer=writer, **SETTINGS)
+    plain_loop(model, tok, monitor, range(1, 6), save_at=(3,), out=tmp_path)
+    monitor.record(model, 5, images=True)  # the end of the loop, off the cadence
+    model.save_pretrained(tmp_path / "checkpoint-5")
+    assert sorted({s for _, s in writer.scalars}) == [0, 2, 4, 5]
+    # step 3 had no record (off the cadence): post-hoc on its checkpoint must still equal a live record of it
+    live_rows = read_history(tmp_path / "monitor" / "hidden_states.csv")
+    assert sorted({r["step"] for r in live_rows}) == [0, 2, 4, 5]
+    post = analyze_hf_checkpoints(tmp_path, tokenizer=tok, **SETTINGS)
+    for name in ("layernorm", "hidden_states"):
+        live, ref = by_step(read_history(tmp_path / "monitor" / f"{name}.csv")), by_step(read_history(post[name]))
+        assert_same_rows(live[5], ref[5], f"{name} step 5")
+        if name == "layernorm":  # post-hoc step 0 comes from the init snapshot the monitor wrote
+            assert_same_rows(live[0], ref[0], "layernorm step 0")
+
+    # resume from checkpoint-3 in a new process's worth of objects: rows at steps >= 3 go, 3 is recorded again
+    from transformers import LlamaForCausalLM
+
+    resumed = LlamaForCausalLM.from_pretrained(tmp_path / "checkpoint-3")
+    monitor2 = OutlierMonitor(tokenizer=tok, out_dir=tmp_path / "monitor", every_n_steps=2, image_every_n_steps=3,
+                              figures=False, writer=False, **SETTINGS)
+    assert monitor2.step(resumed, 3)  # the first call starts the (resumed) session and records
+    rows = by_step(read_history(tmp_path / "monitor" / "layernorm.csv"))
+    assert sorted(rows) == [0, 2, 3]
+    assert_same_rows(rows[3], by_step(read_history(post["layernorm"]))[3], "layernorm step 3 after resume")
+    assert not monitor2.step(resumed, 3) and monitor2.step(resumed, 4)
+    assert sorted(by_step(read_history(tmp_path / "monitor" / "hidden_states.csv"))) == [0, 2, 3, 4]
+
+
+def test_plain_loop_on_our_own_encoder_equals_the_pure_functions(tmp_path, roberta_tok):
+    """Our ``RobertaMaskedLM`` in a hand-written MLM loop: the rows of step 4 are the analysis functions' rows on
+    a copy of the model taken at step 4 (what the post-hoc job computes on a checkpoint)."""
+    from outlierlab.models import EncoderConfig, RobertaMaskedLM
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=len(roberta_tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                        max_len=BLOCK)
+    model = RobertaMaskedLM(cfg)
+    perturb_layernorms(model)
+    init = layernorm_snapshot(model_layernorms(model))
+    monitor = OutlierMonitor(model, tokenizer=roberta_tok, out_dir=tmp_path / "monitor", every_n_steps=4,
+                             image_every_n_steps=4, figures=True, writer=False, **SETTINGS)
+    data = torch.tensor([b["input_ids"] for b in blocks(roberta_tok, n=8, mlm=True)])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    monitor.step(model, 0)
+    copy_at_4 = None
+    for step in range(1, 5):
+        ids = data[2 * (step - 1): 2 * step]
+        labels = ids.clone()
+        masked = ids.clone()
+        masked[:, 1::5] = roberta_tok.mask_token_id
+        out = model(masked, torch.ones_like(ids), labels=labels)
+        (out["loss"] if isinstance(out, dict) else out.loss).backward()
+        opt.step()
+        opt.zero_grad()
+        monitor.step(model, step)
+        if step == 4:
+            copy_at_4 = copy.deepcopy(model)
+    assert model.training  # the monitor restored train mode
+    copy_at_4.eval()
+    ln_ref = layernorm_records(4, layernorm_snapshot(model_layernorms(copy_at_4)), init, top_k=3)[0]
+    batch = tokenize_heldout(roberta_tok, load_sentences()[:8], heldout_max_length(copy_at_4, roberta_tok))
+    with torch.inference_mode():
+        hidden, attn, inf = monitored_forward(copy_at_4, batch["input_ids"], batch["attention_mask"])
+        hs_ref = hidden_state_records(4, hidden, batch["attention_mask"], batch["special_tokens_mask"], n_pairs=100,
+                                      attentions=attn, input_ids=batch["input_ids"], bos_token_id=cfg.bos_token_id,
+                                      eos_token_id=cfg.eos_token_id, inf_norms=inf)[0]
+    for name, ref in (("layernorm", ln_ref), ("hidden_states", hs_ref)):
+        path = tmp_path / "monitor" / f"{name}.csv"
+        ref_csv = tmp_path / f"ref_{name}.csv"
+        HistoryCSV(ref_csv).append(ref)  # through the same %.8g text as the live file
+        assert_same_rows(by_step(read_history(path))[4], by_step(read_history(ref_csv))[4], name)
+    assert (tmp_path / "monitor" / "hidden_mean_vectors.png").is_file()
+    assert (tmp_path / "monitor" / "layernorm_heatmap_gain.png").is_file()
+
+
+def test_plain_loop_writes_nothing_off_rank_zero(tmp_path, gpt2_tok):
+    model = tiny_gpt2(gpt2_tok)
+    monitor = OutlierMonitor(model, tokenizer=gpt2_tok, out_dir=tmp_path / "monitor", every_n_steps=1,
+                             global_zero=False, **SETTINGS)
+    assert monitor.hidden.batch is None  # not even tokenised
+    assert not monitor.step(model, 0) and not monitor.step(model, 1)
+    monitor.record(model, 2)
+    assert not (tmp_path / "monitor").exists()
+
+
+def test_top_level_import_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, outlierlab; assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
+            "from outlierlab import OutlierMonitorCallback; import transformers; "
+            "assert issubclass(OutlierMonitorCallback, transformers.TrainerCallback)")
+    subprocess.run([sys.executable, "-c", code], check=True)
