@@ -3,10 +3,12 @@
 # a fixed wall-clock budget. Real text (experiment=emergence_cpu, 20k steps, validation with order use every 1k):
 # learned-position candidates beside their no-position references and rope; plus the synthetic order task per
 # position scheme. Small files of every run end in $OUT/order_recipe_gpu.tgz (or ./order_recipe_gpu.tgz).
-#   bash scripts/order_recipe_gpu.sh [SECONDS_PER_CELL]
+#   bash scripts/order_recipe_gpu.sh sweep [SECONDS_PER_CELL]     # the candidates
+#   bash scripts/order_recipe_gpu.sh study [SECONDS_PER_CELL]     # experiment=order_recipe, learned/none x 5 seeds
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BUDGET=${1:-460}
+MODE=${1:-sweep}
+BUDGET=${2:-460}
 OUTDIR=${OUT:-.}
 ROOT=gpu_runs
 mkdir -p "$ROOT"
@@ -18,9 +20,20 @@ fi
 COMMON="trainer=${TRAINER:-gpu} threads=1 paths.cache_dir=$PWD/.gpu_cache"
 cell() {  # name, overrides...
   local name=$1; shift
-  if [ -n "${DRY:-}" ]; then python3 train.py $COMMON "hydra.run.dir=$ROOT/$name" "$@" --cfg job >/dev/null || echo "BAD $name"; return; fi
-  timeout -s INT "$BUDGET" python3 train.py $COMMON "hydra.run.dir=$ROOT/$name" "$@" >"$ROOT/$name.log" 2>&1 &
+  if [ -n "${DRY:-}" ]; then python3 train.py $COMMON "hydra.run.dir=\"$ROOT/$name\"" "$@" --cfg job >/dev/null || echo "BAD $name"; return; fi
+  mkdir -p "$(dirname "$ROOT/$name")"
+  timeout -s INT "$BUDGET" python3 train.py $COMMON "hydra.run.dir=\"$ROOT/$name\"" "$@" >"$ROOT/$name.log" 2>&1 &
 }
+if [ "$MODE" = study ]; then
+  for seed in 1 2 3 4 5; do for p in learned none; do
+    cell "study/pos=$p,seed=$seed" experiment=order_recipe pos=$p seed=$seed callbacks.model_checkpoint.every_n_train_steps=100000
+  done; done
+  # what moved it: the batch or the learning rate (6,000 steps each, like the study)
+  cell recipe_b32_lr1e-3  experiment=order_recipe pos=learned data.batch_size=32
+  cell recipe_b128_lr2e-3 experiment=order_recipe pos=learned module.optimizer.lr=2e-3
+  cell recipe_b64_lr1e-3  experiment=order_recipe pos=learned data.batch_size=64
+fi
+if [ "$MODE" = sweep ]; then
 REAL="experiment=emergence_cpu trainer.max_steps=20000 callbacks.model_checkpoint.every_n_train_steps=5000"
 cell real_learned           $REAL pos=learned
 cell real_none              $REAL pos=none
@@ -34,8 +47,9 @@ TASK="experiment=order_task"
 for p in learned none sinusoidal relative rope alibi; do cell task_$p $TASK pos=$p; done
 cell task_learned_sininit $TASK pos=learned pos.init=sinusoidal
 cell task_learned_preln   $TASK pos=learned model.norm_placement=pre
+fi
 wait
 nvidia-smi --query-gpu=name,memory.used --format=csv > "$ROOT/gpu.txt" 2>&1
-tar czf "$OUTDIR/order_recipe_gpu.tgz" --exclude='*.ckpt' --exclude='*.safetensors' --exclude='*.bin' \
+tar czf "$OUTDIR/order_recipe_gpu_$MODE.tgz" --exclude='*.ckpt' --exclude='*.safetensors' --exclude='*.bin' \
   --exclude='events.out.*' "$ROOT"
 ls -la "$OUTDIR"

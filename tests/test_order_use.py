@@ -190,3 +190,22 @@ def test_train_reports_order_use_below_threshold_only(caplog):
         assert report_order_use({"val/loss": 3.0}, 0.1) is None  # not measured: nothing to say
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("the model does not use token order yet")
+
+
+def test_study_flags_cells_below_the_threshold_at_their_last_step():
+    import pandas as pd
+
+    from outlierlab.jobs.study import order_use_flags
+
+    rows = [("pos=learned", 1, 1000, 0.01), ("pos=learned", 1, 2000, 3.0),  # left the plateau: not flagged
+            ("pos=learned", 2, 1000, 0.5), ("pos=learned", 2, 2000, 0.02),  # below at its last step: flagged
+            ("pos=none", 1, 2000, 0.0)]
+    per_seed = pd.DataFrame([{"group": g, "seed": s, "step": st, "layer": "model", "metric": "val/order_use",
+                              "value": v} for g, s, st, v in rows]
+                            + [{"group": "pos=rope", "seed": 1, "step": 2000, "layer": "model", "metric": "val/loss",
+                                "value": 3.0}])
+    flags = order_use_flags(per_seed, 0.1)
+    assert flags[:2] == ["pos=learned, seed 2: order use 0.020 nats at step 2000",
+                         "pos=none, seed 1: order use 0.000 nats at step 2000"]
+    assert flags[2] == "order use not measured: pos=rope, seed 1"
+    assert order_use_flags(per_seed[per_seed["metric"] == "val/loss"]) == []  # nothing measured: nothing to say

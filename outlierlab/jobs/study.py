@@ -33,6 +33,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
 from outlierlab.analysis.study_inference import bounded_interval, bounds_of
 from outlierlab.jobs.study_cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
@@ -40,7 +41,27 @@ from outlierlab.jobs.study_families import assign_families, declared_design
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
 HEADLINE = ["hidden/kurtosis", "hidden/argmax_share", "hidden/abs_argmax_share", "hidden/max_median",
-            "hidden/token_pair_cosine", "hidden/anisotropy", "posthoc/n_layernorm_outliers", "val/ppl"]
+            "hidden/token_pair_cosine", "hidden/anisotropy", "posthoc/n_layernorm_outliers", "val/ppl", "val/order_use"]
+
+
+def order_use_flags(per_seed: pd.DataFrame, threshold: float = ORDER_USE_THRESHOLD) -> list[str]:
+    """One line per cell whose order use at its last recorded step is below ``threshold`` nats: a model that does not
+    use token order yet (:mod:`outlierlab.analysis.order_use`), so a position-scheme contrast it enters compares
+    bag-of-words models.  Cells that never measured it (older code, ``module.order_use=false``) are named as such
+    once, in one line, when any cell of the study did measure it."""
+    rows = per_seed[per_seed["metric"] == "val/order_use"]
+    lines = []
+    for (group, seed), sub in rows.groupby(["group", "seed"], sort=True, dropna=False):
+        last = sub.loc[sub["step"].idxmax()]
+        if float(last["value"]) < threshold:
+            lines.append(f"{group}, seed {seed}: order use {float(last['value']):.3f} nats at step {int(last['step'])}")
+    if not rows.empty:
+        measured = set(map(tuple, rows[["group", "seed"]].drop_duplicates().values.tolist()))
+        missing = sorted({(g, s) for g, s in per_seed[["group", "seed"]].drop_duplicates().values.tolist()} - measured,
+                         key=str)
+        if missing:
+            lines.append("order use not measured: " + ", ".join(f"{g}, seed {s}" for g, s in missing))
+    return lines
 
 
 def group_label(overrides: dict[str, str], varying: Sequence[str]) -> str:
@@ -226,11 +247,13 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
     unfinished = [c for c in cells if not c.finished and not c.problems]
     unusable = [c for c in cells if c.problems]
     notes = [n for c in cells if c.usable for n in c.notes]
+    no_order = order_use_flags(per_seed)
     write_markdown(out_dir / "study.md", paths, summary, tables, groups, unfinished, metrics, steps, layers,
-                   unusable=unusable, notes=notes, design=design)
+                   unusable=unusable, notes=notes, design=design, no_order_use=no_order)
     pngs = write_curves(out_dir / "curves", summary, per_seed, metrics, layers) if plots else []
     return {"out": out_dir, "groups": {k: len(v) for k, v in groups.items()}, "unfinished": [str(c.path) for c in unfinished],
-            "unusable": [p for c in unusable for p in c.problems], "notes": notes, "plots": pngs, "design": design}
+            "unusable": [p for c in unusable for p in c.problems], "notes": notes, "plots": pngs, "design": design,
+            "no_order_use": no_order}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -269,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unusable (left out): {problem}")
     for note in res["notes"]:
         print(f"note: {note}")
+    for line in res["no_order_use"]:
+        print(f"does not use token order yet: {line}")
     print(f"wrote {res['out']}/study.csv, study.md" + (f" and {len(res['plots'])} curves" if res["plots"] else ""))
     return 0
 

@@ -56,7 +56,7 @@ LAYER_MAX = "max_layer"
 BOOKKEEPING = re.compile(r"^(lr-|epoch$|train/(batches|lengths|samples|time)$|train/device/|validate/)")
 #: Monitor statistics with one row per dimension, head or detected dim (vectors and lists, not scalars).
 VECTOR_STATISTICS = {"mean", "gain", "bias", "top_abs_mean", "outlier_dim", "gain_outlier", "bias_outlier",
-                     "attn_entropy_head", "top_gain_z", "top_bias_z"}
+                     "attn_entropy_head", "top_gain_z", "top_bias_z", "rule_outlier"}
 #: Monitor rows that are identifiers, counts fixed by the setting, or standard errors: not quantities to average.
 NOT_QUANTITIES = re.compile(r"^(max_abs_token_id|n_tokens|n_anisotropy_pairs|min_layers|.*_se)$")
 

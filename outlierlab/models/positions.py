@@ -53,7 +53,8 @@ class LearnedPositionEmbedding(nn.Embedding):
         if self.init not in LEARNED_INITS:
             raise ValueError(f"pos.init={self.init!r}; choose one of {', '.join(LEARNED_INITS)}")
         self.initializer_range = float(config.initializer_range)
-        self.reset_parameters()
+        # Not re-initialised here: RobertaMaskedLM._init_weights calls reset_parameters() in module order, so the
+        # default init draws exactly the random numbers of the plain N(0, std²) table (seeded runs unchanged).
 
     def reset_parameters(self) -> None:
         """The table's initial values (``pos.init``, ``pos.init_scale``): ``normal`` is BERT/RoBERTa's

@@ -11,6 +11,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT
 
 
@@ -62,7 +63,7 @@ def _design_lines(design: Mapping | None, contrasts: Mapping[str, pd.DataFrame])
 def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, contrasts: Mapping[str, pd.DataFrame],
                    groups: Mapping[str, list], unfinished: list, metrics: Sequence[str], steps: Sequence[int],
                    layers: Sequence[str], unusable: Sequence = (), notes: Sequence[str] = (),
-                   design: Mapping | None = None) -> Path:
+                   design: Mapping | None = None, no_order_use: Sequence[str] = ()) -> Path:
     lines = [f"# Study: {', '.join(map(str, sources))}", "",
              f"Every number: the mean over seeds with its 95% confidence interval, n = seeds. Unbounded measures: "
              f"± the half-width of the {CI_METHOD} interval (n − 1 degrees of freedom). Bounded measures (shares in "
@@ -83,6 +84,11 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
     if notes:
         lines += ["", f"**Notes:** {len(notes)} cells have no manifest: code version unknown ("
                   + ", ".join(n.split(':')[0] for n in notes) + ")."]
+    if no_order_use:
+        lines += ["", f"**Does not use token order yet ({len(no_order_use)}):** order use (permuted-block loss minus "
+                  f"intact loss) below {ORDER_USE_THRESHOLD} nats at the cell's last step -- a position-scheme contrast "
+                  "with these cells compares bag-of-words models (docs/order_use.md).", ""]
+        lines += [f"* {line}" for line in no_order_use]
     lines += _design_lines(design, contrasts)
     group_names = list(groups)
     lines += ["", "## Headline metrics", ""]
