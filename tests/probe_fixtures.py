@@ -38,7 +38,7 @@ def save_tiny_bert(directory: Path, layers: int = 2, hidden: int = 32, seed: int
 
 
 def byte_level_tokenizer(vocab_size: int = 300):
-    """A small RoBERTa-style byte-level BPE (DESIGN.md pitfall: RobertaProcessing + save_pretrained)."""
+    """A small RoBERTa-style byte-level BPE (docs/design.md pitfall: RobertaProcessing + save_pretrained)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -161,7 +161,7 @@ class ActivationAccumulator:
     Keeps, per layer, the float64 sum of squares of every dim (kurtosis needs only the per-dim mean
     square), the sum of per-token max/median ratios, the running largest |x| with its dim and token, and
     the count of tokens whose largest |x| falls on each dim (the |x| form of Luo et al.'s argmax share,
-    reported beside the signed one: DESIGN.md notes the two can disagree in small models).  Memory
+    reported beside the signed one: docs/design.md notes the two can disagree in small models).  Memory
     O(L·d); the results equal the one-shot functions on all tokens (up to float64 summation order).
 
     Parameters

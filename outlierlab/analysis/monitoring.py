@@ -223,7 +223,7 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
                          eos_token_id: int | None = None, inf_norms: Mapping[str, Tensor] | None = None,
                          sink_threshold: float = SINK_THRESHOLD) -> tuple[list[Row], dict]:
     """History rows for every layer's hidden states on one batch (Luo et al. 2021 §2, §4.1 and the modern
-    outlier metrics of DESIGN.md).
+    outlier metrics of docs/design.md).
 
     Parameters
     ----------

@@ -43,7 +43,7 @@ def outlier_dims_by_share(argmax_share: Tensor, argmin_share: Tensor,
     vectors.  A quarter of all tokens is ~190× the
     uniform rate at d = 768 (~64× at d = 256), and at most 4 dims per direction can reach it, so the
     rule never returns a long list.  Caveat: a non-zero token-type embedding row can make one dim the
-    argmax of 20-40% of tokens at random init (DESIGN.md pitfalls), which this threshold would flag;
+    argmax of 20-40% of tokens at random init (docs/design.md pitfalls), which this threshold would flag;
     zero that row and record step-0 statistics.
 
     Parameters

@@ -1,7 +1,7 @@
 """Across-seed statistics: the mean of a quantity over independent training runs and how far to trust it.
 
 A claim about position schemes or architecture switches is a contrast between groups of runs that differ
-only in their seed (DESIGN.md, "compare"). The spread across seeds is the only error bar such a claim has:
+only in their seed (docs/design.md, "compare"). The spread across seeds is the only error bar such a claim has:
 the monitor statistics of one run are deterministic given its seed.
 
 * :func:`summarize` -- n, mean, sample standard deviation, a 95 % confidence interval of the mean from

@@ -1,4 +1,4 @@
-"""Our RoBERTa encoder with pluggable position schemes and architecture switches (see DESIGN.md: why it
+"""Our RoBERTa encoder with pluggable position schemes and architecture switches (see docs/design.md: why it
 is our own code; docs/architectures.md: the switches)."""
 
 from .config import EncoderConfig

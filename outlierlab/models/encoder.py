@@ -8,7 +8,7 @@ Outlier-Protected block) live in :mod:`outlierlab.models.norms`, :mod:`outlierla
 :mod:`outlierlab.models.blocks`; docs/architectures.md describes them.
 
 Written here rather than taken from transformers because transformers 5 dropped relative
-positions from RoBERTa and never had "no positions" (see DESIGN.md). Parameter names are
+positions from RoBERTa and never had "no positions" (see docs/design.md). Parameter names are
 those of ``transformers.RobertaForMaskedLM`` so learned/none models export unchanged
 (:mod:`outlierlab.models.export`).
 """

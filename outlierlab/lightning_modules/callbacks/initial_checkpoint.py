@@ -1,7 +1,7 @@
 """Save the randomly initialised model as a step-0 checkpoint, so every post-hoc analysis has its baseline.
 
 Zuo et al. (2025) find position readable from a causal model without positions *at initialisation*; whether a
-measure is learned or present from the start (the token-type confound of DESIGN.md) can only be told with the
+measure is learned or present from the start (the token-type confound of docs/design.md) can only be told with the
 untrained weights beside the trained ones. Lightning's ``ModelCheckpoint`` saves after training steps only, so
 this callback writes ``<dirpath>/step0000000.ckpt`` (the ``ModelCheckpoint`` naming) once, when a run starts at
 step 0; a resumed run already has it and writes nothing.

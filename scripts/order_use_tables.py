@@ -1,0 +1,76 @@
+"""The tables of docs/order_use.md from the committed cells: ``python scripts/order_use_tables.py``.
+
+Reads ``docs/order_use/sweep/<cell>/csv/metrics.csv`` (every validation's loss, accuracy and order use) and writes
+``docs/order_use/sweep.csv`` -- one row per cell and validation step -- and, on stdout, the markdown tables: per cell
+the first step at which order use reached 0.5 nats, and the loss / order use / accuracy at chosen steps. The study's
+tables come from ``python -m outlierlab.jobs.study docs/order_use/cells --contrast pos=learned,none
+--out docs/order_use/study``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent / "docs" / "order_use"
+TARGET = 0.5  # nats of order use: the recipe target of issue 47
+
+
+def cell_rows(cell: Path) -> pd.DataFrame:
+    m = pd.read_csv(cell / "csv" / "metrics.csv")
+    v = m.dropna(subset=["val/loss"])[["step", "val/loss", "val/order_use", "val/acc"]].copy()
+    v["step"] = v["step"].astype(int) + 1  # Lightning logs validation at the step index before the increment
+    v.insert(0, "cell", cell.name)
+    v["finished"] = (cell / "finished.json").exists()
+    overrides = (cell / ".hydra" / "overrides.yaml").read_text().splitlines()
+    v["overrides"] = " ".join(o[2:] for o in overrides if not o.startswith(("- trainer=", "- threads=", "- paths.", "- callbacks.model_checkpoint")))
+    return v
+
+
+def main() -> int:
+    cells = sorted(p for p in (ROOT / "sweep").iterdir() if (p / "csv" / "metrics.csv").exists())
+    table = pd.concat([cell_rows(c) for c in cells], ignore_index=True)
+    table.to_csv(ROOT / "sweep.csv", index=False, float_format="%.6g")
+    print("| cell | overrides | steps run | first step with order use >= 0.5 | val loss | order use | acc |")
+    print("|---|---|---|---|---|---|---|")
+    for name, sub in table.groupby("cell", sort=False):
+        last = sub.iloc[-1]
+        reached = sub[sub["val/order_use"] >= TARGET]
+        first = int(reached["step"].iloc[0]) if len(reached) else "not reached"
+        print(f"| {name} | `{last['overrides']}` | {int(last['step'])}{'' if last['finished'] else ' (cut)'} | {first} "
+              f"| {last['val/loss']:.3f} | {last['val/order_use']:.3f} | {last['val/acc']:.3f} |")
+    study_table(ROOT / "study" / "contrasts.csv")
+    return 0
+
+
+#: The study's rows in docs/order_use.md: (metric, layer) at the last step; the rest is in study/contrasts.csv.
+STUDY_ROWS = [("val/loss", "model"), ("val/ppl", "model"), ("val/order_use", "model"), ("val/acc", "model"),
+              ("val/attn_local/layer_0", "model"), ("hidden/kurtosis", "max_layer"), ("hidden/argmax_share", "max_layer"),
+              ("hidden/abs_argmax_share", "max_layer"), ("hidden/max_median", "max_layer"),
+              ("hidden/anisotropy", "layer_4"), ("hidden/isoscore", "layer_4"), ("hidden/inf_norm_ffn_output", "max_layer"),
+              ("layernorm/n_outlier_dims", "model"), ("layernorm/max_abs_gain_div", "max_layer"),
+              ("hidden/sink_share_bos", "max_layer")]
+
+
+def study_table(contrasts_csv: Path) -> None:
+    c = pd.read_csv(contrasts_csv)
+    print()
+    print("| metric | layer | step | learned | none | diff [95% CI] | n pairs | p_holm / q_bh | seeds with the sign |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for metric, layer in STUDY_ROWS:
+        sub = c[(c["metric"] == metric) & (c["layer"] == layer)]
+        if sub.empty:
+            continue
+        r = sub.loc[sub["step"].idxmax()]
+        corrected = f"{r['p_holm']:.3g} (Holm)" if pd.notna(r["p_holm"]) else (
+            f"{r['q_bh']:.3g} (BH)" if pd.notna(r["q_bh"]) else "not tested")
+        print(f"| {metric} | {layer} | {int(r['step'])} | {r['mean_a']:.4g} | {r['mean_b']:.4g} | {r['diff']:.3g} "
+              f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}] | {int(r['n_pairs']) if pd.notna(r['n_pairs']) else '–'} | "
+              f"{corrected} | {str(r['ordering']).split(';')[0]} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
