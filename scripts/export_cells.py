@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 SMALL_FILES = [".hydra/overrides.yaml", ".hydra/config.yaml", "config.yaml", "finished.json", "csv/metrics.csv",
-               "monitor_posthoc/metrics.csv", "code_versions.jsonl", "probe_posthoc/position_probe.csv",
+               "monitor_posthoc/metrics.csv", "monitor_posthoc/order_use.csv", "code_versions.jsonl", "probe_posthoc/position_probe.csv",
                "probe_posthoc/similarity_by_distance.csv"]
 HISTORIES = ["monitor/hidden_states.csv", "monitor/layernorm.csv"]
 

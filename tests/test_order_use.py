@@ -209,3 +209,35 @@ def test_study_flags_cells_below_the_threshold_at_their_last_step():
                          "pos=none, seed 1: order use 0.000 nats at step 2000"]
     assert flags[2] == "order use not measured: pos=rope, seed 1"
     assert order_use_flags(per_seed[per_seed["metric"] == "val/loss"]) == []  # nothing measured: nothing to say
+
+
+def test_held_out_masking_and_a_transformers_model():
+    """masked_for_order_use draws a fixed problem; lm_loss_sum calls any HF-style LM: a RobertaForMaskedLM with its
+    position table zeroed is a bag-of-words model (order use 0), with a random table it is not."""
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    from outlierlab.analysis.order_use import lm_loss_sum, masked_for_order_use
+
+    ids = torch.randint(4, 40, (6, 12), generator=torch.Generator().manual_seed(0))
+    ids[:, 0], ids[:, -1] = 0, 2
+    mask = torch.ones_like(ids)
+    mask[2, 8:] = 0
+    ids[2, 8:] = 1
+    special = (ids <= 2).long()
+    a = masked_for_order_use(ids, mask, special, mask_id=49, seed=3)
+    b = masked_for_order_use(ids, mask, special, mask_id=49, seed=3)
+    assert torch.equal(a["input_ids"], b["input_ids"])
+    picked = a["labels"] != -100
+    assert picked.any(dim=1).all() and not (picked & (special.bool() | ~mask.bool())).any()
+    assert (a["input_ids"][picked] == 49).all() and torch.equal(a["labels"][picked], ids[picked])
+
+    torch.manual_seed(0)
+    hf = RobertaForMaskedLM(RobertaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                          intermediate_size=64, max_position_embeddings=20, type_vocab_size=1,
+                                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
+    with torch.no_grad():
+        hf.roberta.embeddings.position_embeddings.weight.normal_(0, 1.0)
+    assert abs(order_use(lm_loss_sum(hf, False), [a], SPECIAL)["order_use"]) > 1e-3
+    with torch.no_grad():
+        hf.roberta.embeddings.position_embeddings.weight.zero_()
+    assert abs(order_use(lm_loss_sum(hf, False), [a], SPECIAL)["order_use"]) < 1e-5

@@ -83,3 +83,33 @@ def test_metrics_table_per_step_and_layer_matches_the_long_rows(run, tmp_path):
             assert float(r["inf_norm_ln_output"]) >= float(r["max_abs"]) - 1e-4  # specials included in the former
             assert int(r["n_layernorm_outliers"]) >= 0 and 0.0 <= float(r["sink_share_bos"]) <= 1.0
     assert (tmp_path / "post" / "metrics.png").stat().st_size > 0
+
+
+def test_order_use_and_attention_locality_on_every_checkpoint(run, tmp_path):
+    """Order use per checkpoint (held-out sentences, a fixed 15 % masked) equals order_use() called on the checkpoint
+    directly, and the attn_local column is the locality of the checkpoint's attention."""
+    import torch
+
+    from outlierlab.analysis.order_use import lm_loss_sum, masked_for_order_use, order_use
+    from outlierlab.analysis.monitoring import tokenize_heldout
+    from outlierlab.datamodules.eval_data import load_sentences
+    from outlierlab.models.checkpoint import model_from_checkpoint
+
+    res = analyze_run(run, out_dir=tmp_path / "post")
+    with open(res["order_use"], newline="") as fh:
+        rows = {int(r["step"]): r for r in csv.DictReader(fh)}
+    assert sorted(rows) == [10, 20]
+    tok = tiny_tokenizer()
+    ckpt = torch.load(run / "checkpoints" / "step020.ckpt", map_location="cpu", weights_only=False)
+    model = model_from_checkpoint(ckpt, "step 20").eval()
+    batch = tokenize_heldout(tok, load_sentences(None)[:8], model.config.max_len)
+    problem = masked_for_order_use(batch["input_ids"], batch["attention_mask"], batch["special_tokens_mask"],
+                                   tok.mask_token_id)
+    special = {model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id}
+    with torch.inference_mode():
+        expected = order_use(lm_loss_sum(model, False), [problem], special)
+    assert float(rows[20]["order_use"]) == pytest.approx(expected["order_use"], abs=1e-6)
+    assert float(rows[20]["loss"]) == pytest.approx(expected["loss"], rel=1e-6)
+    with open(res["metrics"], newline="") as fh:
+        local = {(int(r["step"]), int(r["layer"])): r["attn_local"] for r in csv.DictReader(fh)}
+    assert local[(20, 0)] == "" and 0.0 < float(local[(20, 1)]) <= 1.0

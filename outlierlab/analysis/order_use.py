@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["LOCAL_WINDOW", "ORDER_USE_THRESHOLD", "movable_positions", "permute_block_tokens", "order_use",
-           "attention_locality", "order_use_message"]
+           "attention_locality", "order_use_message", "masked_for_order_use", "lm_loss_sum"]
 
 #: Keys within this distance of the query (itself included) count as local (our choice: ±1, ±2 are the offsets an
 #: n-gram-like head first attends to).
@@ -147,7 +147,7 @@ def attention_locality(attentions: Sequence[Tensor], attention_mask: Tensor | No
 
     Parameters
     ----------
-    attentions : sequence of Tensor[B, H, T, T]
+    attentions : sequence of Tensor[B, H, T, T], or Tensor[L, B, H, T, T]
         One per layer, rows summing to one (``output_attentions=True``).
     attention_mask : Tensor[B, T] or None
         1 = token, 0 = padding; None: no padding.
@@ -159,7 +159,7 @@ def attention_locality(attentions: Sequence[Tensor], attention_mask: Tensor | No
     dict
         ``mass``: Tensor[L] float64; ``uniform``: the baseline (a 0-d float64 tensor, the same for every layer).
     """
-    if not attentions:
+    if len(attentions) == 0:
         raise ValueError("attention locality needs the attention probabilities of at least one layer")
     B, H, T, _ = attentions[0].shape
     device = attentions[0].device
@@ -188,3 +188,31 @@ def order_use_message(value: float, threshold: float = ORDER_USE_THRESHOLD) -> s
     return (f"the model does not use token order yet: order use {value:.3f} nats < {threshold} (permuting each "
             "block's tokens barely changes its loss; a learned-vs-none comparison at this point compares "
             "bag-of-words models, docs/order_use.md)")
+
+
+def masked_for_order_use(input_ids: Tensor, attention_mask: Tensor, special_tokens_mask: Tensor, mask_id: int,
+                         rate: float = 0.15, seed: int = 0) -> dict[str, Tensor]:
+    """A fixed masked-LM problem on held-out text, for order use outside training (post-hoc, evaluate.py, any
+    model): ``rate`` of the non-special tokens, drawn from ``seed``, replaced by ``mask_id`` (all of them: no 80/10/10,
+    so two checkpoints or two models see exactly the same problem) and labelled; at least one per row."""
+    g = torch.Generator().manual_seed(int(seed))
+    eligible = attention_mask.bool() & ~special_tokens_mask.bool()
+    pick = (torch.rand(input_ids.shape, generator=g) < rate) & eligible
+    first = eligible.float().argmax(dim=1)  # a row with nothing drawn still predicts its first eligible token
+    rows = (~pick.any(dim=1)) & eligible.any(dim=1)
+    pick[rows.nonzero().flatten(), first[rows]] = True
+    labels = torch.where(pick, input_ids, torch.full_like(input_ids, -100))
+    return {"input_ids": torch.where(pick, torch.full_like(input_ids, int(mask_id)), input_ids),
+            "attention_mask": attention_mask, "labels": labels}
+
+
+def lm_loss_sum(model, causal: bool) -> LossFn:
+    """``batch -> (summed loss, predicted tokens)`` for a language model called as Hugging Face models are
+    (``model(input_ids=, attention_mask=, labels=).loss``, the mean over labelled tokens -- shifted by one inside
+    the model for a causal LM): ours (:class:`~outlierlab.models.RobertaMaskedLM`) and transformers' alike."""
+    def loss_sum(batch: Mapping[str, Tensor]) -> tuple[Tensor, int]:
+        labels = batch["labels"]
+        n = int((labels[:, 1:] != -100).sum()) if causal else int((labels != -100).sum())
+        out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=labels)
+        return out.loss.float() * n, n
+    return loss_sum

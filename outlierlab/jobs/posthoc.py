@@ -16,7 +16,9 @@ row per checkpoint step and layer (:data:`METRIC_COLUMNS`: kurtosis, max/median,
 signed and |x| argmax/argmin shares with their dims, sink-head shares, attention entropy, anisotropy, the
 top-1 (with its dim) and top-3 dims' share of it (Timkey & van Schijndel 2021), IsoScore (Rudman et al. 2022) and
 the number of LayerNorm outlier dims the project's rule flags in that layer,
-:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`); ``metrics.png``, those curves vs step per layer.
+:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`); ``metrics.png``, those curves vs step per layer; ``order_use.csv``, one row per
+checkpoint: order use on the held-out sentences (:func:`order_use_rows`; the per-layer attention locality is the
+``attn_local`` column of ``metrics.csv``).
 Works on checkpoints of older code too (same parameter names), so curves can be drawn after the fact.
 
 Settings (k, shared_min_layers, top_k, n_sequences, n_pairs, seed, ...) default to those of the run's
@@ -56,7 +58,7 @@ OUT_SUBDIR = "monitor_posthoc"
 METRIC_COLUMNS = ("kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input",
                   "inf_norm_ln_output", "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos",
                   "sink_share_eos", "attn_entropy", "attn_row_mass", "anisotropy", "rogue_top1_share",
-                  "rogue_top3_share", "isoscore", "n_layernorm_outliers")
+                  "rogue_top3_share", "isoscore", "n_layernorm_outliers", "attn_local", "order_use")
 _WITH_DIMS = ("max_abs", "argmax_share", "argmin_share", "abs_argmax_share", "rogue_top1_share")
 
 
@@ -162,6 +164,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         h.path.unlink(missing_ok=True)
     done: list[int] = []
     metric_rows: list = []
+    order_rows: list[dict] = []
     for step in sorted(by_step):
         ckpt = _load(by_step[step])
         model = model_from_checkpoint(ckpt, f"checkpoint {by_step[step]}").to(device).eval()
@@ -192,10 +195,14 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         ln_counts = [(step, f"layer_{i + 1}", "n_layernorm_outliers", None, len(det.per_layer[f"layer.{i}"]))
                      for i in range(config.num_layers) if f"layer.{i}" in det.per_layer]
         metric_rows += [r for r in rows if r[2] in METRIC_COLUMNS] + ln_counts
+        order = order_use_rows(step, model, batch, attn, tokenizer, device)
+        order_rows.append({"step": step, **order[0][4]})
+        metric_rows += order[1:]
         done.append(step)
     result: dict[str, Any] = {"steps": done}
     table = wide_by_layer(metric_rows, METRIC_COLUMNS, with_dims=_WITH_DIMS)
     result["metrics"] = _write_table(out / "metrics.csv", table)
+    result["order_use"] = _write_table(out / "order_use.csv", order_rows)
     img = plots.render(plots.metric_curves_figure(plots.curves_from_rows(metric_rows), title=run.name))
     plots.save_png(img, out / "metrics.png")
     for name, h in files.items():
@@ -203,6 +210,33 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         os.replace(h.path, final)
         result[name] = final
     return result
+
+
+def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str) -> list[tuple]:
+    """Order use (``layer`` = ``model``) and attention locality (per block, ``layer_{i+1}``) of one checkpoint on the
+    held-out sentences (:mod:`outlierlab.analysis.order_use`). The masked objective predicts a fixed, seeded 15 % of
+    the tokens behind ``<mask>`` (the same problem at every step), the causal one every next token; these are the
+    held-out sentences, not the run's validation blocks, so the values differ from ``val/order_use`` in level but
+    not in what they say."""
+    import torch
+
+    from outlierlab.analysis.order_use import attention_locality, lm_loss_sum, masked_for_order_use, order_use
+
+    causal = bool(model.config.causal)
+    mask = batch["attention_mask"]
+    if causal:
+        problem = {"input_ids": batch["input_ids"], "attention_mask": mask,
+                   "labels": batch["input_ids"].masked_fill(mask == 0, -100)}
+    else:
+        problem = masked_for_order_use(batch["input_ids"], mask, batch["special_tokens_mask"], tokenizer.mask_token_id)
+    special = {model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id}
+    with torch.inference_mode():
+        value = order_use(lm_loss_sum(model, causal), [{k: v.to(device) for k, v in problem.items()}], special)
+    rows = [(step, "model", "order_use", None, value)]  # the whole dict: order_use.csv, not the per-layer table
+    if attentions is not None:
+        local = attention_locality(attentions, mask.to(device), causal)["mass"]
+        rows += [(step, f"layer_{i + 1}", "attn_local", None, float(m)) for i, m in enumerate(local)]
+    return rows
 
 
 def _apply_overrides(ln_cfg: dict, hs_cfg: dict, overrides: dict) -> tuple[dict, dict]:

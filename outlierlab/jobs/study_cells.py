@@ -8,7 +8,7 @@ ran, ``finished.json`` (train.py) whether it completed. Its numbers come from th
   x layer x statistic, :mod:`outlierlab.reports.history`) -> metrics ``hidden/<statistic>``,
   ``layernorm/<statistic>`` (per-dimension rows such as ``mean`` or ``gain`` are vectors, not aggregated);
 * ``monitor_posthoc/metrics.csv`` (``python -m outlierlab.jobs.posthoc``; one row per checkpoint x layer)
-  -> ``posthoc/<column>``;
+  -> ``posthoc/<column>``; ``monitor_posthoc/order_use.csv`` -> ``posthoc/order_use`` at layer ``model``;
 * ``csv/metrics.csv`` (Lightning's CSV logger) -> ``val/ppl``, ``train/loss``, ... at layer ``model`` (not its
   bookkeeping: learning rate, throughput, batch counters);
 * any other CSV at the cell's top with a ``layer`` column (``evaluate.py``'s ``anisotropy.csv``, ...,
@@ -241,7 +241,7 @@ def _add_max_layer(df: pd.DataFrame) -> pd.DataFrame:
 def data_files(path: Path) -> list[str]:
     """The CSVs :func:`cell_numbers` reads, relative to the cell."""
     rels = [r for r in ("monitor/hidden_states.csv", "monitor/layernorm.csv", "monitor_posthoc/metrics.csv",
-                        "csv/metrics.csv") if (path / r).is_file()]
+                        "monitor_posthoc/order_use.csv", "csv/metrics.csv") if (path / r).is_file()]
     return rels + [f.name for f in sorted(path.glob("*.csv"))]
 
 
@@ -254,6 +254,10 @@ def cell_numbers(cell: Cell) -> pd.DataFrame:
             parts.append(_long_history(p / rel, prefix))
     if (p / "monitor_posthoc" / "metrics.csv").is_file():
         parts.append(_posthoc(p / "monitor_posthoc" / "metrics.csv"))
+    if (p / "monitor_posthoc" / "order_use.csv").is_file():  # one row per checkpoint: the model, not a layer
+        df = pd.read_csv(p / "monitor_posthoc" / "order_use.csv")
+        parts.append(pd.DataFrame({"step": df["step"].astype(int), "layer": "model", "metric": "posthoc/order_use",
+                                   "value": pd.to_numeric(df["order_use"], errors="coerce")}))
     if (p / "csv" / "metrics.csv").is_file():
         parts.append(_lightning_csv(p / "csv" / "metrics.csv"))
     for csv_file in sorted(p.glob("*.csv")):
