@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings, AttentionSinksSettings, DataSettings,
                                  EncoderSettings, FrequencySettings, FrequentTokensSettings, IsotropySettings,
-                                 OutliersSettings, QKOutliersSettings, SelfSimilaritySettings, StsSettings,
+                                 OrderUseSettings, OutliersSettings, QKOutliersSettings, SelfSimilaritySettings, StsSettings,
                                  TransformSettings, WicSettings)
 
 if TYPE_CHECKING:  # annotations only: the registry stays free of torch
@@ -103,6 +103,7 @@ ANALYSIS_MODULES: dict[str, str] = {
     "attention_sinks": "outlierlab.evaluation.attention_sinks",
     "frequent_tokens": "outlierlab.evaluation.frequent_tokens",
     "qk_outliers": "outlierlab.evaluation.qk_outliers",
+    "order_use": "outlierlab.evaluation.order_use",
 }
 
 
@@ -119,6 +120,7 @@ SETTINGS: dict[str, type] = {
     "attention_sinks": AttentionSinksSettings,
     "frequent_tokens": FrequentTokensSettings,
     "qk_outliers": QKOutliersSettings,
+    "order_use": OrderUseSettings,
 }
 #: Sections of the whole run that the shared sentence pass and every analysis may read, whichever are selected.
 RUN_SETTINGS: tuple[type, ...] = (EncoderSettings, DataSettings, TransformSettings, OutliersSettings,

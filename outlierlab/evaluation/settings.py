@@ -289,6 +289,24 @@ class FrequencySettings(_TextSettings):
 
 
 @dataclass(frozen=True)
+class OrderUseSettings(_TextSettings):
+    """``order_use`` (``configs/order_use/default.yaml``): permuted-token loss minus intact loss, attention locality."""
+
+    SECTION: ClassVar[str] = "order_use"
+    max_length: int = 128
+    batch_size: int = 16
+    mlm_probability: float = 0.15
+    threshold: float = 0.1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(0 < self.mlm_probability < 1, f"order_use.mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        _check(self.max_length >= 4 and self.batch_size >= 1,
+               f"order_use.max_length (>= 4) and batch_size (>= 1) out of range: {self.max_length}, {self.batch_size}")
+
+
+@dataclass(frozen=True)
 class AttentionSinksSettings(_TextSettings):
     """``attention_sinks`` (``configs/attention_sinks/default.yaml``): attention mass on special tokens."""
 

@@ -1,0 +1,68 @@
+"""evaluate.py analyses=[order_use]: the CLI's numbers equal order_use() on the same batches, for a Hugging Face
+decoder (GPT-2) and for our own masked run; a model without positions is flagged in the report."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from family_models import build, save
+from probe_fixtures import SENTENCES, save_own_run
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _evaluate(model_dir: Path, texts: Path, out: Path) -> dict[tuple[str, str], float]:
+    p = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), f"encoder.name_or_path={model_dir}",
+                        "analyses=[order_use]", f"order_use.files=[{texts}]", "order_use.batch_size=4", "seed=3",
+                        f"hydra.run.dir={out}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    with open(out / "order_use.csv", newline="") as fh:
+        return {(r["layer"], r["statistic"]): float(r["value"]) for r in csv.DictReader(fh)}
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("order_texts") / "texts.txt"
+    path.write_text("\n".join(f"{a} and then {b}" for a in SENTENCES for b in SENTENCES[:3]) + "\n")
+    return path
+
+
+def test_a_decoder_from_the_hub_format(tmp_path, texts):
+    from outlierlab.analysis.order_use import order_use
+    from outlierlab.evaluation.attention_sinks import text_batches
+
+    model, tok = build("gpt2", seed=0)
+    rows = _evaluate(save(model, tok, tmp_path / "gpt2"), texts, tmp_path / "out")
+    lines = texts.read_text().splitlines()
+    batches = [{"input_ids": ids, "attention_mask": m, "labels": ids.masked_fill(m == 0, -100)}
+               for ids, m in text_batches(tok, lines, 128, 4)]
+
+    def loss_sum(b):
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
+        labels = b["labels"][:, 1:]
+        keep = labels != -100
+        return torch.nn.functional.cross_entropy(logits[keep], labels[keep], reduction="sum"), int(keep.sum())
+
+    special = [i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.cls_token_id, tok.sep_token_id)
+               if i is not None]
+    with torch.inference_mode():
+        expected = order_use(loss_sum, batches, special, seed=3)
+    assert rows[("model", "order_use")] == pytest.approx(expected["order_use"], abs=1e-4)
+    assert rows[("model", "tokens")] == expected["tokens"]
+    assert 0 < rows[("model", "attn_local_uniform")] < 1 and ("layer_2", "attn_local") in rows
+
+
+def test_our_masked_run_without_positions_is_flagged(tmp_path, texts):
+    save_own_run(tmp_path / "run", pos="none", layers=2, hidden=32)
+    rows = _evaluate(tmp_path / "run", texts, tmp_path / "out")
+    assert abs(rows[("model", "order_use")]) < 1e-5  # permutation-equivariant
+    assert rows[("model", "tokens")] > 50
+    assert "The model does not use token order yet" in (tmp_path / "out" / "report.md").read_text()
