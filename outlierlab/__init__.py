@@ -12,8 +12,10 @@ Everything lives under this one name so that installing the project never shadow
 
 # The one-line monitors for other loops (outlierlab/monitoring/, docs/loop_monitors.md), loaded on first access:
 # ``import outlierlab`` stays free of torch and transformers.
+# The Python API (outlierlab/api.py: ``ol.load_encoder``, ``ol.evaluate``, ``ol.probe_positions``), loaded the same way.
 _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
-         "OutlierMonitorCallback": "outlierlab.monitoring.hf_trainer"}
+         "OutlierMonitorCallback": "outlierlab.monitoring.hf_trainer",
+         "load_encoder": "outlierlab.api", "evaluate": "outlierlab.api", "probe_positions": "outlierlab.api"}
 
 __all__ = list(_LAZY)
 

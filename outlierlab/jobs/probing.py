@@ -209,8 +209,10 @@ def layernorm_note(encoder: FrozenEncoder) -> str:
             "al. 2021), not these; transform.dims=[...] clips given dims instead.")
 
 
-def run(cfg, run_dir: str | Path) -> dict:
-    """Run the probe described by ``cfg`` (configs/probe.yaml) and write every output into ``run_dir``."""
+def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None) -> dict:
+    """Run the probe described by ``cfg`` (configs/probe.yaml) and write every output into ``run_dir``;
+    ``encoder``: an already loaded one (the Python API, :func:`outlierlab.api.probe_positions`) instead of
+    ``cfg.encoder``'s."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(int(cfg.seed), verbose=False)
@@ -218,7 +220,8 @@ def run(cfg, run_dir: str | Path) -> dict:
         warnings.filterwarnings("ignore", pattern)
     for name in ("lightning.pytorch", "lightning.fabric"):  # per-Trainer banners, once per transform
         logging.getLogger(name).setLevel(logging.WARNING)
-    encoder = FrozenEncoder.from_config(cfg.encoder)  # + dtype, device_map, revision (configs/encoder/)
+    if encoder is None:
+        encoder = FrozenEncoder.from_config(cfg.encoder)  # + dtype, device_map, revision (configs/encoder/)
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     kind = str(cfg.task.kind)
     rows, info, contribs = (run_position if kind == "position" else run_classifier)(cfg, encoder, logger)

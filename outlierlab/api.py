@@ -1,0 +1,122 @@
+"""The Python API: what ``evaluate.py`` and ``probe.py`` compute, from a notebook, without a command line.
+
+    import outlierlab as ol
+    enc = ol.load_encoder("sentence-transformers/all-MiniLM-L6-v2")      # a run dir, a model dir or a hub id
+    tables = ol.evaluate(enc, texts, analyses=["outliers", "anisotropy"], transforms=["none", "clip", "whiten"])
+    tables["anisotropy"]              # a DataFrame: the rows evaluate.py writes to anisotropy.csv
+    ol.probe_positions(enc, texts)    # a DataFrame: probe.py's position_probe.csv
+
+Each call composes the same configuration the command line would (``configs/evaluate.yaml`` or ``configs/probe.yaml``
+with the arguments as overrides, defaults from the YAML presets) and runs the same job
+(:func:`outlierlab.jobs.evaluation.evaluate`, :func:`outlierlab.jobs.probing.run`) on the encoder already loaded,
+so the numbers are the CLI's (tests/test_api.py compares them). Every output file of the run is kept in
+``out_dir`` (default: a new temporary directory), named in each table's ``attrs["run_dir"]``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["load_encoder", "evaluate", "probe_positions", "DEFAULT_ANALYSES"]
+
+#: evaluate.py's default analyses (configs/evaluate.yaml).
+DEFAULT_ANALYSES = ("outliers", "anisotropy", "isotropy", "self_similarity", "wic", "sts")
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def load_encoder(name_or_path: str, dtype: str = "float32", device: str = "auto", max_length: int | None = None,
+                 **kwargs: Any):
+    """A frozen encoder or decoder (:class:`outlierlab.models.loading.FrozenEncoder`): a ``train.py`` run directory,
+    a saved model directory or a Hugging Face hub id (offline: a cached one; otherwise one line saying what to do).
+    ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's); ``kwargs``: ``device_map``,
+    ``revision``, ``batch_size``, ``on_overflow``, ``offload_folder``."""
+    from outlierlab.models.loading import FrozenEncoder
+
+    return FrozenEncoder(str(name_or_path), max_length=max_length, device=device, dtype=dtype, **kwargs)
+
+
+def _compose(config_name: str, overrides: Sequence[str]):
+    if not (CONFIG_DIR / f"{config_name}.yaml").is_file():
+        raise FileNotFoundError(f"{CONFIG_DIR / (config_name + '.yaml')} not found: the API reads the project's "
+                                "configs/; install outlierlab from its repository (pip install -e .)")
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from outlierlab.jobs.startup import register_resolvers
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def _texts_file(texts: Sequence[str] | None, out_dir: Path) -> list[str]:
+    """``data.files`` overrides for ``texts`` (one per line, in a file of the run directory), or none."""
+    if texts is None:
+        return []
+    texts = [" ".join(str(t).split()) for t in texts]
+    if not any(texts):
+        raise ValueError("texts is empty: pass at least one non-empty sentence (or None for the shipped ones)")
+    path = out_dir / "texts.txt"
+    path.write_text("\n".join(t for t in texts if t) + "\n", encoding="utf-8")
+    return [f"data.files=[{path}]", "data.max_sentences=null"]
+
+
+def _run_dir(out_dir: str | Path | None, prefix: str) -> Path:
+    path = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=prefix))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _encoder_overrides(encoder) -> list[str]:
+    return [f"encoder.name_or_path={encoder.source.name}"]
+
+
+def _read(path: Path, run_dir: Path):
+    import pandas as pd
+
+    table = pd.read_csv(path)
+    table.attrs["run_dir"] = str(run_dir)
+    return table
+
+
+def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[str] = DEFAULT_ANALYSES,
+             transforms: Sequence[str] = ("none", "clip", "whiten"), seed: int = 0, out_dir: str | Path | None = None,
+             overrides: Sequence[str] = (), plots: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Run evaluate.py's analyses on ``encoder`` (from :func:`load_encoder`): one pandas DataFrame per analysis, the
+    rows of its ``<analysis>.csv``.
+
+    Parameters
+    ----------
+    texts : the sentences of the geometry analyses (outliers, anisotropy, isotropy, self-similarity); None: the
+        shipped held-out sentences (as ``python evaluate.py``).
+    analyses, transforms : as ``analyses=[...]`` and ``transform=[...]`` on the command line.
+    overrides : any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]``.
+    plots : PNG figures (off by default: a notebook draws its own from the tables).
+    """
+    from outlierlab.jobs.evaluation import evaluate as run_job
+
+    run_dir = _run_dir(out_dir, "outlierlab_evaluate_")
+    cfg = _compose("evaluate", [f"analyses=[{','.join(analyses)}]", f"transform=[{','.join(transforms)}]",
+                                f"seed={int(seed)}", f"plots={str(bool(plots)).lower()}", "tensorboard=false",
+                                f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder),
+                                *_texts_file(texts, run_dir), *overrides])
+    out = run_job(cfg, run_dir, encoder=encoder)
+    return {name: _read(run_dir / f"{name}.csv", run_dir) for name in dict.fromkeys(r.name for r in out["results"])
+            if (run_dir / f"{name}.csv").is_file()}
+
+
+def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Sequence[str] = ("none",), seed: int = 0,
+                    out_dir: str | Path | None = None, overrides: Sequence[str] = ()):
+    """probe.py's position probe (Luo et al. 2021 §3) on ``encoder``: the rows of ``position_probe.csv`` (one per
+    layer x transform: accuracy, mean absolute position error, the top neurons by contribution)."""
+    from outlierlab.jobs.probing import run as run_probe
+
+    run_dir = _run_dir(out_dir, "outlierlab_probe_")
+    cfg = _compose("probe", ["task=position", f"transform=[{','.join(transforms)}]", f"seed={int(seed)}",
+                             *_encoder_overrides(encoder), *_texts_file(texts, run_dir), *overrides])
+    run_probe(cfg, run_dir, encoder=encoder)
+    return _read(run_dir / "position_probe.csv", run_dir)

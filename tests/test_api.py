@@ -1,0 +1,69 @@
+"""The Python API (outlierlab.api) gives the command line's numbers: ol.evaluate's tables equal evaluate.py's CSVs,
+ol.probe_positions equals probe.py's position_probe.csv, on the shipped MiniLM and the same texts and seed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _texts() -> list[str]:
+    from outlierlab.datamodules.eval_data import load_sentences
+
+    return list(load_sentences(None)[1000:1300])  # real sentences: the whitener needs many distinct vectors
+
+
+TEXTS = _texts()
+
+
+def _cli(script: str, *args: str) -> None:
+    p = subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_evaluate_tables_equal_the_cli_csvs(tmp_path):
+    import outlierlab as ol
+
+    enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
+    tables = ol.evaluate(enc, TEXTS, analyses=["outliers", "anisotropy"], transforms=["none", "clip", "whiten"],
+                         seed=1, out_dir=tmp_path / "api", progress=False)
+    assert sorted(tables) == ["anisotropy", "outliers"]
+    assert set(tables["anisotropy"]["transform"]) == {"none", "clip", "whiten"}
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+    _cli("evaluate.py", "analyses=[outliers,anisotropy]", "transform=[none,clip,whiten]", "seed=1",
+         f"data.files=[{tmp_path / 'texts.txt'}]", "data.max_sentences=null", "plots=false", "tensorboard=false",
+         f"hydra.run.dir={tmp_path / 'cli'}")
+    for name, table in tables.items():
+        pd.testing.assert_frame_equal(table, pd.read_csv(tmp_path / "cli" / f"{name}.csv"), check_exact=True)
+    assert tables["outliers"].attrs["run_dir"] == str(tmp_path / "api")
+
+
+def test_probe_positions_equals_probe_py(tmp_path):
+    import outlierlab as ol
+
+    enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
+    few = ["probe.epochs=2", "probe.max_positions=32"]
+    table = ol.probe_positions(enc, TEXTS, seed=2, out_dir=tmp_path / "api", overrides=few)
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+    _cli("probe.py", "seed=2", f"data.files=[{tmp_path / 'texts.txt'}]", "data.max_sentences=null", *few,
+         f"hydra.run.dir={tmp_path / 'cli'}")
+    pd.testing.assert_frame_equal(table, pd.read_csv(tmp_path / "cli" / "position_probe.csv"), check_exact=True)
+    assert len(table) == 7 and table["accuracy"].max() > 0.3
+
+
+def test_empty_texts_are_refused_in_one_line(tmp_path):
+    import outlierlab as ol
+    from outlierlab.api import _texts_file
+
+    with pytest.raises(ValueError, match="texts is empty"):
+        _texts_file(["", "  "], tmp_path)
+    assert callable(ol.evaluate) and callable(ol.probe_positions)
