@@ -293,11 +293,11 @@ class OrderUseSettings(_TextSettings):
     """``order_use`` (``configs/order_use/default.yaml``): permuted-token loss minus intact loss, attention locality."""
 
     SECTION: ClassVar[str] = "order_use"
-    max_length: int = 128
-    batch_size: int = 16
-    mlm_probability: float = 0.15
-    threshold: float = 0.1
-    seed: int | None = None
+    max_length: int
+    batch_size: int
+    mlm_probability: float
+    threshold: float
+    seed: int | None
 
     def __post_init__(self) -> None:
         super().__post_init__()
