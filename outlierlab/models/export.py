@@ -9,7 +9,10 @@
 * everything else — other schemes (transformers 5 cannot express them) and any architecture switch
   away from plain RoBERTa (pre-LN, no-affine LayerNorm, RMSNorm, clipped softmax, gated attention, the
   Outlier-Protected block) — is saved in our own format: ``outlierlab_config.json`` (the
-  :class:`EncoderConfig`) + ``model.safetensors``. :func:`hf_exportable` says which applies.
+  :class:`EncoderConfig`) + ``model.safetensors``. :func:`hf_exportable` says which applies. With
+  ``remote_code=True`` (what train.py writes) the same directory also becomes a Hugging Face model directory
+  that transformers alone loads with ``trust_remote_code=True``: ``config.json`` with ``auto_map`` and the
+  model code generated from this package's sources (:mod:`outlierlab.models.remote_code`).
 
 :func:`load_pretrained` reads either. A Hugging Face RoBERTa whose token-type row is non-zero
 (e.g. ``roberta-base``) is imported exactly by folding that constant row into the position
@@ -18,6 +21,7 @@ table, since every token adds both.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -96,7 +100,7 @@ def to_hf_state_dict(model: RobertaMaskedLM) -> dict[str, torch.Tensor]:
 
 
 def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokenizer=None,
-                    format: str = "auto") -> str:
+                    format: str = "auto", remote_code: bool = False) -> str:
     """Save ``model`` (and ``tokenizer`` if given) to ``directory``; return the format written
     (``"hf"`` or ``"outlierlab"``).
 
@@ -104,6 +108,12 @@ def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokeni
     asks for Hugging Face format and, for a model it cannot represent, logs one line saying why and
     writes our own format instead (which :func:`load_pretrained`, ``probe.py`` and ``evaluate.py`` read);
     ``"outlierlab"`` always writes our own.
+
+    ``remote_code=True`` adds to our own format what transformers needs to load it without outlierlab
+    (``config.json`` with ``auto_map``, ``configuration_outlierlab.py``, ``modeling_outlierlab.py``;
+    :mod:`outlierlab.models.remote_code`): ``AutoModelForMaskedLM`` (``AutoModelForCausalLM`` for a causal
+    model) ``.from_pretrained(directory, trust_remote_code=True)`` gives our logits. Off by default so that a
+    plain call keeps writing only our two files; train.py turns it on.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
@@ -126,6 +136,10 @@ def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokeni
         sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
         save_file(sd, str(out / WEIGHTS), metadata={"format": "pt"})
         (out / OUR_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
+        if remote_code:
+            from .remote_code import write_remote_code  # lazy: as in _hf_config (reads the model sources)
+
+            write_remote_code(cfg, out)
         fmt = "outlierlab"
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
@@ -199,5 +213,16 @@ def load_pretrained(directory: str | os.PathLike) -> RobertaMaskedLM:
         model.load_state_dict(load_file(str(d / WEIGHTS)))
         return model
     if (d / "config.json").exists():
+        hf_cfg = json.loads((d / "config.json").read_text())
+        if hf_cfg.get("model_type") == "outlierlab":
+            # our remote-code export re-saved by transformers (no outlierlab_config.json): config.json holds
+            # every EncoderConfig field, and the weights keep our key names
+            fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+            model = RobertaMaskedLM(EncoderConfig.from_dict({k: v for k, v in hf_cfg.items() if k in fields}))
+            sd: dict[str, torch.Tensor] = {}
+            for f in sorted(d.glob("*.safetensors")):
+                sd.update(load_file(str(f)))
+            model.load_state_dict(sd)
+            return model
         return _load_hf_roberta(d)
     raise FileNotFoundError(f"{d} holds neither {OUR_CONFIG} nor a Hugging Face config.json")
