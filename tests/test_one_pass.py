@@ -18,12 +18,9 @@ from outlierlab.utils.disk_layers import DiskLayers
 
 # ------------------------------------------------------------------------------------------------ one pass
 def _run_evaluate(cfg, out: Path) -> dict:
-    import importlib.util
+    from outlierlab.jobs.evaluation import evaluate  # the job evaluate.py runs
 
-    spec = importlib.util.spec_from_file_location("evaluate_script", Path(__file__).parents[1] / "evaluate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.evaluate(cfg, out)
+    return evaluate(cfg, out)
 
 
 def _numbers(rows: list[dict]) -> dict:
@@ -309,7 +306,6 @@ def test_a_refused_fit_leaves_no_stored_tokens_behind(tmp_path, monkeypatch):
 def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_path, compose_cfg):
     """evaluate.py drops the shared pass's [L, d, d] maps and reservoir once no analysis left reads them (so
     WiC's own fit never sits beside them), and keeps them when WiC fits on the sentences' maps."""
-    import importlib.util
     import json
 
     from probe_fixtures import SENTENCES
@@ -326,9 +322,8 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
               f"wic.files=[{tmp_path / 'wic.jsonl'}]", "transform=[none,whiten]", "transform.allow_degenerate=true",
               "analyses=[outliers,isotropy,wic]", "tensorboard=false", "progress=false"]
     spec_cfg = compose_cfg("evaluate", common + ["transform.fit_on=sentences"])
-    spec = importlib.util.spec_from_file_location("evaluate_script", Path(__file__).parents[1] / "evaluate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from outlierlab.jobs import evaluation as mod
+
     assert mod._reads_sentence_maps(["wic"], spec_cfg) and mod._reads_sentence_maps(["isotropy"], spec_cfg)
     eval_cfg = compose_cfg("evaluate", common)  # fit_on=eval: WiC fits its own maps
     assert not mod._reads_sentence_maps(["wic", "sts"], eval_cfg)
