@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, order_use_message
 from outlierlab.datamodules.budget import DataBudget, data_budget
+from outlierlab.jobs.model_card import write_model_card
 from outlierlab.models import EncoderConfig, hf_exportable, save_pretrained
 from outlierlab.models.checkpoint import read_checkpoint
 from outlierlab.lightning_modules.mlm_module import MLMLitModule
@@ -321,7 +322,10 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
         out = _export_dir(run_dir, config)
         tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
         with staged_dir(out) as staging:  # written beside hf/ (model/), renamed into place when complete
-            fmt = save_pretrained(module.model, staging, tokenizer=tokenizer)
+            # remote_code: model/ also loads with transformers alone (trust_remote_code); the card after fit, when
+            # the validation metrics are in csv/metrics.csv (issue 49)
+            fmt = save_pretrained(module.model, staging, tokenizer=tokenizer, remote_code=True)
+            write_model_card(run_dir, staging, global_step=trainer.global_step)
         log.info("exported the trained model (%s format) and tokenizer to %s", fmt, out)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
     if trainer.global_rank == 0:

@@ -1,0 +1,127 @@
+"""(Re)write a run's model card and optionally push its export to the Hugging Face Hub.
+
+    python -m outlierlab.jobs.export_run <run_dir> [--push-to-hub USER/NAME] [--private] [--message TEXT]
+
+* the export is ``<run>/hf/`` (a plain RoBERTa) or ``<run>/model/`` (everything else); a ``model/`` written before
+  the remote-code export existed gets its ``config.json``, ``configuration_outlierlab.py`` and
+  ``modeling_outlierlab.py`` now (generated from the installed outlierlab; the line printed says so, since that
+  code may be newer than the code that trained the run — its versions are in the card);
+* ``README.md`` in the export is rewritten from the run directory (:mod:`outlierlab.jobs.model_card`), e.g. after
+  ``python -m outlierlab.jobs.posthoc`` or with a newer card format; a finished run's manifest is refreshed so that
+  ``run_state.verify_manifest`` keeps passing;
+* ``--push-to-hub`` creates the repository if needed and uploads the export folder (``huggingface_hub``'s
+  ``create_repo`` + ``upload_folder``). Offline (``HF_HUB_OFFLINE=1`` or the hub unreachable within seconds,
+  :func:`outlierlab.models.hub.hub_is_offline`) it stops at once with one line instead of retrying.
+
+The run directory is locked while it is written (one writer per run, :mod:`outlierlab.jobs.run_lock`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from outlierlab.jobs.model_card import write_model_card
+
+
+class ExportError(RuntimeError):
+    """A user error; the message is one actionable line."""
+
+
+def export_dir_of(run_dir: Path) -> Path:
+    """``<run>/hf`` or ``<run>/model``, whichever the run exported (as train.py chose it)."""
+    for sub in ("hf", "model"):
+        d = run_dir / sub
+        if (d / "config.json").is_file() or (d / "outlierlab_config.json").is_file():
+            return d
+    raise ExportError(f"{run_dir} has no export (hf/ or model/): the run has not finished or ran with export=false; "
+                      "train it to the end (train.py resumes it) and run this again")
+
+
+def ensure_remote_code(export: Path) -> bool:
+    """Add the transformers remote-code files to a ``model/`` export that lacks them; True if it wrote them."""
+    if not (export / "outlierlab_config.json").is_file() or (export / "config.json").is_file():
+        return False
+    from outlierlab.models.config import EncoderConfig
+    from outlierlab.models.remote_code import write_remote_code
+
+    write_remote_code(EncoderConfig.from_dict(json.loads((export / "outlierlab_config.json").read_text())), export)
+    return True
+
+
+def push_to_hub(folder: Path, repo_id: str, private: bool = False, message: str | None = None) -> str:
+    """Upload ``folder`` to the model repository ``repo_id`` (created if absent); return its URL.
+
+    Raises
+    ------
+    ExportError
+        One line: offline, not logged in, or the hub refused (the first line of its answer).
+    """
+    from outlierlab.models.hub import hub_is_offline
+
+    if hub_is_offline():  # before any hub call: huggingface_hub would otherwise retry for tens of seconds
+        raise ExportError(f"cannot push to {repo_id}: the Hugging Face Hub is unreachable (HF_HUB_OFFLINE is set or "
+                          "there is no network); run this again on a machine with network and without HF_HUB_OFFLINE")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+
+    api = HfApi()
+    try:
+        url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
+                          commit_message=message or f"outlierlab export of {folder.parent.name}")
+    except LocalTokenNotFoundError:
+        raise ExportError(f"cannot push to {repo_id}: not logged in to the Hugging Face Hub; run `hf auth login` "
+                          "or set HF_TOKEN") from None
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ExportError(f"cannot push to {repo_id}: {first}") from None
+    return str(url)
+
+
+def export_run(run_dir: str | Path, repo_id: str | None = None, private: bool = False,
+               message: str | None = None) -> dict[str, str]:
+    """Remote code where missing, the card, the manifest, and the push; returns what it did (paths, URL)."""
+    from outlierlab.jobs.run_lock import lock_run_dir
+    from outlierlab.jobs.run_state import refresh_manifest
+
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ExportError(f"run directory not found: {run}")
+    export = export_dir_of(run)
+    done: dict[str, str] = {"export": str(export)}
+    with lock_run_dir(run):
+        if ensure_remote_code(export):
+            done["remote_code"] = ("written now from the installed outlierlab (the run's export predates it; "
+                                   "compare the code versions in the card)")
+        done["card"] = str(write_model_card(run, export))
+        refresh_manifest(run, "export_run")  # the card (and config.json) are result files of a finished cell
+    if repo_id:
+        done["url"] = push_to_hub(export, repo_id, private, message)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.export_run", description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", help="a train.py run directory (holding hf/ or model/)")
+    parser.add_argument("--push-to-hub", metavar="REPO_ID", default=None,
+                        help="upload the export to this Hugging Face model repository (user/name)")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument("--message", default=None, help="commit message of the upload")
+    args = parser.parse_args(argv)
+    from outlierlab.jobs.run_lock import RunDirBusy
+
+    try:
+        done = export_run(args.run_dir, args.push_to_hub, args.private, args.message)
+    except (ExportError, RunDirBusy, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for key, value in done.items():
+        print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

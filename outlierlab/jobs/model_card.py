@@ -1,0 +1,367 @@
+"""The model card (``README.md``) of a run's export, generated from the run directory.
+
+A model on the Hub is read without its run directory; the card carries what the run knows about it so that the
+weights are never separated from how they were made (Mitchell et al. 2019, "Model Cards for Model Reporting"):
+the architecture and position scheme, the objective, the recipe, the data and tokens seen, the validation loss,
+the order use, the outlier statistics at the last monitored step, the command, and the code version. Every number
+is read from the run's own files, never re-measured:
+
+=====================================  ==============================================================
+card line                              read from
+=====================================  ==============================================================
+architecture, recipe, data             ``config.yaml`` (the resolved config; else the manifest's)
+steps                                  ``finished.json`` (else the ``global_step`` given by training)
+validation loss / perplexity / acc     ``csv/metrics.csv``: the last non-empty ``val/loss`` ... row
+order use                              ``csv/metrics.csv``: the last ``val/order_use``
+tokens seen                            steps x sequences per step x block size (packed blocks); and
+                                       ``train/lengths`` (Lightning's ThroughputMonitor) where logged
+outlier summary                        ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv`` at
+                                       their last step
+command                                ``.hydra/overrides.yaml`` (else the manifest's ``overrides``)
+code version                           ``code_versions.jsonl`` (one line per start or resume)
+=====================================  ==============================================================
+
+A file that is missing leaves its section saying so. :func:`card_data` returns the numbers (tests compare them with
+the CSVs), :func:`render_card` the Markdown, :func:`write_model_card` writes ``<export>/README.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+from outlierlab.jobs.run_state import code_versions, finished_run
+from outlierlab.utils.atomic import write_atomic
+
+CARD = "README.md"
+#: The validation metrics the card reports, in order (the run logs them in csv/metrics.csv).
+VAL_METRICS = ("val/loss", "val/ppl", "val/acc", "val/order_use")
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml  # lazy: only the card needs it
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as fh:
+            return list(csv.DictReader(fh))
+    except OSError:
+        return []
+
+
+def _float(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def last_logged(rows: list[dict[str, str]], column: str) -> tuple[int, float] | None:
+    """(step, value) of the last row of ``metrics.csv`` where ``column`` holds a number."""
+    for row in reversed(rows):
+        v = _float(row.get(column))
+        if v is not None:
+            return int(float(row.get("step") or 0)), v
+    return None
+
+
+def hidden_state_summary(path: Path) -> dict[str, Any] | None:
+    """The loop monitor's outlier statistics at its last step: per layer ``argmax_share`` (with its dim),
+    ``kurtosis`` and ``max_median``; the largest of each over the layers (docs/outlier_metrics.md)."""
+    rows = _rows(path)
+    steps = [int(r["step"]) for r in rows if (r.get("step") or "").isdigit()]
+    if not steps:
+        return None
+    step = max(steps)
+    layers: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r.get("step") != str(step) or r.get("statistic") not in ("argmax_share", "kurtosis", "max_median"):
+            continue
+        v = _float(r.get("value"))
+        if v is None:
+            continue
+        entry = layers.setdefault(r["name"], {})
+        entry[r["statistic"]] = v
+        if r["statistic"] == "argmax_share":
+            entry["argmax_dim"] = int(r["dim"]) if (r.get("dim") or "").lstrip("-").isdigit() else None
+    if not layers:
+        return None
+    out: dict[str, Any] = {"step": step, "layers": layers}
+    for stat in ("argmax_share", "kurtosis", "max_median"):
+        have = {name: e[stat] for name, e in layers.items() if stat in e}
+        if have:
+            name = max(have, key=lambda n: (have[n], n))
+            out[f"max_{stat}"] = {"value": have[name], "layer": name, **({"dim": layers[name].get("argmax_dim")}
+                                                                          if stat == "argmax_share" else {})}
+    return out
+
+
+def layernorm_summary(path: Path) -> dict[str, Any] | None:
+    """The LayerNorm rule's count at the monitor's last step: ``n_outlier_dims`` (dims whose gain and bias lie
+    outside 3σ in at least ``min_layers`` LayerNorms; Kovaleva et al. 2021; :mod:`outlierlab.analysis.layernorm_rule`)."""
+    rows = [r for r in _rows(path) if r.get("name") == "model" and (r.get("step") or "").isdigit()]
+    if not rows:
+        return None
+    step = max(int(r["step"]) for r in rows)
+    vals = {r["statistic"]: _float(r.get("value")) for r in rows if int(r["step"]) == step}
+    out: dict[str, Any] = {"step": step}
+    for key in ("n_outlier_dims", "min_layers"):
+        if vals.get(key) is not None:
+            out[key] = int(vals[key])
+    return out
+
+
+def _export_kind(export_dir: Path) -> str:
+    cfg = _read_json(export_dir / "config.json") or {}
+    if cfg.get("model_type") == "roberta":
+        return "hf"
+    if "auto_map" in cfg:
+        return "remote_code"
+    return "outlierlab"
+
+
+def _model_config(run: Path, export: Path | None, config: dict) -> dict:
+    """The model's EncoderConfig as trained: config.yaml holds the model section before the tokenizer's vocabulary
+    size and special ids were filled in, so the export's own config (or the logger's hparams) comes first."""
+    if export is not None:
+        ours = _read_json(export / "outlierlab_config.json")
+        if isinstance(ours, dict):
+            return ours
+    for hp in (run / "csv" / "hparams.yaml", run / "tensorboard" / "hparams.yaml"):
+        node = _read_yaml(hp)
+        if isinstance(node, dict) and isinstance(node.get("model"), dict):
+            return node["model"]
+    model = dict(config.get("model") or {})
+    hf = _read_json(export / "config.json") if export is not None else None
+    if isinstance(hf, dict) and "vocab_size" in hf:  # a native RoBERTa export knows the real vocabulary
+        model["vocab_size"] = hf["vocab_size"]
+    return model
+
+
+def card_data(run_dir: str | Path, export_dir: str | Path | None = None, global_step: int | None = None) -> dict:
+    """Everything the card states, read from ``run_dir`` (see the module docstring); JSON-able."""
+    run = Path(run_dir)
+    export = Path(export_dir) if export_dir is not None else None
+    manifest = _read_json(run / "manifest.json") or {}
+    config = _read_yaml(run / "config.yaml") or manifest.get("config") or {}
+    finished = finished_run(run)
+    if finished is not None:
+        global_step = int(finished["global_step"])
+    metrics_rows = _rows(run / "csv" / "metrics.csv")
+    val = {}
+    for key in VAL_METRICS:
+        hit = last_logged(metrics_rows, key)
+        if hit is not None:
+            val[key] = {"step": hit[0], "value": hit[1]}
+    lengths = last_logged(metrics_rows, "train/lengths")
+    data_cfg, trainer_cfg = config.get("data") or {}, config.get("trainer") or {}
+    world = int(trainer_cfg.get("devices") or 1) if str(trainer_cfg.get("devices", 1)).isdigit() else None
+    world = world * int(trainer_cfg.get("num_nodes") or 1) if world is not None else None
+    seqs_per_step = None
+    if data_cfg.get("batch_size") and world is not None:
+        seqs_per_step = int(data_cfg["batch_size"]) * int(trainer_cfg.get("accumulate_grad_batches") or 1) * world
+    tokens = None
+    if seqs_per_step is not None and global_step is not None and data_cfg.get("block_size"):
+        tokens = int(global_step) * seqs_per_step * int(data_cfg["block_size"])
+    overrides = _read_yaml(run / ".hydra" / "overrides.yaml")
+    if not isinstance(overrides, list):
+        overrides = manifest.get("overrides")
+    return {
+        "run_dir": str(run),
+        "export": None if export is None else {"kind": _export_kind(export)},
+        "model": _model_config(run, export, config),
+        "objective": config.get("objective") or (config.get("data") or {}).get("objective") or "mlm",
+        "seed": config.get("seed"),
+        "optimizer": (config.get("module") or {}).get("optimizer") or {},
+        "scheduler": (config.get("module") or {}).get("scheduler") or {},
+        "data": data_cfg,
+        "tokenizer": config.get("tokenizer") or {},
+        "trainer": {k: trainer_cfg.get(k) for k in ("max_steps", "accumulate_grad_batches", "devices", "num_nodes",
+                                                   "precision", "gradient_clip_val") if k in trainer_cfg},
+        "global_step": global_step,
+        "finished": finished is not None,
+        "sequences_per_step": seqs_per_step,
+        "tokens_seen": tokens,
+        "throughput_lengths": None if lengths is None else {"step": lengths[0], "value": lengths[1]},
+        "val": val,
+        "hidden_states": hidden_state_summary(run / "monitor" / "hidden_states.csv"),
+        "layernorm": layernorm_summary(run / "monitor" / "layernorm.csv"),
+        "overrides": [str(o) for o in overrides] if isinstance(overrides, list) else None,
+        "code_versions": code_versions(run),
+    }
+
+
+def _g(v: Any, digits: int = 6) -> str:
+    """A number as the card prints it: ``digits`` significant digits (tests format the CSV values the same way)."""
+    if v is None:
+        return "–"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    return f"{v:.{digits}g}"
+
+
+def _target(node: dict) -> str:
+    return str(node.get("_target_", "?")).rsplit(".", 1)[-1]
+
+
+def _architecture(model: dict, objective: str) -> list[str]:
+    pos = model.get("pos") or {}
+    pos_opts = ", ".join(f"{k}={v}" for k, v in pos.items() if k != "name")
+    switches = [f"{k}={model.get(k)}" for k, default in (("norm_placement", "post"), ("norm", "layernorm"),
+                                                          ("attention", "softmax"), ("block", "roberta"))
+                if model.get(k, default) != default]
+    kind = "decoder (causal attention, next-token prediction)" if objective == "clm" else \
+        "encoder (bidirectional attention, masked-token prediction)"
+    return [
+        f"* **Model:** RoBERTa-style {kind} (Liu et al. 2019), outlierlab's own implementation",
+        f"* **Size:** {model.get('num_layers')} layers, hidden {model.get('hidden_size')}, {model.get('num_heads')} "
+        f"heads, FFN {model.get('intermediate_size')}, vocabulary {model.get('vocab_size')}, up to "
+        f"{model.get('max_len')} tokens",
+        f"* **Position scheme:** `{pos.get('name', '?')}`" + (f" ({pos_opts})" if pos_opts else ""),
+        "* **Architecture switches:** " + (", ".join(f"`model.{s}`" for s in switches) if switches
+                                           else "none (post-LN RoBERTa, affine LayerNorm, softmax attention)"),
+    ]
+
+
+def _how_to_load(kind: str | None, objective: str) -> list[str]:
+    auto = "AutoModelForCausalLM" if objective == "clm" else "AutoModelForMaskedLM"
+    if kind == "hf":
+        line = f'model = {auto}.from_pretrained("<this directory or repo id>")'
+        note = "A plain RoBERTa: transformers' own classes load it."
+    elif kind == "remote_code":
+        line = f'model = {auto}.from_pretrained("<this directory or repo id>", trust_remote_code=True)'
+        note = ("transformers has no class for this architecture, so the directory carries its code "
+                "(`modeling_outlierlab.py`, generated from outlierlab's model sources at export; it imports only "
+                "torch and transformers): read it before trusting it.")
+    else:
+        return ["Load it with `outlierlab.models.load_pretrained(<this directory>)` (no Hugging Face config)."]
+    return [note, "", "```python", f"from transformers import AutoTokenizer, {auto}", "",
+            'tokenizer = AutoTokenizer.from_pretrained("<this directory or repo id>")', line, "```",
+            "", "outlierlab reads it too: `outlierlab.models.load_pretrained(<directory>)`, or "
+            "`encoder.name_or_path=<directory>` in probe.py / evaluate.py."]
+
+
+def _stopped_early(step: Any, max_steps: Any) -> bool:
+    try:
+        return int(max_steps) > 0 and int(step) < int(max_steps)
+    except (TypeError, ValueError):
+        return False
+
+
+def render_card(d: dict) -> str:
+    """The Markdown of the card (with the Hub's YAML metadata block) from :func:`card_data`."""
+    model, objective = d["model"], d["objective"]
+    kind = (d.get("export") or {}).get("kind")
+    tags = ["outlierlab", "roberta", f"positions-{(model.get('pos') or {}).get('name', 'unknown')}", objective]
+    if kind == "remote_code":
+        tags.append("custom_code")  # the Hub's tag for models that need trust_remote_code
+    front = ["---", "library_name: transformers",
+             f"pipeline_tag: {'text-generation' if objective == 'clm' else 'fill-mask'}",
+             "tags:", *[f"- {t}" for t in tags], "---", ""]
+    pos_name = (model.get("pos") or {}).get("name", "?")
+    out = [*front, f"# outlierlab run: `{pos_name}` positions, {objective.upper()}", "",
+           "Trained with outlierlab's `train.py`; this card was generated from the run directory "
+           "(`outlierlab.jobs.model_card`). Numbers are the run's own logs, not re-measured.", "",
+           "## How to load", "", *_how_to_load(kind, objective), "",
+           "## Architecture", "", *_architecture(model, objective), ""]
+    opt, sch, data, tr = d["optimizer"], d["scheduler"], d["data"], d["trainer"]
+    out += ["## Recipe", "",
+            f"* **Objective:** `{objective}`" + (f", masking {data.get('mlm_probability')}"
+                                                  if objective != "clm" and data.get("mlm_probability") else ""),
+            f"* **Optimizer:** {_target(opt) if opt else '–'}, lr {_g(opt.get('lr'))}, betas {opt.get('betas', '–')}, "
+            f"eps {_g(opt.get('eps'))}, weight decay {_g(opt.get('weight_decay'))}",
+            f"* **Schedule:** {_target(sch) if sch else '–'}, warmup {sch.get('num_warmup_steps', '–')} steps, "
+            f"{sch.get('num_training_steps', '–')} training steps",
+            f"* **Batch:** {data.get('batch_size', '–')} sequences per device x "
+            f"{tr.get('accumulate_grad_batches', 1)} accumulation x {tr.get('devices', 1)} device(s) x "
+            f"{tr.get('num_nodes', 1)} node(s) = {_g(d['sequences_per_step'])} sequences per step; "
+            f"block size {data.get('block_size', '–')} tokens",
+            f"* **Steps:** {_g(d['global_step'])} of max_steps {tr.get('max_steps', '–')}"
+            + (" (stopped early)" if _stopped_early(d["global_step"], tr.get("max_steps")) else ""),
+            f"* **Precision:** {tr.get('precision', '–')}, gradient clipping {tr.get('gradient_clip_val', '–')}, "
+            f"seed {d.get('seed')}", ""]
+    src = data.get("hub") or data.get("source") or "–"
+    tl = d.get("throughput_lengths")
+    out += ["## Data", "",
+            f"* **Corpus:** `{src}`" + (f", first {data['max_documents']} documents" if data.get("max_documents")
+                                        else ""),
+            f"* **Tokenizer:** {d['tokenizer'].get('name_or_path') or 'trained on the corpus (BPE)'}, vocabulary "
+            f"{model.get('vocab_size', d['tokenizer'].get('vocab_size'))}",
+            f"* **Tokens seen:** {_g(d['tokens_seen'], 12)} (steps x sequences per step x block size; packed blocks)"
+            + (f"; Lightning's ThroughputMonitor counted {_g(tl['value'], 12)} on one device (logged step {tl['step']})"
+               if tl else ""), ""]
+    out += ["## Validation", ""]
+    if d["val"]:
+        out += ["| metric | value | step |", "|---|---|---|"]
+        out += [f"| `{k}` | {_g(v['value'])} | {v['step']} |" for k, v in d["val"].items()]
+        if "val/order_use" in d["val"]:
+            out += ["", "`val/order_use`: the loss increase in nats when each block's tokens are permuted; near 0 the "
+                    "model does not use token order (docs/order_use.md)."]
+    else:
+        out += ["No validation metrics were logged (csv/metrics.csv absent or without `val/` columns)."]
+    out += ["", "## Outlier features at the last monitored step", ""]
+    hs, ln = d["hidden_states"], d["layernorm"]
+    if hs:
+        m = hs.get("max_argmax_share") or {}
+        k = hs.get("max_kurtosis") or {}
+        mm = hs.get("max_max_median") or {}
+        out += [f"From `monitor/hidden_states.csv`, step {hs['step']} (docs/outlier_metrics.md):", "",
+                f"* **Largest argmax share:** {_g(m.get('value'))} ({m.get('layer')}, dim {m.get('dim')}): the share "
+                "of tokens whose largest component is that layer's most common dim (Luo et al. 2021)",
+                f"* **Largest activation kurtosis:** {_g(k.get('value'))} ({k.get('layer')}); 1 = every dim the same "
+                "RMS (He et al. 2024)",
+                f"* **Largest max/median:** {_g(mm.get('value'))} ({mm.get('layer')})", "",
+                "| layer | argmax share | argmax dim | kurtosis | max/median |", "|---|---|---|---|---|"]
+        for name, e in hs["layers"].items():
+            out.append(f"| {name} | {_g(e.get('argmax_share'))} | {e.get('argmax_dim', '–')} | {_g(e.get('kurtosis'))}"
+                       f" | {_g(e.get('max_median'))} |")
+    else:
+        out.append("No hidden-state monitor output (`monitor/hidden_states.csv`).")
+    if ln and "n_outlier_dims" in ln:
+        out += ["", f"* **LayerNorm-rule outlier dims** (`monitor/layernorm.csv`, step {ln['step']}): "
+                f"{ln['n_outlier_dims']} (gain and bias outside 3σ in at least {ln.get('min_layers', '?')} "
+                "LayerNorm(s); Kovaleva et al. 2021)"]
+    elif hs:
+        out += ["", "No LayerNorm-rule count (`monitor/layernorm.csv` absent, or a model without affine LayerNorms)."]
+    out += ["", "## Reproduce", ""]
+    if d["overrides"] is not None:
+        out += ["```bash", " ".join(["python train.py", *(shlex.quote(o) for o in d["overrides"])]), "```"]
+    else:
+        out += ["The run's overrides were not found (`.hydra/overrides.yaml`)."]
+    out += ["", "Code version (one line per start or resume of the run, `code_versions.jsonl`):", ""]
+    if d["code_versions"]:
+        out += [f"* {v.get('started', '?')}: from step {v.get('global_step_at_start', '?')}, commit "
+                f"`{v.get('commit')}`" + (" (uncommitted changes)" if v.get("dirty") else "")
+                for v in d["code_versions"]]
+    else:
+        out += ["* not recorded"]
+    return "\n".join(out) + "\n"
+
+
+def write_model_card(run_dir: str | Path, export_dir: str | Path, global_step: int | None = None) -> Path:
+    """Write ``<export_dir>/README.md`` from ``run_dir`` (see the module docstring) and return its path.
+
+    ``global_step``: the steps trained, when the run has not written ``finished.json`` yet (train.py writes the
+    card right after the export, before it marks the run finished)."""
+    d = card_data(run_dir, export_dir, global_step)
+    path = Path(export_dir) / CARD
+    write_atomic(path, render_card(d))
+    return path
