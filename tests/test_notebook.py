@@ -1,0 +1,24 @@
+"""The example notebook runs top to bottom, offline, and its tables are the API's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_runs(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(ROOT / "examples" / "quickstart.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = {i: "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in c.get("outputs", []))
+               for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    assert not [c for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert "(6, 384)" in outputs[1]                 # MiniLM: 6 layers, 384 dims
+    assert "whiten" in outputs[4] and "clip" in outputs[4]
+    assert "accuracy" in outputs[7]
