@@ -1,6 +1,7 @@
-"""Typed settings of the evaluate.py analyses (outlierlab/evaluation/settings.py): the composed YAML is the one source of
-default values, load_settings refuses unknown/missing keys and wrong types in one line, and evaluate.py
-checks every selected section before any model is loaded."""
+"""Typed settings of the evaluate.py analyses (outlierlab/evaluation/settings.py): evaluate.py reads the composed
+YAML (the dataclasses' Python defaults are kept equal to it by tests/test_settings_defaults.py), load_settings
+refuses unknown/missing keys and wrong types in one line, and evaluate.py checks every selected section before
+any model is loaded."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def test_settings_from_the_composed_config_equal_the_yaml_values(overrides):
 
 
 def test_a_yaml_default_change_flows_through_without_code(tmp_path):
-    """Edit the defaults in a copy of configs/: the settings follow (no default is restated in code)."""
+    """Edit the defaults in a copy of configs/: the settings evaluate.py builds follow the YAML, not the
+    dataclasses' Python defaults (whose drift from the YAML tests/test_settings_defaults.py catches)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -2,31 +2,61 @@
 :func:`load_settings`.
 
 The loader itself (:func:`load_settings`, type coercion) is :mod:`outlierlab.evaluation.settings_loader`.
-The composed YAML (``configs/evaluate.yaml`` and its groups: ``configs/wic/``, ``configs/ablation/`` ...) is
-the ONE place a default value is stated.  A class here declares each key's name and type only, so a
-changed YAML default flows through without code restating it.  The only fields with a default are keys
-that may be absent from the composed config (e.g. ``transform.dims`` when the clip group is not
-selected): their default is ``None``, meaning "absent".
 
-:func:`load_settings` refuses unknown keys (listing the valid ones), missing keys and wrong types in one
-line naming the section; each class checks its value ranges in ``__post_init__``.  ``evaluate.py`` builds
-every selected section before any model is loaded, so a bad setting fails in seconds.
+Defaults are stated twice, on purpose, and kept equal by ``tests/test_settings_defaults.py``:
+
+* in each class here, so ``OutliersSettings()`` (or ``OutliersSettings(threshold=0.4)``) builds from Python
+  without composing any YAML;
+* in the composed YAML (``configs/evaluate.yaml`` and its groups: ``configs/wic/``, ``configs/ablation/``
+  ...), which keeps the comments saying why each value is what it is, and which ``evaluate.py`` reads.
+
+A class's defaults are those of the DEFAULT composed config, ``compose("evaluate")``.  Where a section is a
+preset group, that is the default preset's values (``encoder=all_minilm_l6_v2``, ``transform=[none,clip,
+whiten]``, ``wic=wordnet``, ``sts=none``), said in the class docstring; another preset is chosen by composing
+it (``wic=superglue``), not by this class.  To change a default, change both the YAML and the class; the test
+fails on either alone.
+
+:func:`load_settings` still requires every key in the config, though the class has a default: a key missing
+from a composed section is a typo or a drift, and filling it with the default PRESET's value would silently
+mix presets (a ``wic=superglue`` run with the wordnet splits).  The only keys that may be absent are those
+whose group may be unselected (``transform.dims`` without the clip group) or that older configs lack
+(``data.one_pass``), declared with :func:`_optional`: absent, they take their "absent" value (None, or
+``one_pass=True``), not the default preset's.  :func:`load_settings` also refuses unknown keys (listing the
+valid ones) and wrong types in one line naming the section; each class checks its value ranges in
+``__post_init__`` (so ``OutliersSettings(threshold=2)`` fails as the YAML would).  ``evaluate.py`` builds every
+selected section before any model is loaded, so a bad setting fails in seconds.
+
+Why these are not registered in Hydra's ConfigStore as structured-config schemas (issue 48 asked where it
+works cleanly; it does not here, so :func:`load_settings` stays the one validator):
+
+* OmegaConf 2.3 cannot represent every field: ``EncoderSettings.device_map: str | dict | None`` is refused
+  ("Unions of containers are not supported"), so one section could never have a schema.
+* A schema validates at composition, before :func:`load_settings`, with OmegaConf's multi-line messages,
+  and without this loader's coercions: ``data.files=a.txt`` (one file without brackets) is a ValidationError
+  against ``tuple[str, ...]``; ``wic.max_pairs=many`` would no longer give the one-line
+  "expected int or null" ``evaluate.py`` promises.  Two validators that disagree is worse than one.
+* ``frozen=True`` makes OmegaConf mark a structured node read-only: merging the YAML preset onto it (what a
+  schema in a defaults list does) raises ReadonlyConfigError, and so would every command-line override;
+  unfreezing the classes would give up the immutability the analyses rely on.
+* ``transform`` is merged from several groups (``use.<name>`` from each), and its optional keys exist only
+  when their group is selected: one schema would add them all, breaking the "absent = None" rule above.
 
 Kept free of heavy imports (no torch): ``evaluate.py`` validates with it before torch loads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
+from outlierlab.evaluation.settings_loader import ABSENT
 from outlierlab.evaluation.settings_loader import check as _check
 from outlierlab.evaluation.settings_loader import load_settings, section_settings
 
 __all__ = ["load_settings", "section_settings", "DataSettings", "EncoderSettings", "TransformSettings",
            "OutliersSettings", "AnisotropySettings", "IsotropySettings", "SelfSimilaritySettings", "WicSettings", "StsSettings",
            "AblationSettings", "FrequencySettings", "AttentionSinksSettings", "FrequentTokensSettings",
-           "QKOutliersSettings", "LAYERNORM_KINDS"]
+           "QKOutliersSettings", "OrderUseSettings", "LAYERNORM_KINDS"]
 
 #: LayerNorm kinds a ``layernorms`` list may name (:func:`outlierlab.models.layernorms.select_layernorms`).
 LAYERNORM_KINDS = ("output", "attention_output", "attention_input", "mlp_input", "attention_update", "mlp_update",
@@ -39,16 +69,22 @@ ENCODER_DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
+def _optional(default, absent=None):
+    """A key the composed config may lack (its group not selected, or an older config): ``default`` is the
+    default composed config's value, ``absent`` what :func:`load_settings` passes when the key is missing."""
+    return field(default=default, metadata={ABSENT: absent})
+
+
 # ------------------------------------------------------------------------------------- shared sections
 @dataclass(frozen=True)
 class DataSettings:
     """``data``: the evaluation sentences of the shared streaming pass (and the texts' fallback)."""
 
     SECTION: ClassVar[str] = "data"
-    files: tuple[str, ...] | None
-    max_sentences: int | None
-    chunk: int
-    one_pass: bool = True  # absent in older configs: the one-pass default
+    files: tuple[str, ...] | None = None
+    max_sentences: int | None = 2000
+    chunk: int = 1024
+    one_pass: bool = _optional(True, absent=True)  # absent in older configs: the one-pass default
 
     def __post_init__(self) -> None:
         n = self.max_sentences
@@ -58,17 +94,21 @@ class DataSettings:
 
 @dataclass(frozen=True)
 class EncoderSettings:
-    """``encoder``: which encoder ``evaluate.py`` loads and how it batches."""
+    """``encoder`` (``configs/encoder/``): which encoder ``evaluate.py`` loads and how it batches.
+
+    Defaults: the default preset, ``encoder=all_minilm_l6_v2`` (``configs/encoder/all_minilm_l6_v2.yaml``);
+    another preset (``encoder=bert_base_uncased``) changes several keys at once, so compose it rather than
+    overriding this class's name_or_path alone."""
 
     SECTION: ClassVar[str] = "encoder"
-    name_or_path: str
-    max_length: int | None
-    on_overflow: str
-    device: str
-    batch_size: int
-    dtype: str  # auto (the checkpoint's own) | bfloat16 | float16 | float32
-    device_map: str | dict | None  # null (one device) | auto | {module: device} (accelerate)
-    revision: str | None  # a hub revision (branch, tag, commit: Pythia's step1000)
+    name_or_path: str = "all-minilm-l6-v2"
+    max_length: int | None = None
+    on_overflow: str = "warn"
+    device: str = "auto"
+    batch_size: int = 32
+    dtype: str = "float32"  # auto (the checkpoint's own) | bfloat16 | float16 | float32
+    device_map: str | dict | None = None  # null (one device) | auto | {module: device} (accelerate)
+    revision: str | None = None  # a hub revision (branch, tag, commit: Pythia's step1000)
 
     def __post_init__(self) -> None:
         _check(self.dtype in ENCODER_DTYPES,
@@ -87,17 +127,22 @@ class EncoderSettings:
 class TransformSettings:
     """``transform``: which transforms are compared and how they are fitted.  ``dims``, ``dims_by_layer``
     (clip group), ``k`` (whiten group) and ``abtt_d`` (abtt group) are absent when their group is not
-    selected; ``min_fit_ratio`` and ``allow_degenerate`` guard every fitted transform (evaluate.yaml)."""
+    selected (then None); ``min_fit_ratio`` and ``allow_degenerate`` guard every fitted transform
+    (evaluate.yaml).
+
+    Defaults: the default group list, ``transform=[none,clip,whiten]`` (``configs/transform/``), so ``use``
+    names those three and ``abtt_d`` is None (abtt not selected)."""
 
     SECTION: ClassVar[str] = "transform"
-    use: dict
-    fit_on: str
-    dims: tuple[int, ...] | None = None
-    dims_by_layer: dict | None = None
-    k: int | None = None
-    min_fit_ratio: float | None = None
-    allow_degenerate: bool | None = None
-    abtt_d: int | None = None
+    # a factory: a dict default would be shared by every instance (dataclasses refuse it)
+    use: dict = field(default_factory=lambda: {"none": True, "clip": True, "whiten": True})
+    fit_on: str = "eval"
+    dims: tuple[int, ...] | None = _optional(None)
+    dims_by_layer: dict | None = _optional(None)
+    k: int | None = _optional(None)
+    min_fit_ratio: float | None = _optional(2.0)
+    allow_degenerate: bool | None = _optional(False)
+    abtt_d: int | None = _optional(None)
 
     def __post_init__(self) -> None:
         _check(self.k is None or self.k >= 1, f"transform.k must be >= 1 or null, got {self.k}")
@@ -112,11 +157,11 @@ class OutliersSettings:
     """``outliers``: the activation outlier rule (also what clip removes) and the position-table σ rule."""
 
     SECTION: ClassVar[str] = "outliers"
-    method: str
-    threshold: float
-    k: float
-    top_k: int
-    position_k: float
+    method: str = "share"
+    threshold: float = 0.25
+    k: float = 3.0
+    top_k: int = 5
+    position_k: float = 3.0
 
     def __post_init__(self) -> None:
         _check(self.method in ("share", "sigma"), f"outliers.method must be share or sigma, got {self.method!r}")
@@ -132,9 +177,9 @@ class AnisotropySettings:
     (Timkey & van Schijndel 2021): the k of the top-k shares and rankings, and how many dims are listed."""
 
     SECTION: ClassVar[str] = "anisotropy"
-    n_sentences: int
-    rogue_k: tuple[int, ...]
-    rogue_list: int
+    n_sentences: int = 2000
+    rogue_k: tuple[int, ...] = (1, 3, 5)
+    rogue_list: int = 5
 
     def __post_init__(self) -> None:
         _check(self.n_sentences >= 2, f"anisotropy.n_sentences must be >= 2 (one pair), got {self.n_sentences}")
@@ -148,7 +193,7 @@ class IsotropySettings:
     """``isotropy``: IsoScore* shrinkage (Rudman & Eickhoff 2023)."""
 
     SECTION: ClassVar[str] = "isotropy"
-    zeta: float
+    zeta: float = 0.75
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.zeta <= 1.0, f"isotropy.zeta must be in [0, 1], got {self.zeta}")
@@ -159,9 +204,9 @@ class SelfSimilaritySettings:
     """``self_similarity``: which words are target words."""
 
     SECTION: ClassVar[str] = "self_similarity"
-    min_sentences: int
-    max_words: int | None
-    lowercase: bool
+    min_sentences: int = 10
+    max_words: int | None = 1000
+    lowercase: bool = True
 
     def __post_init__(self) -> None:
         _check(self.min_sentences >= 1, f"self_similarity.min_sentences must be >= 1, got {self.min_sentences}")
@@ -172,17 +217,20 @@ class SelfSimilaritySettings:
 # --------------------------------------------------------------------------------------- the tasks
 @dataclass(frozen=True)
 class WicSettings:
-    """``wic`` (``configs/wic/``): the pairs, the splits to choose and report on, the threshold sweep."""
+    """``wic`` (``configs/wic/``): the pairs, the splits to choose and report on, the threshold sweep.
+
+    Defaults: the default preset, ``wic=wordnet`` (``configs/wic/wordnet.yaml``, the shipped pairs);
+    ``wic=superglue`` changes source and splits together."""
 
     SECTION: ClassVar[str] = "wic"
-    source: str
-    split: str | None
-    report_split: str | None
-    files: tuple[str, ...] | None
-    max_pairs: int | None
-    thresholds: tuple[float, ...]
-    hub_path: str
-    hub_name: str
+    source: str = "wordnet"
+    split: str | None = "train"
+    report_split: str | None = "test"
+    files: tuple[str, ...] | None = None
+    max_pairs: int | None = None
+    thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Luo et al. §4.2
+    hub_path: str = "aps/super_glue"
+    hub_name: str = "wic"
 
     def __post_init__(self) -> None:
         _check(bool(self.files) or self.source in ("wordnet", "superglue"),
@@ -197,14 +245,17 @@ class WicSettings:
 
 @dataclass(frozen=True)
 class StsSettings:
-    """``sts`` (``configs/sts/``): hub data sets and/or local files, the split, the sub-set column."""
+    """``sts`` (``configs/sts/``): hub data sets and/or local files, the split, the sub-set column.
+
+    Defaults: the default preset, ``sts=none`` (``configs/sts/none.yaml``): no data set, so STS is skipped
+    (no STS data can be shipped); ``sts=paper`` lists Luo et al.'s."""
 
     SECTION: ClassVar[str] = "sts"
-    datasets: tuple[str, ...]
-    files: tuple[str, ...] | None
-    split: str
-    max_pairs: int | None
-    subset_field: str | None
+    datasets: tuple[str, ...] = ()
+    files: tuple[str, ...] | None = None
+    split: str = "test"
+    max_pairs: int | None = None
+    subset_field: str | None = "genre"
 
     def __post_init__(self) -> None:
         _check(self.max_pairs is None or self.max_pairs >= 2, f"sts.max_pairs must be >= 2 or null, got {self.max_pairs}")
@@ -213,11 +264,12 @@ class StsSettings:
 # ------------------------------------------------------------------ the LayerNorm-outlier analyses
 @dataclass(frozen=True)
 class _TextSettings:
-    """Keys every LayerNorm-outlier analysis has: its own texts (else ``data.files``) and how many."""
+    """Keys every LayerNorm-outlier analysis has: its own texts (else ``data.files``) and how many (each
+    subclass restates ``max_sentences`` with its own preset's default)."""
 
     SECTION: ClassVar[str] = ""
-    files: tuple[str, ...] | None
-    max_sentences: int | None
+    files: tuple[str, ...] | None = None
+    max_sentences: int | None = None
 
     def __post_init__(self) -> None:
         n = self.max_sentences
@@ -234,17 +286,18 @@ class AblationSettings(_TextSettings):
     """``ablation`` (``configs/ablation/default.yaml``): Kovaleva et al.'s masked-LM ablation."""
 
     SECTION: ClassVar[str] = "ablation"
-    layernorms: tuple[str, ...] | None
-    outlier_dims: tuple[int, ...] | None
-    dims: tuple[int, ...]
-    n_random: int
-    seed: int | None
-    mlm_probability: float
-    pack: bool
-    max_length: int
-    batch_size: int
-    example: str | None
-    top_k: int
+    max_sentences: int | None = 600
+    layernorms: tuple[str, ...] | None = None
+    outlier_dims: tuple[int, ...] | None = None
+    dims: tuple[int, ...] = ()
+    n_random: int = 5
+    seed: int | None = None
+    mlm_probability: float = 0.15
+    pack: bool = True
+    max_length: int = 128
+    batch_size: int = 16
+    example: str | None = "She opened the door and walked slowly into the {mask}."
+    top_k: int = 5
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -266,14 +319,15 @@ class FrequencySettings(_TextSettings):
     """``frequency`` (``configs/frequency/default.yaml``): Puccetti et al.'s frequency correlation."""
 
     SECTION: ClassVar[str] = "frequency"
-    counts_from: str
-    count_files: tuple[str, ...] | None
-    dims: tuple[int, ...] | None
-    max_dims: int
-    value: str
-    share_threshold: float
-    min_occurrences: int
-    plot_layers: tuple[int, ...] | None
+    max_sentences: int | None = 1000
+    counts_from: str = "auto"
+    count_files: tuple[str, ...] | None = None
+    dims: tuple[int, ...] | None = None
+    max_dims: int = 8
+    value: str = "magnitude"
+    share_threshold: float = 0.25
+    min_occurrences: int = 1
+    plot_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -293,11 +347,12 @@ class OrderUseSettings(_TextSettings):
     """``order_use`` (``configs/order_use/default.yaml``): permuted-token loss minus intact loss, attention locality."""
 
     SECTION: ClassVar[str] = "order_use"
-    max_length: int
-    batch_size: int
-    mlm_probability: float
-    threshold: float
-    seed: int | None
+    max_sentences: int | None = 200
+    max_length: int = 128
+    batch_size: int = 16
+    mlm_probability: float = 0.15
+    threshold: float = 0.1
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -311,13 +366,14 @@ class AttentionSinksSettings(_TextSettings):
     """``attention_sinks`` (``configs/attention_sinks/default.yaml``): attention mass on special tokens."""
 
     SECTION: ClassVar[str] = "attention_sinks"
-    layernorms: tuple[str, ...] | None
-    dims: tuple[int, ...] | None
-    max_length: int
-    batch_size: int
-    sink_threshold: float
-    n_random: int
-    seed: int | None
+    max_sentences: int | None = 200
+    layernorms: tuple[str, ...] | None = None
+    dims: tuple[int, ...] | None = None
+    max_length: int = 128
+    batch_size: int = 16
+    sink_threshold: float = 0.3
+    n_random: int = 1
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -334,19 +390,20 @@ class FrequentTokensSettings(_TextSettings):
     """``frequent_tokens`` (``configs/frequent_tokens/default.yaml``): Macocco et al. 2025's heuristic."""
 
     SECTION: ClassVar[str] = "frequent_tokens"
-    counts_from: str
-    count_files: tuple[str, ...] | None
-    percentile: float
-    share_threshold: float
-    n_random: int
-    seed: int | None
-    min_count: int
-    mlm_probability: float
-    pack: bool
-    max_length: int
-    batch_size: int
-    positions: str
-    late_position: int
+    max_sentences: int | None = 600
+    counts_from: str = "auto"
+    count_files: tuple[str, ...] | None = None
+    percentile: float = 99.0
+    share_threshold: float = 0.25
+    n_random: int = 5
+    seed: int | None = None
+    min_count: int = 1
+    mlm_probability: float = 0.15
+    pack: bool = True
+    max_length: int = 128
+    batch_size: int = 16
+    positions: str = "late"
+    late_position: int = 100
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -374,8 +431,9 @@ class QKOutliersSettings(_TextSettings):
     """``qk_outliers`` (``configs/qk_outliers/default.yaml``): Jonasson 2025's query/key features."""
 
     SECTION: ClassVar[str] = "qk_outliers"
-    k: float
-    max_cycles: float
+    max_sentences: int | None = 1000
+    k: float = 3.0
+    max_cycles: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()

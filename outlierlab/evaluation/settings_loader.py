@@ -2,6 +2,9 @@
 
 :func:`load_settings` refuses unknown keys (listing the valid ones), missing keys and wrong types in one line
 naming the section; values are coerced to the declared field types (``tuple[int, ...]``, ``float | None``, ...).
+Every key must be in the config even where the class has a Python default (that default is the default
+preset's value, see :mod:`outlierlab.evaluation.settings`); only fields marked with :data:`ABSENT` metadata may
+be missing, and then take that "absent" value.
 The per-section classes, their ranges and the YAML they mirror live in :mod:`outlierlab.evaluation.settings`.
 Kept free of heavy imports (no torch).
 """
@@ -16,7 +19,14 @@ from typing import Any, TypeVar, Union
 
 from omegaconf import OmegaConf
 
-__all__ = ["load_settings", "section_settings", "check"]
+__all__ = ["load_settings", "section_settings", "check", "ABSENT"]
+
+#: ``dataclasses.field`` metadata key marking a key the composed config may lack (its group not selected, e.g.
+#: ``transform.dims`` without the clip group): the loader then passes ``metadata[ABSENT]`` (None: "absent").
+#: Every other key must be in the config even though the class has a Python default, because that default is
+#: the DEFAULT preset's value: filling a key missing from ``wic=superglue`` with the wordnet preset's value
+#: would silently mix presets, and a key missing from the YAML is a typo or a drift, refused by name.
+ABSENT = "absent"
 
 S = TypeVar("S")
 
@@ -50,13 +60,15 @@ def load_settings(cls: type[S], node: Any, section: str | None = None) -> S:
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}; "
                          f"valid keys of {section}: {', '.join(fields)}")
-    missing = [n for n, f in fields.items() if n not in values
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [n for n, f in fields.items() if n not in values and ABSENT not in f.metadata]
     if missing:
         raise ValueError(f"missing key(s) {', '.join(f'{section}.{k}' for k in missing)} (the composed config "
-                         f"states every default: configs/evaluate.yaml and its groups)")
+                         f"states every key: configs/evaluate.yaml and its groups)")
     hints = typing.get_type_hints(cls)
-    return cls(**{k: _coerce(v, hints[k], f"{section}.{k}") for k, v in values.items()})
+    # an absent optional key takes its "absent" value, not the class default (the default preset's value):
+    # transform=[none] has no clip dims, whatever the clip preset says
+    absent = {n: f.metadata[ABSENT] for n, f in fields.items() if n not in values}
+    return cls(**{k: _coerce(v, hints[k], f"{section}.{k}") for k, v in values.items()}, **absent)
 
 
 def section_settings(cls: type[S], root_cfg: Any) -> S:
