@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, attention_locality, order_use, order_use_message
+from outlierlab.analysis.order_use import attention_locality, order_use, order_use_message
 from outlierlab.evaluation.attention_sinks import text_batches
 from outlierlab.evaluation.common import skip_result
 from outlierlab.evaluation.masked_lm import masked_batches, pack_texts

@@ -134,13 +134,10 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     # lazy: `python -m outlierlab.jobs.posthoc BAD_DIR` fails in a second, before torch loads; and HF_HUB_OFFLINE
     # must be set before transformers is imported (it reads the flag at import)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-
     from outlierlab.analysis.layernorm_rule import layernorm_outliers
-    from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
+    from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot, tokenize_heldout
     from outlierlab.models.checkpoint import model_from_checkpoint
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
-    from outlierlab.models.sites import monitored_forward
     from outlierlab.reports import monitor_plots as plots
     from outlierlab.reports.history import HistoryCSV, wide_by_layer
 
@@ -179,14 +176,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
                                                     shared_min=ln_cfg["shared_min_layers"], top_k=ln_cfg["top_k"],
                                                     vectors=ln_cfg["vectors"], rule=ln_cfg["rule"])[0])
         batch = tokenize_heldout(tokenizer, texts, hs_cfg["max_length"] or config.max_len)
-        with torch.inference_mode():
-            hidden, attn, inf = monitored_forward(model, batch["input_ids"].to(device),
-                                                  batch["attention_mask"].to(device))
-            rows = hidden_state_records(step, hidden, batch["attention_mask"], batch["special_tokens_mask"],
-                                        top_k=hs_cfg["top_k"], n_pairs=hs_cfg["n_pairs"], seed=hs_cfg["seed"],
-                                        vectors=hs_cfg["vectors"], attentions=attn, input_ids=batch["input_ids"],
-                                        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                                        inf_norms=inf, sink_threshold=hs_cfg["sink_threshold"])[0]
+        rows, attn = hidden_rows(step, model, batch, hs_cfg, device)
         files["hidden_states"].append(rows)
         # the project's one LayerNorm rule (default: output LN, gain AND bias outside 3σ), per block
         det = layernorm_outliers(layernorm_tensors(model_layernorms(model)))
@@ -210,6 +200,25 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         os.replace(h.path, final)
         result[name] = final
     return result
+
+
+def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str) -> tuple[list, Any]:
+    """The hidden-state monitor's rows of one checkpoint (the live monitor's function on the same held-out batch),
+    and the attention probabilities of that forward (order use's locality reads them)."""
+    import torch
+
+    from outlierlab.analysis.monitoring import hidden_state_records
+    from outlierlab.models.sites import monitored_forward
+
+    config = model.config
+    with torch.inference_mode():
+        hidden, attn, inf = monitored_forward(model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+        rows = hidden_state_records(step, hidden, batch["attention_mask"], batch["special_tokens_mask"],
+                                    top_k=hs_cfg["top_k"], n_pairs=hs_cfg["n_pairs"], seed=hs_cfg["seed"],
+                                    vectors=hs_cfg["vectors"], attentions=attn, input_ids=batch["input_ids"],
+                                    bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                    inf_norms=inf, sink_threshold=hs_cfg["sink_threshold"])[0]
+    return rows, attn
 
 
 def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str) -> list[tuple]:
@@ -310,10 +319,9 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-    from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
+    from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot, tokenize_heldout
     from outlierlab.models.families import causal_or_masked
     from outlierlab.models.layernorms import model_layernorms
-    from outlierlab.models.sites import monitored_forward
     from outlierlab.monitoring.hidden_state_tracker import heldout_max_length
     from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT
     from outlierlab.reports.history import HistoryCSV
@@ -350,14 +358,7 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
         params = layernorm_snapshot(model_layernorms(model))
         files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])
         batch = tokenize_heldout(tok, texts, heldout_max_length(model, tok, hs_cfg["max_length"]))
-        with torch.inference_mode():
-            hidden, attn, inf = monitored_forward(model, batch["input_ids"].to(device),
-                                                  batch["attention_mask"].to(device))
-            rows = hidden_state_records(step, hidden, batch["attention_mask"], batch["special_tokens_mask"],
-                                        top_k=hs_cfg["top_k"], n_pairs=hs_cfg["n_pairs"], seed=hs_cfg["seed"],
-                                        vectors=hs_cfg["vectors"], attentions=attn, input_ids=batch["input_ids"],
-                                        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                                        inf_norms=inf, sink_threshold=hs_cfg["sink_threshold"])[0]
+        rows, attn = hidden_rows(step, model, batch, hs_cfg, device)
         files["hidden_states"].append(rows)
     result: dict[str, Any] = {"steps": list(ckpts)}
     for name, h in files.items():
