@@ -373,3 +373,32 @@ def test_top_level_import_stays_light():
             "from outlierlab import OutlierMonitorCallback; import transformers; "
             "assert issubclass(OutlierMonitorCallback, transformers.TrainerCallback)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_trainer_callback_reports_into_the_trainers_mlflow_run(tmp_path, roberta_tok, monkeypatch):
+    """report_to=["mlflow"]: the monitor's scalars land in the run MLflowCallback started, at the Trainer's steps."""
+    pytest.importorskip("mlflow")
+    import mlflow
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from outlierlab import OutlierMonitorCallback
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "monitor_test")
+    monkeypatch.setenv("HF_MLFLOW_LOG_ARTIFACTS", "0")
+    callback = OutlierMonitorCallback(tokenizer=roberta_tok, every_n_steps=2, figures=False, **SETTINGS)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, save_strategy="no",
+                             per_device_train_batch_size=4, learning_rate=3e-3, report_to=["mlflow"], use_cpu=True,
+                             logging_steps=2, seed=0, dataloader_num_workers=0, disable_tqdm=True)
+    collator = DataCollatorForLanguageModeling(roberta_tok, mlm=True, mlm_probability=0.15)
+    Trainer(model=tiny_roberta(roberta_tok), args=args, train_dataset=blocks(roberta_tok, n=16, mlm=True),
+            data_collator=collator, processing_class=roberta_tok, callbacks=[callback]).train()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = mlflow.tracking.MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name("monitor_test").experiment_id])
+    history = client.get_metric_history(run.info.run_id, "monitor/layernorm/n_outlier_dims")
+    assert sorted(m.step for m in history) == [0, 2, 4]
+    assert "train_loss" in run.data.metrics  # the Trainer's own metrics: the same run
+    live = read_history(tmp_path / "out" / "monitor" / "layernorm.csv")
+    at4 = next(r["value"] for r in live if r["step"] == 4 and r["statistic"] == "n_outlier_dims")
+    assert next(m.value for m in history if m.step == 4) == at4

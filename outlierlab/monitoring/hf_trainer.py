@@ -29,6 +29,9 @@ logs — so the monitor cannot slip its scalars into them.  Instead, when ``args
 (``$TENSORBOARD_LOGGING_DIR`` or ``<output_dir>/runs``), sub-folder ``outlier_monitor``: one more run beside the
 Trainer's in the same TensorBoard.  To put the scalars in the Trainer's very event file, give both callbacks one
 writer: ``TensorBoardCallback(tb_writer=w)`` and ``OutlierMonitorCallback(..., writer=w)``.
+
+Weights & Biases and MLflow (``report_to`` wandb / mlflow): their callbacks keep the run in the library's global
+state, so the scalars go straight into the Trainer's own run (:class:`TrackerRuns`).
 """
 
 from __future__ import annotations
@@ -44,10 +47,62 @@ from .loop_monitor import OutlierMonitor
 __all__ = ["OutlierMonitorCallback"]
 
 
-def _reports_to_tensorboard(args: Any) -> bool:
+def _reports_to(args: Any, name: str) -> bool:
     report = getattr(args, "report_to", None) or []
     report = [report] if isinstance(report, str) else list(report)
-    return "tensorboard" in report or "all" in report
+    return name in report or "all" in report
+
+
+def _reports_to_tensorboard(args: Any) -> bool:
+    return _reports_to(args, "tensorboard")
+
+
+class TrackerRuns:
+    """A writer (the ``add_scalar`` of TensorBoard's) that hands the monitor's scalars to the experiment trackers the
+    Trainer reports to, into *their* runs: the Weights & Biases run ``WandbCallback`` started (``wandb.run``; logged
+    with ``train/global_step``, the step metric that callback declares) and the MLflow run ``MLFlowCallback`` started
+    (``mlflow.active_run()``, ``step=``). A tracker with no active run is left alone; histograms and images stay in
+    TensorBoard and the PNGs."""
+
+    def __init__(self, wandb: bool, mlflow: bool) -> None:
+        self.wandb, self.mlflow = wandb, mlflow
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        if self.wandb:
+            import wandb
+
+            if wandb.run is not None:
+                wandb.log({tag: float(value), "train/global_step": int(step)})
+        if self.mlflow:
+            import mlflow
+
+            if mlflow.active_run() is not None:
+                mlflow.log_metric(tag, float(value), step=int(step))
+
+    def add_histogram(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def add_image(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Tee:
+    """Several writers as one (the monitor takes one)."""
+
+    def __init__(self, writers: list[Any]) -> None:
+        self.writers = writers
+
+    def __getattr__(self, name: str):
+        def call(*args: Any, **kwargs: Any) -> None:
+            for w in self.writers:
+                getattr(w, name)(*args, **kwargs)
+        return call
 
 
 class OutlierMonitorCallback(TrainerCallback):
@@ -88,7 +143,7 @@ class OutlierMonitorCallback(TrainerCallback):
         self.monitor: OutlierMonitor | None = None
         self._opened: Any = None
 
-    def _writer(self, args: Any) -> Any:
+    def _tensorboard(self, args: Any) -> Any:
         if self.writer is not None:
             return self.writer
         if not _reports_to_tensorboard(args):
@@ -97,6 +152,16 @@ class OutlierMonitorCallback(TrainerCallback):
 
         root = os.path.expanduser(os.getenv("TENSORBOARD_LOGGING_DIR") or os.path.join(args.output_dir, "runs"))
         return SummaryWriter(log_dir=os.path.join(root, "outlier_monitor"))
+
+    def _writer(self, args: Any) -> Any:
+        """TensorBoard (below) and, when the Trainer reports to them, its W&B / MLflow runs (:class:`TrackerRuns`)."""
+        tb = self._tensorboard(args)
+        trackers = None
+        if self.writer is not False and (_reports_to(args, "wandb") or _reports_to(args, "mlflow")):
+            trackers = TrackerRuns(_reports_to(args, "wandb"), _reports_to(args, "mlflow"))
+        if trackers is None:
+            return tb
+        return trackers if tb is False else _Tee([tb, trackers])
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         if not state.is_world_process_zero:
@@ -108,8 +173,9 @@ class OutlierMonitorCallback(TrainerCallback):
         self.monitor = OutlierMonitor(tokenizer=tok, out_dir=out, every_n_steps=self.every_n_steps,
                                       sentences=self.sentences, writer=writer, max_steps=state.max_steps,
                                       global_zero=True, **self.monitor_kwargs)
-        # a writer this callback opened is closed at the end of train(); the caller's is left open
-        self._opened = writer if writer is not False and writer is not self.writer else None
+        # a TensorBoard writer this callback opened is closed at the end of train(); the caller's is left open
+        tb = writer.writers[0] if isinstance(writer, _Tee) else writer
+        self._opened = tb if tb is not False and tb is not self.writer and hasattr(tb, "log_dir") else None
         self.monitor.start(model, state.global_step)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
