@@ -182,6 +182,13 @@ def test_the_export_is_still_ours(tmp_path):
     assert back.config == model.config
     assert torch.equal(back(ids, mask).logits, model(ids, mask).logits)
     assert resolve_encoder(str(tmp_path / "resaved")).kind == "outlierlab"
+    # probe.py / evaluate.py read its shape from config.json without trust_remote_code
+    from outlierlab.models.loading import FrozenEncoder
+
+    enc = FrozenEncoder.__new__(FrozenEncoder)
+    enc.source = resolve_encoder(str(tmp_path / "resaved"))
+    c = model.config
+    assert enc._read_config() == (c.num_layers, c.hidden_size, c.max_len) and enc.causal is False
 
 
 # ------------------------------------------------------------------------------ the generated modelling file

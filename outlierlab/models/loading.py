@@ -194,8 +194,11 @@ class FrozenEncoder:
             cfg = self._ckpt_payload()["hyper_parameters"]["model"]
             self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
-        if src.kind == "outlierlab" and (Path(src.model) / "outlierlab_config.json").is_file():
-            cfg = json.loads((Path(src.model) / "outlierlab_config.json").read_text())
+        # ours: outlierlab_config.json, or only the config.json of a remote-code export that transformers re-saved
+        # (EncoderConfig's fields plus outlierlab_pos; AutoConfig would need trust_remote_code to read it)
+        ours = [Path(src.model) / name for name in ("outlierlab_config.json", "config.json")]
+        if src.kind == "outlierlab" and any(f.is_file() for f in ours):
+            cfg = json.loads(next(f for f in ours if f.is_file()).read_text())
             self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         from transformers import AutoConfig
