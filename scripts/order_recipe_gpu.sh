@@ -5,10 +5,11 @@
 # position scheme. Small files of every run end in $OUT/order_recipe_gpu.tgz (or ./order_recipe_gpu.tgz).
 #   bash scripts/order_recipe_gpu.sh sweep [SECONDS_PER_CELL]     # the candidates
 #   bash scripts/order_recipe_gpu.sh study [SECONDS_PER_CELL]     # experiment=order_recipe, learned/none x 5 seeds
-#   bash scripts/order_recipe_gpu.sh haviv [SECONDS_PER_CELL]     # the causal side of that recipe, learned/none x 5
-#     seeds (Haviv et al.'s masked-vs-causal interaction with a masked model that uses its positions); then
-#     python scripts/export_cells.py gpu_runs/haviv docs/order_use/cells_clm and
-#     python -m outlierlab.jobs.study docs/order_use/cells docs/order_use/cells_clm --contrast pos=learned,none \
+#   bash scripts/order_recipe_gpu.sh haviv [SECONDS_PER_CELL]     # {mlm, clm} x {learned, none} x 5 seeds of
+#     experiment=order_recipe: Haviv et al.'s masked-vs-causal interaction with a masked model that uses its
+#     positions (20 cells, about 3-4 minutes on one H100); then
+#     python scripts/export_cells.py gpu_runs/haviv docs/order_use/cells_objectives and
+#     python -m outlierlab.jobs.study docs/order_use/cells_objectives --contrast pos=learned,none \
 #       --contrast objective=mlm,clm --out docs/order_use/study_objectives
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,10 +40,10 @@ if [ "$MODE" = study ]; then
   cell recipe_b64_lr1e-3  experiment=order_recipe pos=learned data.batch_size=64
 fi
 if [ "$MODE" = haviv ]; then
-  for seed in 1 2 3 4 5; do for p in learned none; do
-    cell "haviv/objective=clm,pos=$p,seed=$seed" experiment=order_recipe objective=clm pos=$p seed=$seed \
+  for seed in 1 2 3 4 5; do for o in mlm clm; do for p in learned none; do
+    cell "haviv/objective=$o,pos=$p,seed=$seed" experiment=order_recipe objective=$o pos=$p seed=$seed \
       callbacks.model_checkpoint.every_n_train_steps=100000
-  done; done
+  done; done; done
 fi
 if [ "$MODE" = sweep ]; then
 REAL="experiment=emergence_cpu trainer.max_steps=20000 callbacks.model_checkpoint.every_n_train_steps=5000"
