@@ -130,9 +130,9 @@ def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None)
 
 
 def report_order_use(metrics: dict[str, float], threshold: float | None) -> str | None:
-    """Say in one line (the run's log, on the console and in its train.log) when the run ends below ``threshold`` nats of order use: its loss is
-    then that of a bag-of-words model (:mod:`outlierlab.analysis.order_use`).  Nothing when order use was not
-    measured (``module.order_use=false``) or ``threshold`` is null."""
+    """Say in one line (the run's log: the console and its train.log) when the run ends below ``threshold`` nats of
+    order use: its loss is then that of a bag-of-words model (:mod:`outlierlab.analysis.order_use`).  Nothing when
+    order use was not measured (``module.order_use=false``) or ``threshold`` is null."""
     value = metrics.get("val/order_use")
     if value is None or threshold is None:
         return None
