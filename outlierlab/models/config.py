@@ -23,6 +23,10 @@ SWITCH_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Position-scheme options whose default value is not recorded in ``EncoderConfig.pos``.
+POS_OPTION_DEFAULTS = {"init": "normal", "init_scale": 1.0}
+
+
 @dataclass
 class EncoderConfig:
     """Architecture of a post-LayerNorm RoBERTa encoder.
@@ -114,6 +118,12 @@ class EncoderConfig:
         self.pos = dict(self.pos) if self.pos is not None else {"name": "none"}
         if "name" not in self.pos:
             raise ValueError("pos must name a position scheme, e.g. pos={name: learned}")
+        # Options at their defaults are left out (pos.init=normal, pos.init_scale=1 of the learned table): the
+        # canonical pos dict of a plain learned model stays {"name": "learned"}, as checkpoints, exports and study
+        # cells made before these options recorded it -- so they resume and compare as the same model.
+        for key, default in POS_OPTION_DEFAULTS.items():
+            if key in self.pos and self.pos[key] == default:
+                del self.pos[key]
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"

@@ -195,10 +195,13 @@ class FrozenEncoder:
             self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         # ours: outlierlab_config.json, or only the config.json of a remote-code export that transformers re-saved
-        # (EncoderConfig's fields plus outlierlab_pos; AutoConfig would need trust_remote_code to read it)
-        ours = [Path(src.model) / name for name in ("outlierlab_config.json", "config.json")]
-        if src.kind == "outlierlab" and any(f.is_file() for f in ours):
-            cfg = json.loads(next(f for f in ours if f.is_file()).read_text())
+        # (EncoderConfig's fields plus outlierlab_pos; AutoConfig would need trust_remote_code to read it). A native
+        # RoBERTa export's config.json also names outlierlab_pos but holds HF's fields: AutoConfig below reads it.
+        files = [Path(src.model) / name for name in ("outlierlab_config.json", "config.json")]
+        ours = [json.loads(f.read_text()) for f in files if src.kind == "outlierlab" and f.is_file()]
+        ours = [c for c in ours if "num_layers" in c]
+        if ours:
+            cfg = ours[0]
             self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         from transformers import AutoConfig

@@ -5,7 +5,7 @@ summary and the end. :class:`ProgressLines` prints one complete line every ``eve
 steps, and one after each validation::
 
     [train] step 120/300 (40%) | loss 5.432 | 3,100 tok/s | elapsed 0:01:12 | ETA 0:01:48
-    [train] step 100/300 validation | val/loss 5.310 | val/ppl 202.3
+    [train] step 100/300 validation | val/loss 5.310 | val/ppl 202.3 | val/order_use 0.001 | val/acc 0.12 | ...
 
 On a terminal where the progress bar draws it stays silent (``when: auto``), so nothing is doubled.
 """
@@ -117,7 +117,10 @@ class ProgressLines(Callback):
         vals = {k: float(v) for k, v in trainer.callback_metrics.items()
                 if k.startswith("val") and isinstance(v, torch.Tensor) and v.numel() == 1}
         if vals:
-            body = " | ".join(f"{k} {v:.4g}" for k, v in sorted(vals.items()))
+            # the loss, perplexity and order use first (what a reader looks for), then the rest alphabetically
+            first = [k for k in ("val/loss", "val/ppl", "val/order_use") if k in vals]
+            keys = first + sorted(k for k in vals if k not in first)
+            body = " | ".join(f"{k} {vals[k]:.4g}" for k in keys)
             self._emit(f"[train] step {trainer.global_step}/{trainer.max_steps} validation | {body}")
 
     # -- the line -----------------------------------------------------------------------------------------
