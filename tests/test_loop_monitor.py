@@ -17,7 +17,7 @@ import torch
 
 from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
 from outlierlab.datamodules.eval_data import load_sentences
-from outlierlab.jobs.posthoc import analyze_hf_checkpoints
+from outlierlab.jobs.posthoc_trainer import analyze_hf_checkpoints
 from outlierlab.models.layernorms import model_layernorms
 from outlierlab.models.sites import monitored_forward
 from outlierlab.monitoring.hidden_state_tracker import heldout_max_length

@@ -1,0 +1,122 @@
+"""Post-hoc monitor histories of a Hugging Face ``Trainer`` run: every ``<output_dir>/checkpoint-<step>``.
+
+The counterpart of :func:`outlierlab.jobs.posthoc.analyze_run` (our ``train.py`` runs) for runs monitored by
+:class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` -- or any Trainer run of a registered family --
+with the same monitor settings, the same held-out batch and the same functions (``hidden_rows`` and the LayerNorm
+records), so the live rows of a checkpoint's step are reproduced. ``python -m outlierlab.jobs.posthoc <output_dir>``
+picks it when the directory has ``checkpoint-*`` folders and no ``checkpoints/``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.jobs.posthoc import HIDDEN_DEFAULTS, LAYERNORM_DEFAULTS, OUT_SUBDIR, _apply_overrides, hidden_rows
+
+__all__ = ["HF_CHECKPOINT_PREFIX", "find_hf_checkpoints", "analyze_hf_checkpoints"]
+
+
+#: Hugging Face Trainer checkpoint folders: ``<output_dir>/checkpoint-<global_step>``.
+HF_CHECKPOINT_PREFIX = "checkpoint-"
+
+
+def find_hf_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
+    """``{global_step: <output_dir>/checkpoint-<step>}`` of a Hugging Face Trainer run (empty: none)."""
+    out = Path(output_dir)
+    found = {}
+    for d in out.glob(f"{HF_CHECKPOINT_PREFIX}*"):
+        suffix = d.name[len(HF_CHECKPOINT_PREFIX):]
+        if d.is_dir() and suffix.isdigit() and (d / "config.json").is_file():
+            found[int(suffix)] = d
+    return dict(sorted(found.items()))
+
+
+def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] | None = None, tokenizer: Any = None,
+                           out_dir: str | os.PathLike | None = None, monitor_dir: str | os.PathLike | None = None,
+                           device: str = "cpu", **overrides: Any) -> dict[str, Any]:
+    """Post-hoc monitor histories for every ``checkpoint-<step>`` of a Hugging Face ``Trainer`` run.
+
+    The counterpart of :func:`analyze_run` for runs monitored by
+    :class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` (or any Trainer run): each checkpoint is
+    loaded with its own LM head and eager attention (``AutoModelForMaskedLM`` / ``AutoModelForCausalLM`` by the
+    family's objective, :func:`outlierlab.models.families.causal_or_masked`), and the same pure functions as the
+    live monitors — :func:`outlierlab.analysis.monitoring.layernorm_records` (Kovaleva et al. 2021; Puccetti et al.
+    2022) and :func:`outlierlab.analysis.monitoring.hidden_state_records` (Luo et al. 2021 and the later metrics) —
+    run on the same held-out batch (the shipped sentences, the checkpoint's own tokenizer, truncated by
+    :func:`outlierlab.monitoring.hidden_state_tracker.heldout_max_length`), so a checkpoint's rows reproduce the
+    live rows of its step.  Divergence from init reads the live monitor's snapshot
+    (``<monitor_dir>/layernorm_initial.pt``, default ``<output_dir>/monitor``), which also gives LayerNorm rows
+    for step 0; without it, the standard init (gain 1, bias 0).
+
+    Parameters
+    ----------
+    output_dir : the Trainer's ``args.output_dir``.
+    texts, tokenizer, device, **overrides : as :func:`analyze_run` (defaults: the monitors' defaults).
+    out_dir : default ``<output_dir>/monitor_posthoc``.
+    monitor_dir : where the live monitor wrote (for its init snapshot).
+
+    Returns
+    -------
+    dict with ``layernorm`` and ``hidden_states`` (CSV paths) and ``steps`` (analysed steps).
+    """
+    run = Path(output_dir)
+    ckpts = find_hf_checkpoints(run)
+    if not ckpts:
+        raise FileNotFoundError(f"{run} holds no {HF_CHECKPOINT_PREFIX}<step>/ folder with a config.json: pass the "
+                                "output_dir of a transformers Trainer run saved with save_steps")
+    ln_cfg, hs_cfg = _apply_overrides(dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS), overrides)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (it reads the flag at import)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+    from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot, tokenize_heldout
+    from outlierlab.models.families import causal_or_masked
+    from outlierlab.models.layernorms import model_layernorms
+    from outlierlab.monitoring.hidden_state_tracker import heldout_max_length
+    from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT
+    from outlierlab.reports.history import HistoryCSV
+
+    if texts is None:
+        texts = load_sentences(hs_cfg["sentences_path"])[: int(hs_cfg["n_sequences"])]
+    snapshot = Path(monitor_dir if monitor_dir is not None else run / "monitor") / INITIAL_SNAPSHOT
+    initial = None
+    if snapshot.is_file():
+        state = torch.load(snapshot, map_location="cpu", weights_only=True).get("initial") or {}
+        initial = {n: (v["weight"].float(), None if v["bias"] is None else v["bias"].float())
+                   for n, v in state.items()} or None
+    out = Path(out_dir) if out_dir is not None else run / OUT_SUBDIR
+    out.mkdir(parents=True, exist_ok=True)
+    files = {name: HistoryCSV(out / f".{name}.csv.tmp") for name in ("layernorm", "hidden_states")}
+    for h in files.values():
+        h.path.unlink(missing_ok=True)
+    ln_kw = dict(k=ln_cfg["k"], shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"], top_k=ln_cfg["top_k"],
+                 vectors=ln_cfg["vectors"])
+    if initial is not None and 0 not in ckpts:
+        files["layernorm"].append(layernorm_records(0, initial, initial, **ln_kw)[0])
+    for step, path in ckpts.items():
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        auto = AutoModelForCausalLM if causal_or_masked(config) == "next_token" else AutoModelForMaskedLM
+        model = auto.from_pretrained(path, attn_implementation="eager", local_files_only=True).to(device).eval()
+        tok = tokenizer
+        if tok is None or isinstance(tok, (str, os.PathLike)):
+            tok_dir = Path(tok) if tok is not None else next(
+                (d for d in (path, run) if (d / "tokenizer_config.json").is_file()), None)
+            if tok_dir is None:
+                raise FileNotFoundError(f"{path} holds no tokenizer (give the Trainer processing_class=tokenizer, "
+                                        "or pass tokenizer=...)")
+            tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+        params = layernorm_snapshot(model_layernorms(model))
+        files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])
+        batch = tokenize_heldout(tok, texts, heldout_max_length(model, tok, hs_cfg["max_length"]))
+        rows, attn = hidden_rows(step, model, batch, hs_cfg, device)
+        files["hidden_states"].append(rows)
+    result: dict[str, Any] = {"steps": list(ckpts)}
+    for name, h in files.items():
+        final = out / f"{name}.csv"
+        os.replace(h.path, final)
+        result[name] = final
+    return result
