@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from outlierlab.evaluation.streaming import (Batch, char_span_tokens, pass_settings, run_sentence_pass, word_occurrences,
-                                             word_vectors)
+from outlierlab.evaluation.encoding import Batch
+from outlierlab.evaluation.streaming import pass_settings, run_sentence_pass
+from outlierlab.evaluation.words import char_span_tokens, word_occurrences, word_vectors
 from tests.conftest import compose
 
 

@@ -240,7 +240,6 @@ def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time
     """Issue 39, what stays in memory after the pass: the anisotropy reservoir in the model's dtype (the same pairs
     as a float32 one), the self-similarity sums [L, K, d] compacted to [L, K], and every transform's word sums
     (none's too: the replay takes them from the stored tokens) alive for one layer at a time, never [L, K, d]."""
-    import outlierlab.evaluation.one_pass as one_pass
     import outlierlab.evaluation.streaming as streaming
     from outlierlab.analysis.similarity import SelfSimilarityAccumulator
 
@@ -252,7 +251,6 @@ def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time
             alive.append(self)
             most[0] = max(most[0], sum(x.sum_unit is not None for x in alive))
 
-    monkeypatch.setattr(one_pass, "SelfSimilarityAccumulator", Tracked)
     monkeypatch.setattr(streaming, "SelfSimilarityAccumulator", Tracked)
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama", dtype=torch.bfloat16)), device="cpu", dtype="auto")
     st = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"], outlier_transforms=["none"], **PASS)

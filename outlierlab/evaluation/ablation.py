@@ -44,7 +44,7 @@ from outlierlab.evaluation.common import check_common, detect_layernorm_outliers
 from outlierlab.evaluation.masked_lm import fill_mask, masked_batches, mlm_scores, pack_texts
 from outlierlab.evaluation.mlm_loading import LoadedModel, analysis_texts, shared_mlm
 from outlierlab.evaluation.next_token import next_token_batches, predict_next
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AblationSettings, load_settings
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 
@@ -173,7 +173,6 @@ def check(ctx: EvalContext) -> LayerNormRule:
     return check_common(ctx, load_settings(AblationSettings, ctx.cfg))
 
 
-@register("ablation")
 def run(ctx: EvalContext) -> AnalysisResult:
     """Kovaleva et al.'s "Random vs Outliers" MLM comparison (settings: ``configs/ablation/default.yaml``,
     the outlier rule: ``configs/ln_rule/``)."""

@@ -1,8 +1,7 @@
 """The modern outlier metrics in ``evaluate.py``'s streaming pass, for any encoder (ours or Hugging Face).
 
-:class:`ActivationObserver` rides along the first pass of :func:`outlierlab.evaluation.streaming.run_sentence_pass`
-(the pass that already computes Luo et al.'s argmax/argmin shares), so the metrics cost no extra
-encoding:
+:class:`ActivationObserver` subscribes to the forward of :func:`outlierlab.evaluation.streaming.run_sentence_pass`
+(the pass that already computes Luo et al.'s argmax/argmin shares), so the metrics cost no extra encoding:
 
 * :class:`outlierlab.analysis.activations.ActivationAccumulator` on the raw token vectors of every hidden state —
   activation kurtosis (He et al. 2024) and max/median ratio (He et al. 2024; Sun et al. 2024) over the
@@ -22,6 +21,8 @@ import math
 from torch import Tensor
 
 from outlierlab.analysis.activations import ActivationAccumulator
+from outlierlab.analysis.layer_accumulators import stack_layers
+from outlierlab.evaluation.stream import Consumer
 from outlierlab.models.sites import SITE_NAMES, InfNormRecorder
 
 __all__ = ["ActivationObserver", "activation_columns", "activation_section", "ACTIVATION_COLUMNS"]
@@ -30,8 +31,10 @@ ACTIVATION_COLUMNS = ["kurtosis", "max_median", "max_abs", "max_abs_dim", "max_a
                       "abs_argmax_share"] + [f"inf_norm_{s}" for s in SITE_NAMES]
 
 
-class ActivationObserver:
-    """Context manager fed every batch of the first streaming pass (``observe(batch)``).
+class ActivationObserver(Consumer):
+    """A subscriber of the forward of the shared sentence pass (:mod:`outlierlab.evaluation.streaming`): each
+    layer's raw valid tokens go into that layer's :class:`ActivationAccumulator`; the inf-norm hooks sit on the
+    model while the forward runs (:meth:`open` / :meth:`close`).
 
     Parameters
     ----------
@@ -41,62 +44,41 @@ class ActivationObserver:
 
     def __init__(self, encoder) -> None:
         self.encoder = encoder
-        self.acc = ActivationAccumulator(encoder.num_layers + 1, encoder.hidden_size)
+        self.layer_accs = [ActivationAccumulator(1, encoder.hidden_size) for _ in range(encoder.num_layers + 1)]
+        self.acc: ActivationAccumulator | None = None  # the layers stacked, once every layer is complete
         self.token_ids: dict[int, int] = {}  # running token index -> id, only for the current maxima
         self.recorder: InfNormRecorder | None = None
         self.note = ""
 
-    def __enter__(self) -> "ActivationObserver":
+    def open(self, stream) -> None:
         try:
             self.recorder = InfNormRecorder(self.encoder.model).__enter__()
         except ValueError as e:  # an encoder whose blocks we cannot name: the rest still works
             self.recorder, self.note = None, f"inf-norm sites not recorded: {e}"
-        return self
 
-    def __exit__(self, *exc) -> None:
+    def close(self) -> None:
         if self.recorder is not None:
-            self.recorder.__exit__(*exc)
+            self.recorder.__exit__(None, None, None)
 
-    def observe(self, hidden: Tensor, valid: Tensor, attention_mask: Tensor, input_ids: Tensor | None) -> None:
-        """One batch: ``hidden`` [L+1, B, T, d], ``valid`` [B, T] (non-special, non-pad), ``attention_mask``
-        [B, T] (non-pad), ``input_ids`` [B, T] (to name the max-|x| token) or None."""
-        offset = self.acc.n_tokens
-        before = self.acc.max_token.clone()
-        self.acc.update(hidden, mask=valid)
-        if input_ids is not None:
-            ids = input_ids.to(valid.device)[valid.bool()]
-            # a layer whose maximum moved to this batch: remember that token's id (indices run across batches)
-            for tok in self.acc.max_token[self.acc.max_token != before].tolist():
-                if tok >= offset:
-                    self.token_ids[tok] = int(ids[tok - offset])
-        if self.recorder is not None:
-            self.recorder.commit(attention_mask.bool())
-
-    # -- one layer at a time (outlierlab.evaluation.one_pass) ---------------------------------------------
-    def start_layers(self) -> None:
-        """Keep one single-layer accumulator per layer, fed by :meth:`observe_layer` as each layer arrives."""
-        self.layer_accs = [ActivationAccumulator(1, self.acc.dim) for _ in range(self.acc.num_layers)]
-
-    def observe_layer(self, layer: int, tokens: Tensor, ids: Tensor | None) -> None:
-        """One layer of one batch: ``tokens [N, d]`` (non-special, non-pad), ``ids [N]`` their token ids."""
+    def update(self, layer: int, vectors: Tensor, batch) -> None:
+        """One layer of one batch: ``vectors [1, N, d]`` (non-special, non-pad); the batch's token ids name the
+        max-|x| token."""
         acc = self.layer_accs[layer]
         offset, before = acc.n_tokens, acc.max_token.clone()
-        acc.update(tokens[None])
-        if ids is not None:
+        acc.update(vectors)
+        if batch.token_ids is not None:  # a layer whose maximum moved to this batch: remember that token's id
             for tok in acc.max_token[acc.max_token != before].tolist():
                 if tok >= offset:
-                    self.token_ids[tok] = int(ids[tok - offset])
+                    self.token_ids[tok] = int(batch.token_ids[tok - offset])
 
-    def commit(self, attention_mask: Tensor) -> None:
-        """End of a batch (layerwise): the inf-norm hooks' maxima over its non-pad tokens."""
+    def end_batch(self, batch) -> None:
+        """The inf-norm hooks' maxima over the batch's non-pad tokens."""
         if self.recorder is not None:
-            self.recorder.commit(attention_mask.bool())
+            self.recorder.commit(batch.attention_mask.bool())
 
-    def finish_layers(self) -> None:
-        """The per-layer accumulators stacked into :attr:`acc` (the same numbers as feeding all layers at once)."""
-        from outlierlab.evaluation.one_pass import stack_layers
-
-        self.acc = stack_layers(self.layer_accs)
+    def end_layer(self, layer: int) -> None:
+        if layer == len(self.layer_accs) - 1:  # the same numbers as feeding all layers at once
+            self.acc = stack_layers(self.layer_accs)
 
     def token_text(self, layer: int) -> str:
         tid = self.token_ids.get(int(self.acc.max_token[layer]))

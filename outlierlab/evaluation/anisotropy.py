@@ -15,7 +15,7 @@ the top k.  The whole CC vector goes to ``anisotropy_contributions.csv`` (layer,
 from __future__ import annotations
 
 from outlierlab.analysis.rogue_dims import MIN_Z, RogueSummary, rogue_summary
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AnisotropySettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
 from outlierlab.reports.evaluation_report import md_table, plot_layers, write_csv
@@ -36,7 +36,6 @@ def columns(ks) -> list[str]:
             + [f"spearman_without_top{k}" for k in ks])
 
 
-@register("anisotropy")
 def run(ctx: EvalContext) -> AnalysisResult:
     s = load_settings(AnisotropySettings, ctx.cfg)
     st = sentence_stats(ctx)

@@ -36,7 +36,7 @@ from outlierlab.analysis.outlier_dims import random_dims
 from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 from outlierlab.evaluation.mlm_loading import analysis_texts, shared_mlm
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AttentionSinksSettings, load_settings
 
 matplotlib.use("Agg")  # headless: the heatmap is written to a file
@@ -142,7 +142,6 @@ def check(ctx: EvalContext):
     return check_common(ctx, load_settings(AttentionSinksSettings, ctx.cfg))
 
 
-@register("attention_sinks")
 def run(ctx: EvalContext) -> AnalysisResult:
     """Attention mass on special tokens, intact vs outlier dims disabled (``configs/attention_sinks/default.yaml``)."""
     s = load_settings(AttentionSinksSettings, ctx.cfg)

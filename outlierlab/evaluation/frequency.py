@@ -50,7 +50,7 @@ from outlierlab.datamodules.mlm_datamodule import default_cache_dir  # the one d
 from outlierlab.datamodules.tokenizer import tokenizer_fingerprint
 from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, ln_rule
 from outlierlab.evaluation.mlm_loading import analysis_texts, shared_mlm
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import FrequencySettings, load_settings
 from outlierlab.models.families import unembedding
 from outlierlab.models.layernorms import UnknownFamilyError, model_layernorms
@@ -201,7 +201,7 @@ def _valid_chunks(encoder, tokenized, dims: Sequence[int]) -> Iterable[tuple[Ten
 def _activation_stats(encoder, tokenized) -> dict[str, Tensor]:
     """Luo et al.'s per-layer statistics (one extra encoder pass; only when no LayerNorm outlier exists),
     one layer at a time."""
-    from outlierlab.evaluation.one_pass import stack_layers
+    from outlierlab.analysis.layer_accumulators import stack_layers
 
     accs = [OutlierAccumulator(1, encoder.hidden_size) for _ in range(encoder.num_layers + 1)]
     for b in encoder.batches(tokenized, sort_by_length=True, layerwise=True):
@@ -306,7 +306,6 @@ def frequency_counts(ctx, s: FrequencySettings, tokenized, vocab: int) -> tuple[
     return np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab), note + f"the evaluated text itself{why}"
 
 
-@register("frequency")
 def run(ctx: EvalContext) -> AnalysisResult:
     """Puccetti et al.'s frequency analysis (settings: ``configs/frequency/default.yaml``)."""
     s = check(ctx)

@@ -44,7 +44,7 @@ from outlierlab.evaluation.frequency import frequency_counts
 from outlierlab.evaluation.masked_lm import masked_batches, pack_texts
 from outlierlab.evaluation.mlm_loading import LoadedModel, analysis_texts, check_texts, shared_mlm
 from outlierlab.evaluation.next_token import next_token_batches
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import FrequentTokensSettings, load_settings
 from outlierlab.models.families import lm_head
 from outlierlab.models.layernorms import layernorm_tensors
@@ -203,7 +203,6 @@ def _batches(loaded: LoadedModel, s: FrequentTokensSettings, texts, max_length: 
                      f"late position per sequence; {skipped} sequence(s) too short left out)")
 
 
-@register("frequent_tokens")
 def run(ctx: EvalContext) -> AnalysisResult:
     s = ctx.prepared if isinstance(ctx.prepared, FrequentTokensSettings) else check(ctx)
     rule = ln_rule(ctx)

@@ -19,7 +19,7 @@ import torch
 from outlierlab.analysis.isoscore import covariance, isoscore_from_covariance, isoscore_star, transformed_covariance
 from outlierlab.analysis.transforms import FITTED, clip_mask
 from outlierlab.evaluation.anisotropy import transform_lines
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import IsotropySettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
 from outlierlab.reports.evaluation_report import md_table, plot_layers
@@ -60,7 +60,6 @@ def _device(encoder) -> torch.device:
     return dev if dev.type == "cuda" else torch.device("cpu")
 
 
-@register("isotropy")
 def run(ctx: EvalContext) -> AnalysisResult:
     s = load_settings(IsotropySettings, ctx.cfg)
     st = sentence_stats(ctx)

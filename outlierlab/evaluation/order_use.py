@@ -18,7 +18,7 @@ from outlierlab.evaluation.attention_sinks import text_batches
 from outlierlab.evaluation.common import skip_result
 from outlierlab.evaluation.masked_lm import masked_batches, pack_texts
 from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts, shared_mlm
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import OrderUseSettings, load_settings
 
 TITLE = "## Order use: does the model use word order? (docs/order_use.md)"
@@ -49,7 +49,6 @@ def _loss_sum(loaded):
     return loss_sum
 
 
-@register("order_use")
 @torch.inference_mode()
 def run(ctx: EvalContext) -> AnalysisResult:
     """Order use and attention locality of the evaluated model (``configs/order_use/default.yaml``)."""

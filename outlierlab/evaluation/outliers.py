@@ -25,7 +25,7 @@ from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 from outlierlab.analysis.outlier_dims import detect_outlier_dims, position_row_stats
 from outlierlab.evaluation.activation_pass import ACTIVATION_COLUMNS, activation_columns, activation_section
 from outlierlab.reports import monitor_plots
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import md_table, plot_vectors, write_csv
 from outlierlab.evaluation.settings import OutliersSettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
@@ -127,7 +127,6 @@ def sentences_about(rows: list[dict], min_share: float = 0.25) -> list[str]:
     return out
 
 
-@register("outliers")
 def run(ctx: EvalContext) -> AnalysisResult:
     s = load_settings(OutliersSettings, ctx.cfg)
     st = sentence_stats(ctx)

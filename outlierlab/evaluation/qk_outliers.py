@@ -29,7 +29,7 @@ from torch import nn
 
 from outlierlab.analysis.qk_outliers import QKAccumulator, RotarySpec, magnitude_outliers
 from outlierlab.evaluation.encoding import iter_batches
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import QKOutliersSettings, load_settings
 from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts
 from outlierlab.evaluation.settings import DataSettings, section_settings
@@ -192,7 +192,6 @@ def check(ctx: EvalContext) -> QKOutliersSettings:
     return s
 
 
-@register("qk_outliers")
 def run(ctx: EvalContext) -> AnalysisResult:
     s = ctx.prepared if isinstance(ctx.prepared, QKOutliersSettings) else check(ctx)
     enc = ctx.encoder

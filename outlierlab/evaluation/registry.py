@@ -1,20 +1,28 @@
-"""Registry of the analyses ``evaluate.py`` runs; one module per analysis registers itself here.
+"""Which analyses ``evaluate.py`` can run, and what each receives and returns.
 
-Each analysis is a function ``run(ctx: EvalContext) -> AnalysisResult`` whose config section is read as the
-frozen dataclass :data:`SETTINGS` names.  ``evaluate.py`` builds every selected section's settings (and
-:data:`RUN_SETTINGS`) before any model is loaded, then one :class:`EvalContext` per analysis (the frozen
-encoder, the analysis' own config section, the transforms to compare, the run directory, the typed
-:class:`SharedPasses`), calls every selected analysis, and writes ``<name>.csv`` (rows), the Markdown report
-(sections in order) and the figures.
+An analysis is ONE module with a function ``run(ctx: EvalContext) -> AnalysisResult`` and, optionally:
 
-Kept free of heavy imports: analyses import torch/transformers inside their own modules.
+* ``check(ctx)`` — load and validate its data before any encoding (the result is handed to ``run`` as
+  ``ctx.prepared``);
+* ``consumers(ctx) -> list[Consumer]`` — subscribe to the shared per-layer stream over the evaluation sentences
+  (:class:`outlierlab.evaluation.stream.Consumer`: raw or transformed token or word vectors, every layer once);
+  ``run`` then reads what they accumulated (``ctx.consumers``);
+* ``COLUMNS`` — its CSV header (a skipped run still writes one).
+
+Its config section is ``cfg.<name>`` (a module path: its last component); the built-in analyses read theirs as
+the frozen dataclass of :data:`SETTINGS`, checked before any model loads.
+
+The built-in analyses are the modules of :data:`ANALYSIS_MODULES`; any other importable module is selected by its
+dotted path (``analyses=[outliers,mypkg.my_analysis]``) — adding an analysis touches that one module (and its
+config file).  Kept free of heavy imports: the built-in modules are imported only once selected, after every
+setting was checked (a typo fails before torch loads).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings, AttentionSinksSettings, DataSettings,
                                  EncoderSettings, FrequencySettings, FrequentTokensSettings, IsotropySettings,
@@ -36,10 +44,12 @@ class SharedPasses:
         STS take their detected clip dims and their ``transform.fit_on=sentences`` whitener from it
     mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.mlm_loading.shared_mlm`): ablation,
         attention_sinks
+    consumers : the :class:`~outlierlab.evaluation.stream.Consumer` s that analyses subscribed to the sentence pass
     """
 
     sentence_stats: SentenceStats | None = None
     mlm: LoadedModel | None = None
+    consumers: list = field(default_factory=list)  # every analysis' subscribers to the shared sentence stream
 
 
 @dataclass
@@ -57,6 +67,8 @@ class EvalContext:
     shared : :class:`SharedPasses`, the work shared between analyses
     prepared : what the analysis' own ``check`` loaded before any encoding (its data), handed to its ``run``
         (None: ``run`` loads it itself)
+    consumers : what the analysis' own ``consumers(ctx)`` subscribed to the shared sentence stream, filled by
+        the time its ``run`` is called
     plots : draw the analysis' PNG figures (``plots=false``: CSVs, report and JSON only — a checkpoint series
         or a sweep of many cells, where each cell's 7+ figures cost seconds and nobody opens them)
     """
@@ -71,6 +83,7 @@ class EvalContext:
     shared: SharedPasses = field(default_factory=SharedPasses)
     prepared: Any = None
     plots: bool = True
+    consumers: list = field(default_factory=list)
 
 
 @dataclass
@@ -89,8 +102,7 @@ class AnalysisResult:
         self.figures = [f for f in self.figures if f is not None]  # a figure not drawn (plots=false)
 
 
-ANALYSES: dict[str, Callable[[EvalContext], AnalysisResult]] = {}
-# Module that defines each analysis, imported lazily by evaluate.py (so a typo fails before torch loads).
+#: The built-in analyses: name -> module, imported lazily by evaluate.py (so a typo fails before torch loads).
 ANALYSIS_MODULES: dict[str, str] = {
     "outliers": "outlierlab.evaluation.outliers",
     "anisotropy": "outlierlab.evaluation.anisotropy",
@@ -126,10 +138,3 @@ SETTINGS: dict[str, type] = {
 RUN_SETTINGS: tuple[type, ...] = (EncoderSettings, DataSettings, TransformSettings, OutliersSettings,
                                   AnisotropySettings, SelfSimilaritySettings)
 
-
-def register(name: str):
-    def deco(fn: Callable[[EvalContext], AnalysisResult]):
-        ANALYSES[name] = fn
-        return fn
-
-    return deco

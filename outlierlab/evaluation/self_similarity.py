@@ -1,6 +1,6 @@
 """Self-similarity and intra-sentence similarity per layer (Ethayarajh 2019), before/after clip and whiten.
 
-Words are regex words of the text (``outlierlab.evaluation.streaming.WORD_RE``, lower-cased by default) mapped to
+Words are regex words of the text (``outlierlab.evaluation.words.WORD_RE``, lower-cased by default) mapped to
 tokens through the tokenizer's character offsets; a word split into several subword tokens is the mean of
 its tokens' vectors.  Target words: types occurring in ≥ ``self_similarity.min_sentences`` sentences
 (default 10), a seeded sample of ``max_words`` when there are more (paper: 1000); only a word's first
@@ -17,12 +17,11 @@ The anisotropy subtracted is the same transform's (outlierlab/evaluation/anisotr
 from __future__ import annotations
 
 from outlierlab.evaluation.anisotropy import transform_lines
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import md_table, plot_layers
 from outlierlab.evaluation.streaming import sentence_stats
 
 
-@register("self_similarity")
 def run(ctx: EvalContext) -> AnalysisResult:
     st = sentence_stats(ctx)
     min_occ = int(st.settings["min_sentences"])

@@ -1,35 +1,26 @@
-"""The one streaming pass over the evaluation sentences, shared by outliers, anisotropy and self-similarity.
+"""The shared pass over the evaluation sentences: outliers, anisotropy, isotropy and self-similarity subscribe
+their statistics to one :class:`~outlierlab.evaluation.stream.LayerStream`.
 
-Memory never grows with the number of sentences: texts are tokenized ``chunk`` at a time, every batch's
-hidden states are reduced into running statistics and dropped — one layer at a time as the model produces
-them (``one_pass=True``, the default: :mod:`outlierlab.evaluation.one_pass`), or all ``[L+1, B, T, d]`` at once
-(``one_pass=False``, the reference):
+Memory never grows with the number of sentences: texts are tokenized ``chunk`` at a time and each layer of each
+batch is reduced into running statistics as the model produces it.  The subscribers (:class:`Consumer` each):
 
-* :class:`outlierlab.analysis.outlier_stats.OutlierAccumulator` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2);
-* :class:`outlierlab.analysis.transforms.Whitener` — float64 Σx and Σxxᵀ, from which whiten (Su et al. 2021),
-  standardize, abtt and center are all fitted, and Σ itself for IsoScore (:mod:`outlierlab.evaluation.isotropy`)
-  — with one pass summed from the stored tokens after it, one layer at a time (``Whitener.fit_by_layer``);
-* :class:`outlierlab.analysis.similarity.AnisotropyAccumulator` — a reservoir of one random token of each of at most
-  ``n_sentences`` sentences (Ethayarajh 2019; Luo §4.1: 2000 sentences → 1000 pairs);
-* :class:`outlierlab.analysis.similarity.SelfSimilarityAccumulator` — per target word, Σ of unit vectors (Ethayarajh 2019),
-  and a running sum of intra-sentence similarities.
+* :class:`OutlierCounts` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2), per transform;
+* :class:`AnisotropyReservoir` — one random raw token of each of at most ``n_sentences`` sentences (Ethayarajh
+  2019; Luo §4.1: 2000 sentences → 1000 pairs); a fitted transform is applied to it afterwards;
+* :class:`WordSimilarity` — per target word Σ of unit vectors, and intra-sentence similarities (Ethayarajh 2019);
+* :class:`~outlierlab.evaluation.activation_pass.ActivationObserver` — kurtosis, max/median, inf-norms.
 
-Clip needs the outlier dims and whiten needs a fitted whitener before they can be applied: **the fit** accumulates
-the raw (``none``) statistics, the outlier counts that clip detects its dims from, and the whitener sums; **the
-apply step** accumulates the statistics of the transforms fitted only then — from the tokens the single pass kept
-(one pass, issue 39), or by re-encoding the sentences (``one_pass=False``: two passes, no disk).  Anisotropy needs
-neither: the reservoir holds raw vectors and the fitted transform is applied to it afterwards (the reservoir's
-choice of tokens does not depend on vector values, so this equals running the accumulator on transformed
-vectors).  The apply step is skipped when no selected analysis needs it.
-
-Words (self-similarity, intra-sentence similarity) come from :mod:`outlierlab.evaluation.words`; encoding in bounded
-memory from :mod:`outlierlab.evaluation.encoding`; the transforms and their settings from :mod:`outlierlab.evaluation.transform_fit`
-(the whitener is guarded against fits on too few distinct vectors, :meth:`outlierlab.analysis.whitening.Whitener.check`).
+Clip needs its outlier dims and whiten (standardize, abtt, center) a fitted map before they can be applied, so
+the pass is two loops with **the fit** between them (:func:`_fit`): the forward feeds the raw statistics (clip
+detects its dims from the raw outlier counts) and stores the tokens; the fitted maps are summed from the stored
+tokens one layer at a time (:meth:`outlierlab.analysis.whitening.Whitener.fit_by_layer`, guarded against fits on
+too few distinct vectors); the replay feeds the statistics of the transforms fitted only then.  With a replay,
+the word statistics of every transform are taken there, one layer at a time (their ``[K, d]`` sums would be
+``[L, K, d]`` float64 beside the forward, issue 39).  The replay is skipped when nothing needs it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -37,21 +28,21 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from outlierlab.analysis.layer_accumulators import layer_views, stack_layers
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
-                                 intra_sentence_similarity)
-from outlierlab.evaluation.activation_pass import ActivationObserver
-from outlierlab.evaluation.one_pass import fit_from_store, layer_pass, replay
-from outlierlab.datamodules.probe_data import load_position_texts
+                                            intra_sentence_similarity)
 from outlierlab.analysis.transforms import FITTED, TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
-from outlierlab.evaluation.encoding import (Batch, EncodeLog, finish_encode_log, iter_batches,  # noqa: F401 (re-exported)
-                                 progress_bar)
+from outlierlab.datamodules.probe_data import load_position_texts
+from outlierlab.evaluation.activation_pass import ActivationObserver
+from outlierlab.evaluation.encoding import EncodeLog
 from outlierlab.evaluation.settings import (AnisotropySettings, DataSettings, EncoderSettings, OutliersSettings,
-                                 SelfSimilaritySettings, TransformSettings, section_settings)
-from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims  # noqa: F401
-from outlierlab.evaluation.words import (WORD_RE, char_span_tokens, select_words, sentence_word_counts,  # noqa: F401
-                              word_occurrences, word_vectors)
+                                            SelfSimilaritySettings, TransformSettings, section_settings)
+from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch, WordVectors
+from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims
+from outlierlab.evaluation.words import select_words
+from outlierlab.utils.memory import release_freed_memory
 
 # -------------------------------------------------------------------------------------------- the pass
 @dataclass
@@ -120,42 +111,132 @@ def _model_dtype(encoder) -> torch.dtype:
     return p.dtype if p is not None and p.dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
+# ------------------------------------------------------------------------------ what the pass subscribes
+class OutlierCounts(Consumer):
+    """Luo et al. 2021 §2: per-layer mean vector and argmax/argmin counts of the token vectors after
+    ``transform`` (:class:`~outlierlab.analysis.outlier_stats.OutlierAccumulator`, one per layer)."""
+
+    def __init__(self, transform: str, num_layers: int) -> None:
+        self.transform, self.layers = transform, [None] * num_layers
+
+    def update(self, layer: int, vectors: Tensor, batch: StreamBatch) -> None:
+        if self.layers[layer] is None:  # d' is known only now: whiten with k < d
+            self.layers[layer] = OutlierAccumulator(1, vectors.shape[-1])
+        self.layers[layer].update(vectors)
+
+    def result(self, dim: int) -> OutlierAccumulator:
+        return stack_layers([a if a is not None else OutlierAccumulator(1, dim) for a in self.layers])
+
+
+class AnisotropyReservoir(Consumer):
+    """Ethayarajh 2019; Luo §4.1: one random raw token of each of at most ``capacity`` sentences per layer
+    (:class:`~outlierlab.analysis.similarity.AnisotropyAccumulator`, held in the model's dtype).  Raw only: a
+    fitted transform is applied to the reservoir afterwards — the draws do not depend on vector values, so
+    that equals drawing from transformed vectors."""
+
+    def __init__(self, num_layers: int, dim: int, capacity: int, seed: int, dtype: torch.dtype) -> None:
+        self.full = AnisotropyAccumulator(num_layers, dim, capacity, seed=seed, dtype=dtype)
+        self.views = layer_views(self.full)  # rows of one [L, capacity, d] tensor, filled in place
+
+    def update(self, layer: int, vectors: Tensor, batch: StreamBatch) -> None:
+        self.views[layer].update(vectors, batch.sentence_ids.to(vectors.device))
+
+    def result(self) -> AnisotropyAccumulator:
+        return stack_layers(self.views, base=self.full)
+
+
+class WordSimilarity(Consumer):
+    """Ethayarajh 2019: per target word the sum of its unit vectors (self-similarity) and per sentence the
+    mean similarity of its words (intra-sentence similarity), after ``transform``.  A layer's ``[K, d]`` sums
+    are compacted to their squared norms as soon as the layer is complete: in a replay, one layer's at a time."""
+
+    words = True
+
+    def __init__(self, transform: str, num_layers: int, n_words: int) -> None:
+        self.transform, self.n_words = transform, n_words
+        self.layers: list[SelfSimilarityAccumulator | None] = [None] * num_layers
+        self.intra_sum = torch.zeros(num_layers, dtype=torch.float64)
+        self.intra_n = 0
+
+    def update(self, layer: int, words: WordVectors, batch: StreamBatch) -> None:
+        if self.layers[layer] is None:
+            self.layers[layer] = SelfSimilarityAccumulator(1, words.vectors.shape[-1], range(self.n_words))
+        has_words = words.mask.any(1)
+        if has_words.any():  # every sentence with words (the common case): no boolean-index copy
+            x, m = ((words.vectors, words.mask) if bool(has_words.all())
+                    else (words.vectors[:, has_words], words.mask[has_words]))
+            self.intra_sum[layer] += intra_sentence_similarity(x, mask=m).sum(1).cpu()[0]
+        if layer == 0:
+            self.intra_n += batch.n_with_words()
+        keys = words.keys.flatten()
+        target = (keys >= 0).nonzero().flatten()
+        if target.numel():
+            rows = words.vectors.reshape(1, -1, words.vectors.shape[-1])
+            self.layers[layer].update(rows[:, target.to(rows.device)], keys[target])
+
+    def end_layer(self, layer: int) -> None:
+        if self.layers[layer] is not None:
+            self.layers[layer].compact()
+
+    def result(self, dim: int) -> SelfSimilarityAccumulator:
+        return stack_layers([a if a is not None else SelfSimilarityAccumulator(1, dim, range(self.n_words)).compact()
+                             for a in self.layers])
+
+
+class WhitenerSums(Consumer):
+    """The float64 Σx and Σxxᵀ the fitted transforms come from, streamed along the forward: only without a
+    token store (``data.one_pass=false``); with one, they are summed from the stored tokens after the pass."""
+
+    def __init__(self, whitener: Whitener) -> None:
+        self.full, self.views = whitener, layer_views(whitener)
+
+    def update(self, layer: int, vectors: Tensor, batch: StreamBatch) -> None:
+        self.views[layer].partial_fit(vectors)
+
+    def result(self) -> Whitener:
+        return stack_layers(self.views, base=self.full)
+
+
+# -------------------------------------------------------------------------------------------- the pass
 def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] = TRANSFORMS, *,
                       outlier_transforms: Sequence[str] = ("none",), need_anisotropy: bool = True,
                       need_self_sim: bool = True, need_whitener: bool = False,
                       clip_dims: Sequence[int] | None = None, whiten_k: int | None = None,
                       clip_dims_by_layer: dict | None = None, whiten: WhitenSettings | None = None,
-                      outlier_method: str, outlier_threshold: float, outlier_k: float,
-                      n_anisotropy_sentences: int, min_sentences: int, max_words: int | None,
-                      lowercase: bool, seed: int, chunk: int, batch_size: int | None = None,
+                      outlier_method: str = OutliersSettings.method,
+                      outlier_threshold: float = OutliersSettings.threshold, outlier_k: float = OutliersSettings.k,
+                      n_anisotropy_sentences: int = AnisotropySettings.n_sentences,
+                      min_sentences: int = SelfSimilaritySettings.min_sentences,
+                      max_words: int | None = SelfSimilaritySettings.max_words,
+                      lowercase: bool = SelfSimilaritySettings.lowercase, seed: int = 0,
+                      chunk: int = DataSettings.chunk, batch_size: int | None = None,
                       progress: bool = False, need_activations: bool = False,
-                      need_covariance: bool = False, one_pass: bool = True) -> SentenceStats:
-    """Run the fit pass (and, if needed, the apply pass) over ``texts``; see the module docstring.
-
-    The keywords that ``configs/evaluate.yaml`` sets have no Python default (the YAML states each default once):
-    pass them from a composed config with ``**pass_settings(cfg)``.
+                      need_covariance: bool = False, one_pass: bool = True,
+                      consumers: Sequence[Consumer] = ()) -> SentenceStats:
+    """The shared pass over ``texts``: its statistics subscribe to one :class:`LayerStream`; see the module
+    docstring.  The defaults are the settings classes' (:mod:`outlierlab.evaluation.settings`, equal to
+    ``configs/evaluate.yaml``'s); ``**pass_settings(cfg)`` passes a composed config's.
 
     Parameters
     ----------
     encoder : outlierlab.models.loading.FrozenEncoder (or anything with its ``tokenize``/``batches`` API)
-    transforms : transforms to compare (subset of none, clip, whiten)
+    transforms : transforms to compare (subset of :data:`~outlierlab.analysis.transforms.TRANSFORMS`)
     outlier_transforms : transforms whose outlier statistics are wanted ("none" is always accumulated:
         clip detects its dims from it)
     need_whitener : fit the selected fitted transforms (whiten, standardize, abtt, center) even if no statistic
-        here needs them (WiC/STS ``transform.fit_on=sentences``); each is always fitted when it is in
-        ``transforms`` and a statistic here needs it
-    need_covariance : stream the float64 covariance Σ of every layer even when no fitted transform needs it
-        (``SentenceStats.transforms.source.cov``: IsoScore, :mod:`outlierlab.evaluation.isotropy`)
+        here needs them (WiC/STS ``transform.fit_on=sentences``)
+    need_covariance : keep the float64 covariance Σ of every layer (``SentenceStats.transforms.source.cov``:
+        IsoScore, :mod:`outlierlab.evaluation.isotropy`)
     clip_dims, clip_dims_by_layer : ``transform.dims`` (same dims in every layer) or ``transform.dims_by_layer``
         (per layer range, Luo et al. App. D.1), or neither to detect per layer on these sentences with
         :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
-    whiten : k and the degenerate-fit guard (:class:`outlierlab.evaluation.transform_fit.WhitenSettings`); ``whiten_k``
-        alone is the same with the default guard
-    one_pass : encode the sentences once, one layer in memory at a time, and apply the transforms fitted from
-        that pass to its stored tokens (:mod:`outlierlab.evaluation.one_pass`); False = the two-pass reference
-        (re-encode to apply), same results
-    need_activations : also run :class:`outlierlab.evaluation.activation_pass.ActivationObserver` (kurtosis, max/median,
-        inf-norm by site) along the first pass, into ``SentenceStats.activations``
+    whiten : k and the degenerate-fit guard (:class:`outlierlab.evaluation.transform_fit.WhitenSettings`);
+        ``whiten_k`` alone is the same with the default guard
+    one_pass : encode once and replay the stored tokens after the fit (default); False: no disk, the replay is
+        a second forward (same results)
+    need_activations : kurtosis, max/median, inf-norm by site (:class:`ActivationObserver`) along the forward
+    consumers : more subscribers (an analysis' own, :mod:`outlierlab.evaluation.registry`), fed like the built-in
+        statistics: in the forward when their transform is ready, else in the replay after the fit
     """
     texts = [t for t in texts if t.strip()]
     if len(texts) < 2:
@@ -164,163 +245,89 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     if bad:
         raise ValueError(f"unknown transform(s) {bad}; valid: {', '.join(TRANSFORMS)}")
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
-    wanted_stats = set(outlier_transforms) | (set(transforms) if (need_anisotropy or need_self_sim) else set())
+    extra = list(consumers)
+    missing = sorted({c.transform for c in extra} - {"none", *transforms})
+    if missing:
+        raise ValueError(f"a subscriber of the sentence stream wants transform(s) {missing}, which this run does not "
+                         f"compute: add them to transform=[...] (now {', '.join(transforms)})")
+    need_words = need_self_sim or any(c.words for c in extra)
+    wanted_stats = (set(outlier_transforms) | {c.transform for c in extra}
+                    | (set(transforms) if (need_anisotropy or need_self_sim) else set()))
     fitted = [t for t in transforms if t in FITTED and (need_whitener or t in wanted_stats)]
     whiten = whiten if whiten is not None else WhitenSettings(k=whiten_k)
     ft = FittedTransforms()
     if clip_dims is not None or clip_dims_by_layer:
         ft.clip_dims, source = clip_dims_per_layer(n_layers, dim, clip_dims, clip_dims_by_layer)
         ft.info["clip"] = clip_description(ft.clip_dims, source)
-    words = select_words(texts, min_sentences, max_words, seed, lowercase) if need_self_sim else []
-    word_index = {w: i for i, w in enumerate(words)}
-    if need_self_sim and not words:
+    words = select_words(texts, min_sentences, max_words, seed, lowercase) if need_words else []
+    if need_words and not words:
         raise ValueError(f"no word occurs in >= {min_sentences} of the {len(texts)} sentences: use more sentences "
                          "(data.max_sentences) or lower self_similarity.min_sentences")
     st = SentenceStats(n_layers, dim, len(texts), ft, words=words, settings={
         "n_anisotropy_sentences": n_anisotropy_sentences, "min_sentences": min_sentences, "max_words": max_words,
         "outlier_method": outlier_method, "outlier_threshold": outlier_threshold, "outlier_k": outlier_k,
         "seed": seed, "lowercase": lowercase})
-    st.outliers["none"] = OutlierAccumulator(n_layers, dim)
-    if need_anisotropy or need_self_sim:
-        # a reservoir no larger than the sentences it can hold: the same draws (the generator is consumed the
-        # same way whatever the capacity), without [L+1, 2000, d] float32 allocated for a short text list
-        st.anisotropy_acc = AnisotropyAccumulator(n_layers, dim, max(2, min(n_anisotropy_sentences, len(texts))),
-                                                  seed=seed, dtype=_model_dtype(encoder))
-    need_fit = bool(fitted) or need_covariance
-    # two passes: the sums stream along pass 1; one pass: they are taken from the stored tokens afterwards
-    whitener = whiten.new(n_layers, dim) if need_fit and not one_pass else None
-
-    def setup(names: list[str], word_sums: bool = True) -> None:
-        for name in names:
-            d = ft.out_dim(name, dim)
-            if name in outlier_transforms and name not in st.outliers:
-                st.outliers[name] = OutlierAccumulator(n_layers, d)
-            if need_self_sim:
-                if word_sums:  # the replay makes its own, one layer at a time: no [L, K, d] here
-                    st.self_sim[name] = SelfSimilarityAccumulator(n_layers, d, range(len(words)))
-                st.intra_sum[name] = torch.zeros(n_layers, dtype=torch.float64)
-                st.intra_n[name] = 0
-
-    # pass 1: everything ready now (none, clip with given dims) + the fit sums
-    now = [t for t in transforms if ft.ready(t) and t in wanted_stats]
-    # what pass 2 will do: statistics of clip/whiten that need token or word vectors (anisotropy does not:
-    # the fitted transform is applied to its reservoir afterwards)
-    later = [t for t in transforms if not ft.ready(t) and t in wanted_stats
-             and (t in outlier_transforms or need_self_sim)]
-    keep_tokens = one_pass and (bool(later) or need_fit)  # the pass stores its tokens for a replay
-    # with a replay, the word statistics of `now` are taken there too, one layer at a time, from the same
-    # stored tokens in the same order (the same sums): no [L, K, d] float64 beside the forward (issue 39)
-    words_later = list(now) if keep_tokens and need_self_sim else []
-    setup(now, word_sums=not words_later)
+    # -- the subscribers: what each statistic needs
+    outliers = {t: OutlierCounts(t, n_layers) for t in ["none", *(t for t in transforms if t in outlier_transforms)]}
+    sims = {t: WordSimilarity(t, n_layers, len(words)) for t in transforms} if need_self_sim else {}
+    # a reservoir no larger than the sentences it can hold: the same draws (the generator is consumed the
+    # same way whatever the capacity), without [L+1, 2000, d] allocated for a short text list
+    reservoir = (AnisotropyReservoir(n_layers, dim, max(2, min(n_anisotropy_sentences, len(texts))), seed,
+                                     _model_dtype(encoder)) if need_anisotropy or need_self_sim else None)
     st.activations = ActivationObserver(encoder) if need_activations else None
-    kept = None
-    with st.activations or contextlib.nullcontext():
-        if one_pass:  # one forward, one layer at a time; what `later` needs is stored (outlierlab.evaluation.one_pass)
-            _, kept = layer_pass(encoder, texts, st, now, None, word_index, lowercase, need_self_sim,
-                                 keep_tokens, batch_size, chunk, progress,
-                                 "pass 1/1 (+ stored tokens)" if later or need_fit else "pass 1/1")
-            if need_fit:  # from the stored tokens, one layer at a time: no (L+1)·d² sums beside the forward
-                whitener = fit_from_store(whiten, kept.store, [(s, n, None) for s, n, _, _ in kept.batches],
-                                          kept.devices, n_layers, dim, fitted, keep_cov=need_covariance)
-        else:
-            _one_pass(encoder, texts, st, now, whitener, word_index, lowercase, need_self_sim, batch_size, chunk,
-                      progress, "pass 1/2 (fit)" if later else "pass 1/1")
-    for acc in st.self_sim.values():  # complete after the first pass: [L, K, d] -> [L, K] (issue 39)
-        acc.compact()
+    consumers = [*outliers.values(), *sims.values(), *(c for c in (reservoir, st.activations) if c is not None),
+                 *extra]
+    must_fit = bool(fitted) or need_covariance
+    after_fit = [c for c in consumers if not ft.ready(c.transform)]
+    keep = one_pass and (bool(after_fit) or must_fit)
+    if keep:  # with a replay, every word statistic is taken there, one layer at a time: no [L, K, d] float64
+        after_fit += [c for c in consumers if c.words and c not in after_fit]  # beside the forward (issue 39)
+    sums = WhitenerSums(whiten.new(n_layers, dim)) if must_fit and not keep else None
+    stream = LayerStream(encoder, texts, batch_size=batch_size, chunk=chunk, lowercase=lowercase,
+                         word_index={w: i for i, w in enumerate(words)} if need_words else None,
+                         keep_tokens=keep, progress=progress)
+    two = after_fit and not keep
     try:
-        _fit_and_apply(encoder, texts, st, transforms, fitted, later, whitener, whiten, kept, one_pass, setup,
-                       word_index, lowercase, need_self_sim, batch_size, chunk, progress, outlier_method,
-                       outlier_threshold, outlier_k, words_later)
+        stream.forward([c for c in consumers if c not in after_fit] + ([sums] if sums else []), ft,
+                       "pass 1/1 (+ stored tokens)" if keep else "pass 1/2 (fit)" if two else "pass 1/1")
+        st.outliers["none"] = outliers["none"].result(dim)
+        _fit(st, transforms, fitted, whiten, stream, sums, need_covariance, outlier_method, outlier_threshold,
+             outlier_k)
+        stream.replay(after_fit, ft)
     finally:  # a refused fit (degenerate whitening) must not leave the stored tokens behind in $TMPDIR
-        if kept is not None and kept.store is not None:
-            kept.store.cleanup()
-    for acc in st.self_sim.values():  # the transforms fitted after the pass, compacted too
-        acc.compact()
+        stream.close()
+    st.outliers.update({t: c.result(ft.out_dim(t, dim)) for t, c in outliers.items()})
+    st.self_sim = {t: c.result(ft.out_dim(t, dim)) for t, c in sims.items()}
+    st.intra_sum = {t: c.intra_sum for t, c in sims.items()}
+    st.intra_n = {t: c.intra_n for t, c in sims.items()}
+    st.anisotropy_acc = reservoir.result() if reservoir is not None else None
+    st.passes, st.notes = stream.logs, stream.notes
     return st
 
 
-def _fit_and_apply(encoder, texts, st, transforms, fitted, later, whitener, whiten, kept, one_pass, setup,
-                   word_index, lowercase, need_self_sim, batch_size, chunk, progress, outlier_method,
-                   outlier_threshold, outlier_k, words_later=()) -> None:
-    """Fit clip's dims and the fitted transforms from the first pass, then the statistics of ``later`` (and the
-    word statistics of ``words_later``, transforms of the first pass whose words the replay takes)."""
-    ft, n_layers = st.transforms, st.num_layers
-    # fit clip dims and whitener from pass 1
+def _fit(st: SentenceStats, transforms, fitted, whiten: WhitenSettings, stream: LayerStream, sums, need_covariance,
+         outlier_method, outlier_threshold, outlier_k) -> None:
+    """The phase between the two loops: clip's dims detected from the raw outlier counts, the fitted maps from
+    the stored tokens one layer at a time (or from the sums streamed along the forward)."""
+    ft, n_texts = st.transforms, len(stream.texts)
     if "clip" in transforms and ft.clip_dims is None:
         acc = st.outliers["none"]
         ft.clip_dims = (detect_outlier_dims(acc, outlier_method, outlier_threshold, outlier_k) if acc.count
-                        else [[] for _ in range(n_layers)])
-        rule = (f"share >= {outlier_threshold:g}" if outlier_method == "share" else f"|mean| outside {outlier_k:g}σ")
-        ft.info["clip"] = clip_description(ft.clip_dims, f"detected per layer on the {len(texts)} evaluation "
-                                                         f"sentences (outlierlab.analysis.outlier_dims.detect_outlier_dims, {rule})")
-    if whitener is not None:  # refuses a degenerate fit (too few distinct vectors) in one line
-        ft.set_all(whiten.fit_all(whitener, fitted,
-                                  f"the non-special token vectors of the {len(texts)} evaluation sentences"),
-                   source=whitener.finalize(release_sums=True, keep_eigvecs=False) if whitener.W is None else whitener)
-    # pass 2: the transforms fitted in pass 1
-    if later:
-        setup(later, word_sums=not one_pass)
-    if one_pass and (later or words_later):
-        replay(st, later, kept, words_now=words_later)
-    elif later:
-        _one_pass(encoder, texts, st, later, None, word_index, lowercase, need_self_sim, batch_size, chunk,
-                  progress, "pass 2/2 (apply)")
-
-
-def _one_pass(encoder, texts, st: SentenceStats, names: list[str], whitener: Whitener | None, word_index: dict,
-              lowercase: bool, need_words: bool, batch_size, chunk, progress: bool, desc: str) -> None:
-    log_ = EncodeLog()
-    bar = progress_bar(len(texts), f"{desc} {encoder.source.name if hasattr(encoder, 'source') else ''}", progress)
-    first = not st.passes
-    try:
-        for b in iter_batches(encoder, texts, batch_size, chunk, offsets=need_words and bool(names), bar=bar,
-                              stats=log_):
-            _consume(b, st, names, whitener, word_index, lowercase, first)
-    finally:
-        if bar is not None:
-            bar.close()
-    if first:
-        finish_encode_log(log_, desc, st.notes)
-    st.passes.append(log_)
-
-
-def _consume(b: Batch, st: SentenceStats, names: list[str], whitener: Whitener | None, word_index: dict,
-             lowercase: bool, first: bool) -> None:
-    h, valid = b.hidden, b.valid
-    tokens = h[:, valid]  # [L, N, d] non-special, non-pad tokens
-    if first:
-        st.outliers["none"].update(tokens)
-        if st.activations is not None:
-            st.activations.observe(h, valid, b.attention_mask, b.input_ids)
-        if whitener is not None:
-            whitener.partial_fit(tokens)
-        if st.anisotropy_acc is not None:
-            sid = torch.arange(valid.shape[0], device=valid.device)[:, None].expand_as(valid)[valid]
-            st.anisotropy_acc.update(tokens, sid)
-    ft = st.transforms
-    for name in names:
-        if name != "none" and name in st.outliers:
-            st.outliers[name].update(ft.apply(name, tokens))
-    if not names or not st.self_sim:
+                        else [[] for _ in range(st.num_layers)])
+        rule = f"share >= {outlier_threshold:g}" if outlier_method == "share" else f"|mean| outside {outlier_k:g}σ"
+        ft.info["clip"] = clip_description(ft.clip_dims, f"detected per layer on the {n_texts} evaluation sentences "
+                                                         f"(outlierlab.analysis.outlier_dims.detect_outlier_dims, {rule})")
+    if not fitted and not need_covariance:
         return
-    wv, mask, keys = word_vectors(h, b, word_index, lowercase)
-    if wv is None:
-        return
-    has_words = mask.any(1)
-    flat_keys = keys.flatten()
-    target = (flat_keys >= 0).nonzero().flatten()
-    for name in names:
-        if name not in st.self_sim:
-            continue
-        tv = ft.apply(name, wv)  # [L, B, W, d']
-        if has_words.any():
-            intra = intra_sentence_similarity(tv[:, has_words], mask=mask[has_words])  # [L, B']
-            st.intra_sum[name] += intra.sum(1).cpu()
-            st.intra_n[name] += int(has_words.sum())
-        if target.numel():
-            flat = tv.reshape(tv.shape[0], -1, tv.shape[-1])
-            st.self_sim[name].update(flat[:, target.to(flat.device)], flat_keys[target])
-
+    if sums is not None:
+        whitener = sums.result()
+    else:  # from the stored tokens, one layer at a time: no (L+1)·d² sums beside the forward (issue 39)
+        release_freed_memory()
+        whitener = whiten.fit_by_layer(st.num_layers, st.dim, stream.layer_chunks, fitted, keep_cov=need_covariance,
+                                       on_disk=stream.store.directory.parent)
+    # refuses a degenerate fit (too few distinct vectors) in one line
+    ft.set_all(whiten.fit_all(whitener, fitted, f"the non-special token vectors of the {n_texts} evaluation sentences"),
+               source=whitener.finalize(release_sums=True, keep_eigvecs=False) if whitener.W is None else whitener)
 
 # -------------------------------------------------------------------------------------------- from a context
 def evaluation_sentences(data: DataSettings) -> list[str]:
@@ -359,7 +366,7 @@ def sentence_stats(ctx) -> SentenceStats:
         whiten=WhitenSettings.from_settings(t),
         batch_size=section_settings(EncoderSettings, cfg).batch_size,
         progress=bool(cfg.progress), need_activations="outliers" in selected,
-        need_covariance="isotropy" in selected, one_pass=data.one_pass)
+        need_covariance="isotropy" in selected, one_pass=data.one_pass, consumers=ctx.shared.consumers)
     st.settings["source"] = "data.files" if data.files else "shipped Persuasion sentences (outlierlab/datamodules/data/eval)"
     ctx.shared.sentence_stats = st
     return st

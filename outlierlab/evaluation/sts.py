@@ -36,7 +36,7 @@ from outlierlab.evaluation.encoding import (EncodeLog, distinct_texts, encode_lo
                                  progress_bar)
 from outlierlab.evaluation.disk_room import check_room
 from outlierlab.evaluation.layer_rows import LayerRows, pair_cosines
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
 from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
 from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings
@@ -282,7 +282,6 @@ def score_dataset(name: str, pairs: Pairs, vecs: SentenceVectors, keep: torch.Te
     return rows, headline
 
 
-@register("sts")
 def run(ctx: EvalContext) -> AnalysisResult:
     head = "## Semantic Textual Similarity (Luo et al. 2021 §4.3, Table 2)"
     prepared = ctx.prepared if isinstance(ctx.prepared, StsData) else check(ctx)

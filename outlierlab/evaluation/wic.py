@@ -25,7 +25,7 @@ import torch
 
 from outlierlab.analysis.transforms import FITTED
 from outlierlab.analysis.wic import all_true_baseline, best_per_layer, best_threshold, choose_then_report, threshold_sweep
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import md_table, plot_layers
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.datamodules.eval_data import load_wic
@@ -34,8 +34,9 @@ from outlierlab.evaluation.layer_rows import pair_cosines
 from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from outlierlab.evaluation.transform_fit import WhitenSettings
-from outlierlab.evaluation.streaming import (EncodeLog, FittedTransforms, clip_dims_for_tasks, finish_encode_log,
-                                             sentence_stats)
+from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log
+from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
+from outlierlab.evaluation.transform_fit import FittedTransforms
 
 FIELDS = ("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label")
 DEFAULT_SPLIT = {"wordnet": "train", "superglue": "train", "files": None}  # the paper sweeps on WiC's train split
@@ -154,7 +155,6 @@ def check(ctx: EvalContext) -> WicData:
     return WicData(pairs, what, report, fit_pairs)
 
 
-@register("wic")
 def run(ctx: EvalContext) -> AnalysisResult:
     data = ctx.prepared if isinstance(ctx.prepared, WicData) else check(ctx)
     s = load_settings(WicSettings, ctx.cfg)

@@ -16,7 +16,6 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from outlierlab.datamodules.validation import validate_inputs
-from outlierlab.evaluation import registry
 from outlierlab.evaluation.registry import ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
 from outlierlab.evaluation.settings import EncoderSettings, section_settings
 
@@ -27,17 +26,29 @@ FITTED = TRANSFORMS[2:]
 
 
 # ----------------------------------------------------------------------------------- light validation
+def analysis_module(name: str) -> str:
+    """The module of analysis ``name``: a built-in's (:data:`ANALYSIS_MODULES`), or ``name`` itself when it is a
+    dotted module path (an analysis of one's own, :mod:`outlierlab.evaluation.registry`)."""
+    return ANALYSIS_MODULES.get(name, name)
+
+
 def selected_analyses(cfg) -> list[str]:
-    """``analyses=[...]`` checked against the registry (no torch import)."""
+    """``analyses=[...]`` checked against the registry and the import path (no torch import)."""
     names = cfg.get("analyses")
     names = [names] if isinstance(names, str) else [str(n) for n in (names or [])]
     if not names:
         raise ValueError(f"analyses is empty; choose from {', '.join(ANALYSIS_MODULES)}")
     for n in names:
-        if n not in ANALYSIS_MODULES:
-            raise ValueError(f"unknown analysis {n!r}; valid: {', '.join(ANALYSIS_MODULES)}")
-        if importlib.util.find_spec(ANALYSIS_MODULES[n]) is None:
-            raise ValueError(f"analysis {n!r} is registered but {ANALYSIS_MODULES[n]} is not installed")
+        if n not in ANALYSIS_MODULES and "." not in n:
+            raise ValueError(f"unknown analysis {n!r}; valid: {', '.join(ANALYSIS_MODULES)}, or the module path "
+                             "of your own (analyses=[outliers,mypkg.my_analysis])")
+        try:
+            found = importlib.util.find_spec(analysis_module(n)) is not None
+        except ModuleNotFoundError:  # its package is missing
+            found = False
+        if not found:
+            raise ValueError(f"analysis {n!r}: module {analysis_module(n)} cannot be imported (not installed, or "
+                             "not on PYTHONPATH)")
     return list(dict.fromkeys(names))
 
 
@@ -53,7 +64,7 @@ def selected_transforms(cfg) -> list[str]:
 def check_settings(cfg, analyses: list[str]) -> None:
     """Every config section the run reads, built as its typed settings (:mod:`outlierlab.evaluation.settings`, no torch):
     an unknown or missing key, a wrong type or a value out of range fails here in one line."""
-    for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses)]):
+    for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses if n in SETTINGS)]):
         section_settings(cls, cfg)
 
 
@@ -95,17 +106,24 @@ def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None) -> dict:
     shared = SharedPasses()  # the sentence pass and the MLM model, computed once for every analysis
     contexts, modules = {}, {}
     for name in analyses:
-        modules[name] = importlib.import_module(ANALYSIS_MODULES[name])
-        contexts[name] = EvalContext(encoder, cfg.get(name) or OmegaConf.create({}), cfg, transforms, run_dir,
+        modules[name] = importlib.import_module(analysis_module(name))
+        section = cfg.get(name.rsplit(".", 1)[-1])
+        contexts[name] = EvalContext(encoder, section or OmegaConf.create({}), cfg, transforms, run_dir,
                                      int(cfg.seed), tb, shared, plots=plots)
     for name in analyses:  # data problems (missing file, offline hub name) fail before any encoding
         if hasattr(modules[name], "check"):  # its data (WiC pairs, STS sets) is handed to its run()
             contexts[name].prepared = modules[name].check(contexts[name])
+        if hasattr(modules[name], "consumers"):  # its subscribers to the shared sentence stream
+            contexts[name].consumers = list(modules[name].consumers(contexts[name]))
+            shared.consumers += contexts[name].consumers
+    if shared.consumers:  # the shared pass feeds them, whichever analysis would have started it
+        from outlierlab.evaluation.streaming import sentence_stats
+
+        sentence_stats(next(contexts[n] for n in analyses if contexts[n].consumers))
     results = []
     for i, name in enumerate(analyses):
         t0 = time.time()
-        # registry.ANALYSES, read at call time: import_module above registers into it
-        res = registry.ANALYSES[name](contexts[name])
+        res = modules[name].run(contexts[name])
         res.summary["seconds"] = round(time.time() - t0, 2)
         _fit_columns(res, shared)
         results.append(res)

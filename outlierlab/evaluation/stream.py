@@ -1,0 +1,305 @@
+"""One per-layer stream of token vectors that analyses subscribe to (issue 48).
+
+A :class:`LayerStream` encodes a list of texts once, one layer in memory at a time
+(:meth:`outlierlab.models.loading.FrozenEncoder.forward_layers`), and hands every layer of every batch — its
+non-special, non-pad token vectors — to each subscribed :class:`Consumer` exactly once.  A consumer declares
+what it needs and nothing else:
+
+* ``transform``: the vectors it wants (``"none"`` = raw; ``"clip"``, ``"whiten"``, ... = after that transform,
+  applied by the stream, each layer with its own map);
+* ``words``: word vectors (the mean of each word's subword tokens, Ethayarajh 2019) instead of token vectors;
+
+and it receives them through a public interface: :meth:`Consumer.update` ``(layer, vectors, batch)`` per layer
+and batch, :meth:`Consumer.end_batch` after a batch's last layer, :meth:`Consumer.end_layer` once a layer has
+been seen in full, and its own ``result()``.
+
+A transform that must be fitted on the same vectors (clip's detected dims, whiten/standardize/abtt/center) is
+applied in a second loop after the fit — **the fit is a phase between two loops**, written by the caller:
+
+.. code-block:: python
+
+    stream = LayerStream(encoder, texts, keep_tokens=True)
+    stream.forward([raw_counts, reservoir])          # loop 1: the encoder's forward, raw vectors
+    transforms = fit(raw_counts, stream.layer_chunks)  # the fit: from loop 1's statistics / stored tokens
+    stream.replay([clip_counts, whiten_words], transforms)  # loop 2: the stored tokens, one layer at a time
+
+The replay reads the tokens the forward stored on disk (:class:`outlierlab.datamodules.features.LayerTokenStore`,
+the model's dtype) back one layer at a time, batch by batch in the forward's order — the same numbers as a
+second encoding (the encoder is deterministic in eval mode), and every float64 sum added in the same order.
+Without a store (``keep_tokens=False``: no disk, ``data.one_pass=false``) the replay *is* a second forward.
+
+Why hand-written: no library streams a model's layers to several statistics at once and replays them after a fit
+(TransformerLens and nnsight cache whole activations; that is the ``[L, N, d]`` memory this design avoids,
+issue 39).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from outlierlab.datamodules.features import LayerTokenStore
+from outlierlab.evaluation.disk_room import check_room
+from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, iter_batches, progress_bar
+from outlierlab.evaluation.words import plan_vectors, word_plan
+from outlierlab.utils.memory import release_freed_memory
+
+__all__ = ["Consumer", "LayerStream", "StreamBatch", "WordVectors", "fit_from_store"]
+
+
+@dataclass
+class StreamBatch:
+    """One encoded batch as every consumer sees it, for each of its layers.
+
+    index : the batch's number in the pass
+    n_rows : sentences in the batch
+    n_tokens : its valid (non-special, non-pad) tokens — the rows of the vectors a consumer gets
+    sentence_ids : ``[N]`` the batch row of each valid token
+    token_ids : ``[N]`` their token ids
+    attention_mask : ``[B, T]`` (the forward only; None in a replay from the store)
+    words : the batch's word plan over its valid tokens (:func:`outlierlab.evaluation.words.word_plan`), or None
+    start : its first row in the token store
+    """
+
+    index: int
+    n_rows: int
+    n_tokens: int
+    sentence_ids: Tensor
+    token_ids: Tensor | None
+    attention_mask: Tensor | None
+    words: Any
+    start: int
+
+    def n_with_words(self) -> int:
+        """Sentences of the batch with at least one word."""
+        return 0 if self.words is None else int((self.words[2].reshape(self.n_rows, -1) > 0).any(1).sum())
+
+
+class WordVectors(NamedTuple):
+    """A batch's word vectors in one layer: ``vectors [1, B, W, d']``, ``mask [B, W]`` (slot holds a word),
+    ``keys [B, W]`` (the target-word index of a word's first occurrence in its sentence, else -1)."""
+
+    vectors: Tensor
+    mask: Tensor
+    keys: Tensor
+
+
+class Consumer:
+    """An analysis' subscription to a :class:`LayerStream`.
+
+    Subclasses set :attr:`transform` and :attr:`words` and implement :meth:`update`; the other hooks are optional.
+    ``update`` is called once for every (layer, batch); in the forward, layers of one batch come in order
+    before the next batch; in a replay from the store, batches of one layer come in order before the next
+    layer.  Vectors are shared between consumers: never modify them in place."""
+
+    transform: str = "none"
+    words: bool = False
+
+    def open(self, stream: "LayerStream") -> None:
+        """Before the forward (e.g. hooks on the model)."""
+
+    def update(self, layer: int, vectors: Tensor | WordVectors, batch: StreamBatch) -> None:
+        """One layer of one batch: token vectors ``[1, N, d']`` float32, or :class:`WordVectors`."""
+        raise NotImplementedError
+
+    def end_batch(self, batch: StreamBatch) -> None:
+        """After the last layer of ``batch`` (the forward only)."""
+
+    def end_layer(self, layer: int) -> None:
+        """``layer`` has been seen in full (a replay: before the next layer; the forward: after the pass)."""
+
+    def close(self) -> None:
+        """After the forward, also when it failed (remove hooks)."""
+
+
+class _LayerTransforms:
+    """Each transform restricted to one layer (``FittedTransform.select``), built once per (name, layer)."""
+
+    def __init__(self, transforms, dim: int) -> None:
+        self.ft, self.dim, self.cache = transforms, dim, {}
+
+    def __call__(self, name: str, layer: int, x: Tensor) -> Tensor:
+        if name == "none":
+            return x
+        if (name, layer) not in self.cache:
+            self.cache[(name, layer)] = self.ft.get(name, self.dim).select([layer])
+        return self.cache[(name, layer)](x)
+
+
+class LayerStream:
+    """The texts' token vectors, one layer at a time, for any number of consumers.
+
+    Parameters
+    ----------
+    encoder : :class:`outlierlab.models.loading.FrozenEncoder` (or anything with its ``tokenize``/``batches``)
+    texts : the sentences, encoded ``chunk`` at a time, ``batch_size`` per forward
+    word_index : target word -> index, for consumers of word vectors (None: no word plans, no offsets)
+    lowercase : match words case-insensitively
+    keep_tokens : store every layer's valid tokens on disk for :meth:`replay` and :meth:`layer_chunks`
+    progress : a progress bar per loop
+    """
+
+    def __init__(self, encoder, texts: Sequence[str], *, batch_size: int | None = None, chunk: int = 1024,
+                 word_index: dict | None = None, lowercase: bool = True, keep_tokens: bool = False,
+                 progress: bool = False) -> None:
+        self.encoder, self.texts = encoder, list(texts)
+        self.num_layers, self.dim = encoder.num_layers + 1, encoder.hidden_size
+        self.batch_size, self.chunk, self.progress = batch_size, chunk, progress
+        self.word_index, self.lowercase, self.keep_tokens = word_index, lowercase, keep_tokens
+        self.store: LayerTokenStore | None = None
+        self.devices: dict[int, torch.device] = {}  # where each layer ran: its replay and fit run there
+        self.batches: list[StreamBatch] = []
+        self.logs: list[EncodeLog] = []  # one per forward
+        self.notes: list[str] = []
+
+    # ------------------------------------------------------------------------------------------ loop 1
+    def forward(self, consumers: Sequence[Consumer], transforms=None, desc: str = "pass 1/1") -> None:
+        """The encoder's forward over the texts: each consumer gets every layer of every batch once (its
+        ``transform`` must be ready in ``transforms``, a :class:`~outlierlab.evaluation.transform_fit.FittedTransforms`)."""
+        tf = _LayerTransforms(transforms, self.dim)
+        if self.keep_tokens and self.store is None:  # fails in one line now, not with ENOSPC hours into the pass
+            check_room(self.encoder, self.texts, "the one-pass evaluation's token store and fitted maps",
+                       "set TMPDIR to a larger disk, or encode twice without storing tokens: data.one_pass=false",
+                       extra_bytes=2 * self.num_layers * self.dim * self.dim * 4)
+            self.store = LayerTokenStore(tempfile.mkdtemp(prefix="outlierlab-replay-"), self.num_layers, self.dim)
+        store = self.store if not self.logs else None  # a second forward (no store) stores nothing
+        log_, batches = EncodeLog(), []
+        name = getattr(getattr(self.encoder, "source", None), "name", "")
+        bar = progress_bar(len(self.texts), f"{desc} {name}", self.progress)
+        opened = []
+        try:
+            for c in consumers:
+                c.open(self)
+                opened.append(c)
+            for b in iter_batches(self.encoder, self.texts, self.batch_size, self.chunk,
+                                  offsets=self.word_index is not None, bar=bar, stats=log_, layerwise=True):
+                sb = self._stream_batch(len(batches), b, store)
+
+                def fn(layer: int, h: Tensor, b=b, sb=sb) -> None:
+                    raw = h[b.valid.to(h.device)]  # [N, d] in the model's dtype
+                    self._feed(consumers, tf, layer, raw.float()[None], sb)
+                    if store is not None:
+                        store.append(layer, raw)
+                        self.devices[layer] = h.device
+
+                b.layers(fn)
+                for c in consumers:
+                    c.end_batch(sb)
+                batches.append(sb)
+        except BaseException:
+            self.close()  # nothing will replay the stored tokens
+            raise
+        finally:
+            for c in opened:
+                c.close()
+            if bar is not None:
+                bar.close()
+            if store is not None:
+                store.close()
+        for layer in range(self.num_layers):
+            for c in consumers:
+                c.end_layer(layer)
+        if not self.logs:
+            self.batches = batches
+            finish_encode_log(log_, desc, self.notes)
+        self.logs.append(log_)
+
+    def _stream_batch(self, index: int, b, store) -> StreamBatch:
+        valid = b.valid
+        bsz = valid.shape[0]
+        plan = word_plan(b, self.word_index, valid.shape[1], self.lowercase) if self.word_index is not None else None
+        if plan is not None:  # the plan over the [B, T] grid re-indexed to the batch's valid tokens
+            src, dst, counts, keys, w_max = plan
+            row_of = torch.cumsum(valid.flatten().long().cpu(), 0) - 1
+            plan = (row_of[src], dst, counts, keys, w_max)
+        return StreamBatch(index, bsz, int(valid.sum()),
+                           torch.arange(bsz, device=valid.device)[:, None].expand_as(valid)[valid],
+                           b.input_ids[valid] if b.input_ids is not None else None, b.attention_mask, plan,
+                           store.rows_written[0] if store is not None else 0)
+
+    def _feed(self, consumers: Sequence[Consumer], tf: _LayerTransforms, layer: int, tok: Tensor,
+              sb: StreamBatch) -> None:
+        """Every consumer's view of one layer of one batch; each (transform, tokens|words) computed once."""
+        views: dict[tuple[str, bool], Any] = {}
+        words = None
+        for c in consumers:
+            key = (c.transform, c.words)
+            if key not in views:
+                if c.words:
+                    if sb.words is None:
+                        continue
+                    if words is None:
+                        words = plan_vectors(tok, sb.words, sb.n_rows)  # [1, B, W, d]
+                    views[key] = WordVectors(tf(c.transform, layer, words[0]), words[1], words[2])
+                else:
+                    views[key] = tf(c.transform, layer, tok)
+            c.update(layer, views[key], sb)
+
+    # ------------------------------------------------------------------------------------------- the fit
+    def layer_chunks(self, layer: int) -> Iterator[Tensor]:
+        """The stored tokens of ``layer``, batch by batch in the forward's order, float32 on the device the
+        layer ran on: what a fit reads between the two loops (one layer in memory)."""
+        if self.store is None:
+            raise RuntimeError("layer_chunks needs the stored tokens: LayerStream(..., keep_tokens=True)")
+        for sb in self.batches:
+            yield self.store.rows(layer, sb.start, sb.start + sb.n_tokens).to(
+                self.devices.get(layer, "cpu")).float()
+
+    # ------------------------------------------------------------------------------------------ loop 2
+    def replay(self, consumers: Sequence[Consumer], transforms, desc: str = "pass 2/2 (apply)") -> None:
+        """Every layer once more for ``consumers`` (their transforms fitted after the forward): from the stored
+        tokens, one layer at a time — or, without a store, a second forward.  The store is removed after."""
+        if not consumers:
+            self.close()
+            return
+        if self.store is None:
+            self.forward(consumers, transforms, desc)
+            return
+        tf = _LayerTransforms(transforms, self.dim)
+        try:
+            for layer in range(self.num_layers):
+                tf.cache.clear()  # one layer's maps (and their float32 copies) at a time
+                for sb, tok in zip(self.batches, self.layer_chunks(layer)):
+                    self._feed(consumers, tf, layer, tok[None], sb)
+                for c in consumers:
+                    c.end_layer(layer)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Remove the token store (also after a refused fit: nothing is left in ``$TMPDIR``)."""
+        if self.store is not None:
+            self.store.cleanup()
+            self.store = None
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.logs)
+
+
+def fit_from_store(fit, store: LayerTokenStore, spans, devices: dict, num_layers: int, dim: int, names,
+                   keep_cov: bool = False):
+    """The fitted transforms' sums from tokens a pass stored, one layer at a time (issue 39): never
+    ``(L+1)·d²`` of them beside the model's forward.  The forward's freed buffers go back to the OS first.
+
+    fit : :class:`outlierlab.evaluation.transform_fit.WhitenSettings`
+    spans : per batch ``(first stored row, rows, multiplicities or None)`` — a row fed ``m`` times counts ``m``
+        times, as WiC's repeated sentences do
+    devices : where each layer ran (the sums are taken there)
+    names, keep_cov : the maps to be fitted and whether Σ is kept (:meth:`WhitenSettings.fit_by_layer`)
+
+    Σ and the maps are written to files beside the token store (:class:`outlierlab.utils.disk_layers.DiskLayers`)
+    and read back one layer at a time: ``(L+1)·2d²`` float32 (40 GiB at 70B) never sits in memory."""
+    release_freed_memory()
+
+    def chunks(layer: int):
+        for start, n_rows, mult in spans:
+            x = store.rows(layer, start, start + n_rows).to(devices.get(layer, "cpu")).float()
+            yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
+
+    return fit.fit_by_layer(num_layers, dim, chunks, names, keep_cov=keep_cov, on_disk=store.directory.parent)

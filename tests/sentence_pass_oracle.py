@@ -1,0 +1,77 @@
+"""The two-pass reference of the shared sentence pass — kept only as a test oracle (issue 48).
+
+No stream, no per-layer state, no token store: every batch's hidden states of ALL layers at once
+(``[L+1, B, T, d]``) go into ``L+1``-layer accumulators, the transforms are fitted from the first encoding's
+sums, and the sentences are encoded a second time to apply them.  Written the plain way on purpose, so that the
+engine (:mod:`outlierlab.evaluation.stream`, :func:`outlierlab.evaluation.streaming.run_sentence_pass`) is
+checked against something that shares none of its machinery except the accumulators themselves.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from outlierlab.analysis.outlier_dims import detect_outlier_dims
+from outlierlab.analysis.outlier_stats import OutlierAccumulator
+from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator,
+                                            intra_sentence_similarity)
+from outlierlab.analysis.transforms import FITTED, clip_dims_per_layer
+from outlierlab.evaluation.encoding import iter_batches
+from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings
+from outlierlab.evaluation.words import select_words, word_vectors
+
+
+def oracle_pass(encoder, texts, transforms, *, clip_dims=None, whiten: WhitenSettings | None = None,
+                outlier_method, outlier_threshold, outlier_k, n_anisotropy_sentences, min_sentences, max_words,
+                lowercase, seed, chunk, batch_size) -> dict:
+    """Outlier counts, word statistics and the raw anisotropy reservoir of every transform in ``transforms``."""
+    texts = [t for t in texts if t.strip()]
+    n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
+    whiten = whiten or WhitenSettings()
+    ft = FittedTransforms()
+    if clip_dims is not None:
+        ft.clip_dims, _ = clip_dims_per_layer(n_layers, dim, clip_dims, None)
+    words = select_words(texts, min_sentences, max_words, seed, lowercase)
+    index = {w: i for i, w in enumerate(words)}
+    out = {"outliers": {}, "self_sim": {}, "intra_sum": {}, "intra_n": {}, "transforms": ft, "words": words}
+    params = next(encoder.model.parameters())
+    reservoir = AnisotropyAccumulator(n_layers, dim, max(2, min(n_anisotropy_sentences, len(texts))), seed=seed,
+                                      dtype=params.dtype if params.dtype != torch.float32 else torch.float32)
+    sums = whiten.new(n_layers, dim)
+
+    def consume(names, first: bool) -> None:
+        for t in names:
+            out["outliers"][t] = OutlierAccumulator(n_layers, ft.out_dim(t, dim))
+            out["self_sim"][t] = SelfSimilarityAccumulator(n_layers, ft.out_dim(t, dim), range(len(words)))
+            out["intra_sum"][t], out["intra_n"][t] = torch.zeros(n_layers, dtype=torch.float64), 0
+        for b in iter_batches(encoder, texts, batch_size, chunk, offsets=True):
+            tokens = b.hidden[:, b.valid].float()  # [L+1, N, d]
+            if first:
+                sid = torch.arange(b.valid.shape[0])[:, None].expand_as(b.valid)[b.valid]
+                reservoir.update(tokens, sid)
+                sums.partial_fit(tokens)
+            wv, mask, keys = word_vectors(b.hidden.float(), b, index, lowercase)
+            for t in names:
+                out["outliers"][t].update(ft.apply(t, tokens))
+                if wv is None:
+                    continue
+                tv = ft.apply(t, wv)  # [L+1, B, W, d']
+                has = mask.any(1)
+                if has.any():
+                    out["intra_sum"][t] += intra_sentence_similarity(tv[:, has], mask=mask[has]).sum(1)
+                    out["intra_n"][t] += int(has.sum())
+                target = (keys.flatten() >= 0).nonzero().flatten()
+                if target.numel():
+                    flat = tv.reshape(n_layers, -1, tv.shape[-1])
+                    out["self_sim"][t].update(flat[:, target], keys.flatten()[target])
+
+    now = [t for t in transforms if ft.ready(t)]
+    consume(now, first=True)
+    if "clip" in transforms and ft.clip_dims is None:
+        ft.clip_dims = detect_outlier_dims(out["outliers"]["none"], outlier_method, outlier_threshold, outlier_k)
+    fitted = [t for t in transforms if t in FITTED]
+    if fitted:
+        ft.set_all(whiten.fit_all(sums, fitted, "oracle"))
+    consume([t for t in transforms if t not in now], first=False)
+    out["anisotropy"] = reservoir
+    return out
