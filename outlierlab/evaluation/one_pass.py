@@ -178,7 +178,7 @@ def fit_from_store(fit, store: LayerTokenStore, spans, devices: dict, num_layers
 
     Parameters
     ----------
-    fit : :class:`outlierlab.evaluation.transform_fit.WhitenSettings`
+    fit : :class:`outlierlab.analysis.transform_fit.WhitenSettings`
     spans : per batch ``(first stored row, rows, multiplicities or None)`` — a row fed ``m`` times counts ``m``
         times, as WiC's repeated sentences do
     devices : where each layer ran (the sums are taken there)

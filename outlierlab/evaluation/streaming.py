@@ -23,7 +23,7 @@ choice of tokens does not depend on vector values, so this equals running the ac
 vectors).  The apply step is skipped when no selected analysis needs it.
 
 Words (self-similarity, intra-sentence similarity) come from :mod:`outlierlab.evaluation.words`; encoding in bounded
-memory from :mod:`outlierlab.evaluation.encoding`; the transforms and their settings from :mod:`outlierlab.evaluation.transform_fit`
+memory from :mod:`outlierlab.evaluation.encoding`; the transforms and their settings from :mod:`outlierlab.analysis.transform_fit`
 (the whitener is guarded against fits on too few distinct vectors, :meth:`outlierlab.analysis.whitening.Whitener.check`).
 """
 
@@ -49,7 +49,7 @@ from outlierlab.evaluation.encoding import (Batch, EncodeLog, finish_encode_log,
                                  progress_bar)
 from outlierlab.evaluation.settings import (AnisotropySettings, DataSettings, EncoderSettings, OutliersSettings,
                                  SelfSimilaritySettings, TransformSettings, section_settings)
-from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims  # noqa: F401
+from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims  # noqa: F401
 from outlierlab.evaluation.words import (WORD_RE, char_span_tokens, select_words, sentence_word_counts,  # noqa: F401
                               word_occurrences, word_vectors)
 
@@ -149,7 +149,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     clip_dims, clip_dims_by_layer : ``transform.dims`` (same dims in every layer) or ``transform.dims_by_layer``
         (per layer range, Luo et al. App. D.1), or neither to detect per layer on these sentences with
         :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
-    whiten : k and the degenerate-fit guard (:class:`outlierlab.evaluation.transform_fit.WhitenSettings`); ``whiten_k``
+    whiten : k and the degenerate-fit guard (:class:`outlierlab.analysis.transform_fit.WhitenSettings`); ``whiten_k``
         alone is the same with the default guard
     one_pass : encode the sentences once, one layer in memory at a time, and apply the transforms fitted from
         that pass to its stored tokens (:mod:`outlierlab.evaluation.one_pass`); False = the two-pass reference

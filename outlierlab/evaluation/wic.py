@@ -33,7 +33,7 @@ from outlierlab.evaluation.encoding import encode_log_line
 from outlierlab.evaluation.layer_rows import pair_cosines
 from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
-from outlierlab.evaluation.transform_fit import WhitenSettings
+from outlierlab.analysis.transform_fit import WhitenSettings
 from outlierlab.evaluation.streaming import (EncodeLog, FittedTransforms, clip_dims_for_tasks, finish_encode_log,
                                              sentence_stats)
 

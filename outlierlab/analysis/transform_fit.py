@@ -1,22 +1,35 @@
-"""The transforms ``evaluate.py`` compares side by side, fitted from the ``transform`` config node.
+"""Fitting the transforms: the one place where ``probe.py`` and ``evaluate.py`` fit them.
 
-The transforms themselves are defined once, in :mod:`outlierlab.analysis.transforms` (clip, :class:`FittedTransform`),
+The transforms themselves are defined in :mod:`outlierlab.analysis.transforms` (clip, :class:`FittedTransform`),
 :mod:`outlierlab.analysis.whitening` (:class:`Whitener`: the streamed float64 sums and the guard) and
-:mod:`outlierlab.analysis.postprocessing` (whiten, standardize, abtt, center from those sums); this module only
-reads the settings (``transform.dims`` / ``dims_by_layer`` / ``k`` / ``abtt_d`` / ``min_fit_ratio`` /
-``allow_degenerate``) and keeps, per analysis, which transforms are ready and how each was obtained — so every
-analysis (outliers, anisotropy, isotropy, self-similarity, WiC, STS) fits and guards its maps the same way.
+:mod:`outlierlab.analysis.postprocessing` (whiten, standardize, abtt, center from those sums).  Fitting them is
+
+* clip: the dims given (``transform.dims`` / ``dims_by_layer``) or detected on the fit data (:func:`clip_dims`);
+* the fitted maps: one set of float64 sums (:class:`WhitenSettings`), streamed either from ``[L, n, d]`` chunks
+  of every layer (:meth:`WhitenSettings.fit_chunks`; ``evaluate.py``'s two-pass stream adds them itself with
+  :meth:`WhitenSettings.new`) or layer by layer (:meth:`WhitenSettings.fit_by_layer`: a token store, maps on
+  disk), from which :meth:`WhitenSettings.fit_all` fits every map asked for (whiten with ``k``, abtt with
+  ``abtt_d``), each under the degenerate-fit guard (``min_ratio``, ``allow_degenerate``, a ``what`` for the
+  message and the CSV columns).
+
+``probe.py`` fits one transform at a time on the training features (:func:`fit_transform`) and keeps float64
+maps; ``evaluate.py`` fits every map at once into a :class:`FittedTransforms` and keeps float32 ones in the
+sums' memory (``compact``, issue 39).  Pure tensor code: the settings come in as plain values or as
+``evaluate.py``'s ``transform`` section, read by attribute.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from outlierlab.analysis.transforms import (FITTED, MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener,
-                                            WhiteningFit, clip_description, clip_dims_per_layer)
-from outlierlab.evaluation.settings import TransformSettings
+from outlierlab.analysis.postprocessing import FITTED
+from outlierlab.analysis.transforms import (MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, WhiteningFit,
+                                            clip_description, clip_dims_per_layer)
+
+__all__ = ["WhitenSettings", "FittedTransforms", "clip_dims", "given_clip_dims"]
 
 
 @dataclass
@@ -31,9 +44,10 @@ class WhitenSettings:
     abtt_d: int | None = None
 
     @classmethod
-    def from_settings(cls, t: TransformSettings) -> "WhitenSettings":
-        """From the ``transform`` section.  A key is absent when no group that sets it is selected (then
-        nothing uses it): the guard then keeps the analysis library's own defaults."""
+    def from_settings(cls, t) -> "WhitenSettings":
+        """From ``evaluate.py``'s ``transform`` section (:class:`outlierlab.evaluation.settings.TransformSettings`).
+        A key is absent when no group that sets it is selected (then nothing uses it): the guard then keeps
+        the analysis library's own defaults."""
         guard = {name: value for name, value in (("min_ratio", t.min_fit_ratio),
                                                  ("allow_degenerate", t.allow_degenerate)) if value is not None}
         return cls(t.k, **guard, abtt_d=t.abtt_d)
@@ -42,8 +56,15 @@ class WhitenSettings:
         """An empty accumulator to ``partial_fit`` (its sums fit every method: :meth:`fit_all`)."""
         return Whitener(num_layers, dim, k=self.k)
 
-    def fit_by_layer(self, num_layers: int, dim: int, chunks, names=FITTED, keep_cov: bool = False,
-                     on_disk: str | bool | None = None) -> Whitener:
+    def fit_chunks(self, num_layers: int, dim: int, chunks: Iterable[Tensor]) -> Whitener:
+        """The sums of ``[L, n, d]`` chunks of every layer (for :meth:`fit_all`)."""
+        acc = self.new(num_layers, dim)
+        for x in chunks:
+            acc.partial_fit(x)
+        return acc
+
+    def fit_by_layer(self, num_layers: int, dim: int, chunks: Callable[[int], Iterable[Tensor]], names=FITTED,
+                     keep_cov: bool = False, on_disk: str | bool | None = None) -> Whitener:
         """Fitted from per-layer streams of vectors, one layer at a time
         (:meth:`outlierlab.analysis.whitening.Whitener.fit_by_layer`), for the maps ``names`` (:meth:`fit_all`);
         Σ is kept when asked (IsoScore) or when a map other than whiten is derived from it; ``on_disk``: Σ and
@@ -58,15 +79,22 @@ class WhitenSettings:
             whitener.finalize()
         return whitener.check(what, self.min_ratio, self.allow_degenerate)
 
-    def fit_all(self, acc: Whitener, names, what: str) -> dict[str, tuple[Whitener, WhiteningFit]]:
+    def fit_all(self, acc: Whitener, names, what: str, compact: bool = True) -> dict[str, tuple[Whitener, WhiteningFit]]:
         """Every fitted transform among ``names`` from the sums of ``acc`` (one pass fits them all), each
-        guarded: ``{name: (fitted Whitener, its WhiteningFit)}``."""
+        guarded: ``{name: (fitted Whitener, its WhiteningFit)}``.
+
+        ``compact``: Σ and W in float32, in the memory of the float64 sums (``evaluate.py``: the sums of a 70B
+        model are 43 GB, issue 39); the maps derived from Σ then read that float32 Σ.  False: Σ and every map
+        in float64 (``probe.py``, whose maps have always been fitted so: its results stay the same).  A fit
+        of :meth:`fit_by_layer` is compact already."""
         out = {}
         wanted = [n for n in FITTED if n in names]
-        if acc.W is None and wanted:
+        if acc.W is None and wanted and compact:
             # Σ over the sums in place, eigenvectors kept only for a second map that needs them: the fit's
             # float64 working set is Σ and W, each (L+1)·d² (issue 39: 4 such arrays were alive together)
             acc.finalize(release_sums=True, keep_eigvecs="abtt" in wanted and "whiten" in wanted)
+        elif acc.W is None and wanted:
+            acc.finalize()
         for name in wanted:
             w = acc if name == "whiten" else acc.derive(name, abtt_d=self.abtt_d if name == "abtt" else None)
             out[name] = (w, self.finish(w, what))
@@ -76,15 +104,23 @@ class WhitenSettings:
         return out
 
 
-def given_clip_dims(t: TransformSettings, num_layers: int, dim: int) -> tuple[list[list[int]] | None, str]:
-    """Given clip dims (``transform.dims`` or ``transform.dims_by_layer``) per layer, or ``(None, "")`` when
-    they are to be detected."""
-    dims, by_layer = t.dims, t.dims_by_layer
-    if dims is None and not by_layer:
+def clip_dims(num_layers: int, dim: int, dims: Sequence[int] | None = None,
+              dims_by_layer: Mapping[str, Sequence[int]] | None = None,
+              detected: Sequence[Sequence[int]] | None = None,
+              detected_on: str = "train") -> tuple[list[list[int]], str]:
+    """Clip's dims per layer and the report line saying where they came from: given (``dims``: every layer,
+    ``dims_by_layer``: per layer range, Luo et al. 2021 App. D.1) or ``detected`` on ``detected_on``
+    (:func:`outlierlab.analysis.transforms.clip_dims_per_layer`, which raises when neither is there)."""
+    per_layer, source = clip_dims_per_layer(num_layers, dim, dims, dims_by_layer, detected)
+    return per_layer, clip_description(per_layer, f"detected on {detected_on}" if source == "detected" else source)
+
+
+def given_clip_dims(t, num_layers: int, dim: int) -> tuple[list[list[int]] | None, str]:
+    """Given clip dims (``transform.dims`` or ``transform.dims_by_layer`` of ``evaluate.py``'s ``transform``
+    section) per layer, or ``(None, "")`` when they are to be detected."""
+    if t.dims is None and not t.dims_by_layer:
         return None, ""
-    per, source = clip_dims_per_layer(num_layers, dim, None if dims is None else list(dims),
-                                      dict(by_layer) if by_layer else None)
-    return per, clip_description(per, source)
+    return clip_dims(num_layers, dim, t.dims, t.dims_by_layer)
 
 
 @dataclass
@@ -145,3 +181,4 @@ class FittedTransforms:
         if fit is None and name in self.fitted:
             fit = self.fitted[name].fit_info
         return fit.columns() if fit is not None else {}
+
