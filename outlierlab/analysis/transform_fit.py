@@ -29,7 +29,7 @@ from outlierlab.analysis.postprocessing import FITTED
 from outlierlab.analysis.transforms import (MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, WhiteningFit,
                                             clip_description, clip_dims_per_layer)
 
-__all__ = ["WhitenSettings", "FittedTransforms", "clip_dims", "given_clip_dims"]
+__all__ = ["WhitenSettings", "FittedTransforms", "clip_dims", "given_clip_dims", "fit_transform"]
 
 
 @dataclass
@@ -182,3 +182,31 @@ class FittedTransforms:
             fit = self.fitted[name].fit_info
         return fit.columns() if fit is not None else {}
 
+
+def fit_transform(name: str, num_layers: int, dim: int, train_chunks: Callable[[], Iterable] | None,
+                  outlier_dims: list[list[int]] | None = None, dims: Sequence[int] | None = None,
+                  k: int | None = None, dims_by_layer: Mapping[str, Sequence[int]] | None = None,
+                  fit_what: str = "the training vectors", min_ratio: float = MIN_FIT_RATIO,
+                  allow_degenerate: bool = False, abtt_d: int | None = None) -> FittedTransform:
+    """Fit one transform on the TRAINING features only (``probe.py``), in float64 (:meth:`WhitenSettings.fit_all`).
+
+    Parameters
+    ----------
+    name : {"none", "clip", "whiten", "standardize", "abtt", "center"}
+    train_chunks : callable returning an iterator of ``(rows, float32 [L, n, d])`` training chunks
+        (:func:`outlierlab.datamodules.features.iter_chunks`; the fitted maps stream float64 sums over them).
+    outlier_dims : per-layer dims detected on the training features (clip with no dims given).
+    dims, dims_by_layer : dims to clip in every layer / per layer range (:func:`clip_dims`), overriding detection.
+    k : whitening dimension (Su et al. 2021), None = all.
+    abtt_d : all-but-the-top's D (Mu & Viswanath 2018), None = d/100 (:mod:`outlierlab.analysis.postprocessing`).
+    fit_what, min_ratio, allow_degenerate : the guard (:meth:`~outlierlab.analysis.whitening.Whitener.check`):
+        a fit on too few distinct vectors raises one line unless ``allow_degenerate``.
+    """
+    ft = FittedTransforms()
+    if name == "clip":
+        ft.clip_dims, ft.info["clip"] = clip_dims(num_layers, dim, dims, dims_by_layer, outlier_dims)
+    elif name in FITTED:
+        fit = WhitenSettings(k if name == "whiten" else None, min_ratio, allow_degenerate, abtt_d)
+        acc = fit.fit_chunks(num_layers, dim, (x for _, x in train_chunks()))
+        ft.set_all(fit.fit_all(acc, [name], fit_what, compact=False))
+    return ft.get(name, dim)
