@@ -29,7 +29,8 @@ def test_probe_and_evaluate_fit_the_same_maps_from_the_same_vectors():
                                  detected, k=10, abtt_d=3, fit_what=what) for name in TRANSFORMS}
     # ... which are the maps probe.py fitted before the one API: its CSVs do not change
     for name in FITTED:
-        own = Whitener(n_layers, d, k=10 if name == "whiten" else None, method=name, abtt_d=3 if name == "abtt" else None)
+        own = Whitener(n_layers, d, k=10 if name == "whiten" else None, method=name,
+                       abtt_d=3 if name == "abtt" else None)
         for a, b in spans:
             own.partial_fit(x[:, a:b])
         own.finalize()

@@ -79,7 +79,8 @@ class WhitenSettings:
             whitener.finalize()
         return whitener.check(what, self.min_ratio, self.allow_degenerate)
 
-    def fit_all(self, acc: Whitener, names, what: str, compact: bool = True) -> dict[str, tuple[Whitener, WhiteningFit]]:
+    def fit_all(self, acc: Whitener, names, what: str,
+                compact: bool = True) -> dict[str, tuple[Whitener, WhiteningFit]]:
         """Every fitted transform among ``names`` from the sums of ``acc`` (one pass fits them all), each
         guarded: ``{name: (fitted Whitener, its WhiteningFit)}``.
 
