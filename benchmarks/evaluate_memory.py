@@ -59,7 +59,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
 from outlierlab.evaluation.streaming import pass_settings, run_sentence_pass  # noqa: E402
-from outlierlab.evaluation.transform_fit import WhitenSettings  # noqa: E402
+from outlierlab.analysis.transform_fit import WhitenSettings  # noqa: E402
 from outlierlab.models.loading import FrozenEncoder  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, also when loaded by path (tests)

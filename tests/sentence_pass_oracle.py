@@ -17,7 +17,7 @@ from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarit
                                             intra_sentence_similarity)
 from outlierlab.analysis.transforms import FITTED, clip_dims_per_layer
 from outlierlab.evaluation.encoding import iter_batches
-from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings
+from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.evaluation.words import select_words, word_vectors
 
 

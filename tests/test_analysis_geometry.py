@@ -243,7 +243,7 @@ def test_isotropy_takes_the_transformed_covariance_without_products_for_none_and
     from types import SimpleNamespace
 
     from outlierlab.evaluation.isotropy import transform_matrix, transformed_layer_covariance
-    from outlierlab.evaluation.transform_fit import FittedTransforms
+    from outlierlab.analysis.transform_fit import FittedTransforms
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 300, 6, dtype=torch.float64, generator=g) * torch.tensor([1.0, 5.0, 0.3, 2.0, 1.0, 9.0])

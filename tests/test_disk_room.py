@@ -75,7 +75,7 @@ def test_enough_room_for_the_exact_count_runs(encoder, monkeypatch):
 
 def test_wic_and_sts_say_which_setting_makes_room(encoder, monkeypatch):
     from outlierlab.evaluation.sts import sentence_vectors
-    from outlierlab.evaluation.transform_fit import WhitenSettings
+    from outlierlab.analysis.transform_fit import WhitenSettings
     from outlierlab.evaluation.wic import target_vectors
 
     s = "The bank was closed."

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from outlierlab.analysis.outlier_stats import OutlierAccumulator
-from outlierlab.datamodules.features import (FeatureSet, RowBatches, chunk_outlier_stats, extract_features, fit_transform,
-                                  iter_chunks)
+from outlierlab.analysis.transform_fit import fit_transform
+from outlierlab.datamodules.features import FeatureSet, RowBatches, chunk_outlier_stats, extract_features, iter_chunks
 from outlierlab.models.loading import FrozenEncoder
 from probe_fixtures import SENTENCES, save_tiny_bert
 

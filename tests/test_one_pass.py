@@ -132,7 +132,7 @@ def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path
     from outlierlab.analysis.sts import mean_pool
     from outlierlab.analysis.transforms import Whitener
     from outlierlab.evaluation.sts import sentence_vectors
-    from outlierlab.evaluation.transform_fit import WhitenSettings
+    from outlierlab.analysis.transform_fit import WhitenSettings
     from outlierlab.evaluation.wic import target_vectors
 
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu", batch_size=3)
@@ -308,7 +308,7 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
 
     from probe_fixtures import SENTENCES
 
-    from outlierlab.evaluation.transform_fit import WhitenSettings
+    from outlierlab.analysis.transform_fit import WhitenSettings
 
     d = save_tiny_llama(tmp_path / "llama")
     (tmp_path / "s.txt").write_text("\n".join(f"{s} and then {t}" for s in SENTENCES for t in SENTENCES[:5]) + "\n")

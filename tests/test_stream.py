@@ -14,7 +14,7 @@ from llama_fixtures import texts as _texts
 from sentence_pass_oracle import oracle_pass
 from outlierlab.evaluation.stream import Consumer, LayerStream
 from outlierlab.evaluation.streaming import run_sentence_pass
-from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings
+from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.models.loading import FrozenEncoder
 
 ALL = ["none", "clip", "whiten", "standardize", "abtt", "center"]

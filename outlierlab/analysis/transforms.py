@@ -5,15 +5,15 @@ All operate on batched layers ``[L, N, d]`` so that one call transforms every la
 ONE definition of clip (:func:`clip`, :func:`clip_dims_per_layer`) and of a fitted transform applied by name
 (:class:`FittedTransform`); the fitted affine maps (whiten, standardize, abtt, center) are one
 :class:`Whitener` each (:mod:`outlierlab.analysis.whitening`, :mod:`outlierlab.analysis.postprocessing`), with
-one sample-size guard (:meth:`Whitener.check`).  ``outlierlab.datamodules.features`` (probe.py) and
-``evaluation`` (evaluate.py) use them.
+one sample-size guard (:meth:`Whitener.check`).  probe.py and evaluate.py fit them all through
+:mod:`outlierlab.analysis.transform_fit`.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -165,7 +165,6 @@ class FittedTransform:
     whitener: Whitener | None = None
     info: str = ""
     fit: WhiteningFit | None = None
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.name not in TRANSFORMS:
@@ -196,7 +195,7 @@ class FittedTransform:
         return FittedTransform(self.name, self.dim,
                                None if self.clip_dims is None else [self.clip_dims[i] for i in layers],
                                None if self.whitener is None else self.whitener.select(layers),
-                               self.info, self.fit, dict(self.extra))
+                               self.info, self.fit)
 
     def columns(self) -> dict:
         """CSV columns stating what a fitted result was fitted on (empty for none/clip)."""

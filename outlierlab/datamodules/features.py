@@ -1,5 +1,5 @@
-"""Frozen-encoder features: extract every layer ONCE, cache on disk, serve batches, fit clip/whiten
-(the transforms themselves are defined once, in :mod:`outlierlab.analysis.transforms`).
+"""Frozen-encoder features: extract every layer ONCE, cache on disk, serve batches and training chunks (what
+probe.py fits its transforms on: :func:`outlierlab.analysis.transform_fit.fit_transform`).
 
 Cache layout (one directory per key under ``cache_root``; fp16 memory-mapped ``.npy`` files)::
 
@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -36,8 +36,6 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
-from outlierlab.analysis.transforms import (FITTED, MIN_FIT_RATIO, TRANSFORMS, FittedTransform, Whitener, clip_description,
-                                 clip_dims_per_layer)
 from outlierlab.utils.disk_layers import read_at
 
 LAYOUT_VERSION = 1
@@ -228,7 +226,7 @@ def row_loader(dataset: RowBatches, batch_size: int, shuffle: bool, seed: int = 
     return DataLoader(dataset, batch_size=None, sampler=BatchSampler(base, batch_size, drop_last=False))
 
 
-# --------------------------------------------------------------------------------------------- transforms
+# ---------------------------------------------------------------------- outlier dims of the training data
 def chunk_outlier_stats(chunks: Iterator[tuple[np.ndarray, Tensor]], valid: np.ndarray | None,
                         num_layers: int, dim: int) -> dict[str, Tensor]:
     """Outlier statistics (Luo §2) streamed over feature chunks; ``valid`` = per-row bool (non-special)."""
@@ -239,45 +237,6 @@ def chunk_outlier_stats(chunks: Iterator[tuple[np.ndarray, Tensor]], valid: np.n
         zeros = torch.zeros(num_layers, dim, dtype=torch.float64)
         return {"mean": zeros, "argmax_share": zeros, "argmin_share": zeros}
     return acc.stats()
-
-
-def fit_transform(name: str, num_layers: int, dim: int, train_chunks: Callable[[], Iterator] | None,
-                  outlier_dims: list[list[int]] | None = None, dims: Sequence[int] | None = None,
-                  k: int | None = None, dims_by_layer: Mapping[str, Sequence[int]] | None = None,
-                  fit_what: str = "the training vectors", min_ratio: float = MIN_FIT_RATIO,
-                  allow_degenerate: bool = False, abtt_d: int | None = None) -> FittedTransform:
-    """Fit one transform on the TRAINING features only (probe.py).
-
-    Parameters
-    ----------
-    name : {"none", "clip", "whiten", "standardize", "abtt", "center"}
-    train_chunks : callable returning an iterator of ``(rows, float32 [L, n, d])`` training chunks
-        (used by whiten: :class:`~outlierlab.analysis.whitening.Whitener` streams float64 sums over them).
-    outlier_dims : per-layer dims detected on the training features (clip with no dims given).
-    dims, dims_by_layer : dims to clip in every layer / per layer range (Luo et al. §4, App. D.1),
-        overriding detection (:func:`outlierlab.analysis.transforms.clip_dims_per_layer`).
-    k : whitening dimension (Su et al. 2021), None = all.
-    abtt_d : all-but-the-top's D (Mu & Viswanath 2018), None = d/100 (:mod:`outlierlab.analysis.postprocessing`).
-    fit_what, min_ratio, allow_degenerate : the whitening guard (:meth:`~outlierlab.analysis.whitening.Whitener.check`):
-        a fit on too few distinct vectors raises one line unless ``allow_degenerate``.
-    """
-    if name == "none":
-        return FittedTransform("none", dim)
-    if name == "clip":
-        per_layer, source = clip_dims_per_layer(num_layers, dim, dims, dims_by_layer, outlier_dims)
-        source = "detected on train" if source == "detected" else source
-        return FittedTransform("clip", dim, clip_dims=per_layer, info=clip_description(per_layer, source),
-                               extra={"dims": per_layer, "source": source})
-    if name in FITTED:  # whiten, standardize, abtt, center: the same float64 sums, the same guard
-        w = Whitener(num_layers, dim, k=k if name == "whiten" else None, method=name,
-                     abtt_d=abtt_d if name == "abtt" else None)
-        for _, x in train_chunks():
-            w.partial_fit(x)
-        w.finalize()
-        fit = w.check(fit_what, min_ratio, allow_degenerate)
-        return FittedTransform(name, dim, whitener=w, info=fit.describe(), fit=fit,
-                               extra={"k": k if name == "whiten" else None, "abtt_d": w.abtt_d, "n_fit": w.n})
-    raise ValueError(f"unknown transform {name!r}; valid: {', '.join(TRANSFORMS)}")
 
 
 def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", threshold: float = 0.25,

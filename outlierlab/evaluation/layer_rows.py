@@ -75,7 +75,7 @@ class LayerRows:
 def pair_cosines(ft, names, num_layers: int, dim: int, pairs_at) -> dict[str, Tensor]:
     """Cosine of the two vectors of every pair after each transform, ``{name: [L, P]}`` (WiC's targets, STS's
     sentences): ``pairs_at(layer)`` gives that layer's ``[2, P, d]``, and each transform of ``ft``
-    (:class:`outlierlab.evaluation.transform_fit.FittedTransforms`) is taken for that layer alone — one layer's
+    (:class:`outlierlab.analysis.transform_fit.FittedTransforms`) is taken for that layer alone — one layer's
     vectors and maps in memory at a time (the maps may be on disk)."""
     cos: dict[str, list] = {t: [] for t in names}
     for layer in range(num_layers):

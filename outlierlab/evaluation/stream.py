@@ -160,7 +160,7 @@ class LayerStream:
     # ------------------------------------------------------------------------------------------ loop 1
     def forward(self, consumers: Sequence[Consumer], transforms=None, desc: str = "pass 1/1") -> None:
         """The encoder's forward over the texts: each consumer gets every layer of every batch once (its
-        ``transform`` must be ready in ``transforms``, a :class:`~outlierlab.evaluation.transform_fit.FittedTransforms`)."""
+        ``transform`` must be ready in ``transforms``, a :class:`~outlierlab.analysis.transform_fit.FittedTransforms`)."""
         tf = _LayerTransforms(transforms, self.dim)
         if self.keep_tokens and self.store is None:  # fails in one line now, not with ENOSPC hours into the pass
             check_room(self.encoder, self.texts, "the one-pass evaluation's token store and fitted maps",
@@ -287,7 +287,7 @@ def fit_from_store(fit, store: LayerTokenStore, spans, devices: dict, num_layers
     """The fitted transforms' sums from tokens a pass stored, one layer at a time (issue 39): never
     ``(L+1)·d²`` of them beside the model's forward.  The forward's freed buffers go back to the OS first.
 
-    fit : :class:`outlierlab.evaluation.transform_fit.WhitenSettings`
+    fit : :class:`outlierlab.analysis.transform_fit.WhitenSettings`
     spans : per batch ``(first stored row, rows, multiplicities or None)`` — a row fed ``m`` times counts ``m``
         times, as WiC's repeated sentences do
     devices : where each layer ran (the sums are taken there)

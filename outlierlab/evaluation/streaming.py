@@ -40,7 +40,7 @@ from outlierlab.evaluation.encoding import EncodeLog
 from outlierlab.evaluation.settings import (AnisotropySettings, DataSettings, EncoderSettings, OutliersSettings,
                                             SelfSimilaritySettings, TransformSettings, section_settings)
 from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch, WordVectors
-from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims
+from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims
 from outlierlab.evaluation.words import select_words
 from outlierlab.utils.memory import release_freed_memory
 
@@ -230,7 +230,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     clip_dims, clip_dims_by_layer : ``transform.dims`` (same dims in every layer) or ``transform.dims_by_layer``
         (per layer range, Luo et al. App. D.1), or neither to detect per layer on these sentences with
         :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
-    whiten : k and the degenerate-fit guard (:class:`outlierlab.evaluation.transform_fit.WhitenSettings`);
+    whiten : k and the degenerate-fit guard (:class:`outlierlab.analysis.transform_fit.WhitenSettings`);
         ``whiten_k`` alone is the same with the default guard
     one_pass : encode once and replay the stored tokens after the fit (default); False: no disk, the replay is
         a second forward (same results)

@@ -39,7 +39,7 @@ from outlierlab.evaluation.layer_rows import LayerRows, pair_cosines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
 from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
-from outlierlab.evaluation.transform_fit import FittedTransforms, WhitenSettings
+from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.reports.evaluation_report import md_table, plot_layers
 
 #: Short names → hub ids (all with columns sentence1, sentence2, score).  STS-B scores are in [0, 1],

@@ -33,10 +33,10 @@ from outlierlab.evaluation.encoding import encode_log_line
 from outlierlab.evaluation.layer_rows import pair_cosines
 from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
-from outlierlab.evaluation.transform_fit import WhitenSettings
+from outlierlab.analysis.transform_fit import WhitenSettings
 from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log
 from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
-from outlierlab.evaluation.transform_fit import FittedTransforms
+from outlierlab.analysis.transform_fit import FittedTransforms
 
 FIELDS = ("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label")
 DEFAULT_SPLIT = {"wordnet": "train", "superglue": "train", "files": None}  # the paper sweeps on WiC's train split

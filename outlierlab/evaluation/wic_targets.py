@@ -22,7 +22,7 @@ from outlierlab.evaluation.disk_room import check_room
 from outlierlab.evaluation.encoding import EncodeLog, distinct_texts, iter_batches, progress_bar
 from outlierlab.evaluation.layer_rows import LayerRows
 from outlierlab.evaluation.stream import fit_from_store
-from outlierlab.evaluation.transform_fit import WhitenSettings
+from outlierlab.analysis.transform_fit import WhitenSettings
 from outlierlab.evaluation.words import char_span_tokens
 
 

@@ -23,9 +23,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from outlierlab.analysis.distance_similarity import DistanceSimilarity
 from outlierlab.analysis.probing import chance_accuracy, rank_of_dims, top_dims
+from outlierlab.analysis.transform_fit import fit_transform
 from outlierlab.analysis.transforms import MIN_FIT_RATIO, TRANSFORMS
 from outlierlab.datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_outliers, extract_features,
-                                  fit_transform, iter_chunks, row_loader)
+                                  iter_chunks, row_loader)
 from outlierlab.models.loading import FrozenEncoder
 from outlierlab.datamodules.probe_data import load_classification, load_position_texts, split_indices
 from outlierlab.lightning_modules.probes import PositionProbe, SentenceClassifier, train_probe
