@@ -14,7 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose
-from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
+from outlierlab.evaluation.registry import (ANALYSIS_MODULES, LM_HEAD_ANALYSES, RUN_SETTINGS, SETTINGS, EvalContext,
+                                          SharedPasses)
 from outlierlab.evaluation.settings import (AblationSettings, DataSettings, OutliersSettings, TransformSettings, WicSettings,
                                  load_settings, section_settings)
 
@@ -157,6 +158,13 @@ def test_shared_work_is_typed_fields_not_string_keys():
     ctx = EvalContext(None, None, None, ["none"], Path("."))
     assert isinstance(ctx.shared, SharedPasses) and ctx.prepared is None
     assert {f.name for f in dataclasses.fields(SharedPasses)} == {"sentence_stats", "mlm"}
+
+
+def test_every_analysis_that_scores_with_the_lm_head_is_listed():
+    """evaluate.py loads the encoder with its LM head (once) for exactly the analyses that call shared_mlm."""
+    calls = {name for name, module in ANALYSIS_MODULES.items()
+             if "shared_mlm(" in (ROOT / (module.replace(".", "/") + ".py")).read_text()}
+    assert set(LM_HEAD_ANALYSES) == calls
 
 
 def test_no_default_is_restated_at_a_call_site():

@@ -34,8 +34,8 @@ class SharedPasses:
     sentence_stats : the one streaming pass over the evaluation sentences
         (:func:`outlierlab.evaluation.streaming.sentence_stats`): outliers, anisotropy, self_similarity read it; WiC and
         STS take their detected clip dims and their ``transform.fit_on=sentences`` whitener from it
-    mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.mlm_loading.shared_mlm`): ablation,
-        attention_sinks
+    mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.mlm_loading.shared_mlm`), on the
+        encoder's own weights: the analyses of :data:`LM_HEAD_ANALYSES`
     """
 
     sentence_stats: SentenceStats | None = None
@@ -106,6 +106,9 @@ ANALYSIS_MODULES: dict[str, str] = {
     "order_use": "outlierlab.evaluation.order_use",
 }
 
+#: The analyses that score with the model's own LM head (:func:`outlierlab.evaluation.mlm_loading.shared_mlm`):
+#: when one is selected, evaluate.py has the encoder load its model with the head, so the weights load once.
+LM_HEAD_ANALYSES = ("ablation", "attention_sinks", "frequency", "frequent_tokens", "order_use")
 
 #: The typed settings of each analysis' own config section (``configs/<analysis>/`` or evaluate.yaml).
 SETTINGS: dict[str, type] = {

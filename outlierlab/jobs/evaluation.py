@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from outlierlab.datamodules.validation import validate_inputs
 from outlierlab.evaluation import registry
-from outlierlab.evaluation.registry import ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
+from outlierlab.evaluation.registry import (ANALYSIS_MODULES, LM_HEAD_ANALYSES, RUN_SETTINGS, SETTINGS, EvalContext,
+                                          SharedPasses)
 from outlierlab.evaluation.settings import EncoderSettings, section_settings
 
 #: = outlierlab.analysis.transforms.TRANSFORMS (restated here so a typo fails before torch loads; a test keeps them equal)
@@ -87,6 +88,8 @@ def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None) -> dict:
     torch.manual_seed(int(cfg.seed))
     if encoder is None:
         encoder = FrozenEncoder.from_config(section_settings(EncoderSettings, cfg))  # + dtype, device_map, revision
+    if any(n in LM_HEAD_ANALYSES for n in analyses):  # before the weights load: one copy, head included
+        encoder.lm_head = True
     tb = None
     if cfg.tensorboard:
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when tensorboard is on
