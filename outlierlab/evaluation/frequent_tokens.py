@@ -48,7 +48,7 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext, register
 from outlierlab.evaluation.settings import FrequentTokensSettings, load_settings
 from outlierlab.models.families import lm_head
 from outlierlab.models.layernorms import layernorm_tensors
-from outlierlab.reports.evaluation_report import md_table
+from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
