@@ -209,19 +209,25 @@ def test_run_ablation_planted_outlier_rows(tmp_path):
     assert all(torch.equal(v, before[k]) for k, v in enc.model.state_dict().items())
 
 
-def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
+def save_hf_roberta_mlm(directory: Path) -> Path:
+    """A Hugging Face RobertaForMaskedLM (random weights, its head included) and its tokenizer."""
     from transformers import RobertaConfig, RobertaForMaskedLM
-
-    from outlierlab.evaluation.masked_lm import masked_batches, mlm_scores
-    from outlierlab.evaluation.mlm_loading import load_mlm
 
     torch.manual_seed(0)
     tok = byte_level_tokenizer()
     cfg = RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=66, type_vocab_size=1)
-    RobertaForMaskedLM(cfg).eval().save_pretrained(tmp_path / "hfmlm")
-    tok.save_pretrained(tmp_path / "hfmlm")
-    loaded = load_mlm(str(tmp_path / "hfmlm"))
+    RobertaForMaskedLM(cfg).eval().save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
+    from outlierlab.evaluation.masked_lm import masked_batches, mlm_scores
+    from outlierlab.evaluation.mlm_loading import load_mlm
+
+    tok = byte_level_tokenizer()
+    loaded = load_mlm(str(save_hf_roberta_mlm(tmp_path / "hfmlm")))
     m = loaded.model
     assert loaded.has_mlm_head and loaded.kind == "hf"
     assert list(loaded.layernorms) == ["embeddings", "layer.0.attention_output", "layer.0.output",
@@ -255,3 +261,53 @@ def test_bad_settings_fail_before_any_model_is_loaded(tmp_path):
         check(make_ctx("ablation", None, tmp_path, {"example": "no blank here"}))
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         check(make_ctx("ablation", None, tmp_path, {"files": [str(tmp_path / "missing.txt")]}))
+
+
+@pytest.fixture
+def count_loads(monkeypatch):
+    """Names of the model classes whose weights ``from_pretrained`` loads, in order."""
+    from transformers import PreTrainedModel
+
+    calls, load = [], PreTrainedModel.from_pretrained.__func__
+
+    def counted(cls, *args, **kwargs):
+        calls.append(cls.__name__)
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(counted))
+    return calls
+
+
+def test_a_hub_model_is_loaded_once_for_the_sentence_pass_and_the_ablation(tmp_path, count_loads):
+    """evaluate with outliers (the encoder's body) then ablation (its LM head): one load, with the head."""
+    import outlierlab as ol
+    from outlierlab.models.loading import FrozenEncoder
+
+    enc = FrozenEncoder(str(save_hf_roberta_mlm(tmp_path / "hfmlm")), device="cpu")
+    tables = ol.evaluate(enc, SENTENCES * 6, analyses=["outliers", "ablation"], transforms=["none"],
+                         out_dir=tmp_path / "run", progress=False, overrides=["ablation.n_random=1"])
+    assert count_loads == ["RobertaForMaskedLM"]
+    assert "intact" in set(tables["ablation"]["condition"]) and len(tables["outliers"]) > 0
+    assert enc.model is enc.lm_model()[0].roberta and count_loads == ["RobertaForMaskedLM"]
+
+
+def test_an_encoder_loaded_without_its_head_is_replaced_not_duplicated(tmp_path, count_loads):
+    """A bare AutoModel loaded before the head was asked for: the one unavoidable second load, after which
+    the encoder runs the head model's body (same hidden states) and the MLM analyses switch to eager attention
+    only for their own forwards."""
+    from outlierlab.evaluation.mlm_loading import load_mlm
+    from outlierlab.models.loading import FrozenEncoder
+
+    enc = FrozenEncoder(str(save_hf_roberta_mlm(tmp_path / "hfmlm")), device="cpu")
+    [before] = list(enc.encode(SENTENCES))
+    loaded = load_mlm(enc)
+    assert count_loads == ["RobertaModel", "RobertaForMaskedLM"]
+    assert enc.model is loaded.model.roberta and loaded.has_mlm_head
+    [after] = list(enc.encode(SENTENCES))
+    assert torch.equal(before.hidden, after.hidden)
+    ids = torch.tensor([[0, 5, 6, 2]])
+    out = loaded.forward(ids, torch.ones_like(ids), output_attentions=True)
+    assert len(out.attentions) == 2 and out.attentions[0].shape == (1, 2, 4, 4)
+    assert enc.model.config._attn_implementation == "sdpa"  # the encoder's own forwards keep SDPA
+    load_mlm(enc)
+    assert len(count_loads) == 2

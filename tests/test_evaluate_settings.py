@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose
-from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
+from outlierlab.evaluation.registry import ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
 from outlierlab.evaluation.settings import (AblationSettings, DataSettings, OutliersSettings, TransformSettings, WicSettings,
                                  load_settings, section_settings)
 
@@ -157,6 +157,17 @@ def test_shared_work_is_typed_fields_not_string_keys():
     ctx = EvalContext(None, None, None, ["none"], Path("."))
     assert isinstance(ctx.shared, SharedPasses) and ctx.prepared is None
     assert {f.name for f in dataclasses.fields(SharedPasses)} == {"sentence_stats", "mlm", "consumers"}
+
+
+def test_every_analysis_that_scores_with_the_lm_head_is_listed():
+    """evaluate.py loads the encoder with its LM head (once) for exactly the analyses that call shared_mlm."""
+    import importlib
+
+    calls = {name for name, module in ANALYSIS_MODULES.items()
+             if "shared_mlm(" in (ROOT / (module.replace(".", "/") + ".py")).read_text()}
+    flagged = {name for name, module in ANALYSIS_MODULES.items()
+               if getattr(importlib.import_module(module), "LM_HEAD", False)}
+    assert flagged == calls and len(calls) == 5
 
 
 def test_no_default_is_restated_at_a_call_site():

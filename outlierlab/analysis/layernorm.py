@@ -163,7 +163,7 @@ def layernorm_stats(named_layernorms: Mapping[str, tuple[Tensor, Tensor | None]]
     -------
     list[dict]
         Keys are :data:`LAYERNORM_ROW_FIELDS`; every value is a str, int or float, so the list can go
-        straight to ``csv.DictWriter(f, LAYERNORM_ROW_FIELDS)``.
+        straight to ``outlierlab.utils.tables.write_csv(path, rows, LAYERNORM_ROW_FIELDS)``.
 
         - ``*_outlier_dims``: every flagged dim, largest |z| first, ``";"``-joined (``"588;77"``;
           ``""`` if none); ``*_outlier_values``: their raw gain/bias values (``%.6g``).

@@ -48,6 +48,9 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AblationSettings, load_settings
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 
+#: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
+LM_HEAD = True
+
 TITLE = "## LayerNorm outlier ablation (Kovaleva et al. 2021, BERT Busters)"
 
 

@@ -18,7 +18,8 @@ from outlierlab.analysis.rogue_dims import MIN_Z, RogueSummary, rogue_summary
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AnisotropySettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
-from outlierlab.reports.evaluation_report import md_table, plot_layers, write_csv
+from outlierlab.reports.evaluation_report import plot_layers
+from outlierlab.utils.tables import joined, md_table, write_csv
 
 #: Transforms whose coordinate i is not neuron i: their "dims" are directions of the fitted map.
 MIXING = ("whiten", "abtt")
@@ -62,7 +63,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
             rows.append(row)
             side += [{"layer": layer, "transform": t, "dim": d, "cc": float(c), "share": float(c) / total if ok
                       else float("nan")} for d, c in enumerate(r.cc[layer].tolist())]
-    side_path = write_csv(ctx.out_dir / "anisotropy_contributions.csv", side, ["layer", "transform", "dim", "cc", "share"])
+    side_path = write_csv(ctx.out_dir / "anisotropy_contributions.csv", side,
+                          ["layer", "transform", "dim", "cc", "share"], cell=joined)
     fig = plot_layers(ctx.out_dir / "anisotropy.png", values, "mean cosine of random token pairs",
                       f"anisotropy, {n_pairs} cross-sentence pairs (Luo et al. Fig. 6)",
                       hline=0.0) if ctx.plots else None

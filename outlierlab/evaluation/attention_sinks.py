@@ -42,6 +42,9 @@ from outlierlab.evaluation.settings import AttentionSinksSettings, load_settings
 matplotlib.use("Agg")  # headless: the heatmap is written to a file
 import matplotlib.pyplot as plt  # noqa: E402
 
+#: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
+LM_HEAD = True
+
 TITLE = "## Attention sinks: mass on special tokens (Kovaleva et al. 2019/2021)"
 KEYS = ("bos", "eos", "special")
 

@@ -58,6 +58,9 @@ from outlierlab.models.layernorms import UnknownFamilyError, model_layernorms
 matplotlib.use("Agg")  # headless: the plots are written to files
 import matplotlib.pyplot as plt  # noqa: E402
 
+#: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
+LM_HEAD = True
+
 TITLE = "## Outlier dims vs token frequency (Puccetti et al. 2022)"
 
 

@@ -48,10 +48,13 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import FrequentTokensSettings, load_settings
 from outlierlab.models.families import lm_head
 from outlierlab.models.layernorms import layernorm_tensors
-from outlierlab.reports.evaluation_report import md_table
+from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+#: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
+LM_HEAD = True
 
 __all__ = ["run", "check", "COLUMNS", "METRICS", "RULES", "score_conditions", "late_labels", "output_layer",
            "last_vectors", "outlier_sets"]

@@ -22,7 +22,8 @@ from outlierlab.evaluation.anisotropy import transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import IsotropySettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
-from outlierlab.reports.evaluation_report import md_table, plot_layers
+from outlierlab.reports.evaluation_report import plot_layers
+from outlierlab.utils.tables import md_table
 
 COLUMNS = ["layer", "transform", "isoscore", "isoscore_star", "zeta", "dims", "n_tokens", "n_star_points"]
 

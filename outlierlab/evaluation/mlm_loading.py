@@ -1,17 +1,17 @@
-"""Load a model WITH its own LM head (and eager attention) for the BERT Busters / Puccetti analyses.
+"""The frozen encoder's model WITH its own LM head (and eager attention) for the BERT Busters / Puccetti analyses.
 
-``evaluate.py``'s :class:`~outlierlab.models.loading.FrozenEncoder` loads ``AutoModel`` (no MLM head, SDPA
-attention).  The ablation needs the MLM head (Kovaleva et al. 2021 score masked-LM loss with LayerNorm dims
-disabled) and the attention-sink analysis needs attention *probabilities*, which only eager attention returns.
-:func:`load_mlm` gives both behind one small wrapper, :class:`LoadedModel`:
+The ablation needs the MLM head (Kovaleva et al. 2021 score masked-LM loss with LayerNorm dims disabled) and
+the attention-sink analysis needs attention *probabilities*, which only eager attention returns.
+:func:`load_mlm` gives both behind one small wrapper, :class:`LoadedModel`, on the weights the
+:class:`~outlierlab.models.loading.FrozenEncoder` holds (:meth:`~outlierlab.models.loading.FrozenEncoder.lm_model`):
 
 * our models (a train.py run, its ``hf/``/``model/`` export, a ``*.ckpt``): the FrozenEncoder's own
-  :class:`~models.RobertaMaskedLM` is reused (it has the head; ``output_attentions=True``
-  takes its eager path), so nothing is loaded twice;
-* Hugging Face models: ``AutoModelForMaskedLM.from_pretrained(..., attn_implementation="eager")`` for
-  encoders, ``AutoModelForCausalLM`` for decoders (GPT-2, Pythia, Llama-style: :attr:`LoadedModel.objective`
-  is ``next_token``; the family registry, :mod:`outlierlab.models.families`, says which, and for an
-  unregistered ``model_type`` the transformers auto mappings do).  When the checkpoint has no LM-head weights
+  :class:`~models.RobertaMaskedLM` (it has the head; ``output_attentions=True`` takes its eager path);
+* Hugging Face models: ``AutoModelForMaskedLM`` for encoders, ``AutoModelForCausalLM`` for decoders (GPT-2,
+  Pythia, Llama-style: :attr:`LoadedModel.objective` is ``next_token``; the family registry,
+  :mod:`outlierlab.models.families`, says which, and for an unregistered ``model_type`` the transformers auto
+  mappings do), loaded once by :func:`outlierlab.models.placement.load_hf_model`; the encoder runs its body and
+  :meth:`LoadedModel.forward` switches it to eager attention.  When the checkpoint has no LM-head weights
   (e.g. the bundled all-MiniLM-L6-v2 sentence model, a ``BertModel``), the randomly initialised head is NOT
   used: ``has_mlm_head`` is False with a one-line reason, and the body (correctly loaded) still serves the
   attention and LayerNorm analyses.
@@ -35,9 +35,10 @@ from torch import Tensor, nn
 from outlierlab.evaluation.settings import DataSettings, section_settings
 from outlierlab.datamodules.corpus import load_texts_from_files
 from outlierlab.datamodules.eval_data import load_sentences
-from outlierlab.models.families import Family, UnknownFamilyError, causal_or_masked, family_of
+from outlierlab.models.families import Family, UnknownFamilyError, family_of
 from outlierlab.models.layernorms import model_layernorms
-from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder
+from outlierlab.models.loading import FrozenEncoder
+from outlierlab.models.placement import eager_attention
 
 #: What the model's own head scores: masked tokens (encoders) or the next token (decoders).
 OBJECTIVES = ("masked_lm", "next_token")
@@ -126,84 +127,23 @@ class LoadedModel:
             out = self.model(input_ids, attention_mask, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions)
         else:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=output_attentions,
-                             output_hidden_states=output_hidden_states, return_dict=True)
+            with eager_attention(self.model):
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                 output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                                 return_dict=True)
         return ModelOutputs(getattr(out, "logits", None) if self.has_mlm_head else None,
                             getattr(out, "hidden_states", None), getattr(out, "attentions", None))
 
 
-def _quiet_hf():
-    from transformers.utils import logging as hf_logging  # lazy: transformers reads the offline flag at import
-
-    state = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    return state
-
-
-def _restore_hf(state) -> None:
-    from transformers.utils import logging as hf_logging  # lazy: transformers reads the offline flag at import
-
-    hf_logging.set_verbosity(state[0])
-    if state[1]:
-        hf_logging.enable_progress_bar()
-
-
-def _load_hf(source, device: torch.device, dtype: str = "float32", device_map=None) -> tuple[nn.Module, bool, str, str]:
-    """(model, has_head, reason, objective) for a Hugging Face model directory / cached hub id, eager
-    attention: the masked-LM class for encoders, the causal-LM class for decoders; at the encoder's
-    revision, dtype and device_map (issue 39: a bf16 7B model is not loaded again in float32)."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM  # lazy: offline flag
-
-    if source.local_files_only:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-    kw = dict(local_files_only=source.local_files_only, attn_implementation="eager",
-              revision=getattr(source, "revision", None))
-    if dtype != "float32":
-        kw["dtype"] = "auto" if dtype == "auto" else getattr(torch, dtype)
-    if device_map is not None:
-        kw["device_map"] = device_map
-
-    def place(m: nn.Module) -> nn.Module:
-        m = m.float() if dtype == "float32" else m
-        return (m if device_map is not None else m.to(device)).eval()
-
-    state = _quiet_hf()
-    try:
-        objective = causal_or_masked(AutoConfig.from_pretrained(source.model, local_files_only=source.local_files_only,
-                                                                revision=kw["revision"]))
-        auto, what = ((AutoModelForCausalLM, "next-token (causal LM)") if objective == "next_token"
-                      else (AutoModelForMaskedLM, "masked-LM"))
-        try:
-            model, info = auto.from_pretrained(source.model, output_loading_info=True, **kw)
-        except ValueError as e:  # this architecture has no such head class at all
-            model = AutoModel.from_pretrained(source.model, **kw)
-            return (place(model), False,
-                    f"{type(model).__name__} has no {what} class ({e})"[:200], objective)
-        prefix = getattr(model, "base_model_prefix", "") + "."
-        head_missing = sorted(k for k in info["missing_keys"] if not k.startswith(prefix))
-        model = place(model)
-        if head_missing:
-            reason = (f"the checkpoint has no {what} head weights ({len(head_missing)} missing, e.g. "
-                      f"{head_missing[0]}); it is a body without its head")
-            return model.base_model, False, reason, objective
-        return model, True, "", objective
-    except OSError as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise EncoderUnavailableError(f"cannot load {source.name} with its MLM head: {first}") from None
-    finally:
-        _restore_hf(state)
-
-
 def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
-    """Load ``encoder`` (a FrozenEncoder, or an ``encoder.name_or_path`` string) with its MLM head.
+    """``encoder`` (a FrozenEncoder, or an ``encoder.name_or_path`` string) with its MLM head.
 
     Parameters
     ----------
     encoder : outlierlab.models.loading.FrozenEncoder or str
-        A FrozenEncoder of our own model is reused as is (same weights object).
+        Its weights are used (:meth:`~outlierlab.models.loading.FrozenEncoder.lm_model`: loaded once).
     device : optional
-        Default: the FrozenEncoder's device, else CPU.
+        For a path: where the model goes (default CPU).  A FrozenEncoder's model stays where it placed it.
 
     Returns
     -------
@@ -211,17 +151,10 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
         ``has_mlm_head`` False (with ``no_head_reason``) for encoder-only checkpoints.
     """
     if isinstance(encoder, (str, os.PathLike)):
-        encoder = FrozenEncoder(str(encoder), device=str(device) if device is not None else "cpu")
-    dev = torch.device(device) if device is not None else encoder.device
+        encoder = FrozenEncoder(str(encoder), device=str(device) if device is not None else "cpu", lm_head=True)
     src = encoder.source
-    if src.kind == "hf":
-        model, has_head, reason, objective = _load_hf(src, dev, getattr(encoder, "dtype_name", "float32"),
-                                                      getattr(encoder, "device_map", None))
-        kind = "hf"
-    else:  # our RobertaMaskedLM (export dir or checkpoint): the FrozenEncoder's model has the head already
-        model, has_head, reason, kind = encoder.model, True, "", "outlierlab"
-        objective = "next_token" if getattr(model.config, "causal", False) else "masked_lm"
-    model.requires_grad_(False)
+    model, has_head, reason, objective = encoder.lm_model()
+    kind = "hf" if src.kind == "hf" else "outlierlab"
     try:
         family, note, layernorms = family_of(model), "", layernorm_map(model)
     except UnknownFamilyError as e:  # the hidden-state and attention analyses still run

@@ -21,6 +21,9 @@ from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts, share
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import OrderUseSettings, load_settings
 
+#: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
+LM_HEAD = True
+
 TITLE = "## Order use: does the model use word order? (docs/order_use.md)"
 
 

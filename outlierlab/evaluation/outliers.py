@@ -26,7 +26,8 @@ from outlierlab.analysis.outlier_dims import detect_outlier_dims, position_row_s
 from outlierlab.evaluation.activation_pass import ACTIVATION_COLUMNS, activation_columns, activation_section
 from outlierlab.reports import monitor_plots
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.reports.evaluation_report import md_table, plot_vectors, write_csv
+from outlierlab.reports.evaluation_report import plot_vectors
+from outlierlab.utils.tables import joined, md_table, write_csv
 from outlierlab.evaluation.settings import OutliersSettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
 
@@ -77,7 +78,7 @@ def _position_rows_section(pos: dict, out, k: float, plots: bool = True) -> tupl
     per_row = [{"row": r, "argmax_dim": int(st["argmax"][r]), "argmin_dim": int(st["argmin"][r]),
                 "sigma_dims": ";".join(map(str, st["sigma_mask"][r].nonzero().flatten().tolist()))}
                for r in range(st["rows"])]
-    write_csv(out / "position_rows.csv", per_row, ["row", "argmax_dim", "argmin_dim", "sigma_dims"])
+    write_csv(out / "position_rows.csv", per_row, ["row", "argmax_dim", "argmin_dim", "sigma_dims"], cell=joined)
     if plots:
         img = monitor_plots.render(monitor_plots.position_rows_figure(pos["table"].numpy(), st, pos["name"]))
         monitor_plots.save_png(img, out / "position_rows.png")
@@ -222,7 +223,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
         summary["layernorms_judged"] = [names.get(id(norms[k]), k) for k in judged]
     ln = layernorm_stats({n: (w, b) for n, (w, b) in params.items() if w is not None}, k=rule.k)
     if ln:
-        write_csv(out / "layernorm.csv", ln, LAYERNORM_ROW_FIELDS)
+        write_csv(out / "layernorm.csv", ln, LAYERNORM_ROW_FIELDS, cell=joined)
         md.append(md_table(["LayerNorm", "gain 3σ dims", "bias 3σ dims"],
                            [[r["name"], r["gain_outlier_dims"].replace(";", ", ") or "–",
                              r["bias_outlier_dims"].replace(";", ", ") or "–"] for r in ln]))

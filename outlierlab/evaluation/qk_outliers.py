@@ -35,7 +35,7 @@ from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts
 from outlierlab.evaluation.settings import DataSettings, section_settings
 from outlierlab.models.families import QKProjection, family_of, is_norm, split_qk
 from outlierlab.models.rotary_layers import rotary_layers
-from outlierlab.reports.evaluation_report import md_table
+from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

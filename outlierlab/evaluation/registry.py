@@ -7,7 +7,9 @@ An analysis is ONE module with a function ``run(ctx: EvalContext) -> AnalysisRes
 * ``consumers(ctx) -> list[Consumer]`` — subscribe to the shared per-layer stream over the evaluation sentences
   (:class:`outlierlab.evaluation.stream.Consumer`: raw or transformed token or word vectors, every layer once);
   ``run`` then reads what they accumulated (``ctx.consumers``);
-* ``COLUMNS`` — its CSV header (a skipped run still writes one).
+* ``COLUMNS`` — its CSV header (a skipped run still writes one);
+* ``LM_HEAD = True`` — it scores with the model's LM head (:func:`outlierlab.evaluation.mlm_loading.shared_mlm`):
+  the encoder is then loaded once, head included.
 
 Its config section is ``cfg.<name>`` (a module path: its last component); the built-in analyses read theirs as
 the frozen dataclass of :data:`SETTINGS`, checked before any model loads.
@@ -42,8 +44,8 @@ class SharedPasses:
     sentence_stats : the one streaming pass over the evaluation sentences
         (:func:`outlierlab.evaluation.streaming.sentence_stats`): outliers, anisotropy, self_similarity read it; WiC and
         STS take their detected clip dims and their ``transform.fit_on=sentences`` whitener from it
-    mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.mlm_loading.shared_mlm`): ablation,
-        attention_sinks
+    mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.mlm_loading.shared_mlm`), on the
+        encoder's own weights: the analyses whose module sets ``LM_HEAD = True``
     consumers : the :class:`~outlierlab.evaluation.stream.Consumer` s that analyses subscribed to the sentence pass
     """
 

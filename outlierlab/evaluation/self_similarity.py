@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from outlierlab.evaluation.anisotropy import transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.reports.evaluation_report import md_table, plot_layers
+from outlierlab.reports.evaluation_report import plot_layers
+from outlierlab.utils.tables import md_table
 from outlierlab.evaluation.streaming import sentence_stats
 
 

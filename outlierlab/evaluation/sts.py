@@ -40,7 +40,8 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
 from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
-from outlierlab.reports.evaluation_report import md_table, plot_layers
+from outlierlab.reports.evaluation_report import plot_layers
+from outlierlab.utils.tables import md_table
 
 #: Short names → hub ids (all with columns sentence1, sentence2, score).  STS-B scores are in [0, 1],
 #: the others in [0, 5]; Spearman does not care.

@@ -26,7 +26,8 @@ import torch
 from outlierlab.analysis.transforms import FITTED
 from outlierlab.analysis.wic import all_true_baseline, best_per_layer, best_threshold, choose_then_report, threshold_sweep
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.reports.evaluation_report import md_table, plot_layers
+from outlierlab.reports.evaluation_report import plot_layers
+from outlierlab.utils.tables import md_table
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.datamodules.eval_data import load_wic
 from outlierlab.evaluation.encoding import encode_log_line

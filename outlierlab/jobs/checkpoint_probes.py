@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from outlierlab.utils.tables import write_csv
+
 OUT_SUBDIR = "probe_posthoc"
 _STEP = re.compile(r"step(\d+)\.ckpt$")
 
@@ -71,14 +73,7 @@ def _gather(run_out: Path, name: str, steps: list[int]) -> Path | None:
             rows += [{"step": step, **r} for r in reader]
     if fields is None:
         return None
-    path = run_out / name
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(path)  # atomic: a reader never sees half a table
-    return path
+    return write_csv(run_out / name, rows, fields)  # atomic: a reader never sees half a table
 
 
 def probe_run(run_dir: str | Path, overrides: list[str] | None = None, max_sentences: int = 1000) -> list[int]:

@@ -98,15 +98,17 @@ def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None) -> dict:
     torch.manual_seed(int(cfg.seed))
     if encoder is None:
         encoder = FrozenEncoder.from_config(section_settings(EncoderSettings, cfg))  # + dtype, device_map, revision
+    modules = {name: importlib.import_module(analysis_module(name)) for name in analyses}
+    if any(getattr(m, "LM_HEAD", False) for m in modules.values()):
+        encoder.lm_head = True  # before the weights load: one copy, head included
     tb = None
     if cfg.tensorboard:
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when tensorboard is on
 
         tb = SummaryWriter(str(run_dir / "tensorboard"))
     shared = SharedPasses()  # the sentence pass and the MLM model, computed once for every analysis
-    contexts, modules = {}, {}
+    contexts = {}
     for name in analyses:
-        modules[name] = importlib.import_module(analysis_module(name))
         section = cfg.get(name.rsplit(".", 1)[-1])
         contexts[name] = EvalContext(encoder, section or OmegaConf.create({}), cfg, transforms, run_dir,
                                      int(cfg.seed), tb, shared, plots=plots)

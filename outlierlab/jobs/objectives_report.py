@@ -39,6 +39,7 @@ import pandas as pd
 from outlierlab.analysis.seed_statistics import contrast, summarize
 from outlierlab.analysis.study_inference import adjust_pvalues, minimum_detectable_effect, tost
 from outlierlab.jobs.study_cells import Cell, cell_numbers, find_cells
+from outlierlab.utils.tables import md_table
 
 #: Equivalence margin of "clm none is competitive with clm learned": 0.05 nats/token, i.e. perplexity within ~5 %.
 EQUIVALENCE_MARGIN = 0.05
@@ -195,12 +196,11 @@ def markdown(tables: dict[str, pd.DataFrame], table: pd.DataFrame, cells: list[C
     probe = tables["probe"]
     if not probe.empty:
         layers = sorted(probe.layer.unique())
+        body = [[o, p, step, *(f"{g[g.layer == x].accuracy.mean():.3f} ({g[g.layer == x].mean_abs_error.mean():.1f})"
+                               for x in layers)]
+                for (o, p, step), g in probe.groupby(["objective", "pos", "step"])]
         lines += ["", "**Position-probe accuracy by layer** (mean over seeds; mean absolute position error in brackets)", "",
-                  "| objective | pos | step | " + " | ".join(f"layer {x}" for x in layers) + " |",
-                  "|---|---|---|" + "---|" * len(layers)]
-        for (o, p, step), g in probe.groupby(["objective", "pos", "step"]):
-            cells_ = [f"{g[g.layer == x].accuracy.mean():.3f} ({g[g.layer == x].mean_abs_error.mean():.1f})" for x in layers]
-            lines.append(f"| {o} | {p} | {step} | " + " | ".join(cells_) + " |")
+                  md_table(["objective", "pos", "step", *(f"layer {x}" for x in layers)], body, cell=str)]
         chance = probe.get("chance")
         if chance is not None:
             lines.append(f"\nChance (the most frequent position in the test split): {chance.mean():.3f}.")

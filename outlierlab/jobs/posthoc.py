@@ -38,7 +38,6 @@ Imports no Lightning: usable from ``evaluate.py`` and on machines without a trai
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 from collections.abc import Sequence
@@ -48,6 +47,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.utils.tables import write_csv
 
 #: Defaults of the monitors (configs/callbacks/monitors.yaml); a run's config.yaml overrides them.
 # rule: the ln_rule a run recorded (callbacks.layernorm_monitor.rule); older runs recorded k/shared_min_layers
@@ -192,8 +192,10 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         done.append(step)
     result: dict[str, Any] = {"steps": done}
     table = wide_by_layer(metric_rows, METRIC_COLUMNS, with_dims=_WITH_DIMS)
-    result["metrics"] = _write_table(out / "metrics.csv", table)
-    result["order_use"] = _write_table(out / "order_use.csv", order_rows)
+    # the columns of the first row (every row has the same); an empty table still says what it would hold
+    result["metrics"] = write_csv(out / "metrics.csv", table, list(table[0]) if table else ["step", "layer"])
+    result["order_use"] = write_csv(out / "order_use.csv", order_rows,
+                                    list(order_rows[0]) if order_rows else ["step", "layer"])
     img = plots.render(plots.metric_curves_figure(plots.curves_from_rows(metric_rows), title=run.name))
     plots.save_png(img, out / "metrics.png")
     for name, h in files.items():
@@ -265,17 +267,6 @@ def _apply_overrides(ln_cfg: dict, hs_cfg: dict, overrides: dict) -> tuple[dict,
                 if key in cfg:
                     cfg[key] = value
     return ln_cfg, hs_cfg
-
-
-def _write_table(path: Path, rows: list[dict]) -> Path:
-    """CSV with the columns of the first row, written atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["step", "layer"])
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,6 @@ on all layers at once -> rows (layer x transform) -> CSV / Markdown / PNG / Tens
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import time
@@ -31,6 +30,7 @@ from outlierlab.models.loading import FrozenEncoder
 from outlierlab.datamodules.probe_data import load_classification, load_position_texts, split_indices
 from outlierlab.lightning_modules.probes import PositionProbe, SentenceClassifier, train_probe
 from outlierlab.reports.probe_report import write_outputs
+from outlierlab.utils.tables import write_csv
 
 log = logging.getLogger(__name__)
 
@@ -231,16 +231,11 @@ def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None) -> dict:
                 family=encoder.family_line(), layernorms=layernorm_note(encoder))
     by_distance = info.pop("similarity_by_distance", None)
     if by_distance:  # Zuo et al.: nearby tokens more similar than distant ones -> position readable
-        with open(run_dir / "similarity_by_distance.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=["layer", "distance", "cosine", "n_pairs"])
-            w.writeheader()
-            w.writerows(by_distance)
+        write_csv(run_dir / "similarity_by_distance.csv", by_distance, ["layer", "distance", "cosine", "n_pairs"])
     by_position = info.pop("by_position", None)
     if by_position:  # accuracy at each position: a position-free encoder is at chance away from the edges
-        with open(run_dir / "position_probe_by_position.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=["layer", "transform", "position", "n_test", "accuracy"])
-            w.writeheader()
-            w.writerows(by_position)
+        write_csv(run_dir / "position_probe_by_position.csv", by_position,
+                  ["layer", "transform", "position", "n_test", "accuracy"])
     (run_dir / "probe_info.json").write_text(json.dumps(info, indent=2, default=str))
     paths = write_outputs(rows, info, run_dir, "position_probe" if kind == "position" else "classifier",
                           contribs)

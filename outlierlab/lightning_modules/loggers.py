@@ -23,6 +23,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
+from outlierlab.utils.tables import write_csv
+
 
 class _ResumableWriter(ExperimentWriter):
     def __init__(self, log_dir: str) -> None:
@@ -42,12 +44,7 @@ class _ResumableWriter(ExperimentWriter):
                 header = list(reader.fieldnames or [])
                 keep = [r for r in reader if r.get("step") not in (None, "") and int(float(r["step"])) < first_new]
             self.metrics_keys = sorted(set(self.metrics_keys) | set(header))
-            tmp = self.metrics_file_path + ".tmp"
-            with open(tmp, "w", newline="") as f:  # atomic: a crash here leaves the old file intact
-                writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
-                writer.writeheader()
-                writer.writerows(keep)
-            os.replace(tmp, self.metrics_file_path)
+            write_csv(self.metrics_file_path, keep, self.metrics_keys)  # atomic: a crash leaves the old file intact
         self._reconciled = True
         super().save()
 

@@ -124,6 +124,10 @@ class FrozenEncoder:
         Hub revision (branch, tag or commit, e.g. Pythia's ``step1000``) of the model AND its tokenizer.
     offload_folder : str, optional
         Where ``device_map`` entries set to "disk" keep their weights (default: a temporary directory).
+    lm_head : bool
+        Hugging Face models: load the model with its own LM head and run its body (the same hidden states as
+        ``AutoModel``), so that :meth:`lm_model` reuses these weights instead of loading them again.  evaluate.py
+        sets it when an analysis that scores with the head is selected.
 
     Attributes
     ----------
@@ -134,7 +138,7 @@ class FrozenEncoder:
     def __init__(self, name_or_path: str = "all-minilm-l6-v2", max_length: int | None = None,
                  on_overflow: str = "warn", device: str = "auto", batch_size: int = 32, dtype: str = "float32",
                  device_map: str | dict | None = None, revision: str | None = None,
-                 offload_folder: str | None = None):
+                 offload_folder: str | None = None, lm_head: bool = False):
         if on_overflow not in ("warn", "error"):
             raise ValueError(f"on_overflow must be 'warn' or 'error', got {on_overflow!r}")
         if dtype not in DTYPES:
@@ -147,7 +151,7 @@ class FrozenEncoder:
         self.on_overflow, self.batch_size = on_overflow, int(batch_size)
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
                                    else ("cpu" if device == "auto" else device))
-        self._model = None
+        self._model, self._hf, self.lm_head = None, None, bool(lm_head)
         self.n_forward_calls = 0
         self.tokenizer = self._load_tokenizer()
         self.model_type, self.norm_placement = "outlierlab", "post"  # _read_config sets both for HF models
@@ -230,11 +234,27 @@ class FrozenEncoder:
             # First use may come from inside forward()'s inference_mode; weights created there would be
             # inference tensors that no later code (e.g. the ablation's in-place zeroing) may modify.
             with torch.inference_mode(False):
-                model = self._load_model()
-                if self.device_map is None:  # accelerate has placed a device-mapped model already
-                    model = model.to(self.device)
-                self._model = model.eval().requires_grad_(False)
+                self._model = self._load_model()
         return self._model
+
+    def lm_model(self) -> tuple[torch.nn.Module, bool, str, str]:
+        """``(model, has_head, no-head reason, objective)``: this encoder's weights under the model's own LM head.
+
+        Our models (a :class:`~outlierlab.models.RobertaMaskedLM`) have it already.  A Hugging Face model not yet
+        loaded is loaded once, with its head (the encoder then runs its body).  Without a head in the checkpoint
+        ``model`` is the body and ``has_head`` False."""
+        if self.source.kind != "hf":
+            model = self.model
+            return model, True, "", "next_token" if getattr(model.config, "causal", False) else "masked_lm"
+        if self._model is not None and self._hf.objective is None:
+            # The body was loaded as a bare AutoModel before anyone asked for the head (an encoder used before
+            # evaluate() could mark it): from_pretrained cannot add a head to loaded weights, so this second load
+            # is unavoidable.  The encoder then runs the new body, and the first copy is freed.
+            self._model, self._hf = None, None
+        self.lm_head = True
+        self.model  # noqa: B018 - loads (once) with the head
+        hf = self._hf
+        return (hf.lm if hf.lm is not None else hf.body), hf.lm is not None, hf.no_head_reason, hf.objective
 
     @property
     def input_device(self) -> torch.device:
@@ -242,13 +262,20 @@ class FrozenEncoder:
         return self.device if self.device_map is None else input_device(self.model)
 
     def _load_model(self) -> torch.nn.Module:
+        """The model this encoder runs, placed, in eval mode and frozen (with the LM head it belongs to)."""
         src = self.source
         if src.kind == "hf":  # dtype, device_map, revision: outlierlab.models.placement
-            model, self.offload_folder = load_hf_model(src, self.dtype_name, self.device_map, self.offload_folder)
-            return model
-        model = (load_pretrained(src.model) if src.kind == "outlierlab"
-                 else model_from_checkpoint(self._ckpt_payload(), self.source.model))
-        return model if self.dtype_name == "auto" else model.to(getattr(torch, self.dtype_name))
+            self._hf = load_hf_model(src, self.dtype_name, self.device_map, self.offload_folder, self.lm_head)
+            self.offload_folder = self._hf.offload_folder
+            whole, model = (self._hf.lm if self._hf.lm is not None else self._hf.body), self._hf.body
+        else:
+            model = (load_pretrained(src.model) if src.kind == "outlierlab"
+                     else model_from_checkpoint(self._ckpt_payload(), self.source.model))
+            whole = model = model if self.dtype_name == "auto" else model.to(getattr(torch, self.dtype_name))
+        if self.device_map is None:  # accelerate has placed a device-mapped model already
+            whole.to(self.device)  # in place: the body moves with the head around it
+        whole.eval().requires_grad_(False)
+        return model
 
     def family_line(self) -> str:
         """One line for reports: the model family (from the config, no weights loaded) and the norms the

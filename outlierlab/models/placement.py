@@ -1,4 +1,5 @@
-"""Precision and placement of a Hugging Face model: ``encoder.dtype``, ``encoder.device_map``, ``encoder.revision``.
+"""Loading a Hugging Face model — the one place that calls ``from_pretrained`` for weights — and its precision
+and placement: ``encoder.dtype``, ``encoder.device_map``, ``encoder.revision``.
 
     load_hf_model(source, "bfloat16", "auto")   # accelerate spreads the layers over every GPU, then CPU memory
 
@@ -6,11 +7,18 @@
 hubs bfloat16).  A ``device_map`` mapping places modules by hand; entries set to ``"disk"`` are offloaded
 (accelerate keeps their weights on the ``meta`` device and reads them for each forward — from the safetensors
 file itself, or from ``offload_folder``).  The statistics downstream accumulate in float64 whatever the dtype.
+
+``lm_head=True`` loads the model WITH its own LM head (``AutoModelForMaskedLM`` for encoders,
+``AutoModelForCausalLM`` for decoders: :func:`outlierlab.models.families.causal_or_masked`), whose body is the
+very module ``AutoModel`` would give: the frozen encoder runs the body and the MLM analyses the head, one copy
+of the weights (issue 48).
 """
 
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -28,15 +36,35 @@ def torch_dtype(name: str):
     return "auto" if name == "auto" else getattr(torch, name)
 
 
-def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None,
-                  offload_folder: str | None = None) -> tuple[nn.Module, str | None]:
-    """``(AutoModel at src.revision in dtype, placed by device_map; the offload folder used)``.
+@dataclass
+class HFModel:
+    """What :func:`load_hf_model` loaded.
+
+    body : the encoder/decoder body (``AutoModel``'s module), what the frozen encoder runs
+    lm : the same weights under the model's own LM head; None without ``lm_head=True`` or when the checkpoint
+        has no head (``no_head_reason`` says why: its random initialisation is not used)
+    objective : ``masked_lm`` or ``next_token``; None without ``lm_head=True`` (the head was not asked for)
+    offload_folder : where ``"disk"`` entries of the ``device_map`` keep their weights
+    """
+
+    body: nn.Module
+    lm: nn.Module | None = None
+    objective: str | None = None
+    no_head_reason: str = ""
+    offload_folder: str | None = None
+
+
+def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None, offload_folder: str | None = None,
+                  lm_head: bool = False) -> HFModel:
+    """The model at ``src.revision`` in ``dtype``, placed by ``device_map``; with ``lm_head`` its LM-head class.
 
     A missing model or revision is one :class:`EncoderUnavailableError` line."""
-    from transformers import AutoModel
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
     from transformers.utils import logging as hf_logging
 
-    kw = {"dtype": torch_dtype(dtype), "revision": src.revision}
+    from outlierlab.models.families import causal_or_masked
+
+    kw = {"dtype": torch_dtype(dtype), "revision": src.revision, "local_files_only": src.local_files_only}
     if device_map is not None:
         kw["device_map"] = device_map
         if offload_folder is None and isinstance(device_map, dict) and "disk" in device_map.values():
@@ -46,7 +74,25 @@ def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None,
     hf_logging.set_verbosity_error()  # "unused lm_head weights" etc. are expected for an encoder
     hf_logging.disable_progress_bar()
     try:
-        return AutoModel.from_pretrained(src.model, local_files_only=src.local_files_only, **kw), offload_folder
+        if not lm_head:
+            return HFModel(AutoModel.from_pretrained(src.model, **kw), offload_folder=offload_folder)
+        objective = causal_or_masked(AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only,
+                                                                revision=src.revision))
+        auto, what = ((AutoModelForCausalLM, "next-token (causal LM)") if objective == "next_token"
+                      else (AutoModelForMaskedLM, "masked-LM"))
+        try:
+            model, info = auto.from_pretrained(src.model, output_loading_info=True, **kw)
+        except ValueError as e:  # this architecture has no such head class at all
+            body = AutoModel.from_pretrained(src.model, **kw)
+            return HFModel(body, None, objective, f"{type(body).__name__} has no {what} class ({e})"[:200],
+                           offload_folder)
+        prefix = getattr(model, "base_model_prefix", "") + "."
+        head_missing = sorted(k for k in info["missing_keys"] if not k.startswith(prefix))
+        if head_missing:  # keep the body only: the head's random initialisation would score nothing real
+            reason = (f"the checkpoint has no {what} head weights ({len(head_missing)} missing, e.g. "
+                      f"{head_missing[0]}); it is a body without its head")
+            return HFModel(model.base_model, None, objective, reason, offload_folder)
+        return HFModel(model.base_model, model, objective, "", offload_folder)
     except OSError as e:
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise EncoderUnavailableError(f"cannot load model weights of {src.name}: {first}") from None
@@ -54,6 +100,27 @@ def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None,
         hf_logging.set_verbosity(verbosity)
         if bar:
             hf_logging.enable_progress_bar()
+
+
+@contextmanager
+def eager_attention(model: nn.Module):
+    """Run ``model`` with eager attention inside the block, then with its own again.
+
+    Only eager attention returns attention probabilities, and the MLM analyses have always scored with it;
+    the frozen encoder keeps SDPA (faster) on the same weights.  Switching is a config flag in transformers
+    (``set_attn_implementation``).  A model that cannot switch (DeBERTa, MPNet) only has eager attention;
+    our own model takes ``output_attentions`` on its eager path and has no such flag."""
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    can = getattr(model, "_can_set_attn_implementation", None)
+    if current in (None, "eager") or can is None or not can():
+        yield
+        return
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(current)
 
 
 def input_device(model: nn.Module) -> torch.device:

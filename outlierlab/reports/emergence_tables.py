@@ -29,6 +29,7 @@ matplotlib.use("Agg")  # headless: files only
 import matplotlib.pyplot as plt  # noqa: E402
 
 from outlierlab.reports.history import read_history, wide_by_layer  # noqa: E402
+from outlierlab.utils.tables import md_table, write_csv  # noqa: E402
 
 METRICS = ["anisotropy", "kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output",
            "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos", "attn_entropy", "attn_row_mass",
@@ -107,13 +108,7 @@ def summary(rows: list[dict], step: int) -> dict:
 
 def _write(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    cols: list[str] = []
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, cols)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(path, rows)
     print(f"wrote {path}")
 
 
@@ -145,9 +140,10 @@ def long_runs(args) -> None:
         for name in runs:
             table.append({"pos": name, **summary([r for r in all_rows if r["pos"] == name], s)})
     _write(out / "long_runs_table.csv", table)
-    print(markdown(table, ["pos", "step", "kurtosis_last", "kurtosis_max", "max_median_max", "argmax_share_last",
-                           "argmax_dim_last", "argmin_share_last", "anisotropy_last", "inf_norm_ln_input_max", "layernorm_outliers_total",
-                           "sink_share_bos_max"]))
+    cols = ["pos", "step", "kurtosis_last", "kurtosis_max", "max_median_max", "argmax_share_last", "argmax_dim_last",
+            "argmin_share_last", "anisotropy_last", "inf_norm_ln_input_max", "layernorm_outliers_total",
+            "sink_share_bos_max"]
+    print(md_table(cols, ([r.get(c) for c in cols] for r in table), cell=_fmt))
 
 
 def sweep_table(args) -> None:
@@ -167,9 +163,10 @@ def sweep_table(args) -> None:
                       "kurtosis_ratio_last": sN["kurtosis_last"] / s0["kurtosis_last"],
                       "val_ppl": val_ppl(run)})
     _write(Path(args.out), table)
-    print(markdown(table, ["run", "step", "kurtosis_last", "kurtosis_ratio_last", "kurtosis_mean", "max_median_max",
-                           "inf_norm_ffn_output_max", "inf_norm_ln_input_max", "argmax_share_last",
-                           "anisotropy_last", "layernorm_outliers_total", "val_ppl"]))
+    cols = ["run", "step", "kurtosis_last", "kurtosis_ratio_last", "kurtosis_mean", "max_median_max",
+            "inf_norm_ffn_output_max", "inf_norm_ln_input_max", "argmax_share_last", "anisotropy_last",
+            "layernorm_outliers_total", "val_ppl"]
+    print(md_table(cols, ([r.get(c) for c in cols] for r in table), cell=_fmt))
 
 
 #: (column of a ``table`` CSV, heading, format) of the scheme x switch grids: the issue-13 quantities
@@ -208,20 +205,13 @@ def grid(args) -> None:
     out = [f"<!-- written by: python -m outlierlab.reports.emergence_tables grid --table {args.table} --out {args.out} -->",
            f"Final checkpoint (step {', '.join(map(str, steps))}); rows: `pos=`, columns: switch.", ""]
     for col, title, fmt in GRID_METRICS:
-        out += [f"**{title}**", "", "| pos | " + " | ".join(switches) + " |", "|---|" + "---|" * len(switches)]
-        for p_ in poss:
-            vals = [_num(cells[p_, w].get(col)) if (p_, w) in cells else None for w in switches]
-            out.append(f"| {p_} | " + " | ".join("–" if v is None else fmt.format(v) for v in vals) + " |")
-        out.append("")
+        vals = {p_: [_num(cells[p_, w].get(col)) if (p_, w) in cells else None for w in switches] for p_ in poss}
+        grid = md_table(["pos", *switches], ([p_, *("–" if v is None else fmt.format(v) for v in vals[p_])]
+                                             for p_ in poss), cell=str)
+        out += [f"**{title}**", "", grid, ""]
     Path(args.out).write_text("\n".join(out))
     print("\n".join(out))
     print(f"wrote {args.out}")
-
-
-def markdown(rows: list[dict], cols: list[str]) -> str:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def plot_curves(rows: list[dict], path: Path) -> None:

@@ -6,7 +6,6 @@ Plain files first (DESIGN: results readable without TensorBoard); matplotlib wit
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -19,51 +18,12 @@ matplotlib.use("Agg")  # headless: figures go to files only
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import StepPatch  # noqa: E402
 
+from outlierlab.utils.tables import columns_of, joined, md_table, write_csv  # noqa: E402
+
 #: Columns that identify a row rather than measure something (not sent to TensorBoard as scalars).
 KEY_COLUMNS = ("layer", "transform", "dataset", "split")
 #: Columns that say what a fitted transform was fitted on (not scalars either): whiten_n, abtt_d, ...
 FIT_PREFIXES = ("whiten_", "standardize_", "abtt_", "center_")
-
-
-# ------------------------------------------------------------------------------------------------ tables
-def fmt(x: Any, digits: int = 3) -> str:
-    """Markdown cell: floats rounded, NaN as "–"."""
-    if isinstance(x, float):
-        return "–" if math.isnan(x) else f"{x:.{digits}f}"
-    return str(x)
-
-
-def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 3) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(fmt(c, digits) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def columns_of(rows: Sequence[Mapping[str, Any]], first: Sequence[str] = ("layer", "transform")) -> list[str]:
-    """Column order: ``first`` (when present), then every other key in first-seen order."""
-    seen: dict[str, None] = {}
-    for r in rows:
-        for k in r:
-            seen.setdefault(k, None)
-    head = [c for c in first if c in seen]
-    return head + [c for c in seen if c not in head]
-
-
-def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> Path:
-    """One row per dict; ``columns`` fixes the header (an empty result still gets its header)."""
-    cols = list(columns) if columns else columns_of(rows)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, cols, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: _plain(r.get(k, "")) for k in cols})
-    return path
-
-
-def _plain(v: Any) -> Any:
-    if isinstance(v, (list, tuple)):
-        return ";".join(map(str, v))
-    return v
 
 
 def _jsonable(v: Any) -> Any:
@@ -233,8 +193,8 @@ def write_outputs(out_dir: Path, results: Sequence[Any], meta: Mapping[str, Any]
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     for r in results:
-        cols = (columns or {}).get(r.name) or columns_of(r.rows)
-        paths[f"{r.name}.csv"] = write_csv(out_dir / f"{r.name}.csv", r.rows, cols)
+        cols = (columns or {}).get(r.name) or columns_of(r.rows, ("layer", "transform"))
+        paths[f"{r.name}.csv"] = write_csv(out_dir / f"{r.name}.csv", r.rows, cols, cell=joined)
         log_scalars(tb, r.name, r.rows)
     paths["results.json"] = write_json(out_dir / "results.json", {
         "meta": meta,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 
@@ -10,6 +9,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: figures go to files only
 import matplotlib.pyplot as plt  # noqa: E402
+
+from outlierlab.utils.tables import md_table, write_csv  # noqa: E402
 
 COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "chance", "n_train", "n_val", "n_test",
            "dropped_tokens", "truncated_sequences", "top_neurons", "outlier_dims", "outlier_rank",
@@ -20,14 +21,6 @@ COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "
                        *(("d",) if m == "abtt" else ()), "degenerate"))]
 #: Transforms whose coordinate i is not neuron i (no outlier-contribution columns or panels).
 MIXING = ("whiten", "abtt")
-
-
-def write_csv(rows: list[dict], path: Path) -> Path:
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    return path
 
 
 def _fmt(v) -> str:
@@ -53,8 +46,7 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str) -> Path
              "detected on the untransformed TRAINING features; outlier_rank 1 = largest contribution; no "
              "outlier columns for whiten and abtt (their coordinates mix neurons; whiten's are principal directions)"]
     lines += [f"- note: {n}" for n in info.get("notes", [])]
-    lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in rows]
+    lines += ["", md_table(cols, ([r[c] for c in cols] for r in rows), cell=_fmt)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -121,7 +113,8 @@ def write_outputs(rows: list[dict], info: dict, run_dir: Path, stem: str, contri
     run_dir = Path(run_dir)
     title = "Position probe (Luo et al. 2021 §3)" if stem == "position_probe" else \
         "Linear classifier on sentence vectors (Luo et al. 2021 §4.4)"
-    paths = [write_csv(rows, run_dir / f"{stem}.csv"), write_markdown(rows, info, run_dir / "probe_report.md", title)]
+    paths = [write_csv(run_dir / f"{stem}.csv", rows, COLUMNS),
+             write_markdown(rows, info, run_dir / "probe_report.md", title)]
     paths += write_plots(rows, run_dir, stem)
     if contrib:
         extra = {d for layer in info.get("outlier_dims", []) for d in layer}

@@ -21,6 +21,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from outlierlab.utils.tables import md_table  # noqa: E402
+
 SCHEMES = ["learned", "none", "relative", "rope"]
 
 
@@ -36,12 +38,6 @@ def fmt(x, nd=2):
         return f"{float(x):.{nd}f}"
     except (TypeError, ValueError):
         return str(x) if x not in (None, "") else "–"
-
-
-def table(header: list[str], body: list[list]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in body]
-    return "\n".join(out)
 
 
 def line_plot(series: dict, xlabel: str, ylabel: str, filename: str, title: str = "", marker=None) -> Path | None:
@@ -72,7 +68,7 @@ def training(root: Path) -> str:
         if val:
             body.append([pos, val[-1][0] + 1, fmt(val[0][1]), fmt(val[-1][1]), fmt(val[-1][2], 1),
                          fmt(sum(tps[-5:]) / max(1, len(tps[-5:])), 0)])
-    return table(["pos", "steps", "first val loss", "final val loss", "final val ppl", "tokens/s (last 5 logs; 4 runs shared 2 cores)"], body)
+    return md_table(["pos", "steps", "first val loss", "final val loss", "final val ppl", "tokens/s (last 5 logs; 4 runs shared 2 cores)"], body)
 
 
 def layernorm(root: Path) -> str:
@@ -97,7 +93,7 @@ def layernorm(root: Path) -> str:
         body.append([pos] + [f"{per_step[s][0]}/{per_step[s][1]}/{per_step[s][2]}" for s in steps_wanted]
                     + [", ".join(shared) or "–"])
     header = ["pos"] + [f"step {s}" for s in (steps_wanted or [])] + ["shared dims at the end"]
-    return table(header, body)
+    return md_table(header, body)
 
 
 def hidden(root: Path) -> tuple[str, Path | None]:
@@ -121,7 +117,7 @@ def hidden(root: Path) -> tuple[str, Path | None]:
     fig_path = line_plot({k: ([p[0] for p in v], [p[1] for p in v]) for k, v in series.items()},
                          "training step", "argmax share, last layer", "argmax_share_over_training.png",
                          "Share of tokens whose max falls on the most common dim")
-    return table(header, body), fig_path
+    return md_table(header, body), fig_path
 
 
 def probe(root: Path) -> tuple[str, Path | None]:
@@ -135,7 +131,7 @@ def probe(root: Path) -> tuple[str, Path | None]:
     n = max((len(c) for c in curves.values()), default=0)
     fig_path = line_plot({k: (list(range(len(c))), c) for k, c in curves.items()},
                          "layer (0 = embeddings)", "position-probe accuracy", "position_probe.png", marker="o")
-    return table(["pos", "chance"] + [f"layer {i}" for i in range(n)], body), fig_path
+    return md_table(["pos", "chance"] + [f"layer {i}" for i in range(n)], body), fig_path
 
 
 def probe_by_position(root: Path) -> str:
@@ -148,7 +144,7 @@ def probe_by_position(root: Path) -> str:
             mid = [a for p, (a, n) in acc.items() if 5 <= p <= 40 and n >= 20]
             body.append([pos, layer] + [fmt(acc.get(p, ("–", 0))[0]) for p in (0, 1, 2)]
                         + [fmt(sum(mid) / max(1, len(mid)), 3), fmt(1 / max(1, len(mid)), 3)])
-    return table(["pos", "layer", "acc @0 (<s>)", "acc @1", "acc @2", "mean acc @5-40", "chance @5-40"], body)
+    return md_table(["pos", "layer", "acc @0 (<s>)", "acc @1", "acc @2", "mean acc @5-40", "chance @5-40"], body)
 
 
 def anisotropy(root: Path) -> str:
@@ -162,7 +158,7 @@ def anisotropy(root: Path) -> str:
             if by.get(t):
                 body.append([pos, t] + [fmt(by[t][l]) for l in sorted(by[t])])
     n = max((len(r) - 2 for r in body), default=0)
-    return table(["pos", "transform"] + [f"layer {i}" for i in range(n)], body)
+    return md_table(["pos", "transform"] + [f"layer {i}" for i in range(n)], body)
 
 
 def wic(root: Path) -> str:
@@ -174,7 +170,7 @@ def wic(root: Path) -> str:
             if rs:
                 best = max(rs, key=lambda r: float(r["best_accuracy"]))
                 body.append([pos, t, fmt(best["best_accuracy"], 3), best["layer"], best["best_threshold"]])
-    return table(["pos", "transform", "best accuracy", "layer", "threshold"], body) + "\n\nAll-true / surface-form baseline: 0.500."
+    return md_table(["pos", "transform", "best accuracy", "layer", "threshold"], body) + "\n\nAll-true / surface-form baseline: 0.500."
 
 
 def ablation(root: Path) -> str:
@@ -186,7 +182,7 @@ def ablation(root: Path) -> str:
                 dims = f"{dims.count('|') + 1} seeded draws" if "|" in dims else dims
                 body.append([pos, r["condition"], r.get("n_dims"), dims, fmt(r.get("loss")),
                              fmt(r.get("ppl"), 1), fmt(r.get("top1"), 3), fmt(r.get("loss_std"), 3)])
-    return table(["pos", "condition", "n dims", "dims", "MLM loss", "ppl", "top-1", "loss std"], body)
+    return md_table(["pos", "condition", "n dims", "dims", "MLM loss", "ppl", "top-1", "loss std"], body)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT
+from outlierlab.utils.tables import md_table
 
 
 def _fmt(x: float) -> str:
@@ -92,8 +93,7 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
     lines += _design_lines(design, contrasts)
     group_names = list(groups)
     lines += ["", "## Headline metrics", ""]
-    lines.append("| metric | layer | step | " + " | ".join(group_names) + " |")
-    lines.append("|---|---|---|" + "---|" * len(group_names))
+    body = []
     for metric in metrics:
         for layer in layers:
             sub = summary[(summary["metric"] == metric) & (summary["layer"] == layer)]
@@ -105,7 +105,8 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                 for g in group_names:
                     r = sub[(sub["group"] == g) & (sub["step"] == near)]
                     cells.append(_pm(r.iloc[0]) if len(r) else "–")
-                lines.append(f"| {metric} | {layer} | {near} | " + " | ".join(cells) + " |")
+                body.append([metric, layer, near, *cells])
+    lines.append(md_table(["metric", "layer", "step", *group_names], body, cell=str))
     for spec, table in contrasts.items():
         lines += ["", f"## Contrast {spec}", "",
                   "diff = a − b with its 95% CI: a paired t interval over the per-seed differences of the seeds both "

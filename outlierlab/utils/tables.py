@@ -1,0 +1,71 @@
+"""The two table writers of the project: row dicts to a CSV file (:func:`write_csv`) and rows to a Markdown
+table (:func:`md_table`).  Every report and job writes its tables through these, so all CSVs share one
+dialect (the csv module's default: ``,``, minimal quoting, ``\\r\\n`` line ends, ``str()`` of each value, an
+empty cell for None or a missing key) and all Markdown tables one layout.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from outlierlab.utils.atomic import write_atomic
+
+__all__ = ["columns_of", "joined", "write_csv", "decimals", "md_table"]
+
+
+def columns_of(rows: Iterable[Mapping[str, Any]], first: Sequence[str] = ()) -> list[str]:
+    """Column order: ``first`` (those present), then every other key in first-seen order."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            seen.setdefault(k, None)
+    head = [c for c in first if c in seen]
+    return head + [c for c in seen if c not in head]
+
+
+def joined(v: Any) -> Any:
+    """A list or tuple as one ``a;b;c`` cell (evaluate.py's CSVs); anything else as is."""
+    if isinstance(v, (list, tuple)):
+        return ";".join(map(str, v))
+    return v
+
+
+def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
+              cell: Callable[[Any], Any] | None = None) -> Path:
+    """Write ``rows`` (dicts) to ``path`` atomically (:func:`outlierlab.utils.atomic.write_atomic`).
+
+    ``columns`` fixes the header (an empty table still gets it; keys not in it are left out); None: every
+    key in first-seen order.  ``cell`` maps each value before the csv module writes it (default: as is;
+    :func:`joined` for evaluate.py's list cells)."""
+    cols = list(columns) if columns is not None else columns_of(rows)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, cols, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: cell(r.get(k, "")) for k in cols} if cell is not None else r)
+    path = Path(path)
+    write_atomic(path, buf.getvalue())
+    return path
+
+
+def decimals(x: Any, digits: int = 3) -> str:
+    """A Markdown cell of evaluate.py's reports: floats rounded to ``digits`` decimals, NaN as "–"."""
+    if isinstance(x, float):
+        return "–" if math.isnan(x) else f"{x:.{digits}f}"
+    return str(x)
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 3,
+             cell: Callable[[Any], str] | None = None) -> str:
+    """A Markdown table without a trailing newline: the header row, a ``---`` rule per column, then each row
+    with ``cell(value)`` in every cell (default: :func:`decimals` with ``digits``)."""
+    if cell is None:
+        def cell(x: Any) -> str:
+            return decimals(x, digits)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
