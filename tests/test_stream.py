@@ -136,10 +136,10 @@ def test_an_analysis_written_in_one_module_subscribes_to_the_stream_and_is_in_th
     d = save_tiny_llama(tmp_path / "llama")
     texts = _texts(40)
     (tmp_path / "s.txt").write_text("\n".join(texts) + "\n")
-    cfg = compose_cfg("evaluate", [f"encoder.name_or_path={d}", "encoder.device=cpu", f"data.files=[{tmp_path / 's.txt'}]",
-                                   "transform=[none,whiten]", "transform.allow_degenerate=true",
-                                   "analyses=[outliers,toypkg.norms]", "tensorboard=false", "progress=false",
-                                   "plots=false"])
+    cfg = compose_cfg("evaluate", [f"encoder.name_or_path={d}", "encoder.device=cpu",
+                                   f"data.files=[{tmp_path / 's.txt'}]", "transform=[none,whiten]",
+                                   "transform.allow_degenerate=true", "analyses=[outliers,toypkg.norms]",
+                                   "tensorboard=false", "progress=false", "plots=false"])
     res = evaluate(cfg, tmp_path / "run")
     rows = list(csv.DictReader(open(tmp_path / "run" / "toypkg.norms.csv")))
     enc = FrozenEncoder(str(d), device="cpu")

@@ -169,6 +169,9 @@ class ActivationAccumulator:
     num_layers, dim : int
     """
 
+    #: Running tensors with one row per layer (:func:`outlierlab.analysis.layer_accumulators.stack_layers`).
+    LAYER_STATE = ("sum_sq", "ratio_sum", "abs_argmax_counts", "max_abs", "max_dim", "max_token")
+
     def __init__(self, num_layers: int, dim: int) -> None:
         if num_layers < 1 or dim < 1:
             raise ValueError(f"num_layers and dim must be positive, got {num_layers}, {dim}")

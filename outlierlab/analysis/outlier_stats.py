@@ -93,6 +93,10 @@ class OutlierAccumulator:
     first with :meth:`to` under NCCL); or :meth:`merge` accumulators by hand.
     """
 
+    #: Running tensors with one row per layer (:func:`outlierlab.analysis.layer_accumulators.stack_layers` joins
+    #: single-layer accumulators by them); every other attribute is shared by the layers.
+    LAYER_STATE = ("sum", "argmax_counts", "argmin_counts")
+
     def __init__(self, num_layers: int, dim: int, device: torch.device | str | None = None):
         if num_layers < 1 or dim < 1:
             raise ValueError(f"num_layers and dim must be positive, got {num_layers}, {dim}.")

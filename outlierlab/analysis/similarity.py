@@ -171,6 +171,13 @@ class AnisotropyAccumulator:
     :meth:`pair_vectors` and average the per-pair cosines.
     """
 
+    #: Running tensors with one row per layer (:func:`outlierlab.analysis.layer_accumulators.stack_layers`).
+    LAYER_STATE = ("vectors",)
+
+    def own_layer_view(self) -> None:
+        """A single-layer view draws the same tokens as the whole: its own generator, the same seed and calls."""
+        self._gen = torch.Generator().manual_seed(self.seed)
+
     def __init__(self, num_layers: int, dim: int, n_sentences_max: int = 2000, seed: int = 0,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
         if n_sentences_max < 2:
@@ -334,6 +341,13 @@ class SelfSimilarityAccumulator:
         Occurrences count separately; to follow Ethayarajh (one occurrence per context), feed at most
         one occurrence of a word per sentence.  Multi-token words: the caller pools or picks a subword.
     """
+
+    #: Running tensors with one row per layer (:func:`outlierlab.analysis.layer_accumulators.stack_layers`).
+    LAYER_STATE = ("sum_unit", "sum_sq", "sum_norm_sq")
+
+    def own_layer_view(self) -> None:
+        """A single-layer view counts the occurrences itself (once, not once per layer of the whole)."""
+        self.counts = self.counts.clone()
 
     def __init__(self, num_layers: int, dim: int, keys: Sequence[int], device: torch.device | str | None = None):
         self.keys = torch.as_tensor(list(keys), dtype=torch.long).unique()

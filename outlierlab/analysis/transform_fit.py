@@ -101,7 +101,7 @@ class WhitenSettings:
             out[name] = (w, self.finish(w, what))
         if acc.W is not None:  # fitted: Σxxᵀ and Σ's eigenvectors ((L+1)·d² float64 each) are needed no more
             for w in [acc] + [w for w, _ in out.values()]:
-                w.sum_outer, w._eig = None, None  # kept: mean, W, Σ (IsoScore), the eigenvalues
+                w.release_fit_state()
         return out
 
 

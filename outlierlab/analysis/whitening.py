@@ -76,6 +76,11 @@ class Whitener:
     Fit on training vectors only (the caller's job); :meth:`transform` never changes the fit.
     """
 
+    #: Running tensors with one row per layer, and lists with one entry per layer
+    #: (:func:`outlierlab.analysis.layer_accumulators.stack_layers`).
+    LAYER_STATE = ("sum", "sum_outer", "shift")
+    LAYER_LISTS = ("_hashes", "_distinct_stopped")
+
     def __init__(self, num_layers: int, dim: int, k: int | None = None, eps: float = 1e-10,
                  device: torch.device | str | None = None, distinct_cap: int | None = None,
                  method: str = "whiten", abtt_d: int | None = None, *, allocate: bool = True):
@@ -318,6 +323,17 @@ class Whitener:
         other._hashes, other._distinct_stopped = self._hashes, self._distinct_stopped
         other.cov, other._eig, other.compact = self.cov, self._eig, self.compact
         return other.finalize()
+
+    def release_fit_state(self) -> None:
+        """Once the maps are fitted: drop Σxxᵀ and Σ's eigenvectors ((L+1)·d² float64 each); kept: the mean, W,
+        Σ (IsoScore) and the eigenvalues."""
+        self.sum_outer, self._eig = None, None
+
+    def release_maps(self) -> None:
+        """Drop W, Σ and their cached copies (``[L, d, d]`` each, or their files) once nothing reads them; kept:
+        the mean, the fit description and every count."""
+        self.W = self.cov = self._eig = None
+        self._applied_cache = None
 
     def check(self, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: bool = False) -> WhiteningFit:
         """Refuse a fit on too few distinct vectors for the dims it keeps (one line), or return what it was fitted

@@ -47,6 +47,7 @@ from outlierlab.evaluation.next_token import next_token_batches, predict_next
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AblationSettings, load_settings
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
+from outlierlab.utils.tables import md_table
 
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
 LM_HEAD = True
@@ -148,8 +149,7 @@ def _fmt(x: float, digits: int = 3) -> str:
 def ablation_markdown(outcome: AblationOutcome, notes: Sequence[str], example: str | None,
                       decoder: bool = False) -> str:
     loss = "next-token loss" if decoder else "MLM loss"
-    lines = [TITLE, "", f"| condition | # dims | dims | {loss} | perplexity | top-1 acc. |",
-             "|---|---|---|---|---|---|"]
+    table = []
     for r in outcome.rows:
         if r["condition"] == "random_draw":
             continue
@@ -158,15 +158,15 @@ def ablation_markdown(outcome: AblationOutcome, notes: Sequence[str], example: s
             label += f" (mean ± std, {r['n_draws']} draws)"
         dims = "see CSV" if r["condition"] == "random" else (r["dims"].replace(";", ", ") or "–")
         vals = [(r["loss"], r["loss_std"]), (r["ppl"], r["ppl_std"]), (r["top1"], r["top1_std"])]
-        cells = [_fmt(v) + ("" if s is None else f" ± {_fmt(s)}") for v, s in vals]
-        lines.append(f"| {label} | {r['n_dims']} | {dims} | " + " | ".join(cells) + " |")
+        table.append([label, r["n_dims"], dims, *(_fmt(v) + ("" if s is None else f" ± {_fmt(s)}") for v, s in vals)])
+    lines = [TITLE, "", md_table(["condition", "# dims", "dims", loss, "perplexity", "top-1 acc."], table, cell=str)]
     lines += [""] + [f"- {n}" for n in notes]
     if example and outcome.examples:
         what = "Next token after the text before `{mask}` in" if decoder else "Fill in the blank:"
         lines += ["", f"{what} `{example}` (top-{len(next(iter(outcome.examples.values())))} "
-                  "predictions; random: first draw)", "", "| condition | predictions |", "|---|---|"]
-        for tag, preds in outcome.examples.items():
-            lines.append(f"| {_LABELS[tag]} | " + ", ".join(f"`{t}` {p:.3g}" for t, p in preds) + " |")
+                  "predictions; random: first draw)", "",
+                  md_table(["condition", "predictions"], [[_LABELS[tag], ", ".join(f"`{t}` {p:.3g}" for t, p in preds)]
+                                                          for tag, preds in outcome.examples.items()], cell=str)]
     return "\n".join(lines) + "\n"
 
 

@@ -193,6 +193,15 @@ def run(ctx: EvalContext) -> AnalysisResult:
     fig = _heatmap(results, fig_path, f"{loaded.name}: attention mass on special tokens (mean over real queries)"
                    ) if ctx.plots else None
 
+    md, summary = _report(results, s, decoder, what, dims, given, found, kinds, fig_path)
+    return AnalysisResult("attention_sinks", sink_rows(results, dims_text), "\n".join(md), figures=[fig],
+                          summary=summary)
+
+
+def _report(results: dict, s, decoder: bool, what: str, dims, given, found: str, kinds, fig_path: Path
+            ) -> tuple[list[str], dict]:
+    """The report section (masses on ``<s>``/``</s>`` per layer, sink-head shares, entropy) and the summary."""
+    n_random = s.n_random
     conds = list(results)
     head = "| layer | " + " | ".join(f"{c}: <s> | {c}: </s>" for c in conds) + " |"
     first = ("Decoder: `<s>` is each sequence's FIRST token (the sink of a causal model, whatever its id). "
@@ -232,5 +241,4 @@ def run(ctx: EvalContext) -> AnalysisResult:
         summary[f"sink_share_bos_{c}"] = [float(v) for v in shares[c]["bos"]]
         summary[f"sink_share_eos_{c}"] = [float(v) for v in shares[c]["eos"]]
         summary[f"attn_entropy_{c}"] = [float(v) for v in results[c]["entropy"].mean(-1)]
-    return AnalysisResult("attention_sinks", sink_rows(results, dims_text), "\n".join(md), figures=[fig],
-                          summary=summary)
+    return md, summary

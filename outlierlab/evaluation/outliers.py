@@ -132,6 +132,24 @@ def run(ctx: EvalContext) -> AnalysisResult:
     s = load_settings(OutliersSettings, ctx.cfg)
     st = sentence_stats(ctx)
     rows, detected = _rows(st, ctx.transforms, s)
+    md, figures, summary = _token_section(ctx, st, s, rows, detected)
+    model = ctx.encoder.model
+    try:
+        family, family_note = family_of(model), ""
+    except UnknownFamilyError as e:
+        family, family_note = None, str(e)
+    md += _position_section(ctx, model, family, s, detected, figures, summary)
+    md += _layernorm_section(ctx, model, family, family_note, summary)
+    summary["family"] = family.name if family is not None else None
+    if family is not None and family.decoder:
+        md.append("_Decoder: each token vector sees only its left context (causal attention); the same pooling "
+                  "rules as for encoders (non-special, non-pad tokens) apply._")
+    return AnalysisResult("outliers", rows, "\n\n".join(md), figures, summary)
+
+
+def _token_section(ctx, st, s, rows: list[dict], detected: dict) -> tuple[list[str], list, dict]:
+    """Luo et al. §2 on the token vectors: dominant dims, the per-layer table, the average vectors, and the
+    activation metrics (added to the ``none`` rows)."""
     out, figures, md = ctx.out_dir, [], ["## Outlier dimensions (Luo et al. 2021 §2)"]
     thr = s.threshold
     n_tok = st.outliers["none"].count
@@ -173,40 +191,45 @@ def run(ctx: EvalContext) -> AnalysisResult:
         md.append(activation_section(cols, st.activations.note))
         summary["kurtosis"] = [c["kurtosis"] for c in cols]
         summary["max_median"] = [c["max_median"] for c in cols]
+    return md, figures, summary
 
-    model = ctx.encoder.model
-    try:
-        family, family_note = family_of(model), ""
-    except UnknownFamilyError as e:
-        family, family_note = None, str(e)
+
+def _position_section(ctx, model, family, s, detected: dict, figures: list, summary: dict) -> list[str]:
+    """Luo et al. §3: the learned position table's mean vector and its σ dims (figures appended to ``figures``)."""
+    out = ctx.out_dir
     pos = position_outliers(model, s.position_k)
-    md.append("### Position embeddings (Luo et al. §3, Figs. 3–4)")
+    md = ["### Position embeddings (Luo et al. §3, Figs. 3–4)"]
     if pos is None:
         uses = family.positions if family is not None else "relative / rotary / ALiBi / sinusoidal / no positions"
         md.append(f"No position table: this model has no learned absolute position table ({uses}); nothing to "
                   "report.")
-    else:
-        vals = ", ".join(f"{d} ({v:+.3g})" for d, v in zip(pos["sigma_dims"], pos["sigma_values"]))
-        md.append(f"`{pos['name']}`: mean over its {pos['rows']} used rows; dims outside mean ± "
-                  f"{s.position_k:g}σ: {vals or 'none'}. Largest |mean|: "
-                  f"{', '.join(map(str, pos['top_abs_dims']))}.")
-        if ctx.plots:
-            figures.append(plot_vectors(out / "position_mean_vector.png", [pos["mean"].tolist()], [pos["name"]],
-                                        [pos["sigma_dims"]], "mean position vector (3σ dims marked)", ncols=1))
-        md.append("![mean position vector](position_mean_vector.png)")
-        text, fig = _position_rows_section(pos, out, s.position_k, ctx.plots)
-        md.append(text)
-        figures.append(fig)
-        act = {d for dims in detected.get("none", []) for d in dims}
-        summary["position"] = {k: v for k, v in pos.items() if k not in ("mean", "table", "by_row")}
-        summary["position"].update({k: pos["by_row"][k] for k in ("argmax_dim", "argmax_share", "argmin_dim",
-                                                                   "argmin_share", "sigma_dims")})
-        if act:
-            md.append(f"3σ position dims that are also activation outlier dims in some layer: "
-                      f"{sorted(act & set(pos['sigma_dims'])) or 'none'}.")
+        return md
+    vals = ", ".join(f"{d} ({v:+.3g})" for d, v in zip(pos["sigma_dims"], pos["sigma_values"]))
+    md.append(f"`{pos['name']}`: mean over its {pos['rows']} used rows; dims outside mean ± "
+              f"{s.position_k:g}σ: {vals or 'none'}. Largest |mean|: "
+              f"{', '.join(map(str, pos['top_abs_dims']))}.")
+    if ctx.plots:
+        figures.append(plot_vectors(out / "position_mean_vector.png", [pos["mean"].tolist()], [pos["name"]],
+                                    [pos["sigma_dims"]], "mean position vector (3σ dims marked)", ncols=1))
+    md.append("![mean position vector](position_mean_vector.png)")
+    text, fig = _position_rows_section(pos, out, s.position_k, ctx.plots)
+    md.append(text)
+    figures.append(fig)
+    act = {d for dims in detected.get("none", []) for d in dims}
+    summary["position"] = {k: v for k, v in pos.items() if k not in ("mean", "table", "by_row")}
+    summary["position"].update({k: pos["by_row"][k] for k in ("argmax_dim", "argmax_share", "argmin_dim",
+                                                               "argmin_share", "sigma_dims")})
+    if act:
+        md.append(f"3σ position dims that are also activation outlier dims in some layer: "
+                  f"{sorted(act & set(pos['sigma_dims'])) or 'none'}.")
+    return md
 
-    rule = ln_rule(ctx)  # THE LayerNorm-outlier rule (configs/ln_rule), as the monitor and the ablation
-    md.append(f"### LayerNorm weights (Kovaleva et al. 2021; Puccetti et al. 2022: {rule.k:g}σ rule)")
+
+def _layernorm_section(ctx, model, family, family_note: str, summary: dict) -> list[str]:
+    """Kovaleva et al. 2021 / Puccetti et al. 2022: THE LayerNorm-outlier rule (configs/ln_rule, as the monitor
+    and the ablation) on the model's norms; per-norm columns in ``layernorm.csv``."""
+    rule = ln_rule(ctx)
+    md = [f"### LayerNorm weights (Kovaleva et al. 2021; Puccetti et al. 2022: {rule.k:g}σ rule)"]
     if family is None:
         params = {}
         md.append(f"LayerNorms not judged: {family_note}.")
@@ -223,7 +246,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
         summary["layernorms_judged"] = [names.get(id(norms[k]), k) for k in judged]
     ln = layernorm_stats({n: (w, b) for n, (w, b) in params.items() if w is not None}, k=rule.k)
     if ln:
-        write_csv(out / "layernorm.csv", ln, LAYERNORM_ROW_FIELDS, cell=joined)
+        write_csv(ctx.out_dir / "layernorm.csv", ln, LAYERNORM_ROW_FIELDS, cell=joined)
         md.append(md_table(["LayerNorm", "gain 3σ dims", "bias 3σ dims"],
                            [[r["name"], r["gain_outlier_dims"].replace(";", ", ") or "–",
                              r["bias_outlier_dims"].replace(";", ", ") or "–"] for r in ln]))
@@ -231,8 +254,4 @@ def run(ctx: EvalContext) -> AnalysisResult:
     md.append(f"Outlier dims of the model: {det.describe()}. Per-LayerNorm columns (gain and bias judged "
               "separately, descriptive): `layernorm.csv`.")
     summary["layernorm_outlier_dims"] = det.dims
-    summary["family"] = family.name if family is not None else None
-    if family is not None and family.decoder:
-        md.append("_Decoder: each token vector sees only its left context (causal attention); the same pooling "
-                  "rules as for encoders (non-special, non-pad tokens) apply._")
-    return AnalysisResult("outliers", rows, "\n\n".join(md), figures, summary)
+    return md

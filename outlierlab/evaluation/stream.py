@@ -160,7 +160,8 @@ class LayerStream:
     # ------------------------------------------------------------------------------------------ loop 1
     def forward(self, consumers: Sequence[Consumer], transforms=None, desc: str = "pass 1/1") -> None:
         """The encoder's forward over the texts: each consumer gets every layer of every batch once (its
-        ``transform`` must be ready in ``transforms``, a :class:`~outlierlab.analysis.transform_fit.FittedTransforms`)."""
+        ``transform`` must be ready in ``transforms``, a
+        :class:`~outlierlab.analysis.transform_fit.FittedTransforms`)."""
         tf = _LayerTransforms(transforms, self.dim)
         if self.keep_tokens and self.store is None:  # fails in one line now, not with ENOSPC hours into the pass
             check_room(self.encoder, self.texts, "the one-pass evaluation's token store and fitted maps",

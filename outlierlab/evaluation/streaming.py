@@ -79,6 +79,16 @@ class SentenceStats:
         tf = self.transforms.get(name, self.dim).select([layer])
         return tf(a), tf(b)
 
+    def collect(self, outliers: dict, sims: dict, reservoir, stream: LayerStream) -> None:
+        """What the pass's subscribers accumulated (:func:`run_sentence_pass`), in the transforms' order."""
+        dim, ft = self.dim, self.transforms
+        self.outliers.update({t: c.result(ft.out_dim(t, dim)) for t, c in outliers.items()})
+        self.self_sim = {t: c.result(ft.out_dim(t, dim)) for t, c in sims.items()}
+        self.intra_sum = {t: c.intra_sum for t, c in sims.items()}
+        self.intra_n = {t: c.intra_n for t, c in sims.items()}
+        self.anisotropy_acc = reservoir.result() if reservoir is not None else None
+        self.passes, self.notes = stream.logs, stream.notes
+
     def release_layer_state(self) -> None:
         """Drop what grows with L·d² or L·n·d — the fitted maps and Σ (``[L, d, d]``) and the anisotropy
         reservoir — once no analysis left reads them (``evaluate.py``, before WiC/STS encode their own
@@ -86,8 +96,7 @@ class SentenceStats:
         Clip's dims, the fit descriptions
         (CSV columns) and every accumulated statistic stay."""
         for w in {id(w): w for w in [*self.transforms.fitted.values(), self.transforms.source] if w}.values():
-            w.W = w.cov = w._eig = None
-            w._applied_cache = None
+            w.release_maps()
         self.anisotropy_acc = None
 
     def intra_sentence(self, name: str) -> Tensor:
@@ -217,39 +226,20 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     docstring.  The defaults are the settings classes' (:mod:`outlierlab.evaluation.settings`, equal to
     ``configs/evaluate.yaml``'s); ``**pass_settings(cfg)`` passes a composed config's.
 
-    Parameters
-    ----------
-    encoder : outlierlab.models.loading.FrozenEncoder (or anything with its ``tokenize``/``batches`` API)
-    transforms : transforms to compare (subset of :data:`~outlierlab.analysis.transforms.TRANSFORMS`)
-    outlier_transforms : transforms whose outlier statistics are wanted ("none" is always accumulated:
-        clip detects its dims from it)
-    need_whitener : fit the selected fitted transforms (whiten, standardize, abtt, center) even if no statistic
-        here needs them (WiC/STS ``transform.fit_on=sentences``)
-    need_covariance : keep the float64 covariance Σ of every layer (``SentenceStats.transforms.source.cov``:
-        IsoScore, :mod:`outlierlab.evaluation.isotropy`)
-    clip_dims, clip_dims_by_layer : ``transform.dims`` (same dims in every layer) or ``transform.dims_by_layer``
-        (per layer range, Luo et al. App. D.1), or neither to detect per layer on these sentences with
-        :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` (``outlier_method``/``threshold``/``k``)
-    whiten : k and the degenerate-fit guard (:class:`outlierlab.analysis.transform_fit.WhitenSettings`);
-        ``whiten_k`` alone is the same with the default guard
-    one_pass : encode once and replay the stored tokens after the fit (default); False: no disk, the replay is
-        a second forward (same results)
+    transforms : to compare (subset of :data:`~outlierlab.analysis.transforms.TRANSFORMS`); outlier_transforms:
+        those whose outlier counts are wanted ("none" always is: clip detects its dims from it)
+    need_whitener : fit the fitted transforms even if nothing here reads them (WiC/STS ``fit_on=sentences``)
+    need_covariance : keep Σ of every layer (``transforms.source.cov``: IsoScore)
+    clip_dims, clip_dims_by_layer : ``transform.dims`` / ``dims_by_layer`` (Luo et al. App. D.1), or neither to
+        detect per layer (:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`, ``outlier_*``)
+    whiten : k and the degenerate-fit guard (:class:`outlierlab.analysis.transform_fit.WhitenSettings`)
+    one_pass : replay the stored tokens after the fit (default); False: no disk, the replay is a second forward
     need_activations : kurtosis, max/median, inf-norm by site (:class:`ActivationObserver`) along the forward
     consumers : more subscribers (an analysis' own, :mod:`outlierlab.evaluation.registry`), fed like the built-in
         statistics: in the forward when their transform is ready, else in the replay after the fit
     """
-    texts = [t for t in texts if t.strip()]
-    if len(texts) < 2:
-        raise ValueError(f"need at least 2 non-empty evaluation sentences, got {len(texts)}")
-    bad = [t for t in transforms if t not in TRANSFORMS]
-    if bad:
-        raise ValueError(f"unknown transform(s) {bad}; valid: {', '.join(TRANSFORMS)}")
+    texts, extra = _checked(texts, transforms, consumers)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
-    extra = list(consumers)
-    missing = sorted({c.transform for c in extra} - {"none", *transforms})
-    if missing:
-        raise ValueError(f"a subscriber of the sentence stream wants transform(s) {missing}, which this run does not "
-                         f"compute: add them to transform=[...] (now {', '.join(transforms)})")
     need_words = need_self_sim or any(c.words for c in extra)
     wanted_stats = (set(outlier_transforms) | {c.transform for c in extra}
                     | (set(transforms) if (need_anisotropy or need_self_sim) else set()))
@@ -263,17 +253,14 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     if need_words and not words:
         raise ValueError(f"no word occurs in >= {min_sentences} of the {len(texts)} sentences: use more sentences "
                          "(data.max_sentences) or lower self_similarity.min_sentences")
-    st = SentenceStats(n_layers, dim, len(texts), ft, words=words, settings={
-        "n_anisotropy_sentences": n_anisotropy_sentences, "min_sentences": min_sentences, "max_words": max_words,
-        "outlier_method": outlier_method, "outlier_threshold": outlier_threshold, "outlier_k": outlier_k,
-        "seed": seed, "lowercase": lowercase})
-    # -- the subscribers: what each statistic needs
+    st = SentenceStats(n_layers, dim, len(texts), ft, words=words, settings=dict(
+        n_anisotropy_sentences=n_anisotropy_sentences, min_sentences=min_sentences, max_words=max_words,
+        outlier_method=outlier_method, outlier_threshold=outlier_threshold, outlier_k=outlier_k, seed=seed,
+        lowercase=lowercase))
     outliers = {t: OutlierCounts(t, n_layers) for t in ["none", *(t for t in transforms if t in outlier_transforms)]}
     sims = {t: WordSimilarity(t, n_layers, len(words)) for t in transforms} if need_self_sim else {}
-    # a reservoir no larger than the sentences it can hold: the same draws (the generator is consumed the
-    # same way whatever the capacity), without [L+1, 2000, d] allocated for a short text list
-    reservoir = (AnisotropyReservoir(n_layers, dim, max(2, min(n_anisotropy_sentences, len(texts))), seed,
-                                     _model_dtype(encoder)) if need_anisotropy or need_self_sim else None)
+    reservoir = (_reservoir(encoder, len(texts), n_anisotropy_sentences, seed) if need_anisotropy or need_self_sim
+                 else None)
     st.activations = ActivationObserver(encoder) if need_activations else None
     consumers = [*outliers.values(), *sims.values(), *(c for c in (reservoir, st.activations) if c is not None),
                  *extra]
@@ -286,23 +273,40 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     stream = LayerStream(encoder, texts, batch_size=batch_size, chunk=chunk, lowercase=lowercase,
                          word_index={w: i for i, w in enumerate(words)} if need_words else None,
                          keep_tokens=keep, progress=progress)
-    two = after_fit and not keep
+    desc = "pass 1/1 (+ stored tokens)" if keep else "pass 1/2 (fit)" if after_fit else "pass 1/1"
     try:
-        stream.forward([c for c in consumers if c not in after_fit] + ([sums] if sums else []), ft,
-                       "pass 1/1 (+ stored tokens)" if keep else "pass 1/2 (fit)" if two else "pass 1/1")
+        stream.forward([c for c in consumers if c not in after_fit] + ([sums] if sums else []), ft, desc)
         st.outliers["none"] = outliers["none"].result(dim)
         _fit(st, transforms, fitted, whiten, stream, sums, need_covariance, outlier_method, outlier_threshold,
              outlier_k)
         stream.replay(after_fit, ft)
     finally:  # a refused fit (degenerate whitening) must not leave the stored tokens behind in $TMPDIR
         stream.close()
-    st.outliers.update({t: c.result(ft.out_dim(t, dim)) for t, c in outliers.items()})
-    st.self_sim = {t: c.result(ft.out_dim(t, dim)) for t, c in sims.items()}
-    st.intra_sum = {t: c.intra_sum for t, c in sims.items()}
-    st.intra_n = {t: c.intra_n for t, c in sims.items()}
-    st.anisotropy_acc = reservoir.result() if reservoir is not None else None
-    st.passes, st.notes = stream.logs, stream.notes
+    st.collect(outliers, sims, reservoir, stream)
     return st
+
+
+def _reservoir(encoder, n_texts: int, capacity: int, seed: int) -> AnisotropyReservoir:
+    """The anisotropy reservoir, no larger than the sentences it can hold: the same draws (the generator is consumed
+    the same way whatever the capacity), without ``[L+1, 2000, d]`` allocated for a short text list."""
+    return AnisotropyReservoir(encoder.num_layers + 1, encoder.hidden_size, max(2, min(capacity, n_texts)), seed,
+                               _model_dtype(encoder))
+
+
+def _checked(texts: Sequence[str], transforms: Sequence[str], consumers: Sequence[Consumer]
+             ) -> tuple[list[str], list[Consumer]]:
+    """The non-empty texts (at least 2) and the extra subscribers, every transform known and computed."""
+    texts = [t for t in texts if t.strip()]
+    if len(texts) < 2:
+        raise ValueError(f"need at least 2 non-empty evaluation sentences, got {len(texts)}")
+    bad = [t for t in transforms if t not in TRANSFORMS]
+    if bad:
+        raise ValueError(f"unknown transform(s) {bad}; valid: {', '.join(TRANSFORMS)}")
+    missing = sorted({c.transform for c in consumers} - {"none", *transforms})
+    if missing:
+        raise ValueError(f"a subscriber of the sentence stream wants transform(s) {missing}, which this run does not "
+                         f"compute: add them to transform=[...] (now {', '.join(transforms)})")
+    return texts, list(consumers)
 
 
 def _fit(st: SentenceStats, transforms, fitted, whiten: WhitenSettings, stream: LayerStream, sums, need_covariance,
@@ -315,8 +319,8 @@ def _fit(st: SentenceStats, transforms, fitted, whiten: WhitenSettings, stream: 
         ft.clip_dims = (detect_outlier_dims(acc, outlier_method, outlier_threshold, outlier_k) if acc.count
                         else [[] for _ in range(st.num_layers)])
         rule = f"share >= {outlier_threshold:g}" if outlier_method == "share" else f"|mean| outside {outlier_k:g}σ"
-        ft.info["clip"] = clip_description(ft.clip_dims, f"detected per layer on the {n_texts} evaluation sentences "
-                                                         f"(outlierlab.analysis.outlier_dims.detect_outlier_dims, {rule})")
+        ft.info["clip"] = clip_description(ft.clip_dims, f"detected per layer on the {n_texts} evaluation "
+                                           f"sentences (outlierlab.analysis.outlier_dims.detect_outlier_dims, {rule})")
     if not fitted and not need_covariance:
         return
     if sums is not None:

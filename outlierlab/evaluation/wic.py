@@ -197,28 +197,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
         rvecs.cleanup()
         if not bool(rfound.all()):
             notes.append(f"{int((~rfound).sum())} {report[3]} pairs dropped: a target span mapped to no token")
-    rows, best, curves, held = [], {}, {}, {}
     vecs.cleanup()
-    for t in ctx.transforms:
-        cos = cosines[t]  # [L, P]
-        acc = threshold_sweep(cos, labels, thresholds)  # [L, T]
-        thr_l, best_l = best_per_layer(acc, thresholds)
-        best[t] = best_threshold(acc, thresholds)
-        curves[t] = best_l.tolist()
-        if report is not None:  # same transform fit (on the choose split's data), applied to the report split
-            held[t] = choose_then_report(cos, labels, report[0][t], report[1], thresholds)
-        for layer in range(n_layers):
-            row = {"layer": layer, "transform": t, **ft.columns(t)}  # fitted rows: what it was fitted on
-            row.update({f"acc_{float(th):g}": float(acc[layer, i]) for i, th in enumerate(thresholds)})
-            row.update({"best_threshold": float(thr_l[layer]), "best_accuracy": float(best_l[layer]),
-                        "mean_cos_same": float(cos[layer, labels].mean()) if labels.any() else float("nan"),
-                        "mean_cos_diff": float(cos[layer, ~labels].mean()) if (~labels).any() else float("nan"),
-                        "n_pairs": len(kept)})
-            if t in held:
-                row.update({"report_split": report[3], "report_threshold": float(held[t]["threshold"][layer]),
-                            "report_accuracy": float(held[t]["report_accuracy"][layer]),
-                            "report_n_pairs": len(report[1])})
-            rows.append(row)
+    rows, best, curves, held = _rows(ctx.transforms, ft, cosines, labels, thresholds, report, n_layers, len(kept))
     fig = plot_layers(ctx.out_dir / "wic.png", curves, "best accuracy over thresholds",
                       f"WiC: {what}", hline=all_true) if ctx.plots else None
     md = ["## Word in Context (Luo et al. 2021 §4.2, Table 1)",
@@ -247,3 +227,31 @@ def run(ctx: EvalContext) -> AnalysisResult:
                **({"held_out": {t: {"split": report[3], "layer": h["best_layer"], "threshold": h["best_threshold"],
                                     "accuracy": h["best_report_accuracy"]} for t, h in held.items()}} if held else {})}
     return AnalysisResult("wic", rows, "\n\n".join(md), [fig], summary)
+
+
+def _rows(transforms, ft: FittedTransforms, cosines: dict, labels: torch.Tensor, thresholds: torch.Tensor, report,
+          n_layers: int, n_kept: int) -> tuple[list[dict], dict, dict, dict]:
+    """Per transform and layer: accuracy at every threshold, the best threshold, mean cosines, and (with a report
+    split) the held-out accuracy of the layer/threshold chosen on the evaluated split."""
+    rows, best, curves, held = [], {}, {}, {}
+    for t in transforms:
+        cos = cosines[t]  # [L, P]
+        acc = threshold_sweep(cos, labels, thresholds)  # [L, T]
+        thr_l, best_l = best_per_layer(acc, thresholds)
+        best[t] = best_threshold(acc, thresholds)
+        curves[t] = best_l.tolist()
+        if report is not None:  # same transform fit (on the choose split's data), applied to the report split
+            held[t] = choose_then_report(cos, labels, report[0][t], report[1], thresholds)
+        for layer in range(n_layers):
+            row = {"layer": layer, "transform": t, **ft.columns(t)}  # fitted rows: what it was fitted on
+            row.update({f"acc_{float(th):g}": float(acc[layer, i]) for i, th in enumerate(thresholds)})
+            row.update({"best_threshold": float(thr_l[layer]), "best_accuracy": float(best_l[layer]),
+                        "mean_cos_same": float(cos[layer, labels].mean()) if labels.any() else float("nan"),
+                        "mean_cos_diff": float(cos[layer, ~labels].mean()) if (~labels).any() else float("nan"),
+                        "n_pairs": n_kept})
+            if t in held:
+                row.update({"report_split": report[3], "report_threshold": float(held[t]["threshold"][layer]),
+                            "report_accuracy": float(held[t]["report_accuracy"][layer]),
+                            "report_n_pairs": len(report[1])})
+            rows.append(row)
+    return rows, best, curves, held
