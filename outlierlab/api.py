@@ -83,7 +83,7 @@ def _read(path: Path, run_dir: Path):
     return table
 
 
-def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[str] = DEFAULT_ANALYSES,
+def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any] = DEFAULT_ANALYSES,
              transforms: Sequence[str] = ("none", "clip", "whiten"), seed: int = 0, out_dir: str | Path | None = None,
              overrides: Sequence[str] = (), plots: bool = False, progress: bool = True) -> dict[str, Any]:
     """Run evaluate.py's analyses on ``encoder`` (from :func:`load_encoder`): one pandas DataFrame per analysis, the
@@ -93,20 +93,33 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[str
     ----------
     texts : the sentences of the geometry analyses (outliers, anisotropy, isotropy, self-similarity); None: the
         shipped held-out sentences (as ``python evaluate.py``).
-    analyses, transforms : as ``analyses=[...]`` and ``transform=[...]`` on the command line.
+    analyses, transforms : as ``analyses=[...]`` and ``transform=[...]`` on the command line; an analysis may
+        also be an object — a module, a class, a ``types.SimpleNamespace`` — with its ``run(ctx)`` and optional
+        ``consumers(ctx)`` (:mod:`outlierlab.evaluation.registry`), named by its ``NAME`` or ``__name__``: an
+        analysis written in the notebook itself.
     overrides : any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]``.
     plots : PNG figures (off by default: a notebook draws its own from the tables).
     """
     from outlierlab.jobs.evaluation import evaluate as run_job
 
     run_dir = _run_dir(out_dir, "outlierlab_evaluate_")
-    cfg = _compose("evaluate", [f"analyses=[{','.join(analyses)}]", f"transform=[{','.join(transforms)}]",
+    given = {_analysis_name(a): a for a in analyses if not isinstance(a, str)}
+    names = [a if isinstance(a, str) else _analysis_name(a) for a in analyses]
+    cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"transform=[{','.join(transforms)}]",
                                 f"seed={int(seed)}", f"plots={str(bool(plots)).lower()}", "tensorboard=false",
                                 f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder),
                                 *_texts_file(texts, run_dir), *overrides])
-    out = run_job(cfg, run_dir, encoder=encoder)
+    out = run_job(cfg, run_dir, encoder=encoder, given=given)
     return {name: _read(run_dir / f"{name}.csv", run_dir) for name in dict.fromkeys(r.name for r in out["results"])
             if (run_dir / f"{name}.csv").is_file()}
+
+
+def _analysis_name(analysis) -> str:
+    """The name an analysis object is selected and written (``<name>.csv``) by: its ``NAME``, else ``__name__``."""
+    name = getattr(analysis, "NAME", None) or getattr(analysis, "__name__", None)
+    if not name or not callable(getattr(analysis, "run", None)):
+        raise ValueError(f"analysis {analysis!r}: expected a name (str) or an object with run(ctx) and a NAME")
+    return str(name)
 
 
 def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Sequence[str] = ("none",), seed: int = 0,

@@ -47,6 +47,44 @@ def test_evaluate_tables_equal_the_cli_csvs(tmp_path):
     assert tables["outliers"].attrs["run_dir"] == str(tmp_path / "api")
 
 
+def test_an_analysis_defined_in_the_notebook_rides_the_shared_stream(tmp_path):
+    """An analysis written in the notebook (an object with consumers/run, no module) gets every layer of the
+    run's transforms: clip's given dims are exactly zero in what it sees, the raw vectors' are not."""
+    import types
+
+    import torch
+
+    import outlierlab as ol
+    from outlierlab.evaluation.registry import AnalysisResult
+    from outlierlab.evaluation.stream import Consumer
+
+    class DimMass(Consumer):
+        def __init__(self, transform, num_layers):
+            self.transform, self.n = transform, [0] * num_layers
+            self.mass = torch.zeros(num_layers, dtype=torch.float64)
+
+        def update(self, layer, vectors, batch):
+            self.mass[layer] += float(vectors[0, :, :2].double().abs().sum())
+            self.n[layer] += vectors.shape[1]
+
+    def run(ctx):
+        return AnalysisResult("dim_mass", [{"layer": i, "transform": c.transform, "mass": float(c.mass[i]),
+                                            "tokens": c.n[i]} for c in ctx.consumers for i in range(len(c.n))],
+                              "## Mass of dims 0 and 1\n")
+
+    toy = types.SimpleNamespace(NAME="dim_mass", run=run,
+                                consumers=lambda ctx: [DimMass(t, ctx.encoder.num_layers + 1) for t in ctx.transforms])
+    enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
+    tables = ol.evaluate(enc, TEXTS[:100], analyses=["outliers", toy], transforms=["none", "clip"],
+                         overrides=["transform.dims=[0,1]"], out_dir=tmp_path, progress=False)
+    t = tables["dim_mass"]
+    assert len(t) == 2 * (enc.num_layers + 1)
+    assert (t[t.transform == "clip"]["mass"] == 0).all() and (t[t.transform == "none"]["mass"] > 0).all()
+    assert t["tokens"].nunique() == 1 and t["tokens"].iloc[0] > 100
+    with pytest.raises(ValueError, match="expected a name"):
+        ol.evaluate(enc, TEXTS[:100], analyses=[object()], out_dir=tmp_path / "bad", progress=False)
+
+
 def test_probe_positions_equals_probe_py(tmp_path):
     import outlierlab as ol
 

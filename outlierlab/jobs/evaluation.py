@@ -11,7 +11,9 @@ import importlib
 import importlib.util
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -32,13 +34,16 @@ def analysis_module(name: str) -> str:
     return ANALYSIS_MODULES.get(name, name)
 
 
-def selected_analyses(cfg) -> list[str]:
-    """``analyses=[...]`` checked against the registry and the import path (no torch import)."""
+def selected_analyses(cfg, given: Mapping[str, Any] | None = None) -> list[str]:
+    """``analyses=[...]`` checked against the registry, the import path and the analysis objects ``given`` by a
+    Python caller (no torch import)."""
     names = cfg.get("analyses")
     names = [names] if isinstance(names, str) else [str(n) for n in (names or [])]
     if not names:
         raise ValueError(f"analyses is empty; choose from {', '.join(ANALYSIS_MODULES)}")
     for n in names:
+        if n in (given or {}):
+            continue
         if n not in ANALYSIS_MODULES and "." not in n:
             raise ValueError(f"unknown analysis {n!r}; valid: {', '.join(ANALYSIS_MODULES)}, or the module path "
                              "of your own (analyses=[outliers,mypkg.my_analysis])")
@@ -75,12 +80,15 @@ def check_files(cfg) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- the job
-def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None) -> dict:
+def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[str, Any] | None = None) -> dict:
     """Run every selected analysis on one frozen encoder and write the outputs into ``run_dir``.
 
     ``encoder``: an already loaded :class:`~outlierlab.models.loading.FrozenEncoder` (the Python API,
-    :func:`outlierlab.api.evaluate`) instead of the one ``cfg.encoder`` names; the numbers are the same."""
-    analyses, transforms = selected_analyses(cfg), selected_transforms(cfg)
+    :func:`outlierlab.api.evaluate`) instead of the one ``cfg.encoder`` names; the numbers are the same.
+    ``given``: analyses as objects (a module or anything with its ``run``/``consumers``, e.g. defined in a
+    notebook), by the name ``cfg.analyses`` selects them with."""
+    given = dict(given or {})
+    analyses, transforms = selected_analyses(cfg, given), selected_transforms(cfg)
     check_settings(cfg, analyses)
     check_files(cfg)
     plots = cfg.get("plots", True)
@@ -98,7 +106,8 @@ def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None) -> dict:
     torch.manual_seed(int(cfg.seed))
     if encoder is None:
         encoder = FrozenEncoder.from_config(section_settings(EncoderSettings, cfg))  # + dtype, device_map, revision
-    modules = {name: importlib.import_module(analysis_module(name)) for name in analyses}
+    modules = {name: given[name] if name in given else importlib.import_module(analysis_module(name))
+               for name in analyses}
     if any(getattr(m, "LM_HEAD", False) for m in modules.values()):
         encoder.lm_head = True  # before the weights load: one copy, head included
     tb = None
