@@ -79,7 +79,8 @@ def test_an_analysis_defined_in_the_notebook_rides_the_shared_stream(tmp_path):
                          overrides=["transform.dims=[0,1]"], out_dir=tmp_path, progress=False)
     t = tables["dim_mass"]
     assert len(t) == 2 * (enc.num_layers + 1)
-    assert (t[t.transform == "clip"]["mass"] == 0).all() and (t[t.transform == "none"]["mass"] > 0).all()
+    clip, raw = t[t["transform"] == "clip"], t[t["transform"] == "none"]
+    assert len(clip) == len(raw) > 0 and (clip["mass"] == 0).all() and (raw["mass"] > 0).all()
     assert t["tokens"].nunique() == 1 and t["tokens"].iloc[0] > 100
     with pytest.raises(ValueError, match="expected a name"):
         ol.evaluate(enc, TEXTS[:100], analyses=[object()], out_dir=tmp_path / "bad", progress=False)
