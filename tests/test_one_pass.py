@@ -200,20 +200,26 @@ def test_layer_token_store_gives_back_exactly_what_it_was_given(tmp_path, dtype)
     assert not (tmp_path / "s").exists() and all(f.closed for f in files)
 
 
-def test_frequency_chunks_one_layer_at_a_time_equal_the_stacked_batches(tmp_path):
+def test_frequency_columns_from_the_stream_equal_the_stacked_batches(tmp_path):
     from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
-    from outlierlab.evaluation.frequency import _activation_stats, _valid_chunks
+    from outlierlab.evaluation.frequency import DimColumns
+    from outlierlab.evaluation.stream import LayerStream
+    from outlierlab.evaluation.streaming import OutlierCounts
 
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu", batch_size=4)
-    tok = enc.tokenize(_texts(10))
+    texts = _texts(10)
+    tok = enc.tokenize(texts)
     dims = [5, 0, 17]
+    columns, counts = DimColumns(dims), OutlierCounts("none", enc.num_layers + 1)
+    LayerStream(enc, texts).forward([columns, counts])
+    assert len(columns.chunks) == 3  # 10 texts, 4 a batch
     ref = OutlierAccumulator(enc.num_layers + 1, enc.hidden_size)
-    for (ids, vals), b in zip(_valid_chunks(enc, tok, dims), enc.batches(tok, sort_by_length=True)):
+    for (ids, vals), b in zip(columns.chunks, enc.batches(tok, sort_by_length=True)):
         valid = valid_token_mask(b.attention_mask, b.special_tokens_mask)
         assert torch.equal(ids, b.input_ids[valid])
         assert torch.equal(vals, b.hidden[:, valid][..., dims])
         ref.update(b.hidden, mask=valid)
-    got = _activation_stats(enc, tok)
+    got = counts.result(enc.hidden_size).stats()
     for k, v in ref.stats().items():
         assert torch.allclose(got[k], v, rtol=0, atol=1e-12), k
 

@@ -44,14 +44,15 @@ from torch import Tensor
 
 from outlierlab.analysis.frequency import TokenValueAccumulator, token_frequency_spearman
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
-from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
 from outlierlab.datamodules.corpus import corpus_identity, load_texts, load_texts_from_files
 from outlierlab.datamodules.mlm_datamodule import default_cache_dir  # the one definition of the cache root
 from outlierlab.datamodules.tokenizer import tokenizer_fingerprint
 from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, ln_rule
 from outlierlab.evaluation.mlm_loading import analysis_texts, shared_mlm
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.evaluation.settings import FrequencySettings, load_settings
+from outlierlab.evaluation.settings import DataSettings, FrequencySettings, load_settings, section_settings
+from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch
+from outlierlab.evaluation.streaming import OutlierCounts
 from outlierlab.models.families import unembedding
 from outlierlab.models.layernorms import UnknownFamilyError, model_layernorms
 
@@ -190,27 +191,29 @@ def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dim
     return FrequencyTable(type_ids, occ.numpy(), freqs, means, rho, dims)
 
 
-def _valid_chunks(encoder, tokenized, dims: Sequence[int]) -> Iterable[tuple[Tensor, Tensor]]:
-    """``(token ids, hidden [L+1, n, len(dims)])`` of the non-special, non-pad tokens, one encoder batch at a
-    time; each layer's ``dims`` columns are taken as the layer is produced (issue 39: never all layers × d)."""
-    idx = torch.as_tensor(list(dims), dtype=torch.long)
-    for b in encoder.batches(tokenized, sort_by_length=True, layerwise=True):
-        valid = valid_token_mask(b.attention_mask, b.special_tokens_mask)
-        cols: dict[int, Tensor] = {}
-        b.layers(lambda i, h: cols.__setitem__(i, h[valid.to(h.device)][:, idx.to(h.device)].float().cpu()))
-        yield b.input_ids[valid], torch.stack([cols[i] for i in range(len(cols))])
+class DimColumns(Consumer):
+    """``(token ids [n], values [L+1, n, len(dims)])`` of every batch's valid tokens, the chunks
+    :func:`frequency_spearman` reads: each layer's ``dims`` columns are taken as the layer is produced
+    (issue 39: never all layers × d)."""
+
+    def __init__(self, dims: Sequence[int]) -> None:
+        self.idx = torch.as_tensor(list(dims), dtype=torch.long)
+        self.cols: dict[int, Tensor] = {}
+        self.chunks: list[tuple[Tensor, Tensor]] = []
+
+    def update(self, layer: int, vectors: Tensor, batch: StreamBatch) -> None:
+        self.cols[layer] = vectors[0][:, self.idx.to(vectors.device)].cpu()
+
+    def end_batch(self, batch: StreamBatch) -> None:
+        self.chunks.append((batch.token_ids.cpu(), torch.stack([self.cols[i] for i in range(len(self.cols))])))
+        self.cols = {}
 
 
-def _activation_stats(encoder, tokenized) -> dict[str, Tensor]:
-    """Luo et al.'s per-layer statistics (one extra encoder pass; only when no LayerNorm outlier exists),
-    one layer at a time."""
-    from outlierlab.analysis.layer_accumulators import stack_layers
-
-    accs = [OutlierAccumulator(1, encoder.hidden_size) for _ in range(encoder.num_layers + 1)]
-    for b in encoder.batches(tokenized, sort_by_length=True, layerwise=True):
-        valid = valid_token_mask(b.attention_mask, b.special_tokens_mask)
-        b.layers(lambda i, h: accs[i].update(h[valid.to(h.device)].float()[None]))
-    return stack_layers(accs).stats()
+def _stream(ctx, texts: Sequence[str], consumer: Consumer) -> Consumer:
+    """``consumer`` fed by one forward of the per-layer stream over ``texts``."""
+    chunk = section_settings(DataSettings, ctx.root_cfg).chunk
+    LayerStream(ctx.encoder, texts, chunk=chunk).forward([consumer], desc="frequency")
+    return consumer
 
 
 def choose_dims(ctx, s: FrequencySettings, stats_fn) -> tuple[list[int], str, str]:
@@ -315,14 +318,16 @@ def run(ctx: EvalContext) -> AnalysisResult:
     enc = ctx.encoder
     texts, what = analysis_texts(ctx, s)
     tokenized = enc.tokenize(texts)
-    dims, dim_tag, dims_from = choose_dims(ctx, s, lambda: _activation_stats(enc, tokenized))
+    # Luo et al.'s per-layer statistics: one extra pass, only when no LayerNorm outlier exists
+    dims, dim_tag, dims_from = choose_dims(
+        ctx, s, lambda: _stream(ctx, texts, OutlierCounts("none", enc.num_layers + 1)).result(enc.hidden_size).stats())
     if any(not 0 <= d < enc.hidden_size for d in dims):
         raise ValueError(f"frequency.dims {dims} outside 0..{enc.hidden_size - 1}")
     vocab = max([len(enc.tokenizer)] + [max(r) + 1 for r in tokenized.input_ids if r])
     counts, counts_from = frequency_counts(ctx, s, tokenized, vocab)
     min_occ, value = s.min_occurrences, s.value
     what_value = "mean magnitude |h|" if value == "magnitude" else "mean signed value"
-    table = frequency_spearman(_valid_chunks(enc, tokenized, dims), dims, counts, min_occ,
+    table = frequency_spearman(_stream(ctx, texts, DimColumns(dims)).chunks, dims, counts, min_occ,
                                magnitude=value == "magnitude", picked=True)
 
     L = table.rho.shape[0]

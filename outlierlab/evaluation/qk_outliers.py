@@ -21,6 +21,7 @@ Output: ``qk_outliers.csv`` (one row per layer × head × dim), ``qk_outliers.pn
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import contextmanager
 
 import matplotlib
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from outlierlab.analysis.qk_outliers import QKAccumulator, RotarySpec, magnitude_outliers
-from outlierlab.evaluation.encoding import iter_batches
+from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import QKOutliersSettings, load_settings
 from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts
@@ -136,6 +137,28 @@ class QKRecorder:
 
 
 # ------------------------------------------------------------------------------------------------- rows
+class QKConsumer(Consumer):
+    """The recorder's hooks around the stream's forward: q/k reduced layer by layer inside the model."""
+
+    def __init__(self, rec: QKRecorder) -> None:
+        self.rec, self.hooks = rec, contextlib.ExitStack()
+
+    def open(self, stream) -> None:
+        self.hooks.enter_context(self.rec.hooked())
+
+    def start_batch(self, batch: StreamBatch) -> None:
+        self.rec.expect(batch.attention_mask)
+
+    def update(self, layer: int, vectors: torch.Tensor, batch: StreamBatch) -> None:
+        """The hidden states themselves are not needed."""
+
+    def end_batch(self, batch: StreamBatch) -> None:
+        self.rec.observe(batch.attention_mask)
+
+    def close(self) -> None:
+        self.hooks.close()
+
+
 def qk_rows(stats: dict, specs: list[RotarySpec | None], k: float) -> list[dict]:
     """One row per layer × head × dim (:data:`COLUMNS`); a key head shared by several query heads (GQA) is
     repeated for each of them."""
@@ -200,11 +223,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     chunk = section_settings(DataSettings, ctx.root_cfg).chunk
     rec = QKRecorder(model)
     specs = rotary_specs(model, len(rec.projs), rec.acc.head_dim, s.max_cycles)
-    with rec.hooked():  # the forward without hidden states stacked; q/k reduced layer by layer in the hooks
-        for b in iter_batches(enc, texts, None, chunk, layerwise=True):
-            rec.expect(b.attention_mask)
-            b.layers(lambda _layer, _h: None)
-            rec.observe(b.attention_mask)
+    LayerStream(enc, texts, chunk=chunk).forward([QKConsumer(rec)], desc="qk_outliers")
     stats = rec.acc.result()
     rows = qk_rows(stats, specs, s.k)
     fig = ctx.out_dir / "qk_outliers.png" if ctx.plots else None

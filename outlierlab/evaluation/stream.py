@@ -10,7 +10,7 @@ what it needs and nothing else:
 * ``words``: word vectors (the mean of each word's subword tokens, Ethayarajh 2019) instead of token vectors;
 
 and it receives them through a public interface: :meth:`Consumer.update` ``(layer, vectors, batch)`` per layer
-and batch, :meth:`Consumer.end_batch` after a batch's last layer, :meth:`Consumer.end_layer` once a layer has
+and batch, :meth:`Consumer.start_batch` / :meth:`Consumer.end_batch` around a batch's forward, :meth:`Consumer.end_layer` once a layer has
 been seen in full, and its own ``result()``.
 
 A transform that must be fitted on the same vectors (clip's detected dims, whiten/standardize/abtt/center) is
@@ -49,7 +49,7 @@ from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, iter_ba
 from outlierlab.evaluation.words import plan_vectors, word_plan
 from outlierlab.utils.memory import release_freed_memory
 
-__all__ = ["Consumer", "LayerStream", "StreamBatch", "WordVectors", "fit_from_store"]
+__all__ = ["Consumer", "LayerStream", "StreamBatch", "WordVectors"]
 
 
 @dataclass
@@ -64,6 +64,10 @@ class StreamBatch:
     attention_mask : ``[B, T]`` (the forward only; None in a replay from the store)
     words : the batch's word plan over its valid tokens (:func:`outlierlab.evaluation.words.word_plan`), or None
     start : its first row in the token store
+    rows : the index in the stream's texts of each batch row
+    valid : ``[B, T]`` the valid tokens over the padded grid (the vectors are its True cells, row-major)
+    offsets, special : per row, the tokens' character offsets and special-token mask (``LayerStream(...,
+        offsets=True)`` or a ``word_index``; else None)
     """
 
     index: int
@@ -74,6 +78,10 @@ class StreamBatch:
     attention_mask: Tensor | None
     words: Any
     start: int
+    rows: list[int]
+    valid: Tensor
+    offsets: list | None = None
+    special: list | None = None
 
     def n_with_words(self) -> int:
         """Sentences of the batch with at least one word."""
@@ -102,6 +110,9 @@ class Consumer:
 
     def open(self, stream: "LayerStream") -> None:
         """Before the forward (e.g. hooks on the model)."""
+
+    def start_batch(self, batch: StreamBatch) -> None:
+        """Before the forward of ``batch`` (the forward only; e.g. what hooks inside the model will need)."""
 
     def update(self, layer: int, vectors: Tensor | WordVectors, batch: StreamBatch) -> None:
         """One layer of one batch: token vectors ``[1, N, d']`` float32, or :class:`WordVectors`."""
@@ -142,15 +153,22 @@ class LayerStream:
     lowercase : match words case-insensitively
     keep_tokens : store every layer's valid tokens on disk for :meth:`replay` and :meth:`layer_chunks`
     progress : a progress bar per loop
+    offsets : give each :class:`StreamBatch` its rows' character offsets (implied by ``word_index``)
+    room : ``(what, advice, extra_bytes)`` of the free-disk check before a store is written (default: the
+        sentence pass's token store and fitted maps)
     """
 
     def __init__(self, encoder, texts: Sequence[str], *, batch_size: int | None = None, chunk: int = 1024,
                  word_index: dict | None = None, lowercase: bool = True, keep_tokens: bool = False,
-                 progress: bool = False) -> None:
+                 progress: bool = False, offsets: bool = False, room: tuple[str, str, int] | None = None) -> None:
         self.encoder, self.texts = encoder, list(texts)
         self.num_layers, self.dim = encoder.num_layers + 1, encoder.hidden_size
         self.batch_size, self.chunk, self.progress = batch_size, chunk, progress
         self.word_index, self.lowercase, self.keep_tokens = word_index, lowercase, keep_tokens
+        self.offsets = offsets or word_index is not None
+        self.room = room or ("the one-pass evaluation's token store and fitted maps",
+                             "set TMPDIR to a larger disk, or encode twice without storing tokens: data.one_pass=false",
+                             2 * self.num_layers * self.dim * self.dim * 4)
         self.store: LayerTokenStore | None = None
         self.devices: dict[int, torch.device] = {}  # where each layer ran: its replay and fit run there
         self.batches: list[StreamBatch] = []
@@ -164,9 +182,8 @@ class LayerStream:
         :class:`~outlierlab.analysis.transform_fit.FittedTransforms`)."""
         tf = _LayerTransforms(transforms, self.dim)
         if self.keep_tokens and self.store is None:  # fails in one line now, not with ENOSPC hours into the pass
-            check_room(self.encoder, self.texts, "the one-pass evaluation's token store and fitted maps",
-                       "set TMPDIR to a larger disk, or encode twice without storing tokens: data.one_pass=false",
-                       extra_bytes=2 * self.num_layers * self.dim * self.dim * 4)
+            what, advice, extra = self.room
+            check_room(self.encoder, self.texts, what, advice, extra_bytes=extra)
             self.store = LayerTokenStore(tempfile.mkdtemp(prefix="outlierlab-replay-"), self.num_layers, self.dim)
         store = self.store if not self.logs else None  # a second forward (no store) stores nothing
         log_, batches = EncodeLog(), []
@@ -178,7 +195,7 @@ class LayerStream:
                 c.open(self)
                 opened.append(c)
             for b in iter_batches(self.encoder, self.texts, self.batch_size, self.chunk,
-                                  offsets=self.word_index is not None, bar=bar, stats=log_, layerwise=True):
+                                  offsets=self.offsets, bar=bar, stats=log_, layerwise=True):
                 sb = self._stream_batch(len(batches), b, store)
 
                 def fn(layer: int, h: Tensor, b=b, sb=sb) -> None:
@@ -188,6 +205,8 @@ class LayerStream:
                         store.append(layer, raw)
                         self.devices[layer] = h.device
 
+                for c in consumers:
+                    c.start_batch(sb)
                 b.layers(fn)
                 for c in consumers:
                     c.end_batch(sb)
@@ -221,7 +240,7 @@ class LayerStream:
         return StreamBatch(index, bsz, int(valid.sum()),
                            torch.arange(bsz, device=valid.device)[:, None].expand_as(valid)[valid],
                            b.input_ids[valid] if b.input_ids is not None else None, b.attention_mask, plan,
-                           store.rows_written[0] if store is not None else 0)
+                           store.rows_written[0] if store is not None else 0, b.rows, valid, b.offsets, b.special)
 
     def _feed(self, consumers: Sequence[Consumer], tf: _LayerTransforms, layer: int, tok: Tensor,
               sb: StreamBatch) -> None:
@@ -242,14 +261,31 @@ class LayerStream:
             c.update(layer, views[key], sb)
 
     # ------------------------------------------------------------------------------------------- the fit
-    def layer_chunks(self, layer: int) -> Iterator[Tensor]:
+    def layer_chunks(self, layer: int, repeat: Sequence[Tensor | None] | None = None) -> Iterator[Tensor]:
         """The stored tokens of ``layer``, batch by batch in the forward's order, float32 on the device the
-        layer ran on: what a fit reads between the two loops (one layer in memory)."""
+        layer ran on: what a fit reads between the two loops (one layer in memory).  ``repeat``: per batch,
+        how often each of its tokens counts (None: once), as WiC's repeated sentences do."""
         if self.store is None:
             raise RuntimeError("layer_chunks needs the stored tokens: LayerStream(..., keep_tokens=True)")
-        for sb in self.batches:
-            yield self.store.rows(layer, sb.start, sb.start + sb.n_tokens).to(
-                self.devices.get(layer, "cpu")).float()
+        for i, sb in enumerate(self.batches):
+            x = self.store.rows(layer, sb.start, sb.start + sb.n_tokens).to(self.devices.get(layer, "cpu")).float()
+            mult = None if repeat is None else repeat[i]
+            yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
+
+    def fit(self, settings, names, keep_cov: bool = False, repeat: Sequence[Tensor | None] | None = None):
+        """The fitted transforms' sums from the stored tokens, one layer at a time (issue 39): never
+        ``(L+1)·d²`` of them beside the model's forward; the forward's freed buffers go back to the OS first.
+
+        settings : :class:`outlierlab.analysis.transform_fit.WhitenSettings`
+        names, keep_cov : the maps to be fitted and whether Σ is kept (:meth:`WhitenSettings.fit_by_layer`)
+        repeat : see :meth:`layer_chunks`
+
+        Σ and the maps are written to files beside the token store
+        (:class:`outlierlab.utils.disk_layers.DiskLayers`) and read back one layer at a time: ``(L+1)·2d²``
+        float32 (40 GiB at 70B) never sits in memory."""
+        release_freed_memory()
+        return settings.fit_by_layer(self.num_layers, self.dim, lambda layer: self.layer_chunks(layer, repeat),
+                                     names, keep_cov=keep_cov, on_disk=self.store.directory.parent)
 
     # ------------------------------------------------------------------------------------------ loop 2
     def replay(self, consumers: Sequence[Consumer], transforms, desc: str = "pass 2/2 (apply)") -> None:
@@ -282,25 +318,3 @@ class LayerStream:
     def seconds(self) -> float:
         return sum(p.seconds for p in self.logs)
 
-
-def fit_from_store(fit, store: LayerTokenStore, spans, devices: dict, num_layers: int, dim: int, names,
-                   keep_cov: bool = False):
-    """The fitted transforms' sums from tokens a pass stored, one layer at a time (issue 39): never
-    ``(L+1)·d²`` of them beside the model's forward.  The forward's freed buffers go back to the OS first.
-
-    fit : :class:`outlierlab.analysis.transform_fit.WhitenSettings`
-    spans : per batch ``(first stored row, rows, multiplicities or None)`` — a row fed ``m`` times counts ``m``
-        times, as WiC's repeated sentences do
-    devices : where each layer ran (the sums are taken there)
-    names, keep_cov : the maps to be fitted and whether Σ is kept (:meth:`WhitenSettings.fit_by_layer`)
-
-    Σ and the maps are written to files beside the token store (:class:`outlierlab.utils.disk_layers.DiskLayers`)
-    and read back one layer at a time: ``(L+1)·2d²`` float32 (40 GiB at 70B) never sits in memory."""
-    release_freed_memory()
-
-    def chunks(layer: int):
-        for start, n_rows, mult in spans:
-            x = store.rows(layer, start, start + n_rows).to(devices.get(layer, "cpu")).float()
-            yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
-
-    return fit.fit_by_layer(num_layers, dim, chunks, names, keep_cov=keep_cov, on_disk=store.directory.parent)

@@ -42,7 +42,6 @@ from outlierlab.evaluation.settings import (AnisotropySettings, DataSettings, En
 from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch, WordVectors
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims
 from outlierlab.evaluation.words import select_words
-from outlierlab.utils.memory import release_freed_memory
 
 # -------------------------------------------------------------------------------------------- the pass
 @dataclass
@@ -326,9 +325,7 @@ def _fit(st: SentenceStats, transforms, fitted, whiten: WhitenSettings, stream: 
     if sums is not None:
         whitener = sums.result()
     else:  # from the stored tokens, one layer at a time: no (L+1)·d² sums beside the forward (issue 39)
-        release_freed_memory()
-        whitener = whiten.fit_by_layer(st.num_layers, st.dim, stream.layer_chunks, fitted, keep_cov=need_covariance,
-                                       on_disk=stream.store.directory.parent)
+        whitener = stream.fit(whiten, fitted, keep_cov=need_covariance)
     # refuses a degenerate fit (too few distinct vectors) in one line
     ft.set_all(whiten.fit_all(whitener, fitted, f"the non-special token vectors of the {n_texts} evaluation sentences"),
                source=whitener.finalize(release_sums=True, keep_eigvecs=False) if whitener.W is None else whitener)

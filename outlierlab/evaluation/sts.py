@@ -28,15 +28,15 @@ from pathlib import Path
 
 import torch
 
-from outlierlab.analysis.sts import mean_pool, sts_spearman
+from outlierlab.analysis.sts import sts_spearman
 from outlierlab.analysis.postprocessing import FITTED, fit_size
 from outlierlab.analysis.whitening import DegenerateWhiteningError
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
-from outlierlab.evaluation.encoding import (EncodeLog, distinct_texts, encode_log_line, finish_encode_log, iter_batches,
-                                 progress_bar)
+from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
 from outlierlab.evaluation.disk_room import check_room
 from outlierlab.evaluation.layer_rows import LayerRows, pair_cosines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
+from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
 from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
@@ -125,41 +125,52 @@ class SentenceVectors(LayerRows):
         return super().layer(layer)[self.index]
 
 
+class SentenceMeans(Consumer):
+    """Each text's mean token vector in every layer, appended to ``out`` (a stream consumer)."""
+
+    def __init__(self, out: SentenceVectors, n_texts: int) -> None:
+        self.out, self.ok = out, torch.zeros(n_texts, dtype=torch.bool)
+
+    def update(self, layer: int, vectors: torch.Tensor, batch: StreamBatch) -> None:
+        ids = batch.sentence_ids
+        count = torch.bincount(ids, minlength=batch.n_rows)
+        has = count > 0
+        if not bool(has.any()):
+            return
+        sums = torch.zeros(batch.n_rows, vectors.shape[-1], device=vectors.device).index_add_(0, ids, vectors[0])
+        self.out.append(layer, (sums[has] / count[has, None]).cpu())
+        if layer == 0:
+            rows = torch.tensor(batch.rows)[has.cpu()]
+            self.out.add_rows(rows.tolist())
+            self.ok[rows] = True
+
+
 def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool = False,
-                     stats: EncodeLog | None = None) -> tuple[SentenceVectors, torch.Tensor]:
+                     notes: list[str] | None = None, what: str = "STS") -> tuple[SentenceVectors, torch.Tensor]:
     """Mean-pooled vectors of every text (:class:`SentenceVectors`: ``[N, d]`` float32 per layer, kept on disk)
     and Bool[N] (text had a token).
 
-    Each distinct text is encoded once; repeated texts get the same vector (``stats.n_texts`` counts the
-    texts actually encoded).  Each layer is pooled as it is produced and written to disk (issue 39): the
-    ``(L+1)·N·d`` vectors (21 GiB for 4,300 pairs of a 70B model) are never in memory together."""
+    Each distinct text is encoded once, by the per-layer stream (:class:`outlierlab.evaluation.stream.
+    LayerStream`); repeated texts get the same vector (``notes``, if given, gets the line saying how many texts
+    were encoded, and the pass's truncation warning).  Each layer is pooled as it is produced and written to
+    disk (issue 39): the ``(L+1)·N·d`` vectors (21 GiB for 4,300 pairs of a 70B model) are never in memory
+    together."""
     unique, index = distinct_texts(texts)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     check_room(encoder, [], "STS's sentence vectors", "set TMPDIR to a larger disk or evaluate fewer pairs "
                "(sts.max_pairs=)", extra_bytes=len(unique) * n_layers * dim * 4)
     out = SentenceVectors(n_layers, dim, index, len(unique))
-    ok = torch.zeros(len(unique), dtype=torch.bool)
-    bar = progress_bar(len(unique), "STS", progress)
+    means = SentenceMeans(out, len(unique))
+    stream = LayerStream(encoder, unique, batch_size=batch_size, progress=progress)
     try:
-        for b in iter_batches(encoder, unique, batch_size, bar=bar, stats=stats, layerwise=True):
-            has = b.valid.any(1)
-            if has.any():  # one layer at a time (issue 39): each layer is pooled as it is produced
-                rows = torch.tensor(b.rows)[has.cpu()]
-
-                def fn(layer: int, h: torch.Tensor, has=has, valid=b.valid) -> None:
-                    out.append(layer, mean_pool(h.float()[None][:, has.to(h.device)], valid[has].to(h.device))[0])
-
-                b.layers(fn)
-                out.add_rows(rows.tolist())
-                ok[rows] = True
+        stream.forward([means], desc=what)
         out.close()
     except BaseException:
         out.cleanup()
         raise
-    finally:
-        if bar is not None:
-            bar.close()
-    return out, ok[torch.tensor(index, dtype=torch.long)]
+    if notes is not None:
+        notes += [encode_log_line(what, stream.logs[0].n_texts, len(texts)), *stream.notes]
+    return out, means.ok[torch.tensor(index, dtype=torch.long)]
 
 
 def pair_rows(vecs: SentenceVectors, layer: int, keep: torch.Tensor) -> torch.Tensor:
@@ -299,10 +310,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
     clip_dims, clip_info = clip_dims_for_tasks(ctx)
     rows, notes, infos, curves, headlines = [], [], {}, {}, {}
     for name, pairs in data.items():
-        stats = EncodeLog()
-        vecs, ok = sentence_vectors(enc, pairs.s1 + pairs.s2, batch_size, bool(ctx.root_cfg.progress), stats)
-        notes.append(encode_log_line(f"STS {name}", stats.n_texts, 2 * len(pairs.s1)))
-        finish_encode_log(stats, f"STS {name}", notes)
+        vecs, ok = sentence_vectors(enc, pairs.s1 + pairs.s2, batch_size, bool(ctx.root_cfg.progress), notes,
+                                    f"STS {name}")
         n = len(pairs.s1)
         keep = (ok[:n] & ok[n:]).nonzero().flatten()
         if keep.numel() < n:

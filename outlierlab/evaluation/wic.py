@@ -30,12 +30,10 @@ from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.datamodules.eval_data import load_wic
-from outlierlab.evaluation.encoding import encode_log_line
 from outlierlab.evaluation.layer_rows import pair_cosines
 from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from outlierlab.analysis.transform_fit import WhitenSettings
-from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log
 from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
 from outlierlab.analysis.transform_fit import FittedTransforms
 
@@ -170,11 +168,9 @@ def run(ctx: EvalContext) -> AnalysisResult:
     if clip_info:
         ft.info["clip"] = clip_info
     fitting = _fit_transforms(ctx, data, t, ft, n_layers, dim)
-    stats, notes = EncodeLog(), []
-    vecs, found, fitted = target_vectors(enc, pairs, fitting, batch_size, progress=progress, stats=stats,
+    notes: list[str] = []
+    vecs, found, fitted = target_vectors(enc, pairs, fitting, batch_size, progress=progress, notes=notes,
                                          fit_names=ctx.transforms)
-    notes.append(encode_log_line("WiC", stats.n_texts, 2 * len(pairs)))
-    finish_encode_log(stats, "WiC", notes)
     if fitted is not None:  # refuses a fit on too few distinct vectors unless transform.allow_degenerate=true
         ft.set_all(WhitenSettings.from_settings(t).fit_all(
             fitted, ctx.transforms, "the non-special token vectors of the evaluated WiC sentences"), source=fitted)

@@ -1,28 +1,24 @@
-"""The WiC target vectors of every layer, encoded once and kept on disk, one layer in memory (issue 39).
+"""The WiC target vectors of every layer, from the one per-layer stream, kept on disk (issue 39, issue 48).
 
 Target vector = mean of the vectors of the tokens overlapping the target's character span (Luo et al. 2021
 §4.2; :func:`outlierlab.evaluation.words.char_span_tokens`).  Every pair's two targets of every layer are
-``(L+1)·2P·d`` floats — 27 GiB in float32 for all 5,512 WordNet pairs of a 70B model — so they are appended to a
-:class:`outlierlab.datamodules.features.LayerTokenStore` (float32, one file per layer, the machinery of the token
-store and of probe.py's feature cache; :class:`outlierlab.evaluation.layer_rows.LayerRows`) as each layer is
-produced, and :meth:`TargetVectors.layer` reads one layer back as ``[2, P, d]``: the scoring (cosine, threshold
-sweep) runs layer by layer.
+``(L+1)·2P·d`` floats — 27 GiB in float32 for all 5,512 WordNet pairs of a 70B model — so the
+:class:`TargetMeans` consumer of a :class:`outlierlab.evaluation.stream.LayerStream` appends them to disk
+(:class:`outlierlab.evaluation.layer_rows.LayerRows`) as each layer is produced, and :meth:`TargetVectors.layer`
+reads one layer back as ``[2, P, d]``: the scoring (cosine, threshold sweep) runs layer by layer.
 """
 
 from __future__ import annotations
 
-import tempfile
-
 import torch
 from torch import Tensor
 
-from outlierlab.analysis.transforms import FITTED, Whitener
-from outlierlab.datamodules.features import LayerTokenStore
-from outlierlab.evaluation.disk_room import check_room
-from outlierlab.evaluation.encoding import EncodeLog, distinct_texts, iter_batches, progress_bar
-from outlierlab.evaluation.layer_rows import LayerRows
-from outlierlab.evaluation.stream import fit_from_store
 from outlierlab.analysis.transform_fit import WhitenSettings
+from outlierlab.analysis.transforms import FITTED, Whitener
+from outlierlab.evaluation.disk_room import check_room
+from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
+from outlierlab.evaluation.layer_rows import LayerRows
+from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.words import char_span_tokens
 
 
@@ -39,18 +35,62 @@ class TargetVectors(LayerRows):
         return super().layer(layer).view(2, self.n_pairs, self.dim)
 
 
+class TargetMeans(Consumer):
+    """Each target's vector (the mean of its span's tokens) in every layer, appended to ``targets``.
+
+    occurrences : per distinct text, the target rows (``0..2P-1``) it is the sentence of
+    spans : per target row, its ``(start, end)`` character span
+    """
+
+    def __init__(self, targets: TargetVectors, occurrences: list[list[int]], spans: list[tuple[int, int]]) -> None:
+        self.targets, self.occurrences, self.spans = targets, occurrences, spans
+        self.found = torch.zeros(len(spans), dtype=torch.bool)
+        self.repeat: list[Tensor | None] = []  # per batch: how often each of its tokens occurs in the pairs
+        self._batch: tuple[int, Tensor, Tensor, Tensor, list[int]] | None = None
+
+    def _plan(self, b: StreamBatch) -> tuple[int, Tensor, Tensor, Tensor, list[int]]:
+        """(batch, token -> valid-token index, token -> target slot, tokens per slot, the slots' rows)."""
+        src, dst, rows_hit = [], [], []
+        t_len = b.valid.shape[1]
+        for r, (u, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
+            for row in self.occurrences[u]:
+                toks = char_span_tokens(offs, sp, *self.spans[row])
+                if toks:
+                    src += [r * t_len + t for t in toks]
+                    dst += [len(rows_hit)] * len(toks)
+                    rows_hit.append(row)
+                    self.found[row] = True
+        valid = b.valid.flatten().long().cpu()
+        src_t = (torch.cumsum(valid, 0) - 1)[torch.tensor(src, dtype=torch.long)]  # grid -> valid-token index
+        dst_t = torch.tensor(dst, dtype=torch.long)
+        count = torch.bincount(dst_t, minlength=len(rows_hit)).clamp_min(1).float()[:, None]
+        self.targets.add_rows(rows_hit)
+        mult = torch.tensor([len(self.occurrences[u]) for u in b.rows])[b.sentence_ids.cpu()]
+        self.repeat.append(None if bool((mult == 1).all()) else mult)
+        return b.index, src_t, dst_t, count, rows_hit
+
+    def update(self, layer: int, vectors: Tensor, batch: StreamBatch) -> None:
+        if self._batch is None or self._batch[0] != batch.index:
+            self._batch = self._plan(batch)
+        _, src, dst, count, rows_hit = self._batch
+        if rows_hit:  # each target: the mean of its tokens, all targets of the batch in one index_add
+            flat = vectors[0][src.to(vectors.device)].cpu()
+            self.targets.append(layer, torch.zeros(len(rows_hit), vectors.shape[-1]).index_add_(0, dst, flat) / count)
+
+
 def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None, batch_size=None,
-                   chunk: int = 1024, progress: bool = False, stats: EncodeLog | None = None,
+                   chunk: int = 1024, progress: bool = False, notes: list[str] | None = None,
                    fit_names=FITTED) -> tuple[TargetVectors, Tensor, Whitener | None]:
     """Target-word vectors of every pair: ``(TargetVectors, found Bool[P], fitted)``.
 
     ``fit``: also fit the transforms on every non-special token of the pairs' sentences (``fit_on=eval``),
     each sentence as often as it occurs (as if every occurrence were encoded); ``fitted`` is the fitted
-    :class:`Whitener` (else None), from whose sums the maps ``fit_names`` are fitted.  The tokens are kept on
-    disk in the model's dtype as the pass produces them and the fit reads them back one layer at a time
-    (:meth:`Whitener.fit_by_layer`, issue 39): no ``(L+1)·d²`` float64 sums beside the model's forward.
+    :class:`Whitener` (else None), from whose sums the maps ``fit_names`` are fitted.  The stream stores the
+    tokens on disk in the model's dtype and the fit reads them back one layer at a time
+    (:meth:`LayerStream.fit`, issue 39): no ``(L+1)·d²`` float64 sums beside the model's forward.
     A pair whose target span maps to no token (e.g. truncated away) has ``found`` False.
-    Each distinct sentence is encoded once (``stats.n_texts`` counts those).
+    Each distinct sentence is encoded once; ``notes`` (if given) gets the line saying how many, and the pass's
+    truncation warning.
     """
     texts = [p["sentence1"] for p in pairs] + [p["sentence2"] for p in pairs]
     spans = [(p["start1"], p["end1"]) for p in pairs] + [(p["start2"], p["end2"]) for p in pairs]
@@ -59,61 +99,26 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
     for i, u in enumerate(index):
         occurrences[u].append(i)
     n_layers, dim, n = encoder.num_layers + 1, encoder.hidden_size, len(pairs)
-    check_room(encoder, unique if fit is not None else [], "WiC's target vectors" + (
-        ", token store and fitted maps" if fit is not None else ""),
-        "set TMPDIR to a larger disk" + (", fit WiC's maps on the evaluation sentences "
-                                          "(transform.fit_on=sentences)" if fit is not None else "")
-        + " or evaluate fewer pairs (wic.max_pairs=)",
-        extra_bytes=n_layers * dim * 4 * (2 * n + (2 * dim if fit is not None else 0)))
+    room = ("WiC's target vectors" + (", token store and fitted maps" if fit is not None else ""),
+            "set TMPDIR to a larger disk" + (", fit WiC's maps on the evaluation sentences (transform.fit_on="
+                                             "sentences)" if fit is not None else "")
+            + " or evaluate fewer pairs (wic.max_pairs=)",
+            n_layers * dim * 4 * (2 * n + (2 * dim if fit is not None else 0)))
+    if fit is None:  # no token store: the stream checks the room only for one
+        check_room(encoder, [], *room[:2], extra_bytes=room[2])
     targets = TargetVectors(n_layers, dim, n)
-    found = torch.zeros(2 * n, dtype=torch.bool)
-    bar = progress_bar(len(unique), "WiC", progress)
-    store = LayerTokenStore(tempfile.mkdtemp(prefix="outlierlab-wic-"), n_layers, dim) if fit is not None else None
-    kept: list[tuple[int, int, Tensor | None]] = []  # per batch: first stored row, rows, multiplicities
-    devices: dict[int, torch.device] = {}
+    means = TargetMeans(targets, occurrences, spans)
+    stream = LayerStream(encoder, unique, batch_size=batch_size, chunk=chunk, keep_tokens=fit is not None,
+                         progress=progress, offsets=True, room=room)
     try:
-        for b in iter_batches(encoder, unique, batch_size, chunk, offsets=True, bar=bar, stats=stats,
-                              layerwise=True):
-            mult = torch.tensor([len(occurrences[u]) for u in b.rows], device=b.valid.device)
-            per_token = mult[:, None].expand_as(b.valid)[b.valid]
-            src, dst, rows_hit = [], [], []  # token (flattened [B, T] index) -> the pair row it is a target of
-            t_len = b.valid.shape[1]
-            for r, (u, offs, sp) in enumerate(zip(b.rows, b.offsets, b.special)):
-                for row in occurrences[u]:
-                    toks = char_span_tokens(offs, sp, *spans[row])
-                    if toks:
-                        src += [r * t_len + t for t in toks]
-                        dst += [len(rows_hit)] * len(toks)
-                        rows_hit.append(row)
-                        found[row] = True
-            src_t, dst_t = torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)
-            count = torch.bincount(dst_t, minlength=len(rows_hit)).clamp_min(1).float()[:, None]
-            targets.add_rows(rows_hit)
-            if store is not None:
-                kept.append((store.rows_written[0], int(b.valid.sum()),
-                             None if bool((per_token == 1).all()) else per_token.cpu()))
-
-            def fn(layer: int, h: Tensor, b=b) -> None:
-                if store is not None:
-                    store.append(layer, h[b.valid.to(h.device)])  # the model's dtype, on disk
-                    devices[layer] = h.device
-                if rows_hit:  # each target: the mean of its tokens, all targets of the batch in one index_add
-                    # gather the target tokens, then upcast them alone (not the whole [B, T, d] batch)
-                    flat = h.reshape(-1, h.shape[-1])[src_t.to(h.device)].float().cpu()
-                    targets.append(layer, torch.zeros(len(rows_hit), h.shape[-1]).index_add_(0, dst_t, flat) / count)
-
-            b.layers(fn)
-        if bar is not None:
-            bar.close()
+        stream.forward([means], desc="WiC")
+        if notes is not None:
+            notes += [encode_log_line("WiC", stream.logs[0].n_texts, len(texts)), *stream.notes]
         targets.close()
-        fitted = None
-        if store is not None:
-            store.close()
-            fitted = fit_from_store(fit, store, kept, devices, n_layers, dim, fit_names)
+        fitted = stream.fit(fit, fit_names, repeat=means.repeat) if fit is not None else None
     except BaseException:
         targets.cleanup()
         raise
     finally:
-        if store is not None:
-            store.cleanup()
-    return targets, found[:n] & found[n:], fitted
+        stream.close()
+    return targets, means.found[:n] & means.found[n:], fitted
