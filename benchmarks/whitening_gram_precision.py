@@ -114,12 +114,13 @@ def main() -> None:
     import torch
 
     from outlierlab.datamodules.probe_data import load_position_texts
-    from outlierlab.evaluation.encoding import iter_batches
+    from outlierlab.analysis.outlier_stats import valid_token_mask
     from outlierlab.models.loading import FrozenEncoder
 
     enc = FrozenEncoder(a.encoder, device="cpu")
     texts = load_position_texts(None, a.n)
-    tokens = [b.hidden[:, b.valid] for b in iter_batches(enc, texts, enc.batch_size)]
+    tokens = [b.hidden[:, valid_token_mask(b.attention_mask, b.special_tokens_mask)]
+              for b in enc.batches(enc.tokenize(texts), enc.batch_size, sort_by_length=True)]
     c64, c32, n, t64, t32, tblock = covariances(tokens, enc.num_layers + 1, enc.hidden_size)
     rows = compare(c64, c32)
     out = {"encoder": a.encoder, "sentences": len(texts), "tokens": n, "threads": torch.get_num_threads(),

@@ -16,7 +16,7 @@ from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator,
                                             intra_sentence_similarity)
 from outlierlab.analysis.transforms import FITTED, clip_dims_per_layer
-from outlierlab.evaluation.encoding import iter_batches
+from outlierlab.evaluation.encoding import token_offsets
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.evaluation.words import select_words, word_vectors
 
@@ -44,7 +44,7 @@ def oracle_pass(encoder, texts, transforms, *, clip_dims=None, whiten: WhitenSet
             out["outliers"][t] = OutlierAccumulator(n_layers, ft.out_dim(t, dim))
             out["self_sim"][t] = SelfSimilarityAccumulator(n_layers, ft.out_dim(t, dim), range(len(words)))
             out["intra_sum"][t], out["intra_n"][t] = torch.zeros(n_layers, dtype=torch.float64), 0
-        for b in iter_batches(encoder, texts, batch_size, chunk, offsets=True):
+        for b in padded_batches(encoder, texts, batch_size, chunk):
             tokens = b.hidden[:, b.valid].float()  # [L+1, N, d]
             if first:
                 sid = torch.arange(b.valid.shape[0])[:, None].expand_as(b.valid)[b.valid]
@@ -75,3 +75,21 @@ def oracle_pass(encoder, texts, transforms, *, clip_dims=None, whiten: WhitenSet
     consume([t for t in transforms if t not in now], first=False)
     out["anisotropy"] = reservoir
     return out
+
+
+def padded_batches(encoder, texts, batch_size=None, chunk=1024):
+    """Every batch's stacked hidden states ``[L+1, B, T, d]`` with its valid-token mask, rows, texts and token
+    offsets: the whole-batch view the stream never builds, tokenized and sorted as the stream does."""
+    from types import SimpleNamespace
+
+    from outlierlab.analysis.outlier_stats import valid_token_mask
+
+    for c0 in range(0, len(texts), chunk):
+        part = list(texts[c0:c0 + chunk])
+        tok = encoder.tokenize(part)
+        offs, special = token_offsets(encoder, part, tok)
+        for b in encoder.batches(tok, batch_size, sort_by_length=True):
+            idx = b.index.tolist()
+            yield SimpleNamespace(hidden=b.hidden, valid=valid_token_mask(b.attention_mask, b.special_tokens_mask),
+                                  rows=[c0 + i for i in idx], texts=[part[i] for i in idx],
+                                  offsets=[offs[i] for i in idx], special=[special[i] for i in idx])

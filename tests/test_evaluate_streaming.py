@@ -9,12 +9,12 @@ the same vectors.
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from outlierlab.evaluation.encoding import Batch
 from outlierlab.evaluation.streaming import pass_settings, run_sentence_pass
 from outlierlab.evaluation.words import char_span_tokens, word_occurrences, word_vectors
 from tests.conftest import compose
@@ -187,8 +187,7 @@ def test_word_spans_average_subwords_and_keep_one_occurrence_per_sentence(encode
 
     ids = torch.tensor(enc["input_ids"])[None]
     hidden = torch.randn(N_LAYERS + 1, 1, ids.shape[1], D, generator=torch.Generator().manual_seed(0))
-    b = Batch(hidden, torch.ones_like(ids, dtype=torch.bool), [0], [text], [enc["offset_mapping"]],
-              [enc["special_tokens_mask"]])
+    b = SimpleNamespace(texts=[text], offsets=[enc["offset_mapping"]], special=[enc["special_tokens_mask"]])
     vecs, mask, keys = word_vectors(hidden, b, {"dog": 0, "ishmael": 1, "saw": 2})
     assert mask.sum() == len(occ)
     # the subword-split word is the mean of its three tokens

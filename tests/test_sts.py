@@ -17,7 +17,7 @@ import torch
 from outlierlab.analysis.similarity import pairwise_cosine
 from outlierlab.analysis.sts import sts_spearman
 from outlierlab.analysis.whitening import DegenerateWhiteningError
-from outlierlab.evaluation.encoding import iter_batches
+from sentence_pass_oracle import padded_batches
 from outlierlab.evaluation.registry import EvalContext
 
 D, N_LAYERS = 32, 2
@@ -86,7 +86,7 @@ def test_repeated_sentences_are_encoded_once_and_give_exactly_the_same_spearman(
     # reference: every occurrence encoded (what the code did before), mean-pooled the same way
     encoder.forward.rows = 0
     ref = torch.zeros(N_LAYERS + 1, len(occurrences), D)
-    for b in iter_batches(encoder, occurrences, 4):
+    for b in padded_batches(encoder, occurrences, 4):
         w = b.valid.float()
         ref[:, b.rows] = torch.einsum("lbtd,bt->lbd", b.hidden, w) / w.sum(1)[None, :, None]
     assert encoder.forward.rows == 120

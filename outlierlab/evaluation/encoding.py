@@ -1,43 +1,20 @@
-"""Encoding texts with a frozen encoder in bounded memory, each distinct text once.
-
-:func:`iter_batches` tokenizes ``chunk`` texts at a time and yields batches of hidden states
-``[L+1, B, T, d]``; :func:`distinct_texts` maps repeated texts (an STS file built from 50 documents has
-1,225 pairs but 50 texts) to one encoding each, and :func:`encode_log_line` says how many were encoded.
+"""What encoding texts with a frozen encoder needs around the forward (the forward itself is
+:class:`outlierlab.evaluation.stream.LayerStream`'s): the pass's log (:class:`EncodeLog`, one truncation warning
+per pass), the tokens' character offsets for word-level analyses (:func:`token_offsets`), and
+:func:`distinct_texts`, which maps repeated texts (an STS file built from 50 documents has 1,225 pairs but 50
+texts) to one encoding each, with :func:`encode_log_line` saying how many were encoded.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
-import warnings
 from dataclasses import dataclass
-from functools import partial
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Sequence
 
-from torch import Tensor
-
-from outlierlab.analysis.outlier_stats import valid_token_mask
 from outlierlab.utils.progress import progress_bar as make_bar
 
 log = logging.getLogger(__name__)
-
-
-class Batch(NamedTuple):
-    """One encoded batch: ``hidden [L+1, B, T, d]`` (encoder device), ``valid [B, T]`` bool (non-special,
-    non-pad, on the hidden's device), ``rows`` (index of each row in the texts given), ``texts`` (per row),
-    ``offsets`` / ``special`` (per row character offsets and special-token mask, or None),
-    ``attention_mask`` / ``input_ids`` ([B, T], on the hidden's device)."""
-
-    hidden: Tensor
-    valid: Tensor
-    rows: list[int]
-    texts: list[str]
-    offsets: list | None
-    special: list | None
-    attention_mask: Tensor | None = None
-    input_ids: Tensor | None = None
-    layers: Callable | None = None  # layerwise=True: layers(fn) runs the forward, fn(layer, [B, T, d]) per layer
 
 
 @dataclass
@@ -55,55 +32,9 @@ class EncodeLog:
         return self.n_tokens / self.seconds if self.seconds > 0 else math.nan
 
 
-def iter_batches(encoder, texts: Sequence[str], batch_size: int | None = None, chunk: int = 1024,
-                 offsets: bool = False, bar=None, stats: EncodeLog | None = None,
-                 layerwise: bool = False) -> Iterator[Batch]:
-    """Encode ``texts`` ``chunk`` at a time (sorted by length inside a chunk to limit padding).
-
-    ``offsets=True`` also returns each row's character offsets and special-token mask (fast tokenizers only).
-    Truncation is counted in ``stats`` instead of warned once per chunk.  ``layerwise=True``: ``hidden`` is
-    None and ``layers(fn)`` runs the batch's forward one layer at a time (its time is counted when called).
-    """
-    chunk = max(1, int(chunk))
-    stats = stats if stats is not None else EncodeLog()
-    for c0 in range(0, len(texts), chunk):
-        part = list(texts[c0:c0 + chunk])
-        with warnings.catch_warnings():  # encoder.tokenize warns per call; we count and warn once at the end
-            warnings.filterwarnings("ignore", message=".*were longer than max_length.*")
-            tok = encoder.tokenize(part)
-        stats.n_truncated += tok.n_truncated
-        stats.truncated_tokens += tok.truncated_tokens
-        offs = special = None
-        if offsets:
-            offs, special = _offsets(encoder, part, tok)
-        t0 = time.perf_counter()
-        kw = {"layerwise": True} if layerwise else {}
-        for b in encoder.batches(tok, batch_size, sort_by_length=True, **kw):
-            idx = b.index.tolist()
-            stats.seconds += time.perf_counter() - t0
-            stats.n_tokens += int(b.attention_mask.sum())
-            stats.n_texts += len(idx)
-            dev = b.hidden.device if b.hidden is not None else b.attention_mask.device
-            valid = valid_token_mask(b.attention_mask, b.special_tokens_mask).to(dev)
-            layers = None
-            if layerwise:
-                layers = partial(_timed, b.layers, stats)
-            yield Batch(b.hidden, valid, [c0 + i for i in idx], [part[i] for i in idx],
-                        None if offs is None else [offs[i] for i in idx],
-                        None if special is None else [special[i] for i in idx],
-                        b.attention_mask.to(dev), b.input_ids.to(dev), layers)
-            if bar is not None:
-                bar.update(len(idx))
-            t0 = time.perf_counter()
-
-
-def _timed(run, stats: EncodeLog, fn) -> None:
-    t0 = time.perf_counter()
-    run(fn)
-    stats.seconds += time.perf_counter() - t0
-
-
-def _offsets(encoder, texts: list[str], tok) -> tuple[list, list]:
+def token_offsets(encoder, texts: list[str], tok) -> tuple[list, list]:
+    """Per text, the character offsets of its tokens and their special-token mask, aligned with ``tok``
+    (``encoder.tokenize(texts)``): what word-level analyses map words to tokens with (fast tokenizers only)."""
     tk = encoder.tokenizer
     if not getattr(tk, "is_fast", False):
         raise ValueError(f"the tokenizer of {encoder.source.name} ({type(tk).__name__}) gives no character offsets; "

@@ -36,6 +36,8 @@ issue 39).
 from __future__ import annotations
 
 import tempfile
+import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -45,7 +47,8 @@ from torch import Tensor
 
 from outlierlab.datamodules.features import LayerTokenStore
 from outlierlab.evaluation.disk_room import check_room
-from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, iter_batches, progress_bar
+from outlierlab.analysis.outlier_stats import valid_token_mask
+from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, progress_bar, token_offsets
 from outlierlab.evaluation.words import plan_vectors, word_plan
 from outlierlab.utils.memory import release_freed_memory
 
@@ -66,6 +69,7 @@ class StreamBatch:
     start : its first row in the token store
     rows : the index in the stream's texts of each batch row
     valid : ``[B, T]`` the valid tokens over the padded grid (the vectors are its True cells, row-major)
+    texts : the batch rows' texts
     offsets, special : per row, the tokens' character offsets and special-token mask (``LayerStream(...,
         offsets=True)`` or a ``word_index``; else None)
     """
@@ -80,6 +84,7 @@ class StreamBatch:
     start: int
     rows: list[int]
     valid: Tensor
+    texts: list[str]
     offsets: list | None = None
     special: list | None = None
 
@@ -194,12 +199,10 @@ class LayerStream:
             for c in consumers:
                 c.open(self)
                 opened.append(c)
-            for b in iter_batches(self.encoder, self.texts, self.batch_size, self.chunk,
-                                  offsets=self.offsets, bar=bar, stats=log_, layerwise=True):
-                sb = self._stream_batch(len(batches), b, store)
+            for sb, run in self._batches(len(batches), store, log_, bar):
 
-                def fn(layer: int, h: Tensor, b=b, sb=sb) -> None:
-                    raw = h[b.valid.to(h.device)]  # [N, d] in the model's dtype
+                def fn(layer: int, h: Tensor, sb=sb) -> None:
+                    raw = h[sb.valid.to(h.device)]  # [N, d] in the model's dtype
                     self._feed(consumers, tf, layer, raw.float()[None], sb)
                     if store is not None:
                         store.append(layer, raw)
@@ -207,7 +210,9 @@ class LayerStream:
 
                 for c in consumers:
                     c.start_batch(sb)
-                b.layers(fn)
+                t0 = time.perf_counter()
+                run(fn)  # the batch's forward, one layer at a time
+                log_.seconds += time.perf_counter() - t0
                 for c in consumers:
                     c.end_batch(sb)
                 batches.append(sb)
@@ -229,18 +234,43 @@ class LayerStream:
             finish_encode_log(log_, desc, self.notes)
         self.logs.append(log_)
 
-    def _stream_batch(self, index: int, b, store) -> StreamBatch:
-        valid = b.valid
+    def _batches(self, first: int, store, log_: EncodeLog, bar) -> Iterator[tuple[StreamBatch, Any]]:
+        """``(batch, run)`` per encoder batch, ``run(fn)`` its forward feeding ``fn(layer, [B, T, d])``: the texts
+        tokenized ``chunk`` at a time and sorted by length inside a chunk (less padding); truncation counted in
+        ``log_`` (one warning per pass, :func:`finish_encode_log`), not warned per chunk."""
+        for c0 in range(0, len(self.texts), max(1, int(self.chunk))):
+            part = self.texts[c0:c0 + max(1, int(self.chunk))]
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*were longer than max_length.*")
+                tok = self.encoder.tokenize(part)
+            log_.n_truncated += tok.n_truncated
+            log_.truncated_tokens += tok.truncated_tokens
+            offs, special = token_offsets(self.encoder, part, tok) if self.offsets else (None, None)
+            for b in self.encoder.batches(tok, self.batch_size, sort_by_length=True, layerwise=True):
+                idx = b.index.tolist()
+                log_.n_tokens += int(b.attention_mask.sum())
+                log_.n_texts += len(idx)
+                yield self._stream_batch(first, b, c0, idx, part, offs, special, store), b.layers
+                first += 1
+                if bar is not None:
+                    bar.update(len(idx))
+
+    def _stream_batch(self, index: int, b, c0: int, idx: list[int], part, offs, special, store) -> StreamBatch:
+        dev = b.attention_mask.device
+        valid = valid_token_mask(b.attention_mask, b.special_tokens_mask).to(dev)
         bsz = valid.shape[0]
-        plan = word_plan(b, self.word_index, valid.shape[1], self.lowercase) if self.word_index is not None else None
-        if plan is not None:  # the plan over the [B, T] grid re-indexed to the batch's valid tokens
-            src, dst, counts, keys, w_max = plan
-            row_of = torch.cumsum(valid.flatten().long().cpu(), 0) - 1
-            plan = (row_of[src], dst, counts, keys, w_max)
-        return StreamBatch(index, bsz, int(valid.sum()),
-                           torch.arange(bsz, device=valid.device)[:, None].expand_as(valid)[valid],
-                           b.input_ids[valid] if b.input_ids is not None else None, b.attention_mask, plan,
-                           store.rows_written[0] if store is not None else 0, b.rows, valid, b.offsets, b.special)
+        sb = StreamBatch(index, bsz, int(valid.sum()), torch.arange(bsz, device=dev)[:, None].expand_as(valid)[valid],
+                         b.input_ids.to(dev)[valid], b.attention_mask.to(dev), None,
+                         store.rows_written[0] if store is not None else 0, [c0 + i for i in idx], valid,
+                         [part[i] for i in idx], None if offs is None else [offs[i] for i in idx],
+                         None if special is None else [special[i] for i in idx])
+        if self.word_index is not None:  # the plan over the [B, T] grid re-indexed to the batch's valid tokens
+            plan = word_plan(sb, self.word_index, valid.shape[1], self.lowercase)
+            if plan is not None:
+                src, dst, counts, keys, w_max = plan
+                row_of = torch.cumsum(valid.flatten().long().cpu(), 0) - 1
+                sb.words = (row_of[src], dst, counts, keys, w_max)
+        return sb
 
     def _feed(self, consumers: Sequence[Consumer], tf: _LayerTransforms, layer: int, tok: Tensor,
               sb: StreamBatch) -> None:
