@@ -2,7 +2,9 @@
 
 Reads ``docs/order_use/sweep/<cell>/csv/metrics.csv`` (every validation's loss, accuracy and order use) and writes
 ``docs/order_use/sweep.csv`` -- one row per cell and validation step -- and, on stdout, the markdown tables: per cell
-the first step at which order use reached 0.5 nats, and the loss / order use / accuracy at chosen steps. The study's
+the first step at which order use reached 0.5 nats, and the loss / order use / accuracy at chosen steps.  The CPU
+cells of ``experiment=order_recipe_cpu`` (``docs/order_use/cpu/``) go to ``docs/order_use/cpu.csv`` and one table
+of every validation, learned beside none. The study's
 tables come from ``python -m outlierlab.jobs.study docs/order_use/cells --contrast pos=learned,none
 --out docs/order_use/study``.
 """
@@ -43,7 +45,25 @@ def main() -> int:
         print(f"| {name} | `{last['overrides']}` | {int(last['step'])}{'' if last['finished'] else ' (cut)'} | {first} "
               f"| {last['val/loss']:.3f} | {last['val/order_use']:.3f} | {last['val/acc']:.3f} |")
     study_table(ROOT / "study" / "contrasts.csv")
+    cpu_table(ROOT / "cpu")
     return 0
+
+
+def cpu_table(folder: Path) -> None:
+    """Every validation of the one-core cells, learned beside none, with the tokens seen (batch 128 x 64)."""
+    cells = sorted(p for p in folder.iterdir() if (p / "csv" / "metrics.csv").exists()) if folder.is_dir() else []
+    if not cells:
+        return
+    table = pd.concat([cell_rows(c) for c in cells], ignore_index=True)
+    table.to_csv(folder.parent / "cpu.csv", index=False, float_format="%.6g")
+    names = list(dict.fromkeys(table["cell"]))
+    print()
+    print("| step | tokens | " + " | ".join(f"{n}: val loss | order use" for n in names) + " |")
+    print("|---|---|" + "---|---|" * len(names))
+    for step, sub in table.groupby("step"):
+        by = {r["cell"]: r for _, r in sub.iterrows()}
+        cols = [f"{by[n]['val/loss']:.3f} | {by[n]['val/order_use']:.3f}" if n in by else "– | –" for n in names]
+        print(f"| {step} | {step * 128 * 64 / 1e6:.1f}M | " + " | ".join(cols) + " |")
 
 
 #: The study's rows in docs/order_use.md: (metric, layer) at the last step; the rest is in study/contrasts.csv.
