@@ -10,8 +10,11 @@ what it needs and nothing else:
 * ``words``: word vectors (the mean of each word's subword tokens, Ethayarajh 2019) instead of token vectors;
 
 and it receives them through a public interface: :meth:`Consumer.update` ``(layer, vectors, batch)`` per layer
-and batch, :meth:`Consumer.start_batch` / :meth:`Consumer.end_batch` around a batch's forward, :meth:`Consumer.end_layer` once a layer has
-been seen in full, and its own ``result()``.
+and batch, :meth:`Consumer.start_batch` / :meth:`Consumer.end_batch` around a batch's forward,
+:meth:`Consumer.end_layer` once a layer has been seen in full, and its own ``result()``.  Every analysis of
+``evaluate.py`` that reads hidden states does so here: the shared sentence pass
+(:mod:`outlierlab.evaluation.streaming`), WiC's targets, STS's sentence means, qk_outliers' hooks and
+frequency's columns, each over its own texts.
 
 A transform that must be fitted on the same vectors (clip's detected dims, whiten/standardize/abtt/center) is
 applied in a second loop after the fit — **the fit is a phase between two loops**, written by the caller:
@@ -20,7 +23,7 @@ applied in a second loop after the fit — **the fit is a phase between two loop
 
     stream = LayerStream(encoder, texts, keep_tokens=True)
     stream.forward([raw_counts, reservoir])          # loop 1: the encoder's forward, raw vectors
-    transforms = fit(raw_counts, stream.layer_chunks)  # the fit: from loop 1's statistics / stored tokens
+    whitener = stream.fit(settings, ["whiten"])      # the fit: from the stored tokens, one layer at a time
     stream.replay([clip_counts, whiten_words], transforms)  # loop 2: the stored tokens, one layer at a time
 
 The replay reads the tokens the forward stored on disk (:class:`outlierlab.datamodules.features.LayerTokenStore`,
