@@ -241,8 +241,9 @@ class LayerStream:
         """``(batch, run)`` per encoder batch, ``run(fn)`` its forward feeding ``fn(layer, [B, T, d])``: the texts
         tokenized ``chunk`` at a time and sorted by length inside a chunk (less padding); truncation counted in
         ``log_`` (one warning per pass, :func:`finish_encode_log`), not warned per chunk."""
-        for c0 in range(0, len(self.texts), max(1, int(self.chunk))):
-            part = self.texts[c0:c0 + max(1, int(self.chunk))]
+        chunk = max(1, int(self.chunk))
+        for c0 in range(0, len(self.texts), chunk):
+            part = self.texts[c0:c0 + chunk]
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*were longer than max_length.*")
                 tok = self.encoder.tokenize(part)
