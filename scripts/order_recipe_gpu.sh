@@ -11,6 +11,9 @@
 #     python scripts/export_cells.py gpu_runs/haviv docs/order_use/cells_objectives and
 #     python -m outlierlab.jobs.study docs/order_use/cells_objectives --contrast pos=learned,none \
 #       --contrast objective=mlm,clm --out docs/order_use/study_objectives
+#   bash scripts/order_recipe_gpu.sh schemes [SECONDS_PER_CELL]   # sinusoidal, relative, rope, alibi x 3 seeds of
+#     experiment=order_recipe (12 cells), beside the study's learned and none
+#   bash scripts/order_recipe_gpu.sh haviv,schemes 450           # several modes at once, one process per cell
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-sweep}
@@ -30,7 +33,8 @@ cell() {  # name, overrides...
   mkdir -p "$(dirname "$ROOT/$name")"
   timeout -s INT "$BUDGET" python3 train.py $COMMON "hydra.run.dir=\"$ROOT/$name\"" "$@" >"$ROOT/$name.log" 2>&1 &
 }
-if [ "$MODE" = study ]; then
+has() { case ",$MODE," in *",$1,"*) return 0;; esac; return 1; }
+if has study; then
   for seed in 1 2 3 4 5; do for p in learned none; do
     cell "study/pos=$p,seed=$seed" experiment=order_recipe pos=$p seed=$seed callbacks.model_checkpoint.every_n_train_steps=100000
   done; done
@@ -39,13 +43,19 @@ if [ "$MODE" = study ]; then
   cell recipe_b128_lr2e-3 experiment=order_recipe pos=learned module.optimizer.lr=2e-3
   cell recipe_b64_lr1e-3  experiment=order_recipe pos=learned data.batch_size=64
 fi
-if [ "$MODE" = haviv ]; then
+if has haviv; then
   for seed in 1 2 3 4 5; do for o in mlm clm; do for p in learned none; do
     cell "haviv/objective=$o,pos=$p,seed=$seed" experiment=order_recipe objective=$o pos=$p seed=$seed \
       callbacks.model_checkpoint.every_n_train_steps=100000
   done; done; done
 fi
-if [ "$MODE" = sweep ]; then
+if has schemes; then
+  for seed in 1 2 3; do for p in sinusoidal relative rope alibi; do
+    cell "schemes/pos=$p,seed=$seed" experiment=order_recipe pos=$p seed=$seed \
+      callbacks.model_checkpoint.every_n_train_steps=100000
+  done; done
+fi
+if has sweep; then
 REAL="experiment=emergence_cpu trainer.max_steps=20000 callbacks.model_checkpoint.every_n_train_steps=5000"
 cell real_learned           $REAL pos=learned
 cell real_none              $REAL pos=none
@@ -62,6 +72,6 @@ cell task_learned_preln   $TASK pos=learned model.norm_placement=pre
 fi
 wait
 nvidia-smi --query-gpu=name,memory.used --format=csv > "$ROOT/gpu.txt" 2>&1
-tar czf "$OUTDIR/order_recipe_gpu_$MODE.tgz" --exclude='*.ckpt' --exclude='*.safetensors' --exclude='*.bin' \
+tar czf "$OUTDIR/order_recipe_gpu_${MODE//,/_}.tgz" --exclude='*.ckpt' --exclude='*.safetensors' --exclude='*.bin' \
   --exclude='events.out.*' "$ROOT"
 ls -la "$OUTDIR"
