@@ -7,7 +7,9 @@ Per finished cell (``finished.json``): ``.hydra/overrides.yaml``, ``config.yaml`
 ``monitor/{hidden_states,layernorm}.csv`` without their per-dimension rows (mean vectors, gains, biases:
 hundreds of thousands of lines that the study aggregator does not average). Checkpoints, TensorBoard events,
 exported models and plots stay behind. ``python -m outlierlab.jobs.study <out>`` then gives the same
-``study.csv`` for the scalars as on the sweep itself. Cells already exported are skipped.
+``study.csv`` for the scalars as on the sweep itself. Cells already exported are skipped. With ``--stopped``, the
+cells stopped before their budget (no ``finished.json``: a wall-clock cut) come along too, for
+``python -m outlierlab.jobs.study <out> --until STEP``.
 
 A cell's ``manifest.json`` (:mod:`outlierlab.jobs.run_state`) comes along, restricted to the exported files: a file
 copied as is keeps its entry (so the hash still proves it is the file the run wrote); a history cut to its scalar
@@ -67,9 +69,11 @@ def export_manifest(cell: Path, target: Path) -> None:
     write_atomic(target / MANIFEST, json.dumps(manifest, indent=2))
 
 
-def export(sweep: Path, out: Path) -> list[str]:
+def export(sweep: Path, out: Path, stopped: bool = False) -> list[str]:
     done = []
-    for cell in sorted(p for p in sweep.iterdir() if (p / "finished.json").is_file()):
+    cells = [p for p in sweep.iterdir() if (p / "finished.json").is_file()
+             or (stopped and (p / ".hydra" / "overrides.yaml").is_file())]
+    for cell in sorted(cells):
         target = out / cell.name
         if (target / "finished.json").is_file():
             continue
@@ -89,12 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweep", type=Path)
     p.add_argument("out", type=Path)
+    p.add_argument("--stopped", action="store_true", help="also the cells stopped before their budget")
     a = p.parse_args(argv)
     if not a.sweep.is_dir():
         print(f"error: {a.sweep} is not a directory", file=sys.stderr)
         return 1
-    done = export(a.sweep, a.out)
-    print(f"exported {len(done)} finished cell(s) to {a.out}: {', '.join(done) or 'none new'}")
+    done = export(a.sweep, a.out, a.stopped)
+    print(f"exported {len(done)} cell(s) to {a.out}: {', '.join(done) or 'none new'}")
     return 0
 
 

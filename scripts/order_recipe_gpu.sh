@@ -44,7 +44,7 @@ if has study; then
   cell recipe_b64_lr1e-3  experiment=order_recipe pos=learned data.batch_size=64
 fi
 if has haviv; then
-  for seed in 1 2 3 4 5; do for o in mlm clm; do for p in learned none; do
+  for seed in ${SEEDS:-1 2 3 4 5}; do for o in mlm clm; do for p in learned none; do
     cell "haviv/objective=$o,pos=$p,seed=$seed" experiment=order_recipe objective=$o pos=$p seed=$seed \
       callbacks.model_checkpoint.every_n_train_steps=100000
   done; done; done

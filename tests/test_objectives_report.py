@@ -99,3 +99,30 @@ def test_fresh_monitor_histories_with_per_dimension_rows_are_read(tmp_path):
         "10,embeddings,top_bias_z,1,2.0\n10,embeddings,top_bias_z,2,1.5\n10,embeddings,n_gain_outliers,,2\n")
     nums = cell_numbers(read_cell(cell))
     assert set(nums[nums.metric.str.startswith("layernorm/")].metric) == {"layernorm/n_gain_outliers"}
+
+
+def test_until_compares_cells_cut_by_the_clock_at_the_last_step_every_cell_reached(sweep, tmp_path):
+    """A clm cell stopped at step 3,000 (no finished.json) is excluded by default; with --until 2999 it counts and
+    every cell's loss is read at its last validation up to 2,999 (not the finished cells' 3,999)."""
+    for cell in sweep.iterdir():
+        rows = "step,val/loss,val/ppl\n2999,{a},1\n3999,{b},1\n"
+        i = int(cell.name[-1]) - 1
+        objective, pos = cell.name.split(",")[0][10:], cell.name.split(",")[1][4:]
+        (cell / "csv" / "metrics.csv").write_text(rows.format(a=LOSS[objective, pos][i] + 1, b=LOSS[objective, pos][i]))
+        mark_finished(cell, 4000, 4000, {"val/loss": LOSS[objective, pos][i]}, None)  # the manifest of these files
+    cut = sweep / "objective=clm,pos=none,seed=3"
+    (cut / "finished.json").unlink()
+    (cut / "manifest.json").unlink(missing_ok=True)
+    (cut / "csv" / "metrics.csv").write_text(f"step,val/loss,val/ppl\n2999,{LOSS['clm', 'none'][2] + 1},1\n")
+    assert report.main([str(sweep), "--out", str(tmp_path / "plain")]) == 0
+    assert "excluded: objective=clm,pos=none,seed=3" in (tmp_path / "plain" / "objectives.md").read_text()
+    assert report.main([str(sweep), "--out", str(tmp_path / "until"), "--until", "2999"]) == 0
+    doc = (tmp_path / "until" / "objectives.md").read_text()
+    assert "excluded" not in doc and "objective=clm,pos=none,seed=3: stopped at step 2999 of 4000" in doc
+    table = pd.read_csv(tmp_path / "until" / "objectives.csv")
+    inter = table[table.quantity.str.startswith("val loss: (none - learned)")].iloc[0]
+    d = [(LOSS["clm", "none"][i] - LOSS["clm", "learned"][i]) - (LOSS["mlm", "none"][i] - LOSS["mlm", "learned"][i])
+         for i in range(3)]  # every loss read one nat higher at step 2,999: the differences are unchanged
+    assert inter["diff"] == pytest.approx(sum(d) / 3) and inter["n_pairs"] == 3
+    clm = table[table.quantity == "val loss, clm"].iloc[0]
+    assert clm["mean_b"] == pytest.approx(sum(LOSS["clm", "learned"]) / 3 + 1)

@@ -221,3 +221,53 @@ def test_an_excluded_key_excludes_its_sub_keys_from_a_cells_identity(tmp_path):
                              {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}))
     assert a.overrides == b.overrides and (a.seed, b.seed) == (1, 2)
     assert c.overrides != a.overrides  # a key that merely starts with the same letters is not under it
+
+
+
+def _stop_at(cell: Path, step: int) -> None:
+    """The Lightning CSV of a cell stopped at ``step`` (plant_cell writes one that reaches step 100)."""
+    (cell / "csv" / "metrics.csv").write_text(f"epoch,step,val/ppl,train/loss,lr-AdamW\n0,{step},7.0,3.0,0.1\n")
+
+
+def test_until_admits_cells_cut_by_the_clock_and_compares_every_cell_on_the_same_steps(tmp_path):
+    """A wall-clock budget stops some cells short: without --until they are left out; with --until 50 a cell that
+    reached step 50 counts (rows after 50 dropped from every cell), one that stopped before 50 stays out."""
+    for pos, finals in (("learned", {1: 2.0, 2: 4.0}), ("none", {1: 1.0, 2: 1.5})):
+        for seed, k in finals.items():
+            cell = plant_cell(tmp_path, {"pos": pos, "seed": seed}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0},
+                                                                    50: {"kurtosis": k, "share": 0.2, "ppl": 5.0},
+                                                                    100: {"kurtosis": 10 * k, "share": 0.3, "ppl": 4.0}},
+                              finished=not (pos == "none" and seed == 2))
+    _stop_at(cell, 60)  # pos=none seed 2: cut at step 60
+    early = plant_cell(tmp_path, {"pos": "none", "seed": 3}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}},
+                       finished=False)
+    _stop_at(early, 40)  # cut before step 50: never admitted
+
+    plain = study.run([str(tmp_path)], contrasts=["pos=learned,none"], plots=False)
+    assert plain["groups"] == {"pos=learned": 2, "pos=none": 1} and len(plain["unfinished"]) == 2
+
+    res = study.run([str(tmp_path)], out=str(tmp_path / "until"), contrasts=["pos=learned,none"], plots=False,
+                    until=50)
+    assert res["groups"] == {"pos=learned": 2, "pos=none": 2}
+    assert [Path(p).name for p in res["unfinished"]] == ["pos=none,seed=3"]
+    assert "pos=none,seed=2: stopped at step 100 of 100, compared up to step 50" in res["notes"]
+    df = pd.read_csv(res["out"] / "study.csv")
+    assert df["step"].max() == 50  # the finished cells' step 100 is dropped too
+    r = row(pd.read_csv(res["out"] / "contrasts.csv"), step=50, layer="layer_2", metric="hidden/kurtosis")
+    assert r["n_pairs"] == 2 and r["diff"] == pytest.approx(((2 - 1) + (4 - 1.5)) / 2)
+
+
+def test_a_cut_cell_takes_its_code_version_from_its_start_records(tmp_path):
+    from outlierlab.jobs.study_cells import admit_cut, read_cell
+
+    cell = plant_cell(tmp_path, {"pos": "none", "seed": 1}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0},
+                                                            50: {"kurtosis": 2.0, "share": 0.2, "ppl": 5.0}},
+                      finished=False)
+    _stop_at(cell, 50)
+    (cell / "code_versions.jsonl").write_text('{"commit": "0123456789abcdef", "dirty": true}\n')
+    short = read_cell(cell)
+    admit_cut(short, 60)  # its numbers end at step 50
+    assert not short.usable and short.cut_at is None
+    c = read_cell(cell)
+    admit_cut(c, 50)
+    assert c.usable and c.cut_at == 50 and c.code == "0123456789ab-dirty"

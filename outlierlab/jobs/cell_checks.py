@@ -38,7 +38,7 @@ def finished(path: Path, config: dict[str, Any], problems: list[str]) -> bool:
     return any((path / name).is_file() for name in ("results.json", "report.md", "probe_report.md"))
 
 
-def _code_version(manifest: dict) -> str:
+def code_version(manifest: dict) -> str:
     versions = manifest.get("code_versions") or []
     code = manifest.get("code") or {}
     seen = {(v.get("commit"), bool(v.get("dirty"))) for v in versions if isinstance(v, dict)}
@@ -59,7 +59,7 @@ def check_cell(path: Path, files: list[str]) -> tuple[list[str], str, list[str]]
             manifest = None  # verify_manifest names it
         if (path / run_state.FINISHED_MARKER).is_file():
             problems += run_state.verify_manifest(path)
-        return problems, _code_version(manifest) if isinstance(manifest, dict) else UNKNOWN_CODE, notes
+        return problems, code_version(manifest) if isinstance(manifest, dict) else UNKNOWN_CODE, notes
     notes.append(f"{path.name}: no manifest: code version unknown")
     for rel in files:
         bad = csv_problem(path / rel)

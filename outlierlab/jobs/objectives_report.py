@@ -38,7 +38,7 @@ import pandas as pd
 
 from outlierlab.analysis.seed_statistics import contrast, summarize
 from outlierlab.analysis.study_inference import adjust_pvalues, minimum_detectable_effect, tost
-from outlierlab.jobs.study_cells import Cell, cell_numbers, find_cells
+from outlierlab.jobs.study_cells import Cell, admit_cut, cell_numbers, find_cells
 from outlierlab.utils.tables import md_table
 
 #: Equivalence margin of "clm none is competitive with clm learned": 0.05 nats/token, i.e. perplexity within ~5 %.
@@ -56,14 +56,16 @@ def _read(cell: Cell, rel: str) -> pd.DataFrame:
     return pd.read_csv(path) if path.is_file() else pd.DataFrame()
 
 
-def collect(cells: list[Cell]) -> dict[str, pd.DataFrame]:
+def collect(cells: list[Cell], until: int | None = None) -> dict[str, pd.DataFrame]:
     """Long tables with ``objective, pos, seed`` columns: final validation loss, probe rows, similarity rows,
-    post-hoc rows at the final step."""
+    post-hoc rows at the final step (with ``until``: the last step up to it)."""
     loss, probe, sim, posthoc = [], [], [], []
     for cell in cells:
         objective, pos = _key(cell)
         tag = {"objective": objective, "pos": pos, "seed": cell.seed}
         nums = cell_numbers(cell)
+        if until is not None:
+            nums = nums[nums.step <= until]
         val = nums[nums.metric == "val/loss"]
         if not val.empty:
             last = val[val.step == val.step.max()].value.iloc[-1]
@@ -183,6 +185,7 @@ def markdown(tables: dict[str, pd.DataFrame], table: pd.DataFrame, cells: list[C
     for c in cells:
         if not c.usable:
             lines.append(f"- excluded: {c.path.name}: {'; '.join(c.problems) or 'not finished'}")
+        lines += [f"- {note}" for note in c.notes if c.cut_at is not None]
     loss = tables["loss"]
     if not loss.empty:
         lines += ["", "**Validation perplexity at the final step** (mean over seeds, 95 % t interval of the loss mapped "
@@ -219,10 +222,15 @@ def markdown(tables: dict[str, pd.DataFrame], table: pd.DataFrame, cells: list[C
     return "\n".join(lines) + "\n"
 
 
-def report(sweep: str | Path, source: str | None = None) -> tuple[pd.DataFrame, str]:
-    """``(contrast table, Markdown)`` of the study's usable cells under ``sweep`` (unusable ones are listed)."""
+def report(sweep: str | Path, source: str | None = None, until: int | None = None) -> tuple[pd.DataFrame, str]:
+    """``(contrast table, Markdown)`` of the study's usable cells under ``sweep`` (unusable ones are listed); with
+    ``until``, every cell up to that step, cells stopped before their budget admitted as the study aggregator does
+    (:func:`outlierlab.jobs.study_cells.admit_cut`)."""
     cells = find_cells([sweep])
-    tables = collect([c for c in cells if c.usable])
+    if until is not None:
+        for c in cells:
+            admit_cut(c, until)
+    tables = collect([c for c in cells if c.usable], until)
     table = contrasts(tables)
     return table, markdown(tables, table, cells, source or str(sweep))
 
@@ -231,9 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep", help="the study's sweep (multirun/objective_positions) or a folder of exported cells")
     ap.add_argument("--out", default=None, help="folder for objectives.csv and objectives.md (default: <sweep>/objectives)")
+    ap.add_argument("--until", type=int, default=None, help="compare every cell up to this step, admitting cells "
+                    "stopped before their budget whose numbers reach it (python -m outlierlab.jobs.study --until)")
     args = ap.parse_args(argv)
     try:
-        table, block = report(args.sweep)
+        table, block = report(args.sweep, until=args.until)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

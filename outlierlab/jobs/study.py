@@ -15,7 +15,9 @@ every override except the seed, and writes into ``<sweep>/study/`` (or ``--out``
 Refused in one line, before anything is written: a group whose cells ran different step budgets, or differ
 in a resolved setting that is not an override (so the grouping cannot tell them apart), or repeat a seed, or ran
 on different code versions (unless ``--allow-mixed-code``; cells without a manifest count as one unknown version).
-Unfinished cells are listed and left out; unusable cells (a torn, truncated, header-only or changed file, a torn
+Unfinished cells are listed and left out -- unless ``--until STEP`` admits the training cells stopped before their
+budget (a wall-clock cut) whose numbers reach STEP; then every cell's rows after STEP are dropped, so all groups are
+compared on the same steps, and study.md names each admitted cell and where it stopped. Unusable cells (a torn, truncated, header-only or changed file, a torn
 marker, a cell extended and interrupted: :mod:`outlierlab.jobs.study_cells`) are listed one line each and left out,
 never averaged. Every row states its n; ``n_below_seeds`` marks a row with fewer seeds than its group holds.
 Bounded measures (shares, cosines) get intervals inside their range; contrasts get corrected p-values over the
@@ -36,7 +38,8 @@ import pandas as pd
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
 from outlierlab.analysis.study_inference import bounded_interval, bounds_of
-from outlierlab.jobs.study_cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
+from outlierlab.jobs.study_cells import (LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, admit_cut, cell_numbers,
+                                        find_cells)
 from outlierlab.jobs.study_families import assign_families, declared_design
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
@@ -117,9 +120,10 @@ def check_groups(groups: dict[str, list[Cell]], allow_mixed_code: bool = False) 
         raise ValueError(" | ".join(errors))
 
 
-def aggregate(cells: list[Cell], allow_mixed_code: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[Cell]]]:
+def aggregate(cells: list[Cell], allow_mixed_code: bool = False, until: int | None = None
+              ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[Cell]]]:
     """``(summary, per_seed, groups)``: the study table, every usable cell's numbers with its group and
-    seed, and the usable cells by group label."""
+    seed, and the usable cells by group label; with ``until``, only the rows up to that step."""
     usable = [c for c in cells if c.usable]
     if not usable:
         bad = [c for c in cells if c.problems]
@@ -136,6 +140,8 @@ def aggregate(cells: list[Cell], allow_mixed_code: bool = False) -> tuple[pd.Dat
     for label, members in groups.items():
         for c in members:
             df = cell_numbers(c)
+            if until is not None:
+                df = df[df["step"] <= until].copy()
             df["group"], df["seed"] = label, c.seed
             frames.append(df)
     per_seed = pd.concat(frames, ignore_index=True)
@@ -221,15 +227,19 @@ def default_layers(summary: pd.DataFrame) -> list[str]:
 
 def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] = (), metrics: Sequence[str] | None = None,
         steps: Sequence[int] | None = None, layers: Sequence[str] | None = None, plots: bool = True,
-        primary: Sequence[str] | None = None, equivalence_margin=None, allow_mixed_code: bool = False) -> dict:
+        primary: Sequence[str] | None = None, equivalence_margin=None, allow_mixed_code: bool = False,
+        until: int | None = None) -> dict:
     from outlierlab.reports.study_report import write_curves, write_markdown
 
     for spec in contrasts:
         parse_contrast(spec)  # a malformed contrast fails before any reading
     cells = find_cells(list(paths))
+    if until is not None:
+        for c in cells:
+            admit_cut(c, until)
     design = declared_design(cells, primary, equivalence_margin)
     contrasts = list(contrasts) or design["contrasts"]  # the design's own contrasts when none are given
-    summary, per_seed, groups = aggregate(cells, allow_mixed_code)
+    summary, per_seed, groups = aggregate(cells, allow_mixed_code, until)
     tables = {spec: contrast_table(per_seed, groups, spec) for spec in contrasts}
     if tables:
         joined = assign_families(pd.concat(tables.values(), ignore_index=True), per_seed, design)
@@ -244,7 +254,7 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
         metrics = sorted(summary["metric"].unique())[:12]
     steps = list(steps) if steps else default_steps(summary)
     layers = list(layers) if layers else default_layers(summary)
-    unfinished = [c for c in cells if not c.finished and not c.problems]
+    unfinished = [c for c in cells if not c.usable and not c.problems]
     unusable = [c for c in cells if c.problems]
     notes = [n for c in cells if c.usable for n in c.notes]
     no_order = order_use_flags(per_seed)
@@ -271,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--equivalence-margin", default=None, help="TOST margin: one number, or metric=margin,... "
                         "in the metric's units (default: the experiment config's study_design)")
     parser.add_argument("--allow-mixed-code", action="store_true", help="average cells of different code versions")
+    parser.add_argument("--until", type=int, default=None, help="compare every cell up to this step, admitting the "
+                        "training cells stopped before their budget (a wall-clock cut) whose numbers reach it")
     a = parser.parse_args(argv)
 
     def split(s: str) -> list[str]:
@@ -280,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         res = run(a.paths, a.out, a.contrast, split(a.metrics) if a.metrics else None,
                   [int(x) for x in split(a.steps)] if a.steps else None, split(a.layers) if a.layers else None,
                   plots=not a.no_plots, primary=split(a.primary) if a.primary else None,
-                  equivalence_margin=a.equivalence_margin, allow_mixed_code=a.allow_mixed_code)
+                  equivalence_margin=a.equivalence_margin, allow_mixed_code=a.allow_mixed_code, until=a.until)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

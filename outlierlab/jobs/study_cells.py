@@ -38,7 +38,8 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from outlierlab.jobs.cell_checks import UNKNOWN_CODE, check_cell, finished
+from outlierlab.jobs.cell_checks import UNKNOWN_CODE, check_cell, code_version, finished
+from outlierlab.jobs.run_state import code_versions
 from outlierlab.jobs.series import apply_series
 
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named.
@@ -72,10 +73,11 @@ class Cell:
     code: str = UNKNOWN_CODE                              # '<commit>[-dirty]', 'unknown' without a manifest
     notes: list[str] = field(default_factory=list)       # e.g. 'no manifest: code version unknown'
     series_step: int | None = None                        # a published checkpoint's step (outlierlab.jobs.series)
+    cut_at: int | None = None                             # stopped before its budget, admitted up to this step
 
     @property
     def usable(self) -> bool:
-        return self.finished and not self.problems
+        return (self.finished or self.cut_at is not None) and not self.problems
 
     @property
     def max_steps(self) -> Any:
@@ -272,6 +274,26 @@ def cell_numbers(cell: Cell) -> pd.DataFrame:
     if cell.series_step is not None:  # evaluate.py/probe.py numbers (step -1) of a published checkpoint
         df.loc[df["step"] == -1, "step"] = cell.series_step
     return _add_max_layer(df)
+
+
+def admit_cut(cell: Cell, until: int) -> None:
+    """Admit a training cell stopped before its budget (a wall-clock cut, a killed job) up to step ``until``:
+    it counts when its files are intact and its numbers reach ``until``; :func:`outlierlab.jobs.study.aggregate`
+    then drops every cell's rows after ``until``, so all groups are compared on the same steps.  Its code version
+    comes from ``code_versions.jsonl`` (written at every start), as the manifest is written only at the end."""
+    if cell.finished or cell.problems or not isinstance(cell.max_steps, int):  # not a training cell
+        return
+    problems, _, _ = check_cell(cell.path, data_files(cell.path))
+    if problems:
+        cell.problems = problems
+        return
+    numbers = cell_numbers(cell)
+    if numbers.empty or int(numbers["step"].max()) < until:
+        return
+    cell.cut_at = until
+    cell.code = code_version({"code_versions": code_versions(cell.path)})
+    cell.notes.append(f"{cell.path.name}: stopped at step {int(numbers['step'].max())} of {cell.max_steps}, "
+                      f"compared up to step {until}")
 
 
 def finished_info(cell: Cell) -> dict[str, Any]:
