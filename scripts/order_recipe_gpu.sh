@@ -2,15 +2,16 @@
 # The order-use recipe sweep on one GPU (docs/order_use.md): every cell of the sweep at once, one process each, for
 # a fixed wall-clock budget. Real text (experiment=emergence_cpu, 20k steps, validation with order use every 1k):
 # learned-position candidates beside their no-position references and rope; plus the synthetic order task per
-# position scheme. Small files of every run end in $OUT/order_recipe_gpu.tgz (or ./order_recipe_gpu.tgz).
+# position scheme. Small files of every run end in $OUT/order_recipe_gpu_<mode>.tgz.part_* (or ./...).
 #   bash scripts/order_recipe_gpu.sh sweep [SECONDS_PER_CELL]     # the candidates
 #   bash scripts/order_recipe_gpu.sh study [SECONDS_PER_CELL]     # experiment=order_recipe, learned/none x 5 seeds
 #   bash scripts/order_recipe_gpu.sh haviv [SECONDS_PER_CELL]     # {mlm, clm} x {learned, none} x 5 seeds of
 #     experiment=order_recipe: Haviv et al.'s masked-vs-causal interaction with a masked model that uses its
-#     positions (20 cells, about 3-4 minutes on one H100); then
-#     python scripts/export_cells.py gpu_runs/haviv docs/order_use/cells_objectives and
-#     python -m outlierlab.jobs.study docs/order_use/cells_objectives --contrast pos=learned,none \
-#       --contrast objective=mlm,clm --out docs/order_use/study_objectives
+#     positions (measured: 12 cells, SEEDS="1 2 3", 250 s on one H100 took the mlm cells to 6,000 steps and the
+#     clm cells -- slower -- to ~5,500; 20 cells need about 8 minutes); then
+#     python scripts/export_cells.py gpu_runs/haviv docs/order_use/cells_objectives --stopped and
+#     python -m outlierlab.jobs.objectives_report docs/order_use/cells_objectives --until 5000 \
+#       --out docs/order_use/study_objectives   (docs/order_use.md, "Haviv's interaction")
 #   bash scripts/order_recipe_gpu.sh schemes [SECONDS_PER_CELL]   # sinusoidal, relative, rope, alibi x 3 seeds of
 #     experiment=order_recipe (12 cells), beside the study's learned and none
 #   bash scripts/order_recipe_gpu.sh haviv,schemes 450           # several modes at once, one process per cell
@@ -72,6 +73,8 @@ cell task_learned_preln   $TASK pos=learned model.norm_placement=pre
 fi
 wait
 nvidia-smi --query-gpu=name,memory.used --format=csv > "$ROOT/gpu.txt" 2>&1
-tar czf "$OUTDIR/order_recipe_gpu_${MODE//,/_}.tgz" --exclude='*.ckpt' --exclude='*.safetensors' --exclude='*.bin' \
-  --exclude='events.out.*' "$ROOT"
-ls -la "$OUTDIR"
+# in parts of 15 MiB: the device tool returns no file over 16 MiB, and a later call's copy of the working tree
+# removes gpu_runs/, so what does not come back with this call is lost
+tar czf - --exclude='*.ckpt' --exclude='*.safetensors' --exclude='*.bin' \
+  --exclude='events.out.*' "$ROOT" | split -b 15M - "$OUTDIR/order_recipe_gpu_${MODE//,/_}.tgz.part_"
+ls -la "$OUTDIR"   # here: cat order_recipe_gpu_<mode>.tgz.part_* | tar xz
