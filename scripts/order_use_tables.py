@@ -44,7 +44,7 @@ def main() -> int:
         first = int(reached["step"].iloc[0]) if len(reached) else "not reached"
         print(f"| {name} | `{last['overrides']}` | {int(last['step'])}{'' if last['finished'] else ' (cut)'} | {first} "
               f"| {last['val/loss']:.3f} | {last['val/order_use']:.3f} | {last['val/acc']:.3f} |")
-    study_table(ROOT / "study" / "contrasts.csv")
+    study_table(ROOT / "study" / "contrasts.csv.gz")  # the aggregator's contrasts.csv, committed gzipped
     cpu_table(ROOT / "cpu")
     return 0
 
@@ -66,7 +66,7 @@ def cpu_table(folder: Path) -> None:
         print(f"| {step} | {step * 128 * 64 / 1e6:.1f}M | " + " | ".join(cols) + " |")
 
 
-#: The study's rows in docs/order_use.md: (metric, layer) at the last step; the rest is in study/contrasts.csv.
+#: The study's rows in docs/order_use.md: (metric, layer) at the last step; the rest is in study/contrasts.csv.gz.
 STUDY_ROWS = [("val/loss", "model"), ("val/ppl", "model"), ("val/order_use", "model"), ("val/acc", "model"),
               ("val/attn_local/layer_0", "model"), ("hidden/kurtosis", "max_layer"), ("hidden/argmax_share", "max_layer"),
               ("hidden/abs_argmax_share", "max_layer"), ("hidden/max_median", "max_layer"),

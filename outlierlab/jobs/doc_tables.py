@@ -8,7 +8,8 @@ A doc marks each generated block::
 
 and ``python -m outlierlab.jobs.doc_tables docs/emergence.md README.md`` rewrites every block from
 :data:`TABLES` (``--check``: exit 1 naming each block that differs from what the committed CSVs give, as the tests
-do). Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.jobs.study`` and, for
+do). Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.jobs.study`` (committed
+gzipped: ``study.csv.gz``) and, for
 per-seed rows, the cells' own CSVs (:func:`outlierlab.jobs.study_cells.cell_numbers`).
 """
 
@@ -55,8 +56,14 @@ def signed(x: float) -> str:
 
 
 @lru_cache(maxsize=None)
+def _source(path: str) -> str:
+    """``path``, or ``path.gz`` where the docs keep the aggregator's CSV compressed (the committed study CSVs are
+    gzipped: a checkout must stay under the device tool's 64 MiB working-tree limit)."""
+    return path if (ROOT / path).is_file() or not (ROOT / f"{path}.gz").is_file() else f"{path}.gz"
+
+
 def _read(path: str) -> pd.DataFrame:
-    return pd.read_csv(ROOT / path)
+    return pd.read_csv(ROOT / _source(path))
 
 
 def summary_cell(study: str, group: str, metric: str, layer: str, step: int | None = None) -> str:
@@ -94,7 +101,7 @@ def families_line(study: str, after_step: int = 1) -> str:
     c = _read(f"{study}/study/contrasts.csv")
     sec = c[c["family"] == "secondary"]
     late = sec[sec["step"] >= after_step]
-    return (f"Families ({study}/study/contrasts.csv): primary {int((c['family'] == 'primary').sum())} contrasts, "
+    return (f"Families ({_source(f'{study}/study/contrasts.csv')}): primary {int((c['family'] == 'primary').sum())} contrasts, "
             f"{int((c[c['family'] == 'primary']['p_holm'] < 0.05).sum())} with Holm p < 0.05; secondary "
             f"{len(sec)}, {int((sec['q_bh'] < 0.05).sum())} with BH q < 0.05 ({len(late)} from step {after_step:,} on, "
             f"{int((late['q_bh'] < 0.05).sum())} with q < 0.05; raw p < 0.05: {int((late['p_value'] < 0.05).sum())}); "
