@@ -251,6 +251,9 @@ def test_until_admits_cells_cut_by_the_clock_and_compares_every_cell_on_the_same
     assert res["groups"] == {"pos=learned": 2, "pos=none": 2}
     assert [Path(p).name for p in res["unfinished"]] == ["pos=none,seed=3"]
     assert "pos=none,seed=2: stopped at step 100 of 100, compared up to step 50" in res["notes"]
+    md = (res["out"] / "study.md").read_text()
+    assert "**Stopped before their budget, compared up to a step every cell reached (1):**" in md
+    assert "**Notes:** 3 cells have no manifest" in md  # the finished ones; the stopped cell is listed apart
     df = pd.read_csv(res["out"] / "study.csv")
     assert df["step"].max() == 50  # the finished cells' step 100 is dropped too
     r = row(pd.read_csv(res["out"] / "contrasts.csv"), step=50, layer="layer_2", metric="hidden/kurtosis")

@@ -82,9 +82,14 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
     if unusable:
         lines += ["", f"**Unusable, left out ({len(unusable)}):**", ""]
         lines += [f"* {p}" for c in unusable for p in c.problems]
-    if notes:
-        lines += ["", f"**Notes:** {len(notes)} cells have no manifest: code version unknown ("
-                  + ", ".join(n.split(':')[0] for n in notes) + ")."]
+    unknown = [n for n in notes if "no manifest" in n]
+    stopped = [n for n in notes if n not in unknown]  # cells admitted by --until (study_cells.admit_cut)
+    if unknown:
+        lines += ["", f"**Notes:** {len(unknown)} cells have no manifest: code version unknown ("
+                  + ", ".join(n.split(':')[0] for n in unknown) + ")."]
+    if stopped:
+        lines += ["", f"**Stopped before their budget, compared up to a step every cell reached ({len(stopped)}):**",
+                  ""] + [f"* {n}" for n in stopped]
     if no_order_use:
         lines += ["", f"**Does not use token order yet ({len(no_order_use)}):** order use (permuted-block loss minus "
                   f"intact loss) below {ORDER_USE_THRESHOLD} nats at the cell's last step -- a position-scheme contrast "
