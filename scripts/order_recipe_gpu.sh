@@ -15,6 +15,15 @@
 #   bash scripts/order_recipe_gpu.sh schemes [SECONDS_PER_CELL]   # sinusoidal, relative, rope, alibi x 3 seeds of
 #     experiment=order_recipe (12 cells), beside the study's learned and none
 #   bash scripts/order_recipe_gpu.sh haviv,schemes 450           # several modes at once, one process per cell
+# On a lent device (the device tool sends the checkout, which must stay under 64 MiB with what it carries):
+#   here, once: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux2014_x86_64 -d .whl hydra-core==1.3.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 \
+#       datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18      # (the device image lacks these)
+#     python train.py experiment=order_recipe trainer.max_steps=2 paths.cache_dir=$PWD/.gpu_cache   # token cache
+#   then one call, carry [".whl", ".gpu_cache"], timeout ~ SECONDS_PER_CELL + 60:
+#     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+#       .whl/*.whl && export PYTHONPATH=/tmp/site && bash scripts/order_recipe_gpu.sh schemes 400
+#   (.whl, .gpu_cache and gpu_runs are in .git/info/exclude.) Everything must come back with that call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-sweep}
