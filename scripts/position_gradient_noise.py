@@ -2,6 +2,7 @@
 
     python scripts/position_gradient_noise.py RUN_DIR... --init --batches 256 --batch-size 32 --parts 0,1 \
         --out docs/order_use/gradient_noise.csv
+    python scripts/position_gradient_noise.py --table docs/order_use/gradient_noise.csv    # the table in the docs
 
 For each checkpoint ``checkpoints/step*.ckpt`` of each run (and with ``--init`` its initialisation): K gradients of training batches of B blocks (the run's
 own data and masking; the same K batches at every checkpoint), and per parameter group the simple noise
@@ -107,24 +108,38 @@ def noise_rows(run: Path, k: int, batch_size: int | None, part: int, with_init: 
     return rows
 
 
+def pivot(table: pd.DataFrame) -> str:
+    """One row per run x step, one column per group: B_simple of each part ("689 / 697"), then order use."""
+    groups = list(dict.fromkeys(table["group"]))
+    body = []
+    for (run, step), sub in table.groupby(["run", "step"], sort=False):
+        cells = [" / ".join(f"{v:.3g}" for v in sub[sub["group"] == g].sort_values("part")["b_simple"]) for g in groups]
+        body.append([run, step, *cells, f"{sub['val/order_use'].iloc[0]:.3f}"])
+    return md_table(["run", "step", *(f"B_simple, {g}" for g in groups), "order use"], body, cell=str)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("runs", nargs="*", type=Path)
+    ap.add_argument("--out", type=Path, help="the CSV to write")
+    ap.add_argument("--table", type=Path, help="print the table of an existing CSV (no runs needed)")
     ap.add_argument("--batches", type=int, default=64, help="K batch gradients per checkpoint")
     ap.add_argument("--batch-size", type=int, default=None, help="B (default: the run's data.batch_size)")
     ap.add_argument("--parts", default="0", help="comma-separated disjoint sets of K training batches (part p: "
                     "batches p*K .. (p+1)*K-1): the spread between parts is the estimate's own noise")
     ap.add_argument("--init", action="store_true", help="also the initialisation (step 0), seeded like the run")
     a = ap.parse_args()
+    if a.table:
+        print(pivot(pd.read_csv(a.table)))
+        return 0
+    if not a.runs or not a.out:
+        ap.error("give run directories and --out (or --table CSV)")
     parts = [int(x) for x in a.parts.split(",") if x]
     table = pd.DataFrame([r for run in a.runs for part in parts
                           for r in noise_rows(run, a.batches, a.batch_size, part, a.init)])
     a.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(a.out, index=False, float_format="%.4g")
-    cols = ["run", "part", "step", "group", "b_simple", "snr_b32", "snr_b128", "val/order_use"]
-    print(md_table(cols, [[f"{v:.3g}" if isinstance(v, float) else v for v in r]
-                          for r in table[cols].itertuples(index=False)]))
+    print(pivot(table))
     return 0
 
 
