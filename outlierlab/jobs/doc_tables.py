@@ -55,13 +55,13 @@ def signed(x: float) -> str:
     return ("+" if math.isfinite(x) and x > 0 else "") + fmt(x)
 
 
-@lru_cache(maxsize=None)
 def _source(path: str) -> str:
     """``path``, or ``path.gz`` where the docs keep the aggregator's CSV compressed (the committed study CSVs are
     gzipped: a checkout must stay under the device tool's 64 MiB working-tree limit)."""
     return path if (ROOT / path).is_file() or not (ROOT / f"{path}.gz").is_file() else f"{path}.gz"
 
 
+@lru_cache(maxsize=None)
 def _read(path: str) -> pd.DataFrame:
     return pd.read_csv(ROOT / _source(path))
 

@@ -71,9 +71,12 @@ def collect(cells: list[Cell], until: int | None = None) -> dict[str, pd.DataFra
             last = val[val.step == val.step.max()].value.iloc[-1]
             loss.append({**tag, "step": int(val.step.max()), "val_loss": float(last), "val_ppl": math.exp(last)})
         p = _read(cell, "probe_posthoc/position_probe.csv")
+        s = _read(cell, "probe_posthoc/similarity_by_distance.csv")
+        if until is not None:  # the probes' checkpoints too, like every other number
+            p = p[p.step <= until] if not p.empty else p
+            s = s[s.step <= until] if not s.empty else s
         if not p.empty:
             probe.append(p[p["transform"] == "none"].assign(**tag))
-        s = _read(cell, "probe_posthoc/similarity_by_distance.csv")
         if not s.empty:
             sim.append(s.assign(**tag))
         h = nums[nums.metric.isin([f"posthoc/{m}" for m in POSTHOC])]
