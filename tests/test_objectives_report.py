@@ -124,5 +124,6 @@ def test_until_compares_cells_cut_by_the_clock_at_the_last_step_every_cell_reach
     d = [(LOSS["clm", "none"][i] - LOSS["clm", "learned"][i]) - (LOSS["mlm", "none"][i] - LOSS["mlm", "learned"][i])
          for i in range(3)]  # every loss read one nat higher at step 2,999: the differences are unchanged
     assert inter["diff"] == pytest.approx(sum(d) / 3) and inter["n_pairs"] == 3
+    assert not table.quantity.str.contains("step 4000").any()  # the probes' step-4,000 rows are after --until too
     clm = table[table.quantity == "val loss, clm"].iloc[0]
     assert clm["mean_b"] == pytest.approx(sum(LOSS["clm", "learned"]) / 3 + 1)
