@@ -6,7 +6,9 @@ the first step at which order use reached 0.5 nats, and the loss / order use / a
 cells of ``experiment=order_recipe_cpu`` (``docs/order_use/cpu/``) go to ``docs/order_use/cpu.csv`` and one table
 of every validation, learned beside none. The study's
 tables come from ``python -m outlierlab.jobs.study docs/order_use/cells --contrast pos=learned,none
---out docs/order_use/study``.
+--out docs/order_use/study`` (3 seeds at 6,000 steps) and, with the two learned cells cut by the clock,
+``... docs/order_use/sweep/study_cut_learned_seed2 docs/order_use/sweep/study_cut_learned_seed4 --until 5000
+--allow-mixed-code --out docs/order_use/study_5seeds`` (5 seeds at 5,000 steps; docs/order_use.md).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def main() -> int:
         print(f"| {name} | `{last['overrides']}` | {int(last['step'])}{'' if last['finished'] else ' (cut)'} | {first} "
               f"| {last['val/loss']:.3f} | {last['val/order_use']:.3f} | {last['val/acc']:.3f} |")
     study_table(ROOT / "study" / "contrasts.csv.gz")  # the aggregator's contrasts.csv, committed gzipped
+    study_table(ROOT / "study_5seeds" / "contrasts.csv.gz")  # the same cells and the two cut ones, up to step 5,000
     cpu_table(ROOT / "cpu")
     return 0
 
