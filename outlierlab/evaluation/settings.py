@@ -26,28 +26,9 @@ valid ones) and wrong types in one line naming the section; each class checks it
 ``__post_init__`` (so ``OutliersSettings(threshold=2)`` fails as the YAML would).  ``evaluate.py`` builds every
 selected section before any model is loaded, so a bad setting fails in seconds.
 
-Why these are not registered in Hydra's ConfigStore as structured-config schemas (issue 48 asked where it
-works cleanly; it does not here, so :func:`load_settings` stays the one validator):
-
-* OmegaConf 2.3 cannot represent every field: ``EncoderSettings.device_map: str | dict | None`` is refused
-  ("Unions of containers are not supported"), so one section could never have a schema.
-* A schema validates at composition, before :func:`load_settings`, with OmegaConf's multi-line messages,
-  and without this loader's coercions: ``data.files=a.txt`` (one file without brackets) is a ValidationError
-  against ``tuple[str, ...]``; ``wic.max_pairs=many`` would no longer give the one-line
-  "expected int or null" ``evaluate.py`` promises.  Two validators that disagree is worse than one.
-* ``frozen=True`` makes OmegaConf mark a structured node read-only: merging the YAML preset onto it (what a
-  schema in a defaults list does) raises ReadonlyConfigError, and so would every command-line override;
-  unfreezing the classes would give up the immutability the analyses rely on.
-* ``transform`` is merged from several groups (``use.<name>`` from each), and its optional keys exist only
-  when their group is selected: one schema would add them all, breaking the "absent = None" rule above.
-
-Measured again in issue 48's last round, with OmegaConf 2.3's own validator in place of the loader
-(``OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), section))``): it builds 14 of the 15 classes
-(not ``EncoderSettings``, above) but returns *lists* for the ``tuple`` fields (a frozen class then holds mutable
-lists), merges a dict field key by key (``transform.use={none: true}`` onto the schema's default keeps ``clip``
-and ``whiten`` selected), fills a key missing from the YAML with the class default without a word (the preset
-mixing refused above), and words a wrong type over three lines ("Value 'many' of type 'str' could not be
-converted to Integer / full_key: max_pairs / object_type=WicSettings").  Each would change what a user sees.
+They are not registered in Hydra's ConfigStore as structured-config schemas: OmegaConf 2.3 cannot represent
+every field, would validate before this loader with other messages and without its coercions, and cannot merge
+presets onto frozen nodes -- measured, with the details, in docs/design.md ("Decisions already taken").
 
 Kept free of heavy imports (no torch): ``evaluate.py`` validates with it before torch loads.
 """
