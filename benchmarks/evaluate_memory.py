@@ -50,6 +50,7 @@ import resource
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
 from outlierlab.evaluation.streaming import pass_settings, run_sentence_pass  # noqa: E402
-from outlierlab.analysis.transform_fit import WhitenSettings  # noqa: E402
 from outlierlab.models.loading import FrozenEncoder  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, also when loaded by path (tests)
@@ -157,9 +157,11 @@ def _timed_pass(enc, texts: list[str], batch_size: int, one_pass: bool, cfg=None
     enc.forward_layers = measured
     t0, c0 = time.perf_counter(), time.process_time()
     settings = pass_settings(evaluate_defaults() if cfg is None else cfg)
+    settings["data"] = replace(settings["data"], one_pass=one_pass)
+    # memory, not a fit: few tokens for d may make the whitening degenerate
+    settings["transform"] = replace(settings["transform"], allow_degenerate=True)
     st = run_sentence_pass(enc, texts, ["none", "clip", "whiten"], outlier_transforms=["none", "clip", "whiten"],
-                           batch_size=batch_size, one_pass=one_pass, **settings,
-                           whiten=WhitenSettings(allow_degenerate=True))  # memory, not a fit: few tokens for d
+                           batch_size=batch_size, **settings)
     sync()
     return st, layer_bytes, time.perf_counter() - t0, time.process_time() - c0
 

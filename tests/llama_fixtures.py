@@ -10,8 +10,12 @@ import torch
 
 from probe_fixtures import minilm_path
 
-PASS = dict(outlier_method="share", outlier_threshold=0.25, outlier_k=3.0, n_anisotropy_sentences=40,
-            min_sentences=3, max_words=20, lowercase=True, seed=0, chunk=16, batch_size=8)
+from outlierlab.evaluation.settings import AnisotropySettings, DataSettings, OutliersSettings, SelfSimilaritySettings
+
+#: run_sentence_pass's settings for the small test passes (the oracle takes the same keywords).
+PASS = dict(outliers=OutliersSettings(method="share", threshold=0.25, k=3.0), anisotropy=AnisotropySettings(n_sentences=40),
+            self_similarity=SelfSimilaritySettings(min_sentences=3, max_words=20, lowercase=True),
+            data=DataSettings(chunk=16), seed=0, batch_size=8)
 
 
 def texts(n: int = 40) -> list[str]:

@@ -18,24 +18,25 @@ from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarit
 from outlierlab.analysis.transforms import FITTED, clip_dims_per_layer
 from outlierlab.evaluation.encoding import token_offsets
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
+from outlierlab.evaluation.settings import TransformSettings
 from outlierlab.evaluation.words import select_words, word_vectors
 
 
-def oracle_pass(encoder, texts, transforms, *, clip_dims=None, whiten: WhitenSettings | None = None,
-                outlier_method, outlier_threshold, outlier_k, n_anisotropy_sentences, min_sentences, max_words,
-                lowercase, seed, chunk, batch_size) -> dict:
-    """Outlier counts, word statistics and the raw anisotropy reservoir of every transform in ``transforms``."""
+def oracle_pass(encoder, texts, transforms, *, outliers, anisotropy, self_similarity, data,
+                transform: TransformSettings = TransformSettings(), seed, batch_size) -> dict:
+    """Outlier counts, word statistics and the raw anisotropy reservoir of every transform in ``transforms``
+    (the settings as :func:`outlierlab.evaluation.streaming.run_sentence_pass` takes them)."""
     texts = [t for t in texts if t.strip()]
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
-    whiten = whiten or WhitenSettings()
+    whiten, lowercase, chunk = WhitenSettings.from_settings(transform), self_similarity.lowercase, data.chunk
     ft = FittedTransforms()
-    if clip_dims is not None:
-        ft.clip_dims, _ = clip_dims_per_layer(n_layers, dim, clip_dims, None)
-    words = select_words(texts, min_sentences, max_words, seed, lowercase)
+    if transform.dims is not None:
+        ft.clip_dims, _ = clip_dims_per_layer(n_layers, dim, transform.dims, None)
+    words = select_words(texts, self_similarity.min_sentences, self_similarity.max_words, seed, lowercase)
     index = {w: i for i, w in enumerate(words)}
     out = {"outliers": {}, "self_sim": {}, "intra_sum": {}, "intra_n": {}, "transforms": ft, "words": words}
     params = next(encoder.model.parameters())
-    reservoir = AnisotropyAccumulator(n_layers, dim, max(2, min(n_anisotropy_sentences, len(texts))), seed=seed,
+    reservoir = AnisotropyAccumulator(n_layers, dim, max(2, min(anisotropy.n_sentences, len(texts))), seed=seed,
                                       dtype=params.dtype if params.dtype != torch.float32 else torch.float32)
     sums = whiten.new(n_layers, dim)
 
@@ -68,7 +69,7 @@ def oracle_pass(encoder, texts, transforms, *, clip_dims=None, whiten: WhitenSet
     now = [t for t in transforms if ft.ready(t)]
     consume(now, first=True)
     if "clip" in transforms and ft.clip_dims is None:
-        ft.clip_dims = detect_outlier_dims(out["outliers"]["none"], outlier_method, outlier_threshold, outlier_k)
+        ft.clip_dims = detect_outlier_dims(out["outliers"]["none"], outliers.method, outliers.threshold, outliers.k)
     fitted = [t for t in transforms if t in FITTED]
     if fitted:
         ft.set_all(whiten.fit_all(sums, fitted, "oracle"))

@@ -11,6 +11,7 @@ import torch
 from llama_fixtures import PASS, save_tiny_llama
 from llama_fixtures import texts as _texts
 from outlierlab.evaluation import disk_room
+from outlierlab.evaluation.settings import DataSettings
 from outlierlab.evaluation.streaming import run_sentence_pass
 from outlierlab.models.loading import FrozenEncoder
 
@@ -56,7 +57,7 @@ def test_a_full_tmpdir_stops_the_one_pass_evaluation_before_the_first_forward(en
     assert "\n" not in msg and f"({n_tok} tokens × {per_token} B" in msg and "data.one_pass=false" in msg
     assert "TMPDIR" in msg and calls == []  # nothing encoded
     # the two-pass reference stores nothing on disk: it runs
-    st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], **PASS, one_pass=False)
+    st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], **{**PASS, "data": DataSettings(one_pass=False)})
     assert st.outliers["none"].count > 0 and torch.isfinite(st.anisotropy("whiten")).all()
 
 

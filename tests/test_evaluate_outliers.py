@@ -3,6 +3,8 @@ encoder and equal the one-shot functions; position tables are read row by row.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -18,7 +20,8 @@ def test_streaming_metrics_on_a_real_bert_equal_one_shot_values():
 
     enc = FrozenEncoder("all-minilm-l6-v2", device="cpu")
     texts = list(SENTENCES)[:24]
-    settings = {**pass_settings(compose("evaluate")), "chunk": 7}  # the YAML's values, an odd chunk on purpose
+    settings = pass_settings(compose("evaluate"))  # the YAML's values, an odd chunk on purpose
+    settings["data"] = replace(settings["data"], chunk=7)
     st = run_sentence_pass(enc, texts, ["none"], need_anisotropy=False, need_self_sim=False, batch_size=5,
                            need_activations=True, **settings)
     obs = st.activations

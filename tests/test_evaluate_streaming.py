@@ -9,6 +9,7 @@ the same vectors.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,8 +22,10 @@ from tests.conftest import compose
 
 
 def yaml_settings(**overrides):
-    """run_sentence_pass's YAML-backed keywords as configs/evaluate.yaml states them, with ``overrides``."""
-    return {**pass_settings(compose("evaluate")), **overrides}
+    """run_sentence_pass's settings as configs/evaluate.yaml states them, with ``overrides``: per section, the
+    fields to replace (``data={"chunk": 7}``)."""
+    settings = pass_settings(compose("evaluate"))
+    return {**settings, **{k: replace(settings[k], **v) for k, v in overrides.items()}}
 
 OUTLIER_DIM, D, N_LAYERS = 3, 32, 2  # hidden states: embeddings + 2 layers
 WORDS = ("the dog cat saw ran house river bank sea ship captain anne walked quickly slowly green old new "
@@ -112,7 +115,8 @@ def _intra_reference(words, transform):
 def test_streaming_statistics_equal_in_memory(encoder):
     texts = _sentences(60)
     st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], outlier_transforms=["none"], batch_size=3,
-                           **yaml_settings(min_sentences=10, max_words=None, chunk=7))  # odd sizes on purpose
+                           **yaml_settings(self_similarity={"min_sentences": 10, "max_words": None},
+                                           data={"chunk": 7}))  # odd sizes on purpose
     x, words = _reference(encoder, texts)  # [L, N, d] every valid token of every sentence
     n = x.shape[1]
 
@@ -163,7 +167,7 @@ def test_whitened_anisotropy_is_near_zero_on_the_fitted_set(encoder):
     # sd ~ 1/sqrt(32) = 0.18, so the mean of 200 has sd ~ 0.0125: |anisotropy| < 0.05 is a 4-sigma bound.
     texts = _sentences(400, seed=1)
     st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], need_self_sim=False, batch_size=64,
-                           **yaml_settings(n_anisotropy_sentences=400))
+                           **yaml_settings(anisotropy={"n_sentences": 400}))
     raw, clipped, white = st.anisotropy("none"), st.anisotropy("clip"), st.anisotropy("whiten")
     assert st.anisotropy_acc.n_kept == 400
     assert (raw[1:] > 0.5).all()  # the planted dim dominates every vector of layers 1-2

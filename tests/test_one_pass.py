@@ -3,6 +3,7 @@ pass — each against the two-pass / stacked reference."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from llama_fixtures import PASS, save_tiny_llama
 from llama_fixtures import texts as _texts
 from probe_fixtures import minilm_path
+from outlierlab.evaluation.settings import AnisotropySettings, TransformSettings
 from outlierlab.evaluation.streaming import run_sentence_pass
 from outlierlab.models.loading import FrozenEncoder
 from outlierlab.utils.disk_layers import DiskLayers
@@ -267,7 +269,7 @@ def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time
     assert len(alive) == 3 * st.num_layers and most[0] == 3  # none's, clip's, whiten's of one layer at a time
     assert list(st.self_sim) == ["none", "clip", "whiten"]  # the CSVs' order
     ref = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"], outlier_transforms=["none"],
-                            one_pass=False, **PASS)
+                            **{**PASS, "data": replace(PASS["data"], one_pass=False)})
     for name in ("none", "clip", "whiten"):
         assert torch.allclose(st.anisotropy(name), ref.anisotropy(name), rtol=1e-5, atol=1e-6)
         k1, v1 = st.self_sim[name].compute(3)
@@ -281,7 +283,7 @@ def test_word_statistics_taken_in_the_replay_equal_the_pass_s_bit_for_bit(tmp_pa
     dims), also when no transform is fitted after the pass (IsoScore's Σ alone makes the replay): the same float64
     sums, added in the same order, as filling them during the forward (the pass without a store does)."""
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu")
-    names, extra = (["none"], {}) if case == "none" else (["none", "clip"], {"clip_dims": [3, 7]})
+    names, extra = (["none"], {}) if case == "none" else (["none", "clip"], {"transform": TransformSettings(dims=(3, 7))})
     replayed = run_sentence_pass(enc, _texts(40), names, need_covariance=True, **extra, **PASS)
     in_pass = run_sentence_pass(enc, _texts(40), names, **extra, **PASS)  # no store, no replay: the forward fills
     assert replayed.passes and len(replayed.passes) == 1  # still one forward
@@ -303,7 +305,7 @@ def test_a_refused_fit_leaves_no_stored_tokens_behind(tmp_path, monkeypatch):
     with pytest.raises(DegenerateWhiteningError):  # 6 tokens cannot support a 32-dim whitening
         run_sentence_pass(enc, ["the cat", "the dog", "a bird"], ["none", "clip", "whiten"],
                           outlier_transforms=["none", "clip", "whiten"], need_self_sim=False,
-                          **{**PASS, "n_anisotropy_sentences": 3})
+                          **{**PASS, "anisotropy": AnisotropySettings(n_sentences=3)})
     assert not list((tmp_path / "tmp").glob("outlierlab-replay-*"))
 
 
@@ -313,8 +315,6 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     import json
 
     from probe_fixtures import SENTENCES
-
-    from outlierlab.analysis.transform_fit import WhitenSettings
 
     d = save_tiny_llama(tmp_path / "llama")
     (tmp_path / "s.txt").write_text("\n".join(f"{s} and then {t}" for s in SENTENCES for t in SENTENCES[:5]) + "\n")
@@ -339,7 +339,7 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     # what the release keeps and drops
     st = run_sentence_pass(FrozenEncoder(str(d), device="cpu"), (tmp_path / "s.txt").read_text().splitlines(),
                            ["none", "whiten"], outlier_transforms=["none", "whiten"], need_covariance=True,
-                           need_self_sim=False, whiten=WhitenSettings(allow_degenerate=True), **PASS)
+                           need_self_sim=False, transform=TransformSettings(allow_degenerate=True), **PASS)
     src = st.transforms.source
     assert src.W is not None and src.cov is not None and st.anisotropy_acc is not None
     info = st.transforms.columns("whiten")

@@ -5,6 +5,7 @@ every batch exactly once per loop, and the shared sentence pass built on it equa
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from llama_fixtures import texts as _texts
 from sentence_pass_oracle import oracle_pass
 from outlierlab.evaluation.stream import Consumer, LayerStream
 from outlierlab.evaluation.streaming import run_sentence_pass
-from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
+from outlierlab.analysis.transform_fit import FittedTransforms
+from outlierlab.evaluation.settings import TransformSettings
 from outlierlab.models.loading import FrozenEncoder
 
 ALL = ["none", "clip", "whiten", "standardize", "abtt", "center"]
@@ -64,8 +66,9 @@ def test_every_consumer_sees_every_layer_of_every_batch_exactly_once_per_loop(en
 
 @pytest.mark.parametrize("one_pass", [True, False])
 def test_the_sentence_pass_equals_the_two_pass_oracle_for_every_statistic_and_transform(encoder, one_pass):
-    kw = {**PASS, "whiten": WhitenSettings(allow_degenerate=True)}
-    st = run_sentence_pass(encoder, _texts(40), ALL, outlier_transforms=ALL, one_pass=one_pass, **kw)
+    kw = {**PASS, "transform": TransformSettings(allow_degenerate=True)}
+    st = run_sentence_pass(encoder, _texts(40), ALL, outlier_transforms=ALL,
+                           **{**kw, "data": replace(PASS["data"], one_pass=one_pass)})
     ref = oracle_pass(encoder, _texts(40), ALL, **kw)
     assert st.transforms.clip_dims == ref["transforms"].clip_dims and any(st.transforms.clip_dims)
     assert st.words == ref["words"] and len(st.words) >= 2

@@ -207,81 +207,79 @@ class WhitenerSums(Consumer):
 
 # -------------------------------------------------------------------------------------------- the pass
 def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] = TRANSFORMS, *,
+                      outliers: OutliersSettings = OutliersSettings(),
+                      anisotropy: AnisotropySettings = AnisotropySettings(),
+                      self_similarity: SelfSimilaritySettings = SelfSimilaritySettings(),
+                      data: DataSettings = DataSettings(), transform: TransformSettings = TransformSettings(),
+                      seed: int = 0, batch_size: int | None = None, progress: bool = False,
                       outlier_transforms: Sequence[str] = ("none",), need_anisotropy: bool = True,
-                      need_self_sim: bool = True, need_whitener: bool = False,
-                      clip_dims: Sequence[int] | None = None, whiten_k: int | None = None,
-                      clip_dims_by_layer: dict | None = None, whiten: WhitenSettings | None = None,
-                      outlier_method: str = OutliersSettings.method,
-                      outlier_threshold: float = OutliersSettings.threshold, outlier_k: float = OutliersSettings.k,
-                      n_anisotropy_sentences: int = AnisotropySettings.n_sentences,
-                      min_sentences: int = SelfSimilaritySettings.min_sentences,
-                      max_words: int | None = SelfSimilaritySettings.max_words,
-                      lowercase: bool = SelfSimilaritySettings.lowercase, seed: int = 0,
-                      chunk: int = DataSettings.chunk, batch_size: int | None = None,
-                      progress: bool = False, need_activations: bool = False,
-                      need_covariance: bool = False, one_pass: bool = True,
-                      consumers: Sequence[Consumer] = ()) -> SentenceStats:
+                      need_self_sim: bool = True, need_whitener: bool = False, need_activations: bool = False,
+                      need_covariance: bool = False, consumers: Sequence[Consumer] = ()) -> SentenceStats:
     """The shared pass over ``texts``: its statistics subscribe to one :class:`LayerStream`; see the module
-    docstring.  The defaults are the settings classes' (:mod:`outlierlab.evaluation.settings`, equal to
-    ``configs/evaluate.yaml``'s); ``**pass_settings(cfg)`` passes a composed config's.
+    docstring.  Its settings are the sections of ``configs/evaluate.yaml`` as their frozen classes
+    (:mod:`outlierlab.evaluation.settings`, whose Python defaults equal the YAML's); ``**pass_settings(cfg)``
+    passes a composed config's.
 
     transforms : to compare (subset of :data:`~outlierlab.analysis.transforms.TRANSFORMS`); outlier_transforms:
         those whose outlier counts are wanted ("none" always is: clip detects its dims from it)
+    outliers : the rule clip detects its dims with (Luo et al. App. D.1), unless ``transform.dims`` or
+        ``transform.dims_by_layer`` give them (:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`)
+    anisotropy, self_similarity : the reservoir's size; which words are target words
+    data : ``chunk`` (texts tokenized at a time) and ``one_pass`` (replay the stored tokens after the fit;
+        False: no disk, the replay is a second forward)
+    transform : clip's given dims, whiten's k, abtt's D and the degenerate-fit guard
+        (:meth:`outlierlab.analysis.transform_fit.WhitenSettings.from_settings`)
     need_whitener : fit the fitted transforms even if nothing here reads them (WiC/STS ``fit_on=sentences``)
     need_covariance : keep Σ of every layer (``transforms.source.cov``: IsoScore)
-    clip_dims, clip_dims_by_layer : ``transform.dims`` / ``dims_by_layer`` (Luo et al. App. D.1), or neither to
-        detect per layer (:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`, ``outlier_*``)
-    whiten : k and the degenerate-fit guard (:class:`outlierlab.analysis.transform_fit.WhitenSettings`)
-    one_pass : replay the stored tokens after the fit (default); False: no disk, the replay is a second forward
     need_activations : kurtosis, max/median, inf-norm by site (:class:`ActivationObserver`) along the forward
     consumers : more subscribers (an analysis' own, :mod:`outlierlab.evaluation.registry`), fed like the built-in
         statistics: in the forward when their transform is ready, else in the replay after the fit
     """
     texts, extra = _checked(texts, transforms, consumers)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
+    ss = self_similarity
     need_words = need_self_sim or any(c.words for c in extra)
     wanted_stats = (set(outlier_transforms) | {c.transform for c in extra}
                     | (set(transforms) if (need_anisotropy or need_self_sim) else set()))
     fitted = [t for t in transforms if t in FITTED and (need_whitener or t in wanted_stats)]
-    whiten = whiten if whiten is not None else WhitenSettings(k=whiten_k)
+    whiten = WhitenSettings.from_settings(transform)
     ft = FittedTransforms()
-    if clip_dims is not None or clip_dims_by_layer:
-        ft.clip_dims, source = clip_dims_per_layer(n_layers, dim, clip_dims, clip_dims_by_layer)
+    if transform.dims is not None or transform.dims_by_layer:
+        ft.clip_dims, source = clip_dims_per_layer(n_layers, dim, transform.dims, transform.dims_by_layer)
         ft.info["clip"] = clip_description(ft.clip_dims, source)
-    words = select_words(texts, min_sentences, max_words, seed, lowercase) if need_words else []
+    words = select_words(texts, ss.min_sentences, ss.max_words, seed, ss.lowercase) if need_words else []
     if need_words and not words:
-        raise ValueError(f"no word occurs in >= {min_sentences} of the {len(texts)} sentences: use more sentences "
+        raise ValueError(f"no word occurs in >= {ss.min_sentences} of the {len(texts)} sentences: use more sentences "
                          "(data.max_sentences) or lower self_similarity.min_sentences")
     st = SentenceStats(n_layers, dim, len(texts), ft, words=words, settings=dict(
-        n_anisotropy_sentences=n_anisotropy_sentences, min_sentences=min_sentences, max_words=max_words,
-        outlier_method=outlier_method, outlier_threshold=outlier_threshold, outlier_k=outlier_k, seed=seed,
-        lowercase=lowercase))
-    outliers = {t: OutlierCounts(t, n_layers) for t in ["none", *(t for t in transforms if t in outlier_transforms)]}
+        n_anisotropy_sentences=anisotropy.n_sentences, min_sentences=ss.min_sentences, max_words=ss.max_words,
+        outlier_method=outliers.method, outlier_threshold=outliers.threshold, outlier_k=outliers.k, seed=seed,
+        lowercase=ss.lowercase))
+    counts = {t: OutlierCounts(t, n_layers) for t in ["none", *(t for t in transforms if t in outlier_transforms)]}
     sims = {t: WordSimilarity(t, n_layers, len(words)) for t in transforms} if need_self_sim else {}
-    reservoir = (_reservoir(encoder, len(texts), n_anisotropy_sentences, seed) if need_anisotropy or need_self_sim
+    reservoir = (_reservoir(encoder, len(texts), anisotropy.n_sentences, seed) if need_anisotropy or need_self_sim
                  else None)
     st.activations = ActivationObserver(encoder) if need_activations else None
-    consumers = [*outliers.values(), *sims.values(), *(c for c in (reservoir, st.activations) if c is not None),
+    consumers = [*counts.values(), *sims.values(), *(c for c in (reservoir, st.activations) if c is not None),
                  *extra]
     must_fit = bool(fitted) or need_covariance
     after_fit = [c for c in consumers if not ft.ready(c.transform)]
-    keep = one_pass and (bool(after_fit) or must_fit)
+    keep = data.one_pass and (bool(after_fit) or must_fit)
     if keep:  # with a replay, every word statistic is taken there, one layer at a time: no [L, K, d] float64
         after_fit += [c for c in consumers if c.words and c not in after_fit]  # beside the forward (issue 39)
     sums = WhitenerSums(whiten.new(n_layers, dim)) if must_fit and not keep else None
-    stream = LayerStream(encoder, texts, batch_size=batch_size, chunk=chunk, lowercase=lowercase,
+    stream = LayerStream(encoder, texts, batch_size=batch_size, chunk=data.chunk, lowercase=ss.lowercase,
                          word_index={w: i for i, w in enumerate(words)} if need_words else None,
                          keep_tokens=keep, progress=progress)
     desc = "pass 1/1 (+ stored tokens)" if keep else "pass 1/2 (fit)" if after_fit else "pass 1/1"
     try:
         stream.forward([c for c in consumers if c not in after_fit] + ([sums] if sums else []), ft, desc)
-        st.outliers["none"] = outliers["none"].result(dim)
-        _fit(st, transforms, fitted, whiten, stream, sums, need_covariance, outlier_method, outlier_threshold,
-             outlier_k)
+        st.outliers["none"] = counts["none"].result(dim)
+        _fit(st, transforms, fitted, whiten, stream, sums, need_covariance, outliers)
         stream.replay(after_fit, ft)
     finally:  # a refused fit (degenerate whitening) must not leave the stored tokens behind in $TMPDIR
         stream.close()
-    st.collect(outliers, sims, reservoir, stream)
+    st.collect(counts, sims, reservoir, stream)
     return st
 
 
@@ -309,17 +307,17 @@ def _checked(texts: Sequence[str], transforms: Sequence[str], consumers: Sequenc
 
 
 def _fit(st: SentenceStats, transforms, fitted, whiten: WhitenSettings, stream: LayerStream, sums, need_covariance,
-         outlier_method, outlier_threshold, outlier_k) -> None:
+         rule: OutliersSettings) -> None:
     """The phase between the two loops: clip's dims detected from the raw outlier counts, the fitted maps from
     the stored tokens one layer at a time (or from the sums streamed along the forward)."""
     ft, n_texts = st.transforms, len(stream.texts)
     if "clip" in transforms and ft.clip_dims is None:
         acc = st.outliers["none"]
-        ft.clip_dims = (detect_outlier_dims(acc, outlier_method, outlier_threshold, outlier_k) if acc.count
+        ft.clip_dims = (detect_outlier_dims(acc, rule.method, rule.threshold, rule.k) if acc.count
                         else [[] for _ in range(st.num_layers)])
-        rule = f"share >= {outlier_threshold:g}" if outlier_method == "share" else f"|mean| outside {outlier_k:g}σ"
+        how = f"share >= {rule.threshold:g}" if rule.method == "share" else f"|mean| outside {rule.k:g}σ"
         ft.info["clip"] = clip_description(ft.clip_dims, f"detected per layer on the {n_texts} evaluation "
-                                           f"sentences (outlierlab.analysis.outlier_dims.detect_outlier_dims, {rule})")
+                                           f"sentences (outlierlab.analysis.outlier_dims.detect_outlier_dims, {how})")
     if not fitted and not need_covariance:
         return
     if sums is not None:
@@ -337,14 +335,11 @@ def evaluation_sentences(data: DataSettings) -> list[str]:
 
 
 def pass_settings(cfg) -> dict[str, Any]:
-    """The keywords of :func:`run_sentence_pass` that an ``evaluate.py`` config sets (sections ``outliers``,
-    ``anisotropy``, ``self_similarity``, ``data.chunk`` and the top-level ``seed``), read from the composed
-    config so that a direct caller and ``evaluate.py`` use the same, once-stated defaults."""
-    o, a = section_settings(OutliersSettings, cfg), section_settings(AnisotropySettings, cfg)
-    ss, data = section_settings(SelfSimilaritySettings, cfg), section_settings(DataSettings, cfg)
-    return dict(outlier_method=o.method, outlier_threshold=o.threshold, outlier_k=o.k,
-                n_anisotropy_sentences=a.n_sentences, min_sentences=ss.min_sentences, max_words=ss.max_words,
-                lowercase=ss.lowercase, seed=int(cfg.seed), chunk=data.chunk)
+    """The settings keywords of :func:`run_sentence_pass` from a composed ``evaluate.py`` config: its sections
+    ``outliers``, ``anisotropy``, ``self_similarity``, ``data`` and ``transform``, and the top-level ``seed``."""
+    return dict(outliers=section_settings(OutliersSettings, cfg), anisotropy=section_settings(AnisotropySettings, cfg),
+                self_similarity=section_settings(SelfSimilaritySettings, cfg), data=section_settings(DataSettings, cfg),
+                transform=section_settings(TransformSettings, cfg), seed=int(cfg.seed))
 
 
 def sentence_stats(ctx) -> SentenceStats:
@@ -355,19 +350,17 @@ def sentence_stats(ctx) -> SentenceStats:
     if ctx.shared.sentence_stats is not None:
         return ctx.shared.sentence_stats
     cfg = ctx.root_cfg
-    selected = set(cfg.analyses)
-    t, data = section_settings(TransformSettings, cfg), section_settings(DataSettings, cfg)
+    selected, settings = set(cfg.analyses), pass_settings(cfg)
+    data = settings["data"]
     st = run_sentence_pass(
-        ctx.encoder, evaluation_sentences(data), ctx.transforms, **pass_settings(cfg),
+        ctx.encoder, evaluation_sentences(data), ctx.transforms, **settings,
         outlier_transforms=list(ctx.transforms) if "outliers" in selected else ["none"],
         need_anisotropy=bool(selected & {"anisotropy", "self_similarity", "isotropy"}),
         need_self_sim="self_similarity" in selected,
-        need_whitener=t.fit_on == "sentences" and bool(selected & {"wic", "sts"}),
-        clip_dims=None if t.dims is None else list(t.dims), clip_dims_by_layer=t.dims_by_layer,
-        whiten=WhitenSettings.from_settings(t),
+        need_whitener=settings["transform"].fit_on == "sentences" and bool(selected & {"wic", "sts"}),
         batch_size=section_settings(EncoderSettings, cfg).batch_size,
         progress=bool(cfg.progress), need_activations="outliers" in selected,
-        need_covariance="isotropy" in selected, one_pass=data.one_pass, consumers=ctx.shared.consumers)
+        need_covariance="isotropy" in selected, consumers=ctx.shared.consumers)
     st.settings["source"] = "data.files" if data.files else "shipped Persuasion sentences (outlierlab/datamodules/data/eval)"
     ctx.shared.sentence_stats = st
     return st
