@@ -246,3 +246,24 @@ def test_norm_switches_train_with_the_monitors_on_and_analyse_post_hoc(tmp_path,
     # judged on its gain alone (issue 33), so every layer has a count
     assert metrics and all((r["n_layernorm_outliers"] != "") == gain for r in metrics)
     assert all(float(r["attn_row_mass"]) == pytest.approx(1.0) for r in metrics)  # softmax rows sum to one
+
+
+def test_resume_false_where_checkpoints_exist_is_refused_and_a_fresh_start_warns_nothing(tmp_path, shared_cache,
+                                                                                         recwarn):
+    """``resume=false`` in a run directory holding an earlier run's checkpoints is refused in one line, its files
+    untouched (found: Lightning restored last.ckpt whenever an on-exception checkpoint callback was configured, so
+    the "new" run trained zero steps; and with that fixed a second run wrote step*-v1.ckpt and last-v1.ckpt beside
+    the first's last.ckpt, which the next resume would have read). A fresh start prints none of Lightning's
+    ckpt_path warnings."""
+    from outlierlab.jobs.training import train
+
+    common = ["trainer.max_steps=4", "trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2",
+              "export=false"]
+    train(small_cfg(tmp_path, *common))
+    assert not [w for w in recwarn if "ckpt_path" in str(w.message)], [str(w.message) for w in recwarn]
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").iterdir()}
+    with pytest.raises(ValueError) as err:
+        train(small_cfg(tmp_path, *common, "seed=7", "resume=false", "skip_finished=false"))
+    msg = str(err.value)
+    assert "\n" not in msg and "resume=false" in msg and "another run_dir" in msg and str(tmp_path) in msg
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").iterdir()} == before

@@ -229,8 +229,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         done = finished_run(run_dir)
         same_budget = done is not None and done.get("max_steps") == OmegaConf.select(cfg, "trainer.max_steps")
         if same_budget and cfg.get("skip_finished", True) and cfg.get("ckpt_path") in (None, "", "null"):
-            log.info("%s finished earlier (step %s): skipped; delete it, or set skip_finished=false, to train it "
-                     "again", run_dir, done.get("global_step"))
+            log.info("%s finished earlier (step %s): skipped; delete it, or give another run_dir, to train it again "
+                     "(skip_finished=false re-enters it from its last checkpoint: export and post-hoc run again)",
+                     run_dir, done.get("global_step"))
             return {k: float(v) for k, v in (done.get("metrics") or {}).items()}
         env_before = {k: os.environ.get(k) for k in _DDP_ENV}
         progress: dict[str, Any] = {}
@@ -275,9 +276,14 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
             f"lower data.block_size or raise model.max_len"
         )
     requested = cfg.get("ckpt_path")
-    if requested in (None, "", "null") and cfg.get("resume", True) and any((run_dir / "checkpoints").glob("*.ckpt")):
+    if requested in (None, "", "null") and any((run_dir / "checkpoints").glob("*.ckpt")):
+        if not cfg.get("resume", True):
+            # a fresh run there would write step*-v1.ckpt and last-v1.ckpt beside the old run's last.ckpt (which the
+            # next resume would then read) and append to its logs: two runs mixed in one directory
+            raise ValueError(f"resume=false, but {run_dir / 'checkpoints'} holds the checkpoints of an earlier run: "
+                             f"give this run another run_dir, or delete {run_dir} first to start over there")
         # an interrupted cell of a sweep (or a re-run into the same hydra.run.dir): continue it
-        log.info("%s holds checkpoints of an unfinished run: resuming from the last one (resume=false starts over)",
+        log.info("%s holds checkpoints of an unfinished run: resuming from the last one (resume=false refuses)",
                  run_dir)
         requested = "last"
     ckpt_path, ckpt = resolve_checkpoint(requested, run_dir)

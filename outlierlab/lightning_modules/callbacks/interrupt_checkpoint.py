@@ -6,8 +6,15 @@ and the training loop raises ``SIGTERMException`` at the end of the current batc
 step, the schedulers and the loggers, i.e. at a consistent state -- then calls every callback's
 ``on_exception``. Lightning's :class:`~lightning.pytorch.callbacks.OnExceptionCheckpoint` saves on *any*
 exception, including a non-finite loss or a bug, whose checkpoint must not become the one a resumed run
-trusts; this subclass saves only for SIGTERM, and under the name the resume logic reads (``last.ckpt``),
+trusts; this callback saves only for SIGTERM, and under the name the resume logic reads (``last.ckpt``),
 written to a temporary name and renamed so a kill during the write leaves the previous ``last.ckpt`` intact.
+
+It is a plain :class:`~lightning.pytorch.callbacks.Callback`, not an ``OnExceptionCheckpoint`` subclass: with
+one of those among the callbacks, Lightning 2.6 turns ``trainer.fit(ckpt_path=None)`` into ``ckpt_path="last"``
+(``_checkpoint_connector._parse_ckpt_path``) -- so ``resume=false`` on a run directory holding ``last.ckpt``
+silently restored it (with the new seed's config, zero steps trained), and every fresh run printed two
+misleading warnings. Which checkpoint a run starts from is decided once, in
+:func:`outlierlab.jobs.training.resolve_checkpoint`.
 
 SLURM sends SIGTERM at preemption and at the time limit (then SIGKILL after ``KillWait``). Under submitit
 (``hydra/launcher=submitit_slurm``) the job is warned earlier by ``SIGUSR2`` (``signal_delay_s`` before the
@@ -27,22 +34,27 @@ import threading
 from typing import Any, Callable
 
 import lightning as L
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 log = logging.getLogger(__name__)
 
 
-class InterruptCheckpoint(OnExceptionCheckpoint):
+class InterruptCheckpoint(Callback):
     """On SIGTERM: write ``<dirpath>/<filename>.ckpt`` (default ``last.ckpt``) at the end of the current step."""
 
     #: Signals whose existing handler (a scheduler's requeue) runs only after the checkpoint is written.
     DEFERRED_SIGNALS = ("SIGUSR2",)
+    FILE_EXTENSION = ".ckpt"
 
     def __init__(self, dirpath: str, filename: str = "last") -> None:
-        super().__init__(dirpath, filename)
+        self.dirpath, self.filename = os.path.expanduser(str(dirpath)), filename
         self._deferring = False
         self._pending: tuple[Callable, int, Any] | None = None
+
+    @property
+    def ckpt_path(self) -> str:
+        return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._deferring = True
@@ -84,6 +96,3 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
             handler, signum, frame = self._pending
             self._pending = None
             handler(signum, frame)  # e.g. submitit: requeue this cell, then exit
-
-    def teardown(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
-        pass  # OnExceptionCheckpoint deletes its file at a normal end; ours is the run's last.ckpt: keep it
