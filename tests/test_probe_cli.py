@@ -84,6 +84,7 @@ def test_position_probe_end_to_end_three_transforms(tiny_bert, tmp_path):
         assert weighted == pytest.approx(float(row["accuracy"]), abs=1e-5)
     md = (run / "probe_report.md").read_text()
     assert md.count("\n| ") == 1 + len(rows)  # header + one line per row
+    assert "not one the model *uses*" in md and "analyses=[order_use]" in md  # decodable is not used
     # TensorBoard holds the same per-layer test accuracy as the CSV
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -103,6 +104,7 @@ def test_classifier_on_shipped_wordnet_pos_and_planted_local_csv(tiny_bert, tmp_
     assert [r["layer"] for r in rows] == ["0", "1", "2"] and len(out["rows"]) == 3
     assert {(r["n_train"], r["n_val"], r["n_test"]) for r in rows} == {("120", "40", "40")}
     assert (tmp_path / "pos" / "classifier_accuracy.png").is_file()
+    assert "not one the model *uses*" not in (tmp_path / "pos" / "probe_report.md").read_text()  # position only
     # Planted task: the label is which of two words ends the sentence -> linearly separable mean vectors.
     import random
 

@@ -19,6 +19,11 @@ COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "
            *(f"{m}_{c}" for m in ("whiten", "standardize", "abtt", "center")
              for c in ("fit", "n", "distinct", "rank", *(("k",) if m == "whiten" else ()),
                        *(("d",) if m == "abtt" else ()), "degenerate"))]
+#: Under every position-probe report: decodable is not used (docs/order_use.md, "Position probes").
+POSITION_CAVEAT = ("- reads: a linear probe finds the position a layer *carries*, not one the model *uses* -- a learned "
+                   "table's distinct rows are decodable in a model that ignores word order (docs/order_use.md, "
+                   "\"Position probes\"); whether it uses order: `python evaluate.py encoder.name_or_path=... "
+                   "'analyses=[order_use]'` (masked or causal LM head)")
 #: Transforms whose coordinate i is not neuron i (no outlier-contribution columns or panels).
 MIXING = ("whiten", "abtt")
 
@@ -45,6 +50,8 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str) -> Path
              "- contribution c_i = |w_{y,i} v_i| averaged over test vectors (Luo et al. 2021 §3); outlier dims "
              "detected on the untransformed TRAINING features; outlier_rank 1 = largest contribution; no "
              "outlier columns for whiten and abtt (their coordinates mix neurons; whiten's are principal directions)"]
+    if info.get("task") == "position":
+        lines.append(POSITION_CAVEAT)
     lines += [f"- note: {n}" for n in info.get("notes", [])]
     lines += ["", md_table(cols, ([r[c] for c in cols] for r in rows), cell=_fmt)]
     path.write_text("\n".join(lines) + "\n")
