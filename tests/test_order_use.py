@@ -190,6 +190,20 @@ def test_train_reports_order_use_below_threshold_only(caplog):
     assert len(lines) == 1 and lines[0].startswith("the model does not use token order yet")
 
 
+def test_a_masked_model_without_positions_is_told_it_cannot_use_order_not_yet():
+    from outlierlab.jobs.training import report_order_use
+    from outlierlab.models import EncoderConfig
+
+    def line(pos: str, causal: bool) -> str:
+        return report_order_use({"val/order_use": 0.0}, 0.1, EncoderConfig(pos={"name": pos}, causal=causal))
+
+    assert line("none", False).startswith("the model cannot use token order: a masked LM without positions")
+    assert "0 by construction" in line("none", False)
+    # a causal model without positions sees order through its mask, and a learned table may still be learned
+    assert line("none", True).startswith("the model does not use token order yet")
+    assert line("learned", False).startswith("the model does not use token order yet")
+
+
 def test_study_flags_cells_below_the_threshold_at_their_last_step():
     import pandas as pd
 

@@ -181,10 +181,17 @@ def attention_locality(attentions: Sequence[Tensor], attention_mask: Tensor | No
     return {"mass": torch.stack(masses), "uniform": uniform}
 
 
-def order_use_message(value: float, threshold: float = ORDER_USE_THRESHOLD) -> str | None:
-    """The one line a run (or a study cell) gets when its order use is below ``threshold``; None above it."""
+def order_use_message(value: float, threshold: float = ORDER_USE_THRESHOLD, orderless: bool = False) -> str | None:
+    """The one line a run (or a study cell) gets when its order use is below ``threshold``; None above it.
+
+    ``orderless``: the model cannot see order at all (a masked LM without positions: permutation-equivariant, so
+    its order use is 0 by construction) -- then the line says so instead of "not yet"."""
     if value >= threshold:
         return None
+    if orderless:
+        return (f"the model cannot use token order: a masked LM without positions is permutation-equivariant "
+                f"(order use {value:.3f} nats, 0 by construction); it is the bag-of-words baseline a position "
+                "scheme is compared with (docs/order_use.md)")
     return (f"the model does not use token order yet: order use {value:.3f} nats < {threshold} (permuting each "
             "block's tokens barely changes its loss; a learned-vs-none comparison at this point compares "
             "bag-of-words models, docs/order_use.md)")

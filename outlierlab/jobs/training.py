@@ -129,14 +129,17 @@ def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None)
     return budget
 
 
-def report_order_use(metrics: dict[str, float], threshold: float | None) -> str | None:
+def report_order_use(metrics: dict[str, float], threshold: float | None, config: EncoderConfig | None = None
+                     ) -> str | None:
     """Say in one line (the run's log: the console and its train.log) when the run ends below ``threshold`` nats of
-    order use: its loss is then that of a bag-of-words model (:mod:`outlierlab.analysis.order_use`).  Nothing when
-    order use was not measured (``module.order_use=false``) or ``threshold`` is null."""
+    order use: its loss is then that of a bag-of-words model (:mod:`outlierlab.analysis.order_use`) -- "not yet",
+    or, for a masked model without positions (``config``), "cannot".  Nothing when order use was not measured
+    (``module.order_use=false``) or ``threshold`` is null."""
     value = metrics.get("val/order_use")
     if value is None or threshold is None:
         return None
-    line = order_use_message(value, float(threshold))
+    orderless = config is not None and not config.causal and config.pos.get("name") == "none"
+    line = order_use_message(value, float(threshold), orderless)
     if line is not None:
         log.warning(line)
     return line
@@ -335,7 +338,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
         log.info("exported the trained model (%s format) and tokenizer to %s", fmt, out)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
     if trainer.global_rank == 0:
-        report_order_use(metrics, cfg.get("order_use_threshold", ORDER_USE_THRESHOLD))
+        report_order_use(metrics, cfg.get("order_use_threshold", ORDER_USE_THRESHOLD), config)
     if trainer.global_rank == 0 and trainer.global_step >= trainer.max_steps > 0:
         if cfg.get("posthoc", False):
             from outlierlab.jobs.posthoc import analyze_run  # every checkpoint, the monitors' statistics
