@@ -49,7 +49,31 @@ def main() -> int:
     study_table(ROOT / "study" / "contrasts.csv.gz")  # the aggregator's contrasts.csv, committed gzipped
     study_table(ROOT / "study_5seeds" / "contrasts.csv.gz")  # the same cells and the two cut ones, up to step 5,000
     cpu_table(ROOT / "cpu")
+    probes_table(ROOT / "probes")
     return 0
+
+
+def probes_table(folder: Path) -> None:
+    """Position-probe accuracy per layer (probe.py's position_probe.csv) beside order use (evaluate.py's
+    order_use.csv) and the training run's last validation loss (its finished.json), one column per model folder
+    (``probes/<pos>/``)."""
+    models = sorted(p for p in folder.iterdir() if (p / "position_probe.csv").exists()) if folder.is_dir() else []
+    if not models:
+        return
+    probe = {m.name: pd.read_csv(m / "position_probe.csv") for m in models}
+    use = {m.name: pd.read_csv(m / "order_use.csv").set_index(["layer", "statistic"])["value"] for m in models}
+    print()
+    print("| | " + " | ".join(f"pos={n}" for n in probe) + " |")
+    print("|---|" + "---|" * len(probe))
+    print("| order use (nats, evaluate.py) | " + " | ".join(f"{use[n][('model', 'order_use')]:.4f}" for n in probe) + " |")
+    loss = {m.name: json.loads((m / "train_finished.json").read_text())["metrics"]["val/loss"] for m in models}
+    print("| val loss at the end of training (train.py) | " + " | ".join(f"{loss[n]:.3f}" for n in probe) + " |")
+    print("| chance (majority position) | " + " | ".join(f"{probe[n]['chance'].iloc[0]:.3f}" for n in probe) + " |")
+    for t in dict.fromkeys(next(iter(probe.values()))["transform"]):
+        for layer in sorted(set(next(iter(probe.values()))["layer"])):
+            cells = [probe[n][(probe[n]["transform"] == t) & (probe[n]["layer"] == layer)]["accuracy"].iloc[0]
+                     for n in probe]
+            print(f"| position probe, layer {layer}, {t} | " + " | ".join(f"{a:.3f}" for a in cells) + " |")
 
 
 def cpu_table(folder: Path) -> None:
