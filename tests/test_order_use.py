@@ -221,6 +221,23 @@ def test_study_flags_cells_below_the_threshold_at_their_last_step():
                          "pos=none, seed 1: order use 0.000 nats at step 2000"]
     assert flags[2] == "order use not measured: pos=rope, seed 1"
     assert order_use_flags(per_seed[per_seed["metric"] == "val/loss"]) == []  # nothing measured: nothing to say
+    # a masked LM without positions cannot use order: its line says so (the group is judged from the cells' configs)
+    flags = order_use_flags(per_seed, 0.1, orderless={"pos=none"})
+    assert flags[1] == ("pos=none, seed 1: order use 0.000 nats at step 2000 (cannot: a masked LM without positions, "
+                        "0 by construction)")
+
+
+def test_orderless_groups_are_masked_models_without_positions_only():
+    from types import SimpleNamespace
+
+    from outlierlab.jobs.study import orderless_groups
+
+    def cell(pos: str, causal: bool):
+        return SimpleNamespace(config={"model.pos.name": pos, "model.causal": causal})
+
+    groups = {"mlm none": [cell("none", False)] * 2, "clm none": [cell("none", True)], "mlm learned": [cell("learned", False)],
+              "mixed": [cell("none", False), cell("rope", False)], "empty": []}
+    assert orderless_groups(groups) == {"mlm none"}
 
 
 def test_held_out_masking_and_a_transformers_model():

@@ -31,7 +31,7 @@ import math
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Mapping, Sequence
 
 import pandas as pd
 
@@ -47,17 +47,21 @@ HEADLINE = ["hidden/kurtosis", "hidden/argmax_share", "hidden/abs_argmax_share",
             "hidden/token_pair_cosine", "hidden/anisotropy", "posthoc/n_layernorm_outliers", "val/ppl", "val/order_use"]
 
 
-def order_use_flags(per_seed: pd.DataFrame, threshold: float = ORDER_USE_THRESHOLD) -> list[str]:
+def order_use_flags(per_seed: pd.DataFrame, threshold: float = ORDER_USE_THRESHOLD,
+                    orderless: Collection[str] = ()) -> list[str]:
     """One line per cell whose order use at its last recorded step is below ``threshold`` nats: a model that does not
     use token order yet (:mod:`outlierlab.analysis.order_use`), so a position-scheme contrast it enters compares
-    bag-of-words models.  Cells that never measured it (older code, ``module.order_use=false``) are named as such
-    once, in one line, when any cell of the study did measure it."""
+    bag-of-words models -- or, for the groups in ``orderless`` (masked LMs without positions, :func:`orderless_groups`),
+    one that cannot, said on its line.  Cells that never measured it (older code, ``module.order_use=false``) are
+    named as such once, in one line, when any cell of the study did measure it."""
     rows = per_seed[per_seed["metric"] == "val/order_use"]
     lines = []
     for (group, seed), sub in rows.groupby(["group", "seed"], sort=True, dropna=False):
         last = sub.loc[sub["step"].idxmax()]
         if float(last["value"]) < threshold:
-            lines.append(f"{group}, seed {seed}: order use {float(last['value']):.3f} nats at step {int(last['step'])}")
+            why = " (cannot: a masked LM without positions, 0 by construction)" if group in orderless else ""
+            lines.append(f"{group}, seed {seed}: order use {float(last['value']):.3f} nats at step {int(last['step'])}"
+                         f"{why}")
     if not rows.empty:
         measured = set(map(tuple, rows[["group", "seed"]].drop_duplicates().values.tolist()))
         missing = sorted({(g, s) for g, s in per_seed[["group", "seed"]].drop_duplicates().values.tolist()} - measured,
@@ -65,6 +69,13 @@ def order_use_flags(per_seed: pd.DataFrame, threshold: float = ORDER_USE_THRESHO
         if missing:
             lines.append("order use not measured: " + ", ".join(f"{g}, seed {s}" for g, s in missing))
     return lines
+
+
+def orderless_groups(groups: Mapping[str, Sequence[Cell]]) -> set[str]:
+    """The groups whose every cell is a masked LM without positions: permutation-equivariant, order use 0 by
+    construction (a causal model without positions sees order through its mask)."""
+    return {label for label, cells in groups.items() if cells and all(
+        str(c.config.get("model.pos.name")) == "none" and not c.config.get("model.causal", False) for c in cells)}
 
 
 def group_label(overrides: dict[str, str], varying: Sequence[str]) -> str:
@@ -257,7 +268,7 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
     unfinished = [c for c in cells if not c.usable and not c.problems]
     unusable = [c for c in cells if c.problems]
     notes = [n for c in cells if c.usable for n in c.notes]
-    no_order = order_use_flags(per_seed)
+    no_order = order_use_flags(per_seed, orderless=orderless_groups(groups))
     write_markdown(out_dir / "study.md", paths, summary, tables, groups, unfinished, metrics, steps, layers,
                    unusable=unusable, notes=notes, design=design, no_order_use=no_order)
     pngs = write_curves(out_dir / "curves", summary, per_seed, metrics, layers) if plots else []
@@ -305,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for note in res["notes"]:
         print(f"note: {note}")
     for line in res["no_order_use"]:
-        print(f"does not use token order yet: {line}")
+        print(f"does not use token order: {line}")
     print(f"wrote {res['out']}/study.csv, study.md" + (f" and {len(res['plots'])} curves" if res["plots"] else ""))
     return 0
 
