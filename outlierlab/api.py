@@ -125,7 +125,11 @@ def _analysis_name(analysis) -> str:
 def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Sequence[str] = ("none",), seed: int = 0,
                     out_dir: str | Path | None = None, overrides: Sequence[str] = ()):
     """probe.py's position probe (Luo et al. 2021 §3) on ``encoder``: the rows of ``position_probe.csv`` (one per
-    layer x transform: accuracy, mean absolute position error, the top neurons by contribution)."""
+    layer x transform: accuracy, mean absolute position error, the top neurons by contribution).
+
+    The accuracy is the position a layer carries, not one the model uses: a learned table's rows are decodable
+    (1.000 at every layer) in a model whose order use is 0.003 nats (docs/order_use.md, "Position probes"); for use,
+    ``evaluate(encoder, analyses=["order_use"])`` on a model with its LM head."""
     from outlierlab.jobs.probing import run as run_probe
 
     run_dir = _run_dir(out_dir, "outlierlab_probe_")
