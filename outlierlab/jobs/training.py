@@ -325,6 +325,8 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     # MLMLitModule.on_before_batch_transfer prepares any MLM batch on the host (it does not replace a
     # datamodule hook); Lightning warns whenever a module overrides it while a datamodule is passed.
     warnings.filterwarnings("ignore", message=r".*overridden `on_before_batch_transfer` in `LightningModule`")
+    # Lightning 2.6's own pytree helper calls an API torch 2.13 deprecates: printed at every start, nothing to act on
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
     if cfg.get("export", True) and trainer.global_rank == 0:
