@@ -65,4 +65,20 @@ def test_our_masked_run_without_positions_is_flagged(tmp_path, texts):
     rows = _evaluate(tmp_path / "run", texts, tmp_path / "out")
     assert abs(rows[("model", "order_use")]) < 1e-5  # permutation-equivariant
     assert rows[("model", "tokens")] > 50
-    assert "The model does not use token order yet" in (tmp_path / "out" / "report.md").read_text()
+    # a masked model without positions cannot use order (not "yet"): known from its export's config
+    assert "The model cannot use token order: a masked LM without positions" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_only_masked_models_of_ours_without_positions_are_orderless():
+    from types import SimpleNamespace
+
+    from outlierlab.evaluation.order_use import orderless
+
+    def loaded(config, decoder=False):
+        return SimpleNamespace(model=SimpleNamespace(config=config), is_decoder=decoder)
+
+    assert orderless(loaded(SimpleNamespace(outlierlab_pos="none")))  # our HF export (config.json)
+    assert orderless(loaded(SimpleNamespace(pos={"name": "none"})))  # our own format
+    assert not orderless(loaded(SimpleNamespace(outlierlab_pos="learned")))
+    assert not orderless(loaded(SimpleNamespace(pos={"name": "none"}), decoder=True))  # the causal mask is order
+    assert not orderless(loaded(SimpleNamespace(model_type="bert")))  # anyone else's model: not known to be

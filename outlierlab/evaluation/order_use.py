@@ -5,7 +5,8 @@ loss (:func:`outlierlab.analysis.order_use.order_use`), and the attention locali
 
 Masked LMs score a fixed, seeded 15 % of the tokens behind the mask token (the masking of the ablation,
 :func:`outlierlab.evaluation.masked_lm.masked_batches`, on the same packed running-text pieces); causal LMs every
-next token. A model below the threshold gets the one line train.py prints.
+next token. A model below the threshold gets the one line train.py prints ("cannot" for a masked LM of ours
+without positions).
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def _batches(loaded, texts, s: OrderUseSettings, seed: int) -> list[dict]:
     return masked_batches(tok, pack_texts(tok, texts, max_length), max_length, s.batch_size, s.mlm_probability, seed)
 
 
+def orderless(loaded) -> bool:
+    """A masked LM of ours without positions (permutation-equivariant: order use 0 by construction), known from its
+    config -- ours (``pos``) or its Hugging Face export's (``outlierlab_pos`` in config.json)."""
+    cfg = getattr(loaded.model, "config", None)
+    pos = getattr(cfg, "outlierlab_pos", None)
+    if pos is None and isinstance(getattr(cfg, "pos", None), dict):
+        pos = cfg.pos.get("name")
+    return not loaded.is_decoder and pos == "none"
+
+
 def _loss_sum(loaded):
     """``batch -> (summed loss, count)`` through the loaded model's logits (ours, HF, device_map-sharded alike)."""
     def loss_sum(batch):
@@ -72,7 +83,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     lines = [TITLE, "", f"{loaded.name}, {loaded.objective.replace('_', ' ')} loss on {what}, "
              f"{int(res['tokens'])} predicted tokens: intact {res['loss']:.4f} nats, tokens permuted within each "
              f"piece {res['loss_permuted']:.4f} nats, **order use {res['order_use']:.4f} nats**."]
-    line = order_use_message(res["order_use"], s.threshold)
+    line = order_use_message(res["order_use"], s.threshold, orderless(loaded))
     if line is not None:
         lines += ["", line[0].upper() + line[1:] + "."]
     first = batches[0]
