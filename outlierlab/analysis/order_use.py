@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["LOCAL_WINDOW", "ORDER_USE_THRESHOLD", "movable_positions", "permute_block_tokens", "order_use",
-           "attention_locality", "order_use_message", "masked_for_order_use", "lm_loss_sum"]
+           "attention_locality", "cannot_use_order", "order_use_message", "masked_for_order_use", "lm_loss_sum"]
 
 #: Keys within this distance of the query (itself included) count as local (our choice: ±1, ±2 are the offsets an
 #: n-gram-like head first attends to).
@@ -179,6 +179,12 @@ def attention_locality(attentions: Sequence[Tensor], attention_mask: Tensor | No
         local = (attn.detach().double() * near.double()).sum(-1)  # [B, H, T]
         masses.append((local * queries[:, None, :]).sum() / n_queries)
     return {"mass": torch.stack(masses), "uniform": uniform}
+
+
+def cannot_use_order(pos: str | None, causal: bool) -> bool:
+    """A masked LM without positions (``pos`` the position scheme's name): permutation-equivariant, so its order
+    use is 0 by construction -- unlike a causal model without positions, whose mask is an order signal."""
+    return pos == "none" and not causal
 
 
 def order_use_message(value: float, threshold: float = ORDER_USE_THRESHOLD, orderless: bool = False) -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from outlierlab.analysis.order_use import attention_locality, order_use, order_use_message
+from outlierlab.analysis.order_use import attention_locality, cannot_use_order, order_use, order_use_message
 from outlierlab.evaluation.attention_sinks import text_batches
 from outlierlab.evaluation.common import skip_result
 from outlierlab.evaluation.masked_lm import masked_batches, pack_texts
@@ -48,7 +48,7 @@ def orderless(loaded) -> bool:
     pos = getattr(cfg, "outlierlab_pos", None)
     if pos is None and isinstance(getattr(cfg, "pos", None), dict):
         pos = cfg.pos.get("name")
-    return not loaded.is_decoder and pos == "none"
+    return cannot_use_order(pos, loaded.is_decoder)
 
 
 def _loss_sum(loaded):

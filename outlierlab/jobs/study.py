@@ -35,7 +35,7 @@ from typing import Collection, Mapping, Sequence
 
 import pandas as pd
 
-from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
+from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
 from outlierlab.analysis.study_inference import bounded_interval, bounds_of
 from outlierlab.jobs.study_cells import (LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, admit_cut, cell_numbers,
@@ -75,7 +75,7 @@ def orderless_groups(groups: Mapping[str, Sequence[Cell]]) -> set[str]:
     """The groups whose every cell is a masked LM without positions: permutation-equivariant, order use 0 by
     construction (a causal model without positions sees order through its mask)."""
     return {label for label, cells in groups.items() if cells and all(
-        str(c.config.get("model.pos.name")) == "none" and not c.config.get("model.causal", False) for c in cells)}
+        cannot_use_order(c.config.get("model.pos.name"), bool(c.config.get("model.causal", False))) for c in cells)}
 
 
 def group_label(overrides: dict[str, str], varying: Sequence[str]) -> str:

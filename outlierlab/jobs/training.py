@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import CheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
-from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, order_use_message
+from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order, order_use_message
 from outlierlab.datamodules.budget import DataBudget, data_budget
 from outlierlab.jobs.model_card import write_model_card
 from outlierlab.models import EncoderConfig, hf_exportable, save_pretrained
@@ -138,7 +138,7 @@ def report_order_use(metrics: dict[str, float], threshold: float | None, config:
     value = metrics.get("val/order_use")
     if value is None or threshold is None:
         return None
-    orderless = config is not None and not config.causal and config.pos.get("name") == "none"
+    orderless = config is not None and cannot_use_order(config.pos.get("name"), config.causal)
     line = order_use_message(value, float(threshold), orderless)
     if line is not None:
         log.warning(line)
