@@ -26,3 +26,8 @@ def __getattr__(name):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    """The lazy names too (PEP 562): a notebook's tab completion and ``dir(ol)`` list the API."""
+    return sorted([*globals(), *_LAZY])

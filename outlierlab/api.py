@@ -75,11 +75,18 @@ def _encoder_overrides(encoder) -> list[str]:
     return [f"encoder.name_or_path={encoder.source.name}"]
 
 
-def _read(path: Path, run_dir: Path):
+def _read(path: Path, run_dir: Path, skipped: str | None = None):
+    """One CSV as a DataFrame; a skipped analysis (no LM head, no STS data) wrote no rows and, without a fixed
+    header, an empty file: an empty DataFrame whose ``attrs["skipped"]`` says why, as the report does."""
     import pandas as pd
 
-    table = pd.read_csv(path)
+    try:
+        table = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        table = pd.DataFrame()
     table.attrs["run_dir"] = str(run_dir)
+    if skipped:
+        table.attrs["skipped"] = skipped
     return table
 
 
@@ -110,8 +117,8 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
                                 f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder),
                                 *_texts_file(texts, run_dir), *overrides])
     out = run_job(cfg, run_dir, encoder=encoder, given=given)
-    return {name: _read(run_dir / f"{name}.csv", run_dir) for name in dict.fromkeys(r.name for r in out["results"])
-            if (run_dir / f"{name}.csv").is_file()}
+    return {r.name: _read(run_dir / f"{r.name}.csv", run_dir, r.summary.get("skipped")) for r in out["results"]
+            if (run_dir / f"{r.name}.csv").is_file()}
 
 
 def _analysis_name(analysis) -> str:

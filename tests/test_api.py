@@ -106,3 +106,17 @@ def test_empty_texts_are_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="texts is empty"):
         _texts_file(["", "  "], tmp_path)
     assert callable(ol.evaluate) and callable(ol.probe_positions)
+
+
+def test_a_skipped_analysis_is_an_empty_table_that_says_why_and_dir_lists_the_api(tmp_path):
+    """MiniLM (a body without its LM head) cannot be scored for order use: evaluate.py writes the header and a
+    'Skipped' section; the API returns that empty table, the reason in ``attrs``, instead of a pandas error.  And
+    the lazily loaded API shows in ``dir(ol)`` (a notebook's tab completion)."""
+    import outlierlab as ol
+
+    assert {"load_encoder", "evaluate", "probe_positions", "OutlierMonitor"} <= set(dir(ol))
+    enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
+    tables = ol.evaluate(enc, TEXTS[:50], analyses=["order_use"], out_dir=tmp_path, progress=False)
+    table = tables["order_use"]
+    assert table.empty and list(table.columns) == ["layer", "statistic", "value"]
+    assert "no LM head" in table.attrs["skipped"] and table.attrs["run_dir"] == str(tmp_path)

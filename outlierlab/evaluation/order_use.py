@@ -25,6 +25,8 @@ from outlierlab.evaluation.settings import OrderUseSettings, load_settings
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
 LM_HEAD = True
 
+COLUMNS = ["layer", "statistic", "value"]  # evaluate.py writes this header even when the model has no LM head
+
 TITLE = "## Order use: does the model use word order? (docs/order_use.md)"
 
 

@@ -138,7 +138,8 @@ def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[
         res.summary["seconds"] = round(time.time() - t0, 2)
         _fit_columns(res, shared)
         results.append(res)
-        print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s", flush=True)
+        why = f" (skipped: {res.summary['skipped']})" if res.summary.get("skipped") else ""
+        print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s{why}", flush=True)
         if shared.sentence_stats is not None and not _reads_sentence_maps(analyses[i + 1:], cfg):
             shared.sentence_stats.release_layer_state()  # its [L, d, d] maps, before WiC/STS fit theirs
     meta = _meta(cfg, encoder, analyses, transforms, shared, time.time() - t_start)
