@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
+from outlierlab.analysis.order_use import attention_locality, lm_loss_sum, masked_for_order_use, order_use
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.jobs.posthoc_trainer import analyze_hf_checkpoints
 from outlierlab.models.layernorms import model_layernorms
@@ -346,6 +347,14 @@ def test_plain_loop_on_our_own_encoder_equals_the_pure_functions(tmp_path, rober
         hs_ref = hidden_state_records(4, hidden, batch["attention_mask"], batch["special_tokens_mask"], n_pairs=100,
                                       attentions=attn, input_ids=batch["input_ids"], bos_token_id=cfg.bos_token_id,
                                       eos_token_id=cfg.eos_token_id, inf_norms=inf)[0]
+        # order use from the analysis functions themselves: the fixed masked problem, <s> </s> <pad> kept in place
+        problem = masked_for_order_use(batch["input_ids"], batch["attention_mask"], batch["special_tokens_mask"],
+                                       roberta_tok.mask_token_id)
+        ou = order_use(lm_loss_sum(copy_at_4, False), [problem], [cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id])
+        local = attention_locality(attn, batch["attention_mask"])
+    hs_ref = [*hs_ref, (4, "model", "order_use", None, ou["order_use"]), (4, "model", "attn_local_uniform", None,
+                                                                          float(local["uniform"])),
+              *[(4, f"layer_{i + 1}", "attn_local", None, float(m)) for i, m in enumerate(local["mass"])]]
     for name, ref in (("layernorm", ln_ref), ("hidden_states", hs_ref)):
         path = tmp_path / "monitor" / f"{name}.csv"
         ref_csv = tmp_path / f"ref_{name}.csv"
@@ -402,3 +411,30 @@ def test_trainer_callback_reports_into_the_trainers_mlflow_run(tmp_path, roberta
     live = read_history(tmp_path / "out" / "monitor" / "layernorm.csv")
     at4 = next(r["value"] for r in live if r["step"] == 4 and r["statistic"] == "n_outlier_dims")
     assert next(m.value for m in history if m.step == 4) == at4
+
+
+def test_order_use_in_a_plain_loop_zero_without_positions_and_said_in_one_line(tmp_path, roberta_tok, capsys):
+    """Order use is measured at every record of a loop monitor (docs/order_use.md).  A Hugging Face RoBERTa whose
+    position table is zero is permutation-equivariant: its order use is 0 up to float rounding, and ``close()``
+    says in one line that it does not use token order; the same model with its random table is not 0.  A body
+    without an LM head gets one notice and no order-use rows."""
+    from transformers import RobertaModel
+
+    def order_rows(model, out):
+        monitor = OutlierMonitor(model, tokenizer=roberta_tok, out_dir=out, writer=False, figures=False, **SETTINGS)
+        monitor.step(model, 0)
+        monitor.close()
+        return {(r["name"], r["statistic"]): r["value"] for r in read_history(out / "hidden_states.csv")
+                if r["statistic"] in ("order_use", "attn_local", "attn_local_uniform")}
+
+    with_table = order_rows(tiny_roberta(roberta_tok), tmp_path / "learned")
+    assert abs(with_table["model", "order_use"]) > 1e-5
+    assert {("layer_1", "attn_local"), ("layer_2", "attn_local"), ("model", "attn_local_uniform")} <= set(with_table)
+    assert "does not use token order" in capsys.readouterr().out  # a random model is below the threshold
+    flat = tiny_roberta(roberta_tok)
+    with torch.no_grad():
+        flat.roberta.embeddings.position_embeddings.weight.zero_()
+    assert abs(order_rows(flat, tmp_path / "zero")["model", "order_use"]) < 1e-5
+    with pytest.warns(UserWarning, match="order use is not measured"):
+        body = order_rows(RobertaModel(tiny_roberta(roberta_tok).config), tmp_path / "body")
+    assert body == {}

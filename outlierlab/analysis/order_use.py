@@ -24,6 +24,7 @@ call these; nothing else defines them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -229,3 +230,35 @@ def lm_loss_sum(model, causal: bool) -> LossFn:
         out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=labels)
         return out.loss.float() * n, n
     return loss_sum
+
+
+def heldout_special_ids(config: Any, tokenizer: Any = None) -> set[int]:
+    """The ids that stay in place when a held-out sequence is permuted: the model's ``bos``/``eos``/``pad`` and
+    the tokenizer's ``cls``/``sep``/``bos``/``eos``/``pad`` (``[CLS]``/``[SEP]`` for BERT, ``<s>``/``</s>`` for ours
+    and RoBERTa: the same set either way)."""
+    names = ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id")
+    ids = [getattr(config, n, None) for n in names[:3]] + [getattr(tokenizer, n, None) for n in names]
+    return {int(i) for i in ids if isinstance(i, int)}
+
+
+def heldout_order_use(model, batch: Mapping[str, Tensor], causal: bool, special_ids: Iterable[int],
+                      mask_token_id: int | None = None, attentions: Sequence[Tensor] | None = None
+                      ) -> tuple[dict[str, float], dict[str, Tensor] | None]:
+    """Order use and attention locality of ``model`` on a fixed held-out batch (``input_ids``, ``attention_mask``,
+    ``special_tokens_mask``; the monitors' batch): the masked objective predicts the fixed, seeded 15 % of
+    :func:`masked_for_order_use` (the same problem at every step), the causal one every next token.  ``attentions``
+    (the probabilities of a forward on the intact batch, e.g. the monitors') give the locality; None: not measured.
+    The post-hoc job and the loop monitors call this one function, so a checkpoint's rows equal the live ones."""
+    device = next(model.parameters()).device
+    mask = batch["attention_mask"]
+    if causal:
+        problem = {"input_ids": batch["input_ids"], "attention_mask": mask,
+                   "labels": batch["input_ids"].masked_fill(mask == 0, -100)}
+    else:
+        if mask_token_id is None:
+            raise ValueError("order use of a masked LM needs the tokenizer's mask token (tokenizer.mask_token_id)")
+        problem = masked_for_order_use(batch["input_ids"], mask, batch["special_tokens_mask"], mask_token_id)
+    with torch.inference_mode():
+        value = order_use(lm_loss_sum(model, causal), [{k: v.to(device) for k, v in problem.items()}], special_ids)
+    local = attention_locality(attentions, mask.to(device), causal) if attentions is not None else None
+    return value, local

@@ -30,7 +30,8 @@ that :class:`~outlierlab.lightning_modules.callbacks.layernorm_monitor.LayerNorm
 A transformers ``Trainer`` output directory (``checkpoint-<step>/`` folders, e.g. a run monitored by
 :class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback`) is analysed by
 :func:`outlierlab.jobs.posthoc_trainer.analyze_hf_checkpoints`
-(``layernorm.csv`` and ``hidden_states.csv``; the CLI picks it when the directory has no ``checkpoints/``).
+(``layernorm.csv``, ``hidden_states.csv`` with order use and attention locality as the live monitor writes them,
+and ``order_use.csv``; the CLI picks it when the directory has no ``checkpoints/``).
 
 Imports no Lightning: usable from ``evaluate.py`` and on machines without a trainer.
 """
@@ -224,30 +225,20 @@ def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str) -> tup
     return rows, attn
 
 
-def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str) -> list[tuple]:
+def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str, causal: bool | None = None
+                   ) -> list[tuple]:
     """Order use (``layer`` = ``model``) and attention locality (per block, ``layer_{i+1}``) of one checkpoint on the
-    held-out sentences (:mod:`outlierlab.analysis.order_use`). The masked objective predicts a fixed, seeded 15 % of
-    the tokens behind ``<mask>`` (the same problem at every step), the causal one every next token; these are the
-    held-out sentences, not the run's validation blocks, so the values differ from ``val/order_use`` in level but
-    not in what they say."""
-    import torch
+    held-out sentences (:func:`outlierlab.analysis.order_use.heldout_order_use`): these are the held-out sentences,
+    not the run's validation blocks, so the values differ from ``val/order_use`` in level but not in what they say.
+    ``causal``: the model's objective (default: our config's ``causal``)."""
+    from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
 
-    from outlierlab.analysis.order_use import attention_locality, lm_loss_sum, masked_for_order_use, order_use
-
-    causal = bool(model.config.causal)
-    mask = batch["attention_mask"]
-    if causal:
-        problem = {"input_ids": batch["input_ids"], "attention_mask": mask,
-                   "labels": batch["input_ids"].masked_fill(mask == 0, -100)}
-    else:
-        problem = masked_for_order_use(batch["input_ids"], mask, batch["special_tokens_mask"], tokenizer.mask_token_id)
-    special = {model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id}
-    with torch.inference_mode():
-        value = order_use(lm_loss_sum(model, causal), [{k: v.to(device) for k, v in problem.items()}], special)
+    causal = bool(model.config.causal) if causal is None else bool(causal)
+    value, local = heldout_order_use(model, batch, causal, heldout_special_ids(model.config, tokenizer),
+                                     getattr(tokenizer, "mask_token_id", None), attentions)
     rows = [(step, "model", "order_use", None, value)]  # the whole dict: order_use.csv, not the per-layer table
-    if attentions is not None:
-        local = attention_locality(attentions, mask.to(device), causal)["mass"]
-        rows += [(step, f"layer_{i + 1}", "attn_local", None, float(m)) for i, m in enumerate(local)]
+    if local is not None:
+        rows += [(step, f"layer_{i + 1}", "attn_local", None, float(m)) for i, m in enumerate(local["mass"])]
     return rows
 
 
@@ -287,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             # a transformers Trainer output_dir (checkpoint-<step>/ folders), e.g. monitored by OutlierMonitorCallback
             res = analyze_hf_checkpoints(args.run_dir, tokenizer=args.tokenizer, out_dir=args.out, device=args.device,
                                          **overrides)
-            print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}")
+            print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}, {res['order_use']}")
             return 0
         find_checkpoints(args.run_dir)  # fail in a second, before importing torch
         from outlierlab.jobs.run_lock import lock_run_dir  # one writer per run directory (issue 40)

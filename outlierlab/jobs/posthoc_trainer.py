@@ -16,6 +16,7 @@ from typing import Any
 
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.jobs.posthoc import HIDDEN_DEFAULTS, LAYERNORM_DEFAULTS, OUT_SUBDIR, _apply_overrides, hidden_rows
+from outlierlab.utils.tables import write_csv
 
 __all__ = ["HF_CHECKPOINT_PREFIX", "find_hf_checkpoints", "analyze_hf_checkpoints"]
 
@@ -61,7 +62,8 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
 
     Returns
     -------
-    dict with ``layernorm`` and ``hidden_states`` (CSV paths) and ``steps`` (analysed steps).
+    dict with ``layernorm``, ``hidden_states`` and ``order_use`` (CSV paths: order use and attention locality are
+    rows of ``hidden_states.csv`` too, as the live monitor writes them) and ``steps`` (analysed steps).
     """
     run = Path(output_dir)
     ckpts = find_hf_checkpoints(run)
@@ -76,7 +78,8 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot, tokenize_heldout
     from outlierlab.models.families import causal_or_masked
     from outlierlab.models.layernorms import model_layernorms
-    from outlierlab.monitoring.hidden_state_tracker import heldout_max_length
+    from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
+    from outlierlab.monitoring.hidden_state_tracker import heldout_max_length, is_causal_lm, order_use_records
     from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT
     from outlierlab.reports.history import HistoryCSV
 
@@ -97,6 +100,7 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
                  vectors=ln_cfg["vectors"])
     if initial is not None and 0 not in ckpts:
         files["layernorm"].append(layernorm_records(0, initial, initial, **ln_kw)[0])
+    order_rows: list[dict] = []
     for step, path in ckpts.items():
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         auto = AutoModelForCausalLM if causal_or_masked(config) == "next_token" else AutoModelForMaskedLM
@@ -113,8 +117,13 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
         files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])
         batch = tokenize_heldout(tok, texts, heldout_max_length(model, tok, hs_cfg["max_length"]))
         rows, attn = hidden_rows(step, model, batch, hs_cfg, device)
-        files["hidden_states"].append(rows)
+        value, local = heldout_order_use(model, batch, is_causal_lm(model), heldout_special_ids(model.config, tok),
+                                         getattr(tok, "mask_token_id", None), attn)
+        files["hidden_states"].append(rows + order_use_records(step, value, local))  # the live monitor's rows
+        order_rows.append({"step": step, **value})
     result: dict[str, Any] = {"steps": list(ckpts)}
+    result["order_use"] = write_csv(out / "order_use.csv", order_rows, ["step", "loss", "loss_permuted", "order_use",
+                                                                       "tokens"])
     for name, h in files.items():
         final = out / f"{name}.csv"
         os.replace(h.path, final)

@@ -20,19 +20,20 @@ corpus) unless the caller gives its own, tokenised by the model's own tokenizer
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from outlierlab.analysis.monitoring import hidden_state_records, tokenize_heldout
+from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.models.sites import monitored_forward
 from outlierlab.reports import monitor_plots as plots
 
-__all__ = ["HiddenStateTracker", "heldout_max_length", "model_device"]
+__all__ = ["HiddenStateTracker", "heldout_max_length", "model_device", "is_causal_lm", "order_use_records"]
 
 #: transformers model types whose position ids start after ``pad_token_id`` (their table has 2 rows unused)
 _PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl",
@@ -63,6 +64,27 @@ def heldout_max_length(model: nn.Module, tokenizer: Any = None, max_length: int 
     return min(limits) if limits else 512
 
 
+def is_causal_lm(model: nn.Module) -> bool:
+    """Whether the model's own LM head predicts the next token: our config's ``causal``, else the family's
+    objective (:func:`outlierlab.models.families.causal_or_masked`)."""
+    config = getattr(model, "config", None)
+    if isinstance(getattr(config, "causal", None), bool):
+        return config.causal
+    from outlierlab.models.families import causal_or_masked  # lazy: the registry imports transformers
+
+    return causal_or_masked(config) == "next_token"
+
+
+def order_use_records(step: int, value: dict, local: dict | None) -> list[tuple]:
+    """History rows of :func:`~outlierlab.analysis.order_use.heldout_order_use`'s result: ``model/order_use`` (nats),
+    ``layer_i/attn_local`` per block and ``model/attn_local_uniform`` (the uniform baseline)."""
+    rows = [(step, "model", "order_use", None, float(value["order_use"]))]
+    if local is not None:
+        rows += [(step, f"layer_{i + 1}", "attn_local", None, float(m)) for i, m in enumerate(local["mass"])]
+        rows.append((step, "model", "attn_local_uniform", None, float(local["uniform"])))
+    return rows
+
+
 def model_device(model: nn.Module) -> torch.device:
     """Where the model's parameters are (CPU for a model without any)."""
     p = next(model.parameters(), None)
@@ -87,18 +109,28 @@ class HiddenStateTracker:
         Cross-sentence token pairs of the anisotropy and their seed.
     sink_threshold : float
         Gu et al. (2025)'s ε for a sink head.
+    order_use : bool
+        Also measure order use and attention locality on the batch
+        (:func:`outlierlab.analysis.order_use.heldout_order_use`: two more forwards through the model's LM head);
+        rows ``model/order_use`` and ``layer_i/attn_local``.  The loop monitors' default (a Trainer or a plain loop
+        has no validation that measures it); ``train.py`` logs ``val/order_use`` at every validation instead.
+        A model without an LM head (no ``loss`` from ``labels=``) gets one notice and no such rows.
     """
 
     filename = "hidden_states.csv"
 
     def __init__(self, n_sequences: int = 32, sentences_path: str | None = None, max_length: int | None = None,
-                 top_k: int = 5, n_pairs: int = 1000, seed: int = 0, sink_threshold: float = 0.3) -> None:
+                 top_k: int = 5, n_pairs: int = 1000, seed: int = 0, sink_threshold: float = 0.3,
+                 order_use: bool = False) -> None:
         if int(n_sequences) < 2:
             raise ValueError(f"n_sequences must be >= 2 (anisotropy pairs tokens of different sequences), "
                              f"got {n_sequences}")
         self.n_sequences, self.sentences_path, self.max_length = int(n_sequences), sentences_path, max_length
         self.top_k, self.n_pairs, self.seed = int(top_k), int(n_pairs), int(seed)
         self.sink_threshold = float(sink_threshold)
+        self.order_use = bool(order_use)
+        self.order_ids: tuple[set[int], int | None] | None = None  # special ids kept in place, the mask id
+        self.last_order_use: float | None = None
         self.batch: dict[str, Tensor] | None = None
         self.curves: list[dict] = []  # per record {"step", "rows"} for the metric curves figure
 
@@ -119,6 +151,8 @@ class HiddenStateTracker:
                              "(pass tokenizer=...)")
         self.batch = tokenize_heldout(tokenizer, self.texts(sentences),
                                       heldout_max_length(model, tokenizer, self.max_length))
+        self.order_ids = (heldout_special_ids(getattr(model, "config", None), tokenizer),
+                          getattr(tokenizer, "mask_token_id", None))
 
     def reload(self, history_rows: Sequence[dict]) -> None:
         """After a resume: the curves figure draws the whole history, including the part before the resume."""
@@ -146,11 +180,30 @@ class HiddenStateTracker:
                     input_ids=b["input_ids"], bos_token_id=getattr(config, "bos_token_id", None),
                     eos_token_id=getattr(config, "eos_token_id", None), inf_norms=inf,
                     sink_threshold=self.sink_threshold)
+                if self.order_use:
+                    rows += self._order_use_rows(model, step, attn, summary)
                 self.curves.append({"step": step, "rows": [r for r in rows if r[2] in plots.CURVE_STATISTICS]})
                 return rows, summary
         finally:
             for m, mode in modes:  # module by module: a submodule the caller keeps in eval mode stays so
                 m.training = mode
+
+    def _order_use_rows(self, model: nn.Module, step: int, attentions, summary: dict) -> list[tuple]:
+        """Order use and attention locality on the held-out batch (the post-hoc job's rows of a checkpoint:
+        :func:`outlierlab.jobs.posthoc.order_use_rows`, the same function); ``summary`` gets them for TensorBoard."""
+        special, mask_id = self.order_ids or (set(), None)
+        causal = is_causal_lm(model)
+        try:
+            value, local = heldout_order_use(model, self.batch, causal, special, mask_id, attentions)
+        except (TypeError, AttributeError, ValueError) as err:  # a body without an LM head: no loss to permute
+            self.order_use = False
+            warnings.warn(f"order use is not measured: {type(model).__name__} gave no language-model loss "
+                          f"({str(err).splitlines()[0][:200]}); give the monitor the model with its LM head")
+            return []
+        self.last_order_use = summary["order_use"] = value["order_use"]
+        if local is not None:
+            summary["attn_local"] = [float(m) for m in local["mass"]]
+        return order_use_records(step, value, local)
 
     def log_to(self, writer: Any, step: int, summary: dict, images: bool) -> None:
         """Scalars to one TensorBoard ``SummaryWriter``-like writer (tags: module docstring of the callback)."""
@@ -181,6 +234,10 @@ class HiddenStateTracker:
                     writer.add_scalar(f"{base}/sink_share_{key}", share, step)
                 writer.add_scalar(f"{base}/attn_entropy", float(sinks["entropy"][i - 1].mean()), step)
                 writer.add_scalar(f"{base}/attn_row_mass", float(sinks["row_mass"][i - 1].mean()), step)
+        if "order_use" in summary:
+            writer.add_scalar("monitor/order_use", summary["order_use"], step)
+        for i, mass in enumerate(summary.get("attn_local", [])):
+            writer.add_scalar(f"monitor/attn_local/layer_{i + 1}", mass, step)
         for which, (dim, share) in summary["pooled"].items():
             writer.add_scalar(f"monitor/hidden/model/pooled_{which}_share", share, step)
             writer.add_scalar(f"monitor/hidden/model/pooled_{which}_dim", dim, step)

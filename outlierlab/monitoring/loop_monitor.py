@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from outlierlab.analysis.layernorm_rule import LayerNormRule
+from outlierlab.analysis.order_use import order_use_message
 from outlierlab.reports.history import HistoryCSV
 from outlierlab.utils.atomic import write_atomic
 
@@ -107,6 +108,11 @@ class OutlierMonitor:
         LayerNorm settings (:class:`~.layernorm_tracker.LayerNormTracker`; ``ln_top_k`` is its ``top_k``).
     n_sequences, sentences_path, max_length, top_k, n_pairs, seed, sink_threshold
         Hidden-state settings (:class:`~.hidden_state_tracker.HiddenStateTracker`).
+    order_use : bool
+        Measure order use (the LM's loss with each held-out sequence's tokens permuted minus the intact loss,
+        nats) and attention locality at every record (docs/order_use.md); :meth:`close` says in one line when the
+        last record is below :data:`~outlierlab.analysis.order_use.ORDER_USE_THRESHOLD` (the model does not use
+        token order yet: it is a bag-of-words model).  Needs the model with its LM head.
     writer : SummaryWriter-like, None or False
         Where the TensorBoard scalars go: a writer of the caller's; None (default) a
         ``torch.utils.tensorboard.SummaryWriter`` in ``<out_dir>/tensorboard``; False none.
@@ -122,7 +128,8 @@ class OutlierMonitor:
                  hidden_states: bool = True, rule: LayerNormRule | Mapping | None = None, ln_top_k: int = 3,
                  histograms: bool = True, max_heatmap_rows: int = 200, n_sequences: int = 32,
                  sentences_path: str | None = None, max_length: int | None = None, top_k: int = 5,
-                 n_pairs: int = 1000, seed: int = 0, sink_threshold: float = 0.3, writer: Any = None,
+                 n_pairs: int = 1000, seed: int = 0, sink_threshold: float = 0.3, order_use: bool = True,
+                 writer: Any = None,
                  global_zero: bool | None = None, warn: Callable[[str], Any] = warnings.warn) -> None:
         if int(every_n_steps) < 1 or int(image_every_n_steps) < 1:
             raise ValueError(f"every_n_steps and image_every_n_steps must be >= 1, got {every_n_steps}, "
@@ -134,7 +141,7 @@ class OutlierMonitor:
         self.tokenizer, self.sentences = tokenizer, None if sentences is None else list(sentences)
         self.layernorm = LayerNormTracker(rule, ln_top_k, histograms, max_heatmap_rows) if layernorm else None
         self.hidden = (HiddenStateTracker(n_sequences, sentences_path, max_length, top_k, n_pairs, seed,
-                                          sink_threshold) if hidden_states else None)
+                                          sink_threshold, order_use) if hidden_states else None)
         self._writer_arg = writer
         self.writer: Any = None
         self._own_writer = False
@@ -247,7 +254,12 @@ class OutlierMonitor:
                 w.flush()
 
     def close(self) -> None:
-        """Close the TensorBoard writer this monitor opened (a caller's writer is left open)."""
+        """Say in one line when the last record's order use is below the threshold; close the TensorBoard writer
+        this monitor opened (a caller's writer is left open)."""
+        last = self.hidden.last_order_use if self.hidden is not None else None
+        line = order_use_message(last) if last is not None and self.is_global_zero else None
+        if line is not None:
+            print(f"[outlier monitor] step {self.last_step}: {line}", flush=True)
         if self._own_writer and self.writer is not None:
             self.writer.close()
         self.writer, self._own_writer = None, False
