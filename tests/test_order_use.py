@@ -270,3 +270,36 @@ def test_held_out_masking_and_a_transformers_model():
     with torch.no_grad():
         hf.roberta.embeddings.position_embeddings.weight.zero_()
     assert abs(order_use(lm_loss_sum(hf, False), [a], SPECIAL)["order_use"]) < 1e-5
+
+
+def test_labelled_rows_only_equal_the_full_head_of_a_transformers_mlm_and_ours():
+    """labelled_loss_sum projects only the labelled rows onto the vocabulary (a pre-hook on the output embedding):
+    the same summed loss and count as the full head's mean x count, on a Hugging Face RoBERTa and BERT; the hook is
+    gone afterwards (the full logits come back); our own model (no output-embedding Linear) takes lm_loss_sum."""
+    from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
+
+    from outlierlab.analysis.order_use import labelled_loss_sum, lm_loss_sum, masked_for_order_use
+
+    ids = torch.randint(4, 40, (5, 12), generator=torch.Generator().manual_seed(1))
+    ids[:, 0], ids[:, -1] = 0, 2
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    batch = masked_for_order_use(ids, mask, (ids <= 2).long(), mask_id=49, seed=2)
+    torch.manual_seed(0)
+    small = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                 max_position_embeddings=20)
+    for model in (RobertaForMaskedLM(RobertaConfig(**small)).eval(), BertForMaskedLM(BertConfig(**small)).eval()):
+        seen = []
+        spy = model.get_output_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+        with torch.no_grad():
+            fast, n_fast = labelled_loss_sum(model)(batch)
+            spy.remove()
+            full, n_full = lm_loss_sum(model, False)(batch)
+            assert seen == [n_fast]  # the vocabulary projection saw the labelled rows only
+            assert n_fast == n_full == int((batch["labels"] != -100).sum()) > 0
+            torch.testing.assert_close(fast, full, rtol=1e-5, atol=1e-5)
+            assert model(input_ids=ids, attention_mask=mask).logits.shape == (5, 12, 50)  # the hook was removed
+    ours = RobertaMaskedLM(EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2,
+                                         intermediate_size=64, max_len=16))
+    with torch.no_grad():
+        assert labelled_loss_sum(ours.eval())(batch)[1] == n_full

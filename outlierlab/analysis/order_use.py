@@ -232,6 +232,34 @@ def lm_loss_sum(model, causal: bool) -> LossFn:
     return loss_sum
 
 
+def labelled_loss_sum(model) -> LossFn:
+    """:func:`lm_loss_sum` of a masked LM with the vocabulary projection applied at the labelled positions only.
+
+    A Hugging Face masked-LM head projects every position onto the vocabulary; at 15 % masking that ``[B·T, V]``
+    product is most of a small model's forward (the loop monitors measure order use at every record).  A forward
+    pre-hook on the output embedding (``model.get_output_embeddings()``, the head's last Linear) hands it the
+    labelled rows alone, as fairseq's ``masked_tokens`` and our own :class:`~outlierlab.models.RobertaMaskedLM`
+    do; the summed cross-entropy is the same up to float rounding (tests/test_order_use.py).  Hand-written:
+    transformers' masked-LM classes take no such argument.  A model whose output embedding is not an
+    ``nn.Linear`` (ours: it already projects the labelled rows only) gets :func:`lm_loss_sum`."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(head, torch.nn.Linear):
+        return lm_loss_sum(model, False)
+
+    def loss_sum(batch: Mapping[str, Tensor]) -> tuple[Tensor, int]:
+        labels = batch["labels"]
+        keep = labels != -100
+        hook = head.register_forward_pre_hook(lambda module, args: (args[0][keep.to(args[0].device)], *args[1:]))
+        try:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
+        finally:
+            hook.remove()
+        targets = labels[keep].to(logits.device)
+        return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum"), int(targets.numel())
+    return loss_sum
+
+
 def heldout_special_ids(config: Any, tokenizer: Any = None) -> set[int]:
     """The ids that stay in place when a held-out sequence is permuted: the model's ``bos``/``eos``/``pad`` and
     the tokenizer's ``cls``/``sep``/``bos``/``eos``/``pad`` (``[CLS]``/``[SEP]`` for BERT, ``<s>``/``</s>`` for ours
@@ -258,7 +286,8 @@ def heldout_order_use(model, batch: Mapping[str, Tensor], causal: bool, special_
         if mask_token_id is None:
             raise ValueError("order use of a masked LM needs the tokenizer's mask token (tokenizer.mask_token_id)")
         problem = masked_for_order_use(batch["input_ids"], mask, batch["special_tokens_mask"], mask_token_id)
+    loss_sum = lm_loss_sum(model, causal) if causal else labelled_loss_sum(model)
     with torch.inference_mode():
-        value = order_use(lm_loss_sum(model, causal), [{k: v.to(device) for k, v in problem.items()}], special_ids)
+        value = order_use(loss_sum, [{k: v.to(device) for k, v in problem.items()}], special_ids)
     local = attention_locality(attentions, mask.to(device), causal) if attentions is not None else None
     return value, local
