@@ -4,7 +4,8 @@ One concept per module:
 
 - :mod:`.layernorm_tracker` — :class:`LayerNormTracker`: LayerNorm gain/bias 3σ outliers and divergence from init.
 - :mod:`.hidden_state_tracker` — :class:`HiddenStateTracker`: activation outlier dims, anisotropy, kurtosis, ...
-  on a fixed held-out batch tokenised by the model's own tokenizer.
+  on a fixed held-out batch tokenised by the model's own tokenizer; in the loop monitors also order use and
+  attention locality (:mod:`outlierlab.analysis.order_use`).
 - :mod:`.recording` — what one record writes (history CSV, TensorBoard, figures), for every monitor alike.
 - :mod:`.loop_monitor` — :class:`OutlierMonitor`, ``monitor.step(model, step)`` in a hand-written loop.
 - :mod:`.hf_trainer` — :class:`OutlierMonitorCallback`, a ``transformers.TrainerCallback``.

@@ -11,7 +11,9 @@ held-out batch (Luo et al. 2021) of the model being trained — our ``RobertaMas
 registered family (``BertForMaskedLM``, ``RobertaForMaskedLM``, ModernBERT, ``GPT2LMHeadModel``, Llama-style,
 ...) — computed by :class:`outlierlab.monitoring.loop_monitor.OutlierMonitor`, i.e. by the same trackers and the
 same pure functions as the Lightning callbacks, into ``<args.output_dir>/monitor/layernorm.csv`` and
-``hidden_states.csv`` (the columns of :mod:`outlierlab.reports.history`).
+``hidden_states.csv`` (the columns of :mod:`outlierlab.reports.history`) -- with order use and attention locality
+at every record (does the model use word order yet? :mod:`outlierlab.analysis.order_use`; one line at the end of
+training when it does not; ``order_use=False`` turns it off).
 
 When: at ``on_train_begin`` (``state.global_step``: 0, or the step of the checkpoint a resume starts from),
 at ``on_step_end`` every ``every_n_steps`` optimizer steps (``state.global_step``), after every checkpoint save
