@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from outlierlab.analysis.order_use import attention_locality, cannot_use_order, order_use, order_use_message
+from outlierlab.analysis.order_use import (attention_locality, cannot_use_order, heldout_special_ids, order_use,
+                                           order_use_message)
 from outlierlab.evaluation.attention_sinks import text_batches
 from outlierlab.evaluation.common import skip_result
 from outlierlab.evaluation.masked_lm import masked_batches, pack_texts
@@ -77,8 +78,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     texts, what = analysis_texts(ctx, s)
     batches = _batches(loaded, texts, s, seed)
     tok = loaded.tokenizer
-    special = [i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.cls_token_id, tok.sep_token_id)
-               if i is not None]
+    special = heldout_special_ids(None, tok)  # the tokenizer's <s> </s> <pad> / [CLS] [SEP] [PAD]
     res = order_use(_loss_sum(loaded), batches, special, seed=seed)
     rows = [{"layer": "model", "statistic": name, "value": res[name]}
             for name in ("order_use", "loss", "loss_permuted", "tokens")]

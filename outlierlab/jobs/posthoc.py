@@ -225,16 +225,14 @@ def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str) -> tup
     return rows, attn
 
 
-def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str, causal: bool | None = None
-                   ) -> list[tuple]:
+def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str) -> list[tuple]:
     """Order use (``layer`` = ``model``) and attention locality (per block, ``layer_{i+1}``) of one checkpoint on the
     held-out sentences (:func:`outlierlab.analysis.order_use.heldout_order_use`): these are the held-out sentences,
-    not the run's validation blocks, so the values differ from ``val/order_use`` in level but not in what they say.
-    ``causal``: the model's objective (default: our config's ``causal``)."""
+    not the run's validation blocks, so the values differ from ``val/order_use`` in level but not in what they say."""
     from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
 
-    causal = bool(model.config.causal) if causal is None else bool(causal)
-    value, local = heldout_order_use(model, batch, causal, heldout_special_ids(model.config, tokenizer),
+    special = heldout_special_ids(model.config, tokenizer)
+    value, local = heldout_order_use(model, batch, bool(model.config.causal), special,
                                      getattr(tokenizer, "mask_token_id", None), attentions)
     rows = [(step, "model", "order_use", None, value)]  # the whole dict: order_use.csv, not the per-layer table
     if local is not None:

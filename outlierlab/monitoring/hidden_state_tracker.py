@@ -189,8 +189,9 @@ class HiddenStateTracker:
                 m.training = mode
 
     def _order_use_rows(self, model: nn.Module, step: int, attentions, summary: dict) -> list[tuple]:
-        """Order use and attention locality on the held-out batch (the post-hoc job's rows of a checkpoint:
-        :func:`outlierlab.jobs.posthoc.order_use_rows`, the same function); ``summary`` gets them for TensorBoard."""
+        """Order use and attention locality on the held-out batch
+        (:func:`~outlierlab.analysis.order_use.heldout_order_use` and :func:`order_use_records`, as the post-hoc job
+        writes them for a Trainer checkpoint); ``summary`` gets them for TensorBoard."""
         special, mask_id = self.order_ids or (set(), None)
         causal = is_causal_lm(model)
         try:
