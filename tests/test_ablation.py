@@ -155,7 +155,7 @@ def test_mlm_scores_hand_computed():
     logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
     labels = torch.tensor([[0, -100, 2]])
     batch = {"input_ids": torch.zeros(1, 3, dtype=torch.long), "attention_mask": torch.ones(1, 3), "labels": labels}
-    s = mlm_scores(lambda ids, mask: logits, [batch])
+    s = mlm_scores(lambda ids, mask, rows: logits, [batch])
     l0 = -math.log(math.exp(2) / (math.exp(2) + 2))  # correct (argmax 0)
     l2 = -math.log(1 / (math.exp(1) + 2))  # wrong (argmax 1)
     assert s["n_masked"] == 2 and s["top1"] == 0.5
@@ -236,7 +236,7 @@ def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
     assert loaded.layernorms["layer.1.output"] is m.roberta.encoder.layer[1].output.LayerNorm
     assert loaded.layernorms["layer.0.attention_output"] is m.roberta.encoder.layer[0].attention.output.LayerNorm
     [batch] = masked_batches(tok, SENTENCES, 64, 64, 0.3, 0)
-    ours = mlm_scores(lambda i, a: loaded.forward(i, a).logits, [batch])
+    ours = mlm_scores(lambda i, a, rows: loaded.forward(i, a, rows=rows).logits, [batch])
     with torch.no_grad():
         ref = m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
     assert ours["loss"] == pytest.approx(float(ref), rel=1e-5)

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from outlierlab.analysis.scored_rows import logits_at
+
 __all__ = ["LOCAL_WINDOW", "ORDER_USE_THRESHOLD", "movable_positions", "permute_block_tokens", "order_use",
            "attention_locality", "cannot_use_order", "order_use_message", "masked_for_order_use", "lm_loss_sum"]
 
@@ -233,28 +235,17 @@ def lm_loss_sum(model, causal: bool) -> LossFn:
 
 
 def labelled_loss_sum(model) -> LossFn:
-    """:func:`lm_loss_sum` of a masked LM with the vocabulary projection applied at the labelled positions only.
-
-    A Hugging Face masked-LM head projects every position onto the vocabulary; at 15 % masking that ``[B·T, V]``
-    product is most of a small model's forward (the loop monitors measure order use at every record).  A forward
-    pre-hook on the output embedding (``model.get_output_embeddings()``, the head's last Linear) hands it the
-    labelled rows alone, as fairseq's ``masked_tokens`` and our own :class:`~outlierlab.models.RobertaMaskedLM`
-    do; the summed cross-entropy is the same up to float rounding (tests/test_order_use.py).  Hand-written:
-    transformers' masked-LM classes take no such argument.  A model whose output embedding is not an
-    ``nn.Linear`` (ours: it already projects the labelled rows only) gets :func:`lm_loss_sum`."""
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    if not isinstance(head, torch.nn.Linear):
-        return lm_loss_sum(model, False)
-
+    """:func:`lm_loss_sum` of a masked LM with the vocabulary projection applied at the labelled positions only
+    (:func:`outlierlab.analysis.scored_rows.logits_at`: the loop monitors measure order use at every record); the
+    summed cross-entropy is the same up to float rounding (tests/test_order_use.py).  A model whose head cannot be
+    narrowed (ours: it already projects the labelled rows only) gets :func:`lm_loss_sum`."""
     def loss_sum(batch: Mapping[str, Tensor]) -> tuple[Tensor, int]:
         labels = batch["labels"]
         keep = labels != -100
-        hook = head.register_forward_pre_hook(lambda module, args: (args[0][keep.to(args[0].device)], *args[1:]))
-        try:
+        with logits_at(model, keep) as narrowed:
+            if not narrowed:
+                return lm_loss_sum(model, False)(batch)
             logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
-        finally:
-            hook.remove()
         targets = labels[keep].to(logits.device)
         return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum"), int(targets.numel())
     return loss_sum

@@ -104,8 +104,8 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
         if any(not 0 <= x < d for x in ds):
             raise ValueError(f"{name} dims {ds} out of range for hidden size {d}")
 
-    def logits(ids, mask):
-        return loaded.forward(ids, mask).logits
+    def logits(ids, mask, rows):
+        return loaded.forward(ids, mask, rows=rows).logits
 
     def score(dims: Sequence[int], tag: str) -> dict:
         with zero_layernorm_dims(lns, dims):

@@ -70,7 +70,7 @@ def masked_batches(tokenizer, texts: Sequence[str], max_length: int = 128, batch
 
 
 @torch.inference_mode()
-def mlm_scores(forward_logits: Callable[[Tensor, Tensor], Tensor], batches: Iterable[Mapping[str, Tensor]]) -> dict:
+def mlm_scores(forward_logits: Callable[[Tensor, Tensor, Tensor], Tensor], batches: Iterable[Mapping[str, Tensor]]) -> dict:
     r"""Masked-LM loss, perplexity and top-1 accuracy over the masked positions of ``batches``.
 
     .. math:: \text{loss} = \frac{1}{N}\sum_{(b,t):\,y_{bt}\ne-100} -\log p(y_{bt}\mid x_b),\qquad
@@ -78,7 +78,9 @@ def mlm_scores(forward_logits: Callable[[Tensor, Tensor], Tensor], batches: Iter
 
     Parameters
     ----------
-    forward_logits : callable ``(input_ids, attention_mask) -> logits [B, T, V]``
+    forward_logits : callable ``(input_ids, attention_mask, rows) -> logits``: ``rows`` (Bool ``[B, T]``) are the
+        scored positions; the logits at them ``[n, V]`` (``LoadedModel.forward(..., rows=rows)``: a Hugging Face
+        head then projects those rows alone), or at every position ``[B, T, V]``
     batches : iterable of ``{"input_ids", "attention_mask", "labels"}``
 
     Returns
@@ -87,10 +89,10 @@ def mlm_scores(forward_logits: Callable[[Tensor, Tensor], Tensor], batches: Iter
     """
     total, correct, n = 0.0, 0, 0
     for b in batches:
-        logits = forward_logits(b["input_ids"], b["attention_mask"])
-        labels = b["labels"].to(logits.device)
-        sel = labels != -100
-        lg, y = logits[sel].float(), labels[sel]
+        sel = b["labels"] != -100
+        logits = forward_logits(b["input_ids"], b["attention_mask"], sel)
+        sel = sel.to(logits.device)
+        lg, y = (logits[sel] if logits.ndim == 3 else logits).float(), b["labels"].to(logits.device)[sel]
         total += float(F.cross_entropy(lg, y, reduction="sum").double())
         correct += int((lg.argmax(-1) == y).sum())
         n += int(sel.sum())

@@ -38,6 +38,7 @@ from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.models.families import Family, UnknownFamilyError, family_of
 from outlierlab.models.layernorms import model_layernorms
 from outlierlab.models.loading import FrozenEncoder
+from outlierlab.analysis.scored_rows import logits_at
 from outlierlab.models.placement import eager_attention
 
 #: What the model's own head scores: masked tokens (encoders) or the next token (decoders).
@@ -119,20 +120,27 @@ class LoadedModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, attention_mask: Tensor, output_attentions: bool = False,
-                output_hidden_states: bool = False) -> ModelOutputs:
-        """One forward pass; ``logits`` is None without an MLM head; attentions are eager probabilities."""
+                output_hidden_states: bool = False, rows: Tensor | None = None) -> ModelOutputs:
+        """One forward pass; ``logits`` is None without an MLM head; attentions are eager probabilities.
+
+        rows : Bool ``[B, T]``, the positions whose logits are wanted (the masked or predicting ones): ``logits``
+            are then ``[n, V]``, and a Hugging Face head projects those rows alone
+            (:func:`outlierlab.analysis.scored_rows.logits_at`); None: ``[B, T, V]``."""
         dev = self.device
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
+        narrowed = False
         if self.kind == "outlierlab":
             out = self.model(input_ids, attention_mask, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions)
         else:
-            with eager_attention(self.model):
+            with eager_attention(self.model), logits_at(self.model, rows if self.has_mlm_head else None) as narrowed:
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                                  output_attentions=output_attentions, output_hidden_states=output_hidden_states,
                                  return_dict=True)
-        return ModelOutputs(getattr(out, "logits", None) if self.has_mlm_head else None,
-                            getattr(out, "hidden_states", None), getattr(out, "attentions", None))
+        logits = getattr(out, "logits", None) if self.has_mlm_head else None
+        if logits is not None and rows is not None and not narrowed:
+            logits = logits[rows.to(logits.device)]
+        return ModelOutputs(logits, getattr(out, "hidden_states", None), getattr(out, "attentions", None))
 
 
 def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:

@@ -57,12 +57,16 @@ def orderless(loaded) -> bool:
 def _loss_sum(loaded):
     """``batch -> (summed loss, count)`` through the loaded model's logits (ours, HF, device_map-sharded alike)."""
     def loss_sum(batch):
-        logits = loaded.forward(batch["input_ids"], batch["attention_mask"]).logits
-        labels = batch["labels"].to(logits.device)
-        if loaded.is_decoder:
-            logits, labels = logits[:, :-1], labels[:, 1:]
-        keep = labels != -100
-        return F.cross_entropy(logits[keep].float(), labels[keep], reduction="sum").double(), int(keep.sum())
+        labels = batch["labels"]
+        if loaded.is_decoder:  # position t predicts token t + 1
+            rows = torch.zeros_like(labels, dtype=torch.bool)
+            rows[:, :-1] = labels[:, 1:] != -100
+            targets = labels[:, 1:][labels[:, 1:] != -100]
+        else:  # a masked LM's head projects the masked rows alone (LoadedModel.forward)
+            rows = labels != -100
+            targets = labels[rows]
+        logits = loaded.forward(batch["input_ids"], batch["attention_mask"], rows=rows).logits
+        return F.cross_entropy(logits.float(), targets.to(logits.device), reduction="sum").double(), targets.numel()
     return loss_sum
 
 
