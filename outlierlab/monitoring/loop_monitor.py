@@ -39,6 +39,7 @@ is looked through.
 from __future__ import annotations
 
 import io
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -46,6 +47,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from outlierlab.analysis.layernorm_rule import LayerNormRule
 from outlierlab.analysis.order_use import order_use_message
@@ -259,7 +261,8 @@ class OutlierMonitor:
         last = self.hidden.last_order_use if self.hidden is not None else None
         line = order_use_message(last) if last is not None and self.is_global_zero else None
         if line is not None:
-            print(f"[outlier monitor] step {self.last_step}: {line}", flush=True)
+            # tqdm.write: below a training loop's progress bar that is still drawn (the Trainer's), not on its line
+            tqdm.write(f"[outlier monitor] step {self.last_step}: {line}", file=sys.stdout)
         if self._own_writer and self.writer is not None:
             self.writer.close()
         self.writer, self._own_writer = None, False
