@@ -99,16 +99,17 @@ def last_vectors(loaded: LoadedModel, batches) -> tuple[Tensor, Tensor]:
     hs, ys = [], []
     for b in batches:
         store: list[Tensor] = []
-        with _capture(module, output, store):
-            loaded.forward(b["input_ids"], b["attention_mask"])
-        h = store[-1].float().cpu()
         labels = b["labels"]
-        if h.shape[:2] == labels.shape:  # [B, T, d]: every position went through the head
-            sel = labels != -100
-            hs.append(h[sel])
-            ys.append(labels[sel])
-        else:  # our model at evaluation computes all positions: never reached, kept as a guard
+        sel = labels != -100
+        with _capture(module, output, store):  # a Hugging Face head projects the scored rows alone
+            loaded.forward(b["input_ids"], b["attention_mask"], rows=sel)
+        h = store[-1].float().cpu()
+        if h.shape[:-1] == labels.shape:  # [B, T, d]: our head's norm sees every position
+            h = h[sel]
+        elif h.shape[:-1] != (int(sel.sum()),):  # [n, d]: the scored rows (LoadedModel.forward's rows)
             raise ValueError(f"unexpected output-layer input shape {tuple(h.shape)} for labels {tuple(labels.shape)}")
+        hs.append(h)
+        ys.append(labels[sel])
     if not hs or sum(x.shape[0] for x in hs) == 0:
         raise ValueError("no scored position: the texts are too short or mlm_probability is 0")
     return torch.cat(hs), torch.cat(ys)
