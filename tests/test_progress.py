@@ -150,3 +150,18 @@ def test_train_py_under_nohup_prints_plan_and_progress(tmp_path):
     steps = [l.split(" |")[0] for l in lines if l.startswith("[train] step") and "validation" not in l]
     assert steps == ["[train] step 2/4 (50%)", "[train] step 4/4 (100%)"]
     assert any(l.startswith("[train] step 4/4 validation | val/loss ") for l in lines)
+    # Rich renders its bar once at the end, even off a terminal: Lightning 2.6 labelled it "Epoch 0/-2"
+    assert "Epoch 0 " in proc.stdout and "/-2" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("max_epochs, label", [(-1, "Epoch 3"), (5, "Epoch 3/4"), (None, "Epoch 3")])
+def test_step_bar_has_no_negative_epoch_total(max_epochs, label):
+    """train.py's bar (StepRichProgressBar): a run bounded by steps (max_epochs=-1) reads "Epoch 3", not Lightning
+    2.6's "Epoch 3/-2"; a bounded epoch count keeps Lightning's "Epoch 3/4"."""
+    from types import SimpleNamespace
+
+    from outlierlab.lightning_modules.callbacks.progress import StepRichProgressBar
+
+    bar = StepRichProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=max_epochs)
+    assert bar._get_train_description(3).rstrip() == label

@@ -17,7 +17,8 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE  # Lightning's own choice of bar
 from lightning.pytorch.plugins.io import CheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,6 +27,7 @@ from outlierlab.datamodules.budget import DataBudget, data_budget
 from outlierlab.jobs.model_card import write_model_card
 from outlierlab.models import EncoderConfig, hf_exportable, save_pretrained
 from outlierlab.models.checkpoint import read_checkpoint
+from outlierlab.lightning_modules.callbacks.progress import StepRichProgressBar
 from outlierlab.lightning_modules.mlm_module import MLMLitModule
 from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space, checkpoint_bytes, checkpoints_kept,
                                            free_bytes_needed, staged_dir)
@@ -305,6 +307,9 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     if not any(isinstance(p, CheckpointIO) for p in plugins):  # a CheckpointIO of the user's own wins
         plugins.append(StagedCheckpointIO())
     trainer_cfg = {k: v for k, v in cfg.trainer.items() if k != "plugins"}
+    if trainer_cfg.get("enable_progress_bar", True) and _RICH_AVAILABLE \
+            and not any(isinstance(c, ProgressBar) for c in callbacks):  # the bar Lightning would add, reading
+        callbacks.append(StepRichProgressBar())  # "Epoch 0" rather than "Epoch 0/-2" under max_epochs=-1
     if trainer_cfg.get("enable_checkpointing") is None and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
         # without one of ours Lightning adds its own ModelCheckpoint (epoch=E-step=S.ckpt every epoch), which
         # `callbacks=none` says it does not have and the disk check (checkpoints_kept) does not count

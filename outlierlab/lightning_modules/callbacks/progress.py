@@ -7,7 +7,8 @@ steps, and one after each validation::
     [train] step 120/300 (40%) | loss 5.432 | 3,100 tok/s | elapsed 0:01:12 | ETA 0:01:48
     [train] step 100/300 validation | val/loss 5.310 | val/ppl 202.3 | val/order_use 0.001 | val/acc 0.12 | ...
 
-On a terminal where the progress bar draws it stays silent (``when: auto``), so nothing is doubled.
+On a terminal where the progress bar draws it stays silent (``when: auto``), so nothing is doubled.  That bar is
+:class:`StepRichProgressBar` (train.py adds it), Lightning's Rich bar for a run that stops at ``max_steps``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Callable, TextIO
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, RichProgressBar
 
 from outlierlab.utils.progress import eta_seconds, format_duration, is_terminal
 
@@ -134,3 +135,19 @@ class ProgressLines(Callback):
         eta = eta_seconds(done, total - self.start_step, elapsed) if total > 0 else None
         return (f"[train] step {step}/{total if total > 0 else '?'}{pct} | {loss} | {rate} | "
                 f"elapsed {format_duration(elapsed)} | ETA {format_duration(eta)}")
+
+
+class StepRichProgressBar(RichProgressBar):
+    """Lightning's Rich progress bar without a negative epoch total.
+
+    train.py trains for ``max_steps`` with ``max_epochs=-1`` (no epoch limit), where Lightning 2.6's bar reads
+    "Epoch 0/-2" for the whole run (Lightning issue #21925, fixed by PR #21924 after 2.6.6, the newest release the
+    package registries offer); this bar reads "Epoch 0".  Drop it once the lower bound of ``lightning`` has the fix.
+    """
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        max_epochs = self.trainer.max_epochs
+        if max_epochs is None or max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        text = f"Epoch {current_epoch}"  # padded to the validation bar's label, as Lightning pads it (no flicker)
+        return f"{text:{len(self.validation_description)}}"
