@@ -66,7 +66,10 @@ def test_our_masked_run_without_positions_is_flagged(tmp_path, texts):
     assert abs(rows[("model", "order_use")]) < 1e-5  # permutation-equivariant
     assert rows[("model", "tokens")] > 50
     # a masked model without positions cannot use order (not "yet"): known from its export's config
-    assert "The model cannot use token order: a masked LM without positions" in (tmp_path / "out" / "report.md").read_text()
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "The model cannot use token order: a masked LM without positions" in report
+    # no table of this run compares transforms: the header names none, nor a whitening fit
+    assert "transforms side by side" not in report and "fit_on" not in report
 
 
 def test_only_masked_models_of_ours_without_positions_are_orderless():

@@ -106,7 +106,8 @@ def test_end_to_end_writes_every_report_file(full_run):
     for heading in ("## Outlier dimensions", "## Anisotropy", "### Rogue dimensions", "## Isotropy",
                     "## Geometry per layer and transform (Table 1 layout)", "## Self-similarity", "## Word in Context",
                     "## Semantic Textual Similarity", "### Position embeddings", "### LayerNorm weights",
-                    "whitening fit (`transform.fit_on=eval`)", "all-true baseline", "surface-form baseline"):
+                    "whitening fit (`transform.fit_on=eval`)", "all-true baseline", "surface-form baseline",
+                    "transforms side by side: none, clip, whiten"):
         assert heading in report, heading
     # our learned-position model has a position table and post-LN LayerNorms (emb + 2 per layer)
     assert "roberta.embeddings.position_embeddings.weight" in report

@@ -143,6 +143,8 @@ def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[
         if shared.sentence_stats is not None and not _reads_sentence_maps(analyses[i + 1:], cfg):
             shared.sentence_stats.release_layer_state()  # its [L, d, d] maps, before WiC/STS fit theirs
     meta = _meta(cfg, encoder, analyses, transforms, shared, time.time() - t_start)
+    # the transforms are compared only where some table has a transform column (not in the ablation, order use...)
+    meta["transformed"] = any("transform" in r for res in results for r in res.rows)
     # a module's COLUMNS fixes its CSV header, so a skipped analysis (STS without data) still writes one
     columns = {n: getattr(modules[n], "COLUMNS", None) for n in analyses}
     for res in results:  # a fixed header also gets the fit columns its fitted rows carry (whiten_n, abtt_d, ...)
@@ -204,9 +206,10 @@ def _header(meta: dict) -> str:
              f"- family: {meta['family']}" + (" Token vectors see only their left context; pooling rules are "
                                               "those of encoders (non-special, non-pad tokens; sentence = mean)."
                                               if "decoder (causal" in meta["family"] else ""),
-             f"- analyses: {', '.join(meta['analyses'])}; transforms side by side: {', '.join(meta['transforms'])}; "
-             f"seed {meta['seed']}; {meta['seconds']:.0f} s in all"]
-    fitted = [t for t in meta["transforms"] if t in FITTED]
+             f"- analyses: {', '.join(meta['analyses'])}; "
+             + (f"transforms side by side: {', '.join(meta['transforms'])}; " if meta.get("transformed", True) else "")
+             + f"seed {meta['seed']}; {meta['seconds']:.0f} s in all"]
+    fitted = [t for t in meta["transforms"] if t in FITTED] if meta.get("transformed", True) else []
     if fitted:
         label = "/".join({"whiten": "whitening"}.get(t, t) for t in fitted)
         lines.append(f"- **{label} fit (`transform.fit_on={meta['whiten_fit_on']}`)**: outliers/"
