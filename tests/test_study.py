@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -274,3 +275,35 @@ def test_a_cut_cell_takes_its_code_version_from_its_start_records(tmp_path):
     c = read_cell(cell)
     admit_cut(c, 50)
     assert c.usable and c.cut_at == 50 and c.code == "0123456789ab-dirty"
+
+
+def test_curves_keep_their_axes_with_a_long_group_label(tmp_path):
+    """A group label is every override of its cells when one group is plotted (a data path makes it hundreds of
+    characters): the legend and title are wrapped, so tight_layout fits them and the axes keep most of the figure
+    (unwrapped, the legend outgrew the figure and the axes shrank to a sliver, with a warning)."""
+    import warnings
+
+    from matplotlib.image import imread
+
+    from outlierlab.reports.study_report import _wrapped, write_curves
+
+    group = ("analyses=[outliers,anisotropy],data.files=[/very/long/path/to/the/evaluation/sentences/of/this/study.txt],"
+             "encoder.device=cpu,encoder.name_or_path=org/tiny,encoder.revision=step*,transform=[none]")
+    metric = "anisotropy/none/spearman_without_top5"
+    steps = [0, 1000, 2000]
+    summary = pd.DataFrame({"group": group, "step": steps, "layer": "layer_2", "metric": metric, "n": 2,
+                            "mean": [0.7, 0.9, 0.73], "ci_low": [0.6, 0.8, 0.6], "ci_high": [0.8, 1.0, 0.8]})
+    per_seed = pd.DataFrame({"group": group, "seed": [1, 1, 1, 2, 2, 2], "step": steps * 2, "layer": "layer_2",
+                             "metric": metric, "value": [0.6, 0.8, 0.7, 0.8, 1.0, 0.76]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Tight layout not applied" is a UserWarning
+        [png] = write_curves(tmp_path, summary, per_seed, [metric], ["layer_2"])
+    img = imread(png)[..., :3]
+    # the plotted area: columns holding the mean curve's colour (matplotlib's C0, #1f77b4) span most of the width
+    blue = ((abs(img[..., 0] - 0x1F / 255) < 0.05) & (abs(img[..., 1] - 0x77 / 255) < 0.05)
+            & (abs(img[..., 2] - 0xB4 / 255) < 0.05))
+    cols = np.flatnonzero(blue.any(0))
+    assert cols.max() - cols.min() > 0.6 * img.shape[1]
+    assert _wrapped(group, 60, 2).count("\n") == 1 and _wrapped(group, 60, 2).endswith("…")
+    assert _wrapped("pos=learned", 60) == "pos=learned"
+    assert _wrapped("mean, 95% t CI", 8) == "mean,\n95% t CI"  # an existing space is kept, not doubled

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -146,6 +147,17 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)
 
 
+def _wrapped(text: str, width: int, max_lines: int = 3) -> str:
+    """``text`` in lines of at most ``width`` characters, broken after commas and slashes where possible, cut
+    with "…" after ``max_lines``: a group label is every override of its cells when one group is plotted
+    (hundreds of characters with a data path), and matplotlib's legend and title do not wrap — unwrapped, the
+    legend outgrew the figure and tight_layout squeezed the axes into a sliver."""
+    mark = "\ue000"  # textwrap breaks at spaces only: a marked one after each , and / that has none, removed after
+    spaced = re.sub(r"([,/])(?=\S)", "\\1" + mark + " ", text)
+    lines = textwrap.wrap(spaced, width, break_on_hyphens=False, max_lines=max_lines, placeholder=" …")
+    return "\n".join(line.replace(mark + " ", "").replace(mark, "") for line in lines)
+
+
 def write_curves(folder: Path, summary: pd.DataFrame, per_seed: pd.DataFrame, metrics: Sequence[str],
                  layers: Sequence[str]) -> list[Path]:
     """One PNG per metric x layer: per group the mean over seeds with its CI band, each seed faintly behind."""
@@ -166,9 +178,10 @@ def write_curves(folder: Path, summary: pd.DataFrame, per_seed: pd.DataFrame, me
                     seed_rows = seed_rows.sort_values("step")
                     ax.plot(seed_rows["step"], seed_rows["value"], color=color, alpha=0.25, lw=0.8)
                 g = g.sort_values("step")
-                ax.plot(g["step"], g["mean"], color=color, lw=2, label=f"{group} (n={int(g['n'].max())})")
+                ax.plot(g["step"], g["mean"], color=color, lw=2, label=f"{_wrapped(group, 60, 2)} (n={int(g['n'].max())})")
                 ax.fill_between(g["step"], g["ci_low"], g["ci_high"], color=color, alpha=0.18, lw=0)
-            ax.set(xlabel="step", ylabel=metric, title=f"{metric} — {layer} (mean, 95% t CI, seeds faint)")
+            ax.set(xlabel="step", ylabel=_wrapped(metric, 40, 2))
+            ax.set_title(_wrapped(f"{metric} — {layer} (mean, 95% t CI, seeds faint)", 70, 2), fontsize=10)
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
             out = folder / f"{_safe(metric)}__{_safe(layer)}.png"
