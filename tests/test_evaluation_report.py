@@ -44,3 +44,22 @@ def test_the_report_links_only_the_figures_drawn(tmp_path):
     assert "![a](a.png)" in text and "text after" in text
     assert "old.png" not in text and "c.png" not in text and "## B" in text and "## C" in text
     assert write_report(tmp_path, "# head", sections).read_text().count("![") == 3  # no list: nothing removed
+
+
+def test_layer_axes_tick_whole_layers(tmp_path, monkeypatch):
+    """Per-layer figures (evaluate's, probe.py's) put ticks on layers only: 5 layers once gave 0.5, 1.5, ..."""
+    from outlierlab.reports import evaluation_report, probe_report
+
+    figs = []
+    for mod in (evaluation_report, probe_report):
+        monkeypatch.setattr(mod.plt, "close", figs.append)
+    evaluation_report.plot_layers(tmp_path / "a.png", {"none": [0.1, 0.2, 0.3, 0.25, 0.2]}, "y", "t")
+    rows = [{"layer": i, "transform": "none", "accuracy": 0.1 * i, "chance": 0.03, "contribution_outlier": 0.1,
+             "contribution_mean": 0.05} for i in range(5)]
+    probe_report.write_plots(rows, tmp_path, "position_probe")
+    assert len(figs) == 3
+    for fig in figs:
+        ax = fig.axes[0]
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), ticks

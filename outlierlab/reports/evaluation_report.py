@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: figures go to files only
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import StepPatch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from outlierlab.utils.tables import columns_of, joined, md_table, write_csv  # noqa: E402
 
@@ -80,6 +81,7 @@ def plot_layers(path: Path, series: Mapping[str, Sequence[float]], ylabel: str, 
     if hline is not None:
         ax.axhline(hline, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("layer (0 = embeddings)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole: no "1.5" ticks
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)

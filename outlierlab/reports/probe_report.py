@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: figures go to files only
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from outlierlab.utils.tables import md_table, write_csv  # noqa: E402
 
@@ -69,6 +70,7 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
         ax.plot([r["layer"] for r in rs], [r["accuracy"] for r in rs], marker="o", label=t)
     ax.axhline(rows[0]["chance"], color="gray", ls="--", lw=1, label="chance")
     ax.set(xlabel="layer (0 = embeddings)", ylabel="test accuracy", title=f"{stem}: accuracy per layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole: no "1.5" ticks
     ax.legend()
     fig.tight_layout()
     paths.append(run_dir / f"{stem}_accuracy.png")
@@ -83,6 +85,7 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
         ax.plot(layers, [r["contribution_outlier"] for r in rs], marker="o", label=f"{t}: outlier neuron")
         ax.plot(layers, [r["contribution_mean"] for r in rs], marker="x", ls="--", label=f"{t}: mean neuron")
     ax.set(xlabel="layer", ylabel="mean |w_y,i v_i|", title="contribution: outlier vs mean neuron (Luo Fig. 5)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(run_dir / f"{stem}_contribution.png")
