@@ -170,3 +170,27 @@ def test_weights_loaded_on_first_encode_stay_modifiable(tmp_path, pos):
     with zero_layernorm_dims({"layer.0.output": ln}, [1]):
         assert ln.weight[1] == 0
     assert torch.equal(ln.weight, before)
+
+
+@pytest.mark.parametrize("pos", ["none", "rope"])
+def test_own_model_names_its_position_scheme_in_every_form(tmp_path, pos):
+    """``FrozenEncoder.pos``: our scheme, read from the config of the run dir, its export and its checkpoint
+    (probe.py's report says when a masked LM without positions is probed); None for other models."""
+    save_own_run(tmp_path / "run", pos=pos)
+    for target in (tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"):
+        enc = FrozenEncoder(str(target), device="cpu")
+        assert (enc.pos, enc.causal) == (pos, False)
+    assert FrozenEncoder(str(minilm_path()), device="cpu").pos is None
+
+
+def test_probe_report_of_a_model_without_positions_names_the_content_baseline(tmp_path, compose_cfg):
+    from outlierlab.jobs.probing import run
+
+    for pos in ("none", "learned"):
+        save_own_run(tmp_path / pos, pos=pos)
+        cfg = compose_cfg("probe", [f"encoder.name_or_path={tmp_path / pos}", "progress=false", "probe.epochs=1",
+                                    f"features.cache_dir={tmp_path / 'cache'}", "data.max_sentences=60",
+                                    "transform=[none]"])
+        run(cfg, tmp_path / f"probe_{pos}")
+    assert "no position input" in (tmp_path / "probe_none" / "probe_report.md").read_text()
+    assert "no position input" not in (tmp_path / "probe_learned" / "probe_report.md").read_text()

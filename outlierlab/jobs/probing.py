@@ -21,6 +21,7 @@ from lightning.pytorch import seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from outlierlab.analysis.distance_similarity import DistanceSimilarity
+from outlierlab.analysis.order_use import cannot_use_order
 from outlierlab.analysis.probing import chance_accuracy, rank_of_dims, top_dims
 from outlierlab.analysis.transform_fit import fit_transform
 from outlierlab.analysis.transforms import MIN_FIT_RATIO, TRANSFORMS
@@ -228,7 +229,8 @@ def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None) -> dict:
     rows, info, contribs = (run_position if kind == "position" else run_classifier)(cfg, encoder, logger)
     info.update(encoder=str(encoder.source.name), encoder_kind=encoder.source.kind, layers=encoder.num_layers + 1,
                 hidden=encoder.hidden_size, transforms=selected_transforms(cfg.transform), seed=int(cfg.seed),
-                family=encoder.family_line(), layernorms=layernorm_note(encoder))
+                family=encoder.family_line(), layernorms=layernorm_note(encoder),
+                orderless=cannot_use_order(getattr(encoder, "pos", None), getattr(encoder, "causal", False)))
     by_distance = info.pop("similarity_by_distance", None)
     if by_distance:  # Zuo et al.: nearby tokens more similar than distant ones -> position readable
         write_csv(run_dir / "similarity_by_distance.csv", by_distance, ["layer", "distance", "cosine", "n_pairs"])

@@ -98,6 +98,12 @@ def _tokenizer_fingerprint(tok) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _pos_name(pos) -> str | None:
+    """Our position scheme's name from a config's ``pos`` (``{"name": "none", ...}``) or ``outlierlab_pos``."""
+    pos = pos.get("name") if isinstance(pos, dict) else pos
+    return None if pos is None else str(pos)
+
+
 class FrozenEncoder:
     """A frozen encoder returning all hidden states: ``encode(texts)`` yields :class:`EncodedBatch`.
 
@@ -133,6 +139,8 @@ class FrozenEncoder:
     ----------
     n_forward_calls : int
         Forward passes run so far (tests use it to check that cached features skip the encoder).
+    causal, pos : whether it is a decoder, and our position scheme's name (``model.pos``) for a model of ours
+        (a run, its exports, a checkpoint; None for other models), read from its config without loading weights
     """
 
     def __init__(self, name_or_path: str = "all-minilm-l6-v2", max_length: int | None = None,
@@ -155,6 +163,7 @@ class FrozenEncoder:
         self.n_forward_calls = 0
         self.tokenizer = self._load_tokenizer()
         self.model_type, self.norm_placement = "outlierlab", "post"  # _read_config sets both for HF models
+        self.causal, self.pos = False, None  # and these where the config says
         self.num_layers, self.hidden_size, limit = self._read_config()
         tok_max = getattr(self.tokenizer, "model_max_length", None) or 10**9
         self.model_max_length = min(limit, tok_max) if tok_max < 10**6 else limit
@@ -197,6 +206,7 @@ class FrozenEncoder:
         if src.kind == "ckpt":
             cfg = self._ckpt_payload()["hyper_parameters"]["model"]
             self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
+            self.pos = _pos_name(cfg.get("pos"))
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         # ours: outlierlab_config.json, or only the config.json of a remote-code export that transformers re-saved
         # (EncoderConfig's fields plus outlierlab_pos; AutoConfig would need trust_remote_code to read it). A native
@@ -207,11 +217,13 @@ class FrozenEncoder:
         if ours:
             cfg = ours[0]
             self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
+            self.pos = _pos_name(cfg.get("pos", cfg.get("outlierlab_pos")))
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         from transformers import AutoConfig
 
         cfg = AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only, revision=src.revision)
         self.causal = bool(getattr(cfg, "is_decoder", False))  # our clm runs export as RobertaForCausalLM
+        self.pos = _pos_name(getattr(cfg, "outlierlab_pos", None))  # our native export names it; hub models: None
         if src.kind == "hf":
             self.model_type = str(getattr(cfg, "model_type", "") or type(cfg).__name__)
         positions = getattr(cfg, "max_position_embeddings", None) or 10**9
@@ -283,7 +295,7 @@ class FrozenEncoder:
         from outlierlab.models.families import UnknownFamilyError, family_for_type
 
         try:
-            family = family_for_type(self.model_type, self.norm_placement, getattr(self, "causal", False))
+            family = family_for_type(self.model_type, self.norm_placement, self.causal)
         except UnknownFamilyError as e:
             return str(e)
         roles = {"pre": "both per-layer norms (before the attention and before the MLP)",

@@ -25,6 +25,11 @@ POSITION_CAVEAT = ("- reads: a linear probe finds the position a layer *carries*
                    "table's distinct rows are decodable in a model that ignores word order (docs/order_use.md, "
                    "\"Position probes\"); whether it uses order: `python evaluate.py encoder.name_or_path=... "
                    "'analyses=[order_use]'` (masked or causal LM head)")
+#: Under the position probe of a masked LM of ours without positions (permutation-equivariant, docs/order_use.md).
+ORDERLESS_NOTE = ("- this model has no position input (a masked LM with `pos=none`, permutation-equivariant): whatever "
+                  "the probe decodes above chance, the tokens themselves carry (capitalised first words, final "
+                  "punctuation, how many tokens the sentence has) -- the content baseline a position scheme's probe "
+                  "is read against")
 #: Transforms whose coordinate i is not neuron i (no outlier-contribution columns or panels).
 MIXING = ("whiten", "abtt")
 
@@ -53,6 +58,8 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str) -> Path
              "outlier columns for whiten and abtt (their coordinates mix neurons; whiten's are principal directions)"]
     if info.get("task") == "position":
         lines.append(POSITION_CAVEAT)
+        if info.get("orderless"):
+            lines.append(ORDERLESS_NOTE)
     lines += [f"- note: {n}" for n in info.get("notes", [])]
     lines += ["", md_table(cols, ([r[c] for c in cols] for r in rows), cell=_fmt)]
     path.write_text("\n".join(lines) + "\n")
