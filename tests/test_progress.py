@@ -152,6 +152,8 @@ def test_train_py_under_nohup_prints_plan_and_progress(tmp_path):
     assert any(l.startswith("[train] step 4/4 validation | val/loss ") for l in lines)
     # Rich renders its bar once at the end, even off a terminal: Lightning 2.6 labelled it "Epoch 0/-2"
     assert "Epoch 0 " in proc.stdout and "/-2" not in proc.stdout + proc.stderr
+    # each Lightning log line once (Hydra's console handler), not a second time through Lightning's own
+    assert (proc.stdout + proc.stderr).count("Seed set to") == 1
 
 
 @pytest.mark.parametrize("max_epochs, label", [(-1, "Epoch 3"), (5, "Epoch 3/4"), (None, "Epoch 3")])
@@ -165,3 +167,29 @@ def test_step_bar_has_no_negative_epoch_total(max_epochs, label):
     bar = StepRichProgressBar()
     bar._trainer = SimpleNamespace(max_epochs=max_epochs)
     assert bar._get_train_description(3).rstrip() == label
+
+
+def test_lightning_lines_reach_the_root_handlers_once():
+    """Under a configured root logger (Hydra's), the console handler ``import lightning`` adds is dropped; without
+    one, Lightning keeps its own (nothing would print otherwise)."""
+    import logging
+
+    import lightning  # noqa: F401  (adds the handler)
+
+    from outlierlab.jobs.startup import one_console_for_lightning
+
+    lg, root = logging.getLogger("lightning"), logging.getLogger()
+    saved_lg, saved_root = list(lg.handlers), list(root.handlers)
+    stream = io.StringIO()
+    try:
+        lg.handlers = [logging.StreamHandler(io.StringIO())]  # what lightning/__init__.py adds
+        root.handlers = []
+        one_console_for_lightning()
+        assert len(lg.handlers) == 1  # no root handlers: Lightning's own stays
+        root.handlers = [logging.StreamHandler(stream)]
+        one_console_for_lightning()
+        assert lg.handlers == []
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").info("GPU available: False")
+        assert stream.getvalue().count("GPU available") == 1
+    finally:
+        lg.handlers, root.handlers = saved_lg, saved_root

@@ -30,6 +30,7 @@ from outlierlab.datamodules.features import (RowBatches, chunk_outlier_stats, de
 from outlierlab.models.loading import FrozenEncoder
 from outlierlab.datamodules.probe_data import load_classification, load_position_texts, split_indices
 from outlierlab.lightning_modules.probes import PositionProbe, SentenceClassifier, train_probe
+from outlierlab.jobs.startup import one_console_for_lightning
 from outlierlab.reports.probe_report import write_outputs
 from outlierlab.utils.tables import write_csv
 
@@ -215,6 +216,7 @@ def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None) -> dict:
     """Run the probe described by ``cfg`` (configs/probe.yaml) and write every output into ``run_dir``;
     ``encoder``: an already loaded one (the Python API, :func:`outlierlab.api.probe_positions`) instead of
     ``cfg.encoder``'s."""
+    one_console_for_lightning()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(int(cfg.seed), verbose=False)

@@ -34,6 +34,7 @@ from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space,
 from outlierlab.jobs.run_errors import error_line
 from outlierlab.jobs.run_lock import is_primary_process, lock_run_dir
 from outlierlab.jobs.run_state import FINISHED_MARKER, finished_run, mark_failed, mark_finished, record_start  # noqa: F401
+from outlierlab.jobs.startup import one_console_for_lightning
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     continues it cell by cell instead of starting over. A run that fails writes ``failed.json`` (the one-line
     error and the step reached, :func:`outlierlab.jobs.run_state.failed_run`).
     """
+    one_console_for_lightning()
     run_dir = Path(cfg.run_dir).resolve()
     primary = is_primary_process()  # DDP ranks >= 1 share rank 0's lock and write no markers
     if primary:
