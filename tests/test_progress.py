@@ -195,3 +195,23 @@ def test_lightning_lines_reach_the_root_handlers_once():
         assert stream.getvalue().count("GPU available") == 1
     finally:
         lg.handlers, root.handlers = saved_lg, saved_root
+
+
+def test_a_probe_leaves_lightning_logging_and_warnings_as_it_found_them(tmp_path, compose_cfg):
+    """probe.py (and ol.probe_positions) quiets Lightning's per-Trainer banners while it trains its probes, and
+    restores the levels and warning filters afterwards: a notebook's later training run logs as before."""
+    import logging
+    import warnings
+
+    from probe_fixtures import save_tiny_bert
+
+    from outlierlab.jobs.probing import run
+
+    bert = save_tiny_bert(tmp_path / "bert")
+    levels = {n: logging.getLogger(n).level for n in ("lightning.pytorch", "lightning.fabric")}
+    filters = list(warnings.filters)
+    run(compose_cfg("probe", [f"encoder.name_or_path={bert}", "progress=false", "probe.epochs=1",
+                              "data.max_sentences=40", "transform=[none]", f"features.cache_dir={tmp_path / 'c'}"]),
+        tmp_path / "probe")
+    assert {n: logging.getLogger(n).level for n in levels} == levels
+    assert warnings.filters == filters

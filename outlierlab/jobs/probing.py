@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Mapping
 
@@ -220,10 +221,29 @@ def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(int(cfg.seed), verbose=False)
-    for pattern in (".*does not have many workers.*", ".*The number of training batches.*", ".*LeafSpec.*"):
-        warnings.filterwarnings("ignore", pattern)
-    for name in ("lightning.pytorch", "lightning.fabric"):  # per-Trainer banners, once per transform
-        logging.getLogger(name).setLevel(logging.WARNING)
+    with _quiet_lightning():
+        return _run(cfg, run_dir, encoder)
+
+
+@contextmanager
+def _quiet_lightning():
+    """Without Lightning's per-Trainer banners and data-loader hints (one Trainer per layer and transform), and
+    with both back as they were afterwards: ``ol.probe_positions`` in a notebook leaves a later run's logs alone."""
+    names = ("lightning.pytorch", "lightning.fabric")
+    levels = {name: logging.getLogger(name).level for name in names}
+    with warnings.catch_warnings():
+        for pattern in (".*does not have many workers.*", ".*The number of training batches.*", ".*LeafSpec.*"):
+            warnings.filterwarnings("ignore", pattern)
+        for name in names:
+            logging.getLogger(name).setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+
+
+def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None) -> dict:
     if encoder is None:
         encoder = FrozenEncoder.from_config(cfg.encoder)  # + dtype, device_map, revision (configs/encoder/)
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
