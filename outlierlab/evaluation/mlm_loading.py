@@ -32,13 +32,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from outlierlab.analysis.scored_rows import logits_at
 from outlierlab.evaluation.settings import DataSettings, section_settings
 from outlierlab.datamodules.corpus import load_texts_from_files
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.models.families import Family, UnknownFamilyError, family_of
 from outlierlab.models.layernorms import model_layernorms
 from outlierlab.models.loading import FrozenEncoder
-from outlierlab.analysis.scored_rows import logits_at
 from outlierlab.models.placement import eager_attention
 
 #: What the model's own head scores: masked tokens (encoders) or the next token (decoders).

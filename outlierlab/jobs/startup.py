@@ -354,13 +354,12 @@ def check_device(device, key: str = "encoder.device") -> None:
         raise ValueError(f"{key}={name} but MPS is not available here; use {key}=auto or {key}=cpu")
 
 
-# run_main / USER_ERRORS live in run_errors (one line per failure, a sweep that survives a failing cell)
 def one_console_for_lightning() -> None:
     """Print each Lightning log line once.  ``import lightning`` gives the ``lightning`` logger a console handler of its
     own ("INFO: Seed set to 42") and lets its records propagate too; under Hydra, whose root handlers write the
     console and the run's log file, every Lightning line came out twice (Hydra issue #2898).  The jobs import
     Lightning only after Hydra has set up logging (a bad config fails before the slow imports), so a
-    ``hydra.job_logging`` entry cannot reach that handler: the jobs call this right after the import instead.
+    ``hydra.job_logging`` entry cannot reach that handler: the jobs call this when they start instead.
     Without handlers on the root logger (Lightning used outside Hydra) nothing changes."""
     if not logging.getLogger().hasHandlers():
         return
@@ -370,6 +369,7 @@ def one_console_for_lightning() -> None:
             lightning_logger.removeHandler(handler)
 
 
+# run_main / USER_ERRORS live in run_errors (one line per failure, a sweep that survives a failing cell)
 from outlierlab.jobs.run_errors import USER_ERRORS, run_main  # noqa: E402,F401 (the entry points import them here)
 
 

@@ -1,0 +1,38 @@
+"""The vocabulary projection at the scored rows only (``outlierlab.analysis.scored_rows.logits_at``, through
+``LoadedModel.forward(..., rows=)``): the ablation's, order use's and frequent_tokens' scoring, in every family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from family_models import DECODERS, SPECS, build
+
+
+@pytest.mark.parametrize("model_type", list(SPECS))
+def test_logits_at_the_scored_rows_equal_the_full_head_in_every_family(model_type):
+    """``LoadedModel.forward(..., rows=)`` (the ablation's and order use's scoring): the logits at the scored
+    positions equal the full head's rows, and where the head's last Linear is the output embedding the vocabulary
+    projection saw those rows alone (``analysis.scored_rows.logits_at``); the hook is gone afterwards."""
+    from outlierlab.evaluation.mlm_loading import LoadedModel
+
+    model, tok = build(model_type)
+    loaded = LoadedModel(model, tok, {}, "hf", model_type, True,
+                         objective="next_token" if model_type in DECODERS else "masked_lm")
+    enc = tok(["the quick brown fox jumps over the lazy dog", "a short one"], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    rows = torch.zeros_like(ids, dtype=torch.bool)
+    rows[0, [1, 4, 5]] = rows[1, 2] = True
+    full = loaded.forward(ids, mask).logits
+    head = model.get_output_embeddings()
+    seen = []
+    spy = head.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[:-1].numel()))
+    try:
+        narrow = loaded.forward(ids, mask, rows=rows).logits
+    finally:
+        spy.remove()
+    assert narrow.shape == (4, full.shape[-1])
+    torch.testing.assert_close(narrow, full[rows], rtol=1e-5, atol=1e-5)
+    if isinstance(head, torch.nn.Linear):
+        assert seen == [4]
+    assert not head._forward_pre_hooks
