@@ -368,3 +368,31 @@ def test_anisotropy_standard_error_is_the_delete_one_sentence_jackknife():
     # equal cosines everywhere: no spread, SE 0; two sentences: no jackknife
     assert float(jackknife_se_by_sentence(torch.full((1, 6), 0.4, dtype=torch.float64), sa, sb)[0]) == pytest.approx(0)
     assert math.isnan(float(jackknife_se_by_sentence(cos[:, :1], sa[:1], sb[:1])[0]))
+
+
+def test_metric_curves_label_log_panels_in_plain_numbers_inside_the_figure():
+    """The metric-curves figure (drawn at every image record) has fixed margins: its log-scale panels must label
+    ticks "10", "1000" (matplotlib's "3 × 10⁰" did not fit them), and no tick label may fall outside the figure."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from outlierlab.reports import monitor_plots as plots
+
+    steps = list(range(0, 1000, 50))
+    curves = {"kurtosis": {layer: (steps, list(np.logspace(0, 4, len(steps)) * (layer + 1))) for layer in range(3)},
+              "max_median": {layer: (steps, list(1.2 + 0.1 * np.sin(np.arange(len(steps))))) for layer in range(3)},
+              "argmax_share": {layer: (steps, [0.1] * len(steps)) for layer in range(3)},
+              "anisotropy": {layer: (steps, [0.5] * len(steps)) for layer in range(3)}}
+    fig = plots.metric_curves_figure(curves, title="a run")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer, (width, height) = canvas.get_renderer(), canvas.get_width_height()
+    labels = [t for ax in fig.axes for minor in (False, True)  # the drawn ones: ticks inside the view limits
+              for t, y in zip(ax.get_yticklabels(minor=minor), ax.get_yticks(minor=minor))
+              if t.get_text() and min(ax.get_ylim()) <= y <= max(ax.get_ylim())]
+    log_labels = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()]
+    assert "1000" in log_labels or "1e+03" in log_labels, log_labels
+    assert not any("times" in t.get_text() or "^" in t.get_text() for t in labels)
+    for t in labels:
+        box = t.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.x1 <= width and box.y0 >= 0 and box.y1 <= height, (t.get_text(), box)

@@ -215,3 +215,35 @@ def test_a_probe_leaves_lightning_logging_and_warnings_as_it_found_them(tmp_path
         tmp_path / "probe")
     assert {n: logging.getLogger(n).level for n in levels} == levels
     assert warnings.filters == filters
+
+
+def test_lightning_advertisements_are_dropped_and_its_other_lines_kept():
+    """A Trainer start logs "💡 Tip: ... litlogger" (and litmodels) at INFO: the jobs' console and log file drop
+    those lines and keep every other Lightning line."""
+    import logging
+
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    from outlierlab.jobs.startup import _drop_lightning_tips, one_console_for_lightning
+
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    saved_level, stream = rank_zero.level, io.StringIO()
+    handler = logging.StreamHandler(stream)
+    rank_zero.addHandler(handler)
+    rank_zero.setLevel(logging.INFO)
+    rank_zero.removeFilter(_drop_lightning_tips)  # as a fresh process has it (an earlier test may have added it)
+    try:
+        rank_zero_info("💡 Tip: For seamless cloud logging and experiment tracking, try installing litlogger")
+        assert "litlogger" in stream.getvalue()  # before: Lightning prints it
+        stream.truncate(0)
+        stream.seek(0)
+        one_console_for_lightning()
+        one_console_for_lightning()  # idempotent: one filter
+        assert rank_zero.filters.count(_drop_lightning_tips) == 1
+        rank_zero_info("💡 Tip: For seamless cloud uploads and versioning, try installing litmodels")
+        rank_zero_info("GPU available: False, used: False")
+        assert stream.getvalue() == "GPU available: False, used: False\n"
+    finally:
+        rank_zero.removeHandler(handler)
+        rank_zero.removeFilter(_drop_lightning_tips)
+        rank_zero.setLevel(saved_level)

@@ -354,13 +354,25 @@ def check_device(device, key: str = "encoder.device") -> None:
         raise ValueError(f"{key}={name} but MPS is not available here; use {key}=auto or {key}=cpu")
 
 
+def _drop_lightning_tips(record: logging.LogRecord) -> bool:
+    """False for Lightning's "💡 Tip:" advertisements (see :func:`one_console_for_lightning`)."""
+    return not str(record.msg).startswith("💡 Tip:")
+
+
 def one_console_for_lightning() -> None:
     """Print each Lightning log line once.  ``import lightning`` gives the ``lightning`` logger a console handler of its
     own ("INFO: Seed set to 42") and lets its records propagate too; under Hydra, whose root handlers write the
     console and the run's log file, every Lightning line came out twice (Hydra issue #2898).  The jobs import
     Lightning only after Hydra has set up logging (a bad config fails before the slow imports), so a
     ``hydra.job_logging`` entry cannot reach that handler: the jobs call this when they start instead.
-    Without handlers on the root logger (Lightning used outside Hydra) nothing changes."""
+    Without handlers on the root logger (Lightning used outside Hydra) the handler stays.
+
+    It also drops Lightning's product advertisements ("💡 Tip: ... try installing litlogger", "... litmodels"),
+    logged at INFO at every Trainer start and not configurable in Lightning 2.6: a run's log says what the run
+    did.  Every other Lightning line passes."""
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _drop_lightning_tips not in rank_zero.filters:
+        rank_zero.addFilter(_drop_lightning_tips)
     if not logging.getLogger().hasHandlers():
         return
     lightning_logger = logging.getLogger("lightning")
