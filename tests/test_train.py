@@ -267,3 +267,28 @@ def test_resume_false_where_checkpoints_exist_is_refused_and_a_fresh_start_warns
     msg = str(err.value)
     assert "\n" not in msg and "resume=false" in msg and "another run_dir" in msg and str(tmp_path) in msg
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").iterdir()} == before
+
+
+def test_model_summary_counts_the_flops_of_one_training_block(tmp_path, shared_cache, caplog, capsys):
+    """Lightning's model summary printed "Total FLOPs: 0" (no example input): train.py gives it one training
+    block, and the total is the hand count of one forward: 2·T·(in·out) for every Linear, plus the tied
+    decoder's 2·T·d·V (torch's counter counts attention's products only where it knows the kernel: up to
+    4·L·T²·d more)."""
+    import logging
+    import re
+
+    from outlierlab.jobs.training import train
+
+    caplog.set_level(logging.INFO, logger="lightning.pytorch.callbacks.model_summary")
+    train(small_cfg(tmp_path, "trainer.enable_model_summary=true", "trainer.max_steps=1", "trainer.limit_val_batches=0",
+                    "callbacks=none", "logger=none", "export=false"))
+    text = capsys.readouterr().out + "\n".join(r.getMessage() for r in caplog.records)  # Rich table or log
+    m = re.search(r"Total FLOPs: ([\d.]+) ?([KMBT]?)|([\d.]+) ?([KMBT]?)\s+Total Flops", text)  # Rich | plain
+    value, unit = (m[1], m[2]) if m[1] else (m[3], m[4])
+    counted = float(value) * {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}[unit]
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(tmp_path / "tokenizer"))
+    T, d, L, ff = 64, 64, 2, 128
+    linear = 2 * T * (L * (4 * d * d + 2 * d * ff) + d * d + d * vocab)  # q, k, v, o, MLP; head dense + decoder
+    assert linear * 0.99 <= counted <= (linear + 4 * L * T * T * d) * 1.01, (counted, linear, text[-600:])

@@ -301,6 +301,9 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
         del ckpt
 
     module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config)
+    # Lightning's model summary counts FLOPs on this input (torch's FlopCounterMode over one forward): one
+    # training block; without it the summary printed "Total FLOPs: 0".  Token ids do not change the count.
+    module.example_input_array = {"input_ids": torch.zeros(1, datamodule.block_size, dtype=torch.long)}
     ensure_room(run_dir, module, cfg)
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]

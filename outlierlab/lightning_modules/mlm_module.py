@@ -214,8 +214,9 @@ class MLMLitModule(L.LightningModule):
         return self.model.config
 
     def forward(self, **batch: Tensor):
-        return self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
-                          masked_positions=batch.get("masked_positions"))
+        # input_ids alone positional: the model summary's "In sizes" then reads [B, T], not [[B, T], ?, ?]
+        rest = {k: batch[k] for k in ("attention_mask", "labels", "masked_positions") if batch.get(k) is not None}
+        return self.model(batch["input_ids"], **rest)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Still on the host: reading the mask and the labels here costs no device synchronisation.
