@@ -94,3 +94,21 @@ def test_missing_directory_is_a_clear_error(tmp_path):
         load_pretrained(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="neither outlierlab_config.json nor"):
         load_pretrained(tmp_path)
+
+
+def test_hf_export_prints_no_shard_bar_and_leaves_transformers_bars_as_they_were(tmp_path, capfd):
+    """transformers' "Writing model shards" bar (one small shard) landed in every train.py log; the export hides
+    it for its own save only: a bar disabled by the user stays disabled, an enabled one is enabled again."""
+    from transformers.utils import logging as hf_logging
+
+    model = trained_looking("learned")
+    try:
+        hf_logging.enable_progress_bar()
+        assert save_pretrained(model, tmp_path / "a") == "hf"
+        assert "Writing model shards" not in capfd.readouterr().err
+        assert hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        save_pretrained(model, tmp_path / "b")
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()

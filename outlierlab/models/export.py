@@ -130,7 +130,15 @@ def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokeni
         missing, unexpected = hf.load_state_dict(to_hf_state_dict(model), strict=False)
         if unexpected or [k for k in missing if "position_ids" not in k]:
             raise RuntimeError(f"HF export mismatch: missing={missing} unexpected={unexpected}")
-        hf.save_pretrained(out)
+        from transformers.utils import logging as hf_logging
+
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # its "Writing model shards" bar for one small shard, in every run log
+        try:
+            hf.save_pretrained(out)
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
         fmt = "hf"
     else:
         sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
