@@ -44,5 +44,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     register_resolvers()
-    check_overrides(sys.argv[1:])  # unknown encoder=/transform=/wic=/sts= -> one line, before heavy imports
+    check_overrides(sys.argv[1:], config_name="evaluate")  # unknown encoder=/transform=/wic=/sts= -> one line, before heavy imports
     main()

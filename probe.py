@@ -16,7 +16,7 @@ from outlierlab.jobs.run_errors import CELL_FAILED
 from outlierlab.jobs.startup import check_device, check_overrides, register_resolvers, run_main
 
 register_resolvers()
-check_overrides()  # unknown encoder=/task=/transform= -> one line listing valid names, before slow imports
+check_overrides(config_name="probe")  # unknown encoder=/task=/transform= -> one line listing valid names, before slow imports
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402

@@ -13,7 +13,7 @@ if os.environ.get("LOCAL_RANK", "0") != "0" and "OUTLIERLAB_CHILD_ARGV" in os.en
     # A DDP child started by Lightning: run exactly the parent's job, never a new sweep.
     sys.argv = [sys.argv[0], *json.loads(os.environ["OUTLIERLAB_CHILD_ARGV"])]
 register_resolvers()
-check_overrides()  # unknown pos=/model=/data=... -> one line, before the slow imports
+check_overrides(config_name="train")  # unknown pos=/model=/data=... -> one line, before the slow imports
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402

@@ -19,3 +19,42 @@ def test_sweep_lists_are_checked_item_by_item():
         "unknown pos 'nope'; valid: alibi, learned, none, relative, rope, sinusoidal",
         "unknown model 'huge'; valid: base, small, tiny",
     ]
+
+
+def test_unknown_setting_gives_one_line_with_the_closest_keys():
+    """Hydra's message for a typo'd key is five lines and advises ``+key=``, which adds a key nothing reads."""
+    from outlierlab.jobs.startup import find_unknown_keys
+
+    cfg_hint = "(`python train.py --cfg job` lists every setting)"
+    assert find_unknown_keys(["trainer.max_step=10"], "train") == [
+        f"unknown setting 'trainer.max_step'; did you mean trainer.max_steps or trainer.max_epochs? {cfg_hint}"]
+    assert find_unknown_keys(["pos=none", "model.hidden_sise=64"], "train") == [
+        f"unknown setting 'model.hidden_sise'; did you mean model.hidden_size? {cfg_hint}"]
+    assert find_unknown_keys(["run_dir=/tmp/x"], "evaluate") == [
+        "unknown setting 'run_dir'; the run's output directory is hydra.run.dir=<dir> "
+        "(`python evaluate.py --cfg job` lists every setting)"]
+
+
+def test_known_settings_pass_whatever_group_or_append_brings_them():
+    from outlierlab.jobs.startup import find_unknown_keys
+
+    assert find_unknown_keys(["pos=learned,none", "model.hidden_size=64", "seed=1,2", "trainer.max_steps=3",
+                              "hydra.run.dir=/tmp/x", "hydra/launcher=joblib", "-m"], "train") == []
+    assert find_unknown_keys(["+foo=1", "foo=2"], "train") == []  # appended, then set: Hydra's to judge
+    # a key of the run_dir-less evaluate config is unknown there, a key of the chosen wic preset is known
+    assert find_unknown_keys(["wic=superglue", "wic.max_pairs=10"], "evaluate") == []
+    assert find_unknown_keys(["run_dir=/tmp/x"], "train") == []  # train.py has one (set from hydra.run.dir)
+
+
+def test_train_py_refuses_a_typo_in_one_line_before_any_heavy_import():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    r = subprocess.run([sys.executable, "train.py", "trainer.max_step=10"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: unknown setting 'trainer.max_step'; did you mean trainer.max_steps or trainer.max_epochs? "
+        "(`python train.py --cfg job` lists every setting)"]
