@@ -6,6 +6,7 @@ of the evaluation engine must not move a number).
     python benchmarks/evaluate_csv_parity.py --rev 770aa5b --n 300 --models minilm
     python benchmarks/evaluate_csv_parity.py --rev 770aa5b wic.max_pairs=200   # any evaluate.py override
     python benchmarks/evaluate_csv_parity.py --rev 69b298d --models mlm "analyses=[ablation,order_use]"  # an LM head
+    python benchmarks/evaluate_csv_parity.py --rev 4864999 --models outputs/train/learned/<run> "analyses=[ablation]"
 
 The old revision is checked out with ``git worktree`` into a temporary folder and run from there (its own code,
 this machine's packages); both runs get the same overrides, ``data.max_sentences=N``, and write into one folder
@@ -88,7 +89,8 @@ def main() -> None:
     ap.add_argument("--rev", required=True, help="the revision to compare against (e.g. 770aa5b)")
     ap.add_argument("--n", type=int, default=2000, help="evaluation sentences (data.max_sentences)")
     ap.add_argument("--models", default="minilm,decoder",
-                    help="minilm, mlm (a random RobertaForMaskedLM) and/or decoder (a random bf16 Llama)")
+                    help="minilm, mlm (a random RobertaForMaskedLM), decoder (a random bf16 Llama) and/or the path "
+                         "of a train.py run or model directory")
     ap.add_argument("--rtol", type=float, default=0.0, help="relative tolerance that still counts as equal")
     args, overrides = ap.parse_known_args()
     work = Path(tempfile.mkdtemp(prefix="outlierlab-parity-"))
@@ -102,6 +104,9 @@ def main() -> None:
             models["minilm"] = []  # the default encoder (shipped with the package)
         if "mlm" in args.models:  # a masked LM with its head, which MiniLM lacks (ablation, order use, ...)
             models["mlm"] = [f"encoder.name_or_path={save_random_mlm(work / 'mlm')}"]
+        for item in args.models.split(","):  # any other item: a train.py run or model directory (our own head)
+            if item not in ("minilm", "mlm", "decoder"):
+                models[Path(item).name] = [f"encoder.name_or_path={item}"]
         if "decoder" in args.models:
             from benchmarks.random_llama import save_random_llama
 

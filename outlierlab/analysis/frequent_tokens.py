@@ -102,10 +102,17 @@ class ConditionStats:
         self.top1_counts = torch.zeros(vocab_size, dtype=torch.int64)
         self.logprob_sum = torch.zeros(vocab_size, dtype=torch.float64)
 
-    def update(self, logits: Tensor, full: Tensor, labels: Tensor) -> None:
-        lp = torch.log_softmax(logits.to(torch.float64), -1)
+    @staticmethod
+    def reference(full: Tensor) -> tuple[Tensor, Tensor]:
+        """``(log p_full, p_full)`` float64 of the model's logits: computed once per chunk and handed to the
+        :meth:`update` of every condition (the same numbers it would compute itself)."""
         lq = torch.log_softmax(full.to(torch.float64), -1)
-        self.kl += float((lq.exp() * (lq - lp)).sum())
+        return lq, lq.exp()
+
+    def update(self, logits: Tensor, full: Tensor, labels: Tensor, ref: tuple[Tensor, Tensor] | None = None) -> None:
+        lp = torch.log_softmax(logits.to(torch.float64), -1)
+        lq, q = ref if ref is not None else self.reference(full)
+        self.kl += float((q * (lq - lp)).sum())
         self.entropy += float(-(lp.exp() * lp).sum())
         self.logprob_sum += lp.sum(0).cpu()
         top = logits.argmax(-1)
@@ -215,15 +222,18 @@ def score_conditions(h: Tensor, labels: Tensor, weight: Tensor, bias: Tensor | N
     for start in range(0, h.shape[0], chunk):
         hc, yc = h[start:start + chunk].to(weight), labels[start:start + chunk]
         full = hc @ weight.T + (bias if bias is not None else 0)
-        stats[("model", "full", -1)].update(full, full, yc)
+        ref = ConditionStats.reference(full)  # p_full once per chunk, not once per condition
+        stats[("model", "full", -1)].update(full, full, yc, ref)
         if bias is not None:
-            stats[("model", "bias", -1)].update(bias.expand_as(full), full, yc)
+            stats[("model", "bias", -1)].update(bias.expand_as(full), full, yc, ref)
+        splits: dict[tuple[str, int], tuple[Tensor, Tensor]] = {}  # "only" and "without" of one dim set: one split
         for (name, cond, i), st in stats.items():
             if name == "model":
                 continue
-            dims = sets[name] if i < 0 else draws[name][i]
-            only, rest = split_logits(hc, weight, dims, bias)
-            st.update(only if cond.endswith("only") else rest, full, yc)
+            if (name, i) not in splits:
+                splits = {(name, i): split_logits(hc, weight, sets[name] if i < 0 else draws[name][i], bias)}
+            only, rest = splits[(name, i)]
+            st.update(only if cond.endswith("only") else rest, full, yc, ref)
 
     def metrics(st: ConditionStats) -> dict:
         r = st.result()

@@ -104,7 +104,7 @@ def last_vectors(loaded: LoadedModel, batches) -> tuple[Tensor, Tensor]:
         with _capture(module, output, store):  # a Hugging Face head projects the scored rows alone
             loaded.forward(b["input_ids"], b["attention_mask"], rows=sel)
         h = store[-1].float().cpu()
-        if h.shape[:-1] == labels.shape:  # [B, T, d]: our head's norm sees every position
+        if h.shape[:-1] == labels.shape:  # [B, T, d]: a head that saw every position
             h = h[sel]
         elif h.shape[:-1] != (int(sel.sum()),):  # [n, d]: the scored rows (LoadedModel.forward's rows)
             raise ValueError(f"unexpected output-layer input shape {tuple(h.shape)} for labels {tuple(labels.shape)}")

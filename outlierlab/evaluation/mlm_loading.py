@@ -124,14 +124,16 @@ class LoadedModel:
         """One forward pass; ``logits`` is None without an MLM head; attentions are eager probabilities.
 
         rows : Bool ``[B, T]``, the positions whose logits are wanted (the masked or predicting ones): ``logits``
-            are then ``[n, V]``, and a Hugging Face head projects those rows alone
-            (:func:`outlierlab.analysis.scored_rows.logits_at`); None: ``[B, T, V]``."""
+            are then ``[n, V]``, and the head projects those rows alone (a Hugging Face head:
+            :func:`outlierlab.analysis.scored_rows.logits_at`; ours: its ``masked_positions``); None: ``[B, T, V]``."""
         dev = self.device
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
         narrowed = False
-        if self.kind == "outlierlab":
+        if self.kind == "outlierlab":  # our head takes the rows itself (RobertaMaskedLM's masked_positions)
+            positions = rows.to(dev).reshape(-1).nonzero().squeeze(1) if rows is not None else None
             out = self.model(input_ids, attention_mask, output_hidden_states=output_hidden_states,
-                             output_attentions=output_attentions)
+                             output_attentions=output_attentions, masked_positions=positions)
+            narrowed = positions is not None
         else:
             with eager_attention(self.model), logits_at(self.model, rows if self.has_mlm_head else None) as narrowed:
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask,

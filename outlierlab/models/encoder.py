@@ -202,10 +202,17 @@ class RobertaMaskedLM(nn.Module):
         into ``B·T``), which the caller may pass precomputed: computing them from ``labels`` on a GPU waits
         for the device (``nonzero``), so the training module computes them on the host before the batch
         moves. ``full_logits=True`` (or no ``labels``) gives ``[B, T, V]`` as before.
+
+        ``masked_positions`` without ``labels``: the head at those positions alone, ``logits`` ``[N, V]`` and no
+        loss -- the scored rows of the evaluation analyses (:func:`outlierlab.analysis.scored_rows.logits_at`
+        does the same for a Hugging Face head), for either objective.
         """
         out = self.roberta(input_ids, attention_mask, output_hidden_states, output_attentions)
         decoder = self.roberta.embeddings.word_embeddings.weight
         hidden = out.last_hidden_state
+        if labels is None and masked_positions is not None:
+            logits = self.lm_head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_positions), decoder)
+            return MaskedLMOutput(None, logits, out.hidden_states, out.attentions, masked_positions)
         if self.config.causal and labels is not None:
             return self._next_token_loss(out, hidden, decoder, labels, full_logits)
         if labels is None or full_logits:
