@@ -36,3 +36,31 @@ def test_logits_at_the_scored_rows_equal_the_full_head_in_every_family(model_typ
     if isinstance(head, torch.nn.Linear):
         assert seen == [4]
     assert not head._forward_pre_hooks
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_our_own_model_scores_the_rows_alone_and_equals_its_full_head(causal):
+    """Our ``RobertaMaskedLM`` (a train.py run, ``kind="outlierlab"``): ``masked_positions`` without labels runs its
+    head at those rows only, for either objective, with the full head's logits there."""
+    from outlierlab.evaluation.mlm_loading import LoadedModel
+    from outlierlab.models import EncoderConfig, RobertaMaskedLM
+
+    torch.manual_seed(0)
+    model = RobertaMaskedLM(EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4,
+                                          intermediate_size=64, max_len=16, causal=causal)).eval()
+    loaded = LoadedModel(model, None, {}, "outlierlab", "ours", True,
+                         objective="next_token" if causal else "masked_lm")
+    ids = torch.randint(5, 50, (2, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    rows = torch.zeros_like(ids, dtype=torch.bool)
+    rows[0, [1, 4, 5]] = rows[1, 2] = True
+    full = loaded.forward(ids, mask).logits
+    seen = []
+    spy = model.lm_head.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[:-1].numel()))
+    try:
+        narrow = loaded.forward(ids, mask, rows=rows).logits
+    finally:
+        spy.remove()
+    assert seen == [4] and narrow.shape == (4, 50)
+    torch.testing.assert_close(narrow, full[rows], rtol=1e-5, atol=1e-5)
