@@ -21,7 +21,7 @@ def logits_at(model: nn.Module, rows: torch.Tensor | None):
     product is most of a small masked LM's forward and a fifth of BERT-base's (768 × 30,522 against its body's
     ≈ 85M multiply-adds per token).  A forward pre-hook on the output embedding (``get_output_embeddings()``, the
     head's last Linear) hands it the selected rows, as fairseq's ``masked_tokens`` and our own
-    :class:`~outlierlab.models.RobertaMaskedLM` do; the logits equal the full projection's rows up to float
+    :class:`~outlierlab.models.RobertaMaskedLM` (its ``masked_positions``) do; the logits equal the full projection's rows up to float
     rounding (tests/test_order_use.py, tests/test_scored_rows.py).  Hand-written: transformers' masked-LM classes take
     no such argument.  A model whose output embedding is not an ``nn.Linear`` (ours) is left as it is."""
     get = getattr(model, "get_output_embeddings", None)
