@@ -4,7 +4,6 @@ Table 4) or, with ``model.causal`` (``objective=clm``), next-token prediction un
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import lightning as L
