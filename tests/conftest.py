@@ -86,29 +86,12 @@ def shared_cache() -> Path:
 
 @pytest.fixture
 def cfg_train(tmp_path, shared_cache):
-    """``configs/train.yaml`` composed for a fast CPU test run in a temporary run directory (a small model on a
-    slice of the corpus: 4 steps of the default one took ~28 s, most of it the monitors and the LM head)."""
-    return compose(
-        "train",
-        [
-            f"run_dir={tmp_path}",
-            "data.max_documents=400",
-            "data.batch_size=8",
-            "data.block_size=64",
-            "tokenizer.vocab_size=1000",
-            "model.hidden_size=64",
-            "model.num_layers=2",
-            "model.num_heads=2",
-            "model.intermediate_size=128",
-            "model.max_len=64",
-            "trainer.max_steps=4",
-            "trainer.val_check_interval=2",
-            "trainer.limit_val_batches=2",
-            "trainer.log_every_n_steps=1",
-            "trainer.enable_progress_bar=false",
-            "trainer.enable_model_summary=false",
-        ],
-    )
+    """``configs/train.yaml`` composed for a fast CPU test run in a temporary run directory: the suite's small
+    model on a corpus slice (``tests/test_train.py: SMALL``; 4 steps of the default model took ~28 s)."""
+    from tests.test_train import SMALL
+
+    return compose("train", [f"run_dir={tmp_path}", *SMALL, "trainer.max_steps=4", "trainer.val_check_interval=2",
+                             "trainer.limit_val_batches=2"])
 
 
 @pytest.fixture(autouse=True)
