@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from outlierlab.jobs.evaluation import (FITTED, TRANSFORMS, check_files, check_settings, evaluate,  # noqa: F401
                                         selected_analyses, selected_transforms)
-from outlierlab.jobs.startup import check_device, check_overrides, register_resolvers, run_main
+from outlierlab.jobs.overrides import check_overrides
+from outlierlab.jobs.startup import check_device, register_resolvers, run_main
 
 
 @hydra.main(config_path="configs", config_name="evaluate", version_base="1.3")

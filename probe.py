@@ -13,7 +13,8 @@ layer x transform), ``probe_report.md``, PNG plots, ``probe_info.json``, TensorB
 from __future__ import annotations
 
 from outlierlab.jobs.run_errors import CELL_FAILED
-from outlierlab.jobs.startup import check_device, check_overrides, register_resolvers, run_main
+from outlierlab.jobs.overrides import check_overrides
+from outlierlab.jobs.startup import check_device, register_resolvers, run_main
 
 register_resolvers()
 check_overrides(config_name="probe")  # unknown encoder=/task=/transform= -> one line listing valid names, before slow imports

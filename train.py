@@ -7,7 +7,8 @@ import json
 import os
 import sys
 
-from outlierlab.jobs.startup import check_overrides, check_train_config, describe_plan, register_resolvers, run_main
+from outlierlab.jobs.overrides import check_overrides
+from outlierlab.jobs.startup import check_train_config, describe_plan, register_resolvers, run_main
 
 if os.environ.get("LOCAL_RANK", "0") != "0" and "OUTLIERLAB_CHILD_ARGV" in os.environ:
     # A DDP child started by Lightning: run exactly the parent's job, never a new sweep.

@@ -1,6 +1,6 @@
 """Start-up validation of config-group overrides (before any heavy import)."""
 
-from outlierlab.jobs.startup import find_override_errors, group_options
+from outlierlab.jobs.overrides import find_override_errors, group_options
 
 
 def test_valid_overrides_pass():
@@ -23,7 +23,7 @@ def test_sweep_lists_are_checked_item_by_item():
 
 def test_unknown_setting_gives_one_line_with_the_closest_keys():
     """Hydra's message for a typo'd key is five lines and advises ``+key=``, which adds a key nothing reads."""
-    from outlierlab.jobs.startup import find_unknown_keys
+    from outlierlab.jobs.overrides import find_unknown_keys
 
     cfg_hint = "(`python train.py --cfg job` lists every setting)"
     assert find_unknown_keys(["trainer.max_step=10"], "train") == [
@@ -36,7 +36,7 @@ def test_unknown_setting_gives_one_line_with_the_closest_keys():
 
 
 def test_known_settings_pass_whatever_group_or_append_brings_them():
-    from outlierlab.jobs.startup import find_unknown_keys
+    from outlierlab.jobs.overrides import find_unknown_keys
 
     assert find_unknown_keys(["pos=learned,none", "model.hidden_size=64", "seed=1,2", "trainer.max_steps=3",
                               "hydra.run.dir=/tmp/x", "hydra/launcher=joblib", "-m"], "train") == []

@@ -1,9 +1,9 @@
-"""Start-up checks for the Hydra entry points, importing nothing heavy.
+"""Start-up checks of the composed config for the Hydra entry points, importing nothing heavy.
 
-``import lightning`` and ``import transformers`` take 10–15 s each on a small machine, and
-Hydra's own message for an unknown config option is several lines long. The entry points call
-:func:`check_overrides` first, so ``python train.py pos=nope`` fails within a second with one
-line that lists the valid names.
+``import lightning`` and ``import transformers`` take 10–15 s each on a small machine: a setting that cannot
+work (:func:`check_train_config`) fails before them, in one line.  Also here: the run plan line, sweep cell
+names, Hydra's resolvers, the device check and Lightning's console.  The command line itself is checked
+earlier, before Hydra composes, by :mod:`outlierlab.jobs.overrides`.
 """
 
 from __future__ import annotations
@@ -12,147 +12,11 @@ import ast
 import importlib.machinery
 import importlib.util
 import logging
-import os
-import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf, open_dict
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository root, beside train.py
-
-
-def group_options(group: str, config_dir: Path = CONFIG_DIR) -> list[str]:
-    """Names of the option files of a config group (``configs/<group>/*.yaml``)."""
-    return sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
-
-
-def find_override_errors(argv: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
-    """One message per ``group=value`` override whose value is not a file of that group.
-
-    Handles Hydra's ``+group=``/``++group=`` prefixes and multirun lists (``pos=a,b``).
-    Dotted keys (``trainer.devices=2``) are values, not group choices, and are left to Hydra.
-    """
-    errors = []
-    for arg in argv:
-        if "=" not in arg or arg.startswith("-"):
-            continue
-        key, value = arg.split("=", 1)
-        key = key.lstrip("+~")
-        if "." in key or "/" in key or not (config_dir / key).is_dir():
-            continue
-        value = value.strip()
-        if value.startswith("[") and value.endswith("]"):  # list-valued choice, e.g. transform=[none,clip]
-            value = value[1:-1]
-        valid = group_options(key, config_dir)
-        for choice in filter(None, (v.strip() for v in value.split(","))):
-            if choice not in valid and choice != "null":
-                errors.append(f"unknown {key} {choice!r}; valid: {', '.join(valid)}")
-    return errors
-
-
-#: Keys a user of another tool types for the output directory, which Hydra owns here (``hydra.run.dir=``).
-_OUTPUT_DIR_KEYS = ("run_dir", "out_dir", "output_dir", "outdir", "save_dir")
-
-
-def _config_keys(node, prefix: str = "") -> list[str]:
-    """Every dotted key of a composed config, values left unresolved (``${hydra:...}`` has no value here)."""
-    keys = []
-    for k in node.keys():
-        child = node._get_node(k)
-        keys.append(f"{prefix}{k}")
-        if OmegaConf.is_dict(child) and not child._is_none() and not child._is_missing():
-            keys += _config_keys(child, f"{prefix}{k}.")
-    return keys
-
-
-def _has_key(cfg, key: str) -> bool:
-    node = cfg
-    for part in key.split("."):
-        if OmegaConf.is_list(node) and part.isdigit() and int(part) < len(node):
-            node = node._get_node(int(part))
-        elif OmegaConf.is_dict(node) and not node._is_none() and part in node.keys():
-            node = node._get_node(part)
-        else:
-            return False
-    return True
-
-
-def find_unknown_keys(argv: list[str], config_name: str, config_dir: Path = CONFIG_DIR) -> list[str]:
-    """One line per ``key=value`` override whose key the composed config does not have, with the closest keys.
-
-    Hydra's own message is five lines and advises ``+key=value``, which adds a key that nothing reads (a typo
-    such as ``trainer.max_step=10`` would then train the default number of steps).  Composes the config (with
-    the override's group choices, the first of a sweep list) only when a key override is there to check;
-    ``+``/``++``/``~`` overrides (composed with: they may add the keys others set) and ``hydra.*`` keys are
-    left to Hydra."""
-    composing, keys = [], []  # what the config is composed with; the keys to look up in it
-    for arg in argv:
-        if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
-            continue
-        key, value = arg.split("=", 1) if "=" in arg else (arg, "")
-        bare = key.lstrip("+~")
-        if bare.startswith("hydra.") or "/" in bare or "@" in bare:
-            continue
-        if "." not in bare and (config_dir / bare).is_dir():  # a group choice: the first of a sweep list
-            composing.append(arg if value.strip().startswith("[") else f"{key}={value.split(',')[0]}")
-        elif key != bare:  # +key=, ++key=, ~key: Hydra's to add or delete, and may add keys others set
-            composing.append(arg)
-        else:
-            keys.append(key)
-    if not keys:
-        return []
-    from difflib import get_close_matches
-
-    from hydra import compose, initialize_config_dir
-
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            cfg = compose(config_name, overrides=composing)
-    except Exception:  # noqa: BLE001 - a composition error is Hydra's to report, with its own message
-        return []
-    known, errors = None, []
-    for key in keys:
-        if _has_key(cfg, key):
-            continue
-        known = known if known is not None else _config_keys(cfg)
-        close = get_close_matches(key, known, n=3, cutoff=0.75)
-        hint = f"; did you mean {' or '.join(close)}?" if close else ""
-        if key in _OUTPUT_DIR_KEYS:
-            hint = "; the run's output directory is hydra.run.dir=<dir>"
-        errors.append(f"unknown setting {key!r}{hint} (`python {config_name}.py --cfg job` lists every setting)")
-    return errors
-
-
-def find_run_dir_error(argv: list[str]) -> str | None:
-    """``hydra.run.dir=`` that cannot be created or written: say so now, not in a Hydra traceback
-    (and not after an hour of training, when the first checkpoint is saved)."""
-    for arg in argv:
-        if arg.startswith("hydra.run.dir="):
-            path = Path(arg.split("=", 1)[1].strip("'\""))
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-                probe = path / f".write_test-{os.getpid()}"  # per process: a second start on it does not collide
-                probe.write_bytes(b"x")
-                probe.unlink()
-            except OSError as e:
-                return f"run directory {path} is not writable ({e.strerror}); choose another with hydra.run.dir="
-    return None
-
-
-def check_overrides(argv: list[str] | None = None, config_dir: Path = CONFIG_DIR, config_name: str | None = None) -> None:
-    """Exit with status 2 and one line per bad ``group=value`` override, unknown setting (``config_name``
-    given: the entry point's config) or unusable run directory."""
-    argv = sys.argv[1:] if argv is None else argv
-    errors = find_override_errors(argv, config_dir)
-    if config_name is not None and not errors:  # a wrong group choice first: the keys depend on the groups
-        errors += find_unknown_keys(argv, config_name, config_dir)
-    if "-m" not in argv and "--multirun" not in argv:
-        run_dir_error = find_run_dir_error(argv)
-        errors += [run_dir_error] if run_dir_error else []
-    if errors:
-        for e in errors:
-            print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+from outlierlab.jobs.overrides import CONFIG_DIR
 
 
 def _target_error(target: str, where: str) -> str | None:
