@@ -48,11 +48,12 @@ def test_the_report_links_only_the_figures_drawn(tmp_path):
 
 def test_layer_axes_tick_whole_layers(tmp_path, monkeypatch):
     """Per-layer figures (evaluate's, probe.py's) put ticks on layers only: 5 layers once gave 0.5, 1.5, ..."""
+    from matplotlib.figure import Figure
+
     from outlierlab.reports import evaluation_report, probe_report
 
-    figs = []
-    for mod in (evaluation_report, probe_report):
-        monkeypatch.setattr(mod.plt, "close", figs.append)
+    figs, savefig = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (figs.append(fig), savefig(fig, *a, **k)))
     evaluation_report.plot_layers(tmp_path / "a.png", {"none": [0.1, 0.2, 0.3, 0.25, 0.2]}, "y", "t")
     rows = [{"layer": i, "transform": "none", "accuracy": 0.1 * i, "chance": 0.03, "contribution_outlier": 0.1,
              "contribution_mean": 0.05} for i in range(5)]
@@ -63,3 +64,36 @@ def test_layer_axes_tick_whole_layers(tmp_path, monkeypatch):
         lo, hi = ax.get_xlim()
         ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
         assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), ticks
+
+
+@pytest.mark.parametrize("n_panels", [1, 7, 13])
+def test_fixed_margins_keep_every_label_on_the_figure(tmp_path, monkeypatch, n_panels):
+    """The per-layer figures are laid out with fixed margins instead of tight_layout (half of each figure's cost):
+    every title, tick label and axis label must still lie inside the figure and no two panels' texts overlap."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from outlierlab.reports.evaluation_report import plot_layers, plot_vectors
+
+    figs, savefig = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (figs.append(fig), savefig(fig, *a, **k)))
+    rng = np.random.default_rng(n_panels)
+    vectors = [(rng.standard_normal(384) * 1e3).tolist() for _ in range(n_panels)]  # wide tick labels: -3000
+    plot_vectors(tmp_path / "v.png", vectors, [f"layer {i}" for i in range(n_panels)], [[0, 1, 2]] * n_panels,
+                 "average token vector per layer (Luo et al. Figs. 1–2)")
+    plot_layers(tmp_path / "l.png", {"none": (rng.random(n_panels + 1) * 1e-4).tolist()}, "share of the top 3 dims",
+                "Anisotropy per layer")
+    for fig in figs:
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        box = fig.bbox
+        panels = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible() and ax.axison]
+        title = fig._suptitle  # noqa: SLF001 -- matplotlib keeps the suptitle there (no public getter)
+        for e in panels + ([title.get_window_extent(renderer)] if title is not None else []):
+            assert box.x0 - 1 <= e.x0 and e.x1 <= box.x1 + 1 and box.y0 - 1 <= e.y0 and e.y1 <= box.y1 + 1, e
+        if title is not None:  # the suptitle above every panel's title
+            assert all(title.get_window_extent(renderer).y0 >= p.y1 - 1 for p in panels)
+        for i, a in enumerate(panels):
+            for b in panels[i + 1:]:
+                assert not a.overlaps(b), (a, b)

@@ -9,17 +9,15 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.patches import StepPatch
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")  # headless: figures go to files only
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import StepPatch  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from outlierlab.utils.tables import columns_of, joined, md_table, write_csv  # noqa: E402
+from outlierlab.utils.tables import columns_of, joined, md_table, write_csv
 
 #: Columns that identify a row rather than measure something (not sent to TensorBoard as scalars).
 KEY_COLUMNS = ("layer", "transform", "dataset", "split")
@@ -75,7 +73,12 @@ def log_scalars(tb, analysis: str, rows: Sequence[Mapping[str, Any]]) -> int:
 def plot_layers(path: Path, series: Mapping[str, Sequence[float]], ylabel: str, title: str,
                 hline: float | None = None) -> Path:
     """One line per label over layers 0..L (0 = embedding output) — the shape of Luo et al. Fig. 6."""
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    # Fixed margins (inches) on a bare Figure, as the monitors' figures: tight_layout's extra draw to measure every
+    # label was half of each figure's cost, and pyplot (its import, its figure manager) is not needed to write a PNG
+    width, height = 6.0, 3.6
+    fig = Figure(figsize=(width, height))
+    fig.subplots_adjust(left=0.85 / width, right=1 - 0.15 / width, bottom=0.5 / height, top=1 - 0.35 / height)
+    ax = fig.add_subplot()
     for label, ys in series.items():
         ax.plot(range(len(ys)), ys, marker="o", ms=3, label=label)
     if hline is not None:
@@ -83,12 +86,11 @@ def plot_layers(path: Path, series: Mapping[str, Sequence[float]], ylabel: str, 
     ax.set_xlabel("layer (0 = embeddings)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole: no "1.5" ticks
     ax.set_ylabel(ylabel)
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4))  # short tick labels: the margin is fixed
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
@@ -99,7 +101,17 @@ def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequenc
     n = len(vectors)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.2 * nrows), squeeze=False)
+    width = 3.2 * ncols
+    title = textwrap.wrap(suptitle, int(width * 11))  # ~11 characters of 10 pt per inch: one panel's width wraps
+    head = 0.25 + (0.1 + 0.18 * len(title) if title else 0.0)  # inches above the panels: suptitle, panel titles
+    height = 2.2 * nrows + head - 0.25
+    fig = Figure(figsize=(width, height))  # fixed margins, as plot_layers: no tight_layout draw
+    left, right, bottom, gap_w, gap_h = 0.45, 0.1, 0.3, 0.45, 0.5  # inches; gaps hold tick labels and titles
+    panel_w = (width - left - right - (ncols - 1) * gap_w) / ncols
+    panel_h = (height - head - bottom - (nrows - 1) * gap_h) / nrows
+    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - head / height,
+                        wspace=gap_w / panel_w, hspace=gap_h / panel_h)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
     for i, ax in enumerate(axes.flat):
         if i >= n:
             ax.axis("off")
@@ -111,11 +123,9 @@ def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequenc
                         va="bottom" if v[dim] >= 0 else "top")
         ax.set_title(titles[i], fontsize=8)
         ax.tick_params(labelsize=6)
-    if suptitle:
-        fig.suptitle(suptitle, fontsize=10)
-    fig.tight_layout()
+    if title:
+        fig.suptitle("\n".join(title), fontsize=10, y=1 - 0.06 / height, va="top")
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
