@@ -82,7 +82,10 @@ def test_the_sentence_pass_equals_the_two_pass_oracle_for_every_statistic_and_tr
         k2, v2 = ref["self_sim"][t].compute(3)
         assert torch.equal(k1, k2) and k1.numel() and torch.allclose(v1, v2, rtol=1e-5, atol=1e-7), t
         assert st.intra_n[t] == ref["intra_n"][t] > 0, t
-        assert torch.allclose(st.intra_sentence(t), ref["intra_sum"][t] / ref["intra_n"][t], rtol=1e-6), t
+        # the stream pools word vectors from the transformed tokens, the oracle transforms the pooled vectors: equal
+        # maps (each transform is affine), float32 rounding apart -- 1.2e-6 relative under this 40-sentence
+        # degenerate whitening, which amplifies it (3e-9 on MiniLM's 2,000 sentences, docs/evaluation_scale.md)
+        assert torch.allclose(st.intra_sentence(t), ref["intra_sum"][t] / ref["intra_n"][t], rtol=1e-5), t
         assert torch.allclose(st.anisotropy(t), torch.cat([
             _aniso(ref, t, layer) for layer in range(st.num_layers)]).double(), rtol=1e-5, atol=1e-6), t
 

@@ -278,20 +278,23 @@ class LayerStream:
 
     def _feed(self, consumers: Sequence[Consumer], tf: _LayerTransforms, layer: int, tok: Tensor,
               sb: StreamBatch) -> None:
-        """Every consumer's view of one layer of one batch; each (transform, tokens|words) computed once."""
+        """Every consumer's view of one layer of one batch; each (transform, tokens|words) computed once.
+
+        Word vectors are pooled from the transformed tokens: every transform is affine per layer (clip zeroes
+        dims; whiten, standardize, abtt and center are ``(x - μ)W``), so the mean of the transformed tokens is
+        the transformed mean, and the map is applied once per token instead of once more per word slot (a batch
+        has ``B × W_max`` slots, more than its tokens).  Equal up to float32 rounding; docs/evaluation_scale.md."""
         views: dict[tuple[str, bool], Any] = {}
-        words = None
         for c in consumers:
             key = (c.transform, c.words)
             if key not in views:
+                if c.words and sb.words is None:
+                    continue
+                if (c.transform, False) not in views:
+                    views[(c.transform, False)] = tf(c.transform, layer, tok)
                 if c.words:
-                    if sb.words is None:
-                        continue
-                    if words is None:
-                        words = plan_vectors(tok, sb.words, sb.n_rows)  # [1, B, W, d]
-                    views[key] = WordVectors(tf(c.transform, layer, words[0]), words[1], words[2])
-                else:
-                    views[key] = tf(c.transform, layer, tok)
+                    vectors, mask, keys = plan_vectors(views[(c.transform, False)], sb.words, sb.n_rows)
+                    views[key] = WordVectors(vectors, mask, keys)
             c.update(layer, views[key], sb)
 
     # ------------------------------------------------------------------------------------------- the fit
