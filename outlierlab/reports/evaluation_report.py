@@ -102,7 +102,7 @@ def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequenc
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
     width = 3.2 * ncols
-    title = textwrap.wrap(suptitle, int(width * 11))  # ~11 characters of 10 pt per inch: one panel's width wraps
+    title = textwrap.wrap(suptitle, int(width * 13))  # ~13 characters of 10 pt per inch: one panel's width wraps
     head = 0.25 + (0.1 + 0.18 * len(title) if title else 0.0)  # inches above the panels: suptitle, panel titles
     height = 2.2 * nrows + head - 0.25
     fig = Figure(figsize=(width, height))  # fixed margins, as plot_layers: no tight_layout draw
