@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 
 import lightning as L
 import pytest
@@ -247,3 +248,45 @@ def test_lightning_advertisements_are_dropped_and_its_other_lines_kept():
         rank_zero.removeHandler(handler)
         rank_zero.removeFilter(_drop_lightning_tips)
         rank_zero.setLevel(saved_level)
+
+
+def test_the_model_summary_in_a_log_file_names_every_type_in_full(monkeypatch):
+    """A run whose console is a file (nohup, Slurm) got Rich's fallback width of 80: with FLOPs and in/out sizes the
+    summary cut "RobertaMaskedLM" to "Robert…".  The jobs widen Rich's console there, unless COLUMNS says otherwise."""
+    import rich
+    from lightning.pytorch.callbacks import RichModelSummary
+    from lightning.pytorch.utilities.model_summary import summarize
+    from rich.console import Console
+
+    from outlierlab.jobs.startup import LOG_COLUMNS, one_console_for_lightning
+
+    class RobertaMaskedLanguageModel(torch.nn.Linear):  # a long type name, as ours
+        pass
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = RobertaMaskedLanguageModel(4, 4)
+            self.example_input_array = torch.zeros(1, 4)
+
+        def forward(self, x):
+            return self.model(x)
+
+    def summary_text() -> str:
+        s = summarize(Module(), max_depth=1)
+        with rich.get_console().capture() as cap:
+            RichModelSummary.summarize(s._get_summary_data(), s.total_parameters, s.trainable_parameters,
+                                       s.model_size, s.total_training_modes, s.total_flops)
+        return cap.get()
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # not a terminal: a log file
+    monkeypatch.setattr(rich, "_console", Console(width=80, file=io.StringIO()))  # Rich's fallback for a file
+    assert "RobertaMaskedLanguageModel" not in summary_text()  # cut at 80 columns
+    one_console_for_lightning()
+    assert rich.get_console().width == LOG_COLUMNS
+    assert "RobertaMaskedLanguageModel" in summary_text()
+    monkeypatch.setenv("COLUMNS", "70")  # the user's width wins
+    monkeypatch.setattr(rich, "_console", Console(width=70, file=io.StringIO()))
+    one_console_for_lightning()
+    assert rich.get_console().width == 70

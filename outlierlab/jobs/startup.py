@@ -12,6 +12,8 @@ import ast
 import importlib.machinery
 import importlib.util
 import logging
+import os
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf, open_dict
@@ -299,6 +301,10 @@ def _drop_lightning_tips(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("💡 Tip:")
 
 
+#: Rich's console width when the console is a log file (see :func:`one_console_for_lightning`).
+LOG_COLUMNS = 120
+
+
 def one_console_for_lightning() -> None:
     """Print each Lightning log line once.  ``import lightning`` gives the ``lightning`` logger a console handler of its
     own ("INFO: Seed set to 42") and lets its records propagate too; under Hydra, whose root handlers write the
@@ -309,7 +315,16 @@ def one_console_for_lightning() -> None:
 
     It also drops Lightning's product advertisements ("💡 Tip: ... try installing litlogger", "... litmodels"),
     logged at INFO at every Trainer start and not configurable in Lightning 2.6: a run's log says what the run
-    did.  Every other Lightning line passes."""
+    did.  Every other Lightning line passes.
+
+    And where the console is a file (``nohup``, Slurm, ``> train.log``) and ``COLUMNS`` is unset, Rich's console --
+    the model summary's table and the progress bar -- gets :data:`LOG_COLUMNS` columns instead of its
+    fallback of 80, which cut the summary's module types to "Robert…" once FLOPs and in/out sizes joined it."""
+    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+        import rich  # Lightning's dependency for its rich bar and summary
+
+        if rich.get_console().width < LOG_COLUMNS:
+            rich.reconfigure(width=LOG_COLUMNS)
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if _drop_lightning_tips not in rank_zero.filters:
         rank_zero.addFilter(_drop_lightning_tips)
