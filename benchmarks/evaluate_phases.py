@@ -4,6 +4,7 @@
     OMP_NUM_THREADS=1 python benchmarks/evaluate_phases.py            # MiniLM, the 2,000 default sentences, 1 thread
     python benchmarks/evaluate_phases.py --threads 2 --n 500
     python benchmarks/evaluate_phases.py --analyses wic               # WiC's own pass and fit
+    python benchmarks/evaluate_phases.py --analyses wic transform.fit_on=sentences   # any evaluate.py override
 
 The methods of the stream (:class:`outlierlab.evaluation.stream.LayerStream`: ``forward``, ``fit``, ``replay``,
 ``_feed``), of its subscribers (``update``), of the token store and of the whitener are wrapped in timers and
@@ -50,6 +51,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2000, help="evaluation sentences (data.max_sentences)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--analyses", nargs="+", default=SENTENCE_ANALYSES)
+    ap.add_argument("overrides", nargs="*", help="more evaluate.py overrides, e.g. transform.fit_on=sentences")
     a = ap.parse_args()
     import torch
 
@@ -73,7 +75,7 @@ def main() -> None:
     enc = ol.load_encoder(a.encoder, device="cpu")
     enc.model  # loaded before the clock starts, as a bare forward's model is
     t0 = time.perf_counter()
-    ol.evaluate(enc, analyses=a.analyses, overrides=[f"data.max_sentences={a.n}"], progress=False)
+    ol.evaluate(enc, analyses=a.analyses, overrides=[f"data.max_sentences={a.n}", *a.overrides], progress=False)
     total = time.perf_counter() - t0
     print(f"evaluate {', '.join(a.analyses)}: {total:.1f} s ({a.n} sentences, {a.threads} thread(s))")
     for label, secs in sorted(seconds.items(), key=lambda kv: -kv[1]):
