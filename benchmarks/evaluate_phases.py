@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=1 python benchmarks/evaluate_phases.py            # MiniLM, the 2,000 default sentences, 1 thread
     python benchmarks/evaluate_phases.py --threads 2 --n 500
     python benchmarks/evaluate_phases.py --analyses wic               # WiC's own pass and fit
-    python benchmarks/evaluate_phases.py --analyses wic transform.fit_on=sentences   # any evaluate.py override
+    python benchmarks/evaluate_phases.py transform.fit_on=sentences --analyses wic   # any evaluate.py override, first
 
 The methods of the stream (:class:`outlierlab.evaluation.stream.LayerStream`: ``forward``, ``fit``, ``replay``,
 ``_feed``), of its subscribers (``update``), of the token store and of the whitener are wrapped in timers and
