@@ -14,6 +14,10 @@
 #       --out docs/order_use/study_objectives   (docs/order_use.md, "Haviv's interaction")
 #   bash scripts/order_recipe_gpu.sh schemes [SECONDS_PER_CELL]   # sinusoidal, relative, rope, alibi x 3 seeds of
 #     experiment=order_recipe (12 cells), beside the study's learned and none
+#   bash scripts/order_recipe_gpu.sh large [SECONDS_PER_CELL]     # clm x {learned, none} on data=english_large
+#     (seeds LARGE_SEEDS, default 1): does the no-position causal model still match the learned one when it does not
+#     overfit the embedded corpus? Needs .gpu_cache/corpora/english_large (scripts/build_english_large.py --out) and
+#     its token cache built here first (train.py ... data=english_large objective=clm trainer.max_steps=2)
 #   bash scripts/order_recipe_gpu.sh haviv,schemes 450           # several modes at once, one process per cell
 # On a lent device (the device tool sends the checkout, which must stay under 64 MiB with what it carries):
 #   here, once: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -41,7 +45,7 @@ cell() {  # name, overrides...
   local name=$1; shift
   if [ -n "${DRY:-}" ]; then python3 train.py $COMMON "hydra.run.dir=\"$ROOT/$name\"" "$@" --cfg job >/dev/null || echo "BAD $name"; return; fi
   mkdir -p "$(dirname "$ROOT/$name")"
-  timeout -s INT "$BUDGET" python3 train.py $COMMON "hydra.run.dir=\"$ROOT/$name\"" "$@" >"$ROOT/$name.log" 2>&1 &
+  timeout -s INT -k 45 "$BUDGET" python3 train.py $COMMON "hydra.run.dir=\"$ROOT/$name\"" "$@" >"$ROOT/$name.log" 2>&1 &
 }
 has() { case ",$MODE," in *",$1,"*) return 0;; esac; return 1; }
 if has study; then
@@ -63,6 +67,12 @@ if has schemes; then
   for seed in 1 2 3; do for p in sinusoidal relative rope alibi; do
     cell "schemes/pos=$p,seed=$seed" experiment=order_recipe pos=$p seed=$seed \
       callbacks.model_checkpoint.every_n_train_steps=100000
+  done; done
+fi
+if has large; then  # the causal pair on data=english_large (11.3M tokens: ~5x fewer epochs than the embedded corpus)
+  for seed in ${LARGE_SEEDS:-1}; do for p in learned none; do
+    cell "large/objective=clm,pos=$p,seed=$seed" experiment=order_recipe data=english_large objective=clm pos=$p \
+      seed=$seed callbacks.model_checkpoint.every_n_train_steps=100000
   done; done
 fi
 if has sweep; then
