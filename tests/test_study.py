@@ -211,13 +211,15 @@ def test_exported_cells_aggregate_to_the_same_study(tmp_path):
 
 def test_an_excluded_key_excludes_its_sub_keys_from_a_cells_identity(tmp_path):
     """posthoc_probe.max_sentences=200 on one seed (a re-analysis setting) must not split the group, as it does not
-    move the cell's directory (startup.cell_overrides); a real setting under another key still does."""
+    move the cell's directory (startup.cell_overrides); nor must paths.cache_dir (the same recipe run where the cache
+    lives elsewhere: the device cells of docs/order_use.md); a real setting under another key still does."""
     from outlierlab.jobs.study_cells import read_cell
 
     base = {"pos": "none", "experiment": "emergence_seeds"}
     a = read_cell(plant_cell(tmp_path, {**base, "seed": 1}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}))
     b = read_cell(plant_cell(tmp_path, {**base, "seed": 2, "posthoc_probe.max_sentences": 200,
-                                        "posthoc.every": 2}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}))
+                                        "posthoc.every": 2, "paths.cache_dir": "/elsewhere/.cache"},
+                             {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}))
     c = read_cell(plant_cell(tmp_path, {**base, "seed": 3, "posthoc_probes.x": 1},
                              {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}))
     assert a.overrides == b.overrides and (a.seed, b.seed) == (1, 2)

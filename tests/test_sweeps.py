@@ -243,6 +243,7 @@ def _cell_name(overrides: list[str]) -> str:
     ["+posthoc_probe.max_sentences=200", "seed=3"],  # posthoc_probe is null by default: added with +
     ["experiment=objective_positions", "posthoc_probe.max_sentences=200", "seed=3"],  # the experiment sets it
     ["++posthoc_probe.overrides=['data.max_sentences=50','seed=1']", "seed=3", "posthoc=true", "study=x"],
+    ["paths.cache_dir=/elsewhere/.cache", "seed=3"],  # where the caches live is not what a cell computes
 ])
 def test_sub_keys_of_an_excluded_key_stay_out_of_the_cell_name(overrides):
     """Hydra's exclude_keys match whole keys: posthoc_probe is excluded, posthoc_probe.max_sentences was not, so
