@@ -142,6 +142,21 @@ def test_group_differing_in_a_hidden_setting_is_refused(tmp_path):
         study.run([str(tmp_path)], plots=False)
 
 
+def test_a_null_lightning_default_equals_its_value_but_not_another(tmp_path):
+    """trainer.limit_val_batches: null is Lightning's 1.0 (every batch): cells from before and after the config
+    changed its spelling are one group; 0.5 is another setting and is still refused."""
+    v = {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}, 100: {"kurtosis": 2.0, "share": 0.1, "ppl": 9.0}}
+    for seed, limit in ((1, 1.0), (2, None)):
+        plant_cell(tmp_path / "same", {"pos": "learned", "seed": seed}, v,
+                   extra_config={"trainer": {"max_steps": 100, "limit_val_batches": limit}})
+    assert study.run([str(tmp_path / "same")], plots=False)["groups"] == {"pos=learned": 2}
+    for seed, limit in ((1, 0.5), (2, None)):
+        plant_cell(tmp_path / "other", {"pos": "learned", "seed": seed}, v,
+                   extra_config={"trainer": {"max_steps": 100, "limit_val_batches": limit}})
+    with pytest.raises(ValueError, match=r"trainer.limit_val_batches: 0.5 vs None"):
+        study.run([str(tmp_path / "other")], plots=False)
+
+
 def test_unfinished_cell_is_listed_not_averaged(tmp_path):
     plant_study(tmp_path)
     plant_cell(tmp_path, {"pos": "learned", "seed": 4, "experiment": "emergence_seeds"},

@@ -84,12 +84,19 @@ def group_label(overrides: dict[str, str], varying: Sequence[str]) -> str:
     return ",".join(f"{k}={overrides[k]}" for k in keys) or "all"
 
 
+#: Trainer settings whose null is Lightning's default value (``Trainer(limit_val_batches=None)`` runs every batch, as
+#: 1.0 does): cells written before and after configs/trainer/default.yaml moved from the explicit 1.0 to null ran alike.
+LIGHTNING_NULL_DEFAULTS = {f"trainer.limit_{split}_batches": 1.0 for split in ("train", "val", "test", "predict")}
+
+
 def _portable(cell: Cell) -> dict:
     """The cell's resolved config with its own directory written as ``<cell>`` (paths inside it differ by
-    construction) and a ``seed=N`` inside a value (a path to one seed's run) as ``seed=*``."""
+    construction), a ``seed=N`` inside a value (a path to one seed's run) as ``seed=*`` and a null Lightning
+    default as its value (:data:`LIGHTNING_NULL_DEFAULTS`)."""
     here = str(cell.path.resolve())
-    return {k: (SEED_IN_VALUE.sub("seed=*", v.replace(here, "<cell>")) if isinstance(v, str) else v)
-            for k, v in cell.config.items()}
+    config = {k: (SEED_IN_VALUE.sub("seed=*", v.replace(here, "<cell>")) if isinstance(v, str) else v)
+              for k, v in cell.config.items()}
+    return {k: (LIGHTNING_NULL_DEFAULTS.get(k) if v is None else v) for k, v in config.items()}
 
 
 def check_groups(groups: dict[str, list[Cell]], allow_mixed_code: bool = False) -> None:
