@@ -48,6 +48,8 @@ def main() -> int:
               f"| {last['val/loss']:.3f} | {last['val/order_use']:.3f} | {last['val/acc']:.3f} |")
     study_table(ROOT / "study" / "contrasts.csv.gz")  # the aggregator's contrasts.csv, committed gzipped
     study_table(ROOT / "study_5seeds" / "contrasts.csv.gz")  # the same cells and the two cut ones, up to step 5,000
+    schemes_tables(ROOT / "study_schemes" / "contrasts.csv.gz")  # every scheme vs none, 3 seeds, 6,000 steps
+    study_table(ROOT / "study_large" / "contrasts.csv.gz")  # clm learned vs none on data=english_large, 3 seeds
     cpu_table(ROOT / "cpu")
     probes_table(ROOT / "probes")
     return 0
@@ -114,9 +116,58 @@ def study_table(contrasts_csv: Path) -> None:
         r = sub.loc[sub["step"].idxmax()]
         corrected = f"{r['p_holm']:.3g} (Holm)" if pd.notna(r["p_holm"]) else (
             f"{r['q_bh']:.3g} (BH)" if pd.notna(r["q_bh"]) else "not tested")
+        tost = f"; TOST ±{r['margin']:g}: p {r['tost_p']:.3g}" if pd.notna(r.get("tost_p")) else ""
         print(f"| {metric} | {layer} | {int(r['step'])} | {r['mean_a']:.4g} | {r['mean_b']:.4g} | {r['diff']:.3g} "
-              f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}] | {int(r['n_pairs']) if pd.notna(r['n_pairs']) else '–'} | "
+              f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]{tost} | {int(r['n_pairs']) if pd.notna(r['n_pairs']) else '–'} | "
               f"{corrected} | {str(r['ordering']).split(';')[0]} |")
+
+
+#: The outlier measures of the schemes table (at the last step), each beside its BH q against pos=none.
+SCHEME_OUTLIER_ROWS = [("hidden/kurtosis", "max_layer"), ("hidden/abs_argmax_share", "max_layer"),
+                       ("hidden/max_median", "max_layer"), ("hidden/inf_norm_ffn_output", "max_layer"),
+                       ("hidden/anisotropy", "layer_4"), ("hidden/isoscore", "layer_4"),
+                       ("layernorm/n_outlier_dims", "model")]
+
+
+def schemes_tables(contrasts_csv: Path) -> None:
+    """Every scheme against pos=none (the aggregator's contrasts ``pos: <scheme> - none``): the primary metrics with
+    their Holm p and the order use at each validation, then the outlier measures with their BH q."""
+    if not contrasts_csv.exists():
+        return
+    c = pd.read_csv(contrasts_csv)
+    schemes = [name.split(":")[1].split("-")[0].strip() for name in dict.fromkeys(c["contrast"])]
+    val_steps = sorted(c.loc[c["metric"] == "val/order_use", "step"].unique())
+
+    def at(scheme: str, metric: str, layer: str, step: int | None = None) -> pd.Series:
+        sub = c[(c["contrast"] == f"pos: {scheme} - none") & (c["metric"] == metric) & (c["layer"] == layer)]
+        return sub.loc[sub["step"].idxmax()] if step is None else sub[sub["step"] == step].iloc[0]
+
+    print()
+    print("| pos | val loss | - none [95% CI], Holm p | order use | - none [95% CI], Holm p | acc | order use at "
+          + ", ".join(f"{s + 1:,}" for s in val_steps[:-1]) + " |")
+    print("|---|---|---|---|---|---|---|")
+    for scheme in schemes:
+        loss, use, acc = at(scheme, "val/loss", "model"), at(scheme, "val/order_use", "model"), at(scheme, "val/acc", "model")
+        early = " / ".join(f"{at(scheme, 'val/order_use', 'model', s)['mean_a']:.2f}" for s in val_steps[:-1])
+        print(f"| {scheme} | {loss['mean_a']:.3f} | {loss['diff']:.2f} [{loss['ci_low']:.2f}, {loss['ci_high']:.2f}], "
+              f"{loss['p_holm']:.2g} | {use['mean_a']:.2f} | {use['diff']:.2f} [{use['ci_low']:.2f}, "
+              f"{use['ci_high']:.2f}], {use['p_holm']:.2g} | {acc['mean_a']:.3f} | {early} |")
+    r = at(schemes[0], "val/loss", "model")
+    print(f"| none | {r['mean_b']:.3f} | | {at(schemes[0], 'val/order_use', 'model')['mean_b']:.4f} | | "
+          f"{at(schemes[0], 'val/acc', 'model')['mean_b']:.3f} | |")
+    print()
+    print("| pos | " + " | ".join(f"{m.split('/')[1]} ({layer})" for m, layer in SCHEME_OUTLIER_ROWS) + " |")
+    print("|---|" + "---|" * len(SCHEME_OUTLIER_ROWS))
+    for scheme in schemes:
+        cells = []
+        for metric, layer in SCHEME_OUTLIER_ROWS:
+            r = at(scheme, metric, layer)
+            q = f"q {r['q_bh']:.2g}" if pd.notna(r["q_bh"]) else "not tested"
+            cells.append(f"**{r['mean_a']:.3g}** ({q})" if pd.notna(r["q_bh"]) and r["q_bh"] < 0.05
+                         else f"{r['mean_a']:.3g} ({q})")
+        print(f"| {scheme} | " + " | ".join(cells) + " |")
+    print("| none | " + " | ".join(f"{at(schemes[0], m, layer)['mean_b']:.3g}" for m, layer in SCHEME_OUTLIER_ROWS)
+          + " |")
 
 
 if __name__ == "__main__":
