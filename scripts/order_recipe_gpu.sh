@@ -19,6 +19,8 @@
 #     overfit the embedded corpus? Needs .gpu_cache/corpora/english_large (scripts/build_english_large.py --out) and
 #     its token cache built here first (train.py ... data=english_large objective=clm trainer.max_steps=2)
 #   bash scripts/order_recipe_gpu.sh haviv,schemes 450           # several modes at once, one process per cell
+#     (measured: SEEDS="4 5" ... haviv,schemes,large 470 ran 22 cells at once on one H100 and every one finished its
+#     6,000 steps; the whole call took 420 s. LARGE_SEEDS="2 3" ... large 290: 4 cells, 257 s.)
 # On a lent device (the device tool sends the checkout, which must stay under 64 MiB with what it carries):
 #   here, once: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux2014_x86_64 -d .whl hydra-core==1.3.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 \
@@ -28,6 +30,9 @@
 #     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
 #       .whl/*.whl && export PYTHONPATH=/tmp/site && bash scripts/order_recipe_gpu.sh schemes 400
 #   (.whl, .gpu_cache and gpu_runs are in .git/info/exclude.) Everything must come back with that call.
+#   The tree that travels is limited to 64 MiB: tracked files are ~52 MB (docs/ ~47 MB), so with the english_large
+#   cache (~39 MB: corpus, tokenizer, token file) move docs/ aside for the call (mv docs /tmp/docs_aside; after it,
+#   mv /tmp/docs_aside docs) -- the cells need none of it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-sweep}
