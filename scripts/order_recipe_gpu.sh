@@ -38,7 +38,7 @@ cd "$(dirname "$0")/.."
 MODE=${1:-sweep}
 BUDGET=${2:-460}
 OUTDIR=${OUT:-.}
-ROOT=gpu_runs
+ROOT=${GPU_RUNS:-gpu_runs}   # where the cells run (tests/test_gpu_script.py points it elsewhere)
 mkdir -p "$ROOT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # MPS lets the many small processes' kernels run side by side instead of time-slicing the GPU; optional.
