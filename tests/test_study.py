@@ -175,6 +175,18 @@ def test_contrast_that_matches_no_groups_says_which_values_exist(tmp_path):
         study.run([str(tmp_path)], contrasts=["pos=learned,rope"], plots=False)
 
 
+def test_contrast_refusal_names_what_else_keeps_the_groups_apart(tmp_path):
+    """pos=rope cells run with another lr cannot be contrasted with pos=none; the refusal says so (it only listed
+    the values of pos, which were there)."""
+    v = {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}, 100: {"kurtosis": 2.0, "share": 0.1, "ppl": 9.0}}
+    for seed in (1, 2):
+        plant_cell(tmp_path, {"pos": "none", "seed": seed}, v)
+        plant_cell(tmp_path, {"pos": "rope", "seed": seed, "module.optimizer.lr": "1e-3"}, v)
+    with pytest.raises(ValueError, match=r"values of pos in this study: none, rope; the pos=rope and pos=none groups "
+                                         r"also differ in module.optimizer.lr \(1e-3 vs unset\)\)$"):
+        study.run([str(tmp_path)], contrasts=["pos=rope,none"], plots=False)
+
+
 def test_cli_one_line_error(tmp_path, capsys):
     assert study.main([str(tmp_path / "missing")]) == 1
     assert capsys.readouterr().err.startswith("error: ")

@@ -190,6 +190,22 @@ def parse_contrast(spec: str) -> tuple[str, str, str]:
     return key, parts[0], parts[1]
 
 
+def _also_differ(by_rest: Mapping[tuple, Mapping[str, str]], key: str, a: str, b: str) -> str:
+    """``; pos=a and pos=b groups also differ in x (1 vs 2)``: the other overrides that keep the closest a- and b-
+    groups apart, for the refusal above (empty when one of the values has no group)."""
+    with_a = [dict(rest) for rest, v in by_rest.items() if a in v]
+    with_b = [dict(rest) for rest, v in by_rest.items() if b in v]
+    if not with_a or not with_b:
+        return ""
+
+    def apart(x: dict, y: dict) -> list[str]:
+        return sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k))
+
+    x, y = min(((x, y) for x in with_a for y in with_b), key=lambda p: len(apart(*p)))
+    shown = ", ".join(f"{k} ({x.get(k, 'unset')} vs {y.get(k, 'unset')})" for k in apart(x, y)[:3])
+    return f"; the {key}={a} and {key}={b} groups also differ in {shown}"
+
+
 def contrast_table(per_seed: pd.DataFrame, groups: dict[str, list[Cell]], spec: str) -> pd.DataFrame:
     """Every pair of groups that differ only in ``key`` (a vs b): the contrast at every step/layer/metric."""
     key, a, b = parse_contrast(spec)
@@ -203,7 +219,8 @@ def contrast_table(per_seed: pd.DataFrame, groups: dict[str, list[Cell]], spec: 
     if not pairs:
         present = sorted({c.overrides.get(key) for cells in groups.values() for c in cells} - {None})
         raise ValueError(f"--contrast {spec}: no two groups differ only in {key} = {a} vs {b} "
-                         f"(values of {key} in this study: {', '.join(present) or 'none'})")
+                         f"(values of {key} in this study: {', '.join(present) or 'none'}"
+                         f"{_also_differ(by_rest, key, a, b)})")
     rows = []
     seeds = {label: len({c.seed for c in cells}) for label, cells in groups.items()}
     for ga, gb in pairs:
