@@ -29,7 +29,6 @@ more than one row per step is an error naming it (it is not dropped for that see
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,10 +294,3 @@ def admit_cut(cell: Cell, until: int) -> None:
     cell.code = code_version({"code_versions": code_versions(cell.path)})
     cell.notes.append(f"{cell.path.name}: stopped at step {int(numbers['step'].max())} of {cell.max_steps}, "
                       f"compared up to step {until}")
-
-
-def finished_info(cell: Cell) -> dict[str, Any]:
-    try:
-        return json.loads((cell.path / "finished.json").read_text())
-    except (OSError, ValueError):
-        return {}

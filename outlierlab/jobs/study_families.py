@@ -172,8 +172,3 @@ def _values(per_seed: pd.DataFrame, group: str, r: pd.Series) -> dict:
     sub = per_seed[(per_seed["group"] == group) & (per_seed["step"] == r["step"]) & (per_seed["layer"] == r["layer"])
                    & (per_seed["metric"] == r["metric"])]
     return {int(s): float(v) for s, v in zip(sub["seed"], sub["value"]) if math.isfinite(float(v))}
-
-
-def family_sizes(table: pd.DataFrame) -> dict[str, int]:
-    """Rows per family (``primary``, ``secondary``, ``not tested``, ``duplicate``)."""
-    return {k: int(v) for k, v in table["family"].value_counts().items()} if "family" in table else {}
