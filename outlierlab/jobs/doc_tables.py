@@ -33,6 +33,8 @@ OBJECTIVES = "docs/objectives/cells"
 #: The same two seed studies with 5 seeds, on one GPU and one code version (issue 37 item 6)
 SEEDS_GPU = "docs/emergence/seeds_gpu"
 SWITCH_GPU = "docs/emergence/switch_seeds_gpu"
+#: The order-use studies (docs/order_use.md): learned vs none, every scheme, the causal pair on english_large
+ORDER_USE = "docs/order_use"
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.S)
 
 #: The primary quantities of the seed studies, in the order the docs show them.
@@ -232,9 +234,108 @@ def objectives() -> str:
     return objectives_report.report(ROOT / OBJECTIVES, source=OBJECTIVES)[1]
 
 
+#: The rows of docs/order_use.md's learned-vs-none tables: (metric, layer) at the last step; the rest is in the
+#: study's contrasts.csv.gz.
+ORDER_USE_ROWS = [("val/loss", "model"), ("val/ppl", "model"), ("val/order_use", "model"), ("val/acc", "model"),
+                  ("val/attn_local/layer_0", "model"), ("hidden/kurtosis", "max_layer"),
+                  ("hidden/argmax_share", "max_layer"), ("hidden/abs_argmax_share", "max_layer"),
+                  ("hidden/max_median", "max_layer"), ("hidden/anisotropy", "layer_4"), ("hidden/isoscore", "layer_4"),
+                  ("hidden/inf_norm_ffn_output", "max_layer"), ("layernorm/n_outlier_dims", "model"),
+                  ("layernorm/max_abs_gain_div", "max_layer"), ("hidden/sink_share_bos", "max_layer")]
+#: The outlier measures of the schemes table (at the last step), each beside its BH q against pos=none.
+SCHEME_OUTLIER_ROWS = [("hidden/kurtosis", "max_layer"), ("hidden/abs_argmax_share", "max_layer"),
+                       ("hidden/max_median", "max_layer"), ("hidden/inf_norm_ffn_output", "max_layer"),
+                       ("hidden/anisotropy", "layer_4"), ("hidden/isoscore", "layer_4"),
+                       ("layernorm/n_outlier_dims", "model")]
+
+
+def _learned_none_rows(study: str) -> str:
+    """One row per :data:`ORDER_USE_ROWS` entry of ``<study>/contrasts.csv`` at its last step: both means, the
+    paired difference with its CI (and TOST where a margin was declared), the corrected p and the seeds' signs."""
+    c = _read(f"{study}/contrasts.csv")
+    lines = ["| metric | layer | step | learned | none | diff [95% CI] | n pairs | p_holm / q_bh | seeds with the sign |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for metric, layer in ORDER_USE_ROWS:
+        sub = c[(c["metric"] == metric) & (c["layer"] == layer)]
+        if sub.empty:
+            continue
+        r = sub.loc[sub["step"].idxmax()]
+        corrected = f"{r['p_holm']:.3g} (Holm)" if pd.notna(r["p_holm"]) else (
+            f"{r['q_bh']:.3g} (BH)" if pd.notna(r["q_bh"]) else "not tested")
+        tost = f"; TOST ±{r['margin']:g}: p {r['tost_p']:.3g}" if pd.notna(r.get("tost_p")) else ""
+        lines.append(f"| {metric} | {layer} | {int(r['step'])} | {r['mean_a']:.4g} | {r['mean_b']:.4g} | {r['diff']:.3g} "
+                     f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]{tost} | "
+                     f"{int(r['n_pairs']) if pd.notna(r['n_pairs']) else '–'} | {corrected} | "
+                     f"{str(r['ordering']).split(';')[0]} |")
+    return "\n".join(lines)
+
+
+def order_use_study() -> str:
+    """Learned vs none in ``experiment=order_recipe``, the three finished pairs at 6,000 steps."""
+    return _learned_none_rows(f"{ORDER_USE}/study")
+
+
+def order_use_study_5seeds() -> str:
+    """The same with the two learned cells cut by the clock: all five pairs at step 5,000."""
+    return _learned_none_rows(f"{ORDER_USE}/study_5seeds")
+
+
+def order_use_large() -> str:
+    """The causal pair on ``data=english_large``, 3 seeds, 6,000 steps."""
+    return _learned_none_rows(f"{ORDER_USE}/study_large")
+
+
+def _scheme_rows() -> tuple[pd.DataFrame, list[str]]:
+    c = _read(f"{ORDER_USE}/study_schemes/contrasts.csv")
+    return c, [name.split(":")[1].split("-")[0].strip() for name in dict.fromkeys(c["contrast"])]
+
+
+def _scheme_at(c: pd.DataFrame, scheme: str, metric: str, layer: str, step: int | None = None) -> pd.Series:
+    sub = c[(c["contrast"] == f"pos: {scheme} - none") & (c["metric"] == metric) & (c["layer"] == layer)]
+    return sub.loc[sub["step"].idxmax()] if step is None else sub[sub["step"] == step].iloc[0]
+
+
+def order_use_schemes() -> str:
+    """Every scheme against pos=none: val loss and order use with their Holm p, accuracy, and the order use at each
+    earlier validation (the aggregator's contrasts ``pos: <scheme> - none``)."""
+    c, schemes = _scheme_rows()
+    steps = sorted(c.loc[c["metric"] == "val/order_use", "step"].unique())[:-1]
+    lines = ["| pos | val loss | - none [95% CI], Holm p | order use | - none [95% CI], Holm p | acc | order use at "
+             + ", ".join(f"{s + 1:,}" for s in steps) + " |", "|---|---|---|---|---|---|---|"]
+    for scheme in schemes:
+        loss, use, acc = (_scheme_at(c, scheme, m, "model") for m in ("val/loss", "val/order_use", "val/acc"))
+        early = " / ".join(f"{_scheme_at(c, scheme, 'val/order_use', 'model', s)['mean_a']:.2f}" for s in steps)
+        lines.append(f"| {scheme} | {loss['mean_a']:.3f} | {loss['diff']:.2f} [{loss['ci_low']:.2f}, "
+                     f"{loss['ci_high']:.2f}], {loss['p_holm']:.2g} | {use['mean_a']:.2f} | {use['diff']:.2f} "
+                     f"[{use['ci_low']:.2f}, {use['ci_high']:.2f}], {use['p_holm']:.2g} | {acc['mean_a']:.3f} | {early} |")
+    ref = {m: _scheme_at(c, schemes[0], m, "model")["mean_b"] for m in ("val/loss", "val/order_use", "val/acc")}
+    lines.append(f"| none | {ref['val/loss']:.3f} | | {ref['val/order_use']:.4f} | | {ref['val/acc']:.3f} | |")
+    return "\n".join(lines)
+
+
+def order_use_schemes_outliers() -> str:
+    """The outlier measures of every scheme at the last step, each with its BH q against pos=none (bold below 0.05)."""
+    c, schemes = _scheme_rows()
+    lines = ["| pos | " + " | ".join(f"{m.split('/')[1]} ({layer})" for m, layer in SCHEME_OUTLIER_ROWS) + " |",
+             "|---|" + "---|" * len(SCHEME_OUTLIER_ROWS)]
+    for scheme in schemes:
+        cells = []
+        for metric, layer in SCHEME_OUTLIER_ROWS:
+            r = _scheme_at(c, scheme, metric, layer)
+            q = f"q {r['q_bh']:.2g}" if pd.notna(r["q_bh"]) else "not tested"
+            bold = pd.notna(r["q_bh"]) and r["q_bh"] < 0.05
+            cells.append(f"**{r['mean_a']:.3g}** ({q})" if bold else f"{r['mean_a']:.3g} ({q})")
+        lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
+    lines.append("| none | " + " | ".join(f"{_scheme_at(c, schemes[0], m, layer)['mean_b']:.3g}"
+                                          for m, layer in SCHEME_OUTLIER_ROWS) + " |")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds, emergence_seeds_per_seed, switch_seeds, switch_seeds_per_seed,
                                                                 switch_seeds_all_measures, seeds_evaluate, readme_results,
-                                                                objectives, emergence_seeds_gpu, switch_seeds_gpu)}
+                                                                objectives, emergence_seeds_gpu, switch_seeds_gpu,
+                                                                order_use_study, order_use_study_5seeds, order_use_large,
+                                                                order_use_schemes, order_use_schemes_outliers)}
 
 
 def render(text: str, source: str = "") -> str:
