@@ -331,11 +331,39 @@ def order_use_schemes_outliers() -> str:
     return "\n".join(lines)
 
 
+def order_use_objectives() -> str:
+    """Haviv's 2 x 2 where the masked model uses its positions (docs/order_use.md): each group's mean at the last
+    step of ``study_objectives/study.csv`` -- val loss and perplexity, order use with its 95 % interval (0 shown
+    bare where every seed is 0 to four decimals), layer-4 anisotropy and the |x| argmax share of the most
+    concentrated layer."""
+    s = _read(f"{ORDER_USE}/study_objectives/study.csv")
+
+    def at(group: str, metric: str, layer: str) -> pd.Series:
+        sub = s[(s["group"] == group) & (s["metric"] == metric) & (s["layer"] == layer)]
+        return sub.loc[sub["step"].idxmax()]
+
+    lines = ["| objective | pos | val loss | val ppl | order use (nats) [95% CI] | anisotropy, layer 4 | "
+             "abs argmax share, max layer |", "|---|---|---|---|---|---|---|"]
+    for objective in ("mlm", "clm"):
+        for pos in ("learned", "none"):
+            g = f"objective={objective},pos={pos}"
+            use, ppl = at(g, "val/order_use", "model"), at(g, "val/ppl", "model")["mean"]
+            # a masked LM without positions: 0 by construction, shown without a meaningless interval
+            zero = max(abs(use["ci_low"]), abs(use["ci_high"])) < 1e-3
+            use_text = f"{use['mean']:.4f}" if zero else f"{use['mean']:.2f} [{use['ci_low']:.2f}, {use['ci_high']:.2f}]"
+            loss, ppl_text = at(g, "val/loss", "model")["mean"], f"{ppl:.0f}" if ppl >= 100 else f"{ppl:.1f}"
+            aniso = at(g, "hidden/anisotropy", "layer_4")["mean"]
+            share = at(g, "hidden/abs_argmax_share", "max_layer")["mean"]
+            lines.append(f"| {objective} | {pos} | {loss:.3f} | {ppl_text} | {use_text} | {aniso:.3f} | {share:.3f} |")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds, emergence_seeds_per_seed, switch_seeds, switch_seeds_per_seed,
                                                                 switch_seeds_all_measures, seeds_evaluate, readme_results,
                                                                 objectives, emergence_seeds_gpu, switch_seeds_gpu,
                                                                 order_use_study, order_use_study_5seeds, order_use_large,
-                                                                order_use_schemes, order_use_schemes_outliers)}
+                                                                order_use_schemes, order_use_schemes_outliers,
+                                                                order_use_objectives)}
 
 
 def render(text: str, source: str = "") -> str:
