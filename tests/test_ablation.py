@@ -60,7 +60,7 @@ def make_ctx(name: str, encoder, tmp_path: Path, overrides: dict, text_lines=SEN
 
 
 def _loaded(model, tok):
-    from outlierlab.evaluation.mlm_loading import LoadedModel, layernorm_map
+    from outlierlab.models.lm_model import LoadedModel, layernorm_map
 
     return LoadedModel(model, tok, layernorm_map(model), "outlierlab", "tiny", True, max_length=64)
 
@@ -224,7 +224,7 @@ def save_hf_roberta_mlm(directory: Path) -> Path:
 
 def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
     from outlierlab.evaluation.masked_lm import masked_batches, mlm_scores
-    from outlierlab.evaluation.mlm_loading import load_mlm
+    from outlierlab.models.lm_model import load_mlm
 
     tok = byte_level_tokenizer()
     loaded = load_mlm(str(save_hf_roberta_mlm(tmp_path / "hfmlm")))
@@ -295,7 +295,7 @@ def test_an_encoder_loaded_without_its_head_is_replaced_not_duplicated(tmp_path,
     """A bare AutoModel loaded before the head was asked for: the one unavoidable second load, after which
     the encoder runs the head model's body (same hidden states) and the MLM analyses switch to eager attention
     only for their own forwards."""
-    from outlierlab.evaluation.mlm_loading import load_mlm
+    from outlierlab.models.lm_model import load_mlm
     from outlierlab.models.loading import FrozenEncoder
 
     enc = FrozenEncoder(str(save_hf_roberta_mlm(tmp_path / "hfmlm")), device="cpu")

@@ -165,9 +165,9 @@ def test_good_files_pass_and_still_load(inp, tmp_path, compose_cfg):
             warnings.simplefilter("error")  # no warning for a good file
             assert validate_inputs(cfg, entry) == []
     if inp == "sts":  # the loader the analysis uses reads the same 32 pairs
-        from outlierlab.evaluation.sts import load_pairs
+        from outlierlab.datamodules.pair_sets import load_sts_pairs
 
-        assert len(load_pairs("x", [str(tmp_path / name)], "test").s1) == 32
+        assert len(load_sts_pairs([str(tmp_path / name)], "test").s1) == 32
 
 
 def test_few_sts_pairs_warn_with_the_count(tmp_path, compose_cfg):

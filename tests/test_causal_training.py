@@ -76,7 +76,7 @@ def test_clm_run_step0_checkpoint_probes_and_evaluate(tmp_path, shared_cache):
     assert {int(r["distance"]) for r in sims} == {1, 2, 3, 4}
     assert probe_run(tmp_path, ["data.max_sentences=60", "probe.epochs=1"], max_sentences=60) == []  # resumable
 
-    from outlierlab.evaluation.mlm_loading import load_mlm
+    from outlierlab.models.lm_model import load_mlm
 
     loaded = load_mlm(str(tmp_path))
     assert loaded.objective == "next_token" and loaded.family.decoder

@@ -145,7 +145,7 @@ def test_mlm_analyses_load_the_encoders_revision_and_dtype(tmp_path, offline_cac
     and dtype as the encoder (not main, not float32)."""
     from transformers import AutoModel
 
-    from outlierlab.evaluation.mlm_loading import load_mlm
+    from outlierlab.models.lm_model import load_mlm
 
     fake_hub(offline_cache, "org/tiny", {"step0": save_tiny_bert(tmp_path / "s0", seed=0),
                                          "step1000": save_tiny_bert(tmp_path / "s1", seed=1)})

@@ -31,7 +31,7 @@ def test_rule_flags_exactly_the_planted_dim_in_every_family(tmp_path, model_type
     load_mlm, i.e. with the family's own LM-head class.  Norms without gain or bias (OLMo): the rule says it
     cannot judge any of them, as for our layernorm_noaffine runs."""
     from outlierlab.analysis.layernorm_rule import layernorm_outliers
-    from outlierlab.evaluation.mlm_loading import load_mlm
+    from outlierlab.models.lm_model import load_mlm
     from outlierlab.models.families import PRE_KINDS, REORDERED_KINDS, family_of
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 
@@ -143,7 +143,7 @@ def test_next_token_ablation_of_the_dim_the_lm_head_reads(tmp_path):
     from outlierlab.analysis.layernorm_rule import LayerNormRule
     from outlierlab.evaluation.ablation import run_ablation
     from outlierlab.evaluation.common import detect_layernorm_outliers, zeroed_kinds
-    from outlierlab.evaluation.mlm_loading import load_mlm
+    from outlierlab.models.lm_model import load_mlm
     from outlierlab.evaluation.next_token import next_token_batches
 
     model, tok = build("gpt2", tie_word_embeddings=False)

@@ -16,9 +16,9 @@ CORPUS = ["the the the the the cat", "the cat sat", "a dog", "the cat and the do
 
 
 # -------------------------------------------------------------------------------------------- frequency
-def test_frequency_spearman_known_rank_correlation():
+def test_frequency_table_known_rank_correlation():
     """6 types with known frequencies; per-type values designed so ρ is +1, -1 and a hand-computed value."""
-    from outlierlab.evaluation.frequency import frequency_spearman
+    from outlierlab.analysis.frequency import frequency_table
 
     freq = np.zeros(20, dtype=np.int64)
     types = np.array([3, 5, 8, 11, 14, 17])
@@ -43,10 +43,10 @@ def test_frequency_spearman_known_rank_correlation():
                           torch.cat([torch.zeros(len(ids), 2), -v], 1)])  # layer 1: dims 2..4 = -design
     valid = np.flatnonzero(ids != 0)
     chunks = [(ids[r], hidden[:, r]) for r in (valid[:7], valid[7:])]  # streamed in 2 chunks
-    table = frequency_spearman(chunks, dims=[0, 1, 2, 4], freq_counts=freq, magnitude=False)
+    table = frequency_table(chunks, dims=[0, 1, 2, 4], freq_counts=freq, magnitude=False)
     # magnitude (the default, Puccetti et al.): dim 1 = −freq/10 ± 0.4 never changes sign, so its mean |h| is
     # +freq/10 and ρ flips from −1 to +1; the all-positive dims are unchanged
-    mag = frequency_spearman(chunks, dims=[0, 1, 2, 4], freq_counts=freq)
+    mag = frequency_table(chunks, dims=[0, 1, 2, 4], freq_counts=freq)
     torch.testing.assert_close(mag.means[0, :, :3], torch.tensor(np.abs(design)), rtol=0, atol=1e-5)
     assert mag.rho[0, :3].tolist() == pytest.approx([1.0, 1.0, rho_expected])
 
@@ -61,7 +61,8 @@ def test_frequency_spearman_known_rank_correlation():
 
 def test_pretraining_counts_come_from_the_run_config(tmp_path):
     from outlierlab.models.loading import FrozenEncoder
-    from outlierlab.evaluation.frequency import count_tokens, pretraining_counts, run
+    from outlierlab.datamodules.token_counts import count_tokens, pretraining_counts
+    from outlierlab.evaluation.frequency import run
 
     run_dir = tmp_path / "train_run"
     save_planted(run_dir / "hf")
@@ -129,7 +130,8 @@ def test_frequency_counts_on_eval_text_for_unknown_corpus(tmp_path):
 
 # --------------------------------------------------------------------------------------- attention sinks
 def test_sink_masses_hand_built_attention():
-    from outlierlab.evaluation.attention_sinks import sink_masses, sink_rows
+    from outlierlab.analysis.attention import sink_masses
+    from outlierlab.evaluation.attention_sinks import sink_rows
 
     bos, eos, pad = 0, 2, 1
     ids1 = torch.tensor([[0, 5, 6, 2], [0, 7, 2, 1]])

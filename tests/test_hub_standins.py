@@ -165,7 +165,7 @@ def test_probe_tasks_load_the_hub_layout(hub, task, labels):
 
 
 def test_superglue_wic_and_sts_load_the_hub_layout(hub):
-    from outlierlab.evaluation.sts import HUB, load_pairs
+    from outlierlab.datamodules.pair_sets import STS_HUB, load_sts_pairs
     from outlierlab.evaluation.wic import load_pairs as load_wic_pairs
 
     pairs, _ = load_wic_pairs(compose("evaluate", ["wic=superglue"]).wic, split="validation")
@@ -173,8 +173,8 @@ def test_superglue_wic_and_sts_load_the_hub_layout(hub):
                                    "streaming": False}
     assert [(p["sentence1"][p["start1"]:p["end1"]], p["label"]) for p in pairs] == [("sea", 1), ("word", 0)]
     for name, expected_top in (("stsb", 1.0), ("sickr", 5.0)):
-        sts = load_pairs(name, HUB[name], "test")
-        assert hub["datasets"][-1]["path"] == HUB[name]
+        sts = load_sts_pairs(STS_HUB[name], "test")
+        assert hub["datasets"][-1]["path"] == STS_HUB[name]
         assert float(sts.gold.max()) == expected_top and len(sts.gold) == 6
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from outlierlab.analysis.qk_outliers import RotarySpec, magnitude_outliers
-from outlierlab.evaluation.qk_outliers import QKRecorder, qk_rows, rotary_specs
+from outlierlab.evaluation.qk_outliers import qk_rows
+from outlierlab.models.qk_recorder import QKRecorder, rotary_specs
 from outlierlab.models.config import EncoderConfig
 from outlierlab.models.families import QKProjection
 from outlierlab.models.encoder import RobertaMaskedLM

@@ -14,7 +14,7 @@ def test_logits_at_the_scored_rows_equal_the_full_head_in_every_family(model_typ
     """``LoadedModel.forward(..., rows=)`` (the ablation's and order use's scoring): the logits at the scored
     positions equal the full head's rows, and where the head's last Linear is the output embedding the vocabulary
     projection saw those rows alone (``analysis.scored_rows.logits_at``); the hook is gone afterwards."""
-    from outlierlab.evaluation.mlm_loading import LoadedModel
+    from outlierlab.models.lm_model import LoadedModel
 
     model, tok = build(model_type)
     loaded = LoadedModel(model, tok, {}, "hf", model_type, True,
@@ -42,7 +42,7 @@ def test_logits_at_the_scored_rows_equal_the_full_head_in_every_family(model_typ
 def test_our_own_model_scores_the_rows_alone_and_equals_its_full_head(causal):
     """Our ``RobertaMaskedLM`` (a train.py run, ``kind="outlierlab"``): ``masked_positions`` without labels runs its
     head at those rows only, for either objective, with the full head's logits there."""
-    from outlierlab.evaluation.mlm_loading import LoadedModel
+    from outlierlab.models.lm_model import LoadedModel
     from outlierlab.models import EncoderConfig, RobertaMaskedLM
 
     torch.manual_seed(0)

@@ -75,11 +75,12 @@ def _ctx(compose_cfg, encoder, tmp_path, files, transforms=("none",), extra=()):
 
 
 def test_repeated_sentences_are_encoded_once_and_give_exactly_the_same_spearman(encoder, compose_cfg, tmp_path):
-    from outlierlab.evaluation.sts import load_pairs, run
+    from outlierlab.datamodules.pair_sets import load_sts_pairs
+    from outlierlab.evaluation.sts import run
 
     texts = _texts(12, seed=1)
     f = _write(tmp_path / "pairs.csv", texts, 60, seed=2)
-    pairs = load_pairs("pairs.csv", [str(f)], "test")
+    pairs = load_sts_pairs([str(f)], "test")
     occurrences = pairs.s1 + pairs.s2
     distinct = len(set(occurrences))
     assert distinct <= 12 < len(occurrences) == 120

@@ -10,17 +10,19 @@ mass on the first token above ε = 0.3) and also track how peaked attention is (
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 __all__ = ["special_token_attention_mass", "special_key_masks", "AttentionMassAccumulator", "sink_head_share",
            "attention_entropy", "AttentionEntropyAccumulator", "SINK_THRESHOLD", "attention_row_mass",
-           "first_token_mask", "later_key_mass"]
+           "first_token_mask", "later_key_mass", "sink_masses", "SINK_KEYS"]
 
 #: Gu et al. (2025)'s ε: a head is a sink head when its mean attention on the token exceeds this.
 SINK_THRESHOLD = 0.3
+#: What :func:`sink_masses` measures the mass on: ``<s>``/``[CLS]``, ``</s>``/``[SEP]``, either.
+SINK_KEYS = ("bos", "eos", "special")
 
 
 def _mass_sums(attn: Tensor, key_mask: Tensor, query_mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -252,3 +254,46 @@ class AttentionEntropyAccumulator:
         if self.n_queries == 0:
             raise ValueError("AttentionEntropyAccumulator is empty.")
         return self.sum / self.n_queries
+
+
+def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]],
+                batches: Iterable[tuple[Tensor, Tensor]], bos_token_id: int | None, eos_token_id: int | None,
+                first_token: bool = False) -> dict[str, Tensor]:
+    r"""Per layer and head, the mean attention mass real queries put on ``<s>``, ``</s>`` and on either.
+
+    .. math:: m_{l,h}^{(s)} = \frac{1}{|Q|}\sum_{(b,q)\in Q}\ \sum_{k:\ x_{b,k}=s} A^{(l)}_{b,h,q,k}
+
+    with Q all non-pad query positions of all batches (special-token queries included) — streamed with
+    :class:`AttentionMassAccumulator`.
+
+    Parameters
+    ----------
+    forward_attentions : callable ``(input_ids, attention_mask) -> per-layer attention [B, H, T, T]``
+    batches : iterable of ``(input_ids [B, T], attention_mask [B, T])``
+    bos_token_id, eos_token_id : ids of ``<s>``/``[CLS]`` and ``</s>``/``[SEP]``
+    first_token : decoders: ``bos`` is each sequence's first token, whatever its id
+
+    Returns
+    -------
+    ``{"bos", "eos", "special"}`` -> Tensor[L, H] float64, ``"entropy"`` -> Tensor[L, H]: the mean
+    attention entropy (nats) of the same queries (:func:`attention_entropy`),
+    and ``"later"`` -> Tensor[L, H]: their mean mass on later keys
+    (:func:`later_key_mass`; 0 under a causal mask)
+    """
+    accs: dict[str, AttentionMassAccumulator] = {}
+    entropy: AttentionEntropyAccumulator | None = None
+    later, n_queries = None, 0.0
+    for ids, mask in batches:
+        attn = torch.stack([a.detach().float().cpu() for a in forward_attentions(ids, mask)])
+        keys = special_key_masks(ids, bos_token_id, eos_token_id, mask, first_token=first_token)
+        n = float(mask.sum())
+        part = later_key_mass(attn, mask.bool()) * n
+        later, n_queries = (part if later is None else later + part), n_queries + n
+        for k in SINK_KEYS:
+            accs.setdefault(k, AttentionMassAccumulator(tuple(attn.shape[:1]) + (attn.shape[2],)))
+            accs[k].update(attn, keys[k], query_mask=mask.bool())
+        entropy = entropy or AttentionEntropyAccumulator(tuple(attn.shape[:1]) + (attn.shape[2],))
+        entropy.update(attn, mask.bool())
+    if not accs:
+        raise ValueError("no batch to measure attention on")
+    return {**{k: a.compute() for k, a in accs.items()}, "entropy": entropy.compute(), "later": later / n_queries}

@@ -8,12 +8,16 @@ strongly rank-correlated with how frequent the token was in pretraining.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from torch import Tensor
 
 from outlierlab.analysis.sts import spearman_columns
 
-__all__ = ["TokenValueAccumulator", "token_frequency_spearman"]
+__all__ = ["TokenValueAccumulator", "token_frequency_spearman", "FrequencyTable", "frequency_table"]
 
 
 class TokenValueAccumulator:
@@ -87,3 +91,56 @@ def token_frequency_spearman(freqs: Tensor, values: Tensor) -> Tensor:
     L, V, n = v.shape
     rho = spearman_columns(v.permute(1, 0, 2).reshape(V, L * n), freqs.to(torch.float64)).reshape(L, n)
     return rho[0] if squeeze else rho
+
+
+@dataclass
+class FrequencyTable:
+    """Per seen token type: id, occurrences in the evaluated text, frequency, mean outlier values; and ρ."""
+
+    type_ids: np.ndarray  # [V_seen]
+    occurrences: np.ndarray  # [V_seen]
+    freqs: np.ndarray  # [V_seen] frequency used for the correlation
+    means: Tensor  # [L, V_seen, n_dims] float64
+    rho: Tensor  # [L, n_dims] float64 (NaN where undefined)
+    dims: list[int]
+
+
+def frequency_table(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dims: Sequence[int],
+                       freq_counts: np.ndarray, min_occurrences: int = 1, magnitude: bool = True,
+                       picked: bool = False) -> FrequencyTable:
+    """Per-type mean of each outlier dim, its frequency, and Spearman ρ per layer × dim (Puccetti et al. 2022).
+
+    With ``magnitude`` (default) the per-type value is the mean of |h_j| — the outlier dim's magnitude,
+    which Puccetti et al. correlate with frequency: an outlier dim that is large and negative on frequent
+    tokens then correlates positively, as it should; otherwise the signed mean.
+
+    Parameters
+    ----------
+    chunks : iterable of ``(token_ids [n], values Tensor[L, n, d])``
+        The tokens to analyse (the caller leaves out special and pad tokens) and their hidden states,
+        streamed batch by batch.
+    dims : the outlier dims (indices into d)
+    freq_counts : int array [vocab]
+        Frequency of every token id (pretraining corpus or evaluated text); defines the id space.
+    min_occurrences : int
+        Types seen fewer times in the analysed tokens are left out (noisy means).
+    picked : bool
+        The chunks' values hold only the ``dims`` columns already (``[L, n, len(dims)]``: what ``evaluate.py``'s frequency analysis streams).
+    """
+    dims = [int(d) for d in dims]
+    if not dims:
+        raise ValueError("no dims to correlate with frequency")
+    freq_counts = np.asarray(freq_counts)
+    acc = None
+    for ids, values in chunks:
+        if acc is None:  # float64 sums over the vocabulary, only for the chosen dims
+            acc = TokenValueAccumulator(len(freq_counts), values.shape[0], len(dims))
+        cols = (values if picked else values[..., dims]).cpu()
+        acc.update(torch.as_tensor(np.asarray(ids), dtype=torch.long), cols.abs() if magnitude else cols)
+    if acc is None or int(acc.counts.sum()) == 0:
+        raise ValueError("no token to analyse (empty text?)")
+    seen, occ, means = acc.result(min_occurrences)
+    type_ids = seen.numpy()
+    freqs = freq_counts[type_ids]
+    rho = token_frequency_spearman(torch.from_numpy(freqs.astype(np.float64)), means)
+    return FrequencyTable(type_ids, occ.numpy(), freqs, means, rho, dims)

@@ -42,7 +42,8 @@ from outlierlab.analysis.layernorm_rule import LayerNormRule
 from outlierlab.analysis.outlier_dims import random_dims
 from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
 from outlierlab.evaluation.masked_lm import fill_mask, masked_batches, mlm_scores, pack_texts
-from outlierlab.evaluation.mlm_loading import LoadedModel, analysis_texts, shared_mlm
+from outlierlab.evaluation.common import analysis_texts, shared_mlm
+from outlierlab.models.lm_model import LoadedModel
 from outlierlab.evaluation.next_token import next_token_batches, predict_next
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AblationSettings, load_settings

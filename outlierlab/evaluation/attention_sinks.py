@@ -23,19 +23,19 @@ right-context mass).  Entropies of a decoder's early queries are bounded by thei
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
 import torch
 from torch import Tensor
 
-from outlierlab.analysis.attention import (AttentionEntropyAccumulator, AttentionMassAccumulator, later_key_mass,
-                                           sink_head_share, special_key_masks)
+from outlierlab.analysis.attention import SINK_KEYS as KEYS  # the columns of the rows below
+from outlierlab.analysis.attention import sink_head_share, sink_masses
 from outlierlab.analysis.outlier_dims import random_dims
 from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
-from outlierlab.evaluation.mlm_loading import analysis_texts, shared_mlm
+from outlierlab.evaluation.common import analysis_texts, shared_mlm
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AttentionSinksSettings, load_settings
 
@@ -46,7 +46,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 LM_HEAD = True
 
 TITLE = "## Attention sinks: mass on special tokens (Kovaleva et al. 2019/2021)"
-KEYS = ("bos", "eos", "special")
 
 
 def text_batches(tokenizer, texts: Sequence[str], max_length: int, batch_size: int) -> list[tuple[Tensor, Tensor]]:
@@ -59,49 +58,6 @@ def text_batches(tokenizer, texts: Sequence[str], max_length: int, batch_size: i
                         padding_side="right", return_tensors="pt")
         out.append((enc["input_ids"], enc["attention_mask"]))
     return out
-
-
-def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]],
-                batches: Iterable[tuple[Tensor, Tensor]], bos_token_id: int | None, eos_token_id: int | None,
-                first_token: bool = False) -> dict[str, Tensor]:
-    r"""Per layer and head, the mean attention mass real queries put on ``<s>``, ``</s>`` and on either.
-
-    .. math:: m_{l,h}^{(s)} = \frac{1}{|Q|}\sum_{(b,q)\in Q}\ \sum_{k:\ x_{b,k}=s} A^{(l)}_{b,h,q,k}
-
-    with Q all non-pad query positions of all batches (special-token queries included) — streamed with
-    :class:`outlierlab.analysis.attention.AttentionMassAccumulator`.
-
-    Parameters
-    ----------
-    forward_attentions : callable ``(input_ids, attention_mask) -> per-layer attention [B, H, T, T]``
-    batches : iterable of ``(input_ids [B, T], attention_mask [B, T])``
-    bos_token_id, eos_token_id : ids of ``<s>``/``[CLS]`` and ``</s>``/``[SEP]``
-    first_token : decoders: ``bos`` is each sequence's first token, whatever its id
-
-    Returns
-    -------
-    ``{"bos", "eos", "special"}`` -> Tensor[L, H] float64, ``"entropy"`` -> Tensor[L, H]: the mean
-    attention entropy (nats) of the same queries (:func:`outlierlab.analysis.attention.attention_entropy`),
-    and ``"later"`` -> Tensor[L, H]: their mean mass on later keys
-    (:func:`outlierlab.analysis.attention.later_key_mass`; 0 under a causal mask)
-    """
-    accs: dict[str, AttentionMassAccumulator] = {}
-    entropy: AttentionEntropyAccumulator | None = None
-    later, n_queries = None, 0.0
-    for ids, mask in batches:
-        attn = torch.stack([a.detach().float().cpu() for a in forward_attentions(ids, mask)])
-        keys = special_key_masks(ids, bos_token_id, eos_token_id, mask, first_token=first_token)
-        n = float(mask.sum())
-        part = later_key_mass(attn, mask.bool()) * n
-        later, n_queries = (part if later is None else later + part), n_queries + n
-        for k in KEYS:
-            accs.setdefault(k, AttentionMassAccumulator(tuple(attn.shape[:1]) + (attn.shape[2],)))
-            accs[k].update(attn, keys[k], query_mask=mask.bool())
-        entropy = entropy or AttentionEntropyAccumulator(tuple(attn.shape[:1]) + (attn.shape[2],))
-        entropy.update(attn, mask.bool())
-    if not accs:
-        raise ValueError("no batch to measure attention on")
-    return {**{k: a.compute() for k, a in accs.items()}, "entropy": entropy.compute(), "later": later / n_queries}
 
 
 def sink_rows(by_condition: Mapping[str, Mapping[str, Tensor]], dims: Mapping[str, str] | None = None) -> list[dict]:
@@ -217,7 +173,7 @@ def _report(results: dict, s, decoder: bool, what: str, dims, given, found: str,
     md += ["", (f"- Causal mask: the largest mean mass a head puts on later tokens is {leak:.2g} "
                 + ("(respected)." if leak < 1e-6 else "— NOT 0: this decoder's attention sees the future.")
                 if decoder else f"- Right-context mass (keys after the query), largest head: {leak:.2f}."),
-           f"- Outlier dims: " + (f"given by attention_sinks.dims: {dims}" if given else found)
+           "- Outlier dims: " + (f"given by attention_sinks.dims: {dims}" if given else found)
            + f"; disabled (gain and bias zeroed) in: {', '.join(kinds) or 'no'} LayerNorms."
            + (f" Control `random_disabled`: as many random dims (never the outlier dims), mean over {n_random} "
               "seeded draw(s) (dims in the CSV)." if dims and n_random > 0 else ""),

@@ -1,5 +1,6 @@
-"""Helpers shared by the analyses that disable or correlate LayerNorm outlier dims (ablation, frequency,
-attention sinks) and by the outliers analysis: the ``ln_rule`` config group, read once, and small helpers.
+"""Helpers shared by the analyses: the ``ln_rule`` config group, read once, for those that disable or correlate
+LayerNorm outlier dims (ablation, frequency, attention sinks, outliers); the model with its LM head, loaded once
+per run (:func:`shared_mlm`); an analysis' own texts (:func:`analysis_texts`).
 
 The rule itself is :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers` (Kovaleva et al. 2021; Puccetti et
 al. 2022); the norms come from :func:`outlierlab.models.layernorms.model_layernorms`.  ``evaluate.py`` composes
@@ -11,18 +12,22 @@ the LayerNorm monitor.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from omegaconf import OmegaConf
 from torch import nn
 
 from outlierlab.analysis.layernorm_rule import (LayerNormOutliers, LayerNormRule, layernorm_kind, layernorm_outliers,
                                                 layernorm_role)
-from outlierlab.evaluation.mlm_loading import check_texts
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.evaluation.settings import LAYERNORM_KINDS
+from outlierlab.datamodules.corpus import load_texts_from_files
+from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.evaluation.settings import LAYERNORM_KINDS, DataSettings, section_settings
+from outlierlab.models.lm_model import LoadedModel, load_mlm
 from outlierlab.models.layernorms import layernorm_tensors
 
-__all__ = ["skip_result", "ln_rule", "detect_layernorm_outliers", "zeroed_kinds", "check_common"]
+__all__ = ["skip_result", "ln_rule", "detect_layernorm_outliers", "zeroed_kinds", "check_common", "shared_mlm",
+           "check_texts", "analysis_texts"]
 
 
 def skip_result(name: str, title: str, reason: str) -> AnalysisResult:
@@ -70,3 +75,41 @@ def check_common(ctx: EvalContext, settings) -> LayerNormRule:
         raise ValueError(f"{settings.SECTION}.layernorms={kinds}: choose from {sorted(LAYERNORM_KINDS)}")
     check_texts(settings)
     return rule
+
+
+def shared_mlm(ctx) -> LoadedModel:
+    """:func:`load_mlm` of ``ctx.encoder``, loaded once per evaluate.py run (kept in ``ctx.shared.mlm``)."""
+    if ctx.shared.mlm is None:
+        ctx.shared.mlm = load_mlm(ctx.encoder)
+    return ctx.shared.mlm
+
+
+def check_texts(settings) -> None:
+    """The analysis' own ``files`` (``settings.files``) exist (before any encoding); its ``max_sentences``
+    was range-checked when the settings were built."""
+    for f in settings.files or ():
+        if not Path(str(f)).expanduser().is_file():
+            raise FileNotFoundError(f"files: file not found: {f}")
+
+
+def analysis_texts(ctx, settings) -> tuple[list[str], str]:
+    """Held-out texts for an analysis and a short description of where they come from.
+
+    Looked up in order: the analysis' own ``files`` / ``max_sentences`` (``settings``, its typed section),
+    then the evaluate config's ``data.files`` / ``data.max_sentences``; no files -> the shipped *Persuasion*
+    sentences (:func:`outlierlab.datamodules.eval_data.load_sentences`; not in our pretraining corpus).  The FIRST
+    ``max_sentences`` texts are used, so two analyses with the same limit see the same texts.
+    """
+    data = section_settings(DataSettings, ctx.root_cfg)
+    files = settings.files if settings.files is not None else data.files
+    limit = settings.max_sentences if settings.max_sentences is not None else data.max_sentences
+    if files:
+        files = list(files)
+        texts, what = load_texts_from_files(files), f"{len(files)} file(s): " + ", ".join(map(str, files))
+    else:
+        texts, what = load_sentences(), "held-out sentences (Austen, Persuasion)"
+    if limit is not None:
+        texts = texts[:limit]
+    if not texts:
+        raise ValueError("no evaluation texts: set data.files or max_sentences > 0")
+    return texts, f"{len(texts)} texts from {what}"

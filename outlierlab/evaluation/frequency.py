@@ -29,26 +29,21 @@ dims (:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`, Luo et al.'s
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor
 
-from outlierlab.analysis.frequency import TokenValueAccumulator, token_frequency_spearman
+from outlierlab.analysis.frequency import FrequencyTable, frequency_table, token_frequency_spearman
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
-from outlierlab.datamodules.corpus import corpus_identity, load_texts, load_texts_from_files
+from outlierlab.datamodules.corpus import load_texts_from_files
 from outlierlab.datamodules.mlm_datamodule import default_cache_dir  # the one definition of the cache root
-from outlierlab.datamodules.tokenizer import tokenizer_fingerprint
+from outlierlab.datamodules.token_counts import count_tokens, pretraining_counts
 from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, ln_rule
-from outlierlab.evaluation.mlm_loading import analysis_texts, shared_mlm
+from outlierlab.evaluation.common import analysis_texts, shared_mlm
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import DataSettings, FrequencySettings, load_settings, section_settings
 from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch
@@ -63,132 +58,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 LM_HEAD = True
 
 TITLE = "## Outlier dims vs token frequency (Puccetti et al. 2022)"
-
-
-# --------------------------------------------------------------------------------------------- counting
-def count_tokens(tokenizer, texts: Sequence[str], vocab_size: int | None = None, batch_size: int = 2000) -> np.ndarray:
-    """Occurrences of every token id in ``texts`` (tokenised without special tokens), int64 [vocab]."""
-    size = int(vocab_size or len(tokenizer))
-    counts = np.zeros(size, dtype=np.int64)
-    for i in range(0, len(texts), batch_size):
-        ids = tokenizer(list(texts[i:i + batch_size]), add_special_tokens=False, verbose=False)["input_ids"]
-        flat = np.fromiter((t for row in ids for t in row), dtype=np.int64)
-        if flat.size:
-            counts += np.bincount(flat, minlength=size)[:size]
-    return counts
-
-
-def find_run_config(source) -> Path | None:
-    """The train.py config of the run an encoder comes from (``config.yaml`` or ``.hydra/config.yaml``
-    in the run directory, found from its ``hf/``/``model/`` export or checkpoint), else None."""
-    if source.kind == "hf" and not Path(source.model).exists():
-        return None
-    p = Path(source.model)
-    for d in [p, *list(p.parents)[:2]]:
-        for cand in (d / "config.yaml", d / ".hydra" / "config.yaml"):
-            if cand.is_file():
-                if OmegaConf.select(OmegaConf.load(cand), "data.source", default=None) is not None:
-                    return cand
-    return None
-
-
-def pretraining_data(source) -> dict | None:
-    """``{source, files, hub, max_documents, config}`` of the run's pretraining data, or None."""
-    cfg_path = find_run_config(source)
-    if cfg_path is None:
-        return None
-    cfg = OmegaConf.load(cfg_path)
-
-    def sel(key):  # only these nodes are resolved: the rest may use Hydra-only resolvers
-        v = OmegaConf.select(cfg, f"data.{key}", default=None)
-        return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
-
-    return {"source": sel("source"), "files": sel("files"), "hub": sel("hub"),
-            "max_documents": sel("max_documents"), "config": str(cfg_path)}
-
-
-def _counts_cache() -> Path:
-    return default_cache_dir()
-
-
-def pretraining_counts(source, tokenizer, cache_dir: Path) -> tuple[np.ndarray, str]:
-    """Token counts of the run's pretraining corpus (cached under ``cache_dir/token_counts``).
-
-    Raises
-    ------
-    FileNotFoundError / ValueError / ConnectionError / RuntimeError
-        The run config names data that cannot be read here (the caller falls back, with a note).
-    """
-    data = pretraining_data(source)
-    if data is None:
-        raise FileNotFoundError(f"{source.name} is not a train.py run (no config.yaml naming data.source)")
-    ident = corpus_identity(data["source"], data["files"], data["hub"], data["max_documents"])
-    key = hashlib.sha256(json.dumps([ident, tokenizer_fingerprint(tokenizer), len(tokenizer)]).encode()).hexdigest()
-    path = cache_dir / "token_counts" / f"{key[:24]}.npy"
-    what = f"the run's pretraining corpus (data.source={data['source']}, from {data['config']})"
-    if path.is_file():
-        return np.load(path), what
-    texts = load_texts(data["source"], data["files"], data["hub"], data["max_documents"])
-    counts = count_tokens(tokenizer, texts)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.npy")
-    np.save(tmp, counts)
-    os.replace(tmp, path)
-    return counts, what
-
-
-# --------------------------------------------------------------------------------------------- pipeline
-@dataclass
-class FrequencyTable:
-    """Per seen token type: id, occurrences in the evaluated text, frequency, mean outlier values; and ρ."""
-
-    type_ids: np.ndarray  # [V_seen]
-    occurrences: np.ndarray  # [V_seen]
-    freqs: np.ndarray  # [V_seen] frequency used for the correlation
-    means: Tensor  # [L, V_seen, n_dims] float64
-    rho: Tensor  # [L, n_dims] float64 (NaN where undefined)
-    dims: list[int]
-
-
-def frequency_spearman(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dims: Sequence[int],
-                       freq_counts: np.ndarray, min_occurrences: int = 1, magnitude: bool = True,
-                       picked: bool = False) -> FrequencyTable:
-    """Per-type mean of each outlier dim, its frequency, and Spearman ρ per layer × dim (Puccetti et al. 2022).
-
-    With ``magnitude`` (default) the per-type value is the mean of |h_j| — the outlier dim's magnitude,
-    which Puccetti et al. correlate with frequency: an outlier dim that is large and negative on frequent
-    tokens then correlates positively, as it should; otherwise the signed mean.
-
-    Parameters
-    ----------
-    chunks : iterable of ``(token_ids [n], values Tensor[L, n, d])``
-        The tokens to analyse (the caller leaves out special and pad tokens) and their hidden states,
-        streamed batch by batch.
-    dims : the outlier dims (indices into d)
-    freq_counts : int array [vocab]
-        Frequency of every token id (pretraining corpus or evaluated text); defines the id space.
-    min_occurrences : int
-        Types seen fewer times in the analysed tokens are left out (noisy means).
-    picked : bool
-        The chunks' values hold only the ``dims`` columns already (``[L, n, len(dims)]``, :func:`_valid_chunks`).
-    """
-    dims = [int(d) for d in dims]
-    if not dims:
-        raise ValueError("no dims to correlate with frequency")
-    freq_counts = np.asarray(freq_counts)
-    acc = None
-    for ids, values in chunks:
-        if acc is None:  # float64 sums over the vocabulary, only for the chosen dims
-            acc = TokenValueAccumulator(len(freq_counts), values.shape[0], len(dims))
-        cols = (values if picked else values[..., dims]).cpu()
-        acc.update(torch.as_tensor(np.asarray(ids), dtype=torch.long), cols.abs() if magnitude else cols)
-    if acc is None or int(acc.counts.sum()) == 0:
-        raise ValueError("no token to analyse (empty text?)")
-    seen, occ, means = acc.result(min_occurrences)
-    type_ids = seen.numpy()
-    freqs = freq_counts[type_ids]
-    rho = token_frequency_spearman(torch.from_numpy(freqs.astype(np.float64)), means)
-    return FrequencyTable(type_ids, occ.numpy(), freqs, means, rho, dims)
 
 
 class DimColumns(Consumer):
@@ -297,7 +166,7 @@ def frequency_counts(ctx, s: FrequencySettings, tokenized, vocab: int) -> tuple[
     note = ""
     if mode == "pretraining" or (mode == "auto" and enc.source.kind != "hf"):  # HF models: corpus unknown
         try:
-            counts, what = pretraining_counts(enc.source, enc.tokenizer, _counts_cache())
+            counts, what = pretraining_counts(enc.source, enc.tokenizer, default_cache_dir())
             return np.pad(counts, (0, max(0, vocab - len(counts)))), what
         except (OSError, ValueError, RuntimeError) as e:
             if mode == "pretraining":
@@ -327,7 +196,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     counts, counts_from = frequency_counts(ctx, s, tokenized, vocab)
     min_occ, value = s.min_occurrences, s.value
     what_value = "mean magnitude |h|" if value == "magnitude" else "mean signed value"
-    table = frequency_spearman(_stream(ctx, texts, DimColumns(dims)).chunks, dims, counts, min_occ,
+    table = frequency_table(_stream(ctx, texts, DimColumns(dims)).chunks, dims, counts, min_occ,
                                magnitude=value == "magnitude", picked=True)
 
     L = table.rho.shape[0]

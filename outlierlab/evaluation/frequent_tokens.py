@@ -26,14 +26,13 @@ vector) is captured and the logits ``hW^T + b`` are split over a set of dims S
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
 import matplotlib
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from outlierlab.analysis.frequent_tokens import COLUMNS, METRICS, macocco_outlier_dims, score_conditions
 from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
@@ -42,11 +41,11 @@ from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.evaluation.common import ln_rule, skip_result
 from outlierlab.evaluation.frequency import frequency_counts
 from outlierlab.evaluation.masked_lm import masked_batches, pack_texts
-from outlierlab.evaluation.mlm_loading import LoadedModel, analysis_texts, check_texts, shared_mlm
+from outlierlab.evaluation.common import analysis_texts, check_texts, shared_mlm
+from outlierlab.models.lm_model import LoadedModel, last_vectors, output_layer
 from outlierlab.evaluation.next_token import next_token_batches
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import FrequentTokensSettings, load_settings
-from outlierlab.models.families import lm_head
 from outlierlab.models.layernorms import layernorm_tensors
 from outlierlab.utils.tables import md_table
 
@@ -56,63 +55,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
 LM_HEAD = True
 
-__all__ = ["run", "check", "COLUMNS", "METRICS", "RULES", "score_conditions", "late_labels", "output_layer",
-           "last_vectors", "outlier_sets"]
+__all__ = ["run", "check", "COLUMNS", "METRICS", "RULES", "score_conditions", "late_labels", "outlier_sets"]
 
 TITLE = "## Last-layer outlier dims and the frequent-token heuristic (Macocco et al. 2025)"
 RULES = ("macocco", "unembedding", "argmax_share", "layernorm")
-
-
-# ------------------------------------------------------------------------------------- the output layer
-def output_layer(loaded: LoadedModel) -> tuple[nn.Module, bool, Tensor, Tensor | None, str]:
-    """``(module, hook_output, W [V, d], b [V] or None, norm key)``: where h is read (the module's output when
-    ``hook_output``, else its input), the output layer's weight and bias, and the key of the norm producing h
-    in ``loaded.layernorms`` ("head" for an MLM head, "final" for a pre-LN decoder)."""
-    model = loaded.model
-    norm_key = "final" if loaded.is_decoder else "head"
-    if loaded.kind == "outlierlab":  # our LMHead: dense -> GELU -> layer_norm -> F.linear(tied embeddings, bias)
-        return (model.lm_head.layer_norm, True, model.roberta.embeddings.word_embeddings.weight.detach(),
-                model.lm_head.bias.detach(), norm_key)
-    head = lm_head(model)
-    if head is None or getattr(head, "weight", None) is None:
-        raise ValueError(f"{loaded.name}: no output layer with a weight matrix to split")
-    bias = getattr(head, "bias", None)
-    return head, False, head.weight.detach(), None if bias is None else bias.detach(), norm_key
-
-
-@contextmanager
-def _capture(module: nn.Module, output: bool, store: list):
-    def hook(_m, args, out):
-        store.append((out if output else args[0]).detach())
-
-    handle = module.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-@torch.inference_mode()
-def last_vectors(loaded: LoadedModel, batches) -> tuple[Tensor, Tensor]:
-    """h at every scored position (labels != -100) and those labels: ``([N, d] float32, [N])``."""
-    module, output, *_ = output_layer(loaded)
-    hs, ys = [], []
-    for b in batches:
-        store: list[Tensor] = []
-        labels = b["labels"]
-        sel = labels != -100
-        with _capture(module, output, store):  # a Hugging Face head projects the scored rows alone
-            loaded.forward(b["input_ids"], b["attention_mask"], rows=sel)
-        h = store[-1].float().cpu()
-        if h.shape[:-1] == labels.shape:  # [B, T, d]: a head that saw every position
-            h = h[sel]
-        elif h.shape[:-1] != (int(sel.sum()),):  # [n, d]: the scored rows (LoadedModel.forward's rows)
-            raise ValueError(f"unexpected output-layer input shape {tuple(h.shape)} for labels {tuple(labels.shape)}")
-        hs.append(h)
-        ys.append(labels[sel])
-    if not hs or sum(x.shape[0] for x in hs) == 0:
-        raise ValueError("no scored position: the texts are too short or mlm_probability is 0")
-    return torch.cat(hs), torch.cat(ys)
 
 
 def late_labels(batches, position: int) -> tuple[list[dict], int]:

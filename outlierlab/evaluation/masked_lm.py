@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from outlierlab.datamodules.masking import DeterministicMLMCollator
-from outlierlab.evaluation.mlm_loading import LoadedModel
+from outlierlab.models.lm_model import LoadedModel
 
 __all__ = ["pack_texts", "masked_batches", "mlm_scores", "fill_mask"]
 

@@ -19,7 +19,7 @@ from outlierlab.analysis.order_use import (attention_locality, cannot_use_order,
 from outlierlab.evaluation.attention_sinks import text_batches
 from outlierlab.evaluation.common import skip_result
 from outlierlab.evaluation.masked_lm import masked_batches, pack_texts
-from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts, shared_mlm
+from outlierlab.evaluation.common import analysis_texts, check_texts, shared_mlm
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import OrderUseSettings, load_settings
 

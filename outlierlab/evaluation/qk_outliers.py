@@ -2,7 +2,7 @@
 positions the pair and frequency each lies in (Jonasson 2025, "Rotary Offset Features in Large Language Models").
 
 The seeds trace outliers from position *embeddings* through LayerNorm; this traces them from *rotary positions*
-into attention.  q and k are hooked where the model rotates them, just before the rotation (:func:`qk_projections`:
+into attention.  q and k are hooked where the model rotates them, just before the rotation (:func:`outlierlab.models.qk_recorder.qk_projections`:
 the query/key projections, or a block's QK-norm where it has one — Qwen3's per-head ``q_norm``/``k_norm``, our OP
 block's ``query_norm``/``key_norm`` — whose gains scale dims before the rotation) while the evaluation sentences
 are encoded; per layer × head × dim the max and mean
@@ -22,20 +22,18 @@ Output: ``qk_outliers.csv`` (one row per layer × head × dim), ``qk_outliers.pn
 from __future__ import annotations
 
 import contextlib
-from contextlib import contextmanager
 
 import matplotlib
 import torch
-from torch import nn
 
-from outlierlab.analysis.qk_outliers import QKAccumulator, RotarySpec, magnitude_outliers
+from outlierlab.analysis.qk_outliers import RotarySpec, magnitude_outliers
 from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import QKOutliersSettings, load_settings
-from outlierlab.evaluation.mlm_loading import analysis_texts, check_texts
+from outlierlab.evaluation.common import analysis_texts, check_texts
 from outlierlab.evaluation.settings import DataSettings, section_settings
-from outlierlab.models.families import QKProjection, family_of, is_norm, split_qk
-from outlierlab.models.rotary_layers import rotary_layers
+from outlierlab.models.families import is_norm
+from outlierlab.models.qk_recorder import QKRecorder, rotary_specs
 from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")
@@ -44,96 +42,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 TITLE = "## Query/key outlier features and rotary pairs (Jonasson 2025)"
 COLUMNS = ["layer", "head", "dim", "q_max", "q_mean", "k_max", "k_mean", "q_z", "k_z", "q_outlier", "k_outlier",
            "rotary_pair", "partner_dim", "theta", "cycles", "within_bound"]
-
-
-# ---------------------------------------------------------------------------------------- the model's insides
-def qk_projections(model: nn.Module) -> list[QKProjection]:
-    """Each block's queries and keys where the model rotates them: the family registry's
-    (:meth:`outlierlab.models.families.Family.qk_projections`: the projections, or Qwen3's per-head
-    ``q_norm``/``k_norm``), or for our encoder its ``query_norm``/``key_norm`` (the OP block's QK-norm, applied
-    before the position scheme) where it has them, else its ``query``/``key`` Linear layers."""
-    if not hasattr(model, "named_layernorms"):
-        return family_of(model).qk_projections(model)
-    cfg, fam = model.config, family_of(model)
-    out = []
-    for b in fam.block_list(model):
-        attn = b.get_submodule(fam.attention)
-        qn, kn = getattr(attn, "query_norm", None), getattr(attn, "key_norm", None)
-        if qn is not None and kn is not None:
-            out.append(QKProjection(qn, kn, "head_major", cfg.num_heads, cfg.num_heads, cfg.head_dim))
-        else:
-            out.append(QKProjection(b.get_submodule(fam.q), b.get_submodule(fam.k), "separate", cfg.num_heads,
-                                    cfg.num_heads, cfg.head_dim))
-    return out
-
-
-def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: float) -> list[RotarySpec | None]:
-    """The rotary scheme of every layer (None where a layer does not rotate): θ_i from the model's own rotary
-    module (:func:`outlierlab.models.rotary_layers.rotary_layers`: ``inv_freq``, scaled RoPE and partial rotary
-    included; per layer type) and the layer's reach (a sliding-window layer: its window)."""
-    try:
-        layers = rotary_layers(model)
-    except ValueError:  # an unregistered family: magnitudes alone
-        return [None] * num_layers
-    if len(layers) != num_layers:
-        raise ValueError(f"{len(layers)} rotary entries for {num_layers} layers")
-    return [None if r is None else RotarySpec(head_dim, tuple(r.inv_freq.tolist()), r.context, "half", max_cycles,
-                                              r.source) for r in layers]
-
-
-class QKRecorder:
-    """Hooks every layer's q/k projections; :meth:`observe` after each forward adds the real tokens' q/k
-    (``attention_mask`` ``[B, T]``) to :attr:`acc`.
-
-    Given the batch's mask before its forward (:meth:`expect`), each layer's q/k are reduced in the hook that
-    produces the last of them, so no more than one layer's projections are ever held (issue 39) — not every
-    layer's until the forward returns."""
-
-    def __init__(self, model: nn.Module):
-        self.projs = qk_projections(model)
-        p0 = self.projs[0]
-        self.acc = QKAccumulator(len(self.projs), p0.num_heads, p0.head_dim, p0.num_kv_heads)
-        self._out: dict[tuple[int, str], torch.Tensor] = {}
-        self._handles: list = []
-        self._mask: torch.Tensor | None = None
-
-    @contextmanager
-    def hooked(self):
-        def keep(key):
-            def hook(_m, _args, out):
-                self._out[key] = out.detach()
-                if self._mask is not None:
-                    self._reduce(key[0], self._mask)
-            return hook
-
-        for i, p in enumerate(self.projs):
-            self._handles.append(p.q.register_forward_hook(keep((i, "q"))))
-            if p.k is not p.q:
-                self._handles.append(p.k.register_forward_hook(keep((i, "k"))))
-        try:
-            yield self
-        finally:
-            for h in self._handles:
-                h.remove()
-            self._handles.clear()
-
-    def expect(self, attention_mask: torch.Tensor) -> None:
-        """The mask of the batch about to run: its layers are reduced as the model produces them."""
-        self._mask = attention_mask
-
-    def _reduce(self, i: int, attention_mask: torch.Tensor) -> None:
-        p = self.projs[i]
-        if (i, "q") not in self._out or (p.k is not p.q and (i, "k") not in self._out):
-            return  # the layer's other projection is still to come
-        q, k = split_qk(p, self._out.pop((i, "q")), self._out.pop((i, "k"), None))  # [B, T, H, hd]
-        real = attention_mask.to(q.device).bool()
-        self.acc.update(i, q[real], k[real])
-
-    def observe(self, attention_mask: torch.Tensor) -> None:
-        """Reduce what the last forward left (every layer, unless :meth:`expect` was called before it)."""
-        for i in range(len(self.projs)):
-            self._reduce(i, attention_mask)
-        self._mask = None
 
 
 # ------------------------------------------------------------------------------------------------- rows

@@ -8,7 +8,7 @@ An analysis is ONE module with a function ``run(ctx: EvalContext) -> AnalysisRes
   (:class:`outlierlab.evaluation.stream.Consumer`: raw or transformed token or word vectors, every layer once);
   ``run`` then reads what they accumulated (``ctx.consumers``);
 * ``COLUMNS`` — its CSV header (a skipped run still writes one);
-* ``LM_HEAD = True`` — it scores with the model's LM head (:func:`outlierlab.evaluation.mlm_loading.shared_mlm`):
+* ``LM_HEAD = True`` — it scores with the model's LM head (:func:`outlierlab.evaluation.common.shared_mlm`):
   the encoder is then loaded once, head included.
 
 Its config section is ``cfg.<name>`` (a module path: its last component); the built-in analyses read theirs as
@@ -32,7 +32,7 @@ from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings
                                  TransformSettings, WicSettings)
 
 if TYPE_CHECKING:  # annotations only: the registry stays free of torch
-    from outlierlab.evaluation.mlm_loading import LoadedModel
+    from outlierlab.models.lm_model import LoadedModel
     from outlierlab.evaluation.streaming import SentenceStats
 
 
@@ -44,7 +44,7 @@ class SharedPasses:
     sentence_stats : the one streaming pass over the evaluation sentences
         (:func:`outlierlab.evaluation.streaming.sentence_stats`): outliers, anisotropy, self_similarity read it; WiC and
         STS take their detected clip dims and their ``transform.fit_on=sentences`` whitener from it
-    mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.mlm_loading.shared_mlm`), on the
+    mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.common.shared_mlm`), on the
         encoder's own weights: the analyses whose module sets ``LM_HEAD = True``
     consumers : the :class:`~outlierlab.evaluation.stream.Consumer` s that analyses subscribed to the sentence pass
     """

@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from outlierlab.datamodules.features import LayerTokenStore
-from outlierlab.evaluation.disk_room import check_room
+from outlierlab.utils.disk_room import check_room
 from outlierlab.analysis.outlier_stats import valid_token_mask
 from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, progress_bar, token_offsets
 from outlierlab.evaluation.words import plan_vectors, word_plan

@@ -31,9 +31,9 @@ import torch
 from outlierlab.analysis.sts import sts_spearman
 from outlierlab.analysis.postprocessing import FITTED, fit_size
 from outlierlab.analysis.whitening import DegenerateWhiteningError
-from outlierlab.datamodules.dataset_sources import load_hub, load_local
+from outlierlab.datamodules.pair_sets import STS_HUB, StsPairs, load_sts_pairs
 from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
-from outlierlab.evaluation.disk_room import check_room
+from outlierlab.utils.disk_room import check_room
 from outlierlab.evaluation.layer_rows import LayerRows, pair_cosines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch
@@ -43,35 +43,10 @@ from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
 
-#: Short names → hub ids (all with columns sentence1, sentence2, score).  STS-B scores are in [0, 1],
-#: the others in [0, 5]; Spearman does not care.
-HUB = {
-    "stsb": "sentence-transformers/stsb",
-    "sickr": "mteb/sickr-sts",
-    "sts12": "mteb/sts12-sts",
-    "sts13": "mteb/sts13-sts",
-    "sts14": "mteb/sts14-sts",
-    "sts15": "mteb/sts15-sts",
-    "sts16": "mteb/sts16-sts",
-}
 WHITEN_COLUMNS = ["whiten_fit", "whiten_n", "whiten_distinct", "whiten_rank", "whiten_k", "whiten_degenerate"]
 COLUMNS = ["layer", "transform", "dataset", "subset", "split", "spearman", "n_pairs", *WHITEN_COLUMNS]
-FIELDS = ("sentence1", "sentence2", "score")
-ADVICE = "pass local pairs instead: sts.files=[pairs.csv] (columns sentence1, sentence2, score)"
 #: Below this many pairs a Spearman ρ is printed with a warning (its 95% interval is wider than ±0.35).
 FEW_PAIRS = 30
-
-
-@dataclass
-class Pairs:
-    """One STS data set: sentence pairs, gold scores, optional sub-set label per pair, description."""
-
-    s1: list[str]
-    s2: list[str]
-    gold: torch.Tensor
-    subsets: list[str] | None
-    what: str
-    local: bool
 
 
 def requested(s: StsSettings) -> list[tuple[str, str | list]]:
@@ -79,8 +54,8 @@ def requested(s: StsSettings) -> list[tuple[str, str | list]]:
     each local file is its own data set, named by its file name."""
     names = list(s.datasets)
     if "all" in names:
-        names = list(HUB) + [n for n in names if n not in HUB and n != "all"]
-    out = [(n, HUB.get(n.lower(), n)) for n in names]
+        names = list(STS_HUB) + [n for n in names if n not in STS_HUB and n != "all"]
+    out = [(n, STS_HUB.get(n.lower(), n)) for n in names]
     files = s.files
     if files:
         taken = {n for n, _ in out}
@@ -91,26 +66,6 @@ def requested(s: StsSettings) -> list[tuple[str, str | list]]:
             taken.add(name)
             out.append((name, [f]))
     return out
-
-
-def load_pairs(name: str, source, split: str, cap=None, subset_field: str | None = None) -> Pairs:
-    """The pairs of one data set split (``source``: a hub id or ``[file]``)."""
-    if isinstance(source, list):
-        ds, what = load_local(source, FIELDS, "sts"), f"local file {source[0]}"
-    else:
-        ds, what = load_hub(source, None, split, ADVICE), f"{source} ({split})"
-        missing = [c for c in FIELDS if c not in ds.column_names]
-        if missing:
-            raise ValueError(f"STS dataset {source} lacks column(s) {missing} (columns: {ds.column_names})")
-    s1, s2 = [str(x) for x in ds["sentence1"]], [str(x) for x in ds["sentence2"]]
-    gold = torch.tensor([float(x) for x in ds["score"]], dtype=torch.float64)
-    subsets = ([str(x) for x in ds[subset_field]] if subset_field and subset_field in ds.column_names else None)
-    if cap is not None and int(cap) < len(s1):
-        s1, s2, gold = s1[:int(cap)], s2[:int(cap)], gold[:int(cap)]
-        subsets = None if subsets is None else subsets[:int(cap)]
-    if len(s1) < 2:
-        raise ValueError(f"STS dataset {what} has fewer than 2 pairs")
-    return Pairs(s1, s2, gold, subsets, what, isinstance(source, list))
 
 
 class SentenceVectors(LayerRows):
@@ -180,7 +135,7 @@ def pair_rows(vecs: SentenceVectors, layer: int, keep: torch.Tensor) -> torch.Te
     return torch.cat([v[keep], v[n + keep]])
 
 
-def _precheck_whitening(ctx, name: str, pairs: Pairs, whiten: WhitenSettings) -> None:
+def _precheck_whitening(ctx, name: str, pairs: StsPairs, whiten: WhitenSettings) -> None:
     """With ``fit_on=eval`` the fitted transforms are fitted on the pairs' own sentence vectors: too few
     distinct texts fail here, before anything is encoded (the same rule as :meth:`Whitener.check`)."""
     n_distinct = len(set(pairs.s1) | set(pairs.s2))
@@ -207,8 +162,8 @@ def _precheck_whitening(ctx, name: str, pairs: Pairs, whiten: WhitenSettings) ->
 class StsData:
     """What :func:`check` loads before any encoding and :func:`run` evaluates (``EvalContext.prepared``)."""
 
-    data: dict[str, Pairs]  # data set name -> its evaluated split
-    fit: dict[str, Pairs | str]  # transform.fit_on=<split>: the pairs to fit on, or why they are unavailable
+    data: dict[str, StsPairs]  # data set name -> its evaluated split
+    fit: dict[str, StsPairs | str]  # transform.fit_on=<split>: the pairs to fit on, or why they are unavailable
 
 
 def check(ctx: EvalContext) -> StsData:
@@ -219,20 +174,20 @@ def check(ctx: EvalContext) -> StsData:
     whiten = WhitenSettings.from_settings(t)
     data, fit = {}, {}
     for name, source in requested(s):
-        data[name] = load_pairs(name, source, split, s.max_pairs, s.subset_field)
+        data[name] = load_sts_pairs(source, split, s.max_pairs, s.subset_field)
         fitted = any(n in FITTED for n in ctx.transforms)
         if fitted and fit_on not in ("eval", "sentences", split) and not isinstance(source, list):
             try:
-                fit[name] = load_pairs(name, source, fit_on)
+                fit[name] = load_sts_pairs(source, fit_on)
             except ConnectionError as e:  # e.g. STS13-16 / SICK-R have no train split on the hub
                 fit[name] = str(e).split(";")[0]
-        fits_on_pairs = fit_on in ("eval", split) or not isinstance(fit.get(name), Pairs)
+        fits_on_pairs = fit_on in ("eval", split) or not isinstance(fit.get(name), StsPairs)
         if fitted and fit_on != "sentences" and fits_on_pairs:
             _precheck_whitening(ctx, name, data[name], whiten)
     return StsData(data, fit)
 
 
-def _whiten(ctx, name: str, vecs: SentenceVectors, keep: torch.Tensor, fit: Pairs | str | None,
+def _whiten(ctx, name: str, vecs: SentenceVectors, keep: torch.Tensor, fit: StsPairs | str | None,
             t: TransformSettings, split: str, ft: FittedTransforms) -> None:
     """Fit every selected fitted transform (whiten, standardize, abtt, center) of data set ``name`` into ``ft``;
     one layer's vectors, float64 sums and maps in memory at a time (the maps are kept on disk)."""
@@ -244,7 +199,7 @@ def _whiten(ctx, name: str, vecs: SentenceVectors, keep: torch.Tensor, fit: Pair
         for n in names:
             ft.set_whitener(st.transforms.fitted[n], st.transforms.fits[n])
         return
-    if fit_on not in ("eval", split) and isinstance(fit, Pairs):
+    if fit_on not in ("eval", split) and isinstance(fit, StsPairs):
         batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
         v, ok = sentence_vectors(ctx.encoder, fit.s1 + fit.s2, batch_size)
         w = whiten.fit_by_layer(n_layers, dim, lambda layer: [v.layer(layer)[ok]], names, on_disk=True)
@@ -264,7 +219,7 @@ def _rho_rows(name: str, t: str, rho: torch.Tensor, subset: str, split: str, n: 
              "spearman": float(r), "n_pairs": n, **extra} for layer, r in enumerate(rho.tolist())]
 
 
-def score_dataset(name: str, pairs: Pairs, vecs: SentenceVectors, keep: torch.Tensor, ft: FittedTransforms,
+def score_dataset(name: str, pairs: StsPairs, vecs: SentenceVectors, keep: torch.Tensor, ft: FittedTransforms,
                   transforms: list[str], split: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
     """Rows (pooled ``all``, per sub-set, sub-set ``mean``) and the headline ρ per layer of each transform."""
     m = keep.numel()
@@ -301,7 +256,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     if not data:
         md = (f"{head}\n\n**Skipped: no STS data given.** No STS set can be shipped with outlierlab. Run with "
               "`sts.datasets=[stsb,sickr,sts12,sts13,sts14,sts15,sts16]` (or `sts=paper`; Hugging Face hub "
-              f"names {', '.join(f'{k}={v}' for k, v in HUB.items())}; they need network once, then the local "
+              f"names {', '.join(f'{k}={v}' for k, v in STS_HUB.items())}; they need network once, then the local "
               "datasets cache) or with local pairs `sts.files=[pairs.csv]` (columns sentence1, sentence2, score).")
         return AnalysisResult("sts", [], md, [], {"skipped": "no sts.datasets / sts.files given"})
     enc, transforms = ctx.encoder, list(ctx.transforms)

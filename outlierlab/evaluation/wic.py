@@ -28,8 +28,7 @@ from outlierlab.analysis.wic import all_true_baseline, best_per_layer, best_thre
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
-from outlierlab.datamodules.dataset_sources import load_hub, load_local
-from outlierlab.datamodules.eval_data import load_wic
+from outlierlab.datamodules.pair_sets import load_wic_pairs
 from outlierlab.evaluation.layer_rows import pair_cosines
 from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
@@ -37,64 +36,13 @@ from outlierlab.analysis.transform_fit import WhitenSettings
 from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
 from outlierlab.analysis.transform_fit import FittedTransforms
 
-FIELDS = ("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label")
-DEFAULT_SPLIT = {"wordnet": "train", "superglue": "train", "files": None}  # the paper sweeps on WiC's train split
-_TRUE = {"t", "true", "1", "yes", "y"}
-_FALSE = {"f", "false", "0", "no", "n"}
-
-
-def _label(v) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, (int, float)):
-        if v not in (0, 1):
-            raise ValueError(f"WiC label {v!r} is not 0/1 (SuperGLUE's test split is unlabelled: -1)")
-        return bool(v)
-    s = str(v).strip().lower()
-    if s in _TRUE or s in _FALSE:
-        return s in _TRUE
-    raise ValueError(f"WiC label {v!r} is not true/false, T/F or 0/1")
-
-
-def _clean(rows, what: str) -> list[dict]:
-    out = []
-    for r in rows:
-        pair = {k: r[k] for k in FIELDS}
-        for k in ("start1", "end1", "start2", "end2"):
-            pair[k] = int(pair[k])
-        pair["label"] = _label(pair["label"])
-        pair["word"] = r.get("word", "")
-        out.append(pair)
-    if not out:
-        raise ValueError(f"{what} holds no WiC pairs")
-    return out
-
-
 def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
-    """WiC pairs of ``split`` (None: ``wic.split`` or the source's default) and a description;
-    ``capped``: keep only the first ``wic.max_pairs``.  ``settings``: :class:`WicSettings`, or the ``wic``
-    config node it is built from."""
+    """WiC pairs of ``split`` (None: ``wic.split`` or the source's default) and a description
+    (:func:`outlierlab.datamodules.pair_sets.load_wic_pairs`); ``capped``: keep only the first ``wic.max_pairs``.
+    ``settings``: :class:`WicSettings`, or the ``wic`` config node it is built from."""
     s = settings if isinstance(settings, WicSettings) else load_settings(WicSettings, settings)
-    files = s.files
-    source = "files" if files else s.source
-    split = split if split is not None else (s.split or DEFAULT_SPLIT.get(source))
-    if source == "wordnet":
-        rows, what = load_wic(split=split), f"shipped WordNet WiC-style pairs, split {split}"
-    elif source == "superglue":
-        path, name = s.hub_path, s.hub_name
-        rows = load_hub(path, name, split or "validation",
-                         "use the shipped set (wic.source=wordnet) or local files (wic.files=[pairs.jsonl])")
-        what = f"SuperGLUE WiC ({path}/{name}), split {split}"
-    else:  # wic.files given (any other wic.source is refused by WicSettings)
-        ds = load_local(list(files), FIELDS, "wic")
-        rows = [r for r in ds if split is None or "split" not in ds.column_names or r["split"] == split]
-        what = f"local files {list(files)}" + (
-            f", split {split}" if split and "split" in ds.column_names else "")
-    pairs = _clean(rows, what)
-    cap = s.max_pairs if capped else None
-    if cap is not None and cap < len(pairs):  # first N: the shipped/hub files are not label-sorted
-        pairs = pairs[:cap]
-    return pairs, what
+    return load_wic_pairs(s.source, split if split is not None else (s.split or None), s.files, s.hub_path,
+                          s.hub_name, s.max_pairs if capped else None)
 
 
 def target_cosines(ft: FittedTransforms, names, vecs: TargetVectors, keep: torch.Tensor) -> dict[str, torch.Tensor]:

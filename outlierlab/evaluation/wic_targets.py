@@ -15,7 +15,7 @@ from torch import Tensor
 
 from outlierlab.analysis.transform_fit import WhitenSettings
 from outlierlab.analysis.transforms import FITTED, Whitener
-from outlierlab.evaluation.disk_room import check_room
+from outlierlab.utils.disk_room import check_room
 from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
 from outlierlab.evaluation.layer_rows import LayerRows
 from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch

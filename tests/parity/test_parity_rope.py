@@ -10,7 +10,7 @@ import torch
 from reference_rope import apply_scaling, cycles, neox_rotary_dim, precompute_freqs
 
 from outlierlab.analysis.qk_outliers import RotarySpec, magnitude_outliers
-from outlierlab.evaluation.qk_outliers import rotary_specs
+from outlierlab.models.qk_recorder import rotary_specs
 
 pytestmark = pytest.mark.parity
 

@@ -16,6 +16,9 @@ the attention-sink analysis needs attention *probabilities*, which only eager at
   used: ``has_mlm_head`` is False with a one-line reason, and the body (correctly loaded) still serves the
   attention and LayerNorm analyses.
 
+:func:`output_layer` names the head's output layer (its weight, bias, and where the vector entering it is read)
+and :func:`last_vectors` captures that vector at the scored positions (Macocco et al. 2025's frequent-token analysis).
+
 LayerNorms get the canonical keys of :func:`outlierlab.models.layernorms.model_layernorms` (post-LN
 ``layer.{i}.attention_output``/``output``, pre-LN ``layer.{i}.attention_input``/``mlp_input``, ``final``,
 ``embeddings``, ``head``).  A model whose ``model_type`` is not registered gets no norms and a one-line
@@ -25,18 +28,15 @@ LayerNorms get the canonical keys of :func:`outlierlab.models.layernorms.model_l
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from outlierlab.analysis.scored_rows import logits_at
-from outlierlab.evaluation.settings import DataSettings, section_settings
-from outlierlab.datamodules.corpus import load_texts_from_files
-from outlierlab.datamodules.eval_data import load_sentences
-from outlierlab.models.families import Family, UnknownFamilyError, family_of
+from outlierlab.models.families import Family, UnknownFamilyError, family_of, lm_head
 from outlierlab.models.layernorms import model_layernorms
 from outlierlab.models.loading import FrozenEncoder
 from outlierlab.models.placement import eager_attention
@@ -174,40 +174,53 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
                        max_length=int(encoder.max_length), objective=objective, family=family, family_note=note)
 
 
-def shared_mlm(ctx) -> LoadedModel:
-    """:func:`load_mlm` of ``ctx.encoder``, loaded once per evaluate.py run (kept in ``ctx.shared.mlm``)."""
-    if ctx.shared.mlm is None:
-        ctx.shared.mlm = load_mlm(ctx.encoder)
-    return ctx.shared.mlm
+# ------------------------------------------------------------------------------------- the output layer
+def output_layer(loaded: LoadedModel) -> tuple[nn.Module, bool, Tensor, Tensor | None, str]:
+    """``(module, hook_output, W [V, d], b [V] or None, norm key)``: where h is read (the module's output when
+    ``hook_output``, else its input), the output layer's weight and bias, and the key of the norm producing h
+    in ``loaded.layernorms`` ("head" for an MLM head, "final" for a pre-LN decoder)."""
+    model = loaded.model
+    norm_key = "final" if loaded.is_decoder else "head"
+    if loaded.kind == "outlierlab":  # our LMHead: dense -> GELU -> layer_norm -> F.linear(tied embeddings, bias)
+        return (model.lm_head.layer_norm, True, model.roberta.embeddings.word_embeddings.weight.detach(),
+                model.lm_head.bias.detach(), norm_key)
+    head = lm_head(model)
+    if head is None or getattr(head, "weight", None) is None:
+        raise ValueError(f"{loaded.name}: no output layer with a weight matrix to split")
+    bias = getattr(head, "bias", None)
+    return head, False, head.weight.detach(), None if bias is None else bias.detach(), norm_key
 
 
-# ------------------------------------------------------------------------------------------------ text
-def check_texts(settings) -> None:
-    """The analysis' own ``files`` (``settings.files``) exist (before any encoding); its ``max_sentences``
-    was range-checked when the settings were built."""
-    for f in settings.files or ():
-        if not Path(str(f)).expanduser().is_file():
-            raise FileNotFoundError(f"files: file not found: {f}")
+@contextmanager
+def _capture(module: nn.Module, output: bool, store: list):
+    def hook(_m, args, out):
+        store.append((out if output else args[0]).detach())
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
-def analysis_texts(ctx, settings) -> tuple[list[str], str]:
-    """Held-out texts for an analysis and a short description of where they come from.
-
-    Looked up in order: the analysis' own ``files`` / ``max_sentences`` (``settings``, its typed section),
-    then the evaluate config's ``data.files`` / ``data.max_sentences``; no files -> the shipped *Persuasion*
-    sentences (:func:`outlierlab.datamodules.eval_data.load_sentences`; not in our pretraining corpus).  The FIRST
-    ``max_sentences`` texts are used, so two analyses with the same limit see the same texts.
-    """
-    data = section_settings(DataSettings, ctx.root_cfg)
-    files = settings.files if settings.files is not None else data.files
-    limit = settings.max_sentences if settings.max_sentences is not None else data.max_sentences
-    if files:
-        files = list(files)
-        texts, what = load_texts_from_files(files), f"{len(files)} file(s): " + ", ".join(map(str, files))
-    else:
-        texts, what = load_sentences(), "held-out sentences (Austen, Persuasion)"
-    if limit is not None:
-        texts = texts[:limit]
-    if not texts:
-        raise ValueError("no evaluation texts: set data.files or max_sentences > 0")
-    return texts, f"{len(texts)} texts from {what}"
+@torch.inference_mode()
+def last_vectors(loaded: LoadedModel, batches) -> tuple[Tensor, Tensor]:
+    """h at every scored position (labels != -100) and those labels: ``([N, d] float32, [N])``."""
+    module, output, *_ = output_layer(loaded)
+    hs, ys = [], []
+    for b in batches:
+        store: list[Tensor] = []
+        labels = b["labels"]
+        sel = labels != -100
+        with _capture(module, output, store):  # a Hugging Face head projects the scored rows alone
+            loaded.forward(b["input_ids"], b["attention_mask"], rows=sel)
+        h = store[-1].float().cpu()
+        if h.shape[:-1] == labels.shape:  # [B, T, d]: a head that saw every position
+            h = h[sel]
+        elif h.shape[:-1] != (int(sel.sum()),):  # [n, d]: the scored rows (LoadedModel.forward's rows)
+            raise ValueError(f"unexpected output-layer input shape {tuple(h.shape)} for labels {tuple(labels.shape)}")
+        hs.append(h)
+        ys.append(labels[sel])
+    if not hs or sum(x.shape[0] for x in hs) == 0:
+        raise ValueError("no scored position: the texts are too short or mlm_probability is 0")
+    return torch.cat(hs), torch.cat(ys)
