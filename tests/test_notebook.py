@@ -22,3 +22,10 @@ def test_quickstart_notebook_runs(tmp_path):
     assert "(6, 384)" in outputs[1]                 # MiniLM: 6 layers, 384 dims
     assert "whiten" in outputs[4] and "clip" in outputs[4]
     assert "accuracy" in outputs[7]
+    # the notebook's own analysis on the shared stream: one row per layer (0-6), a column per transform, and every
+    # share a fraction in [1/384, 1] (the largest of 384 squared coordinates over their sum)
+    table = next(o.data["text/plain"] for o in nb.cells[9].outputs if o.output_type == "execute_result").split("\n")
+    assert "none" in table[0] and "whiten" in table[0]
+    values = [float(v) for line in table[2:] for v in line.split()[1:]]
+    assert [line.split()[0] for line in table[2:]] == [str(i) for i in range(7)] and len(values) == 14
+    assert all(1 / 384 <= v <= 1 for v in values)
