@@ -24,7 +24,6 @@ __all__ = ["load_encoder", "evaluate", "probe_positions", "DEFAULT_ANALYSES"]
 
 #: evaluate.py's default analyses (configs/evaluate.yaml).
 DEFAULT_ANALYSES = ("outliers", "anisotropy", "isotropy", "self_similarity", "wic", "sts")
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 def load_encoder(name_or_path: str, dtype: str = "float32", device: str = "auto", max_length: int | None = None,
@@ -39,18 +38,14 @@ def load_encoder(name_or_path: str, dtype: str = "float32", device: str = "auto"
 
 
 def _compose(config_name: str, overrides: Sequence[str]):
+    from outlierlab.jobs.overrides import CONFIG_DIR
+
     if not (CONFIG_DIR / f"{config_name}.yaml").is_file():
         raise FileNotFoundError(f"{CONFIG_DIR / (config_name + '.yaml')} not found: the API reads the project's "
                                 "configs/; install outlierlab from its repository (pip install -e .)")
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from outlierlab.jobs.startup import compose_config  # after the check: imports Hydra
 
-    from outlierlab.jobs.startup import register_resolvers
-
-    register_resolvers()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+    return compose_config(config_name, overrides)
 
 
 def _texts_file(texts: Sequence[str] | None, out_dir: Path) -> list[str]:

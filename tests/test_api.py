@@ -120,3 +120,22 @@ def test_a_skipped_analysis_is_an_empty_table_that_says_why_and_dir_lists_the_ap
     table = tables["order_use"]
     assert table.empty and list(table.columns) == ["layer", "statistic", "value"]
     assert "no LM head" in table.attrs["skipped"] and table.attrs["run_dir"] == str(tmp_path)
+
+
+def test_a_callers_own_hydra_context_survives_an_api_call(tmp_path):
+    """A researcher's script inside its own Hydra context calls the API between two of its composes: Hydra's one
+    global state is set aside while the API composes configs/evaluate.yaml and is put back after (clearing it,
+    as the API did, left the script's next compose failing with 'GlobalHydra is not initialized')."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from outlierlab.api import _compose
+
+    (tmp_path / "mine.yaml").write_text("lr: 0.1\n")
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+        assert compose("mine").lr == 0.1
+        cfg = _compose("evaluate", ["seed=3", "analyses=[outliers]"])
+        assert cfg.seed == 3 and list(cfg.analyses) == ["outliers"]
+        assert compose("mine", overrides=["lr=0.2"]).lr == 0.2  # still the script's config directory
+    assert not GlobalHydra.instance().is_initialized()  # and outside any context, none is left behind
+    assert _compose("evaluate", []).seed == 0 and not GlobalHydra.instance().is_initialized()

@@ -49,15 +49,9 @@ def quoted(value) -> str:
 
 
 def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from outlierlab.jobs.startup import compose_config
 
-    from outlierlab.jobs.startup import CONFIG_DIR, register_resolvers
-
-    register_resolvers()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="probe", overrides=overrides)
+    return compose_config("probe", overrides)
 
 
 def _gather(run_out: Path, name: str, steps: list[int]) -> Path | None:

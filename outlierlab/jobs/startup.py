@@ -277,6 +277,29 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("cell_dir", _cell_dir)
 
 
+def compose_config(config_name: str, overrides=()):
+    """``configs/<config_name>.yaml`` composed with ``overrides`` from Python, as the command line would (the
+    Python API, the per-checkpoint probes).
+
+    Hydra keeps one global state and its ``initialize`` refuses to start while another is set, so a caller's own
+    Hydra app or ``initialize`` context (a researcher's script that calls ``ol.evaluate``) is set aside while this
+    composes and put back after -- not cleared for good, which would break that caller's next ``compose``.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_resolvers()
+    theirs = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return compose(config_name=config_name, overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+        if theirs is not None:
+            GlobalHydra.instance().initialize(theirs)
+
+
 def check_device(device, key: str = "encoder.device") -> None:
     """A requested accelerator that this machine lacks is one line at start, not an assertion deep in torch when
     the model first moves (``Torch not compiled with CUDA enabled``). Imports torch: call it after the light checks."""
