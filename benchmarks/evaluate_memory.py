@@ -76,10 +76,9 @@ def _rss_mb() -> float:
 
 def evaluate_defaults():
     """configs/evaluate.yaml as evaluate.py composes it (the settings of the shared pass come from there)."""
-    from hydra import compose, initialize_config_dir
+    from outlierlab.jobs.startup import compose_config
 
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose(config_name="evaluate")
+    return compose_config("evaluate")
 
 
 def _dir_size(path: str) -> int:

@@ -34,14 +34,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from outlierlab.jobs.startup import compose_config
 
-    from outlierlab.jobs.startup import register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return hydra_compose(config_name="evaluate", overrides=overrides)
+    return compose_config("evaluate", overrides)
 
 
 def bare_forward(encoder_cfg, texts: list[str], batch_size: int) -> tuple[float, int]:

@@ -22,14 +22,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(overrides: list[str]) -> dict:
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from outlierlab.jobs.startup import register_resolvers
+    from outlierlab.jobs.startup import compose_config
 
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
+    cfg = compose_config("train", overrides)
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
