@@ -1,4 +1,4 @@
-"""BERT Busters ablation (outlierlab.evaluation.ablation, outlierlab.evaluation.masked_lm, outlierlab.models.layernorms): weight surgery, masking,
+"""BERT Busters ablation (outlierlab.evaluation.ablation, outlierlab.datamodules.scoring_batches, outlierlab.analysis.scored_rows, outlierlab.models.layernorms): weight surgery, masking,
 scoring, run()."""
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def test_planted_dim_is_the_detected_outlier():
 
 # ------------------------------------------------------------------------------------------ masking, scoring
 def test_evaluation_masking_is_deterministic_mask_only_and_skips_specials():
-    from outlierlab.evaluation.masked_lm import masked_batches
+    from outlierlab.datamodules.scoring_batches import masked_batches
 
     tok = byte_level_tokenizer()
     texts = SENTENCES * 10
@@ -150,7 +150,7 @@ def test_evaluation_masking_is_deterministic_mask_only_and_skips_specials():
 
 
 def test_mlm_scores_hand_computed():
-    from outlierlab.evaluation.masked_lm import mlm_scores
+    from outlierlab.analysis.scored_rows import mlm_scores
 
     logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
     labels = torch.tensor([[0, -100, 2]])
@@ -165,7 +165,7 @@ def test_mlm_scores_hand_computed():
 
 def test_random_draws_avoid_outliers_and_follow_the_seed():
     from outlierlab.evaluation.ablation import run_ablation
-    from outlierlab.evaluation.masked_lm import masked_batches
+    from outlierlab.datamodules.scoring_batches import masked_batches
 
     model, tok = tiny_mlm(layers=1, plant=False)
     loaded = _loaded(model, tok)
@@ -223,7 +223,8 @@ def save_hf_roberta_mlm(directory: Path) -> Path:
 
 
 def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
-    from outlierlab.evaluation.masked_lm import masked_batches, mlm_scores
+    from outlierlab.analysis.scored_rows import mlm_scores
+    from outlierlab.datamodules.scoring_batches import masked_batches
     from outlierlab.models.lm_model import load_mlm
 
     tok = byte_level_tokenizer()

@@ -144,7 +144,7 @@ def test_next_token_ablation_of_the_dim_the_lm_head_reads(tmp_path):
     from outlierlab.evaluation.ablation import run_ablation
     from outlierlab.evaluation.common import detect_layernorm_outliers, zeroed_kinds
     from outlierlab.models.lm_model import load_mlm
-    from outlierlab.evaluation.next_token import next_token_batches
+    from outlierlab.datamodules.scoring_batches import next_token_batches
 
     model, tok = build("gpt2", tie_word_embeddings=False)
     with torch.no_grad():

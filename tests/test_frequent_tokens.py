@@ -199,6 +199,7 @@ def test_a_decoder_is_scored_at_one_late_position_per_sequence_by_default(tmp_pa
     from family_models import build, save
     from test_ablation import make_ctx
 
+    from outlierlab.datamodules.scoring_batches import pack_texts
     from outlierlab.evaluation import frequent_tokens
     from outlierlab.models.loading import FrozenEncoder
 
@@ -208,7 +209,7 @@ def test_a_decoder_is_scored_at_one_late_position_per_sequence_by_default(tmp_pa
     every = frequent_tokens.run(make_ctx("frequent_tokens", enc, tmp_path, {**common, "positions": "every"}))
     n_late, n_every = late.rows[0]["n_positions"], every.rows[0]["n_positions"]
     texts = (tmp_path / "text.txt").read_text().splitlines()
-    packed = frequent_tokens.pack_texts(enc.tokenizer, texts, 48)
+    packed = pack_texts(enc.tokenizer, texts, 48)
     long_enough = sum(len(enc.tokenizer(t, truncation=True, max_length=48)["input_ids"]) > 31 for t in packed)
     assert n_late == long_enough and 0 < n_late < n_every
     assert {r["positions"] for r in late.rows} == {"late"} and {r["positions"] for r in every.rows} == {"every"}

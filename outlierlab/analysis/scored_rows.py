@@ -1,14 +1,19 @@
-"""A language model's vocabulary projection at chosen positions only: the masked positions a masked LM is scored
-on (Kovaleva et al. 2021's ablation, order use, the loop monitors' held-out loss)."""
+"""A language model scored at chosen positions: its vocabulary projection run at those positions only
+(:func:`logits_at`), and the loss, perplexity and top-1 accuracy over them (:func:`mlm_scores`) -- the masked positions a
+masked LM is scored on, or a decoder's next tokens (Kovaleva et al. 2021's ablation, order use, the loop monitors'
+held-out loss)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-__all__ = ["logits_at"]
+__all__ = ["logits_at", "mlm_scores"]
 
 
 @contextmanager
@@ -39,3 +44,36 @@ def logits_at(model: nn.Module, rows: torch.Tensor | None):
         yield True
     finally:
         hook.remove()
+
+
+@torch.inference_mode()
+def mlm_scores(forward_logits: Callable[[Tensor, Tensor, Tensor], Tensor], batches: Iterable[Mapping[str, Tensor]]) -> dict:
+    r"""Masked-LM loss, perplexity and top-1 accuracy over the masked positions of ``batches``.
+
+    .. math:: \text{loss} = \frac{1}{N}\sum_{(b,t):\,y_{bt}\ne-100} -\log p(y_{bt}\mid x_b),\qquad
+              \text{ppl} = e^{\text{loss}},\qquad \text{top1} = \frac1N\#\{\arg\max_v p(v\mid x_b)_t = y_{bt}\}
+
+    Parameters
+    ----------
+    forward_logits : callable ``(input_ids, attention_mask, rows) -> logits``: ``rows`` (Bool ``[B, T]``) are the
+        scored positions; the logits at them ``[n, V]`` (``LoadedModel.forward(..., rows=rows)``: a Hugging Face
+        head then projects those rows alone), or at every position ``[B, T, V]``
+    batches : iterable of ``{"input_ids", "attention_mask", "labels"}``
+
+    Returns
+    -------
+    dict with ``loss``, ``ppl``, ``top1``, ``n_masked``.
+    """
+    total, correct, n = 0.0, 0, 0
+    for b in batches:
+        sel = b["labels"] != -100
+        logits = forward_logits(b["input_ids"], b["attention_mask"], sel)
+        sel = sel.to(logits.device)
+        lg, y = (logits[sel] if logits.ndim == 3 else logits).float(), b["labels"].to(logits.device)[sel]
+        total += float(F.cross_entropy(lg, y, reduction="sum").double())
+        correct += int((lg.argmax(-1) == y).sum())
+        n += int(sel.sum())
+    if n == 0:
+        raise ValueError("no masked token to score: the texts are too short or mlm_probability is 0")
+    loss = total / n
+    return {"loss": loss, "ppl": math.exp(loss) if loss < 700 else math.inf, "top1": correct / n, "n_masked": n}

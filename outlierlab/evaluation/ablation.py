@@ -19,12 +19,12 @@ masked-LM, while zeroing as many random dims does almost nothing.  This module r
   loss per masked token) and top-1 accuracy on held-out text — evaluation masking is deterministic: 15% of
   the non-special tokens, seeded per batch, ALL replaced by ``<mask>`` (no 80/10/10 split: at evaluation the
   random/unchanged replacements only add noise); for decoders (GPT-2, Pythia, Llama-style) the next-token
-  loss of every non-special token given its left context (:mod:`outlierlab.evaluation.next_token`).  The
+  loss of every non-special token given its left context (:func:`outlierlab.datamodules.scoring_batches.next_token_batches`).  The
   ``objective`` column says which; the same batches are scored under every condition.
 * **pre-LN models** — the dims are zeroed in both per-layer norms and the final norm before the LM head
   (:func:`outlierlab.evaluation.common.zeroed_kinds`; docs/fidelity.md).
 
-The weight surgery (:mod:`outlierlab.models.layernorms`) and the masked-LM scoring (:mod:`outlierlab.evaluation.masked_lm`) are
+The weight surgery (:mod:`outlierlab.models.layernorms`) and the masked-LM scoring (:mod:`outlierlab.datamodules.scoring_batches`, :func:`outlierlab.analysis.scored_rows.mlm_scores`) are
 plain functions, usable without evaluate.py.
 """
 
@@ -41,10 +41,13 @@ from torch import Tensor
 from outlierlab.analysis.layernorm_rule import LayerNormRule
 from outlierlab.analysis.outlier_dims import random_dims
 from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
-from outlierlab.evaluation.masked_lm import fill_mask, masked_batches, mlm_scores, pack_texts
+from outlierlab.analysis.scored_rows import mlm_scores
+from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
+from outlierlab.models.lm_model import fill_mask
 from outlierlab.evaluation.common import analysis_texts, shared_mlm
 from outlierlab.models.lm_model import LoadedModel
-from outlierlab.evaluation.next_token import next_token_batches, predict_next
+from outlierlab.datamodules.scoring_batches import next_token_batches
+from outlierlab.models.lm_model import predict_next
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AblationSettings, load_settings
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims

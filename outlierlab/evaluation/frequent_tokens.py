@@ -40,10 +40,10 @@ from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.evaluation.common import ln_rule, skip_result
 from outlierlab.evaluation.frequency import frequency_counts
-from outlierlab.evaluation.masked_lm import masked_batches, pack_texts
+from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
 from outlierlab.evaluation.common import analysis_texts, check_texts, shared_mlm
 from outlierlab.models.lm_model import LoadedModel, last_vectors, output_layer
-from outlierlab.evaluation.next_token import next_token_batches
+from outlierlab.datamodules.scoring_batches import next_token_batches
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import FrequentTokensSettings, load_settings
 from outlierlab.models.layernorms import layernorm_tensors

@@ -4,7 +4,7 @@ loss (:func:`outlierlab.analysis.order_use.order_use`), and the attention locali
 (:func:`outlierlab.analysis.order_use.attention_locality`); docs/order_use.md.
 
 Masked LMs score a fixed, seeded 15 % of the tokens behind the mask token (the masking of the ablation,
-:func:`outlierlab.evaluation.masked_lm.masked_batches`, on the same packed running-text pieces); causal LMs every
+:func:`outlierlab.datamodules.scoring_batches.masked_batches`, on the same packed running-text pieces); causal LMs every
 next token. A model below the threshold gets the one line train.py prints ("cannot" for a masked LM of ours
 without positions).
 """
@@ -18,7 +18,7 @@ from outlierlab.analysis.order_use import (attention_locality, cannot_use_order,
                                            order_use_message)
 from outlierlab.evaluation.attention_sinks import text_batches
 from outlierlab.evaluation.common import skip_result
-from outlierlab.evaluation.masked_lm import masked_batches, pack_texts
+from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
 from outlierlab.evaluation.common import analysis_texts, check_texts, shared_mlm
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import OrderUseSettings, load_settings

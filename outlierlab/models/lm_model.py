@@ -224,3 +224,36 @@ def last_vectors(loaded: LoadedModel, batches) -> tuple[Tensor, Tensor]:
     if not hs or sum(x.shape[0] for x in hs) == 0:
         raise ValueError("no scored position: the texts are too short or mlm_probability is 0")
     return torch.cat(hs), torch.cat(ys)
+
+
+# ------------------------------------------------------------------------------- the report's example sentence
+@torch.inference_mode()
+def fill_mask(loaded: LoadedModel, text: str, top_k: int = 5) -> list[tuple[str, float]]:
+    """Top-``k`` predictions (token, probability) for the first ``{mask}`` (or mask token) in ``text``."""
+    tok = loaded.tokenizer
+    text = text.replace("{mask}", tok.mask_token)
+    enc = tok(text, return_tensors="pt", truncation=True, max_length=loaded.max_length)
+    where = (enc["input_ids"][0] == tok.mask_token_id).nonzero().flatten()
+    if where.numel() == 0:
+        raise ValueError(f"example sentence {text!r} has no {{mask}} placeholder")
+    logits = loaded.forward(enc["input_ids"], enc["attention_mask"]).logits[0, int(where[0])]
+    probs, ids = logits.float().softmax(-1).topk(top_k)
+    return [(tok.decode([int(i)]).strip(), float(p)) for p, i in zip(probs, ids)]
+
+
+@torch.inference_mode()
+def predict_next(loaded, text: str, top_k: int = 5) -> list[tuple[str, float]]:
+    """Top-``k`` next tokens (token, probability) after the part of ``text`` before ``{mask}`` (the whole
+    text when it has none), trailing special tokens (e.g. ``[SEP]``) removed from the prompt."""
+    tok = loaded.tokenizer
+    prefix = text.split("{mask}")[0].split(tok.mask_token)[0] if tok.mask_token else text.split("{mask}")[0]
+    ids = tok(prefix.rstrip(), truncation=True, max_length=loaded.max_length)["input_ids"]
+    special = set(tok.all_special_ids)
+    while len(ids) > 1 and ids[-1] in special:
+        ids = ids[:-1]
+    if not ids:
+        raise ValueError(f"example sentence {text!r} gives an empty prompt")
+    x = torch.tensor([ids])
+    logits = loaded.forward(x, torch.ones_like(x)).logits[0, -1]
+    probs, top = logits.float().softmax(-1).topk(top_k)
+    return [(tok.decode([int(i)]).strip(), float(p)) for p, i in zip(probs, top)]
