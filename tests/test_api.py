@@ -139,3 +139,14 @@ def test_a_callers_own_hydra_context_survives_an_api_call(tmp_path):
         assert compose("mine", overrides=["lr=0.2"]).lr == 0.2  # still the script's config directory
     assert not GlobalHydra.instance().is_initialized()  # and outside any context, none is left behind
     assert _compose("evaluate", []).seed == 0 and not GlobalHydra.instance().is_initialized()
+
+
+def test_an_install_without_the_configs_is_told_what_to_do(tmp_path, monkeypatch):
+    """A non-editable install has no configs/ beside the package: one line naming the missing file and the fix."""
+    import outlierlab.jobs.overrides as overrides
+    from outlierlab.api import _compose
+
+    monkeypatch.setattr(overrides, "CONFIG_DIR", tmp_path / "configs")
+    with pytest.raises(FileNotFoundError, match=r"configs/evaluate\.yaml not found.*pip install -e \.") as e:
+        _compose("evaluate", [])
+    assert "\n" not in str(e.value)
