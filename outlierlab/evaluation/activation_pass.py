@@ -24,6 +24,7 @@ from outlierlab.analysis.activations import ActivationAccumulator
 from outlierlab.analysis.layer_accumulators import stack_layers
 from outlierlab.evaluation.stream import Consumer
 from outlierlab.models.sites import SITE_NAMES, InfNormRecorder
+from outlierlab.utils.tables import md_table
 
 __all__ = ["ActivationObserver", "activation_columns", "activation_section", "ACTIVATION_COLUMNS"]
 
@@ -104,16 +105,14 @@ def activation_section(cols: list[dict], note: str = "") -> str:
              "Raw vectors, non-special non-pad tokens (inf-norms: all non-pad tokens, special tokens included). "
              "Kurtosis of the per-dim RMS: 1 = all dims equal, d = one dim holds everything; max/median: mean over "
              "tokens of max|x| / median|x|.",
-             "",
-             "| layer | kurtosis | max/median | max \\|x\\| (dim, token) | \\|x\\|-argmax dim (share) | "
-             "inf-norm FFN out | LN input | LN output |",
-             "|---|---|---|---|---|---|---|---|"]
-    for i, c in enumerate(cols):
-        f = [(f"{c[k]:.3g}" if c[k] != "" else "–") for k in ("inf_norm_ffn_output", "inf_norm_ln_input",
-                                                                  "inf_norm_ln_output")]
-        lines.append(f"| {i} | {c['kurtosis']:.3g} | {c['max_median']:.3g} | {c['max_abs']:.3g} "
-                     f"({c['max_abs_dim']}, `{c['max_abs_token']}`) | {c['abs_argmax_dim']} "
-                     f"({100 * c['abs_argmax_share']:.1f}%) | {' | '.join(f)} |")
+             ""]
+    rows = [[i, f"{c['kurtosis']:.3g}", f"{c['max_median']:.3g}",
+             f"{c['max_abs']:.3g} ({c['max_abs_dim']}, `{c['max_abs_token']}`)",
+             f"{c['abs_argmax_dim']} ({100 * c['abs_argmax_share']:.1f}%)",
+             *((f"{c[k]:.3g}" if c[k] != "" else "–") for k in ("inf_norm_ffn_output", "inf_norm_ln_input",
+                                                                  "inf_norm_ln_output"))] for i, c in enumerate(cols)]
+    lines.append(md_table(["layer", "kurtosis", "max/median", "max \\|x\\| (dim, token)", "\\|x\\|-argmax dim (share)",
+                           "inf-norm FFN out", "LN input", "LN output"], rows, cell=str))
     if note:
         lines += ["", f"_{note}_"]
     return "\n".join(lines)

@@ -38,6 +38,7 @@ from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 from outlierlab.evaluation.common import analysis_texts, shared_mlm
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AttentionSinksSettings, load_settings
+from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")  # headless: the heatmap is written to a file
 import matplotlib.pyplot as plt  # noqa: E402
@@ -159,16 +160,14 @@ def _report(results: dict, s, decoder: bool, what: str, dims, given, found: str,
     """The report section (masses on ``<s>``/``</s>`` per layer, sink-head shares, entropy) and the summary."""
     n_random = s.n_random
     conds = list(results)
-    head = "| layer | " + " | ".join(f"{c}: <s> | {c}: </s>" for c in conds) + " |"
     first = ("Decoder: `<s>` is each sequence's FIRST token (the sink of a causal model, whatever its id). "
              if decoder else "")
-    md = [TITLE, "", first + "Mean over heads (max head in brackets) of the attention mass real queries put on "
-          f"`<s>`/`[CLS]` and `</s>`/`[SEP]`; {what}.", "", head, "|---" * (1 + 2 * len(conds)) + "|"]
     L = results["intact"]["bos"].shape[0]
-    for l in range(L):
-        cells = [f"{float(results[c][k][l].mean()):.2f} ({float(results[c][k][l].max()):.2f})"
-                 for c in conds for k in ("bos", "eos")]
-        md.append(f"| {l + 1} | " + " | ".join(cells) + " |")
+    masses = [[l + 1, *(f"{float(results[c][k][l].mean()):.2f} ({float(results[c][k][l].max()):.2f})"
+                        for c in conds for k in ("bos", "eos"))] for l in range(L)]
+    md = [TITLE, "", first + "Mean over heads (max head in brackets) of the attention mass real queries put on "
+          f"`<s>`/`[CLS]` and `</s>`/`[SEP]`; {what}.", "",
+          md_table(["layer", *(f"{c}: {k}" for c in conds for k in ("<s>", "</s>"))], masses, cell=str)]
     leak = float(results["intact"]["later"].max())
     md += ["", (f"- Causal mask: the largest mean mass a head puts on later tokens is {leak:.2g} "
                 + ("(respected)." if leak < 1e-6 else "— NOT 0: this decoder's attention sees the future.")
@@ -182,15 +181,14 @@ def _report(results: dict, s, decoder: bool, what: str, dims, given, found: str,
         md.insert(-3, "- No outlier dim to disable: only the intact model is shown.")
     thr = s.sink_threshold
     shares = {c: {k: sink_head_share(results[c][k], thr) for k in ("bos", "eos")} for c in conds}
+    sinks = [[l + 1, *(cell for c in conds for cell in (f"{100 * float(shares[c]['bos'][l]):.0f}%",
+                                                          f"{100 * float(shares[c]['eos'][l]):.0f}%",
+                                                          f"{float(results[c]['entropy'][l].mean()):.2f}"))]
+             for l in range(L)]
     md += ["", f"Sink heads (Gu et al. 2025): share of a layer's heads whose mean attention on `<s>` (`</s>`) "
            f"exceeds {thr:g}, and the mean attention entropy over heads (nats).", "",
-           "| layer | " + " | ".join(f"{c}: <s> sinks | {c}: </s> sinks | {c}: entropy" for c in conds) + " |",
-           "|---" * (1 + 3 * len(conds)) + "|"]
-    for l in range(L):
-        md.append(f"| {l + 1} | " + " | ".join(
-            f"{100 * float(shares[c]['bos'][l]):.0f}% | {100 * float(shares[c]['eos'][l]):.0f}% | "
-            f"{float(results[c]['entropy'][l].mean()):.2f}" for c in conds) + " |")
-    md.append("")
+           md_table(["layer", *(f"{c}: {k}" for c in conds for k in ("<s> sinks", "</s> sinks", "entropy"))], sinks,
+                    cell=str), ""]
     summary = {f"special_mass_{c}": float(results[c]["special"].mean()) for c in conds}
     summary["max_later_mass"] = leak
     for c in conds:

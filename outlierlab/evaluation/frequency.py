@@ -50,6 +50,7 @@ from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.streaming import OutlierCounts
 from outlierlab.models.families import unembedding
 from outlierlab.models.layernorms import UnknownFamilyError, model_layernorms
+from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")  # headless: the plots are written to files
 import matplotlib.pyplot as plt  # noqa: E402
@@ -221,13 +222,13 @@ def run(ctx: EvalContext) -> AnalysisResult:
         r = float(table.rho[l, j])
         return "n/a" if r != r else f"{r:+.2f}"
 
+    cells = [[l, *(rho(l, j) for j in range(len(dims)))] for l in range(L)]
+    if head_rho is not None:
+        cells.append(["LM head W_out", *(f"{r:+.2f}" if r == r else "n/a" for r in head_rho)])
     md = [TITLE, "", f"Spearman ρ between a token type's frequency and its {what_value} on each outlier dim, "
           f"per layer: {len(table.type_ids)} token types seen ≥ {min_occ}× in {what} (special tokens "
           "excluded); layer 0 = embedding output. n/a: the dim is constant there.", "",
-          "| layer | " + " | ".join(f"dim {d}" for d in dims) + " |", "|---" * (len(dims) + 1) + "|"]
-    md += [f"| {l} | " + " | ".join(rho(l, j) for j in range(len(dims))) + " |" for l in range(L)]
-    if head_rho is not None:
-        md += ["| LM head W_out | " + " | ".join(f"{r:+.2f}" if r == r else "n/a" for r in head_rho) + " |"]
+          md_table(["layer", *(f"dim {d}" for d in dims)], cells, cell=str)]
     md += ["", f"- Dims: {dims_from}.", f"- Frequencies counted on {counts_from}.", f"- {head_said}.",
            f"- Types never seen in that corpus: {int((table.freqs == 0).sum())} (kept for ρ, left out of the "
            "log-scale plot).", "", f"![frequency vs outlier value]({fig_path.name})", ""]
