@@ -14,7 +14,8 @@ An analysis is ONE module with a function ``run(ctx: EvalContext) -> AnalysisRes
 Its config section is ``cfg.<name>`` (a module path: its last component); the built-in analyses read theirs as
 the frozen dataclass of :data:`SETTINGS`, checked before any model loads.
 
-The built-in analyses are the modules of :data:`ANALYSIS_MODULES`; any other importable module is selected by its
+The built-in analyses are the names of :data:`SETTINGS`, each the module ``outlierlab.evaluation.<name>``
+(:data:`ANALYSIS_MODULES`); any other importable module is selected by its
 dotted path (``analyses=[outliers,mypkg.my_analysis]``) — adding an analysis touches that one module (and its
 config file).  Kept free of heavy imports: the built-in modules are imported only once selected, after every
 setting was checked (a typo fails before torch loads).
@@ -104,24 +105,8 @@ class AnalysisResult:
         self.figures = [f for f in self.figures if f is not None]  # a figure not drawn (plots=false)
 
 
-#: The built-in analyses: name -> module, imported lazily by evaluate.py (so a typo fails before torch loads).
-ANALYSIS_MODULES: dict[str, str] = {
-    "outliers": "outlierlab.evaluation.outliers",
-    "anisotropy": "outlierlab.evaluation.anisotropy",
-    "isotropy": "outlierlab.evaluation.isotropy",
-    "self_similarity": "outlierlab.evaluation.self_similarity",
-    "wic": "outlierlab.evaluation.wic",
-    "sts": "outlierlab.evaluation.sts",
-    "ablation": "outlierlab.evaluation.ablation",
-    "frequency": "outlierlab.evaluation.frequency",
-    "attention_sinks": "outlierlab.evaluation.attention_sinks",
-    "frequent_tokens": "outlierlab.evaluation.frequent_tokens",
-    "qk_outliers": "outlierlab.evaluation.qk_outliers",
-    "order_use": "outlierlab.evaluation.order_use",
-}
-
-
-#: The typed settings of each analysis' own config section (``configs/<analysis>/`` or evaluate.yaml).
+#: The built-in analyses and the typed settings of each one's own config section (``configs/<analysis>/`` or
+#: evaluate.yaml): the one table a built-in analysis is added to, beside its module and its settings class.
 SETTINGS: dict[str, type] = {
     "outliers": OutliersSettings,
     "anisotropy": AnisotropySettings,
@@ -136,6 +121,9 @@ SETTINGS: dict[str, type] = {
     "qk_outliers": QKOutliersSettings,
     "order_use": OrderUseSettings,
 }
+#: name -> module of the built-in analyses (``outlierlab.evaluation.<name>``), imported lazily by evaluate.py, so a
+#: typo fails before torch loads.
+ANALYSIS_MODULES: dict[str, str] = {name: f"outlierlab.evaluation.{name}" for name in SETTINGS}
 #: Sections of the whole run that the shared sentence pass and every analysis may read, whichever are selected.
 RUN_SETTINGS: tuple[type, ...] = (EncoderSettings, DataSettings, TransformSettings, OutliersSettings,
                                   AnisotropySettings, SelfSimilaritySettings)
