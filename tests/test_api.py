@@ -114,7 +114,11 @@ def test_a_skipped_analysis_is_an_empty_table_that_says_why_and_dir_lists_the_ap
     the lazily loaded API shows in ``dir(ol)`` (a notebook's tab completion)."""
     import outlierlab as ol
 
-    assert {"load_encoder", "evaluate", "probe_positions", "OutlierMonitor"} <= set(dir(ol))
+    assert {"load_encoder", "evaluate", "probe_positions", "OutlierMonitor", "Consumer", "AnalysisResult"} <= set(dir(ol))
+    from outlierlab.evaluation.registry import AnalysisResult
+    from outlierlab.evaluation.stream import Consumer, LayerStream
+
+    assert (ol.Consumer, ol.LayerStream, ol.AnalysisResult) == (Consumer, LayerStream, AnalysisResult)
     enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
     tables = ol.evaluate(enc, TEXTS[:50], analyses=["order_use"], out_dir=tmp_path, progress=False)
     table = tables["order_use"]

@@ -100,13 +100,12 @@ def _aniso(ref, t, layer):
 
 TOY = '''
 """A toy analysis written by a user: the mean squared norm of the token vectors per layer and transform."""
-from outlierlab.evaluation.registry import AnalysisResult
-from outlierlab.evaluation.stream import Consumer
+import outlierlab as ol
 
 COLUMNS = ["layer", "transform", "mean_sq_norm", "tokens"]
 
 
-class SquaredNorm(Consumer):
+class SquaredNorm(ol.Consumer):
     def __init__(self, transform, num_layers):
         self.transform, self.sum, self.n = transform, [0.0] * num_layers, [0] * num_layers
 
@@ -122,7 +121,7 @@ def consumers(ctx):
 def run(ctx):
     rows = [{"layer": i, "transform": c.transform, "mean_sq_norm": c.sum[i] / c.n[i], "tokens": c.n[i]}
             for c in ctx.consumers for i in range(len(c.sum))]
-    return AnalysisResult("toypkg.norms", rows, "## Toy norms\\n")
+    return ol.AnalysisResult("toypkg.norms", rows, "## Toy norms\\n")
 '''
 
 
