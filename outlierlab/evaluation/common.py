@@ -19,12 +19,12 @@ from torch import nn
 
 from outlierlab.analysis.layernorm_rule import (LayerNormOutliers, LayerNormRule, layernorm_kind, layernorm_outliers,
                                                 layernorm_role)
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.datamodules.corpus import load_texts_from_files
 from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import LAYERNORM_KINDS, DataSettings, section_settings
-from outlierlab.models.lm_model import LoadedModel, load_mlm
 from outlierlab.models.layernorms import layernorm_tensors
+from outlierlab.models.lm_model import LoadedModel, load_mlm
 
 __all__ = ["skip_result", "ln_rule", "detect_layernorm_outliers", "zeroed_kinds", "check_common", "shared_mlm",
            "check_texts", "analysis_texts"]

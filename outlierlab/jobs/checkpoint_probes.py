@@ -48,12 +48,6 @@ def quoted(value) -> str:
     return f"{quote}{text}{quote}"
 
 
-def _compose(overrides: list[str]):
-    from outlierlab.jobs.startup import compose_config
-
-    return compose_config("probe", overrides)
-
-
 def _gather(run_out: Path, name: str, steps: list[int]) -> Path | None:
     """Concatenate ``step<N>/<name>`` of every probed step into ``<name>`` with a leading ``step`` column."""
     rows, fields = [], None
@@ -73,6 +67,7 @@ def _gather(run_out: Path, name: str, steps: list[int]) -> Path | None:
 def probe_run(run_dir: str | Path, overrides: list[str] | None = None, max_sentences: int = 1000) -> list[int]:
     """Probe every step checkpoint of ``run_dir`` not probed yet; return the steps probed now."""
     from outlierlab.jobs.probing import run
+    from outlierlab.jobs.startup import compose_config
 
     run_dir = Path(run_dir)
     checkpoints = step_checkpoints(run_dir)
@@ -85,8 +80,8 @@ def probe_run(run_dir: str | Path, overrides: list[str] | None = None, max_sente
         if (dest / "position_probe.csv").is_file():
             continue
         with tempfile.TemporaryDirectory(prefix="outlierlab_probe_") as cache:
-            cfg = _compose([f"encoder.name_or_path={quoted(ckpt)}", f"features.cache_dir={quoted(cache)}", "progress=false",
-                            f"data.max_sentences={max_sentences}", *(overrides or [])])
+            cfg = compose_config("probe", [f"encoder.name_or_path={quoted(ckpt)}", f"features.cache_dir={quoted(cache)}",
+                                           "progress=false", f"data.max_sentences={max_sentences}", *(overrides or [])])
             staging = out / f".step{step:07d}.partial"
             shutil.rmtree(staging, ignore_errors=True)
             run(cfg, staging)
