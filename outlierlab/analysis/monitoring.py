@@ -296,73 +296,94 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     layers = [{**o, **a} for o, a in zip(acc.summary(top_k=top_k), act.summary())]
     outliers = detect_outlier_dims(acc)
     share = torch.maximum(acc.argmax_share(), acc.argmin_share())
-    sentence_ids = valid.nonzero()[:, 0]  # batch row of every valid token
-    nan = torch.full((n_layers,), math.nan, dtype=torch.float64)
-    aniso, aniso_se, one_per_sentence, n_aniso = nan, nan, nan, 0
-    share1, share3, top_dim = nan, nan, [None] * n_layers
-    if sentence_ids.unique().numel() >= 2:
-        a, b = paired_sentence_tokens(sentence_ids, generator=seed)
-        one_per_sentence = anisotropy(tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]).double().cpu()
-        a, b = sample_cross_sentence_pairs(sentence_ids, n_pairs, generator=seed)
-        n_aniso = int(a.numel())
-        va, vb = tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]
-        aniso = anisotropy(va, vb).double().cpu()
-        aniso_se = jackknife_se_by_sentence(pairwise_cosine(va, vb).double().cpu(), sentence_ids[a], sentence_ids[b])
-        cc = cosine_contributions(va, vb).cpu()  # [L, d], sums to the anisotropy
-        defined = share_defined(va, vb)  # a share of an anisotropy within 2 SE of 0 is noise: NaN
-        share1 = torch.where(defined, top_share(cc, 1), nan)
-        share3 = torch.where(defined, top_share(cc, min(3, dim)), nan)
-        top_dim = cc.argmax(-1).tolist()
-    pair_cos = aniso
-    iso = isoscore(tokens).cpu() if tokens.shape[1] >= 2 else nan
-    token_ids = None
-    if input_ids is not None:
-        token_ids = input_ids.to(valid.device)[valid]  # id of every valid token, in the order of `tokens`
+    pairs = _anisotropy_stats(tokens, valid.nonzero()[:, 0], n_pairs, seed)
+    iso = isoscore(tokens).cpu() if tokens.shape[1] >= 2 else torch.full((n_layers,), math.nan, dtype=torch.float64)
+    # id of every valid token, in the order of `tokens`
+    token_ids = None if input_ids is None else input_ids.to(valid.device)[valid]
     pooled = {w: acc.pooled_share(w) for w in ("argmin", "argmax")} if n_layers > 1 else {}
     sinks = None
     if attentions is not None and input_ids is not None and bos_token_id is not None and eos_token_id is not None:
-        keys = special_key_masks(input_ids, bos_token_id, eos_token_id, attention_mask)
-        am = attention_mask.bool().to(attentions.device)
-        mass = special_token_attention_mass(attentions, {k: keys[k] for k in ("bos", "eos")}, am)
-        sinks = {**mass, "entropy": attention_entropy(attentions, am), "row_mass": attention_row_mass(attentions, am)}
+        sinks = _sink_stats(attentions, input_ids, attention_mask, bos_token_id, eos_token_id)
     mean = acc.mean()
     rows: list[Row] = []
     for i, s in enumerate(layers):
-        name = f"layer_{i}"
-        rows += [(step, name, "n_tokens", None, s["n_tokens"]),
-                 (step, name, "argmax_share", s["argmax_dim"], s["argmax_share"]),
-                 (step, name, "argmin_share", s["argmin_dim"], s["argmin_share"]),
-                 (step, name, "abs_argmax_share", s["abs_argmax_dim"], s["abs_argmax_share"]),
-                 (step, name, "anisotropy", None, float(aniso[i])),
-                 (step, name, "anisotropy_se", None, float(aniso_se[i])),
-                 (step, name, "n_anisotropy_pairs", None, n_aniso),
-                 (step, name, "token_pair_cosine", None, float(pair_cos[i])),
-                 (step, name, "anisotropy_one_per_sentence", None, float(one_per_sentence[i])),
-                 (step, name, "rogue_top1_share", top_dim[i], float(share1[i])),
-                 (step, name, "rogue_top3_share", None, float(share3[i])),
-                 (step, name, "isoscore", None, float(iso[i])),
-                 (step, name, "kurtosis", None, s["kurtosis"]),
-                 (step, name, "max_median", None, s["max_median"]),
-                 (step, name, "max_abs", s["max_abs_dim"], s["max_abs"])]
-        if token_ids is not None:
-            rows.append((step, name, "max_abs_token_id", None, int(token_ids[s["max_abs_token"]])))
-        for site, v in (inf_norms or {}).items():
-            if i >= 1 and not math.isnan(float(v[i])):
-                rows.append((step, name, f"inf_norm_{site}", None, float(v[i])))
-        if sinks is not None and i >= 1:
-            rows += [(step, name, "sink_share_bos", None, float(sink_head_share(sinks["bos"][i - 1], sink_threshold))),
-                     (step, name, "sink_share_eos", None, float(sink_head_share(sinks["eos"][i - 1], sink_threshold))),
-                     (step, name, "attn_entropy", None, float(sinks["entropy"][i - 1].mean())),
-                     (step, name, "attn_row_mass", None, float(sinks["row_mass"][i - 1].mean()))]
-            rows += [(step, name, "attn_entropy_head", h, float(e)) for h, e in enumerate(sinks["entropy"][i - 1])]
-        rows += [(step, name, "top_abs_mean", d, v) for d, v in zip(s["top_dims"], s["top_values"])]
-        rows += [(step, name, "outlier_dim", d, float(share[i, d])) for d in outliers[i]]
+        rows += _layer_rows(step, i, s, pairs, float(iso[i]), token_ids, inf_norms, sinks, sink_threshold)
+        rows += [(step, f"layer_{i}", "outlier_dim", d, float(share[i, d])) for d in outliers[i]]
         if vectors:
-            rows += [(step, name, "mean", d, x) for d, x in enumerate(mean[i].tolist())]
+            rows += [(step, f"layer_{i}", "mean", d, x) for d, x in enumerate(mean[i].tolist())]
     for w, (d, v) in pooled.items():
         rows.append((step, "model", f"pooled_{w}_share", d, v))
-    return rows, {"mean": mean, "layers": layers, "anisotropy": aniso, "anisotropy_se": aniso_se,
-                  "anisotropy_one_per_sentence": one_per_sentence, "token_pair_cosine": pair_cos,
-                  "rogue_top1_share": share1, "rogue_top3_share": share3, "isoscore": iso,
-                  "outliers": outliers, "pooled": pooled, "inf_norms": dict(inf_norms or {}), "sinks": sinks,
-                  "sink_threshold": sink_threshold}
+    return rows, {"mean": mean, "layers": layers, "anisotropy": pairs["anisotropy"],
+                  "anisotropy_se": pairs["anisotropy_se"], "anisotropy_one_per_sentence": pairs["one_per_sentence"],
+                  "token_pair_cosine": pairs["anisotropy"], "rogue_top1_share": pairs["share1"],
+                  "rogue_top3_share": pairs["share3"], "isoscore": iso, "outliers": outliers, "pooled": pooled,
+                  "inf_norms": dict(inf_norms or {}), "sinks": sinks, "sink_threshold": sink_threshold}
+
+
+def _anisotropy_stats(tokens: Tensor, sentence_ids: Tensor, n_pairs: int, seed: int) -> dict:
+    """The anisotropy block of :func:`hidden_state_records` (NaN, 0 pairs and no rogue dim with < 2 sentences):
+    ``anisotropy`` / ``anisotropy_se`` / ``n_pairs`` on ``n_pairs`` cross-sentence token pairs, ``one_per_sentence``
+    (evaluate.py's protocol), ``share1`` / ``share3`` / ``top_dim`` (rogue dims of the same pairs)."""
+    n_layers, dim = tokens.shape[0], tokens.shape[-1]
+    nan = torch.full((n_layers,), math.nan, dtype=torch.float64)
+    out = {"anisotropy": nan, "anisotropy_se": nan, "one_per_sentence": nan, "n_pairs": 0, "share1": nan,
+           "share3": nan, "top_dim": [None] * n_layers}
+    if sentence_ids.unique().numel() < 2:
+        return out
+    a, b = paired_sentence_tokens(sentence_ids, generator=seed)
+    out["one_per_sentence"] = anisotropy(tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]).double().cpu()
+    a, b = sample_cross_sentence_pairs(sentence_ids, n_pairs, generator=seed)
+    va, vb = tokens[:, a.to(tokens.device)], tokens[:, b.to(tokens.device)]
+    cc = cosine_contributions(va, vb).cpu()  # [L, d], sums to the anisotropy
+    defined = share_defined(va, vb)  # a share of an anisotropy within 2 SE of 0 is noise: NaN
+    out.update(anisotropy=anisotropy(va, vb).double().cpu(), n_pairs=int(a.numel()),
+               anisotropy_se=jackknife_se_by_sentence(pairwise_cosine(va, vb).double().cpu(), sentence_ids[a],
+                                                      sentence_ids[b]),
+               share1=torch.where(defined, top_share(cc, 1), nan),
+               share3=torch.where(defined, top_share(cc, min(3, dim)), nan), top_dim=cc.argmax(-1).tolist())
+    return out
+
+
+def _sink_stats(attentions: Tensor, input_ids: Tensor, attention_mask: Tensor, bos_token_id: int,
+                eos_token_id: int) -> dict[str, Tensor]:
+    """Per block and head: attention mass on ``<s>`` / ``</s>`` (Gu et al. 2025), entropy and row mass."""
+    keys = special_key_masks(input_ids, bos_token_id, eos_token_id, attention_mask)
+    am = attention_mask.bool().to(attentions.device)
+    mass = special_token_attention_mass(attentions, {k: keys[k] for k in ("bos", "eos")}, am)
+    return {**mass, "entropy": attention_entropy(attentions, am), "row_mass": attention_row_mass(attentions, am)}
+
+
+def _layer_rows(step: int, i: int, s: dict, pairs: dict, iso: float, token_ids: Tensor | None,
+                inf_norms: Mapping[str, Tensor] | None, sinks: dict | None, sink_threshold: float) -> list[Row]:
+    """The scalar rows of hidden-state layer ``i`` (``s``: its outlier and activation summary)."""
+    name = f"layer_{i}"
+    aniso = float(pairs["anisotropy"][i])
+    rows: list[Row] = [
+        (step, name, "n_tokens", None, s["n_tokens"]),
+        (step, name, "argmax_share", s["argmax_dim"], s["argmax_share"]),
+        (step, name, "argmin_share", s["argmin_dim"], s["argmin_share"]),
+        (step, name, "abs_argmax_share", s["abs_argmax_dim"], s["abs_argmax_share"]),
+        (step, name, "anisotropy", None, aniso),
+        (step, name, "anisotropy_se", None, float(pairs["anisotropy_se"][i])),
+        (step, name, "n_anisotropy_pairs", None, pairs["n_pairs"]),
+        (step, name, "token_pair_cosine", None, aniso),
+        (step, name, "anisotropy_one_per_sentence", None, float(pairs["one_per_sentence"][i])),
+        (step, name, "rogue_top1_share", pairs["top_dim"][i], float(pairs["share1"][i])),
+        (step, name, "rogue_top3_share", None, float(pairs["share3"][i])),
+        (step, name, "isoscore", None, iso),
+        (step, name, "kurtosis", None, s["kurtosis"]),
+        (step, name, "max_median", None, s["max_median"]),
+        (step, name, "max_abs", s["max_abs_dim"], s["max_abs"])]
+    if token_ids is not None:
+        rows.append((step, name, "max_abs_token_id", None, int(token_ids[s["max_abs_token"]])))
+    for site, v in (inf_norms or {}).items():
+        if i >= 1 and not math.isnan(float(v[i])):
+            rows.append((step, name, f"inf_norm_{site}", None, float(v[i])))
+    if sinks is not None and i >= 1:
+        rows += [(step, name, "sink_share_bos", None, float(sink_head_share(sinks["bos"][i - 1], sink_threshold))),
+                 (step, name, "sink_share_eos", None, float(sink_head_share(sinks["eos"][i - 1], sink_threshold))),
+                 (step, name, "attn_entropy", None, float(sinks["entropy"][i - 1].mean())),
+                 (step, name, "attn_row_mass", None, float(sinks["row_mass"][i - 1].mean()))]
+        rows += [(step, name, "attn_entropy_head", h, float(e)) for h, e in enumerate(sinks["entropy"][i - 1])]
+    rows += [(step, name, "top_abs_mean", d, v) for d, v in zip(s["top_dims"], s["top_values"])]
+    return rows
