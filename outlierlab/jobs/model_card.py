@@ -282,8 +282,14 @@ def render_card(d: dict) -> str:
            "(`outlierlab.jobs.model_card`). Numbers are the run's own logs, not re-measured.", "",
            "## How to load", "", *_how_to_load(kind, objective), "",
            "## Architecture", "", *_architecture(model, objective), ""]
-    opt, sch, data, tr = d["optimizer"], d["scheduler"], d["data"], d["trainer"]
-    out += ["## Recipe", "",
+    out += [*_recipe(d), *_data(d), *_validation(d), *_outlier_features(d), *_reproduce(d)]
+    return "\n".join(out) + "\n"
+
+
+def _recipe(d: dict) -> list[str]:
+    """The card's Recipe section: objective, optimizer, schedule, batch, steps, precision."""
+    objective, opt, sch, data, tr = d["objective"], d["optimizer"], d["scheduler"], d["data"], d["trainer"]
+    return ["## Recipe", "",
             f"* **Objective:** `{objective}`" + (f", masking {data.get('mlm_probability')}"
                                                   if objective != "clm" and data.get("mlm_probability") else ""),
             f"* **Optimizer:** {_target(opt) if opt else '–'}, lr {_g(opt.get('lr'))}, betas {opt.get('betas', '–')}, "
@@ -298,9 +304,14 @@ def render_card(d: dict) -> str:
             + (" (stopped early)" if _stopped_early(d["global_step"], tr.get("max_steps")) else ""),
             f"* **Precision:** {tr.get('precision', '–')}, gradient clipping {tr.get('gradient_clip_val', '–')}, "
             f"seed {d.get('seed')}", ""]
+
+
+def _data(d: dict) -> list[str]:
+    """The card's Data section: corpus, tokenizer, tokens seen."""
+    model, data = d["model"], d["data"]
     src = data.get("hub") or data.get("source") or "–"
     tl = d.get("throughput_lengths")
-    out += ["## Data", "",
+    return ["## Data", "",
             f"* **Corpus:** `{src}`" + (f", first {data['max_documents']} documents" if data.get("max_documents")
                                         else ""),
             f"* **Tokenizer:** {d['tokenizer'].get('name_or_path') or 'trained on the corpus (BPE)'}, vocabulary "
@@ -308,7 +319,11 @@ def render_card(d: dict) -> str:
             f"* **Tokens seen:** {_g(d['tokens_seen'], 12)} (steps x sequences per step x block size; packed blocks)"
             + (f"; Lightning's ThroughputMonitor counted {_g(tl['value'], 12)} on one device (logged step {tl['step']})"
                if tl else ""), ""]
-    out += ["## Validation", ""]
+
+
+def _validation(d: dict) -> list[str]:
+    """The card's Validation section: the last logged value of every ``val/`` metric."""
+    out = ["## Validation", ""]
     if d["val"]:
         out += ["| metric | value | step |", "|---|---|---|"]
         out += [f"| `{k}` | {_g(v['value'])} | {v['step']} |" for k, v in d["val"].items()]
@@ -317,7 +332,12 @@ def render_card(d: dict) -> str:
                     "model does not use token order (docs/order_use.md)."]
     else:
         out += ["No validation metrics were logged (csv/metrics.csv absent or without `val/` columns)."]
-    out += ["", "## Outlier features at the last monitored step", ""]
+    return out
+
+
+def _outlier_features(d: dict) -> list[str]:
+    """The card's outlier section: hidden-state and LayerNorm-rule statistics of the last monitored step."""
+    out = ["", "## Outlier features at the last monitored step", ""]
     hs, ln = d["hidden_states"], d["layernorm"]
     if hs:
         m = hs.get("max_argmax_share") or {}
@@ -341,7 +361,12 @@ def render_card(d: dict) -> str:
                 "LayerNorm(s); Kovaleva et al. 2021)"]
     elif hs:
         out += ["", "No LayerNorm-rule count (`monitor/layernorm.csv` absent, or a model without affine LayerNorms)."]
-    out += ["", "## Reproduce", ""]
+    return out
+
+
+def _reproduce(d: dict) -> list[str]:
+    """The card's Reproduce section: the command and every code version the run started on."""
+    out = ["", "## Reproduce", ""]
     if d["overrides"] is not None:
         out += ["```bash", " ".join(["python train.py", *(shlex.quote(o) for o in d["overrides"])]), "```"]
     else:
@@ -353,7 +378,7 @@ def render_card(d: dict) -> str:
                 for v in d["code_versions"]]
     else:
         out += ["* not recorded"]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def write_model_card(run_dir: str | Path, export_dir: str | Path, global_step: int | None = None) -> Path:

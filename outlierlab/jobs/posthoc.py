@@ -102,6 +102,14 @@ def _load(path: Path, mmap: bool = False) -> dict:
     return read_checkpoint(path, mmap=mmap)
 
 
+def _by_step(ckpt_paths: Sequence[Path]) -> dict[int, Path]:
+    """One checkpoint per step; a step checkpoint wins over ``last.ckpt`` of the same step."""
+    by_step: dict[int, Path] = {}
+    for p in sorted(ckpt_paths, key=lambda p: p.name == "last.ckpt"):
+        by_step.setdefault(int(_load(p, mmap=True).get("global_step", -1)), p)
+    return by_step
+
+
 def _initial_snapshot(ckpt: dict) -> dict | None:
     for key, state in (ckpt.get("callbacks") or {}).items():
         if "LayerNormMonitor" in str(key) and isinstance(state, dict) and state.get("initial"):
@@ -141,7 +149,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     from outlierlab.models.checkpoint import model_from_checkpoint
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
     from outlierlab.reports import monitor_plots as plots
-    from outlierlab.reports.history import HistoryCSV, wide_by_layer
+    from outlierlab.reports.history import wide_by_layer
 
     if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
@@ -151,16 +159,11 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     if texts is None:
         texts = load_sentences(hs_cfg["sentences_path"])[: int(hs_cfg["n_sequences"])]
 
-    # one checkpoint per step; a step checkpoint wins over last.ckpt of the same step
-    by_step: dict[int, Path] = {}
-    for p in sorted(ckpt_paths, key=lambda p: p.name == "last.ckpt"):
-        by_step.setdefault(int(_load(p, mmap=True).get("global_step", -1)), p)
+    by_step = _by_step(ckpt_paths)
 
     out = Path(out_dir) if out_dir is not None else run / OUT_SUBDIR
-    out.mkdir(parents=True, exist_ok=True)
-    files = {name: HistoryCSV(out / f".{name}.csv.tmp") for name in ("layernorm", "hidden_states")}
-    for h in files.values():
-        h.path.unlink(missing_ok=True)
+    files = StagedHistories(out)
+    ln_kw = layernorm_kwargs(ln_cfg)
     done: list[int] = []
     metric_rows: list = []
     order_rows: list[dict] = []
@@ -170,13 +173,9 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         config = model.config
         initial = _initial_snapshot(ckpt)
         if initial is not None and 0 not in by_step and not done:
-            files["layernorm"].append(layernorm_records(0, initial, initial, k=ln_cfg["k"],
-                                                        shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"],
-                                                        top_k=ln_cfg["top_k"], vectors=ln_cfg["vectors"])[0])
+            files["layernorm"].append(layernorm_records(0, initial, initial, **ln_kw)[0])
         params = layernorm_snapshot(model_layernorms(model))  # the monitor's keys (pre-LN: attention/mlp_input)
-        files["layernorm"].append(layernorm_records(step, params, initial, k=ln_cfg["k"],
-                                                    shared_min=ln_cfg["shared_min_layers"], top_k=ln_cfg["top_k"],
-                                                    vectors=ln_cfg["vectors"], rule=ln_cfg["rule"])[0])
+        files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])
         batch = tokenize_heldout(tokenizer, texts, hs_cfg["max_length"] or config.max_len)
         rows, attn = hidden_rows(step, model, batch, hs_cfg, device)
         files["hidden_states"].append(rows)
@@ -199,11 +198,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
                                     list(order_rows[0]) if order_rows else ["step", "layer"])
     img = plots.render(plots.metric_curves_figure(plots.curves_from_rows(metric_rows), title=run.name))
     plots.save_png(img, out / "metrics.png")
-    for name, h in files.items():
-        final = out / f"{name}.csv"
-        os.replace(h.path, final)
-        result[name] = final
-    return result
+    return {**result, **files.commit()}
 
 
 def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str) -> tuple[list, Any]:
@@ -238,6 +233,40 @@ def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device:
     if local is not None:
         rows += [(step, f"layer_{i + 1}", "attn_local", None, float(m)) for i, m in enumerate(local["mass"])]
     return rows
+
+
+class StagedHistories:
+    """``layernorm.csv`` and ``hidden_states.csv`` of a post-hoc analysis, appended under hidden names and moved
+    into place by :meth:`commit` once every checkpoint is done: an interrupted analysis never leaves a history that
+    looks complete (and a re-run starts them afresh)."""
+
+    NAMES = ("layernorm", "hidden_states")
+
+    def __init__(self, out: Path) -> None:
+        from outlierlab.reports.history import HistoryCSV
+
+        out.mkdir(parents=True, exist_ok=True)
+        self.out = out
+        self.files = {name: HistoryCSV(out / f".{name}.csv.tmp") for name in self.NAMES}
+        for h in self.files.values():
+            h.path.unlink(missing_ok=True)
+
+    def __getitem__(self, name: str):
+        return self.files[name]
+
+    def commit(self) -> dict[str, Path]:
+        """Move both files into place; ``{name: final path}``."""
+        final = {}
+        for name, h in self.files.items():
+            final[name] = self.out / f"{name}.csv"
+            os.replace(h.path, final[name])
+        return final
+
+
+def layernorm_kwargs(ln_cfg: dict) -> dict[str, Any]:
+    """:func:`outlierlab.analysis.monitoring.layernorm_records`' settings from the monitor's LayerNorm config."""
+    return dict(k=ln_cfg["k"], shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"], top_k=ln_cfg["top_k"],
+                vectors=ln_cfg["vectors"])
 
 
 def _apply_overrides(ln_cfg: dict, hs_cfg: dict, overrides: dict) -> tuple[dict, dict]:

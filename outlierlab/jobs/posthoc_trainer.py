@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from outlierlab.datamodules.eval_data import load_sentences
-from outlierlab.jobs.posthoc import HIDDEN_DEFAULTS, LAYERNORM_DEFAULTS, OUT_SUBDIR, _apply_overrides, hidden_rows
+from outlierlab.jobs.posthoc import (HIDDEN_DEFAULTS, LAYERNORM_DEFAULTS, OUT_SUBDIR, StagedHistories,
+                                    _apply_overrides, hidden_rows, layernorm_kwargs)
 from outlierlab.utils.tables import write_csv
 
 __all__ = ["HF_CHECKPOINT_PREFIX", "find_hf_checkpoints", "analyze_hf_checkpoints"]
@@ -72,8 +73,7 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
                                 "output_dir of a transformers Trainer run saved with save_steps")
     ln_cfg, hs_cfg = _apply_overrides(dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS), overrides)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (it reads the flag at import)
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
     from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot, tokenize_heldout
     from outlierlab.models.families import causal_or_masked
@@ -81,23 +81,12 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
     from outlierlab.monitoring.hidden_state_tracker import heldout_max_length, is_causal_lm, order_use_records
     from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT
-    from outlierlab.reports.history import HistoryCSV
 
     if texts is None:
         texts = load_sentences(hs_cfg["sentences_path"])[: int(hs_cfg["n_sequences"])]
-    snapshot = Path(monitor_dir if monitor_dir is not None else run / "monitor") / INITIAL_SNAPSHOT
-    initial = None
-    if snapshot.is_file():
-        state = torch.load(snapshot, map_location="cpu", weights_only=True).get("initial") or {}
-        initial = {n: (v["weight"].float(), None if v["bias"] is None else v["bias"].float())
-                   for n, v in state.items()} or None
+    initial = _initial_snapshot(Path(monitor_dir if monitor_dir is not None else run / "monitor") / INITIAL_SNAPSHOT)
     out = Path(out_dir) if out_dir is not None else run / OUT_SUBDIR
-    out.mkdir(parents=True, exist_ok=True)
-    files = {name: HistoryCSV(out / f".{name}.csv.tmp") for name in ("layernorm", "hidden_states")}
-    for h in files.values():
-        h.path.unlink(missing_ok=True)
-    ln_kw = dict(k=ln_cfg["k"], shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"], top_k=ln_cfg["top_k"],
-                 vectors=ln_cfg["vectors"])
+    files, ln_kw = StagedHistories(out), layernorm_kwargs(ln_cfg)
     if initial is not None and 0 not in ckpts:
         files["layernorm"].append(layernorm_records(0, initial, initial, **ln_kw)[0])
     order_rows: list[dict] = []
@@ -105,14 +94,7 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         auto = AutoModelForCausalLM if causal_or_masked(config) == "next_token" else AutoModelForMaskedLM
         model = auto.from_pretrained(path, attn_implementation="eager", local_files_only=True).to(device).eval()
-        tok = tokenizer
-        if tok is None or isinstance(tok, (str, os.PathLike)):
-            tok_dir = Path(tok) if tok is not None else next(
-                (d for d in (path, run) if (d / "tokenizer_config.json").is_file()), None)
-            if tok_dir is None:
-                raise FileNotFoundError(f"{path} holds no tokenizer (give the Trainer processing_class=tokenizer, "
-                                        "or pass tokenizer=...)")
-            tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+        tok = _checkpoint_tokenizer(tokenizer, path, run)
         params = layernorm_snapshot(model_layernorms(model))
         files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])
         batch = tokenize_heldout(tok, texts, heldout_max_length(model, tok, hs_cfg["max_length"]))
@@ -124,8 +106,28 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     result: dict[str, Any] = {"steps": list(ckpts)}
     result["order_use"] = write_csv(out / "order_use.csv", order_rows, ["step", "loss", "loss_permuted", "order_use",
                                                                        "tokens"])
-    for name, h in files.items():
-        final = out / f"{name}.csv"
-        os.replace(h.path, final)
-        result[name] = final
-    return result
+    return {**result, **files.commit()}
+
+
+def _initial_snapshot(snapshot: Path) -> dict | None:
+    """The live monitor's LayerNorm (gain, bias) at initialisation, float32, if it wrote one."""
+    if not snapshot.is_file():
+        return None
+    import torch
+
+    state = torch.load(snapshot, map_location="cpu", weights_only=True).get("initial") or {}
+    return {n: (v["weight"].float(), None if v["bias"] is None else v["bias"].float()) for n, v in state.items()} or None
+
+
+def _checkpoint_tokenizer(tokenizer: Any, path: Path, run: Path):
+    """``tokenizer`` if given as an object, else loaded from the directory given, the checkpoint's or the run's."""
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    tok_dir = Path(tokenizer) if tokenizer is not None else next(
+        (d for d in (path, run) if (d / "tokenizer_config.json").is_file()), None)
+    if tok_dir is None:
+        raise FileNotFoundError(f"{path} holds no tokenizer (give the Trainer processing_class=tokenizer, "
+                                "or pass tokenizer=...)")
+    return AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)

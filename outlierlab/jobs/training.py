@@ -282,45 +282,13 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
             f"data.block_size={datamodule.block_size} is larger than the model's max_len={config.max_len}; "
             f"lower data.block_size or raise model.max_len"
         )
-    requested = cfg.get("ckpt_path")
-    if requested in (None, "", "null") and any((run_dir / "checkpoints").glob("*.ckpt")):
-        if not cfg.get("resume", True):
-            # a fresh run there would write step*-v1.ckpt and last-v1.ckpt beside the old run's last.ckpt (which the
-            # next resume would then read) and append to its logs: two runs mixed in one directory
-            raise ValueError(f"resume=false, but {run_dir / 'checkpoints'} holds the checkpoints of an earlier run: "
-                             f"give this run another run_dir, or delete {run_dir} first to start over there")
-        # an interrupted cell of a sweep (or a re-run into the same hydra.run.dir): continue it
-        log.info("%s holds checkpoints of an unfinished run: resuming from the last one (resume=false refuses)",
-                 run_dir)
-        requested = "last"
-    ckpt_path, ckpt = resolve_checkpoint(requested, run_dir)
-    start_step = 0
-    if ckpt is not None:
-        check_checkpoint_matches(ckpt, config, ckpt_path)
-        start_step = int(ckpt.get("global_step", 0))
-        del ckpt
-
+    ckpt_path, start_step = _resume_point(cfg, run_dir, config)
     module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config)
     # Lightning's model summary counts FLOPs on this input (torch's FlopCounterMode over one forward): one
     # training block; without it the summary printed "Total FLOPs: 0".  Token ids do not change the count.
     module.example_input_array = {"input_ids": torch.zeros(1, datamodule.block_size, dtype=torch.long)}
     ensure_room(run_dir, module, cfg)
-    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    # checkpoints staged beside their destination (Lightning #21253): no torn file under a checkpoint's name
-    plugins = list(hydra.utils.instantiate(cfg.trainer.get("plugins")) or [])
-    if not any(isinstance(p, CheckpointIO) for p in plugins):  # a CheckpointIO of the user's own wins
-        plugins.append(StagedCheckpointIO())
-    trainer_cfg = {k: v for k, v in cfg.trainer.items() if k != "plugins"}
-    if trainer_cfg.get("enable_progress_bar", True) and _RICH_AVAILABLE \
-            and not any(isinstance(c, ProgressBar) for c in callbacks):  # the bar Lightning would add, reading
-        callbacks.append(StepRichProgressBar())  # "Epoch 0" rather than "Epoch 0/-2" under max_epochs=-1
-    if trainer_cfg.get("enable_checkpointing") is None and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-        # without one of ours Lightning adds its own ModelCheckpoint (epoch=E-step=S.ckpt every epoch), which
-        # `callbacks=none` says it does not have and the disk check (checkpoints_kept) does not count
-        trainer_cfg["enable_checkpointing"] = False
-    trainer: L.Trainer = hydra.utils.instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False,
-                                                 plugins=plugins)
+    trainer = _make_trainer(cfg)
     progress["trainer"] = trainer
 
     report_data_budget(datamodule, trainer, cfg.get("data_epochs_warning"))
@@ -339,6 +307,57 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
+    return _finish(cfg, run_dir, trainer, module, config, tokenizer)
+
+
+def _resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig) -> tuple[str | None, int]:
+    """``(ckpt_path for trainer.fit, its step)``: the requested checkpoint, or the last one of an unfinished run
+    in ``run_dir`` (a re-run cell of a sweep continues), checked against the model about to be built."""
+    requested = cfg.get("ckpt_path")
+    if requested in (None, "", "null") and any((run_dir / "checkpoints").glob("*.ckpt")):
+        if not cfg.get("resume", True):
+            # a fresh run there would write step*-v1.ckpt and last-v1.ckpt beside the old run's last.ckpt (which the
+            # next resume would then read) and append to its logs: two runs mixed in one directory
+            raise ValueError(f"resume=false, but {run_dir / 'checkpoints'} holds the checkpoints of an earlier run: "
+                             f"give this run another run_dir, or delete {run_dir} first to start over there")
+        # an interrupted cell of a sweep (or a re-run into the same hydra.run.dir): continue it
+        log.info("%s holds checkpoints of an unfinished run: resuming from the last one (resume=false refuses)",
+                 run_dir)
+        requested = "last"
+    ckpt_path, ckpt = resolve_checkpoint(requested, run_dir)
+    start_step = 0
+    if ckpt is not None:
+        check_checkpoint_matches(ckpt, config, ckpt_path)
+        start_step = int(ckpt.get("global_step", 0))
+        del ckpt
+    return ckpt_path, start_step
+
+
+def _make_trainer(cfg: DictConfig) -> L.Trainer:
+    """The Lightning Trainer of ``cfg.trainer`` with the configured callbacks, loggers and checkpoint IO."""
+    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    # checkpoints staged beside their destination (Lightning #21253): no torn file under a checkpoint's name
+    plugins = list(hydra.utils.instantiate(cfg.trainer.get("plugins")) or [])
+    if not any(isinstance(p, CheckpointIO) for p in plugins):  # a CheckpointIO of the user's own wins
+        plugins.append(StagedCheckpointIO())
+    trainer_cfg = {k: v for k, v in cfg.trainer.items() if k != "plugins"}
+    if trainer_cfg.get("enable_progress_bar", True) and _RICH_AVAILABLE \
+            and not any(isinstance(c, ProgressBar) for c in callbacks):  # the bar Lightning would add, reading
+        callbacks.append(StepRichProgressBar())  # "Epoch 0" rather than "Epoch 0/-2" under max_epochs=-1
+    if trainer_cfg.get("enable_checkpointing") is None and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+        # without one of ours Lightning adds its own ModelCheckpoint (epoch=E-step=S.ckpt every epoch), which
+        # `callbacks=none` says it does not have and the disk check (checkpoints_kept) does not count
+        trainer_cfg["enable_checkpointing"] = False
+    trainer: L.Trainer = hydra.utils.instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False,
+                                                 plugins=plugins)
+    return trainer
+
+
+def _finish(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module, config: EncoderConfig,
+            tokenizer) -> dict[str, float]:
+    """After ``trainer.fit``: the export with its model card, the order-use line, the post-hoc analyses and
+    ``finished.json`` (rank 0); returns the run's scalar metrics."""
     if cfg.get("export", True) and trainer.global_rank == 0:
         out = _export_dir(run_dir, config)
         tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
