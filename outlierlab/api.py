@@ -7,7 +7,7 @@
     ol.probe_positions(enc, texts)    # a DataFrame: probe.py's position_probe.csv
 
 Each call composes the same configuration the command line would (``configs/evaluate.yaml`` or ``configs/probe.yaml``
-with the arguments as overrides, defaults from the YAML presets) and runs the same job
+with the arguments as overrides, defaults from the YAML presets; a wheel carries them inside the package, setup.py) and runs the same job
 (:func:`outlierlab.jobs.evaluation.evaluate`, :func:`outlierlab.jobs.probing.run`) on the encoder already loaded,
 so the numbers are the CLI's (tests/test_api.py compares them). Every output file of the run is kept in
 ``out_dir`` (default: a new temporary directory), named in each table's ``attrs["run_dir"]``.
@@ -42,7 +42,8 @@ def _compose(config_name: str, overrides: Sequence[str]):
 
     if not (CONFIG_DIR / f"{config_name}.yaml").is_file():
         raise FileNotFoundError(f"{CONFIG_DIR / (config_name + '.yaml')} not found: the API reads the project's "
-                                "configs/; install outlierlab from its repository (pip install -e .)")
+                                "configs/, which its wheel carries; reinstall outlierlab from its repository "
+                                "(pip install . or pip install -e .)")
     from outlierlab.jobs.startup import compose_config  # after the check: imports Hydra
 
     return compose_config(config_name, overrides)

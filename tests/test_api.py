@@ -146,7 +146,8 @@ def test_a_callers_own_hydra_context_survives_an_api_call(tmp_path):
 
 
 def test_an_install_without_the_configs_is_told_what_to_do(tmp_path, monkeypatch):
-    """A non-editable install has no configs/ beside the package: one line naming the missing file and the fix."""
+    """An install whose configs are missing (a wheel built from an sdist without them): one line naming the missing
+    file and the fix."""
     import outlierlab.jobs.overrides as overrides
     from outlierlab.api import _compose
 

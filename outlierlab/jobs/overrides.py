@@ -14,7 +14,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"  # the repository root, beside train.py
+#: The Hydra configs: the copy a wheel carries inside the package (setup.py) if there is one, else the repository's
+#: ``configs/`` beside train.py (a clone, an editable install).  The packaged copy is looked for first because a
+#: wheel's ``parents[2]`` is site-packages, where another distribution may have put a ``configs/`` of its own.
+_PACKAGED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = _PACKAGED_CONFIGS if _PACKAGED_CONFIGS.is_dir() else Path(__file__).resolve().parents[2] / "configs"
 
 
 def group_options(group: str, config_dir: Path = CONFIG_DIR) -> list[str]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -32,8 +31,9 @@ import pandas as pd
 import yaml
 
 from outlierlab.analysis.study_inference import adjust_pvalues, minimum_detectable_effect, tost
+from outlierlab.jobs.overrides import CONFIG_DIR
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "experiment"
+CONFIGS = CONFIG_DIR / "experiment"
 DESIGN_KEY = "study_design"
 
 
