@@ -126,17 +126,19 @@ def _analysis_name(analysis) -> str:
 
 
 def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Sequence[str] = ("none",), seed: int = 0,
-                    out_dir: str | Path | None = None, overrides: Sequence[str] = ()):
+                    out_dir: str | Path | None = None, overrides: Sequence[str] = (), progress: bool = True):
     """probe.py's position probe (Luo et al. 2021 §3) on ``encoder``: the rows of ``position_probe.csv`` (one per
     layer x transform: accuracy, mean absolute position error, the top neurons by contribution).
 
     The accuracy is the position a layer carries, not one the model uses: a learned table's rows are decodable
     (1.000 at every layer) in a model whose order use is 0.003 nats (docs/order_use.md, "Position probes"); for use,
-    ``evaluate(encoder, analyses=["order_use"])`` on a model with its LM head."""
+    ``evaluate(encoder, analyses=["order_use"])`` on a model with its LM head.  ``progress``: the tqdm bar while
+    encoding, as in :func:`evaluate`."""
     from outlierlab.jobs.probing import run as run_probe
 
     run_dir = _run_dir(out_dir, "outlierlab_probe_")
     cfg = _compose("probe", ["task=position", f"transform=[{','.join(transforms)}]", f"seed={int(seed)}",
-                             *_encoder_overrides(encoder), *_texts_file(texts, run_dir), *overrides])
+                             f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder),
+                             *_texts_file(texts, run_dir), *overrides])
     run_probe(cfg, run_dir, encoder=encoder)
     return _read(run_dir / "position_probe.csv", run_dir)

@@ -91,7 +91,7 @@ def test_probe_positions_equals_probe_py(tmp_path):
 
     enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
     few = ["probe.epochs=2", "probe.max_positions=32"]
-    table = ol.probe_positions(enc, TEXTS, seed=2, out_dir=tmp_path / "api", overrides=few)
+    table = ol.probe_positions(enc, TEXTS, seed=2, out_dir=tmp_path / "api", overrides=few, progress=False)
     (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
     _cli("probe.py", "seed=2", f"data.files=[{tmp_path / 'texts.txt'}]", "data.max_sentences=null", *few,
          f"hydra.run.dir={tmp_path / 'cli'}")
