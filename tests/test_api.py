@@ -109,9 +109,10 @@ def test_empty_texts_are_refused_in_one_line(tmp_path):
 
 
 def test_a_skipped_analysis_is_an_empty_table_that_says_why_and_dir_lists_the_api(tmp_path):
-    """MiniLM (a body without its LM head) cannot be scored for order use: evaluate.py writes the header and a
-    'Skipped' section; the API returns that empty table, the reason in ``attrs``, instead of a pandas error.  And
-    the lazily loaded API shows in ``dir(ol)`` (a notebook's tab completion)."""
+    """MiniLM (a body without its LM head) cannot be scored for the outlier ablation's loss: evaluate.py writes a
+    'Skipped' section; the API returns an empty table, the reason in ``attrs``, instead of a pandas error.  Its order
+    use is still measured on its vectors (no skip).  And the lazily loaded API shows in ``dir(ol)`` (a notebook's
+    tab completion)."""
     import outlierlab as ol
 
     assert {"load_encoder", "evaluate", "probe_positions", "OutlierMonitor", "Consumer", "AnalysisResult"} <= set(dir(ol))
@@ -120,10 +121,14 @@ def test_a_skipped_analysis_is_an_empty_table_that_says_why_and_dir_lists_the_ap
 
     assert (ol.Consumer, ol.LayerStream, ol.AnalysisResult) == (Consumer, LayerStream, AnalysisResult)
     enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
-    tables = ol.evaluate(enc, TEXTS[:50], analyses=["order_use"], out_dir=tmp_path, progress=False)
-    table = tables["order_use"]
-    assert table.empty and list(table.columns) == ["layer", "statistic", "value"]
-    assert "no LM head" in table.attrs["skipped"] and table.attrs["run_dir"] == str(tmp_path)
+    tables = ol.evaluate(enc, TEXTS[:50], analyses=["ablation", "order_use"], out_dir=tmp_path, progress=False)
+    table = tables["ablation"]
+    assert table.empty and "no masked-LM head" in table.attrs["skipped"] and table.attrs["run_dir"] == str(tmp_path)
+    order = tables["order_use"].set_index(["layer", "statistic"])["value"]
+    assert "skipped" not in tables["order_use"].attrs
+    change = [order[(f"layer_{i}", "pooled_order_change")] for i in range(7)]  # MiniLM: 6 layers + embeddings
+    assert all(0 <= c < 1 for c in change) and change[0] < 0.01 < change[6]  # the LayerNorm floor, then order
+    assert order[("model", "pooled_order_change_texts")] == 50 and ("layer_6", "attn_local") in order.index
 
 
 def test_a_callers_own_hydra_context_survives_an_api_call(tmp_path):

@@ -58,12 +58,17 @@ def test_a_decoder_from_the_hub_format(tmp_path, texts):
     assert rows[("model", "order_use")] == pytest.approx(expected["order_use"], abs=1e-4)
     assert rows[("model", "tokens")] == expected["tokens"]
     assert 0 < rows[("model", "attn_local_uniform")] < 1 and ("layer_2", "attn_local") in rows
+    # the causal mask is an order signal: every block's mean-pooled vector moves when the tokens are shuffled
+    assert all(rows[(f"layer_{i}", "pooled_order_change")] > 1e-6 for i in (1, 2))
 
 
 def test_our_masked_run_without_positions_is_flagged(tmp_path, texts):
     save_own_run(tmp_path / "run", pos="none", layers=2, hidden=32)
     rows = _evaluate(tmp_path / "run", texts, tmp_path / "out")
     assert abs(rows[("model", "order_use")]) < 1e-5  # permutation-equivariant
+    # ... and so are its vectors: each text's mean-pooled vector is the same in any order, at every layer
+    change = [rows[(f"layer_{i}", "pooled_order_change")] for i in range(3)]
+    assert max(abs(c) for c in change) < 1e-6 and rows[("model", "pooled_order_change_texts")] > 10
     assert rows[("model", "tokens")] > 50
     # a masked model without positions cannot use order (not "yet"): known from its export's config
     report = (tmp_path / "out" / "report.md").read_text()

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from outlierlab.analysis.order_use import (attention_locality, movable_positions, order_use, order_use_message,
-                                           permute_block_tokens)
+                                           permute_block_tokens, pooled_order_change)
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 
 SPECIAL = (0, 1, 2)  # <s>, <pad>, </s>
@@ -154,6 +154,51 @@ def test_causal_model_without_positions_uses_order_once_trained():
     after = order_use(loss_sum, [blocks(99)], SPECIAL)
     assert after["loss"] < 0.5
     assert after["order_use"] > 1.0 > abs(before)
+
+
+def test_pooled_order_change_hand_computed():
+    """A "model" whose one layer is each token's one-hot id plus a position code: intact and shuffled texts have
+    the same id mean, so the pooled change comes from the position code alone -- computed by hand."""
+    def hidden(ids, mask):
+        ids_part = F.one_hot(ids, 6).double()
+        position = torch.zeros_like(ids_part)
+        position[:, :, 0] = (ids == 3) * torch.arange(ids.shape[1]).double()  # token 3 carries its position
+        return [ids_part, ids_part + position]
+
+    ids = torch.tensor([[0, 3, 4, 5, 2]])  # <s> 3 4 5 </s>: the movable tokens 3, 4, 5
+    mask = torch.ones_like(ids)
+    res = pooled_order_change(hidden, [(ids, mask)], SPECIAL, seed=0)
+    shuffled = permute_block_tokens({"input_ids": ids}, movable_positions(ids, None, mask, SPECIAL),
+                                    torch.Generator().manual_seed(0))["input_ids"]
+    where = int((shuffled[0] == 3).nonzero())  # token 3 moved from position 1 to here
+    # layer 1 pooled over the movable tokens: one-hots of 3, 4, 5 (1/3 each) plus token 3's position code in slot 0
+    a = torch.tensor([1 / 3, 0, 0, 1 / 3, 1 / 3, 1 / 3], dtype=torch.float64)
+    b = torch.tensor([where / 3, 0, 0, 1 / 3, 1 / 3, 1 / 3], dtype=torch.float64)
+    expected = 1 - float(a @ b / (a.norm() * b.norm()))
+    assert res["texts"] == 1 and res["change"][0].item() == 0.0
+    assert where != 1 and res["change"][1].item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_pooled_order_change_is_zero_without_positions_and_not_with_them():
+    """An encoder without positions is permutation-equivariant: every layer's mean-pooled vector is the same in any
+    order (up to summation order); learned positions move it."""
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_len=32,
+                        pos={"name": "none"}, dropout=0.0, attention_dropout=0.0)
+    batches = [(b["input_ids"], b["attention_mask"]) for b in _random_mlm_batches()]
+
+    def hidden_of(model):
+        return lambda ids, mask: model(ids, mask, output_hidden_states=True).hidden_states
+
+    res = pooled_order_change(hidden_of(RobertaMaskedLM(cfg).eval()), batches, SPECIAL, seed=1)
+    assert res["change"].shape == (3,) and res["texts"] == sum(len(b[0]) for b in batches)
+    assert res["change"].abs().max().item() < 1e-12
+    cfg.pos = {"name": "learned"}
+    torch.manual_seed(0)
+    learned = RobertaMaskedLM(cfg).eval()  # at init: the embedding LayerNorm already mixes token and position
+    change = pooled_order_change(hidden_of(learned), batches, SPECIAL, seed=1)["change"]
+    assert (change > 1e-4).all()
+    assert pooled_order_change(hidden_of(learned), batches, SPECIAL, seed=1)["change"].equal(change)  # seeded
 
 
 def test_attention_locality_hand_computed():

@@ -13,6 +13,12 @@ models, so every run and every evaluated model reports these two numbers (our de
   position ids left in place; a token moves together with its label), minus the loss on the intact blocks, in nats.
   Exactly 0 (up to float summation order) for a masked LM without positions; > 0 for any model whose predictions
   depend on order, a causal LM without positions included (its mask is an order signal, Haviv et al. 2022).
+* **sentence-vector order change** (:func:`pooled_order_change`): for a model judged by its vectors rather than
+  by a loss (a sentence encoder without an LM head, or any encoder), per layer the mean over texts of
+  1 - cos(mean-pooled vector of the intact text, of the same text with its tokens shuffled).  Exactly 0 (up to float
+  summation order) for an encoder without positions or causal mask; layer 0 is the floor a per-token embedding
+  LayerNorm leaves (the mean of the position vectors is the same in any order); near 0 in the top layers, the
+  encoder's sentence vectors are a bag of words.
 * **attention locality** (:func:`attention_locality`): per layer, the mean attention mass a query puts on the keys
   within distance <= :data:`LOCAL_WINDOW` of itself (itself included), against the mass a uniform row over the same
   visible keys would put there.  Uniform attention (the bag-of-words plateau) gives mass = baseline.
@@ -32,7 +38,7 @@ from torch import Tensor
 from outlierlab.analysis.scored_rows import logits_at
 
 __all__ = ["LOCAL_WINDOW", "ORDER_USE_THRESHOLD", "movable_positions", "permute_block_tokens", "order_use",
-           "attention_locality", "cannot_use_order", "order_use_message", "masked_for_order_use", "lm_loss_sum"]
+           "pooled_order_change", "attention_locality", "cannot_use_order", "order_use_message", "masked_for_order_use", "lm_loss_sum"]
 
 #: Keys within this distance of the query (itself included) count as local (our choice: ±1, ±2 are the offsets an
 #: n-gram-like head first attends to).
@@ -135,6 +141,58 @@ def order_use(loss_sum: LossFn, batches: Iterable[Mapping[str, Tensor]], special
         raise ValueError("order use needs at least one predicted token in the batches")
     return {"loss": intact / n_total, "loss_permuted": permuted / n_total,
             "order_use": (permuted - intact) / n_total, "tokens": float(n_total)}
+
+
+HiddenFn = Callable[[Tensor, Tensor], Sequence[Tensor]]
+
+
+@torch.no_grad()
+def pooled_order_change(hidden_states: HiddenFn, batches: Iterable[tuple[Tensor, Tensor]], special_ids: Sequence[int],
+                        seed: int = 0) -> dict[str, Tensor | int]:
+    r"""Per layer, how far shuffling a text's tokens moves its mean-pooled vector.
+
+    .. math::  c_\ell = \frac{1}{N}\sum_{n=1}^{N} \Big(1 - \cos\big(\bar h_\ell(x_n),\ \bar h_\ell(\pi_n x_n)\big)\Big)
+
+    :math:`\bar h_\ell` is the mean of layer :math:`\ell`'s vectors over the non-special, non-padding tokens (the
+    same set in both orders); :math:`\pi_n` shuffles those tokens within text :math:`n`
+    (:func:`permute_block_tokens`, special tokens and padding in place).
+
+    Parameters
+    ----------
+    hidden_states : callable
+        ``(input_ids, attention_mask) -> L+1 tensors [B, T, d]`` (the embedding output, then every layer).
+    batches : iterable of ``(input_ids, attention_mask)``, ``[B, T]`` each, right-padded texts.
+    special_ids : ids that stay in place (``<s>``, ``</s>``, ``<pad>``).
+    seed : the permutations come from ``torch.Generator().manual_seed(seed)`` on the CPU.
+
+    Returns
+    -------
+    dict
+        ``change``: Tensor[L+1] float64; ``texts``: the number of texts with at least two movable tokens (a text
+        with fewer has nothing to shuffle and is left out).
+    """
+    generator = torch.Generator().manual_seed(int(seed))
+    total, n = None, 0
+    for input_ids, attention_mask in batches:
+        ids, mask = input_ids.cpu(), attention_mask.cpu()
+        movable = movable_positions(ids, None, mask, special_ids)
+        shuffled = permute_block_tokens({"input_ids": ids}, movable, generator)["input_ids"]
+        keep = movable.sum(1) >= 2
+        if not bool(keep.any()):
+            continue
+        weights = movable[keep].to(torch.float64)
+        weights = (weights / weights.sum(1, keepdim=True))[:, :, None]  # [B', T, 1]: the mean over movable tokens
+        changes = []
+        for a, b in zip(hidden_states(ids, mask), hidden_states(shuffled, mask)):
+            pooled_a = (a[keep.to(a.device)].double().cpu() * weights).sum(1)
+            pooled_b = (b[keep.to(b.device)].double().cpu() * weights).sum(1)
+            changes.append((1 - torch.nn.functional.cosine_similarity(pooled_a, pooled_b, dim=-1)).sum())
+        step = torch.stack(changes)
+        total = step if total is None else total + step
+        n += int(keep.sum())
+    if n == 0:
+        raise ValueError("the sentence-vector order change needs at least one text with two or more movable tokens")
+    return {"change": total / n, "texts": n}
 
 
 def attention_locality(attentions: Sequence[Tensor], attention_mask: Tensor | None = None, causal: bool = False,

@@ -1,7 +1,9 @@
 """``order_use`` for evaluate.py: does a model -- a run of ours or any Hugging Face encoder or decoder with its LM
 head -- use word order? The model's own loss on held-out text with each piece's tokens permuted minus the intact
-loss (:func:`outlierlab.analysis.order_use.order_use`), and the attention locality of every layer
-(:func:`outlierlab.analysis.order_use.attention_locality`); docs/order_use.md.
+loss (:func:`outlierlab.analysis.order_use.order_use`), the attention locality of every layer
+(:func:`outlierlab.analysis.order_use.attention_locality`) and, for every model -- the only order measure of one
+without an LM head, such as a sentence encoder -- how far shuffling each text's tokens moves every layer's
+mean-pooled vector (:func:`outlierlab.analysis.order_use.pooled_order_change`); docs/order_use.md.
 
 Masked LMs score a fixed, seeded 15 % of the tokens behind the mask token (the masking of the ablation,
 :func:`outlierlab.datamodules.scoring_batches.masked_batches`, on the same packed running-text pieces); causal LMs every
@@ -15,9 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from outlierlab.analysis.order_use import (attention_locality, cannot_use_order, heldout_special_ids, order_use,
-                                           order_use_message)
+                                           order_use_message, pooled_order_change)
 from outlierlab.evaluation.attention_sinks import text_batches
-from outlierlab.evaluation.common import skip_result
 from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
 from outlierlab.evaluation.common import analysis_texts, check_texts, shared_mlm
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
@@ -72,17 +73,33 @@ def _loss_sum(loaded):
 
 @torch.inference_mode()
 def run(ctx: EvalContext) -> AnalysisResult:
-    """Order use and attention locality of the evaluated model (``configs/order_use/default.yaml``)."""
+    """Order use and attention locality of the evaluated model (``configs/order_use/default.yaml``), and the
+    sentence-vector order change of every layer -- the one order measure a model without an LM head has."""
     s = load_settings(OrderUseSettings, ctx.cfg)
     loaded = shared_mlm(ctx)
-    if not loaded.has_mlm_head:
-        return skip_result("order_use", TITLE, f"{loaded.name} has no LM head ({loaded.no_head_reason}); order use "
-                                               "is measured on the model's own loss.")
     seed = ctx.seed if s.seed is None else s.seed
     texts, what = analysis_texts(ctx, s)
-    batches = _batches(loaded, texts, s, seed)
     tok = loaded.tokenizer
     special = heldout_special_ids(None, tok)  # the tokenizer's <s> </s> <pad> / [CLS] [SEP] [PAD]
+    sentences = text_batches(tok, texts, min(s.max_length, loaded.max_length), s.batch_size)
+    if loaded.has_mlm_head:
+        batches = _batches(loaded, texts, s, seed)
+        rows, lines, summary = _loss_section(loaded, batches, special, what, s, seed)
+        first = batches[0]
+    else:  # a sentence encoder (MiniLM) or a bare encoder body: its vectors are what it is used for
+        rows, first = [], {"input_ids": sentences[0][0], "attention_mask": sentences[0][1]}
+        lines = [TITLE, "", f"{loaded.name} has no LM head ({loaded.no_head_reason}): order use in nats needs the "
+                 "model's own loss; what shuffling does to its vectors is below."]
+        summary = {"order_use": None, "no_lm_head": loaded.no_head_reason}
+    local_rows, local_line = _locality(loaded, first)
+    change_rows, change_line, change = _pooled_change(loaded, sentences, special, seed)
+    summary["pooled_order_change"] = change["change"].tolist()
+    return AnalysisResult("order_use", rows + local_rows + change_rows,
+                          "\n".join(lines + local_line + change_line) + "\n", summary=summary)
+
+
+def _loss_section(loaded, batches, special, what: str, s: OrderUseSettings, seed: int):
+    """Order use in nats (:func:`outlierlab.analysis.order_use.order_use`) on the model's own loss."""
     res = order_use(_loss_sum(loaded), batches, special, seed=seed)
     rows = [{"layer": "model", "statistic": name, "value": res[name]}
             for name in ("order_use", "loss", "loss_permuted", "tokens")]
@@ -92,16 +109,35 @@ def run(ctx: EvalContext) -> AnalysisResult:
     line = order_use_message(res["order_use"], s.threshold, orderless(loaded))
     if line is not None:
         lines += ["", line[0].upper() + line[1:] + "."]
-    first = batches[0]
+    return rows, lines, {"order_use": res["order_use"], "loss": res["loss"], "below_threshold": line is not None}
+
+
+def _locality(loaded, first: dict) -> tuple[list[dict], list[str]]:
+    """Attention locality of every layer on the first batch (none where the model returns no attentions)."""
     attentions = loaded.forward(first["input_ids"], first["attention_mask"], output_attentions=True).attentions
-    if attentions and attentions[0] is not None:
-        local = attention_locality([a.float() for a in attentions], first["attention_mask"].to(attentions[0].device),
-                                   causal=loaded.is_decoder)
-        rows += [{"layer": f"layer_{i + 1}", "statistic": "attn_local", "value": float(m)}
-                 for i, m in enumerate(local["mass"])]
-        rows.append({"layer": "model", "statistic": "attn_local_uniform", "value": float(local["uniform"])})
-        lines += ["", f"Attention mass within 2 tokens of the query (first batch; uniform rows: "
+    if not attentions or attentions[0] is None:
+        return [], []
+    local = attention_locality([a.float() for a in attentions], first["attention_mask"].to(attentions[0].device),
+                               causal=loaded.is_decoder)
+    rows = [{"layer": f"layer_{i + 1}", "statistic": "attn_local", "value": float(m)}
+            for i, m in enumerate(local["mass"])]
+    rows.append({"layer": "model", "statistic": "attn_local_uniform", "value": float(local["uniform"])})
+    return rows, ["", f"Attention mass within 2 tokens of the query (first batch; uniform rows: "
                   f"{float(local['uniform']):.3f}): " + ", ".join(f"layer {i + 1} {float(m):.3f}"
-                                                                    for i, m in enumerate(local["mass"])) + "."]
-    summary = {"order_use": res["order_use"], "loss": res["loss"], "below_threshold": line is not None}
-    return AnalysisResult("order_use", rows, "\n".join(lines) + "\n", summary=summary)
+                                                                  for i, m in enumerate(local["mass"])) + "."]
+
+
+def _pooled_change(loaded, sentences, special, seed: int) -> tuple[list[dict], list[str], dict]:
+    """:func:`outlierlab.analysis.order_use.pooled_order_change` of every layer on the texts as sentences."""
+    def hidden_states(ids, mask):  # no LM head projection: the vectors are all this needs
+        rows = torch.zeros_like(ids, dtype=torch.bool) if loaded.has_mlm_head else None
+        return loaded.forward(ids, mask, output_hidden_states=True, rows=rows).hidden_states
+
+    change = pooled_order_change(hidden_states, sentences, special, seed=seed)
+    values = change["change"].tolist()
+    rows = [{"layer": f"layer_{i}", "statistic": "pooled_order_change", "value": v} for i, v in enumerate(values)]
+    rows.append({"layer": "model", "statistic": "pooled_order_change_texts", "value": change["texts"]})
+    line = ["", f"Sentence vectors, each text's tokens shuffled ({change['texts']} texts; 1 - cosine of the mean-pooled "
+            "vectors, intact against shuffled; 0 = the same vector in any order, layer 0 = the floor the embedding "
+            "LayerNorm leaves): " + ", ".join(f"layer {i} {v:.4f}" for i, v in enumerate(values)) + "."]
+    return rows, line, change
