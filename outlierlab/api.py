@@ -132,7 +132,8 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
 
     The accuracy is the position a layer carries, not one the model uses: a learned table's rows are decodable
     (1.000 at every layer) in a model whose order use is 0.003 nats (docs/order_use.md, "Position probes"); for use,
-    ``evaluate(encoder, analyses=["order_use"])`` on a model with its LM head.  ``progress``: the tqdm bar while
+    ``evaluate(encoder, analyses=["order_use"])`` (in nats with an LM head; without one, the sentence-vector
+    order change of every layer).  ``progress``: the tqdm bar while
     encoding, as in :func:`evaluate`."""
     from outlierlab.jobs.probing import run as run_probe
 
