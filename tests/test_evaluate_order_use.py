@@ -90,3 +90,16 @@ def test_only_masked_models_of_ours_without_positions_are_orderless():
     assert not orderless(loaded(SimpleNamespace(outlierlab_pos="learned")))
     assert not orderless(loaded(SimpleNamespace(pos={"name": "none"}), decoder=True))  # the causal mask is order
     assert not orderless(loaded(SimpleNamespace(model_type="bert")))  # anyone else's model: not known to be
+
+
+def test_texts_with_nothing_to_shuffle_leave_the_rest_of_the_section(tmp_path):
+    """One-word texts (MiniLM: no LM head) have no order to change: the section says so in one line and keeps the
+    attention locality, instead of failing the whole evaluate run."""
+    import outlierlab as ol
+
+    enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
+    table = ol.evaluate(enc, ["Anne", "sea", "Bath"], analyses=["order_use"], out_dir=tmp_path,
+                        progress=False)["order_use"]
+    assert set(table["statistic"]) == {"attn_local", "attn_local_uniform"}
+    report = (tmp_path / "report.md").read_text()
+    assert "Sentence vectors not compared: the sentence-vector order change needs at least one text with two" in report

@@ -184,9 +184,9 @@ def pooled_order_change(hidden_states: HiddenFn, batches: Iterable[tuple[Tensor,
         weights = (weights / weights.sum(1, keepdim=True))[:, :, None]  # [B', T, 1]: the mean over movable tokens
         changes = []
         for a, b in zip(hidden_states(ids, mask), hidden_states(shuffled, mask)):
-            pooled_a = (a[keep.to(a.device)].double().cpu() * weights).sum(1)
-            pooled_b = (b[keep.to(b.device)].double().cpu() * weights).sum(1)
-            changes.append((1 - torch.nn.functional.cosine_similarity(pooled_a, pooled_b, dim=-1)).sum())
+            w, rows = weights.to(a.device), keep.to(a.device)  # pooled where the layer ran: only [B', d] moves
+            pooled_a, pooled_b = (a[rows].double() * w).sum(1), (b[rows].double() * w).sum(1)
+            changes.append((1 - torch.nn.functional.cosine_similarity(pooled_a, pooled_b, dim=-1)).sum().cpu())
         step = torch.stack(changes)
         total = step if total is None else total + step
         n += int(keep.sum())

@@ -133,7 +133,10 @@ def _pooled_change(loaded, sentences, special, seed: int) -> tuple[list[dict], l
         rows = torch.zeros_like(ids, dtype=torch.bool) if loaded.has_mlm_head else None
         return loaded.forward(ids, mask, output_hidden_states=True, rows=rows).hidden_states
 
-    change = pooled_order_change(hidden_states, sentences, special, seed=seed)
+    try:
+        change = pooled_order_change(hidden_states, sentences, special, seed=seed)
+    except ValueError as e:  # one-token texts: nothing to shuffle; the rest of the section stands
+        return [], ["", f"Sentence vectors not compared: {e}."], {"change": torch.zeros(0), "texts": 0}
     values = change["change"].tolist()
     rows = [{"layer": f"layer_{i}", "statistic": "pooled_order_change", "value": v} for i, v in enumerate(values)]
     rows.append({"layer": "model", "statistic": "pooled_order_change_texts", "value": change["texts"]})
