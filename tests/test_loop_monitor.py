@@ -417,7 +417,8 @@ def test_order_use_in_a_plain_loop_zero_without_positions_and_said_in_one_line(t
     """Order use is measured at every record of a loop monitor (docs/order_use.md).  A Hugging Face RoBERTa whose
     position table is zero is permutation-equivariant: its order use is 0 up to float rounding, and ``close()``
     says in one line that it does not use token order; the same model with its random table is not 0.  A body
-    without an LM head gets one notice and no order-use rows."""
+    without an LM head gets one notice and, instead of order use in nats, the sentence-vector order change of every
+    layer: 0 for the body whose position table is zero (permutation-equivariant), not 0 with its table."""
     from transformers import RobertaModel
 
     def order_rows(model, out):
@@ -425,7 +426,7 @@ def test_order_use_in_a_plain_loop_zero_without_positions_and_said_in_one_line(t
         monitor.step(model, 0)
         monitor.close()
         return {(r["name"], r["statistic"]): r["value"] for r in read_history(out / "hidden_states.csv")
-                if r["statistic"] in ("order_use", "attn_local", "attn_local_uniform")}
+                if r["statistic"] in ("order_use", "attn_local", "attn_local_uniform", "pooled_order_change")}
 
     with_table = order_rows(tiny_roberta(roberta_tok), tmp_path / "learned")
     assert abs(with_table["model", "order_use"]) > 1e-5
@@ -435,6 +436,39 @@ def test_order_use_in_a_plain_loop_zero_without_positions_and_said_in_one_line(t
     with torch.no_grad():
         flat.roberta.embeddings.position_embeddings.weight.zero_()
     assert abs(order_rows(flat, tmp_path / "zero")["model", "order_use"]) < 1e-5
-    with pytest.warns(UserWarning, match="order use is not measured"):
-        body = order_rows(RobertaModel(tiny_roberta(roberta_tok).config), tmp_path / "body")
-    assert body == {}
+    assert not any(k[1] == "pooled_order_change" for k in with_table)  # with its LM head: order use in nats
+    torch.manual_seed(0)
+    body_model = RobertaModel(tiny_roberta(roberta_tok).config)
+    with pytest.warns(UserWarning, match="order use in nats is not measured"):
+        body = order_rows(body_model, tmp_path / "body")
+    n_hidden = body_model.config.num_hidden_layers + 1
+    assert "order_use" not in {k[1] for k in body} and ("layer_1", "attn_local") in body
+    assert all(body[f"layer_{i}", "pooled_order_change"] > 1e-6 for i in range(n_hidden))
+    with torch.no_grad():
+        body_model.embeddings.position_embeddings.weight.zero_()
+    with pytest.warns(UserWarning, match="order use in nats is not measured"):
+        flat_body = order_rows(body_model, tmp_path / "flat_body")
+    assert all(abs(flat_body[f"layer_{i}", "pooled_order_change"]) < 1e-6 for i in range(n_hidden))
+
+
+def test_a_body_without_its_head_records_its_vectors_order_change_live_and_post_hoc(tmp_path, roberta_tok):
+    """A RoBERTa body (a sentence encoder fine-tuned with a loss of its own has no LM head): the plain-loop monitor
+    records the sentence-vector order change of every layer, and the post-hoc job on its saved checkpoint (loaded
+    with a head class whose weights are missing, so kept as the body) writes the same rows."""
+    from transformers import RobertaModel
+
+    torch.manual_seed(0)
+    body = RobertaModel(tiny_roberta(roberta_tok).config)
+    perturb_layernorms(body)
+    monitor = OutlierMonitor(body, tokenizer=roberta_tok, out_dir=tmp_path / "monitor", figures=False, writer=False,
+                             **SETTINGS)
+    with pytest.warns(UserWarning, match="order use in nats is not measured"):
+        monitor.record(body, 5, images=False)
+    monitor.close()
+    body.save_pretrained(tmp_path / "checkpoint-5")
+    live = by_step(read_history(tmp_path / "monitor" / "hidden_states.csv"))[5]
+    changes = [live[(f"layer_{i}", "pooled_order_change", None)] for i in range(3)]
+    assert all(c > 1e-6 for c in changes) and not any(k[1] == "order_use" for k in live)
+    post = analyze_hf_checkpoints(tmp_path, tokenizer=roberta_tok, **SETTINGS)
+    assert_same_rows(live, by_step(read_history(post["hidden_states"]))[5], "hidden_states step 5")
+    assert read_history(post["hidden_states"]) and post["steps"] == [5]

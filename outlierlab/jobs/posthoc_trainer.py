@@ -79,7 +79,9 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     from outlierlab.models.families import causal_or_masked
     from outlierlab.models.layernorms import model_layernorms
     from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
-    from outlierlab.monitoring.hidden_state_tracker import heldout_max_length, is_causal_lm, order_use_records
+    from outlierlab.models.placement import missing_head_keys
+    from outlierlab.monitoring.hidden_state_tracker import (heldout_max_length, is_causal_lm, order_use_records,
+                                                            vector_order_records)
     from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT
 
     if texts is None:
@@ -93,13 +95,21 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     for step, path in ckpts.items():
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         auto = AutoModelForCausalLM if causal_or_masked(config) == "next_token" else AutoModelForMaskedLM
-        model = auto.from_pretrained(path, attn_implementation="eager", local_files_only=True).to(device).eval()
+        model, info = auto.from_pretrained(path, attn_implementation="eager", local_files_only=True,
+                                           output_loading_info=True)
+        headless = bool(missing_head_keys(model, info))  # a body saved without its head: no loss of its own
+        model = (model.base_model if headless else model).to(device).eval()
         tok = _checkpoint_tokenizer(tokenizer, path, run)
         params = layernorm_snapshot(model_layernorms(model))
         files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])
         batch = tokenize_heldout(tok, texts, heldout_max_length(model, tok, hs_cfg["max_length"]))
         rows, attn = hidden_rows(step, model, batch, hs_cfg, device)
-        value, local = heldout_order_use(model, batch, is_causal_lm(model), heldout_special_ids(model.config, tok),
+        special = heldout_special_ids(model.config, tok)
+        if headless:  # the live monitor's rows for such a model: its vectors' order change, no order use in nats
+            files["hidden_states"].append(rows + vector_order_records(step, model, batch, special, is_causal_lm(model), attn,
+                                                                      hs_cfg["seed"])[0])
+            continue
+        value, local = heldout_order_use(model, batch, is_causal_lm(model), special,
                                          getattr(tok, "mask_token_id", None), attn)
         files["hidden_states"].append(rows + order_use_records(step, value, local))  # the live monitor's rows
         order_rows.append({"step": step, **value})

@@ -54,6 +54,13 @@ class HFModel:
     offload_folder: str | None = None
 
 
+def missing_head_keys(model: nn.Module, loading_info: dict) -> list[str]:
+    """The LM-head weights a checkpoint lacked (``from_pretrained(..., output_loading_info=True)``): missing keys
+    outside the body (``base_model_prefix``).  Non-empty: the head is a random initialisation, not the model's."""
+    prefix = getattr(model, "base_model_prefix", "") + "."
+    return sorted(k for k in loading_info["missing_keys"] if not k.startswith(prefix))
+
+
 def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None, offload_folder: str | None = None,
                   lm_head: bool = False) -> HFModel:
     """The model at ``src.revision`` in ``dtype``, placed by ``device_map``; with ``lm_head`` its LM-head class.
@@ -86,8 +93,7 @@ def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None, o
             body = AutoModel.from_pretrained(src.model, **kw)
             return HFModel(body, None, objective, f"{type(body).__name__} has no {what} class ({e})"[:200],
                            offload_folder)
-        prefix = getattr(model, "base_model_prefix", "") + "."
-        head_missing = sorted(k for k in info["missing_keys"] if not k.startswith(prefix))
+        head_missing = missing_head_keys(model, info)
         if head_missing:  # keep the body only: the head's random initialisation would score nothing real
             reason = (f"the checkpoint has no {what} head weights ({len(head_missing)} missing, e.g. "
                       f"{head_missing[0]}); it is a body without its head")

@@ -28,12 +28,14 @@ import torch
 from torch import Tensor, nn
 
 from outlierlab.analysis.monitoring import hidden_state_records, tokenize_heldout
-from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
+from outlierlab.analysis.order_use import (attention_locality, heldout_order_use, heldout_special_ids,
+                                           pooled_order_change)
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.models.sites import monitored_forward
 from outlierlab.reports import monitor_plots as plots
 
-__all__ = ["HiddenStateTracker", "heldout_max_length", "model_device", "is_causal_lm", "order_use_records"]
+__all__ = ["HiddenStateTracker", "heldout_max_length", "model_device", "is_causal_lm", "order_use_records",
+           "locality_records", "vector_order_records"]
 
 #: transformers model types whose position ids start after ``pad_token_id`` (their table has 2 rows unused)
 _PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl",
@@ -78,11 +80,37 @@ def is_causal_lm(model: nn.Module) -> bool:
 def order_use_records(step: int, value: dict, local: dict | None) -> list[tuple]:
     """History rows of :func:`~outlierlab.analysis.order_use.heldout_order_use`'s result: ``model/order_use`` (nats),
     ``layer_i/attn_local`` per block and ``model/attn_local_uniform`` (the uniform baseline)."""
-    rows = [(step, "model", "order_use", None, float(value["order_use"]))]
-    if local is not None:
-        rows += [(step, f"layer_{i + 1}", "attn_local", None, float(m)) for i, m in enumerate(local["mass"])]
-        rows.append((step, "model", "attn_local_uniform", None, float(local["uniform"])))
-    return rows
+    return [(step, "model", "order_use", None, float(value["order_use"])), *locality_records(step, local)]
+
+
+def locality_records(step: int, local: dict | None) -> list[tuple]:
+    """``layer_i/attn_local`` per block and ``model/attn_local_uniform`` of
+    :func:`~outlierlab.analysis.order_use.attention_locality`'s result (none for None)."""
+    if local is None:
+        return []
+    return [*((step, f"layer_{i + 1}", "attn_local", None, float(m)) for i, m in enumerate(local["mass"])),
+            (step, "model", "attn_local_uniform", None, float(local["uniform"]))]
+
+
+def vector_order_records(step: int, model: nn.Module, batch: dict, special: set[int], causal: bool, attentions,
+                         seed: int = 0) -> tuple[list[tuple], list[float], dict | None]:
+    """For a model without an LM head: the sentence-vector order change of every layer on the held-out batch
+    (:func:`~outlierlab.analysis.order_use.pooled_order_change`, two more forwards of the body; rows
+    ``layer_i/pooled_order_change``) and the attention locality of ``attentions`` (the record's forward; None: not
+    measured).  The live monitors and the post-hoc job of a Trainer run call this one function.
+
+    Returns ``(rows, the per-layer changes, the locality or None)``."""
+    device = model_device(model)
+
+    def hidden_states(ids, mask):
+        return monitored_forward(model, ids.to(device), mask.to(device), attentions=False)[0]
+
+    with torch.inference_mode():
+        values = pooled_order_change(hidden_states, [(batch["input_ids"], batch["attention_mask"])], special,
+                                     seed=seed)["change"].tolist()
+    local = None if attentions is None else attention_locality(attentions, batch["attention_mask"].to(device), causal)
+    return ([*((step, f"layer_{i}", "pooled_order_change", None, v) for i, v in enumerate(values)),
+             *locality_records(step, local)], values, local)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -114,7 +142,10 @@ class HiddenStateTracker:
         (:func:`outlierlab.analysis.order_use.heldout_order_use`: two more forwards through the model's LM head);
         rows ``model/order_use`` and ``layer_i/attn_local``.  The loop monitors' default (a Trainer or a plain loop
         has no validation that measures it); ``train.py`` logs ``val/order_use`` at every validation instead.
-        A model without an LM head (no ``loss`` from ``labels=``) gets one notice and no such rows.
+        A model without an LM head (no ``loss`` from ``labels=``: a sentence encoder fine-tuned with its own loss)
+        gets one notice and, at every record, the sentence-vector order change of every layer instead
+        (:func:`outlierlab.analysis.order_use.pooled_order_change`; rows ``layer_i/pooled_order_change``) with the
+        attention locality.
     """
 
     filename = "hidden_states.csv"
@@ -131,6 +162,7 @@ class HiddenStateTracker:
         self.order_use = bool(order_use)
         self.order_ids: tuple[set[int], int | None] | None = None  # special ids kept in place, the mask id
         self.last_order_use: float | None = None
+        self.headless = False  # the model gave no LM loss: its vectors' order change is recorded instead
         self.batch: dict[str, Tensor] | None = None
         self.curves: list[dict] = []  # per record {"step", "rows"} for the metric curves figure
 
@@ -194,17 +226,30 @@ class HiddenStateTracker:
         writes them for a Trainer checkpoint); ``summary`` gets them for TensorBoard."""
         special, mask_id = self.order_ids or (set(), None)
         causal = is_causal_lm(model)
+        if self.headless:
+            return self._vector_order_rows(model, step, attentions, summary, special, causal)
         try:
             value, local = heldout_order_use(model, self.batch, causal, special, mask_id, attentions)
         except (TypeError, AttributeError, ValueError) as err:  # a body without an LM head: no loss to permute
-            self.order_use = False
-            warnings.warn(f"order use is not measured: {type(model).__name__} gave no language-model loss "
-                          f"({str(err).splitlines()[0][:200]}); give the monitor the model with its LM head")
-            return []
+            self.headless = True
+            warnings.warn(f"order use in nats is not measured: {type(model).__name__} gave no language-model loss "
+                          f"({str(err).splitlines()[0][:200]}); recording how far shuffling each held-out "
+                          "sentence moves its mean-pooled vectors instead (give the monitor the model with its LM "
+                          "head for order use in nats)")
+            return self._vector_order_rows(model, step, attentions, summary, special, causal)
         self.last_order_use = summary["order_use"] = value["order_use"]
         if local is not None:
             summary["attn_local"] = [float(m) for m in local["mass"]]
         return order_use_records(step, value, local)
+
+    def _vector_order_rows(self, model: nn.Module, step: int, attentions, summary: dict, special: set[int],
+                           causal: bool) -> list[tuple]:
+        """A model without an LM head: :func:`vector_order_records`; ``summary`` gets its values for TensorBoard."""
+        rows, values, local = vector_order_records(step, model, self.batch, special, causal, attentions, self.seed)
+        summary["pooled_order_change"] = values
+        if local is not None:
+            summary["attn_local"] = [float(m) for m in local["mass"]]
+        return rows
 
     def log_to(self, writer: Any, step: int, summary: dict, images: bool) -> None:
         """Scalars to one TensorBoard ``SummaryWriter``-like writer (tags: module docstring of the callback)."""
@@ -239,6 +284,8 @@ class HiddenStateTracker:
             writer.add_scalar("monitor/order_use", summary["order_use"], step)
         for i, mass in enumerate(summary.get("attn_local", [])):
             writer.add_scalar(f"monitor/attn_local/layer_{i + 1}", mass, step)
+        for i, change in enumerate(summary.get("pooled_order_change", [])):
+            writer.add_scalar(f"monitor/pooled_order_change/layer_{i}", change, step)
         for which, (dim, share) in summary["pooled"].items():
             writer.add_scalar(f"monitor/hidden/model/pooled_{which}_share", share, step)
             writer.add_scalar(f"monitor/hidden/model/pooled_{which}_dim", dim, step)
