@@ -38,7 +38,8 @@ from torch import Tensor
 from outlierlab.analysis.scored_rows import logits_at
 
 __all__ = ["LOCAL_WINDOW", "ORDER_USE_THRESHOLD", "movable_positions", "permute_block_tokens", "order_use",
-           "pooled_order_change", "attention_locality", "cannot_use_order", "order_use_message", "masked_for_order_use", "lm_loss_sum"]
+           "pooled_order_change", "attention_locality", "cannot_use_order", "order_use_message",
+           "masked_for_order_use", "lm_loss_sum"]
 
 #: Keys within this distance of the query (itself included) count as local (our choice: ±1, ±2 are the offsets an
 #: n-gram-like head first attends to).

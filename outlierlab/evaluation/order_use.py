@@ -140,7 +140,7 @@ def _pooled_change(loaded, sentences, special, seed: int) -> tuple[list[dict], l
     values = change["change"].tolist()
     rows = [{"layer": f"layer_{i}", "statistic": "pooled_order_change", "value": v} for i, v in enumerate(values)]
     rows.append({"layer": "model", "statistic": "pooled_order_change_texts", "value": change["texts"]})
-    line = ["", f"Sentence vectors, each text's tokens shuffled ({change['texts']} texts; 1 - cosine of the mean-pooled "
-            "vectors, intact against shuffled; 0 = the same vector in any order, layer 0 = the floor the embedding "
+    line = ["", f"Sentence vectors, each text's tokens shuffled ({change['texts']} texts; 1 - cosine of the "
+            "mean-pooled vectors, intact against shuffled; 0 = the same vector in any order, layer 0 = the floor the embedding "
             "LayerNorm leaves): " + ", ".join(f"layer {i} {v:.4f}" for i, v in enumerate(values)) + "."]
     return rows, line, change

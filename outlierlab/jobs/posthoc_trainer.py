@@ -106,8 +106,8 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
         rows, attn = hidden_rows(step, model, batch, hs_cfg, device)
         special = heldout_special_ids(model.config, tok)
         if headless:  # the live monitor's rows for such a model: its vectors' order change, no order use in nats
-            files["hidden_states"].append(rows + vector_order_records(step, model, batch, special, is_causal_lm(model), attn,
-                                                                      hs_cfg["seed"])[0])
+            order = vector_order_records(step, model, batch, special, is_causal_lm(model), attn, hs_cfg["seed"])
+            files["hidden_states"].append(rows + order[0])
             continue
         value, local = heldout_order_use(model, batch, is_causal_lm(model), special,
                                          getattr(tok, "mask_token_id", None), attn)

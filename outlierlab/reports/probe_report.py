@@ -24,8 +24,8 @@ COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "
 POSITION_CAVEAT = ("- reads: a linear probe finds the position a layer *carries*, not one the model *uses* -- a learned "
                    "table's distinct rows are decodable in a model that ignores word order (docs/order_use.md, "
                    "\"Position probes\"); whether it uses order: `python evaluate.py encoder.name_or_path=... "
-                   "'analyses=[order_use]'` (in nats with a masked or causal LM head; without one, how far shuffling moves "
-                   "each layer's sentence vectors)")
+                   "'analyses=[order_use]'` (in nats with a masked or causal LM head; without one, how far "
+                   "shuffling moves each layer's sentence vectors)")
 #: Under the position probe of a masked LM of ours without positions (permutation-equivariant, docs/order_use.md).
 ORDERLESS_NOTE = ("- this model has no position input (a masked LM with `pos=none`, permutation-equivariant): whatever "
                   "the probe decodes above chance, the tokens themselves carry (capitalised first words, final "
