@@ -25,9 +25,14 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     assert "(6, 384)" in outputs[1]                 # MiniLM: 6 layers, 384 dims
     assert "whiten" in outputs[4] and "clip" in outputs[4]
     assert "accuracy" in outputs[7]
+    # order use of a model without an LM head: every layer's sentence-vector order change, 7 rows (0-6), the
+    # embedding output at the LayerNorm floor and the last layer well above it (docs/order_use.md: 0.0001, 0.167)
+    order = next(o.data["text/plain"] for o in nb.cells[9].outputs if o.output_type == "execute_result").split("\n")
+    change = [float(line.split()[-1]) for line in order[1:]]
+    assert len(change) == 7 and change[0] < 0.01 < change[6] < 1
     # the notebook's own analysis on the shared stream: one row per layer (0-6), a column per transform, and every
     # share a fraction in [1/384, 1] (the largest of 384 squared coordinates over their sum)
-    table = next(o.data["text/plain"] for o in nb.cells[9].outputs if o.output_type == "execute_result").split("\n")
+    table = next(o.data["text/plain"] for o in nb.cells[11].outputs if o.output_type == "execute_result").split("\n")
     assert "none" in table[0] and "whiten" in table[0]
     values = [float(v) for line in table[2:] for v in line.split()[1:]]
     assert [line.split()[0] for line in table[2:]] == [str(i) for i in range(7)] and len(values) == 14
