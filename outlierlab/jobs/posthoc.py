@@ -113,8 +113,9 @@ def _by_step(ckpt_paths: Sequence[Path]) -> dict[int, Path]:
 def _initial_snapshot(ckpt: dict) -> dict | None:
     for key, state in (ckpt.get("callbacks") or {}).items():
         if "LayerNormMonitor" in str(key) and isinstance(state, dict) and state.get("initial"):
-            return {n: (v["weight"].float(), None if v["bias"] is None else v["bias"].float())
-                    for n, v in state["initial"].items()}
+            from outlierlab.monitoring.layernorm_tracker import initial_from_state
+
+            return initial_from_state(state)
     return None
 
 

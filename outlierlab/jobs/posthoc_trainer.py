@@ -86,7 +86,7 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
 
     if texts is None:
         texts = load_sentences(hs_cfg["sentences_path"])[: int(hs_cfg["n_sequences"])]
-    initial = _initial_snapshot(Path(monitor_dir if monitor_dir is not None else run / "monitor") / INITIAL_SNAPSHOT)
+    initial = _monitor_snapshot(Path(monitor_dir if monitor_dir is not None else run / "monitor") / INITIAL_SNAPSHOT)
     out = Path(out_dir) if out_dir is not None else run / OUT_SUBDIR
     files, ln_kw = StagedHistories(out), layernorm_kwargs(ln_cfg)
     if initial is not None and 0 not in ckpts:
@@ -119,14 +119,15 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     return {**result, **files.commit()}
 
 
-def _initial_snapshot(snapshot: Path) -> dict | None:
+def _monitor_snapshot(snapshot: Path) -> dict | None:
     """The live monitor's LayerNorm (gain, bias) at initialisation, float32, if it wrote one."""
     if not snapshot.is_file():
         return None
     import torch
 
-    state = torch.load(snapshot, map_location="cpu", weights_only=True).get("initial") or {}
-    return {n: (v["weight"].float(), None if v["bias"] is None else v["bias"].float()) for n, v in state.items()} or None
+    from outlierlab.monitoring.layernorm_tracker import initial_from_state
+
+    return initial_from_state(torch.load(snapshot, map_location="cpu", weights_only=True))
 
 
 def _checkpoint_tokenizer(tokenizer: Any, path: Path, run: Path):

@@ -33,7 +33,17 @@ from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 from outlierlab.reports import monitor_plots as plots
 from outlierlab.reports.history import read_history, vectors_by_step
 
-__all__ = ["LayerNormTracker", "layernorm_outliers_notice"]
+__all__ = ["LayerNormTracker", "layernorm_outliers_notice", "initial_from_state"]
+
+
+def initial_from_state(state: Mapping[str, Any] | None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None:
+    """The initial LayerNorm ``{name: (gain, bias)}`` (float32, CPU) of a :meth:`LayerNormTracker.state_dict`
+    (``layernorm_initial.pt``, or a checkpoint's monitor-callback state); None when it holds none."""
+    init = (state or {}).get("initial")
+    if not init:
+        return None
+    return {n: (v["weight"].float().cpu(), None if v["bias"] is None else v["bias"].float().cpu())
+            for n, v in init.items()}
 
 
 def layernorm_outliers_notice(layernorms: Mapping[str, nn.Module], rule: LayerNormRule) -> str:
@@ -90,10 +100,9 @@ class LayerNormTracker:
         return {"initial": {n: {"weight": w, "bias": b} for n, (w, b) in self.initial.items()}}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        init = state_dict.get("initial")
+        init = initial_from_state(state_dict)
         if init:
-            self.initial = {n: (v["weight"].float().cpu(), None if v["bias"] is None else v["bias"].float().cpu())
-                            for n, v in init.items()}
+            self.initial = init
             self.initial_restored = True
 
     # -- session ---------------------------------------------------------------------------------------
