@@ -14,9 +14,10 @@
 #       --out docs/order_use/study_objectives   (docs/order_use.md, "Haviv's interaction")
 #   bash scripts/order_recipe_gpu.sh schemes [SECONDS_PER_CELL]   # sinusoidal, relative, rope, alibi x 3 seeds of
 #     experiment=order_recipe (12 cells), beside the study's learned and none
-#   bash scripts/order_recipe_gpu.sh large [SECONDS_PER_CELL]     # clm x {learned, none} on data=english_large
-#     (seeds LARGE_SEEDS, default 1): does the no-position causal model still match the learned one when it does not
-#     overfit the embedded corpus? Needs .gpu_cache/corpora/english_large (scripts/build_english_large.py --out) and
+#   bash scripts/order_recipe_gpu.sh large [SECONDS_PER_CELL]     # LARGE_OBJECTIVES (default clm) x {learned, none}
+#     on data=english_large (seeds LARGE_SEEDS, default 1): does the no-position causal model still match the learned
+#     one when it does not overfit the embedded corpus (clm)? does the masked model still learn to use its table
+#     there (LARGE_OBJECTIVES="mlm clm"; LARGE_SEEDS_MLM, LARGE_SEEDS_CLM override LARGE_SEEDS per objective)? Needs .gpu_cache/corpora/english_large (scripts/build_english_large.py --out) and
 #     its token cache built here first (train.py ... data=english_large objective=clm trainer.max_steps=2)
 #   bash scripts/order_recipe_gpu.sh haviv,schemes 450           # several modes at once, one process per cell
 #     (measured: SEEDS="4 5" ... haviv,schemes,large 470 ran 22 cells at once on one H100 and every one finished its
@@ -74,11 +75,12 @@ if has schemes; then
       callbacks.model_checkpoint.every_n_train_steps=100000
   done; done
 fi
-if has large; then  # the causal pair on data=english_large (11.3M tokens: ~5x fewer epochs than the embedded corpus)
-  for seed in ${LARGE_SEEDS:-1}; do for p in learned none; do
-    cell "large/objective=clm,pos=$p,seed=$seed" experiment=order_recipe data=english_large objective=clm pos=$p \
+if has large; then  # the pair on data=english_large (11.3M tokens: ~5x fewer epochs than the embedded corpus)
+  for o in ${LARGE_OBJECTIVES:-clm}; do seeds=LARGE_SEEDS_${o^^}; for seed in ${!seeds:-${LARGE_SEEDS:-1}}; do
+  for p in learned none; do
+    cell "large/objective=$o,pos=$p,seed=$seed" experiment=order_recipe data=english_large objective=$o pos=$p \
       seed=$seed callbacks.model_checkpoint.every_n_train_steps=100000
-  done; done
+  done; done; done
 fi
 if has sweep; then
 REAL="experiment=emergence_cpu trainer.max_steps=20000 callbacks.model_checkpoint.every_n_train_steps=5000"

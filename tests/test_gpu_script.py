@@ -24,7 +24,7 @@ def recorded_cells(tmp_path: Path) -> list[list[str]]:
     stub.write_text('#!/bin/sh\nprintf "%s\\n" "$*" >> "$CELL_LOG"\n')
     stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "CELL_LOG": str(tmp_path / "cells.txt"),
-           "DRY": "1", "OUT": str(tmp_path / "out"), "GPU_RUNS": str(tmp_path / "gpu_runs")}
+           "DRY": "1", "LARGE_OBJECTIVES": "mlm clm", "OUT": str(tmp_path / "out"), "GPU_RUNS": str(tmp_path / "gpu_runs")}
     (tmp_path / "out").mkdir()
     subprocess.run(["bash", str(ROOT / "scripts" / "order_recipe_gpu.sh"), MODES], env=env, check=True,
                    capture_output=True, timeout=120)
@@ -37,8 +37,8 @@ def test_every_cell_of_the_gpu_script_composes_and_passes_the_preflight_check(tm
     from outlierlab.jobs.startup import check_train_config
 
     cells = recorded_cells(tmp_path)
-    # study 10 + 3 recipe variants, haviv 2 x 2 x 5, schemes 4 x 3, large 2 (seed 1), sweep 8 real + 8 task
-    assert len(cells) == 13 + 20 + 12 + 2 + 16, len(cells)
+    # study 10 + 3 recipe variants, haviv 2 x 2 x 5, schemes 4 x 3, large 2 x 2 (seed 1), sweep 8 real + 8 task
+    assert len(cells) == 13 + 20 + 12 + 4 + 16, len(cells)
     assert not list((tmp_path / "gpu_runs").glob("*/*.log")), "DRY mode launched a cell"
     distinct = {tuple(a for a in c if not a.startswith("seed=")) for c in cells}  # seeds compose alike
     for overrides in sorted(distinct):
@@ -47,5 +47,5 @@ def test_every_cell_of_the_gpu_script_composes_and_passes_the_preflight_check(tm
         assert cfg.trainer.accelerator == "gpu", overrides
     large = [c for c in cells if "data=english_large" in c]
     assert {a for c in large for a in c if a.startswith("pos=")} == {"pos=learned", "pos=none"}
-    assert all("objective=clm" in c for c in large)
+    assert {a for c in large for a in c if a.startswith("objective=")} == {"objective=mlm", "objective=clm"}
 
