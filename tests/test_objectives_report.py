@@ -69,6 +69,20 @@ def test_haviv_interaction_and_probe_contrasts(sweep, tmp_path):
     assert "| clm | none | 3 |" in doc and "| clm | none | 4000 | 0.387 (6.1) | 0.387 (6.1) |" in doc
 
 
+def test_cells_exported_to_two_folders_give_the_one_folder_table(sweep, tmp_path):
+    assert report.main([str(sweep), "--out", str(tmp_path / "one")]) == 0
+    causal = tmp_path / "causal"
+    causal.mkdir()
+    for cell in sweep.glob("objective=clm,*"):
+        cell.rename(causal / cell.name)
+    assert report.main([str(sweep), str(causal), "--out", str(tmp_path / "two")]) == 0
+    one, two = (pd.read_csv(tmp_path / d / "objectives.csv") for d in ("one", "two"))
+    pd.testing.assert_frame_equal(one, two)
+    assert report.main([str(sweep), "--out", str(tmp_path / "masked_only")]) == 0  # the interaction needs both
+    assert not pd.read_csv(tmp_path / "masked_only" / "objectives.csv").quantity.str.startswith(
+        "val loss: (none - learned)").any()
+
+
 def test_a_torn_cell_is_named_and_excluded(sweep, tmp_path):
     cell = sweep / "objective=clm,pos=none,seed=3"
     (cell / "csv" / "metrics.csv").write_text("step,val/loss,val/ppl\n3999,4.3,7")  # cut mid-row

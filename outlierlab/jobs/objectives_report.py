@@ -1,6 +1,7 @@
 """The masked-vs-causal study's tables (issue 36; docs/objectives.md), generated from its cells.
 
     python -m outlierlab.jobs.objectives_report multirun/objective_positions      # <sweep>/objectives/*.csv, *.md
+    python -m outlierlab.jobs.objectives_report cells_clm cells_mlm --out OUT     # cells exported to two folders
     python -m outlierlab.jobs.doc_tables docs/objectives.md     # the doc's block, from the exported cells
 
 Reads the cells of ``experiment=objective_positions`` ({mlm, clm} x {learned, none} x seeds) through the study
@@ -225,23 +226,28 @@ def markdown(tables: dict[str, pd.DataFrame], table: pd.DataFrame, cells: list[C
     return "\n".join(lines) + "\n"
 
 
-def report(sweep: str | Path, source: str | None = None, until: int | None = None) -> tuple[pd.DataFrame, str]:
-    """``(contrast table, Markdown)`` of the study's usable cells under ``sweep`` (unusable ones are listed); with
-    ``until``, every cell up to that step, cells stopped before their budget admitted as the study aggregator does
+def report(sweep: str | Path | list[str | Path], source: str | None = None, until: int | None = None
+           ) -> tuple[pd.DataFrame, str]:
+    """``(contrast table, Markdown)`` of the study's usable cells under ``sweep`` (one folder or several: the two
+    objectives' cells may have been exported apart; unusable cells are listed); with ``until``, every cell up to that
+    step, cells stopped before their budget admitted as the study aggregator does
     (:func:`outlierlab.jobs.study_cells.admit_cut`)."""
-    cells = find_cells([sweep])
+    sweeps = sweep if isinstance(sweep, list) else [sweep]
+    cells = find_cells(sweeps)
     if until is not None:
         for c in cells:
             admit_cut(c, until)
     tables = collect([c for c in cells if c.usable], until)
     table = contrasts(tables)
-    return table, markdown(tables, table, cells, source or str(sweep))
+    return table, markdown(tables, table, cells, source or " ".join(map(str, sweeps)))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sweep", help="the study's sweep (multirun/objective_positions) or a folder of exported cells")
-    ap.add_argument("--out", default=None, help="folder for objectives.csv and objectives.md (default: <sweep>/objectives)")
+    ap.add_argument("sweep", nargs="+", help="the study's sweep (multirun/objective_positions) or folders of exported "
+                    "cells")
+    ap.add_argument("--out", default=None, help="folder for objectives.csv and objectives.md (default: <first "
+                    "sweep>/objectives)")
     ap.add_argument("--until", type=int, default=None, help="compare every cell up to this step, admitting cells "
                     "stopped before their budget whose numbers reach it (python -m outlierlab.jobs.study --until)")
     args = ap.parse_args(argv)
@@ -250,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or Path(args.sweep) / "objectives")
+    out = Path(args.out or Path(args.sweep[0]) / "objectives")
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "objectives.csv", index=False)
     (out / "objectives.md").write_text(block)
