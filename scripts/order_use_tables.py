@@ -5,7 +5,8 @@ Reads ``docs/order_use/sweep/<cell>/csv/metrics.csv`` (every validation's loss, 
 the first step at which order use reached 0.5 nats, and the loss / order use / accuracy at chosen steps.  The CPU
 cells of ``experiment=order_recipe_cpu`` (``docs/order_use/cpu/``) go to ``docs/order_use/cpu.csv`` and one table
 of every validation, learned beside none; the position probes' table from ``docs/order_use/probes/``.  The studies'
-tables (learned vs none at 3 and 5 seeds, every scheme, the causal pair on english_large) are generated blocks of
+tables (learned vs none at 3 and 5 seeds, every scheme, and on english_large the causal pair, the masked pair, every
+scheme and Haviv's 2 x 2) are generated blocks of
 docs/order_use.md: ``python -m outlierlab.jobs.doc_tables docs/order_use.md`` writes them from each study folder's
 ``contrasts.csv.gz``, and the tests check them.
 """

@@ -281,12 +281,25 @@ def order_use_study_5seeds() -> str:
 
 
 def order_use_large() -> str:
-    """The causal pair on ``data=english_large``, 3 seeds, 6,000 steps."""
+    """The causal pair on ``data=english_large``, 5 seeds, 6,000 steps."""
     return _learned_none_rows(f"{ORDER_USE}/study_large")
 
 
-def _scheme_rows() -> tuple[pd.DataFrame, list[str]]:
-    c = _read(f"{ORDER_USE}/study_schemes/contrasts.csv")
+def order_use_large_mlm() -> str:
+    """The masked pair on ``data=english_large``, 5 seeds, 6,000 steps."""
+    return _learned_none_rows(f"{ORDER_USE}/study_large_mlm")
+
+
+def order_use_objectives_large() -> str:
+    """Haviv's 2 x 2 on ``data=english_large``: the objectives report of the two folders of cells."""
+    from outlierlab.jobs import objectives_report
+
+    folders = [f"{ORDER_USE}/cells_large_mlm", f"{ORDER_USE}/cells_large"]
+    return objectives_report.report([ROOT / f for f in folders], source=" ".join(folders))[1]
+
+
+def _scheme_rows(study: str = "study_schemes") -> tuple[pd.DataFrame, list[str]]:
+    c = _read(f"{ORDER_USE}/{study}/contrasts.csv")
     return c, [name.split(":")[1].split("-")[0].strip() for name in dict.fromkeys(c["contrast"])]
 
 
@@ -295,10 +308,10 @@ def _scheme_at(c: pd.DataFrame, scheme: str, metric: str, layer: str, step: int 
     return sub.loc[sub["step"].idxmax()] if step is None else sub[sub["step"] == step].iloc[0]
 
 
-def order_use_schemes() -> str:
+def order_use_schemes(study: str = "study_schemes") -> str:
     """Every scheme against pos=none: val loss and order use with their Holm p, accuracy, and the order use at each
     earlier validation (the aggregator's contrasts ``pos: <scheme> - none``)."""
-    c, schemes = _scheme_rows()
+    c, schemes = _scheme_rows(study)
     steps = sorted(c.loc[c["metric"] == "val/order_use", "step"].unique())[:-1]
     lines = ["| pos | val loss | - none [95% CI], Holm p | order use | - none [95% CI], Holm p | acc | order use at "
              + ", ".join(f"{s + 1:,}" for s in steps) + " |", "|---|---|---|---|---|---|---|"]
@@ -313,9 +326,9 @@ def order_use_schemes() -> str:
     return "\n".join(lines)
 
 
-def order_use_schemes_outliers() -> str:
+def order_use_schemes_outliers(study: str = "study_schemes") -> str:
     """The outlier measures of every scheme at the last step, each with its BH q against pos=none (bold below 0.05)."""
-    c, schemes = _scheme_rows()
+    c, schemes = _scheme_rows(study)
     lines = ["| pos | " + " | ".join(f"{m.split('/')[1]} ({layer})" for m, layer in SCHEME_OUTLIER_ROWS) + " |",
              "|---|" + "---|" * len(SCHEME_OUTLIER_ROWS)]
     for scheme in schemes:
@@ -329,6 +342,16 @@ def order_use_schemes_outliers() -> str:
     lines.append("| none | " + " | ".join(f"{_scheme_at(c, schemes[0], m, layer)['mean_b']:.3g}"
                                           for m, layer in SCHEME_OUTLIER_ROWS) + " |")
     return "\n".join(lines)
+
+
+def order_use_schemes_large() -> str:
+    """:func:`order_use_schemes` for the masked schemes on ``data=english_large``."""
+    return order_use_schemes("study_schemes_large")
+
+
+def order_use_schemes_large_outliers() -> str:
+    """:func:`order_use_schemes_outliers` for the masked schemes on ``data=english_large``."""
+    return order_use_schemes_outliers("study_schemes_large")
 
 
 def order_use_objectives() -> str:
@@ -363,7 +386,9 @@ TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds,
                                                                 objectives, emergence_seeds_gpu, switch_seeds_gpu,
                                                                 order_use_study, order_use_study_5seeds, order_use_large,
                                                                 order_use_schemes, order_use_schemes_outliers,
-                                                                order_use_objectives)}
+                                                                order_use_objectives, order_use_large_mlm,
+                                                                order_use_objectives_large, order_use_schemes_large,
+                                                                order_use_schemes_large_outliers)}
 
 
 def render(text: str, source: str = "") -> str:
