@@ -12,7 +12,7 @@
 #     python scripts/export_cells.py gpu_runs/haviv docs/order_use/cells_objectives --stopped and
 #     python -m outlierlab.jobs.objectives_report docs/order_use/cells_objectives --until 5000 \
 #       --out docs/order_use/study_objectives   (docs/order_use.md, "Haviv's interaction")
-#   bash scripts/order_recipe_gpu.sh schemes [SECONDS_PER_CELL]   # sinusoidal, relative, rope, alibi x 3 seeds of
+#   bash scripts/order_recipe_gpu.sh schemes [SECONDS_PER_CELL]   # sinusoidal, relative, rope, alibi x SCHEMES_SEEDS (1 2 3) of
 #     experiment=order_recipe (12 cells), beside the study's learned and none
 #   bash scripts/order_recipe_gpu.sh large [SECONDS_PER_CELL]     # LARGE_OBJECTIVES (default clm) x {learned, none}
 #     on data=english_large (seeds LARGE_SEEDS, default 1): does the no-position causal model still match the learned
@@ -73,7 +73,7 @@ if has haviv; then
   done; done; done
 fi
 if has schemes; then
-  for seed in 1 2 3; do for p in sinusoidal relative rope alibi; do
+  for seed in ${SCHEMES_SEEDS:-1 2 3}; do for p in sinusoidal relative rope alibi; do
     cell "schemes/pos=$p,seed=$seed" experiment=order_recipe pos=$p seed=$seed \
       callbacks.model_checkpoint.every_n_train_steps=100000
   done; done
