@@ -354,6 +354,16 @@ def order_use_schemes_large_outliers() -> str:
     return order_use_schemes_outliers("study_schemes_large")
 
 
+def order_use_schemes_large_5seeds() -> str:
+    """:func:`order_use_schemes` on ``data=english_large`` with seeds 4-5 added, every cell at step 4,000."""
+    return order_use_schemes("study_schemes_large_5seeds")
+
+
+def order_use_schemes_large_5seeds_outliers() -> str:
+    """:func:`order_use_schemes_outliers` on ``data=english_large`` with seeds 4-5 added, at step 4,000."""
+    return order_use_schemes_outliers("study_schemes_large_5seeds")
+
+
 def order_use_objectives() -> str:
     """Haviv's 2 x 2 where the masked model uses its positions (docs/order_use.md): each group's mean at the last
     step of ``study_objectives/study.csv`` -- val loss and perplexity, order use with its 95 % interval (0 shown
@@ -388,7 +398,9 @@ TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds,
                                                                 order_use_schemes, order_use_schemes_outliers,
                                                                 order_use_objectives, order_use_large_mlm,
                                                                 order_use_objectives_large, order_use_schemes_large,
-                                                                order_use_schemes_large_outliers)}
+                                                                order_use_schemes_large_outliers,
+                                                                order_use_schemes_large_5seeds,
+                                                                order_use_schemes_large_5seeds_outliers)}
 
 
 def render(text: str, source: str = "") -> str:
