@@ -23,8 +23,9 @@
 #     (measured: SEEDS="4 5" ... haviv,schemes,large 470 ran 22 cells at once on one H100 and every one finished its
 #     6,000 steps; the whole call took 420 s. LARGE_SEEDS="2 3" ... large 290: 4 cells, 257 s. LARGE_OBJECTIVES="mlm
 #     clm" LARGE_SEEDS_MLM="1 2 3 4 5" LARGE_SEEDS_CLM="4 5" ... large 450: 14 cells, all finished, 286 s.)
-#   TRAINER="gpu data=english_large objective=mlm" bash scripts/order_recipe_gpu.sh schemes 330   # TRAINER's value
-#     is spliced into every cell's overrides, so a mode can run on other data (measured: 12 cells, all finished, 234 s)
+#   EXTRA="data=english_large objective=mlm" bash scripts/order_recipe_gpu.sh schemes 330   # EXTRA: overrides added
+#     to every cell, so a mode can run on other data (measured, with the same overrides spliced through TRAINER's
+#     value, TRAINER="gpu data=english_large objective=mlm", before EXTRA existed: 12 cells, all finished, 234 s)
 # On a lent device (the device tool sends the checkout, which must stay under 64 MiB with what it carries):
 #   here, once: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux2014_x86_64 -d .whl hydra-core==1.3.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 \
@@ -49,7 +50,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if nvidia-cuda-mps-control -d 2>/dev/null; then
   python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" || echo quit | nvidia-cuda-mps-control
 fi
-COMMON="trainer=${TRAINER:-gpu} threads=1 paths.cache_dir=$PWD/.gpu_cache"
+COMMON="trainer=${TRAINER:-gpu} threads=1 paths.cache_dir=$PWD/.gpu_cache ${EXTRA:-}"
 cell() {  # name, overrides...
   local name=$1; shift
   if [ -n "${DRY:-}" ]; then python3 train.py $COMMON "hydra.run.dir=\"$ROOT/$name\"" "$@" --cfg job >/dev/null || echo "BAD $name"; return; fi

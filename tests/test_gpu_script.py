@@ -18,15 +18,16 @@ from tests.conftest import ROOT, compose
 MODES = "study,haviv,schemes,large,sweep"
 
 
-def recorded_cells(tmp_path: Path) -> list[list[str]]:
+def recorded_cells(tmp_path: Path, modes: str = MODES, **env_extra: str) -> list[list[str]]:
     stub = tmp_path / "bin" / "python3"
     stub.parent.mkdir()
     stub.write_text('#!/bin/sh\nprintf "%s\\n" "$*" >> "$CELL_LOG"\n')
     stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "CELL_LOG": str(tmp_path / "cells.txt"),
-           "DRY": "1", "LARGE_OBJECTIVES": "mlm clm", "OUT": str(tmp_path / "out"), "GPU_RUNS": str(tmp_path / "gpu_runs")}
+           "DRY": "1", "LARGE_OBJECTIVES": "mlm clm", "OUT": str(tmp_path / "out"), "GPU_RUNS": str(tmp_path / "gpu_runs"),
+           **env_extra}
     (tmp_path / "out").mkdir()
-    subprocess.run(["bash", str(ROOT / "scripts" / "order_recipe_gpu.sh"), MODES], env=env, check=True,
+    subprocess.run(["bash", str(ROOT / "scripts" / "order_recipe_gpu.sh"), modes], env=env, check=True,
                    capture_output=True, timeout=120)
     lines = (tmp_path / "cells.txt").read_text().splitlines()
     cells = [shlex.split(line) for line in lines if line.startswith("train.py ")]  # not the MPS warm-up call
@@ -49,3 +50,15 @@ def test_every_cell_of_the_gpu_script_composes_and_passes_the_preflight_check(tm
     assert {a for c in large for a in c if a.startswith("pos=")} == {"pos=learned", "pos=none"}
     assert {a for c in large for a in c if a.startswith("objective=")} == {"objective=mlm", "objective=clm"}
 
+
+
+def test_extra_overrides_reach_every_cell_and_compose(tmp_path):
+    from outlierlab.jobs.startup import check_train_config
+
+    cells = recorded_cells(tmp_path, "schemes", EXTRA="data=english_large objective=mlm", SCHEMES_SEEDS="4 5")
+    assert len(cells) == 4 * 2
+    assert all("data=english_large" in c and "objective=mlm" in c for c in cells)
+    assert {a for c in cells for a in c if a.startswith("seed=")} == {"seed=4", "seed=5"}
+    cfg = compose("train", [a for a in cells[0] if not a.startswith("seed=")])
+    check_train_config(cfg)
+    assert cfg.objective == "mlm" and "english_large" in str(cfg.data)
