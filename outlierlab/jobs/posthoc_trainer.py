@@ -44,8 +44,9 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
 
     The counterpart of :func:`analyze_run` for runs monitored by
     :class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` (or any Trainer run): each checkpoint is
-    loaded with its own LM head and eager attention (``AutoModelForMaskedLM`` / ``AutoModelForCausalLM`` by the
-    family's objective, :func:`outlierlab.models.families.causal_or_masked`), and the same pure functions as the
+    loaded with its own LM head by the one Hugging Face loader (:func:`outlierlab.models.placement.load_hf_model`:
+    ``AutoModelForMaskedLM`` / ``AutoModelForCausalLM`` by the family's objective; a checkpoint saved without its
+    head -- a sentence encoder, a sentence-transformers checkpoint -- is its body), and the same pure functions as the
     live monitors — :func:`outlierlab.analysis.monitoring.layernorm_records` (Kovaleva et al. 2021; Puccetti et al.
     2022) and :func:`outlierlab.analysis.monitoring.hidden_state_records` (Luo et al. 2021 and the later metrics) —
     run on the same held-out batch (the shipped sentences, the checkpoint's own tokenizer, truncated by
@@ -73,13 +74,11 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
                                 "output_dir of a transformers Trainer run saved with save_steps")
     ln_cfg, hs_cfg = _apply_overrides(dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS), overrides)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (it reads the flag at import)
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
-
     from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot, tokenize_heldout
-    from outlierlab.models.families import causal_or_masked
+    from outlierlab.models.encoder_source import EncoderSource
     from outlierlab.models.layernorms import model_layernorms
     from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
-    from outlierlab.models.placement import missing_head_keys
+    from outlierlab.models.placement import load_hf_model
     from outlierlab.monitoring.hidden_state_tracker import (heldout_max_length, is_causal_lm, order_use_records,
                                                             vector_order_records)
     from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT
@@ -93,12 +92,9 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
         files["layernorm"].append(layernorm_records(0, initial, initial, **ln_kw)[0])
     order_rows: list[dict] = []
     for step, path in ckpts.items():
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-        auto = AutoModelForCausalLM if causal_or_masked(config) == "next_token" else AutoModelForMaskedLM
-        model, info = auto.from_pretrained(path, attn_implementation="eager", local_files_only=True,
-                                           output_loading_info=True)
-        headless = bool(missing_head_keys(model, info))  # a body saved without its head: no loss of its own
-        model = (model.base_model if headless else model).to(device).eval()
+        loaded = load_hf_model(EncoderSource("hf", str(path), str(path), str(path)), lm_head=True)
+        headless = loaded.lm is None  # a body saved without its head: no loss of its own
+        model = (loaded.body if headless else loaded.lm).to(device).eval()
         tok = _checkpoint_tokenizer(tokenizer, path, run)
         params = layernorm_snapshot(model_layernorms(model))
         files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])

@@ -65,13 +65,20 @@ INITIAL_SNAPSHOT = "layernorm_initial.pt"
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The model itself inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers: the
-    norms and blocks are found by the family registry on the model's own module names."""
+    """The model itself inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers, and the
+    Hugging Face model inside a sentence-transformers ``SentenceTransformer``: the norms and blocks are found by the
+    family registry on the model's own module names."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
+        elif isinstance(model, nn.Sequential) and len(model) and isinstance(getattr(model[0], "auto_model", None),
+                                                                            nn.Module):
+            # a SentenceTransformer is an nn.Sequential whose first module (its ``Transformer``) holds the Hugging Face
+            # model as ``auto_model``; pooling and normalisation after it have no weights the monitors read.  Duck-
+            # typed, so sentence-transformers stays optional
+            model = model[0].auto_model
         else:
             return model
 
