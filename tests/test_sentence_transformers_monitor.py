@@ -64,3 +64,26 @@ def test_sentence_transformers_trainer_records_the_body_live_and_post_hoc(tmp_pa
     assert layernorm[6] != layernorm[0]
     # the checkpoints are the body with sentence-transformers' files beside it: the post-hoc job reads them alone
     assert_matches_posthoc(tmp_path / "run", [3, 6], roberta_tok)
+
+
+def test_the_example_fine_tune_starts_from_the_committed_run(tmp_path):
+    """examples/sentence_transformers_finetune.py on the shipped MiniLM: its step-0 rows (the untrained model on the
+    held-out batch) equal those of the run docs/loop_monitors.md reports, so the committed numbers are this code's."""
+    import importlib.util
+
+    from tests.conftest import ROOT
+    from tests.test_loop_monitor import assert_same_rows
+
+    spec = importlib.util.spec_from_file_location("finetune", ROOT / "examples" / "sentence_transformers_finetune.py")
+    finetune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(finetune)
+    pairs = finetune.same_sense_pairs()
+    assert len(pairs["anchor"]) == len(pairs["positive"]) == 2154
+    with pytest.warns(UserWarning, match="order use in nats is not measured"):
+        assert finetune.main([str(tmp_path), "--steps", "1", "--every", "1"]) == 0
+    ours = by_step(read_history(tmp_path / "monitor" / "hidden_states.csv"))
+    committed = by_step(read_history(ROOT / "docs" / "loop_monitors" / "minilm_wic" / "hidden_states.csv"))
+    assert sorted(ours) == [0, 1]
+    step0 = {k: v for k, v in committed[0].items() if k in ours[0]}  # the committed run wrote per-dim vectors too
+    assert len(step0) == len(ours[0])
+    assert_same_rows(ours[0], step0, "step 0")

@@ -391,6 +391,31 @@ def order_use_objectives() -> str:
     return "\n".join(lines)
 
 
+#: One run of examples/sentence_transformers_finetune.py (docs/loop_monitors.md): the monitor's CSV, committed.
+MINILM_WIC = "docs/loop_monitors/minilm_wic/hidden_states.csv"
+
+
+def minilm_wic_finetune() -> str:
+    """The sentence-vector order change of every layer of all-MiniLM-L6-v2 and its last layer's anisotropy and
+    activation kurtosis, at the first, middle and last record of the contrastive fine-tune."""
+    h = _read(MINILM_WIC)
+    steps = sorted(h["step"].unique())
+    steps = [steps[0], steps[len(steps) // 2], steps[-1]]
+    layers = sorted(h.loc[h["statistic"] == "pooled_order_change", "name"].unique(), key=lambda n: int(n.split("_")[1]))
+
+    def at(step: int, statistic: str, layer: str) -> float:
+        sub = h[(h["step"] == step) & (h["statistic"] == statistic) & (h["name"] == layer)]
+        return float(sub["value"].iloc[0])
+
+    last = layers[-1]
+    lines = ["| step | order change, " + " / ".join(f"layer {n.split('_')[1]}" for n in layers)
+             + f" | anisotropy, layer {last.split('_')[1]} | kurtosis, layer {last.split('_')[1]} |", "|---|---|---|---|"]
+    for step in steps:
+        change = " / ".join(f"{at(step, 'pooled_order_change', n):.4f}" for n in layers)
+        lines.append(f"| {step} | {change} | {at(step, 'anisotropy', last):.3f} | {at(step, 'kurtosis', last):.3f} |")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds, emergence_seeds_per_seed, switch_seeds, switch_seeds_per_seed,
                                                                 switch_seeds_all_measures, seeds_evaluate, readme_results,
                                                                 objectives, emergence_seeds_gpu, switch_seeds_gpu,
@@ -400,7 +425,8 @@ TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds,
                                                                 order_use_objectives_large, order_use_schemes_large,
                                                                 order_use_schemes_large_outliers,
                                                                 order_use_schemes_large_5seeds,
-                                                                order_use_schemes_large_5seeds_outliers)}
+                                                                order_use_schemes_large_5seeds_outliers,
+                                                                minilm_wic_finetune)}
 
 
 def render(text: str, source: str = "") -> str:
