@@ -1,7 +1,8 @@
 """The Python API: what ``evaluate.py`` and ``probe.py`` compute, from a notebook, without a command line.
 
     import outlierlab as ol
-    enc = ol.load_encoder("sentence-transformers/all-MiniLM-L6-v2")      # a run dir, a model dir or a hub id
+    enc = ol.load_encoder("sentence-transformers/all-MiniLM-L6-v2")      # a run dir, a model dir, a hub id,
+                                                                         # or a model in memory (with tokenizer=)
     tables = ol.evaluate(enc, texts, analyses=["outliers", "anisotropy"], transforms=["none", "clip", "whiten"])
     tables["anisotropy"]              # a DataFrame: the rows evaluate.py writes to anisotropy.csv
     ol.probe_positions(enc, texts)    # a DataFrame: probe.py's position_probe.csv
@@ -15,6 +16,7 @@ is kept in ``out_dir`` (default: a new temporary directory), named in each table
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,15 +28,45 @@ __all__ = ["load_encoder", "evaluate", "probe_positions", "DEFAULT_ANALYSES"]
 DEFAULT_ANALYSES = ("outliers", "anisotropy", "isotropy", "self_similarity", "wic", "sts")
 
 
-def load_encoder(name_or_path: str, dtype: str = "float32", device: str = "auto", max_length: int | None = None,
-                 **kwargs: Any):
+def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto", max_length: int | None = None,
+                 tokenizer: Any = None, **kwargs: Any):
     """A frozen encoder or decoder (:class:`outlierlab.models.loading.FrozenEncoder`): a ``train.py`` run directory,
-    a saved model directory or a Hugging Face hub id (offline: a cached one; otherwise one line saying what to do).
+    a saved model directory or a Hugging Face hub id (offline: a cached one; otherwise one line saying what to do) --
+    or a model in memory: a ``transformers`` model with its ``tokenizer=``, or a sentence-transformers
+    ``SentenceTransformer`` (its body and tokenizer), e.g. one just fine-tuned in the notebook.  A model in memory is
+    saved once to a temporary directory and loaded from there like any saved model: a snapshot of its weights at
+    this call, with the numbers the same model saved by hand gives.
     ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's); ``kwargs``: ``device_map``,
     ``revision``, ``batch_size``, ``on_overflow``, ``offload_folder``."""
     from outlierlab.models.loading import FrozenEncoder
 
+    if isinstance(name_or_path, (str, os.PathLike)):
+        if tokenizer is not None:
+            raise TypeError("tokenizer= goes with a model in memory: a run directory, model directory or hub id "
+                            "brings its own tokenizer")
+    else:
+        name_or_path = _save_in_memory(name_or_path, tokenizer)
     return FrozenEncoder(str(name_or_path), max_length=max_length, device=device, dtype=dtype, **kwargs)
+
+
+def _save_in_memory(model: Any, tokenizer: Any) -> str:
+    """A temporary model directory holding ``model``'s weights and config and its tokenizer (the one loader then
+    reads it as any saved model: no second loading path to keep equal)."""
+    from outlierlab.monitoring.loop_monitor import unwrap_model
+
+    body = unwrap_model(model)  # DDP / torch.compile wrappers, a SentenceTransformer's Hugging Face body
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)  # a SentenceTransformer's
+    if not callable(getattr(body, "save_pretrained", None)):
+        raise TypeError(f"cannot load a {type(model).__name__} from memory: pass a transformers model (with "
+                        "tokenizer=), a SentenceTransformer, or the directory it was saved to (a train.py run "
+                        "directory for a model of ours)")
+    if not callable(getattr(tokenizer, "save_pretrained", None)):
+        raise TypeError(f"pass tokenizer= (the {type(body).__name__}'s own Hugging Face tokenizer) with a model in "
+                        "memory")
+    path = tempfile.mkdtemp(prefix=f"outlierlab_{type(body).__name__}_")
+    body.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def _compose(config_name: str, overrides: Sequence[str]):

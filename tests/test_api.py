@@ -160,3 +160,41 @@ def test_an_install_without_the_configs_is_told_what_to_do(tmp_path, monkeypatch
     with pytest.raises(FileNotFoundError, match=r"configs/evaluate\.yaml not found.*pip install -e \.") as e:
         _compose("evaluate", [])
     assert "\n" not in str(e.value)
+
+
+def test_a_model_in_memory_gives_the_numbers_of_the_same_model_saved(tmp_path):
+    """ol.load_encoder(model, tokenizer=tok) -- a transformers model in the notebook -- and a SentenceTransformer
+    around the same body give the tables of that model saved to a directory and loaded from it."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Pooling, Transformer
+    from transformers import RobertaModel
+
+    import outlierlab as ol
+    from tests.test_loop_monitor import bpe_tokenizer, perturb_layernorms, tiny_roberta
+
+    tok = bpe_tokenizer(["<s>", "<pad>", "</s>", "<unk>", "<mask>"], roberta=True)
+    torch.manual_seed(0)
+    body = RobertaModel(tiny_roberta(tok).config)
+    perturb_layernorms(body)
+    body.save_pretrained(tmp_path / "saved")
+    tok.save_pretrained(tmp_path / "saved")
+    st = SentenceTransformer(modules=[Transformer(str(tmp_path / "saved"), max_seq_length=32), Pooling(32, "mean")],
+                             device="cpu")
+
+    def tables(model, **kw):
+        enc = ol.load_encoder(model, device="cpu", max_length=32, **kw)
+        return ol.evaluate(enc, TEXTS[:120], analyses=["outliers", "anisotropy"], transforms=["none", "whiten"],
+                           seed=1, progress=False)
+
+    saved = tables(str(tmp_path / "saved"))
+    for name, given in {"in memory": tables(body, tokenizer=tok), "SentenceTransformer": tables(st)}.items():
+        assert sorted(given) == sorted(saved) == ["anisotropy", "outliers"], name
+        for analysis in saved:
+            pd.testing.assert_frame_equal(given[analysis], saved[analysis], obj=f"{name}: {analysis}")
+    with pytest.raises(TypeError, match="pass tokenizer="):
+        ol.load_encoder(body)
+    with pytest.raises(TypeError, match="cannot load a Linear from memory"):
+        ol.load_encoder(torch.nn.Linear(2, 2), tokenizer=tok)
+    with pytest.raises(TypeError, match="brings its own tokenizer"):
+        ol.load_encoder(str(tmp_path / "saved"), tokenizer=tok)
