@@ -17,7 +17,9 @@ is kept in ``out_dir`` (default: a new temporary directory), named in each table
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,9 +46,16 @@ def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto"
         if tokenizer is not None:
             raise TypeError("tokenizer= goes with a model in memory: a run directory, model directory or hub id "
                             "brings its own tokenizer")
-    else:
-        name_or_path = _save_in_memory(name_or_path, tokenizer)
-    return FrozenEncoder(str(name_or_path), max_length=max_length, device=device, dtype=dtype, **kwargs)
+        return FrozenEncoder(str(name_or_path), max_length=max_length, device=device, dtype=dtype, **kwargs)
+    path = _save_in_memory(name_or_path, tokenizer)
+    try:
+        encoder = FrozenEncoder(path, max_length=max_length, device=device, dtype=dtype, **kwargs)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    # the directory lives as long as the encoder (an analysis may load the model's LM head from it later)
+    weakref.finalize(encoder, shutil.rmtree, path, ignore_errors=True)
+    return encoder
 
 
 def _save_in_memory(model: Any, tokenizer: Any) -> str:

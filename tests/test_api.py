@@ -192,6 +192,14 @@ def test_a_model_in_memory_gives_the_numbers_of_the_same_model_saved(tmp_path):
         assert sorted(given) == sorted(saved) == ["anisotropy", "outliers"], name
         for analysis in saved:
             pd.testing.assert_frame_equal(given[analysis], saved[analysis], obj=f"{name}: {analysis}")
+    enc = ol.load_encoder(body, tokenizer=tok, device="cpu")
+    snapshot = Path(enc.source.model)
+    assert (snapshot / "config.json").is_file()
+    del enc
+    import gc
+
+    gc.collect()
+    assert not snapshot.exists()  # the snapshot goes with its encoder
     with pytest.raises(TypeError, match="pass tokenizer="):
         ol.load_encoder(body)
     with pytest.raises(TypeError, match="cannot load a Linear from memory"):
