@@ -63,6 +63,9 @@ def _save_in_memory(model: Any, tokenizer: Any) -> str:
     reads it as any saved model: no second loading path to keep equal)."""
     from outlierlab.monitoring.loop_monitor import unwrap_model
 
+    if callable(getattr(model, "get_base_model", None)):  # a PeftModel: its adapters are modules of the base
+        raise TypeError(f"{type(model).__name__} has adapters in its layers: pass model.merge_and_unload() (it changes "
+                        "the model in place: merge a copy to go on training), with tokenizer=")
     body = unwrap_model(model)  # DDP / torch.compile wrappers, a SentenceTransformer's Hugging Face body
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)  # a SentenceTransformer's
     if not callable(getattr(body, "save_pretrained", None)):

@@ -206,3 +206,11 @@ def test_a_model_in_memory_gives_the_numbers_of_the_same_model_saved(tmp_path):
         ol.load_encoder(torch.nn.Linear(2, 2), tokenizer=tok)
     with pytest.raises(TypeError, match="brings its own tokenizer"):
         ol.load_encoder(str(tmp_path / "saved"), tokenizer=tok)
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(RobertaModel.from_pretrained(tmp_path / "saved"), LoraConfig(r=2, target_modules=["query"]))
+    with pytest.raises(TypeError, match="merge_and_unload"):
+        ol.load_encoder(lora, tokenizer=tok)
+    merged = tables(lora.merge_and_unload(), tokenizer=tok)  # B = 0: the merged model is the saved one
+    for analysis in saved:
+        pd.testing.assert_frame_equal(merged[analysis], saved[analysis], obj=f"merged LoRA: {analysis}")

@@ -9,6 +9,7 @@ picks it when the directory has ``checkpoint-*`` folders and no ``checkpoints/``
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,15 +27,46 @@ __all__ = ["HF_CHECKPOINT_PREFIX", "find_hf_checkpoints", "analyze_hf_checkpoint
 HF_CHECKPOINT_PREFIX = "checkpoint-"
 
 
+#: What a PEFT (LoRA, ...) Trainer run saves in each checkpoint instead of the model: the adapter and its base's name.
+ADAPTER_CONFIG = "adapter_config.json"
+
+
 def find_hf_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
-    """``{global_step: <output_dir>/checkpoint-<step>}`` of a Hugging Face Trainer run (empty: none)."""
+    """``{global_step: <output_dir>/checkpoint-<step>}`` of a Hugging Face Trainer run (empty: none): checkpoints
+    holding a model (``config.json``) or a PEFT adapter (``adapter_config.json``)."""
     out = Path(output_dir)
     found = {}
     for d in out.glob(f"{HF_CHECKPOINT_PREFIX}*"):
         suffix = d.name[len(HF_CHECKPOINT_PREFIX):]
-        if d.is_dir() and suffix.isdigit() and (d / "config.json").is_file():
+        if d.is_dir() and suffix.isdigit() and ((d / "config.json").is_file() or (d / ADAPTER_CONFIG).is_file()):
             found[int(suffix)] = d
     return dict(sorted(found.items()))
+
+
+def load_checkpoint(path: Path):
+    """A checkpoint's model through the one Hugging Face loader (:func:`outlierlab.models.placement.load_hf_model`):
+    ``(model, headless)``, the model with its LM head, or its body when the checkpoint has none.  An adapter
+    checkpoint (LoRA and the other PEFT methods) is its base model, loaded the same way from the
+    ``base_model_name_or_path`` the adapter names, with the adapter merged into the weights -- the adapted model the
+    live monitor saw, up to float rounding."""
+    from outlierlab.models.encoder_source import EncoderSource
+    from outlierlab.models.placement import load_hf_model
+
+    adapter = (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file()
+    base = str(path)
+    if adapter:
+        base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or ""
+        if not base:
+            raise ValueError(f"{path / ADAPTER_CONFIG} names no base_model_name_or_path: cannot rebuild the model")
+    loaded = load_hf_model(EncoderSource("hf", base, base, base), lm_head=True)
+    model = loaded.body if loaded.lm is None else loaded.lm
+    if adapter:
+        try:
+            from peft import PeftModel
+        except ImportError:
+            raise ImportError(f"{path} holds a PEFT adapter: pip install peft to analyse it") from None
+        model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    return model, loaded.lm is None
 
 
 def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] | None = None, tokenizer: Any = None,
@@ -75,10 +107,8 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     ln_cfg, hs_cfg = _apply_overrides(dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS), overrides)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (it reads the flag at import)
     from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot, tokenize_heldout
-    from outlierlab.models.encoder_source import EncoderSource
     from outlierlab.models.layernorms import model_layernorms
     from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
-    from outlierlab.models.placement import load_hf_model
     from outlierlab.monitoring.hidden_state_tracker import (heldout_max_length, is_causal_lm, order_use_records,
                                                             vector_order_records)
     from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT
@@ -92,9 +122,8 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
         files["layernorm"].append(layernorm_records(0, initial, initial, **ln_kw)[0])
     order_rows: list[dict] = []
     for step, path in ckpts.items():
-        loaded = load_hf_model(EncoderSource("hf", str(path), str(path), str(path)), lm_head=True)
-        headless = loaded.lm is None  # a body saved without its head: no loss of its own
-        model = (loaded.body if headless else loaded.lm).to(device).eval()
+        model, headless = load_checkpoint(path)  # headless: a body saved without its head, no loss of its own
+        model = model.to(device).eval()
         tok = _checkpoint_tokenizer(tokenizer, path, run)
         params = layernorm_snapshot(model_layernorms(model))
         files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])

@@ -10,7 +10,7 @@ LayerNorm outlier dims (Kovaleva et al. 2021; Puccetti et al. 2022) and activati
 held-out batch (Luo et al. 2021) of the model being trained — our ``RobertaMaskedLM`` or any model of a
 registered family (``BertForMaskedLM``, ``RobertaForMaskedLM``, ModernBERT, ``GPT2LMHeadModel``, Llama-style,
 ...; the body inside a sentence-transformers ``SentenceTransformer``, whose ``SentenceTransformerTrainer`` is a
-``Trainer``) — computed by :class:`outlierlab.monitoring.loop_monitor.OutlierMonitor`, i.e. by the same trackers and the
+``Trainer``; the adapted model inside a PEFT ``PeftModel``) — computed by :class:`outlierlab.monitoring.loop_monitor.OutlierMonitor`, i.e. by the same trackers and the
 same pure functions as the Lightning callbacks, into ``<args.output_dir>/monitor/layernorm.csv`` and
 ``hidden_states.csv`` (the columns of :mod:`outlierlab.reports.history`) -- with order use and attention locality
 at every record (does the model use word order yet? :mod:`outlierlab.analysis.order_use`; one line at the end of

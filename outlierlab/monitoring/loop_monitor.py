@@ -65,14 +65,18 @@ INITIAL_SNAPSHOT = "layernorm_initial.pt"
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The model itself inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers, and the
-    Hugging Face model inside a sentence-transformers ``SentenceTransformer``: the norms and blocks are found by the
-    family registry on the model's own module names."""
+    """The model itself inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers, the
+    Hugging Face model inside a sentence-transformers ``SentenceTransformer`` and inside a PEFT (LoRA, ...)
+    ``PeftModel``: the norms and blocks are found by the family registry on the model's own module names."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
+        elif callable(getattr(model, "get_base_model", None)) and model.get_base_model() is not model:
+            # a PeftModel: the transformers model with the adapters injected into its linear layers (they run in its
+            # forward, so the monitors see the adapted model); duck-typed, so peft stays optional
+            model = model.get_base_model()
         elif isinstance(model, nn.Sequential) and len(model) and isinstance(getattr(model[0], "auto_model", None),
                                                                             nn.Module):
             # a SentenceTransformer is an nn.Sequential whose first module (its ``Transformer``) holds the Hugging Face
