@@ -3,7 +3,8 @@
 The counterpart of :func:`outlierlab.jobs.posthoc.analyze_run` (our ``train.py`` runs) for runs monitored by
 :class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` -- or any Trainer run of a registered family --
 with the same monitor settings, the same held-out batch and the same functions (``hidden_rows`` and the LayerNorm
-records), so the live rows of a checkpoint's step are reproduced. ``python -m outlierlab.jobs.posthoc <output_dir>``
+records), so the live rows of a checkpoint's step are reproduced.  A PEFT run's adapter-only checkpoints are rebuilt
+as base model plus merged adapter (:func:`load_checkpoint`). ``python -m outlierlab.jobs.posthoc <output_dir>``
 picks it when the directory has ``checkpoint-*`` folders and no ``checkpoints/``.
 """
 
@@ -102,8 +103,9 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     run = Path(output_dir)
     ckpts = find_hf_checkpoints(run)
     if not ckpts:
-        raise FileNotFoundError(f"{run} holds no {HF_CHECKPOINT_PREFIX}<step>/ folder with a config.json: pass the "
-                                "output_dir of a transformers Trainer run saved with save_steps")
+        raise FileNotFoundError(f"{run} holds no {HF_CHECKPOINT_PREFIX}<step>/ folder with a config.json or an "
+                                f"{ADAPTER_CONFIG}: pass the output_dir of a transformers Trainer run saved with "
+                                "save_steps")
     ln_cfg, hs_cfg = _apply_overrides(dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS), overrides)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (it reads the flag at import)
     from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot, tokenize_heldout
