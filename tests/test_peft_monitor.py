@@ -46,3 +46,21 @@ def test_a_lora_fine_tune_is_monitored_live_and_post_hoc_from_its_adapter_checkp
     gains = [k for k in layernorm[6] if k[1] == "max_abs_gain_div"]
     assert gains and all(layernorm[6][k] == layernorm[0][k] for k in gains)
     assert_matches_posthoc(tmp_path / "run", [3, 6], roberta_tok)
+
+
+def test_an_adapter_checkpoint_whose_base_is_gone_fails_in_one_line(tmp_path, roberta_tok, capsys):
+    from peft import LoraConfig, get_peft_model
+
+    from outlierlab.jobs import posthoc
+
+    from transformers import RobertaForMaskedLM
+
+    tiny_roberta(roberta_tok).save_pretrained(tmp_path / "base")
+    lora = get_peft_model(RobertaForMaskedLM.from_pretrained(tmp_path / "base"),
+                          LoraConfig(r=2, target_modules=["query"]))
+    lora.save_pretrained(tmp_path / "run" / "checkpoint-3")
+    (tmp_path / "base").rename(tmp_path / "moved")
+    capsys.readouterr()
+    assert posthoc.main([str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"base model {tmp_path / 'base'} is not there" in err, err

@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         with lock_run_dir(Path(args.run_dir)):
             res = analyze_run(args.run_dir, tokenizer=args.tokenizer, out_dir=args.out, device=args.device, **overrides)
             refresh_manifest(Path(args.run_dir), "posthoc")  # a finished cell's manifest covers the new files
-    except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
+    except (ValueError, FileNotFoundError, OSError, RuntimeError, ImportError) as e:  # ImportError: peft missing
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}, {res['metrics']}")

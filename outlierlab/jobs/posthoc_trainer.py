@@ -59,6 +59,9 @@ def load_checkpoint(path: Path):
         base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or ""
         if not base:
             raise ValueError(f"{path / ADAPTER_CONFIG} names no base_model_name_or_path: cannot rebuild the model")
+        if (os.path.isabs(base) or base.startswith(".")) and not Path(base).is_dir():
+            raise FileNotFoundError(f"{path}: the adapter's base model {base} is not there (moved or deleted?); put it "
+                                    f"back, or set base_model_name_or_path in {ADAPTER_CONFIG}")
     loaded = load_hf_model(EncoderSource("hf", base, base, base), lm_head=True)
     model = loaded.body if loaded.lm is None else loaded.lm
     if adapter:
