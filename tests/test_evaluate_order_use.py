@@ -103,3 +103,23 @@ def test_texts_with_nothing_to_shuffle_leave_the_rest_of_the_section(tmp_path):
     assert set(table["statistic"]) == {"attn_local", "attn_local_uniform"}
     report = (tmp_path / "report.md").read_text()
     assert "Sentence vectors not compared: the sentence-vector order change needs at least one text with two" in report
+
+
+def test_probe_py_reports_the_order_use_evaluate_py_measures(tmp_path):
+    """The position probe's order-use section (probe.py ``order_use=true``, the default) is evaluate.py's
+    ``order_use`` on the same sentences and seed: the same rows, on the shipped MiniLM (no LM head: its attention
+    locality and sentence-vector order change)."""
+    import pandas as pd
+
+    import outlierlab as ol
+    from outlierlab.datamodules.eval_data import load_sentences
+
+    texts = list(load_sentences()[:60])
+    enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
+    evaluated = ol.evaluate(enc, texts, analyses=["order_use"], transforms=["none"], seed=3, progress=False)
+    ol.probe_positions(enc, texts, seed=3, out_dir=tmp_path / "probe", overrides=["probe.epochs=1"], progress=False)
+    probed = pd.read_csv(tmp_path / "probe" / "order_use.csv")
+    pd.testing.assert_frame_equal(probed, evaluated["order_use"].reset_index(drop=True), check_dtype=False)
+    assert set(probed["statistic"]) >= {"pooled_order_change", "attn_local"}
+    report = (tmp_path / "probe" / "probe_report.md").read_text()
+    assert "## Order use: does the model use word order?" in report and "has no LM head" in report

@@ -71,14 +71,19 @@ def _loss_sum(loaded):
     return loss_sum
 
 
-@torch.inference_mode()
 def run(ctx: EvalContext) -> AnalysisResult:
     """Order use and attention locality of the evaluated model (``configs/order_use/default.yaml``), and the
     sentence-vector order change of every layer -- the one order measure a model without an LM head has."""
     s = load_settings(OrderUseSettings, ctx.cfg)
-    loaded = shared_mlm(ctx)
-    seed = ctx.seed if s.seed is None else s.seed
     texts, what = analysis_texts(ctx, s)
+    return measure(shared_mlm(ctx), texts, what, s, ctx.seed if s.seed is None else s.seed)
+
+
+@torch.inference_mode()
+def measure(loaded, texts: list[str], what: str, s: OrderUseSettings = OrderUseSettings(),
+            seed: int = 0) -> AnalysisResult:
+    """:func:`run` on a loaded model (:func:`outlierlab.models.lm_model.load_mlm`) and texts (``what`` says which,
+    for the report): also what probe.py reports beside its position probe."""
     tok = loaded.tokenizer
     special = heldout_special_ids(None, tok)  # the tokenizer's <s> </s> <pad> / [CLS] [SEP] [PAD]
     sentences = text_batches(tok, texts, min(s.max_length, loaded.max_length), s.batch_size)

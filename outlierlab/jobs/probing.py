@@ -243,6 +243,23 @@ def _quiet_lightning():
                 logging.getLogger(name).setLevel(level)
 
 
+def position_use(cfg, encoder: FrozenEncoder, run_dir: Path):
+    """Whether the model *uses* the order the position probe decodes: evaluate.py's ``order_use``
+    (:func:`outlierlab.evaluation.order_use.measure`, its default settings) on the probe's first sentences --
+    order use in nats with the model's LM head, else how far shuffling moves each layer's sentence vectors
+    (docs/order_use.md) -- into ``order_use.csv`` and a section of the report.  A learned table's rows are
+    decodable in a model that ignores order, so the probe's accuracy alone cannot say it."""
+    from outlierlab.evaluation.order_use import COLUMNS, measure
+    from outlierlab.evaluation.settings import OrderUseSettings
+    from outlierlab.models.lm_model import load_mlm
+
+    s = OrderUseSettings()
+    texts = load_position_texts(cfg.data.files, cfg.data.max_sentences)[: s.max_sentences]
+    result = measure(load_mlm(encoder), texts, f"the probe's first {len(texts)} sentences", s, int(cfg.seed))
+    write_csv(Path(run_dir) / "order_use.csv", result.rows, COLUMNS)
+    return result
+
+
 def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None) -> dict:
     if encoder is None:
         encoder = FrozenEncoder.from_config(cfg.encoder)  # + dtype, device_map, revision (configs/encoder/)
@@ -253,6 +270,10 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None) -> dict:
                 hidden=encoder.hidden_size, transforms=selected_transforms(cfg.transform), seed=int(cfg.seed),
                 family=encoder.family_line(), layernorms=layernorm_note(encoder),
                 orderless=cannot_use_order(getattr(encoder, "pos", None), getattr(encoder, "causal", False)))
+    sections = []
+    if kind == "position" and bool(cfg.get("order_use", True)):
+        used = position_use(cfg, encoder, run_dir)
+        info["order_use"], sections = used.summary, [used.markdown]
     by_distance = info.pop("similarity_by_distance", None)
     if by_distance:  # Zuo et al.: nearby tokens more similar than distant ones -> position readable
         write_csv(run_dir / "similarity_by_distance.csv", by_distance, ["layer", "distance", "cosine", "n_pairs"])
@@ -262,6 +283,6 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None) -> dict:
                   ["layer", "transform", "position", "n_test", "accuracy"])
     (run_dir / "probe_info.json").write_text(json.dumps(info, indent=2, default=str))
     paths = write_outputs(rows, info, run_dir, "position_probe" if kind == "position" else "classifier",
-                          contribs)
+                          contribs, sections)
     logger.finalize("success")
     return {"rows": rows, "info": info, "files": paths}

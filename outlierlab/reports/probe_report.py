@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -23,9 +24,10 @@ COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "
 #: Under every position-probe report: decodable is not used (docs/order_use.md, "Position probes").
 POSITION_CAVEAT = ("- reads: a linear probe finds the position a layer *carries*, not one the model *uses* -- a learned "
                    "table's distinct rows are decodable in a model that ignores word order (docs/order_use.md, "
-                   "\"Position probes\"); whether it uses order: `python evaluate.py encoder.name_or_path=... "
-                   "'analyses=[order_use]'` (in nats with a masked or causal LM head; without one, how far "
-                   "shuffling moves each layer's sentence vectors)")
+                   "\"Position probes\"); whether it uses order: the order-use section below (probe.py "
+                   "`order_use=true`, the default; or `python evaluate.py encoder.name_or_path=... "
+                   "'analyses=[order_use]'`): in nats with a masked or causal LM head, without one how far "
+                   "shuffling moves each layer's sentence vectors")
 #: Under the position probe of a masked LM of ours without positions (permutation-equivariant, docs/order_use.md).
 ORDERLESS_NOTE = ("- this model has no position input (a masked LM with `pos=none`, permutation-equivariant): whatever "
                   "the probe decodes above chance, the tokens themselves carry (capitalised first words, final "
@@ -41,7 +43,7 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def write_markdown(rows: list[dict], info: dict, path: Path, title: str) -> Path:
+def write_markdown(rows: list[dict], info: dict, path: Path, title: str, sections: Sequence[str] = ()) -> Path:
     cols = ["layer", "transform", "accuracy", "val_accuracy", "top_neurons", "outlier_dims", "outlier_rank",
             "contribution_outlier", "contribution_mean"]
     r0 = rows[0]
@@ -63,6 +65,7 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str) -> Path
             lines.append(ORDERLESS_NOTE)
     lines += [f"- note: {n}" for n in info.get("notes", [])]
     lines += ["", md_table(cols, ([r[c] for c in cols] for r in rows), cell=_fmt)]
+    lines += [part for section in sections for part in ("", section.rstrip("\n"))]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -126,13 +129,15 @@ def write_heatmap(contrib: dict, run_dir: Path, stem: str, per_layer: int = 3, e
     return path
 
 
-def write_outputs(rows: list[dict], info: dict, run_dir: Path, stem: str, contrib: dict | None = None) -> list[Path]:
-    """Write ``<stem>.csv``, ``probe_report.md`` and the PNGs into ``run_dir``; return the paths."""
+def write_outputs(rows: list[dict], info: dict, run_dir: Path, stem: str, contrib: dict | None = None,
+                  sections: Sequence[str] = ()) -> list[Path]:
+    """Write ``<stem>.csv``, ``probe_report.md`` (``sections``: Markdown appended after the table) and the PNGs into
+    ``run_dir``; return the paths."""
     run_dir = Path(run_dir)
     title = "Position probe (Luo et al. 2021 §3)" if stem == "position_probe" else \
         "Linear classifier on sentence vectors (Luo et al. 2021 §4.4)"
     paths = [write_csv(run_dir / f"{stem}.csv", rows, COLUMNS),
-             write_markdown(rows, info, run_dir / "probe_report.md", title)]
+             write_markdown(rows, info, run_dir / "probe_report.md", title, sections)]
     paths += write_plots(rows, run_dir, stem)
     if contrib:
         extra = {d for layer in info.get("outlier_dims", []) for d in layer}
