@@ -263,15 +263,18 @@ def position_use(cfg, encoder: FrozenEncoder, run_dir: Path):
 def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None) -> dict:
     if encoder is None:
         encoder = FrozenEncoder.from_config(cfg.encoder)  # + dtype, device_map, revision (configs/encoder/)
-    logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     kind = str(cfg.task.kind)
+    measure_use = kind == "position" and bool(cfg.get("order_use", True))
+    if measure_use:
+        encoder.lm_head = True  # before the weights load (if not loaded yet): one copy, head included
+    logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     rows, info, contribs = (run_position if kind == "position" else run_classifier)(cfg, encoder, logger)
     info.update(encoder=str(encoder.source.name), encoder_kind=encoder.source.kind, layers=encoder.num_layers + 1,
                 hidden=encoder.hidden_size, transforms=selected_transforms(cfg.transform), seed=int(cfg.seed),
                 family=encoder.family_line(), layernorms=layernorm_note(encoder),
                 orderless=cannot_use_order(getattr(encoder, "pos", None), getattr(encoder, "causal", False)))
     sections = []
-    if kind == "position" and bool(cfg.get("order_use", True)):
+    if measure_use:
         used = position_use(cfg, encoder, run_dir)
         info["order_use"], sections = used.summary, [used.markdown]
     by_distance = info.pop("similarity_by_distance", None)
