@@ -182,7 +182,7 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
     Only eager attention returns attention *probabilities* (the sink-head and entropy rows; Gu et al. 2025); a
     model being trained usually runs ``sdpa``, whose ``output_attentions=True`` silently gives None.  The switch
     is transformers' ``set_attn_implementation`` (no weights change), so the monitor of a live model and the
-    post-hoc analysis of its checkpoint loaded with ``attn_implementation="eager"`` compute the same numbers.
+    post-hoc analysis of its checkpoint (loaded as it comes, switched here the same way) compute the same numbers.
     Our own encoder (always eager) and models without the switch are left as they are.
     """
     config = getattr(model, "config", None)
