@@ -171,7 +171,7 @@ def test_a_model_in_memory_gives_the_numbers_of_the_same_model_saved(tmp_path):
     from transformers import RobertaModel
 
     import outlierlab as ol
-    from tests.test_loop_monitor import bpe_tokenizer, perturb_layernorms, tiny_roberta
+    from tests.loop_monitor_helpers import bpe_tokenizer, perturb_layernorms, tiny_roberta
 
     tok = bpe_tokenizer(["<s>", "<pad>", "</s>", "<unk>", "<mask>"], roberta=True)
     torch.manual_seed(0)

@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("peft")
 
 from outlierlab.reports.history import read_history  # noqa: E402
-from tests.test_loop_monitor import (SETTINGS, assert_matches_posthoc, blocks, by_step,  # noqa: E402
+from tests.loop_monitor_helpers import (SETTINGS, assert_matches_posthoc, blocks, by_step,  # noqa: E402
                                      perturb_layernorms, roberta_tok, tiny_roberta, train)
 
-__all__ = ["roberta_tok"]  # the fixture, shared with tests/test_loop_monitor.py
+__all__ = ["roberta_tok"]  # the fixture, from tests/loop_monitor_helpers.py
 
 
 def test_a_lora_fine_tune_is_monitored_live_and_post_hoc_from_its_adapter_checkpoints(tmp_path, roberta_tok):

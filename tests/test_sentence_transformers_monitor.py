@@ -15,10 +15,10 @@ pytest.importorskip("sentence_transformers")
 
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
 from outlierlab.reports.history import read_history  # noqa: E402
-from tests.test_loop_monitor import (SETTINGS, assert_matches_posthoc, by_step, perturb_layernorms,  # noqa: E402
+from tests.loop_monitor_helpers import (SETTINGS, assert_matches_posthoc, by_step, perturb_layernorms,  # noqa: E402
                                      roberta_tok, tiny_roberta)
 
-__all__ = ["roberta_tok"]  # the fixture, shared with tests/test_loop_monitor.py
+__all__ = ["roberta_tok"]  # the fixture, from tests/loop_monitor_helpers.py
 
 
 def sentence_transformer(tok, path):
@@ -72,7 +72,7 @@ def test_the_example_fine_tune_starts_from_the_committed_run(tmp_path):
     import importlib.util
 
     from tests.conftest import ROOT
-    from tests.test_loop_monitor import assert_same_rows
+    from tests.loop_monitor_helpers import assert_same_rows
 
     spec = importlib.util.spec_from_file_location("finetune", ROOT / "examples" / "sentence_transformers_finetune.py")
     finetune = importlib.util.module_from_spec(spec)
