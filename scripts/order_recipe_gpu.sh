@@ -19,6 +19,9 @@
 #     one when it does not overfit the embedded corpus (clm)? does the masked model still learn to use its table
 #     there (LARGE_OBJECTIVES="mlm clm"; LARGE_SEEDS_MLM, LARGE_SEEDS_CLM override LARGE_SEEDS per objective)? Needs .gpu_cache/corpora/english_large (scripts/build_english_large.py --out) and
 #     its token cache built here first (train.py ... data=english_large objective=clm trainer.max_steps=2)
+#   bash scripts/order_recipe_gpu.sh long [SECONDS_PER_CELL]      # LONG_SCHEMES (sinusoidal learned rope none) x
+#     LONG_SEEDS (1), LONG_STEPS (20000) steps on data=english_large, masked (4 cells: unmeasured; 6,000 steps took
+#     ~250 s with 14 cells sharing the GPU, so give a warm machine the call's 540 s and use --stopped/--until)
 #   bash scripts/order_recipe_gpu.sh haviv,schemes 450           # several modes at once, one process per cell
 #     (measured: SEEDS="4 5" ... haviv,schemes,large 470 ran 22 cells at once on one H100 and every one finished its
 #     6,000 steps; the whole call took 420 s. LARGE_SEEDS="2 3" ... large 290: 4 cells, 257 s. LARGE_OBJECTIVES="mlm
@@ -87,6 +90,14 @@ if has large; then  # the pair on data=english_large (11.3M tokens: ~5x fewer ep
     cell "large/objective=$o,pos=$p,seed=$seed" experiment=order_recipe data=english_large objective=$o pos=$p \
       seed=$seed callbacks.model_checkpoint.every_n_train_steps=100000
   done; done; done
+fi
+if has long; then  # LONG_STEPS (20,000) of LONG_SCHEMES on data=english_large, masked: do the absolute schemes'
+  # heavier-tailed middle layers become Luo-type dimensions (|x| argmax share near 1) with training, and is it one
+  # dimension through the layers (python -m outlierlab.jobs.dim_identity on the exported cells)?
+  for seed in ${LONG_SEEDS:-1}; do for p in ${LONG_SCHEMES:-sinusoidal learned rope none}; do
+    cell "long/pos=$p,seed=$seed" experiment=order_recipe data=english_large objective=mlm pos=$p seed=$seed \
+      trainer.max_steps=${LONG_STEPS:-20000} callbacks.model_checkpoint.every_n_train_steps=100000
+  done; done
 fi
 if has sweep; then
 REAL="experiment=emergence_cpu trainer.max_steps=20000 callbacks.model_checkpoint.every_n_train_steps=5000"

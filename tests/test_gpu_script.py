@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT, compose
 
-MODES = "study,haviv,schemes,large,sweep"
+MODES = "study,haviv,schemes,large,long,sweep"
 
 
 def recorded_cells(tmp_path: Path, modes: str = MODES, **env_extra: str) -> list[list[str]]:
@@ -38,15 +38,19 @@ def test_every_cell_of_the_gpu_script_composes_and_passes_the_preflight_check(tm
     from outlierlab.jobs.startup import check_train_config
 
     cells = recorded_cells(tmp_path)
-    # study 10 + 3 recipe variants, haviv 2 x 2 x 5, schemes 4 x 3, large 2 x 2 (seed 1), sweep 8 real + 8 task
-    assert len(cells) == 13 + 20 + 12 + 4 + 16, len(cells)
+    # study 10 + 3 recipe variants, haviv 2 x 2 x 5, schemes 4 x 3, large 2 x 2 (seed 1), long 4, sweep 8 real + 8 task
+    assert len(cells) == 13 + 20 + 12 + 4 + 4 + 16, len(cells)
     assert not list((tmp_path / "gpu_runs").glob("*/*.log")), "DRY mode launched a cell"
     distinct = {tuple(a for a in c if not a.startswith("seed=")) for c in cells}  # seeds compose alike
     for overrides in sorted(distinct):
         cfg = compose("train", list(overrides))
         check_train_config(cfg)  # raises with the one line train.py would print
         assert cfg.trainer.accelerator == "gpu", overrides
-    large = [c for c in cells if "data=english_large" in c]
+    long = [c for c in cells if "trainer.max_steps=20000" in c and "data=english_large" in c]
+    assert sorted(a for c in long for a in c if a.startswith("pos=")) == ["pos=learned", "pos=none", "pos=rope",
+                                                                          "pos=sinusoidal"]
+    assert compose("train", [a for a in long[0] if not a.startswith("seed=")]).trainer.max_steps == 20000
+    large = [c for c in cells if "data=english_large" in c and c not in long]
     assert {a for c in large for a in c if a.startswith("pos=")} == {"pos=learned", "pos=none"}
     assert {a for c in large for a in c if a.startswith("objective=")} == {"objective=mlm", "objective=clm"}
 

@@ -1,0 +1,146 @@
+"""Which dimension carries each layer's concentration, since when, and in how many layers (Kovaleva et al. 2021).
+
+    python -m outlierlab.jobs.dim_identity docs/order_use/cells_schemes_large docs/order_use/cells_large_mlm \\
+        --out docs/order_use/dim_identity
+
+Kovaleva et al. (2021, "BERT Busters") found BERT's outlier dimensions early in pretraining, at the *same index in
+every layer* (308 and 381 in BERT-base), and kept to the end; Luo et al. (2021) count them as the dimension where
+most tokens have their largest value.  The study aggregator averages *how concentrated* a layer is (the share of
+tokens whose largest |value| falls on the most common dimension, ``abs_argmax_share``), not *which* dimension that
+is.  The live monitor records the dimension beside the share (the ``dim`` column of that row in
+``monitor/hidden_states.csv``; kept by ``scripts/export_cells.py``), so this job answers, per finished cell and
+layer, from the history alone:
+
+* ``dim``, ``share``: the dimension and its share at the last record;
+* ``held_since``: the first step from which every later record names that same dimension (0: since
+  initialisation; the last step: it changed at the very end), and ``held_fraction`` = 1 − held_since / last step;
+* ``layers_sharing``: how many layers (this one included) end on the same dimension — Kovaleva's "same index in
+  every layer" is ``layers_sharing`` = the number of layers.
+
+Dimension indices are arbitrary between seeds (any permutation of the hidden units is the same network), so
+identity is compared within a cell, never across seeds.  Chance levels, for reading the numbers: two layers'
+most common dimensions coincide with probability 1/d if unrelated (1/128 at this project's recipes), and a
+layer without concentration has a share near 1/d.  Descriptive, no test: the summary gives per group (data set,
+objective, scheme) and layer the median ``held_fraction``, the mean share and the seeds whose layer ends on the previous
+layer's dimension (and the median ``layers_sharing``).  ``--until STEP`` reads every history up to STEP and admits
+cells the clock stopped after it (the study aggregator's ``--until``).
+
+Writes ``<out>/dim_identity.csv`` (a row per cell and layer) and ``<out>/dim_identity.md`` (the summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from outlierlab.jobs.study_cells import Cell, admit_cut, find_cells
+from outlierlab.utils.tables import md_table
+
+HISTORY = "monitor/hidden_states.csv"
+STATISTICS = ("abs_argmax_share", "argmax_share", "argmin_share")  # the monitor rows that carry a dimension
+
+
+def layer_identity(history: pd.DataFrame, statistic: str = "abs_argmax_share") -> pd.DataFrame:
+    """Per layer of one run's monitor history (long rows ``step, name, statistic, dim, value``): its last
+    record's ``dim`` and ``share``, ``held_since``, ``held_fraction`` and ``layers_sharing`` (module docstring)."""
+    rows = history[(history["statistic"] == statistic) & history["name"].str.fullmatch(r"layer_\d+")]
+    if rows.empty:
+        raise ValueError(f"no '{statistic}' rows of layers in the history (a monitor history is "
+                         f"{HISTORY}, rows 'step,name,statistic,dim,value')")
+    if rows["dim"].isna().any():
+        raise ValueError(f"'{statistic}' rows without a dimension: this history predates the dim column")
+    out = []
+    for name, r in rows.sort_values("step").groupby("name", sort=False):
+        steps, dims = r["step"].astype(int).tolist(), r["dim"].astype(int).tolist()
+        held = len(dims) - 1
+        while held > 0 and dims[held - 1] == dims[-1]:
+            held -= 1
+        out.append({"layer": int(name.split("_")[1]), "last_step": steps[-1], "dim": dims[-1],
+                    "share": float(r["value"].iloc[-1]), "held_since": steps[held],
+                    "held_fraction": 1 - steps[held] / steps[-1] if steps[-1] else float("nan")})
+    table = pd.DataFrame(out).sort_values("layer", ignore_index=True)
+    table["layers_sharing"] = table["dim"].map(table["dim"].value_counts())
+    return table
+
+
+def _group(cell: Cell) -> dict[str, str]:
+    return {"folder": cell.path.parent.name, "data": cell.overrides.get("data", "default"),
+            "objective": str(cell.config.get("objective", "mlm")),
+            "pos": str(cell.config.get("pos.name", cell.overrides.get("pos", "?")))}
+
+
+def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until: int | None = None
+            ) -> tuple[pd.DataFrame, list[str]]:
+    """Every finished cell's :func:`layer_identity` with its folder, data set (its ``data=`` override), objective,
+    scheme and seed (``until``: of
+    its history up to that step, cells stopped after it admitted); and one line for each cell left out."""
+    tables, skipped = [], []
+    for cell in find_cells(paths):
+        if until is not None:
+            admit_cut(cell, until)
+        history = cell.path / HISTORY
+        if not cell.usable or not history.is_file():
+            skipped.append(f"{cell.path}: " + ("; ".join(cell.problems) or "not finished" if not cell.usable
+                                                 else f"no {HISTORY}"))
+            continue
+        rows = pd.read_csv(history)
+        t = layer_identity(rows if until is None else rows[rows["step"] <= until], statistic)
+        tables.append(t.assign(**_group(cell), seed=cell.seed)[[*_group(cell), "seed", *t.columns]])
+    if not tables:
+        raise ValueError(f"no finished cell with {HISTORY} under {', '.join(map(str, paths))}")
+    return pd.concat(tables, ignore_index=True), skipped
+
+
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per data set, objective, scheme and layer (cells of one group in several folders pooled): seeds, median ``held_fraction``, mean share, how many seeds end
+    the layer on the previous layer's dimension, and the median ``layers_sharing``."""
+    t = table.sort_values(["folder", "data", "objective", "pos", "seed", "layer"]).copy()
+    previous = t.groupby(["folder", "data", "objective", "pos", "seed"])["dim"].shift()
+    t["as_previous"] = t["dim"].eq(previous) & t["layer"].gt(0)
+    return (t.groupby(["data", "objective", "pos", "layer"], sort=True)
+            .agg(seeds=("seed", "size"), held_fraction=("held_fraction", "median"), share=("share", "mean"),
+                 as_previous=("as_previous", "sum"), layers_sharing=("layers_sharing", "median"))
+            .reset_index())
+
+
+def markdown(summ: pd.DataFrame, statistic: str, skipped: list[str]) -> str:
+    lines = [f"# Which dimension, since when (`{statistic}`, :mod:`outlierlab.jobs.dim_identity`)", "",
+             "held = median over seeds of 1 − (first step of the final dimension's unbroken run) / last step; "
+             "as previous = seeds whose layer ends on the previous layer's dimension (chance 1/d); layers on its dim = "
+             "median number of layers ending on the layer's dimension (itself included).", ""]
+    for data, f in summ.groupby("data", sort=True):
+        rows = [[r.objective, r.pos, r.layer, r.seeds, r.held_fraction, r.share,
+                 "–" if r.layer == 0 else f"{r.as_previous}/{r.seeds}", f"{r.layers_sharing:g}"] for r in f.itertuples()]
+        lines += [f"## data={data}", "", md_table(["objective", "pos", "layer", "seeds", "held", "share", "as previous",
+                                                "layers on its dim"], rows, digits=2), ""]
+    if skipped:
+        lines += ["Left out: " + "; ".join(skipped), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folders", nargs="+", help="folders of cells (a sweep or exported cells), or cells")
+    ap.add_argument("--out", required=True, help="where dim_identity.csv and dim_identity.md go")
+    ap.add_argument("--statistic", default="abs_argmax_share", choices=STATISTICS)
+    ap.add_argument("--until", type=int, help="read the histories up to this step; admit cells stopped after it")
+    args = ap.parse_args(argv)
+    try:
+        table, skipped = collect(args.folders, args.statistic, args.until)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"dim_identity: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "dim_identity.csv", index=False, float_format="%.6g")
+    (out / "dim_identity.md").write_text(markdown(summary(table), args.statistic, skipped))
+    print(f"dim_identity: {len(table)} rows from {table.groupby(['folder', 'data', 'objective', 'pos', 'seed']).ngroups} "
+          f"cells -> {out}/dim_identity.csv, dim_identity.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""Which dimension, since when (outlierlab.jobs.dim_identity): hand-built histories, then the committed cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from outlierlab.jobs import dim_identity as di
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMES = ROOT / "docs" / "order_use" / "cells_schemes_large"
+CUT = ROOT / "docs" / "order_use" / "cells_schemes_large_cut"
+
+
+def history(dims: dict[str, list[int]], steps=(0, 250, 500, 750)) -> pd.DataFrame:
+    rows = [{"step": s, "name": name, "statistic": "abs_argmax_share", "dim": d, "value": 0.1 * (i + 1)}
+            for name, ds in dims.items() for i, (s, d) in enumerate(zip(steps, ds))]
+    rows += [{"step": s, "name": "layer_1", "statistic": "argmax_share", "dim": 99, "value": 0.5} for s in steps]
+    rows += [{"step": s, "name": "model", "statistic": "abs_argmax_share", "dim": 7, "value": 0.5} for s in steps]
+    return pd.DataFrame(rows)
+
+
+def test_held_since_is_the_start_of_the_final_dimensions_unbroken_run():
+    t = di.layer_identity(history({"layer_0": [3, 3, 4, 4], "layer_1": [5, 7, 7, 7], "layer_2": [7, 7, 7, 7],
+                                   "layer_3": [7, 2, 3, 9]}))
+    assert t["layer"].tolist() == [0, 1, 2, 3]
+    assert t["dim"].tolist() == [4, 7, 7, 9]
+    assert t["held_since"].tolist() == [500, 250, 0, 750]  # layer 3 held 7 at step 0, but not unbroken
+    assert t["held_fraction"].tolist() == pytest.approx([1 / 3, 2 / 3, 1.0, 0.0])
+    assert t["share"].tolist() == pytest.approx([0.4] * 4)  # the last record's value
+    assert t["layers_sharing"].tolist() == [1, 2, 2, 1]  # the 'model' row and the argmax_share rows ignored
+
+
+def test_the_summary_counts_seeds_ending_on_the_previous_layers_dimension():
+    a = di.layer_identity(history({"layer_0": [1] * 4, "layer_1": [5] * 4, "layer_2": [5] * 4}))
+    b = di.layer_identity(history({"layer_0": [1] * 4, "layer_1": [1] * 4, "layer_2": [6] * 4}))
+    table = pd.concat([a.assign(folder="f", data="d", objective="mlm", pos="x", seed=s) for s, a in ((1, a), (2, b))])
+    s = di.summary(table).set_index("layer")
+    assert s["as_previous"].tolist() == [0, 1, 1]  # seed 1 at layer 2, seed 2 at layer 1
+    assert s["layers_sharing"].tolist() == [1.5, 2.0, 1.5]
+    assert s["held_fraction"].tolist() == [1.0] * 3 and (s["seeds"] == 2).all()
+
+
+def test_a_history_without_the_rows_is_one_line():
+    with pytest.raises(ValueError, match="no 'argmin_share' rows"):
+        di.layer_identity(history({"layer_0": [1] * 4}), "argmin_share")
+
+
+def test_the_committed_scheme_cells(tmp_path):
+    """Sinusoidal seed 1 on english_large: its layer 2 ends on dimension 31, held over the last records; the cells
+    the clock stopped (seeds 4-5) come in only with --until."""
+    assert di.main([str(SCHEMES), str(CUT), "--out", str(tmp_path)]) == 0
+    t = pd.read_csv(tmp_path / "dim_identity.csv")
+    assert set(t["seed"]) == {1, 2, 3} and len(t) == 4 * 3 * 5
+    row = t[(t["pos"] == "sinusoidal") & (t["seed"] == 1) & (t["layer"] == 2)].iloc[0]
+    assert row["dim"] == 31 and row["last_step"] == 6000 and row["held_since"] <= 4750
+    assert "Left out:" in (tmp_path / "dim_identity.md").read_text()
+    assert di.main([str(SCHEMES), str(CUT), "--until", "4000", "--out", str(tmp_path / "until")]) == 0
+    u = pd.read_csv(tmp_path / "until" / "dim_identity.csv")
+    assert set(u["seed"]) == {1, 2, 3, 4, 5} and (u["last_step"] == 4000).all()
+    assert u["held_fraction"].between(0, 1).all()
+
+
+def test_a_missing_folder_is_one_line(tmp_path, capsys):
+    assert di.main([str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
