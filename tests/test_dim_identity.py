@@ -63,6 +63,14 @@ def test_the_committed_scheme_cells(tmp_path):
     assert u["held_fraction"].between(0, 1).all()
 
 
+def test_a_loop_monitors_history_reads_the_same_way():
+    """The committed MiniLM fine-tune (examples/sentence_transformers_finetune.py): a pretrained model's dimensions,
+    63 in layers 0-2 and 6, 223 in layers 3-5, held from the first record to the last."""
+    t = di.layer_identity(pd.read_csv(ROOT / "docs" / "loop_monitors" / "minilm_wic" / "hidden_states.csv"))
+    assert t["dim"].tolist() == [63, 63, 63, 223, 223, 223, 63]
+    assert (t["held_since"] == 0).all() and t["layers_sharing"].tolist() == [4, 4, 4, 3, 3, 3, 4]
+
+
 def test_a_missing_folder_is_one_line(tmp_path, capsys):
     assert di.main([str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1

@@ -25,6 +25,10 @@ objective, scheme) and layer the median ``held_fraction``, the mean share and th
 layer's dimension (and the median ``layers_sharing``).  ``--until STEP`` reads every history up to STEP and admits
 cells the clock stopped after it (the study aggregator's ``--until``).
 
+The Hugging Face Trainer and plain-loop monitors write the same history (``<output_dir>/hidden_states.csv``):
+``layer_identity(pd.read_csv(path))`` reads theirs.  (all-MiniLM-L6-v2 fine-tuned on WiC pairs,
+docs/loop_monitors/minilm_wic: dimension 63 in layers 0-2 and 6, 223 in layers 3-5, held through all 200 steps.)
+
 Writes ``<out>/dim_identity.csv`` (a row per cell and layer) and ``<out>/dim_identity.md`` (the summary).
 """
 
