@@ -8,7 +8,7 @@
 Outputs in the run dir (``hydra.run.dir``): ``position_probe.csv`` or ``classifier.csv`` (one row per
 layer x transform), ``probe_report.md``, PNG plots, ``probe_info.json``, TensorBoard scalars
 ``probe/<transform>/layer_<i>/accuracy`` under ``tensorboard/``; with the position probe ``order_use.csv``
-(does the model use the order it carries? ``order_use=false`` skips it). Settings: ``configs/probe.yaml``.
+(does the model use the order it carries? ``probe.order_use=false`` skips it). Settings: ``configs/probe.yaml``.
 """
 
 from __future__ import annotations

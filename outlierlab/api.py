@@ -178,7 +178,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     (1.000 at every layer) in a model whose order use is 0.003 nats (docs/order_use.md, "Position probes").  So the
     probe also measures use, as probe.py does: ``order_use.csv`` in the run directory (``attrs["run_dir"]``) holds
     evaluate.py's ``order_use`` rows on the first 200 texts (in nats with an LM head, without one the sentence-vector
-    order change of every layer; ``overrides=["order_use=false"]`` skips it).  ``progress``: the
+    order change of every layer; ``overrides=["probe.order_use=false"]`` skips it).  ``progress``: the
     tqdm bar while encoding, as in :func:`evaluate`."""
     from outlierlab.jobs.probing import run as run_probe
 

@@ -90,13 +90,15 @@ def test_probe_positions_equals_probe_py(tmp_path):
     import outlierlab as ol
 
     enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
-    few = ["probe.epochs=2", "probe.max_positions=32"]
+    # order use off on both sides: its rows are compared with evaluate.py's in tests/test_evaluate_order_use.py
+    few = ["probe.epochs=2", "probe.max_positions=32", "probe.order_use=false"]
     table = ol.probe_positions(enc, TEXTS, seed=2, out_dir=tmp_path / "api", overrides=few, progress=False)
     (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
     _cli("probe.py", "seed=2", f"data.files=[{tmp_path / 'texts.txt'}]", "data.max_sentences=null", *few,
          f"hydra.run.dir={tmp_path / 'cli'}")
     pd.testing.assert_frame_equal(table, pd.read_csv(tmp_path / "cli" / "position_probe.csv"), check_exact=True)
     assert len(table) == 7 and table["accuracy"].max() > 0.3
+    assert not (tmp_path / "api" / "order_use.csv").exists() and not (tmp_path / "cli" / "order_use.csv").exists()
 
 
 def test_empty_texts_are_refused_in_one_line(tmp_path):

@@ -264,7 +264,7 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None) -> dict:
     if encoder is None:
         encoder = FrozenEncoder.from_config(cfg.encoder)  # + dtype, device_map, revision (configs/encoder/)
     kind = str(cfg.task.kind)
-    measure_use = kind == "position" and bool(cfg.get("order_use", True))
+    measure_use = kind == "position" and bool(cfg.probe.get("order_use", True))
     if measure_use:
         encoder.lm_head = True  # before the weights load (if not loaded yet): one copy, head included
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
