@@ -93,7 +93,7 @@ if has large; then  # the pair on data=english_large (11.3M tokens: ~5x fewer ep
 fi
 if has long; then  # LONG_STEPS (20,000) of LONG_SCHEMES on data=english_large, masked: do the absolute schemes'
   # heavier-tailed middle layers become Luo-type dimensions (|x| argmax share near 1) with training, and is it one
-  # dimension through the layers (python -m outlierlab.jobs.dim_identity on the exported cells)?
+  # dimension through the layers? (python -m outlierlab.jobs.dim_identity <exported cells> --out <dir>)
   for seed in ${LONG_SEEDS:-1}; do for p in ${LONG_SCHEMES:-sinusoidal learned rope none}; do
     cell "long/pos=$p,seed=$seed" experiment=order_recipe data=english_large objective=mlm pos=$p seed=$seed \
       trainer.max_steps=${LONG_STEPS:-20000} callbacks.model_checkpoint.every_n_train_steps=100000
