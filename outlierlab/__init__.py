@@ -12,12 +12,14 @@ Everything lives under this one name so that installing the project never shadow
 
 # The one-line monitors for other loops (outlierlab/monitoring/, docs/loop_monitors.md), loaded on first access:
 # ``import outlierlab`` stays free of torch and transformers.
-# The Python API (outlierlab/api.py: ``ol.load_encoder``, ``ol.evaluate``, ``ol.probe_positions``), loaded the same way,
+# The Python API (outlierlab/api.py: ``ol.load_encoder``, ``ol.evaluate``, ``ol.probe_positions``, ``ol.dim_identity``),
+# loaded the same way,
 # and what an analysis written in a notebook subclasses or returns (``ol.Consumer``, ``ol.AnalysisResult``; its own
 # pass over other texts: ``ol.LayerStream``).
 _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
          "OutlierMonitorCallback": "outlierlab.monitoring.hf_trainer",
          "load_encoder": "outlierlab.api", "evaluate": "outlierlab.api", "probe_positions": "outlierlab.api",
+         "dim_identity": "outlierlab.api",
          "Consumer": "outlierlab.evaluation.stream", "LayerStream": "outlierlab.evaluation.stream",
          "AnalysisResult": "outlierlab.evaluation.registry"}
 

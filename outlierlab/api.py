@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_encoder", "evaluate", "probe_positions", "DEFAULT_ANALYSES"]
+__all__ = ["load_encoder", "evaluate", "probe_positions", "dim_identity", "DEFAULT_ANALYSES"]
 
 #: evaluate.py's default analyses (configs/evaluate.yaml).
 DEFAULT_ANALYSES = ("outliers", "anisotropy", "isotropy", "self_similarity", "wic", "sts")
@@ -188,3 +188,22 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
                              *_texts_file(texts, run_dir), *overrides])
     run_probe(cfg, run_dir, encoder=encoder)
     return _read(run_dir / "position_probe.csv", run_dir)
+
+
+def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
+    """Which dimension carries each layer's concentration, since when, in how many layers (Kovaleva et al. 2021):
+    :func:`outlierlab.analysis.dim_identity.layer_identity` of one run's monitor history -- a DataFrame, a
+    ``hidden_states.csv``, or the directory holding it (a ``train.py`` run's ``monitor/``, or the ``out_dir`` of
+    ``ol.OutlierMonitor`` / ``ol.OutlierMonitorCallback``).  A DataFrame, a row per layer."""
+    import pandas as pd
+
+    from outlierlab.analysis.dim_identity import layer_identity
+
+    if not isinstance(history, pd.DataFrame):
+        path = Path(history)
+        found = [p for p in (path, path / "hidden_states.csv", path / "monitor" / "hidden_states.csv") if p.is_file()]
+        if not found:
+            raise FileNotFoundError(f"no monitor history at {path}: give a hidden_states.csv, a directory holding one "
+                                    "(a monitor's out_dir) or a train.py run directory (its monitor/hidden_states.csv)")
+        history = pd.read_csv(found[0])
+    return layer_identity(history, statistic)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from outlierlab.analysis.dim_identity import layer_identity
 from outlierlab.jobs import dim_identity as di
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +24,7 @@ def history(dims: dict[str, list[int]], steps=(0, 250, 500, 750)) -> pd.DataFram
 
 
 def test_held_since_is_the_start_of_the_final_dimensions_unbroken_run():
-    t = di.layer_identity(history({"layer_0": [3, 3, 4, 4], "layer_1": [5, 7, 7, 7], "layer_2": [7, 7, 7, 7],
+    t = layer_identity(history({"layer_0": [3, 3, 4, 4], "layer_1": [5, 7, 7, 7], "layer_2": [7, 7, 7, 7],
                                    "layer_3": [7, 2, 3, 9]}))
     assert t["layer"].tolist() == [0, 1, 2, 3]
     assert t["dim"].tolist() == [4, 7, 7, 9]
@@ -34,8 +35,8 @@ def test_held_since_is_the_start_of_the_final_dimensions_unbroken_run():
 
 
 def test_the_summary_counts_seeds_ending_on_the_previous_layers_dimension():
-    a = di.layer_identity(history({"layer_0": [1] * 4, "layer_1": [5] * 4, "layer_2": [5] * 4}))
-    b = di.layer_identity(history({"layer_0": [1] * 4, "layer_1": [1] * 4, "layer_2": [6] * 4}))
+    a = layer_identity(history({"layer_0": [1] * 4, "layer_1": [5] * 4, "layer_2": [5] * 4}))
+    b = layer_identity(history({"layer_0": [1] * 4, "layer_1": [1] * 4, "layer_2": [6] * 4}))
     table = pd.concat([a.assign(folder="f", data="d", objective="mlm", pos="x", seed=s) for s, a in ((1, a), (2, b))])
     s = di.summary(table).set_index("layer")
     assert s["as_previous"].tolist() == [0, 1, 1]  # seed 1 at layer 2, seed 2 at layer 1
@@ -45,7 +46,7 @@ def test_the_summary_counts_seeds_ending_on_the_previous_layers_dimension():
 
 def test_a_history_without_the_rows_is_one_line():
     with pytest.raises(ValueError, match="no 'argmin_share' rows"):
-        di.layer_identity(history({"layer_0": [1] * 4}), "argmin_share")
+        layer_identity(history({"layer_0": [1] * 4}), "argmin_share")
 
 
 def test_the_committed_scheme_cells(tmp_path):
@@ -63,12 +64,20 @@ def test_the_committed_scheme_cells(tmp_path):
     assert u["held_fraction"].between(0, 1).all()
 
 
-def test_a_loop_monitors_history_reads_the_same_way():
-    """The committed MiniLM fine-tune (examples/sentence_transformers_finetune.py): a pretrained model's dimensions,
-    63 in layers 0-2 and 6, 223 in layers 3-5, held from the first record to the last."""
-    t = di.layer_identity(pd.read_csv(ROOT / "docs" / "loop_monitors" / "minilm_wic" / "hidden_states.csv"))
+def test_a_loop_monitors_history_and_a_run_directory_from_the_api():
+    """The committed MiniLM fine-tune (examples/sentence_transformers_finetune.py; the monitor's out_dir): a pretrained
+    model's dimensions, 63 in layers 0-2 and 6, 223 in layers 3-5, held from the first record to the last.  A train.py
+    run directory (an exported cell) gives the job's rows for it."""
+    import outlierlab as ol
+
+    t = ol.dim_identity(ROOT / "docs" / "loop_monitors" / "minilm_wic")
     assert t["dim"].tolist() == [63, 63, 63, 223, 223, 223, 63]
     assert (t["held_since"] == 0).all() and t["layers_sharing"].tolist() == [4, 4, 4, 3, 3, 3, 4]
+    cell = SCHEMES / "pos=sinusoidal,seed=1"
+    job = di.collect([cell])[0].drop(columns=["folder", "data", "objective", "pos", "seed"])
+    pd.testing.assert_frame_equal(ol.dim_identity(cell), job)
+    with pytest.raises(FileNotFoundError, match="no monitor history at"):
+        ol.dim_identity(ROOT / "docs")
 
 
 def test_a_missing_folder_is_one_line(tmp_path, capsys):

@@ -4,30 +4,19 @@
         --out docs/order_use/dim_identity
 
 Kovaleva et al. (2021, "BERT Busters") found BERT's outlier dimensions early in pretraining, at the *same index in
-every layer* (308 and 381 in BERT-base), and kept to the end; Luo et al. (2021) count them as the dimension where
-most tokens have their largest value.  The study aggregator averages *how concentrated* a layer is (the share of
-tokens whose largest |value| falls on the most common dimension, ``abs_argmax_share``), not *which* dimension that
-is.  The live monitor records the dimension beside the share (the ``dim`` column of that row in
-``monitor/hidden_states.csv``; kept by ``scripts/export_cells.py``), so this job answers, per finished cell and
-layer, from the history alone:
+every layer* (308 and 381 in BERT-base), and kept to the end.  The study aggregator averages *how concentrated* a
+layer is (``abs_argmax_share``), not *which* dimension that is; the live monitor records the dimension beside the
+share, and the exported cells keep it.  Per finished cell and layer this job gives
+:func:`outlierlab.analysis.dim_identity.layer_identity` (the dimension and share at the last record, ``held_since``,
+``held_fraction``, ``layers_sharing``) with the cell's folder, data set, objective, scheme and seed.
 
-* ``dim``, ``share``: the dimension and its share at the last record;
-* ``held_since``: the first step from which every later record names that same dimension (0: since
-  initialisation; the last step: it changed at the very end), and ``held_fraction`` = 1 − held_since / last step;
-* ``layers_sharing``: how many layers (this one included) end on the same dimension — Kovaleva's "same index in
-  every layer" is ``layers_sharing`` = the number of layers.
-
-Dimension indices are arbitrary between seeds (any permutation of the hidden units is the same network), so
-identity is compared within a cell, never across seeds.  Chance levels, for reading the numbers: two layers'
-most common dimensions coincide with probability 1/d if unrelated (1/128 at this project's recipes), and a
-layer without concentration has a share near 1/d.  Descriptive, no test: the summary gives per group (data set,
-objective, scheme) and layer the median ``held_fraction``, the mean share and the seeds whose layer ends on the previous
-layer's dimension (and the median ``layers_sharing``).  ``--until STEP`` reads every history up to STEP and admits
-cells the clock stopped after it (the study aggregator's ``--until``).
-
-The Hugging Face Trainer and plain-loop monitors write the same history (``<output_dir>/hidden_states.csv``):
-``layer_identity(pd.read_csv(path))`` reads theirs.  (all-MiniLM-L6-v2 fine-tuned on WiC pairs,
-docs/loop_monitors/minilm_wic: dimension 63 in layers 0-2 and 6, 223 in layers 3-5, held through all 200 steps.)
+Dimension indices are arbitrary between seeds, so identity is compared within a cell, never across seeds.  Chance
+levels, for reading the numbers: two layers' most common dimensions coincide with probability 1/d if unrelated
+(1/128 at this project's recipes), and a layer without concentration has a share near 1/d.  Descriptive, no test:
+the summary gives per group (data set, objective, scheme) and layer the median ``held_fraction``, the mean share,
+the seeds whose layer ends on the previous layer's dimension and the median ``layers_sharing``.  ``--until STEP``
+reads every history up to STEP and admits cells the clock stopped after it (the study aggregator's ``--until``).
+One run's history (ours, or a Hugging Face Trainer's or plain loop's ``hidden_states.csv``): ``ol.dim_identity``.
 
 Writes ``<out>/dim_identity.csv`` (a row per cell and layer) and ``<out>/dim_identity.md`` (the summary).
 """
@@ -40,34 +29,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from outlierlab.analysis.dim_identity import layer_identity
 from outlierlab.jobs.study_cells import Cell, admit_cut, find_cells
 from outlierlab.utils.tables import md_table
 
 HISTORY = "monitor/hidden_states.csv"
 STATISTICS = ("abs_argmax_share", "argmax_share", "argmin_share")  # the monitor rows that carry a dimension
-
-
-def layer_identity(history: pd.DataFrame, statistic: str = "abs_argmax_share") -> pd.DataFrame:
-    """Per layer of one run's monitor history (long rows ``step, name, statistic, dim, value``): its last
-    record's ``dim`` and ``share``, ``held_since``, ``held_fraction`` and ``layers_sharing`` (module docstring)."""
-    rows = history[(history["statistic"] == statistic) & history["name"].str.fullmatch(r"layer_\d+")]
-    if rows.empty:
-        raise ValueError(f"no '{statistic}' rows of layers in the history (a monitor history is "
-                         f"{HISTORY}, rows 'step,name,statistic,dim,value')")
-    if rows["dim"].isna().any():
-        raise ValueError(f"'{statistic}' rows without a dimension: this history predates the dim column")
-    out = []
-    for name, r in rows.sort_values("step").groupby("name", sort=False):
-        steps, dims = r["step"].astype(int).tolist(), r["dim"].astype(int).tolist()
-        held = len(dims) - 1
-        while held > 0 and dims[held - 1] == dims[-1]:
-            held -= 1
-        out.append({"layer": int(name.split("_")[1]), "last_step": steps[-1], "dim": dims[-1],
-                    "share": float(r["value"].iloc[-1]), "held_since": steps[held],
-                    "held_fraction": 1 - steps[held] / steps[-1] if steps[-1] else float("nan")})
-    table = pd.DataFrame(out).sort_values("layer", ignore_index=True)
-    table["layers_sharing"] = table["dim"].map(table["dim"].value_counts())
-    return table
 
 
 def _group(cell: Cell) -> dict[str, str]:
