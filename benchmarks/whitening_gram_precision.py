@@ -16,6 +16,10 @@ float32 Gram of each shifted batch, accumulated in float64 — the cheap alterna
   layer's null direction is not whitened) — how far from white the float32-fitted map leaves the tokens (the
   float64 map's own deviation, ``white_dev_f64``, is the rounding baseline);
 * ``cond``: λ₁ / λ_min of Σ₆₄, and ``outlier_var``: max / median per-dim variance (how outlier-heavy the layer is);
+* ``null_f64``, ``null_f32``: the smallest eigenvalue of Σ over λ₁, signed -- a post-LayerNorm layer's null direction
+  (its tokens satisfy one linear constraint), which the Whitener leaves unwhitened when it falls below its rank
+  tolerance ``d · 1e4 · eps(float64)`` (``rank_tol``; 8.4e-10 at d = 384); ``rank_f64``, ``rank_f32``: the eigenvalues
+  above it -- where they differ, a float32 Gram would whiten the null direction and amplify its rounding noise;
 * the seconds of three Grams over all batches: torch's float64 GEMM, the float64 upper-triangular block products
   the Whitener now uses (:mod:`outlierlab.analysis.gram`: 5/8 of the multiply-adds), and a float32 GEMM.
 
@@ -81,6 +85,18 @@ def whitening_map(cov):
     return vals, vecs / vals.clamp_min(floor).sqrt().unsqueeze(1)
 
 
+def null_direction(c64, c32) -> dict:
+    """The smallest eigenvalue over the largest of each Σ (signed) and the rank by the Whitener's tolerance."""
+    import torch
+
+    tol = c64.shape[-1] * 1e4 * torch.finfo(torch.float64).eps  # outlierlab.analysis.whitening.Whitener.finalize
+    out = {"rank_tol": tol}
+    for name, c in (("f64", c64), ("f32", c32)):
+        v = torch.linalg.eigvalsh(c)
+        out[f"null_{name}"], out[f"rank_{name}"] = float(v[0] / v[-1]), int((v > tol * v[-1]).sum())
+    return out
+
+
 def compare(c64, c32) -> list[dict]:
     import torch
 
@@ -100,6 +116,7 @@ def compare(c64, c32) -> list[dict]:
             "white_dev_f64": float((w64[layer, :, :k].T @ c64[layer] @ w64[layer, :, :k] - eye[:k, :k]).abs().max()),
             "kept_dims": k,
             "cond": float(v64[layer, 0] / v64[layer][above][-1]),
+            **null_direction(c64[layer], c32[layer]),
             "outlier_var": float(var.max() / var.median()),
         })
     return rows
@@ -128,10 +145,12 @@ def main() -> None:
            "gram_f32_s": round(t32, 3), "layers": rows}
     print(f"{a.encoder}: {n} tokens, Gram float64 {t64:.2f} s (GEMM), {tblock:.2f} s (upper-triangular blocks, the Whitener's) vs "
           f"float32 {t32:.2f} s (GEMM; {t64 / t32:.2f}x and {tblock / t32:.2f}x faster)")
-    print("layer  rel_fro    eig_rel_max  white_dev  (f64 baseline)  cond       max/median var")
+    print("layer  rel_fro    eig_rel_max  white_dev  (f64 baseline)  cond       max/median var  null f64 / f32       "
+          "rank f64 / f32")
     for r in rows:
         print(f"{r['layer']:>5}  {r['rel_fro']:.2e}   {r['eig_rel_max']:.2e}     {r['white_dev']:.2e}   "
-              f"({r['white_dev_f64']:.1e})       {r['cond']:.2e}   {r['outlier_var']:.1f}")
+              f"({r['white_dev_f64']:.1e})       {r['cond']:.2e}   {r['outlier_var']:>5.1f}           "
+              f"{r['null_f64']:+.1e} / {r['null_f32']:+.1e}   {r['rank_f64']} / {r['rank_f32']}")
     print(json.dumps(out))
     if a.out is not None:
         a.out.write_text(json.dumps(out, indent=1) + "\n")
