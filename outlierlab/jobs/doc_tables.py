@@ -416,6 +416,11 @@ def minilm_wic_finetune() -> str:
     return "\n".join(lines)
 
 
+def order_use_dim_identity_objectives() -> str:
+    """:func:`order_use_dim_identity` of the causal and masked pairs on ``data=english_large`` (5 seeds, 6,000 steps)."""
+    return order_use_dim_identity("dim_identity_objectives_large")
+
+
 def order_use_dim_identity(folder: str = "dim_identity_large_4000") -> str:
     """Which dimension, since when (:mod:`outlierlab.jobs.dim_identity`), every scheme on ``data=english_large`` at
     step 4,000 (5 seeds): per layer 1-4, the mean |x| argmax share, the median held fraction and the seeds whose
@@ -424,11 +429,11 @@ def order_use_dim_identity(folder: str = "dim_identity_large_4000") -> str:
 
     s = summary(_read(f"{ORDER_USE}/{folder}/dim_identity.csv"))
     layers = [1, 2, 3, 4]
-    lines = ["| pos | " + " | ".join(f"layer {n}: share · held · as {n - 1}" for n in layers) + " |",
+    lines = ["| objective, pos | " + " | ".join(f"layer {n}: share · held · as {n - 1}" for n in layers) + " |",
              "|---|" + "---|" * len(layers)]
-    for pos, g in s.groupby("pos", sort=True):
+    for (objective, pos), g in s.groupby(["objective", "pos"], sort=True):
         g = g.set_index("layer")
-        lines.append(f"| {pos} | " + " | ".join(f"{g.at[n, 'share']:.2f} · {g.at[n, 'held_fraction']:.2f} · "
+        lines.append(f"| {objective}, {pos} | " + " | ".join(f"{g.at[n, 'share']:.2f} · {g.at[n, 'held_fraction']:.2f} · "
                                                 f"{g.at[n, 'as_previous']}/{g.at[n, 'seeds']}" for n in layers) + " |")
     return "\n".join(lines)
 
@@ -443,7 +448,8 @@ TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds,
                                                                 order_use_schemes_large_outliers,
                                                                 order_use_schemes_large_5seeds,
                                                                 order_use_schemes_large_5seeds_outliers,
-                                                                minilm_wic_finetune, order_use_dim_identity)}
+                                                                minilm_wic_finetune, order_use_dim_identity,
+                                                                order_use_dim_identity_objectives)}
 
 
 def render(text: str, source: str = "") -> str:
