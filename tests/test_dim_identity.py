@@ -37,11 +37,17 @@ def test_held_since_is_the_start_of_the_final_dimensions_unbroken_run():
 def test_the_summary_counts_seeds_ending_on_the_previous_layers_dimension():
     a = layer_identity(history({"layer_0": [1] * 4, "layer_1": [5] * 4, "layer_2": [5] * 4}))
     b = layer_identity(history({"layer_0": [1] * 4, "layer_1": [1] * 4, "layer_2": [6] * 4}))
-    table = pd.concat([a.assign(folder="f", data="d", objective="mlm", pos="x", seed=s) for s, a in ((1, a), (2, b))])
+    # seed 1 began to use order between the validations at 0 and 250 (its dimensions held since 0: not in that
+    # interval), seed 2 never did
+    table = pd.concat([a.assign(folder="f", data="d", objective="mlm", pos="x", seed=s, use_before=u[0], use_from=u[1])
+                       for s, a, u in ((1, a, (0, 250)), (2, b, (float("nan"),) * 2))])
     s = di.summary(table).set_index("layer")
     assert s["as_previous"].tolist() == [0, 1, 1]  # seed 1 at layer 2, seed 2 at layer 1
     assert s["layers_sharing"].tolist() == [1.5, 2.0, 1.5]
     assert s["held_fraction"].tolist() == [1.0] * 3 and (s["seeds"] == 2).all()
+    assert s["with_use"].tolist() == [0, 0, 0] and s["use_measured"].tolist() == [1, 1, 1]
+    table.loc[(table["seed"] == 1) & (table["layer"] == 2), "held_since"] = 250  # settled in the interval
+    assert di.summary(table).set_index("layer")["with_use"].tolist() == [0, 0, 1]
 
 
 def test_a_history_without_the_rows_is_one_line():
@@ -57,6 +63,8 @@ def test_the_committed_scheme_cells(tmp_path):
     assert set(t["seed"]) == {1, 2, 3} and len(t) == 4 * 3 * 5
     row = t[(t["pos"] == "sinusoidal") & (t["seed"] == 1) & (t["layer"] == 2)].iloc[0]
     assert row["dim"] == 31 and row["last_step"] == 6000 and row["held_since"] <= 4750
+    # every scheme's order use was above 0.1 nats at its first validation, after 1,000 steps
+    assert (t["use_from"] == 1000).all() and (t["use_before"] == 0).all()
     assert "Left out:" in (tmp_path / "dim_identity.md").read_text()
     assert di.main([str(SCHEMES), str(CUT), "--until", "4000", "--out", str(tmp_path / "until")]) == 0
     u = pd.read_csv(tmp_path / "until" / "dim_identity.csv")
@@ -74,7 +82,7 @@ def test_a_loop_monitors_history_and_a_run_directory_from_the_api():
     assert t["dim"].tolist() == [63, 63, 63, 223, 223, 223, 63]
     assert (t["held_since"] == 0).all() and t["layers_sharing"].tolist() == [4, 4, 4, 3, 3, 3, 4]
     cell = SCHEMES / "pos=sinusoidal,seed=1"
-    job = di.collect([cell])[0].drop(columns=["folder", "data", "objective", "pos", "seed"])
+    job = di.collect([cell])[0].drop(columns=["folder", "data", "objective", "pos", "seed", "use_before", "use_from"])
     pd.testing.assert_frame_equal(ol.dim_identity(cell), job)
     with pytest.raises(FileNotFoundError, match="no monitor history at"):
         ol.dim_identity(ROOT / "docs")

@@ -43,11 +43,37 @@ def _group(cell: Cell) -> dict[str, str]:
             "pos": str(cell.config.get("pos.name", cell.overrides.get("pos", "?")))}
 
 
+def use_from(cell: Cell, until: int | None = None) -> dict[str, float]:
+    """The validation at which the cell's order use (``val/order_use`` in ``csv/metrics.csv``, nats) first reached the
+    run's ``order_use_threshold`` (0.1 by default), ``use_from``, and the validation before it, ``use_before`` (0 if
+    it was the first), in optimizer steps like ``held_since``: a layer's dimension settled in the interval in which
+    the model began to use order when ``use_before < held_since <= use_from``.
+    NaN where order use was not measured or never reached the threshold (a model without positions)."""
+    nan = {"use_before": float("nan"), "use_from": float("nan")}
+    path = cell.path / "csv" / "metrics.csv"
+    if not path.is_file():
+        return nan
+    m = pd.read_csv(path)
+    if "val/order_use" not in m:
+        return nan
+    v = m.dropna(subset=["val/order_use"])[["step", "val/order_use"]]
+    v = v[v["step"] <= until] if until is not None else v
+    threshold = cell.config.get("order_use_threshold")
+    above = v[v["val/order_use"] >= (0.1 if threshold is None else float(threshold))]
+    if above.empty:
+        return nan
+    # Lightning's CSV logs a validation at global_step - 1 (5999 for the one after 6,000 steps); the monitor's
+    # records are at global_step (6000): both in optimizer steps here
+    first = int(above["step"].iloc[0])
+    earlier = v.loc[v["step"] < first, "step"]
+    return {"use_before": int(earlier.iloc[-1]) + 1 if len(earlier) else 0, "use_from": first + 1}
+
+
 def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until: int | None = None
             ) -> tuple[pd.DataFrame, list[str]]:
     """Every finished cell's :func:`layer_identity` with its folder, data set (its ``data=`` override), objective,
-    scheme and seed (``until``: of
-    its history up to that step, cells stopped after it admitted); and one line for each cell left out."""
+    scheme and seed, and when the model began to use order (:func:`use_from`); ``until``: of its history up to that
+    step, cells stopped after it admitted.  And one line for each cell left out."""
     tables, skipped = [], []
     for cell in find_cells(paths):
         if until is not None:
@@ -59,21 +85,26 @@ def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until:
             continue
         rows = pd.read_csv(history)
         t = layer_identity(rows if until is None else rows[rows["step"] <= until], statistic)
-        tables.append(t.assign(**_group(cell), seed=cell.seed)[[*_group(cell), "seed", *t.columns]])
+        t = t.assign(**_group(cell), seed=cell.seed, **use_from(cell, until))
+        tables.append(t[[*_group(cell), "seed", *[c for c in t.columns if c not in _group(cell) and c != "seed"]]])
     if not tables:
         raise ValueError(f"no finished cell with {HISTORY} under {', '.join(map(str, paths))}")
     return pd.concat(tables, ignore_index=True), skipped
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per data set, objective, scheme and layer (cells of one group in several folders pooled): seeds, median ``held_fraction``, mean share, how many seeds end
-    the layer on the previous layer's dimension, and the median ``layers_sharing``."""
+    """Per data set, objective, scheme and layer (cells of one group in several folders pooled): seeds, median
+    ``held_fraction``, mean share, how many seeds end the layer on the previous layer's dimension, the median
+    ``layers_sharing``, and how many of the seeds that came to use order (``use_measured``) settled the layer's
+    dimension in the validation interval in which they did (``with_use``, :func:`use_from`)."""
     t = table.sort_values(["folder", "data", "objective", "pos", "seed", "layer"]).copy()
     previous = t.groupby(["folder", "data", "objective", "pos", "seed"])["dim"].shift()
     t["as_previous"] = t["dim"].eq(previous) & t["layer"].gt(0)
+    t["with_use"] = (t["use_before"] < t["held_since"]) & (t["held_since"] <= t["use_from"])  # NaN: False
     return (t.groupby(["data", "objective", "pos", "layer"], sort=True)
             .agg(seeds=("seed", "size"), held_fraction=("held_fraction", "median"), share=("share", "mean"),
-                 as_previous=("as_previous", "sum"), layers_sharing=("layers_sharing", "median"))
+                 as_previous=("as_previous", "sum"), layers_sharing=("layers_sharing", "median"),
+                 with_use=("with_use", "sum"), use_measured=("use_from", "count"))
             .reset_index())
 
 
@@ -81,12 +112,15 @@ def markdown(summ: pd.DataFrame, statistic: str, skipped: list[str]) -> str:
     lines = [f"# Which dimension, since when (`{statistic}`, :mod:`outlierlab.jobs.dim_identity`)", "",
              "held = median over seeds of 1 − (first step of the final dimension's unbroken run) / last step; "
              "as previous = seeds whose layer ends on the previous layer's dimension (chance 1/d); layers on its dim = "
-             "median number of layers ending on the layer's dimension (itself included).", ""]
+             "median number of layers ending on the layer's dimension (itself included); settled with use = seeds whose "
+             "layer's dimension settled in the validation interval in which order use first reached the threshold, "
+             "of the seeds where it did.", ""]
     for data, f in summ.groupby("data", sort=True):
         rows = [[r.objective, r.pos, r.layer, r.seeds, r.held_fraction, r.share,
-                 "–" if r.layer == 0 else f"{r.as_previous}/{r.seeds}", f"{r.layers_sharing:g}"] for r in f.itertuples()]
+                 "–" if r.layer == 0 else f"{r.as_previous}/{r.seeds}", f"{r.layers_sharing:g}",
+                 f"{r.with_use}/{r.use_measured}" if r.use_measured else "–"] for r in f.itertuples()]
         lines += [f"## data={data}", "", md_table(["objective", "pos", "layer", "seeds", "held", "share", "as previous",
-                                                "layers on its dim"], rows, digits=2), ""]
+                                                "layers on its dim", "settled with use"], rows, digits=2), ""]
     if skipped:
         lines += ["Left out: " + "; ".join(skipped), ""]
     return "\n".join(lines)
