@@ -144,6 +144,7 @@ def parses(target: str, argv: list[str], monkeypatch) -> str | None:
     import argparse
     import contextlib
     import io
+    import os
     import runpy
     import sys
 
@@ -164,6 +165,8 @@ def parses(target: str, argv: list[str], monkeypatch) -> str | None:
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_then_stop)
     monkeypatch.setattr(sys, "argv", [target, *argv])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a script's sys.path.insert stays with it
+    environ = dict(os.environ)  # and its os.environ.setdefault(...)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -179,6 +182,8 @@ def parses(target: str, argv: list[str], monkeypatch) -> str | None:
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     finally:
         monkeypatch.undo()
+        os.environ.clear()
+        os.environ.update(environ)
     return "ran to the end without parsing its arguments with argparse"
 
 
