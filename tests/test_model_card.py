@@ -58,7 +58,8 @@ def plant_run(run: Path, remote_code: bool = True) -> Path:
         "10,layer_0,argmax_share,3,0.25\n10,layer_0,kurtosis,,1.5\n10,layer_0,max_median,,4.25\n"
         "10,layer_1,argmax_share,11,0.4375\n10,layer_1,kurtosis,,2.75\n10,layer_1,max_median,,3.5\n"
         "10,layer_2,argmax_share,11,0.375\n10,layer_2,kurtosis,,3.125\n10,layer_2,max_median,,6.5\n"
-        "10,layer_2,pooled_argmax_share,11,0.99\n")
+        "10,layer_2,pooled_argmax_share,11,0.99\n"
+        "0,layer_1,abs_argmax_share,5,0.125\n5,layer_1,abs_argmax_share,11,0.25\n10,layer_1,abs_argmax_share,11,0.5\n")
     (run / "monitor" / "layernorm.csv").write_text(
         "step,name,statistic,dim,value\n0,model,n_outlier_dims,,5\n0,model,min_layers,,2\n"
         "10,model,n_outlier_dims,,3\n10,model,min_layers,,2\n10,embeddings,gain_mean,,1\n")
@@ -101,6 +102,10 @@ def test_card_numbers_are_the_runs_csvs(tmp_path):
     assert d["hidden_states"]["max_kurtosis"] == {"value": float(kurt["value"]), "layer": kurt["name"]}
     assert f"**Largest argmax share:** {float(share['value']):.6g} ({share['name']}, dim {share['dim']})" in card
     assert f"**Largest activation kurtosis:** {float(kurt['value']):.6g} ({kurt['name']})" in card
+    # layer 1's |x| argmax dimension: 5 at step 0, 11 from step 5 on (planted); the other layers have no such rows
+    assert {k: d["hidden_states"]["layers"]["layer_1"][k] for k in ("abs_argmax_dim", "abs_argmax_share", "held_since")} \
+        == {"abs_argmax_dim": 11, "abs_argmax_share": 0.5, "held_since": 5}
+    assert "| layer_1 | 0.4375 | 11 | 11 (0.5) | 5 | 2.75 | 3.5 |" in card and "| layer_0 | 0.25 | 3 | – | – |" in card
     ln = [r for r in _csv(tmp_path / "run" / "monitor" / "layernorm.csv")
           if r["step"] == "10" and r["statistic"] == "n_outlier_dims"]
     assert d["layernorm"]["n_outlier_dims"] == int(float(ln[0]["value"])) == 3

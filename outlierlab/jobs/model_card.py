@@ -104,6 +104,7 @@ def hidden_state_summary(path: Path) -> dict[str, Any] | None:
             entry["argmax_dim"] = int(r["dim"]) if (r.get("dim") or "").lstrip("-").isdigit() else None
     if not layers:
         return None
+    _add_dim_identity(path, layers)
     out: dict[str, Any] = {"step": step, "layers": layers}
     for stat in ("argmax_share", "kurtosis", "max_median"):
         have = {name: e[stat] for name, e in layers.items() if stat in e}
@@ -112,6 +113,24 @@ def hidden_state_summary(path: Path) -> dict[str, Any] | None:
             out[f"max_{stat}"] = {"value": have[name], "layer": name, **({"dim": layers[name].get("argmax_dim")}
                                                                           if stat == "argmax_share" else {})}
     return out
+
+
+def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
+    """Per layer: its |x| argmax dimension at the last record, that dimension's share, and the step since which it
+    has held that place (:func:`outlierlab.analysis.dim_identity.layer_identity`; Kovaleva et al. 2021).  Nothing
+    for a history without ``abs_argmax_share`` rows (older runs)."""
+    import pandas as pd
+
+    from outlierlab.analysis.dim_identity import layer_identity
+
+    try:
+        identity = layer_identity(pd.read_csv(path))
+    except (ValueError, KeyError):
+        return
+    for r in identity.itertuples():
+        if f"layer_{r.layer}" in layers:
+            layers[f"layer_{r.layer}"].update(abs_argmax_dim=int(r.dim), abs_argmax_share=float(r.share),
+                                              held_since=int(r.held_since))
 
 
 def layernorm_summary(path: Path) -> dict[str, Any] | None:
@@ -349,10 +368,15 @@ def _outlier_features(d: dict) -> list[str]:
                 f"* **Largest activation kurtosis:** {_g(k.get('value'))} ({k.get('layer')}); 1 = every dim the same "
                 "RMS (He et al. 2024)",
                 f"* **Largest max/median:** {_g(mm.get('value'))} ({mm.get('layer')})", "",
-                "| layer | argmax share | argmax dim | kurtosis | max/median |", "|---|---|---|---|---|"]
+                "| layer | argmax share | argmax dim | \\|x\\| argmax dim (share) | held since step | kurtosis | "
+                "max/median |", "|---|---|---|---|---|---|---|"]
         for name, e in hs["layers"].items():
-            out.append(f"| {name} | {_g(e.get('argmax_share'))} | {e.get('argmax_dim', '–')} | {_g(e.get('kurtosis'))}"
-                       f" | {_g(e.get('max_median'))} |")
+            ident = (f"{e['abs_argmax_dim']} ({_g(e['abs_argmax_share'])})", e["held_since"]) \
+                if "abs_argmax_dim" in e else ("–", "–")
+            out.append(f"| {name} | {_g(e.get('argmax_share'))} | {e.get('argmax_dim', '–')} | {ident[0]} | "
+                       f"{ident[1]} | {_g(e.get('kurtosis'))} | {_g(e.get('max_median'))} |")
+        out += ["", "held since: the first monitored step from which the layer's |x| argmax dimension stayed the "
+                "same (`python -m outlierlab.jobs.dim_identity`)."]
     else:
         out.append("No hidden-state monitor output (`monitor/hidden_states.csv`).")
     if ln and "n_outlier_dims" in ln:
