@@ -5,7 +5,8 @@ plain-loop monitor) write, per record and layer, the share of tokens whose large
 dimension *and that dimension* (the ``dim`` column of the ``abs_argmax_share`` row of ``hidden_states.csv``; likewise
 ``argmax_share``/``argmin_share``, Luo et al. 2021 §2).  Kovaleva et al. (2021) found BERT's outlier dimensions at
 the same index in every layer, early in pretraining and kept; :func:`layer_identity` reads both properties off one
-history.  Many runs at once: :mod:`outlierlab.jobs.dim_identity`; from a notebook: ``ol.dim_identity``.
+history (defined in docs/design.md's formulas table, "dimension identity").  Many runs at once:
+:mod:`outlierlab.jobs.dim_identity`; from a notebook: ``ol.dim_identity``.
 """
 
 from __future__ import annotations
