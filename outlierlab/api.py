@@ -197,11 +197,11 @@ def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
     ``ol.OutlierMonitor`` / ``ol.OutlierMonitorCallback``).  A DataFrame, a row per layer."""
     import pandas as pd
 
-    from outlierlab.analysis.dim_identity import layer_identity
+    from outlierlab.analysis.dim_identity import HISTORY, layer_identity
 
     if not isinstance(history, pd.DataFrame):
         path = Path(history)
-        found = [p for p in (path, path / "hidden_states.csv", path / "monitor" / "hidden_states.csv") if p.is_file()]
+        found = [p for p in (path, path / "hidden_states.csv", path / HISTORY) if p.is_file()]
         if not found:
             raise FileNotFoundError(f"no monitor history at {path}: give a hidden_states.csv, a directory holding one "
                                     "(a monitor's out_dir) or a train.py run directory (its monitor/hidden_states.csv)")

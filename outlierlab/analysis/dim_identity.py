@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["layer_identity"]
+__all__ = ["layer_identity", "HISTORY"]
 
+#: where a train.py run keeps the history (a loop monitor writes ``<out_dir>/hidden_states.csv``)
 HISTORY = "monitor/hidden_states.csv"
 
 

@@ -1,7 +1,7 @@
 """Which dimension carries each layer's concentration, since when, and in how many layers (Kovaleva et al. 2021).
 
     python -m outlierlab.jobs.dim_identity docs/order_use/cells_schemes_large docs/order_use/cells_large_mlm \\
-        --out docs/order_use/dim_identity
+        --out docs/order_use/dim_identity_large
 
 Kovaleva et al. (2021, "BERT Busters") found BERT's outlier dimensions early in pretraining, at the *same index in
 every layer* (308 and 381 in BERT-base), and kept to the end.  The study aggregator averages *how concentrated* a
@@ -14,7 +14,8 @@ Dimension indices are arbitrary between seeds, so identity is compared within a 
 levels, for reading the numbers: two layers' most common dimensions coincide with probability 1/d if unrelated
 (1/128 at this project's recipes), and a layer without concentration has a share near 1/d.  Descriptive, no test:
 the summary gives per group (data set, objective, scheme) and layer the median ``held_fraction``, the mean share,
-the seeds whose layer ends on the previous layer's dimension and the median ``layers_sharing``.  ``--until STEP``
+the seeds whose layer ends on the previous layer's dimension, the median ``layers_sharing`` and the seeds whose
+dimension settled in the validation interval in which they began to use order (:func:`use_from`).  ``--until STEP``
 reads every history up to STEP and admits cells the clock stopped after it (the study aggregator's ``--until``).
 One run's history (ours, or a Hugging Face Trainer's or plain loop's ``hidden_states.csv``): ``ol.dim_identity``.
 
@@ -29,11 +30,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from outlierlab.analysis.dim_identity import layer_identity
+from outlierlab.analysis.dim_identity import HISTORY, layer_identity
 from outlierlab.jobs.study_cells import Cell, admit_cut, find_cells
 from outlierlab.utils.tables import md_table
 
-HISTORY = "monitor/hidden_states.csv"
 STATISTICS = ("abs_argmax_share", "argmax_share", "argmin_share")  # the monitor rows that carry a dimension
 
 
