@@ -22,6 +22,9 @@
 #   bash scripts/order_recipe_gpu.sh long [SECONDS_PER_CELL]      # LONG_SCHEMES (sinusoidal learned rope none) x
 #     LONG_SEEDS (1), LONG_STEPS (20000) steps on data=english_large, masked (4 cells: unmeasured; 6,000 steps took
 #     ~250 s with 14 cells sharing the GPU, so give a warm machine the call's 540 s and use --stopped/--until)
+#   bash scripts/order_recipe_gpu.sh switches [SECONDS_PER_CELL]  # arch=default,op,pre_ln x SWITCH_SEEDS (1 2 3), learned
+#     positions, english_large, masked (9 cells; then python -m outlierlab.jobs.study <exported cells>
+#     --contrast arch=default,op --contrast arch=default,pre_ln --primary val/loss@model,hidden/kurtosis@max_layer)
 #   bash scripts/order_recipe_gpu.sh haviv,schemes 450           # several modes at once, one process per cell
 #     (measured: SEEDS="4 5" ... haviv,schemes,large 470 ran 22 cells at once on one H100 and every one finished its
 #     6,000 steps; the whole call took 420 s. LARGE_SEEDS="2 3" ... large 290: 4 cells, 257 s. LARGE_OBJECTIVES="mlm
@@ -97,6 +100,13 @@ if has long; then  # LONG_STEPS (20,000) of LONG_SCHEMES on data=english_large, 
   for seed in ${LONG_SEEDS:-1}; do for p in ${LONG_SCHEMES:-sinusoidal learned rope none}; do
     cell "long/pos=$p,seed=$seed" experiment=order_recipe data=english_large objective=mlm pos=$p seed=$seed \
       trainer.max_steps=${LONG_STEPS:-20000} callbacks.model_checkpoint.every_n_train_steps=100000
+  done; done
+fi
+if has switches; then  # He et al.'s Outlier-Protected block and pre-LN against plain RoBERTa (experiment=switch_seeds'
+  # arches) where the learned table is used: the switch study's contrasts outside the bag-of-words regime
+  for seed in ${SWITCH_SEEDS:-1 2 3}; do for a in default op pre_ln; do
+    cell "switches/arch=$a,seed=$seed" experiment=order_recipe data=english_large objective=mlm pos=learned arch=$a \
+      seed=$seed callbacks.model_checkpoint.every_n_train_steps=100000
   done; done
 fi
 if has sweep; then

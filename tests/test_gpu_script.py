@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT, compose
 
-MODES = "study,haviv,schemes,large,long,sweep"
+MODES = "study,haviv,schemes,large,long,switches,sweep"
 
 
 def recorded_cells(tmp_path: Path, modes: str = MODES, **env_extra: str) -> list[list[str]]:
@@ -38,8 +38,9 @@ def test_every_cell_of_the_gpu_script_composes_and_passes_the_preflight_check(tm
     from outlierlab.jobs.startup import check_train_config
 
     cells = recorded_cells(tmp_path)
-    # study 10 + 3 recipe variants, haviv 2 x 2 x 5, schemes 4 x 3, large 2 x 2 (seed 1), long 4, sweep 8 real + 8 task
-    assert len(cells) == 13 + 20 + 12 + 4 + 4 + 16, len(cells)
+    # study 10 + 3 recipe variants, haviv 2 x 2 x 5, schemes 4 x 3, large 2 x 2 (seed 1), long 4, switches 3 x 3,
+    # sweep 8 real + 8 task
+    assert len(cells) == 13 + 20 + 12 + 4 + 4 + 9 + 16, len(cells)
     assert not list((tmp_path / "gpu_runs").glob("*/*.log")), "DRY mode launched a cell"
     distinct = {tuple(a for a in c if not a.startswith("seed=")) for c in cells}  # seeds compose alike
     for overrides in sorted(distinct):
@@ -50,7 +51,12 @@ def test_every_cell_of_the_gpu_script_composes_and_passes_the_preflight_check(tm
     assert sorted(a for c in long for a in c if a.startswith("pos=")) == ["pos=learned", "pos=none", "pos=rope",
                                                                           "pos=sinusoidal"]
     assert compose("train", [a for a in long[0] if not a.startswith("seed=")]).trainer.max_steps == 20000
-    large = [c for c in cells if "data=english_large" in c and c not in long]
+    switches = [c for c in cells if any(a.startswith("arch=") for a in c)]
+    assert sorted({a for c in switches for a in c if a.startswith("arch=")}) == ["arch=default", "arch=op", "arch=pre_ln"]
+    op = compose("train", [a for a in switches[1] if not a.startswith("seed=")])
+    assert "arch=op" in switches[1] and op.trainer.max_steps == 6000 and op.data.batch_size == 128  # the recipe's
+    assert op.model.block == "op" and op.module.optimizer.lr == 1e-3
+    large = [c for c in cells if "data=english_large" in c and c not in long and c not in switches]
     assert {a for c in large for a in c if a.startswith("pos=")} == {"pos=learned", "pos=none"}
     assert {a for c in large for a in c if a.startswith("objective=")} == {"objective=mlm", "objective=clm"}
 
