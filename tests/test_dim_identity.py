@@ -39,7 +39,8 @@ def test_the_summary_counts_seeds_ending_on_the_previous_layers_dimension():
     b = layer_identity(history({"layer_0": [1] * 4, "layer_1": [1] * 4, "layer_2": [6] * 4}))
     # seed 1 began to use order between the validations at 0 and 250 (its dimensions held since 0: not in that
     # interval), seed 2 never did
-    table = pd.concat([a.assign(folder="f", data="d", objective="mlm", pos="x", seed=s, use_before=u[0], use_from=u[1])
+    table = pd.concat([a.assign(group="pos=x", folder="f", data="d", objective="mlm", pos="x", seed=s, use_before=u[0],
+                                use_from=u[1])
                        for s, a, u in ((1, a, (0, 250)), (2, b, (float("nan"),) * 2))])
     s = di.summary(table).set_index("layer")
     assert s["as_previous"].tolist() == [0, 1, 1]  # seed 1 at layer 2, seed 2 at layer 1
@@ -82,10 +83,20 @@ def test_a_loop_monitors_history_and_a_run_directory_from_the_api():
     assert t["dim"].tolist() == [63, 63, 63, 223, 223, 223, 63]
     assert (t["held_since"] == 0).all() and t["layers_sharing"].tolist() == [4, 4, 4, 3, 3, 3, 4]
     cell = SCHEMES / "pos=sinusoidal,seed=1"
-    job = di.collect([cell])[0].drop(columns=["folder", "data", "objective", "pos", "seed", "use_before", "use_from"])
+    job = di.collect([cell])[0].drop(columns=["group", "folder", "data", "objective", "pos", "seed", "use_before",
+                                              "use_from"])
     pd.testing.assert_frame_equal(ol.dim_identity(cell), job)
     with pytest.raises(FileNotFoundError, match="no monitor history at"):
         ol.dim_identity(ROOT / "docs")
+
+
+def test_cells_that_differ_in_another_override_are_other_groups(tmp_path):
+    """The committed switch study (plain, OP block, pre-LN; all learned positions, 5 seeds each): three groups named
+    by the override that differs, not one pooled 'learned' group."""
+    table, _ = di.collect([ROOT / "docs" / "emergence" / "switch_seeds_gpu"])
+    assert sorted(table["group"].unique()) == ["arch=default", "arch=op", "arch=pre_ln"]
+    s = di.summary(table)
+    assert (s["seeds"] == 5).all() and len(s) == 3 * 5
 
 
 def test_a_missing_folder_is_one_line(tmp_path, capsys):

@@ -8,12 +8,13 @@ every layer* (308 and 381 in BERT-base), and kept to the end.  The study aggrega
 layer is (``abs_argmax_share``), not *which* dimension that is; the live monitor records the dimension beside the
 share, and the exported cells keep it.  Per finished cell and layer this job gives
 :func:`outlierlab.analysis.dim_identity.layer_identity` (the dimension and share at the last record, ``held_since``,
-``held_fraction``, ``layers_sharing``) with the cell's folder, data set, objective, scheme and seed.
+``held_fraction``, ``layers_sharing``) with the cell's group (every identity override that differs between the
+cells, as the study aggregator names groups: ``pos=rope``, ``arch=op``), folder, data set, objective, scheme and seed.
 
 Dimension indices are arbitrary between seeds, so identity is compared within a cell, never across seeds.  Chance
 levels, for reading the numbers: two layers' most common dimensions coincide with probability 1/d if unrelated
 (1/128 at this project's recipes), and a layer without concentration has a share near 1/d.  Descriptive, no test:
-the summary gives per group (data set, objective, scheme) and layer the median ``held_fraction``, the mean share,
+the summary gives per group and layer the median ``held_fraction``, the mean share,
 the seeds whose layer ends on the previous layer's dimension, the median ``layers_sharing`` and the seeds whose
 dimension settled in the validation interval in which they began to use order (:func:`use_from`).  ``--until STEP``
 reads every history up to STEP and admits cells the clock stopped after it (the study aggregator's ``--until``).
@@ -71,10 +72,10 @@ def use_from(cell: Cell, until: int | None = None) -> dict[str, float]:
 
 def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until: int | None = None
             ) -> tuple[pd.DataFrame, list[str]]:
-    """Every finished cell's :func:`layer_identity` with its folder, data set (its ``data=`` override), objective,
-    scheme and seed, and when the model began to use order (:func:`use_from`); ``until``: of its history up to that
+    """Every finished cell's :func:`layer_identity` with its group, folder, data set (its ``data=`` override),
+    objective, scheme and seed, and when the model began to use order (:func:`use_from`); ``until``: of its history up to that
     step, cells stopped after it admitted.  And one line for each cell left out."""
-    tables, skipped = [], []
+    found, skipped = [], []
     for cell in find_cells(paths):
         if until is not None:
             admit_cut(cell, until)
@@ -85,23 +86,32 @@ def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until:
             continue
         rows = pd.read_csv(history)
         t = layer_identity(rows if until is None else rows[rows["step"] <= until], statistic)
-        t = t.assign(**_group(cell), seed=cell.seed, **use_from(cell, until))
-        tables.append(t[[*_group(cell), "seed", *[c for c in t.columns if c not in _group(cell) and c != "seed"]]])
-    if not tables:
+        found.append((cell, t.assign(seed=cell.seed, **use_from(cell, until))))
+    if not found:
         raise ValueError(f"no finished cell with {HISTORY} under {', '.join(map(str, paths))}")
+    # a group is every identity override that differs between the cells (the seed aside), as the study aggregator
+    # groups them: cells of one group in several folders pool, cells differing in arch= (say) do not
+    keys = sorted({k for c, _ in found for k in c.overrides})
+    varying = [k for k in keys if len({c.overrides.get(k) for c, _ in found}) > 1]
+    tables = []
+    for cell, t in found:
+        label = ",".join(f"{k}={cell.overrides.get(k, '-')}" for k in varying) or "all"
+        columns = {"group": label, **_group(cell)}
+        tables.append(t.assign(**columns)[[*columns, "seed", *[c for c in t.columns if c != "seed"]]])
     return pd.concat(tables, ignore_index=True), skipped
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per data set, objective, scheme and layer (cells of one group in several folders pooled): seeds, median
+    """Per group (every identity override that differs between the cells; one group's cells in several folders
+    pooled) and layer: seeds, median
     ``held_fraction``, mean share, how many seeds end the layer on the previous layer's dimension, the median
     ``layers_sharing``, and how many of the seeds that came to use order (``use_measured``) settled the layer's
     dimension in the validation interval in which they did (``with_use``, :func:`use_from`)."""
-    t = table.sort_values(["folder", "data", "objective", "pos", "seed", "layer"]).copy()
-    previous = t.groupby(["folder", "data", "objective", "pos", "seed"])["dim"].shift()
+    t = table.sort_values(["group", "folder", "seed", "layer"]).copy()
+    previous = t.groupby(["group", "folder", "seed"])["dim"].shift()
     t["as_previous"] = t["dim"].eq(previous) & t["layer"].gt(0)
     t["with_use"] = (t["use_before"] < t["held_since"]) & (t["held_since"] <= t["use_from"])  # NaN: False
-    return (t.groupby(["data", "objective", "pos", "layer"], sort=True)
+    return (t.groupby(["group", "data", "objective", "pos", "layer"], sort=True)
             .agg(seeds=("seed", "size"), held_fraction=("held_fraction", "median"), share=("share", "mean"),
                  as_previous=("as_previous", "sum"), layers_sharing=("layers_sharing", "median"),
                  with_use=("with_use", "sum"), use_measured=("use_from", "count"))
@@ -115,12 +125,11 @@ def markdown(summ: pd.DataFrame, statistic: str, skipped: list[str]) -> str:
              "median number of layers ending on the layer's dimension (itself included); settled with use = seeds whose "
              "layer's dimension settled in the validation interval in which order use first reached the threshold, "
              "of the seeds where it did.", ""]
-    for data, f in summ.groupby("data", sort=True):
-        rows = [[r.objective, r.pos, r.layer, r.seeds, r.held_fraction, r.share,
-                 "–" if r.layer == 0 else f"{r.as_previous}/{r.seeds}", f"{r.layers_sharing:g}",
-                 f"{r.with_use}/{r.use_measured}" if r.use_measured else "–"] for r in f.itertuples()]
-        lines += [f"## data={data}", "", md_table(["objective", "pos", "layer", "seeds", "held", "share", "as previous",
-                                                "layers on its dim", "settled with use"], rows, digits=2), ""]
+    rows = [[r.group, r.layer, r.seeds, r.held_fraction, r.share,
+             "–" if r.layer == 0 else f"{r.as_previous}/{r.seeds}", f"{r.layers_sharing:g}",
+             f"{r.with_use}/{r.use_measured}" if r.use_measured else "–"] for r in summ.itertuples()]
+    lines += [md_table(["group", "layer", "seeds", "held", "share", "as previous", "layers on its dim",
+                        "settled with use"], rows, digits=2), ""]
     if skipped:
         lines += ["Left out: " + "; ".join(skipped), ""]
     return "\n".join(lines)
@@ -142,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "dim_identity.csv", index=False, float_format="%.6g")
     (out / "dim_identity.md").write_text(markdown(summary(table), args.statistic, skipped))
-    print(f"dim_identity: {len(table)} rows from {table.groupby(['folder', 'data', 'objective', 'pos', 'seed']).ngroups} "
+    print(f"dim_identity: {len(table)} rows from {table.groupby(['folder', 'group', 'seed']).ngroups} "
           f"cells -> {out}/dim_identity.csv, dim_identity.md")
     return 0
 
