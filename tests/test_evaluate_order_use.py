@@ -106,7 +106,7 @@ def test_texts_with_nothing_to_shuffle_leave_the_rest_of_the_section(tmp_path):
 
 
 def test_probe_py_reports_the_order_use_evaluate_py_measures(tmp_path):
-    """The position probe's order-use section (probe.py ``order_use=true``, the default) is evaluate.py's
+    """The position probe's order-use section (probe.py ``probe.order_use=true``, the default) is evaluate.py's
     ``order_use`` on the same sentences and seed: the same rows, on the shipped MiniLM (no LM head: its attention
     locality and sentence-vector order change)."""
     import pandas as pd

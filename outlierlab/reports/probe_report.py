@@ -25,7 +25,7 @@ COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "
 POSITION_CAVEAT = ("- reads: a linear probe finds the position a layer *carries*, not one the model *uses* -- a learned "
                    "table's distinct rows are decodable in a model that ignores word order (docs/order_use.md, "
                    "\"Position probes\"); whether it uses order: the order-use section below (probe.py "
-                   "`order_use=true`, the default; or `python evaluate.py encoder.name_or_path=... "
+                   "`probe.order_use=true`, the default; or `python evaluate.py encoder.name_or_path=... "
                    "'analyses=[order_use]'`): in nats with a masked or causal LM head, without one how far "
                    "shuffling moves each layer's sentence vectors")
 #: Under the position probe of a masked LM of ours without positions (permutation-equivariant, docs/order_use.md).
