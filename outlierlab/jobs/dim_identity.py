@@ -136,10 +136,11 @@ def markdown(summ: pd.DataFrame, statistic: str, skipped: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m outlierlab.jobs.dim_identity", description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", help="folders of cells (a sweep or exported cells), or cells")
     ap.add_argument("--out", required=True, help="where dim_identity.csv and dim_identity.md go")
-    ap.add_argument("--statistic", default="abs_argmax_share", choices=STATISTICS)
+    ap.add_argument("--statistic", default="abs_argmax_share", choices=STATISTICS,
+                    help="whose dimension: the |x| argmax (default), the signed argmax or the argmin (Luo et al. 2021)")
     ap.add_argument("--until", type=int, help="read the histories up to this step; admit cells stopped after it")
     args = ap.parse_args(argv)
     try:
