@@ -4,7 +4,9 @@
 # learned-position candidates beside their no-position references and rope; plus the synthetic order task per
 # position scheme. Small files of every run end in $OUT/order_recipe_gpu_<mode>.tgz.part_* (or ./...).
 #   bash scripts/order_recipe_gpu.sh sweep [SECONDS_PER_CELL]     # the candidates
-#   bash scripts/order_recipe_gpu.sh study [SECONDS_PER_CELL]     # experiment=order_recipe, learned/none x 5 seeds
+#   bash scripts/order_recipe_gpu.sh study [SECONDS_PER_CELL]     # experiment=order_recipe, learned/none x STUDY_SEEDS
+#     (1 2 3 4 5; STUDY_SEEDS="6 7 8 9 10" for more: does the learned table's dimension settle as order use begins,
+#     3 of 5 so far: outlierlab.jobs.dim_identity on the exported cells)
 #   bash scripts/order_recipe_gpu.sh haviv [SECONDS_PER_CELL]     # {mlm, clm} x {learned, none} x 5 seeds of
 #     experiment=order_recipe: Haviv et al.'s masked-vs-causal interaction with a masked model that uses its
 #     positions (measured: 12 cells, SEEDS="1 2 3", 250 s on one H100 took the mlm cells to 6,000 steps and the
@@ -67,7 +69,7 @@ cell() {  # name, overrides...
 }
 has() { case ",$MODE," in *",$1,"*) return 0;; esac; return 1; }
 if has study; then
-  for seed in 1 2 3 4 5; do for p in learned none; do
+  for seed in ${STUDY_SEEDS:-1 2 3 4 5}; do for p in learned none; do
     cell "study/pos=$p,seed=$seed" experiment=order_recipe pos=$p seed=$seed callbacks.model_checkpoint.every_n_train_steps=100000
   done; done
   # what moved it: the batch or the learning rate (6,000 steps each, like the study)

@@ -62,6 +62,12 @@ def test_every_cell_of_the_gpu_script_composes_and_passes_the_preflight_check(tm
 
 
 
+def test_study_seeds_are_a_variable(tmp_path):
+    cells = recorded_cells(tmp_path, "study", STUDY_SEEDS="6 7")
+    study = [c for c in cells if any(a.startswith("seed=") for a in c)]  # not the three recipe variants
+    assert sorted({a for c in study for a in c if a.startswith("seed=")}) == ["seed=6", "seed=7"] and len(study) == 4
+
+
 def test_extra_overrides_reach_every_cell_and_compose(tmp_path):
     from outlierlab.jobs.startup import check_train_config
 
