@@ -73,13 +73,13 @@ def test_study_reports_the_mde_of_the_declared_primary_contrast(tmp_path):
     p_low = stats.t.sf((d.mean() + 20) / se, 2)
     p_high = stats.t.cdf((d.mean() - 20) / se, 2)
     assert r["tost_p"] == pytest.approx(max(p_low, p_high), rel=1e-6)
-    # everything else is in the BH family or in none; step 0 (kurtosis 1.0 in every run) is not tested
-    assert set(c["family"]) <= {"primary", "secondary", "not tested", "duplicate"}
+    # everything else is exploratory (BH within its kind) or in none; step 0 (kurtosis 1.0 in every run) is not tested
+    assert set(c["family"]) <= {"primary", "exploratory", "exploratory performance", "not tested", "duplicate"}
     r0 = row(c, step=0, layer="layer_2", metric="hidden/kurtosis")
     assert r0["family"] == "not tested" and math.isnan(r0["p_value"]) and r0["note"] == "constant across seeds"
     md = (res["out"] / "study.md").read_text()
-    assert "primary family: 1 contrasts" in md and "Primary metrics (--primary): hidden/kurtosis@layer_2" in md
-    assert "in the contrasts pos=learned,none" in md  # the experiment config's, with --primary over its metrics
+    assert "**primary (outlier claims): 1 tests** — rule: declared (--primary)" in md
+    assert "metrics: hidden/kurtosis@layer_2; in pos=learned,none" in md  # the experiment config's, with --primary over its metrics
 
 
 def test_tost_within_a_wide_margin_and_not_within_a_narrow_one():

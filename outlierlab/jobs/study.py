@@ -20,8 +20,11 @@ budget (a wall-clock cut) whose numbers reach STEP; then every cell's rows after
 compared on the same steps, and study.md names each admitted cell and where it stopped. Unusable cells (a torn, truncated, header-only or changed file, a torn
 marker, a cell extended and interrupted: :mod:`outlierlab.jobs.study_cells`) are listed one line each and left out,
 never averaged. Every row states its n; ``n_below_seeds`` marks a row with fewer seeds than its group holds.
-Bounded measures (shares, cosines) get intervals inside their range; contrasts get corrected p-values over the
-declared families, the minimum detectable effect and TOST (:mod:`outlierlab.jobs.study_families`).
+Bounded measures (shares, cosines) get intervals inside their range; contrasts get corrected p-values within declared
+families -- the outlier measures at the last step every cell reached (``--primary`` or the config's
+``study_design``, else a default set), the declared performance measures, and the exploratory rest, loss never pooled
+with an outlier measure -- the minimum detectable effect and TOST (:mod:`outlierlab.jobs.study_families`). Paired
+tests pair on each cell's resolved seed.
 """
 
 from __future__ import annotations
@@ -311,8 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", default=None, help="comma-separated steps for study.md (default: 0, middle, last)")
     parser.add_argument("--layers", default=None, help=f"comma-separated layers (default: the last, {LAYER_MAX}, model)")
     parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--primary", default=None, help="comma-separated metric@layer of the primary family (Holm), "
-                        "e.g. hidden/argmax_share@layer_4,val/ppl@model (default: the experiment config's study_design)")
+    parser.add_argument("--primary", default=None, help="comma-separated metric@layer of the confirmatory families "
+                        "(Holm), at the last step every cell reached, e.g. hidden/argmax_share@layer_4,val/ppl@model: "
+                        "outlier measures form the primary family, loss/accuracy/perplexity/order use their own "
+                        "(default: the experiment config's study_design, else the outlier measures at max_layer)")
     parser.add_argument("--equivalence-margin", default=None, help="TOST margin: one number, or metric=margin,... "
                         "in the metric's units (default: the experiment config's study_design)")
     parser.add_argument("--allow-mixed-code", action="store_true", help="average cells of different code versions")

@@ -5,25 +5,35 @@ The design is declared beside the sweep, in the experiment config (``configs/exp
     study_design:
       contrasts: ["pos=learned,none"]                         # run when no --contrast is given
       primary_contrasts: ["pos=learned,none"]                 # the primary family's contrasts (default: all)
-      primary: [hidden/argmax_share@layer_4, val/ppl@model]   # metric@layer, at the last recorded step
+      primary: [hidden/argmax_share@layer_4, val/ppl@model]   # metric@layer, at the last step every cell reached
       equivalence_margin: {hidden/argmax_share: 0.1}          # in the metric's own units (TOST)
 
 or on the command line (``--primary``, ``--equivalence-margin``), which wins. Read from, in order: the command
 line, the cells' resolved config (cells made since the key exists), ``configs/experiment/<experiment>.yaml`` of the
 cells' ``experiment=`` override.
 
-Every contrast row gets a ``family``: ``primary`` (a declared metric@layer at its last step, in a primary
-contrast) -> Holm-adjusted ``p_holm`` over that family; ``secondary`` -> Benjamini–Hochberg ``q_bh`` over
-all of them; ``not tested`` (p is NaN: constant across seeds or one seed) and ``duplicate`` (a post-hoc row at a
-step where the live monitor recorded the same statistic of the same model) are in no family. Primary rows also
-get the minimum detectable effect at 80 % power (``mde``) and, where a margin is declared, the TOST p-value
-(``tost_p``) -- :mod:`outlierlab.analysis.study_inference`.
+Every contrast row gets a ``family``; corrections are made within a family, never across:
+
+* ``primary`` -- the confirmatory family of outlier claims: the declared outlier (or geometry) metric@layer at the
+  last step every cell of both groups reached, in the primary contrasts; nothing declared: :data:`DEFAULT_PRIMARY`.
+  Holm-adjusted ``p_holm`` (family-wise error) and BH ``q_bh``, both within the family.
+* ``performance`` -- the declared loss, accuracy, perplexity or order-use metric@layer (:data:`PERFORMANCE`) at that
+  step: their own confirmatory family, Holm and BH within it; never pooled with an outlier measure.
+* ``exploratory`` -- every other outlier or geometry row: other layers, other contrasts, and every earlier step (the
+  curves: per-step rows are not confirmatory tests); BH ``q_bh`` within the exploratory rows.
+* ``exploratory performance`` -- every other performance row; BH within them.
+* ``not tested`` (p is NaN: constant across seeds or one seed) and ``duplicate`` (a post-hoc row at a step where the
+  live monitor recorded the same statistic of the same model): in no family.
+
+Confirmatory rows also get the minimum detectable effect at 80 % power (``mde``) and, where a margin is declared,
+the TOST p-value (``tost_p``) -- :mod:`outlierlab.analysis.study_inference`.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -35,6 +45,26 @@ from outlierlab.jobs.overrides import CONFIG_DIR
 
 CONFIGS = CONFIG_DIR / "experiment"
 DESIGN_KEY = "study_design"
+
+#: Performance measures -- training and validation loss, accuracy, perplexity, order use (a loss difference) --
+#: differ between almost any two trained groups at almost every step; pooled with outlier measures they would make
+#: Benjamini-Hochberg lenient for everything else, so they are never in an outlier claim's family.
+PERFORMANCE = re.compile(r"(^train/|(^|/)(loss|acc|accuracy|ppl|perplexity|order_use)$)")
+#: The confirmatory family when no outlier measure is declared: the outlier measures of docs/outlier_metrics.md at
+#: the most concentrated layer (``max_layer``, taken within each run) and the model's LayerNorm outlier count.
+DEFAULT_PRIMARY = [("hidden/kurtosis", "max_layer"), ("hidden/max_median", "max_layer"),
+                   ("hidden/argmax_share", "max_layer"), ("hidden/abs_argmax_share", "max_layer"),
+                   ("hidden/inf_norm_ffn_output", "max_layer"), ("layernorm/n_outlier_dims", "model"),
+                   ("posthoc/kurtosis", "max_layer"), ("posthoc/max_median", "max_layer"),
+                   ("posthoc/argmax_share", "max_layer"), ("posthoc/abs_argmax_share", "max_layer"),
+                   ("posthoc/n_layernorm_outliers", "model")]
+DEFAULT_RULE = ("the outlier measures at the last step every cell reached (nothing declared): kurtosis, max/median, "
+                "argmax share, |x| argmax share and FFN-output inf-norm at the most concentrated layer, and the "
+                "LayerNorm outlier count")
+PRIMARY, PERFORMANCE_FAMILY = "primary", "performance"
+CONFIRMATORY = (PRIMARY, PERFORMANCE_FAMILY)
+EXPLORATORY, EXPLORATORY_PERFORMANCE = "exploratory", "exploratory performance"
+NOT_TESTED, DUPLICATE = "not tested", "duplicate"
 
 
 def parse_primary(items: Sequence[str]) -> list[tuple[str, str]]:
@@ -126,32 +156,70 @@ def _standardized_mde(n_a: int, n_b: int, paired: bool) -> float:
     return minimum_detectable_effect(n_a, n_b, 1.0, paired)
 
 
+def is_performance(metric: str) -> bool:
+    """Loss, accuracy, perplexity and order use (:data:`PERFORMANCE`): never in the family of an outlier claim."""
+    return bool(PERFORMANCE.search(metric))
+
+
+def last_reached(per_seed: pd.DataFrame) -> dict[str, int]:
+    """Per group, the last step every one of its cells reached (the smallest of the cells' last recorded steps)."""
+    if per_seed.empty:
+        return {}
+    ends = per_seed[per_seed["step"] >= 0].groupby(["group", "seed"], dropna=False)["step"].max()
+    return {str(g): int(v) for g, v in ends.groupby(level="group").min().items()}
+
+
+def family_rules(design: dict, present: set[tuple[str, str]] | None = None) -> dict[str, list[tuple[str, str]]]:
+    """``{"primary": [(metric, layer)], "performance": [...]}``: the declared metric@layer split by kind -- outlier
+    and geometry measures form the primary family, performance measures their own -- and, when no outlier measure is
+    declared, :data:`DEFAULT_PRIMARY` (those of it in ``present``, when given)."""
+    declared = list(design.get("primary") or [])
+    outlier = [x for x in declared if not is_performance(x[0])]
+    default = not outlier
+    if default:
+        outlier = [x for x in DEFAULT_PRIMARY if present is None or x in present]
+    return {"primary": outlier, "performance": [x for x in declared if is_performance(x[0])], "default": default}
+
+
 def assign_families(table: pd.DataFrame, per_seed: pd.DataFrame, design: dict) -> pd.DataFrame:
     """Add ``family, p_holm, q_bh, mde, margin, tost_p`` to a contrast table (see the module docstring)."""
+    cols = dict(family=[], p_holm=[], q_bh=[], mde=[], margin=[], tost_p=[])
     if table.empty:
-        return table.assign(family=[], p_holm=[], q_bh=[], mde=[], margin=[], tost_p=[])
+        return table.assign(**cols)
     t = table.copy()
-    t["family"] = "secondary"
-    t.loc[~np.isfinite(t["p_value"].astype(float)), "family"] = "not tested"
+    perf = t["metric"].map(is_performance)
+    t["family"] = np.where(perf, EXPLORATORY_PERFORMANCE, EXPLORATORY)
+    testable = np.isfinite(t["p_value"].astype(float))
+    t.loc[~testable, "family"] = NOT_TESTED
     hidden = set(zip(t["group_a"], t["group_b"], t["step"], t["layer"], t["metric"]))
-    is_dup = [m.startswith("posthoc/") and (ga, gb, s, l, "hidden/" + m[len("posthoc/"):]) in hidden
-              for ga, gb, s, l, m in zip(t["group_a"], t["group_b"], t["step"], t["layer"], t["metric"])]
-    t.loc[np.array(is_dup) & (t["family"] == "secondary"), "family"] = "duplicate"
+    is_dup = np.array([m.startswith("posthoc/") and (ga, gb, s, l, "hidden/" + m[len("posthoc/"):]) in hidden
+                       for ga, gb, s, l, m in zip(t["group_a"], t["group_b"], t["step"], t["layer"], t["metric"])],
+                      dtype=bool)
+    t.loc[is_dup & testable, "family"] = DUPLICATE
+    # the last step every cell of both groups reached; per metric and layer, its last row at or before that step
+    reached = last_reached(per_seed)
+    end = [min(reached.get(ga, s), reached.get(gb, s)) for ga, gb, s in zip(t["group_a"], t["group_b"], t["step"])]
+    upto = t[t["step"].to_numpy() <= np.array(end)]
+    final = upto.groupby(["contrast", "group_a", "group_b", "metric", "layer"])["step"].transform("max")
+    at_end = pd.Series(False, index=t.index)
+    at_end.loc[upto.index] = upto["step"].to_numpy() == final.to_numpy()
     declared = {contrast_name(c) for c in design.get("primary_contrasts") or []}
     in_primary_contrast = t["contrast"].isin(declared) if declared else pd.Series(True, index=t.index)
-    for metric, layer in design["primary"]:
-        sel = (t["metric"] == metric) & (t["layer"] == layer) & in_primary_contrast
-        if not sel.any():
-            continue
-        last = t[sel].groupby(["group_a", "group_b"])["step"].transform("max")
-        t.loc[t[sel].index[t.loc[sel, "step"].to_numpy() == last.to_numpy()], "family"] = "primary"
+    rules = family_rules(design, set(zip(t["metric"], t["layer"])))
+    candidates = at_end & in_primary_contrast & t["family"].isin([EXPLORATORY, EXPLORATORY_PERFORMANCE])
+    for family in CONFIRMATORY:
+        wanted = set(rules[family])
+        sel = candidates & pd.Series([(m, l) in wanted for m, l in zip(t["metric"], t["layer"])], index=t.index)
+        t.loc[sel, "family"] = family
     t["p_holm"] = math.nan
     t["q_bh"] = math.nan
-    prim, sec = t["family"] == "primary", t["family"] == "secondary"
-    t.loc[prim, "p_holm"] = adjust_pvalues(t.loc[prim, "p_value"], "holm")
-    t.loc[sec, "q_bh"] = adjust_pvalues(t.loc[sec, "p_value"], "fdr_bh")
+    for family in (*CONFIRMATORY, EXPLORATORY, EXPLORATORY_PERFORMANCE):
+        sel = t["family"] == family
+        if family in CONFIRMATORY:
+            t.loc[sel, "p_holm"] = adjust_pvalues(t.loc[sel, "p_value"], "holm")
+        t.loc[sel, "q_bh"] = adjust_pvalues(t.loc[sel, "p_value"], "fdr_bh")
     t["mde"], t["margin"], t["tost_p"] = math.nan, math.nan, math.nan
-    for i in t.index[prim]:
+    for i in t.index[t["family"].isin(CONFIRMATORY)]:
         r = t.loc[i]
         paired = r["test"] == "paired t"
         n_a, n_b = (int(r["n_pairs"]), int(r["n_pairs"])) if paired else (int(r["n_a"]), int(r["n_b"]))

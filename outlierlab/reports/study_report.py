@@ -14,6 +14,9 @@ from matplotlib.figure import Figure
 
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT
+from outlierlab.jobs.study_families import (CONFIRMATORY, DEFAULT_RULE, DUPLICATE, EXPLORATORY,
+                                           EXPLORATORY_PERFORMANCE, NOT_TESTED, PERFORMANCE_FAMILY, PRIMARY,
+                                           family_rules)
 from outlierlab.utils.tables import md_table
 
 
@@ -40,22 +43,58 @@ def _nearest(available: Sequence[int], step: int) -> int | None:
     return min(available, key=lambda s: abs(s - step)) if len(available) else None
 
 
+def _adjusted(r: pd.Series) -> str:
+    """The row's corrected p-value, named by its correction and family."""
+    family = r.get("family")
+    if family in CONFIRMATORY:
+        return f"{_fmt(r['p_holm'])} (Holm{', performance' if family == PERFORMANCE_FAMILY else ''})"
+    if family in (EXPLORATORY, EXPLORATORY_PERFORMANCE):
+        return f"{_fmt(r['q_bh'])} (BH, {family})"
+    return str(family) if isinstance(family, str) else "–"
+
+
 def _design_lines(design: Mapping | None, contrasts: Mapping[str, pd.DataFrame]) -> list[str]:
     if not contrasts:
         return []
     joined = pd.concat(contrasts.values(), ignore_index=True)
     sizes = joined["family"].value_counts().to_dict() if "family" in joined else {}
-    primary = ", ".join(f"{m}@{l}" for m, l in (design or {}).get("primary", [])) or "none declared"
+    design = design or {}
+    rules = family_rules({"primary": design.get("primary", [])}, set(zip(joined.get("metric", []), joined.get("layer", []))))
+    where = ", ".join(design.get("primary_contrasts") or []) or "every contrast below"
+
+    def listed(pairs) -> str:
+        return ", ".join(f"{m}@{l}" for m, l in pairs) or "none"
+
+    primary_rule = (DEFAULT_RULE if rules["default"] else
+                    f"declared ({design.get('source', 'none declared')}), at the last step every cell reached")
+    perf_rule = (f"declared ({design.get('source')}), at the last step every cell reached" if rules["performance"]
+                 else "none declared")
+
+    def significant(family: str, column: str) -> int:
+        sub = joined[joined["family"] == family] if "family" in joined else joined.iloc[:0]
+        return int((sub[column] < 0.05).sum())
+
     lines = ["", "## Families and corrections", "",
-             f"Primary metrics ({(design or {}).get('source', 'none declared')}): {primary}, at the last recorded step, "
-             f"in the contrasts {', '.join((design or {}).get('primary_contrasts') or []) or '(all below)'}.", "",
-             f"* **primary family: {sizes.get('primary', 0)} contrasts** — Holm-adjusted p (`p_holm`, family-wise 5%);",
-             f"* **secondary: {sizes.get('secondary', 0)} contrasts** (every other metric, layer and step) — "
-             "Benjamini–Hochberg q (`q_bh`, false discovery rate);",
-             f"* not tested: {sizes.get('not tested', 0)} (constant across seeds or too few seeds: p is NaN, never 0); "
-             f"duplicate: {sizes.get('duplicate', 0)} (a post-hoc row of a statistic the live monitor recorded at the "
+             "Corrections are made within a family, never across. Loss, accuracy, perplexity and order use are never "
+             "in the family of an outlier claim. Per-step rows before the last step are curves: exploratory, not "
+             "confirmatory tests. Pairs match on each cell's resolved `seed` (the seed the run used).", "",
+             f"* **primary (outlier claims): {sizes.get(PRIMARY, 0)} tests** — rule: {primary_rule}; metrics: "
+             f"{listed(rules['primary'])}; in {where}. Holm-adjusted p (`p_holm`, family-wise 5%; "
+             f"{significant(PRIMARY, 'p_holm')} below 0.05) and BH q within it (`q_bh`).",
+             f"* **performance: {sizes.get(PERFORMANCE_FAMILY, 0)} tests** — rule: {perf_rule}; metrics: "
+             f"{listed(rules['performance'])}. Holm and BH within it ({significant(PERFORMANCE_FAMILY, 'p_holm')} "
+             "with Holm p below 0.05).",
+             f"* **exploratory: {sizes.get(EXPLORATORY, 0)} tests** — every other outlier and geometry row (other "
+             f"layers, contrasts and steps); Benjamini–Hochberg q within the exploratory rows "
+             f"({significant(EXPLORATORY, 'q_bh')} below 0.05).",
+             f"* **exploratory performance: {sizes.get(EXPLORATORY_PERFORMANCE, 0)} tests** — every other loss, "
+             f"accuracy, perplexity and order-use row; BH q within them ({significant(EXPLORATORY_PERFORMANCE, 'q_bh')}"
+             " below 0.05).",
+             f"* not tested: {sizes.get(NOT_TESTED, 0)} (constant across seeds or too few seeds: p is NaN, never 0); "
+             f"duplicate: {sizes.get(DUPLICATE, 0)} (a post-hoc row of a statistic the live monitor recorded at the "
              "same step) — in no family.", "",
-             "Claims rest on `p_holm` (primary) and `q_bh` (secondary), not on the raw p. `mde`: the smallest "
+             "Confirmatory claims rest on `p_holm` of their family; exploratory rows are leads, with `q_bh` within "
+             "their family, never the raw p. `mde`: the smallest "
              "difference a two-sided t-test at 5% detects with 80% power at this n (paired: from the sd of the "
              "per-seed differences); a difference inside ±mde that is not significant is absence of evidence. "
              "`tost_p`: two one-sided tests against ±margin (equivalence shown where < 0.05)."]
@@ -73,7 +112,7 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
              "a t interval on the logit / Fisher-z scale mapped back (`ci` column of study.csv). `const`: the same "
              "value in every seed (no interval). `*`: fewer seeds than the group holds (`n_below_seeds`). "
              "`max_layer`: the largest value over the encoder layers, taken within each run before averaging.", "",
-             "## Groups", "", "| group | seeds | code | cells |", "|---|---|---|---|"]
+             "## Groups", "", "Seeds: each cell's resolved `seed` (the seed its run used).", "", "| group | seeds | code | cells |", "|---|---|---|---|"]
     for label, cells in groups.items():
         seeds = ", ".join(str(c.seed) for c in sorted(cells, key=lambda c: (c.seed is None, c.seed)))
         codes = ", ".join(sorted({c.code for c in cells}))
@@ -119,7 +158,7 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                   "diff = a − b with its 95% CI: a paired t interval over the per-seed differences of the seeds both "
                   "groups hold (n = pairs), Welch's only when they share fewer than two seeds. *ordering*: in how "
                   "many seeds a − b has the sign of the mean difference (paired), or whether the two groups' runs "
-                  "overlap (Welch). p: raw; p_holm / q_bh: corrected within the row's family.", "",
+                  "overlap (Welch); pairs match on the cells' resolved seeds. p: raw; p_holm / q_bh: corrected within the row's family (section above).", "",
                   "| metric | layer | step | a | b | mean a | mean b | diff [95% CI] | n | p | p_holm / q_bh | mde | tost_p | ordering |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for metric in metrics:
@@ -130,8 +169,7 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                 available = sorted(sub["step"].unique())
                 for near in sorted({_nearest(available, step) for step in steps}):
                     for _, r in sub[sub["step"] == near].iterrows():
-                        adj = (f"{_fmt(r['p_holm'])} (Holm)" if r.get("family") == "primary" else
-                               f"{_fmt(r['q_bh'])} (BH)" if r.get("family") == "secondary" else r.get("family", "–"))
+                        adj = _adjusted(r)
                         n = int(r["n_pairs"]) if r["test"] == "paired t" else f"{int(r['n_a'])}+{int(r['n_b'])}"
                         lines.append(f"| {metric} | {layer} | {near} | {r['group_a']} | {r['group_b']} | "
                                      f"{_fmt(r['mean_a'])} | {_fmt(r['mean_b'])} | {_fmt(r['diff'])} "
