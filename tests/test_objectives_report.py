@@ -63,6 +63,12 @@ def test_haviv_interaction_and_probe_contrasts(sweep, tmp_path):
     assert len(prim) == 3  # interaction + last-layer accuracy at step 0 and trained
     holm = sorted(prim.p)
     assert prim.p_holm.min() == pytest.approx(min(1.0, 3 * holm[0]))
+    # every other row: BH within its own question, so the loss rows never share a family with another question's
+    from outlierlab.analysis.study_inference import adjust_pvalues
+    for family, sub in table[~table.primary].groupby("family"):
+        assert family.startswith("exploratory: ") and set(sub.question) == {family.split(": ", 1)[1]}
+        ok = sub.p.notna()
+        assert sub.q_bh[ok].to_numpy() == pytest.approx(adjust_pvalues(sub.p[ok].to_numpy(), "fdr_bh"))
     zuo = table[table.quantity == "cos(d=1) - cos(d=8), layer 4, step 0"].iloc[0]
     assert zuo["diff"] == pytest.approx(0.07) and zuo["note"] == "constant across seeds"
     doc = (tmp_path / "out" / "objectives.md").read_text()

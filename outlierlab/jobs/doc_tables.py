@@ -86,11 +86,17 @@ def contrast_row(study: str, contrast: str, metric: str, layer: str, step: int |
     return sub[sub["step"] == (sub["step"].max() if step is None else step)].iloc[0]
 
 
+#: The families whose rows carry a Holm p (confirmatory) and those with a BH q only (the study aggregator's,
+#: :mod:`outlierlab.jobs.study_families`; "secondary" is the pooled BH family of studies written before).
+HOLM_FAMILIES = ("primary", "performance")
+BH_FAMILIES = ("exploratory", "exploratory performance", "secondary")
+
+
 def _adjusted(r: pd.Series) -> str:
-    if r["family"] == "primary":
-        return f"{fmt(r['p_holm'], 3)} (Holm)"
-    if r["family"] == "secondary":
-        return f"{fmt(r['q_bh'], 3)} (BH)"
+    if r["family"] in HOLM_FAMILIES:
+        return f"{fmt(r['p_holm'], 3)} (Holm{'' if r['family'] == 'primary' else ', ' + r['family']})"
+    if r["family"] in BH_FAMILIES:
+        return f"{fmt(r['q_bh'], 3)} (BH{'' if r['family'] == 'secondary' else ', ' + r['family']})"
     return str(r["family"])
 
 
@@ -101,14 +107,28 @@ def _seeds_word(r: pd.Series) -> str:
 
 def families_line(study: str, after_step: int = 1) -> str:
     c = _read(f"{study}/study/contrasts.csv")
-    sec = c[c["family"] == "secondary"]
-    late = sec[sec["step"] >= after_step]
-    return (f"Families ({_source(f'{study}/study/contrasts.csv')}): primary {int((c['family'] == 'primary').sum())} contrasts, "
-            f"{int((c[c['family'] == 'primary']['p_holm'] < 0.05).sum())} with Holm p < 0.05; secondary "
-            f"{len(sec)}, {int((sec['q_bh'] < 0.05).sum())} with BH q < 0.05 ({len(late)} from step {after_step:,} on, "
-            f"{int((late['q_bh'] < 0.05).sum())} with q < 0.05; raw p < 0.05: {int((late['p_value'] < 0.05).sum())}); "
-            f"not tested (constant or one seed) {int((c['family'] == 'not tested').sum())}, post-hoc duplicates of a "
-            f"monitor row {int((c['family'] == 'duplicate').sum())}.")
+    if "secondary" in set(c["family"]):  # a study written before the declared families
+        sec = c[c["family"] == "secondary"]
+        late = sec[sec["step"] >= after_step]
+        return (f"Families ({_source(f'{study}/study/contrasts.csv')}): primary {int((c['family'] == 'primary').sum())} contrasts, "
+                f"{int((c[c['family'] == 'primary']['p_holm'] < 0.05).sum())} with Holm p < 0.05; secondary "
+                f"{len(sec)}, {int((sec['q_bh'] < 0.05).sum())} with BH q < 0.05 ({len(late)} from step {after_step:,} on, "
+                f"{int((late['q_bh'] < 0.05).sum())} with q < 0.05; raw p < 0.05: {int((late['p_value'] < 0.05).sum())}); "
+                f"not tested (constant or one seed) {int((c['family'] == 'not tested').sum())}, post-hoc duplicates of a "
+                f"monitor row {int((c['family'] == 'duplicate').sum())}.")
+    parts = []
+    for family in HOLM_FAMILIES:
+        sub = c[c["family"] == family]
+        parts.append(f"{family} {len(sub)} tests, {int((sub['p_holm'] < 0.05).sum())} with Holm p < 0.05")
+    for family in BH_FAMILIES[:2]:
+        sub = c[c["family"] == family]
+        late = sub[sub["step"] >= after_step]
+        parts.append(f"{family} {len(sub)}, {int((sub['q_bh'] < 0.05).sum())} with BH q < 0.05 within it "
+                     f"({len(late)} from step {after_step:,} on, {int((late['q_bh'] < 0.05).sum())} with q < 0.05; "
+                     f"raw p < 0.05: {int((late['p_value'] < 0.05).sum())})")
+    return (f"Families ({_source(f'{study}/study/contrasts.csv')}), each corrected within itself: " + "; ".join(parts)
+            + f"; not tested (constant or one seed) {int((c['family'] == 'not tested').sum())}, post-hoc duplicates "
+            f"of a monitor row {int((c['family'] == 'duplicate').sum())}.")
 
 
 def emergence_seeds(study: str = SEEDS) -> str:
@@ -260,8 +280,8 @@ def _learned_none_rows(study: str) -> str:
         if sub.empty:
             continue
         r = sub.loc[sub["step"].idxmax()]
-        corrected = f"{r['p_holm']:.3g} (Holm)" if pd.notna(r["p_holm"]) else (
-            f"{r['q_bh']:.3g} (BH)" if pd.notna(r["q_bh"]) else "not tested")
+        corrected = f"{r['p_holm']:.3g} (Holm, {r['family']})" if pd.notna(r["p_holm"]) else (
+            f"{r['q_bh']:.3g} (BH, {r['family']})" if pd.notna(r["q_bh"]) else "not tested")
         tost = f"; TOST ±{r['margin']:g}: p {r['tost_p']:.3g}" if pd.notna(r.get("tost_p")) else ""
         lines.append(f"| {metric} | {layer} | {int(r['step'])} | {r['mean_a']:.4g} | {r['mean_b']:.4g} | {r['diff']:.3g} "
                      f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]{tost} | "
@@ -335,8 +355,10 @@ def order_use_schemes_outliers(study: str = "study_schemes") -> str:
         cells = []
         for metric, layer in SCHEME_OUTLIER_ROWS:
             r = _scheme_at(c, scheme, metric, layer)
-            q = f"q {r['q_bh']:.2g}" if pd.notna(r["q_bh"]) else "not tested"
-            bold = pd.notna(r["q_bh"]) and r["q_bh"] < 0.05
+            confirmatory = r["family"] in HOLM_FAMILIES  # a confirmatory row: its Holm p; else its family's q
+            value = r["p_holm"] if confirmatory else r["q_bh"]
+            q = (f"Holm p {value:.2g}" if confirmatory else f"q {value:.2g}") if pd.notna(value) else "not tested"
+            bold = pd.notna(value) and value < 0.05
             cells.append(f"**{r['mean_a']:.3g}** ({q})" if bold else f"{r['mean_a']:.3g} ({q})")
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
     lines.append("| none | " + " | ".join(f"{_scheme_at(c, schemes[0], m, layer)['mean_b']:.3g}"

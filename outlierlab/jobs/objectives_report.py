@@ -21,8 +21,9 @@ version -- are averaged; the others are listed) and answers the papers' question
 4. The outlier measures at the final step (post-hoc monitor), clm vs mlm within each scheme.
 
 Multiplicity: the PRIMARY family (Holm) is declared here, before the data: the interaction (1), and the last
-layer's probe accuracy clm none vs mlm none at step 0 and trained (2). Every other contrast gets a BH q-value over
-this report. For each primary contrast the minimum detectable effect at 80 % power is given.
+layer's probe accuracy clm none vs mlm none at step 0 and trained (2). Every other contrast is exploratory: a BH
+q-value within its own question (``family`` "exploratory: 1 Haviv", ...), so the loss rows of (1) never share a
+family with the outlier measures of (4). For each primary contrast the minimum detectable effect at 80 % power is given.
 Writes ``<out>/objectives.csv`` (every contrast) and ``<out>/objectives.md`` (the tables); docs/objectives.md shows
 the same tables in its ``<!-- generated: objectives -->`` block (:mod:`outlierlab.jobs.doc_tables`, from the cells
 exported to docs/objectives/cells).
@@ -166,10 +167,13 @@ def contrasts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     if out.empty:
         return out
     prim = out.primary.astype(bool)
+    # one exploratory family per question: the loss rows of (1) are never pooled with the outlier measures of (4)
+    out["family"] = ["primary" if p else f"exploratory: {q}" for p, q in zip(prim, out.question)]
     out["p_holm"] = math.nan
     out.loc[prim, "p_holm"] = adjust_pvalues(out.loc[prim, "p"].tolist(), "holm")
     out["q_bh"] = math.nan
-    out.loc[~prim, "q_bh"] = adjust_pvalues(out.loc[~prim, "p"].tolist(), "fdr_bh")
+    for family, sub in out[~prim].groupby("family"):
+        out.loc[sub.index, "q_bh"] = adjust_pvalues(sub["p"].tolist(), "fdr_bh")
     return out
 
 
@@ -212,12 +216,16 @@ def markdown(tables: dict[str, pd.DataFrame], table: pd.DataFrame, cells: list[C
         if chance is not None:
             lines.append(f"\nChance (the most frequent position in the test split): {chance.mean():.3f}.")
     if not table.empty:
-        lines += ["", "**Contrasts** (a − b, paired over the seeds both hold; primary family Holm-adjusted, the rest "
-                  "BH q over this report; MDE = smallest difference detectable at 80 % power)", "",
+        sizes = table["family"].value_counts()
+        lines += ["", "**Contrasts** (a − b, paired over the seeds both hold; primary family "
+                  f"({int(sizes.get('primary', 0))} tests) Holm-adjusted, every other row exploratory with a BH q "
+                  "within its question (" + ", ".join(f"{f.split(': ', 1)[1]}: {n}" for f, n in sorted(sizes.items())
+                                                       if f != "primary") +
+                  " tests); MDE = smallest difference detectable at 80 % power)", "",
                   "| question | quantity | a − b | diff [95 % CI] | p | p Holm / q BH | MDE | seeds | note |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in table.itertuples():
-            adj = f"{_fmt(r.p_holm)} (Holm)" if r.primary else f"{_fmt(r.q_bh)} (BH)"
+            adj = f"{_fmt(r.p_holm)} (Holm)" if r.primary else f"{_fmt(r.q_bh)} (BH within {r.question})"
             tost_p = getattr(r, "tost_p", math.nan)
             extra = f"TOST ±{EQUIVALENCE_MARGIN}: p = {_fmt(tost_p)}" if isinstance(tost_p, float) and math.isfinite(tost_p) else ""
             note = "; ".join(x for x in (r.note if isinstance(r.note, str) else "", extra) if x)
