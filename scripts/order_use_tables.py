@@ -38,7 +38,7 @@ def main() -> int:
     cells = sorted(p for p in (ROOT / "sweep").iterdir() if (p / "csv" / "metrics.csv").exists())
     table = pd.concat([cell_rows(c) for c in cells], ignore_index=True)
     table.to_csv(ROOT / "sweep.csv", index=False, float_format="%.6g")
-    print("| cell | overrides | steps run | first step with order use >= 0.5 | val loss | order use | acc |")
+    print("| cell | overrides | last validation | first step with order use >= 0.5 | val loss | order use | acc |")
     print("|---|---|---|---|---|---|---|")
     for name, sub in table.groupby("cell", sort=False):
         last = sub.iloc[-1]
