@@ -25,7 +25,7 @@ STEPS = list(range(0, 101, 10))  # monitor rows every 10 steps; the last step is
 PLANTED = {1: 0.9, 2: 0.3, 3: 1.5, 4: 0.6, 5: 1.2}
 
 
-def plant(root: Path, name: str, overrides: dict, seed: int, pos: str, loss_rows: bool) -> Path:
+def plant(root: Path, name: str, overrides: dict, seed: int, pos: str, loss_rows: bool, monitor: bool = True) -> Path:
     """A finished train.py-like cell: kurtosis at layers 1-2 and argmax share at layer 2 every 10 steps, and --
     with ``loss_rows`` -- val/loss and val/acc at every step, the learned model far better in every seed."""
     rng = np.random.default_rng(1000 * seed + (pos == "learned"))
@@ -40,8 +40,9 @@ def plant(root: Path, name: str, overrides: dict, seed: int, pos: str, loss_rows
         k2 = base + (PLANTED.get(seed, 1.0) if (pos == "learned" and step == STEPS[-1]) else 0.0)
         hist += [f"{step},layer_1,kurtosis,,{base / 4 + rng.normal(0, 0.05)}", f"{step},layer_2,kurtosis,,{k2}",
                  f"{step},layer_2,argmax_share,3,{0.3 + rng.normal(0, 0.02)}"]
-    (cell / "monitor").mkdir()
-    (cell / "monitor" / "hidden_states.csv").write_text("\n".join(hist) + "\n")
+    if monitor:
+        (cell / "monitor").mkdir()
+        (cell / "monitor" / "hidden_states.csv").write_text("\n".join(hist) + "\n")
     lines = ["epoch,step,val/loss,val/acc"]
     if loss_rows:
         for step in range(1, STEPS[-1]):
@@ -114,6 +115,21 @@ def test_study_md_states_each_familys_size_and_rule(tmp_path):
     _, default_md = _contrasts(tmp_path, "e", loss_rows=False)
     assert "rule: the outlier measures at the last step every cell reached (nothing declared)" in default_md
     assert "metrics: hidden/kurtosis@max_layer, hidden/argmax_share@max_layer;" in default_md
+
+
+def test_cells_without_monitor_files_do_not_move_the_last_step(tmp_path):
+    """Two learned cells logged validations only (last row: step 99, the model after 100 updates): the outlier
+    family stays at the monitors' step 100, over the three pairs that have it."""
+    root = tmp_path / "mixed"
+    for pos in ("learned", "none"):
+        for seed in SEEDS:
+            plant(root, f"pos={pos},seed={seed}", {"pos": pos, "seed": seed}, seed, pos, loss_rows=True,
+                  monitor=not (pos == "learned" and seed > 3))
+    res = study.run([str(root)], contrasts=["pos=learned,none"], plots=False, primary=["val/loss@model"])
+    c = pd.read_csv(res["out"] / "contrasts.csv")
+    r = row(c, family="primary", metric="hidden/kurtosis")
+    assert r["step"] == 100 and r["n_pairs"] == 3
+    assert row(c, family="performance")["step"] == 99
 
 
 def test_pairs_match_on_the_seed_the_run_used_not_on_a_label(tmp_path):

@@ -198,7 +198,10 @@ def assign_families(table: pd.DataFrame, per_seed: pd.DataFrame, design: dict) -
     t.loc[is_dup & testable, "family"] = DUPLICATE
     # the last step every cell of both groups reached; per metric and layer, its last row at or before that step
     reached = last_reached(per_seed)
-    end = [min(reached.get(ga, s), reached.get(gb, s)) for ga, gb, s in zip(t["group_a"], t["group_b"], t["step"])]
+    # + 1: Lightning logs a validation at the step index before its increment (4,999 is the model after 5,000
+    # updates, which the monitors log as 5,000), so a cell whose last rows are validations (no monitor files) still
+    # reached the others' last monitor row
+    end = [min(reached.get(ga, s), reached.get(gb, s)) + 1 for ga, gb, s in zip(t["group_a"], t["group_b"], t["step"])]
     upto = t[t["step"].to_numpy() <= np.array(end)]
     final = upto.groupby(["contrast", "group_a", "group_b", "metric", "layer"])["step"].transform("max")
     at_end = pd.Series(False, index=t.index)
