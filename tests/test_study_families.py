@@ -105,7 +105,7 @@ def test_study_md_states_each_familys_size_and_rule(tmp_path):
     c, md = _contrasts(tmp_path, "d", loss_rows=True,
                        primary=["hidden/kurtosis@layer_2", "hidden/kurtosis@layer_1", "val/loss@model"])
     counts = c["family"].value_counts()
-    sizes = {name: int(n) for name, n in re.findall(r"\*\*([a-z ]+?)(?: \(outlier claims\))?: (\d+) tests\*\*", md)}
+    sizes = {name: int(n) for name, n in re.findall(r"\*\*([a-z ]+?)(?: \(outlier claims\))?: (\d+) tests?\*\*", md)}
     assert sizes == {f: int(counts.get(f, 0)) for f in ("primary", "performance", "exploratory",
                                                        "exploratory performance")}
     assert sizes["primary"] == 2 and sizes["performance"] == 1

@@ -78,7 +78,7 @@ def test_study_reports_the_mde_of_the_declared_primary_contrast(tmp_path):
     r0 = row(c, step=0, layer="layer_2", metric="hidden/kurtosis")
     assert r0["family"] == "not tested" and math.isnan(r0["p_value"]) and r0["note"] == "constant across seeds"
     md = (res["out"] / "study.md").read_text()
-    assert "**primary (outlier claims): 1 tests** — rule: declared (--primary)" in md
+    assert "**primary (outlier claims): 1 test** — rule: declared (--primary)" in md
     assert "metrics: hidden/kurtosis@layer_2; in pos=learned,none" in md  # the experiment config's, with --primary over its metrics
 
 

@@ -119,7 +119,8 @@ def families_line(study: str, after_step: int = 1) -> str:
     parts = []
     for family in HOLM_FAMILIES:
         sub = c[c["family"] == family]
-        parts.append(f"{family} {len(sub)} tests, {int((sub['p_holm'] < 0.05).sum())} with Holm p < 0.05")
+        parts.append(f"{family} {len(sub)} test{'' if len(sub) == 1 else 's'}, "
+                     f"{int((sub['p_holm'] < 0.05).sum())} with Holm p < 0.05")
     for family in BH_FAMILIES[:2]:
         sub = c[c["family"] == family]
         late = sub[sub["step"] >= after_step]

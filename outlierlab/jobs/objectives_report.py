@@ -177,6 +177,10 @@ def contrasts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return out
 
 
+def _tests(n: int) -> str:
+    return f"{n} test" if n == 1 else f"{n} tests"
+
+
 def _fmt(x: float, digits: int = 3) -> str:
     """Fixed decimals; a non-zero value below 10^-digits in scientific notation (an effect of 1e-4 is not 0.000)."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
@@ -218,10 +222,10 @@ def markdown(tables: dict[str, pd.DataFrame], table: pd.DataFrame, cells: list[C
     if not table.empty:
         sizes = table["family"].value_counts()
         lines += ["", "**Contrasts** (a − b, paired over the seeds both hold; primary family "
-                  f"({int(sizes.get('primary', 0))} tests) Holm-adjusted, every other row exploratory with a BH q "
-                  "within its question (" + ", ".join(f"{f.split(': ', 1)[1]}: {n}" for f, n in sorted(sizes.items())
-                                                       if f != "primary") +
-                  " tests); MDE = smallest difference detectable at 80 % power)", "",
+                  f"({_tests(int(sizes.get('primary', 0)))}) Holm-adjusted, every other row exploratory with a BH q "
+                  "within its question (" + ", ".join(f"{f.split(': ', 1)[1]}: {_tests(int(n))}"
+                                                      for f, n in sorted(sizes.items()) if f != "primary") +
+                  "); MDE = smallest difference detectable at 80 % power)", "",
                   "| question | quantity | a − b | diff [95 % CI] | p | p Holm / q BH | MDE | seeds | note |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in table.itertuples():
