@@ -113,7 +113,7 @@ def test_study_md_states_each_familys_size_and_rule(tmp_path):
     assert (perf["metric"], perf["step"]) == ("val/loss", 99) and perf["p_holm"] == pytest.approx(perf["p_value"])
     assert "rule: declared (--primary), at the last step every cell reached" in md
     _, default_md = _contrasts(tmp_path, "e", loss_rows=False)
-    assert "rule: the outlier measures at the last step every cell reached (nothing declared)" in default_md
+    assert "rule: the outlier measures at the last step every cell reached (no outlier measure declared)" in default_md
     assert "metrics: hidden/kurtosis@max_layer, hidden/argmax_share@max_layer;" in default_md
 
 
