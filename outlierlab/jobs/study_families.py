@@ -50,8 +50,9 @@ DESIGN_KEY = "study_design"
 #: differ between almost any two trained groups at almost every step; pooled with outlier measures they would make
 #: Benjamini-Hochberg lenient for everything else, so they are never in an outlier claim's family.
 PERFORMANCE = re.compile(r"(^train/|(^|/)(loss|acc|accuracy|ppl|perplexity|order_use)$)")
-#: The confirmatory family when no outlier measure is declared (declaring only performance measures leaves it at this): the outlier measures of docs/outlier_metrics.md at
-#: the most concentrated layer (``max_layer``, taken within each run) and the model's LayerNorm outlier count.
+#: The confirmatory family when no outlier measure is declared (declaring only performance measures leaves it at
+#: this): the outlier measures of docs/outlier_metrics.md at the most concentrated layer (``max_layer``, taken within
+#: each run) and the model's LayerNorm outlier count.
 DEFAULT_PRIMARY = [("hidden/kurtosis", "max_layer"), ("hidden/max_median", "max_layer"),
                    ("hidden/argmax_share", "max_layer"), ("hidden/abs_argmax_share", "max_layer"),
                    ("hidden/inf_norm_ffn_output", "max_layer"), ("layernorm/n_outlier_dims", "model"),
@@ -59,9 +60,8 @@ DEFAULT_PRIMARY = [("hidden/kurtosis", "max_layer"), ("hidden/max_median", "max_
                    ("posthoc/argmax_share", "max_layer"), ("posthoc/abs_argmax_share", "max_layer"),
                    ("posthoc/n_layernorm_outliers", "model")]
 DEFAULT_RULE = ("the outlier measures at the last step every cell reached (no outlier measure declared): kurtosis, "
-                "max/median, "
-                "argmax share, |x| argmax share and FFN-output inf-norm at the most concentrated layer, and the "
-                "LayerNorm outlier count")
+                "max/median, argmax share, |x| argmax share and FFN-output inf-norm at the most concentrated layer, "
+                "and the LayerNorm outlier count")
 PRIMARY, PERFORMANCE_FAMILY = "primary", "performance"
 CONFIRMATORY = (PRIMARY, PERFORMANCE_FAMILY)
 EXPLORATORY, EXPLORATORY_PERFORMANCE = "exploratory", "exploratory performance"
