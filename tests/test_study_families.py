@@ -144,3 +144,20 @@ def test_pairs_match_on_the_seed_the_run_used_not_on_a_label(tmp_path):
     assert "| pos=learned | 2, 3, 42 |" in md
     r = row(pd.read_csv(res["out"] / "contrasts.csv"), step=100, layer="layer_2", metric="hidden/kurtosis")
     assert r["test"] == "paired t" and r["n_pairs"] == 3
+
+
+def test_every_committed_study_states_the_family_sizes_of_its_contrasts():
+    """docs/: each study.md's family sizes are its committed contrasts' counts, and no loss, accuracy, perplexity or
+    order-use row is in an outlier family."""
+    from tests.conftest import ROOT
+
+    studies = [p.parent for p in sorted((ROOT / "docs").rglob("study.md")) if (p.parent / "contrasts.csv.gz").is_file()]
+    assert len(studies) >= 10
+    for folder in studies:
+        md = (folder / "study.md").read_text()
+        c = pd.read_csv(folder / "contrasts.csv.gz", usecols=["metric", "family"])
+        counts = c["family"].value_counts()
+        sizes = {n: int(k) for n, k in re.findall(r"\*\*([a-z ]+?)(?: \(outlier claims\))?: (\d+) tests?\*\*", md)}
+        assert sizes == {f: int(counts.get(f, 0)) for f in ("primary", "performance", "exploratory",
+                                                           "exploratory performance")}, folder
+        assert not c.loc[c["family"].isin(["primary", "exploratory"]), "metric"].map(is_performance).any(), folder
