@@ -146,3 +146,42 @@ def bounded_interval(values: Sequence[float], lo: float, hi: float, confidence: 
     back = (np.tanh(ends) + 1) / 2 if fisher else 1 / (1 + np.exp(-ends))
     name = "Fisher-z t" if fisher else "logit t"
     return float(lo + back[0] * (hi - lo)), float(lo + back[1] * (hi - lo)), f"{name}, {level}"
+
+
+#: Performance measures -- training and validation loss, accuracy, perplexity, order use (a loss difference) --
+#: differ between almost any two trained groups at almost every step; pooled with outlier measures they would make
+#: Benjamini-Hochberg lenient for everything else, so they are never in an outlier claim's family.
+PERFORMANCE = re.compile(r"(^train/|(^|/)(loss|acc|accuracy|ppl|perplexity|order_use)$)")
+#: The confirmatory family when no outlier measure is declared (declaring only performance measures leaves it at
+#: this): the outlier measures of docs/outlier_metrics.md at the most concentrated layer (``max_layer``, taken within
+#: each run) and the model's LayerNorm outlier count.
+DEFAULT_PRIMARY = [("hidden/kurtosis", "max_layer"), ("hidden/max_median", "max_layer"),
+                   ("hidden/argmax_share", "max_layer"), ("hidden/abs_argmax_share", "max_layer"),
+                   ("hidden/inf_norm_ffn_output", "max_layer"), ("layernorm/n_outlier_dims", "model"),
+                   ("posthoc/kurtosis", "max_layer"), ("posthoc/max_median", "max_layer"),
+                   ("posthoc/argmax_share", "max_layer"), ("posthoc/abs_argmax_share", "max_layer"),
+                   ("posthoc/n_layernorm_outliers", "model")]
+DEFAULT_RULE = ("the outlier measures at the last step every cell reached (no outlier measure declared): kurtosis, "
+                "max/median, argmax share, |x| argmax share and FFN-output inf-norm at the most concentrated layer, "
+                "and the LayerNorm outlier count")
+PRIMARY, PERFORMANCE_FAMILY = "primary", "performance"
+CONFIRMATORY = (PRIMARY, PERFORMANCE_FAMILY)
+EXPLORATORY, EXPLORATORY_PERFORMANCE = "exploratory", "exploratory performance"
+NOT_TESTED, DUPLICATE = "not tested", "duplicate"
+
+
+def is_performance(metric: str) -> bool:
+    """Loss, accuracy, perplexity and order use (:data:`PERFORMANCE`): never in the family of an outlier claim."""
+    return bool(PERFORMANCE.search(metric))
+
+
+def family_rules(design: dict, present: set[tuple[str, str]] | None = None) -> dict[str, list[tuple[str, str]]]:
+    """``{"primary": [(metric, layer)], "performance": [...]}``: the declared metric@layer split by kind -- outlier
+    and geometry measures form the primary family, performance measures their own -- and, when no outlier measure is
+    declared, :data:`DEFAULT_PRIMARY` (those of it in ``present``, when given)."""
+    declared = list(design.get("primary") or [])
+    outlier = [x for x in declared if not is_performance(x[0])]
+    default = not outlier
+    if default:
+        outlier = [x for x in DEFAULT_PRIMARY if present is None or x in present]
+    return {"primary": outlier, "performance": [x for x in declared if is_performance(x[0])], "default": default}

@@ -40,32 +40,16 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from outlierlab.analysis.study_inference import adjust_pvalues, minimum_detectable_effect, tost
+# The family names and rules are pure definitions, kept with the statistics so that reports (below jobs) share them.
+from outlierlab.analysis.study_inference import (CONFIRMATORY, DEFAULT_PRIMARY, DEFAULT_RULE, DUPLICATE,  # noqa: F401
+                                                EXPLORATORY, EXPLORATORY_PERFORMANCE, NOT_TESTED, PERFORMANCE,
+                                                PERFORMANCE_FAMILY, PRIMARY, adjust_pvalues, family_rules,
+                                                is_performance, minimum_detectable_effect, tost)
 from outlierlab.jobs.overrides import CONFIG_DIR
 
 CONFIGS = CONFIG_DIR / "experiment"
 DESIGN_KEY = "study_design"
 
-#: Performance measures -- training and validation loss, accuracy, perplexity, order use (a loss difference) --
-#: differ between almost any two trained groups at almost every step; pooled with outlier measures they would make
-#: Benjamini-Hochberg lenient for everything else, so they are never in an outlier claim's family.
-PERFORMANCE = re.compile(r"(^train/|(^|/)(loss|acc|accuracy|ppl|perplexity|order_use)$)")
-#: The confirmatory family when no outlier measure is declared (declaring only performance measures leaves it at
-#: this): the outlier measures of docs/outlier_metrics.md at the most concentrated layer (``max_layer``, taken within
-#: each run) and the model's LayerNorm outlier count.
-DEFAULT_PRIMARY = [("hidden/kurtosis", "max_layer"), ("hidden/max_median", "max_layer"),
-                   ("hidden/argmax_share", "max_layer"), ("hidden/abs_argmax_share", "max_layer"),
-                   ("hidden/inf_norm_ffn_output", "max_layer"), ("layernorm/n_outlier_dims", "model"),
-                   ("posthoc/kurtosis", "max_layer"), ("posthoc/max_median", "max_layer"),
-                   ("posthoc/argmax_share", "max_layer"), ("posthoc/abs_argmax_share", "max_layer"),
-                   ("posthoc/n_layernorm_outliers", "model")]
-DEFAULT_RULE = ("the outlier measures at the last step every cell reached (no outlier measure declared): kurtosis, "
-                "max/median, argmax share, |x| argmax share and FFN-output inf-norm at the most concentrated layer, "
-                "and the LayerNorm outlier count")
-PRIMARY, PERFORMANCE_FAMILY = "primary", "performance"
-CONFIRMATORY = (PRIMARY, PERFORMANCE_FAMILY)
-EXPLORATORY, EXPLORATORY_PERFORMANCE = "exploratory", "exploratory performance"
-NOT_TESTED, DUPLICATE = "not tested", "duplicate"
 
 
 def parse_primary(items: Sequence[str]) -> list[tuple[str, str]]:
@@ -157,29 +141,12 @@ def _standardized_mde(n_a: int, n_b: int, paired: bool) -> float:
     return minimum_detectable_effect(n_a, n_b, 1.0, paired)
 
 
-def is_performance(metric: str) -> bool:
-    """Loss, accuracy, perplexity and order use (:data:`PERFORMANCE`): never in the family of an outlier claim."""
-    return bool(PERFORMANCE.search(metric))
-
-
 def last_reached(per_seed: pd.DataFrame) -> dict[str, int]:
     """Per group, the last step every one of its cells reached (the smallest of the cells' last recorded steps)."""
     if per_seed.empty:
         return {}
     ends = per_seed[per_seed["step"] >= 0].groupby(["group", "seed"], dropna=False)["step"].max()
     return {str(g): int(v) for g, v in ends.groupby(level="group").min().items()}
-
-
-def family_rules(design: dict, present: set[tuple[str, str]] | None = None) -> dict[str, list[tuple[str, str]]]:
-    """``{"primary": [(metric, layer)], "performance": [...]}``: the declared metric@layer split by kind -- outlier
-    and geometry measures form the primary family, performance measures their own -- and, when no outlier measure is
-    declared, :data:`DEFAULT_PRIMARY` (those of it in ``present``, when given)."""
-    declared = list(design.get("primary") or [])
-    outlier = [x for x in declared if not is_performance(x[0])]
-    default = not outlier
-    if default:
-        outlier = [x for x in DEFAULT_PRIMARY if present is None or x in present]
-    return {"primary": outlier, "performance": [x for x in declared if is_performance(x[0])], "default": default}
 
 
 def assign_families(table: pd.DataFrame, per_seed: pd.DataFrame, design: dict) -> pd.DataFrame:

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT
-from outlierlab.jobs.study_families import (CONFIRMATORY, DEFAULT_RULE, DUPLICATE, EXPLORATORY,
+from outlierlab.analysis.study_inference import (CONFIRMATORY, DEFAULT_RULE, DUPLICATE, EXPLORATORY,
                                            EXPLORATORY_PERFORMANCE, NOT_TESTED, PERFORMANCE_FAMILY, PRIMARY,
                                            family_rules)
 from outlierlab.utils.tables import md_table
