@@ -16,6 +16,13 @@ Everything lives under this one name so that installing the project never shadow
 # loaded the same way,
 # and what an analysis written in a notebook subclasses or returns (``ol.Consumer``, ``ol.AnalysisResult``; its own
 # pass over other texts: ``ol.LayerStream``).
+try:  # the installed distribution's version; a bare source tree (no install) says so instead of guessing
+    from importlib.metadata import PackageNotFoundError, version as _version
+
+    __version__ = _version("outlierlab")
+except PackageNotFoundError:
+    __version__ = "0+unknown"
+
 _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
          "OutlierMonitorCallback": "outlierlab.monitoring.hf_trainer",
          "load_encoder": "outlierlab.api", "evaluate": "outlierlab.api", "probe_positions": "outlierlab.api",

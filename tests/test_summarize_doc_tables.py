@@ -1,4 +1,4 @@
-"""Issue 37: the result tables of docs/emergence.md, README.md and docs/order_use.md are generated from the study CSVs
+"""Issue 37: the result tables of docs/emergence.md, docs/findings.md and docs/order_use.md are generated from the study CSVs
 (outlierlab.jobs.doc_tables), replacing the hand-transcribed tables of scripts/summarize_emergence.py's era."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from outlierlab.jobs import doc_tables
 from tests.conftest import ROOT
 
 
-@pytest.mark.parametrize("doc", ["docs/emergence.md", "README.md", "docs/order_use.md", "docs/loop_monitors.md"])
+@pytest.mark.parametrize("doc", ["docs/emergence.md", "docs/findings.md", "docs/order_use.md", "docs/loop_monitors.md"])
 def test_every_generated_block_equals_what_the_committed_csvs_give(doc, capsys):
     text = (ROOT / doc).read_text()
     assert "<!-- generated: " in text

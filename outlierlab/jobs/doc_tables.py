@@ -6,7 +6,7 @@ A doc marks each generated block::
     ... (replaced) ...
     <!-- end generated -->
 
-and ``python -m outlierlab.jobs.doc_tables docs/emergence.md README.md`` rewrites every block from
+and ``python -m outlierlab.jobs.doc_tables docs/emergence.md docs/findings.md`` rewrites every block from
 :data:`TABLES` (``--check``: exit 1 naming each block that differs from what the committed CSVs give, as the tests
 do). Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.jobs.study`` (committed
 gzipped: ``study.csv.gz``) and, for
