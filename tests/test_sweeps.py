@@ -45,8 +45,9 @@ def test_sigterm_saves_last_ckpt_and_resume_equals_a_straight_run(tmp_path, shar
 
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     train(small_cfg(straight, *CELL))
-    with pytest.raises(SystemExit):  # Lightning's SIGTERMException, raised at the end of the step
+    with pytest.raises(SystemExit) as stop:  # Lightning's SIGTERMException, raised at the end of the step
         train(small_cfg(stopped, *CELL, *killer(4, signal.SIGTERM)))
+    assert stop.value.code == 143  # not 0: `train.py && evaluate.py` must not go on with an unfinished run
     ckpt = torch.load(stopped / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 4  # not the periodic checkpoint of step 3: the step in flight was kept
     assert not (stopped / "finished.json").exists()

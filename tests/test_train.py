@@ -150,6 +150,43 @@ def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache
         resolve_checkpoint(str(last), tmp_path)
 
 
+def test_stale_last_checkpoint_loses_to_a_newer_step(tmp_path, shared_cache):
+    """A kill during last.ckpt's rewrite leaves the previous last.ckpt (step 2) beside a complete step0000004.ckpt:
+    ckpt_path=last resumes after step 4, not step 2 (the newest readable checkpoint by global step)."""
+    import shutil
+
+    from outlierlab.jobs.training import resolve_checkpoint, train
+
+    common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
+    train(small_cfg(tmp_path, "trainer.max_steps=4", *common))
+    ckpts = tmp_path / "checkpoints"
+    shutil.copyfile(ckpts / "step0000002.ckpt", ckpts / "last.ckpt")  # the rewrite to step 4 never landed
+    os.utime(ckpts / "last.ckpt", (1e9, 2e9))  # newest file on disk, oldest step inside
+    path, ckpt = resolve_checkpoint("last", tmp_path)
+    assert Path(path).name == "step0000004.ckpt" and ckpt["global_step"] == 4
+    (ckpts / "step0000004.ckpt").unlink()
+    path, ckpt = resolve_checkpoint("last", tmp_path)  # a tie at the newest step goes to last.ckpt
+    assert Path(path).name in ("last.ckpt", "step0000002.ckpt") and ckpt["global_step"] == 2
+
+
+def test_staging_files_of_dead_writers_are_removed_at_start(tmp_path):
+    from outlierlab.jobs.checkpoint_io import remove_dead_partials
+
+    dead = 2**22 + 12345  # above Linux's default pid_max: never a live process here
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / f"step0000020.ckpt.partial-{dead}").write_bytes(b"x" * 100)
+    (tmp_path / f".model.partial-{dead}").mkdir()
+    (tmp_path / f".model.partial-{dead}" / "config.json").write_text("{")
+    (tmp_path / f".hf.old-{dead}").mkdir()  # killed after moving the previous export aside: it is restored
+    (ckpts / f"step0000010.ckpt.partial-{os.getpid()}").write_bytes(b"mine")  # this process's own: kept
+    (ckpts / "step0000010.ckpt").write_bytes(b"kept")
+    removed = {p.name for p in remove_dead_partials(tmp_path)}
+    assert removed == {f"step0000020.ckpt.partial-{dead}", f".model.partial-{dead}"}
+    assert (tmp_path / "hf").is_dir() and not (tmp_path / f".hf.old-{dead}").exists()
+    assert (ckpts / f"step0000010.ckpt.partial-{os.getpid()}").exists() and (ckpts / "step0000010.ckpt").exists()
+
+
 def test_nan_loss_stops_with_the_step(tmp_path, shared_cache):
     from outlierlab.lightning_modules.mlm_module import NonFiniteLossError
     from outlierlab.jobs.training import train

@@ -12,7 +12,9 @@ and stages the ``hf/`` / ``model/`` exports (:func:`staged_dir`).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +24,8 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from outlierlab.utils.atomic import fsync_dir
+
+log = logging.getLogger(__name__)
 
 #: Room kept free beyond checkpoints and export, for logs, monitor CSVs and the tokenizer.
 MARGIN_BYTES = 64 * 2**20
@@ -129,3 +133,50 @@ def staged_dir(dest: Path) -> Iterator[Path]:
         raise
     shutil.rmtree(old, ignore_errors=True)
     fsync_dir(dest.parent)
+
+
+#: What :class:`StagedCheckpointIO`, :func:`staged_dir` and :func:`outlierlab.utils.atomic.write_atomic` leave behind
+#: when their process is killed mid-write: ``<name>.partial-<pid>``, ``.<name>.partial-<pid>``, ``.<name>.old-<pid>``.
+STAGING_NAME = re.compile(r"\.(partial|old)-(\d+)$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def remove_dead_partials(run_dir: Path) -> list[Path]:
+    """Remove the staging files and directories of dead writers in ``run_dir``, ``checkpoints/`` and ``monitor*/``
+    (a killed run's half-written checkpoint or export: megabytes that no reader will ever use); return them.
+
+    Only those whose pid is not a live process other than this one are removed: the caller holds the run's lock,
+    so no live writer of this run can own one, and a recycled pid merely keeps a file for the next start.
+    """
+    removed = []
+    dirs = [run_dir, run_dir / "checkpoints", *sorted(run_dir.glob("monitor*"))]
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        for entry in d.iterdir():
+            m = STAGING_NAME.search(entry.name)
+            if m is None or int(m.group(2)) == os.getpid() or _alive(int(m.group(2))):
+                continue
+            original = d / entry.name[1 if entry.name.startswith(".") else 0:m.start()]
+            if m.group(1) == "old" and not original.exists():
+                os.replace(entry, original)  # killed between moving the previous export aside and renaming the new
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry)
+    if removed:
+        log.info("removed %d staging file(s) of killed writers: %s", len(removed),
+                                         ", ".join(p.name for p in removed))
+    return removed
+

@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE  # Lightning's own choice of bar
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order, order_use_message
@@ -30,13 +31,17 @@ from outlierlab.models.checkpoint import read_checkpoint
 from outlierlab.lightning_modules.callbacks.progress import StepRichProgressBar
 from outlierlab.lightning_modules.mlm_module import MLMLitModule
 from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space, checkpoint_bytes, checkpoints_kept,
-                                           free_bytes_needed, staged_dir)
+                                           free_bytes_needed, remove_dead_partials, staged_dir)
 from outlierlab.jobs.run_errors import error_line
 from outlierlab.jobs.run_lock import is_primary_process, lock_run_dir
 from outlierlab.jobs.run_state import FINISHED_MARKER, finished_run, mark_failed, mark_finished, record_start  # noqa: F401
 from outlierlab.jobs.startup import one_console_for_lightning
 
 log = logging.getLogger(__name__)
+#: The exit status of a run stopped by SIGTERM (as a shell reports a process killed by it: 128 + 15). Lightning stops
+#: at the end of the step and raises ``SIGTERMException``, a ``SystemExit`` without a code -- status 0 -- so
+#: ``python train.py ... && python evaluate.py ...`` would go on with an unfinished run.
+SIGTERM_EXIT = 143
 
 
 def ensure_writable(run_dir: Path) -> None:
@@ -87,15 +92,26 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[str | None
                 f"ckpt_path=last but {ckpt_dir} holds no checkpoint; start without ckpt_path, or pass "
                 "hydra.run.dir= of the run to resume"
             )
-        last = ckpt_dir / "last.ckpt"
-        ordered = ([last] if last.exists() else []) + [c for c in candidates if c.name != "last.ckpt"]
-        for cand in ordered:
+        # The newest by the step it holds, not by its name: a kill during last.ckpt's rewrite leaves the previous
+        # last.ckpt (staged writes never tear it) behind a complete step checkpoint written just before it.
+        best: tuple[Path, dict[str, Any], int] | None = None
+        unreadable = []
+        for cand in candidates:
             ckpt = _readable(cand)
-            if ckpt is not None:
-                if cand != ordered[0]:
-                    log.warning("checkpoint %s is unreadable (truncated?); resuming from %s instead", ordered[0], cand)
-                return str(cand), ckpt
-        raise ValueError(f"no readable checkpoint in {ckpt_dir} (all {len(ordered)} are corrupt or truncated)")
+            if ckpt is None:
+                unreadable.append(cand.name)
+                continue
+            step = int(ckpt.get("global_step", 0))
+            if best is None or step > best[2] or (step == best[2] and cand.name == "last.ckpt"):
+                best = (cand, ckpt, step)
+        if best is None:
+            raise ValueError(f"no readable checkpoint in {ckpt_dir} (all {len(candidates)} are corrupt or truncated)")
+        last = ckpt_dir / "last.ckpt"
+        if best[0] != last:
+            log.warning("resuming from %s (step %d), the newest readable checkpoint%s%s", best[0].name, best[2],
+                        f"; unreadable: {', '.join(unreadable)}" if unreadable else "",
+                        "; last.ckpt holds an older step" if last.exists() and last.name not in unreadable else "")
+        return str(best[0]), best[1]
     path = Path(ckpt_path)
     if not path.is_file():
         raise FileNotFoundError(f"ckpt_path {path} does not exist")
@@ -233,6 +249,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         ensure_writable(run_dir)
     lock = lock_run_dir(run_dir) if primary else None
     try:
+        if primary:  # under the lock no other writer is alive here: staging files of a killed run are litter
+            remove_dead_partials(run_dir)
         done = finished_run(run_dir)
         same_budget = done is not None and done.get("max_steps") == OmegaConf.select(cfg, "trainer.max_steps")
         if same_budget and cfg.get("skip_finished", True) and cfg.get("ckpt_path") in (None, "", "null"):
@@ -244,6 +262,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
         progress: dict[str, Any] = {}
         try:
             return _train(cfg, progress)
+        except SIGTERMException:
+            trainer = progress.get("trainer")
+            step = int(trainer.global_step) if trainer is not None else "?"
+            log.warning("stopped by a signal at step %s: last.ckpt holds that step; the same command resumes it "
+                        "(exit status %d: the run is not finished)", step, SIGTERM_EXIT)
+            raise SystemExit(SIGTERM_EXIT) from None
         except Exception as e:
             if primary:
                 trainer = progress.get("trainer")
