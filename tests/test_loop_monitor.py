@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -178,6 +179,8 @@ def test_plain_loop_rows_equal_posthoc_llama_and_resume(tmp_path, gpt2_tok):
 
     # resume from checkpoint-3 in a new process's worth of objects: rows at steps >= 3 go, 3 is recorded again
     from transformers import LlamaForCausalLM
+
+    monitor.close()  # the first process's monitor ends (its folder lock with it)
 
     resumed = LlamaForCausalLM.from_pretrained(tmp_path / "checkpoint-3")
     monitor2 = OutlierMonitor(tokenizer=tok, out_dir=tmp_path / "monitor", every_n_steps=2, image_every_n_steps=3,
@@ -353,3 +356,29 @@ def test_a_body_without_its_head_records_its_vectors_order_change_live_and_post_
     post = analyze_hf_checkpoints(tmp_path, tokenizer=roberta_tok, **SETTINGS)
     assert_same_rows(live, by_step(read_history(post["hidden_states"]))[5], "hidden_states step 5")
     assert read_history(post["hidden_states"]) and post["steps"] == [5]
+
+
+def test_a_second_monitor_on_one_folder_is_refused_and_the_first_keeps_its_rows(tmp_path, gpt2_tok):
+    """Two loops given one out_dir: the second monitor's start is refused in one line naming the holder, before it
+    truncates anything; the first goes on writing; once it is closed the folder is free again."""
+    from outlierlab.utils.dir_lock import DirBusy
+
+    tok = gpt2_tok
+    model = tiny_llama(tok)
+    first = OutlierMonitor(model, tokenizer=tok, out_dir=tmp_path / "monitor", every_n_steps=1, figures=False,
+                           writer=False, **SETTINGS)
+    assert first.step(model, 0) and first.step(model, 1)
+    before = (tmp_path / "monitor" / "hidden_states.csv").read_text()
+    second = OutlierMonitor(model, tokenizer=tok, out_dir=tmp_path / "monitor", every_n_steps=1, figures=False,
+                            writer=False, **SETTINGS)
+    with pytest.raises(DirBusy, match=rf"monitor folder .*monitor is in use by pid {os.getpid()} on .*close\(\) it"):
+        second.step(model, 0)
+    assert len(str(DirBusy(tmp_path, {"pid": 1, "host": "h"}, "monitor folder")).splitlines()) == 1
+    assert (tmp_path / "monitor" / "hidden_states.csv").read_text() == before  # nothing truncated
+    assert first.step(model, 2)
+    assert sorted({r["step"] for r in read_history(tmp_path / "monitor" / "hidden_states.csv")}) == [0, 1, 2]
+    first.close()
+    third = OutlierMonitor(model, tokenizer=tok, out_dir=tmp_path / "monitor", every_n_steps=1, figures=False,
+                           writer=False, **SETTINGS)
+    assert third.step(model, 3)  # a resumed session at step 3 in the freed folder
+    third.close()

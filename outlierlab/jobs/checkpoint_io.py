@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from outlierlab.utils.atomic import fsync_dir
+from outlierlab.utils.dir_lock import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -140,16 +141,6 @@ def staged_dir(dest: Path) -> Iterator[Path]:
 STAGING_NAME = re.compile(r"\.(partial|old)-(\d+)$")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    return True
-
-
 def remove_dead_partials(run_dir: Path) -> list[Path]:
     """Remove the staging files and directories of dead writers in ``run_dir``, ``checkpoints/`` and ``monitor*/``
     (a killed run's half-written checkpoint or export: megabytes that no reader will ever use); return them.
@@ -164,7 +155,7 @@ def remove_dead_partials(run_dir: Path) -> list[Path]:
             continue
         for entry in d.iterdir():
             m = STAGING_NAME.search(entry.name)
-            if m is None or int(m.group(2)) == os.getpid() or _alive(int(m.group(2))):
+            if m is None or int(m.group(2)) == os.getpid() or pid_alive(int(m.group(2))):
                 continue
             original = d / entry.name[1 if entry.name.startswith(".") else 0:m.start()]
             if m.group(1) == "old" and not original.exists():

@@ -53,6 +53,7 @@ from outlierlab.analysis.layernorm_rule import LayerNormRule
 from outlierlab.analysis.order_use import order_use_message
 from outlierlab.reports.history import HistoryCSV
 from outlierlab.utils.atomic import write_atomic
+from outlierlab.utils.dir_lock import DirLock, lock_dir
 
 from .hidden_state_tracker import HiddenStateTracker
 from .layernorm_tracker import LayerNormTracker
@@ -62,6 +63,9 @@ __all__ = ["OutlierMonitor", "INITIAL_SNAPSHOT", "unwrap_model", "is_global_zero
 
 #: The init snapshot of the LayerNorms, beside the history (read back on resume and by the post-hoc analysis).
 INITIAL_SNAPSHOT = "layernorm_initial.pt"
+#: The folder's writer lock: two monitors on one folder (two loops, two Trainers with one output_dir) would truncate
+#: each other's history and write every later step twice.
+LOCK_FILE = "monitor.lock"
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -161,6 +165,7 @@ class OutlierMonitor:
         self._global_zero = global_zero
         self._warn = warn
         self.histories: dict[str, HistoryCSV] = {}
+        self._lock: DirLock | None = None
         self.started = False
         self.last_step: int | None = None
         if model is not None and self.hidden is not None and self.is_global_zero:
@@ -189,9 +194,14 @@ class OutlierMonitor:
         Called by the first :meth:`step`; call it yourself to start before the loop.  Rows at steps ≥ ``step``
         are dropped from the histories first (a fresh run in an old folder starts new files).
         """
-        self.started = True
         if not self.is_global_zero:
+            self.started = True
             return
+        if self._lock is None:  # before anything in the folder is read or truncated
+            self._lock = lock_dir(self.out_dir, LOCK_FILE, "monitor folder",
+                                  "another monitor writes its history there: close() it (one monitor per run), "
+                                  "or give this one another out_dir")
+        self.started = True
         model, step = unwrap_model(model), int(step)
         resumed = step > 0
         snapshot = self.out_dir / INITIAL_SNAPSHOT
@@ -277,3 +287,6 @@ class OutlierMonitor:
         if self._own_writer and self.writer is not None:
             self.writer.close()
         self.writer, self._own_writer = None, False
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
