@@ -267,6 +267,62 @@ def test_history_drops_torn_line_and_truncates_atomically(tmp_path):
     assert h.steps() == {0} and not (tmp_path / "h.csv.tmp").exists()
 
 
+def test_no_documented_reader_returns_a_row_from_a_torn_line(tmp_path):
+    import pandas as pd
+
+    from outlierlab.reports.history import history_frame
+
+    h = HistoryCSV(tmp_path / "hidden_states.csv")
+    h.append([(0, "layer_1", "argmax_share", 7, 0.25), (50, "layer_1", "argmax_share", 7, 0.5)])
+    with open(h.path, "a") as fh:
+        fh.write("100,layer_1,argmax_share,7,0.1")  # a kill mid-row: "0.11982517" cut to "0.1"
+    assert 100 in set(pd.read_csv(h.path)["step"])  # the hazard: a bare read_csv takes the torn row as data
+    frame = history_frame(h.path)
+    assert frame["step"].tolist() == [0, 50] and frame["value"].tolist() == [0.25, 0.5]
+    assert str(frame["dim"].dtype) == "Int64" and [r["step"] for r in read_history(h.path)] == [0, 50]
+    assert history_frame(h.path, statistics=["kurtosis"]).empty
+
+
+def test_a_full_disk_mid_append_leaves_the_last_complete_row(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    h = HistoryCSV(tmp_path / "layernorm.csv")
+    h.append([(0, "embeddings", "gain_z", 3, 1.5)])
+    before = h.path.read_bytes()
+    real_open = builtins.open
+
+    class FullDisk:  # writes 7 bytes of the record, then ENOSPC (what a filling tmpfs does)
+        def __init__(self, fh):
+            self.fh = fh
+
+        def write(self, data):
+            self.fh.write(data[:7])
+            self.fh.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    def fake_open(file, mode="r", *a, **k):
+        fh = real_open(file, mode, *a, **k)
+        return FullDisk(fh) if str(file) == str(h.path) and "a" in mode else fh
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr("pathlib.Path.open", lambda self, mode="r", *a, **k: fake_open(self, mode, *a, **k))
+    with pytest.raises(OSError, match=r"cannot append to .*layernorm.csv: No space left on device; .*free space"):
+        h.append([(50, "embeddings", "gain_z", 3, 2.0)])
+    monkeypatch.undo()
+    assert h.path.read_bytes() == before  # the 7 bytes written before the error are gone
+    assert [r["step"] for r in read_history(h.path)] == [0]
+
+
 # ------------------------------------------------------------------------------------ through Lightning
 def test_step0_rows_flag_exactly_the_planted_layernorm_dims(runs):
     layernorm_csv, _ = runs["after_a"]

@@ -23,9 +23,13 @@ value : float
     ``%.8g``.
 
 Rows are appended with flush + ``os.fsync`` after every record, so a crash loses at most the record
-being written; a torn last line is dropped on the next start.  On resume the rows after the resumed
-step are removed by an atomic rewrite (temporary file + ``os.replace``) before appending goes on, so
-every step appears once.  Read it with ``pandas.read_csv`` or :func:`read_history`.
+being written; a write that fails (a full disk) cuts the file back to its last complete row before the error
+is raised, and a line torn by a kill mid-write is skipped by every reader here and removed on the next start.
+On resume the rows after the resumed step are removed by an atomic rewrite (temporary file + ``os.replace``)
+before appending goes on, so every step appears once.
+
+Read it with :func:`history_frame` (a pandas DataFrame) or :func:`read_history` (dicts): both return complete rows
+only. A bare ``pandas.read_csv`` would parse a torn last line (``0.11982517`` cut to ``0.1``) as a number.
 """
 
 from __future__ import annotations
@@ -120,13 +124,23 @@ class HistoryCSV:
         w = csv.writer(buf, lineterminator="\n")
         w.writerows((_fmt(s), n, st, _fmt(d), _fmt(v)) for s, n, st, d, v in rows)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        new = not self.path.is_file() or self.path.stat().st_size == 0
-        with self.path.open("a", newline="", encoding="utf-8") as fh:
-            if new:
-                fh.write(",".join(COLUMNS) + "\n")
-            fh.write(buf.getvalue())
-            fh.flush()
-            os.fsync(fh.fileno())
+        size = self.path.stat().st_size if self.path.is_file() else 0
+        payload = ("" if size else ",".join(COLUMNS) + "\n") + buf.getvalue()
+        # binary append: the file offset to cut back to is a byte count
+        with self.path.open("ab") as fh:
+            try:
+                fh.write(payload.encode("utf-8"))
+                fh.flush()
+                os.fsync(fh.fileno())
+            except OSError as e:
+                # a full disk mid-record: cut back to the last complete row, so no reader ever sees a torn one
+                try:
+                    fh.truncate(size)
+                    os.fsync(fh.fileno())
+                except OSError:
+                    pass
+                raise OSError(e.errno, f"cannot append to {self.path}: {e.strerror}; the history ends at its last "
+                                       "complete record -- free space there and resume the run") from e
 
 
 def read_history(path: str | os.PathLike, statistics: Iterable[str] | None = None) -> list[dict]:
@@ -139,6 +153,16 @@ def read_history(path: str | os.PathLike, statistics: Iterable[str] | None = Non
         keep = set(statistics)
         rows = [r for r in rows if r["statistic"] in keep]
     return rows
+
+
+def history_frame(path: str | os.PathLike, statistics: Iterable[str] | None = None):
+    """A history file as a pandas DataFrame (columns ``step, name, statistic, dim, value``; ``dim`` nullable
+    integers), complete rows only: the reader to use instead of ``pandas.read_csv`` (see the module docstring)."""
+    import pandas as pd
+
+    rows = read_history(path, statistics)
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    return frame.astype({"step": "int64", "dim": "Int64", "value": "float64"})
 
 
 def vectors_by_step(rows: Iterable[dict], statistic: str) -> dict[str, tuple[list[int], torch.Tensor]]:
