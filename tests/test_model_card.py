@@ -179,8 +179,92 @@ def test_export_run_rewrites_the_card_and_adds_remote_code_to_an_older_export(tm
     assert "remote_code" in done and (export / "modeling_outlierlab.py").is_file()
     assert "| `val/loss` | 5.25 | 9 |" in (export / "README.md").read_text()
     assert verify_manifest(run) == []  # the manifest was refreshed over the new card and config.json
-    with pytest.raises(export_run_mod.ExportError, match="has no export"):
+    with pytest.raises(export_run_mod.ExportError, match="is not a train.py run directory"):
         export_run_mod.export_run(tmp_path / "run" / "csv")
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("empty", r"is empty: pass a train.py run directory"),
+    ("trainer", r"is a transformers Trainer output folder, not a train.py run"),
+    ("export", r"is a model export itself, not a run directory: pass the run directory that holds it \(.*run\)"),
+    ("unfinished", r"has no export \(hf/ or model/\): the run has not finished"),
+])
+def test_export_run_says_what_a_wrong_folder_is(tmp_path, kind, says):
+    folder = tmp_path / "x"
+    folder.mkdir()
+    if kind == "trainer":
+        (folder / "checkpoint-500").mkdir()
+        (folder / "trainer_state.json").write_text("{}")
+    elif kind == "export":
+        folder = plant_run(tmp_path / "run")
+    elif kind == "unfinished":
+        (folder / "config.yaml").write_text("seed: 1\n")
+        (folder / "checkpoints").mkdir()
+    with pytest.raises(export_run_mod.ExportError, match=says) as e:
+        export_run_mod.export_run(folder)
+    assert len(str(e.value).splitlines()) == 1
+
+
+def test_a_full_disk_during_export_run_never_leaves_an_export_that_counts_as_done(tmp_path, monkeypatch, capsys):
+    """ENOSPC after a few hundred bytes while the remote code and config.json are written: one line naming the file,
+    exit 1, no file torn under its own name, the manifest not refreshed over it; after space is freed the same
+    command completes an export that transformers loads."""
+    import errno
+
+    import transformers
+
+    from outlierlab.utils import atomic
+
+    run = tmp_path / "run"
+    export = plant_run(run, remote_code=False)
+    manifest = (run / "manifest.json").read_text()
+    budget = {"left": 600}
+    real_open = open
+
+    class Filling:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def write(self, data):
+            n = min(len(data), budget["left"])
+            self.fh.write(data[:n])
+            budget["left"] -= n
+            if n < len(data):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return n
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    monkeypatch.setattr(atomic, "open", lambda f, mode="r", *a, **k: Filling(real_open(f, mode, *a, **k)),
+                        raising=False)
+    assert export_run_mod.main([str(run)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "free space" in err[0], err
+    assert not (export / "config.json").exists()  # config.json comes last: never there without its code
+    assert [f for f in (export / "configuration_outlierlab.py", export / "modeling_outlierlab.py")
+            if f.exists() and f.stat().st_size == 0] == []
+    assert not list(export.glob(".*partial*")) and (run / "manifest.json").read_text() == manifest
+    monkeypatch.undo()  # space freed
+    assert export_run_mod.main([str(run)]) == 0
+    assert export_run_mod.export_problems(export) == [] and verify_manifest(run) == []
+    config = transformers.AutoConfig.from_pretrained(export, trust_remote_code=True)
+    assert config.model_type == "outlierlab"
+
+
+def test_a_zero_byte_config_json_is_rewritten_not_trusted(tmp_path):
+    run = tmp_path / "run"
+    export = plant_run(run)
+    (export / "config.json").write_text("")  # what a full disk left before writes were atomic
+    assert export_run_mod.export_problems(export) == [f"{export / 'config.json'}: empty"]
+    assert "remote_code" in export_run_mod.export_run(run)
+    assert export_run_mod.export_problems(export) == []
 
 
 def test_push_when_offline_fails_at_once_in_one_line(tmp_path):

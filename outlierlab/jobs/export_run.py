@@ -3,7 +3,7 @@
     python -m outlierlab.jobs.export_run <run_dir> [--push-to-hub USER/NAME] [--private] [--message TEXT]
 
 * the export is ``<run>/hf/`` (a plain RoBERTa) or ``<run>/model/`` (everything else); a ``model/`` written before
-  the remote-code export existed gets its ``config.json``, ``configuration_outlierlab.py`` and
+  the remote-code export existed, or whose ``config.json`` or code files a full disk left empty, gets its ``config.json``, ``configuration_outlierlab.py`` and
   ``modeling_outlierlab.py`` now (generated from the installed outlierlab; the line printed says so, since that
   code may be newer than the code that trained the run — its versions are in the card);
 * ``README.md`` in the export is rewritten from the run directory (:mod:`outlierlab.jobs.model_card`), e.g. after
@@ -31,18 +31,53 @@ class ExportError(RuntimeError):
 
 
 def export_dir_of(run_dir: Path) -> Path:
-    """``<run>/hf`` or ``<run>/model``, whichever the run exported (as train.py chose it)."""
+    """``<run>/hf`` or ``<run>/model``, whichever the run exported (as train.py chose it); otherwise one line saying
+    what the folder is and what to pass instead."""
     for sub in ("hf", "model"):
         d = run_dir / sub
         if (d / "config.json").is_file() or (d / "outlierlab_config.json").is_file():
             return d
+    if (run_dir / "config.json").is_file() or (run_dir / "outlierlab_config.json").is_file():
+        raise ExportError(f"{run_dir} is a model export itself, not a run directory: pass the run directory that "
+                          f"holds it ({run_dir.parent})")
+    if (run_dir / "trainer_state.json").is_file() or any(run_dir.glob("checkpoint-*")):
+        raise ExportError(f"{run_dir} is a transformers Trainer output folder, not a train.py run: its model is saved "
+                          "by transformers (trainer.save_model(), trainer.push_to_hub()); this job exports train.py runs")
+    if not any(run_dir.iterdir()):
+        raise ExportError(f"{run_dir} is empty: pass a train.py run directory (outputs/train/<date>/<time>, "
+                          "holding hf/ or model/ once the run finishes)")
+    if not (run_dir / "config.yaml").is_file() and not (run_dir / "checkpoints").is_dir():
+        raise ExportError(f"{run_dir} is not a train.py run directory (no config.yaml, checkpoints/, hf/ or model/)")
     raise ExportError(f"{run_dir} has no export (hf/ or model/): the run has not finished or ran with export=false; "
                       "train it to the end (train.py resumes it) and run this again")
 
 
+def export_problems(export: Path) -> list[str]:
+    """What keeps ``export`` from loading with transformers (empty when it loads): ``config.json`` missing, empty
+    or not JSON, and for a remote-code ``model/`` export its two code files missing or empty."""
+    from outlierlab.models.remote_code import CONFIG_FILE, MODELING_FILE
+
+    problems = []
+    config = export / "config.json"
+    if not config.is_file():
+        problems.append(f"{config}: missing")
+    else:
+        try:
+            json.loads(config.read_text())
+        except ValueError:
+            problems.append(f"{config}: {'empty' if config.stat().st_size == 0 else 'not valid JSON'}")
+    if (export / "outlierlab_config.json").is_file():
+        for name in (CONFIG_FILE, MODELING_FILE):
+            f = export / name
+            if not f.is_file() or f.stat().st_size == 0:
+                problems.append(f"{f}: {'missing' if not f.is_file() else 'empty'}")
+    return problems
+
+
 def ensure_remote_code(export: Path) -> bool:
-    """Add the transformers remote-code files to a ``model/`` export that lacks them; True if it wrote them."""
-    if not (export / "outlierlab_config.json").is_file() or (export / "config.json").is_file():
+    """(Re)write the transformers remote-code files and ``config.json`` of a ``model/`` export that lacks them or
+    holds a broken one (a full disk during an earlier write); True if it wrote them."""
+    if not (export / "outlierlab_config.json").is_file() or not export_problems(export):
         return False
     from outlierlab.models.config import EncoderConfig
     from outlierlab.models.remote_code import write_remote_code
@@ -97,6 +132,9 @@ def export_run(run_dir: str | Path, repo_id: str | None = None, private: bool = 
             done["remote_code"] = ("written now from the installed outlierlab (the run's export predates it; "
                                    "compare the code versions in the card)")
         done["card"] = str(write_model_card(run, export))
+        problems = export_problems(export)
+        if problems:  # never report (or record in the manifest) an export transformers would refuse
+            raise ExportError(f"the export does not load: {'; '.join(problems)}; run this job again to rewrite it")
         refresh_manifest(run, "export_run")  # the card (and config.json) are result files of a finished cell
     if repo_id:
         done["url"] = push_to_hub(export, repo_id, private, message)
@@ -117,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         done = export_run(args.run_dir, args.push_to_hub, args.private, args.message)
     except (ExportError, RunDirBusy, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a full disk or a read-only mount: the file and the remedy, not a traceback
+        where = e.filename or args.run_dir
+        print(f"error: cannot write {where}: {e.strerror or e}; free space (or make it writable) and run this again "
+              "-- every file is written whole or not at all, so the rerun completes the export", file=sys.stderr)
         return 1
     for key, value in done.items():
         print(f"{key}: {value}")

@@ -32,6 +32,8 @@ import json
 import os
 from pathlib import Path
 
+from outlierlab.utils.atomic import write_atomic
+
 from .config import EncoderConfig
 
 MODEL_TYPE = "outlierlab"
@@ -258,6 +260,8 @@ def write_remote_code(config: EncoderConfig, directory: str | os.PathLike) -> No
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     cfg = hf_config_dict(config)
-    (out / CONFIG_FILE).write_text(configuration_source())
-    (out / MODELING_FILE).write_text(modeling_source())
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    # each file complete or absent (a full disk left a 0-byte config.json that transformers refused); config.json
+    # last: it is what makes the folder look like a model, so it appears only once the code it maps to is there
+    write_atomic(out / CONFIG_FILE, configuration_source())
+    write_atomic(out / MODELING_FILE, modeling_source())
+    write_atomic(out / "config.json", json.dumps(cfg, indent=2) + "\n")
