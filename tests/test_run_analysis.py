@@ -113,3 +113,33 @@ def test_order_use_and_attention_locality_on_every_checkpoint(run, tmp_path):
     with open(res["metrics"], newline="") as fh:
         local = {(int(r["step"]), int(r["layer"])): r["attn_local"] for r in csv.DictReader(fh)}
     assert local[(20, 0)] == "" and 0.0 < float(local[(20, 1)]) <= 1.0
+
+
+def test_a_posthoc_analysis_killed_between_its_outputs_leaves_one_generation(run, tmp_path, monkeypatch):
+    """The histories of a second analysis are written, then it dies before its order_use.csv: the folder still holds
+    the first generation byte for byte (no history of one run beside metrics of another), and the next analysis
+    clears the dead one's staging folder."""
+    import outlierlab.jobs.posthoc as posthoc
+
+    out = tmp_path / "post"
+    analyze_run(run, out_dir=out)
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {"layernorm.csv", "hidden_states.csv", "metrics.csv", "order_use.csv"} <= set(first)
+    real = posthoc.write_csv
+
+    def dies_at_order_use(path, *a, **k):
+        if path.name == "order_use.csv":
+            raise KeyboardInterrupt  # stands in for a kill: nothing after this point runs
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(posthoc, "write_csv", dies_at_order_use)
+    with pytest.raises(KeyboardInterrupt):
+        analyze_run(run, out_dir=out, n_sequences=3)  # another setting: its rows would differ
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first
+    staging = list(tmp_path.glob(".post.partial-*"))
+    assert staging and (staging[0] / "hidden_states.csv").exists()  # the new generation never reached `out`
+    monkeypatch.undo()
+    staging[0].rename(tmp_path / ".post.partial-4194303")  # as if its process (a pid never alive here) was killed
+    analyze_run(run, out_dir=out, n_sequences=3)
+    assert not list(tmp_path.glob(".post.partial-*"))
+    assert (out / "hidden_states.csv").read_bytes() != first["hidden_states.csv"]

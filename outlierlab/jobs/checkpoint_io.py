@@ -121,16 +121,26 @@ def staged_dir(dest: Path) -> Iterator[Path]:
     tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
     try:
         yield tmp
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(tmp, dest)
+        replace_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def replace_dir(staging: Path, dest: Path) -> None:
+    """Put the complete directory ``staging`` in place of ``dest`` (whose previous content goes): ``dest`` is moved
+    aside to ``.<name>.old-<pid>`` first (a directory cannot be renamed over a non-empty one), and moved back if the
+    rename fails; a kill between the two renames leaves the old copy, which :func:`remove_dead_partials` restores."""
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        os.replace(dest, old)
+    try:
+        os.replace(staging, dest)
+    except BaseException:
         if old.exists() and not dest.exists():
-            os.replace(old, dest)  # the previous export stays where it was
+            os.replace(old, dest)  # the previous generation stays where it was
         raise
     shutil.rmtree(old, ignore_errors=True)
     fsync_dir(dest.parent)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.jobs.checkpoint_io import replace_dir
+from outlierlab.utils.dir_lock import pid_alive
 from outlierlab.utils.tables import write_csv
 
 #: Defaults of the monitors (configs/callbacks/monitors.yaml); a run's config.yaml overrides them.
@@ -194,11 +197,11 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     result: dict[str, Any] = {"steps": done}
     table = wide_by_layer(metric_rows, METRIC_COLUMNS, with_dims=_WITH_DIMS)
     # the columns of the first row (every row has the same); an empty table still says what it would hold
-    result["metrics"] = write_csv(out / "metrics.csv", table, list(table[0]) if table else ["step", "layer"])
-    result["order_use"] = write_csv(out / "order_use.csv", order_rows,
-                                    list(order_rows[0]) if order_rows else ["step", "layer"])
+    write_csv(files.dir / "metrics.csv", table, list(table[0]) if table else ["step", "layer"])
+    write_csv(files.dir / "order_use.csv", order_rows, list(order_rows[0]) if order_rows else ["step", "layer"])
     img = plots.render(plots.metric_curves_figure(plots.curves_from_rows(metric_rows), title=run.name))
-    plots.save_png(img, out / "metrics.png")
+    plots.save_png(img, files.dir / "metrics.png")
+    result.update(metrics=out / "metrics.csv", order_use=out / "order_use.csv")
     return {**result, **files.commit()}
 
 
@@ -237,31 +240,40 @@ def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device:
 
 
 class StagedHistories:
-    """``layernorm.csv`` and ``hidden_states.csv`` of a post-hoc analysis, appended under hidden names and moved
-    into place by :meth:`commit` once every checkpoint is done: an interrupted analysis never leaves a history that
-    looks complete (and a re-run starts them afresh)."""
+    """One generation of a post-hoc analysis' outputs: ``layernorm.csv``, ``hidden_states.csv`` and every other file
+    the job writes (``metrics.csv``, ``order_use.csv``, figures) go to a staging folder beside ``out``
+    (:attr:`dir`), which :meth:`commit` puts in place of ``out`` whole once every checkpoint is done. A kill at any
+    moment leaves either the previous generation or the new one, never files of both (a history from one run beside
+    metrics from another); the staging folder of a killed analysis is removed at the next start."""
 
     NAMES = ("layernorm", "hidden_states")
 
     def __init__(self, out: Path) -> None:
         from outlierlab.reports.history import HistoryCSV
 
-        out.mkdir(parents=True, exist_ok=True)
-        self.out = out
-        self.files = {name: HistoryCSV(out / f".{name}.csv.tmp") for name in self.NAMES}
-        for h in self.files.values():
-            h.path.unlink(missing_ok=True)
+        self.out = Path(out)
+        self.dir = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
+        for stale in self.out.parent.glob(f".{self.out.name}.partial-*"):  # a killed analysis' generation
+            pid = stale.name.rsplit("-", 1)[-1]
+            if stale != self.dir and not (pid.isdigit() and pid_alive(int(pid))):
+                shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        self.files = {name: HistoryCSV(self.dir / f"{name}.csv") for name in self.NAMES}
 
     def __getitem__(self, name: str):
         return self.files[name]
 
     def commit(self) -> dict[str, Path]:
-        """Move both files into place; ``{name: final path}``."""
-        final = {}
-        for name, h in self.files.items():
-            final[name] = self.out / f"{name}.csv"
-            os.replace(h.path, final[name])
-        return final
+        """Put the staging folder in place of ``out``; ``{name: final path}`` of the two histories."""
+        for h in self.files.values():  # a history with no record still says what it would hold
+            if not h.path.exists():
+                h.append([])
+        replace_dir(self.dir, self.out)
+        return {name: self.out / f"{name}.csv" for name in self.NAMES}
+
+    def discard(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def layernorm_kwargs(ln_cfg: dict) -> dict[str, Any]:

@@ -144,8 +144,8 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
         files["hidden_states"].append(rows + order_use_records(step, value, local))  # the live monitor's rows
         order_rows.append({"step": step, **value})
     result: dict[str, Any] = {"steps": list(ckpts)}
-    result["order_use"] = write_csv(out / "order_use.csv", order_rows, ["step", "loss", "loss_permuted", "order_use",
-                                                                       "tokens"])
+    write_csv(files.dir / "order_use.csv", order_rows, ["step", "loss", "loss_permuted", "order_use", "tokens"])
+    result["order_use"] = out / "order_use.csv"
     return {**result, **files.commit()}
 
 
