@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import errno
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -329,3 +331,35 @@ def test_model_summary_counts_the_flops_of_one_training_block(tmp_path, shared_c
     T, d, L, ff = 64, 64, 2, 128
     linear = 2 * T * (L * (4 * d * d + 2 * d * ff) + d * d + d * vocab)  # q, k, v, o, MLP; head dense + decoder
     assert linear * 0.99 <= counted <= (linear + 4 * L * T * T * d) * 1.01, (counted, linear, text[-600:])
+
+
+class DiskFullAtStep(L.Callback):
+    """A callback whose write fails as a full disk does, at one step (the TensorBoard write of a monitor, say)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args, **kwargs):
+        if trainer.global_step == self.step:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_mid_run_leaves_failed_json_with_the_folder_and_the_remedy(tmp_path, shared_cache):
+    import json
+
+    from outlierlab.jobs.run_errors import error_line
+    from outlierlab.jobs.training import train
+
+    with pytest.raises(OSError) as e:
+        train(small_cfg(tmp_path, "trainer.max_steps=6", "trainer.limit_val_batches=0", "export=false",
+                        f"+callbacks.disk_full._target_={__name__}.DiskFullAtStep", "+callbacks.disk_full.step=2"))
+    failed = json.loads((tmp_path / "failed.json").read_text())
+    assert failed["global_step"] == 2
+    assert failed["error"].startswith(f"no space left on the device writing {tmp_path} (No space left on device): "
+                                      "free space there")
+    assert not (tmp_path / ".room").exists()  # given up so that failed.json fits on a disk with no byte left
+    line = error_line(RuntimeError("unexpected pos 123"), None)  # not a disk error: the plain line
+    assert "no space" not in line
+    wrapped = RuntimeError("writer failed")
+    wrapped.__cause__ = e.value
+    assert error_line(wrapped).startswith("no space left on the device (No space left on device)")

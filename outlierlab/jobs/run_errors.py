@@ -12,6 +12,7 @@ Imports nothing heavy (the entry points import this before torch).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -73,8 +74,30 @@ def _message(exc: BaseException) -> str:
     return (text[:397] + "...") if len(text) > 400 else (text or type(exc).__name__)
 
 
-def error_line(exc: BaseException) -> str:
-    """One line for any failure: the root cause's message and, where we can tell, the override that fixes it."""
+#: The errors of a full disk or quota, whichever layer raised them (torch's zip writer, TensorBoard's writer thread).
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def disk_full_error(exc: BaseException | None) -> OSError | None:
+    """The full-disk ``OSError`` in ``exc``'s chain of causes and contexts, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def error_line(exc: BaseException, where: str | Path | None = None) -> str:
+    """One line for any failure: the root cause's message and, where we can tell, the override that fixes it. A full
+    disk names the file (or ``where``, the folder being written) and the remedy."""
+    full = disk_full_error(exc)
+    if full is not None:
+        target = full.filename or where
+        return (f"no space left on the device{f' writing {target}' if target else ''} ({full.strerror}): free space "
+                "there (or write elsewhere: hydra.run.dir=, paths.*) and run the same command again -- train.py "
+                "resumes from its last checkpoint, whose files are written whole or not at all")
     cause, key = root_cause(exc)
     msg = _message(cause)
     if not isinstance(cause, USER_ERRORS) and type(cause).__name__ not in USER_ERROR_NAMES:

@@ -132,6 +132,27 @@ def failed_run(run_dir: Path) -> dict[str, Any] | None:
     return failed if isinstance(failed, dict) else None
 
 
+#: A small file kept in a running run's directory and given up when the disk is full, so that ``failed.json`` (a
+#: few hundred bytes) can still be written on a disk that has no byte left: without it the run would end with no
+#: record of why. Removed when the run finishes.
+ROOM_FILE = ".room"
+ROOM_BYTES = 64 * 1024
+
+
+def reserve_room(run_dir: Path) -> None:
+    """Keep :data:`ROOM_FILE` in ``run_dir`` (a no-op where the disk is already too full to hold it)."""
+    try:
+        path = Path(run_dir) / ROOM_FILE
+        if not path.is_file() or path.stat().st_size < ROOM_BYTES:
+            path.write_bytes(b"\0" * ROOM_BYTES)
+    except OSError:
+        (Path(run_dir) / ROOM_FILE).unlink(missing_ok=True)
+
+
+def release_room(run_dir: Path) -> None:
+    (Path(run_dir) / ROOM_FILE).unlink(missing_ok=True)
+
+
 def mark_failed(run_dir: Path, error: str, global_step: int | None) -> dict[str, Any]:
     """Write ``failed.json``: the one-line error, the step reached and the code version."""
     info = {"error": error, "global_step": global_step, "failed": now_iso(), "code": code_version()}
@@ -147,6 +168,7 @@ def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict
     write_atomic(run_dir / FINISHED_MARKER, json.dumps({"global_step": int(global_step), "max_steps": int(max_steps),
                                                         "metrics": metrics}, indent=2))
     (run_dir / FAILED_MARKER).unlink(missing_ok=True)
+    release_room(run_dir)
 
 
 # ------------------------------------------------------------------------------------------ manifest

@@ -32,9 +32,10 @@ from outlierlab.lightning_modules.callbacks.progress import StepRichProgressBar
 from outlierlab.lightning_modules.mlm_module import MLMLitModule
 from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space, checkpoint_bytes, checkpoints_kept,
                                            free_bytes_needed, remove_dead_partials, staged_dir)
-from outlierlab.jobs.run_errors import error_line
+from outlierlab.jobs.run_errors import disk_full_error, error_line
 from outlierlab.jobs.run_lock import is_primary_process, lock_run_dir
-from outlierlab.jobs.run_state import FINISHED_MARKER, finished_run, mark_failed, mark_finished, record_start  # noqa: F401
+from outlierlab.jobs.run_state import (FINISHED_MARKER, finished_run, mark_failed, mark_finished,  # noqa: F401
+                                       record_start, release_room, reserve_room)
 from outlierlab.jobs.startup import one_console_for_lightning
 
 log = logging.getLogger(__name__)
@@ -251,6 +252,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     try:
         if primary:  # under the lock no other writer is alive here: staging files of a killed run are litter
             remove_dead_partials(run_dir)
+            reserve_room(run_dir)  # room for failed.json on a disk that fills up during the run
         done = finished_run(run_dir)
         same_budget = done is not None and done.get("max_steps") == OmegaConf.select(cfg, "trainer.max_steps")
         if same_budget and cfg.get("skip_finished", True) and cfg.get("ckpt_path") in (None, "", "null"):
@@ -271,8 +273,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         except Exception as e:
             if primary:
                 trainer = progress.get("trainer")
+                if disk_full_error(e) is not None:
+                    release_room(run_dir)  # the reserve makes room for failed.json on a disk with no byte left
                 try:
-                    mark_failed(run_dir, error_line(e), int(trainer.global_step) if trainer is not None else None)
+                    mark_failed(run_dir, error_line(e, run_dir), int(trainer.global_step) if trainer is not None else None)
                     e.failed_recorded = True  # run_errors.run_main: failed.json is written, with the step
                 except OSError:  # a full or vanished disk: the original error is the one to report
                     pass
