@@ -363,3 +363,21 @@ def test_a_full_disk_mid_run_leaves_failed_json_with_the_folder_and_the_remedy(t
     wrapped = RuntimeError("writer failed")
     wrapped.__cause__ = e.value
     assert error_line(wrapped).startswith("no space left on the device (No space left on device)")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_finished_json_records_the_device_and_whether_algorithms_were_deterministic(tmp_path, shared_cache,
+                                                                                   deterministic):
+    import json
+
+    from outlierlab.jobs.training import train
+
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        train(small_cfg(tmp_path, "trainer.max_steps=2", "trainer.limit_val_batches=0", "export=false",
+                        f"trainer.deterministic={str(deterministic).lower()}"))
+        assert torch.are_deterministic_algorithms_enabled() is deterministic  # the flag reached torch
+    finally:
+        torch.use_deterministic_algorithms(before)
+    done = json.loads((tmp_path / "finished.json").read_text())
+    assert done["accelerator"] == "cpu" and done["deterministic"] is deterministic

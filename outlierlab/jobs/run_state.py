@@ -161,12 +161,14 @@ def mark_failed(run_dir: Path, error: str, global_step: int | None) -> dict[str,
 
 
 def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict[str, float],
-                  config: dict[str, Any] | None) -> None:
-    """Write ``manifest.json``, then ``finished.json`` (both atomically), and drop an earlier ``failed.json``."""
+                  config: dict[str, Any] | None, how: dict[str, Any] | None = None) -> None:
+    """Write ``manifest.json``, then ``finished.json`` (both atomically), and drop an earlier ``failed.json``.
+    ``how`` records how the run computed (``accelerator``, ``deterministic``): replicates are only expected to agree
+    bit for bit where both ran deterministic algorithms on the same kind of device."""
     run_dir = Path(run_dir)
     write_manifest(run_dir, config, global_step, max_steps)
     write_atomic(run_dir / FINISHED_MARKER, json.dumps({"global_step": int(global_step), "max_steps": int(max_steps),
-                                                        "metrics": metrics}, indent=2))
+                                                        "metrics": metrics, **(how or {})}, indent=2))
     (run_dir / FAILED_MARKER).unlink(missing_ok=True)
     release_room(run_dir)
 

@@ -207,8 +207,12 @@ def _release_ddp(env_before: dict[str, str | None]) -> None:
 
 def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float],
                    config: dict[str, Any] | None = None) -> None:
-    """manifest.json, then finished.json (:func:`outlierlab.jobs.run_state.mark_finished`)."""
-    mark_finished(run_dir, int(trainer.global_step), int(trainer.max_steps), metrics, config)
+    """manifest.json, then finished.json (:func:`outlierlab.jobs.run_state.mark_finished`), with the device kind and
+    whether deterministic algorithms were enforced (``trainer.deterministic=true``: Lightning calls
+    ``torch.use_deterministic_algorithms`` and sets ``CUBLAS_WORKSPACE_CONFIG``)."""
+    how = {"accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
+           "deterministic": bool(torch.are_deterministic_algorithms_enabled())}
+    mark_finished(run_dir, int(trainer.global_step), int(trainer.max_steps), metrics, config, how)
 
 
 def parallel_cells() -> int:
