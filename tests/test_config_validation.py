@@ -122,3 +122,11 @@ def test_batch_larger_than_the_data_trains_on_what_there_is(tmp_path, shared_cac
     # callbacks=none means no checkpoints: not Lightning's implicit one either (it wrote epoch=2-step=3.ckpt
     # into the current directory, the repository when tests ran)
     assert not list(tmp_path.rglob("*.ckpt")) and not list(Path.cwd().glob("checkpoints/epoch=*.ckpt"))
+
+
+@pytest.mark.parametrize("max_steps, warns", [(40, True), (99, True), (100, False), (300, False)])
+def test_a_run_shorter_than_the_checkpoint_interval_says_it_has_nothing_to_resume(max_steps, warns):
+    cfg = compose("train", [f"trainer.max_steps={max_steps}", "callbacks.model_checkpoint.every_n_train_steps=100",
+                            "trainer.val_check_interval=10"])
+    found = [w for w in check_train_config(cfg) if "shorter than the checkpoint interval" in w]
+    assert (len(found) == 1 and f"trainer.max_steps={max_steps}" in found[0]) if warns else found == []
