@@ -158,7 +158,14 @@ class MLMLitModule(L.LightningModule):
         ``{mode: max-autotune-no-cudagraphs}``).  Only the training step is compiled: validation and
         the monitors call the eager model, so their hooks and ``eval()`` never trigger a recompilation,
         and checkpoints keep the eager parameter names.  ``benchmarks/train_throughput.py --compare``
-        measures the gain.
+        measures the gain.  ``"auto"``: compiled on CUDA only.
+    fused_optimizer : bool or "auto"
+        Fused AdamW/Adam (``fused=True``: one kernel for the whole update); ``auto`` uses it on CUDA unless fp16
+        mixed precision is on. Under bf16 the module clips the gradients itself (Lightning's plugin refuses to
+        for a fused optimizer). Equal to the unfused update (tests/test_fast_paths.py).
+    activation_checkpointing : bool
+        Recompute each layer's activations in the backward pass (``torch.utils.checkpoint``): less memory for
+        ~one more forward; the same loss and gradients (tests/test_fast_paths.py).
     """
 
     def __init__(
@@ -168,9 +175,11 @@ class MLMLitModule(L.LightningModule):
         scheduler: Callable[..., Any] | None = None,
         seed: int = 0,
         weight_decay_scope: str = "no_norm_bias",
-        compile: bool | dict = False,
+        compile: bool | str | dict = False,
         finite_check_every_n_steps: int = 10,
         order_use: bool = True,
+        fused_optimizer: bool | str = "auto",
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         config = model if isinstance(model, EncoderConfig) else EncoderConfig(**dict(model))
@@ -184,9 +193,19 @@ class MLMLitModule(L.LightningModule):
         self.scheduler_factory = scheduler
         self.seed = seed
         self.weight_decay_scope = weight_decay_scope
-        if not isinstance(compile, bool):  # Hydra hands a DictConfig
+        if compile not in (True, False, "auto") and not hasattr(compile, "keys"):
+            raise ValueError(f"module.compile must be true, false, auto or a dict of torch.compile options, got {compile!r}")
+        if fused_optimizer not in (True, False, "auto"):
+            raise ValueError(f"module.fused_optimizer must be true, false or auto, got {fused_optimizer!r}")
+        # "auto": decided on the first training step, by the device (compiled on CUDA only: measured there; on a
+        # CPU it gained nothing, docs/training_speed.md)
+        self.compile_auto = compile == "auto"
+        if not isinstance(compile, (bool, str)):  # Hydra hands a DictConfig
             compile = dict(compile)
-        self.compile_options: dict | None = (compile if isinstance(compile, dict) else {}) if compile else None
+        self.compile_options: dict | None = (compile if isinstance(compile, dict) else {}) if compile is True or \
+            isinstance(compile, dict) else None
+        self.fused_optimizer = fused_optimizer
+        self.model.roberta.activation_checkpointing = bool(activation_checkpointing)
         # A compiled *function* (not a module attribute): it shares the eager parameters, and the
         # state_dict gains no ``_orig_mod.`` copies.  Built lazily on the first training step.
         self._train_forward: Callable[..., Any] | None = None
@@ -228,6 +247,9 @@ class MLMLitModule(L.LightningModule):
         torch.manual_seed((self.seed * 1_000_003 + self.global_step * 7919 + self.global_rank) % 2**63)
 
     def _training_forward(self) -> Callable[..., Any]:
+        if self.compile_auto:
+            self.compile_auto = False
+            self.compile_options = {} if self.device.type == "cuda" else None
         if self.compile_options is None:
             return self.model
         if self._train_forward is None:
@@ -241,6 +263,20 @@ class MLMLitModule(L.LightningModule):
         self.flops_per_batch = int(self.flops_per_token * batch["input_ids"].numel())
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales internally (a fused
+        AdamW) -- right for fp16's GradScaler, needless under bf16, which scales nothing: there the gradients are
+        clipped here, as the plugin would have."""
+        if gradient_clip_val and getattr(optimizer, "_step_supports_amp_scaling", False) and \
+                not str(self.trainer.precision).startswith("16"):
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if (gradient_clip_algorithm or "norm") == "norm":
+                torch.nn.utils.clip_grad_norm_(params, float(gradient_clip_val))
+            else:
+                torch.nn.utils.clip_grad_value_(params, float(gradient_clip_val))
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # ------------------------------------------------------------------------------ non-finite loss guard
     def _nonfinite_error(self, step: int, value: str) -> NonFiniteLossError:
@@ -325,8 +361,23 @@ class MLMLitModule(L.LightningModule):
             self.log("val/attn_local/uniform", self._locality["uniform"].float())
             self._locality = None
 
+    def _use_fused(self) -> bool:
+        """Fused AdamW/Adam (one kernel for the whole update): where asked, or by default on CUDA unless fp16 mixed
+        precision is on (its GradScaler unscales inside a fused step, so clipping before it would see scaled
+        gradients)."""
+        target = getattr(self.optimizer_factory, "func", self.optimizer_factory)
+        if target not in (torch.optim.AdamW, torch.optim.Adam) or "fused" in getattr(self.optimizer_factory,
+                                                                                     "keywords", {}):
+            return False
+        if self.fused_optimizer != "auto":
+            return bool(self.fused_optimizer)
+        precision = str(getattr(self.trainer, "precision", "")) if self._trainer is not None else ""
+        return self.device.type == "cuda" and not precision.startswith("16")
+
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(weight_decay_groups(self.model, self.weight_decay_scope))
+        groups = weight_decay_groups(self.model, self.weight_decay_scope)
+        optimizer = (self.optimizer_factory(groups, fused=True) if self._use_fused()
+                     else self.optimizer_factory(groups))
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -87,6 +88,9 @@ class RobertaEncoder(nn.Module):
         self.config = config
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
+        # Activation checkpointing (a training setting, not part of the architecture or its exports): each layer's
+        # activations are recomputed in the backward pass instead of kept, trading ~one extra forward for memory.
+        self.activation_checkpointing = False
 
     def forward(
         self,
@@ -116,8 +120,15 @@ class RobertaEncoder(nn.Module):
             # Large negative instead of -inf keeps rows finite even when a row is all padding.
             key_mask_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
         hidden, attns = [x], []
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.encoder.layer:
-            x, probs = layer(x, key_mask_bias, position_ids, output_attentions)
+            if recompute and not output_attentions:
+                # non-reentrant: works with inputs that need no grad and with torch.compile; the RNG state is
+                # restored for the recomputation, so dropout draws the same masks (equal to the plain path)
+                x, probs = torch.utils.checkpoint.checkpoint(layer, x, key_mask_bias, position_ids, False,
+                                                             use_reentrant=False)
+            else:
+                x, probs = layer(x, key_mask_bias, position_ids, output_attentions)
             hidden.append(x)
             attns.append(probs)
         if self.encoder.LayerNorm is not None:
