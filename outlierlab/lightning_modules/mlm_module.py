@@ -13,6 +13,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from outlierlab.analysis.order_use import attention_locality, movable_positions, permute_block_tokens
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
+from outlierlab.utils.flops import flops_per_token
 
 
 def batch_size_of(batch: dict[str, Tensor]) -> int:
@@ -209,10 +210,8 @@ class MLMLitModule(L.LightningModule):
         # A compiled *function* (not a module attribute): it shares the eager parameters, and the
         # state_dict gains no ``_orig_mod.`` copies.  Built lazily on the first training step.
         self._train_forward: Callable[..., Any] | None = None
-        n = sum(p.numel() for p in self.model.parameters())
-        # Training FLOPs per token ≈ 6·N (Kaplan et al. 2020) + attention 12·L·T·d; ThroughputMonitor
-        # reads ``flops_per_batch`` to report FLOP/s and MFU.
-        self.flops_per_token = 6 * n + 12 * config.num_layers * config.max_len * config.hidden_size
+        # Lightning's ThroughputMonitor reads ``flops_per_batch`` (set per step: the head projects only the masked
+        # tokens) to report FLOP/s and MFU; the count is outlierlab.utils.flops' (6·N + 12·L·T·d).
         self.flops_per_batch: int | None = None
         self.val_loss = MeanMetric()
         self.order_use = bool(order_use)
@@ -260,7 +259,11 @@ class MLMLitModule(L.LightningModule):
         loss = self._training_forward()(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
                                         masked_positions=batch.get("masked_positions")).loss
         self._guard_finite(loss)
-        self.flops_per_batch = int(self.flops_per_token * batch["input_ids"].numel())
+        ids = batch["input_ids"]
+        # masked_positions' length is metadata: no device sync (the causal head projects every token)
+        fraction = 1.0 if self.config.causal or batch.get("masked_positions") is None else \
+            batch["masked_positions"].numel() / ids.numel()
+        self.flops_per_batch = int(flops_per_token(self.config, ids.shape[1], fraction) * ids.numel())
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
 
