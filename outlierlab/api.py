@@ -93,16 +93,67 @@ def _compose(config_name: str, overrides: Sequence[str]):
     return compose_config(config_name, overrides)
 
 
-def _texts_file(texts: Sequence[str] | None, out_dir: Path) -> list[str]:
-    """``data.files`` overrides for ``texts`` (one per line, in a file of the run directory), or none."""
+def _names(value: Any, what: str) -> list[str]:
+    """A list of names (analyses, transforms, overrides): a bare string would be iterated one character at a time,
+    so it is refused in one line."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{what}={value!r} is a single string: pass a list, e.g. {what}=[{value!r}]")
+    return list(value)
+
+
+def check_texts(texts: Any) -> list[str] | None:
+    """``texts`` as the sentences to evaluate (whitespace runs folded to one space), or None (the shipped ones).
+
+    Refused in one line, never evaluated as something else: a bare string (it would be read one character per
+    sentence; pass ``[text]``), an item that is not a string (``42`` or ``None`` would become the sentences "42"
+    and "None"), an empty or blank item, no items -- each naming the offending positions."""
+    if texts is None:
+        return None
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"texts is a single {type(texts).__name__} ({_short(texts)}): pass a list of sentences, "
+                        "e.g. texts=[text]")
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise TypeError(f"texts is a {type(texts).__name__}: pass a list of sentences (str)") from None
+    if not texts:
+        raise ValueError("texts is empty: pass at least one non-empty sentence (or None for the shipped ones)")
+    bad = [f"[{i}] {type(t).__name__}" for i, t in enumerate(texts) if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"texts has {len(bad)} item(s) that are not strings: {_listing(bad)}; pass sentences (str)")
+    folded = [" ".join(t.split()) for t in texts]
+    empty = [f"[{i}]" for i, t in enumerate(folded) if not t]
+    if empty:
+        raise ValueError(f"texts has {len(empty)} empty or blank item(s): {_listing(empty)}; drop them")
+    return folded
+
+
+def _short(text: Any) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _listing(items: list[str], limit: int = 8) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _texts_file(texts: list[str] | None, out_dir: Path) -> list[str]:
+    """``data.files`` overrides for ``texts`` (already checked, one per line, in a file of the run directory), or
+    none."""
     if texts is None:
         return []
-    texts = [" ".join(str(t).split()) for t in texts]
-    if not any(texts):
-        raise ValueError("texts is empty: pass at least one non-empty sentence (or None for the shipped ones)")
     path = out_dir / "texts.txt"
-    path.write_text("\n".join(t for t in texts if t) + "\n", encoding="utf-8")
+    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
     return [f"data.files=[{path}]", "data.max_sentences=null"]
+
+
+def _check_choices(overrides: list[str]) -> None:
+    """An unknown config-group choice (``transform=[whitening]``, ``wic=nope``) in one line with the valid names,
+    as evaluate.py and probe.py say it, instead of Hydra's MissingConfigException and its search path."""
+    from outlierlab.jobs.overrides import find_override_errors
+
+    errors = find_override_errors(overrides)
+    if errors:
+        raise ValueError("; ".join(errors))
 
 
 def _run_dir(out_dir: str | Path | None, prefix: str) -> Path:
@@ -140,22 +191,33 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     ----------
     texts : the sentences of the geometry analyses (outliers, anisotropy, isotropy, self-similarity); None: the
         shipped held-out sentences (as ``python evaluate.py``).
-    analyses, transforms : as ``analyses=[...]`` and ``transform=[...]`` on the command line; an analysis may
+    analyses, transforms : lists, as ``analyses=[...]`` and ``transform=[...]`` on the command line (valid names
+        below); an analysis may
         also be an object — a module, a class, a ``types.SimpleNamespace`` — with its ``run(ctx)`` and optional
         ``consumers(ctx)`` (:mod:`outlierlab.evaluation.registry`), named by its ``NAME`` or ``__name__``: an
         analysis written in the notebook itself.
     overrides : any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]``.
     plots : PNG figures (off by default: a notebook draws its own from the tables).
+
+    A bare string for ``texts`` (or any list argument), a text that is not a string, an empty text or an unknown
+    name is refused in one line naming it.
     """
     from outlierlab.jobs.evaluation import evaluate as run_job
+    from outlierlab.jobs.evaluation import selected_analyses
 
-    run_dir = _run_dir(out_dir, "outlierlab_evaluate_")
+    texts = check_texts(texts)
+    analyses, transforms = _names(analyses, "analyses"), _names(transforms, "transforms")
+    overrides = _names(overrides, "overrides")
     given = {_analysis_name(a): a for a in analyses if not isinstance(a, str)}
     names = [a if isinstance(a, str) else _analysis_name(a) for a in analyses]
-    cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"transform=[{','.join(transforms)}]",
-                                f"seed={int(seed)}", f"plots={str(bool(plots)).lower()}", "tensorboard=false",
+    selected_analyses({"analyses": names}, given)  # an unknown name: one line, before anything is composed
+    choices = [f"transform=[{','.join(transforms)}]", *overrides]
+    _check_choices(choices)
+    run_dir = _run_dir(out_dir, "outlierlab_evaluate_")
+    cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={int(seed)}",
+                                f"plots={str(bool(plots)).lower()}", "tensorboard=false",
                                 f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder),
-                                *_texts_file(texts, run_dir), *overrides])
+                                *_texts_file(texts, run_dir), *choices])
     out = run_job(cfg, run_dir, encoder=encoder, given=given)
     return {r.name: _read(run_dir / f"{r.name}.csv", run_dir, r.summary.get("skipped")) for r in out["results"]
             if (run_dir / f"{r.name}.csv").is_file()}
@@ -182,10 +244,12 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     tqdm bar while encoding, as in :func:`evaluate`."""
     from outlierlab.jobs.probing import run as run_probe
 
+    texts = check_texts(texts)
+    choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
+    _check_choices(choices)
     run_dir = _run_dir(out_dir, "outlierlab_probe_")
-    cfg = _compose("probe", ["task=position", f"transform=[{','.join(transforms)}]", f"seed={int(seed)}",
-                             f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder),
-                             *_texts_file(texts, run_dir), *overrides])
+    cfg = _compose("probe", ["task=position", f"seed={int(seed)}", f"progress={str(bool(progress)).lower()}",
+                             *_encoder_overrides(encoder), *_texts_file(texts, run_dir), *choices])
     run_probe(cfg, run_dir, encoder=encoder)
     return _read(run_dir / "position_probe.csv", run_dir)
 
@@ -207,3 +271,16 @@ def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
                                     "(a monitor's out_dir) or a train.py run directory (its monitor/hidden_states.csv)")
         history = pd.read_csv(found[0])
     return layer_identity(history, statistic)
+
+
+def _valid_names_doc() -> str:
+    """The valid analyses and transforms, read from the registry and ``configs/transform/`` (what evaluate.py
+    accepts), for ``help(ol.evaluate)``."""
+    from outlierlab.evaluation.registry import ANALYSIS_MODULES
+    from outlierlab.jobs.overrides import group_options
+
+    return (f"\n    Valid analyses: {', '.join(ANALYSIS_MODULES)} (default: {', '.join(DEFAULT_ANALYSES)}), or the "
+            f"dotted module path of one's own.\n    Valid transforms: {', '.join(group_options('transform'))}.\n")
+
+
+evaluate.__doc__ += _valid_names_doc()

@@ -103,10 +103,10 @@ def test_probe_positions_equals_probe_py(tmp_path):
 
 def test_empty_texts_are_refused_in_one_line(tmp_path):
     import outlierlab as ol
-    from outlierlab.api import _texts_file
+    from outlierlab.api import check_texts
 
-    with pytest.raises(ValueError, match="texts is empty"):
-        _texts_file(["", "  "], tmp_path)
+    with pytest.raises(ValueError, match="2 empty or blank item"):
+        check_texts(["", "  "])
     assert callable(ol.evaluate) and callable(ol.probe_positions)
 
 

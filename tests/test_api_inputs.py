@@ -1,0 +1,88 @@
+"""Bad input to ol.evaluate / ol.probe_positions is refused in one line that names it, before any model runs --
+never evaluated as something else (a bare string as its characters, 42 as the sentence "42")."""
+
+from __future__ import annotations
+
+import pytest
+
+import outlierlab as ol
+from outlierlab.api import check_texts
+
+
+class _NoEncoder:
+    """Stands where an encoder goes: every refusal below must come before the encoder is touched."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the encoder was used ({name}) before the input was checked")
+
+
+def _one_line(excinfo) -> str:
+    msg = str(excinfo.value)
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("call", [ol.evaluate, ol.probe_positions])
+def test_a_bare_string_is_refused_not_split_into_characters(call, tmp_path):
+    with pytest.raises(TypeError) as e:
+        call(_NoEncoder(), "A single sentence.", out_dir=tmp_path)
+    assert "single str" in _one_line(e) and "texts=[text]" in str(e.value)
+
+
+@pytest.mark.parametrize("call", [ol.evaluate, ol.probe_positions])
+def test_items_that_are_not_strings_are_named_by_position(call, tmp_path):
+    with pytest.raises(TypeError) as e:
+        call(_NoEncoder(), ["A sentence.", "Another one.", 42, None, b"bytes"], out_dir=tmp_path)
+    msg = _one_line(e)
+    assert "3 item(s)" in msg and "[2] int" in msg and "[3] NoneType" in msg and "[4] bytes" in msg
+    assert "[0]" not in msg and "[1]" not in msg
+
+
+def test_empty_and_blank_texts_are_named_by_position():
+    with pytest.raises(ValueError) as e:
+        check_texts(["fine", "", "also fine", " \t\n "])
+    msg = _one_line(e)
+    assert "2 empty or blank" in msg and "[1], [3]" in msg
+    with pytest.raises(ValueError, match="texts is empty"):
+        check_texts([])
+    with pytest.raises(ValueError, match=r"\[0\], .*\[7\] and 2 more"):
+        check_texts([""] * 10)
+
+
+def test_good_texts_pass_folded_and_none_means_the_shipped_ones():
+    assert check_texts(("A  b\tc", "d\ne")) == ["A b c", "d e"]
+    assert check_texts(t for t in ["x"]) == ["x"]  # any iterable of str
+    assert check_texts(None) is None
+
+
+@pytest.mark.parametrize("call", [ol.evaluate, ol.probe_positions])
+def test_an_unknown_transform_is_one_line_listing_the_valid_ones(call, tmp_path):
+    with pytest.raises(ValueError) as e:
+        call(_NoEncoder(), ["A sentence."], transforms=["whitening"], out_dir=tmp_path)
+    assert _one_line(e) == "unknown transform 'whitening'; valid: abtt, center, clip, none, standardize, whiten"
+    with pytest.raises(TypeError, match=r"transforms='whiten' is a single string: pass a list"):
+        call(_NoEncoder(), ["A sentence."], transforms="whiten", out_dir=tmp_path)
+
+
+def test_an_unknown_analysis_or_group_choice_is_one_line(tmp_path):
+    with pytest.raises(ValueError) as e:
+        ol.evaluate(_NoEncoder(), ["A sentence."], analyses=["outliers", "anisotropi"], out_dir=tmp_path)
+    assert _one_line(e).startswith("unknown analysis 'anisotropi'; valid: outliers, anisotropy")
+    with pytest.raises(ValueError) as e:
+        ol.evaluate(_NoEncoder(), ["A sentence."], overrides=["wic=nope"], out_dir=tmp_path)
+    assert _one_line(e).startswith("unknown wic 'nope'; valid:")
+
+
+def test_help_lists_every_analysis_and_transform():
+    """The lists in help(ol.evaluate) are read from the registry and configs/transform/, so a new analysis or
+    transform shows there without editing the docstring."""
+    from outlierlab.evaluation.registry import ANALYSIS_MODULES
+    from outlierlab.jobs.evaluation import TRANSFORMS
+    from outlierlab.jobs.overrides import CONFIG_DIR
+
+    doc = ol.evaluate.__doc__
+    analyses = doc.split("Valid analyses: ", 1)[1].split(" (default")[0]
+    transforms = doc.split("Valid transforms: ", 1)[1].split(".")[0]
+    assert analyses.split(", ") == list(ANALYSIS_MODULES) and "order_use" in analyses
+    assert sorted(transforms.split(", ")) == sorted(p.stem for p in (CONFIG_DIR / "transform").glob("*.yaml"))
+    assert set(transforms.split(", ")) == set(TRANSFORMS)
