@@ -184,26 +184,28 @@ def _read(path: Path, run_dir: Path, skipped: str | None = None):
 def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any] = DEFAULT_ANALYSES,
              transforms: Sequence[str] = ("none", "clip", "whiten"), seed: int = 0, out_dir: str | Path | None = None,
              overrides: Sequence[str] = (), plots: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Run evaluate.py's analyses on ``encoder`` (from :func:`load_encoder`): one pandas DataFrame per analysis, the
-    rows of its ``<analysis>.csv``.
+    """Run evaluate.py's analyses on ``encoder`` (from :func:`load_encoder`), in memory: one pandas DataFrame per
+    analysis, the rows of its ``<analysis>.csv`` (and one per side table: ``anisotropy_contributions``,
+    ``layernorm``, ``position_rows``).  Nothing is written unless ``out_dir`` is given.
 
     Parameters
     ----------
-    texts : the sentences of the geometry analyses (outliers, anisotropy, isotropy, self-similarity); None: the
-        shipped held-out sentences (as ``python evaluate.py``).
+    texts : the sentences of the analyses (outliers, anisotropy, isotropy, self-similarity, and those with texts
+        of their own not set), all of them; None: the shipped held-out sentences (as ``python evaluate.py``).
     analyses, transforms : lists, as ``analyses=[...]`` and ``transform=[...]`` on the command line (valid names
-        below); an analysis may
-        also be an object — a module, a class, a ``types.SimpleNamespace`` — with its ``run(ctx)`` and optional
-        ``consumers(ctx)`` (:mod:`outlierlab.evaluation.registry`), named by its ``NAME`` or ``__name__``: an
-        analysis written in the notebook itself.
+        below); an analysis may also be an object — a module, a class, a ``types.SimpleNamespace`` — with its
+        ``run(ctx)`` and optional ``consumers(ctx)`` (:mod:`outlierlab.evaluation.registry`), named by its ``NAME``
+        or ``__name__``: an analysis written in the notebook itself.
+    out_dir : also write everything evaluate.py writes (CSVs, report.md, results.json, figures) there, by the
+        same job; named in each table's ``attrs["run_dir"]``.
     overrides : any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]``.
-    plots : PNG figures (off by default: a notebook draws its own from the tables).
+    plots : PNG figures, with ``out_dir`` (off by default: a notebook draws its own from the tables).
 
-    A bare string for ``texts`` (or any list argument), a text that is not a string, an empty text or an unknown
-    name is refused in one line naming it.
+    A skipped analysis (no LM head, no STS data) is an empty table whose ``attrs["skipped"]`` says why.  A bare
+    string for ``texts`` (or any list argument), a text that is not a string, an empty text or an unknown name is
+    refused in one line naming it.
     """
-    from outlierlab.jobs.evaluation import evaluate as run_job
-    from outlierlab.jobs.evaluation import selected_analyses
+    from outlierlab.evaluation.core import run_analyses, selected_analyses
 
     texts = check_texts(texts)
     analyses, transforms = _names(analyses, "analyses"), _names(transforms, "transforms")
@@ -213,14 +215,17 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     selected_analyses({"analyses": names}, given)  # an unknown name: one line, before anything is composed
     choices = [f"transform=[{','.join(transforms)}]", *overrides]
     _check_choices(choices)
-    run_dir = _run_dir(out_dir, "outlierlab_evaluate_")
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={int(seed)}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
-                                f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder),
-                                *_texts_file(texts, run_dir), *choices])
-    out = run_job(cfg, run_dir, encoder=encoder, given=given)
-    return {r.name: _read(run_dir / f"{r.name}.csv", run_dir, r.summary.get("skipped")) for r in out["results"]
-            if (run_dir / f"{r.name}.csv").is_file()}
+                                f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices])
+    if out_dir is None:
+        return run_analyses(cfg, encoder, given, texts).tables()
+    from outlierlab.jobs.evaluation import evaluate as run_job
+
+    tables = run_job(cfg, out_dir, encoder=encoder, given=given, texts=texts)["evaluation"].tables()
+    for table in tables.values():
+        table.attrs["run_dir"] = str(out_dir)
+    return tables
 
 
 def _analysis_name(analysis) -> str:

@@ -36,7 +36,8 @@ def test_evaluate_tables_equal_the_cli_csvs(tmp_path):
     enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
     tables = ol.evaluate(enc, TEXTS, analyses=["outliers", "anisotropy"], transforms=["none", "clip", "whiten"],
                          seed=1, out_dir=tmp_path / "api", progress=False)
-    assert sorted(tables) == ["anisotropy", "outliers"]
+    # each analysis' table, and the side tables the CLI writes beside them
+    assert sorted(tables) == ["anisotropy", "anisotropy_contributions", "layernorm", "outliers", "position_rows"]
     assert set(tables["anisotropy"]["transform"]) == {"none", "clip", "whiten"}
     (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
     _cli("evaluate.py", "analyses=[outliers,anisotropy]", "transform=[none,clip,whiten]", "seed=1",
@@ -45,6 +46,40 @@ def test_evaluate_tables_equal_the_cli_csvs(tmp_path):
     for name, table in tables.items():
         pd.testing.assert_frame_equal(table, pd.read_csv(tmp_path / "cli" / f"{name}.csv"), check_exact=True)
     assert tables["outliers"].attrs["run_dir"] == str(tmp_path / "api")
+
+
+def _listing(*dirs: Path) -> set[str]:
+    return {str(p) for d in dirs for p in d.rglob("*")}
+
+
+def test_evaluate_runs_in_memory_writes_nothing_and_equals_the_cli(tmp_path, monkeypatch):
+    """On 50 texts ol.evaluate creates no file or directory -- the temporary directory and the working directory
+    are listed before and after -- and its tables, side tables included, equal evaluate.py's CSVs exactly."""
+    import outlierlab as ol
+
+    texts, analyses = TEXTS[:50], ["outliers", "anisotropy", "isotropy", "self_similarity"]
+    few = ["transform.allow_degenerate=true"]  # 50 sentences are too few distinct tokens for a full whitening
+    enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
+    enc.tokenize(["warm up"]), enc.model  # noqa: B018 - the tokenizer's and weights' own caches are not the run's
+    work, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    work.mkdir(), tmp.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    before = _listing(work, tmp)
+    tables = ol.evaluate(enc, texts, analyses=analyses, transforms=["none", "clip", "whiten"], overrides=few,
+                         progress=False)
+    assert _listing(work, tmp) == before == set()
+    assert all("run_dir" not in t.attrs for t in tables.values())
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    _cli("evaluate.py", f"analyses=[{','.join(analyses)}]", "transform=[none,clip,whiten]", *few,
+         f"data.files=[{tmp_path / 'texts.txt'}]", "data.max_sentences=null", "plots=false", "tensorboard=false",
+         f"hydra.run.dir={tmp_path / 'cli'}")
+    written = sorted(p.stem for p in (tmp_path / "cli").glob("*.csv"))
+    assert sorted(tables) == written and len(written) == 7  # 4 analyses + anisotropy_contributions, layernorm,
+    for name, table in tables.items():                      # position_rows
+        assert len(table) > 0
+        pd.testing.assert_frame_equal(table, pd.read_csv(tmp_path / "cli" / f"{name}.csv"), check_exact=True)
 
 
 def test_an_analysis_defined_in_the_notebook_rides_the_shared_stream(tmp_path):
@@ -191,7 +226,7 @@ def test_a_model_in_memory_gives_the_numbers_of_the_same_model_saved(tmp_path):
 
     saved = tables(str(tmp_path / "saved"))
     for name, given in {"in memory": tables(body, tokenizer=tok), "SentenceTransformer": tables(st)}.items():
-        assert sorted(given) == sorted(saved) == ["anisotropy", "outliers"], name
+        assert sorted(given) == sorted(saved) and {"anisotropy", "outliers", "layernorm"} <= set(saved), name
         for analysis in saved:
             pd.testing.assert_frame_equal(given[analysis], saved[analysis], obj=f"{name}: {analysis}")
     enc = ol.load_encoder(body, tokenizer=tok, device="cpu")

@@ -19,7 +19,7 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AnisotropySettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
 from outlierlab.reports.evaluation_report import plot_layers
-from outlierlab.utils.tables import joined, md_table, write_csv
+from outlierlab.utils.tables import md_table
 
 #: Transforms whose coordinate i is not neuron i: their "dims" are directions of the fitted map.
 MIXING = ("whiten", "abtt")
@@ -63,8 +63,6 @@ def run(ctx: EvalContext) -> AnalysisResult:
             rows.append(row)
             side += [{"layer": layer, "transform": t, "dim": d, "cc": float(c), "share": float(c) / total if ok
                       else float("nan")} for d, c in enumerate(r.cc[layer].tolist())]
-    side_path = write_csv(ctx.out_dir / "anisotropy_contributions.csv", side,
-                          ["layer", "transform", "dim", "cc", "share"], cell=joined)
     fig = plot_layers(ctx.out_dir / "anisotropy.png", values, "mean cosine of random token pairs",
                       f"anisotropy, {n_pairs} cross-sentence pairs (Luo et al. Fig. 6)",
                       hline=0.0) if ctx.plots else None
@@ -98,5 +96,6 @@ def run(ctx: EvalContext) -> AnalysisResult:
           "![share of the anisotropy held by the top dims](anisotropy_rogue_share.png)"]
     summary = {"n_pairs": n_pairs, "mean_over_layers": {t: sum(v) / len(v) for t, v in values.items()},
                f"top{k_mid}_share": shares, "transforms": dict(st.transforms.info),
-               "contributions_csv": side_path.name}
-    return AnalysisResult("anisotropy", rows, "\n\n".join(md), [fig, fig2], summary)
+               "contributions_csv": "anisotropy_contributions.csv"}
+    return AnalysisResult("anisotropy", rows, "\n\n".join(md), [fig, fig2], summary,
+                          {"anisotropy_contributions": (side, ["layer", "transform", "dim", "cc", "share"])})

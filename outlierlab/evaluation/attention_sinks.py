@@ -146,7 +146,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
             results["random_disabled"] = {k: torch.stack([p[k] for p in per]).mean(0)
                                           for k in KEYS + ("entropy", "later")}
             dims_text["random_disabled"] = "|".join(";".join(map(str, ds)) for ds in draws)
-    fig_path = Path(ctx.out_dir) / "attention_sinks.png"
+    fig_path = Path(ctx.out_dir or "") / "attention_sinks.png"  # no run directory (in memory): plots are off
     fig = _heatmap(results, fig_path, f"{loaded.name}: attention mass on special tokens (mean over real queries)"
                    ) if ctx.plots else None
 

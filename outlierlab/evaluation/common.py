@@ -96,14 +96,18 @@ def analysis_texts(ctx, settings) -> tuple[list[str], str]:
     """Held-out texts for an analysis and a short description of where they come from.
 
     Looked up in order: the analysis' own ``files`` / ``max_sentences`` (``settings``, its typed section),
+    then the texts given to the run in memory (``ctx.shared.texts``, all of them: :func:`outlierlab.api.evaluate`),
     then the evaluate config's ``data.files`` / ``data.max_sentences``; no files -> the shipped *Persuasion*
     sentences (:func:`outlierlab.datamodules.eval_data.load_sentences`; not in our pretraining corpus).  The FIRST
     ``max_sentences`` texts are used, so two analyses with the same limit see the same texts.
     """
     data = section_settings(DataSettings, ctx.root_cfg)
     files = settings.files if settings.files is not None else data.files
-    limit = settings.max_sentences if settings.max_sentences is not None else data.max_sentences
-    if files:
+    given = ctx.shared.texts if settings.files is None else None
+    limit = settings.max_sentences if settings.max_sentences is not None or given is not None else data.max_sentences
+    if given is not None:
+        texts, what = list(given), "the texts given"
+    elif files:
         files = list(files)
         texts, what = load_texts_from_files(files), f"{len(files)} file(s): " + ", ".join(map(str, files))
     else:

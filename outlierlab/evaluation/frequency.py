@@ -214,7 +214,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     if any(not 0 <= x < L for x in plot_layers):
         raise ValueError(f"frequency.plot_layers {plot_layers} outside 0..{L - 1}")
     strongest = {l: dims[int(mean[l].abs().argmax())] for l in plot_layers}
-    fig_path = Path(ctx.out_dir) / "frequency_scatter.png"
+    fig_path = Path(ctx.out_dir or "") / "frequency_scatter.png"  # no run directory (in memory): plots are off
     fig = _scatter(table, plot_layers, strongest, fig_path, what_value,
                    f"{enc.source.name}: frequency from {counts_from[:90]}") if ctx.plots else None
 

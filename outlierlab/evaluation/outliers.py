@@ -27,7 +27,7 @@ from outlierlab.evaluation.activation_pass import ACTIVATION_COLUMNS, activation
 from outlierlab.reports import monitor_plots
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_vectors
-from outlierlab.utils.tables import joined, md_table, write_csv
+from outlierlab.utils.tables import md_table
 from outlierlab.evaluation.settings import OutliersSettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
 
@@ -71,14 +71,14 @@ def position_outliers(model: nn.Module, k: float = 3.0, top_k: int = 5) -> dict 
             "table": table, "by_row": position_row_stats(table, k)}
 
 
-def _position_rows_section(pos: dict, out, k: float, plots: bool = True) -> tuple[str, object]:
-    """Luo et al. Figs. 3–4 row by row: per-row argmax/argmin dims and kσ dims; ``position_rows.csv`` and a plot
-    (None when ``plots`` is off)."""
+def _position_rows_section(pos: dict, out, k: float, plots: bool, tables: dict) -> tuple[str, object]:
+    """Luo et al. Figs. 3–4 row by row: per-row argmax/argmin dims and kσ dims; the ``position_rows`` table (into
+    ``tables``) and a plot (None when ``plots`` is off)."""
     st = pos["by_row"]
     per_row = [{"row": r, "argmax_dim": int(st["argmax"][r]), "argmin_dim": int(st["argmin"][r]),
                 "sigma_dims": ";".join(map(str, st["sigma_mask"][r].nonzero().flatten().tolist()))}
                for r in range(st["rows"])]
-    write_csv(out / "position_rows.csv", per_row, ["row", "argmax_dim", "argmin_dim", "sigma_dims"], cell=joined)
+    tables["position_rows"] = (per_row, ["row", "argmax_dim", "argmin_dim", "sigma_dims"])
     if plots:
         img = monitor_plots.render(monitor_plots.position_rows_figure(pos["table"].numpy(), st, pos["name"]))
         monitor_plots.save_png(img, out / "position_rows.png")
@@ -138,13 +138,14 @@ def run(ctx: EvalContext) -> AnalysisResult:
         family, family_note = family_of(model), ""
     except UnknownFamilyError as e:
         family, family_note = None, str(e)
-    md += _position_section(ctx, model, family, s, detected, figures, summary)
-    md += _layernorm_section(ctx, model, family, family_note, summary)
+    tables: dict = {}
+    md += _position_section(ctx, model, family, s, detected, figures, summary, tables)
+    md += _layernorm_section(ctx, model, family, family_note, summary, tables)
     summary["family"] = family.name if family is not None else None
     if family is not None and family.decoder:
         md.append("_Decoder: each token vector sees only its left context (causal attention); the same pooling "
                   "rules as for encoders (non-special, non-pad tokens) apply._")
-    return AnalysisResult("outliers", rows, "\n\n".join(md), figures, summary)
+    return AnalysisResult("outliers", rows, "\n\n".join(md), figures, summary, tables)
 
 
 def _token_section(ctx, st, s, rows: list[dict], detected: dict) -> tuple[list[str], list, dict]:
@@ -194,7 +195,7 @@ def _token_section(ctx, st, s, rows: list[dict], detected: dict) -> tuple[list[s
     return md, figures, summary
 
 
-def _position_section(ctx, model, family, s, detected: dict, figures: list, summary: dict) -> list[str]:
+def _position_section(ctx, model, family, s, detected: dict, figures: list, summary: dict, tables: dict) -> list[str]:
     """Luo et al. §3: the learned position table's mean vector and its σ dims (figures appended to ``figures``)."""
     out = ctx.out_dir
     pos = position_outliers(model, s.position_k)
@@ -212,7 +213,7 @@ def _position_section(ctx, model, family, s, detected: dict, figures: list, summ
         figures.append(plot_vectors(out / "position_mean_vector.png", [pos["mean"].tolist()], [pos["name"]],
                                     [pos["sigma_dims"]], "mean position vector (3σ dims marked)", ncols=1))
     md.append("![mean position vector](position_mean_vector.png)")
-    text, fig = _position_rows_section(pos, out, s.position_k, ctx.plots)
+    text, fig = _position_rows_section(pos, out, s.position_k, ctx.plots, tables)
     md.append(text)
     figures.append(fig)
     act = {d for dims in detected.get("none", []) for d in dims}
@@ -225,7 +226,7 @@ def _position_section(ctx, model, family, s, detected: dict, figures: list, summ
     return md
 
 
-def _layernorm_section(ctx, model, family, family_note: str, summary: dict) -> list[str]:
+def _layernorm_section(ctx, model, family, family_note: str, summary: dict, tables: dict) -> list[str]:
     """Kovaleva et al. 2021 / Puccetti et al. 2022: THE LayerNorm-outlier rule (configs/ln_rule, as the monitor
     and the ablation) on the model's norms; per-norm columns in ``layernorm.csv``."""
     rule = ln_rule(ctx)
@@ -246,7 +247,7 @@ def _layernorm_section(ctx, model, family, family_note: str, summary: dict) -> l
         summary["layernorms_judged"] = [names.get(id(norms[k]), k) for k in judged]
     ln = layernorm_stats({n: (w, b) for n, (w, b) in params.items() if w is not None}, k=rule.k)
     if ln:
-        write_csv(ctx.out_dir / "layernorm.csv", ln, LAYERNORM_ROW_FIELDS, cell=joined)
+        tables["layernorm"] = (ln, list(LAYERNORM_ROW_FIELDS))
         md.append(md_table(["LayerNorm", "gain 3σ dims", "bias 3σ dims"],
                            [[r["name"], r["gain_outlier_dims"].replace(";", ", ") or "–",
                              r["bias_outlier_dims"].replace(";", ", ") or "–"] for r in ln]))

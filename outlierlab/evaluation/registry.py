@@ -48,11 +48,14 @@ class SharedPasses:
     mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.common.shared_mlm`), on the
         encoder's own weights: the analyses whose module sets ``LM_HEAD = True``
     consumers : the :class:`~outlierlab.evaluation.stream.Consumer` s that analyses subscribed to the sentence pass
+    texts : the evaluation sentences given in memory (:func:`outlierlab.api.evaluate`), in place of
+        ``data.files`` and the shipped ones; None: read as configured
     """
 
     sentence_stats: SentenceStats | None = None
     mlm: LoadedModel | None = None
     consumers: list = field(default_factory=list)  # every analysis' subscribers to the shared sentence stream
+    texts: list[str] | None = None
 
 
 @dataclass
@@ -64,7 +67,7 @@ class EvalContext:
         :func:`outlierlab.evaluation.settings.load_settings` and the class in :data:`SETTINGS`
     root_cfg : the whole evaluate config
     transforms : names to compare side by side, subset of outlierlab.analysis.transforms.TRANSFORMS
-    out_dir : run directory (write figures here; CSV/MD are written by evaluate.py)
+    out_dir : run directory for figures (None: none drawn, ``plots`` is off); tables are returned, not written
     seed : global seed
     tb : a ``torch.utils.tensorboard.SummaryWriter`` or None
     shared : :class:`SharedPasses`, the work shared between analyses
@@ -80,7 +83,7 @@ class EvalContext:
     cfg: Any
     root_cfg: Any
     transforms: list[str]
-    out_dir: Path
+    out_dir: Path | None
     seed: int = 0
     tb: Any = None
     shared: SharedPasses = field(default_factory=SharedPasses)
@@ -93,13 +96,15 @@ class EvalContext:
 class AnalysisResult:
     """rows: CSV rows (each with ``layer`` and ``transform`` where meaningful);
     markdown: a report section (starts with a ``##`` heading); figures: PNG paths written;
-    summary: a few headline numbers for the console and JSON."""
+    summary: a few headline numbers for the console and JSON; tables: side tables, name -> (rows, columns),
+    each written as ``<name>.csv`` beside the analysis' own (e.g. ``anisotropy_contributions``)."""
 
     name: str
     rows: list[dict[str, Any]]
     markdown: str
     figures: list[Path] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, tuple[list[dict[str, Any]], list[str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.figures = [f for f in self.figures if f is not None]  # a figure not drawn (plots=false)

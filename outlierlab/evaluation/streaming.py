@@ -351,9 +351,9 @@ def sentence_stats(ctx) -> SentenceStats:
         return ctx.shared.sentence_stats
     cfg = ctx.root_cfg
     selected, settings = set(cfg.analyses), pass_settings(cfg)
-    data = settings["data"]
+    data, given = settings["data"], ctx.shared.texts
     st = run_sentence_pass(
-        ctx.encoder, evaluation_sentences(data), ctx.transforms, **settings,
+        ctx.encoder, given if given is not None else evaluation_sentences(data), ctx.transforms, **settings,
         outlier_transforms=list(ctx.transforms) if "outliers" in selected else ["none"],
         need_anisotropy=bool(selected & {"anisotropy", "self_similarity", "isotropy"}),
         need_self_sim="self_similarity" in selected,
@@ -361,7 +361,8 @@ def sentence_stats(ctx) -> SentenceStats:
         batch_size=section_settings(EncoderSettings, cfg).batch_size,
         progress=bool(cfg.progress), need_activations="outliers" in selected,
         need_covariance="isotropy" in selected, consumers=ctx.shared.consumers)
-    st.settings["source"] = "data.files" if data.files else "shipped Persuasion sentences (outlierlab/datamodules/data/eval)"
+    st.settings["source"] = ("the texts given" if given is not None else "data.files" if data.files
+                             else "shipped Persuasion sentences (outlierlab/datamodules/data/eval)")
     ctx.shared.sentence_stats = st
     return st
 

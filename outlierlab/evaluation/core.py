@@ -1,0 +1,236 @@
+"""The evaluation itself, in memory: every selected analysis (:mod:`outlierlab.evaluation.registry`) on one frozen
+encoder, their rows returned as tables.  Nothing is written here but the figures of a run that asks for them.
+
+:func:`outlierlab.api.evaluate` returns what :func:`run_analyses` computes; the ``evaluate.py`` job
+(:mod:`outlierlab.jobs.evaluation`) writes the same results as ``<name>.csv``, ``report.md``, ``results.json`` and
+TensorBoard scalars, so the command line and the Python API are equal by construction.  The checks before the
+model loads (names, settings, files) need no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from outlierlab.datamodules.validation import validate_inputs
+from outlierlab.evaluation.registry import (ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, AnalysisResult, EvalContext,
+                                            SharedPasses)
+from outlierlab.evaluation.settings import EncoderSettings, section_settings
+
+#: = outlierlab.analysis.transforms.TRANSFORMS (restated here so a typo fails before torch loads; a test keeps them equal)
+TRANSFORMS = ("none", "clip", "whiten", "standardize", "abtt", "center")
+#: The transforms fitted on data; their CSV rows carry ``<name>_fit``, ``<name>_n``, ... columns.
+FITTED = TRANSFORMS[2:]
+
+
+# ----------------------------------------------------------------------------------- light validation
+def analysis_module(name: str) -> str:
+    """The module of analysis ``name``: a built-in's (:data:`ANALYSIS_MODULES`), or ``name`` itself when it is a
+    dotted module path (an analysis of one's own, :mod:`outlierlab.evaluation.registry`)."""
+    return ANALYSIS_MODULES.get(name, name)
+
+
+def selected_analyses(cfg, given: Mapping[str, Any] | None = None) -> list[str]:
+    """``analyses=[...]`` checked against the registry, the import path and the analysis objects ``given`` by a
+    Python caller (no torch import)."""
+    names = cfg.get("analyses")
+    names = [names] if isinstance(names, str) else [str(n) for n in (names or [])]
+    if not names:
+        raise ValueError(f"analyses is empty; choose from {', '.join(ANALYSIS_MODULES)}")
+    for n in names:
+        if n in (given or {}):
+            continue
+        if n not in ANALYSIS_MODULES and "." not in n:
+            raise ValueError(f"unknown analysis {n!r}; valid: {', '.join(ANALYSIS_MODULES)}, or the module path "
+                             "of your own (analyses=[outliers,mypkg.my_analysis])")
+        try:
+            found = importlib.util.find_spec(analysis_module(n)) is not None
+        except ModuleNotFoundError:  # its package is missing
+            found = False
+        if not found:
+            raise ValueError(f"analysis {n!r}: module {analysis_module(n)} cannot be imported (not installed, or "
+                             "not on PYTHONPATH)")
+    return list(dict.fromkeys(names))
+
+
+def selected_transforms(cfg) -> list[str]:
+    use = (cfg.get("transform") or {}).get("use") or {}
+    names = [n for n in TRANSFORMS if use.get(n)]
+    bad = [n for n, on in use.items() if on and n not in TRANSFORMS]
+    if bad or not names:
+        raise ValueError(f"unknown or no transform {bad}; valid: transform=[{','.join(TRANSFORMS)}] (any subset)")
+    return names
+
+
+def check_settings(cfg, analyses: list[str]) -> None:
+    """Every config section the run reads, built as its typed settings (:mod:`outlierlab.evaluation.settings`, no torch):
+    an unknown or missing key, a wrong type or a value out of range fails here in one line."""
+    for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses if n in SETTINGS)]):
+        section_settings(cls, cfg)
+
+
+def check_files(cfg) -> list[str]:
+    """Every data file the user gave is usable (outlierlab.datamodules.validation), before the model loads; returns
+    warnings about valid-but-weak input (printed, and kept in the report)."""
+    return validate_inputs(cfg, "evaluate")
+
+
+@dataclass
+class Evaluation:
+    """What one evaluation computed: each analysis' result (rows, report section, summary, side tables), the
+    run's facts (``meta``: encoder, sentences, fits, seconds) and each CSV's header (``columns``)."""
+
+    results: list[AnalysisResult]
+    meta: dict[str, Any]
+    columns: dict[str, list[str]] = field(default_factory=dict)
+
+    def tables(self) -> dict[str, Any]:
+        """One pandas DataFrame per analysis and per side table (``anisotropy_contributions``, ``layernorm``,
+        ``position_rows``), with the header and the cells of its CSV: list cells joined by ``;``, an empty cell
+        as NaN; ``attrs["skipped"]`` says why a skipped analysis has no rows."""
+        out = {}
+        for res in self.results:
+            out[res.name] = rows_table(res.rows, self.columns[res.name])
+            if res.summary.get("skipped"):
+                out[res.name].attrs["skipped"] = res.summary["skipped"]
+            out.update({name: rows_table(rows, cols) for name, (rows, cols) in res.tables.items()})
+        return out
+
+
+def rows_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]):
+    """``rows`` as a DataFrame of ``columns`` (what :func:`outlierlab.utils.tables.write_csv` writes, as values)."""
+    import pandas as pd
+
+    from outlierlab.utils.tables import joined
+
+    def cell(v):
+        v = joined(v)
+        return None if v is None or (isinstance(v, str) and v == "") else v
+
+    return pd.DataFrame([[cell(r.get(c)) for c in columns] for r in rows], columns=list(columns)).infer_objects()
+
+
+def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, texts: Sequence[str] | None = None,
+                 out_dir: str | Path | None = None, tb=None) -> Evaluation:
+    """Every analysis ``cfg.analyses`` selects on one frozen encoder, in memory.
+
+    ``encoder``: an already loaded :class:`~outlierlab.models.loading.FrozenEncoder` (else the one ``cfg.encoder``
+    names); ``given``: analyses as objects (a module or anything with its ``run``/``consumers``), by the name
+    ``cfg.analyses`` selects them with; ``texts``: the evaluation sentences, in place of ``data.files``;
+    ``out_dir``: where figures go (None: none are drawn); ``tb``: a SummaryWriter an analysis may log to."""
+    given = dict(given or {})
+    analyses, transforms = selected_analyses(cfg, given), selected_transforms(cfg)
+    check_settings(cfg, analyses)
+    check_files(cfg)
+    plots = cfg.get("plots", True)
+    if not isinstance(plots, bool):
+        raise ValueError(f"plots={plots!r}: expected true (PNG figures) or false (CSVs, report and JSON only)")
+    plots = plots and out_dir is not None
+    t_start = time.time()
+    # lazy: torch and the models load only after every setting and file above was checked (fails in a second)
+    import torch
+
+    from outlierlab.models.loading import FrozenEncoder
+
+    torch.manual_seed(int(cfg.seed))
+    if encoder is None:
+        encoder = FrozenEncoder.from_config(section_settings(EncoderSettings, cfg))  # + dtype, device_map, revision
+    modules = {name: given[name] if name in given else importlib.import_module(analysis_module(name))
+               for name in analyses}
+    if any(getattr(m, "LM_HEAD", False) for m in modules.values()):
+        encoder.lm_head = True  # before the weights load: one copy, head included
+    # the sentence pass and the MLM model, computed once for every analysis
+    shared = SharedPasses(texts=None if texts is None else list(texts))
+    contexts = {}
+    for name in analyses:
+        section = cfg.get(name.rsplit(".", 1)[-1])
+        contexts[name] = EvalContext(encoder, section or OmegaConf.create({}), cfg, transforms,
+                                     None if out_dir is None else Path(out_dir), int(cfg.seed), tb, shared,
+                                     plots=plots)
+    for name in analyses:  # data problems (missing file, offline hub name) fail before any encoding
+        if hasattr(modules[name], "check"):  # its data (WiC pairs, STS sets) is handed to its run()
+            contexts[name].prepared = modules[name].check(contexts[name])
+        if hasattr(modules[name], "consumers"):  # its subscribers to the shared sentence stream
+            contexts[name].consumers = list(modules[name].consumers(contexts[name]))
+            shared.consumers += contexts[name].consumers
+    if shared.consumers:  # the shared pass feeds them, whichever analysis would have started it
+        from outlierlab.evaluation.streaming import sentence_stats
+
+        sentence_stats(next(contexts[n] for n in analyses if contexts[n].consumers))
+    results = []
+    for i, name in enumerate(analyses):
+        t0 = time.time()
+        res = modules[name].run(contexts[name])
+        res.summary["seconds"] = round(time.time() - t0, 2)
+        _fit_columns(res, shared)
+        results.append(res)
+        why = f" (skipped: {res.summary['skipped']})" if res.summary.get("skipped") else ""
+        print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s{why}", flush=True)
+        if shared.sentence_stats is not None and not _reads_sentence_maps(analyses[i + 1:], cfg):
+            shared.sentence_stats.release_layer_state()  # its [L, d, d] maps, before WiC/STS fit theirs
+    meta = _meta(cfg, encoder, analyses, transforms, shared, time.time() - t_start)
+    # the transforms are compared only where some table has a transform column (not in the ablation, order use...)
+    meta["transformed"] = any("transform" in r for res in results for r in res.rows)
+    return Evaluation(results, meta, _columns(results, modules))
+
+
+def _columns(results: list[AnalysisResult], modules: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Each table's header: a module's ``COLUMNS`` (a skipped analysis, STS without data, still has one) plus the
+    fit columns its fitted rows carry (whiten_n, abtt_d, ...); else its rows' keys, layer and transform first."""
+    from outlierlab.utils.tables import columns_of
+
+    out = {}
+    for res in results:
+        cols = getattr(modules[res.name], "COLUMNS", None)
+        if not cols:
+            out[res.name] = columns_of(res.rows, ("layer", "transform"))
+            continue
+        extra = [k for r in res.rows for k in r if k.startswith(tuple(f"{n}_" for n in FITTED))]
+        out[res.name] = list(cols) + [k for k in dict.fromkeys(extra) if k not in cols]
+    return out
+
+
+#: Analyses whose fitted rows use the maps fitted in the shared pass over the evaluation sentences.
+SENTENCE_PASS = ("outliers", "anisotropy", "isotropy", "self_similarity")
+
+
+def _reads_sentence_maps(analyses, cfg) -> bool:
+    """Whether any of ``analyses`` reads the shared pass's fitted maps, Σ or anisotropy reservoir."""
+    return any(n in SENTENCE_PASS for n in analyses) or (
+        str(cfg.transform.fit_on) == "sentences" and any(n in ("wic", "sts") for n in analyses))
+
+
+def _fit_columns(res, shared) -> None:
+    """Fitted rows (whiten, standardize, abtt, center) of the shared-pass analyses state what their map was
+    fitted on (WiC/STS add theirs)."""
+    st = shared.sentence_stats
+    if res.name not in SENTENCE_PASS or st is None:
+        return
+    cols = {name: st.transforms.columns(name) for name in FITTED}
+    for r in res.rows:
+        if r.get("transform") in FITTED:
+            r.update({k: v for k, v in cols[r["transform"]].items() if k not in r})
+
+
+def _meta(cfg, encoder, analyses, transforms, shared, seconds) -> dict:
+    st = shared.sentence_stats
+    meta = {"command": " ".join(sys.argv), "encoder": encoder.source.name, "encoder_kind": encoder.source.kind,
+            "layers": encoder.num_layers + 1, "hidden": encoder.hidden_size, "device": str(encoder.device),
+            "max_length": encoder.max_length, "family": encoder.family_line(), "analyses": analyses,
+            "transforms": transforms,
+            "whiten_fit_on": str(cfg.transform.fit_on),
+            "seed": int(cfg.seed), "seconds": round(seconds, 1)}
+    if st is not None:
+        meta["sentences"] = {"n": st.n_sentences, "source": st.settings.get("source"), "passes": len(st.passes),
+                             "tokens_encoded": sum(p.n_tokens for p in st.passes),
+                             "tokens_per_s": round(st.tokens_per_s, 1), "transforms": dict(st.transforms.info),
+                             "notes": st.notes}
+    return meta
