@@ -326,11 +326,12 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
               f"wic.files=[{tmp_path / 'wic.jsonl'}]", "transform=[none,whiten]", "transform.allow_degenerate=true",
               "analyses=[outliers,isotropy,wic]", "tensorboard=false", "progress=false"]
     spec_cfg = compose_cfg("evaluate", common + ["transform.fit_on=sentences"])
+    from outlierlab.evaluation import core
     from outlierlab.jobs import evaluation as mod
 
-    assert mod._reads_sentence_maps(["wic"], spec_cfg) and mod._reads_sentence_maps(["isotropy"], spec_cfg)
+    assert core._reads_sentence_maps(["wic"], spec_cfg) and core._reads_sentence_maps(["isotropy"], spec_cfg)
     eval_cfg = compose_cfg("evaluate", common)  # fit_on=eval: WiC fits its own maps
-    assert not mod._reads_sentence_maps(["wic", "sts"], eval_cfg)
+    assert not core._reads_sentence_maps(["wic", "sts"], eval_cfg)
     # WiC with fit_on=sentences still finds the sentence pass's maps (not released after isotropy)
     res = mod.evaluate(spec_cfg, tmp_path / "sent")
     wic = next(r for r in res["results"] if r.name == "wic")
