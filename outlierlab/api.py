@@ -8,10 +8,11 @@
     ol.probe_positions(enc, texts)    # a DataFrame: probe.py's position_probe.csv
 
 Each call composes the same configuration the command line would (``configs/evaluate.yaml`` or ``configs/probe.yaml``
-with the arguments as overrides, defaults from the YAML presets; a wheel carries them inside the package, setup.py)
-and runs the same job (:func:`outlierlab.jobs.evaluation.evaluate`, :func:`outlierlab.jobs.probing.run`) on the
-encoder already loaded, so the numbers are the CLI's (tests/test_api.py compares them). Every output file of the run
-is kept in ``out_dir`` (default: a new temporary directory), named in each table's ``attrs["run_dir"]``.
+with the arguments as overrides; a wheel carries them inside the package, setup.py).  ``evaluate`` then runs the
+evaluation in memory (:func:`outlierlab.evaluation.core.run_analyses`, the computation ``evaluate.py``'s job writes
+out) and writes nothing unless given ``out_dir``; ``probe_positions`` runs probe.py's job
+(:func:`outlierlab.jobs.probing.run`) with its files in ``out_dir`` (default: a new temporary directory, named in
+the table's ``attrs["run_dir"]``).  tests/test_api.py compares both with the command line's CSVs.
 """
 
 from __future__ import annotations

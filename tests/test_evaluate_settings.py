@@ -156,7 +156,7 @@ def test_evaluate_checks_settings_before_any_model_is_loaded(overrides, match, t
 def test_shared_work_is_typed_fields_not_string_keys():
     ctx = EvalContext(None, None, None, ["none"], Path("."))
     assert isinstance(ctx.shared, SharedPasses) and ctx.prepared is None
-    assert {f.name for f in dataclasses.fields(SharedPasses)} == {"sentence_stats", "mlm", "consumers"}
+    assert {f.name for f in dataclasses.fields(SharedPasses)} == {"sentence_stats", "mlm", "consumers", "texts"}
 
 
 def test_every_analysis_that_scores_with_the_lm_head_is_listed():

@@ -129,7 +129,7 @@ def test_an_analysis_written_in_one_module_subscribes_to_the_stream_and_is_in_th
                                                                                         monkeypatch):
     """A module of one's own, selected by its path, gets every layer once with the run's transforms: its raw mean
     squared norm equals the hidden states' own, whitened vectors have mean squared norm d·(n-1)/n (Σ = I on the
-    data they were fitted on), and its rows are ``toypkg.norms.csv``."""
+    data they were fitted on), and its rows are ``toypkg.norms.csv`` -- and ol.evaluate's table of that name."""
     import csv
 
     from outlierlab.jobs.evaluation import evaluate
@@ -164,3 +164,12 @@ def test_an_analysis_written_in_one_module_subscribes_to_the_stream_and_is_in_th
         want = sq[layer] / n if r["transform"] == "none" else enc.hidden_size * (n - 1) / n
         assert float(r["mean_sq_norm"]) == pytest.approx(float(want), rel=1e-4), r
     assert res["meta"]["sentences"]["passes"] == 1  # the toy rode the one shared pass
+    # the same module, by the same name, from the Python API: in memory, the CSV's rows
+    import pandas as pd
+
+    import outlierlab as ol
+
+    tables = ol.evaluate(enc, texts, analyses=["outliers", "toypkg.norms"], transforms=["none", "whiten"],
+                         overrides=["transform.allow_degenerate=true"], progress=False)
+    pd.testing.assert_frame_equal(tables["toypkg.norms"], pd.read_csv(tmp_path / "run" / "toypkg.norms.csv"),
+                                  check_exact=True)
