@@ -214,6 +214,8 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     given = {_analysis_name(a): a for a in analyses if not isinstance(a, str)}
     names = [a if isinstance(a, str) else _analysis_name(a) for a in analyses]
     selected_analyses({"analyses": names}, given)  # an unknown name: one line, before anything is composed
+    if plots and out_dir is None:
+        raise ValueError("plots=True draws PNG files: give out_dir= (where they go), or read the tables")
     choices = [f"transform=[{','.join(transforms)}]", *overrides]
     _check_choices(choices)
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={int(seed)}",

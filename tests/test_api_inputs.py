@@ -73,6 +73,11 @@ def test_an_unknown_analysis_or_group_choice_is_one_line(tmp_path):
     assert _one_line(e).startswith("unknown wic 'nope'; valid:")
 
 
+def test_figures_without_a_directory_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="plots=True draws PNG files: give out_dir="):
+        ol.evaluate(_NoEncoder(), ["A sentence."], plots=True)
+
+
 def test_help_lists_every_analysis_and_transform():
     """The lists in help(ol.evaluate) are read from the registry and configs/transform/, so a new analysis or
     transform shows there without editing the docstring."""
