@@ -64,7 +64,7 @@ TITLE = "## Outlier dims vs token frequency (Puccetti et al. 2022)"
 class DimColumns(Consumer):
     """``(token ids [n], values [L+1, n, len(dims)])`` of every batch's valid tokens, the chunks
     :func:`frequency_spearman` reads: each layer's ``dims`` columns are taken as the layer is produced
-    (issue 39: never all layers × d)."""
+    (never all layers × d)."""
 
     def __init__(self, dims: Sequence[int]) -> None:
         self.idx = torch.as_tensor(list(dims), dtype=torch.long)

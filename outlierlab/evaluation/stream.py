@@ -1,4 +1,4 @@
-"""One per-layer stream of token vectors that analyses subscribe to (issue 48).
+"""One per-layer stream of token vectors that analyses subscribe to.
 
 A :class:`LayerStream` encodes a list of texts once, one layer in memory at a time
 (:meth:`outlierlab.models.loading.FrozenEncoder.forward_layers`), and hands every layer of every batch — its
@@ -32,8 +32,7 @@ second encoding (the encoder is deterministic in eval mode), and every float64 s
 Without a store (``keep_tokens=False``: no disk, ``data.one_pass=false``) the replay *is* a second forward.
 
 Why hand-written: no library streams a model's layers to several statistics at once and replays them after a fit
-(TransformerLens and nnsight cache whole activations; that is the ``[L, N, d]`` memory this design avoids,
-issue 39).
+(TransformerLens and nnsight cache whole activations; that is the ``[L, N, d]`` memory this design avoids).
 """
 
 from __future__ import annotations
@@ -310,7 +309,7 @@ class LayerStream:
             yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
 
     def fit(self, settings, names, keep_cov: bool = False, repeat: Sequence[Tensor | None] | None = None):
-        """The fitted transforms' sums from the stored tokens, one layer at a time (issue 39): never
+        """The fitted transforms' sums from the stored tokens, one layer at a time: never
         ``(L+1)·d²`` of them beside the model's forward; the forward's freed buffers go back to the OS first.
 
         settings : :class:`outlierlab.analysis.transform_fit.WhitenSettings`

@@ -16,7 +16,7 @@ detects its dims from the raw outlier counts) and stores the tokens; the fitted 
 tokens one layer at a time (:meth:`outlierlab.analysis.whitening.Whitener.fit_by_layer`, guarded against fits on
 too few distinct vectors); the replay feeds the statistics of the transforms fitted only then.  With a replay,
 the word statistics of every transform are taken there, one layer at a time (their ``[K, d]`` sums would be
-``[L, K, d]`` float64 beside the forward, issue 39).  The replay is skipped when nothing needs it.
+``[L, K, d]`` float64 beside the forward).  The replay is skipped when nothing needs it.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class SentenceStats:
     def anisotropy_pairs(self, name: str, layer: int) -> tuple[Tensor, Tensor]:
         """One layer's anisotropy pairs after transform ``name``: two float32 ``[1, P, d']``.  The analyses
         read the reservoir this way, one layer at a time: ``[L, P, d]`` float64 copies would be ≈ 10 GB at
-        70B (issue 39)."""
+        70B."""
         if self.anisotropy_acc is None:
             raise ValueError("anisotropy was not accumulated in this pass")
         a, b = self.anisotropy_acc.pair_vectors(layer)
@@ -91,7 +91,7 @@ class SentenceStats:
     def release_layer_state(self) -> None:
         """Drop what grows with L·d² or L·n·d — the fitted maps and Σ (``[L, d, d]``) and the anisotropy
         reservoir — once no analysis left reads them (``evaluate.py``, before WiC/STS encode their own
-        sentences and fit their own maps: not both at once; issue 39; maps kept on disk delete their files).
+        sentences and fit their own maps: not both at once: maps kept on disk delete their files).
         Clip's dims, the fit descriptions
         (CSV columns) and every accumulated statistic stay."""
         for w in {id(w): w for w in [*self.transforms.fitted.values(), self.transforms.source] if w}.values():
@@ -266,7 +266,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     after_fit = [c for c in consumers if not ft.ready(c.transform)]
     keep = data.one_pass and (bool(after_fit) or must_fit)
     if keep:  # with a replay, every word statistic is taken there, one layer at a time: no [L, K, d] float64
-        after_fit += [c for c in consumers if c.words and c not in after_fit]  # beside the forward (issue 39)
+        after_fit += [c for c in consumers if c.words and c not in after_fit]  # beside the forward
     sums = WhitenerSums(whiten.new(n_layers, dim)) if must_fit and not keep else None
     stream = LayerStream(encoder, texts, batch_size=batch_size, chunk=data.chunk, lowercase=ss.lowercase,
                          word_index={w: i for i, w in enumerate(words)} if need_words else None,
@@ -322,7 +322,7 @@ def _fit(st: SentenceStats, transforms, fitted, whiten: WhitenSettings, stream: 
         return
     if sums is not None:
         whitener = sums.result()
-    else:  # from the stored tokens, one layer at a time: no (L+1)·d² sums beside the forward (issue 39)
+    else:  # from the stored tokens, one layer at a time: no (L+1)·d² sums beside the forward
         whitener = stream.fit(whiten, fitted, keep_cov=need_covariance)
     # refuses a degenerate fit (too few distinct vectors) in one line
     ft.set_all(whiten.fit_all(whitener, fitted, f"the non-special token vectors of the {n_texts} evaluation sentences"),

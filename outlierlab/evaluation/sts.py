@@ -108,7 +108,7 @@ def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool 
     Each distinct text is encoded once, by the per-layer stream (:class:`outlierlab.evaluation.stream.
     LayerStream`); repeated texts get the same vector (``notes``, if given, gets the line saying how many texts
     were encoded, and the pass's truncation warning).  Each layer is pooled as it is produced and written to
-    disk (issue 39): the ``(L+1)·N·d`` vectors (21 GiB for 4,300 pairs of a 70B model) are never in memory
+    disk: the ``(L+1)·N·d`` vectors (21 GiB for 4,300 pairs of a 70B model) are never in memory
     together."""
     unique, index = distinct_texts(texts)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
@@ -206,7 +206,7 @@ def _whiten(ctx, name: str, vecs: SentenceVectors, keep: torch.Tensor, fit: StsP
         v.cleanup()
         ft.set_all(whiten.fit_all(w, names, f"the mean-pooled sentence vectors of {fit.what}"), source=w)
         return
-    # one layer's float64 sums at a time (issue 39); the same fit as partial_fit over [L, N, d]
+    # one layer's float64 sums at a time; the same fit as partial_fit over [L, N, d]
     w = whiten.fit_by_layer(n_layers, dim, lambda layer: [pair_rows(vecs, layer, keep)], names, on_disk=True)
     note = ("" if fit_on in ("eval", split)
             else f" (split {fit_on!r} unavailable: {fit}; fell back to the evaluated pairs)")

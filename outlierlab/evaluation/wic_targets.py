@@ -1,4 +1,4 @@
-"""The WiC target vectors of every layer, from the one per-layer stream, kept on disk (issue 39, issue 48).
+"""The WiC target vectors of every layer, from the one per-layer stream, kept on disk.
 
 Target vector = mean of the vectors of the tokens overlapping the target's character span (Luo et al. 2021
 §4.2; :func:`outlierlab.evaluation.words.char_span_tokens`).  Every pair's two targets of every layer are
@@ -87,7 +87,7 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
     each sentence as often as it occurs (as if every occurrence were encoded); ``fitted`` is the fitted
     :class:`Whitener` (else None), from whose sums the maps ``fit_names`` are fitted.  The stream stores the
     tokens on disk in the model's dtype and the fit reads them back one layer at a time
-    (:meth:`LayerStream.fit`, issue 39): no ``(L+1)·d²`` float64 sums beside the model's forward.
+    (:meth:`LayerStream.fit`): no ``(L+1)·d²`` float64 sums beside the model's forward.
     A pair whose target span maps to no token (e.g. truncated away) has ``found`` False.
     Each distinct sentence is encoded once; ``notes`` (if given) gets the line saying how many, and the pass's
     truncation warning.

@@ -68,7 +68,7 @@ def word_plan(b, word_index: dict, t_len: int, lowercase: bool = True):
 
     The same plan as :func:`word_occurrences` row by row (every regex word with the non-special tokens its
     characters overlap, words without a token dropped), found for the whole batch at once in numpy instead of a
-    Python scan of every token for every word (issue 39: 4.9 -> 0.8 ms for 32 sentences; tests/test_words.py
+    Python scan of every token for every word (4.9 -> 0.8 ms for 32 sentences; tests/test_words.py
     compares the two).  A row's words are disjoint and in order, so the words a token ``[s, e)`` overlaps are
     one run, ``end > s`` and ``start < e``: two binary searches, memory O(words + tokens)."""
     bsz = len(b.texts)
@@ -150,7 +150,7 @@ def plan_vectors(flat: Tensor, plan, bsz: int) -> tuple[Tensor, Tensor, Tensor]:
             1, dst.to(dev), flat[:, src.to(dev)])
         out = out / counts.to(dev).clamp_min(1)[None, :, None]
         return out.reshape(n_layers, bsz, w_max, d), (counts > 0).reshape(bsz, w_max).to(dev), keys
-    # The same numbers as ``zeros.index_add_(dst, flat[src]) / counts`` (issue 39): a word's tokens
+    # The same numbers as ``zeros.index_add_(dst, flat[src]) / counts``: a word's tokens
     # (consecutive in ``dst``) summed in their order from 0.0, divided by their count.  Most words are one
     # token, so: one gather of every slot's first token, ``+ 0.0`` (what adding it to 0.0 does to -0.0), the
     # later tokens added by the same sequential index_add_, and only words of several tokens divided (x / 1 == x).
