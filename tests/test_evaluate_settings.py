@@ -156,7 +156,24 @@ def test_evaluate_checks_settings_before_any_model_is_loaded(overrides, match, t
 def test_shared_work_is_typed_fields_not_string_keys():
     ctx = EvalContext(None, None, None, ["none"], Path("."))
     assert isinstance(ctx.shared, SharedPasses) and ctx.prepared is None
-    assert {f.name for f in dataclasses.fields(SharedPasses)} == {"sentence_stats", "mlm", "consumers", "texts"}
+    assert {f.name for f in dataclasses.fields(SharedPasses)} == {"sentence_stats", "mlm", "consumers", "texts", "needs"}
+
+
+def test_what_reads_the_sentence_pass_is_declared_by_each_analysis_not_routed_by_name():
+    """The shared pass computes what the selected analyses' SENTENCE_PASS declare: every built-in that reads it
+    declares it, and neither the pass nor the evaluation core names an analysis to decide what to compute."""
+    import importlib
+    import re
+
+    reads = {name for name, module in ANALYSIS_MODULES.items()
+             if "sentence_stats(" in (ROOT / (module.replace(".", "/") + ".py")).read_text()}
+    declares = {name for name, module in ANALYSIS_MODULES.items()
+                if hasattr(importlib.import_module(module), "SENTENCE_PASS")}
+    assert reads == declares and {"outliers", "anisotropy", "isotropy", "self_similarity", "wic", "sts"} <= reads
+    for engine in ("outlierlab/evaluation/streaming.py", "outlierlab/evaluation/core.py"):
+        quoted = set(re.findall(r"[\"']([a-z_]+)[\"']", (ROOT / engine).read_text()))
+        assert not quoted & set(ANALYSIS_MODULES) - {"anisotropy", "self_similarity"}, engine
+        # (those two are also the names of pass statistics, PASS_NEEDS)
 
 
 def test_every_analysis_that_scores_with_the_lm_head_is_listed():

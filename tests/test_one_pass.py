@@ -326,12 +326,20 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
               f"wic.files=[{tmp_path / 'wic.jsonl'}]", "transform=[none,whiten]", "transform.allow_degenerate=true",
               "analyses=[outliers,isotropy,wic]", "tensorboard=false", "progress=false"]
     spec_cfg = compose_cfg("evaluate", common + ["transform.fit_on=sentences"])
-    from outlierlab.evaluation import core
+    from types import SimpleNamespace
+
+    from outlierlab.evaluation import isotropy, sts, wic
+    from outlierlab.evaluation.streaming import pass_needs
     from outlierlab.jobs import evaluation as mod
 
-    assert core._reads_sentence_maps(["wic"], spec_cfg) and core._reads_sentence_maps(["isotropy"], spec_cfg)
+    # what each analysis reads from the shared pass (the maps are kept while a later one reads anything)
+    assert pass_needs(wic, SimpleNamespace(root_cfg=spec_cfg)) == pass_needs(sts, SimpleNamespace(root_cfg=spec_cfg))
+    assert pass_needs(wic, SimpleNamespace(root_cfg=spec_cfg)) == {"fitted_maps"}
+    assert pass_needs(isotropy, SimpleNamespace(root_cfg=spec_cfg)) == {"anisotropy", "covariance"}
     eval_cfg = compose_cfg("evaluate", common)  # fit_on=eval: WiC fits its own maps
-    assert not core._reads_sentence_maps(["wic", "sts"], eval_cfg)
+    assert not pass_needs(wic, SimpleNamespace(root_cfg=eval_cfg)) | pass_needs(sts, SimpleNamespace(root_cfg=eval_cfg))
+    with pytest.raises(ValueError, match=r"SENTENCE_PASS names \['anisotropi'\]; valid: outlier_counts"):
+        pass_needs(SimpleNamespace(__name__="mine", SENTENCE_PASS={"anisotropi"}), None)
     # WiC with fit_on=sentences still finds the sentence pass's maps (not released after isotropy)
     res = mod.evaluate(spec_cfg, tmp_path / "sent")
     wic = next(r for r in res["results"] if r.name == "wic")

@@ -18,6 +18,9 @@ from outlierlab.analysis.rogue_dims import MIN_Z, RogueSummary, rogue_summary
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AnisotropySettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
+
+#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS)
+SENTENCE_PASS = frozenset({"anisotropy"})
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
 

@@ -155,6 +155,10 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
         contexts[name] = EvalContext(encoder, section or OmegaConf.create({}), cfg, transforms,
                                      None if out_dir is None else Path(out_dir), int(cfg.seed), tb, shared,
                                      plots=plots)
+    from outlierlab.evaluation.streaming import pass_needs, sentence_stats
+
+    needs = {name: pass_needs(modules[name], contexts[name]) for name in analyses}
+    shared.needs = set().union(*needs.values())
     for name in analyses:  # data problems (missing file, offline hub name) fail before any encoding
         if hasattr(modules[name], "check"):  # its data (WiC pairs, STS sets) is handed to its run()
             contexts[name].prepared = modules[name].check(contexts[name])
@@ -162,19 +166,17 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
             contexts[name].consumers = list(modules[name].consumers(contexts[name]))
             shared.consumers += contexts[name].consumers
     if shared.consumers:  # the shared pass feeds them, whichever analysis would have started it
-        from outlierlab.evaluation.streaming import sentence_stats
-
         sentence_stats(next(contexts[n] for n in analyses if contexts[n].consumers))
     results = []
     for i, name in enumerate(analyses):
         t0 = time.time()
         res = modules[name].run(contexts[name])
         res.summary["seconds"] = round(time.time() - t0, 2)
-        _fit_columns(res, shared)
+        _fit_columns(res, shared, needs[name])
         results.append(res)
         why = f" (skipped: {res.summary['skipped']})" if res.summary.get("skipped") else ""
         print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s{why}", flush=True)
-        if shared.sentence_stats is not None and not _reads_sentence_maps(analyses[i + 1:], cfg):
+        if shared.sentence_stats is not None and not any(needs[n] for n in analyses[i + 1:]):
             shared.sentence_stats.release_layer_state()  # its [L, d, d] maps, before WiC/STS fit theirs
     meta = _meta(cfg, encoder, analyses, transforms, shared, time.time() - t_start)
     # the transforms are compared only where some table has a transform column (not in the ablation, order use...)
@@ -198,21 +200,12 @@ def _columns(results: list[AnalysisResult], modules: Mapping[str, Any]) -> dict[
     return out
 
 
-#: Analyses whose fitted rows use the maps fitted in the shared pass over the evaluation sentences.
-SENTENCE_PASS = ("outliers", "anisotropy", "isotropy", "self_similarity")
-
-
-def _reads_sentence_maps(analyses, cfg) -> bool:
-    """Whether any of ``analyses`` reads the shared pass's fitted maps, Σ or anisotropy reservoir."""
-    return any(n in SENTENCE_PASS for n in analyses) or (
-        str(cfg.transform.fit_on) == "sentences" and any(n in ("wic", "sts") for n in analyses))
-
-
-def _fit_columns(res, shared) -> None:
-    """Fitted rows (whiten, standardize, abtt, center) of the shared-pass analyses state what their map was
-    fitted on (WiC/STS add theirs)."""
+def _fit_columns(res, shared, needs: set[str]) -> None:
+    """Fitted rows (whiten, standardize, abtt, center) of an analysis computed on the shared pass's statistics
+    (``needs``: its ``SENTENCE_PASS``) state what their map was fitted on; those that only borrow the fitted maps
+    (WiC/STS with ``transform.fit_on=sentences``) add their own."""
     st = shared.sentence_stats
-    if res.name not in SENTENCE_PASS or st is None:
+    if not needs - {"fitted_maps"} or st is None:
         return
     cols = {name: st.transforms.columns(name) for name in FITTED}
     for r in res.rows:

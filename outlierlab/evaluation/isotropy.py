@@ -22,6 +22,10 @@ from outlierlab.evaluation.anisotropy import transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import IsotropySettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
+
+#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS): IsoScore* shrinks the reservoir's
+#: covariance toward Σ
+SENTENCE_PASS = frozenset({"anisotropy", "covariance"})
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
 

@@ -31,6 +31,9 @@ from outlierlab.utils.tables import md_table
 from outlierlab.evaluation.settings import OutliersSettings, load_settings
 from outlierlab.evaluation.streaming import sentence_stats
 
+#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS)
+SENTENCE_PASS = frozenset({"outlier_counts", "activations"})
+
 COLUMNS = ["layer", "transform", "n_tokens", "n_outlier_dims", "outlier_dims", "argmax_dim", "argmax_share",
            "argmin_dim", "argmin_share", "top_dims", "top_mean_values", "top_argmax_share", "top_argmin_share",
            "mean_norm"] + ACTIVATION_COLUMNS  # activation columns: raw vectors (transform none) only

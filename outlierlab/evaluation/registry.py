@@ -8,6 +8,8 @@ An analysis is ONE module with a function ``run(ctx: EvalContext) -> AnalysisRes
   (:class:`outlierlab.evaluation.stream.Consumer`: raw or transformed token or word vectors, every layer once);
   ``run`` then reads what they accumulated (``ctx.consumers``);
 * ``COLUMNS`` — its CSV header (a skipped run still writes one);
+* ``SENTENCE_PASS`` — what it reads from the shared pass's statistics (``sentence_stats(ctx)``), a set of
+  :data:`outlierlab.evaluation.streaming.PASS_NEEDS` names or a function of ``ctx`` returning one;
 * ``LM_HEAD = True`` — it scores with the model's LM head (:func:`outlierlab.evaluation.common.shared_mlm`):
   the encoder is then loaded once, head included.
 
@@ -48,6 +50,8 @@ class SharedPasses:
     mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.common.shared_mlm`), on the
         encoder's own weights: the analyses whose module sets ``LM_HEAD = True``
     consumers : the :class:`~outlierlab.evaluation.stream.Consumer` s that analyses subscribed to the sentence pass
+    needs : what the selected analyses read from the sentence pass (their modules' ``SENTENCE_PASS``,
+        :data:`outlierlab.evaluation.streaming.PASS_NEEDS`)
     texts : the evaluation sentences given in memory (:func:`outlierlab.api.evaluate`), in place of
         ``data.files`` and the shipped ones; None: read as configured
     """
@@ -56,6 +60,7 @@ class SharedPasses:
     mlm: LoadedModel | None = None
     consumers: list = field(default_factory=list)  # every analysis' subscribers to the shared sentence stream
     texts: list[str] | None = None
+    needs: set[str] = field(default_factory=set)  # what the selected analyses read from the shared pass
 
 
 @dataclass

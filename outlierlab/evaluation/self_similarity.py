@@ -22,6 +22,9 @@ from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
 from outlierlab.evaluation.streaming import sentence_stats
 
+#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS): adjusted by the anisotropy
+SENTENCE_PASS = frozenset({"anisotropy", "self_similarity"})
+
 
 def run(ctx: EvalContext) -> AnalysisResult:
     st = sentence_stats(ctx)

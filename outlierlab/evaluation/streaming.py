@@ -342,25 +342,43 @@ def pass_settings(cfg) -> dict[str, Any]:
                 transform=section_settings(TransformSettings, cfg), seed=int(cfg.seed))
 
 
+#: What an analysis may read from the shared pass: it lists them in its module's ``SENTENCE_PASS`` (a set, or a
+#: function of its context returning one), and the pass computes the union of the selected analyses' needs.
+PASS_NEEDS = {"outlier_counts": "outlier counts of every transform (else the raw ones only: clip's dims)",
+              "activations": "kurtosis, max/median and inf-norms along the forward",
+              "anisotropy": "the anisotropy reservoir: one raw token per sentence",
+              "self_similarity": "the target words' self- and intra-sentence similarity",
+              "covariance": "Σ of every layer (IsoScore)",
+              "fitted_maps": "the fitted transforms, even where no statistic here reads them"}
+
+
+def pass_needs(module, ctx) -> set[str]:
+    """What ``module`` (an analysis) reads from the shared pass: its ``SENTENCE_PASS``, checked."""
+    needs = getattr(module, "SENTENCE_PASS", ())
+    needs = set(needs(ctx) if callable(needs) else needs)
+    unknown = sorted(needs - set(PASS_NEEDS))
+    if unknown:
+        raise ValueError(f"{getattr(module, '__name__', module)}.SENTENCE_PASS names {unknown}; valid: "
+                         f"{', '.join(PASS_NEEDS)}")
+    return needs
+
+
 def sentence_stats(ctx) -> SentenceStats:
     """The shared pass of an ``evaluate.py`` run (run once, kept in ``ctx.shared.sentence_stats``), configured
-    from the sections of ``ctx.root_cfg`` for every selected analysis at once: outlier statistics of every
-    transform when ``outliers`` is selected, the anisotropy reservoir for ``anisotropy``/``self_similarity``,
-    words for ``self_similarity``, the sentence whitener also when WiC/STS use ``transform.fit_on=sentences``."""
+    from the sections of ``ctx.root_cfg`` for every selected analysis at once: what their ``SENTENCE_PASS``
+    declare (``ctx.shared.needs``, :data:`PASS_NEEDS`) and the subscribers they added."""
     if ctx.shared.sentence_stats is not None:
         return ctx.shared.sentence_stats
-    cfg = ctx.root_cfg
-    selected, settings = set(cfg.analyses), pass_settings(cfg)
+    cfg, needs = ctx.root_cfg, ctx.shared.needs
+    settings = pass_settings(cfg)
     data, given = settings["data"], ctx.shared.texts
     st = run_sentence_pass(
         ctx.encoder, given if given is not None else evaluation_sentences(data), ctx.transforms, **settings,
-        outlier_transforms=list(ctx.transforms) if "outliers" in selected else ["none"],
-        need_anisotropy=bool(selected & {"anisotropy", "self_similarity", "isotropy"}),
-        need_self_sim="self_similarity" in selected,
-        need_whitener=settings["transform"].fit_on == "sentences" and bool(selected & {"wic", "sts"}),
-        batch_size=section_settings(EncoderSettings, cfg).batch_size,
-        progress=bool(cfg.progress), need_activations="outliers" in selected,
-        need_covariance="isotropy" in selected, consumers=ctx.shared.consumers)
+        outlier_transforms=list(ctx.transforms) if "outlier_counts" in needs else ["none"],
+        need_anisotropy="anisotropy" in needs, need_self_sim="self_similarity" in needs,
+        need_whitener="fitted_maps" in needs, batch_size=section_settings(EncoderSettings, cfg).batch_size,
+        progress=bool(cfg.progress), need_activations="activations" in needs,
+        need_covariance="covariance" in needs, consumers=ctx.shared.consumers)
     st.settings["source"] = ("the texts given" if given is not None else "data.files" if data.files
                              else "shipped Persuasion sentences (outlierlab/datamodules/data/eval)")
     ctx.shared.sentence_stats = st

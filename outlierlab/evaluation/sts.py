@@ -321,3 +321,12 @@ def _table(headlines: dict, mean: dict, transforms: list[str]) -> list[list]:
              for n, h in headlines.items()]
     return table + [["**mean**", *(100 * float(mean[t][-1]) for t in transforms),
                      *(best(mean[t]) for t in transforms)]]
+
+
+def _sentence_pass(ctx) -> set[str]:
+    """The sentence pass's fitted maps when they are this analysis' too (``transform.fit_on=sentences``)."""
+    return {"fitted_maps"} if section_settings(TransformSettings, ctx.root_cfg).fit_on == "sentences" else set()
+
+
+#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS)
+SENTENCE_PASS = _sentence_pass

@@ -199,3 +199,12 @@ def _rows(transforms, ft: FittedTransforms, cosines: dict, labels: torch.Tensor,
                             "report_n_pairs": len(report[1])})
             rows.append(row)
     return rows, best, curves, held
+
+
+def _sentence_pass(ctx) -> set[str]:
+    """The sentence pass's fitted maps when they are this analysis' too (``transform.fit_on=sentences``)."""
+    return {"fitted_maps"} if section_settings(TransformSettings, ctx.root_cfg).fit_on == "sentences" else set()
+
+
+#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS)
+SENTENCE_PASS = _sentence_pass
