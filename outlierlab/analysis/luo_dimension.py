@@ -1,0 +1,51 @@
+"""The Luo-type outlier dimension, defined once (docs/design.md, "Luo-type dimension").
+
+Luo, Kulmizev & Mao (2021) find in BERT and RoBERTa one hidden dimension that holds the largest value of most
+tokens' vectors in most layers (RoBERTa-base's 588, BERT-base's 308). Operationally, from the monitors' per-layer
+``abs_argmax_share`` rows (the share of tokens whose largest |value| sits in one dimension, and that dimension):
+
+    a checkpoint has a Luo-type dimension d when d is the |x| argmax of at least ``share`` (0.5) of the tokens
+    in at least ``layer_fraction`` (half) of the encoder layers (layer_1 .. layer_L; the embedding output is not
+    an encoder layer).
+
+A dimension dominant in one layer only (the most concentrated layer of every study so far) is not one; nor are
+different dimensions dominant in different layers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Iterable, Mapping
+
+#: Defaults of the definition (module docstring).
+SHARE, LAYER_FRACTION = 0.5, 0.5
+
+
+def luo_dimension(by_layer: Mapping[int, tuple[int, float]], num_layers: int, share: float = SHARE,
+                  layer_fraction: float = LAYER_FRACTION) -> tuple[int, int] | None:
+    """``(dim, n_layers)`` of the Luo-type dimension at one step, or None.
+
+    ``by_layer``: encoder layer i (1..L) -> (its |x| argmax dimension, that dimension's share of tokens).
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    held = Counter(dim for layer, (dim, value) in by_layer.items() if 1 <= layer <= num_layers and value >= share)
+    if not held:
+        return None
+    dim, n = held.most_common(1)[0]
+    return (int(dim), int(n)) if n >= math.ceil(layer_fraction * num_layers) else None
+
+
+def first_luo_step(rows: Iterable[tuple[int, int, int, float]], num_layers: int, share: float = SHARE,
+                   layer_fraction: float = LAYER_FRACTION) -> tuple[int, int, int] | None:
+    """The first step with a Luo-type dimension, from ``(step, layer, dim, share)`` rows: ``(step, dim, n_layers)``
+    or None."""
+    steps: dict[int, dict[int, tuple[int, float]]] = {}
+    for step, layer, dim, value in rows:
+        steps.setdefault(int(step), {})[int(layer)] = (int(dim), float(value))
+    for step in sorted(steps):
+        found = luo_dimension(steps[step], num_layers, share, layer_fraction)
+        if found is not None:
+            return step, found[0], found[1]
+    return None

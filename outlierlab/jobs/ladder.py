@@ -1,0 +1,128 @@
+"""The scale ladder's table: every cell's curves in one long CSV, and where a Luo-type dimension first appears.
+
+    python -m outlierlab.jobs.ladder multirun/scale_ladder [more dirs] --out docs/gpu/ladder.csv
+
+Reads each train.py cell under the given folders (its resolved ``config.yaml``, ``csv/metrics.csv`` and the live
+monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
+
+* ``--out`` (long): ``rung, layers, hidden, pos, seed, step, tokens, metric, layer, value`` with ``val/loss`` and
+  ``val/order_use`` (layer ``model``), the LayerNorm 3-sigma count ``layernorm/n_outlier_dims`` (Kovaleva's rule,
+  ``model``), and per encoder layer ``abs_argmax_share``, ``abs_argmax_dim``, ``kurtosis``, ``max_median``;
+  ``tokens`` = step x batch x block x accumulation x devices;
+* ``<out stem>_summary.csv``: per cell the first step (and tokens) with a Luo-type dimension
+  (:mod:`outlierlab.analysis.luo_dimension`), that dimension and its layers, the first step with a LayerNorm
+  outlier dimension, the last step, epochs over the corpus when known, the final and the best validation loss
+  (a final loss above the best says held-out loss rose).
+
+Written by hand: a table of this study's own shape; the seed-study aggregator (outlierlab.jobs.study) compares
+groups, while this reads when something first happens in each cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from outlierlab.analysis.luo_dimension import first_luo_step
+from outlierlab.reports.history import history_frame
+
+COLUMNS = ["rung", "layers", "hidden", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
+PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
+
+
+def find_cells(paths: Sequence[str | Path]) -> list[Path]:
+    """Every train.py run directory under ``paths`` (a folder holding ``config.yaml`` and ``monitor/``)."""
+    cells = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"{p} does not exist")
+        cells += sorted(c.parent for c in p.rglob("config.yaml") if (c.parent / "monitor").is_dir())
+    if not cells:
+        raise ValueError(f"no train.py run directory (config.yaml + monitor/) under {', '.join(map(str, paths))}")
+    return cells
+
+
+def _cell_rows(cell: Path) -> tuple[pd.DataFrame, dict]:
+    cfg = OmegaConf.load(cell / "config.yaml")
+    layers, hidden = int(cfg.model.num_layers), int(cfg.model.hidden_size)
+    per_step = (int(cfg.data.batch_size) * int(cfg.data.block_size) * int(cfg.trainer.get("accumulate_grad_batches")
+                or 1) * int(cfg.trainer.get("devices") if str(cfg.trainer.get("devices")).isdigit() else 1))
+    ident = {"rung": f"{layers}x{hidden}", "layers": layers, "hidden": hidden, "pos": str(cfg.pos.name),
+             "seed": int(cfg.seed)}
+    parts = []
+    hs = history_frame(cell / "monitor" / "hidden_states.csv")
+    enc = hs[hs["name"].str.fullmatch(r"layer_\d+") & hs["statistic"].isin(PER_LAYER)].copy()
+    enc["layer"] = enc["name"].str.removeprefix("layer_").astype(int)
+    enc = enc[enc["layer"] >= 1]  # encoder layers; layer_0 is the embedding output
+    dims = enc[enc["statistic"] == "abs_argmax_share"]
+    parts.append(enc.assign(metric=enc["statistic"])[["step", "metric", "layer", "value"]])
+    parts.append(dims.assign(metric="abs_argmax_dim", value=dims["dim"].astype(float))[["step", "metric", "layer",
+                                                                                         "value"]])
+    ln_path = cell / "monitor" / "layernorm.csv"
+    ln = history_frame(ln_path, ["n_outlier_dims"]) if ln_path.is_file() else pd.DataFrame(columns=["step", "value"])
+    parts.append(pd.DataFrame({"step": ln["step"], "metric": "layernorm/n_outlier_dims", "layer": "model",
+                               "value": ln["value"]}))
+    metrics = pd.read_csv(cell / "csv" / "metrics.csv") if (cell / "csv" / "metrics.csv").is_file() else pd.DataFrame()
+    for m in ("val/loss", "val/order_use"):
+        if m in metrics:
+            v = metrics[["step", m]].dropna()
+            # Lightning logs a validation at the step before the monitors' record of the same point: step + 1
+            parts.append(pd.DataFrame({"step": v["step"].astype(int) + 1, "metric": m, "layer": "model",
+                                       "value": v[m]}))
+    rows = pd.concat(parts, ignore_index=True)
+    rows["tokens"] = rows["step"].astype(int) * per_step
+    for k, v in ident.items():
+        rows[k] = v
+    luo = first_luo_step(zip(dims["step"], dims["layer"], dims["dim"], dims["value"]), layers)
+    ln_first = ln[ln["value"] > 0]["step"].min() if len(ln) else math.nan
+    val = rows[rows["metric"] == "val/loss"].sort_values("step")
+    last = int(rows["step"].max())
+    summary = {**ident, "last_step": last, "tokens": last * per_step,
+               "luo_step": luo[0] if luo else math.nan, "luo_tokens": luo[0] * per_step if luo else math.nan,
+               "luo_dim": luo[1] if luo else math.nan, "luo_layers": luo[2] if luo else math.nan,
+               "ln_outlier_step": ln_first,
+               "val_loss_final": float(val["value"].iloc[-1]) if len(val) else math.nan,
+               "val_loss_best": float(val["value"].min()) if len(val) else math.nan}
+    return rows[COLUMNS], summary
+
+
+def ladder_tables(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The long table and the per-cell summary (module docstring)."""
+    long, summary = [], []
+    for cell in find_cells(paths):
+        rows, s = _cell_rows(cell)
+        long.append(rows)
+        summary.append(s)
+    order = ["layers", "pos", "seed", "step", "metric", "layer"]
+    table = pd.concat(long, ignore_index=True)
+    table["layer"] = table["layer"].astype(str)
+    return (table.sort_values(order, kind="stable").reset_index(drop=True),
+            pd.DataFrame(summary).sort_values(["layers", "pos", "seed"]).reset_index(drop=True))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.ladder", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", help="folders holding the ladder's train.py cells")
+    parser.add_argument("--out", required=True, help="the long CSV (its _summary.csv goes beside it)")
+    args = parser.parse_args(argv)
+    try:
+        table, summary = ladder_tables(args.paths)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out, index=False, float_format="%.6g")
+    summary.to_csv(out.with_name(out.stem + "_summary.csv"), index=False, float_format="%.6g")
+    print(summary.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

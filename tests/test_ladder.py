@@ -1,0 +1,89 @@
+"""The scale ladder: every rung composes and passes train.py's pre-flight check; the smallest rung trains a few
+steps on CPU and writes every metric the ladder table reads; the table finds a planted Luo-type dimension."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from outlierlab.jobs import ladder
+from outlierlab.jobs.overrides import check_overrides
+from outlierlab.jobs.startup import check_train_config
+from tests.conftest import compose
+
+RUNGS = {"4x128": (4, 128, 4), "6x384": (6, 384, 6), "8x512": (8, 512, 8), "12x768": (12, 768, 12)}
+
+
+@pytest.mark.parametrize("rung", sorted(RUNGS))
+@pytest.mark.parametrize("pos", ["learned", "none", "rope"])
+def test_every_rung_composes_and_passes_the_preflight_check(rung, pos, tmp_path):
+    overrides = ["experiment=scale_ladder", f"ladder={rung}", f"pos={pos}", "trainer=gpu",
+                 "+trainer.max_time=00:00:08:00"]
+    check_overrides(["train.py", *overrides], config_name="train")  # what train.py checks before composing
+    cfg = compose("train", [f"run_dir={tmp_path}", *overrides])
+    assert check_train_config(cfg) == []
+    layers, hidden, heads = RUNGS[rung]
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_heads) == (layers, hidden, heads)
+    assert cfg.model.intermediate_size == 4 * hidden and cfg.data.block_size == cfg.model.max_len == 128
+    assert cfg.model.dropout == 0.0 and cfg.data.batch_size == 128  # the order recipe, scaled
+
+
+def test_model_medium_is_bert_medium():
+    cfg = compose("train", ["model=medium"])
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.intermediate_size, cfg.model.num_heads,
+            cfg.model.max_len) == (8, 512, 2048, 8, 512)
+
+
+@pytest.mark.slow
+def test_the_smallest_rung_trains_and_writes_what_the_table_reads(tmp_path, shared_cache):
+    from outlierlab.jobs.training import train
+
+    run = tmp_path / "cell"
+    train(compose("train", [f"run_dir={run}", "experiment=scale_ladder", "ladder=4x128", "pos=learned",
+                            "data.max_documents=400", "data.val_blocks=4", "data.batch_size=8",
+                            "tokenizer.vocab_size=1000", "trainer.max_steps=5", "trainer.val_check_interval=5",
+                            "callbacks.layernorm_monitor.every_n_steps=2", "callbacks.hidden_state_monitor.every_n_steps=2",
+                            "trainer.enable_progress_bar=false", "export=false"]))
+    table, summary = ladder.ladder_tables([tmp_path])
+    got = set(zip(table["metric"], table["layer"]))
+    for metric in ladder.PER_LAYER:
+        assert {(metric, str(i)) for i in range(1, 5)} <= got, metric
+    assert {("val/loss", "model"), ("val/order_use", "model"), ("layernorm/n_outlier_dims", "model")} <= got
+    assert summary.loc[0, "rung"] == "4x128" and summary.loc[0, "last_step"] == 5
+    assert summary.loc[0, "tokens"] == 5 * 8 * 128
+
+
+def _plant(cell, steps_dims):
+    (cell / "monitor").mkdir(parents=True)
+    (cell / "csv").mkdir()
+    (cell / "config.yaml").write_text("seed: 3\npos: {name: learned}\nmodel: {num_layers: 2, hidden_size: 16}\n"
+                                      "data: {batch_size: 4, block_size: 8}\ntrainer: {devices: 1}\n")
+    with open(cell / "monitor" / "hidden_states.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["step", "name", "statistic", "dim", "value"])
+        for step, dims in steps_dims.items():
+            for layer, (dim, share) in enumerate(dims):
+                w.writerow([step, f"layer_{layer}", "abs_argmax_share", dim, share])
+                w.writerow([step, f"layer_{layer}", "kurtosis", "", 3.0])
+    (cell / "monitor" / "layernorm.csv").write_text("step,name,statistic,dim,value\n0,model,n_outlier_dims,,0\n"
+                                                    "250,model,n_outlier_dims,,2\n")
+    (cell / "csv" / "metrics.csv").write_text("step,val/loss,val/order_use\n249,6.0,0.1\n499,5.5,0.6\n")
+
+
+def test_the_table_finds_a_planted_luo_dimension(tmp_path, capsys):
+    # layer_0 (embeddings) always concentrated: never counted; dim 5 holds both encoder layers from step 500
+    _plant(tmp_path / "a", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (5, 0.7), (2, 0.3)],
+                            500: [(5, 0.9), (5, 0.8), (5, 0.6)]})
+    out = tmp_path / "out" / "ladder.csv"
+    assert ladder.main([str(tmp_path / "a"), "--out", str(out)]) == 0
+    summary = next(csv.DictReader(open(out.with_name("ladder_summary.csv"))))
+    # half of 2 layers is one: step 250 already (layer 1), tokens = 250 * 4 * 8
+    assert (summary["luo_step"], summary["luo_dim"], summary["luo_layers"], summary["luo_tokens"]) == \
+        ("250", "5", "1", "8000")
+    assert summary["ln_outlier_step"] == "250" and summary["val_loss_best"] == "5.5"
+    rows = list(csv.DictReader(open(out)))
+    assert {"rung": "2x16", "layers": "2", "hidden": "16", "pos": "learned", "seed": "3", "step": "500",
+            "tokens": "16000", "metric": "abs_argmax_dim", "layer": "2", "value": "5"} in rows
+    assert ladder.main([str(tmp_path / "nothing-here"), "--out", str(out)]) == 1
+    assert "does not exist" in capsys.readouterr().err
