@@ -17,7 +17,7 @@ Every set comes from text that is NOT in the pretraining corpus (Austen's other 
 Usage (from the repository root)::
 
     python scripts/build_eval_data.py all            # build the three sets + NOTICE.md + licence
-    python scripts/build_eval_data.py wic --source /work/shared/data --out /tmp/eval
+    python scripts/build_eval_data.py wic --source ../shared/data --out /tmp/eval
 
 The output is byte-for-byte deterministic: seeded RNGs (string seeds, independent of
 PYTHONHASHSEED), sorted iteration, and gzip headers written with ``mtime=0``.
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", nargs="?", default="all", choices=["sentences", "wic", "pos", "all"])
     p.add_argument("--source", type=Path, default=None,
-                   help="shared data folder holding corpora/ (default ../shared/data or /work/shared/data)")
+                   help="shared data folder holding corpora/ (default $OUTLIERLAB_SHARED_DATA or ../shared/data)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """When does a learned position table get structure, against when the model starts to use order (docs/order_use.md)?
 
-    python scripts/position_table_structure.py /work/runs/cpu_preln_b128_learned --out docs/order_use/position_table.csv
+    python scripts/position_table_structure.py runs/cpu_preln_b128_learned --out docs/order_use/position_table.csv
 
 Per checkpoint ``checkpoints/step*.ckpt`` of each run: the table rows the run's blocks use (rows after RoBERTa's
 padding offset: token t reads row ``pad_token_id + 1 + t``; ``data.block_size`` of them), their mean L2 norm, and the cosine between rows ``k`` positions apart

@@ -11,8 +11,8 @@ from outlierlab.analysis.dim_identity import layer_identity
 from outlierlab.jobs import dim_identity as di
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMES = ROOT / "docs" / "order_use" / "cells_schemes_large"
-CUT = ROOT / "docs" / "order_use" / "cells_schemes_large_cut"
+SCHEMES = ROOT / "docs" / "order_use" / "cells_schemes_large.parquet"
+CUT = ROOT / "docs" / "order_use" / "cells_schemes_large_cut.parquet"
 
 
 def history(dims: dict[str, list[int]], steps=(0, 250, 500, 750)) -> pd.DataFrame:
@@ -93,7 +93,7 @@ def test_a_loop_monitors_history_and_a_run_directory_from_the_api():
 def test_cells_that_differ_in_another_override_are_other_groups(tmp_path):
     """The committed switch study (plain, OP block, pre-LN; all learned positions, 5 seeds each): three groups named
     by the override that differs, not one pooled 'learned' group."""
-    table, _ = di.collect([ROOT / "docs" / "emergence" / "switch_seeds_gpu"])
+    table, _ = di.collect([ROOT / "docs" / "emergence" / "switch_seeds_gpu.parquet"])
     assert sorted(table["group"].unique()) == ["arch=default", "arch=op", "arch=pre_ln"]
     s = di.summary(table)
     assert (s["seeds"] == 5).all() and len(s) == 3 * 5

@@ -1,6 +1,6 @@
 """Tests for the shipped evaluation sets (outlierlab/datamodules/data/eval) and their builder script.
 
-Checks that need the shared source data (../shared/data or /work/shared/data) skip when it is absent.
+Checks that need the shared source data (../shared/data beside the repository) skip when it is absent.
 """
 
 from __future__ import annotations

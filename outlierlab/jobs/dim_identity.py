@@ -1,6 +1,6 @@
 """Which dimension carries each layer's concentration, since when, and in how many layers (Kovaleva et al. 2021).
 
-    python -m outlierlab.jobs.dim_identity docs/order_use/cells_schemes_large docs/order_use/cells_large_mlm \\
+    python -m outlierlab.jobs.dim_identity docs/order_use/cells_schemes_large.parquet docs/order_use/cells_large_mlm.parquet \\
         --out docs/order_use/dim_identity_large
 
 Kovaleva et al. (2021, "BERT Busters") found BERT's outlier dimensions early in pretraining, at the *same index in

@@ -35,6 +35,15 @@ SEEDS_GPU = "docs/emergence/seeds_gpu"
 SWITCH_GPU = "docs/emergence/switch_seeds_gpu"
 #: The order-use studies (docs/order_use.md): learned vs none, every scheme, the causal pair on english_large
 ORDER_USE = "docs/order_use"
+
+
+def cells_of(study: str) -> Path:
+    """Where a study's cells are read from: its table ``<study>.parquet`` (:mod:`outlierlab.jobs.study_table`), or
+    the folder of run directories itself where none was packed."""
+    table = ROOT / f"{study}.parquet"
+    return table if table.is_file() else ROOT / study
+
+
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.S)
 
 #: The primary quantities of the seed studies, in the order the docs show them.
@@ -148,7 +157,7 @@ def _cell_table(study: str, group_key: str, labels: dict[str, str]) -> pd.DataFr
     from outlierlab.jobs.study_cells import cell_numbers, find_cells
 
     frames = []
-    for cell in find_cells([ROOT / study]):
+    for cell in find_cells([cells_of(study)]):
         if not cell.usable:
             continue
         df = cell_numbers(cell)
@@ -250,9 +259,9 @@ def objectives() -> str:
     """The masked-vs-causal study (docs/objectives.md): :mod:`outlierlab.jobs.objectives_report` on its exported cells."""
     from outlierlab.jobs import objectives_report
 
-    if not (ROOT / OBJECTIVES).is_dir():
+    if not cells_of(OBJECTIVES).exists():
         return f"No cells exported to {OBJECTIVES} yet."
-    return objectives_report.report(ROOT / OBJECTIVES, source=OBJECTIVES)[1]
+    return objectives_report.report(cells_of(OBJECTIVES), source=OBJECTIVES)[1]
 
 
 #: The rows of docs/order_use.md's learned-vs-none tables: (metric, layer) at the last step; the rest is in the
@@ -316,7 +325,7 @@ def order_use_objectives_large() -> str:
     from outlierlab.jobs import objectives_report
 
     folders = [f"{ORDER_USE}/cells_large_mlm", f"{ORDER_USE}/cells_large"]
-    return objectives_report.report([ROOT / f for f in folders], source=" ".join(folders))[1]
+    return objectives_report.report([cells_of(f) for f in folders], source=" ".join(folders))[1]
 
 
 def _scheme_rows(study: str = "study_schemes") -> tuple[pd.DataFrame, list[str]]:

@@ -26,7 +26,7 @@ q-value within its own question (``family`` "exploratory: 1 Haviv", ...), so the
 family with the outlier measures of (4). For each primary contrast the minimum detectable effect at 80 % power is given.
 Writes ``<out>/objectives.csv`` (every contrast) and ``<out>/objectives.md`` (the tables); docs/objectives.md shows
 the same tables in its ``<!-- generated: objectives -->`` block (:mod:`outlierlab.jobs.doc_tables`, from the cells
-exported to docs/objectives/cells).
+exported to docs/objectives/cells.parquet).
 """
 
 from __future__ import annotations

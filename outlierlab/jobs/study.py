@@ -282,7 +282,7 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
     if tables:
         joined = assign_families(pd.concat(tables.values(), ignore_index=True), per_seed, design)
         tables = {spec: joined[joined["contrast"] == t["contrast"].iloc[0]] if len(t) else t for spec, t in tables.items()}
-    out_dir = Path(out) if out else Path(paths[0]) / "study"
+    out_dir = Path(out) if out else Path(str(paths[0]).removesuffix(".parquet")) / "study"
     out_dir.mkdir(parents=True, exist_ok=True)
     summary.to_csv(out_dir / "study.csv", index=False, float_format="%.10g")
     if tables:

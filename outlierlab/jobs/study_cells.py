@@ -157,9 +157,12 @@ def read_cell(path: Path) -> Cell:
 
 
 def find_cells(paths: list[str | Path]) -> list[Cell]:
-    """Cells under each path (a sweep directory, or a cell itself), sorted by path."""
+    """Cells under each path (a sweep directory, a cell itself, or a study table: :mod:`outlierlab.jobs.study_table`),
+    sorted by path."""
+    from outlierlab.jobs.study_table import resolve
+
     cells = []
-    for p in map(Path, paths):
+    for p in map(resolve, paths):  # a packed study (.parquet) reads as the folder it was packed from
         if not p.is_dir():
             raise FileNotFoundError(f"{p} is not a directory (give a multirun sweep directory or run directories)")
         found = [p] if is_cell(p) else sorted(c for c in p.iterdir() if c.is_dir() and is_cell(c))

@@ -31,9 +31,11 @@ WORD_RE = re.compile(r"[A-Za-z0-9]+(?:['’-][A-Za-z0-9]+)*")
 
 
 def default_source() -> Path:
-    """``../shared/data`` beside the repository if present, else ``/work/shared/data``."""
-    beside = REPO_ROOT.parent / "shared" / "data"
-    return beside if beside.is_dir() else Path("/work/shared/data")
+    """``$OUTLIERLAB_SHARED_DATA`` if set, else ``../shared/data`` beside the repository (pass ``--source`` for
+    another place)."""
+    import os
+
+    return Path(os.environ.get("OUTLIERLAB_SHARED_DATA") or REPO_ROOT.parent / "shared" / "data")
 
 
 def count_words(sentence: str) -> int:

@@ -1,0 +1,92 @@
+"""A study's run directories as one Parquet table (outlierlab.jobs.study_table): the aggregator gives the same
+numbers from the table as from the directories, a machine's paths are scrubbed while the manifest still checks every
+byte, and no tracked text file names a machine's absolute path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+
+from outlierlab.jobs import study, study_table
+from outlierlab.jobs.run_state import verify_manifest, write_manifest
+from tests.conftest import ROOT
+from tests.test_study import plant_cell, plant_study
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTLIERLAB_CACHE", str(tmp_path / "cache"))
+
+
+def test_cells_to_table_to_aggregator_equals_the_directories(tmp_path):
+    sweep = plant_study(tmp_path / "sweep")
+    plant_cell(sweep, {"pos": "none", "seed": 9}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}, finished=False)
+    table = study_table.pack(sweep, tmp_path / "sweep.parquet")
+    assert set(table.columns) == {"cell", "file", "text"} and table["cell"].nunique() == 7
+    assert not table["file"].str.contains("checkpoints").any()
+    kw = dict(contrasts=["pos=learned,none"], plots=False)
+    a = study.run([str(sweep)], out=str(tmp_path / "a"), **kw)["out"]
+    b = study.run([str(tmp_path / "sweep.parquet")], out=str(tmp_path / "b"), **kw)["out"]
+    for name in ("study.csv", "contrasts.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(a / name), pd.read_csv(b / name), check_exact=True)
+    # the unfinished cell is refused from the table as from its folder
+    assert "pos=none,seed=9" in (b / "study.md").read_text()
+
+
+def test_paths_are_scrubbed_and_the_manifest_still_verifies(tmp_path):
+    root = tmp_path / "work" / "runs"  # tmp_path itself lies under /tmp: a machine path
+    cell = plant_cell(root, {"pos": "learned", "seed": 1}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}},
+                      extra_config={"paths": {"cache_dir": "/work/main/.gpu_cache"}})
+    write_manifest(cell, {"seed": 1}, 100, 100)
+    assert verify_manifest(cell) == []
+    study_table.pack(root, tmp_path / "t.parquet")
+    table = pd.read_parquet(tmp_path / "t.parquet")
+    assert not table["text"].str.contains("/work/|/tmp/", regex=True).any()
+    config = table[table["file"] == "config.yaml"]["text"].iloc[0]
+    assert "cache_dir: <local>/.gpu_cache" in config
+    unpacked = study_table.resolve(tmp_path / "t.parquet") / cell.name
+    assert verify_manifest(unpacked) == []  # every file checked, the scrubbed ones against their new bytes
+    assert json.loads((unpacked / "manifest.json").read_text())["scrubbed"] == ["config.yaml"]
+    (unpacked / "csv" / "metrics.csv").write_text("tampered\n")
+    assert verify_manifest(unpacked)  # ... and a change is still caught
+
+
+def test_one_line_for_a_folder_without_cells_and_a_file_that_is_not_a_table(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert study_table.main(["pack", str(tmp_path / "empty"), str(tmp_path / "x.parquet")]) == 1
+    assert "no run directories" in capsys.readouterr().err
+    pd.DataFrame({"a": [1]}).to_parquet(tmp_path / "other.parquet")
+    with pytest.raises(ValueError, match="is not a study table"):
+        study_table.cells_dir(tmp_path / "other.parquet")
+
+
+def test_study_histories_is_one_tidy_frame(tmp_path):
+    sweep = plant_study(tmp_path / "sweep")
+    study_table.pack(sweep, tmp_path / "s.parquet")
+    h = study_table.study_histories(tmp_path / "s.parquet")
+    assert list(h.columns) == ["cell", "step", "name", "statistic", "dim", "value"]
+    assert h["cell"].nunique() == 6 and set(h["statistic"]) == {"kurtosis", "argmax_share", "mean"}
+
+
+def test_no_tracked_text_file_names_a_machine_path():
+    """A machine's own folders: a user's home, /root, /work (this project's machines) -- not examples such as /tmp or
+    /data, which name no machine."""
+    import re
+
+    machine = re.compile(r"(?<![\w.<>/-])/(?:work|home|root|Users)/[\w.-]+")
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    exempt = {"tests/test_study_table.py"}  # names such paths on purpose
+    hits = []
+    for rel in files:
+        path = ROOT / rel
+        if rel in exempt or not path.is_file() or path.suffix in (".parquet", ".png", ".gz"):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        hits += [f"{rel}: {m.group(0)}" for m in machine.finditer(text)]
+    assert not hits, "\n".join(hits[:20])
