@@ -84,7 +84,7 @@ def activation_kurtosis(x: Tensor, mask: Tensor | None = None) -> Tensor:
 
 def _sum_squares(t: Tensor, in_place: bool = False) -> Tensor:
     """Σ over tokens of x² per dim, float64: squares in float32 (relative rounding 6e-8; bf16/fp16 are
-    upcast first), summed in float64 — 7x cheaper than a float64 copy of every token (issue 39).
+    upcast first), summed in float64 — 7x cheaper than a float64 copy of every token.
     ``in_place``: ``t`` is the caller's scratch (e.g. its own |x|), squared where it is (no second copy)."""
     if t.dtype not in (torch.float32, torch.float64):
         t, in_place = t.float(), True
@@ -106,7 +106,7 @@ def _token_ratios(t: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor
     median = 0.5 * (srt[..., (d - 1) // 2].to(torch.float64) + srt[..., d // 2].to(torch.float64))
     if a.device.type == "cpu" and a.dtype in (torch.float32, torch.float64):
         # the max is the sort's last value (NaN sorts last, as max propagates it); numpy's SIMD argmax finds
-        # its dim (the first of ties, the first NaN, as Tensor.max) in a third of Tensor.max's time (issue 39)
+        # its dim (the first of ties, the first NaN, as Tensor.max) in a third of Tensor.max's time
         top = srt[..., -1]
         top_dim = torch.from_numpy(np.argmax(a.numpy(), axis=-1).astype(np.int64, copy=False))
     else:
@@ -117,7 +117,7 @@ def _token_ratios(t: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor
 def _sorted_last(a: Tensor) -> Tensor:
     """``a`` sorted along its last dim.  On the CPU numpy's SIMD sort (x86-simd-sort) is ~25x faster than
     ``Tensor.sort`` for float32 rows of a few hundred values (0.5 ms against 12 ms for 1,000 x 384 on one
-    core): the per-token sort had cost more than a small model's forward (issue 39)."""
+    core): the per-token sort had cost more than a small model's forward."""
     if a.device.type == "cpu" and a.dtype in (torch.float32, torch.float64):
         return torch.from_numpy(np.sort(a.numpy(), axis=-1))
     return a.sort(-1).values

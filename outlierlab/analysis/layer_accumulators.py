@@ -1,4 +1,4 @@
-"""Accumulators of one layer joined into one of many layers, and split back (issue 39).
+"""Accumulators of one layer joined into one of many layers, and split back.
 
 The evaluation stream (:mod:`outlierlab.evaluation.stream`) and probe.py's feature extraction
 (:mod:`outlierlab.datamodules.features`) feed each layer's hidden states to a single-layer accumulator as the model

@@ -260,10 +260,10 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         :func:`outlierlab.analysis.similarity.sample_cross_sentence_pairs`), with ``anisotropy_se``, its
         delete-one-sentence jackknife standard error (:func:`jackknife_se_by_sentence`: the pairs reuse the
         batch's few sentences, so sd/√P would be too small), and ``n_anisotropy_pairs``;
-        ``token_pair_cosine`` (the same estimate, its name before issue 37: old cells hold it too);
+        ``token_pair_cosine`` (the same estimate, its earlier name: old cells hold it too);
         ``anisotropy_one_per_sentence`` (evaluate.py's protocol, one random token per sentence, sentences
         paired without replacement: on a 32-sentence batch only 16 pairs — the monitor's ``anisotropy`` before
-        issue 37, :func:`outlierlab.analysis.similarity.paired_sentence_tokens`, Luo et al. §4.1);
+        :func:`outlierlab.analysis.similarity.paired_sentence_tokens`, Luo et al. §4.1);
         ``rogue_top1_share`` (dim = the dim of largest contribution CC_i to the anisotropy, value =
         its share of it) and ``rogue_top3_share`` (Timkey & van Schijndel 2021, on the anisotropy pairs;
         :mod:`outlierlab.analysis.rogue_dims`; NaN where the anisotropy is within 2 standard errors of 0); ``isoscore`` (Rudman et al. 2022, from the covariance of

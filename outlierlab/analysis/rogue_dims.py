@@ -138,7 +138,7 @@ class RogueSummary:
     def stack(cls, parts: Sequence["RogueSummary"]) -> "RogueSummary":
         """Summaries of single layers (each :func:`rogue_summary` of ``[1, P, d]``) as one of ``len(parts)``
         layers — every quantity is per layer, so this equals the summary of ``[L, P, d]`` (what the anisotropy
-        analysis does to keep one layer's float64 copies in memory; issue 39)."""
+        analysis does to keep one layer's float64 copies in memory)."""
         cat = torch.cat
         return cls(cat([p.cc for p in parts]), cat([p.order for p in parts]),
                    *({k: cat([getattr(p, f)[k] for p in parts]) for k in getattr(parts[0], f)}

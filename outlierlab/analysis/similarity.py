@@ -163,7 +163,7 @@ class AnisotropyAccumulator:
     device : where the reservoir lives (default CPU).
     dtype : what the reservoir holds (default float32).  The model's own dtype (bfloat16 for a bf16 model) loses
         nothing — every kept value came out of the model in it — and halves the reservoir (2.5 GiB instead of
-        4.9 at 70B, 81 × 2000 × 8192; issue 39); :meth:`pair_vectors` returns float32 either way.
+        4.9 at 70B, 81 × 2000 × 8192); :meth:`pair_vectors` returns float32 either way.
 
     Notes
     -----
@@ -231,7 +231,7 @@ class AnisotropyAccumulator:
     def pair_vectors(self, layer: int | None = None) -> tuple[Tensor, Tensor]:
         """The kept vectors, shuffled (fixed seed) and paired: two float32 Tensor[L, ⌊n_kept/2⌋, d] — or, with
         ``layer``, two Tensor[1, ⌊n_kept/2⌋, d] of that layer alone, the same pairs (what the analyses read:
-        one layer's copies at a time, not the whole reservoir's; issue 39)."""
+        one layer's copies at a time, not the whole reservoir's)."""
         n = self.n_kept
         if n < 2:
             raise ValueError(f"anisotropy needs at least 2 sentences, got {n}.")
@@ -294,7 +294,7 @@ def intra_sentence_similarity(vectors: Tensor, anisotropy: Tensor | None = None,
     Tensor[L] for one sentence, Tensor[L, B] for a batch (float64).
     """
     # cosines in the vectors' precision (float32 for a model's states, relative error ~1e-7 per cosine),
-    # averaged in float64: float64 copies of every word vector cost 6x the float32 cosines (issue 39)
+    # averaged in float64: float64 copies of every word vector cost 6x the float32 cosines
     v = vectors if vectors.dtype == torch.float64 else vectors.float()
     if mask is None:
         out = _cosine_to_centre(v, v.mean(-2, keepdim=True)).to(torch.float64).mean(-1)
@@ -318,7 +318,7 @@ def _cosine_to_centre(v: Tensor, centre: Tensor) -> Tensor:
     """``F.cosine_similarity(v, centre, dim=-1, eps=_EPS)`` for ``centre [..., 1, d]`` broadcast over the tokens of
     ``v [..., n, d]`` (same dtype), bitwise: torch's formula, ``sum((v / max(|v|, eps)) * (c / max(|c|, eps)))``,
     but the centre's norm and unit vector computed once rather than on its copy expanded to ``v``'s shape —
-    0.67 ms against 0.97 ms for [1, 32, 60, 384] float32 on one core (issue 39).  tests/test_analysis_similarity.py
+    0.67 ms against 0.97 ms for [1, 32, 60, 384] float32 on one core.  tests/test_analysis_similarity.py
     compares it with ``F.cosine_similarity``."""
     v_norm = torch.linalg.vector_norm(v, 2, dim=-1, keepdim=True).clamp_min_(_EPS)
     c_norm = torch.linalg.vector_norm(centre, 2, dim=-1, keepdim=True).clamp_min_(_EPS)
@@ -385,7 +385,7 @@ class SelfSimilarityAccumulator:
         dev = self.sum_unit.device
         h = hidden.detach()
         # every row a target (what the sentence pass passes): no gather.  The float64 copy is ours, so
-        # F.normalize's division and the squares are done in it in place — the same numbers (issue 39)
+        # F.normalize's division and the squares are done in it in place — the same numbers
         x = h if hit.numel() == ids.numel() else h[:, hit.to(h.device)]
         x = x.to(torch.float64, copy=True)
         u = x.div_(x.norm(2.0, -1, keepdim=True).clamp_min(_EPS)).to(dev)  # = F.normalize(x, dim=-1, eps=_EPS)

@@ -14,7 +14,7 @@ The transforms themselves are defined in :mod:`outlierlab.analysis.transforms` (
 
 ``probe.py`` fits one transform at a time on the training features (:func:`fit_transform`) and keeps float64
 maps; ``evaluate.py`` fits every map at once into a :class:`FittedTransforms` and keeps float32 ones in the
-sums' memory (``compact``, issue 39).  Pure tensor code: the settings come in as plain values or as
+sums' memory (``compact``).  Pure tensor code: the settings come in as plain values or as
 ``evaluate.py``'s ``transform`` section, read by attribute.
 """
 
@@ -85,14 +85,14 @@ class WhitenSettings:
         guarded: ``{name: (fitted Whitener, its WhiteningFit)}``.
 
         ``compact``: Σ and W in float32, in the memory of the float64 sums (``evaluate.py``: the sums of a 70B
-        model are 43 GB, issue 39); the maps derived from Σ then read that float32 Σ.  False: Σ and every map
+        model are 43 GB); the maps derived from Σ then read that float32 Σ.  False: Σ and every map
         in float64 (``probe.py``, whose maps have always been fitted so: its results stay the same).  A fit
         of :meth:`fit_by_layer` is compact already."""
         out = {}
         wanted = [n for n in FITTED if n in names]
         if acc.W is None and wanted and compact:
             # Σ over the sums in place, eigenvectors kept only for a second map that needs them: the fit's
-            # float64 working set is Σ and W, each (L+1)·d² (issue 39: 4 such arrays were alive together)
+            # float64 working set is Σ and W, each (L+1)·d² (4 such arrays were once alive together)
             acc.finalize(release_sums=True, keep_eigvecs="abtt" in wanted and "whiten" in wanted)
         elif acc.W is None and wanted:
             acc.finalize()

@@ -167,7 +167,7 @@ class Whitener:
     def finalize(self, release_sums: bool = False, keep_eigvecs: bool = True) -> "Whitener":
         """Compute μ, Σ and W (of :attr:`method`) from the accumulated sums; returns self.
 
-        One layer at a time (issue 39): Σ's eigendecomposition and W are computed per layer, in float64, so the
+        One layer at a time: Σ's eigendecomposition and W are computed per layer, in float64, so the
         working set beside the stored results is one layer's d x d matrices, not a batched eigh's copies.
 
         Parameters
@@ -250,7 +250,7 @@ class Whitener:
                      k: int | None = None, eps: float = 1e-10, distinct_cap: int | None = None,
                      method: str = "whiten", keep_cov: bool = True,
                      on_disk: str | bool | None = None) -> "Whitener":
-        """Fit every layer from its own stream of vectors, one layer after the other (issue 39).
+        """Fit every layer from its own stream of vectors, one layer after the other.
 
         ``chunks(layer)`` yields that layer's vectors ``[N, d]`` in the same chunks and order for every layer.
         The result equals feeding the ``[L, N, d]`` chunks to :meth:`partial_fit` and calling
@@ -354,7 +354,7 @@ class Whitener:
         cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
         shape = xx.shape
         flat = xx.reshape(shape[0], -1, shape[-1]).to(cdt)
-        if isinstance(self.W, DiskLayers):  # one layer's W in memory at a time (issue 39)
+        if isinstance(self.W, DiskLayers):  # one layer's W in memory at a time
             mu = self.mean.to(device=x.device, dtype=cdt)
             out = torch.stack([(flat[i] - mu[i]) @ self.W[i].to(device=x.device, dtype=cdt)
                                for i in range(self.num_layers)])
@@ -366,7 +366,7 @@ class Whitener:
 
     def _applied(self, device, dtype) -> tuple[Tensor, Tensor]:
         """μ [L, 1, d] and W in the dtype/device of the vectors, converted once per fit: a float32 copy of
-        the float64 W for every batch cost as much as the product itself (issue 39)."""
+        the float64 W for every batch cost as much as the product itself."""
         c = getattr(self, "_applied_cache", None)
         if c is None or c[0] is not self.W or c[1] is not self.mean or c[2] != (device, dtype):
             w = self.W.to(device=device, dtype=dtype)
@@ -419,7 +419,7 @@ class Whitener:
         """The fitted whitener of some layers only (probing a subset of layers)."""
         layers = list(layers)
         # a run of consecutive layers is a view (the replay selects one layer at a time: a copy of W per
-        # layer would double the (L+1)·d² float64 state; issue 39); on disk, only those layers are read
+        # layer would double the (L+1)·d² float64 state); on disk, only those layers are read
         if layers and layers == list(range(layers[0], layers[0] + len(layers))):
             layers = slice(layers[0], layers[0] + len(layers))
         st = self._state(lambda W: W if isinstance(W, DiskLayers) else W.cpu())  # W[layers] reads only those

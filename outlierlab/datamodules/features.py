@@ -140,7 +140,7 @@ def _write(encoder, texts: list[str], out: Path, store_tokens: bool, batch_size,
     from outlierlab.analysis.layer_accumulators import stack_layers
 
     layer_accs = [OutlierAccumulator(1, dim) for _ in range(n_layers)]
-    # one layer at a time (issue 39): each hidden state is reduced and written as the model produces it
+    # one layer at a time: each hidden state is reduced and written as the model produces it
     for batch in encoder.batches(tok, batch_size, sort_by_length=True, progress=progress, layerwise=True):
         valid = valid_token_mask(batch.attention_mask, batch.special_tokens_mask)
         w = valid.float()

@@ -1,4 +1,4 @@
-"""Checkpoints and exports written like the rest of our files: staged beside their destination (issue 40).
+"""Checkpoints and exports written like the rest of our files: staged beside their destination.
 
 Lightning's ``TorchCheckpointIO`` saves through ``_atomic_save``, which stages the bytes in an fsspec transaction
 under ``$TMPDIR`` and then *moves* the file to the run directory. Across file systems that move is a copy, not a

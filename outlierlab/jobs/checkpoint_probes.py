@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.finished_only and finished_run(d) is None:
             print(f"[checkpoint_probes] {d}: training not finished, skipped (--all probes it anyway)", flush=True)
             continue
-        from outlierlab.jobs.run_lock import RunDirBusy, lock_run_dir  # one writer per run directory (issue 40)
+        from outlierlab.jobs.run_lock import RunDirBusy, lock_run_dir  # one writer per run directory
         from outlierlab.jobs.run_state import refresh_manifest
 
         try:

@@ -1,4 +1,4 @@
-"""The result tables of the docs, generated from committed study outputs instead of transcribed (issue 37).
+"""The result tables of the docs, generated from committed study outputs instead of transcribed.
 
 A doc marks each generated block::
 
@@ -30,7 +30,7 @@ SEEDS = "docs/emergence/seeds"
 SWITCH = "docs/emergence/switch_seeds"
 EVALUATE = "docs/emergence/seeds_evaluate"
 OBJECTIVES = "docs/objectives/cells"
-#: The same two seed studies with 5 seeds, on one GPU and one code version (issue 37 item 6)
+#: The same two seed studies with 5 seeds, on one GPU and one code version
 SEEDS_GPU = "docs/emergence/seeds_gpu"
 SWITCH_GPU = "docs/emergence/switch_seeds_gpu"
 #: The order-use studies (docs/order_use.md): learned vs none, every scheme, the causal pair on english_large

@@ -1,4 +1,4 @@
-"""The masked-vs-causal study's tables (issue 36; docs/objectives.md), generated from its cells.
+"""The masked-vs-causal study's tables (docs/objectives.md), generated from its cells.
 
     python -m outlierlab.jobs.objectives_report multirun/objective_positions      # <sweep>/objectives/*.csv, *.md
     python -m outlierlab.jobs.objectives_report cells_clm cells_mlm --out OUT     # cells exported to two folders

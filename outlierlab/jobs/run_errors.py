@@ -1,4 +1,4 @@
-"""How the entry points (train.py, probe.py, evaluate.py) end a job that failed (issue 40).
+"""How the entry points (train.py, probe.py, evaluate.py) end a job that failed.
 
 * A user error -- a bad value, a missing file, a constructor rejecting the config inside Hydra's instantiate, an
   accelerator that is not there -- is one line on stderr, ``error: <root cause> (<the override that fixes it>)``,

@@ -10,7 +10,7 @@ One definition shared by the trainer (skip a finished cell, resume an unfinished
 * a failed cell writes ``failed.json`` instead (:func:`mark_failed`).
 
 Every file here is written atomically (a temporary file in the same directory, fsync, ``os.replace``), so a
-reader sees the old file or the new one, never a torn one. Issue 37 (item 3) and issue 40.
+reader sees the old file or the new one, never a torn one.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def _check_objective(cfg) -> None:
 
 
 def check_train_config(cfg) -> list[str]:
-    """Validate the optimisation setup of a composed ``train.yaml`` before the heavy imports (issue 17).
+    """Validate the optimisation setup of a composed ``train.yaml`` before the heavy imports.
 
     Combinations that cannot work raise ``ValueError`` with one line; combinations with a sensible
     reading are adjusted in ``cfg`` and returned as one-line warnings (which the caller prints):

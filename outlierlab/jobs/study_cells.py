@@ -17,7 +17,7 @@ ran, ``finished.json`` (train.py) whether it completed. Its numbers come from th
 Per-layer monitor metrics also get a derived layer ``max_layer``: the largest value over the encoder layers
 (``layer_1`` .. ``layer_L``, not the embedding output), taken within each run before averaging.
 
-Cells that cannot be read wrong (issue 37): a training cell is finished by :func:`outlierlab.jobs.run_state.finished_run`
+Cells that cannot be read wrong: a training cell is finished by :func:`outlierlab.jobs.run_state.finished_run`
 (the trainer's own definition; a torn ``finished.json`` is not finished), and its marker must cover the budget its
 config asks for (a cell extended past it and interrupted is not finished). A cell with ``manifest.json`` is checked
 by :func:`outlierlab.jobs.run_state.verify_manifest`; one without (cells made before manifests) has every CSV it

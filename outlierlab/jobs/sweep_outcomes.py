@@ -1,4 +1,4 @@
-"""A multirun that survives a failing cell and says so at its end (issue 40).
+"""A multirun that survives a failing cell and says so at its end.
 
 Hydra's basic launcher stops a sweep at the first exception a job raises, so later cells never ran. The entry
 points' :func:`outlierlab.jobs.run_errors.run_main` now returns from a failing cell instead (after writing its

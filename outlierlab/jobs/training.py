@@ -395,7 +395,7 @@ def _finish(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module, config: 
         tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
         with staged_dir(out) as staging:  # written beside hf/ (model/), renamed into place when complete
             # remote_code: model/ also loads with transformers alone (trust_remote_code); the card after fit, when
-            # the validation metrics are in csv/metrics.csv (issue 49)
+            # the validation metrics are in csv/metrics.csv 
             fmt = save_pretrained(module.model, staging, tokenizer=tokenizer, remote_code=True)
             write_model_card(run_dir, staging, global_step=trainer.global_step)
         log.info("exported the trained model (%s format) and tokenizer to %s", fmt, out)

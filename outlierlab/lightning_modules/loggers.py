@@ -83,7 +83,7 @@ class TensorBoardResumePurge(Callback):
     Attributes
     ----------
     purged_from : int or None
-        The step of the last marker written (None: this session did not resume).
+        The step of the last marker written (None: this run did not resume).
     """
 
     def __init__(self) -> None:

@@ -321,7 +321,7 @@ class FrozenEncoder:
 
         One tokenizer call over all texts (ids, special-token mask and, with a fast tokenizer, character
         offsets); only the texts found longer than ``max_length`` are tokenized again, with truncation — the
-        same ids as truncating every text, at a third of the tokenizer's time (issue 39).
+        same ids as truncating every text, at a third of the tokenizer's time.
         """
         texts = list(texts)
         fast = bool(getattr(self.tokenizer, "is_fast", False))

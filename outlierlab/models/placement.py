@@ -11,7 +11,7 @@ file itself, or from ``offload_folder``).  The statistics downstream accumulate 
 ``lm_head=True`` loads the model WITH its own LM head (``AutoModelForMaskedLM`` for encoders,
 ``AutoModelForCausalLM`` for decoders: :func:`outlierlab.models.families.causal_or_masked`), whose body is the
 very module ``AutoModel`` would give: the frozen encoder runs the body and the MLM analyses the head, one copy
-of the weights (issue 48).
+of the weights.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class QKRecorder:
     (``attention_mask`` ``[B, T]``) to :attr:`acc`.
 
     Given the batch's mask before its forward (:meth:`expect`), each layer's q/k are reduced in the hook that
-    produces the last of them, so no more than one layer's projections are ever held (issue 39) — not every
+    produces the last of them, so no more than one layer's projections are ever held — not every
     layer's until the forward returns."""
 
     def __init__(self, model: nn.Module):

@@ -4,7 +4,7 @@ Liu et al. (2019) and Luo, Kulmizev & Mao (2021, Table 4) warm the learning rate
 ``num_warmup_steps`` and then decay it polynomially (power 1 = linear, as fairseq's recipe) to ``lr_end``
 at ``num_training_steps``. ``transformers.get_polynomial_decay_schedule_with_warmup`` computes the same
 curve but divides by ``num_training_steps - num_warmup_steps``: a run whose ``trainer.max_steps`` equals
-the warm-up crashes with ``ZeroDivisionError`` at its last step (issue 17). Here, when no decay steps
+the warm-up crashes with ``ZeroDivisionError`` at its last step. Here, when no decay steps
 remain, the learning rate **holds the peak** after the warm-up: a smoke run of exactly the warm-up length
 ends at the configured rate instead of crashing.
 """

@@ -88,7 +88,7 @@ class LayerNormTracker:
         self.histograms = bool(histograms)
         self.max_heatmap_rows = int(max_heatmap_rows)
         self.initial: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
-        self.initial_restored = False  # the snapshot came from a checkpoint / file, not from this session
+        self.initial_restored = False  # the snapshot came from a checkpoint / file, not from this run's start
         self._heat_steps: list[int] = []
         self._heat: dict[str, dict[str, list[np.ndarray]]] = {"gain": {}, "bias": {}}
         self._tracked: dict[str, list[int]] = {}

@@ -13,7 +13,7 @@ row). Validation perplexity: the last ``val/ppl`` in ``<run>/csv/metrics.csv``.
 
 The single-seed tables of docs/emergence.md (the long runs, the driver sweep, the 400-step switch grid). Seed
 studies go through ``python -m outlierlab.jobs.study`` and the doc blocks of :mod:`outlierlab.jobs.doc_tables`
-(was ``scripts/summarize_emergence.py``; issue 37: one way to make a table).
+(one way to make a table).
 """
 
 from __future__ import annotations

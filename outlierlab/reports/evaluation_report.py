@@ -134,7 +134,7 @@ def _bars(ax, v: Sequence[float]) -> None:
     baseline=0)`` draws, pixel for pixel (tests/test_evaluation_report.py).
 
     Written by hand because both library routes are slow at a model's width: ``ax.bar`` makes one Rectangle per dim
-    (4,096 per panel for a 7B model; it made plotting cost more than the statistics, issue 39), and ``ax.stairs``'
+    (4,096 per panel for a 7B model; it made plotting cost more than the statistics), and ``ax.stairs``'
     ``add_patch`` — and ``tight_layout`` after it — walk the patch's path segment by segment in Python to find its
     extent (4.4 s for the 33 × 4,096-dim figure of a 7B model, 18 s at 70B's 81 × 8,192).  The extent is known:
     the data limits are set from the edges and the values' range, and the patch, inside the axes, is left out of

@@ -1,4 +1,4 @@
-"""A stack of per-layer matrices ``[L, r, c]`` kept in a file, one layer in memory at a time (issue 39).
+"""A stack of per-layer matrices ``[L, r, c]`` kept in a file, one layer in memory at a time.
 
 The fitted maps of ``evaluate.py`` (whiten, standardize, abtt, center: one ``d × d`` W per layer) and the
 covariance Σ that IsoScore reads are ``(L+1)·d²`` floats each — 20 GiB apiece in float32 for a 70B model, and a

@@ -113,7 +113,7 @@ class HiddenStateMonitor(LightningOutlierMonitor):
     top_k : int
         Dims with the largest |mean| written per layer.
     n_pairs, seed : int
-        Cross-sentence token pairs of the anisotropy (with replacement; default 1,000, issue 37) and their
+        Cross-sentence token pairs of the anisotropy (with replacement; default 1,000) and their
         seed; its standard error (``anisotropy_se``, a delete-one-sentence jackknife) is written beside it.
         ``anisotropy_one_per_sentence`` keeps the evaluation protocol (one token of each of the
         ``n_sequences`` sentences, n/2 pairs: 16 on the default batch, too few to contrast runs).

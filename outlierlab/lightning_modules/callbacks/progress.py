@@ -51,7 +51,7 @@ class ProgressLines(Callback):
 
     Notes
     -----
-    Rates and the ETA use only the steps of this session, so a resumed run does not count the steps of the
+    Rates and the ETA use only the steps since this process started, so a resumed run does not count the steps of the
     interrupted one as instantaneous.
     """
 
@@ -67,7 +67,7 @@ class ProgressLines(Callback):
         self.lines: list[str] = []
         self._active = False
 
-    # -- state of this session ----------------------------------------------------------------------------
+    # -- state since this process started ----------------------------------------------------------------------------
     def _reset(self, trainer: L.Trainer) -> None:
         self.start_time = self.clock()
         self.start_step = trainer.global_step
