@@ -209,11 +209,10 @@ def test_a_full_disk_during_export_run_never_leaves_an_export_that_counts_as_don
     """ENOSPC after a few hundred bytes while the remote code and config.json are written: one line naming the file,
     exit 1, no file torn under its own name, the manifest not refreshed over it; after space is freed the same
     command completes an export that transformers loads."""
-    import errno
-
     import transformers
 
     from outlierlab.utils import atomic
+    from tests.disk_helpers import FillingFile
 
     run = tmp_path / "run"
     export = plant_run(run, remote_code=False)
@@ -221,28 +220,7 @@ def test_a_full_disk_during_export_run_never_leaves_an_export_that_counts_as_don
     budget = {"left": 600}
     real_open = open
 
-    class Filling:
-        def __init__(self, fh):
-            self.fh = fh
-
-        def write(self, data):
-            n = min(len(data), budget["left"])
-            self.fh.write(data[:n])
-            budget["left"] -= n
-            if n < len(data):
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return n
-
-        def __getattr__(self, name):
-            return getattr(self.fh, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.fh.close()
-
-    monkeypatch.setattr(atomic, "open", lambda f, mode="r", *a, **k: Filling(real_open(f, mode, *a, **k)),
+    monkeypatch.setattr(atomic, "open", lambda f, mode="r", *a, **k: FillingFile(real_open(f, mode, *a, **k), budget),
                         raising=False)
     assert export_run_mod.main([str(run)]) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -285,34 +285,17 @@ def test_no_documented_reader_returns_a_row_from_a_torn_line(tmp_path):
 
 def test_a_full_disk_mid_append_leaves_the_last_complete_row(tmp_path, monkeypatch):
     import builtins
-    import errno
+
+    from tests.disk_helpers import FillingFile
 
     h = HistoryCSV(tmp_path / "layernorm.csv")
     h.append([(0, "embeddings", "gain_z", 3, 1.5)])
     before = h.path.read_bytes()
     real_open = builtins.open
 
-    class FullDisk:  # writes 7 bytes of the record, then ENOSPC (what a filling tmpfs does)
-        def __init__(self, fh):
-            self.fh = fh
-
-        def write(self, data):
-            self.fh.write(data[:7])
-            self.fh.flush()
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def __getattr__(self, name):
-            return getattr(self.fh, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.fh.close()
-
     def fake_open(file, mode="r", *a, **k):
         fh = real_open(file, mode, *a, **k)
-        return FullDisk(fh) if str(file) == str(h.path) and "a" in mode else fh
+        return FillingFile(fh, {"left": 7}) if str(file) == str(h.path) and "a" in mode else fh
 
     monkeypatch.setattr(builtins, "open", fake_open)
     monkeypatch.setattr("pathlib.Path.open", lambda self, mode="r", *a, **k: fake_open(self, mode, *a, **k))
