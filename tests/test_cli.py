@@ -17,7 +17,7 @@ def test_unknown_group_value_gives_one_line_with_valid_names():
 def test_sweep_lists_are_checked_item_by_item():
     assert find_override_errors(["pos=learned,nope", "model=huge"]) == [
         "unknown pos 'nope'; valid: alibi, learned, none, relative, rope, sinusoidal",
-        "unknown model 'huge'; valid: base, small, tiny",
+        "unknown model 'huge'; valid: base, medium, small, tiny",
     ]
 
 

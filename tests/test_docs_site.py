@@ -44,8 +44,10 @@ def test_the_readme_map_links_pages_of_the_site():
 
 
 def test_the_site_builds_strict(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+    # run from tmp_path: the theme keeps a .cache/ folder in the working directory
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(ROOT / "mkdocs.yml"),
+                           "-d", str(tmp_path / "site")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     reference = (tmp_path / "site" / "reference" / "index.html").read_text()

@@ -17,9 +17,9 @@ from outlierlab.jobs.overrides import check_overrides
 from tests.conftest import ROOT, compose
 
 
-def dry_run(modes: str, **env) -> list[list[str]]:
+def dry_run(modes: str, out, **env) -> list[list[str]]:
     done = subprocess.run(["bash", "scripts/gpu_scale.sh", modes, "300"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "DRY_RUN": "1", **env}, timeout=60)
+                          env={**os.environ, "DRY_RUN": "1", "OUT": str(out), **env}, timeout=60)
     assert done.returncode == 0, done.stderr
     return [shlex.split(line[2:]) for line in done.stdout.splitlines() if line.startswith("+ ")]
 
@@ -37,7 +37,7 @@ def _first_of_each_sweep(overrides: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("env", [{}, {"LADDER_POS": "learned,none,rope", "LADDER_SEEDS": "1 2"}])
 def test_every_command_of_the_script_parses_and_composes(env, tmp_path):
-    commands = dry_run("pack,smoke,bench,ladder", **env)
+    commands = dry_run("pack,smoke,bench,ladder", tmp_path / "gpu_out", **env)
     trains = [c for c in commands if c[:2] == ["python", "train.py"]]
     assert len(trains) == 5  # a smoke cell per rung, then the ladder sweep
     for cmd in trains:

@@ -120,7 +120,8 @@ class RobertaEncoder(nn.Module):
             # Large negative instead of -inf keeps rows finite even when a row is all padding.
             key_mask_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
         hidden, attns = [x], []
-        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
+        # getattr: the exported Hugging Face wrappers reuse this forward without the attribute (they never recompute)
+        recompute = getattr(self, "activation_checkpointing", False) and self.training and torch.is_grad_enabled()
         for layer in self.encoder.layer:
             if recompute and not output_attentions:
                 # non-reentrant: works with inputs that need no grad and with torch.compile; the RNG state is
