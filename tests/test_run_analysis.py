@@ -143,3 +143,18 @@ def test_a_posthoc_analysis_killed_between_its_outputs_leaves_one_generation(run
     analyze_run(run, out_dir=out, n_sequences=3)
     assert not list(tmp_path.glob(".post.partial-*"))
     assert (out / "hidden_states.csv").read_bytes() != first["hidden_states.csv"]
+
+
+def test_a_full_disk_in_the_posthoc_job_is_one_line_with_the_remedy(run, monkeypatch, capsys):
+    import errno
+
+    import outlierlab.jobs.posthoc as posthoc
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(posthoc, "analyze_run", full)
+    assert posthoc.main([str(run)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: no space left on the device writing {run} ") and \
+        "free space there" in err[0]

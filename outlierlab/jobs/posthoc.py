@@ -328,7 +328,10 @@ def main(argv: list[str] | None = None) -> int:
             res = analyze_run(args.run_dir, tokenizer=args.tokenizer, out_dir=args.out, device=args.device, **overrides)
             refresh_manifest(Path(args.run_dir), "posthoc")  # a finished cell's manifest covers the new files
     except (ValueError, FileNotFoundError, OSError, RuntimeError, ImportError) as e:  # ImportError: peft missing
-        print(f"error: {e}", file=sys.stderr)
+        from outlierlab.jobs.run_errors import disk_full_error, error_line
+
+        # a full disk: the folder and the remedy (the previous generation of outputs is still whole)
+        print(f"error: {error_line(e, args.out or args.run_dir) if disk_full_error(e) else e}", file=sys.stderr)
         return 1
     print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}, {res['metrics']}")
     return 0
