@@ -233,3 +233,38 @@ def test_the_generator_refuses_a_source_that_needs_outlierlab(monkeypatch):
     sources["blocks"] = sources["blocks"].replace("from outlierlab.utils import atomic", "from .sites import Site")
     with pytest.raises(ValueError, match="does not carry"):
         remote_code.modeling_source()
+
+
+def test_loading_the_tokenizer_of_a_remote_code_export_never_asks_to_run_its_code(tmp_path, monkeypatch):
+    """transformers asks "Do you wish to run the custom code? [y/N]" (15 s in a terminal) whenever trust_remote_code
+    is left unset on a directory whose config.json maps to custom code; our loader answers it (False: a tokenizer
+    needs none), so the question is never put."""
+    import transformers.dynamic_module_utils as dmu
+    from tokenizers import Tokenizer, models
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from outlierlab.models.loading import FrozenEncoder
+
+    model = trained_looking(EncoderConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4,
+                                          intermediate_size=64, max_len=32, pos={"name": "rope"}))
+    d = tmp_path / "model"
+    assert save_pretrained(model, d, remote_code=True) == "outlierlab"
+    words = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "<mask>": 4, **{f"w{i}": i for i in range(5, 60)}}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(words, unk_token="<unk>")), bos_token="<s>",
+                            eos_token="</s>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>").save_pretrained(d)
+    asked = []
+    real = dmu.resolve_trust_remote_code
+
+    def recording(trust_remote_code, *a, **k):
+        if trust_remote_code is None:
+            asked.append(a[0] if a else "?")
+            raise ValueError("would ask in a terminal")
+        return real(trust_remote_code, *a, **k)
+
+    monkeypatch.setattr(dmu, "resolve_trust_remote_code", recording)
+    monkeypatch.setattr("transformers.models.auto.configuration_auto.resolve_trust_remote_code", recording)
+    AutoTokenizer.from_pretrained(d)  # left unset: transformers would ask (and falls back when refused)
+    assert asked, "the test would not see the question"
+    asked.clear()
+    enc = FrozenEncoder(str(d))
+    assert enc.tokenizer.convert_tokens_to_ids("w5") == 5 and asked == []

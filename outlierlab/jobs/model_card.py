@@ -273,7 +273,10 @@ def _how_to_load(kind: str | None, objective: str) -> list[str]:
     else:
         return ["Load it with `outlierlab.models.load_pretrained(<this directory>)` (no Hugging Face config)."]
     return [note, "", "```python", f"from transformers import AutoTokenizer, {auto}", "",
-            'tokenizer = AutoTokenizer.from_pretrained("<this directory or repo id>")', line, "```",
+            # a remote-code directory: answering for the tokenizer keeps transformers from asking (it needs no code)
+            'tokenizer = AutoTokenizer.from_pretrained("<this directory or repo id>"'
+            + (", trust_remote_code=False)" if kind == "remote_code" else ")"),
+            line, "```",
             "", "outlierlab reads it too: `outlierlab.models.load_pretrained(<directory>)`, or "
             "`encoder.name_or_path=<directory>` in probe.py / evaluate.py."]
 

@@ -191,8 +191,11 @@ class FrozenEncoder:
         from transformers import AutoTokenizer
 
         try:
+            # trust_remote_code=False: a tokenizer here never needs custom code, and without an explicit answer
+            # transformers reads a remote-code export's config.json through AutoConfig and asks "Do you wish to run
+            # the custom code? [y/N]" in a terminal (15 s) before falling back to the plain config
             tok = AutoTokenizer.from_pretrained(self.source.tokenizer, local_files_only=self.source.local_files_only,
-                                                revision=self.source.revision)
+                                                revision=self.source.revision, trust_remote_code=False)
         except (OSError, ValueError) as e:
             first = (str(e).strip().splitlines() or [""])[0][:200]
             raise EncoderUnavailableError(f"cannot load the tokenizer of {self.source.name}: {first}") from None
