@@ -102,3 +102,25 @@ def test_cells_that_differ_in_another_override_are_other_groups(tmp_path):
 def test_a_missing_folder_is_one_line(tmp_path, capsys):
     assert di.main([str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_job_takes_a_loop_monitors_folder_as_the_api_does(tmp_path, capsys):
+    """`python -m outlierlab.jobs.dim_identity` on a monitor's out_dir and on a Trainer's output_dir (its monitor/):
+    the rows ol.dim_identity gives; cells and monitor folders together are refused in one line."""
+    import shutil
+
+    import outlierlab as ol
+
+    monitor = ROOT / "docs" / "loop_monitors" / "minilm_wic"
+    trainer_out = tmp_path / "trainer_out"
+    shutil.copytree(monitor, trainer_out / "monitor")
+    (trainer_out / "trainer_state.json").write_text("{}")
+    assert di.main([str(monitor), str(trainer_out), "--out", str(tmp_path / "o")]) == 0
+    got = pd.read_csv(tmp_path / "o" / "dim_identity.csv")
+    want = ol.dim_identity(monitor)
+    for name in (str(monitor), str(trainer_out)):
+        rows = got[got["history"] == name].drop(columns="history").reset_index(drop=True)
+        assert rows["dim"].tolist() == want["dim"].tolist() == [63, 63, 63, 223, 223, 223, 63]
+    assert "# Dimension identity" in (tmp_path / "o" / "dim_identity.md").read_text()
+    assert di.main([str(monitor), str(SCHEMES), "--out", str(tmp_path / "x")]) == 2
+    assert "not both in one call" in capsys.readouterr().err

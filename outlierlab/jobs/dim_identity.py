@@ -135,6 +135,41 @@ def markdown(summ: pd.DataFrame, statistic: str, skipped: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _loop_history(path: Path) -> Path | None:
+    """The monitor history of a loop monitor's folder -- ``ol.OutlierMonitor``'s ``out_dir``, a transformers
+    ``Trainer``'s ``output_dir`` (its ``monitor/``) -- or a ``hidden_states.csv`` itself; None for anything else
+    (train.py cells and sweeps go through :func:`collect`)."""
+    from outlierlab.jobs.study_cells import is_cell
+
+    if path.is_file() and path.suffix == ".csv":
+        return path
+    if not path.is_dir() or is_cell(path):
+        return None
+    for candidate in (path / "hidden_states.csv", path / "monitor" / "hidden_states.csv"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _write_loop_histories(histories: dict, statistic: str, out: Path) -> int:
+    """Per layer, each history's dimension (``ol.dim_identity``'s table, a ``history`` column first)."""
+    from outlierlab.analysis.dim_identity import layer_identity
+    from outlierlab.reports.history import history_frame
+
+    frames = []
+    for name, path in histories.items():
+        frame = history_frame(path).astype({"dim": "float64"})  # complete rows only; NaN where no dim
+        frames.append(layer_identity(frame, statistic).assign(history=name))
+    table = pd.concat(frames, ignore_index=True)
+    table = table[["history", *[c for c in table.columns if c != "history"]]]
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "dim_identity.csv", index=False, float_format="%.6g")
+    (out / "dim_identity.md").write_text(f"# Dimension identity ({statistic})\n\n"
+                                         + md_table(list(table.columns), table.itertuples(index=False)) + "\n")
+    print(f"dim_identity: {len(table)} layers from {len(histories)} monitor histories -> {out}/dim_identity.csv")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m outlierlab.jobs.dim_identity", description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", help="folders of cells (a sweep or exported cells), or cells")
@@ -143,6 +178,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="whose dimension: the |x| argmax (default), the signed argmax or the argmin (Luo et al. 2021)")
     ap.add_argument("--until", type=int, help="read the histories up to this step; admit cells stopped after it")
     args = ap.parse_args(argv)
+    histories = {f: _loop_history(Path(f)) for f in args.folders}
+    if any(histories.values()):
+        if not all(histories.values()):
+            print("dim_identity: give either folders of train.py cells or monitor histories (a loop monitor's "
+                  "out_dir, a Trainer's output_dir, a hidden_states.csv), not both in one call", file=sys.stderr)
+            return 2
+        return _write_loop_histories(histories, args.statistic, Path(args.out))
     try:
         table, skipped = collect(args.folders, args.statistic, args.until)
     except (FileNotFoundError, ValueError) as e:
