@@ -1,6 +1,11 @@
-"""Copy the small files of a sweep's finished cells into a folder that can be committed and aggregated again.
+"""Copy the small files of a sweep's finished cells into a study table (or a folder) that can be committed and
+aggregated again.
 
-    python scripts/export_cells.py multirun/emergence_seeds docs/emergence/seeds
+    python scripts/export_cells.py multirun/emergence_seeds docs/emergence/seeds.parquet   # one table (committed form)
+    python scripts/export_cells.py multirun/emergence_seeds exported/seeds                 # a folder of run directories
+
+An ``out`` ending in ``.parquet`` is a study table (:mod:`outlierlab.jobs.study_table`: machine paths scrubbed); an
+existing table keeps its cells and gains the new ones.
 
 Per finished cell (``finished.json``): ``.hydra/overrides.yaml``, ``config.yaml``, ``finished.json``,
 ``csv/metrics.csv``, ``monitor_posthoc/metrics.csv`` and the live monitor histories
@@ -89,6 +94,22 @@ def export(sweep: Path, out: Path, stopped: bool = False) -> list[str]:
     return done
 
 
+def export_table(sweep: Path, out: Path, stopped: bool = False) -> list[str]:
+    """:func:`export` into the study table ``out``: its cells are unpacked beside the new ones and packed again."""
+    import tempfile
+
+    from outlierlab.jobs.study_table import cells_dir, pack
+
+    with tempfile.TemporaryDirectory(prefix="export_cells_") as tmp:
+        folder = Path(tmp) / out.stem
+        if out.is_file():
+            shutil.copytree(cells_dir(out), folder, ignore=shutil.ignore_patterns(".complete"))
+        done = export(sweep, folder, stopped)
+        if done:
+            pack(folder, out)
+    return done
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweep", type=Path)
@@ -98,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.sweep.is_dir():
         print(f"error: {a.sweep} is not a directory", file=sys.stderr)
         return 1
-    done = export(a.sweep, a.out, a.stopped)
+    done = export_table(a.sweep, a.out, a.stopped) if a.out.suffix == ".parquet" else export(a.sweep, a.out, a.stopped)
     print(f"exported {len(done)} cell(s) to {a.out}: {', '.join(done) or 'none new'}")
     return 0
 

@@ -11,8 +11,8 @@
 #     experiment=order_recipe: Haviv et al.'s masked-vs-causal interaction with a masked model that uses its
 #     positions (measured: 12 cells, SEEDS="1 2 3", 250 s on one H100 took the mlm cells to 6,000 steps and the
 #     clm cells -- slower -- to ~5,500; 20 cells need about 8 minutes); then
-#     python scripts/export_cells.py gpu_runs/haviv docs/order_use/cells_objectives --stopped and
-#     python -m outlierlab.jobs.objectives_report docs/order_use/cells_objectives --until 5000 \
+#     python scripts/export_cells.py gpu_runs/haviv docs/order_use/cells_objectives.parquet --stopped and
+#     python -m outlierlab.jobs.objectives_report docs/order_use/cells_objectives.parquet --until 5000 \
 #       --out docs/order_use/study_objectives   (docs/order_use.md, "Haviv's interaction")
 #   bash scripts/order_recipe_gpu.sh schemes [SECONDS_PER_CELL]   # sinusoidal, relative, rope, alibi x SCHEMES_SEEDS (1 2 3) of
 #     experiment=order_recipe (12 cells), beside the study's learned and none
@@ -45,9 +45,10 @@
 #     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
 #       .whl/*.whl && export PYTHONPATH=/tmp/site && bash scripts/order_recipe_gpu.sh schemes 400
 #   (.whl, .gpu_cache and gpu_runs are in .git/info/exclude.) Everything must come back with that call.
-#   The tree that travels is limited to 64 MiB: tracked files are ~52 MB (docs/ ~47 MB), so with the english_large
-#   cache (~39 MB: corpus, tokenizer, token file) move docs/ aside for the call (mv docs /tmp/docs_aside; after it,
-#   mv /tmp/docs_aside docs) -- the cells need none of it.
+#   The tree that travels is limited to 64 MiB: with the english_large cache (~39 MB: corpus, tokenizer, token
+#   file) beside the tracked files (scripts/checkout_size.py prints them), move docs/ aside for the call if the two
+#   do not fit (mv docs /tmp/docs_aside; after it, mv /tmp/docs_aside docs) -- the cells need none of it.
+#   Export the cells that come back into a study table: python scripts/export_cells.py <runs> docs/<area>/<name>.parquet
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-sweep}

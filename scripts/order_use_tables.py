@@ -1,14 +1,15 @@
 """The tables of docs/order_use.md from the committed cells: ``python scripts/order_use_tables.py``.
 
-Reads ``docs/order_use/sweep/<cell>/csv/metrics.csv`` (every validation's loss, accuracy and order use) and writes
+Reads every cell's ``csv/metrics.csv`` in the packed sweep ``docs/order_use/sweep.parquet`` (every validation's
+loss, accuracy and order use; :mod:`outlierlab.jobs.study_table` unpacks it once into the cache) and writes
 ``docs/order_use/sweep.csv`` -- one row per cell and validation step -- and, on stdout, the markdown tables: per cell
 the first step at which order use reached 0.5 nats, and the loss / order use / accuracy at chosen steps.  The CPU
-cells of ``experiment=order_recipe_cpu`` (``docs/order_use/cpu/``) go to ``docs/order_use/cpu.csv`` and one table
+cells of ``experiment=order_recipe_cpu`` (``docs/order_use/cpu.parquet``) go to ``docs/order_use/cpu.csv`` and one table
 of every validation, learned beside none; the position probes' table from ``docs/order_use/probes/``.  The studies'
 tables (learned vs none at 3 and 5 seeds, every scheme, and on english_large the causal pair, the masked pair, every
 scheme and Haviv's 2 x 2) are generated blocks of
 docs/order_use.md: ``python -m outlierlab.jobs.doc_tables docs/order_use.md`` writes them from each study folder's
-``contrasts.csv.gz``, and the tests check them.
+``contrasts.csv.xz``, and the tests check them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+from outlierlab.jobs.study_table import cells_dir
 
 ROOT = Path(__file__).resolve().parent.parent / "docs" / "order_use"
 TARGET = 0.5  # nats of order use: the recipe target of issue 47
@@ -35,7 +38,8 @@ def cell_rows(cell: Path) -> pd.DataFrame:
 
 
 def main() -> int:
-    cells = sorted(p for p in (ROOT / "sweep").iterdir() if (p / "csv" / "metrics.csv").exists())
+    sweep = cells_dir(ROOT / "sweep.parquet")
+    cells = sorted(p for p in sweep.iterdir() if (p / "csv" / "metrics.csv").exists())
     table = pd.concat([cell_rows(c) for c in cells], ignore_index=True)
     table.to_csv(ROOT / "sweep.csv", index=False, float_format="%.6g")
     # the last logged training step, not the last validation, is how far a cut cell trained (its numbers are the
@@ -47,10 +51,10 @@ def main() -> int:
         last = sub.iloc[-1]
         reached = sub[sub["val/order_use"] >= TARGET]
         first = int(reached["step"].iloc[0]) if len(reached) else "not reached"
-        trained = int(pd.read_csv(ROOT / "sweep" / name / "csv" / "metrics.csv", usecols=["step"])["step"].max()) + 1
+        trained = int(pd.read_csv(sweep / name / "csv" / "metrics.csv", usecols=["step"])["step"].max()) + 1
         print(f"| {name} | `{last['overrides']}` | {trained}{'' if last['finished'] else ' (cut)'} | {int(last['step'])} "
               f"| {first} | {last['val/loss']:.3f} | {last['val/order_use']:.3f} | {last['val/acc']:.3f} |")
-    cpu_table(ROOT / "cpu")
+    cpu_table(cells_dir(ROOT / "cpu.parquet"))
     probes_table(ROOT / "probes")
     return 0
 
@@ -84,7 +88,7 @@ def cpu_table(folder: Path) -> None:
     if not cells:
         return
     table = pd.concat([cell_rows(c) for c in cells], ignore_index=True)
-    table.to_csv(folder.parent / "cpu.csv", index=False, float_format="%.6g")
+    table.to_csv(ROOT / "cpu.csv", index=False, float_format="%.6g")
     names = list(dict.fromkeys(table["cell"]))
     print()
     print("| step | tokens | " + " | ".join(f"{n}: val loss | order use" for n in names) + " |")

@@ -44,3 +44,21 @@ def test_exported_cell_keeps_a_manifest_that_verifies(tmp_path):
     # a later edit of an exported file is caught
     (target / "csv" / "metrics.csv").write_text("step,val/ppl\n1000,32\n")
     assert [p for p in verify_manifest(target) if "csv/metrics.csv" in p]
+
+
+def test_export_into_a_table_keeps_its_cells_and_adds_the_new_ones(tmp_path):
+    from outlierlab.jobs.study_table import cells_dir
+
+    export_cells = _export_cells()
+    _plant(tmp_path / "sweep" / "pos=none,seed=1")
+    table = tmp_path / "cells.parquet"
+    assert export_cells.main([str(tmp_path / "sweep"), str(table)]) == 0
+    _plant(tmp_path / "sweep2" / "pos=learned,seed=1")
+    assert export_cells.export_table(tmp_path / "sweep2", table) == ["pos=learned,seed=1"]
+    unpacked = cells_dir(table)
+    assert sorted(p.name for p in unpacked.iterdir() if p.is_dir()) == ["pos=learned,seed=1", "pos=none,seed=1"]
+    for cell in unpacked.iterdir():
+        if cell.is_dir():
+            assert verify_manifest(cell) == [], cell.name
+    assert (unpacked / "pos=none,seed=1" / "csv" / "metrics.csv").read_text() == "step,val/ppl\n1000,329.7\n"
+    assert export_cells.export_table(tmp_path / "sweep2", table) == []  # nothing new: the table is left as it was

@@ -112,6 +112,15 @@ def test_trainer_callback_resume_drops_and_reappends_rows(tmp_path, roberta_tok)
     for s in (0, 2, 3):  # kept (0, 2) or recorded again from the same weights (3)
         assert_same_rows(after[s], before[s], f"step {s} across the resume")
     assert_matches_posthoc(tmp_path, [3, 6], roberta_tok)  # divergence still from the first session's snapshot
+    # its own TensorBoard run, read as TensorBoard reads it: the redone steps (3, 4, 6) once each, not twice
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "monitor" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    shown = {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    assert len(list((tmp_path / "monitor" / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert shown and all(max(Counter(v).values()) == 1 for v in shown.values()), shown
+    assert any(sorted(v) == [0, 2, 3, 4, 6] for v in shown.values()), shown
 
 
 # ----------------------------------------------------------------------------------------- plain loop

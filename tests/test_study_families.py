@@ -151,11 +151,11 @@ def test_every_committed_study_states_the_family_sizes_of_its_contrasts():
     order-use row is in an outlier family."""
     from tests.conftest import ROOT
 
-    studies = [p.parent for p in sorted((ROOT / "docs").rglob("study.md")) if (p.parent / "contrasts.csv.gz").is_file()]
+    studies = [p.parent for p in sorted((ROOT / "docs").rglob("study.md")) if (p.parent / "contrasts.csv.xz").is_file()]
     assert len(studies) >= 10
     for folder in studies:
         md = (folder / "study.md").read_text()
-        c = pd.read_csv(folder / "contrasts.csv.gz", usecols=["metric", "family"])
+        c = pd.read_csv(folder / "contrasts.csv.xz", usecols=["metric", "family"])
         counts = c["family"].value_counts()
         sizes = {n: int(k) for n, k in re.findall(r"\*\*([a-z ]+?)(?: \(outlier claims\))?: (\d+) tests?\*\*", md)}
         assert sizes == {f: int(counts.get(f, 0)) for f in ("primary", "performance", "exploratory",

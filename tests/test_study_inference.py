@@ -116,7 +116,7 @@ def test_study_pairs_over_shared_seeds_and_marks_the_row(tmp_path):
     assert not bool(row(s, group="pos=none", step=100, layer="layer_2", metric="hidden/kurtosis")["n_below_seeds"])
     c = row(pd.read_csv(res["out"] / "contrasts.csv"), step=100, layer="layer_2", metric="hidden/kurtosis")
     assert c["test"] == "paired t" and c["n_pairs"] == 2 and bool(c["n_below_seeds"])
-    assert c["p_value"] == pytest.approx(stats.ttest_rel([2.0, 4.0], [1.0, 1.5]).pvalue, rel=1e-9)
+    assert c["p_value"] == pytest.approx(stats.ttest_rel([2.0, 4.0], [1.0, 1.5]).pvalue, rel=1e-5)  # 6 digits in the CSV
 
 
 def test_bounded_interval_stays_in_range_logit_for_few_seeds():

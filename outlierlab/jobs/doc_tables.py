@@ -9,7 +9,7 @@ A doc marks each generated block::
 and ``python -m outlierlab.jobs.doc_tables docs/emergence.md docs/findings.md`` rewrites every block from
 :data:`TABLES` (``--check``: exit 1 naming each block that differs from what the committed CSVs give, as the tests
 do). Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.jobs.study`` (committed
-gzipped: ``study.csv.gz``) and, for
+compressed: ``study.csv.xz``, :mod:`outlierlab.reports.committed_studies`) and, for
 per-seed rows, the cells' own CSVs (:func:`outlierlab.jobs.study_cells.cell_numbers`).
 """
 
@@ -44,6 +44,11 @@ def cells_of(study: str) -> Path:
     return table if table.is_file() else ROOT / study
 
 
+def _shown(path: Path) -> str:
+    """``path`` as the docs name it: relative to the repository (a table ``x.parquet`` or a folder)."""
+    return str(path.relative_to(ROOT))
+
+
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)", re.S)
 
 #: The primary quantities of the seed studies, in the order the docs show them.
@@ -67,9 +72,12 @@ def signed(x: float) -> str:
 
 
 def _source(path: str) -> str:
-    """``path``, or ``path.gz`` where the docs keep the aggregator's CSV compressed (the committed study CSVs are
-    gzipped: a checkout must stay under the device tool's 64 MiB working-tree limit)."""
-    return path if (ROOT / path).is_file() or not (ROOT / f"{path}.gz").is_file() else f"{path}.gz"
+    """``path``, or ``path.xz`` / ``path.gz`` where the docs keep the aggregator's CSV compressed
+    (:mod:`outlierlab.reports.committed_studies`)."""
+    for candidate in (path, f"{path}.xz", f"{path}.gz"):
+        if (ROOT / candidate).is_file():
+            return candidate
+    return path
 
 
 @lru_cache(maxsize=None)
@@ -261,11 +269,11 @@ def objectives() -> str:
 
     if not cells_of(OBJECTIVES).exists():
         return f"No cells exported to {OBJECTIVES} yet."
-    return objectives_report.report(cells_of(OBJECTIVES), source=OBJECTIVES)[1]
+    return objectives_report.report(cells_of(OBJECTIVES), source=_shown(cells_of(OBJECTIVES)))[1]
 
 
 #: The rows of docs/order_use.md's learned-vs-none tables: (metric, layer) at the last step; the rest is in the
-#: study's contrasts.csv.gz.
+#: study's contrasts.csv.
 ORDER_USE_ROWS = [("val/loss", "model"), ("val/ppl", "model"), ("val/order_use", "model"), ("val/acc", "model"),
                   ("val/attn_local/layer_0", "model"), ("hidden/kurtosis", "max_layer"),
                   ("hidden/argmax_share", "max_layer"), ("hidden/abs_argmax_share", "max_layer"),
@@ -325,7 +333,8 @@ def order_use_objectives_large() -> str:
     from outlierlab.jobs import objectives_report
 
     folders = [f"{ORDER_USE}/cells_large_mlm", f"{ORDER_USE}/cells_large"]
-    return objectives_report.report([cells_of(f) for f in folders], source=" ".join(folders))[1]
+    return objectives_report.report([cells_of(f) for f in folders],
+                                    source=" ".join(_shown(cells_of(f)) for f in folders))[1]
 
 
 def _scheme_rows(study: str = "study_schemes") -> tuple[pd.DataFrame, list[str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import re
 import textwrap
@@ -200,6 +201,19 @@ def _wrapped(text: str, width: int, max_lines: int = 3) -> str:
     return "\n".join(line.replace(mark + " ", "").replace(mark, "") for line in lines)
 
 
+def save_palette_png(fig: Figure, out: Path, colors: int = 64) -> None:
+    """``fig`` as a palette PNG of ``colors`` colours: a line plot holds a few dozen, and an RGBA PNG of one is about
+    four times the bytes (curves are committed with the studies they show). Pillow does the quantizing (matplotlib's
+    own dependency)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    buf.seek(0)
+    with Image.open(buf) as im:
+        im.convert("RGB").quantize(colors=colors).save(out, optimize=True)
+
+
 def write_curves(folder: Path, summary: pd.DataFrame, per_seed: pd.DataFrame, metrics: Sequence[str],
                  layers: Sequence[str]) -> list[Path]:
     """One PNG per metric x layer: per group the mean over seeds with its CI band, each seed faintly behind."""
@@ -228,6 +242,6 @@ def write_curves(folder: Path, summary: pd.DataFrame, per_seed: pd.DataFrame, me
             ax.grid(alpha=0.3)
             out = folder / f"{_safe(metric)}__{_safe(layer)}.png"
             fig.tight_layout()
-            fig.savefig(out)
+            save_palette_png(fig, out)
             written.append(out)
     return written

@@ -1,0 +1,109 @@
+"""The committed studies: each one the command the docs quote, its outputs compact, and remade by one command."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from outlierlab.jobs.study import build_parser
+from outlierlab.reports import committed_studies as cs
+from tests.conftest import ROOT
+
+_COMMAND = re.compile(r"python -m outlierlab\.jobs\.study ((?:\\\n|[^\n`#])+)")
+
+
+def quoted_commands() -> list[tuple[str, list[str]]]:
+    """(page, aggregator arguments) of every ``python -m outlierlab.jobs.study`` command a page of the docs quotes
+    with a committed table as input (continuation lines joined, a trailing comment dropped)."""
+    found = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for match in _COMMAND.finditer(page.read_text()):
+            argv = shlex.split(match.group(1).replace("\\\n", " "))
+            if argv and argv[0].startswith("docs/") and argv[0].split("/")[0] == "docs":
+                found.append((str(page.relative_to(ROOT)), argv))
+    return found
+
+
+def parse(argv: list[str]):
+    return build_parser().parse_args(argv)
+
+
+def out_folder(argv: list[str]) -> str:
+    out = argv[argv.index("--out") + 1] if "--out" in argv else argv[0].removesuffix(".parquet") + "/study"
+    return out.removeprefix("docs/")
+
+
+def test_every_quoted_study_command_is_its_registry_entry():
+    quoted = [(page, argv) for page, argv in quoted_commands() if out_folder(argv) != "/tmp/study"]
+    assert len(quoted) >= 12
+    for page, argv in quoted:
+        folder = out_folder(argv)
+        assert folder in cs.STUDIES, f"{page}: a study writing docs/{folder} is not in committed_studies.STUDIES"
+        full = argv if "--out" in argv else [*argv, "--out", f"docs/{folder}"]
+        # as the aggregator reads them: the order of the options does not matter, their values do
+        assert vars(parse(full)) == vars(parse(cs.argv_of(folder))), \
+            f"{page}: the quoted command of {folder} differs from its registry entry"
+
+
+def test_every_registry_entry_is_committed_compact():
+    for folder in cs.STUDIES:
+        path = ROOT / "docs" / folder
+        assert (path / "study.md").is_file() and (path / "study.csv.xz").is_file(), folder
+        assert not {"study.csv", "contrasts.csv"} & {p.name for p in path.iterdir()}, folder
+        assert not list(path.glob("*.csv.gz")), folder
+        header = (path / "study.md").read_text().splitlines()[0]
+        inputs = [a for a in cs.argv_of(folder) if a.startswith("docs/") and a != f"docs/{folder}"]
+        assert header == f"# Study: {', '.join(inputs)}", folder
+
+
+def test_every_committed_figure_is_shown_by_a_page():
+    """Figures nobody links are the aggregator's to redraw, not the checkout's to carry."""
+    shown = cs.shown_figures(ROOT / "docs")
+    orphans = [str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.png") if p.resolve() not in shown]
+    assert orphans == []
+
+
+def test_a_figure_link_counts_from_its_page_and_from_the_root(tmp_path):
+    docs = tmp_path / "docs"
+    (docs / "area" / "curves").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("![a](docs/area/curves/a.png)\n")
+    (docs / "area.md").write_text("![b](area/curves/b.png) and outside ![c](../c.png)\n")
+    assert cs.shown_figures(docs) == {(docs / "area/curves/a.png").resolve(), (docs / "area/curves/b.png").resolve()}
+
+
+def test_an_unknown_study_is_one_line(capsys):
+    assert cs.main(["order_use/nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "order_use/nope" in err and "order_use/study_large" in err
+
+
+@pytest.mark.slow
+def test_one_command_remakes_a_committed_study_byte_for_byte(tmp_path):
+    """The cells table and the registry's command give the committed study.md, study.csv.xz and contrasts.csv.xz."""
+    folder = "order_use/study"
+    (tmp_path / "docs" / "order_use").mkdir(parents=True)
+    shutil.copy2(ROOT / "docs/order_use/cells.parquet", tmp_path / "docs/order_use/cells.parquet")
+    shutil.copy2(ROOT / "docs/order_use.md", tmp_path / "docs/order_use.md")
+    (tmp_path / "README.md").write_text("")
+    made = cs.regenerate(folder, root=tmp_path)
+    committed = ROOT / "docs" / folder
+    for name in ("study.md", "study.csv.xz", "contrasts.csv.xz"):
+        assert (made / name).read_bytes() == (committed / name).read_bytes(), name
+    assert sorted(p.name for p in (made / "curves").glob("*.png")) == \
+        sorted(p.name for p in (committed / "curves").glob("*.png"))
+    contrasts = pd.read_csv(made / "contrasts.csv.xz")
+    assert {"family", "p_holm", "q_bh"} <= set(contrasts.columns)
+
+
+def test_the_float_format_keeps_six_significant_digits(tmp_path):
+    path = tmp_path / "t.csv.xz"
+    cs.write_xz(pd.DataFrame({"x": [0.123456789, 1234567.0, 5.61e-07]}), path)
+    assert pd.read_csv(path)["x"].tolist() == [0.123457, 1234570.0, 5.61e-07]
+    first = path.read_bytes()
+    cs.write_xz(pd.DataFrame({"x": [0.123456789, 1234567.0, 5.61e-07]}), path)
+    assert path.read_bytes() == first  # no timestamp: a rerun commits nothing new
