@@ -100,11 +100,12 @@ def blocks(tok, n: int = 64, mlm: bool = False) -> list[dict]:
     return [{"input_ids": b} if mlm else {"input_ids": b, "labels": list(b)} for b in out]
 
 
-def train(model, tok, out: Path, collator, data, callback, max_steps: int = 6, resume: str | None = None):
+def train(model, tok, out: Path, collator, data, callback, max_steps: int = 6, resume: str | None = None,
+          report_to: list[str] | None = None):
     from transformers import Trainer, TrainingArguments
 
     args = TrainingArguments(output_dir=str(out), max_steps=max_steps, save_steps=3, save_strategy="steps",
-                             per_device_train_batch_size=4, learning_rate=3e-3, report_to=[], use_cpu=True,
+                             per_device_train_batch_size=4, learning_rate=3e-3, report_to=report_to or [], use_cpu=True,
                              logging_steps=100, seed=0, dataloader_num_workers=0, disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator, processing_class=tok,
                       callbacks=[callback])

@@ -97,14 +97,14 @@ def test_trainer_callback_resume_drops_and_reappends_rows(tmp_path, roberta_tok)
     kw = dict(tokenizer=roberta_tok, every_n_steps=2, image_every_n_steps=3, figures=False, **SETTINGS)
     model = tiny_roberta(roberta_tok)
     perturb_layernorms(model)
-    train(model, roberta_tok, tmp_path, collator, data, OutlierMonitorCallback(**kw))
+    train(model, roberta_tok, tmp_path, collator, data, OutlierMonitorCallback(**kw), report_to=["tensorboard"])
     hist = HistoryCSV(tmp_path / "monitor" / "hidden_states.csv")
     before = by_step(hist.rows())
     hist.append([(5, "layer_1", "kurtosis", None, 123.0)])  # a row of the abandoned timeline, past checkpoint-3
 
     resumed = tiny_roberta(roberta_tok, seed=7)  # other weights: the checkpoint's must be the ones recorded
     train(resumed, roberta_tok, tmp_path, collator, data, OutlierMonitorCallback(**kw),
-          resume=str(tmp_path / "checkpoint-3"))
+          resume=str(tmp_path / "checkpoint-3"), report_to=["tensorboard"])
     after = hist.rows()
     steps = Counter(r["step"] for r in after if (r["name"], r["statistic"]) == ("layer_1", "kurtosis"))
     assert steps == {0: 1, 2: 1, 3: 1, 4: 1, 6: 1}  # 5 dropped, 3 re-recorded once, no gap, no duplicate
@@ -115,10 +115,11 @@ def test_trainer_callback_resume_drops_and_reappends_rows(tmp_path, roberta_tok)
     # its own TensorBoard run, read as TensorBoard reads it: the redone steps (3, 4, 6) once each, not twice
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(tmp_path / "monitor" / "tensorboard"), size_guidance={"scalars": 0})
+    board = tmp_path / "runs" / "outlier_monitor"  # the callback's own run beside the Trainer's
+    acc = EventAccumulator(str(board), size_guidance={"scalars": 0})
     acc.Reload()
     shown = {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-    assert len(list((tmp_path / "monitor" / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert len(list(board.glob("events.out.tfevents.*"))) == 2
     assert shown and all(max(Counter(v).values()) == 1 for v in shown.values()), shown
     assert any(sorted(v) == [0, 2, 3, 4, 6] for v in shown.values()), shown
 

@@ -30,7 +30,8 @@ a user callback's ``on_log`` runs, the reporting callbacks (added before it) hav
 logs — so the monitor cannot slip its scalars into them.  Instead, when ``args.report_to`` includes
 ``tensorboard``, the monitor opens its own ``SummaryWriter`` in the Trainer's TensorBoard folder
 (``$TENSORBOARD_LOGGING_DIR`` or ``<output_dir>/runs``), sub-folder ``outlier_monitor``: one more run beside the
-Trainer's in the same TensorBoard.  To put the scalars in the Trainer's very event file, give both callbacks one
+Trainer's in the same TensorBoard; after a resume it opens with ``purge_step`` at the checkpoint's step, so the
+redone steps show once.  To put the scalars in the Trainer's very event file, give both callbacks one
 writer: ``TensorBoardCallback(tb_writer=w)`` and ``OutlierMonitorCallback(..., writer=w)``.
 
 Weights & Biases and MLflow (``report_to`` wandb / mlflow): their callbacks keep the run in the library's global
@@ -146,7 +147,7 @@ class OutlierMonitorCallback(TrainerCallback):
         self.monitor: OutlierMonitor | None = None
         self._opened: Any = None
 
-    def _tensorboard(self, args: Any) -> Any:
+    def _tensorboard(self, args: Any, step: int) -> Any:
         if self.writer is not None:
             return self.writer
         if not _reports_to_tensorboard(args):
@@ -154,11 +155,13 @@ class OutlierMonitorCallback(TrainerCallback):
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when the Trainer reports to TensorBoard
 
         root = os.path.expanduser(os.getenv("TENSORBOARD_LOGGING_DIR") or os.path.join(args.output_dir, "runs"))
-        return SummaryWriter(log_dir=os.path.join(root, "outlier_monitor"))
+        # a resumed session (step > 0) marks a restart at its first step: TensorBoard then drops the interrupted
+        # session's events from that step on instead of showing the redone steps twice
+        return SummaryWriter(log_dir=os.path.join(root, "outlier_monitor"), purge_step=step or None)
 
-    def _writer(self, args: Any) -> Any:
+    def _writer(self, args: Any, step: int) -> Any:
         """TensorBoard (below) and, when the Trainer reports to them, its W&B / MLflow runs (:class:`TrackerRuns`)."""
-        tb = self._tensorboard(args)
+        tb = self._tensorboard(args, step)
         trackers = None
         if self.writer is not False and (_reports_to(args, "wandb") or _reports_to(args, "mlflow")):
             trackers = TrackerRuns(_reports_to(args, "wandb"), _reports_to(args, "mlflow"))
@@ -172,7 +175,7 @@ class OutlierMonitorCallback(TrainerCallback):
         tok = self.tokenizer if self.tokenizer is not None else getattr(processing_class, "tokenizer",
                                                                         processing_class)
         out = Path(self.out_dir) if self.out_dir is not None else Path(args.output_dir) / "monitor"
-        writer = self._writer(args)
+        writer = self._writer(args, state.global_step)  # the checkpoint's step when resuming
         self.monitor = OutlierMonitor(tokenizer=tok, out_dir=out, every_n_steps=self.every_n_steps,
                                       sentences=self.sentences, writer=writer, max_steps=state.max_steps,
                                       global_zero=True, **self.monitor_kwargs)
