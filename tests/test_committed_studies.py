@@ -57,8 +57,7 @@ def test_every_registry_entry_is_committed_compact():
         assert not {"study.csv", "contrasts.csv"} & {p.name for p in path.iterdir()}, folder
         assert not list(path.glob("*.csv.gz")), folder
         header = (path / "study.md").read_text().splitlines()[0]
-        inputs = [a for a in cs.argv_of(folder) if a.startswith("docs/") and a != f"docs/{folder}"]
-        assert header == f"# Study: {', '.join(inputs)}", folder
+        assert header == f"# Study: {', '.join(parse(cs.argv_of(folder)).paths)}", folder
 
 
 def test_every_committed_figure_is_shown_by_a_page():

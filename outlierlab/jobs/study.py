@@ -24,7 +24,8 @@ Bounded measures (shares, cosines) get intervals inside their range; contrasts g
 families -- the outlier measures at the last step every cell reached (``--primary`` or the config's
 ``study_design``, else a default set), the declared performance measures, and the exploratory rest, loss never pooled
 with an outlier measure -- the minimum detectable effect and TOST (:mod:`outlierlab.jobs.study_families`). Paired
-tests pair on each cell's resolved seed.
+tests pair on each cell's resolved seed. A group that mixes code versions is checked against the replicates of its
+own configuration (``--replicates`` adds cells read only for that: :mod:`outlierlab.jobs.study_replicates`).
 """
 
 from __future__ import annotations
@@ -268,7 +269,10 @@ def default_layers(summary: pd.DataFrame) -> list[str]:
 def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] = (), metrics: Sequence[str] | None = None,
         steps: Sequence[int] | None = None, layers: Sequence[str] | None = None, plots: bool = True,
         primary: Sequence[str] | None = None, equivalence_margin=None, allow_mixed_code: bool = False,
-        until: int | None = None) -> dict:
+        until: int | None = None, replicates: Sequence[str] = ()) -> dict:
+    """The study of the cells under ``paths`` (see the module docstring); ``replicates``: more cells, read only to
+    look for replicates of the study's mixed-code groups (:mod:`outlierlab.jobs.study_replicates`)."""
+    from outlierlab.jobs.study_replicates import markdown as replicates_markdown, mixed_code_coverage
     from outlierlab.reports.study_report import write_curves, write_markdown
 
     for spec in contrasts:
@@ -280,6 +284,7 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
     design = declared_design(cells, primary, equivalence_margin)
     contrasts = list(contrasts) or design["contrasts"]  # the design's own contrasts when none are given
     summary, per_seed, groups = aggregate(cells, allow_mixed_code, until)
+    coverage = mixed_code_coverage(groups, find_cells(list(replicates)) if replicates else ())
     tables = {spec: contrast_table(per_seed, groups, spec) for spec in contrasts}
     if tables:
         joined = assign_families(pd.concat(tables.values(), ignore_index=True), per_seed, design)
@@ -301,11 +306,12 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
     notes = [n for c in cells if c.usable for n in c.notes]
     no_order = order_use_flags(per_seed, orderless=orderless_groups(groups))
     write_markdown(out_dir / "study.md", paths, summary, tables, groups, unfinished, metrics, steps, layers,
-                   unusable=unusable, notes=notes, design=design, no_order_use=no_order)
+                   unusable=unusable, notes=notes, design=design, no_order_use=no_order,
+                   replicates=replicates_markdown(coverage))
     pngs = write_curves(out_dir / "curves", summary, per_seed, metrics, layers) if plots else []
     return {"out": out_dir, "groups": {k: len(v) for k, v in groups.items()}, "unfinished": [str(c.path) for c in unfinished],
             "unusable": [p for c in unusable for p in c.problems], "notes": notes, "plots": pngs, "design": design,
-            "no_order_use": no_order}
+            "no_order_use": no_order, "replicates": coverage}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -326,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--equivalence-margin", default=None, help="TOST margin: one number, or metric=margin,... "
                         "in the metric's units (default: the experiment config's study_design)")
     parser.add_argument("--allow-mixed-code", action="store_true", help="average cells of different code versions")
+    parser.add_argument("--replicates", nargs="+", default=[], metavar="PATH",
+                        help="more cells (folders or tables), read only to find replicates -- same resolved config and "
+                        "seed -- of the groups that mix code versions; study.md reports each group's")
     parser.add_argument("--until", type=int, default=None, help="compare every cell up to this step, admitting the "
                         "training cells stopped before their budget (a wall-clock cut) whose numbers reach it")
     return parser
@@ -341,7 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         res = run(a.paths, a.out, a.contrast, split(a.metrics) if a.metrics else None,
                   [int(x) for x in split(a.steps)] if a.steps else None, split(a.layers) if a.layers else None,
                   plots=not a.no_plots, primary=split(a.primary) if a.primary else None,
-                  equivalence_margin=a.equivalence_margin, allow_mixed_code=a.allow_mixed_code, until=a.until)
+                  equivalence_margin=a.equivalence_margin, allow_mixed_code=a.allow_mixed_code, until=a.until,
+                  replicates=a.replicates)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -355,6 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: {note}")
     for line in res["no_order_use"]:
         print(f"does not use token order: {line}")
+    for group, rows in res["replicates"].items():
+        if not rows.attrs.get("linked"):
+            print(f"mixed code versions not linked by a replicate of its own configuration: {group}")
     print(f"wrote {res['out']}/study.csv, study.md" + (f" and {len(res['plots'])} curves" if res["plots"] else ""))
     return 0
 

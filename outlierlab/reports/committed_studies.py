@@ -35,6 +35,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 _LEARNED_NONE = "--contrast pos=learned,none --primary val/loss@model,val/order_use@model"
+#: Cells read only for the replicate check of the mixed-code studies (outlierlab.jobs.study_replicates)
+_REPLICATES = ("--replicates docs/order_use/cells.parquet docs/order_use/cells_objectives.parquet "
+               "docs/order_use/sweep.parquet")
 _SCHEMES = ("--contrast pos=sinusoidal,none --contrast pos=relative,none --contrast pos=rope,none "
             "--contrast pos=alibi,none --contrast pos=learned,none --primary val/loss@model,val/order_use@model")
 
@@ -54,12 +57,12 @@ STUDIES: dict[str, str] = {
     "order_use/study_5seeds": (
         "docs/order_use/cells.parquet docs/order_use/sweep.parquet/study_cut_learned_seed2 "
         f"docs/order_use/sweep.parquet/study_cut_learned_seed4 {_LEARNED_NONE} --until 5000 --allow-mixed-code "
-        "--out docs/order_use/study_5seeds"),
+        f"{_REPLICATES} --out docs/order_use/study_5seeds"),
     "order_use/study_schemes": (f"docs/order_use/cells.parquet docs/order_use/cells_schemes.parquet {_SCHEMES} "
-                                "--allow-mixed-code --out docs/order_use/study_schemes"),
+                                f"--allow-mixed-code {_REPLICATES} --out docs/order_use/study_schemes"),
     "order_use/study_objectives": (
         "docs/order_use/cells_objectives.parquet --contrast pos=learned,none --contrast objective=mlm,clm "
-        "--until 5000 --allow-mixed-code --out docs/order_use/study_objectives"),
+        f"--until 5000 --allow-mixed-code {_REPLICATES} --out docs/order_use/study_objectives"),
     "order_use/study_large": (f"docs/order_use/cells_large.parquet {_LEARNED_NONE} --allow-mixed-code "
                               "--equivalence-margin val/loss=0.05 --out docs/order_use/study_large"),
     "order_use/study_large_mlm": f"docs/order_use/cells_large_mlm.parquet {_LEARNED_NONE} --out docs/order_use/study_large_mlm",

@@ -109,7 +109,8 @@ def _design_lines(design: Mapping | None, contrasts: Mapping[str, pd.DataFrame])
 def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, contrasts: Mapping[str, pd.DataFrame],
                    groups: Mapping[str, list], unfinished: list, metrics: Sequence[str], steps: Sequence[int],
                    layers: Sequence[str], unusable: Sequence = (), notes: Sequence[str] = (),
-                   design: Mapping | None = None, no_order_use: Sequence[str] = ()) -> Path:
+                   design: Mapping | None = None, no_order_use: Sequence[str] = (),
+                   replicates: Sequence[str] = ()) -> Path:
     lines = [f"# Study: {', '.join(map(str, sources))}", "",
              f"Every number: the mean over seeds with its 95% confidence interval, n = seeds. Unbounded measures: "
              f"± the half-width of the {CI_METHOD} interval (n − 1 degrees of freedom). Bounded measures (shares in "
@@ -141,6 +142,7 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                   "cannot -- so a position-scheme contrast with these cells compares bag-of-words models "
                   "(docs/order_use.md).", ""]
         lines += [f"* {line}" for line in no_order_use]
+    lines += list(replicates)  # outlierlab.jobs.study_replicates.markdown: empty unless a group mixes code versions
     lines += _design_lines(design, contrasts)
     group_names = list(groups)
     lines += ["", "## Headline metrics", ""]
