@@ -46,6 +46,10 @@ def test_evaluate_tables_equal_the_cli_csvs(tmp_path):
     for name, table in tables.items():
         pd.testing.assert_frame_equal(table, pd.read_csv(tmp_path / "cli" / f"{name}.csv"), check_exact=True)
     assert tables["outliers"].attrs["run_dir"] == str(tmp_path / "api")
+    # one list separator: every list-valued column holds ";"-separated items, never spaces
+    for name, column in (("anisotropy", "rogue_dims"), ("anisotropy", "rogue_share"), ("outliers", "top_dims")):
+        values = tables[name][column].dropna().astype(str)
+        assert values.str.contains(";").any() and not values.str.contains(" ").any(), (name, column)
 
 
 def _listing(*dirs: Path) -> set[str]:

@@ -57,9 +57,10 @@ def run(ctx: EvalContext) -> AnalysisResult:
             ok = total != 0 and float(first[layer]) == float(first[layer])  # a share is defined (rogue_summary)
             top = r.order[layer, : s.rogue_list].tolist()
             row = {"layer": layer, "transform": t, "anisotropy": values[t][layer], "n_pairs": n_pairs,
-                   "n_sentences": acc.n_seen, "rogue_dims": " ".join(map(str, top)),
-                   "rogue_cc": " ".join(f"{float(r.cc[layer, d]):.5g}" for d in top),
-                   "rogue_share": " ".join(f"{float(r.cc[layer, d]) / total:.4g}" if ok else "nan" for d in top)}
+                   # lists as every table writes them: ";"-separated (outliers' outlier_dims, ablation's dims)
+                   "n_sentences": acc.n_seen, "rogue_dims": ";".join(map(str, top)),
+                   "rogue_cc": ";".join(f"{float(r.cc[layer, d]):.5g}" for d in top),
+                   "rogue_share": ";".join(f"{float(r.cc[layer, d]) / total:.4g}" if ok else "nan" for d in top)}
             row.update({f"top{k}_share": float(r.share[k][layer]) for k in r.share})
             row.update({f"r2_without_top{k}": float(r.r2[k][layer]) for k in r.r2})
             row.update({f"spearman_without_top{k}": float(r.spearman[k][layer]) for k in r.spearman})
