@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from outlierlab.jobs.study import build_parser
-from outlierlab.reports import committed_studies as cs
+from outlierlab.jobs import committed_studies as cs
 from tests.conftest import ROOT
 
 _COMMAND = re.compile(r"python -m outlierlab\.jobs\.study ((?:\\\n|[^\n`#])+)")

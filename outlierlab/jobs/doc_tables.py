@@ -9,7 +9,7 @@ A doc marks each generated block::
 and ``python -m outlierlab.jobs.doc_tables docs/emergence.md docs/findings.md`` rewrites every block from
 :data:`TABLES` (``--check``: exit 1 naming each block that differs from what the committed CSVs give, as the tests
 do). Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.jobs.study`` (committed
-compressed: ``study.csv.xz``, :mod:`outlierlab.reports.committed_studies`) and, for
+compressed: ``study.csv.xz``, :mod:`outlierlab.jobs.committed_studies`) and, for
 per-seed rows, the cells' own CSVs (:func:`outlierlab.jobs.study_cells.cell_numbers`).
 """
 
@@ -73,7 +73,7 @@ def signed(x: float) -> str:
 
 def _source(path: str) -> str:
     """``path``, or ``path.xz`` / ``path.gz`` where the docs keep the aggregator's CSV compressed
-    (:mod:`outlierlab.reports.committed_studies`)."""
+    (:mod:`outlierlab.jobs.committed_studies`)."""
     for candidate in (path, f"{path}.xz", f"{path}.gz"):
         if (ROOT / candidate).is_file():
             return candidate

@@ -1,7 +1,7 @@
 """Every study the docs report, as the one aggregator command that made it, and the one command that remakes them all.
 
-    python -m outlierlab.reports.committed_studies              # every study, then every generated doc table
-    python -m outlierlab.reports.committed_studies order_use/study_large   # one study (its folder under docs/)
+    python -m outlierlab.jobs.committed_studies              # every study, then every generated doc table
+    python -m outlierlab.jobs.committed_studies order_use/study_large   # one study (its folder under docs/)
 
 Each study's cells are a committed table (``docs/<area>/<name>.parquet``, :mod:`outlierlab.jobs.study_table`); its
 outputs are regenerated from them by :data:`STUDIES`' command, run from the repository root, into the study's
@@ -150,7 +150,7 @@ def generated_pages(docs: Path = DOCS) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m outlierlab.reports.committed_studies",
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.committed_studies",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("studies", nargs="*", help=f"folders under docs/ (default: all): {', '.join(STUDIES)}")
     a = parser.parse_args(argv)
