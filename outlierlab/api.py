@@ -246,9 +246,10 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
 
     The accuracy is the position a layer carries, not one the model uses: a learned table's rows are decodable
     (1.000 at every layer) in a model whose order use is 0.003 nats (docs/order_use.md, "Position probes").  So the
-    probe also measures use, as probe.py does: ``order_use.csv`` in the run directory (``attrs["run_dir"]``) holds
-    evaluate.py's ``order_use`` rows on the first 200 texts (in nats with an LM head, without one the sentence-vector
-    order change of every layer; ``overrides=["probe.order_use=false"]`` skips it).  ``progress``: the
+    probe also measures use, as probe.py does: ``order_use.csv`` and ``order_use_layers.csv`` in the run directory
+    (``attrs["run_dir"]``) hold evaluate.py's ``order_use`` tables on the first 200 texts (in nats with an LM head;
+    for every model the sentence-vector order change of every layer; ``overrides=["probe.order_use=false"]`` skips
+    it).  ``progress``: the
     tqdm bar while encoding, as in :func:`evaluate`."""
     from outlierlab.jobs.probing import run as run_probe
 

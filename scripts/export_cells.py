@@ -34,7 +34,8 @@ from pathlib import Path
 
 SMALL_FILES = [".hydra/overrides.yaml", ".hydra/config.yaml", "config.yaml", "finished.json", "csv/metrics.csv",
                "monitor_posthoc/metrics.csv", "monitor_posthoc/order_use.csv", "code_versions.jsonl", "probe_posthoc/position_probe.csv",
-               "probe_posthoc/similarity_by_distance.csv", "probe_posthoc/order_use.csv"]
+               "probe_posthoc/similarity_by_distance.csv", "probe_posthoc/order_use.csv",
+               "probe_posthoc/order_use_layers.csv"]
 HISTORIES = ["monitor/hidden_states.csv", "monitor/layernorm.csv"]
 
 

@@ -67,11 +67,11 @@ def probes_table(folder: Path) -> None:
     if not models:
         return
     probe = {m.name: pd.read_csv(m / "position_probe.csv") for m in models}
-    use = {m.name: pd.read_csv(m / "order_use.csv").set_index(["layer", "statistic"])["value"] for m in models}
+    use = {m.name: pd.read_csv(m / "order_use.csv").iloc[0] for m in models}  # one row: the model
     print()
     print("| | " + " | ".join(f"pos={n}" for n in probe) + " |")
     print("|---|" + "---|" * len(probe))
-    print("| order use (nats, evaluate.py) | " + " | ".join(f"{use[n][('model', 'order_use')]:.4f}" for n in probe) + " |")
+    print("| order use (nats, evaluate.py) | " + " | ".join(f"{use[n]['order_use']:.4f}" for n in probe) + " |")
     loss = {m.name: json.loads((m / "train_finished.json").read_text())["metrics"]["val/loss"] for m in models}
     print("| val loss at the end of training (train.py) | " + " | ".join(f"{loss[n]:.3f}" for n in probe) + " |")
     print("| chance (majority position) | " + " | ".join(f"{probe[n]['chance'].iloc[0]:.3f}" for n in probe) + " |")

@@ -165,11 +165,14 @@ def test_a_skipped_analysis_is_an_empty_table_that_says_why_and_dir_lists_the_ap
     tables = ol.evaluate(enc, TEXTS[:50], analyses=["ablation", "order_use"], out_dir=tmp_path, progress=False)
     table = tables["ablation"]
     assert table.empty and "no masked-LM head" in table.attrs["skipped"] and table.attrs["run_dir"] == str(tmp_path)
-    order = tables["order_use"].set_index(["layer", "statistic"])["value"]
     assert "skipped" not in tables["order_use"].attrs
-    change = [order[(f"layer_{i}", "pooled_order_change")] for i in range(7)]  # MiniLM: 6 layers + embeddings
+    layers = tables["order_use_layers"]
+    assert layers["layer"].tolist() == list(range(7))  # MiniLM: 6 layers + embeddings, integers as in every table
+    change = layers["pooled_order_change"].tolist()
     assert all(0 <= c < 1 for c in change) and change[0] < 0.01 < change[6]  # the LayerNorm floor, then order
-    assert order[("model", "pooled_order_change_texts")] == 50 and ("layer_6", "attn_local") in order.index
+    model = tables["order_use"].iloc[0]  # one row: no LM head, so no order use in nats
+    assert model["pooled_order_change_texts"] == 50 and pd.isna(model["order_use"])
+    assert layers["attn_local"].isna().tolist() == [True] + [False] * 6  # no attention at the embedding output
 
 
 def test_a_callers_own_hydra_context_survives_an_api_call(tmp_path):

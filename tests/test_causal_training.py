@@ -74,8 +74,10 @@ def test_clm_run_step0_checkpoint_probes_and_evaluate(tmp_path, shared_cache):
     assert all(0 <= float(r["accuracy"]) <= 1 and float(r["mean_abs_error"]) >= 0 for r in rows)
     sims = _rows(tmp_path / "probe_posthoc" / "similarity_by_distance.csv")
     assert {int(r["distance"]) for r in sims} == {1, 2, 3, 4}
-    use = [r for r in _rows(tmp_path / "probe_posthoc" / "order_use.csv") if r["statistic"] == "order_use"]
-    assert sorted(int(r["step"]) for r in use) == [0, 4]  # each checkpoint: does it use the order it carries?
+    use = _rows(tmp_path / "probe_posthoc" / "order_use.csv")
+    assert sorted(int(r["step"]) for r in use) == [0, 4] and all(r["order_use"] for r in use)  # uses the order?
+    per_layer = _rows(tmp_path / "probe_posthoc" / "order_use_layers.csv")
+    assert sorted({(int(r["step"]), int(r["layer"])) for r in per_layer}) == [(s, l) for s in (0, 4) for l in range(3)]
     assert probe_run(tmp_path, ["data.max_sentences=60", "probe.epochs=1"], max_sentences=60) == []  # resumable
 
     from outlierlab.models.lm_model import load_mlm

@@ -19,13 +19,21 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
 
 
-def _evaluate(model_dir: Path, texts: Path, out: Path) -> dict[tuple[str, str], float]:
+def _evaluate(model_dir: Path, texts: Path, out: Path) -> dict[tuple[object, str], float]:
+    """``{("model", statistic): value}`` from order_use.csv's one row, ``{(layer, statistic): value}`` (layer an int)
+    from order_use_layers.csv."""
     p = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), f"encoder.name_or_path={model_dir}",
                         "analyses=[order_use]", f"order_use.files=[{texts}]", "order_use.batch_size=4", "seed=3",
                         f"hydra.run.dir={out}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     with open(out / "order_use.csv", newline="") as fh:
-        return {(r["layer"], r["statistic"]): float(r["value"]) for r in csv.DictReader(fh)}
+        (model,) = list(csv.DictReader(fh))
+    with open(out / "order_use_layers.csv", newline="") as fh:
+        layers = list(csv.DictReader(fh))
+    assert [int(r["layer"]) for r in layers] == list(range(len(layers)))  # integer layers, 0 = embeddings
+    rows = {("model", k): float(v) for k, v in model.items() if v != ""}
+    rows.update({(int(r["layer"]), k): float(v) for r in layers for k, v in r.items() if k != "layer" and v != ""})
+    return rows
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +65,9 @@ def test_a_decoder_from_the_hub_format(tmp_path, texts):
         expected = order_use(loss_sum, batches, special, seed=3)
     assert rows[("model", "order_use")] == pytest.approx(expected["order_use"], abs=1e-4)
     assert rows[("model", "tokens")] == expected["tokens"]
-    assert 0 < rows[("model", "attn_local_uniform")] < 1 and ("layer_2", "attn_local") in rows
+    assert 0 < rows[("model", "attn_local_uniform")] < 1 and (2, "attn_local") in rows and (0, "attn_local") not in rows
     # the causal mask is an order signal: every block's mean-pooled vector moves when the tokens are shuffled
-    assert all(rows[(f"layer_{i}", "pooled_order_change")] > 1e-6 for i in (1, 2))
+    assert all(rows[(i, "pooled_order_change")] > 1e-6 for i in (1, 2))
 
 
 def test_our_masked_run_without_positions_is_flagged(tmp_path, texts):
@@ -67,7 +75,7 @@ def test_our_masked_run_without_positions_is_flagged(tmp_path, texts):
     rows = _evaluate(tmp_path / "run", texts, tmp_path / "out")
     assert abs(rows[("model", "order_use")]) < 1e-5  # permutation-equivariant
     # ... and so are its vectors: each text's mean-pooled vector is the same in any order, at every layer
-    change = [rows[(f"layer_{i}", "pooled_order_change")] for i in range(3)]
+    change = [rows[(i, "pooled_order_change")] for i in range(3)]
     assert max(abs(c) for c in change) < 1e-6 and rows[("model", "pooled_order_change_texts")] > 10
     assert rows[("model", "tokens")] > 50
     # a masked model without positions cannot use order (not "yet"): known from its export's config
@@ -98,9 +106,11 @@ def test_texts_with_nothing_to_shuffle_leave_the_rest_of_the_section(tmp_path):
     import outlierlab as ol
 
     enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
-    table = ol.evaluate(enc, ["Anne", "sea", "Bath"], analyses=["order_use"], out_dir=tmp_path,
-                        progress=False)["order_use"]
-    assert set(table["statistic"]) == {"attn_local", "attn_local_uniform"}
+    tables = ol.evaluate(enc, ["Anne", "sea", "Bath"], analyses=["order_use"], out_dir=tmp_path, progress=False)
+    model, layers = tables["order_use"].iloc[0], tables["order_use_layers"]
+    assert model["pooled_order_change_texts"] == 0 and model["attn_local_uniform"] == 1  # 3 tokens: all within 2
+    assert layers["layer"].tolist() == list(range(7)) and layers["pooled_order_change"].isna().all()
+    assert layers["attn_local"].notna().tolist() == [False] + [True] * 6
     report = (tmp_path / "report.md").read_text()
     assert "Sentence vectors not compared: the sentence-vector order change needs at least one text with two" in report
 
@@ -118,8 +128,9 @@ def test_probe_py_reports_the_order_use_evaluate_py_measures(tmp_path):
     enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
     evaluated = ol.evaluate(enc, texts, analyses=["order_use"], transforms=["none"], seed=3, progress=False)
     ol.probe_positions(enc, texts, seed=3, out_dir=tmp_path / "probe", overrides=["probe.epochs=1"], progress=False)
-    probed = pd.read_csv(tmp_path / "probe" / "order_use.csv")
-    pd.testing.assert_frame_equal(probed, evaluated["order_use"].reset_index(drop=True), check_dtype=False)
-    assert set(probed["statistic"]) >= {"pooled_order_change", "attn_local"}
+    for name in ("order_use", "order_use_layers"):
+        probed = pd.read_csv(tmp_path / "probe" / f"{name}.csv")
+        pd.testing.assert_frame_equal(probed, evaluated[name].reset_index(drop=True), check_dtype=False)
+    assert probed["layer"].tolist() == list(range(7)) and probed["attn_local"].notna().sum() == 6
     report = (tmp_path / "probe" / "probe_report.md").read_text()
     assert "## Order use: does the model use word order?" in report and "has no LM head" in report

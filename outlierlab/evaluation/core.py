@@ -115,7 +115,10 @@ def rows_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]):
         v = joined(v)
         return None if v is None or (isinstance(v, str) and v == "") else v
 
-    return pd.DataFrame([[cell(r.get(c)) for c in columns] for r in rows], columns=list(columns)).infer_objects()
+    frame = pd.DataFrame([[cell(r.get(c)) for c in columns] for r in rows], columns=list(columns)).infer_objects()
+    for c in frame.columns[frame.isna().all()]:  # no value at all: what the CSV reads back, float NaN, not None
+        frame[c] = frame[c].astype(float)
+    return frame
 
 
 def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, texts: Sequence[str] | None = None,

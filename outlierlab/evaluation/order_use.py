@@ -27,7 +27,13 @@ from outlierlab.evaluation.settings import OrderUseSettings, load_settings
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
 LM_HEAD = True
 
-COLUMNS = ["layer", "statistic", "value"]  # evaluate.py writes this header even when the model has no LM head
+#: ``order_use.csv``, one row for the model: order use in nats and the losses it is the difference of (empty without
+#: an LM head), the predicted tokens, the attention locality of uniform rows, the texts the vectors were shuffled in.
+COLUMNS = ["order_use", "loss", "loss_permuted", "tokens", "attn_local_uniform", "pooled_order_change_texts"]
+#: ``order_use_layers.csv``, one row per layer (0 = the embedding output, as every table numbers layers): attention
+#: mass within 2 tokens of the query (none at layer 0) and 1 - cosine of each text's mean-pooled vector, intact against
+#: its tokens shuffled.
+LAYER_COLUMNS = ["layer", "attn_local", "pooled_order_change"]
 
 TITLE = "## Order use: does the model use word order? (docs/order_use.md)"
 
@@ -92,22 +98,27 @@ def measure(loaded, texts: list[str], what: str, s: OrderUseSettings = OrderUseS
         rows, lines, summary = _loss_section(loaded, batches, special, what, s, seed)
         first = batches[0]
     else:  # a sentence encoder (MiniLM) or a bare encoder body: its vectors are what it is used for
-        rows, first = [], {"input_ids": sentences[0][0], "attention_mask": sentences[0][1]}
+        first = {"input_ids": sentences[0][0], "attention_mask": sentences[0][1]}
         lines = [TITLE, "", f"{loaded.name} has no LM head ({loaded.no_head_reason}): order use in nats needs the "
                  "model's own loss; what shuffling does to its vectors is below."]
-        summary = {"order_use": None, "no_lm_head": loaded.no_head_reason}
-    local_rows, local_line = _locality(loaded, first)
-    change_rows, change_line, change = _pooled_change(loaded, sentences, special, seed)
+        rows, summary = {}, {"order_use": None, "no_lm_head": loaded.no_head_reason}
+    local, local_line = _locality(loaded, first)
+    change, change_line = _pooled_change(loaded, sentences, special, seed)
     summary["pooled_order_change"] = change["change"].tolist()
-    return AnalysisResult("order_use", rows + local_rows + change_rows,
-                          "\n".join(lines + local_line + change_line) + "\n", summary=summary)
+    model_row = {c: None for c in COLUMNS} | rows | {"attn_local_uniform": local.get("uniform"),
+                                                      "pooled_order_change_texts": change["texts"]}
+    mass, moved = local.get("mass", []), change["change"].tolist()
+    layers = [{"layer": i, "attn_local": float(mass[i - 1]) if 0 < i <= len(mass) else None,
+               "pooled_order_change": moved[i] if i < len(moved) else None}
+              for i in range(max(len(moved), len(mass) + 1 if len(mass) else 0))]
+    return AnalysisResult("order_use", [model_row], "\n".join(lines + local_line + change_line) + "\n", summary=summary,
+                          tables={"order_use_layers": (layers, LAYER_COLUMNS)})
 
 
 def _loss_section(loaded, batches, special, what: str, s: OrderUseSettings, seed: int):
     """Order use in nats (:func:`outlierlab.analysis.order_use.order_use`) on the model's own loss."""
     res = order_use(_loss_sum(loaded), batches, special, seed=seed)
-    rows = [{"layer": "model", "statistic": name, "value": res[name]}
-            for name in ("order_use", "loss", "loss_permuted", "tokens")]
+    rows = {name: res[name] for name in ("order_use", "loss", "loss_permuted", "tokens")}
     lines = [TITLE, "", f"{loaded.name}, {loaded.objective.replace('_', ' ')} loss on {what}, "
              f"{int(res['tokens'])} predicted tokens: intact {res['loss']:.4f} nats, tokens permuted within each "
              f"piece {res['loss_permuted']:.4f} nats, **order use {res['order_use']:.4f} nats**."]
@@ -117,22 +128,21 @@ def _loss_section(loaded, batches, special, what: str, s: OrderUseSettings, seed
     return rows, lines, {"order_use": res["order_use"], "loss": res["loss"], "below_threshold": line is not None}
 
 
-def _locality(loaded, first: dict) -> tuple[list[dict], list[str]]:
-    """Attention locality of every layer on the first batch (none where the model returns no attentions)."""
+def _locality(loaded, first: dict) -> tuple[dict, list[str]]:
+    """Attention locality of every layer on the first batch: ``{"mass": [per layer], "uniform": float}`` (empty where
+    the model returns no attentions)."""
     attentions = loaded.forward(first["input_ids"], first["attention_mask"], output_attentions=True).attentions
     if not attentions or attentions[0] is None:
-        return [], []
+        return {}, []
     local = attention_locality([a.float() for a in attentions], first["attention_mask"].to(attentions[0].device),
                                causal=loaded.is_decoder)
-    rows = [{"layer": f"layer_{i + 1}", "statistic": "attn_local", "value": float(m)}
-            for i, m in enumerate(local["mass"])]
-    rows.append({"layer": "model", "statistic": "attn_local_uniform", "value": float(local["uniform"])})
-    return rows, ["", f"Attention mass within 2 tokens of the query (first batch; uniform rows: "
+    local = {"mass": [float(m) for m in local["mass"]], "uniform": float(local["uniform"])}
+    return local, ["", f"Attention mass within 2 tokens of the query (first batch; uniform rows: "
                   f"{float(local['uniform']):.3f}): " + ", ".join(f"layer {i + 1} {float(m):.3f}"
                                                                   for i, m in enumerate(local["mass"])) + "."]
 
 
-def _pooled_change(loaded, sentences, special, seed: int) -> tuple[list[dict], list[str], dict]:
+def _pooled_change(loaded, sentences, special, seed: int) -> tuple[dict, list[str]]:
     """:func:`outlierlab.analysis.order_use.pooled_order_change` of every layer on the texts as sentences."""
     def hidden_states(ids, mask):  # no LM head projection: the vectors are all this needs
         rows = torch.zeros_like(ids, dtype=torch.bool) if loaded.has_mlm_head else None
@@ -141,11 +151,9 @@ def _pooled_change(loaded, sentences, special, seed: int) -> tuple[list[dict], l
     try:
         change = pooled_order_change(hidden_states, sentences, special, seed=seed)
     except ValueError as e:  # one-token texts: nothing to shuffle; the rest of the section stands
-        return [], ["", f"Sentence vectors not compared: {e}."], {"change": torch.zeros(0), "texts": 0}
+        return {"change": torch.zeros(0), "texts": 0}, ["", f"Sentence vectors not compared: {e}."]
     values = change["change"].tolist()
-    rows = [{"layer": f"layer_{i}", "statistic": "pooled_order_change", "value": v} for i, v in enumerate(values)]
-    rows.append({"layer": "model", "statistic": "pooled_order_change_texts", "value": change["texts"]})
     line = ["", f"Sentence vectors, each text's tokens shuffled ({change['texts']} texts; 1 - cosine of the "
             "mean-pooled vectors, intact against shuffled; 0 = the same vector in any order, layer 0 = the floor the embedding "
             "LayerNorm leaves): " + ", ".join(f"layer {i} {v:.4f}" for i, v in enumerate(values)) + "."]
-    return rows, line, change
+    return change, line

@@ -11,8 +11,9 @@ from ``configs/probe.yaml`` with the overrides given. Per step its outputs go to
 (features cached in a temporary directory, removed after); the tables the study reads gather every step:
 ``<run>/probe_posthoc/position.csv`` (``step, layer, accuracy, mean_abs_error, chance, ...``, transform ``none``) and
 ``<run>/probe_posthoc/similarity_by_distance.csv`` (``step, layer, distance, cosine, n_pairs``) and
-``<run>/probe_posthoc/order_use.csv`` (``step, layer, statistic, value``: whether each checkpoint uses the order its
-probe decodes, probe.py's ``order_use``). Steps already probed are skipped, so an interrupted pass continues.
+``<run>/probe_posthoc/order_use.csv`` (``step, order_use, loss, ...``: whether each checkpoint uses the order its
+probe decodes, probe.py's ``order_use``) with ``order_use_layers.csv`` (``step, layer, attn_local,
+pooled_order_change``). Steps already probed are skipped, so an interrupted pass continues.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def probe_run(run_dir: str | Path, overrides: list[str] | None = None, max_sente
     _gather(out, "position_probe.csv", steps)
     _gather(out, "similarity_by_distance.csv", steps)
     _gather(out, "order_use.csv", steps)  # whether each checkpoint USES the order its probe decodes
+    _gather(out, "order_use_layers.csv", steps)
     return done
 
 

@@ -247,9 +247,10 @@ def position_use(cfg, encoder: FrozenEncoder, run_dir: Path):
     """Whether the model *uses* the order the position probe decodes: evaluate.py's ``order_use``
     (:func:`outlierlab.evaluation.order_use.measure`, its default settings) on the probe's first sentences --
     order use in nats with the model's LM head, else how far shuffling moves each layer's sentence vectors
-    (docs/order_use.md) -- into ``order_use.csv`` and a section of the report.  A learned table's rows are
+    (docs/order_use.md) -- into ``order_use.csv`` (the model's row), ``order_use_layers.csv`` (one per layer) and a
+    section of the report.  A learned table's rows are
     decodable in a model that ignores order, so the probe's accuracy alone cannot say it."""
-    from outlierlab.evaluation.order_use import COLUMNS, measure
+    from outlierlab.evaluation.order_use import COLUMNS, LAYER_COLUMNS, measure
     from outlierlab.evaluation.settings import OrderUseSettings
     from outlierlab.models.lm_model import load_mlm
 
@@ -257,6 +258,7 @@ def position_use(cfg, encoder: FrozenEncoder, run_dir: Path):
     texts = load_position_texts(cfg.data.files, cfg.data.max_sentences)[: s.max_sentences]
     result = measure(load_mlm(encoder), texts, f"the probe's first {len(texts)} sentences", s, int(cfg.seed))
     write_csv(Path(run_dir) / "order_use.csv", result.rows, COLUMNS)
+    write_csv(Path(run_dir) / "order_use_layers.csv", result.tables["order_use_layers"][0], LAYER_COLUMNS)
     return result
 
 
