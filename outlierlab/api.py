@@ -18,9 +18,7 @@ the table's ``attrs["run_dir"]``).  tests/test_api.py compares both with the com
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,10 +35,10 @@ def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto"
     a saved model directory or a Hugging Face hub id (offline: a cached one; otherwise one line saying what to do) --
     or a model in memory: a ``transformers`` model with its ``tokenizer=``, or a sentence-transformers
     ``SentenceTransformer`` (its body and tokenizer), e.g. one just fine-tuned in the notebook.  A model in memory is
-    saved once to a temporary directory and loaded from there like any saved model: a snapshot of its weights at
-    this call, with the numbers the same model saved by hand gives.
-    ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's); ``kwargs``: ``device_map``,
-    ``revision``, ``batch_size``, ``on_overflow``, ``offload_folder``."""
+    used as it is (:meth:`~outlierlab.models.loading.FrozenEncoder.from_model`): no copy and no file, on its own
+    device and in its own dtype (``device`` and ``dtype`` apply to a model that is loaded), put in eval mode, read
+    live.  ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's); ``kwargs``:
+    ``device_map``, ``revision``, ``batch_size``, ``on_overflow``, ``offload_folder``."""
     from outlierlab.models.loading import FrozenEncoder
 
     if isinstance(name_or_path, (str, os.PathLike)):
@@ -48,20 +46,17 @@ def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto"
             raise TypeError("tokenizer= goes with a model in memory: a run directory, model directory or hub id "
                             "brings its own tokenizer")
         return FrozenEncoder(str(name_or_path), max_length=max_length, device=device, dtype=dtype, **kwargs)
-    path = _save_in_memory(name_or_path, tokenizer)
-    try:
-        encoder = FrozenEncoder(path, max_length=max_length, device=device, dtype=dtype, **kwargs)
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    # the directory lives as long as the encoder (an analysis may load the model's LM head from it later)
-    weakref.finalize(encoder, shutil.rmtree, path, ignore_errors=True)
-    return encoder
+    loading_only = sorted(set(kwargs) - {"batch_size", "on_overflow"})
+    if loading_only:
+        raise TypeError(f"{', '.join(loading_only)} apply to a model that is loaded; a model in memory is used where "
+                        "it is (move or shard it yourself first)")
+    body, tokenizer = _in_memory(name_or_path, tokenizer)
+    return FrozenEncoder.from_model(body, tokenizer, max_length=max_length, **kwargs)
 
 
-def _save_in_memory(model: Any, tokenizer: Any) -> str:
-    """A temporary model directory holding ``model``'s weights and config and its tokenizer (the one loader then
-    reads it as any saved model: no second loading path to keep equal)."""
+def _in_memory(model: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """The transformers module inside ``model`` (DDP / torch.compile wrappers and a SentenceTransformer looked
+    through) and its tokenizer, or one line saying what to pass."""
     from outlierlab.monitoring.loop_monitor import unwrap_model
 
     if callable(getattr(model, "get_base_model", None)):  # a PeftModel: its adapters are modules of the base
@@ -69,17 +64,14 @@ def _save_in_memory(model: Any, tokenizer: Any) -> str:
                         "the model in place: merge a copy to go on training), with tokenizer=")
     body = unwrap_model(model)  # DDP / torch.compile wrappers, a SentenceTransformer's Hugging Face body
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)  # a SentenceTransformer's
-    if not callable(getattr(body, "save_pretrained", None)):
+    if getattr(body, "config", None) is None or not callable(getattr(body, "save_pretrained", None)):
         raise TypeError(f"cannot load a {type(model).__name__} from memory: pass a transformers model (with "
                         "tokenizer=), a SentenceTransformer, or the directory it was saved to (a train.py run "
                         "directory for a model of ours)")
     if not callable(getattr(tokenizer, "save_pretrained", None)):
         raise TypeError(f"pass tokenizer= (the {type(body).__name__}'s own Hugging Face tokenizer) with a model in "
                         "memory")
-    path = tempfile.mkdtemp(prefix=f"outlierlab_{type(body).__name__}_")
-    body.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return body, tokenizer
 
 
 def _compose(config_name: str, overrides: Sequence[str]):
@@ -164,7 +156,7 @@ def _run_dir(out_dir: str | Path | None, prefix: str) -> Path:
 
 
 def _encoder_overrides(encoder) -> list[str]:
-    return [f"encoder.name_or_path={encoder.source.name}"]
+    return [f"encoder.name_or_path={encoder.source.name}"]  # what the run's config records
 
 
 def _read(path: Path, run_dir: Path, skipped: str | None = None):

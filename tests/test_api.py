@@ -206,9 +206,10 @@ def test_an_install_without_the_configs_is_told_what_to_do(tmp_path, monkeypatch
     assert "\n" not in str(e.value)
 
 
-def test_a_model_in_memory_gives_the_numbers_of_the_same_model_saved(tmp_path):
+def test_a_model_in_memory_gives_the_numbers_of_the_same_model_saved(tmp_path, monkeypatch):
     """ol.load_encoder(model, tokenizer=tok) -- a transformers model in the notebook -- and a SentenceTransformer
-    around the same body give the tables of that model saved to a directory and loaded from it."""
+    around the same body give the tables of that model saved to a directory and loaded from it; the model is used
+    as it is: the same object, nothing written, no copy of its weights."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Pooling, Transformer
@@ -236,14 +237,24 @@ def test_a_model_in_memory_gives_the_numbers_of_the_same_model_saved(tmp_path):
         assert sorted(given) == sorted(saved) and {"anisotropy", "outliers", "layernorm"} <= set(saved), name
         for analysis in saved:
             pd.testing.assert_frame_equal(given[analysis], saved[analysis], obj=f"{name}: {analysis}")
+    work, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    work.mkdir(), tmp.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    body.train()
     enc = ol.load_encoder(body, tokenizer=tok, device="cpu")
-    snapshot = Path(enc.source.model)
-    assert (snapshot / "config.json").is_file()
-    del enc
-    import gc
-
-    gc.collect()
-    assert not snapshot.exists()  # the snapshot goes with its encoder
+    ol.evaluate(enc, TEXTS[:20], analyses=["outliers"], transforms=["none"], progress=False)
+    assert enc.model is body and not body.training  # the object itself, in eval mode
+    assert _listing(work, tmp) == set()  # no snapshot saved anywhere
+    with torch.no_grad():  # read live: a change to the weights shows at the next call
+        body.encoder.layer[0].output.LayerNorm.bias[3] += 50.0
+    moved = ol.evaluate(enc, TEXTS[:20], analyses=["outliers"], transforms=["none"], progress=False)["outliers"]
+    assert moved.loc[moved["layer"] == 1, "argmax_dim"].item() == 3
+    half = RobertaModel(body.config).to(torch.bfloat16)
+    assert ol.load_encoder(half, tokenizer=tok).model.dtype == torch.bfloat16  # its own dtype, not float32
+    with pytest.raises(TypeError, match="device_map apply to a model that is loaded"):
+        ol.load_encoder(body, tokenizer=tok, device_map="auto")
     with pytest.raises(TypeError, match="pass tokenizer="):
         ol.load_encoder(body)
     with pytest.raises(TypeError, match="cannot load a Linear from memory"):

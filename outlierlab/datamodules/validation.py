@@ -357,7 +357,7 @@ def _encoder(cfg) -> None:
     resolve_encoder(str(name), None if rev is None else str(rev))
 
 
-def validate_inputs(cfg, entry: str) -> list[str]:
+def validate_inputs(cfg, entry: str, check_encoder: bool = True) -> list[str]:
     """Check every data file ``cfg`` names for ``entry`` ("train", "probe", "evaluate") before any model loads.
 
     Returns warnings (valid but weak input) for the report; raises :class:`DataFileError` (one line) otherwise.
@@ -373,12 +373,14 @@ def validate_inputs(cfg, entry: str) -> list[str]:
             _position(cfg)
         else:
             _classifier(cfg)
-        _encoder(cfg)
+        if check_encoder:
+            _encoder(cfg)
         return []
     if entry == "evaluate":
         _sentences(cfg, "data.files", 2, "the geometry analyses need at least 2 (data.max_sentences)")
         _wic(cfg)
         notes = _sts(cfg)
-        _encoder(cfg)
+        if check_encoder:  # False: the caller holds the encoder already (its name is only a name)
+            _encoder(cfg)
         return notes
     raise ValueError(f"unknown entry point {entry!r}")

@@ -77,10 +77,11 @@ def check_settings(cfg, analyses: list[str]) -> None:
         section_settings(cls, cfg)
 
 
-def check_files(cfg) -> list[str]:
+def check_files(cfg, encoder_given: bool = False) -> list[str]:
     """Every data file the user gave is usable (outlierlab.datamodules.validation), before the model loads; returns
-    warnings about valid-but-weak input (printed, and kept in the report)."""
-    return validate_inputs(cfg, "evaluate")
+    warnings about valid-but-weak input (printed, and kept in the report). ``encoder_given``: the encoder is already
+    loaded (or a model in memory), so ``encoder.name_or_path`` is only its name, not something to look for."""
+    return validate_inputs(cfg, "evaluate", check_encoder=not encoder_given)
 
 
 @dataclass
@@ -132,7 +133,7 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
     given = dict(given or {})
     analyses, transforms = selected_analyses(cfg, given), selected_transforms(cfg)
     check_settings(cfg, analyses)
-    check_files(cfg)
+    check_files(cfg, encoder_given=encoder is not None)
     plots = cfg.get("plots", True)
     if not isinstance(plots, bool):
         raise ValueError(f"plots={plots!r}: expected true (PNG figures) or false (CSVs, report and JSON only)")

@@ -184,6 +184,53 @@ class FrozenEncoder:
                    str(get("device", "auto")), int(get("batch_size", 32)), str(get("dtype", "float32") or "float32"),
                    dm, None if get("revision", None) is None else str(get("revision")))
 
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer, max_length: int | None = None, on_overflow: str = "warn",
+                   batch_size: int = 32) -> "FrozenEncoder":
+        """A transformers model in memory, used as it is: no copy, no save, on its own device and in its own dtype.
+
+        ``model``: a body (``AutoModel``) or the model with its LM head (``*ForMaskedLM``, ``*ForCausalLM``: the
+        analyses that score with the head use it; the hidden states are the body's). It is put in eval mode (dropout
+        off) -- ``model.train()`` to go on training -- and read live: the numbers are those of its weights at each
+        call. The encoder's feature caches are its own (a new encoder never reuses another's)."""
+        import copy
+        import uuid
+
+        from outlierlab.models.families import causal_or_masked
+        from outlierlab.models.placement import HFModel
+
+        if on_overflow not in ("warn", "error"):
+            raise ValueError(f"on_overflow must be 'warn' or 'error', got {on_overflow!r}")
+        enc = cls.__new__(cls)
+        name = f"{type(model).__name__} in memory"
+        enc.source = EncoderSource("hf", "<in memory>", "<in memory>", name, identity={"memory": uuid.uuid4().hex})
+        enc.dtype_name, enc.device_map, enc.offload_folder = "auto", None, None
+        enc.on_overflow, enc.batch_size, enc.n_forward_calls, enc.lm_head = on_overflow, int(batch_size), 0, True
+        first = next(iter(model.parameters()), None)
+        enc.device = first.device if first is not None else torch.device("cpu")
+        base = getattr(model, "base_model", model)
+        objective = causal_or_masked(model.config)
+        if base is not model and callable(getattr(model, "get_output_embeddings", None)) \
+                and model.get_output_embeddings() is not None:  # the model with its LM head
+            enc._hf = HFModel(base, model, objective, "")
+        else:
+            enc._hf = HFModel(model, None, objective, f"the {type(model).__name__} in memory is a body without its "
+                              "LM head (pass the model with its head, e.g. AutoModelForMaskedLM, to score with it)")
+        (enc._hf.lm if enc._hf.lm is not None else model).eval()
+        enc._model = enc._hf.body
+        if tokenizer.pad_token is None and tokenizer.eos_token is not None:  # decoders: pad = eos, masked
+            tokenizer = copy.deepcopy(tokenizer)  # the caller's tokenizer stays as it was
+            tokenizer.pad_token = tokenizer.eos_token
+        enc.tokenizer = tokenizer
+        enc.model_type, enc.norm_placement, enc.causal, enc.pos = "outlierlab", "post", False, None
+        enc.num_layers, enc.hidden_size, limit = enc._hf_config(model.config)
+        tok_max = getattr(tokenizer, "model_max_length", None) or 10**9
+        enc.model_max_length = min(limit, tok_max) if tok_max < 10**6 else limit
+        if max_length is not None and max_length > enc.model_max_length:
+            raise ValueError(f"max_length={max_length} exceeds what {name} accepts ({enc.model_max_length} tokens)")
+        enc.max_length = int(max_length or enc.model_max_length)
+        return enc
+
     # -- loading ----------------------------------------------------------------------------------------
     def _load_tokenizer(self):
         # lazy (transformers, here and below): this module is imported by the start-up checks for
@@ -224,10 +271,14 @@ class FrozenEncoder:
             return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
         from transformers import AutoConfig
 
-        cfg = AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only, revision=src.revision)
+        return self._hf_config(AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only,
+                                                          revision=src.revision))
+
+    def _hf_config(self, cfg) -> tuple[int, int, int]:
+        """:meth:`_read_config` from a transformers config (read from disk, or a model in memory's own)."""
         self.causal = bool(getattr(cfg, "is_decoder", False))  # our clm runs export as RobertaForCausalLM
         self.pos = _pos_name(getattr(cfg, "outlierlab_pos", None))  # our native export names it; hub models: None
-        if src.kind == "hf":
+        if self.source.kind == "hf":
             self.model_type = str(getattr(cfg, "model_type", "") or type(cfg).__name__)
         positions = getattr(cfg, "max_position_embeddings", None) or 10**9
         if getattr(cfg, "model_type", "") in _ROBERTA_LIKE:  # position ids start after padding_idx
