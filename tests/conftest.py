@@ -11,6 +11,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = str(ROOT / "configs")
 
+# Under pytest-xdist (README: -n 2) each worker is one of the machine's cores: one torch thread each, instead of
+# every worker spreading over all cores and the workers fighting for them (on 2 cores, two threads per worker ran
+# slower than one process alone; one thread each, faster).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Nothing in the test suite may reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -24,6 +30,10 @@ def pytest_configure(config):
     import tempfile
 
     os.environ["OUTLIERLAB_CACHE"] = tempfile.mkdtemp(prefix="outlierlab_test_cache_")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
     config._checkout_before = checkout_entries(ROOT)
 
 
