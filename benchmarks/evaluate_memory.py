@@ -11,7 +11,7 @@ of a randomly initialised Llama saved in bfloat16 (issue 39: peak RSS against th
 
 Each size runs in its own subprocess (``resource.getrusage`` high-water marks are per process) and does what
 ``python evaluate.py analyses=[outliers,anisotropy,self_similarity]`` does with all three transforms:
-:func:`outlierlab.evaluation.streaming.run_sentence_pass` (outlier counts, whitener sums, anisotropy reservoir,
+:func:`outlierlab.evaluation.sentence_pass.run_sentence_pass` (outlier counts, whitener sums, anisotropy reservoir,
 self-similarity and intra-sentence sums) — one pass, one layer at a time (``--two-pass``: the reference that
 re-encodes).  Reported per size: peak RSS, RSS after the imports and after loading the model, the growth
 during the pass, tokens/s, and the largest hidden state handed over by one layer (bytes per token per layer).
@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
-from outlierlab.evaluation.streaming import pass_settings, run_sentence_pass  # noqa: E402
+from outlierlab.evaluation.sentence_pass import pass_settings, run_sentence_pass  # noqa: E402
 from outlierlab.models.loading import FrozenEncoder  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, also when loaded by path (tests)

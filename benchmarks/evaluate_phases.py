@@ -6,7 +6,7 @@
     python benchmarks/evaluate_phases.py --analyses wic               # WiC's own pass and fit
     python benchmarks/evaluate_phases.py transform.fit_on=sentences --analyses wic   # any evaluate.py override, first
 
-The methods of the stream (:class:`outlierlab.evaluation.stream.LayerStream`: ``forward``, ``fit``, ``replay``,
+The methods of the stream (:class:`outlierlab.evaluation.sentence_stream.LayerStream`: ``forward``, ``fit``, ``replay``,
 ``_feed``), of its subscribers (``update``), of the token store and of the whitener are wrapped in timers and
 ``ol.evaluate`` runs the analyses (figures off, the model loaded first).  Phases nest (``_feed`` runs inside
 ``forward`` and ``replay``; ``partial_fit`` inside ``fit``): read each line as the time spent inside that method.
@@ -60,8 +60,8 @@ def main() -> None:
     from outlierlab.analysis.whitening import Whitener
     from outlierlab.datamodules.features import LayerTokenStore
     from outlierlab.evaluation.activation_pass import ActivationObserver
-    from outlierlab.evaluation.stream import LayerStream
-    from outlierlab.evaluation.streaming import AnisotropyReservoir, OutlierCounts, WordSimilarity
+    from outlierlab.evaluation.sentence_stream import LayerStream
+    from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, OutlierCounts, WordSimilarity
     from outlierlab.evaluation.wic_targets import TargetMeans
 
     seconds: dict[str, float] = collections.defaultdict(float)

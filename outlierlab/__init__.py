@@ -28,7 +28,7 @@ _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
          "load_encoder": "outlierlab.api", "evaluate": "outlierlab.api", "probe_positions": "outlierlab.api",
          "dim_identity": "outlierlab.api", "history_frame": "outlierlab.reports.history",
          "study_histories": "outlierlab.jobs.study_table",
-         "Consumer": "outlierlab.evaluation.stream", "LayerStream": "outlierlab.evaluation.stream",
+         "Consumer": "outlierlab.evaluation.sentence_stream", "LayerStream": "outlierlab.evaluation.sentence_stream",
          "AnalysisResult": "outlierlab.evaluation.registry"}
 
 __all__ = list(_LAZY)

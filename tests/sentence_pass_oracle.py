@@ -3,7 +3,7 @@
 No stream, no per-layer state, no token store: every batch's hidden states of ALL layers at once
 (``[L+1, B, T, d]``) go into ``L+1``-layer accumulators, the transforms are fitted from the first encoding's
 sums, and the sentences are encoded a second time to apply them.  Written the plain way on purpose, so that the
-engine (:mod:`outlierlab.evaluation.stream`, :func:`outlierlab.evaluation.streaming.run_sentence_pass`) is
+engine (:mod:`outlierlab.evaluation.sentence_stream`, :func:`outlierlab.evaluation.sentence_pass.run_sentence_pass`) is
 checked against something that shares none of its machinery except the accumulators themselves.
 """
 
@@ -25,7 +25,7 @@ from outlierlab.evaluation.words import select_words, word_vectors
 def oracle_pass(encoder, texts, transforms, *, outliers, anisotropy, self_similarity, data,
                 transform: TransformSettings = TransformSettings(), seed, batch_size) -> dict:
     """Outlier counts, word statistics and the raw anisotropy reservoir of every transform in ``transforms``
-    (the settings as :func:`outlierlab.evaluation.streaming.run_sentence_pass` takes them)."""
+    (the settings as :func:`outlierlab.evaluation.sentence_pass.run_sentence_pass` takes them)."""
     texts = [t for t in texts if t.strip()]
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     whiten, lowercase, chunk = WhitenSettings.from_settings(transform), self_similarity.lowercase, data.chunk

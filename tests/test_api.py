@@ -95,7 +95,7 @@ def test_an_analysis_defined_in_the_notebook_rides_the_shared_stream(tmp_path):
 
     import outlierlab as ol
     from outlierlab.evaluation.registry import AnalysisResult
-    from outlierlab.evaluation.stream import Consumer
+    from outlierlab.evaluation.sentence_stream import Consumer
 
     class DimMass(Consumer):
         def __init__(self, transform, num_layers):
@@ -158,7 +158,7 @@ def test_a_skipped_analysis_is_an_empty_table_that_says_why_and_dir_lists_the_ap
 
     assert {"load_encoder", "evaluate", "probe_positions", "OutlierMonitor", "Consumer", "AnalysisResult"} <= set(dir(ol))
     from outlierlab.evaluation.registry import AnalysisResult
-    from outlierlab.evaluation.stream import Consumer, LayerStream
+    from outlierlab.evaluation.sentence_stream import Consumer, LayerStream
 
     assert (ol.Consumer, ol.LayerStream, ol.AnalysisResult) == (Consumer, LayerStream, AnalysisResult)
     enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")

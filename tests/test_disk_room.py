@@ -12,7 +12,7 @@ from llama_fixtures import PASS, save_tiny_llama
 from llama_fixtures import texts as _texts
 from outlierlab.utils import disk_room
 from outlierlab.evaluation.settings import DataSettings
-from outlierlab.evaluation.streaming import run_sentence_pass
+from outlierlab.evaluation.sentence_pass import run_sentence_pass
 from outlierlab.models.loading import FrozenEncoder
 
 Usage = namedtuple("Usage", "total used free")

@@ -170,7 +170,7 @@ def test_what_reads_the_sentence_pass_is_declared_by_each_analysis_not_routed_by
     declares = {name for name, module in ANALYSIS_MODULES.items()
                 if hasattr(importlib.import_module(module), "SENTENCE_PASS")}
     assert reads == declares and {"outliers", "anisotropy", "isotropy", "self_similarity", "wic", "sts"} <= reads
-    for engine in ("outlierlab/evaluation/streaming.py", "outlierlab/evaluation/core.py"):
+    for engine in ("outlierlab/evaluation/sentence_pass.py", "outlierlab/evaluation/core.py"):
         quoted = set(re.findall(r"[\"']([a-z_]+)[\"']", (ROOT / engine).read_text()))
         assert not quoted & set(ANALYSIS_MODULES) - {"anisotropy", "self_similarity"}, engine
         # (those two are also the names of pass statistics, PASS_NEEDS)

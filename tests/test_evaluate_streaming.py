@@ -1,4 +1,4 @@
-"""evaluate.py's streaming layer (outlierlab/evaluation/streaming.py, outlierlab/evaluation/wic.py) against all-in-memory computations.
+"""evaluate.py's streaming layer (outlierlab/evaluation/sentence_pass.py, outlierlab/evaluation/wic.py) against all-in-memory computations.
 
 The encoder is a real FrozenEncoder (tiny BERT directory, real MiniLM WordPiece tokenizer, real batching and
 padding) whose forward pass is replaced by a per-token lookup — hidden state = f(token id, position) with a
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from outlierlab.evaluation.streaming import pass_settings, run_sentence_pass
+from outlierlab.evaluation.sentence_pass import pass_settings, run_sentence_pass
 from outlierlab.evaluation.words import char_span_tokens, word_occurrences, word_vectors
 from tests.conftest import compose
 

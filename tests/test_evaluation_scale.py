@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outlierlab.evaluation.streaming import run_sentence_pass
+from outlierlab.evaluation.sentence_pass import run_sentence_pass
 from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder
 from llama_fixtures import PASS, fake_hub, save_tiny_llama
 from llama_fixtures import texts as _texts

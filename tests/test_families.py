@@ -142,7 +142,7 @@ def test_next_token_ablation_of_the_dim_the_lm_head_reads(tmp_path):
     (both per-layer norms and the final norm) changes the next-token loss far more than as many random dims."""
     from outlierlab.analysis.layernorm_rule import LayerNormRule
     from outlierlab.evaluation.ablation import run_ablation
-    from outlierlab.evaluation.common import detect_layernorm_outliers, zeroed_kinds
+    from outlierlab.evaluation.ln_rule import detect_layernorm_outliers, zeroed_kinds
     from outlierlab.models.lm_model import load_mlm
     from outlierlab.datamodules.scoring_batches import next_token_batches
 

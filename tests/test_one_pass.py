@@ -13,7 +13,7 @@ from llama_fixtures import PASS, save_tiny_llama
 from llama_fixtures import texts as _texts
 from probe_fixtures import minilm_path
 from outlierlab.evaluation.settings import AnisotropySettings, TransformSettings
-from outlierlab.evaluation.streaming import run_sentence_pass
+from outlierlab.evaluation.sentence_pass import run_sentence_pass
 from outlierlab.models.loading import FrozenEncoder
 from outlierlab.utils.disk_layers import DiskLayers
 
@@ -205,8 +205,8 @@ def test_layer_token_store_gives_back_exactly_what_it_was_given(tmp_path, dtype)
 def test_frequency_columns_from_the_stream_equal_the_stacked_batches(tmp_path):
     from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
     from outlierlab.evaluation.frequency import DimColumns
-    from outlierlab.evaluation.stream import LayerStream
-    from outlierlab.evaluation.streaming import OutlierCounts
+    from outlierlab.evaluation.sentence_stream import LayerStream
+    from outlierlab.evaluation.sentence_pass import OutlierCounts
 
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu", batch_size=4)
     texts = _texts(10)
@@ -248,7 +248,7 @@ def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time
     """Issue 39, what stays in memory after the pass: the anisotropy reservoir in the model's dtype (the same pairs
     as a float32 one), the self-similarity sums [L, K, d] compacted to [L, K], and every transform's word sums
     (none's too: the replay takes them from the stored tokens) alive for one layer at a time, never [L, K, d]."""
-    import outlierlab.evaluation.streaming as streaming
+    import outlierlab.evaluation.sentence_pass as streaming
     from outlierlab.analysis.similarity import SelfSimilarityAccumulator
 
     alive, most = [], [0]
@@ -329,7 +329,7 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     from types import SimpleNamespace
 
     from outlierlab.evaluation import isotropy, sts, wic
-    from outlierlab.evaluation.streaming import pass_needs
+    from outlierlab.evaluation.sentence_pass import pass_needs
     from outlierlab.jobs import evaluation as mod
 
     # what each analysis reads from the shared pass (the maps are kept while a later one reads anything)

@@ -13,8 +13,8 @@ import torch
 from llama_fixtures import PASS, save_tiny_llama
 from llama_fixtures import texts as _texts
 from sentence_pass_oracle import oracle_pass
-from outlierlab.evaluation.stream import Consumer, LayerStream
-from outlierlab.evaluation.streaming import run_sentence_pass
+from outlierlab.evaluation.sentence_stream import Consumer, LayerStream
+from outlierlab.evaluation.sentence_pass import run_sentence_pass
 from outlierlab.analysis.transform_fit import FittedTransforms
 from outlierlab.evaluation.settings import TransformSettings
 from outlierlab.models.loading import FrozenEncoder

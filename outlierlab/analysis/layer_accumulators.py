@@ -1,6 +1,6 @@
 """Accumulators of one layer joined into one of many layers, and split back.
 
-The evaluation stream (:mod:`outlierlab.evaluation.stream`) and probe.py's feature extraction
+The evaluation stream (:mod:`outlierlab.evaluation.sentence_stream`) and probe.py's feature extraction
 (:mod:`outlierlab.datamodules.features`) feed each layer's hidden states to a single-layer accumulator as the model
 produces them (one layer in memory); the analyses read one ``L``-layer accumulator.  Every accumulator class of
 :mod:`outlierlab.analysis` keeps its per-layer state in tensors with one row per layer and says which they are

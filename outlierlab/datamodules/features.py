@@ -251,7 +251,7 @@ def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", thres
 class LayerTokenStore:
     """Token vectors of every layer appended batch by batch, one file per layer, in the model's dtype.
 
-    The one-pass evaluation (:mod:`outlierlab.evaluation.stream`) writes each layer's valid tokens here as
+    The one-pass evaluation (:mod:`outlierlab.evaluation.sentence_stream`) writes each layer's valid tokens here as
     the layer is produced and reads them back one layer at a time once the transforms are fitted, instead
     of encoding the sentences a second time.  Disk: ``N_tokens × (L+1) × d × itemsize`` bytes (MiniLM,
     2,000 sentences: ≈ 0.3 GB in float32; 84 GB for a 70B model); memory: one layer's rows at a time.

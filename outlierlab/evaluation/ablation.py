@@ -22,7 +22,7 @@ masked-LM, while zeroing as many random dims does almost nothing.  This module r
   loss of every non-special token given its left context (:func:`outlierlab.datamodules.scoring_batches.next_token_batches`).  The
   ``objective`` column says which; the same batches are scored under every condition.
 * **pre-LN models** — the dims are zeroed in both per-layer norms and the final norm before the LM head
-  (:func:`outlierlab.evaluation.common.zeroed_kinds`; docs/fidelity.md).
+  (:func:`outlierlab.evaluation.ln_rule.zeroed_kinds`; docs/fidelity.md).
 
 The weight surgery (:mod:`outlierlab.models.layernorms`) and the masked-LM scoring (:mod:`outlierlab.datamodules.scoring_batches`, :func:`outlierlab.analysis.scored_rows.mlm_scores`) are
 plain functions, usable without evaluate.py.
@@ -40,11 +40,12 @@ from torch import Tensor
 
 from outlierlab.analysis.layernorm_rule import LayerNormRule
 from outlierlab.analysis.outlier_dims import random_dims
-from outlierlab.evaluation.common import check_common, detect_layernorm_outliers, skip_result, zeroed_kinds
+from outlierlab.evaluation.registry import skip_result
+from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.analysis.scored_rows import mlm_scores
 from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
 from outlierlab.models.lm_model import fill_mask
-from outlierlab.evaluation.common import analysis_texts, shared_mlm
+from outlierlab.evaluation.registry import analysis_texts, shared_mlm
 from outlierlab.models.lm_model import LoadedModel
 from outlierlab.datamodules.scoring_batches import next_token_batches
 from outlierlab.models.lm_model import predict_next

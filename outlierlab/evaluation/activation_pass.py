@@ -1,6 +1,6 @@
 """The modern outlier metrics in ``evaluate.py``'s streaming pass, for any encoder (ours or Hugging Face).
 
-:class:`ActivationObserver` subscribes to the forward of :func:`outlierlab.evaluation.streaming.run_sentence_pass`
+:class:`ActivationObserver` subscribes to the forward of :func:`outlierlab.evaluation.sentence_pass.run_sentence_pass`
 (the pass that already computes Luo et al.'s argmax/argmin shares), so the metrics cost no extra encoding:
 
 * :class:`outlierlab.analysis.activations.ActivationAccumulator` on the raw token vectors of every hidden state —
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from outlierlab.analysis.activations import ActivationAccumulator
 from outlierlab.analysis.layer_accumulators import stack_layers
-from outlierlab.evaluation.stream import Consumer
+from outlierlab.evaluation.sentence_stream import Consumer
 from outlierlab.models.sites import SITE_NAMES, InfNormRecorder
 from outlierlab.utils.tables import md_table
 
@@ -33,7 +33,7 @@ ACTIVATION_COLUMNS = ["kurtosis", "max_median", "max_abs", "max_abs_dim", "max_a
 
 
 class ActivationObserver(Consumer):
-    """A subscriber of the forward of the shared sentence pass (:mod:`outlierlab.evaluation.streaming`): each
+    """A subscriber of the forward of the shared sentence pass (:mod:`outlierlab.evaluation.sentence_pass`): each
     layer's raw valid tokens go into that layer's :class:`ActivationAccumulator`; the inf-norm hooks sit on the
     model while the forward runs (:meth:`open` / :meth:`close`).
 

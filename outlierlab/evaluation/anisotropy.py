@@ -17,9 +17,9 @@ from __future__ import annotations
 from outlierlab.analysis.rogue_dims import MIN_Z, RogueSummary, rogue_summary
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AnisotropySettings, load_settings
-from outlierlab.evaluation.streaming import sentence_stats
+from outlierlab.evaluation.sentence_pass import sentence_stats
 
-#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS)
+#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS)
 SENTENCE_PASS = frozenset({"anisotropy"})
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table

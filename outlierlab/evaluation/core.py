@@ -159,7 +159,7 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
         contexts[name] = EvalContext(encoder, section or OmegaConf.create({}), cfg, transforms,
                                      None if out_dir is None else Path(out_dir), int(cfg.seed), tb, shared,
                                      plots=plots)
-    from outlierlab.evaluation.streaming import pass_needs, sentence_stats
+    from outlierlab.evaluation.sentence_pass import pass_needs, sentence_stats
 
     needs = {name: pass_needs(modules[name], contexts[name]) for name in analyses}
     shared.needs = set().union(*needs.values())

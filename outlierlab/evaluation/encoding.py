@@ -1,5 +1,5 @@
 """What encoding texts with a frozen encoder needs around the forward (the forward itself is
-:class:`outlierlab.evaluation.stream.LayerStream`'s): the pass's log (:class:`EncodeLog`, one truncation warning
+:class:`outlierlab.evaluation.sentence_stream.LayerStream`'s): the pass's log (:class:`EncodeLog`, one truncation warning
 per pass), the tokens' character offsets for word-level analyses (:func:`token_offsets`), and
 :func:`distinct_texts`, which maps repeated texts (an STS file built from 50 documents has 1,225 pairs but 50
 texts) to one encoding each, with :func:`encode_log_line` saying how many were encoded.

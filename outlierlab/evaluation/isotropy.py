@@ -21,9 +21,9 @@ from outlierlab.analysis.transforms import FITTED, clip_mask
 from outlierlab.evaluation.anisotropy import transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import IsotropySettings, load_settings
-from outlierlab.evaluation.streaming import sentence_stats
+from outlierlab.evaluation.sentence_pass import sentence_stats
 
-#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS): IsoScore* shrinks the reservoir's
+#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS): IsoScore* shrinks the reservoir's
 #: covariance toward Σ
 SENTENCE_PASS = frozenset({"anisotropy", "covariance"})
 from outlierlab.reports.evaluation_report import plot_layers

@@ -19,7 +19,7 @@ from torch import nn
 
 from outlierlab.analysis.layernorm import LAYERNORM_ROW_FIELDS, layernorm_stats, sigma_outlier_dims
 from outlierlab.analysis.layernorm_rule import layernorm_outliers
-from outlierlab.evaluation.common import ln_rule
+from outlierlab.evaluation.ln_rule import ln_rule
 from outlierlab.models.families import UnknownFamilyError, family_of
 from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 from outlierlab.analysis.outlier_dims import detect_outlier_dims, position_row_stats
@@ -29,9 +29,9 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_vectors
 from outlierlab.utils.tables import md_table
 from outlierlab.evaluation.settings import OutliersSettings, load_settings
-from outlierlab.evaluation.streaming import sentence_stats
+from outlierlab.evaluation.sentence_pass import sentence_stats
 
-#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS)
+#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS)
 SENTENCE_PASS = frozenset({"outlier_counts", "activations"})
 
 COLUMNS = ["layer", "transform", "n_tokens", "n_outlier_dims", "outlier_dims", "argmax_dim", "argmax_share",

@@ -5,12 +5,12 @@ An analysis is ONE module with a function ``run(ctx: EvalContext) -> AnalysisRes
 * ``check(ctx)`` — load and validate its data before any encoding (the result is handed to ``run`` as
   ``ctx.prepared``);
 * ``consumers(ctx) -> list[Consumer]`` — subscribe to the shared per-layer stream over the evaluation sentences
-  (:class:`outlierlab.evaluation.stream.Consumer`: raw or transformed token or word vectors, every layer once);
+  (:class:`outlierlab.evaluation.sentence_stream.Consumer`: raw or transformed token or word vectors, every layer once);
   ``run`` then reads what they accumulated (``ctx.consumers``);
 * ``COLUMNS`` — its CSV header (a skipped run still writes one);
 * ``SENTENCE_PASS`` — what it reads from the shared pass's statistics (``sentence_stats(ctx)``), a set of
-  :data:`outlierlab.evaluation.streaming.PASS_NEEDS` names or a function of ``ctx`` returning one;
-* ``LM_HEAD = True`` — it scores with the model's LM head (:func:`outlierlab.evaluation.common.shared_mlm`):
+  :data:`outlierlab.evaluation.sentence_pass.PASS_NEEDS` names or a function of ``ctx`` returning one;
+* ``LM_HEAD = True`` — it scores with the model's LM head (:func:`outlierlab.evaluation.registry.shared_mlm`):
   the encoder is then loaded once, head included.
 
 Its config section is ``cfg.<name>`` (a module path: its last component); the built-in analyses read theirs as
@@ -36,7 +36,7 @@ from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings
 
 if TYPE_CHECKING:  # annotations only: the registry stays free of torch
     from outlierlab.models.lm_model import LoadedModel
-    from outlierlab.evaluation.streaming import SentenceStats
+    from outlierlab.evaluation.sentence_pass import SentenceStats
 
 
 @dataclass
@@ -45,13 +45,13 @@ class SharedPasses:
     field (filled on first use by the function named).
 
     sentence_stats : the one streaming pass over the evaluation sentences
-        (:func:`outlierlab.evaluation.streaming.sentence_stats`): outliers, anisotropy, self_similarity read it; WiC and
+        (:func:`outlierlab.evaluation.sentence_pass.sentence_stats`): outliers, anisotropy, self_similarity read it; WiC and
         STS take their detected clip dims and their ``transform.fit_on=sentences`` whitener from it
-    mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.common.shared_mlm`), on the
+    mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.registry.shared_mlm`), on the
         encoder's own weights: the analyses whose module sets ``LM_HEAD = True``
-    consumers : the :class:`~outlierlab.evaluation.stream.Consumer` s that analyses subscribed to the sentence pass
+    consumers : the :class:`~outlierlab.evaluation.sentence_stream.Consumer` s that analyses subscribed to the sentence pass
     needs : what the selected analyses read from the sentence pass (their modules' ``SENTENCE_PASS``,
-        :data:`outlierlab.evaluation.streaming.PASS_NEEDS`)
+        :data:`outlierlab.evaluation.sentence_pass.PASS_NEEDS`)
     texts : the evaluation sentences given in memory (:func:`outlierlab.api.evaluate`), in place of
         ``data.files`` and the shipped ones; None: read as configured
     """
@@ -138,3 +138,56 @@ ANALYSIS_MODULES: dict[str, str] = {name: f"outlierlab.evaluation.{name}" for na
 RUN_SETTINGS: tuple[type, ...] = (EncoderSettings, DataSettings, TransformSettings, OutliersSettings,
                                   AnisotropySettings, SelfSimilaritySettings)
 
+
+# ------------------------------------------------------------------ what a run gives each analysis
+def skip_result(name: str, title: str, reason: str) -> AnalysisResult:
+    """A one-line 'skipped' section (no rows) instead of a crash."""
+    return AnalysisResult(name, [], f"{title}\n\nSkipped: {reason}\n", summary={"skipped": reason})
+
+
+def shared_mlm(ctx) -> LoadedModel:
+    """:func:`load_mlm` of ``ctx.encoder``, loaded once per evaluate.py run (kept in ``ctx.shared.mlm``)."""
+    if ctx.shared.mlm is None:
+        from outlierlab.models.lm_model import load_mlm  # lazy: the registry stays free of torch
+
+        ctx.shared.mlm = load_mlm(ctx.encoder)
+    return ctx.shared.mlm
+
+
+def check_texts(settings) -> None:
+    """The analysis' own ``files`` (``settings.files``) exist (before any encoding); its ``max_sentences``
+    was range-checked when the settings were built."""
+    for f in settings.files or ():
+        if not Path(str(f)).expanduser().is_file():
+            raise FileNotFoundError(f"files: file not found: {f}")
+
+
+def analysis_texts(ctx, settings) -> tuple[list[str], str]:
+    """Held-out texts for an analysis and a short description of where they come from.
+
+    Looked up in order: the analysis' own ``files`` / ``max_sentences`` (``settings``, its typed section),
+    then the texts given to the run in memory (``ctx.shared.texts``, all of them: :func:`outlierlab.api.evaluate`),
+    then the evaluate config's ``data.files`` / ``data.max_sentences``; no files -> the shipped *Persuasion*
+    sentences (:func:`outlierlab.datamodules.eval_data.load_sentences`; not in our pretraining corpus).  The FIRST
+    ``max_sentences`` texts are used, so two analyses with the same limit see the same texts.
+    """
+    from outlierlab.datamodules.corpus import load_texts_from_files  # lazy: the registry stays free of torch
+    from outlierlab.datamodules.eval_data import load_sentences
+    from outlierlab.evaluation.settings import section_settings
+
+    data = section_settings(DataSettings, ctx.root_cfg)
+    files = settings.files if settings.files is not None else data.files
+    given = ctx.shared.texts if settings.files is None else None
+    limit = settings.max_sentences if settings.max_sentences is not None or given is not None else data.max_sentences
+    if given is not None:
+        texts, what = list(given), "the texts given"
+    elif files:
+        files = list(files)
+        texts, what = load_texts_from_files(files), f"{len(files)} file(s): " + ", ".join(map(str, files))
+    else:
+        texts, what = load_sentences(), "held-out sentences (Austen, Persuasion)"
+    if limit is not None:
+        texts = texts[:limit]
+    if not texts:
+        raise ValueError("no evaluation texts: set data.files or max_sentences > 0")
+    return texts, f"{len(texts)} texts from {what}"

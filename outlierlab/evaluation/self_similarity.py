@@ -20,9 +20,9 @@ from outlierlab.evaluation.anisotropy import transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
-from outlierlab.evaluation.streaming import sentence_stats
+from outlierlab.evaluation.sentence_pass import sentence_stats
 
-#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS): adjusted by the anisotropy
+#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS): adjusted by the anisotropy
 SENTENCE_PASS = frozenset({"anisotropy", "self_similarity"})
 
 

@@ -36,9 +36,9 @@ from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
 from outlierlab.utils.disk_room import check_room
 from outlierlab.evaluation.layer_rows import LayerRows, pair_cosines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch
+from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
-from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
+from outlierlab.evaluation.sentence_pass import clip_dims_for_tasks, sentence_stats
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
@@ -105,7 +105,7 @@ def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool 
     """Mean-pooled vectors of every text (:class:`SentenceVectors`: ``[N, d]`` float32 per layer, kept on disk)
     and Bool[N] (text had a token).
 
-    Each distinct text is encoded once, by the per-layer stream (:class:`outlierlab.evaluation.stream.
+    Each distinct text is encoded once, by the per-layer stream (:class:`outlierlab.evaluation.sentence_stream.
     LayerStream`); repeated texts get the same vector (``notes``, if given, gets the line saying how many texts
     were encoded, and the pass's truncation warning).  Each layer is pooled as it is produced and written to
     disk: the ``(L+1)·N·d`` vectors (21 GiB for 4,300 pairs of a 70B model) are never in memory
@@ -328,5 +328,5 @@ def _sentence_pass(ctx) -> set[str]:
     return {"fitted_maps"} if section_settings(TransformSettings, ctx.root_cfg).fit_on == "sentences" else set()
 
 
-#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS)
+#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS)
 SENTENCE_PASS = _sentence_pass

@@ -33,7 +33,7 @@ from outlierlab.evaluation.layer_rows import pair_cosines
 from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from outlierlab.analysis.transform_fit import WhitenSettings
-from outlierlab.evaluation.streaming import clip_dims_for_tasks, sentence_stats
+from outlierlab.evaluation.sentence_pass import clip_dims_for_tasks, sentence_stats
 from outlierlab.analysis.transform_fit import FittedTransforms
 
 def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
@@ -206,5 +206,5 @@ def _sentence_pass(ctx) -> set[str]:
     return {"fitted_maps"} if section_settings(TransformSettings, ctx.root_cfg).fit_on == "sentences" else set()
 
 
-#: read from the shared pass (outlierlab.evaluation.streaming.PASS_NEEDS)
+#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS)
 SENTENCE_PASS = _sentence_pass

@@ -419,8 +419,8 @@ class FrozenEncoder:
     def forward_layers(self, input_ids: Tensor, attention_mask: Tensor, fn) -> None:
         """One padded batch, each hidden state handed to ``fn(layer, hidden [B, T, d])`` as the model produces
         it (in the model's dtype, on its layer's device): activation memory is one layer, not ``L+1``
-        (:func:`outlierlab.models.layer_stream.tap_layers`)."""
-        from outlierlab.models.layer_stream import tap_layers
+        (:func:`outlierlab.models.layer_taps.tap_layers`)."""
+        from outlierlab.models.layer_taps import tap_layers
 
         model = self.model
         input_ids, attention_mask = input_ids.to(self.input_device), attention_mask.to(self.input_device)

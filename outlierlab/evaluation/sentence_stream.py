@@ -13,7 +13,7 @@ and it receives them through a public interface: :meth:`Consumer.update` ``(laye
 and batch, :meth:`Consumer.start_batch` / :meth:`Consumer.end_batch` around a batch's forward,
 :meth:`Consumer.end_layer` once a layer has been seen in full, and its own ``result()``.  Every analysis of
 ``evaluate.py`` that reads hidden states does so here: the shared sentence pass
-(:mod:`outlierlab.evaluation.streaming`), WiC's targets, STS's sentence means, qk_outliers' hooks and
+(:mod:`outlierlab.evaluation.sentence_pass`), WiC's targets, STS's sentence means, qk_outliers' hooks and
 frequency's columns, each over its own texts.
 
 A transform that must be fitted on the same vectors (clip's detected dims, whiten/standardize/abtt/center) is

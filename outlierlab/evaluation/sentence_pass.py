@@ -1,5 +1,5 @@
 """The shared pass over the evaluation sentences: outliers, anisotropy, isotropy and self-similarity subscribe
-their statistics to one :class:`~outlierlab.evaluation.stream.LayerStream`.
+their statistics to one :class:`~outlierlab.evaluation.sentence_stream.LayerStream`.
 
 Memory never grows with the number of sentences: texts are tokenized ``chunk`` at a time and each layer of each
 batch is reduced into running statistics as the model produces it.  The subscribers (:class:`Consumer` each):
@@ -39,7 +39,7 @@ from outlierlab.evaluation.activation_pass import ActivationObserver
 from outlierlab.evaluation.encoding import EncodeLog
 from outlierlab.evaluation.settings import (AnisotropySettings, DataSettings, EncoderSettings, OutliersSettings,
                                             SelfSimilaritySettings, TransformSettings, section_settings)
-from outlierlab.evaluation.stream import Consumer, LayerStream, StreamBatch, WordVectors
+from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch, WordVectors
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims
 from outlierlab.evaluation.words import select_words
 
