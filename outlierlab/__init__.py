@@ -27,7 +27,7 @@ _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
          "OutlierMonitorCallback": "outlierlab.monitoring.hf_trainer",
          "load_encoder": "outlierlab.api", "evaluate": "outlierlab.api", "probe_positions": "outlierlab.api",
          "dim_identity": "outlierlab.api", "history_frame": "outlierlab.reports.history",
-         "study_histories": "outlierlab.jobs.study_table",
+         "study_histories": "outlierlab.studies.table",
          "Consumer": "outlierlab.evaluation.sentence_stream", "LayerStream": "outlierlab.evaluation.sentence_stream",
          "AnalysisResult": "outlierlab.evaluation.registry"}
 

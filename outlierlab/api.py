@@ -265,7 +265,7 @@ def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
     from outlierlab.analysis.dim_identity import HISTORY, layer_identity
 
     if not isinstance(history, pd.DataFrame):
-        from outlierlab.jobs.study_table import resolve
+        from outlierlab.studies.table import resolve
 
         path = resolve(history)  # also a cell of a packed study: docs/order_use/cells.parquet/pos=none,seed=2
         found = [p for p in (path, path / "hidden_states.csv", path / HISTORY) if p.is_file()]

@@ -4,17 +4,17 @@ aggregated again.
     python scripts/export_cells.py multirun/emergence_seeds docs/emergence/seeds.parquet   # one table (committed form)
     python scripts/export_cells.py multirun/emergence_seeds exported/seeds                 # a folder of run directories
 
-An ``out`` ending in ``.parquet`` is a study table (:mod:`outlierlab.jobs.study_table`: machine paths scrubbed); an
+An ``out`` ending in ``.parquet`` is a study table (:mod:`outlierlab.studies.table`: machine paths scrubbed); an
 existing table keeps its cells and gains the new ones.
 
 Per finished cell (``finished.json``): ``.hydra/overrides.yaml``, ``config.yaml``, ``finished.json``,
 ``csv/metrics.csv``, ``monitor_posthoc/metrics.csv`` and the live monitor histories
 ``monitor/{hidden_states,layernorm}.csv`` without their per-dimension rows (mean vectors, gains, biases:
 hundreds of thousands of lines that the study aggregator does not average). Checkpoints, TensorBoard events,
-exported models and plots stay behind. ``python -m outlierlab.jobs.study <out>`` then gives the same
+exported models and plots stay behind. ``python -m outlierlab.studies.aggregate <out>`` then gives the same
 ``study.csv`` for the scalars as on the sweep itself. Cells already exported are skipped. With ``--stopped``, the
 cells stopped before their budget (no ``finished.json``: a wall-clock cut) come along too, for
-``python -m outlierlab.jobs.study <out> --until STEP``.
+``python -m outlierlab.studies.aggregate <out> --until STEP``.
 
 A cell's ``manifest.json`` (:mod:`outlierlab.jobs.run_state`) comes along, restricted to the exported files: a file
 copied as is keeps its entry (so the hash still proves it is the file the run wrote); a history cut to its scalar
@@ -99,7 +99,7 @@ def export_table(sweep: Path, out: Path, stopped: bool = False) -> list[str]:
     """:func:`export` into the study table ``out``: its cells are unpacked beside the new ones and packed again."""
     import tempfile
 
-    from outlierlab.jobs.study_table import cells_dir, pack
+    from outlierlab.studies.table import cells_dir, pack
 
     with tempfile.TemporaryDirectory(prefix="export_cells_") as tmp:
         folder = Path(tmp) / out.stem

@@ -6,13 +6,13 @@
 #   bash scripts/order_recipe_gpu.sh sweep [SECONDS_PER_CELL]     # the candidates
 #   bash scripts/order_recipe_gpu.sh study [SECONDS_PER_CELL]     # experiment=order_recipe, learned/none x STUDY_SEEDS
 #     (1 2 3 4 5; STUDY_SEEDS="6 7 8 9 10" for more: does the learned table's dimension settle as order use begins,
-#     3 of 5 so far: outlierlab.jobs.dim_identity on the exported cells)
+#     3 of 5 so far: outlierlab.studies.dim_identity on the exported cells)
 #   bash scripts/order_recipe_gpu.sh haviv [SECONDS_PER_CELL]     # {mlm, clm} x {learned, none} x 5 seeds of
 #     experiment=order_recipe: Haviv et al.'s masked-vs-causal interaction with a masked model that uses its
 #     positions (measured: 12 cells, SEEDS="1 2 3", 250 s on one H100 took the mlm cells to 6,000 steps and the
 #     clm cells -- slower -- to ~5,500; 20 cells need about 8 minutes); then
 #     python scripts/export_cells.py gpu_runs/haviv docs/order_use/cells_objectives.parquet --stopped and
-#     python -m outlierlab.jobs.objectives_report docs/order_use/cells_objectives.parquet --until 5000 \
+#     python -m outlierlab.studies.objectives_report docs/order_use/cells_objectives.parquet --until 5000 \
 #       --out docs/order_use/study_objectives   (docs/order_use.md, "Haviv's interaction")
 #   bash scripts/order_recipe_gpu.sh schemes [SECONDS_PER_CELL]   # sinusoidal, relative, rope, alibi x SCHEMES_SEEDS (1 2 3) of
 #     experiment=order_recipe (12 cells), beside the study's learned and none
@@ -25,7 +25,7 @@
 #     LONG_SEEDS (1), LONG_STEPS (20000) steps on data=english_large, masked (4 cells: unmeasured; 6,000 steps took
 #     ~250 s with 14 cells sharing the GPU, so give a warm machine the call's 540 s and use --stopped/--until)
 #   bash scripts/order_recipe_gpu.sh switches [SECONDS_PER_CELL]  # arch=default,op,pre_ln x SWITCH_SEEDS (1 2 3), learned
-#     positions, english_large, masked (9 cells; then python -m outlierlab.jobs.study <exported cells>
+#     positions, english_large, masked (9 cells; then python -m outlierlab.studies.aggregate <exported cells>
 #     --contrast arch=default,op --contrast arch=default,pre_ln --primary val/loss@model,hidden/kurtosis@max_layer)
 #   bash scripts/order_recipe_gpu.sh haviv,schemes 450           # several modes at once, one process per cell
 #     (measured: SEEDS="4 5" ... haviv,schemes,large 470 ran 22 cells at once on one H100 and every one finished its
@@ -99,7 +99,7 @@ if has large; then  # the pair on data=english_large (11.3M tokens: ~5x fewer ep
 fi
 if has long; then  # LONG_STEPS (20,000) of LONG_SCHEMES on data=english_large, masked: do the absolute schemes'
   # heavier-tailed middle layers become Luo-type dimensions (|x| argmax share near 1) with training, and is it one
-  # dimension through the layers? (python -m outlierlab.jobs.dim_identity <exported cells> --out <dir>)
+  # dimension through the layers? (python -m outlierlab.studies.dim_identity <exported cells> --out <dir>)
   for seed in ${LONG_SEEDS:-1}; do for p in ${LONG_SCHEMES:-sinusoidal learned rope none}; do
     cell "long/pos=$p,seed=$seed" experiment=order_recipe data=english_large objective=mlm pos=$p seed=$seed \
       trainer.max_steps=${LONG_STEPS:-20000} callbacks.model_checkpoint.every_n_train_steps=100000

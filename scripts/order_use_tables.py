@@ -1,14 +1,14 @@
 """The tables of docs/order_use.md from the committed cells: ``python scripts/order_use_tables.py``.
 
 Reads every cell's ``csv/metrics.csv`` in the packed sweep ``docs/order_use/sweep.parquet`` (every validation's
-loss, accuracy and order use; :mod:`outlierlab.jobs.study_table` unpacks it once into the cache) and writes
+loss, accuracy and order use; :mod:`outlierlab.studies.table` unpacks it once into the cache) and writes
 ``docs/order_use/sweep.csv`` -- one row per cell and validation step -- and, on stdout, the markdown tables: per cell
 the first step at which order use reached 0.5 nats, and the loss / order use / accuracy at chosen steps.  The CPU
 cells of ``experiment=order_recipe_cpu`` (``docs/order_use/cpu.parquet``) go to ``docs/order_use/cpu.csv`` and one table
 of every validation, learned beside none; the position probes' table from ``docs/order_use/probes/``.  The studies'
 tables (learned vs none at 3 and 5 seeds, every scheme, and on english_large the causal pair, the masked pair, every
 scheme and Haviv's 2 x 2) are generated blocks of
-docs/order_use.md: ``python -m outlierlab.jobs.doc_tables docs/order_use.md`` writes them from each study folder's
+docs/order_use.md: ``python -m outlierlab.studies.doc_tables docs/order_use.md`` writes them from each study folder's
 ``contrasts.csv.xz``, and the tests check them.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from outlierlab.jobs.study_table import cells_dir
+from outlierlab.studies.table import cells_dir
 
 ROOT = Path(__file__).resolve().parent.parent / "docs" / "order_use"
 TARGET = 0.5  # nats of order use: the recipe target of issue 47

@@ -10,15 +10,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from outlierlab.jobs.study import build_parser
-from outlierlab.jobs import committed_studies as cs
+from outlierlab.studies.aggregate import build_parser
+from outlierlab.studies import committed as cs
 from tests.conftest import ROOT
 
-_COMMAND = re.compile(r"python -m outlierlab\.jobs\.study ((?:\\\n|[^\n`#])+)")
+_COMMAND = re.compile(r"python -m outlierlab\.studies\.aggregate ((?:\\\n|[^\n`#])+)")
 
 
 def quoted_commands() -> list[tuple[str, list[str]]]:
-    """(page, aggregator arguments) of every ``python -m outlierlab.jobs.study`` command a page of the docs quotes
+    """(page, aggregator arguments) of every ``python -m outlierlab.studies.aggregate`` command a page of the docs quotes
     with a committed table as input (continuation lines joined, a trailing comment dropped)."""
     found = []
     for page in sorted((ROOT / "docs").rglob("*.md")):

@@ -1,4 +1,4 @@
-"""Which dimension, since when (outlierlab.jobs.dim_identity): hand-built histories, then the committed cells."""
+"""Which dimension, since when (outlierlab.studies.dim_identity): hand-built histories, then the committed cells."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from outlierlab.analysis.dim_identity import layer_identity
-from outlierlab.jobs import dim_identity as di
+from outlierlab.studies import dim_identity as di
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMES = ROOT / "docs" / "order_use" / "cells_schemes_large.parquet"
@@ -105,7 +105,7 @@ def test_a_missing_folder_is_one_line(tmp_path, capsys):
 
 
 def test_the_job_takes_a_loop_monitors_folder_as_the_api_does(tmp_path, capsys):
-    """`python -m outlierlab.jobs.dim_identity` on a monitor's out_dir and on a Trainer's output_dir (its monitor/):
+    """`python -m outlierlab.studies.dim_identity` on a monitor's out_dir and on a Trainer's output_dir (its monitor/):
     the rows ol.dim_identity gives; cells and monitor folders together are refused in one line."""
     import shutil
 

@@ -60,7 +60,7 @@ def test_every_anchor_names_a_heading():
 
 
 def test_the_slugs_are_githubs():
-    assert slug("Which dimension, and since when (`outlierlab.jobs.dim_identity`)") == \
-        "which-dimension-and-since-when-outlierlabjobsdim_identity"
+    assert slug("Which dimension, and since when (`outlierlab.studies.dim_identity`)") == \
+        "which-dimension-and-since-when-outlierlabstudiesdim_identity"
     assert slug("Every scheme in the recipe: sinusoidal, relative, rope, alibi") == \
         "every-scheme-in-the-recipe-sinusoidal-relative-rope-alibi"

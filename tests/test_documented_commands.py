@@ -205,7 +205,7 @@ def uses_argparse(target: str) -> bool:
 
 
 def test_every_documented_job_script_and_benchmark_command_parses(monkeypatch):
-    """``python -m outlierlab.jobs.study ... --contrast ...``, ``python scripts/export_cells.py ...``,
+    """``python -m outlierlab.studies.aggregate ... --contrast ...``, ``python scripts/export_cells.py ...``,
     ``python benchmarks/evaluate_vs_forward.py --repeat 3``: each documented flag is one the tool takes."""
     commands = documented_commands(TOOL)
     assert len(commands) >= 150
@@ -231,6 +231,6 @@ def test_a_bad_override_is_caught():
 
 
 def test_a_bad_flag_is_caught(monkeypatch):
-    assert parses("outlierlab.jobs.dim_identity", ["cells", "--out", "x"], monkeypatch) is None
-    assert "unrecognized arguments: --no-such-flag" in parses("outlierlab.jobs.dim_identity",
+    assert parses("outlierlab.studies.dim_identity", ["cells", "--out", "x"], monkeypatch) is None
+    assert "unrecognized arguments: --no-such-flag" in parses("outlierlab.studies.dim_identity",
                                                                ["cells", "--out", "x", "--no-such-flag"], monkeypatch)

@@ -47,7 +47,7 @@ def test_exported_cell_keeps_a_manifest_that_verifies(tmp_path):
 
 
 def test_export_into_a_table_keeps_its_cells_and_adds_the_new_ones(tmp_path):
-    from outlierlab.jobs.study_table import cells_dir
+    from outlierlab.studies.table import cells_dir
 
     export_cells = _export_cells()
     _plant(tmp_path / "sweep" / "pos=none,seed=1")

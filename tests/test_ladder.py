@@ -7,7 +7,7 @@ import csv
 
 import pytest
 
-from outlierlab.jobs import ladder
+from outlierlab.studies import ladder
 from outlierlab.jobs.overrides import check_overrides
 from outlierlab.jobs.startup import check_train_config
 from tests.conftest import compose

@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "outlierlab"
 # README "Layout", top to bottom; entry scripts and scripts/ sit above all of them
-ORDER = ["jobs", "lightning_modules", "monitoring", "evaluation", "reports", "datamodules", "models", "analysis", "utils"]
+ORDER = ["studies", "jobs", "lightning_modules", "monitoring", "evaluation", "reports", "datamodules", "models", "analysis", "utils"]
 
 
 def _imported_packages(path: Path) -> set[str]:

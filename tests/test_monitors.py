@@ -350,7 +350,7 @@ def test_tensorboard_tags_and_values(runs):
     csv_share = {int(r["step"]): float(r["value"]) for r in csv.DictReader(runs["after_a"][1].splitlines())
                  if r["name"] == "layer_2" and r["statistic"] == "argmax_share"}
     assert share.keys() == csv_share.keys() and all(share[s] == pytest.approx(csv_share[s], rel=1e-6) for s in share)
-    # the |x| argmax dimension (what outlierlab.jobs.dim_identity reads from the CSV's dim column) as a curve
+    # the |x| argmax dimension (what outlierlab.studies.dim_identity reads from the CSV's dim column) as a curve
     dims = {e.step: e.value for e in acc.Scalars(f"{hs}/layer_2/abs_argmax_dim")}
     csv_dims = {int(r["step"]): float(r["dim"]) for r in csv.DictReader(runs["after_a"][1].splitlines())
                 if r["name"] == "layer_2" and r["statistic"] == "abs_argmax_share"}

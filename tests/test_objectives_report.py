@@ -1,4 +1,4 @@
-"""outlierlab.jobs.objectives_report on planted cells: the papers' contrasts equal hand/scipy values."""
+"""outlierlab.studies.objectives_report on planted cells: the papers' contrasts equal hand/scipy values."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from outlierlab.jobs.run_state import mark_finished
-from outlierlab.jobs import objectives_report as report
+from outlierlab.studies import objectives_report as report
 
 LOSS = {("mlm", "learned"): [5.0, 5.2, 5.1], ("mlm", "none"): [5.6, 5.9, 5.7],
         ("clm", "learned"): [4.0, 4.1, 4.3], ("clm", "none"): [4.05, 4.2, 4.3]}
@@ -98,7 +98,7 @@ def test_a_torn_cell_is_named_and_excluded(sweep, tmp_path):
 
 
 def test_doc_tables_renders_the_objectives_block(sweep, monkeypatch):
-    from outlierlab.jobs import doc_tables
+    from outlierlab.studies import doc_tables
 
     monkeypatch.setattr(doc_tables, "ROOT", sweep.parent)
     monkeypatch.setattr(doc_tables, "OBJECTIVES", sweep.name)
@@ -109,7 +109,7 @@ def test_doc_tables_renders_the_objectives_block(sweep, monkeypatch):
 def test_fresh_monitor_histories_with_per_dimension_rows_are_read(tmp_path):
     """The live LayerNorm monitor writes top_gain_z / top_bias_z once per top dim: vectors, not scalars to average
     (a fresh sweep -- not an exported one, whose histories are cut to scalars -- failed on them)."""
-    from outlierlab.jobs.study_cells import cell_numbers, read_cell
+    from outlierlab.studies.cells import cell_numbers, read_cell
 
     plant(tmp_path, "mlm", "none", 1, 0)
     cell = tmp_path / "objective=mlm,pos=none,seed=1"

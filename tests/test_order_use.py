@@ -252,7 +252,7 @@ def test_a_masked_model_without_positions_is_told_it_cannot_use_order_not_yet():
 def test_study_flags_cells_below_the_threshold_at_their_last_step():
     import pandas as pd
 
-    from outlierlab.jobs.study import order_use_flags
+    from outlierlab.studies.aggregate import order_use_flags
 
     rows = [("pos=learned", 1, 1000, 0.01), ("pos=learned", 1, 2000, 3.0),  # left the plateau: not flagged
             ("pos=learned", 2, 1000, 0.5), ("pos=learned", 2, 2000, 0.02),  # below at its last step: flagged
@@ -275,7 +275,7 @@ def test_study_flags_cells_below_the_threshold_at_their_last_step():
 def test_orderless_groups_are_masked_models_without_positions_only():
     from types import SimpleNamespace
 
-    from outlierlab.jobs.study import orderless_groups
+    from outlierlab.studies.aggregate import orderless_groups
 
     def cell(pos: str, causal: bool):
         return SimpleNamespace(config={"model.pos.name": pos, "model.causal": causal})

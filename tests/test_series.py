@@ -1,5 +1,5 @@
 """Published checkpoint series as studies (issue 39): the step/seed read from a revision or a model name, and
-``evaluate.py -m encoder.revision=...`` aggregated by ``outlierlab.jobs.study`` into one curve over steps.
+``evaluate.py -m encoder.revision=...`` aggregated by ``outlierlab.studies.aggregate`` into one curve over steps.
 
 The "hub" is a local Hugging Face cache holding tiny models under revisions step0/step1000/step2000, read
 offline exactly as ``EleutherAI/pythia-160m`` at ``step1000`` would be.
@@ -48,7 +48,7 @@ def test_apply_series_rewrites_identity_and_config():
 
 
 def test_revision_sweep_is_one_curve_over_steps(tmp_path):
-    from outlierlab.jobs.study import run as study
+    from outlierlab.studies.aggregate import run as study
     from probe_fixtures import SENTENCES, save_tiny_bert
     from llama_fixtures import fake_hub
 

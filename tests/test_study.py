@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from outlierlab.analysis.seed_statistics import contrast, summarize
-from outlierlab.jobs import study
+from outlierlab.studies import aggregate as study
 
 T_975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2), as a constant: the test must not share the code's call
 
@@ -241,7 +241,7 @@ def test_an_excluded_key_excludes_its_sub_keys_from_a_cells_identity(tmp_path):
     """posthoc_probe.max_sentences=200 on one seed (a re-analysis setting) must not split the group, as it does not
     move the cell's directory (startup.cell_overrides); nor must paths.cache_dir (the same recipe run where the cache
     lives elsewhere: the device cells of docs/order_use.md); a real setting under another key still does."""
-    from outlierlab.jobs.study_cells import read_cell
+    from outlierlab.studies.cells import read_cell
 
     base = {"pos": "none", "experiment": "emergence_seeds"}
     a = read_cell(plant_cell(tmp_path, {**base, "seed": 1}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}}))
@@ -292,7 +292,7 @@ def test_until_admits_cells_cut_by_the_clock_and_compares_every_cell_on_the_same
 
 
 def test_a_cut_cell_takes_its_code_version_from_its_start_records(tmp_path):
-    from outlierlab.jobs.study_cells import admit_cut, read_cell
+    from outlierlab.studies.cells import admit_cut, read_cell
 
     cell = plant_cell(tmp_path, {"pos": "none", "seed": 1}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0},
                                                             50: {"kurtosis": 2.0, "share": 0.2, "ppl": 5.0}},
@@ -315,7 +315,7 @@ def test_curves_keep_their_axes_with_a_long_group_label(tmp_path):
 
     from matplotlib.image import imread
 
-    from outlierlab.reports.study_report import _wrapped, write_curves
+    from outlierlab.studies.report import _wrapped, write_curves
 
     group = ("analyses=[outliers,anisotropy],data.files=[/very/long/path/to/the/evaluation/sentences/of/this/study.txt],"
              "encoder.device=cpu,encoder.name_or_path=org/tiny,encoder.revision=step*,transform=[none]")

@@ -12,7 +12,7 @@ from scipy import optimize, stats
 
 from outlierlab.analysis.seed_statistics import contrast, summarize
 from outlierlab.analysis.study_inference import adjust_pvalues, bounded_interval, minimum_detectable_effect, tost
-from outlierlab.jobs import study
+from outlierlab.studies import aggregate as study
 from tests.test_study import plant_study, row
 
 P = [0.001, 0.008, 0.039, 0.041, 0.042, 0.06, 0.074, 0.205]

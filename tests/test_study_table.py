@@ -1,4 +1,4 @@
-"""A study's run directories as one Parquet table (outlierlab.jobs.study_table): the aggregator gives the same
+"""A study's run directories as one Parquet table (outlierlab.studies.table): the aggregator gives the same
 numbers from the table as from the directories, a machine's paths are scrubbed while the manifest still checks every
 byte, and no tracked text file names a machine's absolute path."""
 
@@ -10,7 +10,7 @@ import subprocess
 import pandas as pd
 import pytest
 
-from outlierlab.jobs import study, study_table
+from outlierlab.studies import aggregate as study, table as study_table
 from outlierlab.jobs.run_state import verify_manifest, write_manifest
 from tests.conftest import ROOT
 from tests.test_study import plant_cell, plant_study

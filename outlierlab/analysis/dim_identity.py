@@ -6,7 +6,7 @@ dimension *and that dimension* (the ``dim`` column of the ``abs_argmax_share`` r
 ``argmax_share``/``argmin_share``, Luo et al. 2021 §2).  Kovaleva et al. (2021) found BERT's outlier dimensions at
 the same index in every layer, early in pretraining and kept; :func:`layer_identity` reads both properties off one
 history (defined in docs/design.md's formulas table, "dimension identity").  Many runs at once:
-:mod:`outlierlab.jobs.dim_identity`; from a notebook: ``ol.dim_identity``.
+:mod:`outlierlab.studies.dim_identity`; from a notebook: ``ol.dim_identity``.
 """
 
 from __future__ import annotations

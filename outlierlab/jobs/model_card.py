@@ -379,7 +379,7 @@ def _outlier_features(d: dict) -> list[str]:
             out.append(f"| {name} | {_g(e.get('argmax_share'))} | {e.get('argmax_dim', '–')} | {ident[0]} | "
                        f"{ident[1]} | {_g(e.get('kurtosis'))} | {_g(e.get('max_median'))} |")
         out += ["", "held since: the first monitored step from which the layer's |x| argmax dimension stayed the "
-                "same (`python -m outlierlab.jobs.dim_identity`)."]
+                "same (`python -m outlierlab.studies.dim_identity`)."]
     else:
         out.append("No hidden-state monitor output (`monitor/hidden_states.csv`).")
     if ln and "n_outlier_dims" in ln:

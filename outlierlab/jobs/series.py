@@ -1,10 +1,10 @@
 """Published training-checkpoint series as studies: a cell's training step (and seed) read from its hub
-revision or model name, so ``python -m outlierlab.jobs.study`` draws emergence curves over published training
+revision or model name, so ``python -m outlierlab.studies.aggregate`` draws emergence curves over published training
 with the same tables and plots as our own runs.
 
     python evaluate.py -m encoder=pythia_160m encoder.revision=step0,step1000,step8000,step143000
     python evaluate.py -m encoder=multiberts encoder.name_or_path=google/multiberts-seed_0-step_0k,google/multiberts-seed_0-step_20k
-    python -m outlierlab.jobs.study multirun/<date>/<time>
+    python -m outlierlab.studies.aggregate multirun/<date>/<time>
 
 What is read (:func:`series_point`):
 
@@ -16,7 +16,7 @@ What is read (:func:`series_point`):
   models); a local directory whose last component is ``step<N>`` (or ``step_<N>k``) gives the step too
   (checkpoints saved by hand).  The name keeps ``seed_*`` / ``step*`` in the identity.
 
-The cell's numbers, which evaluate.py writes at step -1, are moved to that step (:mod:`outlierlab.jobs.study_cells`).
+The cell's numbers, which evaluate.py writes at step -1, are moved to that step (:mod:`outlierlab.studies.cells`).
 """
 
 from __future__ import annotations

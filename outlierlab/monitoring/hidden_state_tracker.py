@@ -260,7 +260,7 @@ class HiddenStateTracker:
             writer.add_scalar(f"{base}/argmax_dim", s["argmax_dim"], step)
             writer.add_scalar(f"{base}/argmin_dim", s["argmin_dim"], step)
             # the dimension of abs_argmax_share: a flat curve is the layer's outlier dimension settling
-            # (outlierlab.jobs.dim_identity reads the same from hidden_states.csv)
+            # (outlierlab.studies.dim_identity reads the same from hidden_states.csv)
             writer.add_scalar(f"{base}/abs_argmax_dim", s["abs_argmax_dim"], step)
             writer.add_scalar(f"{base}/anisotropy", float(summary["anisotropy"][i]), step)
             if summary["anisotropy_se"][i] == summary["anisotropy_se"][i]:  # NaN below 3 sentences

@@ -1,6 +1,6 @@
 """Which dimension carries each layer's concentration, since when, and in how many layers (Kovaleva et al. 2021).
 
-    python -m outlierlab.jobs.dim_identity docs/order_use/cells_schemes_large.parquet docs/order_use/cells_large_mlm.parquet \\
+    python -m outlierlab.studies.dim_identity docs/order_use/cells_schemes_large.parquet docs/order_use/cells_large_mlm.parquet \\
         --out docs/order_use/dim_identity_large
 
 Kovaleva et al. (2021, "BERT Busters") found BERT's outlier dimensions early in pretraining, at the *same index in
@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from outlierlab.analysis.dim_identity import HISTORY, layer_identity
-from outlierlab.jobs.study_cells import Cell, admit_cut, find_cells
+from outlierlab.studies.cells import Cell, admit_cut, find_cells
 from outlierlab.utils.tables import md_table
 
 STATISTICS = ("abs_argmax_share", "argmax_share", "argmin_share")  # the monitor rows that carry a dimension
@@ -119,7 +119,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def markdown(summ: pd.DataFrame, statistic: str, skipped: list[str]) -> str:
-    lines = [f"# Which dimension, since when (`{statistic}`, :mod:`outlierlab.jobs.dim_identity`)", "",
+    lines = [f"# Which dimension, since when (`{statistic}`, :mod:`outlierlab.studies.dim_identity`)", "",
              "held = median over seeds of 1 − (first step of the final dimension's unbroken run) / last step; "
              "as previous = seeds whose layer ends on the previous layer's dimension (chance 1/d); layers on its dim = "
              "median number of layers ending on the layer's dimension (itself included); settled with use = seeds whose "
@@ -139,7 +139,7 @@ def _loop_history(path: Path) -> Path | None:
     """The monitor history of a loop monitor's folder -- ``ol.OutlierMonitor``'s ``out_dir``, a transformers
     ``Trainer``'s ``output_dir`` (its ``monitor/``) -- or a ``hidden_states.csv`` itself; None for anything else
     (train.py cells and sweeps go through :func:`collect`)."""
-    from outlierlab.jobs.study_cells import is_cell
+    from outlierlab.studies.cells import is_cell
 
     if path.is_file() and path.suffix == ".csv":
         return path
@@ -171,7 +171,7 @@ def _write_loop_histories(histories: dict, statistic: str, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m outlierlab.jobs.dim_identity", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m outlierlab.studies.dim_identity", description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", help="folders of cells (a sweep or exported cells), or cells")
     ap.add_argument("--out", required=True, help="where dim_identity.csv and dim_identity.md go")
     ap.add_argument("--statistic", default="abs_argmax_share", choices=STATISTICS,

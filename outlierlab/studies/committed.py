@@ -1,9 +1,9 @@
 """Every study the docs report, as the one aggregator command that made it, and the one command that remakes them all.
 
-    python -m outlierlab.jobs.committed_studies              # every study, then every generated doc table
-    python -m outlierlab.jobs.committed_studies order_use/study_large   # one study (its folder under docs/)
+    python -m outlierlab.studies.committed              # every study, then every generated doc table
+    python -m outlierlab.studies.committed order_use/study_large   # one study (its folder under docs/)
 
-Each study's cells are a committed table (``docs/<area>/<name>.parquet``, :mod:`outlierlab.jobs.study_table`); its
+Each study's cells are a committed table (``docs/<area>/<name>.parquet``, :mod:`outlierlab.studies.table`); its
 outputs are regenerated from them by :data:`STUDIES`' command, run from the repository root, into the study's
 folder, and committed compact:
 
@@ -13,7 +13,7 @@ folder, and committed compact:
   the same command with ``--out`` elsewhere.
 
 The docs quote these commands; ``tests/test_committed_studies.py`` checks each quoted one equals its entry here, so
-the page and the data cannot drift apart. Then :mod:`outlierlab.jobs.doc_tables` rewrites every generated table.
+the page and the data cannot drift apart. Then :mod:`outlierlab.studies.doc_tables` rewrites every generated table.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 _LEARNED_NONE = "--contrast pos=learned,none --primary val/loss@model,val/order_use@model"
-#: Cells read only for the replicate check of the mixed-code studies (outlierlab.jobs.study_replicates)
+#: Cells read only for the replicate check of the mixed-code studies (outlierlab.studies.replicates)
 _REPLICATES = ("--replicates docs/order_use/cells.parquet docs/order_use/cells_objectives.parquet "
                "docs/order_use/sweep.parquet")
 _SCHEMES = ("--contrast pos=sinusoidal,none --contrast pos=relative,none --contrast pos=rope,none "
             "--contrast pos=alibi,none --contrast pos=learned,none --primary val/loss@model,val/order_use@model")
 
-#: docs/ folder of each study's outputs -> the aggregator's arguments (``python -m outlierlab.jobs.study ...``).
+#: docs/ folder of each study's outputs -> the aggregator's arguments (``python -m outlierlab.studies.aggregate ...``).
 STUDIES: dict[str, str] = {
     "emergence/seeds/study": "docs/emergence/seeds.parquet",
     "emergence/switch_seeds/study": "docs/emergence/switch_seeds.parquet",
@@ -99,7 +99,7 @@ def argv_of(folder: str) -> list[str]:
 
 def write_xz(frame: pd.DataFrame, path: Path) -> None:
     """``frame`` as CSV in xz, in the aggregator's float format; the same bytes on every run (no timestamps)."""
-    from outlierlab.jobs.study import CSV_FLOATS
+    from outlierlab.studies.aggregate import CSV_FLOATS
 
     data = frame.to_csv(index=False, float_format=CSV_FLOATS).encode()
     path.write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
@@ -107,7 +107,7 @@ def write_xz(frame: pd.DataFrame, path: Path) -> None:
 
 def regenerate(folder: str, root: Path = ROOT) -> Path:
     """Rerun one study's command from its committed cells and replace ``docs/<folder>`` with its compact outputs."""
-    from outlierlab.jobs import study
+    from outlierlab.studies import aggregate as study
 
     target = root / "docs" / folder
     argv = argv_of(folder)
@@ -145,12 +145,12 @@ def regenerate(folder: str, root: Path = ROOT) -> Path:
 
 
 def generated_pages(docs: Path = DOCS) -> list[Path]:
-    """The pages holding a generated table block (:mod:`outlierlab.jobs.doc_tables`)."""
+    """The pages holding a generated table block (:mod:`outlierlab.studies.doc_tables`)."""
     return sorted(p for p in docs.rglob("*.md") if "<!-- generated: " in p.read_text())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.committed_studies",
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.committed",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("studies", nargs="*", help=f"folders under docs/ (default: all): {', '.join(STUDIES)}")
     a = parser.parse_args(argv)
@@ -159,9 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown study {', '.join(unknown)}; the committed ones: {', '.join(STUDIES)}", file=sys.stderr)
         return 2
     for folder in a.studies or STUDIES:
-        print(f"== {folder}: python -m outlierlab.jobs.study {' '.join(argv_of(folder))}", flush=True)
+        print(f"== {folder}: python -m outlierlab.studies.aggregate {' '.join(argv_of(folder))}", flush=True)
         regenerate(folder)
-    from outlierlab.jobs import doc_tables
+    from outlierlab.studies import doc_tables
 
     return doc_tables.main([str(p) for p in generated_pages()])
 

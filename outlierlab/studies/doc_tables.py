@@ -6,11 +6,11 @@ A doc marks each generated block::
     ... (replaced) ...
     <!-- end generated -->
 
-and ``python -m outlierlab.jobs.doc_tables docs/emergence.md docs/findings.md`` rewrites every block from
+and ``python -m outlierlab.studies.doc_tables docs/emergence.md docs/findings.md`` rewrites every block from
 :data:`TABLES` (``--check``: exit 1 naming each block that differs from what the committed CSVs give, as the tests
-do). Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.jobs.study`` (committed
-compressed: ``study.csv.xz``, :mod:`outlierlab.jobs.committed_studies`) and, for
-per-seed rows, the cells' own CSVs (:func:`outlierlab.jobs.study_cells.cell_numbers`).
+do). Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.studies.aggregate`` (committed
+compressed: ``study.csv.xz``, :mod:`outlierlab.studies.committed`) and, for
+per-seed rows, the cells' own CSVs (:func:`outlierlab.studies.cells.cell_numbers`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ ORDER_USE = "docs/order_use"
 
 
 def cells_of(study: str) -> Path:
-    """Where a study's cells are read from: its table ``<study>.parquet`` (:mod:`outlierlab.jobs.study_table`), or
+    """Where a study's cells are read from: its table ``<study>.parquet`` (:mod:`outlierlab.studies.table`), or
     the folder of run directories itself where none was packed."""
     table = ROOT / f"{study}.parquet"
     return table if table.is_file() else ROOT / study
@@ -73,7 +73,7 @@ def signed(x: float) -> str:
 
 def _source(path: str) -> str:
     """``path``, or ``path.xz`` / ``path.gz`` where the docs keep the aggregator's CSV compressed
-    (:mod:`outlierlab.jobs.committed_studies`)."""
+    (:mod:`outlierlab.studies.committed`)."""
     for candidate in (path, f"{path}.xz", f"{path}.gz"):
         if (ROOT / candidate).is_file():
             return candidate
@@ -104,7 +104,7 @@ def contrast_row(study: str, contrast: str, metric: str, layer: str, step: int |
 
 
 #: The families whose rows carry a Holm p (confirmatory) and those with a BH q only (the study aggregator's,
-#: :mod:`outlierlab.jobs.study_families`; "secondary" is the pooled BH family of studies written before).
+#: :mod:`outlierlab.studies.families`; "secondary" is the pooled BH family of studies written before).
 HOLM_FAMILIES = ("primary", "performance")
 BH_FAMILIES = ("exploratory", "exploratory performance", "secondary")
 
@@ -162,7 +162,7 @@ def emergence_seeds(study: str = SEEDS) -> str:
 
 
 def _cell_table(study: str, group_key: str, labels: dict[str, str]) -> pd.DataFrame:
-    from outlierlab.jobs.study_cells import cell_numbers, find_cells
+    from outlierlab.studies.cells import cell_numbers, find_cells
 
     frames = []
     for cell in find_cells([cells_of(study)]):
@@ -264,8 +264,8 @@ def readme_results() -> str:
 
 
 def objectives() -> str:
-    """The masked-vs-causal study (docs/objectives.md): :mod:`outlierlab.jobs.objectives_report` on its exported cells."""
-    from outlierlab.jobs import objectives_report
+    """The masked-vs-causal study (docs/objectives.md): :mod:`outlierlab.studies.objectives_report` on its exported cells."""
+    from outlierlab.studies import objectives_report
 
     if not cells_of(OBJECTIVES).exists():
         return f"No cells exported to {OBJECTIVES} yet."
@@ -330,7 +330,7 @@ def order_use_large_mlm() -> str:
 
 def order_use_objectives_large() -> str:
     """Haviv's 2 x 2 on ``data=english_large``: the objectives report of the two folders of cells."""
-    from outlierlab.jobs import objectives_report
+    from outlierlab.studies import objectives_report
 
     folders = [f"{ORDER_USE}/cells_large_mlm", f"{ORDER_USE}/cells_large"]
     return objectives_report.report([cells_of(f) for f in folders],
@@ -463,10 +463,10 @@ def order_use_dim_identity_objectives() -> str:
 
 
 def order_use_dim_identity(folder: str = "dim_identity_large_4000") -> str:
-    """Which dimension, since when (:mod:`outlierlab.jobs.dim_identity`), every scheme on ``data=english_large`` at
+    """Which dimension, since when (:mod:`outlierlab.studies.dim_identity`), every scheme on ``data=english_large`` at
     step 4,000 (5 seeds): per layer 1-4, the mean |x| argmax share, the median held fraction and the seeds whose
     layer ends on the previous layer's dimension."""
-    from outlierlab.jobs.dim_identity import summary
+    from outlierlab.studies.dim_identity import summary
 
     s = summary(_read(f"{ORDER_USE}/{folder}/dim_identity.csv"))
     layers = [1, 2, 3, 4]
@@ -503,7 +503,7 @@ def render(text: str, source: str = "") -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.doc_tables", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.doc_tables", description=__doc__.split("\n")[0])
     parser.add_argument("docs", nargs="+")
     parser.add_argument("--check", action="store_true", help="exit 1 if a block differs from the committed CSVs")
     a = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """Whether a cell of a sweep can be read: finished by the trainer's own definition, and every file it contributes
-intact (:mod:`outlierlab.jobs.study_cells` reads it, :mod:`outlierlab.jobs.study` lists what fails).
+intact (:mod:`outlierlab.studies.cells` reads it, :mod:`outlierlab.studies.aggregate` lists what fails).
 
 Every problem is one line, ``<cell>: <file>: <what>``. A cell with a manifest is verified against it
 (:func:`outlierlab.jobs.run_state.verify_manifest`); one without (made before manifests) has its CSVs checked here

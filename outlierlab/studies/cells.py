@@ -1,4 +1,4 @@
-"""The cells of a sweep and their numbers, in one long table: what :mod:`outlierlab.jobs.study` aggregates.
+"""The cells of a sweep and their numbers, in one long table: what :mod:`outlierlab.studies.aggregate` aggregates.
 
 A *cell* is one run directory of a Hydra multirun (``train.py``, ``evaluate.py`` or ``probe.py``): its
 ``.hydra/overrides.yaml`` says what was set, its resolved ``config.yaml`` (or ``.hydra/config.yaml``) what
@@ -37,7 +37,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from outlierlab.jobs.cell_checks import UNKNOWN_CODE, check_cell, code_version, finished
+from outlierlab.studies.cell_checks import UNKNOWN_CODE, check_cell, code_version, finished
 from outlierlab.jobs.run_state import code_versions
 from outlierlab.jobs.series import apply_series
 
@@ -157,9 +157,9 @@ def read_cell(path: Path) -> Cell:
 
 
 def find_cells(paths: list[str | Path]) -> list[Cell]:
-    """Cells under each path (a sweep directory, a cell itself, or a study table: :mod:`outlierlab.jobs.study_table`),
+    """Cells under each path (a sweep directory, a cell itself, or a study table: :mod:`outlierlab.studies.table`),
     sorted by path."""
-    from outlierlab.jobs.study_table import resolve
+    from outlierlab.studies.table import resolve
 
     cells = []
     for p in map(resolve, paths):  # a packed study (.parquet) reads as the folder it was packed from
@@ -281,7 +281,7 @@ def cell_numbers(cell: Cell) -> pd.DataFrame:
 
 def admit_cut(cell: Cell, until: int) -> None:
     """Admit a training cell stopped before its budget (a wall-clock cut, a killed job) up to step ``until``:
-    it counts when its files are intact and its numbers reach ``until``; :func:`outlierlab.jobs.study.aggregate`
+    it counts when its files are intact and its numbers reach ``until``; :func:`outlierlab.studies.aggregate.aggregate`
     then drops every cell's rows after ``until``, so all groups are compared on the same steps.  Its code version
     comes from ``code_versions.jsonl`` (written at every start), as the manifest is written only at the end."""
     if cell.finished or cell.problems or not isinstance(cell.max_steps, int):  # not a training cell

@@ -6,13 +6,13 @@ Every number comes from CSVs the runs wrote: ``<run>/monitor_posthoc/metrics.csv
 made before the monitor recorded these metrics — the initial weights are identical, checked by the step-0 argmax
 row). Validation perplexity: the last ``val/ppl`` in ``<run>/csv/metrics.csv``.
 
-    python -m outlierlab.reports.emergence_tables long --run learned=RUN_L --run none=RUN_N \
+    python -m outlierlab.studies.emergence_tables long --run learned=RUN_L --run none=RUN_N \
         --init learned=INIT_L --init none=INIT_N --out docs/emergence
-    python -m outlierlab.reports.emergence_tables table --runs SWEEP_DIR/* --init INIT_L --out docs/emergence/sweep.csv
-    python -m outlierlab.reports.emergence_tables grid --table docs/emergence/switches.csv --out docs/emergence/switches_grid.md
+    python -m outlierlab.studies.emergence_tables table --runs SWEEP_DIR/* --init INIT_L --out docs/emergence/sweep.csv
+    python -m outlierlab.studies.emergence_tables grid --table docs/emergence/switches.csv --out docs/emergence/switches_grid.md
 
 The single-seed tables of docs/emergence.md (the long runs, the driver sweep, the 400-step switch grid). Seed
-studies go through ``python -m outlierlab.jobs.study`` and the doc blocks of :mod:`outlierlab.jobs.doc_tables`
+studies go through ``python -m outlierlab.studies.aggregate`` and the doc blocks of :mod:`outlierlab.studies.doc_tables`
 (one way to make a table).
 """
 
@@ -202,7 +202,7 @@ def grid(args) -> None:
     switches = ([w for w in SWITCH_ORDER if any(k[1] == w for k in cells)]
                 + sorted({k[1] for k in cells} - set(SWITCH_ORDER)))
     steps = sorted({int(r["step"]) + 1 for r in rows})
-    out = [f"<!-- written by: python -m outlierlab.reports.emergence_tables grid --table {args.table} --out {args.out} -->",
+    out = [f"<!-- written by: python -m outlierlab.studies.emergence_tables grid --table {args.table} --out {args.out} -->",
            f"Final checkpoint (step {', '.join(map(str, steps))}); rows: `pos=`, columns: switch.", ""]
     for col, title, fmt in GRID_METRICS:
         vals = {p_: [_num(cells[p_, w].get(col)) if (p_, w) in cells else None for w in switches] for p_ in poss}

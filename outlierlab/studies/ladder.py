@@ -1,6 +1,6 @@
 """The scale ladder's table: every cell's curves in one long CSV, and where a Luo-type dimension first appears.
 
-    python -m outlierlab.jobs.ladder multirun/scale_ladder [more dirs] --out docs/gpu/ladder.csv
+    python -m outlierlab.studies.ladder multirun/scale_ladder [more dirs] --out docs/gpu/ladder.csv
 
 Reads each train.py cell under the given folders (its resolved ``config.yaml``, ``csv/metrics.csv`` and the live
 monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
@@ -14,7 +14,7 @@ monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
   outlier dimension, the last step, epochs over the corpus when known, the final and the best validation loss
   (a final loss above the best says held-out loss rose).
 
-Written by hand: a table of this study's own shape; the seed-study aggregator (outlierlab.jobs.study) compares
+Written by hand: a table of this study's own shape; the seed-study aggregator (outlierlab.studies.aggregate) compares
 groups, while this reads when something first happens in each cell.
 """
 
@@ -107,7 +107,7 @@ def ladder_tables(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFra
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.ladder", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.ladder", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="folders holding the ladder's train.py cells")
     parser.add_argument("--out", required=True, help="the long CSV (its _summary.csv goes beside it)")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """A study's run directories as one compressed table: what docs/ keeps instead of the directories themselves.
 
-    python -m outlierlab.jobs.study_table pack docs/order_use/cells docs/order_use/cells.parquet
-    python -m outlierlab.jobs.study docs/order_use/cells.parquet --contrast pos=learned,none    # as from the folder
+    python -m outlierlab.studies.table pack docs/order_use/cells docs/order_use/cells.parquet
+    python -m outlierlab.studies.aggregate docs/order_use/cells.parquet --contrast pos=learned,none    # as from the folder
 
 One Parquet table (zstd) per study, one row per file of every cell that the readers use -- the resolved
 ``config.yaml``, ``.hydra/overrides.yaml``, ``manifest.json``, ``finished.json``, ``code_versions.jsonl`` and every CSV
@@ -54,7 +54,7 @@ def scrub(text: str) -> str:
 
 
 def _cell_dirs(folder: Path) -> list[Path]:
-    from outlierlab.jobs.study_cells import is_cell
+    from outlierlab.studies.cells import is_cell
 
     return sorted({p.parent.parent if p.parent.name == ".hydra" else p.parent
                    for p in folder.rglob("*") if p.name in ("overrides.yaml", "finished.json")
@@ -122,7 +122,7 @@ def cells_dir(table: str | Path) -> Path:
     frame = pd.read_parquet(table)
     if list(frame.columns) != ["cell", "file", "text"]:
         raise ValueError(f"{table} is not a study table (columns cell, file, text; made by "
-                         "python -m outlierlab.jobs.study_table pack)")
+                         "python -m outlierlab.studies.table pack)")
     staging = root.with_name(f".{root.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     for cell, file, text in frame.itertuples(index=False):
@@ -163,7 +163,7 @@ def study_histories(table: str | Path, file: str = "monitor/hidden_states.csv") 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.study_table", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.table", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pack", help="pack the run directories under FOLDER into the table OUT")
     p.add_argument("folder")

@@ -1,6 +1,6 @@
-"""Aggregate a sweep over seeds: ``python -m outlierlab.jobs.study multirun/<study> [--contrast key=a,b]``.
+"""Aggregate a sweep over seeds: ``python -m outlierlab.studies.aggregate multirun/<study> [--contrast key=a,b]``.
 
-Reads every cell of one or more sweep directories (:mod:`outlierlab.jobs.study_cells`), groups the cells by
+Reads every cell of one or more sweep directories (:mod:`outlierlab.studies.cells`), groups the cells by
 every override except the seed, and writes into ``<sweep>/study/`` (or ``--out``):
 
 * ``study.csv`` -- group x step x layer x metric: n seeds, mean, std, the 95 % confidence interval of the mean
@@ -18,14 +18,14 @@ on different code versions (unless ``--allow-mixed-code``; cells without a manif
 Unfinished cells are listed and left out -- unless ``--until STEP`` admits the training cells stopped before their
 budget (a wall-clock cut) whose numbers reach STEP; then every cell's rows after STEP are dropped, so all groups are
 compared on the same steps, and study.md names each admitted cell and where it stopped. Unusable cells (a torn, truncated, header-only or changed file, a torn
-marker, a cell extended and interrupted: :mod:`outlierlab.jobs.study_cells`) are listed one line each and left out,
+marker, a cell extended and interrupted: :mod:`outlierlab.studies.cells`) are listed one line each and left out,
 never averaged. Every row states its n; ``n_below_seeds`` marks a row with fewer seeds than its group holds.
 Bounded measures (shares, cosines) get intervals inside their range; contrasts get corrected p-values within declared
 families -- the outlier measures at the last step every cell reached (``--primary`` or the config's
 ``study_design``, else a default set), the declared performance measures, and the exploratory rest, loss never pooled
-with an outlier measure -- the minimum detectable effect and TOST (:mod:`outlierlab.jobs.study_families`). Paired
+with an outlier measure -- the minimum detectable effect and TOST (:mod:`outlierlab.studies.families`). Paired
 tests pair on each cell's resolved seed. A group that mixes code versions is checked against the replicates of its
-own configuration (``--replicates`` adds cells read only for that: :mod:`outlierlab.jobs.study_replicates`).
+own configuration (``--replicates`` adds cells read only for that: :mod:`outlierlab.studies.replicates`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ import pandas as pd
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
 from outlierlab.analysis.study_inference import bounded_interval, bounds_of
-from outlierlab.jobs.study_cells import (LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, admit_cut, cell_numbers,
+from outlierlab.studies.cells import (LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, admit_cut, cell_numbers,
                                         find_cells)
-from outlierlab.jobs.study_families import assign_families, declared_design
+from outlierlab.studies.families import assign_families, declared_design
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
 HEADLINE = ["hidden/kurtosis", "hidden/argmax_share", "hidden/abs_argmax_share", "hidden/max_median",
@@ -271,9 +271,9 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
         primary: Sequence[str] | None = None, equivalence_margin=None, allow_mixed_code: bool = False,
         until: int | None = None, replicates: Sequence[str] = ()) -> dict:
     """The study of the cells under ``paths`` (see the module docstring); ``replicates``: more cells, read only to
-    look for replicates of the study's mixed-code groups (:mod:`outlierlab.jobs.study_replicates`)."""
-    from outlierlab.jobs.study_replicates import markdown as replicates_markdown, mixed_code_coverage
-    from outlierlab.reports.study_report import write_curves, write_markdown
+    look for replicates of the study's mixed-code groups (:mod:`outlierlab.studies.replicates`)."""
+    from outlierlab.studies.replicates import markdown as replicates_markdown, mixed_code_coverage
+    from outlierlab.studies.report import write_curves, write_markdown
 
     for spec in contrasts:
         parse_contrast(spec)  # a malformed contrast fails before any reading
@@ -315,8 +315,8 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m outlierlab.jobs.study``."""
-    parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.study", description=__doc__.split("\n")[0])
+    """The command line of ``python -m outlierlab.studies.aggregate``."""
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.aggregate", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", help="multirun sweep directories (or run directories)")
     parser.add_argument("--out", default=None, help="output folder (default <first path>/study)")
     parser.add_argument("--contrast", action="append", default=[], help="key=a,b, e.g. pos=learned,none (repeatable)")

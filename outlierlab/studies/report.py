@@ -1,4 +1,4 @@
-"""``study.md`` and the confidence-band curves of a seed study (:mod:`outlierlab.jobs.study`)."""
+"""``study.md`` and the confidence-band curves of a seed study (:mod:`outlierlab.studies.aggregate`)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                   "cannot -- so a position-scheme contrast with these cells compares bag-of-words models "
                   "(docs/order_use.md).", ""]
         lines += [f"* {line}" for line in no_order_use]
-    lines += list(replicates)  # outlierlab.jobs.study_replicates.markdown: empty unless a group mixes code versions
+    lines += list(replicates)  # outlierlab.studies.replicates.markdown: empty unless a group mixes code versions
     lines += _design_lines(design, contrasts)
     group_names = list(groups)
     lines += ["", "## Headline metrics", ""]

@@ -14,7 +14,7 @@ no such adds and reproduces exactly. So this module compares the paths actually 
   configuration spans two of its versions -- or that none does, so the mixing rests on other paths' replicates.
 
 The configuration is the resolved config less what cannot change a number: paths, the seed itself and the
-bookkeeping keys of :data:`outlierlab.jobs.study_cells.SEED_DEPENDENT`, the wall-clock budget, the run's root dir.
+bookkeeping keys of :data:`outlierlab.studies.cells.SEED_DEPENDENT`, the wall-clock budget, the run's root dir.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from outlierlab.jobs.study_cells import SEED_DEPENDENT, Cell, cell_numbers
+from outlierlab.studies.cells import SEED_DEPENDENT, Cell, cell_numbers
 
 #: The numbers a replicate is compared on: every validation's loss and order use.
 COMPARED = ("val/loss", "val/order_use")
@@ -38,7 +38,7 @@ _PATH = re.compile(r"^(<local>|<cell>|/)")
 
 def configuration(cell: Cell) -> tuple:
     """What the cell computed, as a hashable key (the seed not included)."""
-    from outlierlab.jobs.study import _portable
+    from outlierlab.studies.aggregate import _portable
 
     return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in _portable(cell).items()
                         if not SEED_DEPENDENT.search(k) and not _NOT_COMPUTATION.search(k)

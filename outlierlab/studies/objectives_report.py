@@ -1,11 +1,11 @@
 """The masked-vs-causal study's tables (docs/objectives.md), generated from its cells.
 
-    python -m outlierlab.jobs.objectives_report multirun/objective_positions      # <sweep>/objectives/*.csv, *.md
-    python -m outlierlab.jobs.objectives_report cells_clm cells_mlm --out OUT     # cells exported to two folders
-    python -m outlierlab.jobs.doc_tables docs/objectives.md     # the doc's block, from the exported cells
+    python -m outlierlab.studies.objectives_report multirun/objective_positions      # <sweep>/objectives/*.csv, *.md
+    python -m outlierlab.studies.objectives_report cells_clm cells_mlm --out OUT     # cells exported to two folders
+    python -m outlierlab.studies.doc_tables docs/objectives.md     # the doc's block, from the exported cells
 
 Reads the cells of ``experiment=objective_positions`` ({mlm, clm} x {learned, none} x seeds) through the study
-aggregator's reader (:mod:`outlierlab.jobs.study_cells`: only usable cells -- finished, manifest verified, one code
+aggregator's reader (:mod:`outlierlab.studies.cells`: only usable cells -- finished, manifest verified, one code
 version -- are averaged; the others are listed) and answers the papers' questions with the aggregator's statistics
 (:mod:`outlierlab.analysis.seed_statistics`, :mod:`outlierlab.analysis.study_inference`):
 
@@ -25,7 +25,7 @@ layer's probe accuracy clm none vs mlm none at step 0 and trained (2). Every oth
 q-value within its own question (``family`` "exploratory: 1 Haviv", ...), so the loss rows of (1) never share a
 family with the outlier measures of (4). For each primary contrast the minimum detectable effect at 80 % power is given.
 Writes ``<out>/objectives.csv`` (every contrast) and ``<out>/objectives.md`` (the tables); docs/objectives.md shows
-the same tables in its ``<!-- generated: objectives -->`` block (:mod:`outlierlab.jobs.doc_tables`, from the cells
+the same tables in its ``<!-- generated: objectives -->`` block (:mod:`outlierlab.studies.doc_tables`, from the cells
 exported to docs/objectives/cells.parquet).
 """
 
@@ -40,7 +40,7 @@ import pandas as pd
 
 from outlierlab.analysis.seed_statistics import contrast, summarize
 from outlierlab.analysis.study_inference import adjust_pvalues, minimum_detectable_effect, tost
-from outlierlab.jobs.study_cells import Cell, admit_cut, cell_numbers, find_cells
+from outlierlab.studies.cells import Cell, admit_cut, cell_numbers, find_cells
 from outlierlab.utils.tables import md_table
 
 #: Equivalence margin of "clm none is competitive with clm learned": 0.05 nats/token, i.e. perplexity within ~5 %.
@@ -243,7 +243,7 @@ def report(sweep: str | Path | list[str | Path], source: str | None = None, unti
     """``(contrast table, Markdown)`` of the study's usable cells under ``sweep`` (one folder or several: the two
     objectives' cells may have been exported apart; unusable cells are listed); with ``until``, every cell up to that
     step, cells stopped before their budget admitted as the study aggregator does
-    (:func:`outlierlab.jobs.study_cells.admit_cut`)."""
+    (:func:`outlierlab.studies.cells.admit_cut`)."""
     sweeps = sweep if isinstance(sweep, list) else [sweep]
     cells = find_cells(sweeps)
     if until is not None:
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="folder for objectives.csv and objectives.md (default: <first "
                     "sweep>/objectives)")
     ap.add_argument("--until", type=int, default=None, help="compare every cell up to this step, admitting cells "
-                    "stopped before their budget whose numbers reach it (python -m outlierlab.jobs.study --until)")
+                    "stopped before their budget whose numbers reach it (python -m outlierlab.studies.aggregate --until)")
     args = ap.parse_args(argv)
     try:
         table, block = report(args.sweep, until=args.until)
