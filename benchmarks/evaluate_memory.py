@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
-from outlierlab.evaluation.sentence_pass import pass_settings, run_sentence_pass  # noqa: E402
+from outlierlab.evaluation.sentence_pass import OutlierCounts, pass_settings, run_sentence_pass  # noqa: E402
 from outlierlab.models.loading import FrozenEncoder  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, also when loaded by path (tests)
@@ -159,8 +159,8 @@ def _timed_pass(enc, texts: list[str], batch_size: int, one_pass: bool, cfg=None
     settings["data"] = replace(settings["data"], one_pass=one_pass)
     # memory, not a fit: few tokens for d may make the whitening degenerate
     settings["transform"] = replace(settings["transform"], allow_degenerate=True)
-    st = run_sentence_pass(enc, texts, ["none", "clip", "whiten"], outlier_transforms=["none", "clip", "whiten"],
-                           batch_size=batch_size, **settings)
+    counts = [OutlierCounts(t, enc.num_layers + 1) for t in ("none", "clip", "whiten")]  # the outliers analysis'
+    st = run_sentence_pass(enc, texts, ["none", "clip", "whiten"], consumers=counts, batch_size=batch_size, **settings)
     sync()
     return st, layer_bytes, time.perf_counter() - t0, time.process_time() - c0
 

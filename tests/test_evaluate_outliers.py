@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from outlierlab.analysis.activations import activation_kurtosis, max_median_ratio
+from outlierlab.evaluation.activation_pass import ActivationObserver
 from outlierlab.evaluation.outliers import position_outliers
 from outlierlab.evaluation.sentence_pass import pass_settings, run_sentence_pass
 from tests.conftest import compose
@@ -22,9 +23,9 @@ def test_streaming_metrics_on_a_real_bert_equal_one_shot_values():
     texts = list(SENTENCES)[:24]
     settings = pass_settings(compose("evaluate"))  # the YAML's values, an odd chunk on purpose
     settings["data"] = replace(settings["data"], chunk=7)
-    st = run_sentence_pass(enc, texts, ["none"], need_anisotropy=False, need_self_sim=False, batch_size=5,
-                           need_activations=True, **settings)
-    obs = st.activations
+    obs = ActivationObserver(enc)  # the outliers analysis' subscriber, fed along the forward
+    run_sentence_pass(enc, texts, ["none"], need_anisotropy=False, need_self_sim=False, batch_size=5,
+                      consumers=[obs], **settings)
     # one shot: every text in one padded batch
     hidden, valid, real = [], [], []
     for b in enc.encode(texts, batch_size=len(texts)):

@@ -114,7 +114,7 @@ def _intra_reference(words, transform):
 
 def test_streaming_statistics_equal_in_memory(encoder):
     texts = _sentences(60)
-    st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], outlier_transforms=["none"], batch_size=3,
+    st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], batch_size=3,
                            **yaml_settings(self_similarity={"min_sentences": 10, "max_words": None},
                                            data={"chunk": 7}))  # odd sizes on purpose
     x, words = _reference(encoder, texts)  # [L, N, d] every valid token of every sentence

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outlierlab.evaluation.sentence_pass import run_sentence_pass
+from outlierlab.evaluation.activation_pass import ActivationObserver
+from outlierlab.evaluation.sentence_pass import OutlierCounts, run_sentence_pass
 from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder
 from llama_fixtures import PASS, fake_hub, save_tiny_llama
 from llama_fixtures import texts as _texts
@@ -31,8 +32,12 @@ def offline_cache(tmp_path, monkeypatch):
 
 
 def _stats(enc, texts, **kw):
-    return run_sentence_pass(enc, texts, ["none", "clip", "whiten"], outlier_transforms=["none", "clip", "whiten"],
-                             need_whitener=True, need_covariance=True, need_activations=True, **PASS, **kw)
+    """The pass with the outliers analysis' consumers: its outlier counts per transform, its activations."""
+    counts = [OutlierCounts(t, enc.num_layers + 1) for t in ("none", "clip", "whiten")]
+    obs = ActivationObserver(enc)
+    st = run_sentence_pass(enc, texts, ["none", "clip", "whiten"], need_whitener=True, need_covariance=True,
+                           consumers=[*counts, obs], **PASS, **kw)
+    return st, {c.transform: c.result() for c in counts}, obs
 
 
 # ------------------------------------------------------------------------------------------------ dtype
@@ -41,25 +46,25 @@ def test_bfloat16_statistics_agree_with_float32_and_accumulate_in_float64(tmp_pa
     texts = _texts()
     f32 = FrozenEncoder(str(d), device="cpu", dtype="float32")
     bf16 = FrozenEncoder(str(d), device="cpu", dtype="bfloat16")
-    a, b = _stats(f32, texts), _stats(bf16, texts)
+    (a, ca, oa), (b, cb, ob) = _stats(f32, texts), _stats(bf16, texts)
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
     assert next(f32.model.parameters()).dtype == torch.float32
     # the accumulators upcast: float64 sums whatever the model's dtype
-    for st in (a, b):
-        assert st.outliers["none"].sum.dtype == torch.float64
+    for st, counts, obs in ((a, ca, oa), (b, cb, ob)):
+        assert counts["none"].sum.dtype == torch.float64
         src = st.transforms.source  # Σx, Σxxᵀ and the fit in float64; the fitted Σ and W kept in float32
         assert src.sum.dtype == src.singular_values.dtype == src.mean.dtype == torch.float64
         assert src.compact and src.cov.dtype == src.W.dtype == torch.float32
         assert st.transforms.source.sum_outer is None  # released once fitted (the (L+1)·d² sums are done)
-        assert st.activations.acc.sum_sq.dtype == torch.float64
+        assert obs.acc.sum_sq.dtype == torch.float64
     # stated tolerance: bf16 keeps 8 mantissa bits (relative error 2^-8 = 0.4% per value, a few % after 3 layers)
-    ma, mb = a.outliers["none"].mean(), b.outliers["none"].mean()
+    ma, mb = ca["none"].mean(), cb["none"].mean()
     assert torch.allclose(ma, mb, rtol=0.05, atol=0.05 * float(ma.abs().max()))
-    sa, sb = a.outliers["none"].argmax_share(), b.outliers["none"].argmax_share()
+    sa, sb = ca["none"].argmax_share(), cb["none"].argmax_share()
     assert (sa - sb).abs().max() < 0.1  # argmax shares: ties in bf16 may move a few tokens
-    assert a.outliers["none"].argmax_share()[1:, 5].min() > 0.5  # the planted dim is found in both
+    assert ca["none"].argmax_share()[1:, 5].min() > 0.5  # the planted dim is found in both
     assert torch.allclose(a.anisotropy("none"), b.anisotropy("none"), atol=0.02)
-    assert torch.allclose(a.activations.acc.kurtosis(), b.activations.acc.kurtosis(), rtol=0.05)
+    assert torch.allclose(oa.acc.kurtosis(), ob.acc.kurtosis(), rtol=0.05)
 
 
 def test_dtype_auto_keeps_the_checkpoint_dtype(tmp_path):
@@ -120,15 +125,15 @@ def test_device_map_split_over_cpu_and_disk_gives_the_same_statistics(tmp_path):
     split = FrozenEncoder(str(d), device="cpu", device_map={"embeddings": "cpu", "encoder.layer.0": "cpu",
                                                             "encoder.layer.1": "disk", "pooler": "cpu"},
                           offload_folder=str(tmp_path / "offload"))
-    a, b = _stats(whole, texts), _stats(split, texts)
+    (a, ca, _), (b, cb, _) = _stats(whole, texts), _stats(split, texts)
     assert split.model.hf_device_map["encoder.layer.1"] == "disk"
     # the layer really is off-device: its weights stay on "meta" and accelerate loads them (from the
     # safetensors file itself) for each forward
     assert next(split.model.encoder.layer[1].parameters()).device.type == "meta"
     assert next(split.model.encoder.layer[0].parameters()).device.type == "cpu"
     for name in ("none", "clip", "whiten"):
-        assert torch.equal(a.outliers[name].argmax_counts, b.outliers[name].argmax_counts)
-        assert torch.allclose(a.outliers[name].sum, b.outliers[name].sum, rtol=1e-6, atol=1e-6)
+        assert torch.equal(ca[name].argmax_counts, cb[name].argmax_counts)
+        assert torch.allclose(ca[name].sum, cb[name].sum, rtol=1e-6, atol=1e-6)
     assert torch.allclose(a.anisotropy("whiten"), b.anisotropy("whiten"), atol=1e-6)
 
 

@@ -261,14 +261,14 @@ def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time
 
     monkeypatch.setattr(streaming, "SelfSimilarityAccumulator", Tracked)
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama", dtype=torch.bfloat16)), device="cpu", dtype="auto")
-    st = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"], outlier_transforms=["none"], **PASS)
+    st = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"], **PASS)
     assert st.anisotropy_acc.vectors.dtype == torch.bfloat16
     assert all(acc.sum_unit is None and acc.sum_norm_sq.shape == (st.num_layers, len(st.words))
                for acc in st.self_sim.values()) and len(st.words) >= 2
     assert all(acc.num_layers == 1 for acc in alive)  # no [L, K, d] set: not even none's, during the forward
     assert len(alive) == 3 * st.num_layers and most[0] == 3  # none's, clip's, whiten's of one layer at a time
     assert list(st.self_sim) == ["none", "clip", "whiten"]  # the CSVs' order
-    ref = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"], outlier_transforms=["none"],
+    ref = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"],
                             **{**PASS, "data": replace(PASS["data"], one_pass=False)})
     for name in ("none", "clip", "whiten"):
         assert torch.allclose(st.anisotropy(name), ref.anisotropy(name), rtol=1e-5, atol=1e-6)
@@ -304,7 +304,7 @@ def test_a_refused_fit_leaves_no_stored_tokens_behind(tmp_path, monkeypatch):
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu")
     with pytest.raises(DegenerateWhiteningError):  # 6 tokens cannot support a 32-dim whitening
         run_sentence_pass(enc, ["the cat", "the dog", "a bird"], ["none", "clip", "whiten"],
-                          outlier_transforms=["none", "clip", "whiten"], need_self_sim=False,
+                          need_self_sim=False,
                           **{**PASS, "anisotropy": AnisotropySettings(n_sentences=3)})
     assert not list((tmp_path / "tmp").glob("outlierlab-replay-*"))
 
@@ -338,7 +338,7 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     assert pass_needs(isotropy, SimpleNamespace(root_cfg=spec_cfg)) == {"anisotropy", "covariance"}
     eval_cfg = compose_cfg("evaluate", common)  # fit_on=eval: WiC fits its own maps
     assert not pass_needs(wic, SimpleNamespace(root_cfg=eval_cfg)) | pass_needs(sts, SimpleNamespace(root_cfg=eval_cfg))
-    with pytest.raises(ValueError, match=r"SENTENCE_PASS names \['anisotropi'\]; valid: outlier_counts"):
+    with pytest.raises(ValueError, match=r"SENTENCE_PASS names \['anisotropi'\]; valid: anisotropy"):
         pass_needs(SimpleNamespace(__name__="mine", SENTENCE_PASS={"anisotropi"}), None)
     # WiC with fit_on=sentences still finds the sentence pass's maps (not released after isotropy)
     res = mod.evaluate(spec_cfg, tmp_path / "sent")
@@ -346,12 +346,16 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     assert "evaluation sentences" in wic.summary["transforms"]["whiten"]
     assert any(r["transform"] == "whiten" and r["best_accuracy"] >= 0 for r in wic.rows)
     # what the release keeps and drops
-    st = run_sentence_pass(FrozenEncoder(str(d), device="cpu"), (tmp_path / "s.txt").read_text().splitlines(),
-                           ["none", "whiten"], outlier_transforms=["none", "whiten"], need_covariance=True,
-                           need_self_sim=False, transform=TransformSettings(allow_degenerate=True), **PASS)
+    from outlierlab.evaluation.sentence_pass import OutlierCounts
+
+    enc = FrozenEncoder(str(d), device="cpu")
+    counts = OutlierCounts("whiten", enc.num_layers + 1)
+    st = run_sentence_pass(enc, (tmp_path / "s.txt").read_text().splitlines(), ["none", "whiten"],
+                           need_covariance=True, need_self_sim=False, consumers=[counts],
+                           transform=TransformSettings(allow_degenerate=True), **PASS)
     src = st.transforms.source
     assert src.W is not None and src.cov is not None and st.anisotropy_acc is not None
     info = st.transforms.columns("whiten")
     st.release_layer_state()
     assert src.W is None and src.cov is None and st.anisotropy_acc is None
-    assert st.transforms.columns("whiten") == info and st.outliers["whiten"].count > 0
+    assert st.transforms.columns("whiten") == info and counts.result().count > 0

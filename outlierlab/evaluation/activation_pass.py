@@ -50,6 +50,7 @@ class ActivationObserver(Consumer):
         self.token_ids: dict[int, int] = {}  # running token index -> id, only for the current maxima
         self.recorder: InfNormRecorder | None = None
         self.note = ""
+        self.key = ("activations",)  # one observer (and one set of hooks) per pass, whoever asks
 
     def open(self, stream) -> None:
         try:

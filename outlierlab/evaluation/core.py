@@ -167,8 +167,7 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
         if hasattr(modules[name], "check"):  # its data (WiC pairs, STS sets) is handed to its run()
             contexts[name].prepared = modules[name].check(contexts[name])
         if hasattr(modules[name], "consumers"):  # its subscribers to the shared sentence stream
-            contexts[name].consumers = list(modules[name].consumers(contexts[name]))
-            shared.consumers += contexts[name].consumers
+            contexts[name].consumers = [shared.subscribe(c) for c in modules[name].consumers(contexts[name])]
     if shared.consumers:  # the shared pass feeds them, whichever analysis would have started it
         sentence_stats(next(contexts[n] for n in analyses if contexts[n].consumers))
     results = []
@@ -176,7 +175,7 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
         t0 = time.time()
         res = modules[name].run(contexts[name])
         res.summary["seconds"] = round(time.time() - t0, 2)
-        _fit_columns(res, shared, needs[name])
+        _fit_columns(res, shared, needs[name], contexts[name].consumers)
         results.append(res)
         why = f" (skipped: {res.summary['skipped']})" if res.summary.get("skipped") else ""
         print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s{why}", flush=True)
@@ -204,12 +203,12 @@ def _columns(results: list[AnalysisResult], modules: Mapping[str, Any]) -> dict[
     return out
 
 
-def _fit_columns(res, shared, needs: set[str]) -> None:
-    """Fitted rows (whiten, standardize, abtt, center) of an analysis computed on the shared pass's statistics
-    (``needs``: its ``SENTENCE_PASS``) state what their map was fitted on; those that only borrow the fitted maps
-    (WiC/STS with ``transform.fit_on=sentences``) add their own."""
+def _fit_columns(res, shared, needs: set[str], consumers: list) -> None:
+    """Fitted rows (whiten, standardize, abtt, center) of an analysis computed on the shared pass (its
+    ``consumers``, or the statistics of its ``SENTENCE_PASS``, ``needs``) state what their map was fitted on;
+    those that only borrow the fitted maps (WiC/STS with ``transform.fit_on=sentences``) add their own."""
     st = shared.sentence_stats
-    if not needs - {"fitted_maps"} or st is None:
+    if not (needs - {"fitted_maps"} or consumers) or st is None:
         return
     cols = {name: st.transforms.columns(name) for name in FITTED}
     for r in res.rows:

@@ -23,16 +23,18 @@ from outlierlab.evaluation.ln_rule import ln_rule
 from outlierlab.models.families import UnknownFamilyError, family_of
 from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 from outlierlab.analysis.outlier_dims import detect_outlier_dims, position_row_stats
-from outlierlab.evaluation.activation_pass import ACTIVATION_COLUMNS, activation_columns, activation_section
+from outlierlab.evaluation.activation_pass import (ACTIVATION_COLUMNS, ActivationObserver, activation_columns,
+                                                   activation_section)
 from outlierlab.reports import monitor_plots
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_vectors
 from outlierlab.utils.tables import md_table
 from outlierlab.evaluation.settings import OutliersSettings, load_settings
-from outlierlab.evaluation.sentence_pass import sentence_stats
+from outlierlab.evaluation.sentence_pass import OutlierCounts, sentence_stats
 
-#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS)
-SENTENCE_PASS = frozenset({"outlier_counts", "activations"})
+#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS): none of its statistics, only its
+#: facts (sentences, their source); the counts and activations are this analysis' own consumers
+SENTENCE_PASS = frozenset()
 
 COLUMNS = ["layer", "transform", "n_tokens", "n_outlier_dims", "outlier_dims", "argmax_dim", "argmax_share",
            "argmin_dim", "argmin_share", "top_dims", "top_mean_values", "top_argmax_share", "top_argmin_share",
@@ -94,11 +96,18 @@ def _position_rows_section(pos: dict, out, k: float, plots: bool, tables: dict) 
     return text, out / "position_rows.png" if plots else None
 
 
-def _rows(st, transforms, s: OutliersSettings) -> tuple[list[dict], dict[str, list[list[int]]]]:
+def consumers(ctx: EvalContext) -> list:
+    """The outlier counts after every transform of the run (the raw ones shared with clip's detection) and the
+    activation metrics of the raw vectors along the forward."""
+    n = ctx.encoder.num_layers + 1
+    return [*(OutlierCounts(t, n) for t in dict.fromkeys(["none", *ctx.transforms])), ActivationObserver(ctx.encoder)]
+
+
+def _rows(counts: dict, transforms, s: OutliersSettings) -> tuple[list[dict], dict[str, list[list[int]]]]:
     top_k, method, thr, k = s.top_k, s.method, s.threshold, s.k
     rows, detected = [], {}
     for t in transforms:
-        acc = st.outliers.get(t)
+        acc = counts.get(t)
         if acc is None or acc.count == 0:
             continue
         dims = detect_outlier_dims(acc, method, thr, k)
@@ -134,8 +143,10 @@ def sentences_about(rows: list[dict], min_share: float = 0.25) -> list[str]:
 def run(ctx: EvalContext) -> AnalysisResult:
     s = load_settings(OutliersSettings, ctx.cfg)
     st = sentence_stats(ctx)
-    rows, detected = _rows(st, ctx.transforms, s)
-    md, figures, summary = _token_section(ctx, st, s, rows, detected)
+    counts = {c.transform: c.result() for c in ctx.consumers if isinstance(c, OutlierCounts)}
+    obs = next((c for c in ctx.consumers if isinstance(c, ActivationObserver)), None)
+    rows, detected = _rows(counts, ctx.transforms, s)
+    md, figures, summary = _token_section(ctx, st, counts, obs, s, rows, detected)
     model = ctx.encoder.model
     try:
         family, family_note = family_of(model), ""
@@ -151,12 +162,12 @@ def run(ctx: EvalContext) -> AnalysisResult:
     return AnalysisResult("outliers", rows, "\n\n".join(md), figures, summary, tables)
 
 
-def _token_section(ctx, st, s, rows: list[dict], detected: dict) -> tuple[list[str], list, dict]:
+def _token_section(ctx, st, counts: dict, obs, s, rows: list[dict], detected: dict) -> tuple[list[str], list, dict]:
     """Luo et al. §2 on the token vectors: dominant dims, the per-layer table, the average vectors, and the
     activation metrics (added to the ``none`` rows)."""
     out, figures, md = ctx.out_dir, [], ["## Outlier dimensions (Luo et al. 2021 §2)"]
     thr = s.threshold
-    n_tok = st.outliers["none"].count
+    n_tok = counts["none"].count
     md.append(f"{st.n_sentences} sentences ({st.settings.get('source', '')}), {n_tok} non-special tokens; "
               f"layer 0 = embedding output. Outlier rule: `{s.method}` "
               f"(share ≥ {thr:g} of tokens with their argmax/argmin on the dim; "
@@ -165,7 +176,7 @@ def _token_section(ctx, st, s, rows: list[dict], detected: dict) -> tuple[list[s
     said = sentences_about(none_rows, thr)
     none_said = f"no dim holds the max or min of ≥ {100 * thr:g}% of tokens in any layer."
     md.append("**Dominant dimensions (raw vectors):** " + ("; ".join(said) + "." if said else none_said))
-    acc_none = st.outliers["none"]
+    acc_none = counts["none"]
     pooled = ({w: acc_none.pooled_share(w) for w in ("argmin", "argmax")}
               if acc_none.count and acc_none.num_layers > 1 else {})
     if pooled:
@@ -178,8 +189,8 @@ def _token_section(ctx, st, s, rows: list[dict], detected: dict) -> tuple[list[s
                         "top dims by |mean|"], tabrows, 1))
     if "whiten" in detected:
         md.append("_After whitening the coordinates are principal directions of the fitted covariance, not neurons._")
-    if "none" in st.outliers and st.outliers["none"].count:
-        mean = st.outliers["none"].mean()
+    if acc_none.count:
+        mean = acc_none.mean()
         if ctx.plots:
             figures.append(plot_vectors(out / "outliers_mean_vectors.png", mean.tolist(),
                                         [f"layer {i}" for i in range(mean.shape[0])],
@@ -188,11 +199,11 @@ def _token_section(ctx, st, s, rows: list[dict], detected: dict) -> tuple[list[s
         md.append("![average token vectors](outliers_mean_vectors.png)")
     summary = {"outlier_dims": detected, "dominant": said,
                "pooled": {w: {"dim": d, "share": v} for w, (d, v) in pooled.items()}}
-    if st.activations is not None and acc_none.count:
-        cols = activation_columns(st.activations)
+    if obs is not None and acc_none.count:
+        cols = activation_columns(obs)
         for r in rows:
             r.update(cols[r["layer"]] if r["transform"] == "none" else {c: "" for c in ACTIVATION_COLUMNS})
-        md.append(activation_section(cols, st.activations.note))
+        md.append(activation_section(cols, obs.note))
         summary["kurtosis"] = [c["kurtosis"] for c in cols]
         summary["max_median"] = [c["max_median"] for c in cols]
     return md, figures, summary

@@ -49,7 +49,8 @@ class SharedPasses:
         STS take their detected clip dims and their ``transform.fit_on=sentences`` whitener from it
     mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.registry.shared_mlm`), on the
         encoder's own weights: the analyses whose module sets ``LM_HEAD = True``
-    consumers : the :class:`~outlierlab.evaluation.sentence_stream.Consumer` s that analyses subscribed to the sentence pass
+    consumers : the :class:`~outlierlab.evaluation.sentence_stream.Consumer` s that analyses subscribed to the sentence
+        pass, each once: those with equal ``key`` are one (:meth:`subscribe`)
     needs : what the selected analyses read from the sentence pass (their modules' ``SENTENCE_PASS``,
         :data:`outlierlab.evaluation.sentence_pass.PASS_NEEDS`)
     texts : the evaluation sentences given in memory (:func:`outlierlab.api.evaluate`), in place of
@@ -61,6 +62,15 @@ class SharedPasses:
     consumers: list = field(default_factory=list)  # every analysis' subscribers to the shared sentence stream
     texts: list[str] | None = None
     needs: set[str] = field(default_factory=set)  # what the selected analyses read from the shared pass
+
+    def subscribe(self, consumer):
+        """``consumer`` subscribed to the sentence pass, or the one already subscribed under its ``key``: two
+        analyses that need the same statistic (the raw outlier counts, say) share one consumer, fed once."""
+        key = getattr(consumer, "key", None)
+        same = next((c for c in self.consumers if key is not None and c.key == key), None)
+        if same is None:
+            self.consumers.append(consumer)
+        return consumer if same is None else same
 
 
 @dataclass

@@ -2,13 +2,16 @@
 their statistics to one :class:`~outlierlab.evaluation.sentence_stream.LayerStream`.
 
 Memory never grows with the number of sentences: texts are tokenized ``chunk`` at a time and each layer of each
-batch is reduced into running statistics as the model produces it.  The subscribers (:class:`Consumer` each):
+batch is reduced into running statistics as the model produces it.  The subscribers (:class:`Consumer` each;
+those of the analyses, :mod:`outlierlab.evaluation.registry`, shared by their ``key``):
 
-* :class:`OutlierCounts` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2), per transform;
+* :class:`OutlierCounts` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2), per transform (the
+  outliers analysis'; the raw ones are the pass's own too: clip detects its dims from them);
 * :class:`AnisotropyReservoir` — one random raw token of each of at most ``n_sentences`` sentences (Ethayarajh
   2019; Luo §4.1: 2000 sentences → 1000 pairs); a fitted transform is applied to it afterwards;
 * :class:`WordSimilarity` — per target word Σ of unit vectors, and intra-sentence similarities (Ethayarajh 2019);
-* :class:`~outlierlab.evaluation.activation_pass.ActivationObserver` — kurtosis, max/median, inf-norms.
+* :class:`~outlierlab.evaluation.activation_pass.ActivationObserver` — kurtosis, max/median, inf-norms (the
+  outliers analysis').
 
 Clip needs its outlier dims and whiten (standardize, abtt, center) a fitted map before they can be applied, so
 the pass is two loops with **the fit** between them (:func:`_fit`): the forward feeds the raw statistics (clip
@@ -35,7 +38,6 @@ from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarit
                                             intra_sentence_similarity)
 from outlierlab.analysis.transforms import FITTED, TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
 from outlierlab.datamodules.probe_data import load_position_texts
-from outlierlab.evaluation.activation_pass import ActivationObserver
 from outlierlab.evaluation.encoding import EncodeLog
 from outlierlab.evaluation.settings import (AnisotropySettings, DataSettings, EncoderSettings, OutliersSettings,
                                             SelfSimilaritySettings, TransformSettings, section_settings)
@@ -52,7 +54,7 @@ class SentenceStats:
     dim: int
     n_sentences: int
     transforms: FittedTransforms
-    outliers: dict[str, OutlierAccumulator] = field(default_factory=dict)
+    outliers: dict[str, OutlierAccumulator] = field(default_factory=dict)  # the raw ("none") counts: clip's dims
     anisotropy_acc: AnisotropyAccumulator | None = None
     self_sim: dict[str, SelfSimilarityAccumulator] = field(default_factory=dict)
     intra_sum: dict[str, Tensor] = field(default_factory=dict)
@@ -61,7 +63,6 @@ class SentenceStats:
     passes: list[EncodeLog] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
-    activations: Any = None  # outlierlab.evaluation.activation_pass.ActivationObserver of the first pass, if asked
 
     def anisotropy(self, name: str) -> Tensor:
         """Anisotropy per layer (Tensor[L+1], float64) of the reservoir after transform ``name``."""
@@ -78,10 +79,9 @@ class SentenceStats:
         tf = self.transforms.get(name, self.dim).select([layer])
         return tf(a), tf(b)
 
-    def collect(self, outliers: dict, sims: dict, reservoir, stream: LayerStream) -> None:
+    def collect(self, sims: dict, reservoir, stream: LayerStream) -> None:
         """What the pass's subscribers accumulated (:func:`run_sentence_pass`), in the transforms' order."""
         dim, ft = self.dim, self.transforms
-        self.outliers.update({t: c.result(ft.out_dim(t, dim)) for t, c in outliers.items()})
         self.self_sim = {t: c.result(ft.out_dim(t, dim)) for t, c in sims.items()}
         self.intra_sum = {t: c.intra_sum for t, c in sims.items()}
         self.intra_n = {t: c.intra_n for t, c in sims.items()}
@@ -122,17 +122,21 @@ def _model_dtype(encoder) -> torch.dtype:
 # ------------------------------------------------------------------------------ what the pass subscribes
 class OutlierCounts(Consumer):
     """Luo et al. 2021 §2: per-layer mean vector and argmax/argmin counts of the token vectors after
-    ``transform`` (:class:`~outlierlab.analysis.outlier_stats.OutlierAccumulator`, one per layer)."""
+    ``transform`` (:class:`~outlierlab.analysis.outlier_stats.OutlierAccumulator`, one per layer).  One per
+    transform in a run: the outliers analysis and clip's detection share the raw ones (:attr:`key`)."""
 
     def __init__(self, transform: str, num_layers: int) -> None:
-        self.transform, self.layers = transform, [None] * num_layers
+        self.transform, self.layers, self.key = transform, [None] * num_layers, ("outlier_counts", transform)
 
     def update(self, layer: int, vectors: Tensor, batch: StreamBatch) -> None:
         if self.layers[layer] is None:  # d' is known only now: whiten with k < d
             self.layers[layer] = OutlierAccumulator(1, vectors.shape[-1])
         self.layers[layer].update(vectors)
 
-    def result(self, dim: int) -> OutlierAccumulator:
+    def result(self, dim: int | None = None) -> OutlierAccumulator:
+        """The layers stacked; a layer that saw no token is empty, of width ``dim`` (default: the width the other
+        layers had after the transform, ``d'``)."""
+        dim = next((a.sum.shape[-1] for a in self.layers if a is not None), dim)
         return stack_layers([a if a is not None else OutlierAccumulator(1, dim) for a in self.layers])
 
 
@@ -212,16 +216,14 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                       self_similarity: SelfSimilaritySettings = SelfSimilaritySettings(),
                       data: DataSettings = DataSettings(), transform: TransformSettings = TransformSettings(),
                       seed: int = 0, batch_size: int | None = None, progress: bool = False,
-                      outlier_transforms: Sequence[str] = ("none",), need_anisotropy: bool = True,
-                      need_self_sim: bool = True, need_whitener: bool = False, need_activations: bool = False,
+                      need_anisotropy: bool = True, need_self_sim: bool = True, need_whitener: bool = False,
                       need_covariance: bool = False, consumers: Sequence[Consumer] = ()) -> SentenceStats:
     """The shared pass over ``texts``: its statistics subscribe to one :class:`LayerStream`; see the module
     docstring.  Its settings are the sections of ``configs/evaluate.yaml`` as their frozen classes
     (:mod:`outlierlab.evaluation.settings`, whose Python defaults equal the YAML's); ``**pass_settings(cfg)``
     passes a composed config's.
 
-    transforms : to compare (subset of :data:`~outlierlab.analysis.transforms.TRANSFORMS`); outlier_transforms:
-        those whose outlier counts are wanted ("none" always is: clip detects its dims from it)
+    transforms : to compare (subset of :data:`~outlierlab.analysis.transforms.TRANSFORMS`)
     outliers : the rule clip detects its dims with (Luo et al. App. D.1), unless ``transform.dims`` or
         ``transform.dims_by_layer`` give them (:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`)
     anisotropy, self_similarity : the reservoir's size; which words are target words
@@ -231,15 +233,16 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         (:meth:`outlierlab.analysis.transform_fit.WhitenSettings.from_settings`)
     need_whitener : fit the fitted transforms even if nothing here reads them (WiC/STS ``fit_on=sentences``)
     need_covariance : keep Σ of every layer (``transforms.source.cov``: IsoScore)
-    need_activations : kurtosis, max/median, inf-norm by site (:class:`ActivationObserver`) along the forward
-    consumers : more subscribers (an analysis' own, :mod:`outlierlab.evaluation.registry`), fed like the built-in
-        statistics: in the forward when their transform is ready, else in the replay after the fit
+    consumers : the analyses' subscribers (:mod:`outlierlab.evaluation.registry`; the outliers analysis' counts
+        per transform and activations among them), fed in the forward when their transform is ready, else in the
+        replay after the fit; raw outlier counts among them (key ``("outlier_counts", "none")``) are the ones clip
+        detects its dims from
     """
     texts, extra = _checked(texts, transforms, consumers)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     ss = self_similarity
     need_words = need_self_sim or any(c.words for c in extra)
-    wanted_stats = (set(outlier_transforms) | {c.transform for c in extra}
+    wanted_stats = ({c.transform for c in extra}
                     | (set(transforms) if (need_anisotropy or need_self_sim) else set()))
     fitted = [t for t in transforms if t in FITTED and (need_whitener or t in wanted_stats)]
     whiten = WhitenSettings.from_settings(transform)
@@ -255,13 +258,11 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         n_anisotropy_sentences=anisotropy.n_sentences, min_sentences=ss.min_sentences, max_words=ss.max_words,
         outlier_method=outliers.method, outlier_threshold=outliers.threshold, outlier_k=outliers.k, seed=seed,
         lowercase=ss.lowercase))
-    counts = {t: OutlierCounts(t, n_layers) for t in ["none", *(t for t in transforms if t in outlier_transforms)]}
+    raw = next((c for c in extra if c.key == ("outlier_counts", "none")), None) or OutlierCounts("none", n_layers)
     sims = {t: WordSimilarity(t, n_layers, len(words)) for t in transforms} if need_self_sim else {}
     reservoir = (_reservoir(encoder, len(texts), anisotropy.n_sentences, seed) if need_anisotropy or need_self_sim
                  else None)
-    st.activations = ActivationObserver(encoder) if need_activations else None
-    consumers = [*counts.values(), *sims.values(), *(c for c in (reservoir, st.activations) if c is not None),
-                 *extra]
+    consumers = list(dict.fromkeys([raw, *sims.values(), *(c for c in [reservoir] if c is not None), *extra]))
     must_fit = bool(fitted) or need_covariance
     after_fit = [c for c in consumers if not ft.ready(c.transform)]
     keep = data.one_pass and (bool(after_fit) or must_fit)
@@ -274,12 +275,12 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     desc = "pass 1/1 (+ stored tokens)" if keep else "pass 1/2 (fit)" if after_fit else "pass 1/1"
     try:
         stream.forward([c for c in consumers if c not in after_fit] + ([sums] if sums else []), ft, desc)
-        st.outliers["none"] = counts["none"].result(dim)
+        st.outliers["none"] = raw.result(dim)
         _fit(st, transforms, fitted, whiten, stream, sums, need_covariance, outliers)
         stream.replay(after_fit, ft)
     finally:  # a refused fit (degenerate whitening) must not leave the stored tokens behind in $TMPDIR
         stream.close()
-    st.collect(counts, sims, reservoir, stream)
+    st.collect(sims, reservoir, stream)
     return st
 
 
@@ -344,9 +345,7 @@ def pass_settings(cfg) -> dict[str, Any]:
 
 #: What an analysis may read from the shared pass: it lists them in its module's ``SENTENCE_PASS`` (a set, or a
 #: function of its context returning one), and the pass computes the union of the selected analyses' needs.
-PASS_NEEDS = {"outlier_counts": "outlier counts of every transform (else the raw ones only: clip's dims)",
-              "activations": "kurtosis, max/median and inf-norms along the forward",
-              "anisotropy": "the anisotropy reservoir: one raw token per sentence",
+PASS_NEEDS = {"anisotropy": "the anisotropy reservoir: one raw token per sentence",
               "self_similarity": "the target words' self- and intra-sentence similarity",
               "covariance": "Σ of every layer (IsoScore)",
               "fitted_maps": "the fitted transforms, even where no statistic here reads them"}
@@ -374,10 +373,9 @@ def sentence_stats(ctx) -> SentenceStats:
     data, given = settings["data"], ctx.shared.texts
     st = run_sentence_pass(
         ctx.encoder, given if given is not None else evaluation_sentences(data), ctx.transforms, **settings,
-        outlier_transforms=list(ctx.transforms) if "outlier_counts" in needs else ["none"],
         need_anisotropy="anisotropy" in needs, need_self_sim="self_similarity" in needs,
         need_whitener="fitted_maps" in needs, batch_size=section_settings(EncoderSettings, cfg).batch_size,
-        progress=bool(cfg.progress), need_activations="activations" in needs,
+        progress=bool(cfg.progress),
         need_covariance="covariance" in needs, consumers=ctx.shared.consumers)
     st.settings["source"] = ("the texts given" if given is not None else "data.files" if data.files
                              else "shipped Persuasion sentences (outlierlab/datamodules/data/eval)")

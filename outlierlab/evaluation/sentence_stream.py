@@ -114,6 +114,10 @@ class Consumer:
 
     transform: str = "none"
     words: bool = False
+    #: what it accumulates, when other analyses may want the very same (e.g. ``("outlier_counts", "none")``):
+    #: consumers with equal keys are subscribed once and shared (:meth:`SharedPasses.subscribe
+    #: <outlierlab.evaluation.registry.SharedPasses.subscribe>`); None: its own
+    key: Any = None
 
     def open(self, stream: "LayerStream") -> None:
         """Before the forward (e.g. hooks on the model)."""
@@ -133,6 +137,10 @@ class Consumer:
 
     def close(self) -> None:
         """After the forward, also when it failed (remove hooks)."""
+
+    def result(self) -> Any:
+        """What it accumulated, read once the pass is over (default: the consumer itself)."""
+        return self
 
 
 class _LayerTransforms:
