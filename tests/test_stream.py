@@ -109,6 +109,7 @@ COLUMNS = ["layer", "transform", "mean_sq_norm", "tokens"]
 class SquaredNorm(ol.Consumer):
     def __init__(self, transform, num_layers):
         self.transform, self.sum, self.n = transform, [0.0] * num_layers, [0] * num_layers
+        self.key = ("squared_norm", transform)
 
     def update(self, layer, vectors, batch):
         self.sum[layer] += float(vectors[0].double().pow(2).sum())
