@@ -229,10 +229,13 @@ def parallel_cells() -> int:
 
 
 def set_threads(threads: int | None) -> int:
-    """Intra-op threads for this process: ``threads``, or the machine's cores divided among the cells that
-    run in parallel (joblib starts each cell in its own process, and torch would otherwise give every one
-    of them all the cores -- N cells x all cores oversubscribes the machine and each runs slower)."""
-    n = int(threads) if threads else max(1, (os.cpu_count() or 1) // parallel_cells())
+    """Intra-op threads for this process: ``threads``; else ``$OMP_NUM_THREADS`` where the environment sets it (a
+    cluster's job slot, a test worker: the share of the machine it was given); else the machine's cores divided among
+    the cells that run in parallel (joblib starts each cell in its own process, and torch would otherwise give every
+    one of them all the cores -- N cells x all cores oversubscribes the machine and each runs slower)."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    n = (int(threads) if threads else int(given) if given.isdigit() and int(given) > 0
+         else max(1, (os.cpu_count() or 1) // parallel_cells()))
     torch.set_num_threads(n)
     return n
 
