@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = str(ROOT / "configs")
 
 # Under pytest-xdist (README: -n 2) each worker is one of the machine's cores: one torch thread each, instead of
-# every worker spreading over all cores and the workers fighting for them (2 cores: 9 min 50 s this way against
-# 12-13 min in one process, docs/performance.md).
+# every worker spreading over all cores and the workers fighting for them (2 cores: 7 min 47 s this way against
+# 12-13 min in one process, docs/performance.md; train.py's threads=null reads OMP_NUM_THREADS too).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
