@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Memory and speed of the pretraining data pipeline (issue 31): build the token cache, then train from it.
+"""Memory and speed of the pretraining data pipeline: build the token cache, then train from it.
 
     python benchmarks/data_memory.py                              # 40 MB and 400 MB of text
     python benchmarks/data_memory.py --sizes 40,400,2000          # + 2 GB (about 10 min more on 2 cores)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Every CSV of the default ``evaluate.py`` against an older revision's, on the same inputs (issue 48: a rewrite
+"""Every CSV of the default ``evaluate.py`` against an older revision's, on the same inputs (a rewrite
 of the evaluation engine must not move a number).
 
     python benchmarks/evaluate_csv_parity.py --rev 770aa5b                 # MiniLM + a random bf16 Llama decoder

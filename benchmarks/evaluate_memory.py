@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Peak memory and throughput of evaluate.py's streaming pass for N and 10·N sentences — and, with ``--llama``,
-of a randomly initialised Llama saved in bfloat16 (issue 39: peak RSS against the checkpoint's size).
+of a randomly initialised Llama saved in bfloat16 (peak RSS against the checkpoint's size).
 
     python benchmarks/evaluate_memory.py                       # all-MiniLM-L6-v2, N = 100 and 1000
     python benchmarks/evaluate_memory.py --n 200 --encoder outputs/train/RUN
@@ -28,7 +28,7 @@ peak moves by up to ±0.08× with where glibc places the forward's buffers (the 
 ``--repeat K`` alternates K evaluate.py and K bare-forward children and reports the medians, with every run's ratio
 (the children and their arithmetic: ``benchmarks/whole_evaluate_memory.py``).
 
-``--device cuda`` (issue 39: peak GPU memory and tokens/s on a GPU): the model is loaded the way evaluate.py loads
+``--device cuda`` (peak GPU memory and tokens/s on a GPU): the model is loaded the way evaluate.py loads
 it — ``FrozenEncoder.from_config`` of configs/evaluate.yaml's ``encoder`` section with ``encoder.device=cuda`` and
 ``encoder.dtype`` (bfloat16 with ``--llama``; the random Llama is initialised on the GPU and saved to
 ``--save-dir`` like the CPU mode's, 13.2 GB of disk for the 7B shape, then read back from there) — and the same

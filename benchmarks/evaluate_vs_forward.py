@@ -12,7 +12,7 @@ The bare forward is what any script would do: tokenize, pad the batch (sorted by
 computed.  ``evaluate`` is ``evaluate.evaluate(cfg)`` with the default config (outliers, anisotropy, isotropy,
 self_similarity, WiC on the shipped WordNet pairs, transforms none/clip/whiten), TensorBoard and the progress
 bar off.  Printed: evaluate's time against bare forwards over the sentences AND over WiC's own distinct sentences
-(its ratio; goal <= 1.5, issue 48; issue 39 measured ~3x before the one-pass design), the sentence analyses' seconds
+(its ratio; goal <= 1.5; about 3x before the one-pass design), the sentence analyses' seconds
 against the forward over the sentences, and each analysis' own seconds.
 """
 
@@ -138,7 +138,7 @@ def main() -> None:
             run[label]["passes"] = res["meta"]["sentences"]["passes"]
             r = run[label]
             print(f"[run {rep + 1}/{a.repeat}, {label}] evaluate {secs:.1f} s vs bare forwards {fwd + fwd_wic:.1f} s: "
-                  f"{r['ratio_all']:.2f}x (goal <= 1.5, issue 48); sentence analyses {r['sentence_analyses_s']:.1f} s = "
+                  f"{r['ratio_all']:.2f}x (goal <= 1.5); sentence analyses {r['sentence_analyses_s']:.1f} s = "
                   f"{r['ratio_sentences']:.2f}x their forward; WiC {r['per_analysis_s'].get('wic', 0):.1f} s; "
                   f"per analysis {r['per_analysis_s']}", flush=True)
         out["runs"].append(run)

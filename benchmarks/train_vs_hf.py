@@ -1,5 +1,5 @@
 """Our training step vs Hugging Face's ``RobertaForMaskedLM`` (SDPA attention) of the same configuration, and our
-step before vs after the masked-position LM head (issue 29).
+step before vs after the masked-position LM head.
 
 Three training steps (forward, loss, backward, gradient clipping 1.0, AdamW) on the SAME real batches (embedded
 corpus, our packed blocks and seeded 15 % masking), alternated step by step in one process so that background
@@ -7,7 +7,7 @@ load hits all of them alike:
 
 * ``ours``      -- ``RobertaMaskedLM`` as ``train.py`` runs it: the head only at the masked positions, the
                    all-ones attention mask dropped on the host (``MLMLitModule.on_before_batch_transfer``);
-* ``ours_full`` -- the step before issue 29: the head on every position (``full_logits=True``), mask passed;
+* ``ours_full`` -- the older step: the head on every position (``full_logits=True``), mask passed;
 * ``hf``        -- ``transformers.RobertaForMaskedLM(attn_implementation="sdpa")`` with the same sizes, given
                    the collator's ``input_ids, attention_mask, labels`` as a user would.
 
@@ -24,7 +24,7 @@ projection run on masked tokens only).
     python benchmarks/train_vs_hf.py --preset base --steps 4 --batch-size 8
     python benchmarks/train_vs_hf.py --objective clm --preset emergence_cpu --steps 30
 
-With ``--objective clm`` (issue 36) the variants are our causal step (``objective=clm``: fused causal attention,
+With ``--objective clm`` the variants are our causal step (``objective=clm``: fused causal attention,
 shifted next-token loss) against transformers' ``RobertaForCausalLM`` (``is_decoder``; the exact twin: the same
 function, tested in tests/test_causal_lm.py) and ``GPT2LMHeadModel`` of the same sizes (pre-LN, its own head: a
 different function of the same cost class), all on the same unmasked blocks with labels = inputs.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How much a float32 Gram would move whitening — the measurement behind issue 39's time floor.
+"""How much a float32 Gram would move whitening — the measurement behind evaluate.py's time floor.
 
     python benchmarks/whitening_gram_precision.py                  # MiniLM, the 2,000 default sentences
     python benchmarks/whitening_gram_precision.py --encoder PATH --n 500 --out results.json

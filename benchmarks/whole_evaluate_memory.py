@@ -1,5 +1,5 @@
 """The whole ``python evaluate.py`` against the floor of any evaluation, in child processes: the measurement
-behind ``benchmarks/evaluate_memory.py --evaluate`` (issue 39: peak RSS ≤ 1.5× a bf16 checkpoint).
+behind ``benchmarks/evaluate_memory.py --evaluate`` (goal: peak RSS ≤ 1.5× a bf16 checkpoint).
 
 Three children, each its own process so ``ru_maxrss`` is its own: one that imports evaluate.py's modules and runs
 the model's first forward (the RSS after the imports is subtracted from every peak), evaluate.py itself (through

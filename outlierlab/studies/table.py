@@ -7,7 +7,7 @@ One Parquet table (zstd) per study, one row per file of every cell that the read
 ``config.yaml``, ``.hydra/overrides.yaml``, ``manifest.json``, ``finished.json``, ``code_versions.jsonl`` and every CSV
 the cell wrote -- with columns ``cell`` (the run directory's name), ``file`` (its path in the cell) and ``text``.
 No checkpoint, figure, TensorBoard event or model: those stay where the study ran. A machine's absolute paths
-(``/work/...``, ``/home/...``: run directories, caches) are replaced by ``<local>/<last component>``; the manifest's
+(``/scratch/...``, a user's home: run directories, caches) are replaced by ``<local>/<last component>``; the manifest's
 size and hash of each file so rewritten are updated, and the manifest lists them under ``"scrubbed"``, so
 :func:`outlierlab.jobs.run_state.verify_manifest` still checks every byte. Each cell is verified before it is
 packed (a cell the aggregator would refuse is packed as it is, and refused the same way when read).
