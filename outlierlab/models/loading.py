@@ -165,12 +165,7 @@ class FrozenEncoder:
         self.model_type, self.norm_placement = "outlierlab", "post"  # _read_config sets both for HF models
         self.causal, self.pos = False, None  # and these where the config says
         self.num_layers, self.hidden_size, limit = self._read_config()
-        tok_max = getattr(self.tokenizer, "model_max_length", None) or 10**9
-        self.model_max_length = min(limit, tok_max) if tok_max < 10**6 else limit
-        if max_length is not None and max_length > self.model_max_length:
-            raise ValueError(f"max_length={max_length} exceeds what {name_or_path} accepts "
-                             f"({self.model_max_length} tokens)")
-        self.max_length = int(max_length or self.model_max_length)
+        self._set_lengths(limit, max_length, name_or_path)
 
     @classmethod
     def from_config(cls, node) -> "FrozenEncoder":
@@ -224,12 +219,16 @@ class FrozenEncoder:
         enc.tokenizer = tokenizer
         enc.model_type, enc.norm_placement, enc.causal, enc.pos = "outlierlab", "post", False, None
         enc.num_layers, enc.hidden_size, limit = enc._hf_config(model.config)
-        tok_max = getattr(tokenizer, "model_max_length", None) or 10**9
-        enc.model_max_length = min(limit, tok_max) if tok_max < 10**6 else limit
-        if max_length is not None and max_length > enc.model_max_length:
-            raise ValueError(f"max_length={max_length} exceeds what {name} accepts ({enc.model_max_length} tokens)")
-        enc.max_length = int(max_length or enc.model_max_length)
+        enc._set_lengths(limit, max_length, name)
         return enc
+
+    def _set_lengths(self, limit: int, max_length: int | None, name: str) -> None:
+        """``model_max_length`` (the model's and its tokenizer's limit) and ``max_length`` (asked, within it)."""
+        tok_max = getattr(self.tokenizer, "model_max_length", None) or 10**9
+        self.model_max_length = min(limit, tok_max) if tok_max < 10**6 else limit
+        if max_length is not None and max_length > self.model_max_length:
+            raise ValueError(f"max_length={max_length} exceeds what {name} accepts ({self.model_max_length} tokens)")
+        self.max_length = int(max_length or self.model_max_length)
 
     # -- loading ----------------------------------------------------------------------------------------
     def _load_tokenizer(self):
