@@ -59,7 +59,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
-from outlierlab.evaluation.sentence_pass import OutlierCounts, pass_settings, run_sentence_pass  # noqa: E402
+from outlierlab.evaluation.sentence_pass import (AnisotropyReservoir, OutlierCounts, WordSimilarity,  # noqa: E402
+                                                pass_settings, run_sentence_pass)
+from outlierlab.evaluation.settings import AnisotropySettings, section_settings  # noqa: E402
 from outlierlab.models.loading import FrozenEncoder  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, also when loaded by path (tests)
@@ -155,12 +157,18 @@ def _timed_pass(enc, texts: list[str], batch_size: int, one_pass: bool, cfg=None
 
     enc.forward_layers = measured
     t0, c0 = time.perf_counter(), time.process_time()
-    settings = pass_settings(evaluate_defaults() if cfg is None else cfg)
+    cfg = evaluate_defaults() if cfg is None else cfg
+    settings = pass_settings(cfg)
     settings["data"] = replace(settings["data"], one_pass=one_pass)
     # memory, not a fit: few tokens for d may make the whitening degenerate
     settings["transform"] = replace(settings["transform"], allow_degenerate=True)
-    counts = [OutlierCounts(t, enc.num_layers + 1) for t in ("none", "clip", "whiten")]  # the outliers analysis'
-    st = run_sentence_pass(enc, texts, ["none", "clip", "whiten"], consumers=counts, batch_size=batch_size, **settings)
+    names = ("none", "clip", "whiten")
+    # the subscribers of the outliers, anisotropy and self-similarity analyses
+    consumers = [*(OutlierCounts(t, enc.num_layers + 1) for t in names),
+                 AnisotropyReservoir(section_settings(AnisotropySettings, cfg).n_sentences, settings["seed"]),
+                 *(WordSimilarity(t) for t in names)]
+    st = run_sentence_pass(enc, texts, list(names), consumers=consumers, need_whitener=True, batch_size=batch_size,
+                           **settings)
     sync()
     return st, layer_bytes, time.perf_counter() - t0, time.process_time() - c0
 

@@ -12,10 +12,27 @@ from probe_fixtures import minilm_path
 
 from outlierlab.evaluation.settings import AnisotropySettings, DataSettings, OutliersSettings, SelfSimilaritySettings
 
-#: run_sentence_pass's settings for the small test passes (the oracle takes the same keywords).
-PASS = dict(outliers=OutliersSettings(method="share", threshold=0.25, k=3.0), anisotropy=AnisotropySettings(n_sentences=40),
+#: run_sentence_pass's settings for the small test passes (the oracle takes the same keywords, and ``anisotropy``).
+PASS = dict(outliers=OutliersSettings(method="share", threshold=0.25, k=3.0),
             self_similarity=SelfSimilaritySettings(min_sentences=3, max_words=20, lowercase=True),
             data=DataSettings(chunk=16), seed=0, batch_size=8)
+#: the anisotropy reservoir's size in those passes
+RESERVOIR = AnisotropySettings(n_sentences=40)
+
+
+def similarity_pass(encoder, texts, transforms, *, words: bool = True, reservoir: int = RESERVOIR.n_sentences,
+                    consumers=(), **settings):
+    """``run_sentence_pass`` with the subscribers the anisotropy and self-similarity analyses add: the anisotropy
+    reservoir and (``words``) one word-similarity subscriber per transform.  Returns ``(stats, reservoir,
+    {transform: WordSimilarity})``; ``settings`` default to :data:`PASS`."""
+    from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, WordSimilarity, run_sentence_pass
+
+    settings = {**PASS, **settings}
+    pairs = AnisotropyReservoir(reservoir, settings["seed"])
+    sims = {t: WordSimilarity(t) for t in transforms} if words else {}
+    st = run_sentence_pass(encoder, texts, transforms, need_whitener=True,
+                           consumers=[*consumers, pairs, *sims.values()], **settings)
+    return st, pairs, sims
 
 
 def texts(n: int = 40) -> list[str]:

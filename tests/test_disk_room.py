@@ -8,11 +8,10 @@ from collections import namedtuple
 import pytest
 import torch
 
-from llama_fixtures import PASS, save_tiny_llama
+from llama_fixtures import save_tiny_llama, similarity_pass
 from llama_fixtures import texts as _texts
 from outlierlab.utils import disk_room
 from outlierlab.evaluation.settings import DataSettings
-from outlierlab.evaluation.sentence_pass import run_sentence_pass
 from outlierlab.models.loading import FrozenEncoder
 
 Usage = namedtuple("Usage", "total used free")
@@ -52,13 +51,13 @@ def test_a_full_tmpdir_stops_the_one_pass_evaluation_before_the_first_forward(en
     _free(monkeypatch, int(need / disk_room.HEADROOM) - 1000)
     calls = _count_forwards(monkeypatch, encoder)
     with pytest.raises(OSError) as err:
-        run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], **PASS)
+        similarity_pass(encoder, texts, ["none", "clip", "whiten"])
     msg = str(err.value)
     assert "\n" not in msg and f"({n_tok} tokens × {per_token} B" in msg and "data.one_pass=false" in msg
     assert "TMPDIR" in msg and calls == []  # nothing encoded
     # the two-pass reference stores nothing on disk: it runs
-    st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], **{**PASS, "data": DataSettings(one_pass=False)})
-    assert st.outliers["none"].count > 0 and torch.isfinite(st.anisotropy("whiten")).all()
+    st, pairs, _ = similarity_pass(encoder, texts, ["none", "clip", "whiten"], data=DataSettings(one_pass=False))
+    assert st.outliers["none"].count > 0 and torch.isfinite(pairs.anisotropy(st.transforms, "whiten")).all()
 
 
 def test_enough_room_for_the_exact_count_runs(encoder, monkeypatch):
@@ -70,8 +69,8 @@ def test_enough_room_for_the_exact_count_runs(encoder, monkeypatch):
     bound = disk_room.token_bound(encoder, texts) * per_token + extra
     assert exact < bound
     _free(monkeypatch, int((exact + bound) / 2 / disk_room.HEADROOM))
-    st = run_sentence_pass(encoder, texts, ["none", "whiten"], **PASS)
-    assert torch.isfinite(st.anisotropy("whiten")).all()
+    st, pairs, _ = similarity_pass(encoder, texts, ["none", "whiten"])
+    assert torch.isfinite(pairs.anisotropy(st.transforms, "whiten")).all()
 
 
 def test_wic_and_sts_say_which_setting_makes_room(encoder, monkeypatch):

@@ -24,7 +24,7 @@ def test_streaming_metrics_on_a_real_bert_equal_one_shot_values():
     settings = pass_settings(compose("evaluate"))  # the YAML's values, an odd chunk on purpose
     settings["data"] = replace(settings["data"], chunk=7)
     obs = ActivationObserver(enc)  # the outliers analysis' subscriber, fed along the forward
-    run_sentence_pass(enc, texts, ["none"], need_anisotropy=False, need_self_sim=False, batch_size=5,
+    run_sentence_pass(enc, texts, ["none"], batch_size=5,
                       consumers=[obs], **settings)
     # one shot: every text in one padded batch
     hidden, valid, real = [], [], []

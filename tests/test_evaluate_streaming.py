@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from outlierlab.evaluation.sentence_pass import pass_settings, run_sentence_pass
+from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, WordSimilarity, pass_settings, run_sentence_pass
 from outlierlab.evaluation.words import char_span_tokens, word_occurrences, word_vectors
 from tests.conftest import compose
 
@@ -114,7 +114,8 @@ def _intra_reference(words, transform):
 
 def test_streaming_statistics_equal_in_memory(encoder):
     texts = _sentences(60)
-    st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], batch_size=3,
+    sims = {t: WordSimilarity(t) for t in ("none", "clip", "whiten")}  # the self-similarity analysis' subscribers
+    st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], batch_size=3, consumers=list(sims.values()),
                            **yaml_settings(self_similarity={"min_sentences": 10, "max_words": None},
                                            data={"chunk": 7}))  # odd sizes on purpose
     x, words = _reference(encoder, texts)  # [L, N, d] every valid token of every sentence
@@ -153,11 +154,11 @@ def test_streaming_statistics_equal_in_memory(encoder):
                   "whiten": lambda v: ((v - mu)[:, None, :] @ w_ref)[:, 0]}
     for name, tf in transforms.items():
         ref, n_words = _self_sim_reference(words, tf, 10)
-        keys, raw = st.self_sim[name].compute(10)
+        keys, raw = sims[name].result().compute(10)
         assert keys.numel() == n_words > 5
         assert torch.allclose(raw.mean(1), ref, atol=1e-6, rtol=0), name
-        assert torch.allclose(st.intra_sentence(name), _intra_reference(words, tf), atol=1e-6, rtol=0), name
-        assert st.intra_n[name] == len(texts)
+        assert torch.allclose(sims[name].intra_sentence(), _intra_reference(words, tf), atol=1e-6, rtol=0), name
+        assert sims[name].intra_n == len(texts)
     # ONE pass (issue 39): clip and whiten are applied to the stored tokens, not to a second encoding
     assert [p.n_texts for p in st.passes] == [len(texts)]
 
@@ -166,15 +167,17 @@ def test_whitened_anisotropy_is_near_zero_on_the_fitted_set(encoder):
     # 400 sentences -> 200 cross-sentence pairs; with d = 32 a pair cosine of whitened (isotropic) vectors has
     # sd ~ 1/sqrt(32) = 0.18, so the mean of 200 has sd ~ 0.0125: |anisotropy| < 0.05 is a 4-sigma bound.
     texts = _sentences(400, seed=1)
-    st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], need_self_sim=False, batch_size=64,
-                           **yaml_settings(anisotropy={"n_sentences": 400}))
-    raw, clipped, white = st.anisotropy("none"), st.anisotropy("clip"), st.anisotropy("whiten")
-    assert st.anisotropy_acc.n_kept == 400
+    settings = yaml_settings()
+    pairs = AnisotropyReservoir(400, settings["seed"])  # the anisotropy analysis' subscriber; the maps fitted for it
+    st = run_sentence_pass(encoder, texts, ["none", "clip", "whiten"], batch_size=64, need_whitener=True,
+                           consumers=[pairs], **settings)
+    raw, clipped, white = (pairs.anisotropy(st.transforms, t) for t in ("none", "clip", "whiten"))
+    assert pairs.result().n_kept == 400
     assert (raw[1:] > 0.5).all()  # the planted dim dominates every vector of layers 1-2
     assert (clipped[1:] < 0.2).all()  # clipping it removes most of the shared direction
     assert (white.abs() < 0.05).all(), white
     # a self-pair would give cosine 1: never a token with itself, never two tokens of one sentence
-    a, b = st.anisotropy_acc.pair_vectors()
+    a, b = pairs.result().pair_vectors()
     assert not torch.isclose(torch.nn.functional.cosine_similarity(a[0], b[0], dim=-1), torch.ones(1)).any()
 
 

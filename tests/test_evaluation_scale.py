@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from outlierlab.evaluation.activation_pass import ActivationObserver
-from outlierlab.evaluation.sentence_pass import OutlierCounts, run_sentence_pass
+from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, OutlierCounts, run_sentence_pass
 from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder
-from llama_fixtures import PASS, fake_hub, save_tiny_llama
+from llama_fixtures import PASS, RESERVOIR, fake_hub, save_tiny_llama
 from llama_fixtures import texts as _texts
 from probe_fixtures import save_tiny_bert
 
@@ -32,12 +32,13 @@ def offline_cache(tmp_path, monkeypatch):
 
 
 def _stats(enc, texts, **kw):
-    """The pass with the outliers analysis' consumers: its outlier counts per transform, its activations."""
+    """The pass with the outliers analysis' consumers (its outlier counts per transform, its activations) and the
+    anisotropy analysis' reservoir."""
     counts = [OutlierCounts(t, enc.num_layers + 1) for t in ("none", "clip", "whiten")]
-    obs = ActivationObserver(enc)
+    obs, pairs = ActivationObserver(enc), AnisotropyReservoir(RESERVOIR.n_sentences, PASS["seed"])
     st = run_sentence_pass(enc, texts, ["none", "clip", "whiten"], need_whitener=True, need_covariance=True,
-                           consumers=[*counts, obs], **PASS, **kw)
-    return st, {c.transform: c.result() for c in counts}, obs
+                           consumers=[*counts, obs, pairs], **PASS, **kw)
+    return st, {c.transform: c.result() for c in counts}, obs, pairs
 
 
 # ------------------------------------------------------------------------------------------------ dtype
@@ -46,7 +47,7 @@ def test_bfloat16_statistics_agree_with_float32_and_accumulate_in_float64(tmp_pa
     texts = _texts()
     f32 = FrozenEncoder(str(d), device="cpu", dtype="float32")
     bf16 = FrozenEncoder(str(d), device="cpu", dtype="bfloat16")
-    (a, ca, oa), (b, cb, ob) = _stats(f32, texts), _stats(bf16, texts)
+    (a, ca, oa, pa), (b, cb, ob, pb) = _stats(f32, texts), _stats(bf16, texts)
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
     assert next(f32.model.parameters()).dtype == torch.float32
     # the accumulators upcast: float64 sums whatever the model's dtype
@@ -63,7 +64,7 @@ def test_bfloat16_statistics_agree_with_float32_and_accumulate_in_float64(tmp_pa
     sa, sb = ca["none"].argmax_share(), cb["none"].argmax_share()
     assert (sa - sb).abs().max() < 0.1  # argmax shares: ties in bf16 may move a few tokens
     assert ca["none"].argmax_share()[1:, 5].min() > 0.5  # the planted dim is found in both
-    assert torch.allclose(a.anisotropy("none"), b.anisotropy("none"), atol=0.02)
+    assert torch.allclose(pa.anisotropy(a.transforms, "none"), pb.anisotropy(b.transforms, "none"), atol=0.02)
     assert torch.allclose(oa.acc.kurtosis(), ob.acc.kurtosis(), rtol=0.05)
 
 
@@ -125,7 +126,7 @@ def test_device_map_split_over_cpu_and_disk_gives_the_same_statistics(tmp_path):
     split = FrozenEncoder(str(d), device="cpu", device_map={"embeddings": "cpu", "encoder.layer.0": "cpu",
                                                             "encoder.layer.1": "disk", "pooler": "cpu"},
                           offload_folder=str(tmp_path / "offload"))
-    (a, ca, _), (b, cb, _) = _stats(whole, texts), _stats(split, texts)
+    (a, ca, _, pa), (b, cb, _, pb) = _stats(whole, texts), _stats(split, texts)
     assert split.model.hf_device_map["encoder.layer.1"] == "disk"
     # the layer really is off-device: its weights stay on "meta" and accelerate loads them (from the
     # safetensors file itself) for each forward
@@ -134,7 +135,7 @@ def test_device_map_split_over_cpu_and_disk_gives_the_same_statistics(tmp_path):
     for name in ("none", "clip", "whiten"):
         assert torch.equal(ca[name].argmax_counts, cb[name].argmax_counts)
         assert torch.allclose(ca[name].sum, cb[name].sum, rtol=1e-6, atol=1e-6)
-    assert torch.allclose(a.anisotropy("whiten"), b.anisotropy("whiten"), atol=1e-6)
+    assert torch.allclose(pa.anisotropy(a.transforms, "whiten"), pb.anisotropy(b.transforms, "whiten"), atol=1e-6)
 
 
 def test_device_map_with_our_own_model_is_one_line(tmp_path):

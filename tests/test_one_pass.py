@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llama_fixtures import PASS, save_tiny_llama
+from llama_fixtures import PASS, save_tiny_llama, similarity_pass
 from llama_fixtures import texts as _texts
 from probe_fixtures import minilm_path
 from outlierlab.evaluation.settings import AnisotropySettings, TransformSettings
@@ -261,19 +261,19 @@ def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time
 
     monkeypatch.setattr(streaming, "SelfSimilarityAccumulator", Tracked)
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama", dtype=torch.bfloat16)), device="cpu", dtype="auto")
-    st = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"], **PASS)
-    assert st.anisotropy_acc.vectors.dtype == torch.bfloat16
-    assert all(acc.sum_unit is None and acc.sum_norm_sq.shape == (st.num_layers, len(st.words))
-               for acc in st.self_sim.values()) and len(st.words) >= 2
+    st, pairs, sims = similarity_pass(enc, _texts(40), ["none", "clip", "whiten"])
+    assert pairs.result().vectors.dtype == torch.bfloat16
+    assert all(s.result().sum_unit is None and s.result().sum_norm_sq.shape == (st.num_layers, len(st.words))
+               for s in sims.values()) and len(st.words) >= 2
     assert all(acc.num_layers == 1 for acc in alive)  # no [L, K, d] set: not even none's, during the forward
     assert len(alive) == 3 * st.num_layers and most[0] == 3  # none's, clip's, whiten's of one layer at a time
-    assert list(st.self_sim) == ["none", "clip", "whiten"]  # the CSVs' order
-    ref = run_sentence_pass(enc, _texts(40), ["none", "clip", "whiten"],
-                            **{**PASS, "data": replace(PASS["data"], one_pass=False)})
+    ref, ref_pairs, ref_sims = similarity_pass(enc, _texts(40), ["none", "clip", "whiten"],
+                                               data=replace(PASS["data"], one_pass=False))
     for name in ("none", "clip", "whiten"):
-        assert torch.allclose(st.anisotropy(name), ref.anisotropy(name), rtol=1e-5, atol=1e-6)
-        k1, v1 = st.self_sim[name].compute(3)
-        k2, v2 = ref.self_sim[name].compute(3)
+        assert torch.allclose(pairs.anisotropy(st.transforms, name), ref_pairs.anisotropy(ref.transforms, name),
+                              rtol=1e-5, atol=1e-6)
+        k1, v1 = sims[name].result().compute(3)
+        k2, v2 = ref_sims[name].result().compute(3)
         assert torch.equal(k1, k2) and torch.allclose(v1, v2, rtol=1e-5, atol=1e-7)
 
 
@@ -284,14 +284,14 @@ def test_word_statistics_taken_in_the_replay_equal_the_pass_s_bit_for_bit(tmp_pa
     sums, added in the same order, as filling them during the forward (the pass without a store does)."""
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu")
     names, extra = (["none"], {}) if case == "none" else (["none", "clip"], {"transform": TransformSettings(dims=(3, 7))})
-    replayed = run_sentence_pass(enc, _texts(40), names, need_covariance=True, **extra, **PASS)
-    in_pass = run_sentence_pass(enc, _texts(40), names, **extra, **PASS)  # no store, no replay: the forward fills
+    replayed, _, replayed_sims = similarity_pass(enc, _texts(40), names, need_covariance=True, **extra)
+    in_pass, _, in_pass_sims = similarity_pass(enc, _texts(40), names, **extra)  # no store, no replay: the forward fills
     assert replayed.passes and len(replayed.passes) == 1  # still one forward
     for name in names:
-        a, b = replayed.self_sim[name], in_pass.self_sim[name]
+        a, b = replayed_sims[name].result(), in_pass_sims[name].result()
         assert torch.equal(a.sum_norm_sq, b.sum_norm_sq) and torch.equal(a.counts, b.counts)
-        assert torch.equal(replayed.intra_sum[name], in_pass.intra_sum[name])
-        assert replayed.intra_n[name] == in_pass.intra_n[name] > 0
+        assert torch.equal(replayed_sims[name].intra_sum, in_pass_sims[name].intra_sum)
+        assert replayed_sims[name].intra_n == in_pass_sims[name].intra_n > 0
 
 
 def test_a_refused_fit_leaves_no_stored_tokens_behind(tmp_path, monkeypatch):
@@ -303,9 +303,7 @@ def test_a_refused_fit_leaves_no_stored_tokens_behind(tmp_path, monkeypatch):
     (tmp_path / "tmp").mkdir()
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu")
     with pytest.raises(DegenerateWhiteningError):  # 6 tokens cannot support a 32-dim whitening
-        run_sentence_pass(enc, ["the cat", "the dog", "a bird"], ["none", "clip", "whiten"],
-                          need_self_sim=False,
-                          **{**PASS, "anisotropy": AnisotropySettings(n_sentences=3)})
+        similarity_pass(enc, ["the cat", "the dog", "a bird"], ["none", "clip", "whiten"], words=False, reservoir=3)
     assert not list((tmp_path / "tmp").glob("outlierlab-replay-*"))
 
 
@@ -335,11 +333,11 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     # what each analysis reads from the shared pass (the maps are kept while a later one reads anything)
     assert pass_needs(wic, SimpleNamespace(root_cfg=spec_cfg)) == pass_needs(sts, SimpleNamespace(root_cfg=spec_cfg))
     assert pass_needs(wic, SimpleNamespace(root_cfg=spec_cfg)) == {"fitted_maps"}
-    assert pass_needs(isotropy, SimpleNamespace(root_cfg=spec_cfg)) == {"anisotropy", "covariance"}
+    assert pass_needs(isotropy, SimpleNamespace(root_cfg=spec_cfg)) == {"covariance", "fitted_maps"}
     eval_cfg = compose_cfg("evaluate", common)  # fit_on=eval: WiC fits its own maps
     assert not pass_needs(wic, SimpleNamespace(root_cfg=eval_cfg)) | pass_needs(sts, SimpleNamespace(root_cfg=eval_cfg))
-    with pytest.raises(ValueError, match=r"SENTENCE_PASS names \['anisotropi'\]; valid: anisotropy"):
-        pass_needs(SimpleNamespace(__name__="mine", SENTENCE_PASS={"anisotropi"}), None)
+    with pytest.raises(ValueError, match=r"SENTENCE_PASS names \['covariances'\]; valid: covariance"):
+        pass_needs(SimpleNamespace(__name__="mine", SENTENCE_PASS={"covariances"}), None)
     # WiC with fit_on=sentences still finds the sentence pass's maps (not released after isotropy)
     res = mod.evaluate(spec_cfg, tmp_path / "sent")
     wic = next(r for r in res["results"] if r.name == "wic")
@@ -351,11 +349,11 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     enc = FrozenEncoder(str(d), device="cpu")
     counts = OutlierCounts("whiten", enc.num_layers + 1)
     st = run_sentence_pass(enc, (tmp_path / "s.txt").read_text().splitlines(), ["none", "whiten"],
-                           need_covariance=True, need_self_sim=False, consumers=[counts],
+                           need_covariance=True, consumers=[counts],
                            transform=TransformSettings(allow_degenerate=True), **PASS)
     src = st.transforms.source
-    assert src.W is not None and src.cov is not None and st.anisotropy_acc is not None
+    assert src.W is not None and src.cov is not None
     info = st.transforms.columns("whiten")
     st.release_layer_state()
-    assert src.W is None and src.cov is None and st.anisotropy_acc is None
+    assert src.W is None and src.cov is None
     assert st.transforms.columns("whiten") == info and counts.result().count > 0

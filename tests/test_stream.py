@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from llama_fixtures import PASS, save_tiny_llama
+from llama_fixtures import PASS, RESERVOIR, save_tiny_llama, similarity_pass
 from llama_fixtures import texts as _texts
 from sentence_pass_oracle import oracle_pass
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream
@@ -68,26 +68,26 @@ def test_every_consumer_sees_every_layer_of_every_batch_exactly_once_per_loop(en
 def test_the_sentence_pass_equals_the_two_pass_oracle_for_every_statistic_and_transform(encoder, one_pass):
     kw = {**PASS, "transform": TransformSettings(allow_degenerate=True)}
     counts = {t: OutlierCounts(t, encoder.num_layers + 1) for t in ALL}  # the outliers analysis' subscribers
-    st = run_sentence_pass(encoder, _texts(40), ALL, consumers=list(counts.values()),
-                           **{**kw, "data": replace(PASS["data"], one_pass=one_pass)})
-    ref = oracle_pass(encoder, _texts(40), ALL, **kw)
+    st, pairs, sims = similarity_pass(encoder, _texts(40), ALL, consumers=list(counts.values()),
+                                      **{**kw, "data": replace(PASS["data"], one_pass=one_pass)})
+    ref = oracle_pass(encoder, _texts(40), ALL, anisotropy=RESERVOIR, **kw)
     assert st.transforms.clip_dims == ref["transforms"].clip_dims and any(st.transforms.clip_dims)
     assert st.words == ref["words"] and len(st.words) >= 2
-    assert torch.equal(st.anisotropy_acc.vectors, ref["anisotropy"].vectors)
+    assert torch.equal(pairs.result().vectors, ref["anisotropy"].vectors)
     for t in ALL:
         a, b = counts[t].result(), ref["outliers"][t]
         assert a.count == b.count > 0, t
         assert torch.equal(a.argmax_counts, b.argmax_counts) and torch.equal(a.argmin_counts, b.argmin_counts), t
         assert torch.allclose(a.mean(), b.mean(), rtol=1e-6, atol=1e-7), t
-        k1, v1 = st.self_sim[t].compute(3)
+        k1, v1 = sims[t].result().compute(3)
         k2, v2 = ref["self_sim"][t].compute(3)
         assert torch.equal(k1, k2) and k1.numel() and torch.allclose(v1, v2, rtol=1e-5, atol=1e-7), t
-        assert st.intra_n[t] == ref["intra_n"][t] > 0, t
+        assert sims[t].intra_n == ref["intra_n"][t] > 0, t
         # the stream pools word vectors from the transformed tokens, the oracle transforms the pooled vectors: equal
         # maps (each transform is affine), float32 rounding apart -- 1.2e-6 relative under this 40-sentence
         # degenerate whitening, which amplifies it (3e-9 on MiniLM's 2,000 sentences, docs/evaluation_scale.md)
-        assert torch.allclose(st.intra_sentence(t), ref["intra_sum"][t] / ref["intra_n"][t], rtol=1e-5), t
-        assert torch.allclose(st.anisotropy(t), torch.cat([
+        assert torch.allclose(sims[t].intra_sentence(), ref["intra_sum"][t] / ref["intra_n"][t], rtol=1e-5), t
+        assert torch.allclose(pairs.anisotropy(st.transforms, t), torch.cat([
             _aniso(ref, t, layer) for layer in range(st.num_layers)]).double(), rtol=1e-5, atol=1e-6), t
 
 

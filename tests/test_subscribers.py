@@ -68,3 +68,46 @@ def test_two_analyses_and_the_outliers_analysis_share_what_they_need(tmp_path):
     ol.evaluate(enc, _texts(30), analyses=[_toy("one", "tokens", alone)], transforms=["none"], progress=False)
     assert alone["one"][0].calls == fed_once and alone["one"][0].n == seen["one"][0].n
     assert torch.is_tensor(seen["one"][1].result().sum)
+
+
+def test_anisotropy_isotropy_and_self_similarity_read_one_reservoir_fed_once(tmp_path, monkeypatch):
+    """The three sentence analyses that read the anisotropy reservoir subscribe it under one key: it is fed once per
+    (layer, batch) whichever of them run, and self-similarity subtracts the very anisotropy the anisotropy table
+    reports (the same pairs)."""
+    import outlierlab as ol
+    from outlierlab.evaluation import sentence_pass
+    from outlierlab.models.loading import FrozenEncoder
+
+    calls = []
+    update = sentence_pass.AnisotropyReservoir.update
+    monkeypatch.setattr(sentence_pass.AnisotropyReservoir, "update",
+                        lambda self, *a: (calls.append(id(self)), update(self, *a))[1])
+    enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu")
+    kw = dict(transforms=["none", "whiten"], overrides=["transform.allow_degenerate=true",
+                                                        "self_similarity.min_sentences=3"], progress=False)
+    tables = ol.evaluate(enc, _texts(40), analyses=["anisotropy", "isotropy", "self_similarity"], **kw)
+    assert len(set(calls)) == 1
+    together, calls[:] = len(calls), []
+    ol.evaluate(enc, _texts(40), analyses=["anisotropy"], **kw)
+    assert together == len(calls) > 0  # not three times as often
+    aniso, sims = tables["anisotropy"], tables["self_similarity"]
+    merged = aniso.merge(sims, on=["layer", "transform"], suffixes=("", "_subtracted"))
+    assert len(merged) == len(aniso) == 2 * (enc.num_layers + 1)
+    # the same pairs: equal to float32 rounding (rogue_summary sums the cosines in float64, the adjustment in float32)
+    assert (merged["anisotropy"] - merged["anisotropy_subtracted"]).abs().max() < 1e-6
+    assert (merged["self_similarity_raw"] - merged["anisotropy_subtracted"] - merged["self_similarity"]).abs().max() < 1e-12
+
+
+def test_a_subscriber_no_later_analysis_reads_is_released_after_its_analysis():
+    """What an analysis subscribed (the reservoir: [L+1, 2000, d]) is dropped once no later analysis reads it, and
+    kept while one does."""
+    from outlierlab.evaluation.core import _release_consumers
+
+    shared = SharedPasses()
+    r, mine, theirs = Tokens(2, "reservoir"), Tokens(2), Tokens(2)
+    ctx = {n: types.SimpleNamespace(shared=shared, consumers=[shared.subscribe(c) for c in cs])
+           for n, cs in (("a", [r, mine]), ("b", [Tokens(2, "reservoir"), theirs]), ("c", []))}
+    _release_consumers(ctx, ["a", "b", "c"])
+    assert shared.consumers == [r, theirs] and ctx["a"].consumers == [] and ctx["b"].consumers == [r, theirs]
+    _release_consumers(ctx, ["b", "c"])
+    assert shared.consumers == [] and ctx["b"].consumers == []

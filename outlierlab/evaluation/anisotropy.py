@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from outlierlab.analysis.rogue_dims import MIN_Z, RogueSummary, rogue_summary
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.evaluation.settings import AnisotropySettings, load_settings
-from outlierlab.evaluation.sentence_pass import sentence_stats
-
-#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS)
-SENTENCE_PASS = frozenset({"anisotropy"})
+from outlierlab.evaluation.settings import AnisotropySettings, load_settings, section_settings
+from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, sentence_stats
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
+
+#: asked of the shared pass's fit (outlierlab.evaluation.sentence_pass.PASS_NEEDS): every transform's map, applied
+#: to the raw reservoir afterwards
+SENTENCE_PASS = frozenset({"fitted_maps"})
 
 #: Transforms whose coordinate i is not neuron i: their "dims" are directions of the fitted map.
 MIXING = ("whiten", "abtt")
@@ -40,14 +41,25 @@ def columns(ks) -> list[str]:
             + [f"spearman_without_top{k}" for k in ks])
 
 
+def reservoir(ctx: EvalContext) -> AnisotropyReservoir:
+    """The anisotropy reservoir of ``anisotropy.n_sentences`` sentences, seeded by the run: one subscriber shared by
+    every analysis that reads it (anisotropy, isotropy, self-similarity)."""
+    return AnisotropyReservoir(section_settings(AnisotropySettings, ctx.root_cfg).n_sentences, ctx.seed)
+
+
+def consumers(ctx: EvalContext) -> list:
+    return [reservoir(ctx)]
+
+
 def run(ctx: EvalContext) -> AnalysisResult:
     s = load_settings(AnisotropySettings, ctx.cfg)
     st = sentence_stats(ctx)
-    acc = st.anisotropy_acc
+    pairs = ctx.consumers[0]
+    acc = pairs.result()
     n_pairs = acc.n_kept // 2
     rows, side, values, rogue = [], [], {}, {}
     for t in ctx.transforms:  # one layer's pairs (and their float64 copies) in memory at a time
-        r = RogueSummary.stack([rogue_summary(*st.anisotropy_pairs(t, layer), s.rogue_k)
+        r = RogueSummary.stack([rogue_summary(*pairs.pairs(st.transforms, t, layer), s.rogue_k)
                                 for layer in range(st.num_layers)])
         rogue[t] = r
         values[t] = r.anisotropy.tolist()

@@ -181,10 +181,20 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
         print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s{why}", flush=True)
         if shared.sentence_stats is not None and not any(needs[n] for n in analyses[i + 1:]):
             shared.sentence_stats.release_layer_state()  # its [L, d, d] maps, before WiC/STS fit theirs
+        _release_consumers(contexts, analyses[i:])
     meta = _meta(cfg, encoder, analyses, transforms, shared, time.time() - t_start)
     # the transforms are compared only where some table has a transform column (not in the ablation, order use...)
     meta["transformed"] = any("transform" in r for res in results for r in res.rows)
     return Evaluation(results, meta, _columns(results, modules))
+
+
+def _release_consumers(contexts: Mapping[str, EvalContext], analyses: Sequence[str]) -> None:
+    """Drop the subscribers of ``analyses[0]`` (just run) that no later analysis reads: what they hold (the
+    anisotropy reservoir, ``[L+1, 2000, d]``) is freed before WiC/STS encode their own sentences."""
+    later = {id(c) for n in analyses[1:] for c in contexts[n].consumers}
+    shared = contexts[analyses[0]].shared
+    shared.consumers = [c for c in shared.consumers if id(c) in later or c not in contexts[analyses[0]].consumers]
+    contexts[analyses[0]].consumers = []
 
 
 def _columns(results: list[AnalysisResult], modules: Mapping[str, Any]) -> dict[str, list[str]]:

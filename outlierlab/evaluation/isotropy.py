@@ -18,16 +18,16 @@ import torch
 
 from outlierlab.analysis.isoscore import covariance, isoscore_from_covariance, isoscore_star, transformed_covariance
 from outlierlab.analysis.transforms import FITTED, clip_mask
-from outlierlab.evaluation.anisotropy import transform_lines
+from outlierlab.evaluation.anisotropy import reservoir, transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import IsotropySettings, load_settings
 from outlierlab.evaluation.sentence_pass import sentence_stats
-
-#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS): IsoScore* shrinks the reservoir's
-#: covariance toward Σ
-SENTENCE_PASS = frozenset({"anisotropy", "covariance"})
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
+
+#: asked of the shared pass's fit (outlierlab.evaluation.sentence_pass.PASS_NEEDS): Σ of every layer, and every
+#: transform's map (WᵀΣW)
+SENTENCE_PASS = frozenset({"covariance", "fitted_maps"})
 
 COLUMNS = ["layer", "transform", "isoscore", "isoscore_star", "zeta", "dims", "n_tokens", "n_star_points"]
 
@@ -65,19 +65,25 @@ def _device(encoder) -> torch.device:
     return dev if dev.type == "cuda" else torch.device("cpu")
 
 
+def consumers(ctx: EvalContext) -> list:
+    """IsoScore*'s point cloud: the anisotropy reservoir (shared with anisotropy when both run)."""
+    return [reservoir(ctx)]
+
+
 def run(ctx: EvalContext) -> AnalysisResult:
     s = load_settings(IsotropySettings, ctx.cfg)
     st = sentence_stats(ctx)
+    sample_acc = ctx.consumers[0].result()
     source = st.transforms.source
     if source is None or source.cov is None:
         raise ValueError("isotropy needs the streamed covariance of the sentence pass (select it in analyses=[...])")
-    n_star = 2 * (st.anisotropy_acc.n_kept // 2)  # the anisotropy tokens
+    n_star = 2 * (sample_acc.n_kept // 2)  # the anisotropy tokens
     tfs = {t: st.transforms.get(t, st.dim) for t in ctx.transforms}
     iso, star, dims = {t: [] for t in tfs}, {t: [] for t in tfs}, {}
     dev = _device(ctx.encoder)
     for layer in range(st.num_layers):  # one layer's d x d float64 matrices at a time (Σ and W may be on disk)
         cov = source.cov[layer:layer + 1].to(dev, torch.float64)
-        sample = torch.cat(st.anisotropy_acc.pair_vectors(layer), 1).to(torch.float64)  # [1, 2P, d]
+        sample = torch.cat(sample_acc.pair_vectors(layer), 1).to(torch.float64)  # [1, 2P, d]
         for t, tf in tfs.items():
             dims[t] = st.transforms.out_dim(t, st.dim)
             c0 = transformed_layer_covariance(st, t, layer, cov)

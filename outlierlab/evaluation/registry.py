@@ -8,7 +8,8 @@ An analysis is ONE module with a function ``run(ctx: EvalContext) -> AnalysisRes
   (:class:`outlierlab.evaluation.sentence_stream.Consumer`: raw or transformed token or word vectors, every layer once);
   ``run`` then reads what they accumulated (``ctx.consumers``);
 * ``COLUMNS`` — its CSV header (a skipped run still writes one);
-* ``SENTENCE_PASS`` — what it reads from the shared pass's statistics (``sentence_stats(ctx)``), a set of
+* ``SENTENCE_PASS`` — what it asks of the fit between the shared pass's two loops beyond what its consumers need
+  (Σ, the fitted maps: ``sentence_stats(ctx).transforms``), a set of
   :data:`outlierlab.evaluation.sentence_pass.PASS_NEEDS` names or a function of ``ctx`` returning one;
 * ``LM_HEAD = True`` — it scores with the model's LM head (:func:`outlierlab.evaluation.registry.shared_mlm`):
   the encoder is then loaded once, head included.
@@ -45,13 +46,13 @@ class SharedPasses:
     field (filled on first use by the function named).
 
     sentence_stats : the one streaming pass over the evaluation sentences
-        (:func:`outlierlab.evaluation.sentence_pass.sentence_stats`): outliers, anisotropy, self_similarity read it; WiC and
+        (:func:`outlierlab.evaluation.sentence_pass.sentence_stats`): its fitted transforms and facts; WiC and
         STS take their detected clip dims and their ``transform.fit_on=sentences`` whitener from it
     mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.registry.shared_mlm`), on the
         encoder's own weights: the analyses whose module sets ``LM_HEAD = True``
     consumers : the :class:`~outlierlab.evaluation.sentence_stream.Consumer` s that analyses subscribed to the sentence
         pass, each once: those with equal ``key`` are one (:meth:`subscribe`)
-    needs : what the selected analyses read from the sentence pass (their modules' ``SENTENCE_PASS``,
+    needs : what the selected analyses ask of the sentence pass's fit (their modules' ``SENTENCE_PASS``,
         :data:`outlierlab.evaluation.sentence_pass.PASS_NEEDS`)
     texts : the evaluation sentences given in memory (:func:`outlierlab.api.evaluate`), in place of
         ``data.files`` and the shipped ones; None: read as configured

@@ -16,25 +16,34 @@ The anisotropy subtracted is the same transform's (outlierlab/evaluation/anisotr
 
 from __future__ import annotations
 
-from outlierlab.evaluation.anisotropy import transform_lines
+from outlierlab.evaluation.anisotropy import reservoir, transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
-from outlierlab.evaluation.sentence_pass import sentence_stats
+from outlierlab.evaluation.sentence_pass import WordSimilarity, sentence_stats
 
-#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS): adjusted by the anisotropy
-SENTENCE_PASS = frozenset({"anisotropy", "self_similarity"})
+#: asked of the shared pass's fit (outlierlab.evaluation.sentence_pass.PASS_NEEDS): every transform's map, for the
+#: anisotropy subtracted (the reservoir is raw)
+SENTENCE_PASS = frozenset({"fitted_maps"})
+
+
+def consumers(ctx: EvalContext) -> list:
+    """The anisotropy reservoir (each value is adjusted by the same transform's anisotropy) and one word-similarity
+    subscriber per transform."""
+    return [reservoir(ctx), *(WordSimilarity(t) for t in ctx.transforms)]
 
 
 def run(ctx: EvalContext) -> AnalysisResult:
     st = sentence_stats(ctx)
+    pairs, sims = ctx.consumers[0], dict(zip(ctx.transforms, ctx.consumers[1:]))
     min_occ = int(st.settings["min_sentences"])
     rows, series, per_word = [], {}, {}
     for t in ctx.transforms:
-        aniso = st.anisotropy(t)
-        keys, raw = st.self_sim[t].compute(min_occ)  # [L, K'] raw per word
-        intra = st.intra_sentence(t)
-        counts = st.self_sim[t].counts
+        aniso = pairs.anisotropy(st.transforms, t)
+        acc = sims[t].result()
+        keys, raw = acc.compute(min_occ)  # [L, K'] raw per word
+        intra = sims[t].intra_sentence()
+        counts = acc.counts
         n_occ = int(counts[counts >= max(2, min_occ)].sum())
         mean_raw = raw.mean(1)
         for layer in range(st.num_layers):
@@ -44,7 +53,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
                          "intra_sentence": float(intra[layer] - aniso[layer]),
                          "intra_sentence_raw": float(intra[layer]),
                          "anisotropy": float(aniso[layer]), "n_words": int(keys.numel()), "n_occurrences": n_occ,
-                         "n_sentences": st.intra_n[t]})
+                         "n_sentences": sims[t].intra_n})
         series[f"self-sim {t}"] = (mean_raw - aniso).tolist()
         series[f"intra-sent {t}"] = (intra - aniso).tolist()
         per_word[t] = (keys, raw)

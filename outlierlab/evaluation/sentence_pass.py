@@ -8,8 +8,10 @@ those of the analyses, :mod:`outlierlab.evaluation.registry`, shared by their ``
 * :class:`OutlierCounts` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2), per transform (the
   outliers analysis'; the raw ones are the pass's own too: clip detects its dims from them);
 * :class:`AnisotropyReservoir` — one random raw token of each of at most ``n_sentences`` sentences (Ethayarajh
-  2019; Luo §4.1: 2000 sentences → 1000 pairs); a fitted transform is applied to it afterwards;
-* :class:`WordSimilarity` — per target word Σ of unit vectors, and intra-sentence similarities (Ethayarajh 2019);
+  2019; Luo §4.1: 2000 sentences → 1000 pairs); a fitted transform is applied to it afterwards (anisotropy's,
+  read by isotropy and self-similarity too);
+* :class:`WordSimilarity` — per target word Σ of unit vectors, and intra-sentence similarities (Ethayarajh 2019;
+  self-similarity's, one per transform);
 * :class:`~outlierlab.evaluation.activation_pass.ActivationObserver` — kurtosis, max/median, inf-norms (the
   outliers analysis').
 
@@ -39,7 +41,7 @@ from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarit
 from outlierlab.analysis.transforms import FITTED, TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
 from outlierlab.datamodules.probe_data import load_position_texts
 from outlierlab.evaluation.encoding import EncodeLog
-from outlierlab.evaluation.settings import (AnisotropySettings, DataSettings, EncoderSettings, OutliersSettings,
+from outlierlab.evaluation.settings import (DataSettings, EncoderSettings, OutliersSettings,
                                             SelfSimilaritySettings, TransformSettings, section_settings)
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch, WordVectors
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims
@@ -48,59 +50,27 @@ from outlierlab.evaluation.words import select_words
 # -------------------------------------------------------------------------------------------- the pass
 @dataclass
 class SentenceStats:
-    """Everything the sentence analyses read; built by :func:`run_sentence_pass`."""
+    """What the shared pass itself knows, built by :func:`run_sentence_pass`: the transforms it fitted (clip's
+    dims, the fitted maps, Σ), the raw outlier counts clip detects its dims from, the target words its word
+    consumers were fed, and how the texts were encoded.  Every statistic an analysis reads is its own
+    subscriber's ``result()`` (:class:`~outlierlab.evaluation.sentence_stream.Consumer`), not a field here."""
 
     num_layers: int  # L+1 (embedding output + every layer)
     dim: int
     n_sentences: int
     transforms: FittedTransforms
     outliers: dict[str, OutlierAccumulator] = field(default_factory=dict)  # the raw ("none") counts: clip's dims
-    anisotropy_acc: AnisotropyAccumulator | None = None
-    self_sim: dict[str, SelfSimilarityAccumulator] = field(default_factory=dict)
-    intra_sum: dict[str, Tensor] = field(default_factory=dict)
-    intra_n: dict[str, int] = field(default_factory=dict)
     words: list[str] = field(default_factory=list)
     passes: list[EncodeLog] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
 
-    def anisotropy(self, name: str) -> Tensor:
-        """Anisotropy per layer (Tensor[L+1], float64) of the reservoir after transform ``name``."""
-        return torch.cat([anisotropy(*self.anisotropy_pairs(name, layer)) for layer in range(self.num_layers)]
-                         ).to(torch.float64)
-
-    def anisotropy_pairs(self, name: str, layer: int) -> tuple[Tensor, Tensor]:
-        """One layer's anisotropy pairs after transform ``name``: two float32 ``[1, P, d']``.  The analyses
-        read the reservoir this way, one layer at a time: ``[L, P, d]`` float64 copies would be ≈ 10 GB at
-        70B."""
-        if self.anisotropy_acc is None:
-            raise ValueError("anisotropy was not accumulated in this pass")
-        a, b = self.anisotropy_acc.pair_vectors(layer)
-        tf = self.transforms.get(name, self.dim).select([layer])
-        return tf(a), tf(b)
-
-    def collect(self, sims: dict, reservoir, stream: LayerStream) -> None:
-        """What the pass's subscribers accumulated (:func:`run_sentence_pass`), in the transforms' order."""
-        dim, ft = self.dim, self.transforms
-        self.self_sim = {t: c.result(ft.out_dim(t, dim)) for t, c in sims.items()}
-        self.intra_sum = {t: c.intra_sum for t, c in sims.items()}
-        self.intra_n = {t: c.intra_n for t, c in sims.items()}
-        self.anisotropy_acc = reservoir.result() if reservoir is not None else None
-        self.passes, self.notes = stream.logs, stream.notes
-
     def release_layer_state(self) -> None:
-        """Drop what grows with L·d² or L·n·d — the fitted maps and Σ (``[L, d, d]``) and the anisotropy
-        reservoir — once no analysis left reads them (``evaluate.py``, before WiC/STS encode their own
-        sentences and fit their own maps: not both at once: maps kept on disk delete their files).
-        Clip's dims, the fit descriptions
-        (CSV columns) and every accumulated statistic stay."""
+        """Drop what grows with L·d² — the fitted maps and Σ (``[L, d, d]``) — once no analysis left reads them
+        (``evaluate.py``, before WiC/STS encode their own sentences and fit their own maps: not both at once: maps
+        kept on disk delete their files).  Clip's dims and the fit descriptions (CSV columns) stay."""
         for w in {id(w): w for w in [*self.transforms.fitted.values(), self.transforms.source] if w}.values():
             w.release_maps()
-        self.anisotropy_acc = None
-
-    def intra_sentence(self, name: str) -> Tensor:
-        """Mean intra-sentence similarity per layer (raw, not adjusted), Tensor[L+1] float64."""
-        return self.intra_sum[name] / max(1, self.intra_n[name])
 
     @property
     def seconds(self) -> float:
@@ -143,32 +113,61 @@ class OutlierCounts(Consumer):
 class AnisotropyReservoir(Consumer):
     """Ethayarajh 2019; Luo §4.1: one random raw token of each of at most ``capacity`` sentences per layer
     (:class:`~outlierlab.analysis.similarity.AnisotropyAccumulator`, held in the model's dtype).  Raw only: a
-    fitted transform is applied to the reservoir afterwards — the draws do not depend on vector values, so
-    that equals drawing from transformed vectors."""
+    fitted transform is applied to the reservoir afterwards (:meth:`pairs`) — the draws do not depend on vector
+    values, so that equals drawing from transformed vectors.  Anisotropy, isotropy (IsoScore*) and
+    self-similarity (its adjustment) read the same one: equal ``key``, subscribed once."""
 
-    def __init__(self, num_layers: int, dim: int, capacity: int, seed: int, dtype: torch.dtype) -> None:
-        self.full = AnisotropyAccumulator(num_layers, dim, capacity, seed=seed, dtype=dtype)
-        self.views = layer_views(self.full)  # rows of one [L, capacity, d] tensor, filled in place
+    def __init__(self, capacity: int, seed: int) -> None:
+        self.capacity, self.seed, self.key = capacity, seed, ("anisotropy_reservoir", capacity, seed)
+        self.full: AnisotropyAccumulator | None = None
+
+    def start(self, stream: LayerStream) -> None:
+        if self.full is None:  # no larger than the sentences it can hold: the same draws (the generator is consumed
+            # the same way whatever the capacity) without [L+1, 2000, d] allocated for a short text list
+            cap = max(2, min(self.capacity, len(stream.texts)))
+            self.full = AnisotropyAccumulator(stream.num_layers, stream.dim, cap, seed=self.seed,
+                                              dtype=_model_dtype(stream.encoder))
+            self.views = layer_views(self.full)  # rows of one [L, capacity, d] tensor, filled in place
 
     def update(self, layer: int, vectors: Tensor, batch: StreamBatch) -> None:
         self.views[layer].update(vectors, batch.sentence_ids.to(vectors.device))
 
     def result(self) -> AnisotropyAccumulator:
+        if self.full is None:
+            raise ValueError("the anisotropy reservoir was not fed: subscribe it to a sentence pass first")
         return stack_layers(self.views, base=self.full)
+
+    def pairs(self, transforms: FittedTransforms, name: str, layer: int) -> tuple[Tensor, Tensor]:
+        """One layer's anisotropy pairs after transform ``name``: two float32 ``[1, P, d']``.  Read one layer at a
+        time: ``[L, P, d]`` float64 copies would be ≈ 10 GB at 70B."""
+        a, b = self.result().pair_vectors(layer)
+        return tuple(transforms.get(name, self.full.vectors.shape[-1]).select([layer])(x) for x in (a, b))
+
+    def anisotropy(self, transforms: FittedTransforms, name: str) -> Tensor:
+        """Anisotropy per layer (Tensor[L+1], float64) of the reservoir after transform ``name``."""
+        return torch.cat([anisotropy(*self.pairs(transforms, name, layer)) for layer in range(self.full.num_layers)]
+                         ).to(torch.float64)
 
 
 class WordSimilarity(Consumer):
     """Ethayarajh 2019: per target word the sum of its unit vectors (self-similarity) and per sentence the
-    mean similarity of its words (intra-sentence similarity), after ``transform``.  A layer's ``[K, d]`` sums
-    are compacted to their squared norms as soon as the layer is complete: in a replay, one layer's at a time."""
+    mean similarity of its words (intra-sentence similarity), after ``transform``; the target words are the
+    pass's (:func:`~outlierlab.evaluation.words.select_words`, ``SentenceStats.words``).  A layer's ``[K, d]``
+    sums are compacted to their squared norms as soon as the layer is complete: in a replay, one layer's at a
+    time."""
 
     words = True
 
-    def __init__(self, transform: str, num_layers: int, n_words: int) -> None:
-        self.transform, self.n_words = transform, n_words
-        self.layers: list[SelfSimilarityAccumulator | None] = [None] * num_layers
-        self.intra_sum = torch.zeros(num_layers, dtype=torch.float64)
-        self.intra_n = 0
+    def __init__(self, transform: str) -> None:
+        self.transform, self.key = transform, ("word_similarity", transform)
+        self.layers: list[SelfSimilarityAccumulator | None] | None = None
+
+    def start(self, stream: LayerStream) -> None:
+        if self.layers is None:  # fed by one stream at a time; a second one adds to what it has
+            self.n_words, self.dim = len(stream.word_index), stream.dim
+            self.layers = [None] * stream.num_layers
+            self.intra_sum = torch.zeros(stream.num_layers, dtype=torch.float64)
+            self.intra_n = 0
 
     def update(self, layer: int, words: WordVectors, batch: StreamBatch) -> None:
         if self.layers[layer] is None:
@@ -190,9 +189,17 @@ class WordSimilarity(Consumer):
         if self.layers[layer] is not None:
             self.layers[layer].compact()
 
-    def result(self, dim: int) -> SelfSimilarityAccumulator:
+    def result(self) -> SelfSimilarityAccumulator:
+        """The layers stacked; a layer that saw no target word is empty (of the width the others had)."""
+        if self.layers is None:
+            raise ValueError(f"word similarity ({self.transform}) was not fed: subscribe it to a sentence pass first")
+        dim = next((a.dim for a in self.layers if a is not None), self.dim)
         return stack_layers([a if a is not None else SelfSimilarityAccumulator(1, dim, range(self.n_words)).compact()
                              for a in self.layers])
+
+    def intra_sentence(self) -> Tensor:
+        """Mean intra-sentence similarity per layer (raw, not adjusted), Tensor[L+1] float64."""
+        return self.intra_sum / max(1, self.intra_n)
 
 
 class WhitenerSums(Consumer):
@@ -212,13 +219,12 @@ class WhitenerSums(Consumer):
 # -------------------------------------------------------------------------------------------- the pass
 def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] = TRANSFORMS, *,
                       outliers: OutliersSettings = OutliersSettings(),
-                      anisotropy: AnisotropySettings = AnisotropySettings(),
                       self_similarity: SelfSimilaritySettings = SelfSimilaritySettings(),
                       data: DataSettings = DataSettings(), transform: TransformSettings = TransformSettings(),
                       seed: int = 0, batch_size: int | None = None, progress: bool = False,
-                      need_anisotropy: bool = True, need_self_sim: bool = True, need_whitener: bool = False,
-                      need_covariance: bool = False, consumers: Sequence[Consumer] = ()) -> SentenceStats:
-    """The shared pass over ``texts``: its statistics subscribe to one :class:`LayerStream`; see the module
+                      need_whitener: bool = False, need_covariance: bool = False,
+                      consumers: Sequence[Consumer] = ()) -> SentenceStats:
+    """The shared pass over ``texts``: ``consumers`` subscribe to one :class:`LayerStream`; see the module
     docstring.  Its settings are the sections of ``configs/evaluate.yaml`` as their frozen classes
     (:mod:`outlierlab.evaluation.settings`, whose Python defaults equal the YAML's); ``**pass_settings(cfg)``
     passes a composed config's.
@@ -226,25 +232,23 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     transforms : to compare (subset of :data:`~outlierlab.analysis.transforms.TRANSFORMS`)
     outliers : the rule clip detects its dims with (Luo et al. App. D.1), unless ``transform.dims`` or
         ``transform.dims_by_layer`` give them (:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`)
-    anisotropy, self_similarity : the reservoir's size; which words are target words
+    self_similarity : which words are target words, when a consumer reads word vectors
     data : ``chunk`` (texts tokenized at a time) and ``one_pass`` (replay the stored tokens after the fit;
         False: no disk, the replay is a second forward)
     transform : clip's given dims, whiten's k, abtt's D and the degenerate-fit guard
         (:meth:`outlierlab.analysis.transform_fit.WhitenSettings.from_settings`)
-    need_whitener : fit the fitted transforms even if nothing here reads them (WiC/STS ``fit_on=sentences``)
+    need_whitener : fit the fitted transforms even if no consumer reads vectors after them (the anisotropy
+        reservoir is raw and transformed afterwards; WiC/STS with ``fit_on=sentences``)
     need_covariance : keep Σ of every layer (``transforms.source.cov``: IsoScore)
-    consumers : the analyses' subscribers (:mod:`outlierlab.evaluation.registry`; the outliers analysis' counts
-        per transform and activations among them), fed in the forward when their transform is ready, else in the
-        replay after the fit; raw outlier counts among them (key ``("outlier_counts", "none")``) are the ones clip
-        detects its dims from
+    consumers : the analyses' subscribers (:mod:`outlierlab.evaluation.registry`), fed in the forward when their
+        transform is ready, else in the replay after the fit; raw outlier counts among them (key
+        ``("outlier_counts", "none")``) are the ones clip detects its dims from; each keeps its own ``result()``
     """
     texts, extra = _checked(texts, transforms, consumers)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     ss = self_similarity
-    need_words = need_self_sim or any(c.words for c in extra)
-    wanted_stats = ({c.transform for c in extra}
-                    | (set(transforms) if (need_anisotropy or need_self_sim) else set()))
-    fitted = [t for t in transforms if t in FITTED and (need_whitener or t in wanted_stats)]
+    need_words = any(c.words for c in extra)
+    fitted = [t for t in transforms if t in FITTED and (need_whitener or t in {c.transform for c in extra})]
     whiten = WhitenSettings.from_settings(transform)
     ft = FittedTransforms()
     if transform.dims is not None or transform.dims_by_layer:
@@ -255,14 +259,10 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         raise ValueError(f"no word occurs in >= {ss.min_sentences} of the {len(texts)} sentences: use more sentences "
                          "(data.max_sentences) or lower self_similarity.min_sentences")
     st = SentenceStats(n_layers, dim, len(texts), ft, words=words, settings=dict(
-        n_anisotropy_sentences=anisotropy.n_sentences, min_sentences=ss.min_sentences, max_words=ss.max_words,
-        outlier_method=outliers.method, outlier_threshold=outliers.threshold, outlier_k=outliers.k, seed=seed,
-        lowercase=ss.lowercase))
+        min_sentences=ss.min_sentences, max_words=ss.max_words, outlier_method=outliers.method,
+        outlier_threshold=outliers.threshold, outlier_k=outliers.k, seed=seed, lowercase=ss.lowercase))
     raw = next((c for c in extra if c.key == ("outlier_counts", "none")), None) or OutlierCounts("none", n_layers)
-    sims = {t: WordSimilarity(t, n_layers, len(words)) for t in transforms} if need_self_sim else {}
-    reservoir = (_reservoir(encoder, len(texts), anisotropy.n_sentences, seed) if need_anisotropy or need_self_sim
-                 else None)
-    consumers = list(dict.fromkeys([raw, *sims.values(), *(c for c in [reservoir] if c is not None), *extra]))
+    consumers = list(dict.fromkeys([raw, *extra]))
     must_fit = bool(fitted) or need_covariance
     after_fit = [c for c in consumers if not ft.ready(c.transform)]
     keep = data.one_pass and (bool(after_fit) or must_fit)
@@ -280,15 +280,8 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
         stream.replay(after_fit, ft)
     finally:  # a refused fit (degenerate whitening) must not leave the stored tokens behind in $TMPDIR
         stream.close()
-    st.collect(sims, reservoir, stream)
+    st.passes, st.notes = stream.logs, stream.notes
     return st
-
-
-def _reservoir(encoder, n_texts: int, capacity: int, seed: int) -> AnisotropyReservoir:
-    """The anisotropy reservoir, no larger than the sentences it can hold: the same draws (the generator is consumed
-    the same way whatever the capacity), without ``[L+1, 2000, d]`` allocated for a short text list."""
-    return AnisotropyReservoir(encoder.num_layers + 1, encoder.hidden_size, max(2, min(capacity, n_texts)), seed,
-                               _model_dtype(encoder))
 
 
 def _checked(texts: Sequence[str], transforms: Sequence[str], consumers: Sequence[Consumer]
@@ -337,18 +330,17 @@ def evaluation_sentences(data: DataSettings) -> list[str]:
 
 def pass_settings(cfg) -> dict[str, Any]:
     """The settings keywords of :func:`run_sentence_pass` from a composed ``evaluate.py`` config: its sections
-    ``outliers``, ``anisotropy``, ``self_similarity``, ``data`` and ``transform``, and the top-level ``seed``."""
-    return dict(outliers=section_settings(OutliersSettings, cfg), anisotropy=section_settings(AnisotropySettings, cfg),
+    ``outliers``, ``self_similarity``, ``data`` and ``transform``, and the top-level ``seed``."""
+    return dict(outliers=section_settings(OutliersSettings, cfg),
                 self_similarity=section_settings(SelfSimilaritySettings, cfg), data=section_settings(DataSettings, cfg),
                 transform=section_settings(TransformSettings, cfg), seed=int(cfg.seed))
 
 
-#: What an analysis may read from the shared pass: it lists them in its module's ``SENTENCE_PASS`` (a set, or a
-#: function of its context returning one), and the pass computes the union of the selected analyses' needs.
-PASS_NEEDS = {"anisotropy": "the anisotropy reservoir: one raw token per sentence",
-              "self_similarity": "the target words' self- and intra-sentence similarity",
-              "covariance": "Σ of every layer (IsoScore)",
-              "fitted_maps": "the fitted transforms, even where no statistic here reads them"}
+#: What an analysis may ask the shared pass's fit for beyond what its subscribers need (their statistics are their
+#: own ``result()``): it lists them in its module's ``SENTENCE_PASS`` (a set, or a function of its context returning
+#: one), and the pass fits the union of the selected analyses' needs.
+PASS_NEEDS = {"covariance": "Σ of every layer (IsoScore)",
+              "fitted_maps": "the fitted transforms, applied after the pass (to the anisotropy reservoir) or by WiC/STS"}
 
 
 def pass_needs(module, ctx) -> set[str]:
@@ -373,7 +365,6 @@ def sentence_stats(ctx) -> SentenceStats:
     data, given = settings["data"], ctx.shared.texts
     st = run_sentence_pass(
         ctx.encoder, given if given is not None else evaluation_sentences(data), ctx.transforms, **settings,
-        need_anisotropy="anisotropy" in needs, need_self_sim="self_similarity" in needs,
         need_whitener="fitted_maps" in needs, batch_size=section_settings(EncoderSettings, cfg).batch_size,
         progress=bool(cfg.progress),
         need_covariance="covariance" in needs, consumers=ctx.shared.consumers)

@@ -9,8 +9,8 @@ what it needs and nothing else:
   applied by the stream, each layer with its own map);
 * ``words``: word vectors (the mean of each word's subword tokens, Ethayarajh 2019) instead of token vectors;
 
-and it receives them through a public interface: :meth:`Consumer.update` ``(layer, vectors, batch)`` per layer
-and batch, :meth:`Consumer.start_batch` / :meth:`Consumer.end_batch` around a batch's forward,
+and it receives them through a public interface: :meth:`Consumer.start` once, :meth:`Consumer.update`
+``(layer, vectors, batch)`` per layer and batch, :meth:`Consumer.start_batch` / :meth:`Consumer.end_batch` around a batch's forward,
 :meth:`Consumer.end_layer` once a layer has been seen in full, and its own ``result()``.  Every analysis of
 ``evaluate.py`` that reads hidden states does so here: the shared sentence pass
 (:mod:`outlierlab.evaluation.sentence_pass`), WiC's targets, STS's sentence means, qk_outliers' hooks and
@@ -119,6 +119,10 @@ class Consumer:
     #: <outlierlab.evaluation.registry.SharedPasses.subscribe>`); None: its own
     key: Any = None
 
+    def start(self, stream: "LayerStream") -> None:
+        """Once, before the first layer it is fed, in the forward or a replay: state sized by the stream (its
+        ``num_layers``, ``dim``, ``texts``, ``word_index``, ``encoder``)."""
+
     def open(self, stream: "LayerStream") -> None:
         """Before the forward (e.g. hooks on the model)."""
 
@@ -189,6 +193,7 @@ class LayerStream:
         self.batches: list[StreamBatch] = []
         self.logs: list[EncodeLog] = []  # one per forward
         self.notes: list[str] = []
+        self.started: set[int] = set()  # the consumers whose start() ran
 
     # ------------------------------------------------------------------------------------------ loop 1
     def forward(self, consumers: Sequence[Consumer], transforms=None, desc: str = "pass 1/1") -> None:
@@ -205,6 +210,7 @@ class LayerStream:
         name = getattr(getattr(self.encoder, "source", None), "name", "")
         bar = progress_bar(len(self.texts), f"{desc} {name}", self.progress)
         opened = []
+        self._start(consumers)
         try:
             for c in consumers:
                 c.open(self)
@@ -342,6 +348,7 @@ class LayerStream:
             self.forward(consumers, transforms, desc)
             return
         tf = _LayerTransforms(transforms, self.dim)
+        self._start(consumers)
         try:
             for layer in range(self.num_layers):
                 tf.cache.clear()  # one layer's maps (and their float32 copies) at a time
@@ -351,6 +358,13 @@ class LayerStream:
                     c.end_layer(layer)
         finally:
             self.close()
+
+    def _start(self, consumers: Sequence[Consumer]) -> None:
+        """:meth:`Consumer.start` of each consumer not yet fed by this stream."""
+        for c in consumers:
+            if id(c) not in self.started:
+                c.start(self)
+                self.started.add(id(c))
 
     def close(self) -> None:
         """Remove the token store (also after a refused fit: nothing is left in ``$TMPDIR``)."""
