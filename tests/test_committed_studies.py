@@ -53,11 +53,70 @@ def test_every_quoted_study_command_is_its_registry_entry():
 def test_every_registry_entry_is_committed_compact():
     for folder in cs.STUDIES:
         path = ROOT / "docs" / folder
-        assert (path / "study.md").is_file() and (path / "study.csv.xz").is_file(), folder
+        assert (path / "study.md").is_file(), folder
+        # every test a study made is committed: its study.md names contrasts.csv exactly where the aggregator wrote one
+        assert (path / "contrasts.csv.xz").is_file() == ("`contrasts.csv`" in (path / "study.md").read_text()), folder
         assert not {"study.csv", "contrasts.csv"} & {p.name for p in path.iterdir()}, folder
         assert not list(path.glob("*.csv.gz")), folder
         header = (path / "study.md").read_text().splitlines()[0]
         assert header == f"# Study: {', '.join(parse(cs.argv_of(folder)).paths)}", folder
+
+
+def study_csvs_the_doc_tables_read(monkeypatch) -> set[str]:
+    """The folders (under docs/) of every ``study.csv`` that rendering every generated table of the docs reads."""
+    from outlierlab.studies import doc_tables
+
+    read, original = [], doc_tables._read
+    monkeypatch.setattr(doc_tables, "_read", lambda path: read.append(path) or original(path))
+    for page in cs.generated_pages(ROOT / "docs"):
+        doc_tables.render(page.read_text(), str(page))
+    assert any(path.endswith("/contrasts.csv") for path in read)  # the recording sees the tables' reads
+    return {path.removeprefix("docs/").removesuffix("/study.csv") for path in read if path.endswith("/study.csv")}
+
+
+def test_study_csv_is_committed_exactly_where_a_table_or_a_page_reads_it(monkeypatch):
+    """A study.csv.xz nothing reads is a third of the docs' bytes for no claim; one a table or a link reads must be
+    there. The registry's declared set is what the readers give."""
+    read = study_csvs_the_doc_tables_read(monkeypatch) | cs.linked_study_csvs(ROOT / "docs")
+    assert read <= set(cs.STUDIES), f"a study.csv read outside the registry: {sorted(read - set(cs.STUDIES))}"
+    assert cs.STUDY_CSV_READ == read, (f"committed.STUDY_CSV_READ is not what the tables and pages read: "
+                                       f"missing {sorted(read - cs.STUDY_CSV_READ)}, unread {sorted(cs.STUDY_CSV_READ - read)}")
+    committed = {folder for folder in cs.STUDIES if (ROOT / "docs" / folder / "study.csv.xz").is_file()}
+    assert committed == read, f"committed but unread {sorted(committed - read)}; read but missing {sorted(read - committed)}"
+    assert 0 < len(read) < len(cs.STUDIES)
+
+
+def test_a_study_without_its_study_csv_names_the_command_that_writes_it():
+    for folder in set(cs.STUDIES) - cs.STUDY_CSV_READ:
+        md = (ROOT / "docs" / folder / "study.md").read_text()
+        assert "All metrics, steps and layers: `study.csv`" not in md, folder
+        commands = [argv for _, argv in quoted_commands() if out_folder(argv) == cs.SCRATCH]
+        line = md.rstrip("\n").splitlines()[-1]
+        argv = shlex.split(_COMMAND.search(line).group(1))
+        assert argv in commands and argv[-2:] == ["--out", cs.SCRATCH], folder
+        # the registry's command but for the scratch folder it writes into
+        assert vars(parse(argv)) | {"out": None} == vars(parse(cs.argv_of(folder))) | {"out": None}, folder
+        assert line.startswith("Every test: `contrasts.csv`. All metrics, steps and layers, `study.csv`: not committed")
+
+
+def test_the_study_csv_line_is_rewritten_once_or_refused():
+    md = "# Study: docs/order_use/cells.parquet\n\n| a |\n\nAll metrics, steps and layers: `study.csv` and `contrasts.csv`.\n"
+    new = cs.without_study_csv(md, "order_use/study")
+    assert new.startswith("# Study: docs/order_use/cells.parquet\n\n| a |\n\nEvery test: `contrasts.csv`. ")
+    assert new.endswith(" --primary val/loss@model,val/order_use@model --out /tmp/study` writes it.\n")
+    assert "`python -m outlierlab.studies.aggregate docs/order_use/cells.parquet --contrast pos=learned,none " in new
+    alone = cs.without_study_csv(md.replace(" and `contrasts.csv`", ""), "order_use/study")
+    assert "Every test" not in alone and "`study.csv`: not committed" in alone
+    with pytest.raises(ValueError, match="order_use/study/study.md: no line"):
+        cs.without_study_csv(new, "order_use/study")
+
+
+def test_a_study_csv_link_counts_from_its_page_and_from_the_root(tmp_path):
+    docs = tmp_path / "docs"
+    (docs / "area").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("[curves](docs/area/a/study.csv.xz)\n")
+    (docs / "area.md").write_text("[b](area/b/study/study.csv) [c](area/c/contrasts.csv.xz) from study.csv.xz\n")
+    assert cs.linked_study_csvs(docs) == {"area/a", "area/b/study"}
 
 
 def test_every_committed_figure_is_shown_by_a_page():
@@ -83,8 +142,8 @@ def test_an_unknown_study_is_one_line(capsys):
 
 @pytest.mark.slow
 def test_one_command_remakes_a_committed_study_byte_for_byte(tmp_path):
-    """The cells table and the registry's command give the committed study.md and, byte for byte, the CSV text in
-    study.csv.xz and contrasts.csv.xz."""
+    """The cells table and the registry's command give the committed study.md (which names the command for the
+    uncommitted study.csv) and, byte for byte, the CSV text in contrasts.csv.xz."""
     folder = "order_use/study"
     (tmp_path / "docs" / "order_use").mkdir(parents=True)
     shutil.copy2(ROOT / "docs/order_use/cells.parquet", tmp_path / "docs/order_use/cells.parquet")
@@ -95,8 +154,10 @@ def test_one_command_remakes_a_committed_study_byte_for_byte(tmp_path):
     import lzma
 
     assert (made / "study.md").read_bytes() == (committed / "study.md").read_bytes()
-    for name in ("study.csv.xz", "contrasts.csv.xz"):  # the CSV text itself (another liblzma may pack it otherwise)
-        assert lzma.decompress((made / name).read_bytes()) == lzma.decompress((committed / name).read_bytes()), name
+    assert folder not in cs.STUDY_CSV_READ and not (made / "study.csv.xz").exists()  # no page reads its curves
+    # the CSV text itself (another liblzma may pack it otherwise)
+    name = "contrasts.csv.xz"
+    assert lzma.decompress((made / name).read_bytes()) == lzma.decompress((committed / name).read_bytes()), name
     assert sorted(p.name for p in (made / "curves").glob("*.png")) == \
         sorted(p.name for p in (committed / "curves").glob("*.png"))
     contrasts = pd.read_csv(made / "contrasts.csv.xz")

@@ -8,7 +8,10 @@ outputs are regenerated from them by :data:`STUDIES`' command, run from the repo
 folder, and committed compact:
 
 * ``study.md`` as the aggregator writes it;
-* ``study.csv.xz`` and ``contrasts.csv.xz`` (xz: about half of gzip's bytes on these tables; pandas reads both);
+* ``contrasts.csv.xz``, every test a claim rests on, in every study (xz: about half of gzip's bytes on these tables;
+  pandas reads both);
+* ``study.csv.xz`` (the curves: group x step x layer x metric) only where a generated doc table or a page reads it,
+  :data:`STUDY_CSV_READ`; every other study.md names, in place of the file, the command that writes it;
 * of the curves, only the figures a page of the docs shows (``curves/<metric>__<layer>.png``): every other curve is
   the same command with ``--out`` elsewhere.
 
@@ -75,26 +78,72 @@ STUDIES: dict[str, str] = {
         "--out docs/order_use/study_schemes_large_5seeds"),
 }
 
+#: The studies whose ``study.csv`` a generated doc table (:mod:`outlierlab.studies.doc_tables`) or a page's link reads,
+#: so committed as ``study.csv.xz``. The others' curves are a rerun of their command away and would add 2.5 MB of xz
+#: to docs/; ``tests/test_committed_studies.py`` derives this set from the readers and fails where it differs.
+STUDY_CSV_READ = frozenset({
+    "emergence/seeds/study", "emergence/switch_seeds/study", "emergence/seeds_gpu/study",
+    "emergence/switch_seeds_gpu/study", "emergence/seeds_evaluate/study", "order_use/study_objectives",
+})
+
 #: What the aggregator writes into a study folder (and :func:`regenerate` replaces).
 AGGREGATOR_OUTPUTS = ("study.md", "study.csv*", "contrasts.csv*", "curves")
 _FIGURE = re.compile(r"[\w./-]+\.png")
+_STUDY_CSV = re.compile(r"[\w./-]+/study\.csv(?:\.xz|\.gz)?")
+
+
+def _linked(pattern: re.Pattern, docs: Path) -> set[Path]:
+    """Every file under ``docs`` that a page of the docs (or the README) names by ``pattern``, resolved against the
+    page's folder and against the repository root."""
+    found = set()
+    for page in [*docs.rglob("*.md"), docs.parent / "README.md"]:
+        for link in pattern.findall(page.read_text()):
+            for base in (page.parent, docs.parent):
+                if (base / link).resolve().is_relative_to(docs.resolve()):
+                    found.add((base / link).resolve())
+    return found
 
 
 def shown_figures(docs: Path = DOCS) -> set[Path]:
     """Every PNG a page of the docs (or the README) links to, resolved against the page's folder."""
-    shown = set()
-    for page in [*docs.rglob("*.md"), docs.parent / "README.md"]:
-        for link in _FIGURE.findall(page.read_text()):
-            for base in (page.parent, docs.parent):
-                if (base / link).resolve().is_relative_to(docs):
-                    shown.add((base / link).resolve())
-    return shown
+    return _linked(_FIGURE, docs)
+
+
+def linked_study_csvs(docs: Path = DOCS) -> set[str]:
+    """The folders (relative to ``docs``) whose ``study.csv`` (or its .xz / .gz) a page of the docs or the README
+    links to: a study the reader is sent to for its curves."""
+    return {str(p.parent.relative_to(docs.resolve())) for p in _linked(_STUDY_CSV, docs)}
 
 
 def argv_of(folder: str) -> list[str]:
     """The aggregator arguments of the study in ``docs/<folder>``, ``--out`` always explicit."""
     argv = shlex.split(STUDIES[folder])
     return argv if "--out" in argv else [*argv, "--out", f"docs/{folder}"]
+
+
+#: Where the command a study.md names for its uncommitted study.csv writes: a scratch folder, so that running it
+#: leaves the committed folder (and its compact outputs) as they are.
+SCRATCH = "/tmp/study"
+_ALL_METRICS = re.compile(r"^All metrics, steps and layers: `study\.csv`( and `contrasts\.csv`)?\.$", re.M)
+
+
+def without_study_csv(md: str, folder: str) -> str:
+    """The aggregator's ``study.md`` of ``docs/<folder>`` with its last line, which points at ``study.csv``, saying
+    instead that the file is not committed and which command writes it."""
+    argv = argv_of(folder)
+    i = argv.index("--out")
+    command = f"python -m outlierlab.studies.aggregate {shlex.join([*argv[:i], *argv[i + 2:]])} --out {SCRATCH}"
+
+    def line(m: re.Match) -> str:
+        tests = "Every test: `contrasts.csv`. " if m.group(1) else ""
+        return (f"{tests}All metrics, steps and layers, `study.csv`: not committed (no page reads it); "
+                f"`{command}` writes it.")
+
+    new, n = _ALL_METRICS.subn(line, md)
+    if n != 1:
+        raise ValueError(f"docs/{folder}/study.md: no line 'All metrics, steps and layers: `study.csv` ...' to "
+                         "rewrite; the aggregator's report.py changed its last line, update committed._ALL_METRICS")
+    return new
 
 
 def write_xz(frame: pd.DataFrame, path: Path) -> None:
@@ -126,8 +175,8 @@ def regenerate(folder: str, root: Path = ROOT) -> Path:
         staged = Path(tmp) / "staged"
         staged.mkdir()
         md = (fresh / "study.md").read_text().replace(str(fresh), f"docs/{folder}")
-        (staged / "study.md").write_text(md)
-        for name in ("study.csv", "contrasts.csv"):
+        (staged / "study.md").write_text(md if folder in STUDY_CSV_READ else without_study_csv(md, folder))
+        for name in ("study.csv", "contrasts.csv") if folder in STUDY_CSV_READ else ("contrasts.csv",):
             if (fresh / name).is_file():
                 write_xz(pd.read_csv(fresh / name), staged / f"{name}.xz")
         shown = shown_figures(root / "docs")
