@@ -36,7 +36,7 @@
 #     value, TRAINER="gpu data=english_large objective=mlm", before EXTRA existed: 12 cells, all finished, 234 s).
 #     Budget a FRESH machine more: SCHEMES_SEEDS="4 5" ... schemes 220 (8 cells, the first call on a new machine)
 #     cut every cell at 4,319-4,999 of 6,000 steps -- give a first call at least 330 s per cell.
-# On a lent device (the device tool sends the checkout, which must stay under 64 MiB with what it carries):
+# On a GPU machine (the device tool sends the checkout, which must stay under 64 MiB with what it carries):
 #   here, once: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux2014_x86_64 -d .whl hydra-core==1.3.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 \
 #       datasets==5.2.0 dill==0.4.0 multiprocess==0.70.18      # (the device image lacks these)

@@ -1,4 +1,4 @@
-"""Tiny random models of every registered family, saved in their real transformers format (issue 33).
+"""Tiny random models of every registered family, saved in their real transformers format.
 
 Each is 2 layers of width 32 with the bundled all-MiniLM-L6-v2 tokenizer, built from the family's own
 config and ``*ForMaskedLM`` / ``*ForCausalLM`` class and written with ``save_pretrained``, so loading goes

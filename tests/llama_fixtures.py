@@ -1,4 +1,4 @@
-"""Tiny locally saved models and a local stand-in for the hub cache, shared by the issue-39 tests
+"""Tiny locally saved models and a local stand-in for the hub cache, shared by the one-pass and scale tests
 (test_evaluation_scale.py: dtype, revisions, placement; test_one_pass.py: one pass, one layer at a time)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The two-pass reference of the shared sentence pass — kept only as a test oracle (issue 48).
+"""The two-pass reference of the shared sentence pass — kept only as a test oracle.
 
 No stream, no per-layer state, no token store: every batch's hidden states of ALL layers at once
 (``[L+1, B, T, d]``) go into ``L+1``-layer accumulators, the transforms are fitted from the first encoding's

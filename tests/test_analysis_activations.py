@@ -82,7 +82,7 @@ def test_accumulator_equals_one_shot_over_batches():
 
 
 def _accumulator_torch_formula(batches: list[torch.Tensor], eps: float = 1e-12) -> dict:
-    """ActivationAccumulator's state as computed before issue 39, written plainly with torch: Tensor.sort for
+    """ActivationAccumulator's state written plainly with torch: Tensor.sort for
     the median, Tensor.max for each token's max |x| and its dim, scatter_add_ for the counts."""
     n_layers, d = batches[0].shape[0], batches[0].shape[-1]
     out = {"sum_sq": torch.zeros(n_layers, d, dtype=torch.float64), "ratio_sum": torch.zeros(n_layers, dtype=torch.float64),

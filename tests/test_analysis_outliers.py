@@ -153,7 +153,7 @@ def test_argmax_argmin_counts_equal_first_index_reference_with_ties_nan_and_sign
 
 def test_update_counts_equal_the_previous_torch_formula_on_random_and_strided_inputs():
     """Bitwise: sum, argmax/argmin counts of several updates (strided, inference-mode, multi-layer) equal
-    ``h.sum(1, float64)`` and torch's argmax/argmin + scatter_add_ (the formula before issue 39)."""
+    ``h.sum(1, float64)`` and torch's argmax/argmin + scatter_add_ (the plain formula)."""
     g = torch.Generator().manual_seed(0)
     acc, ref = OutlierAccumulator(3, 24), [torch.zeros(3, 24, dtype=torch.float64)] + [
         torch.zeros(3, 24, dtype=torch.int64) for _ in range(2)]

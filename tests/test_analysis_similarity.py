@@ -181,7 +181,7 @@ def test_intra_sentence_similarity_hand_and_masked():
 
 
 def _intra_torch_formula(v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """intra_sentence_similarity as written before issue 39: F.cosine_similarity against the expanded centre."""
+    """intra_sentence_similarity written the plain way: F.cosine_similarity against the expanded centre."""
     import torch.nn.functional as F
     if mask is None:
         return F.cosine_similarity(v, v.mean(-2, keepdim=True), dim=-1, eps=1e-8).to(torch.float64).mean(-1)
@@ -221,7 +221,7 @@ def test_intra_sentence_similarity_equals_cosine_similarity_formula_bitwise(dtyp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_self_similarity_update_equals_normalize_formula_bitwise_and_leaves_input_alone(dtype):
     """The in-place float64 normalisation gives F.normalize's unit vectors and ``u.pow(2).sum(-1)`` bitwise
-    (the formula before issue 39): all rows targets (no gather) or mixed with non-targets, a word twice in a
+    (the plain formula): all rows targets (no gather) or mixed with non-targets, a word twice in a
     call, a zero vector (eps); the caller's tensor (float64: no copy made by ``.to``) is not modified."""
     import torch.nn.functional as F
     g = torch.Generator().manual_seed(12)

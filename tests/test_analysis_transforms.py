@@ -135,7 +135,7 @@ def test_eps_floor_handles_clipped_rank_deficient_data_and_state_roundtrip():
         Whitener(2, 16).transform(x)
 
 
-# ------------------------------------------------------------------------- whitening guard (issue 20)
+# ------------------------------------------------------------------------- whitening guard
 from outlierlab.analysis.transforms import DegenerateWhiteningError, clip_dims_per_layer  # noqa: E402
 
 
@@ -230,7 +230,7 @@ def test_clip_dims_by_layer_range():
             clip_dims_per_layer(5, 10, **kwargs)
 
 
-# ------------------------------------------------------------------- a fit's memory (issue 39), same numbers
+# ------------------------------------------------------------------- a fit's memory, same numbers
 def _fitted_pair(method_names=("whiten",)):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3, 200, 12, generator=g, dtype=torch.float64) @ torch.randn(12, 12, generator=g,
@@ -303,7 +303,7 @@ def test_fit_by_layer_equals_the_all_layer_stream():
 
 
 def test_fit_by_layer_on_disk_gives_the_in_memory_fit_one_layer_at_a_time(tmp_path):
-    """Issue 39: Σ and the maps in files (DiskLayers), read back one layer at a time: the same numbers as the
+    """Σ and the maps in files (DiskLayers), read back one layer at a time: the same numbers as the
     in-memory fit for the fit, every derived map, a selected layer and the transform; the files go with them."""
     import gc
 

@@ -19,7 +19,7 @@ from outlierlab.datamodules.validation import DataFileError, validate_inputs
 GOOD_SENTENCES = ["The captain walked along the shore.", "Anne saw the ship leave the harbour.",
                   "It rained all day in Bath.", "They spoke of the war.", "A letter came at noon."]
 STS_HEAD = ["sentence1", "sentence2", "score"]
-WIC_PAIR = {"sentence1": "the bank of the river", "sentence2": "the bank lent money", "start1": 4, "end1": 8,
+WIC_PAIR = {"sentence1": "the bank of the river", "sentence2": "the bank gave money", "start1": 4, "end1": 8,
             "start2": 4, "end2": 8, "label": False, "split": "test"}
 
 # input -> (entry point, config key, file name, composed overrides)

@@ -44,7 +44,7 @@ def test_a_vocabulary_smaller_than_the_tokenizer_is_refused_before_anything_is_b
 
 
 def test_device_cuda_without_a_gpu_is_one_line_and_builds_nothing(tmp_path):
-    """No traceback, exit != 0, and it stops before --llama builds (and saves) a model."""
+    """No traceback, exit != 0, and it exits before --llama builds (and saves) a model."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, even on a machine with one
     save = tmp_path / "llama"
     r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda", "--llama", "64,1,128,32000", "--save-dir",

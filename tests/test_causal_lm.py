@@ -1,4 +1,4 @@
-"""The causal-LM objective (issue 36): causality for every scheme and switch, the shifted loss, export, configs."""
+"""The causal-LM objective: causality for every scheme and switch, the shifted loss, export, configs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Checkpoints and exports staged beside their destination, and the free-space check sized from the model
-(issue 40; Lightning issue #21253)."""
+(Lightning issue #21253)."""
 
 from __future__ import annotations
 

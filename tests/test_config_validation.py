@@ -1,4 +1,4 @@
-"""The optimisation setup is validated before the heavy imports (issue 17): one line, in seconds."""
+"""The optimisation setup is validated before the heavy imports: one line, in seconds."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def test_evaluate_default_compares_all_three_transforms():
      {"strategy": "ddp", "devices": 8, "precision": "bf16-mixed", "accumulate_grad_batches": 1}),
 ])
 def test_gpu_and_ddp_configs_compose_and_validate(tmp_path, overrides, expected):
-    """GPU readiness on CPU (issue 16.5): the accelerator configs pass the start-up validation unchanged."""
+    """GPU readiness on CPU: the accelerator configs pass the start-up validation unchanged."""
     from outlierlab.jobs.startup import check_train_config
 
     cfg = compose("train", [f"run_dir={tmp_path}", *overrides])

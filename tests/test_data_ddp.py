@@ -1,4 +1,4 @@
-"""Two CPU DDP ranks (gloo) share one memory-mapped token file and see disjoint batches (issue 31).
+"""Two CPU DDP ranks (gloo) share one memory-mapped token file and see disjoint batches.
 
 A real Lightning DDP run (``strategy="ddp_fork"``: the ranks are forked from the test process, so they start in
 a second) with a one-parameter model: what is tested is the data each rank reads.  Rank 0 builds the cache in

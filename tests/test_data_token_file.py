@@ -1,4 +1,4 @@
-"""The out-of-core data pipeline (issue 31): streamed documents -> one flat token file -> blocks from a memory map.
+"""The out-of-core data pipeline: streamed documents -> one flat token file -> blocks from a memory map.
 
 The reference for every block is the in-memory path of earlier versions: tokenize the list of documents,
 :func:`build_stream`, :func:`pack_blocks`.

@@ -1,4 +1,4 @@
-"""Issue 39: a pass whose on-disk stores cannot fit in $TMPDIR fails in one line before encoding anything."""
+"""A pass whose on-disk stores cannot fit in $TMPDIR fails in one line before encoding anything."""
 
 from __future__ import annotations
 

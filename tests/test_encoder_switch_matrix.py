@@ -1,4 +1,4 @@
-"""Architecture switches against outliers (issue 13): every (position scheme x switch) trains and reloads from its
+"""Architecture switches against outliers: every (position scheme x switch) trains and reloads from its
 export, in-process and from the command line. Each switch against its equation: tests/test_encoder_switches.py."""
 
 from __future__ import annotations

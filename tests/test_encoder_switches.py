@@ -1,4 +1,4 @@
-"""Architecture switches against outliers (issue 13): each switch against its equation, defaults unchanged,
+"""Architecture switches against outliers: each switch against its equation, defaults unchanged,
 the matrix of every (position scheme x switch) is tests/test_encoder_switch_matrix.py."""
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def test_streaming_statistics_equal_in_memory(encoder):
         assert torch.allclose(raw.mean(1), ref, atol=1e-6, rtol=0), name
         assert torch.allclose(sims[name].intra_sentence(), _intra_reference(words, tf), atol=1e-6, rtol=0), name
         assert sims[name].intra_n == len(texts)
-    # ONE pass (issue 39): clip and whiten are applied to the stored tokens, not to a second encoding
+    # ONE pass: clip and whiten are applied to the stored tokens, not to a second encoding
     assert [p.n_texts for p in st.passes] == [len(texts)]
 
 
@@ -231,7 +231,7 @@ def test_wic_target_span_maps_char_offsets_to_tokens(encoder):
 
 
 def test_wic_target_vectors_live_on_disk_one_layer_at_a_time(encoder, tmp_path, monkeypatch):
-    """Issue 39: the targets of every layer go to a float32 store under $TMPDIR, a pair never found reads as
+    """The targets of every layer go to a float32 store under $TMPDIR, a pair never found reads as
     zeros, each layer reads back alone, and the files go with cleanup()."""
     import tempfile
 

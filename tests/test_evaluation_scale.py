@@ -1,4 +1,4 @@
-"""Issue 39: encoder precision (dtype), placement (device_map), hub revisions (one pass and one layer in
+"""Encoder precision (dtype), placement (device_map), hub revisions (one pass and one layer in
 memory: test_one_pass.py).
 
 Every model here is tiny and saved locally; the "hub" is a local Hugging Face cache laid out as the hub

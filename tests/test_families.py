@@ -1,4 +1,4 @@
-"""Issue 33: every model family through the one LayerNorm rule, evaluate.py's analyses and probe.py.
+"""Every model family through the one LayerNorm rule, evaluate.py's analyses and probe.py.
 
 Each registered family is a tiny random model saved in its real transformers format (tests/family_models.py)
 and loaded back through the project's loaders, with one outlier dim planted in every per-layer norm.

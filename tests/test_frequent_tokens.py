@@ -64,7 +64,7 @@ def _zipf(vocab=1000):
 
 
 def test_zipf_case_of_the_issue_gives_macoccos_negative_rho_and_slope_where_every_token_gave_plus():
-    """Issue 38: a condition predicting only the 30 most frequent tokens, more often the rarer they are."""
+    """A condition predicting only the 30 most frequent tokens, more often the rarer they are."""
     freqs = _zipf()
     pred = torch.zeros(1000, dtype=torch.int64)
     pred[:30] = torch.arange(1, 31)  # token of rank r predicted r times

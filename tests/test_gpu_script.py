@@ -1,6 +1,6 @@
 """scripts/order_recipe_gpu.sh: every cell it would launch composes and passes train.py's pre-flight check.
 
-The script runs only on a lent GPU session (docs/order_use.md), where a cell whose config no longer composes (a
+The script runs only on a GPU machine (docs/order_use.md), where a cell whose config no longer composes (a
 renamed group option, a dropped key) costs minutes of a 15-minute budget and comes back as an empty log.  Here the
 script runs in its DRY mode with ``python3`` replaced by a stub that records each cell's command line; every
 recorded cell is then composed in-process (Hydra's compose API) and checked like train.py checks it.

@@ -1,4 +1,4 @@
-"""The hub paths, exercised offline (issue 16.4): local stand-ins in the real formats take the code path a hub
+"""The hub paths, exercised offline: local stand-ins in the real formats take the code path a hub
 name takes.
 
 * Encoders: small random BERT, RoBERTa and DistilBERT saved with ``save_pretrained`` into a Hugging Face hub

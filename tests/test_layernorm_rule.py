@@ -77,7 +77,7 @@ def test_rule_says_what_it_cannot_judge():
     det = layernorm_outliers(noaffine)
     assert det.dims == [] and not det.per_layer and "no gain and no bias" in det.describe()
     rms = {f"layer.{i}.output": (row({3: 2.0}, 1.0, seed=i), None) for i in range(2)}
-    det = layernorm_outliers(rms)  # issue 33: a bias-free norm is judged on its gain alone, and says so
+    det = layernorm_outliers(rms)  # a bias-free norm is judged on its gain alone, and says so
     assert det.dims == [3] and det.gain_only == ["layer.0.output", "layer.1.output"] and not det.unjudged
     assert "judged on their gain alone" in det.describe()
     assert layernorm_outliers(rms, {"criterion": "gain"}).dims == [3]

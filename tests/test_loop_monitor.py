@@ -1,4 +1,4 @@
-"""Monitors for any loop (issue 49): the Hugging Face Trainer callback and the plain-loop monitor write the rows the
+"""Monitors for any loop: the Hugging Face Trainer callback and the plain-loop monitor write the rows the
 post-hoc analysis computes on the checkpoints of the same steps, only on rank 0, and continue after a resume.
 
 Every model is tiny (2 layers, width 32) and every tokenizer is trained here on the shipped held-out sentences:

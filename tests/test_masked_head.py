@@ -1,4 +1,4 @@
-"""The training speed-ups change no number (issue 29): the MLM head on masked positions only, attention
+"""The training speed-ups change no number: the MLM head on masked positions only, attention
 without a mask when nothing is padded, and the non-finite guard that reads the device only now and then."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 49: the model card of a run's export (numbers = the run's CSVs) and `python -m outlierlab.jobs.export_run`
+"""The model card of a run's export (numbers = the run's CSVs) and `python -m outlierlab.jobs.export_run`
 (card rewrite, remote code for an older export, the push to the Hub tested at its boundary)."""
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ def test_hidden_state_records_count_argmax_share_on_valid_tokens_only():
     assert float(summary["token_pair_cosine"][2]) == pytest.approx(0.82 - 0.18 * 0.6, abs=0.12)
     assert abs(float(summary["token_pair_cosine"][0])) < 0.2  # isotropic noise
     # anisotropy_one_per_sentence is evaluate.py's protocol: one token per sentence, 10 sentences -> 5 disjoint
-    # pairs; anisotropy itself is the n_pairs estimate (issue 37), with a jackknife standard error beside it
+    # pairs; anisotropy itself is the n_pairs estimate, with a jackknife standard error beside it
     valid = (attn.bool() & ~special.bool())
     a, b = paired_sentence_tokens(valid.nonzero()[:, 0], generator=1)
     tokens = hidden[:, valid]
@@ -396,7 +396,7 @@ def test_monitors_do_not_change_training(runs, tmp_path, tokenizer):
 
 
 def test_anisotropy_standard_error_is_the_delete_one_sentence_jackknife():
-    """Issue 37: the SE of the 1,000-pair anisotropy, checked against an explicit leave-one-sentence-out loop."""
+    """The SE of the 1,000-pair anisotropy, checked against an explicit leave-one-sentence-out loop."""
     from outlierlab.analysis.monitoring import jackknife_se_by_sentence
 
     cos = torch.tensor([[0.9, 0.1, 0.5, 0.3, 0.7, 0.2]], dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""Issue 39: evaluate.py in one forward pass, one layer in memory at a time, its fits one layer at a time after the
+"""evaluate.py in one forward pass, one layer in memory at a time, its fits one layer at a time after the
 pass — each against the two-pass / stacked reference."""
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def test_anisotropy_reservoir_sized_to_the_sentences_draws_the_same_pairs():
 
 
 def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time(tmp_path, monkeypatch):
-    """Issue 39, what stays in memory after the pass: the anisotropy reservoir in the model's dtype (the same pairs
+    """What stays in memory after the pass: the anisotropy reservoir in the model's dtype (the same pairs
     as a float32 one), the self-similarity sums [L, K, d] compacted to [L, K], and every transform's word sums
     (none's too: the replay takes them from the stored tokens) alive for one layer at a time, never [L, K, d]."""
     import outlierlab.evaluation.sentence_pass as streaming

@@ -1,4 +1,4 @@
-"""Plain progress lines for non-terminal runs (issue 16.1): training callback and the encoding passes."""
+"""Plain progress lines for non-terminal runs: training callback and the encoding passes."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def _record(model: RobertaMaskedLM):
 
 
 def test_with_the_mask_given_first_each_layer_is_reduced_in_its_hook_to_the_same_numbers():
-    """evaluate's path (issue 39): no projections of finished layers held while the forward runs."""
+    """evaluate's path: no projections of finished layers held while the forward runs."""
     model = _tiny("rope")
     ref = _record(model)
     rec = QKRecorder(model)
@@ -124,7 +124,7 @@ LLAMA31 = dict(rope_type="llama3", rope_theta=500_000.0, factor=8.0, low_freq_fa
 
 
 def test_llama31_scaled_rope_frequencies_are_the_models_inv_freq():
-    """Issue 38: rope_type llama3, factor 8 (head_dim 64: 32 pairs) — 17 frequencies differ from rope_theta alone
+    """rope_type llama3, factor 8 (head_dim 64: 32 pairs) — 17 frequencies differ from rope_theta alone
     by up to 8x, and the first partial-cycle pair over T = 131072 is 20, not 25."""
     from family_models import build
 
@@ -165,7 +165,7 @@ def test_partial_rotary_and_modernbert_local_layers_use_their_own_frequencies_an
 
 
 def test_qwen3_qk_norm_gain_is_seen_because_q_and_k_are_read_after_it():
-    """Issue 38: a q-norm gain of 25 planted on dim 40 — after the norm (where Qwen3 rotates q) every head of
+    """A q-norm gain of 25 planted on dim 40 — after the norm (where Qwen3 rotates q) every head of
     that layer flags it; at the projection (before the norm) no head does."""
     from family_models import build
 

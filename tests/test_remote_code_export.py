@@ -1,4 +1,4 @@
-"""Issue 49: every model a plain RoBERTa cannot express loads with transformers alone (trust_remote_code) and
+"""Every model a plain RoBERTa cannot express loads with transformers alone (trust_remote_code) and
 gives our logits; the modelling file is generated from outlierlab's own sources and imports no outlierlab.
 
 The whole grid (position scheme x architecture switch x objective, the non-native cells) is exported once and

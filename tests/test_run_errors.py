@@ -1,5 +1,5 @@
 """Every start-up failure in one line (errors inside Hydra's instantiate unwrapped) and a sweep that survives a
-failing cell (issue 40)."""
+failing cell."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One process per run directory (issue 40): the lock, its holder record, stale and requeued holders, and two
+"""One process per run directory: the lock, its holder record, stale and requeued holders, and two
 real train.py processes started on one directory."""
 
 from __future__ import annotations

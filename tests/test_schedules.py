@@ -1,4 +1,4 @@
-"""The warm-up + polynomial-decay schedule (issue 17): every max_steps around the warm-up trains to the end."""
+"""The warm-up + polynomial-decay schedule: every max_steps around the warm-up trains to the end."""
 
 from __future__ import annotations
 

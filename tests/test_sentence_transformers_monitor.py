@@ -1,4 +1,4 @@
-"""The loop monitors inside sentence-transformers' trainer (issue 49's "the training loops people already use"):
+"""The loop monitors inside sentence-transformers' trainer:
 ``SentenceTransformerTrainer`` is a ``transformers.Trainer``, so :class:`~outlierlab.OutlierMonitorCallback` is its
 one-line monitor too.  A ``SentenceTransformer`` wraps the Hugging Face body (its first module's ``auto_model``)
 with pooling and no LM head: the monitors read the body and record the sentence-vector order change

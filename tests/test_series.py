@@ -1,4 +1,4 @@
-"""Published checkpoint series as studies (issue 39): the step/seed read from a revision or a model name, and
+"""Published checkpoint series as studies: the step/seed read from a revision or a model name, and
 ``evaluate.py -m encoder.revision=...`` aggregated by ``outlierlab.studies.aggregate`` into one curve over steps.
 
 The "hub" is a local Hugging Face cache holding tiny models under revisions step0/step1000/step2000, read

@@ -1,6 +1,6 @@
 """The settings dataclasses' Python defaults (outlierlab/evaluation/settings.py) equal the default composed
 evaluate config (configs/evaluate.yaml and its default presets): the defaults are stated in both places, so
-this is the test that keeps them from drifting apart (issue 48)."""
+this is the test that keeps them from drifting apart."""
 
 from __future__ import annotations
 

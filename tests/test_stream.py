@@ -1,4 +1,4 @@
-"""Issue 48: the per-layer stream that the evaluation analyses subscribe to — each consumer sees every layer of
+"""The per-layer stream that the evaluation analyses subscribe to — each consumer sees every layer of
 every batch exactly once per loop, and the shared sentence pass built on it equals the plain two-pass oracle
 (:mod:`sentence_pass_oracle`) for every statistic × transform."""
 

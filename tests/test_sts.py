@@ -46,7 +46,7 @@ def encoder(tmp_path_factory):
     enc = FrozenEncoder(str(save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), layers=N_LAYERS, hidden=D)),
                         batch_size=4)
     enc.forward = Counting(len(enc.tokenizer))
-    # sentence_vectors takes the layers one at a time (issue 39): the same fake states, counted the same way
+    # sentence_vectors takes the layers one at a time: the same fake states, counted the same way
     enc.forward_layers = lambda ids, attn, fn: [fn(i, h) for i, h in enumerate(enc.forward(ids, attn))]
     return enc
 
@@ -167,7 +167,7 @@ def test_whitening_on_too_few_distinct_texts_fails_before_encoding(encoder, comp
 
 
 def test_standardize_abtt_center_are_fitted_on_the_pairs_and_guarded_like_whitening(encoder, compose_cfg, tmp_path):
-    """Issue 32: the other fitted transforms go through the same STS path (fit on the evaluated sentence vectors,
+    """The other fitted transforms go through the same STS path (fit on the evaluated sentence vectors,
     same pre-encoding refusal, their own ``<name>_*`` fit columns)."""
     from outlierlab.evaluation.sts import check, run
 

@@ -1,4 +1,4 @@
-"""The seed-study aggregator (issue 30) on planted cells whose numbers are chosen by hand."""
+"""The seed-study aggregator on planted cells whose numbers are chosen by hand."""
 
 from __future__ import annotations
 

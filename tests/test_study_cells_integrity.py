@@ -1,4 +1,4 @@
-"""Issue 37: cells that cannot be read wrong. Each planted fault is one line naming the cell and the file, the cell
+"""Cells that cannot be read wrong. Each planted fault is one line naming the cell and the file, the cell
 is left out, and what remains equals the study of the clean cells alone."""
 
 from __future__ import annotations

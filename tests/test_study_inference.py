@@ -1,4 +1,4 @@
-"""Issue 37: corrected p-values, power, equivalence, bounded intervals, zero variance and pairing over shared seeds,
+"""Corrected p-values, power, equivalence, bounded intervals, zero variance and pairing over shared seeds,
 each against a value computed by hand (or by a different formula than the code's)."""
 
 from __future__ import annotations

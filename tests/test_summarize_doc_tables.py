@@ -1,4 +1,4 @@
-"""Issue 37: the result tables of docs/emergence.md, docs/findings.md and docs/order_use.md are generated from the study CSVs
+"""The result tables of docs/emergence.md, docs/findings.md and docs/order_use.md are generated from the study CSVs
 (outlierlab.studies.doc_tables), replacing the hand-transcribed tables of scripts/summarize_emergence.py's era."""
 
 from __future__ import annotations

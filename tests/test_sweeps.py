@@ -1,4 +1,4 @@
-"""Seeds as the normal way to run (issue 30): Hydra's launchers run the cells, a re-run skips finished cells
+"""Seeds as the normal way to run: Hydra's launchers run the cells, a re-run skips finished cells
 and resumes interrupted ones, a stopped run saves last.ckpt, and the experiment trackers get the scalars."""
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def test_named_studies_carry_their_sweep_and_slurm_preset_resolves():
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = hydra_compose("train", ["experiment=emergence_seeds", "hydra/launcher=slurm", "trainer.devices=4",
                                       "run_dir=/tmp/x"], return_hydra_config=True)
-    assert dict(cfg.hydra.sweeper.params) == {"seed": "1,2,3,4,5", "pos": "learned,none"}  # issue 37: 5 seeds
+    assert dict(cfg.hydra.sweeper.params) == {"seed": "1,2,3,4,5", "pos": "learned,none"}  # 5 seeds
     assert list(cfg.study_design.contrasts) == ["pos=learned,none"] and len(cfg.study_design.primary) == 6
     assert cfg.study == "emergence_seeds" and cfg.trainer.max_steps == 4000 and cfg.posthoc is True
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)

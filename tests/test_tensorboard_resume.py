@@ -1,4 +1,4 @@
-"""TensorBoard after resume shows each step once (issue 16.2), read back with TensorBoard's own reader."""
+"""TensorBoard after resume shows each step once, read back with TensorBoard's own reader."""
 
 from __future__ import annotations
 

@@ -263,7 +263,7 @@ def test_ddp_on_cpu_with_two_processes_in_a_sweep(tmp_path, shared_cache):
 @pytest.mark.parametrize("switch, gain", [("model.norm=rmsnorm", True), ("model.norm=layernorm_noaffine", False),
                                           ("model.block=op", False)])
 def test_norm_switches_train_with_the_monitors_on_and_analyse_post_hoc(tmp_path, shared_cache, switch, gain):
-    """Issue 13: every norm kind trains from train.py's default config, LayerNorm monitor included (torch's RMSNorm
+    """Every norm kind trains from train.py's default config, LayerNorm monitor included (torch's RMSNorm
     has a gain and no ``bias`` attribute at all, which crashed the monitor's first snapshot), and post-hoc reads it."""
     from outlierlab.jobs.posthoc import analyze_run
     from outlierlab.jobs.training import train
@@ -282,7 +282,7 @@ def test_norm_switches_train_with_the_monitors_on_and_analyse_post_hoc(tmp_path,
     with open(tmp_path / "monitor_posthoc" / "metrics.csv") as f:
         metrics = [r for r in csv.DictReader(f) if r["layer"] != "0"]
     # no-affine norms and the OP block: nothing the rule can judge, an empty cell, never a 0; RMSNorm (no bias) is
-    # judged on its gain alone (issue 33), so every layer has a count
+    # judged on its gain alone, so every layer has a count
     assert metrics and all((r["n_layernorm_outliers"] != "") == gain for r in metrics)
     assert all(float(r["attn_row_mass"]) == pytest.approx(1.0) for r in metrics)  # softmax rows sum to one
 

@@ -47,7 +47,7 @@ def test_probe_and_evaluate_fit_the_same_maps_from_the_same_vectors():
         if name in FITTED:
             assert all(torch.equal(getattr(mine.whitener, s), getattr(theirs.whitener, s)) for s in STATE), name
         assert torch.equal(mine(x), theirs(x)), name
-    # evaluate.py's own maps are compact (float32 Σ and W in the sums' memory, issue 39): its two-pass stream of
+    # evaluate.py's own maps are compact (float32 Σ and W in the sums' memory): its two-pass stream of
     # [L, n, d] chunks and its store read layer by layer fit the same maps ...
     compact = {}
     for names in (("whiten", "standardize", "center"), ("standardize", "abtt")):
@@ -59,7 +59,7 @@ def test_probe_and_evaluate_fit_the_same_maps_from_the_same_vectors():
             assert s.compact and s_fit == t_fit and torch.equal(s.mean, t.mean) and torch.equal(s.W, t.W), name
             compact[name] = t
     # ... and whiten and center are probe's maps in float32; standardize and abtt are read from the float32 Σ
-    # (evaluate.py's numbers since issue 39), so they match probe's float64 ones to float32 rounding only
+    # (evaluate.py's numbers), so they match probe's float64 ones to float32 rounding only
     for name in FITTED:
         w, ref = compact[name], probe[name].whitener
         assert torch.equal(w.mean, ref.mean), name

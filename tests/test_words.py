@@ -1,5 +1,5 @@
 """Word plans of a batch (outlierlab/evaluation/words.py): the batched plan and the gathered word vectors equal
-the plain row-by-row scan and the zeros + index_add_ mean they replaced (issue 39), bitwise."""
+the plain row-by-row scan and the zeros + index_add_ mean they replaced, bitwise."""
 
 import random
 from types import SimpleNamespace
@@ -11,7 +11,7 @@ from outlierlab.evaluation.words import plan_vectors, word_occurrences, word_pla
 
 
 def _plan_by_rows(b, word_index: dict, t_len: int, lowercase: bool = True):
-    """The plan as built before issue 39: word_occurrences (a scan of every token for every word) row by row."""
+    """The plain reference plan: word_occurrences (a scan of every token for every word) row by row."""
     per_row = [word_occurrences(t, o, s, lowercase) for t, o, s in zip(b.texts, b.offsets, b.special)]
     w_max = max((len(r) for r in per_row), default=0)
     if w_max == 0:
@@ -33,7 +33,7 @@ def _plan_by_rows(b, word_index: dict, t_len: int, lowercase: bool = True):
 
 
 def _vectors_index_add(flat, plan, bsz):
-    """plan_vectors before issue 39: zeros, index_add_ of every token, divided by the counts."""
+    """plan_vectors the plain way: zeros, index_add_ of every token, divided by the counts."""
     src, dst, counts, keys, w_max = plan
     out = torch.zeros(flat.shape[0], bsz * w_max, flat.shape[-1], dtype=flat.dtype).index_add_(1, dst, flat[:, src])
     out = out / counts.clamp_min(1)[None, :, None]

@@ -169,7 +169,7 @@ def sweep_table(args) -> None:
     print(md_table(cols, ([r.get(c) for c in cols] for r in table), cell=_fmt))
 
 
-#: (column of a ``table`` CSV, heading, format) of the scheme x switch grids: the issue-13 quantities
+#: (column of a ``table`` CSV, heading, format) of the scheme x switch grids: the switch study's quantities
 GRID_METRICS = [
     ("argmax_share_last", "argmax share, last layer (Luo et al. 2021; 1/d = 0.008 is no preferred dim)", "{:.2f}"),
     ("kurtosis_ratio_last", "kurtosis of the last layer, × its step-0 value (He et al. 2024)", "{:.2f}"),
