@@ -1,6 +1,6 @@
-"""The settings dataclasses' Python defaults (outlierlab/evaluation/settings.py) equal the default composed
-evaluate config (configs/evaluate.yaml and its default presets): the defaults are stated in both places, so
-this is the test that keeps them from drifting apart."""
+"""The settings dataclasses (outlierlab/evaluation/settings.py) are the one source of the evaluate sections'
+defaults: Hydra composes them (ConfigStore ``<section>/_defaults``, ``evaluate_sections``), every preset states
+only what it changes, and the default composed config equals the classes."""
 
 from __future__ import annotations
 
@@ -48,24 +48,54 @@ def test_no_drift_anywhere(default_cfg):
     assert drift(default_cfg) == []
 
 
-def test_a_yaml_default_changed_without_the_dataclass_is_caught(tmp_path):
-    """Edit two defaults in a copy of configs/ (one in evaluate.yaml, one in a group preset): the drift check
-    names exactly those keys, so a YAML edit without the matching dataclass edit fails the suite."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+def restated_defaults(configs: Path) -> list[str]:
+    """``file: key`` of every value a preset (or evaluate.yaml) states that equals its class default: a default
+    written a second time."""
+    import yaml
 
+    from outlierlab.evaluation.settings import (DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS, PRESET_STATES,
+                                                TRANSFORM_GUARD, defaults_node)
+
+    found = []
+    for cls in DEFAULTS_FROM_PYTHON:
+        base = defaults_node(cls)
+        for f in sorted((configs / cls.SECTION).glob("*.yaml")):
+            stated = yaml.safe_load(f.read_text()) or {}
+            found += [f"{f.relative_to(configs)}: {k}" for k, v in stated.items()
+                      if k in base and v == base[k] and k not in PRESET_STATES.get(cls.SECTION, ())]
+    top = yaml.safe_load((configs / "evaluate.yaml").read_text())
+    guard = {k: v for k, v in defaults_node(TransformSettings).items() if k in TRANSFORM_GUARD}
+    for section, base in [*((c.SECTION, defaults_node(c)) for c in EVALUATE_SECTIONS), ("transform", guard)]:
+        found += [f"evaluate.yaml: {section}.{k}" for k, v in (top.get(section) or {}).items()
+                  if k in base and v == base[k]]
+    return found
+
+
+def test_no_yaml_restates_a_default():
+    assert restated_defaults(ROOT / "configs") == []
+
+
+def test_a_default_written_again_in_yaml_is_caught(tmp_path):
+    """Restate two defaults in a copy of configs/ (a group preset, evaluate.yaml): the check names exactly those."""
     configs = tmp_path / "configs"
     shutil.copytree(ROOT / "configs", configs)
     ablation = configs / "ablation" / "default.yaml"
-    ablation.write_text(re.sub(r"(?m)^n_random: 5\b", "n_random: 7", ablation.read_text()))
+    ablation.write_text(ablation.read_text() + "n_random: 5\n")
     evaluate = configs / "evaluate.yaml"
-    evaluate.write_text(re.sub(r"(?m)^  threshold: 0.25\b", "  threshold: 0.4", evaluate.read_text()))
-    compose("evaluate")  # registers the resolvers
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
-        cfg = hydra_compose(config_name="evaluate")
-    assert drift(cfg) == ["outliers.threshold", "ablation.n_random"]
+    evaluate.write_text(evaluate.read_text() + "outliers:\n  threshold: 0.25\n  k: 2.0\n")
+    assert restated_defaults(configs) == ["ablation/default.yaml: n_random", "evaluate.yaml: outliers.threshold"]
+
+
+def test_every_preset_starts_from_its_class_defaults():
+    """Each preset of a section whose defaults are the class's lists ``_defaults`` first: a preset that did not
+    would lack every key it does not state (refused by the loader as missing)."""
+    import yaml
+
+    from outlierlab.evaluation.settings import DEFAULTS_FROM_PYTHON
+
+    for cls in DEFAULTS_FROM_PYTHON:
+        for f in sorted((ROOT / "configs" / cls.SECTION).glob("*.yaml")):
+            assert (yaml.safe_load(f.read_text()) or {}).get("defaults", [None])[0] == "_defaults", f
 
 
 def test_an_override_differs_from_the_python_default():

@@ -3,32 +3,29 @@
 
 The loader itself (:func:`load_settings`, type coercion) is :mod:`outlierlab.evaluation.settings_loader`.
 
-Defaults are stated twice, on purpose, and kept equal by ``tests/test_settings_defaults.py``:
+The classes are the one source of the defaults.  Hydra composes them: :func:`register_defaults` stores each
+section's defaults in Hydra's ConfigStore (``<section>/_defaults`` for the sections that are config groups,
+``evaluate_sections`` for data, outliers, anisotropy, isotropy, self_similarity and the transform guard), every
+preset starts from them (``defaults: [_defaults, _self_]``) and states only what it changes (``wic=superglue``:
+source and splits; ``encoder=pythia_70m``: the model, its length and dtype), and ``configs/evaluate.yaml`` keeps the
+group choices and comments.  So ``OutliersSettings()`` (or ``OutliersSettings(threshold=0.4)``) builds from Python,
+the composed default config equals the classes, and ``tests/test_settings_defaults.py`` fails where a YAML file
+states a default again.  Each key is explained by the comment above its field.  Two exceptions, each stated where
+it lives: ``transform`` is a multi-select group whose keys are the union of the groups selected, so only its
+guard keys (:data:`TRANSFORM_GUARD`) come from here; an encoder preset states its ``name_or_path`` itself
+(:data:`PRESET_STATES`).
 
-* in each class here, so ``OutliersSettings()`` (or ``OutliersSettings(threshold=0.4)``) builds from Python
-  without composing any YAML;
-* in the composed YAML (``configs/evaluate.yaml`` and its groups: ``configs/wic/``, ``configs/ablation/``
-  ...), which keeps the comments saying why each value is what it is, and which ``evaluate.py`` reads.
+:func:`load_settings` builds a class from the composed section: it refuses unknown keys (listing the valid ones)
+and wrong types in one line naming the section, reads ``data.files=a.txt`` as a one-file list, and each class
+checks its value ranges in ``__post_init__`` (so ``OutliersSettings(threshold=2)`` fails as the YAML would).  A
+section composed without its defaults (a hand-written mapping) must state every key; only the keys whose group may
+be unselected (``transform.dims`` without the clip group) may be absent, declared with :func:`_optional`, and
+then take their "absent" value.  ``evaluate.py`` builds every selected section before any model is loaded, so a
+bad setting fails in seconds.
 
-A class's defaults are those of the DEFAULT composed config, ``compose("evaluate")``.  Where a section is a
-preset group, that is the default preset's values (``encoder=all_minilm_l6_v2``, ``transform=[none,clip,
-whiten]``, ``wic=wordnet``, ``sts=none``), said in the class docstring; another preset is chosen by composing
-it (``wic=superglue``), not by this class.  To change a default, change both the YAML and the class; the test
-fails on either alone.
-
-:func:`load_settings` still requires every key in the config, though the class has a default: a key missing
-from a composed section is a typo or a drift, and filling it with the default PRESET's value would silently
-mix presets (a ``wic=superglue`` run with the wordnet splits).  The only keys that may be absent are those
-whose group may be unselected (``transform.dims`` without the clip group) or that older configs lack
-(``data.one_pass``), declared with :func:`_optional`: absent, they take their "absent" value (None, or
-``one_pass=True``), not the default preset's.  :func:`load_settings` also refuses unknown keys (listing the
-valid ones) and wrong types in one line naming the section; each class checks its value ranges in
-``__post_init__`` (so ``OutliersSettings(threshold=2)`` fails as the YAML would).  ``evaluate.py`` builds every
-selected section before any model is loaded, so a bad setting fails in seconds.
-
-They are not registered in Hydra's ConfigStore as structured-config schemas: OmegaConf 2.3 cannot represent
-every field, would validate before this loader with other messages and without its coercions, and cannot merge
-presets onto frozen nodes -- measured, with the details, in docs/design.md ("Decisions already taken").
+The nodes are plain, not structured-config schemas: OmegaConf 2.3 cannot represent every field, would validate
+before this loader with other messages and without its coercions, and cannot merge presets onto frozen nodes --
+measured, with the details, in docs/design.md ("Decisions already taken").
 
 Kept free of heavy imports (no torch): ``evaluate.py`` validates with it before torch loads.
 """
@@ -70,8 +67,11 @@ class DataSettings:
     """``data``: the evaluation sentences of the shared streaming pass (and the texts' fallback)."""
 
     SECTION: ClassVar[str] = "data"
+    #: [a.txt, b.txt.gz]: one sentence per line; null = shipped Persuasion sentences
     files: tuple[str, ...] | None = None
+    #: first N in file order; null = all (shipped: 2703)
     max_sentences: int | None = 2000
+    #: sentences tokenized at a time (bounds memory; results do not depend on it)
     chunk: int = 1024
     one_pass: bool = _optional(True, absent=True)  # absent in older configs: the one-pass default
 
@@ -91,8 +91,11 @@ class EncoderSettings:
 
     SECTION: ClassVar[str] = "encoder"
     name_or_path: str = "all-minilm-l6-v2"
+    #: null = the model's maximum (512)
     max_length: int | None = None
+    #: longer sequences: warn (truncate, count) | error (one-line failure)
     on_overflow: str = "warn"
+    #: auto = cuda if available
     device: str = "auto"
     batch_size: int = 32
     dtype: str = "float32"  # auto (the checkpoint's own) | bfloat16 | float16 | float32
@@ -146,10 +149,14 @@ class OutliersSettings:
     """``outliers``: the activation outlier rule (also what clip removes) and the position-table σ rule."""
 
     SECTION: ClassVar[str] = "outliers"
+    #: share (Luo §2: share of tokens with their argmax/argmin on the dim) | sigma
     method: str = "share"
     threshold: float = 0.25
     k: float = 3.0
+    #: dims listed per layer by |mean|
     top_k: int = 5
+    #: σ rule on the mean position vector (Luo Figs. 3-4) LayerNorm weights: the ln_rule group
+    #: (configs/ln_rule/kovaleva.yaml)
     position_k: float = 3.0
 
     def __post_init__(self) -> None:
@@ -166,8 +173,12 @@ class AnisotropySettings:
     (Timkey & van Schijndel 2021): the k of the top-k shares and rankings, and how many dims are listed."""
 
     SECTION: ClassVar[str] = "anisotropy"
+    #: one random token per sentence, paired -> n_sentences/2 pairs (paper: 2000 -> 1000)
     n_sentences: int = 2000
+    #: Timkey & van Schijndel 2021: share of the anisotropy held by the top k dims, and r²/Spearman between the pair
+    #: cosines with all dims and without the top k
     rogue_k: tuple[int, ...] = (1, 3, 5)
+    #: dims listed per layer with CC_i and share (every dim: anisotropy_contributions.csv)
     rogue_list: int = 5
 
     def __post_init__(self) -> None:
@@ -182,6 +193,8 @@ class IsotropySettings:
     """``isotropy``: IsoScore* shrinkage (Rudman & Eickhoff 2023)."""
 
     SECTION: ClassVar[str] = "isotropy"
+    #: IsoScore* (Rudman & Eickhoff 2023): the anisotropy tokens' covariance shrunk toward that covariance, (1-zeta)
+    #: C + zeta C0 (zeta as in their analysis.py); 0 = IsoScore of the sample
     zeta: float = 0.75
 
     def __post_init__(self) -> None:
@@ -193,7 +206,9 @@ class SelfSimilaritySettings:
     """``self_similarity``: which words are target words."""
 
     SECTION: ClassVar[str] = "self_similarity"
+    #: a word counts if it occurs in >= this many sentences (Ethayarajh 2019)
     min_sentences: int = 10
+    #: seeded sample when more words qualify (paper: 1000)
     max_words: int | None = 1000
     lowercase: bool = True
 
@@ -213,9 +228,13 @@ class WicSettings:
 
     SECTION: ClassVar[str] = "wic"
     source: str = "wordnet"
+    #: train | dev | test — the sweep (and the choice of layer/threshold) runs here, as the paper's
     split: str | None = "train"
+    #: honest protocol: accuracy at the threshold chosen on `split`; null = sweep only
     report_split: str | None = "test"
+    #: [pairs.jsonl|csv|tsv]: sentence1, sentence2, start1, end1, start2, end2, label (+ split)
     files: tuple[str, ...] | None = None
+    #: first N pairs; null = all
     max_pairs: int | None = None
     thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Luo et al. §4.2
     hub_path: str = "aps/super_glue"
@@ -240,10 +259,15 @@ class StsSettings:
     (no STS data can be shipped); ``sts=paper`` lists Luo et al.'s."""
 
     SECTION: ClassVar[str] = "sts"
+    #: short names (see outlierlab/evaluation/sts.py HUB) or any hub id with sentence1/sentence2/score
     datasets: tuple[str, ...] = ()
+    #: [a.csv, b.tsv, c.jsonl]: ONE data set per file, columns sentence1, sentence2, score
     files: tuple[str, ...] | None = None
     split: str = "test"
+    #: first N pairs per dataset; null = all
     max_pairs: int | None = None
+    #: column naming each pair's sub-set/genre (SentEval reports STS12-16 per sub-set and their mean): rows per sub-
+    #: set + 'mean' when the data have it; null or absent column = pooled only
     subset_field: str | None = "genre"
 
     def __post_init__(self) -> None:
@@ -275,16 +299,27 @@ class AblationSettings(_TextSettings):
     """``ablation`` (``configs/ablation/default.yaml``): Kovaleva et al.'s masked-LM ablation."""
 
     SECTION: ClassVar[str] = "ablation"
+    #: first N sentences (~1 min for a tiny model on 2 CPU cores per condition set); null = all
     max_sentences: int | None = 600
+    #: LayerNorms whose gain AND bias are zeroed; null = those the rule judges (ln_rule.layernorms) or a list of:
+    #: output | attention_output | embeddings | head | all
     layernorms: tuple[str, ...] | None = None
+    #: override the detected outlier dims, e.g. [308, 381]
     outlier_dims: tuple[int, ...] | None = None
+    #: your own dims, reported as a separate condition
     dims: tuple[int, ...] = ()
+    #: random control draws (same count as the outlier dims, never including them)
     n_random: int = 5
+    #: masking and random draws; null = the global seed
     seed: int | None = None
+    #: evaluation masking: this share of non-special tokens -> <mask> (no 80/10/10)
     mlm_probability: float = 0.15
+    #: join consecutive sentences into sequences of <= max_length tokens (pretraining-like context)
     pack: bool = True
+    #: tokens per sequence incl. special tokens (capped by the model)
     max_length: int = 128
     batch_size: int = 16
+    #: fill-in-the-blank shown per condition
     example: str | None = "She opened the door and walked slowly into the {mask}."
     top_k: int = 5
 
@@ -309,13 +344,22 @@ class FrequencySettings(_TextSettings):
 
     SECTION: ClassVar[str] = "frequency"
     max_sentences: int | None = 1000
+    #: auto: our runs -> their pretraining corpus (run config.yaml), other models -> the evaluated text | pretraining
+    #: (required) | eval | files (frequency.count_files)
     counts_from: str = "auto"
+    #: [a.txt, b.txt.gz] for counts_from=files
     count_files: tuple[str, ...] | None = None
+    #: null: LayerNorm outlier dims (detect: below), else activation outliers; or e.g. [308, 381]
     dims: tuple[int, ...] | None = None
+    #: at most this many dims (strongest first) (LayerNorm outlier dims: the one rule, configs/ln_rule)
     max_dims: int = 8
+    #: magnitude: mean |h| of the dim per token type (Puccetti et al.) | signed: mean h
     value: str = "magnitude"
+    #: activation-outlier fallback (Luo et al. argmax/argmin share)
     share_threshold: float = 0.25
+    #: token types seen fewer times in the evaluated text are left out
     min_occurrences: int = 1
+    #: hidden-state layers of the scatter (0 = embeddings); null = [middle, last]
     plot_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -337,10 +381,14 @@ class OrderUseSettings(_TextSettings):
 
     SECTION: ClassVar[str] = "order_use"
     max_sentences: int | None = 200
+    #: masked LMs: sentences packed into running-text pieces of this many tokens
     max_length: int = 128
     batch_size: int = 16
+    #: masked LMs: share of tokens masked (all behind the mask token), seeded
     mlm_probability: float = 0.15
+    #: below this: "the model does not use token order yet"
     threshold: float = 0.1
+    #: masking and permutations; null = the global seed
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -356,12 +404,18 @@ class AttentionSinksSettings(_TextSettings):
 
     SECTION: ClassVar[str] = "attention_sinks"
     max_sentences: int | None = 200
+    #: where the outlier dims are disabled (as ablation.layernorms; null = the rule's LayerNorms) outlier dims: the
+    #: one LayerNorm rule, configs/ln_rule
     layernorms: tuple[str, ...] | None = None
+    #: null: the detected outlier dims; or e.g. [308, 381]
     dims: tuple[int, ...] | None = None
     max_length: int = 128
     batch_size: int = 16
+    #: Gu et al. 2025: a sink head puts mean attention > 0.3 on <s> (</s>)
     sink_threshold: float = 0.3
+    #: control: as many random dims disabled (never the outlier dims), mean over draws; 0 = none
     n_random: int = 1
+    #: random draws; null = the global seed
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -380,18 +434,31 @@ class FrequentTokensSettings(_TextSettings):
 
     SECTION: ClassVar[str] = "frequent_tokens"
     max_sentences: int | None = 600
+    #: token frequency as the frequency analysis: auto = our runs' pretraining corpus, else the evaluated text (said
+    #: so) | pretraining | eval | files (count_files)
     counts_from: str = "auto"
     count_files: tuple[str, ...] | None = None
+    #: Macocco et al.: median |h_d| above this percentile of all |h| (and of |W| rows)
     percentile: float = 99.0
+    #: Luo et al.'s argmax/argmin share rule on h
     share_threshold: float = 0.25
+    #: random-dim control draws: as many dims as each rule found, never those nor either Macocco set (last-layer,
+    #: unembedding outliers); they draw 5
     n_random: int = 5
+    #: masking and random draws; null = the global seed
     seed: int | None = None
+    #: tokens counted fewer times are not in the corpus list (left out of every Spearman)
     min_count: int = 1
+    #: evaluation masking, as the ablation (all masked tokens -> <mask>)
     mlm_probability: float = 0.15
+    #: join sentences into sequences of <= max_length tokens (pretraining-like context)
     pack: bool = True
     max_length: int = 128
     batch_size: int = 16
+    #: decoders: late = Macocco et al.'s one position per sequence (token late_position, scored against the next);
+    #: every = every next-token position (ours before)
     positions: str = "late"
+    #: 0-based token index (special tokens counted); shorter sequences are left out
     late_position: int = 100
 
     def __post_init__(self) -> None:
@@ -420,11 +487,68 @@ class QKOutliersSettings(_TextSettings):
     """``qk_outliers`` (``configs/qk_outliers/default.yaml``): Jonasson 2025's query/key features."""
 
     SECTION: ClassVar[str] = "qk_outliers"
+    #: first N sentences; null = data.max_sentences
     max_sentences: int | None = 1000
+    #: outlier dim of a head: max |.| more than k sigma above the mean over that head's dims
     k: float = 3.0
+    #: partial-cycle bound: a pair turning fewer times than this over the context can carry a rotary offset feature
+    #: (Jonasson 2025)
     max_cycles: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.k > 0, f"qk_outliers.k must be > 0, got {self.k}")
         _check(self.max_cycles > 0, f"qk_outliers.max_cycles must be > 0, got {self.max_cycles}")
+
+
+# ------------------------------------------------------------------------- the defaults, for Hydra
+#: The sections whose defaults Hydra composes from the classes above: each is stored in Hydra's ConfigStore as
+#: ``<section>/_defaults`` (:func:`register_defaults`), and every preset of the section (``configs/wic/superglue.yaml``,
+#: ``configs/encoder/bert_base_uncased.yaml``) starts from it and states only what it changes.  ``transform`` is not
+#: among them: its keys are the union of the transform groups a run selects (``transform=[none,clip]``), so its
+#: defaults are that selection, not one node.
+DEFAULTS_FROM_PYTHON: tuple[type, ...] = (EncoderSettings, WicSettings, StsSettings, AblationSettings, FrequencySettings,
+                                          AttentionSinksSettings, FrequentTokensSettings, QKOutliersSettings,
+                                          OrderUseSettings)
+#: The transform keys every selection shares (the rest come from the transform groups selected).
+TRANSFORM_GUARD = ("fit_on", "min_fit_ratio", "allow_degenerate")
+#: The evaluate.yaml sections that are not config groups: one stored node, ``evaluate_sections``, holds them all
+#: (with :data:`TRANSFORM_GUARD`).
+EVALUATE_SECTIONS: tuple[type, ...] = (DataSettings, OutliersSettings, AnisotropySettings, IsotropySettings,
+                                       SelfSimilaritySettings)
+
+
+#: Keys every preset of its section states itself: in the stored node they are ``???`` (required), because merging a
+#: preset's ``???`` onto a value keeps the value (OmegaConf), so ``encoder=run`` could not require a path otherwise.
+PRESET_STATES: dict[str, tuple[str, ...]] = {"encoder": ("name_or_path",)}
+
+
+def defaults_node(cls: type) -> dict:
+    """``cls``'s defaults as plain config values (tuples as lists): what Hydra composes for its section;
+    :data:`PRESET_STATES` keys are ``???``."""
+    import dataclasses
+
+    def plain(v):
+        return list(v) if isinstance(v, tuple) else v
+
+    required = PRESET_STATES.get(getattr(cls, "SECTION", ""), ())
+    return {f.name: "???" if f.name in required else
+            plain(f.default if f.default is not dataclasses.MISSING else f.default_factory())
+            for f in dataclasses.fields(cls) if f.init}
+
+
+def register_defaults() -> None:
+    """Store every section's defaults in Hydra's ConfigStore (idempotent; run before any config is composed: the
+    entry points and :func:`outlierlab.jobs.startup.compose_config` do).
+
+    Plain nodes, not structured-config schemas: the classes stay the one validator (:func:`load_settings`: one line
+    per fault, ``data.files=a.txt`` read as a list, frozen values), for the reasons measured in docs/design.md
+    ("Decisions already taken")."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for cls in DEFAULTS_FROM_PYTHON:
+        cs.store(group=cls.SECTION, name="_defaults", node=defaults_node(cls), provider="outlierlab")
+    guard = {k: v for k, v in defaults_node(TransformSettings).items() if k in TRANSFORM_GUARD}
+    cs.store(name="evaluate_sections", node={**{c.SECTION: defaults_node(c) for c in EVALUATE_SECTIONS},
+                                             "transform": guard}, provider="outlierlab")

@@ -2,9 +2,10 @@
 
 :func:`load_settings` refuses unknown keys (listing the valid ones), missing keys and wrong types in one line
 naming the section; values are coerced to the declared field types (``tuple[int, ...]``, ``float | None``, ...).
-Every key must be in the config even where the class has a Python default (that default is the default
-preset's value, see :mod:`outlierlab.evaluation.settings`); only fields marked with :data:`ABSENT` metadata may
-be missing, and then take that "absent" value.
+Every key must be in the section: a composed config has them all (Hydra composes the classes' defaults under every
+preset, :func:`outlierlab.evaluation.settings.register_defaults`), and a hand-written mapping that lacks one is a
+typo, refused by name rather than filled in here; only fields marked with :data:`ABSENT` metadata may be missing,
+and then take that "absent" value.
 The per-section classes, their ranges and the YAML they mirror live in :mod:`outlierlab.evaluation.settings`.
 Kept free of heavy imports (no torch).
 """
@@ -23,9 +24,8 @@ __all__ = ["load_settings", "section_settings", "check", "ABSENT"]
 
 #: ``dataclasses.field`` metadata key marking a key the composed config may lack (its group not selected, e.g.
 #: ``transform.dims`` without the clip group): the loader then passes ``metadata[ABSENT]`` (None: "absent").
-#: Every other key must be in the config even though the class has a Python default, because that default is
-#: the DEFAULT preset's value: filling a key missing from ``wic=superglue`` with the wordnet preset's value
-#: would silently mix presets, and a key missing from the YAML is a typo or a drift, refused by name.
+#: Every other key must be in the section: the composed config has it (the classes' defaults are composed under
+#: every preset), so one missing is a typo in a hand-written mapping, refused by name.
 ABSENT = "absent"
 
 S = TypeVar("S")
@@ -62,8 +62,8 @@ def load_settings(cls: type[S], node: Any, section: str | None = None) -> S:
                          f"valid keys of {section}: {', '.join(fields)}")
     missing = [n for n, f in fields.items() if n not in values and ABSENT not in f.metadata]
     if missing:
-        raise ValueError(f"missing key(s) {', '.join(f'{section}.{k}' for k in missing)} (the composed config "
-                         f"states every key: configs/evaluate.yaml and its groups)")
+        raise ValueError(f"missing key(s) {', '.join(f'{section}.{k}' for k in missing)} (a composed config "
+                         f"has every key: compose configs/evaluate.yaml, or state them all)")
     hints = typing.get_type_hints(cls)
     # an absent optional key takes its "absent" value, not the class default (the default preset's value):
     # transform=[none] has no clip dims, whatever the clip preset says

@@ -105,6 +105,9 @@ def find_unknown_keys(argv: list[str], config_name: str, config_dir: Path = CONF
 
     from hydra import compose, initialize_config_dir
 
+    from outlierlab.evaluation.settings import register_defaults
+
+    register_defaults()  # the presets start from the sections' defaults
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
             cfg = compose(config_name, overrides=composing)

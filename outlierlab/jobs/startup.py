@@ -262,7 +262,8 @@ def _cell_dir(overrides, naming=None) -> str:
 
 
 def register_resolvers() -> None:
-    """OmegaConf resolvers used by the configs (idempotent).
+    """OmegaConf resolvers used by the configs, and the evaluation sections' defaults they compose from
+    (:func:`outlierlab.evaluation.settings.register_defaults`); idempotent.
 
     Also run when this module is imported: Hydra's joblib and submitit launchers resolve a cell's output
     directory (``${cell_dir:...}``) in their worker process, which imports this module while unpickling the
@@ -280,6 +281,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("accumulation", accumulation)
     if not OmegaConf.has_resolver("cell_dir"):
         OmegaConf.register_new_resolver("cell_dir", _cell_dir)
+    from outlierlab.evaluation.settings import register_defaults  # light: no torch
+
+    register_defaults()  # the sections' defaults (ConfigStore) that every preset of them starts from
 
 
 def compose_config(config_name: str, overrides=()):
