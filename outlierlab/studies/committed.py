@@ -8,8 +8,12 @@ outputs are regenerated from them by :data:`STUDIES`' command, run from the repo
 folder, and committed compact:
 
 * ``study.md`` as the aggregator writes it;
-* ``contrasts.csv.xz``, every test a claim rests on, in every study (xz: about half of gzip's bytes on these tables;
-  pandas reads both);
+* ``contrasts.csv.xz``, in every study: every row of the confirmatory and performance families (and the
+  duplicates), and of the per-step curves (families ``exploratory`` and ``not tested``) only each series' last
+  step and the series a generated table reads at earlier steps, :func:`committed_contrasts`; p and q are the full
+  family's, as the aggregator corrected them (xz: about half of gzip's bytes on these tables; pandas reads both);
+* ``families.csv.xz``: per family and step, the rows of the full table and those below 0.05 (Holm p, BH q, raw
+  p), :func:`family_counts`, so that a page's family sizes stay those of the full table;
 * ``study.csv.xz`` (the curves: group x step x layer x metric) only where a generated doc table or a page reads it,
   :data:`STUDY_CSV_READ`; every other study.md names, in place of the file, the command that writes it;
 * of the curves, only the figures a page of the docs shows (``curves/<metric>__<layer>.png``): every other curve is
@@ -86,8 +90,23 @@ STUDY_CSV_READ = frozenset({
     "emergence/switch_seeds_gpu/study", "emergence/seeds_evaluate/study", "order_use/study_objectives",
 })
 
+#: The families whose rows are per-step curves rather than tests a claim rests on: a committed contrasts.csv keeps
+#: them only at each series' last step and where a generated table reads them (:func:`committed_contrasts`); 80% of
+#: the rows, most of the docs' contrasts bytes. Every other family (primary, performance, exploratory performance,
+#: duplicate) is committed whole.
+CURVE_FAMILIES = ("exploratory", "not tested")
+#: One series of a contrasts table: a contrast between two groups on one metric and layer, over the steps.
+SERIES = ["contrast", "group_a", "group_b", "metric", "layer"]
+#: The (metric, layer) series of a study's contrasts.csv that a generated doc table reads at steps before the last
+#: (:func:`outlierlab.studies.doc_tables.order_use_schemes`: order use at every validation step), committed whole
+#: whatever their family. ``tests/test_committed_studies.py`` derives this from the readers and fails where it differs.
+CONTRAST_SERIES_READ: dict[str, frozenset[tuple[str, str]]] = {
+    folder: frozenset({("val/order_use", "model")})
+    for folder in ("order_use/study_schemes", "order_use/study_schemes_large", "order_use/study_schemes_large_5seeds")
+}
+
 #: What the aggregator writes into a study folder (and :func:`regenerate` replaces).
-AGGREGATOR_OUTPUTS = ("study.md", "study.csv*", "contrasts.csv*", "curves")
+AGGREGATOR_OUTPUTS = ("study.md", "study.csv*", "contrasts.csv*", "families.csv*", "curves")
 _FIGURE = re.compile(r"[\w./-]+\.png")
 _STUDY_CSV = re.compile(r"[\w./-]+/study\.csv(?:\.xz|\.gz)?")
 
@@ -121,29 +140,70 @@ def argv_of(folder: str) -> list[str]:
     return argv if "--out" in argv else [*argv, "--out", f"docs/{folder}"]
 
 
-#: Where the command a study.md names for its uncommitted study.csv writes: a scratch folder, so that running it
-#: leaves the committed folder (and its compact outputs) as they are.
+#: Where the command a study.md names for its full tables writes: a scratch folder, so that running it leaves the
+#: committed folder (and its compact outputs) as they are.
 SCRATCH = "/tmp/study"
 _ALL_METRICS = re.compile(r"^All metrics, steps and layers: `study\.csv`( and `contrasts\.csv`)?\.$", re.M)
 
 
-def without_study_csv(md: str, folder: str) -> str:
-    """The aggregator's ``study.md`` of ``docs/<folder>`` with its last line, which points at ``study.csv``, saying
-    instead that the file is not committed and which command writes it."""
+def scratch_command(folder: str) -> str:
+    """The registry's command of ``docs/<folder>`` writing into :data:`SCRATCH`: the full tables."""
     argv = argv_of(folder)
     i = argv.index("--out")
-    command = f"python -m outlierlab.studies.aggregate {shlex.join([*argv[:i], *argv[i + 2:]])} --out {SCRATCH}"
+    return f"python -m outlierlab.studies.aggregate {shlex.join([*argv[:i], *argv[i + 2:]])} --out {SCRATCH}"
 
+
+def committed_md(md: str, folder: str, kept: int | None = None, total: int | None = None) -> str:
+    """The aggregator's ``study.md`` of ``docs/<folder>`` with its last line, which points at ``study.csv`` and
+    ``contrasts.csv``, saying what is committed of them: ``kept`` of the ``total`` rows of contrasts.csv and by which
+    rule, and ``study.csv`` only where a page reads it; and the command that writes both in full."""
     def line(m: re.Match) -> str:
-        tests = "Every test: `contrasts.csv`. " if m.group(1) else ""
-        return (f"{tests}All metrics, steps and layers, `study.csv`: not committed (no page reads it); "
-                f"`{command}` writes it.")
+        parts = ["All metrics, steps and layers: `study.csv`." if folder in STUDY_CSV_READ else
+                 "All metrics, steps and layers, `study.csv`: not committed (no page reads it)."]
+        if m.group(1):
+            parts.append(f"Tests: `contrasts.csv`, {kept:,} of its {total:,} rows: all but the per-step curves of the "
+                         f"{' and '.join(CURVE_FAMILIES)} families, kept at the last step of each contrast, metric and "
+                         "layer and where a generated table reads them; p_holm and q_bh are the full family's. "
+                         "`families.csv`: each family's rows and rejections per step in the full table.")
+            parts.append(f"`{scratch_command(folder)}` writes the full tables.")
+        elif folder not in STUDY_CSV_READ:
+            parts.append(f"`{scratch_command(folder)}` writes it.")
+        return " ".join(parts)
 
+    found = _ALL_METRICS.search(md)
+    if found and found.group(1) and (kept is None or total is None):
+        raise ValueError(f"docs/{folder}/study.md: the committed rows of contrasts.csv are needed to rewrite its last line")
     new, n = _ALL_METRICS.subn(line, md)
     if n != 1:
         raise ValueError(f"docs/{folder}/study.md: no line 'All metrics, steps and layers: `study.csv` ...' to "
                          "rewrite; the aggregator's report.py changed its last line, update committed._ALL_METRICS")
     return new
+
+
+def committed_contrasts(contrasts: pd.DataFrame, folder: str) -> pd.DataFrame:
+    """The rows of a study's full ``contrasts.csv`` that ``docs/<folder>`` commits, in the aggregator's order: every
+    row of a family not in :data:`CURVE_FAMILIES`; of those, the last step of each :data:`SERIES` and every step of
+    a series in :data:`CONTRAST_SERIES_READ`. The values are the full table's (no correction is redone)."""
+    last = contrasts.groupby(SERIES, dropna=False, sort=False)["step"].transform("max")
+    read = CONTRAST_SERIES_READ.get(folder, frozenset())
+    in_read = pd.Series([(m, l) in read for m, l in zip(contrasts["metric"], contrasts["layer"])], index=contrasts.index,
+                        dtype=bool)
+    keep = ~contrasts["family"].isin(CURVE_FAMILIES) | (contrasts["step"] == last) | in_read
+    return contrasts[keep]
+
+
+#: The counts :func:`family_counts` writes: rows with each corrected (or raw) p below 0.05
+FAMILY_COUNTS = {"p_holm_below_05": "p_holm", "q_bh_below_05": "q_bh", "p_below_05": "p_value"}
+
+
+def family_counts(contrasts: pd.DataFrame) -> pd.DataFrame:
+    """Per family and step of a full ``contrasts.csv``: its rows and those whose Holm p, BH q and raw p are below
+    0.05 (NaN is not). Summed over the steps, a family's size and rejections as the aggregator corrected them; summed
+    from a step on, those of its later rows (:func:`outlierlab.studies.doc_tables.families_line`)."""
+    below = pd.DataFrame({name: (contrasts[col] < 0.05).astype(int) for name, col in FAMILY_COUNTS.items()})
+    frame = pd.concat([contrasts[["family", "step"]], below.assign(rows=1)], axis=1)
+    counts = frame.groupby(["family", "step"], sort=True).sum().reset_index()
+    return counts[["family", "step", "rows", *FAMILY_COUNTS]]
 
 
 def write_xz(frame: pd.DataFrame, path: Path) -> None:
@@ -152,6 +212,17 @@ def write_xz(frame: pd.DataFrame, path: Path) -> None:
 
     data = frame.to_csv(index=False, float_format=CSV_FLOATS).encode()
     path.write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
+
+
+def write_contrasts(contrasts: pd.DataFrame | None, md: str, folder: str, out: Path) -> str:
+    """Write the committed ``contrasts.csv.xz`` and ``families.csv.xz`` of a study's full ``contrasts`` (None: the
+    study has none) into ``out``; return its ``study.md`` ``md`` with the last line saying what they hold."""
+    if contrasts is None:
+        return committed_md(md, folder)
+    kept = committed_contrasts(contrasts, folder)
+    write_xz(kept, out / "contrasts.csv.xz")
+    write_xz(family_counts(contrasts), out / "families.csv.xz")
+    return committed_md(md, folder, len(kept), len(contrasts))
 
 
 def regenerate(folder: str, root: Path = ROOT) -> Path:
@@ -175,10 +246,10 @@ def regenerate(folder: str, root: Path = ROOT) -> Path:
         staged = Path(tmp) / "staged"
         staged.mkdir()
         md = (fresh / "study.md").read_text().replace(str(fresh), f"docs/{folder}")
-        (staged / "study.md").write_text(md if folder in STUDY_CSV_READ else without_study_csv(md, folder))
-        for name in ("study.csv", "contrasts.csv") if folder in STUDY_CSV_READ else ("contrasts.csv",):
-            if (fresh / name).is_file():
-                write_xz(pd.read_csv(fresh / name), staged / f"{name}.xz")
+        contrasts = pd.read_csv(fresh / "contrasts.csv") if (fresh / "contrasts.csv").is_file() else None
+        (staged / "study.md").write_text(write_contrasts(contrasts, md, folder, staged))
+        if folder in STUDY_CSV_READ and (fresh / "study.csv").is_file():
+            write_xz(pd.read_csv(fresh / "study.csv"), staged / "study.csv.xz")
         shown = shown_figures(root / "docs")
         for png in sorted((fresh / "curves").glob("*.png")):
             if (target / "curves" / png.name).resolve() in shown:

@@ -97,10 +97,20 @@ def summary_cell(study: str, group: str, metric: str, layer: str, step: int | No
     return f"{fmt(r['mean'])} [{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]"
 
 
+def contrast_at(folder: str, contrast: str | None, metric: str, layer: str, step: int | None = None) -> pd.Series | None:
+    """The first row of ``<folder>/contrasts.csv`` of ``contrast`` (None: any) on ``metric`` and ``layer`` at ``step``
+    (default: the series' last), or None where it has none. Every table reads its contrasts rows here (but for
+    :func:`switch_seeds_all_measures`' last-step rows and :func:`families_line`'s counts): the committed file keeps
+    the per-step curves only at their last step and in the series read at earlier steps
+    (:data:`outlierlab.studies.committed.CONTRAST_SERIES_READ`, which a test derives from these calls)."""
+    c = _read(f"{folder}/contrasts.csv")
+    sub = c[(c["metric"] == metric) & (c["layer"] == layer) & ((c["contrast"] == contrast) if contrast else True)]
+    sub = sub[sub["step"] == (sub["step"].max() if step is None else step)]
+    return None if sub.empty else sub.iloc[0]
+
+
 def contrast_row(study: str, contrast: str, metric: str, layer: str, step: int | None = None) -> pd.Series:
-    c = _read(f"{study}/study/contrasts.csv")
-    sub = c[(c["contrast"] == contrast) & (c["metric"] == metric) & (c["layer"] == layer)]
-    return sub[sub["step"] == (sub["step"].max() if step is None else step)].iloc[0]
+    return contrast_at(f"{study}/study", contrast, metric, layer, step)
 
 
 #: The families whose rows carry a Holm p (confirmatory) and those with a BH q only (the study aggregator's,
@@ -123,30 +133,34 @@ def _seeds_word(r: pd.Series) -> str:
 
 
 def families_line(study: str, after_step: int = 1) -> str:
-    c = _read(f"{study}/study/contrasts.csv")
-    if "secondary" in set(c["family"]):  # a study written before the declared families
-        sec = c[c["family"] == "secondary"]
-        late = sec[sec["step"] >= after_step]
-        return (f"Families ({_source(f'{study}/study/contrasts.csv')}): primary {int((c['family'] == 'primary').sum())} contrasts, "
-                f"{int((c[c['family'] == 'primary']['p_holm'] < 0.05).sum())} with Holm p < 0.05; secondary "
-                f"{len(sec)}, {int((sec['q_bh'] < 0.05).sum())} with BH q < 0.05 ({len(late)} from step {after_step:,} on, "
-                f"{int((late['q_bh'] < 0.05).sum())} with q < 0.05; raw p < 0.05: {int((late['p_value'] < 0.05).sum())}); "
-                f"not tested (constant or one seed) {int((c['family'] == 'not tested').sum())}, post-hoc duplicates of a "
-                f"monitor row {int((c['family'] == 'duplicate').sum())}.")
+    """Each family's size and rejections in the full contrasts table of ``<study>/study`` (and from ``after_step``
+    on), from its ``families.csv`` (:func:`outlierlab.studies.committed.family_counts`): the committed
+    contrasts.csv keeps only part of the exploratory and not-tested rows."""
+    path = f"{study}/study/families.csv"
+    counts = _read(path)
+
+    def total(family: str, column: str = "rows", since: int = 0) -> int:
+        return int(counts.loc[(counts["family"] == family) & (counts["step"] >= since), column].sum())
+
+    if "secondary" in set(counts["family"]):  # a study written before the declared families
+        return (f"Families ({_source(path)}): primary {total('primary')} contrasts, "
+                f"{total('primary', 'p_holm_below_05')} with Holm p < 0.05; secondary {total('secondary')}, "
+                f"{total('secondary', 'q_bh_below_05')} with BH q < 0.05 ({total('secondary', since=after_step)} from "
+                f"step {after_step:,} on, {total('secondary', 'q_bh_below_05', after_step)} with q < 0.05; raw p < 0.05: "
+                f"{total('secondary', 'p_below_05', after_step)}); not tested (constant or one seed) "
+                f"{total('not tested')}, post-hoc duplicates of a monitor row {total('duplicate')}.")
     parts = []
     for family in HOLM_FAMILIES:
-        sub = c[c["family"] == family]
-        parts.append(f"{family} {len(sub)} test{'' if len(sub) == 1 else 's'}, "
-                     f"{int((sub['p_holm'] < 0.05).sum())} with Holm p < 0.05")
+        n = total(family)
+        parts.append(f"{family} {n} test{'' if n == 1 else 's'}, {total(family, 'p_holm_below_05')} with Holm p < 0.05")
     for family in BH_FAMILIES[:2]:
-        sub = c[c["family"] == family]
-        late = sub[sub["step"] >= after_step]
-        parts.append(f"{family} {len(sub)}, {int((sub['q_bh'] < 0.05).sum())} with BH q < 0.05 within it "
-                     f"({len(late)} from step {after_step:,} on, {int((late['q_bh'] < 0.05).sum())} with q < 0.05; "
-                     f"raw p < 0.05: {int((late['p_value'] < 0.05).sum())})")
-    return (f"Families ({_source(f'{study}/study/contrasts.csv')}), each corrected within itself: " + "; ".join(parts)
-            + f"; not tested (constant or one seed) {int((c['family'] == 'not tested').sum())}, post-hoc duplicates "
-            f"of a monitor row {int((c['family'] == 'duplicate').sum())}.")
+        parts.append(f"{family} {total(family)}, {total(family, 'q_bh_below_05')} with BH q < 0.05 within it "
+                     f"({total(family, since=after_step)} from step {after_step:,} on, "
+                     f"{total(family, 'q_bh_below_05', after_step)} with q < 0.05; "
+                     f"raw p < 0.05: {total(family, 'p_below_05', after_step)})")
+    return (f"Families ({_source(path)}, the full contrasts table), each corrected within itself: " + "; ".join(parts)
+            + f"; not tested (constant or one seed) {total('not tested')}, post-hoc duplicates "
+            f"of a monitor row {total('duplicate')}.")
 
 
 def emergence_seeds(study: str = SEEDS) -> str:
@@ -290,14 +304,12 @@ SCHEME_OUTLIER_ROWS = [("hidden/kurtosis", "max_layer"), ("hidden/abs_argmax_sha
 def _learned_none_rows(study: str) -> str:
     """One row per :data:`ORDER_USE_ROWS` entry of ``<study>/contrasts.csv`` at its last step: both means, the
     paired difference with its CI (and TOST where a margin was declared), the corrected p and the seeds' signs."""
-    c = _read(f"{study}/contrasts.csv")
     lines = ["| metric | layer | step | learned | none | diff [95% CI] | n pairs | p_holm / q_bh | seeds with the sign |",
              "|---|---|---|---|---|---|---|---|---|"]
     for metric, layer in ORDER_USE_ROWS:
-        sub = c[(c["metric"] == metric) & (c["layer"] == layer)]
-        if sub.empty:
+        r = contrast_at(study, None, metric, layer)
+        if r is None:
             continue
-        r = sub.loc[sub["step"].idxmax()]
         corrected = f"{r['p_holm']:.3g} (Holm, {r['family']})" if pd.notna(r["p_holm"]) else (
             f"{r['q_bh']:.3g} (BH, {r['family']})" if pd.notna(r["q_bh"]) else "not tested")
         tost = f"; TOST ±{r['margin']:g}: p {r['tost_p']:.3g}" if pd.notna(r.get("tost_p")) else ""
@@ -342,9 +354,8 @@ def _scheme_rows(study: str = "study_schemes") -> tuple[pd.DataFrame, list[str]]
     return c, [name.split(":")[1].split("-")[0].strip() for name in dict.fromkeys(c["contrast"])]
 
 
-def _scheme_at(c: pd.DataFrame, scheme: str, metric: str, layer: str, step: int | None = None) -> pd.Series:
-    sub = c[(c["contrast"] == f"pos: {scheme} - none") & (c["metric"] == metric) & (c["layer"] == layer)]
-    return sub.loc[sub["step"].idxmax()] if step is None else sub[sub["step"] == step].iloc[0]
+def _scheme_at(study: str, scheme: str, metric: str, layer: str, step: int | None = None) -> pd.Series:
+    return contrast_at(f"{ORDER_USE}/{study}", f"pos: {scheme} - none", metric, layer, step)
 
 
 def order_use_schemes(study: str = "study_schemes") -> str:
@@ -355,12 +366,12 @@ def order_use_schemes(study: str = "study_schemes") -> str:
     lines = ["| pos | val loss | - none [95% CI], Holm p | order use | - none [95% CI], Holm p | acc | order use at "
              + ", ".join(f"{s + 1:,}" for s in steps) + " |", "|---|---|---|---|---|---|---|"]
     for scheme in schemes:
-        loss, use, acc = (_scheme_at(c, scheme, m, "model") for m in ("val/loss", "val/order_use", "val/acc"))
-        early = " / ".join(f"{_scheme_at(c, scheme, 'val/order_use', 'model', s)['mean_a']:.2f}" for s in steps)
+        loss, use, acc = (_scheme_at(study, scheme, m, "model") for m in ("val/loss", "val/order_use", "val/acc"))
+        early = " / ".join(f"{_scheme_at(study, scheme, 'val/order_use', 'model', s)['mean_a']:.2f}" for s in steps)
         lines.append(f"| {scheme} | {loss['mean_a']:.3f} | {loss['diff']:.2f} [{loss['ci_low']:.2f}, "
                      f"{loss['ci_high']:.2f}], {loss['p_holm']:.2g} | {use['mean_a']:.2f} | {use['diff']:.2f} "
                      f"[{use['ci_low']:.2f}, {use['ci_high']:.2f}], {use['p_holm']:.2g} | {acc['mean_a']:.3f} | {early} |")
-    ref = {m: _scheme_at(c, schemes[0], m, "model")["mean_b"] for m in ("val/loss", "val/order_use", "val/acc")}
+    ref = {m: _scheme_at(study, schemes[0], m, "model")["mean_b"] for m in ("val/loss", "val/order_use", "val/acc")}
     lines.append(f"| none | {ref['val/loss']:.3f} | | {ref['val/order_use']:.4f} | | {ref['val/acc']:.3f} | |")
     return "\n".join(lines)
 
@@ -373,14 +384,14 @@ def order_use_schemes_outliers(study: str = "study_schemes") -> str:
     for scheme in schemes:
         cells = []
         for metric, layer in SCHEME_OUTLIER_ROWS:
-            r = _scheme_at(c, scheme, metric, layer)
+            r = _scheme_at(study, scheme, metric, layer)
             confirmatory = r["family"] in HOLM_FAMILIES  # a confirmatory row: its Holm p; else its family's q
             value = r["p_holm"] if confirmatory else r["q_bh"]
             q = (f"Holm p {value:.2g}" if confirmatory else f"q {value:.2g}") if pd.notna(value) else "not tested"
             bold = pd.notna(value) and value < 0.05
             cells.append(f"**{r['mean_a']:.3g}** ({q})" if bold else f"{r['mean_a']:.3g} ({q})")
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
-    lines.append("| none | " + " | ".join(f"{_scheme_at(c, schemes[0], m, layer)['mean_b']:.3g}"
+    lines.append("| none | " + " | ".join(f"{_scheme_at(study, schemes[0], m, layer)['mean_b']:.3g}"
                                           for m, layer in SCHEME_OUTLIER_ROWS) + " |")
     return "\n".join(lines)
 
