@@ -56,6 +56,7 @@ def test_every_registry_entry_is_committed_compact():
         assert (path / "study.md").is_file(), folder
         # every test a study made is committed: its study.md names contrasts.csv exactly where the aggregator wrote one
         assert (path / "contrasts.csv.xz").is_file() == ("`contrasts.csv`" in (path / "study.md").read_text()), folder
+        assert (path / "families.csv.xz").is_file() == (path / "contrasts.csv.xz").is_file(), folder
         assert not {"study.csv", "contrasts.csv"} & {p.name for p in path.iterdir()}, folder
         assert not list(path.glob("*.csv.gz")), folder
         header = (path / "study.md").read_text().splitlines()[0]
@@ -86,29 +87,203 @@ def test_study_csv_is_committed_exactly_where_a_table_or_a_page_reads_it(monkeyp
     assert 0 < len(read) < len(cs.STUDIES)
 
 
-def test_a_study_without_its_study_csv_names_the_command_that_writes_it():
-    for folder in set(cs.STUDIES) - cs.STUDY_CSV_READ:
-        md = (ROOT / "docs" / folder / "study.md").read_text()
-        assert "All metrics, steps and layers: `study.csv`" not in md, folder
-        commands = [argv for _, argv in quoted_commands() if out_folder(argv) == cs.SCRATCH]
+def test_a_study_md_names_what_is_committed_and_the_command_that_writes_the_full_tables():
+    commands = [argv for _, argv in quoted_commands() if out_folder(argv) == cs.SCRATCH]
+    for folder in cs.STUDIES:
+        path = ROOT / "docs" / folder
+        md = (path / "study.md").read_text()
         line = md.rstrip("\n").splitlines()[-1]
+        assert "All metrics, steps and layers: `study.csv` and `contrasts.csv`." not in md, folder
+        assert line.startswith("All metrics, steps and layers: `study.csv`." if folder in cs.STUDY_CSV_READ else
+                               "All metrics, steps and layers, `study.csv`: not committed (no page reads it)."), folder
+        if (path / "contrasts.csv.xz").is_file():
+            kept, total = pd.read_csv(path / "contrasts.csv.xz"), pd.read_csv(path / "families.csv.xz")["rows"].sum()
+            assert f"Tests: `contrasts.csv`, {len(kept):,} of its {total:,} rows: " in line, folder
+        elif folder in cs.STUDY_CSV_READ:
+            assert not _COMMAND.search(line), folder  # everything the aggregator wrote is committed
+            continue
         argv = shlex.split(_COMMAND.search(line).group(1))
         assert argv in commands and argv[-2:] == ["--out", cs.SCRATCH], folder
         # the registry's command but for the scratch folder it writes into
         assert vars(parse(argv)) | {"out": None} == vars(parse(cs.argv_of(folder))) | {"out": None}, folder
-        assert line.startswith("Every test: `contrasts.csv`. All metrics, steps and layers, `study.csv`: not committed")
 
 
-def test_the_study_csv_line_is_rewritten_once_or_refused():
+def test_the_last_line_is_rewritten_once_or_refused():
     md = "# Study: docs/order_use/cells.parquet\n\n| a |\n\nAll metrics, steps and layers: `study.csv` and `contrasts.csv`.\n"
-    new = cs.without_study_csv(md, "order_use/study")
-    assert new.startswith("# Study: docs/order_use/cells.parquet\n\n| a |\n\nEvery test: `contrasts.csv`. ")
-    assert new.endswith(" --primary val/loss@model,val/order_use@model --out /tmp/study` writes it.\n")
+    new = cs.committed_md(md, "order_use/study", 811, 5170)
+    assert new.startswith("# Study: docs/order_use/cells.parquet\n\n| a |\n\nAll metrics, steps and layers, `study.csv`: "
+                          "not committed (no page reads it). Tests: `contrasts.csv`, 811 of its 5,170 rows: all but the "
+                          "per-step curves of the exploratory and not tested families, kept at the last step of each ")
+    assert new.endswith(" --primary val/loss@model,val/order_use@model --out /tmp/study` writes the full tables.\n")
     assert "`python -m outlierlab.studies.aggregate docs/order_use/cells.parquet --contrast pos=learned,none " in new
-    alone = cs.without_study_csv(md.replace(" and `contrasts.csv`", ""), "order_use/study")
-    assert "Every test" not in alone and "`study.csv`: not committed" in alone
+    alone = cs.committed_md(md.replace(" and `contrasts.csv`", ""), "order_use/study")
+    assert "Tests" not in alone and alone.endswith("`study.csv`: not committed (no page reads it). `python -m "
+                                                   "outlierlab.studies.aggregate docs/order_use/cells.parquet "
+                                                   "--contrast pos=learned,none --primary val/loss@model,"
+                                                   "val/order_use@model --out /tmp/study` writes it.\n")
+    read = cs.committed_md(md.replace(" and `contrasts.csv`", ""), "emergence/seeds/study")
+    assert read.endswith("\n\nAll metrics, steps and layers: `study.csv`.\n")  # all of it committed: no command
     with pytest.raises(ValueError, match="order_use/study/study.md: no line"):
-        cs.without_study_csv(new, "order_use/study")
+        cs.committed_md(new, "order_use/study", 811, 5170)
+    with pytest.raises(ValueError, match="rows of contrasts.csv are needed"):
+        cs.committed_md(md, "order_use/study")
+
+
+def _contrasts(rows: list[tuple]) -> pd.DataFrame:
+    """A contrasts table of (contrast, metric, step, family, p_value, p_holm, q_bh) rows, one group pair per contrast."""
+    frame = pd.DataFrame(rows, columns=["contrast", "metric", "step", "family", "p_value", "p_holm", "q_bh"])
+    pair = frame["contrast"].str.extract(r"pos: (\w+) - (\w+)")
+    return frame.assign(group_a="pos=" + pair[0], group_b="pos=" + pair[1], layer="model")
+
+
+def test_the_committed_rows_are_the_tests_and_the_curves_last_and_read_steps():
+    nan = float("nan")
+    full = _contrasts([
+        ("pos: learned - none", "hidden/kurtosis", 0, "not tested", nan, nan, nan),       # 0: a curve, dropped
+        ("pos: learned - none", "hidden/kurtosis", 100, "exploratory", 0.01, nan, 0.2),   # 1: a curve, dropped
+        ("pos: learned - none", "hidden/kurtosis", 200, "primary", 0.02, 0.04, 0.04),     # 2: a test
+        ("pos: learned - none", "hidden/anisotropy", 100, "exploratory", 0.3, nan, 0.5),  # 3: dropped
+        ("pos: learned - none", "hidden/anisotropy", 200, "exploratory", 0.4, nan, 0.6),  # 4: its last step
+        ("pos: rope - none", "hidden/anisotropy", 100, "exploratory", 0.3, nan, 0.5),     # 5: another pair's last step
+        ("pos: learned - none", "val/loss", 100, "exploratory performance", 0.01, nan, 0.03),  # 6: every row
+        ("pos: learned - none", "val/loss", 200, "performance", 0.01, 0.02, 0.02),        # 7
+        ("pos: learned - none", "hidden/max_median", 100, "duplicate", nan, nan, nan),    # 8: in no family, kept
+        ("pos: learned - none", "val/order_use", 0, "not tested", nan, nan, nan),         # 9: a series read whole
+        ("pos: learned - none", "val/order_use", 100, "exploratory", 0.5, nan, 0.7),      # 10
+        ("pos: learned - none", "val/order_use", 200, "exploratory", 0.5, nan, 0.7),      # 11
+    ])
+    assert cs.committed_contrasts(full, "order_use/study").index.tolist() == [2, 4, 5, 6, 7, 8, 11]
+    assert cs.committed_contrasts(full, "order_use/study_schemes").index.tolist() == [2, 4, 5, 6, 7, 8, 9, 10, 11]
+    # the kept rows are the full table's, corrections untouched
+    kept = cs.committed_contrasts(full, "order_use/study")
+    pd.testing.assert_frame_equal(kept, full.loc[kept.index])
+
+
+def test_family_counts_are_the_full_tables_per_step():
+    nan = float("nan")
+    full = _contrasts([
+        ("pos: learned - none", "hidden/kurtosis", 100, "exploratory", 0.01, nan, 0.2),
+        ("pos: learned - none", "hidden/anisotropy", 100, "exploratory", 0.04, nan, 0.049),
+        ("pos: learned - none", "hidden/anisotropy", 200, "exploratory", 0.06, nan, 0.06),
+        ("pos: learned - none", "hidden/kurtosis", 200, "primary", 0.001, 0.002, 0.002),
+        ("pos: learned - none", "hidden/kurtosis", 0, "not tested", nan, nan, nan),
+    ])
+    counts = cs.family_counts(full)
+    assert counts.columns.tolist() == ["family", "step", "rows", "p_holm_below_05", "q_bh_below_05", "p_below_05"]
+    assert counts.values.tolist() == [["exploratory", 100, 2, 0, 1, 2], ["exploratory", 200, 1, 0, 0, 0],
+                                      ["not tested", 0, 1, 0, 0, 0], ["primary", 200, 1, 1, 1, 1]]
+
+
+def _committed(folder: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    path = ROOT / "docs" / folder
+    return pd.read_csv(path / "contrasts.csv.xz"), pd.read_csv(path / "families.csv.xz")
+
+
+def with_contrasts() -> list[str]:
+    return [f for f in cs.STUDIES if (ROOT / "docs" / f / "contrasts.csv.xz").is_file()]
+
+
+def contrast_reads(monkeypatch) -> list[tuple]:
+    """(folder under docs/, contrast, metric, layer, step asked, step read) of every contrasts row that rendering every
+    generated table of the docs reads through :func:`doc_tables.contrast_at`."""
+    from outlierlab.studies import doc_tables
+
+    reads, original = [], doc_tables.contrast_at
+
+    def recording(folder, contrast, metric, layer, step=None):
+        row = original(folder, contrast, metric, layer, step)
+        reads.append((folder.removeprefix("docs/"), contrast, metric, layer, step, None if row is None else row["step"]))
+        return row
+
+    monkeypatch.setattr(doc_tables, "contrast_at", recording)
+    for page in cs.generated_pages(ROOT / "docs"):
+        doc_tables.render(page.read_text(), str(page))
+    return reads
+
+
+def test_the_series_read_before_their_last_step_are_the_declared_ones(monkeypatch):
+    """Derived from the readers: a table that reads a curve at an earlier step needs that series committed whole; a
+    declared series no table reads that way is bytes for nothing."""
+    reads = contrast_reads(monkeypatch)
+    assert len(reads) > 100 and any(step is not None for *_, step, _ in reads)  # the recording sees the tables' reads
+    earlier: dict[str, set] = {}
+    for folder, contrast, metric, layer, step, read in reads:
+        assert folder in cs.STUDIES, f"a contrasts.csv read outside the registry: docs/{folder}"
+        c, _ = _committed(folder)
+        series = c[(c["metric"] == metric) & (c["layer"] == layer) & ((c["contrast"] == contrast) if contrast else True)]
+        assert step is None or read == step, f"docs/{folder}: no {contrast} {metric}@{layer} row at step {step}"
+        if step is not None and step < series["step"].max():
+            earlier.setdefault(folder, set()).add((metric, layer))
+    assert {f: frozenset(s) for f, s in earlier.items()} == cs.CONTRAST_SERIES_READ
+
+
+@pytest.mark.parametrize("folder", with_contrasts())
+def test_a_committed_contrasts_file_holds_exactly_the_rule_s_rows(folder):
+    """No curve row the rule drops (nothing reads it), every row of the kept families (their counts are the full
+    table's), and a series a table reads at earlier steps at more than its last."""
+    c, families = _committed(folder)
+    assert len(cs.committed_contrasts(c, folder)) == len(c), f"docs/{folder}: keeps curve rows nothing reads"
+    whole = families[~families["family"].isin(cs.CURVE_FAMILIES)]
+    from_rows = cs.family_counts(c)
+    pd.testing.assert_frame_equal(from_rows[~from_rows["family"].isin(cs.CURVE_FAMILIES)].reset_index(drop=True),
+                                  whole.reset_index(drop=True), check_dtype=False)
+    curves = families.groupby("family")["rows"].sum()
+    for family in cs.CURVE_FAMILIES:
+        assert (c["family"] == family).sum() <= curves.get(family, 0), (folder, family)
+    for metric, layer in cs.CONTRAST_SERIES_READ.get(folder, ()):  # every step the tables read: see the test above
+        assert c.loc[(c["metric"] == metric) & (c["layer"] == layer), "step"].nunique() > 1, folder
+
+
+_FAMILY = re.compile(r"^\* \*\*(primary|performance|exploratory performance|exploratory)\b[^:]*: (\d+) tests?\*\*(.*)$", re.M)
+_UNTESTED = re.compile(r"^\* not tested: (\d+) .*; duplicate: (\d+) ", re.M)
+
+
+@pytest.mark.parametrize("folder", with_contrasts())
+def test_family_counts_are_those_the_aggregator_stated_of_the_full_table(folder):
+    """study.md states each family's size and rejections, computed by the aggregator on the full table: families.csv
+    (and so the Families lines of the pages) must give the same."""
+    _, families = _committed(folder)
+    total = families.groupby("family")[["rows", "p_holm_below_05", "q_bh_below_05"]].sum()
+    md = (ROOT / "docs" / folder / "study.md").read_text()
+    stated = _FAMILY.findall(md)
+    assert {"primary", "exploratory"} <= {family for family, *_ in stated}, folder
+    for family, n, rest in stated:
+        assert (total.loc[family, "rows"] if family in total.index else 0) == int(n), (folder, family)
+        below = re.search(r"(\d+)(?: with Holm p)? below 0\.05", rest)
+        if int(n):
+            column = "p_holm_below_05" if family in ("primary", "performance") else "q_bh_below_05"
+            assert total.loc[family, column] == int(below.group(1)), (folder, family)
+    untested, duplicate = map(int, _UNTESTED.search(md).groups())
+    assert (total["rows"].get("not tested", 0), total["rows"].get("duplicate", 0)) == (untested, duplicate), folder
+
+
+@pytest.mark.slow
+def test_a_page_s_families_line_counts_the_full_table(tmp_path, monkeypatch):
+    """The Families line of docs/emergence.md (from families.csv) against the rows of a fresh full contrasts.csv,
+    counted here row by row."""
+    from outlierlab.studies import aggregate, doc_tables
+
+    monkeypatch.chdir(ROOT)
+    argv = cs.argv_of("emergence/seeds/study")
+    i = argv.index("--out")
+    assert aggregate.main([*argv[:i], "--no-plots", "--out", str(tmp_path), *argv[i + 2:]]) == 0
+    c = pd.read_csv(tmp_path / "contrasts.csv")
+    assert len(c) > len(pd.read_csv(ROOT / "docs/emergence/seeds/study/contrasts.csv.xz"))  # the committed one is part
+
+    def family(name: str) -> pd.DataFrame:
+        return c[c["family"] == name]
+
+    parts = [f"{f} {len(family(f))} test{'' if len(family(f)) == 1 else 's'}, "
+             f"{(family(f)['p_holm'] < 0.05).sum()} with Holm p < 0.05" for f in ("primary", "performance")]
+    for f in ("exploratory", "exploratory performance"):
+        rows, late = family(f), family(f)[family(f)["step"] >= 1000]
+        parts.append(f"{f} {len(rows)}, {(rows['q_bh'] < 0.05).sum()} with BH q < 0.05 within it ({len(late)} from step "
+                     f"1,000 on, {(late['q_bh'] < 0.05).sum()} with q < 0.05; raw p < 0.05: {(late['p_value'] < 0.05).sum()})")
+    expected = (f"Families (docs/emergence/seeds/study/families.csv.xz, the full contrasts table), each corrected "
+                f"within itself: " + "; ".join(parts) + f"; not tested (constant or one seed) {len(family('not tested'))}, "
+                f"post-hoc duplicates of a monitor row {len(family('duplicate'))}.")
+    assert doc_tables.families_line(doc_tables.SEEDS, 1000) == expected
+    assert expected in (ROOT / "docs/emergence.md").read_text()
 
 
 def test_a_study_csv_link_counts_from_its_page_and_from_the_root(tmp_path):
@@ -151,7 +326,7 @@ def test_an_unknown_study_is_one_line(capsys):
 @pytest.mark.slow
 def test_one_command_remakes_a_committed_study_byte_for_byte(tmp_path):
     """The cells table and the registry's command give the committed study.md (which names the command for the
-    uncommitted study.csv) and, byte for byte, the CSV text in contrasts.csv.xz."""
+    full tables) and, byte for byte, the CSV text in contrasts.csv.xz (the rule's rows) and families.csv.xz."""
     folder = "order_use/study"
     (tmp_path / "docs" / "order_use").mkdir(parents=True)
     shutil.copy2(ROOT / "docs/order_use/cells.parquet", tmp_path / "docs/order_use/cells.parquet")
@@ -163,9 +338,10 @@ def test_one_command_remakes_a_committed_study_byte_for_byte(tmp_path):
 
     assert (made / "study.md").read_bytes() == (committed / "study.md").read_bytes()
     assert folder not in cs.STUDY_CSV_READ and not (made / "study.csv.xz").exists()  # no page reads its curves
-    # the CSV text itself (another liblzma may pack it otherwise)
-    name = "contrasts.csv.xz"
-    assert lzma.decompress((made / name).read_bytes()) == lzma.decompress((committed / name).read_bytes()), name
+    # the CSV text itself (another liblzma may pack it otherwise): the fresh run's rows under the committed rule
+    # and its family counts
+    for name in ("contrasts.csv.xz", "families.csv.xz"):
+        assert lzma.decompress((made / name).read_bytes()) == lzma.decompress((committed / name).read_bytes()), name
     assert sorted(p.name for p in (made / "curves").glob("*.png")) == \
         sorted(p.name for p in (committed / "curves").glob("*.png"))
     contrasts = pd.read_csv(made / "contrasts.csv.xz")
