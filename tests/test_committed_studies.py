@@ -151,9 +151,12 @@ def test_the_committed_rows_are_the_tests_and_the_curves_last_and_read_steps():
         ("pos: learned - none", "val/order_use", 0, "not tested", nan, nan, nan),         # 9: a series read whole
         ("pos: learned - none", "val/order_use", 100, "exploratory", 0.5, nan, 0.7),      # 10
         ("pos: learned - none", "val/order_use", 200, "exploratory", 0.5, nan, 0.7),      # 11
+        ("pos: learned - none", "hidden/argmax_share", 0, "exploratory", 0.01, nan, 0.2),  # 12: a step a page quotes
+        ("pos: learned - none", "hidden/argmax_share", 100, "exploratory", 0.5, nan, 0.7),  # 13
     ])
-    assert cs.committed_contrasts(full, "order_use/study").index.tolist() == [2, 4, 5, 6, 7, 8, 11]
-    assert cs.committed_contrasts(full, "order_use/study_schemes").index.tolist() == [2, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert cs.committed_contrasts(full, "order_use/study").index.tolist() == [2, 4, 5, 6, 7, 8, 11, 13]
+    assert cs.committed_contrasts(full, "order_use/study_schemes").index.tolist() == [2, 4, 5, 6, 7, 8, 9, 10, 11, 13]
+    assert cs.committed_contrasts(full, "emergence/seeds/study").index.tolist() == [2, 4, 5, 6, 7, 8, 11, 12, 13]
     # the kept rows are the full table's, corrections untouched
     kept = cs.committed_contrasts(full, "order_use/study")
     pd.testing.assert_frame_equal(kept, full.loc[kept.index])
@@ -201,7 +204,11 @@ def contrast_reads(monkeypatch) -> list[tuple]:
     return reads
 
 
-def test_the_series_read_before_their_last_step_are_the_declared_ones(monkeypatch):
+#: The curve rows a page's prose quotes before their series' last step (checked against the page below).
+QUOTED = {"emergence/seeds/study": frozenset({("hidden/argmax_share", None, 0)})}
+
+
+def test_the_rows_read_before_their_last_step_are_the_declared_ones(monkeypatch):
     """Derived from the readers: a table that reads a curve at an earlier step needs that series committed whole; a
     declared series no table reads that way is bytes for nothing."""
     reads = contrast_reads(monkeypatch)
@@ -213,8 +220,21 @@ def test_the_series_read_before_their_last_step_are_the_declared_ones(monkeypatc
         series = c[(c["metric"] == metric) & (c["layer"] == layer) & ((c["contrast"] == contrast) if contrast else True)]
         assert step is None or read == step, f"docs/{folder}: no {contrast} {metric}@{layer} row at step {step}"
         if step is not None and step < series["step"].max():
-            earlier.setdefault(folder, set()).add((metric, layer))
-    assert {f: frozenset(s) for f, s in earlier.items()} == cs.CONTRAST_SERIES_READ
+            earlier.setdefault(folder, set()).add((metric, layer, None))  # the tables read a series at every step
+    declared = {f: frozenset(earlier.get(f, set()) | QUOTED.get(f, set())) for f in {*earlier, *QUOTED}}
+    assert declared == cs.CONTRASTS_READ
+
+
+def test_the_quoted_step_0_rows_are_committed_and_say_what_the_page_says():
+    """docs/emergence.md: at step 0 the argmax share's learned - none raw p is 0.005 at the last layer, q 0.26, and
+    q 0.17-0.26 at every layer (exploratory rows before the last step, committed for this quote)."""
+    c, _ = _committed("emergence/seeds/study")
+    rows = c[(c["metric"] == "hidden/argmax_share") & (c["step"] == 0)].set_index("layer")
+    assert set(rows.index) == {"layer_0", "layer_1", "layer_2", "layer_3", "layer_4", "max_layer"}
+    quoted = (f"raw paired p = {rows.at['layer_4', 'p_value']:.3f} at the last layer, but BH q = "
+              f"{rows.at['layer_4', 'q_bh']:.2f} among the study's 2,496 exploratory contrasts\n"
+              f"({rows['q_bh'].min():.2f}-{rows['q_bh'].max():.2f} at every layer)")
+    assert quoted in (ROOT / "docs/emergence.md").read_text()
 
 
 @pytest.mark.parametrize("folder", with_contrasts())
@@ -230,8 +250,9 @@ def test_a_committed_contrasts_file_holds_exactly_the_rule_s_rows(folder):
     curves = families.groupby("family")["rows"].sum()
     for family in cs.CURVE_FAMILIES:
         assert (c["family"] == family).sum() <= curves.get(family, 0), (folder, family)
-    for metric, layer in cs.CONTRAST_SERIES_READ.get(folder, ()):  # every step the tables read: see the test above
-        assert c.loc[(c["metric"] == metric) & (c["layer"] == layer), "step"].nunique() > 1, folder
+    for metric, layer, step in cs.CONTRASTS_READ.get(folder, ()):  # the rows the tables read: see the test above
+        rows = c[(c["metric"] == metric) & ((c["layer"] == layer) if layer else True)]
+        assert rows["step"].nunique() > 1 if step is None else (rows["step"] == step).any(), folder
 
 
 _FAMILY = re.compile(r"^\* \*\*(primary|performance|exploratory performance|exploratory)\b[^:]*: (\d+) tests?\*\*(.*)$", re.M)

@@ -10,7 +10,7 @@ folder, and committed compact:
 * ``study.md`` as the aggregator writes it;
 * ``contrasts.csv.xz``, in every study: every row of the confirmatory and performance families (and the
   duplicates), and of the per-step curves (families ``exploratory`` and ``not tested``) only each series' last
-  step and the series a generated table reads at earlier steps, :func:`committed_contrasts`; p and q are the full
+  step and the rows a page reads at earlier steps, :func:`committed_contrasts`; p and q are the full
   family's, as the aggregator corrected them (xz: about half of gzip's bytes on these tables; pandas reads both);
 * ``families.csv.xz``: per family and step, the rows of the full table and those below 0.05 (Holm p, BH q, raw
   p), :func:`family_counts`, so that a page's family sizes stay those of the full table;
@@ -91,18 +91,21 @@ STUDY_CSV_READ = frozenset({
 })
 
 #: The families whose rows are per-step curves rather than tests a claim rests on: a committed contrasts.csv keeps
-#: them only at each series' last step and where a generated table reads them (:func:`committed_contrasts`); 80% of
+#: them only at each series' last step and where a page reads them (:func:`committed_contrasts`); 80% of
 #: the rows, most of the docs' contrasts bytes. Every other family (primary, performance, exploratory performance,
 #: duplicate) is committed whole.
 CURVE_FAMILIES = ("exploratory", "not tested")
 #: One series of a contrasts table: a contrast between two groups on one metric and layer, over the steps.
 SERIES = ["contrast", "group_a", "group_b", "metric", "layer"]
-#: The (metric, layer) series of a study's contrasts.csv that a generated doc table reads at steps before the last
-#: (:func:`outlierlab.studies.doc_tables.order_use_schemes`: order use at every validation step), committed whole
-#: whatever their family. ``tests/test_committed_studies.py`` derives this from the readers and fails where it differs.
-CONTRAST_SERIES_READ: dict[str, frozenset[tuple[str, str]]] = {
-    folder: frozenset({("val/order_use", "model")})
-    for folder in ("order_use/study_schemes", "order_use/study_schemes_large", "order_use/study_schemes_large_5seeds")
+#: The curve rows of a study's contrasts.csv that a page reads before their series' last step, committed whatever
+#: their family: (metric, layer, step), None for every layer or every step. Order use at every validation step
+#: (:func:`outlierlab.studies.doc_tables.order_use_schemes`) and the step-0 argmax share at every layer that
+#: docs/emergence.md quotes. ``tests/test_committed_studies.py`` derives the tables' entries from the readers and
+#: checks the page's numbers against its entry; it fails where this differs.
+CONTRASTS_READ: dict[str, frozenset[tuple[str, str | None, int | None]]] = {
+    **{folder: frozenset({("val/order_use", "model", None)}) for folder in
+       ("order_use/study_schemes", "order_use/study_schemes_large", "order_use/study_schemes_large_5seeds")},
+    "emergence/seeds/study": frozenset({("hidden/argmax_share", None, 0)}),
 }
 
 #: What the aggregator writes into a study folder (and :func:`regenerate` replaces).
@@ -163,7 +166,7 @@ def committed_md(md: str, folder: str, kept: int | None = None, total: int | Non
         if m.group(1):
             parts.append(f"Tests: `contrasts.csv`, {kept:,} of its {total:,} rows: all but the per-step curves of the "
                          f"{' and '.join(CURVE_FAMILIES)} families, kept at the last step of each contrast, metric and "
-                         "layer and where a generated table reads them; p_holm and q_bh are the full family's. "
+                         "layer and where a page reads them; p_holm and q_bh are the full family's. "
                          "`families.csv`: each family's rows and rejections per step in the full table.")
             parts.append(f"`{scratch_command(folder)}` writes the full tables.")
         elif folder not in STUDY_CSV_READ:
@@ -182,13 +185,13 @@ def committed_md(md: str, folder: str, kept: int | None = None, total: int | Non
 
 def committed_contrasts(contrasts: pd.DataFrame, folder: str) -> pd.DataFrame:
     """The rows of a study's full ``contrasts.csv`` that ``docs/<folder>`` commits, in the aggregator's order: every
-    row of a family not in :data:`CURVE_FAMILIES`; of those, the last step of each :data:`SERIES` and every step of
-    a series in :data:`CONTRAST_SERIES_READ`. The values are the full table's (no correction is redone)."""
-    last = contrasts.groupby(SERIES, dropna=False, sort=False)["step"].transform("max")
-    read = CONTRAST_SERIES_READ.get(folder, frozenset())
-    in_read = pd.Series([(m, l) in read for m, l in zip(contrasts["metric"], contrasts["layer"])], index=contrasts.index,
-                        dtype=bool)
-    keep = ~contrasts["family"].isin(CURVE_FAMILIES) | (contrasts["step"] == last) | in_read
+    row of a family not in :data:`CURVE_FAMILIES`; of those, the last step of each :data:`SERIES` and every
+    row :data:`CONTRASTS_READ` names. The values are the full table's (no correction is redone)."""
+    keep = ~contrasts["family"].isin(CURVE_FAMILIES)
+    keep |= contrasts["step"] == contrasts.groupby(SERIES, dropna=False, sort=False)["step"].transform("max")
+    for metric, layer, step in CONTRASTS_READ.get(folder, ()):
+        keep |= ((contrasts["metric"] == metric) & ((contrasts["layer"] == layer) if layer else True)
+                 & ((contrasts["step"] == step) if step is not None else True))
     return contrasts[keep]
 
 

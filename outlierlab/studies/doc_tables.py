@@ -102,7 +102,7 @@ def contrast_at(folder: str, contrast: str | None, metric: str, layer: str, step
     (default: the series' last), or None where it has none. Every table reads its contrasts rows here (but for
     :func:`switch_seeds_all_measures`' last-step rows and :func:`families_line`'s counts): the committed file keeps
     the per-step curves only at their last step and in the series read at earlier steps
-    (:data:`outlierlab.studies.committed.CONTRAST_SERIES_READ`, which a test derives from these calls)."""
+    (:data:`outlierlab.studies.committed.CONTRASTS_READ`, whose table entries a test derives from these calls)."""
     c = _read(f"{folder}/contrasts.csv")
     sub = c[(c["metric"] == metric) & (c["layer"] == layer) & ((c["contrast"] == contrast) if contrast else True)]
     sub = sub[sub["step"] == (sub["step"].max() if step is None else step)]
