@@ -9,8 +9,9 @@ A doc marks each generated block::
 and ``python -m outlierlab.studies.doc_tables docs/emergence.md docs/findings.md`` rewrites every block from
 :data:`TABLES` (``--check``: exit 1 naming each block that differs from what the committed CSVs give, as the tests
 do). Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.studies.aggregate`` (committed
-compressed: ``study.csv.xz``, :mod:`outlierlab.studies.committed`) and, for
-per-seed rows, the cells' own CSVs (:func:`outlierlab.studies.cells.cell_numbers`).
+compressed, the contrasts' per-step curves only where a page reads them, and each family's full counts in
+``families.csv``: :mod:`outlierlab.studies.committed`) and, for per-seed rows, the cells' own CSVs
+(:func:`outlierlab.studies.cells.cell_numbers`).
 """
 
 from __future__ import annotations
@@ -243,6 +244,7 @@ def switch_seeds_all_measures() -> str:
     """Every monitor measure of the last layer, plain vs OP: where the direction holds and where it does not."""
     c = _read(f"{SWITCH}/study/contrasts.csv")
     sub = c[(c["contrast"] == "arch: default - op") & (c["layer"] == "layer_4") & c["metric"].str.startswith("hidden/")]
+    # a row at the latest step of them all is its own series' last, which every committed contrasts.csv keeps
     sub = sub[sub["step"] == sub["step"].max()].sort_values("metric")
     lines = ["| measure (layer 4, step 2,000) | plain | OP | plain − OP | p | adjusted p | seeds |", "|---|---|---|---|---|---|---|"]
     for _, r in sub.iterrows():
@@ -378,7 +380,7 @@ def order_use_schemes(study: str = "study_schemes") -> str:
 
 def order_use_schemes_outliers(study: str = "study_schemes") -> str:
     """The outlier measures of every scheme at the last step, each with its BH q against pos=none (bold below 0.05)."""
-    c, schemes = _scheme_rows(study)
+    _, schemes = _scheme_rows(study)
     lines = ["| pos | " + " | ".join(f"{m.split('/')[1]} ({layer})" for m, layer in SCHEME_OUTLIER_ROWS) + " |",
              "|---|" + "---|" * len(SCHEME_OUTLIER_ROWS)]
     for scheme in schemes:
