@@ -14,8 +14,8 @@ Everything lives under this one name so that installing the project never shadow
 # ``import outlierlab`` stays free of torch and transformers.
 # The Python API (outlierlab/api.py: ``ol.load_encoder``, ``ol.evaluate``, ``ol.probe_positions``, ``ol.dim_identity``),
 # loaded the same way,
-# and what an analysis written in a notebook subclasses or returns (``ol.Consumer``, ``ol.AnalysisResult``; its own
-# pass over other texts: ``ol.LayerStream``).
+# what an analysis written in a notebook subclasses or returns (``ol.Consumer``, ``ol.AnalysisResult``; its own
+# pass over other texts: ``ol.LayerStream``), and the typed settings ``ol.evaluate(settings=[...])`` takes.
 try:  # the installed distribution's version; a bare source tree (no install) says so instead of guessing
     from importlib.metadata import PackageNotFoundError, version as _version
 
@@ -29,7 +29,12 @@ _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
          "dim_identity": "outlierlab.api", "history_frame": "outlierlab.reports.history",
          "study_histories": "outlierlab.studies.table",
          "Consumer": "outlierlab.evaluation.sentence_stream", "LayerStream": "outlierlab.evaluation.sentence_stream",
-         "AnalysisResult": "outlierlab.evaluation.registry"}
+         "AnalysisResult": "outlierlab.evaluation.registry",
+         # the typed sections ol.evaluate(settings=[...]) takes (their defaults are the configuration's)
+         **{name: "outlierlab.evaluation.settings" for name in (
+             "DataSettings", "OutliersSettings", "AnisotropySettings", "IsotropySettings", "SelfSimilaritySettings",
+             "WicSettings", "StsSettings", "AblationSettings", "FrequencySettings", "AttentionSinksSettings",
+             "FrequentTokensSettings", "QKOutliersSettings", "OrderUseSettings")}}
 
 __all__ = list(_LAZY)
 

@@ -176,7 +176,8 @@ def _read(path: Path, run_dir: Path, skipped: str | None = None):
 
 def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any] = DEFAULT_ANALYSES,
              transforms: Sequence[str] = ("none", "clip", "whiten"), seed: int = 0, out_dir: str | Path | None = None,
-             overrides: Sequence[str] = (), plots: bool = False, progress: bool = True) -> dict[str, Any]:
+             overrides: Sequence[str] = (), plots: bool = False, progress: bool = True,
+             settings: Sequence[Any] | None = None) -> dict[str, Any]:
     """Run evaluate.py's analyses on ``encoder`` (from :func:`load_encoder`), in memory: one pandas DataFrame per
     analysis, the rows of its ``<analysis>.csv`` (and one per side table: ``anisotropy_contributions``,
     ``layernorm``, ``position_rows``).  Nothing is written unless ``out_dir`` is given.
@@ -192,6 +193,10 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     out_dir : also write everything evaluate.py writes (CSVs, report.md, results.json, figures) there, by the
         same job; named in each table's ``attrs["run_dir"]``.
     overrides : any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]``.
+    settings : typed sections instead of strings, each replacing its whole section, e.g.
+        ``[OutliersSettings(threshold=0.3), AnisotropySettings(n_sentences=500)]`` (the frozen classes of
+        :mod:`outlierlab.evaluation.settings`, whose defaults are the configuration's; ``transform`` is set with
+        ``transforms`` and ``overrides``).
     plots : PNG figures, with ``out_dir`` (off by default: a notebook draws its own from the tables).
 
     A skipped analysis (no LM head, no STS data) is an empty table whose ``attrs["skipped"]`` says why.  A bare
@@ -210,9 +215,12 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
         raise ValueError("plots=True draws PNG files: give out_dir= (where they go), or read the tables")
     choices = [f"transform=[{','.join(transforms)}]", *overrides]
     _check_choices(choices)
+    sections = _sections(settings)
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={int(seed)}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
                                 f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices])
+    for section, values in sections.items():  # whole sections, after the presets: what the caller built is used
+        cfg[section] = values
     if out_dir is None:
         return run_analyses(cfg, encoder, given, texts).tables()
     from outlierlab.jobs.evaluation import evaluate as run_job
@@ -221,6 +229,32 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     for table in tables.values():
         table.attrs["run_dir"] = str(out_dir)
     return tables
+
+
+def _sections(settings: Sequence[Any] | None) -> dict[str, dict]:
+    """``settings`` (typed sections) as plain config sections, each class at most once, or one line naming the
+    bad item."""
+    import dataclasses
+
+    from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS
+    from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, defaults_node
+
+    if settings is None:
+        return {}
+    if isinstance(settings, (str, bytes)) or not isinstance(settings, Sequence):
+        raise TypeError(f"settings={settings!r}: expected a list of settings objects, e.g. [OutliersSettings(k=2.0)]")
+    allowed = {c for c in [*RUN_SETTINGS, *SETTINGS.values()] if c not in (EncoderSettings, TransformSettings)}
+    out = {}
+    for item in settings:
+        if type(item) not in allowed:
+            raise TypeError(f"settings: {item!r} is not a section's settings; expected one of "
+                            f"{', '.join(sorted(c.__name__ for c in allowed))} (the encoder is the first argument, "
+                            "the transforms are transforms=)")
+        if item.SECTION in out:
+            raise ValueError(f"settings: two {type(item).__name__} given; give each section once")
+        plain = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(item).items()}
+        out[item.SECTION] = {k: plain[k] for k in defaults_node(type(item))}
+    return out
 
 
 def _analysis_name(analysis) -> str:

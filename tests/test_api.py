@@ -269,3 +269,20 @@ def test_a_model_in_memory_gives_the_numbers_of_the_same_model_saved(tmp_path, m
     merged = tables(lora.merge_and_unload(), tokenizer=tok)  # B = 0: the merged model is the saved one
     for analysis in saved:
         pd.testing.assert_frame_equal(merged[analysis], saved[analysis], obj=f"merged LoRA: {analysis}")
+
+
+def test_typed_settings_replace_their_sections_and_equal_the_same_overrides():
+    """settings=[AnisotropySettings(n_sentences=40), OutliersSettings(threshold=0.5)] gives the tables of the same
+    values as override strings, and they take effect (20 pairs; a stricter outlier rule finds no more dims)."""
+    import outlierlab as ol
+
+    enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
+    kw = dict(analyses=["outliers", "anisotropy"], transforms=["none"], progress=False)
+    typed = ol.evaluate(enc, TEXTS[:60], settings=[ol.AnisotropySettings(n_sentences=40),
+                                                   ol.OutliersSettings(threshold=0.5)], **kw)
+    strings = ol.evaluate(enc, TEXTS[:60], overrides=["anisotropy.n_sentences=40", "outliers.threshold=0.5"], **kw)
+    default = ol.evaluate(enc, TEXTS[:60], **kw)
+    for name in ("outliers", "anisotropy"):
+        pd.testing.assert_frame_equal(typed[name], strings[name])
+    assert set(typed["anisotropy"]["n_pairs"]) == {20} and set(default["anisotropy"]["n_pairs"]) == {30}
+    assert (typed["outliers"]["n_outlier_dims"] <= default["outliers"]["n_outlier_dims"]).all()

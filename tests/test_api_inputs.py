@@ -91,3 +91,18 @@ def test_help_lists_every_analysis_and_transform():
     assert analyses.split(", ") == list(ANALYSIS_MODULES) and "order_use" in analyses
     assert sorted(transforms.split(", ")) == sorted(p.stem for p in (CONFIG_DIR / "transform").glob("*.yaml"))
     assert set(transforms.split(", ")) == set(TRANSFORMS)
+
+
+def test_bad_settings_are_refused_in_one_line_before_the_encoder():
+    with pytest.raises(TypeError) as e:
+        ol.evaluate(_NoEncoder(), ["A sentence."], settings=[42])
+    assert _one_line(e).startswith("settings: 42 is not a section's settings; expected one of AblationSettings")
+    with pytest.raises(TypeError, match=r"expected a list of settings objects"):
+        ol.evaluate(_NoEncoder(), ["A sentence."], settings=ol.OutliersSettings())
+    from outlierlab.evaluation.settings import EncoderSettings
+
+    with pytest.raises(TypeError, match=r"the encoder is the first argument, the transforms are transforms="):
+        ol.evaluate(_NoEncoder(), ["A sentence."], settings=[EncoderSettings()])
+    with pytest.raises(ValueError) as e:
+        ol.evaluate(_NoEncoder(), ["A sentence."], settings=[ol.OutliersSettings(), ol.OutliersSettings(k=2.0)])
+    assert _one_line(e) == "settings: two OutliersSettings given; give each section once"
