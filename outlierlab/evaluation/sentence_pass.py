@@ -120,6 +120,7 @@ class AnisotropyReservoir(Consumer):
     def __init__(self, capacity: int, seed: int) -> None:
         self.capacity, self.seed, self.key = capacity, seed, ("anisotropy_reservoir", capacity, seed)
         self.full: AnisotropyAccumulator | None = None
+        self.stacked: AnisotropyAccumulator | None = None
 
     def start(self, stream: LayerStream) -> None:
         if self.full is None:  # no larger than the sentences it can hold: the same draws (the generator is consumed
@@ -131,11 +132,14 @@ class AnisotropyReservoir(Consumer):
 
     def update(self, layer: int, vectors: Tensor, batch: StreamBatch) -> None:
         self.views[layer].update(vectors, batch.sentence_ids.to(vectors.device))
+        self.stacked = None
 
     def result(self) -> AnisotropyAccumulator:
         if self.full is None:
             raise ValueError("the anisotropy reservoir was not fed: subscribe it to a sentence pass first")
-        return stack_layers(self.views, base=self.full)
+        if self.stacked is None:  # once: every layer x transform of three analyses reads it
+            self.stacked = stack_layers(self.views, base=self.full)
+        return self.stacked
 
     def pairs(self, transforms: FittedTransforms, name: str, layer: int) -> tuple[Tensor, Tensor]:
         """One layer's anisotropy pairs after transform ``name``: two float32 ``[1, P, d']``.  Read one layer at a
