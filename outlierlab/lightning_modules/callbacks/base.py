@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from outlierlab.monitoring.recording import is_image_step, publish
@@ -148,7 +147,3 @@ def _is_final_step(trainer: L.Trainer) -> bool:
 
 #: The name this base class had before the plain-loop monitor (:class:`outlierlab.monitoring.OutlierMonitor`) came.
 OutlierMonitor = LightningOutlierMonitor
-
-
-def as_numpy(x) -> np.ndarray:
-    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)

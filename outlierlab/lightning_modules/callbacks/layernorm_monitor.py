@@ -44,19 +44,12 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch import nn
 
 from outlierlab.analysis.layernorm_rule import LayerNormRule
-from outlierlab.models.layernorms import model_layernorms
 # re-exported: its home is the framework-free tracker now
 from outlierlab.monitoring.layernorm_tracker import LayerNormTracker, layernorm_outliers_notice  # noqa: F401
 
 from .base import LightningOutlierMonitor
-
-
-def module_layernorms(pl_module: nn.Module) -> dict[str, nn.Module]:
-    """The tracked norms: :func:`outlierlab.models.layernorms.model_layernorms` of ``pl_module.model`` (or the module)."""
-    return model_layernorms(getattr(pl_module, "model", pl_module))
 
 
 class LayerNormMonitor(LightningOutlierMonitor):
