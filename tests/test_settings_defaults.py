@@ -1,5 +1,5 @@
 """The settings dataclasses (outlierlab/evaluation/settings.py) are the one source of the evaluate sections'
-defaults: Hydra composes them (ConfigStore ``<section>/_defaults``, ``evaluate_sections``), every preset states
+defaults: Hydra composes them (ConfigStore ``settings/<section>``, ``settings/evaluate``), every preset states
 only what it changes, and the default composed config equals the classes."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_a_default_written_again_in_yaml_is_caught(tmp_path):
 
 
 def test_every_preset_starts_from_its_class_defaults():
-    """Each preset of a section whose defaults are the class's lists ``_defaults`` first: a preset that did not
+    """Each preset of a section whose defaults are the class's lists ``/settings/<section>@_here_`` first: one that did not
     would lack every key it does not state (refused by the loader as missing)."""
     import yaml
 
@@ -95,7 +95,8 @@ def test_every_preset_starts_from_its_class_defaults():
 
     for cls in DEFAULTS_FROM_PYTHON:
         for f in sorted((ROOT / "configs" / cls.SECTION).glob("*.yaml")):
-            assert (yaml.safe_load(f.read_text()) or {}).get("defaults", [None])[0] == "_defaults", f
+            first = (yaml.safe_load(f.read_text()) or {}).get("defaults", [None])[0]
+            assert first == f"/settings/{cls.SECTION}@_here_", f
 
 
 def test_an_override_differs_from_the_python_default():

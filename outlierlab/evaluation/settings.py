@@ -4,9 +4,9 @@
 The loader itself (:func:`load_settings`, type coercion) is :mod:`outlierlab.evaluation.settings_loader`.
 
 The classes are the one source of the defaults.  Hydra composes them: :func:`register_defaults` stores each
-section's defaults in Hydra's ConfigStore (``<section>/_defaults`` for the sections that are config groups,
-``evaluate_sections`` for data, outliers, anisotropy, isotropy, self_similarity and the transform guard), every
-preset starts from them (``defaults: [_defaults, _self_]``) and states only what it changes (``wic=superglue``:
+section's defaults in Hydra's ConfigStore (``settings/<section>`` for the sections that are config groups,
+``settings/evaluate`` for data, outliers, anisotropy, isotropy, self_similarity and the transform guard), every
+preset starts from them (``defaults: [/settings/<section>@_here_, _self_]``) and states only what it changes (``wic=superglue``:
 source and splits; ``encoder=pythia_70m``: the model, its length and dtype), and ``configs/evaluate.yaml`` keeps the
 group choices and comments.  So ``OutliersSettings()`` (or ``OutliersSettings(threshold=0.4)``) builds from Python,
 the composed default config equals the classes, and ``tests/test_settings_defaults.py`` fails where a YAML file
@@ -503,7 +503,7 @@ class QKOutliersSettings(_TextSettings):
 
 # ------------------------------------------------------------------------- the defaults, for Hydra
 #: The sections whose defaults Hydra composes from the classes above: each is stored in Hydra's ConfigStore as
-#: ``<section>/_defaults`` (:func:`register_defaults`), and every preset of the section (``configs/wic/superglue.yaml``,
+#: ``settings/<section>`` (:func:`register_defaults`), and every preset of the section (``configs/wic/superglue.yaml``,
 #: ``configs/encoder/bert_base_uncased.yaml``) starts from it and states only what it changes.  ``transform`` is not
 #: among them: its keys are the union of the transform groups a run selects (``transform=[none,clip]``), so its
 #: defaults are that selection, not one node.
@@ -512,7 +512,7 @@ DEFAULTS_FROM_PYTHON: tuple[type, ...] = (EncoderSettings, WicSettings, StsSetti
                                           OrderUseSettings)
 #: The transform keys every selection shares (the rest come from the transform groups selected).
 TRANSFORM_GUARD = ("fit_on", "min_fit_ratio", "allow_degenerate")
-#: The evaluate.yaml sections that are not config groups: one stored node, ``evaluate_sections``, holds them all
+#: The evaluate.yaml sections that are not config groups: one stored node, ``settings/evaluate``, holds them all
 #: (with :data:`TRANSFORM_GUARD`).
 EVALUATE_SECTIONS: tuple[type, ...] = (DataSettings, OutliersSettings, AnisotropySettings, IsotropySettings,
                                        SelfSimilaritySettings)
@@ -547,8 +547,8 @@ def register_defaults() -> None:
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    for cls in DEFAULTS_FROM_PYTHON:
-        cs.store(group=cls.SECTION, name="_defaults", node=defaults_node(cls), provider="outlierlab")
+    for cls in DEFAULTS_FROM_PYTHON:  # one group, "settings": `python evaluate.py --help` lists it once
+        cs.store(group="settings", name=cls.SECTION, node=defaults_node(cls), provider="outlierlab")
     guard = {k: v for k, v in defaults_node(TransformSettings).items() if k in TRANSFORM_GUARD}
-    cs.store(name="evaluate_sections", node={**{c.SECTION: defaults_node(c) for c in EVALUATE_SECTIONS},
+    cs.store(group="settings", name="evaluate", node={**{c.SECTION: defaults_node(c) for c in EVALUATE_SECTIONS},
                                              "transform": guard}, provider="outlierlab")
