@@ -16,6 +16,11 @@ dense bf16 peak (``--peak-tflops`` for a card not in the table).
     python benchmarks/gpu_throughput.py --model base --block 128 --impl ours,hf --compile     # on a GPU
     python benchmarks/gpu_throughput.py --model medium --block 512
     python benchmarks/gpu_throughput.py --tiny --no-write                                   # CPU smoke test
+    python benchmarks/gpu_throughput.py --model base --block 128 --impl ours --deterministic   # the switch's cost
+
+``--deterministic``: deterministic algorithms only -- ours with Lightning's ``Trainer(deterministic=True)`` (what
+``trainer.deterministic=true`` does in train.py: ``torch.use_deterministic_algorithms`` and the CUBLAS workspace
+setting), HF's with ``TrainingArguments(full_determinism=True)``; the row's ``deterministic`` column says which.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ import torch  # noqa: E402
 from outlierlab.models import EncoderConfig  # noqa: E402
 from outlierlab.utils.flops import flops_per_token, mfu, peak_bf16_flops  # noqa: E402
 
-COLUMNS = ["device", "model", "block", "objective", "impl", "compiled", "tokens_per_step", "tokens_per_s", "mfu",
-           "peak_mem_gb", "torch", "transformers", "lightning", "command"]
+COLUMNS = ["device", "model", "block", "objective", "impl", "compiled", "deterministic", "tokens_per_step",
+           "tokens_per_s", "mfu", "peak_mem_gb", "torch", "transformers", "lightning", "command"]
 SIZES = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128),
          "medium": dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=2048),
          "base": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072)}
@@ -79,7 +84,8 @@ def run_ours(config: EncoderConfig, data: list[dict], args) -> tuple[float, floa
     timer = _Timer(args.warmup)
     trainer = L.Trainer(accelerator=args.accelerator, devices=1, precision=args.precision, max_steps=len(data),
                         gradient_clip_val=1.0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[timer], limit_val_batches=0)
+                        enable_model_summary=False, callbacks=[timer], limit_val_batches=0,
+                        deterministic=bool(args.deterministic))
     loader = torch.utils.data.DataLoader(data, batch_size=None, shuffle=False, pin_memory=args.accelerator == "gpu")
     trainer.fit(module, train_dataloaders=loader)
     return timer.seconds, _peak_gb()
@@ -137,7 +143,8 @@ def run_hf(config: EncoderConfig, data: list[dict], args) -> tuple[float, float]
                               weight_decay=0.01, max_grad_norm=1.0, bf16=args.precision.startswith("bf16"),
                               optim="adamw_torch_fused" if gpu else "adamw_torch", torch_compile=bool(args.compile),
                               report_to=[], save_strategy="no", logging_strategy="no", use_cpu=not gpu,
-                              dataloader_pin_memory=gpu, disable_tqdm=True, lr_scheduler_type="constant")
+                              dataloader_pin_memory=gpu, disable_tqdm=True, lr_scheduler_type="constant",
+                              full_determinism=bool(args.deterministic))
     rows = [{k: v[i] for k, v in b.items()} for b in data for i in range(len(b["input_ids"]))]
     Trainer(model=hf, args=targs, train_dataset=rows, callbacks=[Clock()]).train()
     return marks["t1"] - marks["t0"], _peak_gb()
@@ -165,6 +172,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--impl", default="ours,hf")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--deterministic", action="store_true", help="deterministic algorithms only (its cost)")
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 4 steps, fp32")
     p.add_argument("--no-write", action="store_true", help="print only (no row in docs/gpu/throughput.csv)")
@@ -187,10 +195,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     f = flops_per_token(config, args.block, masked)
     rows = []
     for impl in args.impl.split(","):
-        seconds, mem = {"ours": run_ours, "hf": run_hf}[impl](config, data, args)
+        was = torch.are_deterministic_algorithms_enabled()
+        try:
+            seconds, mem = {"ours": run_ours, "hf": run_hf}[impl](config, data, args)
+        finally:  # both trainers switch it on process-wide and leave it so: the next impl starts as this one did
+            torch.use_deterministic_algorithms(was)
         tps = tokens_per_step * (args.steps - args.warmup) / seconds
         rows.append({"device": device, "model": args.model, "block": args.block, "objective": "mlm", "impl": impl,
-                     "compiled": bool(args.compile), "tokens_per_step": tokens_per_step,
+                     "compiled": bool(args.compile), "deterministic": bool(args.deterministic),
+                     "tokens_per_step": tokens_per_step,
                      "tokens_per_s": round(tps, 1), "mfu": round(mfu(tps, f, peak), 4) if peak else math.nan,
                      "peak_mem_gb": round(mem, 2), "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__,
@@ -201,15 +214,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if len(rows) == 2:
         print(f"ours / hf: {rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.2f}x")
     if not args.no_write:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        new = not out.exists()
-        with open(out, "a", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=COLUMNS)
-            if new:
-                w.writeheader()
-            w.writerows(rows)
+        append_rows(Path(args.out), rows)
     return rows
+
+
+def append_rows(out: Path, rows: list[dict]) -> None:
+    """``rows`` appended to ``out`` under :data:`COLUMNS` (the header once, when the file is new)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    new = not out.exists()
+    with open(out, "a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
 
 
 if __name__ == "__main__":

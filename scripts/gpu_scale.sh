@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# One prepared script for a GPU machine: train.py at the paper's scale against Hugging Face's Trainer, and the scale
-# ladder (docs/gpu.md). Modes, comma-separated: pack (HERE, before the call), smoke, bench, ladder.
+# One prepared script for a GPU machine: train.py at the paper's scale against Hugging Face's Trainer, the scale
+# ladder, and what deterministic algorithms cost (docs/gpu.md). Modes, comma-separated: pack (HERE, before the call),
+# smoke, bench, determinism, ladder.
 #
 #   bash scripts/gpu_scale.sh pack                 # here: english_large (gzip text) + its tokenizer and token
 #                                                  # file into .gpu_data/ (git-ignored; carry it: run(carry=[".gpu_data"]))
 #   bash scripts/gpu_scale.sh smoke,bench          # there: ~6 min (one step of every rung, then the benchmark)
+#   bash scripts/gpu_scale.sh determinism          # there: ~4 min; the switch's cost (ours and HF's, base, block 128)
+#                                                  # and two deterministic learned-position replicates compared
 #   bash scripts/gpu_scale.sh ladder 480           # there: every rung x {learned, none} side by side for 480 s
 #   DRY_RUN=1 bash scripts/gpu_scale.sh smoke,bench,ladder    # print the commands only (tests/test_gpu_scale_script.py)
 #
@@ -45,6 +48,17 @@ for mode in ${MODES//,/ }; do
       run python benchmarks/gpu_throughput.py --model base --block 512 --impl ours,hf --compile --out "$OUT/throughput.csv"
       run python benchmarks/gpu_throughput.py --model medium --block 128 --impl ours,hf --out "$OUT/throughput.csv"
       run python benchmarks/gpu_throughput.py --model medium --block 512 --impl ours,hf --compile --out "$OUT/throughput.csv" ;;
+    determinism)
+      # the cost: the same steps with and without deterministic algorithms, ours and HF's (rows say which)
+      run python benchmarks/gpu_throughput.py --model base --block 128 --impl ours,hf --out "$OUT/throughput.csv"
+      run python benchmarks/gpu_throughput.py --model base --block 128 --impl ours,hf --deterministic --out "$OUT/throughput.csv"
+      # what it buys: two replicates of one learned-position cell (the path whose GPU replicates differed) agree
+      for rep in a b; do
+        run python train.py experiment=scale_ladder ladder=4x128 pos=learned seed=3 trainer=gpu trainer.deterministic=true \
+          "${DATA_ARGS[@]}" trainer.max_steps=300 trainer.val_check_interval=100 export=false \
+          "hydra.run.dir=$OUT/determinism/$rep"
+      done
+      run python -m outlierlab.studies.replicates "$OUT/determinism/a" "$OUT/determinism/b" ;;
     ladder)
       cells=$(( $(echo "${LADDER_RUNGS//,/ }" | wc -w) * $(echo "${LADDER_POS//,/ }" | wc -w) * $(echo $LADDER_SEEDS | wc -w) ))
       MAX_TIME=$(hms "$SECONDS_PER_CELL")
@@ -52,6 +66,6 @@ for mode in ${MODES//,/ }; do
         "seed=${LADDER_SEEDS// /,}" trainer=gpu threads=1 "${DATA_ARGS[@]}" "+trainer.max_time=$MAX_TIME" \
         hydra/launcher=joblib "hydra.launcher.n_jobs=$cells" "hydra.sweep.dir=$OUT/ladder"
       run python -m outlierlab.studies.ladder "$OUT/ladder" --out "$OUT/ladder.csv" ;;
-    *) echo "unknown mode $mode (pack, smoke, bench, ladder)" >&2; exit 2 ;;
+    *) echo "unknown mode $mode (pack, smoke, bench, determinism, ladder)" >&2; exit 2 ;;
   esac
 done

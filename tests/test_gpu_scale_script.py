@@ -37,15 +37,20 @@ def _first_of_each_sweep(overrides: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("env", [{}, {"LADDER_POS": "learned,none,rope", "LADDER_SEEDS": "1 2"}])
 def test_every_command_of_the_script_parses_and_composes(env, tmp_path):
-    commands = dry_run("pack,smoke,bench,ladder", tmp_path / "gpu_out", **env)
+    commands = dry_run("pack,smoke,bench,determinism,ladder", tmp_path / "gpu_out", **env)
     trains = [c for c in commands if c[:2] == ["python", "train.py"]]
-    assert len(trains) == 5  # a smoke cell per rung, then the ladder sweep
+    assert len(trains) == 7  # a smoke cell per rung, two deterministic replicates, then the ladder sweep
+    replicates = trains[4:6]
+    assert all("trainer.deterministic=true" in c and "seed=3" in c and "pos=learned" in c for c in replicates)
+    assert [a for a in replicates[0] if not a.startswith("hydra.run.dir")] == \
+        [a for a in replicates[1] if not a.startswith("hydra.run.dir")]  # the same cell twice
     for cmd in trains:
         check_overrides(["train.py", *cmd[2:]], config_name="train")  # train.py's own first check, sweeps included
         overrides = [a for a in cmd[2:] if a != "-m"]
         overrides = [o for o in _first_of_each_sweep(overrides) if not o.startswith(("hydra/launcher", "hydra."))]
         cfg = compose("train", [f"run_dir={tmp_path}", *overrides])
         assert cfg.data.files == [".gpu_data/english_large"] and cfg.trainer.accelerator == "gpu"
+        assert cfg.trainer.deterministic == ("trainer.deterministic=true" in cmd)
     sweep = trains[-1]
     n_jobs = next(a for a in sweep if a.startswith("hydra.launcher.n_jobs="))
     cells = 4 * (3 if env else 2) * (2 if env else 1)
@@ -60,7 +65,7 @@ def test_every_command_of_the_script_parses_and_composes(env, tmp_path):
 def test_an_unknown_mode_is_refused():
     done = subprocess.run(["bash", "scripts/gpu_scale.sh", "warp"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "DRY_RUN": "1"}, timeout=60)
-    assert done.returncode == 2 and "unknown mode warp" in done.stderr
+    assert done.returncode == 2 and "unknown mode warp (pack, smoke, bench, determinism, ladder)" in done.stderr
 
 
 def test_the_gpu_benchmark_runs_end_to_end_on_cpu(tmp_path):
@@ -75,6 +80,11 @@ def test_the_gpu_benchmark_runs_end_to_end_on_cpu(tmp_path):
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["tokens_per_step"] == 8 * 32 and math.isnan(r["mfu"])  # no CPU peak
     bench.main(["--tiny", "--impl", "ours", "--out", str(out), "--tmp", str(tmp_path)])
+    bench.main(["--tiny", "--impl", "ours", "--deterministic", "--out", str(out), "--tmp", str(tmp_path)])
     written = list(csv.DictReader(open(out)))
-    assert [r["impl"] for r in written] == ["ours", "hf", "ours"]  # one header, rows appended
+    assert [r["impl"] for r in written] == ["ours", "hf", "ours", "ours"]  # one header, rows appended
+    assert [r["deterministic"] for r in written] == ["False", "False", "False", "True"]
     assert list(written[0]) == bench.COLUMNS and written[0]["command"].startswith("python benchmarks/gpu_throughput.py")
+    import torch
+
+    assert not torch.are_deterministic_algorithms_enabled()  # switched off again after the deterministic row

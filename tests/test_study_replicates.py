@@ -81,3 +81,21 @@ def test_one_code_version_needs_no_replicate(tmp_path):
         cell(tmp_path, "none", seed, "a", (6.0, 5.9))
     res = study.run([str(tmp_path)], plots=False, out=str(tmp_path / "out"))
     assert res["replicates"] == {} and "Replicates across" not in (tmp_path / "out" / "study.md").read_text()
+
+
+def test_the_command_compares_the_replicates_it_is_given(tmp_path, capsys):
+    """python -m outlierlab.studies.replicates A B: the pair's largest differences, printed and written; exit 1 with
+    one line when nothing pairs (another seed)."""
+    from outlierlab.studies.replicates import main
+
+    a = cell(tmp_path / "a", "learned", 3, "a", (5.0, 4.0), {"accelerator": "gpu", "deterministic": True})
+    b = cell(tmp_path / "b", "learned", 3, "a", (5.0, 4.0), {"accelerator": "gpu", "deterministic": True})
+    assert main([str(a), str(b), "--out", str(tmp_path / "pairs.csv")]) == 0
+    import pandas as pd
+
+    rows = pd.read_csv(tmp_path / "pairs.csv")
+    assert len(rows) == 1 and rows["max_abs_diff val/loss"].iloc[0] == 0.0 and rows["how_a"].iloc[0] == "gpu, deterministic"
+    assert "gpu, deterministic" in capsys.readouterr().out
+    other = cell(tmp_path / "c", "learned", 4, "a", (5.0, 4.0))
+    assert main([str(a), str(other)]) == 1
+    assert capsys.readouterr().err.strip() == "no two usable cells share a configuration and seed: nothing to compare"

@@ -10,6 +10,9 @@ no such adds and reproduces exactly. So this module compares the paths actually 
   one configuration and seed, each validation metric of :data:`COMPARED` at every step both logged: the largest
   absolute difference, with both cells' code versions and how they computed (``finished.json``: ``accelerator``,
   ``deterministic``; "not recorded" for cells written before it was recorded);
+* ``python -m outlierlab.studies.replicates RUN_DIR_OR_SWEEP ... [--out pairs.csv]``: those rows for any run
+  directories, e.g. two replicates of one seed with ``trainer.deterministic=true`` (``scripts/gpu_scale.sh
+  determinism``); exit 1 when no two cells share a configuration and seed;
 * :func:`mixed_code_coverage`: per group of the study that mixes code versions, whether a replicate of *its*
   configuration spans two of its versions -- or that none does, so the mixing rests on other paths' replicates.
 
@@ -19,8 +22,10 @@ bookkeeping keys of :data:`outlierlab.studies.cells.SEED_DEPENDENT`, the wall-cl
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import sys
 from collections import defaultdict
 from itertools import combinations
 from typing import Mapping, Sequence
@@ -147,3 +152,26 @@ def markdown(coverage: Mapping[str, pd.DataFrame]) -> list[str]:
                          f"{d['how_a']} / {d['how_b']} | {d['steps']} | {d['max_abs_diff val/loss']:.2g} | "
                          f"{d['max_abs_diff val/order_use']:.2g} |")
     return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from outlierlab.studies.cells import find_cells
+
+    parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.replicates",
+                                     description="Replicates (same configuration and seed) among run directories, "
+                                                 "compared on every validation's loss and order use.")
+    parser.add_argument("paths", nargs="+", help="run directories, sweep directories or packed study tables")
+    parser.add_argument("--out", help="also write the rows as CSV")
+    a = parser.parse_args(argv)
+    rows = replicate_rows(find_cells(a.paths))
+    if rows.empty:
+        print("no two usable cells share a configuration and seed: nothing to compare", file=sys.stderr)
+        return 1
+    print(rows.to_string(index=False))
+    if a.out:
+        rows.to_csv(a.out, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
