@@ -94,3 +94,59 @@ def test_no_tracked_text_file_names_a_machine_path():
             continue
         hits += [f"{rel}: {m.group(0)}" for m in machine.finditer(text)]
     assert not hits, "\n".join(hits[:20])
+
+
+def _digest(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]  # the cache folder study_table.cells_dir unpacks to
+
+
+def _repacked(frame: pd.DataFrame, out, other_than: str, before: bool) -> str:
+    """``frame`` (the same cells and files) written to ``out`` in another row order, one whose cache folder sorts
+    ``before`` (or after) the folder ``other_than``: the hash of a table's bytes is all that changes."""
+    for k in range(200):  # each order's digest falls on either side with probability 1/2
+        frame.sample(frac=1, random_state=k).to_parquet(out, compression="zstd", index=False)
+        if (_digest(out) < other_than) == before:
+            return _digest(out)
+    raise AssertionError("no row order put the table's cache folder on the asked side")
+
+
+def test_group_order_is_the_order_of_the_tables_given_not_of_their_cache_folders(tmp_path):
+    """Two tables, one group each: the groups come in the order the tables are given, whichever of their cache
+    folders (named by the hash of their bytes) sorts first, so re-packing a table changes nothing in the study."""
+    none_root, learned_root = tmp_path / "none_cells", tmp_path / "learned_cells"
+    for seed in (1, 2, 3):
+        plant_cell(none_root, {"pos": "none", "seed": seed}, {0: {"kurtosis": 1.0 + seed, "share": 0.1, "ppl": 9.0}})
+        plant_cell(learned_root, {"pos": "learned", "seed": seed},
+                   {0: {"kurtosis": 2.0 * seed, "share": 0.2, "ppl": 8.0}})
+    none_t, learned_t = tmp_path / "none.parquet", tmp_path / "learned.parquet"
+    study_table.pack(none_root, none_t)
+    learned = study_table.pack(learned_root, tmp_path / "packed.parquet")
+
+    def run(*tables: str) -> tuple[list[str], str, str, pd.DataFrame]:
+        out = tmp_path / "out"
+        res = study.run([str(t) for t in tables], out=str(out), contrasts=["pos=learned,none"], plots=False)
+        md = (out / "study.md").read_text()
+        assert res["out"] == out
+        return list(res["groups"]), md, (out / "contrasts.csv").read_text(), pd.read_csv(out / "study.csv")
+
+    # the same cells packed twice, their cache folders on either side of none.parquet's
+    first = _repacked(learned, learned_t, _digest(none_t), before=True)
+    runs = [run(none_t, learned_t)]
+    second = _repacked(learned, learned_t, _digest(none_t), before=False)
+    runs.append(run(none_t, learned_t))
+    assert first < _digest(none_t) < second
+    (groups, md, contrasts, summary), again = runs
+    assert groups == ["pos=none", "pos=learned"]  # the order of the arguments
+    assert again[0] == groups and again[1] == md and again[2] == contrasts  # byte for byte
+    pd.testing.assert_frame_equal(again[3], summary, check_exact=True)
+    # study.md's columns and group rows in that order; within a table, its cells by their run directory's name
+    assert "| metric | layer | step | pos=none | pos=learned |" in md
+    assert md.index("| pos=none | 1, 2, 3 |") < md.index("| pos=learned | 1, 2, 3 |")
+    assert "| pos=learned,seed=1, pos=learned,seed=2, pos=learned,seed=3 |" in md
+    # the other order of the arguments is the other order of the groups (the numbers stay the same)
+    swapped = run(learned_t, none_t)
+    assert swapped[0] == ["pos=learned", "pos=none"]
+    assert "| metric | layer | step | pos=learned | pos=none |" in swapped[1]
+    pd.testing.assert_frame_equal(swapped[3], summary, check_exact=True)

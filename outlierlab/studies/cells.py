@@ -157,19 +157,24 @@ def read_cell(path: Path) -> Cell:
 
 
 def find_cells(paths: list[str | Path]) -> list[Cell]:
-    """Cells under each path (a sweep directory, a cell itself, or a study table: :mod:`outlierlab.studies.table`),
-    sorted by path."""
+    """Cells under each path (a sweep directory, a cell itself, or a study table: :mod:`outlierlab.studies.table`):
+    the paths in the order given, the cells of one path by their run directory's name.
+
+    This order is the order of a study's groups (study.md's columns, contrasts.csv's pairs), so it must not depend
+    on where a path lives: a packed table unpacks into a cache folder named by the hash of its bytes, and sorting
+    by that location reordered a study whenever a table was re-packed (same cells, other bytes)."""
     from outlierlab.studies.table import resolve
 
     cells = []
     for p in map(resolve, paths):  # a packed study (.parquet) reads as the folder it was packed from
         if not p.is_dir():
             raise FileNotFoundError(f"{p} is not a directory (give a multirun sweep directory or run directories)")
-        found = [p] if is_cell(p) else sorted(c for c in p.iterdir() if c.is_dir() and is_cell(c))
+        found = [p] if is_cell(p) else sorted((c for c in p.iterdir() if c.is_dir() and is_cell(c)),
+                                              key=lambda c: c.name)
         cells += [read_cell(c) for c in found]
     if not cells:
         raise ValueError(f"no run directories (with .hydra/overrides.yaml) under {', '.join(map(str, paths))}")
-    return sorted(cells, key=lambda c: str(c.path))
+    return cells
 
 
 # ----------------------------------------------------------------------------------------------- numbers
