@@ -165,3 +165,27 @@ def test_why_there_are_no_configstore_schemas():
     with pytest.raises(Exception):  # one file without brackets: the loader's coercion, not a schema's
         OmegaConf.merge(OmegaConf.structured(DataSettings), {"files": "a.txt"})
     assert load_settings(DataSettings, {"files": "a.txt", "max_sentences": 10, "chunk": 2}).files == ("a.txt",)
+
+
+def test_a_preset_that_forgets_the_defaults_is_told_how_to_start(tmp_path):
+    """A researcher's own preset without the defaults line lacks every key it does not state: refused in one line
+    that names the line to add."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    (configs / "ablation" / "mine.yaml").write_text("n_random: 7\n")
+    compose("evaluate")  # registers the resolvers and the defaults
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        cfg = hydra_compose(config_name="evaluate", overrides=["ablation=mine"])
+    with pytest.raises(ValueError) as e:
+        section_settings(AblationSettings, cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("missing key(s) ablation.files, ablation.max_sentences")
+    assert msg.endswith("a preset in configs/ablation/ starts with `defaults: [/settings/ablation@_here_, _self_]` "
+                        "(the class defaults), or states every key")
+    with pytest.raises(ValueError, match=r"configs/evaluate.yaml composes its defaults"):
+        load_settings(DataSettings, {"files": None})

@@ -62,13 +62,24 @@ def load_settings(cls: type[S], node: Any, section: str | None = None) -> S:
                          f"valid keys of {section}: {', '.join(fields)}")
     missing = [n for n, f in fields.items() if n not in values and ABSENT not in f.metadata]
     if missing:
-        raise ValueError(f"missing key(s) {', '.join(f'{section}.{k}' for k in missing)} (a composed config "
-                         f"has every key: compose configs/evaluate.yaml, or state them all)")
+        raise ValueError(f"missing key(s) {', '.join(f'{section}.{k}' for k in missing)}: {_how_to_complete(section)}")
     hints = typing.get_type_hints(cls)
     # an absent optional key takes its "absent" value, not the class default (the default preset's value):
     # transform=[none] has no clip dims, whatever the clip preset says
     absent = {n: f.metadata[ABSENT] for n, f in fields.items() if n not in values}
     return cls(**{k: _coerce(v, hints[k], f"{section}.{k}") for k, v in values.items()}, **absent)
+
+
+def _how_to_complete(section: str) -> str:
+    """What makes a section complete: its preset starting from the class defaults, or every key stated."""
+    from outlierlab.evaluation.settings import DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS  # lazy: it imports this module
+
+    if any(c.SECTION == section for c in DEFAULTS_FROM_PYTHON):
+        return (f"a preset in configs/{section}/ starts with `defaults: [/settings/{section}@_here_, _self_]` "
+                "(the class defaults), or states every key")
+    if any(c.SECTION == section for c in EVALUATE_SECTIONS):
+        return "configs/evaluate.yaml composes its defaults (`settings/evaluate`), or state every key"
+    return "state every key"
 
 
 def section_settings(cls: type[S], root_cfg: Any) -> S:
