@@ -65,10 +65,10 @@ def test_every_registry_entry_is_committed_compact():
 
 def study_csvs_the_doc_tables_read(monkeypatch) -> set[str]:
     """The folders (under docs/) of every ``study.csv`` that rendering every generated table of the docs reads."""
-    from outlierlab.studies import doc_tables
+    from outlierlab.studies import doc_table_reads, doc_tables
 
-    read, original = [], doc_tables._read
-    monkeypatch.setattr(doc_tables, "_read", lambda path: read.append(path) or original(path))
+    read, original = [], doc_table_reads.read
+    monkeypatch.setattr(doc_table_reads, "read", lambda path: read.append(path) or original(path))
     for page in cs.generated_pages(ROOT / "docs"):
         doc_tables.render(page.read_text(), str(page))
     assert any(path.endswith("/contrasts.csv") for path in read)  # the recording sees the tables' reads
@@ -188,17 +188,17 @@ def with_contrasts() -> list[str]:
 
 def contrast_reads(monkeypatch) -> list[tuple]:
     """(folder under docs/, contrast, metric, layer, step asked, step read) of every contrasts row that rendering every
-    generated table of the docs reads through :func:`doc_tables.contrast_at`."""
-    from outlierlab.studies import doc_tables
+    generated table of the docs reads through :func:`doc_table_reads.contrast_at`."""
+    from outlierlab.studies import doc_table_reads, doc_tables
 
-    reads, original = [], doc_tables.contrast_at
+    reads, original = [], doc_table_reads.contrast_at
 
     def recording(folder, contrast, metric, layer, step=None):
         row = original(folder, contrast, metric, layer, step)
         reads.append((folder.removeprefix("docs/"), contrast, metric, layer, step, None if row is None else row["step"]))
         return row
 
-    monkeypatch.setattr(doc_tables, "contrast_at", recording)
+    monkeypatch.setattr(doc_table_reads, "contrast_at", recording)
     for page in cs.generated_pages(ROOT / "docs"):
         doc_tables.render(page.read_text(), str(page))
     return reads
@@ -282,7 +282,7 @@ def test_family_counts_are_those_the_aggregator_stated_of_the_full_table(folder)
 def test_a_page_s_families_line_counts_the_full_table(tmp_path, monkeypatch):
     """The Families line of docs/emergence.md (from families.csv) against the rows of a fresh full contrasts.csv,
     counted here row by row."""
-    from outlierlab.studies import aggregate, doc_tables
+    from outlierlab.studies import aggregate, doc_table_reads, doc_tables
 
     monkeypatch.chdir(ROOT)
     argv = cs.argv_of("emergence/seeds/study")
@@ -303,7 +303,7 @@ def test_a_page_s_families_line_counts_the_full_table(tmp_path, monkeypatch):
     expected = (f"Families (docs/emergence/seeds/study/families.csv.xz, the full contrasts table), each corrected "
                 f"within itself: " + "; ".join(parts) + f"; not tested (constant or one seed) {len(family('not tested'))}, "
                 f"post-hoc duplicates of a monitor row {len(family('duplicate'))}.")
-    assert doc_tables.families_line(doc_tables.SEEDS, 1000) == expected
+    assert doc_table_reads.families_line(doc_tables.SEEDS, 1000) == expected
     assert expected in (ROOT / "docs/emergence.md").read_text()
 
 

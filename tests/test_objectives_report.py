@@ -98,9 +98,9 @@ def test_a_torn_cell_is_named_and_excluded(sweep, tmp_path):
 
 
 def test_doc_tables_renders_the_objectives_block(sweep, monkeypatch):
-    from outlierlab.studies import doc_tables
+    from outlierlab.studies import doc_table_reads, doc_tables
 
-    monkeypatch.setattr(doc_tables, "ROOT", sweep.parent)
+    monkeypatch.setattr(doc_table_reads, "ROOT", sweep.parent)
     monkeypatch.setattr(doc_tables, "OBJECTIVES", sweep.name)
     text = doc_tables.render("<!-- generated: objectives -->\nold\n<!-- end generated -->\n")
     assert "| mlm | none | 3 |" in text and "\nold\n" not in text

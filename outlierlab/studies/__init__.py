@@ -8,7 +8,8 @@
   :mod:`~outlierlab.studies.report` (``study.md`` and the curves);
 * :mod:`~outlierlab.studies.table` -- a study's run directories as one Parquet table, and back;
 * :mod:`~outlierlab.studies.committed` -- every study the docs report, remade by one command, and
-  :mod:`~outlierlab.studies.doc_tables` (the docs' generated tables, with :mod:`~outlierlab.studies.emergence_tables`);
+  :mod:`~outlierlab.studies.doc_tables` (the docs' generated tables, with :mod:`~outlierlab.studies.order_use_doc_tables`,
+  :mod:`~outlierlab.studies.doc_table_reads` and :mod:`~outlierlab.studies.emergence_tables`);
 * the studies' own reports: :mod:`~outlierlab.studies.dim_identity` (which dimension, since when),
   :mod:`~outlierlab.studies.objectives_report` (masked vs causal), :mod:`~outlierlab.studies.ladder` (the scale ladder).
 """

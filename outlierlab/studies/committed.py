@@ -99,7 +99,7 @@ CURVE_FAMILIES = ("exploratory", "not tested")
 SERIES = ["contrast", "group_a", "group_b", "metric", "layer"]
 #: The curve rows of a study's contrasts.csv that a page reads before their series' last step, committed whatever
 #: their family: (metric, layer, step), None for every layer or every step. Order use at every validation step
-#: (:func:`outlierlab.studies.doc_tables.order_use_schemes`) and the step-0 argmax share at every layer that
+#: (:func:`outlierlab.studies.order_use_doc_tables.order_use_schemes`) and the step-0 argmax share at every layer that
 #: docs/emergence.md quotes. ``tests/test_committed_studies.py`` derives the tables' entries from the readers and
 #: checks the page's numbers against its entry; it fails where this differs.
 CONTRASTS_READ: dict[str, frozenset[tuple[str, str | None, int | None]]] = {
@@ -202,7 +202,7 @@ FAMILY_COUNTS = {"p_holm_below_05": "p_holm", "q_bh_below_05": "q_bh", "p_below_
 def family_counts(contrasts: pd.DataFrame) -> pd.DataFrame:
     """Per family and step of a full ``contrasts.csv``: its rows and those whose Holm p, BH q and raw p are below
     0.05 (NaN is not). Summed over the steps, a family's size and rejections as the aggregator corrected them; summed
-    from a step on, those of its later rows (:func:`outlierlab.studies.doc_tables.families_line`)."""
+    from a step on, those of its later rows (:func:`outlierlab.studies.doc_table_reads.families_line`)."""
     below = pd.DataFrame({name: (contrasts[col] < 0.05).astype(int) for name, col in FAMILY_COUNTS.items()})
     frame = pd.concat([contrasts[["family", "step"]], below.assign(rows=1)], axis=1)
     counts = frame.groupby(["family", "step"], sort=True).sum().reset_index()
