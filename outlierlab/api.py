@@ -234,10 +234,9 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
 def _sections(settings: Sequence[Any] | None) -> dict[str, dict]:
     """``settings`` (typed sections) as plain config sections, each class at most once, or one line naming the
     bad item."""
-    import dataclasses
-
     from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS
-    from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, defaults_node
+    from outlierlab.evaluation.settings import EncoderSettings, TransformSettings
+    from outlierlab.evaluation.settings_store import as_node
 
     if settings is None:
         return {}
@@ -252,8 +251,7 @@ def _sections(settings: Sequence[Any] | None) -> dict[str, dict]:
                             "the transforms are transforms=)")
         if item.SECTION in out:
             raise ValueError(f"settings: two {type(item).__name__} given; give each section once")
-        plain = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(item).items()}
-        out[item.SECTION] = {k: plain[k] for k in defaults_node(type(item))}
+        out[item.SECTION] = as_node(item)
     return out
 
 

@@ -53,8 +53,8 @@ def restated_defaults(configs: Path) -> list[str]:
     written a second time."""
     import yaml
 
-    from outlierlab.evaluation.settings import (DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS, PRESET_STATES,
-                                                TRANSFORM_GUARD, defaults_node)
+    from outlierlab.evaluation.settings_store import (DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS, PRESET_STATES,
+                                                      TRANSFORM_GUARD, defaults_node)
 
     found = []
     for cls in DEFAULTS_FROM_PYTHON:
@@ -91,7 +91,7 @@ def test_every_preset_starts_from_its_class_defaults():
     would lack every key it does not state (refused by the loader as missing)."""
     import yaml
 
-    from outlierlab.evaluation.settings import DEFAULTS_FROM_PYTHON
+    from outlierlab.evaluation.settings_store import DEFAULTS_FROM_PYTHON
 
     for cls in DEFAULTS_FROM_PYTHON:
         for f in sorted((ROOT / "configs" / cls.SECTION).glob("*.yaml")):

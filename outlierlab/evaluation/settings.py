@@ -3,7 +3,8 @@
 
 The loader itself (:func:`load_settings`, type coercion) is :mod:`outlierlab.evaluation.settings_loader`.
 
-The classes are the one source of the defaults.  Hydra composes them: :func:`register_defaults` stores each
+The classes are the one source of the defaults.  Hydra composes them:
+:func:`outlierlab.evaluation.settings_store.register_defaults` stores each
 section's defaults in Hydra's ConfigStore (``settings/<section>`` for the sections that are config groups,
 ``settings/evaluate`` for data, outliers, anisotropy, isotropy, self_similarity and the transform guard), every
 preset starts from them (``defaults: [/settings/<section>@_here_, _self_]``) and states only what it changes (``wic=superglue``:
@@ -12,8 +13,8 @@ group choices and comments.  So ``OutliersSettings()`` (or ``OutliersSettings(th
 the composed default config equals the classes, and ``tests/test_settings_defaults.py`` fails where a YAML file
 states a default again.  Each key is explained by the comment above its field.  Two exceptions, each stated where
 it lives: ``transform`` is a multi-select group whose keys are the union of the groups selected, so only its
-guard keys (:data:`TRANSFORM_GUARD`) come from here; an encoder preset states its ``name_or_path`` itself
-(:data:`PRESET_STATES`).
+guard keys come from here; an encoder preset states its ``name_or_path`` itself (both in
+:mod:`outlierlab.evaluation.settings_store`).
 
 :func:`load_settings` builds a class from the composed section: it refuses unknown keys (listing the valid ones)
 and wrong types in one line naming the section, reads ``data.files=a.txt`` as a one-file list, and each class
@@ -499,56 +500,3 @@ class QKOutliersSettings(_TextSettings):
         super().__post_init__()
         _check(self.k > 0, f"qk_outliers.k must be > 0, got {self.k}")
         _check(self.max_cycles > 0, f"qk_outliers.max_cycles must be > 0, got {self.max_cycles}")
-
-
-# ------------------------------------------------------------------------- the defaults, for Hydra
-#: The sections whose defaults Hydra composes from the classes above: each is stored in Hydra's ConfigStore as
-#: ``settings/<section>`` (:func:`register_defaults`), and every preset of the section (``configs/wic/superglue.yaml``,
-#: ``configs/encoder/bert_base_uncased.yaml``) starts from it and states only what it changes.  ``transform`` is not
-#: among them: its keys are the union of the transform groups a run selects (``transform=[none,clip]``), so its
-#: defaults are that selection, not one node.
-DEFAULTS_FROM_PYTHON: tuple[type, ...] = (EncoderSettings, WicSettings, StsSettings, AblationSettings, FrequencySettings,
-                                          AttentionSinksSettings, FrequentTokensSettings, QKOutliersSettings,
-                                          OrderUseSettings)
-#: The transform keys every selection shares (the rest come from the transform groups selected).
-TRANSFORM_GUARD = ("fit_on", "min_fit_ratio", "allow_degenerate")
-#: The evaluate.yaml sections that are not config groups: one stored node, ``settings/evaluate``, holds them all
-#: (with :data:`TRANSFORM_GUARD`).
-EVALUATE_SECTIONS: tuple[type, ...] = (DataSettings, OutliersSettings, AnisotropySettings, IsotropySettings,
-                                       SelfSimilaritySettings)
-
-
-#: Keys every preset of its section states itself: in the stored node they are ``???`` (required), because merging a
-#: preset's ``???`` onto a value keeps the value (OmegaConf), so ``encoder=run`` could not require a path otherwise.
-PRESET_STATES: dict[str, tuple[str, ...]] = {"encoder": ("name_or_path",)}
-
-
-def defaults_node(cls: type) -> dict:
-    """``cls``'s defaults as plain config values (tuples as lists): what Hydra composes for its section;
-    :data:`PRESET_STATES` keys are ``???``."""
-    import dataclasses
-
-    def plain(v):
-        return list(v) if isinstance(v, tuple) else v
-
-    required = PRESET_STATES.get(getattr(cls, "SECTION", ""), ())
-    return {f.name: "???" if f.name in required else
-            plain(f.default if f.default is not dataclasses.MISSING else f.default_factory())
-            for f in dataclasses.fields(cls) if f.init}
-
-
-def register_defaults() -> None:
-    """Store every section's defaults in Hydra's ConfigStore (idempotent; run before any config is composed: the
-    entry points and :func:`outlierlab.jobs.startup.compose_config` do).
-
-    Plain nodes, not structured-config schemas: the classes stay the one validator (:func:`load_settings`: one line
-    per fault, ``data.files=a.txt`` read as a list, frozen values), for the reasons measured in docs/design.md
-    ("Decisions already taken")."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    for cls in DEFAULTS_FROM_PYTHON:  # one group, "settings": `python evaluate.py --help` lists it once
-        cs.store(group="settings", name=cls.SECTION, node=defaults_node(cls), provider="outlierlab")
-    guard = {k: v for k, v in defaults_node(TransformSettings).items() if k in TRANSFORM_GUARD}
-    cs.store(group="settings", name="evaluate", node={**{c.SECTION: defaults_node(c) for c in EVALUATE_SECTIONS},
-                                             "transform": guard}, provider="outlierlab")

@@ -3,7 +3,7 @@
 :func:`load_settings` refuses unknown keys (listing the valid ones), missing keys and wrong types in one line
 naming the section; values are coerced to the declared field types (``tuple[int, ...]``, ``float | None``, ...).
 Every key must be in the section: a composed config has them all (Hydra composes the classes' defaults under every
-preset, :func:`outlierlab.evaluation.settings.register_defaults`), and a hand-written mapping that lacks one is a
+preset, :func:`outlierlab.evaluation.settings_store.register_defaults`), and a hand-written mapping that lacks one is a
 typo, refused by name rather than filled in here; only fields marked with :data:`ABSENT` metadata may be missing,
 and then take that "absent" value.
 The per-section classes, their ranges and the YAML they mirror live in :mod:`outlierlab.evaluation.settings`.
@@ -72,7 +72,7 @@ def load_settings(cls: type[S], node: Any, section: str | None = None) -> S:
 
 def _how_to_complete(section: str) -> str:
     """What makes a section complete: its preset starting from the class defaults, or every key stated."""
-    from outlierlab.evaluation.settings import DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS  # lazy: it imports this module
+    from outlierlab.evaluation.settings_store import DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS  # lazy: imports this module
 
     if any(c.SECTION == section for c in DEFAULTS_FROM_PYTHON):
         return (f"a preset in configs/{section}/ starts with `defaults: [/settings/{section}@_here_, _self_]` "

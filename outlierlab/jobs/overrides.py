@@ -105,7 +105,7 @@ def find_unknown_keys(argv: list[str], config_name: str, config_dir: Path = CONF
 
     from hydra import compose, initialize_config_dir
 
-    from outlierlab.evaluation.settings import register_defaults
+    from outlierlab.evaluation.settings_store import register_defaults
 
     register_defaults()  # the presets start from the sections' defaults
     try:

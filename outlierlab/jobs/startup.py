@@ -263,7 +263,7 @@ def _cell_dir(overrides, naming=None) -> str:
 
 def register_resolvers() -> None:
     """OmegaConf resolvers used by the configs, and the evaluation sections' defaults they compose from
-    (:func:`outlierlab.evaluation.settings.register_defaults`); idempotent.
+    (:func:`outlierlab.evaluation.settings_store.register_defaults`); idempotent.
 
     Also run when this module is imported: Hydra's joblib and submitit launchers resolve a cell's output
     directory (``${cell_dir:...}``) in their worker process, which imports this module while unpickling the
@@ -281,7 +281,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("accumulation", accumulation)
     if not OmegaConf.has_resolver("cell_dir"):
         OmegaConf.register_new_resolver("cell_dir", _cell_dir)
-    from outlierlab.evaluation.settings import register_defaults  # light: no torch
+    from outlierlab.evaluation.settings_store import register_defaults  # light: no torch
 
     register_defaults()  # the sections' defaults (ConfigStore) that every preset of them starts from
 
