@@ -193,3 +193,37 @@ def test_no_default_is_restated_at_a_call_site():
     hits = [f"{p.name}:{i}" for p in sorted((ROOT / "outlierlab" / "evaluation").glob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: OutliersSettings(threshold="0.3"), r"^outliers\.threshold='0\.3': expected float, got str$"),
+    (lambda: OutliersSettings(top_k=True), r"^outliers\.top_k=True: expected int, got bool$"),
+    (lambda: OutliersSettings(0.3), r"^outliers\.method=0\.3: expected str, got float$"),  # positional
+    (lambda: OutliersSettings(treshold=0.3), r"^unknown key\(s\) outliers\.treshold; valid keys of outliers: method"),
+    (lambda: OutliersSettings(threshold=2), r"^outliers\.threshold must be in \(0, 1\], got 2"),
+    (lambda: AblationSettings(dims=[3, "x"]), r"^ablation\.dims\[1\]='x': expected int, got str$"),
+    (lambda: TransformSettings(dims=[1, "x"]), r"^transform\.dims\[1\]='x': expected int, got str$"),
+    (lambda: WicSettings(max_pairs="many"), r"^wic\.max_pairs='many': expected int or null, got str$"),
+])
+def test_settings_built_from_python_are_type_checked_in_one_line(build, match):
+    """The classes validate themselves (pydantic, strict), so a notebook's typo fails as the YAML's would."""
+    with pytest.raises(ValueError, match=match) as e:
+        build()
+    assert "\n" not in str(e.value)
+
+
+def test_python_lists_are_read_as_the_declared_tuples():
+    s = AblationSettings(dims=[3, 5], layernorms="output")
+    assert s.dims == (3, 5) and s.layernorms == ("output",)
+    assert WicSettings(thresholds=[0.5, 1]).thresholds == (0.5, 1.0)
+    assert hash(s) == hash(AblationSettings(dims=(3, 5), layernorms=("output",)))  # frozen and hashable: tuples
+
+
+def test_no_module_imports_a_settings_loader():
+    """The classes are their own validator: no separate loader module, and nothing imports one."""
+    package = ROOT / "outlierlab"
+    assert list(package.rglob("settings_loader*.py")) == []
+    tests = [p for p in (ROOT / "tests").glob("*.py") if p.name != Path(__file__).name]
+    sources = [*package.rglob("*.py"), *(ROOT / n for n in ("evaluate.py", "probe.py", "train.py")),
+               *(ROOT / "benchmarks").glob("*.py"), *tests]
+    assert [p.name for p in sources if "settings_loader" in p.read_text()] == []

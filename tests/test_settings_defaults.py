@@ -16,7 +16,7 @@ from conftest import compose
 from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS
 from outlierlab.evaluation.settings import (AblationSettings, DataSettings, EncoderSettings, OutliersSettings,
                                             TransformSettings, WicSettings, load_settings, section_settings)
-from outlierlab.evaluation.settings_loader import ABSENT
+from outlierlab.evaluation.settings import ABSENT
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = list(dict.fromkeys([*RUN_SETTINGS, *SETTINGS.values()]))

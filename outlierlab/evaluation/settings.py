@@ -1,7 +1,4 @@
-"""Typed settings of the ``evaluate.py`` analyses: one frozen dataclass per config section, built by
-:func:`load_settings`.
-
-The loader itself (:func:`load_settings`, type coercion) is :mod:`outlierlab.evaluation.settings_loader`.
+"""Typed settings of the ``evaluate.py`` analyses: one frozen dataclass per config section, validated by pydantic.
 
 The classes are the one source of the defaults.  Hydra composes them:
 :func:`outlierlab.evaluation.settings_store.register_defaults` stores each
@@ -16,29 +13,39 @@ it lives: ``transform`` is a multi-select group whose keys are the union of the 
 guard keys come from here; an encoder preset states its ``name_or_path`` itself (both in
 :mod:`outlierlab.evaluation.settings_store`).
 
-:func:`load_settings` builds a class from the composed section: it refuses unknown keys (listing the valid ones)
-and wrong types in one line naming the section, reads ``data.files=a.txt`` as a one-file list, and each class
-checks its value ranges in ``__post_init__`` (so ``OutliersSettings(threshold=2)`` fails as the YAML would).  A
-section composed without its defaults (a hand-written mapping) must state every key; only the keys whose group may
-be unselected (``transform.dims`` without the clip group) may be absent, declared with :func:`_optional`, and
-then take their "absent" value.  ``evaluate.py`` builds every selected section before any model is loaded, so a
-bad setting fails in seconds.
+Every class is a pydantic dataclass in strict mode (:func:`_settings_class`): a wrong type (``threshold='high'``,
+``top_k=2.5``, ``top_k=True``) or an unknown key is refused when the object is built -- from a config or from
+Python -- and each class checks its value ranges in ``__post_init__`` (so ``OutliersSettings(threshold=2)`` fails
+as the YAML would); either way the error is one ``ValueError`` line naming ``section.key``.  Two conversions a
+config needs: a list where a tuple is declared (YAML has no tuples) and one file without brackets
+(``data.files=a.txt``) as a one-file list.
 
-The nodes are plain, not structured-config schemas: OmegaConf 2.3 cannot represent every field, would validate
-before this loader with other messages and without its coercions, and cannot merge presets onto frozen nodes --
-measured, with the details, in docs/design.md ("Decisions already taken").
+:func:`load_settings` builds a class from a composed section, with the two rules of a *composed* config that a
+class cannot know: ``???`` (a value only the user can give) is refused, and a section composed without its
+defaults (a hand-written mapping) must state every key -- a key missing there is a typo, and the run's saved
+config would not say what it ran with; only the keys whose group may be unselected (``transform.dims`` without the
+clip group) may be absent, declared with :func:`_optional`, and then take their "absent" value.  ``evaluate.py``
+builds every selected section before any model is loaded, so a bad setting fails in seconds.
+
+The ConfigStore nodes are plain, not OmegaConf structured-config schemas (OmegaConf 2.3 cannot represent
+``str | dict | None`` and cannot merge presets onto frozen nodes: docs/design.md, "Decisions already taken").
 
 Kept free of heavy imports (no torch): ``evaluate.py`` validates with it before torch loads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+import dataclasses
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import field
+from typing import Annotated, Any, ClassVar, TypeVar, Union
 
-from outlierlab.evaluation.settings_loader import ABSENT
-from outlierlab.evaluation.settings_loader import check as _check
-from outlierlab.evaluation.settings_loader import load_settings, section_settings
+import pydantic
+import pydantic.dataclasses
+from omegaconf import OmegaConf
 
 __all__ = ["load_settings", "section_settings", "DataSettings", "EncoderSettings", "TransformSettings",
            "OutliersSettings", "AnisotropySettings", "IsotropySettings", "SelfSimilaritySettings", "WicSettings", "StsSettings",
@@ -55,6 +62,18 @@ LAYERNORM_KINDS = ("output", "attention_output", "attention_input", "mlp_input",
 ENCODER_DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
+#: ``dataclasses.field`` metadata key marking a key the composed config may lack (its group not selected, e.g.
+#: ``transform.dims`` without the clip group): :func:`load_settings` then passes ``metadata[ABSENT]``.
+ABSENT = "absent"
+
+S = TypeVar("S")
+
+
+def _check(ok: bool, message: str) -> None:
+    """Raise ``ValueError(message)`` unless ``ok`` (the classes' range checks)."""
+    if not ok:
+        raise ValueError(message)
+
 
 def _optional(default, absent=None):
     """A key the composed config may lack (its group not selected, or an older config): ``default`` is the
@@ -62,14 +81,125 @@ def _optional(default, absent=None):
     return field(default=default, metadata={ABSENT: absent})
 
 
+def _as_tuple(value: Any) -> Any:
+    """A list (YAML's sequences) where a tuple is declared; anything else is left to the type check."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _as_names(value: Any) -> Any:
+    """One name without brackets (``data.files=a.txt``, ``ablation.layernorms=output``) as a one-item list."""
+    return (value,) if isinstance(value, str) else _as_tuple(value)
+
+
+# the tuple fields' types: what a config writes as a list is checked item by item
+Names = Annotated[tuple[str, ...], pydantic.BeforeValidator(_as_names)]
+Ints = Annotated[tuple[int, ...], pydantic.BeforeValidator(_as_tuple)]
+Floats = Annotated[tuple[float, ...], pydantic.BeforeValidator(_as_tuple)]
+
+# strict: no str -> number, float -> int or bool -> int coercion (an int is still a valid float: YAML writes 3 for 3.0)
+_STRICT = pydantic.ConfigDict(strict=True, extra="forbid")
+
+
+def _settings_class(cls: type[S]) -> type[S]:
+    """``cls`` as a frozen, strictly typed pydantic dataclass whose every refusal is one ``ValueError`` line."""
+    cls = pydantic.dataclasses.dataclass(frozen=True, config=_STRICT)(cls)
+    validated_init = cls.__init__
+
+    @functools.wraps(validated_init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            validated_init(self, *args, **kwargs)
+        except pydantic.ValidationError as e:
+            raise ValueError(_one_line(type(self), e)) from None
+
+    cls.__init__ = __init__
+    return cls
+
+
+def _one_line(cls: type, error: pydantic.ValidationError) -> str:
+    """pydantic's report of ``cls``'s first fault (or of every unknown key) as one line naming ``section.key``."""
+    section, faults = cls.SECTION, error.errors(include_url=False)
+    unknown = [str(f["loc"][0]) for f in faults if f["type"] == "unexpected_keyword_argument"]
+    if unknown:
+        return (f"unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}; valid keys of {section}: "
+                f"{', '.join(f.name for f in dataclasses.fields(cls) if f.init)}")
+    fault = faults[0]
+    if not fault["loc"]:  # a range check of __post_init__: its message names the key already
+        return fault["msg"].removeprefix("Value error, ")
+    fields = [f.name for f in dataclasses.fields(cls) if f.init]
+    name = fields[fault["loc"][0]] if isinstance(fault["loc"][0], int) else str(fault["loc"][0])  # positional
+    hint = typing.get_type_hints(cls)[name]
+    index = next((i for i in fault["loc"][1:] if isinstance(i, int)), None)
+    where = f"{section}.{name}" if index is None else f"{section}.{name}[{index}]"
+    if index is not None:  # an item of a list: its own type (of the tuple, or of the tuple in ``tuple | None``)
+        members = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+        hint = typing.get_args(next(a for a in members if typing.get_origin(a) is tuple))[0]
+    value = fault["input"]
+    return f"{where}={value!r}: expected {_type_name(hint)}, got {type(value).__name__}"
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def load_settings(cls: type[S], node: Any, section: str | None = None) -> S:
+    """``cls`` (a settings class) from a config node (DictConfig, mapping, or None: an absent section).
+
+    Raises ``ValueError`` in one line naming the section: ``???`` left unset, unknown keys (with the valid keys),
+    missing keys, a wrong type or a value out of range."""
+    section = section or cls.SECTION
+    if OmegaConf.is_dict(node):
+        unset = [str(k) for k in node if OmegaConf.is_missing(node, k)]
+        if unset:  # ``???`` in the YAML: a value only the user can give
+            raise ValueError(f"{section}.{unset[0]} must be given (e.g. {section}.{unset[0]}=...)")
+    values = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else (node or {})
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{section}: expected a mapping of settings, got {type(values).__name__} {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    missing = [n for n, f in fields.items() if n not in values and ABSENT not in f.metadata]
+    if missing and not set(values) - set(fields):  # an unknown key is named first (it may be the missing one misspelt)
+        raise ValueError(f"missing key(s) {', '.join(f'{section}.{k}' for k in missing)}: {_how_to_complete(section)}")
+    # an absent optional key takes its "absent" value, not the class default (the default preset's value):
+    # transform=[none] has no clip dims, whatever the clip preset says
+    absent = {n: f.metadata[ABSENT] for n, f in fields.items() if n not in values and ABSENT in f.metadata}
+    return cls(**{str(k): v for k, v in values.items()}, **absent)
+
+
+def _how_to_complete(section: str) -> str:
+    """What makes a section complete: its preset starting from the class defaults, or every key stated."""
+    from outlierlab.evaluation.settings_store import DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS  # lazy: imports this module
+
+    if any(c.SECTION == section for c in DEFAULTS_FROM_PYTHON):
+        return (f"a preset in configs/{section}/ starts with `defaults: [/settings/{section}@_here_, _self_]` "
+                "(the class defaults), or states every key")
+    if any(c.SECTION == section for c in EVALUATE_SECTIONS):
+        return "configs/evaluate.yaml composes its defaults (`settings/evaluate`), or state every key"
+    return "state every key"
+
+
+def section_settings(cls: type[S], root_cfg: Any) -> S:
+    """:func:`load_settings` of the section ``cls.SECTION`` of the whole evaluate config."""
+    node = root_cfg.get(cls.SECTION) if root_cfg is not None and hasattr(root_cfg, "get") else None
+    return load_settings(cls, node)
+
+
 # ------------------------------------------------------------------------------------- shared sections
-@dataclass(frozen=True)
+@_settings_class
 class DataSettings:
     """``data``: the evaluation sentences of the shared streaming pass (and the texts' fallback)."""
 
     SECTION: ClassVar[str] = "data"
     #: [a.txt, b.txt.gz]: one sentence per line; null = shipped Persuasion sentences
-    files: tuple[str, ...] | None = None
+    files: Names | None = None
     #: first N in file order; null = all (shipped: 2703)
     max_sentences: int | None = 2000
     #: sentences tokenized at a time (bounds memory; results do not depend on it)
@@ -82,7 +212,7 @@ class DataSettings:
         _check(self.chunk >= 1, f"data.chunk must be >= 1, got {self.chunk}")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class EncoderSettings:
     """``encoder`` (``configs/encoder/``): which encoder ``evaluate.py`` loads and how it batches.
 
@@ -116,7 +246,7 @@ class EncoderSettings:
                f"encoder.max_length must be >= 2 or null, got {self.max_length}")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class TransformSettings:
     """``transform``: which transforms are compared and how they are fitted.  ``dims``, ``dims_by_layer``
     (clip group), ``k`` (whiten group) and ``abtt_d`` (abtt group) are absent when their group is not
@@ -130,7 +260,7 @@ class TransformSettings:
     # a factory: a dict default would be shared by every instance (dataclasses refuse it)
     use: dict = field(default_factory=lambda: {"none": True, "clip": True, "whiten": True})
     fit_on: str = "eval"
-    dims: tuple[int, ...] | None = _optional(None)
+    dims: Ints | None = _optional(None)
     dims_by_layer: dict | None = _optional(None)
     k: int | None = _optional(None)
     min_fit_ratio: float | None = _optional(2.0)
@@ -145,7 +275,7 @@ class TransformSettings:
 
 
 # ----------------------------------------------------------------------------- the sentence analyses
-@dataclass(frozen=True)
+@_settings_class
 class OutliersSettings:
     """``outliers``: the activation outlier rule (also what clip removes) and the position-table σ rule."""
 
@@ -168,7 +298,7 @@ class OutliersSettings:
         _check(self.position_k > 0, f"outliers.position_k must be > 0, got {self.position_k}")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class AnisotropySettings:
     """``anisotropy``: sentences sampled for the cross-sentence token pairs; the rogue-dimension columns
     (Timkey & van Schijndel 2021): the k of the top-k shares and rankings, and how many dims are listed."""
@@ -178,7 +308,7 @@ class AnisotropySettings:
     n_sentences: int = 2000
     #: Timkey & van Schijndel 2021: share of the anisotropy held by the top k dims, and r²/Spearman between the pair
     #: cosines with all dims and without the top k
-    rogue_k: tuple[int, ...] = (1, 3, 5)
+    rogue_k: Ints = (1, 3, 5)
     #: dims listed per layer with CC_i and share (every dim: anisotropy_contributions.csv)
     rogue_list: int = 5
 
@@ -189,7 +319,7 @@ class AnisotropySettings:
         _check(self.rogue_list >= 1, f"anisotropy.rogue_list must be >= 1, got {self.rogue_list}")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class IsotropySettings:
     """``isotropy``: IsoScore* shrinkage (Rudman & Eickhoff 2023)."""
 
@@ -202,7 +332,7 @@ class IsotropySettings:
         _check(0.0 <= self.zeta <= 1.0, f"isotropy.zeta must be in [0, 1], got {self.zeta}")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class SelfSimilaritySettings:
     """``self_similarity``: which words are target words."""
 
@@ -220,7 +350,7 @@ class SelfSimilaritySettings:
 
 
 # --------------------------------------------------------------------------------------- the tasks
-@dataclass(frozen=True)
+@_settings_class
 class WicSettings:
     """``wic`` (``configs/wic/``): the pairs, the splits to choose and report on, the threshold sweep.
 
@@ -234,10 +364,10 @@ class WicSettings:
     #: honest protocol: accuracy at the threshold chosen on `split`; null = sweep only
     report_split: str | None = "test"
     #: [pairs.jsonl|csv|tsv]: sentence1, sentence2, start1, end1, start2, end2, label (+ split)
-    files: tuple[str, ...] | None = None
+    files: Names | None = None
     #: first N pairs; null = all
     max_pairs: int | None = None
-    thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Luo et al. §4.2
+    thresholds: Floats = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Luo et al. §4.2
     hub_path: str = "aps/super_glue"
     hub_name: str = "wic"
 
@@ -252,7 +382,7 @@ class WicSettings:
                "(or wic.report_split=null for the paper's sweep only)")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class StsSettings:
     """``sts`` (``configs/sts/``): hub data sets and/or local files, the split, the sub-set column.
 
@@ -261,9 +391,9 @@ class StsSettings:
 
     SECTION: ClassVar[str] = "sts"
     #: short names (see outlierlab/evaluation/sts.py HUB) or any hub id with sentence1/sentence2/score
-    datasets: tuple[str, ...] = ()
+    datasets: Names = ()
     #: [a.csv, b.tsv, c.jsonl]: ONE data set per file, columns sentence1, sentence2, score
-    files: tuple[str, ...] | None = None
+    files: Names | None = None
     split: str = "test"
     #: first N pairs per dataset; null = all
     max_pairs: int | None = None
@@ -276,13 +406,13 @@ class StsSettings:
 
 
 # ------------------------------------------------------------------ the LayerNorm-outlier analyses
-@dataclass(frozen=True)
+@_settings_class
 class _TextSettings:
     """Keys every LayerNorm-outlier analysis has: its own texts (else ``data.files``) and how many (each
     subclass restates ``max_sentences`` with its own preset's default)."""
 
     SECTION: ClassVar[str] = ""
-    files: tuple[str, ...] | None = None
+    files: Names | None = None
     max_sentences: int | None = None
 
     def __post_init__(self) -> None:
@@ -295,7 +425,7 @@ def _check_layernorms(section: str, kinds: tuple[str, ...] | None) -> None:
            f"{section}.layernorms={list(kinds or [])}: choose from {sorted(LAYERNORM_KINDS)}")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class AblationSettings(_TextSettings):
     """``ablation`` (``configs/ablation/default.yaml``): Kovaleva et al.'s masked-LM ablation."""
 
@@ -304,11 +434,11 @@ class AblationSettings(_TextSettings):
     max_sentences: int | None = 600
     #: LayerNorms whose gain AND bias are zeroed; null = those the rule judges (ln_rule.layernorms) or a list of:
     #: output | attention_output | embeddings | head | all
-    layernorms: tuple[str, ...] | None = None
+    layernorms: Names | None = None
     #: override the detected outlier dims, e.g. [308, 381]
-    outlier_dims: tuple[int, ...] | None = None
+    outlier_dims: Ints | None = None
     #: your own dims, reported as a separate condition
-    dims: tuple[int, ...] = ()
+    dims: Ints = ()
     #: random control draws (same count as the outlier dims, never including them)
     n_random: int = 5
     #: masking and random draws; null = the global seed
@@ -339,7 +469,7 @@ class AblationSettings(_TextSettings):
 FREQUENCY_MODES = ("auto", "pretraining", "eval", "files")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class FrequencySettings(_TextSettings):
     """``frequency`` (``configs/frequency/default.yaml``): Puccetti et al.'s frequency correlation."""
 
@@ -349,9 +479,9 @@ class FrequencySettings(_TextSettings):
     #: (required) | eval | files (frequency.count_files)
     counts_from: str = "auto"
     #: [a.txt, b.txt.gz] for counts_from=files
-    count_files: tuple[str, ...] | None = None
+    count_files: Names | None = None
     #: null: LayerNorm outlier dims (detect: below), else activation outliers; or e.g. [308, 381]
-    dims: tuple[int, ...] | None = None
+    dims: Ints | None = None
     #: at most this many dims (strongest first) (LayerNorm outlier dims: the one rule, configs/ln_rule)
     max_dims: int = 8
     #: magnitude: mean |h| of the dim per token type (Puccetti et al.) | signed: mean h
@@ -361,7 +491,7 @@ class FrequencySettings(_TextSettings):
     #: token types seen fewer times in the evaluated text are left out
     min_occurrences: int = 1
     #: hidden-state layers of the scatter (0 = embeddings); null = [middle, last]
-    plot_layers: tuple[int, ...] | None = None
+    plot_layers: Ints | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -376,7 +506,7 @@ class FrequencySettings(_TextSettings):
         _check(self.min_occurrences >= 1, f"frequency.min_occurrences must be >= 1, got {self.min_occurrences}")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class OrderUseSettings(_TextSettings):
     """``order_use`` (``configs/order_use/default.yaml``): permuted-token loss minus intact loss, attention locality."""
 
@@ -399,7 +529,7 @@ class OrderUseSettings(_TextSettings):
                f"order_use.max_length (>= 4) and batch_size (>= 1) out of range: {self.max_length}, {self.batch_size}")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class AttentionSinksSettings(_TextSettings):
     """``attention_sinks`` (``configs/attention_sinks/default.yaml``): attention mass on special tokens."""
 
@@ -407,9 +537,9 @@ class AttentionSinksSettings(_TextSettings):
     max_sentences: int | None = 200
     #: where the outlier dims are disabled (as ablation.layernorms; null = the rule's LayerNorms) outlier dims: the
     #: one LayerNorm rule, configs/ln_rule
-    layernorms: tuple[str, ...] | None = None
+    layernorms: Names | None = None
     #: null: the detected outlier dims; or e.g. [308, 381]
-    dims: tuple[int, ...] | None = None
+    dims: Ints | None = None
     max_length: int = 128
     batch_size: int = 16
     #: Gu et al. 2025: a sink head puts mean attention > 0.3 on <s> (</s>)
@@ -429,7 +559,7 @@ class AttentionSinksSettings(_TextSettings):
                f"{self.batch_size}")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class FrequentTokensSettings(_TextSettings):
     """``frequent_tokens`` (``configs/frequent_tokens/default.yaml``): Macocco et al. 2025's heuristic."""
 
@@ -438,7 +568,7 @@ class FrequentTokensSettings(_TextSettings):
     #: token frequency as the frequency analysis: auto = our runs' pretraining corpus, else the evaluated text (said
     #: so) | pretraining | eval | files (count_files)
     counts_from: str = "auto"
-    count_files: tuple[str, ...] | None = None
+    count_files: Names | None = None
     #: Macocco et al.: median |h_d| above this percentile of all |h| (and of |W| rows)
     percentile: float = 99.0
     #: Luo et al.'s argmax/argmin share rule on h
@@ -483,7 +613,7 @@ class FrequentTokensSettings(_TextSettings):
                f"{self.batch_size}")
 
 
-@dataclass(frozen=True)
+@_settings_class
 class QKOutliersSettings(_TextSettings):
     """``qk_outliers`` (``configs/qk_outliers/default.yaml``): Jonasson 2025's query/key features."""
 
