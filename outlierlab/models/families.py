@@ -230,11 +230,6 @@ class Family:
                              "has transformers renamed it? Update outlierlab/models/families.py")
         return mod
 
-    def norm_paths(self, model: nn.Module, include_head: bool = False) -> dict[str, str]:
-        """Canonical key -> dotted module name in ``model`` of every norm :meth:`layernorms` returns."""
-        names = {id(m): n for n, m in model.named_modules()}
-        return {k: names.get(id(m), "?") for k, m in self.layernorms(model, include_head).items()}
-
     def layernorms(self, model: nn.Module, include_head: bool = False) -> dict[str, nn.Module]:
         """The norms on the residual stream by canonical key, in depth order (see the module docstring).
 
