@@ -16,6 +16,11 @@ from outlierlab.models import EncoderConfig, RobertaMaskedLM
 from outlierlab.utils.flops import flops_per_token
 
 
+def batch_size_of(batch: dict[str, Tensor]) -> int:
+    """Sequences in a batch (for Lightning's ThroughputMonitor: configs/callbacks/default.yaml names it)."""
+    return int(batch["input_ids"].shape[0])
+
+
 def tokens_in(batch: dict[str, Tensor]) -> int:
     """Real (non-padding) tokens in a batch: what ``train/items_per_sec`` counts.
 
