@@ -2,7 +2,8 @@
 best settings, on the same batches: tokens/s, MFU and peak memory, appended to docs/gpu/throughput.csv.
 
 * ``ours``: our ``MLMLitModule`` in a Lightning ``Trainer`` as train.py builds it (bf16-mixed, the LM head on masked
-  tokens only, no attention mask on packed blocks, fused AdamW, ``torch.compile`` with ``--compile``);
+  tokens only, no attention mask on packed blocks, fused AdamW, the vocabulary padded to a multiple of
+  ``--vocab-multiple`` (64: 50,265 -> 50,304; 1 = none), ``torch.compile`` with ``--compile``);
 * ``hf``: ``RobertaForMaskedLM(attn_implementation="sdpa")`` of the same sizes in ``transformers.Trainer``
   (``bf16=True``, ``optim="adamw_torch_fused"``, ``torch_compile`` with ``--compile``), fed the collator's
   ``input_ids, attention_mask, labels`` as a user would.
@@ -44,7 +45,8 @@ import torch  # noqa: E402
 from outlierlab.models import EncoderConfig  # noqa: E402
 from outlierlab.utils.flops import flops_per_token, mfu, peak_bf16_flops  # noqa: E402
 
-COLUMNS = ["device", "model", "block", "objective", "impl", "compiled", "deterministic", "tokens_per_step",
+COLUMNS = ["device", "model", "block", "objective", "impl", "compiled", "deterministic", "vocab_multiple",
+           "tokens_per_step",
            "tokens_per_s", "mfu", "peak_mem_gb", "torch", "transformers", "lightning", "command"]
 SIZES = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128),
          "medium": dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=2048),
@@ -173,6 +175,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--impl", default="ours,hf")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms only (its cost)")
+    p.add_argument("--vocab-multiple", type=int, default=64,
+                   help="ours: embedding rows rounded up to a multiple of this (model.vocab_multiple; 1 = none)")
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 4 steps, fp32")
     p.add_argument("--no-write", action="store_true", help="print only (no row in docs/gpu/throughput.csv)")
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args.batch = max(1, args.tokens_per_step // args.block)
     vocab = 1000 if args.tiny else VOCAB
     config = EncoderConfig(vocab_size=vocab, max_len=args.block, dropout=0.0, attention_dropout=0.0,
-                           pos={"name": "learned"}, **SIZES[args.model])
+                           pos={"name": "learned"}, vocab_multiple=args.vocab_multiple, **SIZES[args.model])
     data = batches(args.steps, args.batch, args.block, vocab)
     device = torch.cuda.get_device_name() if gpu else f"cpu ({platform.processor() or platform.machine()})"
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_bf16_flops(device)
@@ -203,6 +207,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         tps = tokens_per_step * (args.steps - args.warmup) / seconds
         rows.append({"device": device, "model": args.model, "block": args.block, "objective": "mlm", "impl": impl,
                      "compiled": bool(args.compile), "deterministic": bool(args.deterministic),
+                     "vocab_multiple": args.vocab_multiple if impl == "ours" else 1,  # HF: the tokenizer's size
                      "tokens_per_step": tokens_per_step,
                      "tokens_per_s": round(tps, 1), "mfu": round(mfu(tps, f, peak), 4) if peak else math.nan,
                      "peak_mem_gb": round(mem, 2), "torch": torch.__version__,

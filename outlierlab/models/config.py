@@ -84,6 +84,12 @@ class EncoderConfig:
     op_beta_trainable : bool
         Learn β (one scalar per branch and layer). Off, as in He et al.'s configuration, where trainable
         gains are an option they leave off: a learned β can grow back and undo the down-scaling.
+    vocab_multiple : int
+        Rows of the token embedding (and columns of the tied LM head) rounded up to a multiple of this
+        (nanoGPT's 50,257 -> 50,304; RoBERTa's 50,265 -> 50,304 at 64), so the two largest matmuls of a
+        base-size model get GPU-friendly shapes. Exact: the padded classes' logits are -inf (a -inf bias), so
+        the loss and every gradient equal the unpadded model's, the padded rows get no gradient, and the
+        ``logits`` returned are the real vocabulary's; exports drop the padded rows. 1 (the default): none.
     """
 
     vocab_size: int = 8192
@@ -112,6 +118,7 @@ class EncoderConfig:
     op_beta: float | None = None
     op_beta_trainable: bool = False
     causal: bool = False
+    vocab_multiple: int = 1
 
     def __post_init__(self) -> None:
         # Hydra hands over DictConfig objects; keep a plain dict so the config is JSON-able.
@@ -141,6 +148,8 @@ class EncoderConfig:
                              "does not apply; leave norm_placement at its default (post)")
         if self.gate_hidden is not None and self.gate_hidden < 1:
             raise ValueError(f"gate_hidden must be >= 1 (got {self.gate_hidden})")
+        if self.vocab_multiple < 1:
+            raise ValueError(f"model.vocab_multiple must be >= 1 (1: no padding; 64 on a GPU), got {self.vocab_multiple}")
 
     @property
     def pos_name(self) -> str:
@@ -150,6 +159,11 @@ class EncoderConfig:
     def is_plain_roberta(self) -> bool:
         """True when every switch is at its default: the body is exactly ``RobertaModel``'s."""
         return all(getattr(self, key) == valid[0] for key, valid in SWITCH_CHOICES.items() if key != "gate")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the token embedding: ``vocab_size`` rounded up to a multiple of ``vocab_multiple``."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     @property
     def head_dim(self) -> int:

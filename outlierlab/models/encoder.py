@@ -54,7 +54,8 @@ class MaskedLMOutput:
 class Embeddings(nn.Module):
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size,
+                                            padding_idx=config.pad_token_id)
         scheme = get_scheme(config.pos_name)
         # Absent (None) for schemes without an input term; HF export writes a zero table then.
         self.position_embeddings = scheme.input_module(config) if scheme.input_module else None
@@ -156,10 +157,14 @@ class LMHead(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.padding = config.padded_vocab_size - config.vocab_size
 
     def forward(self, x: Tensor, decoder_weight: Tensor) -> Tensor:
+        """Logits over the embedding's rows: with ``model.vocab_multiple`` padding, the padded classes' are -inf
+        (a -inf bias: their softmax share, and so every gradient through them, is exactly 0)."""
         x = self.layer_norm(F.gelu(self.dense(x)))
-        return F.linear(x, decoder_weight, self.bias)
+        bias = F.pad(self.bias, (0, self.padding), value=float("-inf")) if self.padding else self.bias
+        return F.linear(x, decoder_weight, bias)
 
 
 class RobertaMaskedLM(nn.Module):
@@ -224,7 +229,7 @@ class RobertaMaskedLM(nn.Module):
         hidden = out.last_hidden_state
         if labels is None and masked_positions is not None:
             logits = self.lm_head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_positions), decoder)
-            return MaskedLMOutput(None, logits, out.hidden_states, out.attentions, masked_positions)
+            return MaskedLMOutput(None, self._vocab(logits), out.hidden_states, out.attentions, masked_positions)
         if self.config.causal and labels is not None:
             return self._next_token_loss(out, hidden, decoder, labels, full_logits)
         if labels is None or full_logits:
@@ -232,7 +237,7 @@ class RobertaMaskedLM(nn.Module):
             loss = None
             if labels is not None:
                 loss = F.cross_entropy(_upcast(logits.view(-1, logits.shape[-1])), labels.view(-1), ignore_index=-100)
-            return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions)
+            return MaskedLMOutput(loss, self._vocab(logits), out.hidden_states, out.attentions)
         flat_labels = labels.reshape(-1)
         if masked_positions is None:
             masked_positions = (flat_labels != -100).nonzero().squeeze(1)
@@ -241,7 +246,12 @@ class RobertaMaskedLM(nn.Module):
         # sum / max(N, 1): a batch without any masked token gives loss 0 (and zero gradients), not the
         # NaN of a mean over nothing; N is the index tensor's length, known on the host (no device sync).
         loss = F.cross_entropy(_upcast(logits), targets, reduction="sum") / max(int(masked_positions.numel()), 1)
-        return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions, masked_positions)
+        return MaskedLMOutput(loss, self._vocab(logits), out.hidden_states, out.attentions, masked_positions)
+
+    def _vocab(self, logits: Tensor) -> Tensor:
+        """The tokenizer's vocabulary of ``logits``: with ``model.vocab_multiple`` padding the padded columns (all
+        -inf, used only inside the loss) are dropped as a view, without a copy."""
+        return logits[..., : self.config.vocab_size] if self.lm_head.padding else logits
 
     def _next_token_loss(self, out: EncoderOutput, hidden: Tensor, decoder: Tensor, labels: Tensor,
                          full_logits: bool) -> MaskedLMOutput:
@@ -259,7 +269,7 @@ class RobertaMaskedLM(nn.Module):
         total = F.cross_entropy(_upcast(shifted.reshape(-1, shifted.shape[-1])), targets, ignore_index=-100,
                                 reduction="sum")
         loss = total / (targets != -100).sum().clamp(min=1)
-        return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions)
+        return MaskedLMOutput(loss, self._vocab(logits), out.hidden_states, out.attentions)
 
     def named_layernorms(self) -> dict[str, nn.Module]:
         """The encoder's normalisation layers on the residual stream, in depth order — the single list

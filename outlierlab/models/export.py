@@ -86,10 +86,19 @@ def _hf_config(config: EncoderConfig):
     )
 
 
+def unpadded_state_dict(model: RobertaMaskedLM) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s weights without the ``model.vocab_multiple`` padding rows of the token embedding
+    (they are never an input and never predicted): what every export holds, for a config with no padding."""
+    sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    key = "roberta.embeddings.word_embeddings.weight"
+    sd[key] = sd[key][: model.config.vocab_size].clone()
+    return sd
+
+
 def to_hf_state_dict(model: RobertaMaskedLM) -> dict[str, torch.Tensor]:
     """Our state dict renamed/completed to ``RobertaForMaskedLM``'s keys."""
     cfg = model.config
-    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    sd = unpadded_state_dict(model)
     d = cfg.hidden_size
     if cfg.pos_name == "none":
         sd["roberta.embeddings.position_embeddings.weight"] = torch.zeros(cfg.max_position_embeddings, d)
@@ -141,8 +150,8 @@ def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokeni
                 hf_logging.enable_progress_bar()
         fmt = "hf"
     else:
-        sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-        save_file(sd, str(out / WEIGHTS), metadata={"format": "pt"})
+        save_file(unpadded_state_dict(model), str(out / WEIGHTS), metadata={"format": "pt"})
+        cfg = dataclasses.replace(cfg, vocab_multiple=1)
         (out / OUR_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
         if remote_code:
             from .remote_code import write_remote_code  # lazy: as in _hf_config (reads the model sources)

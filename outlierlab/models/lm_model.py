@@ -182,7 +182,8 @@ def output_layer(loaded: LoadedModel) -> tuple[nn.Module, bool, Tensor, Tensor |
     model = loaded.model
     norm_key = "final" if loaded.is_decoder else "head"
     if loaded.kind == "outlierlab":  # our LMHead: dense -> GELU -> layer_norm -> F.linear(tied embeddings, bias)
-        return (model.lm_head.layer_norm, True, model.roberta.embeddings.word_embeddings.weight.detach(),
+        vocab = model.config.vocab_size  # the embedding's rows past it are model.vocab_multiple padding
+        return (model.lm_head.layer_norm, True, model.roberta.embeddings.word_embeddings.weight.detach()[:vocab],
                 model.lm_head.bias.detach(), norm_key)
     head = lm_head(model)
     if head is None or getattr(head, "weight", None) is None:

@@ -154,6 +154,7 @@ class _WithHead(OutlierLabPreTrainedModel):
 
     # the training code's own loss paths and norm list
     _next_token_loss = RobertaMaskedLM._next_token_loss
+    _vocab = RobertaMaskedLM._vocab
     named_layernorms = RobertaMaskedLM.named_layernorms
 
     def get_input_embeddings(self):
