@@ -149,7 +149,8 @@ class EncoderConfig:
         if self.gate_hidden is not None and self.gate_hidden < 1:
             raise ValueError(f"gate_hidden must be >= 1 (got {self.gate_hidden})")
         if self.vocab_multiple < 1:
-            raise ValueError(f"model.vocab_multiple must be >= 1 (1: no padding; 64 on a GPU), got {self.vocab_multiple}")
+            raise ValueError(f"model.vocab_multiple must be >= 1 (1: no padding; 64 on a GPU), "
+                             f"got {self.vocab_multiple}")
 
     @property
     def pos_name(self) -> str:
