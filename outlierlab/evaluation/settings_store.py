@@ -52,9 +52,9 @@ def register_defaults() -> None:
     """Store every section's defaults in Hydra's ConfigStore (idempotent; run before any config is composed: the
     entry points and :func:`outlierlab.jobs.startup.compose_config` do).
 
-    Plain nodes, not structured-config schemas: the classes stay the one validator (:func:`load_settings`: one line
-    per fault, ``data.files=a.txt`` read as a list, frozen values), for the reasons measured in docs/design.md
-    ("Decisions already taken")."""
+    Plain nodes, not OmegaConf structured-config schemas: the classes stay the one validator (pydantic, strict:
+    one line per fault, ``data.files=a.txt`` read as a list, frozen values), for the reasons measured in
+    docs/design.md ("Decisions already taken")."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
