@@ -83,7 +83,7 @@ def test_arch_config_group_states_the_dataclass_defaults(compose_cfg):
     model = compose_cfg("train", []).model
     for key, value in cfg().to_dict().items():
         if key in ("norm_placement", "norm", "attention", "block", "clip_gamma", "clip_zeta", "gate",
-                   "gate_hidden", "gate_bias_init", "op_beta", "op_beta_trainable"):
+                   "gate_hidden", "gate_bias_init", "op_beta", "op_beta_trainable", "vocab_multiple"):
             assert model[key] == value, key
 
 
