@@ -4,12 +4,17 @@ No stream, no per-layer state, no token store: every batch's hidden states of AL
 (``[L+1, B, T, d]``) go into ``L+1``-layer accumulators, the transforms are fitted from the first encoding's
 sums, and the sentences are encoded a second time to apply them.  Written the plain way on purpose, so that the
 engine (:mod:`outlierlab.evaluation.sentence_stream`, :func:`outlierlab.evaluation.sentence_pass.run_sentence_pass`) is
-checked against something that shares none of its machinery except the accumulators themselves.
+checked against something that shares none of its machinery except the accumulators themselves.  Beside it, the
+plain word-to-token scan (:func:`word_occurrences`) that the batched word plan of
+:mod:`outlierlab.evaluation.words` is compared with.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
+from torch import Tensor
 
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator
@@ -19,7 +24,7 @@ from outlierlab.analysis.transforms import FITTED, clip_dims_per_layer
 from outlierlab.evaluation.encoding import token_offsets
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.evaluation.settings import TransformSettings
-from outlierlab.evaluation.words import select_words, word_vectors
+from outlierlab.evaluation.words import WORD_RE, char_span_tokens, plan_vectors, select_words, word_plan
 
 
 def oracle_pass(encoder, texts, transforms, *, outliers, anisotropy, self_similarity, data,
@@ -94,3 +99,32 @@ def padded_batches(encoder, texts, batch_size=None, chunk=1024):
             yield SimpleNamespace(hidden=b.hidden, valid=valid_token_mask(b.attention_mask, b.special_tokens_mask),
                                   rows=[c0 + i for i in idx], texts=[part[i] for i in idx],
                                   offsets=[offs[i] for i in idx], special=[special[i] for i in idx])
+
+
+def word_occurrences(text: str, offsets: Sequence[tuple[int, int]], special: Sequence[int],
+                     lowercase: bool = True) -> list[tuple[str, list[int]]]:
+    """Every regex word of ``text`` (in order) with its token indices; words with no token are dropped
+    (e.g. cut off by truncation): the plain scan that :func:`outlierlab.evaluation.words.word_plan` does for a whole
+    batch at once.  Ethayarajh's "one occurrence per sentence" is applied by the caller."""
+    out = []
+    for m in WORD_RE.finditer(text):
+        toks = char_span_tokens(offsets, special, m.start(), m.end())
+        if toks:
+            out.append((m.group().lower() if lowercase else m.group(), toks))
+    return out
+
+
+def word_vectors(hidden: Tensor, b, word_index: dict, lowercase: bool = True
+                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """Word vectors of a batch of ``[L, B, T, d]`` hidden states (all layers at once, as this oracle holds them): the
+    mean of each word's subword tokens (:func:`outlierlab.evaluation.words.plan_vectors` on the batch's plan).
+
+    Returns ``(vectors [L, B, W, d], mask [B, W] bool, keys [B, W] long)``: W = most words in a row;
+    ``keys`` holds the target-word index of the FIRST occurrence of a target word in its sentence and -1
+    elsewhere (Ethayarajh: at most one occurrence per sentence).
+    """
+    n_layers, bsz, t_len, d = hidden.shape
+    plan = word_plan(b, word_index, t_len, lowercase)
+    if plan is None:
+        return None, None, None
+    return plan_vectors(hidden.reshape(n_layers, bsz * t_len, d), plan, bsz)

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, WordSimilarity, pass_settings, run_sentence_pass
-from outlierlab.evaluation.words import char_span_tokens, word_occurrences, word_vectors
+from outlierlab.evaluation.words import char_span_tokens
+from sentence_pass_oracle import word_occurrences, word_vectors
 from tests.conftest import compose
 
 

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from outlierlab.evaluation.words import plan_vectors, word_occurrences, word_plan, word_vectors
+from outlierlab.evaluation.words import plan_vectors, word_plan
+from sentence_pass_oracle import word_occurrences, word_vectors
 
 
 def _plan_by_rows(b, word_index: dict, t_len: int, lowercase: bool = True):

@@ -31,18 +31,6 @@ def char_span_tokens(offsets: Sequence[tuple[int, int]], special: Sequence[int],
             if not sp and e > s and s < end and e > start]
 
 
-def word_occurrences(text: str, offsets: Sequence[tuple[int, int]], special: Sequence[int],
-                     lowercase: bool = True) -> list[tuple[str, list[int]]]:
-    """Every regex word of ``text`` (in order) with its token indices; words with no token are dropped
-    (e.g. cut off by truncation).  Ethayarajh's "one occurrence per sentence" is applied by the caller."""
-    out = []
-    for m in WORD_RE.finditer(text):
-        toks = char_span_tokens(offsets, special, m.start(), m.end())
-        if toks:
-            out.append((m.group().lower() if lowercase else m.group(), toks))
-    return out
-
-
 def sentence_word_counts(texts: Sequence[str], lowercase: bool = True) -> Counter:
     """Number of sentences each word type occurs in (text only; no tokenizer, no encoder)."""
     counts: Counter = Counter()
@@ -64,12 +52,11 @@ def select_words(texts: Sequence[str], min_sentences: int = 10, max_words: int |
 
 def word_plan(b, word_index: dict, t_len: int, lowercase: bool = True):
     """Which tokens make which word slot in a batch (text work only, done once per batch and reused for
-    every layer): ``(src, dst, counts, keys, w_max)`` or None when no row has a word; see :func:`word_vectors`.
+    every layer): ``(src, dst, counts, keys, w_max)`` or None when no row has a word; see :func:`plan_vectors`.
 
-    The same plan as :func:`word_occurrences` row by row (every regex word with the non-special tokens its
-    characters overlap, words without a token dropped), found for the whole batch at once in numpy instead of a
-    Python scan of every token for every word (4.9 -> 0.8 ms for 32 sentences; tests/test_words.py
-    compares the two).  A row's words are disjoint and in order, so the words a token ``[s, e)`` overlaps are
+    Every regex word of each row with the non-special tokens its characters overlap, words without a token dropped,
+    found for the whole batch at once in numpy instead of a Python scan of every token for every word (4.9 -> 0.8 ms
+    for 32 sentences; tests/test_words.py compares the two).  A row's words are disjoint and in order, so the words a token ``[s, e)`` overlaps are
     one run, ``end > s`` and ``start < e``: two binary searches, memory O(words + tokens)."""
     bsz = len(b.texts)
     row_words, row_spans = [], []
@@ -87,7 +74,7 @@ def word_plan(b, word_index: dict, t_len: int, lowercase: bool = True):
                         dtype=np.int64, count=2 * sum(n_toks)).reshape(-1, 2)
     special = np.fromiter(chain.from_iterable(sp[:n] for sp, n in zip(b.special, n_toks)), dtype=np.int64,
                           count=sum(n_toks))
-    w_row, w_pos = _ragged_index(n_words)
+    w_row, _ = _ragged_index(n_words)
     t_row, t_pos = _ragged_index(n_toks)
     # each row's characters shifted by row * stride: the batch's words are one sorted list, no token reaches
     # another row's words
@@ -139,8 +126,13 @@ def _ragged_index(lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plan_vectors(flat: Tensor, plan, bsz: int) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`word_vectors` from a :func:`word_plan`: ``flat [L, n, d]`` holds the batch's token vectors (any L,
-    e.g. one layer) at the indices the plan's ``src`` names (the ``[B, T]`` grid flattened, or a store's rows)."""
+    """Word vectors of a batch from its :func:`word_plan`, the mean of each word's subword tokens: ``flat [L, n, d]``
+    holds the batch's token vectors (any L, e.g. one layer) at the indices the plan's ``src`` names (the ``[B, T]``
+    grid flattened, or a store's rows).
+
+    Returns ``(vectors [L, B, W, d], mask [B, W] bool, keys [B, W] long)``: W = most words in a row; ``keys`` holds
+    the target-word index of the FIRST occurrence of a target word in its sentence and -1 elsewhere (Ethayarajh: at
+    most one occurrence per sentence)."""
     src, dst, counts, keys, w_max = plan
     n_layers, d, dev = flat.shape[0], flat.shape[-1], flat.device
     n_slots = bsz * w_max
@@ -169,18 +161,3 @@ def plan_vectors(flat: Tensor, plan, bsz: int) -> tuple[Tensor, Tensor, Tensor]:
         sev = several.to(dev)
         out[:, sev] /= counts[several].to(dev)[None, :, None]
     return out.reshape(n_layers, bsz, w_max, d), (counts > 0).reshape(bsz, w_max).to(dev), keys
-
-
-def word_vectors(hidden: Tensor, b, word_index: dict, lowercase: bool = True
-                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """Word vectors of a batch: the mean of each word's subword tokens.
-
-    Returns ``(vectors [L, B, W, d], mask [B, W] bool, keys [B, W] long)``: W = most words in a row;
-    ``keys`` holds the target-word index of the FIRST occurrence of a target word in its sentence and -1
-    elsewhere (Ethayarajh: at most one occurrence per sentence).
-    """
-    n_layers, bsz, t_len, d = hidden.shape
-    plan = word_plan(b, word_index, t_len, lowercase)
-    if plan is None:
-        return None, None, None
-    return plan_vectors(hidden.reshape(n_layers, bsz * t_len, d), plan, bsz)
