@@ -124,6 +124,21 @@ def test_two_files_give_one_row_each_and_a_mean_equal_to_their_average(encoder, 
     assert f"(L{best})" in table[1]
 
 
+def test_each_file_whitens_on_its_own_pairs_also_after_another_file(encoder, compose_cfg, tmp_path):
+    """The second data set's maps are fitted on its own pairs with the run's transform settings, exactly as if it
+    were evaluated alone (the first file's scoring must leave those settings as they were)."""
+    from outlierlab.evaluation.sts import run
+
+    a = _write(tmp_path / "a.csv", _texts(60, seed=3), 80, seed=4)
+    b = _write(tmp_path / "b.csv", _texts(60, seed=5), 80, seed=6)
+    extra = ["transform.fit_on=eval", "transform.allow_degenerate=true"]
+    both = run(_ctx(compose_cfg, encoder, tmp_path, [a, b], ("none", "whiten"), extra))
+    alone = run(_ctx(compose_cfg, encoder, tmp_path, [b], ("none", "whiten"), extra))
+    second = [r for r in both.rows if r["dataset"] == "b.csv"]
+    assert {r["transform"] for r in second} == {"none", "whiten"}
+    assert second == [r for r in alone.rows if r["dataset"] == "b.csv"]
+
+
 def test_sub_sets_are_scored_separately_and_averaged_as_senteval(encoder, compose_cfg, tmp_path):
     from outlierlab.evaluation.sts import run
 

@@ -378,14 +378,30 @@ def sentence_stats(ctx) -> SentenceStats:
     return st
 
 
-def clip_dims_for_tasks(ctx) -> tuple[list[list[int]] | None, str]:
-    """Clip dims WiC/STS use: ``transform.dims``/``dims_by_layer`` or the dims detected on the evaluation
-    sentences."""
+def task_transforms(ctx) -> FittedTransforms:
+    """The transforms of an analysis that encodes its own texts (WiC, STS), clip ready: ``transform.dims`` /
+    ``dims_by_layer`` or the dims detected on the evaluation sentences; the fitted maps are the analysis' to add."""
+    ft = FittedTransforms()
     if "clip" not in ctx.transforms:
-        return None, ""
+        return ft
     per, info = given_clip_dims(section_settings(TransformSettings, ctx.root_cfg), ctx.encoder.num_layers + 1,
                                 ctx.encoder.hidden_size)
-    if per is not None:
-        return per, info
+    if per is None:
+        st = sentence_stats(ctx)
+        per, info = st.transforms.clip_dims, st.transforms.info["clip"]
+    ft.clip_dims, ft.info["clip"] = per, info
+    return ft
+
+
+def borrow_fitted_maps(ctx, ft: FittedTransforms, names) -> None:
+    """The sentence pass's fitted maps ``names`` put into ``ft`` with what they were fitted on
+    (``transform.fit_on=sentences``: WiC and STS apply the evaluation sentences' maps)."""
     st = sentence_stats(ctx)
-    return st.transforms.clip_dims, st.transforms.info["clip"]
+    for name in names:
+        ft.set_whitener(st.transforms.fitted[name], st.transforms.fits[name])
+
+
+def fit_on_sentences(ctx) -> set[str]:
+    """``SENTENCE_PASS`` of WiC and STS: the sentence pass's fitted maps when they are theirs too
+    (``transform.fit_on=sentences``), else nothing."""
+    return {"fitted_maps"} if section_settings(TransformSettings, ctx.root_cfg).fit_on == "sentences" else set()

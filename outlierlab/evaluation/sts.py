@@ -38,13 +38,15 @@ from outlierlab.evaluation.layer_rows import LayerRows, pair_cosines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
-from outlierlab.evaluation.sentence_pass import clip_dims_for_tasks, sentence_stats
+from outlierlab.evaluation.sentence_pass import borrow_fitted_maps, fit_on_sentences, task_transforms
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
 
 WHITEN_COLUMNS = ["whiten_fit", "whiten_n", "whiten_distinct", "whiten_rank", "whiten_k", "whiten_degenerate"]
 COLUMNS = ["layer", "transform", "dataset", "subset", "split", "spearman", "n_pairs", *WHITEN_COLUMNS]
+#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS): its fitted maps with fit_on=sentences
+SENTENCE_PASS = fit_on_sentences
 #: Below this many pairs a Spearman ρ is printed with a warning (its 95% interval is wider than ±0.35).
 FEW_PAIRS = 30
 
@@ -195,9 +197,7 @@ def _whiten(ctx, name: str, vecs: SentenceVectors, keep: torch.Tensor, fit: StsP
     names = [n for n in ctx.transforms if n in FITTED]
     n_layers, dim = vecs.num_layers, vecs.dim
     if fit_on == "sentences":
-        st = sentence_stats(ctx)
-        for n in names:
-            ft.set_whitener(st.transforms.fitted[n], st.transforms.fits[n])
+        borrow_fitted_maps(ctx, ft, names)
         return
     if fit_on not in ("eval", split) and isinstance(fit, StsPairs):
         batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
@@ -262,7 +262,6 @@ def run(ctx: EvalContext) -> AnalysisResult:
     enc, transforms = ctx.encoder, list(ctx.transforms)
     split, t = load_settings(StsSettings, ctx.cfg).split, section_settings(TransformSettings, ctx.root_cfg)
     batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
-    clip_dims, clip_info = clip_dims_for_tasks(ctx)
     rows, notes, infos, curves, headlines = [], [], {}, {}, {}
     for name, pairs in data.items():
         vecs, ok = sentence_vectors(enc, pairs.s1 + pairs.s2, batch_size, bool(ctx.root_cfg.progress), notes,
@@ -274,15 +273,15 @@ def run(ctx: EvalContext) -> AnalysisResult:
         if keep.numel() < FEW_PAIRS:
             notes.append(f"{name}: only {keep.numel()} pairs — ρ is valid but its 95% interval is wide "
                          f"(use >= {FEW_PAIRS} pairs)")
-        ft = FittedTransforms(clip_dims=clip_dims, info={"clip": clip_info} if clip_info else {})
+        ft = task_transforms(ctx)
         if any(n in FITTED for n in transforms):
             _whiten(ctx, name, vecs, keep, prepared.fit.get(name), t, split, ft)
         ds_rows, headlines[name] = score_dataset(name, pairs, vecs, keep, ft, transforms,
                                                  "" if pairs.local else split)
         vecs.cleanup()
         rows += ds_rows
-        for t in transforms:
-            curves[f"{name} {t}"] = headlines[name][t].tolist()
+        # a comprehension: its loop name does not rebind ``t``, the transform settings of the next data set's fit
+        curves.update({f"{name} {tr}": headlines[name][tr].tolist() for tr in transforms})
         infos[name] = {**ft.info, "data": pairs.what, "n_pairs": keep.numel(),
                        "subsets": sorted(set(pairs.subsets)) if pairs.subsets else []}
     mean = {t: torch.stack([h[t] for h in headlines.values()]).mean(0) for t in transforms}
@@ -321,12 +320,3 @@ def _table(headlines: dict, mean: dict, transforms: list[str]) -> list[list]:
              for n, h in headlines.items()]
     return table + [["**mean**", *(100 * float(mean[t][-1]) for t in transforms),
                      *(best(mean[t]) for t in transforms)]]
-
-
-def _sentence_pass(ctx) -> set[str]:
-    """The sentence pass's fitted maps when they are this analysis' too (``transform.fit_on=sentences``)."""
-    return {"fitted_maps"} if section_settings(TransformSettings, ctx.root_cfg).fit_on == "sentences" else set()
-
-
-#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS)
-SENTENCE_PASS = _sentence_pass

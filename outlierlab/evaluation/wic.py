@@ -33,8 +33,12 @@ from outlierlab.evaluation.layer_rows import pair_cosines
 from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
 from outlierlab.analysis.transform_fit import WhitenSettings
-from outlierlab.evaluation.sentence_pass import clip_dims_for_tasks, sentence_stats
+from outlierlab.evaluation.sentence_pass import borrow_fitted_maps, fit_on_sentences, task_transforms
 from outlierlab.analysis.transform_fit import FittedTransforms
+
+#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS): its fitted maps with fit_on=sentences
+SENTENCE_PASS = fit_on_sentences
+
 
 def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
     """WiC pairs of ``split`` (None: ``wic.split`` or the source's default) and a description
@@ -74,9 +78,7 @@ def _fit_transforms(ctx, data: WicData, t: TransformSettings, ft: FittedTransfor
     if fit_on == "eval":  # fitted by the target pass itself
         return settings
     if fit_on == "sentences":
-        st = sentence_stats(ctx)
-        for name in names:
-            ft.set_whitener(st.transforms.fitted[name], st.transforms.fits[name])
+        borrow_fitted_maps(ctx, ft, names)
         return None
     fit_pairs = data.fit_pairs
     w = target_vectors(ctx.encoder, fit_pairs, settings, section_settings(EncoderSettings, ctx.root_cfg).batch_size,
@@ -111,10 +113,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     enc = ctx.encoder
     n_layers, dim = enc.num_layers + 1, enc.hidden_size
     thresholds = torch.tensor(s.thresholds, dtype=torch.float64)
-    ft = FittedTransforms()
-    ft.clip_dims, clip_info = clip_dims_for_tasks(ctx)
-    if clip_info:
-        ft.info["clip"] = clip_info
+    ft = task_transforms(ctx)
     fitting = _fit_transforms(ctx, data, t, ft, n_layers, dim)
     notes: list[str] = []
     vecs, found, fitted = target_vectors(enc, pairs, fitting, batch_size, progress=progress, notes=notes,
@@ -199,12 +198,3 @@ def _rows(transforms, ft: FittedTransforms, cosines: dict, labels: torch.Tensor,
                             "report_n_pairs": len(report[1])})
             rows.append(row)
     return rows, best, curves, held
-
-
-def _sentence_pass(ctx) -> set[str]:
-    """The sentence pass's fitted maps when they are this analysis' too (``transform.fit_on=sentences``)."""
-    return {"fitted_maps"} if section_settings(TransformSettings, ctx.root_cfg).fit_on == "sentences" else set()
-
-
-#: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS)
-SENTENCE_PASS = _sentence_pass
