@@ -8,11 +8,8 @@ texts) to one encoding each, with :func:`encode_log_line` saying how many were e
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Sequence
-
-from outlierlab.utils.progress import progress_bar as make_bar
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +23,6 @@ class EncodeLog:
     n_truncated: int = 0
     truncated_tokens: int = 0
     seconds: float = 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.n_tokens / self.seconds if self.seconds > 0 else math.nan
 
 
 def token_offsets(encoder, texts: list[str], tok) -> tuple[list, list]:
@@ -55,11 +48,6 @@ def finish_encode_log(stats: EncodeLog, what: str, notes: list[str]) -> None:
                f"({stats.truncated_tokens} tokens dropped)")
         log.warning(msg)
         notes.append(msg)
-
-
-def progress_bar(total: int, desc: str, enabled: bool):
-    """tqdm on a terminal; plain ``[evaluate] ...`` lines with ETA in a log file (outlierlab.utils.progress)."""
-    return make_bar(total, f"[evaluate] {desc}", enabled, unit="sentences")
 
 
 def distinct_texts(texts: Sequence[str]) -> tuple[list[str], list[int]]:

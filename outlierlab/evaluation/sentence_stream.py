@@ -50,9 +50,10 @@ from torch import Tensor
 from outlierlab.datamodules.features import LayerTokenStore
 from outlierlab.utils.disk_room import check_room
 from outlierlab.analysis.outlier_stats import valid_token_mask
-from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, progress_bar, token_offsets
+from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, token_offsets
 from outlierlab.evaluation.words import plan_vectors, word_plan
 from outlierlab.utils.memory import release_freed_memory
+from outlierlab.utils.progress import progress_bar
 
 __all__ = ["Consumer", "LayerStream", "StreamBatch", "WordVectors"]
 
@@ -208,7 +209,8 @@ class LayerStream:
         store = self.store if not self.logs else None  # a second forward (no store) stores nothing
         log_, batches = EncodeLog(), []
         name = getattr(getattr(self.encoder, "source", None), "name", "")
-        bar = progress_bar(len(self.texts), f"{desc} {name}", self.progress)
+        # tqdm on a terminal; plain "[evaluate] ..." lines with an ETA in a log file
+        bar = progress_bar(len(self.texts), f"[evaluate] {desc} {name}", self.progress, unit="sentences")
         opened = []
         self._start(consumers)
         try:
@@ -371,8 +373,3 @@ class LayerStream:
         if self.store is not None:
             self.store.cleanup()
             self.store = None
-
-    @property
-    def seconds(self) -> float:
-        return sum(p.seconds for p in self.logs)
-

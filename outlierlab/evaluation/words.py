@@ -31,19 +31,12 @@ def char_span_tokens(offsets: Sequence[tuple[int, int]], special: Sequence[int],
             if not sp and e > s and s < end and e > start]
 
 
-def sentence_word_counts(texts: Sequence[str], lowercase: bool = True) -> Counter:
-    """Number of sentences each word type occurs in (text only; no tokenizer, no encoder)."""
-    counts: Counter = Counter()
-    for t in texts:
-        counts.update({w.lower() if lowercase else w for w in WORD_RE.findall(t)})
-    return counts
-
-
 def select_words(texts: Sequence[str], min_sentences: int = 10, max_words: int | None = 1000, seed: int = 0,
                  lowercase: bool = True) -> list[str]:
     """Target words of self-similarity: types occurring in ≥ ``min_sentences`` sentences (Ethayarajh 2019),
     a seeded uniform sample of ``max_words`` of them when there are more (paper: 1000), sorted."""
-    eligible = sorted(w for w, c in sentence_word_counts(texts, lowercase).items() if c >= min_sentences)
+    counts = Counter(w for t in texts for w in {w.lower() if lowercase else w for w in WORD_RE.findall(t)})
+    eligible = sorted(w for w, c in counts.items() if c >= min_sentences)
     if max_words is not None and len(eligible) > max_words:
         pick = np.random.default_rng(seed).choice(len(eligible), size=int(max_words), replace=False)
         eligible = [eligible[i] for i in sorted(pick)]
