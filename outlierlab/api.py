@@ -149,29 +149,8 @@ def _check_choices(overrides: list[str]) -> None:
         raise ValueError("; ".join(errors))
 
 
-def _run_dir(out_dir: str | Path | None, prefix: str) -> Path:
-    path = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=prefix))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def _encoder_overrides(encoder) -> list[str]:
     return [f"encoder.name_or_path={encoder.source.name}"]  # what the run's config records
-
-
-def _read(path: Path, run_dir: Path, skipped: str | None = None):
-    """One CSV as a DataFrame; a skipped analysis (no LM head, no STS data) wrote no rows and, without a fixed
-    header, an empty file: an empty DataFrame whose ``attrs["skipped"]`` says why, as the report does."""
-    import pandas as pd
-
-    try:
-        table = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        table = pd.DataFrame()
-    table.attrs["run_dir"] = str(run_dir)
-    if skipped:
-        table.attrs["skipped"] = skipped
-    return table
 
 
 def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any] = DEFAULT_ANALYSES,
@@ -275,16 +254,21 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     for every model the sentence-vector order change of every layer; ``overrides=["probe.order_use=false"]`` skips
     it).  ``progress``: the
     tqdm bar while encoding, as in :func:`evaluate`."""
+    import pandas as pd
+
     from outlierlab.jobs.probing import run as run_probe
 
     texts = check_texts(texts)
     choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
     _check_choices(choices)
-    run_dir = _run_dir(out_dir, "outlierlab_probe_")
+    run_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="outlierlab_probe_"))
+    run_dir.mkdir(parents=True, exist_ok=True)
     cfg = _compose("probe", ["task=position", f"seed={int(seed)}", f"progress={str(bool(progress)).lower()}",
                              *_encoder_overrides(encoder), *_texts_file(texts, run_dir), *choices])
     run_probe(cfg, run_dir, encoder=encoder)
-    return _read(run_dir / "position_probe.csv", run_dir)
+    table = pd.read_csv(run_dir / "position_probe.csv")  # a row per layer x transform: never empty
+    table.attrs["run_dir"] = str(run_dir)
+    return table
 
 
 def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
