@@ -242,8 +242,18 @@ def test_isotropy_takes_the_transformed_covariance_without_products_for_none_and
     still goes through WᵀΣW, which equals the covariance of the mapped points."""
     from types import SimpleNamespace
 
-    from outlierlab.evaluation.isotropy import transform_matrix, transformed_layer_covariance
     from outlierlab.analysis.transform_fit import FittedTransforms
+    from outlierlab.analysis.transforms import clip_mask
+    from outlierlab.evaluation.isotropy import transformed_layer_covariance
+
+    def transform_matrix(st, name: str, layer: int) -> torch.Tensor:
+        """W itself, ``[1, d, d]`` float64: I (none), diag(kept dims) (clip), the fitted map."""
+        if name == "none":
+            return torch.eye(st.dim, dtype=torch.float64)[None]
+        if name == "clip":
+            return torch.diag_embed((~clip_mask(st.transforms.clip_dims, st.num_layers, st.dim)[layer:layer + 1]
+                                     ).to(torch.float64))
+        return st.transforms.fitted[name].W[layer:layer + 1].to(torch.float64)
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 300, 6, dtype=torch.float64, generator=g) * torch.tensor([1.0, 5.0, 0.3, 2.0, 1.0, 9.0])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from outlierlab.analysis.isoscore import covariance, isoscore_from_covariance, isoscore_star, transformed_covariance
-from outlierlab.analysis.transforms import FITTED, clip_mask
+from outlierlab.analysis.transforms import clip_mask
 from outlierlab.evaluation.anisotropy import reservoir, transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import IsotropySettings, load_settings
@@ -32,20 +32,6 @@ SENTENCE_PASS = frozenset({"covariance", "fitted_maps"})
 COLUMNS = ["layer", "transform", "isoscore", "isoscore_star", "zeta", "dims", "n_tokens", "n_star_points"]
 
 
-def transform_matrix(st, name: str, layer: int) -> torch.Tensor:
-    """W of transform ``name`` at ``layer``, ``[1, d, d']`` float64: I (none), diag(kept dims) (clip), the
-    fitted map.  One layer at a time: ``[L, d, d]`` float64 copies are 40 GiB each for a 70B model."""
-    n_layers, dim = st.num_layers, st.dim
-    if name == "none":
-        return torch.eye(dim, dtype=torch.float64)[None]
-    if name == "clip":
-        keep = (~clip_mask(st.transforms.clip_dims, n_layers, dim)[layer:layer + 1]).to(torch.float64)
-        return torch.diag_embed(keep)
-    if name in FITTED:
-        return st.transforms.fitted[name].W[layer:layer + 1].to(torch.float64).cpu()
-    raise ValueError(f"unknown transform {name!r}")
-
-
 def transformed_layer_covariance(st, name: str, layer: int, cov: torch.Tensor) -> torch.Tensor:
     """WᵀΣW of ``name`` at ``layer`` for Σ = ``cov`` ``[1, d, d]`` float64, on ``cov``'s device: Σ itself for
     none and Σ with the clipped dims' rows and columns zeroed for clip (what IᵀΣI and diag(k)ᵀΣdiag(k) give,
@@ -55,7 +41,8 @@ def transformed_layer_covariance(st, name: str, layer: int, cov: torch.Tensor) -
     if name == "clip":
         keep = (~clip_mask(st.transforms.clip_dims, st.num_layers, st.dim)[layer]).to(cov)
         return cov * keep[:, None] * keep[None, :]
-    return transformed_covariance(cov, transform_matrix(st, name, layer).to(cov.device))
+    # the fitted map W of this layer alone: [L, d, d] float64 copies are 40 GiB each for a 70B model
+    return transformed_covariance(cov, st.transforms.fitted[name].W[layer:layer + 1].to(cov.device, torch.float64))
 
 
 def _device(encoder) -> torch.device:
