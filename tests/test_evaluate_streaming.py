@@ -220,7 +220,7 @@ def test_wic_target_span_maps_char_offsets_to_tokens(encoder):
     pairs = [{"sentence1": s1, "sentence2": s2, "start1": st1, "end1": st1 + 4, "start2": st2, "end2": st2 + 7,
               "label": False}]
     targets, found, fitted = target_vectors(encoder, pairs * 3)
-    vecs = targets.stack()
+    vecs = torch.stack([targets.layer(i) for i in range(targets.num_layers)])
     assert fitted is None  # nothing asked to be fitted
     assert found.all()
     enc2 = tok(s2)
@@ -246,7 +246,7 @@ def test_wic_target_vectors_live_on_disk_one_layer_at_a_time(encoder, tmp_path, 
     assert found.tolist() == [True, False]
     (store_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("outlierlab-wic-targets-")]
     assert targets.num_layers == encoder.num_layers + 1 and not list(store_dir.iterdir())  # unnamed files
-    stacked = targets.stack()
+    stacked = torch.stack([targets.layer(i) for i in range(targets.num_layers)])
     h1 = encoder.forward(torch.tensor(encoder.tokenizer(s1)["input_ids"])[None], None)[:, 0]
     assert torch.allclose(stacked[:, 0, 0], h1[:, 2], atol=1e-6)  # "bank": token 2 of [CLS] the bank ...
     assert torch.equal(targets.layer(1), stacked[1]) and stacked[:, 1, 1].abs().sum() == 0

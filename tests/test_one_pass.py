@@ -147,7 +147,8 @@ def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path
                       "start2": b.index(wb), "end2": b.index(wb) + len(wb), "label": True})
     targets, found, w = target_vectors(enc, pairs, WhitenSettings())
     assert found.all()
-    vecs = targets.stack()  # kept on disk, read back one layer at a time
+    # kept on disk, read back one layer at a time
+    vecs = torch.stack([targets.layer(i) for i in range(targets.num_layers)])
     assert torch.equal(targets.layer(1), vecs[1]) and vecs.shape == (enc.num_layers + 1, 2, 5, enc.hidden_size)
     ref_w = Whitener(enc.num_layers + 1, enc.hidden_size)
     for p_i, p in enumerate(pairs):
@@ -165,7 +166,7 @@ def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path
     assert isinstance(w.cov, DiskLayers) and isinstance(w.W, DiskLayers)
     assert torch.allclose(w.cov[:].double(), ref_w.finalize().cov, rtol=1e-5, atol=1e-7)
     vecs, ok = sentence_vectors(enc, s + s[:2])
-    out = vecs.stack()  # on disk, one layer read at a time
+    out = torch.stack([vecs.layer(i) for i in range(vecs.num_layers)])  # on disk, one layer read at a time
     assert len(vecs.order) == 6 and torch.equal(vecs.layer(2), out[2])  # the repeated texts stored once
     assert ok.all() and torch.equal(out[:, 6], out[:, 0])  # a repeated text: the same vector
     for i, text in enumerate(s):

@@ -63,10 +63,6 @@ class LayerRows:
             out[torch.tensor(self.order)] = self.store.rows(layer, 0, len(self.order)).float()
         return out
 
-    def stack(self) -> Tensor:
-        """All layers at once, ``[L+1, n_rows, d]`` (small models and tests)."""
-        return torch.stack([self.layer(i) for i in range(self.num_layers)])
-
     def cleanup(self) -> None:
         """Delete the files now (also done when the object is garbage-collected or at exit)."""
         self._finalizer()
