@@ -93,7 +93,7 @@ def padded_batches(encoder, texts, batch_size=None, chunk=1024):
     for c0 in range(0, len(texts), chunk):
         part = list(texts[c0:c0 + chunk])
         tok = encoder.tokenize(part)
-        offs, special = token_offsets(encoder, part, tok)
+        offs, special = token_offsets(encoder, tok)
         for b in encoder.batches(tok, batch_size, sort_by_length=True):
             idx = b.index.tolist()
             yield SimpleNamespace(hidden=b.hidden, valid=valid_token_mask(b.attention_mask, b.special_tokens_mask),

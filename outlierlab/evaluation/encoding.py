@@ -25,20 +25,15 @@ class EncodeLog:
     seconds: float = 0.0
 
 
-def token_offsets(encoder, texts: list[str], tok) -> tuple[list, list]:
-    """Per text, the character offsets of its tokens and their special-token mask, aligned with ``tok``
-    (``encoder.tokenize(texts)``): what word-level analyses map words to tokens with (fast tokenizers only)."""
-    tk = encoder.tokenizer
-    if not getattr(tk, "is_fast", False):
+def token_offsets(encoder, tok) -> tuple[list, list]:
+    """Per text, the character offsets of its tokens and their special-token mask, as ``encoder.tokenize`` kept
+    them in ``tok`` (:meth:`~outlierlab.models.loading.FrozenEncoder.tokenize`, with a fast tokenizer): what
+    word-level analyses map words to tokens with."""
+    if getattr(tok, "offsets", None) is None:
+        tk = encoder.tokenizer
         raise ValueError(f"the tokenizer of {encoder.source.name} ({type(tk).__name__}) gives no character offsets; "
                          "word-level analyses (self_similarity, wic) need a fast tokenizer (tokenizer.json)")
-    if getattr(tok, "offsets", None) is not None:  # FrozenEncoder.tokenize kept them: no second tokenizer call
-        return tok.offsets, tok.special_tokens_mask
-    enc = tk(texts, add_special_tokens=True, truncation=True, max_length=encoder.max_length,
-             return_offsets_mapping=True, return_special_tokens_mask=True)
-    if enc["input_ids"] != tok.input_ids:  # same call as encoder.tokenize: a mismatch would misalign words
-        raise ValueError("tokenizer offsets do not match the encoded token ids")
-    return enc["offset_mapping"], enc["special_tokens_mask"]
+    return tok.offsets, tok.special_tokens_mask
 
 
 def finish_encode_log(stats: EncodeLog, what: str, notes: list[str]) -> None:

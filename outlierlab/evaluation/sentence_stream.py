@@ -264,7 +264,7 @@ class LayerStream:
                 tok = self.encoder.tokenize(part)
             log_.n_truncated += tok.n_truncated
             log_.truncated_tokens += tok.truncated_tokens
-            offs, special = token_offsets(self.encoder, part, tok) if self.offsets else (None, None)
+            offs, special = token_offsets(self.encoder, tok) if self.offsets else (None, None)
             for b in self.encoder.batches(tok, self.batch_size, sort_by_length=True, layerwise=True):
                 idx = b.index.tolist()
                 log_.n_tokens += int(b.attention_mask.sum())
