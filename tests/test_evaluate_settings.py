@@ -166,8 +166,10 @@ def test_what_reads_the_sentence_pass_is_declared_by_each_analysis_not_routed_by
     import importlib
     import re
 
+    # directly, or through the sentence pass's helpers for the analyses that encode their own texts (WiC, STS)
+    readers = re.compile(r"\b(sentence_stats|task_transforms|borrow_fitted_maps)\(")
     reads = {name for name, module in ANALYSIS_MODULES.items()
-             if "sentence_stats(" in (ROOT / (module.replace(".", "/") + ".py")).read_text()}
+             if readers.search((ROOT / (module.replace(".", "/") + ".py")).read_text())}
     declares = {name for name, module in ANALYSIS_MODULES.items()
                 if hasattr(importlib.import_module(module), "SENTENCE_PASS")}
     assert reads == declares and {"outliers", "anisotropy", "isotropy", "self_similarity", "wic", "sts"} <= reads
@@ -227,3 +229,18 @@ def test_no_module_imports_a_settings_loader():
     sources = [*package.rglob("*.py"), *(ROOT / n for n in ("evaluate.py", "probe.py", "train.py")),
                *(ROOT / "benchmarks").glob("*.py"), *tests]
     assert [p.name for p in sources if "settings_loader" in p.read_text()] == []
+
+
+@pytest.mark.parametrize("analysis", ["frequency", "frequent_tokens"])
+def test_a_missing_count_file_fails_in_the_analysis_check_with_its_key(analysis, tmp_path):
+    import importlib
+
+    (tmp_path / "counts.txt").write_text("a sentence\n")
+    files = f"[{tmp_path / 'counts.txt'},{tmp_path / 'gone.txt'}]"
+    cfg = compose("evaluate", [f"{analysis}.counts_from=files", f"{analysis}.count_files={files}"])
+    ctx = EvalContext(None, cfg[analysis], cfg, ["none"], tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"^{analysis}\.count_files: file not found: .*gone\.txt$"):
+        importlib.import_module(f"outlierlab.evaluation.{analysis}").check(ctx)
+    cfg = compose("evaluate", [f"{analysis}.counts_from=eval", f"{analysis}.count_files={files}"])
+    importlib.import_module(f"outlierlab.evaluation.{analysis}").check(EvalContext(None, cfg[analysis], cfg, ["none"],
+                                                                                   tmp_path))  # not read: not checked

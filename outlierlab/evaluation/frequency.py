@@ -153,11 +153,7 @@ def check(ctx: EvalContext) -> FrequencySettings:
     """Settings and files, before any encoding (called by evaluate.py); the value checks (``counts_from``,
     ``value``, ...) run when the settings are built (:class:`outlierlab.evaluation.settings.FrequencySettings`)."""
     s = load_settings(FrequencySettings, ctx.cfg)
-    if s.counts_from == "files":
-        for f in s.count_files:
-            if not Path(str(f)).expanduser().is_file():
-                raise FileNotFoundError(f"frequency.count_files: file not found: {f}")
-    check_common(ctx, s)
+    check_common(ctx, s)  # also its texts and count_files
     return s
 
 

@@ -26,7 +26,6 @@ vector) is captured and the logits ``hW^T + b`` are split over a set of dims S
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import matplotlib
@@ -132,9 +131,6 @@ def check(ctx: EvalContext) -> FrequentTokensSettings:
     s = load_settings(FrequentTokensSettings, ctx.cfg)
     ln_rule(ctx)
     check_texts(s)
-    for f in (s.count_files or ()) if s.counts_from == "files" else ():
-        if not Path(str(f)).expanduser().is_file():
-            raise FileNotFoundError(f"frequent_tokens.count_files: file not found: {f}")
     return s
 
 

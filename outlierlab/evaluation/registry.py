@@ -166,11 +166,15 @@ def shared_mlm(ctx) -> LoadedModel:
 
 
 def check_texts(settings) -> None:
-    """The analysis' own ``files`` (``settings.files``) exist (before any encoding); its ``max_sentences``
-    was range-checked when the settings were built."""
-    for f in settings.files or ():
+    """The analysis' own files exist (before any encoding): its texts (``settings.files``) and, when it counts token
+    frequencies in files (``counts_from: files``), those (``count_files``); its ``max_sentences`` was range-checked
+    when the settings were built."""
+    files = [("files", f) for f in settings.files or ()]
+    if getattr(settings, "counts_from", None) == "files":
+        files += [(f"{settings.SECTION}.count_files", f) for f in settings.count_files or ()]
+    for key, f in files:
         if not Path(str(f)).expanduser().is_file():
-            raise FileNotFoundError(f"files: file not found: {f}")
+            raise FileNotFoundError(f"{key}: file not found: {f}")
 
 
 def analysis_texts(ctx, settings) -> tuple[list[str], str]:
