@@ -34,13 +34,6 @@ def transform_lines(st, transforms) -> list[str]:
     return ["\n".join(f"- **{t}**: {st.transforms.info[t]}" for t in transforms if t in st.transforms.info)]
 
 
-def columns(ks) -> list[str]:
-    """The CSV header for top-k values ``ks``."""
-    return (["layer", "transform", "anisotropy", "n_pairs", "n_sentences", "rogue_dims", "rogue_cc", "rogue_share"]
-            + [f"top{k}_share" for k in ks] + [f"r2_without_top{k}" for k in ks]
-            + [f"spearman_without_top{k}" for k in ks])
-
-
 def reservoir(ctx: EvalContext) -> AnisotropyReservoir:
     """The anisotropy reservoir of ``anisotropy.n_sentences`` sentences, seeded by the run: one subscriber shared by
     every analysis that reads it (anisotropy, isotropy, self-similarity)."""

@@ -262,9 +262,8 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
     if need_words and not words:
         raise ValueError(f"no word occurs in >= {ss.min_sentences} of the {len(texts)} sentences: use more sentences "
                          "(data.max_sentences) or lower self_similarity.min_sentences")
-    st = SentenceStats(n_layers, dim, len(texts), ft, words=words, settings=dict(
-        min_sentences=ss.min_sentences, max_words=ss.max_words, outlier_method=outliers.method,
-        outlier_threshold=outliers.threshold, outlier_k=outliers.k, seed=seed, lowercase=ss.lowercase))
+    st = SentenceStats(n_layers, dim, len(texts), ft, words=words,  # what the report sections say
+                       settings=dict(min_sentences=ss.min_sentences, max_words=ss.max_words, seed=seed))
     raw = next((c for c in extra if c.key == ("outlier_counts", "none")), None) or OutlierCounts("none", n_layers)
     consumers = list(dict.fromkeys([raw, *extra]))
     must_fit = bool(fitted) or need_covariance
