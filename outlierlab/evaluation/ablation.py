@@ -40,16 +40,11 @@ from torch import Tensor
 
 from outlierlab.analysis.layernorm_rule import LayerNormRule
 from outlierlab.analysis.outlier_dims import random_dims
-from outlierlab.evaluation.registry import skip_result
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm, skip_result
 from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.analysis.scored_rows import mlm_scores
-from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
-from outlierlab.models.lm_model import fill_mask
-from outlierlab.evaluation.registry import analysis_texts, shared_mlm
-from outlierlab.models.lm_model import LoadedModel
-from outlierlab.datamodules.scoring_batches import next_token_batches
-from outlierlab.models.lm_model import predict_next
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext
+from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
+from outlierlab.models.lm_model import LoadedModel, fill_mask, predict_next
 from outlierlab.evaluation.settings import AblationSettings, load_settings
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 from outlierlab.utils.tables import md_table

@@ -33,11 +33,9 @@ from torch import Tensor
 from outlierlab.analysis.attention import SINK_KEYS as KEYS  # the columns of the rows below
 from outlierlab.analysis.attention import sink_head_share, sink_masses
 from outlierlab.analysis.outlier_dims import random_dims
-from outlierlab.evaluation.registry import skip_result
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm, skip_result
 from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
-from outlierlab.evaluation.registry import analysis_texts, shared_mlm
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AttentionSinksSettings, load_settings
 from outlierlab.utils.tables import md_table
 

@@ -37,14 +37,12 @@ from outlierlab.analysis.frequent_tokens import COLUMNS, METRICS, macocco_outlie
 from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator
-from outlierlab.evaluation.registry import skip_result
+from outlierlab.evaluation.registry import (AnalysisResult, EvalContext, analysis_texts, check_texts, shared_mlm,
+                                            skip_result)
 from outlierlab.evaluation.ln_rule import ln_rule
 from outlierlab.evaluation.frequency import frequency_counts
-from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
-from outlierlab.evaluation.registry import analysis_texts, check_texts, shared_mlm
+from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
 from outlierlab.models.lm_model import LoadedModel, last_vectors, output_layer
-from outlierlab.datamodules.scoring_batches import next_token_batches
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import FrequentTokensSettings, load_settings
 from outlierlab.models.layernorms import layernorm_tensors
 from outlierlab.utils.tables import md_table

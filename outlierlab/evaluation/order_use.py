@@ -20,8 +20,7 @@ from outlierlab.analysis.order_use import (attention_locality, cannot_use_order,
                                            order_use_message, pooled_order_change)
 from outlierlab.evaluation.attention_sinks import text_batches
 from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
-from outlierlab.evaluation.registry import analysis_texts, check_texts, shared_mlm
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, check_texts, shared_mlm
 from outlierlab.evaluation.settings import OrderUseSettings, load_settings
 
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.

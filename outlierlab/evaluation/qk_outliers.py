@@ -28,10 +28,8 @@ import torch
 
 from outlierlab.analysis.qk_outliers import RotarySpec, magnitude_outliers
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.evaluation.settings import QKOutliersSettings, load_settings
-from outlierlab.evaluation.registry import analysis_texts, check_texts
-from outlierlab.evaluation.settings import DataSettings, section_settings
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, check_texts
+from outlierlab.evaluation.settings import DataSettings, QKOutliersSettings, load_settings, section_settings
 from outlierlab.models.families import is_norm
 from outlierlab.models.qk_recorder import QKRecorder, rotary_specs
 from outlierlab.utils.tables import md_table

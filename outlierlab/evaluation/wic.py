@@ -32,9 +32,8 @@ from outlierlab.datamodules.pair_sets import load_wic_pairs
 from outlierlab.evaluation.layer_rows import pair_cosines
 from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
-from outlierlab.analysis.transform_fit import WhitenSettings
+from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.evaluation.sentence_pass import borrow_fitted_maps, fit_on_sentences, task_transforms
-from outlierlab.analysis.transform_fit import FittedTransforms
 
 #: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS): its fitted maps with fit_on=sentences
 SENTENCE_PASS = fit_on_sentences
