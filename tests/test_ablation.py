@@ -53,10 +53,10 @@ def make_ctx(name: str, encoder, tmp_path: Path, overrides: dict, text_lines=SEN
     text = tmp_path / "text.txt"
     text.write_text("\n".join(text_lines) + "\n")
     root = compose("evaluate", ["progress=false"])
-    cfg = OmegaConf.merge(root[name], {"files": [str(text)]}, overrides)
+    root = OmegaConf.merge(root, {name: OmegaConf.merge(root[name], {"files": [str(text)]}, overrides)})
     out = tmp_path / "run"
     out.mkdir(exist_ok=True)
-    return EvalContext(encoder=encoder, cfg=cfg, root_cfg=root, transforms=["none"], out_dir=out, seed=0)
+    return EvalContext(encoder=encoder, cfg=root[name], root_cfg=root, transforms=["none"], out_dir=out, seed=0)
 
 
 def _loaded(model, tok):

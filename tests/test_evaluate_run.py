@@ -172,13 +172,14 @@ def test_unknown_transform_group_fails_before_hydra(tmp_path):
 
 def test_offline_hub_datasets_fail_fast_with_the_message(compose_cfg):
     from outlierlab.datamodules.pair_sets import load_sts_pairs
+    from outlierlab.evaluation.settings import WicSettings, section_settings
     from outlierlab.evaluation.wic import load_pairs as wic_pairs
 
     with pytest.raises(ConnectionError, match=r"cannot load hub dataset 'mteb/sts12-sts' split 'test'.*offline.*"
                                               r"sts\.files=\[pairs\.csv\]"):
         load_sts_pairs("mteb/sts12-sts", "test")
     with pytest.raises(ConnectionError, match=r"'aps/super_glue \(wic\)'.*offline.*wic\.source=wordnet"):
-        wic_pairs(compose_cfg("evaluate", ["wic=superglue"]).wic, split="validation")
+        wic_pairs(section_settings(WicSettings, compose_cfg("evaluate", ["wic=superglue"])), split="validation")
 
 
 def test_sts_is_skipped_with_instructions_by_default(compose_cfg, tmp_path):

@@ -156,7 +156,8 @@ def test_evaluate_checks_settings_before_any_model_is_loaded(overrides, match, t
 def test_shared_work_is_typed_fields_not_string_keys():
     ctx = EvalContext(None, None, None, ["none"], Path("."))
     assert isinstance(ctx.shared, SharedPasses) and ctx.prepared is None
-    assert {f.name for f in dataclasses.fields(SharedPasses)} == {"sentence_stats", "mlm", "consumers", "texts", "needs"}
+    assert {f.name for f in dataclasses.fields(SharedPasses)} == {"sentence_stats", "mlm", "consumers", "texts", "needs",
+                                                                 "settings"}
 
 
 def test_what_reads_the_sentence_pass_is_declared_by_each_analysis_not_routed_by_name():
@@ -244,3 +245,16 @@ def test_a_missing_count_file_fails_in_the_analysis_check_with_its_key(analysis,
     cfg = compose("evaluate", [f"{analysis}.counts_from=eval", f"{analysis}.count_files={files}"])
     importlib.import_module(f"outlierlab.evaluation.{analysis}").check(EvalContext(None, cfg[analysis], cfg, ["none"],
                                                                                    tmp_path))  # not read: not checked
+
+
+def test_every_built_in_reads_its_settings_from_the_context_built_once():
+    """The typed sections are built once per run (before any model loads) and every analysis reads them from its
+    context, shared: no analysis module rebuilds one from a DictConfig."""
+    cfg = compose("evaluate")
+    wic = EvalContext(None, cfg.wic, cfg, ["none"], Path("."))
+    sts = EvalContext(None, cfg.sts, cfg, ["none"], Path("."), shared=wic.shared)
+    assert wic.settings(TransformSettings) is sts.settings(TransformSettings)
+    assert wic.settings(WicSettings) == section_settings(WicSettings, cfg)
+    rebuilt = {name for name, module in ANALYSIS_MODULES.items()
+               if re.search(r"\b(load_settings|section_settings)\(", (ROOT / (module.replace(".", "/") + ".py")).read_text())}
+    assert rebuilt == set()

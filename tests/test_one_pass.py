@@ -328,15 +328,19 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     from types import SimpleNamespace
 
     from outlierlab.evaluation import isotropy, sts, wic
+    from outlierlab.evaluation.registry import EvalContext
     from outlierlab.evaluation.sentence_pass import pass_needs
     from outlierlab.jobs import evaluation as mod
 
+    def context(cfg):
+        return EvalContext(None, None, cfg, [], None)
+
     # what each analysis reads from the shared pass (the maps are kept while a later one reads anything)
-    assert pass_needs(wic, SimpleNamespace(root_cfg=spec_cfg)) == pass_needs(sts, SimpleNamespace(root_cfg=spec_cfg))
-    assert pass_needs(wic, SimpleNamespace(root_cfg=spec_cfg)) == {"fitted_maps"}
-    assert pass_needs(isotropy, SimpleNamespace(root_cfg=spec_cfg)) == {"covariance", "fitted_maps"}
+    assert pass_needs(wic, context(spec_cfg)) == pass_needs(sts, context(spec_cfg))
+    assert pass_needs(wic, context(spec_cfg)) == {"fitted_maps"}
+    assert pass_needs(isotropy, context(spec_cfg)) == {"covariance", "fitted_maps"}
     eval_cfg = compose_cfg("evaluate", common)  # fit_on=eval: WiC fits its own maps
-    assert not pass_needs(wic, SimpleNamespace(root_cfg=eval_cfg)) | pass_needs(sts, SimpleNamespace(root_cfg=eval_cfg))
+    assert not pass_needs(wic, context(eval_cfg)) | pass_needs(sts, context(eval_cfg))
     with pytest.raises(ValueError, match=r"SENTENCE_PASS names \['covariances'\]; valid: covariance"):
         pass_needs(SimpleNamespace(__name__="mine", SENTENCE_PASS={"covariances"}), None)
     # WiC with fit_on=sentences still finds the sentence pass's maps (not released after isotropy)

@@ -45,7 +45,7 @@ from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outlier
 from outlierlab.analysis.scored_rows import mlm_scores
 from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
 from outlierlab.models.lm_model import LoadedModel, fill_mask, predict_next
-from outlierlab.evaluation.settings import AblationSettings, load_settings
+from outlierlab.evaluation.settings import AblationSettings
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 from outlierlab.utils.tables import md_table
 
@@ -173,13 +173,13 @@ def ablation_markdown(outcome: AblationOutcome, notes: Sequence[str], example: s
 def check(ctx: EvalContext) -> LayerNormRule:
     """Settings and files, before any encoding (called by evaluate.py); returns the outlier rule.  The value
     ranges are checked when the settings are built (:class:`outlierlab.evaluation.settings.AblationSettings`)."""
-    return check_common(ctx, load_settings(AblationSettings, ctx.cfg))
+    return check_common(ctx, ctx.settings(AblationSettings))
 
 
 def run(ctx: EvalContext) -> AnalysisResult:
     """Kovaleva et al.'s "Random vs Outliers" MLM comparison (settings: ``configs/ablation/default.yaml``,
     the outlier rule: ``configs/ln_rule/``)."""
-    s = load_settings(AblationSettings, ctx.cfg)
+    s = ctx.settings(AblationSettings)
     rule = check_common(ctx, s)
     loaded = shared_mlm(ctx)
     if not loaded.has_mlm_head:

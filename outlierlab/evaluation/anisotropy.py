@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from outlierlab.analysis.rogue_dims import MIN_Z, RogueSummary, rogue_summary
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.evaluation.settings import AnisotropySettings, load_settings, section_settings
+from outlierlab.evaluation.settings import AnisotropySettings
 from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, sentence_stats
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
@@ -37,7 +37,7 @@ def transform_lines(st, transforms) -> list[str]:
 def reservoir(ctx: EvalContext) -> AnisotropyReservoir:
     """The anisotropy reservoir of ``anisotropy.n_sentences`` sentences, seeded by the run: one subscriber shared by
     every analysis that reads it (anisotropy, isotropy, self-similarity)."""
-    return AnisotropyReservoir(section_settings(AnisotropySettings, ctx.root_cfg).n_sentences, ctx.seed)
+    return AnisotropyReservoir(ctx.settings(AnisotropySettings).n_sentences, ctx.seed)
 
 
 def consumers(ctx: EvalContext) -> list:
@@ -45,7 +45,7 @@ def consumers(ctx: EvalContext) -> list:
 
 
 def run(ctx: EvalContext) -> AnalysisResult:
-    s = load_settings(AnisotropySettings, ctx.cfg)
+    s = ctx.settings(AnisotropySettings)
     st = sentence_stats(ctx)
     pairs = ctx.consumers[0]
     acc = pairs.result()

@@ -36,7 +36,7 @@ from outlierlab.analysis.outlier_dims import random_dims
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm, skip_result
 from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
-from outlierlab.evaluation.settings import AttentionSinksSettings, load_settings
+from outlierlab.evaluation.settings import AttentionSinksSettings
 from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")  # headless: the heatmap is written to a file
@@ -98,12 +98,12 @@ def _heatmap(by_condition: Mapping[str, Mapping[str, Tensor]], path: Path, title
 
 def check(ctx: EvalContext):
     """Settings and files, before any encoding (called by evaluate.py); returns the outlier rule."""
-    return check_common(ctx, load_settings(AttentionSinksSettings, ctx.cfg))
+    return check_common(ctx, ctx.settings(AttentionSinksSettings))
 
 
 def run(ctx: EvalContext) -> AnalysisResult:
     """Attention mass on special tokens, intact vs outlier dims disabled (``configs/attention_sinks/default.yaml``)."""
-    s = load_settings(AttentionSinksSettings, ctx.cfg)
+    s = ctx.settings(AttentionSinksSettings)
     rule = check_common(ctx, s)
     loaded = shared_mlm(ctx)
     bos, eos, decoder = loaded.bos_token_id, loaded.eos_token_id, loaded.is_decoder

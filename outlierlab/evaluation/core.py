@@ -70,11 +70,12 @@ def selected_transforms(cfg) -> list[str]:
     return names
 
 
-def check_settings(cfg, analyses: list[str]) -> None:
-    """Every config section the run reads, built as its typed settings (:mod:`outlierlab.evaluation.settings`, no torch):
-    an unknown or missing key, a wrong type or a value out of range fails here in one line."""
-    for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses if n in SETTINGS)]):
-        section_settings(cls, cfg)
+def check_settings(cfg, analyses: list[str]) -> dict[type, Any]:
+    """Every config section the run reads, built as its typed settings (:mod:`outlierlab.evaluation.settings`, no
+    torch) and returned by class: an unknown or missing key, a wrong type or a value out of range fails here in one
+    line."""
+    return {cls: section_settings(cls, cfg)
+            for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses if n in SETTINGS)])}
 
 
 def check_files(cfg, encoder_given: bool = False) -> list[str]:
@@ -132,7 +133,7 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
     ``out_dir``: where figures go (None: none are drawn); ``tb``: a SummaryWriter an analysis may log to."""
     given = dict(given or {})
     analyses, transforms = selected_analyses(cfg, given), selected_transforms(cfg)
-    check_settings(cfg, analyses)
+    settings = check_settings(cfg, analyses)
     check_files(cfg, encoder_given=encoder is not None)
     plots = cfg.get("plots", True)
     if not isinstance(plots, bool):
@@ -146,13 +147,13 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
 
     torch.manual_seed(int(cfg.seed))
     if encoder is None:
-        encoder = FrozenEncoder.from_config(section_settings(EncoderSettings, cfg))  # + dtype, device_map, revision
+        encoder = FrozenEncoder.from_config(settings[EncoderSettings])  # + dtype, device_map, revision
     modules = {name: given[name] if name in given else importlib.import_module(analysis_module(name))
                for name in analyses}
     if any(getattr(m, "LM_HEAD", False) for m in modules.values()):
         encoder.lm_head = True  # before the weights load: one copy, head included
     # the sentence pass and the MLM model, computed once for every analysis
-    shared = SharedPasses(texts=None if texts is None else list(texts))
+    shared = SharedPasses(texts=None if texts is None else list(texts), settings=settings)
     contexts = {}
     for name in analyses:
         section = cfg.get(name.rsplit(".", 1)[-1])

@@ -44,7 +44,7 @@ from outlierlab.datamodules.mlm_datamodule import default_cache_dir  # the one d
 from outlierlab.datamodules.token_counts import count_tokens, pretraining_counts
 from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outliers, ln_rule
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm
-from outlierlab.evaluation.settings import DataSettings, FrequencySettings, load_settings, section_settings
+from outlierlab.evaluation.settings import DataSettings, FrequencySettings
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.sentence_pass import OutlierCounts
 from outlierlab.models.families import unembedding
@@ -80,7 +80,7 @@ class DimColumns(Consumer):
 
 def _stream(ctx, texts: Sequence[str], consumer: Consumer) -> Consumer:
     """``consumer`` fed by one forward of the per-layer stream over ``texts``."""
-    chunk = section_settings(DataSettings, ctx.root_cfg).chunk
+    chunk = ctx.settings(DataSettings).chunk
     LayerStream(ctx.encoder, texts, chunk=chunk).forward([consumer], desc="frequency")
     return consumer
 
@@ -151,7 +151,7 @@ def head_spearman(loaded, table: FrequencyTable) -> tuple[list[float] | None, st
 def check(ctx: EvalContext) -> FrequencySettings:
     """Settings and files, before any encoding (called by evaluate.py); the value checks (``counts_from``,
     ``value``, ...) run when the settings are built (:class:`outlierlab.evaluation.settings.FrequencySettings`)."""
-    s = load_settings(FrequencySettings, ctx.cfg)
+    s = ctx.settings(FrequencySettings)
     check_common(ctx, s)  # also its texts and count_files
     return s
 

@@ -43,7 +43,7 @@ from outlierlab.evaluation.ln_rule import ln_rule
 from outlierlab.evaluation.frequency import frequency_counts
 from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
 from outlierlab.models.lm_model import LoadedModel, last_vectors, output_layer
-from outlierlab.evaluation.settings import FrequentTokensSettings, load_settings
+from outlierlab.evaluation.settings import FrequentTokensSettings
 from outlierlab.models.layernorms import layernorm_tensors
 from outlierlab.utils.tables import md_table
 
@@ -126,7 +126,7 @@ def _plot(rows: list[dict], path) -> None:
 
 def check(ctx: EvalContext) -> FrequentTokensSettings:
     """Settings, the ``ln_rule`` group and every file (texts, ``count_files``) before any model is loaded."""
-    s = load_settings(FrequentTokensSettings, ctx.cfg)
+    s = ctx.settings(FrequentTokensSettings)
     ln_rule(ctx)
     check_texts(s)
     return s

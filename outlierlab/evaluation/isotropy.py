@@ -20,7 +20,7 @@ from outlierlab.analysis.isoscore import covariance, isoscore_from_covariance, i
 from outlierlab.analysis.transforms import clip_mask
 from outlierlab.evaluation.anisotropy import reservoir, transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.evaluation.settings import IsotropySettings, load_settings
+from outlierlab.evaluation.settings import IsotropySettings
 from outlierlab.evaluation.sentence_pass import sentence_stats
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
@@ -58,7 +58,7 @@ def consumers(ctx: EvalContext) -> list:
 
 
 def run(ctx: EvalContext) -> AnalysisResult:
-    s = load_settings(IsotropySettings, ctx.cfg)
+    s = ctx.settings(IsotropySettings)
     st = sentence_stats(ctx)
     sample_acc = ctx.consumers[0].result()
     source = st.transforms.source

@@ -21,7 +21,7 @@ from outlierlab.analysis.order_use import (attention_locality, cannot_use_order,
 from outlierlab.evaluation.attention_sinks import text_batches
 from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, check_texts, shared_mlm
-from outlierlab.evaluation.settings import OrderUseSettings, load_settings
+from outlierlab.evaluation.settings import OrderUseSettings
 
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
 LM_HEAD = True
@@ -39,7 +39,7 @@ TITLE = "## Order use: does the model use word order? (docs/order_use.md)"
 
 def check(ctx: EvalContext) -> None:
     """Settings and files, before any encoding (called by evaluate.py)."""
-    check_texts(load_settings(OrderUseSettings, ctx.cfg))
+    check_texts(ctx.settings(OrderUseSettings))
 
 
 def _batches(loaded, texts, s: OrderUseSettings, seed: int) -> list[dict]:
@@ -79,7 +79,7 @@ def _loss_sum(loaded):
 def run(ctx: EvalContext) -> AnalysisResult:
     """Order use and attention locality of the evaluated model (``configs/order_use/default.yaml``), and the
     sentence-vector order change of every layer -- the one order measure a model without an LM head has."""
-    s = load_settings(OrderUseSettings, ctx.cfg)
+    s = ctx.settings(OrderUseSettings)
     texts, what = analysis_texts(ctx, s)
     return measure(shared_mlm(ctx), texts, what, s, ctx.seed if s.seed is None else s.seed)
 

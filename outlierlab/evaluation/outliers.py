@@ -29,7 +29,7 @@ from outlierlab.reports import monitor_plots
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_vectors
 from outlierlab.utils.tables import md_table
-from outlierlab.evaluation.settings import OutliersSettings, load_settings
+from outlierlab.evaluation.settings import OutliersSettings
 from outlierlab.evaluation.sentence_pass import OutlierCounts, sentence_stats
 
 #: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS): none of its statistics, only its
@@ -141,7 +141,7 @@ def sentences_about(rows: list[dict], min_share: float = 0.25) -> list[str]:
 
 
 def run(ctx: EvalContext) -> AnalysisResult:
-    s = load_settings(OutliersSettings, ctx.cfg)
+    s = ctx.settings(OutliersSettings)
     st = sentence_stats(ctx)
     counts = {c.transform: c.result() for c in ctx.consumers if isinstance(c, OutlierCounts)}
     obs = next((c for c in ctx.consumers if isinstance(c, ActivationObserver)), None)

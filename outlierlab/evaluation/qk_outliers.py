@@ -29,7 +29,7 @@ import torch
 from outlierlab.analysis.qk_outliers import RotarySpec, magnitude_outliers
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, check_texts
-from outlierlab.evaluation.settings import DataSettings, QKOutliersSettings, load_settings, section_settings
+from outlierlab.evaluation.settings import DataSettings, QKOutliersSettings
 from outlierlab.models.families import is_norm
 from outlierlab.models.qk_recorder import QKRecorder, rotary_specs
 from outlierlab.utils.tables import md_table
@@ -116,7 +116,7 @@ def _heatmap(stats: dict, specs, path, title: str) -> None:
 # ---------------------------------------------------------------------------------------------- the job
 def check(ctx: EvalContext) -> QKOutliersSettings:
     """Settings and text files before any model is loaded."""
-    s = load_settings(QKOutliersSettings, ctx.cfg)
+    s = ctx.settings(QKOutliersSettings)
     check_texts(s)
     return s
 
@@ -126,7 +126,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     enc = ctx.encoder
     model = enc.model
     texts, what = analysis_texts(ctx, s)
-    chunk = section_settings(DataSettings, ctx.root_cfg).chunk
+    chunk = ctx.settings(DataSettings).chunk
     rec = QKRecorder(model)
     specs = rotary_specs(model, len(rec.projs), rec.acc.head_dim, s.max_cycles)
     LayerStream(enc, texts, chunk=chunk).forward([QKConsumer(rec)], desc="qk_outliers")

@@ -28,16 +28,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings, AttentionSinksSettings, DataSettings,
                                  EncoderSettings, FrequencySettings, FrequentTokensSettings, IsotropySettings,
                                  OrderUseSettings, OutliersSettings, QKOutliersSettings, SelfSimilaritySettings, StsSettings,
-                                 TransformSettings, WicSettings)
+                                 TransformSettings, WicSettings, section_settings)
 
 if TYPE_CHECKING:  # annotations only: the registry stays free of torch
     from outlierlab.models.lm_model import LoadedModel
     from outlierlab.evaluation.sentence_pass import SentenceStats
+
+
+S = TypeVar("S")
 
 
 @dataclass
@@ -56,6 +59,7 @@ class SharedPasses:
         :data:`outlierlab.evaluation.sentence_pass.PASS_NEEDS`)
     texts : the evaluation sentences given in memory (:func:`outlierlab.api.evaluate`), in place of
         ``data.files`` and the shipped ones; None: read as configured
+    settings : the run's typed sections by class (:meth:`EvalContext.settings`), each built once
     """
 
     sentence_stats: SentenceStats | None = None
@@ -63,6 +67,7 @@ class SharedPasses:
     consumers: list = field(default_factory=list)  # every analysis' subscribers to the shared sentence stream
     texts: list[str] | None = None
     needs: set[str] = field(default_factory=set)  # what the selected analyses read from the shared pass
+    settings: dict[type, Any] = field(default_factory=dict)  # the typed sections, built once
 
     def subscribe(self, consumer):
         """``consumer`` subscribed to the sentence pass, or the one already subscribed under its ``key``: two
@@ -79,8 +84,8 @@ class EvalContext:
     """What every analysis receives.
 
     encoder : outlierlab.models.loading.FrozenEncoder (loaded once, shared)
-    cfg : the analysis' own config section (omegaconf DictConfig), e.g. ``cfg.wic``; read it through
-        :func:`outlierlab.evaluation.settings.load_settings` and the class in :data:`SETTINGS`
+    cfg : the analysis' own config section (omegaconf DictConfig), e.g. ``cfg.wic``: what an analysis of one's own
+        reads; a built-in reads its typed settings, ``ctx.settings(WicSettings)``
     root_cfg : the whole evaluate config
     transforms : names to compare side by side, subset of outlierlab.analysis.transforms.TRANSFORMS
     out_dir : run directory for figures (None: none drawn, ``plots`` is off); tables are returned, not written
@@ -106,6 +111,15 @@ class EvalContext:
     prepared: Any = None
     plots: bool = True
     consumers: list = field(default_factory=list)
+
+    def settings(self, cls: type[S]) -> S:
+        """The run's section ``cls.SECTION`` as its typed settings (:mod:`outlierlab.evaluation.settings`), built
+        from ``root_cfg`` once per run and shared by every analysis (evaluate.py built each selected one before
+        any model loaded)."""
+        built = self.shared.settings
+        if cls not in built:
+            built[cls] = section_settings(cls, self.root_cfg)
+        return built[cls]
 
 
 @dataclass
@@ -188,9 +202,7 @@ def analysis_texts(ctx, settings) -> tuple[list[str], str]:
     """
     from outlierlab.datamodules.corpus import load_texts_from_files  # lazy: the registry stays free of torch
     from outlierlab.datamodules.eval_data import load_sentences
-    from outlierlab.evaluation.settings import section_settings
-
-    data = section_settings(DataSettings, ctx.root_cfg)
+    data = ctx.settings(DataSettings)
     files = settings.files if settings.files is not None else data.files
     given = ctx.shared.texts if settings.files is None else None
     limit = settings.max_sentences if settings.max_sentences is not None or given is not None else data.max_sentences

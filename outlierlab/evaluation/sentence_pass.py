@@ -368,7 +368,7 @@ def sentence_stats(ctx) -> SentenceStats:
     data, given = settings["data"], ctx.shared.texts
     st = run_sentence_pass(
         ctx.encoder, given if given is not None else evaluation_sentences(data), ctx.transforms, **settings,
-        need_whitener="fitted_maps" in needs, batch_size=section_settings(EncoderSettings, cfg).batch_size,
+        need_whitener="fitted_maps" in needs, batch_size=ctx.settings(EncoderSettings).batch_size,
         progress=bool(cfg.progress),
         need_covariance="covariance" in needs, consumers=ctx.shared.consumers)
     st.settings["source"] = ("the texts given" if given is not None else "data.files" if data.files
@@ -383,7 +383,7 @@ def task_transforms(ctx) -> FittedTransforms:
     ft = FittedTransforms()
     if "clip" not in ctx.transforms:
         return ft
-    per, info = given_clip_dims(section_settings(TransformSettings, ctx.root_cfg), ctx.encoder.num_layers + 1,
+    per, info = given_clip_dims(ctx.settings(TransformSettings), ctx.encoder.num_layers + 1,
                                 ctx.encoder.hidden_size)
     if per is None:
         st = sentence_stats(ctx)
@@ -403,4 +403,4 @@ def borrow_fitted_maps(ctx, ft: FittedTransforms, names) -> None:
 def fit_on_sentences(ctx) -> set[str]:
     """``SENTENCE_PASS`` of WiC and STS: the sentence pass's fitted maps when they are theirs too
     (``transform.fit_on=sentences``), else nothing."""
-    return {"fitted_maps"} if section_settings(TransformSettings, ctx.root_cfg).fit_on == "sentences" else set()
+    return {"fitted_maps"} if ctx.settings(TransformSettings).fit_on == "sentences" else set()

@@ -37,7 +37,7 @@ from outlierlab.utils.disk_room import check_room
 from outlierlab.evaluation.layer_rows import LayerRows, pair_cosines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
-from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings, load_settings, section_settings
+from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings
 from outlierlab.evaluation.sentence_pass import borrow_fitted_maps, fit_on_sentences, task_transforms
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.reports.evaluation_report import plot_layers
@@ -170,8 +170,8 @@ class StsData:
 
 def check(ctx: EvalContext) -> StsData:
     """Load every requested data set before any encoding (an offline hub name fails in seconds)."""
-    s = load_settings(StsSettings, ctx.cfg)
-    split, t = s.split, section_settings(TransformSettings, ctx.root_cfg)
+    s = ctx.settings(StsSettings)
+    split, t = s.split, ctx.settings(TransformSettings)
     fit_on = t.fit_on
     whiten = WhitenSettings.from_settings(t)
     data, fit = {}, {}
@@ -200,7 +200,7 @@ def _whiten(ctx, name: str, vecs: SentenceVectors, keep: torch.Tensor, fit: StsP
         borrow_fitted_maps(ctx, ft, names)
         return
     if fit_on not in ("eval", split) and isinstance(fit, StsPairs):
-        batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
+        batch_size = ctx.settings(EncoderSettings).batch_size
         v, ok = sentence_vectors(ctx.encoder, fit.s1 + fit.s2, batch_size)
         w = whiten.fit_by_layer(n_layers, dim, lambda layer: [v.layer(layer)[ok]], names, on_disk=True)
         v.cleanup()
@@ -260,8 +260,8 @@ def run(ctx: EvalContext) -> AnalysisResult:
               "datasets cache) or with local pairs `sts.files=[pairs.csv]` (columns sentence1, sentence2, score).")
         return AnalysisResult("sts", [], md, [], {"skipped": "no sts.datasets / sts.files given"})
     enc, transforms = ctx.encoder, list(ctx.transforms)
-    split, t = load_settings(StsSettings, ctx.cfg).split, section_settings(TransformSettings, ctx.root_cfg)
-    batch_size = section_settings(EncoderSettings, ctx.root_cfg).batch_size
+    split, t = ctx.settings(StsSettings).split, ctx.settings(TransformSettings)
+    batch_size = ctx.settings(EncoderSettings).batch_size
     rows, notes, infos, curves, headlines = [], [], {}, {}, {}
     for name, pairs in data.items():
         vecs, ok = sentence_vectors(enc, pairs.s1 + pairs.s2, batch_size, bool(ctx.root_cfg.progress), notes,

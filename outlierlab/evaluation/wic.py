@@ -18,7 +18,6 @@ end2, label; optional ``split`` column filtered by ``wic.split``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +30,7 @@ from outlierlab.utils.tables import md_table
 from outlierlab.datamodules.pair_sets import load_wic_pairs
 from outlierlab.evaluation.layer_rows import pair_cosines
 from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
-from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings, load_settings, section_settings
+from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.evaluation.sentence_pass import borrow_fitted_maps, fit_on_sentences, task_transforms
 
@@ -39,11 +38,9 @@ from outlierlab.evaluation.sentence_pass import borrow_fitted_maps, fit_on_sente
 SENTENCE_PASS = fit_on_sentences
 
 
-def load_pairs(settings: WicSettings | Mapping, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
+def load_pairs(s: WicSettings, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
     """WiC pairs of ``split`` (None: ``wic.split`` or the source's default) and a description
-    (:func:`outlierlab.datamodules.pair_sets.load_wic_pairs`); ``capped``: keep only the first ``wic.max_pairs``.
-    ``settings``: :class:`WicSettings`, or the ``wic`` config node it is built from."""
-    s = settings if isinstance(settings, WicSettings) else load_settings(WicSettings, settings)
+    (:func:`outlierlab.datamodules.pair_sets.load_wic_pairs`); ``capped``: keep only the first ``wic.max_pairs``."""
     return load_wic_pairs(s.source, split if split is not None else (s.split or None), s.files, s.hub_path,
                           s.hub_name, s.max_pairs if capped else None)
 
@@ -80,7 +77,7 @@ def _fit_transforms(ctx, data: WicData, t: TransformSettings, ft: FittedTransfor
         borrow_fitted_maps(ctx, ft, names)
         return None
     fit_pairs = data.fit_pairs
-    w = target_vectors(ctx.encoder, fit_pairs, settings, section_settings(EncoderSettings, ctx.root_cfg).batch_size,
+    w = target_vectors(ctx.encoder, fit_pairs, settings, ctx.settings(EncoderSettings).batch_size,
                        progress=bool(ctx.root_cfg.progress), fit_names=names)[2]
     what = f"the non-special token vectors of the WiC {fit_on!r} split ({len(fit_pairs)} pairs)"
     ft.set_all(settings.fit_all(w, names, what), source=w)
@@ -89,14 +86,14 @@ def _fit_transforms(ctx, data: WicData, t: TransformSettings, ft: FittedTransfor
 
 def check(ctx: EvalContext) -> WicData:
     """Load the pairs before any encoding (a bad file or an offline hub name fails in seconds)."""
-    s = load_settings(WicSettings, ctx.cfg)
+    s = ctx.settings(WicSettings)
     pairs, what = load_pairs(s)
     report = None
     if s.report_split:  # threshold chosen on wic.split, accuracy reported on this split (never used to choose)
         rpairs = load_pairs(s, split=str(s.report_split))
         if rpairs[0] != pairs:  # local files without a `split` column have one split only: sweep alone
             report = rpairs
-    fit_on = section_settings(TransformSettings, ctx.root_cfg).fit_on
+    fit_on = ctx.settings(TransformSettings).fit_on
     fit_pairs = None
     if any(n in FITTED for n in ctx.transforms) and fit_on not in ("eval", "sentences"):
         fit_pairs = load_pairs(s, split=fit_on, capped=False)[0]
@@ -105,9 +102,9 @@ def check(ctx: EvalContext) -> WicData:
 
 def run(ctx: EvalContext) -> AnalysisResult:
     data = ctx.prepared if isinstance(ctx.prepared, WicData) else check(ctx)
-    s = load_settings(WicSettings, ctx.cfg)
-    t = section_settings(TransformSettings, ctx.root_cfg)
-    batch_size, progress = section_settings(EncoderSettings, ctx.root_cfg).batch_size, bool(ctx.root_cfg.progress)
+    s = ctx.settings(WicSettings)
+    t = ctx.settings(TransformSettings)
+    batch_size, progress = ctx.settings(EncoderSettings).batch_size, bool(ctx.root_cfg.progress)
     pairs, what = data.pairs, data.what
     enc = ctx.encoder
     n_layers, dim = enc.num_layers + 1, enc.hidden_size
