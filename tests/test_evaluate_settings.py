@@ -89,7 +89,7 @@ def test_missing_key_is_refused_with_its_name():
     ("threshold", "high", r"outliers\.threshold='high': expected float, got str"),
     ("top_k", 2.5, r"outliers\.top_k=2\.5: expected int, got float"),
     ("top_k", True, r"outliers\.top_k=True: expected int, got bool"),
-    ("method", 3, r"outliers\.method=3: expected str, got int"),
+    ("method", 3, r"outliers\.method must be 'share' or 'sigma', got 3"),
 ])
 def test_wrong_type_is_refused(key, value, match):
     node = {**OmegaConf.to_container(compose("evaluate").outliers), key: value}
@@ -112,14 +112,16 @@ def test_coercions_int_to_float_and_lists_to_tuples():
 
 
 @pytest.mark.parametrize("override, match", [
-    ("outliers.threshold=0", r"outliers\.threshold must be in \(0, 1\]"),
-    ("outliers.threshold=1.5", r"outliers\.threshold must be in \(0, 1\]"),
+    ("outliers.threshold=0", r"^outliers\.threshold must be > 0, got 0$"),
+    ("outliers.threshold=1.5", r"^outliers\.threshold must be <= 1, got 1\.5$"),
+    ("transform.k=0", r"^transform\.k must be >= 1 or null, got 0$"),
+    ("encoder.dtype=fp8", r"^encoder\.dtype must be 'auto', 'bfloat16', 'float16' or 'float32', got 'fp8'$"),
     ("data.max_sentences=1", r"data\.max_sentences must be >= 2 or null, got 1"),
-    ("ablation.mlm_probability=1", r"ablation\.mlm_probability must be in \(0, 1\)"),
+    ("ablation.mlm_probability=1", r"ablation\.mlm_probability must be < 1, got 1"),
     ("ablation.layernorms=[ouput]", r"ablation\.layernorms=\['ouput'\]: choose from"),
     ("frequency.counts_from=files", r"frequency\.counts_from=files needs frequency\.count_files"),
     ("wic.report_split=train", r"wic\.report_split='train' equals wic\.split"),
-    ("attention_sinks.sink_threshold=0", r"attention_sinks\.sink_threshold must be in \(0, 1\)"),
+    ("attention_sinks.sink_threshold=0", r"attention_sinks\.sink_threshold must be > 0, got 0"),
 ])
 def test_value_ranges_are_checked_when_the_settings_are_built(override, match):
     cfg = compose("evaluate", [override])
@@ -137,7 +139,7 @@ def test_optional_keys_are_none_when_their_group_is_absent():
 
 
 @pytest.mark.parametrize("overrides, match", [
-    (["analyses=[outliers]", "outliers.threshold=2"], r"outliers\.threshold must be in"),
+    (["analyses=[outliers]", "outliers.threshold=2"], r"outliers\.threshold must be <= 1"),
     (["analyses=[ablation]", "+ablation.n_randon=3"], r"unknown key\(s\) ablation\.n_randon; valid keys of ablation"),
     (["analyses=[wic]", "wic.max_pairs=many"], r"wic\.max_pairs='many': expected int or null"),
 ])
@@ -156,8 +158,8 @@ def test_evaluate_checks_settings_before_any_model_is_loaded(overrides, match, t
 def test_shared_work_is_typed_fields_not_string_keys():
     ctx = EvalContext(None, None, None, ["none"], Path("."))
     assert isinstance(ctx.shared, SharedPasses) and ctx.prepared is None
-    assert {f.name for f in dataclasses.fields(SharedPasses)} == {"sentence_stats", "mlm", "consumers", "texts", "needs",
-                                                                 "settings"}
+    fields = {f.name for f in dataclasses.fields(SharedPasses)}
+    assert fields == {"sentence_stats", "mlm", "consumers", "texts", "needs", "settings"}
 
 
 def test_what_reads_the_sentence_pass_is_declared_by_each_analysis_not_routed_by_name():
@@ -201,9 +203,11 @@ def test_no_default_is_restated_at_a_call_site():
 @pytest.mark.parametrize("build, match", [
     (lambda: OutliersSettings(threshold="0.3"), r"^outliers\.threshold='0\.3': expected float, got str$"),
     (lambda: OutliersSettings(top_k=True), r"^outliers\.top_k=True: expected int, got bool$"),
-    (lambda: OutliersSettings(0.3), r"^outliers\.method=0\.3: expected str, got float$"),  # positional
+    (lambda: OutliersSettings("sigma", "0.3"), r"^outliers\.threshold='0\.3': expected float, got str$"),  # positional
     (lambda: OutliersSettings(treshold=0.3), r"^unknown key\(s\) outliers\.treshold; valid keys of outliers: method"),
-    (lambda: OutliersSettings(threshold=2), r"^outliers\.threshold must be in \(0, 1\], got 2"),
+    (lambda: OutliersSettings(threshold=2), r"^outliers\.threshold must be <= 1, got 2$"),
+    (lambda: OutliersSettings(method="max"), r"^outliers\.method must be 'share' or 'sigma', got 'max'$"),
+    (lambda: DataSettings(max_sentences=1), r"^data\.max_sentences must be >= 2 or null, got 1$"),
     (lambda: AblationSettings(dims=[3, "x"]), r"^ablation\.dims\[1\]='x': expected int, got str$"),
     (lambda: TransformSettings(dims=[1, "x"]), r"^transform\.dims\[1\]='x': expected int, got str$"),
     (lambda: WicSettings(max_pairs="many"), r"^wic\.max_pairs='many': expected int or null, got str$"),
@@ -255,6 +259,7 @@ def test_every_built_in_reads_its_settings_from_the_context_built_once():
     sts = EvalContext(None, cfg.sts, cfg, ["none"], Path("."), shared=wic.shared)
     assert wic.settings(TransformSettings) is sts.settings(TransformSettings)
     assert wic.settings(WicSettings) == section_settings(WicSettings, cfg)
-    rebuilt = {name for name, module in ANALYSIS_MODULES.items()
-               if re.search(r"\b(load_settings|section_settings)\(", (ROOT / (module.replace(".", "/") + ".py")).read_text())}
+    sources = {name: (ROOT / (module.replace(".", "/") + ".py")).read_text()
+               for name, module in ANALYSIS_MODULES.items()}
+    rebuilt = {name for name, src in sources.items() if re.search(r"\b(load_settings|section_settings)\(", src)}
     assert rebuilt == set()

@@ -125,7 +125,7 @@ def test_python_built_settings_are_frozen_and_range_checked():
     assert o.threshold == 0.4 and OutliersSettings().threshold == 0.25
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.threshold = 0.5
-    with pytest.raises(ValueError, match=r"outliers\.threshold must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"^outliers\.threshold must be <= 1, got 2$"):
         OutliersSettings(threshold=2)
     with pytest.raises(ValueError, match=r"wic\.report_split='train' equals wic\.split"):
         WicSettings(report_split="train")
@@ -158,7 +158,7 @@ def test_optional_keys_take_their_absent_value_not_the_default(default_cfg):
 def test_why_there_are_no_configstore_schemas():
     """The reasons settings.py's docstring gives for keeping load_settings over Hydra structured configs.
     If OmegaConf lifts them, this fails: revisit that decision (and the docstring)."""
-    with pytest.raises(Exception, match="Unions of containers are not supported"):
+    with pytest.raises(Exception, match="Unexpected type annotation: Literal"):  # a choice among values
         OmegaConf.structured(EncoderSettings)
     with pytest.raises(Exception, match="read-only"):
         OmegaConf.merge({"ablation": OmegaConf.structured(AblationSettings)}, {"ablation": {"n_random": 7}})

@@ -14,9 +14,10 @@ guard keys come from here; an encoder preset states its ``name_or_path`` itself 
 :mod:`outlierlab.evaluation.settings_store`).
 
 Every class is a pydantic dataclass in strict mode (:func:`_settings_class`): a wrong type (``threshold='high'``,
-``top_k=2.5``, ``top_k=True``) or an unknown key is refused when the object is built -- from a config or from
-Python -- and each class checks its value ranges in ``__post_init__`` (so ``OutliersSettings(threshold=2)`` fails
-as the YAML would); either way the error is one ``ValueError`` line naming ``section.key``.  Two conversions a
+``top_k=2.5``, ``top_k=True``), a value out of the range or choices its type declares (``Share``: (0, 1];
+``Literal["share", "sigma"]``) or an unknown key is refused when the object is built -- from a config or from
+Python, so ``OutliersSettings(threshold=2)`` fails as the YAML would -- and ``__post_init__`` checks what involves
+several keys; either way the error is one ``ValueError`` line naming ``section.key``.  Two conversions a
 config needs: a list where a tuple is declared (YAML has no tuples) and one file without brackets
 (``data.files=a.txt``) as a one-file list.
 
@@ -41,7 +42,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import field
-from typing import Annotated, Any, ClassVar, TypeVar, Union
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 
 import pydantic
 import pydantic.dataclasses
@@ -57,9 +58,7 @@ LAYERNORM_KINDS = ("output", "attention_output", "attention_input", "mlp_input",
                    "embeddings", "final", "head", "all")
 
 
-#: ``encoder.dtype`` values (auto = the checkpoint's own dtype) and the ``encoder.device_map`` strings
-#: accelerate accepts (a mapping ``{module: device}`` also works).
-ENCODER_DTYPES = ("auto", "bfloat16", "float16", "float32")
+#: The ``encoder.device_map`` strings accelerate accepts (a mapping ``{module: device}`` also works).
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 #: ``dataclasses.field`` metadata key marking a key the composed config may lack (its group not selected, e.g.
@@ -96,6 +95,16 @@ Names = Annotated[tuple[str, ...], pydantic.BeforeValidator(_as_names)]
 Ints = Annotated[tuple[int, ...], pydantic.BeforeValidator(_as_tuple)]
 Floats = Annotated[tuple[float, ...], pydantic.BeforeValidator(_as_tuple)]
 
+# value ranges, declared on the fields (pydantic checks them; :func:`_one_line` words a refusal as
+# ``section.key must be >= 1, got 0``)
+AtLeast0 = Annotated[int, pydantic.Field(ge=0)]
+AtLeast1 = Annotated[int, pydantic.Field(ge=1)]
+AtLeast2 = Annotated[int, pydantic.Field(ge=2)]
+Positive = Annotated[float, pydantic.Field(gt=0)]
+Share = Annotated[float, pydantic.Field(gt=0, le=1)]  # (0, 1]
+Probability = Annotated[float, pydantic.Field(gt=0, lt=1)]  # (0, 1)
+CountsFrom = Literal["auto", "pretraining", "eval", "files"]
+
 # strict: no str -> number, float -> int or bool -> int coercion (an int is still a valid float: YAML writes 3 for 3.0)
 _STRICT = pydantic.ConfigDict(strict=True, extra="forbid")
 
@@ -124,7 +133,7 @@ def _one_line(cls: type, error: pydantic.ValidationError) -> str:
         return (f"unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}; valid keys of {section}: "
                 f"{', '.join(f.name for f in dataclasses.fields(cls) if f.init)}")
     fault = faults[0]
-    if not fault["loc"]:  # a range check of __post_init__: its message names the key already
+    if not fault["loc"]:  # a check of __post_init__ (between keys, or a list's items): its message names the key
         return fault["msg"].removeprefix("Value error, ")
     fields = [f.name for f in dataclasses.fields(cls) if f.init]
     name = fields[fault["loc"][0]] if isinstance(fault["loc"][0], int) else str(fault["loc"][0])  # positional
@@ -135,7 +144,16 @@ def _one_line(cls: type, error: pydantic.ValidationError) -> str:
         members = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
         hint = typing.get_args(next(a for a in members if typing.get_origin(a) is tuple))[0]
     value = fault["input"]
+    bound = next((f"{op} {fault['ctx'][key]:g}" for key, op in _BOUNDS.items() if key in fault.get("ctx", {})), None)
+    if bound is not None:  # out of the range its type declares: the bound it broke
+        nullable = " or null" if type(None) in typing.get_args(hint) else ""
+        return f"{where} must be {bound}{nullable}, got {value!r}"
+    if fault["type"] == "literal_error":
+        return f"{where} must be {fault['ctx']['expected']}, got {value!r}"
     return f"{where}={value!r}: expected {_type_name(hint)}, got {type(value).__name__}"
+
+
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 
 
 def _type_name(tp: Any) -> str:
@@ -201,15 +219,10 @@ class DataSettings:
     #: [a.txt, b.txt.gz]: one sentence per line; null = shipped Persuasion sentences
     files: Names | None = None
     #: first N in file order; null = all (shipped: 2703)
-    max_sentences: int | None = 2000
+    max_sentences: AtLeast2 | None = 2000
     #: sentences tokenized at a time (bounds memory; results do not depend on it)
-    chunk: int = 1024
+    chunk: AtLeast1 = 1024
     one_pass: bool = _optional(True, absent=True)  # absent in older configs: the one-pass default
-
-    def __post_init__(self) -> None:
-        n = self.max_sentences
-        _check(n is None or n >= 2, f"data.max_sentences must be >= 2 or null, got {n}")
-        _check(self.chunk >= 1, f"data.chunk must be >= 1, got {self.chunk}")
 
 
 @_settings_class
@@ -223,27 +236,21 @@ class EncoderSettings:
     SECTION: ClassVar[str] = "encoder"
     name_or_path: str = "all-minilm-l6-v2"
     #: null = the model's maximum (512)
-    max_length: int | None = None
+    max_length: AtLeast2 | None = None
     #: longer sequences: warn (truncate, count) | error (one-line failure)
-    on_overflow: str = "warn"
+    on_overflow: Literal["warn", "error"] = "warn"
     #: auto = cuda if available
     device: str = "auto"
-    batch_size: int = 32
-    dtype: str = "float32"  # auto (the checkpoint's own) | bfloat16 | float16 | float32
+    batch_size: AtLeast1 = 32
+    #: auto = the checkpoint's own
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "float32"
     device_map: str | dict | None = None  # null (one device) | auto | {module: device} (accelerate)
     revision: str | None = None  # a hub revision (branch, tag, commit: Pythia's step1000)
 
     def __post_init__(self) -> None:
-        _check(self.dtype in ENCODER_DTYPES,
-               f"encoder.dtype must be one of {', '.join(ENCODER_DTYPES)}, got {self.dtype!r}")
         _check(self.device_map is None or isinstance(self.device_map, dict) or self.device_map in DEVICE_MAPS,
                f"encoder.device_map must be null, a mapping or one of {', '.join(DEVICE_MAPS)}, "
                f"got {self.device_map!r}")
-        _check(self.on_overflow in ("warn", "error"),
-               f"encoder.on_overflow must be warn or error, got {self.on_overflow!r}")
-        _check(self.batch_size >= 1, f"encoder.batch_size must be >= 1, got {self.batch_size}")
-        _check(self.max_length is None or self.max_length >= 2,
-               f"encoder.max_length must be >= 2 or null, got {self.max_length}")
 
 
 @_settings_class
@@ -262,16 +269,10 @@ class TransformSettings:
     fit_on: str = "eval"
     dims: Ints | None = _optional(None)
     dims_by_layer: dict | None = _optional(None)
-    k: int | None = _optional(None)
-    min_fit_ratio: float | None = _optional(2.0)
+    k: AtLeast1 | None = _optional(None)
+    min_fit_ratio: Positive | None = _optional(2.0)
     allow_degenerate: bool | None = _optional(False)
-    abtt_d: int | None = _optional(None)
-
-    def __post_init__(self) -> None:
-        _check(self.k is None or self.k >= 1, f"transform.k must be >= 1 or null, got {self.k}")
-        _check(self.abtt_d is None or self.abtt_d >= 0, f"transform.abtt_d must be >= 0 or null, got {self.abtt_d}")
-        _check(self.min_fit_ratio is None or self.min_fit_ratio > 0,
-               f"transform.min_fit_ratio must be > 0, got {self.min_fit_ratio}")
+    abtt_d: AtLeast0 | None = _optional(None)
 
 
 # ----------------------------------------------------------------------------- the sentence analyses
@@ -281,21 +282,14 @@ class OutliersSettings:
 
     SECTION: ClassVar[str] = "outliers"
     #: share (Luo §2: share of tokens with their argmax/argmin on the dim) | sigma
-    method: str = "share"
-    threshold: float = 0.25
-    k: float = 3.0
+    method: Literal["share", "sigma"] = "share"
+    threshold: Share = 0.25
+    k: Positive = 3.0
     #: dims listed per layer by |mean|
-    top_k: int = 5
+    top_k: AtLeast1 = 5
     #: σ rule on the mean position vector (Luo Figs. 3-4) LayerNorm weights: the ln_rule group
     #: (configs/ln_rule/kovaleva.yaml)
-    position_k: float = 3.0
-
-    def __post_init__(self) -> None:
-        _check(self.method in ("share", "sigma"), f"outliers.method must be share or sigma, got {self.method!r}")
-        _check(0 < self.threshold <= 1, f"outliers.threshold must be in (0, 1], got {self.threshold}")
-        _check(self.k > 0, f"outliers.k must be > 0, got {self.k}")
-        _check(self.top_k >= 1, f"outliers.top_k must be >= 1, got {self.top_k}")
-        _check(self.position_k > 0, f"outliers.position_k must be > 0, got {self.position_k}")
+    position_k: Positive = 3.0
 
 
 @_settings_class
@@ -305,18 +299,16 @@ class AnisotropySettings:
 
     SECTION: ClassVar[str] = "anisotropy"
     #: one random token per sentence, paired -> n_sentences/2 pairs (paper: 2000 -> 1000)
-    n_sentences: int = 2000
+    n_sentences: AtLeast2 = 2000
     #: Timkey & van Schijndel 2021: share of the anisotropy held by the top k dims, and r²/Spearman between the pair
     #: cosines with all dims and without the top k
     rogue_k: Ints = (1, 3, 5)
     #: dims listed per layer with CC_i and share (every dim: anisotropy_contributions.csv)
-    rogue_list: int = 5
+    rogue_list: AtLeast1 = 5
 
     def __post_init__(self) -> None:
-        _check(self.n_sentences >= 2, f"anisotropy.n_sentences must be >= 2 (one pair), got {self.n_sentences}")
         _check(bool(self.rogue_k) and all(k >= 1 for k in self.rogue_k),
                f"anisotropy.rogue_k must list ks >= 1, got {list(self.rogue_k)}")
-        _check(self.rogue_list >= 1, f"anisotropy.rogue_list must be >= 1, got {self.rogue_list}")
 
 
 @_settings_class
@@ -326,10 +318,7 @@ class IsotropySettings:
     SECTION: ClassVar[str] = "isotropy"
     #: IsoScore* (Rudman & Eickhoff 2023): the anisotropy tokens' covariance shrunk toward that covariance, (1-zeta)
     #: C + zeta C0 (zeta as in their analysis.py); 0 = IsoScore of the sample
-    zeta: float = 0.75
-
-    def __post_init__(self) -> None:
-        _check(0.0 <= self.zeta <= 1.0, f"isotropy.zeta must be in [0, 1], got {self.zeta}")
+    zeta: Annotated[float, pydantic.Field(ge=0, le=1)] = 0.75
 
 
 @_settings_class
@@ -338,15 +327,10 @@ class SelfSimilaritySettings:
 
     SECTION: ClassVar[str] = "self_similarity"
     #: a word counts if it occurs in >= this many sentences (Ethayarajh 2019)
-    min_sentences: int = 10
+    min_sentences: AtLeast1 = 10
     #: seeded sample when more words qualify (paper: 1000)
-    max_words: int | None = 1000
+    max_words: AtLeast1 | None = 1000
     lowercase: bool = True
-
-    def __post_init__(self) -> None:
-        _check(self.min_sentences >= 1, f"self_similarity.min_sentences must be >= 1, got {self.min_sentences}")
-        _check(self.max_words is None or self.max_words >= 1,
-               f"self_similarity.max_words must be >= 1 or null, got {self.max_words}")
 
 
 # --------------------------------------------------------------------------------------- the tasks
@@ -366,7 +350,7 @@ class WicSettings:
     #: [pairs.jsonl|csv|tsv]: sentence1, sentence2, start1, end1, start2, end2, label (+ split)
     files: Names | None = None
     #: first N pairs; null = all
-    max_pairs: int | None = None
+    max_pairs: AtLeast1 | None = None
     thresholds: Floats = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Luo et al. §4.2
     hub_path: str = "aps/super_glue"
     hub_name: str = "wic"
@@ -374,7 +358,6 @@ class WicSettings:
     def __post_init__(self) -> None:
         _check(bool(self.files) or self.source in ("wordnet", "superglue"),
                f"unknown wic.source {self.source!r}; choose wordnet, superglue, or give wic.files=[...]")
-        _check(self.max_pairs is None or self.max_pairs >= 1, f"wic.max_pairs must be >= 1 or null, got {self.max_pairs}")
         _check(bool(self.thresholds), "wic.thresholds is empty")
         # threshold chosen on wic.split, accuracy reported on report_split: the two must differ
         _check(not self.report_split or str(self.report_split) != str(self.split or ""),
@@ -396,13 +379,10 @@ class StsSettings:
     files: Names | None = None
     split: str = "test"
     #: first N pairs per dataset; null = all
-    max_pairs: int | None = None
+    max_pairs: AtLeast2 | None = None
     #: column naming each pair's sub-set/genre (SentEval reports STS12-16 per sub-set and their mean): rows per sub-
     #: set + 'mean' when the data have it; null or absent column = pooled only
     subset_field: str | None = "genre"
-
-    def __post_init__(self) -> None:
-        _check(self.max_pairs is None or self.max_pairs >= 2, f"sts.max_pairs must be >= 2 or null, got {self.max_pairs}")
 
 
 # ------------------------------------------------------------------ the LayerNorm-outlier analyses
@@ -413,11 +393,7 @@ class _TextSettings:
 
     SECTION: ClassVar[str] = ""
     files: Names | None = None
-    max_sentences: int | None = None
-
-    def __post_init__(self) -> None:
-        n = self.max_sentences
-        _check(n is None or n >= 1, f"{self.SECTION}.max_sentences must be >= 1 or null, got {n}")
+    max_sentences: AtLeast1 | None = None
 
 
 def _check_layernorms(section: str, kinds: tuple[str, ...] | None) -> None:
@@ -431,7 +407,7 @@ class AblationSettings(_TextSettings):
 
     SECTION: ClassVar[str] = "ablation"
     #: first N sentences (~1 min for a tiny model on 2 CPU cores per condition set); null = all
-    max_sentences: int | None = 600
+    max_sentences: AtLeast1 | None = 600
     #: LayerNorms whose gain AND bias are zeroed; null = those the rule judges (ln_rule.layernorms) or a list of:
     #: output | attention_output | embeddings | head | all
     layernorms: Names | None = None
@@ -440,33 +416,26 @@ class AblationSettings(_TextSettings):
     #: your own dims, reported as a separate condition
     dims: Ints = ()
     #: random control draws (same count as the outlier dims, never including them)
-    n_random: int = 5
+    n_random: AtLeast0 = 5
     #: masking and random draws; null = the global seed
     seed: int | None = None
     #: evaluation masking: this share of non-special tokens -> <mask> (no 80/10/10)
-    mlm_probability: float = 0.15
+    mlm_probability: Probability = 0.15
     #: join consecutive sentences into sequences of <= max_length tokens (pretraining-like context)
     pack: bool = True
     #: tokens per sequence incl. special tokens (capped by the model)
-    max_length: int = 128
-    batch_size: int = 16
+    max_length: AtLeast2 = 128
+    batch_size: AtLeast1 = 16
     #: fill-in-the-blank shown per condition
     example: str | None = "She opened the door and walked slowly into the {mask}."
-    top_k: int = 5
+    top_k: AtLeast1 = 5
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         _check_layernorms("ablation", self.layernorms)
-        _check(0 < self.mlm_probability < 1, f"ablation.mlm_probability must be in (0, 1), got {self.mlm_probability}")
-        _check(self.n_random >= 0, "ablation.n_random must be >= 0")
         _check(not self.example or "{mask}" in self.example,
                f"ablation.example must contain the placeholder {{mask}}: {self.example!r}")
-        _check(self.max_length >= 2 and self.batch_size >= 1 and self.top_k >= 1,
-               f"ablation.max_length (>= 2), batch_size and top_k (>= 1) out of range: "
-               f"{self.max_length}, {self.batch_size}, {self.top_k}")
 
 
-FREQUENCY_MODES = ("auto", "pretraining", "eval", "files")
 
 
 @_settings_class
@@ -474,36 +443,28 @@ class FrequencySettings(_TextSettings):
     """``frequency`` (``configs/frequency/default.yaml``): Puccetti et al.'s frequency correlation."""
 
     SECTION: ClassVar[str] = "frequency"
-    max_sentences: int | None = 1000
+    max_sentences: AtLeast1 | None = 1000
     #: auto: our runs -> their pretraining corpus (run config.yaml), other models -> the evaluated text | pretraining
     #: (required) | eval | files (frequency.count_files)
-    counts_from: str = "auto"
+    counts_from: CountsFrom = "auto"
     #: [a.txt, b.txt.gz] for counts_from=files
     count_files: Names | None = None
     #: null: LayerNorm outlier dims (detect: below), else activation outliers; or e.g. [308, 381]
     dims: Ints | None = None
     #: at most this many dims (strongest first) (LayerNorm outlier dims: the one rule, configs/ln_rule)
-    max_dims: int = 8
+    max_dims: AtLeast1 = 8
     #: magnitude: mean |h| of the dim per token type (Puccetti et al.) | signed: mean h
-    value: str = "magnitude"
+    value: Literal["magnitude", "signed"] = "magnitude"
     #: activation-outlier fallback (Luo et al. argmax/argmin share)
-    share_threshold: float = 0.25
+    share_threshold: Share = 0.25
     #: token types seen fewer times in the evaluated text are left out
-    min_occurrences: int = 1
+    min_occurrences: AtLeast1 = 1
     #: hidden-state layers of the scatter (0 = embeddings); null = [middle, last]
     plot_layers: Ints | None = None
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(self.counts_from in FREQUENCY_MODES,
-               f"frequency.counts_from must be one of {', '.join(FREQUENCY_MODES)}; got {self.counts_from!r}")
-        _check(self.value in ("magnitude", "signed"),
-               f"frequency.value must be magnitude or signed; got {self.value!r}")
         _check(self.counts_from != "files" or bool(self.count_files),
                "frequency.counts_from=files needs frequency.count_files=[a.txt,...]")
-        _check(self.max_dims >= 1, f"frequency.max_dims must be >= 1, got {self.max_dims}")
-        _check(0 < self.share_threshold <= 1, f"frequency.share_threshold must be in (0, 1], got {self.share_threshold}")
-        _check(self.min_occurrences >= 1, f"frequency.min_occurrences must be >= 1, got {self.min_occurrences}")
 
 
 @_settings_class
@@ -511,22 +472,16 @@ class OrderUseSettings(_TextSettings):
     """``order_use`` (``configs/order_use/default.yaml``): permuted-token loss minus intact loss, attention locality."""
 
     SECTION: ClassVar[str] = "order_use"
-    max_sentences: int | None = 200
+    max_sentences: AtLeast1 | None = 200
     #: masked LMs: sentences packed into running-text pieces of this many tokens
-    max_length: int = 128
-    batch_size: int = 16
+    max_length: Annotated[int, pydantic.Field(ge=4)] = 128
+    batch_size: AtLeast1 = 16
     #: masked LMs: share of tokens masked (all behind the mask token), seeded
-    mlm_probability: float = 0.15
+    mlm_probability: Probability = 0.15
     #: below this: "the model does not use token order yet"
     threshold: float = 0.1
     #: masking and permutations; null = the global seed
     seed: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(0 < self.mlm_probability < 1, f"order_use.mlm_probability must be in (0, 1), got {self.mlm_probability}")
-        _check(self.max_length >= 4 and self.batch_size >= 1,
-               f"order_use.max_length (>= 4) and batch_size (>= 1) out of range: {self.max_length}, {self.batch_size}")
 
 
 @_settings_class
@@ -534,29 +489,23 @@ class AttentionSinksSettings(_TextSettings):
     """``attention_sinks`` (``configs/attention_sinks/default.yaml``): attention mass on special tokens."""
 
     SECTION: ClassVar[str] = "attention_sinks"
-    max_sentences: int | None = 200
+    max_sentences: AtLeast1 | None = 200
     #: where the outlier dims are disabled (as ablation.layernorms; null = the rule's LayerNorms) outlier dims: the
     #: one LayerNorm rule, configs/ln_rule
     layernorms: Names | None = None
     #: null: the detected outlier dims; or e.g. [308, 381]
     dims: Ints | None = None
-    max_length: int = 128
-    batch_size: int = 16
+    max_length: AtLeast2 = 128
+    batch_size: AtLeast1 = 16
     #: Gu et al. 2025: a sink head puts mean attention > 0.3 on <s> (</s>)
-    sink_threshold: float = 0.3
+    sink_threshold: Probability = 0.3
     #: control: as many random dims disabled (never the outlier dims), mean over draws; 0 = none
-    n_random: int = 1
+    n_random: AtLeast0 = 1
     #: random draws; null = the global seed
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         _check_layernorms("attention_sinks", self.layernorms)
-        _check(0 < self.sink_threshold < 1, f"attention_sinks.sink_threshold must be in (0, 1), got {self.sink_threshold}")
-        _check(self.n_random >= 0, f"attention_sinks.n_random must be >= 0, got {self.n_random}")
-        _check(self.max_length >= 2 and self.batch_size >= 1,
-               f"attention_sinks.max_length (>= 2) and batch_size (>= 1) out of range: {self.max_length}, "
-               f"{self.batch_size}")
 
 
 @_settings_class
@@ -564,53 +513,37 @@ class FrequentTokensSettings(_TextSettings):
     """``frequent_tokens`` (``configs/frequent_tokens/default.yaml``): Macocco et al. 2025's heuristic."""
 
     SECTION: ClassVar[str] = "frequent_tokens"
-    max_sentences: int | None = 600
+    max_sentences: AtLeast1 | None = 600
     #: token frequency as the frequency analysis: auto = our runs' pretraining corpus, else the evaluated text (said
     #: so) | pretraining | eval | files (count_files)
-    counts_from: str = "auto"
+    counts_from: CountsFrom = "auto"
     count_files: Names | None = None
     #: Macocco et al.: median |h_d| above this percentile of all |h| (and of |W| rows)
-    percentile: float = 99.0
+    percentile: Annotated[float, pydantic.Field(gt=0, lt=100)] = 99.0
     #: Luo et al.'s argmax/argmin share rule on h
-    share_threshold: float = 0.25
+    share_threshold: Share = 0.25
     #: random-dim control draws: as many dims as each rule found, never those nor either Macocco set (last-layer,
     #: unembedding outliers); they draw 5
-    n_random: int = 5
+    n_random: AtLeast0 = 5
     #: masking and random draws; null = the global seed
     seed: int | None = None
     #: tokens counted fewer times are not in the corpus list (left out of every Spearman)
-    min_count: int = 1
+    min_count: AtLeast1 = 1
     #: evaluation masking, as the ablation (all masked tokens -> <mask>)
-    mlm_probability: float = 0.15
+    mlm_probability: Probability = 0.15
     #: join sentences into sequences of <= max_length tokens (pretraining-like context)
     pack: bool = True
-    max_length: int = 128
-    batch_size: int = 16
+    max_length: AtLeast2 = 128
+    batch_size: AtLeast1 = 16
     #: decoders: late = Macocco et al.'s one position per sequence (token late_position, scored against the next);
     #: every = every next-token position (ours before)
-    positions: str = "late"
+    positions: Literal["late", "every"] = "late"
     #: 0-based token index (special tokens counted); shorter sequences are left out
-    late_position: int = 100
+    late_position: AtLeast0 = 100
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(self.positions in ("late", "every"),
-               f"frequent_tokens.positions must be late (Macocco et al.) or every; got {self.positions!r}")
-        _check(self.late_position >= 0, f"frequent_tokens.late_position must be >= 0, got {self.late_position}")
-        _check(self.counts_from in FREQUENCY_MODES,
-               f"frequent_tokens.counts_from must be one of {', '.join(FREQUENCY_MODES)}; got {self.counts_from!r}")
         _check(self.counts_from != "files" or bool(self.count_files),
                "frequent_tokens.counts_from=files needs frequent_tokens.count_files=[a.txt,...]")
-        _check(0 < self.percentile < 100, f"frequent_tokens.percentile must be in (0, 100), got {self.percentile}")
-        _check(0 < self.share_threshold <= 1,
-               f"frequent_tokens.share_threshold must be in (0, 1], got {self.share_threshold}")
-        _check(self.n_random >= 0 and self.min_count >= 1,
-               f"frequent_tokens.n_random (>= 0) and min_count (>= 1) out of range: {self.n_random}, {self.min_count}")
-        _check(0 < self.mlm_probability < 1,
-               f"frequent_tokens.mlm_probability must be in (0, 1), got {self.mlm_probability}")
-        _check(self.max_length >= 2 and self.batch_size >= 1,
-               f"frequent_tokens.max_length (>= 2) and batch_size (>= 1) out of range: {self.max_length}, "
-               f"{self.batch_size}")
 
 
 @_settings_class
@@ -619,14 +552,9 @@ class QKOutliersSettings(_TextSettings):
 
     SECTION: ClassVar[str] = "qk_outliers"
     #: first N sentences; null = data.max_sentences
-    max_sentences: int | None = 1000
+    max_sentences: AtLeast1 | None = 1000
     #: outlier dim of a head: max |.| more than k sigma above the mean over that head's dims
-    k: float = 3.0
+    k: Positive = 3.0
     #: partial-cycle bound: a pair turning fewer times than this over the context can carry a rotary offset feature
     #: (Jonasson 2025)
-    max_cycles: float = 1.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(self.k > 0, f"qk_outliers.k must be > 0, got {self.k}")
-        _check(self.max_cycles > 0, f"qk_outliers.max_cycles must be > 0, got {self.max_cycles}")
+    max_cycles: Positive = 1.0
