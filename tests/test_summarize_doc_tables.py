@@ -29,7 +29,7 @@ def test_a_hand_edited_number_is_named(tmp_path, capsys):
 
 def test_the_table_values_are_the_study_rows():
     """The per-seed table reads the cells themselves: learned seed 1 is the run that grew a dominant dim."""
-    table = doc_tables.emergence_seeds_per_seed()
+    table = doc_tables.TABLES["emergence_seeds_per_seed"]()
     assert "| learned | 1 | 0.79 |" in table and "| none | 2 | 0.42 |" in table
 
 

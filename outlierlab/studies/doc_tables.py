@@ -22,20 +22,15 @@ import argparse
 import math
 import re
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import pandas as pd
 
-from outlierlab.studies import doc_table_reads as reads
+from outlierlab.studies import doc_table_reads as reads, order_use_doc_tables
 from outlierlab.studies.doc_table_reads import (adjusted, cells_of, contrast_row, families_line, fmt, seeds_word, shown,
                                                 signed, summary_cell)
-from outlierlab.studies.order_use_doc_tables import (order_use_dim_identity, order_use_dim_identity_objectives,
-                                                   order_use_large, order_use_large_mlm, order_use_objectives,
-                                                   order_use_objectives_large, order_use_schemes,
-                                                   order_use_schemes_large, order_use_schemes_large_5seeds,
-                                                   order_use_schemes_large_5seeds_outliers, order_use_schemes_large_outliers,
-                                                   order_use_schemes_outliers, order_use_study, order_use_study_5seeds)
 
 SEEDS = "docs/emergence/seeds"
 SWITCH = "docs/emergence/switch_seeds"
@@ -67,17 +62,12 @@ def emergence_seeds(study: str = SEEDS) -> str:
     return "\n".join(head + ["", families_line(study, 1000)])
 
 
-def _cell_table(study: str, group_key: str, labels: dict[str, str]) -> pd.DataFrame:
+def _cell_table(study: str, group_key: str) -> pd.DataFrame:
+    """Every usable cell's numbers, with its ``group_key`` override as ``group`` and its seed."""
     from outlierlab.studies.cells import cell_numbers, find_cells
 
-    frames = []
-    for cell in find_cells([cells_of(study)]):
-        if not cell.usable:
-            continue
-        df = cell_numbers(cell)
-        df["group"], df["seed"] = labels.get(cell.overrides.get(group_key), cell.overrides.get(group_key)), cell.seed
-        frames.append(df)
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat([cell_numbers(cell).assign(group=cell.overrides.get(group_key), seed=cell.seed)
+                      for cell in find_cells([cells_of(study)]) if cell.usable], ignore_index=True)
 
 
 def _last(df: pd.DataFrame, metric: str, layer: str) -> pd.Series:
@@ -85,16 +75,9 @@ def _last(df: pd.DataFrame, metric: str, layer: str) -> pd.Series:
     return sub[sub["step"] == sub["step"].max()].set_index(["group", "seed"])["value"]
 
 
-def emergence_seeds_per_seed() -> str:
-    return _per_seed(SEEDS, "pos")
-
-
-def switch_seeds_per_seed() -> str:
-    return _per_seed(SWITCH, "arch")
-
-
-def _per_seed(study: str, key: str) -> str:
-    df = _cell_table(study, key, {})
+def per_seed(study: str, key: str) -> str:
+    """One row per cell of ``study``, its groups told apart by the override ``key``: the last step's numbers."""
+    df = _cell_table(study, key)
     cols = [("hidden/argmax_share", "layer_4", "argmax share"), ("hidden/abs_argmax_share", "layer_4", "\\|x\\| argmax share"),
             ("hidden/kurtosis", "layer_4", "kurtosis"), ("hidden/max_median", "layer_4", "max/median"),
             ("hidden/token_pair_cosine", "layer_4", "anisotropy"), ("hidden/inf_norm_ln_input", "max_layer", "inf-norm LN input (max layer)"),
@@ -108,14 +91,6 @@ def _per_seed(study: str, key: str) -> str:
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(fmt(values[c].get(key, math.nan)) for *_, c in cols)
                      + f" | {int(ln.get(key, 0))} |")
     return "\n".join(lines)
-
-
-def emergence_seeds_gpu() -> str:
-    return emergence_seeds(SEEDS_GPU)
-
-
-def switch_seeds_gpu() -> str:
-    return switch_seeds(SWITCH_GPU)
 
 
 def switch_seeds(study: str = SWITCH) -> str:
@@ -207,18 +182,15 @@ def minilm_wic_finetune() -> str:
 
 
 #: Every generated block, by name: this module's tables and docs/order_use.md's (:mod:`outlierlab.studies.order_use_doc_tables`).
-TABLES: dict[str, Callable[[], str]] = {f.__name__: f for f in (emergence_seeds, emergence_seeds_per_seed, switch_seeds, switch_seeds_per_seed,
-                                                                switch_seeds_all_measures, seeds_evaluate, readme_results,
-                                                                objectives, emergence_seeds_gpu, switch_seeds_gpu,
-                                                                order_use_study, order_use_study_5seeds, order_use_large,
-                                                                order_use_schemes, order_use_schemes_outliers,
-                                                                order_use_objectives, order_use_large_mlm,
-                                                                order_use_objectives_large, order_use_schemes_large,
-                                                                order_use_schemes_large_outliers,
-                                                                order_use_schemes_large_5seeds,
-                                                                order_use_schemes_large_5seeds_outliers,
-                                                                minilm_wic_finetune, order_use_dim_identity,
-                                                                order_use_dim_identity_objectives)}
+TABLES: dict[str, Callable[[], str]] = {
+    **{f.__name__: f for f in (emergence_seeds, switch_seeds, switch_seeds_all_measures, seeds_evaluate, readme_results,
+                               objectives, minilm_wic_finetune)},
+    "emergence_seeds_per_seed": partial(per_seed, SEEDS, "pos"),
+    "switch_seeds_per_seed": partial(per_seed, SWITCH, "arch"),
+    "emergence_seeds_gpu": partial(emergence_seeds, SEEDS_GPU),
+    "switch_seeds_gpu": partial(switch_seeds, SWITCH_GPU),
+    **order_use_doc_tables.TABLES,
+}
 
 
 def render(text: str, source: str = "") -> str:

@@ -1,9 +1,12 @@
 """The generated tables of docs/order_use.md (learned vs none, every position scheme, the objectives, the dimension
-identity), from the committed order-use studies; each is a block ``<!-- generated: <function name> -->`` that
-:mod:`outlierlab.studies.doc_tables` renders (its :data:`~outlierlab.studies.doc_tables.TABLES`).
+identity), from the committed order-use studies; each is a block ``<!-- generated: <name> -->`` of :data:`TABLES`
+that :mod:`outlierlab.studies.doc_tables` renders.
 """
 
 from __future__ import annotations
+
+from functools import partial
+from typing import Callable
 
 import pandas as pd
 
@@ -44,26 +47,6 @@ def _learned_none_rows(study: str) -> str:
                      f"{int(r['n_pairs']) if pd.notna(r['n_pairs']) else '–'} | {corrected} | "
                      f"{str(r['ordering']).split(';')[0]} |")
     return "\n".join(lines)
-
-
-def order_use_study() -> str:
-    """Learned vs none in ``experiment=order_recipe``, the three finished pairs at 6,000 steps."""
-    return _learned_none_rows(f"{ORDER_USE}/study")
-
-
-def order_use_study_5seeds() -> str:
-    """The same with the two learned cells cut by the clock: all five pairs at step 5,000."""
-    return _learned_none_rows(f"{ORDER_USE}/study_5seeds")
-
-
-def order_use_large() -> str:
-    """The causal pair on ``data=english_large``, 5 seeds, 6,000 steps."""
-    return _learned_none_rows(f"{ORDER_USE}/study_large")
-
-
-def order_use_large_mlm() -> str:
-    """The masked pair on ``data=english_large``, 5 seeds, 6,000 steps."""
-    return _learned_none_rows(f"{ORDER_USE}/study_large_mlm")
 
 
 def order_use_objectives_large() -> str:
@@ -122,26 +105,6 @@ def order_use_schemes_outliers(study: str = "study_schemes") -> str:
     return "\n".join(lines)
 
 
-def order_use_schemes_large() -> str:
-    """:func:`order_use_schemes` for the masked schemes on ``data=english_large``."""
-    return order_use_schemes("study_schemes_large")
-
-
-def order_use_schemes_large_outliers() -> str:
-    """:func:`order_use_schemes_outliers` for the masked schemes on ``data=english_large``."""
-    return order_use_schemes_outliers("study_schemes_large")
-
-
-def order_use_schemes_large_5seeds() -> str:
-    """:func:`order_use_schemes` on ``data=english_large`` with seeds 4-5 added, every cell at step 4,000."""
-    return order_use_schemes("study_schemes_large_5seeds")
-
-
-def order_use_schemes_large_5seeds_outliers() -> str:
-    """:func:`order_use_schemes_outliers` on ``data=english_large`` with seeds 4-5 added, at step 4,000."""
-    return order_use_schemes_outliers("study_schemes_large_5seeds")
-
-
 def order_use_objectives() -> str:
     """Haviv's 2 x 2 where the masked model uses its positions (docs/order_use.md): each group's mean at the last
     step of ``study_objectives/study.csv`` -- val loss and perplexity, order use with its 95 % interval (0 shown
@@ -169,11 +132,6 @@ def order_use_objectives() -> str:
     return "\n".join(lines)
 
 
-def order_use_dim_identity_objectives() -> str:
-    """:func:`order_use_dim_identity` of the causal and masked pairs on ``data=english_large`` (5 seeds, 6,000 steps)."""
-    return order_use_dim_identity("dim_identity_objectives_large")
-
-
 def order_use_dim_identity(folder: str = "dim_identity_large_4000") -> str:
     """Which dimension, since when (:mod:`outlierlab.studies.dim_identity`), every scheme on ``data=english_large`` at
     step 4,000 (5 seeds): per layer 1-4, the mean |x| argmax share, the median held fraction and the seeds whose
@@ -189,3 +147,26 @@ def order_use_dim_identity(folder: str = "dim_identity_large_4000") -> str:
         lines.append(f"| {objective}, {pos} | " + " | ".join(f"{g.at[n, 'share']:.2f} · {g.at[n, 'held_fraction']:.2f} · "
                                                 f"{g.at[n, 'as_previous']}/{g.at[n, 'seeds']}" for n in layers) + " |")
     return "\n".join(lines)
+
+
+#: Every block of docs/order_use.md, by name: a table function, bound to the study it reads where several share one.
+TABLES: dict[str, Callable[[], str]] = {
+    # learned vs none: experiment=order_recipe (3 finished pairs at 6,000 steps; with the 2 learned cells the clock
+    # cut, all 5 at step 5,000), and the causal and the masked pair on data=english_large (5 seeds, 6,000 steps)
+    "order_use_study": partial(_learned_none_rows, f"{ORDER_USE}/study"),
+    "order_use_study_5seeds": partial(_learned_none_rows, f"{ORDER_USE}/study_5seeds"),
+    "order_use_large": partial(_learned_none_rows, f"{ORDER_USE}/study_large"),
+    "order_use_large_mlm": partial(_learned_none_rows, f"{ORDER_USE}/study_large_mlm"),
+    # every scheme: the small data set, the masked schemes on data=english_large, and those with seeds 4-5 at 4,000
+    "order_use_schemes": order_use_schemes,
+    "order_use_schemes_outliers": order_use_schemes_outliers,
+    "order_use_schemes_large": partial(order_use_schemes, "study_schemes_large"),
+    "order_use_schemes_large_outliers": partial(order_use_schemes_outliers, "study_schemes_large"),
+    "order_use_schemes_large_5seeds": partial(order_use_schemes, "study_schemes_large_5seeds"),
+    "order_use_schemes_large_5seeds_outliers": partial(order_use_schemes_outliers, "study_schemes_large_5seeds"),
+    "order_use_objectives": order_use_objectives,
+    "order_use_objectives_large": order_use_objectives_large,
+    # which dimension: every scheme at step 4,000, and the causal and masked pairs (5 seeds, 6,000 steps)
+    "order_use_dim_identity": order_use_dim_identity,
+    "order_use_dim_identity_objectives": partial(order_use_dim_identity, "dim_identity_objectives_large"),
+}
