@@ -42,8 +42,7 @@ import pandas as pd
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
 from outlierlab.analysis.study_inference import bounded_interval, bounds_of
-from outlierlab.studies.cells import (LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, admit_cut, cell_numbers,
-                                        find_cells)
+from outlierlab.studies.cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
 from outlierlab.studies.families import assign_families, declared_design
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
@@ -277,10 +276,7 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
 
     for spec in contrasts:
         parse_contrast(spec)  # a malformed contrast fails before any reading
-    cells = find_cells(list(paths))
-    if until is not None:
-        for c in cells:
-            admit_cut(c, until)
+    cells = find_cells(list(paths), until)
     design = declared_design(cells, primary, equivalence_margin)
     contrasts = list(contrasts) or design["contrasts"]  # the design's own contrasts when none are given
     summary, per_seed, groups = aggregate(cells, allow_mixed_code, until)

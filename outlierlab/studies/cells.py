@@ -156,9 +156,10 @@ def read_cell(path: Path) -> Cell:
     return cell
 
 
-def find_cells(paths: list[str | Path]) -> list[Cell]:
+def find_cells(paths: list[str | Path], until: int | None = None) -> list[Cell]:
     """Cells under each path (a sweep directory, a cell itself, or a study table: :mod:`outlierlab.studies.table`):
-    the paths in the order given, the cells of one path by their run directory's name.
+    the paths in the order given, the cells of one path by their run directory's name; with ``until``, the training
+    cells stopped before their budget admitted up to that step (:func:`admit_cut`).
 
     This order is the order of a study's groups (study.md's columns, contrasts.csv's pairs), so it must not depend
     on where a path lives: a packed table unpacks into a cache folder named by the hash of its bytes, and sorting
@@ -174,6 +175,9 @@ def find_cells(paths: list[str | Path]) -> list[Cell]:
         cells += [read_cell(c) for c in found]
     if not cells:
         raise ValueError(f"no run directories (with .hydra/overrides.yaml) under {', '.join(map(str, paths))}")
+    if until is not None:
+        for cell in cells:
+            admit_cut(cell, until)
     return cells
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from outlierlab.analysis.dim_identity import HISTORY, layer_identity
-from outlierlab.studies.cells import Cell, admit_cut, find_cells
+from outlierlab.studies.cells import Cell, find_cells
 from outlierlab.utils.tables import md_table
 
 STATISTICS = ("abs_argmax_share", "argmax_share", "argmin_share")  # the monitor rows that carry a dimension
@@ -76,9 +76,7 @@ def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until:
     objective, scheme and seed, and when the model began to use order (:func:`use_from`); ``until``: of its history up to that
     step, cells stopped after it admitted.  And one line for each cell left out."""
     found, skipped = [], []
-    for cell in find_cells(paths):
-        if until is not None:
-            admit_cut(cell, until)
+    for cell in find_cells(paths, until):
         history = cell.path / HISTORY
         if not cell.usable or not history.is_file():
             skipped.append(f"{cell.path}: " + ("; ".join(cell.problems) or "not finished" if not cell.usable

@@ -40,7 +40,7 @@ import pandas as pd
 
 from outlierlab.analysis.seed_statistics import contrast, summarize
 from outlierlab.analysis.study_inference import adjust_pvalues, minimum_detectable_effect, tost
-from outlierlab.studies.cells import Cell, admit_cut, cell_numbers, find_cells
+from outlierlab.studies.cells import Cell, cell_numbers, find_cells
 from outlierlab.utils.tables import md_table
 
 #: Equivalence margin of "clm none is competitive with clm learned": 0.05 nats/token, i.e. perplexity within ~5 %.
@@ -245,10 +245,7 @@ def report(sweep: str | Path | list[str | Path], source: str | None = None, unti
     step, cells stopped before their budget admitted as the study aggregator does
     (:func:`outlierlab.studies.cells.admit_cut`)."""
     sweeps = sweep if isinstance(sweep, list) else [sweep]
-    cells = find_cells(sweeps)
-    if until is not None:
-        for c in cells:
-            admit_cut(c, until)
+    cells = find_cells(sweeps, until)
     tables = collect([c for c in cells if c.usable], until)
     table = contrasts(tables)
     return table, markdown(tables, table, cells, source or " ".join(map(str, sweeps)))
