@@ -28,13 +28,12 @@ the CSVs), :func:`render_card` the Markdown, :func:`write_model_card` writes ``<
 from __future__ import annotations
 
 import csv
-import json
 import math
 import shlex
 from pathlib import Path
 from typing import Any
 
-from outlierlab.jobs.run_state import code_versions, finished_run
+from outlierlab.jobs.run_state import code_versions, finished_run, read_json
 from outlierlab.utils.atomic import write_atomic
 
 CARD = "README.md"
@@ -48,13 +47,6 @@ def _read_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())
     except (OSError, ValueError, yaml.YAMLError):
-        return None
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
         return None
 
 
@@ -149,7 +141,7 @@ def layernorm_summary(path: Path) -> dict[str, Any] | None:
 
 
 def _export_kind(export_dir: Path) -> str:
-    cfg = _read_json(export_dir / "config.json") or {}
+    cfg = read_json(export_dir / "config.json") or {}
     if cfg.get("model_type") == "roberta":
         return "hf"
     if "auto_map" in cfg:
@@ -161,7 +153,7 @@ def _model_config(run: Path, export: Path | None, config: dict) -> dict:
     """The model's EncoderConfig as trained: config.yaml holds the model section before the tokenizer's vocabulary
     size and special ids were filled in, so the export's own config (or the logger's hparams) comes first."""
     if export is not None:
-        ours = _read_json(export / "outlierlab_config.json")
+        ours = read_json(export / "outlierlab_config.json")
         if isinstance(ours, dict):
             return ours
     for hp in (run / "csv" / "hparams.yaml", run / "tensorboard" / "hparams.yaml"):
@@ -169,7 +161,7 @@ def _model_config(run: Path, export: Path | None, config: dict) -> dict:
         if isinstance(node, dict) and isinstance(node.get("model"), dict):
             return node["model"]
     model = dict(config.get("model") or {})
-    hf = _read_json(export / "config.json") if export is not None else None
+    hf = read_json(export / "config.json") if export is not None else None
     if isinstance(hf, dict) and "vocab_size" in hf:  # a native RoBERTa export knows the real vocabulary
         model["vocab_size"] = hf["vocab_size"]
     return model
@@ -179,7 +171,7 @@ def card_data(run_dir: str | Path, export_dir: str | Path | None = None, global_
     """Everything the card states, read from ``run_dir`` (see the module docstring); JSON-able."""
     run = Path(run_dir)
     export = Path(export_dir) if export_dir is not None else None
-    manifest = _read_json(run / "manifest.json") or {}
+    manifest = read_json(run / "manifest.json") or {}
     config = _read_yaml(run / "config.yaml") or manifest.get("config") or {}
     finished = finished_run(run)
     if finished is not None:

@@ -45,7 +45,8 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _read_json(path: Path) -> Any | None:
+def read_json(path: Path) -> Any | None:
+    """A JSON file's content, or None where it is missing, unreadable or torn."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -113,7 +114,7 @@ def finished_run(run_dir: Path) -> dict[str, Any] | None:
     Finished means the marker parses and records an integer ``global_step >= max_steps``; a torn or partial
     marker, or one of a run stopped short of its budget, is not finished.
     """
-    done = _read_json(Path(run_dir) / FINISHED_MARKER)
+    done = read_json(Path(run_dir) / FINISHED_MARKER)
     if not isinstance(done, dict):
         return None
     step, max_steps = done.get("global_step"), done.get("max_steps")
@@ -126,7 +127,7 @@ def failed_run(run_dir: Path) -> dict[str, Any] | None:
     """``failed.json`` of a cell whose last attempt failed (and that has not finished since), or None."""
     if finished_run(run_dir) is not None:
         return None
-    failed = _read_json(Path(run_dir) / FAILED_MARKER)
+    failed = read_json(Path(run_dir) / FAILED_MARKER)
     if (Path(run_dir) / FAILED_MARKER).is_file() and not isinstance(failed, dict):
         return {"error": "failed.json is unreadable"}
     return failed if isinstance(failed, dict) else None
@@ -233,7 +234,7 @@ def refresh_manifest(run_dir: Path, tool: str) -> dict[str, Any] | None:
     or rewrote some, keeping its code, config and steps; the refresh is recorded under ``"refreshed"``. A cell
     without a manifest (unfinished, or from before manifests) is left alone (None)."""
     run_dir = Path(run_dir)
-    manifest = _read_json(run_dir / MANIFEST)
+    manifest = read_json(run_dir / MANIFEST)
     if not isinstance(manifest, dict) or finished_run(run_dir) is None:
         return None
     manifest["files"] = {rel: describe_file(run_dir / rel) for rel in result_files(run_dir)}
@@ -283,7 +284,7 @@ def verify_manifest(run_dir: Path) -> list[str]:
     if finished_run(run_dir) is None:
         what = "missing" if not (run_dir / FINISHED_MARKER).is_file() else "torn or short of max_steps"
         problems.append(f"{run_dir}: {FINISHED_MARKER}: {what}")
-    manifest = _read_json(run_dir / MANIFEST)
+    manifest = read_json(run_dir / MANIFEST)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         what = "missing" if not (run_dir / MANIFEST).is_file() else "unreadable (torn?)"
         return problems + [f"{run_dir}: {MANIFEST}: {what}"]

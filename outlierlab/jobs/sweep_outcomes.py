@@ -25,6 +25,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from outlierlab.jobs.run_state import read_json
+
 ENV = "OUTLIERLAB_SWEEP_ID"
 OUTCOMES = ".sweep_outcomes"
 
@@ -50,14 +52,9 @@ def record(cell: Path | None, kind: str, line: str, sweep_dir: Path | None = Non
 
 
 def read(sweep_dir: Path, launch: str) -> list[dict[str, Any]]:
-    folder = Path(sweep_dir) / OUTCOMES / launch
-    out = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return sorted(out, key=lambda o: o.get("cell", ""))
+    """The outcomes the cells of one launch recorded (:func:`record`), by cell; a file torn by a kill is skipped."""
+    outcomes = map(read_json, (Path(sweep_dir) / OUTCOMES / launch).glob("*.json"))
+    return sorted((o for o in outcomes if isinstance(o, dict)), key=lambda o: o.get("cell", ""))
 
 
 class SweepOutcomes(Callback):

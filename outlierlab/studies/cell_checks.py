@@ -8,7 +8,6 @@ for the faults a crash or a copy leaves: zero bytes, header only, last line cut 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +52,7 @@ def check_cell(path: Path, files: list[str]) -> tuple[list[str], str, list[str]]
     of ``files`` (the CSVs the aggregator reads) checked by :func:`run_state.csv_problem`."""
     problems, notes = [], []
     if (path / run_state.MANIFEST).is_file():
-        try:
-            manifest = json.loads((path / run_state.MANIFEST).read_text())
-        except (OSError, ValueError):
-            manifest = None  # verify_manifest names it
+        manifest = run_state.read_json(path / run_state.MANIFEST)  # None: torn or unreadable, verify_manifest names it
         if (path / run_state.FINISHED_MARKER).is_file():
             problems += run_state.verify_manifest(path)
         return problems, code_version(manifest) if isinstance(manifest, dict) else UNKNOWN_CODE, notes

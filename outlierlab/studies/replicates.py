@@ -32,6 +32,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
+from outlierlab.jobs.run_state import FINISHED_MARKER, read_json
 from outlierlab.studies.cells import SEED_DEPENDENT, Cell, cell_numbers
 
 #: The numbers a replicate is compared on: every validation's loss and order use.
@@ -52,9 +53,8 @@ def configuration(cell: Cell) -> tuple:
 
 def how(cell: Cell) -> str:
     """``gpu, deterministic`` / ``cpu, not deterministic`` from ``finished.json``, or what is not recorded."""
-    try:
-        marker = json.loads((cell.path / "finished.json").read_text())
-    except (OSError, ValueError):
+    marker = read_json(cell.path / FINISHED_MARKER)
+    if not isinstance(marker, dict):
         return "not recorded"
     device, det = marker.get("accelerator"), marker.get("deterministic")
     if device is None and det is None:
