@@ -27,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 from outlierlab.jobs.evaluation import (FITTED, TRANSFORMS, check_files, check_settings, evaluate,  # noqa: F401
                                         selected_analyses, selected_transforms)
 from outlierlab.jobs.overrides import check_overrides
-from outlierlab.jobs.startup import check_device, register_resolvers, run_main
+from outlierlab.jobs.run_errors import run_main
+from outlierlab.jobs.startup import check_device, register_resolvers
 
 
 @hydra.main(config_path="configs", config_name="evaluate", version_base="1.3")

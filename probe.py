@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from outlierlab.jobs.run_errors import CELL_FAILED
 from outlierlab.jobs.overrides import check_overrides
-from outlierlab.jobs.startup import check_device, register_resolvers, run_main
+from outlierlab.jobs.run_errors import run_main
+from outlierlab.jobs.startup import check_device, register_resolvers
 
 register_resolvers()
 check_overrides(config_name="probe")  # unknown encoder=/task=/transform= -> one line listing valid names, before slow imports

@@ -8,7 +8,8 @@ import os
 import sys
 
 from outlierlab.jobs.overrides import check_overrides
-from outlierlab.jobs.startup import check_train_config, describe_plan, register_resolvers, run_main
+from outlierlab.jobs.run_errors import run_main
+from outlierlab.jobs.startup import check_train_config, describe_plan, register_resolvers
 
 if os.environ.get("LOCAL_RANK", "0") != "0" and "OUTLIERLAB_CHILD_ARGV" in os.environ:
     # A DDP child started by Lightning: run exactly the parent's job, never a new sweep.

@@ -7,10 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from outlierlab.jobs.run_state import LOCK_FILE
-from outlierlab.utils.dir_lock import (DirBusy, DirLock, describe_holder, is_primary_process,  # noqa: F401
-                                       pid_alive, read_holder)
-
-RunLock = DirLock
+from outlierlab.utils.dir_lock import DirBusy, DirLock
 
 
 class RunDirBusy(DirBusy):

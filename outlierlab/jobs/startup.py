@@ -368,8 +368,4 @@ def one_console_for_lightning() -> None:
             lightning_logger.removeHandler(handler)
 
 
-# run_main / USER_ERRORS live in run_errors (one line per failure, a sweep that survives a failing cell)
-from outlierlab.jobs.run_errors import USER_ERRORS, run_main  # noqa: E402,F401 (the entry points import them here)
-
-
 register_resolvers()  # see its docstring: launcher workers need the resolvers too

@@ -33,10 +33,11 @@ from outlierlab.lightning_modules.mlm_module import MLMLitModule
 from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space, checkpoint_bytes, checkpoints_kept,
                                            free_bytes_needed, remove_dead_partials, staged_dir)
 from outlierlab.jobs.run_errors import disk_full_error, error_line
-from outlierlab.jobs.run_lock import is_primary_process, lock_run_dir
-from outlierlab.jobs.run_state import (FINISHED_MARKER, finished_run, mark_failed, mark_finished,  # noqa: F401
-                                       record_start, release_room, reserve_room)
+from outlierlab.jobs.run_lock import lock_run_dir
+from outlierlab.jobs.run_state import (finished_run, mark_failed, mark_finished, record_start, release_room,
+                                       reserve_room)
 from outlierlab.jobs.startup import one_console_for_lightning
+from outlierlab.utils.dir_lock import is_primary_process
 
 log = logging.getLogger(__name__)
 #: The exit status of a run stopped by SIGTERM (as a shell reports a process killed by it: 128 + 15). Lightning stops

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -41,10 +40,9 @@ import pandas as pd
 import yaml
 
 # The family names and rules are pure definitions, kept with the statistics so that reports (below jobs) share them.
-from outlierlab.analysis.study_inference import (CONFIRMATORY, DEFAULT_PRIMARY, DEFAULT_RULE, DUPLICATE,  # noqa: F401
-                                                EXPLORATORY, EXPLORATORY_PERFORMANCE, NOT_TESTED, PERFORMANCE,
-                                                PERFORMANCE_FAMILY, PRIMARY, adjust_pvalues, family_rules,
-                                                is_performance, minimum_detectable_effect, tost)
+from outlierlab.analysis.study_inference import (CONFIRMATORY, DUPLICATE, EXPLORATORY, EXPLORATORY_PERFORMANCE,
+                                                NOT_TESTED, adjust_pvalues, family_rules, is_performance,
+                                                minimum_detectable_effect, tost)
 from outlierlab.jobs.overrides import CONFIG_DIR
 
 CONFIGS = CONFIG_DIR / "experiment"
