@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from outlierlab.jobs.run_errors import os_error_in
 from outlierlab.utils.atomic import fsync_dir
 from outlierlab.utils.dir_lock import pid_alive
 
@@ -54,22 +55,11 @@ class StagedCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)
         except BaseException as e:
             tmp.unlink(missing_ok=True)
-            cause = _os_error(e)
+            cause = os_error_in(e)
             if cause is not None and cause is not e:  # torch's zip writer hides ENOSPC under 'unexpected pos'
                 raise OSError(cause.errno, f"cannot write checkpoint {path}: {cause.strerror}") from e
             raise
         fsync_dir(path.parent)
-
-
-def _os_error(exc: BaseException | None) -> OSError | None:
-    """The first OSError in an exception's cause/context chain."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError) and exc.errno:
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 def checkpoint_bytes(module: torch.nn.Module, optimizer_states: int = 2) -> int:

@@ -126,20 +126,23 @@ def find_unknown_keys(argv: list[str], config_name: str, config_dir: Path = CONF
     return errors
 
 
+def unwritable_run_dir(path: Path) -> str | None:
+    """One line if the run directory ``path`` cannot be created or written (a file is written and removed)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write_test-{os.getpid()}"  # per process: a second start on it does not collide
+        probe.write_bytes(b"x")
+        probe.unlink()
+    except OSError as e:
+        return f"run directory {path} is not writable ({e.strerror}); choose another with hydra.run.dir="
+    return None
+
+
 def find_run_dir_error(argv: list[str]) -> str | None:
     """``hydra.run.dir=`` that cannot be created or written: say so now, not in a Hydra traceback
     (and not after an hour of training, when the first checkpoint is saved)."""
-    for arg in argv:
-        if arg.startswith("hydra.run.dir="):
-            path = Path(arg.split("=", 1)[1].strip("'\""))
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-                probe = path / f".write_test-{os.getpid()}"  # per process: a second start on it does not collide
-                probe.write_bytes(b"x")
-                probe.unlink()
-            except OSError as e:
-                return f"run directory {path} is not writable ({e.strerror}); choose another with hydra.run.dir="
-    return None
+    dirs = [Path(arg.split("=", 1)[1].strip("'\"")) for arg in argv if arg.startswith("hydra.run.dir=")]
+    return next(filter(None, map(unwritable_run_dir, dirs)), None)
 
 
 def check_overrides(argv: list[str] | None = None, config_dir: Path = CONFIG_DIR, config_name: str | None = None) -> None:

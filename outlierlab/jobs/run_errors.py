@@ -18,7 +18,7 @@ import re
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from outlierlab.jobs import sweep_outcomes
 from outlierlab.jobs.run_state import FAILED_MARKER, mark_failed
@@ -78,15 +78,20 @@ def _message(exc: BaseException) -> str:
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
-def disk_full_error(exc: BaseException | None) -> OSError | None:
-    """The full-disk ``OSError`` in ``exc``'s chain of causes and contexts, if any."""
+def os_error_in(exc: BaseException | None, errnos: Collection[int] | None = None) -> OSError | None:
+    """The first ``OSError`` with an errno (one of ``errnos`` if given) in ``exc``'s chain of causes and contexts."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+        if isinstance(exc, OSError) and exc.errno and (errnos is None or exc.errno in errnos):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def disk_full_error(exc: BaseException | None) -> OSError | None:
+    """The full-disk ``OSError`` in ``exc``'s chain of causes and contexts, if any."""
+    return os_error_in(exc, DISK_FULL)
 
 
 def error_line(exc: BaseException, where: str | Path | None = None) -> str:

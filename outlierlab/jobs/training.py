@@ -32,6 +32,7 @@ from outlierlab.lightning_modules.callbacks.progress import StepRichProgressBar
 from outlierlab.lightning_modules.mlm_module import MLMLitModule
 from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space, checkpoint_bytes, checkpoints_kept,
                                            free_bytes_needed, remove_dead_partials, staged_dir)
+from outlierlab.jobs.overrides import unwritable_run_dir
 from outlierlab.jobs.run_errors import disk_full_error, error_line
 from outlierlab.jobs.run_lock import lock_run_dir
 from outlierlab.jobs.run_state import (finished_run, mark_failed, mark_finished, record_start, release_room,
@@ -49,13 +50,9 @@ SIGTERM_EXIT = 143
 def ensure_writable(run_dir: Path) -> None:
     """Fail at start, not after an hour, if the run directory cannot be written (free space: once the model is
     built, :func:`outlierlab.jobs.checkpoint_io.check_free_space`)."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write_test-{os.getpid()}"  # per process: two starts on one directory do not collide
-        probe.write_bytes(b"x" * 1024)
-        probe.unlink()
-    except OSError as e:
-        raise OSError(f"run directory {run_dir} is not writable ({e.strerror}); choose another with hydra.run.dir=") from None
+    error = unwritable_run_dir(run_dir)
+    if error:
+        raise OSError(error)
 
 
 def ensure_room(run_dir: Path, module: L.LightningModule, cfg: DictConfig) -> int:
