@@ -90,12 +90,18 @@ def monitor_settings(run_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[s
     return ln, hs
 
 
-def _tokenizer_dir(run: Path) -> Path:
-    for d in (run / "hf", run / "model", run / "tokenizer"):
-        if (d / "tokenizer_config.json").is_file() or (d / "tokenizer.json").is_file():
-            return d
-    raise FileNotFoundError(f"{run} holds no tokenizer (hf/, model/ or tokenizer/ with tokenizer files; train.py "
-                            "writes them when training ends); pass --tokenizer DIR")
+def load_tokenizer(tokenizer: Any, dirs: Sequence[Path], missing: str):
+    """``tokenizer`` if given as an object, else loaded from the directory given or the first of ``dirs`` holding
+    tokenizer files; ``missing``: the one line when none does."""
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    tok_dir = Path(tokenizer) if tokenizer is not None else next(
+        (d for d in dirs if (d / "tokenizer_config.json").is_file() or (d / "tokenizer.json").is_file()), None)
+    if tok_dir is None:
+        raise FileNotFoundError(missing)
+    return AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
 
 
 def _load(path: Path, mmap: bool = False) -> dict:
@@ -155,11 +161,9 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     from outlierlab.reports import monitor_plots as plots
     from outlierlab.reports.history import wide_by_layer
 
-    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
-        from transformers import AutoTokenizer
-
-        tok_dir = Path(tokenizer) if tokenizer is not None else _tokenizer_dir(run)
-        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    tokenizer = load_tokenizer(tokenizer, [run / "hf", run / "model", run / "tokenizer"],
+                               f"{run} holds no tokenizer (hf/, model/ or tokenizer/ with tokenizer files; train.py "
+                               "writes them when training ends); pass --tokenizer DIR")
     if texts is None:
         texts = load_sentences(hs_cfg["sentences_path"])[: int(hs_cfg["n_sequences"])]
 
@@ -271,9 +275,6 @@ class StagedHistories:
                 h.append([])
         replace_dir(self.dir, self.out)
         return {name: self.out / f"{name}.csv" for name in self.NAMES}
-
-    def discard(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def layernorm_kwargs(ln_cfg: dict) -> dict[str, Any]:

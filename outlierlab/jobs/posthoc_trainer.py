@@ -18,7 +18,7 @@ from typing import Any
 
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.jobs.posthoc import (HIDDEN_DEFAULTS, LAYERNORM_DEFAULTS, OUT_SUBDIR, StagedHistories,
-                                    _apply_overrides, hidden_rows, layernorm_kwargs)
+                                    _apply_overrides, hidden_rows, layernorm_kwargs, load_tokenizer)
 from outlierlab.utils.tables import write_csv
 
 __all__ = ["HF_CHECKPOINT_PREFIX", "find_hf_checkpoints", "analyze_hf_checkpoints"]
@@ -129,7 +129,8 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     for step, path in ckpts.items():
         model, headless = load_checkpoint(path)  # headless: a body saved without its head, no loss of its own
         model = model.to(device).eval()
-        tok = _checkpoint_tokenizer(tokenizer, path, run)
+        tok = load_tokenizer(tokenizer, [path, run], f"{path} holds no tokenizer (give the Trainer "
+                             "processing_class=tokenizer, or pass tokenizer=...)")
         params = layernorm_snapshot(model_layernorms(model))
         files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])
         batch = tokenize_heldout(tok, texts, heldout_max_length(model, tok, hs_cfg["max_length"]))
@@ -158,17 +159,3 @@ def _monitor_snapshot(snapshot: Path) -> dict | None:
     from outlierlab.monitoring.layernorm_tracker import initial_from_state
 
     return initial_from_state(torch.load(snapshot, map_location="cpu", weights_only=True))
-
-
-def _checkpoint_tokenizer(tokenizer: Any, path: Path, run: Path):
-    """``tokenizer`` if given as an object, else loaded from the directory given, the checkpoint's or the run's."""
-    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-        return tokenizer
-    from transformers import AutoTokenizer
-
-    tok_dir = Path(tokenizer) if tokenizer is not None else next(
-        (d for d in (path, run) if (d / "tokenizer_config.json").is_file()), None)
-    if tok_dir is None:
-        raise FileNotFoundError(f"{path} holds no tokenizer (give the Trainer processing_class=tokenizer, "
-                                "or pass tokenizer=...)")
-    return AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
