@@ -186,22 +186,19 @@ def vectors_by_step(rows: Iterable[dict], statistic: str) -> dict[str, tuple[lis
     return out
 
 
-def wide_by_layer(rows: Iterable, statistics: Sequence[str] | None = None,
-                  with_dims: Sequence[str] = ()) -> list[dict]:
+def wide_by_layer(rows: Iterable, statistics: Sequence[str], with_dims: Sequence[str] = ()) -> list[dict]:
     """Long history rows -> one dict per (step, layer): ``{"step", "layer", <statistic>: value, ...}``.
 
     ``rows`` are dicts (:func:`read_history`) or tuples ``(step, name, statistic, dim, value)``; only names
-    ``layer_{i}`` are kept (``layer`` = i).  ``statistics`` selects columns (default: every statistic
-    seen that has one value per layer); a statistic in ``with_dims`` also gets a ``<statistic>_dim``
-    column (e.g. ``argmax_share`` with the dim holding it).  Missing values are empty strings, so
-    the result writes straight to CSV.
+    ``layer_{i}`` are kept (``layer`` = i).  ``statistics`` are the columns, in order; a statistic in ``with_dims``
+    also gets a ``<statistic>_dim`` column (e.g. ``argmax_share`` with the dim holding it).  Missing values are
+    empty strings, so the result writes straight to CSV.
     """
     table: dict[tuple[int, int], dict] = {}
-    seen: list[str] = []
     for r in rows:
         step, name, stat, dim, value = ((r["step"], r["name"], r["statistic"], r["dim"], r["value"])
                                         if isinstance(r, dict) else r)
-        if not str(name).startswith("layer_") or (statistics is not None and stat not in statistics):
+        if not str(name).startswith("layer_") or stat not in statistics:
             continue
         rec = table.setdefault((int(step), int(str(name)[6:])), {"step": int(step), "layer": int(str(name)[6:])})
         if stat in rec:  # several rows per layer (per-dim vectors, top dims): not a per-layer scalar
@@ -209,14 +206,11 @@ def wide_by_layer(rows: Iterable, statistics: Sequence[str] | None = None,
         rec[stat] = value
         if stat in with_dims:
             rec[f"{stat}_dim"] = "" if dim is None else dim
-        if stat not in seen:
-            seen.append(stat)
-    cols = list(statistics) if statistics is not None else seen
     out = []
     for key in sorted(table):
         rec = table[key]
         row = {"step": rec["step"], "layer": rec["layer"]}
-        for c in cols:
+        for c in statistics:
             if c in with_dims:
                 row[f"{c}_dim"] = rec.get(f"{c}_dim", "")
             row[c] = rec.get(c, "")

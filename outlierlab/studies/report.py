@@ -40,8 +40,17 @@ def _pm(row: pd.Series) -> str:
     return f"{_fmt(row['mean'])} [{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}] {n}"
 
 
-def _nearest(available: Sequence[int], step: int) -> int | None:
-    return min(available, key=lambda s: abs(s - step)) if len(available) else None
+def _at_steps(table: pd.DataFrame, metrics: Sequence[str], layers: Sequence[str], steps: Sequence[int]):
+    """``(metric, layer, step, rows)`` for every metric and layer ``table`` holds, at the recorded step nearest each of
+    ``steps``: the rows study.md shows."""
+    for metric in metrics:
+        for layer in layers:
+            sub = table[(table["metric"] == metric) & (table["layer"] == layer)] if not table.empty else table
+            if sub.empty:
+                continue
+            available = sorted(sub["step"].unique())
+            for near in sorted({min(available, key=lambda s: abs(s - step)) for step in steps}):
+                yield metric, layer, near, sub[sub["step"] == near]
 
 
 def _tests(n: int) -> str:
@@ -147,18 +156,9 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
     group_names = list(groups)
     lines += ["", "## Headline metrics", ""]
     body = []
-    for metric in metrics:
-        for layer in layers:
-            sub = summary[(summary["metric"] == metric) & (summary["layer"] == layer)]
-            if sub.empty:
-                continue
-            available = sorted(sub["step"].unique())
-            for near in sorted({_nearest(available, step) for step in steps}):
-                cells = []
-                for g in group_names:
-                    r = sub[(sub["group"] == g) & (sub["step"] == near)]
-                    cells.append(_pm(r.iloc[0]) if len(r) else "–")
-                body.append([metric, layer, near, *cells])
+    for metric, layer, near, rows in _at_steps(summary, metrics, layers, steps):
+        by_group = [rows[rows["group"] == g] for g in group_names]
+        body.append([metric, layer, near, *(_pm(r.iloc[0]) if len(r) else "–" for r in by_group)])
     lines.append(md_table(["metric", "layer", "step", *group_names], body, cell=str))
     for spec, table in contrasts.items():
         lines += ["", f"## Contrast {spec}", "",
@@ -168,21 +168,14 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                   "overlap (Welch); pairs match on the cells' resolved seeds. p: raw; p_holm / q_bh: corrected within the row's family (section above).", "",
                   "| metric | layer | step | a | b | mean a | mean b | diff [95% CI] | n | p | p_holm / q_bh | mde | tost_p | ordering |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for metric in metrics:
-            for layer in layers:
-                sub = table[(table["metric"] == metric) & (table["layer"] == layer)] if not table.empty else table
-                if sub.empty:
-                    continue
-                available = sorted(sub["step"].unique())
-                for near in sorted({_nearest(available, step) for step in steps}):
-                    for _, r in sub[sub["step"] == near].iterrows():
-                        adj = _adjusted(r)
-                        n = int(r["n_pairs"]) if r["test"] == "paired t" else f"{int(r['n_a'])}+{int(r['n_b'])}"
-                        lines.append(f"| {metric} | {layer} | {near} | {r['group_a']} | {r['group_b']} | "
-                                     f"{_fmt(r['mean_a'])} | {_fmt(r['mean_b'])} | {_fmt(r['diff'])} "
-                                     f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | {n}{'*' if r['n_below_seeds'] else ''} | "
-                                     f"{_fmt(r['p_value'])} | {adj} | {_fmt(r.get('mde'))} | {_fmt(r.get('tost_p'))} | "
-                                     f"{r['ordering']}{'; ' + r['note'] if isinstance(r.get('note'), str) and r['note'] else ''} |")
+        for metric, layer, near, rows in _at_steps(table, metrics, layers, steps):
+            for _, r in rows.iterrows():
+                n = int(r["n_pairs"]) if r["test"] == "paired t" else f"{int(r['n_a'])}+{int(r['n_b'])}"
+                lines.append(f"| {metric} | {layer} | {near} | {r['group_a']} | {r['group_b']} | "
+                             f"{_fmt(r['mean_a'])} | {_fmt(r['mean_b'])} | {_fmt(r['diff'])} "
+                             f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | {n}{'*' if r['n_below_seeds'] else ''} | "
+                             f"{_fmt(r['p_value'])} | {_adjusted(r)} | {_fmt(r.get('mde'))} | {_fmt(r.get('tost_p'))} | "
+                             f"{r['ordering']}{'; ' + r['note'] if isinstance(r.get('note'), str) and r['note'] else ''} |")
     lines += ["", "All metrics, steps and layers: `study.csv`" + (" and `contrasts.csv`." if contrasts else "."), ""]
     path.write_text("\n".join(lines))
     return path
