@@ -27,7 +27,6 @@ the CSVs), :func:`render_card` the Markdown, :func:`write_model_card` writes ``<
 
 from __future__ import annotations
 
-import csv
 import math
 import shlex
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 
 from outlierlab.jobs.run_state import code_versions, finished_run, read_json
 from outlierlab.utils.atomic import write_atomic
+from outlierlab.utils.tables import read_rows
 
 CARD = "README.md"
 #: The validation metrics the card reports, in order (the run logs them in csv/metrics.csv).
@@ -48,14 +48,6 @@ def _read_yaml(path: Path) -> Any:
         return yaml.safe_load(path.read_text())
     except (OSError, ValueError, yaml.YAMLError):
         return None
-
-
-def _rows(path: Path) -> list[dict[str, str]]:
-    try:
-        with open(path, newline="") as fh:
-            return list(csv.DictReader(fh))
-    except OSError:
-        return []
 
 
 def _float(v: Any) -> float | None:
@@ -78,7 +70,7 @@ def last_logged(rows: list[dict[str, str]], column: str) -> tuple[int, float] | 
 def hidden_state_summary(path: Path) -> dict[str, Any] | None:
     """The loop monitor's outlier statistics at its last step: per layer ``argmax_share`` (with its dim),
     ``kurtosis`` and ``max_median``; the largest of each over the layers (docs/outlier_metrics.md)."""
-    rows = _rows(path)
+    rows = read_rows(path)
     steps = [int(r["step"]) for r in rows if (r.get("step") or "").isdigit()]
     if not steps:
         return None
@@ -128,7 +120,7 @@ def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
 def layernorm_summary(path: Path) -> dict[str, Any] | None:
     """The LayerNorm rule's count at the monitor's last step: ``n_outlier_dims`` (dims whose gain and bias lie
     outside 3σ in at least ``min_layers`` LayerNorms; Kovaleva et al. 2021; :mod:`outlierlab.analysis.layernorm_rule`)."""
-    rows = [r for r in _rows(path) if r.get("name") == "model" and (r.get("step") or "").isdigit()]
+    rows = [r for r in read_rows(path) if r.get("name") == "model" and (r.get("step") or "").isdigit()]
     if not rows:
         return None
     step = max(int(r["step"]) for r in rows)
@@ -176,7 +168,7 @@ def card_data(run_dir: str | Path, export_dir: str | Path | None = None, global_
     finished = finished_run(run)
     if finished is not None:
         global_step = int(finished["global_step"])
-    metrics_rows = _rows(run / "csv" / "metrics.csv")
+    metrics_rows = read_rows(run / "csv" / "metrics.csv")
     val = {}
     for key in VAL_METRICS:
         hit = last_logged(metrics_rows, key)

@@ -29,7 +29,7 @@ matplotlib.use("Agg")  # headless: files only
 import matplotlib.pyplot as plt  # noqa: E402
 
 from outlierlab.reports.history import read_history, wide_by_layer  # noqa: E402
-from outlierlab.utils.tables import md_table, write_csv  # noqa: E402
+from outlierlab.utils.tables import md_table, read_rows, write_csv  # noqa: E402
 
 METRICS = ["anisotropy", "kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output",
            "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos", "attn_entropy", "attn_row_mass",
@@ -50,8 +50,7 @@ def run_rows(run: Path, init: Path | None = None) -> list[dict]:
     posthoc = run / "monitor_posthoc" / "metrics.csv"
     if not posthoc.is_file():
         raise SystemExit(f"error: {posthoc} is missing; run `python -m outlierlab.jobs.posthoc {run}` first")
-    with posthoc.open() as f:
-        rows = [dict(r) for r in csv.DictReader(f)]
+    rows = read_rows(posthoc)
     source = (init or run) / "monitor" / "hidden_states.csv"
     live = wide_by_layer(read_history(source), [m for m in METRICS if m != "n_layernorm_outliers"],
                          with_dims=WITH_DIMS)
@@ -65,15 +64,9 @@ def run_rows(run: Path, init: Path | None = None) -> list[dict]:
 
 
 def val_ppl(run: Path) -> float | None:
-    path = run / "csv" / "metrics.csv"
-    if not path.is_file():
-        return None
-    last = None
-    with path.open() as f:
-        for r in csv.DictReader(f):
-            if _num(r.get("val/ppl")) is not None:
-                last = _num(r["val/ppl"])
-    return last
+    """The last validation perplexity the run logged (``csv/metrics.csv``), None without one."""
+    logged = [v for v in (_num(r.get("val/ppl")) for r in read_rows(run / "csv" / "metrics.csv")) if v is not None]
+    return logged[-1] if logged else None
 
 
 def summary(rows: list[dict], step: int) -> dict:

@@ -1,7 +1,8 @@
 """The two table writers of the project: row dicts to a CSV file (:func:`write_csv`) and rows to a Markdown
 table (:func:`md_table`).  Every report and job writes its tables through these, so all CSVs share one
 dialect (the csv module's default: ``,``, minimal quoting, ``\\r\\n`` line ends, ``str()`` of each value, an
-empty cell for None or a missing key) and all Markdown tables one layout.
+empty cell for None or a missing key) and all Markdown tables one layout; :func:`read_rows` reads such a CSV back
+as the strings it holds.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from outlierlab.utils.atomic import write_atomic
 
-__all__ = ["columns_of", "joined", "write_csv", "decimals", "md_table"]
+__all__ = ["columns_of", "joined", "write_csv", "read_rows", "decimals", "md_table"]
 
 
 def columns_of(rows: Iterable[Mapping[str, Any]], first: Sequence[str] = ()) -> list[str]:
@@ -50,6 +51,16 @@ def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]], columns: Sequ
     path = Path(path)
     write_atomic(path, buf.getvalue())
     return path
+
+
+def read_rows(path: str | Path) -> list[dict[str, str]]:
+    """The rows of a CSV file as dicts of its strings (the csv module's reader); [] where the file cannot be read,
+    so that a report states what is missing instead of failing."""
+    try:
+        with open(path, newline="") as fh:
+            return list(csv.DictReader(fh))
+    except OSError:
+        return []
 
 
 def decimals(x: Any, digits: int = 3) -> str:
