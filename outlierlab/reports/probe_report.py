@@ -70,6 +70,13 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str, section
     return path
 
 
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)  # pyplot keeps every open figure alive
+    return path
+
+
 def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
     """accuracy vs layer; outlier vs mean contribution per layer; contribution heatmap layers x top dims."""
     transforms = list(dict.fromkeys(r["transform"] for r in rows))
@@ -83,10 +90,7 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
     ax.set(xlabel="layer (0 = embeddings)", ylabel="test accuracy", title=f"{stem}: accuracy per layer")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole: no "1.5" ticks
     ax.legend()
-    fig.tight_layout()
-    paths.append(run_dir / f"{stem}_accuracy.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, run_dir / f"{stem}_accuracy.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for t, rs in by_t.items():
@@ -98,10 +102,7 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
     ax.set(xlabel="layer", ylabel="mean |w_y,i v_i|", title="contribution: outlier vs mean neuron (Luo Fig. 5)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(run_dir / f"{stem}_contribution.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, run_dir / f"{stem}_contribution.png"))
     return paths
 
 
@@ -122,11 +123,7 @@ def write_heatmap(contrib: dict, run_dir: Path, stem: str, per_layer: int = 3, e
         ax.set_xticklabels(dims, rotation=90, fontsize=7)
         fig.colorbar(im, ax=ax)
     fig.suptitle("contribution |w_y,i v_i| (layers x top dims)")
-    fig.tight_layout()
-    path = run_dir / f"{stem}_contribution_heatmap.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, run_dir / f"{stem}_contribution_heatmap.png")
 
 
 def write_outputs(rows: list[dict], info: dict, run_dir: Path, stem: str, contrib: dict | None = None,
