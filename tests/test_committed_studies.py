@@ -15,6 +15,13 @@ from outlierlab.studies import committed as cs
 from tests.conftest import ROOT
 
 _COMMAND = re.compile(r"python -m outlierlab\.studies\.aggregate ((?:\\\n|[^\n`#])+)")
+_STUDY_CSV = re.compile(r"[\w./-]+/study\.csv(?:\.xz|\.gz)?")
+
+
+def linked_study_csvs(docs: Path) -> set[str]:
+    """The folders (relative to ``docs``) whose ``study.csv`` (or its .xz / .gz) a page of the docs or the README
+    links to: a study the reader is sent to for its curves."""
+    return {str(p.parent.relative_to(docs.resolve())) for p in cs.linked(_STUDY_CSV, docs)}
 
 
 def quoted_commands() -> list[tuple[str, list[str]]]:
@@ -78,7 +85,7 @@ def study_csvs_the_doc_tables_read(monkeypatch) -> set[str]:
 def test_study_csv_is_committed_exactly_where_a_table_or_a_page_reads_it(monkeypatch):
     """A study.csv.xz nothing reads is a third of the docs' bytes for no claim; one a table or a link reads must be
     there. The registry's declared set is what the readers give."""
-    read = study_csvs_the_doc_tables_read(monkeypatch) | cs.linked_study_csvs(ROOT / "docs")
+    read = study_csvs_the_doc_tables_read(monkeypatch) | linked_study_csvs(ROOT / "docs")
     assert read <= set(cs.STUDIES), f"a study.csv read outside the registry: {sorted(read - set(cs.STUDIES))}"
     assert cs.STUDY_CSV_READ == read, (f"committed.STUDY_CSV_READ is not what the tables and pages read: "
                                        f"missing {sorted(read - cs.STUDY_CSV_READ)}, unread {sorted(cs.STUDY_CSV_READ - read)}")
@@ -312,7 +319,7 @@ def test_a_study_csv_link_counts_from_its_page_and_from_the_root(tmp_path):
     (docs / "area").mkdir(parents=True)
     (tmp_path / "README.md").write_text("[curves](docs/area/a/study.csv.xz)\n")
     (docs / "area.md").write_text("[b](area/b/study/study.csv) [c](area/c/contrasts.csv.xz) from study.csv.xz\n")
-    assert cs.linked_study_csvs(docs) == {"area/a", "area/b/study"}
+    assert linked_study_csvs(docs) == {"area/a", "area/b/study"}
 
 
 def test_a_large_plain_csv_under_docs_is_one_a_plain_csv_reader_needs():

@@ -310,18 +310,27 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
             "no_order_use": no_order, "replicates": coverage}
 
 
+def _names(text: str) -> list[str]:
+    """A comma-separated option's items, empty ones dropped: ``a,b,`` -> ``["a", "b"]``."""
+    return [x for x in text.split(",") if x]
+
+
+def _steps(text: str) -> list[int]:
+    return [int(x) for x in _names(text)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m outlierlab.studies.aggregate``."""
     parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.aggregate", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", help="multirun sweep directories (or run directories)")
     parser.add_argument("--out", default=None, help="output folder (default <first path>/study)")
     parser.add_argument("--contrast", action="append", default=[], help="key=a,b, e.g. pos=learned,none (repeatable)")
-    parser.add_argument("--metrics", default=None, help="comma-separated metrics for study.md and the curves "
+    parser.add_argument("--metrics", type=_names, default=None, help="comma-separated metrics for study.md and the curves "
                         f"(default: {','.join(HEADLINE)})")
-    parser.add_argument("--steps", default=None, help="comma-separated steps for study.md (default: 0, middle, last)")
-    parser.add_argument("--layers", default=None, help=f"comma-separated layers (default: the last, {LAYER_MAX}, model)")
+    parser.add_argument("--steps", type=_steps, default=None, help="comma-separated steps for study.md (default: 0, middle, last)")
+    parser.add_argument("--layers", type=_names, default=None, help=f"comma-separated layers (default: the last, {LAYER_MAX}, model)")
     parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--primary", default=None, help="comma-separated metric@layer of the confirmatory families "
+    parser.add_argument("--primary", type=_names, default=None, help="comma-separated metric@layer of the confirmatory families "
                         "(Holm), at the last step every cell reached, e.g. hidden/argmax_share@layer_4,val/ppl@model: "
                         "outlier measures form the primary family, loss/accuracy/perplexity/order use their own "
                         "(default: the experiment config's study_design, else the outlier measures at max_layer)")
@@ -338,14 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-
-    def split(s: str) -> list[str]:
-        return [x for x in s.split(",") if x]
-
     try:
-        res = run(a.paths, a.out, a.contrast, split(a.metrics) if a.metrics else None,
-                  [int(x) for x in split(a.steps)] if a.steps else None, split(a.layers) if a.layers else None,
-                  plots=not a.no_plots, primary=split(a.primary) if a.primary else None,
+        res = run(a.paths, a.out, a.contrast, a.metrics, a.steps, a.layers, plots=not a.no_plots, primary=a.primary,
                   equivalence_margin=a.equivalence_margin, allow_mixed_code=a.allow_mixed_code, until=a.until,
                   replicates=a.replicates)
     except (ValueError, FileNotFoundError) as e:

@@ -111,10 +111,9 @@ CONTRASTS_READ: dict[str, frozenset[tuple[str, str | None, int | None]]] = {
 #: What the aggregator writes into a study folder (and :func:`regenerate` replaces).
 AGGREGATOR_OUTPUTS = ("study.md", "study.csv*", "contrasts.csv*", "families.csv*", "curves")
 _FIGURE = re.compile(r"[\w./-]+\.png")
-_STUDY_CSV = re.compile(r"[\w./-]+/study\.csv(?:\.xz|\.gz)?")
 
 
-def _linked(pattern: re.Pattern, docs: Path) -> set[Path]:
+def linked(pattern: re.Pattern, docs: Path) -> set[Path]:
     """Every file under ``docs`` that a page of the docs (or the README) names by ``pattern``, resolved against the
     page's folder and against the repository root."""
     found = set()
@@ -128,13 +127,7 @@ def _linked(pattern: re.Pattern, docs: Path) -> set[Path]:
 
 def shown_figures(docs: Path = DOCS) -> set[Path]:
     """Every PNG a page of the docs (or the README) links to, resolved against the page's folder."""
-    return _linked(_FIGURE, docs)
-
-
-def linked_study_csvs(docs: Path = DOCS) -> set[str]:
-    """The folders (relative to ``docs``) whose ``study.csv`` (or its .xz / .gz) a page of the docs or the README
-    links to: a study the reader is sent to for its curves."""
-    return {str(p.parent.relative_to(docs.resolve())) for p in _linked(_STUDY_CSV, docs)}
+    return linked(_FIGURE, docs)
 
 
 def argv_of(folder: str) -> list[str]:
