@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,13 @@ def _posthoc(path: Path) -> pd.DataFrame:
     return long
 
 
+def _order_use(path: Path) -> pd.DataFrame:
+    """One row per checkpoint: the model's order use, not a layer's."""
+    df = pd.read_csv(path)
+    return pd.DataFrame({"step": df["step"].astype(int), "layer": "model", "metric": "posthoc/order_use",
+                         "value": pd.to_numeric(df["order_use"], errors="coerce")})
+
+
 def _lightning_csv(path: Path) -> pd.DataFrame:
     df = pd.read_csv(path)
     cols = [c for c in df.columns if c not in ("step", "epoch")]
@@ -252,32 +260,24 @@ def _add_max_layer(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([df, mx[df.columns]], ignore_index=True)
 
 
+#: The CSVs of a cell that hold numbers, each with its reader into long rows (beside every top-level CSV with a
+#: ``layer`` column, :func:`_layer_csv`).
+READERS = {"monitor/hidden_states.csv": partial(_long_history, prefix="hidden/"),
+           "monitor/layernorm.csv": partial(_long_history, prefix="layernorm/"),
+           "monitor_posthoc/metrics.csv": _posthoc, "monitor_posthoc/order_use.csv": _order_use,
+           "csv/metrics.csv": _lightning_csv}
+
+
 def data_files(path: Path) -> list[str]:
     """The CSVs :func:`cell_numbers` reads, relative to the cell."""
-    rels = [r for r in ("monitor/hidden_states.csv", "monitor/layernorm.csv", "monitor_posthoc/metrics.csv",
-                        "monitor_posthoc/order_use.csv", "csv/metrics.csv") if (path / r).is_file()]
-    return rels + [f.name for f in sorted(path.glob("*.csv"))]
+    return [r for r in READERS if (path / r).is_file()] + [f.name for f in sorted(path.glob("*.csv"))]
 
 
 def cell_numbers(cell: Cell) -> pd.DataFrame:
     """Every scalar the cell wrote: columns ``step, layer, metric, value``."""
     p = cell.path
-    parts = []
-    for rel, prefix in (("monitor/hidden_states.csv", "hidden/"), ("monitor/layernorm.csv", "layernorm/")):
-        if (p / rel).is_file():
-            parts.append(_long_history(p / rel, prefix))
-    if (p / "monitor_posthoc" / "metrics.csv").is_file():
-        parts.append(_posthoc(p / "monitor_posthoc" / "metrics.csv"))
-    if (p / "monitor_posthoc" / "order_use.csv").is_file():  # one row per checkpoint: the model, not a layer
-        df = pd.read_csv(p / "monitor_posthoc" / "order_use.csv")
-        parts.append(pd.DataFrame({"step": df["step"].astype(int), "layer": "model", "metric": "posthoc/order_use",
-                                   "value": pd.to_numeric(df["order_use"], errors="coerce")}))
-    if (p / "csv" / "metrics.csv").is_file():
-        parts.append(_lightning_csv(p / "csv" / "metrics.csv"))
-    for csv_file in sorted(p.glob("*.csv")):
-        head = pd.read_csv(csv_file, nrows=1)
-        if "layer" in head.columns:
-            parts.append(_layer_csv(csv_file))
+    parts = [read(p / rel) for rel, read in READERS.items() if (p / rel).is_file()]
+    parts += [_layer_csv(f) for f in sorted(p.glob("*.csv")) if "layer" in pd.read_csv(f, nrows=1).columns]
     parts = [x for x in parts if not x.empty]
     if not parts:
         return pd.DataFrame(columns=["step", "layer", "metric", "value"])
