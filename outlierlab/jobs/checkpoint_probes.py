@@ -116,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", help="run directories or sweep directories (multirun/<study>)")
     ap.add_argument("--max-sentences", type=int, default=1000, help="held-out sentences probed (probe.py's default)")
-    ap.add_argument("--finished-only", action="store_true", default=True,
-                    help="only cells whose training finished (default); --all probes interrupted ones too")
-    ap.add_argument("--all", dest="finished_only", action="store_false")
+    ap.add_argument("--all", dest="finished_only", action="store_false",
+                    help="probe the cells whose training did not finish too (default: finished cells only)")
     args, overrides = ap.parse_known_args(argv)
     from outlierlab.jobs.run_state import finished_run  # not via training: no Lightning import to list the cells
 

@@ -138,9 +138,8 @@ def check_train_config(cfg) -> list[str]:
     if every is not None and _as_int(every, "callbacks.model_checkpoint.every_n_train_steps") < 1:
         raise ValueError(f"callbacks.model_checkpoint.every_n_train_steps must be >= 1, got {every} (0 never saves "
                          "a checkpoint to resume from; to save none use ~callbacks.model_checkpoint)")
-    steps = OmegaConf.select(cfg, "trainer.max_steps")
-    if every is not None and isinstance(steps, int) and 0 < steps < int(every):
-        warnings.append(f"trainer.max_steps={steps} is shorter than the checkpoint interval "
+    if every is not None and max_steps < int(every):
+        warnings.append(f"trainer.max_steps={max_steps} is shorter than the checkpoint interval "
                         f"(callbacks.model_checkpoint.every_n_train_steps={every}): a kill before the end leaves only "
                         "what a SIGTERM saves, nothing after a SIGKILL; lower the interval to resume a short run")
     block, max_len = OmegaConf.select(cfg, "data.block_size"), OmegaConf.select(cfg, "model.max_len")

@@ -41,6 +41,7 @@ import pandas as pd
 from outlierlab.analysis.seed_statistics import contrast, summarize
 from outlierlab.analysis.study_inference import adjust_pvalues, minimum_detectable_effect, tost
 from outlierlab.studies.cells import Cell, cell_numbers, find_cells
+from outlierlab.studies.report import n_tests
 from outlierlab.utils.tables import md_table
 
 #: Equivalence margin of "clm none is competitive with clm learned": 0.05 nats/token, i.e. perplexity within ~5 %.
@@ -177,10 +178,6 @@ def contrasts(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return out
 
 
-def _tests(n: int) -> str:
-    return f"{n} test" if n == 1 else f"{n} tests"
-
-
 def _fmt(x: float, digits: int = 3) -> str:
     """Fixed decimals; a non-zero value below 10^-digits in scientific notation (an effect of 1e-4 is not 0.000)."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
@@ -222,8 +219,8 @@ def markdown(tables: dict[str, pd.DataFrame], table: pd.DataFrame, cells: list[C
     if not table.empty:
         sizes = table["family"].value_counts()
         lines += ["", "**Contrasts** (a − b, paired over the seeds both hold; primary family "
-                  f"({_tests(int(sizes.get('primary', 0)))}) Holm-adjusted, every other row exploratory with a BH q "
-                  "within its question (" + ", ".join(f"{f.split(': ', 1)[1]}: {_tests(int(n))}"
+                  f"({n_tests(int(sizes.get('primary', 0)))}) Holm-adjusted, every other row exploratory with a BH q "
+                  "within its question (" + ", ".join(f"{f.split(': ', 1)[1]}: {n_tests(int(n))}"
                                                       for f, n in sorted(sizes.items()) if f != "primary") +
                   "); MDE = smallest difference detectable at 80 % power)", "",
                   "| question | quantity | a − b | diff [95 % CI] | p | p Holm / q BH | MDE | seeds | note |",

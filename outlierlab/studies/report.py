@@ -53,7 +53,7 @@ def _at_steps(table: pd.DataFrame, metrics: Sequence[str], layers: Sequence[str]
                 yield metric, layer, near, sub[sub["step"] == near]
 
 
-def _tests(n: int) -> str:
+def n_tests(n: int) -> str:
     return f"{n} test" if n == 1 else f"{n} tests"
 
 
@@ -92,16 +92,16 @@ def _design_lines(design: Mapping | None, contrasts: Mapping[str, pd.DataFrame])
              "Corrections are made within a family, never across. Loss, accuracy, perplexity and order use are never "
              "in the family of an outlier claim. Per-step rows before the last step are curves: exploratory, not "
              "confirmatory tests. Pairs match on each cell's resolved `seed` (the seed the run used).", "",
-             f"* **primary (outlier claims): {_tests(sizes.get(PRIMARY, 0))}** — rule: {primary_rule}; metrics: "
+             f"* **primary (outlier claims): {n_tests(sizes.get(PRIMARY, 0))}** — rule: {primary_rule}; metrics: "
              f"{listed(rules['primary'])}; in {where}. Holm-adjusted p (`p_holm`, family-wise 5%; "
              f"{significant(PRIMARY, 'p_holm')} below 0.05) and BH q within it (`q_bh`).",
-             f"* **performance: {_tests(sizes.get(PERFORMANCE_FAMILY, 0))}** — rule: {perf_rule}; metrics: "
+             f"* **performance: {n_tests(sizes.get(PERFORMANCE_FAMILY, 0))}** — rule: {perf_rule}; metrics: "
              f"{listed(rules['performance'])}. Holm and BH within it ({significant(PERFORMANCE_FAMILY, 'p_holm')} "
              "with Holm p below 0.05).",
-             f"* **exploratory: {_tests(sizes.get(EXPLORATORY, 0))}** — every other outlier and geometry row (other "
+             f"* **exploratory: {n_tests(sizes.get(EXPLORATORY, 0))}** — every other outlier and geometry row (other "
              f"layers, contrasts and steps); Benjamini–Hochberg q within the exploratory rows "
              f"({significant(EXPLORATORY, 'q_bh')} below 0.05).",
-             f"* **exploratory performance: {_tests(sizes.get(EXPLORATORY_PERFORMANCE, 0))}** — every other loss, "
+             f"* **exploratory performance: {n_tests(sizes.get(EXPLORATORY_PERFORMANCE, 0))}** — every other loss, "
              f"accuracy, perplexity and order-use row; BH q within them ({significant(EXPLORATORY_PERFORMANCE, 'q_bh')}"
              " below 0.05).",
              f"* not tested: {sizes.get(NOT_TESTED, 0)} (constant across seeds or too few seeds: p is NaN, never 0); "
