@@ -90,7 +90,7 @@ def monitor_settings(run_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[s
     return ln, hs
 
 
-def load_tokenizer(tokenizer: Any, dirs: Sequence[Path], missing: str):
+def tokenizer_from(tokenizer: Any, dirs: Sequence[Path], missing: str):
     """``tokenizer`` if given as an object, else loaded from the directory given or the first of ``dirs`` holding
     tokenizer files; ``missing``: the one line when none does."""
     if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
@@ -161,7 +161,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     from outlierlab.reports import monitor_plots as plots
     from outlierlab.reports.history import wide_by_layer
 
-    tokenizer = load_tokenizer(tokenizer, [run / "hf", run / "model", run / "tokenizer"],
+    tokenizer = tokenizer_from(tokenizer, [run / "hf", run / "model", run / "tokenizer"],
                                f"{run} holds no tokenizer (hf/, model/ or tokenizer/ with tokenizer files; train.py "
                                "writes them when training ends); pass --tokenizer DIR")
     if texts is None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.jobs.posthoc import (HIDDEN_DEFAULTS, LAYERNORM_DEFAULTS, OUT_SUBDIR, StagedHistories,
-                                    _apply_overrides, hidden_rows, layernorm_kwargs, load_tokenizer)
+                                    _apply_overrides, hidden_rows, layernorm_kwargs, tokenizer_from)
 from outlierlab.utils.tables import write_csv
 
 __all__ = ["HF_CHECKPOINT_PREFIX", "find_hf_checkpoints", "analyze_hf_checkpoints"]
@@ -129,7 +129,7 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     for step, path in ckpts.items():
         model, headless = load_checkpoint(path)  # headless: a body saved without its head, no loss of its own
         model = model.to(device).eval()
-        tok = load_tokenizer(tokenizer, [path, run], f"{path} holds no tokenizer (give the Trainer "
+        tok = tokenizer_from(tokenizer, [path, run], f"{path} holds no tokenizer (give the Trainer "
                              "processing_class=tokenizer, or pass tokenizer=...)")
         params = layernorm_snapshot(model_layernorms(model))
         files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])

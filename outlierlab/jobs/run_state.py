@@ -16,7 +16,6 @@ reader sees the old file or the new one, never a torn one.
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from outlierlab.utils.atomic import write_atomic
+from outlierlab.utils.dir_lock import now_iso
 
 FINISHED_MARKER = "finished.json"
 FAILED_MARKER = "failed.json"
@@ -39,10 +39,6 @@ CODE_VERSION_ENV = "OUTLIERLAB_CODE_VERSION"
 RESULT_SUFFIXES = (".csv", ".json", ".yaml", ".yml", ".md")
 _NOT_RESULTS = {MANIFEST, FINISHED_MARKER, FAILED_MARKER, LOCK_FILE}
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def read_json(path: Path) -> Any | None:
