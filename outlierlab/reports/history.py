@@ -79,9 +79,7 @@ class HistoryCSV:
         if not self.path.is_file():
             return [], []
         raw, rows = [], []
-        with self.path.open(newline="", encoding="utf-8") as fh:
-            text = fh.read()
-        lines = text.splitlines(keepends=True)
+        lines = self.path.read_bytes().decode("utf-8").splitlines(keepends=True)  # line ends as written
         for i, line in enumerate(lines):
             if i == 0 and line.startswith("step,"):
                 continue
