@@ -130,7 +130,8 @@ def probe_by_position(root: Path) -> str:
     """Accuracy at position 0 (<s>), 1, 2 and the mean over the middle positions 5-40."""
     body = []
     for pos in SCHEMES:
-        rs = [r for r in read_rows(root / f"probe_{pos}" / "position_probe_by_position.csv") if r["transform"] == "none"]
+        rs = read_rows(root / f"probe_{pos}" / "position_probe_by_position.csv")
+        rs = [r for r in rs if r["transform"] == "none"]
         for layer in sorted({int(r["layer"]) for r in rs}):
             acc = {int(r["position"]): (float(r["accuracy"]), int(r["n_test"])) for r in rs if int(r["layer"]) == layer}
             mid = [a for p, (a, n) in acc.items() if 5 <= p <= 40 and n >= 20]

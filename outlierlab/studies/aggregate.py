@@ -325,15 +325,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("paths", nargs="+", help="multirun sweep directories (or run directories)")
     parser.add_argument("--out", default=None, help="output folder (default <first path>/study)")
     parser.add_argument("--contrast", action="append", default=[], help="key=a,b, e.g. pos=learned,none (repeatable)")
-    parser.add_argument("--metrics", type=_names, default=None, help="comma-separated metrics for study.md and the curves "
-                        f"(default: {','.join(HEADLINE)})")
-    parser.add_argument("--steps", type=_steps, default=None, help="comma-separated steps for study.md (default: 0, middle, last)")
-    parser.add_argument("--layers", type=_names, default=None, help=f"comma-separated layers (default: the last, {LAYER_MAX}, model)")
+    parser.add_argument("--metrics", type=_names, default=None, help="comma-separated metrics for study.md and the "
+                        f"curves (default: {','.join(HEADLINE)})")
+    parser.add_argument("--steps", type=_steps, default=None,
+                        help="comma-separated steps for study.md (default: 0, middle, last)")
+    parser.add_argument("--layers", type=_names, default=None,
+                        help=f"comma-separated layers (default: the last, {LAYER_MAX}, model)")
     parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--primary", type=_names, default=None, help="comma-separated metric@layer of the confirmatory families "
-                        "(Holm), at the last step every cell reached, e.g. hidden/argmax_share@layer_4,val/ppl@model: "
-                        "outlier measures form the primary family, loss/accuracy/perplexity/order use their own "
-                        "(default: the experiment config's study_design, else the outlier measures at max_layer)")
+    parser.add_argument("--primary", type=_names, default=None, help="comma-separated metric@layer of the confirmatory "
+                        "families (Holm), at the last step every cell reached, e.g. "
+                        "hidden/argmax_share@layer_4,val/ppl@model: outlier measures form the primary family, "
+                        "loss/accuracy/perplexity/order use their own (default: the experiment config's study_design, "
+                        "else the outlier measures at max_layer)")
     parser.add_argument("--equivalence-margin", default=None, help="TOST margin: one number, or metric=margin,... "
                         "in the metric's units (default: the experiment config's study_design)")
     parser.add_argument("--allow-mixed-code", action="store_true", help="average cells of different code versions")

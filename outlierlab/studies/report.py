@@ -174,8 +174,9 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                 lines.append(f"| {metric} | {layer} | {near} | {r['group_a']} | {r['group_b']} | "
                              f"{_fmt(r['mean_a'])} | {_fmt(r['mean_b'])} | {_fmt(r['diff'])} "
                              f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] | {n}{'*' if r['n_below_seeds'] else ''} | "
-                             f"{_fmt(r['p_value'])} | {_adjusted(r)} | {_fmt(r.get('mde'))} | {_fmt(r.get('tost_p'))} | "
-                             f"{r['ordering']}{'; ' + r['note'] if isinstance(r.get('note'), str) and r['note'] else ''} |")
+                             f"{_fmt(r['p_value'])} | {_adjusted(r)} | {_fmt(r.get('mde'))} | "
+                             f"{_fmt(r.get('tost_p'))} | {r['ordering']}"
+                             f"{'; ' + r['note'] if isinstance(r.get('note'), str) and r['note'] else ''} |")
     lines += ["", "All metrics, steps and layers: `study.csv`" + (" and `contrasts.csv`." if contrasts else "."), ""]
     path.write_text("\n".join(lines))
     return path
