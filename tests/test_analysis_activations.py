@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from outlierlab.analysis.activations import ActivationAccumulator, activation_kurtosis, max_median_ratio
-from outlierlab.analysis.attention import (AttentionEntropyAccumulator, attention_entropy, attention_row_mass, sink_head_share,
+from outlierlab.analysis.attention_mass import (AttentionEntropyAccumulator, attention_entropy, attention_row_mass, sink_head_share,
                                 special_token_attention_mass)
 from outlierlab.analysis.outlier_dims import position_row_stats
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, pooled_share

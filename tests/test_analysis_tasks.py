@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from outlierlab.analysis.attention import AttentionMassAccumulator, special_key_masks, special_token_attention_mass
+from outlierlab.analysis.attention_mass import AttentionMassAccumulator, special_key_masks, special_token_attention_mass
 from outlierlab.analysis.frequency import TokenValueAccumulator, token_frequency_spearman
 from outlierlab.analysis.sts import mean_pool, spearman_columns, sts_spearman
 from outlierlab.analysis.wic import (all_true_baseline, best_per_layer, best_threshold, choose_then_report, default_thresholds,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from outlierlab.datamodules import token_cache
-from outlierlab.datamodules.blocks import TokenBlocks
+from outlierlab.datamodules.token_blocks import TokenBlocks
 from outlierlab.datamodules.corpus import load_embedded_texts
 from outlierlab.datamodules.masking import DeterministicMLMCollator
 from outlierlab.datamodules.mlm_datamodule import MLMDataModule

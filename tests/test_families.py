@@ -212,7 +212,7 @@ def test_attention_sinks_on_a_planted_decoder(tmp_path):
 
 
 def test_later_key_mass_tells_causal_from_bidirectional():
-    from outlierlab.analysis.attention import first_token_mask, later_key_mass, special_key_masks
+    from outlierlab.analysis.attention_mass import first_token_mask, later_key_mass, special_key_masks
 
     t = 4
     bidirectional = torch.full((1, 1, t, t), 1 / t)

@@ -130,7 +130,7 @@ def test_frequency_counts_on_eval_text_for_unknown_corpus(tmp_path):
 
 # --------------------------------------------------------------------------------------- attention sinks
 def test_sink_masses_hand_built_attention():
-    from outlierlab.analysis.attention import sink_masses
+    from outlierlab.analysis.attention_mass import sink_masses
     from outlierlab.evaluation.attention_sinks import sink_rows
 
     bos, eos, pad = 0, 2, 1
@@ -167,7 +167,7 @@ def test_sink_masses_hand_built_attention():
 
 
 def test_attention_sinks_run_intact_vs_disabled(tmp_path):
-    from outlierlab.analysis.attention import special_key_masks, special_token_attention_mass
+    from outlierlab.analysis.attention_mass import special_key_masks, special_token_attention_mass
     from outlierlab.models.loading import FrozenEncoder
     from outlierlab.evaluation.attention_sinks import run
 

@@ -64,3 +64,20 @@ def test_one_top_level_name_and_no_bare_role_imports():
                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
             bare += [f"{f.relative_to(ROOT)}: {m}" for m in mods if m.split(".")[0] in ORDER]
     assert not bare, "bare role imports (write outlierlab.<role>):\n" + "\n".join(bare)
+
+
+def test_a_module_name_says_what_it_is_once():
+    """Module names repeat across the package only where docs/layout.md says why: analysis/<x>.py holds the formulas
+    of the evaluate.py analysis evaluation/<x>.py, and two more pairs whose packages tell them apart."""
+    from collections import defaultdict
+
+    where = defaultdict(list)
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            where[path.stem].append(str(path.parent.relative_to(PACKAGE)))
+    repeated = {name: sorted(dirs) for name, dirs in where.items() if len(dirs) > 1}
+    formulas_of_an_analysis = {name for name, dirs in repeated.items() if dirs == ["analysis", "evaluation"]}
+    assert formulas_of_an_analysis == {"frequency", "frequent_tokens", "order_use", "qk_outliers", "sts", "wic"}
+    others = {name: dirs for name, dirs in repeated.items() if name not in formulas_of_an_analysis}
+    assert others == {"dim_identity": ["analysis", "studies"],  # one monitor history's answer; a study's, over cells
+                      "progress": ["lightning_modules/callbacks", "utils"]}  # log lines; the Lightning callback

@@ -15,7 +15,7 @@ import yaml
 
 from outlierlab.analysis.study_inference import adjust_pvalues
 from outlierlab.studies import aggregate as study
-from outlierlab.studies.families import is_performance
+from outlierlab.studies.design import is_performance
 from tests.test_study import row
 
 SEEDS = (1, 2, 3, 4, 5)

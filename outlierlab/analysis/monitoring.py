@@ -4,7 +4,7 @@ The quantities themselves live in :mod:`outlierlab.analysis.layernorm` (3σ Laye
 initialisation; Kovaleva et al. 2021, Puccetti et al. 2022), :mod:`outlierlab.analysis.outlier_stats` (per-layer mean
 vector and argmax/argmin share; Luo et al. 2021 §2) with :mod:`outlierlab.analysis.outlier_dims` (the outlier-dim
 rule), :mod:`outlierlab.analysis.activations` (kurtosis, He et al. 2024; max/median, Sun et al. 2024),
-:mod:`outlierlab.analysis.attention` (sink heads and entropy, Gu et al. 2025) and
+:mod:`outlierlab.analysis.attention_mass` (sink heads and entropy, Gu et al. 2025) and
 :mod:`outlierlab.analysis.similarity` (anisotropy; Ethayarajh 2019), :mod:`outlierlab.analysis.rogue_dims` (each dim's share of
 the anisotropy; Timkey & van Schijndel 2021) and :mod:`outlierlab.analysis.isoscore` (IsoScore; Rudman et al. 2022).  This module only *calls* them and flattens the results into rows
 ``(step, name, statistic, dim, value)`` — the format of ``monitor/layernorm.csv`` and
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from outlierlab.analysis.layernorm import flagged_from_rows, layernorm_stats
 from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers, min_layers_for
 from outlierlab.analysis.activations import ActivationAccumulator
-from outlierlab.analysis.attention import (SINK_THRESHOLD, attention_entropy, attention_row_mass, sink_head_share,
+from outlierlab.analysis.attention_mass import (SINK_THRESHOLD, attention_entropy, attention_row_mass, sink_head_share,
                                            special_key_masks, special_token_attention_mass)
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask

@@ -9,7 +9,7 @@ Pipeline (RoBERTa / fairseq style pretraining data, Liu et al. 2019):
    when the vocabulary fits, else ``int32``) under ``<cache_dir>/tokens/<hash>``, keyed by (corpus identity,
    tokenizer); built once, atomically, in memory bounded by ``tokenize_chunk_mb``, so a second run (and every
    other DDP rank) just memory-maps it.  Blocks are cut from the map when read
-   (:mod:`outlierlab.datamodules.blocks`): EVERY block is ``<s>`` + the next ``block_size - 1`` stream tokens,
+   (:mod:`outlierlab.datamodules.token_blocks`): EVERY block is ``<s>`` + the next ``block_size - 1`` stream tokens,
    so position 0 always carries ``<s>`` -- the token whose position artefacts Luo et al. (2021) study; blocks
    may start mid-document.  Only the final block is padded (``attention_mask`` 0, derived), so no token is lost;
 4. train/validation split by blocks, a seeded permutation of block ids (``val_blocks`` or ``val_fraction``).
@@ -38,7 +38,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from . import corpus as corpus_lib
-from .blocks import BlockDataset, ResumableDataLoader, TokenBlocks
+from .token_blocks import BlockDataset, ResumableDataLoader, TokenBlocks
 from .data_validation import plain, validate_data_args
 from .documents import open_documents
 from .masking import CausalLMCollator, DeterministicMLMCollator

@@ -16,7 +16,7 @@ token is dropped.  Hence ``sum(attention_mask) - n_blocks == len(stream)`` exact
 Why by hand: ``transformers``' ``group_texts`` recipe drops the remainder of every ``map`` batch and adds no
 ``<s>``; this is ~15 lines of numpy and is exact over the whole stream.
 
-Training does not hold packed blocks: :class:`outlierlab.datamodules.blocks.TokenBlocks` cuts exactly these
+Training does not hold packed blocks: :class:`outlierlab.datamodules.token_blocks.TokenBlocks` cuts exactly these
 blocks from the memory-mapped token stream when they are read.  :func:`pack_blocks` is the in-memory definition
 of the layout (the reference the tests hold the memory-mapped blocks to) for streams that fit in memory.
 """

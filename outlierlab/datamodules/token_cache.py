@@ -1,7 +1,7 @@
 """The corpus as one flat token file, built once out of core and memory-mapped by every process (nanoGPT's format).
 
 ``<cache_dir>/tokens/<hash>/`` (the hash keys corpus identity, tokenizer and :data:`FORMAT_VERSION`; not the
-block size -- blocks are cut from the stream when read, :mod:`outlierlab.datamodules.blocks`) holds
+block size -- blocks are cut from the stream when read, :mod:`outlierlab.datamodules.token_blocks`) holds
 
 * ``tokens.bin`` -- the token stream: every document's ids followed by ``</s>``, in corpus order, as raw
   little-endian ``uint16`` when the vocabulary has at most 65,536 ids (ids 0..65535), else ``int32``;

@@ -23,7 +23,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from outlierlab.analysis.distance_similarity import DistanceSimilarity
 from outlierlab.analysis.order_use import cannot_use_order
-from outlierlab.analysis.probing import chance_accuracy, rank_of_dims, top_dims
+from outlierlab.analysis.probe_contributions import chance_accuracy, rank_of_dims, top_dims
 from outlierlab.analysis.transform_fit import fit_transform
 from outlierlab.analysis.transforms import MIN_FIT_RATIO, TRANSFORMS
 from outlierlab.datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_outliers, extract_features,

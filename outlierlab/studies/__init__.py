@@ -3,7 +3,7 @@
 * :mod:`~outlierlab.studies.aggregate` -- ``python -m outlierlab.studies.aggregate <sweeps or tables>``: a seed study's
   means, confidence intervals, contrasts and declared families of tests, ``study.md`` and its curves;
 * :mod:`~outlierlab.studies.cells` (reading a study's run directories, each checked by
-  :mod:`~outlierlab.studies.cell_checks`), :mod:`~outlierlab.studies.families` (which tests are corrected together),
+  :mod:`~outlierlab.studies.cell_checks`), :mod:`~outlierlab.studies.design` (which tests are corrected together),
   :mod:`~outlierlab.studies.replicates` (the same configuration and seed on two code versions),
   :mod:`~outlierlab.studies.report` (``study.md`` and the curves);
 * :mod:`~outlierlab.studies.table` -- a study's run directories as one Parquet table, and back;

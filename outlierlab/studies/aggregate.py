@@ -23,7 +23,7 @@ never averaged. Every row states its n; ``n_below_seeds`` marks a row with fewer
 Bounded measures (shares, cosines) get intervals inside their range; contrasts get corrected p-values within declared
 families -- the outlier measures at the last step every cell reached (``--primary`` or the config's
 ``study_design``, else a default set), the declared performance measures, and the exploratory rest, loss never pooled
-with an outlier measure -- the minimum detectable effect and TOST (:mod:`outlierlab.studies.families`). Paired
+with an outlier measure -- the minimum detectable effect and TOST (:mod:`outlierlab.studies.design`). Paired
 tests pair on each cell's resolved seed. A group that mixes code versions is checked against the replicates of its
 own configuration (``--replicates`` adds cells read only for that: :mod:`outlierlab.studies.replicates`).
 """
@@ -43,7 +43,7 @@ from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
 from outlierlab.analysis.study_inference import bounded_interval, bounds_of
 from outlierlab.studies.cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
-from outlierlab.studies.families import assign_families, declared_design
+from outlierlab.studies.design import assign_families, declared_design
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
 HEADLINE = ["hidden/kurtosis", "hidden/argmax_share", "hidden/abs_argmax_share", "hidden/max_median",

@@ -87,7 +87,7 @@ def contrast_row(study: str, contrast: str, metric: str, layer: str, step: int |
 
 
 #: The families whose rows carry a Holm p (confirmatory) and those with a BH q only (the study aggregator's,
-#: :mod:`outlierlab.studies.families`; "secondary" is the pooled BH family of studies written before).
+#: :mod:`outlierlab.studies.design`; "secondary" is the pooled BH family of studies written before).
 HOLM_FAMILIES = ("primary", "performance")
 BH_FAMILIES = ("exploratory", "exploratory performance", "secondary")
 
