@@ -119,8 +119,9 @@ def later_key_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
     return torch.einsum("...bhq,bq->...h", per_query, qm) / n
 
 
-class AttentionMassAccumulator:
-    """Streaming :func:`special_token_attention_mass` over batches (float64 sums; memory O(L·H)).
+class _QueryMean:
+    """A per-query statistic summed over batches with the number of queries (float64), so that the mean over all
+    queries equals the one-shot value; memory O(L·H).
 
     Parameters
     ----------
@@ -132,8 +133,7 @@ class AttentionMassAccumulator:
         self.sum = torch.zeros(shape, dtype=torch.float64)
         self.n_queries = torch.zeros((), dtype=torch.float64)
 
-    def update(self, attn: Tensor, key_is_special: Tensor, query_mask: Tensor | None = None) -> None:
-        s, n = _mass_sums(attn, key_is_special, query_mask)
+    def _add(self, s: Tensor, n: Tensor) -> None:
         if s.shape != self.sum.shape:
             raise ValueError(f"accumulator shape {tuple(self.sum.shape)} does not match result {tuple(s.shape)}.")
         self.sum += s.cpu()
@@ -141,8 +141,15 @@ class AttentionMassAccumulator:
 
     def compute(self) -> Tensor:
         if self.n_queries == 0:
-            raise ValueError("AttentionMassAccumulator is empty.")
+            raise ValueError(f"{type(self).__name__} is empty.")
         return self.sum / self.n_queries
+
+
+class AttentionMassAccumulator(_QueryMean):
+    """Streaming :func:`special_token_attention_mass` over batches."""
+
+    def update(self, attn: Tensor, key_is_special: Tensor, query_mask: Tensor | None = None) -> None:
+        self._add(*_mass_sums(attn, key_is_special, query_mask))
 
 
 def sink_head_share(mass: Tensor, threshold: float = SINK_THRESHOLD) -> Tensor:
@@ -236,24 +243,11 @@ def attention_row_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor
     return s / n
 
 
-class AttentionEntropyAccumulator:
-    """Streaming :func:`attention_entropy` over batches (float64 sums; equals the one-shot value)."""
-
-    def __init__(self, shape: tuple[int, ...]):
-        self.sum = torch.zeros(shape, dtype=torch.float64)
-        self.n_queries = torch.zeros((), dtype=torch.float64)
+class AttentionEntropyAccumulator(_QueryMean):
+    """Streaming :func:`attention_entropy` over batches."""
 
     def update(self, attn: Tensor, query_mask: Tensor | None = None) -> None:
-        s, n = _entropy_sums(attn, query_mask)
-        if s.shape != self.sum.shape:
-            raise ValueError(f"accumulator shape {tuple(self.sum.shape)} does not match result {tuple(s.shape)}.")
-        self.sum += s.cpu()
-        self.n_queries += n.cpu()
-
-    def compute(self) -> Tensor:
-        if self.n_queries == 0:
-            raise ValueError("AttentionEntropyAccumulator is empty.")
-        return self.sum / self.n_queries
+        self._add(*_entropy_sums(attn, query_mask))
 
 
 def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]],
