@@ -25,6 +25,13 @@ SINK_THRESHOLD = 0.3
 SINK_KEYS = ("bos", "eos", "special")
 
 
+def _query_mean(s: Tensor, n: Tensor) -> Tensor:
+    """A per-query sum over the ``n`` real queries; none is a one-line error."""
+    if n == 0:
+        raise ValueError("no valid query: query_mask is all False.")
+    return s / n
+
+
 def _mass_sums(attn: Tensor, key_mask: Tensor, query_mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """Sum over valid queries of the attention mass on ``key_mask`` keys → (Tensor[..., H], n_queries)."""
     if attn.ndim < 4:
@@ -63,10 +70,7 @@ def special_token_attention_mass(attn: Tensor, key_is_special: Tensor | Mapping[
     """
     if isinstance(key_is_special, Mapping):
         return {k: special_token_attention_mass(attn, m, query_mask) for k, m in key_is_special.items()}
-    s, n = _mass_sums(attn, key_is_special, query_mask)
-    if n == 0:
-        raise ValueError("no valid query: query_mask is all False.")
-    return s / n
+    return _query_mean(*_mass_sums(attn, key_is_special, query_mask))
 
 
 def special_key_masks(input_ids: Tensor, bos_token_id: int | None, eos_token_id: int | None,
@@ -213,10 +217,7 @@ def attention_entropy(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
     -------
     Tensor[H] or Tensor[L, H], float64
     """
-    s, n = _entropy_sums(attn, query_mask)
-    if n == 0:
-        raise ValueError("no valid query: query_mask is all False.")
-    return s / n
+    return _query_mean(*_entropy_sums(attn, query_mask))
 
 
 def attention_row_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
@@ -237,10 +238,7 @@ def attention_row_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor
     -------
     Tensor[H] or Tensor[L, H], float64
     """
-    s, n = _row_sums(attn, lambda a: a.sum(-1), query_mask)
-    if n == 0:
-        raise ValueError("no valid query: query_mask is all False.")
-    return s / n
+    return _query_mean(*_row_sums(attn, lambda a: a.sum(-1), query_mask))
 
 
 class AttentionEntropyAccumulator(_QueryMean):
