@@ -99,8 +99,11 @@ def test_batch_seed_is_order_sensitive_and_stable():
 
 
 # ------------------------------------------------------------------------------------ resume, real Trainer
-def test_resumed_training_sees_exactly_the_batches_of_a_straight_run(tmp_path):
-    """N steps straight == k steps, checkpoint, resume to N (data order AND masks), also across epochs."""
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resumed_training_sees_exactly_the_batches_of_a_straight_run(tmp_path, workers):
+    """N steps straight == k steps, checkpoint, resume to N (data order AND masks), also across epochs; also when
+    DataLoader workers mask the batches (what ``data.num_workers=auto`` gives on a GPU): their prefetching runs the
+    sampler ahead of training, and the checkpoint must record the batches trained on, not the ones fetched."""
     import lightning as L
 
     from outlierlab.datamodules.mlm_datamodule import MLMDataModule
@@ -124,7 +127,7 @@ def test_resumed_training_sees_exactly_the_batches_of_a_straight_run(tmp_path):
 
     def datamodule():  # 30 blocks, 2 for validation -> 28 train blocks = 7 batches per epoch
         return MLMDataModule(max_documents=300, tokenizer={"vocab_size": 400}, block_size=32, batch_size=4,
-                             limit_blocks=30, val_blocks=2, cache_dir=str(tmp_path / "cache"))
+                             limit_blocks=30, val_blocks=2, cache_dir=str(tmp_path / "cache"), num_workers=workers)
 
     def fit(max_steps, ckpt=None, save=None):
         dm = datamodule()
@@ -143,7 +146,7 @@ def test_resumed_training_sees_exactly_the_batches_of_a_straight_run(tmp_path):
 
     straight = fit(17)
     assert len(straight) == 17
-    for k in (3, 7, 10):  # mid-epoch, exactly at the epoch end, in the second epoch
+    for k in (3, 7, 10) if workers == 0 else (3,):  # workers: one mid-epoch resume (each fit starts 2 processes)  # mid-epoch, exactly at the epoch end, in the second epoch
         ckpt = str(tmp_path / f"k{k}.ckpt")
         first = fit(k, save=ckpt)
         assert torch.load(ckpt, weights_only=False)["MLMDataModule"]["batches_consumed"] == (k - 1) % 7 + 1
@@ -155,3 +158,38 @@ def test_resumed_training_sees_exactly_the_batches_of_a_straight_run(tmp_path):
         assert len(both) == 17
         for (ia, la), (ib, lb) in zip(both, straight):
             assert torch.equal(ia, ib) and torch.equal(la, lb)
+
+
+@pytest.mark.parametrize("cores, devices, accelerator, expected", [
+    (2, 1, "cpu", (0, False)),     # a CPU trainer collates in its own process
+    (16, 1, "cuda", (2, True)),    # one GPU: two workers, pinned batches
+    (16, 8, "cuda", (1, True)),    # eight DDP processes on 16 cores: 2 cores each, one for the worker
+    (4, 4, "cuda", (0, True)),     # no spare core per process: collate in it
+    (16, 1, None, (0, False)),     # no trainer (a datamodule used on its own)
+])
+def test_auto_loader_settings_follow_the_accelerator_and_the_cores(monkeypatch, cores, devices, accelerator, expected):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+
+    from outlierlab.datamodules.mlm_datamodule import loader_settings
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    trainer = None if accelerator is None else SimpleNamespace(
+        accelerator={"cpu": CPUAccelerator, "cuda": CUDAAccelerator}[accelerator](), num_devices=devices)
+    assert loader_settings("auto", "auto", trainer) == expected
+    assert loader_settings(3, False, trainer) == (3, False)  # given values are kept
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("num_workers", -1, "data.num_workers must be auto or an integer >= 0"),
+    ("num_workers", "two", "data.num_workers must be auto or an integer >= 0"),
+    ("num_workers", 1.5, "data.num_workers must be auto or an integer >= 0"),
+    ("pin_memory", "yes", "data.pin_memory must be auto, true or false"),
+])
+def test_bad_loader_settings_are_refused_in_one_line(key, value, message):
+    from outlierlab.datamodules.mlm_datamodule import MLMDataModule
+
+    with pytest.raises(ValueError, match=message):
+        MLMDataModule(**{key: value})

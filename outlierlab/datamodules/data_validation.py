@@ -20,7 +20,7 @@ def plain(x):
 
 def validate_data_args(source, files, hub, tokenizer, block_size, batch_size, val_fraction, val_blocks,
                        num_workers, mlm_probability, max_documents, limit_blocks, num_proc=None,
-                       tokenize_chunk_mb=1.0) -> None:
+                       tokenize_chunk_mb=1.0, pin_memory="auto") -> None:
     """Raise ``ValueError`` naming the ``data.*`` key and what to set it to."""
     if source not in SOURCES:
         raise ValueError(f"unknown data.source {source!r}; choose one of {', '.join(SOURCES)}")
@@ -41,8 +41,12 @@ def validate_data_args(source, files, hub, tokenizer, block_size, batch_size, va
         raise ValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
     if val_blocks is not None and int(val_blocks) < 0:
         raise ValueError(f"data.val_blocks must be >= 0 or null, got {val_blocks}")
-    if num_workers < 0:
-        raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
+    if num_workers != "auto" and (not isinstance(num_workers, int) or isinstance(num_workers, bool)
+                                  or num_workers < 0):
+        raise ValueError(f"data.num_workers must be auto or an integer >= 0 (0: collate in the training process), "
+                         f"got {num_workers!r}")
+    if pin_memory != "auto" and not isinstance(pin_memory, bool):
+        raise ValueError(f"data.pin_memory must be auto, true or false, got {pin_memory!r}")
     if mlm_probability is not None and not 0 < float(mlm_probability) < 1:
         raise ValueError(f"data.mlm_probability must be in (0, 1), got {mlm_probability}")
     if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):

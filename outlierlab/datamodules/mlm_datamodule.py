@@ -58,6 +58,33 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("OUTLIERLAB_CACHE") or "~/.cache/outlierlab").expanduser()
 
 
+#: DataLoader workers per device process that ``data.num_workers=auto`` gives an accelerator.  One worker masks
+#: 5-10M tokens/s (``python benchmarks/input_pipeline.py``), ten times what RoBERTa-base consumes on one GPU; the
+#: second keeps a batch ready while the first is descheduled.
+AUTO_WORKERS = 2
+
+
+def loader_settings(num_workers: int | str, pin_memory: bool | str, trainer=None) -> tuple[int, bool]:
+    """``(num_workers, pin_memory)`` for the loaders of ``trainer``, ``"auto"`` resolved.
+
+    On a CPU (or with no trainer: a datamodule used on its own) the training process collates: a worker would
+    take a core from the compute threads (on 2 cores a worker cost ~35 % per step, configs/data/embedded.yaml).
+    On an accelerator the batch is masked in :data:`AUTO_WORKERS` workers per device process (fewer where this
+    process has fewer spare cores: DDP starts one process per device, each with its own workers) while the device
+    computes, and pinned for an asynchronous copy when it is a CUDA device."""
+    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+
+    accelerator = getattr(trainer, "accelerator", None)
+    on_cpu = accelerator is None or isinstance(accelerator, CPUAccelerator)
+    if num_workers == "auto":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        per_process = cores // max(1, int(getattr(trainer, "num_devices", 1) or 1))
+        num_workers = 0 if on_cpu else max(0, min(AUTO_WORKERS, per_process - 1))
+    if pin_memory == "auto":
+        pin_memory = isinstance(accelerator, CUDAAccelerator)
+    return int(num_workers), bool(pin_memory)
+
+
 class MLMDataModule(L.LightningDataModule):
     """Masked-LM pretraining data (see module docstring).
 
@@ -80,8 +107,10 @@ class MLMDataModule(L.LightningDataModule):
     val_fraction, val_blocks : float, int or None
         Validation blocks: ``val_blocks`` if given, else ``round(val_fraction * n_blocks)`` (at least 1 when
         ``val_fraction > 0``).  Both 0: no validation loader.
-    num_workers : int
-        DataLoader workers (0: collate in the training process -- fastest on 2 cores, see configs/data).
+    num_workers, pin_memory : int and bool, or "auto"
+        DataLoader workers and pinned batches. ``"auto"`` (:func:`loader_settings`): none and unpinned when the
+        trainer runs on a CPU, where a worker competes with the compute threads; on an accelerator two workers
+        per device process and pinned batches (CUDA), so the next batch is masked while the device computes.
     mlm_probability, mask_replace_prob, random_replace_prob : float or None
         Masking recipe (BERT/RoBERTa: 0.15, 0.8, 0.1); null under ``objective="clm"``.
     objective : {"mlm", "clm"}
@@ -104,10 +133,10 @@ class MLMDataModule(L.LightningDataModule):
 
     def __init__(self, source: str = "embedded", files: Sequence[str] | None = None, hub: dict | None = None,
                  tokenizer: dict | None = None, block_size: int = 128, batch_size: int = 32,
-                 val_fraction: float = 0.02, val_blocks: int | None = None, num_workers: int = 0,
+                 val_fraction: float = 0.02, val_blocks: int | None = None, num_workers: int | str = "auto",
                  mlm_probability: float = 0.15, mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1,
                  cache_dir: str | None = None, seed: int = 0, max_documents: int | None = None,
-                 limit_blocks: int | None = None, pin_memory: bool = False, num_proc: int | None = None,
+                 limit_blocks: int | None = None, pin_memory: bool | str = "auto", num_proc: int | None = None,
                  tokenize_chunk_mb: float = 1.0, objective: str = "mlm") -> None:
         super().__init__()
         # No save_hyperparameters(): Lightning refuses to log when a datamodule hparam (seed, batch_size ...)
@@ -123,7 +152,7 @@ class MLMDataModule(L.LightningDataModule):
                                      f"drop the override (or use objective=mlm)")
         self.objective = objective
         validate_data_args(source, files, hub, tokenizer, block_size, batch_size, val_fraction, val_blocks, num_workers,
-                  mlm_probability, max_documents, limit_blocks, num_proc, tokenize_chunk_mb)
+                  mlm_probability, max_documents, limit_blocks, num_proc, tokenize_chunk_mb, pin_memory)
         self.source = source
         self.files = [files] if isinstance(files, str) else (list(files) if files else None)
         self.hub = {"path": "wikimedia/wikipedia", "name": "20231101.en", "split": "train",
@@ -132,7 +161,7 @@ class MLMDataModule(L.LightningDataModule):
                               "max_training_documents": None, **(tokenizer or {})}
         self.block_size, self.batch_size = int(block_size), int(batch_size)
         self.val_fraction, self.val_blocks = float(val_fraction), val_blocks
-        self.num_workers, self.pin_memory = int(num_workers), bool(pin_memory)
+        self.num_workers, self.pin_memory = num_workers, pin_memory  # "auto": resolved by _loader for its trainer
         self.mlm_probability = None if mlm_probability is None else float(mlm_probability)
         self.mask_replace_prob = None if mask_replace_prob is None else float(mask_replace_prob)
         self.random_replace_prob = None if random_replace_prob is None else float(random_replace_prob)
@@ -282,12 +311,13 @@ class MLMDataModule(L.LightningDataModule):
         return int(trainer.global_rank), int(trainer.world_size)
 
     def _loader(self, dataset: BlockDataset, sampler: ResumableSampler) -> ResumableDataLoader:
-        if self.num_workers > 0:
+        workers, pin = loader_settings(self.num_workers, self.pin_memory, getattr(self, "trainer", None))
+        if workers > 0:
             # Tokenizers warns (and disables its thread pool) when a process forks after using it.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         return ResumableDataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
-                                   collate_fn=self.collator, num_workers=self.num_workers,
-                                   pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
+                                   collate_fn=self.collator, num_workers=workers,
+                                   pin_memory=pin, persistent_workers=workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
