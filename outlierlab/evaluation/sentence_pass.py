@@ -364,7 +364,8 @@ def sentence_stats(ctx) -> SentenceStats:
     if ctx.shared.sentence_stats is not None:
         return ctx.shared.sentence_stats
     cfg, needs = ctx.root_cfg, ctx.shared.needs
-    settings = pass_settings(cfg)
+    settings = dict(outliers=ctx.settings(OutliersSettings), self_similarity=ctx.settings(SelfSimilaritySettings),
+                    data=ctx.settings(DataSettings), transform=ctx.settings(TransformSettings), seed=ctx.seed)
     data, given = settings["data"], ctx.shared.texts
     st = run_sentence_pass(
         ctx.encoder, given if given is not None else evaluation_sentences(data), ctx.transforms, **settings,
