@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One prepared script for a GPU machine: train.py at the paper's scale against Hugging Face's Trainer, the scale
-# ladder, and what deterministic algorithms cost (docs/gpu.md). Modes, comma-separated: pack (HERE, before the call),
+# ladder, and what deterministic algorithms cost (docs/gpu.md). Modes, comma-separated: pack (HERE, before the call), first,
 # smoke, bench, determinism, ladder.
 #
 #   bash scripts/gpu_scale.sh pack                 # here: english_large (gzip text) + its tokenizer and token
 #                                                  # file into .gpu_data/ (git-ignored; carry it: run(carry=[".gpu_data"]))
-#   bash scripts/gpu_scale.sh smoke,bench          # there: ~6 min (one step of every rung, then the benchmark)
+#   bash scripts/gpu_scale.sh first                # there, when the loan is short (15 min of device time): the
+#                                                  # headline rows only -- ours vs HF's Trainer at base size, block
+#                                                  # 128, compiled, plain and deterministic (three benchmark calls)
+#   bash scripts/gpu_scale.sh smoke,bench          # there: one step of every rung, then the whole benchmark
 #   bash scripts/gpu_scale.sh determinism          # there: ~4 min; the switch's cost (ours and HF's, base, block 128)
 #                                                  # and two deterministic learned-position replicates compared
 #   bash scripts/gpu_scale.sh ladder 480           # there: every rung x {learned, none} side by side for 480 s
@@ -35,6 +38,12 @@ for mode in ${MODES//,/ }; do
     pack)
       run python scripts/build_english_large.py --out "$DATA"
       run python scripts/prepare_data.py "${DATA_ARGS[@]}" ;;
+    first)
+      # what one short call must bring back, most important first: the comparison with HF's Trainer as a user
+      # would run both (compiled), then the same uncompiled and with deterministic algorithms (the switch's cost)
+      run python benchmarks/gpu_throughput.py --model base --block 128 --impl ours,hf --compile --out "$OUT/throughput.csv"
+      run python benchmarks/gpu_throughput.py --model base --block 128 --impl ours,hf --out "$OUT/throughput.csv"
+      run python benchmarks/gpu_throughput.py --model base --block 128 --impl ours,hf --deterministic --out "$OUT/throughput.csv" ;;
     smoke)
       for rung in ${LADDER_RUNGS//,/ }; do
         run python train.py experiment=scale_ladder "ladder=$rung" pos=learned trainer=gpu "${DATA_ARGS[@]}" \
@@ -69,6 +78,6 @@ for mode in ${MODES//,/ }; do
         "seed=${LADDER_SEEDS// /,}" trainer=gpu threads=1 "${DATA_ARGS[@]}" "+trainer.max_time=$MAX_TIME" \
         hydra/launcher=joblib "hydra.launcher.n_jobs=$cells" "hydra.sweep.dir=$OUT/ladder"
       run python -m outlierlab.studies.ladder "$OUT/ladder" --out "$OUT/ladder.csv" ;;
-    *) echo "unknown mode $mode (pack, smoke, bench, determinism, ladder)" >&2; exit 2 ;;
+    *) echo "unknown mode $mode (pack, first, smoke, bench, determinism, ladder)" >&2; exit 2 ;;
   esac
 done

@@ -65,7 +65,20 @@ def test_every_command_of_the_script_parses_and_composes(env, tmp_path):
 def test_an_unknown_mode_is_refused():
     done = subprocess.run(["bash", "scripts/gpu_scale.sh", "warp"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "DRY_RUN": "1"}, timeout=60)
-    assert done.returncode == 2 and "unknown mode warp (pack, smoke, bench, determinism, ladder)" in done.stderr
+    assert done.returncode == 2 and "unknown mode warp (pack, first, smoke, bench, determinism, ladder)" in done.stderr
+
+
+def test_the_short_loan_mode_brings_the_headline_rows_first(tmp_path):
+    """``first``: three benchmark calls of RoBERTa-base at block 128, ours against HF's Trainer -- compiled first
+    (the comparison as a user runs both), then plain and deterministic (the determinism switch's cost) -- and no
+    training run, so one call of a 15-minute loan holds it."""
+    commands = dry_run("first", tmp_path / "gpu_out")
+    assert [c[1] for c in commands] == ["benchmarks/gpu_throughput.py"] * 3
+    for c in commands:
+        assert c[c.index("--model") + 1] == "base" and c[c.index("--block") + 1] == "128"
+        assert c[c.index("--impl") + 1] == "ours,hf"
+    assert ["--compile" in c for c in commands] == [True, False, False]
+    assert ["--deterministic" in c for c in commands] == [False, False, True]
 
 
 def test_the_gpu_benchmark_runs_end_to_end_on_cpu(tmp_path):
