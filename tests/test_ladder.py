@@ -82,8 +82,21 @@ def test_the_table_finds_a_planted_luo_dimension(tmp_path, capsys):
     assert (summary["luo_step"], summary["luo_dim"], summary["luo_layers"], summary["luo_tokens"]) == \
         ("250", "5", "1", "8000")
     assert summary["ln_outlier_step"] == "250" and summary["val_loss_best"] == "5.5"
+    # kept at both checkpoints from 250 on; at 500 it holds both layers at (0.8 + 0.6) / 2; layer_0's 0.9 not counted
+    assert (summary["luo_kept"], summary["luo_final_dim"], summary["luo_final_layers"], summary["luo_final_share"],
+            summary["max_share"]) == ("1", "5", "2", "0.7", "0.8")
     rows = list(csv.DictReader(open(out)))
     assert {"rung": "2x16", "layers": "2", "hidden": "16", "pos": "learned", "seed": "3", "step": "500",
             "tokens": "16000", "metric": "abs_argmax_dim", "layer": "2", "value": "5"} in rows
     assert ladder.main([str(tmp_path / "nothing-here"), "--out", str(out)]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_dimension_that_comes_and_goes_is_reported_as_such(tmp_path):
+    # dim 5 holds layer 1 at step 250 only: first seen at 250, kept at 1 of the 2 checkpoints since, none at the end
+    _plant(tmp_path / "b", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (5, 0.7), (2, 0.3)],
+                            500: [(5, 0.9), (5, 0.4), (3, 0.2)]})
+    table, summary = ladder.ladder_tables([tmp_path / "b"])
+    row = summary.iloc[0]
+    assert (row["luo_step"], row["luo_kept"], row["luo_final_layers"]) == (250, 0.5, 0)
+    assert row["luo_final_dim"] != row["luo_final_dim"] and row["max_share"] == 0.7  # NaN: no dimension at the end

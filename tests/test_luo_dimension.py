@@ -2,7 +2,7 @@
 
 import pytest
 
-from outlierlab.analysis.luo_dimension import first_luo_step, luo_dimension
+from outlierlab.analysis.luo_dimension import first_luo_step, luo_by_step, luo_dimension
 
 
 def test_one_dimension_in_half_the_layers_is_one():
@@ -25,3 +25,16 @@ def test_the_first_step_it_appears():
     assert first_luo_step(rows, 2) == (250, 78, 1)  # half of 2 layers is one
     assert first_luo_step(rows, 2, layer_fraction=1.0) == (500, 78, 2)
     assert first_luo_step(rows[:2], 2) is None
+
+
+def test_every_step_s_dimension_with_its_mean_share_where_it_holds():
+    rows = [(0, 1, 3, 0.1), (0, 2, 3, 0.1),
+            (250, 1, 78, 0.55), (250, 2, 40, 0.3),
+            (500, 1, 78, 0.8), (500, 2, 78, 0.6),
+            (750, 1, 78, 0.45), (750, 2, 12, 0.9)]  # 78 lost; 12 holds one layer of two (half): another one
+    got = luo_by_step(rows, 2)
+    assert list(got) == [0, 250, 500, 750]
+    assert got[0] is None and got[250] == (78, 1, 0.55)
+    assert got[500] == (78, 2, pytest.approx(0.7))  # (0.8 + 0.6) / 2
+    assert got[750] == (12, 1, 0.9)  # half of 2 layers is one: another dimension now
+    assert luo_by_step(rows, 2, layer_fraction=1.0)[750] is None

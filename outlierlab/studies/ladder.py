@@ -10,9 +10,13 @@ monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
   ``model``), and per encoder layer ``abs_argmax_share``, ``abs_argmax_dim``, ``kurtosis``, ``max_median``;
   ``tokens`` = step x batch x block x accumulation x devices;
 * ``<out stem>_summary.csv``: per cell the first step (and tokens) with a Luo-type dimension
-  (:mod:`outlierlab.analysis.luo_dimension`), that dimension and its layers, the first step with a LayerNorm
-  outlier dimension, the last step, epochs over the corpus when known, the final and the best validation loss
-  (a final loss above the best says held-out loss rose).
+  (:mod:`outlierlab.analysis.luo_dimension`), that dimension and its layers; how lasting and how strong it is --
+  the share of checkpoints from then on that have one (``luo_kept``), and at the last step the dimension, the
+  layers it holds and its mean share there (``luo_final_*``: Luo et al.'s RoBERTa-base dimension holds nearly
+  every token in nearly every layer; the definition's weakest form, half the tokens in half the layers, is met by
+  some 4 x 128 runs), and the largest share of any encoder layer (``max_share``); the first step with a LayerNorm
+  outlier dimension, the last step, the final and the best validation loss (a final loss above the best says
+  held-out loss rose).
 
 Written by hand: a table of this study's own shape; the seed-study aggregator (outlierlab.studies.aggregate) compares
 groups, while this reads when something first happens in each cell.
@@ -29,7 +33,7 @@ from typing import Sequence
 import pandas as pd
 from omegaconf import OmegaConf
 
-from outlierlab.analysis.luo_dimension import first_luo_step
+from outlierlab.analysis.luo_dimension import luo_by_step
 from outlierlab.reports.history import history_frame
 
 COLUMNS = ["rung", "layers", "hidden", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
@@ -79,13 +83,21 @@ def _cell_rows(cell: Path) -> tuple[pd.DataFrame, dict]:
     rows["tokens"] = rows["step"].astype(int) * per_step
     for k, v in ident.items():
         rows[k] = v
-    luo = first_luo_step(zip(dims["step"], dims["layer"], dims["dim"], dims["value"]), layers)
+    by_step = luo_by_step(zip(dims["step"], dims["layer"], dims["dim"], dims["value"]), layers)
+    first = next((step for step, found in by_step.items() if found is not None), None)
+    luo = (first, *by_step[first][:2]) if first is not None else None
+    since = [found is not None for step, found in by_step.items() if first is not None and step >= first]
+    final = by_step[max(by_step)] if by_step else None
     ln_first = ln[ln["value"] > 0]["step"].min() if len(ln) else math.nan
     val = rows[rows["metric"] == "val/loss"].sort_values("step")
     last = int(rows["step"].max())
     summary = {**ident, "last_step": last, "tokens": last * per_step,
                "luo_step": luo[0] if luo else math.nan, "luo_tokens": luo[0] * per_step if luo else math.nan,
                "luo_dim": luo[1] if luo else math.nan, "luo_layers": luo[2] if luo else math.nan,
+               "luo_kept": sum(since) / len(since) if since else math.nan,
+               "luo_final_dim": final[0] if final else math.nan, "luo_final_layers": final[1] if final else 0,
+               "luo_final_share": final[2] if final else math.nan,
+               "max_share": float(dims["value"].max()) if len(dims) else math.nan,
                "ln_outlier_step": ln_first,
                "val_loss_final": float(val["value"].iloc[-1]) if len(val) else math.nan,
                "val_loss_best": float(val["value"].min()) if len(val) else math.nan}
