@@ -134,10 +134,11 @@ def lightning_loop(cfg, dm, config, warmup: int, steps: int, callbacks: bool, ti
     torch.manual_seed(0)
     module = hydra.utils.instantiate(cfg.module, model=config)
     timer = Timer()
-    cbs = [timer]
-    if callbacks:
+    cbs, loggers = [timer], False
+    if callbacks:  # what train.py runs: its callbacks and its loggers (the LR monitor needs one)
         cbs += [hydra.utils.instantiate(c) for c in cfg.callbacks.values() if c is not None]
-    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=cbs, logger=False, enable_checkpointing=callbacks,
+        loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=cbs, logger=loggers, enable_checkpointing=callbacks,
                                       enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=dm)
     if timer_out is not None:  # warm-up wall time (compilation, for a compiled module) and steps/s
