@@ -88,6 +88,13 @@ def test_the_table_finds_a_planted_luo_dimension(tmp_path, capsys):
     rows = list(csv.DictReader(open(out)))
     assert {"rung": "2x16", "layers": "2", "hidden": "16", "pos": "learned", "seed": "3", "step": "500",
             "tokens": "16000", "metric": "abs_argmax_dim", "layer": "2", "value": "5"} in rows
+    # a stricter definition (a share >= 0.6 in every layer): step 250 (layer 2 at 0.3) no longer counts, 500 does
+    strict = tmp_path / "out" / "strict.csv"
+    assert ladder.main([str(tmp_path / "a"), "--out", str(strict), "--share", "0.6", "--layer-fraction", "1"]) == 0
+    summary = next(csv.DictReader(open(strict.with_name("strict_summary.csv"))))
+    assert (summary["luo_step"], summary["luo_layers"], summary["luo_final_share"]) == ("500", "2", "0.7")
+    assert ladder.main([str(tmp_path / "a"), "--out", str(strict), "--share", "1.5"]) == 1
+    assert "--share and --layer-fraction must be in (0, 1]" in capsys.readouterr().err
     assert ladder.main([str(tmp_path / "nothing-here"), "--out", str(out)]) == 1
     assert "does not exist" in capsys.readouterr().err
 

@@ -1,6 +1,7 @@
 """The scale ladder's table: every cell's curves in one long CSV, and where a Luo-type dimension first appears.
 
     python -m outlierlab.studies.ladder multirun/scale_ladder [more dirs] --out docs/gpu/ladder.csv
+    python -m outlierlab.studies.ladder multirun/scale_ladder --out strict.csv --share 0.9 --layer-fraction 0.75
 
 Reads each train.py cell under the given folders (its resolved ``config.yaml``, ``csv/metrics.csv`` and the live
 monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
@@ -33,7 +34,7 @@ from typing import Sequence
 import pandas as pd
 from omegaconf import OmegaConf
 
-from outlierlab.analysis.luo_dimension import luo_by_step
+from outlierlab.analysis.luo_dimension import LAYER_FRACTION, SHARE, luo_by_step
 from outlierlab.reports.history import history_frame
 
 COLUMNS = ["rung", "layers", "hidden", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
@@ -52,7 +53,7 @@ def find_cells(paths: Sequence[str | Path]) -> list[Path]:
     return cells
 
 
-def _cell_rows(cell: Path) -> tuple[pd.DataFrame, dict]:
+def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_FRACTION) -> tuple[pd.DataFrame, dict]:
     cfg = OmegaConf.load(cell / "config.yaml")
     layers, hidden = int(cfg.model.num_layers), int(cfg.model.hidden_size)
     per_step = (int(cfg.data.batch_size) * int(cfg.data.block_size) * int(cfg.trainer.get("accumulate_grad_batches")
@@ -83,7 +84,7 @@ def _cell_rows(cell: Path) -> tuple[pd.DataFrame, dict]:
     rows["tokens"] = rows["step"].astype(int) * per_step
     for k, v in ident.items():
         rows[k] = v
-    by_step = luo_by_step(zip(dims["step"], dims["layer"], dims["dim"], dims["value"]), layers)
+    by_step = luo_by_step(zip(dims["step"], dims["layer"], dims["dim"], dims["value"]), layers, share, layer_fraction)
     first = next((step for step, found in by_step.items() if found is not None), None)
     luo = (first, *by_step[first][:2]) if first is not None else None
     since = [found is not None for step, found in by_step.items() if first is not None and step >= first]
@@ -104,11 +105,15 @@ def _cell_rows(cell: Path) -> tuple[pd.DataFrame, dict]:
     return rows[COLUMNS], summary
 
 
-def ladder_tables(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The long table and the per-cell summary (module docstring)."""
+def ladder_tables(paths: Sequence[str | Path], share: float = SHARE, layer_fraction: float = LAYER_FRACTION
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The long table and the per-cell summary (module docstring); ``share`` and ``layer_fraction`` set the
+    Luo-type definition (:func:`outlierlab.analysis.luo_dimension.luo_dimension`; 0.5 and 0.5: its weakest form)."""
+    if not (0 < share <= 1 and 0 < layer_fraction <= 1):
+        raise ValueError(f"--share and --layer-fraction must be in (0, 1], got {share} and {layer_fraction}")
     long, summary = [], []
     for cell in find_cells(paths):
-        rows, s = _cell_rows(cell)
+        rows, s = _cell_rows(cell, share, layer_fraction)
         long.append(rows)
         summary.append(s)
     order = ["layers", "pos", "seed", "step", "metric", "layer"]
@@ -122,9 +127,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.ladder", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="folders holding the ladder's train.py cells")
     parser.add_argument("--out", required=True, help="the long CSV (its _summary.csv goes beside it)")
+    parser.add_argument("--share", type=float, default=SHARE,
+                        help="a Luo-type dimension holds at least this share of the tokens' |x| argmax (default 0.5)")
+    parser.add_argument("--layer-fraction", type=float, default=LAYER_FRACTION,
+                        help="... in at least this fraction of the encoder layers (default 0.5; Luo et al.'s "
+                             "RoBERTa-base dimension: nearly all)")
     args = parser.parse_args(argv)
     try:
-        table, summary = ladder_tables(args.paths)
+        table, summary = ladder_tables(args.paths, args.share, args.layer_fraction)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
