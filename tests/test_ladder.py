@@ -86,7 +86,7 @@ def test_the_table_finds_a_planted_luo_dimension(tmp_path, capsys):
     assert (summary["luo_kept"], summary["luo_final_dim"], summary["luo_final_layers"], summary["luo_final_share"],
             summary["max_share"]) == ("1", "5", "2", "0.7", "0.8")
     rows = list(csv.DictReader(open(out)))
-    assert {"rung": "2x16", "layers": "2", "hidden": "16", "pos": "learned", "seed": "3", "step": "500",
+    assert {"rung": "2x16", "layers": "2", "hidden": "16", "objective": "mlm", "pos": "learned", "seed": "3", "step": "500",
             "tokens": "16000", "metric": "abs_argmax_dim", "layer": "2", "value": "5"} in rows
     # a stricter definition (a share >= 0.6 in every layer): step 250 (layer 2 at 0.3) no longer counts, 500 does
     strict = tmp_path / "out" / "strict.csv"
@@ -107,3 +107,16 @@ def test_a_dimension_that_comes_and_goes_is_reported_as_such(tmp_path):
     row = summary.iloc[0]
     assert (row["luo_step"], row["luo_kept"], row["luo_final_layers"]) == (250, 0.5, 0)
     assert row["luo_final_dim"] != row["luo_final_dim"] and row["max_share"] == 0.7  # NaN: no dimension at the end
+
+
+def test_a_packed_study_reads_as_its_cells(tmp_path):
+    """A committed study table (.parquet) gives the same rows as the run directories it was packed from."""
+    from outlierlab.studies.table import pack
+
+    _plant(tmp_path / "sweep" / "a", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (5, 0.7), (2, 0.3)]})
+    (tmp_path / "sweep" / "a" / ".hydra").mkdir()
+    (tmp_path / "sweep" / "a" / ".hydra" / "overrides.yaml").write_text("- seed=3\n")
+    pack(tmp_path / "sweep", tmp_path / "cells.parquet")
+    direct, packed = ladder.ladder_tables([tmp_path / "sweep"]), ladder.ladder_tables([tmp_path / "cells.parquet"])
+    assert direct[0].equals(packed[0]) and direct[1].equals(packed[1])
+    assert packed[1].loc[0, "luo_step"] == 250

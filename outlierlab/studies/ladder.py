@@ -3,10 +3,10 @@
     python -m outlierlab.studies.ladder multirun/scale_ladder [more dirs] --out docs/gpu/ladder.csv
     python -m outlierlab.studies.ladder multirun/scale_ladder --out strict.csv --share 0.9 --layer-fraction 0.75
 
-Reads each train.py cell under the given folders (its resolved ``config.yaml``, ``csv/metrics.csv`` and the live
+Reads each train.py cell under the given folders or packed studies (its resolved ``config.yaml``, ``csv/metrics.csv`` and the live
 monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
 
-* ``--out`` (long): ``rung, layers, hidden, pos, seed, step, tokens, metric, layer, value`` with ``val/loss`` and
+* ``--out`` (long): ``rung, layers, hidden, objective, pos, seed, step, tokens, metric, layer, value`` with ``val/loss`` and
   ``val/order_use`` (layer ``model``), the LayerNorm 3-sigma count ``layernorm/n_outlier_dims`` (Kovaleva's rule,
   ``model``), and per encoder layer ``abs_argmax_share``, ``abs_argmax_dim``, ``kurtosis``, ``max_median``;
   ``tokens`` = step x batch x block x accumulation x devices;
@@ -37,16 +37,21 @@ from omegaconf import OmegaConf
 from outlierlab.analysis.luo_dimension import LAYER_FRACTION, SHARE, luo_by_step
 from outlierlab.reports.history import history_frame
 
-COLUMNS = ["rung", "layers", "hidden", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
+COLUMNS = ["rung", "layers", "hidden", "objective", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
 PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
 
 
 def find_cells(paths: Sequence[str | Path]) -> list[Path]:
-    """Every train.py run directory under ``paths`` (a folder holding ``config.yaml`` and ``monitor/``)."""
+    """Every train.py run directory under ``paths`` (a folder holding ``config.yaml`` and ``monitor/``); a packed
+    study (``docs/order_use/cells_schemes_large_cut.parquet``, :mod:`outlierlab.studies.table`) reads as the folder
+    it was packed from, so a committed 4 x 128 study sits in the same table as the ladder's rungs."""
+    from outlierlab.studies.table import resolve
+
     cells = []
-    for p in map(Path, paths):
-        if not p.exists():
-            raise FileNotFoundError(f"{p} does not exist")
+    for given in paths:
+        if not Path(given).exists():
+            raise FileNotFoundError(f"{given} does not exist")
+        p = resolve(given)
         cells += sorted(c.parent for c in p.rglob("config.yaml") if (c.parent / "monitor").is_dir())
     if not cells:
         raise ValueError(f"no train.py run directory (config.yaml + monitor/) under {', '.join(map(str, paths))}")
@@ -58,8 +63,8 @@ def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_F
     layers, hidden = int(cfg.model.num_layers), int(cfg.model.hidden_size)
     per_step = (int(cfg.data.batch_size) * int(cfg.data.block_size) * int(cfg.trainer.get("accumulate_grad_batches")
                 or 1) * int(cfg.trainer.get("devices") if str(cfg.trainer.get("devices")).isdigit() else 1))
-    ident = {"rung": f"{layers}x{hidden}", "layers": layers, "hidden": hidden, "pos": str(cfg.pos.name),
-             "seed": int(cfg.seed)}
+    ident = {"rung": f"{layers}x{hidden}", "layers": layers, "hidden": hidden,
+             "objective": str(cfg.get("objective") or "mlm"), "pos": str(cfg.pos.name), "seed": int(cfg.seed)}
     parts = []
     hs = history_frame(cell / "monitor" / "hidden_states.csv")
     enc = hs[hs["name"].str.fullmatch(r"layer_\d+") & hs["statistic"].isin(PER_LAYER)].copy()
@@ -116,11 +121,11 @@ def ladder_tables(paths: Sequence[str | Path], share: float = SHARE, layer_fract
         rows, s = _cell_rows(cell, share, layer_fraction)
         long.append(rows)
         summary.append(s)
-    order = ["layers", "pos", "seed", "step", "metric", "layer"]
+    order = ["layers", "hidden", "objective", "pos", "seed", "step", "metric", "layer"]
     table = pd.concat(long, ignore_index=True)
     table["layer"] = table["layer"].astype(str)
     return (table.sort_values(order, kind="stable").reset_index(drop=True),
-            pd.DataFrame(summary).sort_values(["layers", "pos", "seed"]).reset_index(drop=True))
+            pd.DataFrame(summary).sort_values(["layers", "hidden", "objective", "pos", "seed"]).reset_index(drop=True))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
