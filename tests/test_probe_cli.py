@@ -131,3 +131,32 @@ def test_bad_names_and_offline_hub_fail_with_one_line(tmp_path):
     assert r.returncode == 1
     err = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "offline" in err[0] and "roberta-base" in err[0]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("probe.epochs=-1", "probe.epochs must be >= 1, got -1"),  # Lightning: max_epochs=-1 trains forever
+    ("probe.epochs=0", "probe.epochs must be >= 1, got 0"),  # an untrained probe's accuracy
+    ("probe.epochs=two", "probe.epochs must be an integer, got 'two'"),
+    ("probe.max_positions=0", "probe.max_positions must be >= 1, got 0"),
+    ("probe.lr=abc", "probe.lr must be a number > 0, got 'abc'"),
+    ("probe.lr=0", "probe.lr must be a number > 0, got 0"),
+    ("task=sst2 task.batch_size=0", "task.batch_size must be >= 1, got 0"),
+    ("outliers.threshold=high", "outliers.threshold='high': expected float, got str"),
+    ("outliers.threshold=2", "outliers.threshold must be <= 1, got 2"),
+    ("seed=abc", "seed must be an integer, got 'abc'"),
+])
+def test_bad_probe_settings_refused_in_one_line_naming_the_key(compose_cfg, override, message):
+    from outlierlab.jobs.probing import check_settings
+
+    check_settings(compose_cfg("probe"))  # the defaults pass
+    with pytest.raises(ValueError) as e:
+        check_settings(compose_cfg("probe", override.split()))
+    assert str(e.value) == message
+
+
+def test_negative_epochs_fail_before_the_model_loads(tmp_path):
+    # Lightning's max_epochs=-1 is "no limit": this probe ran until killed, with nothing on the console
+    r = _probe("probe.epochs=-1", "data.max_sentences=20", f"hydra.run.dir={tmp_path / 'a'}")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == "error: probe.epochs must be >= 1, got -1"
+    assert not (tmp_path / "a" / "tensorboard").exists()  # refused before the run started

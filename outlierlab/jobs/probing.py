@@ -213,10 +213,44 @@ def layernorm_note(encoder: FrozenEncoder) -> str:
             "al. 2021), not these; transform.dims=[...] clips given dims instead.")
 
 
+#: ``probe.*`` counts, each at least 1 (null allowed where the job falls back on another key).  Lightning reads
+#: ``max_epochs=-1`` as "train forever" and ``0`` as "do not train" (an untrained probe's accuracy, reported as a
+#: result); a count of 0 positions or neurons leaves nothing to probe or list.
+_PROBE_COUNTS = {"epochs": False, "batch_size": False, "max_positions": False, "top_k": False, "max_distance": True}
+
+
+def check_settings(cfg) -> None:
+    """The probe's own settings (``probe.*``, ``outliers.*``, ``seed``), each refused in one line naming its key --
+    before any model loads or any text is encoded, where a wrong value would fail deep in the run (``int('two')``
+    after encoding) or never end (``probe.epochs=-1``)."""
+    from omegaconf import OmegaConf
+
+    from outlierlab.evaluation.settings import OutliersSettings
+    from outlierlab.jobs.startup import _as_int
+
+    _as_int(cfg.seed, "seed")
+    probe = cfg.probe
+    for key, nullable in _PROBE_COUNTS.items():
+        value = probe.get(key)
+        if value is None and nullable:
+            continue
+        if _as_int(value, f"probe.{key}") < 1:
+            raise ValueError(f"probe.{key} must be >= 1, got {value}")
+    lr = probe.get("lr")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"probe.lr must be a number > 0, got {lr!r}")
+    task_batch = cfg.task.get("batch_size")
+    if task_batch is not None and _as_int(task_batch, "task.batch_size") < 1:
+        raise ValueError(f"task.batch_size must be >= 1, got {task_batch}")
+    # the same rule evaluate.py's outliers section states (method, threshold in (0, 1], k > 0)
+    OutliersSettings(**OmegaConf.to_container(cfg.outliers, resolve=True))
+
+
 def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None) -> dict:
     """Run the probe described by ``cfg`` (configs/probe.yaml) and write every output into ``run_dir``;
     ``encoder``: an already loaded one (the Python API, :func:`outlierlab.api.probe_positions`) instead of
     ``cfg.encoder``'s."""
+    check_settings(cfg)
     one_console_for_lightning()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
