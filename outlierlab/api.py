@@ -139,12 +139,15 @@ def _texts_file(texts: list[str] | None, out_dir: Path) -> list[str]:
     return [f"data.files=[{path}]", "data.max_sentences=null"]
 
 
-def _check_choices(overrides: list[str]) -> None:
+def _check_choices(overrides: list[str], config_name: str) -> None:
     """An unknown config-group choice (``transform=[whitening]``, ``wic=nope``) in one line with the valid names,
-    as evaluate.py and probe.py say it, instead of Hydra's MissingConfigException and its search path."""
-    from outlierlab.jobs.overrides import find_override_errors
+    and an unknown key (``outliers.treshold=0.3``) with the closest ones, as evaluate.py and probe.py say them,
+    instead of Hydra's MissingConfigException or its several lines advising ``+key=``."""
+    from outlierlab.jobs.overrides import find_override_errors, find_unknown_keys
 
     errors = find_override_errors(overrides)
+    if not errors:  # the keys depend on the group choices: a wrong choice first
+        errors = find_unknown_keys(overrides, config_name)
     if errors:
         raise ValueError("; ".join(errors))
 
@@ -193,7 +196,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     if plots and out_dir is None:
         raise ValueError("plots=True draws PNG files: give out_dir= (where they go), or read the tables")
     choices = [f"transform=[{','.join(transforms)}]", *overrides]
-    _check_choices(choices)
+    _check_choices(choices, "evaluate")
     sections = _sections(settings)
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={int(seed)}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
@@ -260,7 +263,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
 
     texts = check_texts(texts)
     choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
-    _check_choices(choices)
+    _check_choices(choices, "probe")
     run_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="outlierlab_probe_"))
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = _compose("probe", ["task=position", f"seed={int(seed)}", f"progress={str(bool(progress)).lower()}",

@@ -73,6 +73,16 @@ def test_an_unknown_analysis_or_group_choice_is_one_line(tmp_path):
     assert _one_line(e).startswith("unknown wic 'nope'; valid:")
 
 
+@pytest.mark.parametrize("call, key, close", [(ol.evaluate, "outliers.treshold", "outliers.threshold"),
+                                              (ol.probe_positions, "probe.epoch", "probe.epochs")])
+def test_an_unknown_setting_is_one_line_with_the_closest_keys(call, key, close, tmp_path):
+    # as evaluate.py and probe.py say it; Hydra's own message is several lines advising +key=, which adds a key
+    # that nothing reads
+    with pytest.raises(ValueError) as e:
+        call(_NoEncoder(), ["A sentence."], overrides=[f"{key}=0.3"], out_dir=tmp_path)
+    assert _one_line(e).startswith(f"unknown setting {key!r}; did you mean {close}")
+
+
 def test_figures_without_a_directory_are_refused(tmp_path):
     with pytest.raises(ValueError, match="plots=True draws PNG files: give out_dir="):
         ol.evaluate(_NoEncoder(), ["A sentence."], plots=True)
