@@ -50,6 +50,21 @@ def test_a_multiple_below_one_is_refused():
         EncoderConfig(vocab_multiple=0)
 
 
+@pytest.mark.parametrize("key, value, message", [
+    ("vocab_multiple", "abc", "model.vocab_multiple must be an integer, got 'abc'"),  # was: '<' not supported ...
+    ("vocab_multiple", 2.5, "model.vocab_multiple must be an integer, got 2.5"),
+    ("vocab_multiple", True, "model.vocab_multiple must be an integer, got True"),
+    ("hidden_size", "abc", "model.hidden_size must be an integer, got 'abc'"),  # was: not all arguments converted ...
+    ("dropout", "x", "model.dropout must be a number, got 'x'"),
+])
+def test_a_value_of_the_wrong_type_is_refused_naming_its_key(key, value, message):
+    # what Hydra hands over for model.vocab_multiple=abc: the string, unchecked by the dataclass
+    with pytest.raises(ValueError) as e:
+        EncoderConfig(**{key: value})
+    assert str(e.value) == message
+    assert EncoderConfig(gate_hidden=None, op_beta=1, dropout=0).op_beta == 1  # None where allowed; an int is a number
+
+
 @pytest.mark.parametrize("causal, full_logits", [(False, False), (False, True), (True, False)],
                          ids=["mlm-masked-head", "mlm-full-head", "clm"])
 def test_loss_and_gradients_equal_the_unpadded_model(causal, full_logits):

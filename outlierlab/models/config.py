@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +122,16 @@ class EncoderConfig:
     vocab_multiple: int = 1
 
     def __post_init__(self) -> None:
+        # Hydra passes an override's value with the type it parsed (model.vocab_multiple=abc is a str), and a
+        # dataclass does not check it: refuse it here, naming the key, before a comparison below fails on it
+        # with a TypeError that does not.
+        for f in dataclasses.fields(self):
+            kind, value = f.type.removesuffix(" | None"), getattr(self, f.name)
+            if kind not in ("int", "float") or (value is None and f.type.endswith(" | None")):
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral if kind == "int" else numbers.Real):
+                raise ValueError(f"model.{f.name} must be {'an integer' if kind == 'int' else 'a number'}, "
+                                 f"got {value!r}")
         # Hydra hands over DictConfig objects; keep a plain dict so the config is JSON-able.
         self.pos = dict(self.pos) if self.pos is not None else {"name": "none"}
         if "name" not in self.pos:
