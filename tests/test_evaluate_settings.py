@@ -205,6 +205,8 @@ def test_no_default_is_restated_at_a_call_site():
     (lambda: OutliersSettings(top_k=True), r"^outliers\.top_k=True: expected int, got bool$"),
     (lambda: OutliersSettings("sigma", "0.3"), r"^outliers\.threshold='0\.3': expected float, got str$"),  # positional
     (lambda: OutliersSettings(treshold=0.3), r"^unknown key\(s\) outliers\.treshold; valid keys of outliers: method"),
+    (lambda: OutliersSettings("share", 0.3, 3.0, 5, 3.0, 9),  # one positional value too many (was an IndexError)
+     r"^outliers takes at most 5 positional values \(method, threshold, k, top_k, position_k\), got 6; name them"),
     (lambda: OutliersSettings(threshold=2), r"^outliers\.threshold must be <= 1, got 2$"),
     (lambda: OutliersSettings(method="max"), r"^outliers\.method must be 'share' or 'sigma', got 'max'$"),
     (lambda: DataSettings(max_sentences=1), r"^data\.max_sentences must be >= 2 or null, got 1$"),

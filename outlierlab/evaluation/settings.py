@@ -133,6 +133,11 @@ def _one_line(cls: type, error: pydantic.ValidationError) -> str:
         return (f"unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}; valid keys of {section}: "
                 f"{', '.join(f.name for f in dataclasses.fields(cls) if f.init)}")
     fault = faults[0]
+    if fault["type"] == "unexpected_positional_argument":  # loc is the argument's index, past the last field
+        keys = [f.name for f in dataclasses.fields(cls) if f.init]
+        extra = sum(f["type"] == "unexpected_positional_argument" for f in faults)
+        return (f"{section} takes at most {len(keys)} positional values ({', '.join(keys)}), got "
+                f"{len(keys) + extra}; name them, e.g. {cls.__name__}({keys[0]}=...)")
     if not fault["loc"]:  # a check of __post_init__ (between keys, or a list's items): its message names the key
         return fault["msg"].removeprefix("Value error, ")
     fields = [f.name for f in dataclasses.fields(cls) if f.init]
