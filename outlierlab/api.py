@@ -121,6 +121,15 @@ def check_texts(texts: Any) -> list[str] | None:
     return folded
 
 
+def _seed(seed: Any) -> int:
+    """``seed`` as an int, or one line: ``int()`` would turn 1.5 into 1 and fail on 'abc' without naming it."""
+    import numbers
+
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed={seed!r}: expected an integer")
+    return int(seed)
+
+
 def _short(text: Any) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
@@ -187,7 +196,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     """
     from outlierlab.evaluation.core import run_analyses, selected_analyses
 
-    texts = check_texts(texts)
+    texts, seed = check_texts(texts), _seed(seed)
     analyses, transforms = _names(analyses, "analyses"), _names(transforms, "transforms")
     overrides = _names(overrides, "overrides")
     given = {_analysis_name(a): a for a in analyses if not isinstance(a, str)}
@@ -198,7 +207,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     choices = [f"transform=[{','.join(transforms)}]", *overrides]
     _check_choices(choices, "evaluate")
     sections = _sections(settings)
-    cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={int(seed)}",
+    cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={seed}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
                                 f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices])
     for section, values in sections.items():  # whole sections, after the presets: what the caller built is used
@@ -261,12 +270,12 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
 
     from outlierlab.jobs.probing import run as run_probe
 
-    texts = check_texts(texts)
+    texts, seed = check_texts(texts), _seed(seed)
     choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
     _check_choices(choices, "probe")
     run_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="outlierlab_probe_"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = _compose("probe", ["task=position", f"seed={int(seed)}", f"progress={str(bool(progress)).lower()}",
+    cfg = _compose("probe", ["task=position", f"seed={seed}", f"progress={str(bool(progress)).lower()}",
                              *_encoder_overrides(encoder), *_texts_file(texts, run_dir), *choices])
     run_probe(cfg, run_dir, encoder=encoder)
     table = pd.read_csv(run_dir / "position_probe.csv")  # a row per layer x transform: never empty

@@ -83,6 +83,15 @@ def test_an_unknown_setting_is_one_line_with_the_closest_keys(call, key, close, 
     assert _one_line(e).startswith(f"unknown setting {key!r}; did you mean {close}")
 
 
+@pytest.mark.parametrize("call", [ol.evaluate, ol.probe_positions])
+@pytest.mark.parametrize("seed", [1.5, "abc", True])
+def test_a_seed_that_is_not_an_integer_is_refused(call, seed, tmp_path):
+    # int(seed) ran seed 1.5 as seed 1 without a word, and said "invalid literal for int()" for 'abc'
+    with pytest.raises(TypeError) as e:
+        call(_NoEncoder(), ["A sentence."], seed=seed, out_dir=tmp_path)
+    assert _one_line(e) == f"seed={seed!r}: expected an integer"
+
+
 def test_figures_without_a_directory_are_refused(tmp_path):
     with pytest.raises(ValueError, match="plots=True draws PNG files: give out_dir="):
         ol.evaluate(_NoEncoder(), ["A sentence."], plots=True)

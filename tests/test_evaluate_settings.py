@@ -142,6 +142,8 @@ def test_optional_keys_are_none_when_their_group_is_absent():
     (["analyses=[outliers]", "outliers.threshold=2"], r"outliers\.threshold must be <= 1"),
     (["analyses=[ablation]", "+ablation.n_randon=3"], r"unknown key\(s\) ablation\.n_randon; valid keys of ablation"),
     (["analyses=[wic]", "wic.max_pairs=many"], r"wic\.max_pairs='many': expected int or null"),
+    (["analyses=[outliers]", "seed=abc"], r"^seed='abc': expected an integer"),  # was: invalid literal for int()
+    (["analyses=[outliers]", "seed=1.5"], r"^seed=1\.5: expected an integer"),  # was: seed 1, silently
 ])
 def test_evaluate_checks_settings_before_any_model_is_loaded(overrides, match, tmp_path, monkeypatch):
     import outlierlab.models.loading

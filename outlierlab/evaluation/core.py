@@ -139,6 +139,9 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
     if not isinstance(plots, bool):
         raise ValueError(f"plots={plots!r}: expected true (PNG figures) or false (CSVs, report and JSON only)")
     plots = plots and out_dir is not None
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):  # int('abc') below would not name the key
+        raise ValueError(f"seed={seed!r}: expected an integer (it seeds every sampled draw of the run)")
     t_start = time.time()
     # lazy: torch and the models load only after every setting and file above was checked (fails in a second)
     import torch
