@@ -139,6 +139,15 @@ def test_truncation_warns_with_count_or_fails(tiny_bert):
         FrozenEncoder(str(tiny_bert), max_length=1000)
 
 
+@pytest.mark.parametrize("max_length", [1, 0, -3, 2.5])
+def test_a_max_length_below_two_is_refused_as_encoder_max_length_is(tiny_bert, max_length):
+    # 1 kept only [CLS] (every text token dropped, reported as "0 tokens dropped"); 0 meant no limit at all
+    with pytest.raises(ValueError) as e:
+        FrozenEncoder(str(tiny_bert), max_length=max_length)
+    assert str(e.value) == f"max_length must be an integer >= 2 or None (the model's 64), got {max_length!r}"
+    assert FrozenEncoder(str(tiny_bert), max_length=2).max_length == 2
+
+
 @pytest.mark.parametrize("pos", ["rope", "learned"])
 def test_own_run_dir_export_and_checkpoint(tmp_path, pos):
     run = tmp_path / "run"

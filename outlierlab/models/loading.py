@@ -226,6 +226,12 @@ class FrozenEncoder:
         """``model_max_length`` (the model's and its tokenizer's limit) and ``max_length`` (asked, within it)."""
         tok_max = getattr(self.tokenizer, "model_max_length", None) or 10**9
         self.model_max_length = min(limit, tok_max) if tok_max < 10**6 else limit
+        # encoder.max_length's rule (EncoderSettings), for the Python API too: 1 leaves no token but the first
+        # special one to measure, and 0 read as "no limit" (``max_length or ...`` below)
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                       or max_length < 2):
+            raise ValueError(f"max_length must be an integer >= 2 or None (the model's {self.model_max_length}), "
+                             f"got {max_length!r}")
         if max_length is not None and max_length > self.model_max_length:
             raise ValueError(f"max_length={max_length} exceeds what {name} accepts ({self.model_max_length} tokens)")
         self.max_length = int(max_length or self.model_max_length)
