@@ -187,7 +187,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     settings : typed sections instead of strings, each replacing its whole section, e.g.
         ``[OutliersSettings(threshold=0.3), AnisotropySettings(n_sentences=500)]`` (the frozen classes of
         :mod:`outlierlab.evaluation.settings`, whose defaults are the configuration's; ``transform`` is set with
-        ``transforms`` and ``overrides``).
+        ``transforms`` and ``overrides``); an override of a key of a section given here is refused.
     plots : PNG figures, with ``out_dir`` (off by default: a notebook draws its own from the tables).
 
     A skipped analysis (no LM head, no STS data) is an empty table whose ``attrs["skipped"]`` says why.  A bare
@@ -207,6 +207,12 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     choices = [f"transform=[{','.join(transforms)}]", *overrides]
     _check_choices(choices, "evaluate")
     sections = _sections(settings)
+    for override in overrides:  # a settings object replaces its whole section: this override would be dropped
+        key = override.split("=", 1)[0].lstrip("+~")
+        if "." in key and key.split(".", 1)[0] in sections:
+            name = type(next(s for s in settings if s.SECTION == key.split(".", 1)[0])).__name__
+            raise ValueError(f"overrides={override!r} sets a key of the section settings= gives whole ({name}): "
+                             f"set it there, e.g. {name}({key.rsplit('.', 1)[-1]}=...)")
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={seed}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
                                 f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices])

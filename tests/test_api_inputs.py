@@ -125,3 +125,14 @@ def test_bad_settings_are_refused_in_one_line_before_the_encoder():
     with pytest.raises(ValueError) as e:
         ol.evaluate(_NoEncoder(), ["A sentence."], settings=[ol.OutliersSettings(), ol.OutliersSettings(k=2.0)])
     assert _one_line(e) == "settings: two OutliersSettings given; give each section once"
+
+
+
+def test_an_override_of_a_section_that_settings_gives_is_refused_not_dropped(tmp_path):
+    # the settings object replaces its whole section after the overrides are composed: outliers.k=1.0 was silently
+    # not used (the sigma rule ran with k=3)
+    with pytest.raises(ValueError) as e:
+        ol.evaluate(_NoEncoder(), ["A sentence."], settings=[ol.OutliersSettings(method="sigma")],
+                    overrides=["outliers.k=1.0"], out_dir=tmp_path)
+    assert _one_line(e) == ("overrides='outliers.k=1.0' sets a key of the section settings= gives whole "
+                            "(OutliersSettings): set it there, e.g. OutliersSettings(k=...)")
