@@ -36,8 +36,8 @@ def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto"
     or a model in memory: a ``transformers`` model with its ``tokenizer=``, or a sentence-transformers
     ``SentenceTransformer`` (its body and tokenizer), e.g. one just fine-tuned in the notebook.  A model in memory is
     used as it is (:meth:`~outlierlab.models.loading.FrozenEncoder.from_model`): no copy and no file, on its own
-    device and in its own dtype (``device`` and ``dtype`` apply to a model that is loaded), put in eval mode, read
-    live.  ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's); ``kwargs``:
+    device and in its own dtype (``device`` and ``dtype`` apply to a model that is loaded; naming another device or
+    dtype than a model in memory's is refused), put in eval mode, read live.  ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's); ``kwargs``:
     ``device_map``, ``revision``, ``batch_size``, ``on_overflow``, ``offload_folder``."""
     from outlierlab.models.loading import FrozenEncoder
 
@@ -51,7 +51,32 @@ def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto"
         raise TypeError(f"{', '.join(loading_only)} apply to a model that is loaded; a model in memory is used where "
                         "it is (move or shard it yourself first)")
     body, tokenizer = _in_memory(name_or_path, tokenizer)
+    _check_placement(body, device, dtype)
     return FrozenEncoder.from_model(body, tokenizer, max_length=max_length, **kwargs)
+
+
+def _check_placement(model: Any, device: str, dtype: str) -> None:
+    """``device=`` and ``dtype=`` say where and how a model is loaded; a model in memory is used where and as it is,
+    so one that names another device or dtype is refused in one line rather than ignored (``dtype='bfloat16'``
+    on a float32 model would have measured float32)."""
+    import torch
+
+    from outlierlab.models.placement import DTYPES
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    first = next(iter(model.parameters()), None)
+    if first is None:
+        return
+    if device != "auto":
+        want = torch.device(device)
+        if want.type != first.device.type or (want.index is not None and want != first.device):
+            raise TypeError(f"device={device!r}: the model in memory is on {first.device} and is used where it is; "
+                            f"move it first (model.to({device!r}))")
+    # float32 is also the default, so only another dtype says the caller expected a conversion
+    if dtype not in ("auto", "float32") and first.dtype != getattr(torch, dtype):
+        raise TypeError(f"dtype={dtype!r}: the model in memory is in {str(first.dtype).removeprefix('torch.')} and "
+                        f"is used as it is; convert it first (model.to(torch.{dtype}))")
 
 
 def _in_memory(model: Any, tokenizer: Any) -> tuple[Any, Any]:

@@ -136,3 +136,28 @@ def test_an_override_of_a_section_that_settings_gives_is_refused_not_dropped(tmp
                     overrides=["outliers.k=1.0"], out_dir=tmp_path)
     assert _one_line(e) == ("overrides='outliers.k=1.0' sets a key of the section settings= gives whole "
                             "(OutliersSettings): set it there, e.g. OutliersSettings(k=...)")
+
+
+def test_a_model_in_memory_named_on_another_device_or_dtype_is_refused_not_ignored():
+    """A model in memory is used where and as it is: device='cuda' or dtype='bfloat16' for a float32 model on the CPU
+    was accepted and the float32 CPU model measured, without a word."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from probe_fixtures import minilm_path
+
+    tok = AutoTokenizer.from_pretrained(minilm_path())
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32, max_position_embeddings=32))
+    with pytest.raises(TypeError) as e:
+        ol.load_encoder(model, tokenizer=tok, device="cuda")
+    assert _one_line(e) == ("device='cuda': the model in memory is on cpu and is used where it is; move it first "
+                            "(model.to('cuda'))")
+    with pytest.raises(TypeError) as e:
+        ol.load_encoder(model, tokenizer=tok, dtype="bfloat16")
+    assert _one_line(e) == ("dtype='bfloat16': the model in memory is in float32 and is used as it is; convert it "
+                            "first (model.to(torch.bfloat16))")
+    # what agrees with the model, or says nothing, is used as before
+    assert ol.load_encoder(model, tokenizer=tok, device="cpu", dtype="auto").model is model
+    half = ol.load_encoder(model.to(torch.bfloat16), tokenizer=tok, dtype="bfloat16")
+    assert half.model.dtype == torch.bfloat16
