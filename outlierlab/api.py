@@ -37,8 +37,9 @@ def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto"
     ``SentenceTransformer`` (its body and tokenizer), e.g. one just fine-tuned in the notebook.  A model in memory is
     used as it is (:meth:`~outlierlab.models.loading.FrozenEncoder.from_model`): no copy and no file, on its own
     device and in its own dtype (``device`` and ``dtype`` apply to a model that is loaded; naming another device or
-    dtype than a model in memory's is refused), put in eval mode, read live.  ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's); ``kwargs``:
-    ``device_map``, ``revision``, ``batch_size``, ``on_overflow``, ``offload_folder``."""
+    dtype than a model in memory's is refused), put in eval mode, read live.  ``dtype``: ``float32``, ``bfloat16``,
+    ``float16`` or ``auto`` (the checkpoint's); ``kwargs``: ``device_map``, ``revision``, ``batch_size``,
+    ``on_overflow``, ``offload_folder``."""
     from outlierlab.models.loading import FrozenEncoder
 
     if isinstance(name_or_path, (str, os.PathLike)):
