@@ -225,7 +225,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     texts, seed = check_texts(texts), _seed(seed)
     analyses, transforms = _names(analyses, "analyses"), _names(transforms, "transforms")
     overrides = _names(overrides, "overrides")
-    given = {_analysis_name(a): a for a in analyses if not isinstance(a, str)}
+    given = _given_analyses(analyses)
     names = [a if isinstance(a, str) else _analysis_name(a) for a in analyses]
     selected_analyses({"analyses": names}, given)  # an unknown name: one line, before anything is composed
     if plots and out_dir is None:
@@ -276,6 +276,23 @@ def _sections(settings: Sequence[Any] | None) -> dict[str, dict]:
             raise ValueError(f"settings: two {type(item).__name__} given; give each section once")
         out[item.SECTION] = as_node(item)
     return out
+
+
+def _given_analyses(analyses: list[Any]) -> dict[str, Any]:
+    """The analysis objects by name.  A name is the table the object's rows come back as, so it may name neither a
+    built-in analysis (which it would replace, unasked) nor a second object (one of the two would not run)."""
+    from outlierlab.evaluation.registry import ANALYSIS_MODULES
+
+    given: dict[str, Any] = {}
+    for analysis in (a for a in analyses if not isinstance(a, str)):
+        name = _analysis_name(analysis)
+        if name in ANALYSIS_MODULES:
+            raise ValueError(f"analysis {analysis!r} is named {name!r}, as a built-in analysis: give it a NAME of its "
+                             "own (its table comes back by that name)")
+        if given.get(name, analysis) is not analysis:
+            raise ValueError(f"two analysis objects are named {name!r}: give each a NAME of its own")
+        given[name] = analysis
+    return given
 
 
 def _analysis_name(analysis) -> str:

@@ -138,17 +138,22 @@ def test_an_override_of_a_section_that_settings_gives_is_refused_not_dropped(tmp
                             "(OutliersSettings): set it there, e.g. OutliersSettings(k=...)")
 
 
-def test_a_model_in_memory_named_on_another_device_or_dtype_is_refused_not_ignored():
-    """A model in memory is used where and as it is: device='cuda' or dtype='bfloat16' for a float32 model on the CPU
-    was accepted and the float32 CPU model measured, without a word."""
-    import torch
+def _tiny_bert():
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from probe_fixtures import minilm_path
 
     tok = AutoTokenizer.from_pretrained(minilm_path())
-    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                 intermediate_size=32, max_position_embeddings=32))
+    return BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=32, max_position_embeddings=32)), tok
+
+
+def test_a_model_in_memory_named_on_another_device_or_dtype_is_refused_not_ignored():
+    """A model in memory is used where and as it is: device='cuda' or dtype='bfloat16' for a float32 model on the CPU
+    was accepted and the float32 CPU model measured, without a word."""
+    import torch
+
+    model, tok = _tiny_bert()
     with pytest.raises(TypeError) as e:
         ol.load_encoder(model, tokenizer=tok, device="cuda")
     assert _one_line(e) == ("device='cuda': the model in memory is on cpu and is used where it is; move it first "
@@ -161,3 +166,38 @@ def test_a_model_in_memory_named_on_another_device_or_dtype_is_refused_not_ignor
     assert ol.load_encoder(model, tokenizer=tok, device="cpu", dtype="auto").model is model
     half = ol.load_encoder(model.to(torch.bfloat16), tokenizer=tok, dtype="bfloat16")
     assert half.model.dtype == torch.bfloat16
+
+
+def test_an_analysis_object_named_as_a_built_in_or_as_another_is_refused():
+    # {"outliers": obj} replaced the built-in outliers analysis the same call asked for, and returned obj's rows
+    from types import SimpleNamespace
+
+    def run(ctx):
+        return ol.AnalysisResult("outliers", [{"layer": 0}], "")
+
+    with pytest.raises(ValueError) as e:
+        ol.evaluate(_NoEncoder(), ["A sentence."], analyses=["outliers", SimpleNamespace(NAME="outliers", run=run)])
+    assert _one_line(e).endswith("is named 'outliers', as a built-in analysis: give it a NAME of its own (its table "
+                                 "comes back by that name)")
+    with pytest.raises(ValueError) as e:
+        ol.evaluate(_NoEncoder(), ["A sentence."], analyses=[SimpleNamespace(NAME="mine", run=run),
+                                                              SimpleNamespace(NAME="mine", run=run)])
+    assert _one_line(e) == "two analysis objects are named 'mine': give each a NAME of its own"
+
+
+@pytest.mark.parametrize("returned, got", [(lambda: ol.AnalysisResult("other", [{"layer": 0}], ""),
+                                            "AnalysisResult named 'other'"),
+                                           (lambda: [{"layer": 0}], "list")])
+def test_an_analysis_whose_run_returns_something_else_is_told_what_to_return(returned, got):
+    # was a KeyError ('other', from the table lookup by name) or an AttributeError ('list' has no summary)
+    from types import SimpleNamespace
+
+    model, tok = _tiny_bert()
+    enc = ol.load_encoder(model, tokenizer=tok)
+    mine = SimpleNamespace(NAME="mine", run=lambda ctx: returned())
+    with pytest.raises(TypeError) as e:
+        ol.evaluate(enc, ["A sentence.", "Another one."], analyses=[mine], transforms=["none"], progress=False)
+    assert _one_line(e) == f"analysis 'mine': run(ctx) returned {got}; return ol.AnalysisResult('mine', rows, markdown)"
+    ok = SimpleNamespace(NAME="mine", run=lambda ctx: ol.AnalysisResult("mine", [{"layer": 0, "x": 1.5}], ""))
+    assert ol.evaluate(enc, ["A sentence.", "Another one."], analyses=[ok], transforms=["none"],
+                       progress=False)["mine"]["x"].tolist() == [1.5]
