@@ -195,7 +195,7 @@ def test_an_analysis_whose_run_returns_something_else_is_told_what_to_return(ret
     model, tok = _tiny_bert()
     enc = ol.load_encoder(model, tokenizer=tok)
     mine = SimpleNamespace(NAME="mine", run=lambda ctx: returned())
-    with pytest.raises(TypeError) as e:
+    with pytest.raises(ValueError) as e:
         ol.evaluate(enc, ["A sentence.", "Another one."], analyses=[mine], transforms=["none"], progress=False)
     assert _one_line(e) == f"analysis 'mine': run(ctx) returned {got}; return ol.AnalysisResult('mine', rows, markdown)"
     ok = SimpleNamespace(NAME="mine", run=lambda ctx: ol.AnalysisResult("mine", [{"layer": 0, "x": 1.5}], ""))

@@ -180,7 +180,7 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
         res = modules[name].run(contexts[name])
         if not isinstance(res, AnalysisResult) or res.name != name:  # its table is looked up and written by name
             got = f"AnalysisResult named {res.name!r}" if isinstance(res, AnalysisResult) else type(res).__name__
-            raise TypeError(f"analysis {name!r}: run(ctx) returned {got}; return "
+            raise ValueError(f"analysis {name!r}: run(ctx) returned {got}; return "
                             f"ol.AnalysisResult({name!r}, rows, markdown)")
         res.summary["seconds"] = round(time.time() - t0, 2)
         _fit_columns(res, shared, needs[name], contexts[name].consumers)
