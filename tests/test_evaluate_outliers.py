@@ -58,3 +58,21 @@ def test_position_table_row_by_row_finds_a_planted_dim_the_mean_hides():
     assert 4 not in pos["sigma_dims"]  # the averaged vector hides it ...
     assert (pos["by_row"]["argmax_dim"], pos["by_row"]["argmax_share"]) == (4, 0.5)  # ... rows show it
     assert pos["by_row"]["argmin_dim"] == 4 and 4 in pos["by_row"]["sigma_dims"]
+
+
+def test_mean_norm_is_the_norm_of_the_mean_vector():
+    """docs/tables.md's meaning of ``mean_norm``, computed by hand from the hidden states: ||mean of the non-special
+    token vectors||, which on MiniLM is far below the mean of their norms (2.3 against 9.7 at the embeddings)."""
+    import outlierlab as ol
+    from outlierlab.models.loading import FrozenEncoder
+
+    enc = FrozenEncoder("all-minilm-l6-v2", device="cpu")
+    texts = list(SENTENCES)
+    rows = ol.evaluate(enc, texts, analyses=["outliers"], transforms=["none"], progress=False)["outliers"]
+    (b,) = enc.encode(texts, batch_size=len(texts))
+    valid = b.attention_mask.bool() & ~b.special_tokens_mask.bool()
+    for layer, h in enumerate(b.hidden):
+        x = h[valid].double()
+        got = rows.loc[rows["layer"] == layer, "mean_norm"].item()
+        assert got == pytest.approx(x.mean(0).norm().item(), rel=1e-5)
+        assert got < 0.8 * x.norm(dim=1).mean().item()  # not the mean of the norms
