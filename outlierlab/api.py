@@ -174,6 +174,16 @@ def _texts_file(texts: list[str] | None, out_dir: Path) -> list[str]:
     return [f"data.files=[{path}]", "data.max_sentences=null"]
 
 
+def _check_arguments(overrides: list[str], arguments: Sequence[str]) -> None:
+    """An override of what an argument of the call sets (``transform=[none]`` beside ``transforms=``) is refused in
+    one line: composed after the argument, it would replace it without a word."""
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in arguments:
+            argument = "transforms" if key == "transform" else key
+            raise ValueError(f"overrides={override!r} sets what the argument {argument}= sets: pass it there")
+
+
 def _check_choices(overrides: list[str], config_name: str) -> None:
     """An unknown config-group choice (``transform=[whitening]``, ``wic=nope``) in one line with the valid names,
     and an unknown key (``outliers.treshold=0.3``) with the closest ones, as evaluate.py and probe.py say them,
@@ -209,7 +219,8 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
         or ``__name__``: an analysis written in the notebook itself.
     out_dir : also write everything evaluate.py writes (CSVs, report.md, results.json, figures) there, by the
         same job; named in each table's ``attrs["run_dir"]``.
-    overrides : any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]``.
+    overrides : any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]`` (one of what
+        an argument sets, ``transform=``, ``analyses=``, ``seed=``, is refused).
     settings : typed sections instead of strings, each replacing its whole section, e.g.
         ``[OutliersSettings(threshold=0.3), AnisotropySettings(n_sentences=500)]`` (the frozen classes of
         :mod:`outlierlab.evaluation.settings`, whose defaults are the configuration's; ``transform`` is set with
@@ -225,6 +236,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     texts, seed = check_texts(texts), _seed(seed)
     analyses, transforms = _names(analyses, "analyses"), _names(transforms, "transforms")
     overrides = _names(overrides, "overrides")
+    _check_arguments(overrides, ("analyses", "transform", "seed", "plots", "progress"))
     given = _given_analyses(analyses)
     names = [a if isinstance(a, str) else _analysis_name(a) for a in analyses]
     selected_analyses({"analyses": names}, given)  # an unknown name: one line, before anything is composed
@@ -321,6 +333,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
 
     texts, seed = check_texts(texts), _seed(seed)
     choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
+    _check_arguments(choices[1:], ("transform", "seed", "progress"))
     _check_choices(choices, "probe")
     run_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="outlierlab_probe_"))
     run_dir.mkdir(parents=True, exist_ok=True)

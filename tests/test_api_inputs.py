@@ -92,6 +92,17 @@ def test_a_seed_that_is_not_an_integer_is_refused(call, seed, tmp_path):
     assert _one_line(e) == f"seed={seed!r}: expected an integer"
 
 
+@pytest.mark.parametrize("call", [ol.evaluate, ol.probe_positions])
+@pytest.mark.parametrize("override, argument", [("transform=[none]", "transforms"), ("seed=5", "seed")])
+def test_an_override_of_what_an_argument_sets_is_refused(call, override, argument, tmp_path):
+    # composed after the argument, it replaced it: transforms=["none", "clip"] ran none alone, without a word
+    with pytest.raises(ValueError) as e:
+        call(_NoEncoder(), ["A sentence."], transforms=["none", "clip"], overrides=[override], out_dir=tmp_path)
+    assert _one_line(e) == f"overrides={override!r} sets what the argument {argument}= sets: pass it there"
+    with pytest.raises(ValueError, match=r"sets what the argument analyses= sets"):
+        ol.evaluate(_NoEncoder(), ["A sentence."], analyses=["outliers"], overrides=["analyses=[anisotropy]"])
+
+
 def test_figures_without_a_directory_are_refused(tmp_path):
     with pytest.raises(ValueError, match="plots=True draws PNG files: give out_dir="):
         ol.evaluate(_NoEncoder(), ["A sentence."], plots=True)
