@@ -144,6 +144,8 @@ def test_bad_names_and_offline_hub_fail_with_one_line(tmp_path):
     ("outliers.threshold=high", "outliers.threshold='high': expected float, got str"),
     ("outliers.threshold=2", "outliers.threshold must be <= 1, got 2"),
     ("seed=abc", "seed must be an integer, got 'abc'"),
+    ("probe.include_special=no", "probe.include_special must be true or false, got 'no'"),  # 'no' read as true
+    ("probe.order_use=off", "probe.order_use must be true or false, got 'off'"),
 ])
 def test_bad_probe_settings_refused_in_one_line_naming_the_key(compose_cfg, override, message):
     from outlierlab.jobs.probing import check_settings

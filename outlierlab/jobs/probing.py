@@ -236,6 +236,10 @@ def check_settings(cfg) -> None:
             continue
         if _as_int(value, f"probe.{key}") < 1:
             raise ValueError(f"probe.{key} must be >= 1, got {value}")
+    for key in ("include_special", "validate", "classifier_bias", "order_use"):
+        value = probe.get(key, True)
+        if not isinstance(value, bool):  # probe.include_special=no is the string 'no', which reads as true
+            raise ValueError(f"probe.{key} must be true or false, got {value!r}")
     lr = probe.get("lr")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
         raise ValueError(f"probe.lr must be a number > 0, got {lr!r}")
