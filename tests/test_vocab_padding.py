@@ -56,6 +56,7 @@ def test_a_multiple_below_one_is_refused():
     ("vocab_multiple", True, "model.vocab_multiple must be an integer, got True"),
     ("hidden_size", "abc", "model.hidden_size must be an integer, got 'abc'"),  # was: not all arguments converted ...
     ("dropout", "x", "model.dropout must be a number, got 'x'"),
+    ("causal", "no", "model.causal must be true or false, got 'no'"),  # was: a causal decoder ('no' is true)
 ])
 def test_a_value_of_the_wrong_type_is_refused_naming_its_key(key, value, message):
     # what Hydra hands over for model.vocab_multiple=abc: the string, unchecked by the dataclass

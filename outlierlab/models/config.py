@@ -127,6 +127,8 @@ class EncoderConfig:
         # with a TypeError that does not.
         for f in dataclasses.fields(self):
             kind, value = f.type.removesuffix(" | None"), getattr(self, f.name)
+            if kind == "bool" and not isinstance(value, bool):  # model.causal=no is the string 'no': true
+                raise ValueError(f"model.{f.name} must be true or false, got {value!r}")
             if kind not in ("int", "float") or (value is None and f.type.endswith(" | None")):
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral if kind == "int" else numbers.Real):
