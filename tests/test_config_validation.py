@@ -24,6 +24,8 @@ from outlierlab.jobs.startup import check_train_config, describe_plan
     (["callbacks.model_checkpoint.every_n_train_steps=0"], "every_n_train_steps must be >= 1, got 0"),
     (["data.block_size=512"], "data.block_size=512 is larger than the model's max_len=128"),
     (["trainer.val_check_interval=0"], "trainer.val_check_interval must be >= 1 batches, got 0"),
+    (["resume=no"], "resume must be true or false, got 'no'"),  # the string 'no' read as true: it resumed
+    (["export=off"], "export must be true or false, got 'off'"),
 ])
 def test_impossible_settings_fail_with_one_line(overrides, message):
     with pytest.raises(ValueError) as err:

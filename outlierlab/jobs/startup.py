@@ -97,6 +97,10 @@ def check_train_config(cfg) -> list[str]:
     * a clipped softmax that zeroes a uniform attention row warns (:func:`clipped_softmax_warning`).
     """
     warnings: list[str] = []
+    for key in ("resume", "skip_finished", "posthoc", "export"):
+        value = cfg.get(key, False)
+        if not isinstance(value, bool):  # resume=no is the string 'no', which reads as true (it would resume)
+            raise ValueError(f"{key} must be true or false, got {value!r}")
     _check_objective(cfg)
     hidden, heads = OmegaConf.select(cfg, "model.hidden_size"), OmegaConf.select(cfg, "model.num_heads")
     if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads:
