@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,7 +130,7 @@ class EncoderConfig:
                 raise ValueError(f"model.{f.name} must be true or false, got {value!r}")
             if kind not in ("int", "float") or (value is None and f.type.endswith(" | None")):
                 continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral if kind == "int" else numbers.Real):
+            if isinstance(value, bool) or not isinstance(value, int if kind == "int" else (int, float)):
                 raise ValueError(f"model.{f.name} must be {'an integer' if kind == 'int' else 'a number'}, "
                                  f"got {value!r}")
         # Hydra hands over DictConfig objects; keep a plain dict so the config is JSON-able.
