@@ -188,11 +188,11 @@ def _check_choices(overrides: list[str], config_name: str) -> None:
     """An unknown config-group choice (``transform=[whitening]``, ``wic=nope``) in one line with the valid names,
     and an unknown key (``outliers.treshold=0.3``) with the closest ones, as evaluate.py and probe.py say them,
     instead of Hydra's MissingConfigException or its several lines advising ``+key=``."""
-    from outlierlab.jobs.overrides import find_override_errors, find_unknown_keys
+    from outlierlab.jobs.overrides import find_override_errors, find_key_errors
 
     errors = find_override_errors(overrides)
     if not errors:  # the keys depend on the group choices: a wrong choice first
-        errors = find_unknown_keys(overrides, config_name)
+        errors = find_key_errors(overrides, config_name)
     if errors:
         raise ValueError("; ".join(errors))
 

@@ -1,5 +1,7 @@
 """Start-up validation of config-group overrides (before any heavy import)."""
 
+import pytest
+
 from outlierlab.jobs.overrides import find_override_errors, group_options
 
 
@@ -23,27 +25,27 @@ def test_sweep_lists_are_checked_item_by_item():
 
 def test_unknown_setting_gives_one_line_with_the_closest_keys():
     """Hydra's message for a typo'd key is five lines and advises ``+key=``, which adds a key nothing reads."""
-    from outlierlab.jobs.overrides import find_unknown_keys
+    from outlierlab.jobs.overrides import find_key_errors
 
     cfg_hint = "(`python train.py --cfg job` lists every setting)"
-    assert find_unknown_keys(["trainer.max_step=10"], "train") == [
+    assert find_key_errors(["trainer.max_step=10"], "train") == [
         f"unknown setting 'trainer.max_step'; did you mean trainer.max_steps or trainer.max_epochs? {cfg_hint}"]
-    assert find_unknown_keys(["pos=none", "model.hidden_sise=64"], "train") == [
+    assert find_key_errors(["pos=none", "model.hidden_sise=64"], "train") == [
         f"unknown setting 'model.hidden_sise'; did you mean model.hidden_size? {cfg_hint}"]
-    assert find_unknown_keys(["run_dir=/tmp/x"], "evaluate") == [
+    assert find_key_errors(["run_dir=/tmp/x"], "evaluate") == [
         "unknown setting 'run_dir'; the run's output directory is hydra.run.dir=<dir> "
         "(`python evaluate.py --cfg job` lists every setting)"]
 
 
 def test_known_settings_pass_whatever_group_or_append_brings_them():
-    from outlierlab.jobs.overrides import find_unknown_keys
+    from outlierlab.jobs.overrides import find_key_errors
 
-    assert find_unknown_keys(["pos=learned,none", "model.hidden_size=64", "seed=1,2", "trainer.max_steps=3",
+    assert find_key_errors(["pos=learned,none", "model.hidden_size=64", "seed=1,2", "trainer.max_steps=3",
                               "hydra.run.dir=/tmp/x", "hydra/launcher=joblib", "-m"], "train") == []
-    assert find_unknown_keys(["+foo=1", "foo=2"], "train") == []  # appended, then set: Hydra's to judge
+    assert find_key_errors(["+foo=1", "foo=2"], "train") == []  # appended, then set: Hydra's to judge
     # a key of the run_dir-less evaluate config is unknown there, a key of the chosen wic preset is known
-    assert find_unknown_keys(["wic=superglue", "wic.max_pairs=10"], "evaluate") == []
-    assert find_unknown_keys(["run_dir=/tmp/x"], "train") == []  # train.py has one (set from hydra.run.dir)
+    assert find_key_errors(["wic=superglue", "wic.max_pairs=10"], "evaluate") == []
+    assert find_key_errors(["run_dir=/tmp/x"], "train") == []  # train.py has one (set from hydra.run.dir)
 
 
 def test_train_py_refuses_a_typo_in_one_line_before_any_heavy_import():
@@ -58,3 +60,23 @@ def test_train_py_refuses_a_typo_in_one_line_before_any_heavy_import():
     assert r.stderr.strip().splitlines() == [
         "error: unknown setting 'trainer.max_step'; did you mean trainer.max_steps or trainer.max_epochs? "
         "(`python train.py --cfg job` lists every setting)"]
+
+
+@pytest.mark.parametrize("config, override, message", [
+    ("train", "resume=no", "resume must be true or false, got 'no'"),  # a string is true: it resumed
+    ("train", "model.causal=yes", "model.causal must be true or false, got 'yes'"),
+    ("train", "export=true,off", "export must be true or false, got 'off'"),  # a sweep: every value
+    ("evaluate", "tensorboard=0", "tensorboard must be true or false, got 0"),
+    ("probe", "probe.include_special=off", "probe.include_special must be true or false, got 'off'"),
+])
+def test_a_switch_given_a_word_is_refused_in_one_line(config, override, message):
+    from outlierlab.jobs.overrides import find_key_errors
+
+    assert find_key_errors([override], config) == [message]
+
+
+def test_switches_given_true_or_false_and_other_keys_pass():
+    from outlierlab.jobs.overrides import find_key_errors
+
+    assert find_key_errors(["resume=false", "export=true,false", "data.num_workers=2", "seed=3",
+                            "module.compile=auto", "posthoc=${oc.env:POSTHOC,false}"], "train") == []

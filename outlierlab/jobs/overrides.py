@@ -77,14 +77,16 @@ def _has_key(cfg, key: str) -> bool:
     return True
 
 
-def find_unknown_keys(argv: list[str], config_name: str, config_dir: Path = CONFIG_DIR) -> list[str]:
-    """One line per ``key=value`` override whose key the composed config does not have, with the closest keys.
+def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG_DIR) -> list[str]:
+    """One line per ``key=value`` override whose key the composed config does not have, with the closest keys,
+    and per switch given a word (``resume=no``).
 
     Hydra's own message is five lines and advises ``+key=value``, which adds a key that nothing reads (a typo
-    such as ``trainer.max_step=10`` would then train the default number of steps).  Composes the config (with
-    the override's group choices, the first of a sweep list) only when a key override is there to check;
-    ``+``/``++``/``~`` overrides (composed with: they may add the keys others set) and ``hydra.*`` keys are
-    left to Hydra."""
+    such as ``trainer.max_step=10`` would then train the default number of steps).  A key whose default is true
+    or false takes only ``true`` or ``false``: Hydra reads ``no``, ``off`` or ``0`` as the string or the number,
+    and a string is true (``resume=no`` resumed).  Composes the config (with the override's group choices, the
+    first of a sweep list) only when a key override is there to check; ``+``/``++``/``~`` overrides (composed
+    with: they may add the keys others set) and ``hydra.*`` keys are left to Hydra."""
     composing, keys = [], []  # what the config is composed with; the keys to look up in it
     for arg in argv:
         if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
@@ -98,7 +100,7 @@ def find_unknown_keys(argv: list[str], config_name: str, config_dir: Path = CONF
         elif key != bare:  # +key=, ++key=, ~key: Hydra's to add or delete, and may add keys others set
             composing.append(arg)
         else:
-            keys.append(key)
+            keys.append((key, arg))
     if not keys:
         return []
     from difflib import get_close_matches
@@ -114,8 +116,9 @@ def find_unknown_keys(argv: list[str], config_name: str, config_dir: Path = CONF
     except Exception:  # noqa: BLE001 - a composition error is Hydra's to report, with its own message
         return []
     known, errors = None, []
-    for key in keys:
+    for key, value in keys:
         if _has_key(cfg, key):
+            errors += _switch_error(cfg, key, value)
             continue
         known = known if known is not None else _config_keys(cfg)
         close = get_close_matches(key, known, n=3, cutoff=0.75)
@@ -124,6 +127,21 @@ def find_unknown_keys(argv: list[str], config_name: str, config_dir: Path = CONF
             hint = "; the run's output directory is hydra.run.dir=<dir>"
         errors.append(f"unknown setting {key!r}{hint} (`python {config_name}.py --cfg job` lists every setting)")
     return errors
+
+
+def _switch_error(cfg, key: str, arg: str) -> list[str]:
+    """``[line]`` when ``key`` is a switch (its default true or false) and ``arg`` gives it anything else."""
+    node = cfg
+    for part in key.split("."):
+        node = node._get_node(int(part) if OmegaConf.is_list(node) else part)
+    if not isinstance(node._value(), bool):
+        return []
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    override = OverridesParser.create().parse_overrides([arg])[0]
+    values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    bad = [v for v in values if not isinstance(v, bool) and not str(v).startswith("${")]  # interpolations resolve later
+    return [f"{key} must be true or false, got {bad[0]!r}"] if bad else []
 
 
 def unwritable_run_dir(path: Path) -> str | None:
@@ -151,7 +169,7 @@ def check_overrides(argv: list[str] | None = None, config_dir: Path = CONFIG_DIR
     argv = sys.argv[1:] if argv is None else argv
     errors = find_override_errors(argv, config_dir)
     if config_name is not None and not errors:  # a wrong group choice first: the keys depend on the groups
-        errors += find_unknown_keys(argv, config_name, config_dir)
+        errors += find_key_errors(argv, config_name, config_dir)
     if "-m" not in argv and "--multirun" not in argv:
         run_dir_error = find_run_dir_error(argv)
         errors += [run_dir_error] if run_dir_error else []
