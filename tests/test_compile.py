@@ -29,7 +29,9 @@ def test_compiled_and_eager_training_give_the_same_losses(tmp_path, shared_cache
     train(small_cfg(tmp_path / "eager", "trainer.max_steps=4", *NO_DROPOUT, *COMMON))
     assert counters["stats"]["unique_graphs"] == 0  # eager really is eager
     train(small_cfg(tmp_path / "compiled", "trainer.max_steps=4", "module.compile=true", *NO_DROPOUT, *COMMON))
-    assert counters["stats"]["unique_graphs"] >= 1  # ... and the switch really compiles
+    # ... and the switch really compiles, once: the number of masked tokens, different in every batch, is a
+    # symbolic length from the first step (without it the second batch recompiled the whole forward: 2 graphs)
+    assert counters["stats"]["unique_graphs"] == 1
     eager, compiled = train_losses(tmp_path / "eager"), train_losses(tmp_path / "compiled")
     assert sorted(eager) == sorted(compiled) == [0, 1, 2, 3]
     for step in eager:  # step 0 is the same forward; later steps also test the compiled backward

@@ -256,8 +256,13 @@ class MLMLitModule(L.LightningModule):
         return self._train_forward
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self._training_forward()(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
-                                        masked_positions=batch.get("masked_positions")).loss
+        forward = self._training_forward()
+        if forward is not self.model and batch.get("masked_positions") is not None:
+            # the number of masked tokens changes every batch: compiled with a symbolic length from the start,
+            # or the second batch recompiles the whole forward (torch.compile's automatic dynamic shapes)
+            torch._dynamo.maybe_mark_dynamic(batch["masked_positions"], 0)
+        loss = forward(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
+                       masked_positions=batch.get("masked_positions")).loss
         self._guard_finite(loss)
         ids = batch["input_ids"]
         # masked_positions' length is metadata: no device sync (the causal head projects every token)
