@@ -59,7 +59,7 @@ def default_cache_dir() -> Path:
 
 
 #: DataLoader workers per device process that ``data.num_workers=auto`` gives an accelerator.  One worker masks
-#: 5-10M tokens/s (``python benchmarks/input_pipeline.py``), ten times what RoBERTa-base consumes on one GPU; the
+#: 4-9M tokens/s (``python benchmarks/input_pipeline.py``), 7-13 times what RoBERTa-base consumes on one H200; the
 #: second keeps a batch ready while the first is descheduled.
 AUTO_WORKERS = 2
 

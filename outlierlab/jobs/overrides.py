@@ -116,9 +116,9 @@ def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG
     except Exception:  # noqa: BLE001 - a composition error is Hydra's to report, with its own message
         return []
     known, errors = None, []
-    for key, value in keys:
+    for key, arg in keys:
         if _has_key(cfg, key):
-            errors += _switch_error(cfg, key, value)
+            errors += _switch_error(cfg, key, arg)
             continue
         known = known if known is not None else _config_keys(cfg)
         close = get_close_matches(key, known, n=3, cutoff=0.75)
