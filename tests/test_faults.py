@@ -82,3 +82,30 @@ def test_unwritable_run_dir_fails_at_start(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert r.stderr.strip() == f"error: run directory {blocker}/run is not writable (Not a directory); choose another with hydra.run.dir="
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_whole_group_with_loader_workers_saves_last_ckpt(tmp_path, shared_cache):
+    """A scheduler's preemption (SLURM signals every process of the job) reaches the DataLoader workers too, which
+    ``data.num_workers=auto`` starts on a GPU.  The training process must still save ``last.ckpt`` at the step in
+    flight and exit 143; a worker dying of the signal made it fail with "DataLoader worker is killed by signal"
+    (exit 1) and save nothing."""
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "OUTLIERLAB_DEBUG"}
+    common = [*SMALL, f"hydra.run.dir={run}", "trainer.max_steps=400", "trainer.limit_val_batches=0",
+              "data.num_workers=2", "callbacks.model_checkpoint.every_n_train_steps=1000", "posthoc=false",
+              "export=false"]
+    proc = subprocess.Popen([sys.executable, "train.py", *common], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    history = run / "monitor" / "hidden_states.csv"  # its step-0 record: training has started, workers too
+    deadline = time.time() + 400
+    while not history.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert history.exists(), "training never started"
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGTERM)  # the whole group: the training process and its two workers
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    assert "DataLoader worker" not in err
+    stopped_at = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    assert 0 < stopped_at < 400

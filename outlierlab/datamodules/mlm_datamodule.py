@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -83,6 +84,17 @@ def loader_settings(num_workers: int | str, pin_memory: bool | str, trainer=None
     if pin_memory == "auto":
         pin_memory = isinstance(accelerator, CUDAAccelerator)
     return int(num_workers), bool(pin_memory)
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """A DataLoader worker's ``worker_init_fn``: SIGTERM and SIGINT are the training process's to handle.
+
+    A scheduler's preemption (SLURM signals every process of the job) or Ctrl-C (the whole foreground group)
+    reaches the workers too; a worker that dies of it makes the training process fail with "DataLoader worker
+    is killed by signal" before it saves ``last.ckpt`` and exits 143 (seen with ``data.num_workers=2``).  Ignored
+    here, the training process saves, stops and shuts its workers down; they also exit when it is gone."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class MLMDataModule(L.LightningDataModule):
@@ -316,8 +328,9 @@ class MLMDataModule(L.LightningDataModule):
             # Tokenizers warns (and disables its thread pool) when a process forks after using it.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         return ResumableDataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
-                                   collate_fn=self.collator, num_workers=workers,
-                                   pin_memory=pin, persistent_workers=workers > 0)
+                                   collate_fn=self.collator, num_workers=workers, pin_memory=pin,
+                                   persistent_workers=workers > 0,
+                                   worker_init_fn=ignore_stop_signals if workers > 0 else None)
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
