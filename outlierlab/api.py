@@ -8,17 +8,15 @@
     ol.probe_positions(enc, texts)    # a DataFrame: probe.py's position_probe.csv
 
 Each call composes the same configuration the command line would (``configs/evaluate.yaml`` or ``configs/probe.yaml``
-with the arguments as overrides; a wheel carries them inside the package, setup.py).  ``evaluate`` then runs the
-evaluation in memory (:func:`outlierlab.evaluation.core.run_analyses`, the computation ``evaluate.py``'s job writes
-out) and writes nothing unless given ``out_dir``; ``probe_positions`` runs probe.py's job
-(:func:`outlierlab.jobs.probing.run`) with its files in ``out_dir`` (default: a new temporary directory, named in
-the table's ``attrs["run_dir"]``).  tests/test_api.py compares both with the command line's CSVs.
+with the arguments as overrides; a wheel carries them inside the package, setup.py), then runs in memory the
+computation whose results the command line's job writes out (:func:`outlierlab.evaluation.core.run_analyses`,
+:func:`outlierlab.jobs.probing.probe`), and writes nothing unless given ``out_dir``.  tests/test_api.py compares
+both with the command line's CSVs.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -164,16 +162,6 @@ def _listing(items: list[str], limit: int = 8) -> str:
     return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def _texts_file(texts: list[str] | None, out_dir: Path) -> list[str]:
-    """``data.files`` overrides for ``texts`` (already checked, one per line, in a file of the run directory), or
-    none."""
-    if texts is None:
-        return []
-    path = out_dir / "texts.txt"
-    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    return [f"data.files=[{path}]", "data.max_sentences=null"]
-
-
 def _check_arguments(overrides: list[str], arguments: Sequence[str]) -> None:
     """An override of what an argument of the call sets (``transform=[none]`` beside ``transforms=``) is refused in
     one line: composed after the argument, it would replace it without a word."""
@@ -316,33 +304,38 @@ def _analysis_name(analysis) -> str:
 
 
 def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Sequence[str] = ("none",), seed: int = 0,
-                    out_dir: str | Path | None = None, overrides: Sequence[str] = (), progress: bool = True):
-    """probe.py's position probe (Luo et al. 2021 §3) on ``encoder``: the rows of ``position_probe.csv`` (one per
-    layer x transform: accuracy, mean absolute position error, the top neurons by contribution).
+                    out_dir: str | Path | None = None, overrides: Sequence[str] = (), progress: bool = True,
+                    tables: bool = False):
+    """probe.py's position probe (Luo et al. 2021 §3) on ``encoder``, in memory: a DataFrame, the rows of
+    ``position_probe.csv`` (one per layer x transform: accuracy, mean absolute position error, the top neurons by
+    contribution).  Nothing is written unless ``out_dir`` is given: then everything probe.py writes goes there (CSVs,
+    ``probe_info.json``, ``probe_report.md``, PNG plots, TensorBoard), by the same job.  The features are held in
+    memory; ``overrides=["features.cache_dir=<dir>"]`` caches them there for repeated calls, as probe.py does.
 
     The accuracy is the position a layer carries, not one the model uses: a learned table's rows are decodable
     (1.000 at every layer) in a model whose order use is 0.003 nats (docs/order_use.md, "Position probes").  So the
-    probe also measures use, as probe.py does: ``order_use.csv`` and ``order_use_layers.csv`` in the run directory
-    (``attrs["run_dir"]``) hold evaluate.py's ``order_use`` tables on the first 200 texts (in nats with an LM head;
-    for every model the sentence-vector order change of every layer; ``overrides=["probe.order_use=false"]`` skips
-    it).  ``progress``: the
-    tqdm bar while encoding, as in :func:`evaluate`."""
-    import pandas as pd
+    probe also measures use, as probe.py does: evaluate.py's ``order_use`` on the first 200 texts (in nats with an
+    LM head; for every model the sentence-vector order change of every layer; ``overrides=["probe.order_use=false"]``
+    skips it).
 
-    from outlierlab.jobs.probing import run as run_probe
+    ``tables=True`` returns every table of the run instead, a dict of DataFrames named by probe.py's CSV files:
+    ``position_probe`` (the table above), ``position_probe_by_position`` (test accuracy at each position),
+    ``similarity_by_distance`` (mean cosine of two tokens by their distance, per layer), ``order_use`` (the model's
+    row) and ``order_use_layers`` (one per layer; both absent with ``probe.order_use=false``).  In every table an
+    empty cell is NaN; the columns listing dims (``top_neurons``, ``outlier_dims``, ``outlier_rank``,
+    ``clipped_dims``) hold their space-separated strings (``"308 381"``).  ``progress``: the tqdm bar while encoding,
+    as in :func:`evaluate`."""
+    from outlierlab.jobs.probing import probe, run
 
     texts, seed = check_texts(texts), _seed(seed)
     choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
     _check_arguments(choices[1:], ("transform", "seed", "progress"))
     _check_choices(choices, "probe")
-    run_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="outlierlab_probe_"))
-    run_dir.mkdir(parents=True, exist_ok=True)
     cfg = _compose("probe", ["task=position", f"seed={seed}", f"progress={str(bool(progress)).lower()}",
-                             *_encoder_overrides(encoder), *_texts_file(texts, run_dir), *choices])
-    run_probe(cfg, run_dir, encoder=encoder)
-    table = pd.read_csv(run_dir / "position_probe.csv")  # a row per layer x transform: never empty
-    table.attrs["run_dir"] = str(run_dir)
-    return table
+                             "features.cache_dir=null", *_encoder_overrides(encoder), *choices])
+    result = probe(cfg, encoder, texts) if out_dir is None else run(cfg, out_dir, encoder, texts)["result"]
+    frames = result.frames()
+    return frames if tables else frames["position_probe"]
 
 
 def dim_identity(history: Any, statistic: str = "abs_argmax_share"):

@@ -136,16 +136,25 @@ def test_bad_names_and_offline_hub_fail_with_one_line(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("probe.epochs=-1", "probe.epochs must be >= 1, got -1"),  # Lightning: max_epochs=-1 trains forever
     ("probe.epochs=0", "probe.epochs must be >= 1, got 0"),  # an untrained probe's accuracy
-    ("probe.epochs=two", "probe.epochs must be an integer, got 'two'"),
+    ("probe.epochs=two", "probe.epochs='two': expected int, got str"),
+    ("probe.epochs=1.5", "probe.epochs=1.5: expected int, got float"),  # not silently 1
     ("probe.max_positions=0", "probe.max_positions must be >= 1, got 0"),
-    ("probe.lr=abc", "probe.lr must be a number > 0, got 'abc'"),
-    ("probe.lr=0", "probe.lr must be a number > 0, got 0"),
+    ("probe.lr=abc", "probe.lr='abc': expected float, got str"),
+    ("probe.lr=0", "probe.lr must be > 0, got 0"),
     ("task=sst2 task.batch_size=0", "task.batch_size must be >= 1, got 0"),
     ("outliers.threshold=high", "outliers.threshold='high': expected float, got str"),
     ("outliers.threshold=2", "outliers.threshold must be <= 1, got 2"),
     ("seed=abc", "seed must be an integer, got 'abc'"),
-    ("probe.include_special=no", "probe.include_special must be true or false, got 'no'"),  # 'no' read as true
-    ("probe.order_use=off", "probe.order_use must be true or false, got 'off'"),
+    ("probe.include_special=no", "probe.include_special='no': expected bool, got str"),  # 'no' read as true
+    ("probe.order_use=off", "probe.order_use='off': expected bool, got str"),
+    ("probe.max_distance=0", "probe.max_distance must be >= 1 or null, got 0"),
+    ("seed=1.5", "seed must be an integer, got 1.5"),
+    # checked by the class only (split_indices refused these after every text was encoded)
+    ("probe.splits=[0.8,0.2]", "probe.splits must be three fractions >= 0 (train, validation, test; train and test "
+                               "> 0), got [0.8, 0.2]"),
+    ("probe.splits=[0.9,0.1,0]", "probe.splits must be three fractions >= 0 (train, validation, test; train and "
+                                 "test > 0), got [0.9, 0.1, 0.0]"),
+    ("probe.splits=[0.8,0.1,x]", "probe.splits[2]='x': expected float, got str"),
 ])
 def test_bad_probe_settings_refused_in_one_line_naming_the_key(compose_cfg, override, message):
     from outlierlab.jobs.probing import check_settings
@@ -154,6 +163,20 @@ def test_bad_probe_settings_refused_in_one_line_naming_the_key(compose_cfg, over
     with pytest.raises(ValueError) as e:
         check_settings(compose_cfg("probe", override.split()))
     assert str(e.value) == message
+
+
+def test_probe_settings_defaults_are_the_composed_config(compose_cfg):
+    """The class states configs/probe.yaml's defaults (so ``ProbeSettings(epochs=2)`` is the YAML with one change);
+    a default changed on one side only fails here."""
+    from outlierlab.evaluation.settings import load_settings
+    from outlierlab.jobs.probe_settings import ProbeSettings
+
+    assert load_settings(ProbeSettings, compose_cfg("probe").probe) == ProbeSettings()
+    assert ProbeSettings(epochs=2).epochs == 2
+    with pytest.raises(ValueError, match=r"^probe.top_k must be >= 1, got 0$"):
+        ProbeSettings(top_k=0)  # from Python as from the command line
+    with pytest.raises(ValueError, match=r"^unknown key\(s\) probe.epoch; valid keys of probe: max_positions, "):
+        ProbeSettings(epoch=2)
 
 
 def test_negative_epochs_fail_before_the_model_loads(tmp_path):

@@ -15,7 +15,8 @@ Cache layout (one directory per key under ``cache_root``; fp16 memory-mapped ``.
 
 The key hashes the encoder identity (weights file sizes+mtimes or hub revision, tokenizer fingerprint,
 max_length), the texts and the layout version, so a second run with the same encoder and data never
-calls the encoder.
+calls the encoder.  Without a cache root (``features.cache_dir=null``: the Python API's default) the same arrays
+are held in memory and nothing is written.
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ def feature_key(identity: dict, texts: Sequence[str], store_tokens: bool) -> str
 
 @dataclass
 class FeatureSet:
-    """Cached features of one list of texts (arrays are read-only memmaps)."""
+    """Features of one list of texts: read-only memmaps of a cache directory, or arrays in memory (``directory``
+    None, the outlier statistics in ``stats``)."""
 
-    directory: Path
+    directory: Path | None
     meta: dict
     sentences: np.ndarray  # [L+1, N_texts, d] float16
     lengths: np.ndarray  # [N_texts] tokens per text (after truncation)
@@ -64,6 +66,7 @@ class FeatureSet:
     position: np.ndarray | None = None
     token_id: np.ndarray | None = None
     special: np.ndarray | None = None
+    stats: dict[str, np.ndarray] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -84,7 +87,7 @@ class FeatureSet:
 
     def outlier_stats(self) -> dict[str, Tensor]:
         """Stored outlier statistics over all texts (mapping accepted by ``detect_outlier_dims``)."""
-        z = np.load(self.directory / "outlier_stats.npz")
+        z = self.stats if self.stats is not None else np.load(self.directory / "outlier_stats.npz")
         return {k: torch.from_numpy(z[k]) for k in ("mean", "argmax_share", "argmin_share")}
 
     def token_rows(self, sentence_ids: np.ndarray) -> np.ndarray:
@@ -94,15 +97,18 @@ class FeatureSet:
         return np.flatnonzero(np.isin(self.sentence_id, np.asarray(sentence_ids)))
 
 
-def extract_features(encoder, texts: Sequence[str], cache_root: str | os.PathLike, store_tokens: bool = True,
+def extract_features(encoder, texts: Sequence[str], cache_root: str | os.PathLike | None, store_tokens: bool = True,
                      batch_size: int | None = None, progress: bool = True) -> FeatureSet:
-    """Encode ``texts`` once with a :class:`~outlierlab.models.loading.FrozenEncoder` and cache all layers.
+    """Encode ``texts`` once with a :class:`~outlierlab.models.loading.FrozenEncoder` and cache all layers under
+    ``cache_root`` (None: in memory, no file).
 
     Returns the cached :class:`FeatureSet` at once if this encoder+data was extracted before.
     """
     texts = list(texts)
     if not texts:
         raise ValueError("no texts to encode")
+    if cache_root is None:
+        return _write(encoder, texts, None, store_tokens, batch_size, progress)
     key = feature_key(encoder.identity, texts, store_tokens)
     root = Path(cache_root).expanduser().resolve()
     final = root / key
@@ -123,20 +129,26 @@ def extract_features(encoder, texts: Sequence[str], cache_root: str | os.PathLik
     return FeatureSet.load(final)
 
 
-def _write(encoder, texts: list[str], out: Path, store_tokens: bool, batch_size, progress: bool) -> None:
+def _write(encoder, texts: list[str], out: Path | None, store_tokens: bool, batch_size,
+           progress: bool) -> FeatureSet | None:
+    """Encode ``texts`` into the files of ``out`` (None: into memory, returned as a :class:`FeatureSet`)."""
     tok = encoder.tokenize(texts)
     lengths = np.asarray(tok.lengths, dtype=np.int64)
     n_layers, dim, n_tok = encoder.num_layers + 1, encoder.hidden_size, int(lengths.sum())
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    sentences = np.lib.format.open_memmap(out / "sentences.npy", "w+", np.float16, (n_layers, len(texts), dim))
-    tokens = None
+
+    def array(name: str, shape: tuple) -> np.ndarray:  # the big arrays are written layer by layer as they come
+        return (np.lib.format.open_memmap(out / f"{name}.npy", "w+", np.float16, shape) if out is not None
+                else np.zeros(shape, np.float16))
+
+    sentences = array("sentences", (n_layers, len(texts), dim))
+    tokens, index = None, {"lengths": lengths}
     if store_tokens:
-        tokens = np.lib.format.open_memmap(out / "tokens.npy", "w+", np.float16, (n_layers, n_tok, dim))
-        np.save(out / "sentence_id.npy", np.repeat(np.arange(len(texts), dtype=np.int32), lengths))
-        np.save(out / "position.npy", np.concatenate([np.arange(n, dtype=np.int32) for n in lengths]))
-        np.save(out / "token_id.npy", np.concatenate([np.asarray(x, dtype=np.int32) for x in tok.input_ids]))
-        np.save(out / "special.npy", np.concatenate([np.asarray(x, dtype=bool) for x in tok.special_tokens_mask]))
-    np.save(out / "lengths.npy", lengths)
+        tokens = array("tokens", (n_layers, n_tok, dim))
+        index.update(sentence_id=np.repeat(np.arange(len(texts), dtype=np.int32), lengths),
+                     position=np.concatenate([np.arange(n, dtype=np.int32) for n in lengths]),
+                     token_id=np.concatenate([np.asarray(x, dtype=np.int32) for x in tok.input_ids]),
+                     special=np.concatenate([np.asarray(x, dtype=bool) for x in tok.special_tokens_mask]))
     from outlierlab.analysis.layer_accumulators import stack_layers
 
     layer_accs = [OutlierAccumulator(1, dim) for _ in range(n_layers)]
@@ -159,19 +171,23 @@ def _write(encoder, texts: list[str], out: Path, store_tokens: bool, batch_size,
 
         batch.layers(fn)
     acc = stack_layers(layer_accs)
-    sentences.flush()
-    if tokens is not None:
-        tokens.flush()
-    if acc.count:
-        np.savez(out / "outlier_stats.npz", **{k: v.numpy() for k, v in acc.stats().items()})
-    else:
-        zeros = np.zeros((n_layers, dim))
-        np.savez(out / "outlier_stats.npz", mean=zeros, argmax_share=zeros, argmin_share=zeros)
+    zeros = np.zeros((n_layers, dim))
+    stats = ({k: v.numpy() for k, v in acc.stats().items()} if acc.count
+             else {"mean": zeros, "argmax_share": zeros, "argmin_share": zeros})
     meta = {"encoder": encoder.identity, "name": encoder.source.name, "num_layers": n_layers, "dim": dim,
             "n_texts": len(texts), "n_tokens": n_tok, "n_valid_tokens": acc.count,
             "n_truncated": tok.n_truncated, "truncated_tokens": tok.truncated_tokens,
             "max_length": encoder.max_length, "store_tokens": store_tokens, "version": LAYOUT_VERSION}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    if out is None:
+        return FeatureSet(None, meta, sentences, **index, tokens=tokens, stats=stats)
+    for mapped in (sentences, tokens):
+        if mapped is not None:
+            mapped.flush()
+    for name, values in index.items():
+        np.save(out / f"{name}.npy", values)
+    np.savez(out / "outlier_stats.npz", **stats)
+    (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))  # last: the entry is complete
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ batches

@@ -3,7 +3,9 @@
 Flow (data flows one way): config -> :class:`~outlierlab.models.loading.FrozenEncoder` ->
 :func:`~outlierlab.datamodules.features.extract_features` (cached) -> per transform: fit on the TRAINING split ->
 :class:`~outlierlab.lightning_modules.probes.PositionProbe` / :class:`~outlierlab.lightning_modules.probes.SentenceClassifier`
-on all layers at once -> rows (layer x transform) -> CSV / Markdown / PNG / TensorBoard in the run dir.
+on all layers at once -> rows (layer x transform) and side tables, in memory (:func:`probe`, a :class:`ProbeResult`:
+what :func:`outlierlab.api.probe_positions` returns) -> CSV / Markdown / PNG / TensorBoard in the run dir
+(:func:`run`, the only writer of them).
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import logging
 import time
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from lightning.pytorch import seed_everything
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from outlierlab.analysis.distance_similarity import DistanceSimilarity
 from outlierlab.analysis.order_use import cannot_use_order
@@ -31,8 +33,9 @@ from outlierlab.datamodules.features import (RowBatches, chunk_outlier_stats, de
 from outlierlab.models.loading import FrozenEncoder
 from outlierlab.datamodules.probe_data import load_classification, load_position_texts, split_indices
 from outlierlab.lightning_modules.probes import PositionProbe, SentenceClassifier, train_probe
+from outlierlab.jobs.probe_settings import ProbeSettings, check_settings
 from outlierlab.jobs.startup import one_console_for_lightning
-from outlierlab.reports.probe_report import write_outputs
+from outlierlab.reports.probe_report import COLUMNS, LIST_COLUMNS, write_outputs
 from outlierlab.utils.tables import write_csv
 
 log = logging.getLogger(__name__)
@@ -89,25 +92,23 @@ def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], commo
     return rows
 
 
-def _probe_all(vt, arrays: dict, labels: dict, make_module, cfg, logger) -> dict:
+def _probe_all(vt, arrays: dict, labels: dict, make_module, cfg, p: ProbeSettings, logger) -> dict:
     ds = {s: RowBatches(arrays[s][0], arrays[s][1], labels[s], vt) for s in arrays}
     module = make_module(vt.out_dim)
-    p = cfg.probe
     batch_size = int(cfg.task.get("batch_size") or p.batch_size)  # the paper's per-task batch (configs/task)
-    return train_probe(module, *_loaders(ds, batch_size, int(cfg.seed)), epochs=int(p.epochs), logger=logger,
+    return train_probe(module, *_loaders(ds, batch_size, int(cfg.seed)), epochs=p.epochs, logger=logger,
                        accelerator=cfg.trainer.accelerator, progress=bool(cfg.trainer.enable_progress_bar),
-                       validate=bool(p.validate))
+                       validate=p.validate)
 
 
-def run_position(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict, dict]:
+def run_position(cfg, p: ProbeSettings, encoder: FrozenEncoder, texts: list[str], logger) -> ProbeResult:
     """Luo et al. §3: position probe on token vectors of every layer, per transform."""
-    texts = load_position_texts(cfg.data.files, cfg.data.max_sentences)
     fs = extract_features(encoder, texts, cfg.features.cache_dir, store_tokens=True,
                           batch_size=cfg.encoder.batch_size, progress=bool(cfg.progress))
-    n_layers, dim, m = fs.num_layers, fs.dim, int(cfg.probe.max_positions)
-    split = split_indices(fs.meta["n_texts"], cfg.probe.splits, int(cfg.seed))
+    n_layers, dim, m = fs.num_layers, fs.dim, p.max_positions
+    split = split_indices(fs.meta["n_texts"], p.splits, int(cfg.seed))
     keep = fs.position < m
-    if not cfg.probe.include_special:
+    if not p.include_special:
         keep &= ~fs.special
     beyond = int((fs.position >= m).sum())
     rows = {s: np.intersect1d(fs.token_rows(ids), np.flatnonzero(keep)) for s, ids in split.items()}
@@ -124,10 +125,9 @@ def run_position(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict,
         vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(fs.tokens, rows["train"]), outliers,
                            **transform_settings(cfg.transform, f"the {len(rows['train'])} training token vectors "
                                                                 f"of {len(split['train'])} sentences"))
-        make = lambda d, name=name: PositionProbe(n_layers, d, m, float(cfg.probe.lr), seed=int(cfg.seed),  # noqa
-                                                  tag=name)
-        res = _probe_all(vt, {s: (fs.tokens, r) for s, r in rows.items()}, labels, make, cfg, logger)
-        out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k), position=True)
+        make = lambda d, name=name: PositionProbe(n_layers, d, m, p.lr, seed=int(cfg.seed), tag=name)  # noqa
+        res = _probe_all(vt, {s: (fs.tokens, r) for s, r in rows.items()}, labels, make, cfg, p, logger)
+        out += _rows_for(name, res, vt, outliers, common, p.top_k, position=True)
         contribs[name] = res["contribution"]
         fits.update({name: vt.info} if name != "none" else {})
         count, acc = res["per_class_count"], res["per_class_accuracy"]
@@ -136,13 +136,23 @@ def run_position(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict,
                         for j, layer in enumerate(sorted(res["accuracy"])) for pos in range(len(count)) if count[pos] > 0]
         log.info("position probe [%s]: %d layers in %.1f s", name, n_layers, time.time() - t0)
     info = {"task": "position", "n_texts": fs.meta["n_texts"], "n_tokens": fs.meta["n_tokens"],
-            "similarity_by_distance": similarity_by_distance(fs, int(cfg.probe.get("max_distance") or 32)),
-            "beyond_max_positions": beyond, "max_positions": m, "features": [str(fs.directory)],
+            "beyond_max_positions": beyond, "max_positions": m, "features": [_where(fs)],
             "outlier_dims": outliers, "transform_fits": fits,
             "notes": ([f"{beyond} tokens at positions >= {m} dropped"] if beyond else [])
-            + [f"{t}: {i}" for t, i in fits.items()],
-            "by_position": by_position}
-    return out, info, contribs
+            + [f"{t}: {i}" for t, i in fits.items()]}
+    result = ProbeResult("position_probe", out, info, contribs)
+    # accuracy at each position: a position-free encoder is at chance away from the edges
+    result.add_table("position_probe_by_position", by_position, ["layer", "transform", "position", "n_test",
+                                                                 "accuracy"])
+    # Zuo et al.: nearby tokens more similar than distant ones -> position readable
+    result.add_table("similarity_by_distance", similarity_by_distance(fs, p.max_distance or 32),
+                     ["layer", "distance", "cosine", "n_pairs"])
+    return result
+
+
+def _where(fs) -> str:
+    """Where a feature set lives, for probe_info.json: its cache entry, or memory (``features.cache_dir=null``)."""
+    return str(fs.directory) if fs.directory is not None else "in memory (features.cache_dir=null)"
 
 
 def similarity_by_distance(fs, max_distance: int) -> list[dict]:
@@ -157,7 +167,7 @@ def similarity_by_distance(fs, max_distance: int) -> list[dict]:
     return acc.rows()
 
 
-def run_classifier(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dict, dict]:
+def run_classifier(cfg, p: ProbeSettings, encoder: FrozenEncoder, logger) -> ProbeResult:
     """Luo et al. §4.4: linear classifier on mean-pooled sentence vectors of every layer, per transform."""
     data = load_classification(cfg.task, int(cfg.seed))
     fss = {s: extract_features(encoder, t, cfg.features.cache_dir, store_tokens=False,
@@ -179,17 +189,16 @@ def run_classifier(cfg, encoder: FrozenEncoder, logger) -> tuple[list[dict], dic
         vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(*train_sent), outliers,
                            **transform_settings(cfg.transform, f"the {len(labels['train'])} mean-pooled "
                                                                 "training sentence vectors"))
-        make = lambda d, name=name: SentenceClassifier(n_layers, d, data.num_classes, float(cfg.probe.lr),  # noqa
-                                                       seed=int(cfg.seed), tag=name,
-                                                       bias=bool(cfg.probe.get("classifier_bias", True)))
-        res = _probe_all(vt, arrays, labels, make, cfg, logger)
-        out += _rows_for(name, res, vt, outliers, common, int(cfg.probe.top_k), position=True)
+        make = lambda d, name=name: SentenceClassifier(n_layers, d, data.num_classes, p.lr,  # noqa
+                                                       seed=int(cfg.seed), tag=name, bias=p.classifier_bias)
+        res = _probe_all(vt, arrays, labels, make, cfg, p, logger)
+        out += _rows_for(name, res, vt, outliers, common, p.top_k, position=True)
         contribs[name] = res["contribution"]
         fits.update({name: vt.info} if name != "none" else {})
     info = {"task": str(cfg.task.name), "source": data.source, "labels": data.label_names,
-            "features": [str(fs.directory) for fs in fss.values()], "outlier_dims": outliers,
+            "features": [_where(fs) for fs in fss.values()], "outlier_dims": outliers,
             "transform_fits": fits, "notes": data.notes + [f"{t}: {i}" for t, i in fits.items()]}
-    return out, info, contribs
+    return ProbeResult("classifier", out, info, contribs)
 
 
 def layernorm_note(encoder: FrozenEncoder) -> str:
@@ -213,54 +222,71 @@ def layernorm_note(encoder: FrozenEncoder) -> str:
             "al. 2021), not these; transform.dims=[...] clips given dims instead.")
 
 
-#: ``probe.*`` counts, each at least 1 (null allowed where the job falls back on another key).  Lightning reads
-#: ``max_epochs=-1`` as "train forever" and ``0`` as "do not train" (an untrained probe's accuracy, reported as a
-#: result); a count of 0 positions or neurons leaves nothing to probe or list.
-_PROBE_COUNTS = {"epochs": False, "batch_size": False, "max_positions": False, "top_k": False, "max_distance": True}
+@dataclass
+class ProbeResult:
+    """One probe run, in memory: the rows of ``<name>.csv`` (one per layer x transform), the facts of
+    ``probe_info.json``, the contributions behind the heatmap, the side tables ``{name: (rows, columns)}`` and
+    the report's extra sections -- everything :func:`run` writes, before any file."""
+
+    name: str  # position_probe | classifier: the table's CSV stem
+    rows: list[dict]
+    info: dict
+    contributions: dict
+    tables: dict[str, tuple[list[dict], list[str]]] = field(default_factory=dict)
+    sections: list[str] = field(default_factory=list)
+
+    def add_table(self, name: str, rows: list[dict], columns: list[str], always: bool = False) -> None:
+        """A side table, written as ``<name>.csv``; an empty one only if ``always``."""
+        if rows or always:
+            self.tables[name] = (rows, columns)
+
+    def frames(self) -> dict[str, Any]:
+        """Every table as a pandas DataFrame named by its CSV stem, with its CSV's header and cells (an empty cell
+        as NaN); the columns listing dims (``top_neurons``, ``outlier_dims``, ...) are their CSV strings
+        (``"308 381"``) whatever the dims, so one dim is not read as a number."""
+        from outlierlab.evaluation.core import rows_table
+
+        import pandas as pd
+
+        main = rows_table(self.rows, COLUMNS)
+        for column in LIST_COLUMNS:  # dtype str: the string dtype of this pandas, as read_csv(dtype=str) gives it
+            main[column] = pd.Series([v if isinstance(v, str) else float("nan") for v in main[column]],
+                                     index=main.index, dtype=str)
+        return {self.name: main, **{name: rows_table(rows, cols) for name, (rows, cols) in self.tables.items()}}
 
 
-def check_settings(cfg) -> None:
-    """The probe's own settings (``probe.*``, ``outliers.*``, ``seed``), each refused in one line naming its key --
-    before any model loads or any text is encoded, where a wrong value would fail deep in the run (``int('two')``
-    after encoding) or never end (``probe.epochs=-1``)."""
-    from omegaconf import OmegaConf
-
-    from outlierlab.evaluation.settings import OutliersSettings
-    from outlierlab.jobs.startup import _as_int
-
-    _as_int(cfg.seed, "seed")
-    probe = cfg.probe
-    for key, nullable in _PROBE_COUNTS.items():
-        value = probe.get(key)
-        if value is None and nullable:
-            continue
-        if _as_int(value, f"probe.{key}") < 1:
-            raise ValueError(f"probe.{key} must be >= 1, got {value}")
-    for key in ("include_special", "validate", "classifier_bias", "order_use"):
-        value = probe.get(key, True)
-        if not isinstance(value, bool):  # probe.include_special=no is the string 'no', which reads as true
-            raise ValueError(f"probe.{key} must be true or false, got {value!r}")
-    lr = probe.get("lr")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"probe.lr must be a number > 0, got {lr!r}")
-    task_batch = cfg.task.get("batch_size")
-    if task_batch is not None and _as_int(task_batch, "task.batch_size") < 1:
-        raise ValueError(f"task.batch_size must be >= 1, got {task_batch}")
-    # the same rule evaluate.py's outliers section states (method, threshold in (0, 1], k > 0)
-    OutliersSettings(**OmegaConf.to_container(cfg.outliers, resolve=True))
-
-
-def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None) -> dict:
-    """Run the probe described by ``cfg`` (configs/probe.yaml) and write every output into ``run_dir``;
-    ``encoder``: an already loaded one (the Python API, :func:`outlierlab.api.probe_positions`) instead of
-    ``cfg.encoder``'s."""
-    check_settings(cfg)
+def probe(cfg, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None = None,
+          logger=None) -> ProbeResult:
+    """The probe described by ``cfg`` (configs/probe.yaml), in memory: no file unless ``features.cache_dir`` is set
+    (the feature cache) or ``logger`` writes.  ``encoder``: an already loaded one instead of ``cfg.encoder``'s;
+    ``texts``: the position probe's sentences instead of ``data.files``."""
+    p = check_settings(cfg)
     one_console_for_lightning()
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(int(cfg.seed), verbose=False)
     with _quiet_lightning():
-        return _run(cfg, run_dir, encoder)
+        return _probe(cfg, p, encoder, texts, logger)
+
+
+def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None = None) -> dict:
+    """:func:`probe` (``encoder``, ``texts`` as there) and every output written into ``run_dir``: the tables as
+    CSVs, ``probe_info.json``, ``probe_report.md``, the PNG plots and TensorBoard scalars."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    run_dir = Path(run_dir)
+    logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
+    result = probe(cfg, encoder, texts, logger)
+    paths = write(result, run_dir)
+    logger.finalize("success")
+    return {"rows": result.rows, "info": result.info, "files": paths, "result": result}
+
+
+def write(result: ProbeResult, run_dir: Path) -> list[Path]:
+    """Write ``result`` into ``run_dir``; return the paths."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    paths = [write_csv(run_dir / f"{name}.csv", rows, cols) for name, (rows, cols) in result.tables.items()]
+    (run_dir / "probe_info.json").write_text(json.dumps(result.info, indent=2, default=str))
+    return paths + write_outputs(result.rows, result.info, run_dir, result.name, result.contributions,
+                                 result.sections)
 
 
 @contextmanager
@@ -281,51 +307,43 @@ def _quiet_lightning():
                 logging.getLogger(name).setLevel(level)
 
 
-def position_use(cfg, encoder: FrozenEncoder, run_dir: Path):
+def order_use(encoder: FrozenEncoder, texts: list[str], seed: int):
     """Whether the model *uses* the order the position probe decodes: evaluate.py's ``order_use``
     (:func:`outlierlab.evaluation.order_use.measure`, its default settings) on the probe's first sentences --
     order use in nats with the model's LM head, else how far shuffling moves each layer's sentence vectors
-    (docs/order_use.md) -- into ``order_use.csv`` (the model's row), ``order_use_layers.csv`` (one per layer) and a
-    section of the report.  A learned table's rows are
+    (docs/order_use.md): the model's row, one per layer, and a section of the report.  A learned table's rows are
     decodable in a model that ignores order, so the probe's accuracy alone cannot say it."""
-    from outlierlab.evaluation.order_use import COLUMNS, LAYER_COLUMNS, measure
+    from outlierlab.evaluation.order_use import measure
     from outlierlab.evaluation.settings import OrderUseSettings
     from outlierlab.models.lm_model import load_mlm
 
     s = OrderUseSettings()
-    texts = load_position_texts(cfg.data.files, cfg.data.max_sentences)[: s.max_sentences]
-    result = measure(load_mlm(encoder), texts, f"the probe's first {len(texts)} sentences", s, int(cfg.seed))
-    write_csv(Path(run_dir) / "order_use.csv", result.rows, COLUMNS)
-    write_csv(Path(run_dir) / "order_use_layers.csv", result.tables["order_use_layers"][0], LAYER_COLUMNS)
-    return result
+    texts = texts[: s.max_sentences]
+    return measure(load_mlm(encoder), texts, f"the probe's first {len(texts)} sentences", s, seed)
 
 
-def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None) -> dict:
+def _probe(cfg, p: ProbeSettings, encoder: FrozenEncoder | None, texts: Sequence[str] | None, logger) -> ProbeResult:
     if encoder is None:
         encoder = FrozenEncoder.from_config(cfg.encoder)  # + dtype, device_map, revision (configs/encoder/)
-    kind = str(cfg.task.kind)
-    measure_use = kind == "position" and bool(cfg.probe.get("order_use", True))
+    position = str(cfg.task.kind) == "position"
+    measure_use = position and p.order_use
     if measure_use:
         encoder.lm_head = True  # before the weights load (if not loaded yet): one copy, head included
-    logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
-    rows, info, contribs = (run_position if kind == "position" else run_classifier)(cfg, encoder, logger)
-    info.update(encoder=str(encoder.source.name), encoder_kind=encoder.source.kind, layers=encoder.num_layers + 1,
-                hidden=encoder.hidden_size, transforms=selected_transforms(cfg.transform), seed=int(cfg.seed),
-                family=encoder.family_line(), layernorms=layernorm_note(encoder),
-                orderless=cannot_use_order(getattr(encoder, "pos", None), getattr(encoder, "causal", False)))
-    sections = []
+    if position:
+        texts = list(texts) if texts is not None else load_position_texts(cfg.data.files, cfg.data.max_sentences)
+        result = run_position(cfg, p, encoder, texts, logger)
+    else:
+        result = run_classifier(cfg, p, encoder, logger)
+    result.info.update(encoder=str(encoder.source.name), encoder_kind=encoder.source.kind,
+                       layers=encoder.num_layers + 1, hidden=encoder.hidden_size,
+                       transforms=selected_transforms(cfg.transform), seed=int(cfg.seed),
+                       family=encoder.family_line(), layernorms=layernorm_note(encoder),
+                       orderless=cannot_use_order(getattr(encoder, "pos", None), getattr(encoder, "causal", False)))
     if measure_use:
-        used = position_use(cfg, encoder, run_dir)
-        info["order_use"], sections = used.summary, [used.markdown]
-    by_distance = info.pop("similarity_by_distance", None)
-    if by_distance:  # Zuo et al.: nearby tokens more similar than distant ones -> position readable
-        write_csv(run_dir / "similarity_by_distance.csv", by_distance, ["layer", "distance", "cosine", "n_pairs"])
-    by_position = info.pop("by_position", None)
-    if by_position:  # accuracy at each position: a position-free encoder is at chance away from the edges
-        write_csv(run_dir / "position_probe_by_position.csv", by_position,
-                  ["layer", "transform", "position", "n_test", "accuracy"])
-    (run_dir / "probe_info.json").write_text(json.dumps(info, indent=2, default=str))
-    paths = write_outputs(rows, info, run_dir, "position_probe" if kind == "position" else "classifier",
-                          contribs, sections)
-    logger.finalize("success")
-    return {"rows": rows, "info": info, "files": paths}
+        from outlierlab.evaluation.order_use import COLUMNS as USE_COLUMNS
+
+        used = order_use(encoder, texts, int(cfg.seed))
+        result.info["order_use"], result.sections = used.summary, [used.markdown]
+        result.add_table("order_use", used.rows, USE_COLUMNS, always=True)
+        result.add_table("order_use_layers", *used.tables["order_use_layers"], always=True)
+    return result

@@ -6,13 +6,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless: figures go to files only
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from outlierlab.utils.tables import md_table, write_csv  # noqa: E402
+from outlierlab.utils.tables import md_table, write_csv
 
 COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "chance", "n_train", "n_val", "n_test",
            "dropped_tokens", "truncated_sequences", "top_neurons", "outlier_dims", "outlier_rank",
@@ -21,6 +15,8 @@ COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "
            *(f"{m}_{c}" for m in ("whiten", "standardize", "abtt", "center")
              for c in ("fit", "n", "distinct", "rank", *(("k",) if m == "whiten" else ()),
                        *(("d",) if m == "abtt" else ()), "degenerate"))]
+#: Columns listing dims or ranks, space-separated ("308 381"; empty: none).
+LIST_COLUMNS = ("top_neurons", "outlier_dims", "outlier_rank", "clipped_dims")
 #: Under every position-probe report: decodable is not used (docs/order_use.md, "Position probes").
 POSITION_CAVEAT = ("- reads: a linear probe finds the position a layer *carries*, not one the model *uses* -- a learned "
                    "table's distinct rows are decodable in a model that ignores word order (docs/order_use.md, "
@@ -70,7 +66,19 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str, section
     return path
 
 
+def _pyplot():
+    """pyplot, headless (figures go to files only); imported when a figure is drawn, so that the probe's tables
+    (:func:`outlierlab.api.probe_positions`) do not load matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _save(fig, path: Path) -> Path:
+    plt = _pyplot()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)  # pyplot keeps every open figure alive
@@ -79,6 +87,9 @@ def _save(fig, path: Path) -> Path:
 
 def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
     """accuracy vs layer; outlier vs mean contribution per layer; contribution heatmap layers x top dims."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
     transforms = list(dict.fromkeys(r["transform"] for r in rows))
     by_t = {t: [r for r in rows if r["transform"] == t] for t in transforms}
     paths = []
@@ -112,6 +123,7 @@ def write_heatmap(contrib: dict, run_dir: Path, stem: str, per_layer: int = 3, e
     panels = {t: c for t, c in contrib.items() if t not in MIXING}
     if not panels:
         return None
+    plt = _pyplot()
     first = next(iter(panels.values()))
     dims = sorted({int(i) for row in first for i in row.topk(min(per_layer, row.numel())).indices}
                   | {int(i) for i in extra_dims if 0 <= int(i) < first.shape[1]})
