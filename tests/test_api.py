@@ -125,19 +125,55 @@ def test_an_analysis_defined_in_the_notebook_rides_the_shared_stream(tmp_path):
         ol.evaluate(enc, TEXTS[:100], analyses=[object()], out_dir=tmp_path / "bad", progress=False)
 
 
-def test_probe_positions_equals_probe_py(tmp_path):
-    import outlierlab as ol
+def _probe_csv(path: Path):
+    """A CSV probe.py writes, read as ol.probe_positions types it: the columns listing dims as strings, floats as
+    written (repr: round trip)."""
+    from outlierlab.reports.probe_report import LIST_COLUMNS
 
-    enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
-    # order use off on both sides: its rows are compared with evaluate.py's in tests/test_evaluate_order_use.py
-    few = ["probe.epochs=2", "probe.max_positions=32", "probe.order_use=false"]
-    table = ol.probe_positions(enc, TEXTS, seed=2, out_dir=tmp_path / "api", overrides=few, progress=False)
-    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
-    _cli("probe.py", "seed=2", f"data.files=[{tmp_path / 'texts.txt'}]", "data.max_sentences=null", *few,
+    dims = dict.fromkeys(LIST_COLUMNS, str) if path.stem == "position_probe" else None
+    return pd.read_csv(path, dtype=dims, float_precision="round_trip")
+
+
+def test_probe_positions_runs_in_memory_writes_nothing_and_equals_probe_py(tmp_path, monkeypatch):
+    """On a tiny BERT, ol.probe_positions creates no file or directory (the temporary and working directories are
+    listed before and after), and each of its tables equals the CSV probe.py writes for the same texts and seed;
+    with out_dir it writes the same files, the same CSVs byte for byte."""
+    import outlierlab as ol
+    from probe_fixtures import save_tiny_bert
+
+    bert = save_tiny_bert(tmp_path / "bert", layers=2, hidden=32)
+    texts = TEXTS[:60]
+    few = ["probe.epochs=2", "probe.max_positions=32"]  # order use on: its two tables are compared too
+    enc = ol.load_encoder(str(bert), device="cpu")
+    enc.tokenize(["warm up"]), enc.model  # noqa: B018 - the tokenizer's and weights' own caches are not the run's
+    work, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    work.mkdir(), tmp.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    tables = ol.probe_positions(enc, texts, seed=2, overrides=few, progress=False, tables=True)
+    assert _listing(work, tmp) == set()
+    assert sorted(tables) == ["order_use", "order_use_layers", "position_probe", "position_probe_by_position",
+                              "similarity_by_distance"]
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    _cli("probe.py", f"encoder.name_or_path={bert}", "seed=2", f"data.files=[{tmp_path / 'texts.txt'}]",
+         "data.max_sentences=null", *few, "progress=false", f"features.cache_dir={tmp_path / 'cache'}",
          f"hydra.run.dir={tmp_path / 'cli'}")
-    pd.testing.assert_frame_equal(table, pd.read_csv(tmp_path / "cli" / "position_probe.csv"), check_exact=True)
-    assert len(table) == 7 and table["accuracy"].max() > 0.3
-    assert not (tmp_path / "api" / "order_use.csv").exists() and not (tmp_path / "cli" / "order_use.csv").exists()
+    cli = tmp_path / "cli"
+    assert sorted(p.stem for p in cli.glob("*.csv")) == sorted(tables)
+    for name, table in tables.items():
+        assert len(table) > 0, name
+        pd.testing.assert_frame_equal(table, _probe_csv(cli / f"{name}.csv"), check_exact=True, obj=name)
+    assert len(tables["position_probe"]) == 3 and tables["position_probe"]["top_neurons"].str.count(" ").eq(4).all()
+
+    table = ol.probe_positions(enc, texts, seed=2, overrides=few, progress=False, out_dir=tmp_path / "api")
+    pd.testing.assert_frame_equal(table, tables["position_probe"], check_exact=True)
+    api = tmp_path / "api"
+    written = {p.name for p in api.iterdir()}
+    assert written == {p.name for p in cli.iterdir()} - {".hydra", "probe.log"}
+    assert {"probe_info.json", "probe_report.md", "tensorboard", "position_probe_accuracy.png"} <= written
+    for csv in cli.glob("*.csv"):
+        assert (api / csv.name).read_bytes() == csv.read_bytes(), csv.name
 
 
 def test_empty_texts_are_refused_in_one_line(tmp_path):

@@ -60,6 +60,27 @@ def test_second_run_reuses_the_cache_without_calling_the_encoder(tiny_bert, tmp_
     assert FeatureSet.load(a.directory).meta["n_texts"] == len(SENTENCES)
 
 
+def test_without_a_cache_root_the_same_features_are_held_in_memory(tiny_bert, tmp_path, monkeypatch):
+    """cache_root=None: every array and statistic equals the cached entry's, and no file is written (the
+    working and temporary directories are listed before and after)."""
+    enc = FrozenEncoder(tiny_bert, device="cpu")
+    cached = extract_features(enc, SENTENCES, tmp_path / "cache", progress=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(work))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    calls = enc.n_forward_calls
+    mem = extract_features(enc, SENTENCES, None, store_tokens=True, progress=False)
+    assert list(work.iterdir()) == [] and enc.n_forward_calls > calls and mem.directory is None
+    for name in ("sentences", "lengths", "tokens", "sentence_id", "position", "token_id", "special"):
+        assert np.array_equal(getattr(mem, name), getattr(cached, name)), name
+    assert mem.meta == cached.meta
+    for key, value in cached.outlier_stats().items():
+        assert torch.equal(mem.outlier_stats()[key], value), key
+    assert mem.token_rows(np.array([1])).tolist() == cached.token_rows(np.array([1])).tolist()
+
+
 def _planted(n=400, d=6, seed=0):
     g = np.random.default_rng(seed)
     x = g.normal(size=(2, n, d))
