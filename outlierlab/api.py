@@ -309,8 +309,9 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     """probe.py's position probe (Luo et al. 2021 §3) on ``encoder``, in memory: a DataFrame, the rows of
     ``position_probe.csv`` (one per layer x transform: accuracy, mean absolute position error, the top neurons by
     contribution).  Nothing is written unless ``out_dir`` is given: then everything probe.py writes goes there (CSVs,
-    ``probe_info.json``, ``probe_report.md``, PNG plots, TensorBoard), by the same job.  The features are held in
-    memory; ``overrides=["features.cache_dir=<dir>"]`` caches them there for repeated calls, as probe.py does.
+    ``probe_info.json``, ``probe_report.md``, PNG plots, TensorBoard), by the same job, named in each table's
+    ``attrs["run_dir"]``.  The features are held in memory; ``overrides=["features.cache_dir=<dir>"]`` caches them
+    there for repeated calls, as probe.py does.
 
     The accuracy is the position a layer carries, not one the model uses: a learned table's rows are decodable
     (1.000 at every layer) in a model whose order use is 0.003 nats (docs/order_use.md, "Position probes").  So the
@@ -333,8 +334,12 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     _check_choices(choices, "probe")
     cfg = _compose("probe", ["task=position", f"seed={seed}", f"progress={str(bool(progress)).lower()}",
                              "features.cache_dir=null", *_encoder_overrides(encoder), *choices])
-    result = probe(cfg, encoder, texts) if out_dir is None else run(cfg, out_dir, encoder, texts)["result"]
-    frames = result.frames()
+    if out_dir is None:
+        frames = probe(cfg, encoder, texts).frames()
+    else:
+        frames = run(cfg, out_dir, encoder, texts)["result"].frames()
+        for frame in frames.values():
+            frame.attrs["run_dir"] = str(out_dir)
     return frames if tables else frames["position_probe"]
 
 

@@ -169,6 +169,7 @@ def test_probe_positions_runs_in_memory_writes_nothing_and_equals_probe_py(tmp_p
     table = ol.probe_positions(enc, texts, seed=2, overrides=few, progress=False, out_dir=tmp_path / "api")
     pd.testing.assert_frame_equal(table, tables["position_probe"], check_exact=True)
     api = tmp_path / "api"
+    assert table.attrs["run_dir"] == str(api) and "run_dir" not in tables["position_probe"].attrs
     written = {p.name for p in api.iterdir()}
     assert written == {p.name for p in cli.iterdir()} - {".hydra", "probe.log"}
     assert {"probe_info.json", "probe_report.md", "tensorboard", "position_probe_accuracy.png"} <= written

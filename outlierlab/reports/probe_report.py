@@ -66,22 +66,17 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str, section
     return path
 
 
-def _pyplot():
-    """pyplot, headless (figures go to files only); imported when a figure is drawn, so that the probe's tables
-    (:func:`outlierlab.api.probe_positions`) do not load matplotlib."""
-    import matplotlib
+def _figure(**kwargs):
+    """A figure drawn to a file only: matplotlib's ``Figure`` without pyplot, so drawing neither switches the
+    caller's backend (a notebook's inline plots) nor keeps figures open."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(**kwargs)
 
 
 def _save(fig, path: Path) -> Path:
-    plt = _pyplot()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)  # pyplot keeps every open figure alive
     return path
 
 
@@ -89,12 +84,12 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
     """accuracy vs layer; outlier vs mean contribution per layer; contribution heatmap layers x top dims."""
     from matplotlib.ticker import MaxNLocator
 
-    plt = _pyplot()
     transforms = list(dict.fromkeys(r["transform"] for r in rows))
     by_t = {t: [r for r in rows if r["transform"] == t] for t in transforms}
     paths = []
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = _figure(figsize=(6, 4))
+    ax = fig.subplots()
     for t, rs in by_t.items():
         ax.plot([r["layer"] for r in rs], [r["accuracy"] for r in rs], marker="o", label=t)
     ax.axhline(rows[0]["chance"], color="gray", ls="--", lw=1, label="chance")
@@ -103,7 +98,8 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
     ax.legend()
     paths.append(_save(fig, run_dir / f"{stem}_accuracy.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = _figure(figsize=(6, 4))
+    ax = fig.subplots()
     for t, rs in by_t.items():
         if t in MIXING:
             continue
@@ -123,12 +119,11 @@ def write_heatmap(contrib: dict, run_dir: Path, stem: str, per_layer: int = 3, e
     panels = {t: c for t, c in contrib.items() if t not in MIXING}
     if not panels:
         return None
-    plt = _pyplot()
     first = next(iter(panels.values()))
     dims = sorted({int(i) for row in first for i in row.topk(min(per_layer, row.numel())).indices}
                   | {int(i) for i in extra_dims if 0 <= int(i) < first.shape[1]})
-    fig, axes = plt.subplots(1, len(panels), figsize=(1.2 + 0.45 * len(dims) * len(panels), 0.4 * first.shape[0] + 1.5),
-                             squeeze=False)
+    fig = _figure(figsize=(1.2 + 0.45 * len(dims) * len(panels), 0.4 * first.shape[0] + 1.5))
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (t, c) in zip(axes[0], panels.items()):
         im = ax.imshow(c[:, dims].numpy(), aspect="auto", cmap="viridis")
         ax.set(xticks=range(len(dims)), yticks=range(c.shape[0]), xlabel="dim", ylabel="layer", title=t)
