@@ -268,25 +268,19 @@ def probe(cfg, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None
 
 
 def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None = None) -> dict:
-    """:func:`probe` (``encoder``, ``texts`` as there) and every output written into ``run_dir``: the tables as
+    """:func:`probe` (``encoder``, ``texts`` as there) with every output written into ``run_dir``: the tables as
     CSVs, ``probe_info.json``, ``probe_report.md``, the PNG plots and TensorBoard scalars."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
     run_dir = Path(run_dir)
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     result = probe(cfg, encoder, texts, logger)
-    paths = write(result, run_dir)
-    logger.finalize("success")
-    return {"rows": result.rows, "info": result.info, "files": paths, "result": result}
-
-
-def write(result: ProbeResult, run_dir: Path) -> list[Path]:
-    """Write ``result`` into ``run_dir``; return the paths."""
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = [write_csv(run_dir / f"{name}.csv", rows, cols) for name, (rows, cols) in result.tables.items()]
     (run_dir / "probe_info.json").write_text(json.dumps(result.info, indent=2, default=str))
-    return paths + write_outputs(result.rows, result.info, run_dir, result.name, result.contributions,
-                                 result.sections)
+    paths += write_outputs(result.rows, result.info, run_dir, result.name, result.contributions, result.sections)
+    logger.finalize("success")
+    return {"rows": result.rows, "info": result.info, "files": paths, "result": result}
 
 
 @contextmanager

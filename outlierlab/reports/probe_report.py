@@ -6,6 +6,11 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+# Figures without pyplot: drawing to a file neither switches the caller's backend (a notebook's inline plots) nor
+# keeps figures open
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
 from outlierlab.utils.tables import md_table, write_csv
 
 COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "chance", "n_train", "n_val", "n_test",
@@ -66,14 +71,6 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str, section
     return path
 
 
-def _figure(**kwargs):
-    """A figure drawn to a file only: matplotlib's ``Figure`` without pyplot, so drawing neither switches the
-    caller's backend (a notebook's inline plots) nor keeps figures open."""
-    from matplotlib.figure import Figure
-
-    return Figure(**kwargs)
-
-
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -82,13 +79,11 @@ def _save(fig, path: Path) -> Path:
 
 def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
     """accuracy vs layer; outlier vs mean contribution per layer; contribution heatmap layers x top dims."""
-    from matplotlib.ticker import MaxNLocator
-
     transforms = list(dict.fromkeys(r["transform"] for r in rows))
     by_t = {t: [r for r in rows if r["transform"] == t] for t in transforms}
     paths = []
 
-    fig = _figure(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     for t, rs in by_t.items():
         ax.plot([r["layer"] for r in rs], [r["accuracy"] for r in rs], marker="o", label=t)
@@ -98,7 +93,7 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
     ax.legend()
     paths.append(_save(fig, run_dir / f"{stem}_accuracy.png"))
 
-    fig = _figure(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     for t, rs in by_t.items():
         if t in MIXING:
@@ -122,7 +117,7 @@ def write_heatmap(contrib: dict, run_dir: Path, stem: str, per_layer: int = 3, e
     first = next(iter(panels.values()))
     dims = sorted({int(i) for row in first for i in row.topk(min(per_layer, row.numel())).indices}
                   | {int(i) for i in extra_dims if 0 <= int(i) < first.shape[1]})
-    fig = _figure(figsize=(1.2 + 0.45 * len(dims) * len(panels), 0.4 * first.shape[0] + 1.5))
+    fig = Figure(figsize=(1.2 + 0.45 * len(dims) * len(panels), 0.4 * first.shape[0] + 1.5))
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (t, c) in zip(axes[0], panels.items()):
         im = ax.imshow(c[:, dims].numpy(), aspect="auto", cmap="viridis")
