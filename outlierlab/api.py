@@ -331,6 +331,10 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     texts, seed = check_texts(texts), _seed(seed)
     choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
     _check_arguments(choices[1:], ("transform", "seed", "progress"))
+    task = next((o for o in choices[1:] if o.split("=", 1)[0].lstrip("+~") == "task"), None)
+    if task is not None:  # another task trains a sentence classifier: no position_probe table to return
+        raise ValueError(f"overrides={task!r}: probe_positions runs the position task; run a sentence classifier "
+                         "with `python probe.py task=sst2` (configs/task/)")
     _check_choices(choices, "probe")
     cfg = _compose("probe", ["task=position", f"seed={seed}", f"progress={str(bool(progress)).lower()}",
                              "features.cache_dir=null", *_encoder_overrides(encoder), *choices])

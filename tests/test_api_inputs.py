@@ -212,3 +212,10 @@ def test_an_analysis_whose_run_returns_something_else_is_told_what_to_return(ret
     ok = SimpleNamespace(NAME="mine", run=lambda ctx: ol.AnalysisResult("mine", [{"layer": 0, "x": 1.5}], ""))
     assert ol.evaluate(enc, ["A sentence.", "Another one."], analyses=[ok], transforms=["none"],
                        progress=False)["mine"]["x"].tolist() == [1.5]
+
+
+def test_probe_positions_refuses_another_task():
+    # task=sst2 ran a sentence classifier and returned no position_probe table (a KeyError after the training)
+    with pytest.raises(ValueError) as e:
+        ol.probe_positions(_NoEncoder(), ["A sentence."], overrides=["task=sst2"])
+    assert _one_line(e).startswith("overrides='task=sst2': probe_positions runs the position task")

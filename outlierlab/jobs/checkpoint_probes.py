@@ -23,7 +23,6 @@ import csv
 import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from outlierlab.utils.tables import write_csv
@@ -81,14 +80,14 @@ def probe_run(run_dir: str | Path, overrides: list[str] | None = None, max_sente
         dest = out / f"step{step:07d}"
         if (dest / "position_probe.csv").is_file():
             continue
-        with tempfile.TemporaryDirectory(prefix="outlierlab_probe_") as cache:
-            cfg = compose_config("probe", [f"encoder.name_or_path={quoted(ckpt)}", f"features.cache_dir={quoted(cache)}",
-                                           "progress=false", f"data.max_sentences={max_sentences}", *(overrides or [])])
-            staging = out / f".step{step:07d}.partial"
-            shutil.rmtree(staging, ignore_errors=True)
-            run(cfg, staging)
-            shutil.rmtree(dest, ignore_errors=True)
-            staging.replace(dest)  # a step counts as probed only with all its files
+        # features held in memory (features.cache_dir=null): each checkpoint's are encoded once and never reread
+        cfg = compose_config("probe", [f"encoder.name_or_path={quoted(ckpt)}", "features.cache_dir=null",
+                                       "progress=false", f"data.max_sentences={max_sentences}", *(overrides or [])])
+        staging = out / f".step{step:07d}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        run(cfg, staging)
+        shutil.rmtree(dest, ignore_errors=True)
+        staging.replace(dest)  # a step counts as probed only with all its files
         done.append(step)
         print(f"[checkpoint_probes] {run_dir.name}: step {step} probed", flush=True)
     steps = sorted(checkpoints)
