@@ -13,7 +13,7 @@ it lives: ``transform`` is a multi-select group whose keys are the union of the 
 guard keys come from here; an encoder preset states its ``name_or_path`` itself (both in
 :mod:`outlierlab.evaluation.settings_store`).
 
-Every class is a pydantic dataclass in strict mode (:func:`_settings_class`): a wrong type (``threshold='high'``,
+Every class is a pydantic dataclass in strict mode (:func:`settings_class`): a wrong type (``threshold='high'``,
 ``top_k=2.5``, ``top_k=True``), a value out of the range or choices its type declares (``Share``: (0, 1];
 ``Literal["share", "sigma"]``) or an unknown key is refused when the object is built -- from a config or from
 Python, so ``OutliersSettings(threshold=2)`` fails as the YAML would -- and ``__post_init__`` checks what involves
@@ -68,7 +68,7 @@ ABSENT = "absent"
 S = TypeVar("S")
 
 
-def _check(ok: bool, message: str) -> None:
+def require(ok: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``ok`` (the classes' range checks)."""
     if not ok:
         raise ValueError(message)
@@ -109,7 +109,7 @@ CountsFrom = Literal["auto", "pretraining", "eval", "files"]
 _STRICT = pydantic.ConfigDict(strict=True, extra="forbid")
 
 
-def _settings_class(cls: type[S]) -> type[S]:
+def settings_class(cls: type[S]) -> type[S]:
     """``cls`` as a frozen, strictly typed pydantic dataclass whose every refusal is one ``ValueError`` line."""
     cls = pydantic.dataclasses.dataclass(frozen=True, config=_STRICT)(cls)
     validated_init = cls.__init__
@@ -216,7 +216,7 @@ def section_settings(cls: type[S], root_cfg: Any) -> S:
 
 
 # ------------------------------------------------------------------------------------- shared sections
-@_settings_class
+@settings_class
 class DataSettings:
     """``data``: the evaluation sentences of the shared streaming pass (and the texts' fallback)."""
 
@@ -230,7 +230,7 @@ class DataSettings:
     one_pass: bool = _optional(True, absent=True)  # absent in older configs: the one-pass default
 
 
-@_settings_class
+@settings_class
 class EncoderSettings:
     """``encoder`` (``configs/encoder/``): which encoder ``evaluate.py`` loads and how it batches.
 
@@ -253,12 +253,12 @@ class EncoderSettings:
     revision: str | None = None  # a hub revision (branch, tag, commit: Pythia's step1000)
 
     def __post_init__(self) -> None:
-        _check(self.device_map is None or isinstance(self.device_map, dict) or self.device_map in DEVICE_MAPS,
+        require(self.device_map is None or isinstance(self.device_map, dict) or self.device_map in DEVICE_MAPS,
                f"encoder.device_map must be null, a mapping or one of {', '.join(DEVICE_MAPS)}, "
                f"got {self.device_map!r}")
 
 
-@_settings_class
+@settings_class
 class TransformSettings:
     """``transform``: which transforms are compared and how they are fitted.  ``dims``, ``dims_by_layer``
     (clip group), ``k`` (whiten group) and ``abtt_d`` (abtt group) are absent when their group is not
@@ -281,7 +281,7 @@ class TransformSettings:
 
 
 # ----------------------------------------------------------------------------- the sentence analyses
-@_settings_class
+@settings_class
 class OutliersSettings:
     """``outliers``: the activation outlier rule (also what clip removes) and the position-table σ rule."""
 
@@ -297,7 +297,7 @@ class OutliersSettings:
     position_k: Positive = 3.0
 
 
-@_settings_class
+@settings_class
 class AnisotropySettings:
     """``anisotropy``: sentences sampled for the cross-sentence token pairs; the rogue-dimension columns
     (Timkey & van Schijndel 2021): the k of the top-k shares and rankings, and how many dims are listed."""
@@ -312,11 +312,11 @@ class AnisotropySettings:
     rogue_list: AtLeast1 = 5
 
     def __post_init__(self) -> None:
-        _check(bool(self.rogue_k) and all(k >= 1 for k in self.rogue_k),
+        require(bool(self.rogue_k) and all(k >= 1 for k in self.rogue_k),
                f"anisotropy.rogue_k must list ks >= 1, got {list(self.rogue_k)}")
 
 
-@_settings_class
+@settings_class
 class IsotropySettings:
     """``isotropy``: IsoScore* shrinkage (Rudman & Eickhoff 2023)."""
 
@@ -326,7 +326,7 @@ class IsotropySettings:
     zeta: Annotated[float, pydantic.Field(ge=0, le=1)] = 0.75
 
 
-@_settings_class
+@settings_class
 class SelfSimilaritySettings:
     """``self_similarity``: which words are target words."""
 
@@ -339,7 +339,7 @@ class SelfSimilaritySettings:
 
 
 # --------------------------------------------------------------------------------------- the tasks
-@_settings_class
+@settings_class
 class WicSettings:
     """``wic`` (``configs/wic/``): the pairs, the splits to choose and report on, the threshold sweep.
 
@@ -361,16 +361,16 @@ class WicSettings:
     hub_name: str = "wic"
 
     def __post_init__(self) -> None:
-        _check(bool(self.files) or self.source in ("wordnet", "superglue"),
+        require(bool(self.files) or self.source in ("wordnet", "superglue"),
                f"unknown wic.source {self.source!r}; choose wordnet, superglue, or give wic.files=[...]")
-        _check(bool(self.thresholds), "wic.thresholds is empty")
+        require(bool(self.thresholds), "wic.thresholds is empty")
         # threshold chosen on wic.split, accuracy reported on report_split: the two must differ
-        _check(not self.report_split or str(self.report_split) != str(self.split or ""),
+        require(not self.report_split or str(self.report_split) != str(self.split or ""),
                f"wic.report_split={self.report_split!r} equals wic.split: choose on one split, report on another "
                "(or wic.report_split=null for the paper's sweep only)")
 
 
-@_settings_class
+@settings_class
 class StsSettings:
     """``sts`` (``configs/sts/``): hub data sets and/or local files, the split, the sub-set column.
 
@@ -391,7 +391,7 @@ class StsSettings:
 
 
 # ------------------------------------------------------------------ the LayerNorm-outlier analyses
-@_settings_class
+@settings_class
 class _TextSettings:
     """Keys every LayerNorm-outlier analysis has: its own texts (else ``data.files``) and how many (each
     subclass restates ``max_sentences`` with its own preset's default)."""
@@ -402,11 +402,11 @@ class _TextSettings:
 
 
 def _check_layernorms(section: str, kinds: tuple[str, ...] | None) -> None:
-    _check(kinds is None or (bool(kinds) and set(kinds) <= set(LAYERNORM_KINDS)),
+    require(kinds is None or (bool(kinds) and set(kinds) <= set(LAYERNORM_KINDS)),
            f"{section}.layernorms={list(kinds or [])}: choose from {sorted(LAYERNORM_KINDS)}")
 
 
-@_settings_class
+@settings_class
 class AblationSettings(_TextSettings):
     """``ablation`` (``configs/ablation/default.yaml``): Kovaleva et al.'s masked-LM ablation."""
 
@@ -437,13 +437,13 @@ class AblationSettings(_TextSettings):
 
     def __post_init__(self) -> None:
         _check_layernorms("ablation", self.layernorms)
-        _check(not self.example or "{mask}" in self.example,
+        require(not self.example or "{mask}" in self.example,
                f"ablation.example must contain the placeholder {{mask}}: {self.example!r}")
 
 
 
 
-@_settings_class
+@settings_class
 class FrequencySettings(_TextSettings):
     """``frequency`` (``configs/frequency/default.yaml``): Puccetti et al.'s frequency correlation."""
 
@@ -468,11 +468,11 @@ class FrequencySettings(_TextSettings):
     plot_layers: Ints | None = None
 
     def __post_init__(self) -> None:
-        _check(self.counts_from != "files" or bool(self.count_files),
+        require(self.counts_from != "files" or bool(self.count_files),
                "frequency.counts_from=files needs frequency.count_files=[a.txt,...]")
 
 
-@_settings_class
+@settings_class
 class OrderUseSettings(_TextSettings):
     """``order_use`` (``configs/order_use/default.yaml``): permuted-token loss minus intact loss, attention locality."""
 
@@ -489,7 +489,7 @@ class OrderUseSettings(_TextSettings):
     seed: int | None = None
 
 
-@_settings_class
+@settings_class
 class AttentionSinksSettings(_TextSettings):
     """``attention_sinks`` (``configs/attention_sinks/default.yaml``): attention mass on special tokens."""
 
@@ -513,7 +513,7 @@ class AttentionSinksSettings(_TextSettings):
         _check_layernorms("attention_sinks", self.layernorms)
 
 
-@_settings_class
+@settings_class
 class FrequentTokensSettings(_TextSettings):
     """``frequent_tokens`` (``configs/frequent_tokens/default.yaml``): Macocco et al. 2025's heuristic."""
 
@@ -547,11 +547,11 @@ class FrequentTokensSettings(_TextSettings):
     late_position: AtLeast0 = 100
 
     def __post_init__(self) -> None:
-        _check(self.counts_from != "files" or bool(self.count_files),
+        require(self.counts_from != "files" or bool(self.count_files),
                "frequent_tokens.counts_from=files needs frequent_tokens.count_files=[a.txt,...]")
 
 
-@_settings_class
+@settings_class
 class QKOutliersSettings(_TextSettings):
     """``qk_outliers`` (``configs/qk_outliers/default.yaml``): Jonasson 2025's query/key features."""
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from outlierlab.evaluation.settings import (AtLeast1, Floats, OutliersSettings, Positive, _check, _settings_class,
+from outlierlab.evaluation.settings import (AtLeast1, Floats, OutliersSettings, Positive, require, settings_class,
                                             load_settings)
 
 __all__ = ["ProbeSettings", "check_settings"]
 
 
-@_settings_class
+@settings_class
 class ProbeSettings:
     """``probe`` (``configs/probe.yaml``): the linear probes' data split, training and listing.
 
@@ -51,7 +51,7 @@ class ProbeSettings:
 
     def __post_init__(self) -> None:
         # split_indices would refuse these only after every text is encoded; train and test need sentences
-        _check(len(self.splits) == 3 and min(self.splits) >= 0 and self.splits[0] > 0 and self.splits[2] > 0,
+        require(len(self.splits) == 3 and min(self.splits) >= 0 and self.splits[0] > 0 and self.splits[2] > 0,
                f"probe.splits must be three fractions >= 0 (train, validation, test; train and test > 0), "
                f"got {list(self.splits)}")
 
