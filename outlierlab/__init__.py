@@ -15,7 +15,8 @@ Everything lives under this one name so that installing the project never shadow
 # The Python API (outlierlab/api.py: ``ol.load_encoder``, ``ol.evaluate``, ``ol.probe_positions``, ``ol.dim_identity``),
 # loaded the same way,
 # what an analysis written in a notebook subclasses or returns (``ol.Consumer``, ``ol.AnalysisResult``; its own
-# pass over other texts: ``ol.LayerStream``), and the typed settings ``ol.evaluate(settings=[...])`` takes.
+# pass over other texts: ``ol.LayerStream``), and the typed settings ``ol.evaluate(settings=[...])`` and
+# ``ol.probe_positions(settings=[...])`` take.
 try:  # the installed distribution's version; a bare source tree (no install) says so instead of guessing
     from importlib.metadata import PackageNotFoundError, version as _version
 
@@ -34,7 +35,8 @@ _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
          **{name: "outlierlab.evaluation.settings" for name in (
              "DataSettings", "OutliersSettings", "AnisotropySettings", "IsotropySettings", "SelfSimilaritySettings",
              "WicSettings", "StsSettings", "AblationSettings", "FrequencySettings", "AttentionSinksSettings",
-             "FrequentTokensSettings", "QKOutliersSettings", "OrderUseSettings")}}
+             "FrequentTokensSettings", "QKOutliersSettings", "OrderUseSettings")},
+         "ProbeSettings": "outlierlab.jobs.probe_settings"}
 
 __all__ = list(_LAZY)
 

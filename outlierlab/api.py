@@ -232,13 +232,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
         raise ValueError("plots=True draws PNG files: give out_dir= (where they go), or read the tables")
     choices = [f"transform=[{','.join(transforms)}]", *overrides]
     _check_choices(choices, "evaluate")
-    sections = _sections(settings)
-    for override in overrides:  # a settings object replaces its whole section: this override would be dropped
-        key = override.split("=", 1)[0].lstrip("+~")
-        if "." in key and key.split(".", 1)[0] in sections:
-            name = type(next(s for s in settings if s.SECTION == key.split(".", 1)[0])).__name__
-            raise ValueError(f"overrides={override!r} sets a key of the section settings= gives whole ({name}): "
-                             f"set it there, e.g. {name}({key.rsplit('.', 1)[-1]}=...)")
+    sections = _sections(settings, _evaluate_sections(), overrides)
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={seed}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
                                 f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices])
@@ -254,18 +248,26 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     return tables
 
 
-def _sections(settings: Sequence[Any] | None) -> dict[str, dict]:
-    """``settings`` (typed sections) as plain config sections, each class at most once, or one line naming the
-    bad item."""
+def _evaluate_sections() -> list[type]:
+    """The sections ``ol.evaluate(settings=[...])`` takes: every analysis' and the run's, but the encoder (the first
+    argument) and the transforms (``transforms=``)."""
     from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS
     from outlierlab.evaluation.settings import EncoderSettings, TransformSettings
+
+    return [c for c in dict.fromkeys([*RUN_SETTINGS, *SETTINGS.values()]) if c not in (EncoderSettings, TransformSettings)]
+
+
+def _sections(settings: Sequence[Any] | None, allowed: Sequence[type], overrides: Sequence[str]) -> dict[str, dict]:
+    """``settings`` (typed sections, each of a class in ``allowed``) as plain config sections, each class at most
+    once, or one line naming the bad item; an override of a key of a section given whole is refused (composed
+    first, the section would replace it without a word)."""
     from outlierlab.evaluation.settings_store import as_node
 
     if settings is None:
         return {}
     if isinstance(settings, (str, bytes)) or not isinstance(settings, Sequence):
-        raise TypeError(f"settings={settings!r}: expected a list of settings objects, e.g. [OutliersSettings(k=2.0)]")
-    allowed = {c for c in [*RUN_SETTINGS, *SETTINGS.values()] if c not in (EncoderSettings, TransformSettings)}
+        raise TypeError(f"settings={settings!r}: expected a list of settings objects, e.g. "
+                        f"[{allowed[0].__name__}()]")
     out = {}
     for item in settings:
         if type(item) not in allowed:
@@ -275,6 +277,12 @@ def _sections(settings: Sequence[Any] | None) -> dict[str, dict]:
         if item.SECTION in out:
             raise ValueError(f"settings: two {type(item).__name__} given; give each section once")
         out[item.SECTION] = as_node(item)
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if "." in key and key.split(".", 1)[0] in out:
+            name = type(next(s for s in settings if s.SECTION == key.split(".", 1)[0])).__name__
+            raise ValueError(f"overrides={override!r} sets a key of the section settings= gives whole ({name}): "
+                             f"set it there, e.g. {name}({key.rsplit('.', 1)[-1]}=...)")
     return out
 
 
@@ -305,7 +313,7 @@ def _analysis_name(analysis) -> str:
 
 def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Sequence[str] = ("none",), seed: int = 0,
                     out_dir: str | Path | None = None, overrides: Sequence[str] = (), progress: bool = True,
-                    tables: bool = False):
+                    tables: bool = False, settings: Sequence[Any] | None = None):
     """probe.py's position probe (Luo et al. 2021 §3) on ``encoder``, in memory: a DataFrame, the rows of
     ``position_probe.csv`` (one per layer x transform: accuracy, mean absolute position error, the top neurons by
     contribution).  Nothing is written unless ``out_dir`` is given: then everything probe.py writes goes there (CSVs,
@@ -325,7 +333,9 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     row) and ``order_use_layers`` (one per layer; both absent with ``probe.order_use=false``).  In every table an
     empty cell is NaN; the columns listing dims (``top_neurons``, ``outlier_dims``, ``outlier_rank``,
     ``clipped_dims``) hold their space-separated strings (``"308 381"``).  ``progress``: the tqdm bar while encoding,
-    as in :func:`evaluate`."""
+    as in :func:`evaluate`.  ``settings``: typed sections, each replacing its whole section as in :func:`evaluate`:
+    ``[ol.ProbeSettings(epochs=2, max_positions=64)]`` (:class:`outlierlab.jobs.probe_settings.ProbeSettings`) and
+    the outlier rule clip detects its dims with, ``ol.OutliersSettings``."""
     from outlierlab.jobs.probing import probe, run
 
     texts, seed = check_texts(texts), _seed(seed)
@@ -336,8 +346,14 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
         raise ValueError(f"overrides={task!r}: probe_positions runs the position task; run a sentence classifier "
                          "with `python probe.py task=sst2` (configs/task/)")
     _check_choices(choices, "probe")
+    from outlierlab.evaluation.settings import OutliersSettings
+    from outlierlab.jobs.probe_settings import ProbeSettings
+
+    sections = _sections(settings, [ProbeSettings, OutliersSettings], choices[1:])
     cfg = _compose("probe", ["task=position", f"seed={seed}", f"progress={str(bool(progress)).lower()}",
                              "features.cache_dir=null", *_encoder_overrides(encoder), *choices])
+    for section, values in sections.items():  # whole sections, after the presets, as in evaluate()
+        cfg[section] = values
     if out_dir is None:
         frames = probe(cfg, encoder, texts).frames()
     else:

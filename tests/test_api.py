@@ -175,6 +175,10 @@ def test_probe_positions_runs_in_memory_writes_nothing_and_equals_probe_py(tmp_p
     assert {"probe_info.json", "probe_report.md", "tensorboard", "position_probe_accuracy.png"} <= written
     for csv in cli.glob("*.csv"):
         assert (api / csv.name).read_bytes() == csv.read_bytes(), csv.name
+    # the same settings as a typed section: the same table
+    typed = ol.probe_positions(enc, texts, seed=2, progress=False,
+                               settings=[ol.ProbeSettings(epochs=2, max_positions=32)])
+    pd.testing.assert_frame_equal(typed, tables["position_probe"], check_exact=True)
 
 
 def test_empty_texts_are_refused_in_one_line(tmp_path):

@@ -219,3 +219,15 @@ def test_probe_positions_refuses_another_task():
     with pytest.raises(ValueError) as e:
         ol.probe_positions(_NoEncoder(), ["A sentence."], overrides=["task=sst2"])
     assert _one_line(e).startswith("overrides='task=sst2': probe_positions runs the position task")
+
+
+def test_probe_positions_takes_only_its_own_settings_sections():
+    with pytest.raises(TypeError) as e:
+        ol.probe_positions(_NoEncoder(), ["A sentence."], settings=[ol.WicSettings()])
+    assert "expected one of OutliersSettings, ProbeSettings" in _one_line(e)
+    # an override of a key of a section given whole would be dropped: refused
+    with pytest.raises(ValueError) as e:
+        ol.probe_positions(_NoEncoder(), ["A sentence."], settings=[ol.ProbeSettings(epochs=2)],
+                           overrides=["probe.lr=0.01"])
+    assert _one_line(e).startswith("overrides='probe.lr=0.01' sets a key of the section settings= gives whole "
+                                   "(ProbeSettings)")
