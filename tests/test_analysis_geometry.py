@@ -270,3 +270,16 @@ def test_isotropy_takes_the_transformed_covariance_without_products_for_none_and
                               atol=1e-12)
         assert float(isoscore_from_covariance(transformed_layer_covariance(st, "whiten", layer, cov))[0]) == \
             pytest.approx(1.0, abs=1e-6)  # whitened: every direction carries the same variance
+
+
+def test_a_rogue_k_above_the_hidden_size_is_refused_not_dropped():
+    # k = 500 of 12 dims has no top-k share; it used to vanish from the tables (no top500_share column, no word)
+    g = _g(31)
+    a, b = torch.randn(2, 30, 12, generator=g), torch.randn(2, 30, 12, generator=g)
+    a[:, :, 4] += 6.0  # a rogue dim: the shares are defined
+    b[:, :, 4] += 6.0
+    with pytest.raises(ValueError, match=r"rogue k \[500\] outside 1\.\.12.*anisotropy\.rogue_k"):
+        rogue_summary(a, b, (1, 500))
+    # k = d is allowed: all dims hold the whole anisotropy, a share of exactly 1
+    s = rogue_summary(a, b, (1, 12))
+    assert set(s.share) == {1, 12} and torch.allclose(s.share[12], torch.ones(2, dtype=s.share[12].dtype))

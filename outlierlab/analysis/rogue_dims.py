@@ -151,9 +151,15 @@ def rogue_summary(a: Tensor, b: Tensor, ks: Sequence[int] = (1, 3, 5), min_z: fl
     vectors ``[L, P, d]``."""
     if a.ndim == 2:
         a, b = a[None], b[None]
+    d = a.shape[-1]
+    # a k outside 1..d has no top-k share: dropping it left its columns out of the tables without a word
+    bad = [k for k in ks if not 1 <= int(k) <= d]
+    if bad:
+        raise ValueError(f"rogue k {bad} outside 1..{d}: the vectors have {d} dims, so a top-k share needs "
+                         f"1 <= k <= {d}; lower anisotropy.rogue_k")
     cc = cosine_contributions(a, b)
     defined = share_defined(a, b, min_z)
-    ks = [int(k) for k in ks if 1 <= int(k) <= cc.shape[-1]]
+    ks = [int(k) for k in ks]
     order = cc.argsort(dim=-1, descending=True)
     share, r2, rho = {}, {}, {}
     for k in ks:
