@@ -140,8 +140,10 @@ class OutlierMonitorCallback(TrainerCallback):
         bad = {"model", "global_zero", "max_steps", "out_dir", "every_n_steps", "tokenizer"} & set(monitor_kwargs)
         if bad:
             raise TypeError(f"OutlierMonitorCallback sets {sorted(bad)} itself")
-        if int(every_n_steps) < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        # every setting checked now, by the monitor's own checks, not at on_train_begin after the Trainer's setup
+        OutlierMonitor(out_dir=out_dir if out_dir is not None else "monitor", every_n_steps=every_n_steps,
+                       sentences=sentences, writer=False if writer is None else writer, global_zero=False,
+                       **monitor_kwargs)
         self.tokenizer, self.every_n_steps, self.out_dir = tokenizer, int(every_n_steps), out_dir
         self.sentences, self.writer, self.monitor_kwargs = sentences, writer, monitor_kwargs
         self.monitor: OutlierMonitor | None = None

@@ -33,6 +33,7 @@ from outlierlab.analysis.order_use import (attention_locality, heldout_order_use
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.models.sites import monitored_forward
 from outlierlab.reports import monitor_plots as plots
+from . import arguments
 
 __all__ = ["HiddenStateTracker", "heldout_max_length", "model_device", "is_causal_lm", "order_use_records",
            "locality_records", "vector_order_records"]
@@ -153,13 +154,15 @@ class HiddenStateTracker:
     def __init__(self, n_sequences: int = 32, sentences_path: str | None = None, max_length: int | None = None,
                  top_k: int = 5, n_pairs: int = 1000, seed: int = 0, sink_threshold: float = 0.3,
                  order_use: bool = False) -> None:
-        if int(n_sequences) < 2:
-            raise ValueError(f"n_sequences must be >= 2 (anisotropy pairs tokens of different sequences), "
-                             f"got {n_sequences}")
-        self.n_sequences, self.sentences_path, self.max_length = int(n_sequences), sentences_path, max_length
-        self.top_k, self.n_pairs, self.seed = int(top_k), int(n_pairs), int(seed)
-        self.sink_threshold = float(sink_threshold)
-        self.order_use = bool(order_use)
+        # >= 2: anisotropy pairs tokens of different sequences
+        self.n_sequences = arguments.count("n_sequences", n_sequences, 2)
+        self.sentences_path = arguments.path_like("sentences_path", sentences_path, optional=True)
+        self.max_length = arguments.count("max_length", max_length, 2, optional=True)  # <s> and one token
+        self.top_k, self.n_pairs = arguments.count("top_k", top_k, 1), arguments.count("n_pairs", n_pairs, 1)
+        self.seed = arguments.count("seed", seed, 0)
+        # a mean attention share: above 1 no head is a sink, at 0 every head is
+        self.sink_threshold = arguments.number("sink_threshold", sink_threshold, 0.0, 1.0)
+        self.order_use = arguments.flag("order_use", order_use)
         self.order_ids: tuple[set[int], int | None] | None = None  # special ids kept in place, the mask id
         self.last_order_use: float | None = None
         self.headless = False  # the model gave no LM loss: its vectors' order change is recorded instead

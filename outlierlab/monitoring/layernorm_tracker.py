@@ -32,6 +32,7 @@ from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot
 from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 from outlierlab.reports import monitor_plots as plots
 from outlierlab.reports.history import read_history, vectors_by_step
+from . import arguments
 
 __all__ = ["LayerNormTracker", "layernorm_outliers_notice", "initial_from_state"]
 
@@ -83,10 +84,14 @@ class LayerNormTracker:
 
     def __init__(self, rule: LayerNormRule | Mapping | None = None, top_k: int = 3, histograms: bool = True,
                  max_heatmap_rows: int = 200) -> None:
+        if rule is not None and not isinstance(rule, (LayerNormRule, Mapping)):
+            raise TypeError(f"rule must be a LayerNormRule, a mapping of its keys (k, criterion, layernorms, "
+                            f"min_layers) or None, got {rule!r} ({type(rule).__name__})")
         self.rule = LayerNormRule.from_mapping(dict(rule) if isinstance(rule, Mapping) else rule)
-        self.top_k = int(top_k)
-        self.histograms = bool(histograms)
-        self.max_heatmap_rows = int(max_heatmap_rows)
+        self.top_k = arguments.count("top_k", top_k, 1)
+        self.histograms = arguments.flag("histograms", histograms)
+        # the heatmap keeps the first and the last recorded step: fewer than 2 rows would drop the last
+        self.max_heatmap_rows = arguments.count("max_heatmap_rows", max_heatmap_rows, 2)
         self.initial: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
         self.initial_restored = False  # the snapshot came from a checkpoint / file, not from this run's start
         self._heat_steps: list[int] = []

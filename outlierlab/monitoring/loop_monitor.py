@@ -55,6 +55,7 @@ from outlierlab.reports.history import HistoryCSV
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import DirLock, lock_dir
 
+from . import arguments
 from .hidden_state_tracker import HiddenStateTracker
 from .layernorm_tracker import LayerNormTracker
 from .recording import is_image_step, publish
@@ -148,17 +149,27 @@ class OutlierMonitor:
                  n_pairs: int = 1000, seed: int = 0, sink_threshold: float = 0.3, order_use: bool = True,
                  writer: Any = None,
                  global_zero: bool | None = None, warn: Callable[[str], Any] = warnings.warn) -> None:
-        if int(every_n_steps) < 1 or int(image_every_n_steps) < 1:
-            raise ValueError(f"every_n_steps and image_every_n_steps must be >= 1, got {every_n_steps}, "
-                             f"{image_every_n_steps}")
-        self.out_dir = Path(out_dir)
-        self.every_n_steps, self.image_every_n_steps = int(every_n_steps), int(image_every_n_steps)
-        self.vectors, self.figures = bool(vectors), bool(figures)
-        self.max_steps = None if max_steps is None or int(max_steps) <= 0 else int(max_steps)
-        self.tokenizer, self.sentences = tokenizer, None if sentences is None else list(sentences)
-        self.layernorm = LayerNormTracker(rule, ln_top_k, histograms, max_heatmap_rows) if layernorm else None
-        self.hidden = (HiddenStateTracker(n_sequences, sentences_path, max_length, top_k, n_pairs, seed,
-                                          sink_threshold, order_use) if hidden_states else None)
+        self.out_dir = Path(arguments.path_like("out_dir", out_dir))
+        self.every_n_steps = arguments.count("every_n_steps", every_n_steps, 1)
+        self.image_every_n_steps = arguments.count("image_every_n_steps", image_every_n_steps, 1)
+        self.vectors, self.figures = arguments.flag("vectors", vectors), arguments.flag("figures", figures)
+        # <= 0 is "no last step" (Lightning's and the Trainer's max_steps=-1)
+        max_steps = arguments.count("max_steps", max_steps, None, optional=True)
+        self.max_steps = None if max_steps is None or max_steps <= 0 else max_steps
+        self.tokenizer, self.sentences = tokenizer, arguments.texts("sentences", sentences)
+        if writer is not None and writer is not False and not callable(getattr(writer, "add_scalar", None)):
+            raise TypeError(f"writer must be a SummaryWriter-like object (add_scalar), None (own writer) or False "
+                            f"(none), got {writer!r} ({type(writer).__name__})")
+        if global_zero is not None:
+            arguments.flag("global_zero", global_zero)
+        if not callable(warn):
+            raise TypeError(f"warn must be callable (e.g. warnings.warn or print), got {warn!r}")
+        ln_settings = (rule, arguments.count("ln_top_k", ln_top_k, 1), histograms, max_heatmap_rows)
+        hidden_settings = (n_sequences, sentences_path, max_length, top_k, n_pairs, seed, sink_threshold, order_use)
+        # the settings of a monitor turned off are checked too: a typo stays a typo when it is switched on
+        ln_tracker, hidden_tracker = LayerNormTracker(*ln_settings), HiddenStateTracker(*hidden_settings)
+        self.layernorm = ln_tracker if arguments.flag("layernorm", layernorm) else None
+        self.hidden = hidden_tracker if arguments.flag("hidden_states", hidden_states) else None
         self._writer_arg = writer
         self.writer: Any = None
         self._own_writer = False
