@@ -26,6 +26,10 @@ def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    replaced = remove_earlier_outputs(run_dir)
+    if replaced:
+        print(f"[evaluate] {run_dir} held an earlier evaluation: its {len(replaced)} output(s) are replaced by this "
+              f"run's ({', '.join(replaced[:6])}{', ...' if len(replaced) > 6 else ''})", flush=True)
     tb = None
     if cfg.tensorboard:
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when tensorboard is on
@@ -33,15 +37,77 @@ def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[
         tb = SummaryWriter(str(run_dir / "tensorboard"))
     try:
         run = run_analyses(cfg, encoder, given, texts, run_dir, tb)
-        paths = write_outputs(run_dir, run.results, run.meta, _header(run.meta), run.columns, tb)
+        paths = {}
         for res in run.results:  # side tables (anisotropy_contributions.csv, layernorm.csv, ...)
             for name, (rows, cols) in res.tables.items():
                 paths[f"{name}.csv"] = write_csv(run_dir / f"{name}.csv", rows, cols, cell=joined)
+        # results.json names every output, so that the next evaluation in this directory removes exactly these; it
+        # is written after the tables, so a results.json on disk means they are all there
+        run.meta["files"] = outputs_of(run.results, tb is not None)
+        paths.update(write_outputs(run_dir, run.results, run.meta, _header(run.meta), run.columns, tb))
     finally:
         if tb is not None:
             tb.close()
     print(f"[evaluate] done in {run.meta['seconds']:.0f} s -> {run_dir} ({', '.join(sorted(paths))})", flush=True)
     return {"results": run.results, "meta": run.meta, "files": paths, "evaluation": run}
+
+
+#: What a results.json written before it named its outputs (``meta.files``) is known to have had beside it.
+_RESULTS = "results.json"
+_REPORT = "report.md"
+_TENSORBOARD = "tensorboard/"
+
+
+def outputs_of(results: Sequence[Any], tensorboard: bool) -> list[str]:
+    """The names, relative to the run directory, of every file an evaluation with these results writes: each
+    analysis' CSV, its side tables and figures, ``results.json``, ``report.md`` and (``tensorboard/``) its events."""
+    names = {f"{r.name}.csv" for r in results}
+    names |= {f"{t}.csv" for r in results for t in r.tables}
+    names |= {Path(f).name for r in results for f in r.figures}
+    names |= {_RESULTS, _REPORT} | ({_TENSORBOARD} if tensorboard else set())
+    return sorted(names)
+
+
+def remove_earlier_outputs(run_dir: Path) -> list[str]:
+    """Remove the outputs of an earlier evaluation in ``run_dir`` (those its ``results.json`` names); return them.
+
+    Reusing a directory used to keep the earlier run's files that this one does not write (``anisotropy.csv`` of
+    a run with more analyses, its figures, its TensorBoard events beside the new ones) next to a report and a
+    results.json that no longer mention them. Only what that evaluation wrote is removed -- never other files of a
+    directory given as ``out_dir`` -- and ``results.json`` first: a run stopped half-way leaves no results.json, so
+    the directory does not read as a finished evaluation. A results.json written before the outputs were named
+    gives its analyses' CSVs and figures.
+    """
+    import json
+
+    try:
+        earlier = json.loads((run_dir / _RESULTS).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("meta"), dict):
+        return []  # not an evaluation's results.json: nothing here is known to be this job's
+    files = earlier["meta"].get("files")
+    if not isinstance(files, list):
+        analyses = earlier.get("analyses") if isinstance(earlier.get("analyses"), dict) else {}
+        files = [f"{a}.csv" for a in analyses] + [f for a in analyses.values() if isinstance(a, dict)
+                                                   for f in a.get("figures") or []] + [_RESULTS, _REPORT]
+    names = [f for f in files if isinstance(f, str) and f]
+    removed = []
+    for name in sorted(names, key=lambda f: f != _RESULTS):  # results.json first
+        if name == _TENSORBOARD:
+            events = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+            for e in events:
+                e.unlink(missing_ok=True)
+            if events:
+                removed.append(_TENSORBOARD)
+            continue
+        if "/" in name or "\\" in name or name in (".", ".."):
+            continue  # an evaluation writes only at the top of its directory: anything else is not its own
+        path = run_dir / name
+        if path.is_file():
+            path.unlink()
+            removed.append(name)
+    return removed
 
 
 def _header(meta: dict) -> str:
