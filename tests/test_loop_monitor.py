@@ -392,3 +392,31 @@ def test_a_second_monitor_on_one_folder_is_refused_and_the_first_keeps_its_rows(
                            writer=False, **SETTINGS)
     assert third.step(model, 3)  # a resumed session at step 3 in the freed folder
     third.close()
+
+
+def test_a_fresh_run_in_an_earlier_runs_folder_shows_only_its_own_history(tmp_path, roberta_tok):
+    """A plain loop run twice from step 0 into one out_dir (the second with the hidden-state monitor off): TensorBoard
+    showed the first run's events mixed with the second's (steps 0 1 2 3 0 1 in one curve) and the first run's
+    hidden_states.csv stayed beside the second run's layernorm.csv."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tok, folder = roberta_tok, tmp_path / "monitor"
+    model = tiny_roberta(tok)
+    first = OutlierMonitor(model, tokenizer=tok, out_dir=folder, every_n_steps=1, figures=False, **SETTINGS)
+    for step in range(4):
+        first.step(model, step)
+    first.close()
+    assert (folder / "hidden_states.csv").is_file()
+    second = OutlierMonitor(model, tokenizer=tok, out_dir=folder, every_n_steps=1, figures=False,
+                            hidden_states=False, **SETTINGS)
+    for step in range(2):
+        second.step(model, step)
+    second.close()
+    assert not (folder / "hidden_states.csv").exists()
+    assert sorted({r["step"] for r in read_history(folder / "layernorm.csv")}) == [0, 1]
+    acc = EventAccumulator(str(folder / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    steps = {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    layernorm = {t: s for t, s in steps.items() if t.startswith("monitor/layernorm/")}
+    assert layernorm and all(s == [0, 1] for s in layernorm.values())
+    assert all(s == [] for t, s in steps.items() if t.startswith("monitor/hidden/"))  # the first run's: dropped

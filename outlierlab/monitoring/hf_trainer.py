@@ -157,9 +157,10 @@ class OutlierMonitorCallback(TrainerCallback):
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when the Trainer reports to TensorBoard
 
         root = os.path.expanduser(os.getenv("TENSORBOARD_LOGGING_DIR") or os.path.join(args.output_dir, "runs"))
-        # a resumed session (step > 0) marks a restart at its first step: TensorBoard then drops the interrupted
-        # session's events from that step on instead of showing the redone steps twice
-        return SummaryWriter(log_dir=os.path.join(root, "outlier_monitor"), purge_step=step or None)
+        # every session marks a restart at its first step: TensorBoard then drops the events an earlier session
+        # wrote from that step on -- a resumed one's redone steps, and a fresh train() in the same output_dir (step 0)
+        # every earlier run's, which it showed mixed with this run's
+        return SummaryWriter(log_dir=os.path.join(root, "outlier_monitor"), purge_step=step)
 
     def _writer(self, args: Any, step: int) -> Any:
         """TensorBoard (below) and, when the Trainer reports to them, its W&B / MLflow runs (:class:`TrackerRuns`)."""

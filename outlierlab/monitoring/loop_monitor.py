@@ -29,7 +29,9 @@ does for ``metrics.csv``.  The LayerNorm snapshot at initialisation is written t
 ``<out_dir>/layernorm_initial.pt`` by a fresh session and read back by a resumed one (or restored with
 :meth:`OutlierMonitor.load_state_dict` from the caller's own checkpoint), so divergence is always measured from
 the true init.  Its own TensorBoard writer opens with ``purge_step=S``, so TensorBoard drops the interrupted
-run's events at steps ≥ S.
+run's events at steps ≥ S (S = 0 for a fresh session: an earlier run's events in a reused folder are dropped).
+A fresh session in an earlier run's folder starts new files: its histories are emptied, and those of a monitor
+that is off now are removed.
 
 Distributed: only global rank 0 computes and writes (the statistics are on rank 0's copy of the weights,
 identical under DDP); other ranks return at once.  A ``DistributedDataParallel`` or ``torch.compile`` wrapper
@@ -228,6 +230,15 @@ class OutlierMonitor:
                 write_atomic(snapshot, buf.getvalue())
         if self.hidden is not None and self.hidden.batch is None:
             self.hidden.tokenize(self.tokenizer, model, self.sentences)
+        if not resumed:
+            # a fresh run in an earlier run's folder starts it anew: the history (and init snapshot) of a monitor that
+            # is off now would sit beside this run's files as if it were this run's
+            for off, filename in ((self.layernorm is None, LayerNormTracker.filename),
+                                  (self.hidden is None, HiddenStateTracker.filename)):
+                if off:
+                    (self.out_dir / filename).unlink(missing_ok=True)
+            if self.layernorm is None:
+                snapshot.unlink(missing_ok=True)
         for tracker in self.trackers:
             history = self.histories[tracker.filename] = HistoryCSV(self.out_dir / tracker.filename)
             history.truncate_after(step - 1)  # the abandoned timeline: every row at or after this step
@@ -235,11 +246,13 @@ class OutlierMonitor:
                 tracker.reload(history.path)
             elif resumed and tracker is self.hidden:
                 tracker.reload(history.rows())
-        self._open_writer(step if resumed else None)
+        # purge_step: TensorBoard drops the events an earlier session wrote at steps >= this one -- after a resume
+        # the abandoned steps, after a fresh start (0) every earlier run's, which it showed mixed with this run's
+        self._open_writer(step)
         self.last_step = None  # a new session records its start even where an earlier one stopped
         self.record(model, step, images=True)
 
-    def _open_writer(self, purge_step: int | None) -> None:
+    def _open_writer(self, purge_step: int) -> None:
         if self.writer is not None or self._writer_arg is False:
             return
         if self._writer_arg is not None:
