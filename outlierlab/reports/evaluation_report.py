@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import StepPatch
 from matplotlib.ticker import MaxNLocator
 
+from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import columns_of, joined, md_table, write_csv
 
 #: Columns that identify a row rather than measure something (not sent to TensorBoard as scalars).
@@ -40,7 +41,8 @@ def _jsonable(v: Any) -> Any:
 
 
 def write_json(path: Path, obj: Any) -> Path:
-    path.write_text(json.dumps(_jsonable(obj), indent=2))
+    # atomic, as the CSVs: a kill or a full disk mid-write left a torn results.json that readers failed to parse
+    write_atomic(path, json.dumps(_jsonable(obj), indent=2))
     return path
 
 
@@ -191,7 +193,7 @@ def write_report(out_dir: Path, header: str, sections: Sequence[str], drawn: Ite
     if drawn is not None:
         keep = set(drawn)
         text = _IMAGE.sub(lambda m: m.group(0) if m.group(1) in keep else "", text)
-    path.write_text(text)
+    write_atomic(path, text)
     return path
 
 
