@@ -337,3 +337,48 @@ def test_curves_keep_their_axes_with_a_long_group_label(tmp_path):
     assert _wrapped(group, 60, 2).count("\n") == 1 and _wrapped(group, 60, 2).endswith("…")
     assert _wrapped("pos=learned", 60) == "pos=learned"
     assert _wrapped("mean, 95% t CI", 8) == "mean,\n95% t CI"  # an existing space is kept, not doubled
+
+
+def test_a_second_aggregation_into_one_folder_leaves_none_of_the_firsts_outputs(tmp_path):
+    """The first aggregation has a contrast and curves; the second, into the same --out, has neither: its folder
+    kept the first's contrasts.csv and curves/ beside a study.md that has no contrast and no curve."""
+    for pos, finals in (("learned", LEARNED), ("none", NONE)):  # no experiment: no declared design, no contrast
+        for seed, k in finals.items():
+            plant_cell(tmp_path / "cells", {"pos": pos, "seed": seed}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 900.0},
+                       100: {"kurtosis": k, "share": 0.2 * seed, "ppl": 300.0 + seed}})
+    out = tmp_path / "study"
+    first = study.run([str(tmp_path / "cells")], out=str(out), contrasts=["pos=learned,none"], plots=True)
+    assert (out / "contrasts.csv").is_file() and len(first["plots"]) == 4
+    study.run([str(tmp_path / "cells")], out=str(out), contrasts=[], plots=True, metrics=["hidden/kurtosis"])
+    assert not (out / "contrasts.csv").exists() and "Contrast" not in (out / "study.md").read_text()
+    assert sorted(p.name for p in (out / "curves").iterdir()) == ["hidden_kurtosis__layer_2.png",
+                                                                  "hidden_kurtosis__max_layer.png"]
+    study.run([str(tmp_path / "cells")], out=str(out), contrasts=[], plots=False)
+    assert sorted(p.name for p in out.iterdir()) == ["study.csv", "study.md"]
+
+
+@pytest.mark.parametrize("name", ["study.csv", "contrasts.csv", "study.md"])
+def test_a_full_disk_while_the_aggregator_writes_leaves_no_torn_file(tmp_path, monkeypatch, name):
+    """ENOSPC 200 bytes into one output: it is absent (or the earlier one), never cut short under its own name."""
+    import builtins
+    import io
+
+    from tests.disk_helpers import FillingFile
+
+    plant_study(tmp_path / "cells")
+    out = tmp_path / "study"
+    budget = {"left": 200}
+
+    def filling(opener):
+        def open_(f, mode="r", *args, **kwargs):
+            fh = opener(f, mode, *args, **kwargs)
+            hit = isinstance(f, (str, Path)) and name in Path(f).name and ("w" in mode)
+            return FillingFile(fh, budget) if hit else fh
+        return open_
+
+    monkeypatch.setattr(builtins, "open", filling(builtins.open))
+    monkeypatch.setattr(io, "open", filling(io.open))
+    with pytest.raises(OSError, match="No space left"):
+        study.run([str(tmp_path / "cells")], out=str(out), contrasts=["pos=learned,none"], plots=True)
+    monkeypatch.undo()
+    assert not list(out.rglob(name)) and not [p for p in out.rglob("*") if "partial" in p.name]

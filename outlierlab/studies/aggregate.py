@@ -44,6 +44,7 @@ from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, s
 from outlierlab.analysis.study_inference import bounded_interval, bounds_of
 from outlierlab.studies.cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
 from outlierlab.studies.design import assign_families, declared_design
+from outlierlab.utils.atomic import write_atomic
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
 HEADLINE = ["hidden/kurtosis", "hidden/argmax_share", "hidden/abs_argmax_share", "hidden/max_median",
@@ -289,9 +290,13 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
     out_dir.mkdir(parents=True, exist_ok=True)
     # 6 significant digits: a mean over a handful of seeds is uncertain from its 2nd-3rd digit on (its CI says so),
     # and the 4 digits more that %.10g wrote were a third of the committed studies' bytes.
-    summary.to_csv(out_dir / "study.csv", index=False, float_format=CSV_FLOATS)
+    # each file atomically: a reader (the doc tables, a second look) never meets one cut by a kill or a full disk
+    write_atomic(out_dir / "study.csv", summary.to_csv(index=False, float_format=CSV_FLOATS))
     if tables:
-        pd.concat(tables.values(), ignore_index=True).to_csv(out_dir / "contrasts.csv", index=False, float_format=CSV_FLOATS)
+        write_atomic(out_dir / "contrasts.csv",
+                     pd.concat(tables.values(), ignore_index=True).to_csv(index=False, float_format=CSV_FLOATS))
+    else:  # an earlier aggregation's contrasts would sit beside a study.md that has none
+        (out_dir / "contrasts.csv").unlink(missing_ok=True)
     metrics = [m for m in (metrics or HEADLINE) if m in set(summary["metric"])]
     if not metrics:  # e.g. an evaluate.py study: none of the training headlines; show its first metrics
         metrics = sorted(summary["metric"].unique())[:12]
@@ -305,9 +310,22 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
                    unusable=unusable, notes=notes, design=design, no_order_use=no_order,
                    replicates=replicates_markdown(coverage))
     pngs = write_curves(out_dir / "curves", summary, per_seed, metrics, layers) if plots else []
+    remove_stale_curves(out_dir / "curves", pngs)
     return {"out": out_dir, "groups": {k: len(v) for k, v in groups.items()}, "unfinished": [str(c.path) for c in unfinished],
             "unusable": [p for c in unusable for p in c.problems], "notes": notes, "plots": pngs, "design": design,
             "no_order_use": no_order, "replicates": coverage}
+
+
+def remove_stale_curves(folder: Path, written: Sequence[Path]) -> list[Path]:
+    """Remove the PNGs in ``folder`` (the aggregator's own ``curves/``) that this aggregation did not draw: those of
+    an earlier one into the same output folder showed other metrics, or other cells' numbers, as this study's."""
+    keep = {Path(p).name for p in written}
+    stale = [p for p in sorted(folder.glob("*.png")) if p.name not in keep] if folder.is_dir() else []
+    for p in stale:
+        p.unlink()
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+    return stale
 
 
 def _names(text: str) -> list[str]:

@@ -18,6 +18,7 @@ from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT
 from outlierlab.analysis.study_inference import (CONFIRMATORY, DEFAULT_RULE, DUPLICATE, EXPLORATORY,
                                            EXPLORATORY_PERFORMANCE, NOT_TESTED, PERFORMANCE_FAMILY, PRIMARY,
                                            family_rules)
+from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import md_table
 
 
@@ -178,7 +179,7 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                              f"{_fmt(r.get('tost_p'))} | {r['ordering']}"
                              f"{'; ' + r['note'] if isinstance(r.get('note'), str) and r['note'] else ''} |")
     lines += ["", "All metrics, steps and layers: `study.csv`" + (" and `contrasts.csv`." if contrasts else "."), ""]
-    path.write_text("\n".join(lines))
+    write_atomic(path, "\n".join(lines))
     return path
 
 
@@ -203,11 +204,12 @@ def save_palette_png(fig: Figure, out: Path, colors: int = 64) -> None:
     own dependency)."""
     from PIL import Image
 
-    buf = io.BytesIO()
+    buf, png = io.BytesIO(), io.BytesIO()
     fig.savefig(buf, format="png")
     buf.seek(0)
     with Image.open(buf) as im:
-        im.convert("RGB").quantize(colors=colors).save(out, optimize=True)
+        im.convert("RGB").quantize(colors=colors).save(png, format="png", optimize=True)
+    write_atomic(Path(out), png.getvalue())  # a kill mid-write leaves the earlier curve, never a cut one
 
 
 def write_curves(folder: Path, summary: pd.DataFrame, per_seed: pd.DataFrame, metrics: Sequence[str],
