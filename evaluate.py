@@ -35,11 +35,8 @@ from outlierlab.jobs.startup import check_device, register_resolvers
 def main(cfg: DictConfig) -> None:
     def job(c: DictConfig) -> dict:
         check_device(OmegaConf.select(c, "encoder.device"))  # cuda without a GPU: one line now, not mid-pass
-        from outlierlab.jobs.run_lock import lock_run_dir  # one process per output directory (a study launched twice)
-
-        out = Path(HydraConfig.get().runtime.output_dir)
-        with lock_run_dir(out):
-            return evaluate(c, out)
+        # the job locks the output directory: one process per directory (a study launched twice)
+        return evaluate(c, Path(HydraConfig.get().runtime.output_dir))
 
     run_main(job, cfg)
 

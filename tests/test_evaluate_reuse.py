@@ -92,3 +92,26 @@ def test_the_command_line_in_a_reused_run_dir_keeps_one_runs_tensorboard_events(
 
     tags = EventAccumulator(str(events[0])).Reload().Tags()["scalars"]
     assert tags and all(t.startswith("eval/outliers/") for t in tags)
+
+
+def test_a_second_process_evaluating_into_the_same_out_dir_is_refused_before_it_touches_it(tmp_path, minilm):
+    """ol.evaluate(out_dir=X) took no lock (only evaluate.py did): a second process wrote X beside the first."""
+    import outlierlab as ol
+    from outlierlab.jobs.run_lock import RunDirBusy
+
+    out = tmp_path / "run"
+    ol.evaluate(minilm, _texts(), analyses=["outliers"], transforms=["none"], out_dir=out, progress=False)
+    before = {name: (out / name).read_bytes() for name in _files(out)}
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from outlierlab.jobs.run_lock import lock_run_dir\n"
+                               f"lock = lock_run_dir({str(out)!r}); print('held', flush=True); time.sleep(120)"],
+                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirBusy, match=rf"run directory .*run is in use by pid {holder.pid} on ") as e:
+            ol.evaluate(minilm, _texts(), analyses=["anisotropy"], transforms=["none"], out_dir=out, progress=False)
+        assert len(str(e.value).splitlines()) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert {name: (out / name).read_bytes() for name in before} == before  # the first evaluation is untouched

@@ -19,12 +19,21 @@ from outlierlab.evaluation.core import (FITTED, TRANSFORMS, analysis_module, che
 def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[str, Any] | None = None,
              texts: Sequence[str] | None = None) -> dict:
     """Run every selected analysis (:func:`outlierlab.evaluation.core.run_analyses`: ``encoder``, ``given`` and
-    ``texts`` as there) and write the outputs into ``run_dir``; returns the results, the run's facts and the
-    paths written."""
+    ``texts`` as there) and write the outputs into ``run_dir``, holding its lock (:mod:`outlierlab.jobs.run_lock`;
+    a second writer gets one line naming the holder); returns the results, the run's facts and the paths written."""
+    from outlierlab.jobs.run_lock import lock_run_dir
+
+    run_dir = Path(run_dir)
+    # one writer per directory, taken here and not by evaluate.py alone: two ol.evaluate(out_dir=X) in two
+    # processes both wrote X, and the second would remove the outputs the first was writing
+    with lock_run_dir(run_dir):
+        return _evaluate(cfg, run_dir, encoder, given, texts)
+
+
+def _evaluate(cfg: DictConfig, run_dir: Path, encoder, given, texts) -> dict:
     from outlierlab.reports.evaluation_report import write_outputs
     from outlierlab.utils.tables import joined, write_csv
 
-    run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     replaced = remove_earlier_outputs(run_dir)
     if replaced:
