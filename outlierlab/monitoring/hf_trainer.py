@@ -157,7 +157,7 @@ class OutlierMonitorCallback(TrainerCallback):
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when the Trainer reports to TensorBoard
 
         root = os.path.expanduser(os.getenv("TENSORBOARD_LOGGING_DIR") or os.path.join(args.output_dir, "runs"))
-        # every session marks a restart at its first step: TensorBoard then drops the events an earlier session
+        # every session marks a restart at its first step: TensorBoard then drops the events a prior monitor
         # wrote from that step on -- a resumed one's redone steps, and a fresh train() in the same output_dir (step 0)
         # every earlier run's, which it showed mixed with this run's
         return SummaryWriter(log_dir=os.path.join(root, "outlier_monitor"), purge_step=step)

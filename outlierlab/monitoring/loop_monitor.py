@@ -246,8 +246,8 @@ class OutlierMonitor:
                 tracker.reload(history.path)
             elif resumed and tracker is self.hidden:
                 tracker.reload(history.rows())
-        # purge_step: TensorBoard drops the events an earlier session wrote at steps >= this one -- after a resume
-        # the abandoned steps, after a fresh start (0) every earlier run's, which it showed mixed with this run's
+        # purge_step: TensorBoard drops the events a prior run of the folder wrote at steps >= this one -- after a
+        # resume the abandoned steps, after a fresh start (0) every prior run's, which it showed mixed with this one's
         self._open_writer(step)
         self.last_step = None  # a new session records its start even where an earlier one stopped
         self.record(model, step, images=True)
