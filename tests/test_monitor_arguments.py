@@ -79,8 +79,8 @@ def test_the_lightning_monitors_share_the_trackers_checks():
 
 
 def test_good_settings_are_kept_as_given(tmp_path):
-    m = OutlierMonitor(out_dir=str(tmp_path), every_n_steps=np.int64(5), image_every_n_steps=10, vectors=np.bool_(False),
-                       max_steps=-1, sentences=("The sea was calm.", "Anne walked."), rule={"k": 3}, ln_top_k=2,
+    m = OutlierMonitor(out_dir=str(tmp_path), every_n_steps=np.int64(5), image_every_n_steps=10,
+                       vectors=np.bool_(False), max_steps=-1, sentences=("The sea was calm.", "Anne walked."), rule={"k": 3}, ln_top_k=2,
                        max_heatmap_rows=2, max_length=None, sink_threshold=1, n_sequences=2, seed=0)
     assert (m.every_n_steps, m.image_every_n_steps, m.vectors, m.max_steps) == (5, 10, False, None)
     assert type(m.every_n_steps) is int and m.sentences == ["The sea was calm.", "Anne walked."]

@@ -344,8 +344,9 @@ def test_a_second_aggregation_into_one_folder_leaves_none_of_the_firsts_outputs(
     kept the first's contrasts.csv and curves/ beside a study.md that has no contrast and no curve."""
     for pos, finals in (("learned", LEARNED), ("none", NONE)):  # no experiment: no declared design, no contrast
         for seed, k in finals.items():
-            plant_cell(tmp_path / "cells", {"pos": pos, "seed": seed}, {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 900.0},
-                       100: {"kurtosis": k, "share": 0.2 * seed, "ppl": 300.0 + seed}})
+            plant_cell(tmp_path / "cells", {"pos": pos, "seed": seed},
+                       {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 900.0},
+                        100: {"kurtosis": k, "share": 0.2 * seed, "ppl": 300.0 + seed}})
     out = tmp_path / "study"
     first = study.run([str(tmp_path / "cells")], out=str(out), contrasts=["pos=learned,none"], plots=True)
     assert (out / "contrasts.csv").is_file() and len(first["plots"]) == 4
