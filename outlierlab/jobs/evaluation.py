@@ -61,7 +61,7 @@ def _evaluate(cfg: DictConfig, run_dir: Path, encoder, given, texts) -> dict:
     return {"results": run.results, "meta": run.meta, "files": paths, "evaluation": run}
 
 
-#: What a results.json written before it named its outputs (``meta.files``) is known to have had beside it.
+#: Outputs of every evaluation, by name (``tensorboard/``: the event files in that folder).
 _RESULTS = "results.json"
 _REPORT = "report.md"
 _TENSORBOARD = "tensorboard/"
@@ -80,9 +80,9 @@ def outputs_of(results: Sequence[Any], tensorboard: bool) -> list[str]:
 def remove_earlier_outputs(run_dir: Path) -> list[str]:
     """Remove the outputs of an earlier evaluation in ``run_dir`` (those its ``results.json`` names); return them.
 
-    Reusing a directory used to keep the earlier run's files that this one does not write (``anisotropy.csv`` of
-    a run with more analyses, its figures, its TensorBoard events beside the new ones) next to a report and a
-    results.json that no longer mention them. Only what that evaluation wrote is removed -- never other files of a
+    Without this a reused directory keeps the earlier run's files that this one does not write (``anisotropy.csv``
+    of a run with more analyses, its figures, its TensorBoard events beside the new ones) next to a report and a
+    results.json that do not mention them. Only what that evaluation wrote is removed -- never other files of a
     directory given as ``out_dir`` -- and ``results.json`` first: a run stopped half-way leaves no results.json, so
     the directory does not read as a finished evaluation. A results.json written before the outputs were named
     gives its analyses' CSVs and figures.
