@@ -264,7 +264,7 @@ def test_history_drops_torn_line_and_truncates_atomically(tmp_path):
     h.append([(10, "a", "x", None, 3.0)])
     assert [(r["step"], r["dim"], r["value"]) for r in read_history(h.path)] == [(0, None, 1.0), (5, 3, 2.5), (10, None, 3.0)]
     h.truncate_after(4)
-    assert h.steps() == {0} and not (tmp_path / "h.csv.tmp").exists()
+    assert h.steps() == {0} and sorted(p.name for p in tmp_path.iterdir()) == ["h.csv"]
 
 
 def test_no_documented_reader_returns_a_row_from_a_torn_line(tmp_path):
@@ -304,6 +304,36 @@ def test_a_full_disk_mid_append_leaves_the_last_complete_row(tmp_path, monkeypat
     monkeypatch.undo()
     assert h.path.read_bytes() == before  # the 7 bytes written before the error are gone
     assert [r["step"] for r in read_history(h.path)] == [0]
+
+
+def test_a_full_disk_while_a_resume_rewrites_the_history_leaves_it_whole_and_no_staging_file(tmp_path, monkeypatch):
+    """A resume drops the rows after its step by rewriting the file; ENOSPC 10 bytes into the rewrite raises, keeps
+    the history as it was and leaves no staging file (``h.csv.tmp`` was left behind, beside the monitor's files)."""
+    import builtins
+    import io
+
+    from outlierlab.utils import atomic
+    from tests.disk_helpers import FillingFile
+
+    h = HistoryCSV(tmp_path / "h.csv")
+    h.append([(0, "a", "x", None, 1.0), (5, "a", "x", 3, 2.5), (10, "a", "x", None, 3.0)])
+    before = h.path.read_bytes()
+
+    def filling(opener):
+        def open_(file, mode="r", *a, **k):
+            fh = opener(file, mode, *a, **k)
+            return FillingFile(fh, {"left": 10}) if "h.csv" in Path(file).name and "w" in mode else fh
+        return open_
+
+    monkeypatch.setattr(builtins, "open", filling(builtins.open))
+    monkeypatch.setattr(io, "open", filling(io.open))  # Path.open
+    monkeypatch.setattr(atomic, "open", filling(builtins.open), raising=False)
+    with pytest.raises(OSError, match="No space left"):
+        h.truncate_after(5)
+    monkeypatch.undo()
+    assert h.path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["h.csv"]
+    h.truncate_after(5)  # space freed: the same resume goes through
+    assert h.steps() == {0, 5}
 
 
 # ------------------------------------------------------------------------------------ through Lightning

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from outlierlab.utils.atomic import fsync_dir
+from outlierlab.utils.atomic import write_atomic
 
 COLUMNS = ("step", "name", "statistic", "dim", "value")
 
@@ -107,14 +107,8 @@ class HistoryCSV:
             return
         raw, rows = self._lines()
         kept = [line for line, r in zip(raw, rows) if r["step"] <= step]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("w", newline="", encoding="utf-8") as fh:
-            fh.write(",".join(COLUMNS) + "\n")
-            fh.writelines(kept)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
+        # the project's atomic writer: a write that fails (a full disk at a resume) removes its staging file
+        write_atomic(self.path, ",".join(COLUMNS) + "\n" + "".join(kept))
 
     def append(self, rows: Iterable[Sequence]) -> None:
         """Append ``(step, name, statistic, dim, value)`` rows; flushed and fsynced before returning."""
