@@ -383,3 +383,20 @@ def test_a_full_disk_while_the_aggregator_writes_leaves_no_torn_file(tmp_path, m
         study.run([str(tmp_path / "cells")], out=str(out), contrasts=["pos=learned,none"], plots=True)
     monkeypatch.undo()
     assert not list(out.rglob(name)) and not [p for p in out.rglob("*") if "partial" in p.name]
+
+
+@pytest.mark.parametrize(("option", "says"), [
+    (["--metrics", "hidden/kurtosis,hidden/kurtosiss"],
+     "--metrics hidden/kurtosiss: not in these cells; they have 4: hidden/argmax_share, hidden/kurtosis, "
+     "train/loss, val/ppl"),
+    (["--layers", "layer_9"], "--layers layer_9: not in these cells; they have 4: layer_1, layer_2, max_layer, model"),
+    (["--until", "-3"], "--until -3: give a training step >= 0"),
+])
+def test_a_name_the_cells_do_not_have_is_one_line_not_dropped(tmp_path, capsys, option, says):
+    """A typo in --metrics or --layers was dropped without a word (the study showed the other metrics, or the
+    default ones when none was left); --until below 0 ended in a KeyError traceback."""
+    plant_study(tmp_path / "cells")
+    assert study.main([str(tmp_path / "cells"), "--out", str(tmp_path / "out"), "--no-plots", *option]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {says}"), err
+    assert not (tmp_path / "out").exists()  # refused before anything is written

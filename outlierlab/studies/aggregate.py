@@ -277,10 +277,23 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
 
     for spec in contrasts:
         parse_contrast(spec)  # a malformed contrast fails before any reading
+    if until is not None and until < 0:
+        raise ValueError(f"--until {until}: give a training step >= 0 (the cells are compared up to it)")
     cells = find_cells(list(paths), until)
     design = declared_design(cells, primary, equivalence_margin)
     contrasts = list(contrasts) or design["contrasts"]  # the design's own contrasts when none are given
     summary, per_seed, groups = aggregate(cells, allow_mixed_code, until)
+    if summary.empty:  # e.g. --until before every cell's first record
+        raise ValueError(f"no numbers to aggregate in {len(cells)} cell(s)"
+                         + (f" at or before step --until {until}" if until is not None else "")
+                         + f" under {', '.join(map(str, paths))}")
+    # a name the cells do not have was dropped without a word: a typo in --metrics gave other metrics' tables
+    for option, asked, have in (("--metrics", metrics, summary["metric"]), ("--layers", layers, summary["layer"])):
+        missing = [x for x in asked or () if x not in set(have)]
+        if missing:
+            known = sorted(set(have))
+            raise ValueError(f"{option} {','.join(missing)}: not in these cells; they have {len(known)}: "
+                             f"{', '.join(known[:12])}{', ...' if len(known) > 12 else ''}")
     coverage = mixed_code_coverage(groups, find_cells(list(replicates)) if replicates else ())
     tables = {spec: contrast_table(per_seed, groups, spec) for spec in contrasts}
     if tables:
