@@ -124,3 +124,14 @@ def test_the_job_takes_a_loop_monitors_folder_as_the_api_does(tmp_path, capsys):
     assert "# Dimension identity" in (tmp_path / "o" / "dim_identity.md").read_text()
     assert di.main([str(monitor), str(SCHEMES), "--out", str(tmp_path / "x")]) == 2
     assert "not both in one call" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["dim_identity.csv", "dim_identity.md"])
+def test_a_full_disk_leaves_no_table_cut_under_its_own_name(tmp_path, monkeypatch, name):
+    from tests.disk_helpers import fill_disk_for
+
+    fill_disk_for(monkeypatch, name)
+    with pytest.raises(OSError, match="No space left"):
+        di.main([str(ROOT / "docs" / "loop_monitors" / "minilm_wic"), "--out", str(tmp_path / "o")])
+    monkeypatch.undo()
+    assert not (tmp_path / "o" / name).exists() and not [p for p in (tmp_path / "o").iterdir() if "partial" in p.name]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -105,26 +103,13 @@ def test_fixed_margins_keep_every_label_on_the_figure(tmp_path, monkeypatch, n_p
 def test_a_full_disk_while_results_json_or_report_md_is_written_leaves_no_torn_file(tmp_path, monkeypatch, name):
     """ENOSPC 100 bytes into results.json (or report.md): the file is absent, never cut short under its own name
     (``Path.write_text`` left 100 bytes of JSON that no reader parses), and no staging file is left."""
-    import io
-
     from outlierlab.evaluation.registry import AnalysisResult
     from outlierlab.reports.evaluation_report import write_outputs
-    from outlierlab.utils import atomic
-    from tests.disk_helpers import FillingFile
+    from tests.disk_helpers import fill_disk_for
 
     rows = [{"layer": i, "transform": "none", "anisotropy": 0.1 * i} for i in range(40)]
     result = AnalysisResult("anisotropy", rows, "## Anisotropy\n\n" + "text " * 200)
-    budget = {"left": 100}
-    real_io_open, real_open = io.open, open
-
-    def filling(opener):
-        def open_(f, mode="r", *args, **kwargs):
-            fh = opener(f, mode, *args, **kwargs)
-            return FillingFile(fh, budget) if "w" in mode and name in Path(f).name else fh
-        return open_
-
-    monkeypatch.setattr(io, "open", filling(real_io_open))  # what Path.write_text opens with
-    monkeypatch.setattr(atomic, "open", filling(real_open), raising=False)
+    fill_disk_for(monkeypatch, name, left=100)
     with pytest.raises(OSError, match="No space left"):
         write_outputs(tmp_path, [result], {"seed": 0}, "# head")
     assert not (tmp_path / name).exists()

@@ -120,3 +120,16 @@ def test_a_packed_study_reads_as_its_cells(tmp_path):
     direct, packed = ladder.ladder_tables([tmp_path / "sweep"]), ladder.ladder_tables([tmp_path / "cells.parquet"])
     assert direct[0].equals(packed[0]) and direct[1].equals(packed[1])
     assert packed[1].loc[0, "luo_step"] == 250
+
+
+@pytest.mark.parametrize("name", ["ladder.csv", "ladder_summary.csv"])
+def test_a_full_disk_leaves_no_table_cut_under_its_own_name(tmp_path, monkeypatch, name):
+    from tests.disk_helpers import fill_disk_for
+
+    _plant(tmp_path / "a", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (5, 0.7), (2, 0.3)]})
+    fill_disk_for(monkeypatch, name, left=60)
+    with pytest.raises(OSError, match="No space left"):
+        ladder.main([str(tmp_path / "a"), "--out", str(tmp_path / "out" / "ladder.csv")])
+    monkeypatch.undo()
+    out = tmp_path / "out"
+    assert not (out / name).exists() and not [p for p in out.iterdir() if "partial" in p.name]

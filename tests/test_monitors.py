@@ -309,25 +309,12 @@ def test_a_full_disk_mid_append_leaves_the_last_complete_row(tmp_path, monkeypat
 def test_a_full_disk_while_a_resume_rewrites_the_history_leaves_it_whole_and_no_staging_file(tmp_path, monkeypatch):
     """A resume drops the rows after its step by rewriting the file; ENOSPC 10 bytes into the rewrite raises, keeps
     the history as it was and leaves no staging file (``h.csv.tmp`` was left behind, beside the monitor's files)."""
-    import builtins
-    import io
-
-    from outlierlab.utils import atomic
-    from tests.disk_helpers import FillingFile
+    from tests.disk_helpers import fill_disk_for
 
     h = HistoryCSV(tmp_path / "h.csv")
     h.append([(0, "a", "x", None, 1.0), (5, "a", "x", 3, 2.5), (10, "a", "x", None, 3.0)])
     before = h.path.read_bytes()
-
-    def filling(opener):
-        def open_(file, mode="r", *a, **k):
-            fh = opener(file, mode, *a, **k)
-            return FillingFile(fh, {"left": 10}) if "h.csv" in Path(file).name and "w" in mode else fh
-        return open_
-
-    monkeypatch.setattr(builtins, "open", filling(builtins.open))
-    monkeypatch.setattr(io, "open", filling(io.open))  # Path.open
-    monkeypatch.setattr(atomic, "open", filling(builtins.open), raising=False)
+    fill_disk_for(monkeypatch, "h.csv", left=10)
     with pytest.raises(OSError, match="No space left"):
         h.truncate_after(5)
     monkeypatch.undo()

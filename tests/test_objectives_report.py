@@ -147,3 +147,14 @@ def test_until_compares_cells_cut_by_the_clock_at_the_last_step_every_cell_reach
     assert not table.quantity.str.contains("step 4000").any()  # the probes' step-4,000 rows are after --until too
     clm = table[table.quantity == "val loss, clm"].iloc[0]
     assert clm["mean_b"] == pytest.approx(sum(LOSS["clm", "learned"]) / 3 + 1)
+
+
+@pytest.mark.parametrize("name", ["objectives.csv", "objectives.md"])
+def test_a_full_disk_leaves_no_table_cut_under_its_own_name(sweep, tmp_path, monkeypatch, name):
+    from tests.disk_helpers import fill_disk_for
+
+    fill_disk_for(monkeypatch, name, left=100)
+    with pytest.raises(OSError, match="No space left"):
+        report.main([str(sweep), "--out", str(tmp_path / "o")])
+    monkeypatch.undo()
+    assert not (tmp_path / "o" / name).exists() and not [p for p in (tmp_path / "o").iterdir() if "partial" in p.name]

@@ -361,24 +361,11 @@ def test_a_second_aggregation_into_one_folder_leaves_none_of_the_firsts_outputs(
 @pytest.mark.parametrize("name", ["study.csv", "contrasts.csv", "study.md"])
 def test_a_full_disk_while_the_aggregator_writes_leaves_no_torn_file(tmp_path, monkeypatch, name):
     """ENOSPC 200 bytes into one output: it is absent (or the earlier one), never cut short under its own name."""
-    import builtins
-    import io
-
-    from tests.disk_helpers import FillingFile
+    from tests.disk_helpers import fill_disk_for
 
     plant_study(tmp_path / "cells")
     out = tmp_path / "study"
-    budget = {"left": 200}
-
-    def filling(opener):
-        def open_(f, mode="r", *args, **kwargs):
-            fh = opener(f, mode, *args, **kwargs)
-            hit = isinstance(f, (str, Path)) and name in Path(f).name and ("w" in mode)
-            return FillingFile(fh, budget) if hit else fh
-        return open_
-
-    monkeypatch.setattr(builtins, "open", filling(builtins.open))
-    monkeypatch.setattr(io, "open", filling(io.open))
+    fill_disk_for(monkeypatch, name)
     with pytest.raises(OSError, match="No space left"):
         study.run([str(tmp_path / "cells")], out=str(out), contrasts=["pos=learned,none"], plots=True)
     monkeypatch.undo()

@@ -99,3 +99,16 @@ def test_the_command_compares_the_replicates_it_is_given(tmp_path, capsys):
     other = cell(tmp_path / "c", "learned", 4, "a", (5.0, 4.0))
     assert main([str(a), str(other)]) == 1
     assert capsys.readouterr().err.strip() == "no two usable cells share a configuration and seed: nothing to compare"
+
+
+def test_a_full_disk_leaves_no_table_cut_under_its_own_name(tmp_path, monkeypatch):
+    from outlierlab.studies.replicates import main
+    from tests.disk_helpers import fill_disk_for
+
+    a = cell(tmp_path / "a", "learned", 3, "a", (5.0, 4.0))
+    b = cell(tmp_path / "b", "learned", 3, "a", (5.0, 4.0))
+    fill_disk_for(monkeypatch, "pairs.csv", left=60)
+    with pytest.raises(OSError, match="No space left"):
+        main([str(a), str(b), "--out", str(tmp_path / "pairs.csv")])
+    monkeypatch.undo()
+    assert not (tmp_path / "pairs.csv").exists() and not list(tmp_path.glob("*partial*"))

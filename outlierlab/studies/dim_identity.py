@@ -33,6 +33,7 @@ import pandas as pd
 
 from outlierlab.analysis.dim_identity import HISTORY, layer_identity
 from outlierlab.studies.cells import Cell, find_cells
+from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import md_table
 
 STATISTICS = ("abs_argmax_share", "argmax_share", "argmin_share")  # the monitor rows that carry a dimension
@@ -161,9 +162,9 @@ def _write_loop_histories(histories: dict, statistic: str, out: Path) -> int:
     table = pd.concat(frames, ignore_index=True)
     table = table[["history", *[c for c in table.columns if c != "history"]]]
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "dim_identity.csv", index=False, float_format="%.6g")
-    (out / "dim_identity.md").write_text(f"# Dimension identity ({statistic})\n\n"
-                                         + md_table(list(table.columns), table.itertuples(index=False)) + "\n")
+    write_atomic(out / "dim_identity.csv", table.to_csv(index=False, float_format="%.6g"))
+    write_atomic(out / "dim_identity.md", f"# Dimension identity ({statistic})\n\n"
+                 + md_table(list(table.columns), table.itertuples(index=False)) + "\n")
     print(f"dim_identity: {len(table)} layers from {len(histories)} monitor histories -> {out}/dim_identity.csv")
     return 0
 
@@ -190,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "dim_identity.csv", index=False, float_format="%.6g")
-    (out / "dim_identity.md").write_text(markdown(summary(table), args.statistic, skipped))
+    # atomically, as every study output: a full disk or a kill never leaves a table cut under its own name
+    write_atomic(out / "dim_identity.csv", table.to_csv(index=False, float_format="%.6g"))
+    write_atomic(out / "dim_identity.md", markdown(summary(table), args.statistic, skipped))
     print(f"dim_identity: {len(table)} rows from {table.groupby(['folder', 'group', 'seed']).ngroups} "
           f"cells -> {out}/dim_identity.csv, dim_identity.md")
     return 0

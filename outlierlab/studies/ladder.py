@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 
 from outlierlab.analysis.luo_dimension import LAYER_FRACTION, SHARE, luo_by_step
 from outlierlab.reports.history import history_frame
+from outlierlab.utils.atomic import write_atomic
 
 COLUMNS = ["rung", "layers", "hidden", "objective", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
 PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
@@ -145,8 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out, index=False, float_format="%.6g")
-    summary.to_csv(out.with_name(out.stem + "_summary.csv"), index=False, float_format="%.6g")
+    # atomically, as every study output: a full disk or a kill never leaves a table cut under its own name
+    write_atomic(out, table.to_csv(index=False, float_format="%.6g"))
+    write_atomic(out.with_name(out.stem + "_summary.csv"), summary.to_csv(index=False, float_format="%.6g"))
     print(summary.to_string(index=False))
     return 0
 

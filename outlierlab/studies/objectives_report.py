@@ -42,6 +42,7 @@ from outlierlab.analysis.seed_statistics import contrast, summarize
 from outlierlab.analysis.study_inference import adjust_pvalues, minimum_detectable_effect, tost
 from outlierlab.studies.cells import Cell, cell_numbers, find_cells
 from outlierlab.studies.report import n_tests
+from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import md_table
 
 #: Equivalence margin of "clm none is competitive with clm learned": 0.05 nats/token, i.e. perplexity within ~5 %.
@@ -264,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out or Path(args.sweep[0]) / "objectives")
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "objectives.csv", index=False)
-    (out / "objectives.md").write_text(block)
+    # atomically, as every study output: a full disk or a kill never leaves a table cut under its own name
+    write_atomic(out / "objectives.csv", table.to_csv(index=False))
+    write_atomic(out / "objectives.md", block)
     print(f"{len(table)} contrasts -> {out / 'objectives.csv'}, {out / 'objectives.md'}")
     return 0
 

@@ -28,12 +28,14 @@ import re
 import sys
 from collections import defaultdict
 from itertools import combinations
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import pandas as pd
 
 from outlierlab.jobs.run_state import FINISHED_MARKER, read_json
 from outlierlab.studies.cells import SEED_DEPENDENT, Cell, cell_numbers
+from outlierlab.utils.atomic import write_atomic
 
 #: The numbers a replicate is compared on: every validation's loss and order use.
 COMPARED = ("val/loss", "val/order_use")
@@ -169,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(rows.to_string(index=False))
     if a.out:
-        rows.to_csv(a.out, index=False)
+        write_atomic(Path(a.out), rows.to_csv(index=False))  # never a table cut by a full disk or a kill
     return 0
 
 
