@@ -4,6 +4,7 @@ steps on CPU and writes every metric the ladder table reads; the table finds a p
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,12 @@ from outlierlab.jobs.overrides import check_overrides
 from outlierlab.jobs.startup import check_train_config
 from tests.conftest import compose
 
-RUNGS = {"4x128": (4, 128, 4), "6x384": (6, 384, 6), "8x512": (8, 512, 8), "12x768": (12, 768, 12)}
+RUNGS = {"4x128": (4, 128, 4), "4x256": (4, 256, 4), "6x384": (6, 384, 6), "8x512": (8, 512, 8), "12x768": (12, 768, 12)}
+
+
+def test_every_rung_config_is_checked_here():
+    # a rung added to configs/ladder/ without a row above would never be composed by the test below
+    assert sorted(RUNGS) == sorted(p.stem for p in (Path(__file__).parents[1] / "configs" / "ladder").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("rung", sorted(RUNGS))
