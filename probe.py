@@ -48,15 +48,9 @@ def main(cfg: DictConfig) -> None:
         return  # a multirun cell that failed its checks (recorded); the sweep goes on
     from outlierlab.jobs.probing import run  # lazy: heavy imports only after the config is valid
 
-    from outlierlab.jobs.run_lock import lock_run_dir  # one process per output directory (a study launched twice)
-
     run_dir = HydraConfig.get().runtime.output_dir
-
-    def job(c: DictConfig) -> dict:
-        with lock_run_dir(run_dir):
-            return run(c, run_dir)
-
-    out = run_main(job, cfg)
+    # run() holds the directory's lock (one process per output directory: a study launched twice)
+    out = run_main(lambda c: run(c, run_dir), cfg)
     if out is CELL_FAILED:
         return
     print(f"probe done: {len(out['rows'])} rows -> {run_dir}")

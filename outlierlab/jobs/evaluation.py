@@ -64,59 +64,37 @@ def _evaluate(cfg: DictConfig, run_dir: Path, encoder, given, texts) -> dict:
 #: Outputs of every evaluation, by name (``tensorboard/``: the event files in that folder).
 _RESULTS = "results.json"
 _REPORT = "report.md"
-_TENSORBOARD = "tensorboard/"
 
 
 def outputs_of(results: Sequence[Any], tensorboard: bool) -> list[str]:
     """The names, relative to the run directory, of every file an evaluation with these results writes: each
     analysis' CSV, its side tables and figures, ``results.json``, ``report.md`` and (``tensorboard/``) its events."""
+    from outlierlab.jobs.run_outputs import output_names
+
     names = {f"{r.name}.csv" for r in results}
     names |= {f"{t}.csv" for r in results for t in r.tables}
     names |= {Path(f).name for r in results for f in r.figures}
-    names |= {_RESULTS, _REPORT} | ({_TENSORBOARD} if tensorboard else set())
-    return sorted(names)
+    return output_names(sorted(names | {_REPORT}), _RESULTS, tensorboard)
 
 
 def remove_earlier_outputs(run_dir: Path) -> list[str]:
-    """Remove the outputs of an earlier evaluation in ``run_dir`` (those its ``results.json`` names); return them.
+    """Remove the outputs of an earlier evaluation in ``run_dir``, those its ``results.json`` names
+    (:func:`outlierlab.jobs.run_outputs.remove_earlier_outputs`, the rule probe.py follows too); return them.
+    A results.json written before the outputs were named gives its analyses' CSVs and figures."""
+    from outlierlab.jobs import run_outputs
 
-    Without this a reused directory keeps the earlier run's files that this one does not write (``anisotropy.csv``
-    of a run with more analyses, its figures, its TensorBoard events beside the new ones) next to a report and a
-    results.json that do not mention them. Only what that evaluation wrote is removed -- never other files of a
-    directory given as ``out_dir`` -- and ``results.json`` first: a run stopped half-way leaves no results.json, so
-    the directory does not read as a finished evaluation. A results.json written before the outputs were named
-    gives its analyses' CSVs and figures.
-    """
-    import json
+    return run_outputs.remove_earlier_outputs(run_dir, _RESULTS, _listed)
 
-    try:
-        earlier = json.loads((run_dir / _RESULTS).read_text())
-    except (OSError, ValueError):
-        return []
+
+def _listed(earlier: Any) -> list | None:
     if not isinstance(earlier, dict) or not isinstance(earlier.get("meta"), dict):
-        return []  # not an evaluation's results.json: nothing here is known to be this job's
+        return None  # not an evaluation's results.json: nothing here is known to be this job's
     files = earlier["meta"].get("files")
-    if not isinstance(files, list):
-        analyses = earlier.get("analyses") if isinstance(earlier.get("analyses"), dict) else {}
-        files = [f"{a}.csv" for a in analyses] + [f for a in analyses.values() if isinstance(a, dict)
-                                                   for f in a.get("figures") or []] + [_RESULTS, _REPORT]
-    names = [f for f in files if isinstance(f, str) and f]
-    removed = []
-    for name in sorted(names, key=lambda f: f != _RESULTS):  # results.json first
-        if name == _TENSORBOARD:
-            events = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"))
-            for e in events:
-                e.unlink(missing_ok=True)
-            if events:
-                removed.append(_TENSORBOARD)
-            continue
-        if "/" in name or "\\" in name or name in (".", ".."):
-            continue  # an evaluation writes only at the top of its directory: anything else is not its own
-        path = run_dir / name
-        if path.is_file():
-            path.unlink()
-            removed.append(name)
-    return removed
+    if isinstance(files, list):
+        return files
+    analyses = earlier.get("analyses") if isinstance(earlier.get("analyses"), dict) else {}
+    return [f"{a}.csv" for a in analyses] + [f for a in analyses.values() if isinstance(a, dict)
+                                             for f in a.get("figures") or []] + [_RESULTS, _REPORT]
 
 
 def _header(meta: dict) -> str:

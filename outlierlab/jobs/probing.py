@@ -269,18 +269,59 @@ def probe(cfg, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None
 
 def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None = None) -> dict:
     """:func:`probe` (``encoder``, ``texts`` as there) with every output written into ``run_dir``: the tables as
-    CSVs, ``probe_info.json``, ``probe_report.md``, the PNG plots and TensorBoard scalars."""
-    from lightning.pytorch.loggers import TensorBoardLogger
+    CSVs, ``probe_info.json``, ``probe_report.md``, the PNG plots and TensorBoard scalars -- holding the directory's
+    lock (:mod:`outlierlab.jobs.run_lock`; a second writer gets one line naming the holder)."""
+    from outlierlab.jobs.run_lock import lock_run_dir
 
     run_dir = Path(run_dir)
+    # one writer per directory, taken here and not by probe.py alone: two ol.probe_positions(out_dir=X) in two
+    # processes both wrote X, and the second would remove the outputs the first was writing
+    with lock_run_dir(run_dir):
+        return _run(cfg, run_dir, encoder, texts)
+
+
+#: The probe's index: its facts and the names of every file the run wrote.
+PROBE_INFO = "probe_info.json"
+
+
+def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str] | None) -> dict:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from outlierlab.jobs.run_outputs import output_names, remove_earlier_outputs
+    from outlierlab.utils.atomic import write_atomic
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # before the logger opens its event file: the earlier probe's events and tables (order_use.csv of a run with
+    # the order-use step on) went on sitting beside a report that no longer named them
+    replaced = remove_earlier_outputs(run_dir, PROBE_INFO, _listed_outputs)
+    if replaced:
+        print(f"[probe] {run_dir} held an earlier probe: its {len(replaced)} output(s) are replaced by this run's "
+              f"({', '.join(replaced[:6])}{', ...' if len(replaced) > 6 else ''})", flush=True)
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     result = probe(cfg, encoder, texts, logger)
-    run_dir.mkdir(parents=True, exist_ok=True)
     paths = [write_csv(run_dir / f"{name}.csv", rows, cols) for name, (rows, cols) in result.tables.items()]
-    (run_dir / "probe_info.json").write_text(json.dumps(result.info, indent=2, default=str))
     paths += write_outputs(result.rows, result.info, run_dir, result.name, result.contributions, result.sections)
     logger.finalize("success")
+    # written last and naming every output, so that a probe_info.json on disk means they are all there and the
+    # next probe in this directory removes exactly these
+    info = {**result.info, "files": output_names(paths, PROBE_INFO, tensorboard=True)}
+    write_atomic(run_dir / PROBE_INFO, json.dumps(info, indent=2, default=str))
+    paths.append(run_dir / PROBE_INFO)
     return {"rows": result.rows, "info": result.info, "files": paths, "result": result}
+
+
+def _listed_outputs(earlier: Any) -> list | None:
+    """The files an earlier probe_info.json names; one written before they were named: the files any probe of its
+    task writes (tables, report, plots, events)."""
+    if not isinstance(earlier, dict) or "task" not in earlier or "transforms" not in earlier:
+        return None  # not a probe's probe_info.json: nothing here is known to be this job's
+    if isinstance(earlier.get("files"), list):
+        return earlier["files"]
+    stem = "position_probe" if earlier["task"] == "position" else "classifier"
+    tables = ["position_probe_by_position", "similarity_by_distance", "order_use", "order_use_layers"] \
+        if stem == "position_probe" else []
+    return [f"{t}.csv" for t in [stem, *tables]] + [f"{stem}_{p}.png" for p in (
+        "accuracy", "contribution", "contribution_heatmap")] + ["probe_report.md", PROBE_INFO, "tensorboard/"]
 
 
 @contextmanager

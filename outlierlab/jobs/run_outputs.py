@@ -1,0 +1,56 @@
+"""The rule evaluate and probe follow in a directory that may hold an earlier run of theirs: the run's index file
+(``results.json``, ``probe_info.json``) names every file the run wrote, and the next run removes exactly those,
+the index first, before it writes its own.
+
+Without it a reused directory keeps the earlier run's files that this one does not write (a table of an analysis
+or a probe step now off, its figures, its TensorBoard events beside the new ones) next to a report and an index
+that do not mention them.  Only what that run wrote is removed -- never other files of a directory given as
+``out_dir`` -- and the index first: a run stopped half-way leaves no index, so the directory does not read as a
+finished run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+#: An index entry standing for the TensorBoard event files in ``tensorboard/``.
+TENSORBOARD = "tensorboard/"
+
+
+def output_names(paths: Sequence[str | Path], index: str, tensorboard: bool) -> list[str]:
+    """The names an index lists: the files written (``paths``, at the top of the run directory), the index itself
+    and, with ``tensorboard``, the event files (:data:`TENSORBOARD`)."""
+    return sorted({Path(p).name for p in paths} | {index} | ({TENSORBOARD} if tensorboard else set()))
+
+
+def remove_earlier_outputs(run_dir: Path, index: str, listed: Callable[[Any], Sequence[Any] | None]) -> list[str]:
+    """Remove the files an earlier run in ``run_dir`` wrote, as its ``index`` (a JSON file) names them; return them.
+
+    ``listed`` takes the parsed index and gives the names it lists (``None``: not this job's index, nothing is
+    removed).  Names with a path separator are skipped: both jobs write only at the top of their directory."""
+    try:
+        earlier = json.loads((run_dir / index).read_text())
+    except (OSError, ValueError):
+        return []
+    files = listed(earlier)
+    if not isinstance(files, (list, tuple)):
+        return []
+    names = [f for f in files if isinstance(f, str) and f]
+    removed = []
+    for name in sorted(names, key=lambda f: f != index):  # the index first
+        if name == TENSORBOARD:
+            events = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+            for e in events:
+                e.unlink(missing_ok=True)
+            if events:
+                removed.append(TENSORBOARD)
+            continue
+        if "/" in name or "\\" in name or name in (".", ".."):
+            continue
+        path = run_dir / name
+        if path.is_file():
+            path.unlink()
+            removed.append(name)
+    return removed
