@@ -97,7 +97,7 @@ def test_resumed_session_counts_only_its_own_steps():
 def test_bad_settings_are_one_line():
     with pytest.raises(ValueError, match="when must be auto, always or never"):
         ProgressLines(when="sometimes")
-    with pytest.raises(ValueError, match="every_n_steps must be >= 1"):
+    with pytest.raises(ValueError, match="every_n_steps must be an integer >= 1"):
         ProgressLines(every_n_steps=0)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from outlierlab.monitoring import arguments
 from outlierlab.monitoring.recording import is_image_step, publish
 from outlierlab.reports.history import HistoryCSV
 
@@ -55,13 +56,13 @@ class LightningOutlierMonitor(L.Callback):
 
     def __init__(self, out_dir: str | None = None, every_n_steps: int = 50, image_every_n_steps: int = 100,
                  vectors: bool = True) -> None:
-        if int(every_n_steps) < 1 or int(image_every_n_steps) < 1:
-            raise ValueError(f"every_n_steps and image_every_n_steps must be >= 1, got {every_n_steps}, "
-                             f"{image_every_n_steps}")
+        # the checks of ol.OutlierMonitor: int() and bool() took every_n_steps="5" or 2.7 (every 2 steps) and
+        # vectors="no" (true) from a Python call or a quoted command-line value
+        out_dir = arguments.path_like("out_dir", out_dir, optional=True)
         self.out_dir = None if out_dir is None else Path(out_dir)
-        self.every_n_steps = int(every_n_steps)
-        self.image_every_n_steps = int(image_every_n_steps)
-        self.vectors = bool(vectors)
+        self.every_n_steps = arguments.count("every_n_steps", every_n_steps, 1)
+        self.image_every_n_steps = arguments.count("image_every_n_steps", image_every_n_steps, 1)
+        self.vectors = arguments.flag("vectors", vectors)
         self.history: HistoryCSV | None = None
         self._last_step: int | None = None
 

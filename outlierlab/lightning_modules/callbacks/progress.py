@@ -21,6 +21,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, RichProgressBar
 
+from outlierlab.monitoring import arguments
 from outlierlab.utils.progress import eta_seconds, format_duration, is_terminal
 
 
@@ -59,9 +60,7 @@ class ProgressLines(Callback):
                  stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic):
         if when not in ("auto", "always", "never"):
             raise ValueError(f"progress when must be auto, always or never, got {when!r}")
-        if int(every_n_steps) < 1:
-            raise ValueError(f"progress every_n_steps must be >= 1, got {every_n_steps}")
-        self.every_n_steps, self.when = int(every_n_steps), when
+        self.every_n_steps, self.when = arguments.count("every_n_steps", every_n_steps, 1), when
         self.length_fn = length_fn or default_tokens
         self.stream, self.clock = stream, clock
         self.lines: list[str] = []
