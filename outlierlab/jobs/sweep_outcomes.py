@@ -26,6 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from outlierlab.jobs.run_state import read_json
+from outlierlab.utils.atomic import write_atomic
 
 ENV = "OUTLIERLAB_SWEEP_ID"
 OUTCOMES = ".sweep_outcomes"
@@ -48,7 +49,9 @@ def record(cell: Path | None, kind: str, line: str, sweep_dir: Path | None = Non
     folder = sweep_dir / OUTCOMES / launch
     folder.mkdir(parents=True, exist_ok=True)
     name = hashlib.sha1(str(cell).encode()).hexdigest()[:16]
-    (folder / f"{name}.json").write_text(json.dumps({"cell": str(cell), "kind": kind, "error": line}))
+    # whole or not at all: a torn outcome is skipped by read(), so a failed cell cut short by a full disk was left
+    # out of the sweep's list of failures, and the sweep ended with status 0
+    write_atomic(folder / f"{name}.json", json.dumps({"cell": str(cell), "kind": kind, "error": line}))
 
 
 def read(sweep_dir: Path, launch: str) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ from outlierlab.jobs.run_lock import lock_run_dir
 from outlierlab.jobs.run_state import (finished_run, mark_failed, mark_finished, record_start, release_room,
                                        reserve_room)
 from outlierlab.jobs.startup import one_console_for_lightning
+from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
 
 log = logging.getLogger(__name__)
@@ -328,7 +329,9 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     log.info("%d intra-op thread(s) for this run", threads)
     if trainer.global_rank == 0:
         record_start(run_dir, start_step)  # code_versions.jsonl: a resume on other code says so
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        # whole or not at all: a full disk left it cut short under its own name, and readers of the run (the model
+        # card, post-hoc monitors, export) took a torn config for the one it trained with
+        write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         # the run directory is self-contained from the start: post-hoc analysis and probe.py on a checkpoint
         # find the tokenizer here even when the run stops early or export=false
         tokenizer.save_pretrained(str(run_dir / "tokenizer"))

@@ -12,6 +12,7 @@ to a PNG in the run directory — rendered once for both.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,8 @@ from matplotlib.figure import Figure
 from matplotlib.image import imsave
 from matplotlib.ticker import LogFormatter, MaxNLocator
 
+from outlierlab.utils.atomic import write_atomic
+
 
 def render(fig: Figure) -> np.ndarray:
     """RGB uint8 array ``[H, W, 3]`` of ``fig`` (drawn on an Agg canvas)."""
@@ -32,12 +35,22 @@ def render(fig: Figure) -> np.ndarray:
 
 
 def save_png(image: np.ndarray, path: str | os.PathLike) -> None:
-    """Write an RGB array as PNG atomically (temporary file + ``os.replace``)."""
+    """Write an RGB array as PNG atomically (:func:`outlierlab.utils.atomic.write_atomic`: encoded in memory, then
+    fsync and rename -- a full disk leaves the earlier figure, not a ``.tmp.png`` beside it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    imsave(tmp, image)
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    imsave(buf, image, format="png")
+    write_atomic(path, buf.getvalue())
+
+
+def save_figure(fig: Figure, path: str | os.PathLike, dpi: int) -> Path:
+    """``fig`` as a PNG at ``path``, written atomically as :func:`save_png` (a reader never sees half a figure)."""
+    path = Path(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    write_atomic(path, buf.getvalue())
+    return path
 
 
 def thin(steps: Sequence[int], max_rows: int) -> list[int]:

@@ -11,6 +11,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from outlierlab.reports.monitor_plots import save_figure
+from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import md_table, write_csv
 
 COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "chance", "n_train", "n_val", "n_test",
@@ -67,14 +69,13 @@ def write_markdown(rows: list[dict], info: dict, path: Path, title: str, section
     lines += [f"- note: {n}" for n in info.get("notes", [])]
     lines += ["", md_table(cols, ([r[c] for c in cols] for r in rows), cell=_fmt)]
     lines += [part for section in sections for part in ("", section.rstrip("\n"))]
-    path.write_text("\n".join(lines) + "\n")
+    write_atomic(path, "\n".join(lines) + "\n")
     return path
 
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:

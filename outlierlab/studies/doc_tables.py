@@ -31,6 +31,7 @@ import pandas as pd
 from outlierlab.studies import doc_table_reads as reads, order_use_doc_tables
 from outlierlab.studies.doc_table_reads import (adjusted, cells_of, contrast_row, families_line, fmt, seeds_word, shown,
                                                 signed, summary_cell)
+from outlierlab.utils.atomic import write_atomic
 
 SEEDS = "docs/emergence/seeds"
 SWITCH = "docs/emergence/switch_seeds"
@@ -216,7 +217,7 @@ def main(argv=None) -> int:
                 stale += [f"{doc}: block {m.group(2)} differs from the committed CSVs" for m, n in
                           zip(BLOCK.finditer(text), BLOCK.finditer(new)) if m.group(0) != n.group(0)]
             else:
-                doc.write_text(new)
+                write_atomic(doc, new)  # a docs page cut short by a full disk would lose its hand-written rest
                 print(f"rewrote {doc}")
     for line in stale:
         print(line, file=sys.stderr)

@@ -29,6 +29,8 @@ matplotlib.use("Agg")  # headless: files only
 import matplotlib.pyplot as plt  # noqa: E402
 
 from outlierlab.reports.history import read_history, wide_by_layer  # noqa: E402
+from outlierlab.reports.monitor_plots import save_figure  # noqa: E402
+from outlierlab.utils.atomic import write_atomic  # noqa: E402
 from outlierlab.utils.tables import md_table, read_rows, write_csv  # noqa: E402
 
 METRICS = ["anisotropy", "kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output",
@@ -202,7 +204,7 @@ def grid(args) -> None:
         grid = md_table(["pos", *switches], ([p_, *("–" if v is None else fmt.format(v) for v in vals[p_])]
                                              for p_ in poss), cell=str)
         out += [f"**{title}**", "", grid, ""]
-    Path(args.out).write_text("\n".join(out))
+    write_atomic(Path(args.out), "\n".join(out))
     print("\n".join(out))
     print(f"wrote {args.out}")
 
@@ -228,7 +230,7 @@ def plot_curves(rows: list[dict], path: Path) -> None:
     axes.flat[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
     print(f"wrote {path}")
 
 
