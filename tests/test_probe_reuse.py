@@ -124,3 +124,18 @@ def test_probe_py_twice_in_one_run_dir_keeps_only_the_second_runs_files(tmp_path
     info = json.loads((run / "probe_info.json").read_text())
     assert not (run / "order_use.csv").exists() and "order_use.csv" not in info["files"]
     assert _events(run) and not _events(run) & events  # the first run's events are gone
+
+
+def test_a_refused_probe_setting_leaves_the_earlier_probe_in_place(tmp_path, compose_cfg):
+    """The settings are checked before the earlier outputs are removed: a typo'd second run does not empty the
+    directory of the first."""
+    from outlierlab.jobs.probing import PROBE_INFO, run
+
+    out = tmp_path / "run"
+    out.mkdir()
+    earlier = {"task": "position", "transforms": ["none"], "files": ["position_probe.csv", PROBE_INFO]}
+    (out / PROBE_INFO).write_text(json.dumps(earlier))
+    (out / "position_probe.csv").write_text("layer\n0\n")
+    with pytest.raises(ValueError, match="probe.epochs"):
+        run(compose_cfg("probe", ["probe.epochs=-1"]), out)
+    assert _files(out) == {PROBE_INFO, "position_probe.csv"}  # and the lock is released

@@ -290,6 +290,7 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str]
     from outlierlab.jobs.run_outputs import output_names, remove_earlier_outputs
     from outlierlab.utils.atomic import write_atomic
 
+    check_settings(cfg)  # a refused setting leaves the earlier probe's outputs where they are
     run_dir.mkdir(parents=True, exist_ok=True)
     # before the logger opens its event file: the earlier probe's events and tables (order_use.csv of a run with
     # the order-use step on) went on sitting beside a report that no longer named them
