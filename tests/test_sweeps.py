@@ -62,6 +62,35 @@ def test_sigterm_saves_last_ckpt_and_resume_equals_a_straight_run(tmp_path, shar
     assert (stopped / "checkpoints" / "last.ckpt").stat().st_mtime == mtime
 
 
+class StopAtStep(L.Callback):
+    """Stops training once ``global_step`` reaches ``step``, as Lightning's Timer does at ``trainer.max_time``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
+def test_a_time_limited_stop_saves_last_ckpt_and_resume_equals_a_straight_run(tmp_path, shared_cache):
+    # the scale ladder's cells stop at trainer.max_time and are resumed by the next call: the periodic checkpoint
+    # (every 3 steps here; 1,000 in the ladder) was all they left, so the steps since were trained again
+    from outlierlab.jobs.training import train
+
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train(small_cfg(straight, *CELL))
+    train(small_cfg(stopped, *CELL, f"+callbacks.stopper._target_={__name__}.StopAtStep", "+callbacks.stopper.step=5"))
+    ckpt = torch.load(stopped / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 5  # not the periodic checkpoint of step 3
+    assert not (stopped / "finished.json").exists()
+    train(small_cfg(stopped, *CELL))  # the same command again: resumes from step 5
+    assert json.loads((stopped / "finished.json").read_text())["global_step"] == 6
+    wa, wb = final_weights(straight), final_weights(stopped)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
+
+
 def test_scheduler_requeue_signal_runs_after_the_checkpoint(tmp_path, shared_cache):
     """submitit requeues on SIGUSR2 and exits at once; while training, its handler waits for last.ckpt."""
     from outlierlab.jobs.training import train

@@ -1,5 +1,5 @@
-"""Save ``last.ckpt`` when a scheduler or a person stops training with SIGTERM, so a resumed run loses at
-most the step in flight.
+"""Save ``last.ckpt`` when a scheduler or a person stops training with SIGTERM, or training stops early by itself
+(``trainer.max_time``, early stopping), so a resumed run loses at most the step in flight.
 
 Lightning already turns SIGTERM into an orderly stop: its signal handler sets ``trainer.received_sigterm``,
 and the training loop raises ``SIGTERMException`` at the end of the current batch -- after the optimizer
@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 
 class InterruptCheckpoint(Callback):
-    """On SIGTERM: write ``<dirpath>/<filename>.ckpt`` (default ``last.ckpt``) at the end of the current step."""
+    """On SIGTERM, or a stop before ``trainer.max_steps``: write ``<dirpath>/<filename>.ckpt`` (default
+    ``last.ckpt``) at the end of the current step."""
 
     #: Signals whose existing handler (a scheduler's requeue) runs only after the checkpoint is written.
     DEFERRED_SIGNALS = ("SIGUSR2",)
@@ -81,18 +82,30 @@ class InterruptCheckpoint(Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._deferring = False
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A stop before trainer.max_steps without an exception: the time limit (trainer.max_time: Lightning's Timer
+        # sets should_stop) or an early-stopping callback. The periodic checkpoint may be up to
+        # every_n_train_steps - 1 steps older, and rerunning the cell (the scale ladder's fixed-length calls) would
+        # train those steps again -- and drop their monitor rows as an abandoned timeline.
+        if 0 < trainer.max_steps and trainer.global_step < trainer.max_steps:
+            self._save(trainer, "stopped before trainer.max_steps")
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._deferring = False
         if not isinstance(exception, SIGTERMException):
             return
+        self._save(trainer, "stopped by a signal")
+        if self._pending is not None:
+            handler, signum, frame = self._pending
+            self._pending = None
+            handler(signum, frame)  # e.g. submitit: requeue this cell, then exit
+
+    def _save(self, trainer: L.Trainer, why: str) -> None:
+        """``last.ckpt`` at the current step, written under a temporary name and renamed (never torn)."""
         os.makedirs(self.dirpath, exist_ok=True)
         tmp = os.path.join(self.dirpath, f".{self.filename}.interrupted{self.FILE_EXTENSION}")
         trainer.save_checkpoint(tmp)
         if trainer.is_global_zero:
             os.replace(tmp, self.ckpt_path)
-            log.warning("stopped by a signal at global step %d: saved %s; run again in the same directory to resume",
+            log.warning("%s at global step %d: saved %s; run again in the same directory to resume", why,
                         trainer.global_step, self.ckpt_path)
-        if self._pending is not None:
-            handler, signum, frame = self._pending
-            self._pending = None
-            handler(signum, frame)  # e.g. submitit: requeue this cell, then exit
