@@ -42,12 +42,12 @@ def test_paths_are_scrubbed_and_the_manifest_still_verifies(tmp_path):
                       extra_config={"paths": {"cache_dir": "/scratch/lab/.gpu_cache"}})
     write_manifest(cell, {"seed": 1}, 100, 100)
     assert verify_manifest(cell) == []
-    study_table.pack(root, tmp_path / "t.parquet")
-    table = pd.read_parquet(tmp_path / "t.parquet")
+    study_table.pack(root, tmp_path / "new" / "t.parquet")  # into a folder not made yet (a staging file failed there)
+    table = pd.read_parquet(tmp_path / "new" / "t.parquet")
     assert not table["text"].str.contains("/scratch/|/tmp/", regex=True).any()
     config = table[table["file"] == "config.yaml"]["text"].iloc[0]
     assert "cache_dir: <local>/.gpu_cache" in config
-    unpacked = study_table.resolve(tmp_path / "t.parquet") / cell.name
+    unpacked = study_table.resolve(tmp_path / "new" / "t.parquet") / cell.name
     assert verify_manifest(unpacked) == []  # every file checked, the scrubbed ones against their new bytes
     assert json.loads((unpacked / "manifest.json").read_text())["scrubbed"] == ["config.yaml"]
     (unpacked / "csv" / "metrics.csv").write_text("tampered\n")

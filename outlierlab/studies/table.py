@@ -69,6 +69,7 @@ def pack(folder: str | Path, out: str | Path) -> pd.DataFrame:
     cells = _cell_dirs(folder)
     if not cells:
         raise ValueError(f"no run directories (.hydra/overrides.yaml or finished.json) under {folder}")
+    out.parent.mkdir(parents=True, exist_ok=True)  # before the scrubbed files' hashes are staged there
     rows = []
     for cell in cells:
         name = cell.relative_to(folder).as_posix() if cell != folder else cell.name
@@ -96,7 +97,6 @@ def pack(folder: str | Path, out: str | Path) -> pd.DataFrame:
             texts[MANIFEST] = json.dumps(manifest, indent=1)
         rows += [{"cell": name, "file": rel, "text": text} for rel, text in texts.items()]
     table = pd.DataFrame(rows, columns=["cell", "file", "text"])
-    out.parent.mkdir(parents=True, exist_ok=True)
     from outlierlab.utils.atomic import write_atomic
 
     buf = io.BytesIO()
