@@ -56,6 +56,16 @@ def _listing(*dirs: Path) -> set[str]:
     return {str(p) for d in dirs for p in d.rglob("*")}
 
 
+def _fresh_cwd_and_tmpdir(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """An empty working directory and an empty TMPDIR: what a call that writes nothing must leave empty."""
+    work, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    work.mkdir(), tmp.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    return work, tmp
+
+
 def test_evaluate_runs_in_memory_writes_nothing_and_equals_the_cli(tmp_path, monkeypatch):
     """On 50 texts ol.evaluate creates no file or directory -- the temporary directory and the working directory
     are listed before and after -- and its tables, side tables included, equal evaluate.py's CSVs exactly."""
@@ -65,11 +75,7 @@ def test_evaluate_runs_in_memory_writes_nothing_and_equals_the_cli(tmp_path, mon
     few = ["transform.allow_degenerate=true"]  # 50 sentences are too few distinct tokens for a full whitening
     enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
     enc.tokenize(["warm up"]), enc.model  # noqa: B018 - the tokenizer's and weights' own caches are not the run's
-    work, tmp = tmp_path / "cwd", tmp_path / "tmp"
-    work.mkdir(), tmp.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    work, tmp = _fresh_cwd_and_tmpdir(tmp_path, monkeypatch)
     before = _listing(work, tmp)
     tables = ol.evaluate(enc, texts, analyses=analyses, transforms=["none", "clip", "whiten"], overrides=few,
                          progress=False)
@@ -146,11 +152,7 @@ def test_probe_positions_runs_in_memory_writes_nothing_and_equals_probe_py(tmp_p
     few = ["probe.epochs=2", "probe.max_positions=32"]  # order use on: its two tables are compared too
     enc = ol.load_encoder(str(bert), device="cpu")
     enc.tokenize(["warm up"]), enc.model  # noqa: B018 - the tokenizer's and weights' own caches are not the run's
-    work, tmp = tmp_path / "cwd", tmp_path / "tmp"
-    work.mkdir(), tmp.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    work, tmp = _fresh_cwd_and_tmpdir(tmp_path, monkeypatch)
     tables = ol.probe_positions(enc, texts, seed=2, overrides=few, progress=False, tables=True)
     assert _listing(work, tmp) == set()
     assert sorted(tables) == ["order_use", "order_use_layers", "position_probe", "position_probe_by_position",
@@ -278,11 +280,7 @@ def test_a_model_in_memory_gives_the_numbers_of_the_same_model_saved(tmp_path, m
         assert sorted(given) == sorted(saved) and {"anisotropy", "outliers", "layernorm"} <= set(saved), name
         for analysis in saved:
             pd.testing.assert_frame_equal(given[analysis], saved[analysis], obj=f"{name}: {analysis}")
-    work, tmp = tmp_path / "cwd", tmp_path / "tmp"
-    work.mkdir(), tmp.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    work, tmp = _fresh_cwd_and_tmpdir(tmp_path, monkeypatch)
     body.train()
     enc = ol.load_encoder(body, tokenizer=tok, device="cpu")
     ol.evaluate(enc, TEXTS[:20], analyses=["outliers"], transforms=["none"], progress=False)

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+from tests.lock_helpers import ENV, ROOT, held_run_lock
+
 
 
 def _texts() -> list[str]:
@@ -102,16 +101,8 @@ def test_a_second_process_evaluating_into_the_same_out_dir_is_refused_before_it_
     out = tmp_path / "run"
     ol.evaluate(minilm, _texts(), analyses=["outliers"], transforms=["none"], out_dir=out, progress=False)
     before = {name: (out / name).read_bytes() for name in _files(out)}
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from outlierlab.jobs.run_lock import lock_run_dir\n"
-                               f"lock = lock_run_dir({str(out)!r}); print('held', flush=True); time.sleep(120)"],
-                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(RunDirBusy, match=rf"run directory .*run is in use by pid {holder.pid} on ") as e:
+    with held_run_lock(out) as pid:
+        with pytest.raises(RunDirBusy, match=rf"run directory .*run is in use by pid {pid} on ") as e:
             ol.evaluate(minilm, _texts(), analyses=["anisotropy"], transforms=["none"], out_dir=out, progress=False)
         assert len(str(e.value).splitlines()) == 1
-    finally:
-        holder.kill()
-        holder.wait()
     assert {name: (out / name).read_bytes() for name in before} == before  # the first evaluation is untouched

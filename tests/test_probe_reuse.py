@@ -6,15 +6,14 @@ processes probing into one directory are refused, as evaluate's are."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+from tests.lock_helpers import ENV, ROOT, held_run_lock
+
 FEW = ["probe.epochs=1", "probe.max_positions=16"]
 
 
@@ -88,18 +87,10 @@ def test_a_second_process_probing_into_the_same_out_dir_is_refused_before_it_tou
     out = tmp_path / "run"
     out.mkdir()
     (out / "probe_report.md").write_text("the first probe's report\n")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from outlierlab.jobs.run_lock import lock_run_dir\n"
-                               f"lock = lock_run_dir({str(out)!r}); print('held', flush=True); time.sleep(120)"],
-                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(RunDirBusy, match=rf"run directory .*run is in use by pid {holder.pid} on ") as e:
+    with held_run_lock(out) as pid:
+        with pytest.raises(RunDirBusy, match=rf"run directory .*run is in use by pid {pid} on ") as e:
             ol.probe_positions(enc, texts, seed=1, overrides=FEW, out_dir=out, progress=False)
         assert len(str(e.value).splitlines()) == 1
-    finally:
-        holder.kill()
-        holder.wait()
     assert _files(out) == {"probe_report.md", "run.lock"}
     assert (out / "probe_report.md").read_text() == "the first probe's report\n"
 
