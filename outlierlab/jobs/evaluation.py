@@ -61,7 +61,7 @@ def _evaluate(cfg: DictConfig, run_dir: Path, encoder, given, texts) -> dict:
     return {"results": run.results, "meta": run.meta, "files": paths, "evaluation": run}
 
 
-#: Outputs of every evaluation, by name (``tensorboard/``: the event files in that folder).
+#: The two files every evaluation writes: results.json names all its outputs (the index the next run removes by)
 _RESULTS = "results.json"
 _REPORT = "report.md"
 
