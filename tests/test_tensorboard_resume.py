@@ -44,6 +44,11 @@ def test_marker_purges_only_the_abandoned_steps(tmp_path):
         for s in range(1, 15):
             w.add_scalar("loss", float(s), s)
         w.close()
+        # TensorBoard reads a directory's event files in name order. Both writers open in the same second, so
+        # their names differ only in a per-process counter, which sorts as text (...9 after ...10.resumed): name
+        # the first session's file by an earlier second, as a session that ran before the resumed one has.
+        (first,) = d.glob("events.out.tfevents.*")
+        first.rename(d / first.name.replace("events.out.tfevents.", "events.out.tfevents.0000000001.", 1))
         w = SummaryWriter(str(d), filename_suffix=".resumed")
         if purge:
             write_purge_marker(w, 11)
