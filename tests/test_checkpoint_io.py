@@ -131,7 +131,7 @@ def small_filesystem(tmp_path):
 
 @pytest.mark.parametrize("writer", ["staged", "lightning"])
 def test_a_full_disk_at_a_checkpoint_leaves_no_torn_file(small_filesystem, writer, shared_cache, monkeypatch):
-    """The issue's failure for real: the disk fills during the step-6 checkpoint. Lightning's own writer stages in
+    """The reported failure for real: the disk fills during the step-6 checkpoint. Lightning's own writer stages in
     $TMPDIR (another file system) and copies, leaving a torn file under the checkpoint's name; ours leaves none."""
     from outlierlab.jobs import training
 

@@ -101,7 +101,7 @@ def test_cli_fails_in_seconds_before_training(tmp_path):
 
 
 def test_max_steps_equal_to_warmup_trains_to_the_end(cfg_train):
-    """The issue's crash: max_steps == warm-up divided by zero at the last step."""
+    """The reported crash: max_steps == warm-up divided by zero at the last step."""
     from outlierlab.jobs.training import train
 
     cfg_train.module.scheduler.num_warmup_steps = cfg_train.trainer.max_steps

@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 
 HISTORY = re.compile(r"\bstops? \d+|\bissues?[ -]\d+|\bthis (session|stop|round)\b|\b(last|previous|"
                      r"earlier|next) (stop|round|session)s?\b|\btwo stops\b|\bsince stop\b|\bstops? before\b|"
-                     r"\blent\b|\bborrowed\b", re.I)
+                     r"\blent\b|\bborrowed\b|\bthe issue's\b|\b(end|start) of the session\b|\bin the session\b", re.I)
 
 
 def history_lines(paths) -> list[str]:

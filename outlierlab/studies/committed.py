@@ -91,8 +91,8 @@ STUDY_CSV_READ = frozenset({
 })
 
 #: The families whose rows are per-step curves rather than tests a claim rests on: a committed contrasts.csv keeps
-#: them only at each series' last step and where a page reads them (:func:`committed_contrasts`); 80% of
-#: the rows, most of the docs' contrasts bytes. Every other family (primary, performance, exploratory performance,
+#: them only at each series' last step and where a page reads them (:func:`committed_contrasts`); 66-88% of
+#: a study's rows, most of the docs' contrasts bytes. Every other family (primary, performance, exploratory performance,
 #: duplicate) is committed whole.
 CURVE_FAMILIES = ("exploratory", "not tested")
 #: One series of a contrasts table: a contrast between two groups on one metric and layer, over the steps.
