@@ -37,6 +37,7 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis
 from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 from outlierlab.evaluation.settings import AttentionSinksSettings
+from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")  # headless: the heatmap is written to a file
@@ -91,7 +92,7 @@ def _heatmap(by_condition: Mapping[str, Mapping[str, Tensor]], path: Path, title
             ax.tick_params(labelsize=7)
     fig.colorbar(im, ax=axes, shrink=0.6)
     fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

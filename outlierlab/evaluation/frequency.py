@@ -49,6 +49,7 @@ from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamB
 from outlierlab.evaluation.sentence_pass import OutlierCounts
 from outlierlab.models.families import unembedding
 from outlierlab.models.layernorms import UnknownFamilyError, model_layernorms
+from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")  # headless: the plots are written to files
@@ -125,7 +126,7 @@ def _scatter(table: FrequencyTable, layers: Sequence[int], strongest: dict[int, 
                title=f"layer {layer}, dim {strongest[layer]}: ρ = {float(table.rho[layer, j]):.2f}")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

@@ -45,6 +45,7 @@ from outlierlab.datamodules.scoring_batches import masked_batches, next_token_ba
 from outlierlab.models.lm_model import LoadedModel, last_vectors, output_layer
 from outlierlab.evaluation.settings import FrequentTokensSettings
 from outlierlab.models.layernorms import layernorm_tensors
+from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")
@@ -120,7 +121,7 @@ def _plot(rows: list[dict], path) -> None:
     fig.suptitle("which logits predict frequent tokens (Macocco et al. 2025); red: outlier dims, blue: random",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

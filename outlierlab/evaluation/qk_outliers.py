@@ -32,6 +32,7 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis
 from outlierlab.evaluation.settings import DataSettings, QKOutliersSettings
 from outlierlab.models.families import is_norm
 from outlierlab.models.qk_recorder import QKRecorder, rotary_specs
+from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table
 
 matplotlib.use("Agg")
@@ -109,7 +110,7 @@ def _heatmap(stats: dict, specs, path, title: str) -> None:
         fig.colorbar(im, ax=ax)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

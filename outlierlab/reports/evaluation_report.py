@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import StepPatch
 from matplotlib.ticker import MaxNLocator
 
-from outlierlab.utils.atomic import write_atomic
+from outlierlab.utils.atomic import save_figure, write_atomic
 from outlierlab.utils.tables import columns_of, joined, md_table, write_csv
 
 #: Columns that identify a row rather than measure something (not sent to TensorBoard as scalars).
@@ -92,7 +92,7 @@ def plot_layers(path: Path, series: Mapping[str, Sequence[float]], ylabel: str, 
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     return path
 
 
@@ -127,7 +127,7 @@ def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequenc
         ax.tick_params(labelsize=6)
     if title:
         fig.suptitle("\n".join(title), fontsize=10, y=1 - 0.06 / height, va="top")
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     return path
 
 

@@ -24,7 +24,8 @@ from matplotlib.figure import Figure
 from matplotlib.image import imsave
 from matplotlib.ticker import LogFormatter, MaxNLocator
 
-from outlierlab.utils.atomic import write_atomic
+# save_figure lives with write_atomic; re-exported because the probe report and emergence tables import it from here
+from outlierlab.utils.atomic import save_figure, write_atomic  # noqa: F401
 
 
 def render(fig: Figure) -> np.ndarray:
@@ -42,15 +43,6 @@ def save_png(image: np.ndarray, path: str | os.PathLike) -> None:
     buf = io.BytesIO()
     imsave(buf, image, format="png")
     write_atomic(path, buf.getvalue())
-
-
-def save_figure(fig: Figure, path: str | os.PathLike, dpi: int) -> Path:
-    """``fig`` as a PNG at ``path``, written atomically as :func:`save_png` (a reader never sees half a figure)."""
-    path = Path(path)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    write_atomic(path, buf.getvalue())
-    return path
 
 
 def thin(steps: Sequence[int], max_rows: int) -> list[int]:

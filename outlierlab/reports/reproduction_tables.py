@@ -20,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from outlierlab.utils.atomic import save_figure  # noqa: E402
 from outlierlab.utils.tables import md_table, read_rows  # noqa: E402
 
 SCHEMES = ["learned", "none", "relative", "rope"]
@@ -46,7 +47,7 @@ def line_plot(series: dict, xlabel: str, ylabel: str, filename: str, title: str 
     ax.legend()
     fig.tight_layout()
     path = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/reproduction") / filename
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

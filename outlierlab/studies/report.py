@@ -18,7 +18,7 @@ from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT
 from outlierlab.analysis.study_inference import (CONFIRMATORY, DEFAULT_RULE, DUPLICATE, EXPLORATORY,
                                            EXPLORATORY_PERFORMANCE, NOT_TESTED, PERFORMANCE_FAMILY, PRIMARY,
                                            family_rules)
-from outlierlab.utils.atomic import write_atomic
+from outlierlab.utils.atomic import figure_bytes, write_atomic
 from outlierlab.utils.tables import md_table
 
 
@@ -204,10 +204,8 @@ def save_palette_png(fig: Figure, out: Path, colors: int = 64) -> None:
     own dependency)."""
     from PIL import Image
 
-    buf, png = io.BytesIO(), io.BytesIO()
-    fig.savefig(buf, format="png")
-    buf.seek(0)
-    with Image.open(buf) as im:
+    png = io.BytesIO()
+    with Image.open(io.BytesIO(figure_bytes(fig))) as im:
         im.convert("RGB").quantize(colors=colors).save(png, format="png", optimize=True)
     write_atomic(Path(out), png.getvalue())  # a kill mid-write leaves the earlier curve, never a cut one
 

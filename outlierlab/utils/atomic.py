@@ -8,10 +8,12 @@ and Lightning's ``_atomic_save`` stages in ``$TMPDIR``, which makes the final mo
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["write_atomic", "fsync_dir"]
+__all__ = ["write_atomic", "fsync_dir", "figure_bytes", "save_figure"]
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -33,6 +35,28 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def figure_bytes(fig: Any, **savefig_kwargs: Any) -> bytes:
+    """``fig`` (a matplotlib Figure) encoded in memory, PNG unless ``format=`` says otherwise.
+
+    The one place in outlierlab that calls ``savefig``: matplotlib writes a file as it encodes, so a kill or a full
+    disk mid-``savefig(path)`` left a torn image under the final name (tests/test_figures_atomic.py keeps it so).
+    """
+    savefig_kwargs.setdefault("format", "png")
+    buf = io.BytesIO()
+    fig.savefig(buf, **savefig_kwargs)
+    return buf.getvalue()
+
+
+def save_figure(fig: Any, path: str | os.PathLike, **savefig_kwargs: Any) -> Path:
+    """Write ``fig`` to ``path`` complete or not at all: encoded by :func:`figure_bytes`, then :func:`write_atomic`
+    (a reader sees the earlier figure or the new one, never half of one). The format follows ``path``'s suffix
+    (``.png``, ``.pdf``, ``.svg``) unless ``format=`` is given; ``savefig_kwargs`` go to ``Figure.savefig``."""
+    path = Path(path)
+    savefig_kwargs.setdefault("format", path.suffix.lstrip(".").lower() or "png")
+    write_atomic(path, figure_bytes(fig, **savefig_kwargs))
+    return path
 
 
 def fsync_dir(directory: Path) -> None:
