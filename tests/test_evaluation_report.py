@@ -114,3 +114,58 @@ def test_a_full_disk_while_results_json_or_report_md_is_written_leaves_no_torn_f
         write_outputs(tmp_path, [result], {"seed": 0}, "# head")
     assert not (tmp_path / name).exists()
     assert not [p.name for p in tmp_path.iterdir() if "partial" in p.name]
+
+
+def _geometry_rows(ks, layers=2):
+    rows = []
+    for layer in range(layers):
+        row = {"layer": layer, "transform": "none", "anisotropy": 0.5 + 0.1 * layer}
+        row.update({f"top{k}_share": 0.01 * k + 0.1 * layer for k in ks})  # top1 0.01/0.11, top5 0.05/0.15
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("ks, shown, first", [((1, 5), 5, "0.050"), ((1, 3, 5), 3, "0.030"), ((2,), 2, "0.020"),
+                                              ((7, 1, 2), 7, "0.070")])
+def test_the_geometry_table_shows_the_share_of_a_k_that_was_computed(ks, shown, first):
+    """anisotropy.rogue_k=[1,5] computes no top-3 share: the column was headed "top-3 share" and blank ("–") in every
+    row; it is named after the k shown (3 when computed, else the largest), with its values."""
+    from outlierlab.evaluation.registry import AnalysisResult
+    from outlierlab.reports.evaluation_report import geometry_table, share_k
+
+    assert share_k(ks) == shown
+    table = geometry_table([AnalysisResult("anisotropy", _geometry_rows(ks), ""),
+                            AnalysisResult("isotropy", [{"layer": 0, "transform": "none", "isoscore": 0.25}], "")])
+    lines = table.splitlines()
+    header = next(line for line in lines if line.startswith("| layer"))
+    assert header == f"| layer | none: anisotropy | none: top-{shown} share | none: IsoScore |"
+    assert f"top-{shown} share = the part of it the {shown} dims" in table
+    assert lines[-2] == f"| 0 | 0.500 | {first} | 0.250 |"
+    assert lines[-1].startswith("| 1 | 0.600 | ") and lines[-1].endswith(" | – |")  # no IsoScore row for layer 1
+    assert "top-3" not in table or shown == 3
+
+
+def test_the_report_of_a_run_with_rogue_k_1_5_names_the_top_5_share(tmp_path):
+    """End to end: the anisotropy analysis with rogue_k=[1,5] on a tiny model; report.md's geometry table and the
+    anisotropy section both show the top-5 share, and no column of the geometry table is blank."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    import outlierlab as ol
+    from probe_fixtures import minilm_path
+
+    tok = AutoTokenizer.from_pretrained(minilm_path())
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=32, max_position_embeddings=32))
+    texts = [f"Sentence number {i} says something about {w}." for i, w in enumerate("abcdefghijkl")]
+    tables = ol.evaluate(ol.load_encoder(model, tokenizer=tok), texts, analyses=["anisotropy"], transforms=["none"],
+                         settings=[ol.AnisotropySettings(n_sentences=12, rogue_k=[1, 5], rogue_list=2)],
+                         out_dir=tmp_path, progress=False)
+    rows = tables["anisotropy"]
+    assert "top3_share" not in rows.columns and rows["top5_share"].notna().all()
+    report = (tmp_path / "report.md").read_text()
+    geometry = report.split("## Geometry per layer and transform", 1)[1].split("\n## ", 1)[0]
+    assert "| layer | none: anisotropy | none: top-5 share |" in geometry and "–" not in geometry
+    first = geometry.split("\n| 0 | ", 1)[1].split(" |\n", 1)[0].split(" | ")
+    assert float(first[1]) == pytest.approx(rows.loc[rows["layer"] == 0, "top5_share"].item(), abs=5e-4)
+    section = report.split("\n## Anisotropy", 1)[1]
+    assert "none: top-5 share" in section and "share of the top 5 dims" in section

@@ -18,7 +18,7 @@ from outlierlab.analysis.rogue_dims import MIN_Z, RogueSummary, rogue_summary
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import AnisotropySettings
 from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, sentence_stats
-from outlierlab.reports.evaluation_report import plot_layers
+from outlierlab.reports.evaluation_report import plot_layers, share_k
 from outlierlab.utils.tables import md_table
 
 #: asked of the shared pass's fit (outlierlab.evaluation.sentence_pass.PASS_NEEDS): every transform's map, applied
@@ -75,7 +75,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     fig = plot_layers(ctx.out_dir / "anisotropy.png", values, "mean cosine of random token pairs",
                       f"anisotropy, {n_pairs} cross-sentence pairs (Luo et al. Fig. 6)",
                       hline=0.0) if ctx.plots else None
-    k_mid = 3 if 3 in rogue[ctx.transforms[0]].share else max(rogue[ctx.transforms[0]].share)
+    k_mid = share_k(rogue[ctx.transforms[0]].share)  # the k of the report's geometry table too
     shares = {t: rogue[t].share[k_mid].tolist() for t in ctx.transforms}
     fig2 = plot_layers(ctx.out_dir / "anisotropy_rogue_share.png", shares, f"share of the top {k_mid} dims",
                        "rogue dimensions: share of the anisotropy (Timkey & van Schijndel 2021)",

@@ -152,32 +152,45 @@ def _bars(ax, v: Sequence[float]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ report
+def share_k(ks: Iterable[int]) -> int:
+    """The k whose top-k share the reports show of the ks ``anisotropy.rogue_k`` computed: 3 (Timkey & van
+    Schijndel's table) when it is one of them, else the largest -- a share that was computed, never a blank column."""
+    ks = {int(k) for k in ks}
+    return 3 if 3 in ks else max(ks)
+
+
+_SHARE = re.compile(r"top(\d+)_share")
+
+
 def geometry_table(results: Sequence[Any]) -> str:
     """The Table-1 layout of the geometry: per layer, for every transform, anisotropy (Ethayarajh 2019), the
-    share of it held by the top-3 dims (Timkey & van Schijndel 2021) and IsoScore (Rudman et al. 2022), from the
-    rows of the ``anisotropy`` and ``isotropy`` analyses ("" when neither ran)."""
+    share of it held by the top-k dims (Timkey & van Schijndel 2021; k by :func:`share_k`, 3 by default, as the
+    anisotropy section) and IsoScore (Rudman et al. 2022), from the rows of the ``anisotropy`` and ``isotropy``
+    analyses ("" when neither ran)."""
     by = {r.name: r.rows for r in results if r.name in ("anisotropy", "isotropy")}
     if not by:
         return ""
+    computed = {int(m.group(1)) for r in by.get("anisotropy", []) for m in map(_SHARE.fullmatch, r) if m}
+    top = share_k(computed) if computed else 3
     cells: dict[tuple[int, str], dict[str, Any]] = {}
     for name, rows in by.items():
         for r in rows:
             c = cells.setdefault((int(r["layer"]), str(r["transform"])), {})
             if name == "anisotropy":
-                c.update(aniso=r.get("anisotropy", math.nan), top3=r.get("top3_share", math.nan))
+                c.update(aniso=r.get("anisotropy", math.nan), share=r.get(f"top{top}_share", math.nan))
             else:
                 c.update(iso=r.get("isoscore", math.nan))
     layers = sorted({k[0] for k in cells})
     transforms = list(dict.fromkeys(k[1] for k in cells))
-    parts = [("aniso", "anisotropy"), ("top3", "top-3 share"), ("iso", "IsoScore")]
+    parts = [("aniso", "anisotropy"), ("share", f"top-{top} share"), ("iso", "IsoScore")]
     parts = [(key, label) for key, label in parts if any(key in c for c in cells.values())]
     headers = ["layer"] + [f"{t}: {label}" for t in transforms for _, label in parts]
     body = [[layer] + [cells.get((layer, t), {}).get(key, math.nan) for t in transforms for key, _ in parts]
             for layer in layers]
     return ("## Geometry per layer and transform (Table 1 layout)\n\n"
             "Anisotropy = mean cosine of cross-sentence token pairs (Ethayarajh 2019; Luo et al. 2021 §4.1); "
-            "top-3 share = the part of it the 3 dims of largest contribution CC_i hold (Timkey & van Schijndel "
-            "2021); IsoScore = how uniformly the space's directions carry variance, 1 = isotropic (Rudman et al. "
+            f"top-{top} share = the part of it the {top} dims of largest contribution CC_i hold (Timkey & van "
+            "Schijndel 2021); IsoScore = how uniformly the space's directions carry variance, 1 = isotropic (Rudman et al. "
             "2022). Details in the sections below.\n\n" + md_table(headers, body))
 
 
