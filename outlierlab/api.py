@@ -40,6 +40,7 @@ def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto"
     ``on_overflow``, ``offload_folder``."""
     from outlierlab.models.loading import FrozenEncoder
 
+    _check_load_arguments(device, kwargs)
     if isinstance(name_or_path, (str, os.PathLike)):
         if tokenizer is not None:
             raise TypeError("tokenizer= goes with a model in memory: a run directory, model directory or hub id "
@@ -52,6 +53,34 @@ def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto"
     body, tokenizer = _in_memory(name_or_path, tokenizer)
     _check_placement(body, device, dtype)
     return FrozenEncoder.from_model(body, tokenizer, max_length=max_length, **kwargs)
+
+
+#: What ``load_encoder(**kwargs)`` passes on to the loader.
+LOAD_KWARGS = ("device_map", "revision", "batch_size", "on_overflow", "offload_folder")
+
+
+def _check_load_arguments(device: Any, kwargs: dict) -> None:
+    """The loading arguments a notebook gets wrong, in one line before anything loads: an unknown keyword (it was
+    read as one for a model that is loaded), a device torch does not know (torch's own message names no argument),
+    a batch size that is not a positive integer (``"8"`` and ``0`` were taken and failed at the first forward)."""
+    import numbers
+
+    unknown = sorted(set(kwargs) - set(LOAD_KWARGS))
+    if unknown:
+        raise TypeError(f"load_encoder got unknown argument(s) {', '.join(unknown)}; valid: name_or_path, dtype, "
+                        f"device, max_length, tokenizer, {', '.join(LOAD_KWARGS)}")
+    if device != "auto":
+        import torch
+
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device={device!r} is not a device: pass 'auto', 'cpu', 'cuda', 'cuda:1', 'mps', "
+                             "...") from None
+    size = kwargs.get("batch_size", 1)
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+        raise (ValueError if isinstance(size, numbers.Integral) and not isinstance(size, bool) else TypeError)(
+            f"batch_size must be an integer >= 1, got {size!r}")
 
 
 def _check_placement(model: Any, device: str, dtype: str) -> None:
@@ -92,6 +121,9 @@ def _in_memory(model: Any, tokenizer: Any) -> tuple[Any, Any]:
         raise TypeError(f"cannot load a {type(model).__name__} from memory: pass a transformers model (with "
                         "tokenizer=), a SentenceTransformer, or the directory it was saved to (a train.py run "
                         "directory for a model of ours)")
+    if isinstance(tokenizer, (str, os.PathLike)):  # a name, not the tokenizer: the model's own must be loaded
+        raise TypeError(f"tokenizer={str(tokenizer)!r} is a name: pass the tokenizer itself, e.g. "
+                        f"tokenizer=AutoTokenizer.from_pretrained({str(tokenizer)!r})")
     if not callable(getattr(tokenizer, "save_pretrained", None)):
         raise TypeError(f"pass tokenizer= (the {type(body).__name__}'s own Hugging Face tokenizer) with a model in "
                         "memory")
@@ -110,12 +142,74 @@ def _compose(config_name: str, overrides: Sequence[str]):
     return compose_config(config_name, overrides)
 
 
-def _names(value: Any, what: str) -> list[str]:
+def _names(value: Any, what: str, strings: bool = True) -> list[Any]:
     """A list of names (analyses, transforms, overrides): a bare string would be iterated one character at a time,
-    so it is refused in one line."""
+    so it is refused in one line, as is None or a number (not a list) and, with ``strings``, an item that is not a
+    string (``[None]`` failed in a ``str.join`` deep inside, ``[42]`` as an AttributeError)."""
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what}={value!r} is a single string: pass a list, e.g. {what}=[{value!r}]")
-    return list(value)
+    try:
+        items = list(value)
+    except TypeError:
+        example = {"analyses": "['outliers']", "transforms": "['none']"}.get(what, "['outliers.k=2.5']")
+        raise TypeError(f"{what}={value!r}: pass a list, e.g. {what}={example}") from None
+    bad = [f"[{i}] {x!r}" for i, x in enumerate(items) if not isinstance(x, str)]
+    if strings and bad:
+        raise TypeError(f"{what} must be a list of strings; not a string: {_listing(bad)}")
+    return items
+
+
+def _flag(value: Any, what: str) -> bool:
+    """A True/False argument: ``plots="no"`` was true."""
+    from outlierlab.monitoring.arguments import flag
+
+    return flag(what, value)
+
+
+def _out_dir(out_dir: Any) -> Path | None:
+    """``out_dir`` as a Path, or one line: not a path, or an existing file (found only after the analyses ran,
+    as ``[Errno 17] File exists``)."""
+    if out_dir is None:
+        return None
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"out_dir={out_dir!r}: pass a directory path (str or pathlib.Path), or None to write nothing")
+    path = Path(out_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"out_dir={str(out_dir)!r} is a file: pass a directory (it is made if missing)")
+    return Path(out_dir)
+
+
+def _check_encoder(encoder: Any) -> None:
+    """The first argument is what :func:`load_encoder` returns; a model, a name or a path is refused in one line
+    saying so (each failed as an AttributeError on ``.source``)."""
+    from outlierlab.models.loading import FrozenEncoder
+
+    if isinstance(encoder, FrozenEncoder):
+        return
+    if isinstance(encoder, (str, os.PathLike)):
+        raise TypeError(f"encoder={str(encoder)!r} is a name: pass the loaded encoder, "
+                        f"ol.load_encoder({str(encoder)!r})")
+    raise TypeError(f"encoder is a {type(encoder).__name__}: pass the encoder ol.load_encoder(...) returns (a model "
+                    "in memory: ol.load_encoder(model, tokenizer=tokenizer))")
+
+
+#: ``encoder.*`` keys that say how an encoder is loaded: with the encoder given, an override of one was ignored.
+_LOADING_KEYS = ("name_or_path", "max_length", "on_overflow", "device", "dtype", "device_map", "revision")
+
+
+def _check_overrides(overrides: list[str]) -> None:
+    """Each override is ``key=value`` (``~key`` deletes): ``'nokey'`` was Hydra's several-line parse error.  One of
+    how the encoder loads is refused: the encoder is the first argument, loaded already."""
+    for override in overrides:
+        if "=" not in override and not override.startswith("~"):
+            raise ValueError(f"overrides={override!r}: expected key=value, e.g. 'outliers.k=2.5'")
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.startswith("encoder.") and key.split(".", 1)[1] in _LOADING_KEYS:
+            argument = key.split(".", 1)[1]
+            where = (f"pass {argument}= to ol.load_encoder" if argument in ("max_length", "device", "dtype",
+                                                                            *LOAD_KWARGS) else
+                     "load that encoder with ol.load_encoder")
+            raise ValueError(f"overrides={override!r}: the encoder (the first argument) is loaded already; {where}")
 
 
 def check_texts(texts: Any) -> list[str] | None:
@@ -222,8 +316,10 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     from outlierlab.evaluation.core import run_analyses, selected_analyses
 
     texts, seed = check_texts(texts), _seed(seed)
-    analyses, transforms = _names(analyses, "analyses"), _names(transforms, "transforms")
-    overrides = _names(overrides, "overrides")
+    analyses = _names(analyses, "analyses", strings=False)  # an analysis may be an object
+    transforms, overrides = _names(transforms, "transforms"), _names(overrides, "overrides")
+    plots, progress, out_dir = _flag(plots, "plots"), _flag(progress, "progress"), _out_dir(out_dir)
+    _check_overrides(overrides)
     _check_arguments(overrides, ("analyses", "transform", "seed", "plots", "progress"))
     given = _given_analyses(analyses)
     names = [a if isinstance(a, str) else _analysis_name(a) for a in analyses]
@@ -233,6 +329,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     choices = [f"transform=[{','.join(transforms)}]", *overrides]
     _check_choices(choices, "evaluate")
     sections = _sections(settings, _evaluate_sections(), overrides)
+    _check_encoder(encoder)  # last: the checks above never touch it (a test stands an object there that fails)
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={seed}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
                                 f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices])
@@ -340,6 +437,8 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
 
     texts, seed = check_texts(texts), _seed(seed)
     choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
+    progress, tables, out_dir = _flag(progress, "progress"), _flag(tables, "tables"), _out_dir(out_dir)
+    _check_overrides(choices[1:])
     _check_arguments(choices[1:], ("transform", "seed", "progress"))
     task = next((o for o in choices[1:] if o.split("=", 1)[0].lstrip("+~") == "task"), None)
     if task is not None:  # another task trains a sentence classifier: no position_probe table to return
@@ -350,6 +449,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     from outlierlab.jobs.probe_settings import ProbeSettings
 
     sections = _sections(settings, [ProbeSettings, OutliersSettings], choices[1:])
+    _check_encoder(encoder)
     cfg = _compose("probe", ["task=position", f"seed={seed}", f"progress={str(bool(progress)).lower()}",
                              "features.cache_dir=null", *_encoder_overrides(encoder), *choices])
     for section, values in sections.items():  # whole sections, after the presets, as in evaluate()
@@ -372,6 +472,9 @@ def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
 
     from outlierlab.analysis.dim_identity import HISTORY, layer_identity
 
+    if not isinstance(history, (pd.DataFrame, str, os.PathLike)):
+        raise TypeError(f"history is a {type(history).__name__}: pass a DataFrame of a monitor history, a "
+                        "hidden_states.csv, or the directory holding one")
     if not isinstance(history, pd.DataFrame):
         from outlierlab.studies.table import resolve
 
@@ -381,6 +484,10 @@ def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
             raise FileNotFoundError(f"no monitor history at {path}: give a hidden_states.csv, a directory holding one "
                                     "(a monitor's out_dir) or a train.py run directory (its monitor/hidden_states.csv)")
         history = pd.read_csv(found[0])
+    missing = [c for c in ("step", "name", "statistic", "dim", "value") if c not in history.columns]
+    if missing:  # was a KeyError of the first one looked up
+        raise ValueError(f"history has no column(s) {', '.join(missing)}: a monitor history has the columns step, "
+                         "name, statistic, dim, value (hidden_states.csv, or ol.history_frame's)")
     return layer_identity(history, statistic)
 
 

@@ -231,3 +231,105 @@ def test_probe_positions_takes_only_its_own_settings_sections():
                            overrides=["probe.lr=0.01"])
     assert _one_line(e).startswith("overrides='probe.lr=0.01' sets a key of the section settings= gives whole "
                                    "(ProbeSettings)")
+
+
+# ------------------------------------------------------------------ the rest of a notebook's usual mistakes
+@pytest.mark.parametrize("call", [ol.evaluate, ol.probe_positions])
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(transforms=None), TypeError, "transforms=None: pass a list, e.g. transforms=['none']"),
+    (dict(transforms=["none", None]), TypeError, "transforms must be a list of strings; not a string: [1] None"),
+    (dict(overrides=[42]), TypeError, "overrides must be a list of strings; not a string: [0] 42"),
+    (dict(overrides=["outliers.k"]), ValueError, "overrides='outliers.k': expected key=value, e.g. 'outliers.k=2.5'"),
+    (dict(overrides=["encoder.max_length=10000"]), ValueError,
+     "overrides='encoder.max_length=10000': the encoder (the first argument) is loaded already; pass max_length= "
+     "to ol.load_encoder"),
+    (dict(overrides=["encoder.name_or_path=bert-base-uncased"]), ValueError,
+     "overrides='encoder.name_or_path=bert-base-uncased': the encoder (the first argument) is loaded already; load "
+     "that encoder with ol.load_encoder"),
+    (dict(progress="no"), TypeError, "progress must be True or False, got 'no' (str)"),
+    (dict(out_dir=42), TypeError, "out_dir=42: pass a directory path (str or pathlib.Path), or None to write nothing"),
+])
+def test_list_flag_and_directory_arguments_are_refused_in_one_line_naming_them(call, kwargs, error, message):
+    # each was a deep error (str.join on None, 'int' has no 'split', Hydra's 3-line parse error, pathlib's TypeError)
+    # or ran as something else (progress="no" showed the bar; encoder.max_length was ignored for the given encoder)
+    with pytest.raises(error) as e:
+        call(_NoEncoder(), ["A sentence."], **kwargs)
+    assert _one_line(e) == message
+
+
+def test_evaluate_refuses_none_analyses_a_non_bool_plots_and_a_file_as_out_dir(tmp_path):
+    with pytest.raises(TypeError) as e:
+        ol.evaluate(_NoEncoder(), ["A sentence."], analyses=None)
+    assert _one_line(e) == "analyses=None: pass a list, e.g. analyses=['outliers']"
+    with pytest.raises(TypeError) as e:  # bool("no") is true: it drew the figures
+        ol.evaluate(_NoEncoder(), ["A sentence."], plots="no", out_dir=tmp_path)
+    assert _one_line(e) == "plots must be True or False, got 'no' (str)"
+    (tmp_path / "results").write_text("a file")
+    with pytest.raises(ValueError) as e:  # was "[Errno 17] File exists" after the analyses ran
+        ol.evaluate(_NoEncoder(), ["A sentence."], out_dir=tmp_path / "results")
+    assert _one_line(e) == f"out_dir={str(tmp_path / 'results')!r} is a file: pass a directory (it is made if missing)"
+    with pytest.raises(TypeError, match=r"^tables must be True or False, got 'yes' \(str\)$"):
+        ol.probe_positions(_NoEncoder(), ["A sentence."], tables="yes")
+
+
+@pytest.mark.parametrize("call", [ol.evaluate, ol.probe_positions])
+def test_an_encoder_that_is_not_loaded_is_refused_saying_how_to_load_it(call):
+    """A model, a hub id or None as the first argument failed as "AttributeError: ... has no attribute 'source'"."""
+    import torch
+
+    model, tok = _tiny_bert()
+    with pytest.raises(TypeError) as e:
+        call(model, ["A sentence."])
+    assert _one_line(e) == ("encoder is a BertModel: pass the encoder ol.load_encoder(...) returns (a model in memory: "
+                            "ol.load_encoder(model, tokenizer=tokenizer))")
+    with pytest.raises(TypeError, match=r"^encoder is a Linear: pass the encoder ol.load_encoder"):
+        call(torch.nn.Linear(4, 4), ["A sentence."])
+    with pytest.raises(TypeError) as e:
+        call("org/model", ["A sentence."])
+    assert _one_line(e) == "encoder='org/model' is a name: pass the loaded encoder, ol.load_encoder('org/model')"
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(device="gpu"), ValueError, "device='gpu' is not a device: pass 'auto', 'cpu', 'cuda', 'cuda:1', 'mps', ..."),
+    (dict(batch_size=0), ValueError, "batch_size must be an integer >= 1, got 0"),
+    (dict(batch_size="8"), TypeError, "batch_size must be an integer >= 1, got '8'"),
+    (dict(batch_size=2.5), TypeError, "batch_size must be an integer >= 1, got 2.5"),
+    (dict(batchsize=8), TypeError, "load_encoder got unknown argument(s) batchsize; valid: name_or_path, dtype, device, "
+                                   "max_length, tokenizer, device_map, revision, batch_size, on_overflow, "
+                                   "offload_folder"),
+    (dict(tokenizer="bert-base-uncased"), TypeError, "tokenizer='bert-base-uncased' is a name: pass the tokenizer "
+                                                     "itself, e.g. tokenizer=AutoTokenizer.from_pretrained("
+                                                     "'bert-base-uncased')"),
+])
+def test_load_encoder_refuses_bad_loading_arguments_in_one_line(kwargs, error, message):
+    # device='gpu' was torch's "Expected one of cpu, cuda, ... device type" naming no argument; batch_size=0 and "8"
+    # were taken (failing at the first forward); an unknown keyword was said to "apply to a model that is loaded"
+    model, tok = _tiny_bert()
+    with pytest.raises(error) as e:
+        ol.load_encoder(model, **{"tokenizer": tok, **kwargs})
+    assert _one_line(e) == message
+    if "tokenizer" not in kwargs:  # a path's loading arguments are checked before anything is looked up
+        with pytest.raises(error) as e:
+            ol.load_encoder("no/such/model", **kwargs)
+        assert _one_line(e) == message
+
+
+def test_dim_identity_and_history_frame_refuse_what_is_not_a_history(tmp_path):
+    import pandas as pd
+
+    with pytest.raises(TypeError) as e:  # was pathlib's "expected str, bytes or os.PathLike object, not int"
+        ol.dim_identity(42)
+    assert _one_line(e).startswith("history is a int: pass a DataFrame of a monitor history")
+    with pytest.raises(ValueError) as e:  # was KeyError: 'statistic'
+        ol.dim_identity(pd.DataFrame({"layer": [0], "dim": [3]}))
+    assert _one_line(e).startswith("history has no column(s) step, name, statistic, value: a monitor history")
+    with pytest.raises(TypeError, match=r"^path=42: pass the path of a history file"):
+        ol.history_frame(42)
+    csv = tmp_path / "hidden_states.csv"
+    csv.write_text("step,name,statistic,dim,value\n0,layer_1,abs_argmax_share,5,0.5\n")
+    with pytest.raises(TypeError) as e:  # its characters were the statistics kept: an empty frame, no error
+        ol.history_frame(csv, statistics="abs_argmax_share")
+    assert _one_line(e) == ("statistics='abs_argmax_share' is a single string: pass a list, e.g. "
+                            "statistics=['abs_argmax_share']")
+    assert ol.history_frame(csv, statistics=["abs_argmax_share"])["dim"].tolist() == [5]
+    assert ol.dim_identity(csv)["dim"].tolist() == [5]

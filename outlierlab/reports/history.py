@@ -137,6 +137,10 @@ class HistoryCSV:
 
 def read_history(path: str | os.PathLike, statistics: Iterable[str] | None = None) -> list[dict]:
     """Parsed rows of a history file (``dim`` None when empty), optionally only some statistics."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path={path!r}: pass the path of a history file (e.g. <run>/monitor/hidden_states.csv)")
+    if isinstance(statistics, (str, bytes)):  # its characters would be the statistics kept: no row, no error
+        raise TypeError(f"statistics={statistics!r} is a single string: pass a list, e.g. statistics=[{statistics!r}]")
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"monitor history {p} not found (was the run trained with the monitors on?)")
