@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["count", "flag", "number", "texts", "path_like"]
+__all__ = ["count", "flag", "number", "texts", "path_like", "step", "tokenizer", "directory"]
 
 
 def _got(value: Any) -> str:
@@ -67,7 +67,45 @@ def texts(name: str, value: Any) -> list[str] | None:
     bad = next((t for t in out if not isinstance(t, str)), None)
     if bad is not None:
         raise TypeError(f"{name} must be a list of strings (one text each), got an element {_got(bad)[:80]}")
+    blank = [f"[{i}]" for i, t in enumerate(out) if not t.strip()]
+    if blank:  # a row of padding between special tokens, measured as a sentence
+        raise ValueError(f"{name} has {len(blank)} empty or blank item(s): {', '.join(blank[:8])}"
+                         f"{' ...' if len(blank) > 8 else ''}; drop them")
     return out
+
+
+def step(value: Any) -> int:
+    """A training step: an integer >= 0 (a numpy or 0-d torch integer too); ``int()`` made 1.5 step 1 and "3"
+    step 3, and a negative step was recorded."""
+    import operator
+
+    try:
+        s = operator.index(value)
+    except TypeError:
+        raise TypeError(f"step must be an integer >= 0 (the optimizer step), got {_got(value)}") from None
+    if s < 0:
+        raise ValueError(f"step must be an integer >= 0 (the optimizer step), got {s}")
+    return int(s)
+
+
+def tokenizer(value: Any) -> Any:
+    """None or a tokenizer object: a name (``tokenizer="bert-base-uncased"``) failed at the first record as
+    "'str' object is not callable"."""
+    if isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError(f"tokenizer={str(value)!r} is a name: pass the tokenizer itself, e.g. "
+                        f"tokenizer=AutoTokenizer.from_pretrained({str(value)!r})")
+    if value is not None and not callable(value):
+        raise TypeError(f"tokenizer must be a Hugging Face tokenizer (callable) or None, got {_got(value)[:80]}")
+    return value
+
+
+def directory(name: str, value: Any) -> Any:
+    """A path (:func:`path_like`) that is not an existing file: a file there failed at the first record as
+    "[Errno 17] File exists"."""
+    value = path_like(name, value)
+    if os.path.exists(os.path.expanduser(value)) and not os.path.isdir(os.path.expanduser(value)):
+        raise ValueError(f"{name}={os.fspath(value)!r} is a file: pass a directory (it is made if missing)")
+    return value
 
 
 def path_like(name: str, value: Any, optional: bool = False) -> Any:

@@ -40,6 +40,7 @@ state, so the scalars go straight into the Trainer's own run (:class:`TrackerRun
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -140,10 +141,14 @@ class OutlierMonitorCallback(TrainerCallback):
         bad = {"model", "global_zero", "max_steps", "out_dir", "every_n_steps", "tokenizer"} & set(monitor_kwargs)
         if bad:
             raise TypeError(f"OutlierMonitorCallback sets {sorted(bad)} itself")
+        unknown = sorted(set(monitor_kwargs) - set(inspect.signature(OutlierMonitor).parameters))
+        if unknown:  # Python's own message named OutlierMonitor.__init__, which the caller never called
+            raise TypeError(f"OutlierMonitorCallback got unknown setting(s) {', '.join(unknown)}; the settings are "
+                            "OutlierMonitor's (help(ol.OutlierMonitor))")
         # every setting checked now, by the monitor's own checks, not at on_train_begin after the Trainer's setup
-        OutlierMonitor(out_dir=out_dir if out_dir is not None else "monitor", every_n_steps=every_n_steps,
-                       sentences=sentences, writer=False if writer is None else writer, global_zero=False,
-                       **monitor_kwargs)
+        OutlierMonitor(tokenizer=tokenizer, out_dir=out_dir if out_dir is not None else "monitor",
+                       every_n_steps=every_n_steps, sentences=sentences, writer=False if writer is None else writer,
+                       global_zero=False, **monitor_kwargs)
         self.tokenizer, self.every_n_steps, self.out_dir = tokenizer, int(every_n_steps), out_dir
         self.sentences, self.writer, self.monitor_kwargs = sentences, writer, monitor_kwargs
         self.monitor: OutlierMonitor | None = None

@@ -51,6 +51,10 @@ def heldout_max_length(model: nn.Module, tokenizer: Any = None, max_length: int 
     tokenizer's ``model_max_length``; 512 when neither says.  The live monitors and the post-hoc analysis of a
     checkpoint call this one function so they truncate alike."""
     if max_length:
+        limit = position_limit(model)
+        if limit is not None and max_length > limit:  # a longer batch failed in the model's embedding at record 1
+            raise ValueError(f"max_length={max_length} exceeds the {limit} positions {type(model).__name__} has: "
+                             f"pass max_length <= {limit}, or None (the model's own)")
         return int(max_length)
     config = getattr(model, "config", None)
     if getattr(config, "max_len", None):
@@ -65,6 +69,22 @@ def heldout_max_length(model: nn.Module, tokenizer: Any = None, max_length: int 
     if tok_max and tok_max < _NO_LIMIT:
         limits.append(int(tok_max))
     return min(limits) if limits else 512
+
+
+def position_limit(model: nn.Module) -> int | None:
+    """How many tokens ``model`` can take at most, where a table fixes it: our model's ``max_len``, a Hugging Face
+    model's learned position table (``position_embeddings``, GPT-2's ``wpe``; RoBERTa-style tables lose
+    ``pad_token_id + 1`` rows); None for rotary, relative or no positions, which set no hard limit."""
+    config = getattr(model, "config", None)
+    if getattr(config, "max_len", None):
+        return int(config.max_len)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and name.rsplit(".", 1)[-1] in ("position_embeddings", "wpe"):
+            rows = module.num_embeddings
+            if getattr(config, "model_type", "") in _PADDING_OFFSET_TYPES:
+                rows -= (getattr(config, "pad_token_id", 1) or 0) + 1
+            return rows
+    return None
 
 
 def is_causal_lm(model: nn.Module) -> bool:

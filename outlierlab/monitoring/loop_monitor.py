@@ -151,14 +151,14 @@ class OutlierMonitor:
                  n_pairs: int = 1000, seed: int = 0, sink_threshold: float = 0.3, order_use: bool = True,
                  writer: Any = None,
                  global_zero: bool | None = None, warn: Callable[[str], Any] = warnings.warn) -> None:
-        self.out_dir = Path(arguments.path_like("out_dir", out_dir))
+        self.out_dir = Path(arguments.directory("out_dir", out_dir))
         self.every_n_steps = arguments.count("every_n_steps", every_n_steps, 1)
         self.image_every_n_steps = arguments.count("image_every_n_steps", image_every_n_steps, 1)
         self.vectors, self.figures = arguments.flag("vectors", vectors), arguments.flag("figures", figures)
         # <= 0 is "no last step" (Lightning's and the Trainer's max_steps=-1)
         max_steps = arguments.count("max_steps", max_steps, None, optional=True)
         self.max_steps = None if max_steps is None or max_steps <= 0 else max_steps
-        self.tokenizer, self.sentences = tokenizer, arguments.texts("sentences", sentences)
+        self.tokenizer, self.sentences = arguments.tokenizer(tokenizer), arguments.texts("sentences", sentences)
         if writer is not None and writer is not False and not callable(getattr(writer, "add_scalar", None)):
             raise TypeError(f"writer must be a SummaryWriter-like object (add_scalar), None (own writer) or False "
                             f"(none), got {writer!r} ({type(writer).__name__})")
@@ -181,8 +181,22 @@ class OutlierMonitor:
         self._lock: DirLock | None = None
         self.started = False
         self.last_step: int | None = None
-        if model is not None and self.hidden is not None and self.is_global_zero:
-            self.hidden.tokenize(self.tokenizer, unwrap_model(model), self.sentences)
+        if model is not None and self.is_global_zero:
+            self.check_model(model)
+            if self.hidden is not None:
+                self.hidden.tokenize(self.tokenizer, unwrap_model(model), self.sentences)
+
+    def check_model(self, model: nn.Module) -> None:
+        """That ``model`` has what the monitors that are on read -- its LayerNorms (a registered family, or ours),
+        its blocks -- or one line naming what is missing, before anything is written to ``out_dir``."""
+        from outlierlab.models.layernorms import model_layernorms
+        from outlierlab.models.sites import encoder_blocks
+
+        model = unwrap_model(model)
+        if self.layernorm is not None:
+            model_layernorms(model)
+        if self.hidden is not None:
+            encoder_blocks(getattr(model, "roberta", model))  # the body monitored_forward runs
 
     @property
     def is_global_zero(self) -> bool:
@@ -207,15 +221,17 @@ class OutlierMonitor:
         Called by the first :meth:`step`; call it yourself to start before the loop.  Rows at steps ≥ ``step``
         are dropped from the histories first (a fresh run in an old folder starts new files).
         """
+        step = arguments.step(step)
         if not self.is_global_zero:
             self.started = True
             return
+        self.check_model(model)  # before the folder is locked or written: a model without the monitors' layers
         if self._lock is None:  # before anything in the folder is read or truncated
             self._lock = lock_dir(self.out_dir, LOCK_FILE, "monitor folder",
                                   "another monitor writes its history there: close() it (one monitor per run), "
                                   "or give this one another out_dir")
         self.started = True
-        model, step = unwrap_model(model), int(step)
+        model = unwrap_model(model)
         resumed = step > 0
         snapshot = self.out_dir / INITIAL_SNAPSHOT
         if self.layernorm is not None:
@@ -265,7 +281,7 @@ class OutlierMonitor:
 
     def step(self, model: nn.Module, step: int) -> bool:
         """Record at the configured cadence; the first call starts the session.  Returns whether it recorded."""
-        step = int(step)
+        step = arguments.step(step)
         if not self.started:
             self.start(model, step)
             return self.is_global_zero
@@ -280,12 +296,13 @@ class OutlierMonitor:
     def record(self, model: nn.Module, step: int, images: bool = False) -> None:
         """Record now, off the cadence (e.g. when a checkpoint is saved); ``images`` forces figures and vectors.
         A step already recorded is not recorded twice (a checkpoint on the cadence)."""
+        step = arguments.step(step)
         if not self.is_global_zero:
             return
         if not self.started:
             self.start(model, step)
             return
-        model, step = unwrap_model(model), int(step)
+        model = unwrap_model(model)
         if step == self.last_step:
             return
         self.last_step = step
