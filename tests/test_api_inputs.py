@@ -333,3 +333,60 @@ def test_dim_identity_and_history_frame_refuse_what_is_not_a_history(tmp_path):
                             "statistics=['abs_argmax_share']")
     assert ol.history_frame(csv, statistics=["abs_argmax_share"])["dim"].tolist() == [5]
     assert ol.dim_identity(csv)["dim"].tolist() == [5]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(analyses=["frequency"], settings=[ol.FrequencySettings(plot_layers=[5], counts_from="eval")]),
+     "frequency.plot_layers [5] outside 0..2 (0 = the embeddings, 2 = the last layer)"),
+    (dict(analyses=["frequency"], settings=[ol.FrequencySettings(plot_layers=[-1], counts_from="eval")]),
+     "frequency.plot_layers [-1] outside 0..2 (0 = the embeddings, 2 = the last layer)"),
+    (dict(analyses=["frequency"], settings=[ol.FrequencySettings(dims=[3, 999], counts_from="eval")]),
+     "frequency.dims [3, 999] outside 0..15"),
+    (dict(transforms=["none", "clip"], overrides=["transform.dims=[999]"]),
+     "clip dims [999] out of range for hidden size 16"),
+])
+def test_layers_and_dims_the_encoder_lacks_are_refused_before_its_first_forward(kwargs, message):
+    # plot_layers was found after the sentence pass (minutes on a large model); the dims were checked in time already
+    model, tok = _tiny_bert_layers(2)
+    enc = ol.load_encoder(model, tokenizer=tok)
+    with pytest.raises(ValueError) as e:
+        ol.evaluate(enc, ["A sentence.", "Another one.", "A third."], **{"analyses": ["outliers"], "progress": False,
+                                                                         **kwargs})
+    assert _one_line(e) == message
+    assert enc.n_forward_calls == 0
+
+
+def _tiny_bert_layers(layers: int):
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from probe_fixtures import minilm_path
+
+    tok = AutoTokenizer.from_pretrained(minilm_path())
+    return BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=layers,
+                                num_attention_heads=2, intermediate_size=32, max_position_embeddings=32)), tok
+
+
+def test_layer_stream_refuses_a_bare_string_items_that_are_not_strings_and_a_model():
+    import torch
+
+    model, tok = _tiny_bert()
+    enc = ol.load_encoder(model, tokenizer=tok)
+    with pytest.raises(TypeError) as e:  # its characters were encoded as eleven one-letter sentences
+        ol.LayerStream(enc, "A sentence.")
+    assert _one_line(e) == "texts is a single string: pass a list of sentences, e.g. texts=[text]"
+    with pytest.raises(TypeError) as e:
+        ol.LayerStream(enc, ["A sentence.", 7])
+    assert _one_line(e) == "texts has items that are not strings: [1] int; pass sentences (str)"
+    with pytest.raises(TypeError) as e:  # was AttributeError: 'Linear' object has no attribute 'num_layers'
+        ol.LayerStream(torch.nn.Linear(4, 4), ["A sentence."])
+    assert _one_line(e) == "encoder is a Linear: pass the encoder ol.load_encoder(...) returns"
+    assert ol.LayerStream(enc, (t for t in ["A sentence.", "Two."])).texts == ["A sentence.", "Two."]
+
+
+def test_study_histories_names_a_missing_or_wrong_table(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:  # pyarrow said the bare path
+        ol.study_histories(tmp_path / "cells.parquet")
+    assert _one_line(e).startswith(f"no packed study at {tmp_path / 'cells.parquet'}: pass a cells.parquet written by")
+    with pytest.raises(TypeError) as e:  # pyarrow: "cannot construct a FileSource from 42"
+        ol.study_histories(42)
+    assert _one_line(e) == "table=42: pass the path of a packed study (a cells.parquet)"

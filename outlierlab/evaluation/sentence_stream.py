@@ -181,7 +181,14 @@ class LayerStream:
     def __init__(self, encoder, texts: Sequence[str], *, batch_size: int | None = None, chunk: int = 1024,
                  word_index: dict | None = None, lowercase: bool = True, keep_tokens: bool = False,
                  progress: bool = False, offsets: bool = False, room: tuple[str, str, int] | None = None) -> None:
+        if not all(hasattr(encoder, a) for a in ("num_layers", "hidden_size", "tokenize")):
+            raise TypeError(f"encoder is a {type(encoder).__name__}: pass the encoder ol.load_encoder(...) returns")
+        if isinstance(texts, (str, bytes)):  # list() of it is its characters, each encoded as a sentence
+            raise TypeError("texts is a single string: pass a list of sentences, e.g. texts=[text]")
         self.encoder, self.texts = encoder, list(texts)
+        bad = [f"[{i}] {type(t).__name__}" for i, t in enumerate(self.texts) if not isinstance(t, str)][:8]
+        if bad:
+            raise TypeError(f"texts has items that are not strings: {', '.join(bad)}; pass sentences (str)")
         self.num_layers, self.dim = encoder.num_layers + 1, encoder.hidden_size
         self.batch_size, self.chunk, self.progress = batch_size, chunk, progress
         self.word_index, self.lowercase, self.keep_tokens = word_index, lowercase, keep_tokens

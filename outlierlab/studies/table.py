@@ -153,7 +153,12 @@ def resolve(path: str | Path) -> Path:
 def study_histories(table: str | Path, file: str = "monitor/hidden_states.csv") -> pd.DataFrame:
     """The rows of one CSV of every cell of a packed study, tidy: a ``cell`` column, then the CSV's own columns
     (for the monitors' histories: ``step, name, statistic, dim, value``)."""
-    frame = pd.read_parquet(table)
+    if not isinstance(table, (str, os.PathLike)):
+        raise TypeError(f"table={table!r}: pass the path of a packed study (a cells.parquet)")
+    if not Path(table).expanduser().exists():  # pyarrow's own message is the bare path
+        raise FileNotFoundError(f"no packed study at {table}: pass a cells.parquet written by "
+                                "`python -m outlierlab.studies.table pack FOLDER OUT`")
+    frame = pd.read_parquet(Path(table).expanduser())
     parts = [pd.read_csv(io.StringIO(text)).assign(cell=cell) for cell, f, text in frame.itertuples(index=False)
              if f == file]
     if not parts:
