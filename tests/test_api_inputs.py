@@ -390,3 +390,20 @@ def test_study_histories_names_a_missing_or_wrong_table(tmp_path):
     with pytest.raises(TypeError) as e:  # pyarrow: "cannot construct a FileSource from 42"
         ol.study_histories(42)
     assert _one_line(e) == "table=42: pass the path of a packed study (a cells.parquet)"
+
+
+@pytest.mark.parametrize("args, message", [
+    ((42, [], ""), "AnalysisResult name must be a non-empty string (its table's name), got 42"),
+    (("mine", "abc", ""), "AnalysisResult 'mine': rows must be a list of dicts (column -> value), got a str"),
+    (("mine", [{"layer": 0}, 1, None], ""),
+     "AnalysisResult 'mine': rows must be dicts (column -> value); not a dict: [1] int, [2] NoneType"),
+    (("mine", [{"layer": 0}], None),
+     "AnalysisResult 'mine': markdown must be a string (its report section, '' for none), got a NoneType"),
+])
+def test_an_analysis_result_of_the_wrong_parts_is_refused_where_it_is_made(args, message):
+    # returned from a notebook analysis' run(ctx), each failed after the run, in the writers: "'str' object has no
+    # attribute 'get'", "argument of type 'int' is not iterable", "'NoneType' object has no attribute 'strip'"
+    with pytest.raises(TypeError) as e:
+        ol.AnalysisResult(*args)
+    assert _one_line(e) == message
+    assert ol.AnalysisResult("mine", ({"layer": 0},), "").rows == [{"layer": 0}]  # a tuple of rows is a list of them

@@ -137,6 +137,21 @@ class AnalysisResult:
     tables: dict[str, tuple[list[dict[str, Any]], list[str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # what an analysis written in a notebook returns, checked where it is made: a wrong part failed later, in
+        # the table or report writer, as "'str' object has no attribute 'get'" or "'NoneType' ... 'strip'"
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"AnalysisResult name must be a non-empty string (its table's name), got {self.name!r}")
+        if not isinstance(self.rows, (list, tuple)):
+            raise TypeError(f"AnalysisResult {self.name!r}: rows must be a list of dicts (column -> value), got a "
+                            f"{type(self.rows).__name__}")
+        bad = [f"[{i}] {type(r).__name__}" for i, r in enumerate(self.rows) if not isinstance(r, dict)][:8]
+        if bad:
+            raise TypeError(f"AnalysisResult {self.name!r}: rows must be dicts (column -> value); not a dict: "
+                            f"{', '.join(bad)}")
+        if not isinstance(self.markdown, str):
+            raise TypeError(f"AnalysisResult {self.name!r}: markdown must be a string (its report section, '' for "
+                            f"none), got a {type(self.markdown).__name__}")
+        self.rows = list(self.rows)
         self.figures = [f for f in self.figures if f is not None]  # a figure not drawn (plots=false)
 
 
