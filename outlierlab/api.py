@@ -223,6 +223,9 @@ def check_texts(texts: Any) -> list[str] | None:
     if isinstance(texts, (str, bytes)):
         raise TypeError(f"texts is a single {type(texts).__name__} ({_short(texts)}): pass a list of sentences, "
                         "e.g. texts=[text]")
+    if isinstance(texts, (dict, set, frozenset)):  # a dict's keys were the texts; a set's order changes per process
+        raise TypeError(f"texts is a {type(texts).__name__}: pass a list of sentences (their order decides "
+                        "which are used and what the seeded samples draw)")
     try:
         texts = list(texts)
     except TypeError:

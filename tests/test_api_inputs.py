@@ -49,6 +49,21 @@ def test_empty_and_blank_texts_are_named_by_position():
         check_texts([""] * 10)
 
 
+@pytest.mark.parametrize("texts", [{"A sentence.": 1, "Another.": 2}, {"A sentence.", "Another."},
+                                   frozenset({"A sentence.", "Another."})])
+def test_a_dict_or_a_set_of_texts_is_refused(texts):
+    # a dict's keys were evaluated; a set's order (str hashes are salted per process) changed which sentences were
+    # used and what the seeded samples drew from run to run
+    with pytest.raises(TypeError) as e:
+        check_texts(texts)
+    assert _one_line(e) == (f"texts is a {type(texts).__name__}: pass a list of sentences (their order decides which "
+                            "are used and what the seeded samples draw)")
+    from outlierlab.monitoring.arguments import texts as monitor_texts
+
+    with pytest.raises(TypeError, match=r"^sentences must be a list of strings \(one text each\), got "):
+        monitor_texts("sentences", texts)
+
+
 def test_good_texts_pass_folded_and_none_means_the_shipped_ones():
     assert check_texts(("A  b\tc", "d\ne")) == ["A b c", "d e"]
     assert check_texts(t for t in ["x"]) == ["x"]  # any iterable of str

@@ -61,7 +61,8 @@ def texts(name: str, value: Any) -> list[str] | None:
     """None, or a sequence of strings as a list (one string alone is refused: its characters are not texts)."""
     if value is None:
         return None
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+    # a dict's keys would be the texts, and a set's order changes with the process (str hashes are salted)
+    if isinstance(value, (str, bytes, dict, set, frozenset)) or not hasattr(value, "__iter__"):
         raise TypeError(f"{name} must be a list of strings (one text each), got {_got(value)[:80]}")
     out = list(value)
     bad = next((t for t in out if not isinstance(t, str)), None)
