@@ -422,3 +422,13 @@ def test_an_analysis_result_of_the_wrong_parts_is_refused_where_it_is_made(args,
         ol.AnalysisResult(*args)
     assert _one_line(e) == message
     assert ol.AnalysisResult("mine", ({"layer": 0},), "").rows == [{"layer": 0}]  # a tuple of rows is a list of them
+
+
+def test_a_section_given_as_one_dict_is_told_to_pass_keywords():
+    # it was "outliers.method must be 'share' or 'sigma', got {'k': 2.0}": the dict read as the first key's value
+    with pytest.raises(TypeError) as e:
+        ol.OutliersSettings({"k": 2.0})
+    assert _one_line(e) == "OutliersSettings takes the keys as keywords, not a dict: OutliersSettings(**{'k': 2.0})"
+    assert ol.OutliersSettings(**{"k": 2.0}).k == 2.0
+    with pytest.raises(ValueError, match=r"^outliers\.method must be 'share' or 'sigma', got \{'x': 1\}$"):
+        ol.OutliersSettings({"x": 1})  # not its keys: a wrong value of the first, as before

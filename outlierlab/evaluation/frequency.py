@@ -155,8 +155,8 @@ def check(ctx: EvalContext) -> FrequencySettings:
     s = ctx.settings(FrequencySettings)
     check_common(ctx, s)  # also its texts and count_files
     # the encoder's depth is known before its first forward: a layer it lacks fails now, not after the pass
-    n = ctx.encoder.num_layers + 1
-    if s.plot_layers is not None and any(not 0 <= x < n for x in s.plot_layers):
+    n = ctx.encoder.num_layers + 1 if ctx.encoder is not None else None
+    if n is not None and s.plot_layers is not None and any(not 0 <= x < n for x in s.plot_layers):
         raise ValueError(f"frequency.plot_layers {list(s.plot_layers)} outside 0..{n - 1} (0 = the embeddings, "
                          f"{n - 1} = the last layer)")
     return s
