@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from outlierlab.monitoring import arguments
+
 __all__ = ["load_encoder", "evaluate", "probe_positions", "dim_identity", "DEFAULT_ANALYSES"]
 
 #: evaluate.py's default analyses (configs/evaluate.yaml).
@@ -121,9 +123,8 @@ def _in_memory(model: Any, tokenizer: Any) -> tuple[Any, Any]:
         raise TypeError(f"cannot load a {type(model).__name__} from memory: pass a transformers model (with "
                         "tokenizer=), a SentenceTransformer, or the directory it was saved to (a train.py run "
                         "directory for a model of ours)")
-    if isinstance(tokenizer, (str, os.PathLike)):  # a name, not the tokenizer: the model's own must be loaded
-        raise TypeError(f"tokenizer={str(tokenizer)!r} is a name: pass the tokenizer itself, e.g. "
-                        f"tokenizer=AutoTokenizer.from_pretrained({str(tokenizer)!r})")
+    if isinstance(tokenizer, (str, os.PathLike)):  # a name, not the tokenizer: refused as the monitors refuse it
+        arguments.tokenizer(tokenizer)
     if not callable(getattr(tokenizer, "save_pretrained", None)):
         raise TypeError(f"pass tokenizer= (the {type(body).__name__}'s own Hugging Face tokenizer) with a model in "
                         "memory")
@@ -159,13 +160,6 @@ def _names(value: Any, what: str, strings: bool = True) -> list[Any]:
     return items
 
 
-def _flag(value: Any, what: str) -> bool:
-    """A True/False argument: ``plots="no"`` was true."""
-    from outlierlab.monitoring.arguments import flag
-
-    return flag(what, value)
-
-
 def _out_dir(out_dir: Any) -> Path | None:
     """``out_dir`` as a Path, or one line: not a path, or an existing file (found only after the analyses ran,
     as ``[Errno 17] File exists``)."""
@@ -173,10 +167,7 @@ def _out_dir(out_dir: Any) -> Path | None:
         return None
     if not isinstance(out_dir, (str, os.PathLike)):
         raise TypeError(f"out_dir={out_dir!r}: pass a directory path (str or pathlib.Path), or None to write nothing")
-    path = Path(out_dir).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"out_dir={str(out_dir)!r} is a file: pass a directory (it is made if missing)")
-    return Path(out_dir)
+    return Path(arguments.directory("out_dir", out_dir))
 
 
 def _check_encoder(encoder: Any) -> None:
@@ -321,7 +312,8 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     texts, seed = check_texts(texts), _seed(seed)
     analyses = _names(analyses, "analyses", strings=False)  # an analysis may be an object
     transforms, overrides = _names(transforms, "transforms"), _names(overrides, "overrides")
-    plots, progress, out_dir = _flag(plots, "plots"), _flag(progress, "progress"), _out_dir(out_dir)
+    plots, progress = arguments.flag("plots", plots), arguments.flag("progress", progress)
+    out_dir = _out_dir(out_dir)
     _check_overrides(overrides)
     _check_arguments(overrides, ("analyses", "transform", "seed", "plots", "progress"))
     given = _given_analyses(analyses)
@@ -440,7 +432,8 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
 
     texts, seed = check_texts(texts), _seed(seed)
     choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
-    progress, tables, out_dir = _flag(progress, "progress"), _flag(tables, "tables"), _out_dir(out_dir)
+    progress, tables = arguments.flag("progress", progress), arguments.flag("tables", tables)
+    out_dir = _out_dir(out_dir)
     _check_overrides(choices[1:])
     _check_arguments(choices[1:], ("transform", "seed", "progress"))
     task = next((o for o in choices[1:] if o.split("=", 1)[0].lstrip("+~") == "task"), None)
