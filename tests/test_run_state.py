@@ -192,3 +192,46 @@ def test_code_shipped_without_git_records_the_stated_commit(monkeypatch):
     monkeypatch.setenv(run_state.CODE_VERSION_ENV, "70e824bfb7dd441d3df91731db6f436af9bea8f0")
     v = run_state.code_version()
     assert v["commit"].startswith("70e824b") and v["dirty"] is False and v["stated_by"] == "OUTLIERLAB_CODE_VERSION"
+
+
+def test_set_aside_end_state_keeps_every_earlier_export_and_unmarks_the_run(cell):
+    assert finished_run(cell) is not None and (cell / "hf" / "config.json").read_text() == "{}"
+    lines = run_state.set_aside_end_state(cell, 20)
+    assert finished_run(cell) is None and not (cell / "finished.json").exists()
+    assert not (cell / "hf").exists() and (cell / "hf.before-resume-at-step20" / "config.json").read_text() == "{}"
+    assert len(lines) == 1 and "hf.before-resume-at-step20/" in lines[0]
+    (cell / "hf").mkdir()  # a second end (max_time) and a second resume from the same checkpoint: both kept
+    (cell / "hf" / "config.json").write_text('{"second": 1}')
+    run_state.set_aside_end_state(cell, 20)
+    assert (cell / "hf.before-resume-at-step20-2" / "config.json").read_text() == '{"second": 1}'
+    assert run_state.set_aside_end_state(cell, 20) == []  # nothing left to set aside
+
+
+def test_a_resumed_run_stopped_before_its_end_loads_as_its_last_checkpoint(tmp_path, shared_cache, monkeypatch):
+    """A run exported at step 2, then resumed towards 4 and stopped before its end: ``hf/`` must not keep
+    claiming to be the run (the loader would take the step-2 model over last.ckpt)."""
+    from outlierlab.jobs import training
+    from outlierlab.models.encoder_source import resolve_encoder
+    from tests.test_train import small_cfg
+
+    common = ("trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=1")
+    training.train(small_cfg(tmp_path, "trainer.max_steps=2", *common))
+    assert Path(resolve_encoder(str(tmp_path)).model).name == "hf" and finished_run(tmp_path)["global_step"] == 2
+
+    def killed(*args, **kwargs):  # the process dies after training, before its end's export
+        raise RuntimeError("killed before the end")
+
+    monkeypatch.setattr(training, "_finish", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=4", *common))
+    assert finished_run(tmp_path) is None and not (tmp_path / "hf").exists()
+    src = resolve_encoder(str(tmp_path))
+    assert src.kind == "ckpt" and Path(src.model).name == "last.ckpt"
+    card = (tmp_path / "hf.before-resume-at-step2" / "README.md").read_text()
+    assert "**Steps:** 2 of max_steps 2" in card  # the earlier export, kept whole under its new name
+
+    monkeypatch.undo()
+    training.train(small_cfg(tmp_path, "trainer.max_steps=4", *common))  # its end: a new export, the run finished
+    assert finished_run(tmp_path)["global_step"] == 4 and Path(resolve_encoder(str(tmp_path)).model).name == "hf"
+    assert "**Steps:** 4 of max_steps 4" in (tmp_path / "hf" / "README.md").read_text()
+    assert verify_manifest(tmp_path) == []

@@ -31,6 +31,8 @@ FAILED_MARKER = "failed.json"
 MANIFEST = "manifest.json"
 CODE_VERSIONS = "code_versions.jsonl"
 LOCK_FILE = "run.lock"
+#: The export folders train.py writes at a run's end (``hf/``: a plain RoBERTa; ``model/``: everything else).
+END_EXPORTS = ("hf", "model")
 MANIFEST_SCHEMA = 1
 #: Environment variable stating the commit of code that runs without git metadata (see :func:`code_version`).
 CODE_VERSION_ENV = "OUTLIERLAB_CODE_VERSION"
@@ -101,6 +103,32 @@ def code_versions(run_dir: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return out
+
+
+def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
+    """A run about to train past ``resumed_from``: what its last end wrote stops describing it, so it leaves the
+    names readers take as the run's result. ``finished.json`` (a run given more steps is unfinished again) is
+    removed first, then the export ``hf/`` or ``model/`` is renamed to ``<name>.before-resume-at-step<N>`` (kept:
+    it may hold a step no checkpoint holds, a run stopped by ``max_time`` exports past its last checkpoint).
+    Without this, a resumed run stopped before its end kept an older export under ``hf/``, and
+    ``encoder.name_or_path=<run>`` loaded that instead of the newer ``last.ckpt``. The run's end writes a new
+    export. Returns one line per export set aside. (Each step is one rename or unlink: a kill leaves the
+    export whole under one name or the other.)"""
+    run_dir = Path(run_dir)
+    (run_dir / FINISHED_MARKER).unlink(missing_ok=True)
+    moved = []
+    for sub in END_EXPORTS:
+        if not (run_dir / sub).is_dir():
+            continue
+        base = f"{sub}.before-resume-at-step{int(resumed_from)}"
+        target, n = run_dir / base, 1
+        while target.exists():  # resumed from the same step twice: keep both
+            n += 1
+            target = run_dir / f"{base}-{n}"
+        os.replace(run_dir / sub, target)
+        moved.append(f"{sub}/ holds the model of the run's previous end: moved to {target.name}/ (training resumes "
+                     f"from step {int(resumed_from)}; the run's end exports anew)")
+    return moved
 
 
 # ------------------------------------------------------------------------------------------ finished / failed

@@ -36,7 +36,7 @@ from outlierlab.jobs.overrides import unwritable_run_dir
 from outlierlab.jobs.run_errors import disk_full_error, error_line
 from outlierlab.jobs.run_lock import lock_run_dir
 from outlierlab.jobs.run_state import (finished_run, mark_failed, mark_finished, record_start, release_room,
-                                       reserve_room)
+                                       reserve_room, set_aside_end_state)
 from outlierlab.jobs.startup import one_console_for_lightning
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
@@ -329,6 +329,10 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     log.info("%d intra-op thread(s) for this run", threads)
     if trainer.global_rank == 0:
         record_start(run_dir, start_step)  # code_versions.jsonl: a resume on other code says so
+        if start_step > 0 and not 0 < trainer.max_steps <= start_step:  # training past the last end: its export
+            # and finished.json go aside (run_state.set_aside_end_state)
+            for line in set_aside_end_state(run_dir, start_step):
+                log.info(line)
         # whole or not at all: a full disk left it cut short under its own name, and readers of the run (the model
         # card, post-hoc monitors, export) took a torn config for the one it trained with
         write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
