@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -108,14 +109,17 @@ def code_versions(run_dir: Path) -> list[dict[str, Any]]:
 def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
     """A run about to train past ``resumed_from``: what its last end wrote stops describing it, so it leaves the
     names readers take as the run's result. ``finished.json`` (a run given more steps is unfinished again) is
-    removed first, then the export ``hf/`` or ``model/`` is renamed to ``<name>.before-resume-at-step<N>`` (kept:
+    removed first, then ``manifest.json`` (it describes the files of that end: the study aggregator takes a cell
+    with a manifest as checked by it, and skipped the CSV checks of an extended cell stopped before its new end),
+    then the export ``hf/`` or ``model/`` is renamed to ``<name>.before-resume-at-step<N>`` (kept:
     it may hold a step no checkpoint holds, a run stopped by ``max_time`` exports past its last checkpoint).
     Without this, a resumed run stopped before its end kept an older export under ``hf/``, and
     ``encoder.name_or_path=<run>`` loaded that instead of the newer ``last.ckpt``. The run's end writes a new
-    export. Returns one line per export set aside. (Each step is one rename or unlink: a kill leaves the
-    export whole under one name or the other.)"""
+    export and manifest. Returns one line per export set aside. (Each step is one rename or unlink: a kill leaves
+    the export whole under one name or the other.)"""
     run_dir = Path(run_dir)
     (run_dir / FINISHED_MARKER).unlink(missing_ok=True)
+    (run_dir / MANIFEST).unlink(missing_ok=True)
     moved = []
     for sub in END_EXPORTS:
         if not (run_dir / sub).is_dir():
@@ -129,6 +133,39 @@ def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
         moved.append(f"{sub}/ holds the model of the run's previous end: moved to {target.name}/ (training resumes "
                      f"from step {int(resumed_from)}; the run's end exports anew)")
     return moved
+
+
+def optimizer_settings_ignored(ckpt: dict[str, Any], optimizer: dict[str, Any] | None) -> list[str]:
+    """The settings of ``optimizer`` (the resolved ``module.optimizer``: ``lr``, ``betas``, ``eps``,
+    ``weight_decay``, ...) that differ from those checkpoint ``ckpt`` trained with, one
+    ``module.optimizer.<key>=<asked> (the checkpoint's: <value>)`` each; [] when they agree.
+
+    A resume restores the checkpoint's optimizer state -- its parameter groups' settings, and the scheduler's base
+    rates -- so such a setting never takes effect, while ``config.yaml``, the manifest and the model card would state
+    it (found: ``module.optimizer.lr=0.05`` given at a resume trained on at the checkpoint's 7e-4, and config.yaml
+    said 0.05). The peak rate is the group's ``initial_lr`` (set by the scheduler), else its ``lr``; the first
+    parameter group is compared (it takes the optimizer's own settings; the others only lower weight decay)."""
+    states = ckpt.get("optimizer_states") or []
+    groups = states[0].get("param_groups") if states and isinstance(states[0], dict) else None
+    if not optimizer or not groups:
+        return []
+    group, out = groups[0], []
+    for key, asked in optimizer.items():
+        if str(key).startswith("_"):  # _target_, _partial_: Hydra's, not the optimizer's
+            continue
+        held = group.get("initial_lr", group.get("lr")) if key == "lr" else group.get(key)
+        if held is not None and not _same_setting(asked, held):
+            out.append(f"module.optimizer.{key}={asked} (the checkpoint's: {held})")
+    return out
+
+
+def _same_setting(a: Any, b: Any) -> bool:
+    """Equal as settings: sequences element-wise (a YAML list, a checkpoint's tuple), numbers to 1e-9."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_setting(x, y) for x, y in zip(a, b))
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+        return math.isclose(a, b, rel_tol=1e-9)
+    return a == b
 
 
 # ------------------------------------------------------------------------------------------ finished / failed
@@ -186,16 +223,25 @@ def mark_failed(run_dir: Path, error: str, global_step: int | None) -> dict[str,
 
 
 def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict[str, float],
-                  config: dict[str, Any] | None, how: dict[str, Any] | None = None) -> None:
-    """Write ``manifest.json``, then ``finished.json`` (both atomically), and drop an earlier ``failed.json``.
+                  config: dict[str, Any] | None, how: dict[str, Any] | None = None) -> dict[str, float]:
+    """Write ``manifest.json``, then ``finished.json`` (both atomically), and drop an earlier ``failed.json``;
+    return the metrics recorded.
     ``how`` records how the run computed (``accelerator``, ``deterministic``): replicates are only expected to agree
-    bit for bit where both ran deterministic algorithms on the same kind of device."""
+    bit for bit where both ran deterministic algorithms on the same kind of device.
+
+    A run finished at this very step before (re-entered with ``skip_finished=false``: no step is trained and no
+    validation runs, so ``metrics`` is empty) keeps the metrics its marker recorded, updated by any given now:
+    they describe the same model, and the marker was rewritten with none."""
     run_dir = Path(run_dir)
+    earlier = finished_run(run_dir)
+    if earlier is not None and earlier["global_step"] == int(global_step) and isinstance(earlier.get("metrics"), dict):
+        metrics = {**earlier["metrics"], **metrics}
     write_manifest(run_dir, config, global_step, max_steps)
     write_atomic(run_dir / FINISHED_MARKER, json.dumps({"global_step": int(global_step), "max_steps": int(max_steps),
                                                         "metrics": metrics, **(how or {})}, indent=2))
     (run_dir / FAILED_MARKER).unlink(missing_ok=True)
     release_room(run_dir)
+    return metrics
 
 
 # ------------------------------------------------------------------------------------------ manifest

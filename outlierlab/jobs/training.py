@@ -35,8 +35,9 @@ from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space,
 from outlierlab.jobs.overrides import unwritable_run_dir
 from outlierlab.jobs.run_errors import disk_full_error, error_line
 from outlierlab.jobs.run_lock import lock_run_dir
-from outlierlab.jobs.run_state import (finished_run, mark_failed, mark_finished, record_start, release_room,
-                                       reserve_room, set_aside_end_state)
+from outlierlab.jobs.run_state import (FAILED_MARKER, finished_run, mark_failed, mark_finished,
+                                       optimizer_settings_ignored, record_start, release_room, reserve_room,
+                                       set_aside_end_state)
 from outlierlab.jobs.startup import one_console_for_lightning
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
@@ -205,13 +206,13 @@ def _release_ddp(env_before: dict[str, str | None]) -> None:
 
 
 def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float],
-                   config: dict[str, Any] | None = None) -> None:
+                   config: dict[str, Any] | None = None) -> dict[str, float]:
     """manifest.json, then finished.json (:func:`outlierlab.jobs.run_state.mark_finished`), with the device kind and
     whether deterministic algorithms were enforced (``trainer.deterministic=true``: Lightning calls
     ``torch.use_deterministic_algorithms`` and sets ``CUBLAS_WORKSPACE_CONFIG``)."""
     how = {"accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
            "deterministic": bool(torch.are_deterministic_algorithms_enabled())}
-    mark_finished(run_dir, int(trainer.global_step), int(trainer.max_steps), metrics, config, how)
+    return mark_finished(run_dir, int(trainer.global_step), int(trainer.max_steps), metrics, config, how)
 
 
 def parallel_cells() -> int:
@@ -329,6 +330,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     log.info("%d intra-op thread(s) for this run", threads)
     if trainer.global_rank == 0:
         record_start(run_dir, start_step)  # code_versions.jsonl: a resume on other code says so
+        (run_dir / FAILED_MARKER).unlink(missing_ok=True)  # it tells how the last attempt ended; this one has not
         if start_step > 0 and not 0 < trainer.max_steps <= start_step:  # training past the last end: its export
             # and finished.json go aside (run_state.set_aside_end_state)
             for line in set_aside_end_state(run_dir, start_step):
@@ -368,6 +370,13 @@ def _resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig) -> tupl
     start_step = 0
     if ckpt is not None:
         check_checkpoint_matches(ckpt, config, ckpt_path)
+        optimizer = OmegaConf.select(cfg, "module.optimizer")
+        ignored = optimizer_settings_ignored(ckpt, OmegaConf.to_container(optimizer, resolve=True)
+                                             if isinstance(optimizer, DictConfig) else None)
+        if ignored:
+            raise ValueError(f"checkpoint {ckpt_path} trained with other optimizer settings: {'; '.join(ignored)}; a "
+                             "resume restores its optimizer state, so they would not take effect while config.yaml "
+                             "stated them: drop the override(s), or train a new run in another run_dir")
         start_step = int(ckpt.get("global_step", 0))
         del ckpt
     return ckpt_path, start_step
@@ -420,5 +429,6 @@ def _finish(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module, config: 
             from outlierlab.jobs.checkpoint_probes import probe_run
 
             probe_run(run_dir, list(cfg.posthoc_probe.get("overrides") or []), int(cfg.posthoc_probe.max_sentences))
-        _mark_finished(run_dir, trainer, metrics, OmegaConf.to_container(cfg, resolve=True))  # last: a cell counts as done only with all its files
+        # last: a cell counts as done only with all its files; a re-entered finished run keeps its marker's metrics
+        metrics = _mark_finished(run_dir, trainer, metrics, OmegaConf.to_container(cfg, resolve=True))
     return metrics

@@ -1,0 +1,188 @@
+"""A train.py run directory says what the run holds at every state of its life: stopped by ``max_time``, stopped by
+a signal, failed, finished and given more steps, re-entered at the same budget, resumed with other settings.
+
+Each test walks one lifecycle on the suite's small model (``tests/test_train.py::small_cfg``) and reads the files a
+reader takes as the run's state: ``finished.json``, ``failed.json``, ``manifest.json``, ``config.yaml``, the export
+and its model card, and what ``encoder.name_or_path=<run>`` loads."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from outlierlab.jobs import run_state
+from outlierlab.jobs.run_state import failed_run, finished_run, verify_manifest
+from tests.test_run_state import make_cell
+from tests.test_train import small_cfg
+
+#: Every step checkpointed (a resume starts where the run stopped); no validation but where a test asks for it.
+COMMON = ("trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=1")
+STOP = "+callbacks.stop._target_=tests.test_run_lifecycle.StopAt"
+
+
+class StopAt(L.Callback):
+    """Ends training after optimizer step ``step``: ``how=timer`` as Lightning's Timer does when ``max_time`` is
+    spent (``trainer.should_stop`` set in ``on_train_batch_end``), ``how=signal`` as SIGTERM does (Lightning's
+    signal flag: ``SIGTERMException`` at the end of the step), ``how=fail`` with an error."""
+
+    def __init__(self, step: int, how: str) -> None:
+        self.step, self.how = int(step), how
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step < self.step:
+            return
+        if self.how == "timer":
+            trainer.should_stop = True
+        elif self.how == "signal":
+            trainer._signal_connector.received_sigterm = True
+        else:
+            raise RuntimeError(f"failed at step {trainer.global_step}")
+
+
+def stop_at(step: int, how: str) -> tuple[str, ...]:
+    return STOP, f"+callbacks.stop.step={step}", f"+callbacks.stop.how={how}"
+
+
+def last_step(run: Path) -> int:
+    return int(torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"])
+
+
+def loads_as(run: Path) -> str:
+    """What ``encoder.name_or_path=<run>`` (probe.py, evaluate.py, ``ol.load_encoder``) loads: its folder or file."""
+    from outlierlab.models.encoder_source import resolve_encoder
+
+    return Path(resolve_encoder(str(run)).model).name
+
+
+def card_steps(export: Path) -> str:
+    return next(line for line in (export / "README.md").read_text().splitlines() if line.startswith("* **Steps:**"))
+
+
+def test_a_run_stopped_by_max_time_and_resumed_states_what_it_holds_at_each_state(tmp_path, shared_cache):
+    """(a) The Timer's stop runs the run's end (export, card) but leaves it unfinished; the resume with a larger
+    budget sets that export aside and ends with a new one."""
+    from outlierlab.jobs import training
+
+    training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON, *stop_at(2, "timer")))
+    assert finished_run(tmp_path) is None and not (tmp_path / "manifest.json").exists() and failed_run(tmp_path) is None
+    assert last_step(tmp_path) == 2 and loads_as(tmp_path) == "hf"  # the export holds the step last.ckpt holds
+    assert card_steps(tmp_path / "hf") == "* **Steps:** 2 of max_steps 4 (stopped early)"
+    assert not (tmp_path / "monitor_posthoc").exists()
+
+    training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))  # the larger max_time: to the end
+    assert finished_run(tmp_path)["global_step"] == 4 and verify_manifest(tmp_path) == []
+    assert card_steps(tmp_path / "hf") == "* **Steps:** 4 of max_steps 4"
+    assert card_steps(tmp_path / "hf.before-resume-at-step2") == "* **Steps:** 2 of max_steps 4 (stopped early)"
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as f:
+        logged = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    assert logged == [0, 1, 2, 3]  # one training row per step: none repeated across the stop
+
+
+def test_a_failed_run_resumed_and_stopped_by_a_signal_is_not_read_as_failed(tmp_path, shared_cache):
+    """(b) failed.json tells how the last attempt ended: a resume stopped by SIGTERM is interrupted, not failed
+    (it kept the earlier attempt's error, and ``failed_run`` returned it)."""
+    from outlierlab.jobs import training
+
+    with pytest.raises(RuntimeError, match="failed at step 2"):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=6", *COMMON, *stop_at(2, "fail")))
+    assert failed_run(tmp_path)["global_step"] == 2
+
+    with pytest.raises(SystemExit) as stopped:
+        training.train(small_cfg(tmp_path, "trainer.max_steps=6", *COMMON, *stop_at(4, "signal")))
+    assert stopped.value.code == training.SIGTERM_EXIT and last_step(tmp_path) == 4
+    assert failed_run(tmp_path) is None and not (tmp_path / "failed.json").exists() and finished_run(tmp_path) is None
+    assert loads_as(tmp_path) == "last.ckpt"
+
+    with pytest.raises(RuntimeError, match="failed at step 5"):  # a new failure is recorded as before
+        training.train(small_cfg(tmp_path, "trainer.max_steps=6", *COMMON, *stop_at(5, "fail")))
+    assert failed_run(tmp_path)["global_step"] == 5
+
+
+def test_a_finished_run_given_more_steps_drops_its_manifest_until_its_new_end(tmp_path, shared_cache, monkeypatch):
+    """(c) manifest.json describes the files of the end that wrote it: an extended run stopped before its new end
+    kept it, and the study aggregator, which trusts a cell with a manifest to be checked by it, then skipped the
+    CSV checks of the cell it admits with ``--until`` (a CSV cut mid-row passed)."""
+    from outlierlab.jobs import training
+    from outlierlab.studies.cell_checks import check_cell
+
+    training.train(small_cfg(tmp_path, "trainer.max_steps=2", *COMMON))
+    assert verify_manifest(tmp_path) == []
+
+    def killed(*args, **kwargs):  # the process dies after training, before its end
+        raise RuntimeError("killed before the end")
+
+    monkeypatch.setattr(training, "_finish", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))
+    assert finished_run(tmp_path) is None and not (tmp_path / "manifest.json").exists()
+    metrics = tmp_path / "csv" / "metrics.csv"
+    whole = metrics.read_bytes()
+    metrics.write_bytes(whole[:-5])  # cut mid-row, as a copy or a full disk leaves it
+    problems, _, _ = check_cell(tmp_path, ["csv/metrics.csv"])
+    assert problems == [f"{tmp_path}: csv/metrics.csv: truncated (last line has no newline: cut mid-row)"]
+    metrics.write_bytes(whole)
+
+    monkeypatch.undo()
+    training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))
+    assert finished_run(tmp_path)["global_step"] == 4 and verify_manifest(tmp_path) == []
+    assert run_state.read_json(tmp_path / "manifest.json")["global_step"] == 4
+
+
+def test_a_finished_run_reentered_at_its_budget_keeps_its_final_metrics(tmp_path, shared_cache):
+    """(d) ``skip_finished=false`` re-enters a finished run at its last step: nothing trains or validates, and its
+    end rewrote finished.json with no metrics (train() returned {})."""
+    from outlierlab.jobs import training
+
+    val = ("trainer.limit_val_batches=1", "trainer.val_check_interval=2")
+    first = training.train(small_cfg(tmp_path, "trainer.max_steps=2", *COMMON, *val))
+    assert {"val/loss", "val/ppl"} <= set(first) and finished_run(tmp_path)["metrics"] == first
+    again = training.train(small_cfg(tmp_path, "trainer.max_steps=2", "skip_finished=false", *COMMON, *val))
+    assert again == first and finished_run(tmp_path)["metrics"] == first
+    assert finished_run(tmp_path)["global_step"] == 2 and verify_manifest(tmp_path) == []
+    assert card_steps(tmp_path / "hf") == "* **Steps:** 2 of max_steps 2"
+
+
+def test_mark_finished_keeps_the_metrics_of_an_earlier_end_at_the_same_step(tmp_path):
+    cell = make_cell(tmp_path)  # finished at step 20 of 20 with val/ppl 329.7
+    assert run_state.mark_finished(cell, 20, 20, {}, {"seed": 1}) == {"val/ppl": 329.7}
+    assert finished_run(cell)["metrics"] == {"val/ppl": 329.7}
+    assert run_state.mark_finished(cell, 20, 20, {"val/loss": 5.8}, None) == {"val/ppl": 329.7, "val/loss": 5.8}
+    assert run_state.mark_finished(cell, 30, 30, {}, None) == {}  # a later step: another model, no older metric
+    assert finished_run(cell)["metrics"] == {}
+
+
+def test_a_resume_refuses_optimizer_settings_its_checkpoint_would_override(tmp_path, shared_cache):
+    """(e) A resume restores the checkpoint's optimizer state: ``module.optimizer.lr=0.05`` trained on at 7e-4 while
+    config.yaml (and the manifest, the card) said 0.05. Refused in one line before anything is written."""
+    from outlierlab.jobs import training
+
+    training.train(small_cfg(tmp_path, "trainer.max_steps=2", *COMMON))
+    config = (tmp_path / "config.yaml").read_text()
+    with pytest.raises(ValueError, match=r"trained with other optimizer settings: module\.optimizer\.lr=0\.05 "
+                                         r"\(the checkpoint's: 0\.0007\); a resume restores its optimizer state"):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=4", "module.optimizer.lr=0.05", *COMMON))
+    assert (tmp_path / "config.yaml").read_text() == config and finished_run(tmp_path)["global_step"] == 2
+    assert (tmp_path / "hf").is_dir() and last_step(tmp_path) == 2
+    # a changed schedule takes effect (the scheduler's factor is rebuilt from the config): not refused
+    training.train(small_cfg(tmp_path, "trainer.max_steps=4", "module.scheduler.num_warmup_steps=1", *COMMON))
+    assert finished_run(tmp_path)["global_step"] == 4
+
+
+def test_optimizer_settings_ignored_compares_the_first_group_and_its_peak_rate():
+    groups = [{"lr": 9.3e-5, "initial_lr": 7e-4, "betas": (0.9, 0.98), "eps": 1e-6, "weight_decay": 0.01},
+              {"lr": 9.3e-5, "initial_lr": 7e-4, "betas": (0.9, 0.98), "eps": 1e-6, "weight_decay": 0.0}]
+    ckpt = {"optimizer_states": [{"param_groups": groups}]}
+    same = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 7.0e-4, "betas": [0.9, 0.98], "eps": 1e-6,
+            "weight_decay": 0.01}
+    assert run_state.optimizer_settings_ignored(ckpt, same) == []  # a YAML list is the checkpoint's tuple
+    assert run_state.optimizer_settings_ignored(ckpt, {**same, "lr": 1e-3, "betas": [0.9, 0.999], "amsgrad": True}) == [
+        "module.optimizer.lr=0.001 (the checkpoint's: 0.0007)",
+        "module.optimizer.betas=[0.9, 0.999] (the checkpoint's: (0.9, 0.98))"]  # amsgrad: not in the groups
+    no_scheduler = {"optimizer_states": [{"param_groups": [{"lr": 7e-4, "weight_decay": 0.01}]}]}
+    assert run_state.optimizer_settings_ignored(no_scheduler, {"lr": 7e-4, "weight_decay": 0.1}) == [
+        "module.optimizer.weight_decay=0.1 (the checkpoint's: 0.01)"]
+    assert run_state.optimizer_settings_ignored({}, same) == [] and run_state.optimizer_settings_ignored(ckpt, None) == []
