@@ -186,3 +186,49 @@ def test_optimizer_settings_ignored_compares_the_first_group_and_its_peak_rate()
     assert run_state.optimizer_settings_ignored(no_scheduler, {"lr": 7e-4, "weight_decay": 0.1}) == [
         "module.optimizer.weight_decay=0.1 (the checkpoint's: 0.01)"]
     assert run_state.optimizer_settings_ignored({}, same) == [] and run_state.optimizer_settings_ignored(ckpt, None) == []
+
+
+def test_a_finished_run_resumed_with_a_smaller_budget_is_refused(tmp_path, shared_cache):
+    """(c, shorter) A run finished at step 4 re-run with ``trainer.max_steps=2`` rewrote finished.json as "4 of 2"
+    and config.yaml as a 2-step run: a study of 2-step cells counted a 4-step model."""
+    from outlierlab.jobs import training
+
+    training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))
+    with pytest.raises(ValueError, match=r"last\.ckpt holds step 4, past trainer\.max_steps=2: a resume cannot "
+                                         r"shorten a run; give trainer\.max_steps>=4, or train 2 steps in another"):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=2", *COMMON))
+    assert finished_run(tmp_path)["max_steps"] == 4 and verify_manifest(tmp_path) == []
+
+
+def test_a_run_rolled_back_to_an_earlier_checkpoint_never_continues_the_abandoned_steps(tmp_path, shared_cache):
+    """(e, another checkpoint) ``ckpt_path=<run>/checkpoints/step0000002.ckpt`` in a run at step 5: stopped at
+    step 4, the next resume took the abandoned step-5 checkpoint (the newest step) and logged no step 4; Lightning
+    wrote the new timeline's checkpoints as ``step…-v1.ckpt`` beside the abandoned ones."""
+    from outlierlab.jobs import checkpoint_probes, training
+
+    every = ("callbacks.model_checkpoint.save_top_k=-1", *COMMON)
+    with pytest.raises(SystemExit):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=8", *every, *stop_at(5, "signal")))
+    probes = tmp_path / "probe_posthoc"
+    for step in (2, 5):  # a probe pass over the first timeline (a stand-in for its outputs: one table per step)
+        (probes / f"step{step:07d}").mkdir(parents=True)
+        (probes / f"step{step:07d}" / "position_probe.csv").write_text(f"layer,accuracy\n1,0.{step}\n")
+    checkpoint_probes.gather(probes, [2, 5])
+    (tmp_path / "monitor_posthoc").mkdir()
+
+    with pytest.raises(SystemExit):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=8", f"ckpt_path={tmp_path}/checkpoints/step0000002.ckpt",
+                                 *every, *stop_at(4, "signal")))
+    top = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt"))
+    assert top == ["last.ckpt", "step0000001.ckpt", "step0000002.ckpt", "step0000003.ckpt", "step0000004.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "abandoned-after-step2").iterdir()) == [
+        "last.ckpt", "step0000003.ckpt", "step0000004.ckpt", "step0000005.ckpt"]  # last.ckpt: the step-5 one
+    assert (probes / "abandoned-after-step2" / "step0000005").is_dir() and not (probes / "step0000005").exists()
+    assert (probes / "position_probe.csv").read_text() == "step,layer,accuracy\n2,1,0.2\n"
+    assert (tmp_path / "monitor_posthoc.before-resume-at-step2").is_dir() and not (tmp_path / "monitor_posthoc").exists()
+
+    training.train(small_cfg(tmp_path, "trainer.max_steps=8", *every))  # resumes the new timeline at step 4
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as f:
+        assert [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")] == list(range(8))
+    assert last_step(tmp_path) == 8 and finished_run(tmp_path)["global_step"] == 8
+    assert not list((tmp_path / "checkpoints").glob("*-v*.ckpt"))

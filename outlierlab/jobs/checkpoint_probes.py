@@ -65,6 +65,20 @@ def _gather(run_out: Path, name: str, steps: list[int]) -> Path | None:
     return write_csv(run_out / name, rows, fields)  # atomic: a reader never sees half a table
 
 
+#: The tables gathering every probed step (``probe_posthoc/<name>``, from ``probe_posthoc/step<N>/<name>``).
+GATHERED = ("position_probe.csv", "similarity_by_distance.csv",
+            "order_use.csv",  # whether each checkpoint USES the order its probe decodes
+            "order_use_layers.csv")
+
+
+def gather(run_out: Path, steps: list[int]) -> None:
+    """(Re)write every gathered table from the probed ``steps``; a table none of them holds is removed (it would
+    describe steps no longer probed here)."""
+    for name in GATHERED:
+        if _gather(run_out, name, steps) is None:
+            (run_out / name).unlink(missing_ok=True)
+
+
 def probe_run(run_dir: str | Path, overrides: list[str] | None = None, max_sentences: int = 1000) -> list[int]:
     """Probe every step checkpoint of ``run_dir`` not probed yet; return the steps probed now."""
     from outlierlab.jobs.probing import run
@@ -90,11 +104,7 @@ def probe_run(run_dir: str | Path, overrides: list[str] | None = None, max_sente
         staging.replace(dest)  # a step counts as probed only with all its files
         done.append(step)
         print(f"[checkpoint_probes] {run_dir.name}: step {step} probed", flush=True)
-    steps = sorted(checkpoints)
-    _gather(out, "position_probe.csv", steps)
-    _gather(out, "similarity_by_distance.csv", steps)
-    _gather(out, "order_use.csv", steps)  # whether each checkpoint USES the order its probe decodes
-    _gather(out, "order_use_layers.csv", steps)
+    gather(out, sorted(checkpoints))
     return done
 
 

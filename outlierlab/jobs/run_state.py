@@ -124,15 +124,69 @@ def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
     for sub in END_EXPORTS:
         if not (run_dir / sub).is_dir():
             continue
-        base = f"{sub}.before-resume-at-step{int(resumed_from)}"
-        target, n = run_dir / base, 1
-        while target.exists():  # resumed from the same step twice: keep both
-            n += 1
-            target = run_dir / f"{base}-{n}"
+        target = _unused(run_dir / f"{sub}.before-resume-at-step{int(resumed_from)}")
         os.replace(run_dir / sub, target)
         moved.append(f"{sub}/ holds the model of the run's previous end: moved to {target.name}/ (training resumes "
                      f"from step {int(resumed_from)}; the run's end exports anew)")
     return moved
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... where it is taken (resumed from the same step twice: keep both)."""
+    target, n = path, 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}-{n}")
+    return target
+
+
+def set_aside_later_timeline(run_dir: Path, resumed_from: int) -> list[str]:
+    """A run resumed from an earlier step than its newest checkpoints (``ckpt_path=<run>/checkpoints/step….ckpt``:
+    a roll-back): what the abandoned steps wrote leaves the names readers take as the run's. Its checkpoints past
+    ``resumed_from`` move to ``checkpoints/abandoned-after-step<N>/``, the probe outputs of their steps
+    (``probe_posthoc/step<M>/``) to ``probe_posthoc/abandoned-after-step<N>/`` with the gathered tables rewritten
+    from the steps kept, and ``monitor_posthoc/`` to ``monitor_posthoc.before-resume-at-step<N>/`` (the run's end
+    recomputes it from every checkpoint). Without this, the resume logic (``ckpt_path=last`` takes the newest step)
+    continued the abandoned timeline as soon as the rolled-back run stopped short of it, Lightning wrote the new
+    timeline's checkpoints as ``step…-v1.ckpt`` beside the abandoned ``step….ckpt`` the checkpoint probes read,
+    and the probes skipped a step they found probed. Returns one line per folder that received files."""
+    from outlierlab.models.checkpoint import read_checkpoint  # lazy: torch only where a run resumes
+
+    run_dir, n = Path(run_dir), int(resumed_from)
+    later = []
+    for ckpt in sorted((run_dir / "checkpoints").glob("*.ckpt")):
+        try:
+            step = int(read_checkpoint(ckpt, mmap=True).get("global_step", -1))
+        except ValueError:  # unreadable: not a state anyone resumes from
+            continue
+        if step > n:
+            later.append(ckpt)
+    if not later:
+        return []
+    lines = []
+    aside = _unused(run_dir / "checkpoints" / f"abandoned-after-step{n}")
+    aside.mkdir()
+    for ckpt in later:
+        os.replace(ckpt, aside / ckpt.name)
+    lines.append(f"{len(later)} checkpoint(s) past step {n} hold the abandoned timeline: moved to "
+                 f"checkpoints/{aside.name}/ ({', '.join(c.name for c in later)})")
+    probes = run_dir / "probe_posthoc"
+    probed = {d: int(d.name[4:]) for d in probes.glob("step*") if d.is_dir() and d.name[4:].isdigit()}
+    if any(step > n for step in probed.values()):
+        from outlierlab.jobs.checkpoint_probes import gather  # lazy: the probe job's table names
+
+        to = _unused(probes / f"abandoned-after-step{n}")
+        to.mkdir()
+        for d, step in probed.items():
+            if step > n:
+                os.replace(d, to / d.name)
+        gather(probes, sorted(step for step in probed.values() if step <= n))
+        lines.append(f"probe outputs past step {n} moved to probe_posthoc/{to.name}/")
+    if (run_dir / "monitor_posthoc").is_dir():
+        to = _unused(run_dir / f"monitor_posthoc.before-resume-at-step{n}")
+        os.replace(run_dir / "monitor_posthoc", to)
+        lines.append(f"monitor_posthoc/ moved to {to.name}/ (the run's end recomputes it)")
+    return lines
 
 
 def optimizer_settings_ignored(ckpt: dict[str, Any], optimizer: dict[str, Any] | None) -> list[str]:

@@ -37,7 +37,7 @@ from outlierlab.jobs.run_errors import disk_full_error, error_line
 from outlierlab.jobs.run_lock import lock_run_dir
 from outlierlab.jobs.run_state import (FAILED_MARKER, finished_run, mark_failed, mark_finished,
                                        optimizer_settings_ignored, record_start, release_room, reserve_room,
-                                       set_aside_end_state)
+                                       set_aside_end_state, set_aside_later_timeline)
 from outlierlab.jobs.startup import one_console_for_lightning
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
@@ -335,6 +335,9 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
             # and finished.json go aside (run_state.set_aside_end_state)
             for line in set_aside_end_state(run_dir, start_step):
                 log.info(line)
+        if cfg.get("ckpt_path") not in (None, "", "null", "last"):  # a checkpoint named: maybe a roll-back
+            for line in set_aside_later_timeline(run_dir, start_step):
+                log.warning(line)
         # whole or not at all: a full disk left it cut short under its own name, and readers of the run (the model
         # card, post-hoc monitors, export) took a torn config for the one it trained with
         write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
@@ -379,6 +382,11 @@ def _resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig) -> tupl
                              "stated them: drop the override(s), or train a new run in another run_dir")
         start_step = int(ckpt.get("global_step", 0))
         del ckpt
+        max_steps = OmegaConf.select(cfg, "trainer.max_steps")
+        if isinstance(max_steps, int) and 0 < max_steps < start_step:  # it would finish "at max_steps" holding more
+            raise ValueError(f"checkpoint {ckpt_path} holds step {start_step}, past trainer.max_steps={max_steps}: a "
+                             f"resume cannot shorten a run; give trainer.max_steps>={start_step}, or train "
+                             f"{max_steps} steps in another run_dir")
     return ckpt_path, start_step
 
 
