@@ -232,3 +232,26 @@ def test_a_run_rolled_back_to_an_earlier_checkpoint_never_continues_the_abandone
         assert [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")] == list(range(8))
     assert last_step(tmp_path) == 8 and finished_run(tmp_path)["global_step"] == 8
     assert not list((tmp_path / "checkpoints").glob("*-v*.ckpt"))
+
+
+def test_a_finished_run_rolled_back_to_its_initial_checkpoint_is_unfinished_until_its_new_end(
+        tmp_path, shared_cache, monkeypatch):
+    """``ckpt_path=<run>/checkpoints/step0000000.ckpt`` (the initialisation the checkpoint probes read): training
+    from step 0 again kept the finished marker, the manifest and the export of the abandoned end."""
+    from outlierlab.jobs import training
+
+    init = ("+callbacks.initial_checkpoint._target_="
+            "outlierlab.lightning_modules.callbacks.initial_checkpoint.InitialCheckpoint",
+            f"+callbacks.initial_checkpoint.dirpath={tmp_path}/checkpoints", *COMMON)
+    training.train(small_cfg(tmp_path, "trainer.max_steps=2", *init))
+    assert finished_run(tmp_path)["global_step"] == 2 and loads_as(tmp_path) == "hf"
+
+    def killed(*args, **kwargs):  # the process dies after training, before its end
+        raise RuntimeError("killed before the end")
+
+    monkeypatch.setattr(training, "_finish", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=2", f"ckpt_path={tmp_path}/checkpoints/step0000000.ckpt",
+                                 *init))
+    assert finished_run(tmp_path) is None and not (tmp_path / "manifest.json").exists()
+    assert loads_as(tmp_path) == "last.ckpt" and (tmp_path / "hf.before-resume-at-step0").is_dir()

@@ -196,8 +196,8 @@ def optimizer_settings_ignored(ckpt: dict[str, Any], optimizer: dict[str, Any] |
 
     A resume restores the checkpoint's optimizer state -- its parameter groups' settings, and the scheduler's base
     rates -- so such a setting never takes effect, while ``config.yaml``, the manifest and the model card would state
-    it (found: ``module.optimizer.lr=0.05`` given at a resume trained on at the checkpoint's 7e-4, and config.yaml
-    said 0.05). The peak rate is the group's ``initial_lr`` (set by the scheduler), else its ``lr``; the first
+    it (``module.optimizer.lr=0.05`` given at a resume trains on at the checkpoint's 7e-4 under a config.yaml saying
+    0.05). The peak rate is the group's ``initial_lr`` (set by the scheduler), else its ``lr``; the first
     parameter group is compared (it takes the optimizer's own settings; the others only lower weight decay)."""
     states = ckpt.get("optimizer_states") or []
     groups = states[0].get("param_groups") if states and isinstance(states[0], dict) else None

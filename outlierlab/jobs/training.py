@@ -331,8 +331,8 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     if trainer.global_rank == 0:
         record_start(run_dir, start_step)  # code_versions.jsonl: a resume on other code says so
         (run_dir / FAILED_MARKER).unlink(missing_ok=True)  # it tells how the last attempt ended; this one has not
-        if start_step > 0 and not 0 < trainer.max_steps <= start_step:  # training past the last end: its export
-            # and finished.json go aside (run_state.set_aside_end_state)
+        if ckpt_path is not None and not 0 < trainer.max_steps <= start_step:  # training past the last end (also
+            # from a step-0 checkpoint): its export and finished.json go aside (run_state.set_aside_end_state)
             for line in set_aside_end_state(run_dir, start_step):
                 log.info(line)
         if cfg.get("ckpt_path") not in (None, "", "null", "last"):  # a checkpoint named: maybe a roll-back
