@@ -37,7 +37,8 @@ def test_evaluate_tables_equal_the_cli_csvs(tmp_path):
     tables = ol.evaluate(enc, TEXTS, analyses=["outliers", "anisotropy"], transforms=["none", "clip", "whiten"],
                          seed=1, out_dir=tmp_path / "api", progress=False)
     # each analysis' table, and the side tables the CLI writes beside them
-    assert sorted(tables) == ["anisotropy", "anisotropy_contributions", "layernorm", "outliers", "position_rows"]
+    assert sorted(tables) == ["anisotropy", "anisotropy_contributions", "layernorm", "outliers", "outliers_by_position",
+                             "position_rows"]
     assert set(tables["anisotropy"]["transform"]) == {"none", "clip", "whiten"}
     (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
     _cli("evaluate.py", "analyses=[outliers,anisotropy]", "transform=[none,clip,whiten]", "seed=1",
@@ -86,8 +87,8 @@ def test_evaluate_runs_in_memory_writes_nothing_and_equals_the_cli(tmp_path, mon
          f"data.files=[{tmp_path / 'texts.txt'}]", "data.max_sentences=null", "plots=false", "tensorboard=false",
          f"hydra.run.dir={tmp_path / 'cli'}")
     written = sorted(p.stem for p in (tmp_path / "cli").glob("*.csv"))
-    assert sorted(tables) == written and len(written) == 7  # 4 analyses + anisotropy_contributions, layernorm,
-    for name, table in tables.items():                      # position_rows
+    assert sorted(tables) == written and len(written) == 8  # 4 analyses + anisotropy_contributions, layernorm,
+    for name, table in tables.items():                      # position_rows, outliers_by_position
         assert len(table) > 0
         pd.testing.assert_frame_equal(table, pd.read_csv(tmp_path / "cli" / f"{name}.csv"), check_exact=True)
 

@@ -51,7 +51,8 @@ def test_a_reused_out_dir_holds_the_last_evaluation_and_the_callers_own_files(tm
     assert meta["analyses"] == ["outliers"]
     # every file is this run's (named in its results.json) or the caller's: nothing of the first run is left
     assert _files(out) == set(meta["files"]) | {"notes.txt", "mine.csv"}
-    assert set(meta["files"]) == {"outliers.csv", "layernorm.csv", "position_rows.csv", "results.json", "report.md"}
+    assert set(meta["files"]) == {"outliers.csv", "layernorm.csv", "outliers_by_position.csv", "position_rows.csv",
+                                 "results.json", "report.md"}
     assert not list(out.glob("*.png")) and "anisotropy" not in (out / "report.md").read_text()
     assert (out / "mine.csv").read_text() == "a,b\n1,2\n"
 

@@ -141,7 +141,8 @@ def test_plots_false_writes_the_same_numbers_and_no_figure(inputs, full_run, tmp
     assert p.returncode == 0, p.stderr[-3000:]
     assert sorted(f.name for f in full_run.glob("*.png"))  # the reference drew them
     assert not list(out.glob("*.png"))
-    for name in [*COLUMNS, "position_rows.csv", "anisotropy_contributions.csv", "layernorm.csv"]:
+    for name in [*COLUMNS, "position_rows.csv", "outliers_by_position.csv", "anisotropy_contributions.csv",
+                 "layernorm.csv"]:
         assert (out / name).read_bytes() == (full_run / name).read_bytes(), name
     report = (out / "report.md").read_text()
     assert "![" not in report and "## Anisotropy" in report and "### Position embeddings" in report

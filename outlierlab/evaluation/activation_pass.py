@@ -6,6 +6,8 @@
 * :class:`outlierlab.analysis.activations.ActivationAccumulator` on the raw token vectors of every hidden state —
   activation kurtosis (He et al. 2024) and max/median ratio (He et al. 2024; Sun et al. 2024) over the
   non-special, non-pad tokens, the largest |x| with its dim and token, the |x|-argmax share;
+* :class:`outlierlab.analysis.position_shares.PositionArgmaxCounts` — the |x|-argmax counts by position bucket
+  (is a layer's dominant dimension positional? Luo et al. 2021 §3);
 * :class:`outlierlab.models.sites.InfNormRecorder` hooks on the encoder's blocks — ‖x‖∞ at the FFN output and
   around the output LayerNorm (Bondarenko et al. 2023) over the non-pad tokens, special tokens included
   (their largest BERT activations sit on ``[SEP]``).
@@ -18,10 +20,12 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 from outlierlab.analysis.activations import ActivationAccumulator
 from outlierlab.analysis.layer_accumulators import stack_layers
+from outlierlab.analysis.position_shares import PositionArgmaxCounts
 from outlierlab.evaluation.sentence_stream import Consumer
 from outlierlab.models.sites import SITE_NAMES, InfNormRecorder
 from outlierlab.utils.tables import md_table
@@ -46,6 +50,7 @@ class ActivationObserver(Consumer):
     def __init__(self, encoder) -> None:
         self.encoder = encoder
         self.layer_accs = [ActivationAccumulator(1, encoder.hidden_size) for _ in range(encoder.num_layers + 1)]
+        self.by_position = PositionArgmaxCounts(encoder.num_layers + 1, encoder.hidden_size)
         self.acc: ActivationAccumulator | None = None  # the layers stacked, once every layer is complete
         self.token_ids: dict[int, int] = {}  # running token index -> id, only for the current maxima
         self.recorder: InfNormRecorder | None = None
@@ -68,6 +73,11 @@ class ActivationObserver(Consumer):
         acc = self.layer_accs[layer]
         offset, before = acc.n_tokens, acc.max_token.clone()
         acc.update(vectors)
+        # the vectors are the True cells of the padded grid, row-major; a token's position counts the real tokens
+        # before it in its row (the column itself only where padding is on the right)
+        grid = batch.attention_mask if batch.attention_mask is not None else torch.ones_like(batch.valid)
+        positions = (grid.to(torch.int64).cumsum(1) - 1)[batch.valid.to(grid.device)]
+        self.by_position.update(layer, vectors.reshape(-1, vectors.shape[-1]), positions)
         if batch.token_ids is not None:  # a layer whose maximum moved to this batch: remember that token's id
             for tok in acc.max_token[acc.max_token != before].tolist():
                 if tok >= offset:
@@ -117,3 +127,27 @@ def activation_section(cols: list[dict], note: str = "") -> str:
     if note:
         lines += ["", f"_{note}_"]
     return "\n".join(lines)
+
+
+def position_share_section(rows: list[dict]) -> str:
+    """Markdown: per layer, the share of its |x|-argmax dim in each position bucket
+    (:class:`~outlierlab.analysis.position_shares.PositionArgmaxCounts` rows), with the tokens of each bucket."""
+    buckets = list(dict.fromkeys(r["positions"] for r in sorted(rows, key=lambda r: r["first_position"])))
+    by_layer: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        by_layer.setdefault(r["layer"], {})[r["positions"]] = r
+    table = [[layer, cells[next(iter(cells))]["layer_dim"],
+              *(f"{cells[b]['layer_dim_share']:.2f}" if b in cells else "–" for b in buckets)]
+             for layer, cells in by_layer.items()]
+    first = next(iter(by_layer.values()), {})
+    counts = ", ".join(f"{b}: {first[b]['n_tokens']}" for b in buckets if b in first)
+    return "\n".join([
+        "### The |x|-argmax share by position (is the dominant dimension positional? Luo et al. 2021 §3)",
+        "Raw vectors, non-special non-pad tokens; positions are indices in the tokenized sequence (0 = `<s>`/"
+        "`[CLS]`), in buckets that double in width. Each cell: the share of the bucket's tokens whose largest |x| "
+        "is on the layer's |x|-argmax dim. A share that changes with position makes the layer's share over all "
+        "tokens depend on how long the texts are. Each bucket's own top dim: `outliers_by_position.csv`.",
+        "",
+        md_table(["layer", "dim", *(f"pos. {b}" for b in buckets)], table, cell=str),
+        "",
+        f"_Tokens per bucket (layer 0): {counts}._" if counts else ""]).rstrip()

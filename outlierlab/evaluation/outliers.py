@@ -23,8 +23,9 @@ from outlierlab.evaluation.ln_rule import ln_rule
 from outlierlab.models.families import UnknownFamilyError, family_of
 from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 from outlierlab.analysis.outlier_dims import detect_outlier_dims, position_row_stats
+from outlierlab.analysis.position_shares import POSITION_COLUMNS
 from outlierlab.evaluation.activation_pass import (ACTIVATION_COLUMNS, ActivationObserver, activation_columns,
-                                                   activation_section)
+                                                   activation_section, position_share_section)
 from outlierlab.reports import monitor_plots
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_vectors
@@ -146,13 +147,13 @@ def run(ctx: EvalContext) -> AnalysisResult:
     counts = {c.transform: c.result() for c in ctx.consumers if isinstance(c, OutlierCounts)}
     obs = next((c for c in ctx.consumers if isinstance(c, ActivationObserver)), None)
     rows, detected = _rows(counts, ctx.transforms, s)
-    md, figures, summary = _token_section(ctx, st, counts, obs, s, rows, detected)
+    tables: dict = {}
+    md, figures, summary = _token_section(ctx, st, counts, obs, s, rows, detected, tables)
     model = ctx.encoder.model
     try:
         family, family_note = family_of(model), ""
     except UnknownFamilyError as e:
         family, family_note = None, str(e)
-    tables: dict = {}
     md += _position_section(ctx, model, family, s, detected, figures, summary, tables)
     md += _layernorm_section(ctx, model, family, family_note, summary, tables)
     summary["family"] = family.name if family is not None else None
@@ -162,9 +163,10 @@ def run(ctx: EvalContext) -> AnalysisResult:
     return AnalysisResult("outliers", rows, "\n\n".join(md), figures, summary, tables)
 
 
-def _token_section(ctx, st, counts: dict, obs, s, rows: list[dict], detected: dict) -> tuple[list[str], list, dict]:
-    """Luo et al. §2 on the token vectors: dominant dims, the per-layer table, the average vectors, and the
-    activation metrics (added to the ``none`` rows)."""
+def _token_section(ctx, st, counts: dict, obs, s, rows: list[dict], detected: dict,
+                   tables: dict) -> tuple[list[str], list, dict]:
+    """Luo et al. §2 on the token vectors: dominant dims, the per-layer table, the average vectors, the
+    activation metrics (added to the ``none`` rows) and the |x|-argmax share by position (``tables``)."""
     out, figures, md = ctx.out_dir, [], ["## Outlier dimensions (Luo et al. 2021 §2)"]
     thr = s.threshold
     n_tok = counts["none"].count
@@ -204,6 +206,9 @@ def _token_section(ctx, st, counts: dict, obs, s, rows: list[dict], detected: di
         for r in rows:
             r.update(cols[r["layer"]] if r["transform"] == "none" else {c: "" for c in ACTIVATION_COLUMNS})
         md.append(activation_section(cols, obs.note))
+        by_position = obs.by_position.rows()
+        tables["outliers_by_position"] = (by_position, POSITION_COLUMNS)
+        md.append(position_share_section(by_position))
         summary["kurtosis"] = [c["kurtosis"] for c in cols]
         summary["max_median"] = [c["max_median"] for c in cols]
     return md, figures, summary

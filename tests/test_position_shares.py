@@ -1,0 +1,99 @@
+"""The |x|-argmax share by position (outlierlab.analysis.position_shares): buckets by hand, counts by hand, the
+buckets adding up to the layer's share, positions under left padding, and the table evaluate returns."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from outlierlab.analysis.activations import ActivationAccumulator
+from outlierlab.analysis.position_shares import PositionArgmaxCounts, bucket_positions, position_bucket
+
+
+def test_buckets_double_in_width():
+    p = torch.tensor([0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 1023, 1024, 2047])
+    assert position_bucket(p).tolist() == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 10, 11, 11]
+    for b in range(14):
+        first, last = bucket_positions(b)
+        assert position_bucket(torch.tensor([first, last, last + 1])).tolist() == [b, b, b + 1]
+    with pytest.raises(ValueError, match=">= 0"):
+        position_bucket(torch.tensor([3, -1]))
+
+
+def _one_hot(dims: list[int], d: int = 4, big: float = 5.0) -> torch.Tensor:
+    x = torch.full((len(dims), d), 0.1)
+    x[torch.arange(len(dims)), torch.tensor(dims)] = -big  # negative: the argmax is of |x|
+    return x
+
+
+def test_counts_by_hand():
+    acc = PositionArgmaxCounts(num_layers=1, dim=4)
+    # positions 1..7: dim 2 at positions 1-3 and at 4 of 4-7 ... dim 0 at 5, 6, 7
+    acc.update(0, _one_hot([2, 2, 2, 2, 0, 0, 0]), torch.arange(1, 8))
+    acc.update(0, _one_hot([3]), torch.tensor([1]))  # a second batch: bucket 1 now has two tokens
+    rows = acc.rows()
+    assert [r["positions"] for r in rows] == ["1", "2-3", "4-7"]
+    assert [r["n_tokens"] for r in rows] == [2, 2, 4]
+    # over all 8 tokens dim 2 holds 4 and dim 0 holds 3: the layer's dim is 2
+    assert {r["layer_dim"] for r in rows} == {2}
+    assert [r["layer_dim_share"] for r in rows] == [0.5, 1.0, 0.25]
+    assert [(r["abs_argmax_dim"], r["abs_argmax_share"]) for r in rows[1:]] == [(2, 1.0), (0, 0.75)]
+    assert rows[0]["abs_argmax_share"] == 0.5
+    with pytest.raises(ValueError, match=r"vectors \[N, 4\]"):
+        acc.update(0, torch.zeros(3, 5), torch.arange(3))
+
+
+def test_the_buckets_add_up_to_the_layers_share():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3000, 16, generator=g)
+    x[:, :1000, 5] += 6.0  # a dim that dominates early tokens only
+    positions = torch.randint(1, 128, (3000,), generator=g).sort().values
+    whole = ActivationAccumulator(2, 16)
+    whole.update(x)
+    acc = PositionArgmaxCounts(2, 16)
+    for layer in range(2):
+        acc.update(layer, x[layer], positions)
+    rows = acc.rows()
+    for layer, summary in enumerate(whole.summary()):
+        mine = [r for r in rows if r["layer"] == layer]
+        assert sum(r["n_tokens"] for r in mine) == 3000
+        assert mine[0]["layer_dim"] == summary["abs_argmax_dim"] == 5
+        overall = sum(r["n_tokens"] * r["layer_dim_share"] for r in mine) / 3000
+        assert overall == pytest.approx(summary["abs_argmax_share"], abs=1e-12)
+        assert mine[0]["layer_dim_share"] > 0.9 and mine[-1]["layer_dim_share"] < 0.2  # positional, by planting
+
+
+def test_positions_count_real_tokens_under_left_padding():
+    from outlierlab.evaluation.activation_pass import ActivationObserver
+
+    obs = ActivationObserver(SimpleNamespace(hidden_size=4, num_layers=0))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1],   # left-padded: positions 0..3 in columns 2..5
+                         [1, 1, 1, 1, 1, 1]])
+    valid = mask.bool().clone()
+    valid[0, 2] = valid[1, 0] = False  # the first real token of each row is special
+    # row 0: positions 1, 2, 3 -> dims 1, 1, 1; row 1: positions 1..5 -> dims 1, 1, 3, 3, 3
+    vectors = _one_hot([1, 1, 1, 1, 1, 3, 3, 3])[None]
+    batch = SimpleNamespace(attention_mask=mask, valid=valid, token_ids=None)
+    obs.update(0, vectors, batch)
+    rows = {r["positions"]: r for r in obs.by_position.rows()}
+    assert {k: r["n_tokens"] for k, r in rows.items()} == {"1": 2, "2-3": 4, "4-7": 2}
+    assert {k: r["abs_argmax_dim"] for k, r in rows.items()} == {"1": 1, "2-3": 1, "4-7": 3}
+    # read by column instead, row 0's tokens would sit at positions 3-5 and bucket "1" would hold one token
+
+
+def test_evaluate_returns_the_table_and_it_adds_up_to_the_outliers_rows():
+    import outlierlab as ol
+    from outlierlab.datamodules.eval_data import load_sentences
+
+    tables = ol.evaluate(ol.load_encoder("all-minilm-l6-v2"), load_sentences()[:60], analyses=["outliers"],
+                         transforms=["none"], progress=False)
+    by_pos, outl = tables["outliers_by_position"], tables["outliers"]
+    assert list(by_pos.columns)[:5] == ["layer", "positions", "first_position", "last_position", "n_tokens"]
+    for _, row in outl.iterrows():
+        mine = by_pos[by_pos.layer == row.layer]
+        assert mine.n_tokens.sum() == row.n_tokens
+        assert (mine.layer_dim == row.abs_argmax_dim).all()
+        assert (mine.n_tokens * mine.layer_dim_share).sum() / row.n_tokens == pytest.approx(row.abs_argmax_share)
+    assert (by_pos.first_position >= 1).all()  # [CLS] at position 0 is special, never counted
