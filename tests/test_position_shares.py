@@ -97,3 +97,22 @@ def test_evaluate_returns_the_table_and_it_adds_up_to_the_outliers_rows():
         assert (mine.layer_dim == row.abs_argmax_dim).all()
         assert (mine.n_tokens * mine.layer_dim_share).sum() / row.n_tokens == pytest.approx(row.abs_argmax_share)
     assert (by_pos.first_position >= 1).all()  # [CLS] at position 0 is special, never counted
+
+
+def test_the_profile_table_puts_runs_side_by_side(tmp_path, capsys):
+    from outlierlab.reports.position_profile import main
+
+    for name, early in (("a", 1.0), ("b", 0.2)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "outliers_by_position.csv").write_text(
+            "layer,positions,first_position,last_position,n_tokens,abs_argmax_dim,abs_argmax_share,layer_dim,"
+            f"layer_dim_share\n1,1,1,1,10,7,{early},7,{early}\n1,2-3,2,3,30,3,0.5,7,0.0\n")
+        (run / "outliers.csv").write_text(f"layer,transform,abs_argmax_share\n1,none,{early * 10 / 40}\n"
+                                          "1,clip,0.9\n")
+    (tmp_path / "not_a_run").mkdir()
+    assert main([str(tmp_path), "--layers", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| run | layer | dim | pos. 1 | pos. 2-3 | all tokens |"
+    assert lines[2:] == ["| a | 1 | 7 | 1.00 | 0.00 | 0.250 |", "| b | 1 | 7 | 0.20 | 0.00 | 0.050 |"]
+    assert main([str(tmp_path / "missing")]) == 2 and "not a folder" in capsys.readouterr().err
