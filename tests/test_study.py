@@ -387,3 +387,21 @@ def test_a_name_the_cells_do_not_have_is_one_line_not_dropped(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {says}"), err
     assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_a_failed_cell_is_listed_with_its_error_apart_from_unfinished_ones(tmp_path, capsys):
+    from outlierlab.jobs.run_state import mark_failed
+
+    plant_study(tmp_path)
+    v = {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 9.0}, 100: {"kurtosis": 1000.0, "share": 0.1, "ppl": 9.0}}
+    plant_cell(tmp_path, {"pos": "learned", "seed": 4, "experiment": "emergence_seeds"}, v, finished=False)
+    failed = plant_cell(tmp_path, {"pos": "learned", "seed": 5, "experiment": "emergence_seeds"}, v, finished=False)
+    mark_failed(failed, "CUDA out of memory", 40)
+    res = study.run([str(tmp_path)], plots=False)
+    assert [Path(p).name for p in res["unfinished"]] == [next(c.name for c in tmp_path.iterdir() if "seed=4" in c.name)]
+    assert res["failed"] == {failed.name: "step 40: CUDA out of memory"}
+    md = (res["out"] / "study.md").read_text()
+    assert "Unfinished, left out (1)" in md and "Failed, left out (1)" in md
+    assert f"* {failed.name}: step 40: CUDA out of memory" in md
+    assert study.main([str(tmp_path), "--no-plots"]) == 0
+    assert f"failed (left out): {failed.name}: step 40: CUDA out of memory" in capsys.readouterr().out

@@ -248,6 +248,12 @@ def failed_run(run_dir: Path) -> dict[str, Any] | None:
     return failed if isinstance(failed, dict) else None
 
 
+def failed_line(info: dict[str, Any]) -> str:
+    """``failed.json`` in one line: ``step N: <error>`` (the step where it is known)."""
+    step = info.get("global_step")
+    return (f"step {step}: " if isinstance(step, int) else "") + str(info.get("error", "no error recorded"))
+
+
 #: A small file kept in a running run's directory and given up when the disk is full, so that ``failed.json`` (a
 #: few hundred bytes) can still be written on a disk that has no byte left: without it the run would end with no
 #: record of why. Removed when the run finishes.

@@ -42,6 +42,7 @@ import pandas as pd
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
 from outlierlab.analysis.study_inference import bounded_interval, bounds_of
+from outlierlab.jobs.run_state import failed_line, failed_run
 from outlierlab.studies.cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
 from outlierlab.studies.design import assign_families, declared_design
 from outlierlab.utils.atomic import write_atomic
@@ -316,15 +317,20 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
     steps = list(steps) if steps else default_steps(summary)
     layers = list(layers) if layers else default_layers(summary)
     unfinished = [c for c in cells if not c.usable and not c.problems]
+    # a cell whose last attempt failed says how (failed.json, run_state.failed_run): listed with its error
+    failed = {c.path.name: failed_run(c.path) for c in unfinished}
+    failed = {name: f for name, f in failed.items() if f is not None}
     unusable = [c for c in cells if c.problems]
     notes = [n for c in cells if c.usable for n in c.notes]
     no_order = order_use_flags(per_seed, orderless=orderless_groups(groups))
     write_markdown(out_dir / "study.md", paths, summary, tables, groups, unfinished, metrics, steps, layers,
-                   unusable=unusable, notes=notes, design=design, no_order_use=no_order,
+                   unusable=unusable, failed=failed, notes=notes, design=design, no_order_use=no_order,
                    replicates=replicates_markdown(coverage))
     pngs = write_curves(out_dir / "curves", summary, per_seed, metrics, layers) if plots else []
     remove_stale_curves(out_dir / "curves", pngs)
-    return {"out": out_dir, "groups": {k: len(v) for k, v in groups.items()}, "unfinished": [str(c.path) for c in unfinished],
+    return {"out": out_dir, "groups": {k: len(v) for k, v in groups.items()},
+            "unfinished": [str(c.path) for c in unfinished if c.path.name not in failed],
+            "failed": {name: failed_line(f) for name, f in failed.items()},
             "unusable": [p for c in unusable for p in c.problems], "notes": notes, "plots": pngs, "design": design,
             "no_order_use": no_order, "replicates": coverage}
 
@@ -392,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"groups: {groups}")
     if res["unfinished"]:
         print(f"unfinished (left out): {', '.join(res['unfinished'])}")
+    for name, line in res["failed"].items():
+        print(f"failed (left out): {name}: {line}")
     for problem in res["unusable"]:
         print(f"unusable (left out): {problem}")
     for note in res["notes"]:

@@ -18,6 +18,7 @@ from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT
 from outlierlab.analysis.study_inference import (CONFIRMATORY, DEFAULT_RULE, DUPLICATE, EXPLORATORY,
                                            EXPLORATORY_PERFORMANCE, NOT_TESTED, PERFORMANCE_FAMILY, PRIMARY,
                                            family_rules)
+from outlierlab.jobs.run_state import failed_line
 from outlierlab.utils.atomic import figure_bytes, write_atomic
 from outlierlab.utils.tables import md_table
 
@@ -120,7 +121,7 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                    groups: Mapping[str, list], unfinished: list, metrics: Sequence[str], steps: Sequence[int],
                    layers: Sequence[str], unusable: Sequence = (), notes: Sequence[str] = (),
                    design: Mapping | None = None, no_order_use: Sequence[str] = (),
-                   replicates: Sequence[str] = ()) -> Path:
+                   replicates: Sequence[str] = (), failed: Mapping[str, dict] | None = None) -> Path:
     lines = [f"# Study: {', '.join(map(str, sources))}", "",
              f"Every number: the mean over seeds with its 95% confidence interval, n = seeds. Unbounded measures: "
              f"± the half-width of the {CI_METHOD} interval (n − 1 degrees of freedom). Bounded measures (shares in "
@@ -133,8 +134,13 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
         seeds = ", ".join(str(c.seed) for c in sorted(cells, key=lambda c: (c.seed is None, c.seed)))
         codes = ", ".join(sorted({c.code for c in cells}))
         lines.append(f"| {label} | {seeds} | {codes} | {', '.join(c.path.name for c in cells)} |")
-    if unfinished:
-        lines += ["", f"**Unfinished, left out ({len(unfinished)}):** " + ", ".join(c.path.name for c in unfinished)]
+    failed = failed or {}
+    still = [c for c in unfinished if c.path.name not in failed]
+    if still:
+        lines += ["", f"**Unfinished, left out ({len(still)}):** " + ", ".join(c.path.name for c in still)]
+    if failed:
+        lines += ["", f"**Failed, left out ({len(failed)}):** the last attempt's error (`failed.json`)", ""]
+        lines += [f"* {name}: {failed_line(f)}" for name, f in failed.items()]
     if unusable:
         lines += ["", f"**Unusable, left out ({len(unusable)}):**", ""]
         lines += [f"* {p}" for c in unusable for p in c.problems]
