@@ -100,7 +100,7 @@ def test_evaluate_returns_the_table_and_it_adds_up_to_the_outliers_rows():
 
 
 def test_the_profile_table_puts_runs_side_by_side(tmp_path, capsys):
-    from outlierlab.reports.position_profile import main
+    from outlierlab.studies.position_profile import main
 
     for name, early in (("a", 1.0), ("b", 0.2)):
         run = tmp_path / name

@@ -1,7 +1,7 @@
 """The |x|-argmax share by position of several evaluate.py runs side by side, as one Markdown table.
 
-    python -m outlierlab.reports.position_profile docs/gpu/ladder_cpu_eval.parquet --layers 1 2
-    python -m outlierlab.reports.position_profile outputs/evaluate/<date>      # a folder of evaluate.py run dirs
+    python -m outlierlab.studies.position_profile docs/gpu/ladder_cpu_eval.parquet --layers 1 2
+    python -m outlierlab.studies.position_profile outputs/evaluate/<date>      # a folder of evaluate.py run dirs
 
 One row per run directory (a cell of the packed table, :mod:`outlierlab.studies.table`) and layer: the layer's
 |x|-argmax dim, its share in each position bucket (``outliers_by_position.csv``, :mod:`outlierlab.analysis.
