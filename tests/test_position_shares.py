@@ -116,3 +116,34 @@ def test_the_profile_table_puts_runs_side_by_side(tmp_path, capsys):
     assert lines[0] == "| run | layer | dim | pos. 1 | pos. 2-3 | all tokens |"
     assert lines[2:] == ["| a | 1 | 7 | 1.00 | 0.00 | 0.250 |", "| b | 1 | 7 | 0.20 | 0.00 | 0.050 |"]
     assert main([str(tmp_path / "missing")]) == 2 and "not a folder" in capsys.readouterr().err
+
+
+def test_the_monitors_record_the_share_by_position_and_it_adds_up():
+    from outlierlab.analysis.monitoring import hidden_state_records
+
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(3, 4, 40, 8, generator=g)  # [L, B, T, d]
+    hidden[1, :, :, 6] = 0.0
+    hidden[1, :, :16, 6] = 8.0  # layer 1: dim 6 holds the first 16 columns, and only them
+    mask = torch.ones(4, 40, dtype=torch.long)
+    mask[2, :10] = 0  # row 2 left-padded: its positions start at column 10, so dim 6 holds positions 0-5 there
+    mask[3, 30:] = 0  # row 3 right-padded
+    special = torch.zeros_like(mask)
+    special[:, 0] = 1
+    special[2, 10] = 1  # row 2's first real token
+    rows, summary = hidden_state_records(7, hidden, mask, special, vectors=False)
+    pos = {r[2]: (r[3], r[4]) for r in rows if r[1] == "layer_1" and r[2].startswith("abs_argmax_share_pos_")}
+    # layer 1's dim holds 3 rows x 15 + row 2's 5 = 50 of the positions 1-15, and nothing after
+    assert {k: v[0] for k, v in pos.items()} == dict.fromkeys(pos, 6)
+    # positions 1-3 held in every row; row 2 holds 4-5 of 4-7 and none of 8-15 (read by column, it would hold
+    # all of 8-15's real tokens in its columns 10-15 and none of 4-7)
+    assert [pos[f"abs_argmax_share_pos_{b}"][1] for b in ("1", "2-3")] == [1.0, 1.0]
+    assert pos["abs_argmax_share_pos_4-7"][1] == pytest.approx(14 / 16)
+    assert pos["abs_argmax_share_pos_8-15"][1] == pytest.approx(24 / 32)
+    assert pos["abs_argmax_share_pos_16-31"][1] == 0.0
+    n = {r[1]: r[4] for r in rows if r[2] == "n_tokens"}
+    share = {r[1]: (r[3], r[4]) for r in rows if r[2] == "abs_argmax_share"}
+    counts = {r["positions"]: r["n_tokens"] for r in summary["position_shares"] if r["layer"] == 1}
+    assert sum(counts.values()) == n["layer_1"]
+    weighted = sum(counts[k.removeprefix("abs_argmax_share_pos_")] * v[1] for k, v in pos.items()) / n["layer_1"]
+    assert share["layer_1"][0] == 6 and weighted == pytest.approx(share["layer_1"][1])

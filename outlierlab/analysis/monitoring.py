@@ -29,6 +29,7 @@ from outlierlab.analysis.attention_mass import (SINK_THRESHOLD, attention_entrop
                                            special_key_masks, special_token_attention_mass)
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
+from outlierlab.analysis.position_shares import PositionArgmaxCounts
 from outlierlab.analysis.isoscore import isoscore
 from outlierlab.analysis.rogue_dims import cosine_contributions, share_defined, top_share
 from outlierlab.analysis.similarity import anisotropy, paired_sentence_tokens, pairwise_cosine, sample_cross_sentence_pairs
@@ -277,12 +278,17 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         (mean over heads, nats), ``attn_entropy_head`` (dim = head) and ``attn_row_mass`` (mean total
         attention weight of a query row, mean over heads: 1 for softmax, < 1 under clipped softmax).  Under name ``model``:
         ``pooled_argmin_share`` / ``pooled_argmax_share`` (dim, value; Luo et al. §2's pooled share over
-        layers 1..L-1, :func:`outlierlab.analysis.outlier_stats.pooled_share`).
+        layers 1..L-1, :func:`outlierlab.analysis.outlier_stats.pooled_share`). Per layer and position bucket
+        that holds tokens (0, 1, 2–3, 4–7, ...; :mod:`outlierlab.analysis.position_shares`):
+        ``abs_argmax_share_pos_<first>-<last>`` (``_pos_1`` for the one-position bucket; dim = the layer's
+        ``abs_argmax_share`` dim, value = its share among the bucket's tokens): is the dominant dimension
+        positional? (Its all-token share then follows the batch's sentence lengths.)
     summary : dict
         ``mean`` Tensor[L, d], ``layers`` (:meth:`OutlierAccumulator.summary` merged with
         :meth:`outlierlab.analysis.activations.ActivationAccumulator.summary`), ``anisotropy`` and
         ``token_pair_cosine`` Tensor[L], ``outliers`` list[list[int]], ``pooled`` {"argmin"|"argmax":
-        (dim, share)}, ``inf_norms``, ``sinks`` ({"bos", "eos", "entropy"}: Tensor[L-1, H]) or None.
+        (dim, share)}, ``inf_norms``, ``sinks`` ({"bos", "eos", "entropy"}: Tensor[L-1, H]) or None,
+        ``position_shares`` (:meth:`PositionArgmaxCounts.rows`).
     """
     if hidden.ndim != 4:
         raise ValueError(f"hidden must be [L, B, T, d], got {tuple(hidden.shape)}")
@@ -294,6 +300,12 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     tokens = hidden[:, valid]  # [L, N, d]
     act.update(tokens)
     layers = [{**o, **a} for o, a in zip(acc.summary(top_k=top_k), act.summary())]
+    by_position = PositionArgmaxCounts(n_layers, dim)
+    # a token's position counts the real tokens before it in its row (left padding too)
+    positions = (attention_mask.to(valid.device).to(torch.int64).cumsum(1) - 1)[valid]
+    for i in range(n_layers):
+        by_position.update(i, tokens[i], positions)
+    position_shares = by_position.rows()
     outliers = detect_outlier_dims(acc)
     share = torch.maximum(acc.argmax_share(), acc.argmin_share())
     pairs = _anisotropy_stats(tokens, valid.nonzero()[:, 0], n_pairs, seed)
@@ -311,13 +323,16 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         rows += [(step, f"layer_{i}", "outlier_dim", d, float(share[i, d])) for d in outliers[i]]
         if vectors:
             rows += [(step, f"layer_{i}", "mean", d, x) for d, x in enumerate(mean[i].tolist())]
+    rows += [(step, f"layer_{r['layer']}", f"abs_argmax_share_pos_{r['positions']}", r["layer_dim"],
+              r["layer_dim_share"]) for r in position_shares]
     for w, (d, v) in pooled.items():
         rows.append((step, "model", f"pooled_{w}_share", d, v))
     return rows, {"mean": mean, "layers": layers, "anisotropy": pairs["anisotropy"],
                   "anisotropy_se": pairs["anisotropy_se"], "anisotropy_one_per_sentence": pairs["one_per_sentence"],
                   "token_pair_cosine": pairs["anisotropy"], "rogue_top1_share": pairs["share1"],
                   "rogue_top3_share": pairs["share3"], "isoscore": iso, "outliers": outliers, "pooled": pooled,
-                  "inf_norms": dict(inf_norms or {}), "sinks": sinks, "sink_threshold": sink_threshold}
+                  "inf_norms": dict(inf_norms or {}), "sinks": sinks, "sink_threshold": sink_threshold,
+                  "position_shares": position_shares}
 
 
 def _anisotropy_stats(tokens: Tensor, sentence_ids: Tensor, n_pairs: int, seed: int) -> dict:

@@ -306,6 +306,9 @@ class HiddenStateTracker:
                     writer.add_scalar(f"{base}/sink_share_{key}", share, step)
                 writer.add_scalar(f"{base}/attn_entropy", float(sinks["entropy"][i - 1].mean()), step)
                 writer.add_scalar(f"{base}/attn_row_mass", float(sinks["row_mass"][i - 1].mean()), step)
+        for r in summary.get("position_shares", []):  # the layer's |x|-argmax dim, bucket by bucket
+            writer.add_scalar(f"monitor/hidden/layer_{r['layer']}/abs_argmax_share_pos_{r['positions']}",
+                              r["layer_dim_share"], step)
         if "order_use" in summary:
             writer.add_scalar("monitor/order_use", summary["order_use"], step)
         for i, mass in enumerate(summary.get("attn_local", [])):
