@@ -58,6 +58,10 @@ def test_the_smallest_rung_trains_and_writes_what_the_table_reads(tmp_path, shar
     assert {("val/loss", "model"), ("val/order_use", "model"), ("layernorm/n_outlier_dims", "model")} <= got
     assert summary.loc[0, "rung"] == "4x128" and summary.loc[0, "last_step"] == 5
     assert summary.loc[0, "tokens"] == 5 * 8 * 128
+    # the monitors' by-position rows reach the table, and the summary states the last step's profile
+    assert {("abs_argmax_share_pos_1", str(i)) for i in range(1, 5)} <= got
+    profile = summary.loc[0, "final_position_shares"].split()
+    assert profile[0].startswith("1:") and all(0 <= float(p.split(":")[1]) <= 1 for p in profile)
 
 
 def _plant(cell, steps_dims):
@@ -103,6 +107,21 @@ def test_the_table_finds_a_planted_luo_dimension(tmp_path, capsys):
     assert "--share and --layer-fraction must be in (0, 1]" in capsys.readouterr().err
     assert ladder.main([str(tmp_path / "nothing-here"), "--out", str(out)]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_summary_states_the_most_concentrated_layers_profile_by_position(tmp_path):
+    _plant(tmp_path / "c", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 500: [(5, 0.9), (5, 0.6), (3, 0.2)]})
+    with open(tmp_path / "c" / "monitor" / "hidden_states.csv", "a", newline="") as fh:
+        w = csv.writer(fh)
+        for step, layer, bucket, share in ((0, 1, "1", 0.5), (500, 0, "1", 0.9), (500, 1, "16-31", 0.0),
+                                           (500, 1, "2-3", 1.0), (500, 1, "1", 1.0), (500, 2, "1", 0.3)):
+            w.writerow([step, f"layer_{layer}", f"abs_argmax_share_pos_{bucket}", 5, share])
+    table, summary = ladder.ladder_tables([tmp_path / "c"])
+    # layer 1 holds the largest share at step 500 (layer_0 is not an encoder layer); buckets in position order
+    assert summary.iloc[0]["final_position_shares"] == "1:1.00 2-3:1.00 16-31:0.00"
+    assert ((table["metric"] == "abs_argmax_share_pos_16-31") & (table["layer"] == "1")).sum() == 1
+    _plant(tmp_path / "old", {0: [(5, 0.9), (1, 0.1), (2, 0.1)]})
+    assert ladder.ladder_tables([tmp_path / "old"])[1].iloc[0]["final_position_shares"] == ""
 
 
 def test_a_dimension_that_comes_and_goes_is_reported_as_such(tmp_path):

@@ -8,14 +8,18 @@ monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
 
 * ``--out`` (long): ``rung, layers, hidden, objective, pos, seed, step, tokens, metric, layer, value`` with ``val/loss`` and
   ``val/order_use`` (layer ``model``), the LayerNorm 3-sigma count ``layernorm/n_outlier_dims`` (Kovaleva's rule,
-  ``model``), and per encoder layer ``abs_argmax_share``, ``abs_argmax_dim``, ``kurtosis``, ``max_median``;
+  ``model``), and per encoder layer ``abs_argmax_share``, ``abs_argmax_dim``, ``kurtosis``, ``max_median`` and, for
+  cells whose monitors record them, ``abs_argmax_share_pos_<bucket>`` (that dimension's share per position bucket);
   ``tokens`` = step x batch x block x accumulation x devices;
 * ``<out stem>_summary.csv``: per cell the first step (and tokens) with a Luo-type dimension
   (:mod:`outlierlab.analysis.luo_dimension`), that dimension and its layers; how lasting and how strong it is --
   the share of checkpoints from then on that have one (``luo_kept``), and at the last step the dimension, the
   layers it holds and its mean share there (``luo_final_*``: Luo et al.'s RoBERTa-base dimension holds nearly
   every token in nearly every layer; the definition's weakest form, half the tokens in half the layers, is met by
-  some 4 x 128 runs), and the largest share of any encoder layer (``max_share``); the first step with a LayerNorm
+  some 4 x 128 runs), and the largest share of any encoder layer (``max_share``) with that layer's dimension's share
+  in each position bucket at the last step (``final_position_shares``, e.g. ``1:1.00 2-3:1.00 ... 32-63:0.00``: a
+  positional dimension, whose share over all tokens follows the held-out sentences' lengths; empty for cells
+  whose monitors predate these rows); the first step with a LayerNorm
   outlier dimension, the last step, the final and the best validation loss (a final loss above the best says
   held-out loss rose).
 
@@ -40,6 +44,8 @@ from outlierlab.utils.atomic import write_atomic
 
 COLUMNS = ["rung", "layers", "hidden", "objective", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
 PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
+#: The monitors' by-position rows (outlierlab.analysis.monitoring.hidden_state_records): ``<prefix><bucket>``.
+POSITION_PREFIX = "abs_argmax_share_pos_"
 
 
 def find_cells(paths: Sequence[str | Path]) -> list[Path]:
@@ -72,6 +78,10 @@ def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_F
     enc["layer"] = enc["name"].str.removeprefix("layer_").astype(int)
     enc = enc[enc["layer"] >= 1]  # encoder layers; layer_0 is the embedding output
     dims = enc[enc["statistic"] == "abs_argmax_share"]
+    by_pos = hs[hs["name"].str.fullmatch(r"layer_\d+") & hs["statistic"].str.startswith(POSITION_PREFIX)].copy()
+    by_pos["layer"] = by_pos["name"].str.removeprefix("layer_").astype(int)
+    by_pos = by_pos[by_pos["layer"] >= 1]
+    parts.append(by_pos.assign(metric=by_pos["statistic"])[["step", "metric", "layer", "value"]])
     parts.append(enc.assign(metric=enc["statistic"])[["step", "metric", "layer", "value"]])
     parts.append(dims.assign(metric="abs_argmax_dim", value=dims["dim"].astype(float))[["step", "metric", "layer",
                                                                                          "value"]])
@@ -105,10 +115,24 @@ def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_F
                "luo_final_dim": final[0] if final else math.nan, "luo_final_layers": final[1] if final else 0,
                "luo_final_share": final[2] if final else math.nan,
                "max_share": float(dims["value"].max()) if len(dims) else math.nan,
+               "final_position_shares": _final_position_shares(dims, by_pos),
                "ln_outlier_step": ln_first,
                "val_loss_final": float(val["value"].iloc[-1]) if len(val) else math.nan,
                "val_loss_best": float(val["value"].min()) if len(val) else math.nan}
     return rows[COLUMNS], summary
+
+
+def _final_position_shares(dims: pd.DataFrame, by_pos: pd.DataFrame) -> str:
+    """At the last step: the most concentrated encoder layer's dimension, its share per position bucket
+    (``"1:1.00 2-3:0.98 ..."``, buckets in order), or "" where the monitors did not record them."""
+    if not len(dims) or not len(by_pos):
+        return ""
+    last = dims[dims["step"] == dims["step"].max()]
+    layer = int(last.loc[last["value"].idxmax(), "layer"])
+    rows = by_pos[(by_pos["step"] == last["step"].iloc[0]) & (by_pos["layer"] == layer)].copy()
+    rows["bucket"] = rows["statistic"].str.removeprefix(POSITION_PREFIX)
+    rows = rows.assign(first=rows["bucket"].str.split("-").str[0].astype(int)).sort_values("first")
+    return " ".join(f"{b}:{v:.2f}" for b, v in zip(rows["bucket"], rows["value"]))
 
 
 def ladder_tables(paths: Sequence[str | Path], share: float = SHARE, layer_fraction: float = LAYER_FRACTION
