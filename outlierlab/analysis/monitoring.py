@@ -29,7 +29,7 @@ from outlierlab.analysis.attention_mass import (SINK_THRESHOLD, attention_entrop
                                            special_key_masks, special_token_attention_mass)
 from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
-from outlierlab.analysis.position_shares import PositionArgmaxCounts
+from outlierlab.analysis.position_shares import PositionArgmaxCounts, token_positions
 from outlierlab.analysis.isoscore import isoscore
 from outlierlab.analysis.rogue_dims import cosine_contributions, share_defined, top_share
 from outlierlab.analysis.similarity import anisotropy, paired_sentence_tokens, pairwise_cosine, sample_cross_sentence_pairs
@@ -301,8 +301,7 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     act.update(tokens)
     layers = [{**o, **a} for o, a in zip(acc.summary(top_k=top_k), act.summary())]
     by_position = PositionArgmaxCounts(n_layers, dim)
-    # a token's position counts the real tokens before it in its row (left padding too)
-    positions = (attention_mask.to(valid.device).to(torch.int64).cumsum(1) - 1)[valid]
+    positions = token_positions(attention_mask, valid)
     for i in range(n_layers):
         by_position.update(i, tokens[i], positions)
     position_shares = by_position.rows()

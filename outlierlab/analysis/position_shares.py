@@ -19,24 +19,26 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["position_bucket", "bucket_positions", "PositionArgmaxCounts", "POSITION_COLUMNS"]
+__all__ = ["token_positions", "position_bucket", "bucket_positions", "PositionArgmaxCounts", "POSITION_COLUMNS"]
 
 #: The columns of ``outliers_by_position.csv`` (docs/tables.md).
 POSITION_COLUMNS = ["layer", "positions", "first_position", "last_position", "n_tokens", "abs_argmax_dim",
                     "abs_argmax_share", "layer_dim", "layer_dim_share"]
 
 
+def token_positions(attention_mask: Tensor, selected: Tensor) -> Tensor:
+    """The position of each ``selected`` token ([B, T] bool; row-major, as ``hidden[:, selected]`` orders them):
+    the number of real tokens before it in its row, so left padding counts as it should (the column itself is the
+    position only where padding is on the right)."""
+    return (attention_mask.to(selected.device, torch.int64).cumsum(1) - 1)[selected]
+
+
 def position_bucket(positions: Tensor) -> Tensor:
     """The bucket of each position (int64): 0 for position 0, else ``floor(log2(p)) + 1``: 1 → 1, 2–3 → 2,
-    4–7 → 3, 8–15 → 4, ... (the bit length of ``p``; integer arithmetic, exact at every power of two)."""
-    p = positions.to(torch.int64)
-    if (p < 0).any():
+    4–7 → 3, 8–15 → 4, ... (the bit length of ``p``: frexp's exponent, exact for integers below 2^53)."""
+    if (positions < 0).any():
         raise ValueError("positions must be >= 0")
-    b = torch.zeros_like(p)
-    while bool((p > 0).any()):  # the bit length: at most 63 rounds, ~11 for a context of 2048
-        b += (p > 0).to(torch.int64)
-        p = p >> 1
-    return b
+    return torch.frexp(positions.to(torch.float64)).exponent.to(torch.int64)
 
 
 def bucket_positions(b: int) -> tuple[int, int]:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from outlierlab.analysis.activations import ActivationAccumulator
 from outlierlab.analysis.layer_accumulators import stack_layers
-from outlierlab.analysis.position_shares import PositionArgmaxCounts
+from outlierlab.analysis.position_shares import PositionArgmaxCounts, token_positions
 from outlierlab.evaluation.sentence_stream import Consumer
 from outlierlab.models.sites import SITE_NAMES, InfNormRecorder
 from outlierlab.utils.tables import md_table
@@ -51,6 +51,7 @@ class ActivationObserver(Consumer):
         self.encoder = encoder
         self.layer_accs = [ActivationAccumulator(1, encoder.hidden_size) for _ in range(encoder.num_layers + 1)]
         self.by_position = PositionArgmaxCounts(encoder.num_layers + 1, encoder.hidden_size)
+        self._positions: tuple = (None, None)  # (the batch, its tokens' positions)
         self.acc: ActivationAccumulator | None = None  # the layers stacked, once every layer is complete
         self.token_ids: dict[int, int] = {}  # running token index -> id, only for the current maxima
         self.recorder: InfNormRecorder | None = None
@@ -73,11 +74,10 @@ class ActivationObserver(Consumer):
         acc = self.layer_accs[layer]
         offset, before = acc.n_tokens, acc.max_token.clone()
         acc.update(vectors)
-        # the vectors are the True cells of the padded grid, row-major; a token's position counts the real tokens
-        # before it in its row (the column itself only where padding is on the right)
-        grid = batch.attention_mask if batch.attention_mask is not None else torch.ones_like(batch.valid)
-        positions = (grid.to(torch.int64).cumsum(1) - 1)[batch.valid.to(grid.device)]
-        self.by_position.update(layer, vectors.reshape(-1, vectors.shape[-1]), positions)
+        if self._positions[0] is not batch:  # once per batch: every layer's tokens sit at the same positions
+            grid = batch.attention_mask if batch.attention_mask is not None else torch.ones_like(batch.valid)
+            self._positions = (batch, token_positions(grid, batch.valid.to(grid.device)))
+        self.by_position.update(layer, vectors.reshape(-1, vectors.shape[-1]), self._positions[1])
         if batch.token_ids is not None:  # a layer whose maximum moved to this batch: remember that token's id
             for tok in acc.max_token[acc.max_token != before].tolist():
                 if tok >= offset:
