@@ -14,7 +14,7 @@ import lightning as L
 import pytest
 import torch
 
-from outlierlab.jobs import run_state
+from outlierlab.jobs import run_resume, run_state
 from outlierlab.jobs.run_state import failed_run, finished_run, verify_manifest
 from tests.test_run_state import make_cell
 from tests.test_train import small_cfg
@@ -178,14 +178,14 @@ def test_optimizer_settings_ignored_compares_the_first_group_and_its_peak_rate()
     ckpt = {"optimizer_states": [{"param_groups": groups}]}
     same = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 7.0e-4, "betas": [0.9, 0.98], "eps": 1e-6,
             "weight_decay": 0.01}
-    assert run_state.optimizer_settings_ignored(ckpt, same) == []  # a YAML list is the checkpoint's tuple
-    assert run_state.optimizer_settings_ignored(ckpt, {**same, "lr": 1e-3, "betas": [0.9, 0.999], "amsgrad": True}) == [
+    assert run_resume.optimizer_settings_ignored(ckpt, same) == []  # a YAML list is the checkpoint's tuple
+    assert run_resume.optimizer_settings_ignored(ckpt, {**same, "lr": 1e-3, "betas": [0.9, 0.999], "amsgrad": True}) == [
         "module.optimizer.lr=0.001 (the checkpoint's: 0.0007)",
         "module.optimizer.betas=[0.9, 0.999] (the checkpoint's: (0.9, 0.98))"]  # amsgrad: not in the groups
     no_scheduler = {"optimizer_states": [{"param_groups": [{"lr": 7e-4, "weight_decay": 0.01}]}]}
-    assert run_state.optimizer_settings_ignored(no_scheduler, {"lr": 7e-4, "weight_decay": 0.1}) == [
+    assert run_resume.optimizer_settings_ignored(no_scheduler, {"lr": 7e-4, "weight_decay": 0.1}) == [
         "module.optimizer.weight_decay=0.1 (the checkpoint's: 0.01)"]
-    assert run_state.optimizer_settings_ignored({}, same) == [] and run_state.optimizer_settings_ignored(ckpt, None) == []
+    assert run_resume.optimizer_settings_ignored({}, same) == [] and run_resume.optimizer_settings_ignored(ckpt, None) == []
 
 
 def test_a_finished_run_resumed_with_a_smaller_budget_is_refused(tmp_path, shared_cache):

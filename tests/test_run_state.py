@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from outlierlab.jobs import run_state
+from outlierlab.jobs import run_resume, run_state
 from outlierlab.jobs.run_state import (code_version, failed_run, finished_run, mark_failed, mark_finished,
                                        record_start, result_files, verify_manifest)
 
@@ -196,15 +196,15 @@ def test_code_shipped_without_git_records_the_stated_commit(monkeypatch):
 
 def test_set_aside_end_state_keeps_every_earlier_export_and_unmarks_the_run(cell):
     assert finished_run(cell) is not None and (cell / "hf" / "config.json").read_text() == "{}"
-    lines = run_state.set_aside_end_state(cell, 20)
+    lines = run_resume.set_aside_end_state(cell, 20)
     assert finished_run(cell) is None and not (cell / "finished.json").exists()
     assert not (cell / "hf").exists() and (cell / "hf.before-resume-at-step20" / "config.json").read_text() == "{}"
     assert len(lines) == 1 and "hf.before-resume-at-step20/" in lines[0]
     (cell / "hf").mkdir()  # a second end (max_time) and a second resume from the same checkpoint: both kept
     (cell / "hf" / "config.json").write_text('{"second": 1}')
-    run_state.set_aside_end_state(cell, 20)
+    run_resume.set_aside_end_state(cell, 20)
     assert (cell / "hf.before-resume-at-step20-2" / "config.json").read_text() == '{"second": 1}'
-    assert run_state.set_aside_end_state(cell, 20) == []  # nothing left to set aside
+    assert run_resume.set_aside_end_state(cell, 20) == []  # nothing left to set aside
 
 
 def test_a_resumed_run_stopped_before_its_end_loads_as_its_last_checkpoint(tmp_path, shared_cache, monkeypatch):

@@ -35,9 +35,9 @@ from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space,
 from outlierlab.jobs.overrides import unwritable_run_dir
 from outlierlab.jobs.run_errors import disk_full_error, error_line
 from outlierlab.jobs.run_lock import lock_run_dir
-from outlierlab.jobs.run_state import (FAILED_MARKER, finished_run, mark_failed, mark_finished,
-                                       optimizer_settings_ignored, record_start, release_room, reserve_room,
-                                       set_aside_end_state, set_aside_later_timeline)
+from outlierlab.jobs.run_resume import optimizer_settings_ignored, set_aside_end_state, set_aside_later_timeline
+from outlierlab.jobs.run_state import (FAILED_MARKER, finished_run, mark_failed, mark_finished, record_start,
+                                       release_room, reserve_room)
 from outlierlab.jobs.startup import one_console_for_lightning
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
@@ -332,7 +332,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
         record_start(run_dir, start_step)  # code_versions.jsonl: a resume on other code says so
         (run_dir / FAILED_MARKER).unlink(missing_ok=True)  # it tells how the last attempt ended; this one has not
         if ckpt_path is not None and not 0 < trainer.max_steps <= start_step:  # training past the last end (also
-            # from a step-0 checkpoint): its export and finished.json go aside (run_state.set_aside_end_state)
+            # from a step-0 checkpoint): its export and finished.json go aside (run_resume.set_aside_end_state)
             for line in set_aside_end_state(run_dir, start_step):
                 log.info(line)
         if cfg.get("ckpt_path") not in (None, "", "null", "last"):  # a checkpoint named: maybe a roll-back

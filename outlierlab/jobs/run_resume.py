@@ -1,0 +1,134 @@
+"""What a resume does to a run directory: what the run's last end, or an abandoned timeline, wrote leaves the names
+readers take as the run's own, and a resume whose settings its checkpoint would override is refused.
+
+train.py calls these at a start that resumes (:func:`outlierlab.jobs.training.train`); the markers and the manifest
+themselves are :mod:`outlierlab.jobs.run_state`'s (docs/run_directories.md, the lifecycle table).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from outlierlab.jobs.run_state import FINISHED_MARKER, MANIFEST
+
+#: The export folders train.py writes at a run's end (``hf/``: a plain RoBERTa; ``model/``: everything else).
+END_EXPORTS = ("hf", "model")
+
+
+def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
+    """A run about to train past ``resumed_from``: what its last end wrote stops describing it, so it leaves the
+    names readers take as the run's result. ``finished.json`` (a run given more steps is unfinished again) is
+    removed first, then ``manifest.json`` (it describes the files of that end: the study aggregator takes a cell
+    with a manifest as checked by it, and skipped the CSV checks of an extended cell stopped before its new end),
+    then the export ``hf/`` or ``model/`` is renamed to ``<name>.before-resume-at-step<N>`` (kept:
+    it may hold a step no checkpoint holds, a run stopped by ``max_time`` exports past its last checkpoint).
+    Without this, a resumed run stopped before its end kept an older export under ``hf/``, and
+    ``encoder.name_or_path=<run>`` loaded that instead of the newer ``last.ckpt``. The run's end writes a new
+    export and manifest. Returns one line per export set aside. (Each step is one rename or unlink: a kill leaves
+    the export whole under one name or the other.)"""
+    run_dir = Path(run_dir)
+    (run_dir / FINISHED_MARKER).unlink(missing_ok=True)
+    (run_dir / MANIFEST).unlink(missing_ok=True)
+    moved = []
+    for sub in END_EXPORTS:
+        if not (run_dir / sub).is_dir():
+            continue
+        target = _unused(run_dir / f"{sub}.before-resume-at-step{int(resumed_from)}")
+        os.replace(run_dir / sub, target)
+        moved.append(f"{sub}/ holds the model of the run's previous end: moved to {target.name}/ (training resumes "
+                     f"from step {int(resumed_from)}; the run's end exports anew)")
+    return moved
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... where it is taken (resumed from the same step twice: keep both)."""
+    target, n = path, 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}-{n}")
+    return target
+
+
+def set_aside_later_timeline(run_dir: Path, resumed_from: int) -> list[str]:
+    """A run resumed from an earlier step than its newest checkpoints (``ckpt_path=<run>/checkpoints/step….ckpt``:
+    a roll-back): what the abandoned steps wrote leaves the names readers take as the run's. Its checkpoints past
+    ``resumed_from`` move to ``checkpoints/abandoned-after-step<N>/``, the probe outputs of their steps
+    (``probe_posthoc/step<M>/``) to ``probe_posthoc/abandoned-after-step<N>/`` with the gathered tables rewritten
+    from the steps kept, and ``monitor_posthoc/`` to ``monitor_posthoc.before-resume-at-step<N>/`` (the run's end
+    recomputes it from every checkpoint). Without this, the resume logic (``ckpt_path=last`` takes the newest step)
+    continued the abandoned timeline as soon as the rolled-back run stopped short of it, Lightning wrote the new
+    timeline's checkpoints as ``step…-v1.ckpt`` beside the abandoned ``step….ckpt`` the checkpoint probes read,
+    and the probes skipped a step they found probed. Returns one line per folder that received files."""
+    from outlierlab.models.checkpoint import read_checkpoint  # lazy: torch only where a run resumes
+
+    run_dir, n = Path(run_dir), int(resumed_from)
+    later = []
+    for ckpt in sorted((run_dir / "checkpoints").glob("*.ckpt")):
+        try:
+            step = int(read_checkpoint(ckpt, mmap=True).get("global_step", -1))
+        except ValueError:  # unreadable: not a state anyone resumes from
+            continue
+        if step > n:
+            later.append(ckpt)
+    if not later:
+        return []
+    lines = []
+    aside = _unused(run_dir / "checkpoints" / f"abandoned-after-step{n}")
+    aside.mkdir()
+    for ckpt in later:
+        os.replace(ckpt, aside / ckpt.name)
+    lines.append(f"{len(later)} checkpoint(s) past step {n} hold the abandoned timeline: moved to "
+                 f"checkpoints/{aside.name}/ ({', '.join(c.name for c in later)})")
+    probes = run_dir / "probe_posthoc"
+    probed = {d: int(d.name[4:]) for d in probes.glob("step*") if d.is_dir() and d.name[4:].isdigit()}
+    if any(step > n for step in probed.values()):
+        from outlierlab.jobs.checkpoint_probes import gather  # lazy: the probe job's table names
+
+        to = _unused(probes / f"abandoned-after-step{n}")
+        to.mkdir()
+        for d, step in probed.items():
+            if step > n:
+                os.replace(d, to / d.name)
+        gather(probes, sorted(step for step in probed.values() if step <= n))
+        lines.append(f"probe outputs past step {n} moved to probe_posthoc/{to.name}/")
+    if (run_dir / "monitor_posthoc").is_dir():
+        to = _unused(run_dir / f"monitor_posthoc.before-resume-at-step{n}")
+        os.replace(run_dir / "monitor_posthoc", to)
+        lines.append(f"monitor_posthoc/ moved to {to.name}/ (the run's end recomputes it)")
+    return lines
+
+
+def optimizer_settings_ignored(ckpt: dict[str, Any], optimizer: dict[str, Any] | None) -> list[str]:
+    """The settings of ``optimizer`` (the resolved ``module.optimizer``: ``lr``, ``betas``, ``eps``,
+    ``weight_decay``, ...) that differ from those checkpoint ``ckpt`` trained with, one
+    ``module.optimizer.<key>=<asked> (the checkpoint's: <value>)`` each; [] when they agree.
+
+    A resume restores the checkpoint's optimizer state -- its parameter groups' settings, and the scheduler's base
+    rates -- so such a setting never takes effect, while ``config.yaml``, the manifest and the model card would state
+    it (``module.optimizer.lr=0.05`` given at a resume trains on at the checkpoint's 7e-4 under a config.yaml saying
+    0.05). The peak rate is the group's ``initial_lr`` (set by the scheduler), else its ``lr``; the first
+    parameter group is compared (it takes the optimizer's own settings; the others only lower weight decay)."""
+    states = ckpt.get("optimizer_states") or []
+    groups = states[0].get("param_groups") if states and isinstance(states[0], dict) else None
+    if not optimizer or not groups:
+        return []
+    group, out = groups[0], []
+    for key, asked in optimizer.items():
+        if str(key).startswith("_"):  # _target_, _partial_: Hydra's, not the optimizer's
+            continue
+        held = group.get("initial_lr", group.get("lr")) if key == "lr" else group.get(key)
+        if held is not None and not _same_setting(asked, held):
+            out.append(f"module.optimizer.{key}={asked} (the checkpoint's: {held})")
+    return out
+
+
+def _same_setting(a: Any, b: Any) -> bool:
+    """Equal as settings: sequences element-wise (a YAML list, a checkpoint's tuple), numbers to 1e-9."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_setting(x, y) for x, y in zip(a, b))
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+        return math.isclose(a, b, rel_tol=1e-9)
+    return a == b
