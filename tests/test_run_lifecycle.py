@@ -13,6 +13,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 
 from outlierlab.jobs import run_resume, run_state
 from outlierlab.jobs.run_state import failed_run, finished_run, verify_manifest
@@ -167,9 +168,19 @@ def test_a_resume_refuses_optimizer_settings_its_checkpoint_would_override(tmp_p
         training.train(small_cfg(tmp_path, "trainer.max_steps=4", "module.optimizer.lr=0.05", *COMMON))
     assert (tmp_path / "config.yaml").read_text() == config and finished_run(tmp_path)["global_step"] == 2
     assert (tmp_path / "hf").is_dir() and last_step(tmp_path) == 2
-    # a changed schedule takes effect (the scheduler's factor is rebuilt from the config): not refused
+    # a changed schedule takes effect (the scheduler's factor is rebuilt from the config): not refused, recorded
+    warmup = yaml.safe_load(config)["module"]["scheduler"]["num_warmup_steps"]
+    assert warmup != 1
     training.train(small_cfg(tmp_path, "trainer.max_steps=4", "module.scheduler.num_warmup_steps=1", *COMMON))
     assert finished_run(tmp_path)["global_step"] == 4
+    starts = run_state.code_versions(tmp_path)
+    assert [s["global_step_at_start"] for s in starts] == [0, 2] and "config_changes" not in starts[0]
+    # config.yaml now states the last start's settings; the start that changed them says from what
+    assert starts[1]["config_changes"] == {"module.scheduler.num_training_steps": [2, 4],  # ${trainer.max_steps}
+                                           "module.scheduler.num_warmup_steps": [warmup, 1], "trainer.max_steps": [2, 4]}
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert (f"settings changed at this resume: `module.scheduler.num_training_steps` 2 → 4, "
+            f"`module.scheduler.num_warmup_steps` {warmup!r} → 1, `trainer.max_steps` 2 → 4") in card
 
 
 def test_optimizer_settings_ignored_compares_the_first_group_and_its_peak_rate():

@@ -116,10 +116,23 @@ def test_missing_or_torn_manifest(tmp_path, cell):
 
 def test_code_versions_gain_a_line_per_start(tmp_path):
     record_start(tmp_path, 0)
-    record_start(tmp_path, 60)
+    (tmp_path / ".hydra").mkdir()  # Hydra rewrites it at every start: each line keeps its own start's overrides
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- pos=none\n- trainer.max_steps=120\n")
+    record_start(tmp_path, 60, config_changes={"trainer.max_steps": [60, 120]})
     lines = [json.loads(x) for x in (tmp_path / "code_versions.jsonl").read_text().splitlines()]
     assert [x["global_step_at_start"] for x in lines] == [0, 60]
-    assert all(set(x) == {"started", "global_step_at_start", "commit", "dirty", "describe"} for x in lines)
+    assert set(lines[0]) == {"started", "global_step_at_start", "commit", "dirty", "describe", "overrides"}
+    assert lines[0]["overrides"] is None and lines[1]["overrides"] == ["pos=none", "trainer.max_steps=120"]
+    assert lines[1]["config_changes"] == {"trainer.max_steps": [60, 120]}
+
+
+def test_config_changes_pairs_every_differing_key_and_ignores_a_missing_file(tmp_path):
+    (tmp_path / "config.yaml").write_text("seed: 1\ntrainer:\n  max_steps: 60\n  max_time: null\n"
+                                          "module:\n  optimizer:\n    betas: [0.9, 0.98]\n")
+    now = {"seed": 1, "trainer": {"max_steps": 120}, "module": {"optimizer": {"betas": (0.9, 0.98)}}, "pos": "none"}
+    assert run_resume.config_changes(tmp_path / "config.yaml", now) == {
+        "pos": [None, "none"], "trainer.max_steps": [60, 120]}  # max_time: None on both sides; a tuple is its list
+    assert run_resume.config_changes(tmp_path / "absent.yaml", now) == {}
 
 
 def test_code_version_is_head_of_this_checkout():

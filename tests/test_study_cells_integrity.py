@@ -97,6 +97,22 @@ def test_cells_without_manifest_are_one_unknown_version_but_not_with_known_ones(
         study.run([str(tmp_path)], plots=False)
 
 
+def test_a_cell_resumed_with_other_settings_is_named_in_the_study(tmp_path):
+    plant_study(tmp_path)
+    for cell in tmp_path.iterdir():
+        _with_manifest(cell, "a" * 40)
+    resumed = sorted(tmp_path.iterdir())[0]
+    with open(resumed / run_state.CODE_VERSIONS, "a") as fh:  # a second start that changed the masking rate
+        fh.write(json.dumps({"commit": "a" * 40, "dirty": False, "global_step_at_start": 60,
+                             "config_changes": {"module.mlm_probability": [0.15, 0.4]}}) + "\n")
+    run_state.write_manifest(resumed, {"seed": 0}, 100, 100)
+    res = study.run([str(tmp_path)], plots=False)
+    assert res["notes"] == [f"{resumed.name}: resumed at step 60 with other settings: "
+                            "module.mlm_probability 0.15 -> 0.4"]
+    md = (res["out"] / "study.md").read_text()
+    assert "**Resumed with other settings (1):**" in md and "Stopped before their budget" not in md
+
+
 def test_a_file_changed_after_its_manifest_is_named_by_verify_manifest(tmp_path):
     plant_study(tmp_path)
     for cell in tmp_path.iterdir():

@@ -18,7 +18,8 @@ tokens seen                            steps x sequences per step x block size (
 outlier summary                        ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv`` at
                                        their last step
 command                                ``.hydra/overrides.yaml`` (else the manifest's ``overrides``)
-code version                           ``code_versions.jsonl`` (one line per start or resume)
+code version                           ``code_versions.jsonl`` (one line per start or resume, with the
+                                       settings a resume changed)
 =====================================  ==============================================================
 
 A file that is missing leaves its section saying so. :func:`card_data` returns the numbers (tests compare them with
@@ -385,11 +386,20 @@ def _reproduce(d: dict) -> list[str]:
     out += ["", "Code version (one line per start or resume of the run, `code_versions.jsonl`):", ""]
     if d["code_versions"]:
         out += [f"* {v.get('started', '?')}: from step {v.get('global_step_at_start', '?')}, commit "
-                f"`{v.get('commit')}`" + (" (uncommitted changes)" if v.get("dirty") else "")
+                f"`{v.get('commit')}`" + (" (uncommitted changes)" if v.get("dirty") else "") + _changed(v)
                 for v in d["code_versions"]]
     else:
         out += ["* not recorded"]
     return out
+
+
+def _changed(start: dict) -> str:
+    """What a resume changed, as the card states it: the command above gives only the last start's overrides."""
+    changes = start.get("config_changes") or {}
+    if not isinstance(changes, dict) or not changes:
+        return ""
+    return "; settings changed at this resume: " + ", ".join(
+        f"`{k}` {pair[0]!r} → {pair[1]!r}" for k, pair in changes.items() if isinstance(pair, list) and len(pair) == 2)
 
 
 def write_model_card(run_dir: str | Path, export_dir: str | Path, global_step: int | None = None) -> Path:

@@ -1,5 +1,6 @@
 """What a resume does to a run directory: what the run's last end, or an abandoned timeline, wrote leaves the names
-readers take as the run's own, and a resume whose settings its checkpoint would override is refused.
+readers take as the run's own, a resume whose settings its checkpoint would override is refused, and every other
+setting a resume changes is recorded (:func:`config_changes`, in that start's line of ``code_versions.jsonl``).
 
 train.py calls these at a start that resumes (:func:`outlierlab.jobs.training.train`); the markers and the manifest
 themselves are :mod:`outlierlab.jobs.run_state`'s (docs/run_directories.md, the lifecycle table).
@@ -132,3 +133,35 @@ def _same_setting(a: Any, b: Any) -> bool:
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
         return math.isclose(a, b, rel_tol=1e-9)
     return a == b
+
+
+def dotted_keys(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config (plain dicts) as ``{"trainer.max_steps": 300, ...}``: lists are values, not levels."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(dotted_keys(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def config_changes(previous_yaml: Path, config: dict[str, Any]) -> dict[str, list[Any]]:
+    """``{key: [before, now]}`` for every setting of ``config`` (the resolved config of a start that resumes) that
+    differs from ``previous_yaml`` (the ``config.yaml`` the run's last start wrote, which this start replaces); a
+    key only one side has pairs with None. {} when the file is absent or unreadable.
+
+    Recorded, not refused: a resume may rightly change what does not touch the trained state (``trainer.max_steps``
+    extended, ``trainer.max_time``, a monitor's interval), and one that does (``data.files``, the masking rate)
+    is the user's to judge; without the record the run's ``config.yaml``, manifest and model card stated only the
+    last start's settings, as if the whole run had trained with them."""
+    import yaml
+
+    try:
+        before = yaml.safe_load(Path(previous_yaml).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(before, dict):
+        return {}
+    old, new = dotted_keys(before), dotted_keys(config)
+    return {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys())
+            if not _same_setting(old.get(k), new.get(k))}

@@ -4,7 +4,8 @@ of its result files that a reader can verify.
 One definition shared by the trainer (skip a finished cell, resume an unfinished one) and the study aggregator
 (average finished cells only, name torn ones). The lifecycle is documented in ``docs/run_directories.md``:
 
-* at every start (and resume) one JSON line is appended to ``code_versions.jsonl`` (:func:`record_start`);
+* at every start (and resume) one JSON line is appended to ``code_versions.jsonl`` (:func:`record_start`): the code
+  version, the start's overrides and the settings a resume changed;
 * at the end :func:`write_manifest` writes ``manifest.json`` -- every result file with its size, SHA-256 and CSV
   row count, the code version and the resolved config -- and only then ``finished.json`` (:func:`mark_finished`);
 * a failed cell writes ``failed.json`` instead (:func:`mark_failed`).
@@ -78,9 +79,15 @@ def code_version() -> dict[str, Any]:
             "describe": _git("describe", "--always", "--dirty", "--tags")}
 
 
-def record_start(run_dir: Path, global_step: int) -> dict[str, Any]:
-    """Append this start's code version to ``<run_dir>/code_versions.jsonl`` (a resume on other code says so)."""
-    line = {"started": now_iso(), "global_step_at_start": int(global_step), **code_version()}
+def record_start(run_dir: Path, global_step: int,
+                 config_changes: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    """Append this start's line to ``<run_dir>/code_versions.jsonl``: its code version (a resume on other code says
+    so), its command-line overrides (``.hydra/overrides.yaml``, which Hydra rewrites at every start) and, for a
+    resume, the settings it changed (``{key: [before, now]}``, :func:`outlierlab.jobs.run_resume.config_changes`)."""
+    line = {"started": now_iso(), "global_step_at_start": int(global_step), **code_version(),
+            "overrides": _overrides(run_dir)}
+    if config_changes:
+        line["config_changes"] = config_changes
     with open(Path(run_dir) / CODE_VERSIONS, "a") as fh:
         fh.write(json.dumps(line) + "\n")
         fh.flush()

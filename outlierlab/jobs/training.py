@@ -35,9 +35,10 @@ from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space,
 from outlierlab.jobs.overrides import unwritable_run_dir
 from outlierlab.jobs.run_errors import disk_full_error, error_line
 from outlierlab.jobs.run_lock import lock_run_dir
-from outlierlab.jobs.run_resume import optimizer_settings_ignored, set_aside_end_state, set_aside_later_timeline
-from outlierlab.jobs.run_state import (FAILED_MARKER, finished_run, mark_failed, mark_finished, record_start,
-                                       release_room, reserve_room)
+from outlierlab.jobs.run_resume import (config_changes, optimizer_settings_ignored, set_aside_end_state,
+                                       set_aside_later_timeline)
+from outlierlab.jobs.run_state import (CODE_VERSIONS, FAILED_MARKER, finished_run, mark_failed, mark_finished,
+                                       record_start, release_room, reserve_room)
 from outlierlab.jobs.startup import one_console_for_lightning
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
@@ -329,7 +330,13 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     report_data_budget(datamodule, trainer, cfg.get("data_epochs_warning"))
     log.info("%d intra-op thread(s) for this run", threads)
     if trainer.global_rank == 0:
-        record_start(run_dir, start_step)  # code_versions.jsonl: a resume on other code says so
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        changes = config_changes(run_dir / "config.yaml", resolved) if ckpt_path is not None else {}
+        if changes:  # recorded in this start's line (and the model card), then config.yaml states the new ones
+            log.warning("resuming with %d setting(s) changed since the run's last start (recorded in %s): %s",
+                        len(changes), CODE_VERSIONS, "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()))
+        # code_versions.jsonl: a resume on other code, or with other settings, says so
+        record_start(run_dir, start_step, config_changes=changes)
         (run_dir / FAILED_MARKER).unlink(missing_ok=True)  # it tells how the last attempt ended; this one has not
         if ckpt_path is not None and not 0 < trainer.max_steps <= start_step:  # training past the last end (also
             # from a step-0 checkpoint): its export and finished.json go aside (run_resume.set_aside_end_state)
@@ -340,7 +347,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
                 log.warning(line)
         # whole or not at all: a full disk left it cut short under its own name, and readers of the run (the model
         # card, post-hoc monitors, export) took a torn config for the one it trained with
-        write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
         # the run directory is self-contained from the start: post-hoc analysis and probe.py on a checkpoint
         # find the tokenizer here even when the run stops early or export=false
         tokenizer.save_pretrained(str(run_dir / "tokenizer"))

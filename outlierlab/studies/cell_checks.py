@@ -55,6 +55,7 @@ def check_cell(path: Path, files: list[str]) -> tuple[list[str], str, list[str]]
         manifest = run_state.read_json(path / run_state.MANIFEST)  # None: torn or unreadable, verify_manifest names it
         if (path / run_state.FINISHED_MARKER).is_file():
             problems += run_state.verify_manifest(path)
+        notes += resumed_with_changes(path)
         return problems, code_version(manifest) if isinstance(manifest, dict) else UNKNOWN_CODE, notes
     notes.append(f"{path.name}: no manifest: code version unknown")
     for rel in files:
@@ -62,3 +63,11 @@ def check_cell(path: Path, files: list[str]) -> tuple[list[str], str, list[str]]
         if bad:
             problems.append(f"{path}: {rel}: {bad}")
     return problems, UNKNOWN_CODE, notes
+
+
+def resumed_with_changes(path: Path) -> list[str]:
+    """One note per start that resumed the cell with other settings (``code_versions.jsonl``): its config.yaml
+    states the last start's, so a reader of the study learns here that part of the run trained otherwise."""
+    return [f"{path.name}: resumed at step {v.get('global_step_at_start', '?')} with other settings: "
+            + ", ".join(f"{k} {pair[0]!r} -> {pair[1]!r}" for k, pair in v["config_changes"].items())
+            for v in run_state.code_versions(path) if isinstance(v.get("config_changes"), dict) and v["config_changes"]]

@@ -39,6 +39,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from outlierlab.studies.cell_checks import UNKNOWN_CODE, check_cell, code_version, finished
+from outlierlab.jobs.run_resume import dotted_keys
 from outlierlab.jobs.run_state import code_versions
 from outlierlab.jobs.series import apply_series
 
@@ -85,15 +86,6 @@ class Cell:
         return self.config.get("trainer.max_steps")
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: node}
-
-
 def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())[:160]
 
@@ -103,7 +95,7 @@ def _read_config(path: Path, problems: list[str]) -> dict[str, Any]:
         if candidate.is_file():
             try:
                 cfg = OmegaConf.load(candidate)
-                return _flatten(OmegaConf.to_container(cfg, resolve=False))
+                return dotted_keys(OmegaConf.to_container(cfg, resolve=False))
             except Exception as e:  # a torn file: the cell is reported, not silently dropped
                 problems.append(f"{path}: {candidate.relative_to(path)}: unreadable ({_one_line(e)})")
                 return {}

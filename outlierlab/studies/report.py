@@ -145,10 +145,14 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
         lines += ["", f"**Unusable, left out ({len(unusable)}):**", ""]
         lines += [f"* {p}" for c in unusable for p in c.problems]
     unknown = [n for n in notes if "no manifest" in n]
-    stopped = [n for n in notes if n not in unknown]  # cells admitted by --until (study_cells.admit_cut)
+    resumed = [n for n in notes if "with other settings" in n]  # cell_checks.resumed_with_changes
+    stopped = [n for n in notes if n not in unknown and n not in resumed]  # admitted by --until (admit_cut)
     if unknown:
         lines += ["", f"**Notes:** {len(unknown)} cells have no manifest: code version unknown ("
                   + ", ".join(n.split(':')[0] for n in unknown) + ")."]
+    if resumed:
+        lines += ["", f"**Resumed with other settings ({len(resumed)}):** the cell's config.yaml states the last "
+                  "start's (`code_versions.jsonl`)", ""] + [f"* {n}" for n in resumed]
     if stopped:
         lines += ["", f"**Stopped before their budget, compared up to a step every cell reached ({len(stopped)}):**",
                   ""] + [f"* {n}" for n in stopped]
