@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from outlierlab.jobs import run_resume, run_state
+from outlierlab.jobs import export_run, run_resume, run_state
 from outlierlab.jobs.run_state import failed_run, finished_run, verify_manifest
 from tests.test_run_state import make_cell
 from tests.test_train import small_cfg
@@ -73,6 +73,9 @@ def test_a_run_stopped_by_max_time_and_resumed_states_what_it_holds_at_each_stat
     assert last_step(tmp_path) == 2 and loads_as(tmp_path) == "hf"  # the export holds the step last.ckpt holds
     assert card_steps(tmp_path / "hf") == "* **Steps:** 2 of max_steps 4 (stopped early)"
     assert not (tmp_path / "monitor_posthoc").exists()
+    # the card rewritten later (export_run) still states the step the export holds: the run has no finished.json
+    export_run.export_run(tmp_path)
+    assert card_steps(tmp_path / "hf") == "* **Steps:** 2 of max_steps 4 (stopped early)"
 
     training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))  # the larger max_time: to the end
     assert finished_run(tmp_path)["global_step"] == 4 and verify_manifest(tmp_path) == []

@@ -10,7 +10,8 @@ is read from the run's own files, never re-measured:
 card line                              read from
 =====================================  ==============================================================
 architecture, recipe, data             ``config.yaml`` (the resolved config; else the manifest's)
-steps                                  ``finished.json`` (else the ``global_step`` given by training)
+steps                                  ``finished.json`` (else the ``global_step`` given by training, which
+                                       train.py also records in the export: ``trained_steps.json``)
 validation loss / perplexity / acc     ``csv/metrics.csv``: the last non-empty ``val/loss`` ... row
 order use                              ``csv/metrics.csv``: the last ``val/order_use``
 tokens seen                            steps x sequences per step x block size (packed blocks); and
@@ -28,6 +29,7 @@ the CSVs), :func:`render_card` the Markdown, :func:`write_model_card` writes ``<
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from pathlib import Path
@@ -160,6 +162,22 @@ def _model_config(run: Path, export: Path | None, config: dict) -> dict:
     return model
 
 
+#: The step an export holds, written into it by train.py: a run stopped early (``max_time``, a signal) has no
+#: ``finished.json``, and its export may hold a step past its last checkpoint, so a card rewritten later
+#: (``python -m outlierlab.jobs.export_run``) reads the step here instead of stating none.
+TRAINED_STEPS = "trained_steps.json"
+
+
+def record_trained_steps(export_dir: str | Path, global_step: int) -> None:
+    write_atomic(Path(export_dir) / TRAINED_STEPS, json.dumps({"global_step": int(global_step)}))
+
+
+def trained_steps(export_dir: str | Path) -> int | None:
+    """The step ``export_dir`` holds (:data:`TRAINED_STEPS`), or None for an export made before it was recorded."""
+    step = (read_json(Path(export_dir) / TRAINED_STEPS) or {}).get("global_step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def card_data(run_dir: str | Path, export_dir: str | Path | None = None, global_step: int | None = None) -> dict:
     """Everything the card states, read from ``run_dir`` (see the module docstring); JSON-able."""
     run = Path(run_dir)
@@ -169,6 +187,8 @@ def card_data(run_dir: str | Path, export_dir: str | Path | None = None, global_
     finished = finished_run(run)
     if finished is not None:
         global_step = int(finished["global_step"])
+    elif global_step is None and export is not None:  # an export of a run stopped early, its card rewritten later
+        global_step = trained_steps(export)
     metrics_rows = read_rows(run / "csv" / "metrics.csv")
     val = {}
     for key in VAL_METRICS:

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order, order_use_message
 from outlierlab.datamodules.budget import DataBudget, data_budget
-from outlierlab.jobs.model_card import write_model_card
+from outlierlab.jobs.model_card import record_trained_steps, write_model_card
 from outlierlab.models import EncoderConfig, hf_exportable, save_pretrained
 from outlierlab.models.checkpoint import read_checkpoint
 from outlierlab.lightning_modules.callbacks.progress import StepRichProgressBar
@@ -429,6 +429,7 @@ def _finish(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module, config: 
             # remote_code: model/ also loads with transformers alone (trust_remote_code); the card after fit, when
             # the validation metrics are in csv/metrics.csv 
             fmt = save_pretrained(module.model, staging, tokenizer=tokenizer, remote_code=True)
+            record_trained_steps(staging, trainer.global_step)  # export_run's card of a run stopped early reads it
             write_model_card(run_dir, staging, global_step=trainer.global_step)
         log.info("exported the trained model (%s format) and tokenizer to %s", fmt, out)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
