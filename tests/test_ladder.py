@@ -120,8 +120,26 @@ def test_the_summary_states_the_most_concentrated_layers_profile_by_position(tmp
     # layer 1 holds the largest share at step 500 (layer_0 is not an encoder layer); buckets in position order
     assert summary.iloc[0]["final_position_shares"] == "1:1.00 2-3:1.00 16-31:0.00"
     assert ((table["metric"] == "abs_argmax_share_pos_16-31") & (table["layer"] == "1")).sum() == 1
+    # positional from step 500 (1.0 of buckets 1 and 2-3, 0.0 of 16-31); step 0's 0.5 and layer_0's 0.9 are not;
+    # order use reaches 0.1 nats at the validation logged as step 249 (the monitors' step 250)
+    row = summary.iloc[0]
+    assert (row["marker_step"], row["marker_layer"], row["marker_dim"], row["marker_buckets"]) == (500, 1, 5, "1 2-3")
+    assert row["order_use_step"] == 250
     _plant(tmp_path / "old", {0: [(5, 0.9), (1, 0.1), (2, 0.1)]})
-    assert ladder.ladder_tables([tmp_path / "old"])[1].iloc[0]["final_position_shares"] == ""
+    old = ladder.ladder_tables([tmp_path / "old"])[1].iloc[0]
+    assert old["final_position_shares"] == "" and old["marker_buckets"] == "" and old["marker_step"] != old["marker_step"]
+
+
+def test_a_dimension_that_holds_every_position_is_not_a_position_marker(tmp_path):
+    _plant(tmp_path / "d", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (5, 0.95), (3, 0.2)]})
+    with open(tmp_path / "d" / "monitor" / "hidden_states.csv", "a", newline="") as fh:
+        w = csv.writer(fh)
+        for bucket, share in (("1", 1.0), ("2-3", 0.95), ("16-31", 0.92)):  # high everywhere: a Luo-type dim
+            w.writerow([250, "layer_1", f"abs_argmax_share_pos_{bucket}", 5, share])
+        for bucket, share in (("1", 0.85), ("16-31", 0.05)):  # 0.85: below MARKER_HIGH
+            w.writerow([250, "layer_2", f"abs_argmax_share_pos_{bucket}", 3, share])
+    row = ladder.ladder_tables([tmp_path / "d"])[1].iloc[0]
+    assert row["marker_step"] != row["marker_step"] and row["marker_buckets"] == ""
 
 
 def test_a_dimension_that_comes_and_goes_is_reported_as_such(tmp_path):

@@ -21,7 +21,12 @@ monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
   positional dimension, whose share over all tokens follows the held-out sentences' lengths; empty for cells
   whose monitors predate these rows); the first step with a LayerNorm
   outlier dimension, the last step, the final and the best validation loss (a final loss above the best says
-  held-out loss rose).
+  held-out loss rose); and, to order the two events, the first step at which order use reaches
+  ``ORDER_USE_THRESHOLD`` (``order_use_step``, 0.1 nats: docs/order_use.md) and the first at which an encoder
+  layer's dominant dimension is *positional* (``marker_step``, ``marker_layer``, ``marker_dim``,
+  ``marker_buckets``): it holds at least ``MARKER_HIGH`` (0.9) of the tokens of some position bucket and at most
+  ``MARKER_LOW`` (0.1) of another's (rule fixed before any cell was read; NaN where the monitors predate the
+  by-position rows).
 
 Written by hand: a table of this study's own shape; the seed-study aggregator (outlierlab.studies.aggregate) compares
 groups, while this reads when something first happens in each cell.
@@ -39,6 +44,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from outlierlab.analysis.luo_dimension import LAYER_FRACTION, SHARE, luo_by_step
+from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
 from outlierlab.reports.history import history_frame
 from outlierlab.utils.atomic import write_atomic
 
@@ -46,6 +52,9 @@ COLUMNS = ["rung", "layers", "hidden", "objective", "pos", "seed", "step", "toke
 PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
 #: The monitors' by-position rows (outlierlab.analysis.monitoring.hidden_state_records): ``<prefix><bucket>``.
 POSITION_PREFIX = "abs_argmax_share_pos_"
+#: A layer's dominant dimension is a position marker when it holds >= MARKER_HIGH of one bucket's tokens and
+#: <= MARKER_LOW of another's: nearly all of some positions and nearly none of others.
+MARKER_HIGH, MARKER_LOW = 0.9, 0.1
 
 
 def find_cells(paths: Sequence[str | Path]) -> list[Path]:
@@ -117,9 +126,29 @@ def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_F
                "max_share": float(dims["value"].max()) if len(dims) else math.nan,
                "final_position_shares": _final_position_shares(dims, by_pos),
                "ln_outlier_step": ln_first,
+               "order_use_step": _first_step(rows[(rows["metric"] == "val/order_use")
+                                                 & (rows["value"] >= ORDER_USE_THRESHOLD)]),
+               **_first_marker(by_pos),
                "val_loss_final": float(val["value"].iloc[-1]) if len(val) else math.nan,
                "val_loss_best": float(val["value"].min()) if len(val) else math.nan}
     return rows[COLUMNS], summary
+
+
+def _first_step(rows: pd.DataFrame) -> float:
+    return int(rows["step"].min()) if len(rows) else math.nan
+
+
+def _first_marker(by_pos: pd.DataFrame) -> dict:
+    """The first step and encoder layer whose dominant dimension is a position marker (:data:`MARKER_HIGH`,
+    :data:`MARKER_LOW`), with its dim and the buckets it holds; NaN/"" where none is (or none was recorded)."""
+    found = {"marker_step": math.nan, "marker_layer": math.nan, "marker_dim": math.nan, "marker_buckets": ""}
+    for (step, layer), part in by_pos.groupby(["step", "layer"], sort=True):
+        high = part[part["value"] >= MARKER_HIGH]["statistic"].str.removeprefix(POSITION_PREFIX)
+        if len(high) and (part["value"] <= MARKER_LOW).any():
+            buckets = sorted(high, key=lambda b: int(b.split("-")[0]))
+            return {"marker_step": int(step), "marker_layer": int(layer), "marker_dim": int(part["dim"].iloc[0]),
+                    "marker_buckets": " ".join(buckets)}
+    return found
 
 
 def _final_position_shares(dims: pd.DataFrame, by_pos: pd.DataFrame) -> str:
