@@ -139,7 +139,8 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, shared_cache):
 
 
 def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache):
-    from outlierlab.jobs.training import resolve_checkpoint, train
+    from outlierlab.jobs.run_resume import resolve_checkpoint
+    from outlierlab.jobs.training import train
 
     common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
     train(small_cfg(tmp_path, "trainer.max_steps=4", *common))
@@ -157,7 +158,8 @@ def test_stale_last_checkpoint_loses_to_a_newer_step(tmp_path, shared_cache):
     ckpt_path=last resumes after step 4, not step 2 (the newest readable checkpoint by global step)."""
     import shutil
 
-    from outlierlab.jobs.training import resolve_checkpoint, train
+    from outlierlab.jobs.run_resume import resolve_checkpoint
+    from outlierlab.jobs.training import train
 
     common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
     train(small_cfg(tmp_path, "trainer.max_steps=4", *common))

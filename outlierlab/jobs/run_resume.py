@@ -1,6 +1,8 @@
-"""What a resume does to a run directory: what the run's last end, or an abandoned timeline, wrote leaves the names
-readers take as the run's own, a resume whose settings its checkpoint would override is refused, and every other
-setting a resume changes is recorded (:func:`config_changes`, in that start's line of ``code_versions.jsonl``).
+"""What a resume does to a run directory: which checkpoint it starts from (:func:`resume_point`: the one named, or
+the newest readable one of an unfinished run, checked against the model); what the run's last end, or an abandoned
+timeline, wrote leaves the names readers take as the run's own; a resume whose settings its checkpoint would
+override is refused, and every other setting a resume changes is recorded (:func:`config_changes`, in that start's
+line of ``code_versions.jsonl``).
 
 train.py calls these at a start that resumes (:func:`outlierlab.jobs.training.train`); the markers and the manifest
 themselves are :mod:`outlierlab.jobs.run_state`'s (docs/run_directories.md, the lifecycle table).
@@ -8,15 +10,123 @@ themselves are :mod:`outlierlab.jobs.run_state`'s (docs/run_directories.md, the 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from outlierlab.jobs.run_state import FINISHED_MARKER, MANIFEST
+from outlierlab.models import EncoderConfig
+from outlierlab.models.checkpoint import read_checkpoint
+
+log = logging.getLogger(__name__)
 
 #: The export folders train.py writes at a run's end (``hf/``: a plain RoBERTa; ``model/``: everything else).
 END_EXPORTS = ("hf", "model")
+
+
+def _readable(path: Path) -> dict[str, Any] | None:
+    try:
+        # mmap: a truncated zip archive fails at once, and large checkpoints are not read twice.
+        return read_checkpoint(path, mmap=True)
+    except ValueError:  # any unreadable file is "not a good checkpoint"
+        return None
+
+
+def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
+    """Turn ``ckpt_path`` (``null``, ``last`` or a path) into a readable checkpoint file.
+
+    ``last`` means ``<run_dir>/checkpoints/last.ckpt``; if that file is unreadable (a crash
+    while the file system flushed, a truncated copy) the newest readable checkpoint next to it
+    is used instead, with a warning.
+    """
+    if ckpt_path in (None, "", "null"):
+        return None, None
+    if ckpt_path == "last":
+        ckpt_dir = run_dir / "checkpoints"
+        candidates = sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+        if not candidates:
+            raise FileNotFoundError(
+                f"ckpt_path=last but {ckpt_dir} holds no checkpoint; start without ckpt_path, or pass "
+                "hydra.run.dir= of the run to resume"
+            )
+        # The newest by the step it holds, not by its name: a kill during last.ckpt's rewrite leaves the previous
+        # last.ckpt (staged writes never tear it) behind a complete step checkpoint written just before it.
+        best: tuple[Path, dict[str, Any], int] | None = None
+        unreadable = []
+        for cand in candidates:
+            ckpt = _readable(cand)
+            if ckpt is None:
+                unreadable.append(cand.name)
+                continue
+            step = int(ckpt.get("global_step", 0))
+            if best is None or step > best[2] or (step == best[2] and cand.name == "last.ckpt"):
+                best = (cand, ckpt, step)
+        if best is None:
+            raise ValueError(f"no readable checkpoint in {ckpt_dir} (all {len(candidates)} are corrupt or truncated)")
+        last = ckpt_dir / "last.ckpt"
+        if best[0] != last:
+            log.warning("resuming from %s (step %d), the newest readable checkpoint%s%s", best[0].name, best[2],
+                        f"; unreadable: {', '.join(unreadable)}" if unreadable else "",
+                        "; last.ckpt holds an older step" if last.exists() and last.name not in unreadable else "")
+        return str(best[0]), best[1]
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path {path} does not exist")
+    ckpt = _readable(path)
+    if ckpt is None:
+        raise ValueError(f"checkpoint {path} is unreadable (truncated or not a Lightning checkpoint)")
+    return str(path), ckpt
+
+
+def check_checkpoint_matches(ckpt: dict[str, Any], config: EncoderConfig, path: str) -> None:
+    """One line naming the fields that differ between a checkpoint's model and the current config."""
+    saved = (ckpt.get("hyper_parameters") or {}).get("model")
+    if saved is None:
+        raise ValueError(f"checkpoint {path} was not written by train.py (no model hyper-parameters)")
+    current = config.to_dict()
+    saved = EncoderConfig.from_dict(saved).to_dict()  # keys added to the config since: their defaults
+    diff = [f"{k}: {saved.get(k)!r} in checkpoint vs {current[k]!r} now" for k in current if saved.get(k) != current[k]]
+    if diff:
+        raise ValueError(f"checkpoint {path} belongs to a different model config ({'; '.join(diff)})")
+
+
+def resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig) -> tuple[str | None, int]:
+    """``(ckpt_path for trainer.fit, its step)``: the requested checkpoint, or the last one of an unfinished run
+    in ``run_dir`` (a re-run cell of a sweep continues), checked against the model about to be built."""
+    requested = cfg.get("ckpt_path")
+    if requested in (None, "", "null") and any((run_dir / "checkpoints").glob("*.ckpt")):
+        if not cfg.get("resume", True):
+            # a fresh run there would write step*-v1.ckpt and last-v1.ckpt beside the old run's last.ckpt (which the
+            # next resume would then read) and append to its logs: two runs mixed in one directory
+            raise ValueError(f"resume=false, but {run_dir / 'checkpoints'} holds the checkpoints of an earlier run: "
+                             f"give this run another run_dir, or delete {run_dir} first to start over there")
+        # an interrupted cell of a sweep (or a re-run into the same hydra.run.dir): continue it
+        log.info("%s holds checkpoints of an unfinished run: resuming from the last one (resume=false refuses)",
+                 run_dir)
+        requested = "last"
+    ckpt_path, ckpt = resolve_checkpoint(requested, run_dir)
+    start_step = 0
+    if ckpt is not None:
+        check_checkpoint_matches(ckpt, config, ckpt_path)
+        optimizer = OmegaConf.select(cfg, "module.optimizer")
+        ignored = optimizer_settings_ignored(ckpt, OmegaConf.to_container(optimizer, resolve=True)
+                                             if isinstance(optimizer, DictConfig) else None)
+        if ignored:
+            raise ValueError(f"checkpoint {ckpt_path} trained with other optimizer settings: {'; '.join(ignored)}; a "
+                             "resume restores its optimizer state, so they would not take effect while config.yaml "
+                             "stated them: drop the override(s), or train a new run in another run_dir")
+        start_step = int(ckpt.get("global_step", 0))
+        del ckpt
+        max_steps = OmegaConf.select(cfg, "trainer.max_steps")
+        if isinstance(max_steps, int) and 0 < max_steps < start_step:  # it would finish "at max_steps" holding more
+            raise ValueError(f"checkpoint {ckpt_path} holds step {start_step}, past trainer.max_steps={max_steps}: a "
+                             f"resume cannot shorten a run; give trainer.max_steps>={start_step}, or train "
+                             f"{max_steps} steps in another run_dir")
+    return ckpt_path, start_step
 
 
 def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:

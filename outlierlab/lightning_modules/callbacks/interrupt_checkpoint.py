@@ -14,7 +14,7 @@ one of those among the callbacks, Lightning 2.6 turns ``trainer.fit(ckpt_path=No
 (``_checkpoint_connector._parse_ckpt_path``) -- so ``resume=false`` on a run directory holding ``last.ckpt``
 silently restored it (with the new seed's config, zero steps trained), and every fresh run printed two
 misleading warnings. Which checkpoint a run starts from is decided once, in
-:func:`outlierlab.jobs.training.resolve_checkpoint`.
+:func:`outlierlab.jobs.run_resume.resolve_checkpoint`.
 
 SLURM sends SIGTERM at preemption and at the time limit (then SIGKILL after ``KillWait``). Under submitit
 (``hydra/launcher=submitit_slurm``) the job is warned earlier by ``SIGUSR2`` (``signal_delay_s`` before the
