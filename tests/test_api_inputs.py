@@ -348,6 +348,9 @@ def test_dim_identity_and_history_frame_refuse_what_is_not_a_history(tmp_path):
                             "statistics=['abs_argmax_share']")
     assert ol.history_frame(csv, statistics=["abs_argmax_share"])["dim"].tolist() == [5]
     assert ol.dim_identity(csv)["dim"].tolist() == [5]
+    with pytest.raises(IsADirectoryError) as e:  # was "not found (was the run trained with the monitors on?)"
+        ol.history_frame(tmp_path)
+    assert _one_line(e) == f"{tmp_path} is a directory: pass one history file in it, e.g. hidden_states.csv"
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -432,3 +435,9 @@ def test_a_section_given_as_one_dict_is_told_to_pass_keywords():
     assert ol.OutliersSettings(**{"k": 2.0}).k == 2.0
     with pytest.raises(ValueError, match=r"^outliers\.method must be 'share' or 'sigma', got \{'x': 1\}$"):
         ol.OutliersSettings({"x": 1})  # not its keys: a wrong value of the first, as before
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_name_is_refused_not_read_as_the_working_directory(name):
+    with pytest.raises(ValueError, match=r"^name_or_path is empty: pass a train\.py run directory"):
+        ol.load_encoder(name)

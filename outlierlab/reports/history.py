@@ -142,6 +142,10 @@ def read_history(path: str | os.PathLike, statistics: Iterable[str] | None = Non
     if isinstance(statistics, (str, bytes)):  # its characters would be the statistics kept: no row, no error
         raise TypeError(f"statistics={statistics!r} is a single string: pass a list, e.g. statistics=[{statistics!r}]")
     p = Path(path)
+    if p.is_dir():  # a run directory (or its monitor/): which of its histories is the caller's to say
+        found = sorted(str(f.relative_to(p)) for f in [*p.glob("*.csv"), *p.glob("monitor*/*.csv")])[:4]
+        raise IsADirectoryError(f"{p} is a directory: pass one history file in it"
+                                + (f", e.g. {', '.join(found)}" if found else " (e.g. monitor/hidden_states.csv)"))
     if not p.is_file():
         raise FileNotFoundError(f"monitor history {p} not found (was the run trained with the monitors on?)")
     rows = HistoryCSV(p).rows()
