@@ -35,6 +35,12 @@ def test_unknown_setting_gives_one_line_with_the_closest_keys():
     assert find_key_errors(["run_dir=/tmp/x"], "evaluate") == [
         "unknown setting 'run_dir'; the run's output directory is hydra.run.dir=<dir> "
         "(`python evaluate.py --cfg job` lists every setting)"]
+    # a key another option of the group has: that option named, not a typo (was the bare "unknown setting")
+    assert find_key_errors(["data.files=[a.txt]"], "train") == [
+        "unknown setting 'data.files'; data=embedded has no files: the data options with it are english_large, "
+        f"files (e.g. data=english_large data.files=...) {cfg_hint}"]
+    assert find_key_errors(["data=order_task", "data.files=[a.txt]"], "train")[0].startswith(
+        "unknown setting 'data.files'; data=order_task has no files")
 
 
 def test_known_settings_pass_whatever_group_or_append_brings_them():

@@ -26,6 +26,11 @@ from outlierlab.jobs.startup import check_train_config, describe_plan
     (["trainer.val_check_interval=0"], "trainer.val_check_interval must be >= 1 batches, got 0"),
     (["resume=no"], "resume must be true or false, got 'no'"),  # the string 'no' read as true: it resumed
     (["export=off"], "export must be true or false, got 'off'"),
+    (["seed=abc"], "seed must be an integer, got 'abc'"),
+    (["threads=0"], "threads must be >= 1 or null"),
+    (["module.optimizer.lr=-1"], "module.optimizer.lr must be a number > 0, got -1"),
+    (["+trainer.max_time=abc"], "trainer.max_time must be DD:HH:MM:SS (e.g. +trainer.max_time=00:02:00:00) or null"),
+    (["+trainer.max_time=02:00:00"], "got '02:00:00'"),  # HH:MM:SS: Lightning's Timer refuses it too
 ])
 def test_impossible_settings_fail_with_one_line(overrides, message):
     with pytest.raises(ValueError) as err:

@@ -125,8 +125,40 @@ def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         if key in _OUTPUT_DIR_KEYS:
             hint = "; the run's output directory is hydra.run.dir=<dir>"
+        elif not close:
+            hint = _other_options_hint(config_dir, config_name, composing, key)
         errors.append(f"unknown setting {key!r}{hint} (`python {config_name}.py --cfg job` lists every setting)")
     return errors
+
+
+def _other_options_hint(config_dir: Path, config_name: str, composing: list[str], key: str) -> str:
+    """For ``data.files`` under ``data=embedded``: the options of the group ``data`` that have the setting (a key of
+    another option, not a typo): ``; data=embedded has no files: the data options with it are english_large, files
+    (e.g. data=english_large data.files=...)``; "" when no option has it."""
+    group, _, rest = key.partition(".")
+    if not rest or not (config_dir / group).is_dir():
+        return ""
+    having = []
+    for option in sorted((config_dir / group).glob("*.yaml")):
+        try:
+            node = OmegaConf.load(option)
+        except Exception:  # noqa: BLE001 - an unreadable option cannot be suggested
+            continue
+        *parents, leaf = rest.split(".")
+        parent = OmegaConf.select(node, ".".join(parents), default=None) if parents else node
+        if hasattr(parent, "keys") and leaf in parent.keys():  # a key whose value is ??? counts: the option has it
+            having.append(option.stem)
+    if not having:
+        return ""
+    chosen = next((a.split("=", 1)[1] for a in composing if a.startswith(f"{group}=")), None)
+    if chosen is None:  # the primary config's default for the group
+        try:
+            defaults = OmegaConf.to_container(OmegaConf.load(config_dir / f"{config_name}.yaml")).get("defaults", [])
+        except Exception:  # noqa: BLE001 - the hint then names no option
+            defaults = []
+        chosen = next((d[group] for d in defaults if isinstance(d, dict) and isinstance(d.get(group), str)), None)
+    now = f"{group}={chosen} has no {rest}" if chosen else f"the {group} option chosen has no {rest}"
+    return f"; {now}: the {group} options with it are {', '.join(having)} (e.g. {group}={having[0]} {key}=...)"
 
 
 def _switch_error(cfg, key: str, arg: str) -> list[str]:

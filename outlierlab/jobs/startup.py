@@ -58,6 +58,16 @@ def _as_int(value, key: str) -> int:
     return int(value)
 
 
+def _duration(value) -> bool:
+    """Whether Lightning's ``Timer`` reads ``value`` as a duration: ``DD:HH:MM:SS``, or a mapping of
+    ``datetime.timedelta`` keywords (``{hours: 2}``)."""
+    if isinstance(value, str):
+        parts = value.split(":")
+        return len(parts) == 4 and all(p.isdigit() for p in parts)
+    return hasattr(value, "keys") and set(value.keys()) <= {"days", "hours", "minutes", "seconds", "milliseconds",
+                                                             "microseconds", "weeks"}
+
+
 #: ``data.*`` keys that only the masked objective reads (refused with ``objective=clm``).
 MASKED_ONLY_DATA_KEYS = ("mlm_probability", "mask_replace_prob", "random_replace_prob")
 
@@ -86,6 +96,7 @@ def check_train_config(cfg) -> list[str]:
     Combinations that cannot work raise ``ValueError`` with one line; combinations with a sensible
     reading are adjusted in ``cfg`` and returned as one-line warnings (which the caller prints):
 
+    * ``seed`` an integer, ``threads`` null or >= 1, ``module.optimizer.lr`` > 0, ``trainer.max_time`` a duration;
     * ``trainer.max_steps`` must be >= 1 (``-1``, Lightning's "use max_epochs", would also make the
       schedule's length negative);
     * the scheduler's and optimizer's ``_target_`` must exist; the warm-up must be >= 0; a warm-up >=
@@ -107,7 +118,18 @@ def check_train_config(cfg) -> list[str]:
         # the same rule EncoderConfig enforces, said here before data and model load
         raise ValueError(f"model.hidden_size={hidden} is not divisible by model.num_heads={heads}; "
                          "change one of them (e.g. model.hidden_size=" + str(hidden - hidden % heads) + ")")
+    _as_int(cfg.get("seed"), "seed")  # seed=abc failed after the data loaded, as int()'s "invalid literal"
+    threads = cfg.get("threads")
+    if threads is not None and _as_int(threads, "threads") < 1:  # 0 read as null: all cores, unasked
+        raise ValueError(f"threads must be >= 1 or null (null: $OMP_NUM_THREADS, else the cores), got {threads}")
+    lr = OmegaConf.select(cfg, "module.optimizer.lr")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
+        raise ValueError(f"module.optimizer.lr must be a number > 0, got {lr!r}")  # torch's: "Invalid learning rate"
     trainer = cfg.trainer
+    max_time = trainer.get("max_time")
+    if max_time is not None and not _duration(max_time):  # Lightning's Timer refused it after the data loaded
+        raise ValueError(f"trainer.max_time must be DD:HH:MM:SS (e.g. +trainer.max_time=00:02:00:00) or null, "
+                         f"got {max_time!r}")
     max_steps = _as_int(trainer.max_steps, "trainer.max_steps")
     if max_steps <= 0:
         raise ValueError(f"trainer.max_steps must be >= 1 optimizer steps, got {max_steps} "
