@@ -47,9 +47,6 @@ def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto"
         if tokenizer is not None:
             raise TypeError("tokenizer= goes with a model in memory: a run directory, model directory or hub id "
                             "brings its own tokenizer")
-        if not str(name_or_path).strip():  # Path("") is the working directory: it was searched for a model
-            raise ValueError("name_or_path is empty: pass a train.py run directory, a saved model directory or a hub "
-                             "id (e.g. ol.load_encoder('roberta-base'))")
         return FrozenEncoder(str(name_or_path), max_length=max_length, device=device, dtype=dtype, **kwargs)
     loading_only = sorted(set(kwargs) - {"batch_size", "on_overflow"})
     if loading_only:

@@ -439,5 +439,5 @@ def test_a_section_given_as_one_dict_is_told_to_pass_keywords():
 
 @pytest.mark.parametrize("name", ["", "  "])
 def test_an_empty_name_is_refused_not_read_as_the_working_directory(name):
-    with pytest.raises(ValueError, match=r"^name_or_path is empty: pass a train\.py run directory"):
+    with pytest.raises(ValueError, match=r"^encoder\.name_or_path is empty: give a train\.py run directory"):
         ol.load_encoder(name)

@@ -97,6 +97,9 @@ def resolve_encoder(name_or_path: str, revision: str | None = None) -> EncoderSo
         A ``revision`` with a local path (revisions name hub snapshots).
     """
     name = str(name_or_path)
+    if not name.strip():  # Path("") is the working directory: it was searched for a model
+        raise ValueError("encoder.name_or_path is empty: give a train.py run directory, a model directory, a *.ckpt "
+                         "file, a hub id, or all-minilm-l6-v2")
     if revision is not None:
         p = Path(name).expanduser()
         if name.lower() in BUNDLED or p.exists() or _looks_like_path(name):
