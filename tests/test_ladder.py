@@ -130,6 +130,24 @@ def test_the_summary_states_the_most_concentrated_layers_profile_by_position(tmp
     assert old["final_position_shares"] == "" and old["marker_buckets"] == "" and old["marker_step"] != old["marker_step"]
 
 
+def test_the_markdown_trajectory_states_each_validated_step_and_the_two_events(tmp_path):
+    _plant(tmp_path / "c", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (7, 0.3), (3, 0.2)],
+                            500: [(5, 0.9), (5, 0.6), (3, 0.2)]})
+    with open(tmp_path / "c" / "monitor" / "hidden_states.csv", "a", newline="") as fh:
+        w = csv.writer(fh)
+        for step, bucket, share in ((250, "1", 0.5), (250, "16-31", 0.2), (500, "1", 1.0), (500, "16-31", 0.0)):
+            w.writerow([step, "layer_1", f"abs_argmax_share_pos_{bucket}", 5, share])
+    out = tmp_path / "l.csv"
+    assert ladder.main([str(tmp_path / "c"), "--out", str(out), "--markdown", str(tmp_path / "l.md")]) == 0
+    md = (tmp_path / "l.md").read_text().splitlines()
+    assert md[0] == "### 2x16 mlm pos=learned seed 3 (last step 500)"
+    # validations logged at steps 249 and 499 are the monitors' 250 and 500: one row each, layers 1 and 2
+    assert md[4:6] == ["| 250 | 6.000 | 0.10 | 0.30 (7) | 0.20 (3) |", "| 500 | 5.500 | 0.60 | 0.60 (5) | 0.20 (3) |"]
+    assert md[7] == ("Order use >= 0.1 nats: from step 250. A position marker (a layer's dominant dimension holding "
+                     ">= 0.9 of one position bucket's tokens and <= 0.1 of another's): from step 500 (layer 1, dim 5, "
+                     "buckets 1).")
+
+
 def test_a_dimension_that_holds_every_position_is_not_a_position_marker(tmp_path):
     _plant(tmp_path / "d", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (5, 0.95), (3, 0.2)]})
     with open(tmp_path / "d" / "monitor" / "hidden_states.csv", "a", newline="") as fh:

@@ -2,6 +2,7 @@
 
     python -m outlierlab.studies.ladder multirun/scale_ladder [more dirs] --out docs/gpu/ladder.csv
     python -m outlierlab.studies.ladder multirun/scale_ladder --out strict.csv --share 0.9 --layer-fraction 0.75
+    python -m outlierlab.studies.ladder docs/gpu/ladder_cpu.parquet --out docs/gpu/ladder_cpu.csv --markdown docs/gpu/ladder_cpu.md
 
 Reads each train.py cell under the given folders or packed studies (its resolved ``config.yaml``, ``csv/metrics.csv`` and the live
 monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
@@ -38,7 +39,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 from omegaconf import OmegaConf
@@ -47,6 +48,7 @@ from outlierlab.analysis.luo_dimension import LAYER_FRACTION, SHARE, luo_by_step
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
 from outlierlab.reports.history import history_frame
 from outlierlab.utils.atomic import write_atomic
+from outlierlab.utils.tables import md_table
 
 COLUMNS = ["rung", "layers", "hidden", "objective", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
 PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
@@ -182,6 +184,47 @@ def ladder_tables(paths: Sequence[str | Path], share: float = SHARE, layer_fract
             pd.DataFrame(summary).sort_values(["layers", "hidden", "objective", "pos", "seed"]).reset_index(drop=True))
 
 
+def trajectories_markdown(table: pd.DataFrame, summary: pd.DataFrame, steps: Sequence[int] | None = None) -> str:
+    """One Markdown table per cell: at each validated step (or ``steps``) the validation loss, order use and every
+    encoder layer's largest |x| argmax share with its dimension; under it the cell's two events from ``summary``
+    (``order_use_step``, ``marker_*``). The docs' per-step tables are this text, regenerated from the packed cells."""
+    out = []
+    keys = ["rung", "objective", "pos", "seed"]
+    for _, cell in summary.iterrows():
+        rows = table[(table[keys] == cell[keys].values).all(axis=1)]
+        wide = rows.pivot_table(index="step", columns=["metric", "layer"], values="value", aggfunc="last")
+        at = sorted(int(s) for s in (steps if steps is not None else
+                                     rows[rows["metric"] == "val/loss"]["step"].unique()) if s in wide.index)
+        layers = sorted({int(l) for m, l in wide.columns if m == "abs_argmax_share"})
+        head = ["step", "val loss", "order use (nats)", *(f"layer {l}: share (dim)" for l in layers)]
+        body = []
+        for step in at:
+            row = wide.loc[step]
+
+            def get(metric, layer="model"):
+                v = row.get((metric, str(layer)), math.nan)
+                return math.nan if v is None else float(v)
+
+            body.append([f"{step:,}", f"{get('val/loss'):.3f}", f"{get('val/order_use'):.2f}",
+                         *(f"{get('abs_argmax_share', l):.2f} ({get('abs_argmax_dim', l):.0f})" for l in layers)])
+        title = f"{cell['rung']} {cell['objective']} pos={cell['pos']} seed {cell['seed']} (last step {cell['last_step']:,})"
+        recorded_order = (rows["metric"] == "val/order_use").any()
+        recorded_marker = rows["metric"].str.startswith(POSITION_PREFIX).any()
+        events = (f"Order use >= {ORDER_USE_THRESHOLD:g} nats: {_event(cell['order_use_step'], recorded_order)}. "
+                  f"A position marker (a layer's dominant dimension holding >= {MARKER_HIGH:g} of one position "
+                  f"bucket's tokens and <= {MARKER_LOW:g} of another's): {_event(cell['marker_step'], recorded_marker)}"
+                  + (f" (layer {cell['marker_layer']:.0f}, dim {cell['marker_dim']:.0f}, buckets {cell['marker_buckets']})"
+                     if cell["marker_buckets"] else "") + ".")
+        out += [f"### {title}", "", md_table(head, body, cell=str), "", events, ""]
+    return "\n".join(out)
+
+
+def _event(step: Any, recorded: bool) -> str:
+    if step == step:  # not NaN
+        return f"from step {int(step):,}"
+    return "not reached" if recorded else "not recorded (the cell's logs predate it)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.ladder", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="folders holding the ladder's train.py cells")
@@ -191,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layer-fraction", type=float, default=LAYER_FRACTION,
                         help="... in at least this fraction of the encoder layers (default 0.5; Luo et al.'s "
                              "RoBERTa-base dimension: nearly all)")
+    parser.add_argument("--markdown", default=None,
+                        help="also write each cell's per-step table (loss, order use, every layer's largest share) "
+                             "and its first order use and position marker, as Markdown, to this file")
     args = parser.parse_args(argv)
     try:
         table, summary = ladder_tables(args.paths, args.share, args.layer_fraction)
@@ -202,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # atomically, as every study output: a full disk or a kill never leaves a table cut under its own name
     write_atomic(out, table.to_csv(index=False, float_format="%.6g"))
     write_atomic(out.with_name(out.stem + "_summary.csv"), summary.to_csv(index=False, float_format="%.6g"))
+    if args.markdown:
+        write_atomic(Path(args.markdown), trajectories_markdown(table, summary))
     print(summary.to_string(index=False))
     return 0
 
