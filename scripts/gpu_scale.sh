@@ -77,7 +77,7 @@ for mode in ${MODES//,/ }; do
       run python train.py -m experiment=scale_ladder "ladder=$LADDER_RUNGS" "pos=$LADDER_POS" \
         "seed=${LADDER_SEEDS// /,}" trainer=gpu threads=1 "${DATA_ARGS[@]}" "+trainer.max_time=$MAX_TIME" \
         hydra/launcher=joblib "hydra.launcher.n_jobs=$cells" "hydra.sweep.dir=$OUT/ladder"
-      run python -m outlierlab.studies.ladder "$OUT/ladder" --out "$OUT/ladder.csv" ;;
+      run python -m outlierlab.studies.ladder "$OUT/ladder" --out "$OUT/ladder.csv" --markdown "$OUT/ladder.md" ;;
     *) echo "unknown mode $mode (pack, first, smoke, bench, determinism, ladder)" >&2; exit 2 ;;
   esac
 done
