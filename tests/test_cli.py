@@ -41,6 +41,9 @@ def test_unknown_setting_gives_one_line_with_the_closest_keys():
         f"files (e.g. data=english_large data.files=...) {cfg_hint}"]
     assert find_key_errors(["data=order_task", "data.files=[a.txt]"], "train")[0].startswith(
         "unknown setting 'data.files'; data=order_task has no files")
+    # the option an experiment chose (its `override /data: order_task`), not train.yaml's default
+    assert find_key_errors(["experiment=order_task", "data.files=[a.txt]"], "train")[0].startswith(
+        "unknown setting 'data.files'; data=order_task has no files")
 
 
 def test_known_settings_pass_whatever_group_or_append_brings_them():

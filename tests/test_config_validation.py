@@ -31,6 +31,8 @@ from outlierlab.jobs.startup import check_train_config, describe_plan
     (["module.optimizer.lr=-1"], "module.optimizer.lr must be a number > 0, got -1"),
     (["+trainer.max_time=abc"], "trainer.max_time must be DD:HH:MM:SS (e.g. +trainer.max_time=00:02:00:00) or null"),
     (["+trainer.max_time=02:00:00"], "got '02:00:00'"),  # HH:MM:SS: Lightning's Timer refuses it too
+    (["+trainer.max_time=00:2:00:00"], "got '00:2:00:00'"),  # one-digit hours: so does its pattern
+    (["+trainer.max_time={hours:2}"], "trainer.max_time must be DD:HH:MM:SS"),  # reached it as a DictConfig
 ])
 def test_impossible_settings_fail_with_one_line(overrides, message):
     with pytest.raises(ValueError) as err:

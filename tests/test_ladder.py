@@ -96,7 +96,7 @@ def test_the_table_finds_a_planted_luo_dimension(tmp_path, capsys):
     assert (summary["luo_kept"], summary["luo_final_dim"], summary["luo_final_layers"], summary["luo_final_share"],
             summary["max_share"]) == ("1", "5", "2", "0.7", "0.8")
     rows = list(csv.DictReader(open(out)))
-    assert {"rung": "2x16", "layers": "2", "hidden": "16", "objective": "mlm", "pos": "learned", "seed": "3", "step": "500",
+    assert {"cell": "a", "rung": "2x16", "layers": "2", "hidden": "16", "objective": "mlm", "pos": "learned", "seed": "3", "step": "500",
             "tokens": "16000", "metric": "abs_argmax_dim", "layer": "2", "value": "5"} in rows
     # a stricter definition (a share >= 0.6 in every layer): step 250 (layer 2 at 0.3) no longer counts, 500 does
     strict = tmp_path / "out" / "strict.csv"
@@ -140,12 +140,24 @@ def test_the_markdown_trajectory_states_each_validated_step_and_the_two_events(t
     out = tmp_path / "l.csv"
     assert ladder.main([str(tmp_path / "c"), "--out", str(out), "--markdown", str(tmp_path / "l.md")]) == 0
     md = (tmp_path / "l.md").read_text().splitlines()
-    assert md[0] == "### 2x16 mlm pos=learned seed 3 (last step 500)"
+    assert md[0] == "### 2x16 mlm pos=learned seed 3 (cell c, last step 500)"
     # validations logged at steps 249 and 499 are the monitors' 250 and 500: one row each, layers 1 and 2
     assert md[4:6] == ["| 250 | 6.000 | 0.10 | 0.30 (7) | 0.20 (3) |", "| 500 | 5.500 | 0.60 | 0.60 (5) | 0.20 (3) |"]
     assert md[7] == ("Order use >= 0.1 nats: from step 250. A position marker (a layer's dominant dimension holding "
                      ">= 0.9 of one position bucket's tokens and <= 0.1 of another's): from step 500 (layer 1, dim 5, "
                      "buckets 1).")
+
+
+def test_two_cells_of_the_same_rung_pos_and_seed_keep_their_own_rows(tmp_path):
+    # replicates (a packed study and a sweep folder of the same cells): each section is its own cell's numbers
+    _plant(tmp_path / "r1", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (7, 0.3), (3, 0.2)]})
+    _plant(tmp_path / "r2", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (8, 0.8), (3, 0.2)]})
+    (tmp_path / "r2" / "csv" / "metrics.csv").write_text("step,val/loss,val/order_use\n249,9.0,0.0\n")
+    table, summary = ladder.ladder_tables([tmp_path / "r1", tmp_path / "r2"])
+    assert summary["cell"].tolist() == ["r1", "r2"]
+    md = ladder.trajectories_markdown(table, summary)
+    assert "| 250 | 6.000 | 0.10 | 0.30 (7) | 0.20 (3) |" in md and "| 250 | 9.000 | 0.00 | 0.80 (8) | 0.20 (3) |" in md
+    assert md.count("| 250 |") == 2
 
 
 def test_a_dimension_that_holds_every_position_is_not_a_position_marker(tmp_path):

@@ -133,6 +133,19 @@ def test_config_changes_pairs_every_differing_key_and_ignores_a_missing_file(tmp
     assert run_resume.config_changes(tmp_path / "config.yaml", now) == {
         "pos": [None, "none"], "trainer.max_steps": [60, 120]}  # max_time: None on both sides; a tuple is its list
     assert run_resume.config_changes(tmp_path / "absent.yaml", now) == {}
+    # how a run is resumed or launched is not a change of the run: ckpt_path=last is the documented resume
+    controls = {**now, "ckpt_path": "last", "threads": 2, "paths": {"cache_dir": "/elsewhere"}, "resume": True}
+    assert run_resume.config_changes(tmp_path / "config.yaml", controls) == {
+        "pos": [None, "none"], "trainer.max_steps": [60, 120]}
+
+
+def test_run_controls_are_the_keys_a_cell_name_leaves_out():
+    import yaml
+    from tests.conftest import ROOT
+
+    train = yaml.safe_load((ROOT / "configs" / "train.yaml").read_text())
+    excluded = train["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"]
+    assert set(run_resume.RUN_CONTROLS) == set(excluded) - {"experiment"}  # a config group, not a key
 
 
 def test_code_version_is_head_of_this_checkout():

@@ -305,6 +305,13 @@ def test_a_cut_cell_takes_its_code_version_from_its_start_records(tmp_path):
     c = read_cell(cell)
     admit_cut(c, 50)
     assert c.usable and c.cut_at == 50 and c.code == "0123456789ab-dirty"
+    # a cut cell resumed with other settings says so too (it has no manifest, the finished cells' source of notes)
+    with open(cell / "code_versions.jsonl", "a") as fh:
+        fh.write('{"commit": "0123456789abcdef", "global_step_at_start": 30, '
+                 '"config_changes": {"data.mlm_probability": [0.15, 0.3]}}\n')
+    c = read_cell(cell)
+    admit_cut(c, 50)
+    assert c.notes[-1] == f"{cell.name}: resumed at step 30 with other settings: data.mlm_probability 0.15 -> 0.3"
 
 
 def test_curves_keep_their_axes_with_a_long_group_label(tmp_path):

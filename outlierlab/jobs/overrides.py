@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 #: The Hydra configs: the copy a wheel carries inside the package (setup.py) if there is one, else the repository's
 #: ``configs/`` beside train.py (a clone, an editable install).  The packaged copy is looked for first because a
@@ -112,9 +112,13 @@ def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG
     register_defaults()  # the presets start from the sections' defaults
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            cfg = compose(config_name, overrides=composing)
+            cfg = compose(config_name, overrides=composing, return_hydra_config=True)
     except Exception:  # noqa: BLE001 - a composition error is Hydra's to report, with its own message
         return []
+    # the group options chosen, an experiment's overrides included (data=order_task under experiment=order_task)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
     known, errors = None, []
     for key, arg in keys:
         if _has_key(cfg, key):
@@ -126,15 +130,15 @@ def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG
         if key in _OUTPUT_DIR_KEYS:
             hint = "; the run's output directory is hydra.run.dir=<dir>"
         elif not close:
-            hint = _other_options_hint(config_dir, config_name, composing, key)
+            hint = _other_options_hint(config_dir, choices, key)
         errors.append(f"unknown setting {key!r}{hint} (`python {config_name}.py --cfg job` lists every setting)")
     return errors
 
 
-def _other_options_hint(config_dir: Path, config_name: str, composing: list[str], key: str) -> str:
+def _other_options_hint(config_dir: Path, choices: dict, key: str) -> str:
     """For ``data.files`` under ``data=embedded``: the options of the group ``data`` that have the setting (a key of
     another option, not a typo): ``; data=embedded has no files: the data options with it are english_large, files
-    (e.g. data=english_large data.files=...)``; "" when no option has it."""
+    (e.g. data=english_large data.files=...)``; "" when no option has it. ``choices``: Hydra's chosen options."""
     group, _, rest = key.partition(".")
     if not rest or not (config_dir / group).is_dir():
         return ""
@@ -150,14 +154,8 @@ def _other_options_hint(config_dir: Path, config_name: str, composing: list[str]
             having.append(option.stem)
     if not having:
         return ""
-    chosen = next((a.split("=", 1)[1] for a in composing if a.startswith(f"{group}=")), None)
-    if chosen is None:  # the primary config's default for the group
-        try:
-            defaults = OmegaConf.to_container(OmegaConf.load(config_dir / f"{config_name}.yaml")).get("defaults", [])
-        except Exception:  # noqa: BLE001 - the hint then names no option
-            defaults = []
-        chosen = next((d[group] for d in defaults if isinstance(d, dict) and isinstance(d.get(group), str)), None)
-    now = f"{group}={chosen} has no {rest}" if chosen else f"the {group} option chosen has no {rest}"
+    chosen = choices.get(group)
+    now = f"{group}={chosen} has no {rest}" if isinstance(chosen, str) else f"the {group} option chosen has no {rest}"
     return f"; {now}: the {group} options with it are {', '.join(having)} (e.g. {group}={having[0]} {key}=...)"
 
 

@@ -255,10 +255,22 @@ def dotted_keys(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
+#: Settings of how a run is launched, resumed or shown, not of what it trains (with every key under them): the keys
+#: ``configs/train.yaml`` leaves out of a cell's name (``override_dirname.exclude_keys``; a test holds the two equal).
+#: A resume with ``ckpt_path=last`` is the documented way to resume, not a change of the run.
+RUN_CONTROLS = ("study", "ckpt_path", "resume", "skip_finished", "threads", "paths", "posthoc", "posthoc_probe",
+                "trainer.enable_progress_bar", "callbacks.progress.when")
+
+
+def _run_control(key: str) -> bool:
+    return any(key == c or key.startswith(c + ".") for c in RUN_CONTROLS)
+
+
 def config_changes(previous_yaml: Path, config: dict[str, Any]) -> dict[str, list[Any]]:
     """``{key: [before, now]}`` for every setting of ``config`` (the resolved config of a start that resumes) that
     differs from ``previous_yaml`` (the ``config.yaml`` the run's last start wrote, which this start replaces); a
-    key only one side has pairs with None. {} when the file is absent or unreadable.
+    key only one side has pairs with None; :data:`RUN_CONTROLS` are not compared. {} when the file is absent or
+    unreadable.
 
     Recorded, not refused: a resume may rightly change what does not touch the trained state (``trainer.max_steps``
     extended, ``trainer.max_time``, a monitor's interval), and one that does (``data.files``, the masking rate)
@@ -274,4 +286,4 @@ def config_changes(previous_yaml: Path, config: dict[str, Any]) -> dict[str, lis
         return {}
     old, new = dotted_keys(before), dotted_keys(config)
     return {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys())
-            if not _same_setting(old.get(k), new.get(k))}
+            if not _run_control(k) and not _same_setting(old.get(k), new.get(k))}

@@ -13,6 +13,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -59,13 +60,10 @@ def _as_int(value, key: str) -> int:
 
 
 def _duration(value) -> bool:
-    """Whether Lightning's ``Timer`` reads ``value`` as a duration: ``DD:HH:MM:SS``, or a mapping of
-    ``datetime.timedelta`` keywords (``{hours: 2}``)."""
-    if isinstance(value, str):
-        parts = value.split(":")
-        return len(parts) == 4 and all(p.isdigit() for p in parts)
-    return hasattr(value, "keys") and set(value.keys()) <= {"days", "hours", "minutes", "seconds", "milliseconds",
-                                                             "microseconds", "weeks"}
+    """Whether Lightning's ``Timer`` reads ``value`` as a duration string: ``DD:HH:MM:SS`` with two-digit hours,
+    minutes and seconds (its own pattern). A mapping (``{hours: 2}``) reaches it as an OmegaConf node, which it
+    cannot read, so it is refused here too."""
+    return isinstance(value, str) and re.fullmatch(r"\d+:\d\d:\d\d:\d\d", value.strip()) is not None
 
 
 #: ``data.*`` keys that only the masked objective reads (refused with ``objective=clm``).

@@ -38,7 +38,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from outlierlab.studies.cell_checks import UNKNOWN_CODE, check_cell, code_version, finished
+from outlierlab.studies.cell_checks import UNKNOWN_CODE, check_cell, code_version, finished, resumed_with_changes
 from outlierlab.jobs.run_resume import dotted_keys
 from outlierlab.jobs.run_state import code_versions
 from outlierlab.jobs.series import apply_series
@@ -298,3 +298,4 @@ def admit_cut(cell: Cell, until: int) -> None:
     cell.code = code_version({"code_versions": code_versions(cell.path)})
     cell.notes.append(f"{cell.path.name}: stopped at step {int(numbers['step'].max())} of {cell.max_steps}, "
                       f"compared up to step {until}")
+    cell.notes += resumed_with_changes(cell.path)  # a cut cell has no manifest, and is the likeliest to be resumed

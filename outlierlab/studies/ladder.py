@@ -7,7 +7,7 @@
 Reads each train.py cell under the given folders or packed studies (its resolved ``config.yaml``, ``csv/metrics.csv`` and the live
 monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
 
-* ``--out`` (long): ``rung, layers, hidden, objective, pos, seed, step, tokens, metric, layer, value`` with ``val/loss`` and
+* ``--out`` (long): ``cell, rung, layers, hidden, objective, pos, seed, step, tokens, metric, layer, value`` with ``val/loss`` and
   ``val/order_use`` (layer ``model``), the LayerNorm 3-sigma count ``layernorm/n_outlier_dims`` (Kovaleva's rule,
   ``model``), and per encoder layer ``abs_argmax_share``, ``abs_argmax_dim``, ``kurtosis``, ``max_median`` and, for
   cells whose monitors record them, ``abs_argmax_share_pos_<bucket>`` (that dimension's share per position bucket);
@@ -50,7 +50,7 @@ from outlierlab.reports.history import history_frame
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import md_table
 
-COLUMNS = ["rung", "layers", "hidden", "objective", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
+COLUMNS = ["cell", "rung", "layers", "hidden", "objective", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
 PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
 #: The monitors' by-position rows (outlierlab.analysis.monitoring.hidden_state_records): ``<prefix><bucket>``.
 POSITION_PREFIX = "abs_argmax_share_pos_"
@@ -83,7 +83,7 @@ def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_F
     layers, hidden = int(cfg.model.num_layers), int(cfg.model.hidden_size)
     per_step = (int(cfg.data.batch_size) * int(cfg.data.block_size) * int(cfg.trainer.get("accumulate_grad_batches")
                 or 1) * int(cfg.trainer.get("devices") if str(cfg.trainer.get("devices")).isdigit() else 1))
-    ident = {"rung": f"{layers}x{hidden}", "layers": layers, "hidden": hidden,
+    ident = {"cell": cell.name, "rung": f"{layers}x{hidden}", "layers": layers, "hidden": hidden,
              "objective": str(cfg.get("objective") or "mlm"), "pos": str(cfg.pos.name), "seed": int(cfg.seed)}
     parts = []
     hs = history_frame(cell / "monitor" / "hidden_states.csv")
@@ -150,7 +150,8 @@ def _first_marker(by_pos: pd.DataFrame) -> dict:
         high = part[part["value"] >= MARKER_HIGH]["statistic"].str.removeprefix(POSITION_PREFIX)
         if len(high) and (part["value"] <= MARKER_LOW).any():
             buckets = sorted(high, key=lambda b: int(b.split("-")[0]))
-            return {"marker_step": int(step), "marker_layer": int(layer), "marker_dim": int(part["dim"].iloc[0]),
+            dim = part["dim"].iloc[0]
+            return {"marker_step": int(step), "marker_layer": int(layer), "marker_dim": math.nan if pd.isna(dim) else int(dim),
                     "marker_buckets": " ".join(buckets)}
     return found
 
@@ -179,11 +180,12 @@ def ladder_tables(paths: Sequence[str | Path], share: float = SHARE, layer_fract
         rows, s = _cell_rows(cell, share, layer_fraction)
         long.append(rows)
         summary.append(s)
-    order = ["layers", "hidden", "objective", "pos", "seed", "step", "metric", "layer"]
+    order = ["layers", "hidden", "objective", "pos", "seed", "cell", "step", "metric", "layer"]
     table = pd.concat(long, ignore_index=True)
     table["layer"] = table["layer"].astype(str)
     return (table.sort_values(order, kind="stable").reset_index(drop=True),
-            pd.DataFrame(summary).sort_values(["layers", "hidden", "objective", "pos", "seed"]).reset_index(drop=True))
+            pd.DataFrame(summary).sort_values(["layers", "hidden", "objective", "pos", "seed", "cell"])
+            .reset_index(drop=True))
 
 
 def trajectories_markdown(table: pd.DataFrame, summary: pd.DataFrame, steps: Sequence[int] | None = None) -> str:
@@ -191,9 +193,8 @@ def trajectories_markdown(table: pd.DataFrame, summary: pd.DataFrame, steps: Seq
     encoder layer's largest |x| argmax share with its dimension; under it the cell's two events from ``summary``
     (``order_use_step``, ``marker_*``). The docs' per-step tables are this text, regenerated from the packed cells."""
     out = []
-    keys = ["rung", "objective", "pos", "seed"]
     for _, cell in summary.iterrows():
-        rows = table[(table[keys] == cell[keys].values).all(axis=1)]
+        rows = table[table["cell"] == cell["cell"]]  # two cells may share rung, pos and seed (replicates)
         wide = rows.pivot_table(index="step", columns=["metric", "layer"], values="value", aggfunc="last")
         at = sorted(int(s) for s in (steps if steps is not None else
                                      rows[rows["metric"] == "val/loss"]["step"].unique()) if s in wide.index)
@@ -209,7 +210,8 @@ def trajectories_markdown(table: pd.DataFrame, summary: pd.DataFrame, steps: Seq
 
             body.append([f"{step:,}", f"{get('val/loss'):.3f}", f"{get('val/order_use'):.2f}",
                          *(f"{get('abs_argmax_share', l):.2f} ({get('abs_argmax_dim', l):.0f})" for l in layers)])
-        title = f"{cell['rung']} {cell['objective']} pos={cell['pos']} seed {cell['seed']} (last step {cell['last_step']:,})"
+        title = (f"{cell['rung']} {cell['objective']} pos={cell['pos']} seed {cell['seed']} (cell {cell['cell']}, "
+                 f"last step {cell['last_step']:,})")
         recorded_order = (rows["metric"] == "val/order_use").any()
         recorded_marker = rows["metric"].str.startswith(POSITION_PREFIX).any()
         events = (f"Order use >= {ORDER_USE_THRESHOLD:g} nats: {_event(cell['order_use_step'], recorded_order)}. "
@@ -224,7 +226,7 @@ def trajectories_markdown(table: pd.DataFrame, summary: pd.DataFrame, steps: Seq
 def _event(step: Any, recorded: bool) -> str:
     if step == step:  # not NaN
         return f"from step {int(step):,}"
-    return "not reached" if recorded else "not recorded (the cell's logs predate it)"
+    return "not reached" if recorded else "not recorded"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
