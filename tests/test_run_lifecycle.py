@@ -86,6 +86,22 @@ def test_a_run_stopped_by_max_time_and_resumed_states_what_it_holds_at_each_stat
     assert logged == [0, 1, 2, 3]  # one training row per step: none repeated across the stop
 
 
+def test_a_run_stopped_before_its_first_checkpoint_interval_keeps_one_last_ckpt(tmp_path, shared_cache):
+    """A SIGTERM before the first ``every_n_train_steps`` leaves a last.ckpt the interrupt wrote, which Lightning's
+    ModelCheckpoint never did: resumed past the interval, it saved ``last-v1.ckpt`` beside it and kept writing there,
+    while ``encoder.name_or_path=<run>`` (and every reader by name) took the stale last.ckpt."""
+    from outlierlab.jobs import training
+
+    every3 = ("trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=3")
+    with pytest.raises(SystemExit):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=8", *every3, *stop_at(2, "signal")))
+    assert last_step(tmp_path) == 2
+    with pytest.raises(SystemExit):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=8", *every3, *stop_at(7, "signal")))
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt"))
+    assert "last-v1.ckpt" not in names and last_step(tmp_path) == 7, names
+
+
 def test_a_failed_run_resumed_and_stopped_by_a_signal_is_not_read_as_failed(tmp_path, shared_cache):
     """(b) failed.json tells how the last attempt ended: a resume stopped by SIGTERM is interrupted, not failed
     (it kept the earlier attempt's error, and ``failed_run`` returned it)."""
