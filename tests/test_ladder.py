@@ -148,6 +148,17 @@ def test_the_markdown_trajectory_states_each_validated_step_and_the_two_events(t
                      "buckets 1).")
 
 
+def test_an_xz_long_table_reads_as_the_plain_one(tmp_path):
+    import pandas as pd
+
+    _plant(tmp_path / "a", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (5, 0.7), (2, 0.3)]})
+    assert ladder.main([str(tmp_path / "a"), "--out", str(tmp_path / "p" / "l.csv")]) == 0
+    assert ladder.main([str(tmp_path / "a"), "--out", str(tmp_path / "x" / "l.csv.xz")]) == 0
+    assert (tmp_path / "x" / "l.csv.xz").read_bytes()[:6] == b"\xfd7zXZ\x00"  # xz, not plain text
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "x" / "l.csv.xz"), pd.read_csv(tmp_path / "p" / "l.csv"))
+    assert (tmp_path / "x" / "l_summary.csv").read_text() == (tmp_path / "p" / "l_summary.csv").read_text()
+
+
 def test_two_cells_of_the_same_rung_pos_and_seed_keep_their_own_rows(tmp_path):
     # replicates (a packed study and a sweep folder of the same cells): each section is its own cell's numbers
     _plant(tmp_path / "r1", {0: [(5, 0.9), (1, 0.1), (2, 0.1)], 250: [(5, 0.9), (7, 0.3), (3, 0.2)]})

@@ -2,7 +2,7 @@
 
     python -m outlierlab.studies.ladder multirun/scale_ladder [more dirs] --out docs/gpu/ladder.csv
     python -m outlierlab.studies.ladder multirun/scale_ladder --out strict.csv --share 0.9 --layer-fraction 0.75
-    python -m outlierlab.studies.ladder docs/gpu/ladder_cpu.parquet --out docs/gpu/ladder_cpu.csv --markdown docs/gpu/ladder_cpu.md
+    python -m outlierlab.studies.ladder docs/gpu/ladder_cpu.parquet --out docs/gpu/ladder_cpu.csv.xz --markdown docs/gpu/ladder_cpu.md
 
 Reads each train.py cell under the given folders or packed studies (its resolved ``config.yaml``, ``csv/metrics.csv`` and the live
 monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
@@ -36,6 +36,7 @@ groups, while this reads when something first happens in each cell.
 from __future__ import annotations
 
 import argparse
+import lzma
 import math
 import sys
 from pathlib import Path
@@ -232,7 +233,7 @@ def _event(step: Any, recorded: bool) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.ladder", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="folders holding the ladder's train.py cells")
-    parser.add_argument("--out", required=True, help="the long CSV (its _summary.csv goes beside it)")
+    parser.add_argument("--out", required=True, help="the long CSV, .csv or .csv.xz (its _summary.csv goes beside it)")
     parser.add_argument("--share", type=float, default=SHARE,
                         help="a Luo-type dimension holds at least this share of the tokens' |x| argmax (default 0.5)")
     parser.add_argument("--layer-fraction", type=float, default=LAYER_FRACTION,
@@ -250,8 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # atomically, as every study output: a full disk or a kill never leaves a table cut under its own name
-    write_atomic(out, table.to_csv(index=False, float_format="%.6g"))
-    write_atomic(out.with_name(out.stem + "_summary.csv"), summary.to_csv(index=False, float_format="%.6g"))
+    long = table.to_csv(index=False, float_format="%.6g").encode()
+    # --out x.csv.xz: the long table xz-compressed (pandas reads it as it is), the summary beside it as x_summary.csv
+    write_atomic(out, lzma.compress(long) if out.suffix == ".xz" else long)
+    stem = out.name.removesuffix(".xz").removesuffix(".csv")
+    write_atomic(out.with_name(stem + "_summary.csv"), summary.to_csv(index=False, float_format="%.6g"))
     if args.markdown:
         write_atomic(Path(args.markdown), trajectories_markdown(table, summary))
     print(summary.to_string(index=False))
