@@ -202,6 +202,33 @@ def test_a_resume_refuses_optimizer_settings_its_checkpoint_would_override(tmp_p
             f"`module.scheduler.num_warmup_steps` {warmup!r} → 1, `trainer.max_steps` 2 → 4") in card
 
 
+def test_a_resume_that_failed_at_once_is_not_the_baseline_of_the_next_ones_changes(tmp_path, shared_cache,
+                                                                                  monkeypatch):
+    """A resume that fails before its first step (an OOM after raising the batch size) still wrote its config.yaml;
+    the next start's ``config_changes`` compare against the settings the checkpoint trained with, not those."""
+    from outlierlab.jobs import training
+
+    training.train(small_cfg(tmp_path, "trainer.max_steps=2", *COMMON))
+    warmup = yaml.safe_load((tmp_path / "config.yaml").read_text())["module"]["scheduler"]["num_warmup_steps"]
+    assert warmup != 1
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory")
+
+    with monkeypatch.context() as m:
+        m.setattr(L.Trainer, "fit", out_of_memory)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            training.train(small_cfg(tmp_path, "trainer.max_steps=4", "module.scheduler.num_warmup_steps=1", *COMMON))
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["module"]["scheduler"]["num_warmup_steps"] == 1
+    training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))
+    assert finished_run(tmp_path)["global_step"] == 4
+    starts = run_state.code_versions(tmp_path)
+    assert [s["global_step_at_start"] for s in starts] == [0, 2, 2]
+    assert starts[1]["config_changes"]["module.scheduler.num_warmup_steps"] == [warmup, 1]
+    # what trained from step 2 differs from what trained to step 2 only in the budget
+    assert starts[2]["config_changes"] == {"module.scheduler.num_training_steps": [2, 4], "trainer.max_steps": [2, 4]}
+
+
 def test_optimizer_settings_ignored_compares_the_first_group_and_its_peak_rate():
     groups = [{"lr": 9.3e-5, "initial_lr": 7e-4, "betas": (0.9, 0.98), "eps": 1e-6, "weight_decay": 0.01},
               {"lr": 9.3e-5, "initial_lr": 7e-4, "betas": (0.9, 0.98), "eps": 1e-6, "weight_decay": 0.0}]

@@ -2,7 +2,7 @@
 the newest readable one of an unfinished run, checked against the model); what the run's last end, or an abandoned
 timeline, wrote leaves the names readers take as the run's own; a resume whose settings its checkpoint would
 override is refused, and every other setting a resume changes is recorded (:func:`config_changes`, in that start's
-line of ``code_versions.jsonl``).
+line of ``code_versions.jsonl``) against the settings its checkpoint trained with (:class:`ConfigInCheckpoint`).
 
 train.py calls these at a start that resumes (:func:`outlierlab.jobs.training.train`); the markers and the manifest
 themselves are :mod:`outlierlab.jobs.run_state`'s (docs/run_directories.md, the lifecycle table).
@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from outlierlab.jobs.run_state import FINISHED_MARKER, MANIFEST
@@ -23,6 +24,9 @@ from outlierlab.models import EncoderConfig
 from outlierlab.models.checkpoint import read_checkpoint
 
 log = logging.getLogger(__name__)
+
+#: The key under which a checkpoint holds the resolved config of the start that wrote it (:class:`ConfigInCheckpoint`).
+TRAINED_CONFIG = "outlierlab_config"
 
 #: The export folders train.py writes at a run's end (``hf/``: a plain RoBERTa; ``model/``: everything else).
 END_EXPORTS = ("hf", "model")
@@ -94,9 +98,25 @@ def check_checkpoint_matches(ckpt: dict[str, Any], config: EncoderConfig, path: 
         raise ValueError(f"checkpoint {path} belongs to a different model config ({'; '.join(diff)})")
 
 
-def resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig) -> tuple[str | None, int]:
-    """``(ckpt_path for trainer.fit, its step)``: the requested checkpoint, or the last one of an unfinished run
-    in ``run_dir`` (a re-run cell of a sweep continues), checked against the model about to be built."""
+class ConfigInCheckpoint(L.Callback):
+    """Writes the start's resolved config into every checkpoint it saves (under :data:`TRAINED_CONFIG`).
+
+    A resume's :func:`config_changes` compare against it: the settings the resumed state trained with.
+    ``config.yaml`` cannot serve -- a start that failed before its first step (an OOM after raising the batch size)
+    rewrote it with settings that never trained, and the next start would have been recorded as changing those."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint[TRAINED_CONFIG] = self.config
+
+
+def resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig
+                 ) -> tuple[str | None, int, dict[str, Any] | None]:
+    """``(ckpt_path for trainer.fit, its step, the config it trained with)``: the requested checkpoint, or the last
+    one of an unfinished run in ``run_dir`` (a re-run cell of a sweep continues), checked against the model about to
+    be built.  The config is None for a fresh start, and for a checkpoint written before checkpoints held one."""
     requested = cfg.get("ckpt_path")
     if requested in (None, "", "null") and any((run_dir / "checkpoints").glob("*.ckpt")):
         if not cfg.get("resume", True):
@@ -109,7 +129,7 @@ def resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig) -> tuple
                  run_dir)
         requested = "last"
     ckpt_path, ckpt = resolve_checkpoint(requested, run_dir)
-    start_step = 0
+    start_step, trained_config = 0, None
     if ckpt is not None:
         check_checkpoint_matches(ckpt, config, ckpt_path)
         optimizer = OmegaConf.select(cfg, "module.optimizer")
@@ -120,13 +140,14 @@ def resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig) -> tuple
                              "resume restores its optimizer state, so they would not take effect while config.yaml "
                              "stated them: drop the override(s), or train a new run in another run_dir")
         start_step = int(ckpt.get("global_step", 0))
+        trained_config = ckpt.get(TRAINED_CONFIG) if isinstance(ckpt.get(TRAINED_CONFIG), dict) else None
         del ckpt
         max_steps = OmegaConf.select(cfg, "trainer.max_steps")
         if isinstance(max_steps, int) and 0 < max_steps < start_step:  # it would finish "at max_steps" holding more
             raise ValueError(f"checkpoint {ckpt_path} holds step {start_step}, past trainer.max_steps={max_steps}: a "
                              f"resume cannot shorten a run; give trainer.max_steps>={start_step}, or train "
                              f"{max_steps} steps in another run_dir")
-    return ckpt_path, start_step
+    return ckpt_path, start_step, trained_config
 
 
 def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
@@ -266,11 +287,11 @@ def _run_control(key: str) -> bool:
     return any(key == c or key.startswith(c + ".") for c in RUN_CONTROLS)
 
 
-def config_changes(previous_yaml: Path, config: dict[str, Any]) -> dict[str, list[Any]]:
+def config_changes(before: dict[str, Any] | Path, config: dict[str, Any]) -> dict[str, list[Any]]:
     """``{key: [before, now]}`` for every setting of ``config`` (the resolved config of a start that resumes) that
-    differs from ``previous_yaml`` (the ``config.yaml`` the run's last start wrote, which this start replaces); a
-    key only one side has pairs with None; :data:`RUN_CONTROLS` are not compared. {} when the file is absent or
-    unreadable.
+    differs from ``before``: the config its checkpoint trained with (:data:`TRAINED_CONFIG`), or for a checkpoint
+    that holds none the ``config.yaml`` the run's last start wrote (a path); a key only one side has pairs with
+    None; :data:`RUN_CONTROLS` are not compared. {} when the file is absent or unreadable.
 
     Recorded, not refused: a resume may rightly change what does not touch the trained state (``trainer.max_steps``
     extended, ``trainer.max_time``, a monitor's interval), and one that does (``data.files``, the masking rate)
@@ -278,10 +299,11 @@ def config_changes(previous_yaml: Path, config: dict[str, Any]) -> dict[str, lis
     last start's settings, as if the whole run had trained with them."""
     import yaml
 
-    try:
-        before = yaml.safe_load(Path(previous_yaml).read_text())
-    except (OSError, ValueError):
-        return {}
+    if not isinstance(before, dict):
+        try:
+            before = yaml.safe_load(Path(before).read_text())
+        except (OSError, ValueError):
+            return {}
     if not isinstance(before, dict):
         return {}
     old, new = dotted_keys(before), dotted_keys(config)

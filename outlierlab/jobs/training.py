@@ -34,7 +34,8 @@ from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space,
 from outlierlab.jobs.overrides import unwritable_run_dir
 from outlierlab.jobs.run_errors import disk_full_error, error_line
 from outlierlab.jobs.run_lock import lock_run_dir
-from outlierlab.jobs.run_resume import config_changes, resume_point, set_aside_end_state, set_aside_later_timeline
+from outlierlab.jobs.run_resume import (ConfigInCheckpoint, config_changes, resume_point, set_aside_end_state,
+                                        set_aside_later_timeline)
 from outlierlab.jobs.run_state import (CODE_VERSIONS, FAILED_MARKER, finished_run, mark_failed, mark_finished,
                                        record_start, release_room, reserve_room)
 from outlierlab.jobs.startup import one_console_for_lightning
@@ -250,22 +251,22 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
             f"data.block_size={datamodule.block_size} is larger than the model's max_len={config.max_len}; "
             f"lower data.block_size or raise model.max_len"
         )
-    ckpt_path, start_step = resume_point(cfg, run_dir, config)
+    ckpt_path, start_step, trained_config = resume_point(cfg, run_dir, config)
     module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config)
     # Lightning's model summary counts FLOPs on this input (torch's FlopCounterMode over one forward): one
     # training block; without it the summary printed "Total FLOPs: 0".  Token ids do not change the count.
     module.example_input_array = {"input_ids": torch.zeros(1, datamodule.block_size, dtype=torch.long)}
     ensure_room(run_dir, module, cfg)
-    trainer = _make_trainer(cfg)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    trainer = _make_trainer(cfg, ConfigInCheckpoint(resolved))
     progress["trainer"] = trainer
 
     report_data_budget(datamodule, trainer, cfg.get("data_epochs_warning"))
     log.info("%d intra-op thread(s) for this run", threads)
     if trainer.global_rank == 0:
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        changes = config_changes(run_dir / "config.yaml", resolved) if ckpt_path is not None else {}
+        changes = {} if ckpt_path is None else config_changes(trained_config or run_dir / "config.yaml", resolved)
         if changes:  # recorded in this start's line (and the model card), then config.yaml states the new ones
-            log.warning("resuming with %d setting(s) changed since the run's last start (recorded in %s): %s",
+            log.warning("resuming with %d setting(s) other than its checkpoint trained with (recorded in %s): %s",
                         len(changes), CODE_VERSIONS, "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()))
         # code_versions.jsonl: a resume on other code, or with other settings, says so
         record_start(run_dir, start_step, config_changes=changes)
@@ -294,9 +295,11 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     return _finish(cfg, run_dir, trainer, module, config, tokenizer)
 
 
-def _make_trainer(cfg: DictConfig) -> L.Trainer:
-    """The Lightning Trainer of ``cfg.trainer`` with the configured callbacks, loggers and checkpoint IO."""
+def _make_trainer(cfg: DictConfig, *own: L.Callback) -> L.Trainer:
+    """The Lightning Trainer of ``cfg.trainer`` with the configured callbacks, ``own`` (the run's bookkeeping, not
+    a choice), loggers and checkpoint IO."""
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    callbacks += own
     loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     # checkpoints staged beside their destination (Lightning #21253): no torn file under a checkpoint's name
     plugins = list(hydra.utils.instantiate(cfg.trainer.get("plugins")) or [])
