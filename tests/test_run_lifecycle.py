@@ -65,7 +65,7 @@ def card_steps(export: Path) -> str:
 
 def test_a_run_stopped_by_max_time_and_resumed_states_what_it_holds_at_each_state(tmp_path, shared_cache):
     """(a) The Timer's stop runs the run's end (export, card) but leaves it unfinished; the resume with a larger
-    budget sets that export aside and ends with a new one."""
+    budget removes that export (a copy of the checkpoint it resumes from) and ends with a new one."""
     from outlierlab.jobs import training
 
     training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON, *stop_at(2, "timer")))
@@ -80,7 +80,8 @@ def test_a_run_stopped_by_max_time_and_resumed_states_what_it_holds_at_each_stat
     training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))  # the larger max_time: to the end
     assert finished_run(tmp_path)["global_step"] == 4 and verify_manifest(tmp_path) == []
     assert card_steps(tmp_path / "hf") == "* **Steps:** 4 of max_steps 4"
-    assert card_steps(tmp_path / "hf.before-resume-at-step2") == "* **Steps:** 2 of max_steps 4 (stopped early)"
+    # the stop's export was a copy of the step-2 checkpoint the resume started from: not kept as a second model
+    assert sorted(p.name for p in tmp_path.iterdir() if "hf" in p.name) == ["hf"]
     with open(tmp_path / "csv" / "metrics.csv", newline="") as f:
         logged = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")]
     assert logged == [0, 1, 2, 3]  # one training row per step: none repeated across the stop

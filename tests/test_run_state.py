@@ -233,6 +233,23 @@ def test_set_aside_end_state_keeps_every_earlier_export_and_unmarks_the_run(cell
     assert run_resume.set_aside_end_state(cell, 20) == []  # nothing left to set aside
 
 
+def test_set_aside_end_state_removes_the_export_of_a_stop_at_the_step_it_resumes_from(cell):
+    """A run trained in fixed-length calls (max_time) exports at each stop: that export is a copy of the checkpoint
+    the next call resumes from, so it goes; one of another step (resumed from an older checkpoint) is kept."""
+    from outlierlab.jobs.model_card import record_trained_steps
+
+    (cell / "finished.json").unlink()  # stopped early
+    record_trained_steps(cell / "hf", 20)
+    assert run_resume.set_aside_end_state(cell, 20) == [
+        "hf/ held step 20 of a run stopped early, the checkpoint this resume starts from: removed (the run's end "
+        "exports anew)"]
+    assert sorted(p.name for p in cell.iterdir() if p.name.startswith(("hf", ".hf"))) == []
+    (cell / "hf").mkdir()
+    record_trained_steps(cell / "hf", 30)  # a stop at 30, resumed from the step-20 checkpoint: the only step 30
+    run_resume.set_aside_end_state(cell, 20)
+    assert (cell / "hf.before-resume-at-step20" / "trained_steps.json").exists()
+
+
 def test_a_resumed_run_stopped_before_its_end_loads_as_its_last_checkpoint(tmp_path, shared_cache, monkeypatch):
     """A run exported at step 2, then resumed towards 4 and stopped before its end: ``hf/`` must not keep
     claiming to be the run (the loader would take the step-2 model over last.ckpt)."""

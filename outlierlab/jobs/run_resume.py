@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -155,24 +156,43 @@ def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
     names readers take as the run's result. ``finished.json`` (a run given more steps is unfinished again) is
     removed first, then ``manifest.json`` (it describes the files of that end: the study aggregator takes a cell
     with a manifest as checked by it, and skipped the CSV checks of an extended cell stopped before its new end),
-    then the export ``hf/`` or ``model/`` is renamed to ``<name>.before-resume-at-step<N>`` (kept:
-    it may hold a step no checkpoint holds, a run stopped by ``max_time`` exports past its last checkpoint).
+    then the export ``hf/`` or ``model/``:
+
+    * the end of a run stopped early (``max_time``, a signal) exported the step of the checkpoint this resume starts
+      from (``trained_steps.json`` says which): a copy of it, **removed** -- a GPU run trained in fixed-length calls
+      would otherwise keep one full model per call;
+    * any other (a finished run given more steps; a stopped run resumed from an older checkpoint) is renamed to
+      ``<name>.before-resume-at-step<N>``: it holds a model no checkpoint of the run may hold any more.
+
     Without this, a resumed run stopped before its end kept an older export under ``hf/``, and
     ``encoder.name_or_path=<run>`` loaded that instead of the newer ``last.ckpt``. The run's end writes a new
-    export and manifest. Returns one line per export set aside. (Each step is one rename or unlink: a kill leaves
-    the export whole under one name or the other.)"""
+    export and manifest. Returns one line per export. (Each step is one rename or unlink, a removal renames first:
+    a kill leaves an export whole under one name, or under a hidden name that is no export.)"""
+    from outlierlab.jobs.model_card import trained_steps  # lazy: the card's module reads the run's files
+
     run_dir = Path(run_dir)
+    finished = (run_dir / FINISHED_MARKER).exists()
     (run_dir / FINISHED_MARKER).unlink(missing_ok=True)
     (run_dir / MANIFEST).unlink(missing_ok=True)
-    moved = []
+    lines = []
     for sub in END_EXPORTS:
-        if not (run_dir / sub).is_dir():
+        for leftover in run_dir.glob(f".{sub}.removing*"):  # a removal a kill interrupted
+            shutil.rmtree(leftover, ignore_errors=True)
+        export = run_dir / sub
+        if not export.is_dir():
+            continue
+        if not finished and trained_steps(export) == int(resumed_from):
+            doomed = _unused(run_dir / f".{sub}.removing")
+            os.replace(export, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+            lines.append(f"{sub}/ held step {int(resumed_from)} of a run stopped early, the checkpoint this resume "
+                         "starts from: removed (the run's end exports anew)")
             continue
         target = _unused(run_dir / f"{sub}.before-resume-at-step{int(resumed_from)}")
-        os.replace(run_dir / sub, target)
-        moved.append(f"{sub}/ holds the model of the run's previous end: moved to {target.name}/ (training resumes "
+        os.replace(export, target)
+        lines.append(f"{sub}/ holds the model of the run's previous end: moved to {target.name}/ (training resumes "
                      f"from step {int(resumed_from)}; the run's end exports anew)")
-    return moved
+    return lines
 
 
 def _unused(path: Path) -> Path:
