@@ -35,7 +35,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from outlierlab.jobs.run_state import code_versions, finished_run, read_json
+from outlierlab.jobs.run_state import changes_text, code_versions, finished_run, read_json
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import read_rows
 
@@ -415,11 +415,8 @@ def _reproduce(d: dict) -> list[str]:
 
 def _changed(start: dict) -> str:
     """What a resume changed, as the card states it: the command above gives only the last start's overrides."""
-    changes = start.get("config_changes") or {}
-    if not isinstance(changes, dict) or not changes:
-        return ""
-    return "; settings changed at this resume: " + ", ".join(
-        f"`{k}` {pair[0]!r} → {pair[1]!r}" for k, pair in changes.items() if isinstance(pair, list) and len(pair) == 2)
+    text = changes_text(start, markdown=True)
+    return f"; settings changed at this resume: {text}" if text else ""
 
 
 def write_model_card(run_dir: str | Path, export_dir: str | Path, global_step: int | None = None) -> Path:

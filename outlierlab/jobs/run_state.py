@@ -95,6 +95,19 @@ def record_start(run_dir: Path, global_step: int,
     return line
 
 
+def changes_text(start: dict[str, Any], markdown: bool = False) -> str:
+    """The settings a start's line of ``code_versions.jsonl`` records as changed (``config_changes``), as
+    ``key before -> after, ...`` (``markdown``: keys as code, an arrow); "" when it changed none. The one wording
+    of the log, the model card and the study's notes."""
+    changes = start.get("config_changes")
+    if not isinstance(changes, dict):
+        return ""
+    pairs = [(k, pair) for k, pair in changes.items() if isinstance(pair, list) and len(pair) == 2]
+    if markdown:
+        return ", ".join(f"`{k}` {a!r} → {b!r}" for k, (a, b) in pairs)
+    return ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in pairs)
+
+
 def code_versions(run_dir: Path) -> list[dict[str, Any]]:
     """Every parseable line of ``code_versions.jsonl`` (a line torn by a crash is skipped)."""
     try:

@@ -36,8 +36,8 @@ from outlierlab.jobs.run_errors import disk_full_error, error_line
 from outlierlab.jobs.run_lock import lock_run_dir
 from outlierlab.jobs.run_resume import (ConfigInCheckpoint, config_changes, resume_point, set_aside_end_state,
                                         set_aside_later_timeline)
-from outlierlab.jobs.run_state import (CODE_VERSIONS, FAILED_MARKER, finished_run, mark_failed, mark_finished,
-                                       record_start, release_room, reserve_room)
+from outlierlab.jobs.run_state import (CODE_VERSIONS, FAILED_MARKER, changes_text, finished_run, mark_failed,
+                                       mark_finished, record_start, release_room, reserve_room)
 from outlierlab.jobs.startup import one_console_for_lightning
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
@@ -265,11 +265,12 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     log.info("%d intra-op thread(s) for this run", threads)
     if trainer.global_rank == 0:
         changes = {} if ckpt_path is None else config_changes(trained_config or run_dir / "config.yaml", resolved)
-        if changes:  # recorded in this start's line (and the model card), then config.yaml states the new ones
+        # code_versions.jsonl: a resume on other code, or with other settings, says so (and the model card, the
+        # study's notes), since config.yaml then states only this start's
+        start = record_start(run_dir, start_step, config_changes=changes)
+        if changes:
             log.warning("resuming with %d setting(s) other than its checkpoint trained with (recorded in %s): %s",
-                        len(changes), CODE_VERSIONS, "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()))
-        # code_versions.jsonl: a resume on other code, or with other settings, says so
-        record_start(run_dir, start_step, config_changes=changes)
+                        len(changes), CODE_VERSIONS, changes_text(start))
         (run_dir / FAILED_MARKER).unlink(missing_ok=True)  # it tells how the last attempt ended; this one has not
         if ckpt_path is not None and not 0 < trainer.max_steps <= start_step:  # training past the last end (also
             # from a step-0 checkpoint): its export and finished.json go aside (run_resume.set_aside_end_state)

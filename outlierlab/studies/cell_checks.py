@@ -69,5 +69,4 @@ def resumed_with_changes(path: Path) -> list[str]:
     """One note per start that resumed the cell with other settings (``code_versions.jsonl``): its config.yaml
     states the last start's, so a reader of the study learns here that part of the run trained otherwise."""
     return [f"{path.name}: resumed at step {v.get('global_step_at_start', '?')} with other settings: "
-            + ", ".join(f"{k} {pair[0]!r} -> {pair[1]!r}" for k, pair in v["config_changes"].items())
-            for v in run_state.code_versions(path) if isinstance(v.get("config_changes"), dict) and v["config_changes"]]
+            f"{run_state.changes_text(v)}" for v in run_state.code_versions(path) if run_state.changes_text(v)]
