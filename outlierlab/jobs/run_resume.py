@@ -158,8 +158,8 @@ def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
     with a manifest as checked by it, and skipped the CSV checks of an extended cell stopped before its new end),
     then the export ``hf/`` or ``model/``:
 
-    * the end of a run stopped early (``max_time``, a signal) exported the step of the checkpoint this resume starts
-      from (``trained_steps.json`` says which): a copy of it, **removed** -- a GPU run trained in fixed-length calls
+    * the end of a run stopped early by ``max_time`` (a signal exports nothing) exported the step of the checkpoint
+      this resume starts from (``trained_steps.json`` says which): a copy of it, **removed** -- a GPU run trained in fixed-length calls
       would otherwise keep one full model per call;
     * any other (a finished run given more steps; a stopped run resumed from an older checkpoint) is renamed to
       ``<name>.before-resume-at-step<N>``: it holds a model no checkpoint of the run may hold any more.
