@@ -159,8 +159,8 @@ def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
     then the export ``hf/`` or ``model/``:
 
     * the end of a run stopped early by ``max_time`` (a signal exports nothing) exported the step of the checkpoint
-      this resume starts from (``trained_steps.json`` says which): a copy of it, **removed** -- a GPU run trained in fixed-length calls
-      would otherwise keep one full model per call;
+      this resume starts from (``trained_steps.json`` says which): a copy of it, **removed** -- a GPU run trained in
+      fixed-length calls would otherwise keep one full model per call;
     * any other (a finished run given more steps; a stopped run resumed from an older checkpoint) is renamed to
       ``<name>.before-resume-at-step<N>``: it holds a model no checkpoint of the run may hold any more.
 
@@ -170,7 +170,7 @@ def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
     a kill leaves an export whole under one name, or under a hidden name that is no export.)"""
     from outlierlab.jobs.model_card import trained_steps  # lazy: the card's module reads the run's files
 
-    run_dir = Path(run_dir)
+    run_dir, step = Path(run_dir), int(resumed_from)
     finished = (run_dir / FINISHED_MARKER).exists()
     (run_dir / FINISHED_MARKER).unlink(missing_ok=True)
     (run_dir / MANIFEST).unlink(missing_ok=True)
@@ -181,17 +181,17 @@ def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
         export = run_dir / sub
         if not export.is_dir():
             continue
-        if not finished and trained_steps(export) == int(resumed_from):
+        if not finished and trained_steps(export) == step:
             doomed = _unused(run_dir / f".{sub}.removing")
             os.replace(export, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
-            lines.append(f"{sub}/ held step {int(resumed_from)} of a run stopped early, the checkpoint this resume "
-                         "starts from: removed (the run's end exports anew)")
+            lines.append(f"{sub}/ held step {step} of a run stopped early, the checkpoint this resume starts from: "
+                         "removed (the run's end exports anew)")
             continue
-        target = _unused(run_dir / f"{sub}.before-resume-at-step{int(resumed_from)}")
+        target = _unused(run_dir / f"{sub}.before-resume-at-step{step}")
         os.replace(export, target)
         lines.append(f"{sub}/ holds the model of the run's previous end: moved to {target.name}/ (training resumes "
-                     f"from step {int(resumed_from)}; the run's end exports anew)")
+                     f"from step {step}; the run's end exports anew)")
     return lines
 
 

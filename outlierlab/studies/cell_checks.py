@@ -68,5 +68,5 @@ def check_cell(path: Path, files: list[str]) -> tuple[list[str], str, list[str]]
 def resumed_with_changes(path: Path) -> list[str]:
     """One note per start that resumed the cell with other settings (``code_versions.jsonl``): its config.yaml
     states the last start's, so a reader of the study learns here that part of the run trained otherwise."""
-    return [f"{path.name}: resumed at step {v.get('global_step_at_start', '?')} with other settings: "
-            f"{run_state.changes_text(v)}" for v in run_state.code_versions(path) if run_state.changes_text(v)]
+    return [f"{path.name}: resumed at step {v.get('global_step_at_start', '?')} with other settings: {text}"
+            for v in run_state.code_versions(path) if (text := run_state.changes_text(v))]
