@@ -1,0 +1,67 @@
+"""Kovaleva et al.'s "random vs outliers" comparison of several evaluate.py runs side by side, as one Markdown table.
+
+    python -m outlierlab.studies.ablation_table docs/gpu/ladder_cpu_ablation.parquet
+    python -m outlierlab.studies.ablation_table outputs/evaluate/<date>      # a folder of evaluate.py run dirs
+
+One row per run directory with ``ablation.csv`` (``analyses=[ablation]``) and per set of dims it disabled (the
+``outliers`` condition: the rule's dims or ``ablation.outlier_dims``; the ``user`` one: ``ablation.dims``): the intact
+model's loss, how much zeroing the set's LayerNorm gain and bias raised the loss and changed top-1 accuracy, what each
+random draw of as many dims did (mean, smallest, largest), and how many of the draws the set's rise exceeds.  Above
+all ``n`` draws is the one-sided rank test of "these dims matter more than random ones" at p = 1/(n+1); the draws
+are of as many dims as the ``outliers`` set, so a ``user`` set of another size gets no comparison ("–").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from outlierlab.utils.tables import md_table
+
+HEADER = ["run", "intact loss", "dims zeroed", "Δ loss", "Δ top-1", "random dims: Δ loss mean (min to max)",
+          "Δ loss above"]
+
+
+def ablation_rows(runs: Path) -> list[list[str]]:
+    """The table's rows for every run directory under ``runs`` that has ``ablation.csv`` (runs in name order)."""
+    if not runs.is_dir():
+        raise FileNotFoundError(f"{runs} is not a folder of evaluate.py run directories")
+    rows = []
+    for run in sorted(p for p in runs.iterdir() if (p / "ablation.csv").is_file()):
+        table = pd.read_csv(run / "ablation.csv", dtype={"dims": str})
+        intact = table[table.condition == "intact"].iloc[0]
+        draws = table[table.condition == "random_draw"]
+        rises = draws.loss - intact.loss
+        for row in table[table.condition.isin(["outliers", "user"])].itertuples():
+            rise = row.loss - intact.loss
+            comparable = len(draws) > 0 and int(draws.n_dims.iloc[0]) == int(row.n_dims)
+            rows.append([run.name, f"{intact.loss:.3f}", row.dims.replace(";", " "), f"{rise:+.3f}",
+                         f"{row.top1 - intact.top1:+.3f}",
+                         f"{rises.mean():+.3f} ({rises.min():+.3f} to {rises.max():+.3f})" if comparable else "–",
+                         f"{int((rises < rise).sum())} of {len(rises)}" if comparable else "–"])
+    if not rows:
+        raise FileNotFoundError(f"no evaluate.py run under {runs} has ablation.csv with disabled dims "
+                                "(analyses=[ablation], with LayerNorm outlier dims or ablation.outlier_dims/dims)")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", help="a folder of evaluate.py run directories, or a study table (.parquet) of them")
+    args = ap.parse_args(argv)
+    from outlierlab.studies.table import resolve
+
+    try:
+        rows = ablation_rows(resolve(args.runs))
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(md_table(HEADER, rows, cell=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
