@@ -181,6 +181,9 @@ def test_random_draws_avoid_outliers_and_follow_the_seed():
     for ds in d1 + d3:
         dims = [int(x) for x in ds.split(";")]
         assert len(dims) == 10 and not set(dims) & set(outliers)
+    # the user's dims are under study too: no draw holds one (31 is the only dim neither names)
+    rows = run_ablation(loaded, batches, ["output"], [0], list(range(1, 31)), n_random=4, seed=11, top_k=5).rows
+    assert [r["dims"] for r in rows if r["condition"] == "random_draw"] == ["31"] * 4
 
 
 # ---------------------------------------------------------------------------------------------- run()

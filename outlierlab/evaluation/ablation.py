@@ -13,7 +13,8 @@ masked-LM, while zeroing as many random dims does almost nothing.  This module r
 * **disabled** — gain and bias of those dims set to 0 in the norms the rule judged (or
   ``ablation.layernorms``), by :func:`outlierlab.models.layernorms.zero_layernorm_dims`, which restores the weights after;
 * **controls** — the intact model; the same number of random dims (``n_random`` seeded draws,
-  :func:`outlierlab.analysis.outlier_dims.random_dims`, never including the outlier dims), reported as mean ± std; and
+  :func:`outlierlab.analysis.outlier_dims.random_dims`, never including the outlier dims nor the user's), reported as
+  mean ± std; and
   the dims the user names (``ablation.dims``);
 * **score** — with the model's own LM head: for encoders the masked-LM loss, perplexity (exp of the mean
   loss per masked token) and top-1 accuracy on held-out text — evaluation masking is deterministic: 15% of
@@ -85,8 +86,9 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
                  example: str | None = None, top_k: int) -> AblationOutcome:
     """Score ``batches`` intact, with the outlier dims, random dims and user dims disabled.
 
-    Random control: ``n_random`` draws of ``len(outlier_dims)`` dims avoiding the outlier dims (if no
-    outlier dims are given: ``len(user_dims)`` dims avoiding the user's), from one generator seeded with
+    Random control: ``n_random`` draws of ``len(outlier_dims)`` dims (if no outlier dims are given:
+    ``len(user_dims)``) avoiding the outlier dims and the user's -- both are under study, so a draw holding one
+    would not be random -- from one generator seeded with
     ``seed``.  Rows: ``intact``, ``outliers``, ``random`` (mean ± sample std over draws), one
     ``random_draw`` per draw, ``user`` (see :data:`ROW_FIELDS`).  ``n_random``, ``seed`` and ``top_k`` have no
     Python default: ``configs/evaluate.yaml`` (section ``ablation``) states them once.  ``batches`` hold
@@ -124,7 +126,8 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
     control = outlier_dims or user_dims
     if control and n_random > 0:
         gen = torch.Generator().manual_seed(int(seed))
-        draws = [random_dims(d, len(control), exclude=control, generator=gen) for _ in range(n_random)]
+        studied = {*outlier_dims, *user_dims}
+        draws = [random_dims(d, len(control), exclude=studied, generator=gen) for _ in range(n_random)]
         per = [score(ds, "random") for ds in draws]
         mean = {k: statistics.fmean(s[k] for s in per) for k in ("loss", "ppl", "top1")}
         std = {k: statistics.stdev(s[k] for s in per) if len(per) > 1 else 0.0 for k in ("loss", "ppl", "top1")}

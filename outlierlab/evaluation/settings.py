@@ -424,7 +424,7 @@ class AblationSettings(_TextSettings):
     outlier_dims: Ints | None = None
     #: your own dims, reported as a separate condition
     dims: Ints = ()
-    #: random control draws (same count as the outlier dims, never including them)
+    #: random control draws (same count as the outlier dims, never including them nor `dims`)
     n_random: AtLeast0 = 5
     #: masking and random draws; null = the global seed
     seed: int | None = None
