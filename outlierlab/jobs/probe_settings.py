@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from outlierlab.evaluation.settings import (AtLeast1, Floats, OutliersSettings, Positive, require, settings_class,
-                                            load_settings)
+from outlierlab.evaluation.settings import OutliersSettings, load_settings
+from outlierlab.utils.typed_settings import AtLeast1, Floats, Positive, require, settings_class
 
 __all__ = ["ProbeSettings", "check_settings"]
 
