@@ -163,6 +163,30 @@ def test_mlm_scores_hand_computed():
     assert s["ppl"] == pytest.approx(math.exp((l0 + l2) / 2), rel=1e-6)
 
 
+def test_mlm_scores_by_position_hand_computed():
+    """Each scored token in the bucket of its position (1, 2-3, 4-7): real tokens counted, so under left padding
+    column 3 is position 1; the buckets add up to the whole."""
+    from outlierlab.analysis.scored_rows import mlm_scores
+
+    logits = torch.zeros(2, 6, 3)
+    logits[0, 1, 0], logits[0, 5, 1], logits[1, 3, 0] = 2.0, 3.0, 1.0
+    labels = torch.full((2, 6), -100)
+    labels[0, 1], labels[0, 2], labels[0, 5], labels[1, 3] = 0, 1, 0, 2
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+    batch = {"input_ids": torch.zeros(2, 6, dtype=torch.long), "attention_mask": mask, "labels": labels}
+    s = mlm_scores(lambda ids, m, rows: logits, [batch], by_position=True)
+    row0_1 = -math.log(math.exp(2) / (math.exp(2) + 2))  # position 1, right (argmax 0)
+    row1_3 = -math.log(1 / (math.exp(1) + 2))  # column 3 of a row with two pads: position 1, wrong
+    row0_2 = math.log(3)  # position 2: all logits equal, argmax 0 != 1: wrong
+    row0_5 = -math.log(1 / (math.exp(3) + 2))  # position 5, wrong
+    assert list(s["by_position"]) == [1, 2, 3]  # buckets 1, 2-3, 4-7; none scored at 0
+    assert s["by_position"][1] == {"loss": pytest.approx((row0_1 + row1_3) / 2), "top1": 0.5, "n_masked": 2}
+    assert s["by_position"][2] == {"loss": pytest.approx(row0_2), "top1": 0.0, "n_masked": 1}
+    assert s["by_position"][3] == {"loss": pytest.approx(row0_5), "top1": 0.0, "n_masked": 1}
+    assert s["loss"] == pytest.approx((row0_1 + row1_3 + row0_2 + row0_5) / 4) and s["n_masked"] == 4
+    assert "by_position" not in mlm_scores(lambda ids, m, rows: logits, [batch])
+
+
 def test_random_draws_avoid_outliers_and_follow_the_seed():
     from outlierlab.evaluation.ablation import run_ablation
     from outlierlab.datamodules.scoring_batches import masked_batches
@@ -209,6 +233,17 @@ def test_run_ablation_planted_outlier_rows(tmp_path):
     assert by["intact"]["ppl"] == pytest.approx(math.exp(by["intact"]["loss"]))
     assert all(str(PLANTED_DIM) not in r["dims"].split(";") for r in res.rows if r["condition"] == "random_draw")
     assert "| outlier dims disabled | 1 | 7 |" in res.markdown and "Fill in the blank" in res.markdown
+    # by position: every condition's buckets add up to its row, and random is the mean of its draws per bucket
+    pos, columns = res.tables["ablation_by_position"]
+    assert list(pos[0]) == columns
+    for row in (r for r in res.rows if r["condition"] != "random"):
+        mine = [p for p in pos if p["condition"] == row["condition"] and p["draw"] == row["draw"]]
+        assert sum(p["n_masked"] for p in mine) == row["n_masked"]
+        assert sum(p["loss"] * p["n_masked"] for p in mine) / row["n_masked"] == pytest.approx(row["loss"])
+    for mean in (p for p in pos if p["condition"] == "random"):
+        draws = [p["loss"] for p in pos if p["condition"] == "random_draw" and p["positions"] == mean["positions"]]
+        assert len(draws) == 3 and mean["loss"] == pytest.approx(sum(draws) / 3)
+    assert "By the position of the scored token" in res.markdown
     assert all(torch.equal(v, before[k]) for k, v in enc.model.state_dict().items())
 
 

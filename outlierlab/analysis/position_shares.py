@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["token_positions", "position_bucket", "bucket_positions", "PositionArgmaxCounts", "POSITION_COLUMNS"]
+__all__ = ["token_positions", "position_bucket", "bucket_positions", "bucket_columns", "PositionArgmaxCounts",
+           "POSITION_COLUMNS"]
 
 #: The columns of ``outliers_by_position.csv`` (docs/tables.md).
 POSITION_COLUMNS = ["layer", "positions", "first_position", "last_position", "n_tokens", "abs_argmax_dim",
@@ -44,6 +45,14 @@ def position_bucket(positions: Tensor) -> Tensor:
 def bucket_positions(b: int) -> tuple[int, int]:
     """``(first, last)`` position of bucket ``b``."""
     return (0, 0) if b == 0 else (1 << (b - 1), (1 << b) - 1)
+
+
+def bucket_columns(b: int) -> dict:
+    """The columns naming bucket ``b`` in a table: ``positions`` ("1", "2-3", ...), ``first_position``,
+    ``last_position``."""
+    first, last = bucket_positions(b)
+    return {"positions": str(first) if first == last else f"{first}-{last}", "first_position": first,
+            "last_position": last}
 
 
 class PositionArgmaxCounts:
@@ -87,9 +96,7 @@ class PositionArgmaxCounts:
                 n = int(c[b].sum())
                 if n == 0:
                     continue
-                first, last = bucket_positions(b)
-                out.append({"layer": layer, "positions": str(first) if first == last else f"{first}-{last}",
-                            "first_position": first, "last_position": last, "n_tokens": n,
+                out.append({"layer": layer, **bucket_columns(b), "n_tokens": n,
                             "abs_argmax_dim": int(c[b].argmax()), "abs_argmax_share": float(c[b].max()) / n,
                             "layer_dim": layer_dim, "layer_dim_share": float(c[b, layer_dim]) / n})
         return out

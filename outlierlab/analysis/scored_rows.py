@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from outlierlab.analysis.position_shares import position_bucket, token_positions
+
 __all__ = ["logits_at", "mlm_scores"]
 
 
@@ -47,7 +49,8 @@ def logits_at(model: nn.Module, rows: torch.Tensor | None):
 
 
 @torch.inference_mode()
-def mlm_scores(forward_logits: Callable[[Tensor, Tensor, Tensor], Tensor], batches: Iterable[Mapping[str, Tensor]]) -> dict:
+def mlm_scores(forward_logits: Callable[[Tensor, Tensor, Tensor], Tensor], batches: Iterable[Mapping[str, Tensor]],
+               by_position: bool = False) -> dict:
     r"""Masked-LM loss, perplexity and top-1 accuracy over the masked positions of ``batches``.
 
     .. math:: \text{loss} = \frac{1}{N}\sum_{(b,t):\,y_{bt}\ne-100} -\log p(y_{bt}\mid x_b),\qquad
@@ -59,21 +62,38 @@ def mlm_scores(forward_logits: Callable[[Tensor, Tensor, Tensor], Tensor], batch
         scored positions; the logits at them ``[n, V]`` (``LoadedModel.forward(..., rows=rows)``: a Hugging Face
         head then projects those rows alone), or at every position ``[B, T, V]``
     batches : iterable of ``{"input_ids", "attention_mask", "labels"}``
+    by_position : also the same scores per position bucket of the scored rows (1, 2–3, 4–7, ...:
+        :func:`~outlierlab.analysis.position_shares.position_bucket`; a row's position counts the real tokens before
+        it, 0 = ``<s>``): the masked token's position, or a decoder's predicting token's
 
     Returns
     -------
-    dict with ``loss``, ``ppl``, ``top1``, ``n_masked``.
+    dict with ``loss``, ``ppl``, ``top1``, ``n_masked``; with ``by_position``, also ``by_position``:
+    ``{bucket: {"loss", "top1", "n_masked"}}``, buckets in order, the empty ones left out (their ``n_masked`` add up
+    to the whole's).
     """
     total, correct, n = 0.0, 0, 0
+    per = torch.zeros(0, 3, dtype=torch.float64)  # per bucket: loss sum, correct, count
     for b in batches:
         sel = b["labels"] != -100
         logits = forward_logits(b["input_ids"], b["attention_mask"], sel)
         sel = sel.to(logits.device)
         lg, y = (logits[sel] if logits.ndim == 3 else logits).float(), b["labels"].to(logits.device)[sel]
-        total += float(F.cross_entropy(lg, y, reduction="sum").double())
-        correct += int((lg.argmax(-1) == y).sum())
+        losses, hits = F.cross_entropy(lg, y, reduction="none").double(), lg.argmax(-1) == y
+        total += float(losses.sum())
+        correct += int(hits.sum())
         n += int(sel.sum())
+        if by_position and len(y):
+            buckets = position_bucket(token_positions(b["attention_mask"], sel)).cpu()
+            add = torch.stack([torch.bincount(buckets, weights=w, minlength=max(len(per), int(buckets.max()) + 1))
+                               for w in (losses.cpu(), hits.cpu().double(), torch.ones(len(y), dtype=torch.float64))], 1)
+            add[: len(per)] += per
+            per = add
     if n == 0:
         raise ValueError("no masked token to score: the texts are too short or mlm_probability is 0")
     loss = total / n
-    return {"loss": loss, "ppl": math.exp(loss) if loss < 700 else math.inf, "top1": correct / n, "n_masked": n}
+    out = {"loss": loss, "ppl": math.exp(loss) if loss < 700 else math.inf, "top1": correct / n, "n_masked": n}
+    if by_position:
+        out["by_position"] = {k: {"loss": float(s / c), "top1": float(h / c), "n_masked": int(c)}
+                              for k, (s, h, c) in enumerate(per.tolist()) if c}
+    return out

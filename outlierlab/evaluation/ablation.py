@@ -41,6 +41,7 @@ from torch import Tensor
 
 from outlierlab.analysis.layernorm_rule import LayerNormRule
 from outlierlab.analysis.outlier_dims import random_dims
+from outlierlab.analysis.position_shares import bucket_columns
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm, skip_result
 from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.analysis.scored_rows import mlm_scores
@@ -62,11 +63,18 @@ class AblationOutcome:
     rows: list[dict]
     examples: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     n_masked: int = 0
+    #: the scores of every condition per position bucket (:data:`POSITION_FIELDS`): ``ablation_by_position.csv``
+    by_position: list[dict] = field(default_factory=list)
 
 
 ROW_FIELDS = ("condition", "draw", "n_dims", "dims", "layernorms", "objective", "loss", "ppl", "top1",
               "loss_std", "ppl_std", "top1_std", "n_draws", "n_masked")
 COLUMNS = list(ROW_FIELDS)  # evaluate.py writes this header even when the ablation is skipped
+#: ``ablation_by_position.csv``: each condition's scores at the scored tokens of one position bucket (1, 2-3, 4-7,
+#: ...: :mod:`outlierlab.analysis.position_shares`), ``random`` the mean over the draws -- do the dims a model
+#: uses to mark positions (docs/design.md, position marker) cost it most at the positions they mark?
+POSITION_FIELDS = ("condition", "draw", "dims", "positions", "first_position", "last_position", "n_masked", "loss",
+                   "top1")
 
 
 def _row(condition: str, dims: Sequence, kinds: Sequence[str], scores: Mapping, draw: int | None = None,
@@ -81,6 +89,12 @@ def _row(condition: str, dims: Sequence, kinds: Sequence[str], scores: Mapping, 
             "n_draws": n_draws, "n_masked": scores["n_masked"]}
 
 
+def _position_rows(condition: str, dims: Sequence[int], by_position: Mapping[int, Mapping],
+                   draw: int | None = None) -> list[dict]:
+    return [{"condition": condition, "draw": draw, "dims": ";".join(map(str, dims)), **bucket_columns(b),
+             "n_masked": s["n_masked"], "loss": s["loss"], "top1": s["top1"]} for b, s in by_position.items()]
+
+
 def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], kinds: Sequence[str],
                  outlier_dims: Sequence[int] = (), user_dims: Sequence[int] = (), *, n_random: int, seed: int,
                  example: str | None = None, top_k: int) -> AblationOutcome:
@@ -88,9 +102,9 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
 
     Random control: ``n_random`` draws of ``len(outlier_dims)`` dims (if no outlier dims are given:
     ``len(user_dims)``) avoiding the outlier dims and the user's -- both are under study, so a draw holding one
-    would not be random -- from one generator seeded with
-    ``seed``.  Rows: ``intact``, ``outliers``, ``random`` (mean ± sample std over draws), one
-    ``random_draw`` per draw, ``user`` (see :data:`ROW_FIELDS`).  ``n_random``, ``seed`` and ``top_k`` have no
+    would not be random -- from one generator seeded with ``seed``.  Rows: ``intact``, ``outliers``, ``random``
+    (mean ± sample std over draws), one ``random_draw`` per draw, ``user`` (see :data:`ROW_FIELDS`); the same per
+    position bucket in ``by_position`` (:data:`POSITION_FIELDS`; ``random``: the mean over the draws).  ``n_random``, ``seed`` and ``top_k`` have no
     Python default: ``configs/evaluate.yaml`` (section ``ablation``) states them once.  ``batches`` hold
     ``labels`` aligned with the logits: masked positions (:func:`masked_batches`, encoders) or next tokens
     (:func:`next_token_batches`, decoders); ``loaded.objective`` names which in every row.
@@ -111,7 +125,7 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
 
     def score(dims: Sequence[int], tag: str) -> dict:
         with zero_layernorm_dims(lns, dims):
-            s = mlm_scores(logits, batches)
+            s = mlm_scores(logits, batches, by_position=True)
             if example and tag not in out.examples:
                 out.examples[tag] = predict(loaded, example, top_k)
         return s
@@ -120,9 +134,11 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
     intact = score([], "intact")
     out.n_masked = intact["n_masked"]
     out.rows.append(_row("intact", [], kinds, intact, objective=loaded.objective))
+    out.by_position += _position_rows("intact", [], intact["by_position"])
     if outlier_dims:
-        out.rows.append(_row("outliers", outlier_dims, kinds, score(outlier_dims, "outliers"),
-                             objective=loaded.objective))
+        s = score(outlier_dims, "outliers")
+        out.rows.append(_row("outliers", outlier_dims, kinds, s, objective=loaded.objective))
+        out.by_position += _position_rows("outliers", outlier_dims, s["by_position"])
     control = outlier_dims or user_dims
     if control and n_random > 0:
         gen = torch.Generator().manual_seed(int(seed))
@@ -135,8 +151,16 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
                              objective=loaded.objective))
         out.rows += [_row("random_draw", ds, kinds, s, draw=i, objective=loaded.objective)
                      for i, (ds, s) in enumerate(zip(draws, per))]
+        # the draws score the same tokens, so each bucket's mean is over the same n_masked
+        out.by_position += _position_rows("random", [], {
+            b: {"n_masked": c["n_masked"], **{k: statistics.fmean(p["by_position"][b][k] for p in per)
+                                                for k in ("loss", "top1")}} for b, c in intact["by_position"].items()})
+        for i, (ds, s) in enumerate(zip(draws, per)):
+            out.by_position += _position_rows("random_draw", ds, s["by_position"], draw=i)
     if user_dims:
-        out.rows.append(_row("user", user_dims, kinds, score(user_dims, "user"), objective=loaded.objective))
+        s = score(user_dims, "user")
+        out.rows.append(_row("user", user_dims, kinds, s, objective=loaded.objective))
+        out.by_position += _position_rows("user", user_dims, s["by_position"])
     return out
 
 
@@ -164,6 +188,7 @@ def ablation_markdown(outcome: AblationOutcome, notes: Sequence[str], example: s
         table.append([label, r["n_dims"], dims, *(_fmt(v) + ("" if s is None else f" ± {_fmt(s)}") for v, s in vals)])
     lines = [TITLE, "", md_table(["condition", "# dims", "dims", loss, "perplexity", "top-1 acc."], table, cell=str)]
     lines += [""] + [f"- {n}" for n in notes]
+    lines += _by_position_markdown(outcome.by_position, loss)
     if example and outcome.examples:
         what = "Next token after the text before `{mask}` in" if decoder else "Fill in the blank:"
         lines += ["", f"{what} `{example}` (top-{len(next(iter(outcome.examples.values())))} "
@@ -171,6 +196,20 @@ def ablation_markdown(outcome: AblationOutcome, notes: Sequence[str], example: s
                   md_table(["condition", "predictions"], [[_LABELS[tag], ", ".join(f"`{t}` {p:.3g}" for t, p in preds)]
                                                           for tag, preds in outcome.examples.items()], cell=str)]
     return "\n".join(lines) + "\n"
+
+
+def _by_position_markdown(rows: Sequence[Mapping], loss: str) -> list[str]:
+    """The rise of the loss when each set is disabled, per position bucket (``ablation_by_position.csv``)."""
+    conditions = [c for c in ("outliers", "random", "user") if any(r["condition"] == c for r in rows)]
+    if not conditions:
+        return []
+    at = {(r["condition"], r["positions"]): r for r in rows if r["condition"] != "random_draw"}
+    table = [[r["positions"], r["n_masked"], _fmt(r["loss"]), *(f"{at[c, r['positions']]['loss'] - r['loss']:+.3f}"
+                                                               for c in conditions)]
+             for r in rows if r["condition"] == "intact"]
+    return ["", f"By the position of the scored token ({loss} of the intact model, and how much each condition raises "
+            "it; `ablation_by_position.csv`):", "",
+            md_table(["positions", "# scored", "intact", *(f"Δ {_LABELS[c]}" for c in conditions)], table, cell=str)]
 
 
 def check(ctx: EvalContext) -> LayerNormRule:
@@ -223,7 +262,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
               "its left context (a decoder), identical batches in every condition." if decoder else
               f"Objective: masked-LM loss with the model's own head. Masking: {p:.0%} of non-special tokens -> "
               f"mask token (no 80/10/10), seed {seed}, identical positions in every condition.")
-             + " Random draws never include the outlier dims."]
+             + " Random draws never include the outlier dims nor the chosen ones."]
     if not outliers:
         notes.append("No LayerNorm outlier dim was found, so there is no outlier condition"
                      + (" (random control matches the chosen dims)." if user else "."))
@@ -233,4 +272,5 @@ def run(ctx: EvalContext) -> AnalysisResult:
                **({"outliers_ppl": by["outliers"]["ppl"]} if "outliers" in by else {}),
                **({"random_ppl_mean": by["random"]["ppl"]} if "random" in by else {}),
                **({"user_ppl": by["user"]["ppl"]} if "user" in by else {})}
-    return AnalysisResult("ablation", out.rows, ablation_markdown(out, notes, example, decoder), summary=summary)
+    return AnalysisResult("ablation", out.rows, ablation_markdown(out, notes, example, decoder), summary=summary,
+                          tables={"ablation_by_position": (out.by_position, list(POSITION_FIELDS))})
