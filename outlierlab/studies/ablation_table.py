@@ -9,6 +9,10 @@ model's loss, how much zeroing the set's LayerNorm gain and bias raised the loss
 random draw of as many dims did (mean, smallest, largest), and how many of the draws the set's rise exceeds.  Above
 all ``n`` draws is the one-sided rank test of "these dims matter more than random ones" at p = 1/(n+1); the draws
 are of as many dims as the ``outliers`` set, so a ``user`` set of another size gets no comparison ("–").
+
+``--by-position`` gives the same rise per position bucket of the scored tokens (``ablation_by_position.csv``): one
+row per run and disabled set, one column per bucket, each cell the set's rise and, in brackets, the random draws'
+mean rise there.
 """
 
 from __future__ import annotations
@@ -48,18 +52,50 @@ def ablation_rows(runs: Path) -> list[list[str]]:
     return rows
 
 
+def by_position_rows(runs: Path) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the ``--by-position`` table for every run directory under ``runs`` that has
+    ``ablation_by_position.csv`` (runs in name order)."""
+    if not runs.is_dir():
+        raise FileNotFoundError(f"{runs} is not a folder of evaluate.py run directories")
+    frames = [(run.name, pd.read_csv(run / "ablation_by_position.csv", dtype={"dims": str, "positions": str}))
+              for run in sorted(runs.iterdir()) if (run / "ablation_by_position.csv").is_file()]
+    buckets = (pd.concat([f for _, f in frames])[["first_position", "positions"]].drop_duplicates()
+               .sort_values("first_position").positions.tolist()) if frames else []
+    rows = []
+    for name, table in frames:
+        loss = {c: part.set_index("positions").loss for c, part in table.groupby("condition")}
+        random = loss.get("random")
+        for condition, dims in (table[table.condition.isin(["outliers", "user"])][["condition", "dims"]]
+                                .drop_duplicates().itertuples(index=False)):
+            cells = []
+            for b in buckets:
+                if b not in loss["intact"]:
+                    cells.append("–")
+                    continue
+                rise = f"{loss[condition][b] - loss['intact'][b]:+.3f}"
+                cells.append(rise if random is None else f"{rise} ({random[b] - loss['intact'][b]:+.3f})")
+            rows.append([name, dims.replace(";", " "), *cells])
+    if not rows:
+        raise FileNotFoundError(f"no evaluate.py run under {runs} has ablation_by_position.csv with disabled dims "
+                                "(analyses=[ablation])")
+    return ["run", "dims zeroed", *(f"pos. {b}" for b in buckets)], rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", help="a folder of evaluate.py run directories, or a study table (.parquet) of them")
+    ap.add_argument("--by-position", action="store_true",
+                    help="the rise per position bucket of the scored tokens (random draws' mean in brackets)")
     args = ap.parse_args(argv)
     from outlierlab.studies.table import resolve
 
     try:
-        rows = ablation_rows(resolve(args.runs))
+        header, rows = (by_position_rows(resolve(args.runs)) if args.by_position
+                        else (HEADER, ablation_rows(resolve(args.runs))))
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(md_table(HEADER, rows, cell=str))
+    print(md_table(header, rows, cell=str))
     return 0
 
 
