@@ -282,8 +282,9 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
              overrides: Sequence[str] = (), plots: bool = False, progress: bool = True,
              settings: Sequence[Any] | None = None) -> dict[str, Any]:
     """Run evaluate.py's analyses on ``encoder`` (from :func:`load_encoder`), in memory: one pandas DataFrame per
-    analysis, the rows of its ``<analysis>.csv`` (and one per side table: ``anisotropy_contributions``,
-    ``layernorm``, ``position_rows``).  Nothing is written unless ``out_dir`` is given.
+    analysis, the rows of its ``<analysis>.csv``, and one per side table it writes beside it
+    (``anisotropy_contributions``, ``outliers_by_position``, ``layernorm``, ``position_rows``,
+    ``ablation_by_position``, ``order_use_layers``; docs/tables.md).  Nothing is written unless ``out_dir`` is given.
 
     Parameters
     ----------
