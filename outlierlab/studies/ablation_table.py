@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from outlierlab.utils.tables import md_table
+from outlierlab.utils.tables import print_table
 
 HEADER = ["run", "intact loss", "dims zeroed", "Δ loss", "Δ top-1", "random dims: Δ loss mean (min to max)",
           "Δ loss above"]
@@ -89,14 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from outlierlab.studies.table import resolve
 
-    try:
-        header, rows = (by_position_rows(resolve(args.runs)) if args.by_position
-                        else (HEADER, ablation_rows(resolve(args.runs))))
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(md_table(header, rows, cell=str))
-    return 0
+    runs = resolve(args.runs)
+    return print_table(lambda: by_position_rows(runs) if args.by_position else (HEADER, ablation_rows(runs)))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from outlierlab.utils.tables import md_table
+from outlierlab.utils.tables import print_table
 
 
 def profile_rows(runs: Path, layers: Sequence[int] | None = None) -> tuple[list[str], list[list]]:
@@ -51,18 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", help="a folder of evaluate.py run directories, or a study table (.parquet) of them")
     ap.add_argument("--layers", type=int, nargs="*", help="only these layers (default: all)")
     args = ap.parse_args(argv)
-    runs = Path(args.runs)
-    if runs.suffix == ".parquet":
-        from outlierlab.studies.table import cells_dir
+    from outlierlab.studies.table import resolve
 
-        runs = cells_dir(runs)
-    try:
-        header, rows = profile_rows(runs, args.layers)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(md_table(header, rows, cell=str))
-    return 0
+    runs = resolve(args.runs)
+    return print_table(lambda: profile_rows(runs, args.layers))
 
 
 if __name__ == "__main__":

@@ -80,3 +80,18 @@ def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def print_table(make: Callable[[], tuple[Sequence[str], Sequence[Sequence[Any]]]]) -> int:
+    """Print the Markdown table of the ``(header, rows)`` that ``make()`` returns and return exit status 0, or print
+    its ``FileNotFoundError`` as one ``error:`` line on stderr and return 2: the body of a table command
+    (``python -m outlierlab.studies.position_profile``, ``...ablation_table``)."""
+    import sys
+
+    try:
+        header, rows = make()
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(md_table(header, rows, cell=str))
+    return 0
