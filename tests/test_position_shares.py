@@ -111,10 +111,17 @@ def test_the_profile_table_puts_runs_side_by_side(tmp_path, capsys):
         (run / "outliers.csv").write_text(f"layer,transform,abs_argmax_share\n1,none,{early * 10 / 40}\n"
                                           "1,clip,0.9\n")
     (tmp_path / "not_a_run").mkdir()
+    single = tmp_path / "c"  # only single-position buckets: "1" is still the label of run a's first bucket
+    single.mkdir()
+    (single / "outliers_by_position.csv").write_text(
+        "layer,positions,first_position,last_position,n_tokens,abs_argmax_dim,abs_argmax_share,layer_dim,"
+        "layer_dim_share\n1,1,1,1,10,7,0.5,7,0.5\n")
+    (single / "outliers.csv").write_text("layer,transform,abs_argmax_share\n1,none,0.5\n")
     assert main([str(tmp_path), "--layers", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| run | layer | dim | pos. 1 | pos. 2-3 | all tokens |"
-    assert lines[2:] == ["| a | 1 | 7 | 1.00 | 0.00 | 0.250 |", "| b | 1 | 7 | 0.20 | 0.00 | 0.050 |"]
+    assert lines[2:] == ["| a | 1 | 7 | 1.00 | 0.00 | 0.250 |", "| b | 1 | 7 | 0.20 | 0.00 | 0.050 |",
+                         "| c | 1 | 7 | 0.50 | – | 0.500 |"]
     assert main([str(tmp_path / "missing")]) == 2 and "not a folder" in capsys.readouterr().err
 
 

@@ -28,7 +28,7 @@ def profile_rows(runs: Path, layers: Sequence[int] | None = None) -> tuple[list[
         raise FileNotFoundError(f"{runs} is not a folder of evaluate.py run directories")
     frames = []
     for run in sorted(p for p in runs.iterdir() if (p / "outliers_by_position.csv").is_file()):
-        pos = pd.read_csv(run / "outliers_by_position.csv")
+        pos = pd.read_csv(run / "outliers_by_position.csv", dtype={"positions": str})  # "1" stays a label
         overall = pd.read_csv(run / "outliers.csv").query("transform == 'none'").set_index("layer").abs_argmax_share
         frames.append((run.name, pos, overall))
     if not frames:
