@@ -104,10 +104,11 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
     ``len(user_dims)``) avoiding the outlier dims and the user's -- both are under study, so a draw holding one
     would not be random -- from one generator seeded with ``seed``.  Rows: ``intact``, ``outliers``, ``random``
     (mean ± sample std over draws), one ``random_draw`` per draw, ``user`` (see :data:`ROW_FIELDS`); the same per
-    position bucket in ``by_position`` (:data:`POSITION_FIELDS`; ``random``: the mean over the draws).  ``n_random``, ``seed`` and ``top_k`` have no
-    Python default: ``configs/evaluate.yaml`` (section ``ablation``) states them once.  ``batches`` hold
-    ``labels`` aligned with the logits: masked positions (:func:`masked_batches`, encoders) or next tokens
-    (:func:`next_token_batches`, decoders); ``loaded.objective`` names which in every row.
+    position bucket in ``by_position`` (:data:`POSITION_FIELDS`; ``random``: the mean over the draws).
+    ``n_random``, ``seed`` and ``top_k`` have no Python default: ``configs/evaluate.yaml`` (section ``ablation``)
+    states them once.  ``batches`` hold ``labels`` aligned with the logits: masked positions
+    (:func:`masked_batches`, encoders) or next tokens (:func:`next_token_batches`, decoders); ``loaded.objective``
+    names which in every row.
     """
     if not loaded.has_mlm_head:
         raise ValueError(f"{loaded.name} has no LM head: {loaded.no_head_reason}")
@@ -130,15 +131,17 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
                 out.examples[tag] = predict(loaded, example, top_k)
         return s
 
+    def record(condition: str, dims: Sequence[int]) -> dict:
+        s = score(dims, condition)
+        out.rows.append(_row(condition, dims, kinds, s, objective=loaded.objective))
+        out.by_position += _position_rows(condition, dims, s["by_position"])
+        return s
+
     out = AblationOutcome([])
-    intact = score([], "intact")
+    intact = record("intact", [])
     out.n_masked = intact["n_masked"]
-    out.rows.append(_row("intact", [], kinds, intact, objective=loaded.objective))
-    out.by_position += _position_rows("intact", [], intact["by_position"])
     if outlier_dims:
-        s = score(outlier_dims, "outliers")
-        out.rows.append(_row("outliers", outlier_dims, kinds, s, objective=loaded.objective))
-        out.by_position += _position_rows("outliers", outlier_dims, s["by_position"])
+        record("outliers", outlier_dims)
     control = outlier_dims or user_dims
     if control and n_random > 0:
         gen = torch.Generator().manual_seed(int(seed))
@@ -158,9 +161,7 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
         for i, (ds, s) in enumerate(zip(draws, per)):
             out.by_position += _position_rows("random_draw", ds, s["by_position"], draw=i)
     if user_dims:
-        s = score(user_dims, "user")
-        out.rows.append(_row("user", user_dims, kinds, s, objective=loaded.objective))
-        out.by_position += _position_rows("user", user_dims, s["by_position"])
+        record("user", user_dims)
     return out
 
 
