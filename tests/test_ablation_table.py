@@ -38,19 +38,22 @@ def test_a_folder_without_ablation_rows_is_one_line(tmp_path, capsys):
 POSITION_HEADER = "condition,draw,dims,positions,first_position,last_position,n_masked,loss,top1\n"
 
 
-def test_by_position_gives_each_set_and_the_random_mean_per_bucket(tmp_path, capsys):
+def test_by_position_ranks_each_set_against_the_draws_in_each_bucket(tmp_path, capsys):
     def run(name, rows):
         (tmp_path / name).mkdir()
         (tmp_path / name / "ablation_by_position.csv").write_text(POSITION_HEADER + "".join(f"{r}\n" for r in rows))
 
     run("a", ["intact,,,1,1,1,5,5.0,0.5", "intact,,,2-3,2,3,9,4.0,0.5",
               "outliers,,7,1,1,1,5,5.5,0.5", "outliers,,7,2-3,2,3,9,4.1,0.5",
-              "random,,,1,1,1,5,5.2,0.5", "random,,,2-3,2,3,9,3.9,0.5",
+              "random,,,1,1,1,5,5.4,0.5", "random,,,2-3,2,3,9,3.95,0.5",
               "random_draw,0,1,1,1,1,5,5.2,0.5", "random_draw,0,1,2-3,2,3,9,3.9,0.5",
+              "random_draw,1,2,1,1,1,5,5.6,0.5", "random_draw,1,2,2-3,2,3,9,4.0,0.5",
               "user,,4;5,1,1,1,5,6.0,0.5", "user,,4;5,2-3,2,3,9,4.5,0.5"])
     run("b", ["intact,,,1,1,1,5,3.0,0.5", "user,,9,1,1,1,5,3.25,0.5"])  # no bucket 2-3 scored, no random draws
     assert main([str(tmp_path), "--by-position"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| run | dims zeroed | pos. 1 | pos. 2-3 |"
-    assert lines[2:] == ["| a | 7 | +0.500 (+0.200) | +0.100 (-0.100) |", "| a | 4 5 | +1.000 (+0.200) | +0.500 (-0.100) |",
+    # bucket 1: dim 7's rise 0.5 against the draws' 0.2 and 0.6 (mean 0.4), above one; bucket 2-3: 0.1 against -0.1
+    # and 0.0, above both.  The two-dim user set is not compared with one-dim draws; run b has no draws.
+    assert lines[2:] == ["| a | 7 | +0.500 (+0.400, 1/2) | +0.100 (-0.050, 2/2) |", "| a | 4 5 | +1.000 | +0.500 |",
                          "| b | 9 | +0.250 | – |"]

@@ -12,7 +12,9 @@ are of as many dims as the ``outliers`` set, so a ``user`` set of another size g
 
 ``--by-position`` gives the same rise per position bucket of the scored tokens (``ablation_by_position.csv``): one
 row per run and disabled set, one column per bucket, each cell the set's rise and, in brackets, the random draws'
-mean rise there.
+mean rise there and how many of the draws the set's rise exceeds there (``k/n``; draws of as many dims only).  A
+bucket's rank is descriptive: with ``n`` draws its smallest one-sided p is 1/(n+1), so across a row's buckets no
+correction for the family leaves one significant at 20 draws.
 """
 
 from __future__ import annotations
@@ -64,16 +66,23 @@ def by_position_rows(runs: Path) -> tuple[list[str], list[list[str]]]:
     rows = []
     for name, table in frames:
         loss = {c: part.set_index("positions").loss for c, part in table.groupby("condition")}
-        random = loss.get("random")
+        draws = table[table.condition == "random_draw"]
+        draw_size = draws.dims.iloc[0].count(";") + 1 if len(draws) else None
+        draw_rises = {b: part.loss.to_numpy() - loss["intact"][b] for b, part in draws.groupby("positions")}
         for condition, dims in (table[table.condition.isin(["outliers", "user"])][["condition", "dims"]]
                                 .drop_duplicates().itertuples(index=False)):
+            comparable = draw_size == dims.count(";") + 1  # draws of as many dims, as in the overall table
             cells = []
             for b in buckets:
                 if b not in loss["intact"]:
                     cells.append("–")
                     continue
-                rise = f"{loss[condition][b] - loss['intact'][b]:+.3f}"
-                cells.append(rise if random is None else f"{rise} ({random[b] - loss['intact'][b]:+.3f})")
+                rise = loss[condition][b] - loss["intact"][b]
+                if comparable and b in draw_rises:
+                    r = draw_rises[b]
+                    cells.append(f"{rise:+.3f} ({r.mean():+.3f}, {int((r < rise).sum())}/{len(r)})")
+                else:
+                    cells.append(f"{rise:+.3f}")
             rows.append([name, dims.replace(";", " "), *cells])
     if not rows:
         raise FileNotFoundError(f"no evaluate.py run under {runs} has ablation_by_position.csv with disabled dims "
@@ -85,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", help="a folder of evaluate.py run directories, or a study table (.parquet) of them")
     ap.add_argument("--by-position", action="store_true",
-                    help="the rise per position bucket of the scored tokens (random draws' mean in brackets)")
+                    help="the rise per position bucket of the scored tokens (random draws' mean and rank in brackets)")
     args = ap.parse_args(argv)
     from outlierlab.studies.table import resolve
 
