@@ -156,7 +156,7 @@ def _names(value: Any, what: str, strings: bool = True) -> list[Any]:
         raise TypeError(f"{what}={value!r}: pass a list, e.g. {what}={example}") from None
     bad = [f"[{i}] {x!r}" for i, x in enumerate(items) if not isinstance(x, str)]
     if strings and bad:
-        raise TypeError(f"{what} must be a list of strings; not a string: {_listing(bad)}")
+        raise TypeError(f"{what} must be a list of strings; not a string: {arguments.listing(bad)}")
     return items
 
 
@@ -204,33 +204,10 @@ def _check_overrides(overrides: list[str]) -> None:
 
 
 def check_texts(texts: Any) -> list[str] | None:
-    """``texts`` as the sentences to evaluate (whitespace runs folded to one space), or None (the shipped ones).
-
-    Refused in one line, never evaluated as something else: a bare string (it would be read one character per
-    sentence; pass ``[text]``), an item that is not a string (``42`` or ``None`` would become the sentences "42"
-    and "None"), an empty or blank item, no items -- each naming the offending positions."""
-    if texts is None:
-        return None
-    if isinstance(texts, (str, bytes)):
-        raise TypeError(f"texts is a single {type(texts).__name__} ({_short(texts)}): pass a list of sentences, "
-                        "e.g. texts=[text]")
-    if isinstance(texts, (dict, set, frozenset)):  # a dict's keys were the texts; a set's order changes per process
-        raise TypeError(f"texts is a {type(texts).__name__}: pass a list of sentences (their order decides "
-                        "which are used and what the seeded samples draw)")
-    try:
-        texts = list(texts)
-    except TypeError:
-        raise TypeError(f"texts is a {type(texts).__name__}: pass a list of sentences (str)") from None
-    if not texts:
-        raise ValueError("texts is empty: pass at least one non-empty sentence (or None for the shipped ones)")
-    bad = [f"[{i}] {type(t).__name__}" for i, t in enumerate(texts) if not isinstance(t, str)]
-    if bad:
-        raise TypeError(f"texts has {len(bad)} item(s) that are not strings: {_listing(bad)}; pass sentences (str)")
-    folded = [" ".join(t.split()) for t in texts]
-    empty = [f"[{i}]" for i, t in enumerate(folded) if not t]
-    if empty:
-        raise ValueError(f"texts has {len(empty)} empty or blank item(s): {_listing(empty)}; drop them")
-    return folded
+    """``texts`` as the sentences to evaluate (whitespace runs folded to one space), or None (the shipped ones); what
+    is refused, in one line naming the offending positions: :func:`outlierlab.monitoring.arguments.texts`."""
+    texts = arguments.texts("texts", texts)
+    return None if texts is None else [" ".join(t.split()) for t in texts]
 
 
 def _seed(seed: Any) -> int:
@@ -240,14 +217,6 @@ def _seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed={seed!r}: expected an integer")
     return int(seed)
-
-
-def _short(text: Any) -> str:
-    return repr(text if len(text) <= 40 else text[:37] + "...")
-
-
-def _listing(items: list[str], limit: int = 8) -> str:
-    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def _check_arguments(overrides: list[str], arguments: Sequence[str]) -> None:

@@ -58,21 +58,40 @@ def number(name: str, value: Any, low: float, high: float, low_open: bool = True
 
 
 def texts(name: str, value: Any) -> list[str] | None:
-    """None, or a sequence of strings as a list (one string alone is refused: its characters are not texts)."""
+    """None (the shipped sentences), or the texts as a list of strings: the one check of a list of sentences, for the
+    monitors' ``sentences`` and the API's ``texts``.
+
+    Refused in one line, never read as something else: a bare string (its characters would be the sentences), a dict
+    (its keys would) or a set (its order changes with the process: str hashes are salted), no items, an item that is
+    not a string (``42`` or ``None`` would become the sentences "42" and "None"), an empty or blank one (a row of
+    padding between special tokens, measured as a sentence) -- each naming the offending positions."""
     if value is None:
         return None
-    # a dict's keys would be the texts, and a set's order changes with the process (str hashes are salted)
-    if isinstance(value, (str, bytes, dict, set, frozenset)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{name} must be a list of strings (one text each), got {_got(value)[:80]}")
-    out = list(value)
-    bad = next((t for t in out if not isinstance(t, str)), None)
-    if bad is not None:
-        raise TypeError(f"{name} must be a list of strings (one text each), got an element {_got(bad)[:80]}")
+    if isinstance(value, (str, bytes)):
+        short = repr(value if len(value) <= 40 else value[:37] + "...")
+        raise TypeError(f"{name} is a single {type(value).__name__} ({short}): pass a list of sentences, "
+                        f"e.g. {name}=[text]")
+    if isinstance(value, (dict, set, frozenset)):
+        raise TypeError(f"{name} is a {type(value).__name__}: pass a list of sentences (their order decides which "
+                        "are used and what the seeded samples draw)")
+    try:
+        out = list(value)
+    except TypeError:
+        raise TypeError(f"{name} is a {type(value).__name__}: pass a list of sentences (str)") from None
+    if not out:
+        raise ValueError(f"{name} is empty: pass at least one non-empty sentence (or None for the shipped ones)")
+    bad = [f"[{i}] {type(t).__name__}" for i, t in enumerate(out) if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"{name} has {len(bad)} item(s) that are not strings: {listing(bad)}; pass sentences (str)")
     blank = [f"[{i}]" for i, t in enumerate(out) if not t.strip()]
-    if blank:  # a row of padding between special tokens, measured as a sentence
-        raise ValueError(f"{name} has {len(blank)} empty or blank item(s): {', '.join(blank[:8])}"
-                         f"{' ...' if len(blank) > 8 else ''}; drop them")
+    if blank:
+        raise ValueError(f"{name} has {len(blank)} empty or blank item(s): {listing(blank)}; drop them")
     return out
+
+
+def listing(items: list[str], limit: int = 8) -> str:
+    """The first ``limit`` items joined, and how many more: the offending positions of a long list in one line."""
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def step(value: Any) -> int:
