@@ -65,8 +65,6 @@ def _check_load_arguments(device: Any, kwargs: dict) -> None:
     """The loading arguments a notebook gets wrong, in one line before anything loads: an unknown keyword (it was
     read as one for a model that is loaded), a device torch does not know (torch's own message names no argument),
     a batch size that is not a positive integer (``"8"`` and ``0`` were taken and failed at the first forward)."""
-    import numbers
-
     unknown = sorted(set(kwargs) - set(LOAD_KWARGS))
     if unknown:
         raise TypeError(f"load_encoder got unknown argument(s) {', '.join(unknown)}; valid: name_or_path, dtype, "
@@ -79,10 +77,7 @@ def _check_load_arguments(device: Any, kwargs: dict) -> None:
         except (RuntimeError, TypeError):
             raise ValueError(f"device={device!r} is not a device: pass 'auto', 'cpu', 'cuda', 'cuda:1', 'mps', "
                              "...") from None
-    size = kwargs.get("batch_size", 1)
-    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
-        raise (ValueError if isinstance(size, numbers.Integral) and not isinstance(size, bool) else TypeError)(
-            f"batch_size must be an integer >= 1, got {size!r}")
+    arguments.count("batch_size", kwargs.get("batch_size", 1), 1)
 
 
 def _check_placement(model: Any, device: str, dtype: str) -> None:
@@ -210,15 +205,6 @@ def check_texts(texts: Any) -> list[str] | None:
     return None if texts is None else [" ".join(t.split()) for t in texts]
 
 
-def _seed(seed: Any) -> int:
-    """``seed`` as an int, or one line: ``int()`` would turn 1.5 into 1 and fail on 'abc' without naming it."""
-    import numbers
-
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed={seed!r}: expected an integer")
-    return int(seed)
-
-
 def _check_arguments(overrides: list[str], arguments: Sequence[str]) -> None:
     """An override of what an argument of the call sets (``transform=[none]`` beside ``transforms=``) is refused in
     one line: composed after the argument, it would replace it without a word."""
@@ -279,7 +265,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     """
     from outlierlab.evaluation.core import run_analyses, selected_analyses
 
-    texts, seed = check_texts(texts), _seed(seed)
+    texts, seed = check_texts(texts), arguments.count("seed", seed, None)
     analyses = _names(analyses, "analyses", strings=False)  # an analysis may be an object
     transforms, overrides = _names(transforms, "transforms"), _names(overrides, "overrides")
     plots, progress = arguments.flag("plots", plots), arguments.flag("progress", progress)
@@ -400,7 +386,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     the outlier rule clip detects its dims with, ``ol.OutliersSettings``."""
     from outlierlab.jobs.probing import probe, run
 
-    texts, seed = check_texts(texts), _seed(seed)
+    texts, seed = check_texts(texts), arguments.count("seed", seed, None)
     choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
     progress, tables = arguments.flag("progress", progress), arguments.flag("tables", tables)
     out_dir = _out_dir(out_dir)

@@ -106,7 +106,7 @@ def test_a_seed_that_is_not_an_integer_is_refused(call, seed, tmp_path):
     # int(seed) ran seed 1.5 as seed 1 without a word, and said "invalid literal for int()" for 'abc'
     with pytest.raises(TypeError) as e:
         call(_NoEncoder(), ["A sentence."], seed=seed, out_dir=tmp_path)
-    assert _one_line(e) == f"seed={seed!r}: expected an integer"
+    assert _one_line(e) == f"seed must be an integer, got {seed!r} ({type(seed).__name__})"
 
 
 @pytest.mark.parametrize("call", [ol.evaluate, ol.probe_positions])
@@ -308,9 +308,9 @@ def test_an_encoder_that_is_not_loaded_is_refused_saying_how_to_load_it(call):
 
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(device="gpu"), ValueError, "device='gpu' is not a device: pass 'auto', 'cpu', 'cuda', 'cuda:1', 'mps', ..."),
-    (dict(batch_size=0), ValueError, "batch_size must be an integer >= 1, got 0"),
-    (dict(batch_size="8"), TypeError, "batch_size must be an integer >= 1, got '8'"),
-    (dict(batch_size=2.5), TypeError, "batch_size must be an integer >= 1, got 2.5"),
+    (dict(batch_size=0), ValueError, "batch_size must be an integer >= 1, got 0 (int)"),
+    (dict(batch_size="8"), TypeError, "batch_size must be an integer >= 1, got '8' (str)"),
+    (dict(batch_size=2.5), TypeError, "batch_size must be an integer >= 1, got 2.5 (float)"),
     (dict(batchsize=8), TypeError, "load_encoder got unknown argument(s) batchsize; valid: name_or_path, dtype, device, "
                                    "max_length, tokenizer, device_map, revision, batch_size, on_overflow, "
                                    "offload_folder"),
