@@ -109,6 +109,23 @@ def test_layernorm_selection_and_bad_input():
             pass
 
 
+def test_layernorms_of_layers_are_numbered_as_the_hidden_states():
+    from outlierlab.models.layernorms import layernorms_of_layers, select_layernorms
+
+    model, _ = tiny_mlm(plant=False)
+    lns = model.named_layernorms()
+    outputs = select_layernorms(lns, ["output"])
+    # layer i + 1 is block i's output (outliers.csv numbering); 0 is the embeddings' norm
+    assert list(layernorms_of_layers(outputs, [1])) == ["layer.0.output"]
+    assert list(layernorms_of_layers(outputs, [3, 2])) == ["layer.1.output", "layer.2.output"]
+    both = select_layernorms(lns, ["output", "embeddings"])
+    assert list(layernorms_of_layers(both, [0, 1])) == ["embeddings", "layer.0.output"]
+    with pytest.raises(ValueError, match=r"^layers \[4\]: .* are in layers 1, 2, 3 \(0 = embeddings"):
+        layernorms_of_layers(outputs, [1, 4])
+    with pytest.raises(ValueError, match=r"^layers \[0\]:"):  # the embeddings' norm was not chosen
+        layernorms_of_layers(outputs, [0])
+
+
 def test_planted_dim_is_the_detected_outlier():
     from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
@@ -245,6 +262,32 @@ def test_run_ablation_planted_outlier_rows(tmp_path):
         assert len(draws) == 3 and mean["loss"] == pytest.approx(sum(draws) / 3)
     assert "By the position of the scored token" in res.markdown
     assert all(torch.equal(v, before[k]) for k, v in enc.model.state_dict().items())
+
+
+def test_ablation_layers_zero_only_there(tmp_path):
+    from outlierlab.models.loading import FrozenEncoder
+    from outlierlab.evaluation.ablation import run
+
+    enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
+    settings = {"n_random": 2, "max_length": 64, "batch_size": 8, "example": None}
+
+    def outliers(layers):
+        res = run(make_ctx("ablation", enc, tmp_path, {**settings, "layers": layers}))
+        by = {r["condition"]: r for r in res.rows}
+        return by["intact"]["loss"], by["outliers"], res.markdown
+
+    intact, everywhere, _ = outliers(None)
+    intact_all, listed, _ = outliers([1, 2, 3])  # every layer named: the same norms, the same scores
+    intact_2, second, markdown = outliers([2])
+    assert everywhere["layers"] == "" and listed["layers"] == "1;2;3" and second["layers"] == "2"
+    assert intact == intact_all == intact_2
+    assert listed["loss"] == pytest.approx(everywhere["loss"], abs=1e-6)
+    # the planted dim zeroed in one of the three output LayerNorms: it is restored by the two after it, so the
+    # model loses less than with it gone from all three
+    assert intact < second["loss"] < everywhere["loss"] - 0.05
+    assert "in layer(s) 2 (1 LayerNorms)" in markdown
+    with pytest.raises(ValueError, match=r"^layers \[5\]: "):
+        outliers([5])
 
 
 def save_hf_roberta_mlm(directory: Path) -> Path:

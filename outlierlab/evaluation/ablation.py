@@ -48,7 +48,7 @@ from outlierlab.analysis.scored_rows import mlm_scores
 from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
 from outlierlab.models.lm_model import LoadedModel, fill_mask, predict_next
 from outlierlab.evaluation.settings import AblationSettings
-from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
+from outlierlab.models.layernorms import layernorms_of_layers, select_layernorms, zero_layernorm_dims
 from outlierlab.utils.tables import md_table
 
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
@@ -67,7 +67,7 @@ class AblationOutcome:
     by_position: list[dict] = field(default_factory=list)
 
 
-ROW_FIELDS = ("condition", "draw", "n_dims", "dims", "layernorms", "objective", "loss", "ppl", "top1",
+ROW_FIELDS = ("condition", "draw", "n_dims", "dims", "layernorms", "layers", "objective", "loss", "ppl", "top1",
               "loss_std", "ppl_std", "top1_std", "n_draws", "n_masked")
 COLUMNS = list(ROW_FIELDS)  # evaluate.py writes this header even when the ablation is skipped
 #: ``ablation_by_position.csv``: each condition's scores at the scored tokens of one position bucket (1, 2-3, 4-7,
@@ -78,13 +78,14 @@ POSITION_FIELDS = ("condition", "draw", "dims", "positions", "first_position", "
 
 
 def _row(condition: str, dims: Sequence, kinds: Sequence[str], scores: Mapping, draw: int | None = None,
-         std: Mapping | None = None, n_draws: int = 1, objective: str = "masked_lm") -> dict:
-    """One CSV row; ``dims`` is a list of dims, or (random) a list of draws written ``a;b|c;d``."""
+         std: Mapping | None = None, n_draws: int = 1, objective: str = "masked_lm", layers: str = "") -> dict:
+    """One CSV row; ``dims`` is a list of dims, or (random) a list of draws written ``a;b|c;d``; ``layers``: where
+    (``1;2``), empty for every layer."""
     std = std or {}
     nested = bool(dims) and isinstance(dims[0], (list, tuple))
     return {"condition": condition, "draw": draw, "n_dims": len(dims[0]) if nested else len(dims),
             "dims": "|".join(";".join(map(str, ds)) for ds in dims) if nested else ";".join(map(str, dims)),
-            "layernorms": ";".join(kinds), "objective": objective, "loss": scores["loss"], "ppl": scores["ppl"], "top1": scores["top1"],
+            "layernorms": ";".join(kinds), "layers": layers, "objective": objective, "loss": scores["loss"], "ppl": scores["ppl"], "top1": scores["top1"],
             "loss_std": std.get("loss"), "ppl_std": std.get("ppl"), "top1_std": std.get("top1"),
             "n_draws": n_draws, "n_masked": scores["n_masked"]}
 
@@ -97,7 +98,7 @@ def _position_rows(condition: str, dims: Sequence[int], by_position: Mapping[int
 
 def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], kinds: Sequence[str],
                  outlier_dims: Sequence[int] = (), user_dims: Sequence[int] = (), *, n_random: int, seed: int,
-                 example: str | None = None, top_k: int) -> AblationOutcome:
+                 example: str | None = None, top_k: int, layers: Sequence[int] | None = None) -> AblationOutcome:
     """Score ``batches`` intact, with the outlier dims, random dims and user dims disabled.
 
     Random control: ``n_random`` draws of ``len(outlier_dims)`` dims (if no outlier dims are given:
@@ -108,13 +109,16 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
     ``n_random``, ``seed`` and ``top_k`` have no Python default: ``configs/evaluate.yaml`` (section ``ablation``)
     states them once.  ``batches`` hold ``labels`` aligned with the logits: masked positions
     (:func:`masked_batches`, encoders) or next tokens (:func:`next_token_batches`, decoders); ``loaded.objective``
-    names which in every row.
+    names which in every row.  ``layers``: zero only in the ``kinds`` norms of these layers
+    (:func:`outlierlab.models.layernorms.layernorms_of_layers`; None: every layer).
     """
     if not loaded.has_mlm_head:
         raise ValueError(f"{loaded.name} has no LM head: {loaded.no_head_reason}")
     predict = predict_next if loaded.objective == "next_token" else fill_mask
     lns = select_layernorms(loaded.layernorms, kinds) if kinds else {}  # none: an unregistered family
-    kinds = [str(k) for k in kinds]
+    if layers is not None:
+        lns = layernorms_of_layers(lns, layers)
+    kinds, where = [str(k) for k in kinds], "" if layers is None else ";".join(str(int(x)) for x in layers)
     d = loaded.hidden_size
     outlier_dims, user_dims = [int(x) for x in outlier_dims], [int(x) for x in user_dims]
     for name, ds in (("outlier", outlier_dims), ("user", user_dims)):
@@ -133,7 +137,7 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
 
     def record(condition: str, dims: Sequence[int]) -> dict:
         s = score(dims, condition)
-        out.rows.append(_row(condition, dims, kinds, s, objective=loaded.objective))
+        out.rows.append(_row(condition, dims, kinds, s, objective=loaded.objective, layers=where))
         out.by_position += _position_rows(condition, dims, s["by_position"])
         return s
 
@@ -151,8 +155,8 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
         mean = {k: statistics.fmean(s[k] for s in per) for k in ("loss", "ppl", "top1")}
         std = {k: statistics.stdev(s[k] for s in per) if len(per) > 1 else 0.0 for k in ("loss", "ppl", "top1")}
         out.rows.append(_row("random", draws, kinds, {**mean, "n_masked": out.n_masked}, std=std, n_draws=len(per),
-                             objective=loaded.objective))
-        out.rows += [_row("random_draw", ds, kinds, s, draw=i, objective=loaded.objective)
+                             objective=loaded.objective, layers=where))
+        out.rows += [_row("random_draw", ds, kinds, s, draw=i, objective=loaded.objective, layers=where)
                      for i, (ds, s) in enumerate(zip(draws, per))]
         # the draws score the same tokens, so each bucket's mean is over the same n_masked
         out.by_position += _position_rows("random", [], {
@@ -233,7 +237,9 @@ def run(ctx: EvalContext) -> AnalysisResult:
         found = loaded.family_note
     else:
         kinds = zeroed_kinds(s, rule, loaded.layernorms)
-        select_layernorms(loaded.layernorms, kinds)  # validate before the slow part
+        chosen = select_layernorms(loaded.layernorms, kinds)  # validate before the slow part
+        if s.layers is not None:
+            layernorms_of_layers(chosen, s.layers)
         det = detect_layernorm_outliers(loaded.layernorms, rule)
         given = s.outlier_dims
         outliers = list(given) if given else det.dims
@@ -248,11 +254,14 @@ def run(ctx: EvalContext) -> AnalysisResult:
     batches = (next_token_batches(loaded.tokenizer, texts, max_length, s.batch_size) if decoder
                else masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, p, seed))
     example = s.example
+    layers = None if s.layers is None or loaded.family is None else s.layers
     out = run_ablation(loaded, batches, kinds, outliers, user, n_random=s.n_random, seed=seed, example=example,
-                       top_k=s.top_k)
-    n_lns = len(select_layernorms(loaded.layernorms, kinds)) if kinds else 0
+                       top_k=s.top_k, layers=layers)
+    lns = select_layernorms(loaded.layernorms, kinds) if kinds else {}
+    n_lns = len(lns if layers is None else layernorms_of_layers(lns, layers))
     notes = [f"Model: {loaded.name}. LayerNorms zeroed (gain and bias): {', '.join(kinds) or 'none'} "
-             f"({n_lns} LayerNorms)" + (" — and the final norm before the LM head: no per-layer norm of a pre-LN "
+             + (f"in layer(s) {', '.join(map(str, layers))} " if layers is not None else "")
+             + f"({n_lns} LayerNorms)" + (" — and the final norm before the LM head: no per-layer norm of a pre-LN "
                                         "or reordered-norm block normalises the stream it reads"
                                         if "final" in kinds and s.layernorms is None else "") + ".",
              ("Outlier dims given by ablation.outlier_dims; detected: " if given else "Outlier dims: ")

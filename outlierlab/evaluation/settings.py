@@ -320,6 +320,9 @@ class AblationSettings(_TextSettings):
     outlier_dims: Ints | None = None
     #: your own dims, reported as a separate condition
     dims: Ints = ()
+    #: zero only in the chosen LayerNorms of these layers (numbered as outliers.csv: 1 = the first block, 0 = the
+    #: embeddings' norm; the final norm belongs to none), e.g. [1] -- where a dim is read; null = every layer
+    layers: Ints | None = None
     #: random control draws (same count as the outlier dims, never including them nor `dims`)
     n_random: AtLeast0 = 5
     #: masking and random draws; null = the global seed

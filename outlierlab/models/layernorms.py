@@ -24,7 +24,8 @@ from torch import Tensor, nn
 from outlierlab.analysis.layernorm_rule import KIND_ROLES, layernorm_kind
 from outlierlab.models.families import PRE_KINDS, UnknownFamilyError, family_of
 
-__all__ = ["NORM_TYPES", "model_layernorms", "layernorm_kind", "select_layernorms", "layernorm_tensors",
+__all__ = ["NORM_TYPES", "model_layernorms", "layernorm_kind", "select_layernorms", "layernorms_of_layers",
+           "layernorm_tensors",
            "zero_layernorm_dims", "UnknownFamilyError"]
 
 #: Norm modules of our own encoder (LayerNorm with or without affine parameters, RMSNorm).
@@ -98,6 +99,29 @@ def select_layernorms(layernorms: Mapping[str, nn.Module], kinds: Iterable[str])
     return {k: m for k, m in layernorms.items()
             if layernorm_kind(k) in kinds or KIND_ROLES.get(layernorm_kind(k)) in kinds
             or ("all" in kinds and _LAYER_RE.match(k))}
+
+
+def norm_layer(name: str) -> int | None:
+    """The hidden-state layer a norm writes or reads, numbered as every per-layer table numbers layers (0 = the
+    embeddings, ``i + 1`` = block ``i``, whose norms are ``layer.{i}.*``); None for the final and head norms."""
+    if name == "embeddings":
+        return 0
+    m = _LAYER_RE.match(name)
+    return int(m.group(1)) + 1 if m else None
+
+
+def layernorms_of_layers(layernorms: Mapping[str, nn.Module], layers: Iterable[int]) -> dict[str, nn.Module]:
+    """The norms of ``layernorms`` that belong to ``layers`` (:func:`norm_layer`; the final and head norms belong to
+    none), in model order: where a dim is read, asked one layer at a time.  Raises, naming the layers there are,
+    when a layer is not among them or nothing is left."""
+    layers = [int(x) for x in layers]
+    present = sorted({n for n in map(norm_layer, layernorms) if n is not None})
+    missing = sorted(set(layers) - set(present))
+    chosen = {k: m for k, m in layernorms.items() if norm_layer(k) in layers}
+    if missing or not chosen:
+        raise ValueError(f"layers {missing or layers}: the chosen LayerNorms ({', '.join(layernorms) or 'none'}) are "
+                         f"in layers {', '.join(map(str, present)) or 'none'} (0 = embeddings, 1 = the first block)")
+    return chosen
 
 
 def layernorm_tensors(layernorms: Mapping[str, nn.Module]) -> dict[str, tuple[Tensor | None, Tensor | None]]:
