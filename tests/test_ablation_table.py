@@ -29,7 +29,7 @@ def test_each_disabled_set_is_ranked_against_draws_of_as_many_dims(tmp_path, cap
     ]
 
 
-def test_the_layers_a_set_was_zeroed_in_are_named(tmp_path, capsys):
+def test_the_norms_and_layers_a_set_was_zeroed_in_are_named(tmp_path, capsys):
     header = HEADER.replace("layernorms,", "layernorms,layers,")
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "ablation.csv").write_text(header + "".join(f"{r}\n" for r in [
@@ -38,9 +38,14 @@ def test_the_layers_a_set_was_zeroed_in_are_named(tmp_path, capsys):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "ablation.csv").write_text(header + "".join(f"{r}\n" for r in [
         "intact,,0,,output,,masked_lm,5.0,1,0.5,,,,1,10", "outliers,,1,7,output,,masked_lm,5.3,1,0.4,,,,1,10"]))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "ablation.csv").write_text(header + "".join(f"{r}\n" for r in [
+        "intact,,0,,attention_output;embeddings,1,masked_lm,5.0,1,0.5,,,,1,10",
+        "outliers,,1,7,attention_output;embeddings,1,masked_lm,5.3,1,0.4,,,,1,10"]))
     assert main([str(tmp_path)]) == 0
     cells = [line.split(" | ")[2] for line in capsys.readouterr().out.splitlines()[2:]]
-    assert cells == ["7 (layers 1, 2)", "4 (layers 1, 2)", "7"]  # b: every layer (an empty cell)
+    # b: every layer's output LayerNorm (Kovaleva et al.'s), nothing added; c: other norms, named
+    assert cells == ["7 (layers 1, 2)", "4 (layers 1, 2)", "7", "7 (attention_output, embeddings; layer 1)"]
 
 
 def test_a_folder_without_ablation_rows_is_one_line(tmp_path, capsys):

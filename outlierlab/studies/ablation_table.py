@@ -5,7 +5,7 @@
 
 One row per run directory with ``ablation.csv`` (``analyses=[ablation]``) and per set of dims it disabled (the
 ``outliers`` condition: the rule's dims or ``ablation.outlier_dims``; the ``user`` one: ``ablation.dims``; with the
-layers it was zeroed in when ``ablation.layers`` chose some): the intact
+norms and layers it was zeroed in when they were not every layer's output LayerNorm): the intact
 model's loss, how much zeroing the set's LayerNorm gain and bias raised the loss and changed top-1 accuracy, what each
 random draw of as many dims did (mean, smallest, largest), and how many of the draws the set's rise exceeds.  Above
 all ``n`` draws is the one-sided rank test of "these dims matter more than random ones" at p = 1/(n+1); the draws
@@ -38,14 +38,14 @@ def ablation_rows(runs: Path) -> list[list[str]]:
         raise FileNotFoundError(f"{runs} is not a folder of evaluate.py run directories")
     rows = []
     for run in sorted(p for p in runs.iterdir() if (p / "ablation.csv").is_file()):
-        table = pd.read_csv(run / "ablation.csv", dtype={"dims": str, "layers": str})
+        table = pd.read_csv(run / "ablation.csv", dtype={"dims": str, "layers": str, "layernorms": str})
         intact = table[table.condition == "intact"].iloc[0]
         draws = table[table.condition == "random_draw"]
         rises = draws.loss - intact.loss
         for row in table[table.condition.isin(["outliers", "user"])].itertuples():
             rise = row.loss - intact.loss
             comparable = len(draws) > 0 and int(draws.n_dims.iloc[0]) == int(row.n_dims)
-            rows.append([run.name, f"{intact.loss:.3f}", _where(row.dims, getattr(row, "layers", None)), f"{rise:+.3f}",
+            rows.append([run.name, f"{intact.loss:.3f}", _where(row.dims, getattr(row, "layers", None), row.layernorms), f"{rise:+.3f}",
                          f"{row.top1 - intact.top1:+.3f}",
                          f"{rises.mean():+.3f} ({rises.min():+.3f} to {rises.max():+.3f})" if comparable else "–",
                          f"{int((rises < rise).sum())} of {len(rises)}" if comparable else "–"])
@@ -55,13 +55,17 @@ def ablation_rows(runs: Path) -> list[list[str]]:
     return rows
 
 
-def _where(dims: str, layers) -> str:
-    """The dims zeroed, and the layers they were zeroed in when ``ablation.layers`` chose some (empty: every layer;
-    a run written before the column existed has none)."""
+def _where(dims: str, layers, layernorms) -> str:
+    """The dims zeroed, and where when it was not Kovaleva et al.'s every output LayerNorm: the norms
+    (``ablation.layernorms``) and the layers (``ablation.layers``; empty: every layer; a run written before the column
+    existed has none)."""
+    where = []
+    if isinstance(layernorms, str) and layernorms and layernorms != "output":
+        where.append(layernorms.replace(";", ", "))
+    if isinstance(layers, str) and layers:
+        where.append(f"layer{'s' if ';' in layers else ''} {layers.replace(';', ', ')}")
     dims = dims.replace(";", " ")
-    if not isinstance(layers, str) or not layers:
-        return dims
-    return f"{dims} (layer{'s' if ';' in layers else ''} {layers.replace(';', ', ')})"
+    return f"{dims} ({'; '.join(where)})" if where else dims
 
 
 def by_position_rows(runs: Path) -> tuple[list[str], list[list[str]]]:
