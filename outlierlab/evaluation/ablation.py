@@ -233,13 +233,13 @@ def run(ctx: EvalContext) -> AnalysisResult:
         return skip_result("ablation", TITLE, f"{loaded.name}: {loaded.no_head_reason}.")
     decoder = loaded.objective == "next_token"
     if loaded.family is None:  # unregistered model_type: no norms to zero, the intact score still comes out
-        kinds, outliers, user, given = [], [], [], None
+        kinds, outliers, user, given, chosen, layers = [], [], [], None, {}, None
         found = loaded.family_note
     else:
         kinds = zeroed_kinds(s, rule, loaded.layernorms)
-        chosen = select_layernorms(loaded.layernorms, kinds)  # validate before the slow part
-        if s.layers is not None:
-            layernorms_of_layers(chosen, s.layers)
+        chosen, layers = select_layernorms(loaded.layernorms, kinds), s.layers  # validated before the slow part
+        if layers is not None:
+            chosen = layernorms_of_layers(chosen, layers)
         det = detect_layernorm_outliers(loaded.layernorms, rule)
         given = s.outlier_dims
         outliers = list(given) if given else det.dims
@@ -254,11 +254,9 @@ def run(ctx: EvalContext) -> AnalysisResult:
     batches = (next_token_batches(loaded.tokenizer, texts, max_length, s.batch_size) if decoder
                else masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, p, seed))
     example = s.example
-    layers = None if s.layers is None or loaded.family is None else s.layers
     out = run_ablation(loaded, batches, kinds, outliers, user, n_random=s.n_random, seed=seed, example=example,
                        top_k=s.top_k, layers=layers)
-    lns = select_layernorms(loaded.layernorms, kinds) if kinds else {}
-    n_lns = len(lns if layers is None else layernorms_of_layers(lns, layers))
+    n_lns = len(chosen)
     notes = [f"Model: {loaded.name}. LayerNorms zeroed (gain and bias): {', '.join(kinds) or 'none'} "
              + (f"in layer(s) {', '.join(map(str, layers))} " if layers is not None else "")
              + f"({n_lns} LayerNorms)" + (" — and the final norm before the LM head: no per-layer norm of a pre-LN "
