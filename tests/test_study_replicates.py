@@ -45,6 +45,21 @@ def test_a_setting_that_changes_the_computation_is_no_replicate(tmp_path):
     assert replicate_rows(cells).empty
 
 
+def test_how_often_checkpoints_are_kept_does_not_make_another_configuration(tmp_path):
+    # saving a checkpoint draws no random number: a rerun keeping every 50-step checkpoint replicates one keeping two
+    ckpt = lambda n, k: {"callbacks": {"model_checkpoint": {"every_n_train_steps": n, "save_top_k": k}}}
+    a = cell(tmp_path / "a", "learned", 4, "a", (5.0, 4.0), **ckpt(100, 2))
+    b = cell(tmp_path / "b", "learned", 4, "a", (5.0, 4.0), **ckpt(50, -1))
+    monitor = {"callbacks": {**ckpt(50, -1)["callbacks"], "hidden_state_monitor": {"every_n_steps": 25}}}
+    c = cell(tmp_path / "c", "learned", 4, "a", (5.0, 4.0), **monitor)
+    cells = find_cells([a.parent, b.parent])
+    assert configuration(cells[0]) == configuration(cells[1])
+    rows = replicate_rows(cells)
+    assert len(rows) == 1 and rows.iloc[0]["max_abs_diff val/loss"] == 0.0
+    # only the checkpoints' settings are set aside: another callback's still counts
+    assert configuration(find_cells([c.parent])[0]) != configuration(cells[0])
+
+
 def test_linked_through_a_third_version():
     import pandas as pd
 

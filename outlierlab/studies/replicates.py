@@ -39,8 +39,11 @@ from outlierlab.utils.atomic import write_atomic
 
 #: The numbers a replicate is compared on: every validation's loss and order use.
 COMPARED = ("val/loss", "val/order_use")
-#: Settings that cannot change a number (beside :data:`SEED_DEPENDENT`).
-_NOT_COMPUTATION = re.compile(r"(^|\.)(default_root_dir|max_time|enable_progress_bar|log_every_n_steps)$")
+#: Settings that cannot change a number (beside :data:`SEED_DEPENDENT`): among them when and which checkpoints are
+#: kept, since saving one reads the state and draws no random number (a rerun that keeps every 50-step checkpoint
+#: is a replicate of the run that kept two).
+_NOT_COMPUTATION = re.compile(r"(^|\.)(default_root_dir|max_time|enable_progress_bar|log_every_n_steps)$"
+                              r"|^callbacks\.model_checkpoint\.")
 _PATH = re.compile(r"^(<local>|<cell>|/)")
 
 
