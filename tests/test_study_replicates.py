@@ -60,6 +60,17 @@ def test_how_often_checkpoints_are_kept_does_not_make_another_configuration(tmp_
     assert configuration(find_cells([c.parent])[0]) != configuration(cells[0])
 
 
+def test_a_run_stopped_before_its_end_is_compared_where_both_logged(tmp_path):
+    # a CPU run stopped by a signal writes no finished.json; its rerun is still its replicate at every shared step
+    a = cell(tmp_path / "a", "learned", 4, "a", (5.0, 4.0), {"accelerator": "cpu", "deterministic": False})
+    b = cell(tmp_path / "b", "learned", 4, "a", (5.0, 4.25))
+    (b / "finished.json").unlink()
+    rows = replicate_rows(find_cells([a.parent, b.parent]))
+    assert len(rows) == 1 and rows.iloc[0]["steps"] == 2
+    assert rows.iloc[0]["max_abs_diff val/loss"] == pytest.approx(0.25)
+    assert {rows.iloc[0]["how_a"], rows.iloc[0]["how_b"]} == {"cpu, not deterministic", "not recorded (not finished)"}
+
+
 def test_linked_through_a_third_version():
     import pandas as pd
 
@@ -113,7 +124,7 @@ def test_the_command_compares_the_replicates_it_is_given(tmp_path, capsys):
     assert "gpu, deterministic" in capsys.readouterr().out
     other = cell(tmp_path / "c", "learned", 4, "a", (5.0, 4.0))
     assert main([str(a), str(other)]) == 1
-    assert capsys.readouterr().err.strip() == "no two usable cells share a configuration and seed: nothing to compare"
+    assert capsys.readouterr().err.strip() == "no two readable cells share a configuration and seed: nothing to compare"
 
 
 def test_a_full_disk_leaves_no_table_cut_under_its_own_name(tmp_path, monkeypatch):

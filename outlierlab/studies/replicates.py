@@ -6,8 +6,9 @@ It is evidence for the configuration it ran and no other. On a GPU, a learned po
 atomic adds, so replicates of one seed differ slightly unless ``trainer.deterministic=true``. A no-position path has
 no such adds and reproduces exactly. So this module compares the paths actually run:
 
-* :func:`replicate_rows`: every pair of usable cells (the study's, plus any cells given only for this check) with
-  one configuration and seed, each validation metric of :data:`COMPARED` at every step both logged: the largest
+* :func:`replicate_rows`: every pair of readable cells (the study's, plus any cells given only for this check) with
+  one configuration and seed -- finished or stopped before their end (a CPU run stopped by a signal and its rerun
+  agree or differ at every step both logged), each validation metric of :data:`COMPARED` at every step both logged: the largest
   absolute difference, with both cells' code versions and how they computed (``finished.json``: ``accelerator``,
   ``deterministic``; "not recorded" for cells written before it was recorded);
 * ``python -m outlierlab.studies.replicates RUN_DIR_OR_SWEEP ... [--out pairs.csv]``: those rows for any run
@@ -60,7 +61,7 @@ def how(cell: Cell) -> str:
     """``gpu, deterministic`` / ``cpu, not deterministic`` from ``finished.json``, or what is not recorded."""
     marker = read_json(cell.path / FINISHED_MARKER)
     if not isinstance(marker, dict):
-        return "not recorded"
+        return "not recorded (not finished)"
     device, det = marker.get("accelerator"), marker.get("deterministic")
     if device is None and det is None:
         return "not recorded"
@@ -79,7 +80,7 @@ def replicate_rows(cells: Sequence[Cell], label: Mapping[tuple, str] | None = No
     how_a, how_b, steps`` and ``max_abs_diff <metric>`` per :data:`COMPARED` metric (NaN where neither logged it)."""
     by_key: dict[tuple, list[Cell]] = defaultdict(list)
     for c in cells:
-        if c.usable and c.seed is not None:
+        if not c.problems and c.seed is not None:  # finished or not: compared where both logged
             by_key[configuration(c), c.seed].append(c)
     rows = []
     for (config, seed), members in by_key.items():
@@ -119,7 +120,8 @@ def mixed_code_coverage(groups: Mapping[str, list[Cell]], extra: Sequence[Cell] 
     """Per group that mixes code versions: the replicate rows of its own configuration across two code versions, one
     of them the group's (an empty frame: none ran), with ``attrs["linked"]``: whether they connect all of the group's
     versions (:func:`linked`). Groups of one code version are left out."""
-    everyone = [c for cells in groups.values() for c in cells] + list(extra)
+    # a study's evidence is what it could average itself: finished cells, or cells admitted up to their cut
+    everyone = [c for c in [*(c for cells in groups.values() for c in cells), *extra] if c.usable]
     out: dict[str, pd.DataFrame] = {}
     for name, cells in groups.items():
         codes = {c.code for c in cells}
@@ -170,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parser.parse_args(argv)
     rows = replicate_rows(find_cells(a.paths))
     if rows.empty:
-        print("no two usable cells share a configuration and seed: nothing to compare", file=sys.stderr)
+        print("no two readable cells share a configuration and seed: nothing to compare", file=sys.stderr)
         return 1
     print(rows.to_string(index=False))
     if a.out:
