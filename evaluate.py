@@ -24,8 +24,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from outlierlab.jobs.evaluation import (FITTED, TRANSFORMS, check_files, check_settings, evaluate,  # noqa: F401
-                                        selected_analyses, selected_transforms)
+from outlierlab.jobs.evaluation import evaluate
 from outlierlab.jobs.overrides import check_overrides
 from outlierlab.jobs.run_errors import run_main
 from outlierlab.jobs.startup import check_device, register_resolvers

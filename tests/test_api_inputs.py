@@ -129,7 +129,7 @@ def test_help_lists_every_analysis_and_transform():
     """The lists in help(ol.evaluate) are read from the registry and configs/transform/, so a new analysis or
     transform shows there without editing the docstring."""
     from outlierlab.evaluation.registry import ANALYSIS_MODULES
-    from outlierlab.jobs.evaluation import TRANSFORMS
+    from outlierlab.evaluation.core import TRANSFORMS
     from outlierlab.jobs.overrides import CONFIG_DIR
 
     doc = ol.evaluate.__doc__

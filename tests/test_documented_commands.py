@@ -100,7 +100,7 @@ def preflight(entry: str, overrides: list[str]) -> None:
 
         check_train_config(cfg)
     elif entry == "evaluate":
-        from outlierlab.jobs.evaluation import check_settings, selected_analyses, selected_transforms
+        from outlierlab.evaluation.core import check_settings, selected_analyses, selected_transforms
 
         names = [str(n) for n in (cfg.get("analyses") or [])]
         own = {n: object() for n in names if "." in n}  # a researcher's own analysis module (docs/extending.md)

@@ -74,13 +74,6 @@ def _plot_reproduction(path, monkeypatch):
     assert reproduction_tables.line_plot({"rope": ([0, 1], [0.5, 0.7])}, "step", "acc", path.name) == path
 
 
-def _plot_monitor(path):
-    from outlierlab.reports.monitor_plots import save_figure as monitor_save_figure
-    fig = Figure()
-    fig.add_subplot().plot([0, 1], [1, 0])
-    monitor_save_figure(fig, path, dpi=50)
-
-
 def _plot_palette(path):
     from outlierlab.studies.report import save_palette_png
     fig = Figure(figsize=(2, 2))
@@ -90,7 +83,7 @@ def _plot_palette(path):
 
 SITES = {"frequent_tokens": _plot_frequent_tokens, "qk_outliers": _plot_qk, "frequency": _plot_frequency,
          "attention_sinks": _plot_sinks, "plot_layers": _plot_layers, "plot_vectors": _plot_vectors,
-         "reproduction_tables": _plot_reproduction, "monitor_plots": _plot_monitor, "studies_palette": _plot_palette}
+         "reproduction_tables": _plot_reproduction, "studies_palette": _plot_palette}
 
 
 def _call(name, path, monkeypatch):

@@ -91,7 +91,7 @@ def test_rule_says_what_it_cannot_judge():
 
 
 def test_monitor_notices_a_model_without_gains_instead_of_crashing():
-    from outlierlab.lightning_modules.callbacks.layernorm_monitor import layernorm_outliers_notice
+    from outlierlab.monitoring.layernorm_tracker import layernorm_outliers_notice
 
     lns = {"layer.0.output": nn.LayerNorm(8, elementwise_affine=False)}
     assert "nothing to judge" in layernorm_outliers_notice(lns, LayerNormRule())

@@ -12,8 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from omegaconf import DictConfig
 
-from outlierlab.evaluation.core import (FITTED, TRANSFORMS, analysis_module, check_files,  # noqa: F401 - evaluate.py's
-                                        check_settings, run_analyses, selected_analyses, selected_transforms)
+from outlierlab.evaluation.core import FITTED, run_analyses
 
 
 def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[str, Any] | None = None,

@@ -24,8 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import imsave
 from matplotlib.ticker import LogFormatter, MaxNLocator
 
-# save_figure lives with write_atomic; re-exported because the probe report and emergence tables import it from here
-from outlierlab.utils.atomic import save_figure, write_atomic  # noqa: F401
+from outlierlab.utils.atomic import write_atomic
 
 
 def render(fig: Figure) -> np.ndarray:

@@ -11,7 +11,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from outlierlab.reports.monitor_plots import save_figure
+from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import md_table, write_csv
 

@@ -29,7 +29,7 @@ matplotlib.use("Agg")  # headless: files only
 import matplotlib.pyplot as plt  # noqa: E402
 
 from outlierlab.reports.history import read_history, wide_by_layer  # noqa: E402
-from outlierlab.reports.monitor_plots import save_figure  # noqa: E402
+from outlierlab.utils.atomic import save_figure  # noqa: E402
 from outlierlab.utils.atomic import write_atomic  # noqa: E402
 from outlierlab.utils.tables import md_table, read_rows, write_csv  # noqa: E402
 

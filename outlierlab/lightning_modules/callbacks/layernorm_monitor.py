@@ -46,8 +46,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from outlierlab.analysis.layernorm_rule import LayerNormRule
-# re-exported: its home is the framework-free tracker now
-from outlierlab.monitoring.layernorm_tracker import LayerNormTracker, layernorm_outliers_notice  # noqa: F401
+from outlierlab.monitoring.layernorm_tracker import LayerNormTracker
 
 from .base import LightningOutlierMonitor
 
