@@ -11,8 +11,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from outlierlab.utils.atomic import save_figure
-from outlierlab.utils.atomic import write_atomic
+from outlierlab.utils.atomic import save_figure, write_atomic
 from outlierlab.utils.tables import md_table, write_csv
 
 COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "chance", "n_train", "n_val", "n_test",

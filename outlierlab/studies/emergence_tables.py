@@ -29,8 +29,7 @@ matplotlib.use("Agg")  # headless: files only
 import matplotlib.pyplot as plt  # noqa: E402
 
 from outlierlab.reports.history import read_history, wide_by_layer  # noqa: E402
-from outlierlab.utils.atomic import save_figure  # noqa: E402
-from outlierlab.utils.atomic import write_atomic  # noqa: E402
+from outlierlab.utils.atomic import save_figure, write_atomic  # noqa: E402
 from outlierlab.utils.tables import md_table, read_rows, write_csv  # noqa: E402
 
 METRICS = ["anisotropy", "kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output",

@@ -6,9 +6,9 @@ It is evidence for the configuration it ran and no other. On a GPU, a learned po
 atomic adds, so replicates of one seed differ slightly unless ``trainer.deterministic=true``. A no-position path has
 no such adds and reproduces exactly. So this module compares the paths actually run:
 
-* :func:`replicate_rows`: every pair of readable cells (the study's, plus any cells given only for this check) with
-  one configuration and seed -- finished or stopped before their end (a CPU run stopped by a signal and its rerun
-  agree or differ at every step both logged), each validation metric of :data:`COMPARED` at every step both logged: the largest
+* :func:`replicate_rows`: every pair of readable cells, finished or stopped before their end (the study's, plus any
+  cells given only for this check) with one configuration and seed, each validation metric of :data:`COMPARED` at
+  every step both logged: the largest
   absolute difference, with both cells' code versions and how they computed (``finished.json``: ``accelerator``,
   ``deterministic``; "not recorded" for cells written before it was recorded);
 * ``python -m outlierlab.studies.replicates RUN_DIR_OR_SWEEP ... [--out pairs.csv]``: those rows for any run
