@@ -62,7 +62,7 @@ def main() -> None:
     from outlierlab.evaluation.activation_pass import ActivationObserver
     from outlierlab.evaluation.sentence_stream import LayerStream
     from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, OutlierCounts, WordSimilarity
-    from outlierlab.evaluation.wic_targets import TargetMeans
+    from outlierlab.analyses.wic_targets import TargetMeans
 
     seconds: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()

@@ -1,4 +1,4 @@
-"""BERT Busters ablation (outlierlab.evaluation.ablation, outlierlab.datamodules.scoring_batches, outlierlab.analysis.scored_rows, outlierlab.models.layernorms): weight surgery, masking,
+"""BERT Busters ablation (outlierlab.analyses.ablation, outlierlab.datamodules.scoring_batches, outlierlab.analysis.scored_rows, outlierlab.models.layernorms): weight surgery, masking,
 scoring, run()."""
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def test_mlm_scores_by_position_hand_computed():
 
 
 def test_random_draws_avoid_outliers_and_follow_the_seed():
-    from outlierlab.evaluation.ablation import run_ablation
+    from outlierlab.analyses.ablation import run_ablation
     from outlierlab.datamodules.scoring_batches import masked_batches
 
     model, tok = tiny_mlm(layers=1, plant=False)
@@ -230,7 +230,7 @@ def test_random_draws_avoid_outliers_and_follow_the_seed():
 # ---------------------------------------------------------------------------------------------- run()
 def test_run_ablation_planted_outlier_rows(tmp_path):
     from outlierlab.models.loading import FrozenEncoder
-    from outlierlab.evaluation.ablation import run
+    from outlierlab.analyses.ablation import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
     ctx = make_ctx("ablation", enc, tmp_path, {"n_random": 3, "dims": [3], "max_length": 64, "batch_size": 8,
@@ -266,7 +266,7 @@ def test_run_ablation_planted_outlier_rows(tmp_path):
 
 def test_ablation_layers_zero_only_there(tmp_path):
     from outlierlab.models.loading import FrozenEncoder
-    from outlierlab.evaluation.ablation import run
+    from outlierlab.analyses.ablation import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
     settings = {"n_random": 2, "max_length": 64, "batch_size": 8, "example": None}
@@ -326,7 +326,7 @@ def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
 
 def test_encoder_without_mlm_head_is_skipped_with_a_note(tmp_path):
     from outlierlab.models.loading import FrozenEncoder
-    from outlierlab.evaluation.ablation import run
+    from outlierlab.analyses.ablation import run
 
     enc = FrozenEncoder(str(save_tiny_bert(tmp_path / "bert")), device="cpu")
     res = run(make_ctx("ablation", enc, tmp_path, {}))
@@ -335,7 +335,7 @@ def test_encoder_without_mlm_head_is_skipped_with_a_note(tmp_path):
 
 
 def test_bad_settings_fail_before_any_model_is_loaded(tmp_path):
-    from outlierlab.evaluation.ablation import check
+    from outlierlab.analyses.ablation import check
 
     with pytest.raises(ValueError, match="ablation.layernorms"):
         check(make_ctx("ablation", None, tmp_path, {"layernorms": ["ouput"]}))

@@ -244,7 +244,7 @@ def test_isotropy_takes_the_transformed_covariance_without_products_for_none_and
 
     from outlierlab.analysis.transform_fit import FittedTransforms
     from outlierlab.analysis.transforms import clip_mask
-    from outlierlab.evaluation.isotropy import transformed_layer_covariance
+    from outlierlab.analyses.isotropy import transformed_layer_covariance
 
     def transform_matrix(st, name: str, layer: int) -> torch.Tensor:
         """W itself, ``[1, d, d]`` float64: I (none), diag(kept dims) (clip), the fitted map."""

@@ -174,7 +174,7 @@ def test_unknown_transform_group_fails_before_hydra(tmp_path):
 def test_offline_hub_datasets_fail_fast_with_the_message(compose_cfg):
     from outlierlab.datamodules.pair_sets import load_sts_pairs
     from outlierlab.evaluation.settings import WicSettings, section_settings
-    from outlierlab.evaluation.wic import load_pairs as wic_pairs
+    from outlierlab.analyses.wic import load_pairs as wic_pairs
 
     with pytest.raises(ConnectionError, match=r"cannot load hub dataset 'mteb/sts12-sts' split 'test'.*offline.*"
                                               r"sts\.files=\[pairs\.csv\]"):
@@ -185,7 +185,7 @@ def test_offline_hub_datasets_fail_fast_with_the_message(compose_cfg):
 
 def test_sts_is_skipped_with_instructions_by_default(compose_cfg, tmp_path):
     from outlierlab.evaluation.registry import EvalContext
-    from outlierlab.evaluation.sts import run
+    from outlierlab.analyses.sts import run
 
     cfg = compose_cfg("evaluate", [])
     res = run(EvalContext(None, cfg.sts, cfg, ["none"], tmp_path))

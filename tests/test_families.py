@@ -141,8 +141,8 @@ def test_next_token_ablation_of_the_dim_the_lm_head_reads(tmp_path):
     """A stand-in decoder (GPT-2) whose LM head reads only the planted dim: zeroing that dim in its norms
     (both per-layer norms and the final norm) changes the next-token loss far more than as many random dims."""
     from outlierlab.analysis.layernorm_rule import LayerNormRule
-    from outlierlab.evaluation.ablation import run_ablation
-    from outlierlab.evaluation.ln_rule import detect_layernorm_outliers, zeroed_kinds
+    from outlierlab.analyses.ablation import run_ablation
+    from outlierlab.analyses.ln_rule import detect_layernorm_outliers, zeroed_kinds
     from outlierlab.models.lm_model import load_mlm
     from outlierlab.datamodules.scoring_batches import next_token_batches
 
@@ -197,7 +197,7 @@ def test_attention_sinks_on_a_planted_decoder(tmp_path):
     the causal mask is respected (no mass on later tokens)."""
     from test_ablation import make_ctx
 
-    from outlierlab.evaluation.attention_sinks import run
+    from outlierlab.analyses.attention_sinks import run
     from outlierlab.models.loading import FrozenEncoder
 
     model, tok = _planted_sink_gpt2()
@@ -439,7 +439,7 @@ def test_frequency_reads_the_model_own_lm_head(tmp_path):
     named with the head's objective; a dim with random head weights is far from it."""
     from test_ablation import make_ctx
 
-    from outlierlab.evaluation.frequency import run
+    from outlierlab.analyses.frequency import run
     from outlierlab.models.loading import FrozenEncoder
 
     lines = [f"The {w} walked into the {p} and sat down near the fire." for w in ("captain", "lady", "admiral")

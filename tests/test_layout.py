@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "outlierlab"
 # README "Layout", top to bottom; entry scripts and scripts/ sit above all of them
-ORDER = ["studies", "jobs", "lightning_modules", "monitoring", "evaluation", "reports", "datamodules", "models", "analysis", "utils"]
+ORDER = ["studies", "jobs", "lightning_modules", "monitoring", "analyses", "evaluation", "reports", "datamodules", "models", "analysis", "utils"]
 
 
 def _imported_packages(path: Path) -> set[str]:
@@ -68,7 +68,7 @@ def test_one_top_level_name_and_no_bare_role_imports():
 
 def test_a_module_name_says_what_it_is_once():
     """Module names repeat across the package only where docs/layout.md says why: analysis/<x>.py holds the formulas
-    of the evaluate.py analysis evaluation/<x>.py, and two more pairs whose packages tell them apart."""
+    of the evaluate.py analysis analyses/<x>.py, and two more pairs whose packages tell them apart."""
     from collections import defaultdict
 
     where = defaultdict(list)
@@ -76,7 +76,7 @@ def test_a_module_name_says_what_it_is_once():
         if path.name != "__init__.py":
             where[path.stem].append(str(path.parent.relative_to(PACKAGE)))
     repeated = {name: sorted(dirs) for name, dirs in where.items() if len(dirs) > 1}
-    formulas_of_an_analysis = {name for name, dirs in repeated.items() if dirs == ["analysis", "evaluation"]}
+    formulas_of_an_analysis = {name for name, dirs in repeated.items() if dirs == ["analyses", "analysis"]}
     assert formulas_of_an_analysis == {"frequency", "frequent_tokens", "order_use", "qk_outliers", "sts", "wic"}
     others = {name: dirs for name, dirs in repeated.items() if name not in formulas_of_an_analysis}
     assert others == {"dim_identity": ["analysis", "studies"],  # one monitor history's answer; a study's, over cells

@@ -133,9 +133,9 @@ def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path
     sentence vectors, taken layer by layer, equal what the stacked [L+1, B, T, d] batches give."""
     from outlierlab.analysis.sts import mean_pool
     from outlierlab.analysis.transforms import Whitener
-    from outlierlab.evaluation.sts import sentence_vectors
+    from outlierlab.analyses.sts import sentence_vectors
     from outlierlab.analysis.transform_fit import WhitenSettings
-    from outlierlab.evaluation.wic import target_vectors
+    from outlierlab.analyses.wic import target_vectors
 
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu", batch_size=3)
     s = _texts(6)
@@ -205,7 +205,7 @@ def test_layer_token_store_gives_back_exactly_what_it_was_given(tmp_path, dtype)
 
 def test_frequency_columns_from_the_stream_equal_the_stacked_batches(tmp_path):
     from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
-    from outlierlab.evaluation.frequency import DimColumns
+    from outlierlab.analyses.frequency import DimColumns
     from outlierlab.evaluation.sentence_stream import LayerStream
     from outlierlab.evaluation.sentence_pass import OutlierCounts
 
@@ -327,7 +327,7 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     spec_cfg = compose_cfg("evaluate", common + ["transform.fit_on=sentences"])
     from types import SimpleNamespace
 
-    from outlierlab.evaluation import isotropy, sts, wic
+    from outlierlab.analyses import isotropy, sts, wic
     from outlierlab.evaluation.registry import EvalContext
     from outlierlab.evaluation.sentence_pass import pass_needs
     from outlierlab.jobs import evaluation as mod

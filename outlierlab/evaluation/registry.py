@@ -17,7 +17,7 @@ An analysis is ONE module with a function ``run(ctx: EvalContext) -> AnalysisRes
 Its config section is ``cfg.<name>`` (a module path: its last component); the built-in analyses read theirs as
 the frozen dataclass of :data:`SETTINGS`, checked before any model loads.
 
-The built-in analyses are the names of :data:`SETTINGS`, each the module ``outlierlab.evaluation.<name>``
+The built-in analyses are the names of :data:`SETTINGS`, each the module ``outlierlab.analyses.<name>``
 (:data:`ANALYSIS_MODULES`); any other importable module is selected by its
 dotted path (``analyses=[outliers,mypkg.my_analysis]``) — adding an analysis touches that one module (and its
 config file).  Kept free of heavy imports: the built-in modules are imported only once selected, after every
@@ -171,9 +171,9 @@ SETTINGS: dict[str, type] = {
     "qk_outliers": QKOutliersSettings,
     "order_use": OrderUseSettings,
 }
-#: name -> module of the built-in analyses (``outlierlab.evaluation.<name>``), imported lazily by evaluate.py, so a
+#: name -> module of the built-in analyses (``outlierlab.analyses.<name>``), imported lazily by evaluate.py, so a
 #: typo fails before torch loads.
-ANALYSIS_MODULES: dict[str, str] = {name: f"outlierlab.evaluation.{name}" for name in SETTINGS}
+ANALYSIS_MODULES: dict[str, str] = {name: f"outlierlab.analyses.{name}" for name in SETTINGS}
 #: Sections of the whole run that the shared sentence pass and every analysis may read, whichever are selected.
 RUN_SETTINGS: tuple[type, ...] = (EncoderSettings, DataSettings, TransformSettings, OutliersSettings,
                                   AnisotropySettings, SelfSimilaritySettings)

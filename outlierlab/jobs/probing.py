@@ -345,11 +345,11 @@ def _quiet_lightning():
 
 def order_use(encoder: FrozenEncoder, texts: list[str], seed: int):
     """Whether the model *uses* the order the position probe decodes: evaluate.py's ``order_use``
-    (:func:`outlierlab.evaluation.order_use.measure`, its default settings) on the probe's first sentences --
+    (:func:`outlierlab.analyses.order_use.measure`, its default settings) on the probe's first sentences --
     order use in nats with the model's LM head, else how far shuffling moves each layer's sentence vectors
     (docs/order_use.md): the model's row, one per layer, and a section of the report.  A learned table's rows are
     decodable in a model that ignores order, so the probe's accuracy alone cannot say it."""
-    from outlierlab.evaluation.order_use import measure
+    from outlierlab.analyses.order_use import measure
     from outlierlab.evaluation.settings import OrderUseSettings
     from outlierlab.models.lm_model import load_mlm
 
@@ -376,7 +376,7 @@ def _probe(cfg, p: ProbeSettings, encoder: FrozenEncoder | None, texts: Sequence
                        family=encoder.family_line(), layernorms=layernorm_note(encoder),
                        orderless=cannot_use_order(getattr(encoder, "pos", None), getattr(encoder, "causal", False)))
     if measure_use:
-        from outlierlab.evaluation.order_use import COLUMNS as USE_COLUMNS
+        from outlierlab.analyses.order_use import COLUMNS as USE_COLUMNS
 
         used = order_use(encoder, texts, int(cfg.seed))
         result.info["order_use"], result.sections = used.summary, [used.markdown]

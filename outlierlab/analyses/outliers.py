@@ -19,7 +19,7 @@ from torch import nn
 
 from outlierlab.analysis.layernorm import LAYERNORM_ROW_FIELDS, layernorm_stats, sigma_outlier_dims
 from outlierlab.analysis.layernorm_rule import layernorm_outliers
-from outlierlab.evaluation.ln_rule import ln_rule
+from outlierlab.analyses.ln_rule import ln_rule
 from outlierlab.models.families import UnknownFamilyError, family_of
 from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 from outlierlab.analysis.outlier_dims import detect_outlier_dims, position_row_stats

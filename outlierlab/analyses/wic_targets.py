@@ -4,7 +4,7 @@ Target vector = mean of the vectors of the tokens overlapping the target's chara
 §4.2; :func:`outlierlab.evaluation.words.char_span_tokens`).  Every pair's two targets of every layer are
 ``(L+1)·2P·d`` floats — 27 GiB in float32 for all 5,512 WordNet pairs of a 70B model — so the
 :class:`TargetMeans` consumer of a :class:`outlierlab.evaluation.sentence_stream.LayerStream` appends them to disk
-(:class:`outlierlab.evaluation.layer_rows.LayerRows`) as each layer is produced, and :meth:`TargetVectors.layer`
+(:class:`outlierlab.analyses.layer_rows.LayerRows`) as each layer is produced, and :meth:`TargetVectors.layer`
 reads one layer back as ``[2, P, d]``: the scoring (cosine, threshold sweep) runs layer by layer.
 """
 
@@ -17,7 +17,7 @@ from outlierlab.analysis.transform_fit import WhitenSettings
 from outlierlab.analysis.transforms import FITTED, Whitener
 from outlierlab.utils.disk_room import check_room
 from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
-from outlierlab.evaluation.layer_rows import LayerRows
+from outlierlab.analyses.layer_rows import LayerRows
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.words import char_span_tokens
 

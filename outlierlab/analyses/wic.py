@@ -28,8 +28,8 @@ from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
 from outlierlab.datamodules.pair_sets import load_wic_pairs
-from outlierlab.evaluation.layer_rows import pair_cosines
-from outlierlab.evaluation.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
+from outlierlab.analyses.layer_rows import pair_cosines
+from outlierlab.analyses.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
 from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings
 from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.evaluation.sentence_pass import borrow_fitted_maps, fit_on_sentences, task_transforms
@@ -47,7 +47,7 @@ def load_pairs(s: WicSettings, split: str | None = None, capped: bool = True) ->
 
 def target_cosines(ft: FittedTransforms, names, vecs: TargetVectors, keep: torch.Tensor) -> dict[str, torch.Tensor]:
     """Cosine of the two target vectors of every kept pair after each transform, ``{name: [L, P] float64}``,
-    one layer at a time (:func:`outlierlab.evaluation.layer_rows.pair_cosines`)."""
+    one layer at a time (:func:`outlierlab.analyses.layer_rows.pair_cosines`)."""
     cos = pair_cosines(ft, names, vecs.num_layers, vecs.dim, lambda layer: vecs.layer(layer)[:, keep])
     return {t: c.to(torch.float64) for t, c in cos.items()}
 

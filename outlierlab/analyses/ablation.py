@@ -23,7 +23,7 @@ masked-LM, while zeroing as many random dims does almost nothing.  This module r
   loss of every non-special token given its left context (:func:`outlierlab.datamodules.scoring_batches.next_token_batches`).  The
   ``objective`` column says which; the same batches are scored under every condition.
 * **pre-LN models** — the dims are zeroed in both per-layer norms and the final norm before the LM head
-  (:func:`outlierlab.evaluation.ln_rule.zeroed_kinds`; docs/fidelity.md).
+  (:func:`outlierlab.analyses.ln_rule.zeroed_kinds`; docs/fidelity.md).
 
 The weight surgery (:mod:`outlierlab.models.layernorms`) and the masked-LM scoring (:mod:`outlierlab.datamodules.scoring_batches`, :func:`outlierlab.analysis.scored_rows.mlm_scores`) are
 plain functions, usable without evaluate.py.
@@ -43,7 +43,7 @@ from outlierlab.analysis.layernorm_rule import LayerNormRule
 from outlierlab.analysis.outlier_dims import random_dims
 from outlierlab.analysis.position_shares import bucket_columns
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm, skip_result
-from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
+from outlierlab.analyses.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.analysis.scored_rows import mlm_scores
 from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
 from outlierlab.models.lm_model import LoadedModel, fill_mask, predict_next

@@ -18,7 +18,7 @@ import torch
 
 from outlierlab.analysis.isoscore import covariance, isoscore_from_covariance, isoscore_star, transformed_covariance
 from outlierlab.analysis.transforms import clip_mask
-from outlierlab.evaluation.anisotropy import reservoir, transform_lines
+from outlierlab.analyses.anisotropy import reservoir, transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.settings import IsotropySettings
 from outlierlab.evaluation.sentence_pass import sentence_stats

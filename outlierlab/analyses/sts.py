@@ -34,7 +34,7 @@ from outlierlab.analysis.whitening import DegenerateWhiteningError
 from outlierlab.datamodules.pair_sets import STS_HUB, StsPairs, load_sts_pairs
 from outlierlab.evaluation.encoding import distinct_texts, encode_log_line
 from outlierlab.utils.disk_room import check_room
-from outlierlab.evaluation.layer_rows import LayerRows, pair_cosines
+from outlierlab.analyses.layer_rows import LayerRows, pair_cosines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings

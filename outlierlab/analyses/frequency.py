@@ -42,7 +42,7 @@ from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.datamodules.corpus import load_texts_from_files
 from outlierlab.datamodules.mlm_datamodule import default_cache_dir  # the one definition of the cache root
 from outlierlab.datamodules.token_counts import count_tokens, pretraining_counts
-from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outliers, ln_rule
+from outlierlab.analyses.ln_rule import check_common, detect_layernorm_outliers, ln_rule
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm
 from outlierlab.evaluation.settings import DataSettings, FrequencySettings
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch

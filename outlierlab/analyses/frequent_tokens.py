@@ -39,8 +39,8 @@ from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.evaluation.registry import (AnalysisResult, EvalContext, analysis_texts, check_texts, shared_mlm,
                                             skip_result)
-from outlierlab.evaluation.ln_rule import ln_rule
-from outlierlab.evaluation.frequency import frequency_counts
+from outlierlab.analyses.ln_rule import ln_rule
+from outlierlab.analyses.frequency import frequency_counts
 from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
 from outlierlab.models.lm_model import LoadedModel, last_vectors, output_layer
 from outlierlab.evaluation.settings import FrequentTokensSettings

@@ -34,7 +34,7 @@ from outlierlab.analysis.attention_mass import SINK_KEYS as KEYS  # the columns 
 from outlierlab.analysis.attention_mass import sink_head_share, sink_masses
 from outlierlab.analysis.outlier_dims import random_dims
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm, skip_result
-from outlierlab.evaluation.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
+from outlierlab.analyses.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 from outlierlab.evaluation.settings import AttentionSinksSettings
 from outlierlab.utils.atomic import save_figure

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from outlierlab.analysis.order_use import (attention_locality, cannot_use_order, heldout_special_ids, order_use,
                                            order_use_message, pooled_order_change)
-from outlierlab.evaluation.attention_sinks import text_batches
+from outlierlab.analyses.attention_sinks import text_batches
 from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, check_texts, shared_mlm
 from outlierlab.evaluation.settings import OrderUseSettings

@@ -1,6 +1,6 @@
 """Per-row vectors of every layer, kept on disk as the layers are produced and read back one layer at a time:
-WiC's target vectors (:mod:`outlierlab.evaluation.wic_targets`) and STS's mean-pooled sentence
-vectors (:func:`outlierlab.evaluation.sts.sentence_vectors`).
+WiC's target vectors (:mod:`outlierlab.analyses.wic_targets`) and STS's mean-pooled sentence
+vectors (:func:`outlierlab.analyses.sts.sentence_vectors`).
 
 Both are ``(L+1)·N·d`` floats — 27 GiB in float32 for all 5,512 WordNet WiC pairs of a 70B model, 21 GiB for
 4,300 STS pairs — and both are scored layer by layer (a cosine per pair, then a threshold sweep or a Spearman

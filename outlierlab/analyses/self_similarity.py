@@ -11,12 +11,12 @@ occurrence in a sentence counts (one vector per context, as Ethayarajh).
 * intra-sentence similarity = mean cosine between each word of a sentence and the sentence's mean word
   vector, averaged over sentences, minus anisotropy (``intra_sentence``; ``intra_sentence_raw``).
 
-The anisotropy subtracted is the same transform's (outlierlab/evaluation/anisotropy.py protocol).
+The anisotropy subtracted is the same transform's (outlierlab/analyses/anisotropy.py protocol).
 """
 
 from __future__ import annotations
 
-from outlierlab.evaluation.anisotropy import reservoir, transform_lines
+from outlierlab.analyses.anisotropy import reservoir, transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table
