@@ -3,7 +3,7 @@
 The optimizer step is the part of a training step that the implementation choice changes; timing it alone
 (interleaved, median of many repeats) gives a ratio that background load affects far less than whole
 training runs do.  Its share of a step (printed against a measured forward+backward) says what the ratio is
-worth in steps per hour.  Enable a winner with ``+module.optimizer.fused=true`` (or ``foreach``).
+worth in steps per hour.  Enable a winner with ``+optimizer.fused=true`` (or ``foreach``).
 
     python benchmarks/optimizer_step.py [--hidden 128 --layers 4 --vocab 8192] [--repeats 50]
 """

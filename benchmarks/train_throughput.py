@@ -68,8 +68,8 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> float:
 DEFAULT_VARIANTS = {
     "eager": [],
     "compiled": ["module.compile=true"],
-    "adamw_fused": ["+module.optimizer.fused=true"],
-    "adamw_foreach": ["+module.optimizer.foreach=true"],
+    "adamw_fused": ["+optimizer.fused=true"],
+    "adamw_foreach": ["+optimizer.foreach=true"],
     "batch2x_block/2": ["data.batch_size=__2B__", "data.block_size=__L/2__"],
     "batch/2_block2x": ["data.batch_size=__B/2__", "data.block_size=__2L__"],
 }
@@ -91,7 +91,7 @@ def build(args, extra: list[str] | None = None):
 def plain_loop(cfg, dm, config, warmup: int, steps: int) -> float:
     """The loop a researcher would write by hand (no Lightning)."""
     torch.manual_seed(0)
-    module = MLMLitModule(config, hydra.utils.instantiate(cfg.module.optimizer),
+    module = MLMLitModule(config, hydra.utils.instantiate(cfg.optimizer),
                           hydra.utils.instantiate(cfg.module.scheduler))
     model = module.model.train()
     opt_cfg = module.configure_optimizers()
@@ -165,7 +165,7 @@ def paired(args) -> None:
     compiled_model = copy.deepcopy(eager)
     step_fn = {"eager": eager, "compiled": torch.compile(compiled_model.forward)}
     models = {"eager": eager, "compiled": compiled_model}
-    opts = {n: torch.optim.AdamW(m.parameters(), lr=float(cfg.module.optimizer.lr), betas=(0.9, 0.98), eps=1e-6,
+    opts = {n: torch.optim.AdamW(m.parameters(), lr=float(cfg.optimizer.lr), betas=(0.9, 0.98), eps=1e-6,
                                  weight_decay=0.01) for n, m in models.items()}
     loader = dm._loader(dm.train_dataset, ResumableSampler(len(dm.train_dataset), dm.batch_size, shuffle=True, seed=0))
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
@@ -214,7 +214,7 @@ def shapes(args) -> None:
         cfg, dm, config = build(args, [f"data.batch_size={bs}", f"data.block_size={bl}", f"model.max_len={max(bl, 2)}"])
         torch.manual_seed(0)
         model = RobertaMaskedLM(config).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.module.optimizer.lr), betas=(0.9, 0.98), eps=1e-6)
+        opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.optimizer.lr), betas=(0.9, 0.98), eps=1e-6)
         loader = iter(dm._loader(dm.train_dataset, ResumableSampler(len(dm.train_dataset), bs, shuffle=True, seed=0)))
         runs[f"{bs}x{bl}"] = (model, opt, loader)
     tps: dict[str, list[float]] = {n: [] for n in runs}

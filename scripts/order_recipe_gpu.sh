@@ -75,7 +75,7 @@ if has study; then
   done; done
   # what moved it: the batch or the learning rate (6,000 steps each, like the study)
   cell recipe_b32_lr1e-3  experiment=order_recipe pos=learned data.batch_size=32
-  cell recipe_b128_lr2e-3 experiment=order_recipe pos=learned module.optimizer.lr=2e-3
+  cell recipe_b128_lr2e-3 experiment=order_recipe pos=learned lr=2e-3
   cell recipe_b64_lr1e-3  experiment=order_recipe pos=learned data.batch_size=64
 fi
 if has haviv; then
@@ -120,8 +120,8 @@ cell real_rope              $REAL pos=rope
 cell real_learned_sininit   $REAL pos=learned pos.init=sinusoidal
 cell real_learned_init10x   $REAL pos=learned pos.init_scale=10
 cell real_learned_preln     $REAL pos=learned model.norm_placement=pre
-cell real_learned_b128      $REAL pos=learned data.batch_size=128 module.optimizer.lr=1e-3
-cell real_none_b128         $REAL pos=none data.batch_size=128 module.optimizer.lr=1e-3
+cell real_learned_b128      $REAL pos=learned data.batch_size=128 lr=1e-3
+cell real_none_b128         $REAL pos=none data.batch_size=128 lr=1e-3
 TASK="experiment=order_task"
 for p in learned none sinusoidal relative rope alibi; do cell task_$p $TASK pos=$p; done
 cell task_learned_sininit $TASK pos=learned pos.init=sinusoidal

@@ -22,7 +22,7 @@ def test_clm_trains_resumes_exactly_and_exports_a_causal_lm(tmp_path, shared_cac
 
     common = ["objective=clm", "pos=none", "trainer.limit_val_batches=2", "trainer.val_check_interval=6",
               "module.scheduler.num_training_steps=12", "module.scheduler.num_warmup_steps=2",
-              "callbacks.model_checkpoint.every_n_train_steps=6", "module.optimizer.lr=1e-2"]
+              "callbacks.model_checkpoint.every_n_train_steps=6", "lr=1e-2"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     metrics = train(small_cfg(straight, "trainer.max_steps=12", *common))
     train(small_cfg(resumed, "trainer.max_steps=6", *common))

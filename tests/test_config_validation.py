@@ -19,7 +19,7 @@ from outlierlab.jobs.startup import check_train_config, describe_plan
     (["trainer.max_steps=2.5"], "trainer.max_steps must be an integer, got 2.5"),
     (["module.scheduler._target_=outlierlab.models.schedules.cosine_typo"], "outlierlab.models.schedules has no 'cosine_typo'"),
     (["module.scheduler._target_=transfromers.get_linear_schedule_with_warmup"], "no module 'transfromers'"),
-    (["module.optimizer._target_=torch.optim.nope.Adam"], "no module 'torch.optim.nope'"),
+    (["optimizer._target_=torch.optim.nope.Adam"], "no module 'torch.optim.nope'"),
     (["module.scheduler.num_warmup_steps=-5"], "module.scheduler.num_warmup_steps must be >= 0, got -5"),
     (["callbacks.model_checkpoint.every_n_train_steps=0"], "every_n_train_steps must be >= 1, got 0"),
     (["data.block_size=512"], "data.block_size=512 is larger than the model's max_len=128"),
@@ -28,7 +28,7 @@ from outlierlab.jobs.startup import check_train_config, describe_plan
     (["export=off"], "export must be true or false, got 'off'"),
     (["seed=abc"], "seed must be an integer, got 'abc'"),
     (["threads=0"], "threads must be >= 1 or null"),
-    (["module.optimizer.lr=-1"], "module.optimizer.lr must be a number > 0, got -1"),
+    (["lr=-1"], "lr must be a number > 0, got -1"),
     (["+trainer.max_time=abc"], "trainer.max_time must be DD:HH:MM:SS (e.g. +trainer.max_time=00:02:00:00) or null"),
     (["+trainer.max_time=02:00:00"], "got '02:00:00'"),  # HH:MM:SS: Lightning's Timer refuses it too
     (["+trainer.max_time=00:2:00:00"], "got '00:2:00:00'"),  # one-digit hours: so does its pattern

@@ -114,7 +114,7 @@ def test_fused_adamw_trains_under_bf16_with_clipping(tmp_path, shared_cache):
     from outlierlab.jobs.training import train
 
     common = ["trainer.max_steps=3", "trainer.limit_val_batches=0", "export=false", "trainer.precision=bf16-mixed",
-              "model.dropout=0.0", "model.attention_dropout=0.0", "module.optimizer.lr=5e-3"]
+              "model.dropout=0.0", "model.attention_dropout=0.0", "lr=5e-3"]
     runs = {}
     for name, extra in {"plain": ["module.fused_optimizer=false", "trainer.gradient_clip_val=0.05"],
                         "fused": ["module.fused_optimizer=true", "trainer.gradient_clip_val=0.05"],

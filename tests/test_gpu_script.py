@@ -55,7 +55,7 @@ def test_every_cell_of_the_gpu_script_composes_and_passes_the_preflight_check(tm
     assert sorted({a for c in switches for a in c if a.startswith("arch=")}) == ["arch=default", "arch=op", "arch=pre_ln"]
     op = compose("train", [a for a in switches[1] if not a.startswith("seed=")])
     assert "arch=op" in switches[1] and op.trainer.max_steps == 6000 and op.data.batch_size == 128  # the recipe's
-    assert op.model.block == "op" and op.module.optimizer.lr == 1e-3
+    assert op.model.block == "op" and op.lr == 1e-3
     large = [c for c in cells if "data=english_large" in c and c not in long and c not in switches]
     assert {a for c in large for a in c if a.startswith("pos=")} == {"pos=learned", "pos=none"}
     assert {a for c in large for a in c if a.startswith("objective=")} == {"objective=mlm", "objective=clm"}

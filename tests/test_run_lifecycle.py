@@ -177,15 +177,15 @@ def test_mark_finished_keeps_the_metrics_of_an_earlier_end_at_the_same_step(tmp_
 
 
 def test_a_resume_refuses_optimizer_settings_its_checkpoint_would_override(tmp_path, shared_cache):
-    """(e) A resume restores the checkpoint's optimizer state: ``module.optimizer.lr=0.05`` trained on at 7e-4 while
+    """(e) A resume restores the checkpoint's optimizer state: ``optimizer.lr=0.05`` trained on at 7e-4 while
     config.yaml (and the manifest, the card) said 0.05. Refused in one line before anything is written."""
     from outlierlab.jobs import training
 
     training.train(small_cfg(tmp_path, "trainer.max_steps=2", *COMMON))
     config = (tmp_path / "config.yaml").read_text()
-    with pytest.raises(ValueError, match=r"trained with other optimizer settings: module\.optimizer\.lr=0\.05 "
+    with pytest.raises(ValueError, match=r"trained with other optimizer settings: optimizer\.lr=0\.05 "
                                          r"\(the checkpoint's: 0\.0007\); a resume restores its optimizer state"):
-        training.train(small_cfg(tmp_path, "trainer.max_steps=4", "module.optimizer.lr=0.05", *COMMON))
+        training.train(small_cfg(tmp_path, "trainer.max_steps=4", "optimizer.lr=0.05", *COMMON))
     assert (tmp_path / "config.yaml").read_text() == config and finished_run(tmp_path)["global_step"] == 2
     assert (tmp_path / "hf").is_dir() and last_step(tmp_path) == 2
     # a changed schedule takes effect (the scheduler's factor is rebuilt from the config): not refused, recorded
@@ -238,11 +238,11 @@ def test_optimizer_settings_ignored_compares_the_first_group_and_its_peak_rate()
             "weight_decay": 0.01}
     assert run_resume.optimizer_settings_ignored(ckpt, same) == []  # a YAML list is the checkpoint's tuple
     assert run_resume.optimizer_settings_ignored(ckpt, {**same, "lr": 1e-3, "betas": [0.9, 0.999], "amsgrad": True}) == [
-        "module.optimizer.lr=0.001 (the checkpoint's: 0.0007)",
-        "module.optimizer.betas=[0.9, 0.999] (the checkpoint's: (0.9, 0.98))"]  # amsgrad: not in the groups
+        "optimizer.lr=0.001 (the checkpoint's: 0.0007)",
+        "optimizer.betas=[0.9, 0.999] (the checkpoint's: (0.9, 0.98))"]  # amsgrad: not in the groups
     no_scheduler = {"optimizer_states": [{"param_groups": [{"lr": 7e-4, "weight_decay": 0.01}]}]}
     assert run_resume.optimizer_settings_ignored(no_scheduler, {"lr": 7e-4, "weight_decay": 0.1}) == [
-        "module.optimizer.weight_decay=0.1 (the checkpoint's: 0.01)"]
+        "optimizer.weight_decay=0.1 (the checkpoint's: 0.01)"]
     assert run_resume.optimizer_settings_ignored({}, same) == [] and run_resume.optimizer_settings_ignored(ckpt, None) == []
 
 

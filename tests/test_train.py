@@ -49,7 +49,7 @@ def test_training_lowers_the_loss_and_exports(tmp_path, shared_cache):
     from outlierlab.jobs.training import train
 
     cfg = small_cfg(tmp_path, "trainer.max_steps=40", "trainer.val_check_interval=20",
-                    "module.optimizer.lr=2e-3", "module.scheduler.num_warmup_steps=5")
+                    "lr=2e-3", "module.scheduler.num_warmup_steps=5")
     metrics = train(cfg)
     losses = train_losses(tmp_path)
     first = sum(losses[s] for s in range(0, 5)) / 5
@@ -197,7 +197,7 @@ def test_nan_loss_stops_with_the_step(tmp_path, shared_cache):
 
     with pytest.raises(NonFiniteLossError, match=r"training loss became nan at global step \d+"):
         train(small_cfg(tmp_path, "trainer.max_steps=30", "trainer.limit_val_batches=0", "export=false",
-                        "trainer.gradient_clip_val=null", "module.optimizer.lr=1e30",
+                        "trainer.gradient_clip_val=null", "lr=1e30",
                         "module.scheduler.num_warmup_steps=0"))
 
 

@@ -214,7 +214,7 @@ def card_data(run_dir: str | Path, export_dir: str | Path | None = None, global_
         "model": _model_config(run, export, config),
         "objective": config.get("objective") or (config.get("data") or {}).get("objective") or "mlm",
         "seed": config.get("seed"),
-        "optimizer": (config.get("module") or {}).get("optimizer") or {},
+        "optimizer": config.get("optimizer") or {},
         "scheduler": (config.get("module") or {}).get("scheduler") or {},
         "data": data_cfg,
         "tokenizer": config.get("tokenizer") or {},
@@ -319,8 +319,9 @@ def _recipe(d: dict) -> list[str]:
     return ["## Recipe", "",
             f"* **Objective:** `{objective}`" + (f", masking {data.get('mlm_probability')}"
                                                   if objective != "clm" and data.get("mlm_probability") else ""),
-            f"* **Optimizer:** {_target(opt) if opt else '–'}, lr {_g(opt.get('lr'))}, betas {opt.get('betas', '–')}, "
-            f"eps {_g(opt.get('eps'))}, weight decay {_g(opt.get('weight_decay'))}",
+            f"* **Optimizer:** {_target(opt) if opt else '–'}" + "".join(
+                f", {k.replace('_', ' ')} {_g(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v}"
+                for k, v in opt.items() if not str(k).startswith("_")),
             f"* **Schedule:** {_target(sch) if sch else '–'}, warmup {sch.get('num_warmup_steps', '–')} steps, "
             f"{sch.get('num_training_steps', '–')} training steps",
             f"* **Batch:** {data.get('batch_size', '–')} sequences per device x "

@@ -133,7 +133,7 @@ def resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig
     start_step, trained_config = 0, None
     if ckpt is not None:
         check_checkpoint_matches(ckpt, config, ckpt_path)
-        optimizer = OmegaConf.select(cfg, "module.optimizer")
+        optimizer = OmegaConf.select(cfg, "optimizer")
         ignored = optimizer_settings_ignored(ckpt, OmegaConf.to_container(optimizer, resolve=True)
                                              if isinstance(optimizer, DictConfig) else None)
         if ignored:
@@ -254,26 +254,34 @@ def set_aside_later_timeline(run_dir: Path, resumed_from: int) -> list[str]:
 
 
 def optimizer_settings_ignored(ckpt: dict[str, Any], optimizer: dict[str, Any] | None) -> list[str]:
-    """The settings of ``optimizer`` (the resolved ``module.optimizer``: ``lr``, ``betas``, ``eps``,
+    """The settings of ``optimizer`` (the resolved ``optimizer``: ``lr``, ``betas``, ``eps``,
     ``weight_decay``, ...) that differ from those checkpoint ``ckpt`` trained with, one
-    ``module.optimizer.<key>=<asked> (the checkpoint's: <value>)`` each; [] when they agree.
+    ``optimizer.<key>=<asked> (the checkpoint's: <value>)`` each; [] when they agree.
 
     A resume restores the checkpoint's optimizer state -- its parameter groups' settings, and the scheduler's base
     rates -- so such a setting never takes effect, while ``config.yaml``, the manifest and the model card would state
-    it (``module.optimizer.lr=0.05`` given at a resume trains on at the checkpoint's 7e-4 under a config.yaml saying
+    it (``optimizer.lr=0.05`` given at a resume trains on at the checkpoint's 7e-4 under a config.yaml saying
     0.05). The peak rate is the group's ``initial_lr`` (set by the scheduler), else its ``lr``; the first
-    parameter group is compared (it takes the optimizer's own settings; the others only lower weight decay)."""
+    parameter group is compared (it takes the optimizer's own settings; the others only lower weight decay), of each
+    part of a split optimizer."""
     states = ckpt.get("optimizer_states") or []
     groups = states[0].get("param_groups") if states and isinstance(states[0], dict) else None
     if not optimizer or not groups:
         return []
-    group, out = groups[0], []
+    # a split optimizer (Muon on the matrices, AdamW on the rest) has one first group per part; a setting is held
+    # when one of them holds it (``eps`` is AdamW's in the config, Muon's own is another)
+    firsts, start = [], 0
+    for n in states[0].get("split") or [len(groups)]:
+        firsts.append(groups[start])
+        start += n
+    out = []
     for key, asked in optimizer.items():
         if str(key).startswith("_"):  # _target_, _partial_: Hydra's, not the optimizer's
             continue
-        held = group.get("initial_lr", group.get("lr")) if key == "lr" else group.get(key)
-        if held is not None and not _same_setting(asked, held):
-            out.append(f"module.optimizer.{key}={asked} (the checkpoint's: {held})")
+        held = [g.get("initial_lr", g.get("lr")) if key == "lr" else g.get(key) for g in firsts]
+        held = [h for h in held if h is not None]
+        if held and not any(_same_setting(asked, h) for h in held):
+            out.append(f"optimizer.{key}={asked} (the checkpoint's: {held[0] if len(held) == 1 else held})")
     return out
 
 

@@ -94,7 +94,7 @@ def check_train_config(cfg) -> list[str]:
     Combinations that cannot work raise ``ValueError`` with one line; combinations with a sensible
     reading are adjusted in ``cfg`` and returned as one-line warnings (which the caller prints):
 
-    * ``seed`` an integer, ``threads`` null or >= 1, ``module.optimizer.lr`` > 0, ``trainer.max_time`` a duration;
+    * ``seed`` an integer, ``threads`` null or >= 1, ``lr`` and ``optimizer.lr`` > 0, ``trainer.max_time`` a duration;
     * ``trainer.max_steps`` must be >= 1 (``-1``, Lightning's "use max_epochs", would also make the
       schedule's length negative);
     * the scheduler's and optimizer's ``_target_`` must exist; the warm-up must be >= 0; a warm-up >=
@@ -120,9 +120,10 @@ def check_train_config(cfg) -> list[str]:
     threads = cfg.get("threads")
     if threads is not None and _as_int(threads, "threads") < 1:  # 0 read as null: all cores, unasked
         raise ValueError(f"threads must be >= 1 or null (null: $OMP_NUM_THREADS, else the cores), got {threads}")
-    lr = OmegaConf.select(cfg, "module.optimizer.lr")
-    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
-        raise ValueError(f"module.optimizer.lr must be a number > 0, got {lr!r}")  # torch's: "Invalid learning rate"
+    for key in ("lr", "optimizer.lr"):
+        lr = OmegaConf.select(cfg, key)
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
+            raise ValueError(f"{key} must be a number > 0, got {lr!r}")  # torch's: "Invalid learning rate"
     trainer = cfg.trainer
     max_time = trainer.get("max_time")
     if max_time is not None and not _duration(max_time):  # Lightning's Timer refused it after the data loaded
@@ -132,7 +133,7 @@ def check_train_config(cfg) -> list[str]:
     if max_steps <= 0:
         raise ValueError(f"trainer.max_steps must be >= 1 optimizer steps, got {max_steps} "
                          "(e.g. trainer.max_steps=300)")
-    for key in ("module.optimizer", "module.scheduler"):
+    for key in ("optimizer", "module.scheduler"):
         node = OmegaConf.select(cfg, key)
         if node is not None and node.get("_target_"):
             error = _target_error(node._target_, key)
@@ -304,6 +305,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("accumulation", accumulation)
     if not OmegaConf.has_resolver("cell_dir"):
         OmegaConf.register_new_resolver("cell_dir", _cell_dir)
+    if not OmegaConf.has_resolver("lr_scale"):  # configs/optimizer/lion.yaml: a rate as a multiple of the recipe's
+        OmegaConf.register_new_resolver("lr_scale", lambda lr, factor: float(lr) * float(factor))
     from outlierlab.evaluation.settings_store import register_defaults  # light: no torch
 
     register_defaults()  # the sections' defaults (ConfigStore) that every preset of them starts from

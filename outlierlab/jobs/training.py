@@ -141,11 +141,13 @@ def _release_ddp(env_before: dict[str, str | None]) -> None:
 
 def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float],
                    config: dict[str, Any] | None = None) -> dict[str, float]:
-    """manifest.json, then finished.json (:func:`outlierlab.jobs.run_state.mark_finished`), with the device kind and
-    whether deterministic algorithms were enforced (``trainer.deterministic=true``: Lightning calls
+    """manifest.json, then finished.json (:func:`outlierlab.jobs.run_state.mark_finished`), with the optimizer's
+    class, the device kind and whether deterministic algorithms were enforced (``trainer.deterministic=true``: Lightning calls
     ``torch.use_deterministic_algorithms`` and sets ``CUBLAS_WORKSPACE_CONFIG``)."""
     how = {"accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
-           "deterministic": bool(torch.are_deterministic_algorithms_enabled())}
+           "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
+           # the optimizer that trained it (its settings are in config.yaml and the card): a study's arms, at a glance
+           "optimizer": type(trainer.optimizers[0]).__name__ if trainer.optimizers else None}
     return mark_finished(run_dir, int(trainer.global_step), int(trainer.max_steps), metrics, config, how)
 
 
@@ -252,7 +254,8 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
             f"lower data.block_size or raise model.max_len"
         )
     ckpt_path, start_step, trained_config = resume_point(cfg, run_dir, config)
-    module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config)
+    module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config,
+                                                   optimizer=hydra.utils.instantiate(cfg.optimizer))
     # Lightning's model summary counts FLOPs on this input (torch's FlopCounterMode over one forward): one
     # training block; without it the summary printed "Total FLOPs: 0".  Token ids do not change the count.
     module.example_input_array = {"input_ids": torch.zeros(1, datamodule.block_size, dtype=torch.long)}

@@ -13,6 +13,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from outlierlab.analysis.order_use import attention_locality, movable_positions, permute_block_tokens
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
+from outlierlab.models.optimizers import build_optimizer, can_fuse
 from outlierlab.utils.flops import flops_per_token
 
 
@@ -370,12 +371,10 @@ class MLMLitModule(L.LightningModule):
             self._locality = None
 
     def _use_fused(self) -> bool:
-        """Fused AdamW/Adam (one kernel for the whole update): where asked, or by default on CUDA unless fp16 mixed
-        precision is on (its GradScaler unscales inside a fused step, so clipping before it would see scaled
-        gradients)."""
-        target = getattr(self.optimizer_factory, "func", self.optimizer_factory)
-        if target not in (torch.optim.AdamW, torch.optim.Adam) or "fused" in getattr(self.optimizer_factory,
-                                                                                     "keywords", {}):
+        """Fused AdamW/Adam (one kernel for the whole update; for Muon, its AdamW part): where asked, or by default on
+        CUDA unless fp16 mixed precision is on (its GradScaler unscales inside a fused step, so clipping before it
+        would see scaled gradients)."""
+        if not can_fuse(self.optimizer_factory):
             return False
         if self.fused_optimizer != "auto":
             return bool(self.fused_optimizer)
@@ -384,8 +383,7 @@ class MLMLitModule(L.LightningModule):
 
     def configure_optimizers(self):
         groups = weight_decay_groups(self.model, self.weight_decay_scope)
-        optimizer = (self.optimizer_factory(groups, fused=True) if self._use_fused()
-                     else self.optimizer_factory(groups))
+        optimizer = build_optimizer(self.optimizer_factory, self.model, groups, fused=self._use_fused())
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)
