@@ -244,7 +244,8 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     Parameters
     ----------
     texts : the sentences of the analyses (outliers, anisotropy, isotropy, self-similarity, and those with texts
-        of their own not set), all of them; None: the shipped held-out sentences (as ``python evaluate.py``).
+        of their own not set), all of them: a list of strings (or a pandas Series, ``df["text"]``; a DataFrame is
+        refused: pass one column); None: the shipped held-out sentences (as ``python evaluate.py``).
     analyses, transforms : lists, as ``analyses=[...]`` and ``transform=[...]`` on the command line (valid names
         below); an analysis may also be an object — a module, a class, a ``types.SimpleNamespace`` — with its
         ``run(ctx)`` and optional ``consumers(ctx)`` (:mod:`outlierlab.evaluation.registry`), named by its ``NAME``

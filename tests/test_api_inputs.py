@@ -66,6 +66,34 @@ def test_a_dict_or_a_set_of_texts_is_refused(texts):
                            "which are used and what the seeded samples draw)"
 
 
+@pytest.mark.parametrize("call", [ol.evaluate, ol.probe_positions])
+def test_a_dataframe_is_refused_naming_the_column_to_pass_not_read_as_its_column_names(call, tmp_path):
+    import pandas as pd
+
+    # iterating a DataFrame gives its column names: ["id", "text"] were evaluated as two sentences
+    frame = pd.DataFrame({"id": [1, 2, 3], "text": ["A sentence.", "Another one.", "A third."]})
+    with pytest.raises(TypeError) as e:
+        call(_NoEncoder(), frame, out_dir=tmp_path)
+    assert _one_line(e) == ("texts is a DataFrame (columns 'id', 'text'): pass the sentences of one column as a "
+                            "list, e.g. texts=df['text'].tolist()")
+    with pytest.raises(TypeError) as e:  # one column: still a table, refused the same way, naming that column
+        call(_NoEncoder(), frame[["text"]].rename(columns={"text": "sent"}), out_dir=tmp_path)
+    assert _one_line(e).endswith("e.g. texts=df['sent'].tolist()")
+    from outlierlab.monitoring.arguments import texts as monitor_texts
+
+    with pytest.raises(TypeError, match=r"^sentences is a DataFrame .*sentences=df\['text'\]\.tolist\(\)$"):
+        monitor_texts("sentences", frame)
+    # a column (a Series) is a sequence of sentences: its values, in order, whatever its index
+    assert check_texts(frame["text"].set_axis([9, 4, 7])) == ["A sentence.", "Another one.", "A third."]
+
+
+def test_a_mapping_of_another_type_is_refused_as_a_dict_is():
+    from types import MappingProxyType
+
+    with pytest.raises(TypeError, match=r"^texts is a mappingproxy: pass a list of sentences"):
+        check_texts(MappingProxyType({"A sentence.": 1, "Another.": 2}))
+
+
 def test_good_texts_pass_folded_and_none_means_the_shipped_ones():
     assert check_texts(("A  b\tc", "d\ne")) == ["A b c", "d e"]
     assert check_texts(t for t in ["x"]) == ["x"]  # any iterable of str
@@ -401,6 +429,12 @@ def test_layer_stream_refuses_a_bare_string_items_that_are_not_strings_and_a_mod
         ol.LayerStream(torch.nn.Linear(4, 4), ["A sentence."])
     assert _one_line(e) == "encoder is a Linear: pass the encoder ol.load_encoder(...) returns"
     assert ol.LayerStream(enc, (t for t in ["A sentence.", "Two."])).texts == ["A sentence.", "Two."]
+    import pandas as pd
+
+    with pytest.raises(TypeError) as e:  # its column names were encoded as the sentences
+        ol.LayerStream(enc, pd.DataFrame({"text": ["A sentence.", "Two."]}))
+    assert _one_line(e) == "texts is a DataFrame: pass the sentences of one column as a list, e.g. " \
+                           "texts=df['text'].tolist()"
 
 
 def test_study_histories_names_a_missing_or_wrong_table(tmp_path):

@@ -185,6 +185,9 @@ class LayerStream:
             raise TypeError(f"encoder is a {type(encoder).__name__}: pass the encoder ol.load_encoder(...) returns")
         if isinstance(texts, (str, bytes)):  # list() of it is its characters, each encoded as a sentence
             raise TypeError("texts is a single string: pass a list of sentences, e.g. texts=[text]")
+        if getattr(texts, "columns", None) is not None:  # a DataFrame iterates over its column names
+            raise TypeError(f"texts is a {type(texts).__name__}: pass the sentences of one column as a list, "
+                            "e.g. texts=df['text'].tolist()")
         self.encoder, self.texts = encoder, list(texts)
         bad = [f"[{i}] {type(t).__name__}" for i, t in enumerate(self.texts) if not isinstance(t, str)][:8]
         if bad:

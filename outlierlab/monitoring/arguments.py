@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Mapping, Set as AbstractSet
 from typing import Any
 
 import numpy as np
 
-__all__ = ["count", "flag", "number", "texts", "path_like", "step", "tokenizer", "directory"]
+__all__ = ["count", "flag", "number", "texts", "table_columns", "path_like", "step", "tokenizer", "directory"]
 
 
 def _got(value: Any) -> str:
@@ -61,17 +62,27 @@ def texts(name: str, value: Any) -> list[str] | None:
     """None (the shipped sentences), or the texts as a list of strings: the one check of a list of sentences, for the
     monitors' ``sentences`` and the API's ``texts``.
 
-    Refused in one line, never read as something else: a bare string (its characters would be the sentences), a dict
-    (its keys would) or a set (its order changes with the process: str hashes are salted), no items, an item that is
-    not a string (``42`` or ``None`` would become the sentences "42" and "None"), an empty or blank one (a row of
-    padding between special tokens, measured as a sentence) -- each naming the offending positions."""
+    Any sequence of strings is taken in its order: a list, a tuple, a generator, a pandas ``Series`` (its values;
+    ``df["text"]``).  Refused in one line, never read as something else: a bare string (its characters would be the
+    sentences), a table of one column or many (a pandas ``DataFrame`` iterates over its column names, which were
+    evaluated as the sentences; the line names the column to pass), a mapping (its keys would be the sentences)
+    or a set (its order changes with the process: str hashes are salted), no items, an item that is not a string
+    (``42`` or ``None`` would become the sentences "42" and "None"), an empty or blank one (a row of padding between
+    special tokens, measured as a sentence) -- each naming the offending positions."""
     if value is None:
         return None
     if isinstance(value, (str, bytes)):
         short = repr(value if len(value) <= 40 else value[:37] + "...")
         raise TypeError(f"{name} is a single {type(value).__name__} ({short}): pass a list of sentences, "
                         f"e.g. {name}=[text]")
-    if isinstance(value, (dict, set, frozenset)):
+    table = table_columns(value)
+    if table is not None:
+        column = next((c for c in table if str(c).lower() in ("text", "texts", "sentence", "sentences")),
+                      table[0] if table else "text")
+        shown = ", ".join(repr(c) for c in table[:4]) + (", ..." if len(table) > 4 else "")
+        raise TypeError(f"{name} is a {type(value).__name__} (columns {shown or 'none'}): pass the sentences of one "
+                        f"column as a list, e.g. {name}=df[{column!r}].tolist()")
+    if isinstance(value, (Mapping, AbstractSet)):
         raise TypeError(f"{name} is a {type(value).__name__}: pass a list of sentences (their order decides which "
                         "are used and what the seeded samples draw)")
     try:
@@ -87,6 +98,18 @@ def texts(name: str, value: Any) -> list[str] | None:
     if blank:
         raise ValueError(f"{name} has {len(blank)} empty or blank item(s): {listing(blank)}; drop them")
     return out
+
+
+def table_columns(value: Any) -> list | None:
+    """The column names of a table (a pandas or polars ``DataFrame``, a pyarrow ``Table``), else None.  Duck-typed,
+    so no table library is imported to recognise one; a pandas ``Series`` has no columns: it is a sequence."""
+    columns = getattr(value, "columns", None)
+    if columns is None:
+        columns = getattr(value, "column_names", None)  # a pyarrow Table names them so
+    try:
+        return None if columns is None else list(columns)
+    except TypeError:
+        return None
 
 
 def listing(items: list[str], limit: int = 8) -> str:
