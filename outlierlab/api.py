@@ -9,8 +9,8 @@
 
 Each call composes the same configuration the command line would (``configs/evaluate.yaml`` or ``configs/probe.yaml``
 with the arguments as overrides; a wheel carries them inside the package, setup.py), then runs in memory the
-computation whose results the command line's job writes out (:func:`outlierlab.evaluation.core.run_analyses`,
-:func:`outlierlab.jobs.probing.probe`), and writes nothing unless given ``out_dir``.  tests/test_api.py compares
+computation whose results the command line's job writes out (``outlierlab.evaluation.core.run_analyses``,
+``outlierlab.jobs.probing.probe``), and writes nothing unless given ``out_dir``.  tests/test_api.py compares
 both with the command line's CSVs.
 """
 
@@ -31,11 +31,11 @@ DEFAULT_ANALYSES = ("outliers", "anisotropy", "isotropy", "self_similarity", "wi
 
 def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto", max_length: int | None = None,
                  tokenizer: Any = None, **kwargs: Any):
-    """A frozen encoder or decoder (:class:`outlierlab.models.loading.FrozenEncoder`): a ``train.py`` run directory,
+    """A frozen encoder or decoder (``outlierlab.models.loading.FrozenEncoder``): a ``train.py`` run directory,
     a saved model directory or a Hugging Face hub id (offline: a cached one; otherwise one line saying what to do) --
     or a model in memory: a ``transformers`` model with its ``tokenizer=``, or a sentence-transformers
     ``SentenceTransformer`` (its body and tokenizer), e.g. one just fine-tuned in the notebook.  A model in memory is
-    used as it is (:meth:`~outlierlab.models.loading.FrozenEncoder.from_model`): no copy and no file, on its own
+    used as it is (``FrozenEncoder.from_model``): no copy and no file, on its own
     device and in its own dtype (``device`` and ``dtype`` apply to a model that is loaded; naming another device or
     dtype than a model in memory's is refused), put in eval mode, read live.  ``dtype``: ``float32``, ``bfloat16``,
     ``float16`` or ``auto`` (the checkpoint's); ``kwargs``: ``device_map``, ``revision``, ``batch_size``,
@@ -166,7 +166,7 @@ def _out_dir(out_dir: Any) -> Path | None:
 
 
 def _check_encoder(encoder: Any) -> None:
-    """The first argument is what :func:`load_encoder` returns; a model, a name or a path is refused in one line
+    """The first argument is what ``load_encoder`` returns; a model, a name or a path is refused in one line
     saying so (each failed as an AttributeError on ``.source``)."""
     from outlierlab.models.loading import FrozenEncoder
 
@@ -200,7 +200,7 @@ def _check_overrides(overrides: list[str]) -> None:
 
 def check_texts(texts: Any) -> list[str] | None:
     """``texts`` as the sentences to evaluate (whitespace runs folded to one space), or None (the shipped ones); what
-    is refused, in one line naming the offending positions: :func:`outlierlab.monitoring.arguments.texts`."""
+    is refused, in one line naming the offending positions: ``outlierlab.monitoring.arguments.texts``."""
     texts = arguments.texts("texts", texts)
     return None if texts is None else [" ".join(t.split()) for t in texts]
 
@@ -236,33 +236,39 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
              transforms: Sequence[str] = ("none", "clip", "whiten"), seed: int = 0, out_dir: str | Path | None = None,
              overrides: Sequence[str] = (), plots: bool = False, progress: bool = True,
              settings: Sequence[Any] | None = None) -> dict[str, Any]:
-    """Run evaluate.py's analyses on ``encoder`` (from :func:`load_encoder`), in memory: one pandas DataFrame per
+    """Run evaluate.py's analyses on ``encoder`` (from ``load_encoder``), in memory: one pandas DataFrame per
     analysis, the rows of its ``<analysis>.csv``, and one per side table it writes beside it
     (``anisotropy_contributions``, ``outliers_by_position``, ``layernorm``, ``position_rows``,
     ``ablation_by_position``, ``order_use_layers``; docs/tables.md).  Nothing is written unless ``out_dir`` is given.
 
-    Parameters
-    ----------
-    texts : the sentences of the analyses (outliers, anisotropy, isotropy, self-similarity, and those with texts
-        of their own not set), all of them: a list of strings (or a pandas Series, ``df["text"]``; a DataFrame is
-        refused: pass one column); None: the shipped held-out sentences (as ``python evaluate.py``).
-    analyses, transforms : lists, as ``analyses=[...]`` and ``transform=[...]`` on the command line (valid names
-        below); an analysis may also be an object — a module, a class, a ``types.SimpleNamespace`` — with its
-        ``run(ctx)`` and optional ``consumers(ctx)`` (:mod:`outlierlab.evaluation.registry`), named by its ``NAME``
-        or ``__name__``: an analysis written in the notebook itself.
-    out_dir : also write everything evaluate.py writes (CSVs, report.md, results.json, figures) there, by the
-        same job; named in each table's ``attrs["run_dir"]``.
-    overrides : any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]`` (one of what
-        an argument sets, ``transform=``, ``analyses=``, ``seed=``, is refused).
-    settings : typed sections instead of strings, each replacing its whole section, e.g.
-        ``[OutliersSettings(threshold=0.3), AnisotropySettings(n_sentences=500)]`` (the frozen classes of
-        :mod:`outlierlab.evaluation.settings`, whose defaults are the configuration's; ``transform`` is set with
-        ``transforms`` and ``overrides``); an override of a key of a section given here is refused.
-    plots : PNG figures, with ``out_dir`` (off by default: a notebook draws its own from the tables).
-
     A skipped analysis (no LM head, no STS data) is an empty table whose ``attrs["skipped"]`` says why.  A bare
     string for ``texts`` (or any list argument), a text that is not a string, an empty text or an unknown name is
     refused in one line naming it.
+
+    Parameters
+    ----------
+    texts
+        the sentences of the analyses (outliers, anisotropy, isotropy, self-similarity, and those with texts
+        of their own not set), all of them: a list of strings (or a pandas Series, ``df["text"]``; a DataFrame is
+        refused: pass one column); None: the shipped held-out sentences (as ``python evaluate.py``).
+    analyses, transforms
+        lists, as ``analyses=[...]`` and ``transform=[...]`` on the command line (valid names
+        below); an analysis may also be an object — a module, a class, a ``types.SimpleNamespace`` — with its
+        ``run(ctx)`` and optional ``consumers(ctx)`` (``outlierlab.evaluation.registry``), named by its ``NAME``
+        or ``__name__``: an analysis written in the notebook itself.
+    out_dir
+        also write everything evaluate.py writes (CSVs, report.md, results.json, figures) there, by the
+        same job; named in each table's ``attrs["run_dir"]``.
+    overrides
+        any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]`` (one of what
+        an argument sets, ``transform=``, ``analyses=``, ``seed=``, is refused).
+    settings
+        typed sections instead of strings, each replacing its whole section, e.g.
+        ``[OutliersSettings(threshold=0.3), AnisotropySettings(n_sentences=500)]`` (the frozen classes of
+        ``outlierlab.evaluation.settings``, whose defaults are the configuration's; ``transform`` is set with
+        ``transforms`` and ``overrides``); an override of a key of a section given here is refused.
+    plots
+        PNG figures, with ``out_dir`` (off by default: a notebook draws its own from the tables).
     """
     from outlierlab.evaluation.core import run_analyses, selected_analyses
 
@@ -382,8 +388,8 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     row) and ``order_use_layers`` (one per layer; both absent with ``probe.order_use=false``).  In every table an
     empty cell is NaN; the columns listing dims (``top_neurons``, ``outlier_dims``, ``outlier_rank``,
     ``clipped_dims``) hold their space-separated strings (``"308 381"``).  ``progress``: the tqdm bar while encoding,
-    as in :func:`evaluate`.  ``settings``: typed sections, each replacing its whole section as in :func:`evaluate`:
-    ``[ol.ProbeSettings(epochs=2, max_positions=64)]`` (:class:`outlierlab.jobs.probe_settings.ProbeSettings`) and
+    as in ``evaluate``.  ``settings``: typed sections, each replacing its whole section as in ``evaluate``:
+    ``[ol.ProbeSettings(epochs=2, max_positions=64)]`` (``outlierlab.jobs.probe_settings.ProbeSettings``) and
     the outlier rule clip detects its dims with, ``ol.OutliersSettings``."""
     from outlierlab.jobs.probing import probe, run
 
@@ -418,7 +424,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
 
 def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
     """Which dimension carries each layer's concentration, since when, in how many layers (Kovaleva et al. 2021):
-    :func:`outlierlab.analysis.dim_identity.layer_identity` of one run's monitor history -- a DataFrame, a
+    ``outlierlab.analysis.dim_identity.layer_identity`` of one run's monitor history -- a DataFrame, a
     ``hidden_states.csv``, or the directory holding it (a ``train.py`` run's ``monitor/``, or the ``out_dir`` of
     ``ol.OutlierMonitor`` / ``ol.OutlierMonitorCallback``).  A DataFrame, a row per layer."""
     import pandas as pd
