@@ -6,26 +6,26 @@ masked-LM, while zeroing as many random dims does almost nothing.  This module r
 "Random vs Outliers" comparison for any encoder with an MLM head:
 
 * **outlier dims** — the model's LayerNorm outlier dims by THE rule,
-  :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers` with the ``ln_rule`` settings (default: each layer's
+  ``outlierlab.analysis.layernorm_rule.layernorm_outliers`` with the ``ln_rule`` settings (default: each layer's
   output LayerNorm, gain AND bias outside mean ± 3σ, in more than a quarter of the layers — Kovaleva et
   al.'s criterion with Puccetti et al.'s layer count), the same dims the training monitor and the outliers
   analysis flag on the same weights;
 * **disabled** — gain and bias of those dims set to 0 in the norms the rule judged (or
-  ``ablation.layernorms``), by :func:`outlierlab.models.layernorms.zero_layernorm_dims`, which restores the weights after;
+  ``ablation.layernorms``), by ``outlierlab.models.layernorms.zero_layernorm_dims``, which restores the weights after;
 * **controls** — the intact model; the same number of random dims (``n_random`` seeded draws,
-  :func:`outlierlab.analysis.outlier_dims.random_dims`, never including the outlier dims nor the user's), reported as
+  ``outlierlab.analysis.outlier_dims.random_dims``, never including the outlier dims nor the user's), reported as
   mean ± std; and
   the dims the user names (``ablation.dims``);
 * **score** — with the model's own LM head: for encoders the masked-LM loss, perplexity (exp of the mean
   loss per masked token) and top-1 accuracy on held-out text — evaluation masking is deterministic: 15% of
   the non-special tokens, seeded per batch, ALL replaced by ``<mask>`` (no 80/10/10 split: at evaluation the
   random/unchanged replacements only add noise); for decoders (GPT-2, Pythia, Llama-style) the next-token
-  loss of every non-special token given its left context (:func:`outlierlab.datamodules.scoring_batches.next_token_batches`).  The
+  loss of every non-special token given its left context (``outlierlab.datamodules.scoring_batches.next_token_batches``).  The
   ``objective`` column says which; the same batches are scored under every condition.
 * **pre-LN models** — the dims are zeroed in both per-layer norms and the final norm before the LM head
-  (:func:`outlierlab.analyses.ln_rule.zeroed_kinds`; docs/fidelity.md).
+  (``outlierlab.analyses.ln_rule.zeroed_kinds``; docs/fidelity.md).
 
-The weight surgery (:mod:`outlierlab.models.layernorms`) and the masked-LM scoring (:mod:`outlierlab.datamodules.scoring_batches`, :func:`outlierlab.analysis.scored_rows.mlm_scores`) are
+The weight surgery (``outlierlab.models.layernorms``) and the masked-LM scoring (``outlierlab.datamodules.scoring_batches``, ``outlierlab.analysis.scored_rows.mlm_scores``) are
 plain functions, usable without evaluate.py.
 """
 
@@ -104,13 +104,13 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
     Random control: ``n_random`` draws of ``len(outlier_dims)`` dims (if no outlier dims are given:
     ``len(user_dims)``) avoiding the outlier dims and the user's -- both are under study, so a draw holding one
     would not be random -- from one generator seeded with ``seed``.  Rows: ``intact``, ``outliers``, ``random``
-    (mean ± sample std over draws), one ``random_draw`` per draw, ``user`` (see :data:`ROW_FIELDS`); the same per
-    position bucket in ``by_position`` (:data:`POSITION_FIELDS`; ``random``: the mean over the draws).
+    (mean ± sample std over draws), one ``random_draw`` per draw, ``user`` (see ``ROW_FIELDS``); the same per
+    position bucket in ``by_position`` (``POSITION_FIELDS``; ``random``: the mean over the draws).
     ``n_random``, ``seed`` and ``top_k`` have no Python default: ``configs/evaluate.yaml`` (section ``ablation``)
     states them once.  ``batches`` hold ``labels`` aligned with the logits: masked positions
-    (:func:`masked_batches`, encoders) or next tokens (:func:`next_token_batches`, decoders); ``loaded.objective``
+    (``masked_batches``, encoders) or next tokens (``next_token_batches``, decoders); ``loaded.objective``
     names which in every row.  ``layers``: zero only in the ``kinds`` norms of these layers
-    (:func:`outlierlab.models.layernorms.layernorms_of_layers`; None: every layer).
+    (``outlierlab.models.layernorms.layernorms_of_layers``; None: every layer).
     """
     if not loaded.has_mlm_head:
         raise ValueError(f"{loaded.name} has no LM head: {loaded.no_head_reason}")
@@ -219,7 +219,7 @@ def _by_position_markdown(rows: Sequence[Mapping], loss: str) -> list[str]:
 
 def check(ctx: EvalContext) -> LayerNormRule:
     """Settings and files, before any encoding (called by evaluate.py); returns the outlier rule.  The value
-    ranges are checked when the settings are built (:class:`outlierlab.evaluation.settings.AblationSettings`)."""
+    ranges are checked when the settings are built (``outlierlab.evaluation.settings.AblationSettings``)."""
     return check_common(ctx, ctx.settings(AblationSettings))
 
 

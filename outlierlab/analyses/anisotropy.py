@@ -6,7 +6,7 @@ of ``anisotropy.n_sentences`` sentences (default 2000, a seeded uniform reservoi
 sentences shuffled and paired two by two → 1000 pairs of tokens from different sentences (never a token
 with itself); anisotropy = mean cosine of the pairs.  The same pairs are used for every transform.
 
-On the same pairs, :func:`outlierlab.analysis.rogue_dims.rogue_summary`: each dim's contribution CC_i (Σ_i CC_i
+On the same pairs, ``outlierlab.analysis.rogue_dims.rogue_summary``: each dim's contribution CC_i (Σ_i CC_i
 = anisotropy exactly), the dims of largest CC_i with their share, the share of the top k
 (``anisotropy.rogue_k``, default 1/3/5) and r²/Spearman between the pair cosines with all dims and without
 the top k.  The whole CC vector goes to ``anisotropy_contributions.csv`` (layer, transform, dim, cc, share).

@@ -4,14 +4,14 @@ Many BERT heads park most of their attention on the special tokens (Kovaleva et 
 Dark Secrets of BERT"; Clark et al. 2019); Kovaleva et al. (2021) and Puccetti et al. (2022) tie this to the
 LayerNorm outlier dims.  Per layer and head we report the attention probability that the sequence's real
 (non-pad) queries put on the first special token (``<s>``/``[CLS]``) and on the separator
-(``</s>``/``[SEP]``), averaged over queries (:func:`outlierlab.analysis.attention_mass.special_token_attention_mass`), for
-the intact model, with the LayerNorm outlier dims disabled (:func:`outlierlab.models.layernorms.zero_layernorm_dims`,
+(``</s>``/``[SEP]``), averaged over queries (``outlierlab.analysis.attention_mass.special_token_attention_mass``), for
+the intact model, with the LayerNorm outlier dims disabled (``outlierlab.models.layernorms.zero_layernorm_dims``,
 the same dims and LayerNorms as the ablation), and, as a control, with as many random dims disabled.
 Probabilities come from eager attention (our encoder with ``output_attentions=True``; Hugging Face models
 loaded with ``attn_implementation="eager"``).
 Per layer, the share of *sink heads* — heads whose mean attention on ``<s>`` (``</s>``) exceeds ε = 0.3 — and
 every head's mean attention entropy follow Gu et al. (2025, "When Attention Sink Emerges in Language Models")
-(:func:`outlierlab.analysis.attention_mass.sink_head_share`, :func:`outlierlab.analysis.attention_mass.attention_entropy`).
+(``outlierlab.analysis.attention_mass.sink_head_share``, ``outlierlab.analysis.attention_mass.attention_entropy``).
 Layer numbering: l = 1..L is the attention inside transformer block l (hidden-state layer l).
 
 Decoders (GPT-2, Pythia, Llama-style): the ``<s>`` column is the sequence's FIRST token whatever its id —

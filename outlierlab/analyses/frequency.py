@@ -6,13 +6,13 @@ token type seen in the evaluation text (non-special tokens only):
 
 * frequency — its count in the model's own pretraining corpus when we can know it (our train.py runs: the
   run's ``config.yaml``/``.hydra/config.yaml`` names the data; the corpus is re-read with
-  :func:`outlierlab.datamodules.corpus.load_texts` and tokenised with the run's tokenizer, counts cached), otherwise
+  ``outlierlab.datamodules.corpus.load_texts`` and tokenised with the run's tokenizer, counts cached), otherwise
   its count in the evaluation text itself (``frequency.counts_from``);
 * value — per layer, the mean MAGNITUDE |h_j| of each outlier dim over the type's occurrences (Puccetti et
   al. correlate frequency with the outlier dim's magnitude; ``frequency.value=signed`` uses the signed mean
-  instead) (:class:`outlierlab.analysis.frequency.TokenValueAccumulator`) on the hidden states ``evaluate.py`` extracts
+  instead) (``outlierlab.analysis.frequency.TokenValueAccumulator``) on the hidden states ``evaluate.py`` extracts
   (streamed from the FrozenEncoder batch by batch; layer 0 = embedding output, layer l = output of block l);
-* Spearman ρ per layer × dim (:func:`outlierlab.analysis.frequency.token_frequency_spearman`), and a scatter plot
+* Spearman ρ per layer × dim (``outlierlab.analysis.frequency.token_frequency_spearman``), and a scatter plot
   (log₁₀ frequency vs mean magnitude) of the strongest outlier dim at a middle and the last layer.
 
 With the model's own LM head (masked-LM for encoders, next-token for decoders; the ``objective`` column):
@@ -23,8 +23,8 @@ is elementwise); a masked-LM head's dense transform mixes the dims first, and a 
 weights — then the column is empty and the report says why.
 
 Outlier dims: ``frequency.dims`` if given, else the LayerNorm outlier dims by the one rule
-(:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`, ``ln_rule`` settings); if the model has none, the activation outlier
-dims (:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`, Luo et al.'s argmax/argmin share), said in the report.
+(``outlierlab.analysis.layernorm_rule.layernorm_outliers``, ``ln_rule`` settings); if the model has none, the activation outlier
+dims (``outlierlab.analysis.outlier_dims.detect_outlier_dims``, Luo et al.'s argmax/argmin share), said in the report.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ TITLE = "## Outlier dims vs token frequency (Puccetti et al. 2022)"
 
 class DimColumns(Consumer):
     """``(token ids [n], values [L+1, n, len(dims)])`` of every batch's valid tokens, the chunks
-    :func:`frequency_spearman` reads: each layer's ``dims`` columns are taken as the layer is produced
+    ``frequency_spearman`` reads: each layer's ``dims`` columns are taken as the layer is produced
     (never all layers × d)."""
 
     def __init__(self, dims: Sequence[int]) -> None:
@@ -151,7 +151,7 @@ def head_spearman(loaded, table: FrequencyTable) -> tuple[list[float] | None, st
 
 def check(ctx: EvalContext) -> FrequencySettings:
     """Settings and files, before any encoding (called by evaluate.py); the value checks (``counts_from``,
-    ``value``, ...) run when the settings are built (:class:`outlierlab.evaluation.settings.FrequencySettings`)."""
+    ``value``, ...) run when the settings are built (``outlierlab.evaluation.settings.FrequencySettings``)."""
     s = ctx.settings(FrequencySettings)
     check_common(ctx, s)  # also its texts and count_files
     # the encoder's depth is known before its first forward: a layer it lacks fails now, not after the pass

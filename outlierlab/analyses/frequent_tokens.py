@@ -9,7 +9,7 @@ so).  ``positions: every`` scores every next-token position (the first included)
 masked-LM analogue keeps its definition: the masked positions (deterministic 15% masking, as the ablation).
 The vector h that enters the output layer (a decoder's final-normed residual, the MLM head's transformed
 vector) is captured and the logits ``hW^T + b`` are split over a set of dims S
-(:func:`outlierlab.analysis.frequent_tokens.split_logits`):
+(``outlierlab.analysis.frequent_tokens.split_logits``):
 
 * **S** by four rules — ``macocco`` (theirs on h: median |h_d| above the 99th percentile of all |h|),
   ``unembedding`` (the same rule on the output layer's weight rows: their ``only_out``/``ablate_out``),
@@ -17,7 +17,7 @@ vector) is captured and the logits ``hW^T + b`` are split over a set of dims S
 * **conditions** — ``full`` (the model), ``only`` (h_S W_S^T), ``without`` (the model minus that term), the same
   two for ``n_random`` draws of |S| random dims that avoid S AND both Macocco sets (last-layer and unembedding
   outliers, as their ``not_rd``), and ``bias`` (the output layer's bias alone, when it has one);
-* **per condition** — Macocco et al.'s ``lin_coeff`` (:func:`~outlierlab.analysis.frequent_tokens.lin_coeff`):
+* **per condition** — Macocco et al.'s ``lin_coeff`` (``lin_coeff``):
   Spearman ρ and slope of prediction frequency on corpus frequency over the tokens the condition predicts at
   least once, the number of distinct predicted tokens, top-1 accuracy; KL(full ‖ condition), entropy and
   surprisal; and ours beside them, ``logprob_spearman`` (frequency vs mean log-probability over every counted
@@ -78,7 +78,7 @@ def late_labels(batches, position: int) -> tuple[list[dict], int]:
 # ------------------------------------------------------------------------------------------- the dims
 def outlier_sets(loaded: LoadedModel, h: Tensor, weight: Tensor, s: FrequentTokensSettings, rule: LayerNormRule,
                  norm_key: str) -> dict[str, tuple[list[int], str]]:
-    """``{rule: (dims, how)}`` for :data:`RULES` (a rule that cannot judge gives ``[]`` and says why)."""
+    """``{rule: (dims, how)}`` for ``RULES`` (a rule that cannot judge gives ``[]`` and says why)."""
     how = f"median |·| > the {s.percentile:g}th percentile of all |·|"
     out = {"macocco": (macocco_outlier_dims(h, s.percentile), f"{how} of h (Macocco et al. 2025)"),
            "unembedding": (macocco_outlier_dims(weight, s.percentile),

@@ -1,9 +1,9 @@
 """IsoScore and IsoScore* of every layer for every transform (Rudman et al. 2022; Rudman & Eickhoff 2023).
 
 * **IsoScore** of the covariance Σ of *all* non-special evaluation tokens, streamed in float64 by the shared
-  sentence pass (:attr:`outlierlab.analysis.transform_fit.FittedTransforms.source`).  Every transform is affine,
+  sentence pass (``outlierlab.analysis.transform_fit.FittedTransforms.source``).  Every transform is affine,
   x̂ = (x − μ)W (clip: W = diag(kept dims); the fitted ones are fitted on these same tokens), so the covariance of
-  the transformed tokens is WᵀΣW (:func:`outlierlab.analysis.isoscore.transformed_covariance`) — no second pass.
+  the transformed tokens is WᵀΣW (``outlierlab.analysis.isoscore.transformed_covariance``) — no second pass.
 * **IsoScore*** as in the authors' analysis (``I-STAR/analysis.py``): the point cloud is a sample (here the
   anisotropy tokens: one random token per sentence, the same for every transform) and its covariance C is shrunk
   toward the covariance C0 of the larger sample (all tokens), (1 − ζ)C + ζC0 with ζ = ``isotropy.zeta`` (0.75,

@@ -1,12 +1,12 @@
 """Per-row vectors of every layer, kept on disk as the layers are produced and read back one layer at a time:
-WiC's target vectors (:mod:`outlierlab.analyses.wic_targets`) and STS's mean-pooled sentence
-vectors (:func:`outlierlab.analyses.sts.sentence_vectors`).
+WiC's target vectors (``outlierlab.analyses.wic_targets``) and STS's mean-pooled sentence
+vectors (``outlierlab.analyses.sts.sentence_vectors``).
 
 Both are ``(L+1)·N·d`` floats — 27 GiB in float32 for all 5,512 WordNet WiC pairs of a 70B model, 21 GiB for
 4,300 STS pairs — and both are scored layer by layer (a cosine per pair, then a threshold sweep or a Spearman
-ρ per layer), so they are appended to a float32 :class:`outlierlab.datamodules.features.LayerTokenStore` (the
+ρ per layer), so they are appended to a float32 ``outlierlab.datamodules.features.LayerTokenStore`` (the
 machinery of the evaluation token store and probe.py's feature cache) in the order the batches produce them,
-with the row each stored vector belongs to; :meth:`LayerRows.layer` puts one layer back in row order.
+with the row each stored vector belongs to; ``LayerRows.layer`` puts one layer back in row order.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class LayerRows:
         self.order += [int(r) for r in rows]
 
     def append(self, layer: int, vectors: Tensor) -> None:
-        """``vectors [n, d]`` of ``layer`` for the rows of this batch (:meth:`add_rows`), stored in float32."""
+        """``vectors [n, d]`` of ``layer`` for the rows of this batch (``add_rows``), stored in float32."""
         self.store.append(layer, vectors.detach().float())
 
     def close(self) -> None:
@@ -71,7 +71,7 @@ class LayerRows:
 def pair_cosines(ft, names, num_layers: int, dim: int, pairs_at) -> dict[str, Tensor]:
     """Cosine of the two vectors of every pair after each transform, ``{name: [L, P]}`` (WiC's targets, STS's
     sentences): ``pairs_at(layer)`` gives that layer's ``[2, P, d]``, and each transform of ``ft``
-    (:class:`outlierlab.analysis.transform_fit.FittedTransforms`) is taken for that layer alone — one layer's
+    (``outlierlab.analysis.transform_fit.FittedTransforms``) is taken for that layer alone — one layer's
     vectors and maps in memory at a time (the maps may be on disk)."""
     cos: dict[str, list] = {t: [] for t in names}
     for layer in range(num_layers):

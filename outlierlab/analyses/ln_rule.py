@@ -1,8 +1,8 @@
 """The ``ln_rule`` config group, read once, for the analyses that disable or correlate LayerNorm outlier dims
 (ablation, frequency, attention sinks, outliers).
 
-The rule itself is :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers` (Kovaleva et al. 2021; Puccetti et
-al. 2022); the norms come from :func:`outlierlab.models.layernorms.model_layernorms`.  ``evaluate.py`` composes
+The rule itself is ``outlierlab.analysis.layernorm_rule.layernorm_outliers`` (Kovaleva et al. 2021; Puccetti et
+al. 2022); the norms come from ``outlierlab.models.layernorms.model_layernorms``.  ``evaluate.py`` composes
 ``ln_rule`` at the top level (``configs/ln_rule/kovaleva.yaml``), so ``ln_rule=gain`` or
 ``ln_rule.criterion=either`` changes every analysis at once — and ``train.py`` passes the same group to
 the LayerNorm monitor.
@@ -25,14 +25,14 @@ __all__ = ["ln_rule", "detect_layernorm_outliers", "zeroed_kinds", "check_common
 
 
 def ln_rule(ctx: EvalContext) -> LayerNormRule:
-    """The run's :class:`LayerNormRule` from the top-level ``ln_rule`` node (absent: the rule's own default,
+    """The run's ``LayerNormRule`` from the top-level ``ln_rule`` node (absent: the rule's own default,
     as for train.py's monitor)."""
     node = OmegaConf.select(ctx.root_cfg, "ln_rule") if OmegaConf.is_config(ctx.root_cfg) else None
     return LayerNormRule.from_mapping(None if node is None else OmegaConf.to_container(node, resolve=True))
 
 
 def detect_layernorm_outliers(layernorms: Mapping[str, nn.Module], rule: LayerNormRule) -> LayerNormOutliers:
-    """:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers` on the current weights of ``layernorms``."""
+    """``outlierlab.analysis.layernorm_rule.layernorm_outliers`` on the current weights of ``layernorms``."""
     return layernorm_outliers(layernorm_tensors(layernorms), rule)
 
 

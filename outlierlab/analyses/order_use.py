@@ -1,12 +1,12 @@
 """``order_use`` for evaluate.py: does a model -- a run of ours or any Hugging Face encoder or decoder with its LM
 head -- use word order? The model's own loss on held-out text with each piece's tokens permuted minus the intact
-loss (:func:`outlierlab.analysis.order_use.order_use`), the attention locality of every layer
-(:func:`outlierlab.analysis.order_use.attention_locality`) and, for every model -- the only order measure of one
+loss (``outlierlab.analysis.order_use.order_use``), the attention locality of every layer
+(``outlierlab.analysis.order_use.attention_locality``) and, for every model -- the only order measure of one
 without an LM head, such as a sentence encoder -- how far shuffling each text's tokens moves every layer's
-mean-pooled vector (:func:`outlierlab.analysis.order_use.pooled_order_change`); docs/order_use.md.
+mean-pooled vector (``outlierlab.analysis.order_use.pooled_order_change``); docs/order_use.md.
 
 Masked LMs score a fixed, seeded 15 % of the tokens behind the mask token (the masking of the ablation,
-:func:`outlierlab.datamodules.scoring_batches.masked_batches`, on the same packed running-text pieces); causal LMs every
+``outlierlab.datamodules.scoring_batches.masked_batches``, on the same packed running-text pieces); causal LMs every
 next token. A model below the threshold gets the one line train.py prints ("cannot" for a masked LM of ours
 without positions).
 """
@@ -87,7 +87,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
 @torch.inference_mode()
 def measure(loaded, texts: list[str], what: str, s: OrderUseSettings = OrderUseSettings(),
             seed: int = 0) -> AnalysisResult:
-    """:func:`run` on a loaded model (:func:`outlierlab.models.lm_model.load_mlm`) and texts (``what`` says which,
+    """``run`` on a loaded model (``outlierlab.models.lm_model.load_mlm``) and texts (``what`` says which,
     for the report): also what probe.py reports beside its position probe."""
     tok = loaded.tokenizer
     special = heldout_special_ids(None, tok)  # the tokenizer's <s> </s> <pad> / [CLS] [SEP] [PAD]
@@ -115,7 +115,7 @@ def measure(loaded, texts: list[str], what: str, s: OrderUseSettings = OrderUseS
 
 
 def _loss_section(loaded, batches, special, what: str, s: OrderUseSettings, seed: int):
-    """Order use in nats (:func:`outlierlab.analysis.order_use.order_use`) on the model's own loss."""
+    """Order use in nats (``outlierlab.analysis.order_use.order_use``) on the model's own loss."""
     res = order_use(_loss_sum(loaded), batches, special, seed=seed)
     rows = {name: res[name] for name in ("order_use", "loss", "loss_permuted", "tokens")}
     lines = [TITLE, "", f"{loaded.name}, {loaded.objective.replace('_', ' ')} loss on {what}, "
@@ -142,7 +142,7 @@ def _locality(loaded, first: dict) -> tuple[dict, list[str]]:
 
 
 def _pooled_change(loaded, sentences, special, seed: int) -> tuple[dict, list[str]]:
-    """:func:`outlierlab.analysis.order_use.pooled_order_change` of every layer on the texts as sentences."""
+    """``outlierlab.analysis.order_use.pooled_order_change`` of every layer on the texts as sentences."""
     def hidden_states(ids, mask):  # no LM head projection: the vectors are all this needs
         rows = torch.zeros_like(ids, dtype=torch.bool) if loaded.has_mlm_head else None
         return loaded.forward(ids, mask, output_hidden_states=True, rows=rows).hidden_states

@@ -3,11 +3,11 @@ the position-embedding table (Luo §3, Figs. 3–4) and every LayerNorm (Kovalev
 
 Activations: per layer the average token vector (non-special, non-pad tokens; Figs. 1–2), the share of
 tokens whose argmax/argmin falls on each of the top dims, and the outlier dims by
-:func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` — for every transform (after whitening the coordinates are
+``outlierlab.analysis.outlier_dims.detect_outlier_dims`` — for every transform (after whitening the coordinates are
 principal directions, not neurons: compare those rows with care).  Weights: the mean position vector and
-its 3σ dims (learned absolute tables only: where the model family keeps one, :mod:`outlierlab.models.families`
+its 3σ dims (learned absolute tables only: where the model family keeps one, ``outlierlab.models.families``
 — BERT's ``embeddings.position_embeddings``, GPT-2's ``wpe``; rotary/ALiBi/relative models have none, said
-so), and :func:`outlierlab.analysis.layernorm.layernorm_stats` of every norm of the family, judged by the one
+so), and ``outlierlab.analysis.layernorm.layernorm_stats`` of every norm of the family, judged by the one
 rule with the norms it judged named (pre-LN: both per-layer norms; bias-free norms on their gain alone).
 A model whose ``model_type`` is not registered gets one line saying how to add it; the rest still runs.
 """
@@ -46,7 +46,7 @@ POSITION_SUFFIX = "embeddings.position_embeddings.weight"
 def position_table(model: nn.Module) -> tuple[str, torch.Tensor] | None:
     """``(name, rows actually used)`` of a learned absolute position table, or None.
 
-    Hugging Face models: the table their family declares (:meth:`outlierlab.models.families.Family.position_weight`;
+    Hugging Face models: the table their family declares (``outlierlab.models.families.Family.position_weight``;
     GPT-2's ``wpe``).  Ours and unregistered models: an ``nn.Embedding`` named
     ``*embeddings.position_embeddings``.  RoBERTa-style tables (``padding_idx`` set) never use rows
     ``0..padding_idx`` (positions start at ``padding_idx + 1``), so those rows are dropped.

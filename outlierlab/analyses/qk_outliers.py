@@ -2,17 +2,17 @@
 positions the pair and frequency each lies in (Jonasson 2025, "Rotary Offset Features in Large Language Models").
 
 The seeds trace outliers from position *embeddings* through LayerNorm; this traces them from *rotary positions*
-into attention.  q and k are hooked where the model rotates them, just before the rotation (:func:`outlierlab.models.qk_recorder.qk_projections`:
+into attention.  q and k are hooked where the model rotates them, just before the rotation (``outlierlab.models.qk_recorder.qk_projections``:
 the query/key projections, or a block's QK-norm where it has one — Qwen3's per-head ``q_norm``/``k_norm``, our OP
 block's ``query_norm``/``key_norm`` — whose gains scale dims before the rotation) while the evaluation sentences
 are encoded; per layer × head × dim the max and mean
 |q_d|, |k_d| over every real token (special tokens included: attention sinks live there) are streamed
-(:class:`outlierlab.analysis.qk_outliers.QKAccumulator`), and a dim is an outlier of its head by
-:func:`~outlierlab.analysis.qk_outliers.magnitude_outliers` (max |·| more than ``qk_outliers.k`` σ above the
+(``outlierlab.analysis.qk_outliers.QKAccumulator``), and a dim is an outlier of its head by
+``magnitude_outliers`` (max |·| more than ``qk_outliers.k`` σ above the
 head's mean).  With rotary positions (our ``pos=rope``; hub models whose family rotates: Llama, GPT-NeoX,
 ModernBERT, Qwen3) each dim is named with its rotary pair, frequency θ_i — read from the model's rotary module
 (``inv_freq``: every RoPE scaling transformers applies, partial rotary, one set per layer type) — and cycles over
-the context (T = the layer's reach: the position limit, a sliding-window layer's window), beside the partial-cycle bound (:class:`~outlierlab.analysis.qk_outliers.RotarySpec`); schemes
+the context (T = the layer's reach: the position limit, a sliding-window layer's window), beside the partial-cycle bound (``RotarySpec``); schemes
 without rotation (learned, none, sinusoidal, relative, ALiBi, BERT-style hub encoders) get the magnitudes alone.
 
 Output: ``qk_outliers.csv`` (one row per layer × head × dim), ``qk_outliers.png`` (max |q|, max |k| as heatmaps of
@@ -67,7 +67,7 @@ class QKConsumer(Consumer):
 
 
 def qk_rows(stats: dict, specs: list[RotarySpec | None], k: float) -> list[dict]:
-    """One row per layer × head × dim (:data:`COLUMNS`); a key head shared by several query heads (GQA) is
+    """One row per layer × head × dim (``COLUMNS``); a key head shared by several query heads (GQA) is
     repeated for each of them."""
     q_mask, q_z = magnitude_outliers(stats["q_max"], k)
     k_mask, k_z = magnitude_outliers(stats["k_max"], k)

@@ -1,8 +1,8 @@
 """Semantic Textual Similarity, every layer, before/after clip and whiten (Luo et al. 2021 §4.3, Table 2; SentEval).
 
-Sentence vector = mean of its non-special, non-pad token vectors (:func:`outlierlab.analysis.sts.mean_pool`); score =
+Sentence vector = mean of its non-special, non-pad token vectors (``outlierlab.analysis.sts.mean_pool``); score =
 cosine of the two sentence vectors; quality = Spearman's ρ with the gold scores
-(:func:`outlierlab.analysis.sts.sts_spearman`).  Clip and whiten are affine, so transforming the mean-pooled vector
+(``outlierlab.analysis.sts.sts_spearman``).  Clip and whiten are affine, so transforming the mean-pooled vector
 equals pooling the transformed tokens.
 
 Aggregation as SentEval reports it (Conneau & Kiela 2018): per data set, every pair pooled (``subset`` =
@@ -71,8 +71,8 @@ def requested(s: StsSettings) -> list[tuple[str, str | list]]:
 
 
 class SentenceVectors(LayerRows):
-    """Mean-pooled vectors of every text, per layer, on disk (:class:`LayerRows` of the distinct texts, each
-    stored once); :meth:`layer` gives ``[N, d]`` in text order, a repeated text with the same vector."""
+    """Mean-pooled vectors of every text, per layer, on disk (``LayerRows`` of the distinct texts, each
+    stored once); ``layer`` gives ``[N, d]`` in text order, a repeated text with the same vector."""
 
     def __init__(self, num_layers: int, dim: int, index: list[int], n_distinct: int) -> None:
         super().__init__(num_layers, dim, n_distinct, prefix="outlierlab-sts-")
@@ -104,11 +104,11 @@ class SentenceMeans(Consumer):
 
 def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool = False,
                      notes: list[str] | None = None, what: str = "STS") -> tuple[SentenceVectors, torch.Tensor]:
-    """Mean-pooled vectors of every text (:class:`SentenceVectors`: ``[N, d]`` float32 per layer, kept on disk)
+    """Mean-pooled vectors of every text (``SentenceVectors``: ``[N, d]`` float32 per layer, kept on disk)
     and Bool[N] (text had a token).
 
-    Each distinct text is encoded once, by the per-layer stream (:class:`outlierlab.evaluation.sentence_stream.
-    LayerStream`); repeated texts get the same vector (``notes``, if given, gets the line saying how many texts
+    Each distinct text is encoded once, by the per-layer stream (``outlierlab.evaluation.sentence_stream.
+    LayerStream``); repeated texts get the same vector (``notes``, if given, gets the line saying how many texts
     were encoded, and the pass's truncation warning).  Each layer is pooled as it is produced and written to
     disk: the ``(L+1)·N·d`` vectors (21 GiB for 4,300 pairs of a 70B model) are never in memory
     together."""
@@ -139,7 +139,7 @@ def pair_rows(vecs: SentenceVectors, layer: int, keep: torch.Tensor) -> torch.Te
 
 def _precheck_whitening(ctx, name: str, pairs: StsPairs, whiten: WhitenSettings) -> None:
     """With ``fit_on=eval`` the fitted transforms are fitted on the pairs' own sentence vectors: too few
-    distinct texts fail here, before anything is encoded (the same rule as :meth:`Whitener.check`)."""
+    distinct texts fail here, before anything is encoded (the same rule as ``Whitener.check``)."""
     n_distinct = len(set(pairs.s1) | set(pairs.s2))
     dim = ctx.encoder.hidden_size
     for method in (n for n in ctx.transforms if n in FITTED):
@@ -162,7 +162,7 @@ def _precheck_whitening(ctx, name: str, pairs: StsPairs, whiten: WhitenSettings)
 
 @dataclass
 class StsData:
-    """What :func:`check` loads before any encoding and :func:`run` evaluates (``EvalContext.prepared``)."""
+    """What ``check`` loads before any encoding and ``run`` evaluates (``EvalContext.prepared``)."""
 
     data: dict[str, StsPairs]  # data set name -> its evaluated split
     fit: dict[str, StsPairs | str]  # transform.fit_on=<split>: the pairs to fit on, or why they are unavailable

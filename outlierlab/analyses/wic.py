@@ -3,9 +3,9 @@
 Target vector = mean of the vectors of the tokens overlapping the target's character span
 (``start``/``end`` offsets, end exclusive; subword pieces averaged).  Per layer the cosine of the two
 target vectors predicts "same sense" above a threshold; accuracy for thresholds 0.1 … 0.9
-(:func:`outlierlab.analysis.wic.threshold_sweep`).  The paper's sweep picks the best (layer, threshold) on the WiC
+(``outlierlab.analysis.wic.threshold_sweep``).  The paper's sweep picks the best (layer, threshold) on the WiC
 *training* split itself (``wic.split``, default ``train``) — an upper bound.  Beside it, the honest protocol
-(:func:`outlierlab.analysis.wic.choose_then_report`): the threshold per layer and the best layer chosen on ``wic.split``
+(``outlierlab.analysis.wic.choose_then_report``): the threshold per layer and the best layer chosen on ``wic.split``
 are applied unchanged to ``wic.report_split`` (SuperGLUE: ``validation``; shipped WordNet set: ``test``),
 whose labels never enter the choice — CSV columns ``report_*`` and a second table in the report.
 
@@ -40,21 +40,21 @@ SENTENCE_PASS = fit_on_sentences
 
 def load_pairs(s: WicSettings, split: str | None = None, capped: bool = True) -> tuple[list[dict], str]:
     """WiC pairs of ``split`` (None: ``wic.split`` or the source's default) and a description
-    (:func:`outlierlab.datamodules.pair_sets.load_wic_pairs`); ``capped``: keep only the first ``wic.max_pairs``."""
+    (``outlierlab.datamodules.pair_sets.load_wic_pairs``); ``capped``: keep only the first ``wic.max_pairs``."""
     return load_wic_pairs(s.source, split if split is not None else (s.split or None), s.files, s.hub_path,
                           s.hub_name, s.max_pairs if capped else None)
 
 
 def target_cosines(ft: FittedTransforms, names, vecs: TargetVectors, keep: torch.Tensor) -> dict[str, torch.Tensor]:
     """Cosine of the two target vectors of every kept pair after each transform, ``{name: [L, P] float64}``,
-    one layer at a time (:func:`outlierlab.analyses.layer_rows.pair_cosines`)."""
+    one layer at a time (``outlierlab.analyses.layer_rows.pair_cosines``)."""
     cos = pair_cosines(ft, names, vecs.num_layers, vecs.dim, lambda layer: vecs.layer(layer)[:, keep])
     return {t: c.to(torch.float64) for t, c in cos.items()}
 
 
 @dataclass
 class WicData:
-    """What :func:`check` loads before any encoding and :func:`run` evaluates (``EvalContext.prepared``)."""
+    """What ``check`` loads before any encoding and ``run`` evaluates (``EvalContext.prepared``)."""
 
     pairs: list[dict]  # wic.split: the threshold sweep, and the choice of layer/threshold
     what: str

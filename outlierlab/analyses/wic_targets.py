@@ -1,10 +1,10 @@
 """The WiC target vectors of every layer, from the one per-layer stream, kept on disk.
 
 Target vector = mean of the vectors of the tokens overlapping the target's character span (Luo et al. 2021
-§4.2; :func:`outlierlab.evaluation.words.char_span_tokens`).  Every pair's two targets of every layer are
+§4.2; ``outlierlab.evaluation.words.char_span_tokens``).  Every pair's two targets of every layer are
 ``(L+1)·2P·d`` floats — 27 GiB in float32 for all 5,512 WordNet pairs of a 70B model — so the
-:class:`TargetMeans` consumer of a :class:`outlierlab.evaluation.sentence_stream.LayerStream` appends them to disk
-(:class:`outlierlab.analyses.layer_rows.LayerRows`) as each layer is produced, and :meth:`TargetVectors.layer`
+``TargetMeans`` consumer of a ``outlierlab.evaluation.sentence_stream.LayerStream`` appends them to disk
+(``outlierlab.analyses.layer_rows.LayerRows``) as each layer is produced, and ``TargetVectors.layer``
 reads one layer back as ``[2, P, d]``: the scoring (cosine, threshold sweep) runs layer by layer.
 """
 
@@ -23,7 +23,7 @@ from outlierlab.evaluation.words import char_span_tokens
 
 
 class TargetVectors(LayerRows):
-    """Every pair's two target vectors per layer, on disk (:class:`LayerRows` of ``2P`` rows: sentence1's
+    """Every pair's two target vectors per layer, on disk (``LayerRows`` of ``2P`` rows: sentence1's
     targets, then sentence2's); rows never found stay zero."""
 
     def __init__(self, num_layers: int, dim: int, n_pairs: int) -> None:
@@ -85,9 +85,9 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
 
     ``fit``: also fit the transforms on every non-special token of the pairs' sentences (``fit_on=eval``),
     each sentence as often as it occurs (as if every occurrence were encoded); ``fitted`` is the fitted
-    :class:`Whitener` (else None), from whose sums the maps ``fit_names`` are fitted.  The stream stores the
+    ``Whitener`` (else None), from whose sums the maps ``fit_names`` are fitted.  The stream stores the
     tokens on disk in the model's dtype and the fit reads them back one layer at a time
-    (:meth:`LayerStream.fit`): no ``(L+1)·d²`` float64 sums beside the model's forward.
+    (``LayerStream.fit``): no ``(L+1)·d²`` float64 sums beside the model's forward.
     A pair whose target span maps to no token (e.g. truncated away) has ``found`` False.
     Each distinct sentence is encoded once; ``notes`` (if given) gets the line saying how many, and the pass's
     truncation warning.

@@ -12,12 +12,12 @@ that rises long before:
   are ≫ 100 in large models (Pythia-14M peaks near 83).
 
 Each quantity has a one-shot function on a batch of token vectors and a streaming accumulator
-(:class:`ActivationAccumulator`) whose result equals the one-shot function on all tokens at once — the
+(``ActivationAccumulator``) whose result equals the one-shot function on all tokens at once — the
 training monitor, ``evaluate.py`` and the post-hoc checkpoint analysis use the accumulator.
 
 Token vectors are passed either already selected, ``[..., N, d]`` (e.g. ``hidden[:, valid]``), or as
 ``[..., B, T, d]`` together with a ``[B, T]`` bool mask of the tokens that count (non-special, non-pad:
-:func:`outlierlab.analysis.outlier_stats.valid_token_mask`).  Leading dims (e.g. the layer axis) are kept.
+``outlierlab.analysis.outlier_stats.valid_token_mask``).  Leading dims (e.g. the layer axis) are kept.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def kurtosis_from_mean_squares(mean_sq: Tensor) -> Tensor:
 def activation_kurtosis(x: Tensor, mask: Tensor | None = None) -> Tensor:
     r"""Activation kurtosis of the residual stream (He et al. 2024, Eq. 1).
 
-    With :math:`s_i = \sqrt{\tfrac1N\sum_t x_{t,i}^2}` the RMS of dim ``i`` over the N tokens,
+    With ``s_i = \sqrt{\tfrac1N\sum_t x_{t,i}^2}`` the RMS of dim ``i`` over the N tokens,
 
     .. math:: \mathrm{Kurt}(x) = \frac{\tfrac1d\sum_i s_i^4}{\big(\tfrac1d\sum_i s_i^2\big)^2}
 
@@ -156,7 +156,7 @@ def max_median_ratio(x: Tensor, mask: Tensor | None = None, eps: float = 1e-12) 
 
 
 class ActivationAccumulator:
-    """Streaming :func:`activation_kurtosis` and :func:`max_median_ratio` per layer over batches.
+    """Streaming ``activation_kurtosis`` and ``max_median_ratio`` per layer over batches.
 
     Keeps, per layer, the float64 sum of squares of every dim (kurtosis needs only the per-dim mean
     square), the sum of per-token max/median ratios, the running largest |x| with its dim and token, and
@@ -220,12 +220,12 @@ class ActivationAccumulator:
             raise ValueError("ActivationAccumulator is empty: update() it with at least one token first")
 
     def kurtosis(self) -> Tensor:
-        """Tensor[L] float64, :func:`activation_kurtosis` of all tokens seen."""
+        """Tensor[L] float64, ``activation_kurtosis`` of all tokens seen."""
         self._check()
         return kurtosis_from_mean_squares(self.sum_sq / self.n_tokens)
 
     def max_median(self) -> Tensor:
-        """Tensor[L] float64, the ``ratio`` of :func:`max_median_ratio` over all tokens seen."""
+        """Tensor[L] float64, the ``ratio`` of ``max_median_ratio`` over all tokens seen."""
         self._check()
         return self.ratio_sum / self.n_tokens
 

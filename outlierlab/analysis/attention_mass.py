@@ -3,9 +3,9 @@
 Heads that park most of their attention on ``<s>``/``[CLS]`` or ``</s>``/``[SEP]`` are one of the
 mechanisms tied to outlier dimensions (Kovaleva et al. 2019/2021; Puccetti et al. 2022).  For each head we
 measure the attention probability that valid queries put on the given keys, averaged over those queries
-(:func:`special_token_attention_mass`); Gu et al. (2025, "When Attention Sink Emerges in Language Models:
-An Empirical View", ICLR 2025) turn it into a per-layer share of *sink heads* (:func:`sink_head_share`,
-mass on the first token above ε = 0.3) and also track how peaked attention is (:func:`attention_entropy`).
+(``special_token_attention_mass``); Gu et al. (2025, "When Attention Sink Emerges in Language Models:
+An Empirical View", ICLR 2025) turn it into a per-layer share of *sink heads* (``sink_head_share``,
+mass on the first token above ε = 0.3) and also track how peaked attention is (``attention_entropy``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def special_token_attention_mass(attn: Tensor, key_is_special: Tensor | Mapping[
     attn : Tensor[B, H, Tq, Tk] or Tensor[L, B, H, Tq, Tk]
         Attention probabilities (rows sum to 1), e.g. ``torch.stack(outputs.attentions)``.
     key_is_special : Bool[B, Tk], or a mapping name -> Bool[B, Tk]
-        Keys whose mass is counted; a mapping (e.g. from :func:`special_key_masks`) gives one result
+        Keys whose mass is counted; a mapping (e.g. from ``special_key_masks``) gives one result
         per entry, e.g. separately for ``<s>`` and ``</s>``.
     query_mask : Bool[B, Tq] or None
         Queries to average over (typically non-pad tokens); None: all queries.
@@ -150,7 +150,7 @@ class _QueryMean:
 
 
 class AttentionMassAccumulator(_QueryMean):
-    """Streaming :func:`special_token_attention_mass` over batches."""
+    """Streaming ``special_token_attention_mass`` over batches."""
 
     def update(self, attn: Tensor, key_is_special: Tensor, query_mask: Tensor | None = None) -> None:
         self._add(*_mass_sums(attn, key_is_special, query_mask))
@@ -162,8 +162,8 @@ def sink_head_share(mass: Tensor, threshold: float = SINK_THRESHOLD) -> Tensor:
     .. math:: \text{Sink}_l = \frac1H\sum_{h=1}^{H} \mathbb 1\big[m_{l,h} > \varepsilon\big],
               \qquad \varepsilon = 0.3
 
-    with :math:`m_{l,h}` the mass that head h of layer l puts on ``<s>`` (or ``</s>``), averaged over the
-    real queries (:func:`special_token_attention_mass`).  Gu et al. report the mean over layers of this
+    with ``m_{l,h}`` the mass that head h of layer l puts on ``<s>`` (or ``</s>``), averaged over the
+    real queries (``special_token_attention_mass``).  Gu et al. report the mean over layers of this
     share, for the first token; they saw it reach 18-36% in 60M-parameter models depending on the
     position encoding.  Strictly greater, as in their definition.
 
@@ -242,7 +242,7 @@ def attention_row_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor
 
 
 class AttentionEntropyAccumulator(_QueryMean):
-    """Streaming :func:`attention_entropy` over batches."""
+    """Streaming ``attention_entropy`` over batches."""
 
     def update(self, attn: Tensor, query_mask: Tensor | None = None) -> None:
         self._add(*_entropy_sums(attn, query_mask))
@@ -256,7 +256,7 @@ def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]]
     .. math:: m_{l,h}^{(s)} = \frac{1}{|Q|}\sum_{(b,q)\in Q}\ \sum_{k:\ x_{b,k}=s} A^{(l)}_{b,h,q,k}
 
     with Q all non-pad query positions of all batches (special-token queries included) — streamed with
-    :class:`AttentionMassAccumulator`.
+    ``AttentionMassAccumulator``.
 
     Parameters
     ----------
@@ -268,9 +268,9 @@ def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]]
     Returns
     -------
     ``{"bos", "eos", "special"}`` -> Tensor[L, H] float64, ``"entropy"`` -> Tensor[L, H]: the mean
-    attention entropy (nats) of the same queries (:func:`attention_entropy`),
+    attention entropy (nats) of the same queries (``attention_entropy``),
     and ``"later"`` -> Tensor[L, H]: their mean mass on later keys
-    (:func:`later_key_mass`; 0 under a causal mask)
+    (``later_key_mass``; 0 under a causal mask)
     """
     accs: dict[str, AttentionMassAccumulator] = {}
     entropy: AttentionEntropyAccumulator | None = None

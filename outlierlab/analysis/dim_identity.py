@@ -1,12 +1,12 @@
 """Which dimension carries each layer's concentration, and since when: one monitor history's answer.
 
-The live monitors (:mod:`outlierlab.monitoring`: our Trainer's callbacks, the Hugging Face Trainer callback and the
+The live monitors (``outlierlab.monitoring``: our Trainer's callbacks, the Hugging Face Trainer callback and the
 plain-loop monitor) write, per record and layer, the share of tokens whose largest |value| falls on the most common
 dimension *and that dimension* (the ``dim`` column of the ``abs_argmax_share`` row of ``hidden_states.csv``; likewise
 ``argmax_share``/``argmin_share``, Luo et al. 2021 §2).  Kovaleva et al. (2021) found BERT's outlier dimensions at
-the same index in every layer, early in pretraining and kept; :func:`layer_identity` reads both properties off one
+the same index in every layer, early in pretraining and kept; ``layer_identity`` reads both properties off one
 history (defined in docs/design.md's formulas table, "dimension identity").  Many runs at once:
-:mod:`outlierlab.studies.dim_identity`; from a notebook: ``ol.dim_identity``.
+``outlierlab.studies.dim_identity``; from a notebook: ``ol.dim_identity``.
 """
 
 from __future__ import annotations

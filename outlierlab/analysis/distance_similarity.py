@@ -54,12 +54,12 @@ def distance_cosine_sums(hidden: Tensor, mask: Tensor, max_distance: int) -> tup
 
 
 class DistanceSimilarity:
-    """Streaming :func:`distance_cosine_sums`: ``update`` per batch, ``compute`` the mean cosine per distance.
+    """Streaming ``distance_cosine_sums``: ``update`` per batch, ``compute`` the mean cosine per distance.
 
     Parameters
     ----------
     num_layers : int
-        Layers of the hidden states given to :meth:`update`.
+        Layers of the hidden states given to ``update``.
     max_distance : int
         Largest distance ``D``.
     """

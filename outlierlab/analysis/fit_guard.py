@@ -1,8 +1,8 @@
 """Is a fitted whitening (or standardize / all-but-the-top / center) map trustworthy?  The sample-size guard of
-:meth:`outlierlab.analysis.whitening.Whitener.check`: a fit on too few distinct vectors for the directions it
+``outlierlab.analysis.whitening.Whitener.check``: a fit on too few distinct vectors for the directions it
 estimates is refused in one line (or kept, marked degenerate), and what it was fitted on becomes CSV columns.
 
-Split from :mod:`outlierlab.analysis.whitening` (fitting and applying the maps); the guard reads a fitted
+Split from ``outlierlab.analysis.whitening`` (fitting and applying the maps); the guard reads a fitted
 ``Whitener`` (its ``n``, ``n_distinct``, ``rank``, ``out_dim``, ...) and changes nothing but its ``fit_info``.
 """
 
@@ -25,7 +25,7 @@ class DegenerateWhiteningError(ValueError):
 
 @dataclass
 class WhiteningFit:
-    """What a whitener was fitted on, for CSV rows and reports (:meth:`Whitener.check`).
+    """What a whitener was fitted on, for CSV rows and reports (``Whitener.check``).
 
     ``n_distinct`` is exact up to ``distinct_cap`` and reported as ">= cap" beyond; ``rank`` is the numerical
     rank of Σ (smallest over layers); ``k`` the kept output dims.
@@ -126,8 +126,8 @@ def check_fit(w, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: 
         "or keep this result marked degenerate with transform.allow_degenerate=true")
 
 def _check_other(w, what: str, min_ratio: float, allow_degenerate: bool) -> WhiteningFit:
-    """:func:`check_fit` for standardize / abtt / center: N_distinct ≥ min_ratio · p with p the directions the
-    fit estimates (:func:`outlierlab.analysis.postprocessing.fit_size`, where the module docstring says
+    """``check_fit`` for standardize / abtt / center: N_distinct ≥ min_ratio · p with p the directions the
+    fit estimates (``outlierlab.analysis.postprocessing.fit_size``, where the module docstring says
     what goes wrong below it)."""
     low = int(w.n_distinct.argmin())
     n_distinct = int(w.n_distinct[low])

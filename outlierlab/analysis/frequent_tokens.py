@@ -2,7 +2,7 @@ r"""The frequent-token heuristic of last-layer outlier dims (Macocco et al. 2025
 frequent tokens in language models").
 
 The LM head's logits are linear in the vector h that enters its output layer (a decoder's final-normed residual;
-an MLM head's transformed vector): :math:`\ell = hW^\top + b`, so they split over any set of dims S,
+an MLM head's transformed vector): ``\ell = hW^\top + b``, so they split over any set of dims S,
 
 .. math:: \ell = \underbrace{h_S W_S^\top}_{\text{the dims } S \text{ alone}} + \underbrace{h_{\bar S}
           W_{\bar S}^\top + b}_{\text{everything but } S},
@@ -11,20 +11,20 @@ Macocco et al.'s ``h[:, S] @ W[S, :]``.  Their claim: with S the last layer's ou
 rank tokens by corpus frequency — the heuristic "predict a frequent token" — and removing S moves the prediction
 away from frequent tokens.  This module holds the pieces, pure tensor code:
 
-* :func:`macocco_outlier_dims` — their rule (``outlier_dims_quantile`` of their ``src/evaluate.py``): dims whose
+* ``macocco_outlier_dims`` — their rule (``outlier_dims_quantile`` of their ``src/evaluate.py``): dims whose
   median |h_d| over inputs exceeds the 99th percentile of all |h| values — applied to the last layer's vectors
   *and* to the unembedding matrix's rows (their ``only_out``/``ablate_out`` conditions);
-* :func:`split_logits` — the two parts above (the bias stays with "everything but S": it is the rest of the
+* ``split_logits`` — the two parts above (the bias stays with "everything but S": it is the rest of the
   model; S alone is the bias-free term of the equation);
-* :class:`ConditionStats` — per condition, streamed over positions: KL(full ‖ condition), entropy, top-1
+* ``ConditionStats`` — per condition, streamed over positions: KL(full ‖ condition), entropy, top-1
   accuracy, mean surprisal, the count of each token as top-1 prediction and each token's mean log-probability;
-* :func:`lin_coeff` — Macocco et al.'s measure (``lin_coeff`` of their ``src/analysis.py``): over the tokens a
+* ``lin_coeff`` — Macocco et al.'s measure (``lin_coeff`` of their ``src/analysis.py``): over the tokens a
   condition predicts at least once (and that the corpus counts), Spearman ρ and the least-squares slope of
   prediction frequency on corpus frequency, with the number of distinct predicted tokens; a condition whose
   predictions leave fewer than two such tokens is reported as such (NaN and a status, where their code writes 0);
-* :func:`score_conditions` — every condition (the model, the bias, per dim set *only*/*without* and their random
-  controls) streamed over the positions, one row of :data:`COLUMNS` each;
-* :func:`frequency_spearman` — ours, beside theirs: Spearman of frequency with a per-token value over *every*
+* ``score_conditions`` — every condition (the model, the bias, per dim set *only*/*without* and their random
+  controls) streamed over the positions, one row of ``COLUMNS`` each;
+* ``frequency_spearman`` — ours, beside theirs: Spearman of frequency with a per-token value over *every*
   counted token (the mean log-probability: does the condition *rank* the vocabulary by frequency — a dim whose
   decoder weights are log-frequency gives ρ = 1).
 
@@ -59,8 +59,8 @@ COLUMNS = (["rule", "condition", "n_dims", "dims", *METRICS, "lin_status"] + [f"
 
 
 def macocco_outlier_dims(h: Tensor, percentile: float = 99.0, local_quantile: float = 0.5) -> list[int]:
-    """Macocco et al. 2025's outlier dims: d such that the ``local_quantile`` (median) of :math:`|h_{n,d}|` over
-    the rows n exceeds the ``percentile``-th percentile of every :math:`|h_{n,d'}|`; sorted by that median,
+    """Macocco et al. 2025's outlier dims: d such that the ``local_quantile`` (median) of ``|h_{n,d}|`` over
+    the rows n exceeds the ``percentile``-th percentile of every ``|h_{n,d'}|``; sorted by that median,
     largest first.  As their ``outlier_dims_quantile(X, loc=0.5, glo=0.99)`` (``src/evaluate.py``): NumPy
     quantiles with linear interpolation on both sides (an even number of rows: the mean of the two middle
     values), strict ``>``.  ``h`` ``[N, d]``: the last layer's vectors, or the unembedding matrix ``[V, d]``."""
@@ -74,7 +74,7 @@ def macocco_outlier_dims(h: Tensor, percentile: float = 99.0, local_quantile: fl
 
 
 def split_logits(h: Tensor, weight: Tensor, dims: Sequence[int], bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    r"""``(only, rest)``: :math:`h_S W_S^\top` and :math:`h_{\bar S} W_{\bar S}^\top + b` for ``h`` ``[N, d]``, the
+    r"""``(only, rest)``: ``h_S W_S^\top`` and ``h_{\bar S} W_{\bar S}^\top + b`` for ``h`` ``[N, d]``, the
     output layer's ``weight`` ``[V, d]`` and ``bias`` ``[V]``; ``only + rest`` is the model's logits."""
     mask = torch.zeros(h.shape[-1], dtype=torch.bool, device=h.device)
     mask[list(dims)] = True
@@ -89,8 +89,8 @@ def split_logits(h: Tensor, weight: Tensor, dims: Sequence[int], bias: Tensor | 
 class ConditionStats:
     """Streaming statistics of one condition's distribution against the full one, over N positions.
 
-    :meth:`update` with ``logits [n, V]`` of the condition, ``full [n, V]`` (the model's logits) and ``labels
-    [n]`` (the masked / next token; -100 = none); :meth:`result` returns mean KL(p_full ‖ p_cond) (nats), mean
+    ``update`` with ``logits [n, V]`` of the condition, ``full [n, V]`` (the model's logits) and ``labels
+    [n]`` (the masked / next token; -100 = none); ``result`` returns mean KL(p_full ‖ p_cond) (nats), mean
     entropy of p_cond (nats), top-1 accuracy, mean surprisal −log p_cond(label) (nats; Macocco et al.'s
     boxplots), ``top1_counts`` ``[V]`` (how often each token is the argmax) and ``mean_logprob`` ``[V]`` (each
     token's log-probability averaged over the positions).
@@ -105,7 +105,7 @@ class ConditionStats:
     @staticmethod
     def reference(full: Tensor) -> tuple[Tensor, Tensor]:
         """``(log p_full, p_full)`` float64 of the model's logits: computed once per chunk and handed to the
-        :meth:`update` of every condition (the same numbers it would compute itself)."""
+        ``update`` of every condition (the same numbers it would compute itself)."""
         lq = torch.log_softmax(full.to(torch.float64), -1)
         return lq, lq.exp()
 
@@ -146,7 +146,7 @@ def frequency_spearman(freqs: Tensor, values: Tensor, min_count: int = 1) -> flo
 
 @dataclass(frozen=True)
 class LinCoeff:
-    """Macocco et al.'s per-condition frequency measures (:func:`lin_coeff`).
+    """Macocco et al.'s per-condition frequency measures (``lin_coeff``).
 
     spearman, slope : ρ and least-squares slope of prediction frequency on corpus frequency (NaN when undefined)
     n_tokens : distinct tokens predicted at least once (their ``n_tokens``, counted or not)
@@ -205,7 +205,7 @@ def lin_coeff(corpus_counts: Tensor, top1_counts: Tensor, min_count: int = 1) ->
 
 def score_conditions(h: Tensor, labels: Tensor, weight: Tensor, bias: Tensor | None, sets: dict[str, list[int]],
                      freqs: Tensor, *, n_random: int, seed: int, min_count: int, chunk: int = 512) -> list[dict]:
-    """Rows of :data:`COLUMNS` (without ``positions``/``objective``) for ``full``, ``bias``, and per rule
+    """Rows of ``COLUMNS`` (without ``positions``/``objective``) for ``full``, ``bias``, and per rule
     ``only``/``without`` and their random controls.  Random dims avoid the rule's own dims and both of Macocco
     et al.'s sets (``sets["macocco"]``, ``sets["unembedding"]`` where given)."""
     vocab, d = weight.shape

@@ -2,7 +2,7 @@
 IsoScore's covariance).
 
 Written here because torch has no symmetric rank-k update (BLAS ``syrk``): ``x.mT @ x`` runs a general GEMM that
-computes both triangles.  :func:`gram` computes the upper triangle by column blocks — block ``i`` against blocks
+computes both triangles.  ``gram`` computes the upper triangle by column blocks — block ``i`` against blocks
 ``i..k`` — and mirrors it, which is (k+1)/2k of the GEMM's multiply-adds (5/8 at k = 4), in torch's own BLAS and
 thread pool, on any device.  Each entry is the same float64 dot product over the same tokens (the results agree
 with ``x.mT @ x`` to ~1e-15 relative) and the result is exactly symmetric.

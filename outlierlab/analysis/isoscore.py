@@ -6,20 +6,20 @@ steps 2–7 and ``I-STAR/regularizers.py`` ``istar.isoscore_star``/``isoscore_co
 
 1. the variance vector of the PCA-rotated points, i.e. the eigenvalues λ of the sample covariance (ddof = 1,
    ``np.cov``; ``svdvals`` of the PSD covariance in I-STAR);
-2. normalised to norm √n: :math:`\hat\lambda = \sqrt n\,\lambda/\lVert\lambda\rVert` (n = dims);
-3. isotropy defect :math:`\delta = \lVert\hat\lambda - \mathbf 1\rVert / \sqrt{2(n-\sqrt n)}`;
-4. :math:`\text{IsoScore} = \big((n - \delta^2(n-\sqrt n))^2 - n\big) / \big(n(n-1)\big)`.
+2. normalised to norm √n: ``\hat\lambda = \sqrt n\,\lambda/\lVert\lambda\rVert`` (n = dims);
+3. isotropy defect ``\delta = \lVert\hat\lambda - \mathbf 1\rVert / \sqrt{2(n-\sqrt n)}``;
+4. ``\text{IsoScore} = \big((n - \delta^2(n-\sqrt n))^2 - n\big) / \big(n(n-1)\big)``.
 
-Algebraically this is :math:`(\mathrm{PR}-1)/(n-1)` with the participation ratio
-:math:`\mathrm{PR} = (\sum\lambda)^2/\sum\lambda^2`: 1 when every direction has the same variance, 0 when one
+Algebraically this is ``(\mathrm{PR}-1)/(n-1)`` with the participation ratio
+``\mathrm{PR} = (\sum\lambda)^2/\sum\lambda^2``: 1 when every direction has the same variance, 0 when one
 direction holds all of it (points on a line).  IsoScore* replaces the covariance C of the points by the
-shrinkage covariance :math:`(1-\zeta)\,C + \zeta\,C_0` (Rudman & Eickhoff: C0 the covariance of a larger sample
+shrinkage covariance ``(1-\zeta)\,C + \zeta\,C_0`` (Rudman & Eickhoff: C0 the covariance of a larger sample
 of the same distribution, or the identity when none exists; their analysis uses ζ = 0.75), which keeps the score
 stable when there are fewer points than dims; ζ = 0 is IsoScore.
 
 Why by hand: the authors' code is a script (NumPy + scikit-learn PCA on the points, or a CUDA-defaulting torch
 module), not an installable library, and we start from the float64 covariance evaluate.py already streams
-(:class:`outlierlab.analysis.whitening.Whitener`), never from the points.
+(``outlierlab.analysis.whitening.Whitener``), never from the points.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def isoscore(points: Tensor) -> Tensor:
 
 
 def isoscore_star(cov: Tensor, cov0: Tensor | None, zeta: float) -> Tensor:
-    r"""IsoScore* (Rudman & Eickhoff 2023): IsoScore of :math:`(1-\zeta)\,C + \zeta\,C_0`.
+    r"""IsoScore* (Rudman & Eickhoff 2023): IsoScore of ``(1-\zeta)\,C + \zeta\,C_0``.
 
     Parameters
     ----------
@@ -88,7 +88,7 @@ def isoscore_star(cov: Tensor, cov0: Tensor | None, zeta: float) -> Tensor:
 
 
 def transformed_covariance(cov: Tensor, weight: Tensor) -> Tensor:
-    r"""Covariance after an affine map :math:`\hat x = (x-\mu)W`: :math:`W^\top\Sigma W` (``cov`` ``[L, d, d]``,
+    r"""Covariance after an affine map ``\hat x = (x-\mu)W``: ``W^\top\Sigma W`` (``cov`` ``[L, d, d]``,
     ``weight`` ``[L, d, k]``) — the IsoScore of whitened / standardized / all-but-the-top / centred / clipped
     vectors without a second pass over them."""
     w = weight.to(torch.float64)

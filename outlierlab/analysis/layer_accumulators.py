@@ -1,9 +1,9 @@
 """Accumulators of one layer joined into one of many layers, and split back.
 
-The evaluation stream (:mod:`outlierlab.evaluation.sentence_stream`) and probe.py's feature extraction
-(:mod:`outlierlab.datamodules.features`) feed each layer's hidden states to a single-layer accumulator as the model
+The evaluation stream (``outlierlab.evaluation.sentence_stream``) and probe.py's feature extraction
+(``outlierlab.datamodules.features``) feed each layer's hidden states to a single-layer accumulator as the model
 produces them (one layer in memory); the analyses read one ``L``-layer accumulator.  Every accumulator class of
-:mod:`outlierlab.analysis` keeps its per-layer state in tensors with one row per layer and says which they are
+``outlierlab.analysis`` keeps its per-layer state in tensors with one row per layer and says which they are
 (``LAYER_STATE``; ``LAYER_LISTS`` for per-layer lists), so joining is a concatenation of those rows.  A class whose
 single-layer copies need their own state (a generator, a counter fed once) says so in ``own_layer_view()``.
 """
@@ -31,7 +31,7 @@ def stack_layers(accs: list, base: Any = None) -> Any:
     ``len(accs)`` layers — equal to feeding that accumulator ``[L, N, d]`` batches (per-layer state is
     independent; the anisotropy reservoirs draw the same tokens because they share the seed and the calls).
 
-    With ``base`` (the accumulator :func:`layer_views` made them from), tensors the accumulators updated in
+    With ``base`` (the accumulator ``layer_views`` made them from), tensors the accumulators updated in
     place are already ``base``'s rows and are not copied: the large float64 sums never exist twice."""
     first = accs[0]
     rows, lists = _layout(first)
@@ -57,7 +57,7 @@ def _is_row(v, full, i: int) -> bool:
 
 def layer_views(full: Any) -> list:
     """Single-layer accumulators whose running tensors are rows of ``full`` (an ``L``-layer accumulator that
-    declares ``LAYER_STATE``): their in-place updates fill ``full`` directly; :func:`stack_layers` with
+    declares ``LAYER_STATE``): their in-place updates fill ``full`` directly; ``stack_layers`` with
     ``base=full`` then gathers only what was reassigned (the whitener's shift, the running maxima)."""
     rows, lists = _layout(full)
     views = []

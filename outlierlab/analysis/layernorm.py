@@ -6,13 +6,13 @@ LayerNorm's weights; Puccetti et al. (2022), "Outlier Dimensions that Disrupt Tr
 Frequency", keep the 3σ rule and call a dim an outlier of the *model* when it is flagged in more than 3 of
 BERT-base's 12 layers.  Both track how far gain/bias move from their initial values (gain₀ = 1, bias₀ = 0).
 
-:class:`outlierlab.analysis.layernorm_rule.LayerNormRule` + :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers` are THE rule: the training monitor, ``evaluate.py``'s
+``outlierlab.analysis.layernorm_rule.LayerNormRule`` + ``outlierlab.analysis.layernorm_rule.layernorm_outliers`` are THE rule: the training monitor, ``evaluate.py``'s
 outliers analysis, the ablation, the frequency and the attention-sink analyses all call them with the
 ``ln_rule`` config group (``configs/ln_rule/``), so they flag identical dims on the same weights.
-:func:`layernorm_stats` is descriptive (gain and bias judged separately, z-scores, divergence) and
+``layernorm_stats`` is descriptive (gain and bias judged separately, z-scores, divergence) and
 flags nothing at the model level.
 
-LayerNorm names are the canonical keys of :func:`outlierlab.models.layernorms.model_layernorms`: ``embeddings``,
+LayerNorm names are the canonical keys of ``outlierlab.models.layernorms.model_layernorms``: ``embeddings``,
 ``layer.{i}.attention_output``, ``layer.{i}.output`` (and ``head`` for the MLM head's LayerNorm, only
 when asked).  Every function here is pure (tensors in, tensors / plain Python out).
 """
@@ -66,7 +66,7 @@ def sigma_outlier_mask(values: Tensor, k: float = 3.0) -> Tensor:
 
 
 def sigma_outlier_dims(values: Tensor, k: float = 3.0) -> list:
-    """Dims outside mean ± k·σ (see :func:`sigma_outlier_mask`), sorted by |z| descending.
+    """Dims outside mean ± k·σ (see ``sigma_outlier_mask``), sorted by |z| descending.
 
     Parameters
     ----------
@@ -149,7 +149,7 @@ def layernorm_stats(named_layernorms: Mapping[str, tuple[Tensor, Tensor | None]]
     Parameters
     ----------
     named_layernorms : Mapping[str, (weight Tensor[d], bias Tensor[d] | None)]
-        e.g. from :func:`outlierlab.models.layernorms.layernorm_tensors`.
+        e.g. from ``outlierlab.models.layernorms.layernorm_tensors``.
     initial : same mapping at initialisation, or None
         If None, divergence is measured from the standard init (gain 1, bias 0); a name missing from
         ``initial`` also falls back to that.
@@ -162,7 +162,7 @@ def layernorm_stats(named_layernorms: Mapping[str, tuple[Tensor, Tensor | None]]
     Returns
     -------
     list[dict]
-        Keys are :data:`LAYERNORM_ROW_FIELDS`; every value is a str, int or float, so the list can go
+        Keys are ``LAYERNORM_ROW_FIELDS``; every value is a str, int or float, so the list can go
         straight to ``outlierlab.utils.tables.write_csv(path, rows, LAYERNORM_ROW_FIELDS)``.
 
         - ``*_outlier_dims``: every flagged dim, largest |z| first, ``";"``-joined (``"588;77"``;
@@ -171,7 +171,7 @@ def layernorm_stats(named_layernorms: Mapping[str, tuple[Tensor, Tensor | None]]
         - ``max_abs_*_div`` / ``argmax_abs_*_div``: largest |value − initial value| and its dim.
         - A LayerNorm without bias gets NaN / ``""`` / 0 / −1 in the bias columns.
 
-        :func:`flagged_from_rows` turns rows back into ``{name: flagged dims}``.
+        ``flagged_from_rows`` turns rows back into ``{name: flagged dims}``.
     """
     rows = []
     for name, (weight, bias) in named_layernorms.items():
@@ -205,7 +205,7 @@ def layernorm_stats(named_layernorms: Mapping[str, tuple[Tensor, Tensor | None]]
 
 
 def flagged_from_rows(rows: Iterable[Mapping], which: str = "gain") -> dict[str, list[int]]:
-    """LayerNorm name -> flagged dims, parsed from :func:`layernorm_stats` rows (``which``: gain|bias)."""
+    """LayerNorm name -> flagged dims, parsed from ``layernorm_stats`` rows (``which``: gain|bias)."""
     if which not in ("gain", "bias"):
         raise ValueError(f"which must be 'gain' or 'bias', got {which!r}.")
     col = f"{which}_outlier_dims"

@@ -1,25 +1,25 @@
 """The one LayerNorm-outlier rule (Kovaleva et al. 2021; Puccetti et al. 2022), used everywhere.
 
-The training monitor (:mod:`outlierlab.lightning_modules.callbacks.layernorm_monitor`), ``evaluate.py``'s outliers
-analysis, the ablation, the frequency and the attention-sink analyses all call :func:`layernorm_outliers`
+The training monitor (``outlierlab.lightning_modules.callbacks.layernorm_monitor``), ``evaluate.py``'s outliers
+analysis, the ablation, the frequency and the attention-sink analyses all call ``layernorm_outliers``
 with the settings of the ``ln_rule`` config group (``configs/ln_rule/``), so the same weights give the same
 flagged dims everywhere.  Default (Kovaleva et al. 2021): each layer's *output* LayerNorm, dims whose gain
 AND bias both lie outside mean ± 3σ of that LayerNorm; a dim is an outlier of the model when more than a
 quarter of the layers flag it (Puccetti et al.'s code: more than 3 of 12).  Options: ``criterion`` gain /
 bias / either, other LayerNorm kinds (``all`` per-layer ones; the embeddings', the final and the MLM head's
 only when named).  Pure functions on tensors keyed by the canonical names of
-:func:`outlierlab.models.layernorms.model_layernorms`.
+``outlierlab.models.layernorms.model_layernorms``.
 
 Pre-LN models (GPT-2, Llama, Pythia, ModernBERT, our ``model.norm_placement=pre``) have no output LayerNorm:
 their two per-layer norms read the residual stream before the attention (``attention_input``) and before
-the MLP (``mlp_input``).  Both play the role of Kovaleva's output LayerNorm (:data:`KIND_ROLES`; the
+the MLP (``mlp_input``).  Both play the role of Kovaleva's output LayerNorm (``KIND_ROLES``; the
 choice and its sources: docs/fidelity.md), so ``layernorms=[output]`` judges both and a layer flags a dim
 when either does.  OLMo 2's "reordered norm" blocks (``x ← x + RMSNorm(f(x))``) have neither: their norms sit
 on each sublayer's output before the residual add (``attention_update``, ``mlp_update``) and take the same role.
 Norms without a bias (RMSNorm; ModernBERT's bias-free LayerNorm) are judged on their gain alone under
-``both``/``either`` and listed in :attr:`LayerNormOutliers.gain_only`; norms with neither gain nor bias (OLMo's
+``both``/``either`` and listed in ``LayerNormOutliers.gain_only``; norms with neither gain nor bias (OLMo's
 non-parametric LayerNorm, our ``model.norm=layernorm_noaffine``) cannot be judged and are listed in
-:attr:`LayerNormOutliers.unjudged`.
+``LayerNormOutliers.unjudged``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def layernorm_kind(name: str) -> str:
 
 
 def layernorm_role(name: str) -> str:
-    """The rule role of a canonical key: its kind, with pre-LN and reordered kinds mapped by :data:`KIND_ROLES`."""
+    """The rule role of a canonical key: its kind, with pre-LN and reordered kinds mapped by ``KIND_ROLES``."""
     kind = layernorm_kind(name)
     return KIND_ROLES.get(kind, kind)
 
@@ -109,7 +109,7 @@ def min_layers_for(spec: int | float | str, num_layers: int) -> int:
 
 @dataclass(frozen=True)
 class LayerNormRule:
-    """Settings of the LayerNorm-outlier rule (``configs/ln_rule/kovaleva.yaml``; see :func:`layernorm_outliers`).
+    """Settings of the LayerNorm-outlier rule (``configs/ln_rule/kovaleva.yaml``; see ``layernorm_outliers``).
 
     Parameters
     ----------
@@ -120,12 +120,12 @@ class LayerNormRule:
         ``gain`` / ``bias``: that parameter alone.
     layernorms : sequence of str
         LayerNorm kinds judged: ``output`` (default, Kovaleva et al.: each layer's output LayerNorm; pre-LN:
-        both per-layer norms; reordered: both, :data:`KIND_ROLES`), ``attention_output``, ``attention_input`` /
+        both per-layer norms; reordered: both, ``KIND_ROLES``), ``attention_output``, ``attention_input`` /
         ``mlp_input`` (one pre-LN norm alone), ``attention_update`` / ``mlp_update`` (one reordered norm),
         ``embeddings``, ``final`` (pre-LN, reordered), ``head`` (the MLM head's), or ``all`` (every per-layer norm;
         the embeddings', final and head's still only when named).
     min_layers : int, float or "a/b"
-        Layers that must flag a dim for a model-level outlier (:func:`min_layers_for`; default ``"4/12"``).
+        Layers that must flag a dim for a model-level outlier (``min_layers_for``; default ``"4/12"``).
     """
 
     k: float = 3.0
@@ -170,7 +170,7 @@ class LayerNormRule:
 
 @dataclass
 class LayerNormOutliers:
-    """Result of :func:`layernorm_outliers`."""
+    """Result of ``layernorm_outliers``."""
 
     rule: LayerNormRule
     dims: list[int]  # model-level outlier dims: flagged in >= min_layers layers, most layers first
@@ -231,18 +231,18 @@ def layernorm_outliers(params: Mapping[str, tuple[Tensor | None, Tensor | None]]
     .. math:: |\gamma_i - \bar\gamma| > k\sigma_\gamma \ \wedge\ |\beta_i - \bar\beta| > k\sigma_\beta
 
     (``criterion="both"``, the default; ``either`` uses ∨, ``gain``/``bias`` one side), with mean and
-    population σ over that LayerNorm's d dims (:func:`sigma_outlier_mask`).  A norm without a bias (RMSNorm,
+    population σ over that LayerNorm's d dims (``sigma_outlier_mask``).  A norm without a bias (RMSNorm,
     ModernBERT's bias-free LayerNorm) is judged on its gain alone under ``both``/``either`` — the only
     parameter where it can place an outlier — and listed in ``gain_only``.  A *layer* flags a dim if any
     of its selected LayerNorms does (the embeddings' and the head's LayerNorm are a layer each, when
-    selected); a dim is an outlier of the model when at least :func:`min_layers_for` ``(rule.min_layers,
+    selected); a dim is an outlier of the model when at least ``min_layers_for`` ``(rule.min_layers,
     number of layers)`` layers flag it — Puccetti et al.'s "more than 3 of 12", scaled up for other depths
     (2 of 4 for a 4-layer model).
 
     Parameters
     ----------
     params : Mapping[name, (gain Tensor[d] | None, bias Tensor[d] | None)]
-        Canonical keys (:func:`outlierlab.models.layernorms.layernorm_tensors`).  A norm without the parameters the
+        Canonical keys (``outlierlab.models.layernorms.layernorm_tensors``).  A norm without the parameters the
         criterion needs (no-affine LayerNorm; ``criterion="bias"`` on RMSNorm) is listed in ``unjudged`` with
         the reason instead of raising.
     rule : LayerNormRule, mapping, or None (default rule)

@@ -12,7 +12,7 @@ A dimension dominant in one layer only is not one; nor are different dimensions 
 The definition is the weakest form of Luo et al.'s picture: with 4 layers, two at a share of 0.5 meet it, and
 some 4 x 128 runs here do, at some checkpoints (docs/findings.md).  How strong and how lasting the dimension is
 -- its share, the layers it holds, the checkpoints that have one -- says how close a model comes to RoBERTa's
-588 (:func:`luo_by_step`; the scale ladder's summary reports them).
+588 (``luo_by_step``; the scale ladder's summary reports them).
 """
 
 from __future__ import annotations

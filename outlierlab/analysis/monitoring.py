@@ -1,15 +1,15 @@
 """Long-format records of the outlier statistics, shared by the training monitors and post-hoc analysis.
 
-The quantities themselves live in :mod:`outlierlab.analysis.layernorm` (3σ LayerNorm outliers and divergence from
-initialisation; Kovaleva et al. 2021, Puccetti et al. 2022), :mod:`outlierlab.analysis.outlier_stats` (per-layer mean
-vector and argmax/argmin share; Luo et al. 2021 §2) with :mod:`outlierlab.analysis.outlier_dims` (the outlier-dim
-rule), :mod:`outlierlab.analysis.activations` (kurtosis, He et al. 2024; max/median, Sun et al. 2024),
-:mod:`outlierlab.analysis.attention_mass` (sink heads and entropy, Gu et al. 2025) and
-:mod:`outlierlab.analysis.similarity` (anisotropy; Ethayarajh 2019), :mod:`outlierlab.analysis.rogue_dims` (each dim's share of
-the anisotropy; Timkey & van Schijndel 2021) and :mod:`outlierlab.analysis.isoscore` (IsoScore; Rudman et al. 2022).  This module only *calls* them and flattens the results into rows
+The quantities themselves live in ``outlierlab.analysis.layernorm`` (3σ LayerNorm outliers and divergence from
+initialisation; Kovaleva et al. 2021, Puccetti et al. 2022), ``outlierlab.analysis.outlier_stats`` (per-layer mean
+vector and argmax/argmin share; Luo et al. 2021 §2) with ``outlierlab.analysis.outlier_dims`` (the outlier-dim
+rule), ``outlierlab.analysis.activations`` (kurtosis, He et al. 2024; max/median, Sun et al. 2024),
+``outlierlab.analysis.attention_mass`` (sink heads and entropy, Gu et al. 2025) and
+``outlierlab.analysis.similarity`` (anisotropy; Ethayarajh 2019), ``outlierlab.analysis.rogue_dims`` (each dim's share of
+the anisotropy; Timkey & van Schijndel 2021) and ``outlierlab.analysis.isoscore`` (IsoScore; Rudman et al. 2022).  This module only *calls* them and flattens the results into rows
 ``(step, name, statistic, dim, value)`` — the format of ``monitor/layernorm.csv`` and
-``monitor/hidden_states.csv`` (see :mod:`outlierlab.reports.history` for the column meanings) —
-so that the live callbacks and :mod:`outlierlab.jobs.posthoc` write identical numbers.
+``monitor/hidden_states.csv`` (see ``outlierlab.reports.history`` for the column meanings) —
+so that the live callbacks and ``outlierlab.jobs.posthoc`` write identical numbers.
 
 Pure functions: tensors (and a tokenizer object) in, rows and tensors out; no Lightning, no files.
 """
@@ -67,7 +67,7 @@ def layernorm_snapshot(layernorms: Mapping[str, nn.LayerNorm]) -> dict[str, tupl
 
 
 def min_shared_layers(spec: int | float | str, num_layers: int) -> int:
-    """Layers needed for a model-level LayerNorm outlier: :func:`outlierlab.analysis.layernorm_rule.min_layers_for`."""
+    """Layers needed for a model-level LayerNorm outlier: ``outlierlab.analysis.layernorm_rule.min_layers_for``."""
     return min_layers_for(spec, num_layers)
 
 
@@ -75,13 +75,13 @@ def layernorm_records(step: int, params: Mapping[str, tuple[Tensor | None, Tenso
                       initial: Mapping[str, tuple[Tensor, Tensor | None]] | None = None, k: float = 3.0,
                       shared_min: int | float | str = "4/12", top_k: int = 3, vectors: bool = True,
                       rule: LayerNormRule | Mapping | None = None) -> tuple[list[Row], dict]:
-    """History rows for every LayerNorm at one step, via :func:`outlierlab.analysis.layernorm.layernorm_stats`.
+    """History rows for every LayerNorm at one step, via ``outlierlab.analysis.layernorm.layernorm_stats``.
 
     Parameters
     ----------
     step : int
     params : Mapping[name, (gain Tensor[d] | None, bias Tensor[d] | None)]
-        Current values, e.g. from :func:`outlierlab.models.layernorms.layernorm_tensors` (norms without a gain get
+        Current values, e.g. from ``outlierlab.models.layernorms.layernorm_tensors`` (norms without a gain get
         no per-LayerNorm statistics; the rule lists them as not judged).
     initial : same, or None
         Values at initialisation (None: gain₀ = 1, bias₀ = 0).
@@ -89,7 +89,7 @@ def layernorm_records(step: int, params: Mapping[str, tuple[Tensor | None, Tenso
         Only when ``rule`` is None: the rule is then Kovaleva et al.'s default with this k and min_layers
         (settings of runs recorded before the ``ln_rule`` group existed).
     rule : LayerNormRule or mapping
-        THE LayerNorm-outlier rule (:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`); its k also sets the
+        THE LayerNorm-outlier rule (``outlierlab.analysis.layernorm_rule.layernorm_outliers``); its k also sets the
         σ of the descriptive per-LayerNorm statistics.
     top_k : int
         Dims with the largest |z-score| written per LayerNorm whether flagged or not (``top_gain_z``
@@ -109,8 +109,8 @@ def layernorm_records(step: int, params: Mapping[str, tuple[Tensor | None, Tenso
         ``criterion=bias``).  Under name ``model``: ``min_layers``, ``n_outlier_dims`` and
         ``outlier_dim`` (dim, value = number of layers flagging it) — the rule's model-level dims.
     summary : dict
-        ``stats`` (the :func:`layernorm_stats` records), ``flagged`` ({"gain"|"bias": {name: dims}},
-        descriptive), ``outliers`` (the rule's :class:`~outlierlab.analysis.layernorm_rule.LayerNormOutliers`),
+        ``stats`` (the ``layernorm_stats`` records), ``flagged`` ({"gain"|"bias": {name: dims}},
+        descriptive), ``outliers`` (the rule's ``LayerNormOutliers``),
         ``min_layers`` (int).
     """
     rule = LayerNormRule(k=k, min_layers=shared_min) if rule is None else LayerNormRule.from_mapping(rule)
@@ -152,7 +152,7 @@ def tokenize_heldout(tokenizer, texts: Sequence[str], max_length: int) -> dict[s
     """A fixed held-out batch from texts: ``input_ids``, ``attention_mask``, ``special_tokens_mask``.
 
     Uses the Hugging Face tokenizer's own padding, truncation and special-token mask; the
-    special-token mask is what :func:`outlierlab.analysis.outlier_stats.valid_token_mask` needs to leave ``<s>``,
+    special-token mask is what ``outlierlab.analysis.outlier_stats.valid_token_mask`` needs to leave ``<s>``,
     ``</s>`` and padding out of the statistics (Luo et al. 2021 §2).
     """
     if not texts:
@@ -178,7 +178,7 @@ def tokenize_heldout(tokenizer, texts: Sequence[str], max_length: int) -> dict[s
 def encoder_hidden_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Stacked hidden states ``[L+1, B, T, d]`` (embedding output, then every layer).
 
-    ``model`` is a :class:`~models.RobertaMaskedLM` (its ``.roberta`` body is run,
+    ``model`` is a ``RobertaMaskedLM`` (its ``.roberta`` body is run,
     skipping the MLM head) or any module returning ``.hidden_states`` for ``output_hidden_states=True``.
     The caller chooses eval mode and ``torch.inference_mode()``.
     """
@@ -230,15 +230,15 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     ----------
     step : int
     hidden : Tensor[L, B, T, d]
-        From :func:`encoder_hidden_states` or :func:`outlierlab.models.sites.monitored_forward`; layer 0 is the
+        From ``encoder_hidden_states`` or ``outlierlab.models.sites.monitored_forward``; layer 0 is the
         embedding output.
     attention_mask, special_tokens_mask : Tensor[B, T]
-        Only non-pad, non-special tokens count (:func:`outlierlab.analysis.outlier_stats.valid_token_mask`).
+        Only non-pad, non-special tokens count (``outlierlab.analysis.outlier_stats.valid_token_mask``).
     top_k : int
         Dims with the largest |mean| written per layer.
     n_pairs : int
         Token pairs for ``anisotropy`` (uniform over tokens, with replacement, from different sentences;
-        :func:`outlierlab.analysis.similarity.sample_cross_sentence_pairs`, generator seed ``seed``).
+        ``outlierlab.analysis.similarity.sample_cross_sentence_pairs``, generator seed ``seed``).
     seed : int
         Seeds the pairs: the same batch and seed give the same pairs at every step.
     vectors : bool
@@ -247,7 +247,7 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         Attention probabilities of every block; with ``input_ids`` and the ``<s>``/``</s>`` ids, the
         sink rows are written (Gu et al. 2025).
     inf_norms : {site: Tensor[L]}, optional
-        From :class:`outlierlab.models.sites.InfNormRecorder` (index = hidden-state layer).
+        From ``outlierlab.models.sites.InfNormRecorder`` (index = hidden-state layer).
     sink_threshold : float
         Gu et al.'s ε.
 
@@ -258,37 +258,37 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         holding most tokens' max/min, value = that share of tokens; signed values); ``abs_argmax_share``
         (the same for |x|); ``anisotropy`` — the mean cosine of ``n_pairs`` (default 1,000) token pairs from
         different sentences (Ethayarajh 2019; uniform over tokens, with replacement,
-        :func:`outlierlab.analysis.similarity.sample_cross_sentence_pairs`), with ``anisotropy_se``, its
-        delete-one-sentence jackknife standard error (:func:`jackknife_se_by_sentence`: the pairs reuse the
+        ``outlierlab.analysis.similarity.sample_cross_sentence_pairs``), with ``anisotropy_se``, its
+        delete-one-sentence jackknife standard error (``jackknife_se_by_sentence``: the pairs reuse the
         batch's few sentences, so sd/√P would be too small), and ``n_anisotropy_pairs``;
         ``token_pair_cosine`` (the same estimate, its earlier name: old cells hold it too);
         ``anisotropy_one_per_sentence`` (evaluate.py's protocol, one random token per sentence, sentences
         paired without replacement: on a 32-sentence batch only 16 pairs — the monitor's ``anisotropy`` before
-        :func:`outlierlab.analysis.similarity.paired_sentence_tokens`, Luo et al. §4.1);
+        ``outlierlab.analysis.similarity.paired_sentence_tokens``, Luo et al. §4.1);
         ``rogue_top1_share`` (dim = the dim of largest contribution CC_i to the anisotropy, value =
         its share of it) and ``rogue_top3_share`` (Timkey & van Schijndel 2021, on the anisotropy pairs;
-        :mod:`outlierlab.analysis.rogue_dims`; NaN where the anisotropy is within 2 standard errors of 0); ``isoscore`` (Rudman et al. 2022, from the covariance of
-        the valid tokens; :mod:`outlierlab.analysis.isoscore`); ``kurtosis`` (He et al. 2024); ``max_median`` (He et al. 2024; Sun et al. 2024);
+        ``outlierlab.analysis.rogue_dims``; NaN where the anisotropy is within 2 standard errors of 0); ``isoscore`` (Rudman et al. 2022, from the covariance of
+        the valid tokens; ``outlierlab.analysis.isoscore``); ``kurtosis`` (He et al. 2024); ``max_median`` (He et al. 2024; Sun et al. 2024);
         ``max_abs`` (dim = its dim, value = the largest |x|) and ``max_abs_token_id`` (value = the id of
         the token holding it, when ``input_ids`` is given); ``top_abs_mean`` (dim, value = mean, largest
-        |mean| first); ``outlier_dim`` (dims found by :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`,
+        |mean| first); ``outlier_dim`` (dims found by ``outlierlab.analysis.outlier_dims.detect_outlier_dims``,
         value = their larger share); ``mean`` (every dim); for layers ≥ 1 with ``inf_norms``:
         ``inf_norm_<site>`` (Bondarenko et al. 2023); with ``attentions``: ``sink_share_bos`` /
         ``sink_share_eos`` (share of heads with mean mass > ε on ``<s>`` / ``</s>``), ``attn_entropy``
         (mean over heads, nats), ``attn_entropy_head`` (dim = head) and ``attn_row_mass`` (mean total
         attention weight of a query row, mean over heads: 1 for softmax, < 1 under clipped softmax).  Under name ``model``:
         ``pooled_argmin_share`` / ``pooled_argmax_share`` (dim, value; Luo et al. §2's pooled share over
-        layers 1..L-1, :func:`outlierlab.analysis.outlier_stats.pooled_share`). Per layer and position bucket
-        that holds tokens (0, 1, 2–3, 4–7, ...; :mod:`outlierlab.analysis.position_shares`):
+        layers 1..L-1, ``outlierlab.analysis.outlier_stats.pooled_share``). Per layer and position bucket
+        that holds tokens (0, 1, 2–3, 4–7, ...; ``outlierlab.analysis.position_shares``):
         ``abs_argmax_share_pos_<first>-<last>`` (``_pos_1`` for the one-position bucket; dim = the layer's
         ``abs_argmax_share`` dim, value = its share among the bucket's tokens): is the dominant dimension
         positional? (Its all-token share then follows the batch's sentence lengths.)
     summary : dict
-        ``mean`` Tensor[L, d], ``layers`` (:meth:`OutlierAccumulator.summary` merged with
-        :meth:`outlierlab.analysis.activations.ActivationAccumulator.summary`), ``anisotropy`` and
+        ``mean`` Tensor[L, d], ``layers`` (``OutlierAccumulator.summary`` merged with
+        ``outlierlab.analysis.activations.ActivationAccumulator.summary``), ``anisotropy`` and
         ``token_pair_cosine`` Tensor[L], ``outliers`` list[list[int]], ``pooled`` {"argmin"|"argmax":
         (dim, share)}, ``inf_norms``, ``sinks`` ({"bos", "eos", "entropy"}: Tensor[L-1, H]) or None,
-        ``position_shares`` (:meth:`PositionArgmaxCounts.rows`).
+        ``position_shares`` (``PositionArgmaxCounts.rows``).
     """
     if hidden.ndim != 4:
         raise ValueError(f"hidden must be [L, B, T, d], got {tuple(hidden.shape)}")
@@ -335,7 +335,7 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
 
 
 def _anisotropy_stats(tokens: Tensor, sentence_ids: Tensor, n_pairs: int, seed: int) -> dict:
-    """The anisotropy block of :func:`hidden_state_records` (NaN, 0 pairs and no rogue dim with < 2 sentences):
+    """The anisotropy block of ``hidden_state_records`` (NaN, 0 pairs and no rogue dim with < 2 sentences):
     ``anisotropy`` / ``anisotropy_se`` / ``n_pairs`` on ``n_pairs`` cross-sentence token pairs, ``one_per_sentence``
     (evaluate.py's protocol), ``share1`` / ``share3`` / ``top_dim`` (rogue dims of the same pairs)."""
     n_layers, dim = tokens.shape[0], tokens.shape[-1]

@@ -8,19 +8,19 @@ ICLR 2024) describe and that ended at no budget of this project's ``experiment=e
 positions (docs/order_use.md).  A learned-vs-none comparison between two such models compares two bag-of-words
 models, so every run and every evaluated model reports these two numbers (our definitions, docs/design.md):
 
-* **order use** (:func:`order_use`): the model's own loss -- masked tokens for a masked LM, next token for a causal
+* **order use** (``order_use``): the model's own loss -- masked tokens for a masked LM, next token for a causal
   LM -- on the validation blocks with each block's tokens randomly permuted (special tokens, padding and the
   position ids left in place; a token moves together with its label), minus the loss on the intact blocks, in nats.
   Exactly 0 (up to float summation order) for a masked LM without positions; > 0 for any model whose predictions
   depend on order, a causal LM without positions included (its mask is an order signal, Haviv et al. 2022).
-* **sentence-vector order change** (:func:`pooled_order_change`): for a model judged by its vectors rather than
+* **sentence-vector order change** (``pooled_order_change``): for a model judged by its vectors rather than
   by a loss (a sentence encoder without an LM head, or any encoder), per layer the mean over texts of
   1 - cos(mean-pooled vector of the intact text, of the same text with its tokens shuffled).  Exactly 0 (up to float
   summation order) for an encoder without positions or causal mask; layer 0 is the floor a per-token embedding
   LayerNorm leaves (the mean of the position vectors is the same in any order); near 0 in the top layers, the
   encoder's sentence vectors are a bag of words.
-* **attention locality** (:func:`attention_locality`): per layer, the mean attention mass a query puts on the keys
-  within distance <= :data:`LOCAL_WINDOW` of itself (itself included), against the mass a uniform row over the same
+* **attention locality** (``attention_locality``): per layer, the mean attention mass a query puts on the keys
+  within distance <= ``LOCAL_WINDOW`` of itself (itself included), against the mass a uniform row over the same
   visible keys would put there.  Uniform attention (the bag-of-words plateau) gives mass = baseline.
 
 Pure functions: no config, no files, no Lightning.  The training module, the post-hoc job and the study aggregator
@@ -52,7 +52,7 @@ ORDER_USE_THRESHOLD = 0.1
 
 def movable_positions(input_ids: Tensor, labels: Tensor | None, attention_mask: Tensor | None,
                       special_ids: Iterable[int]) -> Tensor:
-    """``Bool[B, T]``: positions whose token may be moved by :func:`permute_block_tokens`.
+    """``Bool[B, T]``: positions whose token may be moved by ``permute_block_tokens``.
 
     Fixed are padding (``attention_mask == 0``) and special tokens (``<s>``, ``</s>``, ``<pad>``) -- unless the
     position carries a label: a position to predict always moves with its token, so that a ``<mask>`` and its
@@ -154,9 +154,9 @@ def pooled_order_change(hidden_states: HiddenFn, batches: Iterable[tuple[Tensor,
 
     .. math::  c_\ell = \frac{1}{N}\sum_{n=1}^{N} \Big(1 - \cos\big(\bar h_\ell(x_n),\ \bar h_\ell(\pi_n x_n)\big)\Big)
 
-    :math:`\bar h_\ell` is the mean of layer :math:`\ell`'s vectors over the non-special, non-padding tokens (the
-    same set in both orders); :math:`\pi_n` shuffles those tokens within text :math:`n`
-    (:func:`permute_block_tokens`, special tokens and padding in place).
+    ``\bar h_\ell`` is the mean of layer ``\ell``'s vectors over the non-special, non-padding tokens (the
+    same set in both orders); ``\pi_n`` shuffles those tokens within text ``n``
+    (``permute_block_tokens``, special tokens and padding in place).
 
     Parameters
     ----------
@@ -284,7 +284,7 @@ def masked_for_order_use(input_ids: Tensor, attention_mask: Tensor, special_toke
 def lm_loss_sum(model, causal: bool) -> LossFn:
     """``batch -> (summed loss, predicted tokens)`` for a language model called as Hugging Face models are
     (``model(input_ids=, attention_mask=, labels=).loss``, the mean over labelled tokens -- shifted by one inside
-    the model for a causal LM): ours (:class:`~outlierlab.models.RobertaMaskedLM`) and transformers' alike."""
+    the model for a causal LM): ours (``RobertaMaskedLM``) and transformers' alike."""
     def loss_sum(batch: Mapping[str, Tensor]) -> tuple[Tensor, int]:
         labels = batch["labels"]
         n = int((labels[:, 1:] != -100).sum()) if causal else int((labels != -100).sum())
@@ -294,10 +294,10 @@ def lm_loss_sum(model, causal: bool) -> LossFn:
 
 
 def labelled_loss_sum(model) -> LossFn:
-    """:func:`lm_loss_sum` of a masked LM with the vocabulary projection applied at the labelled positions only
-    (:func:`outlierlab.analysis.scored_rows.logits_at`: the loop monitors measure order use at every record); the
+    """``lm_loss_sum`` of a masked LM with the vocabulary projection applied at the labelled positions only
+    (``outlierlab.analysis.scored_rows.logits_at``: the loop monitors measure order use at every record); the
     summed cross-entropy is the same up to float rounding (tests/test_order_use.py).  A model whose head cannot be
-    narrowed (ours: it already projects the labelled rows only) gets :func:`lm_loss_sum`."""
+    narrowed (ours: it already projects the labelled rows only) gets ``lm_loss_sum``."""
     def loss_sum(batch: Mapping[str, Tensor]) -> tuple[Tensor, int]:
         labels = batch["labels"]
         keep = labels != -100
@@ -324,7 +324,7 @@ def heldout_order_use(model, batch: Mapping[str, Tensor], causal: bool, special_
                       ) -> tuple[dict[str, float], dict[str, Tensor] | None]:
     """Order use and attention locality of ``model`` on a fixed held-out batch (``input_ids``, ``attention_mask``,
     ``special_tokens_mask``; the monitors' batch): the masked objective predicts the fixed, seeded 15 % of
-    :func:`masked_for_order_use` (the same problem at every step), the causal one every next token.  ``attentions``
+    ``masked_for_order_use`` (the same problem at every step), the causal one every next token.  ``attentions``
     (the probabilities of a forward on the intact batch, e.g. the monitors') give the locality; None: not measured.
     The post-hoc job and the loop monitors call this one function, so a checkpoint's rows equal the live ones."""
     device = next(model.parameters()).device

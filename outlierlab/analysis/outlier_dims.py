@@ -1,10 +1,10 @@
 """Which dimensions are outliers: the project's single rule and the ablation control draw.
 
-:func:`detect_outlier_dims` turns the statistics of :class:`outlierlab.analysis.outlier_stats.OutlierAccumulator`
+``detect_outlier_dims`` turns the statistics of ``outlierlab.analysis.outlier_stats.OutlierAccumulator``
 into a list of outlier dims per layer (used by clip's auto-detection, the monitors, evaluate.py): by
 default Luo, Kulmizev & Mao (2021) §2's argmax/argmin share, or a 3σ rule on the mean vector.
-:func:`random_dims` draws the random-dims control of Kovaleva et al. (2021), and
-:func:`position_row_stats` reads the same argmax/argmin shares off the rows of a learned position
+``random_dims`` draws the random-dims control of Kovaleva et al. (2021), and
+``position_row_stats`` reads the same argmax/argmin shares off the rows of a learned position
 table (Luo et al. §3, Figs. 3–4).
 """
 
@@ -70,7 +70,7 @@ def outlier_dims_by_sigma(mean: Tensor, k: float = 3.0) -> list[list[int]]:
 
     .. math:: \text{outlier}_l = \{ i : |\mu_{l,i} - \bar\mu_l| > k\,\sigma(\mu_l) \}
 
-    The same 3σ rule as for LayerNorm weights (:func:`outlierlab.analysis.layernorm.sigma_outlier_mask`,
+    The same 3σ rule as for LayerNorm weights (``outlierlab.analysis.layernorm.sigma_outlier_mask``,
     Kovaleva et al. 2021), applied to Luo et al.'s per-layer mean vector.
 
     Parameters
@@ -102,10 +102,10 @@ def detect_outlier_dims(acc_or_stats: "OutlierAccumulator | Mapping[str, Tensor]
     ----------
     acc_or_stats : OutlierAccumulator or Mapping
         An accumulator, or a mapping with ``argmax_share`` and ``argmin_share`` (method "share") or
-        ``mean`` (method "sigma"), each Tensor[L, d] — e.g. :meth:`OutlierAccumulator.stats`.
+        ``mean`` (method "sigma"), each Tensor[L, d] — e.g. ``OutlierAccumulator.stats``.
     method : {"share", "sigma"}
-        ``"share"`` (default): :func:`outlier_dims_by_share` with ``threshold``.  ``"sigma"``:
-        :func:`outlier_dims_by_sigma` with ``k``.
+        ``"share"`` (default): ``outlier_dims_by_share`` with ``threshold``.  ``"sigma"``:
+        ``outlier_dims_by_sigma`` with ``k``.
     threshold, k : float
 
     Returns
@@ -173,7 +173,7 @@ def position_row_stats(table: Tensor, k: float = 3.0) -> dict:
     Averaging the rows (one mean position vector) hides an artefact carried by single rows; Luo et al.
     look at every row: in RoBERTa-base dim 588 is the argmax of 99.8% of the position embeddings.  For
     each row p of ``table`` this takes its argmax and argmin dim and its dims outside mean ± kσ *of that
-    row* (:func:`outlierlab.analysis.layernorm.sigma_outlier_mask` on the row), then counts rows per dim.
+    row* (``outlierlab.analysis.layernorm.sigma_outlier_mask`` on the row), then counts rows per dim.
 
     Parameters
     ----------

@@ -4,9 +4,9 @@ Luo et al. (2021), "Positional Artefacts Propagate Through Masked Language Model
 every layer's token vectors (non-special, non-pad tokens) and find a few dimensions whose mean value is
 huge; per token, those dims also hold the vector's maximum or minimum.  The paper's figure is an
 *argmin* share pooled over layers: in BERT-base dim 557 holds the minimum of 96.60% of all token vectors
-of all non-input layers (:func:`pooled_share`).  :class:`OutlierAccumulator` collects exactly those
+of all non-input layers (``pooled_share``).  ``OutlierAccumulator`` collects exactly those
 statistics in one pass, with memory independent of the number of tokens; which dims they make outliers
-is decided in :mod:`outlierlab.analysis.outlier_dims`.
+is decided in ``outlierlab.analysis.outlier_dims``.
 """
 
 from __future__ import annotations
@@ -81,16 +81,16 @@ class OutlierAccumulator:
     Parameters
     ----------
     num_layers, dim : int
-        L and d of the hidden states that :meth:`update` will receive.
+        L and d of the hidden states that ``update`` will receive.
     device : torch.device or str, optional
         Where the running tensors live (default CPU).  Reductions run on the input's device, only the
         [L, d] results are moved.
 
     Notes
     -----
-    For DDP, all-reduce (SUM) every tensor of :meth:`tensors` in place, e.g.
+    For DDP, all-reduce (SUM) every tensor of ``tensors`` in place, e.g.
     ``for t in acc.tensors(): torch.distributed.all_reduce(t)`` (move the accumulator to the GPU
-    first with :meth:`to` under NCCL); or :meth:`merge` accumulators by hand.
+    first with ``to`` under NCCL); or ``merge`` accumulators by hand.
     """
 
     #: Running tensors with one row per layer (:func:`outlierlab.analysis.layer_accumulators.stack_layers` joins
@@ -186,11 +186,11 @@ class OutlierAccumulator:
 
     def stats(self) -> dict[str, Tensor]:
         """``{"mean", "argmax_share", "argmin_share"}``: the mapping
-        :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` accepts."""
+        ``outlierlab.analysis.outlier_dims.detect_outlier_dims`` accepts."""
         return {"mean": self.mean(), "argmax_share": self.argmax_share(), "argmin_share": self.argmin_share()}
 
     def pooled_share(self, which: str = "argmin", layers: slice | None = None) -> tuple[int, float]:
-        """:func:`pooled_share` of this accumulator's counts (default: all non-input layers, 1..L-1)."""
+        """``pooled_share`` of this accumulator's counts (default: all non-input layers, 1..L-1)."""
         self._check_nonempty()
         counts = self.argmin_counts if which == "argmin" else self.argmax_counts if which == "argmax" else None
         if counts is None:
@@ -232,7 +232,7 @@ def pooled_share(counts: Tensor, n_tokens: int, layers: slice | None = None) -> 
     Parameters
     ----------
     counts : Tensor[L+1, d]
-        argmin (or argmax) counts per layer, layer 0 = embedding output (:class:`OutlierAccumulator`).
+        argmin (or argmax) counts per layer, layer 0 = embedding output (``OutlierAccumulator``).
     n_tokens : int
         Tokens counted per layer.
     layers : slice, optional

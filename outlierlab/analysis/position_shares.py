@@ -2,13 +2,13 @@
 
 Luo, Kulmizev & Mao (2021) trace the outlier dimensions of BERT and RoBERTa to the position embeddings (§3) and
 show that they propagate through the layers. A dimension's |x|-argmax share over all tokens (He et al. 2024;
-:class:`outlierlab.analysis.activations.ActivationAccumulator`) mixes positions: a dimension that holds every token
+``outlierlab.analysis.activations.ActivationAccumulator``) mixes positions: a dimension that holds every token
 of the first 15 positions and none after 32 reads 0.58 on short sentences and 0.32 on paragraphs. Counting the
 argmax per position bucket separates the two.
 
 Buckets double in width, so a model of any context length has few of them: position 0, 1, 2–3, 4–7, 8–15, ...
 (bucket b holds positions 2^(b-1) .. 2^b - 1). Positions are indices in the tokenized sequence, 0 = ``<s>`` /
-``[CLS]`` (the position probe's convention, :mod:`outlierlab.models.loading`); special tokens are not counted,
+``[CLS]`` (the position probe's convention, ``outlierlab.models.loading``); special tokens are not counted,
 so an encoder's bucket 0 is empty.
 
 Written by hand: a bincount over (bucket, dim); no library counts argmaxes by position.

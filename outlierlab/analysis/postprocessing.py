@@ -1,18 +1,18 @@
-r"""The affine post-processing maps fitted from a mean and covariance: :math:`\hat x = (x-\mu)\,W`.
+r"""The affine post-processing maps fitted from a mean and covariance: ``\hat x = (x-\mu)\,W``.
 
-One matrix W per method, from the float64 covariance Σ that :class:`outlierlab.analysis.whitening.Whitener`
+One matrix W per method, from the float64 covariance Σ that ``outlierlab.analysis.whitening.Whitener``
 streams (so every method is fitted on the same data, with the same guard):
 
-* ``whiten`` — :math:`W = U\,\mathrm{diag}(1/\sqrt S)` (Su et al. 2021), optionally its first k columns;
-* ``standardize`` — :math:`W = \mathrm{diag}(1/\sigma)`, :math:`\sigma_i = \sqrt{\Sigma_{ii}}`: every dim mean 0,
+* ``whiten`` — ``W = U\,\mathrm{diag}(1/\sqrt S)`` (Su et al. 2021), optionally its first k columns;
+* ``standardize`` — ``W = \mathrm{diag}(1/\sigma)``, ``\sigma_i = \sqrt{\Sigma_{ii}}``: every dim mean 0,
   std 1 (Timkey & van Schijndel 2021 §5, "standardization");
 * ``abtt`` — all-but-the-top (Mu & Viswanath 2018, "All-but-the-Top: Simple and Effective Postprocessing for
   Word Representations", Alg. 1): remove the mean, then the projections on the top D principal directions
-  :math:`u_1..u_D` of Σ, :math:`W = I - \sum_{j\le D} u_j u_j^\top`; D ≈ d/100 (their rule of thumb);
-* ``center`` — :math:`W = I` (mean removal; ``abtt`` with D = 0).
+  ``u_1..u_D`` of Σ, ``W = I - \sum_{j\le D} u_j u_j^\top``; D ≈ d/100 (their rule of thumb);
+* ``center`` — ``W = I`` (mean removal; ``abtt`` with D = 0).
 
-How many distinct fit vectors each fit needs (:func:`fit_size`, the guard of
-:meth:`outlierlab.analysis.whitening.Whitener.check`): a fit estimates ``p`` directions — whiten its k kept dims,
+How many distinct fit vectors each fit needs (``fit_size``, the guard of
+``outlierlab.analysis.whitening.Whitener.check``): a fit estimates ``p`` directions — whiten its k kept dims,
 abtt the mean and D directions (p = D + 1: with N ≤ D + 1 distinct points the centred points span ≤ D
 dims, all of them removed, and every fitted vector becomes 0), standardize the mean and one scale per dim
 (p = 2: two distinct points standardize to ±1 in every coordinate — antipodal, every cosine −1), center the
@@ -66,7 +66,7 @@ def affine_matrix(method: str, cov: Tensor, eigvals: Tensor, eigvecs: Tensor, *,
     cov : Tensor[L, d, d] float64, the covariance Σ
     eigvals, eigvecs : Σ's eigenvalues ``[L, d]`` (descending, ≥ 0) and eigenvectors ``[L, d, d]`` (columns)
     k : whiten's kept dims (None = d)
-    abtt_d : all-but-the-top's D (None = :func:`default_abtt_d`); 0 is mean removal
+    abtt_d : all-but-the-top's D (None = ``default_abtt_d``); 0 is mean removal
     eps : relative floor: a variance below ``eps`` × the largest is raised to it before 1/√ (whiten: the
         eigenvalues, standardize: the per-dim variances), so a direction without variance is scaled by at
         most 1/√(eps·max) instead of inf/NaN

@@ -1,8 +1,8 @@
 r"""Probe math: neuron contribution to a linear probe's decision (Luo, Kulmizev & Mao 2021, §3).
 
-Luo et al. train a bias-free linear position probe :math:`W \in \mathbb{R}^{d\times M}` per layer and ask
-which neurons drive its decisions.  For a token vector :math:`v` whose true class (position) is
-:math:`y`, the logit of the true class is :math:`\sum_i w_{y,i} v_i` (``w_y`` = column ``y`` of ``W``,
+Luo et al. train a bias-free linear position probe ``W \in \mathbb{R}^{d\times M}`` per layer and ask
+which neurons drive its decisions.  For a token vector ``v`` whose true class (position) is
+``y``, the logit of the true class is ``\sum_i w_{y,i} v_i`` (``w_y`` = column ``y`` of ``W``,
 the "weight row of the true position" in their row convention), and neuron ``i`` contributes
 
 .. math:: c_i = \lvert w_{y,i}\, v_i \rvert ,
@@ -21,7 +21,7 @@ __all__ = ["contribution", "rank_of_dims", "top_dims", "chance_accuracy"]
 
 
 def contribution(weight: Tensor, features: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
-    r"""Per-neuron contribution :math:`c_i = |w_{y,i} v_i|` to the true-class logit (Luo et al. 2021 §3).
+    r"""Per-neuron contribution ``c_i = |w_{y,i} v_i|`` to the true-class logit (Luo et al. 2021 §3).
 
     Parameters
     ----------
@@ -33,7 +33,7 @@ def contribution(weight: Tensor, features: Tensor, labels: Tensor, reduction: st
         True class of each vector (the token's position for the position probe).
     reduction : {"mean", "sum", "none"}
         Average over the N vectors (Luo's definition), sum them (for streaming accumulation), or
-        return every :math:`c_{t,i}`.
+        return every ``c_{t,i}``.
 
     Returns
     -------

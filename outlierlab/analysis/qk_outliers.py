@@ -6,21 +6,21 @@ models sit in the rotary pairs rotated by the *lowest* frequencies — pairs tha
 over the context, so that a large constant component there acts as an offset the attention can rely on at
 every distance ("rotary offset features").  This module holds the pieces, pure tensor code:
 
-* :class:`QKAccumulator` — per layer × head × dim, max |q_d| and mean |q_d| (the same for k) over tokens,
+* ``QKAccumulator`` — per layer × head × dim, max |q_d| and mean |q_d| (the same for k) over tokens,
   streamed; q and k are taken where the model rotates them, just *before* the rotation (after any QK-norm —
   Qwen3's ``q_norm``/``k_norm``, our OP block's ``query_norm``/``key_norm`` — else the projections' outputs;
   the rotation keeps each pair's norm).
-* :func:`magnitude_outliers` — our rule for an outlier dim (Jonasson does not fix one): within one (layer,
+* ``magnitude_outliers`` — our rule for an outlier dim (Jonasson does not fix one): within one (layer,
   head), a dim whose max |·| lies more than k standard deviations above the mean over that head's dims (the
-  one-sided form of the project's σ rule, :func:`outlierlab.analysis.layernorm.sigma_outlier_mask`; k = 3 in
+  one-sided form of the project's σ rule, ``outlierlab.analysis.layernorm.sigma_outlier_mask``; k = 3 in
   ``configs/qk_outliers/default.yaml``).
-* :class:`RotarySpec` — which dims a rotary scheme pairs (``half``: dim i with i + r/2, GPT-NeoX /
+* ``RotarySpec`` — which dims a rotary scheme pairs (``half``: dim i with i + r/2, GPT-NeoX /
   transformers ``rotate_half``, also our ``pos=rope``; ``interleaved``: 2i with 2i+1, the RoFormer paper), each
   pair's frequency θ_i *as the model rotates it* (the ``inv_freq`` of its rotary module, scaled RoPE included;
-  :meth:`RotarySpec.from_base` gives the unscaled :math:`\theta_i = \text{base}^{-2i/r}`, r = rotary dims) and
-  its number of cycles over the context T the layer attends, :math:`c_i = \theta_i T / 2\pi`.  The partial-cycle bound (Jonasson §4, as we state it):
-  pairs with :math:`c_i < 1` — rotated by less than a full turn over the context — are those that can carry
-  offset features; :attr:`RotarySpec.max_cycles` holds the bound (1), stated in the YAML.
+  ``RotarySpec.from_base`` gives the unscaled ``\theta_i = \text{base}^{-2i/r}``, r = rotary dims) and
+  its number of cycles over the context T the layer attends, ``c_i = \theta_i T / 2\pi``.  The partial-cycle bound (Jonasson §4, as we state it):
+  pairs with ``c_i < 1`` — rotated by less than a full turn over the context — are those that can carry
+  offset features; ``RotarySpec.max_cycles`` holds the bound (1), stated in the YAML.
 """
 
 from __future__ import annotations

@@ -7,14 +7,14 @@ The cosine of a pair splits exactly into one term per dimension,
           CC_i = \mathbb E_{(x,y)}\Big[\frac{x_i\,y_i}{\lVert x\rVert\,\lVert y\rVert}\Big], \qquad
           \sum_i CC_i = \mathbb E[\cos(x, y)] = \text{anisotropy},
 
-over the anisotropy pairs (:func:`outlierlab.analysis.similarity.paired_sentence_tokens`).  The share of the
-top k dims, :math:`\sum_{i\in\text{top}_k} CC_i / \sum_i CC_i`, says how much of the anisotropy they cause
+over the anisotropy pairs (``outlierlab.analysis.similarity.paired_sentence_tokens``).  The share of the
+top k dims, ``\sum_{i\in\text{top}_k} CC_i / \sum_i CC_i``, says how much of the anisotropy they cause
 (Luo et al. 2021's "the outliers are the major cause of anisotropy").  Timkey & van Schijndel also measure how
 much the similarity *ranking* changes without those dims: the correlation (r², Spearman) between the pair
-cosines with every dim and with the top k dims removed (:func:`ranking_without_top`).
+cosines with every dim and with the top k dims removed (``ranking_without_top``).
 
 Pure tensor code, batched over layers ``[L, P, d]``.  Written here because no library computes it: it is one
-line of tensor algebra, normalised exactly as :func:`outlierlab.analysis.similarity.pairwise_cosine`.
+line of tensor algebra, normalised exactly as ``outlierlab.analysis.similarity.pairwise_cosine``.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ _EPS = 1e-8  # the eps of torch.nn.functional.cosine_similarity (and of pairwise
 
 
 def cosine_contributions(a: Tensor, b: Tensor, eps: float = _EPS) -> Tensor:
-    r"""Per-dimension contribution to the mean pair cosine, :math:`CC_i = \tfrac1P\sum_p
-    a_{p,i}b_{p,i}/(\lVert a_p\rVert\lVert b_p\rVert)` (Timkey & van Schijndel 2021, Eq. 2).
+    r"""Per-dimension contribution to the mean pair cosine, ``CC_i = \tfrac1P\sum_p
+    a_{p,i}b_{p,i}/(\lVert a_p\rVert\lVert b_p\rVert)`` (Timkey & van Schijndel 2021, Eq. 2).
 
     Parameters
     ----------
@@ -64,9 +64,9 @@ def cosine_contributions(a: Tensor, b: Tensor, eps: float = _EPS) -> Tensor:
 
 
 def top_share(cc: Tensor, k: int) -> Tensor:
-    r"""Share of the anisotropy held by the k dims of largest :math:`CC_i`: :math:`\sum_{\text{top}_k} CC_i /
-    \sum_i CC_i` → Tensor[L] (NaN where the anisotropy is 0).  The top dims are ranked by signed
-    :math:`CC_i` (a dim that *raises* the mean cosine), as Timkey & van Schijndel rank them."""
+    r"""Share of the anisotropy held by the k dims of largest ``CC_i``: ``\sum_{\text{top}_k} CC_i /
+    \sum_i CC_i`` → Tensor[L] (NaN where the anisotropy is 0).  The top dims are ranked by signed
+    ``CC_i`` (a dim that *raises* the mean cosine), as Timkey & van Schijndel rank them."""
     if not 1 <= k <= cc.shape[-1]:
         raise ValueError(f"top k must be in [1, {cc.shape[-1]}], got {k}")
     total = cc.sum(-1)
@@ -90,7 +90,7 @@ def ranking_without_top(a: Tensor, b: Tensor, dims: Tensor) -> tuple[Tensor, Ten
     Parameters
     ----------
     a, b : Tensor[L, P, d] paired vectors
-    dims : LongTensor[L, k] the dims to remove in each layer (e.g. the top k by :func:`cosine_contributions`)
+    dims : LongTensor[L, k] the dims to remove in each layer (e.g. the top k by ``cosine_contributions``)
 
     Returns
     -------
@@ -116,15 +116,15 @@ def ranking_without_top(a: Tensor, b: Tensor, dims: Tensor) -> tuple[Tensor, Ten
 
 
 class RogueSummary:
-    """Everything the anisotropy table reports about rogue dims, per layer (:func:`rogue_summary`).
+    """Everything the anisotropy table reports about rogue dims, per layer (``rogue_summary``).
 
     Attributes
     ----------
-    cc : Tensor[L, d] float64 — :math:`CC_i` (sums to the anisotropy)
-    order : LongTensor[L, d] — dims by descending :math:`CC_i`
-    share : dict k -> Tensor[L] — share of the top k dims (:func:`top_share`); NaN where the anisotropy is
-        within ``min_z`` standard errors of 0 (:func:`share_defined`)
-    r2, spearman : dict k -> Tensor[L] — ranking with the top k removed (:func:`ranking_without_top`)
+    cc : Tensor[L, d] float64 — ``CC_i`` (sums to the anisotropy)
+    order : LongTensor[L, d] — dims by descending ``CC_i``
+    share : dict k -> Tensor[L] — share of the top k dims (``top_share``); NaN where the anisotropy is
+        within ``min_z`` standard errors of 0 (``share_defined``)
+    r2, spearman : dict k -> Tensor[L] — ranking with the top k removed (``ranking_without_top``)
     """
 
     def __init__(self, cc: Tensor, order: Tensor, share: dict, r2: dict, spearman: dict):
@@ -136,7 +136,7 @@ class RogueSummary:
 
     @classmethod
     def stack(cls, parts: Sequence["RogueSummary"]) -> "RogueSummary":
-        """Summaries of single layers (each :func:`rogue_summary` of ``[1, P, d]``) as one of ``len(parts)``
+        """Summaries of single layers (each ``rogue_summary`` of ``[1, P, d]``) as one of ``len(parts)``
         layers — every quantity is per layer, so this equals the summary of ``[L, P, d]`` (what the anisotropy
         analysis does to keep one layer's float64 copies in memory)."""
         cat = torch.cat
@@ -146,8 +146,8 @@ class RogueSummary:
 
 
 def rogue_summary(a: Tensor, b: Tensor, ks: Sequence[int] = (1, 3, 5), min_z: float = MIN_Z) -> RogueSummary:
-    """:func:`cosine_contributions`, the top-k shares (where :func:`share_defined`) and
-    :func:`ranking_without_top` for each k in ``ks`` (Timkey & van Schijndel report k = 1, 3, 5), on paired
+    """``cosine_contributions``, the top-k shares (where ``share_defined``) and
+    ``ranking_without_top`` for each k in ``ks`` (Timkey & van Schijndel report k = 1, 3, 5), on paired
     vectors ``[L, P, d]``."""
     if a.ndim == 2:
         a, b = a[None], b[None]

@@ -1,5 +1,5 @@
 """A language model scored at chosen positions: its vocabulary projection run at those positions only
-(:func:`logits_at`), and the loss, perplexity and top-1 accuracy over them (:func:`mlm_scores`) -- the masked positions a
+(``logits_at``), and the loss, perplexity and top-1 accuracy over them (``mlm_scores``) -- the masked positions a
 masked LM is scored on, or a decoder's next tokens (Kovaleva et al. 2021's ablation, order use, the loop monitors'
 held-out loss)."""
 
@@ -28,7 +28,7 @@ def logits_at(model: nn.Module, rows: torch.Tensor | None):
     product is most of a small masked LM's forward and a fifth of BERT-base's (768 × 30,522 against its body's
     ≈ 85M multiply-adds per token).  A forward pre-hook on the output embedding (``get_output_embeddings()``, the
     head's last Linear) hands it the selected rows, as fairseq's ``masked_tokens`` and our own
-    :class:`~outlierlab.models.RobertaMaskedLM` (its ``masked_positions``) do; the logits equal the full projection's rows up to float
+    ``RobertaMaskedLM`` (its ``masked_positions``) do; the logits equal the full projection's rows up to float
     rounding (tests/test_order_use.py, tests/test_scored_rows.py).  Hand-written: transformers' masked-LM classes take
     no such argument.  A model whose output embedding is not an ``nn.Linear`` (ours) is left as it is."""
     get = getattr(model, "get_output_embeddings", None)
@@ -63,7 +63,7 @@ def mlm_scores(forward_logits: Callable[[Tensor, Tensor, Tensor], Tensor], batch
         head then projects those rows alone), or at every position ``[B, T, V]``
     batches : iterable of ``{"input_ids", "attention_mask", "labels"}``
     by_position : also the same scores per position bucket of the scored rows (1, 2–3, 4–7, ...:
-        :func:`~outlierlab.analysis.position_shares.position_bucket`; a row's position counts the real tokens before
+        ``position_bucket``; a row's position counts the real tokens before
         it, 0 = ``<s>``): the masked token's position, or a decoder's predicting token's
 
     Returns

@@ -4,10 +4,10 @@ A claim about position schemes or architecture switches is a contrast between gr
 only in their seed (docs/design.md, "compare"). The spread across seeds is the only error bar such a claim has:
 the monitor statistics of one run are deterministic given its seed.
 
-* :func:`summarize` -- n, mean, sample standard deviation, a 95 % confidence interval of the mean from
+* ``summarize`` -- n, mean, sample standard deviation, a 95 % confidence interval of the mean from
   Student's t distribution with n - 1 degrees of freedom (the seeds are few, so the normal approximation
   would be too narrow: t_{0.975, 2} = 4.30 for three seeds vs 1.96), min and max.
-* :func:`contrast` -- the difference of two groups' means with its confidence interval: a paired t interval
+* ``contrast`` -- the difference of two groups' means with its confidence interval: a paired t interval
   when both groups hold the same seeds (each seed's data order, masks and initialisation are shared, so
   the per-seed difference removes that variance), Welch's unequal-variance t otherwise; its p-value; and
   whether the ordering is the same in every seed (paired) or every run of one group lies above every run of
@@ -17,7 +17,7 @@ Zero variance (a setting fixed by the design, or every seed at the same value) h
 the interval and p are NaN with the note "constant across seeds", never a zero-width interval and p = 0.
 Pairing uses the seeds both groups hold (a seed missing in one group drops out of the pairs, it does not turn the
 test into Welch's); Welch only when the groups share fewer than two seeds. Multiple-comparison corrections, power
-and equivalence: :mod:`outlierlab.analysis.study_inference`.
+and equivalence: ``outlierlab.analysis.study_inference``.
 
 Plain numpy + scipy.stats; written here only to fix the protocol in one place (which interval, which test,
 what "the same ordering" means) for the study aggregator and its tests.

@@ -98,7 +98,7 @@ def sample_cross_sentence_pairs(sentence_ids: Tensor, n_pairs: int,
     """``n_pairs`` random token pairs (uniform over tokens, with replacement) from different sentences.
 
     A pair never joins a token with itself nor two tokens of one sentence (rejection sampling).
-    For the paper's protocol (one token per sentence) use :func:`paired_sentence_tokens`.
+    For the paper's protocol (one token per sentence) use ``paired_sentence_tokens``.
 
     Returns
     -------
@@ -132,7 +132,7 @@ def anisotropy(vectors_a: Tensor, vectors_b: Tensor) -> Tensor:
     ----------
     vectors_a, vectors_b : Tensor[L, P, d] (or [P, d])
         Paired vectors, e.g. ``hidden[:, idx_a]`` and ``hidden[:, idx_b]`` from
-        :func:`paired_sentence_tokens`.
+        ``paired_sentence_tokens``.
 
     Returns
     -------
@@ -146,12 +146,12 @@ def anisotropy(vectors_a: Tensor, vectors_b: Tensor) -> Tensor:
 class AnisotropyAccumulator:
     """Streaming anisotropy with the paper's sampling (one random token per sentence).
 
-    Each :meth:`update` picks one uniformly random token of every sentence in the batch and offers it to
+    Each ``update`` picks one uniformly random token of every sentence in the batch and offers it to
     a reservoir of ``n_sentences_max`` slots (Vitter's Algorithm R over sentences: the kept sentences
     are a uniform random subset of all sentences seen).  Memory is ``n_sentences_max × L × d`` floats,
-    independent of the number of tokens.  :meth:`compute` shuffles the kept sentences with a fixed
+    independent of the number of tokens.  ``compute`` shuffles the kept sentences with a fixed
     permutation (seeded by ``seed + 1``, so repeated calls agree), pairs them two by two and returns
-    :func:`anisotropy` per layer — 2000 sentences → 1000 pairs, as in Luo et al. §4.1.
+    ``anisotropy`` per layer — 2000 sentences → 1000 pairs, as in Luo et al. §4.1.
 
     Parameters
     ----------
@@ -163,12 +163,12 @@ class AnisotropyAccumulator:
     device : where the reservoir lives (default CPU).
     dtype : what the reservoir holds (default float32).  The model's own dtype (bfloat16 for a bf16 model) loses
         nothing — every kept value came out of the model in it — and halves the reservoir (2.5 GiB instead of
-        4.9 at 70B, 81 × 2000 × 8192); :meth:`pair_vectors` returns float32 either way.
+        4.9 at 70B, 81 × 2000 × 8192); ``pair_vectors`` returns float32 either way.
 
     Notes
     -----
     Not SUM-reducible across DDP ranks: run it on one rank, or gather each rank's
-    :meth:`pair_vectors` and average the per-pair cosines.
+    ``pair_vectors`` and average the per-pair cosines.
     """
 
     #: Running tensors with one row per layer (:func:`outlierlab.analysis.layer_accumulators.stack_layers`).
@@ -252,8 +252,8 @@ def self_similarity(vectors: Tensor, anisotropy: Tensor | None = None) -> Tensor
     .. math:: \text{SelfSim}_l(w) = \frac{1}{n(n-1)/2}\sum_{i<j}\cos(v_{l,i}, v_{l,j})
               \;-\; \text{aniso}_l
 
-    computed as :math:`(\lVert\sum_i u_i\rVert^2 - \sum_i \lVert u_i\rVert^2) / (n(n-1))` with
-    :math:`u_i = v_i/\lVert v_i\rVert` (no n×n matrix).  The anisotropy subtraction is Ethayarajh's
+    computed as ``(\lVert\sum_i u_i\rVert^2 - \sum_i \lVert u_i\rVert^2) / (n(n-1))`` with
+    ``u_i = v_i/\lVert v_i\rVert`` (no n×n matrix).  The anisotropy subtraction is Ethayarajh's
     baseline adjustment; pass None for the raw value.
 
     Parameters
@@ -326,12 +326,12 @@ def _cosine_to_centre(v: Tensor, centre: Tensor) -> Tensor:
 
 
 class SelfSimilarityAccumulator:
-    """Streaming :func:`self_similarity` for a fixed set of target words.
+    """Streaming ``self_similarity`` for a fixed set of target words.
 
     Keeps, per word and layer, the float64 sum of unit vectors, the sum of their squared norms and the
     occurrence count — memory ``L × K × d`` for K words, independent of the number of occurrences —
-    which is all :func:`self_similarity`'s closed form needs.  Once every occurrence is in,
-    :meth:`compact` keeps only each sum's squared norm (``L × K``): 4.9 GiB → 0.6 MiB for 1000 words at 70B.
+    which is all ``self_similarity``'s closed form needs.  Once every occurrence is in,
+    ``compact`` keeps only each sum's squared norm (``L × K``): 4.9 GiB → 0.6 MiB for 1000 words at 70B.
 
     Parameters
     ----------
@@ -363,7 +363,7 @@ class SelfSimilarityAccumulator:
 
     def compact(self) -> "SelfSimilarityAccumulator":
         """Keep ``‖Σ u‖²`` per word and layer instead of ``Σ u`` (``[L, K]`` instead of ``[L, K, d]``): all
-        :meth:`compute` reads, the same numbers; no :meth:`update` after it.  Returns self."""
+        ``compute`` reads, the same numbers; no ``update`` after it.  Returns self."""
         if self.sum_unit is not None:
             self.sum_norm_sq = self.sum_unit.pow(2).sum(-1)
             self.sum_unit = None

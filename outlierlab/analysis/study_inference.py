@@ -1,19 +1,19 @@
 """What a seed study may claim: corrected p-values, the smallest effect it could see, equivalence, and intervals
 that respect a measure's range.
 
-* :func:`adjust_pvalues` -- Holm's step-down correction (Holm 1979; family-wise error over the declared primary
+* ``adjust_pvalues`` -- Holm's step-down correction (Holm 1979; family-wise error over the declared primary
   metrics) or Benjamini & Hochberg's false-discovery-rate q-values (1995; every other contrast), through
   ``statsmodels.stats.multitest.multipletests``; NaN p-values (a constant contrast) stay NaN and do not count
   in the family.
-* :func:`minimum_detectable_effect` -- the smallest true difference a two-sided t-test at level 0.05 detects with
+* ``minimum_detectable_effect`` -- the smallest true difference a two-sided t-test at level 0.05 detects with
   80 % power at the study's n: paired, from the standard deviation of the per-seed differences
   (``statsmodels.stats.power.TTestPower``); unpaired, from the pooled standard deviation
   (``TTestIndPower``; the equal-variance power formula, the usual planning approximation for Welch's test).
   A null result smaller than this is absence of evidence, not evidence of absence.
-* :func:`tost` -- two one-sided tests of equivalence (Schuirmann 1987; Lakens 2017) within ``±margin``:
+* ``tost`` -- two one-sided tests of equivalence (Schuirmann 1987; Lakens 2017) within ``±margin``:
   ``statsmodels.stats.weightstats.ttost_paired`` / ``ttost_ind`` (Welch). p < 0.05 supports "no difference
   larger than the margin".
-* :func:`bounded_interval` -- a 95 % interval of a mean that stays inside a measure's range (shares in [0, 1],
+* ``bounded_interval`` -- a 95 % interval of a mean that stays inside a measure's range (shares in [0, 1],
   cosines in [-1, 1]): the bootstrap percentile interval over seeds (``scipy.stats.bootstrap``) when n >= 5,
   else a Student-t interval on the logit (for [0, 1]) or Fisher-z (for [-1, 1]) scale mapped back (values at the
   bounds are pulled in by 1e-6 first).
@@ -171,14 +171,14 @@ NOT_TESTED, DUPLICATE = "not tested", "duplicate"
 
 
 def is_performance(metric: str) -> bool:
-    """Loss, accuracy, perplexity and order use (:data:`PERFORMANCE`): never in the family of an outlier claim."""
+    """Loss, accuracy, perplexity and order use (``PERFORMANCE``): never in the family of an outlier claim."""
     return bool(PERFORMANCE.search(metric))
 
 
 def family_rules(design: dict, present: set[tuple[str, str]] | None = None) -> dict[str, list[tuple[str, str]]]:
     """``{"primary": [(metric, layer)], "performance": [...]}``: the declared metric@layer split by kind -- outlier
     and geometry measures form the primary family, performance measures their own -- and, when no outlier measure is
-    declared, :data:`DEFAULT_PRIMARY` (those of it in ``present``, when given)."""
+    declared, ``DEFAULT_PRIMARY`` (those of it in ``present``, when given)."""
     declared = list(design.get("primary") or [])
     outlier = [x for x in declared if not is_performance(x[0])]
     default = not outlier

@@ -1,19 +1,19 @@
 """Fitting the transforms: the one place where ``probe.py`` and ``evaluate.py`` fit them.
 
-The transforms themselves are defined in :mod:`outlierlab.analysis.transforms` (clip, :class:`FittedTransform`),
-:mod:`outlierlab.analysis.whitening` (:class:`Whitener`: the streamed float64 sums and the guard) and
-:mod:`outlierlab.analysis.postprocessing` (whiten, standardize, abtt, center from those sums).  Fitting them is
+The transforms themselves are defined in ``outlierlab.analysis.transforms`` (clip, ``FittedTransform``),
+``outlierlab.analysis.whitening`` (``Whitener``: the streamed float64 sums and the guard) and
+``outlierlab.analysis.postprocessing`` (whiten, standardize, abtt, center from those sums).  Fitting them is
 
-* clip: the dims given (``transform.dims`` / ``dims_by_layer``) or detected on the fit data (:func:`clip_dims`);
-* the fitted maps: one set of float64 sums (:class:`WhitenSettings`), streamed either from ``[L, n, d]`` chunks
-  of every layer (:meth:`WhitenSettings.fit_chunks`; ``evaluate.py``'s two-pass stream adds them itself with
-  :meth:`WhitenSettings.new`) or layer by layer (:meth:`WhitenSettings.fit_by_layer`: a token store, maps on
-  disk), from which :meth:`WhitenSettings.fit_all` fits every map asked for (whiten with ``k``, abtt with
+* clip: the dims given (``transform.dims`` / ``dims_by_layer``) or detected on the fit data (``clip_dims``);
+* the fitted maps: one set of float64 sums (``WhitenSettings``), streamed either from ``[L, n, d]`` chunks
+  of every layer (``WhitenSettings.fit_chunks``; ``evaluate.py``'s two-pass stream adds them itself with
+  ``WhitenSettings.new``) or layer by layer (``WhitenSettings.fit_by_layer``: a token store, maps on
+  disk), from which ``WhitenSettings.fit_all`` fits every map asked for (whiten with ``k``, abtt with
   ``abtt_d``), each under the degenerate-fit guard (``min_ratio``, ``allow_degenerate``, a ``what`` for the
   message and the CSV columns).
 
-``probe.py`` fits one transform at a time on the training features (:func:`fit_transform`) and keeps float64
-maps; ``evaluate.py`` fits every map at once into a :class:`FittedTransforms` and keeps float32 ones in the
+``probe.py`` fits one transform at a time on the training features (``fit_transform``) and keeps float64
+maps; ``evaluate.py`` fits every map at once into a ``FittedTransforms`` and keeps float32 ones in the
 sums' memory (``compact``).  Pure tensor code: the settings come in as plain values or as
 ``evaluate.py``'s ``transform`` section, read by attribute.
 """
@@ -36,7 +36,7 @@ __all__ = ["WhitenSettings", "FittedTransforms", "clip_dims", "given_clip_dims",
 class WhitenSettings:
     """How the fitted transforms (whiten, standardize, abtt, center) are fitted and guarded:
     ``transform.k`` (whiten's kept dims), ``transform.abtt_d`` (all-but-the-top's D), ``transform.min_fit_ratio``
-    and ``transform.allow_degenerate`` (:meth:`outlierlab.analysis.whitening.Whitener.check`)."""
+    and ``transform.allow_degenerate`` (``outlierlab.analysis.whitening.Whitener.check``)."""
 
     k: int | None = None
     min_ratio: float = MIN_FIT_RATIO
@@ -45,7 +45,7 @@ class WhitenSettings:
 
     @classmethod
     def from_settings(cls, t) -> "WhitenSettings":
-        """From ``evaluate.py``'s ``transform`` section (:class:`outlierlab.evaluation.settings.TransformSettings`).
+        """From ``evaluate.py``'s ``transform`` section (``outlierlab.evaluation.settings.TransformSettings``).
         A key is absent when no group that sets it is selected (then nothing uses it): the guard then keeps
         the analysis library's own defaults."""
         guard = {name: value for name, value in (("min_ratio", t.min_fit_ratio),
@@ -53,11 +53,11 @@ class WhitenSettings:
         return cls(t.k, **guard, abtt_d=t.abtt_d)
 
     def new(self, num_layers: int, dim: int) -> Whitener:
-        """An empty accumulator to ``partial_fit`` (its sums fit every method: :meth:`fit_all`)."""
+        """An empty accumulator to ``partial_fit`` (its sums fit every method: ``fit_all``)."""
         return Whitener(num_layers, dim, k=self.k)
 
     def fit_chunks(self, num_layers: int, dim: int, chunks: Iterable[Tensor]) -> Whitener:
-        """The sums of ``[L, n, d]`` chunks of every layer (for :meth:`fit_all`)."""
+        """The sums of ``[L, n, d]`` chunks of every layer (for ``fit_all``)."""
         acc = self.new(num_layers, dim)
         for x in chunks:
             acc.partial_fit(x)
@@ -66,14 +66,14 @@ class WhitenSettings:
     def fit_by_layer(self, num_layers: int, dim: int, chunks: Callable[[int], Iterable[Tensor]], names=FITTED,
                      keep_cov: bool = False, on_disk: str | bool | None = None) -> Whitener:
         """Fitted from per-layer streams of vectors, one layer at a time
-        (:meth:`outlierlab.analysis.whitening.Whitener.fit_by_layer`), for the maps ``names`` (:meth:`fit_all`);
+        (``outlierlab.analysis.whitening.Whitener.fit_by_layer``), for the maps ``names`` (``fit_all``);
         Σ is kept when asked (IsoScore) or when a map other than whiten is derived from it; ``on_disk``: Σ and
         the maps in files, read one layer at a time."""
         keep = keep_cov or any(n in FITTED and n != "whiten" for n in names)
         return Whitener.fit_by_layer(num_layers, dim, chunks, k=self.k, keep_cov=keep, on_disk=on_disk)
 
     def finish(self, whitener: Whitener, what: str) -> WhiteningFit:
-        """Finalize and guard (:meth:`outlierlab.analysis.whitening.Whitener.check`): raises one line on a degenerate fit
+        """Finalize and guard (``outlierlab.analysis.whitening.Whitener.check``): raises one line on a degenerate fit
         unless ``transform.allow_degenerate=true``."""
         if whitener.W is None:
             whitener.finalize()
@@ -87,7 +87,7 @@ class WhitenSettings:
         ``compact``: Σ and W in float32, in the memory of the float64 sums (``evaluate.py``: the sums of a 70B
         model are 43 GB); the maps derived from Σ then read that float32 Σ.  False: Σ and every map
         in float64 (``probe.py``, whose maps have always been fitted so: its results stay the same).  A fit
-        of :meth:`fit_by_layer` is compact already."""
+        of ``fit_by_layer`` is compact already."""
         out = {}
         wanted = [n for n in FITTED if n in names]
         if acc.W is None and wanted and compact:
@@ -111,7 +111,7 @@ def clip_dims(num_layers: int, dim: int, dims: Sequence[int] | None = None,
               detected_on: str = "train") -> tuple[list[list[int]], str]:
     """Clip's dims per layer and the report line saying where they came from: given (``dims``: every layer,
     ``dims_by_layer``: per layer range, Luo et al. 2021 App. D.1) or ``detected`` on ``detected_on``
-    (:func:`outlierlab.analysis.transforms.clip_dims_per_layer`, which raises when neither is there)."""
+    (``outlierlab.analysis.transforms.clip_dims_per_layer``, which raises when neither is there)."""
     per_layer, source = clip_dims_per_layer(num_layers, dim, dims, dims_by_layer, detected)
     return per_layer, clip_description(per_layer, f"detected on {detected_on}" if source == "detected" else source)
 
@@ -127,7 +127,7 @@ def given_clip_dims(t, num_layers: int, dim: int) -> tuple[list[list[int]] | Non
 @dataclass
 class FittedTransforms:
     """The per-layer transforms of one analysis: ``none``, ``clip`` (Luo et al. 2021 §4: zero the outlier
-    dims) and the fitted maps of :data:`outlierlab.analysis.postprocessing.FITTED` (``whiten``, Su et al. 2021;
+    dims) and the fitted maps of ``outlierlab.analysis.postprocessing.FITTED`` (``whiten``, Su et al. 2021;
     ``standardize``; ``abtt``, Mu & Viswanath 2018; ``center``), with a line saying how each was obtained
     (``info``) and what each fitted map was fitted on (``fits``, CSV columns).  ``source`` is the accumulator
     whose float64 sums they were fitted from (its ``cov`` is Σ of the fit data, for IsoScore)."""
@@ -148,7 +148,7 @@ class FittedTransforms:
             (name in self.fitted and self.fitted[name].W is not None)
 
     def get(self, name: str, dim: int | None = None) -> FittedTransform:
-        """The fitted transform ``name`` (:class:`outlierlab.analysis.transforms.FittedTransform`)."""
+        """The fitted transform ``name`` (``outlierlab.analysis.transforms.FittedTransform``)."""
         if name not in TRANSFORMS:
             raise ValueError(f"unknown transform {name!r}; valid: {', '.join(TRANSFORMS)}")
         any_fit = next(iter(self.fitted.values()), None)
@@ -170,7 +170,7 @@ class FittedTransforms:
         self.fitted[name], self.fits[name], self.info[name] = whitener, fit, fit.describe()
 
     def set_all(self, fitted: dict[str, tuple[Whitener, WhiteningFit]], source: Whitener | None = None) -> None:
-        """Keep every map of :meth:`WhitenSettings.fit_all`."""
+        """Keep every map of ``WhitenSettings.fit_all``."""
         for w, fit in fitted.values():
             self.set_whitener(w, fit)
         if source is not None:
@@ -189,18 +189,18 @@ def fit_transform(name: str, num_layers: int, dim: int, train_chunks: Callable[[
                   k: int | None = None, dims_by_layer: Mapping[str, Sequence[int]] | None = None,
                   fit_what: str = "the training vectors", min_ratio: float = MIN_FIT_RATIO,
                   allow_degenerate: bool = False, abtt_d: int | None = None) -> FittedTransform:
-    """Fit one transform on the TRAINING features only (``probe.py``), in float64 (:meth:`WhitenSettings.fit_all`).
+    """Fit one transform on the TRAINING features only (``probe.py``), in float64 (``WhitenSettings.fit_all``).
 
     Parameters
     ----------
     name : {"none", "clip", "whiten", "standardize", "abtt", "center"}
     train_chunks : callable returning an iterator of ``(rows, float32 [L, n, d])`` training chunks
-        (:func:`outlierlab.datamodules.features.iter_chunks`; the fitted maps stream float64 sums over them).
+        (``outlierlab.datamodules.features.iter_chunks``; the fitted maps stream float64 sums over them).
     outlier_dims : per-layer dims detected on the training features (clip with no dims given).
-    dims, dims_by_layer : dims to clip in every layer / per layer range (:func:`clip_dims`), overriding detection.
+    dims, dims_by_layer : dims to clip in every layer / per layer range (``clip_dims``), overriding detection.
     k : whitening dimension (Su et al. 2021), None = all.
-    abtt_d : all-but-the-top's D (Mu & Viswanath 2018), None = d/100 (:mod:`outlierlab.analysis.postprocessing`).
-    fit_what, min_ratio, allow_degenerate : the guard (:meth:`~outlierlab.analysis.whitening.Whitener.check`):
+    abtt_d : all-but-the-top's D (Mu & Viswanath 2018), None = d/100 (``outlierlab.analysis.postprocessing``).
+    fit_what, min_ratio, allow_degenerate : the guard (``Whitener.check``):
         a fit on too few distinct vectors raises one line unless ``allow_degenerate``.
     """
     ft = FittedTransforms()

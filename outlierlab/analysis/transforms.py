@@ -2,11 +2,11 @@
 standardization (Timkey & van Schijndel 2021), all-but-the-top (Mu & Viswanath 2018) and mean removal.
 
 All operate on batched layers ``[L, N, d]`` so that one call transforms every layer.  This module is the
-ONE definition of clip (:func:`clip`, :func:`clip_dims_per_layer`) and of a fitted transform applied by name
-(:class:`FittedTransform`); the fitted affine maps (whiten, standardize, abtt, center) are one
-:class:`Whitener` each (:mod:`outlierlab.analysis.whitening`, :mod:`outlierlab.analysis.postprocessing`), with
-one sample-size guard (:meth:`Whitener.check`).  probe.py and evaluate.py fit them all through
-:mod:`outlierlab.analysis.transform_fit`.
+ONE definition of clip (``clip``, ``clip_dims_per_layer``) and of a fitted transform applied by name
+(``FittedTransform``); the fitted affine maps (whiten, standardize, abtt, center) are one
+``Whitener`` each (``outlierlab.analysis.whitening``, ``outlierlab.analysis.postprocessing``), with
+one sample-size guard (``Whitener.check``).  probe.py and evaluate.py fit them all through
+``outlierlab.analysis.transform_fit``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _as_per_layer(dims, num_layers: int) -> list[list[int]]:
 
 
 def clip_mask(dims, num_layers: int, dim: int, device: torch.device | str | None = None) -> Tensor:
-    """Bool Tensor[L, d], True at the dims to clip (``dims`` as in :func:`clip`)."""
+    """Bool Tensor[L, d], True at the dims to clip (``dims`` as in ``clip``)."""
     per_layer = _as_per_layer(dims, num_layers)
     mask = torch.zeros(num_layers, dim, dtype=torch.bool, device=device)
     for layer, ds in enumerate(per_layer):
@@ -66,7 +66,7 @@ def clip(x: Tensor, dims: Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
         With a per-layer ``dims`` the first axis is the layer axis; with shared dims any shape works.
     dims : list[int] or list[list[int]]
         One list applied to every layer, or one list per layer (e.g. the output of
-        :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`).
+        ``outlierlab.analysis.outlier_dims.detect_outlier_dims``).
 
     Returns
     -------
@@ -92,7 +92,7 @@ _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 def clip_dims_per_layer(num_layers: int, dim: int, dims: Sequence[int] | None = None,
                         dims_by_layer: Mapping[str, Sequence[int]] | None = None,
                         detected: Sequence[Sequence[int]] | None = None) -> tuple[list[list[int]], str]:
-    """The dims :func:`clip` zeroes in each hidden state, and where they came from.
+    """The dims ``clip`` zeroes in each hidden state, and where they came from.
 
     Luo et al. 2021 (App. D.1) clip *given* dims in *given* layers — the non-input layers only, not the
     embedding output.  Three forms, in this order of precedence:
@@ -101,7 +101,7 @@ def clip_dims_per_layer(num_layers: int, dim: int, dims: Sequence[int] | None = 
       0 = embedding output, 1..L = the layers); ranges may overlap (their dims are united); layers no range
       names are left unclipped.  This is the paper's form.
     * ``dims=[557]`` — the same dims in every hidden state, layer 0 included.
-    * ``detected`` — per-layer dims found by :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims` on the fit data.
+    * ``detected`` — per-layer dims found by ``outlierlab.analysis.outlier_dims.detect_outlier_dims`` on the fit data.
 
     Returns
     -------
@@ -152,11 +152,11 @@ def clip_description(dims: Sequence[Sequence[int]], source: str) -> str:
 @dataclass
 class FittedTransform:
     """One fitted per-layer transform of ``[L, ..., d]`` vectors, applied by name: ``none``, ``clip``
-    (Luo et al. 2021 §4: zero the outlier dims of each layer) or one of :data:`FITTED` (``whiten``, Su et al.
+    (Luo et al. 2021 §4: zero the outlier dims of each layer) or one of ``FITTED`` (``whiten``, Su et al.
     2021; ``standardize``; ``abtt``, Mu & Viswanath 2018; ``center``), whose map is ``whitener``
-    (a :class:`Whitener` fitted with that ``method``).
+    (a ``Whitener`` fitted with that ``method``).
 
-    ``info`` says how it was obtained (report line); ``fit`` is the fitted map's :class:`WhiteningFit`.
+    ``info`` says how it was obtained (report line); ``fit`` is the fitted map's ``WhiteningFit``.
     """
 
     name: str

@@ -1,10 +1,10 @@
 """Whitening (Su et al. 2021, "Whitening Sentence Representations for Better Semantics and Faster Retrieval"),
-fitted per layer by streaming float64 sums, with the sample-size guard of :meth:`Whitener.check`
-(:mod:`outlierlab.analysis.fit_guard`) — and, from the same sums and under the same guard, the other affine
+fitted per layer by streaming float64 sums, with the sample-size guard of ``Whitener.check``
+(``outlierlab.analysis.fit_guard``) — and, from the same sums and under the same guard, the other affine
 post-processing maps of
-:mod:`outlierlab.analysis.postprocessing` (standardize, all-but-the-top, center; ``Whitener(method=...)``).
+``outlierlab.analysis.postprocessing`` (standardize, all-but-the-top, center; ``Whitener(method=...)``).
 
-Pure tensor code: no config, no files.  Re-exported by :mod:`outlierlab.analysis.transforms`.
+Pure tensor code: no config, no files.  Re-exported by ``outlierlab.analysis.transforms``.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ class Whitener:
               \hat x = (x-\mu)\,W_{[:, :k]}
 
     Σ uses N−1 like ``np.cov`` in Su et al.'s reference code, so the fitted vectors' sample covariance
-    (ddof=1) is exactly I.  :meth:`partial_fit` only accumulates float64 sums Σ(x−x₀) and Σ(x−x₀)(x−x₀)ᵀ
+    (ddof=1) is exactly I.  ``partial_fit`` only accumulates float64 sums Σ(x−x₀) and Σ(x−x₀)(x−x₀)ᵀ
     about the first vector x₀ (the shifted-data algorithm: Σ does not change, and a large mean — outlier
     dims — no longer cancels catastrophically, so the numerical rank is honest); memory O(L·d²), never the
-    vectors.  :meth:`finalize` turns the sums into μ, W, the numerical rank of Σ and the number of distinct
+    vectors.  ``finalize`` turns the sums into μ, W, the numerical rank of Σ and the number of distinct
     fitted vectors (64-bit hashes of the rows, counted exactly up to ``distinct_cap``).
 
     Parameters
@@ -47,20 +47,20 @@ class Whitener:
     eps : float
         Relative floor for singular values: each S_i is raised to at least ``eps · S_1`` before the
         inverse square root, so directions with (near-)zero variance — e.g. dims zeroed by
-        :func:`outlierlab.analysis.transforms.clip` before whitening, or N ≤ d — are scaled by at most 1/√(eps·S_1) instead of
+        ``outlierlab.analysis.transforms.clip`` before whitening, or N ≤ d — are scaled by at most 1/√(eps·S_1) instead of
         blowing up to inf/NaN.  Such directions are then *not* whitened to unit variance (their
         variance stays ≤ 1); with full-rank data and the default 1e-10 nothing changes.
 
     distinct_cap : int or None
-        Count distinct vectors exactly up to this many per layer (None: 16·d; :meth:`check` needs only
+        Count distinct vectors exactly up to this many per layer (None: 16·d; ``check`` needs only
         ``min_ratio · k`` ≤ 16·d of them).
     method : {"whiten", "standardize", "abtt", "center"}
-        The map :meth:`finalize` fits from the same sums (:func:`outlierlab.analysis.postprocessing.affine_matrix`);
-        ``k`` applies to ``whiten`` only.  :meth:`derive` fits another method from this one's sums.
+        The map ``finalize`` fits from the same sums (``outlierlab.analysis.postprocessing.affine_matrix``);
+        ``k`` applies to ``whiten`` only.  ``derive`` fits another method from this one's sums.
     abtt_d : int or None
-        All-but-the-top's D (None: :func:`outlierlab.analysis.postprocessing.default_abtt_d`, d/100).
+        All-but-the-top's D (None: ``outlierlab.analysis.postprocessing.default_abtt_d``, d/100).
 
-    Attributes (after :meth:`finalize`)
+    Attributes (after ``finalize``)
     ----------------------------------
     mean : Tensor[L, d] float64
     W : Tensor[L, d, k] float64 (whiten) or [L, d, d] (the other methods)
@@ -73,7 +73,7 @@ class Whitener:
 
     Notes
     -----
-    Fit on training vectors only (the caller's job); :meth:`transform` never changes the fit.
+    Fit on training vectors only (the caller's job); ``transform`` never changes the fit.
     """
 
     #: Running tensors with one row per layer, and lists with one entry per layer
@@ -161,23 +161,23 @@ class Whitener:
                 self._hashes[layer] = torch.unique(torch.cat([self._hashes[layer], h[layer]]))
 
     def fit(self, x: Tensor) -> "Whitener":
-        """One-shot :meth:`partial_fit` + :meth:`finalize`."""
+        """One-shot ``partial_fit`` + ``finalize``."""
         return self.partial_fit(x).finalize()
 
     def finalize(self, release_sums: bool = False, keep_eigvecs: bool = True) -> "Whitener":
-        """Compute μ, Σ and W (of :attr:`method`) from the accumulated sums; returns self.
+        """Compute μ, Σ and W (of ``method``) from the accumulated sums; returns self.
 
         One layer at a time: Σ's eigendecomposition and W are computed per layer, in float64, so the
         working set beside the stored results is one layer's d x d matrices, not a batched eigh's copies.
 
         Parameters
         ----------
-        release_sums : the one-shot fit of ``evaluate.py`` (:attr:`compact`): each layer's Σ and W are stored
+        release_sums : the one-shot fit of ``evaluate.py`` (``compact``): each layer's Σ and W are stored
             as float32 in the memory that layer's float64 Σxxᵀ occupied (8 bytes per entry = 4 for Σ + 4 for W),
             so the fit allocates no second ``(L+1)·d²`` array — 43 GB each for a 70B model.  float32 is what W
             is applied in to a model's float32 states anyway, and what IsoScore needs of Σ; the sums are gone
-            (no later :meth:`partial_fit`).  False: Σ and W in float64, the sums kept.
-        keep_eigvecs : keep Σ's eigenvectors for :meth:`derive` (without them a derived whiten/abtt recomputes
+            (no later ``partial_fit``).  False: Σ and W in float64, the sums kept.
+        keep_eigvecs : keep Σ's eigenvectors for ``derive`` (without them a derived whiten/abtt recomputes
             each layer's eigendecomposition — the same numbers)
         """
         if self.n < 2:
@@ -253,16 +253,16 @@ class Whitener:
         """Fit every layer from its own stream of vectors, one layer after the other.
 
         ``chunks(layer)`` yields that layer's vectors ``[N, d]`` in the same chunks and order for every layer.
-        The result equals feeding the ``[L, N, d]`` chunks to :meth:`partial_fit` and calling
+        The result equals feeding the ``[L, N, d]`` chunks to ``partial_fit`` and calling
         ``finalize(release_sums=True)`` — the same float64 sums, added in the same order, so the same Σ and W
-        (stored in float32, :attr:`compact`) — but the float64 sums exist for one layer at a time: memory is
+        (stored in float32, ``compact``) — but the float64 sums exist for one layer at a time: memory is
         the float32 ``[L, d, d]`` Σ and W plus one layer's sums, instead of ``(L+1)·d²`` float64 sums beside
         the model during its forward passes (one third of a bf16 checkpoint's size, for any Llama shape).
-        ``keep_cov=False``: only W is kept (Σ is what IsoScore and the maps :meth:`derive` fits read).
-        ``on_disk``: Σ and W go to files (:class:`outlierlab.utils.disk_layers.DiskLayers`; True = ``$TMPDIR``,
-        or a directory) and are read back one layer at a time by :meth:`transform`, :meth:`select` and
+        ``keep_cov=False``: only W is kept (Σ is what IsoScore and the maps ``derive`` fits read).
+        ``on_disk``: Σ and W go to files (``outlierlab.utils.disk_layers.DiskLayers``; True = ``$TMPDIR``,
+        or a directory) and are read back one layer at a time by ``transform``, ``select`` and
         IsoScore — memory is then one layer's matrices, not ``(L+1)·2d²`` floats (40 GiB at 70B); the maps
-        :meth:`derive` fits from such a fit are written there too.  The numbers are the same.
+        ``derive`` fits from such a fit are written there too.  The numbers are the same.
         """
         out = cls(num_layers, dim, k=k, eps=eps, distinct_cap=distinct_cap, method=method, allocate=False)
         k_out = out.out_dim
@@ -310,7 +310,7 @@ class Whitener:
         return (0.5 * (c + c.T))[None]  # symmetric up to rounding
 
     def derive(self, method: str, k: int | None = None, abtt_d: int | None = None) -> "Whitener":
-        """Another fitted map (:mod:`outlierlab.analysis.postprocessing`) from the same sums, finalized: one
+        """Another fitted map (``outlierlab.analysis.postprocessing``) from the same sums, finalized: one
         streaming pass fits whiten, standardize, abtt and center at once (Σ and its eigendecomposition are
         computed once and shared)."""
         if self.n < 2:
@@ -337,11 +337,11 @@ class Whitener:
 
     def check(self, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: bool = False) -> WhiteningFit:
         """Refuse a fit on too few distinct vectors for the dims it keeps (one line), or return what it was fitted
-        on: :func:`outlierlab.analysis.fit_guard.check_fit`, where the threshold is explained."""
+        on: ``outlierlab.analysis.fit_guard.check_fit``, where the threshold is explained."""
         return check_fit(self, what, min_ratio, allow_degenerate)
 
     def transform(self, x: Tensor) -> Tensor:
-        """:math:`\\hat x = (x-\\mu)W` for ``x`` of shape [L, ..., d] (or [N, d] when L=1), in ``x``'s dtype.
+        """``\\hat x = (x-\\mu)W`` for ``x`` of shape [L, ..., d] (or [N, d] when L=1), in ``x``'s dtype.
 
         float64 inputs are transformed in float64, everything else in float32.
         """
@@ -390,7 +390,7 @@ class Whitener:
                 "rank": self.rank, "n_distinct": self.n_distinct, "distinct_cap": self.distinct_cap}
 
     def load_state_dict(self, state: dict) -> "Whitener":
-        """Load a fitted transform from :meth:`state_dict` into this instance (shapes must match); returns self."""
+        """Load a fitted transform from ``state_dict`` into this instance (shapes must match); returns self."""
         other = Whitener.from_state_dict(state)
         if (other.num_layers, other.dim) != (self.num_layers, self.dim):
             raise ValueError(f"whitening state is for L={other.num_layers}, d={other.dim}; "
@@ -402,7 +402,7 @@ class Whitener:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> "Whitener":
-        """Rebuild a fitted Whitener from :meth:`state_dict` (running sums are not restored)."""
+        """Rebuild a fitted Whitener from ``state_dict`` (running sums are not restored)."""
         missing = {"num_layers", "dim", "k", "eps", "n", "mean", "W"} - set(state)
         if missing:
             raise ValueError(f"whitening state is missing keys {sorted(missing)}.")

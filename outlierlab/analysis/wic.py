@@ -3,7 +3,7 @@
 WiC asks whether a target word has the same sense in two sentences.  The unsupervised baseline:
 cosine of the word's vectors in the two sentences, predict "same sense" when it is above a
 threshold; Luo et al. sweep thresholds 0.1 … 0.9 for every layer on the WiC training split and report the
-best — an upper bound.  :func:`choose_then_report` is the honest protocol beside it: the threshold (per layer,
+best — an upper bound.  ``choose_then_report`` is the honest protocol beside it: the threshold (per layer,
 and the best layer) is chosen on one split and the accuracy reported on another, whose labels never enter
 the choice.
 """
@@ -61,7 +61,7 @@ def threshold_sweep(cosines: Tensor, labels: Tensor, thresholds: Tensor | None =
     ----------
     cosines : Tensor[L, P] (or [P])
     labels : Bool[P]
-    thresholds : Tensor[T], default :func:`default_thresholds` (0.1 … 0.9)
+    thresholds : Tensor[T], default ``default_thresholds`` (0.1 … 0.9)
 
     Returns
     -------
@@ -74,7 +74,7 @@ def threshold_sweep(cosines: Tensor, labels: Tensor, thresholds: Tensor | None =
 
 
 def best_threshold(acc: Tensor, thresholds: Tensor | None = None) -> tuple[int, float, float]:
-    """Best (layer, threshold, accuracy) of a :func:`threshold_sweep` result.
+    """Best (layer, threshold, accuracy) of a ``threshold_sweep`` result.
 
     Ties go to the lowest layer, then the lowest threshold (``torch.argmax`` returns the first maximum).
     """
@@ -107,14 +107,14 @@ def choose_then_report(cos_choose: Tensor, labels_choose: Tensor, cos_report: Te
     """Threshold chosen on one split, accuracy reported on another (the honest counterpart of the paper's sweep).
 
     Per layer, the threshold with the best accuracy on the *choose* split (ties → lowest,
-    :func:`best_per_layer`) is applied unchanged to the *report* split (:func:`wic_accuracy`); the best layer is
+    ``best_per_layer``) is applied unchanged to the *report* split (``wic_accuracy``); the best layer is
     also chosen on the choose split.  ``labels_report`` is used only to score, never to choose.
 
     Parameters
     ----------
     cos_choose : Tensor[L, P_c];  labels_choose : Bool[P_c]
     cos_report : Tensor[L, P_r];  labels_report : Bool[P_r]
-    thresholds : Tensor[T], default :func:`default_thresholds`
+    thresholds : Tensor[T], default ``default_thresholds``
 
     Returns
     -------

@@ -48,7 +48,7 @@ class DataBudget:
 
 def data_budget(train_blocks: int, train_tokens: int, batch_size: int, world_size: int = 1, accumulate: int = 1,
                 max_steps: int = -1, max_epochs: int | None = None) -> DataBudget:
-    """The :class:`DataBudget` of a run with Lightning's ``max_steps``/``max_epochs`` semantics.
+    """The ``DataBudget`` of a run with Lightning's ``max_steps``/``max_epochs`` semantics.
 
     ``max_steps > 0`` bounds the optimizer steps; ``max_epochs`` (when not None/-1) bounds them too, at
     ``ceil(blocks per device / batch_size) / accumulate`` steps per epoch; the run stops at the first bound.

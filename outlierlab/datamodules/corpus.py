@@ -6,10 +6,10 @@ documents in a fixed order, and each source has a cheap *identity* string (a con
 coordinates) that keys the tokenizer and block caches without re-reading the text.
 
 The ``iter_*`` functions stream the same documents one at a time (pretraining corpora can be larger than
-memory; :mod:`outlierlab.datamodules.documents` wraps them as re-iterable sources with progress).
+memory; ``outlierlab.datamodules.documents`` wraps them as re-iterable sources with progress).
 
 Only the standard library is imported at module level; ``datasets``/``huggingface_hub`` are imported inside
-:func:`load_hub_texts` so that config validation stays fast.
+``load_hub_texts`` so that config validation stays fast.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def embedded_files() -> list[Path]:
 def read_text_file(path: str | os.PathLike) -> list[str]:
     """Documents (non-empty, stripped lines) of one UTF-8 ``.txt`` or gzip ``.txt.gz`` file, as a list.
 
-    See :func:`iter_text_file`, which streams them; this is ``list(iter_text_file(path))``.
+    See ``iter_text_file``, which streams them; this is ``list(iter_text_file(path))``.
     """
     return list(iter_text_file(path))
 
@@ -92,7 +92,7 @@ def iter_text_file(path: str | os.PathLike, raw_position: list[int] | None = Non
 
 def load_texts_from_files(files: str | os.PathLike | Sequence[str | os.PathLike],
                           max_documents: int | None = None) -> list[str]:
-    """Documents of several text files, in the given order (see :func:`read_text_file`).
+    """Documents of several text files, in the given order (see ``read_text_file``).
 
     All paths are checked before any is read, so a typo fails at once with the missing path in the message.
     """
@@ -115,7 +115,7 @@ def load_embedded_texts(max_documents: int | None = None) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------------- hub
 def hub_is_offline(endpoint: str | None = None, timeout: float = 3.0) -> bool:
-    """:func:`outlierlab.models.hub.hub_is_offline` (the one definition), imported lazily: ``models`` imports torch, and this
+    """``outlierlab.models.hub.hub_is_offline`` (the one definition), imported lazily: ``models`` imports torch, and this
     module must stay light for the start-up checks."""
     from outlierlab.models.hub import hub_is_offline as _check  # lazy: see the docstring
 
@@ -132,7 +132,7 @@ def load_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "202311
     needed shards are read.  ``path`` may also be a packaged local loader, e.g.
     ``load_hub_texts("text", None, data_files=["a.txt"])``.
 
-    Offline a hub id fails fast (see :func:`hub_is_offline`) with one line saying what to do instead.
+    Offline a hub id fails fast (see ``hub_is_offline``) with one line saying what to do instead.
     Non-streaming loads are tried offline too, because ``datasets`` can serve them from its cache.
 
     Raises
@@ -159,7 +159,7 @@ def iter_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "202311
     ``streaming=True`` reads the hub's shards as they are needed (``datasets.IterableDataset``);
     ``streaming=False`` reads the memory-mapped Arrow cache (downloaded once) in batches of 1,000 rows.  Either
     way one batch of rows is held at a time, so a whole Wikipedia dump passes through in bounded memory.
-    Arguments and errors as :func:`load_hub_texts`; ``progress``, a list of two ints, receives
+    Arguments and errors as ``load_hub_texts``; ``progress``, a list of two ints, receives
     ``[documents yielded, documents expected or 0 when unknown]``.
     """
     local = path in _LOCAL_BUILDERS or Path(path).expanduser().exists()
@@ -269,7 +269,7 @@ def file_identity(files: Sequence[str | os.PathLike], memo_dir: str | os.PathLik
 def corpus_identity(source: str, files: Sequence[str] | None = None, hub: dict | None = None,
                     max_documents: int | None = None, memo_dir: str | os.PathLike | None = None) -> str:
     """Short stable id of the documents ``load_texts`` returns for these arguments (no text is read for hub
-    ids; local files are hashed, or their digest is read from ``memo_dir``, see :func:`file_identity`)."""
+    ids; local files are hashed, or their digest is read from ``memo_dir``, see ``file_identity``)."""
     if source == "embedded":
         ident = {"source": "embedded", "content": file_identity(embedded_files(), memo_dir)}
     elif source == "files":

@@ -1,4 +1,4 @@
-"""Cheap checks of :class:`~outlierlab.datamodules.mlm_datamodule.MLMDataModule` arguments, one actionable line each.
+"""Cheap checks of ``MLMDataModule`` arguments, one actionable line each.
 
 Run before any heavy work, so a typo in ``data.*`` fails in a second, not after tokenising a corpus.
 """

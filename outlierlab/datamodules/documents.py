@@ -1,9 +1,9 @@
 """Pretraining documents as a stream: re-iterable sources that read one line (or one batch of rows) at a time.
 
-:mod:`outlierlab.datamodules.corpus` returns ``list[str]`` (right for the small sentence files of probing and
+``outlierlab.datamodules.corpus`` returns ``list[str]`` (right for the small sentence files of probing and
 evaluation); pretraining corpora can be larger than memory, so the token-file build and the BPE trainer read
 them through these objects instead.  Each ``iter()`` starts a fresh pass over the source (the BPE trainer and the
-tokenizer each make one), and :meth:`Documents.fraction` tells how far the current pass is, for the build's ETA:
+tokenizer each make one), and ``Documents.fraction`` tells how far the current pass is, for the build's ETA:
 bytes of the files read so far (compressed bytes for ``.gz``), or documents of the expected count for a hub
 dataset.
 
@@ -88,7 +88,7 @@ def open_documents(source: str, files: Sequence[str] | None = None, hub: dict | 
                    max_documents: int | None = None) -> Documents:
     """The documents of ``source`` ("embedded" | "files" | "hub") as a stream; nothing is read yet.
 
-    The same documents, in the same order, as :func:`outlierlab.datamodules.corpus.load_texts`.
+    The same documents, in the same order, as ``outlierlab.datamodules.corpus.load_texts``.
     """
     if max_documents is not None and int(max_documents) < 1:
         raise ValueError(f"max_documents must be >= 1 or null, got {max_documents}")

@@ -4,11 +4,11 @@ Plain Python (gzip + json only; no torch), so probe.py/evaluate.py can validate 
 imports. What each file holds, how it was built, counts and licence terms: ``data/eval/NOTICE.md``;
 the builder is ``scripts/build_eval_data.py``.
 
-- :func:`load_sentences` — *Persuasion* sentences (anisotropy, self-similarity, outlier statistics,
+- ``load_sentences`` — *Persuasion* sentences (anisotropy, self-similarity, outlier statistics,
   position probe; Ethayarajh 2019, Luo et al. 2021 §3, §4.1).
-- :func:`load_wic` — WiC-style pairs from WordNet examples with identical target forms
+- ``load_wic`` — WiC-style pairs from WordNet examples with identical target forms
   (Pilehvar & Camacho-Collados 2019; Luo et al. §4.2).
-- :func:`load_wordnet_pos` — WordNet definitions labelled with their part of speech, a 4-class
+- ``load_wordnet_pos`` — WordNet definitions labelled with their part of speech, a 4-class
   set for the linear-classifier probe (stand-in for SST-2, Luo et al. §4.4).
 """
 

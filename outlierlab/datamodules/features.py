@@ -1,5 +1,5 @@
 """Frozen-encoder features: extract every layer ONCE, cache on disk, serve batches and training chunks (what
-probe.py fits its transforms on: :func:`outlierlab.analysis.transform_fit.fit_transform`).
+probe.py fits its transforms on: ``outlierlab.analysis.transform_fit.fit_transform``).
 
 Cache layout (one directory per key under ``cache_root``; fp16 memory-mapped ``.npy`` files)::
 
@@ -99,10 +99,10 @@ class FeatureSet:
 
 def extract_features(encoder, texts: Sequence[str], cache_root: str | os.PathLike | None, store_tokens: bool = True,
                      batch_size: int | None = None, progress: bool = True) -> FeatureSet:
-    """Encode ``texts`` once with a :class:`~outlierlab.models.loading.FrozenEncoder` and cache all layers under
+    """Encode ``texts`` once with a ``FrozenEncoder`` and cache all layers under
     ``cache_root`` (None: in memory, no file).
 
-    Returns the cached :class:`FeatureSet` at once if this encoder+data was extracted before.
+    Returns the cached ``FeatureSet`` at once if this encoder+data was extracted before.
     """
     texts = list(texts)
     if not texts:
@@ -131,7 +131,7 @@ def extract_features(encoder, texts: Sequence[str], cache_root: str | os.PathLik
 
 def _write(encoder, texts: list[str], out: Path | None, store_tokens: bool, batch_size,
            progress: bool) -> FeatureSet | None:
-    """Encode ``texts`` into the files of ``out`` (None: into memory, returned as a :class:`FeatureSet`)."""
+    """Encode ``texts`` into the files of ``out`` (None: into memory, returned as a ``FeatureSet``)."""
     tok = encoder.tokenize(texts)
     lengths = np.asarray(tok.lengths, dtype=np.int64)
     n_layers, dim, n_tok = encoder.num_layers + 1, encoder.hidden_size, int(lengths.sum())
@@ -212,7 +212,7 @@ def iter_chunks(array: np.ndarray, rows: np.ndarray, chunk: int = 8192) -> Itera
 class RowBatches(torch.utils.data.Dataset):
     """Batches ``(x [L', B, d] float32, y [B])`` of rows of a ``[L, N, d]`` feature array.
 
-    Indexed by a LIST of positions into ``rows`` (use :func:`row_loader`, whose BatchSampler yields
+    Indexed by a LIST of positions into ``rows`` (use ``row_loader``, whose BatchSampler yields
     lists): one fancy-index read per batch instead of B small reads.
     """
 
@@ -257,7 +257,7 @@ def chunk_outlier_stats(chunks: Iterator[tuple[np.ndarray, Tensor]], valid: np.n
 
 def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", threshold: float = 0.25,
                           k: float = 3.0) -> list[list[int]]:
-    """Per-layer outlier dims from training statistics (the single rule of :mod:`outlierlab.analysis.outlier_dims`)."""
+    """Per-layer outlier dims from training statistics (the single rule of ``outlierlab.analysis.outlier_dims``)."""
     if float(stats["argmax_share"].sum()) == 0:  # no valid token (all special): nothing to detect
         return [[] for _ in range(stats["argmax_share"].shape[0])]
     return detect_outlier_dims(stats, method=method, threshold=threshold, k=k)
@@ -267,7 +267,7 @@ def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", thres
 class LayerTokenStore:
     """Token vectors of every layer appended batch by batch, one file per layer, in the model's dtype.
 
-    The one-pass evaluation (:mod:`outlierlab.evaluation.sentence_stream`) writes each layer's valid tokens here as
+    The one-pass evaluation (``outlierlab.evaluation.sentence_stream``) writes each layer's valid tokens here as
     the layer is produced and reads them back one layer at a time once the transforms are fitted, instead
     of encoding the sentences a second time.  Disk: ``N_tokens × (L+1) × d × itemsize`` bytes (MiniLM,
     2,000 sentences: ≈ 0.3 GB in float32; 84 GB for a 70B model); memory: one layer's rows at a time.
@@ -295,7 +295,7 @@ class LayerTokenStore:
         self.rows_written[layer] += x.shape[0]
 
     def close(self) -> None:
-        """Writing is done: flush what is buffered (the files stay open for :meth:`rows`)."""
+        """Writing is done: flush what is buffered (the files stay open for ``rows``)."""
         for f in self._files:
             if not f.closed:
                 f.flush()

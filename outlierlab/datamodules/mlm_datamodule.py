@@ -2,21 +2,21 @@
 
 Pipeline (RoBERTa / fairseq style pretraining data, Liu et al. 2019):
 
-1. documents from ``source`` (:mod:`outlierlab.datamodules.corpus`): the embedded corpus, user text files, or a hub dataset;
-2. tokenizer (:mod:`outlierlab.datamodules.tokenizer`): byte-level BPE trained on these documents (cached), or any HF one;
-3. the documents are streamed (:mod:`outlierlab.datamodules.documents`) and tokenized in ``num_proc`` processes,
-   ``</s>`` after every document, into ONE flat token file (:mod:`outlierlab.datamodules.token_cache`: ``uint16``
+1. documents from ``source`` (``outlierlab.datamodules.corpus``): the embedded corpus, user text files, or a hub dataset;
+2. tokenizer (``outlierlab.datamodules.tokenizer``): byte-level BPE trained on these documents (cached), or any HF one;
+3. the documents are streamed (``outlierlab.datamodules.documents``) and tokenized in ``num_proc`` processes,
+   ``</s>`` after every document, into ONE flat token file (``outlierlab.datamodules.token_cache``: ``uint16``
    when the vocabulary fits, else ``int32``) under ``<cache_dir>/tokens/<hash>``, keyed by (corpus identity,
    tokenizer); built once, atomically, in memory bounded by ``tokenize_chunk_mb``, so a second run (and every
    other DDP rank) just memory-maps it.  Blocks are cut from the map when read
-   (:mod:`outlierlab.datamodules.token_blocks`): EVERY block is ``<s>`` + the next ``block_size - 1`` stream tokens,
+   (``outlierlab.datamodules.token_blocks``): EVERY block is ``<s>`` + the next ``block_size - 1`` stream tokens,
    so position 0 always carries ``<s>`` -- the token whose position artefacts Luo et al. (2021) study; blocks
    may start mid-document.  Only the final block is padded (``attention_mask`` 0, derived), so no token is lost;
 4. train/validation split by blocks, a seeded permutation of block ids (``val_blocks`` or ``val_fraction``).
    Neighbouring blocks of one document may fall on both sides of the split;
-5. batches: a :class:`~outlierlab.datamodules.sampler.ResumableSampler` (shuffled per epoch with ``seed + epoch``, sharded
+5. batches: a ``ResumableSampler`` (shuffled per epoch with ``seed + epoch``, sharded
    by ``trainer.global_rank``/``world_size``; set ``use_distributed_sampler: False`` in the Trainer) and the
-   HF MLM collator seeded per batch (:mod:`outlierlab.datamodules.masking`: 15 % selected, 80/10/10).
+   HF MLM collator seeded per batch (``outlierlab.datamodules.masking``: 15 % selected, 80/10/10).
 
 Resume: ``state_dict()`` (Lightning stores it in every checkpoint) records the data epoch and how many batches
 of it the trainer consumed; ``load_state_dict()`` makes the next train dataloader skip exactly those.
@@ -70,7 +70,7 @@ def loader_settings(num_workers: int | str, pin_memory: bool | str, trainer=None
 
     On a CPU (or with no trainer: a datamodule used on its own) the training process collates: a worker would
     take a core from the compute threads (on 2 cores a worker cost ~35 % per step, configs/data/embedded.yaml).
-    On an accelerator the batch is masked in :data:`AUTO_WORKERS` workers per device process (fewer where this
+    On an accelerator the batch is masked in ``AUTO_WORKERS`` workers per device process (fewer where this
     process has fewer spare cores: DDP starts one process per device, each with its own workers) while the device
     computes, and pinned for an asynchronous copy when it is a CUDA device."""
     from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
@@ -120,14 +120,14 @@ class MLMDataModule(L.LightningDataModule):
         Validation blocks: ``val_blocks`` if given, else ``round(val_fraction * n_blocks)`` (at least 1 when
         ``val_fraction > 0``).  Both 0: no validation loader.
     num_workers, pin_memory : int and bool, or "auto"
-        DataLoader workers and pinned batches. ``"auto"`` (:func:`loader_settings`): none and unpinned when the
+        DataLoader workers and pinned batches. ``"auto"`` (``loader_settings``): none and unpinned when the
         trainer runs on a CPU, where a worker competes with the compute threads; on an accelerator two workers
         per device process and pinned batches (CUDA), so the next batch is masked while the device computes.
     mlm_probability, mask_replace_prob, random_replace_prob : float or None
         Masking recipe (BERT/RoBERTa: 0.15, 0.8, 0.1); null under ``objective="clm"``.
     objective : {"mlm", "clm"}
-        ``mlm``: dynamic masking (:class:`~outlierlab.datamodules.masking.DeterministicMLMCollator`); ``clm``: the
-        blocks as they are, labels = inputs (:class:`~outlierlab.datamodules.masking.CausalLMCollator`).
+        ``mlm``: dynamic masking (``DeterministicMLMCollator``); ``clm``: the
+        blocks as they are, labels = inputs (``CausalLMCollator``).
     cache_dir : str or None
         Tokenizer and block caches; default ``$OUTLIERLAB_CACHE`` or ``~/.cache/outlierlab``.
     seed : int

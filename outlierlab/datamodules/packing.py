@@ -16,8 +16,8 @@ token is dropped.  Hence ``sum(attention_mask) - n_blocks == len(stream)`` exact
 Why by hand: ``transformers``' ``group_texts`` recipe drops the remainder of every ``map`` batch and adds no
 ``<s>``; this is ~15 lines of numpy and is exact over the whole stream.
 
-Training does not hold packed blocks: :class:`outlierlab.datamodules.token_blocks.TokenBlocks` cuts exactly these
-blocks from the memory-mapped token stream when they are read.  :func:`pack_blocks` is the in-memory definition
+Training does not hold packed blocks: ``outlierlab.datamodules.token_blocks.TokenBlocks`` cuts exactly these
+blocks from the memory-mapped token stream when they are read.  ``pack_blocks`` is the in-memory definition
 of the layout (the reference the tests hold the memory-mapped blocks to) for streams that fit in memory.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ def pack_blocks(stream: np.ndarray, block_size: int, bos_id: int, pad_id: int) -
     Parameters
     ----------
     stream : 1-d int array
-        Concatenated documents with ``</s>`` after each (see :func:`build_stream`).
+        Concatenated documents with ``</s>`` after each (see ``build_stream``).
     block_size : int
         Tokens per block including the leading ``<s>``; must be >= 2.
     bos_id, pad_id : int

@@ -51,7 +51,7 @@ def _clean(rows, what: str) -> list[dict]:
 
 def load_wic_pairs(source: str, split: str | None = None, files=None, hub_path: str = "aps/super_glue",
                    hub_name: str | None = "wic", max_pairs: int | None = None) -> tuple[list[dict], str]:
-    """WiC pairs of ``split`` (None: the source's default, :data:`WIC_DEFAULT_SPLIT`) and a description:
+    """WiC pairs of ``split`` (None: the source's default, ``WIC_DEFAULT_SPLIT``) and a description:
     ``source`` ``wordnet`` (the shipped set), ``superglue`` (``hub_path``/``hub_name`` through ``datasets``), or
     ``files`` (local jsonl/csv/tsv; given files win over ``source``); the first ``max_pairs`` only."""
     source = "files" if files else source

@@ -1,12 +1,12 @@
 """Texts and labels for the probes (Luo et al. 2021 §3 position probe, §4.4 linear classifiers).
 
 * position probe: sentences from local text files (one per line, ``.txt``/``.txt.gz``) or the shipped
-  held-out sentences (:func:`outlierlab.datamodules.eval_data.load_sentences`);
+  held-out sentences (``outlierlab.datamodules.eval_data.load_sentences``);
 * classifiers: Hugging Face hub tasks through ``datasets`` (``stanfordnlp/sst2``, ``SetFit/sst5``,
   ``stanfordnlp/imdb``; served from the local cache when the hub is unreachable, else one clear line),
   local CSV/JSON files with ``text``/``label`` columns, or the shipped WordNet part-of-speech set.
 
-Every classifier source ends as :class:`ClassificationData` with train/validation/test splits; a
+Every classifier source ends as ``ClassificationData`` with train/validation/test splits; a
 missing or unlabelled split (GLUE-style test labels of -1) is replaced as recorded in ``notes``.
 """
 

@@ -1,9 +1,9 @@
 """Held-out text as scoring batches for a language model's own head: masked positions for a masked LM, next
 tokens for a causal one -- what Kovaleva et al.'s (2021) ablation, the order-use measure and the frequent-token
-analysis score (with :func:`outlierlab.analysis.scored_rows.lm_scores`).
+analysis score (with ``outlierlab.analysis.scored_rows.lm_scores``).
 
-:func:`pack_texts` joins sentences into pretraining-like blocks, :func:`masked_batches` masks them deterministically
-(the same masks under every condition), :func:`next_token_batches` lines labels up with a decoder's logits
+``pack_texts`` joins sentences into pretraining-like blocks, ``masked_batches`` masks them deterministically
+(the same masks under every condition), ``next_token_batches`` lines labels up with a decoder's logits
 (``labels[t]`` = the token at ``t + 1``), so one scorer serves both objectives.
 """
 
@@ -48,7 +48,7 @@ def masked_batches(tokenizer, texts: Sequence[str], max_length: int = 128, batch
 
     Each non-special, non-pad token is selected with probability ``mlm_probability`` and replaced by
     ``<mask>`` (``mask_replace_prob=1``: no random/unchanged replacements at evaluation); labels are -100
-    elsewhere.  The masking is :class:`outlierlab.datamodules.masking.DeterministicMLMCollator` (transformers'
+    elsewhere.  The masking is ``outlierlab.datamodules.masking.DeterministicMLMCollator`` (transformers'
     collator seeded per batch from ``seed`` and the text indices), so the same call gives the same masks.
     """
     if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:

@@ -2,9 +2,9 @@
 
 Block ``i`` of size ``B`` is ``<s>`` followed by stream tokens ``[i (B-1), (i+1) (B-1))`` -- RoBERTa's
 FULL-SENTENCES packing with ``<s>`` at position 0 of every block, as Luo et al. (2021) study it; the layout and
-its in-memory reference are :func:`outlierlab.datamodules.packing.pack_blocks`.  Only the last block can be
+its in-memory reference are ``outlierlab.datamodules.packing.pack_blocks``.  Only the last block can be
 short: it is right-padded with ``<pad>``, and the attention mask (1 up to the block's last stream token, 0 after)
-is derived, not stored.  The stream is an ``np.memmap`` of :mod:`outlierlab.datamodules.token_cache`'s file:
+is derived, not stored.  The stream is an ``np.memmap`` of ``outlierlab.datamodules.token_cache``'s file:
 every process (DDP rank, DataLoader worker) maps the same file, and the OS keeps one copy in its page cache.
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ class TokenBlocks:
 
 
 class BlockDataset(Dataset):
-    """Blocks ``rows`` of a :class:`TokenBlocks`; items carry their global block index for mask seeding."""
+    """Blocks ``rows`` of a ``TokenBlocks``; items carry their global block index for mask seeding."""
 
     def __init__(self, blocks: TokenBlocks, rows: np.ndarray) -> None:
         self.blocks, self.rows = blocks, rows
@@ -119,7 +119,7 @@ class BlockDataset(Dataset):
 class ResumableDataLoader(DataLoader):
     """A DataLoader Lightning recognises as resumable (it has ``state_dict``/``load_state_dict``).
 
-    The data position itself lives in :meth:`MLMDataModule.state_dict` (applied to the sampler before the
+    The data position itself lives in ``MLMDataModule.state_dict`` (applied to the sampler before the
     loader is built), so these are no-ops; they only stop Lightning from warning that a mid-epoch resume
     is unreliable.
     """

@@ -1,14 +1,14 @@
 """The corpus as one flat token file, built once out of core and memory-mapped by every process (nanoGPT's format).
 
-``<cache_dir>/tokens/<hash>/`` (the hash keys corpus identity, tokenizer and :data:`FORMAT_VERSION`; not the
-block size -- blocks are cut from the stream when read, :mod:`outlierlab.datamodules.token_blocks`) holds
+``<cache_dir>/tokens/<hash>/`` (the hash keys corpus identity, tokenizer and ``FORMAT_VERSION``; not the
+block size -- blocks are cut from the stream when read, ``outlierlab.datamodules.token_blocks``) holds
 
 * ``tokens.bin`` -- the token stream: every document's ids followed by ``</s>``, in corpus order, as raw
   little-endian ``uint16`` when the vocabulary has at most 65,536 ids (ids 0..65535), else ``int32``;
 * ``meta.json`` -- the small index: format version, dtype, token/document/character counts, special ids.
 
-The build streams documents (:mod:`outlierlab.datamodules.documents`) through
-:func:`~outlierlab.datamodules.tokenize_parallel.encode_documents` straight into the file, so its memory is set
+The build streams documents (``outlierlab.datamodules.documents``) through
+``encode_documents`` straight into the file, so its memory is set
 by ``data.tokenize_chunk_mb`` and ``data.num_proc``, not by the corpus.  It is atomic: written under a
 temporary name (``.<hash>.<uuid>``), fsync'ed, then renamed; a cache is trusted only if ``meta.json`` has this
 format version and ``tokens.bin`` has exactly the bytes it announces, so a killed build never leaves a cache a
@@ -105,7 +105,7 @@ def write_token_file(documents: Iterable[str], tokenizer, eos_id: int, path: Pat
     documents : iterable of str
         Read once, as a stream.
     tokenizer
-        HF tokenizer; ``len(tokenizer)`` picks the dtype (:func:`token_dtype`).
+        HF tokenizer; ``len(tokenizer)`` picks the dtype (``token_dtype``).
     eos_id : int
         Appended after every document.
     path : Path
@@ -113,7 +113,7 @@ def write_token_file(documents: Iterable[str], tokenizer, eos_id: int, path: Pat
     meta : dict
         Extra fields for ``meta.json`` (corpus id, source ...).
     num_proc, chunk_chars
-        Parallelism and memory bound of the tokenizer pass (:func:`encode_documents`).
+        Parallelism and memory bound of the tokenizer pass (``encode_documents``).
     fraction : callable, optional
         Share of the corpus read so far (None when unknown), for the ETA of the progress lines.
     log_every_s : float

@@ -14,7 +14,7 @@ STS pairs              ``sts.files`` (evaluate.py): sentence1, sentence2, score
 encoder                ``encoder.name_or_path`` (probe.py, evaluate.py): run dir, checkpoint, model dir
 =====================  =====================================================================================
 
-Faults (each one line, :class:`DataFileError`): missing file; empty file; header with no rows; missing or
+Faults (each one line, ``DataFileError``): missing file; empty file; header with no rows; missing or
 misspelled column (the existing columns are listed); a value of the wrong type (row and column named);
 bytes that are not UTF-8 (line named); a split empty or too small after carving validation/test out (sizes
 and the setting); a truncated gzip.  Valid-but-weak input (fewer than 30 STS pairs) is a warning.
@@ -86,7 +86,7 @@ def read_lines(path: str | Path, key: str) -> list[str]:
 
 def count_text_lines(path: str | Path, key: str) -> int:
     """Non-blank lines of a text file (``.gz`` decompressed), read as a stream: the faults and messages of
-    :func:`read_lines` in memory of one line -- a training corpus can be larger than memory."""
+    ``read_lines`` in memory of one line -- a training corpus can be larger than memory."""
     p = Path(str(path)).expanduser()
     if not p.is_file():
         raise MissingDataFileError(f"{key}: file not found: {path}")
@@ -360,7 +360,7 @@ def _encoder(cfg) -> None:
 def validate_inputs(cfg, entry: str, check_encoder: bool = True) -> list[str]:
     """Check every data file ``cfg`` names for ``entry`` ("train", "probe", "evaluate") before any model loads.
 
-    Returns warnings (valid but weak input) for the report; raises :class:`DataFileError` (one line) otherwise.
+    Returns warnings (valid but weak input) for the report; raises ``DataFileError`` (one line) otherwise.
     """
     if entry == "train":
         if _select(cfg, "data.source") == "files":  # checked once per file version (data.cache_dir/checked_files)

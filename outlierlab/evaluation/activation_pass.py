@@ -1,18 +1,18 @@
 """The modern outlier metrics in ``evaluate.py``'s streaming pass, for any encoder (ours or Hugging Face).
 
-:class:`ActivationObserver` subscribes to the forward of :func:`outlierlab.evaluation.sentence_pass.run_sentence_pass`
+``ActivationObserver`` subscribes to the forward of ``outlierlab.evaluation.sentence_pass.run_sentence_pass``
 (the pass that already computes Luo et al.'s argmax/argmin shares), so the metrics cost no extra encoding:
 
-* :class:`outlierlab.analysis.activations.ActivationAccumulator` on the raw token vectors of every hidden state —
+* ``outlierlab.analysis.activations.ActivationAccumulator`` on the raw token vectors of every hidden state —
   activation kurtosis (He et al. 2024) and max/median ratio (He et al. 2024; Sun et al. 2024) over the
   non-special, non-pad tokens, the largest |x| with its dim and token, the |x|-argmax share;
-* :class:`outlierlab.analysis.position_shares.PositionArgmaxCounts` — the |x|-argmax counts by position bucket
+* ``outlierlab.analysis.position_shares.PositionArgmaxCounts`` — the |x|-argmax counts by position bucket
   (is a layer's dominant dimension positional? Luo et al. 2021 §3);
-* :class:`outlierlab.models.sites.InfNormRecorder` hooks on the encoder's blocks — ‖x‖∞ at the FFN output and
+* ``outlierlab.models.sites.InfNormRecorder`` hooks on the encoder's blocks — ‖x‖∞ at the FFN output and
   around the output LayerNorm (Bondarenko et al. 2023) over the non-pad tokens, special tokens included
   (their largest BERT activations sit on ``[SEP]``).
 
-:func:`activation_columns` and :func:`activation_section` turn the result into ``outliers.csv`` columns
+``activation_columns`` and ``activation_section`` turn the result into ``outliers.csv`` columns
 and a report section.
 """
 
@@ -37,9 +37,9 @@ ACTIVATION_COLUMNS = ["kurtosis", "max_median", "max_abs", "max_abs_dim", "max_a
 
 
 class ActivationObserver(Consumer):
-    """A subscriber of the forward of the shared sentence pass (:mod:`outlierlab.evaluation.sentence_pass`): each
-    layer's raw valid tokens go into that layer's :class:`ActivationAccumulator`; the inf-norm hooks sit on the
-    model while the forward runs (:meth:`open` / :meth:`close`).
+    """A subscriber of the forward of the shared sentence pass (``outlierlab.evaluation.sentence_pass``): each
+    layer's raw valid tokens go into that layer's ``ActivationAccumulator``; the inf-norm hooks sit on the
+    model while the forward runs (``open`` / ``close``).
 
     Parameters
     ----------
@@ -98,7 +98,7 @@ class ActivationObserver(Consumer):
 
 
 def activation_columns(obs: ActivationObserver) -> list[dict]:
-    """Per hidden-state layer the :data:`ACTIVATION_COLUMNS` values (inf-norms empty for layer 0)."""
+    """Per hidden-state layer the ``ACTIVATION_COLUMNS`` values (inf-norms empty for layer 0)."""
     inf = obs.recorder.result() if obs.recorder is not None else {}
     out = []
     for i, s in enumerate(obs.acc.summary()):
@@ -131,7 +131,7 @@ def activation_section(cols: list[dict], note: str = "") -> str:
 
 def position_share_section(rows: list[dict]) -> str:
     """Markdown: per layer, the share of its |x|-argmax dim in each position bucket
-    (:class:`~outlierlab.analysis.position_shares.PositionArgmaxCounts` rows), with the tokens of each bucket."""
+    (``PositionArgmaxCounts`` rows), with the tokens of each bucket."""
     buckets = list(dict.fromkeys(r["positions"] for r in sorted(rows, key=lambda r: r["first_position"])))
     by_layer: dict[int, dict[str, dict]] = {}
     for r in rows:

@@ -1,8 +1,8 @@
-"""The evaluation itself, in memory: every selected analysis (:mod:`outlierlab.evaluation.registry`) on one frozen
+"""The evaluation itself, in memory: every selected analysis (``outlierlab.evaluation.registry``) on one frozen
 encoder, their rows returned as tables.  Nothing is written here but the figures of a run that asks for them.
 
-:func:`outlierlab.api.evaluate` returns what :func:`run_analyses` computes; the ``evaluate.py`` job
-(:mod:`outlierlab.jobs.evaluation`) writes the same results as ``<name>.csv``, ``report.md``, ``results.json`` and
+``outlierlab.api.evaluate`` returns what ``run_analyses`` computes; the ``evaluate.py`` job
+(``outlierlab.jobs.evaluation``) writes the same results as ``<name>.csv``, ``report.md``, ``results.json`` and
 TensorBoard scalars, so the command line and the Python API are equal by construction.  The checks before the
 model loads (names, settings, files) need no torch.
 """
@@ -33,8 +33,8 @@ FITTED = TRANSFORMS[2:]
 
 # ----------------------------------------------------------------------------------- light validation
 def analysis_module(name: str) -> str:
-    """The module of analysis ``name``: a built-in's (:data:`ANALYSIS_MODULES`), or ``name`` itself when it is a
-    dotted module path (an analysis of one's own, :mod:`outlierlab.evaluation.registry`)."""
+    """The module of analysis ``name``: a built-in's (``ANALYSIS_MODULES``), or ``name`` itself when it is a
+    dotted module path (an analysis of one's own, ``outlierlab.evaluation.registry``)."""
     return ANALYSIS_MODULES.get(name, name)
 
 
@@ -71,7 +71,7 @@ def selected_transforms(cfg) -> list[str]:
 
 
 def check_settings(cfg, analyses: list[str]) -> dict[type, Any]:
-    """Every config section the run reads, built as its typed settings (:mod:`outlierlab.evaluation.settings`, no
+    """Every config section the run reads, built as its typed settings (``outlierlab.evaluation.settings``, no
     torch) and returned by class: an unknown or missing key, a wrong type or a value out of range fails here in one
     line."""
     return {cls: section_settings(cls, cfg)
@@ -108,7 +108,7 @@ class Evaluation:
 
 
 def rows_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]):
-    """``rows`` as a DataFrame of ``columns`` (what :func:`outlierlab.utils.tables.write_csv` writes, as values)."""
+    """``rows`` as a DataFrame of ``columns`` (what ``outlierlab.utils.tables.write_csv`` writes, as values)."""
     import pandas as pd
 
     from outlierlab.utils.tables import joined
@@ -127,7 +127,7 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
                  out_dir: str | Path | None = None, tb=None) -> Evaluation:
     """Every analysis ``cfg.analyses`` selects on one frozen encoder, in memory.
 
-    ``encoder``: an already loaded :class:`~outlierlab.models.loading.FrozenEncoder` (else the one ``cfg.encoder``
+    ``encoder``: an already loaded ``FrozenEncoder`` (else the one ``cfg.encoder``
     names); ``given``: analyses as objects (a module or anything with its ``run``/``consumers``), by the name
     ``cfg.analyses`` selects them with; ``texts``: the evaluation sentences, in place of ``data.files``;
     ``out_dir``: where figures go (None: none are drawn); ``tb``: a SummaryWriter an analysis may log to."""

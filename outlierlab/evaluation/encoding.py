@@ -1,8 +1,8 @@
 """What encoding texts with a frozen encoder needs around the forward (the forward itself is
-:class:`outlierlab.evaluation.sentence_stream.LayerStream`'s): the pass's log (:class:`EncodeLog`, one truncation warning
-per pass), the tokens' character offsets for word-level analyses (:func:`token_offsets`), and
-:func:`distinct_texts`, which maps repeated texts (an STS file built from 50 documents has 1,225 pairs but 50
-texts) to one encoding each, with :func:`encode_log_line` saying how many were encoded.
+``outlierlab.evaluation.sentence_stream.LayerStream``'s): the pass's log (``EncodeLog``, one truncation warning
+per pass), the tokens' character offsets for word-level analyses (``token_offsets``), and
+``distinct_texts``, which maps repeated texts (an STS file built from 50 documents has 1,225 pairs but 50
+texts) to one encoding each, with ``encode_log_line`` saying how many were encoded.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class EncodeLog:
 
 def token_offsets(encoder, tok) -> tuple[list, list]:
     """Per text, the character offsets of its tokens and their special-token mask, as ``encoder.tokenize`` kept
-    them in ``tok`` (:meth:`~outlierlab.models.loading.FrozenEncoder.tokenize`, with a fast tokenizer): what
+    them in ``tok`` (``FrozenEncoder.tokenize``, with a fast tokenizer): what
     word-level analyses map words to tokens with."""
     if getattr(tok, "offsets", None) is None:
         tk = encoder.tokenizer

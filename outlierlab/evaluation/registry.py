@@ -5,20 +5,20 @@ An analysis is ONE module with a function ``run(ctx: EvalContext) -> AnalysisRes
 * ``check(ctx)`` — load and validate its data before any encoding (the result is handed to ``run`` as
   ``ctx.prepared``);
 * ``consumers(ctx) -> list[Consumer]`` — subscribe to the shared per-layer stream over the evaluation sentences
-  (:class:`outlierlab.evaluation.sentence_stream.Consumer`: raw or transformed token or word vectors, every layer once);
+  (``outlierlab.evaluation.sentence_stream.Consumer``: raw or transformed token or word vectors, every layer once);
   ``run`` then reads what they accumulated (``ctx.consumers``);
 * ``COLUMNS`` — its CSV header (a skipped run still writes one);
 * ``SENTENCE_PASS`` — what it asks of the fit between the shared pass's two loops beyond what its consumers need
   (Σ, the fitted maps: ``sentence_stats(ctx).transforms``), a set of
-  :data:`outlierlab.evaluation.sentence_pass.PASS_NEEDS` names or a function of ``ctx`` returning one;
-* ``LM_HEAD = True`` — it scores with the model's LM head (:func:`outlierlab.evaluation.registry.shared_mlm`):
+  ``outlierlab.evaluation.sentence_pass.PASS_NEEDS`` names or a function of ``ctx`` returning one;
+* ``LM_HEAD = True`` — it scores with the model's LM head (``outlierlab.evaluation.registry.shared_mlm``):
   the encoder is then loaded once, head included.
 
 Its config section is ``cfg.<name>`` (a module path: its last component); the built-in analyses read theirs as
-the frozen dataclass of :data:`SETTINGS`, checked before any model loads.
+the frozen dataclass of ``SETTINGS``, checked before any model loads.
 
-The built-in analyses are the names of :data:`SETTINGS`, each the module ``outlierlab.analyses.<name>``
-(:data:`ANALYSIS_MODULES`); any other importable module is selected by its
+The built-in analyses are the names of ``SETTINGS``, each the module ``outlierlab.analyses.<name>``
+(``ANALYSIS_MODULES``); any other importable module is selected by its
 dotted path (``analyses=[outliers,mypkg.my_analysis]``) — adding an analysis touches that one module (and its
 config file).  Kept free of heavy imports: the built-in modules are imported only once selected, after every
 setting was checked (a typo fails before torch loads).
@@ -49,17 +49,17 @@ class SharedPasses:
     field (filled on first use by the function named).
 
     sentence_stats : the one streaming pass over the evaluation sentences
-        (:func:`outlierlab.evaluation.sentence_pass.sentence_stats`): its fitted transforms and facts; WiC and
+        (``outlierlab.evaluation.sentence_pass.sentence_stats``): its fitted transforms and facts; WiC and
         STS take their detected clip dims and their ``transform.fit_on=sentences`` whitener from it
-    mlm : the encoder with its masked-LM head (:func:`outlierlab.evaluation.registry.shared_mlm`), on the
+    mlm : the encoder with its masked-LM head (``outlierlab.evaluation.registry.shared_mlm``), on the
         encoder's own weights: the analyses whose module sets ``LM_HEAD = True``
-    consumers : the :class:`~outlierlab.evaluation.sentence_stream.Consumer` s that analyses subscribed to the sentence
-        pass, each once: those with equal ``key`` are one (:meth:`subscribe`)
+    consumers : the ``Consumer`` s that analyses subscribed to the sentence
+        pass, each once: those with equal ``key`` are one (``subscribe``)
     needs : what the selected analyses ask of the sentence pass's fit (their modules' ``SENTENCE_PASS``,
-        :data:`outlierlab.evaluation.sentence_pass.PASS_NEEDS`)
-    texts : the evaluation sentences given in memory (:func:`outlierlab.api.evaluate`), in place of
+        ``outlierlab.evaluation.sentence_pass.PASS_NEEDS``)
+    texts : the evaluation sentences given in memory (``outlierlab.api.evaluate``), in place of
         ``data.files`` and the shipped ones; None: read as configured
-    settings : the run's typed sections by class (:meth:`EvalContext.settings`), each built once
+    settings : the run's typed sections by class (``EvalContext.settings``), each built once
     """
 
     sentence_stats: SentenceStats | None = None
@@ -91,7 +91,7 @@ class EvalContext:
     out_dir : run directory for figures (None: none drawn, ``plots`` is off); tables are returned, not written
     seed : global seed
     tb : a ``torch.utils.tensorboard.SummaryWriter`` or None
-    shared : :class:`SharedPasses`, the work shared between analyses
+    shared : ``SharedPasses``, the work shared between analyses
     prepared : what the analysis' own ``check`` loaded before any encoding (its data), handed to its ``run``
         (None: ``run`` loads it itself)
     consumers : what the analysis' own ``consumers(ctx)`` subscribed to the shared sentence stream, filled by
@@ -113,7 +113,7 @@ class EvalContext:
     consumers: list = field(default_factory=list)
 
     def settings(self, cls: type[S]) -> S:
-        """The run's section ``cls.SECTION`` as its typed settings (:mod:`outlierlab.evaluation.settings`), built
+        """The run's section ``cls.SECTION`` as its typed settings (``outlierlab.evaluation.settings``), built
         from ``root_cfg`` once per run and shared by every analysis (evaluate.py built each selected one before
         any model loaded)."""
         built = self.shared.settings
@@ -186,7 +186,7 @@ def skip_result(name: str, title: str, reason: str) -> AnalysisResult:
 
 
 def shared_mlm(ctx) -> LoadedModel:
-    """:func:`load_mlm` of ``ctx.encoder``, loaded once per evaluate.py run (kept in ``ctx.shared.mlm``)."""
+    """``load_mlm`` of ``ctx.encoder``, loaded once per evaluate.py run (kept in ``ctx.shared.mlm``)."""
     if ctx.shared.mlm is None:
         from outlierlab.models.lm_model import load_mlm  # lazy: the registry stays free of torch
 
@@ -210,9 +210,9 @@ def analysis_texts(ctx, settings) -> tuple[list[str], str]:
     """Held-out texts for an analysis and a short description of where they come from.
 
     Looked up in order: the analysis' own ``files`` / ``max_sentences`` (``settings``, its typed section),
-    then the texts given to the run in memory (``ctx.shared.texts``, all of them: :func:`outlierlab.api.evaluate`),
+    then the texts given to the run in memory (``ctx.shared.texts``, all of them: ``outlierlab.api.evaluate``),
     then the evaluate config's ``data.files`` / ``data.max_sentences``; no files -> the shipped *Persuasion*
-    sentences (:func:`outlierlab.datamodules.eval_data.load_sentences`; not in our pretraining corpus).  The FIRST
+    sentences (``outlierlab.datamodules.eval_data.load_sentences``; not in our pretraining corpus).  The FIRST
     ``max_sentences`` texts are used, so two analyses with the same limit see the same texts.
     """
     from outlierlab.datamodules.corpus import load_texts_from_files  # lazy: the registry stays free of torch

@@ -1,19 +1,19 @@
 """One per-layer stream of token vectors that analyses subscribe to.
 
-A :class:`LayerStream` encodes a list of texts once, one layer in memory at a time
-(:meth:`outlierlab.models.loading.FrozenEncoder.forward_layers`), and hands every layer of every batch — its
-non-special, non-pad token vectors — to each subscribed :class:`Consumer` exactly once.  A consumer declares
+A ``LayerStream`` encodes a list of texts once, one layer in memory at a time
+(``outlierlab.models.loading.FrozenEncoder.forward_layers``), and hands every layer of every batch — its
+non-special, non-pad token vectors — to each subscribed ``Consumer`` exactly once.  A consumer declares
 what it needs and nothing else:
 
 * ``transform``: the vectors it wants (``"none"`` = raw; ``"clip"``, ``"whiten"``, ... = after that transform,
   applied by the stream, each layer with its own map);
 * ``words``: word vectors (the mean of each word's subword tokens, Ethayarajh 2019) instead of token vectors;
 
-and it receives them through a public interface: :meth:`Consumer.start` once, :meth:`Consumer.update`
-``(layer, vectors, batch)`` per layer and batch, :meth:`Consumer.start_batch` / :meth:`Consumer.end_batch` around a batch's forward,
-:meth:`Consumer.end_layer` once a layer has been seen in full, and its own ``result()``.  Every analysis of
+and it receives them through a public interface: ``Consumer.start`` once, ``Consumer.update``
+``(layer, vectors, batch)`` per layer and batch, ``Consumer.start_batch`` / ``Consumer.end_batch`` around a batch's forward,
+``Consumer.end_layer`` once a layer has been seen in full, and its own ``result()``.  Every analysis of
 ``evaluate.py`` that reads hidden states does so here: the shared sentence pass
-(:mod:`outlierlab.evaluation.sentence_pass`), WiC's targets, STS's sentence means, qk_outliers' hooks and
+(``outlierlab.evaluation.sentence_pass``), WiC's targets, STS's sentence means, qk_outliers' hooks and
 frequency's columns, each over its own texts.
 
 A transform that must be fitted on the same vectors (clip's detected dims, whiten/standardize/abtt/center) is
@@ -26,7 +26,7 @@ applied in a second loop after the fit — **the fit is a phase between two loop
     whitener = stream.fit(settings, ["whiten"])      # the fit: from the stored tokens, one layer at a time
     stream.replay([clip_counts, whiten_words], transforms)  # loop 2: the stored tokens, one layer at a time
 
-The replay reads the tokens the forward stored on disk (:class:`outlierlab.datamodules.features.LayerTokenStore`,
+The replay reads the tokens the forward stored on disk (``outlierlab.datamodules.features.LayerTokenStore``,
 the model's dtype) back one layer at a time, batch by batch in the forward's order — the same numbers as a
 second encoding (the encoder is deterministic in eval mode), and every float64 sum added in the same order.
 Without a store (``keep_tokens=False``: no disk, ``data.one_pass=false``) the replay *is* a second forward.
@@ -68,7 +68,7 @@ class StreamBatch:
     sentence_ids : ``[N]`` the batch row of each valid token
     token_ids : ``[N]`` their token ids
     attention_mask : ``[B, T]`` (the forward only; None in a replay from the store)
-    words : the batch's word plan over its valid tokens (:func:`outlierlab.evaluation.words.word_plan`), or None
+    words : the batch's word plan over its valid tokens (``outlierlab.evaluation.words.word_plan``), or None
     start : its first row in the token store
     rows : the index in the stream's texts of each batch row
     valid : ``[B, T]`` the valid tokens over the padded grid (the vectors are its True cells, row-major)
@@ -106,9 +106,9 @@ class WordVectors(NamedTuple):
 
 
 class Consumer:
-    """An analysis' subscription to a :class:`LayerStream`.
+    """An analysis' subscription to a ``LayerStream``.
 
-    Subclasses set :attr:`transform` and :attr:`words` and implement :meth:`update`; the other hooks are optional.
+    Subclasses set ``transform`` and ``words`` and implement ``update``; the other hooks are optional.
     ``update`` is called once for every (layer, batch); in the forward, layers of one batch come in order
     before the next batch; in a replay from the store, batches of one layer come in order before the next
     layer.  Vectors are shared between consumers: never modify them in place."""
@@ -131,7 +131,7 @@ class Consumer:
         """Before the forward of ``batch`` (the forward only; e.g. what hooks inside the model will need)."""
 
     def update(self, layer: int, vectors: Tensor | WordVectors, batch: StreamBatch) -> None:
-        """One layer of one batch: token vectors ``[1, N, d']`` float32, or :class:`WordVectors`."""
+        """One layer of one batch: token vectors ``[1, N, d']`` float32, or ``WordVectors``."""
         raise NotImplementedError
 
     def end_batch(self, batch: StreamBatch) -> None:
@@ -167,13 +167,13 @@ class LayerStream:
 
     Parameters
     ----------
-    encoder : :class:`outlierlab.models.loading.FrozenEncoder` (or anything with its ``tokenize``/``batches``)
+    encoder : ``outlierlab.models.loading.FrozenEncoder`` (or anything with its ``tokenize``/``batches``)
     texts : the sentences, encoded ``chunk`` at a time, ``batch_size`` per forward
     word_index : target word -> index, for consumers of word vectors (None: no word plans, no offsets)
     lowercase : match words case-insensitively
-    keep_tokens : store every layer's valid tokens on disk for :meth:`replay` and :meth:`layer_chunks`
+    keep_tokens : store every layer's valid tokens on disk for ``replay`` and ``layer_chunks``
     progress : a progress bar per loop
-    offsets : give each :class:`StreamBatch` its rows' character offsets (implied by ``word_index``)
+    offsets : give each ``StreamBatch`` its rows' character offsets (implied by ``word_index``)
     room : ``(what, advice, extra_bytes)`` of the free-disk check before a store is written (default: the
         sentence pass's token store and fitted maps)
     """
@@ -210,7 +210,7 @@ class LayerStream:
     def forward(self, consumers: Sequence[Consumer], transforms=None, desc: str = "pass 1/1") -> None:
         """The encoder's forward over the texts: each consumer gets every layer of every batch once (its
         ``transform`` must be ready in ``transforms``, a
-        :class:`~outlierlab.analysis.transform_fit.FittedTransforms`)."""
+        ``FittedTransforms``)."""
         tf = _LayerTransforms(transforms, self.dim)
         if self.keep_tokens and self.store is None:  # fails in one line now, not with ENOSPC hours into the pass
             what, advice, extra = self.room
@@ -265,7 +265,7 @@ class LayerStream:
     def _batches(self, first: int, store, log_: EncodeLog, bar) -> Iterator[tuple[StreamBatch, Any]]:
         """``(batch, run)`` per encoder batch, ``run(fn)`` its forward feeding ``fn(layer, [B, T, d])``: the texts
         tokenized ``chunk`` at a time and sorted by length inside a chunk (less padding); truncation counted in
-        ``log_`` (one warning per pass, :func:`finish_encode_log`), not warned per chunk."""
+        ``log_`` (one warning per pass, ``finish_encode_log``), not warned per chunk."""
         chunk = max(1, int(self.chunk))
         for c0 in range(0, len(self.texts), chunk):
             part = self.texts[c0:c0 + chunk]
@@ -338,12 +338,12 @@ class LayerStream:
         """The fitted transforms' sums from the stored tokens, one layer at a time: never
         ``(L+1)·d²`` of them beside the model's forward; the forward's freed buffers go back to the OS first.
 
-        settings : :class:`outlierlab.analysis.transform_fit.WhitenSettings`
-        names, keep_cov : the maps to be fitted and whether Σ is kept (:meth:`WhitenSettings.fit_by_layer`)
-        repeat : see :meth:`layer_chunks`
+        settings : ``outlierlab.analysis.transform_fit.WhitenSettings``
+        names, keep_cov : the maps to be fitted and whether Σ is kept (``WhitenSettings.fit_by_layer``)
+        repeat : see ``layer_chunks``
 
         Σ and the maps are written to files beside the token store
-        (:class:`outlierlab.utils.disk_layers.DiskLayers`) and read back one layer at a time: ``(L+1)·2d²``
+        (``outlierlab.utils.disk_layers.DiskLayers``) and read back one layer at a time: ``(L+1)·2d²``
         float32 (40 GiB at 70B) never sits in memory."""
         release_freed_memory()
         return settings.fit_by_layer(self.num_layers, self.dim, lambda layer: self.layer_chunks(layer, repeat),
@@ -372,7 +372,7 @@ class LayerStream:
             self.close()
 
     def _start(self, consumers: Sequence[Consumer]) -> None:
-        """:meth:`Consumer.start` of each consumer not yet fed by this stream."""
+        """``Consumer.start`` of each consumer not yet fed by this stream."""
         for c in consumers:
             if id(c) not in self.started:
                 c.start(self)

@@ -1,7 +1,7 @@
 """Typed settings of the ``evaluate.py`` analyses: one frozen dataclass per config section, validated by pydantic.
 
 The classes are the one source of the defaults.  Hydra composes them:
-:func:`outlierlab.evaluation.settings_store.register_defaults` stores each
+``outlierlab.evaluation.settings_store.register_defaults`` stores each
 section's defaults in Hydra's ConfigStore (``settings/<section>`` for the sections that are config groups,
 ``settings/evaluate`` for data, outliers, anisotropy, isotropy, self_similarity and the transform guard), every
 preset starts from them (``defaults: [/settings/<section>@_here_, _self_]``) and states only what it changes (``wic=superglue``:
@@ -11,18 +11,18 @@ the composed default config equals the classes, and ``tests/test_settings_defaul
 states a default again.  Each key is explained by the comment above its field.  Two exceptions, each stated where
 it lives: ``transform`` is a multi-select group whose keys are the union of the groups selected, so only its
 guard keys come from here; an encoder preset states its ``name_or_path`` itself (both in
-:mod:`outlierlab.evaluation.settings_store`).
+``outlierlab.evaluation.settings_store``).
 
-Every class is a strictly typed pydantic dataclass (:func:`outlierlab.utils.typed_settings.settings_class`): a
+Every class is a strictly typed pydantic dataclass (``outlierlab.utils.typed_settings.settings_class``): a
 wrong type, a value outside its declared range or an unknown key is refused when the object is built -- from a
 config or from Python, so ``OutliersSettings(threshold=2)`` fails as the YAML would -- in one ``ValueError`` line
 naming ``section.key``.
 
-:func:`load_settings` builds a class from a composed section, with the two rules of a *composed* config that a
+``load_settings`` builds a class from a composed section, with the two rules of a *composed* config that a
 class cannot know: ``???`` (a value only the user can give) is refused, and a section composed without its
 defaults (a hand-written mapping) must state every key -- a key missing there is a typo, and the run's saved
 config would not say what it ran with; only the keys whose group may be unselected (``transform.dims`` without the
-clip group) may be absent, declared with :func:`_optional`, and then take their "absent" value.  ``evaluate.py``
+clip group) may be absent, declared with ``_optional``, and then take their "absent" value.  ``evaluate.py``
 builds every selected section before any model is loaded, so a bad setting fails in seconds.
 
 The ConfigStore nodes are plain, not OmegaConf structured-config schemas (OmegaConf 2.3 cannot represent
@@ -67,7 +67,7 @@ S = TypeVar("S")
 
 def _optional(default, absent=None):
     """A key the composed config may lack (its group not selected, or an older config): ``default`` is the
-    default composed config's value, ``absent`` what :func:`load_settings` passes when the key is missing."""
+    default composed config's value, ``absent`` what ``load_settings`` passes when the key is missing."""
     return field(default=default, metadata={ABSENT: absent})
 
 
@@ -110,7 +110,7 @@ def _how_to_complete(section: str) -> str:
 
 
 def section_settings(cls: type[S], root_cfg: Any) -> S:
-    """:func:`load_settings` of the section ``cls.SECTION`` of the whole evaluate config."""
+    """``load_settings`` of the section ``cls.SECTION`` of the whole evaluate config."""
     node = root_cfg.get(cls.SECTION) if root_cfg is not None and hasattr(root_cfg, "get") else None
     return load_settings(cls, node)
 

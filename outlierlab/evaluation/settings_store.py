@@ -1,7 +1,7 @@
-"""The settings classes' defaults as the nodes Hydra composes (:mod:`outlierlab.evaluation.settings`: one frozen
+"""The settings classes' defaults as the nodes Hydra composes (``outlierlab.evaluation.settings``: one frozen
 dataclass per section, the one source of the defaults).
 
-:func:`register_defaults` stores them in Hydra's ConfigStore, group ``settings``; every preset of a section starts
+``register_defaults`` stores them in Hydra's ConfigStore, group ``settings``; every preset of a section starts
 from its node (``defaults: [/settings/<section>@_here_, _self_]``) and states only what it changes, and
 ``configs/evaluate.yaml`` composes ``settings/evaluate``.  Kept free of heavy imports (no torch).
 """
@@ -43,14 +43,14 @@ def as_node(settings: Any) -> dict:
 
 
 def defaults_node(cls: type) -> dict:
-    """``cls``'s defaults as the node Hydra composes for its section; :data:`PRESET_STATES` keys are ``???``."""
+    """``cls``'s defaults as the node Hydra composes for its section; ``PRESET_STATES`` keys are ``???``."""
     required = PRESET_STATES.get(cls.SECTION, ())
     return {k: "???" if k in required else v for k, v in as_node(cls()).items()}
 
 
 def register_defaults() -> None:
     """Store every section's defaults in Hydra's ConfigStore (idempotent; run before any config is composed: the
-    entry points and :func:`outlierlab.jobs.startup.compose_config` do).
+    entry points and ``outlierlab.jobs.startup.compose_config`` do).
 
     Plain nodes, not OmegaConf structured-config schemas: the classes stay the one validator (pydantic, strict:
     one line per fault, ``data.files=a.txt`` read as a list, frozen values), for the reasons measured in

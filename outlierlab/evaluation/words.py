@@ -1,6 +1,6 @@
 """Words of a text mapped to its tokens (self-similarity, intra-sentence similarity, WiC targets).
 
-Words are regex words of the text (:data:`WORD_RE`), mapped to tokens through a fast tokenizer's character
+Words are regex words of the text (``WORD_RE``), mapped to tokens through a fast tokenizer's character
 offsets (``return_offsets_mapping``); a word split into several subword tokens is represented by the mean
 of its tokens' vectors (Ethayarajh 2019 leaves the choice open; clip and whiten are affine, so transforming
 that mean equals averaging the transformed tokens).
@@ -45,7 +45,7 @@ def select_words(texts: Sequence[str], min_sentences: int = 10, max_words: int |
 
 def word_plan(b, word_index: dict, t_len: int, lowercase: bool = True):
     """Which tokens make which word slot in a batch (text work only, done once per batch and reused for
-    every layer): ``(src, dst, counts, keys, w_max)`` or None when no row has a word; see :func:`plan_vectors`.
+    every layer): ``(src, dst, counts, keys, w_max)`` or None when no row has a word; see ``plan_vectors``.
 
     Every regex word of each row with the non-special tokens its characters overlap, words without a token dropped,
     found for the whole batch at once in numpy instead of a Python scan of every token for every word (4.9 -> 0.8 ms
@@ -119,7 +119,7 @@ def _ragged_index(lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plan_vectors(flat: Tensor, plan, bsz: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Word vectors of a batch from its :func:`word_plan`, the mean of each word's subword tokens: ``flat [L, n, d]``
+    """Word vectors of a batch from its ``word_plan``, the mean of each word's subword tokens: ``flat [L, n, d]``
     holds the batch's token vectors (any L, e.g. one layer) at the indices the plan's ``src`` names (the ``[B, T]``
     grid flattened, or a store's rows).
 

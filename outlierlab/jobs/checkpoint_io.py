@@ -4,10 +4,10 @@ Lightning's ``TorchCheckpointIO`` saves through ``_atomic_save``, which stages t
 under ``$TMPDIR`` and then *moves* the file to the run directory. Across file systems that move is a copy, not a
 rename: with a full disk it left a 45 MB torn file under the checkpoint's own name (good ones: 64 MB), and on
 clusters whose ``$TMPDIR`` is small it fails even when the run directory has room -- Lightning issue #21253,
-fix proposed in PR #21744. Remove :class:`StagedCheckpointIO` once a Lightning release carries that fix.
+fix proposed in PR #21744. Remove ``StagedCheckpointIO`` once a Lightning release carries that fix.
 
-This module also sizes the free-space check from the model (:func:`checkpoint_bytes`, :func:`check_free_space`)
-and stages the ``hf/`` / ``model/`` exports (:func:`staged_dir`).
+This module also sizes the free-space check from the model (``checkpoint_bytes``, ``check_free_space``)
+and stages the ``hf/`` / ``model/`` exports (``staged_dir``).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def checkpoints_kept(cfg) -> int:
 def free_bytes_needed(ckpt_bytes: int, kept: int, export_bytes: int = 0, existing: int = 0) -> int:
     """Bytes the run directory must have free: one checkpoint per file kept and one more being staged
     (``kept + 1``), less the ``existing`` checkpoint files a resumed run replaces (at least the staging one),
-    plus the export and :data:`MARGIN_BYTES`."""
+    plus the export and ``MARGIN_BYTES``."""
     files = max(1, kept + 1 - existing)
     return ckpt_bytes * files + export_bytes + MARGIN_BYTES
 
@@ -122,7 +122,7 @@ def staged_dir(dest: Path) -> Iterator[Path]:
 def replace_dir(staging: Path, dest: Path) -> None:
     """Put the complete directory ``staging`` in place of ``dest`` (whose previous content goes): ``dest`` is moved
     aside to ``.<name>.old-<pid>`` first (a directory cannot be renamed over a non-empty one), and moved back if the
-    rename fails; a kill between the two renames leaves the old copy, which :func:`remove_dead_partials` restores."""
+    rename fails; a kill between the two renames leaves the old copy, which ``remove_dead_partials`` restores."""
     old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
     if dest.exists():
         os.replace(dest, old)

@@ -4,7 +4,7 @@
     python -m outlierlab.jobs.checkpoint_probes <run_dir> [--max-sentences 1000] [probe.py overrides ...]
 
 For each ``<run>/checkpoints/step*.ckpt`` (step 0 is the random initialisation that
-:class:`~outlierlab.lightning_modules.callbacks.initial_checkpoint.InitialCheckpoint` saves) this runs exactly what
+``InitialCheckpoint`` saves) this runs exactly what
 ``python probe.py encoder.name_or_path=<ckpt>`` runs -- Luo et al.'s bias-free position probe on every layer, with
 its accuracy and mean absolute position error, and the similarity by distance of Zuo et al. (2025) -- composed
 from ``configs/probe.yaml`` with the overrides given. Per step its outputs go to ``<run>/probe_posthoc/step<N>/``

@@ -1,5 +1,5 @@
-"""The evaluate job behind ``python evaluate.py``: the evaluation of :mod:`outlierlab.evaluation.core` (the one
-:func:`outlierlab.api.evaluate` returns) and its outputs (``<name>.csv``, ``report.md``, ``results.json``, figures,
+"""The evaluate job behind ``python evaluate.py``: the evaluation of ``outlierlab.evaluation.core`` (the one
+``outlierlab.api.evaluate`` returns) and its outputs (``<name>.csv``, ``report.md``, ``results.json``, figures,
 TensorBoard) in one run directory -- the only writer of them.
 
 Kept out of ``evaluate.py`` so that the entry point stays thin.
@@ -17,8 +17,8 @@ from outlierlab.evaluation.core import FITTED, run_analyses
 
 def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[str, Any] | None = None,
              texts: Sequence[str] | None = None) -> dict:
-    """Run every selected analysis (:func:`outlierlab.evaluation.core.run_analyses`: ``encoder``, ``given`` and
-    ``texts`` as there) and write the outputs into ``run_dir``, holding its lock (:mod:`outlierlab.jobs.run_lock`;
+    """Run every selected analysis (``outlierlab.evaluation.core.run_analyses``: ``encoder``, ``given`` and
+    ``texts`` as there) and write the outputs into ``run_dir``, holding its lock (``outlierlab.jobs.run_lock``;
     a second writer gets one line naming the holder); returns the results, the run's facts and the paths written."""
     from outlierlab.jobs.run_lock import lock_run_dir
 
@@ -78,7 +78,7 @@ def outputs_of(results: Sequence[Any], tensorboard: bool) -> list[str]:
 
 def remove_earlier_outputs(run_dir: Path) -> list[str]:
     """Remove the outputs of an earlier evaluation in ``run_dir``, those its ``results.json`` names
-    (:func:`outlierlab.jobs.run_outputs.remove_earlier_outputs`, the rule probe.py follows too); return them.
+    (``outlierlab.jobs.run_outputs.remove_earlier_outputs``, the rule probe.py follows too); return them.
     A results.json written before the outputs were named gives its analyses' CSVs and figures."""
     from outlierlab.jobs import run_outputs
 

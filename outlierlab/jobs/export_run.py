@@ -6,14 +6,14 @@
   the remote-code export existed, or whose ``config.json`` or code files a full disk left empty, gets its ``config.json``, ``configuration_outlierlab.py`` and
   ``modeling_outlierlab.py`` now (generated from the installed outlierlab; the line printed says so, since that
   code may be newer than the code that trained the run — its versions are in the card);
-* ``README.md`` in the export is rewritten from the run directory (:mod:`outlierlab.jobs.model_card`), e.g. after
+* ``README.md`` in the export is rewritten from the run directory (``outlierlab.jobs.model_card``), e.g. after
   ``python -m outlierlab.jobs.posthoc`` or with a newer card format; a finished run's manifest is refreshed so that
   ``run_state.verify_manifest`` keeps passing;
 * ``--push-to-hub`` creates the repository if needed and uploads the export folder (``huggingface_hub``'s
   ``create_repo`` + ``upload_folder``). Offline (``HF_HUB_OFFLINE=1`` or the hub unreachable within seconds,
-  :func:`outlierlab.models.hub.hub_is_offline`) it stops at once with one line instead of retrying.
+  ``outlierlab.models.hub.hub_is_offline``) it stops at once with one line instead of retrying.
 
-The run directory is locked while it is written (one writer per run, :mod:`outlierlab.jobs.run_lock`).
+The run directory is locked while it is written (one writer per run, ``outlierlab.jobs.run_lock``).
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ code version                           ``code_versions.jsonl`` (one line per sta
                                        settings a resume changed)
 =====================================  ==============================================================
 
-A file that is missing leaves its section saying so. :func:`card_data` returns the numbers (tests compare them with
-the CSVs), :func:`render_card` the Markdown, :func:`write_model_card` writes ``<export>/README.md``.
+A file that is missing leaves its section saying so. ``card_data`` returns the numbers (tests compare them with
+the CSVs), ``render_card`` the Markdown, ``write_model_card`` writes ``<export>/README.md``.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def hidden_state_summary(path: Path) -> dict[str, Any] | None:
 
 def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
     """Per layer: its |x| argmax dimension at the last record, that dimension's share, and the step since which it
-    has held that place (:func:`outlierlab.analysis.dim_identity.layer_identity`; Kovaleva et al. 2021).  Nothing
+    has held that place (``outlierlab.analysis.dim_identity.layer_identity``; Kovaleva et al. 2021).  Nothing
     for a history without ``abs_argmax_share`` rows (older runs)."""
     import pandas as pd
 
@@ -122,7 +122,7 @@ def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
 
 def layernorm_summary(path: Path) -> dict[str, Any] | None:
     """The LayerNorm rule's count at the monitor's last step: ``n_outlier_dims`` (dims whose gain and bias lie
-    outside 3σ in at least ``min_layers`` LayerNorms; Kovaleva et al. 2021; :mod:`outlierlab.analysis.layernorm_rule`)."""
+    outside 3σ in at least ``min_layers`` LayerNorms; Kovaleva et al. 2021; ``outlierlab.analysis.layernorm_rule``)."""
     rows = [r for r in read_rows(path) if r.get("name") == "model" and (r.get("step") or "").isdigit()]
     if not rows:
         return None
@@ -173,7 +173,7 @@ def record_trained_steps(export_dir: str | Path, global_step: int) -> None:
 
 
 def trained_steps(export_dir: str | Path) -> int | None:
-    """The step ``export_dir`` holds (:data:`TRAINED_STEPS`), or None for an export made before it was recorded."""
+    """The step ``export_dir`` holds (``TRAINED_STEPS``), or None for an export made before it was recorded."""
     step = (read_json(Path(export_dir) / TRAINED_STEPS) or {}).get("global_step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
@@ -294,7 +294,7 @@ def _stopped_early(step: Any, max_steps: Any) -> bool:
 
 
 def render_card(d: dict) -> str:
-    """The Markdown of the card (with the Hub's YAML metadata block) from :func:`card_data`."""
+    """The Markdown of the card (with the Hub's YAML metadata block) from ``card_data``."""
     model, objective = d["model"], d["objective"]
     kind = (d.get("export") or {}).get("kind")
     tags = ["outlierlab", "roberta", f"positions-{(model.get('pos') or {}).get('name', 'unknown')}", objective]

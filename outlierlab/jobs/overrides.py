@@ -2,8 +2,8 @@
 
 ``python train.py pos=nope`` or ``trainer.max_step=10`` fails within a second with one line (the valid names, or
 the closest keys) instead of Hydra's several lines; an unwritable ``hydra.run.dir=`` fails before training.  The
-entry points call :func:`check_overrides` first; checks of the composed config are
-:mod:`outlierlab.jobs.startup`'s.
+entry points call ``check_overrides`` first; checks of the composed config are
+``outlierlab.jobs.startup``'s.
 """
 
 from __future__ import annotations

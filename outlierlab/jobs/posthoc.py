@@ -5,31 +5,31 @@
 For each ``<run>/checkpoints/*.ckpt`` (one per global step; ``last.ckpt`` is skipped when a step
 checkpoint holds the same step) the model is rebuilt from ``hyper_parameters["model"]`` and the
 ``model.``-prefixed weights of ``state_dict``, and the *same* functions as the live monitors compute the
-*same* statistics: :func:`outlierlab.analysis.monitoring.layernorm_records` (LayerNorm 3σ outliers, divergence from
+*same* statistics: ``outlierlab.analysis.monitoring.layernorm_records`` (LayerNorm 3σ outliers, divergence from
 init, shared dims; Kovaleva et al. 2021, Puccetti et al. 2022) and
-:func:`outlierlab.analysis.monitoring.hidden_state_records` (per-layer mean vector, argmax/argmin share, top dims,
+``outlierlab.analysis.monitoring.hidden_state_records`` (per-layer mean vector, argmax/argmin share, top dims,
 anisotropy, kurtosis, max/median, inf-norm by site, sink heads; Luo et al. 2021, Ethayarajh 2019, He et al.
 2024, Sun et al. 2024, Bondarenko et al. 2023, Gu et al. 2025) on the shipped held-out sentences tokenised
 with the run's tokenizer (``<run>/hf`` or ``<run>/model``).  Output in ``<run>/monitor_posthoc/``:
-``layernorm.csv`` and ``hidden_states.csv`` in the format of :mod:`outlierlab.reports.history`; ``metrics.csv``, one
-row per checkpoint step and layer (:data:`METRIC_COLUMNS`: kurtosis, max/median, inf-norms by site,
+``layernorm.csv`` and ``hidden_states.csv`` in the format of ``outlierlab.reports.history``; ``metrics.csv``, one
+row per checkpoint step and layer (``METRIC_COLUMNS``: kurtosis, max/median, inf-norms by site,
 signed and |x| argmax/argmin shares with their dims, sink-head shares, attention entropy, anisotropy, the
 top-1 (with its dim) and top-3 dims' share of it (Timkey & van Schijndel 2021), IsoScore (Rudman et al. 2022) and
 the number of LayerNorm outlier dims the project's rule flags in that layer,
-:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`); ``metrics.png``, those curves vs step per layer; ``order_use.csv``, one row per
-checkpoint: order use on the held-out sentences (:func:`order_use_rows`; the per-layer attention locality is the
+``outlierlab.analysis.layernorm_rule.layernorm_outliers``); ``metrics.png``, those curves vs step per layer; ``order_use.csv``, one row per
+checkpoint: order use on the held-out sentences (``order_use_rows``; the per-layer attention locality is the
 ``attn_local`` column of ``metrics.csv``).
 Works on checkpoints of older code too (same parameter names), so curves can be drawn after the fact.
 
 Settings (k, shared_min_layers, top_k, n_sequences, n_pairs, seed, ...) default to those of the run's
 monitors, read from ``<run>/config.yaml``, so that for ``source: sentences`` the post-hoc rows of a
 checkpoint's step reproduce the live rows.  Divergence from init uses the initial LayerNorm snapshot
-that :class:`~outlierlab.lightning_modules.callbacks.layernorm_monitor.LayerNormMonitor` stores in every checkpoint
+that ``LayerNormMonitor`` stores in every checkpoint
 (and that snapshot also gives LayerNorm rows for step 0); without it, the standard init (gain 1, bias 0).
 
 A transformers ``Trainer`` output directory (``checkpoint-<step>/`` folders, e.g. a run monitored by
-:class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback`) is analysed by
-:func:`outlierlab.jobs.posthoc_trainer.analyze_hf_checkpoints`
+``outlierlab.monitoring.hf_trainer.OutlierMonitorCallback``) is analysed by
+``outlierlab.jobs.posthoc_trainer.analyze_hf_checkpoints``
 (``layernorm.csv``, ``hidden_states.csv`` with order use and attention locality as the live monitor writes them,
 and ``order_use.csv``; the CLI picks it when the directory has no ``checkpoints/``).
 
@@ -136,7 +136,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     ----------
     run_dir : a ``train.py`` run directory (with ``checkpoints/``).
     texts : held-out texts (default: the first ``n_sequences`` of the shipped held-out sentences, as the
-        live :class:`HiddenStateMonitor` with ``source: sentences`` uses).
+        live ``HiddenStateMonitor`` with ``source: sentences`` uses).
     tokenizer : a Hugging Face tokenizer or a directory (default: the run's ``hf/`` or ``model/``).
     out_dir : default ``<run>/monitor_posthoc``.
     device : where the forward passes run.
@@ -230,7 +230,7 @@ def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str) -> tup
 
 def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str) -> list[tuple]:
     """Order use (``layer`` = ``model``) and attention locality (per block, ``layer_{i+1}``) of one checkpoint on the
-    held-out sentences (:func:`outlierlab.analysis.order_use.heldout_order_use`): these are the held-out sentences,
+    held-out sentences (``outlierlab.analysis.order_use.heldout_order_use``): these are the held-out sentences,
     not the run's validation blocks, so the values differ from ``val/order_use`` in level but not in what they say."""
     from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
 
@@ -246,7 +246,7 @@ def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device:
 class StagedHistories:
     """One generation of a post-hoc analysis' outputs: ``layernorm.csv``, ``hidden_states.csv`` and every other file
     the job writes (``metrics.csv``, ``order_use.csv``, figures) go to a staging folder beside ``out``
-    (:attr:`dir`), which :meth:`commit` puts in place of ``out`` whole once every checkpoint is done. A kill at any
+    (``dir``), which ``commit`` puts in place of ``out`` whole once every checkpoint is done. A kill at any
     moment leaves either the previous generation or the new one, never files of both (a history from one run beside
     metrics from another); the staging folder of a killed analysis is removed at the next start."""
 
@@ -278,7 +278,7 @@ class StagedHistories:
 
 
 def layernorm_kwargs(ln_cfg: dict) -> dict[str, Any]:
-    """:func:`outlierlab.analysis.monitoring.layernorm_records`' settings from the monitor's LayerNorm config."""
+    """``outlierlab.analysis.monitoring.layernorm_records``' settings from the monitor's LayerNorm config."""
     return dict(k=ln_cfg["k"], shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"], top_k=ln_cfg["top_k"],
                 vectors=ln_cfg["vectors"])
 

@@ -1,10 +1,10 @@
 """Post-hoc monitor histories of a Hugging Face ``Trainer`` run: every ``<output_dir>/checkpoint-<step>``.
 
-The counterpart of :func:`outlierlab.jobs.posthoc.analyze_run` (our ``train.py`` runs) for runs monitored by
-:class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` -- or any Trainer run of a registered family --
+The counterpart of ``outlierlab.jobs.posthoc.analyze_run`` (our ``train.py`` runs) for runs monitored by
+``outlierlab.monitoring.hf_trainer.OutlierMonitorCallback`` -- or any Trainer run of a registered family --
 with the same monitor settings, the same held-out batch and the same functions (``hidden_rows`` and the LayerNorm
 records), so the live rows of a checkpoint's step are reproduced.  A PEFT run's adapter-only checkpoints are rebuilt
-as base model plus merged adapter (:func:`load_checkpoint`). ``python -m outlierlab.jobs.posthoc <output_dir>``
+as base model plus merged adapter (``load_checkpoint``). ``python -m outlierlab.jobs.posthoc <output_dir>``
 picks it when the directory has ``checkpoint-*`` folders and no ``checkpoints/``.
 """
 
@@ -45,7 +45,7 @@ def find_hf_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
 
 
 def load_checkpoint(path: Path):
-    """A checkpoint's model through the one Hugging Face loader (:func:`outlierlab.models.placement.load_hf_model`):
+    """A checkpoint's model through the one Hugging Face loader (``outlierlab.models.placement.load_hf_model``):
     ``(model, headless)``, the model with its LM head, or its body when the checkpoint has none.  An adapter
     checkpoint (LoRA and the other PEFT methods) is its base model, loaded the same way from the
     ``base_model_name_or_path`` the adapter names, with the adapter merged into the weights -- the adapted model the
@@ -78,15 +78,15 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
                            device: str = "cpu", **overrides: Any) -> dict[str, Any]:
     """Post-hoc monitor histories for every ``checkpoint-<step>`` of a Hugging Face ``Trainer`` run.
 
-    The counterpart of :func:`analyze_run` for runs monitored by
-    :class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` (or any Trainer run): each checkpoint is
-    loaded with its own LM head by the one Hugging Face loader (:func:`outlierlab.models.placement.load_hf_model`:
+    The counterpart of ``analyze_run`` for runs monitored by
+    ``outlierlab.monitoring.hf_trainer.OutlierMonitorCallback`` (or any Trainer run): each checkpoint is
+    loaded with its own LM head by the one Hugging Face loader (``outlierlab.models.placement.load_hf_model``:
     ``AutoModelForMaskedLM`` / ``AutoModelForCausalLM`` by the family's objective; a checkpoint saved without its
     head -- a sentence encoder, a sentence-transformers checkpoint -- is its body), and the same pure functions as the
-    live monitors — :func:`outlierlab.analysis.monitoring.layernorm_records` (Kovaleva et al. 2021; Puccetti et al.
-    2022) and :func:`outlierlab.analysis.monitoring.hidden_state_records` (Luo et al. 2021 and the later metrics) —
+    live monitors — ``outlierlab.analysis.monitoring.layernorm_records`` (Kovaleva et al. 2021; Puccetti et al.
+    2022) and ``outlierlab.analysis.monitoring.hidden_state_records`` (Luo et al. 2021 and the later metrics) —
     run on the same held-out batch (the shipped sentences, the checkpoint's own tokenizer, truncated by
-    :func:`outlierlab.monitoring.hidden_state_tracker.heldout_max_length`), so a checkpoint's rows reproduce the
+    ``outlierlab.monitoring.hidden_state_tracker.heldout_max_length``), so a checkpoint's rows reproduce the
     live rows of its step.  Divergence from init reads the live monitor's snapshot
     (``<monitor_dir>/layernorm_initial.pt``, default ``<output_dir>/monitor``), which also gives LayerNorm rows
     for step 0; without it, the standard init (gain 1, bias 0).
@@ -94,7 +94,7 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     Parameters
     ----------
     output_dir : the Trainer's ``args.output_dir``.
-    texts, tokenizer, device, **overrides : as :func:`analyze_run` (defaults: the monitors' defaults).
+    texts, tokenizer, device, **overrides : as ``analyze_run`` (defaults: the monitors' defaults).
     out_dir : default ``<output_dir>/monitor_posthoc``.
     monitor_dir : where the live monitor wrote (for its init snapshot).
 

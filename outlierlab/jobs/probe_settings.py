@@ -1,5 +1,5 @@
 """Typed settings of ``probe.py``: the ``probe`` section as one frozen, strictly typed pydantic dataclass, written as
-evaluate.py's sections are (:mod:`outlierlab.evaluation.settings`), and :func:`check_settings`, which builds it with
+evaluate.py's sections are (``outlierlab.evaluation.settings``), and ``check_settings``, which builds it with
 the run's other settings the probe reads (``seed``, ``task.batch_size``, ``outliers``).
 
 Every refusal is one ``ValueError`` line naming its key, before any model loads or any text is encoded, where a

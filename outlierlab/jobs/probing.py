@@ -1,11 +1,11 @@
 """What ``python probe.py`` does: extract (cached) features, fit transforms on train, probe all layers, report.
 
-Flow (data flows one way): config -> :class:`~outlierlab.models.loading.FrozenEncoder` ->
-:func:`~outlierlab.datamodules.features.extract_features` (cached) -> per transform: fit on the TRAINING split ->
-:class:`~outlierlab.lightning_modules.probes.PositionProbe` / :class:`~outlierlab.lightning_modules.probes.SentenceClassifier`
-on all layers at once -> rows (layer x transform) and side tables, in memory (:func:`probe`, a :class:`ProbeResult`:
-what :func:`outlierlab.api.probe_positions` returns) -> CSV / Markdown / PNG / TensorBoard in the run dir
-(:func:`run`, the only writer of them).
+Flow (data flows one way): config -> ``FrozenEncoder`` ->
+``extract_features`` (cached) -> per transform: fit on the TRAINING split ->
+``PositionProbe`` / ``SentenceClassifier``
+on all layers at once -> rows (layer x transform) and side tables, in memory (``probe``, a ``ProbeResult``:
+what ``outlierlab.api.probe_positions`` returns) -> CSV / Markdown / PNG / TensorBoard in the run dir
+(``run``, the only writer of them).
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def layernorm_note(encoder: FrozenEncoder) -> str:
 class ProbeResult:
     """One probe run, in memory: the rows of ``<name>.csv`` (one per layer x transform), the facts of
     ``probe_info.json``, the contributions behind the heatmap, the side tables ``{name: (rows, columns)}`` and
-    the report's extra sections -- everything :func:`run` writes, before any file."""
+    the report's extra sections -- everything ``run`` writes, before any file."""
 
     name: str  # position_probe | classifier: the table's CSV stem
     rows: list[dict]
@@ -268,9 +268,9 @@ def probe(cfg, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None
 
 
 def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None = None) -> dict:
-    """:func:`probe` (``encoder``, ``texts`` as there) with every output written into ``run_dir``: the tables as
+    """``probe`` (``encoder``, ``texts`` as there) with every output written into ``run_dir``: the tables as
     CSVs, ``probe_info.json``, ``probe_report.md``, the PNG plots and TensorBoard scalars -- holding the directory's
-    lock (:mod:`outlierlab.jobs.run_lock`; a second writer gets one line naming the holder)."""
+    lock (``outlierlab.jobs.run_lock``; a second writer gets one line naming the holder)."""
     from outlierlab.jobs.run_lock import lock_run_dir
 
     run_dir = Path(run_dir)
@@ -345,7 +345,7 @@ def _quiet_lightning():
 
 def order_use(encoder: FrozenEncoder, texts: list[str], seed: int):
     """Whether the model *uses* the order the position probe decodes: evaluate.py's ``order_use``
-    (:func:`outlierlab.analyses.order_use.measure`, its default settings) on the probe's first sentences --
+    (``outlierlab.analyses.order_use.measure``, its default settings) on the probe's first sentences --
     order use in nats with the model's LM head, else how far shuffling moves each layer's sentence vectors
     (docs/order_use.md): the model's row, one per layer, and a section of the report.  A learned table's rows are
     decodable in a model that ignores order, so the probe's accuracy alone cannot say it."""

@@ -4,7 +4,7 @@
   accelerator that is not there -- is one line on stderr, ``error: <root cause> (<the override that fixes it>)``,
   and exit status 1. ``HYDRA_FULL_ERROR=1`` (or ``OUTLIERLAB_DEBUG=1``) gives the full traceback instead.
 * Inside a multirun a failing cell does not end the sweep: the cell's directory gets ``failed.json``, the error is
-  recorded for :class:`outlierlab.jobs.sweep_outcomes.SweepOutcomes`, and the job returns; the sweep exits
+  recorded for ``outlierlab.jobs.sweep_outcomes.SweepOutcomes``, and the job returns; the sweep exits
   non-zero at its end with the list of failed cells. A cell whose directory another process holds is skipped.
 
 Imports nothing heavy (the entry points import this before torch).
@@ -149,7 +149,7 @@ def run_main(job, cfg) -> Any:
     """Run ``job(cfg)``; a user error becomes ``error: <message>`` on stderr and exit status 1.
 
     In a multirun every failure of the cell (user error or not) is recorded (``failed.json``, the sweep's list)
-    and :data:`CELL_FAILED` is returned so the next cell runs; a cell held by another process is skipped.
+    and ``CELL_FAILED`` is returned so the next cell runs; a cell held by another process is skipped.
     ``OUTLIERLAB_DEBUG=1`` or ``HYDRA_FULL_ERROR=1``: the full traceback instead, and a multirun stops there.
     """
     try:

@@ -1,4 +1,4 @@
-"""One process per run directory: :func:`outlierlab.utils.dir_lock.lock_dir` on ``<run_dir>/run.lock``, taken
+"""One process per run directory: ``outlierlab.utils.dir_lock.lock_dir`` on ``<run_dir>/run.lock``, taken
 before anything is written (a second ``train.py``, ``posthoc`` or export on the same run gets one line naming the
 holder)."""
 
@@ -20,7 +20,7 @@ class RunDirBusy(DirBusy):
 
 
 def lock_run_dir(run_dir: Path) -> DirLock:
-    """Take ``<run_dir>/run.lock`` for this process, or raise :class:`RunDirBusy` (one line)."""
+    """Take ``<run_dir>/run.lock`` for this process, or raise ``RunDirBusy`` (one line)."""
     from outlierlab.utils import dir_lock
 
     try:

@@ -21,7 +21,7 @@ TENSORBOARD = "tensorboard/"
 
 def output_names(paths: Sequence[str | Path], index: str, tensorboard: bool) -> list[str]:
     """The names an index lists: the files written (``paths``, at the top of the run directory), the index itself
-    and, with ``tensorboard``, the event files (:data:`TENSORBOARD`)."""
+    and, with ``tensorboard``, the event files (``TENSORBOARD``)."""
     return sorted({Path(p).name for p in paths} | {index} | ({TENSORBOARD} if tensorboard else set()))
 
 

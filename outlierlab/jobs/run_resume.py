@@ -1,11 +1,11 @@
-"""What a resume does to a run directory: which checkpoint it starts from (:func:`resume_point`: the one named, or
+"""What a resume does to a run directory: which checkpoint it starts from (``resume_point``: the one named, or
 the newest readable one of an unfinished run, checked against the model); what the run's last end, or an abandoned
 timeline, wrote leaves the names readers take as the run's own; a resume whose settings its checkpoint would
-override is refused, and every other setting a resume changes is recorded (:func:`config_changes`, in that start's
-line of ``code_versions.jsonl``) against the settings its checkpoint trained with (:class:`ConfigInCheckpoint`).
+override is refused, and every other setting a resume changes is recorded (``config_changes``, in that start's
+line of ``code_versions.jsonl``) against the settings its checkpoint trained with (``ConfigInCheckpoint``).
 
-train.py calls these at a start that resumes (:func:`outlierlab.jobs.training.train`); the markers and the manifest
-themselves are :mod:`outlierlab.jobs.run_state`'s (docs/run_directories.md, the lifecycle table).
+train.py calls these at a start that resumes (``outlierlab.jobs.training.train``); the markers and the manifest
+themselves are ``outlierlab.jobs.run_state``'s (docs/run_directories.md, the lifecycle table).
 """
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ def check_checkpoint_matches(ckpt: dict[str, Any], config: EncoderConfig, path: 
 
 
 class ConfigInCheckpoint(L.Callback):
-    """Writes the start's resolved config into every checkpoint it saves (under :data:`TRAINED_CONFIG`).
+    """Writes the start's resolved config into every checkpoint it saves (under ``TRAINED_CONFIG``).
 
-    A resume's :func:`config_changes` compare against it: the settings the resumed state trained with.
+    A resume's ``config_changes`` compare against it: the settings the resumed state trained with.
     ``config.yaml`` cannot serve -- a start that failed before its first step (an OOM after raising the batch size)
     rewrote it with settings that never trained, and the next start would have been recorded as changing those."""
 
@@ -317,9 +317,9 @@ def _run_control(key: str) -> bool:
 
 def config_changes(before: dict[str, Any] | Path, config: dict[str, Any]) -> dict[str, list[Any]]:
     """``{key: [before, now]}`` for every setting of ``config`` (the resolved config of a start that resumes) that
-    differs from ``before``: the config its checkpoint trained with (:data:`TRAINED_CONFIG`), or for a checkpoint
+    differs from ``before``: the config its checkpoint trained with (``TRAINED_CONFIG``), or for a checkpoint
     that holds none the ``config.yaml`` the run's last start wrote (a path); a key only one side has pairs with
-    None; :data:`RUN_CONTROLS` are not compared. {} when the file is absent or unreadable.
+    None; ``RUN_CONTROLS`` are not compared. {} when the file is absent or unreadable.
 
     Recorded, not refused: a resume may rightly change what does not touch the trained state (``trainer.max_steps``
     extended, ``trainer.max_time``, a monitor's interval), and one that does (``data.files``, the masking rate)

@@ -4,11 +4,11 @@ of its result files that a reader can verify.
 One definition shared by the trainer (skip a finished cell, resume an unfinished one) and the study aggregator
 (average finished cells only, name torn ones). The lifecycle is documented in ``docs/run_directories.md``:
 
-* at every start (and resume) one JSON line is appended to ``code_versions.jsonl`` (:func:`record_start`): the code
+* at every start (and resume) one JSON line is appended to ``code_versions.jsonl`` (``record_start``): the code
   version, the start's overrides and the settings a resume changed;
-* at the end :func:`write_manifest` writes ``manifest.json`` -- every result file with its size, SHA-256 and CSV
-  row count, the code version and the resolved config -- and only then ``finished.json`` (:func:`mark_finished`);
-* a failed cell writes ``failed.json`` instead (:func:`mark_failed`).
+* at the end ``write_manifest`` writes ``manifest.json`` -- every result file with its size, SHA-256 and CSV
+  row count, the code version and the resolved config -- and only then ``finished.json`` (``mark_finished``);
+* a failed cell writes ``failed.json`` instead (``mark_failed``).
 
 Every file here is written atomically (a temporary file in the same directory, fsync, ``os.replace``), so a
 reader sees the old file or the new one, never a torn one.
@@ -83,7 +83,7 @@ def record_start(run_dir: Path, global_step: int,
                  config_changes: dict[str, list[Any]] | None = None) -> dict[str, Any]:
     """Append this start's line to ``<run_dir>/code_versions.jsonl``: its code version (a resume on other code says
     so), its command-line overrides (``.hydra/overrides.yaml``, which Hydra rewrites at every start) and, for a
-    resume, the settings it changed (``{key: [before, now]}``, :func:`outlierlab.jobs.run_resume.config_changes`)."""
+    resume, the settings it changed (``{key: [before, now]}``, ``outlierlab.jobs.run_resume.config_changes``)."""
     line = {"started": now_iso(), "global_step_at_start": int(global_step), **code_version(),
             "overrides": _overrides(run_dir)}
     if config_changes:
@@ -163,7 +163,7 @@ ROOM_BYTES = 64 * 1024
 
 
 def reserve_room(run_dir: Path) -> None:
-    """Keep :data:`ROOM_FILE` in ``run_dir`` (a no-op where the disk is already too full to hold it)."""
+    """Keep ``ROOM_FILE`` in ``run_dir`` (a no-op where the disk is already too full to hold it)."""
     try:
         path = Path(run_dir) / ROOM_FILE
         if not path.is_file() or path.stat().st_size < ROOM_BYTES:
@@ -306,7 +306,7 @@ def csv_problem(path: Path) -> str | None:
 def verify_manifest(run_dir: Path) -> list[str]:
     """Problems of a finished cell, one string per file (``<cell dir>: <file>: <what is wrong>``); [] if intact.
 
-    Checks ``finished.json`` (:func:`finished_run`), ``manifest.json`` itself, and each file it lists: missing,
+    Checks ``finished.json`` (``finished_run``), ``manifest.json`` itself, and each file it lists: missing,
     CSV structure (empty, header-only where the manifest had rows, last line cut, a row of another width),
     row count, size and SHA-256.
     """

@@ -6,7 +6,7 @@ with the same tables and plots as our own runs.
     python evaluate.py -m encoder=multiberts encoder.name_or_path=google/multiberts-seed_0-step_0k,google/multiberts-seed_0-step_20k
     python -m outlierlab.studies.aggregate multirun/<date>/<time>
 
-What is read (:func:`series_point`):
+What is read (``series_point``):
 
 * ``encoder.revision`` — Pythia's ``step1000`` (Biderman et al. 2023: 154 checkpoints, ``step0`` .. ``step143000``),
   OLMo's ``step20000-tokens84B`` (Groeneveld et al. 2024): the step; the revision becomes ``step*`` in the cell's
@@ -16,7 +16,7 @@ What is read (:func:`series_point`):
   models); a local directory whose last component is ``step<N>`` (or ``step_<N>k``) gives the step too
   (checkpoints saved by hand).  The name keeps ``seed_*`` / ``step*`` in the identity.
 
-The cell's numbers, which evaluate.py writes at step -1, are moved to that step (:mod:`outlierlab.studies.cells`).
+The cell's numbers, which evaluate.py writes at step -1, are moved to that step (``outlierlab.studies.cells``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def series_point(key: str, value: str) -> SeriesPoint:
 
 
 def apply_series(overrides: dict[str, str], config: dict) -> tuple[int | None, int | None]:
-    """Read every :data:`SERIES_KEYS` override of a cell: replace it (and the same key of its flattened resolved
+    """Read every ``SERIES_KEYS`` override of a cell: replace it (and the same key of its flattened resolved
     ``config``, which the study compares across a group) by its identity form; return ``(seed, step)``.
 
     Raises

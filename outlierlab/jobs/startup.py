@@ -1,9 +1,9 @@
 """Start-up checks of the composed config for the Hydra entry points, importing nothing heavy.
 
 ``import lightning`` and ``import transformers`` take 10–15 s each on a small machine: a setting that cannot
-work (:func:`check_train_config`) fails before them, in one line.  Also here: the run plan line, sweep cell
+work (``check_train_config``) fails before them, in one line.  Also here: the run plan line, sweep cell
 names, Hydra's resolvers, the device check and Lightning's console.  The command line itself is checked
-earlier, before Hydra composes, by :mod:`outlierlab.jobs.overrides`.
+earlier, before Hydra composes, by ``outlierlab.jobs.overrides``.
 """
 
 from __future__ import annotations
@@ -98,12 +98,12 @@ def check_train_config(cfg) -> list[str]:
     * ``trainer.max_steps`` must be >= 1 (``-1``, Lightning's "use max_epochs", would also make the
       schedule's length negative);
     * the scheduler's and optimizer's ``_target_`` must exist; the warm-up must be >= 0; a warm-up >=
-      max_steps only warns (the schedule holds the peak, :mod:`outlierlab.models.schedules`);
+      max_steps only warns (the schedule holds the peak, ``outlierlab.models.schedules``);
     * ``trainer.val_check_interval`` (batches) above the run's length is lowered to it: one validation at
       the end instead of none;
     * ``callbacks.model_checkpoint.every_n_train_steps`` must be >= 1 (0 saves nothing to resume from);
     * ``data.block_size`` must not exceed ``model.max_len``;
-    * a clipped softmax that zeroes a uniform attention row warns (:func:`clipped_softmax_warning`).
+    * a clipped softmax that zeroes a uniform attention row warns (``clipped_softmax_warning``).
     """
     warnings: list[str] = []
     for key in ("resume", "skip_finished", "posthoc", "export"):
@@ -287,7 +287,7 @@ def _cell_dir(overrides, naming=None) -> str:
 
 def register_resolvers() -> None:
     """OmegaConf resolvers used by the configs, and the evaluation sections' defaults they compose from
-    (:func:`outlierlab.evaluation.settings_store.register_defaults`); idempotent.
+    (``outlierlab.evaluation.settings_store.register_defaults``); idempotent.
 
     Also run when this module is imported: Hydra's joblib and submitit launchers resolve a cell's output
     directory (``${cell_dir:...}``) in their worker process, which imports this module while unpickling the
@@ -355,7 +355,7 @@ def check_device(device, key: str = "encoder.device") -> None:
 
 
 def _drop_lightning_tips(record: logging.LogRecord) -> bool:
-    """False for Lightning's "💡 Tip:" advertisements (see :func:`one_console_for_lightning`)."""
+    """False for Lightning's "💡 Tip:" advertisements (see ``one_console_for_lightning``)."""
     return not str(record.msg).startswith("💡 Tip:")
 
 
@@ -376,7 +376,7 @@ def one_console_for_lightning() -> None:
     did.  Every other Lightning line passes.
 
     And where the console is a file (``nohup``, Slurm, ``> train.log``) and ``COLUMNS`` is unset, Rich's console --
-    the model summary's table and the progress bar -- gets :data:`LOG_COLUMNS` columns instead of its
+    the model summary's table and the progress bar -- gets ``LOG_COLUMNS`` columns instead of its
     fallback of 80, which cut the summary's module types to "Robert…" once FLOPs and in/out sizes joined it."""
     if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
         import rich  # Lightning's dependency for its rich bar and summary

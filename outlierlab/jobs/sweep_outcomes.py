@@ -1,8 +1,8 @@
 """A multirun that survives a failing cell and says so at its end.
 
 Hydra's basic launcher stops a sweep at the first exception a job raises, so later cells never ran. The entry
-points' :func:`outlierlab.jobs.run_errors.run_main` now returns from a failing cell instead (after writing its
-``failed.json``) and records the outcome here; :class:`SweepOutcomes`, a Hydra callback
+points' ``outlierlab.jobs.run_errors.run_main`` now returns from a failing cell instead (after writing its
+``failed.json``) and records the outcome here; ``SweepOutcomes``, a Hydra callback
 (``configs/hydra/callbacks/run_safety.yaml``), prints the failed and the skipped cells once every cell ran and
 exits non-zero if any failed.
 
@@ -55,7 +55,7 @@ def record(cell: Path | None, kind: str, line: str, sweep_dir: Path | None = Non
 
 
 def read(sweep_dir: Path, launch: str) -> list[dict[str, Any]]:
-    """The outcomes the cells of one launch recorded (:func:`record`), by cell; a file torn by a kill is skipped."""
+    """The outcomes the cells of one launch recorded (``record``), by cell; a file torn by a kill is skipped."""
     outcomes = map(read_json, (Path(sweep_dir) / OUTCOMES / launch).glob("*.json"))
     return sorted((o for o in outcomes if isinstance(o, dict)), key=lambda o: o.get("cell", ""))
 

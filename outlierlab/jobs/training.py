@@ -51,7 +51,7 @@ SIGTERM_EXIT = 143
 
 def ensure_writable(run_dir: Path) -> None:
     """Fail at start, not after an hour, if the run directory cannot be written (free space: once the model is
-    built, :func:`outlierlab.jobs.checkpoint_io.check_free_space`)."""
+    built, ``outlierlab.jobs.checkpoint_io.check_free_space``)."""
     error = unwritable_run_dir(run_dir)
     if error:
         raise OSError(error)
@@ -70,7 +70,7 @@ def ensure_room(run_dir: Path, module: L.LightningModule, cfg: DictConfig) -> in
 
 def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None) -> DataBudget:
     """Log tokens per epoch, the tokens this run will see and its epochs over the data; warn above
-    ``warn_above`` epochs (``data_epochs_warning``: a memorisation regime, see :mod:`outlierlab.datamodules.budget`)."""
+    ``warn_above`` epochs (``data_epochs_warning``: a memorisation regime, see ``outlierlab.datamodules.budget``)."""
     budget = data_budget(int(datamodule.stats["train_blocks"]), int(datamodule.stats["train_tokens"]),
                          datamodule.batch_size, trainer.world_size, trainer.accumulate_grad_batches,
                          trainer.max_steps, trainer.max_epochs)
@@ -86,7 +86,7 @@ def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None)
 def report_order_use(metrics: dict[str, float], threshold: float | None, config: EncoderConfig | None = None
                      ) -> str | None:
     """Say in one line (the run's log: the console and its train.log) when the run ends below ``threshold`` nats of
-    order use: its loss is then that of a bag-of-words model (:mod:`outlierlab.analysis.order_use`) -- "not yet",
+    order use: its loss is then that of a bag-of-words model (``outlierlab.analysis.order_use``) -- "not yet",
     or, for a masked model without positions (``config``), "cannot".  Nothing when order use was not measured
     (``module.order_use=false``) or ``threshold`` is null."""
     value = metrics.get("val/order_use")
@@ -141,7 +141,7 @@ def _release_ddp(env_before: dict[str, str | None]) -> None:
 
 def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float],
                    config: dict[str, Any] | None = None) -> dict[str, float]:
-    """manifest.json, then finished.json (:func:`outlierlab.jobs.run_state.mark_finished`), with the optimizer's
+    """manifest.json, then finished.json (``outlierlab.jobs.run_state.mark_finished``), with the optimizer's
     class, the device kind and whether deterministic algorithms were enforced (``trainer.deterministic=true``: Lightning calls
     ``torch.use_deterministic_algorithms`` and sets ``CUBLAS_WORKSPACE_CONFIG``)."""
     how = {"accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
@@ -179,12 +179,12 @@ def set_threads(threads: int | None) -> int:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run MLM pretraining as configured; return the final logged metrics.
 
-    The run directory is locked for this process first (:mod:`outlierlab.jobs.run_lock`: a second process on it
+    The run directory is locked for this process first (``outlierlab.jobs.run_lock``: a second process on it
     gets one line naming the holder). A run directory whose ``finished.json`` records the same
     ``trainer.max_steps`` is skipped (its metrics are returned), and one with a checkpoint but no such marker
     resumes from it (``resume: true``; also a finished run given more steps) -- so re-running a stopped multirun
     continues it cell by cell instead of starting over. A run that fails writes ``failed.json`` (the one-line
-    error and the step reached, :func:`outlierlab.jobs.run_state.failed_run`).
+    error and the step reached, ``outlierlab.jobs.run_state.failed_run``).
     """
     one_console_for_lightning()
     run_dir = Path(cfg.run_dir).resolve()

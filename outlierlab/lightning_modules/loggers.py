@@ -1,11 +1,11 @@
 """Loggers whose history survives resuming into the same run directory.
 
 * Lightning's CSVLogger deletes an existing ``metrics.csv`` when a run resumes, losing the history a
-  researcher plots. :class:`ResumableCSVLogger` keeps it: on its first write it drops only the rows of
+  researcher plots. ``ResumableCSVLogger`` keeps it: on its first write it drops only the rows of
   the abandoned timeline (steps at or after the first step the resumed run logs) and appends from there,
   so the file has no gap and no duplicated step.
 * TensorBoard keeps every event file of a run directory: after a crash at step 14 and a resume from the
-  step-10 checkpoint, steps 11-14 show twice. :class:`TensorBoardResumePurge` writes TensorBoard's
+  step-10 checkpoint, steps 11-14 show twice. ``TensorBoardResumePurge`` writes TensorBoard's
   restart marker (a ``SessionLog.START`` event at the resumed step, what ``SummaryWriter(purge_step=…)``
   writes) the moment the checkpoint is loaded, before anything of the new session is logged; TensorBoard's
   reader then discards the earlier events at or after that step.
@@ -77,7 +77,7 @@ def write_purge_marker(writer, step: int) -> None:
 class TensorBoardResumePurge(Callback):
     """On resume, purge the TensorBoard events the interrupted run wrote at or after the resumed step.
 
-    Works with Lightning's own :class:`~lightning.pytorch.loggers.TensorBoardLogger`; the step is read
+    Works with Lightning's own ``TensorBoardLogger``; the step is read
     from the checkpoint in ``on_load_checkpoint``, which runs before the new session logs anything.
 
     Attributes

@@ -1,4 +1,4 @@
-"""Language-model pretraining of :class:`RobertaMaskedLM`: the masked objective (Liu et al. 2019; Luo et al. 2021,
+"""Language-model pretraining of ``RobertaMaskedLM``: the masked objective (Liu et al. 2019; Luo et al. 2021,
 Table 4) or, with ``model.causal`` (``objective=clm``), next-token prediction under a causal mask (Radford et al.
 2019; Haviv et al. 2022) -- one module, so both objectives share optimizer, schedule, guards and monitors."""
 
@@ -25,7 +25,7 @@ def batch_size_of(batch: dict[str, Tensor]) -> int:
 def tokens_in(batch: dict[str, Tensor]) -> int:
     """Real (non-padding) tokens in a batch: what ``train/items_per_sec`` counts.
 
-    A batch without ``attention_mask`` is unpadded (:meth:`MLMLitModule.on_before_batch_transfer` drops an
+    A batch without ``attention_mask`` is unpadded (``MLMLitModule.on_before_batch_transfer`` drops an
     all-ones mask), so its size needs no device read; only a padded batch sums its mask.
     """
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].numel())
@@ -63,7 +63,7 @@ def prepare_mlm_batch(batch: dict[str, Tensor], causal: bool = False) -> dict[st
       ``F.scaled_dot_product_attention`` can take its flash kernel (packed blocks: all but the last are
       unpadded);
     * ``masked_positions``: flat indices of the labelled positions, so the MLM head can gather them without
-      a ``nonzero`` on the device (:meth:`outlierlab.models.encoder.RobertaMaskedLM.forward`); not for the
+      a ``nonzero`` on the device (``outlierlab.models.encoder.RobertaMaskedLM.forward``); not for the
       causal objective, whose loss reads every position.
     """
     batch = dict(batch)
@@ -142,11 +142,11 @@ class MLMLitModule(L.LightningModule):
         Dropout is re-seeded from ``(seed, global_step, rank)`` before every step, so a run
         resumed from a checkpoint draws exactly the dropout masks of an uninterrupted run.
     weight_decay_scope : {"no_norm_bias", "all"}
-        Which parameters the optimizer's weight decay applies to (:func:`weight_decay_groups`);
+        Which parameters the optimizer's weight decay applies to (``weight_decay_groups``);
         ``experiment=paper_roberta_base`` uses ``"all"`` as fairseq did.
     order_use : bool
         At every validation also compute *order use* -- the validation loss with each block's tokens permuted
-        minus the intact loss (:func:`outlierlab.analysis.order_use.order_use`; one more forward per validation
+        minus the intact loss (``outlierlab.analysis.order_use.order_use``; one more forward per validation
         batch) -- logged as ``val/order_use``, and on the first validation batch the *attention locality* of
         every layer (``val/attn_local/layer_i``, its uniform baseline ``val/attn_local/uniform``).  The
         permutations are drawn from ``(seed, batch_idx)``: every validation of a run permutes the same way.
@@ -294,7 +294,7 @@ class MLMLitModule(L.LightningModule):
 
     def _guard_finite(self, loss: Tensor) -> None:
         """Stop the run at a NaN/inf loss. On CPU at once; on an accelerator the first bad step is recorded on
-        the device without a host read, and :meth:`_raise_if_nonfinite` reads it every
+        the device without a host read, and ``_raise_if_nonfinite`` reads it every
         ``finite_check_every_n_steps`` steps and before every checkpoint."""
         if self._defer_finite_check is None:
             self._defer_finite_check = loss.device.type != "cpu"
@@ -344,7 +344,7 @@ class MLMLitModule(L.LightningModule):
 
     def permuted_loss(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """The loss of ``batch`` with each block's tokens permuted (special tokens and positions in place; a token
-        moves with its label): the first term of order use (:mod:`outlierlab.analysis.order_use`)."""
+        moves with its label): the first term of order use (``outlierlab.analysis.order_use``)."""
         config = self.config
         movable = movable_positions(batch["input_ids"], batch.get("labels"), batch.get("attention_mask"),
                                     {config.bos_token_id, config.eos_token_id, config.pad_token_id})

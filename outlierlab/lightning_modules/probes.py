@@ -1,13 +1,13 @@
 """Linear probes trained on ALL layers at once (Luo, Kulmizev & Mao 2021, §3 and §4.4).
 
-:class:`BatchedLinear` holds one weight tensor ``[L, d, C]`` and applies L independent linear maps with one
+``BatchedLinear`` holds one weight tensor ``[L, d, C]`` and applies L independent linear maps with one
 ``torch.bmm``; the training loss is the SUM of the per-layer cross-entropies, so layer l's gradient is
 exactly the gradient of its own loss and (Adam being element-wise) every layer trains as if alone — but the
 cached features are read once per batch for all layers instead of once per layer.
 
-* :class:`PositionProbe` — bias-free ``W ∈ R^{d×M}`` predicting each token's position (Luo §3); at test time
-  it also accumulates the neuron contributions ``c_i = |w_{y,i} v_i|`` (:func:`outlierlab.analysis.probe_contributions.contribution`).
-* :class:`SentenceClassifier` — ``W ∈ R^{d×N}`` on mean-pooled sentence vectors (Luo §4.4), with a bias by
+* ``PositionProbe`` — bias-free ``W ∈ R^{d×M}`` predicting each token's position (Luo §3); at test time
+  it also accumulates the neuron contributions ``c_i = |w_{y,i} v_i|`` (``outlierlab.analysis.probe_contributions.contribution``).
+* ``SentenceClassifier`` — ``W ∈ R^{d×N}`` on mean-pooled sentence vectors (Luo §4.4), with a bias by
   default or bias-free exactly as the paper writes it (``probe.classifier_bias=false``).
 """
 

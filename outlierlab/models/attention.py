@@ -11,17 +11,17 @@ Three kinds of attention (``EncoderConfig.attention``):
   needs the huge logits — and the outlier activations that produce them;
 * ``gated`` — the same paper, §4.2: ``π(G(x)) ⊙ softmax(QKᵀ/√d) V`` per head, with π the
   sigmoid and G a small gating function of the token's own input ``x``; a head can switch its update
-  off through the gate instead of through its attention pattern (:class:`HeadGate`).
+  off through the gate instead of through its attention pattern (``HeadGate``).
 
 With ``causal=True`` (the causal-LM objective) each query sees only its own and earlier keys: the fused
 SDPA call takes ``is_causal=True`` when nothing else needs a mask; otherwise the future is hidden in the same
-additive bias (:func:`hide_future`).
+additive bias (``hide_future``).
 
-Every position scheme of :mod:`outlierlab.models.positions` acts before the probabilities are formed (it rotates
+Every position scheme of ``outlierlab.models.positions`` acts before the probabilities are formed (it rotates
 q/k or adds a bias to the logits), so it composes with each kind unchanged. Only plain softmax can use
 the fused SDPA kernel; the other kinds take the explicit path.
 
-QK-norm (``qk_norm=True``; used by the Outlier-Protected block, :mod:`outlierlab.models.blocks`) normalises
+QK-norm (``qk_norm=True``; used by the Outlier-Protected block, ``outlierlab.models.blocks``) normalises
 queries and keys per head before the position scheme and the dot product — the entropy-regulation
 mechanism of He et al. (2024) (Dehghani et al. 2023; Wortsman et al. 2023).
 """

@@ -3,7 +3,7 @@
 Module names follow ``transformers.RobertaLayer`` (``attention.self``, ``attention.output.dense``,
 ``attention.output.LayerNorm``, ``intermediate.dense``, ``output.dense``, ``output.LayerNorm``) in every
 variant, so hooks written for RoBERTa (``layer.output.dense`` = FFN output) keep working and the default
-block's state dict is unchanged. :meth:`Layer.sites` names the activations the outlier literature
+block's state dict is unchanged. ``Layer.sites`` names the activations the outlier literature
 measures, per variant.
 
 Post-LN (RoBERTa; Liu et al. 2019), with ``f`` the attention or FFN sublayer::

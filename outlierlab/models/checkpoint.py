@@ -1,6 +1,6 @@
 """Reading a ``train.py`` checkpoint file — the one place that knows how.
 
-Lightning's ``load_from_checkpoint`` would rebuild the whole :class:`~outlierlab.lightning_modules.mlm_module.MLMModule`
+Lightning's ``load_from_checkpoint`` would rebuild the whole ``MLMModule``
 (optimizer settings, data hyper-parameters) and import Lightning into ``outlierlab/models/``, which stays plain torch so
 that ``probe.py``/``evaluate.py``/post-hoc analysis can read a run without a trainer; what they need is the
 checkpoint dict (``state_dict``, ``hyper_parameters['model']``, ``global_step``, the callbacks' state).

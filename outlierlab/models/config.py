@@ -45,17 +45,17 @@ class EncoderConfig:
         position ids start after ``pad_token_id``.
     pos : dict
         Position scheme: ``{"name": <registered scheme>, **options}``; see
-        :mod:`outlierlab.models.positions`.
+        ``outlierlab.models.positions``.
     norm_placement : {"post", "pre"}
         ``post``: RoBERTa, ``x = LN(x + f(x))``; ``pre``: ``x = x + f(LN(x))`` and a final
         LayerNorm after the last block (Xiong et al. 2020).
     norm : {"layernorm", "layernorm_noaffine", "rmsnorm"}
-        Kind of every normalisation layer of the encoder body (:mod:`outlierlab.models.norms`); the MLM head
+        Kind of every normalisation layer of the encoder body (``outlierlab.models.norms``); the MLM head
         keeps RoBERTa's affine LayerNorm.
     attention : {"softmax", "clipped_softmax", "gated"}
         Attention probabilities: softmax; clipped softmax ``clip((ζ-γ)·softmax + γ, 0, 1)``; or softmax
         attention whose per-head output is multiplied by a sigmoid gate of the token's input
-        (Bondarenko et al. 2023; :mod:`outlierlab.models.attention`).
+        (Bondarenko et al. 2023; ``outlierlab.models.attention``).
     block : {"roberta", "op"}
         ``roberta``: the block chosen by ``norm_placement``; ``op``: the Outlier-Protected block of
         He et al. (2024) — no normalisation in the residual branches, QK-norm, down-scaled branches.

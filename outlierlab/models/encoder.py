@@ -3,14 +3,14 @@
 By default post-LayerNorm blocks as in RoBERTa (Liu et al. 2019): an embeddings LayerNorm, and per
 layer an attention-output LayerNorm and an output LayerNorm — the LayerNorms whose gain
 and bias the outlier literature tracks (Kovaleva et al. 2021; Puccetti et al. 2022).
-The switches of :class:`EncoderConfig` (norm placement, norm kind, attention kind, the
-Outlier-Protected block) live in :mod:`outlierlab.models.norms`, :mod:`outlierlab.models.attention` and
-:mod:`outlierlab.models.blocks`; docs/architectures.md describes them.
+The switches of ``EncoderConfig`` (norm placement, norm kind, attention kind, the
+Outlier-Protected block) live in ``outlierlab.models.norms``, ``outlierlab.models.attention`` and
+``outlierlab.models.blocks``; docs/architectures.md describes them.
 
 Written here rather than taken from transformers because transformers 5 dropped relative
 positions from RoBERTa and never had "no positions" (see docs/design.md). Parameter names are
 those of ``transformers.RobertaForMaskedLM`` so learned/none models export unchanged
-(:mod:`outlierlab.models.export`).
+(``outlierlab.models.export``).
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ class RobertaMaskedLM(nn.Module):
         moves. ``full_logits=True`` (or no ``labels``) gives ``[B, T, V]`` as before.
 
         ``masked_positions`` without ``labels``: the head at those positions alone, ``logits`` ``[N, V]`` and no
-        loss -- the scored rows of the evaluation analyses (:func:`outlierlab.analysis.scored_rows.logits_at`
+        loss -- the scored rows of the evaluation analyses (``outlierlab.analysis.scored_rows.logits_at``
         does the same for a Hugging Face head), for either objective.
         """
         out = self.roberta(input_ids, attention_mask, output_hidden_states, output_attentions)

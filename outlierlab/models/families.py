@@ -1,11 +1,11 @@
 """The model families of this research line, keyed by ``config.model_type``: where each keeps its blocks,
 per-layer norms, position table, attention, query/key projections, FFN output and LM head.
 
-One :class:`Family` per block structure.  Every analysis that needs a model's insides asks this module
-(:func:`family_of`), never a regex over parameter names:
+One ``Family`` per block structure.  Every analysis that needs a model's insides asks this module
+(``family_of``), never a regex over parameter names:
 
-* :meth:`Family.layernorms` — the norms on the residual stream under canonical keys, the input of THE
-  LayerNorm-outlier rule (:mod:`outlierlab.analysis.layernorm_rule`): ``embeddings``, per layer
+* ``Family.layernorms`` — the norms on the residual stream under canonical keys, the input of THE
+  LayerNorm-outlier rule (``outlierlab.analysis.layernorm_rule``): ``embeddings``, per layer
   ``layer.{i}.<kind>``, ``final`` (pre-LN), ``head`` (the LM head's own norm, only when asked).  The per-layer
   *kind* says where the norm sits in the block:
 
@@ -21,16 +21,16 @@ One :class:`Family` per block structure.  Every analysis that needs a model's in
     sublayer adds to it; one ``final`` norm before the LM head.
 
   Which kinds the rule judges by default (both pre-LN norms, and both reordered ones, in the role of
-  Kovaleva's output LayerNorm) is decided in :data:`outlierlab.analysis.layernorm_rule.KIND_ROLES` and argued
+  Kovaleva's output LayerNorm) is decided in ``outlierlab.analysis.layernorm_rule.KIND_ROLES`` and argued
   in docs/fidelity.md.
-* :meth:`Family.position_table`, :attr:`Family.positions` — a learned absolute table (GPT-2's ``wpe``,
+* ``Family.position_table``, ``Family.positions`` — a learned absolute table (GPT-2's ``wpe``,
   BERT's ``position_embeddings``) or what the model uses instead (rotary, relative, ...).
-* :meth:`Family.blocks`, :meth:`Family.attention_modules`, :meth:`Family.qk_projections` (q/k where the model
-  rotates them: the projections, clipped where the model clips them, or a QK-norm; :func:`split_qk` for fused
+* ``Family.blocks``, ``Family.attention_modules``, ``Family.qk_projections`` (q/k where the model
+  rotates them: the projections, clipped where the model clips them, or a QK-norm; ``split_qk`` for fused
   projections),
-  :func:`outlierlab.models.rotary_layers.rotary_layers` (per block the rotary frequencies the model uses, read from
-  its rotary module, and the layer's reach), :meth:`Family.sites` (Bondarenko et al. 2023's activation sites),
-  :func:`lm_head` / :func:`unembedding` (the model's own output layer, ``get_output_embeddings``).
+  ``outlierlab.models.rotary_layers.rotary_layers`` (per block the rotary frequencies the model uses, read from
+  its rotary module, and the layer's reach), ``Family.sites`` (Bondarenko et al. 2023's activation sites),
+  ``lm_head`` / ``unembedding`` (the model's own output layer, ``get_output_embeddings``).
 
 Paths are dotted module paths: block paths from the *base model* (``model.base_model``, so a model with or
 without its LM head resolves alike), norm/projection paths from one block, ``head_norm`` from the full
@@ -44,7 +44,7 @@ checks every entry against the installed transformers by building each model typ
 provide is used: ``config.model_type`` keys the registry, ``base_model`` roots the paths, ``get_output_embeddings``
 is the LM head, and the auto mappings decide masked-LM vs causal-LM for an unregistered type.
 
-Adding a family: one :class:`Family` entry in :data:`FAMILIES` with its ``model_types``; the test
+Adding a family: one ``Family`` entry in ``FAMILIES`` with its ``model_types``; the test
 ``tests/test_families.py`` then plants an outlier dim in a tiny random model of that type and checks that
 the rule finds exactly it.  Our own encoder (``outlierlab``) is resolved from its ``named_layernorms``
 with the placement its blocks were built with (``model.norm_placement``), so a pre-LN run of ours and a
@@ -72,7 +72,7 @@ REORDERED_KINDS = ("attention_update", "mlp_update")
 
 
 class UnknownFamilyError(ValueError):
-    """The model's ``model_type`` is not in :data:`FAMILIES`; the message is one line saying how to add it."""
+    """The model's ``model_type`` is not in ``FAMILIES``; the message is one line saying how to add it."""
 
 
 class QKProjection(NamedTuple):
@@ -86,7 +86,7 @@ class QKProjection(NamedTuple):
         (``[B, H, T, head_dim]``: our attention's ``query_norm``/``key_norm`` and position scheme input)
     num_heads, num_kv_heads, head_dim : from the config (``num_kv_heads < num_heads``: grouped-query attention)
     clip : the model clamps q and k to ``[-clip, clip]`` before rotating them (OLMo's ``config.clip_qkv``;
-        Groeneveld et al. 2024), so :func:`split_qk` does too; None: no clipping
+        Groeneveld et al. 2024), so ``split_qk`` does too; None: no clipping
     """
 
     q: nn.Module
@@ -104,7 +104,7 @@ def split_qk(proj: QKProjection, q_out: Tensor, k_out: Tensor | None = None) -> 
     ``q_out`` is the output of ``proj.q``; ``k_out`` that of ``proj.k`` (ignored for fused layouts, where
     both come from ``q_out``).  Rotary embeddings, where a family has them, are applied *after* these
     projections (Su et al. 2021): what is returned is the pre-rotation q/k, clipped where the model clips them
-    (:attr:`QKProjection.clip`; transformers clamps the projection's output in place, so a hook that kept it
+    (``QKProjection.clip``; transformers clamps the projection's output in place, so a hook that kept it
     without a copy already sees it clipped — clipping again changes nothing).
     """
     if proj.clip is not None:
@@ -173,15 +173,15 @@ class Family:
         sublayers' outputs before the residual add; OLMo 2)
     decoder : causal (next-token) model; its token vectors see only their left context
     blocks : path of the ``ModuleList`` of blocks, from the base model
-    norms : ``(path in a block, kind)`` per per-layer norm, in block order (kinds: :data:`POST_KINDS`,
-        :data:`PRE_KINDS`, :data:`REORDERED_KINDS`)
+    norms : ``(path in a block, kind)`` per per-layer norm, in block order (kinds: ``POST_KINDS``,
+        ``PRE_KINDS``, ``REORDERED_KINDS``)
     embeddings_norm, final_norm : paths from the base model (None: the family has none)
     head_norm : path of the LM head's own norm, from the full model (None: none)
     position_table : path of a learned absolute position ``nn.Embedding``, from the base model (None: none)
     positions : what the family uses for positions, said in the reports
     attention : path of the attention module in a block
     q, k : paths of the query / key projections in a block (the same path for a fused projection)
-    qk_layout : see :class:`QKProjection`
+    qk_layout : see ``QKProjection``
     ffn_output : path of the FFN down-projection in a block (Bondarenko et al. 2023's ``ffn_output`` site)
     norm_kind : the norm class in words, said in reports
     optional_norms : block norm paths that may be ``nn.Identity`` (left out) in some blocks
@@ -283,9 +283,9 @@ class Family:
         return [self._required(b, self.attention, "attention module") for b in self.block_list(model)]
 
     def qk_projections(self, model: nn.Module) -> list[QKProjection]:
-        """Each block's queries and keys where the model rotates them (:class:`QKProjection`; outputs split by
-        :func:`split_qk`): the projections (with the model's clip, :attr:`qk_clip`), or a block's QK-norms where
-        it has them (:attr:`qk_norms`: Qwen3 per head, OLMo 2 over the whole projection, normalise q and k with a
+        """Each block's queries and keys where the model rotates them (``QKProjection``; outputs split by
+        ``split_qk``): the projections (with the model's clip, ``qk_clip``), or a block's QK-norms where
+        it has them (``qk_norms``: Qwen3 per head, OLMo 2 over the whole projection, normalise q and k with a
         learned gain *before* the rotation)."""
         cfg = getattr(model, "config", None)
         heads = int(getattr(cfg, "num_attention_heads", 0) or getattr(cfg, "n_heads", 0)
@@ -310,7 +310,7 @@ class Family:
 
     def sites(self, block: nn.Module) -> dict[str, tuple[nn.Module, str]]:
         """Bondarenko et al. (2023)'s activation sites of one block, ``{site: (module, "input" | "output")}``
-        (:mod:`outlierlab.models.sites`): ``ffn_output``; post-LN: ``ln_input``/``ln_output`` around the
+        (``outlierlab.models.sites``): ``ffn_output``; post-LN: ``ln_input``/``ln_output`` around the
         output LayerNorm; pre-LN and reordered: ``ln_input`` = the block output (the sum a post-LN block would
         normalise, as our own pre-LN blocks declare it; a reordered block normalises only the FFN's output, which
         is ``ffn_output`` before its gain) and ``residual``."""
@@ -436,7 +436,7 @@ def family_for_type(model_type: str, placement: str = "post", causal: bool = Fal
 
 
 def family_of(model: nn.Module) -> Family:
-    """The :class:`Family` of a loaded model (Hugging Face, with or without head, or our own encoder)."""
+    """The ``Family`` of a loaded model (Hugging Face, with or without head, or our own encoder)."""
     if hasattr(model, "named_layernorms"):
         layers = list(getattr(getattr(base_model(model), "encoder", None), "layer", []) or [])
         return ours("pre" if layers and getattr(layers[0], "pre_norm", False) else "post",

@@ -1,7 +1,7 @@
 """Whether the Hugging Face hub can be reached, decided in seconds.
 
-Used by every loader that takes a hub name (encoders in :mod:`outlierlab.models.encoder_source`, data sets in
-:mod:`datamodules`), so that an offline machine gets a one-line error instead of a 30-50 s retry loop.
+Used by every loader that takes a hub name (encoders in ``outlierlab.models.encoder_source``, data sets in
+``datamodules``), so that an offline machine gets a one-line error instead of a 30-50 s retry loop.
 """
 
 from __future__ import annotations

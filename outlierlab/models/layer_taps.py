@@ -1,9 +1,9 @@
 """Every layer's hidden states handed over one at a time, as the forward pass produces them.
 
 ``output_hidden_states=True`` keeps all ``L+1`` hidden states until the forward returns, and stacking them
-as float32 (what :meth:`outlierlab.models.loading.FrozenEncoder.forward` returns) costs ``(L+1)·B·T·d·4``
-bytes per batch — ≈ 22 GB for a 70B model (81 × 8192) at 16 × 512 tokens.  :func:`tap_layers` registers
-forward hooks on the family's blocks (:mod:`outlierlab.models.families`) and calls ``fn(layer, hidden)`` with
+as float32 (what ``outlierlab.models.loading.FrozenEncoder.forward`` returns) costs ``(L+1)·B·T·d·4``
+bytes per batch — ≈ 22 GB for a 70B model (81 × 8192) at 16 × 512 tokens.  ``tap_layers`` registers
+forward hooks on the family's blocks (``outlierlab.models.families``) and calls ``fn(layer, hidden)`` with
 each layer's ``[B, T, d]`` output in the model's dtype; the caller reduces it into its accumulators (which
 upcast) and drops it, so activation memory stays at about one layer's batch.
 

@@ -1,15 +1,15 @@
 """The one list of a model's LayerNorms, their parameters, and the weight surgery of Kovaleva et al. (2021).
 
 Every analysis of LayerNorm outlier dims (the training monitor, ``evaluate.py``'s outliers, ablation,
-frequency and attention-sink analyses, probe.py's report) gets the norms from :func:`model_layernorms`,
+frequency and attention-sink analyses, probe.py's report) gets the norms from ``model_layernorms``,
 keyed by canonical names in depth order: ``embeddings``; per layer ``layer.{i}.attention_output`` and
 ``layer.{i}.output`` (post-LN) or ``layer.{i}.attention_input`` and ``layer.{i}.mlp_input`` (pre-LN);
 ``final`` (pre-LN); and — only when asked (``include_head=True``) — ``head`` for the LM head's norm.
-Hugging Face models are resolved by their family (:mod:`outlierlab.models.families`, keyed by
+Hugging Face models are resolved by their family (``outlierlab.models.families``, keyed by
 ``config.model_type``, by module structure); our encoder lists its own
-(:meth:`outlierlab.models.encoder.RobertaMaskedLM.named_layernorms`), renamed to the pre-LN kinds when its
+(``outlierlab.models.encoder.RobertaMaskedLM.named_layernorms``), renamed to the pre-LN kinds when its
 blocks are pre-LN, so a pre-LN run of ours and a pre-LN hub model are judged alike.
-The rule that judges these norms is :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`.
+The rule that judges these norms is ``outlierlab.analysis.layernorm_rule.layernorm_outliers``.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def model_layernorms(model: nn.Module, include_head: bool = False) -> dict[str, 
 
     Parameters
     ----------
-    model : our :class:`~outlierlab.models.encoder.RobertaMaskedLM` (anything with ``named_layernorms()``), or a
-        Hugging Face model of a registered family (:data:`outlierlab.models.families.FAMILIES`), with or
+    model : our ``RobertaMaskedLM`` (anything with ``named_layernorms()``), or a
+        Hugging Face model of a registered family (``outlierlab.models.families.FAMILIES``), with or
         without its head.
     include_head : also list the LM head's own norm as ``head`` (never counted unless asked: it is not a
         layer of the encoder).
@@ -84,7 +84,7 @@ def model_layernorms(model: nn.Module, include_head: bool = False) -> dict[str, 
 
 def select_layernorms(layernorms: Mapping[str, nn.Module], kinds: Iterable[str]) -> dict[str, nn.Module]:
     """The norms of the given kinds or roles (``output`` — in a pre-LN model both per-layer norms,
-    :data:`outlierlab.analysis.layernorm_rule.KIND_ROLES` —, ``attention_output``, ``attention_input``,
+    ``outlierlab.analysis.layernorm_rule.KIND_ROLES`` —, ``attention_output``, ``attention_input``,
     ``mlp_input``, ``embeddings``, ``final``, ``head``; ``all`` = every per-layer norm), in model order.
     Raises on an empty choice or a kind this model does not have, naming what it has."""
     kinds = [str(k) for k in kinds]
@@ -111,7 +111,7 @@ def norm_layer(name: str) -> int | None:
 
 
 def layernorms_of_layers(layernorms: Mapping[str, nn.Module], layers: Iterable[int]) -> dict[str, nn.Module]:
-    """The norms of ``layernorms`` that belong to ``layers`` (:func:`norm_layer`; the final and head norms belong to
+    """The norms of ``layernorms`` that belong to ``layers`` (``norm_layer``; the final and head norms belong to
     none), in model order: where a dim is read, asked one layer at a time.  Raises, naming the layers there are,
     when a layer is not among them or nothing is left."""
     layers = [int(x) for x in layers]
@@ -126,7 +126,7 @@ def layernorms_of_layers(layernorms: Mapping[str, nn.Module], layers: Iterable[i
 
 def layernorm_tensors(layernorms: Mapping[str, nn.Module]) -> dict[str, tuple[Tensor | None, Tensor | None]]:
     """Detached float32 CPU copies of every norm's ``(weight, bias)``; ``None`` where a norm has none
-    (no-affine LayerNorm: both; RMSNorm: bias) — the input of :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`."""
+    (no-affine LayerNorm: both; RMSNorm: bias) — the input of ``outlierlab.analysis.layernorm_rule.layernorm_outliers``."""
     out = {}
     for name, ln in layernorms.items():
         w, b = getattr(ln, "weight", None), getattr(ln, "bias", None)
@@ -141,7 +141,7 @@ def zero_layernorm_dims(layernorms: Mapping[str, nn.Module], dims: Iterable[int]
     Parameters
     ----------
     layernorms : Mapping[str, nn.Module]
-        The norms to touch (e.g. :func:`select_layernorms`); no other parameter is changed.
+        The norms to touch (e.g. ``select_layernorms``); no other parameter is changed.
     dims : Iterable[int] or Mapping[str, Iterable[int]]
         The same dims in every norm, or per norm name (names missing from the mapping: none).
 

@@ -2,24 +2,24 @@
 
 The ablation needs the MLM head (Kovaleva et al. 2021 score masked-LM loss with LayerNorm dims disabled) and
 the attention-sink analysis needs attention *probabilities*, which only eager attention returns.
-:func:`load_mlm` gives both behind one small wrapper, :class:`LoadedModel`, on the weights the
-:class:`~outlierlab.models.loading.FrozenEncoder` holds (:meth:`~outlierlab.models.loading.FrozenEncoder.lm_model`):
+``load_mlm`` gives both behind one small wrapper, ``LoadedModel``, on the weights the
+``FrozenEncoder`` holds (``FrozenEncoder.lm_model``):
 
 * our models (a train.py run, its ``hf/``/``model/`` export, a ``*.ckpt``): the FrozenEncoder's own
-  :class:`~models.RobertaMaskedLM` (it has the head; ``output_attentions=True`` takes its eager path);
+  ``RobertaMaskedLM`` (it has the head; ``output_attentions=True`` takes its eager path);
 * Hugging Face models: ``AutoModelForMaskedLM`` for encoders, ``AutoModelForCausalLM`` for decoders (GPT-2,
-  Pythia, Llama-style: :attr:`LoadedModel.objective` is ``next_token``; the family registry,
-  :mod:`outlierlab.models.families`, says which, and for an unregistered ``model_type`` the transformers auto
-  mappings do), loaded once by :func:`outlierlab.models.placement.load_hf_model`; the encoder runs its body and
-  :meth:`LoadedModel.forward` switches it to eager attention.  When the checkpoint has no LM-head weights
+  Pythia, Llama-style: ``LoadedModel.objective`` is ``next_token``; the family registry,
+  ``outlierlab.models.families``, says which, and for an unregistered ``model_type`` the transformers auto
+  mappings do), loaded once by ``outlierlab.models.placement.load_hf_model``; the encoder runs its body and
+  ``LoadedModel.forward`` switches it to eager attention.  When the checkpoint has no LM-head weights
   (e.g. the bundled all-MiniLM-L6-v2 sentence model, a ``BertModel``), the randomly initialised head is NOT
   used: ``has_mlm_head`` is False with a one-line reason, and the body (correctly loaded) still serves the
   attention and LayerNorm analyses.
 
-:func:`output_layer` names the head's output layer (its weight, bias, and where the vector entering it is read)
-and :func:`last_vectors` captures that vector at the scored positions (Macocco et al. 2025's frequent-token analysis).
+``output_layer`` names the head's output layer (its weight, bias, and where the vector entering it is read)
+and ``last_vectors`` captures that vector at the scored positions (Macocco et al. 2025's frequent-token analysis).
 
-LayerNorms get the canonical keys of :func:`outlierlab.models.layernorms.model_layernorms` (post-LN
+LayerNorms get the canonical keys of ``outlierlab.models.layernorms.model_layernorms`` (post-LN
 ``layer.{i}.attention_output``/``output``, pre-LN ``layer.{i}.attention_input``/``mlp_input``, ``final``,
 ``embeddings``, ``head``).  A model whose ``model_type`` is not registered gets no norms and a one-line
 ``family_note``; the analyses that need none still run.
@@ -47,7 +47,7 @@ OBJECTIVES = ("masked_lm", "next_token")
 
 def layernorm_map(model: nn.Module) -> dict[str, nn.Module]:
     """The model's norms by canonical key, the MLM head's included as ``head`` (judged or zeroed only when
-    asked): :func:`outlierlab.models.layernorms.model_layernorms`, the one list of a model's LayerNorms."""
+    asked): ``outlierlab.models.layernorms.model_layernorms``, the one list of a model's LayerNorms."""
     return model_layernorms(model, include_head=True)
 
 
@@ -64,12 +64,12 @@ class LoadedModel:
 
     model : the module whose forward is called (MLM model, or the encoder body when there is no head)
     tokenizer : its tokenizer
-    layernorms : key -> nn.LayerNorm (see :func:`layernorm_map`)
+    layernorms : key -> nn.LayerNorm (see ``layernorm_map``)
     kind : "outlierlab" (our RobertaMaskedLM) or "hf"
     has_mlm_head : False when the checkpoint holds no weights for its own LM head (masked-LM or next-token);
         ``no_head_reason`` says why
-    objective : ``masked_lm`` or ``next_token`` (:data:`OBJECTIVES`)
-    family : the model's :class:`~outlierlab.models.families.Family`, None when its ``model_type`` is not
+    objective : ``masked_lm`` or ``next_token`` (``OBJECTIVES``)
+    family : the model's ``Family``, None when its ``model_type`` is not
         registered (``family_note`` says so in one line, and ``layernorms`` is empty)
     """
 
@@ -125,7 +125,7 @@ class LoadedModel:
 
         rows : Bool ``[B, T]``, the positions whose logits are wanted (the masked or predicting ones): ``logits``
             are then ``[n, V]``, and the head projects those rows alone (a Hugging Face head:
-            :func:`outlierlab.analysis.scored_rows.logits_at`; ours: its ``masked_positions``); None: ``[B, T, V]``."""
+            ``outlierlab.analysis.scored_rows.logits_at``; ours: its ``masked_positions``); None: ``[B, T, V]``."""
         dev = self.device
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
         narrowed = False
@@ -151,7 +151,7 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
     Parameters
     ----------
     encoder : outlierlab.models.loading.FrozenEncoder or str
-        Its weights are used (:meth:`~outlierlab.models.loading.FrozenEncoder.lm_model`: loaded once).
+        Its weights are used (``FrozenEncoder.lm_model``: loaded once).
     device : optional
         For a path: where the model goes (default CPU).  A FrozenEncoder's model stays where it placed it.
 

@@ -4,7 +4,7 @@
 
 * a train.py run directory (``<run>/hf/`` or ``<run>/model/`` export, else ``<run>/checkpoints/last.ckpt``),
   an exported directory itself, or one ``*.ckpt`` file of a run — loaded with
-  :func:`outlierlab.models.load_pretrained` (our RoBERTa, any position scheme);
+  ``outlierlab.models.load_pretrained`` (our RoBERTa, any position scheme);
 * a local Hugging Face model directory (anything ``AutoModel`` loads: BERT, RoBERTa, DistilBERT, MiniLM,
   MPNet, ...);
 * a hub id (``roberta-base``, ``bert-base-uncased``): served from the local HF cache; when the hub is not
@@ -15,12 +15,12 @@
 Sequences longer than the model accepts are truncated with ONE warning counting them
 (``on_overflow="warn"``, default) or rejected with one line (``on_overflow="error"``).
 
-Resolving ``name_or_path`` to a source is :mod:`outlierlab.models.encoder_source`; this module loads and runs it.
+Resolving ``name_or_path`` to a source is ``outlierlab.models.encoder_source``; this module loads and runs it.
 
 Position index convention (used by the position probe): a token's index in the tokenized sequence,
 0 = ``<s>``/``[CLS]``.
 
-Decoders (GPT-2, Pythia, Llama-style; :mod:`outlierlab.models.families`) load the same way: their token
+Decoders (GPT-2, Pythia, Llama-style; ``outlierlab.models.families``) load the same way: their token
 vectors see only their left context (causal attention), and the same pooling rules apply (non-special,
 non-pad tokens).  Their tokenizers often have no pad token: the end-of-sequence token pads the batches
 (padding is on the right and masked, so it never reaches a real token's vector).
@@ -55,11 +55,11 @@ _ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-
 
 
 class EncodedBatch(NamedTuple):
-    """One batch of :meth:`FrozenEncoder.encode`.
+    """One batch of ``FrozenEncoder.encode``.
 
     hidden : Tensor[L+1, B, T, d] float32 (embedding output + every layer)
     attention_mask, special_tokens_mask, input_ids : Tensor[B, T] (int64; padding has attention 0)
-    index : Tensor[B] position of each row in the ``texts`` given to :meth:`FrozenEncoder.encode`
+    index : Tensor[B] position of each row in the ``texts`` given to ``FrozenEncoder.encode``
     layers : with ``batches(layerwise=True)``: ``layers(fn)`` runs the forward and feeds ``fn(layer, [B, T, d])``
         one layer at a time (``hidden`` is then None)
     """
@@ -105,7 +105,7 @@ def _pos_name(pos) -> str | None:
 
 
 class FrozenEncoder:
-    """A frozen encoder returning all hidden states: ``encode(texts)`` yields :class:`EncodedBatch`.
+    """A frozen encoder returning all hidden states: ``encode(texts)`` yields ``EncodedBatch``.
 
     Parameters
     ----------
@@ -118,7 +118,7 @@ class FrozenEncoder:
     device : str
         "auto" (CUDA if available), "cpu", "cuda", ...; where the model goes without a ``device_map``.
     batch_size : int
-        Default batch size of :meth:`encode`.
+        Default batch size of ``encode``.
     dtype : {"float32", "auto", "bfloat16", "float16"}
         Precision of the weights and activations; "auto" keeps the checkpoint's own (Pythia: float16, most
         Llama-style hubs: bfloat16).  Every statistic still accumulates in float32/float64: the accumulators
@@ -132,7 +132,7 @@ class FrozenEncoder:
         Where ``device_map`` entries set to "disk" keep their weights (default: a temporary directory).
     lm_head : bool
         Hugging Face models: load the model with its own LM head and run its body (the same hidden states as
-        ``AutoModel``), so that :meth:`lm_model` reuses these weights instead of loading them again.  evaluate.py
+        ``AutoModel``), so that ``lm_model`` reuses these weights instead of loading them again.  evaluate.py
         sets it when an analysis that scores with the head is selected.
 
     Attributes
@@ -280,7 +280,7 @@ class FrozenEncoder:
                                                           revision=src.revision))
 
     def _hf_config(self, cfg) -> tuple[int, int, int]:
-        """:meth:`_read_config` from a transformers config (read from disk, or a model in memory's own)."""
+        """``_read_config`` from a transformers config (read from disk, or a model in memory's own)."""
         self.causal = bool(getattr(cfg, "is_decoder", False))  # our clm runs export as RobertaForCausalLM
         self.pos = _pos_name(getattr(cfg, "outlierlab_pos", None))  # our native export names it; hub models: None
         if self.source.kind == "hf":
@@ -311,7 +311,7 @@ class FrozenEncoder:
     def lm_model(self) -> tuple[torch.nn.Module, bool, str, str]:
         """``(model, has_head, no-head reason, objective)``: this encoder's weights under the model's own LM head.
 
-        Our models (a :class:`~outlierlab.models.RobertaMaskedLM`) have it already.  A Hugging Face model not yet
+        Our models (a ``RobertaMaskedLM``) have it already.  A Hugging Face model not yet
         loaded is loaded once, with its head (the encoder then runs its body).  Without a head in the checkpoint
         ``model`` is the body and ``has_head`` False."""
         if self.source.kind != "hf":
@@ -424,7 +424,7 @@ class FrozenEncoder:
     def forward_layers(self, input_ids: Tensor, attention_mask: Tensor, fn) -> None:
         """One padded batch, each hidden state handed to ``fn(layer, hidden [B, T, d])`` as the model produces
         it (in the model's dtype, on its layer's device): activation memory is one layer, not ``L+1``
-        (:func:`outlierlab.models.layer_taps.tap_layers`)."""
+        (``outlierlab.models.layer_taps.tap_layers``)."""
         from outlierlab.models.layer_taps import tap_layers
 
         model = self.model
@@ -443,7 +443,7 @@ class FrozenEncoder:
         """Run the encoder over pre-tokenized sequences, one padded batch at a time.
 
         ``layerwise=True`` runs nothing yet: each batch's ``hidden`` is None and its ``layers(fn)`` runs the
-        forward, feeding ``fn(layer, hidden [B, T, d])`` one layer at a time (:meth:`forward_layers`)."""
+        forward, feeding ``fn(layer, hidden [B, T, d])`` one layer at a time (``forward_layers``)."""
         bs = int(batch_size or self.batch_size)
         lengths = torch.tensor(tokenized.lengths)
         order = torch.argsort(lengths, descending=True, stable=True) if sort_by_length else torch.arange(len(lengths))
@@ -474,7 +474,7 @@ class FrozenEncoder:
 
     def encode(self, texts: Sequence[str], batch_size: int | None = None, sort_by_length: bool = False,
                progress: bool = False) -> Iterator[EncodedBatch]:
-        """Tokenize ``texts`` and yield :class:`EncodedBatch` es (``index`` maps rows back to ``texts``)."""
+        """Tokenize ``texts`` and yield ``EncodedBatch`` es (``index`` maps rows back to ``texts``)."""
         yield from self.batches(self.tokenize(texts), batch_size, sort_by_length, progress)
 
     def __repr__(self) -> str:

@@ -23,12 +23,12 @@ NORM_TYPES = (nn.LayerNorm, nn.RMSNorm)
 
 
 def make_norm(kind: str, dim: int, eps: float) -> nn.Module:
-    """A normalisation layer of ``kind`` (see :data:`NORM_KINDS`) over the last ``dim`` features.
+    """A normalisation layer of ``kind`` (see ``NORM_KINDS``) over the last ``dim`` features.
 
     Raises
     ------
     ValueError
-        ``kind`` is not one of :data:`NORM_KINDS`.
+        ``kind`` is not one of ``NORM_KINDS``.
     """
     if kind == "layernorm":
         return nn.LayerNorm(dim, eps=eps)

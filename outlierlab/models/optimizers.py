@@ -103,10 +103,10 @@ class MuonWithAdamW(SplitOptimizer):
     Parameters
     ----------
     params : list of dict
-        The parameter groups (:func:`outlierlab.lightning_modules.mlm_module.weight_decay_groups`); each group's own
+        The parameter groups (``outlierlab.lightning_modules.mlm_module.weight_decay_groups``); each group's own
         ``weight_decay`` (0 for the exempt group) holds for both parts.
     matrices : list of Tensor
-        The parameters Muon updates (:func:`hidden_matrices`); every other parameter goes to AdamW.
+        The parameters Muon updates (``hidden_matrices``); every other parameter goes to AdamW.
     lr : float
         The peak rate of both parts. With ``adjust_lr_fn="match_rms_adamw"`` (Liu et al. 2025, "Muon is Scalable for
         LLM Training") Muon's update is rescaled to AdamW's RMS (0.2 sqrt(max(A, B))), so AdamW's rate serves both.

@@ -9,7 +9,7 @@ hubs bfloat16).  A ``device_map`` mapping places modules by hand; entries set to
 file itself, or from ``offload_folder``).  The statistics downstream accumulate in float64 whatever the dtype.
 
 ``lm_head=True`` loads the model WITH its own LM head (``AutoModelForMaskedLM`` for encoders,
-``AutoModelForCausalLM`` for decoders: :func:`outlierlab.models.families.causal_or_masked`), whose body is the
+``AutoModelForCausalLM`` for decoders: ``outlierlab.models.families.causal_or_masked``), whose body is the
 very module ``AutoModel`` would give: the frozen encoder runs the body and the MLM analyses the head, one copy
 of the weights.
 """
@@ -30,7 +30,7 @@ DTYPES = ("float32", "auto", "bfloat16", "float16")
 
 
 def torch_dtype(name: str):
-    """``"auto"`` or the torch dtype named ``name`` (one of :data:`DTYPES`)."""
+    """``"auto"`` or the torch dtype named ``name`` (one of ``DTYPES``)."""
     if name not in DTYPES:
         raise ValueError(f"encoder.dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     return "auto" if name == "auto" else getattr(torch, name)
@@ -38,7 +38,7 @@ def torch_dtype(name: str):
 
 @dataclass
 class HFModel:
-    """What :func:`load_hf_model` loaded.
+    """What ``load_hf_model`` loaded.
 
     body : the encoder/decoder body (``AutoModel``'s module), what the frozen encoder runs
     lm : the same weights under the model's own LM head; None without ``lm_head=True`` or when the checkpoint
@@ -65,7 +65,7 @@ def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None, o
                   lm_head: bool = False) -> HFModel:
     """The model at ``src.revision`` in ``dtype``, placed by ``device_map``; with ``lm_head`` its LM-head class.
 
-    A missing model or revision is one :class:`EncoderUnavailableError` line."""
+    A missing model or revision is one ``EncoderUnavailableError`` line."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
     from transformers.utils import logging as hf_logging
 

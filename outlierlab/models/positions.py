@@ -13,7 +13,7 @@ row (the first token, ``<s>``, has position 0). The ``learned`` scheme converts 
 RoBERTa's convention (``padding_idx + 1 + position``) so that its table loads in Hugging
 Face's ``RobertaModel`` unchanged.
 
-The names in :data:`POSITION_SCHEMES` must match the files in ``configs/pos/``; a test
+The names in ``POSITION_SCHEMES`` must match the files in ``configs/pos/``; a test
 checks it, and the entry points validate ``pos=`` against those files before importing torch.
 """
 
@@ -59,7 +59,7 @@ class LearnedPositionEmbedding(nn.Embedding):
     def reset_parameters(self) -> None:
         """The table's initial values (``pos.init``, ``pos.init_scale``): ``normal`` is BERT/RoBERTa's
         N(0, (initializer_range·init_scale)²); ``sinusoidal`` starts the *learned* table at Vaswani et al.'s
-        sinusoids with the token embeddings' RMS times ``init_scale`` (:func:`sinusoidal_scale` "match_tokens") --
+        sinusoids with the token embeddings' RMS times ``init_scale`` (``sinusoidal_scale`` "match_tokens") --
         a table that already holds relative-offset structure, trained like any other (docs/order_use.md: one
         candidate of the order-use recipe sweep).  The padding row stays zero."""
         if not hasattr(self, "init"):  # nn.Embedding.__init__ calls this before our attributes exist
@@ -113,7 +113,7 @@ def sinusoidal_scale(scale: float | str, initializer_range: float) -> float:
 
 class SinusoidalPositionEmbedding(nn.Module):
     """Non-learned sinusoidal absolute positions (Vaswani et al. 2017), added at the input, times
-    :func:`sinusoidal_scale` (``pos.scale``; a config saved without it — before the option — means 1)."""
+    ``sinusoidal_scale`` (``pos.scale``; a config saved without it — before the option — means 1)."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()

@@ -1,7 +1,7 @@
 """Queries and keys where a model rotates them, hooked while it runs (Jonasson 2025, "Rotary Offset Features in
-Large Language Models"): :func:`qk_projections` finds them (the query/key projections, or a block's QK-norm where it
-has one), :func:`rotary_specs` reads each layer's rotary frequencies, and :class:`QKRecorder` streams per layer ×
-head × dim the magnitudes of the real tokens' q and k into a :class:`~outlierlab.analysis.qk_outliers.QKAccumulator`,
+Large Language Models"): ``qk_projections`` finds them (the query/key projections, or a block's QK-norm where it
+has one), ``rotary_specs`` reads each layer's rotary frequencies, and ``QKRecorder`` streams per layer ×
+head × dim the magnitudes of the real tokens' q and k into a ``QKAccumulator``,
 one layer's projections held at a time.  Used by ``evaluate.py``'s ``qk_outliers`` analysis.
 """
 
@@ -21,7 +21,7 @@ __all__ = ["qk_projections", "rotary_specs", "QKRecorder"]
 
 def qk_projections(model: nn.Module) -> list[QKProjection]:
     """Each block's queries and keys where the model rotates them: the family registry's
-    (:meth:`outlierlab.models.families.Family.qk_projections`: the projections, or Qwen3's per-head
+    (``outlierlab.models.families.Family.qk_projections``: the projections, or Qwen3's per-head
     ``q_norm``/``k_norm``), or for our encoder its ``query_norm``/``key_norm`` (the OP block's QK-norm, applied
     before the position scheme) where it has them, else its ``query``/``key`` Linear layers."""
     if not hasattr(model, "named_layernorms"):
@@ -41,7 +41,7 @@ def qk_projections(model: nn.Module) -> list[QKProjection]:
 
 def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: float) -> list[RotarySpec | None]:
     """The rotary scheme of every layer (None where a layer does not rotate): θ_i from the model's own rotary
-    module (:func:`outlierlab.models.rotary_layers.rotary_layers`: ``inv_freq``, scaled RoPE and partial rotary
+    module (``outlierlab.models.rotary_layers.rotary_layers``: ``inv_freq``, scaled RoPE and partial rotary
     included; per layer type) and the layer's reach (a sliding-window layer: its window)."""
     try:
         layers = rotary_layers(model)
@@ -54,10 +54,10 @@ def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: f
 
 
 class QKRecorder:
-    """Hooks every layer's q/k projections; :meth:`observe` after each forward adds the real tokens' q/k
-    (``attention_mask`` ``[B, T]``) to :attr:`acc`.
+    """Hooks every layer's q/k projections; ``observe`` after each forward adds the real tokens' q/k
+    (``attention_mask`` ``[B, T]``) to ``acc``.
 
-    Given the batch's mask before its forward (:meth:`expect`), each layer's q/k are reduced in the hook that
+    Given the batch's mask before its forward (``expect``), each layer's q/k are reduced in the hook that
     produces the last of them, so no more than one layer's projections are ever held — not every
     layer's until the forward returns."""
 
@@ -102,7 +102,7 @@ class QKRecorder:
         self.acc.update(i, q[real], k[real])
 
     def observe(self, attention_mask: torch.Tensor) -> None:
-        """Reduce what the last forward left (every layer, unless :meth:`expect` was called before it)."""
+        """Reduce what the last forward left (every layer, unless ``expect`` was called before it)."""
         for i in range(len(self.projs)):
             self._reduce(i, attention_mask)
         self._mask = None

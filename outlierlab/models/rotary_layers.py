@@ -1,7 +1,7 @@
 """Where each layer of a model rotates its queries and keys, read from the model itself (Su et al. 2021; Jonasson
 2025): the frequencies θ_i of its rotary module (``inv_freq``, so every scaling transformers applies is in them) and
 the layer's reach (a sliding window or the position limit). Used by the query/key outlier analysis
-(:mod:`outlierlab.analyses.qk_outliers`); the blocks come from the family registry.
+(``outlierlab.analyses.qk_outliers``); the blocks come from the family registry.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class RotaryLayer(NamedTuple):
 def _rotary_module(root: nn.Module) -> tuple[str, nn.Module] | None:
     """The first submodule holding rotary frequencies: an ``inv_freq`` buffer (transformers'
     ``*RotaryEmbedding``, per layer type ``{type}_inv_freq``: ModernBERT), or — duck typing our own
-    :class:`outlierlab.models.positions.RotaryPositions` — a float ``base`` and an int ``dim``."""
+    ``outlierlab.models.positions.RotaryPositions`` — a float ``base`` and an int ``dim``."""
     for name, mod in root.named_modules():
         bufs = dict(mod.named_buffers(recurse=False))
         if "inv_freq" in bufs or any(b.endswith("_inv_freq") and not b.endswith("original_inv_freq") for b in bufs):
@@ -47,13 +47,13 @@ def _rotary_module(root: nn.Module) -> tuple[str, nn.Module] | None:
 
 
 def rotary_layers(model: nn.Module) -> list[RotaryLayer | None]:
-    """Per block, the frequencies the model rotates q/k by and the layer's reach (:class:`RotaryLayer`), or
+    """Per block, the frequencies the model rotates q/k by and the layer's reach (``RotaryLayer``), or
     None for every block of a model that does not rotate.
 
     Read from the rotary module of each block's attention if it has one, else the model's (transformers:
     ``model.rotary_emb``); per layer type where the module keeps one set per type (``config.layer_types``).
     Ours (``pos=rope``): θ_i = base^(−2i/dim) with the module's own ``base`` and ``dim``, as
-    :func:`outlierlab.models.positions.rope_cos_sin` computes them."""
+    ``outlierlab.models.positions.rope_cos_sin`` computes them."""
     cfg = getattr(model, "config", None)
     blocks = family_of(model).block_list(model)
     shared = _rotary_module(model)

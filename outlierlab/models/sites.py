@@ -12,9 +12,9 @@ so here every value is tagged by its site:
 
 Where the sites are: a block may declare them itself with a ``sites()`` method returning
 ``{name: (module, "input" | "output")}`` — the activation is that module's first positional input or its
-output (our :class:`outlierlab.models.blocks.Layer` and :class:`outlierlab.models.blocks.OPLayer` do, so pre-LN and
+output (our ``outlierlab.models.blocks.Layer`` and ``outlierlab.models.blocks.OPLayer`` do, so pre-LN and
 Outlier-Protected blocks name their own sites and simply omit those they lack).  Hugging Face blocks get
-theirs from their family (:meth:`outlierlab.models.families.Family.sites`: the FFN down-projection; the
+theirs from their family (``outlierlab.models.families.Family.sites``: the FFN down-projection; the
 output LayerNorm of a post-LN block; the block output of a pre-LN one, GPT-2/Llama/Pythia/ModernBERT);
 an unregistered model falls back to BERT/RoBERTa (``output.dense``, ``output.LayerNorm``) and DistilBERT
 (``ffn.lin2``, ``output_layer_norm``) module names.
@@ -78,7 +78,7 @@ def encoder_blocks(model: nn.Module) -> list[nn.Module]:
 
 def block_sites(block: nn.Module, family=None) -> dict[str, tuple[nn.Module, str]]:
     """``{site: (module, "input" | "output")}`` of one block: its own ``sites()``, its family's
-    (:meth:`outlierlab.models.families.Family.sites`), else the HF BERT/DistilBERT names."""
+    (``outlierlab.models.families.Family.sites``), else the HF BERT/DistilBERT names."""
     if callable(getattr(block, "sites", None)):
         return dict(block.sites())
     if family is not None:
@@ -103,16 +103,16 @@ class InfNormRecorder:
     .. math:: \text{inf\_norm}_{s,l} = \max_{(b,t) \in \text{mask}} \max_i |x^{(s,l)}_{b,t,i}|
 
     Hooks only reduce each activation to its per-token max ``[B, T]`` (cheap, nothing of size d is kept);
-    :meth:`commit` then applies the token mask of that forward pass and updates the running maxima, so the
+    ``commit`` then applies the token mask of that forward pass and updates the running maxima, so the
     same recorder serves one batch (the monitor) or a stream of batches (``evaluate.py``).  Call
-    :meth:`commit` after every forward pass made inside the context.
+    ``commit`` after every forward pass made inside the context.
 
     Parameters
     ----------
     model : nn.Module
         Our ``RobertaMaskedLM``/``RobertaEncoder`` or a Hugging Face BERT/RoBERTa/DistilBERT model.
     sites : iterable of str
-        Site names to record (default :data:`SITE_NAMES`); a site a block lacks gives NaN for that layer.
+        Site names to record (default ``SITE_NAMES``); a site a block lacks gives NaN for that layer.
 
     Examples
     --------
@@ -204,16 +204,16 @@ def monitored_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
 
     Runs ``model.roberta`` for our ``RobertaMaskedLM`` (the MLM head is not needed) or ``model`` itself
     (our ``RobertaEncoder``, or a Hugging Face encoder loaded with eager attention) with hidden states and
-    attention probabilities, inside an :class:`InfNormRecorder` committed over the non-pad tokens — special
+    attention probabilities, inside an ``InfNormRecorder`` committed over the non-pad tokens — special
     tokens included, because Bondarenko et al. (2023) find BERT's largest activations on ``[SEP]`` and
     punctuation.  A Hugging Face model running ``sdpa`` is switched to eager attention for this pass only
-    (:func:`eager_attention`).  The caller chooses eval mode and ``torch.inference_mode()``.
+    (``eager_attention``).  The caller chooses eval mode and ``torch.inference_mode()``.
 
     Returns
     -------
     hidden : Tensor[L+1, B, T, d] (layer 0 = embedding output)
     attn : Tensor[L, B, H, T, T] or None (``attentions=False``)
-    inf_norms : {site: Tensor[L+1]} (see :meth:`InfNormRecorder.result`)
+    inf_norms : {site: Tensor[L+1]} (see ``InfNormRecorder.result``)
     """
     body = getattr(model, "roberta", model)
     with (eager_attention(model) if attentions else nullcontext()), InfNormRecorder(body, sites) as rec:

@@ -2,17 +2,17 @@
 
 One concept per module:
 
-- :mod:`.layernorm_tracker` — :class:`LayerNormTracker`: LayerNorm gain/bias 3σ outliers and divergence from init.
-- :mod:`.hidden_state_tracker` — :class:`HiddenStateTracker`: activation outlier dims, anisotropy, kurtosis, ...
+- ``layernorm_tracker`` — ``LayerNormTracker``: LayerNorm gain/bias 3σ outliers and divergence from init.
+- ``hidden_state_tracker`` — ``HiddenStateTracker``: activation outlier dims, anisotropy, kurtosis, ...
   on a fixed held-out batch tokenised by the model's own tokenizer; in the loop monitors also order use and
-  attention locality (:mod:`outlierlab.analysis.order_use`).
-- :mod:`.recording` — what one record writes (history CSV, TensorBoard, figures), for every monitor alike.
-- :mod:`.loop_monitor` — :class:`OutlierMonitor`, ``monitor.step(model, step)`` in a hand-written loop.
-- :mod:`.hf_trainer` — :class:`OutlierMonitorCallback`, a ``transformers.TrainerCallback``.
+  attention locality (``outlierlab.analysis.order_use``).
+- ``recording`` — what one record writes (history CSV, TensorBoard, figures), for every monitor alike.
+- ``loop_monitor`` — ``OutlierMonitor``, ``monitor.step(model, step)`` in a hand-written loop.
+- ``hf_trainer`` — ``OutlierMonitorCallback``, a ``transformers.TrainerCallback``.
 
-The Lightning callbacks (:mod:`outlierlab.lightning_modules.callbacks`) are adapters over the same trackers and
-:func:`.recording.publish`, so every loop writes the same ``monitor/*.csv`` rows.  Framework-free apart from
-:mod:`.hf_trainer` (transformers); the classes load on first attribute access, so importing the package is cheap.
+The Lightning callbacks (``outlierlab.lightning_modules.callbacks``) are adapters over the same trackers and
+``recording.publish``, so every loop writes the same ``monitor/*.csv`` rows.  Framework-free apart from
+``hf_trainer`` (transformers); the classes load on first attribute access, so importing the package is cheap.
 """
 
 import importlib

@@ -143,7 +143,7 @@ def tokenizer(value: Any) -> Any:
 
 
 def directory(name: str, value: Any) -> Any:
-    """A path (:func:`path_like`) that is not an existing file: a file there failed at the first record as
+    """A path (``path_like``) that is not an existing file: a file there failed at the first record as
     "[Errno 17] File exists"."""
     value = path_like(name, value)
     if os.path.exists(os.path.expanduser(value)) and not os.path.isdir(os.path.expanduser(value)):

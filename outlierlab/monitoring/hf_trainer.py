@@ -10,10 +10,10 @@ LayerNorm outlier dims (Kovaleva et al. 2021; Puccetti et al. 2022) and activati
 held-out batch (Luo et al. 2021) of the model being trained — our ``RobertaMaskedLM`` or any model of a
 registered family (``BertForMaskedLM``, ``RobertaForMaskedLM``, ModernBERT, ``GPT2LMHeadModel``, Llama-style,
 ...; the body inside a sentence-transformers ``SentenceTransformer``, whose ``SentenceTransformerTrainer`` is a
-``Trainer``; the adapted model inside a PEFT ``PeftModel``) — computed by :class:`outlierlab.monitoring.loop_monitor.OutlierMonitor`, i.e. by the same trackers and the
+``Trainer``; the adapted model inside a PEFT ``PeftModel``) — computed by ``outlierlab.monitoring.loop_monitor.OutlierMonitor``, i.e. by the same trackers and the
 same pure functions as the Lightning callbacks, into ``<args.output_dir>/monitor/layernorm.csv`` and
-``hidden_states.csv`` (the columns of :mod:`outlierlab.reports.history`) -- with order use and attention locality
-at every record (does the model use word order yet? :mod:`outlierlab.analysis.order_use`; one line at the end of
+``hidden_states.csv`` (the columns of ``outlierlab.reports.history``) -- with order use and attention locality
+at every record (does the model use word order yet? ``outlierlab.analysis.order_use``; one line at the end of
 training when it does not; ``order_use=False`` turns it off).
 
 When: at ``on_train_begin`` (``state.global_step``: 0, or the step of the checkpoint a resume starts from),
@@ -22,7 +22,7 @@ at ``on_step_end`` every ``every_n_steps`` optimizer steps (``state.global_step`
 reproduces them), and at the end of training; only on the world's process zero (``state.is_world_process_zero``).
 
 Resume (``trainer.train(resume_from_checkpoint=...)``): the rows at steps ≥ the checkpoint's step are dropped
-and the history continues (:class:`~outlierlab.monitoring.loop_monitor.OutlierMonitor`); the LayerNorm snapshot
+and the history continues (``OutlierMonitor``); the LayerNorm snapshot
 at initialisation is read back from ``<out_dir>/layernorm_initial.pt``.
 
 TensorBoard: a ``TrainerCallback`` gets no handle on the Trainer's own ``TensorBoardCallback``, and by the time
@@ -35,7 +35,7 @@ redone steps show once.  To put the scalars in the Trainer's very event file, gi
 writer: ``TensorBoardCallback(tb_writer=w)`` and ``OutlierMonitorCallback(..., writer=w)``.
 
 Weights & Biases and MLflow (``report_to`` wandb / mlflow): their callbacks keep the run in the library's global
-state, so the scalars go straight into the Trainer's own run (:class:`TrackerRuns`).
+state, so the scalars go straight into the Trainer's own run (``TrackerRuns``).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class OutlierMonitorCallback(TrainerCallback):
         TensorBoard writer for the scalars; None: the Trainer's TensorBoard folder when it reports to
         TensorBoard, else none; False: none.
     **monitor_kwargs
-        Any other setting of :class:`~outlierlab.monitoring.loop_monitor.OutlierMonitor` (``image_every_n_steps``,
+        Any other setting of ``OutlierMonitor`` (``image_every_n_steps``,
         ``vectors``, ``figures``, ``layernorm``, ``hidden_states``, ``rule``, ``n_sequences``, ``n_pairs``, ...).
 
     Attributes
@@ -168,7 +168,7 @@ class OutlierMonitorCallback(TrainerCallback):
         return SummaryWriter(log_dir=os.path.join(root, "outlier_monitor"), purge_step=step)
 
     def _writer(self, args: Any, step: int) -> Any:
-        """TensorBoard (below) and, when the Trainer reports to them, its W&B / MLflow runs (:class:`TrackerRuns`)."""
+        """TensorBoard (below) and, when the Trainer reports to them, its W&B / MLflow runs (``TrackerRuns``)."""
         tb = self._tensorboard(args, step)
         trackers = None
         if self.writer is not False and (_reports_to(args, "wandb") or _reports_to(args, "mlflow")):

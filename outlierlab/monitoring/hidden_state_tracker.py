@@ -1,21 +1,21 @@
 """The hidden-state half of every outlier monitor: activation outlier dims on a fixed held-out batch, any model.
 
 At every record the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out sequences
-(one forward pass, :func:`outlierlab.models.sites.monitored_forward`, with eager attention for that pass), and
-:func:`outlierlab.analysis.monitoring.hidden_state_records` computes per layer the mean token vector, the share of
+(one forward pass, ``outlierlab.models.sites.monitored_forward``, with eager attention for that pass), and
+``outlierlab.analysis.monitoring.hidden_state_records`` computes per layer the mean token vector, the share of
 tokens whose argmax/argmin falls on the most common dim (Luo et al. 2021 §2), anisotropy (Ethayarajh 2019) with
 its rogue-dim shares (Timkey & van Schijndel 2021) and IsoScore (Rudman et al. 2022), kurtosis and max/median
 (He et al. 2024; Sun et al. 2024), inf-norms by site (Bondarenko et al. 2023) and sink heads (Gu et al. 2025).
 Train mode is restored afterwards, module by module.
 
-:class:`HiddenStateTracker` holds the batch and the curve history and is framework-free: the Lightning
-:class:`~outlierlab.lightning_modules.callbacks.hidden_state_monitor.HiddenStateMonitor`, the plain-loop
-:class:`~outlierlab.monitoring.loop_monitor.OutlierMonitor` and the Hugging Face
-:class:`~outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` drive this one object, so a run's
+``HiddenStateTracker`` holds the batch and the curve history and is framework-free: the Lightning
+``HiddenStateMonitor``, the plain-loop
+``OutlierMonitor`` and the Hugging Face
+``OutlierMonitorCallback`` drive this one object, so a run's
 ``hidden_states.csv`` has the same rows whichever loop trained it.  The held-out text is the shipped held-out
-sentences (:func:`outlierlab.datamodules.eval_data.load_sentences`, Austen's *Persuasion*, not in the training
+sentences (``outlierlab.datamodules.eval_data.load_sentences``, Austen's *Persuasion*, not in the training
 corpus) unless the caller gives its own, tokenised by the model's own tokenizer
-(:func:`outlierlab.analysis.monitoring.tokenize_heldout`), the batch :mod:`outlierlab.jobs.posthoc` uses too.
+(``outlierlab.analysis.monitoring.tokenize_heldout``), the batch ``outlierlab.jobs.posthoc`` uses too.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def position_limit(model: nn.Module) -> int | None:
 
 def is_causal_lm(model: nn.Module) -> bool:
     """Whether the model's own LM head predicts the next token: our config's ``causal``, else the family's
-    objective (:func:`outlierlab.models.families.causal_or_masked`)."""
+    objective (``outlierlab.models.families.causal_or_masked``)."""
     config = getattr(model, "config", None)
     if isinstance(getattr(config, "causal", None), bool):
         return config.causal
@@ -99,14 +99,14 @@ def is_causal_lm(model: nn.Module) -> bool:
 
 
 def order_use_records(step: int, value: dict, local: dict | None) -> list[tuple]:
-    """History rows of :func:`~outlierlab.analysis.order_use.heldout_order_use`'s result: ``model/order_use`` (nats),
+    """History rows of ``heldout_order_use``'s result: ``model/order_use`` (nats),
     ``layer_i/attn_local`` per block and ``model/attn_local_uniform`` (the uniform baseline)."""
     return [(step, "model", "order_use", None, float(value["order_use"])), *locality_records(step, local)]
 
 
 def locality_records(step: int, local: dict | None) -> list[tuple]:
     """``layer_i/attn_local`` per block and ``model/attn_local_uniform`` of
-    :func:`~outlierlab.analysis.order_use.attention_locality`'s result (none for None)."""
+    ``attention_locality``'s result (none for None)."""
     if local is None:
         return []
     return [*((step, f"layer_{i + 1}", "attn_local", None, float(m)) for i, m in enumerate(local["mass"])),
@@ -116,7 +116,7 @@ def locality_records(step: int, local: dict | None) -> list[tuple]:
 def vector_order_records(step: int, model: nn.Module, batch: dict, special: set[int], causal: bool, attentions,
                          seed: int = 0) -> tuple[list[tuple], list[float], dict | None]:
     """For a model without an LM head: the sentence-vector order change of every layer on the held-out batch
-    (:func:`~outlierlab.analysis.order_use.pooled_order_change`, two more forwards of the body; rows
+    (``pooled_order_change``, two more forwards of the body; rows
     ``layer_i/pooled_order_change``) and the attention locality of ``attentions`` (the record's forward; None: not
     measured).  The live monitors and the post-hoc job of a Trainer run call this one function.
 
@@ -151,7 +151,7 @@ class HiddenStateTracker:
     sentences_path : str, optional
         Other sentences file (gzip text, one per line) instead of the shipped one.
     max_length : int, optional
-        Truncation length in tokens (default :func:`heldout_max_length`).
+        Truncation length in tokens (default ``heldout_max_length``).
     top_k : int
         Dims with the largest |mean| written per layer.
     n_pairs, seed : int
@@ -160,12 +160,12 @@ class HiddenStateTracker:
         Gu et al. (2025)'s ε for a sink head.
     order_use : bool
         Also measure order use and attention locality on the batch
-        (:func:`outlierlab.analysis.order_use.heldout_order_use`: two more forwards through the model's LM head);
+        (``outlierlab.analysis.order_use.heldout_order_use``: two more forwards through the model's LM head);
         rows ``model/order_use`` and ``layer_i/attn_local``.  The loop monitors' default (a Trainer or a plain loop
         has no validation that measures it); ``train.py`` logs ``val/order_use`` at every validation instead.
         A model without an LM head (no ``loss`` from ``labels=``: a sentence encoder fine-tuned with its own loss)
         gets one notice and, at every record, the sentence-vector order change of every layer instead
-        (:func:`outlierlab.analysis.order_use.pooled_order_change`; rows ``layer_i/pooled_order_change``) with the
+        (``outlierlab.analysis.order_use.pooled_order_change``; rows ``layer_i/pooled_order_change``) with the
         attention locality.
     """
 
@@ -245,7 +245,7 @@ class HiddenStateTracker:
 
     def _order_use_rows(self, model: nn.Module, step: int, attentions, summary: dict) -> list[tuple]:
         """Order use and attention locality on the held-out batch
-        (:func:`~outlierlab.analysis.order_use.heldout_order_use` and :func:`order_use_records`, as the post-hoc job
+        (``heldout_order_use`` and ``order_use_records``, as the post-hoc job
         writes them for a Trainer checkpoint); ``summary`` gets them for TensorBoard."""
         special, mask_id = self.order_ids or (set(), None)
         causal = is_causal_lm(model)
@@ -267,7 +267,7 @@ class HiddenStateTracker:
 
     def _vector_order_rows(self, model: nn.Module, step: int, attentions, summary: dict, special: set[int],
                            causal: bool) -> list[tuple]:
-        """A model without an LM head: :func:`vector_order_records`; ``summary`` gets its values for TensorBoard."""
+        """A model without an LM head: ``vector_order_records``; ``summary`` gets its values for TensorBoard."""
         rows, values, local = vector_order_records(step, model, self.batch, special, causal, attentions, self.seed)
         summary["pooled_order_change"] = values
         if local is not None:

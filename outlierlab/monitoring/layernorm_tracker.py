@@ -2,19 +2,19 @@
 
 Kovaleva et al. (2021) flag the dims of each layer's output LayerNorm whose gain and bias both lie outside
 mean ± 3σ; Puccetti et al. (2022) call a dim an outlier of the model when more than 3 of 12 layers flag it and
-follow how far gains move from their initial values.  :class:`LayerNormTracker` holds what watching that during
+follow how far gains move from their initial values.  ``LayerNormTracker`` holds what watching that during
 training needs — the initial snapshot, the heatmap history, the dims already shown as scalars — and calls the
-pure functions every monitor shares: :func:`outlierlab.analysis.monitoring.layernorm_records` (which calls
-:func:`outlierlab.analysis.layernorm.layernorm_stats` and THE rule
-:func:`outlierlab.analysis.layernorm_rule.layernorm_outliers`) on the norms
-:func:`outlierlab.models.layernorms.model_layernorms` finds (our encoder, or a Hugging Face model of a registered
+pure functions every monitor shares: ``outlierlab.analysis.monitoring.layernorm_records`` (which calls
+``outlierlab.analysis.layernorm.layernorm_stats`` and THE rule
+``outlierlab.analysis.layernorm_rule.layernorm_outliers``) on the norms
+``outlierlab.models.layernorms.model_layernorms`` finds (our encoder, or a Hugging Face model of a registered
 family: BERT/RoBERTa, ModernBERT, GPT-2, Llama-style, ...).
 
 No training framework here: the Lightning callback
-(:class:`outlierlab.lightning_modules.callbacks.layernorm_monitor.LayerNormMonitor`), the plain-loop
-:class:`outlierlab.monitoring.loop_monitor.OutlierMonitor` and the Hugging Face
-:class:`outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` all drive this one object, so they write the
-same rows (``layernorm.csv``, columns of :mod:`outlierlab.reports.history`) and the same TensorBoard tags.
+(``outlierlab.lightning_modules.callbacks.layernorm_monitor.LayerNormMonitor``), the plain-loop
+``outlierlab.monitoring.loop_monitor.OutlierMonitor`` and the Hugging Face
+``outlierlab.monitoring.hf_trainer.OutlierMonitorCallback`` all drive this one object, so they write the
+same rows (``layernorm.csv``, columns of ``outlierlab.reports.history``) and the same TensorBoard tags.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = ["LayerNormTracker", "layernorm_outliers_notice", "initial_from_state"
 
 
 def initial_from_state(state: Mapping[str, Any] | None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None:
-    """The initial LayerNorm ``{name: (gain, bias)}`` (float32, CPU) of a :meth:`LayerNormTracker.state_dict`
+    """The initial LayerNorm ``{name: (gain, bias)}`` (float32, CPU) of a ``LayerNormTracker.state_dict``
     (``layernorm_initial.pt``, or a checkpoint's monitor-callback state); None when it holds none."""
     init = (state or {}).get("initial")
     if not init:
@@ -115,7 +115,7 @@ class LayerNormTracker:
         """Start a training session; returns notices for the caller to warn with (its framework's way).
 
         A fresh session (``resumed=False``, before any update) snapshots the norms as the initial values; a
-        resumed one keeps the snapshot restored by :meth:`load_state_dict`, else measures from gain 1 / bias 0.
+        resumed one keeps the snapshot restored by ``load_state_dict``, else measures from gain 1 / bias 0.
         """
         lns = model_layernorms(model)
         notices = []
@@ -145,7 +145,7 @@ class LayerNormTracker:
 
     # -- one record ------------------------------------------------------------------------------------
     def compute(self, model: nn.Module, step: int, vectors: bool = True) -> tuple[list, dict]:
-        """History rows and a summary (for :meth:`log_to` / :meth:`figures`) of the model's norms now."""
+        """History rows and a summary (for ``log_to`` / ``figures``) of the model's norms now."""
         params = layernorm_tensors(model_layernorms(model))
         rows, summary = layernorm_records(step, params, self.initial, rule=self.rule, top_k=self.top_k,
                                           vectors=vectors)

@@ -2,7 +2,7 @@
 
 Watches LayerNorm outlier dims emerge (Kovaleva et al. 2021; Puccetti et al. 2022) and activation outlier dims
 on a fixed held-out batch (Luo et al. 2021), on our own ``RobertaMaskedLM`` or any Hugging Face model of a
-registered family (:mod:`outlierlab.models.families`: ``BertForMaskedLM``, ``RobertaForMaskedLM``, ModernBERT,
+registered family (``outlierlab.models.families``: ``BertForMaskedLM``, ``RobertaForMaskedLM``, ModernBERT,
 ``GPT2LMHeadModel``, Llama-style, ...), trained by a hand-written loop::
 
     monitor = OutlierMonitor(model, tokenizer=tok, out_dir="run/monitor", every_n_steps=50)
@@ -13,21 +13,21 @@ registered family (:mod:`outlierlab.models.families`: ``BertForMaskedLM``, ``Rob
     monitor.close()
 
 It computes the same statistics with the same code as the Lightning callbacks
-(:mod:`outlierlab.lightning_modules.callbacks`): both drive :class:`~.layernorm_tracker.LayerNormTracker` and
-:class:`~.hidden_state_tracker.HiddenStateTracker` and write through :func:`~.recording.publish`, so the files
+(``outlierlab.lightning_modules.callbacks``): both drive ``LayerNormTracker`` and
+``HiddenStateTracker`` and write through ``publish``, so the files
 are the same — ``<out_dir>/layernorm.csv`` and ``<out_dir>/hidden_states.csv`` (``step,name,statistic,dim,value``,
-:mod:`outlierlab.reports.history`), the PNG figures, and the ``monitor/...`` TensorBoard scalars (own
+``outlierlab.reports.history``), the PNG figures, and the ``monitor/...`` TensorBoard scalars (own
 ``SummaryWriter`` in ``<out_dir>/tensorboard`` unless the caller passes one).
 
 When it records: at the first call (the session's start), then every ``every_n_steps`` steps, at ``max_steps``,
-and whenever :meth:`OutlierMonitor.record` is called (e.g. at a checkpoint save) — at most once per step.
+and whenever ``OutlierMonitor.record`` is called (e.g. at a checkpoint save) — at most once per step.
 
 Resume: the first call of a new monitor at step S > 0 starts a resumed session: the history's rows at steps
 ≥ S (written by the interrupted run, possibly past its last checkpoint) are dropped, S is recorded again and
-appending goes on — no gap, no duplicate, as :class:`outlierlab.lightning_modules.loggers.ResumableCSVLogger`
+appending goes on — no gap, no duplicate, as ``outlierlab.lightning_modules.loggers.ResumableCSVLogger``
 does for ``metrics.csv``.  The LayerNorm snapshot at initialisation is written to
 ``<out_dir>/layernorm_initial.pt`` by a fresh session and read back by a resumed one (or restored with
-:meth:`OutlierMonitor.load_state_dict` from the caller's own checkpoint), so divergence is always measured from
+``OutlierMonitor.load_state_dict`` from the caller's own checkpoint), so divergence is always measured from
 the true init.  Its own TensorBoard writer opens with ``purge_step=S``, so TensorBoard drops the interrupted
 run's events at steps ≥ S (S = 0 for a fresh session: an earlier run's events in a reused folder are dropped).
 A fresh session in an earlier run's folder starts new files: its histories are emptied, and those of a monitor
@@ -112,7 +112,7 @@ class OutlierMonitor:
     out_dir : str or Path
         Folder of the history CSVs, the PNG figures, the init snapshot and (by default) TensorBoard events.
     every_n_steps : int
-        Record every this many steps (besides the first call, ``max_steps`` and :meth:`record`).
+        Record every this many steps (besides the first call, ``max_steps`` and ``record``).
     sentences : sequence of str, optional
         Held-out texts (the first ``n_sequences``); default the shipped held-out sentences the Lightning
         monitors and ``python -m outlierlab.jobs.posthoc`` use, so live and post-hoc numbers agree.
@@ -125,13 +125,13 @@ class OutlierMonitor:
     layernorm, hidden_states : bool
         Which monitors run.
     rule, ln_top_k, histograms, max_heatmap_rows
-        LayerNorm settings (:class:`~.layernorm_tracker.LayerNormTracker`; ``ln_top_k`` is its ``top_k``).
+        LayerNorm settings (``LayerNormTracker``; ``ln_top_k`` is its ``top_k``).
     n_sequences, sentences_path, max_length, top_k, n_pairs, seed, sink_threshold
-        Hidden-state settings (:class:`~.hidden_state_tracker.HiddenStateTracker`).
+        Hidden-state settings (``HiddenStateTracker``).
     order_use : bool
         Measure order use (the LM's loss with each held-out sequence's tokens permuted minus the intact loss,
-        nats) and attention locality at every record (docs/order_use.md); :meth:`close` says in one line when the
-        last record is below :data:`~outlierlab.analysis.order_use.ORDER_USE_THRESHOLD` (the model does not use
+        nats) and attention locality at every record (docs/order_use.md); ``close`` says in one line when the
+        last record is below ``ORDER_USE_THRESHOLD`` (the model does not use
         token order yet: it is a bag-of-words model).  Needs the model with its LM head.
     writer : SummaryWriter-like, None or False
         Where the TensorBoard scalars go: a writer of the caller's; None (default) a
@@ -218,7 +218,7 @@ class OutlierMonitor:
     def start(self, model: nn.Module, step: int = 0) -> None:
         """Start the session at ``step`` (0: a fresh run, before any update; S > 0: resumed at S) and record it.
 
-        Called by the first :meth:`step`; call it yourself to start before the loop.  Rows at steps ≥ ``step``
+        Called by the first ``step``; call it yourself to start before the loop.  Rows at steps ≥ ``step``
         are dropped from the histories first (a fresh run in an old folder starts new files).
         """
         step = arguments.step(step)

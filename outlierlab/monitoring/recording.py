@@ -1,12 +1,12 @@
 """One record of a tracker, written the same way by every monitor: history rows, TensorBoard, figures.
 
-A *tracker* (:class:`~outlierlab.monitoring.layernorm_tracker.LayerNormTracker`,
-:class:`~outlierlab.monitoring.hidden_state_tracker.HiddenStateTracker`) computes rows and a summary; this
+A *tracker* (``LayerNormTracker``,
+``HiddenStateTracker``) computes rows and a summary; this
 module decides what a record writes so that the Lightning callbacks, the plain-loop monitor and the Hugging Face
 Trainer callback cannot drift apart:
 
 * the rows go to the tracker's history file (``<out_dir>/layernorm.csv`` / ``hidden_states.csv``,
-  :class:`outlierlab.reports.history.HistoryCSV`: flushed and fsynced per record);
+  ``outlierlab.reports.history.HistoryCSV``: flushed and fsynced per record);
 * the scalars go to every TensorBoard writer given;
 * at image records the figures are rendered once, logged to every writer and saved as
   ``<out_dir>/<tag>.png`` (rendering costs more than the statistics, hence its own cadence);

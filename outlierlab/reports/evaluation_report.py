@@ -164,7 +164,7 @@ _SHARE = re.compile(r"top(\d+)_share")
 
 def geometry_table(results: Sequence[Any]) -> str:
     """The Table-1 layout of the geometry: per layer, for every transform, anisotropy (Ethayarajh 2019), the
-    share of it held by the top-k dims (Timkey & van Schijndel 2021; k by :func:`share_k`, 3 by default, as the
+    share of it held by the top-k dims (Timkey & van Schijndel 2021; k by ``share_k``, 3 by default, as the
     anisotropy section) and IsoScore (Rudman et al. 2022), from the rows of the ``anisotropy`` and ``isotropy``
     analyses ("" when neither ran)."""
     by = {r.name: r.rows for r in results if r.name in ("anisotropy", "isotropy")}
@@ -214,7 +214,7 @@ def write_outputs(out_dir: Path, results: Sequence[Any], meta: Mapping[str, Any]
                   columns: Mapping[str, Sequence[str]] | None = None, tb=None) -> dict[str, Path]:
     """``<name>.csv`` per analysis, ``results.json``, ``report.md`` and TensorBoard scalars.
 
-    ``results`` are :class:`outlierlab.evaluation.registry.AnalysisResult`; ``columns`` fixes a CSV's header
+    ``results`` are ``outlierlab.evaluation.registry.AnalysisResult``; ``columns`` fixes a CSV's header
     (so a skipped analysis still writes its columns).
     """
     out_dir = Path(out_dir)

@@ -16,7 +16,7 @@ name : str
     or ``model`` for model-level rows.  ``hidden_states.csv``: ``layer_{i}``, i = 0 the embedding
     output, i = 1..L the output of encoder layer i.
 statistic : str
-    See :func:`outlierlab.analysis.monitoring.layernorm_records` / :func:`outlierlab.analysis.monitoring.hidden_state_records`.
+    See ``outlierlab.analysis.monitoring.layernorm_records`` / ``outlierlab.analysis.monitoring.hidden_state_records``.
 dim : int or empty
     The hidden dimension the value belongs to; empty for per-LayerNorm/per-layer scalars.
 value : float
@@ -28,7 +28,7 @@ is raised, and a line torn by a kill mid-write is skipped by every reader here a
 On resume the rows after the resumed step are removed by an atomic rewrite (temporary file + ``os.replace``)
 before appending goes on, so every step appears once.
 
-Read it with :func:`history_frame` (a pandas DataFrame) or :func:`read_history` (dicts): both return complete rows
+Read it with ``history_frame`` (a pandas DataFrame) or ``read_history`` (dicts): both return complete rows
 only. A bare ``pandas.read_csv`` would parse a torn last line (``0.11982517`` cut to ``0.1``) as a number.
 """
 
@@ -189,7 +189,7 @@ def vectors_by_step(rows: Iterable[dict], statistic: str) -> dict[str, tuple[lis
 def wide_by_layer(rows: Iterable, statistics: Sequence[str], with_dims: Sequence[str] = ()) -> list[dict]:
     """Long history rows -> one dict per (step, layer): ``{"step", "layer", <statistic>: value, ...}``.
 
-    ``rows`` are dicts (:func:`read_history`) or tuples ``(step, name, statistic, dim, value)``; only names
+    ``rows`` are dicts (``read_history``) or tuples ``(step, name, statistic, dim, value)``; only names
     ``layer_{i}`` are kept (``layer`` = i).  ``statistics`` are the columns, in order; a statistic in ``with_dims``
     also gets a ``<statistic>_dim`` column (e.g. ``argmax_share`` with the dim holding it).  Missing values are
     empty strings, so the result writes straight to CSV.

@@ -1,12 +1,12 @@
 """Figures of the outlier monitors (matplotlib, Agg canvas; no pyplot state, safe on headless servers).
 
-- :func:`layernorm_heatmap` — gain or bias of every LayerNorm per dimension over training steps, the
+- ``layernorm_heatmap`` — gain or bias of every LayerNorm per dimension over training steps, the
   view of Kovaleva et al. (2021), Fig. 3 (middle panel), with the dims flagged by the 3σ rule at the
   latest step marked.
-- :func:`mean_vector_figure` — the average token vector of every layer, Luo et al. (2021) Figs. 1–2,
+- ``mean_vector_figure`` — the average token vector of every layer, Luo et al. (2021) Figs. 1–2,
   with the detected outlier dims labelled.
 
-:func:`render` turns a figure into an RGB array that goes to TensorBoard (``add_image``) and, unchanged,
+``render`` turns a figure into an RGB array that goes to TensorBoard (``add_image``) and, unchanged,
 to a PNG in the run directory — rendered once for both.
 """
 
@@ -35,7 +35,7 @@ def render(fig: Figure) -> np.ndarray:
 
 
 def save_png(image: np.ndarray, path: str | os.PathLike) -> None:
-    """Write an RGB array as PNG atomically (:func:`outlierlab.utils.atomic.write_atomic`: encoded in memory, then
+    """Write an RGB array as PNG atomically (``outlierlab.utils.atomic.write_atomic``: encoded in memory, then
     fsync and rename -- a full disk leaves the earlier figure, not a ``.tmp.png`` beside it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +95,7 @@ def mean_vector_figure(mean: np.ndarray, outliers: Sequence[Sequence[int]], step
     Parameters
     ----------
     mean : array [L, d] (row 0 = embedding output).
-    outliers : per layer, dims to label (e.g. :func:`outlierlab.analysis.outlier_dims.detect_outlier_dims`).
+    outliers : per layer, dims to label (e.g. ``outlierlab.analysis.outlier_dims.detect_outlier_dims``).
     step : training step (title).
     """
     mean = np.asarray(mean, dtype=float)
@@ -134,7 +134,7 @@ _LOG_SCALE = {"kurtosis", "max_median", "inf_norm_ffn_output", "inf_norm_ln_inpu
 
 
 def curves_from_rows(rows: Sequence) -> dict[str, dict[int, tuple[list[int], list[float]]]]:
-    """History rows (tuples or dicts) -> ``{statistic: {layer: (steps, values)}}`` for :data:`CURVE_STATISTICS`."""
+    """History rows (tuples or dicts) -> ``{statistic: {layer: (steps, values)}}`` for ``CURVE_STATISTICS``."""
     out: dict[str, dict[int, dict[int, float]]] = {}
     for r in rows:
         step, name, stat, _, value = ((r["step"], r["name"], r["statistic"], r["dim"], r["value"])
@@ -184,7 +184,7 @@ def metric_curves_figure(curves: Mapping[str, Mapping[int, tuple[Sequence[int], 
 def position_rows_figure(table: np.ndarray, stats: Mapping, name: str = "") -> Figure:
     """A position table row by row (Luo et al. 2021, Figs. 3–4): the rows × dims heatmap with the
     most common argmax/argmin dims marked, and per dim the share of rows having it as argmax, argmin
-    or as a kσ dim (:func:`outlierlab.analysis.outlier_dims.position_row_stats`)."""
+    or as a kσ dim (``outlierlab.analysis.outlier_dims.position_row_stats``)."""
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     lim = float(np.abs(table).max()) or 1.0

@@ -1,10 +1,10 @@
 """Aggregate a sweep over seeds: ``python -m outlierlab.studies.aggregate multirun/<study> [--contrast key=a,b]``.
 
-Reads every cell of one or more sweep directories (:mod:`outlierlab.studies.cells`), groups the cells by
+Reads every cell of one or more sweep directories (``outlierlab.studies.cells``), groups the cells by
 every override except the seed, and writes into ``<sweep>/study/`` (or ``--out``):
 
 * ``study.csv`` -- group x step x layer x metric: n seeds, mean, std, the 95 % confidence interval of the mean
-  (Student t with n - 1 df, :mod:`outlierlab.analysis.seed_statistics`), min, max and the seeds;
+  (Student t with n - 1 df, ``outlierlab.analysis.seed_statistics``), min, max and the seeds;
 * ``study.md`` -- the groups, the unfinished cells, the headline metrics at chosen steps (default: step 0, the
   middle and the last recorded step), and for each ``--contrast key=a,b`` the difference of means with its
   CI, a paired t-test when both groups hold the same seeds (else Welch's), and whether the ordering holds in
@@ -18,14 +18,14 @@ on different code versions (unless ``--allow-mixed-code``; cells without a manif
 Unfinished cells are listed and left out -- unless ``--until STEP`` admits the training cells stopped before their
 budget (a wall-clock cut) whose numbers reach STEP; then every cell's rows after STEP are dropped, so all groups are
 compared on the same steps, and study.md names each admitted cell and where it stopped. Unusable cells (a torn, truncated, header-only or changed file, a torn
-marker, a cell extended and interrupted: :mod:`outlierlab.studies.cells`) are listed one line each and left out,
+marker, a cell extended and interrupted: ``outlierlab.studies.cells``) are listed one line each and left out,
 never averaged. Every row states its n; ``n_below_seeds`` marks a row with fewer seeds than its group holds.
 Bounded measures (shares, cosines) get intervals inside their range; contrasts get corrected p-values within declared
 families -- the outlier measures at the last step every cell reached (``--primary`` or the config's
 ``study_design``, else a default set), the declared performance measures, and the exploratory rest, loss never pooled
-with an outlier measure -- the minimum detectable effect and TOST (:mod:`outlierlab.studies.design`). Paired
+with an outlier measure -- the minimum detectable effect and TOST (``outlierlab.studies.design``). Paired
 tests pair on each cell's resolved seed. A group that mixes code versions is checked against the replicates of its
-own configuration (``--replicates`` adds cells read only for that: :mod:`outlierlab.studies.replicates`).
+own configuration (``--replicates`` adds cells read only for that: ``outlierlab.studies.replicates``).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ CSV_FLOATS = "%.6g"
 def order_use_flags(per_seed: pd.DataFrame, threshold: float = ORDER_USE_THRESHOLD,
                     orderless: Collection[str] = ()) -> list[str]:
     """One line per cell whose order use at its last recorded step is below ``threshold`` nats: a model that does not
-    use token order yet (:mod:`outlierlab.analysis.order_use`), so a position-scheme contrast it enters compares
-    bag-of-words models -- or, for the groups in ``orderless`` (masked LMs without positions, :func:`orderless_groups`),
+    use token order yet (``outlierlab.analysis.order_use``), so a position-scheme contrast it enters compares
+    bag-of-words models -- or, for the groups in ``orderless`` (masked LMs without positions, ``orderless_groups``),
     one that cannot, said on its line.  Cells that never measured it (older code, ``module.order_use=false``) are
     named as such once, in one line, when any cell of the study did measure it."""
     rows = per_seed[per_seed["metric"] == "val/order_use"]
@@ -99,7 +99,7 @@ LIGHTNING_NULL_DEFAULTS = {f"trainer.limit_{split}_batches": 1.0 for split in ("
 def _portable(cell: Cell) -> dict:
     """The cell's resolved config with its own directory written as ``<cell>`` (paths inside it differ by
     construction), a ``seed=N`` inside a value (a path to one seed's run) as ``seed=*`` and a null Lightning
-    default as its value (:data:`LIGHTNING_NULL_DEFAULTS`)."""
+    default as its value (``LIGHTNING_NULL_DEFAULTS``)."""
     here = str(cell.path.resolve())
     config = {k: (SEED_IN_VALUE.sub("seed=*", v.replace(here, "<cell>")) if isinstance(v, str) else v)
               for k, v in cell.config.items()}
@@ -272,7 +272,7 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
         primary: Sequence[str] | None = None, equivalence_margin=None, allow_mixed_code: bool = False,
         until: int | None = None, replicates: Sequence[str] = ()) -> dict:
     """The study of the cells under ``paths`` (see the module docstring); ``replicates``: more cells, read only to
-    look for replicates of the study's mixed-code groups (:mod:`outlierlab.studies.replicates`)."""
+    look for replicates of the study's mixed-code groups (``outlierlab.studies.replicates``)."""
     from outlierlab.studies.replicates import markdown as replicates_markdown, mixed_code_coverage
     from outlierlab.studies.report import write_curves, write_markdown
 

@@ -1,8 +1,8 @@
 """Whether a cell of a sweep can be read: finished by the trainer's own definition, and every file it contributes
-intact (:mod:`outlierlab.studies.cells` reads it, :mod:`outlierlab.studies.aggregate` lists what fails).
+intact (``outlierlab.studies.cells`` reads it, ``outlierlab.studies.aggregate`` lists what fails).
 
 Every problem is one line, ``<cell>: <file>: <what>``. A cell with a manifest is verified against it
-(:func:`outlierlab.jobs.run_state.verify_manifest`); one without (made before manifests) has its CSVs checked here
+(``outlierlab.jobs.run_state.verify_manifest``); one without (made before manifests) has its CSVs checked here
 for the faults a crash or a copy leaves: zero bytes, header only, last line cut mid-row, a row of another width.
 """
 
@@ -19,7 +19,7 @@ UNKNOWN_CODE = "unknown"
 
 
 def finished(path: Path, config: dict[str, Any], problems: list[str]) -> bool:
-    """Training cells: :func:`run_state.finished_run` and a marker covering the config's budget; a torn marker or
+    """Training cells: ``run_state.finished_run`` and a marker covering the config's budget; a torn marker or
     one short of the budget is a problem (the cell is not merely unfinished). Other cells: their result file."""
     if (path / run_state.FINISHED_MARKER).is_file():
         done = run_state.finished_run(path)
@@ -49,7 +49,7 @@ def code_version(manifest: dict) -> str:
 
 def check_cell(path: Path, files: list[str]) -> tuple[list[str], str, list[str]]:
     """``(problems, code version, notes)`` of a finished cell: its manifest verified when it has one, else each
-    of ``files`` (the CSVs the aggregator reads) checked by :func:`run_state.csv_problem`."""
+    of ``files`` (the CSVs the aggregator reads) checked by ``run_state.csv_problem``."""
     problems, notes = [], []
     if (path / run_state.MANIFEST).is_file():
         manifest = run_state.read_json(path / run_state.MANIFEST)  # None: torn or unreadable, verify_manifest names it

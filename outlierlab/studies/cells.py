@@ -1,11 +1,11 @@
-"""The cells of a sweep and their numbers, in one long table: what :mod:`outlierlab.studies.aggregate` aggregates.
+"""The cells of a sweep and their numbers, in one long table: what ``outlierlab.studies.aggregate`` aggregates.
 
 A *cell* is one run directory of a Hydra multirun (``train.py``, ``evaluate.py`` or ``probe.py``): its
 ``.hydra/overrides.yaml`` says what was set, its resolved ``config.yaml`` (or ``.hydra/config.yaml``) what
 ran, ``finished.json`` (train.py) whether it completed. Its numbers come from the CSVs it wrote:
 
 * ``monitor/hidden_states.csv``, ``monitor/layernorm.csv`` (the live monitors; long format, one row per step
-  x layer x statistic, :mod:`outlierlab.reports.history`) -> metrics ``hidden/<statistic>``,
+  x layer x statistic, ``outlierlab.reports.history``) -> metrics ``hidden/<statistic>``,
   ``layernorm/<statistic>`` (per-dimension rows such as ``mean`` or ``gain`` are vectors, not aggregated);
 * ``monitor_posthoc/metrics.csv`` (``python -m outlierlab.jobs.posthoc``; one row per checkpoint x layer)
   -> ``posthoc/<column>``; ``monitor_posthoc/order_use.csv`` -> ``posthoc/order_use`` at layer ``model``;
@@ -17,10 +17,10 @@ ran, ``finished.json`` (train.py) whether it completed. Its numbers come from th
 Per-layer monitor metrics also get a derived layer ``max_layer``: the largest value over the encoder layers
 (``layer_1`` .. ``layer_L``, not the embedding output), taken within each run before averaging.
 
-Cells that cannot be read wrong: a training cell is finished by :func:`outlierlab.jobs.run_state.finished_run`
+Cells that cannot be read wrong: a training cell is finished by ``outlierlab.jobs.run_state.finished_run``
 (the trainer's own definition; a torn ``finished.json`` is not finished), and its marker must cover the budget its
 config asks for (a cell extended past it and interrupted is not finished). A cell with ``manifest.json`` is checked
-by :func:`outlierlab.jobs.run_state.verify_manifest`; one without (cells made before manifests) has every CSV it
+by ``outlierlab.jobs.run_state.verify_manifest``; one without (cells made before manifests) has every CSV it
 contributes checked here (zero bytes, header only, last line cut, a row of another width) and its code version is
 unknown. A torn ``.hydra/overrides.yaml`` or ``config.yaml`` is one problem line, not a traceback. Every problem
 is ``<cell>: <file>: <what>``; a cell with any is unusable, listed and never averaged. A scalar statistic with
@@ -150,9 +150,9 @@ def read_cell(path: Path) -> Cell:
 
 
 def find_cells(paths: list[str | Path], until: int | None = None) -> list[Cell]:
-    """Cells under each path (a sweep directory, a cell itself, or a study table: :mod:`outlierlab.studies.table`):
+    """Cells under each path (a sweep directory, a cell itself, or a study table: ``outlierlab.studies.table``):
     the paths in the order given, the cells of one path by their run directory's name; with ``until``, the training
-    cells stopped before their budget admitted up to that step (:func:`admit_cut`).
+    cells stopped before their budget admitted up to that step (``admit_cut``).
 
     This order is the order of a study's groups (study.md's columns, contrasts.csv's pairs), so it must not depend
     on where a path lives: a packed table unpacks into a cache folder named by the hash of its bytes, and sorting
@@ -261,7 +261,7 @@ READERS = {"monitor/hidden_states.csv": partial(_long_history, prefix="hidden/")
 
 
 def data_files(path: Path) -> list[str]:
-    """The CSVs :func:`cell_numbers` reads, relative to the cell."""
+    """The CSVs ``cell_numbers`` reads, relative to the cell."""
     return [r for r in READERS if (path / r).is_file()] + [f.name for f in sorted(path.glob("*.csv"))]
 
 
@@ -282,7 +282,7 @@ def cell_numbers(cell: Cell) -> pd.DataFrame:
 
 def admit_cut(cell: Cell, until: int) -> None:
     """Admit a training cell stopped before its budget (a wall-clock cut, a killed job) up to step ``until``:
-    it counts when its files are intact and its numbers reach ``until``; :func:`outlierlab.studies.aggregate.aggregate`
+    it counts when its files are intact and its numbers reach ``until``; ``outlierlab.studies.aggregate.aggregate``
     then drops every cell's rows after ``until``, so all groups are compared on the same steps.  Its code version
     comes from ``code_versions.jsonl`` (written at every start), as the manifest is written only at the end."""
     if cell.finished or cell.problems or not isinstance(cell.max_steps, int):  # not a training cell

@@ -3,24 +3,24 @@
     python -m outlierlab.studies.committed              # every study, then every generated doc table
     python -m outlierlab.studies.committed order_use/study_large   # one study (its folder under docs/)
 
-Each study's cells are a committed table (``docs/<area>/<name>.parquet``, :mod:`outlierlab.studies.table`); its
-outputs are regenerated from them by :data:`STUDIES`' command, run from the repository root, into the study's
+Each study's cells are a committed table (``docs/<area>/<name>.parquet``, ``outlierlab.studies.table``); its
+outputs are regenerated from them by ``STUDIES``' command, run from the repository root, into the study's
 folder, and committed compact:
 
 * ``study.md`` as the aggregator writes it;
 * ``contrasts.csv.xz``, in every study: every row of the confirmatory and performance families (and the
   duplicates), and of the per-step curves (families ``exploratory`` and ``not tested``) only each series' last
-  step and the rows a page reads at earlier steps, :func:`committed_contrasts`; p and q are the full
+  step and the rows a page reads at earlier steps, ``committed_contrasts``; p and q are the full
   family's, as the aggregator corrected them (xz: about half of gzip's bytes on these tables; pandas reads both);
 * ``families.csv.xz``: per family and step, the rows of the full table and those below 0.05 (Holm p, BH q, raw
-  p), :func:`family_counts`, so that a page's family sizes stay those of the full table;
+  p), ``family_counts``, so that a page's family sizes stay those of the full table;
 * ``study.csv.xz`` (the curves: group x step x layer x metric) only where a generated doc table or a page reads it,
-  :data:`STUDY_CSV_READ`; every other study.md names, in place of the file, the command that writes it;
+  ``STUDY_CSV_READ``; every other study.md names, in place of the file, the command that writes it;
 * of the curves, only the figures a page of the docs shows (``curves/<metric>__<layer>.png``): every other curve is
   the same command with ``--out`` elsewhere.
 
 The docs quote these commands; ``tests/test_committed_studies.py`` checks each quoted one equals its entry here, so
-the page and the data cannot drift apart. Then :mod:`outlierlab.studies.doc_tables` rewrites every generated table.
+the page and the data cannot drift apart. Then ``outlierlab.studies.doc_tables`` rewrites every generated table.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ _ALL_METRICS = re.compile(r"^All metrics, steps and layers: `study\.csv`( and `c
 
 
 def scratch_command(folder: str) -> str:
-    """The registry's command of ``docs/<folder>`` writing into :data:`SCRATCH`: the full tables."""
+    """The registry's command of ``docs/<folder>`` writing into ``SCRATCH``: the full tables."""
     argv = argv_of(folder)
     i = argv.index("--out")
     return f"python -m outlierlab.studies.aggregate {shlex.join([*argv[:i], *argv[i + 2:]])} --out {SCRATCH}"
@@ -178,8 +178,8 @@ def committed_md(md: str, folder: str, kept: int | None = None, total: int | Non
 
 def committed_contrasts(contrasts: pd.DataFrame, folder: str) -> pd.DataFrame:
     """The rows of a study's full ``contrasts.csv`` that ``docs/<folder>`` commits, in the aggregator's order: every
-    row of a family not in :data:`CURVE_FAMILIES`; of those, the last step of each :data:`SERIES` and every
-    row :data:`CONTRASTS_READ` names. The values are the full table's (no correction is redone)."""
+    row of a family not in ``CURVE_FAMILIES``; of those, the last step of each ``SERIES`` and every
+    row ``CONTRASTS_READ`` names. The values are the full table's (no correction is redone)."""
     keep = ~contrasts["family"].isin(CURVE_FAMILIES)
     keep |= contrasts["step"] == contrasts.groupby(SERIES, dropna=False, sort=False)["step"].transform("max")
     for metric, layer, step in CONTRASTS_READ.get(folder, ()):
@@ -195,7 +195,7 @@ FAMILY_COUNTS = {"p_holm_below_05": "p_holm", "q_bh_below_05": "q_bh", "p_below_
 def family_counts(contrasts: pd.DataFrame) -> pd.DataFrame:
     """Per family and step of a full ``contrasts.csv``: its rows and those whose Holm p, BH q and raw p are below
     0.05 (NaN is not). Summed over the steps, a family's size and rejections as the aggregator corrected them; summed
-    from a step on, those of its later rows (:func:`outlierlab.studies.doc_table_reads.families_line`)."""
+    from a step on, those of its later rows (``outlierlab.studies.doc_table_reads.families_line``)."""
     below = pd.DataFrame({name: (contrasts[col] < 0.05).astype(int) for name, col in FAMILY_COUNTS.items()})
     frame = pd.concat([contrasts[["family", "step"]], below.assign(rows=1)], axis=1)
     counts = frame.groupby(["family", "step"], sort=True).sum().reset_index()
@@ -261,7 +261,7 @@ def regenerate(folder: str, root: Path = ROOT) -> Path:
 
 
 def generated_pages(docs: Path = DOCS) -> list[Path]:
-    """The pages holding a generated table block (:mod:`outlierlab.studies.doc_tables`)."""
+    """The pages holding a generated table block (``outlierlab.studies.doc_tables``)."""
     return sorted(p for p in docs.rglob("*.md") if "<!-- generated: " in p.read_text())
 
 

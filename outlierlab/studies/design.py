@@ -15,9 +15,9 @@ cells' ``experiment=`` override.
 Every contrast row gets a ``family``; corrections are made within a family, never across:
 
 * ``primary`` -- the confirmatory family of outlier claims: the declared outlier (or geometry) metric@layer at the
-  last step every cell of both groups reached, in the primary contrasts; nothing declared: :data:`DEFAULT_PRIMARY`.
+  last step every cell of both groups reached, in the primary contrasts; nothing declared: ``DEFAULT_PRIMARY``.
   Holm-adjusted ``p_holm`` (family-wise error) and BH ``q_bh``, both within the family.
-* ``performance`` -- the declared loss, accuracy, perplexity or order-use metric@layer (:data:`PERFORMANCE`) at that
+* ``performance`` -- the declared loss, accuracy, perplexity or order-use metric@layer (``PERFORMANCE``) at that
   step: their own confirmatory family, Holm and BH within it; never pooled with an outlier measure.
 * ``exploratory`` -- every other outlier or geometry row: other layers, other contrasts, and every earlier step (the
   curves: per-step rows are not confirmatory tests); BH ``q_bh`` within the exploratory rows.
@@ -26,7 +26,7 @@ Every contrast row gets a ``family``; corrections are made within a family, neve
   live monitor recorded the same statistic of the same model): in no family.
 
 Confirmatory rows also get the minimum detectable effect at 80 % power (``mde``) and, where a margin is declared,
-the TOST p-value (``tost_p``) -- :mod:`outlierlab.analysis.study_inference`.
+the TOST p-value (``tost_p``) -- ``outlierlab.analysis.study_inference``.
 """
 
 from __future__ import annotations

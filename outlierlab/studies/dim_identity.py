@@ -7,7 +7,7 @@ Kovaleva et al. (2021, "BERT Busters") found BERT's outlier dimensions early in 
 every layer* (308 and 381 in BERT-base), and kept to the end.  The study aggregator averages *how concentrated* a
 layer is (``abs_argmax_share``), not *which* dimension that is; the live monitor records the dimension beside the
 share, and the exported cells keep it.  Per finished cell and layer this job gives
-:func:`outlierlab.analysis.dim_identity.layer_identity` (the dimension and share at the last record, ``held_since``,
+``outlierlab.analysis.dim_identity.layer_identity`` (the dimension and share at the last record, ``held_since``,
 ``held_fraction``, ``layers_sharing``) with the cell's group (every identity override that differs between the
 cells, as the study aggregator names groups: ``pos=rope``, ``arch=op``), folder, data set, objective, scheme and seed.
 
@@ -16,7 +16,7 @@ levels, for reading the numbers: two layers' most common dimensions coincide wit
 (1/128 at this project's recipes), and a layer without concentration has a share near 1/d.  Descriptive, no test:
 the summary gives per group and layer the median ``held_fraction``, the mean share,
 the seeds whose layer ends on the previous layer's dimension, the median ``layers_sharing`` and the seeds whose
-dimension settled in the validation interval in which they began to use order (:func:`use_from`).  ``--until STEP``
+dimension settled in the validation interval in which they began to use order (``use_from``).  ``--until STEP``
 reads every history up to STEP and admits cells the clock stopped after it (the study aggregator's ``--until``).
 One run's history (ours, or a Hugging Face Trainer's or plain loop's ``hidden_states.csv``): ``ol.dim_identity``.
 
@@ -73,8 +73,8 @@ def use_from(cell: Cell, until: int | None = None) -> dict[str, float]:
 
 def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until: int | None = None
             ) -> tuple[pd.DataFrame, list[str]]:
-    """Every finished cell's :func:`layer_identity` with its group, folder, data set (its ``data=`` override),
-    objective, scheme and seed, and when the model began to use order (:func:`use_from`); ``until``: of its history up to that
+    """Every finished cell's ``layer_identity`` with its group, folder, data set (its ``data=`` override),
+    objective, scheme and seed, and when the model began to use order (``use_from``); ``until``: of its history up to that
     step, cells stopped after it admitted.  And one line for each cell left out."""
     found, skipped = [], []
     for cell in find_cells(paths, until):
@@ -105,7 +105,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
     pooled) and layer: seeds, median
     ``held_fraction``, mean share, how many seeds end the layer on the previous layer's dimension, the median
     ``layers_sharing``, and how many of the seeds that came to use order (``use_measured``) settled the layer's
-    dimension in the validation interval in which they did (``with_use``, :func:`use_from`)."""
+    dimension in the validation interval in which they did (``with_use``, ``use_from``)."""
     t = table.sort_values(["group", "folder", "seed", "layer"]).copy()
     previous = t.groupby(["group", "folder", "seed"])["dim"].shift()
     t["as_previous"] = t["dim"].eq(previous) & t["layer"].gt(0)
@@ -137,7 +137,7 @@ def markdown(summ: pd.DataFrame, statistic: str, skipped: list[str]) -> str:
 def _loop_history(path: Path) -> Path | None:
     """The monitor history of a loop monitor's folder -- ``ol.OutlierMonitor``'s ``out_dir``, a transformers
     ``Trainer``'s ``output_dir`` (its ``monitor/``) -- or a ``hidden_states.csv`` itself; None for anything else
-    (train.py cells and sweeps go through :func:`collect`)."""
+    (train.py cells and sweeps go through ``collect``)."""
     from outlierlab.studies.cells import is_cell
 
     if path.is_file() and path.suffix == ".csv":

@@ -1,8 +1,8 @@
 """What every generated doc table reads, and how it writes a number: the committed study outputs
-(``study.csv``, ``contrasts.csv``, ``families.csv``, compressed where :mod:`outlierlab.studies.committed` keeps them so)
-and the formats of the docs' cells.  The tables themselves are :mod:`outlierlab.studies.doc_tables` (seed studies,
-objectives, the loop monitors) and :mod:`outlierlab.studies.order_use_doc_tables` (docs/order_use.md); every read goes
-through :func:`read` and every contrasts row through :func:`contrast_at`, which the tests record to derive what the
+(``study.csv``, ``contrasts.csv``, ``families.csv``, compressed where ``outlierlab.studies.committed`` keeps them so)
+and the formats of the docs' cells.  The tables themselves are ``outlierlab.studies.doc_tables`` (seed studies,
+objectives, the loop monitors) and ``outlierlab.studies.order_use_doc_tables`` (docs/order_use.md); every read goes
+through ``read`` and every contrasts row through ``contrast_at``, which the tests record to derive what the
 committed files must keep.
 """
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cells_of(study: str) -> Path:
-    """Where a study's cells are read from: its table ``<study>.parquet`` (:mod:`outlierlab.studies.table`), or
+    """Where a study's cells are read from: its table ``<study>.parquet`` (``outlierlab.studies.table``), or
     the folder of run directories itself where none was packed."""
     table = ROOT / f"{study}.parquet"
     return table if table.is_file() else ROOT / study
@@ -46,7 +46,7 @@ def signed(x: float) -> str:
 
 def source(path: str) -> str:
     """``path``, or ``path.xz`` / ``path.gz`` where the docs keep the aggregator's CSV compressed
-    (:mod:`outlierlab.studies.committed`)."""
+    (``outlierlab.studies.committed``)."""
     for candidate in (path, f"{path}.xz", f"{path}.gz"):
         if (ROOT / candidate).is_file():
             return candidate
@@ -73,9 +73,9 @@ def summary_cell(study: str, group: str, metric: str, layer: str, step: int | No
 def contrast_at(folder: str, contrast: str | None, metric: str, layer: str, step: int | None = None) -> pd.Series | None:
     """The first row of ``<folder>/contrasts.csv`` of ``contrast`` (None: any) on ``metric`` and ``layer`` at ``step``
     (default: the series' last), or None where it has none. Every table reads its contrasts rows here (but for
-    :func:`outlierlab.studies.doc_tables.switch_seeds_all_measures`' last-step rows and :func:`families_line`'s counts): the committed file keeps
+    ``outlierlab.studies.doc_tables.switch_seeds_all_measures``' last-step rows and ``families_line``'s counts): the committed file keeps
     the per-step curves only at their last step and in the series read at earlier steps
-    (:data:`outlierlab.studies.committed.CONTRASTS_READ`, whose table entries a test derives from these calls)."""
+    (``outlierlab.studies.committed.CONTRASTS_READ``, whose table entries a test derives from these calls)."""
     c = read(f"{folder}/contrasts.csv")
     sub = c[(c["metric"] == metric) & (c["layer"] == layer) & ((c["contrast"] == contrast) if contrast else True)]
     sub = sub[sub["step"] == (sub["step"].max() if step is None else step)]
@@ -107,7 +107,7 @@ def seeds_word(r: pd.Series) -> str:
 
 def families_line(study: str, after_step: int = 1) -> str:
     """Each family's size and rejections in the full contrasts table of ``<study>/study`` (and from ``after_step``
-    on), from its ``families.csv`` (:func:`outlierlab.studies.committed.family_counts`): the committed
+    on), from its ``families.csv`` (``outlierlab.studies.committed.family_counts``): the committed
     contrasts.csv keeps only part of the exploratory and not-tested rows."""
     path = f"{study}/study/families.csv"
     counts = read(path)

@@ -7,13 +7,13 @@ A doc marks each generated block::
     <!-- end generated -->
 
 and ``python -m outlierlab.studies.doc_tables docs/emergence.md docs/findings.md`` rewrites every block from
-:data:`TABLES` (``--check``: exit 1 naming each block that differs from what the committed CSVs give, as the tests
+``TABLES`` (``--check``: exit 1 naming each block that differs from what the committed CSVs give, as the tests
 do).  The tables of the seed studies, the objectives and the loop monitors are here, docs/order_use.md's in
-:mod:`outlierlab.studies.order_use_doc_tables`, and what they all read and how they write a number in
-:mod:`outlierlab.studies.doc_table_reads`. Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.studies.aggregate`` (committed
+``outlierlab.studies.order_use_doc_tables``, and what they all read and how they write a number in
+``outlierlab.studies.doc_table_reads``. Every table reads ``study.csv`` / ``contrasts.csv`` written by ``python -m outlierlab.studies.aggregate`` (committed
 compressed, the contrasts' per-step curves only where a page reads them, and each family's full counts in
-``families.csv``: :mod:`outlierlab.studies.committed`) and, for per-seed rows, the cells' own CSVs
-(:func:`outlierlab.studies.cells.cell_numbers`).
+``families.csv``: ``outlierlab.studies.committed``) and, for per-seed rows, the cells' own CSVs
+(``outlierlab.studies.cells.cell_numbers``).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def readme_results() -> str:
 
 
 def objectives() -> str:
-    """The masked-vs-causal study (docs/objectives.md): :mod:`outlierlab.studies.objectives_report` on its exported cells."""
+    """The masked-vs-causal study (docs/objectives.md): ``outlierlab.studies.objectives_report`` on its exported cells."""
     from outlierlab.studies import objectives_report
 
     if not cells_of(OBJECTIVES).exists():

@@ -12,7 +12,7 @@ row). Validation perplexity: the last ``val/ppl`` in ``<run>/csv/metrics.csv``.
     python -m outlierlab.studies.emergence_tables grid --table docs/emergence/switches.csv --out docs/emergence/switches_grid.md
 
 The single-seed tables of docs/emergence.md (the long runs, the driver sweep, the 400-step switch grid). Seed
-studies go through ``python -m outlierlab.studies.aggregate`` and the doc blocks of :mod:`outlierlab.studies.doc_tables`
+studies go through ``python -m outlierlab.studies.aggregate`` and the doc blocks of ``outlierlab.studies.doc_tables``
 (one way to make a table).
 """
 

@@ -13,7 +13,7 @@ monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
   cells whose monitors record them, ``abs_argmax_share_pos_<bucket>`` (that dimension's share per position bucket);
   ``tokens`` = step x batch x block x accumulation x devices;
 * ``<out stem>_summary.csv``: per cell the first step (and tokens) with a Luo-type dimension
-  (:mod:`outlierlab.analysis.luo_dimension`), that dimension and its layers; how lasting and how strong it is --
+  (``outlierlab.analysis.luo_dimension``), that dimension and its layers; how lasting and how strong it is --
   the share of checkpoints from then on that have one (``luo_kept``), and at the last step the dimension, the
   layers it holds and its mean share there (``luo_final_*``: Luo et al.'s RoBERTa-base dimension holds nearly
   every token in nearly every layer; the definition's weakest form, half the tokens in half the layers, is met by
@@ -64,7 +64,7 @@ MARKER_HIGH, MARKER_LOW = 0.9, 0.1
 
 def find_cells(paths: Sequence[str | Path]) -> list[Path]:
     """Every train.py run directory under ``paths`` (a folder holding ``config.yaml`` and ``monitor/``); a packed
-    study (``docs/order_use/cells_schemes_large_cut.parquet``, :mod:`outlierlab.studies.table`) reads as the folder
+    study (``docs/order_use/cells_schemes_large_cut.parquet``, ``outlierlab.studies.table``) reads as the folder
     it was packed from, so a committed 4 x 128 study sits in the same table as the ladder's rungs."""
     from outlierlab.studies.table import resolve
 
@@ -144,8 +144,8 @@ def _first_step(rows: pd.DataFrame) -> float:
 
 
 def _first_marker(by_pos: pd.DataFrame) -> dict:
-    """The first step and encoder layer whose dominant dimension is a position marker (:data:`MARKER_HIGH`,
-    :data:`MARKER_LOW`), with its dim and the buckets it holds; NaN/"" where none is (or none was recorded)."""
+    """The first step and encoder layer whose dominant dimension is a position marker (``MARKER_HIGH``,
+    ``MARKER_LOW``), with its dim and the buckets it holds; NaN/"" where none is (or none was recorded)."""
     found = {"marker_step": math.nan, "marker_layer": math.nan, "marker_dim": math.nan, "marker_buckets": ""}
     for (step, layer), part in by_pos.groupby(["step", "layer"], sort=True):
         high = part[part["value"] >= MARKER_HIGH]["statistic"].str.removeprefix(POSITION_PREFIX)
@@ -173,7 +173,7 @@ def _final_position_shares(dims: pd.DataFrame, by_pos: pd.DataFrame) -> str:
 def ladder_tables(paths: Sequence[str | Path], share: float = SHARE, layer_fraction: float = LAYER_FRACTION
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The long table and the per-cell summary (module docstring); ``share`` and ``layer_fraction`` set the
-    Luo-type definition (:func:`outlierlab.analysis.luo_dimension.luo_dimension`; 0.5 and 0.5: its weakest form)."""
+    Luo-type definition (``outlierlab.analysis.luo_dimension.luo_dimension``; 0.5 and 0.5: its weakest form)."""
     if not (0 < share <= 1 and 0 < layer_fraction <= 1):
         raise ValueError(f"--share and --layer-fraction must be in (0, 1], got {share} and {layer_fraction}")
     long, summary = [], []

@@ -5,9 +5,9 @@
     python -m outlierlab.studies.doc_tables docs/objectives.md     # the doc's block, from the exported cells
 
 Reads the cells of ``experiment=objective_positions`` ({mlm, clm} x {learned, none} x seeds) through the study
-aggregator's reader (:mod:`outlierlab.studies.cells`: only usable cells -- finished, manifest verified, one code
+aggregator's reader (``outlierlab.studies.cells``: only usable cells -- finished, manifest verified, one code
 version -- are averaged; the others are listed) and answers the papers' questions with the aggregator's statistics
-(:mod:`outlierlab.analysis.seed_statistics`, :mod:`outlierlab.analysis.study_inference`):
+(``outlierlab.analysis.seed_statistics``, ``outlierlab.analysis.study_inference``):
 
 1. Haviv et al. (2022): is dropping positions cheaper for a causal LM than for a masked one? The per-seed
    difference-in-differences of validation loss (nats/token), ``[clm none - clm learned] - [mlm none - mlm learned]``,
@@ -25,7 +25,7 @@ layer's probe accuracy clm none vs mlm none at step 0 and trained (2). Every oth
 q-value within its own question (``family`` "exploratory: 1 Haviv", ...), so the loss rows of (1) never share a
 family with the outlier measures of (4). For each primary contrast the minimum detectable effect at 80 % power is given.
 Writes ``<out>/objectives.csv`` (every contrast) and ``<out>/objectives.md`` (the tables); docs/objectives.md shows
-the same tables in its ``<!-- generated: objectives -->`` block (:mod:`outlierlab.studies.doc_tables`, from the cells
+the same tables in its ``<!-- generated: objectives -->`` block (``outlierlab.studies.doc_tables``, from the cells
 exported to docs/objectives/cells.parquet).
 """
 
@@ -241,7 +241,7 @@ def report(sweep: str | Path | list[str | Path], source: str | None = None, unti
     """``(contrast table, Markdown)`` of the study's usable cells under ``sweep`` (one folder or several: the two
     objectives' cells may have been exported apart; unusable cells are listed); with ``until``, every cell up to that
     step, cells stopped before their budget admitted as the study aggregator does
-    (:func:`outlierlab.studies.cells.admit_cut`)."""
+    (``outlierlab.studies.cells.admit_cut``)."""
     sweeps = sweep if isinstance(sweep, list) else [sweep]
     cells = find_cells(sweeps, until)
     tables = collect([c for c in cells if c.usable], until)

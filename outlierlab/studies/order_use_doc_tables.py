@@ -1,6 +1,6 @@
 """The generated tables of docs/order_use.md (learned vs none, every position scheme, the objectives, the dimension
-identity), from the committed order-use studies; each is a block ``<!-- generated: <name> -->`` of :data:`TABLES`
-that :mod:`outlierlab.studies.doc_tables` renders.
+identity), from the committed order-use studies; each is a block ``<!-- generated: <name> -->`` of ``TABLES``
+that ``outlierlab.studies.doc_tables`` renders.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ SCHEME_OUTLIER_ROWS = [("hidden/kurtosis", "max_layer"), ("hidden/abs_argmax_sha
 
 
 def _learned_none_rows(study: str) -> str:
-    """One row per :data:`ORDER_USE_ROWS` entry of ``<study>/contrasts.csv`` at its last step: both means, the
+    """One row per ``ORDER_USE_ROWS`` entry of ``<study>/contrasts.csv`` at its last step: both means, the
     paired difference with its CI (and TOST where a margin was declared), the corrected p and the seeds' signs."""
     lines = ["| metric | layer | step | learned | none | diff [95% CI] | n pairs | p_holm / q_bh | seeds with the sign |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -133,7 +133,7 @@ def order_use_objectives() -> str:
 
 
 def order_use_dim_identity(folder: str = "dim_identity_large_4000") -> str:
-    """Which dimension, since when (:mod:`outlierlab.studies.dim_identity`), every scheme on ``data=english_large`` at
+    """Which dimension, since when (``outlierlab.studies.dim_identity``), every scheme on ``data=english_large`` at
     step 4,000 (5 seeds): per layer 1-4, the mean |x| argmax share, the median held fraction and the seeds whose
     layer ends on the previous layer's dimension."""
     from outlierlab.studies.dim_identity import summary

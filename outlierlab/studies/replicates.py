@@ -6,19 +6,19 @@ It is evidence for the configuration it ran and no other. On a GPU, a learned po
 atomic adds, so replicates of one seed differ slightly unless ``trainer.deterministic=true``. A no-position path has
 no such adds and reproduces exactly. So this module compares the paths actually run:
 
-* :func:`replicate_rows`: every pair of readable cells, finished or stopped before their end (the study's, plus any
-  cells given only for this check) with one configuration and seed, each validation metric of :data:`COMPARED` at
+* ``replicate_rows``: every pair of readable cells, finished or stopped before their end (the study's, plus any
+  cells given only for this check) with one configuration and seed, each validation metric of ``COMPARED`` at
   every step both logged: the largest
   absolute difference, with both cells' code versions and how they computed (``finished.json``: ``accelerator``,
   ``deterministic``; "not recorded" for cells written before it was recorded);
 * ``python -m outlierlab.studies.replicates RUN_DIR_OR_SWEEP ... [--out pairs.csv]``: those rows for any run
   directories, e.g. two replicates of one seed with ``trainer.deterministic=true`` (``scripts/gpu_scale.sh
   determinism``); exit 1 when no two cells share a configuration and seed;
-* :func:`mixed_code_coverage`: per group of the study that mixes code versions, whether a replicate of *its*
+* ``mixed_code_coverage``: per group of the study that mixes code versions, whether a replicate of *its*
   configuration spans two of its versions -- or that none does, so the mixing rests on other paths' replicates.
 
 The configuration is the resolved config less what cannot change a number: paths, the seed itself and the
-bookkeeping keys of :data:`outlierlab.studies.cells.SEED_DEPENDENT`, the wall-clock budget, the run's root dir.
+bookkeeping keys of ``outlierlab.studies.cells.SEED_DEPENDENT``, the wall-clock budget, the run's root dir.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _validations(cell: Cell) -> pd.DataFrame:
 
 def replicate_rows(cells: Sequence[Cell], label: Mapping[tuple, str] | None = None) -> pd.DataFrame:
     """One row per pair of cells with one configuration and seed: ``path, seed, cell_a, cell_b, code_a, code_b,
-    how_a, how_b, steps`` and ``max_abs_diff <metric>`` per :data:`COMPARED` metric (NaN where neither logged it)."""
+    how_a, how_b, steps`` and ``max_abs_diff <metric>`` per ``COMPARED`` metric (NaN where neither logged it)."""
     by_key: dict[tuple, list[Cell]] = defaultdict(list)
     for c in cells:
         if not c.problems and c.seed is not None:  # finished or not: compared where both logged
@@ -119,7 +119,7 @@ def linked(codes: set[str], rows: pd.DataFrame) -> bool:
 def mixed_code_coverage(groups: Mapping[str, list[Cell]], extra: Sequence[Cell] = ()) -> dict[str, pd.DataFrame]:
     """Per group that mixes code versions: the replicate rows of its own configuration across two code versions, one
     of them the group's (an empty frame: none ran), with ``attrs["linked"]``: whether they connect all of the group's
-    versions (:func:`linked`). Groups of one code version are left out."""
+    versions (``linked``). Groups of one code version are left out."""
     # a study's evidence is what it could average itself: finished cells, or cells admitted up to their cut
     everyone = [c for c in [*(c for cells in groups.values() for c in cells), *extra] if c.usable]
     out: dict[str, pd.DataFrame] = {}

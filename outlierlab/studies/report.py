@@ -1,4 +1,4 @@
-"""``study.md`` and the confidence-band curves of a seed study (:mod:`outlierlab.studies.aggregate`)."""
+"""``study.md`` and the confidence-band curves of a seed study (``outlierlab.studies.aggregate``)."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ the cell wrote -- with columns ``cell`` (the run directory's name), ``file`` (it
 No checkpoint, figure, TensorBoard event or model: those stay where the study ran. A machine's absolute paths
 (``/scratch/...``, a user's home: run directories, caches) are replaced by ``<local>/<last component>``; the manifest's
 size and hash of each file so rewritten are updated, and the manifest lists them under ``"scrubbed"``, so
-:func:`outlierlab.jobs.run_state.verify_manifest` still checks every byte. Each cell is verified before it is
+``outlierlab.jobs.run_state.verify_manifest`` still checks every byte. Each cell is verified before it is
 packed (a cell the aggregator would refuse is packed as it is, and refused the same way when read).
 
-Every reader of run directories takes the table in their place (:func:`cells_dir`): the study aggregator, the
+Every reader of run directories takes the table in their place (``cells_dir``): the study aggregator, the
 dimension-identity job, the doc tables. It extracts the files once into ``$OUTLIERLAB_CACHE/studies/<hash>/`` and
 hands that folder to the unchanged readers, so the numbers are the run directories' by construction
 (tests/test_study_table.py checks the round trip). For one's own analysis:

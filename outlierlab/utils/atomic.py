@@ -50,7 +50,7 @@ def figure_bytes(fig: Any, **savefig_kwargs: Any) -> bytes:
 
 
 def save_figure(fig: Any, path: str | os.PathLike, **savefig_kwargs: Any) -> Path:
-    """Write ``fig`` to ``path`` complete or not at all: encoded by :func:`figure_bytes`, then :func:`write_atomic`
+    """Write ``fig`` to ``path`` complete or not at all: encoded by ``figure_bytes``, then ``write_atomic``
     (a reader sees the earlier figure or the new one, never half of one). The format follows ``path``'s suffix
     (``.png``, ``.pdf``, ``.svg``) unless ``format=`` is given; ``savefig_kwargs`` go to ``Figure.savefig``."""
     path = Path(path)

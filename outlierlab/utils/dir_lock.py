@@ -1,14 +1,14 @@
 """One writer per directory: an advisory lock taken before anything is written there.
 
 Two processes writing into one directory (a job resubmitted beside the original, a study launched twice, two
-training loops given the same monitor folder) both ran to the end and wrote every row twice. :func:`lock_dir`
+training loops given the same monitor folder) both ran to the end and wrote every row twice. ``lock_dir``
 takes an exclusive ``flock`` on a lock file in the directory and writes the holder into it (host, pid, start time,
-``SLURM_JOB_ID``); a second writer gets :class:`DirBusy`, one line naming the holder and what to do. The kernel drops
+``SLURM_JOB_ID``); a second writer gets ``DirBusy``, one line naming the holder and what to do. The kernel drops
 the lock when its holder dies, so a crashed writer's directory is free at once; the dead holder's record is reported
 as taken over. A lock that is still held although its recorded holder is dead on this host (a forked worker kept
 the descriptor), or that is held by an earlier run of this very scheduler job (a requeue: same ``SLURM_JOB_ID``), is
 broken: the file is replaced and the new one locked. Used for run directories
-(:mod:`outlierlab.jobs.run_lock`) and the loop monitors' folders (:mod:`outlierlab.monitoring.loop_monitor`).
+(``outlierlab.jobs.run_lock``) and the loop monitors' folders (``outlierlab.monitoring.loop_monitor``).
 
 ``fcntl`` directly, not the ``filelock`` library: the holder record lives in the lock file, and filelock before
 3.30 truncated the holder's file on every contending open (tox-dev/filelock#591); breaking a lock also needs the
@@ -109,7 +109,7 @@ def reclaim_reason(holder: dict[str, Any] | None) -> str | None:
 
 
 class DirLock:
-    """A held lock on one directory; :meth:`release` (or ``with``) gives it back and removes the file."""
+    """A held lock on one directory; ``release`` (or ``with``) gives it back and removes the file."""
 
     def __init__(self, path: Path, fd: int | None, record: dict[str, Any]) -> None:
         self.path, self.fd, self.record = path, fd, record
@@ -161,7 +161,7 @@ def _try_flock(path: Path) -> int | None:
 
 def lock_dir(directory: Path, filename: str, what: str = "directory",
              remedy: str = "wait for it to finish, stop it, or choose another directory") -> DirLock:
-    """Take ``<directory>/<filename>`` for this process, or raise :class:`DirBusy` (one line)."""
+    """Take ``<directory>/<filename>`` for this process, or raise ``DirBusy`` (one line)."""
     run_dir = Path(directory)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / filename

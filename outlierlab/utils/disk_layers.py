@@ -29,7 +29,7 @@ class DiskLayers:
     those layers, ``x[i] = m`` writes one.
 
     Only what the fitted maps' readers need of a tensor: ``shape``, ``dtype``, ``ndim``, ``device`` (always
-    CPU: a reader moves the layer it reads), indexing along the first axis and :meth:`to` (the whole stack, for
+    CPU: a reader moves the layer it reads), indexing along the first axis and ``to`` (the whole stack, for
     callers that want it in memory — e.g. a small model's cached state).
     """
 

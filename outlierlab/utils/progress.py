@@ -99,7 +99,7 @@ class ProgressLines:
 
 def progress_bar(total: int | None, desc: str, enabled: bool = True, unit: str = "sentences",
                  every_s: float = 30.0, stream: TextIO | None = None):
-    """A tqdm bar on a terminal, :class:`ProgressLines` otherwise, None when disabled.
+    """A tqdm bar on a terminal, ``ProgressLines`` otherwise, None when disabled.
 
     tqdm writes to stderr, so the terminal test is on stderr; the lines go to stdout (or ``stream``),
     where ``nohup``/schedulers collect a job's log.

@@ -1,7 +1,7 @@
-"""The two table writers of the project: row dicts to a CSV file (:func:`write_csv`) and rows to a Markdown
-table (:func:`md_table`).  Every report and job writes its tables through these, so all CSVs share one
+"""The two table writers of the project: row dicts to a CSV file (``write_csv``) and rows to a Markdown
+table (``md_table``).  Every report and job writes its tables through these, so all CSVs share one
 dialect (the csv module's default: ``,``, minimal quoting, ``\\r\\n`` line ends, ``str()`` of each value, an
-empty cell for None or a missing key) and all Markdown tables one layout; :func:`read_rows` reads such a CSV back
+empty cell for None or a missing key) and all Markdown tables one layout; ``read_rows`` reads such a CSV back
 as the strings it holds.
 """
 
@@ -37,11 +37,11 @@ def joined(v: Any) -> Any:
 
 def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
               cell: Callable[[Any], Any] | None = None) -> Path:
-    """Write ``rows`` (dicts) to ``path`` atomically (:func:`outlierlab.utils.atomic.write_atomic`).
+    """Write ``rows`` (dicts) to ``path`` atomically (``outlierlab.utils.atomic.write_atomic``).
 
     ``columns`` fixes the header (an empty table still gets it; keys not in it are left out); None: every
     key in first-seen order.  ``cell`` maps each value before the csv module writes it (default: as is;
-    :func:`joined` for evaluate.py's list cells)."""
+    ``joined`` for evaluate.py's list cells)."""
     cols = list(columns) if columns is not None else columns_of(rows)
     buf = io.StringIO()
     w = csv.DictWriter(buf, cols, extrasaction="ignore")
@@ -73,7 +73,7 @@ def decimals(x: Any, digits: int = 3) -> str:
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 3,
              cell: Callable[[Any], str] | None = None) -> str:
     """A Markdown table without a trailing newline: the header row, a ``---`` rule per column, then each row
-    with ``cell(value)`` in every cell (default: :func:`decimals` with ``digits``)."""
+    with ``cell(value)`` in every cell (default: ``decimals`` with ``digits``)."""
     if cell is None:
         def cell(x: Any) -> str:
             return decimals(x, digits)

@@ -1,13 +1,13 @@
 """Training-time outlier monitors (Lightning callbacks) and their CSV history.
 
-- :class:`.layernorm_monitor.LayerNormMonitor` — LayerNorm gain/bias 3σ outliers and divergence from init
+- ``layernorm_monitor.LayerNormMonitor`` — LayerNorm gain/bias 3σ outliers and divergence from init
   (Kovaleva et al. 2021; Puccetti et al. 2022).
-- :class:`.hidden_state_monitor.HiddenStateMonitor` — activation outlier dims and anisotropy on a fixed
+- ``hidden_state_monitor.HiddenStateMonitor`` — activation outlier dims and anisotropy on a fixed
   held-out batch (Luo et al. 2021; Ethayarajh 2019).
-- both are adapters over the framework-free trackers of :mod:`outlierlab.monitoring`, which the plain-loop
+- both are adapters over the framework-free trackers of ``outlierlab.monitoring``, which the plain-loop
   ``OutlierMonitor`` and the Hugging Face ``OutlierMonitorCallback`` drive too.
-- :class:`.progress.ProgressLines` — plain progress lines when stdout is not a terminal.
-- :class:`.interrupt_checkpoint.InterruptCheckpoint` — ``last.ckpt`` on SIGTERM (schedulers, preemption).
+- ``progress.ProgressLines`` — plain progress lines when stdout is not a terminal.
+- ``interrupt_checkpoint.InterruptCheckpoint`` — ``last.ckpt`` on SIGTERM (schedulers, preemption).
 
 Kept free of heavy imports: the classes load on first attribute access.
 """

@@ -1,11 +1,11 @@
 """The Lightning side of the two outlier monitors: when to record, resume handling, the trainer's loggers.
 
 What a record computes and writes is not here: each monitor is an adapter over a framework-free tracker of
-:mod:`outlierlab.monitoring` (:class:`~outlierlab.monitoring.layernorm_tracker.LayerNormTracker`,
-:class:`~outlierlab.monitoring.hidden_state_tracker.HiddenStateTracker`), and a record is written by
-:func:`outlierlab.monitoring.recording.publish` — the same objects the plain-loop
-:class:`~outlierlab.monitoring.loop_monitor.OutlierMonitor` and the Hugging Face
-:class:`~outlierlab.monitoring.hf_trainer.OutlierMonitorCallback` use, so every loop writes the same rows.
+``outlierlab.monitoring`` (``LayerNormTracker``,
+``HiddenStateTracker``), and a record is written by
+``outlierlab.monitoring.recording.publish`` — the same objects the plain-loop
+``OutlierMonitor`` and the Hugging Face
+``OutlierMonitorCallback`` use, so every loop writes the same rows.
 
 A monitor records at step 0 (in ``on_train_start``, before the first optimizer update), every
 ``every_n_steps`` optimizer steps, whenever a checkpoint is saved, and at the end of training — at most
@@ -32,8 +32,8 @@ from outlierlab.reports.history import HistoryCSV
 
 
 class LightningOutlierMonitor(L.Callback):
-    """Base class; subclasses set ``tracker`` (whose ``filename`` names the history) and implement :meth:`prepare`
-    and :meth:`compute`.
+    """Base class; subclasses set ``tracker`` (whose ``filename`` names the history) and implement ``prepare``
+    and ``compute``.
 
     Parameters
     ----------

@@ -1,13 +1,13 @@
 """Watch activation outlier dimensions emerge during pretraining, on a fixed held-out batch (Luo et al. 2021 §2).
 
-A thin Lightning adapter over :class:`outlierlab.monitoring.hidden_state_tracker.HiddenStateTracker`, the object
-the plain-loop and Hugging Face Trainer monitors (:mod:`outlierlab.monitoring`) drive too; only the choice of the
+A thin Lightning adapter over ``outlierlab.monitoring.hidden_state_tracker.HiddenStateTracker``, the object
+the plain-loop and Hugging Face Trainer monitors (``outlierlab.monitoring``) drive too; only the choice of the
 held-out batch (the datamodule's tokenizer, or its validation blocks) is Lightning's.
 
 At every record (step 0 before any update, every ``every_n_steps``, at checkpoints and at the end; see
-:mod:`.base`) the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out
-sequences (one forward pass, :func:`outlierlab.models.sites.monitored_forward`), and
-:func:`outlierlab.analysis.monitoring.hidden_state_records` computes per layer the mean token vector, the share of
+``base``) the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out
+sequences (one forward pass, ``outlierlab.models.sites.monitored_forward``), and
+``outlierlab.analysis.monitoring.hidden_state_records`` computes per layer the mean token vector, the share of
 tokens whose argmax/argmin falls on the most common dim (Luo et al. 2021 §2; their 96.60% on dim 557 of
 BERT-base is a pooled *argmin* share, also written), the dims with the largest |mean|, anisotropy from
 1,000 cross-sentence token pairs with its jackknife standard error (Ethayarajh 2019) with the top-1/top-3 dims' share of it (Timkey & van Schijndel 2021)
@@ -15,11 +15,11 @@ and IsoScore (Rudman et al. 2022), activation kurtosis and max/median ratio (He 
 al. 2024), the inf-norm at the FFN output and around the output LayerNorm (Bondarenko et al. 2023), and
 sink-head shares and attention entropy (Gu et al. 2025).  Special tokens and padding are left out of the
 activation statistics (the inf-norm and the attention queries keep special tokens, see
-:mod:`outlierlab.models.sites`).  Train mode is restored afterwards, module by module.
+``outlierlab.models.sites``).  Train mode is restored afterwards, module by module.
 
 Outputs: ``<out_dir>/hidden_states.csv`` (``step,name,statistic,dim,value``; names ``layer_{i}``,
 i = 0 the embedding output, and ``model``; statistics listed in
-:func:`outlierlab.analysis.monitoring.hidden_state_records`; the per-dim ``mean`` rows only at image records),
+``outlierlab.analysis.monitoring.hidden_state_records``; the per-dim ``mean`` rows only at image records),
 ``<out_dir>/hidden_metrics.png`` (curves vs step per layer, at image records), and in TensorBoard:
 
 - scalars ``monitor/hidden/layer_{i}/argmax_share``, ``…/argmin_share``, ``…/argmax_dim``,
@@ -36,11 +36,11 @@ i = 0 the embedding output, and ``model``; statistics listed in
 Held-out batch (``source``):
 
 - ``"sentences"`` (default): the first ``n_sequences`` shipped held-out sentences
-  (:func:`outlierlab.datamodules.eval_data.load_sentences`, Austen's *Persuasion*, not in the training corpus),
+  (``outlierlab.datamodules.eval_data.load_sentences``, Austen's *Persuasion*, not in the training corpus),
   tokenised with ``trainer.datamodule.tokenizer``.  Same text for every run and position scheme, and the
-  same batch :mod:`outlierlab.jobs.posthoc` uses, so live and post-hoc numbers agree.
+  same batch ``outlierlab.jobs.posthoc`` uses, so live and post-hoc numbers agree.
 - ``"val"``: the first ``n_sequences`` validation blocks of ``trainer.datamodule`` (in-distribution text,
-  unmasked; see :func:`heldout_from_val`).
+  unmasked; see ``heldout_from_val``).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def heldout_from_val(datamodule: Any, n_sequences: int, special_ids: set[int]) -
     """The first ``n_sequences`` validation sequences, unmasked.
 
     Read from ``datamodule.val_dataset`` (items with unmasked ``input_ids``/``attention_mask``, as
-    :class:`outlierlab.datamodules.mlm_datamodule.MLMDataModule` has) when present; otherwise from the first
+    ``outlierlab.datamodules.mlm_datamodule.MLMDataModule`` has) when present; otherwise from the first
     batches of ``val_dataloader()``, undoing the MLM masking (``labels != -100`` hold the original ids).
     """
     ids, masks = [], []
@@ -99,7 +99,7 @@ class HiddenStateMonitor(LightningOutlierMonitor):
     Parameters
     ----------
     out_dir, every_n_steps, image_every_n_steps, vectors
-        See :class:`.base.LightningOutlierMonitor` (``vectors``: write the whole ``mean`` vector of every layer).
+        See ``base.LightningOutlierMonitor`` (``vectors``: write the whole ``mean`` vector of every layer).
     n_sequences : int
         Held-out sequences (small: one forward pass of this batch per record).
     source : {"sentences", "val"}

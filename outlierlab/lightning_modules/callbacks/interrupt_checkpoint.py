@@ -4,17 +4,17 @@
 Lightning already turns SIGTERM into an orderly stop: its signal handler sets ``trainer.received_sigterm``,
 and the training loop raises ``SIGTERMException`` at the end of the current batch -- after the optimizer
 step, the schedulers and the loggers, i.e. at a consistent state -- then calls every callback's
-``on_exception``. Lightning's :class:`~lightning.pytorch.callbacks.OnExceptionCheckpoint` saves on *any*
+``on_exception``. Lightning's ``OnExceptionCheckpoint`` saves on *any*
 exception, including a non-finite loss or a bug, whose checkpoint must not become the one a resumed run
 trusts; this callback saves only for SIGTERM, and under the name the resume logic reads (``last.ckpt``),
 written to a temporary name and renamed so a kill during the write leaves the previous ``last.ckpt`` intact.
 
-It is a plain :class:`~lightning.pytorch.callbacks.Callback`, not an ``OnExceptionCheckpoint`` subclass: with
+It is a plain ``Callback``, not an ``OnExceptionCheckpoint`` subclass: with
 one of those among the callbacks, Lightning 2.6 turns ``trainer.fit(ckpt_path=None)`` into ``ckpt_path="last"``
 (``_checkpoint_connector._parse_ckpt_path``) -- so ``resume=false`` on a run directory holding ``last.ckpt``
 silently restored it (with the new seed's config, zero steps trained), and every fresh run printed two
 misleading warnings. Which checkpoint a run starts from is decided once, in
-:func:`outlierlab.jobs.run_resume.resolve_checkpoint`.
+``outlierlab.jobs.run_resume.resolve_checkpoint``.
 
 SLURM sends SIGTERM at preemption and at the time limit (then SIGKILL after ``KillWait``). Under submitit
 (``hydra/launcher=submitit_slurm``) the job is warned earlier by ``SIGUSR2`` (``signal_delay_s`` before the

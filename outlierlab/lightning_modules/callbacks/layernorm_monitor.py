@@ -1,15 +1,15 @@
 """Watch LayerNorm gain/bias outlier dimensions emerge during pretraining (Kovaleva et al. 2021; Puccetti et al. 2022).
 
-A thin Lightning adapter over :class:`outlierlab.monitoring.layernorm_tracker.LayerNormTracker`, the object the
-plain-loop and Hugging Face Trainer monitors (:mod:`outlierlab.monitoring`) drive too.  At step 0 (before any
+A thin Lightning adapter over ``outlierlab.monitoring.layernorm_tracker.LayerNormTracker``, the object the
+plain-loop and Hugging Face Trainer monitors (``outlierlab.monitoring``) drive too.  At step 0 (before any
 update) the callback keeps a snapshot of every LayerNorm's gain and bias; it is
 part of the callback's ``state_dict`` and so of every checkpoint, and a resumed run measures divergence
-from the true initialisation.  At every record (see :mod:`.base` for when) it calls
-:func:`outlierlab.analysis.monitoring.layernorm_records` — i.e. :func:`outlierlab.analysis.layernorm.layernorm_stats`
-(descriptive) and THE LayerNorm-outlier rule :func:`outlierlab.analysis.layernorm_rule.layernorm_outliers` with the
+from the true initialisation.  At every record (see ``base`` for when) it calls
+``outlierlab.analysis.monitoring.layernorm_records`` — i.e. ``outlierlab.analysis.layernorm.layernorm_stats``
+(descriptive) and THE LayerNorm-outlier rule ``outlierlab.analysis.layernorm_rule.layernorm_outliers`` with the
 ``ln_rule`` settings, the same call ``evaluate.py``'s outliers and ablation analyses make — and writes:
 
-``<out_dir>/layernorm.csv`` (columns ``step,name,statistic,dim,value``; see :mod:`.history`), names
+``<out_dir>/layernorm.csv`` (columns ``step,name,statistic,dim,value``; see ``history``), names
 ``embeddings``, ``layer.{i}.attention_output``, ``layer.{i}.output`` and ``model``; statistics
 ``gain_mean gain_std bias_mean bias_std n_gain_outliers n_bias_outliers gain_outlier bias_outlier
 top_gain_z top_bias_z max_abs_gain_div max_abs_bias_div rule_outlier gain bias`` and (``model``)
@@ -31,7 +31,7 @@ TensorBoard (every TensorBoardLogger of the trainer), with ``<ln>`` a LayerNorm 
 
 Model-level outliers: by default Kovaleva et al.'s criterion (gain AND bias outside mean ± 3σ of each
 layer's output LayerNorm) in more than 3 of 12 layers (Puccetti et al.), scaled: ``"4/12"`` rounded up is
-2 of 4 layers for the tiny model (:func:`outlierlab.analysis.layernorm_rule.min_layers_for`).  A model whose norms
+2 of 4 layers for the tiny model (``outlierlab.analysis.layernorm_rule.min_layers_for``).  A model whose norms
 have no gain/bias (``model.norm=layernorm_noaffine``, no norms at all) or no bias (RMSNorm, under the
 ``both`` criterion) gets a one-line notice and only the model-level rows, never a crash.
 """
@@ -57,7 +57,7 @@ class LayerNormMonitor(LightningOutlierMonitor):
     Parameters
     ----------
     out_dir, every_n_steps, image_every_n_steps, vectors
-        See :class:`.base.LightningOutlierMonitor` (``vectors``: write every dim's ``gain``/``bias``).
+        See ``base.LightningOutlierMonitor`` (``vectors``: write every dim's ``gain``/``bias``).
     rule : LayerNormRule or mapping
         THE LayerNorm-outlier rule (``ln_rule`` config group; None: Kovaleva et al.'s default).  Its ``k``
         also sets the σ of the per-LayerNorm gain/bias statistics.

@@ -1,14 +1,14 @@
 """Plain training-progress lines when stdout is not a terminal (``nohup``, a scheduler, CI).
 
 Lightning's Rich/tqdm bars redraw one terminal line; in a log file a run shows nothing between the model
-summary and the end. :class:`ProgressLines` prints one complete line every ``every_n_steps`` optimizer
+summary and the end. ``ProgressLines`` prints one complete line every ``every_n_steps`` optimizer
 steps, and one after each validation::
 
     [train] step 120/300 (40%) | loss 5.432 | 3,100 tok/s | elapsed 0:01:12 | ETA 0:01:48
     [train] step 100/300 validation | val/loss 5.310 | val/ppl 202.3 | val/order_use 0.001 | val/acc 0.12 | ...
 
 On a terminal where the progress bar draws it stays silent (``when: auto``), so nothing is doubled.  That bar is
-:class:`StepRichProgressBar` (train.py adds it), Lightning's Rich bar for a run that stops at ``max_steps``.
+``StepRichProgressBar`` (train.py adds it), Lightning's Rich bar for a run that stops at ``max_steps``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class ProgressLines(Callback):
     when : {"auto", "always", "never"}
         ``auto``: only when stdout is not a terminal or the trainer has no progress bar.
     length_fn : callable, optional
-        ``batch -> tokens`` (default :func:`default_tokens`). Tokens/s counts rank 0's batches times the
+        ``batch -> tokens`` (default ``default_tokens``). Tokens/s counts rank 0's batches times the
         world size: an estimate for all devices, exact when the ranks see equal-length batches.
     stream : file, optional
         Where to print (default stdout, read at print time so captured output works).
