@@ -118,7 +118,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def markdown(summ: pd.DataFrame, statistic: str, skipped: list[str]) -> str:
-    lines = [f"# Which dimension, since when (`{statistic}`, :mod:`outlierlab.studies.dim_identity`)", "",
+    lines = [f"# Which dimension, since when (`{statistic}`, `outlierlab.studies.dim_identity`)", "",
              "held = median over seeds of 1 − (first step of the final dimension's unbroken run) / last step; "
              "as previous = seeds whose layer ends on the previous layer's dimension (chance 1/d); layers on its dim = "
              "median number of layers ending on the layer's dimension (itself included); settled with use = seeds whose "
