@@ -251,11 +251,13 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
         the sentences of the analyses (outliers, anisotropy, isotropy, self-similarity, and those with texts
         of their own not set), all of them: a list of strings (or a pandas Series, ``df["text"]``; a DataFrame is
         refused: pass one column); None: the shipped held-out sentences (as ``python evaluate.py``).
-    analyses, transforms
-        lists, as ``analyses=[...]`` and ``transform=[...]`` on the command line (valid names
-        below); an analysis may also be an object — a module, a class, a ``types.SimpleNamespace`` — with its
+    analyses
+        a list, as ``analyses=[...]`` on the command line (valid names below); an analysis may also be an
+        object — a module, a class, a ``types.SimpleNamespace`` — with its
         ``run(ctx)`` and optional ``consumers(ctx)`` (``outlierlab.evaluation.registry``), named by its ``NAME``
         or ``__name__``: an analysis written in the notebook itself.
+    transforms
+        a list, as ``transform=[...]`` on the command line (valid names below), compared side by side.
     out_dir
         also write everything evaluate.py writes (CSVs, report.md, results.json, figures) there, by the
         same job; named in each table's ``attrs["run_dir"]``.
