@@ -123,7 +123,7 @@ class OutlierMonitorCallback(TrainerCallback):
         Default ``<args.output_dir>/monitor``.
     sentences : sequence of str, optional
         Held-out texts (default: the shipped held-out sentences).
-    writer : SummaryWriter-like, None or False
+    writer : a SummaryWriter-like writer, None or False
         TensorBoard writer for the scalars; None: the Trainer's TensorBoard folder when it reports to
         TensorBoard, else none; False: none.
     **monitor_kwargs

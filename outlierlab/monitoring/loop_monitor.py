@@ -118,22 +118,44 @@ class OutlierMonitor:
         monitors and ``python -m outlierlab.jobs.posthoc`` use, so live and post-hoc numbers agree.
     image_every_n_steps : int
         Figures and per-dim vector rows at step multiples of this (and at the first and the last record).
-    vectors, figures : bool
-        Write per-dim vector rows / render figures at image records.
+    vectors : bool
+        Write per-dim vector rows at image records.
+    figures : bool
+        Render figures at image records.
     max_steps : int, optional
         The last step: recorded (with figures) even off the cadence.
-    layernorm, hidden_states : bool
-        Which monitors run.
-    rule, ln_top_k, histograms, max_heatmap_rows
-        LayerNorm settings (``LayerNormTracker``; ``ln_top_k`` is its ``top_k``).
-    n_sequences, sentences_path, max_length, top_k, n_pairs, seed, sink_threshold
-        Hidden-state settings (``HiddenStateTracker``).
+    layernorm : bool
+        Run the LayerNorm gain/bias monitor.
+    hidden_states : bool
+        Run the hidden-state monitor.
+    rule : LayerNormRule or mapping, optional
+        The LayerNorm-outlier rule (None: Kovaleva et al.'s default); LayerNorm settings are ``LayerNormTracker``'s.
+    ln_top_k : int
+        Strongest flagged dims per LayerNorm shown as scalars (``LayerNormTracker``'s ``top_k``).
+    histograms : bool
+        Log gain/bias histograms per LayerNorm.
+    max_heatmap_rows : int
+        Steps kept (evenly thinned) for the LayerNorm heatmap figure.
+    n_sequences : int
+        Held-out sequences, at least 2; hidden-state settings are ``HiddenStateTracker``'s.
+    sentences_path : str, optional
+        Other sentences file (gzip text, one per line) instead of the shipped one.
+    max_length : int, optional
+        Truncation length in tokens.
+    top_k : int
+        Dims with the largest |mean| written per layer.
+    n_pairs : int
+        Cross-sentence token pairs of the anisotropy.
+    seed : int
+        Seed of those pairs.
+    sink_threshold : float
+        Gu et al. (2025)'s ε for a sink head.
     order_use : bool
         Measure order use (the LM's loss with each held-out sequence's tokens permuted minus the intact loss,
         nats) and attention locality at every record (docs/order_use.md); ``close`` says in one line when the
         last record is below ``ORDER_USE_THRESHOLD`` (the model does not use
         token order yet: it is a bag-of-words model).  Needs the model with its LM head.
-    writer : SummaryWriter-like, None or False
+    writer : a SummaryWriter-like writer, None or False
         Where the TensorBoard scalars go: a writer of the caller's; None (default) a
         ``torch.utils.tensorboard.SummaryWriter`` in ``<out_dir>/tensorboard``; False none.
     global_zero : bool, optional
