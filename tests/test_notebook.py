@@ -37,3 +37,15 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     values = [float(v) for line in table[2:] for v in line.split()[1:]]
     assert [line.split()[0] for line in table[2:]] == [str(i) for i in range(7)] and len(values) == 14
     assert all(1 / 384 <= v <= 1 for v in values)
+
+
+def test_the_committed_notebook_carries_its_outputs():
+    """The docs site shows the notebook as committed (mkdocs-jupyter does not execute it): every code cell ran, in
+    order, in one kernel, and kept what it printed, with no error and no traceback."""
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(ROOT / "examples" / "quickstart.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), \
+        "run the notebook top to bottom: jupyter nbconvert --to notebook --execute --inplace examples/quickstart.ipynb"
+    assert all(c.outputs for c in code)
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
