@@ -295,14 +295,43 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
                                 f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices])
     for section, values in sections.items():  # whole sections, after the presets: what the caller built is used
         cfg[section] = values
-    if out_dir is None:
-        return run_analyses(cfg, encoder, given, texts).tables()
-    from outlierlab.jobs.evaluation import evaluate as run_job
+    from outlierlab.analysis.whitening import DegenerateWhiteningError
 
-    tables = run_job(cfg, out_dir, encoder=encoder, given=given, texts=texts)["evaluation"].tables()
+    try:
+        if out_dir is None:
+            return run_analyses(cfg, encoder, given, texts).tables()
+        from outlierlab.jobs.evaluation import evaluate as run_job
+
+        tables = run_job(cfg, out_dir, encoder=encoder, given=given, texts=texts)["evaluation"].tables()
+    except DegenerateWhiteningError as e:
+        raise _in_python(e, "ol.evaluate") from None
     for table in tables.values():
         table.attrs["run_dir"] = str(out_dir)
     return tables
+
+
+def _in_python(e, call: str):
+    """A degenerate fit (too few sentences for a whitening, ...) is an expected refusal, not a fault: the API call
+    raises it again (``from None``: without the frames inside the job) in one line worded as the call's arguments --
+    the job's message names command-line overrides (``transform.k=24``), which Python takes only as
+    ``overrides=[...]`` -- with how much the fit needs and how many sentences like the caller's that is."""
+    import math
+
+    from outlierlab.analysis.whitening import DegenerateWhiteningError
+
+    what = {"whiten": "keep fewer dims with", "abtt": "remove fewer directions with"}
+    fixes = [f'{what.get(e.method, "set")} {call}(..., overrides=["{fix}"])' for fix in e.fixes]
+    if e.texts and e.found:  # fitted on the caller's sentences: more of them is the first fix
+        need = f"it needs {e.need} distinct {e.unit}, about {math.ceil(e.need * e.texts / e.found)} sentences like these"
+        fixes.insert(0, "pass more texts")
+    else:  # fitted on a data set's own pairs: the caller's sentences are the larger fit
+        need = f"it needs {e.need} distinct {e.unit}" if e.need else ""
+        fixes.insert(0, 'fit on the evaluation sentences with overrides=["transform.fit_on=sentences"]')
+    fixes += [f'leave "{e.method}" out of transforms=',
+              'keep the result marked degenerate with overrides=["transform.allow_degenerate=true"]']
+    return DegenerateWhiteningError(f"{e.problem}; {need + ': ' if need else ''}{', or '.join(fixes)}",
+                                    problem=e.problem, need=e.need, found=e.found, unit=e.unit, fixes=e.fixes,
+                                    method=e.method)
 
 
 def _evaluate_sections() -> list[type]:
@@ -415,10 +444,13 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
                              "features.cache_dir=null", *_encoder_overrides(encoder), *choices])
     for section, values in sections.items():  # whole sections, after the presets, as in evaluate()
         cfg[section] = values
-    if out_dir is None:
-        frames = probe(cfg, encoder, texts).frames()
-    else:
-        frames = run(cfg, out_dir, encoder, texts)["result"].frames()
+    from outlierlab.analysis.whitening import DegenerateWhiteningError
+
+    try:
+        frames = (probe(cfg, encoder, texts) if out_dir is None else run(cfg, out_dir, encoder, texts)["result"]).frames()
+    except DegenerateWhiteningError as e:
+        raise _in_python(e, "ol.probe_positions") from None
+    if out_dir is not None:
         for frame in frames.values():
             frame.attrs["run_dir"] = str(out_dir)
     return frames if tables else frames["position_probe"]

@@ -148,16 +148,19 @@ def _precheck_whitening(ctx, name: str, pairs: StsPairs, whiten: WhitenSettings)
             continue
         what = {"whiten": f"k={p}", "abtt": f"D+1={p}", "standardize": "2 (a mean and a scale per dim)",
                 "center": "1 (the mean)"}[method]
-        fix = {"whiten": f"keep fewer dims with transform.k={max(1, int(n_distinct // whiten.min_ratio))} or less "
-                         "(Su et al. 2021 keep 256 of 768), ",
-               "abtt": f"remove fewer directions with transform.abtt_d="
-                       f"{max(0, int(n_distinct // whiten.min_ratio) - 1)}, "}.get(method, "")
+        override = {"whiten": f"transform.k={max(1, int(n_distinct // whiten.min_ratio))}",
+                    "abtt": f"transform.abtt_d={max(0, int(n_distinct // whiten.min_ratio) - 1)}"}.get(method)
+        fix = {"whiten": f"keep fewer dims with {override} or less (Su et al. 2021 keep 256 of 768), ",
+               "abtt": f"remove fewer directions with {override}, "}.get(method, "")
+        problem = (f"{method} fit on the mean-pooled sentence vectors of STS {name} ({pairs.what}) would be "
+                   f"degenerate: {n_distinct} distinct texts < {whiten.min_ratio:g} x {what}"
+                   + (" (every fitted vector degenerates: for whiten every cosine would be equal)"
+                      if n_distinct <= p else ""))
         raise DegenerateWhiteningError(
-            f"{method} fit on the mean-pooled sentence vectors of STS {name} ({pairs.what}) would be degenerate: "
-            f"{n_distinct} distinct texts < {whiten.min_ratio:g} x {what}"
-            + (" (every fitted vector degenerates: for whiten every cosine would be equal)" if n_distinct <= p else "")
-            + f"; fit on more data (transform.fit_on=sentences or a larger split), or {fix}"
-              "or keep the result marked degenerate with transform.allow_degenerate=true")
+            f"{problem}; fit on more data (transform.fit_on=sentences or a larger split), or {fix}"
+            "or keep the result marked degenerate with transform.allow_degenerate=true",
+            problem=problem, need=math.ceil(whiten.min_ratio * p), found=n_distinct, unit="texts",
+            fixes=(override,) if override else (), method=method)
 
 
 @dataclass

@@ -20,7 +20,20 @@ MIN_FIT_RATIO = 2.0
 
 
 class DegenerateWhiteningError(ValueError):
-    """Whitening was fitted on too few distinct vectors for the dims it is asked to keep (one-line message)."""
+    """Whitening was fitted on too few distinct vectors for the dims it is asked to keep (one-line message).
+
+    Besides the message (in command-line terms), what a caller needs to say it in its own terms: ``problem`` (what
+    happened), ``need`` and ``found`` (distinct fit ``unit``: vectors, or texts, required and present), ``method``,
+    ``fixes`` (the settings that make the fit pass, as overrides: ``transform.k=24``, ...) and ``texts`` (how many
+    of the caller's texts the fit vectors came from, set by the caller that fitted on them; None when the fit was on
+    a data set's own pairs).  ``ol.evaluate`` words them as Python arguments."""
+
+    def __init__(self, message: str, *, problem: str = "", need: int | None = None, found: int | None = None,
+                 unit: str = "vectors", fixes: tuple[str, ...] = (), method: str = "whiten") -> None:
+        super().__init__(message)
+        self.problem, self.need, self.found, self.unit = problem or message, need, found, unit
+        self.method = method
+        self.fixes, self.texts = tuple(fixes), None
 
 
 @dataclass
@@ -119,11 +132,13 @@ def check_fit(w, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: 
     if allow_degenerate:
         fit.degenerate = True
         return fit
+    problem = (f"whitening fit on {what} is degenerate: {w.n} vectors, {n_distinct} distinct, rank {fit.rank} of "
+               f"{w.dim}, k={k} — {fit.reason}")
     raise DegenerateWhiteningError(
-        f"whitening fit on {what} is degenerate: {w.n} vectors, {n_distinct} distinct, rank "
-        f"{fit.rank} of {w.dim}, k={k} — {fit.reason}; fit on more distinct data (a larger training split; in "
-        f"evaluate.py also transform.fit_on=sentences), or keep fewer dims with transform.k={k_ok} or less (Su et al. 2021 keep 256 of 768), "
-        "or keep this result marked degenerate with transform.allow_degenerate=true")
+        f"{problem}; fit on more distinct data (a larger training split; in evaluate.py also "
+        f"transform.fit_on=sentences), or keep fewer dims with transform.k={k_ok} or less (Su et al. 2021 keep 256 "
+        "of 768), or keep this result marked degenerate with transform.allow_degenerate=true",
+        problem=problem, need=need, found=n_distinct, fixes=(f"transform.k={k_ok}",))
 
 def _check_other(w, what: str, min_ratio: float, allow_degenerate: bool) -> WhiteningFit:
     """``check_fit`` for standardize / abtt / center: N_distinct ≥ min_ratio · p with p the directions the
@@ -147,9 +162,10 @@ def _check_other(w, what: str, min_ratio: float, allow_degenerate: bool) -> Whit
     if allow_degenerate:
         fit.degenerate = True
         return fit
-    fix = (f"or remove fewer directions with transform.abtt_d={max(0, int(n_distinct // float(min_ratio)) - 1)}, "
-           if w.method == "abtt" else "")
+    fixes = (f"transform.abtt_d={max(0, int(n_distinct // float(min_ratio)) - 1)}",) if w.method == "abtt" else ()
+    fix = f"or remove fewer directions with {fixes[0]}, " if fixes else ""
+    problem = f"{w.method} fit on {what} is degenerate: {w.n} vectors, {n_distinct} distinct — {fit.reason}"
     raise DegenerateWhiteningError(
-        f"{w.method} fit on {what} is degenerate: {w.n} vectors, {n_distinct} distinct — {fit.reason}; "
-        f"fit on more distinct data (a larger training split; in evaluate.py also transform.fit_on=sentences), "
-        f"{fix}or keep this result marked degenerate with transform.allow_degenerate=true")
+        f"{problem}; fit on more distinct data (a larger training split; in evaluate.py also "
+        f"transform.fit_on=sentences), {fix}or keep this result marked degenerate with transform.allow_degenerate=true",
+        problem=problem, need=need, found=n_distinct, fixes=fixes, method=w.method)

@@ -38,7 +38,8 @@ from outlierlab.analysis.outlier_dims import detect_outlier_dims
 from outlierlab.analysis.outlier_stats import OutlierAccumulator
 from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
                                             intra_sentence_similarity)
-from outlierlab.analysis.transforms import FITTED, TRANSFORMS, Whitener, clip_description, clip_dims_per_layer
+from outlierlab.analysis.transforms import (FITTED, TRANSFORMS, DegenerateWhiteningError, Whitener, clip_description,
+                                            clip_dims_per_layer)
 from outlierlab.datamodules.probe_data import load_position_texts
 from outlierlab.evaluation.encoding import EncodeLog
 from outlierlab.evaluation.settings import (DataSettings, EncoderSettings, OutliersSettings,
@@ -322,8 +323,12 @@ def _fit(st: SentenceStats, transforms, fitted, whiten: WhitenSettings, stream: 
     else:  # from the stored tokens, one layer at a time: no (L+1)·d² sums beside the forward
         whitener = stream.fit(whiten, fitted, keep_cov=need_covariance)
     # refuses a degenerate fit (too few distinct vectors) in one line
-    ft.set_all(whiten.fit_all(whitener, fitted, f"the non-special token vectors of the {n_texts} evaluation sentences"),
-               source=whitener.finalize(release_sums=True, keep_eigvecs=False) if whitener.W is None else whitener)
+    try:
+        fits = whiten.fit_all(whitener, fitted, f"the non-special token vectors of the {n_texts} evaluation sentences")
+    except DegenerateWhiteningError as e:
+        e.texts = n_texts  # the vectors' sentences: a caller can then say how many sentences such a fit needs
+        raise
+    ft.set_all(fits, source=whitener.finalize(release_sums=True, keep_eigvecs=False) if whitener.W is None else whitener)
 
 # -------------------------------------------------------------------------------------------- from a context
 def evaluation_sentences(data: DataSettings) -> list[str]:

@@ -27,7 +27,7 @@ from outlierlab.analysis.distance_similarity import DistanceSimilarity
 from outlierlab.analysis.order_use import cannot_use_order
 from outlierlab.analysis.probe_contributions import chance_accuracy, rank_of_dims, top_dims
 from outlierlab.analysis.transform_fit import fit_transform
-from outlierlab.analysis.transforms import MIN_FIT_RATIO, TRANSFORMS
+from outlierlab.analysis.transforms import MIN_FIT_RATIO, TRANSFORMS, DegenerateWhiteningError
 from outlierlab.datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_outliers, extract_features,
                                   iter_chunks, row_loader)
 from outlierlab.models.loading import FrozenEncoder
@@ -122,9 +122,14 @@ def run_position(cfg, p: ProbeSettings, encoder: FrozenEncoder, texts: list[str]
     out, contribs, by_position, fits = [], {}, [], {}
     for name in selected_transforms(cfg.transform):
         t0 = time.time()
-        vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(fs.tokens, rows["train"]), outliers,
-                           **transform_settings(cfg.transform, f"the {len(rows['train'])} training token vectors "
-                                                                f"of {len(split['train'])} sentences"))
+        try:
+            vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(fs.tokens, rows["train"]), outliers,
+                               **transform_settings(cfg.transform, f"the {len(rows['train'])} training token vectors "
+                                                                    f"of {len(split['train'])} sentences"))
+        except DegenerateWhiteningError as e:
+            # all the texts, not the training split's: a caller's extra sentences are split in the same shares
+            e.texts = int(fs.meta["n_texts"])
+            raise
         make = lambda d, name=name: PositionProbe(n_layers, d, m, p.lr, seed=int(cfg.seed), tag=name)  # noqa
         res = _probe_all(vt, {s: (fs.tokens, r) for s, r in rows.items()}, labels, make, cfg, p, logger)
         out += _rows_for(name, res, vt, outliers, common, p.top_k, position=True)
