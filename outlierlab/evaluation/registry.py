@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings, AttentionSinksSettings, DataSettings,
                                  EncoderSettings, FrequencySettings, FrequentTokensSettings, IsotropySettings,
-                                 OrderUseSettings, OutliersSettings, QKOutliersSettings, SelfSimilaritySettings, StsSettings,
-                                 TransformSettings, WicSettings, section_settings)
+                                 OrderUseSettings, OutliersSettings, QKOutliersSettings, QuantizationSettings,
+                                 SelfSimilaritySettings, StsSettings, TransformSettings, WicSettings, section_settings)
 
 if TYPE_CHECKING:  # annotations only: the registry stays free of torch
     from outlierlab.models.lm_model import LoadedModel
@@ -170,6 +170,7 @@ SETTINGS: dict[str, type] = {
     "frequent_tokens": FrequentTokensSettings,
     "qk_outliers": QKOutliersSettings,
     "order_use": OrderUseSettings,
+    "quantization": QuantizationSettings,
 }
 #: name -> module of the built-in analyses (``outlierlab.analyses.<name>``), imported lazily by evaluate.py, so a
 #: typo fails before torch loads.

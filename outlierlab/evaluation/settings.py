@@ -325,6 +325,9 @@ class AblationSettings(_TextSettings):
     layers: Ints | None = None
     #: random control draws (same count as the outlier dims, never including them nor `dims`)
     n_random: AtLeast0 = 5
+    #: how a disabled dim is set at the norms' output: zero (Kovaleva et al. 2021: gain and bias zeroed) | mean (its
+    #: mean over the scored tokens in the intact model: Sun et al. 2024's set-to-mean); the table's `mode` column
+    mode: Literal["zero", "mean"] = "zero"
     #: masking and random draws; null = the global seed
     seed: int | None = None
     #: evaluation masking: this share of non-special tokens -> <mask> (no 80/10/10)
@@ -344,6 +347,34 @@ class AblationSettings(_TextSettings):
                f"ablation.example must contain the placeholder {{mask}}: {self.example!r}")
 
 
+
+
+@settings_class
+class QuantizationSettings(_TextSettings):
+    """``quantization`` (``configs/quantization/default.yaml``): the W8A8 cost of the model's outliers (Bondarenko et
+    al. 2023; Dettmers et al. 2022, LLM.int8())."""
+
+    SECTION: ClassVar[str] = "quantization"
+    #: first N sentences (the ablation's texts by default, so the two analyses score the same tokens); null = all
+    max_sentences: AtLeast1 | None = 600
+    #: bits of weights (per output channel) and inputs (per tensor), symmetric absmax: 8 = W8A8
+    bits: int = 8
+    #: w8a8_keep: this many largest-|x| input dims of every quantized input stay in full precision; 0 = no such row
+    keep: AtLeast0 = 4
+    #: also one block quantized at a time (where the damage comes from)
+    per_layer: bool = True
+    #: masking; null = the global seed
+    seed: int | None = None
+    #: evaluation masking: this share of non-special tokens -> <mask> (no 80/10/10), as the ablation's
+    mlm_probability: Probability = 0.15
+    #: join consecutive sentences into sequences of <= max_length tokens (pretraining-like context)
+    pack: bool = True
+    #: tokens per sequence incl. special tokens (capped by the model)
+    max_length: AtLeast2 = 128
+    batch_size: AtLeast1 = 16
+
+    def __post_init__(self) -> None:
+        require(2 <= self.bits <= 16, f"quantization.bits must be between 2 and 16, got {self.bits}")
 
 
 @settings_class

@@ -14,6 +14,7 @@ from typing import Any
 from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings, AttentionSinksSettings, DataSettings,
                                             EncoderSettings, FrequencySettings, FrequentTokensSettings,
                                             IsotropySettings, OrderUseSettings, OutliersSettings, QKOutliersSettings,
+                                            QuantizationSettings,
                                             SelfSimilaritySettings, StsSettings, TransformSettings, WicSettings)
 
 #: The sections whose defaults Hydra composes from the classes above: each is stored in Hydra's ConfigStore as
@@ -23,7 +24,7 @@ from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings
 #: defaults are that selection, not one node.
 DEFAULTS_FROM_PYTHON: tuple[type, ...] = (EncoderSettings, WicSettings, StsSettings, AblationSettings, FrequencySettings,
                                           AttentionSinksSettings, FrequentTokensSettings, QKOutliersSettings,
-                                          OrderUseSettings)
+                                          OrderUseSettings, QuantizationSettings)
 #: The transform keys every selection shares (the rest come from the transform groups selected).
 TRANSFORM_GUARD = ("fit_on", "min_fit_ratio", "allow_degenerate")
 #: The evaluate.yaml sections that are not config groups: one stored node, ``settings/evaluate``, holds them all

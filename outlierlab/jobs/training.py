@@ -254,8 +254,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
             f"lower data.block_size or raise model.max_len"
         )
     ckpt_path, start_step, trained_config = resume_point(cfg, run_dir, config)
-    module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config,
-                                                   optimizer=hydra.utils.instantiate(cfg.optimizer))
+    module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config)
     # Lightning's model summary counts FLOPs on this input (torch's FlopCounterMode over one forward): one
     # training block; without it the summary printed "Total FLOPs: 0".  Token ids do not change the count.
     module.example_input_array = {"input_ids": torch.zeros(1, datamodule.block_size, dtype=torch.long)}
