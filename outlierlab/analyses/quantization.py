@@ -8,7 +8,7 @@ Rows (one per condition, ``quantization.csv``):
 
 * ``full_precision`` -- the intact model's masked-LM loss (decoders: next-token loss) on fixed masks;
 * ``w8a8`` -- every linear layer of the blocks with its weight per output channel and its input per tensor in
-  ``bits`` bits (:func:`outlierlab.models.w8a8.quantized`), ``layers`` = ``all``; with ``per_layer`` also one block at
+  ``bits`` bits (``outlierlab.models.w8a8.quantized``), ``layers`` = ``all``; with ``per_layer`` also one block at
   a time (``layers`` = its number): where the damage comes from;
 * ``w8a8_keep`` -- the same with the ``keep`` largest-|x| input dimensions of every input in full precision
   (LLM.int8()'s decomposition): whether the outlier dimensions are the damage;
@@ -45,7 +45,7 @@ COLUMNS = ["condition", "layers", "bits", "kept_dims", "objective", "loss", "ppl
 
 def quantization_rows(loaded: LoadedModel, batches: Sequence[dict], bits: int = 8, keep: int = 4,
                       per_layer: bool = True) -> list[dict]:
-    """The rows of :data:`COLUMNS` for ``batches`` (masked or next-token batches with ``labels``; a model without an
+    """The rows of ``COLUMNS`` for ``batches`` (masked or next-token batches with ``labels``; a model without an
     LM head needs only ``input_ids`` and ``attention_mask``).
 
     Each batch runs once in full precision and once per condition, so every condition is compared with the intact

@@ -3,9 +3,9 @@
 Bondarenko et al. (2023, "Quantizable Transformers") measure what outlier dimensions cost as the loss of a model whose
 linear layers compute in 8 bits: each layer's input quantized per tensor (symmetric absmax, dynamic) and its weight
 per output channel. Dettmers et al. (2022, "LLM.int8()") keep the few outlier input dimensions in 16 bits and the
-damage goes away. :func:`quantized` applies both to the linear layers of the transformer blocks -- where the
+damage goes away. ``quantized`` applies both to the linear layers of the transformer blocks -- where the
 residual stream and its outlier dimensions enter every matrix -- and leaves embeddings and the LM head in full
-precision, so the cost it measures is the blocks'. The arithmetic is :mod:`outlierlab.analysis.fake_quant`'s.
+precision, so the cost it measures is the blocks'. The arithmetic is ``outlierlab.analysis.fake_quant``'s.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python -m outlierlab.studies.table pack docs/order_use/cells docs/order_use/cells.parquet
     python -m outlierlab.studies.aggregate docs/order_use/cells.parquet --contrast pos=learned,none    # as from the folder
 
-One Parquet table (Brotli, :data:`COMPRESSION`) per study, one row per file of every cell that the readers use -- the resolved
+One Parquet table (Brotli, ``COMPRESSION``) per study, one row per file of every cell that the readers use -- the resolved
 ``config.yaml``, ``.hydra/overrides.yaml``, ``manifest.json``, ``finished.json``, ``code_versions.jsonl`` and every CSV
 the cell wrote -- with columns ``cell`` (the run directory's name), ``file`` (its path in the cell) and ``text``.
 No checkpoint, figure, TensorBoard event or model: those stay where the study ran. A machine's absolute paths
@@ -107,7 +107,7 @@ def pack(folder: str | Path, out: str | Path) -> pd.DataFrame:
 
 
 def table_bytes(table: pd.DataFrame) -> bytes:
-    """``table`` (``cell, file, text``) as the bytes of a study table: Parquet, :data:`COMPRESSION`."""
+    """``table`` (``cell, file, text``) as the bytes of a study table: Parquet, ``COMPRESSION``."""
     buf = io.BytesIO()
     table.to_parquet(buf, index=False, **COMPRESSION)
     return buf.getvalue()
