@@ -1,0 +1,285 @@
+"""Numbers in the prose of the README and the docs that quote a committed table, recomputed from that table.
+
+Each claim is a page, a sentence (or the part of one that holds its numbers) with each number as a format field, and
+the function that reads those numbers from the committed table the page names: ``docs/gpu/ladder_cpu.csv.xz`` (the
+CPU ladder's monitors and validations, ``python -m outlierlab.studies.ladder``), the evaluations and ablations packed
+in ``docs/gpu/*.parquet`` (evaluate.py's own CSVs), a study's ``contrasts.csv.xz``. The sentence filled with the
+recomputed numbers must stand in the page (line breaks read as spaces), so a number edited in the prose, or a table
+whose numbers move under a sentence, fails here. The readers are plain pandas on the committed files, not the
+package's report code, so a slip in that code does not reproduce itself here.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT
+
+GPU = ROOT / "docs" / "gpu"
+
+
+# ---------------------------------------------------------------- the committed tables, read with pandas only
+
+
+@lru_cache(maxsize=None)
+def ladder(name: str = "ladder_cpu") -> pd.DataFrame:
+    """The ladder's long table: cell, step, metric, layer ('1'..'4', 'model'), value."""
+    frame = pd.read_csv(GPU / f"{name}.csv.xz", dtype={"layer": str})
+    return frame
+
+
+def monitor(cell: str, metric: str, layer: str = "model", step: int | None = None) -> pd.Series:
+    """``metric`` of ``cell`` at ``layer``, by step (one step: its value)."""
+    frame = ladder("ladder_cpu_rope" if "_rope_" in cell else "ladder_cpu")
+    sub = frame[(frame.cell == cell) & (frame.metric == metric) & (frame.layer == layer)].set_index("step").value
+    return sub if step is None else float(sub.loc[step])
+
+
+def buckets(cell: str, layers=("1", "2")) -> pd.DataFrame:
+    """The monitors' share of each layer's dominant dimension per position bucket: step x (layer, bucket)."""
+    frame = ladder("ladder_cpu_rope" if "_rope_" in cell else "ladder_cpu")
+    sub = frame[(frame.cell == cell) & frame.metric.str.startswith("abs_argmax_share_pos_") & frame.layer.isin(layers)]
+    return sub.pivot_table(index="step", columns=["layer", "metric"], values="value")
+
+
+def first_step(series: pd.Series, at_least: float) -> int:
+    return int(series[series >= at_least].index.min())
+
+
+@lru_cache(maxsize=None)
+def packed(table: str, file: str) -> dict[str, pd.DataFrame]:
+    """Every run's ``file`` in the packed table ``docs/gpu/<table>.parquet``, by run."""
+    frame = pd.read_parquet(GPU / f"{table}.parquet")
+    return {cell: pd.read_csv(io.StringIO(text), dtype={"positions": str, "dims": str})
+            for cell, name, text in frame.itertuples(index=False) if name == file}
+
+
+def eval_table(run: str) -> str:
+    return "ladder_cpu_rope_eval" if run.startswith("rope_") else "ladder_cpu_eval"
+
+
+def bucket_share(run: str, layer: int, positions: str) -> float:
+    """evaluate.py on the 2,000 sentences: the share of layer ``layer``'s dominant dimension in one position bucket."""
+    pos = packed(eval_table(run), "outliers_by_position.csv")[run]
+    return float(pos[(pos.layer == layer) & (pos.positions == positions)].layer_dim_share.iloc[0])
+
+
+def max_bucket_share(table: str) -> float:
+    """The largest share any evaluated layer's dominant dimension holds of any position bucket (encoder layers)."""
+    return max(float(p[p.layer > 0].layer_dim_share.max()) for p in packed(table, "outliers_by_position.csv").values())
+
+
+def overall(run: str, layer: int) -> tuple[int, float]:
+    """evaluate.py on the 2,000 sentences: layer ``layer``'s |x|-argmax dimension and its share of all tokens."""
+    out = packed(eval_table(run), "outliers.csv")[run]
+    row = out[(out["transform"] == "none") & (out.layer == layer)].iloc[0]
+    return int(row.abs_argmax_dim), float(row.abs_argmax_share)
+
+
+def luo_on_evaluation(run: str, layers: int = 4) -> int | None:
+    """The Luo-type dimension (docs/design.md: the |x| argmax of at least half the tokens in at least half the
+    encoder layers) of an evaluated checkpoint on the 2,000 sentences, or None."""
+    held = [overall(run, layer)[0] for layer in range(1, layers + 1) if overall(run, layer)[1] >= 0.5]
+    dims = {d for d in held if held.count(d) >= layers / 2}
+    return dims.pop() if dims else None
+
+
+@lru_cache(maxsize=None)
+def ablations() -> dict[str, pd.DataFrame]:
+    return {**packed("ladder_cpu_ablation", "ablation.csv"), **packed("ladder_cpu_ablation_layers", "ablation.csv"),
+            **packed("ladder_cpu_rope_ablation", "ablation.csv")}
+
+
+def intact(run: str) -> float:
+    table = ablations()[run]
+    return float(table[table.condition == "intact"].loss.iloc[0])
+
+
+def rise(run: str, dims: int) -> float:
+    """The rise of the masked-LM loss when ``dims`` is zeroed in run ``run`` of the ablation tables."""
+    table = ablations()[run]
+    row = table[table.condition.isin(["outliers", "user"]) & (table.dims == str(dims))]
+    return float(row.loss.iloc[0]) - intact(run)
+
+
+def random_rises(run: str) -> pd.Series:
+    table = ablations()[run]
+    return table[table.condition == "random_draw"].loss - intact(run)
+
+
+def contrast(study: str, name: str, metric: str, layer: str, step: int) -> pd.Series:
+    c = pd.read_csv(ROOT / "docs" / study / "contrasts.csv.xz")
+    return c[(c.contrast == name) & (c.metric == metric) & (c.layer == layer) & (c.step == step)].iloc[0]
+
+
+# ---------------------------------------------------------------- how the pages write a number
+
+
+def f2(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def f3(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def span(lo: float, hi: float, fmt: Callable[[float], str] = f2) -> str:
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi)}"
+
+
+def steps(n: float) -> str:
+    return f"{int(n):,}"
+
+
+# ---------------------------------------------------------------- the numbers
+
+
+def caption_contrast() -> dict:
+    r = contrast("order_use/study_schemes_large_5seeds", "pos: learned - none", "hidden/abs_argmax_share",
+                 "max_layer", 4000)
+    k, n = re.fullmatch(r"(\d+)/(\d+) seeds a > b", r.ordering).groups()
+    return dict(a=f2(r.mean_a), b=f2(r.mean_b), n=int(r.n_pairs), p=f2(r.p_value), k=k, holm=f"{r.p_holm:.1f}")
+
+
+SEED3, SEED4 = "learned_3_step2308", "learned_4_step1732"  # the last evaluated and ablated checkpoints
+VAL3, VAL4 = 2300, 1700  # their last validations
+
+
+def luo_costs() -> dict:
+    """Seeds 3's and 4's Luo-type dimensions (212, 4) zeroed in every layer at their last checkpoints."""
+    r3, r4 = rise(SEED3, 212), rise(SEED4, 4)
+    v3, v4 = monitor("4x256_learned_3", "val/loss", step=VAL3), monitor("4x256_learned_4", "val/loss", step=VAL4)
+    return dict(r3=f2(r3), r4=f2(r4), i3=f2(intact(SEED3)), i4=f2(intact(SEED4)), p3=pct(r3 / intact(SEED3)),
+                p4=pct(r4 / intact(SEED4)), v3=f2(v3), v4=f2(v4), q3=pct(r3 / v3), q4=pct(r4 / v4))
+
+
+def layer_costs() -> dict:
+    """Seed 4's dimension 4 zeroed in one norm at a time, against its all-layer cost."""
+    everywhere = rise(SEED4, 4)
+    l2, l0, l1 = rise(f"{SEED4}_layer2", 4), rise(f"{SEED4}_layer0", 4), rise(f"{SEED4}_layer1", 4)
+    s3_all, s3_l1 = rise(SEED3, 212), rise(f"{SEED3}_layer1", 212)
+    s3_other = max(rise(f"{SEED3}_{where}", 212) for where in ("layer0", "layer1_attention", "layer2", "layer3", "layer4"))
+    assert l1 >= everywhere and s3_l1 >= s3_all  # "at least as much in layer 1's output alone"
+    return dict(l2=f3(l2), l0=f3(l0), l2p=f"{100 * l2 / everywhere:.0f}", l0p=f"{100 * l0 / everywhere:.0f}",
+                all4=f2(everywhere), l14=f2(l1), all3=f2(s3_all), l13=f2(s3_l1), other3=f3(s3_other))
+
+
+def luo_seeds() -> dict:
+    """Which learned seeds have a Luo-type dimension, on the monitors (the ladder's summary) and on the 2,000
+    evaluation sentences at their last evaluated step."""
+    summary = pd.read_csv(GPU / "ladder_cpu_summary.csv")
+    learned = summary[(summary.rung == "4x256") & (summary.pos == "learned")]
+    on_monitors = learned[learned.luo_step.notna()]
+    last = {1: "learned_1_step2755", 2: "learned_2_step1787", 3: SEED3, 4: SEED4}
+    on_eval = [seed for seed, run in last.items() if luo_on_evaluation(run) is not None]
+    assert luo_on_evaluation("learned_1_step2000") == 141 and luo_on_evaluation("learned_1_step1000") is None
+    d1, s1 = overall("learned_1_step2000", 1)
+    _, s2 = overall("learned_1_step2000", 2)
+    return dict(n=len(learned), mon=len(on_monitors), ev=len(on_eval), s1=f3(s1), s2=f3(s2),
+                mon_seeds=" and ".join(str(s) for s in sorted(on_monitors.seed)))
+
+
+def marker_rule_met(run: str, layer: int = 1) -> bool:
+    pos = packed(eval_table(run), "outliers_by_position.csv")[run]
+    shares = pos[pos.layer == layer].layer_dim_share
+    return bool(shares.max() >= 0.9 and shares.min() <= 0.1)
+
+
+def markers_all_seeds() -> dict:
+    runs = ["learned_1_step2755", "learned_2_step1787", SEED3, SEED4]
+    return dict(k=sum(marker_rule_met(r) for r in runs), n=len(runs))
+
+
+def seed3_onsets() -> dict:
+    """Seed 3: order use and the first positional concentration, at its 250-step validations."""
+    use = monitor("4x256_learned_3", "val/order_use")
+    by = buckets("4x256_learned_3")
+    rise_step = 750
+    assert use.loc[500] < 0.1 <= use.loc[rise_step]
+    before = by.loc[:700].max().max()
+    return dict(u500=f3(use.loc[500]), u750=f2(use.loc[rise_step]), b750=f2(by.loc[rise_step, ("1", "abs_argmax_share_pos_16-31")]),
+                before=f2(before), marker=steps(pd.read_csv(GPU / "ladder_cpu_summary.csv").set_index("cell").marker_step["4x256_learned_3"]))
+
+
+def seed4_onsets() -> dict:
+    use = monitor("4x256_learned_4", "val/order_use")
+    by = buckets("4x256_learned_4").max(axis=1)
+    crossed = first_step(use, 0.1)
+    concentrated = first_step(by, 0.2)
+    summary = pd.read_csv(GPU / "ladder_cpu_summary.csv").set_index("cell")
+    return dict(crossed=steps(crossed), u=f2(use.loc[crossed]), upto=steps(by[by.index < concentrated].index.max()),
+                most=f2(by[by.index < concentrated].max()), conc=steps(concentrated), c=f2(by.loc[concentrated]),
+                marker=steps(summary.marker_step["4x256_learned_4"]))
+
+
+def monitor_range(cell: str, layer: str, lo: int, hi: int) -> str:
+    share = monitor(cell, "abs_argmax_share", layer)
+    share = share[(share.index >= lo) & (share.index <= hi)]
+    return span(share.min(), share.max())
+
+
+def rope_bounds() -> dict:
+    frame = ladder("ladder_cpu_rope")
+    pos = frame[frame.metric.str.startswith("abs_argmax_share_pos_")]
+    top = pos.loc[pos.value.idxmax()]
+    return dict(ev=f2(max_bucket_share("ladder_cpu_rope_eval")), mon=f2(top.value), mon3=f3(top.value),
+                layer=top.layer, step=steps(top.step), seed=int(top.seed),
+                bucket=top.metric.removeprefix("abs_argmax_share_pos_").replace("-", "–"))
+
+
+# ---------------------------------------------------------------- the claims
+
+
+@dataclass(frozen=True)
+class Claim:
+    page: str
+    text: str
+    values: Callable[[], dict]
+
+    def sentence(self) -> str:
+        return self.text.format(**self.values())
+
+
+CLAIMS = [
+    Claim("README.md", "At step 4,000 the means are {a} with learned positions and {b} without, a difference the seeds "
+          "do not support: paired over the {n} seeds p {p}, learned higher in {k} of 5, Holm p {holm} in the study's "
+          "outlier family.", caption_contrast),
+    Claim("README.md", "layer 1's dominant dimension marks positions in all {k} seeds on the 2,000 evaluation "
+          "sentences", markers_all_seeds),
+    Claim("README.md", "({n} seeds with learned positions, one run each)", luo_seeds),
+    Claim("README.md", "a Luo-type dimension, each a position marker, appears in {mon} seeds on the monitors' 32 "
+          "sentences and in {ev} on the 2,000 evaluation sentences (seed 1's dimension 141 from step 2,000).", luo_seeds),
+    Claim("README.md", "Zeroing those of seeds 4 and 3 (the two the monitors see) costs {p4} % and {p3} % of the intact "
+          "masked-LM loss on the ablation's 600 sentences ({q4} % and {q3} % of the last validation loss)", luo_costs),
+    Claim("README.md", "and seed 4's also costs {l2p} % of its all-layer cost in layer 2 alone and {l0p} % in the "
+          "embeddings' LayerNorm", layer_costs),
+]
+
+
+@lru_cache(maxsize=None)
+def page(name: str) -> str:
+    return re.sub(r"\s+", " ", (ROOT / name).read_text())
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=[f"{c.page}:{i}" for i, c in enumerate(CLAIMS)])
+def test_a_quoted_number_is_the_tables(claim):
+    sentence = claim.sentence()
+    assert sentence in page(claim.page), f"{claim.page} does not say, as its table gives:\n  {sentence}"
+
+
+def test_a_number_changed_in_the_prose_fails():
+    claim = CLAIMS[0]
+    sentence = claim.sentence()
+    edited = page(claim.page).replace(sentence, sentence.replace("p 0.12", "p 0.02"))
+    assert sentence in page(claim.page) and sentence not in edited
