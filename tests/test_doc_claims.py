@@ -238,6 +238,33 @@ def rope_bounds() -> dict:
                 bucket=top.metric.removeprefix("abs_argmax_share_pos_").replace("-", "–"))
 
 
+def seed_costs() -> dict:
+    """Every named dimension of seeds 3 and 4 zeroed in every layer at the last checkpoints, as shares of the ablation
+    text's intact loss and of the seed's last validation loss."""
+    v3, v4 = monitor("4x256_learned_3", "val/loss", step=VAL3), monitor("4x256_learned_4", "val/loss", step=VAL4)
+    r44, r34, r312 = rise(SEED4, 4), rise(SEED3, 4), rise(SEED3, 212)
+    return dict(r44=f2(r44), r34=f2(r34), r312=f2(r312), p44=pct(r44 / intact(SEED4)), p34=pct(r34 / intact(SEED3)),
+                p312=pct(r312 / intact(SEED3)), i4=f2(intact(SEED4)), i3=f2(intact(SEED3)), q44=pct(r44 / v4),
+                q34=pct(r34 / v3), q312=pct(r312 / v3), v4=f2(v4), v3=f2(v3), s4=steps(VAL4), s3=steps(VAL3))
+
+
+def layer2_costs() -> dict:
+    out = {}
+    for dim in (4, 133):
+        part, whole = rise(f"{SEED4}_layer2", dim), rise(SEED4, dim)
+        out[f"c{dim}"], out[f"p{dim}"] = f3(part), f"{100 * part / whole:.0f}"
+    out["c212"] = f3(rise(f"{SEED3}_layer2", 212))
+    return out
+
+
+def rope_order() -> dict:
+    learned = pd.read_csv(GPU / "ladder_cpu_summary.csv")
+    learned = learned[(learned.rung == "4x256") & (learned.pos == "learned")].order_use_step
+    rope = pd.read_csv(GPU / "ladder_cpu_rope_summary.csv").order_use_step
+    assert rope.nunique() == 1
+    return dict(rope=steps(rope.iloc[0]), lo=steps(learned.min()), hi=steps(learned.max()))
+
+
 # ---------------------------------------------------------------- the claims
 
 
@@ -264,6 +291,33 @@ CLAIMS = [
           "masked-LM loss on the ablation's 600 sentences ({q4} % and {q3} % of the last validation loss)", luo_costs),
     Claim("README.md", "and seed 4's also costs {l2p} % of its all-layer cost in layer 2 alone and {l0p} % in the "
           "embeddings' LayerNorm", layer_costs),
+    Claim("docs/ladder_cpu.md", "Order use was 0.003 nats at step 500 and {u750} at 750 (validations every 250 steps); "
+          "up to step 700 the dominant dimension of layers 1 and 2 held at most {before} of any position bucket (monitor, "
+          "every 50 steps from 467); at 750, the first validation at which order use had risen, dimension 212 already "
+          "held {b750} of positions 16–31 in both layers", seed3_onsets),
+    Claim("docs/ladder_cpu.md", "order use 0.01 nats at step 650, {u} at {crossed}, 0.33 at 750; the dominant dimensions "
+          "of layers 1 and 2 at most 0.07 of the monitor's tokens and at most {most} of any position bucket up to step "
+          "{upto}, {c} of one at {conc};", seed4_onsets),
+    Claim("docs/ladder_cpu.md", "In seed 4 order use crossed 0.1 nats 100 steps before a position bucket's share passed "
+          "0.2 ({crossed} and {conc}) and 250 before the marker rule ({marker})", seed4_onsets),
+    Claim("docs/ladder_cpu.md", "(monitor, from step 1,450 to 1,692: {l2} of layer 2's tokens, {l3} of layer 3's;",
+          lambda: dict(l2=monitor_range("4x256_learned_3", "2", 1450, 1692),
+                       l3=monitor_range("4x256_learned_3", "3", 1450, 1692))),
+    Claim("docs/ladder_cpu.md", "In seed 4, dimension 4 held {l1} of layer 1's tokens and {l2} of layer 2's at every "
+          "record from step 950 to 1,700",
+          lambda: dict(l1=monitor_range("4x256_learned_4", "1", 950, 1700),
+                       l2=monitor_range("4x256_learned_4", "2", 950, 1700))),
+    Claim("docs/ladder_cpu.md", "By the last steps dimension 4 costs {r44} nats in seed 4 and {r34} in seed 3, dimension "
+          "212 {r312}: {p44} %, {p34} % and {p312} % of the intact masked-LM loss on these 600 sentences ({i4} and {i3} "
+          "nats), or {q44} %, {q34} % and {q312} % of the seeds' last validation loss on `english_large` ({v4} at step "
+          "{s4}, {v3} at {s3})", seed_costs),
+    Claim("docs/ladder_cpu.md", "In layer 2 seed 4's dimensions cost {c4} and {c133} nats ({p4} % and {p133} % of their "
+          "all-layer costs; above 19 of 20; random mean 0.02), seed 3's {c212}.", layer2_costs),
+    Claim("docs/ladder_cpu.md", "in seed 4 {l0} nats, {l0p} % of its all-layer cost)", layer_costs),
+    Claim("docs/ladder_cpu.md", "order use passes 0.1 nats at step {rope} (the four learned seeds: at {lo}–{hi})", rope_order),
+    Claim("docs/ladder_cpu.md", "on the 2,000 evaluation sentences no dominant dimension of an evaluated checkpoint "
+          "holds more than {ev} of any bucket, and on the monitors' 32 sentences, every 50 steps, at most {mon} (seed "
+          "{seed}, layer {layer}, positions {bucket}, step {step})", rope_bounds),
 ]
 
 
