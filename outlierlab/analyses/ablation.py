@@ -10,8 +10,13 @@ masked-LM, while zeroing as many random dims does almost nothing.  This module r
   output LayerNorm, gain AND bias outside mean ± 3σ, in more than a quarter of the layers — Kovaleva et
   al.'s criterion with Puccetti et al.'s layer count), the same dims the training monitor and the outliers
   analysis flag on the same weights;
-* **disabled** — gain and bias of those dims set to 0 in the norms the rule judged (or
-  ``ablation.layernorms``), by ``outlierlab.models.layernorms.zero_layernorm_dims``, which restores the weights after;
+* **disabled** — those dims of the output of the norms the rule judged (or ``ablation.layernorms``) set to 0 -- the
+  output of a norm whose gain and bias are zeroed there, Kovaleva et al.'s surgery, to the bit -- by hooks at the
+  norms' named sites (``outlierlab.models.hook_points``: ``blocks.{i}.ln_ffn``, ...; the sites
+  ``ol.run_with_hooks`` changes), so no weight is touched; or, with ``ablation.mode=mean``, set to their mean over the
+  scored batches' tokens in the intact model: Sun et al. (2024, "Massive Activations in Large Language Models") set a
+  massive activation to its mean, which keeps the constant it adds and removes only how it varies (the ``mode``
+  column says which);
 * **controls** — the intact model; the same number of random dims (``n_random`` seeded draws,
   ``outlierlab.analysis.outlier_dims.random_dims``, never including the outlier dims nor the user's), reported as
   mean ± std; and
@@ -48,7 +53,9 @@ from outlierlab.analysis.scored_rows import mlm_scores
 from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
 from outlierlab.models.lm_model import LoadedModel, fill_mask, predict_next
 from outlierlab.evaluation.settings import AblationSettings
-from outlierlab.models.layernorms import layernorms_of_layers, select_layernorms, zero_layernorm_dims
+from outlierlab.models.hook_points import attached, norm_site, site_means, site_table
+from outlierlab.models.interventions import mean as set_to_mean, zero
+from outlierlab.models.layernorms import layernorms_of_layers, select_layernorms
 from outlierlab.utils.tables import md_table
 
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
@@ -68,7 +75,10 @@ class AblationOutcome:
 
 
 ROW_FIELDS = ("condition", "draw", "n_dims", "dims", "layernorms", "layers", "objective", "loss", "ppl", "top1",
-              "loss_std", "ppl_std", "top1_std", "n_draws", "n_masked")
+              "loss_std", "ppl_std", "top1_std", "n_draws", "n_masked", "mode")
+#: How a disabled dim is set: ``zero`` (Kovaleva et al. 2021) or ``mean`` (its mean over the scored tokens in the
+#: intact model; Sun et al. 2024).
+MODES = ("zero", "mean")
 COLUMNS = list(ROW_FIELDS)  # evaluate.py writes this header even when the ablation is skipped
 #: ``ablation_by_position.csv``: each condition's scores at the scored tokens of one position bucket (1, 2-3, 4-7,
 #: ...: :mod:`outlierlab.analysis.position_shares`), ``random`` the mean over the draws -- do the dims a model
@@ -78,7 +88,8 @@ POSITION_FIELDS = ("condition", "draw", "dims", "positions", "first_position", "
 
 
 def _row(condition: str, dims: Sequence, kinds: Sequence[str], scores: Mapping, draw: int | None = None,
-         std: Mapping | None = None, n_draws: int = 1, objective: str = "masked_lm", layers: str = "") -> dict:
+         std: Mapping | None = None, n_draws: int = 1, objective: str = "masked_lm", layers: str = "",
+         mode: str = "zero") -> dict:
     """One CSV row; ``dims`` is a list of dims, or (random) a list of draws written ``a;b|c;d``; ``layers``: where
     (``1;2``), empty for every layer."""
     std = std or {}
@@ -87,7 +98,7 @@ def _row(condition: str, dims: Sequence, kinds: Sequence[str], scores: Mapping, 
             "dims": "|".join(";".join(map(str, ds)) for ds in dims) if nested else ";".join(map(str, dims)),
             "layernorms": ";".join(kinds), "layers": layers, "objective": objective, "loss": scores["loss"], "ppl": scores["ppl"], "top1": scores["top1"],
             "loss_std": std.get("loss"), "ppl_std": std.get("ppl"), "top1_std": std.get("top1"),
-            "n_draws": n_draws, "n_masked": scores["n_masked"]}
+            "n_draws": n_draws, "n_masked": scores["n_masked"], "mode": mode}
 
 
 def _position_rows(condition: str, dims: Sequence[int], by_position: Mapping[int, Mapping],
@@ -98,7 +109,8 @@ def _position_rows(condition: str, dims: Sequence[int], by_position: Mapping[int
 
 def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], kinds: Sequence[str],
                  outlier_dims: Sequence[int] = (), user_dims: Sequence[int] = (), *, n_random: int, seed: int,
-                 example: str | None = None, top_k: int, layers: Sequence[int] | None = None) -> AblationOutcome:
+                 example: str | None = None, top_k: int, layers: Sequence[int] | None = None,
+                 mode: str = "zero") -> AblationOutcome:
     """Score ``batches`` intact, with the outlier dims, random dims and user dims disabled.
 
     Random control: ``n_random`` draws of ``len(outlier_dims)`` dims (if no outlier dims are given:
@@ -111,6 +123,10 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
     (``masked_batches``, encoders) or next tokens (``next_token_batches``, decoders); ``loaded.objective``
     names which in every row.  ``layers``: zero only in the ``kinds`` norms of these layers
     (``outlierlab.models.layernorms.layernorms_of_layers``; None: every layer).
+
+    The dims are disabled at the norms' outputs through their named sites (hooks; no weight changes): ``mode="zero"``
+    sets them to 0 -- what zeroing the norms' gain and bias gives, bit for bit -- and ``mode="mean"`` to their mean
+    over the real tokens of ``batches`` in the intact model (one more forward over them; Sun et al. 2024).
     """
     if not loaded.has_mlm_head:
         raise ValueError(f"{loaded.name} has no LM head: {loaded.no_head_reason}")
@@ -119,6 +135,14 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
     if layers is not None:
         lns = layernorms_of_layers(lns, layers)
     kinds, where = [str(k) for k in kinds], "" if layers is None else ";".join(str(int(x)) for x in layers)
+    if mode not in MODES:
+        raise ValueError(f"ablation mode {mode!r}: valid: {', '.join(MODES)}")
+    table = site_table(loaded.model) if lns else {}
+    sites = [norm_site(k) for k in lns]
+    moved = [k for k, s in zip(lns, sites) if table[s].module is not lns[k]]
+    if moved:  # the registry and the norm list are one list of modules; a mismatch would ablate elsewhere
+        raise RuntimeError(f"the sites of norms {moved} are not those norms: outlierlab/models/hook_points.py and "
+                           "outlierlab/models/layernorms.py disagree")
     d = loaded.hidden_size
     outlier_dims, user_dims = [int(x) for x in outlier_dims], [int(x) for x in user_dims]
     for name, ds in (("outlier", outlier_dims), ("user", user_dims)):
@@ -128,8 +152,19 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
     def logits(ids, mask, rows):
         return loaded.forward(ids, mask, rows=rows).logits
 
+    means = None
+    if mode == "mean" and sites:
+        means = site_means(loaded.model, sites, lambda b: logits(b["input_ids"], b["attention_mask"],
+                                                                 b["labels"] != -100), batches, table)
+
+    def hooks(dims: Sequence[int]) -> dict:
+        if not dims or not sites:
+            return {}
+        fn = zero(dims) if mode == "zero" else set_to_mean(means, dims)
+        return {site: fn for site in sites}
+
     def score(dims: Sequence[int], tag: str) -> dict:
-        with zero_layernorm_dims(lns, dims):
+        with attached(loaded.model, hooks(dims), table):
             s = mlm_scores(logits, batches, by_position=True)
             if example and tag not in out.examples:
                 out.examples[tag] = predict(loaded, example, top_k)
@@ -137,7 +172,7 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
 
     def record(condition: str, dims: Sequence[int]) -> dict:
         s = score(dims, condition)
-        out.rows.append(_row(condition, dims, kinds, s, objective=loaded.objective, layers=where))
+        out.rows.append(_row(condition, dims, kinds, s, objective=loaded.objective, layers=where, mode=mode))
         out.by_position += _position_rows(condition, dims, s["by_position"])
         return s
 
@@ -155,8 +190,8 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
         mean = {k: statistics.fmean(s[k] for s in per) for k in ("loss", "ppl", "top1")}
         std = {k: statistics.stdev(s[k] for s in per) if len(per) > 1 else 0.0 for k in ("loss", "ppl", "top1")}
         out.rows.append(_row("random", draws, kinds, {**mean, "n_masked": out.n_masked}, std=std, n_draws=len(per),
-                             objective=loaded.objective, layers=where))
-        out.rows += [_row("random_draw", ds, kinds, s, draw=i, objective=loaded.objective, layers=where)
+                             objective=loaded.objective, layers=where, mode=mode))
+        out.rows += [_row("random_draw", ds, kinds, s, draw=i, objective=loaded.objective, layers=where, mode=mode)
                      for i, (ds, s) in enumerate(zip(draws, per))]
         # the draws score the same tokens, so each bucket's mean is over the same n_masked
         out.by_position += _position_rows("random", [], {
@@ -255,9 +290,12 @@ def run(ctx: EvalContext) -> AnalysisResult:
                else masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, p, seed))
     example = s.example
     out = run_ablation(loaded, batches, kinds, outliers, user, n_random=s.n_random, seed=seed, example=example,
-                       top_k=s.top_k, layers=layers)
+                       top_k=s.top_k, layers=layers, mode=s.mode)
     n_lns = len(chosen)
-    notes = [f"Model: {loaded.name}. LayerNorms zeroed (gain and bias): {', '.join(kinds) or 'none'} "
+    how = ("LayerNorms zeroed (gain and bias)" if s.mode == "zero" else
+           "Dims set to their mean over the scored tokens in the intact model (Sun et al. 2024) at the output of the "
+           "LayerNorms")
+    notes = [f"Model: {loaded.name}. {how}: {', '.join(kinds) or 'none'} "
              + (f"in layer(s) {', '.join(map(str, layers))} " if layers is not None else "")
              + f"({n_lns} LayerNorms)" + (" — and the final norm before the LM head: no per-layer norm of a pre-LN "
                                         "or reordered-norm block normalises the stream it reads"
@@ -277,6 +315,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     by = {r["condition"]: r for r in out.rows}
     summary = {"outlier_dims": outliers, "layernorm_outlier_dims": det.dims if loaded.family else [],
                "objective": loaded.objective, "intact_ppl": by["intact"]["ppl"],
+               **({"mode": s.mode} if s.mode != "zero" else {}),
                **({"outliers_ppl": by["outliers"]["ppl"]} if "outliers" in by else {}),
                **({"random_ppl_mean": by["random"]["ppl"]} if "random" in by else {}),
                **({"user_ppl": by["user"]["ppl"]} if "user" in by else {})}

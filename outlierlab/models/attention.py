@@ -154,6 +154,10 @@ class SelfAttention(nn.Module):
             self.key_norm = make_norm("rmsnorm", config.head_dim, config.layer_norm_eps)
         else:
             self.query_norm = self.key_norm = None
+        # Parameter-free marker of the attention probabilities on the explicit path (the site
+        # blocks.{i}.attn.pattern, outlierlab.models.hook_points): a hook on it may replace them before they weigh
+        # the values.  No parameter, so the state dict and the seeded initialisation are unchanged.
+        self.pattern = nn.Identity()
 
     def _heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
@@ -196,7 +200,7 @@ class SelfAttention(nn.Module):
                 scores = scores + bias
             if self.causal:
                 scores = hide_future(scores, T)
-            probs = self.probabilities(scores)
+            probs = self.pattern(self.probabilities(scores))
             ctx = F.dropout(probs, p, self.training) @ v
         else:
             probs = None

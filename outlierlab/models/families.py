@@ -190,6 +190,14 @@ class Family:
     qk_norm_layout : the layout of the QK-norms' outputs: ``heads`` (Qwen3) or ``separate`` (OLMo 2)
     qk_clip : the config attribute holding the value q/k are clamped to before the rotation (OLMo's
         ``clip_qkv``; unset or None in the config: no clipping)
+    v : path of the value projection in a block (the same path as ``q`` for a fused projection)
+    attention_out : path of the attention's output projection in a block (its output: the attention's update
+        before dropout and the residual add)
+    ffn_input : path of the FFN's first projection in a block (a gated FFN: the gate's, whose output the
+        activation reads; ModernBERT: ``Wi``, input and gate side by side)
+
+    ``v``, ``attention_out`` and ``ffn_input`` name the rest of a block's sites
+    (``outlierlab.models.hook_points``); empty: the family has none there.
     """
 
     name: str
@@ -213,6 +221,9 @@ class Family:
     qk_norms: tuple[str, str] | None = None
     qk_norm_layout: str = "heads"
     qk_clip: str | None = None
+    v: str = ""
+    attention_out: str = ""
+    ffn_input: str = ""
 
     # -- structure ------------------------------------------------------------------------------------------
     def block_list(self, model: nn.Module) -> list[nn.Module]:
@@ -342,42 +353,50 @@ FAMILIES: tuple[Family, ...] = (
            "encoder.layer", _BERT_NORMS, "embeddings.LayerNorm", None,
            "cls.predictions.transform.LayerNorm|lm_head.layer_norm|generator_predictions.LayerNorm",
            "embeddings.position_embeddings", "learned absolute table", "attention.self", "attention.self.query",
-           "attention.self.key", "separate", "output.dense", "LayerNorm"),
+           "attention.self.key", "separate", "output.dense", "LayerNorm", v="attention.self.value",
+           attention_out="attention.output.dense", ffn_input="intermediate.dense"),
     Family("deberta-v2", ("deberta-v2", "deberta"), "post", False, "encoder.layer", _BERT_NORMS,
            "embeddings.LayerNorm", None, "cls.predictions.transform.LayerNorm|lm_predictions.lm_head.LayerNorm",
            "embeddings.position_embeddings",
            "disentangled relative attention (He et al. 2021); an absolute table only with position_biased_input",
            "attention.self", "attention.self.query_proj", "attention.self.key_proj", "separate", "output.dense",
-           "LayerNorm"),
+           "LayerNorm", v="attention.self.value_proj", attention_out="attention.output.dense",
+           ffn_input="intermediate.dense"),
     Family("mpnet", ("mpnet",), "post", False, "encoder.layer",
            (("attention.LayerNorm", "attention_output"), ("output.LayerNorm", "output")), "embeddings.LayerNorm",
            None, "lm_head.layer_norm", "embeddings.position_embeddings",
            "learned absolute table plus relative attention buckets", "attention.attn", "attention.attn.q",
-           "attention.attn.k", "separate", "output.dense", "LayerNorm"),
+           "attention.attn.k", "separate", "output.dense", "LayerNorm", v="attention.attn.v",
+           attention_out="attention.attn.o", ffn_input="intermediate.dense"),
     Family("distilbert", ("distilbert",), "post", False, "transformer.layer",
            (("sa_layer_norm", "attention_output"), ("output_layer_norm", "output")), "embeddings.LayerNorm", None,
            "vocab_layer_norm", "embeddings.position_embeddings", "learned absolute table", "attention",
-           "attention.q_lin", "attention.k_lin", "separate", "ffn.lin2", "LayerNorm"),
+           "attention.q_lin", "attention.k_lin", "separate", "ffn.lin2", "LayerNorm", v="attention.v_lin",
+           attention_out="attention.out_lin", ffn_input="ffn.lin1"),
     Family("modernbert", ("modernbert",), "pre", False, "layers",
            (("attn_norm", "attention_input"), ("mlp_norm", "mlp_input")), "embeddings.norm", "final_norm",
            "head.norm", None, "rotary (RoPE; Su et al. 2021)", "attn", "attn.Wqkv", "attn.Wqkv",
-           "qkv", "mlp.Wo", "LayerNorm without bias", optional_norms=("attn_norm",)),
+           "qkv", "mlp.Wo", "LayerNorm without bias", optional_norms=("attn_norm",), v="attn.Wqkv",
+           attention_out="attn.Wo", ffn_input="mlp.Wi"),
     Family("gpt2", ("gpt2",), "pre", True, "h", (("ln_1", "attention_input"), ("ln_2", "mlp_input")), None, "ln_f",
            None, "wpe", "learned absolute table (wpe)", "attn", "attn.c_attn", "attn.c_attn", "qkv", "mlp.c_proj",
-           "LayerNorm"),
+           "LayerNorm", v="attn.c_attn", attention_out="attn.c_proj", ffn_input="mlp.c_fc"),
     Family("gpt_neox", ("gpt_neox",), "pre", True, "layers", _LLAMA_NORMS, None, "final_layer_norm", None, None,
            "rotary (RoPE) on part of each head", "attention", "attention.query_key_value",
-           "attention.query_key_value", "head_qkv", "mlp.dense_4h_to_h", "LayerNorm"),
+           "attention.query_key_value", "head_qkv", "mlp.dense_4h_to_h", "LayerNorm",
+           v="attention.query_key_value", attention_out="attention.dense", ffn_input="mlp.dense_h_to_4h"),
     Family("llama-style", ("llama", "mistral", "qwen2", "qwen3"), "pre", True, "layers", _LLAMA_NORMS, None, "norm", None,
            None, "rotary (RoPE)", "self_attn", "self_attn.q_proj", "self_attn.k_proj",
            "separate", "mlp.down_proj", "RMSNorm (gain, no bias)",
-           qk_norms=("self_attn.q_norm", "self_attn.k_norm")),  # Qwen3; absent in Llama, Mistral, Qwen2
+           qk_norms=("self_attn.q_norm", "self_attn.k_norm"),  # Qwen3; absent in Llama, Mistral, Qwen2
+           v="self_attn.v_proj", attention_out="self_attn.o_proj", ffn_input="mlp.gate_proj"),
     # OLMo (Groeneveld et al. 2024, "OLMo: Accelerating the Science of Language Models"): Llama's block with a
     # LayerNorm without gain or bias ("non-parametric"), so the rule cannot judge it and says so; q/k/v clamped
     # to ±clip_qkv before the rotation where the config sets it
     Family("olmo", ("olmo",), "pre", True, "layers", _LLAMA_NORMS, None, "norm", None, None, "rotary (RoPE)",
            "self_attn", "self_attn.q_proj", "self_attn.k_proj", "separate", "mlp.down_proj",
-           "LayerNorm without gain or bias (non-parametric: nothing for the rule to judge)", qk_clip="clip_qkv"),
+           "LayerNorm without gain or bias (non-parametric: nothing for the rule to judge)", qk_clip="clip_qkv",
+           v="self_attn.v_proj", attention_out="self_attn.o_proj", ffn_input="mlp.gate_proj"),
     # OLMo 2 (Team OLMo 2024, "2 OLMo 2 Furious") and OLMo 3 (the same block; sliding-window layers):
     # "reordered norm", x ← x + RMSNorm(f(x)) — Llama's module name post_attention_layernorm, another place —
     # and a QK-norm over the whole q / k projection (not per head) before the rotation
@@ -385,7 +404,8 @@ FAMILIES: tuple[Family, ...] = (
            tuple(zip(("post_attention_layernorm", "post_feedforward_layernorm"), REORDERED_KINDS)), None, "norm",
            None, None, "rotary (RoPE; OLMo 3: sliding-window layers beside full ones)", "self_attn",
            "self_attn.q_proj", "self_attn.k_proj", "separate", "mlp.down_proj", "RMSNorm (gain, no bias)",
-           qk_norms=("self_attn.q_norm", "self_attn.k_norm"), qk_norm_layout="separate"),
+           qk_norms=("self_attn.q_norm", "self_attn.k_norm"), qk_norm_layout="separate",
+           v="self_attn.v_proj", attention_out="self_attn.o_proj", ffn_input="mlp.gate_proj"),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
@@ -395,7 +415,10 @@ OURS = {p: Family("outlierlab", ("outlierlab",), p, False, "encoder.layer",
                   "embeddings.LayerNorm", "encoder.LayerNorm", "lm_head.layer_norm", None,
                   "our position scheme (model.pos; a learned table when pos=learned)", "attention.self",
                   "attention.self.query", "attention.self.key", "separate", "output.dense",
-                  "model.norm (LayerNorm, no-affine LayerNorm or RMSNorm)") for p in ("post", "pre")}
+                  "model.norm (LayerNorm, no-affine LayerNorm or RMSNorm)",
+                  # the Outlier-Protected block (model.block=op) has no norm in its blocks
+                  optional_norms=("attention.output.LayerNorm", "output.LayerNorm"), v="attention.self.value",
+                  attention_out="attention.output.dense", ffn_input="intermediate.dense") for p in ("post", "pre")}
 
 
 #: Our own model trained with ``objective=clm`` (``model.causal``): the same blocks, a decoder.

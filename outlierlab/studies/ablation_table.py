@@ -45,7 +45,8 @@ def ablation_rows(runs: Path) -> list[list[str]]:
         for row in table[table.condition.isin(["outliers", "user"])].itertuples():
             rise = row.loss - intact.loss
             comparable = len(draws) > 0 and int(draws.n_dims.iloc[0]) == int(row.n_dims)
-            rows.append([run.name, f"{intact.loss:.3f}", _where(row.dims, getattr(row, "layers", None), row.layernorms), f"{rise:+.3f}",
+            where = _where(row.dims, getattr(row, "layers", None), row.layernorms, getattr(row, "mode", None))
+            rows.append([run.name, f"{intact.loss:.3f}", where, f"{rise:+.3f}",
                          f"{row.top1 - intact.top1:+.3f}",
                          f"{rises.mean():+.3f} ({rises.min():+.3f} to {rises.max():+.3f})" if comparable else "–",
                          f"{int((rises < rise).sum())} of {len(rises)}" if comparable else "–"])
@@ -55,11 +56,12 @@ def ablation_rows(runs: Path) -> list[list[str]]:
     return rows
 
 
-def _where(dims: str, layers, layernorms) -> str:
+def _where(dims: str, layers, layernorms, mode=None) -> str:
     """The dims zeroed, and where when it was not Kovaleva et al.'s every output LayerNorm: the norms
     (``ablation.layernorms``) and the layers (``ablation.layers``; empty: every layer; a run written before the column
-    existed has none)."""
-    where = []
+    existed has none); ``set to mean`` where they were set to their mean instead (``ablation.mode=mean``; a run
+    written before the ``mode`` column existed zeroed them)."""
+    where = ["set to mean"] if mode == "mean" else []
     if isinstance(layernorms, str) and layernorms and layernorms != "output":
         where.append(layernorms.replace(";", ", "))
     if isinstance(layers, str) and layers:
