@@ -178,8 +178,8 @@ def layer_costs() -> dict:
 def luo_seeds() -> dict:
     """Which learned seeds have a Luo-type dimension, on the monitors (the ladder's summary) and on the 2,000
     evaluation sentences at their last evaluated step."""
-    summary = pd.read_csv(GPU / "ladder_cpu_summary.csv")
-    learned = summary[(summary.rung == "4x256") & (summary.pos == "learned")]
+    table = summary()
+    learned = table[(table.rung == "4x256") & (table.pos == "learned")]
     on_monitors = learned[learned.luo_step.notna()]
     last = {1: "learned_1_step2755", 2: "learned_2_step1787", 3: SEED3, 4: SEED4}
     on_eval = [seed for seed, run in last.items() if luo_on_evaluation(run) is not None]
@@ -209,7 +209,7 @@ def seed3_onsets() -> dict:
     assert use.loc[500] < 0.1 <= use.loc[rise_step]
     before = by.loc[:700].max().max()
     return dict(u500=f3(use.loc[500]), u750=f2(use.loc[rise_step]), b750=f2(by.loc[rise_step, ("1", "abs_argmax_share_pos_16-31")]),
-                before=f2(before), marker=steps(pd.read_csv(GPU / "ladder_cpu_summary.csv").set_index("cell").marker_step["4x256_learned_3"]))
+                before=f2(before), marker=steps(summary().marker_step["4x256_learned_3"]))
 
 
 def seed4_onsets() -> dict:
@@ -217,10 +217,11 @@ def seed4_onsets() -> dict:
     by = buckets("4x256_learned_4").max(axis=1)
     crossed = first_step(use, 0.1)
     concentrated = first_step(by, 0.2)
-    summary = pd.read_csv(GPU / "ladder_cpu_summary.csv").set_index("cell")
-    return dict(crossed=steps(crossed), u=f2(use.loc[crossed]), upto=steps(by[by.index < concentrated].index.max()),
+    marker = summary().marker_step["4x256_learned_4"]
+    return dict(crossed=steps(crossed), u=f2(use.loc[crossed]), lag=steps(concentrated - crossed),
+                lag2=steps(marker - crossed), upto=steps(by[by.index < concentrated].index.max()),
                 most=f2(by[by.index < concentrated].max()), conc=steps(concentrated), c=f2(by.loc[concentrated]),
-                marker=steps(summary.marker_step["4x256_learned_4"]))
+                marker=steps(marker))
 
 
 def monitor_range(cell: str, layer: str, lo: int, hi: int) -> str:
@@ -265,6 +266,40 @@ def rope_order() -> dict:
     return dict(rope=steps(rope.iloc[0]), lo=steps(learned.min()), hi=steps(learned.max()))
 
 
+def summary(name: str = "ladder_cpu_summary") -> pd.DataFrame:
+    return pd.read_csv(GPU / f"{name}.csv").set_index("cell")
+
+
+def rung_events() -> dict:
+    """The CPU rung's order-use and marker steps and its Luo-type dimensions on the monitors, from the summary."""
+    s = summary()
+    learned = s[(s.rung == "4x256") & (s.pos == "learned")].sort_values(["order_use_step", "seed"])
+    s3, s4 = s.loc["4x256_learned_3"], s.loc["4x256_learned_4"]
+    return dict(order=", ".join(steps(x) for x in learned.order_use_step[:-1]) + " and " + steps(learned.order_use_step.iloc[-1]),
+                seeds=", ".join(str(x) for x in learned.seed),
+                m4=steps(s4.marker_step - s4.order_use_step), m3=steps(s3.marker_step - s3.order_use_step),
+                luo4=f"dimension {int(s4.luo_dim)} from step {steps(s4.luo_step)}",
+                luo3=f"dimension {int(s3.luo_dim)} from step {steps(s3.luo_step)}")
+
+
+def rung_random_max() -> dict:
+    return dict(top=f2(max(random_rises(SEED3).max(), random_rises(SEED4).max())))
+
+
+def no_positions() -> dict:
+    s = summary()
+    none = s[(s.rung == "4x256") & (s.pos == "none")]
+    return dict(share=f2(none.max_share.max()), cost=f3(max(rise("none_2_step1011", 195), rise("none_2_step1011", 217))))
+
+
+def rope_run() -> dict:
+    return dict(rope=f2(monitor("4x256_rope_1", "val/loss", step=1000)),
+                learned=f2(monitor("4x256_learned_1", "val/loss", step=1000)),
+                s750=f2(overall("rope_1_step0750", 4)[1]), s1000=f2(overall("rope_1_step1000", 4)[1]),
+                other=f2(float(packed("ladder_cpu_rope_eval", "outliers_by_position.csv")["rope_2_step0800"]
+                               .query("layer > 0").layer_dim_share.max())))
+
+
 # ---------------------------------------------------------------- the claims
 
 
@@ -298,8 +333,8 @@ CLAIMS = [
     Claim("docs/ladder_cpu.md", "order use 0.01 nats at step 650, {u} at {crossed}, 0.33 at 750; the dominant dimensions "
           "of layers 1 and 2 at most 0.07 of the monitor's tokens and at most {most} of any position bucket up to step "
           "{upto}, {c} of one at {conc};", seed4_onsets),
-    Claim("docs/ladder_cpu.md", "In seed 4 order use crossed 0.1 nats 100 steps before a position bucket's share passed "
-          "0.2 ({crossed} and {conc}) and 250 before the marker rule ({marker})", seed4_onsets),
+    Claim("docs/ladder_cpu.md", "In seed 4 order use crossed 0.1 nats {lag} steps before a position bucket's share passed "
+          "0.2 ({crossed} and {conc}) and {lag2} before the marker rule ({marker})", seed4_onsets),
     Claim("docs/ladder_cpu.md", "(monitor, from step 1,450 to 1,692: {l2} of layer 2's tokens, {l3} of layer 3's;",
           lambda: dict(l2=monitor_range("4x256_learned_3", "2", 1450, 1692),
                        l3=monitor_range("4x256_learned_3", "3", 1450, 1692))),
@@ -318,6 +353,31 @@ CLAIMS = [
     Claim("docs/ladder_cpu.md", "on the 2,000 evaluation sentences no dominant dimension of an evaluated checkpoint "
           "holds more than {ev} of any bucket, and on the monitors' 32 sentences, every 50 steps, at most {mon} (seed "
           "{seed}, layer {layer}, positions {bucket}, step {step})", rope_bounds),
+    Claim("docs/gpu.md", "Order use first reached 0.1 nats at the validation of step {order} (seeds {seeds})", rung_events),
+    Claim("docs/gpu.md", "dimension became a position marker in all {k} seeds (at least 0.9 of one position bucket's "
+          "tokens, at most 0.1 of another's, on 2,000 evaluation sentences)", markers_all_seeds),
+    Claim("docs/gpu.md", "the marker rule was met {m4} steps (seed 4) and at least {m3} steps (seed 3) after order use "
+          "crossed 0.1 nats", rung_events),
+    Claim("docs/gpu.md", "the first concentration by position came {lag} steps after that crossing in seed 4",
+          lambda: dict(lag=steps(first_step(buckets("4x256_learned_4").max(axis=1), 0.2)
+                                 - first_step(monitor("4x256_learned_4", "val/order_use"), 0.1)))),
+    Claim("docs/gpu.md", "(half the tokens in half the layers: seed 4's {luo4}, seed 3's {luo3}); on the 2,000 "
+          "evaluation sentences seed 1's dimension 141 meets it too (from step 2,000): {ev} of the {n} seeds there.",
+          lambda: {**rung_events(), **luo_seeds()}),
+    Claim("docs/gpu.md", "Zeroing seed 4's and seed 3's costs the masked LM {r4} and {r3} nats at the last steps -- {p4} % "
+          "and {p3} % of the intact loss on the ablation's 600 sentences, {q4} % and {q3} % of the last validation loss",
+          luo_costs),
+    Claim("docs/gpu.md", "though single random dimensions cost up to {top}: no collapse as in BERT", rung_random_max),
+    Claim("docs/gpu.md", "seed 3's dimension 212 costs at most {other3} nats in any other norm (0.003–0.004 in layers 2 "
+          "and 3, where it holds the tokens), while seed 4's dimension 4 also costs {l2} nats in layer 2 alone and {l0} "
+          "in the embeddings' LayerNorm ({l2p} % and {l0p} % of its all-layer cost)", layer_costs),
+    Claim("docs/gpu.md", "no layer's dominant dimension held more than {share} of the monitor's tokens, and zeroing seed "
+          "2's cost at most {cost} nats", no_positions),
+    Claim("docs/gpu.md", "the loss fell far faster ({rope} at step 1,000 against learned seed 1's {learned})", rope_run),
+    Claim("docs/gpu.md", "(at most {ev} of any position bucket on the evaluated checkpoints, {mon} on the 50-step "
+          "monitors)", rope_bounds),
+    Claim("docs/gpu.md", "({s750} of layer 4's tokens at step 750, {s1000} at 1,000), the other none above {other} of "
+          "any bucket", rope_run),
 ]
 
 
