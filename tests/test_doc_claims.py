@@ -378,6 +378,14 @@ CLAIMS = [
           "monitors)", rope_bounds),
     Claim("docs/gpu.md", "({s750} of layer 4's tokens at step 750, {s1000} at 1,000), the other none above {other} of "
           "any bucket", rope_run),
+    Claim("docs/design.md", "reads {short} on short sentences and {emma} on paragraphs of the same model (layer 1, step "
+          "2,755).", lambda: dict(short=f2(overall("learned_1_step2755", 1)[1]), emma=f2(overall("learned_1_step2755_emma", 1)[1]))),
+    Claim("docs/design.md", "in the other the marker also costs {l2} nats zeroed in layer 2 alone and {l0} in the "
+          "embeddings' LayerNorm", layer_costs),
+    Claim("docs/design.md", "in the seed that samples both every 50 steps the marker rule is met {lag2} steps after "
+          "order use passes 0.1 nats", seed4_onsets),
+    Claim("docs/design.md", "one of the 2 rotary seeds grows a dimension nearly even over positions and rising with "
+          "depth ({s1000} of layer 4's tokens at step 1,000)", rope_run),
 ]
 
 
