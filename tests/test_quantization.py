@@ -127,3 +127,22 @@ def test_evaluate_runs_the_analysis_and_writes_its_table(tmp_path):
     assert [r["condition"] for r in res.rows] == ["full_precision", "w8a8", "w8a8_keep"]
     assert res.summary["w8a8_kl"] > res.summary["w8a8_keep_kl"] > 0
     assert "| w8a8 | all |" in res.markdown and "12 linear layers" in res.markdown
+
+
+def test_the_monitor_records_what_8_bits_cost_on_its_batch():
+    """HiddenStateTracker(w8a8=True): the W8A8 damage (KL from the full-precision predictions) on its fixed masked
+    problem, larger with the planted outlier than without it, and mostly gone with the outlier dims kept."""
+    from outlierlab.monitoring.hidden_state_tracker import HiddenStateTracker
+
+    deltas = {}
+    for plant in (True, False):
+        loaded, _ = planted_mlm(plant)
+        tracker = HiddenStateTracker(n_sequences=16, w8a8=True)
+        tracker.tokenize(loaded.tokenizer, loaded.model, SENTENCES * 2)
+        rows, summary = tracker.compute(loaded.model, step=7)
+        got = {r[2]: r[4] for r in rows if r[1] == "model" and r[2].startswith("w8a8_")}
+        assert set(got) == {"w8a8_loss_delta", "w8a8_kl", "w8a8_keep_loss_delta", "w8a8_keep_kl"} and got == {
+            f"w8a8_{k}": v for k, v in summary["w8a8"].items()}
+        deltas[plant] = got
+    assert deltas[True]["w8a8_kl"] > 5 * deltas[False]["w8a8_kl"] > 0, deltas
+    assert 0 < deltas[True]["w8a8_keep_kl"] < 0.2 * deltas[True]["w8a8_kl"], deltas

@@ -20,7 +20,7 @@ from torch import nn
 from outlierlab.analysis.fake_quant import fake_quantize, fake_quantize_weight, largest_dims
 from outlierlab.models.sites import encoder_blocks
 
-__all__ = ["linear_layers", "quantized", "KeptDims"]
+__all__ = ["linear_layers", "quantized", "KeptDims", "w8a8_cost"]
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -87,3 +87,74 @@ def quantized(layers: dict[str, nn.Module], bits: int = 8, keep: int = 0,
         with torch.no_grad():
             for name, w in saved.items():
                 layers[name].weight.copy_(w)
+
+
+def _scored_logits(model: nn.Module, problem: dict, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits ``[n, V]`` at the scored tokens of ``problem`` and their targets ``[n]``: the labelled positions of a
+    masked problem (a Hugging Face head narrowed to them by ``logits_at``; ours called with its labels, which runs
+    its head there alone), or every next token of a causal one."""
+    from outlierlab.analysis.scored_rows import logits_at
+
+    labels = problem["labels"]
+    if causal:
+        logits = model(input_ids=problem["input_ids"], attention_mask=problem["attention_mask"]).logits
+        keep = labels[:, 1:] != -100
+        return logits[:, :-1][keep], labels[:, 1:][keep]
+    keep = labels != -100
+    with logits_at(model, keep) as narrowed:
+        out = model(input_ids=problem["input_ids"], attention_mask=problem["attention_mask"],
+                    **({} if narrowed else {"labels": labels}))
+    logits = out.logits
+    return (logits[keep] if logits.ndim == 3 else logits), labels[keep]
+
+
+def w8a8_cost(model: nn.Module, batch: dict, causal: bool, mask_token_id: int | None, keep: int = 4,
+              bits: int = 8) -> dict[str, float]:
+    """What 8 bits cost the model on the monitors' fixed held-out batch (``input_ids``, ``attention_mask``,
+    ``special_tokens_mask``), for a live curve. On the batch's fixed problem (the masked one of order use,
+    ``outlierlab.analysis.order_use.masked_for_order_use``, or every next token), with all the blocks' linear
+    layers in W8A8: the loss minus the full-precision loss (``loss_delta``, nats per token) and the mean KL divergence
+    of the predictions from the full-precision ones (``kl``: the damage itself, >= 0 whatever the model's quality);
+    ``keep_loss_delta`` and ``keep_kl`` with ``keep`` largest-|x| input dims in full precision. A model that gives no
+    logits (a body without its LM head) gets the relative error of its last hidden states instead (``rel_error``,
+    ``keep_rel_error``)."""
+    from outlierlab.analysis.order_use import masked_for_order_use
+
+    device = next(model.parameters()).device
+    mask = batch["attention_mask"]
+    layers = linear_layers(model)
+    try:
+        if causal:
+            problem = {"input_ids": batch["input_ids"], "attention_mask": mask,
+                       "labels": batch["input_ids"].masked_fill(mask == 0, -100)}
+        else:
+            if mask_token_id is None:
+                raise ValueError("no mask token")
+            problem = masked_for_order_use(batch["input_ids"], mask, batch["special_tokens_mask"], mask_token_id)
+        problem = {k: v.to(device) for k, v in problem.items()}
+        with torch.inference_mode():
+            ref, y = _scored_logits(model, problem, causal)
+            ref_logp = ref.float().log_softmax(-1)
+            base = float(torch.nn.functional.nll_loss(ref_logp, y))
+            out = {}
+            for prefix, k in (("", 0), ("keep_", keep)):
+                with quantized(layers, bits, keep=k):
+                    logp = _scored_logits(model, problem, causal)[0].float().log_softmax(-1)
+                out[f"{prefix}loss_delta"] = float(torch.nn.functional.nll_loss(logp, y)) - base
+                out[f"{prefix}kl"] = float((ref_logp.exp() * (ref_logp - logp)).sum(-1).mean())
+        return out
+    except (TypeError, AttributeError, ValueError):  # no logits: the last hidden states' relative error
+        ids, m = batch["input_ids"].to(device), mask.to(device)
+
+        def last() -> torch.Tensor:
+            h = model(input_ids=ids, attention_mask=m, output_hidden_states=True).hidden_states[-1]
+            return h[m.bool()].float()
+
+        with torch.inference_mode():
+            ref = last()
+            with quantized(layers, bits):
+                q = last()
+            with quantized(layers, bits, keep=keep):
+                qk = last()
+        norm = float(ref.norm()) or 1.0
+        return {"rel_error": float((q - ref).norm()) / norm, "keep_rel_error": float((qk - ref).norm()) / norm}

@@ -32,6 +32,7 @@ from outlierlab.analysis.order_use import (attention_locality, heldout_order_use
                                            pooled_order_change)
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.models.sites import monitored_forward
+from outlierlab.models.w8a8 import w8a8_cost
 from outlierlab.reports import monitor_plots as plots
 from . import arguments
 
@@ -167,13 +168,19 @@ class HiddenStateTracker:
         gets one notice and, at every record, the sentence-vector order change of every layer instead
         (``outlierlab.analysis.order_use.pooled_order_change``; rows ``layer_i/pooled_order_change``) with the
         attention locality.
+    w8a8 : bool
+        Also measure what 8 bits cost the model on the batch (``outlierlab.models.w8a8.w8a8_cost``: the
+        LM loss change and the predictions' KL from full precision with the blocks' linear layers in W8A8, and with 4
+        outlier dims kept in full precision; Bondarenko et al. 2023, LLM.int8()): rows ``model/w8a8_loss_delta``,
+        ``model/w8a8_kl`` and their ``w8a8_keep_`` twins (nats), or ``model/w8a8_rel_error``/``..._keep_rel_error`` for
+        a model without an LM head.
     """
 
     filename = "hidden_states.csv"
 
     def __init__(self, n_sequences: int = 32, sentences_path: str | None = None, max_length: int | None = None,
                  top_k: int = 5, n_pairs: int = 1000, seed: int = 0, sink_threshold: float = 0.3,
-                 order_use: bool = False) -> None:
+                 order_use: bool = False, w8a8: bool = False) -> None:
         # >= 2: anisotropy pairs tokens of different sequences
         self.n_sequences = arguments.count("n_sequences", n_sequences, 2)
         self.sentences_path = arguments.path_like("sentences_path", sentences_path, optional=True)
@@ -183,6 +190,7 @@ class HiddenStateTracker:
         # a mean attention share: above 1 no head is a sink, at 0 every head is
         self.sink_threshold = arguments.number("sink_threshold", sink_threshold, 0.0, 1.0)
         self.order_use = arguments.flag("order_use", order_use)
+        self.w8a8 = arguments.flag("w8a8", w8a8)
         self.order_ids: tuple[set[int], int | None] | None = None  # special ids kept in place, the mask id
         self.last_order_use: float | None = None
         self.headless = False  # the model gave no LM loss: its vectors' order change is recorded instead
@@ -237,6 +245,10 @@ class HiddenStateTracker:
                     sink_threshold=self.sink_threshold)
                 if self.order_use:
                     rows += self._order_use_rows(model, step, attn, summary)
+                if self.w8a8:
+                    summary["w8a8"] = w8a8_cost(model, self.batch, is_causal_lm(model), (self.order_ids or
+                                                                                         (set(), None))[1])
+                    rows += [(step, "model", f"w8a8_{k}", None, float(v)) for k, v in summary["w8a8"].items()]
                 self.curves.append({"step": step, "rows": [r for r in rows if r[2] in plots.CURVE_STATISTICS]})
                 return rows, summary
         finally:
@@ -311,6 +323,8 @@ class HiddenStateTracker:
                               r["layer_dim_share"], step)
         if "order_use" in summary:
             writer.add_scalar("monitor/order_use", summary["order_use"], step)
+        for key, value in summary.get("w8a8", {}).items():
+            writer.add_scalar(f"monitor/w8a8/{key}", value, step)
         for i, mass in enumerate(summary.get("attn_local", [])):
             writer.add_scalar(f"monitor/attn_local/layer_{i + 1}", mass, step)
         for i, change in enumerate(summary.get("pooled_order_change", [])):

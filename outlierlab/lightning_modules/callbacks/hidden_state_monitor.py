@@ -119,6 +119,10 @@ class HiddenStateMonitor(LightningOutlierMonitor):
         ``n_sequences`` sentences, n/2 pairs: 16 on the default batch, too few to contrast runs).
     sink_threshold : float
         Gu et al. (2025)'s ε for a sink head (mean attention on the token above it).
+    w8a8 : bool
+        Also record what 8 bits cost the model on the batch (``monitor/w8a8/loss_delta`` and ``keep_loss_delta``:
+        the LM loss change with the blocks' linear layers in W8A8, without and with 4 outlier dims kept in full
+        precision; ``outlierlab.models.w8a8.w8a8_cost``).
     """
 
     filename = HiddenStateTracker.filename
@@ -126,12 +130,13 @@ class HiddenStateMonitor(LightningOutlierMonitor):
     def __init__(self, out_dir: str | None = None, every_n_steps: int = 50, image_every_n_steps: int = 100,
                  n_sequences: int = 32, source: str = "sentences", sentences_path: str | None = None,
                  tokenizer: str | None = None, max_length: int | None = None, top_k: int = 5,
-                 n_pairs: int = 1000, seed: int = 0, vectors: bool = True, sink_threshold: float = 0.3) -> None:
+                 n_pairs: int = 1000, seed: int = 0, vectors: bool = True, sink_threshold: float = 0.3,
+                 w8a8: bool = True) -> None:
         super().__init__(out_dir, every_n_steps, image_every_n_steps, vectors)
         if source not in SOURCES:
             raise ValueError(f"HiddenStateMonitor source must be one of {', '.join(SOURCES)}, got {source!r}")
         self.tracker = HiddenStateTracker(n_sequences, sentences_path, max_length, top_k, n_pairs, seed,
-                                          sink_threshold)
+                                          sink_threshold, w8a8=w8a8)
         self.source, self.tokenizer_path = source, tokenizer
 
     # the tracker's settings and state, under the names this callback always had
