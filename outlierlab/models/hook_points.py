@@ -77,7 +77,7 @@ HookFn = Callable[[Tensor, "HookPoint"], "Tensor | None"]
 _KIND_SLOT = {"attention_output": "ln_attn", "attention_input": "ln_attn", "attention_update": "ln_attn",
               "output": "ln_ffn", "mlp_input": "ln_ffn", "mlp_update": "ln_ffn"}
 _LAYER = re.compile(r"^layer\.(\d+)\.(\w+)$")
-#: The sites of one block, in the order :func:`site_table` lists them.
+#: The sites of one block, in the order ``site_table`` lists them.
 BLOCK_SITES = ("attn.q", "attn.k", "attn.v", "attn.pattern", "attn.out", "ln_attn", "ffn.pre", "ffn.post", "ffn.out",
                "ln_ffn", "resid")
 

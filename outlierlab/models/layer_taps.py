@@ -2,15 +2,17 @@
 
 ``output_hidden_states=True`` keeps all ``L+1`` hidden states until the forward returns, and stacking them
 as float32 (what ``outlierlab.models.loading.FrozenEncoder.forward`` returns) costs ``(L+1)·B·T·d·4``
-bytes per batch — ≈ 22 GB for a 70B model (81 × 8192) at 16 × 512 tokens.  ``tap_layers`` registers
-forward hooks on the family's blocks (``outlierlab.models.families``) and calls ``fn(layer, hidden)`` with
-each layer's ``[B, T, d]`` output in the model's dtype; the caller reduces it into its accumulators (which
-upcast) and drops it, so activation memory stays at about one layer's batch.
+bytes per batch — ≈ 22 GB for a 70B model (81 × 8192) at 16 × 512 tokens.  ``tap_layers`` reads the hidden
+states at their named sites (``outlierlab.models.hook_points``: ``embed``, ``blocks.{i}.resid``, the hooks
+``ol.run_with_hooks`` uses) and calls ``fn(layer, hidden)`` with each layer's ``[B, T, d]`` output in the model's
+dtype; the caller reduces it into its accumulators (which upcast) and drops it, so activation memory stays at
+about one layer's batch.
 
-The layers are those of ``output_hidden_states`` (checked per family in tests/test_one_pass.py):
-layer 0 is the input of the first block (the embedding output), layer ``i`` the output of block ``i-1``,
-and the last one the model's ``last_hidden_state`` — after the final norm where Hugging Face applies it to
-the last hidden state (GPT-2, GPT-NeoX, Llama, Qwen2, ModernBERT and our pre-LN encoder).
+The layers are those of ``output_hidden_states`` (checked per family in tests/test_one_pass.py and
+tests/test_sites.py): layer 0 is the input of the first block (the embedding output, ``embed``), layer ``i`` the
+output of block ``i`` (``blocks.{i}.resid``), and the last one the model's ``last_hidden_state`` — after the final
+norm where Hugging Face applies it to the last hidden state (GPT-2, GPT-NeoX, Llama, Qwen2, ModernBERT and our
+pre-LN encoder; the site ``ln_final``).
 A model whose blocks the registry cannot name falls back to ``output_hidden_states`` (every layer kept
 until the forward returns, never stacked).
 """
@@ -22,10 +24,6 @@ from typing import Callable
 from torch import Tensor, nn
 
 LayerFn = Callable[[int, Tensor], None]
-
-
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 def block_list_or_none(model: nn.Module) -> list[nn.Module] | None:
@@ -52,8 +50,15 @@ def tap_layers(model: nn.Module, call: Callable[[bool], object], fn: LayerFn) ->
     -------
     int : the number of hidden states delivered (L+1)
     """
-    blocks = block_list_or_none(model)
-    if blocks is None:
+    from outlierlab.models.hook_points import attached, site_table
+
+    table = None
+    if block_list_or_none(model) is not None:
+        try:
+            table = site_table(model)
+        except ValueError:  # a registered family whose config names no attention heads: read the states whole
+            table = None
+    if table is None:
         out = call(True)
         hidden = getattr(out, "hidden_states", None)
         if hidden is None:
@@ -62,16 +67,15 @@ def tap_layers(model: nn.Module, call: Callable[[bool], object], fn: LayerFn) ->
             fn(i, h)
         return len(hidden)
 
-    def pre(_mod, args, kwargs):
-        fn(0, args[0] if args else kwargs["hidden_states"])
+    def reader(layer: int):
+        def read(x, _point):
+            fn(layer, x)  # returns None: the activation goes on unchanged
+        return read
 
-    handles = [blocks[0].register_forward_pre_hook(pre, with_kwargs=True)]
-    for i, block in enumerate(blocks[:-1]):  # the last block's output: last_hidden_state (after a final norm)
-        handles.append(block.register_forward_hook(lambda _m, _a, out, i=i: fn(i + 1, _first(out))))
-    try:
+    blocks = [name for name in table if name.endswith(".resid")]
+    # the last block's output is not a hidden state where a final norm follows: last_hidden_state is, below
+    hooks = {"embed": reader(0), **{name: reader(i) for i, name in enumerate(blocks[:-1], start=1)}}
+    with attached(model, hooks, table):
         out = call(False)
-    finally:
-        for h in handles:
-            h.remove()
     fn(len(blocks), out.last_hidden_state)
     return len(blocks) + 1
