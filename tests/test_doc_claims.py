@@ -159,6 +159,7 @@ VAL3, VAL4 = 2300, 1700  # their last validations
 def luo_costs() -> dict:
     """Seeds 3's and 4's Luo-type dimensions (212, 4) zeroed in every layer at their last checkpoints."""
     r3, r4 = rise(SEED3, 212), rise(SEED4, 4)
+    assert r3 > random_rises(SEED3).max() and r4 > random_rises(SEED4).max()  # "above all 20 random dimensions"
     v3, v4 = monitor("4x256_learned_3", "val/loss", step=VAL3), monitor("4x256_learned_4", "val/loss", step=VAL4)
     return dict(r3=f2(r3), r4=f2(r4), i3=f2(intact(SEED3)), i4=f2(intact(SEED4)), p3=pct(r3 / intact(SEED3)),
                 p4=pct(r4 / intact(SEED4)), v3=f2(v3), v4=f2(v4), q3=pct(r3 / v3), q4=pct(r4 / v4))
@@ -289,6 +290,7 @@ def rung_random_max() -> dict:
 def no_positions() -> dict:
     s = summary()
     none = s[(s.rung == "4x256") & (s.pos == "none")]
+    assert all(monitor(cell, "val/order_use").abs().max() < 0.005 for cell in none.index)  # "order use 0.00 nats"
     return dict(share=f2(none.max_share.max()), cost=f3(max(rise("none_2_step1011", 195), rise("none_2_step1011", 217))))
 
 
@@ -497,6 +499,22 @@ CLAIMS = [
           "monitors", rope_bounds),
     Claim("docs/findings.md", "({lo}–{hi} of the tokens at step 1,000, rising with depth), which costs {cost} nats "
           "zeroed in every layer", rope_dimension),
+    Claim("docs/ladder_cpu.md", "| order use first at least 0.1 nats at step {lo}–{hi} (4x128 of the same recipe: {small} "
+          "at step 2,000) | 4 seeds, validation loss |",
+          lambda: {**rope_order(), "small": f2(monitor("4x128_learned_1", "val/order_use", step=2000))}),
+    Claim("docs/ladder_cpu.md", "| in {k} of {n} seeds (at least 0.9 of one position bucket, at most 0.1 of another) |",
+          markers_all_seeds),
+    Claim("docs/ladder_cpu.md", "| seed 4: order use 0.1 nats at step {crossed}, a bucket share above 0.2 at {conc}, the "
+          "marker rule at {marker};", seed4_onsets),
+    Claim("docs/ladder_cpu.md", "| {mon} of {n} seeds on the monitors' 32 sentences, {ev} of {n} on the 2,000 evaluation "
+          "sentences |", luo_seeds),
+    Claim("docs/ladder_cpu.md", "| {p4} % and {p3} % of the masked-LM loss on 600 *Persuasion* sentences ({q4} % and {q3} % "
+          "of the validation loss), above all 20 random dimensions |", luo_costs),
+    Claim("docs/ladder_cpu.md", "seed 4's also {l2p} % in layer 2 alone, {l0p} % in the embeddings' LayerNorm |", layer_costs),
+    Claim("docs/ladder_cpu.md", "| order use 0.00 nats; no dominant dimension above {share} of the monitor's tokens |",
+          no_positions),
+    Claim("docs/ladder_cpu.md", "| order use from step {rope}; no marker: at most {ev} of any position bucket ({mon} on "
+          "the monitors) |", lambda: {**rope_order(), **rope_bounds()}),
 ]
 
 
