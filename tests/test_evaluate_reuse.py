@@ -90,7 +90,7 @@ def test_the_command_line_in_a_reused_run_dir_keeps_one_runs_tensorboard_events(
     assert len(events) == 1  # two event files would show both runs' scalars as one in TensorBoard
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    tags = EventAccumulator(str(events[0])).Reload().Tags()["scalars"]
+    tags = EventAccumulator(str(events[0])).Reload().Tags()["tensors"]
     assert tags and all(t.startswith("eval/outliers/") for t in tags)
 
 

@@ -121,14 +121,18 @@ def test_end_to_end_writes_every_report_file(full_run):
     listed = {f for a in res["analyses"].values() for f in a["figures"]}
     assert linked == listed and "position_rows.png" in linked
     assert all((out / f).stat().st_size > 1000 for f in linked)
-    # TensorBoard scalars eval/<analysis>/<transform>/<stat>, one step per layer
+    # TensorBoard: eval/<analysis>/<transform> as a table, a row per layer -- no scalar series whose steps are
+    # layers (TensorBoard would smooth it on its training-step axis, among the training runs' curves)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
 
     ea = EventAccumulator(str(out / "tensorboard")).Reload()
-    tags = set(ea.Tags()["scalars"])
-    assert {"eval/anisotropy/whiten/anisotropy", "eval/wic/clip/best_accuracy",
-            "eval/sts/none/sts.csv/spearman"} <= tags
-    assert [e.step for e in ea.Scalars("eval/anisotropy/none/anisotropy")] == list(range(N_HIDDEN_STATES))
+    assert not ea.Tags()["scalars"]
+    tags = {t.removesuffix("/text_summary") for t in ea.Tags()["tensors"]}
+    assert {"eval/anisotropy/whiten", "eval/wic/clip", "eval/sts/none/sts.csv"} <= tags
+    table = tensor_util.make_ndarray(ea.Tensors("eval/anisotropy/none/text_summary")[0].tensor_proto).item().decode()
+    lines = table.splitlines()
+    assert lines[0].startswith("| layer | anisotropy |") and len(lines) == 2 + N_HIDDEN_STATES
     _, sts_rows = _read(out / "sts.csv")
     assert all(-1.0 <= float(r["spearman"]) <= 1.0 for r in sts_rows)
 

@@ -85,13 +85,14 @@ def test_card_numbers_are_the_runs_csvs(tmp_path):
     export = plant_run(tmp_path / "run")
     d = card_data(tmp_path / "run", export)
     card = (export / "README.md").read_text()
-    # validation: the last row holding each metric, read here independently of the card's code
+    # validation: the last row holding each metric, read here independently of the card's code, at the step of the
+    # model it measured (this file logged validations at Lightning's batch counter, one below: 9 after 10 updates)
     rows = _csv(tmp_path / "run" / "csv" / "metrics.csv")
     for key in ("val/loss", "val/ppl", "val/acc", "val/order_use"):
-        step, value = [(int(r["step"]), float(r[key])) for r in rows if r[key]][-1]
+        step, value = [(int(r["step"]) + 1, float(r[key])) for r in rows if r[key]][-1]
         assert d["val"][key] == {"step": step, "value": value}
         assert f"| `{key}` | {value:.6g} | {step} |" in card
-    assert d["val"]["val/order_use"] == {"step": 4, "value": 0.0311}
+    assert d["val"]["val/order_use"] == {"step": 5, "value": 0.0311}
     # outliers at the last monitored step (10), not step 0
     hs = [r for r in _csv(tmp_path / "run" / "monitor" / "hidden_states.csv") if r["step"] == "10"]
     share = max((r for r in hs if r["statistic"] == "argmax_share"), key=lambda r: float(r["value"]))
@@ -177,7 +178,7 @@ def test_export_run_rewrites_the_card_and_adds_remote_code_to_an_older_export(tm
         (run / "csv" / "metrics.csv").read_text() + "0,9,,,5.25,190.6,0.25,0.5\n")
     done = export_run_mod.export_run(run)
     assert "remote_code" in done and (export / "modeling_outlierlab.py").is_file()
-    assert "| `val/loss` | 5.25 | 9 |" in (export / "README.md").read_text()
+    assert "| `val/loss` | 5.25 | 10 |" in (export / "README.md").read_text()  # logged at 9: the model after 10
     assert verify_manifest(run) == []  # the manifest was refreshed over the new card and config.json
     with pytest.raises(export_run_mod.ExportError, match="is not a train.py run directory"):
         export_run_mod.export_run(tmp_path / "run" / "csv")

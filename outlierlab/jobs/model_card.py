@@ -37,7 +37,7 @@ from typing import Any
 
 from outlierlab.jobs.run_state import changes_text, code_versions, finished_run, read_json
 from outlierlab.utils.atomic import write_atomic
-from outlierlab.utils.tables import read_rows
+from outlierlab.utils.tables import model_step, read_rows
 
 CARD = "README.md"
 #: The validation metrics the card reports, in order (the run logs them in csv/metrics.csv).
@@ -62,11 +62,12 @@ def _float(v: Any) -> float | None:
 
 
 def last_logged(rows: list[dict[str, str]], column: str) -> tuple[int, float] | None:
-    """(step, value) of the last row of ``metrics.csv`` where ``column`` holds a number."""
+    """(step, value) of the last row of ``metrics.csv`` where ``column`` holds a number; the step of the model it
+    measured (``outlierlab.utils.tables.model_step``: 300 for the validation after 300 updates)."""
     for row in reversed(rows):
         v = _float(row.get(column))
         if v is not None:
-            return int(float(row.get("step") or 0)), v
+            return model_step(row), v
     return None
 
 

@@ -293,6 +293,7 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str]
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from outlierlab.jobs.run_outputs import output_names, remove_earlier_outputs
+    from outlierlab.reports.evaluation_report import log_tables
     from outlierlab.utils.atomic import write_atomic
 
     check_settings(cfg)  # a refused setting leaves the earlier probe's outputs where they are
@@ -305,6 +306,8 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str]
               f"({', '.join(replaced[:6])}{', ...' if len(replaced) > 6 else ''})", flush=True)
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     result = probe(cfg, encoder, texts, logger)
+    # the per-layer results as a table (TensorBoard's text tab), not a series on the probes' training-step axis
+    log_tables(logger.experiment, f"probe/{result.name}", result.rows)
     paths = [write_csv(run_dir / f"{name}.csv", rows, cols) for name, (rows, cols) in result.tables.items()]
     paths += write_outputs(result.rows, result.info, run_dir, result.name, result.contributions, result.sections)
     logger.finalize("success")

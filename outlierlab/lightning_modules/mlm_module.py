@@ -15,6 +15,7 @@ from outlierlab.analysis.order_use import attention_locality, movable_positions,
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 from outlierlab.models.optimizers import build_optimizer, can_fuse
 from outlierlab.utils.flops import flops_per_token
+from outlierlab.utils.tables import MODEL_STEP
 
 
 def batch_size_of(batch: dict[str, Tensor]) -> int:
@@ -357,18 +358,35 @@ class MLMLitModule(L.LightningModule):
             return
         loss = self.val_loss.compute()
         self.val_loss.reset()
-        self.log("val/loss", loss, prog_bar=True)
-        self.log("val/ppl", torch.exp(loss.clamp(max=50.0)), prog_bar=True)
-        self.log("val/acc", self.val_accuracy.compute())
+        values = {"val/loss": loss, "val/ppl": torch.exp(loss.clamp(max=50.0)), "val/acc": self.val_accuracy.compute()}
         self.val_accuracy.reset()
         if self.order_use and self.val_loss_permuted.update_count:
-            self.log("val/order_use", self.val_loss_permuted.compute() - loss, prog_bar=True)
+            values["val/order_use"] = self.val_loss_permuted.compute() - loss
             self.val_loss_permuted.reset()
         if self._locality is not None:
             for i, mass in enumerate(self._locality["mass"]):
-                self.log(f"val/attn_local/layer_{i}", mass.float())
-            self.log("val/attn_local/uniform", self._locality["uniform"].float())
+                values[f"val/attn_local/layer_{i}"] = mass.float()
+            values["val/attn_local/uniform"] = self._locality["uniform"].float()
             self._locality = None
+        self._log_validation(values)
+
+    def _log_validation(self, values: dict[str, Tensor]) -> None:
+        """The validation scalars at the model's step, ``trainer.global_step``: the updates done, as the console and
+        the monitors count them.  ``self.log`` alone would hand them to the loggers at Lightning's batch counter,
+        which inside the training loop is one below (99 for the validation after 100 updates), so they go to the
+        loggers here and to ``self.log`` only for the callbacks (checkpoint monitor, progress line, finished.json).
+        The CSV also gets the step as ``global_step``: the mark by which a reader tells such a row from one logged
+        the old way (``outlierlab.utils.tables.model_step``)."""
+        from lightning.pytorch.loggers import CSVLogger
+
+        for name, value in values.items():
+            self.log(name, value, prog_bar=name in ("val/loss", "val/ppl", "val/order_use"), logger=False)
+        if self.trainer.sanity_checking:  # as self.log: a sanity check's numbers are not logged
+            return
+        step = int(self.trainer.global_step)
+        scalars = {name: float(value) for name, value in values.items()}  # synchronised across ranks (torchmetrics)
+        for logger in self.loggers:  # rank 0 writes (each logger's log_metrics is rank-zero only)
+            logger.log_metrics({**scalars, MODEL_STEP: step} if isinstance(logger, CSVLogger) else scalars, step=step)
 
     def _use_fused(self) -> bool:
         """Fused AdamW/Adam (one kernel for the whole update; for Muon, its AdamW part): where asked, or by default on

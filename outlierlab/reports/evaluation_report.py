@@ -1,5 +1,5 @@
 """Writing what ``evaluate.py`` found: ``<analysis>.csv``, ``report.md``, ``results.json``, PNG plots and
-TensorBoard scalars ``eval/<analysis>/<transform>/<stat>`` (one step per layer).
+TensorBoard text ``eval/<analysis>/<transform>``: a table with a row per layer.
 
 Plain files first (DESIGN: results readable without TensorBoard); matplotlib with the Agg backend.
 """
@@ -20,7 +20,7 @@ from matplotlib.ticker import MaxNLocator
 from outlierlab.utils.atomic import save_figure, write_atomic
 from outlierlab.utils.tables import columns_of, joined, md_table, write_csv
 
-#: Columns that identify a row rather than measure something (not sent to TensorBoard as scalars).
+#: Columns that identify a row rather than measure something (not a column of TensorBoard's tables).
 KEY_COLUMNS = ("layer", "transform", "dataset", "split")
 #: Columns that say what a fitted transform was fitted on (not scalars either): whiten_n, abtt_d, ...
 FIT_PREFIXES = ("whiten_", "standardize_", "abtt_", "center_")
@@ -47,28 +47,38 @@ def write_json(path: Path, obj: Any) -> Path:
 
 
 # ------------------------------------------------------------------------------------------- TensorBoard
-def log_scalars(tb, analysis: str, rows: Sequence[Mapping[str, Any]]) -> int:
-    """``eval/<analysis>/<transform>/<stat>`` at step = layer for every numeric column of every row.
+def log_tables(tb, prefix: str, rows: Sequence[Mapping[str, Any]]) -> int:
+    """The per-layer values as TensorBoard text: one Markdown table per transform (and STS data set and sub-set),
+    tagged ``<prefix>/<transform>[/<dataset>][/<subset>]`` (``eval/<analysis>``, ``probe/position_probe``), a row
+    per layer and a column per numeric statistic.
 
-    A ``dataset`` column (STS) becomes part of the stat name: ``eval/sts/none/stsb/spearman``.
-    Returns the number of scalars written.
+    Not scalars at step = layer: TensorBoard draws a scalar series on its training-step axis and smooths it, and
+    under ``tensorboard --logdir outputs`` it sits among the training runs' curves, its layers read as steps.
+    Returns the number of tables written.
     """
     if tb is None:
         return 0
-    n = 0
+    groups: dict[str, list[Mapping[str, Any]]] = {}
     for r in rows:
         if "layer" not in r or "transform" not in r:
             continue
-        prefix = f"eval/{analysis}/{r['transform']}/" + (f"{r['dataset']}/" if r.get("dataset") else "") + (
-            f"{r['subset']}/" if r.get("subset") not in (None, "", "all") else "")  # STS sub-sets, SentEval-style
-        for k, v in r.items():
-            if k in KEY_COLUMNS or k.startswith(FIT_PREFIXES) or isinstance(v, bool) or not isinstance(v, (int, float)):
-                continue
-            if isinstance(v, float) and not math.isfinite(v):
-                continue
-            tb.add_scalar(prefix + k, float(v), global_step=int(r["layer"]))
-            n += 1
-    return n
+        tag = f"{prefix}/{r['transform']}" + (f"/{r['dataset']}" if r.get("dataset") else "") + (
+            f"/{r['subset']}" if r.get("subset") not in (None, "", "all") else "")  # STS sub-sets, SentEval-style
+        groups.setdefault(tag, []).append(r)
+    for tag, group in groups.items():
+        stats = [k for k in columns_of(group) if k not in KEY_COLUMNS and k != "subset"
+                 and not k.startswith(FIT_PREFIXES)
+                 and any(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in group)]
+        cells = [[r["layer"], *(r.get(k) if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
+                                else float("nan") for k in stats)] for r in group]
+        tb.add_text(tag, md_table(["layer", *stats], cells, cell=_tb_cell))
+    return len(groups)
+
+
+def _tb_cell(x: Any) -> str:
+    if isinstance(x, float):
+        return "–" if not math.isfinite(x) else f"{x:.4g}"
+    return str(x)
 
 
 # ------------------------------------------------------------------------------------------------- plots
@@ -212,7 +222,7 @@ def write_report(out_dir: Path, header: str, sections: Sequence[str], drawn: Ite
 
 def write_outputs(out_dir: Path, results: Sequence[Any], meta: Mapping[str, Any], header: str,
                   columns: Mapping[str, Sequence[str]] | None = None, tb=None) -> dict[str, Path]:
-    """``<name>.csv`` per analysis, ``results.json``, ``report.md`` and TensorBoard scalars.
+    """``<name>.csv`` per analysis, ``results.json``, ``report.md`` and TensorBoard's per-layer tables.
 
     ``results`` are ``outlierlab.evaluation.registry.AnalysisResult``; ``columns`` fixes a CSV's header
     (so a skipped analysis still writes its columns).
@@ -222,7 +232,7 @@ def write_outputs(out_dir: Path, results: Sequence[Any], meta: Mapping[str, Any]
     for r in results:
         cols = (columns or {}).get(r.name) or columns_of(r.rows, ("layer", "transform"))
         paths[f"{r.name}.csv"] = write_csv(out_dir / f"{r.name}.csv", r.rows, cols, cell=joined)
-        log_scalars(tb, r.name, r.rows)
+        log_tables(tb, f"eval/{r.name}", r.rows)
     paths["results.json"] = write_json(out_dir / "results.json", {
         "meta": meta,
         "analyses": {r.name: {"summary": r.summary, "rows": r.rows,

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from outlierlab.utils.atomic import save_figure  # noqa: E402
-from outlierlab.utils.tables import md_table, read_rows  # noqa: E402
+from outlierlab.utils.tables import md_table, model_step, read_rows  # noqa: E402
 
 SCHEMES = ["learned", "none", "relative", "rope"]
 
@@ -56,10 +56,10 @@ def training(root: Path) -> str:
     body = []
     for pos in SCHEMES:
         m = read_rows(root / f"train_{pos}" / "csv" / "metrics.csv")
-        val = [(int(r["step"]), float(r["val/loss"]), float(r["val/ppl"])) for r in m if r.get("val/loss")]
+        val = [(model_step(r), float(r["val/loss"]), float(r["val/ppl"])) for r in m if r.get("val/loss")]
         tps = [float(r["train/device/items_per_sec"]) for r in m if r.get("train/device/items_per_sec")]
         if val:
-            body.append([pos, val[-1][0] + 1, fmt(val[0][1]), fmt(val[-1][1]), fmt(val[-1][2], 1),
+            body.append([pos, val[-1][0], fmt(val[0][1]), fmt(val[-1][1]), fmt(val[-1][2], 1),
                          fmt(sum(tps[-5:]) / max(1, len(tps[-5:])), 0)])
     return md_table(["pos", "steps", "first val loss", "final val loss", "final val ppl", "tokens/s (last 5 logs; 4 runs shared 2 cores)"], body)
 

@@ -34,7 +34,7 @@ import pandas as pd
 from outlierlab.analysis.dim_identity import HISTORY, layer_identity
 from outlierlab.studies.cells import Cell, find_cells
 from outlierlab.utils.atomic import write_atomic
-from outlierlab.utils.tables import md_table
+from outlierlab.utils.tables import md_table, model_steps
 
 STATISTICS = ("abs_argmax_share", "argmax_share", "argmin_share")  # the monitor rows that carry a dimension
 
@@ -58,17 +58,16 @@ def use_from(cell: Cell, until: int | None = None) -> dict[str, float]:
     m = pd.read_csv(path)
     if "val/order_use" not in m:
         return nan
+    m["step"] = model_steps(m)  # the monitors' step of the same point (a validation logged the old way: one below)
     v = m.dropna(subset=["val/order_use"])[["step", "val/order_use"]]
     v = v[v["step"] <= until] if until is not None else v
     threshold = cell.config.get("order_use_threshold")
     above = v[v["val/order_use"] >= (0.1 if threshold is None else float(threshold))]
     if above.empty:
         return nan
-    # Lightning's CSV logs a validation at global_step - 1 (5999 for the one after 6,000 steps); the monitor's
-    # records are at global_step (6000): both in optimizer steps here
     first = int(above["step"].iloc[0])
     earlier = v.loc[v["step"] < first, "step"]
-    return {"use_before": int(earlier.iloc[-1]) + 1 if len(earlier) else 0, "use_from": first + 1}
+    return {"use_before": int(earlier.iloc[-1]) if len(earlier) else 0, "use_from": first}
 
 
 def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until: int | None = None

@@ -49,7 +49,7 @@ from outlierlab.analysis.luo_dimension import LAYER_FRACTION, SHARE, luo_by_step
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
 from outlierlab.reports.history import history_frame
 from outlierlab.utils.atomic import write_atomic
-from outlierlab.utils.tables import md_table
+from outlierlab.utils.tables import md_table, model_steps
 
 COLUMNS = ["cell", "rung", "layers", "hidden", "objective", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
 PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
@@ -104,12 +104,12 @@ def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_F
     parts.append(pd.DataFrame({"step": ln["step"], "metric": "layernorm/n_outlier_dims", "layer": "model",
                                "value": ln["value"]}))
     metrics = pd.read_csv(cell / "csv" / "metrics.csv") if (cell / "csv" / "metrics.csv").is_file() else pd.DataFrame()
+    if len(metrics):
+        metrics["step"] = model_steps(metrics)  # a validation logged the old way is one below the monitors' record
     for m in ("val/loss", "val/order_use"):
         if m in metrics:
             v = metrics[["step", m]].dropna()
-            # Lightning logs a validation at the step before the monitors' record of the same point: step + 1
-            parts.append(pd.DataFrame({"step": v["step"].astype(int) + 1, "metric": m, "layer": "model",
-                                       "value": v[m]}))
+            parts.append(pd.DataFrame({"step": v["step"].astype(int), "metric": m, "layer": "model", "value": v[m]}))
     rows = pd.concat(parts, ignore_index=True)
     rows["tokens"] = rows["step"].astype(int) * per_step
     for k, v in ident.items():

@@ -2,7 +2,7 @@
 table (``md_table``).  Every report and job writes its tables through these, so all CSVs share one
 dialect (the csv module's default: ``,``, minimal quoting, ``\\r\\n`` line ends, ``str()`` of each value, an
 empty cell for None or a missing key) and all Markdown tables one layout; ``read_rows`` reads such a CSV back
-as the strings it holds.
+as the strings it holds; ``model_step`` reads the step of a row of a training run's ``metrics.csv``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from outlierlab.utils.atomic import write_atomic
 
-__all__ = ["columns_of", "joined", "write_csv", "read_rows", "decimals", "md_table"]
+__all__ = ["columns_of", "joined", "write_csv", "read_rows", "decimals", "md_table", "MODEL_STEP", "model_step",
+           "model_steps"]
 
 
 def columns_of(rows: Iterable[Mapping[str, Any]], first: Sequence[str] = ()) -> list[str]:
@@ -95,3 +96,40 @@ def print_table(make: Callable[[], tuple[Sequence[str], Sequence[Sequence[Any]]]
         return 2
     print(md_table(header, rows, cell=str))
     return 0
+
+
+#: The column of ``metrics.csv`` holding, on a validation row, the ``trainer.global_step`` it was logged at (equal
+#: to ``step``): present, the row is at the step of the model it measured; absent or empty, the row was logged at
+#: Lightning's batch counter, one step below (runs made before validations were logged at the model's step).
+MODEL_STEP = "global_step"
+#: The prefix of the validation metrics (``MLMModule.on_validation_epoch_end``).
+VALIDATION = "val/"
+
+
+def _number(value: Any) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if x != x else x
+
+
+def model_step(row: Any) -> int:
+    """The optimizer step of the model a row of ``metrics.csv`` measured (a ``csv.DictReader`` row or any mapping):
+    its ``step``, one more for a validation row logged at Lightning's batch counter (no ``global_step``)."""
+    step = int(_number(row.get("step")) or 0)
+    if _number(row.get(MODEL_STEP)) is not None:
+        return int(_number(row.get(MODEL_STEP)))
+    validation = any(str(k).startswith(VALIDATION) and _number(v) is not None for k, v in row.items())
+    return step + 1 if validation else step
+
+
+def model_steps(frame: Any) -> Any:
+    """``model_step`` of every row of a ``metrics.csv`` read by pandas: a Series of ints."""
+    import pandas as pd
+
+    step = pd.to_numeric(frame["step"], errors="coerce").fillna(0).astype(int)
+    validation = frame[[c for c in frame.columns if str(c).startswith(VALIDATION)]].notna().any(axis=1)
+    logged = (pd.to_numeric(frame[MODEL_STEP], errors="coerce") if MODEL_STEP in frame.columns
+              else pd.Series(float("nan"), index=frame.index))
+    return logged.where(logged.notna(), step + validation.astype(int)).astype(int)
