@@ -320,6 +320,7 @@ def schemes_kurtosis() -> dict:
                 k=learned.ordering.split()[0], s=f2(sinus.mean_a), ps=f"{sinus.p_holm:.3f}")
 
 
+@lru_cache(maxsize=None)
 def luo_4x128() -> dict:
     from outlierlab.studies.ladder import ladder_tables
 
@@ -370,6 +371,41 @@ def last_markers() -> dict:
         out[key] = f"{span(min(top), max(top))} of positions 1–15, {f2(bucket_share(run, 1, '32-63'))} of 32–63"
     out["s2"] = f"{f2(bucket_share('learned_2_step1787', 1, '4-7'))} of 4–7, {f2(bucket_share('learned_2_step1787', 1, '1'))} of position 1"
     return out
+
+
+def plateau() -> dict:
+    sweep = pd.read_csv(ROOT / "docs/order_use/sweep.csv")
+    run = sweep[sweep.cell == "real_learned"].set_index("step")["val/order_use"]
+    return dict(top=f3(run.loc[1000:14000].abs().max()), at=f2(run.loc[15000]))
+
+
+def recipe_study() -> dict:
+    c = pd.read_csv(ROOT / "docs/order_use/study_5seeds/contrasts.csv.xz")
+    use = c[(c.metric == "val/order_use") & (c.family == "performance")].iloc[0]
+    return dict(a=f2(use.mean_a), b=f2(abs(use.mean_b)), p=f"{use.p_holm:.0e}", k=use.ordering.split()[0],
+                step=steps(use.step + 1), holm=f2(c[c.family == "primary"].p_holm.min()))
+
+
+def recipe_schemes() -> dict:
+    c = pd.read_csv(ROOT / "docs/order_use/study_schemes/contrasts.csv.xz")
+    use = c[(c.metric == "val/order_use") & (c.family == "performance") & (c.contrast != "pos: learned - none")]
+    assert (use.ordering == "3/3 seeds a > b").all() and len(use) == 4
+    return dict(lo=f2(use.mean_a.min()), hi=f2(use.mean_a.max()), p=f"{use.p_holm.max():.4f}".rstrip("0"),
+                step=steps(use.step.max() + 1))
+
+
+@lru_cache(maxsize=None)
+def luo_embedded() -> dict:
+    from outlierlab.studies.ladder import ladder_tables
+
+    _, table = ladder_tables([ROOT / "docs/order_use/cells.parquet", ROOT / "docs/order_use/cells_schemes.parquet"])
+    return dict(k=int(table.luo_step.notna().sum()), n=len(table))
+
+
+def haviv_embedded() -> dict:
+    rows = pd.read_csv(ROOT / "docs/order_use/study_objectives/objectives.csv")
+    row = rows[rows.family == "primary"].iloc[0]
+    return dict(d=f2(row["diff"]).replace("-", "−"), p=f"{row.p_holm:.1e}")
 
 
 # ---------------------------------------------------------------- the claims
@@ -515,6 +551,18 @@ CLAIMS = [
           no_positions),
     Claim("docs/ladder_cpu.md", "| order use from step {rope}; no marker: at most {ev} of any position bucket ({mon} on "
           "the monitors) |", lambda: {**rope_order(), **rope_bounds()}),
+    Claim("docs/order_use.md", "| not before step 15,000: \\|order use\\| at most {top} nats from step 1,000 to 14,000, "
+          "{at} at 15,000 |", plateau),
+    Claim("docs/order_use.md", "| yes: {a} nats against {b} without positions at step {step}, Holm p {p}, {k} seeds |",
+          recipe_study),
+    Claim("docs/order_use.md", "| no: the smallest Holm p in the declared outlier family is {holm} |", recipe_study),
+    Claim("docs/order_use.md", "| yes: {lo}–{hi} nats at step {step}, Holm p ≤ {p}, 3/3 seeds each |", recipe_schemes),
+    Claim("docs/order_use.md", "| {k} of {n} runs on the embedded corpus,", luo_embedded),
+    Claim("docs/order_use.md", "on the embedded corpus, {k} of {n} on `english_large` |", luo_4x128),
+    Claim("docs/order_use.md", "| yes: kurtosis {a} against {b} without positions at the most concentrated layer, Holm p "
+          "{p}, {k} seeds (sinusoidal {s}, Holm p {ps}) |", schemes_kurtosis),
+    Claim("docs/order_use.md", "| yes: interaction {d} nats (embedded corpus, Holm p {p}) and", haviv_embedded),
+    Claim("docs/order_use.md", "and {d} (`english_large`, Holm p {p}), 5/5 seeds each |", haviv_large),
 ]
 
 
