@@ -408,6 +408,33 @@ def haviv_embedded() -> dict:
     return dict(d=f2(row["diff"]).replace("-", "−"), p=f"{row.p_holm:.1e}")
 
 
+def seeds_gpu() -> dict:
+    share = contrast("emergence/seeds_gpu/study", "pos: learned - none", "hidden/abs_argmax_share", "layer_4", 4000)
+    ppl = contrast("emergence/seeds_gpu/study", "pos: learned - none", "val/ppl", "model", 3999)  # validation: one below
+    return dict(d=f"{share['diff']:+.2f}", p=f2(share.p_holm), mde=f2(share.mde), ppl=f2(ppl["diff"]),
+                pp=f"{ppl.p_holm:.4f}", k=ppl.ordering.split()[0])
+
+
+def long_runs() -> dict:
+    runs = pd.read_csv(ROOT / "docs/emergence/long_runs.csv")
+    runs = runs[runs.layer > 0]
+    out = {}
+    for pos, run in runs.groupby("pos"):
+        held = [step for step, rows in run.groupby("step")
+                if (rows[rows.abs_argmax_share >= 0.5].abs_argmax_share_dim.value_counts() >= 2).any()]
+        out[pos] = dict(k=len(held), n=run.step.nunique(), top=f2(run.abs_argmax_share.max()),
+                        span=f"{steps(min(held))}–{steps(max(held))}" if held else "")
+    assert out["learned"]["k"] == 0  # "at none of"
+    return dict(lk=out["learned"]["k"], ln=out["learned"]["n"], ltop=out["learned"]["top"], nk=out["none"]["k"],
+                nn=out["none"]["n"], nspan=out["none"]["span"])
+
+
+def plateau_10k() -> dict:
+    sweep = pd.read_csv(ROOT / "docs/order_use/sweep.csv")
+    run = sweep[sweep.cell == "real_learned"].set_index("step")["val/order_use"]
+    return dict(top=f3(run.loc[1000:10000].abs().max() + 0.0005))  # "at most": the bound, rounded up
+
+
 # ---------------------------------------------------------------- the claims
 
 
@@ -563,6 +590,13 @@ CLAIMS = [
           "{p}, {k} seeds (sinusoidal {s}, Holm p {ps}) |", schemes_kurtosis),
     Claim("docs/order_use.md", "| yes: interaction {d} nats (embedded corpus, Holm p {p}) and", haviv_embedded),
     Claim("docs/order_use.md", "and {d} (`english_large`, Holm p {p}), 5/5 seeds each |", haviv_large),
+    Claim("docs/emergence.md", "| no: \\|order use\\| at most {top} nats from step 1,000 to 10,000 of this recipe |",
+          plateau_10k),
+    Claim("docs/emergence.md", "| not shown: last-layer \\|x\\| argmax share {d}, Holm p {p} (MDE {mde}) |", seeds_gpu),
+    Claim("docs/emergence.md", "| {ppl} higher with learned positions, Holm p {pp}, {k} seeds |", seeds_gpu),
+    Claim("docs/emergence.md", "| with learned positions at none of {ln} checkpoints (largest share {ltop}); without at {nk} "
+          "of {nn} (steps {nspan}) |", long_runs),
+    Claim("docs/emergence.md", "| yes: last-layer max/median {a} against {b}, Holm p {p}, {k} seeds |", op_block),
 ]
 
 
