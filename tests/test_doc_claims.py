@@ -1,14 +1,16 @@
 """Numbers in the prose of the README and the docs that quote a committed table, recomputed from that table.
 
 Each claim is a page, a sentence (or the part of one that holds its numbers) with each number as a format field, and
-the function that reads those numbers from the committed table the page names: ``docs/gpu/ladder_cpu.csv.xz`` (the
-CPU ladder's monitors and validations, ``python -m outlierlab.studies.ladder``), the evaluations and ablations packed
-in ``docs/gpu/*.parquet`` (evaluate.py's own CSVs), a study's ``contrasts.csv.xz``. The sentence filled with the
+the function that reads those numbers from the committed table the page names: ``docs/gpu/ladder_cpu*.csv.xz`` and
+their summaries (the CPU ladder's monitors and validations, ``python -m outlierlab.studies.ladder``), the evaluations
+and ablations packed in ``docs/gpu/*.parquet`` (evaluate.py's own CSVs), a study's ``contrasts.csv.xz`` or
+``objectives.csv``, ``docs/order_use/sweep.csv``, ``docs/emergence/long_runs.csv``. The sentence filled with the
 recomputed numbers must stand in the page (line breaks read as spaces), so a number edited in the prose, or a table
 whose numbers move under a sentence, fails here. The readers are plain pandas on the committed files, not the
-package's report code, so a slip in that code does not reproduce itself here.
+package's report code (so a slip in that code does not reproduce itself here), except the counts of Luo-type
+dimensions over the 4 × 128 studies' cells, which run the ladder's summary on the packed cells as the pages' command
+does.
 """
-
 from __future__ import annotations
 
 import io
@@ -31,8 +33,7 @@ GPU = ROOT / "docs" / "gpu"
 @lru_cache(maxsize=None)
 def ladder(name: str = "ladder_cpu") -> pd.DataFrame:
     """The ladder's long table: cell, step, metric, layer ('1'..'4', 'model'), value."""
-    frame = pd.read_csv(GPU / f"{name}.csv.xz", dtype={"layer": str})
-    return frame
+    return pd.read_csv(GPU / f"{name}.csv.xz", dtype={"layer": str})
 
 
 def monitor(cell: str, metric: str, layer: str = "model", step: int | None = None) -> pd.Series:
@@ -47,6 +48,11 @@ def buckets(cell: str, layers=("1", "2")) -> pd.DataFrame:
     frame = ladder("ladder_cpu_rope" if "_rope_" in cell else "ladder_cpu")
     sub = frame[(frame.cell == cell) & frame.metric.str.startswith("abs_argmax_share_pos_") & frame.layer.isin(layers)]
     return sub.pivot_table(index="step", columns=["layer", "metric"], values="value")
+
+
+def summary(name: str = "ladder_cpu_summary") -> pd.DataFrame:
+    """The ladder's summary: one row per cell (first steps of order use, a marker, a Luo-type dimension, ...)."""
+    return pd.read_csv(GPU / f"{name}.csv").set_index("cell")
 
 
 def first_step(series: pd.Series, at_least: float) -> int:
@@ -170,7 +176,8 @@ def layer_costs() -> dict:
     everywhere = rise(SEED4, 4)
     l2, l0, l1 = rise(f"{SEED4}_layer2", 4), rise(f"{SEED4}_layer0", 4), rise(f"{SEED4}_layer1", 4)
     s3_all, s3_l1 = rise(SEED3, 212), rise(f"{SEED3}_layer1", 212)
-    s3_other = max(rise(f"{SEED3}_{where}", 212) for where in ("layer0", "layer1_attention", "layer2", "layer3", "layer4"))
+    s3_other = max(rise(f"{SEED3}_{where}", 212)
+                   for where in ("layer0", "layer1_attention", "layer2", "layer3", "layer4"))
     assert l1 >= everywhere and s3_l1 >= s3_all  # "at least as much in layer 1's output alone"
     return dict(l2=f3(l2), l0=f3(l0), l2p=f"{100 * l2 / everywhere:.0f}", l0p=f"{100 * l0 / everywhere:.0f}",
                 all4=f2(everywhere), l14=f2(l1), all3=f2(s3_all), l13=f2(s3_l1), other3=f3(s3_other))
@@ -209,7 +216,8 @@ def seed3_onsets() -> dict:
     rise_step = 750
     assert use.loc[500] < 0.1 <= use.loc[rise_step]
     before = by.loc[:700].max().max()
-    return dict(u500=f3(use.loc[500]), u750=f2(use.loc[rise_step]), b750=f2(by.loc[rise_step, ("1", "abs_argmax_share_pos_16-31")]),
+    return dict(u500=f3(use.loc[500]), u750=f2(use.loc[rise_step]),
+                b750=f2(by.loc[rise_step, ("1", "abs_argmax_share_pos_16-31")]),
                 before=f2(before), marker=steps(summary().marker_step["4x256_learned_3"]))
 
 
@@ -267,16 +275,13 @@ def rope_order() -> dict:
     return dict(rope=steps(rope.iloc[0]), lo=steps(learned.min()), hi=steps(learned.max()))
 
 
-def summary(name: str = "ladder_cpu_summary") -> pd.DataFrame:
-    return pd.read_csv(GPU / f"{name}.csv").set_index("cell")
-
-
 def rung_events() -> dict:
     """The CPU rung's order-use and marker steps and its Luo-type dimensions on the monitors, from the summary."""
     s = summary()
     learned = s[(s.rung == "4x256") & (s.pos == "learned")].sort_values(["order_use_step", "seed"])
     s3, s4 = s.loc["4x256_learned_3"], s.loc["4x256_learned_4"]
-    return dict(order=", ".join(steps(x) for x in learned.order_use_step[:-1]) + " and " + steps(learned.order_use_step.iloc[-1]),
+    order = [steps(x) for x in learned.order_use_step]
+    return dict(order=", ".join(order[:-1]) + " and " + order[-1],
                 seeds=", ".join(str(x) for x in learned.seed),
                 m4=steps(s4.marker_step - s4.order_use_step), m3=steps(s3.marker_step - s3.order_use_step),
                 luo4=f"dimension {int(s4.luo_dim)} from step {steps(s4.luo_step)}",
@@ -291,7 +296,8 @@ def no_positions() -> dict:
     s = summary()
     none = s[(s.rung == "4x256") & (s.pos == "none")]
     assert all(monitor(cell, "val/order_use").abs().max() < 0.005 for cell in none.index)  # "order use 0.00 nats"
-    return dict(share=f2(none.max_share.max()), cost=f3(max(rise("none_2_step1011", 195), rise("none_2_step1011", 217))))
+    return dict(share=f2(none.max_share.max()),
+                cost=f3(max(rise("none_2_step1011", 195), rise("none_2_step1011", 217))))
 
 
 def rope_run() -> dict:
@@ -369,7 +375,8 @@ def last_markers() -> dict:
     for key, run in (("s1", "learned_1_step2755"), ("s3", SEED3), ("s4", SEED4)):
         top = [bucket_share(run, 1, b) for b in ("1", "2-3", "4-7", "8-15")]
         out[key] = f"{span(min(top), max(top))} of positions 1–15, {f2(bucket_share(run, 1, '32-63'))} of 32–63"
-    out["s2"] = f"{f2(bucket_share('learned_2_step1787', 1, '4-7'))} of 4–7, {f2(bucket_share('learned_2_step1787', 1, '1'))} of position 1"
+    seed2 = "learned_2_step1787"
+    out["s2"] = f"{f2(bucket_share(seed2, 1, '4-7'))} of 4–7, {f2(bucket_share(seed2, 1, '1'))} of position 1"
     return out
 
 
@@ -410,7 +417,8 @@ def haviv_embedded() -> dict:
 
 def seeds_gpu() -> dict:
     share = contrast("emergence/seeds_gpu/study", "pos: learned - none", "hidden/abs_argmax_share", "layer_4", 4000)
-    ppl = contrast("emergence/seeds_gpu/study", "pos: learned - none", "val/ppl", "model", 3999)  # validation: one below
+    # the validation rows sit one below the step's number
+    ppl = contrast("emergence/seeds_gpu/study", "pos: learned - none", "val/ppl", "model", 3999)
     return dict(d=f"{share['diff']:+.2f}", p=f2(share.p_holm), mde=f2(share.mde), ppl=f2(ppl["diff"]),
                 pp=f"{ppl.p_holm:.4f}", k=ppl.ordering.split()[0])
 
@@ -456,19 +464,24 @@ CLAIMS = [
           "sentences", markers_all_seeds),
     Claim("README.md", "({n} seeds with learned positions, one run each)", luo_seeds),
     Claim("README.md", "a Luo-type dimension, each a position marker, appears in {mon} seeds on the monitors' 32 "
-          "sentences and in {ev} on the 2,000 evaluation sentences (seed 1's dimension 141 from step 2,000).", luo_seeds),
-    Claim("README.md", "Zeroing those of seeds 4 and 3 (the two the monitors see) costs {p4} % and {p3} % of the intact "
+          "sentences and in {ev} on the 2,000 evaluation sentences (seed 1's dimension 141 from step 2,000).",
+          luo_seeds),
+    Claim("README.md", "Zeroing those of seeds 4 and 3 (the two the monitors see) costs {p4} % and {p3} % of "
+          "the intact "
           "masked-LM loss on the ablation's 600 sentences ({q4} % and {q3} % of the last validation loss)", luo_costs),
     Claim("README.md", "and seed 4's also costs {l2p} % of its all-layer cost in layer 2 alone and {l0p} % in the "
           "embeddings' LayerNorm", layer_costs),
     Claim("docs/ladder_cpu.md", "Order use was 0.003 nats at step 500 and {u750} at 750 (validations every 250 steps); "
-          "up to step 700 the dominant dimension of layers 1 and 2 held at most {before} of any position bucket (monitor, "
+          "up to step 700 the dominant dimension of layers 1 and 2 held at most {before} of any position bucket "
+          "(monitor, "
           "every 50 steps from 467); at 750, the first validation at which order use had risen, dimension 212 already "
           "held {b750} of positions 16–31 in both layers", seed3_onsets),
-    Claim("docs/ladder_cpu.md", "order use 0.01 nats at step 650, {u} at {crossed}, 0.33 at 750; the dominant dimensions "
+    Claim("docs/ladder_cpu.md", "order use 0.01 nats at step 650, {u} at {crossed}, 0.33 at 750; the dominant "
+          "dimensions "
           "of layers 1 and 2 at most 0.07 of the monitor's tokens and at most {most} of any position bucket up to step "
           "{upto}, {c} of one at {conc};", seed4_onsets),
-    Claim("docs/ladder_cpu.md", "In seed 4 order use crossed 0.1 nats {lag} steps before a position bucket's share passed "
+    Claim("docs/ladder_cpu.md", "In seed 4 order use crossed 0.1 nats {lag} steps before a position bucket's "
+          "share passed "
           "0.2 ({crossed} and {conc}) and {lag2} before the marker rule ({marker})", seed4_onsets),
     Claim("docs/ladder_cpu.md", "(monitor, from step 1,450 to 1,692: {l2} of layer 2's tokens, {l3} of layer 3's;",
           lambda: dict(l2=monitor_range("4x256_learned_3", "2", 1450, 1692),
@@ -477,18 +490,23 @@ CLAIMS = [
           "record from step 950 to 1,700",
           lambda: dict(l1=monitor_range("4x256_learned_4", "1", 950, 1700),
                        l2=monitor_range("4x256_learned_4", "2", 950, 1700))),
-    Claim("docs/ladder_cpu.md", "By the last steps dimension 4 costs {r44} nats in seed 4 and {r34} in seed 3, dimension "
-          "212 {r312}: {p44} %, {p34} % and {p312} % of the intact masked-LM loss on these 600 sentences ({i4} and {i3} "
+    Claim("docs/ladder_cpu.md", "By the last steps dimension 4 costs {r44} nats in seed 4 and {r34} in seed 3, "
+          "dimension "
+          "212 {r312}: {p44} %, {p34} % and {p312} % of the intact masked-LM loss on these 600 sentences ({i4} "
+          "and {i3} "
           "nats), or {q44} %, {q34} % and {q312} % of the seeds' last validation loss on `english_large` ({v4} at step "
           "{s4}, {v3} at {s3})", seed_costs),
-    Claim("docs/ladder_cpu.md", "In layer 2 seed 4's dimensions cost {c4} and {c133} nats ({p4} % and {p133} % of their "
+    Claim("docs/ladder_cpu.md", "In layer 2 seed 4's dimensions cost {c4} and {c133} nats ({p4} % and {p133} % "
+          "of their "
           "all-layer costs; above 19 of 20; random mean 0.02), seed 3's {c212}.", layer2_costs),
     Claim("docs/ladder_cpu.md", "in seed 4 {l0} nats, {l0p} % of its all-layer cost)", layer_costs),
-    Claim("docs/ladder_cpu.md", "order use passes 0.1 nats at step {rope} (the four learned seeds: at {lo}–{hi})", rope_order),
+    Claim("docs/ladder_cpu.md", "order use passes 0.1 nats at step {rope} (the four learned seeds: at "
+          "{lo}–{hi})", rope_order),
     Claim("docs/ladder_cpu.md", "on the 2,000 evaluation sentences no dominant dimension of an evaluated checkpoint "
           "holds more than {ev} of any bucket, and on the monitors' 32 sentences, every 50 steps, at most {mon} (seed "
           "{seed}, layer {layer}, positions {bucket}, step {step})", rope_bounds),
-    Claim("docs/gpu.md", "Order use first reached 0.1 nats at the validation of step {order} (seeds {seeds})", rung_events),
+    Claim("docs/gpu.md", "Order use first reached 0.1 nats at the validation of step {order} (seeds {seeds})",
+          rung_events),
     Claim("docs/gpu.md", "dimension became a position marker in all {k} seeds (at least 0.9 of one position bucket's "
           "tokens, at most 0.1 of another's, on 2,000 evaluation sentences)", markers_all_seeds),
     Claim("docs/gpu.md", "the marker rule was met {m4} steps (seed 4) and at least {m3} steps (seed 3) after order use "
@@ -499,29 +517,38 @@ CLAIMS = [
     Claim("docs/gpu.md", "(half the tokens in half the layers: seed 4's {luo4}, seed 3's {luo3}); on the 2,000 "
           "evaluation sentences seed 1's dimension 141 meets it too (from step 2,000): {ev} of the {n} seeds there.",
           lambda: {**rung_events(), **luo_seeds()}),
-    Claim("docs/gpu.md", "Zeroing seed 4's and seed 3's costs the masked LM {r4} and {r3} nats at the last steps -- {p4} % "
-          "and {p3} % of the intact loss on the ablation's 600 sentences, {q4} % and {q3} % of the last validation loss",
+    Claim("docs/gpu.md", "Zeroing seed 4's and seed 3's costs the masked LM {r4} and {r3} nats at the last "
+          "steps -- {p4} % "
+          "and {p3} % of the intact loss on the ablation's 600 sentences, {q4} % and {q3} % of the last "
+          "validation loss",
           luo_costs),
     Claim("docs/gpu.md", "though single random dimensions cost up to {top}: no collapse as in BERT", rung_random_max),
-    Claim("docs/gpu.md", "seed 3's dimension 212 costs at most {other3} nats in any other norm (0.003–0.004 in layers 2 "
-          "and 3, where it holds the tokens), while seed 4's dimension 4 also costs {l2} nats in layer 2 alone and {l0} "
+    Claim("docs/gpu.md", "seed 3's dimension 212 costs at most {other3} nats in any other norm (0.003–0.004 in "
+          "layers 2 "
+          "and 3, where it holds the tokens), while seed 4's dimension 4 also costs {l2} nats in layer 2 alone "
+          "and {l0} "
           "in the embeddings' LayerNorm ({l2p} % and {l0p} % of its all-layer cost)", layer_costs),
-    Claim("docs/gpu.md", "no layer's dominant dimension held more than {share} of the monitor's tokens, and zeroing seed "
+    Claim("docs/gpu.md", "no layer's dominant dimension held more than {share} of the monitor's tokens, and "
+          "zeroing seed "
           "2's cost at most {cost} nats", no_positions),
-    Claim("docs/gpu.md", "the loss fell far faster ({rope} at step 1,000 against learned seed 1's {learned})", rope_run),
+    Claim("docs/gpu.md", "the loss fell far faster ({rope} at step 1,000 against learned seed 1's {learned})",
+          rope_run),
     Claim("docs/gpu.md", "(at most {ev} of any position bucket on the evaluated checkpoints, {mon} on the 50-step "
           "monitors)", rope_bounds),
     Claim("docs/gpu.md", "({s750} of layer 4's tokens at step 750, {s1000} at 1,000), the other none above {other} of "
           "any bucket", rope_run),
-    Claim("docs/design.md", "reads {short} on short sentences and {emma} on paragraphs of the same model (layer 1, step "
-          "2,755).", lambda: dict(short=f2(overall("learned_1_step2755", 1)[1]), emma=f2(overall("learned_1_step2755_emma", 1)[1]))),
+    Claim("docs/design.md", "reads {short} on short sentences and {emma} on paragraphs of the same model (layer "
+          "1, step "
+          "2,755).", lambda: dict(short=f2(overall("learned_1_step2755", 1)[1]),
+                       emma=f2(overall("learned_1_step2755_emma", 1)[1]))),
     Claim("docs/design.md", "in the other the marker also costs {l2} nats zeroed in layer 2 alone and {l0} in the "
           "embeddings' LayerNorm", layer_costs),
     Claim("docs/design.md", "in the seed that samples both every 50 steps the marker rule is met {lag2} steps after "
           "order use passes 0.1 nats", seed4_onsets),
     Claim("docs/design.md", "one of the 2 rotary seeds grows a dimension nearly even over positions and rising with "
           "depth ({s1000} of layer 4's tokens at step 1,000)", rope_run),
-    Claim("docs/findings.md", "yes: order use {lo}–{hi} nats at step {step} (none: {none}), Holm p ≤ {p} each, 5/5 seeds",
+    Claim("docs/findings.md", "yes: order use {lo}–{hi} nats at step {step} (none: {none}), Holm p ≤ {p} each, "
+          "5/5 seeds",
           schemes_order_use),
     Claim("docs/findings.md", "not shown: largest \\|x\\| argmax share {a} against {b} at step 4,000, paired p {p}, "
           "learned higher in {k} of 5 seeds, Holm p {holm}", caption_contrast),
@@ -535,7 +562,9 @@ CLAIMS = [
           "sentences |", luo_seeds),
     Claim("docs/findings.md", "| {p4} % and {p3} % of the masked-LM loss ({q4} % and {q3} % of the validation loss) |",
           luo_costs),
-    Claim("docs/findings.md", "| none: at most {ev} of any position bucket ({mon} on the monitors) | 2 seeds |", rope_bounds),
+    Claim("docs/findings.md", "| none: at most {ev} of any position bucket ({mon} on the monitors) | 2 seeds, "
+          "the 2,000 "
+          "evaluation sentences |", rope_bounds),
     Claim("docs/findings.md", "layer 1's dominant dimension is a position marker in all {k} seeds", markers_all_seeds),
     Claim("docs/findings.md", "(seed 1's dimension 141: {s1}; seed 2's 231: {s2}; seed 3's 4: {s3}; seed 4's 4: {s4})",
           last_markers),
@@ -545,16 +574,21 @@ CLAIMS = [
     Claim("docs/findings.md", "the first rise of order use ({u750} nats at step 750) and the first concentration by "
           "position (dimension 212: {b750} of positions 16–31 at 750) fall at the same validation, and only the marker "
           "rule comes later ({marker})", seed3_onsets),
-    Claim("docs/findings.md", "on the monitors' 32 sentences in {mon} seeds (seed 4's dimension 4 from step 1,013, seed "
+    Claim("docs/findings.md", "on the monitors' 32 sentences in {mon} seeds (seed 4's dimension 4 from step "
+          "1,013, seed "
           "3's 212 from 1,800), on the 2,000 evaluation sentences in {ev} (seed 1's dimension 141 too, at step 2,000: "
           "{s1} and {s2} of the tokens of layers 1 and 2)", luo_seeds),
-    Claim("docs/findings.md", "seed 4's and seed 3's cost {r4} and {r3} nats at the last steps: {p4} % and {p3} % of the "
-          "intact masked-LM loss on the ablation's 600 *Persuasion* sentences, {q4} % and {q3} % of the last validation "
+    Claim("docs/findings.md", "seed 4's and seed 3's cost {r4} and {r3} nats at the last steps: {p4} % and {p3} "
+          "% of the "
+          "intact masked-LM loss on the ablation's 600 *Persuasion* sentences, {q4} % and {q3} % of the last "
+          "validation "
           "loss", luo_costs),
     Claim("docs/findings.md", "no collapse as in BERT (single random dimensions cost up to {top})", rung_random_max),
-    Claim("docs/findings.md", "and at most {other3} in any other norm; seed 4's dimension 4 also costs {l2} nats in layer "
+    Claim("docs/findings.md", "and at most {other3} in any other norm; seed 4's dimension 4 also costs {l2} "
+          "nats in layer "
           "2 alone and {l0} in the embeddings' LayerNorm, {l2p} % and {l0p} % of its all-layer cost", layer_costs),
-    Claim("docs/findings.md", "while order use rose to {use} nats (step 750) and cost more than all 20 random dimensions "
+    Claim("docs/findings.md", "while order use rose to {use} nats (step 750) and cost more than all 20 random "
+          "dimensions "
           "from step {first}, where its share of layer 1's tokens passed a third ({share})", timecourse),
     Claim("docs/findings.md", "no dominant dimension holds more than {share} of the monitor's tokens and zeroing one "
           "costs at most {cost} nats", no_positions),
@@ -562,31 +596,40 @@ CLAIMS = [
           "monitors", rope_bounds),
     Claim("docs/findings.md", "({lo}–{hi} of the tokens at step 1,000, rising with depth), which costs {cost} nats "
           "zeroed in every layer", rope_dimension),
-    Claim("docs/ladder_cpu.md", "| order use first at least 0.1 nats at step {lo}–{hi} (4x128 of the same recipe: {small} "
+    Claim("docs/ladder_cpu.md", "| order use first at least 0.1 nats at step {lo}–{hi} (4x128 of the same "
+          "recipe: {small} "
           "at step 2,000) | 4 seeds, validation loss |",
           lambda: {**rope_order(), "small": f2(monitor("4x128_learned_1", "val/order_use", step=2000))}),
     Claim("docs/ladder_cpu.md", "| in {k} of {n} seeds (at least 0.9 of one position bucket, at most 0.1 of another) |",
           markers_all_seeds),
-    Claim("docs/ladder_cpu.md", "| seed 4: order use 0.1 nats at step {crossed}, a bucket share above 0.2 at {conc}, the "
+    Claim("docs/ladder_cpu.md", "| seed 4: order use 0.1 nats at step {crossed}, a bucket share above 0.2 at "
+          "{conc}, the "
           "marker rule at {marker};", seed4_onsets),
-    Claim("docs/ladder_cpu.md", "| {mon} of {n} seeds on the monitors' 32 sentences, {ev} of {n} on the 2,000 evaluation "
+    Claim("docs/ladder_cpu.md", "| {mon} of {n} seeds on the monitors' 32 sentences, {ev} of {n} on the 2,000 "
+          "evaluation "
           "sentences |", luo_seeds),
-    Claim("docs/ladder_cpu.md", "| {p4} % and {p3} % of the masked-LM loss on 600 *Persuasion* sentences ({q4} % and {q3} % "
+    Claim("docs/ladder_cpu.md", "| {p4} % and {p3} % of the masked-LM loss on 600 *Persuasion* sentences ({q4} "
+          "% and {q3} % "
           "of the validation loss), above all 20 random dimensions |", luo_costs),
-    Claim("docs/ladder_cpu.md", "seed 4's also {l2p} % in layer 2 alone, {l0p} % in the embeddings' LayerNorm |", layer_costs),
+    Claim("docs/ladder_cpu.md", "seed 4's also {l2p} % in layer 2 alone, {l0p} % in the embeddings' LayerNorm |",
+          layer_costs),
     Claim("docs/ladder_cpu.md", "| order use 0.00 nats; no dominant dimension above {share} of the monitor's tokens |",
           no_positions),
-    Claim("docs/ladder_cpu.md", "| order use from step {rope}; no marker: at most {ev} of any position bucket ({mon} on "
+    Claim("docs/ladder_cpu.md", "| order use from step {rope}; no marker: at most {ev} of any position bucket "
+          "({mon} on "
           "the monitors) |", lambda: {**rope_order(), **rope_bounds()}),
-    Claim("docs/order_use.md", "| not before step 15,000: \\|order use\\| at most {top} nats from step 1,000 to 14,000, "
+    Claim("docs/order_use.md", "| not before step 15,000: \\|order use\\| at most {top} nats from step 1,000 to "
+          "14,000, "
           "{at} at 15,000 |", plateau),
     Claim("docs/order_use.md", "| yes: {a} nats against {b} without positions at step {step}, Holm p {p}, {k} seeds |",
           recipe_study),
     Claim("docs/order_use.md", "| no: the smallest Holm p in the declared outlier family is {holm} |", recipe_study),
-    Claim("docs/order_use.md", "| yes: {lo}–{hi} nats at step {step}, Holm p ≤ {p}, 3/3 seeds each |", recipe_schemes),
+    Claim("docs/order_use.md", "| yes: {lo}–{hi} nats at step {step}, Holm p ≤ {p}, 3/3 seeds each |",
+          recipe_schemes),
     Claim("docs/order_use.md", "| {k} of {n} runs on the embedded corpus,", luo_embedded),
     Claim("docs/order_use.md", "on the embedded corpus, {k} of {n} on `english_large` |", luo_4x128),
-    Claim("docs/order_use.md", "| yes: kurtosis {a} against {b} without positions at the most concentrated layer, Holm p "
+    Claim("docs/order_use.md", "| yes: kurtosis {a} against {b} without positions at the most concentrated "
+          "layer, Holm p "
           "{p}, {k} seeds (sinusoidal {s}, Holm p {ps}) |", schemes_kurtosis),
     Claim("docs/order_use.md", "| yes: interaction {d} nats (embedded corpus, Holm p {p}) and", haviv_embedded),
     Claim("docs/order_use.md", "and {d} (`english_large`, Holm p {p}), 5/5 seeds each |", haviv_large),
@@ -594,7 +637,8 @@ CLAIMS = [
           plateau_10k),
     Claim("docs/emergence.md", "| not shown: last-layer \\|x\\| argmax share {d}, Holm p {p} (MDE {mde}) |", seeds_gpu),
     Claim("docs/emergence.md", "| {ppl} higher with learned positions, Holm p {pp}, {k} seeds |", seeds_gpu),
-    Claim("docs/emergence.md", "| with learned positions at none of {ln} checkpoints (largest share {ltop}); without at {nk} "
+    Claim("docs/emergence.md", "| with learned positions at none of {ln} checkpoints (largest share {ltop}); "
+          "without at {nk} "
           "of {nn} (steps {nspan}) |", long_runs),
     Claim("docs/emergence.md", "| yes: last-layer max/median {a} against {b}, Holm p {p}, {k} seeds |", op_block),
 ]
