@@ -17,7 +17,7 @@
 # The GPU machine reaches no package registry and receives only the checkout plus carried folders (64 MiB in all):
 # the corpus travels as .gpu_data/english_large (built here from Debian packages by scripts/build_english_large.py),
 # results come back under $OUT (default ./gpu_out). LADDER_POS (default "learned,none"; add rope), LADDER_SEEDS
-# (default "1") and LADDER_RUNGS (default all four) choose the cells.
+# (default "1"), LADDER_RUNGS (default all four) and LADDER_OPTIMIZERS (default "adamw"; add muon,sgd) choose the cells.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODES=${1:-smoke,bench}
@@ -27,6 +27,7 @@ DATA=${GPU_DATA:-.gpu_data/english_large}
 LADDER_POS=${LADDER_POS:-learned,none}
 LADDER_SEEDS=${LADDER_SEEDS:-1}
 LADDER_RUNGS=${LADDER_RUNGS:-4x128,6x384,8x512,12x768}
+LADDER_OPTIMIZERS=${LADDER_OPTIMIZERS:-adamw}   # the optimizer arms (docs/optimizers.md), e.g. adamw,muon,sgd
 run() { echo "+ $*"; if [ -z "${DRY_RUN:-}" ]; then "$@"; fi; }
 hms() { printf '00:%02d:%02d:%02d' $(($1 / 3600)) $(($1 % 3600 / 60)) $(($1 % 60)); }
 DATA_ARGS=(data=english_large "data.files=[$DATA]" data.num_proc=8)
@@ -72,10 +73,11 @@ for mode in ${MODES//,/ }; do
       done
       run python -m outlierlab.studies.replicates "$OUT/determinism/a" "$OUT/determinism/b" ;;
     ladder)
-      cells=$(( $(echo "${LADDER_RUNGS//,/ }" | wc -w) * $(echo "${LADDER_POS//,/ }" | wc -w) * $(echo $LADDER_SEEDS | wc -w) ))
+      cells=$(( $(echo "${LADDER_RUNGS//,/ }" | wc -w) * $(echo "${LADDER_POS//,/ }" | wc -w) * $(echo $LADDER_SEEDS | wc -w) \
+                * $(echo "${LADDER_OPTIMIZERS//,/ }" | wc -w) ))
       MAX_TIME=$(hms "$SECONDS_PER_CELL")
       run python train.py -m experiment=scale_ladder "ladder=$LADDER_RUNGS" "pos=$LADDER_POS" \
-        "seed=${LADDER_SEEDS// /,}" trainer=gpu threads=1 "${DATA_ARGS[@]}" "+trainer.max_time=$MAX_TIME" \
+        "optimizer=$LADDER_OPTIMIZERS" "seed=${LADDER_SEEDS// /,}" trainer=gpu threads=1 "${DATA_ARGS[@]}" "+trainer.max_time=$MAX_TIME" \
         hydra/launcher=joblib "hydra.launcher.n_jobs=$cells" "hydra.sweep.dir=$OUT/ladder"
       run python -m outlierlab.studies.ladder "$OUT/ladder" --out "$OUT/ladder.csv" --markdown "$OUT/ladder.md" ;;
     *) echo "unknown mode $mode (pack, first, smoke, bench, determinism, ladder)" >&2; exit 2 ;;

@@ -35,7 +35,8 @@ def _first_of_each_sweep(overrides: list[str]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("env", [{}, {"LADDER_POS": "learned,none,rope", "LADDER_SEEDS": "1 2"}])
+@pytest.mark.parametrize("env", [{}, {"LADDER_POS": "learned,none,rope", "LADDER_SEEDS": "1 2",
+                                     "LADDER_OPTIMIZERS": "adamw,muon,sgd"}])
 def test_every_command_of_the_script_parses_and_composes(env, tmp_path):
     commands = dry_run("pack,smoke,bench,determinism,ladder", tmp_path / "gpu_out", **env)
     trains = [c for c in commands if c[:2] == ["python", "train.py"]]
@@ -53,7 +54,7 @@ def test_every_command_of_the_script_parses_and_composes(env, tmp_path):
         assert cfg.trainer.deterministic == ("trainer.deterministic=true" in cmd)
     sweep = trains[-1]
     n_jobs = next(a for a in sweep if a.startswith("hydra.launcher.n_jobs="))
-    cells = 4 * (3 if env else 2) * (2 if env else 1)
+    cells = 4 * (3 if env else 2) * (2 if env else 1) * (3 if env else 1)
     assert n_jobs == f"hydra.launcher.n_jobs={cells}" and "+trainer.max_time=00:00:05:00" in sweep
     for cmd in commands:
         if cmd[0] == "python" and cmd[1].endswith(".py"):
