@@ -215,7 +215,8 @@ def card_data(run_dir: str | Path, export_dir: str | Path | None = None, global_
         "model": _model_config(run, export, config),
         "objective": config.get("objective") or (config.get("data") or {}).get("objective") or "mlm",
         "seed": config.get("seed"),
-        "optimizer": config.get("optimizer") or {},
+        # top-level since the optimizer became a config group; a run saved before keeps it under module
+        "optimizer": config.get("optimizer") or (config.get("module") or {}).get("optimizer") or {},
         "scheduler": (config.get("module") or {}).get("scheduler") or {},
         "data": data_cfg,
         "tokenizer": config.get("tokenizer") or {},

@@ -57,7 +57,7 @@ from outlierlab.utils.tables import write_csv
 # rule: the ln_rule a run recorded (callbacks.layernorm_monitor.rule); older runs recorded k/shared_min_layers
 LAYERNORM_DEFAULTS = {"k": 3.0, "shared_min_layers": "4/12", "rule": None, "top_k": 3, "vectors": True}
 HIDDEN_DEFAULTS = {"n_sequences": 32, "sentences_path": None, "max_length": None, "top_k": 5, "n_pairs": 1000,
-                   "seed": 0, "vectors": True, "sink_threshold": 0.3}
+                   "seed": 0, "vectors": True, "sink_threshold": 0.3, "w8a8": True}
 OUT_SUBDIR = "monitor_posthoc"
 #: Per-layer columns of ``metrics.csv`` (after ``step, layer``); ``*_dim`` columns follow their share.
 METRIC_COLUMNS = ("kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input",
@@ -185,7 +185,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         params = layernorm_snapshot(model_layernorms(model))  # the monitor's keys (pre-LN: attention/mlp_input)
         files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])
         batch = tokenize_heldout(tokenizer, texts, hs_cfg["max_length"] or config.max_len)
-        rows, attn = hidden_rows(step, model, batch, hs_cfg, device)
+        rows, attn = hidden_rows(step, model, batch, hs_cfg, device, getattr(tokenizer, "mask_token_id", None))
         files["hidden_states"].append(rows)
         # the project's one LayerNorm rule (default: output LN, gain AND bias outside 3σ), per block
         det = layernorm_outliers(layernorm_tensors(model_layernorms(model)))
@@ -209,9 +209,11 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     return {**result, **files.commit()}
 
 
-def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str) -> tuple[list, Any]:
+def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str, mask_id: int | None = None
+                ) -> tuple[list, Any]:
     """The hidden-state monitor's rows of one checkpoint (the live monitor's function on the same held-out batch),
-    and the attention probabilities of that forward (order use's locality reads them)."""
+    and the attention probabilities of that forward (order use's locality reads them). With ``hs_cfg["w8a8"]``
+    also the live monitor's W8A8 cost rows (``outlierlab.models.w8a8.w8a8_cost``, masks drawn with ``mask_id``)."""
     import torch
 
     from outlierlab.analysis.monitoring import hidden_state_records
@@ -225,6 +227,12 @@ def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str) -> tup
                                     vectors=hs_cfg["vectors"], attentions=attn, input_ids=batch["input_ids"],
                                     bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                                     inf_norms=inf, sink_threshold=hs_cfg["sink_threshold"])[0]
+        if hs_cfg.get("w8a8"):
+            from outlierlab.models.w8a8 import w8a8_cost
+            from outlierlab.monitoring.hidden_state_tracker import is_causal_lm
+
+            cost = w8a8_cost(model, batch, is_causal_lm(model), mask_id)
+            rows += [(step, "model", f"w8a8_{k}", None, float(v)) for k, v in cost.items()]
     return rows, attn
 
 

@@ -134,7 +134,7 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
         params = layernorm_snapshot(model_layernorms(model))
         files["layernorm"].append(layernorm_records(step, params, initial, **ln_kw)[0])
         batch = tokenize_heldout(tok, texts, heldout_max_length(model, tok, hs_cfg["max_length"]))
-        rows, attn = hidden_rows(step, model, batch, hs_cfg, device)
+        rows, attn = hidden_rows(step, model, batch, hs_cfg, device, getattr(tok, "mask_token_id", None))
         special = heldout_special_ids(model.config, tok)
         if headless:  # the live monitor's rows for such a model: its vectors' order change, no order use in nats
             order = vector_order_records(step, model, batch, special, is_causal_lm(model), attn, hs_cfg["seed"])

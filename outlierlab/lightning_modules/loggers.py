@@ -23,7 +23,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-from outlierlab.utils.tables import write_csv
+from outlierlab.utils.tables import MODEL_STEP, VALIDATION, write_csv
 
 
 class _ResumableWriter(ExperimentWriter):
@@ -42,11 +42,20 @@ class _ResumableWriter(ExperimentWriter):
             with open(self.metrics_file_path, newline="") as f:
                 reader = csv.DictReader(f)
                 header = list(reader.fieldnames or [])
-                keep = [r for r in reader if r.get("step") not in (None, "") and int(float(r["step"])) < first_new]
+                keep = [r for r in reader if r.get("step") not in (None, "") and _kept(r, first_new)]
             self.metrics_keys = sorted(set(self.metrics_keys) | set(header))
             write_csv(self.metrics_file_path, keep, self.metrics_keys)  # atomic: a crash leaves the old file intact
         self._reconciled = True
         super().save()
+
+
+def _kept(row: dict, first_new: int) -> bool:
+    """Whether a row of the interrupted session belongs to the resumed timeline. The resumed session's first row is
+    its first update's training metrics, at Lightning's batch counter: the checkpoint's step S. A validation is
+    logged at the model's step (marked by ``MODEL_STEP``), so the one after S updates is also at S; it ran after the
+    step-S checkpoint was written and is not run again, so it stays. Every other row at or after S is redone."""
+    step = int(float(row["step"]))
+    return step < first_new or (step == first_new and row.get(MODEL_STEP) not in (None, ""))
 
 
 class ResumableCSVLogger(CSVLogger):
@@ -74,6 +83,26 @@ def write_purge_marker(writer, step: int) -> None:
     file_writer.flush()
 
 
+def validation_at(log_dir: str, step: int) -> dict[str, float]:
+    """The validation scalars (``val/*``) the event files in ``log_dir`` hold at ``step``. A validation is logged at
+    the model's step, and the one after S updates runs after the step-S checkpoint is written: a resume from that
+    checkpoint does not run it again, and the restart marker at S would purge it with the redone steps, so the
+    marker's writer logs it once more after the marker."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    if not os.path.isdir(log_dir):
+        return {}
+    acc = EventAccumulator(log_dir, size_guidance={SCALARS: 0})  # 0: every event, no reservoir sampling
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags().get("scalars", []):
+        if tag.startswith(VALIDATION):
+            at = [e.value for e in acc.Scalars(tag) if e.step == step]
+            if at:
+                out[tag] = float(at[-1])
+    return out
+
+
 class TensorBoardResumePurge(Callback):
     """On resume, purge the TensorBoard events the interrupted run wrote at or after the resumed step.
 
@@ -95,5 +124,8 @@ class TensorBoardResumePurge(Callback):
         step = int(checkpoint.get("global_step", 0))
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
+                kept = validation_at(logger.log_dir, step)  # read before the marker hides it
                 write_purge_marker(logger.experiment, step)
+                for tag, value in kept.items():
+                    logger.experiment.add_scalar(tag, value, step)
                 self.purged_from = step

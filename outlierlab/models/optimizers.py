@@ -1,4 +1,5 @@
-"""The optimizer as a switch (``python train.py optimizer=adamw|sgd|muon|soap|adafactor|lion``).
+"""The optimizer as a switch: ``optimizer=<name>`` on the train.py command line, one of adamw (the default), sgd,
+muon, soap, adafactor, lion.
 
 Why a switch: the optimizer is one of the causes of outlier features that the literature names. He et al. (2024,
 "Understanding and Minimising Outlier Features in Transformer Training") find that Adam's small epsilon and large
