@@ -85,7 +85,7 @@ def _ours(model, tokenizer):
                        family=_model_family(model))
 
 
-def sites(model: Any, tokenizer: Any = None) -> list[str]:
+def sites(model: Any, tokenizer: Any = None, hidden_states: bool = False) -> list[str]:
     """The names of every site of ``model``, in depth order: ``embed``, ``ln_embed``, per block
     ``blocks.{i}.attn.q|k|v|pattern|out``, ``blocks.{i}.ln_attn``, ``blocks.{i}.ffn.pre|post|out``,
     ``blocks.{i}.ln_ffn``, ``blocks.{i}.resid`` (blocks numbered from 1, as hidden states: ``blocks.{i}.resid`` is
@@ -93,10 +93,15 @@ def sites(model: Any, tokenizer: Any = None) -> list[str]:
     its shape: ``outlierlab.models.hook_points``.
 
     ``model``: what ``outlierlab.api.load_encoder`` returns (its LM head's norm is ``ln_head``), or a model in
-    memory with its ``tokenizer=`` (ours, or a transformers model)."""
-    from outlierlab.models.hook_points import site_names
+    memory with its ``tokenizer=`` (ours, or a transformers model).
 
-    return site_names(_subject(model, tokenizer).model)
+    ``hidden_states=True``: the ``L + 1`` sites that are ``output_hidden_states``, indexed as the hidden states and
+    as the layers of evaluate.py's tables and the monitors' ``layer_<i>``: ``embed``, ``blocks.{i}.resid``, and for
+    the last of a model with a final norm ``ln_final``."""
+    from outlierlab.models.hook_points import hidden_state_sites, site_names
+
+    model = _subject(model, tokenizer).model
+    return hidden_state_sites(model) if arguments.flag("hidden_states", hidden_states) else site_names(model)
 
 
 # --------------------------------------------------------------------------------------------- the runs

@@ -383,10 +383,10 @@ def test_a_disk_cache_larger_than_the_memory_budget_stays_under_it_and_reads_bac
     if not os.access("/proc/self/clear_refs", os.W_OK):
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident memory")
     budget_mb = 48
-    model, tok = ours("post", hidden=256, layers=4, ffn=1024)
-    texts = [" ".join(SENTENCES[i % 8:] + SENTENCES[:i % 8]) for i in range(120)]
+    model, tok = ours("post", hidden=128, layers=4, ffn=1024)  # wide FFNs: much to cache, little to compute
+    texts = [" ".join(SENTENCES[i % 8:] + SENTENCES[:i % 8]) for i in range(40)]  # 40 x 128 tokens
     sites = ["blocks.*.resid", "blocks.*.ffn.pre", "blocks.*.ffn.post"]
-    _reset_peak()
+    ol.run_with_cache(model, texts[:1], sites=sites, to=tmp_path / "warm", tokenizer=tok)  # imports, first kernels
     start = _reset_peak()
     disk = ol.run_with_cache(model, texts, sites=sites, to=tmp_path / "cache", tokenizer=tok, batch_size=8)
     disk_peak = _peak_rss_mb() - start
@@ -484,3 +484,37 @@ def test_the_names_are_exported_lazily():
             "assert set(names) <= set(dir(ol)); assert callable(ol.interventions.zero); "
             "assert all(callable(getattr(ol, n)) for n in names if n != 'interventions')")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+# ------------------------------------------------------------------------------------------------ the page
+def test_the_sites_page_runs_as_written(tmp_path, monkeypatch, capsys):
+    """docs/sites.md's Python blocks, in order, in one namespace, offline: the bundled all-MiniLM-L6-v2, then a
+    train.py run directory (here a small one of ours with a monitor history, where `python train.py` leaves its
+    run)."""
+    import re
+    import tempfile
+
+    import pandas as pd
+    from probe_fixtures import save_own_run
+
+    from conftest import ROOT
+
+    run = tmp_path / "outputs" / "train" / "learned" / "2026-01-01_00-00-00"
+    save_own_run(run, pos="learned")
+    (run / "finished.json").write_text("{}")
+    (run / "monitor").mkdir()
+    pd.DataFrame([{"step": s, "name": f"layer_{i}", "statistic": "abs_argmax_share", "dim": 5 + i,
+                   "value": 0.1 * i + s / 1000} for s in (50, 100) for i in range(3)]).to_csv(
+        run / "monitor" / "hidden_states.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # to="disk": its temporary directory under tmp_path
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "sites.md").read_text(), re.S)
+    assert len(blocks) == 6
+    namespace: dict = {}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/sites.md python block {i + 1}", "exec"), namespace)
+    assert (namespace["layer"], namespace["dim"], namespace["site"]) == (2, 7, "blocks.2.resid")
+    assert namespace["cache"].path.parent == tmp_path and namespace["by_position"].position.is_monotonic_increasing
+    assert len(namespace["clean_texts"]) > 200  # most shuffled sentences keep their token count
+    printed = capsys.readouterr().out
+    assert "loss " in printed and "; set to its mean " in printed
