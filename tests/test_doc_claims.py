@@ -315,7 +315,7 @@ def schemes_order_use() -> dict:
     assert (use.ordering == "5/5 seeds a > b").all() and len(use) == 5
     p = use.p_holm.max()
     return dict(lo=f2(use.mean_a.min()), hi=f2(use.mean_a.max()), none=f2(abs(use.mean_b.iloc[0])),
-                p=f"{p:.1e}", step=steps(use.step.max() + 1))  # validation rows sit one below the step's number
+                p=f"{p:.1e}", step=steps(use.step.max()))  # the aggregator puts validations at the model's step
 
 
 def schemes_kurtosis() -> dict:
@@ -390,7 +390,7 @@ def recipe_study() -> dict:
     c = pd.read_csv(ROOT / "docs/order_use/study_5seeds/contrasts.csv.xz")
     use = c[(c.metric == "val/order_use") & (c.family == "performance")].iloc[0]
     return dict(a=f2(use.mean_a), b=f2(abs(use.mean_b)), p=f"{use.p_holm:.0e}", k=use.ordering.split()[0],
-                step=steps(use.step + 1), holm=f2(c[c.family == "primary"].p_holm.min()))
+                step=steps(use.step), holm=f2(c[c.family == "primary"].p_holm.min()))
 
 
 def recipe_schemes() -> dict:
@@ -398,7 +398,7 @@ def recipe_schemes() -> dict:
     use = c[(c.metric == "val/order_use") & (c.family == "performance") & (c.contrast != "pos: learned - none")]
     assert (use.ordering == "3/3 seeds a > b").all() and len(use) == 4
     return dict(lo=f2(use.mean_a.min()), hi=f2(use.mean_a.max()), p=f"{use.p_holm.max():.4f}".rstrip("0"),
-                step=steps(use.step.max() + 1))
+                step=steps(use.step.max()))
 
 
 @lru_cache(maxsize=None)
@@ -417,8 +417,8 @@ def haviv_embedded() -> dict:
 
 def seeds_gpu() -> dict:
     share = contrast("emergence/seeds_gpu/study", "pos: learned - none", "hidden/abs_argmax_share", "layer_4", 4000)
-    # the validation rows sit one below the step's number
-    ppl = contrast("emergence/seeds_gpu/study", "pos: learned - none", "val/ppl", "model", 3999)
+    # validations at the model's step, as the monitors (outlierlab.studies.cells reads either kind of metrics.csv)
+    ppl = contrast("emergence/seeds_gpu/study", "pos: learned - none", "val/ppl", "model", 4000)
     return dict(d=f"{share['diff']:+.2f}", p=f2(share.p_holm), mde=f2(share.mde), ppl=f2(ppl["diff"]),
                 pp=f"{ppl.p_holm:.4f}", k=ppl.ordering.split()[0])
 

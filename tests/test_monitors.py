@@ -208,9 +208,9 @@ def test_hidden_state_records_count_argmax_share_on_valid_tokens_only():
     assert mean_k == [pytest.approx((90 * 10.0 - 10 * 10.0) / 100, abs=1e-9)]
     # layer 2 ≈ two directions, u = (+10, −5) on (k, 2) for 90% of tokens and v = (−10, −5) for 10%:
     # E[cos] = (0.9² + 0.1²)·1 + 2·0.9·0.1·cos(u, v) with cos(u, v) = (−100 + 25)/125 = −0.6  → 0.712
-    # token_pair_cosine draws 300 pairs with replacement, close to that expectation
-    assert float(summary["token_pair_cosine"][2]) == pytest.approx(0.82 - 0.18 * 0.6, abs=0.12)
-    assert abs(float(summary["token_pair_cosine"][0])) < 0.2  # isotropic noise
+    # anisotropy draws 300 pairs with replacement, close to that expectation
+    assert float(summary["anisotropy"][2]) == pytest.approx(0.82 - 0.18 * 0.6, abs=0.12)
+    assert abs(float(summary["anisotropy"][0])) < 0.2  # isotropic noise
     # anisotropy_one_per_sentence is evaluate.py's protocol: one token per sentence, 10 sentences -> 5 disjoint
     # pairs; anisotropy itself is the n_pairs estimate, with a jackknife standard error beside it
     valid = (attn.bool() & ~special.bool())
@@ -218,12 +218,12 @@ def test_hidden_state_records_count_argmax_share_on_valid_tokens_only():
     tokens = hidden[:, valid]
     assert by[("layer_2", "n_anisotropy_pairs")] == (None, 300)
     assert torch.allclose(summary["anisotropy_one_per_sentence"], anisotropy(tokens[:, a], tokens[:, b]).double())
-    assert torch.equal(summary["anisotropy"], summary["token_pair_cosine"])
+    # one name per quantity: the estimate is written once, as anisotropy
+    assert "token_pair_cosine" not in summary and not any(s == "token_pair_cosine" for _, _, s, _, _ in rows)
     assert 0 < by[("layer_2", "anisotropy_se")][1] < 0.2
     # the same seed gives the same pairs
     again = hidden_state_records(3, hidden, attn, special, top_k=2, n_pairs=300, seed=1)[1]
     assert torch.equal(again["anisotropy"], summary["anisotropy"])
-    assert torch.equal(again["token_pair_cosine"], summary["token_pair_cosine"])
     # the modern metrics are the analysis functions' values on the valid tokens (specials/padding excluded)
     assert by[("layer_2", "kurtosis")][1] == pytest.approx(float(activation_kurtosis(tokens[2])))
     assert by[("layer_2", "max_abs")] == (k, pytest.approx(10.0))

@@ -36,8 +36,8 @@ def plant_cell(root: Path, overrides: dict, values: dict[int, dict[str, float]],
     (cell / "monitor").mkdir()
     (cell / "monitor" / "hidden_states.csv").write_text("\n".join(rows) + "\n")
     (cell / "csv").mkdir()
-    (cell / "csv" / "metrics.csv").write_text("epoch,step,val/ppl,train/loss,lr-AdamW\n0,50,,3.0,0.1\n0,100,"
-                                              f"{values[max(values)]['ppl']},,\n")
+    (cell / "csv" / "metrics.csv").write_text("epoch,global_step,step,val/ppl,train/loss,lr-AdamW\n0,,50,,3.0,0.1\n"
+                                              f",100,100,{values[max(values)]['ppl']},,\n")
     (cell / "checkpoints").mkdir()
     if finished:
         (cell / "finished.json").write_text(json.dumps({"global_step": max_steps, "max_steps": max_steps}))

@@ -100,8 +100,9 @@ def test_per_step_rows_are_exploratory_curves(tmp_path):
 
 
 def test_study_md_states_each_familys_size_and_rule(tmp_path):
-    """Declared val/loss goes to the performance family (at its own last step, 99: the validation before the last
-    monitor row), the declared outlier measures to the primary one; study.md's sizes are the CSV's counts."""
+    """Declared val/loss goes to the performance family (at its last step, 100: the validation after 100 updates,
+    logged at 99 by Lightning's batch counter, read at the monitors' step), the declared outlier measures to the
+    primary one; study.md's sizes are the CSV's counts."""
     c, md = _contrasts(tmp_path, "d", loss_rows=True,
                        primary=["hidden/kurtosis@layer_2", "hidden/kurtosis@layer_1", "val/loss@model"])
     counts = c["family"].value_counts()
@@ -110,7 +111,7 @@ def test_study_md_states_each_familys_size_and_rule(tmp_path):
                                                        "exploratory performance")}
     assert sizes["primary"] == 2 and sizes["performance"] == 1
     perf = row(c, family="performance")
-    assert (perf["metric"], perf["step"]) == ("val/loss", 99) and perf["p_holm"] == pytest.approx(perf["p_value"])
+    assert (perf["metric"], perf["step"]) == ("val/loss", 100) and perf["p_holm"] == pytest.approx(perf["p_value"])
     assert "rule: declared (--primary), at the last step every cell reached" in md
     _, default_md = _contrasts(tmp_path, "e", loss_rows=False)
     assert "rule: the outlier measures at the last step every cell reached (no outlier measure declared)" in default_md
@@ -118,8 +119,8 @@ def test_study_md_states_each_familys_size_and_rule(tmp_path):
 
 
 def test_cells_without_monitor_files_do_not_move_the_last_step(tmp_path):
-    """Two learned cells logged validations only (last row: step 99, the model after 100 updates): the outlier
-    family stays at the monitors' step 100, over the three pairs that have it."""
+    """Two learned cells logged validations only (last row: step 99, the model after 100 updates, read at 100): the
+    outlier family stays at the monitors' step 100, over the three pairs that have it."""
     root = tmp_path / "mixed"
     for pos in ("learned", "none"):
         for seed in SEEDS:
@@ -129,7 +130,7 @@ def test_cells_without_monitor_files_do_not_move_the_last_step(tmp_path):
     c = pd.read_csv(res["out"] / "contrasts.csv")
     r = row(c, family="primary", metric="hidden/kurtosis")
     assert r["step"] == 100 and r["n_pairs"] == 3
-    assert row(c, family="performance")["step"] == 99
+    assert row(c, family="performance")["step"] == 100
 
 
 def test_pairs_match_on_the_seed_the_run_used_not_on_a_label(tmp_path):

@@ -261,7 +261,6 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         ``outlierlab.analysis.similarity.sample_cross_sentence_pairs``), with ``anisotropy_se``, its
         delete-one-sentence jackknife standard error (``jackknife_se_by_sentence``: the pairs reuse the
         batch's few sentences, so sd/√P would be too small), and ``n_anisotropy_pairs``;
-        ``token_pair_cosine`` (the same estimate, its earlier name: old cells hold it too);
         ``anisotropy_one_per_sentence`` (evaluate.py's protocol, one random token per sentence, sentences
         paired without replacement: on a 32-sentence batch only 16 pairs — the monitor's ``anisotropy`` before
         ``outlierlab.analysis.similarity.paired_sentence_tokens``, Luo et al. §4.1);
@@ -285,8 +284,8 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         positional? (Its all-token share then follows the batch's sentence lengths.)
     summary : dict
         ``mean`` Tensor[L, d], ``layers`` (``OutlierAccumulator.summary`` merged with
-        ``outlierlab.analysis.activations.ActivationAccumulator.summary``), ``anisotropy`` and
-        ``token_pair_cosine`` Tensor[L], ``outliers`` list[list[int]], ``pooled`` {"argmin"|"argmax":
+        ``outlierlab.analysis.activations.ActivationAccumulator.summary``), ``anisotropy`` Tensor[L],
+        ``outliers`` list[list[int]], ``pooled`` {"argmin"|"argmax":
         (dim, share)}, ``inf_norms``, ``sinks`` ({"bos", "eos", "entropy"}: Tensor[L-1, H]) or None,
         ``position_shares`` (``PositionArgmaxCounts.rows``).
     """
@@ -328,7 +327,7 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
         rows.append((step, "model", f"pooled_{w}_share", d, v))
     return rows, {"mean": mean, "layers": layers, "anisotropy": pairs["anisotropy"],
                   "anisotropy_se": pairs["anisotropy_se"], "anisotropy_one_per_sentence": pairs["one_per_sentence"],
-                  "token_pair_cosine": pairs["anisotropy"], "rogue_top1_share": pairs["share1"],
+                  "rogue_top1_share": pairs["share1"],
                   "rogue_top3_share": pairs["share3"], "isoscore": iso, "outliers": outliers, "pooled": pooled,
                   "inf_norms": dict(inf_norms or {}), "sinks": sinks, "sink_threshold": sink_threshold,
                   "position_shares": position_shares}
@@ -380,7 +379,6 @@ def _layer_rows(step: int, i: int, s: dict, pairs: dict, iso: float, token_ids: 
         (step, name, "anisotropy", None, aniso),
         (step, name, "anisotropy_se", None, float(pairs["anisotropy_se"][i])),
         (step, name, "n_anisotropy_pairs", None, pairs["n_pairs"]),
-        (step, name, "token_pair_cosine", None, aniso),
         (step, name, "anisotropy_one_per_sentence", None, float(pairs["one_per_sentence"][i])),
         (step, name, "rogue_top1_share", pairs["top_dim"][i], float(pairs["share1"][i])),
         (step, name, "rogue_top3_share", None, float(pairs["share3"][i])),

@@ -14,7 +14,12 @@ the monitor statistics of one run are deterministic given its seed.
   the other (unpaired).
 
 Zero variance (a setting fixed by the design, or every seed at the same value) has no interval and no test:
-the interval and p are NaN with the note "constant across seeds", never a zero-width interval and p = 0.
+the interval and p are NaN with the note "constant across seeds", never a zero-width interval and p = 0.  Values
+that differ only by float rounding (``ROUNDING``: one sum taken in another order) are the same value: a t statistic
+of their spread is noise, and scipy's moments lose every digit on them (its "Precision loss ... catastrophic
+cancellation" warning).  Welch's test with one group constant is the one-sample t of the other group against that
+value (Welch-Satterthwaite gives it n - 1 degrees of freedom), computed as such: scipy's Welch takes the constant
+group's variance too and warns on it.
 Pairing uses the seeds both groups hold (a seed missing in one group drops out of the pairs, it does not turn the
 test into Welch's); Welch only when the groups share fewer than two seeds. Multiple-comparison corrections, power
 and equivalence: ``outlierlab.analysis.study_inference``.
@@ -35,6 +40,14 @@ from scipy import stats
 CONFIDENCE = 0.95
 CI_METHOD = "Student t, 95%"
 CONSTANT = "constant across seeds"
+#: Values whose spread is at most this share of their largest magnitude are one value (float rounding).
+ROUNDING = 1e-12
+
+
+def is_constant(values: Sequence[float]) -> bool:
+    """Two or more values equal up to float rounding (``ROUNDING``): no spread to test or to put an interval on."""
+    x = np.asarray(values, dtype=np.float64)
+    return x.size > 1 and float(np.ptp(x)) <= ROUNDING * float(np.abs(x).max())
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,7 @@ def summarize(values: Sequence[float], confidence: float = CONFIDENCE) -> Summar
         return Summary(0, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan)
     mean = float(x.mean())
     std = float(x.std(ddof=1)) if n > 1 else math.nan
-    constant = n > 1 and bool(np.all(x == x[0]))
+    constant = is_constant(x)
     h = math.nan if constant else t_halfwidth(std, n, confidence)
     return Summary(n, mean, std, mean - h, mean + h, float(x.min()), float(x.max()), CONSTANT if constant else "")
 
@@ -134,14 +147,19 @@ def contrast(a: Mapping[int, float], b: Mapping[int, float], confidence: float =
                         bool(agree == len(d)), f"{agree}/{len(d)} seeds a {word} b", **common)
     xa, xb = np.array(list(a.values())), np.array(list(b.values()))
     diff = float(xa.mean() - xb.mean())
-    va = xa.var(ddof=1) / xa.size if xa.size > 1 else math.nan
-    vb = xb.var(ddof=1) / xb.size if xb.size > 1 else math.nan
+    # a group constant up to rounding has no variance: its rounding noise is not a spread between seeds
+    va = (0.0 if is_constant(xa) else xa.var(ddof=1) / xa.size) if xa.size > 1 else math.nan
+    vb = (0.0 if is_constant(xb) else xb.var(ddof=1) / xb.size) if xb.size > 1 else math.nan
     se = math.sqrt(va + vb) if math.isfinite(va + vb) else math.nan
     note = ""
     if math.isfinite(se) and se > 0:
         df = (va + vb) ** 2 / (va ** 2 / (xa.size - 1) + vb ** 2 / (xb.size - 1))
         h = float(stats.t.ppf(0.5 + confidence / 2, df) * se)
-        p = float(stats.ttest_ind(xa, xb, equal_var=False).pvalue)
+        if va == 0 or vb == 0:  # Welch with one constant group: the other group's one-sample t against it
+            varying, constant = (xb, xa) if va == 0 else (xa, xb)
+            p = float(stats.ttest_1samp(varying, float(constant.mean())).pvalue)
+        else:
+            p = float(stats.ttest_ind(xa, xb, equal_var=False).pvalue)
     else:
         h, p = math.nan, math.nan
         note = CONSTANT if se == 0 else ""

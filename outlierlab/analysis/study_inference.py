@@ -17,6 +17,11 @@ that respect a measure's range.
   cosines in [-1, 1]): the bootstrap percentile interval over seeds (``scipy.stats.bootstrap``) when n >= 5,
   else a Student-t interval on the logit (for [0, 1]) or Fisher-z (for [-1, 1]) scale mapped back (values at the
   bounds are pulled in by 1e-6 first).
+* ``difference_range`` / ``clip_to_range`` -- a difference of two bounded measures lies in ``[lo - hi, hi - lo]``
+  (two shares: [-1, 1]); its t interval, which knows no range (at n = 2, t_{0.975, 1} = 12.7 times the spread),
+  is clipped there, and the contrast's note says so.  Clipping keeps the t interval where it is informative and
+  only drops the part no difference can reach; no transform makes a difference of two logits a difference of
+  shares.
 
 Written here only to fix the protocol in one place (level, power, which test, the transforms); every number
 comes from statsmodels or scipy.
@@ -97,15 +102,17 @@ def tost(a: Sequence[float], b: Sequence[float], margin: float, paired: bool) ->
     """
     from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
+    from outlierlab.analysis.seed_statistics import is_constant
+
     xa, xb = np.asarray(a, float), np.asarray(b, float)
     if not (margin > 0) or min(xa.size, xb.size) < 2:
         return math.nan
     if paired:
-        if np.std(xa - xb) == 0:
+        if is_constant(xa - xb):
             return math.nan
         p = ttost_paired(xa, xb, -margin, margin)[0]
     else:
-        if xa.var() == 0 and xb.var() == 0:
+        if is_constant(xa) and is_constant(xb):
             return math.nan
         p = ttost_ind(xa, xb, -margin, margin, usevar="unequal")[0]
     return float(p)
@@ -128,10 +135,12 @@ def bounded_interval(values: Sequence[float], lo: float, hi: float, confidence: 
     transformed values -- logit of ``(x - lo) / (hi - lo)`` for [0, 1]-type ranges, Fisher z = artanh for
     [-1, 1] -- mapped back. NaN with method ``"constant across seeds"`` when every value is the same.
     """
+    from outlierlab.analysis.seed_statistics import is_constant
+
     x = np.asarray([v for v in values if math.isfinite(v)], float)
     if x.size < 2:
         return math.nan, math.nan, "n < 2"
-    if np.all(x == x[0]):
+    if is_constant(x):
         return math.nan, math.nan, "constant across seeds"
     level = f"{confidence:.0%}"
     if x.size >= BOOTSTRAP_MIN_N:
@@ -146,6 +155,21 @@ def bounded_interval(values: Sequence[float], lo: float, hi: float, confidence: 
     back = (np.tanh(ends) + 1) / 2 if fisher else 1 / (1 + np.exp(-ends))
     name = "Fisher-z t" if fisher else "logit t"
     return float(lo + back[0] * (hi - lo)), float(lo + back[1] * (hi - lo)), f"{name}, {level}"
+
+
+def difference_range(lo: float, hi: float) -> tuple[float, float]:
+    """The range of a difference of two measures that each lie in ``[lo, hi]``."""
+    return lo - hi, hi - lo
+
+
+def clip_to_range(low: float, high: float, rng: tuple[float, float]) -> tuple[float, float, str]:
+    """``(low, high, note)``: an interval cut at ``rng`` (NaN ends stay NaN), and a note when it was cut."""
+    lo, hi = rng
+    cut_low, cut_high = low < lo, high > hi
+    if not (cut_low or cut_high):
+        return low, high, ""
+    return (max(low, lo), min(high, hi),
+            f"CI clipped at the range of the difference [{lo:g}, {hi:g}] (t interval {low:.3g} to {high:.3g})")
 
 
 #: Performance measures -- training and validation loss, accuracy, perplexity, order use (a loss difference) --

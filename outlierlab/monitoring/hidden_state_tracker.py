@@ -304,7 +304,6 @@ class HiddenStateTracker:
             writer.add_scalar(f"{base}/n_outlier_dims", len(summary["outliers"][i]), step)
             for key in ("kurtosis", "max_median", "max_abs", "abs_argmax_share"):
                 writer.add_scalar(f"{base}/{key}", s[key], step)
-            writer.add_scalar(f"{base}/token_pair_cosine", float(summary["token_pair_cosine"][i]), step)
             for key in ("rogue_top1_share", "rogue_top3_share", "isoscore"):  # NaN (one sentence) is skipped
                 if summary[key][i] == summary[key][i]:
                     writer.add_scalar(f"{base}/{key}", float(summary[key][i]), step)

@@ -41,7 +41,7 @@ import pandas as pd
 
 from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order
 from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
-from outlierlab.analysis.study_inference import bounded_interval, bounds_of
+from outlierlab.analysis.study_inference import bounded_interval, bounds_of, clip_to_range, difference_range
 from outlierlab.jobs.run_state import failed_line, failed_run
 from outlierlab.studies.cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
 from outlierlab.studies.design import assign_families, declared_design
@@ -49,7 +49,7 @@ from outlierlab.utils.atomic import write_atomic
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
 HEADLINE = ["hidden/kurtosis", "hidden/argmax_share", "hidden/abs_argmax_share", "hidden/max_median",
-            "hidden/token_pair_cosine", "hidden/anisotropy", "posthoc/n_layernorm_outliers", "val/ppl", "val/order_use"]
+            "hidden/anisotropy", "posthoc/n_layernorm_outliers", "val/ppl", "val/order_use"]
 #: How study.csv and contrasts.csv write floats (6 significant digits).
 CSV_FLOATS = "%.6g"
 
@@ -240,13 +240,18 @@ def contrast_table(per_seed: pd.DataFrame, groups: dict[str, list[Cell]], spec: 
                 c = contrast(va, vb)
             except ValueError:
                 continue
+            low, high, note = c.ci_low, c.ci_high, c.note
+            rng = bounds_of(metric)
+            if rng is not None:  # a difference of two shares is in [-1, 1]; the t interval knows no range
+                low, high, clipped = clip_to_range(low, high, difference_range(*rng))
+                note = "; ".join(x for x in (note, clipped) if x)
             rows.append({"contrast": f"{key}: {a} - {b}", "group_a": ga, "group_b": gb, "step": int(step),
                          "layer": layer, "metric": metric, "mean_a": sum(va.values()) / len(va),
-                         "mean_b": sum(vb.values()) / len(vb), "diff": c.diff, "ci_low": c.ci_low,
-                         "ci_high": c.ci_high, "test": c.test, "p_value": c.p_value, "n_a": c.n_a, "n_b": c.n_b,
+                         "mean_b": sum(vb.values()) / len(vb), "diff": c.diff, "ci_low": low,
+                         "ci_high": high, "test": c.test, "p_value": c.p_value, "n_a": c.n_a, "n_b": c.n_b,
                          "n_pairs": c.n_pairs, "n_below_seeds": c.n_a < seeds[ga] or c.n_b < seeds[gb],
                          "sd": c.sd, "same_order_every_seed": c.same_order, "ordering": c.order_count,
-                         "note": c.note})
+                         "note": note})
     return pd.DataFrame(rows)
 
 
@@ -332,7 +337,7 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
             "unfinished": [str(c.path) for c in unfinished if c.path.name not in failed],
             "failed": {name: failed_line(f) for name, f in failed.items()},
             "unusable": [p for c in unusable for p in c.problems], "notes": notes, "plots": pngs, "design": design,
-            "no_order_use": no_order, "replicates": coverage}
+            "no_order_use": no_order, "replicates": coverage, "contrasts": tables}
 
 
 def remove_stale_curves(folder: Path, written: Sequence[Path]) -> list[Path]:
@@ -386,6 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from outlierlab.studies.report import console_lines
+
     a = build_parser().parse_args(argv)
     try:
         res = run(a.paths, a.out, a.contrast, a.metrics, a.steps, a.layers, plots=not a.no_plots, primary=a.primary,
@@ -409,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for group, rows in res["replicates"].items():
         if not rows.attrs.get("linked"):
             print(f"mixed code versions not linked by a replicate of its own configuration: {group}")
+    for line in console_lines(res["contrasts"]):
+        print(line)
     print(f"wrote {res['out']}/study.csv, study.md" + (f" and {len(res['plots'])} curves" if res["plots"] else ""))
     return 0
 

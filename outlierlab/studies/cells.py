@@ -42,6 +42,7 @@ from outlierlab.studies.cell_checks import UNKNOWN_CODE, check_cell, code_versio
 from outlierlab.jobs.run_resume import dotted_keys
 from outlierlab.jobs.run_state import code_versions
 from outlierlab.jobs.series import apply_series
+from outlierlab.utils.tables import MODEL_STEP, model_steps
 
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named, and where its caches live
 #: (``paths.cache_dir``: the same cells run on another machine set it; ``SEED_DEPENDENT`` below ignores it already).
@@ -175,10 +176,43 @@ def find_cells(paths: list[str | Path], until: int | None = None) -> list[Cell]:
 
 
 # ----------------------------------------------------------------------------------------------- numbers
+#: Metrics read under the name they have now (one name per quantity).  The hidden-state monitor once wrote its
+#: 1,000-pair anisotropy twice, as ``anisotropy`` and ``token_pair_cosine``, and before that its ``anisotropy`` was
+#: the 16-pair estimate of evaluate.py's protocol beside a 1,000-pair ``token_pair_cosine``.
+RENAMED = {"hidden/token_pair_cosine": "hidden/anisotropy"}
+
+
+def current_name(metric: str) -> str:
+    """``metric`` under its name now (``RENAMED``): what a declared design or a command line may still call it."""
+    return RENAMED.get(metric, metric)
+
+
+def _current_statistics(df: pd.DataFrame) -> pd.DataFrame:
+    """A hidden-state history with its statistics under today's names: ``token_pair_cosine`` is ``anisotropy``, and
+    an ``anisotropy`` of other values beside it (the 16-pair estimate of a cell that old) is
+    ``anisotropy_one_per_sentence``, unless the cell holds that already."""
+    stats = df["statistic"].astype(str)
+    if not (stats == "token_pair_cosine").any():
+        return df
+    old = stats == "anisotropy"
+    key = ["step", "name"]
+    pairs = df[stats == "token_pair_cosine"].set_index(key)["value"]
+    same = df.loc[old].set_index(key)["value"].sub(pairs, fill_value=float("nan")).abs().le(1e-12).all()
+    df = df.copy()
+    if same or (stats == "anisotropy_one_per_sentence").any():
+        df = df[~old]
+    else:
+        df.loc[old, "statistic"] = "anisotropy_one_per_sentence"
+    df.loc[df["statistic"] == "token_pair_cosine", "statistic"] = "anisotropy"
+    return df
+
+
 def _long_history(path: Path, prefix: str) -> pd.DataFrame:
     df = pd.read_csv(path)
     if df.empty:
         return df
+    if prefix == "hidden/":
+        df = _current_statistics(df)
     df = df[~df["statistic"].isin(VECTOR_STATISTICS) & ~df["statistic"].astype(str).str.match(NOT_QUANTITIES)]
     dupes = df[df.duplicated(["step", "name", "statistic"], keep=False)]
     if not dupes.empty:
@@ -213,7 +247,9 @@ def _order_use(path: Path) -> pd.DataFrame:
 
 def _lightning_csv(path: Path) -> pd.DataFrame:
     df = pd.read_csv(path)
-    cols = [c for c in df.columns if c not in ("step", "epoch")]
+    # every row at the step of the model it measured: a validation logged the old way is one below the monitors'
+    df["step"] = model_steps(df)
+    cols = [c for c in df.columns if c not in ("step", "epoch", MODEL_STEP)]
     long = df.melt(id_vars=["step"], value_vars=cols, var_name="metric", value_name="value").dropna(subset=["value"])
     long = long[~long["metric"].str.match(BOOKKEEPING)]
     long = long.groupby(["step", "metric"], as_index=False).last()  # one value per step (the last logged)

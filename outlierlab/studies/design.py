@@ -44,6 +44,7 @@ from outlierlab.analysis.study_inference import (CONFIRMATORY, DUPLICATE, EXPLOR
                                                 NOT_TESTED, adjust_pvalues, family_rules, is_performance,
                                                 minimum_detectable_effect, tost)
 from outlierlab.jobs.overrides import CONFIG_DIR
+from outlierlab.studies.cells import current_name
 
 CONFIGS = CONFIG_DIR / "experiment"
 DESIGN_KEY = "study_design"
@@ -57,7 +58,7 @@ def parse_primary(items: Sequence[str]) -> list[tuple[str, str]]:
         metric, _, layer = str(item).partition("@")
         if not metric:
             raise ValueError(f"primary metric {item!r}: write metric@layer, e.g. hidden/argmax_share@layer_4")
-        out.append((metric, layer or "model"))
+        out.append((current_name(metric), layer or "model"))
     return out
 
 
@@ -66,7 +67,7 @@ def parse_margins(spec: Any) -> dict[str, float] | float | None:
     if spec is None or spec == "":
         return None
     if isinstance(spec, Mapping):
-        return {str(k): float(v) for k, v in spec.items()}
+        return {current_name(str(k)): float(v) for k, v in spec.items()}
     if isinstance(spec, (int, float)):
         return float(spec)
     text = str(spec)
@@ -76,7 +77,7 @@ def parse_margins(spec: Any) -> dict[str, float] | float | None:
     for part in filter(None, text.split(",")):
         k, _, v = part.partition("=")
         try:
-            out[k] = float(v)
+            out[current_name(k)] = float(v)
         except ValueError:
             raise ValueError(f"--equivalence-margin {spec!r}: write metric=margin[,metric=margin] or one number") from None
     return out
@@ -164,10 +165,9 @@ def assign_families(table: pd.DataFrame, per_seed: pd.DataFrame, design: dict) -
     t.loc[is_dup & testable, "family"] = DUPLICATE
     # the last step every cell of both groups reached; per metric and layer, its last row at or before that step
     reached = last_reached(per_seed)
-    # + 1: Lightning logs a validation at the step index before its increment (4,999 is the model after 5,000
-    # updates, which the monitors log as 5,000), so a cell whose last rows are validations (no monitor files) still
-    # reached the others' last monitor row
-    end = [min(reached.get(ga, s), reached.get(gb, s)) + 1 for ga, gb, s in zip(t["group_a"], t["group_b"], t["step"])]
+    # validations and monitors are at the same steps (the model's: outlierlab.studies.cells), so a cell whose last
+    # rows are validations (no monitor files) reached the others' last monitor row
+    end = [min(reached.get(ga, s), reached.get(gb, s)) for ga, gb, s in zip(t["group_a"], t["group_b"], t["step"])]
     upto = t[t["step"].to_numpy() <= np.array(end)]
     final = upto.groupby(["contrast", "group_a", "group_b", "metric", "layer"])["step"].transform("max")
     at_end = pd.Series(False, index=t.index)

@@ -48,7 +48,7 @@ BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated -->)"
 #: The primary quantities of the seed studies, in the order the docs show them.
 PRIMARY = [("hidden/argmax_share", "layer_4", "argmax share"), ("hidden/abs_argmax_share", "layer_4", "\\|x\\| argmax share"),
            ("hidden/kurtosis", "layer_4", "kurtosis (1 = flat)"), ("hidden/max_median", "layer_4", "max / median"),
-           ("hidden/token_pair_cosine", "layer_4", "anisotropy (1,000 pairs)"), ("val/ppl", "model", "val perplexity")]
+           ("hidden/anisotropy", "layer_4", "anisotropy (1,000 pairs)"), ("val/ppl", "model", "val perplexity")]
 
 
 def emergence_seeds(study: str = SEEDS) -> str:
@@ -81,7 +81,7 @@ def per_seed(study: str, key: str) -> str:
     df = _cell_table(study, key)
     cols = [("hidden/argmax_share", "layer_4", "argmax share"), ("hidden/abs_argmax_share", "layer_4", "\\|x\\| argmax share"),
             ("hidden/kurtosis", "layer_4", "kurtosis"), ("hidden/max_median", "layer_4", "max/median"),
-            ("hidden/token_pair_cosine", "layer_4", "anisotropy"), ("hidden/inf_norm_ln_input", "max_layer", "inf-norm LN input (max layer)"),
+            ("hidden/anisotropy", "layer_4", "anisotropy"), ("hidden/inf_norm_ln_input", "max_layer", "inf-norm LN input (max layer)"),
             ("hidden/inf_norm_ffn_output", "layer_4", "inf-norm FFN out (layer 4)"), ("val/ppl", "model", "val ppl")]
     values = {c: _last(df, m, l) for m, l, c in cols}
     ln = df[(df["metric"] == "posthoc/n_layernorm_outliers") & df["layer"].str.fullmatch(r"layer_[1-9]\d*")]

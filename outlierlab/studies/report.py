@@ -69,6 +69,30 @@ def _adjusted(r: pd.Series) -> str:
     return str(family) if isinstance(family, str) else "–"
 
 
+def console_lines(contrasts: Mapping[str, pd.DataFrame]) -> list[str]:
+    """What the aggregator prints of each contrast: its confirmatory rows (the primary and performance families:
+    the tests a claim rests on), one line each, and how many exploratory rows study.md and contrasts.csv hold."""
+    lines = []
+    for spec, table in contrasts.items():
+        if table.empty:
+            lines.append(f"contrast {spec}: no rows (the groups share no metric at any step)")
+            continue
+        tests = table[table["family"].isin(CONFIRMATORY)].sort_values(["family", "metric", "layer"])
+        lines.append(f"contrast {table['contrast'].iloc[0]}: {n_tests(len(tests))} in the primary and "
+                     "performance families" + (":" if len(tests) else ""))
+        for _, r in tests.iterrows():
+            n = f"{int(r['n_pairs'])} pairs" if r["test"] == "paired t" else f"n {int(r['n_a'])}+{int(r['n_b'])}"
+            lines.append(f"  {r['metric']}@{r['layer']} step {int(r['step'])}: diff {_fmt(r['diff'])} "
+                         f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}], p {_fmt(r['p_value'])}, "
+                         f"p_holm {_fmt(r['p_holm'])} ({r['family']}), {n}, {r['ordering']}")
+        for family in (EXPLORATORY, EXPLORATORY_PERFORMANCE):
+            rows = table[table["family"] == family]
+            if len(rows):
+                lines.append(f"  {family}: {len(rows)} rows, {int((rows['q_bh'] < 0.05).sum())} with BH q < 0.05 "
+                             "(study.md, contrasts.csv)")
+    return lines
+
+
 def _design_lines(design: Mapping | None, contrasts: Mapping[str, pd.DataFrame]) -> list[str]:
     if not contrasts:
         return []
@@ -176,7 +200,9 @@ def write_markdown(path: Path, sources: Sequence[str], summary: pd.DataFrame, co
                   "diff = a − b with its 95% CI: a paired t interval over the per-seed differences of the seeds both "
                   "groups hold (n = pairs), Welch's only when they share fewer than two seeds. *ordering*: in how "
                   "many seeds a − b has the sign of the mean difference (paired), or whether the two groups' runs "
-                  "overlap (Welch); pairs match on the cells' resolved seeds. p: raw; p_holm / q_bh: corrected within the row's family (section above).", "",
+                  "overlap (Welch); pairs match on the cells' resolved seeds. A difference of two bounded measures "
+                  "(shares, cosines) has its interval clipped at the range the difference can take (said in the "
+                  "row). p: raw; p_holm / q_bh: corrected within the row's family (section above).", "",
                   "| metric | layer | step | a | b | mean a | mean b | diff [95% CI] | n | p | p_holm / q_bh | mde | tost_p | ordering |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for metric, layer, near, rows in _at_steps(table, metrics, layers, steps):

@@ -24,7 +24,7 @@ i = 0 the embedding output, and ``model``; statistics listed in
 
 - scalars ``monitor/hidden/layer_{i}/argmax_share``, ``…/argmin_share``, ``…/argmax_dim``,
   ``…/argmin_dim``, ``…/anisotropy``, ``…/max_abs_mean``, ``…/n_outlier_dims``, ``…/kurtosis``,
-  ``…/max_median``, ``…/max_abs``, ``…/abs_argmax_share``, ``…/abs_argmax_dim``, ``…/token_pair_cosine``,
+  ``…/max_median``, ``…/max_abs``, ``…/abs_argmax_share``, ``…/abs_argmax_dim``,
   ``…/rogue_top1_share``,
   ``…/rogue_top3_share``, ``…/isoscore``,
   ``…/sink_share_bos``, ``…/sink_share_eos``, ``…/attn_entropy``, ``…/attn_row_mass``; ``monitor/inf_norm/<site>/layer_{i}``
