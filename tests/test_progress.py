@@ -155,6 +155,8 @@ def test_train_py_under_nohup_prints_plan_and_progress(tmp_path):
     assert "Epoch 0 " in proc.stdout and "/-2" not in proc.stdout + proc.stderr
     # each Lightning log line once (Hydra's console handler), not a second time through Lightning's own
     assert (proc.stdout + proc.stderr).count("Seed set to") == 1
+    # the last line says where the run went and what reads it
+    assert lines[-1].startswith("[train] done at step 4, val/loss ") and f"run directory {tmp_path} (" in lines[-1]
 
 
 @pytest.mark.parametrize("max_epochs, label", [(-1, "Epoch 3"), (5, "Epoch 3/4"), (None, "Epoch 3")])

@@ -350,4 +350,15 @@ def _finish(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module, config: 
             probe_run(run_dir, list(cfg.posthoc_probe.get("overrides") or []), int(cfg.posthoc_probe.max_sentences))
         # last: a cell counts as done only with all its files; a re-entered finished run keeps its marker's metrics
         metrics = _mark_finished(run_dir, trainer, metrics, OmegaConf.to_container(cfg, resolve=True))
+    if trainer.global_rank == 0:  # the last line says where the run went and what to run on it next
+        print(closing_line(run_dir, trainer.global_step, metrics), flush=True)
     return metrics
+
+
+def closing_line(run_dir: str | os.PathLike, step: int, metrics: dict[str, float]) -> str:
+    """train.py's last console line: the step reached, the last validation loss, the run directory and the commands
+    that read it (TensorBoard, probe.py)."""
+    loss = metrics.get("val/loss")
+    return (f"[train] done at step {step}" + (f", val/loss {loss:.4f}" if loss is not None else "")
+            + f": run directory {run_dir} (tensorboard --logdir {run_dir}; python probe.py "
+              f"encoder.name_or_path={run_dir})")
