@@ -67,7 +67,7 @@ def _fresh_cwd_and_tmpdir(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
     return work, tmp
 
 
-def test_evaluate_runs_in_memory_writes_nothing_and_equals_the_cli(tmp_path, monkeypatch):
+def test_evaluate_runs_in_memory_writes_nothing_and_equals_the_cli(tmp_path, monkeypatch, capsys):
     """On 50 texts ol.evaluate creates no file or directory -- the temporary directory and the working directory
     are listed before and after -- and its tables, side tables included, equal evaluate.py's CSVs exactly."""
     import outlierlab as ol
@@ -81,6 +81,7 @@ def test_evaluate_runs_in_memory_writes_nothing_and_equals_the_cli(tmp_path, mon
     tables = ol.evaluate(enc, texts, analyses=analyses, transforms=["none", "clip", "whiten"], overrides=few,
                          progress=False)
     assert _listing(work, tmp) == before == set()
+    assert "[evaluate]" not in capsys.readouterr().out  # progress=False: quiet, the tables say it all
     assert all("run_dir" not in t.attrs for t in tables.values())
     (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
     _cli("evaluate.py", f"analyses=[{','.join(analyses)}]", "transform=[none,clip,whiten]", *few,

@@ -37,6 +37,11 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     values = [float(v) for line in table[2:] for v in line.split()[1:]]
     assert [line.split()[0] for line in table[2:]] == [str(i) for i in range(7)] and len(values) == 14
     assert all(1 / 384 <= v <= 1 for v in values)
+    # named sites: the scheme's first names, and a last-layer dimension holding a share of the tokens in (0, 1]
+    sites = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "run_with_cache" in c.source)
+    assert "['embed', 'ln_embed', 'blocks.1.attn.q'" in outputs[sites]
+    share = float(outputs[sites].split(" holds the largest |value| of ")[1].split()[0])
+    assert 0 < share <= 1
 
 
 def test_the_committed_notebook_carries_its_outputs():

@@ -50,9 +50,13 @@ def test_position_probe_end_to_end_three_transforms(tiny_bert, tmp_path):
     run = tmp_path / "run"
     r = _probe(f"encoder.name_or_path={tiny_bert}", f"data.files=[{text}]", "probe.epochs=2",
                "transform=[none,clip,whiten]", "transform.dims=[0,5]", f"features.cache_dir={tmp_path / 'cache'}",
-               "progress=false", f"hydra.run.dir={run}",
+               f"hydra.run.dir={run}",
                "transform.allow_degenerate=true")  # 8 distinct sentences x 5: too few distinct tokens for 32 dims
     assert r.returncode == 0, r.stderr[-2000:]
+    # the fits are not silent: a line before and after each transform's probes, in order
+    said = [line.split(":")[0] + ":" + line.split(":")[1].split()[0] for line in r.stdout.splitlines()
+            if line.startswith("[probe] ") and (": fitting " in line or ": fitted in " in line)]
+    assert said == [f"[probe] {t}:{w}" for t in ("none", "clip", "whiten") for w in ("fitting", "fitted")]
     for f in ("position_probe.csv", "probe_report.md", "position_probe_accuracy.png",
               "position_probe_contribution.png", "position_probe_contribution_heatmap.png", "probe_info.json"):
         assert (run / f).is_file() and (run / f).stat().st_size > 0, f

@@ -186,7 +186,8 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
         _fit_columns(res, shared, needs[name], contexts[name].consumers)
         results.append(res)
         why = f" (skipped: {res.summary['skipped']})" if res.summary.get("skipped") else ""
-        print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s{why}", flush=True)
+        if cfg.get("progress", True):  # progress=False (ol.evaluate in a notebook): the tables say it all
+            print(f"[evaluate] {name}: {len(res.rows)} rows in {time.time() - t0:.1f} s{why}", flush=True)
         if shared.sentence_stats is not None and not any(needs[n] for n in analyses[i + 1:]):
             shared.sentence_stats.release_layer_state()  # its [L, d, d] maps, before WiC/STS fit theirs
         _release_consumers(contexts, analyses[i:])

@@ -92,13 +92,21 @@ def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], commo
     return rows
 
 
-def _probe_all(vt, arrays: dict, labels: dict, make_module, cfg, p: ProbeSettings, logger) -> dict:
+def _probe_all(vt, arrays: dict, labels: dict, make_module, cfg, p: ProbeSettings, logger, name: str) -> dict:
     ds = {s: RowBatches(arrays[s][0], arrays[s][1], labels[s], vt) for s in arrays}
     module = make_module(vt.out_dim)
     batch_size = int(cfg.task.get("batch_size") or p.batch_size)  # the paper's per-task batch (configs/task)
-    return train_probe(module, *_loaders(ds, batch_size, int(cfg.seed)), epochs=p.epochs, logger=logger,
-                       accelerator=cfg.trainer.accelerator, progress=bool(cfg.trainer.enable_progress_bar),
-                       validate=p.validate)
+    say = bool(cfg.progress)  # the fits take minutes: a line before and after each, not silence
+    if say:
+        print(f"[probe] {name}: fitting one probe per layer, {p.epochs} epoch(s) over {len(labels['train']):,} "
+              "training rows", flush=True)
+    t0 = time.time()
+    res = train_probe(module, *_loaders(ds, batch_size, int(cfg.seed)), epochs=p.epochs, logger=logger,
+                      accelerator=cfg.trainer.accelerator, progress=bool(cfg.trainer.enable_progress_bar),
+                      validate=p.validate)
+    if say:
+        print(f"[probe] {name}: fitted in {time.time() - t0:.1f} s", flush=True)
+    return res
 
 
 def run_position(cfg, p: ProbeSettings, encoder: FrozenEncoder, texts: list[str], logger) -> ProbeResult:
@@ -131,7 +139,7 @@ def run_position(cfg, p: ProbeSettings, encoder: FrozenEncoder, texts: list[str]
             e.texts = int(fs.meta["n_texts"])
             raise
         make = lambda d, name=name: PositionProbe(n_layers, d, m, p.lr, seed=int(cfg.seed), tag=name)  # noqa
-        res = _probe_all(vt, {s: (fs.tokens, r) for s, r in rows.items()}, labels, make, cfg, p, logger)
+        res = _probe_all(vt, {s: (fs.tokens, r) for s, r in rows.items()}, labels, make, cfg, p, logger, name)
         out += _rows_for(name, res, vt, outliers, common, p.top_k, position=True)
         contribs[name] = res["contribution"]
         fits.update({name: vt.info} if name != "none" else {})
@@ -196,7 +204,7 @@ def run_classifier(cfg, p: ProbeSettings, encoder: FrozenEncoder, logger) -> Pro
                                                                 "training sentence vectors"))
         make = lambda d, name=name: SentenceClassifier(n_layers, d, data.num_classes, p.lr,  # noqa
                                                        seed=int(cfg.seed), tag=name, bias=p.classifier_bias)
-        res = _probe_all(vt, arrays, labels, make, cfg, p, logger)
+        res = _probe_all(vt, arrays, labels, make, cfg, p, logger, name)
         out += _rows_for(name, res, vt, outliers, common, p.top_k, position=True)
         contribs[name] = res["contribution"]
         fits.update({name: vt.info} if name != "none" else {})
