@@ -8,8 +8,8 @@ monitor history, for its live W8A8 rows),
 and writes ``readings.csv``: per cell and monitored step the validation loss, order use, the largest |x| argmax share
 over the layers (its layer and dimension), the largest kurtosis over the layers, and the live W8A8 cost on the
 monitor's fixed masked problem (``w8a8_loss_delta``, ``w8a8_keep_loss_delta``: nats; ``w8a8_kl``). Then prints the
-declared readings: each cell's first step at or below the reference's validation loss at its marker onset and at its
-last common step (matched loss), its position marker and Luo-type dimension (first step, from the summary), and
+declared readings: each cell's first step at or below the reference's validation loss at the steps given by ``--at``
+(matched loss; default 950, the AdamW cell's marker onset, and 1,000), its position marker and Luo-type dimension (first step, from the summary), and
 whether it meets the declared "prevents" rule (no marker and no layer above ``--share-bound`` at every monitored step
 up to the matched loss).
 """
@@ -64,34 +64,32 @@ def matched_step(table: pd.DataFrame, cell: str, loss: float) -> int | None:
     return int(rows["step"].min()) if len(rows) else None
 
 
-def report(table: pd.DataFrame, summary: pd.DataFrame, reference: str, share_bound: float) -> list[str]:
-    ref = summary.set_index("cell").loc[reference]
+def report(table: pd.DataFrame, summary: pd.DataFrame, reference: str, at: list[int], share_bound: float) -> list[str]:
     ref_rows = table[table["cell"] == reference].set_index("step")
-    onset = int(ref["marker_step"]) if pd.notna(ref["marker_step"]) else None
-    last = min(int(table[table["cell"] == c]["step"].max()) for c in table["cell"].unique())
-    targets = {f"the reference's loss at its marker onset (step {onset})": float(ref_rows.loc[onset, "val_loss"])
-               for _ in [0] if onset is not None and onset in ref_rows.index}
-    if last in ref_rows.index:
-        targets[f"the reference's loss at step {last} (the last step every cell reached)"] = float(
-            ref_rows.loc[last, "val_loss"])
-    lines = []
+    targets = {step: float(ref_rows.loc[step, "val_loss"]) for step in at if step in ref_rows.index}
+    lines = [f"{reference}'s validation loss at step {step}: {loss:.3f}" for step, loss in targets.items()]
+    lines += [f"{reference} has no validation at step {step}: no matched-loss reading there" for step in at
+              if step not in targets]
     for cell, s in summary.set_index("cell").iterrows():
         rows = table[table["cell"] == cell]
+        top = rows.loc[rows["max_share"].idxmax()]
         lines.append(f"{cell}: last step {int(s['last_step'])}, val loss {s['val_loss_final']:.3f}; position marker "
                      + (f"from step {int(s['marker_step'])} (layer {int(s['marker_layer'])}, dim {int(s['marker_dim'])})"
                         if pd.notna(s["marker_step"]) else "none")
                      + "; Luo-type dimension " + (f"from step {int(s['luo_step'])}" if pd.notna(s["luo_step"]) else "none")
-                     + f"; largest share over its steps {rows['max_share'].max():.2f}")
-        for what, loss in targets.items():
+                     + f"; largest share {top['max_share']:.2f} (layer {int(top['max_share_layer'])}, dim "
+                       f"{int(top['max_share_dim'])}, step {int(top['step'])})")
+        for ref_step, loss in targets.items():
             step = matched_step(table, cell, loss)
+            what = f"{reference}'s loss at step {ref_step} ({loss:.3f})"
             if step is None:
-                lines.append(f"  never at or below {what}, {loss:.3f}: reported at equal steps only")
+                lines.append(f"  never at or below {what}: reported at equal steps only")
                 continue
             upto = rows[rows["step"] <= step]
             marker = pd.notna(s["marker_step"]) and int(s["marker_step"]) <= step
             above = upto[upto["max_share"] > share_bound]
-            lines.append(f"  at or below {what}, {loss:.3f}, from step {step}: marker by then {'yes' if marker else 'no'}; "
-                         f"steps with a layer above {share_bound}: "
+            lines.append(f"  at or below {what} from step {step}: a position marker by then: {'yes' if marker else 'no'}; "
+                         f"steps up to it with a layer above {share_bound}: "
                          + (", ".join(str(int(x)) for x in above["step"]) if len(above) else "none")
                          + (" -> meets the 'prevents' rule" if cell != reference and not marker and above.empty else ""))
     return lines
@@ -101,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folder", type=Path, help="holds ladder.csv.xz, ladder_summary.csv and cells.parquet")
     p.add_argument("--reference", required=True, help="the AdamW cell the others are read against")
+    p.add_argument("--at", nargs="+", type=int, default=[950, 1000],
+                   help="the reference's steps whose validation loss the others are matched to (default 950 1000)")
     p.add_argument("--share-bound", type=float, default=0.16,
                    help="the largest share a layer may reach for 'prevents' (default 0.16)")
     a = p.parse_args(argv)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--reference {a.reference!r}: not a cell of {need[1]} ({', '.join(summary['cell'])})")
     table = readings(long, cells)
     table.to_csv(a.folder / "readings.csv", index=False, float_format="%.6g")
-    print("\n".join(report(table, summary, a.reference, a.share_bound)))
+    print("\n".join(report(table, summary, a.reference, a.at, a.share_bound)))
     print(f"wrote {a.folder / 'readings.csv'} ({len(table)} rows)")
     return 0
 
