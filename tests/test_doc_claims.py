@@ -446,6 +446,39 @@ def plateau_10k() -> dict:
 # ---------------------------------------------------------------- the claims
 
 
+
+# ---------------------------------------------------------------- the optimizer study (docs/optimizers.md)
+OPT = ROOT / "docs/optimizers"
+
+
+def optimizer_cells() -> dict:
+    r = pd.read_csv(OPT / "readings.csv")
+    summary = pd.read_csv(OPT / "ladder_summary.csv").set_index("cell")
+    adam, muon = (r[r.cell == f"4x256_learned_4_{a}"].set_index("step") for a in ("adamw", "muon"))
+    top = {a: rows.loc[rows.max_share.idxmax()] for a, rows in (("adamw", adam), ("muon", muon))}
+    ad, mu = summary.loc["4x256_learned_4_adamw"], summary.loc["4x256_learned_4_muon"]
+    assert pd.isna(mu.marker_step) and pd.isna(ad.luo_step) and pd.isna(mu.luo_step)
+    return dict(onset=steps(ad.marker_step), layer=int(ad.marker_layer), dim=int(ad.marker_dim),
+                last_a=steps(ad.last_step), last_m=steps(mu.last_step),
+                sa=f2(top["adamw"].max_share), la=int(top["adamw"].max_share_layer), da=int(top["adamw"].max_share_dim),
+                ta=steps(top["adamw"].name), sm=f2(top["muon"].max_share), lm=int(top["muon"].max_share_layer),
+                dm=int(top["muon"].max_share_dim), tm=steps(top["muon"].name),
+                ka=f2(adam.loc[1000].max_kurtosis), km=f2(muon.loc[1000].max_kurtosis),
+                ua=steps(ad.order_use_step), um=steps(mu.order_use_step),
+                va=f3(adam.loc[1000].val_loss), vla=f3(ad.val_loss_final), vm=f3(muon.loc[1000].val_loss),
+                vlm=f3(mu.val_loss_final), v950=f3(adam.loc[950].val_loss))
+
+
+def optimizer_w8a8() -> dict:
+    q = pd.read_csv(OPT / "quantization.csv")
+    q = q[q.layers == "all"].set_index(["cell", "step", "condition"])["delta_loss"]
+
+    def d(arm, step, condition):
+        return f"{q.loc[(f'4x256_learned_4_{arm}', step, condition)]:+.4f}".replace("-", "−")
+    return {f"{arm}{step}{'k' if keep else ''}": d(arm, step, "w8a8_keep" if keep else "w8a8")
+            for arm in ("adamw", "muon") for step in (500, 1000) for keep in (False, True)}
+
+
 @dataclass(frozen=True)
 class Claim:
     page: str
@@ -641,6 +674,24 @@ CLAIMS = [
           "without at {nk} "
           "of {nn} (steps {nspan}) |", long_runs),
     Claim("docs/emergence.md", "| yes: last-layer max/median {a} against {b}, Holm p {p}, {k} seeds |", op_block),
+]
+
+
+# the optimizer study's page
+CLAIMS += [
+    Claim("docs/optimizers.md", "| position marker (0.9 / 0.1 rule) | from step {onset}: layer {layer}, dimension {dim} "
+          "(positions 4–15) | none through step {last_m} |", optimizer_cells),
+    Claim("docs/optimizers.md", "| largest share of any layer (layer, dimension, step) | {sa} ({la}, {da}, {ta}) | "
+          "{sm} ({lm}, {dm}, {tm}) |", optimizer_cells),
+    Claim("docs/optimizers.md", "| largest kurtosis over the layers at step 1,000 | {ka} | {km} |", optimizer_cells),
+    Claim("docs/optimizers.md", "| order use passes 0.1 nats | step {ua} | step {um} |", optimizer_cells),
+    Claim("docs/optimizers.md", "| validation loss at step 1,000 / at the last step | {va} / {vla} | {vm} / {vlm} |",
+          optimizer_cells),
+    Claim("docs/optimizers.md", "AdamW's validation loss is {v950} at its marker onset (step {onset}) and {va} at step "
+          "1,000", optimizer_cells),
+    Claim("docs/optimizers.md", "AdamW reached step {last_a} and Muon {last_m}", optimizer_cells),
+    Claim("docs/optimizers.md", "| 500 | {adamw500} | {adamw500k} | {muon500} | {muon500k} |", optimizer_w8a8),
+    Claim("docs/optimizers.md", "| 1,000 | {adamw1000} | {adamw1000k} | {muon1000} | {muon1000k} |", optimizer_w8a8),
 ]
 
 
