@@ -29,7 +29,7 @@ except PackageNotFoundError:
 _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
          "OutlierMonitorCallback": "outlierlab.monitoring.hf_trainer",
          "load_encoder": "outlierlab.api", "evaluate": "outlierlab.api", "probe_positions": "outlierlab.api",
-         "dim_identity": "outlierlab.api", "history_frame": "outlierlab.reports.history",
+         "dim_identity": "outlierlab.api", "history_frame": "outlierlab.monitoring.history",
          "study_histories": "outlierlab.studies.table",
          "Consumer": "outlierlab.evaluation.sentence_stream", "LayerStream": "outlierlab.evaluation.sentence_stream",
          "AnalysisResult": "outlierlab.evaluation.registry",

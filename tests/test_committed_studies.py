@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from outlierlab.studies.aggregate import build_parser
-from outlierlab.studies import committed as cs
+from lab import committed as cs
 from tests.conftest import ROOT
 
 _COMMAND = re.compile(r"python -m outlierlab\.studies\.aggregate ((?:\\\n|[^\n`#])+)")
@@ -72,7 +72,7 @@ def test_every_registry_entry_is_committed_compact():
 
 def study_csvs_the_doc_tables_read(monkeypatch) -> set[str]:
     """The folders (under docs/) of every ``study.csv`` that rendering every generated table of the docs reads."""
-    from outlierlab.studies import doc_table_reads, doc_tables
+    from lab import doc_table_reads, doc_tables
 
     read, original = [], doc_table_reads.read
     monkeypatch.setattr(doc_table_reads, "read", lambda path: read.append(path) or original(path))
@@ -196,7 +196,7 @@ def with_contrasts() -> list[str]:
 def contrast_reads(monkeypatch) -> list[tuple]:
     """(folder under docs/, contrast, metric, layer, step asked, step read) of every contrasts row that rendering every
     generated table of the docs reads through :func:`doc_table_reads.contrast_at`."""
-    from outlierlab.studies import doc_table_reads, doc_tables
+    from lab import doc_table_reads, doc_tables
 
     reads, original = [], doc_table_reads.contrast_at
 
@@ -289,7 +289,8 @@ def test_family_counts_are_those_the_aggregator_stated_of_the_full_table(folder)
 def test_a_page_s_families_line_counts_the_full_table(tmp_path, monkeypatch):
     """The Families line of docs/emergence.md (from families.csv) against the rows of a fresh full contrasts.csv,
     counted here row by row."""
-    from outlierlab.studies import aggregate, doc_table_reads, doc_tables
+    from outlierlab.studies import aggregate
+    from lab import doc_table_reads, doc_tables
 
     monkeypatch.chdir(ROOT)
     argv = cs.argv_of("emergence/seeds/study")

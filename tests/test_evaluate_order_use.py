@@ -44,8 +44,8 @@ def texts(tmp_path_factory):
 
 
 def test_a_decoder_from_the_hub_format(tmp_path, texts):
-    from outlierlab.analysis.order_use import order_use
-    from outlierlab.analyses.attention_sinks import text_batches
+    from outlierlab.metrics.word_order import order_use
+    from outlierlab.evaluation.analyses.attention_sinks import text_batches
 
     model, tok = build("gpt2", seed=0)
     rows = _evaluate(save(model, tok, tmp_path / "gpt2"), texts, tmp_path / "out")
@@ -88,7 +88,7 @@ def test_our_masked_run_without_positions_is_flagged(tmp_path, texts):
 def test_only_masked_models_of_ours_without_positions_are_orderless():
     from types import SimpleNamespace
 
-    from outlierlab.analyses.order_use import orderless
+    from outlierlab.evaluation.analyses.order_use import orderless
 
     def loaded(config, decoder=False):
         return SimpleNamespace(model=SimpleNamespace(config=config), is_decoder=decoder)

@@ -250,9 +250,9 @@ def test_a_missing_count_file_fails_in_the_analysis_check_with_its_key(analysis,
     cfg = compose("evaluate", [f"{analysis}.counts_from=files", f"{analysis}.count_files={files}"])
     ctx = EvalContext(None, cfg[analysis], cfg, ["none"], tmp_path)
     with pytest.raises(FileNotFoundError, match=rf"^{analysis}\.count_files: file not found: .*gone\.txt$"):
-        importlib.import_module(f"outlierlab.analyses.{analysis}").check(ctx)
+        importlib.import_module(f"outlierlab.evaluation.analyses.{analysis}").check(ctx)
     cfg = compose("evaluate", [f"{analysis}.counts_from=eval", f"{analysis}.count_files={files}"])
-    importlib.import_module(f"outlierlab.analyses.{analysis}").check(EvalContext(None, cfg[analysis], cfg, ["none"],
+    importlib.import_module(f"outlierlab.evaluation.analyses.{analysis}").check(EvalContext(None, cfg[analysis], cfg, ["none"],
                                                                                    tmp_path))  # not read: not checked
 
 

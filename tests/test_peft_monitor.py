@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("peft")
 
-from outlierlab.reports.history import read_history  # noqa: E402
+from outlierlab.monitoring.history import read_history  # noqa: E402
 from tests.loop_monitor_helpers import (SETTINGS, assert_matches_posthoc, blocks, by_step,  # noqa: E402
                                      perturb_layernorms, roberta_tok, tiny_roberta, train)
 

@@ -37,7 +37,7 @@ def tiny(tmp_path_factory):
 
 def test_a_reused_out_dir_holds_the_last_probe_and_the_callers_own_files(tmp_path, tiny):
     import outlierlab as ol
-    from outlierlab.analyses.order_use import TITLE
+    from outlierlab.evaluation.analyses.order_use import TITLE
 
     enc, texts = tiny
     out = tmp_path / "notebook"

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("sentence_transformers")
 
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
-from outlierlab.reports.history import read_history  # noqa: E402
+from outlierlab.monitoring.history import read_history  # noqa: E402
 from tests.loop_monitor_helpers import (SETTINGS, assert_matches_posthoc, by_step, perturb_layernorms,  # noqa: E402
                                      roberta_tok, tiny_roberta)
 
