@@ -82,6 +82,7 @@ def study_csvs_the_doc_tables_read(monkeypatch) -> set[str]:
     return {path.removeprefix("docs/").removesuffix("/study.csv") for path in read if path.endswith("/study.csv")}
 
 
+@pytest.mark.slow
 def test_study_csv_is_committed_exactly_where_a_table_or_a_page_reads_it(monkeypatch):
     """A study.csv.xz nothing reads is a third of the docs' bytes for no claim; one a table or a link reads must be
     there. The registry's declared set is what the readers give."""
@@ -215,6 +216,7 @@ def contrast_reads(monkeypatch) -> list[tuple]:
 QUOTED = {"emergence/seeds/study": frozenset({("hidden/argmax_share", None, 0)})}
 
 
+@pytest.mark.slow
 def test_the_rows_read_before_their_last_step_are_the_declared_ones(monkeypatch):
     """Derived from the readers: a table that reads a curve at an earlier step needs that series committed whole; a
     declared series no table reads that way is bytes for nothing."""

@@ -137,6 +137,7 @@ def test_end_to_end_writes_every_report_file(full_run):
     assert all(-1.0 <= float(r["spearman"]) <= 1.0 for r in sts_rows)
 
 
+@pytest.mark.slow
 def test_plots_false_writes_the_same_numbers_and_no_figure(inputs, full_run, tmp_path):
     """``plots=false`` (a checkpoint series, a sweep): the same CSVs byte for byte, no PNG, a report that links
     none and a results.json that lists none."""

@@ -268,6 +268,7 @@ def test_plain_loop_writes_nothing_off_rank_zero(tmp_path, gpt2_tok):
     assert not (tmp_path / "monitor").exists()
 
 
+@pytest.mark.slow
 def test_top_level_import_stays_light():
     import subprocess
     import sys
@@ -278,6 +279,7 @@ def test_top_level_import_stays_light():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_trainer_callback_reports_into_the_trainers_mlflow_run(tmp_path, roberta_tok, monkeypatch):
     """report_to=["mlflow"]: the monitor's scalars land in the run MLflowCallback started, at the Trainer's steps."""
     pytest.importorskip("mlflow")

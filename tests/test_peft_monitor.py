@@ -18,6 +18,7 @@ from tests.loop_monitor_helpers import (SETTINGS, assert_matches_posthoc, blocks
 __all__ = ["roberta_tok"]  # the fixture, from tests/loop_monitor_helpers.py
 
 
+@pytest.mark.slow
 def test_a_lora_fine_tune_is_monitored_live_and_post_hoc_from_its_adapter_checkpoints(tmp_path, roberta_tok):
     from peft import LoraConfig, get_peft_model
     from transformers import DataCollatorForLanguageModeling, RobertaForMaskedLM

@@ -95,6 +95,7 @@ def test_a_second_process_probing_into_the_same_out_dir_is_refused_before_it_tou
     assert (out / "probe_report.md").read_text() == "the first probe's report\n"
 
 
+@pytest.mark.slow
 def test_probe_py_twice_in_one_run_dir_keeps_only_the_second_runs_files(tmp_path, tiny):
     """The command line: the second run (order use off) leaves no order_use.csv of the first."""
     from probe_fixtures import save_tiny_bert
