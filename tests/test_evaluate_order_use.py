@@ -43,6 +43,7 @@ def texts(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_a_decoder_from_the_hub_format(tmp_path, texts):
     from outlierlab.metrics.word_order import order_use
     from outlierlab.evaluation.analyses.attention_sinks import text_batches
@@ -115,6 +116,7 @@ def test_texts_with_nothing_to_shuffle_leave_the_rest_of_the_section(tmp_path):
     assert "Sentence vectors not compared: the sentence-vector order change needs at least one text with two" in report
 
 
+@pytest.mark.slow
 def test_probe_py_reports_the_order_use_evaluate_py_measures(tmp_path):
     """The position probe's order-use section (probe.py ``probe.order_use=true``, the default) is evaluate.py's
     ``order_use`` on the same sentences and seed: the same rows, on the shipped MiniLM (no LM head: its attention
