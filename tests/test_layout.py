@@ -58,7 +58,9 @@ def test_imports_run_one_way():
 
 def test_evaluation_imports_no_job():
     """The engine and its analyses (a user's own analysis is written against them) run without the job layer: the
-    job that writes a run directory calls them, never the other way round."""
+    job that writes a run directory calls them, never the other way round.  api.py is not held to it: it composes
+    the configs through jobs/overrides.py and jobs/startup.py, ``ol.probe_positions`` is the probe job's own
+    function (jobs/probing.py, with jobs/probe_settings.py) and ``out_dir=`` writes the jobs' run directory."""
     offenders = [f"{f.relative_to(ROOT)}: {m}" for f in sorted((PACKAGE / "evaluation").rglob("*.py"))
                  for m in _imports(f) if m == "outlierlab.jobs" or m.startswith("outlierlab.jobs.")]
     assert not offenders, "evaluation imports the jobs:\n" + "\n".join(offenders)
