@@ -57,12 +57,12 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     import outlierlab as ol
-    from outlierlab.analysis.whitening import Whitener
+    from outlierlab.metrics.whitening import Whitener
     from outlierlab.datamodules.features import LayerTokenStore
     from outlierlab.evaluation.activation_pass import ActivationObserver
     from outlierlab.evaluation.sentence_stream import LayerStream
     from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, OutlierCounts, WordSimilarity
-    from outlierlab.analyses.wic_targets import TargetMeans
+    from outlierlab.evaluation.analyses.wic_targets import TargetMeans
 
     seconds: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()

@@ -71,7 +71,7 @@ def bare_forward(encoder_cfg, texts: list[str], batch_size: int) -> tuple[float,
 def wic_texts(cfg) -> list[str]:
     """The distinct sentences WiC encodes (its sweep split and its report split)."""
     from outlierlab.evaluation.settings import WicSettings, load_settings
-    from outlierlab.analyses.wic import load_pairs
+    from outlierlab.evaluation.analyses.wic import load_pairs
 
     s = load_settings(WicSettings, cfg.wic)
     pairs = load_pairs(s)[0] + (load_pairs(s, split=str(s.report_split))[0] if s.report_split else [])

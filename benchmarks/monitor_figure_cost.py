@@ -4,8 +4,8 @@
     python benchmarks/monitor_figure_cost.py                       # 5 layers, 20 records, 9 LayerNorms x 256 dims
     python benchmarks/monitor_figure_cost.py --layers 13 --dim 768 --records 100
 
-Synthetic histories of the default shapes (``outlierlab.reports.monitor_plots``): the metric curves (every
-statistic of :data:`~outlierlab.reports.monitor_plots.CURVE_STATISTICS`, one line per layer), a LayerNorm-gain
+Synthetic histories of the default shapes (``outlierlab.monitoring.monitor_plots``): the metric curves (every
+statistic of :data:`~outlierlab.monitoring.monitor_plots.CURVE_STATISTICS`, one line per layer), a LayerNorm-gain
 heatmap and the mean-vector figure, each built and drawn on the Agg canvas (:func:`render`); the median of
 ``--repeat`` draws each.
 """
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=20, help="recorded steps in the history")
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
-    from outlierlab.reports import monitor_plots as plots
+    from outlierlab.monitoring import monitor_plots as plots
 
     rng = np.random.default_rng(0)
     steps = list(range(0, 50 * a.records, 50))

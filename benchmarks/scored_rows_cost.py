@@ -8,7 +8,7 @@ vocabulary projected at every position against at the scored (masked) positions 
 A randomly initialised ``BertForMaskedLM`` with the bundled MiniLM tokenizer (offline), wrapped as evaluate.py's
 :class:`~outlierlab.models.lm_model.LoadedModel`; the batches are the ablation's
 (:func:`~outlierlab.datamodules.scoring_batches.masked_batches`: 15 % masked, packed shipped sentences, 128 tokens, 16
-per batch).  Printed: the median of ``--repeat`` calls of :func:`~outlierlab.analysis.scored_rows.mlm_scores`
+per batch).  Printed: the median of ``--repeat`` calls of :func:`~outlierlab.metrics.scored_rows.mlm_scores`
 each way, and the largest difference between the two losses.
 """
 
@@ -37,7 +37,7 @@ def main() -> None:
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     from outlierlab.datamodules.probe_data import load_position_texts
-    from outlierlab.analysis.scored_rows import mlm_scores
+    from outlierlab.metrics.scored_rows import mlm_scores
     from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
     from outlierlab.models.lm_model import LoadedModel
 

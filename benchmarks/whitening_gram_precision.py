@@ -4,7 +4,7 @@
     python benchmarks/whitening_gram_precision.py                  # MiniLM, the 2,000 default sentences
     python benchmarks/whitening_gram_precision.py --encoder PATH --n 500 --out results.json
 
-The whitener (:class:`outlierlab.analysis.whitening.Whitener`) sums xxᵀ in float64 about the first vector (the
+The whitener (:class:`outlierlab.metrics.whitening.Whitener`) sums xxᵀ in float64 about the first vector (the
 shifted-data algorithm).  Its Gram is the largest cost of ours in ``evaluate.py`` (docs/evaluation_scale.md): a
 float64 GEMM runs at half the float32 rate on a CPU, and at 1/2–1/64 of it on GPUs.  This script takes the same
 tokens (every hidden state, non-special tokens) and compares, per layer, Σ from the float64 sums with Σ from a
@@ -21,7 +21,7 @@ float32 Gram of each shifted batch, accumulated in float64 — the cheap alterna
   tolerance ``d · 1e4 · eps(float64)`` (``rank_tol``; 8.4e-10 at d = 384); ``rank_f64``, ``rank_f32``: the eigenvalues
   above it -- where they differ, a float32 Gram would whiten the null direction and amplify its rounding noise;
 * the seconds of three Grams over all batches: torch's float64 GEMM, the float64 upper-triangular block products
-  the Whitener now uses (:mod:`outlierlab.analysis.gram`: 5/8 of the multiply-adds), and a float32 GEMM.
+  the Whitener now uses (:mod:`outlierlab.metrics.gram`: 5/8 of the multiply-adds), and a float32 GEMM.
 
 Nothing here changes the product: it measures whether a float32 Gram would be acceptable.
 """
@@ -45,10 +45,10 @@ EPS = 1e-10  # the Whitener's default floor
 def covariances(batches, num_layers: int, dim: int):
     """Σ per layer from float64 and from float32 Grams of the same shifted batches, and each Gram's seconds:
     torch's float64 GEMM (the Whitener's product before), the float64 block-triangular Gram the Whitener uses now
-    (:func:`outlierlab.analysis.gram.gram`; its Σ agrees with the GEMM's to ~1e-15) and a float32 GEMM."""
+    (:func:`outlierlab.metrics.gram.gram`; its Σ agrees with the GEMM's to ~1e-15) and a float32 GEMM."""
     import torch
 
-    from outlierlab.analysis.gram import gram
+    from outlierlab.metrics.gram import gram
 
     shift = None
     n, s64 = 0, torch.zeros(num_layers, dim, dtype=torch.float64)
@@ -89,7 +89,7 @@ def null_direction(c64, c32) -> dict:
     """The smallest eigenvalue over the largest of each Σ (signed) and the rank by the Whitener's tolerance."""
     import torch
 
-    tol = c64.shape[-1] * 1e4 * torch.finfo(torch.float64).eps  # outlierlab.analysis.whitening.Whitener.finalize
+    tol = c64.shape[-1] * 1e4 * torch.finfo(torch.float64).eps  # outlierlab.metrics.whitening.Whitener.finalize
     out = {"rank_tol": tol}
     for name, c in (("f64", c64), ("f32", c32)):
         v = torch.linalg.eigvalsh(c)
@@ -131,7 +131,7 @@ def main() -> None:
     import torch
 
     from outlierlab.datamodules.probe_data import load_position_texts
-    from outlierlab.analysis.outlier_stats import valid_token_mask
+    from outlierlab.metrics.outlier_stats import valid_token_mask
     from outlierlab.models.loading import FrozenEncoder
 
     enc = FrozenEncoder(a.encoder, device="cpu")

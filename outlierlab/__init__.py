@@ -1,9 +1,9 @@
 """outlierlab: pretrain, monitor, probe and evaluate masked-language-model encoders for outlier dimensions and
 positional artefacts (Luo, Kulmizev & Mao 2021; Kovaleva et al. 2021; Puccetti et al. 2022).
 
-One sub-package per role; each imports only the ones below it (tests/test_layout.py checks it):
+One sub-package per role; each imports only the ones below it (tests/test_layout.py checks it; docs/layout.md):
 
-    jobs → lightning_modules → monitoring → evaluation → reports → datamodules → models → analysis → utils
+    studies → jobs → lightning_modules → evaluation → monitoring → reports → datamodules → models → metrics → utils
 
 The entry points ``train.py``, ``probe.py`` and ``evaluate.py`` sit in the repository root, beside ``configs/``.
 Everything lives under this one name so that installing the project never shadows another package
@@ -29,7 +29,7 @@ except PackageNotFoundError:
 _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
          "OutlierMonitorCallback": "outlierlab.monitoring.hf_trainer",
          "load_encoder": "outlierlab.api", "evaluate": "outlierlab.api", "probe_positions": "outlierlab.api",
-         "dim_identity": "outlierlab.api", "history_frame": "outlierlab.reports.history",
+         "dim_identity": "outlierlab.api", "history_frame": "outlierlab.monitoring.history",
          "study_histories": "outlierlab.studies.table",
          "Consumer": "outlierlab.evaluation.sentence_stream", "LayerStream": "outlierlab.evaluation.sentence_stream",
          "AnalysisResult": "outlierlab.evaluation.registry",

@@ -295,7 +295,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
                                 f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices])
     for section, values in sections.items():  # whole sections, after the presets: what the caller built is used
         cfg[section] = values
-    from outlierlab.analysis.whitening import DegenerateWhiteningError
+    from outlierlab.metrics.whitening import DegenerateWhiteningError
 
     try:
         if out_dir is None:
@@ -317,7 +317,7 @@ def _in_python(e, call: str):
     ``overrides=[...]`` -- with how much the fit needs and how many sentences like the caller's that is."""
     import math
 
-    from outlierlab.analysis.whitening import DegenerateWhiteningError
+    from outlierlab.metrics.whitening import DegenerateWhiteningError
 
     what = {"whiten": "keep fewer dims with", "abtt": "remove fewer directions with"}
     fixes = [f'{what.get(e.method, "set")} {call}(..., overrides=["{fix}"])' for fix in e.fixes]
@@ -444,7 +444,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
                              "features.cache_dir=null", *_encoder_overrides(encoder), *choices])
     for section, values in sections.items():  # whole sections, after the presets, as in evaluate()
         cfg[section] = values
-    from outlierlab.analysis.whitening import DegenerateWhiteningError
+    from outlierlab.metrics.whitening import DegenerateWhiteningError
 
     try:
         frames = (probe(cfg, encoder, texts) if out_dir is None else run(cfg, out_dir, encoder, texts)["result"]).frames()
@@ -458,12 +458,12 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
 
 def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
     """Which dimension carries each layer's concentration, since when, in how many layers (Kovaleva et al. 2021):
-    ``outlierlab.analysis.dim_identity.layer_identity`` of one run's monitor history -- a DataFrame, a
+    ``outlierlab.metrics.layer_identity.layer_identity`` of one run's monitor history -- a DataFrame, a
     ``hidden_states.csv``, or the directory holding it (a ``train.py`` run's ``monitor/``, or the ``out_dir`` of
     ``ol.OutlierMonitor`` / ``ol.OutlierMonitorCallback``).  A DataFrame, a row per layer."""
     import pandas as pd
 
-    from outlierlab.analysis.dim_identity import HISTORY, layer_identity
+    from outlierlab.metrics.layer_identity import HISTORY, layer_identity
 
     if not isinstance(history, (pd.DataFrame, str, os.PathLike)):
         raise TypeError(f"history is a {type(history).__name__}: pass a DataFrame of a monitor history, a "

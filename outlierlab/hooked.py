@@ -264,7 +264,7 @@ def _execute(loaded, batches: Sequence[dict], plan: _Plan, writer: CacheWriter |
 
 def _score(batch: dict, logits, start: int, scores: dict, keep_logits: bool) -> None:
     """Per scored token: its loss and whether the top prediction is right; the sums in the order
-    ``outlierlab.analysis.scored_rows.mlm_scores`` adds them, so the mean equals the ablation's to the bit."""
+    ``outlierlab.metrics.scored_rows.mlm_scores`` adds them, so the mean equals the ablation's to the bit."""
     sel = batch["labels"] != -100
     y = batch["labels"].to(logits.device)[sel.to(logits.device)]
     lg = logits.float()
@@ -412,7 +412,7 @@ def run_with_hooks(model: Any, texts: Sequence[str], hooks: Mapping[str, Callabl
                    keep_logits: bool = False) -> HookedRun:
     """The model's loss on ``texts``, per token, with ``hooks`` changing its activations on the way.
 
-    Scored as the ablation analysis scores (``evaluate.py analyses=[ablation]``, ``outlierlab.analyses.ablation``):
+    Scored as the ablation analysis scores (``evaluate.py analyses=[ablation]``, ``outlierlab.evaluation.analyses.ablation``):
     a masked LM on fixed, seeded masks -- ``mlm_probability`` of the non-special tokens replaced by the mask token
     (no 80/10/10), drawn per batch from ``seed`` and the texts' indices
     (``outlierlab.datamodules.scoring_batches.masked_batches``), so a run with hooks and one without, and the

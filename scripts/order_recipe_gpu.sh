@@ -12,7 +12,7 @@
 #     positions (measured: 12 cells, SEEDS="1 2 3", 250 s on one H100 took the mlm cells to 6,000 steps and the
 #     clm cells -- slower -- to ~5,500; 20 cells need about 8 minutes); then
 #     python scripts/export_cells.py gpu_runs/haviv docs/order_use/cells_objectives.parquet --stopped and
-#     python -m outlierlab.studies.objectives_report docs/order_use/cells_objectives.parquet --until 5000 \
+#     python -m lab.objectives_report docs/order_use/cells_objectives.parquet --until 5000 \
 #       --out docs/order_use/study_objectives   (docs/order_use.md, "Haviv's interaction")
 #   bash scripts/order_recipe_gpu.sh schemes [SECONDS_PER_CELL]   # sinusoidal, relative, rope, alibi x SCHEMES_SEEDS (1 2 3) of
 #     experiment=order_recipe (12 cells), beside the study's learned and none

@@ -8,7 +8,7 @@ cells of ``experiment=order_recipe_cpu`` (``docs/order_use/cpu.parquet``) go to 
 of every validation, learned beside none; the position probes' table from ``docs/order_use/probes/``.  The studies'
 tables (learned vs none at 3 and 5 seeds, every scheme, and on english_large the causal pair, the masked pair, every
 scheme and Haviv's 2 x 2) are generated blocks of
-docs/order_use.md: ``python -m outlierlab.studies.doc_tables docs/order_use.md`` writes them from each study folder's
+docs/order_use.md: ``python -m lab.doc_tables docs/order_use.md`` writes them from each study folder's
 ``contrasts.csv.xz``, and the tests check them.
 """
 

@@ -6,7 +6,7 @@
 
 For each checkpoint ``checkpoints/step*.ckpt`` of each run (and with ``--init`` its initialisation): K gradients of training batches of B blocks (the run's
 own data and masking; the same K batches at every checkpoint), and per parameter group the simple noise
-scale ``B_simple = tr(Σ) / |G|²`` (:mod:`outlierlab.analysis.gradient_noise`, McCandlish et al. 2018): the batch size
+scale ``B_simple = tr(Σ) / |G|²`` (:mod:`outlierlab.metrics.gradient_noise`, McCandlish et al. 2018): the batch size
 at which signal equals noise. ``snr_b32`` / ``snr_b128`` = b / B_simple: the signal-to-noise of a batch gradient at
 emergence_cpu's batch (32, the plateau lasts ~15,000 steps) and order_recipe's (128, it ends by ~3,000). Groups: the
 position table (the rows the blocks use), the token embeddings, the attention query/key weights (the path through
@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
-from outlierlab.analysis.gradient_noise import NoiseScale
+from outlierlab.metrics.gradient_noise import NoiseScale
 from outlierlab.jobs.startup import register_resolvers
 from outlierlab.utils.tables import md_table
 

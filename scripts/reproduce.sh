@@ -3,7 +3,7 @@
 # Four tiny encoders (learned, none, relative, rope) pretrained for the same budget on the embedded
 # corpus, then probed and evaluated. On 2 CPU cores the four runs share the machine (one thread each).
 #   bash scripts/reproduce.sh [STEPS] [OUT] [train|analyze|all]
-#   python -m outlierlab.reports.reproduction_tables OUT docs/reproduction   # the tables of docs/reproduction.md
+#   python -m lab.reproduction_tables OUT docs/reproduction   # the tables of docs/reproduction.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-800}

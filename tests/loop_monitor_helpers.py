@@ -14,7 +14,7 @@ import torch
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.jobs.posthoc_trainer import analyze_hf_checkpoints
 from outlierlab.models.layernorms import model_layernorms
-from outlierlab.reports.history import read_history
+from outlierlab.monitoring.history import read_history
 
 SETTINGS = dict(n_sequences=8, n_pairs=100)  # small held-out batch: one forward pass per record stays cheap
 BLOCK = 32

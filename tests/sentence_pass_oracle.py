@@ -16,13 +16,13 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from outlierlab.analysis.outlier_dims import detect_outlier_dims
-from outlierlab.analysis.outlier_stats import OutlierAccumulator
-from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator,
+from outlierlab.metrics.outlier_dims import detect_outlier_dims
+from outlierlab.metrics.outlier_stats import OutlierAccumulator
+from outlierlab.metrics.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator,
                                             intra_sentence_similarity)
-from outlierlab.analysis.transforms import FITTED, clip_dims_per_layer
+from outlierlab.metrics.transforms import FITTED, clip_dims_per_layer
 from outlierlab.evaluation.encoding import token_offsets
-from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings
+from outlierlab.metrics.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.evaluation.settings import TransformSettings
 from outlierlab.evaluation.words import WORD_RE, char_span_tokens, plan_vectors, select_words, word_plan
 
@@ -88,7 +88,7 @@ def padded_batches(encoder, texts, batch_size=None, chunk=1024):
     offsets: the whole-batch view the stream never builds, tokenized and sorted as the stream does."""
     from types import SimpleNamespace
 
-    from outlierlab.analysis.outlier_stats import valid_token_mask
+    from outlierlab.metrics.outlier_stats import valid_token_mask
 
     for c0 in range(0, len(texts), chunk):
         part = list(texts[c0:c0 + chunk])

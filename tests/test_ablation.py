@@ -1,4 +1,4 @@
-"""BERT Busters ablation (outlierlab.analyses.ablation, outlierlab.datamodules.scoring_batches, outlierlab.analysis.scored_rows, outlierlab.models.layernorms): weight surgery, masking,
+"""BERT Busters ablation (outlierlab.evaluation.analyses.ablation, outlierlab.datamodules.scoring_batches, outlierlab.metrics.scored_rows, outlierlab.models.layernorms): weight surgery, masking,
 scoring, run()."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_layernorms_of_layers_are_numbered_as_the_hidden_states():
 
 
 def test_planted_dim_is_the_detected_outlier():
-    from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
+    from outlierlab.metrics.layernorm_rule import LayerNormRule, layernorm_outliers
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 
     model, _ = tiny_mlm()
@@ -167,7 +167,7 @@ def test_evaluation_masking_is_deterministic_mask_only_and_skips_specials():
 
 
 def test_mlm_scores_hand_computed():
-    from outlierlab.analysis.scored_rows import mlm_scores
+    from outlierlab.metrics.scored_rows import mlm_scores
 
     logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
     labels = torch.tensor([[0, -100, 2]])
@@ -183,7 +183,7 @@ def test_mlm_scores_hand_computed():
 def test_mlm_scores_by_position_hand_computed():
     """Each scored token in the bucket of its position (1, 2-3, 4-7): real tokens counted, so under left padding
     column 3 is position 1; the buckets add up to the whole."""
-    from outlierlab.analysis.scored_rows import mlm_scores
+    from outlierlab.metrics.scored_rows import mlm_scores
 
     logits = torch.zeros(2, 6, 3)
     logits[0, 1, 0], logits[0, 5, 1], logits[1, 3, 0] = 2.0, 3.0, 1.0
@@ -205,7 +205,7 @@ def test_mlm_scores_by_position_hand_computed():
 
 
 def test_random_draws_avoid_outliers_and_follow_the_seed():
-    from outlierlab.analyses.ablation import run_ablation
+    from outlierlab.evaluation.analyses.ablation import run_ablation
     from outlierlab.datamodules.scoring_batches import masked_batches
 
     model, tok = tiny_mlm(layers=1, plant=False)
@@ -230,7 +230,7 @@ def test_random_draws_avoid_outliers_and_follow_the_seed():
 # ---------------------------------------------------------------------------------------------- run()
 def test_run_ablation_planted_outlier_rows(tmp_path):
     from outlierlab.models.loading import FrozenEncoder
-    from outlierlab.analyses.ablation import run
+    from outlierlab.evaluation.analyses.ablation import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
     ctx = make_ctx("ablation", enc, tmp_path, {"n_random": 3, "dims": [3], "max_length": 64, "batch_size": 8,
@@ -266,7 +266,7 @@ def test_run_ablation_planted_outlier_rows(tmp_path):
 
 def test_ablation_layers_zero_only_there(tmp_path):
     from outlierlab.models.loading import FrozenEncoder
-    from outlierlab.analyses.ablation import run
+    from outlierlab.evaluation.analyses.ablation import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
     settings = {"n_random": 2, "max_length": 64, "batch_size": 8, "example": None}
@@ -304,7 +304,7 @@ def save_hf_roberta_mlm(directory: Path) -> Path:
 
 
 def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
-    from outlierlab.analysis.scored_rows import mlm_scores
+    from outlierlab.metrics.scored_rows import mlm_scores
     from outlierlab.datamodules.scoring_batches import masked_batches
     from outlierlab.models.lm_model import load_mlm
 
@@ -326,7 +326,7 @@ def test_hf_mlm_loading_maps_layernorms_and_scores_like_hf(tmp_path):
 
 def test_encoder_without_mlm_head_is_skipped_with_a_note(tmp_path):
     from outlierlab.models.loading import FrozenEncoder
-    from outlierlab.analyses.ablation import run
+    from outlierlab.evaluation.analyses.ablation import run
 
     enc = FrozenEncoder(str(save_tiny_bert(tmp_path / "bert")), device="cpu")
     res = run(make_ctx("ablation", enc, tmp_path, {}))
@@ -335,7 +335,7 @@ def test_encoder_without_mlm_head_is_skipped_with_a_note(tmp_path):
 
 
 def test_bad_settings_fail_before_any_model_is_loaded(tmp_path):
-    from outlierlab.analyses.ablation import check
+    from outlierlab.evaluation.analyses.ablation import check
 
     with pytest.raises(ValueError, match="ablation.layernorms"):
         check(make_ctx("ablation", None, tmp_path, {"layernorms": ["ouput"]}))

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from outlierlab.analysis.activations import ActivationAccumulator, activation_kurtosis, max_median_ratio
-from outlierlab.analysis.attention_mass import (AttentionEntropyAccumulator, attention_entropy, attention_row_mass, sink_head_share,
+from outlierlab.metrics.activations import ActivationAccumulator, activation_kurtosis, max_median_ratio
+from outlierlab.metrics.attention_mass import (AttentionEntropyAccumulator, attention_entropy, attention_row_mass, sink_head_share,
                                 special_token_attention_mass)
-from outlierlab.analysis.outlier_dims import position_row_stats
-from outlierlab.analysis.outlier_stats import OutlierAccumulator, pooled_share
+from outlierlab.metrics.outlier_dims import position_row_stats
+from outlierlab.metrics.outlier_stats import OutlierAccumulator, pooled_share
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 from outlierlab.models.sites import InfNormRecorder, block_sites, encoder_blocks, monitored_forward
 

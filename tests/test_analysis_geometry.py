@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from outlierlab.analysis.isoscore import (covariance, isoscore, isoscore_from_covariance, isoscore_star,
+from outlierlab.metrics.isoscore import (covariance, isoscore, isoscore_from_covariance, isoscore_star,
                                           transformed_covariance)
-from outlierlab.analysis.postprocessing import default_abtt_d, fit_size
-from outlierlab.analysis.rogue_dims import (RogueSummary, cosine_contributions, ranking_without_top, rogue_summary,
+from outlierlab.metrics.postprocessing import default_abtt_d, fit_size
+from outlierlab.metrics.rogue_dims import (RogueSummary, cosine_contributions, ranking_without_top, rogue_summary,
                                            top_share)
-from outlierlab.analysis.similarity import anisotropy
-from outlierlab.analysis.transforms import FittedTransform, Whitener
-from outlierlab.analysis.whitening import DegenerateWhiteningError
+from outlierlab.metrics.similarity import anisotropy
+from outlierlab.metrics.transforms import FittedTransform, Whitener
+from outlierlab.metrics.whitening import DegenerateWhiteningError
 
 
 def _g(seed=0):
@@ -201,7 +201,7 @@ def test_fits_on_too_few_distinct_vectors_are_refused_as_whitening_is(method, p)
 
 def test_the_evaluation_core_restates_the_transform_names_of_the_analysis_package():
     # restated there so that a typo in transform=[...] fails before torch loads
-    from outlierlab.analysis.transforms import FITTED, TRANSFORMS
+    from outlierlab.metrics.transforms import FITTED, TRANSFORMS
     from outlierlab.evaluation import core
 
     assert core.TRANSFORMS == TRANSFORMS and core.FITTED == FITTED
@@ -218,7 +218,7 @@ def test_a_share_of_an_anisotropy_indistinguishable_from_zero_is_not_given():
 
 
 def test_the_monitor_records_the_top_dims_share_and_isoscore_per_layer():
-    from outlierlab.analysis.monitoring import hidden_state_records
+    from outlierlab.metrics.monitor_records import hidden_state_records
 
     hidden = torch.randn(3, 8, 12, 32, generator=_g(15))
     hidden[2, :, :, 9] += 25.0  # layer 2: one dim carries a large constant -> it causes the anisotropy
@@ -242,9 +242,9 @@ def test_isotropy_takes_the_transformed_covariance_without_products_for_none_and
     still goes through WᵀΣW, which equals the covariance of the mapped points."""
     from types import SimpleNamespace
 
-    from outlierlab.analysis.transform_fit import FittedTransforms
-    from outlierlab.analysis.transforms import clip_mask
-    from outlierlab.analyses.isotropy import transformed_layer_covariance
+    from outlierlab.metrics.transform_fit import FittedTransforms
+    from outlierlab.metrics.transforms import clip_mask
+    from outlierlab.evaluation.analyses.isotropy import transformed_layer_covariance
 
     def transform_matrix(st, name: str, layer: int) -> torch.Tensor:
         """W itself, ``[1, d, d]`` float64: I (none), diag(kept dims) (clip), the fitted map."""

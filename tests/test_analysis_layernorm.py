@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from outlierlab.analysis.layernorm import (LAYERNORM_ROW_FIELDS, flagged_from_rows, layernorm_divergence, layernorm_stats,
+from outlierlab.metrics.layernorm import (LAYERNORM_ROW_FIELDS, flagged_from_rows, layernorm_divergence, layernorm_stats,
                                 sigma_outlier_dims, sigma_outlier_mask)
 
 D = 64

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from outlierlab.analysis.outlier_dims import detect_outlier_dims, outlier_dims_by_share, outlier_dims_by_sigma, random_dims
-from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
+from outlierlab.metrics.outlier_dims import detect_outlier_dims, outlier_dims_by_share, outlier_dims_by_sigma, random_dims
+from outlierlab.metrics.outlier_stats import OutlierAccumulator, valid_token_mask
 
 L, N, D = 2, 2000, 32
 

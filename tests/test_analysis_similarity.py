@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy, cosine_matrix,
+from outlierlab.metrics.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy, cosine_matrix,
                                  intra_sentence_similarity, one_token_per_sentence, paired_sentence_tokens,
                                  pairwise_cosine, sample_cross_sentence_pairs, self_similarity)
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from outlierlab.analysis.outlier_dims import detect_outlier_dims
-from outlierlab.analysis.outlier_stats import OutlierAccumulator
-from outlierlab.analysis.similarity import anisotropy, paired_sentence_tokens
-from outlierlab.analysis.transforms import Whitener, clip
+from outlierlab.metrics.outlier_dims import detect_outlier_dims
+from outlierlab.metrics.outlier_stats import OutlierAccumulator
+from outlierlab.metrics.similarity import anisotropy, paired_sentence_tokens
+from outlierlab.metrics.transforms import Whitener, clip
 
 
 def test_clip_zeroes_exactly_the_requested_dims():
@@ -136,7 +136,7 @@ def test_eps_floor_handles_clipped_rank_deficient_data_and_state_roundtrip():
 
 
 # ------------------------------------------------------------------------- whitening guard
-from outlierlab.analysis.transforms import DegenerateWhiteningError, clip_dims_per_layer  # noqa: E402
+from outlierlab.metrics.transforms import DegenerateWhiteningError, clip_dims_per_layer  # noqa: E402
 
 
 def _reference_whiten(x: torch.Tensor, k=None) -> torch.Tensor:

@@ -30,6 +30,7 @@ def _cli(script: str, *args: str) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_evaluate_tables_equal_the_cli_csvs(tmp_path):
     import outlierlab as ol
 
@@ -67,6 +68,7 @@ def _fresh_cwd_and_tmpdir(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
     return work, tmp
 
 
+@pytest.mark.slow
 def test_evaluate_runs_in_memory_writes_nothing_and_equals_the_cli(tmp_path, monkeypatch, capsys):
     """On 50 texts ol.evaluate creates no file or directory -- the temporary directory and the working directory
     are listed before and after -- and its tables, side tables included, equal evaluate.py's CSVs exactly."""
@@ -142,6 +144,7 @@ def _probe_csv(path: Path):
     return pd.read_csv(path, dtype=dims, float_precision="round_trip")
 
 
+@pytest.mark.slow
 def test_probe_positions_runs_in_memory_writes_nothing_and_equals_probe_py(tmp_path, monkeypatch):
     """On a tiny BERT, ol.probe_positions creates no file or directory (the temporary and working directories are
     listed before and after), and each of its tables equals the CSV probe.py writes for the same texts and seed;

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import compose
 from outlierlab.jobs.run_errors import error_line, is_user_error
-from outlierlab.lightning_modules.callbacks.hidden_state_monitor import HiddenStateMonitor
-from outlierlab.lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
-from outlierlab.lightning_modules.callbacks.progress import ProgressLines
+from outlierlab.monitoring.hidden_state_monitor import HiddenStateMonitor
+from outlierlab.monitoring.layernorm_monitor import LayerNormMonitor
+from outlierlab.lightning_modules.callbacks.progress_lines import ProgressLines
 
 BAD = [
     ({"every_n_steps": "5"}, TypeError, r"^every_n_steps must be an integer >= 1, got '5' \(str\)$"),

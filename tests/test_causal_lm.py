@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from outlierlab.analysis.distance_similarity import DistanceSimilarity, distance_cosine_sums
+from outlierlab.metrics.distance_similarity import DistanceSimilarity, distance_cosine_sums
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 from outlierlab.models.positions import POSITION_SCHEMES
 

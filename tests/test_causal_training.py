@@ -11,6 +11,9 @@ import torch
 from tests.conftest import compose
 from tests.test_train import SMALL, small_cfg, train_losses
 
+# each test trains the causal model end to end (and resumes or evaluates it): the full suite's, not the fast tier's
+pytestmark = pytest.mark.slow
+
 
 def _rows(path):
     with open(path, newline="") as f:

@@ -39,6 +39,7 @@ def test_a_failed_write_leaves_the_previous_file_and_no_staging_file(tmp_path):
     assert sorted(p.name for p in dest.parent.iterdir()) == ["last.ckpt"]  # nothing under the new name
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_fails_mid_run_keeps_last_ckpt_and_resume_equals_a_straight_run(tmp_path, shared_cache,
                                                                                         monkeypatch):
     from outlierlab.jobs.training import train
@@ -129,6 +130,7 @@ def small_filesystem(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writer", ["staged", "lightning"])
 def test_a_full_disk_at_a_checkpoint_leaves_no_torn_file(small_filesystem, writer, shared_cache, monkeypatch):
     """The reported failure for real: the disk fills during the step-6 checkpoint. Lightning's own writer stages in

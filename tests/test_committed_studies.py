@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from outlierlab.studies.aggregate import build_parser
-from outlierlab.studies import committed as cs
+from lab import committed as cs
 from tests.conftest import ROOT
 
 _COMMAND = re.compile(r"python -m outlierlab\.studies\.aggregate ((?:\\\n|[^\n`#])+)")
@@ -72,7 +72,7 @@ def test_every_registry_entry_is_committed_compact():
 
 def study_csvs_the_doc_tables_read(monkeypatch) -> set[str]:
     """The folders (under docs/) of every ``study.csv`` that rendering every generated table of the docs reads."""
-    from outlierlab.studies import doc_table_reads, doc_tables
+    from lab import doc_table_reads, doc_tables
 
     read, original = [], doc_table_reads.read
     monkeypatch.setattr(doc_table_reads, "read", lambda path: read.append(path) or original(path))
@@ -82,6 +82,7 @@ def study_csvs_the_doc_tables_read(monkeypatch) -> set[str]:
     return {path.removeprefix("docs/").removesuffix("/study.csv") for path in read if path.endswith("/study.csv")}
 
 
+@pytest.mark.slow
 def test_study_csv_is_committed_exactly_where_a_table_or_a_page_reads_it(monkeypatch):
     """A study.csv.xz nothing reads is a third of the docs' bytes for no claim; one a table or a link reads must be
     there. The registry's declared set is what the readers give."""
@@ -196,7 +197,7 @@ def with_contrasts() -> list[str]:
 def contrast_reads(monkeypatch) -> list[tuple]:
     """(folder under docs/, contrast, metric, layer, step asked, step read) of every contrasts row that rendering every
     generated table of the docs reads through :func:`doc_table_reads.contrast_at`."""
-    from outlierlab.studies import doc_table_reads, doc_tables
+    from lab import doc_table_reads, doc_tables
 
     reads, original = [], doc_table_reads.contrast_at
 
@@ -215,6 +216,7 @@ def contrast_reads(monkeypatch) -> list[tuple]:
 QUOTED = {"emergence/seeds/study": frozenset({("hidden/argmax_share", None, 0)})}
 
 
+@pytest.mark.slow
 def test_the_rows_read_before_their_last_step_are_the_declared_ones(monkeypatch):
     """Derived from the readers: a table that reads a curve at an earlier step needs that series committed whole; a
     declared series no table reads that way is bytes for nothing."""
@@ -289,7 +291,8 @@ def test_family_counts_are_those_the_aggregator_stated_of_the_full_table(folder)
 def test_a_page_s_families_line_counts_the_full_table(tmp_path, monkeypatch):
     """The Families line of docs/emergence.md (from families.csv) against the rows of a fresh full contrasts.csv,
     counted here row by row."""
-    from outlierlab.studies import aggregate, doc_table_reads, doc_tables
+    from outlierlab.studies import aggregate
+    from lab import doc_table_reads, doc_tables
 
     monkeypatch.chdir(ROOT)
     argv = cs.argv_of("emergence/seeds/study")

@@ -107,6 +107,7 @@ def test_cli_fails_in_seconds_before_training(tmp_path):
     assert time.monotonic() - t0 < 10  # no Lightning/transformers import (≈ 25 s together here)
 
 
+@pytest.mark.slow
 def test_max_steps_equal_to_warmup_trains_to_the_end(cfg_train):
     """The reported crash: max_steps == warm-up divided by zero at the last step."""
     from outlierlab.jobs.training import train
@@ -117,6 +118,7 @@ def test_max_steps_equal_to_warmup_trains_to_the_end(cfg_train):
     assert metrics["train/loss"] == metrics["train/loss"]  # finite, not NaN
 
 
+@pytest.mark.slow
 def test_batch_larger_than_the_data_trains_on_what_there_is(tmp_path, shared_cache):
     """A batch larger than the training blocks is not an error: each step sees all blocks (a sensible reading)."""
     from outlierlab.jobs.training import train

@@ -32,6 +32,7 @@ def test_unbounded_or_empty_runs_are_refused():
         data_budget(0, 0, 32, max_steps=5)
 
 
+@pytest.mark.slow
 def test_train_logs_the_budget_and_warns_in_the_memorisation_regime(tmp_path, shared_cache, caplog):
     from outlierlab.jobs.training import train
     from tests.test_train import small_cfg

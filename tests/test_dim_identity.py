@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from outlierlab.analysis.dim_identity import layer_identity
+from outlierlab.metrics.layer_identity import layer_identity
 from outlierlab.studies import dim_identity as di
 
 ROOT = Path(__file__).resolve().parent.parent

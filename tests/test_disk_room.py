@@ -74,9 +74,9 @@ def test_enough_room_for_the_exact_count_runs(encoder, monkeypatch):
 
 
 def test_wic_and_sts_say_which_setting_makes_room(encoder, monkeypatch):
-    from outlierlab.analyses.sts import sentence_vectors
-    from outlierlab.analysis.transform_fit import WhitenSettings
-    from outlierlab.analyses.wic import target_vectors
+    from outlierlab.evaluation.analyses.sts import sentence_vectors
+    from outlierlab.metrics.transform_fit import WhitenSettings
+    from outlierlab.evaluation.analyses.wic import target_vectors
 
     s = "The bank was closed."
     pairs = [{"sentence1": s, "sentence2": s, "start1": 4, "end1": 8, "start2": 4, "end2": 8, "label": True}]

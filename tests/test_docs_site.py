@@ -92,6 +92,7 @@ def site(tmp_path_factory) -> Path:
     return out / "site"
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict(site):
     reference = (site / "reference" / "index.html").read_text()
     # the API reference is generated from the docstrings, not written by hand
@@ -99,12 +100,14 @@ def test_the_site_builds_strict(site):
     assert (site / "quickstart" / "index.html").exists()
 
 
+@pytest.mark.slow
 def test_no_page_shows_a_raw_sphinx_role(site):
     raw = {str(page.relative_to(site)): sorted(set(RAW_ROLE.findall(page.read_text()))) or RAW_ROLE.search(
         page.read_text()).group() for page in site.rglob("*.html") if RAW_ROLE.search(page.read_text())}
     assert not raw, f"raw Sphinx roles in the built site: {raw}"
 
 
+@pytest.mark.slow
 def test_the_reference_renders_numpy_sections(site):
     reference = (site / "reference" / "index.html").read_text()
     evaluate = reference[reference.index('id="outlierlab.api.evaluate"'):reference.index('id="outlierlab.api.probe_positions"')]
@@ -115,6 +118,7 @@ def test_the_reference_renders_numpy_sections(site):
         assert re.search(rf"<code>{name}</code>", evaluate), name
 
 
+@pytest.mark.slow
 def test_the_reference_names_every_valid_analysis_and_transform(site):
     from outlierlab.evaluation.registry import ANALYSIS_MODULES
     from outlierlab.jobs.overrides import group_options
@@ -137,6 +141,7 @@ class _Links(HTMLParser):
                 self.targets.append(value)
 
 
+@pytest.mark.slow
 def test_every_relative_link_of_the_site_leads_somewhere(site):
     """What mkdocs leaves as it is (a folder, a file outside docs/) is a dead link in the site: every relative href
     and src of every built page reaches a page or a file of the site."""
@@ -157,6 +162,7 @@ def test_every_relative_link_of_the_site_leads_somewhere(site):
     assert checked > 1000 and not dead, "\n".join(sorted(set(dead)))
 
 
+@pytest.mark.slow
 def test_the_notebook_page_shows_its_outputs(site):
     page = (site / "quickstart" / "index.html").read_text()
     assert "(6, 384)" in page                       # the first cell's result: MiniLM's layers and width

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from outlierlab.analysis.layernorm import LAYERNORM_ROW_FIELDS
-from outlierlab.analyses import ablation, frequent_tokens, isotropy, order_use, outliers, qk_outliers, sts
+from outlierlab.metrics.layernorm import LAYERNORM_ROW_FIELDS
+from outlierlab.evaluation.analyses import ablation, frequent_tokens, isotropy, order_use, outliers, qk_outliers, sts
 from tests.conftest import ROOT
 from tests.test_evaluate_run import COLUMNS as WRITTEN
 

@@ -33,8 +33,9 @@ def test_readme_and_docs_pages_narrate_no_history():
 
 
 def test_the_code_narrates_no_history():
-    """The package, its tests, benchmarks, scripts and configs (this file's own examples apart)."""
-    files = [p for folder in ("outlierlab", "tests", "benchmarks", "scripts", "configs")
+    """The package, its tests, benchmarks, scripts, the docs generators (lab/) and configs (this file's own examples
+    apart)."""
+    files = [p for folder in ("outlierlab", "tests", "benchmarks", "scripts", "lab", "configs")
              for p in sorted((ROOT / folder).rglob("*")) if p.suffix in (".py", ".yaml", ".sh") and p.is_file()
              and p != Path(__file__).resolve()]
     assert not (hits := history_lines(files)), "history words:\n" + "\n".join(hits)

@@ -43,9 +43,10 @@ def texts(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_a_decoder_from_the_hub_format(tmp_path, texts):
-    from outlierlab.analysis.order_use import order_use
-    from outlierlab.analyses.attention_sinks import text_batches
+    from outlierlab.metrics.word_order import order_use
+    from outlierlab.evaluation.analyses.attention_sinks import text_batches
 
     model, tok = build("gpt2", seed=0)
     rows = _evaluate(save(model, tok, tmp_path / "gpt2"), texts, tmp_path / "out")
@@ -88,7 +89,7 @@ def test_our_masked_run_without_positions_is_flagged(tmp_path, texts):
 def test_only_masked_models_of_ours_without_positions_are_orderless():
     from types import SimpleNamespace
 
-    from outlierlab.analyses.order_use import orderless
+    from outlierlab.evaluation.analyses.order_use import orderless
 
     def loaded(config, decoder=False):
         return SimpleNamespace(model=SimpleNamespace(config=config), is_decoder=decoder)
@@ -115,6 +116,7 @@ def test_texts_with_nothing_to_shuffle_leave_the_rest_of_the_section(tmp_path):
     assert "Sentence vectors not compared: the sentence-vector order change needs at least one text with two" in report
 
 
+@pytest.mark.slow
 def test_probe_py_reports_the_order_use_evaluate_py_measures(tmp_path):
     """The position probe's order-use section (probe.py ``probe.order_use=true``, the default) is evaluate.py's
     ``order_use`` on the same sentences and seed: the same rows, on the shipped MiniLM (no LM head: its attention

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from outlierlab.analysis.activations import activation_kurtosis, max_median_ratio
+from outlierlab.metrics.activations import activation_kurtosis, max_median_ratio
 from outlierlab.evaluation.activation_pass import ActivationObserver
-from outlierlab.analyses.outliers import position_outliers
+from outlierlab.evaluation.analyses.outliers import position_outliers
 from outlierlab.evaluation.sentence_pass import pass_settings, run_sentence_pass
 from tests.conftest import compose
 from probe_fixtures import SENTENCES

@@ -77,6 +77,7 @@ def test_a_run_stopped_half_way_in_a_reused_dir_does_not_read_as_the_earlier_eva
     assert not (out / "results.json").exists() and not (out / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_the_command_line_in_a_reused_run_dir_keeps_one_runs_tensorboard_events(tmp_path):
     out = tmp_path / "run"
     common = [f"hydra.run.dir={out}", "transform=[none]", "data.max_sentences=40", "plots=false", "progress=false"]

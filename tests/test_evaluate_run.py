@@ -33,7 +33,7 @@ COLUMNS = {
                 "mean_cos_same", "mean_cos_diff", "n_pairs"],
     "sts.csv": ["layer", "transform", "dataset", "subset", "split", "spearman", "n_pairs"],
 }
-# every whitened row states what the whitener was fitted on (outlierlab.analysis.whitening.WhiteningFit.columns)
+# every whitened row states what the whitener was fitted on (outlierlab.metrics.whitening.WhiteningFit.columns)
 WHITEN = ["whiten_fit", "whiten_n", "whiten_distinct", "whiten_rank", "whiten_k", "whiten_degenerate"]
 COLUMNS = {name: cols + WHITEN for name, cols in COLUMNS.items()}
 
@@ -137,6 +137,7 @@ def test_end_to_end_writes_every_report_file(full_run):
     assert all(-1.0 <= float(r["spearman"]) <= 1.0 for r in sts_rows)
 
 
+@pytest.mark.slow
 def test_plots_false_writes_the_same_numbers_and_no_figure(inputs, full_run, tmp_path):
     """``plots=false`` (a checkpoint series, a sweep): the same CSVs byte for byte, no PNG, a report that links
     none and a results.json that lists none."""
@@ -178,7 +179,7 @@ def test_unknown_transform_group_fails_before_hydra(tmp_path):
 def test_offline_hub_datasets_fail_fast_with_the_message(compose_cfg):
     from outlierlab.datamodules.pair_sets import load_sts_pairs
     from outlierlab.evaluation.settings import WicSettings, section_settings
-    from outlierlab.analyses.wic import load_pairs as wic_pairs
+    from outlierlab.evaluation.analyses.wic import load_pairs as wic_pairs
 
     with pytest.raises(ConnectionError, match=r"cannot load hub dataset 'mteb/sts12-sts' split 'test'.*offline.*"
                                               r"sts\.files=\[pairs\.csv\]"):
@@ -189,7 +190,7 @@ def test_offline_hub_datasets_fail_fast_with_the_message(compose_cfg):
 
 def test_sts_is_skipped_with_instructions_by_default(compose_cfg, tmp_path):
     from outlierlab.evaluation.registry import EvalContext
-    from outlierlab.analyses.sts import run
+    from outlierlab.evaluation.analyses.sts import run
 
     cfg = compose_cfg("evaluate", [])
     res = run(EvalContext(None, cfg.sts, cfg, ["none"], tmp_path))

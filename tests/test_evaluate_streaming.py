@@ -1,4 +1,4 @@
-"""evaluate.py's streaming layer (outlierlab/evaluation/sentence_pass.py, outlierlab/analyses/wic.py) against all-in-memory computations.
+"""evaluate.py's streaming layer (outlierlab/evaluation/sentence_pass.py, outlierlab/evaluation/analyses/wic.py) against all-in-memory computations.
 
 The encoder is a real FrozenEncoder (tiny BERT directory, real MiniLM WordPiece tokenizer, real batching and
 padding) whose forward pass is replaced by a per-token lookup — hidden state = f(token id, position) with a
@@ -205,7 +205,7 @@ def test_word_spans_average_subwords_and_keep_one_occurrence_per_sentence(encode
 
 
 def test_wic_target_span_maps_char_offsets_to_tokens(encoder):
-    from outlierlab.analyses.wic import target_vectors
+    from outlierlab.evaluation.analyses.wic import target_vectors
 
     tok = encoder.tokenizer
     s1 = "Café owners by the riverbank said the bank was closed."
@@ -236,7 +236,7 @@ def test_wic_target_vectors_live_on_disk_one_layer_at_a_time(encoder, tmp_path, 
     zeros, each layer reads back alone, and the files go with cleanup()."""
     import tempfile
 
-    from outlierlab.analyses.wic import target_vectors
+    from outlierlab.evaluation.analyses.wic import target_vectors
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     s1, s2 = "The bank was closed.", "She sat on the bank."

@@ -30,7 +30,7 @@ def test_rule_flags_exactly_the_planted_dim_in_every_family(tmp_path, model_type
     settings) flags exactly that dim; with bounded noise alone it flags none.  Loaded back from disk through
     load_mlm, i.e. with the family's own LM-head class.  Norms without gain or bias (OLMo): the rule says it
     cannot judge any of them, as for our layernorm_noaffine runs."""
-    from outlierlab.analysis.layernorm_rule import layernorm_outliers
+    from outlierlab.metrics.layernorm_rule import layernorm_outliers
     from outlierlab.models.lm_model import load_mlm
     from outlierlab.models.families import PRE_KINDS, REORDERED_KINDS, family_of
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
@@ -71,7 +71,7 @@ def test_rule_flags_exactly_the_planted_dim_in_every_family(tmp_path, model_type
 def test_pre_ln_and_reordered_blocks_judge_both_norms_of_a_layer(model_type):
     """A dim planted only in the norms of the MLP (pre-LN: before it; reordered, OLMo 2/3: on its output),
     another only in those of the attention: both are outliers."""
-    from outlierlab.analysis.layernorm_rule import layernorm_outliers
+    from outlierlab.metrics.layernorm_rule import layernorm_outliers
     from outlierlab.models.families import PRE_KINDS, REORDERED_KINDS, family_of
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms, select_layernorms
 
@@ -90,7 +90,7 @@ def test_pre_ln_and_reordered_blocks_judge_both_norms_of_a_layer(model_type):
 
 def test_our_pre_ln_encoder_gets_the_same_mapping():
     """model.norm_placement=pre: our blocks' norms are judged as a pre-LN hub model's are."""
-    from outlierlab.analysis.layernorm_rule import layernorm_outliers
+    from outlierlab.metrics.layernorm_rule import layernorm_outliers
     from outlierlab.models import EncoderConfig, RobertaMaskedLM
     from outlierlab.models.families import family_of
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
@@ -140,9 +140,9 @@ def test_unregistered_model_type_is_one_line_and_the_other_analyses_run(tmp_path
 def test_next_token_ablation_of_the_dim_the_lm_head_reads(tmp_path):
     """A stand-in decoder (GPT-2) whose LM head reads only the planted dim: zeroing that dim in its norms
     (both per-layer norms and the final norm) changes the next-token loss far more than as many random dims."""
-    from outlierlab.analysis.layernorm_rule import LayerNormRule
-    from outlierlab.analyses.ablation import run_ablation
-    from outlierlab.analyses.ln_rule import detect_layernorm_outliers, zeroed_kinds
+    from outlierlab.metrics.layernorm_rule import LayerNormRule
+    from outlierlab.evaluation.analyses.ablation import run_ablation
+    from outlierlab.evaluation.analyses.ln_rule import detect_layernorm_outliers, zeroed_kinds
     from outlierlab.models.lm_model import load_mlm
     from outlierlab.datamodules.scoring_batches import next_token_batches
 
@@ -197,7 +197,7 @@ def test_attention_sinks_on_a_planted_decoder(tmp_path):
     the causal mask is respected (no mass on later tokens)."""
     from test_ablation import make_ctx
 
-    from outlierlab.analyses.attention_sinks import run
+    from outlierlab.evaluation.analyses.attention_sinks import run
     from outlierlab.models.loading import FrozenEncoder
 
     model, tok = _planted_sink_gpt2()
@@ -212,7 +212,7 @@ def test_attention_sinks_on_a_planted_decoder(tmp_path):
 
 
 def test_later_key_mass_tells_causal_from_bidirectional():
-    from outlierlab.analysis.attention_mass import first_token_mask, later_key_mass, special_key_masks
+    from outlierlab.metrics.attention_mass import first_token_mask, later_key_mass, special_key_masks
 
     t = 4
     bidirectional = torch.full((1, 1, t, t), 1 / t)
@@ -439,7 +439,7 @@ def test_frequency_reads_the_model_own_lm_head(tmp_path):
     named with the head's objective; a dim with random head weights is far from it."""
     from test_ablation import make_ctx
 
-    from outlierlab.analyses.frequency import run
+    from outlierlab.evaluation.analyses.frequency import run
     from outlierlab.models.loading import FrozenEncoder
 
     lines = [f"The {w} walked into the {p} and sat down near the fire." for w in ("captain", "lady", "admiral")

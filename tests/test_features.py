@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from outlierlab.analysis.outlier_stats import OutlierAccumulator
-from outlierlab.analysis.transform_fit import fit_transform
+from outlierlab.metrics.outlier_stats import OutlierAccumulator
+from outlierlab.metrics.transform_fit import fit_transform
 from outlierlab.datamodules.features import FeatureSet, RowBatches, chunk_outlier_stats, extract_features, iter_chunks
 from outlierlab.models.loading import FrozenEncoder
 from probe_fixtures import SENTENCES, save_tiny_bert

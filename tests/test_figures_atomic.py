@@ -35,26 +35,26 @@ def _torn_savefig(fig, fname, *args, **kwargs):
 
 
 def _plot_frequent_tokens(path):
-    from outlierlab.analyses.frequent_tokens import _plot
+    from outlierlab.evaluation.analyses.frequent_tokens import _plot
     rows = [{"rule": "model", "condition": "full", "spearman": 0.5, "logprob_spearman": 0.2},
             {"rule": "3sigma", "condition": "zeroed", "spearman": 0.1, "logprob_spearman": float("nan")}]
     _plot(rows, path)
 
 
 def _plot_qk(path):
-    from outlierlab.analyses.qk_outliers import _heatmap
+    from outlierlab.evaluation.analyses.qk_outliers import _heatmap
     _heatmap({"q_max": torch.rand(2, 2, 4), "k_max": torch.rand(2, 2, 4)}, [None], path, "qk")
 
 
 def _plot_frequency(path):
-    from outlierlab.analyses.frequency import _scatter
+    from outlierlab.evaluation.analyses.frequency import _scatter
     table = SimpleNamespace(freqs=np.array([0, 3, 10, 100]), dims=[5], means=torch.rand(2, 4, 1),
                             rho=torch.rand(2, 1))
     _scatter(table, [1], {1: 5}, path, "mean value", "frequency")
 
 
 def _plot_sinks(path):
-    from outlierlab.analyses.attention_sinks import _heatmap
+    from outlierlab.evaluation.analyses.attention_sinks import _heatmap
     _heatmap({"full": {"bos": torch.rand(2, 3), "eos": torch.rand(2, 3)}}, path, "sinks")
 
 
@@ -69,7 +69,7 @@ def _plot_vectors(path):
 
 
 def _plot_reproduction(path, monkeypatch):
-    from outlierlab.reports import reproduction_tables
+    from lab import reproduction_tables
     monkeypatch.setattr(sys, "argv", ["reproduction_tables", "runs", str(path.parent)])
     assert reproduction_tables.line_plot({"rope": ([0, 1], [0.5, 0.7])}, "step", "acc", path.name) == path
 

@@ -1,4 +1,4 @@
-"""Puccetti et al. frequency analysis (outlierlab.analyses.frequency) and attention sinks (outlierlab.analyses.attention_sinks)."""
+"""Puccetti et al. frequency analysis (outlierlab.evaluation.analyses.frequency) and attention sinks (outlierlab.evaluation.analyses.attention_sinks)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ CORPUS = ["the the the the the cat", "the cat sat", "a dog", "the cat and the do
 # -------------------------------------------------------------------------------------------- frequency
 def test_frequency_table_known_rank_correlation():
     """6 types with known frequencies; per-type values designed so ρ is +1, -1 and a hand-computed value."""
-    from outlierlab.analysis.frequency import frequency_table
+    from outlierlab.metrics.frequency_stats import frequency_table
 
     freq = np.zeros(20, dtype=np.int64)
     types = np.array([3, 5, 8, 11, 14, 17])
@@ -62,7 +62,7 @@ def test_frequency_table_known_rank_correlation():
 def test_pretraining_counts_come_from_the_run_config(tmp_path):
     from outlierlab.models.loading import FrozenEncoder
     from outlierlab.datamodules.token_counts import count_tokens, pretraining_counts
-    from outlierlab.analyses.frequency import run
+    from outlierlab.evaluation.analyses.frequency import run
 
     run_dir = tmp_path / "train_run"
     save_planted(run_dir / "hf")
@@ -96,7 +96,7 @@ def test_pretraining_counts_come_from_the_run_config(tmp_path):
 def test_frequency_counts_on_eval_text_for_unknown_corpus(tmp_path):
     """An encoder that is not a train.py run: frequencies are counted on the evaluated text (said so)."""
     from outlierlab.models.loading import FrozenEncoder
-    from outlierlab.analyses.frequency import run
+    from outlierlab.evaluation.analyses.frequency import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
     res = run(make_ctx("frequency", enc, tmp_path, {"dims": [1, PLANTED_DIM]}))
@@ -130,8 +130,8 @@ def test_frequency_counts_on_eval_text_for_unknown_corpus(tmp_path):
 
 # --------------------------------------------------------------------------------------- attention sinks
 def test_sink_masses_hand_built_attention():
-    from outlierlab.analysis.attention_mass import sink_masses
-    from outlierlab.analyses.attention_sinks import sink_rows
+    from outlierlab.metrics.attention_mass import sink_masses
+    from outlierlab.evaluation.analyses.attention_sinks import sink_rows
 
     bos, eos, pad = 0, 2, 1
     ids1 = torch.tensor([[0, 5, 6, 2], [0, 7, 2, 1]])
@@ -167,9 +167,9 @@ def test_sink_masses_hand_built_attention():
 
 
 def test_attention_sinks_run_intact_vs_disabled(tmp_path):
-    from outlierlab.analysis.attention_mass import special_key_masks, special_token_attention_mass
+    from outlierlab.metrics.attention_mass import special_key_masks, special_token_attention_mass
     from outlierlab.models.loading import FrozenEncoder
-    from outlierlab.analyses.attention_sinks import run
+    from outlierlab.evaluation.analyses.attention_sinks import run
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")
     ctx = make_ctx("attention_sinks", enc, tmp_path, {"batch_size": 64}, text_lines=SENTENCES)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from scipy import stats
 
-from outlierlab.analysis.frequent_tokens import frequency_spearman, lin_coeff, macocco_outlier_dims, split_logits
-from outlierlab.analyses.frequent_tokens import late_labels, score_conditions
+from outlierlab.metrics.frequent_token_logits import frequency_spearman, lin_coeff, macocco_outlier_dims, split_logits
+from outlierlab.evaluation.analyses.frequent_tokens import late_labels, score_conditions
 
 
 
@@ -156,7 +156,7 @@ def test_frequent_tokens_and_qk_outliers_run_on_our_model_and_a_hub_bert(tmp_pat
         tok.save_pretrained(directory)
         return directory
 
-    from outlierlab.analyses import frequent_tokens, qk_outliers
+    from outlierlab.evaluation.analyses import frequent_tokens, qk_outliers
     from outlierlab.models.loading import FrozenEncoder
 
     for name, path in (("ours", save_planted(tmp_path / "ours")), ("bert", save_tiny_bert_mlm(tmp_path / "bert"))):
@@ -200,7 +200,7 @@ def test_a_decoder_is_scored_at_one_late_position_per_sequence_by_default(tmp_pa
     from test_ablation import make_ctx
 
     from outlierlab.datamodules.scoring_batches import pack_texts
-    from outlierlab.analyses import frequent_tokens
+    from outlierlab.evaluation.analyses import frequent_tokens
     from outlierlab.models.loading import FrozenEncoder
 
     enc = FrozenEncoder(str(save(*build("llama"), tmp_path / "llama")), device="cpu")

@@ -24,7 +24,7 @@ def test_a_monitor_figure_is_synced_before_its_rename_and_a_full_disk_leaves_the
     empty file under the figure's name), as every other atomic write of the project."""
     import os
 
-    from outlierlab.reports.monitor_plots import save_png
+    from outlierlab.monitoring.monitor_plots import save_png
 
     image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
     calls = []
@@ -77,7 +77,7 @@ def test_a_full_disk_leaves_no_torn_sweep_outcome(tmp_path, monkeypatch):
 
 
 def test_a_full_disk_leaves_the_docs_page_the_tables_are_rendered_into(tmp_path, monkeypatch):
-    from outlierlab.studies import doc_tables
+    from lab import doc_tables
 
     doc = tmp_path / "page.md"
     stale = "# Hand-written\n\n<!-- generated: emergence_seeds -->\nold\n<!-- end generated -->\n\nHand-written end.\n"
@@ -93,7 +93,7 @@ def test_a_full_disk_leaves_the_docs_page_the_tables_are_rendered_into(tmp_path,
 def test_a_full_disk_leaves_the_earlier_emergence_grid(tmp_path, monkeypatch):
     import csv
 
-    from outlierlab.studies import emergence_tables
+    from lab import emergence_tables
 
     table = tmp_path / "switches.csv"
     cols = [c for c, _, _ in emergence_tables.GRID_METRICS]

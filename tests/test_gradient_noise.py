@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from outlierlab.analysis.gradient_noise import NoiseScale
+from outlierlab.metrics.gradient_noise import NoiseScale
 
 
 def test_hand_computed_three_gradients():

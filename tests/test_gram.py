@@ -1,11 +1,11 @@
-"""The Gram under every covariance (outlierlab.analysis.gram): the upper-triangular block products must give the
+"""The Gram under every covariance (outlierlab.metrics.gram): the upper-triangular block products must give the
 same xᵀx as the plain product, exactly symmetric, for every layout the whitener and IsoScore hand it."""
 
 import numpy as np
 import pytest
 import torch
 
-from outlierlab.analysis.gram import gram
+from outlierlab.metrics.gram import gram
 
 
 def test_a_hand_computed_gram():

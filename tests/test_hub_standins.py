@@ -167,7 +167,7 @@ def test_probe_tasks_load_the_hub_layout(hub, task, labels):
 def test_superglue_wic_and_sts_load_the_hub_layout(hub):
     from outlierlab.datamodules.pair_sets import STS_HUB, load_sts_pairs
     from outlierlab.evaluation.settings import WicSettings, section_settings
-    from outlierlab.analyses.wic import load_pairs as load_wic_pairs
+    from outlierlab.evaluation.analyses.wic import load_pairs as load_wic_pairs
 
     pairs, _ = load_wic_pairs(section_settings(WicSettings, compose("evaluate", ["wic=superglue"])), split="validation")
     assert hub["datasets"][-1] == {"path": "aps/super_glue", "name": "wic", "split": "validation",

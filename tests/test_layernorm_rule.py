@@ -1,4 +1,4 @@
-"""THE LayerNorm-outlier rule (outlierlab.analysis.layernorm_rule; Kovaleva et al. 2021, Puccetti et al. 2022): planted gain-only /
+"""THE LayerNorm-outlier rule (outlierlab.metrics.layernorm_rule; Kovaleva et al. 2021, Puccetti et al. 2022): planted gain-only /
 bias-only / both dims, the layer count, what it cannot judge, and the monitor, evaluate.py's outliers analysis and
 the ablation flagging identical dims on one checkpoint."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers, min_layers_for
+from outlierlab.metrics.layernorm_rule import LayerNormRule, layernorm_outliers, min_layers_for
 
 D = 48
 
@@ -127,7 +127,7 @@ def test_monitor_outliers_analysis_and_ablation_flag_identical_dims(tmp_path):
     from hydra import compose, initialize_config_dir
 
     import evaluate
-    from outlierlab.lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
+    from outlierlab.monitoring.layernorm_monitor import LayerNormMonitor
     from outlierlab.models.loading import FrozenEncoder
     from probe_fixtures import SENTENCES
 

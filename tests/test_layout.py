@@ -1,24 +1,44 @@
-"""The layout README promises: every package imports only packages below it (no cycle, no upward import),
-and outlierlab/lightning_modules/ holds only LightningModules, callbacks and loggers."""
+"""The layout docs/layout.md promises: every package imports only packages below it (no cycle, no upward import),
+one file name per module, the installed package reads nothing of the repository around it (the docs generators
+are the repository's lab/), the evaluation engine and its analyses import no job, and outlierlab/lightning_modules/
+holds only LightningModules, callbacks and loggers."""
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "outlierlab"
-# README "Layout", top to bottom; entry scripts and scripts/ sit above all of them
-ORDER = ["studies", "jobs", "lightning_modules", "monitoring", "analyses", "evaluation", "reports", "datamodules", "models", "analysis", "utils"]
+# docs/layout.md, top to bottom; entry scripts, api.py, hooked.py, scripts/ and lab/ sit above all of them
+ORDER = ["studies", "jobs", "lightning_modules", "evaluation", "monitoring", "reports", "datamodules", "models",
+         "metrics", "utils"]
 
 
-def _imported_packages(path: Path) -> set[str]:
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module ``path`` imports, anywhere in it (inside functions too), relative imports made absolute, and the
+    modules it names to ``importlib.import_module`` as a literal."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    names = set()
+    package = _module_of(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names |= {_role(a.name) for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(_role(node.module))
-    return names & set(ORDER)
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[:len(package) - node.level + 1], *([base] if base else [])])
+            found += [base, *(f"{base}.{a.name}" for a in node.names)]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.append(node.args[0].value)
+    return found
 
 
 def _role(module: str) -> str:
@@ -29,10 +49,21 @@ def _role(module: str) -> str:
 
 def test_imports_run_one_way():
     rank = {p: i for i, p in enumerate(ORDER)}
-    upward = [f"{f.relative_to(ROOT)} imports {t}"
-              for pkg in ORDER for f in sorted((PACKAGE / pkg).rglob("*.py"))
-              for t in _imported_packages(f) if rank[t] < rank[pkg]]
+    upward = sorted({f"{f.relative_to(ROOT)} imports {t}"
+                     for pkg in ORDER for f in sorted((PACKAGE / pkg).rglob("*.py"))
+                     for m in _imports(f) if m.startswith("outlierlab.")
+                     for t in [_role(m)] if t in rank and rank[t] < rank[pkg]})
     assert not upward, "imports against the layout:\n" + "\n".join(upward)
+
+
+def test_evaluation_imports_no_job():
+    """The engine and its analyses (a user's own analysis is written against them) run without the job layer: the
+    job that writes a run directory calls them, never the other way round.  api.py is not held to it: it composes
+    the configs through jobs/overrides.py and jobs/startup.py, ``ol.probe_positions`` is the probe job's own
+    function (jobs/probing.py, with jobs/probe_settings.py) and ``out_dir=`` writes the jobs' run directory."""
+    offenders = [f"{f.relative_to(ROOT)}: {m}" for f in sorted((PACKAGE / "evaluation").rglob("*.py"))
+                 for m in _imports(f) if m == "outlierlab.jobs" or m.startswith("outlierlab.jobs.")]
+    assert not offenders, "evaluation imports the jobs:\n" + "\n".join(offenders)
 
 
 def test_lightning_modules_holds_only_lightning_code():
@@ -57,7 +88,8 @@ def test_one_top_level_name_and_no_bare_role_imports():
     assert 'include = ["outlierlab*"]' in pyproject and "py-modules" not in pyproject
     bare = []
     for f in [*sorted(PACKAGE.rglob("*.py")), *sorted(ROOT.glob("*.py")), *sorted((ROOT / "scripts").rglob("*.py")),
-              *sorted((ROOT / "benchmarks").rglob("*.py")), *sorted((ROOT / "tests").rglob("*.py"))]:
+              *sorted((ROOT / "benchmarks").rglob("*.py")), *sorted((ROOT / "tests").rglob("*.py")),
+              *sorted((ROOT / "lab").rglob("*.py"))]:
         tree = ast.parse(f.read_text(), filename=str(f))
         for node in ast.walk(tree):
             mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
@@ -67,17 +99,72 @@ def test_one_top_level_name_and_no_bare_role_imports():
 
 
 def test_a_module_name_says_what_it_is_once():
-    """Module names repeat across the package only where docs/layout.md says why: analysis/<x>.py holds the formulas
-    of the evaluate.py analysis analyses/<x>.py, and two more pairs whose packages tell them apart."""
-    from collections import defaultdict
-
+    """No two modules of the package share a file name (``__init__.py`` aside): a name found in a traceback, an
+    import or a search names one module.  A formula module and the analysis that applies it are named apart
+    (``metrics/wic_thresholds.py``, ``evaluation/analyses/wic.py``)."""
     where = defaultdict(list)
     for path in PACKAGE.rglob("*.py"):
         if path.name != "__init__.py":
-            where[path.stem].append(str(path.parent.relative_to(PACKAGE)))
+            where[path.name].append(str(path.parent.relative_to(PACKAGE)))
     repeated = {name: sorted(dirs) for name, dirs in where.items() if len(dirs) > 1}
-    formulas_of_an_analysis = {name for name, dirs in repeated.items() if dirs == ["analyses", "analysis"]}
-    assert formulas_of_an_analysis == {"frequency", "frequent_tokens", "order_use", "qk_outliers", "sts", "wic"}
-    others = {name: dirs for name, dirs in repeated.items() if name not in formulas_of_an_analysis}
-    assert others == {"dim_identity": ["analysis", "studies"],  # one monitor history's answer; a study's, over cells
-                      "progress": ["lightning_modules/callbacks", "utils"]}  # log lines; the Lightning callback
+    assert not repeated, f"module file names used more than once: {repeated}"
+
+
+def _climbs_out(path: Path, tree: ast.AST) -> list[str]:
+    """Where a module walks from ``__file__`` up past the package's own folder (``parents[k]`` / ``.parent``
+    chains): what it reaches there is the repository of a source checkout, absent from an installed wheel."""
+    depth = len(path.relative_to(PACKAGE).parts)  # parents[depth - 1] is outlierlab/, parents[depth] the repository
+    found = []
+    for node in ast.walk(tree):
+        if not any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(node)):
+            continue
+        if (isinstance(node, ast.Subscript) and getattr(node.value, "attr", "") == "parents"
+                and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int)
+                and node.slice.value >= depth):
+            found.append(f"parents[{node.slice.value}] (line {node.lineno})")
+        elif isinstance(node, ast.Attribute) and node.attr == "parent":
+            chain, n = 0, node
+            while isinstance(n, ast.Attribute) and n.attr == "parent":
+                chain, n = chain + 1, n.value
+            if chain > depth:  # Path(__file__).parent is the file's own folder
+                found.append(f".parent x{chain} (line {node.lineno})")
+    return found
+
+
+def _docs_paths(tree: ast.AST) -> list[str]:
+    """String literals naming the repository's ``docs/`` as a path (``root / "docs"``, ``"docs/emergence/..."``);
+    docstrings and messages may mention a page, so only literals that are path operands or arguments count."""
+    found = []
+    for node in ast.walk(tree):
+        operands = ([node.left, node.right] if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+                    else [*node.args, *(k.value for k in node.keywords)] if isinstance(node, ast.Call) else [])
+        for o in operands:
+            if isinstance(o, ast.Constant) and isinstance(o.value, str) and (o.value == "docs"
+                                                                              or o.value.startswith("docs/")):
+                found.append(f"{o.value!r} (line {node.lineno})")
+    return found
+
+
+def test_the_installed_package_reads_no_docs():
+    """The docs tables, the committed studies and the reproduction tables are made from the repository (its docs/,
+    its committed cells) by lab/, which is not installed.  A module of the package that walked up from its own file
+    would find nothing there in an installed wheel; the one that does falls back to the checkout's configs/ only
+    where the wheel's copy is absent (an editable install)."""
+    outside, docs = {}, {}
+    for f in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(f.read_text(), filename=str(f))
+        rel = str(f.relative_to(ROOT))
+        if _climbs_out(f, tree):
+            outside[rel] = _climbs_out(f, tree)
+        if _docs_paths(tree):
+            docs[rel] = _docs_paths(tree)
+    assert not docs, f"modules naming the repository's docs/ as a path (they belong in lab/): {docs}"
+    assert set(outside) == {"outlierlab/jobs/overrides.py"}, f"modules reaching outside the package: {outside}"
+
+
+def test_lab_is_the_repository_s_and_not_imported_by_the_package():
+    assert (ROOT / "lab" / "__init__.py").is_file()
+    assert 'include = ["outlierlab*"]' in (ROOT / "pyproject.toml").read_text()  # lab/ is not in the wheel
+    offenders = [f"{f.relative_to(ROOT)}: {m}" for f in sorted(PACKAGE.rglob("*.py")) for m in _imports(f)
+                 if m == "lab" or m.startswith("lab.")]
+    assert not offenders, "the package imports lab/, which is not installed:\n" + "\n".join(offenders)

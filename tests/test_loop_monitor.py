@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
-from outlierlab.analysis.order_use import attention_locality, lm_loss_sum, masked_for_order_use, order_use
+from outlierlab.metrics.monitor_records import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
+from outlierlab.metrics.word_order import attention_locality, lm_loss_sum, masked_for_order_use, order_use
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.jobs.posthoc_trainer import analyze_hf_checkpoints
 from outlierlab.models.layernorms import model_layernorms
 from outlierlab.models.sites import monitored_forward
 from outlierlab.monitoring.hidden_state_tracker import heldout_max_length
 from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT, OutlierMonitor
-from outlierlab.reports.history import HistoryCSV, read_history
+from outlierlab.monitoring.history import HistoryCSV, read_history
 from tests.loop_monitor_helpers import (BLOCK, SETTINGS, assert_matches_posthoc, assert_same_rows, blocks, by_step,
                                         gpt2_tok, perturb_layernorms, roberta_tok, tiny_gpt2, tiny_llama,
                                         tiny_roberta, train)
@@ -268,6 +268,7 @@ def test_plain_loop_writes_nothing_off_rank_zero(tmp_path, gpt2_tok):
     assert not (tmp_path / "monitor").exists()
 
 
+@pytest.mark.slow
 def test_top_level_import_stays_light():
     import subprocess
     import sys
@@ -278,6 +279,7 @@ def test_top_level_import_stays_light():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_trainer_callback_reports_into_the_trainers_mlflow_run(tmp_path, roberta_tok, monkeypatch):
     """report_to=["mlflow"]: the monitor's scalars land in the run MLflowCallback started, at the Trainer's steps."""
     pytest.importorskip("mlflow")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from outlierlab.analysis.luo_dimension import first_luo_step, luo_by_step, luo_dimension
+from outlierlab.metrics.luo_dimension import first_luo_step, luo_by_step, luo_dimension
 
 
 def test_one_dimension_in_half_the_layers_is_one():

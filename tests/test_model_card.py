@@ -132,6 +132,7 @@ def test_card_of_a_native_export_and_of_a_bare_run(tmp_path):
     assert "overrides were not found" in card
 
 
+@pytest.mark.slow
 def test_training_writes_a_card_and_a_remote_code_export(tmp_path, shared_cache):
     """train.py end to end (causal, ALiBi): model/ carries the card with the run's last val/loss, the remote code,
     and transformers alone gives the logits of outlierlab's loader; the finished run's manifest covers the card."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outlierlab.lightning_modules.callbacks.hidden_state_monitor import HiddenStateMonitor
-from outlierlab.lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
+from outlierlab.monitoring.hidden_state_monitor import HiddenStateMonitor
+from outlierlab.monitoring.layernorm_monitor import LayerNormMonitor
 from outlierlab.monitoring.hf_trainer import OutlierMonitorCallback
 from outlierlab.monitoring.loop_monitor import OutlierMonitor
 

@@ -16,12 +16,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from outlierlab.analysis.activations import activation_kurtosis
-from outlierlab.analysis.monitoring import hidden_state_records, layernorm_records, min_shared_layers, tokenize_heldout
-from outlierlab.analysis.similarity import anisotropy, paired_sentence_tokens
-from outlierlab.lightning_modules.callbacks.hidden_state_monitor import HiddenStateMonitor
-from outlierlab.reports.history import HistoryCSV, read_history, vectors_by_step
-from outlierlab.lightning_modules.callbacks.layernorm_monitor import LayerNormMonitor
+from outlierlab.metrics.activations import activation_kurtosis
+from outlierlab.metrics.monitor_records import hidden_state_records, layernorm_records, min_shared_layers, tokenize_heldout
+from outlierlab.metrics.similarity import anisotropy, paired_sentence_tokens
+from outlierlab.monitoring.hidden_state_monitor import HiddenStateMonitor
+from outlierlab.monitoring.history import HistoryCSV, read_history, vectors_by_step
+from outlierlab.monitoring.layernorm_monitor import LayerNormMonitor
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 from outlierlab.lightning_modules.mlm_module import MLMLitModule
 
@@ -270,7 +270,7 @@ def test_history_drops_torn_line_and_truncates_atomically(tmp_path):
 def test_no_documented_reader_returns_a_row_from_a_torn_line(tmp_path):
     import pandas as pd
 
-    from outlierlab.reports.history import history_frame
+    from outlierlab.monitoring.history import history_frame
 
     h = HistoryCSV(tmp_path / "hidden_states.csv")
     h.append([(0, "layer_1", "argmax_share", 7, 0.25), (50, "layer_1", "argmax_share", 7, 0.5)])
@@ -414,7 +414,7 @@ def test_monitors_do_not_change_training(runs, tmp_path, tokenizer):
 
 def test_anisotropy_standard_error_is_the_delete_one_sentence_jackknife():
     """The SE of the 1,000-pair anisotropy, checked against an explicit leave-one-sentence-out loop."""
-    from outlierlab.analysis.monitoring import jackknife_se_by_sentence
+    from outlierlab.metrics.monitor_records import jackknife_se_by_sentence
 
     cos = torch.tensor([[0.9, 0.1, 0.5, 0.3, 0.7, 0.2]], dtype=torch.float64)
     sa = torch.tensor([0, 0, 1, 2, 3, 1])
@@ -437,7 +437,7 @@ def test_metric_curves_label_log_panels_in_plain_numbers_inside_the_figure():
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from outlierlab.reports import monitor_plots as plots
+    from outlierlab.monitoring import monitor_plots as plots
 
     steps = list(range(0, 1000, 50))
     curves = {"kurtosis": {layer: (steps, list(np.logspace(0, 4, len(steps)) * (layer + 1))) for layer in range(3)},

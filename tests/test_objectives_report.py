@@ -1,4 +1,4 @@
-"""outlierlab.studies.objectives_report on planted cells: the papers' contrasts equal hand/scipy values."""
+"""lab.objectives_report on planted cells: the papers' contrasts equal hand/scipy values."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from outlierlab.jobs.run_state import mark_finished
-from outlierlab.studies import objectives_report as report
+from lab import objectives_report as report
 
 LOSS = {("mlm", "learned"): [5.0, 5.2, 5.1], ("mlm", "none"): [5.6, 5.9, 5.7],
         ("clm", "learned"): [4.0, 4.1, 4.3], ("clm", "none"): [4.05, 4.2, 4.3]}
@@ -64,7 +64,7 @@ def test_haviv_interaction_and_probe_contrasts(sweep, tmp_path):
     holm = sorted(prim.p)
     assert prim.p_holm.min() == pytest.approx(min(1.0, 3 * holm[0]))
     # every other row: BH within its own question, so the loss rows never share a family with another question's
-    from outlierlab.analysis.study_inference import adjust_pvalues
+    from outlierlab.studies.study_inference import adjust_pvalues
     for family, sub in table[~table.primary].groupby("family"):
         assert family.startswith("exploratory: ") and set(sub.question) == {family.split(": ", 1)[1]}
         ok = sub.p.notna()
@@ -98,7 +98,7 @@ def test_a_torn_cell_is_named_and_excluded(sweep, tmp_path):
 
 
 def test_doc_tables_renders_the_objectives_block(sweep, monkeypatch):
-    from outlierlab.studies import doc_table_reads, doc_tables
+    from lab import doc_table_reads, doc_tables
 
     monkeypatch.setattr(doc_table_reads, "ROOT", sweep.parent)
     monkeypatch.setattr(doc_tables, "OBJECTIVES", sweep.name)

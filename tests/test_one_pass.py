@@ -131,11 +131,11 @@ def test_layers_one_at_a_time_equal_the_stacked_hidden_states(tmp_path, arch):
 def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path):
     """WiC target vectors (+ the fit_on=eval whitener sums, repeated sentences weighted) and STS mean-pooled
     sentence vectors, taken layer by layer, equal what the stacked [L+1, B, T, d] batches give."""
-    from outlierlab.analysis.sts import mean_pool
-    from outlierlab.analysis.transforms import Whitener
-    from outlierlab.analyses.sts import sentence_vectors
-    from outlierlab.analysis.transform_fit import WhitenSettings
-    from outlierlab.analyses.wic import target_vectors
+    from outlierlab.metrics.sts_scores import mean_pool
+    from outlierlab.metrics.transforms import Whitener
+    from outlierlab.evaluation.analyses.sts import sentence_vectors
+    from outlierlab.metrics.transform_fit import WhitenSettings
+    from outlierlab.evaluation.analyses.wic import target_vectors
 
     enc = FrozenEncoder(str(save_tiny_llama(tmp_path / "llama")), device="cpu", batch_size=3)
     s = _texts(6)
@@ -204,8 +204,8 @@ def test_layer_token_store_gives_back_exactly_what_it_was_given(tmp_path, dtype)
 
 
 def test_frequency_columns_from_the_stream_equal_the_stacked_batches(tmp_path):
-    from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
-    from outlierlab.analyses.frequency import DimColumns
+    from outlierlab.metrics.outlier_stats import OutlierAccumulator, valid_token_mask
+    from outlierlab.evaluation.analyses.frequency import DimColumns
     from outlierlab.evaluation.sentence_stream import LayerStream
     from outlierlab.evaluation.sentence_pass import OutlierCounts
 
@@ -230,7 +230,7 @@ def test_frequency_columns_from_the_stream_equal_the_stacked_batches(tmp_path):
 def test_anisotropy_reservoir_sized_to_the_sentences_draws_the_same_pairs():
     """streaming.py sizes the reservoir min(anisotropy.n_sentences, #sentences): the same tokens and pairs as the
     full 2,000-slot reservoir (the generator is consumed the same way), without its memory."""
-    from outlierlab.analysis.similarity import AnisotropyAccumulator
+    from outlierlab.metrics.similarity import AnisotropyAccumulator
 
     g = torch.Generator().manual_seed(1)
     big, small = AnisotropyAccumulator(3, 8, 2000, seed=4), AnisotropyAccumulator(3, 8, 37, seed=4)
@@ -250,7 +250,7 @@ def test_bf16_pass_keeps_its_reservoir_in_bf16_and_word_sums_one_layer_at_a_time
     as a float32 one), the self-similarity sums [L, K, d] compacted to [L, K], and every transform's word sums
     (none's too: the replay takes them from the stored tokens) alive for one layer at a time, never [L, K, d]."""
     import outlierlab.evaluation.sentence_pass as streaming
-    from outlierlab.analysis.similarity import SelfSimilarityAccumulator
+    from outlierlab.metrics.similarity import SelfSimilarityAccumulator
 
     alive, most = [], [0]
 
@@ -298,7 +298,7 @@ def test_word_statistics_taken_in_the_replay_equal_the_pass_s_bit_for_bit(tmp_pa
 def test_a_refused_fit_leaves_no_stored_tokens_behind(tmp_path, monkeypatch):
     import tempfile
 
-    from outlierlab.analysis.whitening import DegenerateWhiteningError
+    from outlierlab.metrics.whitening import DegenerateWhiteningError
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
@@ -327,7 +327,7 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     spec_cfg = compose_cfg("evaluate", common + ["transform.fit_on=sentences"])
     from types import SimpleNamespace
 
-    from outlierlab.analyses import isotropy, sts, wic
+    from outlierlab.evaluation.analyses import isotropy, sts, wic
     from outlierlab.evaluation.registry import EvalContext
     from outlierlab.evaluation.sentence_pass import pass_needs
     from outlierlab.jobs import evaluation as mod

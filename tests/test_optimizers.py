@@ -139,6 +139,7 @@ def test_recipe_rates_flow_into_each_arm():
     assert compose("train", ["experiment=scale_ladder", "optimizer=sgd", "run_dir=x"]).optimizer.get("eps") is None
 
 
+@pytest.mark.slow
 def test_a_muon_run_resumes_exactly_and_its_cell_card_and_marker_name_it(tmp_path, shared_cache):
     """Through train.py: 3 steps + resume to 6 == 6 straight steps (Muon's and AdamW's states both in last.ckpt);
     finished.json and the model card carry the optimizer."""

@@ -11,6 +11,9 @@ import torch
 from outlierlab.datamodules.order_task import OrderTaskDataModule, make_block
 from tests.conftest import compose
 
+# each test trains a model until it solves the order task or visibly fails it: the full suite's, not the fast tier's
+pytestmark = pytest.mark.slow
+
 #: The docs' stated budget for this size: rope reaches accuracy 0.99 by step 150 and 1.0 by 200 on one CPU thread.
 FAST = ["experiment=order_task", "model.hidden_size=64", "model.intermediate_size=128", "model.num_layers=2",
         "model.num_heads=2", "data.val_blocks=64", "trainer.max_steps=200", "trainer.val_check_interval=200",

@@ -1,4 +1,4 @@
-"""Order use and attention locality (outlierlab.analysis.order_use): hand-computed cases and the properties that
+"""Order use and attention locality (outlierlab.metrics.word_order): hand-computed cases and the properties that
 define them -- a masked LM without positions is permutation-equivariant, so its order use is 0."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from outlierlab.analysis.order_use import (attention_locality, movable_positions, order_use, order_use_message,
+from outlierlab.metrics.word_order import (attention_locality, movable_positions, order_use, order_use_message,
                                            permute_block_tokens, pooled_order_change)
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 
@@ -290,7 +290,7 @@ def test_held_out_masking_and_a_transformers_model():
     position table zeroed is a bag-of-words model (order use 0), with a random table it is not."""
     from transformers import RobertaConfig, RobertaForMaskedLM
 
-    from outlierlab.analysis.order_use import lm_loss_sum, masked_for_order_use
+    from outlierlab.metrics.word_order import lm_loss_sum, masked_for_order_use
 
     ids = torch.randint(4, 40, (6, 12), generator=torch.Generator().manual_seed(0))
     ids[:, 0], ids[:, -1] = 0, 2
@@ -323,7 +323,7 @@ def test_labelled_rows_only_equal_the_full_head_of_a_transformers_mlm_and_ours()
     gone afterwards (the full logits come back); our own model (no output-embedding Linear) takes lm_loss_sum."""
     from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
-    from outlierlab.analysis.order_use import labelled_loss_sum, lm_loss_sum, masked_for_order_use
+    from outlierlab.metrics.word_order import labelled_loss_sum, lm_loss_sum, masked_for_order_use
 
     ids = torch.randint(4, 40, (5, 12), generator=torch.Generator().manual_seed(1))
     ids[:, 0], ids[:, -1] = 0, 2

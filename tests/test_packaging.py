@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# builds the wheel and installs it: the full suite's, not the fast tier's
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["The cat sat on the mat by the door.", "A dog ran across the park in the rain.",
          "Birds sing in the trees at dawn.", "She read the letter twice before she answered it."] * 10

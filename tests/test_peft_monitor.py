@@ -11,13 +11,14 @@ import pytest
 
 pytest.importorskip("peft")
 
-from outlierlab.reports.history import read_history  # noqa: E402
+from outlierlab.monitoring.history import read_history  # noqa: E402
 from tests.loop_monitor_helpers import (SETTINGS, assert_matches_posthoc, blocks, by_step,  # noqa: E402
                                      perturb_layernorms, roberta_tok, tiny_roberta, train)
 
 __all__ = ["roberta_tok"]  # the fixture, from tests/loop_monitor_helpers.py
 
 
+@pytest.mark.slow
 def test_a_lora_fine_tune_is_monitored_live_and_post_hoc_from_its_adapter_checkpoints(tmp_path, roberta_tok):
     from peft import LoraConfig, get_peft_model
     from transformers import DataCollatorForLanguageModeling, RobertaForMaskedLM

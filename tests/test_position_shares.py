@@ -1,4 +1,4 @@
-"""The |x|-argmax share by position (outlierlab.analysis.position_shares): buckets by hand, counts by hand, the
+"""The |x|-argmax share by position (outlierlab.metrics.position_shares): buckets by hand, counts by hand, the
 buckets adding up to the layer's share, positions under left padding, and the table evaluate returns."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from outlierlab.analysis.activations import ActivationAccumulator
-from outlierlab.analysis.position_shares import PositionArgmaxCounts, bucket_positions, position_bucket
+from outlierlab.metrics.activations import ActivationAccumulator
+from outlierlab.metrics.position_shares import PositionArgmaxCounts, bucket_positions, position_bucket
 
 
 def test_buckets_double_in_width():
@@ -126,7 +126,7 @@ def test_the_profile_table_puts_runs_side_by_side(tmp_path, capsys):
 
 
 def test_the_monitors_record_the_share_by_position_and_it_adds_up():
-    from outlierlab.analysis.monitoring import hidden_state_records
+    from outlierlab.metrics.monitor_records import hidden_state_records
 
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(3, 4, 40, 8, generator=g)  # [L, B, T, d]

@@ -44,6 +44,7 @@ def test_defaults_compose_to_offline_minilm_position_probe(compose_cfg):
     assert list(many.transform.dims) == [3] and many.transform.k == 8
 
 
+@pytest.mark.slow
 def test_position_probe_end_to_end_three_transforms(tiny_bert, tmp_path):
     text = tmp_path / "sents.txt"
     text.write_text("\n".join(SENTENCES * 5) + "\n")

@@ -37,7 +37,7 @@ def tiny(tmp_path_factory):
 
 def test_a_reused_out_dir_holds_the_last_probe_and_the_callers_own_files(tmp_path, tiny):
     import outlierlab as ol
-    from outlierlab.analyses.order_use import TITLE
+    from outlierlab.evaluation.analyses.order_use import TITLE
 
     enc, texts = tiny
     out = tmp_path / "notebook"
@@ -95,6 +95,7 @@ def test_a_second_process_probing_into_the_same_out_dir_is_refused_before_it_tou
     assert (out / "probe_report.md").read_text() == "the first probe's report\n"
 
 
+@pytest.mark.slow
 def test_probe_py_twice_in_one_run_dir_keeps_only_the_second_runs_files(tmp_path, tiny):
     """The command line: the second run (order use off) leaves no order_use.csv of the first."""
     from probe_fixtures import save_tiny_bert

@@ -1,4 +1,4 @@
-"""Probe math (outlierlab.analysis.probe_contributions) and the all-layers linear probes (outlierlab.lightning_modules.probes), Luo et al. 2021."""
+"""Probe math (outlierlab.metrics.probe_contributions) and the all-layers linear probes (outlierlab.lightning_modules.probes), Luo et al. 2021."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from outlierlab.analysis.probe_contributions import chance_accuracy, contribution, rank_of_dims, top_dims
+from outlierlab.metrics.probe_contributions import chance_accuracy, contribution, rank_of_dims, top_dims
 from outlierlab.datamodules.features import RowBatches, row_loader
 from outlierlab.lightning_modules.probes import PositionProbe, train_probe
 

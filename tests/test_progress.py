@@ -10,8 +10,8 @@ import lightning as L
 import pytest
 import torch
 
-import outlierlab.lightning_modules.callbacks.progress as progress_mod
-from outlierlab.lightning_modules.callbacks.progress import ProgressLines
+import outlierlab.lightning_modules.callbacks.progress_lines as progress_mod
+from outlierlab.lightning_modules.callbacks.progress_lines import ProgressLines
 from outlierlab.utils import progress as plain
 
 
@@ -165,7 +165,7 @@ def test_step_bar_has_no_negative_epoch_total(max_epochs, label):
     2.6's "Epoch 3/-2"; a bounded epoch count keeps Lightning's "Epoch 3/4"."""
     from types import SimpleNamespace
 
-    from outlierlab.lightning_modules.callbacks.progress import StepRichProgressBar
+    from outlierlab.lightning_modules.callbacks.progress_lines import StepRichProgressBar
 
     bar = StepRichProgressBar()
     bar._trainer = SimpleNamespace(max_epochs=max_epochs)

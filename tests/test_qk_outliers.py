@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from outlierlab.analysis.qk_outliers import RotarySpec, magnitude_outliers
-from outlierlab.analyses.qk_outliers import qk_rows
+from outlierlab.metrics.qk_magnitudes import RotarySpec, magnitude_outliers
+from outlierlab.evaluation.analyses.qk_outliers import qk_rows
 from outlierlab.models.qk_recorder import QKRecorder, rotary_specs
 from outlierlab.models.config import EncoderConfig
 from outlierlab.models.families import QKProjection
@@ -208,7 +208,7 @@ def test_qk_outliers_runs_on_hub_families_with_their_rotary_layers(tmp_path, mod
     from family_models import build, save
     from test_ablation import make_ctx
 
-    from outlierlab.analyses import qk_outliers
+    from outlierlab.evaluation.analyses import qk_outliers
     from outlierlab.models.loading import FrozenEncoder
 
     extra = {"global_attn_every_n_layers": 2} if model_type == "modernbert" else {}

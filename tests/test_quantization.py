@@ -1,4 +1,4 @@
-"""W8A8 fake quantization (outlierlab.analysis.fake_quant, outlierlab.models.w8a8) and the ``quantization`` analysis:
+"""W8A8 fake quantization (outlierlab.metrics.fake_quant, outlierlab.models.w8a8) and the ``quantization`` analysis:
 the formula on hand cases, and what a planted outlier dimension costs in 8 bits."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outlierlab.analyses.quantization import quantization_rows
-from outlierlab.analysis.fake_quant import absmax_scale, fake_quantize, fake_quantize_weight, largest_dims
+from outlierlab.evaluation.analyses.quantization import quantization_rows
+from outlierlab.metrics.fake_quant import absmax_scale, fake_quantize, fake_quantize_weight, largest_dims
 from outlierlab.datamodules.scoring_batches import masked_batches
 from outlierlab.models.lm_model import LoadedModel
 from outlierlab.models.w8a8 import KeptDims, linear_layers, quantized
@@ -114,7 +114,7 @@ def test_a_model_without_an_lm_head_gets_the_relative_error_of_its_last_hidden_s
 
 
 def test_evaluate_runs_the_analysis_and_writes_its_table(tmp_path):
-    from outlierlab.analyses.quantization import run
+    from outlierlab.evaluation.analyses.quantization import run
     from outlierlab.models.loading import FrozenEncoder
     from outlierlab.models import save_pretrained
     from test_ablation import make_ctx

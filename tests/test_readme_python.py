@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import outlierlab as ol
-from outlierlab.analysis.whitening import DegenerateWhiteningError
+from outlierlab.metrics.whitening import DegenerateWhiteningError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

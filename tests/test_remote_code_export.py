@@ -145,6 +145,7 @@ def test_the_grid_covers_every_non_native_cell():
         (p, s, o) for p in ("learned", "none") for s in SWITCHES if s != "default" for o in OBJECTIVES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pos,switch,objective", CELLS, ids=[cell_name(*c) for c in CELLS])
 def test_transformers_alone_gives_our_logits(grid_results, pos, switch, objective):
     res = grid_results[cell_name(pos, switch, objective)]

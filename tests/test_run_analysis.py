@@ -90,8 +90,8 @@ def test_order_use_and_attention_locality_on_every_checkpoint(run, tmp_path):
     directly, and the attn_local column is the locality of the checkpoint's attention."""
     import torch
 
-    from outlierlab.analysis.order_use import lm_loss_sum, masked_for_order_use, order_use
-    from outlierlab.analysis.monitoring import tokenize_heldout
+    from outlierlab.metrics.word_order import lm_loss_sum, masked_for_order_use, order_use
+    from outlierlab.metrics.monitor_records import tokenize_heldout
     from outlierlab.datamodules.eval_data import load_sentences
     from outlierlab.models.checkpoint import model_from_checkpoint
 

@@ -94,6 +94,7 @@ def one_error(stderr: str) -> str:
     return errors[0]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_cli_accelerator_without_a_gpu(tmp_path):
     r = cli("train.py", [f"hydra.run.dir={tmp_path}", "trainer.accelerator=gpu", *SMALL, "trainer.max_steps=2"])
@@ -117,6 +118,7 @@ def test_cli_evaluate_on_a_missing_gpu(tmp_path):
         "is one) or encoder.device=cpu")
 
 
+@pytest.mark.slow
 def test_a_sweep_survives_a_failing_cell_and_skips_a_held_one(tmp_path, shared_cache):
     """Four cells: s1's hidden size 66 is rejected (4 heads), s3's directory is held by this process; s0 and s2
     train to the end, s1 gets failed.json, s3 is left alone; the sweep lists both and exits 1."""
@@ -150,6 +152,7 @@ def test_a_two_line_lightning_message_is_kept_whole_with_its_fix():
     assert error_line(ValueError("x" * 1000)) == "x" * 397 + "..."
 
 
+@pytest.mark.slow
 def test_an_evaluate_sweep_survives_a_failing_cell(tmp_path):
     """The same for evaluate.py (configs/evaluate.yaml selects the callback): cuda:99 fails in one line, cpu runs."""
     sweep = tmp_path / "sweep"

@@ -20,6 +20,9 @@ from outlierlab.jobs.run_state import failed_run, finished_run, verify_manifest
 from tests.test_run_state import make_cell
 from tests.test_train import small_cfg
 
+# every test trains and resumes the small model end to end: the full suite's, not the fast tier's
+pytestmark = pytest.mark.slow
+
 #: Every step checkpointed (a resume starts where the run stopped); no validation but where a test asks for it.
 COMMON = ("trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=1")
 STOP = "+callbacks.stop._target_=tests.test_run_lifecycle.StopAt"

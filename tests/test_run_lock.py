@@ -151,6 +151,7 @@ def _keys(path: Path, cols: tuple[str, ...]) -> list[tuple]:
         return [tuple(r[c] for c in cols) for r in csv.DictReader(fh)]
 
 
+@pytest.mark.slow
 def test_two_processes_on_one_run_directory_only_one_trains(tmp_path, shared_cache):
     run = tmp_path / "run"
     args = [sys.executable, "train.py", f"hydra.run.dir={run}", *SMALL, "trainer.max_steps=12",

@@ -176,6 +176,7 @@ def test_staging_files_are_not_results(tmp_path):
     assert result_files(tmp_path) == ["report.md"]
 
 
+@pytest.mark.slow
 def test_a_training_run_records_each_start_and_finishes_with_a_clean_manifest(tmp_path, shared_cache):
     from outlierlab.jobs.training import train
     from tests.test_train import small_cfg
@@ -250,6 +251,7 @@ def test_set_aside_end_state_removes_the_export_of_a_stop_at_the_step_it_resumes
     assert (cell / "hf.before-resume-at-step20" / "trained_steps.json").exists()
 
 
+@pytest.mark.slow
 def test_a_resumed_run_stopped_before_its_end_loads_as_its_last_checkpoint(tmp_path, shared_cache, monkeypatch):
     """A run exported at step 2, then resumed towards 4 and stopped before its end: ``hf/`` must not keep
     claiming to be the run (the loader would take the step-2 model over last.ckpt)."""

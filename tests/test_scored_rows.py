@@ -1,4 +1,4 @@
-"""The vocabulary projection at the scored rows only (``outlierlab.analysis.scored_rows.logits_at``, through
+"""The vocabulary projection at the scored rows only (``outlierlab.metrics.scored_rows.logits_at``, through
 ``LoadedModel.forward(..., rows=)``): the ablation's, order use's and frequent_tokens' scoring, in every family."""
 
 from __future__ import annotations

@@ -14,9 +14,12 @@ import pytest
 pytest.importorskip("sentence_transformers")
 
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
-from outlierlab.reports.history import read_history  # noqa: E402
+from outlierlab.monitoring.history import read_history  # noqa: E402
 from tests.loop_monitor_helpers import (SETTINGS, assert_matches_posthoc, by_step, perturb_layernorms,  # noqa: E402
                                      roberta_tok, tiny_roberta)
+
+# each test runs a sentence-transformers fine-tune end to end: the full suite's, not the fast tier's
+pytestmark = pytest.mark.slow
 
 __all__ = ["roberta_tok"]  # the fixture, from tests/loop_monitor_helpers.py
 

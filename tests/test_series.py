@@ -47,6 +47,7 @@ def test_apply_series_rewrites_identity_and_config():
         apply_series({"encoder.revision": "step1", "encoder.name_or_path": "/x/step2"}, {})
 
 
+@pytest.mark.slow
 def test_revision_sweep_is_one_curve_over_steps(tmp_path):
     from outlierlab.studies.aggregate import run as study
     from probe_fixtures import SENTENCES, save_tiny_bert

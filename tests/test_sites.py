@@ -178,7 +178,7 @@ def test_interventions_change_exactly_the_chosen_dims_and_positions():
     assert torch.equal(clip(5.0)(x, p), x.clamp(-5, 5))
     assert torch.equal(clip(low=0.0, dims=[0])(x, p)[..., 0], x[..., 0].clamp(min=0))
     assert torch.equal(scale(-2.0, dims=[3])(x, p)[..., 3], -2 * x[..., 3])
-    from outlierlab.analysis.fake_quant import fake_quantize
+    from outlierlab.metrics.fake_quant import fake_quantize
 
     y = torch.randn(2, 3, 8)
     y[..., 5] = 40.0
@@ -203,8 +203,8 @@ def test_zero_ablation_through_run_with_hooks_equals_the_ablation_analysis_on_th
     """The ablation's rows (now through the norms' sites) against run_with_hooks with zero() at those sites, on
     the ablation's masks -- and against the weight surgery the ablation used before (Kovaleva et al.'s zeroed gain
     and bias), to the bit: the default numbers did not move."""
-    from outlierlab.analyses.ablation import run_ablation
-    from outlierlab.analysis.scored_rows import mlm_scores
+    from outlierlab.evaluation.analyses.ablation import run_ablation
+    from outlierlab.metrics.scored_rows import mlm_scores
     from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches
     from outlierlab.hooked import _subject
     from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
@@ -252,7 +252,7 @@ def test_mean_ablation_keeps_what_zeroing_destroys_and_equals_hooks_with_the_cac
     run_with_hooks with mean() of a cache of the same scored inputs."""
     from test_ablation import tiny_mlm
 
-    from outlierlab.analyses.ablation import run_ablation
+    from outlierlab.evaluation.analyses.ablation import run_ablation
     from outlierlab.datamodules.scoring_batches import masked_batches
     from outlierlab.hooked import _subject
     from outlierlab.models.layernorms import select_layernorms
@@ -288,7 +288,7 @@ def test_mean_ablation_keeps_what_zeroing_destroys_and_equals_hooks_with_the_cac
 def test_the_ablation_analysis_takes_mode_mean_from_its_settings(tmp_path):
     from test_ablation import make_ctx, save_planted
 
-    from outlierlab.analyses.ablation import run
+    from outlierlab.evaluation.analyses.ablation import run
     from outlierlab.evaluation.settings import AblationSettings
     from outlierlab.models.loading import FrozenEncoder
 

@@ -15,7 +15,7 @@ from llama_fixtures import texts as _texts
 from sentence_pass_oracle import oracle_pass
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream
 from outlierlab.evaluation.sentence_pass import OutlierCounts, run_sentence_pass
-from outlierlab.analysis.transform_fit import FittedTransforms
+from outlierlab.metrics.transform_fit import FittedTransforms
 from outlierlab.evaluation.settings import TransformSettings
 from outlierlab.models.loading import FrozenEncoder
 
@@ -92,7 +92,7 @@ def test_the_sentence_pass_equals_the_two_pass_oracle_for_every_statistic_and_tr
 
 
 def _aniso(ref, t, layer):
-    from outlierlab.analysis.similarity import anisotropy
+    from outlierlab.metrics.similarity import anisotropy
 
     a, b = ref["anisotropy"].pair_vectors(layer)
     tf = ref["transforms"].get(t, a.shape[-1]).select([layer])
@@ -154,7 +154,7 @@ def test_an_analysis_written_in_one_module_subscribes_to_the_stream_and_is_in_th
     assert len(rows) == 2 * n_layers
     sq, n = torch.zeros(n_layers, dtype=torch.float64), 0
     for b in enc.batches(enc.tokenize(texts)):
-        from outlierlab.analysis.outlier_stats import valid_token_mask
+        from outlierlab.metrics.outlier_stats import valid_token_mask
 
         v = valid_token_mask(b.attention_mask, b.special_tokens_mask)
         sq += b.hidden[:, v].double().pow(2).sum((1, 2))

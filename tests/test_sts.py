@@ -1,4 +1,4 @@
-"""STS (outlierlab/analyses/sts.py): encode each distinct text once, per data set / sub-set rows and their mean
+"""STS (outlierlab/evaluation/analyses/sts.py): encode each distinct text once, per data set / sub-set rows and their mean
 (SentEval), and the whitening guard on the pairs' own sentence vectors.
 
 The encoder is a real FrozenEncoder (tiny BERT directory, MiniLM tokenizer, real batching and padding) whose
@@ -14,9 +14,9 @@ import random
 import pytest
 import torch
 
-from outlierlab.analysis.similarity import pairwise_cosine
-from outlierlab.analysis.sts import sts_spearman
-from outlierlab.analysis.whitening import DegenerateWhiteningError
+from outlierlab.metrics.similarity import pairwise_cosine
+from outlierlab.metrics.sts_scores import sts_spearman
+from outlierlab.metrics.whitening import DegenerateWhiteningError
 from sentence_pass_oracle import padded_batches
 from outlierlab.evaluation.registry import EvalContext
 
@@ -76,7 +76,7 @@ def _ctx(compose_cfg, encoder, tmp_path, files, transforms=("none",), extra=()):
 
 def test_repeated_sentences_are_encoded_once_and_give_exactly_the_same_spearman(encoder, compose_cfg, tmp_path):
     from outlierlab.datamodules.pair_sets import load_sts_pairs
-    from outlierlab.analyses.sts import run
+    from outlierlab.evaluation.analyses.sts import run
 
     texts = _texts(12, seed=1)
     f = _write(tmp_path / "pairs.csv", texts, 60, seed=2)
@@ -102,7 +102,7 @@ def test_repeated_sentences_are_encoded_once_and_give_exactly_the_same_spearman(
 
 
 def test_two_files_give_one_row_each_and_a_mean_equal_to_their_average(encoder, compose_cfg, tmp_path):
-    from outlierlab.analyses.sts import run
+    from outlierlab.evaluation.analyses.sts import run
 
     a = _write(tmp_path / "a.csv", _texts(20, seed=3), 40, seed=4)
     b = _write(tmp_path / "b.tsv.csv", _texts(20, seed=5), 35, seed=6)
@@ -127,7 +127,7 @@ def test_two_files_give_one_row_each_and_a_mean_equal_to_their_average(encoder, 
 def test_each_file_whitens_on_its_own_pairs_also_after_another_file(encoder, compose_cfg, tmp_path):
     """The second data set's maps are fitted on its own pairs with the run's transform settings, exactly as if it
     were evaluated alone (the first file's scoring must leave those settings as they were)."""
-    from outlierlab.analyses.sts import run
+    from outlierlab.evaluation.analyses.sts import run
 
     a = _write(tmp_path / "a.csv", _texts(60, seed=3), 80, seed=4)
     b = _write(tmp_path / "b.csv", _texts(60, seed=5), 80, seed=6)
@@ -140,7 +140,7 @@ def test_each_file_whitens_on_its_own_pairs_also_after_another_file(encoder, com
 
 
 def test_sub_sets_are_scored_separately_and_averaged_as_senteval(encoder, compose_cfg, tmp_path):
-    from outlierlab.analyses.sts import run
+    from outlierlab.evaluation.analyses.sts import run
 
     f = _write(tmp_path / "genres.csv", _texts(30, seed=7), 60, seed=8, genres=["news", "forum"])
     res = run(_ctx(compose_cfg, encoder, tmp_path, [f]))
@@ -157,7 +157,7 @@ def test_sub_sets_are_scored_separately_and_averaged_as_senteval(encoder, compos
 
 
 def test_whitening_on_too_few_distinct_texts_fails_before_encoding(encoder, compose_cfg, tmp_path):
-    from outlierlab.analyses.sts import check, run
+    from outlierlab.evaluation.analyses.sts import check, run
 
     f = _write(tmp_path / "docs.csv", _texts(10, seed=9), 45, seed=10)  # <= 10 distinct texts, 32 dims
     ctx = _ctx(compose_cfg, encoder, tmp_path, [f], ("none", "whiten"))
@@ -184,7 +184,7 @@ def test_whitening_on_too_few_distinct_texts_fails_before_encoding(encoder, comp
 def test_standardize_abtt_center_are_fitted_on_the_pairs_and_guarded_like_whitening(encoder, compose_cfg, tmp_path):
     """The other fitted transforms go through the same STS path (fit on the evaluated sentence vectors,
     same pre-encoding refusal, their own ``<name>_*`` fit columns)."""
-    from outlierlab.analyses.sts import check, run
+    from outlierlab.evaluation.analyses.sts import check, run
 
     few = _write(tmp_path / "few.csv", _texts(4, seed=11), 6, seed=12)  # 4 distinct texts: abtt D=8 needs 18
     with pytest.raises(DegenerateWhiteningError, match=r"abtt fit .*few\.csv.*distinct texts < 2 x D\+1="):

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from outlierlab.analysis.seed_statistics import contrast, summarize
+from outlierlab.studies.seed_statistics import contrast, summarize
 from outlierlab.studies import aggregate as study
 
 T_975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2), as a constant: the test must not share the code's call

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from outlierlab.analysis.study_inference import adjust_pvalues
+from outlierlab.studies.study_inference import adjust_pvalues
 from outlierlab.studies import aggregate as study
 from outlierlab.studies.design import is_performance
 from tests.test_study import row

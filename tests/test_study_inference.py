@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from scipy import optimize, stats
 
-from outlierlab.analysis.seed_statistics import contrast, summarize
-from outlierlab.analysis.study_inference import adjust_pvalues, bounded_interval, minimum_detectable_effect, tost
+from outlierlab.studies.seed_statistics import contrast, summarize
+from outlierlab.studies.study_inference import adjust_pvalues, bounded_interval, minimum_detectable_effect, tost
 from outlierlab.studies import aggregate as study
 from tests.test_study import plant_study, row
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from outlierlab.analysis.seed_statistics import CONSTANT, contrast, is_constant, summarize
+from outlierlab.studies.seed_statistics import CONSTANT, contrast, is_constant, summarize
 from outlierlab.studies import aggregate as study
 from tests.test_study import plant_cell, row
 

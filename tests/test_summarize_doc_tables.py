@@ -1,11 +1,11 @@
 """The result tables of docs/emergence.md, docs/findings.md and docs/order_use.md are generated from the study CSVs
-(outlierlab.studies.doc_tables), replacing the hand-transcribed tables of scripts/summarize_emergence.py's era."""
+(lab.doc_tables), replacing the hand-transcribed tables of scripts/summarize_emergence.py's era."""
 
 from __future__ import annotations
 
 import pytest
 
-from outlierlab.studies import doc_tables
+from lab import doc_tables
 from tests.conftest import ROOT
 
 

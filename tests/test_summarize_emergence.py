@@ -1,9 +1,9 @@
-"""outlierlab.studies.emergence_tables grid (was scripts/summarize_emergence.py): the scheme x switch grids of
+"""lab.emergence_tables grid (was scripts/summarize_emergence.py): the scheme x switch grids of
 docs/emergence.md come from the table CSV."""
 
 import csv
 
-from outlierlab.studies import emergence_tables as summarize
+from lab import emergence_tables as summarize
 
 
 def test_grid_pivots_runs_named_pos_switch_into_rows_and_columns(tmp_path):
@@ -24,4 +24,4 @@ def test_grid_pivots_runs_named_pos_switch_into_rows_and_columns(tmp_path):
     assert share.index("| learned |") < share.index("| none |")
     assert "| none | – | 512 |" in text.split("**validation perplexity**")[1]
     assert "step 400" in text
-    assert text.startswith("<!-- written by: python -m outlierlab.studies.emergence_tables grid")
+    assert text.startswith("<!-- written by: python -m lab.emergence_tables grid")

@@ -40,6 +40,7 @@ def killer(step: int, signum: int) -> list[str]:
             f"+callbacks.killer.signum={int(signum)}"]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_last_ckpt_and_resume_equals_a_straight_run(tmp_path, shared_cache):
     from outlierlab.jobs.training import train
 
@@ -73,6 +74,7 @@ class StopAtStep(L.Callback):
             trainer.should_stop = True
 
 
+@pytest.mark.slow
 def test_a_time_limited_stop_saves_last_ckpt_and_resume_equals_a_straight_run(tmp_path, shared_cache):
     # the scale ladder's cells stop at trainer.max_time and are resumed by the next call: the periodic checkpoint
     # (every 3 steps here; 1,000 in the ladder) was all they left, so the steps since were trained again
@@ -112,6 +114,7 @@ def test_scheduler_requeue_signal_runs_after_the_checkpoint(tmp_path, shared_cac
         signal.signal(signal.SIGUSR2, previous)
 
 
+@pytest.mark.slow
 def test_mlflow_logger_receives_the_training_scalars(tmp_path, shared_cache):
     from mlflow.tracking import MlflowClient
 
@@ -162,6 +165,7 @@ def _wandb_history(run_file: Path) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_wandb_offline_logger_receives_the_training_scalars(tmp_path, shared_cache, monkeypatch):
     from outlierlab.jobs.training import train
 

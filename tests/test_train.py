@@ -68,6 +68,7 @@ def test_training_lowers_the_loss_and_exports(tmp_path, shared_cache):
     RobertaForMaskedLM.from_pretrained(tmp_path / "hf")(**enc)
 
 
+@pytest.mark.slow
 def test_other_schemes_export_in_our_format(tmp_path, shared_cache):
     from outlierlab.models import load_pretrained
     from outlierlab.jobs.training import train
@@ -77,6 +78,7 @@ def test_other_schemes_export_in_our_format(tmp_path, shared_cache):
     assert load_pretrained(tmp_path / "model").config.pos_name == "rope"
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path, shared_cache):
     """10 steps + resume to 20 == 20 straight steps: same losses and weights (CPU, seeded)."""
     from outlierlab.jobs.training import train
@@ -102,6 +104,7 @@ def test_resume_equals_uninterrupted(tmp_path, shared_cache):
     assert torch.allclose(opt_a[0]["exp_avg_sq"], opt_b[0]["exp_avg_sq"], rtol=1e-4, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_identical_commands_give_identical_runs(tmp_path, shared_cache):
     from outlierlab.jobs.training import train
 
@@ -129,6 +132,7 @@ def test_missing_checkpoint_is_refused(tmp_path, shared_cache):
         train(small_cfg(tmp_path, "ckpt_path=/nope.ckpt"))
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_is_refused(tmp_path, shared_cache):
     from outlierlab.jobs.training import train
 
@@ -138,6 +142,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, shared_cache):
         train(small_cfg(tmp_path, "pos=none", "trainer.max_steps=4", "ckpt_path=last", *common))
 
 
+@pytest.mark.slow
 def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache):
     from outlierlab.jobs.run_resume import resolve_checkpoint
     from outlierlab.jobs.training import train
@@ -153,6 +158,7 @@ def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache
         resolve_checkpoint(str(last), tmp_path)
 
 
+@pytest.mark.slow
 def test_stale_last_checkpoint_loses_to_a_newer_step(tmp_path, shared_cache):
     """A kill during last.ckpt's rewrite leaves the previous last.ckpt (step 2) beside a complete step0000004.ckpt:
     ckpt_path=last resumes after step 4, not step 2 (the newest readable checkpoint by global step)."""
@@ -262,6 +268,7 @@ def test_ddp_on_cpu_with_two_processes_in_a_sweep(tmp_path, shared_cache):
     assert "GLOBAL_RANK: 1" in r.stderr + r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("switch, gain", [("model.norm=rmsnorm", True), ("model.norm=layernorm_noaffine", False),
                                           ("model.block=op", False)])
 def test_norm_switches_train_with_the_monitors_on_and_analyse_post_hoc(tmp_path, shared_cache, switch, gain):
@@ -289,6 +296,7 @@ def test_norm_switches_train_with_the_monitors_on_and_analyse_post_hoc(tmp_path,
     assert all(float(r["attn_row_mass"]) == pytest.approx(1.0) for r in metrics)  # softmax rows sum to one
 
 
+@pytest.mark.slow
 def test_resume_false_where_checkpoints_exist_is_refused_and_a_fresh_start_warns_nothing(tmp_path, shared_cache,
                                                                                          recwarn):
     """``resume=false`` in a run directory holding an earlier run's checkpoints is refused in one line, its files
@@ -367,6 +375,7 @@ def test_a_full_disk_mid_run_leaves_failed_json_with_the_folder_and_the_remedy(t
     assert error_line(wrapped).startswith("no space left on the device (No space left on device)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_finished_json_records_the_device_and_whether_algorithms_were_deterministic(tmp_path, shared_cache,
                                                                                    deterministic):

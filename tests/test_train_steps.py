@@ -8,6 +8,7 @@ import csv
 import io
 
 import pandas as pd
+import pytest
 
 from outlierlab.utils.tables import model_step, model_steps
 from tests.test_train import small_cfg
@@ -21,6 +22,7 @@ def _scalars(run_dir, tag: str) -> list[int]:
     return [e.step for e in acc.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_validations_are_logged_at_the_step_the_monitors_and_the_console_say(tmp_path, shared_cache):
     from outlierlab.jobs.training import train
 

@@ -1,13 +1,13 @@
-"""probe.py and evaluate.py fit their transforms through one API (:mod:`outlierlab.analysis.transform_fit`)."""
+"""probe.py and evaluate.py fit their transforms through one API (:mod:`outlierlab.metrics.transform_fit`)."""
 
 import numpy as np
 import pytest
 import torch
 
-from outlierlab.analysis.outlier_dims import detect_outlier_dims
-from outlierlab.analysis.outlier_stats import OutlierAccumulator
-from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings, clip_dims, fit_transform
-from outlierlab.analysis.transforms import FITTED, TRANSFORMS, DegenerateWhiteningError, Whitener
+from outlierlab.metrics.outlier_dims import detect_outlier_dims
+from outlierlab.metrics.outlier_stats import OutlierAccumulator
+from outlierlab.metrics.transform_fit import FittedTransforms, WhitenSettings, clip_dims, fit_transform
+from outlierlab.metrics.transforms import FITTED, TRANSFORMS, DegenerateWhiteningError, Whitener
 
 STATE = ("mean", "W", "cov", "singular_values", "rank", "n_distinct")
 

@@ -66,6 +66,7 @@ def test_a_value_of_the_wrong_type_is_refused_naming_its_key(key, value, message
     assert EncoderConfig(gate_hidden=None, op_beta=1, dropout=0).op_beta == 1  # None where allowed; an int is a number
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value, message", [
     ("abc", "model.vocab_multiple must be an integer, got 'abc'"),
     ("0", "model.vocab_multiple must be >= 1 (1: no padding; 64 on a GPU), got 0"),

@@ -1,5 +1,5 @@
 """Frozen-encoder features: extract every layer ONCE, cache on disk, serve batches and training chunks (what
-probe.py fits its transforms on: ``outlierlab.analysis.transform_fit.fit_transform``).
+probe.py fits its transforms on: ``outlierlab.metrics.transform_fit.fit_transform``).
 
 Cache layout (one directory per key under ``cache_root``; fp16 memory-mapped ``.npy`` files)::
 
@@ -11,7 +11,7 @@ Cache layout (one directory per key under ``cache_root``; fp16 memory-mapped ``.
     <key>/special.npy        [N_tokens] bool   special token (<s>, </s>, [CLS], [SEP], ...)
     <key>/sentences.npy      [L+1, N_texts, d] mean over each text's non-special, non-pad tokens
     <key>/outlier_stats.npz  mean / argmax_share / argmin_share [L+1, d] over all non-special tokens
-                             (outlierlab.analysis.outlier_stats.OutlierAccumulator, Luo et al. 2021 §2)
+                             (outlierlab.metrics.outlier_stats.OutlierAccumulator, Luo et al. 2021 §2)
 
 The key hashes the encoder identity (weights file sizes+mtimes or hub revision, tokenizer fingerprint,
 max_length), the texts and the layout version, so a second run with the same encoder and data never
@@ -35,8 +35,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
-from outlierlab.analysis.outlier_dims import detect_outlier_dims
-from outlierlab.analysis.outlier_stats import OutlierAccumulator, valid_token_mask
+from outlierlab.metrics.outlier_dims import detect_outlier_dims
+from outlierlab.metrics.outlier_stats import OutlierAccumulator, valid_token_mask
 from outlierlab.utils.disk_layers import read_at
 
 LAYOUT_VERSION = 1
@@ -149,7 +149,7 @@ def _write(encoder, texts: list[str], out: Path | None, store_tokens: bool, batc
                      position=np.concatenate([np.arange(n, dtype=np.int32) for n in lengths]),
                      token_id=np.concatenate([np.asarray(x, dtype=np.int32) for x in tok.input_ids]),
                      special=np.concatenate([np.asarray(x, dtype=bool) for x in tok.special_tokens_mask]))
-    from outlierlab.analysis.layer_accumulators import stack_layers
+    from outlierlab.metrics.layer_accumulators import stack_layers
 
     layer_accs = [OutlierAccumulator(1, dim) for _ in range(n_layers)]
     # one layer at a time: each hidden state is reduced and written as the model produces it
@@ -257,7 +257,7 @@ def chunk_outlier_stats(chunks: Iterator[tuple[np.ndarray, Tensor]], valid: np.n
 
 def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", threshold: float = 0.25,
                           k: float = 3.0) -> list[list[int]]:
-    """Per-layer outlier dims from training statistics (the single rule of ``outlierlab.analysis.outlier_dims``)."""
+    """Per-layer outlier dims from training statistics (the single rule of ``outlierlab.metrics.outlier_dims``)."""
     if float(stats["argmax_share"].sum()) == 0:  # no valid token (all special): nothing to detect
         return [[] for _ in range(stats["argmax_share"].shape[0])]
     return detect_outlier_dims(stats, method=method, threshold=threshold, k=k)

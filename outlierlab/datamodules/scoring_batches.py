@@ -1,6 +1,6 @@
 """Held-out text as scoring batches for a language model's own head: masked positions for a masked LM, next
 tokens for a causal one -- what Kovaleva et al.'s (2021) ablation, the order-use measure and the frequent-token
-analysis score (with ``outlierlab.analysis.scored_rows.lm_scores``).
+analysis score (with ``outlierlab.metrics.scored_rows.lm_scores``).
 
 ``pack_texts`` joins sentences into pretraining-like blocks, ``masked_batches`` masks them deterministically
 (the same masks under every condition), ``next_token_batches`` lines labels up with a decoder's logits

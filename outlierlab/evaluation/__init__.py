@@ -2,7 +2,7 @@
 analysis and which analyses exist (``registry``), their typed settings
 (``settings``), and the per-layer stream the analyses subscribe to
 (``sentence_stream``) with the shared sentence pass on it
-(``sentence_pass``).  The built-in analyses plug into it from ``outlierlab.analyses``.
+(``sentence_pass``).  The built-in analyses plug into it from ``outlierlab.evaluation.analyses``.
 
 Kept free of heavy imports: ``evaluate.py`` validates analysis names against the registry before torch loads.
 """

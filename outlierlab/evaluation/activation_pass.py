@@ -3,10 +3,10 @@
 ``ActivationObserver`` subscribes to the forward of ``outlierlab.evaluation.sentence_pass.run_sentence_pass``
 (the pass that already computes Luo et al.'s argmax/argmin shares), so the metrics cost no extra encoding:
 
-* ``outlierlab.analysis.activations.ActivationAccumulator`` on the raw token vectors of every hidden state —
+* ``outlierlab.metrics.activations.ActivationAccumulator`` on the raw token vectors of every hidden state —
   activation kurtosis (He et al. 2024) and max/median ratio (He et al. 2024; Sun et al. 2024) over the
   non-special, non-pad tokens, the largest |x| with its dim and token, the |x|-argmax share;
-* ``outlierlab.analysis.position_shares.PositionArgmaxCounts`` — the |x|-argmax counts by position bucket
+* ``outlierlab.metrics.position_shares.PositionArgmaxCounts`` — the |x|-argmax counts by position bucket
   (is a layer's dominant dimension positional? Luo et al. 2021 §3);
 * ``outlierlab.models.sites.InfNormRecorder`` hooks on the encoder's blocks — ‖x‖∞ at the FFN output and
   around the output LayerNorm (Bondarenko et al. 2023) over the non-pad tokens, special tokens included
@@ -23,9 +23,9 @@ import math
 import torch
 from torch import Tensor
 
-from outlierlab.analysis.activations import ActivationAccumulator
-from outlierlab.analysis.layer_accumulators import stack_layers
-from outlierlab.analysis.position_shares import PositionArgmaxCounts, token_positions
+from outlierlab.metrics.activations import ActivationAccumulator
+from outlierlab.metrics.layer_accumulators import stack_layers
+from outlierlab.metrics.position_shares import PositionArgmaxCounts, token_positions
 from outlierlab.evaluation.sentence_stream import Consumer
 from outlierlab.models.sites import SITE_NAMES, InfNormRecorder
 from outlierlab.utils.tables import md_table

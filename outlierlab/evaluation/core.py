@@ -25,7 +25,7 @@ from outlierlab.evaluation.registry import (ANALYSIS_MODULES, RUN_SETTINGS, SETT
                                             SharedPasses)
 from outlierlab.evaluation.settings import EncoderSettings, section_settings
 
-#: = outlierlab.analysis.transforms.TRANSFORMS (restated here so a typo fails before torch loads; a test keeps them equal)
+#: = outlierlab.metrics.transforms.TRANSFORMS (restated here so a typo fails before torch loads; a test keeps them equal)
 TRANSFORMS = ("none", "clip", "whiten", "standardize", "abtt", "center")
 #: The transforms fitted on data; their CSV rows carry ``<name>_fit``, ``<name>_n``, ... columns.
 FITTED = TRANSFORMS[2:]

@@ -17,7 +17,7 @@ An analysis is ONE module with a function ``run(ctx: EvalContext) -> AnalysisRes
 Its config section is ``cfg.<name>`` (a module path: its last component); the built-in analyses read theirs as
 the frozen dataclass of ``SETTINGS``, checked before any model loads.
 
-The built-in analyses are the names of ``SETTINGS``, each the module ``outlierlab.analyses.<name>``
+The built-in analyses are the names of ``SETTINGS``, each the module ``outlierlab.evaluation.analyses.<name>``
 (``ANALYSIS_MODULES``); any other importable module is selected by its
 dotted path (``analyses=[outliers,mypkg.my_analysis]``) — adding an analysis touches that one module (and its
 config file).  Kept free of heavy imports: the built-in modules are imported only once selected, after every
@@ -87,7 +87,7 @@ class EvalContext:
     cfg : the analysis' own config section (omegaconf DictConfig), e.g. ``cfg.wic``: what an analysis of one's own
         reads; a built-in reads its typed settings, ``ctx.settings(WicSettings)``
     root_cfg : the whole evaluate config
-    transforms : names to compare side by side, subset of outlierlab.analysis.transforms.TRANSFORMS
+    transforms : names to compare side by side, subset of outlierlab.metrics.transforms.TRANSFORMS
     out_dir : run directory for figures (None: none drawn, ``plots`` is off); tables are returned, not written
     seed : global seed
     tb : a ``torch.utils.tensorboard.SummaryWriter`` or None
@@ -172,9 +172,9 @@ SETTINGS: dict[str, type] = {
     "order_use": OrderUseSettings,
     "quantization": QuantizationSettings,
 }
-#: name -> module of the built-in analyses (``outlierlab.analyses.<name>``), imported lazily by evaluate.py, so a
+#: name -> module of the built-in analyses (``outlierlab.evaluation.analyses.<name>``), imported lazily by evaluate.py, so a
 #: typo fails before torch loads.
-ANALYSIS_MODULES: dict[str, str] = {name: f"outlierlab.analyses.{name}" for name in SETTINGS}
+ANALYSIS_MODULES: dict[str, str] = {name: f"outlierlab.evaluation.analyses.{name}" for name in SETTINGS}
 #: Sections of the whole run that the shared sentence pass and every analysis may read, whichever are selected.
 RUN_SETTINGS: tuple[type, ...] = (EncoderSettings, DataSettings, TransformSettings, OutliersSettings,
                                   AnisotropySettings, SelfSimilaritySettings)

@@ -18,7 +18,7 @@ those of the analyses, ``outlierlab.evaluation.registry``, shared by their ``key
 Clip needs its outlier dims and whiten (standardize, abtt, center) a fitted map before they can be applied, so
 the pass is two loops with **the fit** between them (``_fit``): the forward feeds the raw statistics (clip
 detects its dims from the raw outlier counts) and stores the tokens; the fitted maps are summed from the stored
-tokens one layer at a time (``outlierlab.analysis.whitening.Whitener.fit_by_layer``, guarded against fits on
+tokens one layer at a time (``outlierlab.metrics.whitening.Whitener.fit_by_layer``, guarded against fits on
 too few distinct vectors); the replay feeds the statistics of the transforms fitted only then.  With a replay,
 the word statistics of every transform are taken there, one layer at a time (their ``[K, d]`` sums would be
 ``[L, K, d]`` float64 beside the forward).  The replay is skipped when nothing needs it.
@@ -33,19 +33,19 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from outlierlab.analysis.layer_accumulators import layer_views, stack_layers
-from outlierlab.analysis.outlier_dims import detect_outlier_dims
-from outlierlab.analysis.outlier_stats import OutlierAccumulator
-from outlierlab.analysis.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
+from outlierlab.metrics.layer_accumulators import layer_views, stack_layers
+from outlierlab.metrics.outlier_dims import detect_outlier_dims
+from outlierlab.metrics.outlier_stats import OutlierAccumulator
+from outlierlab.metrics.similarity import (AnisotropyAccumulator, SelfSimilarityAccumulator, anisotropy,
                                             intra_sentence_similarity)
-from outlierlab.analysis.transforms import (FITTED, TRANSFORMS, DegenerateWhiteningError, Whitener, clip_description,
+from outlierlab.metrics.transforms import (FITTED, TRANSFORMS, DegenerateWhiteningError, Whitener, clip_description,
                                             clip_dims_per_layer)
 from outlierlab.datamodules.probe_data import load_position_texts
 from outlierlab.evaluation.encoding import EncodeLog
 from outlierlab.evaluation.settings import (DataSettings, EncoderSettings, OutliersSettings,
                                             SelfSimilaritySettings, TransformSettings, section_settings)
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch, WordVectors
-from outlierlab.analysis.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims
+from outlierlab.metrics.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims
 from outlierlab.evaluation.words import select_words
 
 # -------------------------------------------------------------------------------------------- the pass
@@ -236,12 +236,12 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
 
     transforms : to compare (subset of ``TRANSFORMS``)
     outliers : the rule clip detects its dims with (Luo et al. App. D.1), unless ``transform.dims`` or
-        ``transform.dims_by_layer`` give them (``outlierlab.analysis.outlier_dims.detect_outlier_dims``)
+        ``transform.dims_by_layer`` give them (``outlierlab.metrics.outlier_dims.detect_outlier_dims``)
     self_similarity : which words are target words, when a consumer reads word vectors
     data : ``chunk`` (texts tokenized at a time) and ``one_pass`` (replay the stored tokens after the fit;
         False: no disk, the replay is a second forward)
     transform : clip's given dims, whiten's k, abtt's D and the degenerate-fit guard
-        (``outlierlab.analysis.transform_fit.WhitenSettings.from_settings``)
+        (``outlierlab.metrics.transform_fit.WhitenSettings.from_settings``)
     need_whitener : fit the fitted transforms even if no consumer reads vectors after them (the anisotropy
         reservoir is raw and transformed afterwards; WiC/STS with ``fit_on=sentences``)
     need_covariance : keep Σ of every layer (``transforms.source.cov``: IsoScore)
@@ -315,7 +315,7 @@ def _fit(st: SentenceStats, transforms, fitted, whiten: WhitenSettings, stream: 
                         else [[] for _ in range(st.num_layers)])
         how = f"share >= {rule.threshold:g}" if rule.method == "share" else f"|mean| outside {rule.k:g}σ"
         ft.info["clip"] = clip_description(ft.clip_dims, f"detected per layer on the {n_texts} evaluation "
-                                           f"sentences (outlierlab.analysis.outlier_dims.detect_outlier_dims, {how})")
+                                           f"sentences (outlierlab.metrics.outlier_dims.detect_outlier_dims, {how})")
     if not fitted and not need_covariance:
         return
     if sums is not None:

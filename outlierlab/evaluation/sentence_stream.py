@@ -49,7 +49,7 @@ from torch import Tensor
 
 from outlierlab.datamodules.features import LayerTokenStore
 from outlierlab.utils.disk_room import check_room
-from outlierlab.analysis.outlier_stats import valid_token_mask
+from outlierlab.metrics.outlier_stats import valid_token_mask
 from outlierlab.evaluation.encoding import EncodeLog, finish_encode_log, token_offsets
 from outlierlab.evaluation.words import plan_vectors, word_plan
 from outlierlab.utils.memory import release_freed_memory
@@ -338,7 +338,7 @@ class LayerStream:
         """The fitted transforms' sums from the stored tokens, one layer at a time: never
         ``(L+1)·d²`` of them beside the model's forward; the forward's freed buffers go back to the OS first.
 
-        settings : ``outlierlab.analysis.transform_fit.WhitenSettings``
+        settings : ``outlierlab.metrics.transform_fit.WhitenSettings``
         names, keep_cov : the maps to be fitted and whether Σ is kept (``WhitenSettings.fit_by_layer``)
         repeat : see ``layer_chunks``
 

@@ -278,7 +278,7 @@ class StsSettings:
     (no STS data can be shipped); ``sts=paper`` lists Luo et al.'s."""
 
     SECTION: ClassVar[str] = "sts"
-    #: short names (see outlierlab/analyses/sts.py HUB) or any hub id with sentence1/sentence2/score
+    #: short names (see outlierlab/evaluation/analyses/sts.py HUB) or any hub id with sentence1/sentence2/score
     datasets: Names = ()
     #: [a.csv, b.tsv, c.jsonl]: ONE data set per file, columns sentence1, sentence2, score
     files: Names | None = None

@@ -105,11 +105,11 @@ def hidden_state_summary(path: Path) -> dict[str, Any] | None:
 
 def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
     """Per layer: its |x| argmax dimension at the last record, that dimension's share, and the step since which it
-    has held that place (``outlierlab.analysis.dim_identity.layer_identity``; Kovaleva et al. 2021).  Nothing
+    has held that place (``outlierlab.metrics.layer_identity.layer_identity``; Kovaleva et al. 2021).  Nothing
     for a history without ``abs_argmax_share`` rows (older runs)."""
     import pandas as pd
 
-    from outlierlab.analysis.dim_identity import layer_identity
+    from outlierlab.metrics.layer_identity import layer_identity
 
     try:
         identity = layer_identity(pd.read_csv(path))
@@ -123,7 +123,7 @@ def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
 
 def layernorm_summary(path: Path) -> dict[str, Any] | None:
     """The LayerNorm rule's count at the monitor's last step: ``n_outlier_dims`` (dims whose gain and bias lie
-    outside 3σ in at least ``min_layers`` LayerNorms; Kovaleva et al. 2021; ``outlierlab.analysis.layernorm_rule``)."""
+    outside 3σ in at least ``min_layers`` LayerNorms; Kovaleva et al. 2021; ``outlierlab.metrics.layernorm_rule``)."""
     rows = [r for r in read_rows(path) if r.get("name") == "model" and (r.get("step") or "").isdigit()]
     if not rows:
         return None

@@ -5,18 +5,18 @@
 For each ``<run>/checkpoints/*.ckpt`` (one per global step; ``last.ckpt`` is skipped when a step
 checkpoint holds the same step) the model is rebuilt from ``hyper_parameters["model"]`` and the
 ``model.``-prefixed weights of ``state_dict``, and the *same* functions as the live monitors compute the
-*same* statistics: ``outlierlab.analysis.monitoring.layernorm_records`` (LayerNorm 3σ outliers, divergence from
+*same* statistics: ``outlierlab.metrics.monitor_records.layernorm_records`` (LayerNorm 3σ outliers, divergence from
 init, shared dims; Kovaleva et al. 2021, Puccetti et al. 2022) and
-``outlierlab.analysis.monitoring.hidden_state_records`` (per-layer mean vector, argmax/argmin share, top dims,
+``outlierlab.metrics.monitor_records.hidden_state_records`` (per-layer mean vector, argmax/argmin share, top dims,
 anisotropy, kurtosis, max/median, inf-norm by site, sink heads; Luo et al. 2021, Ethayarajh 2019, He et al.
 2024, Sun et al. 2024, Bondarenko et al. 2023, Gu et al. 2025) on the shipped held-out sentences tokenised
 with the run's tokenizer (``<run>/hf`` or ``<run>/model``).  Output in ``<run>/monitor_posthoc/``:
-``layernorm.csv`` and ``hidden_states.csv`` in the format of ``outlierlab.reports.history``; ``metrics.csv``, one
+``layernorm.csv`` and ``hidden_states.csv`` in the format of ``outlierlab.monitoring.history``; ``metrics.csv``, one
 row per checkpoint step and layer (``METRIC_COLUMNS``: kurtosis, max/median, inf-norms by site,
 signed and |x| argmax/argmin shares with their dims, sink-head shares, attention entropy, anisotropy, the
 top-1 (with its dim) and top-3 dims' share of it (Timkey & van Schijndel 2021), IsoScore (Rudman et al. 2022) and
 the number of LayerNorm outlier dims the project's rule flags in that layer,
-``outlierlab.analysis.layernorm_rule.layernorm_outliers``); ``metrics.png``, those curves vs step per layer; ``order_use.csv``, one row per
+``outlierlab.metrics.layernorm_rule.layernorm_outliers``); ``metrics.png``, those curves vs step per layer; ``order_use.csv``, one row per
 checkpoint: order use on the held-out sentences (``order_use_rows``; the per-layer attention locality is the
 ``attn_local`` column of ``metrics.csv``).
 Works on checkpoints of older code too (same parameter names), so curves can be drawn after the fact.
@@ -154,12 +154,12 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     # lazy: `python -m outlierlab.jobs.posthoc BAD_DIR` fails in a second, before torch loads; and HF_HUB_OFFLINE
     # must be set before transformers is imported (it reads the flag at import)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from outlierlab.analysis.layernorm_rule import layernorm_outliers
-    from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot, tokenize_heldout
+    from outlierlab.metrics.layernorm_rule import layernorm_outliers
+    from outlierlab.metrics.monitor_records import layernorm_records, layernorm_snapshot, tokenize_heldout
     from outlierlab.models.checkpoint import model_from_checkpoint
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
-    from outlierlab.reports import monitor_plots as plots
-    from outlierlab.reports.history import wide_by_layer
+    from outlierlab.monitoring import monitor_plots as plots
+    from outlierlab.monitoring.history import wide_by_layer
 
     tokenizer = tokenizer_from(tokenizer, [run / "hf", run / "model", run / "tokenizer"],
                                f"{run} holds no tokenizer (hf/, model/ or tokenizer/ with tokenizer files; train.py "
@@ -216,7 +216,7 @@ def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str, mask_i
     also the live monitor's W8A8 cost rows (``outlierlab.models.w8a8.w8a8_cost``, masks drawn with ``mask_id``)."""
     import torch
 
-    from outlierlab.analysis.monitoring import hidden_state_records
+    from outlierlab.metrics.monitor_records import hidden_state_records
     from outlierlab.models.sites import monitored_forward
 
     config = model.config
@@ -238,9 +238,9 @@ def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str, mask_i
 
 def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str) -> list[tuple]:
     """Order use (``layer`` = ``model``) and attention locality (per block, ``layer_{i+1}``) of one checkpoint on the
-    held-out sentences (``outlierlab.analysis.order_use.heldout_order_use``): these are the held-out sentences,
+    held-out sentences (``outlierlab.metrics.word_order.heldout_order_use``): these are the held-out sentences,
     not the run's validation blocks, so the values differ from ``val/order_use`` in level but not in what they say."""
-    from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
+    from outlierlab.metrics.word_order import heldout_order_use, heldout_special_ids
 
     special = heldout_special_ids(model.config, tokenizer)
     value, local = heldout_order_use(model, batch, bool(model.config.causal), special,
@@ -261,7 +261,7 @@ class StagedHistories:
     NAMES = ("layernorm", "hidden_states")
 
     def __init__(self, out: Path) -> None:
-        from outlierlab.reports.history import HistoryCSV
+        from outlierlab.monitoring.history import HistoryCSV
 
         self.out = Path(out)
         self.dir = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
@@ -286,7 +286,7 @@ class StagedHistories:
 
 
 def layernorm_kwargs(ln_cfg: dict) -> dict[str, Any]:
-    """``outlierlab.analysis.monitoring.layernorm_records``' settings from the monitor's LayerNorm config."""
+    """``outlierlab.metrics.monitor_records.layernorm_records``' settings from the monitor's LayerNorm config."""
     return dict(k=ln_cfg["k"], shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"], top_k=ln_cfg["top_k"],
                 vectors=ln_cfg["vectors"])
 

@@ -83,8 +83,8 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
     loaded with its own LM head by the one Hugging Face loader (``outlierlab.models.placement.load_hf_model``:
     ``AutoModelForMaskedLM`` / ``AutoModelForCausalLM`` by the family's objective; a checkpoint saved without its
     head -- a sentence encoder, a sentence-transformers checkpoint -- is its body), and the same pure functions as the
-    live monitors — ``outlierlab.analysis.monitoring.layernorm_records`` (Kovaleva et al. 2021; Puccetti et al.
-    2022) and ``outlierlab.analysis.monitoring.hidden_state_records`` (Luo et al. 2021 and the later metrics) —
+    live monitors — ``outlierlab.metrics.monitor_records.layernorm_records`` (Kovaleva et al. 2021; Puccetti et al.
+    2022) and ``outlierlab.metrics.monitor_records.hidden_state_records`` (Luo et al. 2021 and the later metrics) —
     run on the same held-out batch (the shipped sentences, the checkpoint's own tokenizer, truncated by
     ``outlierlab.monitoring.hidden_state_tracker.heldout_max_length``), so a checkpoint's rows reproduce the
     live rows of its step.  Divergence from init reads the live monitor's snapshot
@@ -111,9 +111,9 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
                                 "save_steps")
     ln_cfg, hs_cfg = _apply_overrides(dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS), overrides)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (it reads the flag at import)
-    from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot, tokenize_heldout
+    from outlierlab.metrics.monitor_records import layernorm_records, layernorm_snapshot, tokenize_heldout
     from outlierlab.models.layernorms import model_layernorms
-    from outlierlab.analysis.order_use import heldout_order_use, heldout_special_ids
+    from outlierlab.metrics.word_order import heldout_order_use, heldout_special_ids
     from outlierlab.monitoring.hidden_state_tracker import (heldout_max_length, is_causal_lm, order_use_records,
                                                             vector_order_records)
     from outlierlab.monitoring.loop_monitor import INITIAL_SNAPSHOT

@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from lightning.pytorch import seed_everything
 
-from outlierlab.analysis.distance_similarity import DistanceSimilarity
-from outlierlab.analysis.order_use import cannot_use_order
-from outlierlab.analysis.probe_contributions import chance_accuracy, rank_of_dims, top_dims
-from outlierlab.analysis.transform_fit import fit_transform
-from outlierlab.analysis.transforms import MIN_FIT_RATIO, TRANSFORMS, DegenerateWhiteningError
+from outlierlab.metrics.distance_similarity import DistanceSimilarity
+from outlierlab.metrics.word_order import cannot_use_order
+from outlierlab.metrics.probe_contributions import chance_accuracy, rank_of_dims, top_dims
+from outlierlab.metrics.transform_fit import fit_transform
+from outlierlab.metrics.transforms import MIN_FIT_RATIO, TRANSFORMS, DegenerateWhiteningError
 from outlierlab.datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_outliers, extract_features,
                                   iter_chunks, row_loader)
 from outlierlab.models.loading import FrozenEncoder
@@ -217,7 +217,7 @@ def run_classifier(cfg, p: ProbeSettings, encoder: FrozenEncoder, logger) -> Pro
 def layernorm_note(encoder: FrozenEncoder) -> str:
     """One line for the report: the norms the LayerNorm-outlier rule (default settings, as the training
     monitor) judges in this encoder's family, the dims it flags, and how they relate to ``clip``."""
-    from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
+    from outlierlab.metrics.layernorm_rule import LayerNormRule, layernorm_outliers
     from outlierlab.models.layernorms import UnknownFamilyError, layernorm_tensors, model_layernorms
 
     try:
@@ -361,11 +361,11 @@ def _quiet_lightning():
 
 def order_use(encoder: FrozenEncoder, texts: list[str], seed: int):
     """Whether the model *uses* the order the position probe decodes: evaluate.py's ``order_use``
-    (``outlierlab.analyses.order_use.measure``, its default settings) on the probe's first sentences --
+    (``outlierlab.evaluation.analyses.order_use.measure``, its default settings) on the probe's first sentences --
     order use in nats with the model's LM head, else how far shuffling moves each layer's sentence vectors
     (docs/order_use.md): the model's row, one per layer, and a section of the report.  A learned table's rows are
     decodable in a model that ignores order, so the probe's accuracy alone cannot say it."""
-    from outlierlab.analyses.order_use import measure
+    from outlierlab.evaluation.analyses.order_use import measure
     from outlierlab.evaluation.settings import OrderUseSettings
     from outlierlab.models.lm_model import load_mlm
 
@@ -392,7 +392,7 @@ def _probe(cfg, p: ProbeSettings, encoder: FrozenEncoder | None, texts: Sequence
                        family=encoder.family_line(), layernorms=layernorm_note(encoder),
                        orderless=cannot_use_order(getattr(encoder, "pos", None), getattr(encoder, "causal", False)))
     if measure_use:
-        from outlierlab.analyses.order_use import COLUMNS as USE_COLUMNS
+        from outlierlab.evaluation.analyses.order_use import COLUMNS as USE_COLUMNS
 
         used = order_use(encoder, texts, int(cfg.seed))
         result.info["order_use"], result.sections = used.summary, [used.markdown]

@@ -23,11 +23,11 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order, order_use_message
+from outlierlab.metrics.word_order import ORDER_USE_THRESHOLD, cannot_use_order, order_use_message
 from outlierlab.datamodules.budget import DataBudget, data_budget
 from outlierlab.jobs.model_card import record_trained_steps, write_model_card
 from outlierlab.models import EncoderConfig, hf_exportable, save_pretrained
-from outlierlab.lightning_modules.callbacks.progress import StepRichProgressBar
+from outlierlab.lightning_modules.callbacks.progress_lines import StepRichProgressBar
 from outlierlab.lightning_modules.mlm_module import MLMLitModule
 from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space, checkpoint_bytes, checkpoints_kept,
                                            free_bytes_needed, remove_dead_partials, staged_dir)
@@ -86,7 +86,7 @@ def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None)
 def report_order_use(metrics: dict[str, float], threshold: float | None, config: EncoderConfig | None = None
                      ) -> str | None:
     """Say in one line (the run's log: the console and its train.log) when the run ends below ``threshold`` nats of
-    order use: its loss is then that of a bag-of-words model (``outlierlab.analysis.order_use``) -- "not yet",
+    order use: its loss is then that of a bag-of-words model (``outlierlab.metrics.word_order``) -- "not yet",
     or, for a masked model without positions (``config``), "cannot".  Nothing when order use was not measured
     (``module.order_use=false``) or ``threshold`` is null."""
     value = metrics.get("val/order_use")

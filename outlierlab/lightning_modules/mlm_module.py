@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
-from outlierlab.analysis.order_use import attention_locality, movable_positions, permute_block_tokens
+from outlierlab.metrics.word_order import attention_locality, movable_positions, permute_block_tokens
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 from outlierlab.models.optimizers import build_optimizer, can_fuse
 from outlierlab.utils.flops import flops_per_token
@@ -147,7 +147,7 @@ class MLMLitModule(L.LightningModule):
         ``experiment=paper_roberta_base`` uses ``"all"`` as fairseq did.
     order_use : bool
         At every validation also compute *order use* -- the validation loss with each block's tokens permuted
-        minus the intact loss (``outlierlab.analysis.order_use.order_use``; one more forward per validation
+        minus the intact loss (``outlierlab.metrics.word_order.order_use``; one more forward per validation
         batch) -- logged as ``val/order_use``, and on the first validation batch the *attention locality* of
         every layer (``val/attn_local/layer_i``, its uniform baseline ``val/attn_local/uniform``).  The
         permutations are drawn from ``(seed, batch_idx)``: every validation of a run permutes the same way.
@@ -345,7 +345,7 @@ class MLMLitModule(L.LightningModule):
 
     def permuted_loss(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """The loss of ``batch`` with each block's tokens permuted (special tokens and positions in place; a token
-        moves with its label): the first term of order use (``outlierlab.analysis.order_use``)."""
+        moves with its label): the first term of order use (``outlierlab.metrics.word_order``)."""
         config = self.config
         movable = movable_positions(batch["input_ids"], batch.get("labels"), batch.get("attention_mask"),
                                     {config.bos_token_id, config.eos_token_id, config.pad_token_id})

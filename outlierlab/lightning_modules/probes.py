@@ -6,7 +6,7 @@ exactly the gradient of its own loss and (Adam being element-wise) every layer t
 cached features are read once per batch for all layers instead of once per layer.
 
 * ``PositionProbe`` — bias-free ``W ∈ R^{d×M}`` predicting each token's position (Luo §3); at test time
-  it also accumulates the neuron contributions ``c_i = |w_{y,i} v_i|`` (``outlierlab.analysis.probe_contributions.contribution``).
+  it also accumulates the neuron contributions ``c_i = |w_{y,i} v_i|`` (``outlierlab.metrics.probe_contributions.contribution``).
 * ``SentenceClassifier`` — ``W ∈ R^{d×N}`` on mean-pooled sentence vectors (Luo §4.4), with a bias by
   default or bias-free exactly as the paper writes it (``probe.classifier_bias=false``).
 """
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from outlierlab.analysis.probe_contributions import contribution
+from outlierlab.metrics.probe_contributions import contribution
 
 
 class BatchedLinear(nn.Module):

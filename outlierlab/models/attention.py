@@ -214,7 +214,7 @@ class SelfAttention(nn.Module):
         return ctx.transpose(1, 2).reshape(B, T, H * D), (probs if output_attentions else None)
 
     def attention_logits(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Scaled pre-softmax scores incl. the position bias, ``[B, H, T, T]`` (for outlierlab/analysis/tests)."""
+        """Scaled pre-softmax scores incl. the position bias, ``[B, H, T, T]`` (for outlierlab/metrics/tests)."""
         B, T, _ = x.shape
         mask = torch.ones(B, T, dtype=torch.long, device=x.device) if attention_mask is None else attention_mask
         q, k, pos_bias = self._qk(x, position_ids_from_mask(mask))

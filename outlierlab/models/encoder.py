@@ -221,7 +221,7 @@ class RobertaMaskedLM(nn.Module):
         moves. ``full_logits=True`` (or no ``labels``) gives ``[B, T, V]`` as before.
 
         ``masked_positions`` without ``labels``: the head at those positions alone, ``logits`` ``[N, V]`` and no
-        loss -- the scored rows of the evaluation analyses (``outlierlab.analysis.scored_rows.logits_at``
+        loss -- the scored rows of the evaluation analyses (``outlierlab.metrics.scored_rows.logits_at``
         does the same for a Hugging Face head), for either objective.
         """
         out = self.roberta(input_ids, attention_mask, output_hidden_states, output_attentions)

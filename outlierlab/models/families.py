@@ -5,7 +5,7 @@ One ``Family`` per block structure.  Every analysis that needs a model's insides
 (``family_of``), never a regex over parameter names:
 
 * ``Family.layernorms`` — the norms on the residual stream under canonical keys, the input of THE
-  LayerNorm-outlier rule (``outlierlab.analysis.layernorm_rule``): ``embeddings``, per layer
+  LayerNorm-outlier rule (``outlierlab.metrics.layernorm_rule``): ``embeddings``, per layer
   ``layer.{i}.<kind>``, ``final`` (pre-LN), ``head`` (the LM head's own norm, only when asked).  The per-layer
   *kind* says where the norm sits in the block:
 
@@ -21,7 +21,7 @@ One ``Family`` per block structure.  Every analysis that needs a model's insides
     sublayer adds to it; one ``final`` norm before the LM head.
 
   Which kinds the rule judges by default (both pre-LN norms, and both reordered ones, in the role of
-  Kovaleva's output LayerNorm) is decided in ``outlierlab.analysis.layernorm_rule.KIND_ROLES`` and argued
+  Kovaleva's output LayerNorm) is decided in ``outlierlab.metrics.layernorm_rule.KIND_ROLES`` and argued
   in docs/fidelity.md.
 * ``Family.position_table``, ``Family.positions`` — a learned absolute table (GPT-2's ``wpe``,
   BERT's ``position_embeddings``) or what the model uses instead (rotary, relative, ...).

@@ -12,7 +12,7 @@ positions (of a pattern, the queries); None: all of them.  Positions count the t
 * ``clip`` — clamp to a range (Wei et al. 2022's clipping of outlier activations, "Outlier Suppression");
 * ``scale`` — multiply;
 * ``quantize`` — symmetric absmax fake quantization per tensor, the activations' side of W8A8 (Bondarenko et al.
-  2023; Dettmers et al. 2022, LLM.int8()), by ``outlierlab.analysis.fake_quant.fake_quantize``;
+  2023; Dettmers et al. 2022, LLM.int8()), by ``outlierlab.metrics.fake_quant.fake_quantize``;
 * ``patch`` — replace by the activation of another run (activation patching: Vig et al. 2020; Meng et al. 2022;
   Heimersheim & Nanda 2024).
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from outlierlab.analysis.fake_quant import fake_quantize
+from outlierlab.metrics.fake_quant import fake_quantize
 
 __all__ = ["Intervention", "zero", "mean", "clip", "scale", "quantize", "patch"]
 
@@ -160,7 +160,7 @@ def scale(factor: float, dims: Sequence[int] | None = None, positions: Sequence[
 
 def quantize(bits: int = 8, keep: Sequence[int] | None = None) -> Intervention:
     """Round the whole activation to a symmetric ``bits``-bit grid with one absmax scale (dynamic, per tensor):
-    ``outlierlab.analysis.fake_quant.fake_quantize``.  ``keep``: hidden dims left in full precision and out of
+    ``outlierlab.metrics.fake_quant.fake_quantize``.  ``keep``: hidden dims left in full precision and out of
     the scale (LLM.int8()'s decomposition)."""
     keep_ = _ints("keep", keep)
 

@@ -9,7 +9,7 @@ Hugging Face models are resolved by their family (``outlierlab.models.families``
 ``config.model_type``, by module structure); our encoder lists its own
 (``outlierlab.models.encoder.RobertaMaskedLM.named_layernorms``), renamed to the pre-LN kinds when its
 blocks are pre-LN, so a pre-LN run of ours and a pre-LN hub model are judged alike.
-The rule that judges these norms is ``outlierlab.analysis.layernorm_rule.layernorm_outliers``.
+The rule that judges these norms is ``outlierlab.metrics.layernorm_rule.layernorm_outliers``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from outlierlab.analysis.layernorm_rule import KIND_ROLES, layernorm_kind
+from outlierlab.metrics.layernorm_rule import KIND_ROLES, layernorm_kind
 from outlierlab.models.families import PRE_KINDS, UnknownFamilyError, family_of
 
 __all__ = ["NORM_TYPES", "model_layernorms", "layernorm_kind", "select_layernorms", "layernorms_of_layers",
@@ -84,7 +84,7 @@ def model_layernorms(model: nn.Module, include_head: bool = False) -> dict[str, 
 
 def select_layernorms(layernorms: Mapping[str, nn.Module], kinds: Iterable[str]) -> dict[str, nn.Module]:
     """The norms of the given kinds or roles (``output`` — in a pre-LN model both per-layer norms,
-    ``outlierlab.analysis.layernorm_rule.KIND_ROLES`` —, ``attention_output``, ``attention_input``,
+    ``outlierlab.metrics.layernorm_rule.KIND_ROLES`` —, ``attention_output``, ``attention_input``,
     ``mlp_input``, ``embeddings``, ``final``, ``head``; ``all`` = every per-layer norm), in model order.
     Raises on an empty choice or a kind this model does not have, naming what it has."""
     kinds = [str(k) for k in kinds]
@@ -126,7 +126,7 @@ def layernorms_of_layers(layernorms: Mapping[str, nn.Module], layers: Iterable[i
 
 def layernorm_tensors(layernorms: Mapping[str, nn.Module]) -> dict[str, tuple[Tensor | None, Tensor | None]]:
     """Detached float32 CPU copies of every norm's ``(weight, bias)``; ``None`` where a norm has none
-    (no-affine LayerNorm: both; RMSNorm: bias) — the input of ``outlierlab.analysis.layernorm_rule.layernorm_outliers``."""
+    (no-affine LayerNorm: both; RMSNorm: bias) — the input of ``outlierlab.metrics.layernorm_rule.layernorm_outliers``."""
     out = {}
     for name, ln in layernorms.items():
         w, b = getattr(ln, "weight", None), getattr(ln, "bias", None)

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from outlierlab.analysis.scored_rows import logits_at
+from outlierlab.metrics.scored_rows import logits_at
 from outlierlab.models.families import Family, UnknownFamilyError, family_of, lm_head
 from outlierlab.models.layernorms import model_layernorms
 from outlierlab.models.loading import FrozenEncoder
@@ -125,7 +125,7 @@ class LoadedModel:
 
         rows : Bool ``[B, T]``, the positions whose logits are wanted (the masked or predicting ones): ``logits``
             are then ``[n, V]``, and the head projects those rows alone (a Hugging Face head:
-            ``outlierlab.analysis.scored_rows.logits_at``; ours: its ``masked_positions``); None: ``[B, T, V]``."""
+            ``outlierlab.metrics.scored_rows.logits_at``; ours: its ``masked_positions``); None: ``[B, T, V]``."""
         dev = self.device
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
         narrowed = False

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from outlierlab.analysis.qk_outliers import QKAccumulator, RotarySpec
+from outlierlab.metrics.qk_magnitudes import QKAccumulator, RotarySpec
 from outlierlab.models.families import QKProjection, family_of, split_qk
 from outlierlab.models.rotary_layers import rotary_layers
 

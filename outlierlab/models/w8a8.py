@@ -5,7 +5,7 @@ linear layers compute in 8 bits: each layer's input quantized per tensor (symmet
 per output channel. Dettmers et al. (2022, "LLM.int8()") keep the few outlier input dimensions in 16 bits and the
 damage goes away. ``quantized`` applies both to the linear layers of the transformer blocks -- where the
 residual stream and its outlier dimensions enter every matrix -- and leaves embeddings and the LM head in full
-precision, so the cost it measures is the blocks'. The arithmetic is ``outlierlab.analysis.fake_quant``'s.
+precision, so the cost it measures is the blocks'. The arithmetic is ``outlierlab.metrics.fake_quant``'s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from outlierlab.analysis.fake_quant import fake_quantize, fake_quantize_weight, largest_dims
+from outlierlab.metrics.fake_quant import fake_quantize, fake_quantize_weight, largest_dims
 from outlierlab.models.sites import encoder_blocks
 
 __all__ = ["linear_layers", "quantized", "KeptDims", "w8a8_cost"]
@@ -93,7 +93,7 @@ def _scored_logits(model: nn.Module, problem: dict, causal: bool) -> tuple[torch
     """The logits ``[n, V]`` at the scored tokens of ``problem`` and their targets ``[n]``: the labelled positions of a
     masked problem (a Hugging Face head narrowed to them by ``logits_at``; ours called with its labels, which runs
     its head there alone), or every next token of a causal one."""
-    from outlierlab.analysis.scored_rows import logits_at
+    from outlierlab.metrics.scored_rows import logits_at
 
     labels = problem["labels"]
     if causal:
@@ -112,13 +112,13 @@ def w8a8_cost(model: nn.Module, batch: dict, causal: bool, mask_token_id: int | 
               bits: int = 8) -> dict[str, float]:
     """What 8 bits cost the model on the monitors' fixed held-out batch (``input_ids``, ``attention_mask``,
     ``special_tokens_mask``), for a live curve. On the batch's fixed problem (the masked one of order use,
-    ``outlierlab.analysis.order_use.masked_for_order_use``, or every next token), with all the blocks' linear
+    ``outlierlab.metrics.word_order.masked_for_order_use``, or every next token), with all the blocks' linear
     layers in W8A8: the loss minus the full-precision loss (``loss_delta``, nats per token) and the mean KL divergence
     of the predictions from the full-precision ones (``kl``: the damage itself, >= 0 whatever the model's quality);
     ``keep_loss_delta`` and ``keep_kl`` with ``keep`` largest-|x| input dims in full precision. A model that gives no
     logits (a body without its LM head) gets the relative error of its last hidden states instead (``rel_error``,
     ``keep_rel_error``)."""
-    from outlierlab.analysis.order_use import masked_for_order_use
+    from outlierlab.metrics.word_order import masked_for_order_use
 
     device = next(model.parameters()).device
     mask = batch["attention_mask"]

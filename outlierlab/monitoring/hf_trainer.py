@@ -12,8 +12,8 @@ registered family (``BertForMaskedLM``, ``RobertaForMaskedLM``, ModernBERT, ``GP
 ...; the body inside a sentence-transformers ``SentenceTransformer``, whose ``SentenceTransformerTrainer`` is a
 ``Trainer``; the adapted model inside a PEFT ``PeftModel``) — computed by ``outlierlab.monitoring.loop_monitor.OutlierMonitor``, i.e. by the same trackers and the
 same pure functions as the Lightning callbacks, into ``<args.output_dir>/monitor/layernorm.csv`` and
-``hidden_states.csv`` (the columns of ``outlierlab.reports.history``) -- with order use and attention locality
-at every record (does the model use word order yet? ``outlierlab.analysis.order_use``; one line at the end of
+``hidden_states.csv`` (the columns of ``outlierlab.monitoring.history``) -- with order use and attention locality
+at every record (does the model use word order yet? ``outlierlab.metrics.word_order``; one line at the end of
 training when it does not; ``order_use=False`` turns it off).
 
 When: at ``on_train_begin`` (``state.global_step``: 0, or the step of the checkpoint a resume starts from),

@@ -2,7 +2,7 @@
 
 At every record the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out sequences
 (one forward pass, ``outlierlab.models.sites.monitored_forward``, with eager attention for that pass), and
-``outlierlab.analysis.monitoring.hidden_state_records`` computes per layer the mean token vector, the share of
+``outlierlab.metrics.monitor_records.hidden_state_records`` computes per layer the mean token vector, the share of
 tokens whose argmax/argmin falls on the most common dim (Luo et al. 2021 §2), anisotropy (Ethayarajh 2019) with
 its rogue-dim shares (Timkey & van Schijndel 2021) and IsoScore (Rudman et al. 2022), kurtosis and max/median
 (He et al. 2024; Sun et al. 2024), inf-norms by site (Bondarenko et al. 2023) and sink heads (Gu et al. 2025).
@@ -15,7 +15,7 @@ Train mode is restored afterwards, module by module.
 ``hidden_states.csv`` has the same rows whichever loop trained it.  The held-out text is the shipped held-out
 sentences (``outlierlab.datamodules.eval_data.load_sentences``, Austen's *Persuasion*, not in the training
 corpus) unless the caller gives its own, tokenised by the model's own tokenizer
-(``outlierlab.analysis.monitoring.tokenize_heldout``), the batch ``outlierlab.jobs.posthoc`` uses too.
+(``outlierlab.metrics.monitor_records.tokenize_heldout``), the batch ``outlierlab.jobs.posthoc`` uses too.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from outlierlab.analysis.monitoring import hidden_state_records, tokenize_heldout
-from outlierlab.analysis.order_use import (attention_locality, heldout_order_use, heldout_special_ids,
+from outlierlab.metrics.monitor_records import hidden_state_records, tokenize_heldout
+from outlierlab.metrics.word_order import (attention_locality, heldout_order_use, heldout_special_ids,
                                            pooled_order_change)
 from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.models.sites import monitored_forward
 from outlierlab.models.w8a8 import w8a8_cost
-from outlierlab.reports import monitor_plots as plots
+from outlierlab.monitoring import monitor_plots as plots
 from . import arguments
 
 __all__ = ["HiddenStateTracker", "heldout_max_length", "model_device", "is_causal_lm", "order_use_records",
@@ -161,12 +161,12 @@ class HiddenStateTracker:
         Gu et al. (2025)'s ε for a sink head.
     order_use : bool
         Also measure order use and attention locality on the batch
-        (``outlierlab.analysis.order_use.heldout_order_use``: two more forwards through the model's LM head);
+        (``outlierlab.metrics.word_order.heldout_order_use``: two more forwards through the model's LM head);
         rows ``model/order_use`` and ``layer_i/attn_local``.  The loop monitors' default (a Trainer or a plain loop
         has no validation that measures it); ``train.py`` logs ``val/order_use`` at every validation instead.
         A model without an LM head (no ``loss`` from ``labels=``: a sentence encoder fine-tuned with its own loss)
         gets one notice and, at every record, the sentence-vector order change of every layer instead
-        (``outlierlab.analysis.order_use.pooled_order_change``; rows ``layer_i/pooled_order_change``) with the
+        (``outlierlab.metrics.word_order.pooled_order_change``; rows ``layer_i/pooled_order_change``) with the
         attention locality.
     w8a8 : bool
         Also measure what 8 bits cost the model on the batch (``outlierlab.models.w8a8.w8a8_cost``: the

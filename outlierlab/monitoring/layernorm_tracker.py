@@ -4,17 +4,17 @@ Kovaleva et al. (2021) flag the dims of each layer's output LayerNorm whose gain
 mean ± 3σ; Puccetti et al. (2022) call a dim an outlier of the model when more than 3 of 12 layers flag it and
 follow how far gains move from their initial values.  ``LayerNormTracker`` holds what watching that during
 training needs — the initial snapshot, the heatmap history, the dims already shown as scalars — and calls the
-pure functions every monitor shares: ``outlierlab.analysis.monitoring.layernorm_records`` (which calls
-``outlierlab.analysis.layernorm.layernorm_stats`` and THE rule
-``outlierlab.analysis.layernorm_rule.layernorm_outliers``) on the norms
+pure functions every monitor shares: ``outlierlab.metrics.monitor_records.layernorm_records`` (which calls
+``outlierlab.metrics.layernorm.layernorm_stats`` and THE rule
+``outlierlab.metrics.layernorm_rule.layernorm_outliers``) on the norms
 ``outlierlab.models.layernorms.model_layernorms`` finds (our encoder, or a Hugging Face model of a registered
 family: BERT/RoBERTa, ModernBERT, GPT-2, Llama-style, ...).
 
 No training framework here: the Lightning callback
-(``outlierlab.lightning_modules.callbacks.layernorm_monitor.LayerNormMonitor``), the plain-loop
+(``outlierlab.monitoring.layernorm_monitor.LayerNormMonitor``), the plain-loop
 ``outlierlab.monitoring.loop_monitor.OutlierMonitor`` and the Hugging Face
 ``outlierlab.monitoring.hf_trainer.OutlierMonitorCallback`` all drive this one object, so they write the
-same rows (``layernorm.csv``, columns of ``outlierlab.reports.history``) and the same TensorBoard tags.
+same rows (``layernorm.csv``, columns of ``outlierlab.monitoring.history``) and the same TensorBoard tags.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from outlierlab.analysis.layernorm_rule import LayerNormRule, layernorm_outliers
-from outlierlab.analysis.monitoring import layernorm_records, layernorm_snapshot
+from outlierlab.metrics.layernorm_rule import LayerNormRule, layernorm_outliers
+from outlierlab.metrics.monitor_records import layernorm_records, layernorm_snapshot
 from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
-from outlierlab.reports import monitor_plots as plots
-from outlierlab.reports.history import read_history, vectors_by_step
+from outlierlab.monitoring import monitor_plots as plots
+from outlierlab.monitoring.history import read_history, vectors_by_step
 from . import arguments
 
 __all__ = ["LayerNormTracker", "layernorm_outliers_notice", "initial_from_state"]

@@ -13,10 +13,10 @@ registered family (``outlierlab.models.families``: ``BertForMaskedLM``, ``Robert
     monitor.close()
 
 It computes the same statistics with the same code as the Lightning callbacks
-(``outlierlab.lightning_modules.callbacks``): both drive ``LayerNormTracker`` and
+(``outlierlab.monitoring.layernorm_monitor``, ``outlierlab.monitoring.hidden_state_monitor``): both drive ``LayerNormTracker`` and
 ``HiddenStateTracker`` and write through ``publish``, so the files
 are the same — ``<out_dir>/layernorm.csv`` and ``<out_dir>/hidden_states.csv`` (``step,name,statistic,dim,value``,
-``outlierlab.reports.history``), the PNG figures, and the ``monitor/...`` TensorBoard scalars (own
+``outlierlab.monitoring.history``), the PNG figures, and the ``monitor/...`` TensorBoard scalars (own
 ``SummaryWriter`` in ``<out_dir>/tensorboard`` unless the caller passes one).
 
 When it records: at the first call (the session's start), then every ``every_n_steps`` steps, at ``max_steps``,
@@ -51,9 +51,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from outlierlab.analysis.layernorm_rule import LayerNormRule
-from outlierlab.analysis.order_use import order_use_message
-from outlierlab.reports.history import HistoryCSV
+from outlierlab.metrics.layernorm_rule import LayerNormRule
+from outlierlab.metrics.word_order import order_use_message
+from outlierlab.monitoring.history import HistoryCSV
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import DirLock, lock_dir
 

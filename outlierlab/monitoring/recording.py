@@ -6,7 +6,7 @@ module decides what a record writes so that the Lightning callbacks, the plain-l
 Trainer callback cannot drift apart:
 
 * the rows go to the tracker's history file (``<out_dir>/layernorm.csv`` / ``hidden_states.csv``,
-  ``outlierlab.reports.history.HistoryCSV``: flushed and fsynced per record);
+  ``outlierlab.monitoring.history.HistoryCSV``: flushed and fsynced per record);
 * the scalars go to every TensorBoard writer given;
 * at image records the figures are rendered once, logged to every writer and saved as
   ``<out_dir>/<tag>.png`` (rendering costs more than the statistics, hence its own cadence);
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from outlierlab.reports import monitor_plots as plots
-from outlierlab.reports.history import HistoryCSV
+from outlierlab.monitoring import monitor_plots as plots
+from outlierlab.monitoring.history import HistoryCSV
 
 __all__ = ["is_image_step", "publish"]
 

@@ -17,7 +17,7 @@ from outlierlab.utils.tables import md_table, write_csv
 COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "chance", "n_train", "n_val", "n_test",
            "dropped_tokens", "truncated_sequences", "top_neurons", "outlier_dims", "outlier_rank",
            "contribution_outlier", "contribution_mean", "clipped_dims",
-           # fitted rows: what each map was fitted on (outlierlab.analysis.whitening.WhiteningFit.columns)
+           # fitted rows: what each map was fitted on (outlierlab.metrics.whitening.WhiteningFit.columns)
            *(f"{m}_{c}" for m in ("whiten", "standardize", "abtt", "center")
              for c in ("fit", "n", "distinct", "rank", *(("k",) if m == "whiten" else ()),
                        *(("d",) if m == "abtt" else ()), "degenerate"))]

@@ -6,10 +6,12 @@
   ``cell_checks``), ``design`` (which tests are corrected together),
   ``replicates`` (the same configuration and seed on two code versions),
   ``report`` (``study.md`` and the curves);
+* the statistics they apply: ``seed_statistics`` (means and confidence intervals over seeds, contrasts) and
+  ``study_inference`` (families of tests and their corrections, equivalence, detectable effects);
 * ``table`` -- a study's run directories as one Parquet table, and back;
-* ``committed`` -- every study the docs report, remade by one command, and
-  ``doc_tables`` (the docs' generated tables, with ``order_use_doc_tables``,
-  ``doc_table_reads`` and ``emergence_tables``);
-* the studies' own reports: ``dim_identity`` (which dimension, since when),
-  ``objectives_report`` (masked vs causal), ``ladder`` (the scale ladder).
+* the studies' own reports: ``dim_identity`` (which dimension, since when), ``ladder`` (the scale ladder),
+  ``position_profile`` and ``ablation_table`` (evaluate runs side by side).
+
+The repository's own docs tables and the command that remakes every committed study are not part of the package:
+they live in the repository's ``lab/`` (``python -m lab.committed``, ``python -m lab.doc_tables``).
 """

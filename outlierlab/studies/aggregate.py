@@ -4,7 +4,7 @@ Reads every cell of one or more sweep directories (``outlierlab.studies.cells``)
 every override except the seed, and writes into ``<sweep>/study/`` (or ``--out``):
 
 * ``study.csv`` -- group x step x layer x metric: n seeds, mean, std, the 95 % confidence interval of the mean
-  (Student t with n - 1 df, ``outlierlab.analysis.seed_statistics``), min, max and the seeds;
+  (Student t with n - 1 df, ``outlierlab.studies.seed_statistics``), min, max and the seeds;
 * ``study.md`` -- the groups, the unfinished cells, the headline metrics at chosen steps (default: step 0, the
   middle and the last recorded step), and for each ``--contrast key=a,b`` the difference of means with its
   CI, a paired t-test when both groups hold the same seeds (else Welch's), and whether the ordering holds in
@@ -39,9 +39,9 @@ from typing import Collection, Mapping, Sequence
 
 import pandas as pd
 
-from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD, cannot_use_order
-from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
-from outlierlab.analysis.study_inference import bounded_interval, bounds_of, clip_to_range, difference_range
+from outlierlab.metrics.word_order import ORDER_USE_THRESHOLD, cannot_use_order
+from outlierlab.studies.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
+from outlierlab.studies.study_inference import bounded_interval, bounds_of, clip_to_range, difference_range
 from outlierlab.jobs.run_state import failed_line, failed_run
 from outlierlab.studies.cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
 from outlierlab.studies.design import assign_families, declared_design
@@ -57,7 +57,7 @@ CSV_FLOATS = "%.6g"
 def order_use_flags(per_seed: pd.DataFrame, threshold: float = ORDER_USE_THRESHOLD,
                     orderless: Collection[str] = ()) -> list[str]:
     """One line per cell whose order use at its last recorded step is below ``threshold`` nats: a model that does not
-    use token order yet (``outlierlab.analysis.order_use``), so a position-scheme contrast it enters compares
+    use token order yet (``outlierlab.metrics.word_order``), so a position-scheme contrast it enters compares
     bag-of-words models -- or, for the groups in ``orderless`` (masked LMs without positions, ``orderless_groups``),
     one that cannot, said on its line.  Cells that never measured it (older code, ``module.order_use=false``) are
     named as such once, in one line, when any cell of the study did measure it."""

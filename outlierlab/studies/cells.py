@@ -5,7 +5,7 @@ A *cell* is one run directory of a Hydra multirun (``train.py``, ``evaluate.py``
 ran, ``finished.json`` (train.py) whether it completed. Its numbers come from the CSVs it wrote:
 
 * ``monitor/hidden_states.csv``, ``monitor/layernorm.csv`` (the live monitors; long format, one row per step
-  x layer x statistic, ``outlierlab.reports.history``) -> metrics ``hidden/<statistic>``,
+  x layer x statistic, ``outlierlab.monitoring.history``) -> metrics ``hidden/<statistic>``,
   ``layernorm/<statistic>`` (per-dimension rows such as ``mean`` or ``gain`` are vectors, not aggregated);
 * ``monitor_posthoc/metrics.csv`` (``python -m outlierlab.jobs.posthoc``; one row per checkpoint x layer)
   -> ``posthoc/<column>``; ``monitor_posthoc/order_use.csv`` -> ``posthoc/order_use`` at layer ``model``;

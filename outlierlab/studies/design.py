@@ -26,7 +26,7 @@ Every contrast row gets a ``family``; corrections are made within a family, neve
   live monitor recorded the same statistic of the same model): in no family.
 
 Confirmatory rows also get the minimum detectable effect at 80 % power (``mde``) and, where a margin is declared,
-the TOST p-value (``tost_p``) -- ``outlierlab.analysis.study_inference``.
+the TOST p-value (``tost_p``) -- ``outlierlab.studies.study_inference``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import pandas as pd
 import yaml
 
 # The family names and rules are pure definitions, kept with the statistics so that reports (below jobs) share them.
-from outlierlab.analysis.study_inference import (CONFIRMATORY, DUPLICATE, EXPLORATORY, EXPLORATORY_PERFORMANCE,
+from outlierlab.studies.study_inference import (CONFIRMATORY, DUPLICATE, EXPLORATORY, EXPLORATORY_PERFORMANCE,
                                                 NOT_TESTED, adjust_pvalues, family_rules, is_performance,
                                                 minimum_detectable_effect, tost)
 from outlierlab.jobs.overrides import CONFIG_DIR

@@ -7,7 +7,7 @@ Kovaleva et al. (2021, "BERT Busters") found BERT's outlier dimensions early in 
 every layer* (308 and 381 in BERT-base), and kept to the end.  The study aggregator averages *how concentrated* a
 layer is (``abs_argmax_share``), not *which* dimension that is; the live monitor records the dimension beside the
 share, and the exported cells keep it.  Per finished cell and layer this job gives
-``outlierlab.analysis.dim_identity.layer_identity`` (the dimension and share at the last record, ``held_since``,
+``outlierlab.metrics.layer_identity.layer_identity`` (the dimension and share at the last record, ``held_since``,
 ``held_fraction``, ``layers_sharing``) with the cell's group (every identity override that differs between the
 cells, as the study aggregator names groups: ``pos=rope``, ``arch=op``), folder, data set, objective, scheme and seed.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from outlierlab.analysis.dim_identity import HISTORY, layer_identity
+from outlierlab.metrics.layer_identity import HISTORY, layer_identity
 from outlierlab.studies.cells import Cell, find_cells
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import md_table, model_steps
@@ -151,8 +151,8 @@ def _loop_history(path: Path) -> Path | None:
 
 def _write_loop_histories(histories: dict, statistic: str, out: Path) -> int:
     """Per layer, each history's dimension (``ol.dim_identity``'s table, a ``history`` column first)."""
-    from outlierlab.analysis.dim_identity import layer_identity
-    from outlierlab.reports.history import history_frame
+    from outlierlab.metrics.layer_identity import layer_identity
+    from outlierlab.monitoring.history import history_frame
 
     frames = []
     for name, path in histories.items():

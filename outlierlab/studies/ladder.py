@@ -13,7 +13,7 @@ monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
   cells whose monitors record them, ``abs_argmax_share_pos_<bucket>`` (that dimension's share per position bucket);
   ``tokens`` = step x batch x block x accumulation x devices;
 * ``<out stem>_summary.csv``: per cell the first step (and tokens) with a Luo-type dimension
-  (``outlierlab.analysis.luo_dimension``), that dimension and its layers; how lasting and how strong it is --
+  (``outlierlab.metrics.luo_dimension``), that dimension and its layers; how lasting and how strong it is --
   the share of checkpoints from then on that have one (``luo_kept``), and at the last step the dimension, the
   layers it holds and its mean share there (``luo_final_*``: Luo et al.'s RoBERTa-base dimension holds nearly
   every token in nearly every layer; the definition's weakest form, half the tokens in half the layers, is met by
@@ -45,15 +45,15 @@ from typing import Any, Sequence
 import pandas as pd
 from omegaconf import OmegaConf
 
-from outlierlab.analysis.luo_dimension import LAYER_FRACTION, SHARE, luo_by_step
-from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
-from outlierlab.reports.history import history_frame
+from outlierlab.metrics.luo_dimension import LAYER_FRACTION, SHARE, luo_by_step
+from outlierlab.metrics.word_order import ORDER_USE_THRESHOLD
+from outlierlab.monitoring.history import history_frame
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import md_table, model_steps
 
 COLUMNS = ["cell", "rung", "layers", "hidden", "objective", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
 PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
-#: The monitors' by-position rows (outlierlab.analysis.monitoring.hidden_state_records): ``<prefix><bucket>``.
+#: The monitors' by-position rows (outlierlab.metrics.monitor_records.hidden_state_records): ``<prefix><bucket>``.
 POSITION_PREFIX = "abs_argmax_share_pos_"
 #: A layer's dominant dimension is a position marker when it holds >= MARKER_HIGH of one bucket's tokens and
 #: <= MARKER_LOW of another's: nearly all of some positions and nearly none of others. (The monitors' default texts,
@@ -173,7 +173,7 @@ def _final_position_shares(dims: pd.DataFrame, by_pos: pd.DataFrame) -> str:
 def ladder_tables(paths: Sequence[str | Path], share: float = SHARE, layer_fraction: float = LAYER_FRACTION
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The long table and the per-cell summary (module docstring); ``share`` and ``layer_fraction`` set the
-    Luo-type definition (``outlierlab.analysis.luo_dimension.luo_dimension``; 0.5 and 0.5: its weakest form)."""
+    Luo-type definition (``outlierlab.metrics.luo_dimension.luo_dimension``; 0.5 and 0.5: its weakest form)."""
     if not (0 < share <= 1 and 0 < layer_fraction <= 1):
         raise ValueError(f"--share and --layer-fraction must be in (0, 1], got {share} and {layer_fraction}")
     long, summary = [], []

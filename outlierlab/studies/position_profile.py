@@ -4,7 +4,7 @@
     python -m outlierlab.studies.position_profile outputs/evaluate/<date>      # a folder of evaluate.py run dirs
 
 One row per run directory (a cell of the packed table, ``outlierlab.studies.table``) and layer: the layer's
-|x|-argmax dim, its share in each position bucket (``outliers_by_position.csv``, ``outlierlab.analysis.
+|x|-argmax dim, its share in each position bucket (``outliers_by_position.csv``, ``outlierlab.metrics.
 position_shares``) and over all tokens (``outliers.csv``'s ``abs_argmax_share``). A dimension whose share is 1 in
 some buckets and 0 in others is positional, and its share over all tokens follows the lengths of the texts.
 """

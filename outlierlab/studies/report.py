@@ -13,9 +13,9 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from outlierlab.analysis.order_use import ORDER_USE_THRESHOLD
-from outlierlab.analysis.seed_statistics import CI_METHOD, CONSTANT
-from outlierlab.analysis.study_inference import (CONFIRMATORY, DEFAULT_RULE, DUPLICATE, EXPLORATORY,
+from outlierlab.metrics.word_order import ORDER_USE_THRESHOLD
+from outlierlab.studies.seed_statistics import CI_METHOD, CONSTANT
+from outlierlab.studies.study_inference import (CONFIRMATORY, DEFAULT_RULE, DUPLICATE, EXPLORATORY,
                                            EXPLORATORY_PERFORMANCE, NOT_TESTED, PERFORMANCE_FAMILY, PRIMARY,
                                            family_rules)
 from outlierlab.jobs.run_state import failed_line

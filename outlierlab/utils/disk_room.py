@@ -4,7 +4,7 @@ fails in one line at the start instead of with ``No space left on device`` hours
 The one-pass evaluation keeps every valid token of every layer in a token store
 (``outlierlab.datamodules.features.LayerTokenStore``, the model's dtype: 84 GB for 63k tokens of a 70B
 model), the fitted maps and Σ on disk (``outlierlab.utils.disk_layers.DiskLayers``, (L+1)·2d²·4 B), and
-WiC/STS their vectors (``outlierlab.analyses.layer_rows.LayerRows``).  The number of tokens is bounded
+WiC/STS their vectors (``outlierlab.evaluation.analyses.layer_rows.LayerRows``).  The number of tokens is bounded
 without tokenizing — a token of any tokenizer in use (byte-level BPE, WordPiece, SentencePiece with byte
 fallback) covers at least one UTF-8 byte of its text — and counted exactly only when that bound does not fit.
 """

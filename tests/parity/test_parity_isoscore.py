@@ -8,7 +8,7 @@ import pytest
 import torch
 from IsoScore import IsoScore as iso
 
-from outlierlab.analysis.isoscore import covariance, isoscore, isoscore_from_covariance, isoscore_star
+from outlierlab.metrics.isoscore import covariance, isoscore, isoscore_from_covariance, isoscore_star
 
 pytestmark = pytest.mark.parity
 TOL = 1e-6  # the package's float32 √n (module docstring)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from reference_macocco import ablation_modalities, lin_coeff as their_lin_coeff, outlier_dims_quantile, score
 
-from outlierlab.analysis.frequent_tokens import lin_coeff, macocco_outlier_dims
-from outlierlab.analyses.frequent_tokens import score_conditions
+from outlierlab.metrics.frequent_token_logits import lin_coeff, macocco_outlier_dims
+from outlierlab.evaluation.analyses.frequent_tokens import score_conditions
 
 pytestmark = [pytest.mark.parity, pytest.mark.filterwarnings("ignore:One or more sample arguments is too small")]
 V, D, N = 300, 256, 400  # N even: their median is the mean of the two middle values

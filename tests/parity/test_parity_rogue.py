@@ -10,8 +10,8 @@ from scipy.spatial.distance import cosine
 from reference_rogue import (cos_contrib, fit_postprocessing, mean_contributions, mean_sub_cosine, r2_without_top,
                              rm_pcs_cosine, std_cosine, top_shares)
 
-from outlierlab.analysis.rogue_dims import cosine_contributions, ranking_without_top, top_share
-from outlierlab.analysis.whitening import Whitener
+from outlierlab.metrics.rogue_dims import cosine_contributions, ranking_without_top, top_share
+from outlierlab.metrics.whitening import Whitener
 
 pytestmark = pytest.mark.parity
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from reference_rope import apply_scaling, cycles, neox_rotary_dim, precompute_freqs
 
-from outlierlab.analysis.qk_outliers import RotarySpec, magnitude_outliers
+from outlierlab.metrics.qk_magnitudes import RotarySpec, magnitude_outliers
 from outlierlab.models.qk_recorder import rotary_specs
 
 pytestmark = pytest.mark.parity

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from reference_whitening import compute_kernel_bias, transform_and_normalize
 
-from outlierlab.analysis.whitening import Whitener
+from outlierlab.metrics.whitening import Whitener
 
 pytestmark = pytest.mark.parity
 

@@ -1,0 +1,171 @@
+"""Is a fitted whitening (or standardize / all-but-the-top / center) map trustworthy?  The sample-size guard of
+``outlierlab.metrics.whitening.Whitener.check``: a fit on too few distinct vectors for the directions it
+estimates is refused in one line (or kept, marked degenerate), and what it was fitted on becomes CSV columns.
+
+Split from ``outlierlab.metrics.whitening`` (fitting and applying the maps); the guard reads a fitted
+``Whitener`` (its ``n``, ``n_distinct``, ``rank``, ``out_dim``, ...) and changes nothing but its ``fit_info``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from outlierlab.metrics.postprocessing import CITATION, fit_size
+
+__all__ = ["MIN_FIT_RATIO", "DegenerateWhiteningError", "WhiteningFit", "check_fit"]
+
+#: Default for :func:`check_fit`: distinct fit vectors per kept dimension (see there for why 2).
+MIN_FIT_RATIO = 2.0
+
+
+class DegenerateWhiteningError(ValueError):
+    """Whitening was fitted on too few distinct vectors for the dims it is asked to keep (one-line message).
+
+    Besides the message (in command-line terms), what a caller needs to say it in its own terms: ``problem`` (what
+    happened), ``need`` and ``found`` (distinct fit ``unit``: vectors, or texts, required and present), ``method``,
+    ``fixes`` (the settings that make the fit pass, as overrides: ``transform.k=24``, ...) and ``texts`` (how many
+    of the caller's texts the fit vectors came from, set by the caller that fitted on them; None when the fit was on
+    a data set's own pairs).  ``ol.evaluate`` words them as Python arguments."""
+
+    def __init__(self, message: str, *, problem: str = "", need: int | None = None, found: int | None = None,
+                 unit: str = "vectors", fixes: tuple[str, ...] = (), method: str = "whiten") -> None:
+        super().__init__(message)
+        self.problem, self.need, self.found, self.unit = problem or message, need, found, unit
+        self.method = method
+        self.fixes, self.texts = tuple(fixes), None
+
+
+@dataclass
+class WhiteningFit:
+    """What a whitener was fitted on, for CSV rows and reports (``Whitener.check``).
+
+    ``n_distinct`` is exact up to ``distinct_cap`` and reported as ">= cap" beyond; ``rank`` is the numerical
+    rank of Σ (smallest over layers); ``k`` the kept output dims.
+    """
+
+    what: str
+    n: int
+    n_distinct: int
+    distinct_capped: bool
+    rank: int
+    k: int
+    dim: int
+    min_ratio: float
+    degenerate: bool = False
+    reason: str = ""
+    method: str = "whiten"
+    abtt_d: int | None = None
+
+    def columns(self) -> dict:
+        """CSV columns of a fitted row, prefixed by the method (``whiten_n``, ``abtt_n``, ...); ``whiten_k`` for
+        whitening, ``abtt_d`` for all-but-the-top."""
+        m = self.method
+        cols = {f"{m}_fit": self.what, f"{m}_n": self.n,
+                f"{m}_distinct": f">={self.n_distinct}" if self.distinct_capped else self.n_distinct,
+                f"{m}_rank": self.rank}
+        if m == "whiten":
+            cols["whiten_k"] = self.k
+        if m == "abtt":
+            cols["abtt_d"] = self.abtt_d
+        cols[f"{m}_degenerate"] = self.degenerate
+        return cols
+
+    def describe(self) -> str:
+        distinct = f">= {self.n_distinct}" if self.distinct_capped else str(self.n_distinct)
+        param = {"whiten": f", k={self.k}", "abtt": f", D={self.abtt_d}"}.get(self.method, "")
+        line = (f"fit on {self.what}: {self.n} vectors, {distinct} distinct, rank {self.rank} of {self.dim}"
+                f"{param} ({CITATION[self.method]})")
+        return line + (f" — **DEGENERATE** ({self.reason}; kept by transform.allow_degenerate=true)"
+                       if self.degenerate else "")
+
+
+def check_fit(w, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: bool = False) -> WhiteningFit:
+    r"""Refuse a whitening fitted on too few distinct vectors for the ``k`` dims it keeps.
+
+    Why the threshold, N_distinct ≥ ``min_ratio`` · k (default 2):
+
+    * N distinct points span an affine space of dimension ≤ N−1.  With k ≥ N−1 kept dims the whitened
+      fitted points satisfy ZᵀZ = (N−1)·I and Z's rows sum to 0, so ZZᵀ = (N−1)(I − 11ᵀ/N): every
+      point has the same norm and every pair the same cosine −1/(N−1) — a regular simplex.  Any
+      similarity computed on them (STS, WiC, anisotropy) is then numerical noise, and a vector outside
+      the fit set is divided by √ε in the d−N+1 unseen directions.  So N_distinct ≤ k is always wrong.
+    * Above that, the smallest of k sample eigenvalues of N points is biased low:
+      λ_min/λ ≈ (1 − √(k/N))² (Marchenko–Pastur).  At N = 2k that is 0.09 (the least-variance kept
+      direction is blown up ≈ 3.4×), at N = k it is 0.  Below 2k the whitened coordinates are
+      dominated by sampling noise in the smallest directions, so we refuse there; 2k is also where
+      Su et al. 2021 operate when they keep k = 256 of 768 dims on a few thousand STS sentences.
+
+    The numerical rank is reported, not judged: a post-LayerNorm layer has rank d−1 whatever N is
+    (its normalised vectors sum to zero), and a direction no vector varies in does no harm.
+
+    Parameters
+    ----------
+    what : which texts/vectors the whitener was fitted on (for the message and the CSV).
+    min_ratio : distinct fit vectors required per kept dim.
+    allow_degenerate : return the fit marked ``degenerate`` instead of raising.
+
+    Raises
+    ------
+    DegenerateWhiteningError
+        One line: what happened and what to do (``transform.fit_on=sentences``, a larger split,
+        ``transform.k=`` below N_distinct / min_ratio, or ``transform.allow_degenerate=true``).
+    """
+    if w.W is None:
+        raise ValueError("Whitener is not fitted: call finalize() first.")
+    if w.method != "whiten":
+        return _check_other(w, what, min_ratio, allow_degenerate)
+    low = int(w.n_distinct.argmin())
+    n_distinct = int(w.n_distinct[low])
+    exact = getattr(w, "distinct_exact", None)
+    capped = n_distinct >= w.distinct_cap and (exact is None or not bool(exact[low]))
+    k, need = w.out_dim, math.ceil(float(min_ratio) * w.out_dim)
+    fit = WhiteningFit(what, w.n, n_distinct, capped, int(w.rank.min()), k, w.dim, float(min_ratio),
+                       method="whiten")
+    w.fit_info = fit  # what this whitener was fitted on, for whoever applies it (CSV columns)
+    if capped or n_distinct >= need:  # capped: at least distinct_cap = 16 d, enough for any sane ratio
+        return fit
+    k_ok = max(1, int(n_distinct // float(min_ratio)))
+    fit.reason = (f"{n_distinct} distinct vectors < {float(min_ratio):g} x k={k}"
+                  + (" (fewer than the dims: the whitened points form a regular simplex, every cosine equal)"
+                     if n_distinct <= k else ""))
+    if allow_degenerate:
+        fit.degenerate = True
+        return fit
+    problem = (f"whitening fit on {what} is degenerate: {w.n} vectors, {n_distinct} distinct, rank {fit.rank} of "
+               f"{w.dim}, k={k} — {fit.reason}")
+    raise DegenerateWhiteningError(
+        f"{problem}; fit on more distinct data (a larger training split; in evaluate.py also "
+        f"transform.fit_on=sentences), or keep fewer dims with transform.k={k_ok} or less (Su et al. 2021 keep 256 "
+        "of 768), or keep this result marked degenerate with transform.allow_degenerate=true",
+        problem=problem, need=need, found=n_distinct, fixes=(f"transform.k={k_ok}",))
+
+def _check_other(w, what: str, min_ratio: float, allow_degenerate: bool) -> WhiteningFit:
+    """``check_fit`` for standardize / abtt / center: N_distinct ≥ min_ratio · p with p the directions the
+    fit estimates (``outlierlab.metrics.postprocessing.fit_size``, where the module docstring says
+    what goes wrong below it)."""
+    low = int(w.n_distinct.argmin())
+    n_distinct = int(w.n_distinct[low])
+    exact = getattr(w, "distinct_exact", None)
+    capped = n_distinct >= w.distinct_cap and (exact is None or not bool(exact[low]))
+    p = fit_size(w.method, w.dim, abtt_d=w.abtt_d)
+    need = math.ceil(float(min_ratio) * p)
+    fit = WhiteningFit(what, w.n, n_distinct, capped, int(w.rank.min()), w.dim, w.dim,
+                       float(min_ratio), method=w.method, abtt_d=w.abtt_d)
+    w.fit_info = fit
+    if capped or n_distinct >= need:
+        return fit
+    what_p = {"abtt": f"the mean and D={w.abtt_d} principal directions", "standardize": "a mean and a scale per dim",
+              "center": "the mean"}[w.method]
+    fit.reason = (f"{n_distinct} distinct vectors < {float(min_ratio):g} x {p} (it estimates {what_p})"
+                  + (": every fitted vector degenerates" if n_distinct <= p else ""))
+    if allow_degenerate:
+        fit.degenerate = True
+        return fit
+    fixes = (f"transform.abtt_d={max(0, int(n_distinct // float(min_ratio)) - 1)}",) if w.method == "abtt" else ()
+    fix = f"or remove fewer directions with {fixes[0]}, " if fixes else ""
+    problem = f"{w.method} fit on {what} is degenerate: {w.n} vectors, {n_distinct} distinct — {fit.reason}"
+    raise DegenerateWhiteningError(
+        f"{problem}; fit on more distinct data (a larger training split; in evaluate.py also "
+        f"transform.fit_on=sentences), {fix}or keep this result marked degenerate with transform.allow_degenerate=true",
+        problem=problem, need=need, found=n_distinct, fixes=fixes, method=w.method)

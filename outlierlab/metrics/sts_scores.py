@@ -1,0 +1,76 @@
+"""Semantic Textual Similarity by cosine (Luo et al. 2021 §4.3; SentEval, Conneau & Kiela 2018).
+
+Sentence vector = mean of its token vectors (per layer); score of a pair = cosine of the two sentence
+vectors; quality = Spearman's ρ between those cosines and the gold similarity scores.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.regression import spearman_corrcoef
+
+__all__ = ["spearman_columns", "sts_spearman", "mean_pool"]
+
+
+def spearman_columns(values: Tensor, target: Tensor) -> Tensor:
+    """Spearman's ρ of every column of ``values`` [P, C] with ``target`` [P] → Tensor[C] (float64).
+
+    Uses torchmetrics' ``spearman_corrcoef`` (average ranks for ties, like scipy).  A constant column or
+    target has no defined rank correlation: NaN is returned there (torchmetrics would return 0).
+    """
+    v = (values[:, None] if values.ndim == 1 else values).to(torch.float64)
+    t = target.flatten().to(v.device, torch.float64)
+    if v.shape[0] != t.numel():
+        raise ValueError(f"values has {v.shape[0]} items but target has {t.numel()}.")
+    if t.numel() < 2:
+        raise ValueError("Spearman correlation needs at least 2 items.")
+    rho = spearman_corrcoef(v, t[:, None].expand_as(v).contiguous())
+    rho = torch.atleast_1d(rho).to(torch.float64)
+    constant = (v == v[:1]).all(0) | bool((t == t[0]).all())
+    return torch.where(constant, torch.full_like(rho, math.nan), rho)
+
+
+def sts_spearman(cosines: Tensor, gold: Tensor) -> Tensor:
+    r"""Per-layer Spearman ρ between sentence-pair cosines and gold scores (SentEval's STS metric).
+
+    .. math:: \rho_l = \operatorname{spearman}\big(\cos(\bar s^{(1)}_{l,p}, \bar s^{(2)}_{l,p}),\ g_p\big)
+
+    Parameters
+    ----------
+    cosines : Tensor[L, P] (or [P])
+        e.g. ``outlierlab.metrics.similarity.pairwise_cosine(mean_pool(h1, m1), mean_pool(h2, m2))``.
+    gold : Tensor[P]
+
+    Returns
+    -------
+    Tensor[L] float64 (NaN for a layer whose cosines are all equal).
+    """
+    return spearman_columns(torch.atleast_2d(cosines).T, gold)
+
+
+def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
+    r"""Mean of the valid token vectors of each sentence, for all layers at once.
+
+    .. math:: \bar s_{l,b} = \frac{\sum_t m_{b,t}\, h_{l,b,t}}{\sum_t m_{b,t}}
+
+    Parameters
+    ----------
+    hidden : Tensor[L, B, T, d]
+    mask : Tensor[B, T]  (1/True = token to include: attention mask, optionally minus special tokens)
+
+    Returns
+    -------
+    Tensor[L, B, d] in at least float32.
+    """
+    if hidden.ndim != 4 or tuple(hidden.shape[1:3]) != tuple(mask.shape):
+        raise ValueError(f"mean_pool expects hidden [L, B, T, d] and mask [B, T]; got {tuple(hidden.shape)} "
+                         f"and {tuple(mask.shape)}.")
+    h = hidden.to(torch.promote_types(hidden.dtype, torch.float32))
+    m = mask.to(h.device, h.dtype)
+    n = m.sum(-1)
+    if (n == 0).any():
+        raise ValueError("mean_pool: a sentence has no valid token (all-zero mask row).")
+    return torch.einsum("lbtd,bt->lbd", h, m) / n[None, :, None]

@@ -1,0 +1,191 @@
+"""Watch activation outlier dimensions emerge during pretraining, on a fixed held-out batch (Luo et al. 2021 §2).
+
+A thin Lightning adapter over ``outlierlab.monitoring.hidden_state_tracker.HiddenStateTracker``, the object
+the plain-loop and Hugging Face Trainer monitors (``outlierlab.monitoring``) drive too; only the choice of the
+held-out batch (the datamodule's tokenizer, or its validation blocks) is Lightning's.
+
+At every record (step 0 before any update, every ``every_n_steps``, at checkpoints and at the end; see
+``lightning_monitor``) the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out
+sequences (one forward pass, ``outlierlab.models.sites.monitored_forward``), and
+``outlierlab.metrics.monitor_records.hidden_state_records`` computes per layer the mean token vector, the share of
+tokens whose argmax/argmin falls on the most common dim (Luo et al. 2021 §2; their 96.60% on dim 557 of
+BERT-base is a pooled *argmin* share, also written), the dims with the largest |mean|, anisotropy from
+1,000 cross-sentence token pairs with its jackknife standard error (Ethayarajh 2019) with the top-1/top-3 dims' share of it (Timkey & van Schijndel 2021)
+and IsoScore (Rudman et al. 2022), activation kurtosis and max/median ratio (He et al. 2024; Sun et
+al. 2024), the inf-norm at the FFN output and around the output LayerNorm (Bondarenko et al. 2023), and
+sink-head shares and attention entropy (Gu et al. 2025).  Special tokens and padding are left out of the
+activation statistics (the inf-norm and the attention queries keep special tokens, see
+``outlierlab.models.sites``).  Train mode is restored afterwards, module by module.
+
+Outputs: ``<out_dir>/hidden_states.csv`` (``step,name,statistic,dim,value``; names ``layer_{i}``,
+i = 0 the embedding output, and ``model``; statistics listed in
+``outlierlab.metrics.monitor_records.hidden_state_records``; the per-dim ``mean`` rows only at image records),
+``<out_dir>/hidden_metrics.png`` (curves vs step per layer, at image records), and in TensorBoard:
+
+- scalars ``monitor/hidden/layer_{i}/argmax_share``, ``…/argmin_share``, ``…/argmax_dim``,
+  ``…/argmin_dim``, ``…/anisotropy``, ``…/max_abs_mean``, ``…/n_outlier_dims``, ``…/kurtosis``,
+  ``…/max_median``, ``…/max_abs``, ``…/abs_argmax_share``, ``…/abs_argmax_dim``,
+  ``…/rogue_top1_share``,
+  ``…/rogue_top3_share``, ``…/isoscore``,
+  ``…/sink_share_bos``, ``…/sink_share_eos``, ``…/attn_entropy``, ``…/attn_row_mass``; ``monitor/inf_norm/<site>/layer_{i}``
+  (site = ``ffn_output``, ``ln_input``, ``ln_output``); ``monitor/hidden/model/pooled_argmin_share``
+  and ``…/pooled_argmax_share``;
+- image ``monitor/hidden/mean_vectors`` (average vector of every layer, Luo et al. Figs. 1–2), also
+  saved as ``<out_dir>/hidden_mean_vectors.png``.
+
+Held-out batch (``source``):
+
+- ``"sentences"`` (default): the first ``n_sequences`` shipped held-out sentences
+  (``outlierlab.datamodules.eval_data.load_sentences``, Austen's *Persuasion*, not in the training corpus),
+  tokenised with ``trainer.datamodule.tokenizer``.  Same text for every run and position scheme, and the
+  same batch ``outlierlab.jobs.posthoc`` uses, so live and post-hoc numbers agree.
+- ``"val"``: the first ``n_sequences`` validation blocks of ``trainer.datamodule`` (in-distribution text,
+  unmasked; see ``heldout_from_val``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from transformers import AutoTokenizer
+
+from outlierlab.monitoring.hidden_state_tracker import HiddenStateTracker
+
+from .lightning_monitor import LightningOutlierMonitor
+
+
+SOURCES = ("sentences", "val")
+
+
+def heldout_from_val(datamodule: Any, n_sequences: int, special_ids: set[int]) -> dict[str, Tensor]:
+    """The first ``n_sequences`` validation sequences, unmasked.
+
+    Read from ``datamodule.val_dataset`` (items with unmasked ``input_ids``/``attention_mask``, as
+    ``outlierlab.datamodules.mlm_datamodule.MLMDataModule`` has) when present; otherwise from the first
+    batches of ``val_dataloader()``, undoing the MLM masking (``labels != -100`` hold the original ids).
+    """
+    ids, masks = [], []
+    ds = getattr(datamodule, "val_dataset", None)
+    if ds is not None and len(ds) > 0 and isinstance(ds[0], dict) and "input_ids" in ds[0]:
+        for i in range(min(n_sequences, len(ds))):
+            item = ds[i]
+            x = torch.as_tensor(item["input_ids"])
+            ids.append(x[None])
+            masks.append(torch.as_tensor(item.get("attention_mask", torch.ones_like(x)))[None])
+    else:
+        for batch in datamodule.val_dataloader():
+            x = batch["input_ids"]
+            if "labels" in batch:
+                x = torch.where(batch["labels"] != -100, batch["labels"], x)
+            ids.append(x)
+            masks.append(batch.get("attention_mask", torch.ones_like(x)))
+            if sum(len(t) for t in ids) >= n_sequences:
+                break
+    if not ids:
+        raise ValueError("HiddenStateMonitor(source='val'): the datamodule has no validation sequences")
+    width = max(t.shape[1] for t in ids)
+    ids = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in ids])[:n_sequences]
+    masks = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in masks])[:n_sequences]
+    special = torch.isin(ids, torch.tensor(sorted(special_ids), dtype=ids.dtype))
+    return {"input_ids": ids, "attention_mask": masks, "special_tokens_mask": special.long()}
+
+
+class HiddenStateMonitor(LightningOutlierMonitor):
+    """Per-layer activation outlier statistics on a fixed held-out batch.
+
+    Parameters
+    ----------
+    out_dir, every_n_steps, image_every_n_steps, vectors
+        See ``lightning_monitor.LightningOutlierMonitor`` (``vectors``: write the whole ``mean`` vector of every layer).
+    n_sequences : int
+        Held-out sequences (small: one forward pass of this batch per record).
+    source : {"sentences", "val"}
+        Where the held-out batch comes from (module docstring).
+    sentences_path : str, optional
+        Other sentences file for ``source="sentences"`` (gzip text, one per line).
+    tokenizer : str, optional
+        Tokenizer directory to use when the datamodule has no ``tokenizer`` attribute.
+    max_length : int, optional
+        Truncation length in tokens (default: the model's ``max_len``).
+    top_k : int
+        Dims with the largest |mean| written per layer.
+    n_pairs, seed : int
+        Cross-sentence token pairs of the anisotropy (with replacement; default 1,000) and their
+        seed; its standard error (``anisotropy_se``, a delete-one-sentence jackknife) is written beside it.
+        ``anisotropy_one_per_sentence`` keeps the evaluation protocol (one token of each of the
+        ``n_sequences`` sentences, n/2 pairs: 16 on the default batch, too few to contrast runs).
+    sink_threshold : float
+        Gu et al. (2025)'s ε for a sink head (mean attention on the token above it).
+    w8a8 : bool
+        Also record what 8 bits cost the model on the batch (``monitor/w8a8/loss_delta`` and ``keep_loss_delta``:
+        the LM loss change with the blocks' linear layers in W8A8, without and with 4 outlier dims kept in full
+        precision; ``outlierlab.models.w8a8.w8a8_cost``).
+    """
+
+    filename = HiddenStateTracker.filename
+
+    def __init__(self, out_dir: str | None = None, every_n_steps: int = 50, image_every_n_steps: int = 100,
+                 n_sequences: int = 32, source: str = "sentences", sentences_path: str | None = None,
+                 tokenizer: str | None = None, max_length: int | None = None, top_k: int = 5,
+                 n_pairs: int = 1000, seed: int = 0, vectors: bool = True, sink_threshold: float = 0.3,
+                 w8a8: bool = True) -> None:
+        super().__init__(out_dir, every_n_steps, image_every_n_steps, vectors)
+        if source not in SOURCES:
+            raise ValueError(f"HiddenStateMonitor source must be one of {', '.join(SOURCES)}, got {source!r}")
+        self.tracker = HiddenStateTracker(n_sequences, sentences_path, max_length, top_k, n_pairs, seed,
+                                          sink_threshold, w8a8=w8a8)
+        self.source, self.tokenizer_path = source, tokenizer
+
+    # the tracker's settings and state, under the names this callback always had
+    n_sequences = property(lambda self: self.tracker.n_sequences)
+    sentences_path = property(lambda self: self.tracker.sentences_path)
+    max_length = property(lambda self: self.tracker.max_length)
+    top_k = property(lambda self: self.tracker.top_k)
+    n_pairs = property(lambda self: self.tracker.n_pairs)
+    seed = property(lambda self: self.tracker.seed)
+    sink_threshold = property(lambda self: self.tracker.sink_threshold)
+    curves = property(lambda self: self.tracker.curves)
+
+    @property
+    def batch(self) -> dict[str, Tensor] | None:
+        return self.tracker.batch
+
+    @batch.setter
+    def batch(self, value: dict[str, Tensor] | None) -> None:
+        self.tracker.batch = value
+
+    def _tokenizer(self, trainer: L.Trainer):
+        tok = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule is not None else None
+        if tok is None and self.tokenizer_path:
+            tok = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+        return tok
+
+    def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule, resumed: bool) -> None:
+        if not trainer.is_global_zero:
+            return
+        model = getattr(pl_module, "model", pl_module)
+        config = getattr(model, "config", None)
+        tok = self._tokenizer(trainer)
+        if self.source == "sentences":
+            if tok is None:
+                raise ValueError("HiddenStateMonitor(source='sentences') needs a tokenizer: the datamodule has no "
+                                 "`tokenizer` attribute; set callbacks.hidden_state_monitor.tokenizer=<dir> or "
+                                 "source=val")
+            self.tracker.tokenize(tok, model)
+        else:
+            if trainer.datamodule is None:
+                raise ValueError("HiddenStateMonitor(source='val') needs a datamodule with val_dataloader()")
+            special = set(getattr(tok, "all_special_ids", None) or
+                          [getattr(config, a) for a in ("bos_token_id", "eos_token_id", "pad_token_id")
+                           if getattr(config, a, None) is not None])
+            self.batch = heldout_from_val(trainer.datamodule, self.n_sequences, special)
+
+    def compute(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, vectors: bool = True
+                ) -> tuple[list, dict]:
+        return self.tracker.compute(getattr(pl_module, "model", pl_module), step, vectors, device=pl_module.device)
+
+    def after_resume(self, step: int) -> None:
+        self.tracker.reload(self.history.rows())

@@ -1,0 +1,204 @@
+"""Figures of the outlier monitors (matplotlib, Agg canvas; no pyplot state, safe on headless servers).
+
+- ``layernorm_heatmap`` — gain or bias of every LayerNorm per dimension over training steps, the
+  view of Kovaleva et al. (2021), Fig. 3 (middle panel), with the dims flagged by the 3σ rule at the
+  latest step marked.
+- ``mean_vector_figure`` — the average token vector of every layer, Luo et al. (2021) Figs. 1–2,
+  with the detected outlier dims labelled.
+
+``render`` turns a figure into an RGB array that goes to TensorBoard (``add_image``) and, unchanged,
+to a PNG in the run directory — rendered once for both.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.image import imsave
+from matplotlib.ticker import LogFormatter, MaxNLocator
+
+from outlierlab.utils.atomic import write_atomic
+
+
+def render(fig: Figure) -> np.ndarray:
+    """RGB uint8 array ``[H, W, 3]`` of ``fig`` (drawn on an Agg canvas)."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def save_png(image: np.ndarray, path: str | os.PathLike) -> None:
+    """Write an RGB array as PNG atomically (``outlierlab.utils.atomic.write_atomic``: encoded in memory, then
+    fsync and rename -- a full disk leaves the earlier figure, not a ``.tmp.png`` beside it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    imsave(buf, image, format="png")
+    write_atomic(path, buf.getvalue())
+
+
+def thin(steps: Sequence[int], max_rows: int) -> list[int]:
+    """Indices of at most ``max_rows`` evenly spaced entries, always keeping the first and the last."""
+    n = len(steps)
+    if n <= max_rows:
+        return list(range(n))
+    return sorted(set(np.linspace(0, n - 1, max_rows).round().astype(int).tolist()))
+
+
+def layernorm_heatmap(steps: Sequence[int], values: Mapping[str, np.ndarray], flagged: Mapping[str, Sequence[int]],
+                      part: str, centre: float) -> Figure:
+    """Heatmap per LayerNorm: rows = training steps, columns = dims, colour = gain (or bias).
+
+    Parameters
+    ----------
+    steps : the S recorded steps (rows, oldest at the top).
+    values : LayerNorm name -> array [S, d].
+    flagged : LayerNorm name -> dims flagged at the latest step (marked with red triangles on top).
+    part : "gain" or "bias" (titles).
+    centre : value at initialisation (1 for gain, 0 for bias): the white of the diverging colour map.
+    """
+    names = list(values)
+    # Plain subplots_adjust and no colour bars: constrained layout and one colour-bar axes per panel
+    # made this figure cost seconds per draw; the colour range is printed in each title instead.
+    height = 0.5 + 0.8 * len(names)
+    fig = Figure(figsize=(9, height), dpi=72)
+    fig.subplots_adjust(left=0.07, right=0.99, top=1 - 0.62 / height, bottom=0.35 / height, hspace=0.9)
+    axes = fig.subplots(len(names), 1, squeeze=False, sharex=True)[:, 0]
+    for ax, name in zip(axes, names):
+        v = np.asarray(values[name], dtype=float)
+        span = max(float(np.nanmax(np.abs(v - centre))) if np.isfinite(v).any() else 0.0, 1e-6)
+        ax.imshow(v, aspect="auto", interpolation="nearest", cmap="RdBu_r",
+                  norm=Normalize(centre - span, centre + span), extent=(-0.5, v.shape[1] - 0.5, len(steps) - 0.5, -0.5))
+        dims = list(flagged.get(name, ()))
+        if dims:
+            ax.plot(dims, [-0.5] * len(dims), "v", color="red", markersize=4, clip_on=False)
+        ax.set_yticks([0, len(steps) - 1], [str(steps[0]), str(steps[-1])])
+        ax.set_title(f"{name}: colour {centre:g} ± {span:.3g};  {len(dims)} dims > 3σ at step {steps[-1]}",
+                     fontsize=7, loc="left", pad=2)
+        ax.tick_params(labelsize=6, length=2, pad=1)
+    axes[-1].set_xlabel("dimension", fontsize=7)
+    fig.suptitle(f"LayerNorm {part} per dimension (x) over training steps (y); red ▼ = flagged "
+                 "(Kovaleva et al. 2021, Fig. 3)", fontsize=8)
+    return fig
+
+
+def mean_vector_figure(mean: np.ndarray, outliers: Sequence[Sequence[int]], step: int) -> Figure:
+    """One panel per layer: the average token vector over dims (Luo et al. 2021, Figs. 1–2).
+
+    Parameters
+    ----------
+    mean : array [L, d] (row 0 = embedding output).
+    outliers : per layer, dims to label (e.g. ``outlierlab.metrics.outlier_dims.detect_outlier_dims``).
+    step : training step (title).
+    """
+    mean = np.asarray(mean, dtype=float)
+    n, d = mean.shape
+    cols = 1 if n <= 4 else 2
+    rows = -(-n // cols)
+    height = 0.5 + 1.2 * rows
+    fig = Figure(figsize=(5 * cols, height), dpi=72)
+    fig.subplots_adjust(left=0.06, right=0.99, top=1 - 0.45 / height, bottom=0.3 / height, hspace=0.6, wspace=0.12)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    x = np.arange(d)
+    for i, ax in enumerate(axes):
+        if i >= n:
+            ax.set_visible(False)
+            continue
+        ax.vlines(x, 0, mean[i], linewidth=0.8, color="tab:blue")  # one collection: fast for d = 768
+        dims = list(outliers[i])
+        label = dims or [int(np.abs(mean[i]).argmax())]
+        for dim in label[:5]:
+            ax.annotate(str(dim), (dim, mean[i, dim]), fontsize=6, color="red" if dims else "grey",
+                        ha="center", va="bottom" if mean[i, dim] >= 0 else "top")
+        ax.set_xlim(-0.5, d - 0.5)
+        ax.set_title("embeddings" if i == 0 else f"layer {i}", fontsize=7, loc="left", pad=2)
+        ax.tick_params(labelsize=6, length=2, pad=1)
+    fig.suptitle(f"average token vector per layer at step {step} (Luo et al. 2021, Figs. 1–2); "
+                 "red = outlier dims", fontsize=8)
+    return fig
+
+
+#: Per-layer statistics drawn as curves vs step (:func:`metric_curves_figure`), in panel order.
+CURVE_STATISTICS = ("kurtosis", "max_median", "argmax_share", "argmin_share", "abs_argmax_share",
+                    "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output", "sink_share_bos",
+                    "attn_entropy", "attn_row_mass", "anisotropy", "rogue_top3_share", "isoscore",
+                    "n_layernorm_outliers")
+_LOG_SCALE = {"kurtosis", "max_median", "inf_norm_ffn_output", "inf_norm_ln_input", "inf_norm_ln_output"}
+
+
+def curves_from_rows(rows: Sequence) -> dict[str, dict[int, tuple[list[int], list[float]]]]:
+    """History rows (tuples or dicts) -> ``{statistic: {layer: (steps, values)}}`` for ``CURVE_STATISTICS``."""
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for r in rows:
+        step, name, stat, _, value = ((r["step"], r["name"], r["statistic"], r["dim"], r["value"])
+                                      if isinstance(r, Mapping) else r)
+        if stat in CURVE_STATISTICS and str(name).startswith("layer_"):
+            out.setdefault(stat, {}).setdefault(int(str(name)[6:]), {})[int(step)] = float(value)
+    return {s: {l: (sorted(v), [v[k] for k in sorted(v)]) for l, v in sorted(per.items())}
+            for s, per in out.items()}
+
+
+def metric_curves_figure(curves: Mapping[str, Mapping[int, tuple[Sequence[int], Sequence[float]]]],
+                         title: str = "") -> Figure:
+    """One panel per statistic, one line per layer, vs optimizer step (the emergence view of He et al.
+    2024, Fig. 1: kurtosis and max/median on a log axis)."""
+    stats = [s for s in CURVE_STATISTICS if s in curves] or ["(no data)"]
+    ncols = min(3, len(stats))
+    nrows = -(-len(stats) // ncols)
+    # Fixed margins at 72 dpi, as the heatmaps: constrained layout took ~2 s per draw of this 15-panel figure
+    # (it is drawn at every image record of a training run); the panels' labels fit these margins.
+    width, height = 4.2 * ncols, 2.6 * nrows + (0.5 if title else 0.0)
+    fig = Figure(figsize=(width, height), dpi=72)
+    fig.subplots_adjust(left=0.6 / width, right=1 - 0.15 / width, bottom=0.5 / height,
+                        top=1 - (0.8 if title else 0.3) / height, wspace=0.28, hspace=0.62)
+    for k, stat in enumerate(stats):
+        ax = fig.add_subplot(nrows, ncols, k + 1)
+        per = curves.get(stat, {})
+        for layer, (steps, values) in per.items():
+            # colour fixed by layer: panels without layer 0 (sites, sinks) keep the legend's colours
+            ax.plot(steps, values, marker="." if len(steps) < 30 else None, lw=1.2, label=f"layer {layer}",
+                    color=f"C{layer % 10}")
+        if stat in _LOG_SCALE and any(v > 0 for _, vs in per.values() for v in vs):
+            ax.set_yscale("log")
+            # "3", "1e+04": not "3 × 10⁰", which the fixed margin would cut; minor labels only over < 2 decades
+            ax.yaxis.set_major_formatter(LogFormatter())
+            ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        ax.set_title(stat, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(which="both", labelsize=7)  # the log panels label minor ticks too
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps
+        if k == 0 and per:
+            ax.legend(fontsize=6, ncol=2)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def position_rows_figure(table: np.ndarray, stats: Mapping, name: str = "") -> Figure:
+    """A position table row by row (Luo et al. 2021, Figs. 3–4): the rows × dims heatmap with the
+    most common argmax/argmin dims marked, and per dim the share of rows having it as argmax, argmin
+    or as a kσ dim (``outlierlab.metrics.outlier_dims.position_row_stats``)."""
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    lim = float(np.abs(table).max()) or 1.0
+    im = ax.imshow(table, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+    for key, color in (("argmax_dim", "k"), ("argmin_dim", "g")):
+        ax.axvline(stats[key], color=color, lw=0.8, ls="--", label=f"{key[:6]} dim {stats[key]}")
+    ax.set(xlabel="dim", ylabel="position (row)", title=f"{name} ({table.shape[0]} rows)")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    d = table.shape[1]
+    x = np.arange(d)
+    for key, label in (("argmax", "argmax"), ("argmin", "argmin")):
+        bx.plot(x, np.bincount(np.asarray(stats[key]), minlength=d) / table.shape[0], lw=1, label=label)
+    bx.plot(x, np.asarray(stats["sigma_row_share"]), lw=1, label="outside 3σ of its row")
+    bx.set(xlabel="dim", ylabel="share of rows", ylim=(0, 1.02), title="per dim: share of position rows")
+    bx.legend(fontsize=7)
+    return fig
