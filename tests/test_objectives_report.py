@@ -122,8 +122,10 @@ def test_fresh_monitor_histories_with_per_dimension_rows_are_read(tmp_path):
 
 
 def test_until_compares_cells_cut_by_the_clock_at_the_last_step_every_cell_reached(sweep, tmp_path):
-    """A clm cell stopped at step 3,000 (no finished.json) is excluded by default; with --until 2999 it counts and
-    every cell's loss is read at its last validation up to 2,999 (not the finished cells' 3,999)."""
+    """A clm cell stopped at step 3,000 (no finished.json) is excluded by default; with --until 3000 it counts and
+    every cell's loss is read at its last validation up to 3,000 (not the finished cells' 4,000): these files log
+    validations the old way, at Lightning's batch counter (2,999 for the model after 3,000 updates), which the
+    readers put at the model's step."""
     for cell in sweep.iterdir():
         rows = "step,val/loss,val/ppl\n2999,{a},1\n3999,{b},1\n"
         i = int(cell.name[-1]) - 1
@@ -136,13 +138,13 @@ def test_until_compares_cells_cut_by_the_clock_at_the_last_step_every_cell_reach
     (cut / "csv" / "metrics.csv").write_text(f"step,val/loss,val/ppl\n2999,{LOSS['clm', 'none'][2] + 1},1\n")
     assert report.main([str(sweep), "--out", str(tmp_path / "plain")]) == 0
     assert "excluded: objective=clm,pos=none,seed=3" in (tmp_path / "plain" / "objectives.md").read_text()
-    assert report.main([str(sweep), "--out", str(tmp_path / "until"), "--until", "2999"]) == 0
+    assert report.main([str(sweep), "--out", str(tmp_path / "until"), "--until", "3000"]) == 0
     doc = (tmp_path / "until" / "objectives.md").read_text()
-    assert "excluded" not in doc and "objective=clm,pos=none,seed=3: stopped at step 2999 of 4000" in doc
+    assert "excluded" not in doc and "objective=clm,pos=none,seed=3: stopped at step 3000 of 4000" in doc
     table = pd.read_csv(tmp_path / "until" / "objectives.csv")
     inter = table[table.quantity.str.startswith("val loss: (none - learned)")].iloc[0]
     d = [(LOSS["clm", "none"][i] - LOSS["clm", "learned"][i]) - (LOSS["mlm", "none"][i] - LOSS["mlm", "learned"][i])
-         for i in range(3)]  # every loss read one nat higher at step 2,999: the differences are unchanged
+         for i in range(3)]  # every loss read one nat higher at step 3,000: the differences are unchanged
     assert inter["diff"] == pytest.approx(sum(d) / 3) and inter["n_pairs"] == 3
     assert not table.quantity.str.contains("step 4000").any()  # the probes' step-4,000 rows are after --until too
     clm = table[table.quantity == "val loss, clm"].iloc[0]

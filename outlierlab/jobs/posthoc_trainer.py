@@ -109,7 +109,9 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
         raise FileNotFoundError(f"{run} holds no {HF_CHECKPOINT_PREFIX}<step>/ folder with a config.json or an "
                                 f"{ADAPTER_CONFIG}: pass the output_dir of a transformers Trainer run saved with "
                                 "save_steps")
-    ln_cfg, hs_cfg = _apply_overrides(dict(LAYERNORM_DEFAULTS), dict(HIDDEN_DEFAULTS), overrides)
+    # the loop monitors' defaults: W8A8 off unless asked (w8a8=True), as HiddenStateTracker's, so the post-hoc rows
+    # are the live ones
+    ln_cfg, hs_cfg = _apply_overrides(dict(LAYERNORM_DEFAULTS), {**HIDDEN_DEFAULTS, "w8a8": False}, overrides)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (it reads the flag at import)
     from outlierlab.metrics.monitor_records import layernorm_records, layernorm_snapshot, tokenize_heldout
     from outlierlab.models.layernorms import model_layernorms
