@@ -29,7 +29,7 @@ does for ``metrics.csv``.  The LayerNorm snapshot at initialisation is written t
 ``<out_dir>/layernorm_initial.pt`` by a fresh session and read back by a resumed one (or restored with
 ``OutlierMonitor.load_state_dict`` from the caller's own checkpoint), so divergence is always measured from
 the true init.  Its own TensorBoard writer opens with ``purge_step=S``, so TensorBoard drops the interrupted
-run's events at steps ≥ S (S = 0 for a fresh session: an earlier run's events in a reused folder are dropped).
+run's events at steps ≥ S; a fresh session (S = 0) removes an earlier run's event files from a reused folder.
 A fresh session in an earlier run's folder starts new files: its histories are emptied, and those of a monitor
 that is off now are removed.
 
@@ -298,7 +298,14 @@ class OutlierMonitor:
             return
         from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is only needed when a run writes
 
-        self.writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"), purge_step=purge_step)
+        folder = self.out_dir / "tensorboard"
+        if purge_step == 0 and folder.is_dir():
+            # a fresh session replaces the folder's events as it empties its histories: the restart marker alone
+            # fails when both sessions open in the same second and the new file's name sorts first (its writer
+            # counter compares as text, "10" before "9"), and TensorBoard then shows the old run after it
+            for old in folder.glob("events.out.tfevents.*"):
+                old.unlink()
+        self.writer = SummaryWriter(log_dir=str(folder), purge_step=purge_step)
         self._own_writer = True
 
     def step(self, model: nn.Module, step: int) -> bool:
