@@ -319,6 +319,19 @@ def heldout_special_ids(config: Any, tokenizer: Any = None) -> set[int]:
     return {int(i) for i in ids if isinstance(i, int)}
 
 
+def heldout_problem(batch: Mapping[str, Tensor], causal: bool, mask_token_id: int | None) -> dict[str, Tensor]:
+    """The monitors' fixed scoring problem on their held-out batch: every next token (causal), or the fixed, seeded
+    15 % of ``masked_for_order_use`` (masked); the same at every step, so a curve over steps compares like with
+    like (order use, the W8A8 cost)."""
+    mask = batch["attention_mask"]
+    if causal:
+        return {"input_ids": batch["input_ids"], "attention_mask": mask,
+                "labels": batch["input_ids"].masked_fill(mask == 0, -100)}
+    if mask_token_id is None:
+        raise ValueError("a masked LM's held-out problem needs the tokenizer's mask token (tokenizer.mask_token_id)")
+    return masked_for_order_use(batch["input_ids"], mask, batch["special_tokens_mask"], mask_token_id)
+
+
 def heldout_order_use(model, batch: Mapping[str, Tensor], causal: bool, special_ids: Iterable[int],
                       mask_token_id: int | None = None, attentions: Sequence[Tensor] | None = None
                       ) -> tuple[dict[str, float], dict[str, Tensor] | None]:
@@ -329,13 +342,7 @@ def heldout_order_use(model, batch: Mapping[str, Tensor], causal: bool, special_
     The post-hoc job and the loop monitors call this one function, so a checkpoint's rows equal the live ones."""
     device = next(model.parameters()).device
     mask = batch["attention_mask"]
-    if causal:
-        problem = {"input_ids": batch["input_ids"], "attention_mask": mask,
-                   "labels": batch["input_ids"].masked_fill(mask == 0, -100)}
-    else:
-        if mask_token_id is None:
-            raise ValueError("order use of a masked LM needs the tokenizer's mask token (tokenizer.mask_token_id)")
-        problem = masked_for_order_use(batch["input_ids"], mask, batch["special_tokens_mask"], mask_token_id)
+    problem = heldout_problem(batch, causal, mask_token_id)
     loss_sum = lm_loss_sum(model, causal) if causal else labelled_loss_sum(model)
     with torch.inference_mode():
         value = order_use(loss_sum, [{k: v.to(device) for k, v in problem.items()}], special_ids)

@@ -118,20 +118,13 @@ def w8a8_cost(model: nn.Module, batch: dict, causal: bool, mask_token_id: int | 
     ``keep_loss_delta`` and ``keep_kl`` with ``keep`` largest-|x| input dims in full precision. A model that gives no
     logits (a body without its LM head) gets the relative error of its last hidden states instead (``rel_error``,
     ``keep_rel_error``)."""
-    from outlierlab.metrics.word_order import masked_for_order_use
+    from outlierlab.metrics.word_order import heldout_problem
 
     device = next(model.parameters()).device
     mask = batch["attention_mask"]
     layers = linear_layers(model)
     try:
-        if causal:
-            problem = {"input_ids": batch["input_ids"], "attention_mask": mask,
-                       "labels": batch["input_ids"].masked_fill(mask == 0, -100)}
-        else:
-            if mask_token_id is None:
-                raise ValueError("no mask token")
-            problem = masked_for_order_use(batch["input_ids"], mask, batch["special_tokens_mask"], mask_token_id)
-        problem = {k: v.to(device) for k, v in problem.items()}
+        problem = {k: v.to(device) for k, v in heldout_problem(batch, causal, mask_token_id).items()}
         with torch.inference_mode():
             ref, y = _scored_logits(model, problem, causal)
             ref_logp = ref.float().log_softmax(-1)
