@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 def _check(cfg: DictConfig) -> None:
     # lazy: models imports torch; only once Hydra has composed a config (a bad override failed above)
-    from outlierlab.models.loading import resolve_encoder
+    from outlierlab.models.encoder_source import resolve_encoder
 
     for node, key, example in (("encoder", "name_or_path", "encoder.name_or_path=outputs/train/RUN"),
                                ("task", "files", "task.files=[train.csv]")):

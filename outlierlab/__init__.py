@@ -17,8 +17,8 @@ Everything lives under this one name so that installing the project never shadow
 # what an analysis written in a notebook subclasses or returns (``ol.Consumer``, ``ol.AnalysisResult``; its own
 # pass over other texts: ``ol.LayerStream``), and the typed settings ``ol.evaluate(settings=[...])`` and
 # ``ol.probe_positions(settings=[...])`` take.
-# Named sites (outlierlab/hooked.py: ``ol.sites``, ``ol.run_with_cache``, ``ol.run_with_hooks``, ``ol.patch_sites``,
-# ``ol.interventions``; ``ol.load_cache``), loaded the same way.
+# Named sites (outlierlab/site_runs.py: ``ol.sites``, ``ol.run_with_cache``; outlierlab/scored_runs.py:
+# ``ol.run_with_hooks``, ``ol.patch_sites``, ``ol.interventions``; ``ol.load_cache``), loaded the same way.
 try:  # the installed distribution's version; a bare source tree (no install) says so instead of guessing
     from importlib.metadata import PackageNotFoundError, version as _version
 
@@ -40,8 +40,8 @@ _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
              "FrequentTokensSettings", "QKOutliersSettings", "OrderUseSettings", "QuantizationSettings")},
          "ProbeSettings": "outlierlab.jobs.probe_settings",
          # named sites (docs/sites.md): every activation by one name, cached, hooked, patched
-         **{name: "outlierlab.hooked" for name in ("sites", "run_with_cache", "run_with_hooks", "patch_sites",
-                                                   "interventions")},
+         "sites": "outlierlab.site_runs", "run_with_cache": "outlierlab.site_runs",
+         **{name: "outlierlab.scored_runs" for name in ("run_with_hooks", "patch_sites", "interventions")},
          "load_cache": "outlierlab.models.activation_cache"}
 
 __all__ = list(_LAZY)

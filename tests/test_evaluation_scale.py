@@ -13,7 +13,8 @@ import torch
 
 from outlierlab.evaluation.activation_pass import ActivationObserver
 from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, OutlierCounts, run_sentence_pass
-from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder
+from outlierlab.models.encoder_source import EncoderUnavailableError
+from outlierlab.models.loading import FrozenEncoder
 from llama_fixtures import PASS, RESERVOIR, fake_hub, save_tiny_llama
 from llama_fixtures import texts as _texts
 from probe_fixtures import save_tiny_bert

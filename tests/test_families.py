@@ -32,7 +32,8 @@ def test_rule_flags_exactly_the_planted_dim_in_every_family(tmp_path, model_type
     cannot judge any of them, as for our layernorm_noaffine runs."""
     from outlierlab.metrics.layernorm_rule import layernorm_outliers
     from outlierlab.models.lm_model import load_mlm
-    from outlierlab.models.families import PRE_KINDS, REORDERED_KINDS, family_of
+    from outlierlab.models.families import family_of
+    from outlierlab.models.family_spec import PRE_KINDS, REORDERED_KINDS
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms
 
     for dim, expected in ((PLANTED, [PLANTED]), (None, [])):
@@ -72,7 +73,8 @@ def test_pre_ln_and_reordered_blocks_judge_both_norms_of_a_layer(model_type):
     """A dim planted only in the norms of the MLP (pre-LN: before it; reordered, OLMo 2/3: on its output),
     another only in those of the attention: both are outliers."""
     from outlierlab.metrics.layernorm_rule import layernorm_outliers
-    from outlierlab.models.families import PRE_KINDS, REORDERED_KINDS, family_of
+    from outlierlab.models.families import family_of
+    from outlierlab.models.family_spec import PRE_KINDS, REORDERED_KINDS
     from outlierlab.models.layernorms import layernorm_tensors, model_layernorms, select_layernorms
 
     model, _ = build(model_type)
@@ -229,7 +231,8 @@ def test_later_key_mass_tells_causal_from_bidirectional():
 @pytest.mark.parametrize("model_type", ["gpt2", "modernbert", "llama", "olmo", "olmo2", "olmo3"])
 def test_family_structure_helpers(model_type):
     """Position table where the family has one, q/k projections split to heads, LM head, inf-norm sites."""
-    from outlierlab.models.families import family_of, lm_head, split_qk, unembedding
+    from outlierlab.models.families import family_of, lm_head, unembedding
+    from outlierlab.models.family_spec import split_qk
     from outlierlab.models.sites import InfNormRecorder
 
     model, tok = build(model_type)
@@ -274,7 +277,8 @@ def test_olmo_queries_and_keys_are_those_the_model_rotates(monkeypatch, model_ty
     """split_qk of the registry's q/k modules gives exactly the q and k the model rotates: OLMo's projections
     clamped to ±clip_qkv (Groeneveld et al. 2024; hooks copy the output, so the clip must come from the
     registry), OLMo 2/3's whole-projection q_norm/k_norm outputs (Team OLMo 2024)."""
-    from outlierlab.models.families import family_of, split_qk
+    from outlierlab.models.families import family_of
+    from outlierlab.models.family_spec import split_qk
 
     model, tok = build(model_type, **({"clip_qkv": clip} if model_type == "olmo" else {}))
     projections = family_of(model).qk_projections(model)
@@ -461,7 +465,7 @@ def test_every_norm_kind_of_the_registry_can_be_named_in_a_layernorms_setting():
     """ablation/attention_sinks `layernorms=[...]` accepts every per-layer kind a family declares (OLMo 2's
     reordered kinds were refused by the settings check)."""
     from outlierlab.evaluation.settings import LAYERNORM_KINDS
-    from outlierlab.models.families import POST_KINDS, PRE_KINDS, REORDERED_KINDS
+    from outlierlab.models.family_spec import POST_KINDS, PRE_KINDS, REORDERED_KINDS
 
     assert set(POST_KINDS + PRE_KINDS + REORDERED_KINDS) <= set(LAYERNORM_KINDS)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outlierlab.models.loading import EncoderUnavailableError, FrozenEncoder, resolve_encoder
+from outlierlab.models.encoder_source import EncoderUnavailableError, resolve_encoder
+from outlierlab.models.loading import FrozenEncoder
 from probe_fixtures import SENTENCES, minilm_path, save_own_run, save_tiny_bert, save_tiny_roberta
 
 

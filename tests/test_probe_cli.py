@@ -32,7 +32,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_defaults_compose_to_offline_minilm_position_probe(compose_cfg):
-    from outlierlab.models.loading import resolve_encoder
+    from outlierlab.models.encoder_source import resolve_encoder
     from outlierlab.jobs.probing import selected_transforms
 
     cfg = compose_cfg("probe")

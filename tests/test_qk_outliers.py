@@ -10,7 +10,7 @@ from outlierlab.metrics.qk_magnitudes import RotarySpec, magnitude_outliers
 from outlierlab.evaluation.analyses.qk_outliers import qk_rows
 from outlierlab.models.qk_recorder import QKRecorder, rotary_specs
 from outlierlab.models.config import EncoderConfig
-from outlierlab.models.families import QKProjection
+from outlierlab.models.family_spec import QKProjection
 from outlierlab.models.encoder import RobertaMaskedLM
 
 

@@ -1,6 +1,6 @@
-"""Named sites (outlierlab.hooked, outlierlab.models.hook_points / interventions / activation_cache): every family's
-hidden states through the sites, hooks that change nothing and hooks that do, the dimension ablation through the
-same hooks, activation patching, caches on disk within a memory budget, one-line errors."""
+"""Named sites (outlierlab.site_runs / scored_runs, outlierlab.models.hook_points / interventions / activation_cache):
+every family's hidden states through the sites, hooks that change nothing and hooks that do, the dimension ablation
+through the same hooks, activation patching, caches on disk within a memory budget, one-line errors."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def model_of(kind: str):
 
 def hidden_states(model, tok, text: str) -> tuple:
     """The model's own ``output_hidden_states`` for one text (no padding), in its own attention implementation."""
-    from outlierlab.models.families import base_model
+    from outlierlab.models.family_spec import base_model
 
     enc = tok(text, return_tensors="pt")
     with torch.no_grad():
@@ -122,8 +122,9 @@ def test_every_site_has_the_shape_its_name_promises(kind):
 @pytest.mark.parametrize("model_type", ["gpt2", "gpt_neox", "modernbert", "llama"])
 def test_fused_q_k_v_sites_are_the_projections_the_registry_splits(model_type):
     """q and k read from a fused projection (GPT-2 [q|k|v], GPT-NeoX per head [q_h|k_h|v_h], ModernBERT) equal
-    families.split_qk's reading of the same output; a hook zeroing k leaves q as it was."""
-    from outlierlab.models.families import family_of, split_qk
+    family_spec.split_qk's reading of the same output; a hook zeroing k leaves q as it was."""
+    from outlierlab.models.families import family_of
+    from outlierlab.models.family_spec import split_qk
 
     model, tok = build(model_type)
     proj = family_of(model).qk_projections(model)[0]
@@ -206,14 +207,14 @@ def test_zero_ablation_through_run_with_hooks_equals_the_ablation_analysis_on_th
     from outlierlab.evaluation.analyses.ablation import run_ablation
     from outlierlab.metrics.scored_rows import mlm_scores
     from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches
-    from outlierlab.hooked import _subject
+    from outlierlab.site_runs import as_loaded
     from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 
     if kind == "ours":
         model, tok, dim = planted()
     else:
         (model, tok), dim = build(kind), 7
-    loaded = _subject(model, tok)
+    loaded = as_loaded(model, tok)
     texts = SENTENCES * 2
     seed, p, length, size = 5, 0.3, 64, 4
     batches = (next_token_batches(tok, texts, length, size) if loaded.objective == "next_token"
@@ -254,7 +255,7 @@ def test_mean_ablation_keeps_what_zeroing_destroys_and_equals_hooks_with_the_cac
 
     from outlierlab.evaluation.analyses.ablation import run_ablation
     from outlierlab.datamodules.scoring_batches import masked_batches
-    from outlierlab.hooked import _subject
+    from outlierlab.site_runs import as_loaded
     from outlierlab.models.layernorms import select_layernorms
 
     model, tok = tiny_mlm(layers=2, plant=False)
@@ -263,7 +264,7 @@ def test_mean_ablation_keeps_what_zeroing_destroys_and_equals_hooks_with_the_cac
         for key, norm in model.named_layernorms().items():
             if key.endswith(".output"):
                 norm.weight[dim], norm.bias[dim] = 0.05, 20.0
-    loaded = _subject(model, tok)
+    loaded = as_loaded(model, tok)
     texts, seed, size = SENTENCES * 2, 3, 4
     batches = masked_batches(tok, texts, 64, size, 0.3, seed)
     zero_rows = {r["condition"]: r for r in run_ablation(loaded, batches, ["output"], [dim], [], n_random=0,

@@ -347,7 +347,7 @@ def _encoder(cfg) -> None:
     if name is None:
         return
     # lazy: models imports torch, and this module runs before it (start-up checks); no weights are loaded
-    from outlierlab.models.loading import resolve_encoder
+    from outlierlab.models.encoder_source import resolve_encoder
 
     p = Path(str(name)).expanduser()
     if p.is_dir() and not any(p.iterdir()):

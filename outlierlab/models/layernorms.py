@@ -22,7 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from outlierlab.metrics.layernorm_rule import KIND_ROLES, layernorm_kind
-from outlierlab.models.families import PRE_KINDS, UnknownFamilyError, family_of
+from outlierlab.models.families import UnknownFamilyError, family_of
+from outlierlab.models.family_spec import PRE_KINDS
 
 __all__ = ["NORM_TYPES", "model_layernorms", "layernorm_kind", "select_layernorms", "layernorms_of_layers",
            "layernorm_tensors",

@@ -36,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from outlierlab.metrics.scored_rows import logits_at
-from outlierlab.models.families import Family, UnknownFamilyError, family_of, lm_head
+from outlierlab.models.families import UnknownFamilyError, family_of, lm_head
+from outlierlab.models.family_spec import Family
 from outlierlab.models.layernorms import model_layernorms
 from outlierlab.models.loading import FrozenEncoder
 from outlierlab.models.placement import eager_attention

@@ -15,7 +15,8 @@
 Sequences longer than the model accepts are truncated with ONE warning counting them
 (``on_overflow="warn"``, default) or rejected with one line (``on_overflow="error"``).
 
-Resolving ``name_or_path`` to a source is ``outlierlab.models.encoder_source``; this module loads and runs it.
+Resolving ``name_or_path`` to a source is ``outlierlab.models.encoder_source``, texts to token ids and padded
+batches ``outlierlab.models.encoder_inputs``; this module loads and runs the model.
 
 Position index convention (used by the position probe): a token's index in the tokenized sequence,
 0 = ``<s>``/``[CLS]``.
@@ -28,76 +29,27 @@ non-pad tokens).  Their tokenizers often have no pad token: the end-of-sequence 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
-import warnings
-from dataclasses import dataclass
-from pathlib import Path
 from functools import partial
-from typing import Callable, Iterator, NamedTuple, Sequence
+from pathlib import Path
+from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from outlierlab.models import load_pretrained
 from outlierlab.models.checkpoint import model_from_checkpoint, read_checkpoint
-# Resolution lives in outlierlab.models.encoder_source (no transformers import); re-exported here, where users look.
-from outlierlab.models.encoder_source import (BUNDLED, EncoderSource, EncoderUnavailableError, bundled_model_path,  # noqa: F401
-                                   resolve_encoder)
+from outlierlab.models.encoder_inputs import (EncodedBatch, Tokenized, padded, tokenize_texts,
+                                              tokenizer_fingerprint)
+from outlierlab.models.encoder_source import EncoderSource, EncoderUnavailableError, resolve_encoder
 from outlierlab.models.placement import DTYPES, input_device, load_hf_model
 from outlierlab.utils.progress import progress_bar
-
-log = logging.getLogger(__name__)
 
 # Position ids start after padding_idx in these models: max_position_embeddings - (pad + 1) usable tokens.
 _ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl", "mpnet"}
 
 
-class EncodedBatch(NamedTuple):
-    """One batch of ``FrozenEncoder.encode``.
-
-    hidden : Tensor[L+1, B, T, d] float32 (embedding output + every layer)
-    attention_mask, special_tokens_mask, input_ids : Tensor[B, T] (int64; padding has attention 0)
-    index : Tensor[B] position of each row in the ``texts`` given to ``FrozenEncoder.encode``
-    layers : with ``batches(layerwise=True)``: ``layers(fn)`` runs the forward and feeds ``fn(layer, [B, T, d])``
-        one layer at a time (``hidden`` is then None)
-    """
-
-    hidden: Tensor | None
-    attention_mask: Tensor
-    special_tokens_mask: Tensor
-    input_ids: Tensor
-    index: Tensor
-    layers: Callable | None = None
-
-
-@dataclass
-class Tokenized:
-    """Unpadded token ids of many texts (after truncation) and what truncation removed."""
-
-    input_ids: list[list[int]]
-    special_tokens_mask: list[list[int]]
-    n_truncated: int = 0  # sequences longer than max_length
-    truncated_tokens: int = 0  # tokens removed by truncation
-    offsets: list[list[tuple[int, int]]] | None = None  # character span of each token (fast tokenizers)
-
-    @property
-    def lengths(self) -> list[int]:
-        return [len(x) for x in self.input_ids]
-
-
 # ---------------------------------------------------------------------------------------------- the encoder
-def _tokenizer_fingerprint(tok) -> str:
-    backend = getattr(tok, "backend_tokenizer", None)
-    if backend is not None:
-        text = backend.to_str()
-    else:  # slow tokenizer: the vocabulary and the special tokens define it
-        text = json.dumps(sorted(tok.get_vocab().items()))
-    text += json.dumps([type(tok).__name__, tok.all_special_tokens, getattr(tok, "do_lower_case", None)])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def _pos_name(pos) -> str | None:
     """Our position scheme's name from a config's ``pos`` (``{"name": "none", ...}``) or ``outlierlab_pos``."""
     pos = pos.get("name") if isinstance(pos, dict) else pos
@@ -367,7 +319,7 @@ class FrozenEncoder:
     def identity(self) -> dict:
         """What the cached features depend on: weights (file stats / hub revision), tokenizer, max_length."""
         if not hasattr(self, "_tok_fp"):
-            self._tok_fp = _tokenizer_fingerprint(self.tokenizer)
+            self._tok_fp = tokenizer_fingerprint(self.tokenizer)
         out = {**self.source.identity, "kind": self.source.kind, "max_length": self.max_length,
                "tokenizer": self._tok_fp}
         if self.dtype_name != "float32":  # cached fp16 features of a bf16 model differ from float32's
@@ -376,35 +328,8 @@ class FrozenEncoder:
 
     # -- running ----------------------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> Tokenized:
-        """Token ids (with special tokens) of every text, truncated to ``max_length``.
-
-        One tokenizer call over all texts (ids, special-token mask and, with a fast tokenizer, character
-        offsets); only the texts found longer than ``max_length`` are tokenized again, with truncation — the
-        same ids as truncating every text, at a third of the tokenizer's time.
-        """
-        texts = list(texts)
-        fast = bool(getattr(self.tokenizer, "is_fast", False))
-        kw = dict(add_special_tokens=True, return_special_tokens_mask=True, return_offsets_mapping=fast)
-        enc = self.tokenizer(texts, truncation=False, verbose=False, **kw)
-        ids, special = enc["input_ids"], enc["special_tokens_mask"]
-        offsets = enc["offset_mapping"] if fast else None
-        over = [i for i, row in enumerate(ids) if len(row) > self.max_length]
-        if over and self.on_overflow == "error":
-            raise ValueError(f"{len(over)} of {len(texts)} texts exceed max_length={self.max_length} tokens "
-                             f"(first: #{over[0]}, {len(ids[over[0]])} tokens); shorten them or set "
-                             "encoder.on_overflow=warn to truncate")
-        cut = 0
-        if over:
-            short = self.tokenizer([texts[i] for i in over], truncation=True, max_length=self.max_length, **kw)
-            for j, i in enumerate(over):
-                cut += len(ids[i]) - len(short["input_ids"][j])
-                ids[i], special[i] = short["input_ids"][j], short["special_tokens_mask"][j]
-                if fast:
-                    offsets[i] = short["offset_mapping"][j]
-            warnings.warn(f"{len(over)} of {len(texts)} texts were longer than max_length={self.max_length} tokens "
-                          f"and were truncated ({cut} tokens dropped)", stacklevel=2)
-        offsets = [[tuple(o) for o in row] for row in offsets] if fast else None
-        return Tokenized(ids, special, len(over), cut, offsets)
+        """Token ids (with special tokens) of every text, truncated to ``max_length`` (``tokenize_texts``)."""
+        return tokenize_texts(self.tokenizer, texts, self.max_length, self.on_overflow)
 
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -454,15 +379,7 @@ class FrozenEncoder:
             bar = progress_bar(len(order), f"[encode] {self.source.name}", unit="sentences")
         for idx in chunks:
             rows = idx.tolist()
-            t = max(len(tokenized.input_ids[i]) for i in rows)
-            ids = torch.full((len(rows), t), pad_id, dtype=torch.long)
-            attn = torch.zeros(len(rows), t, dtype=torch.long)
-            special = torch.ones(len(rows), t, dtype=torch.long)  # padding counts as special (HF convention)
-            for b, i in enumerate(rows):
-                n = len(tokenized.input_ids[i])
-                ids[b, :n] = torch.tensor(tokenized.input_ids[i])
-                attn[b, :n] = 1
-                special[b, :n] = torch.tensor(tokenized.special_tokens_mask[i])
+            ids, attn, special = padded(tokenized, rows, pad_id)
             if layerwise:
                 yield EncodedBatch(None, attn, special, ids, idx, partial(self.forward_layers, ids, attn))
             else:

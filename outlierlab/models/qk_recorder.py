@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from outlierlab.metrics.qk_magnitudes import QKAccumulator, RotarySpec
-from outlierlab.models.families import QKProjection, family_of, split_qk
+from outlierlab.models.families import family_of
+from outlierlab.models.family_spec import QKProjection, split_qk
 from outlierlab.models.rotary_layers import rotary_layers
 
 __all__ = ["qk_projections", "rotary_specs", "QKRecorder"]
@@ -21,7 +22,7 @@ __all__ = ["qk_projections", "rotary_specs", "QKRecorder"]
 
 def qk_projections(model: nn.Module) -> list[QKProjection]:
     """Each block's queries and keys where the model rotates them: the family registry's
-    (``outlierlab.models.families.Family.qk_projections``: the projections, or Qwen3's per-head
+    (``outlierlab.models.family_spec.Family.qk_projections``: the projections, or Qwen3's per-head
     ``q_norm``/``k_norm``), or for our encoder its ``query_norm``/``key_norm`` (the OP block's QK-norm, applied
     before the position scheme) where it has them, else its ``query``/``key`` Linear layers."""
     if not hasattr(model, "named_layernorms"):

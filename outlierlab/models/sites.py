@@ -14,7 +14,7 @@ Where the sites are: a block may declare them itself with a ``sites()`` method r
 ``{name: (module, "input" | "output")}`` — the activation is that module's first positional input or its
 output (our ``outlierlab.models.blocks.Layer`` and ``outlierlab.models.blocks.OPLayer`` do, so pre-LN and
 Outlier-Protected blocks name their own sites and simply omit those they lack).  Hugging Face blocks get
-theirs from their family (``outlierlab.models.families.Family.sites``: the FFN down-projection; the
+theirs from their family (``outlierlab.models.family_spec.Family.sites``: the FFN down-projection; the
 output LayerNorm of a post-LN block; the block output of a pre-LN one, GPT-2/Llama/Pythia/ModernBERT);
 an unregistered model falls back to BERT/RoBERTa (``output.dense``, ``output.LayerNorm``) and DistilBERT
 (``ffn.lin2``, ``output_layer_norm``) module names.
@@ -78,7 +78,7 @@ def encoder_blocks(model: nn.Module) -> list[nn.Module]:
 
 def block_sites(block: nn.Module, family=None) -> dict[str, tuple[nn.Module, str]]:
     """``{site: (module, "input" | "output")}`` of one block: its own ``sites()``, its family's
-    (``outlierlab.models.families.Family.sites``), else the HF BERT/DistilBERT names."""
+    (``outlierlab.models.family_spec.Family.sites``), else the HF BERT/DistilBERT names."""
     if callable(getattr(block, "sites", None)):
         return dict(block.sites())
     if family is not None:

@@ -46,7 +46,7 @@ POSITION_SUFFIX = "embeddings.position_embeddings.weight"
 def position_table(model: nn.Module) -> tuple[str, torch.Tensor] | None:
     """``(name, rows actually used)`` of a learned absolute position table, or None.
 
-    Hugging Face models: the table their family declares (``outlierlab.models.families.Family.position_weight``;
+    Hugging Face models: the table their family declares (``outlierlab.models.family_spec.Family.position_weight``;
     GPT-2's ``wpe``).  Ours and unregistered models: an ``nn.Embedding`` named
     ``*embeddings.position_embeddings``.  RoBERTa-style tables (``padding_idx`` set) never use rows
     ``0..padding_idx`` (positions start at ``padding_idx + 1``), so those rows are dropped.

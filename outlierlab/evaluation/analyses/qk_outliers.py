@@ -30,7 +30,7 @@ from outlierlab.metrics.qk_magnitudes import RotarySpec, magnitude_outliers
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, check_texts
 from outlierlab.evaluation.settings import DataSettings, QKOutliersSettings
-from outlierlab.models.families import is_norm
+from outlierlab.models.family_spec import is_norm
 from outlierlab.models.qk_recorder import QKRecorder, rotary_specs
 from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table

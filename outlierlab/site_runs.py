@@ -1,19 +1,15 @@
-"""Named sites from Python: every activation of any supported model by one name, cached to memory or disk,
-changed by hooks, patched from another run.
+"""Named sites from Python: every activation of any supported model by one name, listed and cached to memory or
+disk (the scored runs with hooks and activation patching: ``outlierlab.scored_runs``).
 
     import outlierlab as ol
     enc = ol.load_encoder("outputs/train/RUN")                 # or any model ol.load_encoder takes
     ol.sites(enc)                                              # ['embed', 'ln_embed', 'blocks.1.attn.q', ...]
     cache = ol.run_with_cache(enc, texts, sites=["blocks.*.resid"], to="disk")
     cache["blocks.3.resid"]                                    # [N tokens, d]; cache.text_index, cache.positions
-    run = ol.run_with_hooks(enc, texts, hooks={"blocks.1.ln_ffn": ol.interventions.mean(cache, dims=[77])})
-    run.loss, run.tokens                                       # masked-LM / next-token loss, per scored token
-    ol.patch_sites(enc, texts, shuffled)                       # activation patching: a row per site
 
 The names, the tensor each one is and its shape: ``outlierlab.models.hook_points`` (docs/sites.md).  Like
 TransformerLens (Nanda & Bloom 2022) -- ``run_with_cache``, ``run_with_hooks``, hooks ``fn(activation, hook)`` -- but
-for the models of this project (RoBERTa, BERT, DeBERTa, ModernBERT, our own encoders; decoders too), scored by
-the masked-LM loss on the fixed, seeded masks of the ablation analysis (decoders: the next-token loss), with caches
+for the models of this project (RoBERTa, BERT, DeBERTa, ModernBERT, our own encoders; decoders too), with caches
 that stream to memory-mapped files.
 """
 
@@ -29,15 +25,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from outlierlab.models import interventions  # noqa: F401 - ol.interventions
 from outlierlab.models.activation_cache import ActivationCache, CacheWriter, TokenIndex, to_rows
 from outlierlab.monitoring import arguments
 
-__all__ = ["sites", "run_with_cache", "run_with_hooks", "patch_sites", "HookedRun", "interventions"]
+__all__ = ["sites", "run_with_cache"]
 
 
 # ---------------------------------------------------------------------------------------------- the model
-def _subject(model: Any, tokenizer: Any = None):
+def as_loaded(model: Any, tokenizer: Any = None):
     """``model`` as a ``outlierlab.models.lm_model.LoadedModel`` (with its LM head where it has one): what
     ``outlierlab.api.load_encoder`` returns, a ``LoadedModel``, or a model in memory with its ``tokenizer=`` (ours:
     ``RobertaMaskedLM`` / ``RobertaEncoder``; a transformers model, taken as ``ol.load_encoder(model, tokenizer=)``
@@ -100,13 +95,13 @@ def sites(model: Any, tokenizer: Any = None, hidden_states: bool = False) -> lis
     the last of a model with a final norm ``ln_final``."""
     from outlierlab.models.hook_points import hidden_state_sites, site_names
 
-    model = _subject(model, tokenizer).model
+    model = as_loaded(model, tokenizer).model
     return hidden_state_sites(model) if arguments.flag("hidden_states", hidden_states) else site_names(model)
 
 
 # --------------------------------------------------------------------------------------------- the runs
 @dataclass
-class _Plan:
+class RunPlan:
     """What one run asks of the model: the sites it hooks and records, and so which forward it needs."""
 
     table: dict
@@ -122,7 +117,7 @@ class _Plan:
         return "ln_head" in self.hooks or "ln_head" in self.record
 
 
-def _plan(loaded, hooks: Mapping | None, record: Sequence[str] | None, default_all: bool) -> _Plan:
+def plan_run(loaded, hooks: Mapping | None, record: Sequence[str] | None, default_all: bool) -> RunPlan:
     from outlierlab.models.hook_points import resolve_sites, site_table
 
     table = site_table(loaded.model)
@@ -133,17 +128,17 @@ def _plan(loaded, hooks: Mapping | None, record: Sequence[str] | None, default_a
     resolve_sites(table, list(hooks), "hooks")  # an unknown name: one line, before anything runs
     chosen = resolve_sites(table, record, "sites", default=lambda s: s.layout == "tokens") if (
         record is not None or default_all) else []
-    return _Plan(table, hooks, chosen)
+    return RunPlan(table, hooks, chosen)
 
 
-def _texts(name: str, texts: Any) -> list[str]:
+def text_list(name: str, texts: Any) -> list[str]:
     out = arguments.texts(name, texts)
     if out is None:
         raise TypeError(f"{name}=None: pass the texts to run, a list of strings")
     return out
 
 
-def _length(loaded, max_length: int | None) -> int:
+def run_length(loaded, max_length: int | None) -> int:
     limit = int(loaded.max_length)
     if max_length is None:
         return limit
@@ -153,7 +148,7 @@ def _length(loaded, max_length: int | None) -> int:
     return max_length
 
 
-def _plain_batches(tokenizer, texts: Sequence[str], max_length: int, batch_size: int) -> list[dict]:
+def plain_batches(tokenizer, texts: Sequence[str], max_length: int, batch_size: int) -> list[dict]:
     """Right-padded batches of consecutive texts, tokenized as the scoring batches are (truncated to
     ``max_length``)."""
     ids = tokenizer(list(texts), truncation=True, max_length=int(max_length))["input_ids"]
@@ -170,7 +165,7 @@ def _plain_batches(tokenizer, texts: Sequence[str], max_length: int, batch_size:
     return out
 
 
-def _index(batches: Sequence[dict], labels: bool) -> TokenIndex:
+def token_index(batches: Sequence[dict], labels: bool) -> TokenIndex:
     lengths, ids, labs = [], [], []
     for b in batches:
         keep = b["attention_mask"].bool()
@@ -181,10 +176,10 @@ def _index(batches: Sequence[dict], labels: bool) -> TokenIndex:
     return TokenIndex(lengths, torch.cat(ids), torch.cat(labs) if labels else None)
 
 
-def _forward(loaded, batch: dict, plan: _Plan, scored: bool):
+def _forward(loaded, batch: dict, plan: RunPlan, scored: bool):
     """One forward of ``batch``: the logits at its scored rows ``[n, V]`` (``scored``), else the body's (or, when
     the head's norm is asked for, the whole model's) forward, whose outputs the hooks have read."""
-    from outlierlab.models.families import base_model
+    from outlierlab.models.family_spec import base_model
     from outlierlab.models.placement import eager_attention
 
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -211,7 +206,7 @@ def _forward(loaded, batch: dict, plan: _Plan, scored: bool):
     return None
 
 
-def _execute(loaded, batches: Sequence[dict], plan: _Plan, writer: CacheWriter | None, scored: bool,
+def execute_run(loaded, batches: Sequence[dict], plan: RunPlan, writer: CacheWriter | None, scored: bool,
              keep_logits: bool = False, progress: bool = False):
     """Run ``batches`` with ``plan``'s hooks, recording its sites into ``writer``; the scored tokens' losses."""
     from outlierlab.models.hook_points import attached
@@ -278,7 +273,7 @@ def _score(batch: dict, logits, start: int, scores: dict, keep_logits: bool) -> 
         scores["logits"].append(lg.cpu())
 
 
-def _writer(tokens: TokenIndex, plan: _Plan, to, dtype: str, texts, meta: dict) -> CacheWriter | None:
+def cache_writer(tokens: TokenIndex, plan: RunPlan, to, dtype: str, texts, meta: dict) -> CacheWriter | None:
     if not plan.record:
         return None
     if dtype not in ("float32", "float16", "bfloat16"):
@@ -298,7 +293,7 @@ def _writer(tokens: TokenIndex, plan: _Plan, to, dtype: str, texts, meta: dict) 
     return CacheWriter(tokens, dtype, path, layouts, meta, texts)
 
 
-def _meta(loaded, **run) -> dict:
+def run_meta(loaded, **run) -> dict:
     return {"model": loaded.name, "objective": loaded.objective, **run}
 
 
@@ -329,215 +324,15 @@ def run_with_cache(model: Any, texts: Sequence[str], sites: Sequence[str] | None
         ``cache.positions`` ``[N]``, ``cache.attention_mask`` ``[n_texts, T_max]``, ``cache.text(i, site)``,
         ``cache.mean(site)``, ``cache.frame()``.  A Hugging Face model runs with eager attention, as every run here.
     """
-    loaded = _subject(model, tokenizer)
-    texts = _texts("texts", texts)
+    loaded = as_loaded(model, tokenizer)
+    texts = text_list("texts", texts)
     batch_size = arguments.count("batch_size", batch_size, 1)
-    length = _length(loaded, max_length)
-    plan = _plan(loaded, hooks, sites, default_all=True)
+    length = run_length(loaded, max_length)
+    plan = plan_run(loaded, hooks, sites, default_all=True)
     if not plan.record:
         raise ValueError("sites=[]: name at least one site to cache (ol.sites(model) lists them)")
-    batches = _plain_batches(loaded.tokenizer, texts, length, batch_size)
-    tokens = _index(batches, labels=False)
-    writer = _writer(tokens, plan, to, dtype, texts, _meta(loaded, max_length=length, batch_size=batch_size))
-    _execute(loaded, batches, plan, writer, scored=False, progress=progress)
+    batches = plain_batches(loaded.tokenizer, texts, length, batch_size)
+    tokens = token_index(batches, labels=False)
+    writer = cache_writer(tokens, plan, to, dtype, texts, run_meta(loaded, max_length=length, batch_size=batch_size))
+    execute_run(loaded, batches, plan, writer, scored=False, progress=progress)
     return writer.finish()
-
-
-@dataclass
-class HookedRun:
-    """What ``run_with_hooks`` returns.
-
-    loss, top1 : the mean loss (nats) and top-1 accuracy over the scored tokens
-    n_scored : how many tokens were scored
-    objective : ``masked_lm`` (the masked tokens) or ``next_token`` (a decoder: every non-special next token)
-    tokens : a pandas DataFrame, one row per scored token: ``text`` (its index in ``texts``), ``position`` (the
-        masked token's position; a decoder's: the predicting token's, which predicts ``position + 1``), ``target``
-        (the token id to predict), ``token`` (its string), ``loss``, ``correct``
-    cache : the sites asked for with ``cache=`` (``outlierlab.models.activation_cache.ActivationCache``), of the
-        scored inputs (the masked ones), after the hooks; else None
-    logits : with ``keep_logits=True``, ``[n_scored, V]`` float32 in the order of ``tokens``
-    """
-
-    loss: float
-    top1: float
-    n_scored: int
-    objective: str
-    tokens: Any
-    cache: ActivationCache | None = None
-    logits: torch.Tensor | None = None
-
-    def by_position(self):
-        """The mean loss and top-1 per position (a DataFrame indexed by ``position``, with ``n_scored``)."""
-        g = self.tokens.groupby("position")
-        return g.agg(loss=("loss", "mean"), top1=("correct", "mean"), n_scored=("loss", "size"))
-
-
-def _scored_batches(loaded, texts: list[str], masks_from: list[str] | None, length: int, batch_size: int,
-                    mlm_probability: float, seed: int) -> list[dict]:
-    """The ablation's scoring batches (``outlierlab.datamodules.scoring_batches``): for a masked LM ``texts``
-    masked as ``masked_batches`` masks them (or at the positions it masks ``masks_from``, each text of as many
-    tokens); for a decoder the next-token batches."""
-    from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches
-
-    tok = loaded.tokenizer
-    if loaded.objective == "next_token":
-        if masks_from is not None:
-            raise ValueError(f"masks_from= places the masks of a masked LM; {loaded.name} is scored on every next "
-                             "token")
-        return next_token_batches(tok, texts, length, batch_size)
-    if masks_from is None:
-        return masked_batches(tok, texts, length, batch_size, mlm_probability, seed)
-    if len(masks_from) != len(texts):
-        raise ValueError(f"masks_from has {len(masks_from)} texts and texts {len(texts)}: give one per text")
-    masked = masked_batches(tok, masks_from, length, batch_size, mlm_probability, seed)
-    plain = _plain_batches(tok, texts, length, batch_size)
-    out = []
-    for i, (m, p) in enumerate(zip(masked, plain)):
-        here, there = p["attention_mask"].sum(1), m["attention_mask"].sum(1)
-        if not torch.equal(here, there):
-            b = int((here != there).nonzero()[0])
-            raise ValueError(f"masks_from: text {i * batch_size + b} has {int(here[b])} tokens and its masks_from text "
-                             f"{int(there[b])}; masks are placed on texts of as many tokens")
-        where = m["labels"] != -100
-        ids = p["input_ids"].clone()
-        out.append({"input_ids": ids.masked_fill(where, tok.mask_token_id), "attention_mask": p["attention_mask"],
-                    "labels": torch.where(where, ids, torch.full_like(ids, -100))})
-    return out
-
-
-def run_with_hooks(model: Any, texts: Sequence[str], hooks: Mapping[str, Callable] | None = None, *,
-                   cache: Sequence[str] | None = None, to: str | os.PathLike | None = None, dtype: str = "float32",
-                   masks_from: Sequence[str] | None = None, tokenizer: Any = None, mlm_probability: float | None = None,
-                   seed: int = 0, batch_size: int | None = None, max_length: int | None = None,
-                   keep_logits: bool = False) -> HookedRun:
-    """The model's loss on ``texts``, per token, with ``hooks`` changing its activations on the way.
-
-    Scored as the ablation analysis scores (``evaluate.py analyses=[ablation]``, ``outlierlab.evaluation.analyses.ablation``):
-    a masked LM on fixed, seeded masks -- ``mlm_probability`` of the non-special tokens replaced by the mask token
-    (no 80/10/10), drawn per batch from ``seed`` and the texts' indices
-    (``outlierlab.datamodules.scoring_batches.masked_batches``), so a run with hooks and one without, and the
-    ablation on the same texts, score the same tokens; a decoder on every non-special next token.  (The ablation
-    packs its sentences into sequences of ``max_length`` tokens first, ``ablation.pack``: pass
-    ``outlierlab.datamodules.scoring_batches.pack_texts(tokenizer, texts, 128)`` to score what it scores.)
-
-    Parameters
-    ----------
-    hooks : ``{site: fn}``; ``fn(activation, point)`` returns the new activation (or None: unchanged), ``point``
-        the ``outlierlab.models.hook_points.HookPoint`` (``name``, ``layer``, ``batch``, ``texts``,
-        ``attention_mask``); a list of functions: each in turn.  Ready ones: ``outlierlab.models.interventions``
-        (``ol.interventions.zero / mean / clip / scale / quantize / patch``)
-    cache, to, dtype : also cache these sites of this run (after the hooks), as ``run_with_cache`` does
-    masks_from : texts whose masks to use (text ``i``'s masked positions on text ``i`` here, of as many tokens): the
-        source run of activation patching, a corrupted text scored where the clean one is
-    mlm_probability, batch_size, max_length : None: the ablation's (``configs/ablation``: 0.15, 16, 128 capped by the
-        model); ``seed`` as the ablation's with ``ablation.seed=null`` (the global seed, 0)
-    keep_logits : keep the scored rows' logits (``run.logits``)
-    """
-    from outlierlab.evaluation.settings import AblationSettings
-
-    loaded = _subject(model, tokenizer)
-    if not loaded.has_mlm_head:
-        raise ValueError(f"{loaded.name} has no LM head to score with: {loaded.no_head_reason} "
-                         "(ol.run_with_cache reads its activations)")
-    texts = _texts("texts", texts)
-    masks_from = None if masks_from is None else _texts("masks_from", masks_from)
-    defaults = AblationSettings()
-    p = defaults.mlm_probability if mlm_probability is None else arguments.number("mlm_probability",
-                                                                                  mlm_probability, 0.0, 1.0)
-    batch_size = arguments.count("batch_size", defaults.batch_size if batch_size is None else batch_size, 1)
-    length = min(defaults.max_length, loaded.max_length) if max_length is None else _length(loaded, max_length)
-    seed = arguments.count("seed", seed, None)
-    keep_logits = arguments.flag("keep_logits", keep_logits)
-    plan = _plan(loaded, hooks, cache, default_all=False)
-    batches = _scored_batches(loaded, texts, masks_from, length, batch_size, p, seed)
-    writer = _writer(_index(batches, labels=True), plan, to, dtype, texts,
-                     _meta(loaded, max_length=length, batch_size=batch_size, mlm_probability=p, seed=seed))
-    scores = _execute(loaded, batches, plan, writer, scored=True, keep_logits=keep_logits)
-    return _run_result(loaded, scores, writer)
-
-
-def _run_result(loaded, scores: dict, writer: CacheWriter | None) -> HookedRun:
-    import pandas as pd
-
-    cols = [torch.cat(c) for c in zip(*scores["rows"])] if scores["rows"] else [torch.zeros(0)] * 5
-    n = int(cols[0].numel())
-    if n == 0:
-        raise ValueError("no token to score: the texts are too short or mlm_probability is 0")
-    text, position, target, loss, correct = cols
-    tokens = pd.DataFrame({"text": text.numpy(), "position": position.numpy(), "target": target.numpy(),
-                           "token": loaded.tokenizer.convert_ids_to_tokens(target.tolist()),
-                           "loss": loss.numpy(), "correct": correct.numpy()})
-    return HookedRun(scores["total"] / n, scores["correct"] / n, n, loaded.objective, tokens,
-                     None if writer is None else writer.finish(),
-                     torch.cat(scores["logits"]) if scores["logits"] else None)
-
-
-# ------------------------------------------------------------------------------------------ patching
-def patch_sites(model: Any, texts: Sequence[str], source: Sequence[str], sites: Sequence[str] | None = None,
-          dims: Sequence[int] | None = None, positions: Sequence[int] | None = None, by: str = "site", *,
-          tokenizer: Any = None, **scoring: Any):
-    """Activation patching: the loss of ``texts`` with one site at a time replaced by its activation on
-    ``source`` (Vig et al. 2020; Meng et al. 2022; Heimersheim & Nanda 2024, "How to use and interpret activation
-    patching"), as a pandas DataFrame.
-
-    Text ``i`` of ``source`` is patched into text ``i`` of ``texts``, token by token (each pair of as many tokens),
-    both scored on ``texts``' masks (a masked LM: ``source`` masked where ``texts`` is, ``masks_from``).  Patching a
-    corrupted source into the clean texts asks what each site carries that the corruption destroys (noising);
-    swap the two to ask what restores the clean loss (denoising).
-
-    Parameters
-    ----------
-    sites : names or globs; None: every site but the attention patterns
-    dims, positions : patch only these hidden dims / token positions (``outlierlab.models.interventions.patch``)
-    by : ``site``: one row per site; ``position``: one row per site and scored position
-    scoring : ``mlm_probability``, ``seed``, ``batch_size``, ``max_length`` of ``run_with_hooks``
-
-    Returns
-    -------
-    pandas.DataFrame
-        ``site``, ``layer`` (the block; 0: the embeddings; empty: the final norms), (``position``,) ``n_scored``,
-        ``loss`` (patched), ``loss_base`` (``texts`` unpatched), ``loss_source`` (``source`` on the same masks),
-        ``effect`` = ``loss - loss_base``, ``share`` = ``effect / (loss_source - loss_base)`` (NaN where the source
-        costs nothing), and ``intervention``.
-    """
-    import numpy as np
-    import pandas as pd
-
-    from outlierlab.models.hook_points import resolve_sites, site_table
-
-    if by not in ("site", "position"):
-        raise ValueError(f"by={by!r}: pass 'site' (a row per site) or 'position' (a row per site and position)")
-    unknown = sorted(set(scoring) - {"mlm_probability", "seed", "batch_size", "max_length"})
-    if unknown:
-        raise TypeError(f"patch_sites got unknown argument(s) {', '.join(unknown)}; valid: model, texts, source, sites, "
-                        "dims, positions, by, tokenizer, mlm_probability, seed, batch_size, max_length")
-    loaded = _subject(model, tokenizer)
-    texts, source = _texts("texts", texts), _texts("source", source)
-    if len(source) != len(texts):
-        raise ValueError(f"source has {len(source)} texts and texts {len(texts)}: give one source per text")
-    table = site_table(loaded.model)
-    chosen = resolve_sites(table, sites, "sites", default=lambda s: s.layout == "tokens")
-    masks = None if loaded.objective == "next_token" else texts
-    base = run_with_hooks(loaded, texts, **scoring)
-    src = run_with_hooks(loaded, source, cache=chosen, masks_from=masks, **scoring)
-    rows = []
-    for name in chosen:
-        fn = interventions.patch(src.cache, dims, positions)
-        run = run_with_hooks(loaded, texts, hooks={name: fn}, **scoring)
-        common = {"site": name, "layer": table[name].layer}
-        if by == "site":
-            rows.append({**common, "n_scored": run.n_scored, "loss": run.loss, "loss_base": base.loss,
-                         "loss_source": src.loss})
-            continue
-        per = pd.DataFrame({"position": base.tokens.position, "loss": run.tokens.loss, "loss_base": base.tokens.loss,
-                            "loss_source": src.tokens.loss})
-        for pos, g in per.groupby("position"):
-            rows.append({**common, "position": int(pos), "n_scored": len(g), "loss": g.loss.mean(),
-                         "loss_base": g.loss_base.mean(), "loss_source": g.loss_source.mean()})
-    out = pd.DataFrame(rows)
-    out["layer"] = out["layer"].astype("Int64")
-    out["effect"] = out["loss"] - out["loss_base"]
-    damage = out["loss_source"] - out["loss_base"]
-    out["share"] = np.where(damage != 0, out["effect"] / damage.where(damage != 0, 1.0), np.nan)
-    out["intervention"] = repr(interventions.patch(src.cache, dims, positions))
-    return out
