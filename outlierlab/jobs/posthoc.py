@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,16 +48,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from outlierlab.datamodules.eval_data import load_sentences
-from outlierlab.jobs.checkpoint_io import replace_dir
-from outlierlab.utils.dir_lock import pid_alive
+from outlierlab.jobs.monitor_replay import (HIDDEN_DEFAULTS, LAYERNORM_DEFAULTS, OUT_SUBDIR, StagedHistories,
+                                           apply_overrides, hidden_rows, layernorm_kwargs, tokenizer_from)
+from outlierlab.jobs.posthoc_trainer import analyze_hf_checkpoints, find_hf_checkpoints
 from outlierlab.utils.tables import write_csv
 
-#: Defaults of the monitors (configs/callbacks/monitors.yaml); a run's config.yaml overrides them.
-# rule: the ln_rule a run recorded (callbacks.layernorm_monitor.rule); older runs recorded k/shared_min_layers
-LAYERNORM_DEFAULTS = {"k": 3.0, "shared_min_layers": "4/12", "rule": None, "top_k": 3, "vectors": True}
-HIDDEN_DEFAULTS = {"n_sequences": 32, "sentences_path": None, "max_length": None, "top_k": 5, "n_pairs": 1000,
-                   "seed": 0, "vectors": True, "sink_threshold": 0.3, "w8a8": True}
-OUT_SUBDIR = "monitor_posthoc"
 #: Per-layer columns of ``metrics.csv`` (after ``step, layer``); ``*_dim`` columns follow their share.
 METRIC_COLUMNS = ("kurtosis", "max_median", "max_abs", "inf_norm_ffn_output", "inf_norm_ln_input",
                   "inf_norm_ln_output", "argmax_share", "argmin_share", "abs_argmax_share", "sink_share_bos",
@@ -88,20 +82,6 @@ def monitor_settings(run_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[s
         for target, key in ((ln, "layernorm_monitor"), (hs, "hidden_state_monitor")):
             target.update({k: v for k, v in (callbacks.get(key) or {}).items() if k in target})
     return ln, hs
-
-
-def tokenizer_from(tokenizer: Any, dirs: Sequence[Path], missing: str):
-    """``tokenizer`` if given as an object, else loaded from the directory given or the first of ``dirs`` holding
-    tokenizer files; ``missing``: the one line when none does."""
-    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-        return tokenizer
-    from transformers import AutoTokenizer
-
-    tok_dir = Path(tokenizer) if tokenizer is not None else next(
-        (d for d in dirs if (d / "tokenizer_config.json").is_file() or (d / "tokenizer.json").is_file()), None)
-    if tok_dir is None:
-        raise FileNotFoundError(missing)
-    return AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
 
 
 def _load(path: Path, mmap: bool = False) -> dict:
@@ -149,7 +129,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     """
     run = Path(run_dir)
     ckpt_paths = find_checkpoints(run)
-    ln_cfg, hs_cfg = _apply_overrides(*monitor_settings(run), overrides)
+    ln_cfg, hs_cfg = apply_overrides(*monitor_settings(run), overrides)
 
     # lazy: `python -m outlierlab.jobs.posthoc BAD_DIR` fails in a second, before torch loads; and HF_HUB_OFFLINE
     # must be set before transformers is imported (it reads the flag at import)
@@ -209,33 +189,6 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     return {**result, **files.commit()}
 
 
-def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str, mask_id: int | None = None
-                ) -> tuple[list, Any]:
-    """The hidden-state monitor's rows of one checkpoint (the live monitor's function on the same held-out batch),
-    and the attention probabilities of that forward (order use's locality reads them). With ``hs_cfg["w8a8"]``
-    also the live monitor's W8A8 cost rows (``outlierlab.models.w8a8.w8a8_cost``, masks drawn with ``mask_id``)."""
-    import torch
-
-    from outlierlab.metrics.monitor_records import hidden_state_records
-    from outlierlab.models.sites import monitored_forward
-
-    config = model.config
-    with torch.inference_mode():
-        hidden, attn, inf = monitored_forward(model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
-        rows = hidden_state_records(step, hidden, batch["attention_mask"], batch["special_tokens_mask"],
-                                    top_k=hs_cfg["top_k"], n_pairs=hs_cfg["n_pairs"], seed=hs_cfg["seed"],
-                                    vectors=hs_cfg["vectors"], attentions=attn, input_ids=batch["input_ids"],
-                                    bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                                    inf_norms=inf, sink_threshold=hs_cfg["sink_threshold"])[0]
-        if hs_cfg.get("w8a8"):
-            from outlierlab.models.w8a8 import w8a8_cost
-            from outlierlab.monitoring.hidden_state_tracker import is_causal_lm
-
-            cost = w8a8_cost(model, batch, is_causal_lm(model), mask_id)
-            rows += [(step, "model", f"w8a8_{k}", None, float(v)) for k, v in cost.items()]
-    return rows, attn
-
-
 def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str) -> list[tuple]:
     """Order use (``layer`` = ``model``) and attention locality (per block, ``layer_{i+1}``) of one checkpoint on the
     held-out sentences (``outlierlab.metrics.word_order.heldout_order_use``): these are the held-out sentences,
@@ -251,64 +204,6 @@ def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device:
     return rows
 
 
-class StagedHistories:
-    """One generation of a post-hoc analysis' outputs: ``layernorm.csv``, ``hidden_states.csv`` and every other file
-    the job writes (``metrics.csv``, ``order_use.csv``, figures) go to a staging folder beside ``out``
-    (``dir``), which ``commit`` puts in place of ``out`` whole once every checkpoint is done. A kill at any
-    moment leaves either the previous generation or the new one, never files of both (a history from one run beside
-    metrics from another); the staging folder of a killed analysis is removed at the next start."""
-
-    NAMES = ("layernorm", "hidden_states")
-
-    def __init__(self, out: Path) -> None:
-        from outlierlab.monitoring.history import HistoryCSV
-
-        self.out = Path(out)
-        self.dir = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
-        for stale in self.out.parent.glob(f".{self.out.name}.partial-*"):  # a killed analysis' generation
-            pid = stale.name.rsplit("-", 1)[-1]
-            if stale != self.dir and not (pid.isdigit() and pid_alive(int(pid))):
-                shutil.rmtree(stale, ignore_errors=True)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir.mkdir(parents=True)
-        self.files = {name: HistoryCSV(self.dir / f"{name}.csv") for name in self.NAMES}
-
-    def __getitem__(self, name: str):
-        return self.files[name]
-
-    def commit(self) -> dict[str, Path]:
-        """Put the staging folder in place of ``out``; ``{name: final path}`` of the two histories."""
-        for h in self.files.values():  # a history with no record still says what it would hold
-            if not h.path.exists():
-                h.append([])
-        replace_dir(self.dir, self.out)
-        return {name: self.out / f"{name}.csv" for name in self.NAMES}
-
-
-def layernorm_kwargs(ln_cfg: dict) -> dict[str, Any]:
-    """``outlierlab.metrics.monitor_records.layernorm_records``' settings from the monitor's LayerNorm config."""
-    return dict(k=ln_cfg["k"], shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"], top_k=ln_cfg["top_k"],
-                vectors=ln_cfg["vectors"])
-
-
-def _apply_overrides(ln_cfg: dict, hs_cfg: dict, overrides: dict) -> tuple[dict, dict]:
-    """The monitor settings with ``overrides`` (``ln_top_k`` is the LayerNorm ``top_k``); unknown keys raise."""
-    unknown = set(overrides) - set(ln_cfg) - set(hs_cfg) - {"ln_top_k"}
-    if unknown:
-        raise ValueError(f"unknown analyze_run setting(s) {sorted(unknown)}; valid: "
-                         f"{sorted(set(ln_cfg) | set(hs_cfg) | {'ln_top_k'})}")
-    for key, value in overrides.items():
-        if key == "ln_top_k":
-            ln_cfg["top_k"] = value
-        elif key == "top_k":
-            hs_cfg["top_k"] = value
-        else:
-            for cfg in (ln_cfg, hs_cfg):
-                if key in cfg:
-                    cfg[key] = value
-    return ln_cfg, hs_cfg
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m outlierlab.jobs.posthoc", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", help="a train.py run directory (with checkpoints/), or a transformers Trainer "
@@ -320,8 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("n_sequences", args.n_sequences), ("sentences_path", args.sentences)) if v is not None}
-    from outlierlab.jobs.posthoc_trainer import analyze_hf_checkpoints, find_hf_checkpoints
-
     try:
         if not (Path(args.run_dir) / "checkpoints").is_dir() and find_hf_checkpoints(args.run_dir):
             # a transformers Trainer output_dir (checkpoint-<step>/ folders), e.g. monitored by OutlierMonitorCallback

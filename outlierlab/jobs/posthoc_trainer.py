@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from outlierlab.datamodules.eval_data import load_sentences
-from outlierlab.jobs.posthoc import (HIDDEN_DEFAULTS, LAYERNORM_DEFAULTS, OUT_SUBDIR, StagedHistories,
-                                    _apply_overrides, hidden_rows, layernorm_kwargs, tokenizer_from)
+from outlierlab.jobs.monitor_replay import (HIDDEN_DEFAULTS, LAYERNORM_DEFAULTS, OUT_SUBDIR, StagedHistories,
+                                           apply_overrides, hidden_rows, layernorm_kwargs, tokenizer_from)
 from outlierlab.utils.tables import write_csv
 
 __all__ = ["HF_CHECKPOINT_PREFIX", "find_hf_checkpoints", "analyze_hf_checkpoints"]
@@ -111,7 +111,7 @@ def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] |
                                 "save_steps")
     # the loop monitors' defaults: W8A8 off unless asked (w8a8=True), as HiddenStateTracker's, so the post-hoc rows
     # are the live ones
-    ln_cfg, hs_cfg = _apply_overrides(dict(LAYERNORM_DEFAULTS), {**HIDDEN_DEFAULTS, "w8a8": False}, overrides)
+    ln_cfg, hs_cfg = apply_overrides(dict(LAYERNORM_DEFAULTS), {**HIDDEN_DEFAULTS, "w8a8": False}, overrides)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (it reads the flag at import)
     from outlierlab.metrics.monitor_records import layernorm_records, layernorm_snapshot, tokenize_heldout
     from outlierlab.models.layernorms import model_layernorms

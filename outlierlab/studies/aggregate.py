@@ -43,8 +43,9 @@ from outlierlab.metrics.word_order import ORDER_USE_THRESHOLD, cannot_use_order
 from outlierlab.studies.seed_statistics import CI_METHOD, CONSTANT, contrast, summarize
 from outlierlab.studies.study_inference import bounded_interval, bounds_of, clip_to_range, difference_range
 from outlierlab.jobs.run_state import failed_line, failed_run
-from outlierlab.studies.cells import LAYER_MAX, SEED_DEPENDENT, SEED_IN_VALUE, Cell, cell_numbers, find_cells
+from outlierlab.studies.cells import LAYER_MAX, SEED_DEPENDENT, Cell, cell_numbers, find_cells, portable_config
 from outlierlab.studies.design import assign_families, declared_design
+from outlierlab.studies.replicates import markdown as replicates_markdown, mixed_code_coverage
 from outlierlab.utils.atomic import write_atomic
 
 #: Metrics shown in study.md and drawn by default (the emergence quantities of docs/emergence.md).
@@ -91,21 +92,6 @@ def group_label(overrides: dict[str, str], varying: Sequence[str]) -> str:
     return ",".join(f"{k}={overrides[k]}" for k in keys) or "all"
 
 
-#: Trainer settings whose null is Lightning's default value (``Trainer(limit_val_batches=None)`` runs every batch, as
-#: 1.0 does): cells written before and after configs/trainer/default.yaml moved from the explicit 1.0 to null ran alike.
-LIGHTNING_NULL_DEFAULTS = {f"trainer.limit_{split}_batches": 1.0 for split in ("train", "val", "test", "predict")}
-
-
-def _portable(cell: Cell) -> dict:
-    """The cell's resolved config with its own directory written as ``<cell>`` (paths inside it differ by
-    construction), a ``seed=N`` inside a value (a path to one seed's run) as ``seed=*`` and a null Lightning
-    default as its value (``LIGHTNING_NULL_DEFAULTS``)."""
-    here = str(cell.path.resolve())
-    config = {k: (SEED_IN_VALUE.sub("seed=*", v.replace(here, "<cell>")) if isinstance(v, str) else v)
-              for k, v in cell.config.items()}
-    return {k: (LIGHTNING_NULL_DEFAULTS.get(k) if v is None else v) for k, v in config.items()}
-
-
 def check_groups(groups: dict[str, list[Cell]], allow_mixed_code: bool = False) -> None:
     """Refuse a group the aggregator cannot average honestly (one line each, raised together)."""
     errors = []
@@ -131,9 +117,9 @@ def check_groups(groups: dict[str, list[Cell]], allow_mixed_code: bool = False) 
         if dupes:
             errors.append(f"group {label} holds seed {dupes[0]} more than once ({', '.join(str(c.path) for c, s in zip(cells, seeds) if s == dupes[0])})")
             continue
-        ref = _portable(cells[0])
+        ref = portable_config(cells[0])
         for c in cells[1:]:
-            other = _portable(c)
+            other = portable_config(c)
             keys = sorted(k for k in set(ref) | set(other) if not SEED_DEPENDENT.search(k)
                           and ref.get(k) != other.get(k))
             if keys:
@@ -278,7 +264,6 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
         until: int | None = None, replicates: Sequence[str] = ()) -> dict:
     """The study of the cells under ``paths`` (see the module docstring); ``replicates``: more cells, read only to
     look for replicates of the study's mixed-code groups (``outlierlab.studies.replicates``)."""
-    from outlierlab.studies.replicates import markdown as replicates_markdown, mixed_code_coverage
     from outlierlab.studies.report import write_curves, write_markdown
 
     for spec in contrasts:

@@ -42,6 +42,7 @@ from outlierlab.studies.cell_checks import UNKNOWN_CODE, check_cell, code_versio
 from outlierlab.jobs.run_resume import dotted_keys
 from outlierlab.jobs.run_state import code_versions
 from outlierlab.jobs.series import apply_series
+from outlierlab.studies.table import is_cell, resolve
 from outlierlab.utils.tables import MODEL_STEP, model_steps
 
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named, and where its caches live
@@ -103,10 +104,6 @@ def _read_config(path: Path, problems: list[str]) -> dict[str, Any]:
     return {}
 
 
-def is_cell(path: Path) -> bool:
-    return (path / ".hydra" / "overrides.yaml").is_file() or (path / "finished.json").is_file()
-
-
 def _not_identity(key: str) -> bool:
     return any(key == k or key.startswith((k + ".", k + "/")) for k in NOT_IDENTITY)
 
@@ -158,8 +155,6 @@ def find_cells(paths: list[str | Path], until: int | None = None) -> list[Cell]:
     This order is the order of a study's groups (study.md's columns, contrasts.csv's pairs), so it must not depend
     on where a path lives: a packed table unpacks into a cache folder named by the hash of its bytes, and sorting
     by that location reordered a study whenever a table was re-packed (same cells, other bytes)."""
-    from outlierlab.studies.table import resolve
-
     cells = []
     for p in map(resolve, paths):  # a packed study (.parquet) reads as the folder it was packed from
         if not p.is_dir():
@@ -335,3 +330,18 @@ def admit_cut(cell: Cell, until: int) -> None:
     cell.notes.append(f"{cell.path.name}: stopped at step {int(numbers['step'].max())} of {cell.max_steps}, "
                       f"compared up to step {until}")
     cell.notes += resumed_with_changes(cell.path)  # a cut cell has no manifest, and is the likeliest to be resumed
+
+
+#: Trainer settings whose null is Lightning's default value (``Trainer(limit_val_batches=None)`` runs every batch, as
+#: 1.0 does): cells written before and after configs/trainer/default.yaml moved from the explicit 1.0 to null ran alike.
+LIGHTNING_NULL_DEFAULTS = {f"trainer.limit_{split}_batches": 1.0 for split in ("train", "val", "test", "predict")}
+
+
+def portable_config(cell: Cell) -> dict:
+    """The cell's resolved config with its own directory written as ``<cell>`` (paths inside it differ by
+    construction), a ``seed=N`` inside a value (a path to one seed's run) as ``seed=*`` and a null Lightning
+    default as its value (``LIGHTNING_NULL_DEFAULTS``)."""
+    here = str(cell.path.resolve())
+    config = {k: (SEED_IN_VALUE.sub("seed=*", v.replace(here, "<cell>")) if isinstance(v, str) else v)
+              for k, v in cell.config.items()}
+    return {k: (LIGHTNING_NULL_DEFAULTS.get(k) if v is None else v) for k, v in config.items()}

@@ -137,7 +137,7 @@ def _loop_history(path: Path) -> Path | None:
     """The monitor history of a loop monitor's folder -- ``ol.OutlierMonitor``'s ``out_dir``, a transformers
     ``Trainer``'s ``output_dir`` (its ``monitor/``) -- or a ``hidden_states.csv`` itself; None for anything else
     (train.py cells and sweeps go through ``collect``)."""
-    from outlierlab.studies.cells import is_cell
+    from outlierlab.studies.table import is_cell
 
     if path.is_file() and path.suffix == ".csv":
         return path

@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from outlierlab.jobs.run_state import FINISHED_MARKER, read_json
-from outlierlab.studies.cells import SEED_DEPENDENT, Cell, cell_numbers
+from outlierlab.studies.cells import SEED_DEPENDENT, Cell, cell_numbers, find_cells, portable_config
 from outlierlab.utils.atomic import write_atomic
 
 #: The numbers a replicate is compared on: every validation's loss and order use.
@@ -50,9 +50,7 @@ _PATH = re.compile(r"^(<local>|<cell>|/)")
 
 def configuration(cell: Cell) -> tuple:
     """What the cell computed, as a hashable key (the seed not included)."""
-    from outlierlab.studies.aggregate import _portable
-
-    return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in _portable(cell).items()
+    return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in portable_config(cell).items()
                         if not SEED_DEPENDENT.search(k) and not _NOT_COMPUTATION.search(k)
                         and not (isinstance(v, str) and _PATH.match(v))))
 
@@ -162,8 +160,6 @@ def markdown(coverage: Mapping[str, pd.DataFrame]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from outlierlab.studies.cells import find_cells
-
     parser = argparse.ArgumentParser(prog="python -m outlierlab.studies.replicates",
                                      description="Replicates (same configuration and seed) among run directories, "
                                                  "compared on every validation's loss and order use.")

@@ -56,9 +56,12 @@ def scrub(text: str) -> str:
     return ABSOLUTE_PATH.sub(lambda m: "<local>/" + Path(m.group(0)).name, text)
 
 
-def _cell_dirs(folder: Path) -> list[Path]:
-    from outlierlab.studies.cells import is_cell
+def is_cell(path: Path) -> bool:
+    """A run directory of a study: Hydra's ``.hydra/overrides.yaml`` or a train.py ``finished.json``."""
+    return (path / ".hydra" / "overrides.yaml").is_file() or (path / "finished.json").is_file()
 
+
+def _cell_dirs(folder: Path) -> list[Path]:
     return sorted({p.parent.parent if p.parent.name == ".hydra" else p.parent
                    for p in folder.rglob("*") if p.name in ("overrides.yaml", "finished.json")
                    and is_cell(p.parent.parent if p.parent.name == ".hydra" else p.parent)})
