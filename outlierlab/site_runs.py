@@ -67,7 +67,7 @@ def as_loaded(model: Any, tokenizer: Any = None):
 def _ours(model, tokenizer):
     """Our encoder in memory, put in eval mode (as ``ol.load_encoder`` does with a model in memory)."""
     from outlierlab.models.encoder import RobertaMaskedLM
-    from outlierlab.models.hook_points import _model_family
+    from outlierlab.models.hook_points import model_family
     from outlierlab.models.lm_model import LoadedModel, layernorm_map
 
     model.eval()
@@ -77,7 +77,7 @@ def _ours(model, tokenizer):
                        f"{type(model).__name__} in memory", head,
                        "" if head else "a RobertaEncoder is the body without its LM head: pass the RobertaMaskedLM",
                        max_length=int(model.config.max_len), objective="next_token" if causal else "masked_lm",
-                       family=_model_family(model))
+                       family=model_family(model))
 
 
 def sites(model: Any, tokenizer: Any = None, hidden_states: bool = False) -> list[str]:

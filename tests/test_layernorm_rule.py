@@ -143,7 +143,7 @@ def test_monitor_outliers_analysis_and_ablation_flag_identical_dims(tmp_path):
     out = evaluate.evaluate(cfg, tmp_path / "eval")
     by = {r.name: r.summary for r in out["results"]}
     monitor = LayerNormMonitor(out_dir=str(tmp_path / "monitor"), rule=cfg.ln_rule)
-    monitor.initial = None
+    monitor.tracker.initial = None
     module = nn.Module()
     module.model = FrozenEncoder(str(model_dir), device="cpu").model
     _, summary = monitor.compute(None, module, 0, False)

@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
 from outlierlab.metrics.activations import activation_kurtosis
-from outlierlab.metrics.monitor_records import hidden_state_records, layernorm_records, min_shared_layers, tokenize_heldout
+from outlierlab.metrics.monitor_records import hidden_state_records, layernorm_records, tokenize_heldout
 from outlierlab.metrics.similarity import anisotropy, paired_sentence_tokens
 from outlierlab.monitoring.hidden_state_monitor import HiddenStateMonitor
 from outlierlab.monitoring.history import HistoryCSV, read_history, vectors_by_step
@@ -150,14 +150,6 @@ def runs(tmp_path_factory, tokenizer):
 
 
 # ------------------------------------------------------------------------------------ pure computations
-def test_min_shared_layers_scales_puccettis_rule():
-    assert [min_shared_layers("4/12", n) for n in (12, 4, 6, 24, 2, 1)] == [4, 2, 2, 8, 1, 1]
-    assert min_shared_layers(3, 12) == 3 and min_shared_layers(0.5, 4) == 2 and min_shared_layers(4.0, 12) == 4
-    for bad in (13, 0, "x/y", 1.5):
-        with pytest.raises(ValueError):
-            min_shared_layers(bad, 12)
-
-
 def test_layernorm_records_flag_planted_dims_and_the_rules_model_dims():
     d = 64
     ones = torch.ones(d, dtype=torch.float64)
@@ -237,7 +229,7 @@ def test_hidden_monitor_finds_planted_final_layernorm_bias_and_restores_train_mo
     module.train()
     module.model.lm_head.eval()  # a submodule deliberately in eval mode must stay so
     monitor = HiddenStateMonitor(n_sequences=16, n_pairs=200)
-    monitor.batch = tokenize_heldout(tokenizer, ["a first sentence", "and a second, longer one here"] * 8, 64)
+    monitor.tracker.batch = tokenize_heldout(tokenizer, ["a first sentence", "and a second, longer one here"] * 8, 64)
     rows, summary = monitor.compute(None, module, step=0)
     share = {n: (dim, v) for _, n, s, dim, v in rows if s == "argmax_share"}
     assert share["layer_2"][0] == k and share["layer_2"][1] > 0.99

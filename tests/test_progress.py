@@ -103,7 +103,7 @@ def test_bad_settings_are_one_line():
 
 def test_plain_lines_for_encoding_passes():
     clock, stream = Clock(), io.StringIO()
-    bar = plain.ProgressLines(1000, "[evaluate] pass 1/1", every_s=30, stream=stream, clock=clock)
+    bar = plain.PlainBar(1000, "[evaluate] pass 1/1", every_s=30, stream=stream, clock=clock)
     clock.t = 10.0
     bar.update(200)  # 10 s < 30 s since the start: no line yet
     clock.t = 40.0
@@ -119,7 +119,7 @@ def test_plain_lines_for_encoding_passes():
 
 def test_factory_gives_lines_off_a_terminal_and_tqdm_on_one(monkeypatch):
     assert plain.progress_bar(10, "x", enabled=False) is None
-    assert isinstance(plain.progress_bar(10, "x"), plain.ProgressLines)  # pytest's stderr is not a terminal
+    assert isinstance(plain.progress_bar(10, "x"), plain.PlainBar)  # pytest's stderr is not a terminal
     monkeypatch.setattr(plain, "is_terminal", lambda stream=None: True)
     bar = plain.progress_bar(10, "x", stream=io.StringIO())
     assert type(bar).__module__.startswith("tqdm")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -37,7 +37,7 @@ from torch import Tensor
 from outlierlab.metrics.layernorm import sigma_outlier_mask
 
 __all__ = ["CRITERIA", "KIND_ROLES", "LayerNormRule", "LayerNormOutliers", "layernorm_outliers", "layernorm_kind",
-           "layernorm_role", "min_layers_for", "rule_names"]
+           "layernorm_role", "min_layers_for"]
 
 # ------------------------------------------------------------------------------------- the one rule
 #: How gain and bias combine per dim: ``both`` (Kovaleva et al. 2021, the default), ``either``, ``gain``, ``bias``.
@@ -287,9 +287,3 @@ def layernorm_outliers(params: Mapping[str, tuple[Tensor | None, Tensor | None]]
     ordered = dict(sorted(counts.items(), key=lambda dc: (-dc[1], dc[0])))
     dims = [d for d, c in ordered.items() if c >= min_layers]
     return LayerNormOutliers(rule, dims, ordered, flagged, layers, min_layers, unjudged, gain_only)
-
-
-def rule_names(names: Sequence[str], rule: LayerNormRule | Mapping | None = None) -> list[str]:
-    """The LayerNorm keys among ``names`` that ``rule`` judges (e.g. where the ablation zeroes dims)."""
-    rule = LayerNormRule.from_mapping(rule)
-    return [n for n in names if rule.selects(n)]

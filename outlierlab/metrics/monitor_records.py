@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from outlierlab.metrics.layernorm import flagged_from_rows, layernorm_stats
-from outlierlab.metrics.layernorm_rule import LayerNormRule, layernorm_outliers, min_layers_for
+from outlierlab.metrics.layernorm_rule import LayerNormRule, layernorm_outliers
 from outlierlab.metrics.activations import ActivationAccumulator
 from outlierlab.metrics.attention_mass import (SINK_THRESHOLD, attention_entropy, attention_row_mass, sink_head_share,
                                            special_key_masks, special_token_attention_mass)
@@ -37,10 +37,8 @@ from outlierlab.metrics.similarity import anisotropy, paired_sentence_tokens, pa
 __all__ = [
     "Row",
     "layernorm_snapshot",
-    "min_shared_layers",
     "layernorm_records",
     "tokenize_heldout",
-    "encoder_hidden_states",
     "hidden_state_records",
 ]
 
@@ -64,11 +62,6 @@ def layernorm_snapshot(layernorms: Mapping[str, nn.LayerNorm]) -> dict[str, tupl
         b = None if bias is None else bias.detach().float().cpu().clone()
         out[name] = (weight.detach().float().cpu().clone(), b)
     return out
-
-
-def min_shared_layers(spec: int | float | str, num_layers: int) -> int:
-    """Layers needed for a model-level LayerNorm outlier: ``outlierlab.metrics.layernorm_rule.min_layers_for``."""
-    return min_layers_for(spec, num_layers)
 
 
 def layernorm_records(step: int, params: Mapping[str, tuple[Tensor | None, Tensor | None]],
@@ -175,18 +168,6 @@ def tokenize_heldout(tokenizer, texts: Sequence[str], max_length: int) -> dict[s
     return {k: enc[k] for k in ("input_ids", "attention_mask", "special_tokens_mask")}
 
 
-def encoder_hidden_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """Stacked hidden states ``[L+1, B, T, d]`` (embedding output, then every layer).
-
-    ``model`` is a ``RobertaMaskedLM`` (its ``.roberta`` body is run,
-    skipping the MLM head) or any module returning ``.hidden_states`` for ``output_hidden_states=True``.
-    The caller chooses eval mode and ``torch.inference_mode()``.
-    """
-    body = getattr(model, "roberta", model)
-    out = body(input_ids, attention_mask, output_hidden_states=True)
-    return torch.stack(tuple(out.hidden_states))
-
-
 def jackknife_se_by_sentence(cosines: Tensor, sentence_a: Tensor, sentence_b: Tensor) -> Tensor:
     r"""Standard error of a mean pair cosine, by deleting one sentence at a time (Efron & Stein 1981's jackknife).
 
@@ -230,7 +211,7 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     ----------
     step : int
     hidden : Tensor[L, B, T, d]
-        From ``encoder_hidden_states`` or ``outlierlab.models.sites.monitored_forward``; layer 0 is the
+        The stacked hidden states (``outlierlab.models.sites.monitored_forward``); layer 0 is the
         embedding output.
     attention_mask, special_tokens_mask : Tensor[B, T]
         Only non-pad, non-special tokens count (``outlierlab.metrics.outlier_stats.valid_token_mask``).

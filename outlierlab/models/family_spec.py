@@ -23,7 +23,7 @@ The registry of the families, keyed by ``config.model_type``: ``outlierlab.model
   in docs/fidelity.md.
 * ``Family.position_table``, ``Family.positions`` — a learned absolute table (GPT-2's ``wpe``,
   BERT's ``position_embeddings``) or what the model uses instead (rotary, relative, ...).
-* ``Family.blocks``, ``Family.attention_modules``, ``Family.qk_projections`` (q/k where the model
+* ``Family.blocks``, ``Family.qk_projections`` (q/k where the model
   rotates them: the projections, clipped where the model clips them, or a QK-norm; ``split_qk`` for fused
   projections),
   ``outlierlab.models.rotary_layers.rotary_layers`` (per block the rotary frequencies the model uses, read from
@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 from torch import Tensor, nn
 
-__all__ = ["Family", "QKProjection", "split_qk", "base_model", "is_norm", "POST_KINDS", "PRE_KINDS",
+__all__ = ["Family", "QKProjection", "split_qk", "base_model", "is_norm", "submodule", "POST_KINDS", "PRE_KINDS",
            "REORDERED_KINDS"]
 
 #: Per-layer norm kinds of a post-LN block, in block order (Kovaleva et al. 2021 judge ``output``).
@@ -109,7 +109,7 @@ def split_qk(proj: QKProjection, q_out: Tensor, k_out: Tensor | None = None) -> 
     raise ValueError(f"unknown q/k layout {proj.layout!r}")
 
 
-def _get(root: nn.Module, path: str | None) -> nn.Module | None:
+def submodule(root: nn.Module, path: str | None) -> nn.Module | None:
     """``root.get_submodule(path)``; None for an empty path or a missing module.  ``a|b`` tries each
     alternative in turn (the MLM heads of one family differ between model classes)."""
     for p in (path or "").split("|"):
@@ -206,14 +206,14 @@ class Family:
     # -- structure ------------------------------------------------------------------------------------------
     def block_list(self, model: nn.Module) -> list[nn.Module]:
         """The blocks in depth order."""
-        mod = _get(base_model(model), self.blocks)
+        mod = submodule(base_model(model), self.blocks)
         if not isinstance(mod, nn.ModuleList) or not len(mod):
             raise ValueError(f"{type(model).__name__} ({self.name} family) has no block list at {self.blocks!r}: "
                              "has transformers renamed it? Update outlierlab/models/families.py")
         return list(mod)
 
     def _required(self, root: nn.Module, path: str, what: str) -> nn.Module:
-        mod = _get(root, path)
+        mod = submodule(root, path)
         if mod is None:
             raise ValueError(f"{type(root).__name__} ({self.name} family) has no {what} at {path!r}: "
                              "has transformers renamed it? Update outlierlab/models/families.py")
@@ -229,12 +229,12 @@ class Family:
         """
         base = base_model(model)
         out: dict[str, nn.Module] = {}
-        emb = _get(base, self.embeddings_norm)
+        emb = submodule(base, self.embeddings_norm)
         if is_norm(emb):
             out["embeddings"] = emb
         for i, block in enumerate(self.block_list(model)):
             for path, kind in self.norms:
-                mod = _get(block, path)
+                mod = submodule(block, path)
                 if mod is None and path not in self.optional_norms:
                     raise ValueError(f"block {i} of {type(model).__name__} ({self.name} family) has no norm at "
                                      f"{path!r}: update outlierlab/models/families.py")
@@ -242,11 +242,11 @@ class Family:
                     out[f"layer.{i}.{kind}"] = mod
                 elif mod is not None and path not in self.optional_norms:
                     raise ValueError(f"{path!r} in block {i} is a {type(mod).__name__}, not a norm")
-        final = _get(base, self.final_norm)
+        final = submodule(base, self.final_norm)
         if is_norm(final):
             out["final"] = final
         if include_head:
-            head = _get(model, self.head_norm)
+            head = submodule(model, self.head_norm)
             if is_norm(head):
                 out["head"] = head
         return out
@@ -258,7 +258,7 @@ class Family:
         ``padding_idx + 1``), so those rows are dropped.
         """
         base = base_model(model)
-        table = _get(base, self.position_table)
+        table = submodule(base, self.position_table)
         if not isinstance(table, nn.Embedding):
             return None
         names = {id(m): n for n, m in model.named_modules()}
@@ -266,10 +266,6 @@ class Family:
         pad = table.padding_idx
         return f"{names.get(id(table), self.position_table)}.weight", (w[pad + 1:] if pad is not None and pad >= 0
                                                                        else w)
-
-    def attention_modules(self, model: nn.Module) -> list[nn.Module]:
-        """Each block's attention module, in depth order."""
-        return [self._required(b, self.attention, "attention module") for b in self.block_list(model)]
 
     def qk_projections(self, model: nn.Module) -> list[QKProjection]:
         """Each block's queries and keys where the model rotates them (``QKProjection``; outputs split by
@@ -288,7 +284,7 @@ class Family:
         clip = None if clip is None else float(clip)
         out = []
         for b in self.block_list(model):
-            qn, kn = (_get(b, p) for p in self.qk_norms) if self.qk_norms else (None, None)
+            qn, kn = (submodule(b, p) for p in self.qk_norms) if self.qk_norms else (None, None)
             if is_norm(qn) and is_norm(kn):
                 out.append(QKProjection(qn, kn, self.qk_norm_layout, heads, kv, head_dim))
             else:

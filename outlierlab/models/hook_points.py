@@ -61,13 +61,12 @@ import fnmatch
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
 from outlierlab.models.families import UnknownFamilyError, family_of, ours
-from outlierlab.models.family_spec import Family
+from outlierlab.models.family_spec import Family, submodule
 
 __all__ = ["BLOCK_SITES", "Site", "HookPoint", "HookFn", "site_table", "site_names", "resolve_sites", "norm_site",
            "hidden_state_sites", "attached", "site_means"]
@@ -125,16 +124,7 @@ class HookPoint:
 
 
 # ------------------------------------------------------------------------------------------------ the registry
-def _get(root: nn.Module, path: str) -> nn.Module | None:
-    if not path:
-        return None
-    try:
-        return root.get_submodule(path)
-    except AttributeError:
-        return None
-
-
-def _model_family(model: nn.Module) -> Family:
+def model_family(model: nn.Module) -> Family:
     """The family of ``model``; our bare encoder body (``RobertaEncoder``, which has
     no ``named_layernorms``) from its blocks."""
     from outlierlab.models.encoder import RobertaEncoder
@@ -178,7 +168,7 @@ def site_table(model: nn.Module) -> dict[str, Site]:
     UnknownFamilyError
         One line: the model's ``model_type`` is not registered, and how to add it.
     """
-    family = _model_family(model)
+    family = model_family(model)
     blocks = family.block_list(model)
     norms = {norm_site(k): m for k, m in family.layernorms(model, include_head=True).items()}
     table: dict[str, Site] = {"embed": Site("embed", blocks[0], "input", layer=0)}
@@ -190,23 +180,23 @@ def site_table(model: nn.Module) -> dict[str, Site]:
     for i, block in enumerate(blocks, start=1):
         p = f"blocks.{i}."
         for j, (slot, path) in enumerate((("q", family.q), ("k", family.k), ("v", family.v))):
-            module = _get(block, path)
+            module = submodule(block, path)
             if module is not None:
                 part = (family.qk_layout, j, sizes, dh) if fused else None
                 table[p + f"attn.{slot}"] = Site(p + f"attn.{slot}", module, part=part, layer=i)
-        marker = _get(block, "attention.self.pattern") if family.name == "outlierlab" else None
+        marker = submodule(block, "attention.self.pattern") if family.name == "outlierlab" else None
         if marker is not None:  # ours: the probabilities' own module, before they weigh the values
             table[p + "attn.pattern"] = Site(p + "attn.pattern", marker, layer=i, layout="pattern")
-        elif (attention := _get(block, family.attention)) is not None and family.name != "outlierlab":
+        elif (attention := submodule(block, family.attention)) is not None and family.name != "outlierlab":
             table[p + "attn.pattern"] = Site(p + "attn.pattern", attention, item=1, layer=i, layout="pattern",
                                              writable=False)
-        if (out := _get(block, family.attention_out)) is not None:
+        if (out := submodule(block, family.attention_out)) is not None:
             table[p + "attn.out"] = Site(p + "attn.out", out, layer=i)
         if p + "ln_attn" in norms:
             table[p + "ln_attn"] = Site(p + "ln_attn", norms[p + "ln_attn"], layer=i)
-        if (up := _get(block, family.ffn_input)) is not None:
+        if (up := submodule(block, family.ffn_input)) is not None:
             table[p + "ffn.pre"] = Site(p + "ffn.pre", up, layer=i)
-        if (down := _get(block, family.ffn_output)) is not None:
+        if (down := submodule(block, family.ffn_output)) is not None:
             table[p + "ffn.post"] = Site(p + "ffn.post", down, "input", layer=i)
             table[p + "ffn.out"] = Site(p + "ffn.out", down, layer=i)
         if p + "ln_ffn" in norms:
@@ -365,7 +355,6 @@ class _MeanReader:
 
     total: Tensor | None = None
     count: int = 0
-    tokens_only: bool = field(default=True)
 
     def __call__(self, x: Tensor, point: HookPoint) -> None:
         mask = point.attention_mask

@@ -139,24 +139,6 @@ class HiddenStateMonitor(LightningOutlierMonitor):
                                           sink_threshold, w8a8=w8a8)
         self.source, self.tokenizer_path = source, tokenizer
 
-    # the tracker's settings and state, under the names this callback always had
-    n_sequences = property(lambda self: self.tracker.n_sequences)
-    sentences_path = property(lambda self: self.tracker.sentences_path)
-    max_length = property(lambda self: self.tracker.max_length)
-    top_k = property(lambda self: self.tracker.top_k)
-    n_pairs = property(lambda self: self.tracker.n_pairs)
-    seed = property(lambda self: self.tracker.seed)
-    sink_threshold = property(lambda self: self.tracker.sink_threshold)
-    curves = property(lambda self: self.tracker.curves)
-
-    @property
-    def batch(self) -> dict[str, Tensor] | None:
-        return self.tracker.batch
-
-    @batch.setter
-    def batch(self, value: dict[str, Tensor] | None) -> None:
-        self.tracker.batch = value
-
     def _tokenizer(self, trainer: L.Trainer):
         tok = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule is not None else None
         if tok is None and self.tokenizer_path:
@@ -181,7 +163,7 @@ class HiddenStateMonitor(LightningOutlierMonitor):
             special = set(getattr(tok, "all_special_ids", None) or
                           [getattr(config, a) for a in ("bos_token_id", "eos_token_id", "pad_token_id")
                            if getattr(config, a, None) is not None])
-            self.batch = heldout_from_val(trainer.datamodule, self.n_sequences, special)
+            self.tracker.batch = heldout_from_val(trainer.datamodule, self.tracker.n_sequences, special)
 
     def compute(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, vectors: bool = True
                 ) -> tuple[list, dict]:

@@ -42,7 +42,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from outlierlab.metrics.layernorm_rule import LayerNormRule
@@ -77,20 +76,6 @@ class LayerNormMonitor(LightningOutlierMonitor):
                  vectors: bool = True, histograms: bool = True, max_heatmap_rows: int = 200) -> None:
         super().__init__(out_dir, every_n_steps, image_every_n_steps, vectors)
         self.tracker = LayerNormTracker(rule, top_k, histograms, max_heatmap_rows)
-
-    # the tracker's settings and init snapshot, under the names this callback always had
-    rule = property(lambda self: self.tracker.rule)
-    top_k = property(lambda self: self.tracker.top_k)
-    histograms = property(lambda self: self.tracker.histograms)
-    max_heatmap_rows = property(lambda self: self.tracker.max_heatmap_rows)
-
-    @property
-    def initial(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None:
-        return self.tracker.initial
-
-    @initial.setter
-    def initial(self, value) -> None:
-        self.tracker.initial = value
 
     # -- state (the init snapshot survives resume: it is part of every checkpoint) -----------------------
     def state_dict(self) -> dict[str, Any]:

@@ -145,6 +145,3 @@ def _is_final_step(trainer: L.Trainer) -> bool:
     return bool(trainer.is_last_batch and max_epochs is not None and max_epochs > 0
                 and trainer.current_epoch + 1 >= max_epochs)
 
-
-#: The name this base class had before the plain-loop monitor (:class:`outlierlab.monitoring.OutlierMonitor`) came.
-OutlierMonitor = LightningOutlierMonitor

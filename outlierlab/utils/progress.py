@@ -42,8 +42,9 @@ def eta_seconds(done: float, total: float | None, elapsed: float) -> float | Non
     return max(0.0, (total - done) * elapsed / done)
 
 
-class ProgressLines:
-    """Counts work done and prints a plain line at most every ``every_s`` seconds, and once at the end.
+class PlainBar:
+    """tqdm's stand-in off a terminal: counts work done, prints a plain line at most every ``every_s`` seconds and once
+    at the end.
 
     Drop-in for the part of tqdm's interface the encoding loops use (``update(n)``, ``close()``).
 
@@ -69,7 +70,6 @@ class ProgressLines:
         self.stream, self.clock = stream, clock
         self.n = 0
         self.start = self.last_print = clock()
-        self.lines_printed = 0
         self.closed = False
 
     def line(self) -> str:
@@ -82,7 +82,6 @@ class ProgressLines:
 
     def _print(self) -> None:
         print(self.line(), file=self.stream or sys.stdout, flush=True)
-        self.lines_printed += 1
         self.last_print = self.clock()
 
     def update(self, n: int = 1) -> None:
@@ -99,7 +98,7 @@ class ProgressLines:
 
 def progress_bar(total: int | None, desc: str, enabled: bool = True, unit: str = "sentences",
                  every_s: float = 30.0, stream: TextIO | None = None):
-    """A tqdm bar on a terminal, ``ProgressLines`` otherwise, None when disabled.
+    """A tqdm bar on a terminal, ``PlainBar`` otherwise, None when disabled.
 
     tqdm writes to stderr, so the terminal test is on stderr; the lines go to stdout (or ``stream``),
     where ``nohup``/schedulers collect a job's log.
@@ -108,4 +107,4 @@ def progress_bar(total: int | None, desc: str, enabled: bool = True, unit: str =
         return None
     if is_terminal(sys.stderr):
         return tqdm(total=total, desc=desc, unit=unit[:4], dynamic_ncols=True)
-    return ProgressLines(total, desc, unit, every_s, stream)
+    return PlainBar(total, desc, unit, every_s, stream)
