@@ -161,7 +161,7 @@ def test_layernorm_records_flag_planted_dims_and_the_rules_model_dims():
         params[f"layer.{i}.attention_output"] = (ones.clone(), torch.zeros(d))
         params[f"layer.{i}.output"] = (gain, bias)
     initial = {n: (ones.clone(), torch.zeros(d)) for n in params}
-    rows, summary = layernorm_records(7, params, initial, shared_min="4/12", vectors=False)
+    rows, summary = layernorm_records(7, params, initial, vectors=False)
     flagged = {(n, s, dim) for st, n, s, dim, v in rows if s.endswith("_outlier") or s == "outlier_dim"}
     assert flagged == {("embeddings", "gain_outlier", 9), ("embeddings", "bias_outlier", 9),
                        ("layer.0.output", "gain_outlier", 20), ("layer.0.output", "bias_outlier", 20),

@@ -26,13 +26,13 @@ def run(tmp_path_factory):
     shutil.copy(root / "checkpoints" / "step020.ckpt", root / "checkpoints" / "last.ckpt")
     # the run's own monitor settings are picked up from config.yaml (as train.py writes it)
     (root / "config.yaml").write_text("callbacks:\n  hidden_state_monitor:\n    n_sequences: 8\n    n_pairs: 200\n"
-                                      "  layernorm_monitor:\n    k: 3.0\n")
+                                      "  layernorm_monitor:\n    top_k: 3\n")
     return root
 
 
 def test_settings_come_from_the_run_config(run):
     ln, hs = monitor_settings(run)
-    assert (hs["n_sequences"], hs["n_pairs"], hs["top_k"], ln["shared_min_layers"]) == (8, 200, 5, "4/12")
+    assert (hs["n_sequences"], hs["n_pairs"], hs["top_k"], ln["top_k"], ln["rule"]) == (8, 200, 5, 3, None)
 
 
 def test_posthoc_rows_equal_live_rows_for_checkpointed_steps(run):

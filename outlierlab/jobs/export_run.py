@@ -2,10 +2,11 @@
 
     python -m outlierlab.jobs.export_run <run_dir> [--push-to-hub USER/NAME] [--private] [--message TEXT]
 
-* the export is ``<run>/hf/`` (a plain RoBERTa) or ``<run>/model/`` (everything else); a ``model/`` written before
-  the remote-code export existed, or whose ``config.json`` or code files a full disk left empty, gets its ``config.json``, ``configuration_outlierlab.py`` and
-  ``modeling_outlierlab.py`` now (generated from the installed outlierlab; the line printed says so, since that
-  code may be newer than the code that trained the run — its versions are in the card);
+* the export is ``<run>/hf/`` (a plain RoBERTa) or ``<run>/model/`` (everything else); a ``model/`` whose
+  ``config.json`` or code files a full disk left missing or empty gets its ``config.json``,
+  ``configuration_outlierlab.py`` and ``modeling_outlierlab.py`` now (generated from the installed outlierlab; the
+  line printed says so, since that code may be newer than the code that trained the run — its versions are in the
+  card);
 * ``README.md`` in the export is rewritten from the run directory (``outlierlab.jobs.model_card``), e.g. after
   ``python -m outlierlab.jobs.posthoc`` or with a newer card format; a finished run's manifest is refreshed so that
   ``run_state.verify_manifest`` keeps passing;
@@ -129,7 +130,7 @@ def export_run(run_dir: str | Path, repo_id: str | None = None, private: bool = 
     done: dict[str, str] = {"export": str(export)}
     with lock_run_dir(run):
         if ensure_remote_code(export):
-            done["remote_code"] = ("written now from the installed outlierlab (the run's export predates it; "
+            done["remote_code"] = ("written now from the installed outlierlab (they were missing or broken; "
                                    "compare the code versions in the card)")
         done["card"] = str(write_model_card(run, export))
         problems = export_problems(export)

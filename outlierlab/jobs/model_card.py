@@ -105,17 +105,12 @@ def hidden_state_summary(path: Path) -> dict[str, Any] | None:
 
 def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
     """Per layer: its |x| argmax dimension at the last record, that dimension's share, and the step since which it
-    has held that place (``outlierlab.metrics.layer_identity.layer_identity``; Kovaleva et al. 2021).  Nothing
-    for a history without ``abs_argmax_share`` rows (older runs)."""
+    has held that place (``outlierlab.metrics.layer_identity.layer_identity``; Kovaleva et al. 2021)."""
     import pandas as pd
 
     from outlierlab.metrics.layer_identity import layer_identity
 
-    try:
-        identity = layer_identity(pd.read_csv(path))
-    except (ValueError, KeyError):
-        return
-    for r in identity.itertuples():
+    for r in layer_identity(pd.read_csv(path)).itertuples():
         if f"layer_{r.layer}" in layers:
             layers[f"layer_{r.layer}"].update(abs_argmax_dim=int(r.dim), abs_argmax_share=float(r.share),
                                               held_since=int(r.held_since))
@@ -174,7 +169,7 @@ def record_trained_steps(export_dir: str | Path, global_step: int) -> None:
 
 
 def trained_steps(export_dir: str | Path) -> int | None:
-    """The step ``export_dir`` holds (``TRAINED_STEPS``), or None for an export made before it was recorded."""
+    """The step ``export_dir`` holds (``TRAINED_STEPS``), or None where the export does not record it."""
     step = (read_json(Path(export_dir) / TRAINED_STEPS) or {}).get("global_step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 

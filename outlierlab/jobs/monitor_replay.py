@@ -15,8 +15,8 @@ from outlierlab.jobs.checkpoint_io import replace_dir
 from outlierlab.utils.dir_lock import pid_alive
 
 #: Defaults of the monitors (configs/callbacks/monitors.yaml); a run's config.yaml overrides them.
-# rule: the ln_rule a run recorded (callbacks.layernorm_monitor.rule); older runs recorded k/shared_min_layers
-LAYERNORM_DEFAULTS = {"k": 3.0, "shared_min_layers": "4/12", "rule": None, "top_k": 3, "vectors": True}
+# rule: the ln_rule a run recorded (callbacks.layernorm_monitor.rule); None: LayerNormRule's defaults
+LAYERNORM_DEFAULTS = {"rule": None, "top_k": 3, "vectors": True}
 HIDDEN_DEFAULTS = {"n_sequences": 32, "sentences_path": None, "max_length": None, "top_k": 5, "n_pairs": 1000,
                    "seed": 0, "vectors": True, "sink_threshold": 0.3, "w8a8": True}
 OUT_SUBDIR = "monitor_posthoc"
@@ -117,5 +117,4 @@ class StagedHistories:
 
 def layernorm_kwargs(ln_cfg: dict) -> dict[str, Any]:
     """``outlierlab.metrics.monitor_records.layernorm_records``' settings from the monitor's LayerNorm config."""
-    return dict(k=ln_cfg["k"], shared_min=ln_cfg["shared_min_layers"], rule=ln_cfg["rule"], top_k=ln_cfg["top_k"],
-                vectors=ln_cfg["vectors"])
+    return dict(rule=ln_cfg["rule"], top_k=ln_cfg["top_k"], vectors=ln_cfg["vectors"])

@@ -19,9 +19,8 @@ the number of LayerNorm outlier dims the project's rule flags in that layer,
 ``outlierlab.metrics.layernorm_rule.layernorm_outliers``); ``metrics.png``, those curves vs step per layer; ``order_use.csv``, one row per
 checkpoint: order use on the held-out sentences (``order_use_rows``; the per-layer attention locality is the
 ``attn_local`` column of ``metrics.csv``).
-Works on checkpoints of older code too (same parameter names), so curves can be drawn after the fact.
 
-Settings (k, shared_min_layers, top_k, n_sequences, n_pairs, seed, ...) default to those of the run's
+Settings (rule, top_k, n_sequences, n_pairs, seed, ...) default to those of the run's
 monitors, read from ``<run>/config.yaml``, so that for ``source: sentences`` the post-hoc rows of a
 checkpoint's step reproduce the live rows.  Divergence from init uses the initial LayerNorm snapshot
 that ``LayerNormMonitor`` stores in every checkpoint
@@ -120,7 +119,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
     tokenizer : a Hugging Face tokenizer or a directory (default: the run's ``hf/`` or ``model/``).
     out_dir : default ``<run>/monitor_posthoc``.
     device : where the forward passes run.
-    **overrides : monitor settings — ``k``, ``shared_min_layers``, ``ln_top_k`` (LayerNorm top_k),
+    **overrides : monitor settings — ``rule`` (the LayerNorm rule's mapping), ``ln_top_k`` (LayerNorm top_k),
         ``top_k``, ``n_sequences``, ``n_pairs``, ``seed``, ``max_length``, ``vectors``, ``sentences_path``.
 
     Returns

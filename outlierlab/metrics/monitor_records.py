@@ -65,9 +65,8 @@ def layernorm_snapshot(layernorms: Mapping[str, nn.LayerNorm]) -> dict[str, tupl
 
 
 def layernorm_records(step: int, params: Mapping[str, tuple[Tensor | None, Tensor | None]],
-                      initial: Mapping[str, tuple[Tensor, Tensor | None]] | None = None, k: float = 3.0,
-                      shared_min: int | float | str = "4/12", top_k: int = 3, vectors: bool = True,
-                      rule: LayerNormRule | Mapping | None = None) -> tuple[list[Row], dict]:
+                      initial: Mapping[str, tuple[Tensor, Tensor | None]] | None = None, top_k: int = 3,
+                      vectors: bool = True, rule: LayerNormRule | Mapping | None = None) -> tuple[list[Row], dict]:
     """History rows for every LayerNorm at one step, via ``outlierlab.metrics.layernorm.layernorm_stats``.
 
     Parameters
@@ -78,10 +77,7 @@ def layernorm_records(step: int, params: Mapping[str, tuple[Tensor | None, Tenso
         no per-LayerNorm statistics; the rule lists them as not judged).
     initial : same, or None
         Values at initialisation (None: gain₀ = 1, bias₀ = 0).
-    k, shared_min : float, int/float/"a/b"
-        Only when ``rule`` is None: the rule is then Kovaleva et al.'s default with this k and min_layers
-        (settings of runs recorded before the ``ln_rule`` group existed).
-    rule : LayerNormRule or mapping
+    rule : LayerNormRule, mapping or None (the rule's defaults)
         THE LayerNorm-outlier rule (``outlierlab.metrics.layernorm_rule.layernorm_outliers``); its k also sets the
         σ of the descriptive per-LayerNorm statistics.
     top_k : int
@@ -106,7 +102,7 @@ def layernorm_records(step: int, params: Mapping[str, tuple[Tensor | None, Tenso
         descriptive), ``outliers`` (the rule's ``LayerNormOutliers``),
         ``min_layers`` (int).
     """
-    rule = LayerNormRule(k=k, min_layers=shared_min) if rule is None else LayerNormRule.from_mapping(rule)
+    rule = LayerNormRule.from_mapping(rule)
     stats = layernorm_stats({n: p for n, p in params.items() if p[0] is not None}, initial, k=rule.k, top_k=top_k)
     rows: list[Row] = []
     for rec in stats:

@@ -2,8 +2,7 @@
 and architecture switches against outlier features (see docs/architectures.md).
 
 A plain dataclass so that Hydra can build it with ``_target_`` and it can be saved
-as JSON next to the weights. The defaults are today's post-LayerNorm RoBERTa: a config
-saved before the switches existed loads into exactly the same model.
+as JSON next to the weights. The defaults are plain post-LayerNorm RoBERTa.
 """
 
 from __future__ import annotations
@@ -206,4 +205,4 @@ class EncoderConfig:
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown EncoderConfig keys: {sorted(unknown)}")
-        return cls(**d)  # keys missing from an older config take their (plain RoBERTa) defaults
+        return cls(**d)
