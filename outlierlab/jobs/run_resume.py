@@ -164,10 +164,10 @@ def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
     * any other (a finished run given more steps; a stopped run resumed from an older checkpoint) is renamed to
       ``<name>.before-resume-at-step<N>``: it holds a model no checkpoint of the run may hold any more.
 
-    Without this, a resumed run stopped before its end kept an older export under ``hf/``, and
-    ``encoder.name_or_path=<run>`` loaded that instead of the newer ``last.ckpt``. The run's end writes a new
-    export and manifest. Returns one line per export. (Each step is one rename or unlink, a removal renames first:
-    a kill leaves an export whole under one name, or under a hidden name that is no export.)"""
+    So ``encoder.name_or_path=<run>`` of a resumed run stopped before its end loads the newer ``last.ckpt``, not an
+    older export. The run's end writes a new export and manifest. Returns one line per export. (Each step is one
+    rename or unlink, a removal renames first: a kill leaves an export whole under one name, or under a hidden name
+    that is no export.)"""
     from outlierlab.jobs.model_card import trained_steps  # lazy: the card's module reads the run's files
 
     run_dir, step = Path(run_dir), int(resumed_from)
@@ -210,10 +210,8 @@ def set_aside_later_timeline(run_dir: Path, resumed_from: int) -> list[str]:
     ``resumed_from`` move to ``checkpoints/abandoned-after-step<N>/``, the probe outputs of their steps
     (``probe_posthoc/step<M>/``) to ``probe_posthoc/abandoned-after-step<N>/`` with the gathered tables rewritten
     from the steps kept, and ``monitor_posthoc/`` to ``monitor_posthoc.before-resume-at-step<N>/`` (the run's end
-    recomputes it from every checkpoint). Without this, the resume logic (``ckpt_path=last`` takes the newest step)
-    continued the abandoned timeline as soon as the rolled-back run stopped short of it, Lightning wrote the new
-    timeline's checkpoints as ``step…-v1.ckpt`` beside the abandoned ``step….ckpt`` the checkpoint probes read,
-    and the probes skipped a step they found probed. Returns one line per folder that received files."""
+    recomputes it from every checkpoint), so a later resume (``ckpt_path=last``) continues the new timeline and the
+    checkpoint probes read its steps only. Returns one line per folder that received files."""
     from outlierlab.models.checkpoint import read_checkpoint  # lazy: torch only where a run resumes
 
     run_dir, n = Path(run_dir), int(resumed_from)

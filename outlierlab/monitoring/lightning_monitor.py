@@ -56,8 +56,7 @@ class LightningOutlierMonitor(L.Callback):
 
     def __init__(self, out_dir: str | None = None, every_n_steps: int = 50, image_every_n_steps: int = 100,
                  vectors: bool = True) -> None:
-        # the checks of ol.OutlierMonitor: int() and bool() took every_n_steps="5" or 2.7 (every 2 steps) and
-        # vectors="no" (true) from a Python call or a quoted command-line value
+        # the checks of ol.OutlierMonitor: a count is an integer, a switch a bool (not "5", 2.7 or "no")
         out_dir = arguments.path_like("out_dir", out_dir, optional=True)
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.every_n_steps = arguments.count("every_n_steps", every_n_steps, 1)

@@ -252,7 +252,7 @@ def default_steps(summary: pd.DataFrame) -> list[int]:
 
 
 def default_layers(summary: pd.DataFrame) -> list[str]:
-    """The last encoder layer and the across-layer maximum (the emergence issue's 'last and max layer')."""
+    """The last encoder layer and the across-layer maximum (the layers the emergence study reports)."""
     layers = [x for x in summary["layer"].unique() if x.startswith("layer_") and x[6:].isdigit()]
     last = max(layers, key=lambda x: int(x[6:])) if layers else None
     return [x for x in (last, LAYER_MAX, "model") if x is not None]
@@ -278,7 +278,7 @@ def run(paths: Sequence[str], out: str | None = None, contrasts: Sequence[str] =
         raise ValueError(f"no numbers to aggregate in {len(cells)} cell(s)"
                          + (f" at or before step --until {until}" if until is not None else "")
                          + f" under {', '.join(map(str, paths))}")
-    # a name the cells do not have was dropped without a word: a typo in --metrics gave other metrics' tables
+    # a name the cells do not have is refused (a typo would give other metrics' tables)
     for option, asked, have in (("--metrics", metrics, summary["metric"]), ("--layers", layers, summary["layer"])):
         missing = [x for x in asked or () if x not in set(have)]
         if missing:

@@ -152,9 +152,8 @@ def find_cells(paths: list[str | Path], until: int | None = None) -> list[Cell]:
     the paths in the order given, the cells of one path by their run directory's name; with ``until``, the training
     cells stopped before their budget admitted up to that step (``admit_cut``).
 
-    This order is the order of a study's groups (study.md's columns, contrasts.csv's pairs), so it must not depend
-    on where a path lives: a packed table unpacks into a cache folder named by the hash of its bytes, and sorting
-    by that location reordered a study whenever a table was re-packed (same cells, other bytes)."""
+    This order is the order of a study's groups (study.md's columns, contrasts.csv's pairs), so it does not depend
+    on where a path lives (a packed table unpacks into a cache folder named by the hash of its bytes)."""
     cells = []
     for p in map(resolve, paths):  # a packed study (.parquet) reads as the folder it was packed from
         if not p.is_dir():
