@@ -1,13 +1,11 @@
 """IsoScore and IsoScore* of every layer for every transform (Rudman et al. 2022; Rudman & Eickhoff 2023).
 
-* **IsoScore** of the covariance Σ of *all* non-special evaluation tokens, streamed in float64 by the shared
-  sentence pass (``outlierlab.metrics.transform_fit.FittedTransforms.source``).  Every transform is affine,
-  x̂ = (x − μ)W (clip: W = diag(kept dims); the fitted ones are fitted on these same tokens), so the covariance of
-  the transformed tokens is WᵀΣW (``outlierlab.metrics.isoscore.transformed_covariance``) — no second pass.
-* **IsoScore*** as in the authors' analysis (``I-STAR/analysis.py``): the point cloud is a sample (here the
-  anisotropy tokens: one random token per sentence, the same for every transform) and its covariance C is shrunk
-  toward the covariance C0 of the larger sample (all tokens), (1 − ζ)C + ζC0 with ζ = ``isotropy.zeta`` (0.75,
-  theirs).  It says how isotropic a small sample looks once stabilised; with ζ = 0 it is the sample's IsoScore.
+* **IsoScore** of the covariance Σ of *all* non-special evaluation tokens (streamed in float64 by the sentence
+  pass, ``FittedTransforms.source``).  Every transform is affine, x̂ = (x − μ)W, so the transformed covariance is
+  WᵀΣW (``isoscore.transformed_covariance``): no second pass.
+* **IsoScore*** as the authors' ``I-STAR/analysis.py``: the sample (the anisotropy tokens, one per sentence) has its
+  covariance C shrunk toward C0 of all tokens, (1 − ζ)C + ζC0 with ζ = ``isotropy.zeta`` (0.75, theirs); ζ = 0 is
+  the sample's IsoScore.
 
 Both in [0, 1]: 1 = every direction carries the same variance, 0 = all variance on one line.
 """
