@@ -122,11 +122,8 @@ _DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE
 
 
 def _release_ddp(env_before: dict[str, str | None]) -> None:
-    """Undo what Lightning's launcher left in *this* process after a DDP fit.
-
-    Lightning sets LOCAL_RANK & co. in the launching process and keeps its process group; the
-    next job of a Hydra multirun in the same process would then believe its ranks are launched
-    externally and wait for children that no longer exist. Only the launching process does this.
+    """Undo what Lightning's launcher left in *this* process after a DDP fit (LOCAL_RANK & co., its process group),
+    which would make the next job of a Hydra multirun wait for children that no longer exist.
     """
     if env_before.get("LOCAL_RANK") is not None:
         return  # ranks launched from outside (torchrun, SLURM, or a child of ours): leave them be
@@ -179,12 +176,9 @@ def set_threads(threads: int | None) -> int:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run MLM pretraining as configured; return the final logged metrics.
 
-    The run directory is locked for this process first (``outlierlab.jobs.run_lock``: a second process on it
-    gets one line naming the holder). A run directory whose ``finished.json`` records the same
-    ``trainer.max_steps`` is skipped (its metrics are returned), and one with a checkpoint but no such marker
-    resumes from it (``resume: true``; also a finished run given more steps) -- so re-running a stopped multirun
-    continues it cell by cell instead of starting over. A run that fails writes ``failed.json`` (the one-line
-    error and the step reached, ``outlierlab.jobs.run_state.failed_run``).
+    The run directory is locked first (``outlierlab.jobs.run_lock``).  A run whose ``finished.json`` records the same
+    ``trainer.max_steps`` is skipped; one with a checkpoint but no such marker resumes (``resume: true``; also a
+    finished run given more steps), so re-running a stopped multirun continues it.  A failure writes ``failed.json``.
     """
     one_console_for_lightning()
     run_dir = Path(cfg.run_dir).resolve()
