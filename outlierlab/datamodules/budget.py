@@ -14,8 +14,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class DataBudget:
     """Training data seen by one run: ``train_blocks``/``train_tokens`` (blocks and real tokens in one epoch of the
-    training split), ``blocks_per_step`` (batch size x devices x accumulation) and ``steps``.
-    """
+    training split), ``blocks_per_step`` (batch size x devices x accumulation) and ``steps``."""
 
     train_blocks: int
     train_tokens: int

@@ -120,8 +120,7 @@ def iter_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "202311
                    cache_dir: str | os.PathLike | None = None, progress: list[int] | None = None) -> Iterator[str]:
     """Stream the first ``max_documents`` (None: all) non-empty documents of a ``datasets`` dataset, one batch of rows
     at a time (streamed shards, or the Arrow cache in batches of 1,000).  As ``load_hub_texts``; ``progress`` (two ints)
-    receives ``[documents yielded, expected or 0]``.
-    """
+    receives ``[documents yielded, expected or 0]``."""
     local = path in _LOCAL_BUILDERS or Path(path).expanduser().exists()
     what = f"{path}" + (f" ({name})" if name else "")
     advice = ("use data=embedded, or data=files data.files=[a.txt,b.txt.gz] for local text, or pre-download "

@@ -48,8 +48,7 @@ def _read_jsonl(path: Path, split: str | None) -> list[dict]:
 
 def load_sentences(path: str | Path | None = None) -> list[str]:
     """Held-out English sentences (Austen, *Persuasion*); ``path``: a gzip text file, one per line (None: the shipped
-    ``sentences.txt.gz``).
-    """
+    ``sentences.txt.gz``)."""
     with gzip.open(_resolve(path, SENTENCES_FILE), "rt", encoding="utf-8") as fh:
         return [line.rstrip("\n") for line in fh if line.strip()]
 
@@ -57,15 +56,13 @@ def load_sentences(path: str | Path | None = None) -> list[str]:
 def load_wic(path: str | Path | None = None, split: str | None = None) -> list[dict]:
     """WiC-style pairs: ``word, pos, sentence1, sentence2, start1, end1, start2, end2, label, synset1, synset2, split``;
     ``sentenceK[startK:endK]`` is the target (end exclusive), ``label`` True for the same WordNet synset. ``path``: gzip
-    JSONL (None: the shipped file); ``split`` ("train", "dev", "test"; disjoint by lemma) or None: all.
-    """
+    JSONL (None: the shipped file); ``split`` ("train", "dev", "test"; disjoint by lemma) or None: all."""
     _check_split(split, WIC_SPLITS)
     return _read_jsonl(_resolve(path, WIC_FILE), split)
 
 
 def load_wordnet_pos(path: str | Path | None = None, split: str | None = None) -> list[dict]:
     """Definitions labelled with the defined word's part of speech: ``text, label`` (index into ``POS_LABELS``),
-    ``label_name, split, synset``.  ``path``: gzip JSONL (None: shipped); ``split`` or None: all.
-    """
+    ``label_name, split, synset``.  ``path``: gzip JSONL (None: shipped); ``split`` or None: all."""
     _check_split(split, POS_SPLITS)
     return _read_jsonl(_resolve(path, POS_FILE), split)

@@ -100,8 +100,7 @@ class FeatureSet:
 def extract_features(encoder, texts: Sequence[str], cache_root: str | os.PathLike | None, store_tokens: bool = True,
                      batch_size: int | None = None, progress: bool = True) -> FeatureSet:
     """Encode ``texts`` once with a ``FrozenEncoder`` and cache all layers under ``cache_root`` (None: in memory);
-    returns the cached ``FeatureSet`` at once when this encoder and data were extracted before.
-    """
+    returns the cached ``FeatureSet`` at once when this encoder and data were extracted before."""
     texts = list(texts)
     if not texts:
         raise ValueError("no texts to encode")
@@ -209,8 +208,7 @@ def iter_chunks(array: np.ndarray, rows: np.ndarray, chunk: int = 8192) -> Itera
 
 class RowBatches(torch.utils.data.Dataset):
     """Batches ``(x [L', B, d] float32, y [B])`` of rows of a ``[L, N, d]`` array, indexed by a LIST of positions
-    (``row_loader``'s BatchSampler): one fancy-index read per batch.
-    """
+    (``row_loader``'s BatchSampler): one fancy-index read per batch."""
 
     def __init__(self, array: np.ndarray, rows: np.ndarray, labels: np.ndarray, transform=None,
                  layers: Sequence[int] | None = None):

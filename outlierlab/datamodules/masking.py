@@ -30,8 +30,7 @@ def batch_seed(seed: int, indices: Sequence[int]) -> int:
 
 class DeterministicMLMCollator:
     """Collate ``{"index", "input_ids", "attention_mask"}`` examples into a masked batch ``{"input_ids",
-    "attention_mask", "labels"}``; special tokens and padding are never selected.
-    """
+    "attention_mask", "labels"}``; special tokens and padding are never selected."""
 
     def __init__(self, tokenizer, mlm_probability: float = 0.15, seed: int = 0,
                  mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1) -> None:
@@ -58,8 +57,7 @@ class DeterministicMLMCollator:
 
 class CausalLMCollator:
     """Collate examples into a causal-LM batch (``objective=clm``): ``labels`` = the input ids, -100 at padding,
-    unshifted (the model shifts), as ``DataCollatorForLanguageModeling(mlm=False)``.  Nothing is random.
-    """
+    unshifted (the model shifts), as ``DataCollatorForLanguageModeling(mlm=False)``.  Nothing is random."""
 
     def __init__(self, tokenizer) -> None:
         self.hf = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=False, return_tensors="pt")

@@ -33,8 +33,7 @@ def build_stream(documents: Iterable[Iterable[int]], eos_id: int) -> np.ndarray:
 def pack_blocks(stream: np.ndarray, block_size: int, bos_id: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Cut ``stream`` (1-d ints, ``</s>`` after each document) into blocks of ``<s>`` + the next ``block_size - 1`` (≥
     1) tokens: ``input_ids`` int32 and ``attention_mask`` int8 ``(n_blocks, block_size)``, the mask 0 on the last
-    block's right padding.
-    """
+    block's right padding."""
     if block_size < 2:
         raise ValueError(f"data.block_size must be >= 2 (<s> plus at least one text token), got {block_size}")
     stream = np.asarray(stream, dtype=np.int32).reshape(-1)

@@ -21,8 +21,7 @@ __all__ = ["pack_texts", "masked_batches", "next_token_batches"]
 
 def pack_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[str]:
     """Join consecutive texts (with a space) into pieces of at most ``max_length`` tokens incl. specials, the
-    running-text context MLM pretraining sees.  A text longer than the budget stays alone (truncated when tokenized).
-    """
+    running-text context MLM pretraining sees.  A text longer than the budget stays alone (truncated when tokenized)."""
     budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
     lengths = [len(x) for x in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
     out, cur, used = [], [], 0

@@ -20,8 +20,7 @@ from .token_cache import open_tokens
 class TokenBlocks:
     """Fixed-size ``<s>``-led blocks over a token file (``path`` with ``tokens.bin``; ``meta`` its ``meta.json``), read
     on demand; ``block_size`` ≥ 2 includes ``<s>``; ``limit``: the first blocks only.  The memory map is opened lazily
-    per process and dropped when pickled, so the stream is never copied.
-    """
+    per process and dropped when pickled, so the stream is never copied."""
 
     def __init__(self, path: Path, meta: dict[str, Any], block_size: int, bos_id: int, pad_id: int,
                  limit: int | None = None) -> None:
@@ -103,8 +102,7 @@ class BlockDataset(Dataset):
 
 class ResumableDataLoader(DataLoader):
     """A DataLoader Lightning recognises as resumable.  The data position lives in ``MLMDataModule.state_dict`` (applied
-    to the sampler), so these methods are no-ops that stop Lightning's warning.
-    """
+    to the sampler), so these methods are no-ops that stop Lightning's warning."""
 
     def state_dict(self) -> dict:
         return {}

@@ -69,8 +69,7 @@ def read_meta(path: Path) -> dict[str, Any] | None:
 
 def ensure_token_file(path: Path, build) -> tuple[dict[str, Any], bool]:
     """``(meta, built)``: run ``build(path)`` unless ``path`` holds a trusted token file; one process builds, the others
-    block on the lock (no timeout).  The builder removes leftovers of killed builds (``.<name>.*``).
-    """
+    block on the lock (no timeout).  The builder removes leftovers of killed builds (``.<name>.*``)."""
     meta = read_meta(path)
     if meta is not None:
         return meta, False

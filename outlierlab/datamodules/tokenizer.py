@@ -134,8 +134,7 @@ def load_tokenizer(name_or_path: str):
 
 def mlm_special_ids(tokenizer) -> dict[str, int]:
     """Ids the packer and collator need: ``bos`` (``<s>``/``[CLS]``), ``eos`` (``</s>``/``[SEP]``), ``pad``, ``mask``;
-    ``ValueError`` names what is missing (e.g. GPT-2 has no pad or mask token).
-    """
+    ``ValueError`` names what is missing (e.g. GPT-2 has no pad or mask token)."""
     ids = {
         "bos": tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id,
         "eos": tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id,

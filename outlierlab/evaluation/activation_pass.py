@@ -34,8 +34,7 @@ ACTIVATION_COLUMNS = ["kurtosis", "max_median", "max_abs", "max_abs_dim", "max_a
 class ActivationObserver(Consumer):
     """A subscriber of the sentence pass's forward: each layer's raw valid tokens go into its ``ActivationAccumulator``;
     the inf-norm hooks sit on ``encoder.model`` while the forward runs (``open`` / ``close``); the encoder's tokenizer
-    maps the max-|x| token id to text.
-    """
+    maps the max-|x| token id to text."""
 
     def __init__(self, encoder) -> None:
         self.encoder = encoder

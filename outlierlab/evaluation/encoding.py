@@ -47,8 +47,7 @@ def finish_encode_log(stats: EncodeLog, what: str, notes: list[str]) -> None:
 
 def distinct_texts(texts: Sequence[str]) -> tuple[list[str], list[int]]:
     """``(unique, index)``: the distinct texts in first-seen order and, per occurrence, its index in ``unique``
-    (encoding is deterministic, so one encoding per distinct text gives the same vectors).
-    """
+    (encoding is deterministic, so one encoding per distinct text gives the same vectors)."""
     where: dict[str, int] = {}
     index = [where.setdefault(t, len(where)) for t in texts]
     return list(where), index

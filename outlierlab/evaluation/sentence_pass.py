@@ -46,8 +46,7 @@ from outlierlab.evaluation.words import select_words
 class SentenceStats:
     """What the shared pass itself knows: the transforms it fitted (clip's dims, the maps, Σ), the raw outlier counts
     clip detects from, the target words and how the texts were encoded.  Statistics live in each subscriber's
-    ``result()``, not here.
-    """
+    ``result()``, not here."""
 
     num_layers: int  # L+1 (embedding output + every layer)
     dim: int
@@ -108,8 +107,7 @@ class AnisotropyReservoir(Consumer):
     """Ethayarajh 2019; Luo §4.1: one random raw token of each of at most ``capacity`` sentences per layer
     (``AnisotropyAccumulator``, in the model's dtype).  Raw only: draws do not depend on values, so transforming the
     reservoir afterwards (``pairs``) equals drawing transformed vectors.  Anisotropy, isotropy and self-similarity share
-    it (equal ``key``).
-    """
+    it (equal ``key``)."""
 
     def __init__(self, capacity: int, seed: int) -> None:
         self.capacity, self.seed, self.key = capacity, seed, ("anisotropy_reservoir", capacity, seed)
@@ -150,8 +148,7 @@ class AnisotropyReservoir(Consumer):
 class WordSimilarity(Consumer):
     """Ethayarajh 2019: per target word the sum of its unit vectors (self-similarity) and per sentence the mean
     similarity of its words (intra-sentence), after ``transform``.  Each layer's ``[K, d]`` sums are compacted to
-    squared norms as soon as the layer is complete.
-    """
+    squared norms as soon as the layer is complete."""
 
     words = True
 

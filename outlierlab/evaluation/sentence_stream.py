@@ -308,8 +308,8 @@ class LayerStream:
     def fit(self, settings, names, keep_cov: bool = False, repeat: Sequence[Tensor | None] | None = None):
         """The fitted transforms' sums from the stored tokens, one layer at a time (``WhitenSettings.fit_by_layer`` with
         ``names, keep_cov``; ``repeat``: see ``layer_chunks``), after returning the forward's freed buffers to the OS. Σ
-        and the maps go to ``DiskLayers`` files beside the store: ``(L+1)·2d²`` float32 (40 GiB at 70B) never in memory.
-        """
+        and the maps go to ``DiskLayers`` files beside the store: ``(L+1)·2d²`` float32 (40 GiB at 70B) never in
+        memory."""
         release_freed_memory()
         return settings.fit_by_layer(self.num_layers, self.dim, lambda layer: self.layer_chunks(layer, repeat),
                                      names, keep_cov=keep_cov, on_disk=self.store.directory.parent)

@@ -22,8 +22,7 @@ WORD_RE = re.compile(r"[A-Za-z0-9]+(?:['’-][A-Za-z0-9]+)*")
 
 def char_span_tokens(offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int, end: int) -> list[int]:
     """Indices of the non-special tokens whose character span (``offsets``: a fast tokenizer's ``offset_mapping``)
-    overlaps ``[start, end)``, partly overlapping ones included (``"bank"`` in ``"riverbank"``).
-    """
+    overlaps ``[start, end)``, partly overlapping ones included (``"bank"`` in ``"riverbank"``)."""
     return [i for i, ((s, e), sp) in enumerate(zip(offsets, special))
             if not sp and e > s and s < end and e > start]
 

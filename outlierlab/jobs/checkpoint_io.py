@@ -31,8 +31,7 @@ MARGIN_BYTES = 64 * 2**20
 
 class StagedCheckpointIO(TorchCheckpointIO):
     """``torch.save`` into ``<dest>.partial-<pid>`` in the destination's directory, fsync, ``os.replace``: a failure
-    leaves the previous file and removes the staging file.  Remote paths go to Lightning's writer.
-    """
+    leaves the previous file and removes the staging file.  Remote paths go to Lightning's writer."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
@@ -96,8 +95,7 @@ def check_free_space(run_dir: Path, need: int) -> None:
 @contextmanager
 def staged_dir(dest: Path) -> Iterator[Path]:
     """Yield a sibling staging directory ``.<name>.partial-<pid>`` that replaces ``dest`` on success (an existing
-    ``dest`` moved aside first, then removed); a failure removes it and leaves ``dest`` as it was.
-    """
+    ``dest`` moved aside first, then removed); a failure removes it and leaves ``dest`` as it was."""
     dest = Path(dest)
     tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -135,8 +133,7 @@ STAGING_NAME = re.compile(r"\.(partial|old)-(\d+)$")
 def remove_dead_partials(run_dir: Path) -> list[Path]:
     """Remove dead writers' staging files and directories in ``run_dir``, ``checkpoints/`` and ``monitor*/``; return
     them.  Only those whose pid is not a live process other than this one (the caller holds the run's lock; a recycled
-    pid merely keeps a file for the next start).
-    """
+    pid merely keeps a file for the next start)."""
     removed = []
     dirs = [run_dir, run_dir / "checkpoints", *sorted(run_dir.glob("monitor*"))]
     for d in dirs:

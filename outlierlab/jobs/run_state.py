@@ -62,8 +62,7 @@ def _git(*args: str) -> str | None:
 def code_version() -> dict[str, Any]:
     """``{"commit", "dirty", "describe"}`` of the git checkout holding this package; nulls outside one. ``dirty``:
     tracked files differ from HEAD (untracked ones are not counted).  Outside a checkout, ``$OUTLIERLAB_CODE_VERSION``
-    is recorded with ``stated_by``.
-    """
+    is recorded with ``stated_by``."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         # code shipped without git metadata (``git archive <commit>`` to a cluster node, a container, an accelerator
@@ -124,8 +123,7 @@ def code_versions(run_dir: Path) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------ finished / failed
 def finished_run(run_dir: Path) -> dict[str, Any] | None:
     """``finished.json`` of a completed run, or None: THE definition of finished (trainer and aggregator), a marker that
-    parses with an integer ``global_step >= max_steps``.
-    """
+    parses with an integer ``global_step >= max_steps``."""
     done = read_json(Path(run_dir) / FINISHED_MARKER)
     if not isinstance(done, dict):
         return None
@@ -184,8 +182,7 @@ def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict
     """Write ``manifest.json``, then ``finished.json`` (atomically), drop an earlier ``failed.json``; return the metrics
     recorded.  ``how`` records how the run computed (``accelerator``, ``deterministic``): replicates agree bit for bit
     only under deterministic algorithms on the same device kind.  Re-entering a run finished at this step (no training,
-    empty ``metrics``) keeps its marker's metrics, updated by any given now.
-    """
+    empty ``metrics``) keeps its marker's metrics, updated by any given now."""
     run_dir = Path(run_dir)
     earlier = finished_run(run_dir)
     if earlier is not None and earlier["global_step"] == int(global_step) and isinstance(earlier.get("metrics"), dict):
@@ -202,8 +199,7 @@ def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict
 def result_files(run_dir: Path) -> list[str]:
     """Relative POSIX paths of the result files a manifest covers, sorted.  Not ``.hydra/``: Hydra rewrites it at every
     launch (launch state in ``hydra.yaml``), so a re-launched study would read as tampered with; the overrides and
-    resolved config are in the manifest instead.
-    """
+    resolved config are in the manifest instead."""
     run_dir = Path(run_dir)
     out = []
     for root, dirs, files in os.walk(run_dir):
@@ -295,8 +291,8 @@ def csv_problem(path: Path) -> str | None:
 
 def verify_manifest(run_dir: Path) -> list[str]:
     """Problems of a finished cell, one string per file (``<cell dir>: <file>: <what is wrong>``); [] if intact:
-    ``finished.json``, ``manifest.json``, and each listed file's presence, CSV structure, row count, size and SHA-256.
-    """
+    ``finished.json``, ``manifest.json``, and each listed file's presence, CSV structure, row count, size and
+    SHA-256."""
     run_dir = Path(run_dir)
     problems = []
     if finished_run(run_dir) is None:

@@ -65,8 +65,7 @@ def series_point(key: str, value: str) -> SeriesPoint:
 
 def apply_series(overrides: dict[str, str], config: dict) -> tuple[int | None, int | None]:
     """Replace every ``SERIES_KEYS`` override of a cell (and that key of its flattened ``config``) by its identity form;
-    return ``(seed, step)``.  ValueError when two overrides name different steps.
-    """
+    return ``(seed, step)``.  ValueError when two overrides name different steps."""
     seed = step = None
     for key in SERIES_KEYS:
         if key not in overrides:

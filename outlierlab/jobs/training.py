@@ -123,8 +123,7 @@ _DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE
 
 def _release_ddp(env_before: dict[str, str | None]) -> None:
     """Undo what Lightning's launcher left in *this* process after a DDP fit (LOCAL_RANK & co., its process group),
-    which would make the next job of a Hydra multirun wait for children that no longer exist.
-    """
+    which would make the next job of a Hydra multirun wait for children that no longer exist."""
     if env_before.get("LOCAL_RANK") is not None:
         return  # ranks launched from outside (torchrun, SLURM, or a child of ours): leave them be
     if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -50,8 +50,7 @@ class _ResumableWriter(ExperimentWriter):
 def _kept(row: dict, first_new: int) -> bool:
     """Whether a row of the interrupted session belongs to the resumed timeline.  Rows at or after the checkpoint's step
     S are redone, except the validation logged at S (``MODEL_STEP``): it ran after the step-S checkpoint was written and
-    is not run again.
-    """
+    is not run again."""
     step = int(float(row["step"]))
     return step < first_new or (step == first_new and row.get(MODEL_STEP) not in (None, ""))
 
@@ -71,8 +70,7 @@ class ResumableCSVLogger(CSVLogger):
 def write_purge_marker(writer, step: int) -> None:
     """Mark a restart at ``step`` in a ``SummaryWriter``'s event file: the two events ``SummaryWriter(purge_step=step)``
     writes, the file version (markers count in version-2 files only) and ``SessionLog.START``, on which the reader
-    purges every earlier event with a step >= ``step``.
-    """
+    purges every earlier event with a step >= ``step``."""
     file_writer = writer._get_file_writer()
     file_writer.add_event(Event(step=int(step), file_version="brain.Event:2"))
     file_writer.add_event(Event(step=int(step), session_log=SessionLog(status=SessionLog.START)))
@@ -81,8 +79,7 @@ def write_purge_marker(writer, step: int) -> None:
 
 def validation_at(log_dir: str, step: int) -> dict[str, float]:
     """The validation scalars (``val/*``) the event files in ``log_dir`` hold at ``step``: the validation after S
-    updates is not rerun on resume but the marker at S would purge it, so the marker's writer logs it again.
-    """
+    updates is not rerun on resume but the marker at S would purge it, so the marker's writer logs it again."""
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     if not os.path.isdir(log_dir):

@@ -25,8 +25,7 @@ def batch_size_of(batch: dict[str, Tensor]) -> int:
 
 def tokens_in(batch: dict[str, Tensor]) -> int:
     """Real (non-padding) tokens in a batch, what ``train/items_per_sec`` counts; a batch without ``attention_mask``
-    (dropped when all ones) needs no device read.
-    """
+    (dropped when all ones) needs no device read."""
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].numel())
 
 
@@ -335,8 +334,7 @@ class MLMLitModule(L.LightningModule):
         """The validation scalars at the model's step, ``trainer.global_step`` (updates done).  ``self.log`` alone would
         log them at Lightning's batch counter, one below inside the training loop, so they go to the loggers here and to
         ``self.log`` only for the callbacks; the CSV also gets ``global_step``, the mark
-        ``outlierlab.utils.tables.model_step`` reads.
-        """
+        ``outlierlab.utils.tables.model_step`` reads."""
         from lightning.pytorch.loggers import CSVLogger
 
         for name, value in values.items():

@@ -26,8 +26,7 @@ from outlierlab.metrics.probe_contributions import contribution
 
 class BatchedLinear(nn.Module):
     """``L`` independent linear maps ``[L, B, d] -> [L, B, C]`` in one batched matmul.  Layer ``l`` starts at U(±1/√d)
-    (``nn.Linear``'s bound) from a generator seeded by ``(seed, l)``, as it would alone.
-    """
+    (``nn.Linear``'s bound) from a generator seeded by ``(seed, l)``, as it would alone."""
 
     def __init__(self, num_layers: int, in_dim: int, out_dim: int, bias: bool = True,
                  layer_ids: Sequence[int] | None = None, seed: int = 0):
@@ -160,8 +159,7 @@ class SentenceClassifier(LayerwiseProbe):
 def train_probe(module: LayerwiseProbe, train_loader, val_loader, test_loader, epochs: int = 10,
                 logger=None, accelerator: str = "auto", progress: bool = False, validate: bool = True) -> dict:
     """Fit ``module`` for ``epochs`` with a Lightning Trainer, test it, return ``module.results``: ``accuracy`` {layer:
-    test acc}, ``val_accuracy`` (if ``validate``) and ``contribution`` [L', d], mean |w_{y,i} v_i|.
-    """
+    test acc}, ``val_accuracy`` (if ``validate``) and ``contribution`` [L', d], mean |w_{y,i} v_i|."""
     trainer = L.Trainer(max_epochs=epochs, accelerator=accelerator, devices=1, logger=logger or False,
                         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=progress,
                         num_sanity_val_steps=0, log_every_n_steps=50,

@@ -76,8 +76,7 @@ def _sum_squares(t: Tensor, in_place: bool = False) -> Tensor:
 
 def _token_ratios(t: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per token ``max_i|x| / median_i|x|`` (float64), the per-token max and its dim; median = mean of the two middle
-    values.  |x| is exact in any float dtype, so order statistics are taken there, only the ratio in float64.
-    """
+    values.  |x| is exact in any float dtype, so order statistics are taken there, only the ratio in float64."""
     a = t.detach().abs()
     if not a.is_floating_point():
         a = a.to(torch.float64)

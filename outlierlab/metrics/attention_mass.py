@@ -108,8 +108,7 @@ def later_key_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
 
 class _QueryMean:
     """A per-query statistic summed over batches with the number of queries (float64), so the mean over all queries
-    equals the one-shot value; memory O(L·H).  ``shape`` is one result's, ``(H,)`` or ``(L, H)``.
-    """
+    equals the one-shot value; memory O(L·H).  ``shape`` is one result's, ``(H,)`` or ``(L, H)``."""
 
     def __init__(self, shape: tuple[int, ...]):
         self.sum = torch.zeros(shape, dtype=torch.float64)

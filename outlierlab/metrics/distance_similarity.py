@@ -41,8 +41,7 @@ def distance_cosine_sums(hidden: Tensor, mask: Tensor, max_distance: int) -> tup
 
 class DistanceSimilarity:
     """Streaming ``distance_cosine_sums`` over ``num_layers`` layers up to ``max_distance``: ``update`` per batch,
-    ``compute`` the mean cosine per distance.
-    """
+    ``compute`` the mean cosine per distance."""
 
     def __init__(self, num_layers: int, max_distance: int) -> None:
         if max_distance < 1:

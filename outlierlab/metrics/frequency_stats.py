@@ -22,8 +22,7 @@ __all__ = ["TokenValueAccumulator", "token_frequency_spearman", "FrequencyTable"
 
 class TokenValueAccumulator:
     """Streaming per-token-type float64 sums of selected dims (``index_add`` by token id). Memory ``L × vocab_size ×
-    n_dims``: select the outlier dims first.
-    """
+    n_dims``: select the outlier dims first."""
 
     def __init__(self, vocab_size: int, num_layers: int, n_dims: int, device: torch.device | str | None = None):
         dev = torch.device("cpu") if device is None else torch.device(device)
@@ -45,8 +44,7 @@ class TokenValueAccumulator:
 
     def result(self, min_count: int = 1) -> tuple[Tensor, Tensor, Tensor]:
         """Token types seen ≥ ``min_count`` times: ``(token_ids [V_seen], counts [V_seen], means [L, V_seen, n_dims]
-        float64)``.
-        """
+        float64)``."""
         seen = (self.counts >= max(1, min_count)).nonzero().flatten()
         c = self.counts[seen]
         return seen, c, self.sum[:, seen] / c[None, :, None].to(torch.float64)

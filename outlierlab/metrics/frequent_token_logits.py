@@ -54,8 +54,7 @@ def macocco_outlier_dims(h: Tensor, percentile: float = 99.0, local_quantile: fl
     """Macocco et al. 2025's outlier dims of ``h`` [N, d] (last-layer vectors, or the unembedding [V, d]): d such that
     the ``local_quantile`` (median) of ``|h_{n,d}|`` over rows exceeds the ``percentile``-th percentile of all ``|h|``,
     strict ``>``, sorted by that median, largest first — their ``outlier_dims_quantile(X, loc=0.5, glo=0.99)`` with
-    NumPy's linear-interpolation quantiles.
-    """
+    NumPy's linear-interpolation quantiles."""
     if h.ndim != 2 or h.shape[0] == 0:
         raise ValueError(f"expected vectors [N, d] with N >= 1, got {tuple(h.shape)}")
     a = h.detach().abs().to(torch.float64).cpu().numpy()

@@ -27,8 +27,7 @@ def _layout(acc: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def stack_layers(accs: list, base: Any = None) -> Any:
     """Single-layer accumulators of one class, fed the same tokens layer by layer, as ONE accumulator of ``len(accs)``
     layers, equal to feeding it ``[L, N, d]`` batches (the anisotropy reservoirs share seed and calls). With ``base``
-    (``layer_views``' source) rows updated in place are not copied: the float64 sums never exist twice.
-    """
+    (``layer_views``' source) rows updated in place are not copied: the float64 sums never exist twice."""
     first = accs[0]
     rows, lists = _layout(first)
     out = copy.copy(first) if base is None else base

@@ -51,8 +51,7 @@ def sigma_outlier_mask(values: Tensor, k: float = 3.0) -> Tensor:
 
 def sigma_outlier_dims(values: Tensor, k: float = 3.0) -> list:
     """Dims outside mean ± k·σ (``sigma_outlier_mask``), sorted by |z| descending: a list for a [d] input, one list per
-    row for [R, d].
-    """
+    row for [R, d]."""
     if values.ndim not in (1, 2):
         raise ValueError(f"sigma_outlier_dims expects [d] or [rows, d], got shape {tuple(values.shape)}.")
     rows = values.detach().to(torch.float64).reshape(-1, values.shape[-1])

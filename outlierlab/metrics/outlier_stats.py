@@ -22,8 +22,7 @@ __all__ = [
 
 def valid_token_mask(attention_mask: Tensor, special_tokens_mask: Tensor | None = None) -> Tensor:
     """Bool[B, T] of tokens that count for outlier statistics: not padding (``attention_mask`` 0) and not special
-    (``special_tokens_mask`` 1, as HF tokenizers return it; None: only padding is excluded).
-    """
+    (``special_tokens_mask`` 1, as HF tokenizers return it; None: only padding is excluded)."""
     valid = attention_mask.bool()
     if special_tokens_mask is not None:
         if special_tokens_mask.shape != attention_mask.shape:
@@ -83,8 +82,7 @@ class OutlierAccumulator:
     # -- accumulation -------------------------------------------------------------------------
     def update(self, hidden: Tensor, mask: Tensor | None = None) -> None:
         """Add tokens: ``hidden`` [L, N, d] of valid tokens only (e.g. ``hs[:, valid_token_mask(...)]``), or [L, B, T,
-        d] with a Bool[B, T] ``mask`` selecting ``hidden[:, mask]``.
-        """
+        d] with a Bool[B, T] ``mask`` selecting ``hidden[:, mask]``."""
         if mask is not None:
             if hidden.ndim != 4 or tuple(hidden.shape[1:3]) != tuple(mask.shape):
                 raise ValueError(f"with a mask, hidden must be [L, B, T, d] matching mask [B, T]; got "
@@ -164,8 +162,7 @@ class OutlierAccumulator:
 
     def summary(self, top_k: int = 5) -> list[dict]:
         """One flat record per layer: ``layer``, ``n_tokens``, ``top_dims``/``top_values`` (the ``top_k`` dims with
-        largest |mean|), ``argmax_dim``/``argmax_share`` and ``argmin_dim``/``argmin_share``.
-        """
+        largest |mean|), ``argmax_dim``/``argmax_share`` and ``argmin_dim``/``argmin_share``."""
         mean, smax, smin = self.mean(), self.argmax_share(), self.argmin_share()
         k = min(top_k, self.dim)
         top = mean.abs().topk(k, dim=-1).indices

@@ -30,8 +30,7 @@ __all__ = ["QKAccumulator", "magnitude_outliers", "RotarySpec"]
 
 class QKAccumulator:
     """Streaming max and mean |q_d|, |k_d| per layer × head × dim (``num_kv_heads``: fewer key heads under grouped-query
-    attention; None = num_heads).
-    """
+    attention; None = num_heads)."""
 
     def __init__(self, num_layers: int, num_heads: int, head_dim: int, num_kv_heads: int | None = None):
         kv = num_heads if num_kv_heads is None else int(num_kv_heads)

@@ -69,8 +69,7 @@ def one_token_per_sentence(sentence_ids: Tensor, generator: torch.Generator | in
 def paired_sentence_tokens(sentence_ids: Tensor, generator: torch.Generator | int | None = None
                            ) -> tuple[Tensor, Tensor]:
     """Luo et al. §4.1 / Ethayarajh's sampling: one random token per sentence, sentences shuffled and paired two by two,
-    so S sentences give ⌊S/2⌋ pairs ``(idx_a, idx_b)`` (LongTensor each, CPU) from different sentences.
-    """
+    so S sentences give ⌊S/2⌋ pairs ``(idx_a, idx_b)`` (LongTensor each, CPU) from different sentences."""
     g = _gen(generator)
     tok = one_token_per_sentence(sentence_ids, g)
     if tok.numel() < 2:
@@ -187,8 +186,7 @@ class AnisotropyAccumulator:
 
     def pair_vectors(self, layer: int | None = None) -> tuple[Tensor, Tensor]:
         """The kept vectors, shuffled (fixed seed) and paired: two float32 Tensor[L, ⌊n_kept/2⌋, d], or with ``layer``
-        the same pairs of that layer alone ([1, ...]).
-        """
+        the same pairs of that layer alone ([1, ...])."""
         n = self.n_kept
         if n < 2:
             raise ValueError(f"anisotropy needs at least 2 sentences, got {n}.")
@@ -254,8 +252,7 @@ def intra_sentence_similarity(vectors: Tensor, anisotropy: Tensor | None = None,
 
 def _cosine_to_centre(v: Tensor, centre: Tensor) -> Tensor:
     """``F.cosine_similarity(v, centre, dim=-1, eps=_EPS)`` for ``centre [..., 1, d]``, bitwise, but with the centre's
-    norm computed once rather than on its expanded copy (0.67 vs 0.97 ms for [1, 32, 60, 384] on one core).
-    """
+    norm computed once rather than on its expanded copy (0.67 vs 0.97 ms for [1, 32, 60, 384] on one core)."""
     v_norm = torch.linalg.vector_norm(v, 2, dim=-1, keepdim=True).clamp_min_(_EPS)
     c_norm = torch.linalg.vector_norm(centre, 2, dim=-1, keepdim=True).clamp_min_(_EPS)
     return (v / v_norm).mul_(centre / c_norm).sum(-1)

@@ -17,8 +17,7 @@ __all__ = ["spearman_columns", "sts_spearman", "mean_pool"]
 
 def spearman_columns(values: Tensor, target: Tensor) -> Tensor:
     """Spearman's ρ of every column of ``values`` [P, C] with ``target`` [P] → Tensor[C] float64 (torchmetrics, average
-    ranks for ties; NaN where a column or the target is constant, where torchmetrics gives 0).
-    """
+    ranks for ties; NaN where a column or the target is constant, where torchmetrics gives 0)."""
     v = (values[:, None] if values.ndim == 1 else values).to(torch.float64)
     t = target.flatten().to(v.device, torch.float64)
     if v.shape[0] != t.numel():

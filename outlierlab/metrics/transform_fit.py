@@ -40,8 +40,7 @@ class WhitenSettings:
     @classmethod
     def from_settings(cls, t) -> "WhitenSettings":
         """From ``evaluate.py``'s ``transform`` section (``TransformSettings``); an absent key (no group sets it, so
-        nothing uses it) keeps the library's defaults.
-        """
+        nothing uses it) keeps the library's defaults."""
         guard = {name: value for name, value in (("min_ratio", t.min_fit_ratio),
                                                  ("allow_degenerate", t.allow_degenerate)) if value is not None}
         return cls(t.k, **guard, abtt_d=t.abtt_d)
@@ -60,8 +59,7 @@ class WhitenSettings:
     def fit_by_layer(self, num_layers: int, dim: int, chunks: Callable[[int], Iterable[Tensor]], names=FITTED,
                      keep_cov: bool = False, on_disk: str | bool | None = None) -> Whitener:
         """Fitted from per-layer streams, one layer at a time (``Whitener.fit_by_layer``), for the maps ``names``; Σ is
-        kept for IsoScore or a derived map; ``on_disk``: Σ and the maps in files.
-        """
+        kept for IsoScore or a derived map; ``on_disk``: Σ and the maps in files."""
         keep = keep_cov or any(n in FITTED and n != "whiten" for n in names)
         return Whitener.fit_by_layer(num_layers, dim, chunks, k=self.k, keep_cov=keep, on_disk=on_disk)
 
@@ -121,8 +119,7 @@ class FittedTransforms:
     """The per-layer transforms of one analysis: ``none``, ``clip`` (Luo et al. 2021 §4: zero the outlier dims) and the
     maps of ``postprocessing.FITTED`` (``whiten``, Su et al. 2021; ``standardize``; ``abtt``, Mu & Viswanath 2018;
     ``center``), with ``info`` (how each was obtained) and ``fits`` (what each was fitted on, CSV columns).  ``source``:
-    the accumulator they were fitted from (its ``cov`` is Σ, for IsoScore).
-    """
+    the accumulator they were fitted from (its ``cov`` is Σ, for IsoScore)."""
 
     clip_dims: list[list[int]] | None = None
     fitted: dict[str, Whitener] = field(default_factory=dict)

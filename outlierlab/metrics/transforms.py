@@ -131,8 +131,7 @@ def clip_description(dims: Sequence[Sequence[int]], source: str) -> str:
 class FittedTransform:
     """One fitted per-layer transform of ``[L, ..., d]`` vectors, applied by name: ``none``, ``clip`` (Luo et al. 2021
     §4) or one of ``FITTED`` (``whiten``, Su et al. 2021; ``standardize``; ``abtt``, Mu & Viswanath 2018; ``center``)
-    whose map is ``whitener``.  ``info``: how it was obtained; ``fit``: the map's ``WhiteningFit``.
-    """
+    whose map is ``whitener``.  ``info``: how it was obtained; ``fit``: the map's ``WhiteningFit``."""
 
     name: str
     dim: int

@@ -303,8 +303,7 @@ class Whitener:
 
     def transform(self, x: Tensor) -> Tensor:
         """``\hat x = (x-\mu)W`` for ``x`` [L, ..., d] (or [N, d] when L=1), in ``x``'s dtype (float64 stays float64,
-        everything else float32).
-        """
+        everything else float32)."""
         if self.W is None:
             raise ValueError("Whitener is not fitted: call partial_fit(...) then finalize() first.")
         squeeze = x.ndim == 2 and self.num_layers == 1

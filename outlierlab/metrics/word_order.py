@@ -254,8 +254,7 @@ def lm_loss_sum(model, causal: bool) -> LossFn:
 def labelled_loss_sum(model) -> LossFn:
     """``lm_loss_sum`` of a masked LM with the vocabulary projection at the labelled positions only
     (``outlierlab.metrics.scored_rows.logits_at``); the same summed cross-entropy up to float rounding.  A model whose
-    head cannot be narrowed gets ``lm_loss_sum``.
-    """
+    head cannot be narrowed gets ``lm_loss_sum``."""
     def loss_sum(batch: Mapping[str, Tensor]) -> tuple[Tensor, int]:
         labels = batch["labels"]
         keep = labels != -100
@@ -270,8 +269,7 @@ def labelled_loss_sum(model) -> LossFn:
 
 def heldout_special_ids(config: Any, tokenizer: Any = None) -> set[int]:
     """The ids that stay in place when a held-out sequence is permuted: the model's ``bos``/``eos``/``pad`` and the
-    tokenizer's ``cls``/``sep``/``bos``/``eos``/``pad``.
-    """
+    tokenizer's ``cls``/``sep``/``bos``/``eos``/``pad``."""
     names = ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id")
     ids = [getattr(config, n, None) for n in names[:3]] + [getattr(tokenizer, n, None) for n in names]
     return {int(i) for i in ids if isinstance(i, int)}
@@ -296,8 +294,7 @@ def heldout_order_use(model, batch: Mapping[str, Tensor], causal: bool, special_
     """Order use and attention locality of ``model`` on the monitors' fixed held-out batch (``input_ids``,
     ``attention_mask``, ``special_tokens_mask``), scored on ``heldout_problem``.  ``attentions`` (of a forward on the
     intact batch) give the locality; None: not measured.  The post-hoc job and the loop monitors both call this, so a
-    checkpoint's rows equal the live ones.
-    """
+    checkpoint's rows equal the live ones."""
     device = next(model.parameters()).device
     mask = batch["attention_mask"]
     problem = heldout_problem(batch, causal, mask_token_id)

@@ -42,8 +42,7 @@ def future_mask(T: int, device: torch.device) -> Tensor:
 
 def hide_future(scores_or_bias: Tensor, T: int) -> Tensor:
     """The causal mask applied to logits or an additive bias (broadcast to ``[..., T, T]``), with the dtype's smallest
-    finite value rather than ``-inf``, so a padded row with no visible real key stays finite, not NaN.
-    """
+    finite value rather than ``-inf``, so a padded row with no visible real key stays finite, not NaN."""
     future = future_mask(T, scores_or_bias.device)
     return torch.where(future, torch.finfo(scores_or_bias.dtype).min, scores_or_bias)
 

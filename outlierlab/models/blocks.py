@@ -114,8 +114,7 @@ class Layer(nn.Module):
         """Activations by name (Bondarenko et al. 2023 measure the inf-norm at these): ``ffn_output`` (the FFN's
         down-projection, before dropout), ``residual`` (the block's output) and, post-LN only, ``ln_input`` (the output
         LayerNorm's input) and ``ln_output`` (= ``residual``).  Pre-LN: ``ln_input`` is the block output, no
-        ``ln_output``.
-        """
+        ``ln_output``."""
         sites: dict[str, Site] = {"ffn_output": (self.output.dense, "output"),
                                   "residual": (self.residual_out, "output")}
         if self.pre_norm:

@@ -35,8 +35,7 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
 
 def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path = "checkpoint") -> RobertaMaskedLM:
     """The encoder of a ``train.py`` checkpoint dict, built from ``hyper_parameters['model']`` with the
-    ``model.``-prefixed weights, in train mode; ValueError naming ``where`` for another writer's checkpoint.
-    """
+    ``model.``-prefixed weights, in train mode; ValueError naming ``where`` for another writer's checkpoint."""
     hp = ckpt.get("hyper_parameters") or {}
     if "model" not in hp:
         raise ValueError(f"{where} was not written by train.py (no hyper_parameters['model'])")

@@ -261,8 +261,7 @@ class RobertaMaskedLM(nn.Module):
         """The normalisation layers on the residual stream, in depth order — the one list the LayerNorm monitor, rule
         and ablation read: ``embeddings``, per layer ``layer.{i}.attention_output`` and ``layer.{i}.output``, then
         ``final`` (pre-LN).  Whatever norms exist are listed (the OP block has none in its layers); QK-norms and the
-        head's LayerNorm are not.
-        """
+        head's LayerNorm are not."""
         lns: dict[str, nn.Module] = {"embeddings": self.roberta.embeddings.LayerNorm}
         for i, layer in enumerate(self.roberta.encoder.layer):
             for key, norm in (("attention_output", layer.attention.output.LayerNorm),

@@ -37,8 +37,7 @@ log = logging.getLogger(__name__)
 
 def hf_exportable(config: EncoderConfig) -> bool:
     """True when a plain ``RobertaForMaskedLM`` (``RobertaForCausalLM`` if causal) computes exactly this model: a
-    ``learned`` or ``none`` scheme and every switch at its default.
-    """
+    ``learned`` or ``none`` scheme and every switch at its default."""
     return get_scheme(config.pos_name).hf_exportable and config.is_plain_roberta
 
 

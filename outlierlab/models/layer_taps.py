@@ -33,8 +33,7 @@ def block_list_or_none(model: nn.Module) -> list[nn.Module] | None:
 def tap_layers(model: nn.Module, call: Callable[[bool], object], fn: LayerFn) -> int:
     """Run ``call(output_hidden_states)`` once and feed layers 0..L in order to ``fn(layer, hidden [B, T, d])``, in the
     model's dtype on the producing device; returns the number delivered (L+1).  ``model`` is the module whose family
-    blocks are hooked; ``call``'s output has ``last_hidden_state`` (and ``hidden_states`` when asked).
-    """
+    blocks are hooked; ``call``'s output has ``last_hidden_state`` (and ``hidden_states`` when asked)."""
     from outlierlab.models.hook_points import attached, site_table
 
     table = None

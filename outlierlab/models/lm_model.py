@@ -107,8 +107,7 @@ class LoadedModel:
     def forward(self, input_ids: Tensor, attention_mask: Tensor, output_attentions: bool = False,
                 output_hidden_states: bool = False, rows: Tensor | None = None) -> ModelOutputs:
         """One forward pass; ``logits`` is None without an MLM head; attentions are eager probabilities.  ``rows`` (Bool
-        ``[B, T]``): the head projects those positions alone, ``logits`` ``[n, V]``; None: ``[B, T, V]``.
-        """
+        ``[B, T]``): the head projects those positions alone, ``logits`` ``[n, V]``; None: ``[B, T, V]``."""
         dev = self.device
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
         narrowed = False
@@ -130,8 +129,8 @@ class LoadedModel:
 
 def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
     """``encoder`` (a ``FrozenEncoder``, whose weights are used, or an ``encoder.name_or_path`` string placed on
-    ``device``, default CPU) as a ``LoadedModel``; ``has_mlm_head`` False (with a reason) for encoder-only checkpoints.
-    """
+    ``device``, default CPU) as a ``LoadedModel``; ``has_mlm_head`` False (with a reason) for encoder-only
+    checkpoints."""
     if isinstance(encoder, (str, os.PathLike)):
         encoder = FrozenEncoder(str(encoder), device=str(device) if device is not None else "cpu", lm_head=True)
     src = encoder.source

@@ -35,8 +35,7 @@ def torch_dtype(name: str):
 class HFModel:
     """What ``load_hf_model`` loaded: ``body`` (``AutoModel``'s module, what the frozen encoder runs), ``lm`` (the same
     weights under its own LM head; None without ``lm_head=True`` or without head weights, ``no_head_reason`` saying
-    why), ``objective`` (``masked_lm``/``next_token``; None without ``lm_head``) and ``offload_folder``.
-    """
+    why), ``objective`` (``masked_lm``/``next_token``; None without ``lm_head``) and ``offload_folder``."""
 
     body: nn.Module
     lm: nn.Module | None = None
@@ -103,8 +102,7 @@ def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None, o
 def eager_attention(model: nn.Module):
     """Run ``model`` with eager attention inside the block, then with its own again: only eager attention returns
     probabilities, while the frozen encoder keeps SDPA on the same weights (``set_attn_implementation``).  A model that
-    cannot switch (DeBERTa, MPNet) is eager only; ours takes ``output_attentions`` on its eager path.
-    """
+    cannot switch (DeBERTa, MPNet) is eager only; ours takes ``output_attentions`` on its eager path."""
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
     can = getattr(model, "_can_set_attn_implementation", None)

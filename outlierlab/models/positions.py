@@ -31,8 +31,7 @@ LEARNED_INITS = ("normal", "sinusoidal")
 class LearnedPositionEmbedding(nn.Embedding):
     """Learned absolute positions, RoBERTa convention (Liu et al. 2019; Devlin et al. 2019): token ``t`` uses row
     ``padding_idx + 1 + t`` (``max_len + padding_idx + 1`` rows), as transformers'
-    ``create_position_ids_from_input_ids``.
-    """
+    ``create_position_ids_from_input_ids``."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__(
@@ -50,8 +49,7 @@ class LearnedPositionEmbedding(nn.Embedding):
     def reset_parameters(self) -> None:
         """Initial values (``pos.init``, ``pos.init_scale``): ``normal`` is BERT/RoBERTa's N(0,
         (initializer_range·init_scale)²); ``sinusoidal`` starts the *learned* table at Vaswani et al.'s sinusoids with
-        the token embeddings' RMS times ``init_scale`` (docs/order_use.md).  The padding row stays zero.
-        """
+        the token embeddings' RMS times ``init_scale`` (docs/order_use.md).  The padding row stays zero."""
         if not hasattr(self, "init"):  # nn.Embedding.__init__ calls this before our attributes exist
             return super().reset_parameters()
         with torch.no_grad():
@@ -176,8 +174,7 @@ def rotate_half(x: Tensor) -> Tensor:
 
 class RotaryPositions(nn.Module):
     """Rotary position embedding, RoPE (Su et al. 2021, "RoFormer"): q and k rotated so that ``<R_i q, R_j k> = <q,
-    R_{j-i} k>``; GPT-NeoX / transformers' half-rotation layout (``rotate_half``).
-    """
+    R_{j-i} k>``; GPT-NeoX / transformers' half-rotation layout (``rotate_half``)."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()

@@ -20,8 +20,7 @@ __all__ = ["qk_projections", "rotary_specs", "QKRecorder"]
 def qk_projections(model: nn.Module) -> list[QKProjection]:
     """Each block's queries and keys where the model rotates them: the family's (``Family.qk_projections``: the
     projections, or Qwen3's ``q_norm``/``k_norm``), or for our encoder its OP block's ``query_norm``/``key_norm`` where
-    present, else its ``query``/``key`` Linears.
-    """
+    present, else its ``query``/``key`` Linears."""
     if not hasattr(model, "named_layernorms"):
         return family_of(model).qk_projections(model)
     cfg, fam = model.config, family_of(model)
@@ -54,8 +53,7 @@ def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: f
 class QKRecorder:
     """Hooks every layer's q/k projections; ``observe`` after each forward adds the real tokens' q/k (``attention_mask``
     ``[B, T]``) to ``acc``.  With the mask given first (``expect``) each layer is reduced in its hook, so at most one
-    layer's projections are held.
-    """
+    layer's projections are held."""
 
     def __init__(self, model: nn.Module):
         self.projs = qk_projections(model)

@@ -51,8 +51,7 @@ def _reports_to_tensorboard(args: Any) -> bool:
 class TrackerRuns:
     """An ``add_scalar`` writer handing the monitor's scalars to the trackers' own runs: ``wandb.run`` (with
     ``train/global_step``, ``WandbCallback``'s step metric) and ``mlflow.active_run()`` (``step=``).  A tracker without
-    an active run is left alone; histograms and images stay in TensorBoard and the PNGs.
-    """
+    an active run is left alone; histograms and images stay in TensorBoard and the PNGs."""
 
     def __init__(self, wandb: bool, mlflow: bool) -> None:
         self.wandb, self.mlflow = wandb, mlflow

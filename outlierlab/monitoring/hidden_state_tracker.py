@@ -44,8 +44,7 @@ _NO_LIMIT = 10**6
 def heldout_max_length(model: nn.Module, tokenizer: Any = None, max_length: int | None = None) -> int:
     """Truncation length of the held-out batch: ``max_length``, else our model's ``max_len``, else the smaller of the
     position table (RoBERTa-style tables lose ``pad_token_id + 1`` rows) and ``model_max_length``; 512 when neither
-    says.  The monitors and the post-hoc analysis both call it.
-    """
+    says.  The monitors and the post-hoc analysis both call it."""
     if max_length:
         limit = position_limit(model)
         if limit is not None and max_length > limit:  # a longer batch failed in the model's embedding at record 1
@@ -113,8 +112,7 @@ def vector_order_records(step: int, model: nn.Module, batch: dict, special: set[
                          seed: int = 0) -> tuple[list[tuple], list[float], dict | None]:
     """For a model without an LM head: each layer's sentence-vector order change on the held-out batch
     (``pooled_order_change``, rows ``layer_i/pooled_order_change``) and the locality of ``attentions`` (None: not
-    measured).  Returns ``(rows, the per-layer changes, the locality or None)``.
-    """
+    measured).  Returns ``(rows, the per-layer changes, the locality or None)``."""
     device = model_device(model)
 
     def hidden_states(ids, mask):

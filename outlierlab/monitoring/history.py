@@ -86,8 +86,7 @@ class HistoryCSV:
 
     def truncate_after(self, step: int) -> None:
         """Keep only rows with ``row.step <= step`` (dropping malformed lines), atomically; ``step = -1`` empties the
-        history.
-        """
+        history."""
         if not self.path.is_file():
             return
         raw, rows = self._lines()
@@ -174,8 +173,7 @@ def vectors_by_step(rows: Iterable[dict], statistic: str) -> dict[str, tuple[lis
 def wide_by_layer(rows: Iterable, statistics: Sequence[str], with_dims: Sequence[str] = ()) -> list[dict]:
     """Long history rows (dicts or ``(step, name, statistic, dim, value)`` tuples) -> one dict per (step, layer) for
     names ``layer_{i}``: ``{"step", "layer", <statistic>: value, ...}``, ``statistics`` in order, plus
-    ``<statistic>_dim`` for those in ``with_dims``; missing values are empty strings (ready for CSV).
-    """
+    ``<statistic>_dim`` for those in ``with_dims``; missing values are empty strings (ready for CSV)."""
     table: dict[tuple[int, int], dict] = {}
     for r in rows:
         step, name, stat, dim, value = ((r["step"], r["name"], r["statistic"], r["dim"], r["value"])

@@ -92,8 +92,7 @@ class LayerNormTracker:
     # -- session ---------------------------------------------------------------------------------------
     def begin(self, model: nn.Module, resumed: bool) -> list[str]:
         """Start a training session; returns notices for the caller to warn with.  A fresh session snapshots the norms
-        as initial values; a resumed one keeps the snapshot ``load_state_dict`` restored, else gain 1 / bias 0.
-        """
+        as initial values; a resumed one keeps the snapshot ``load_state_dict`` restored, else gain 1 / bias 0."""
         lns = model_layernorms(model)
         notices = []
         det = layernorm_outliers_notice(lns, self.rule)

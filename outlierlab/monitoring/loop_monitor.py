@@ -206,8 +206,7 @@ class OutlierMonitor:
     # -- session ---------------------------------------------------------------------------------------
     def start(self, model: nn.Module, step: int = 0) -> None:
         """Start the session at ``step`` (0: fresh, before any update; S > 0: resumed) and record it, after dropping
-        rows at steps ≥ ``step``.  Called by the first ``step``; call it yourself to start before the loop.
-        """
+        rows at steps ≥ ``step``.  Called by the first ``step``; call it yourself to start before the loop."""
         step = arguments.step(step)
         if not self.is_global_zero:
             self.started = True

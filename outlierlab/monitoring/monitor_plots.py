@@ -52,8 +52,7 @@ def thin(steps: Sequence[int], max_rows: int) -> list[int]:
 def layernorm_heatmap(steps: Sequence[int], values: Mapping[str, np.ndarray], flagged: Mapping[str, Sequence[int]],
                       part: str, centre: float) -> Figure:
     """Heatmap per LayerNorm: rows = the S ``steps`` (oldest on top), columns = dims, colour = ``values[name]`` [S, d];
-    ``flagged`` dims marked with red triangles; ``centre`` (init value) is the diverging map's white.
-    """
+    ``flagged`` dims marked with red triangles; ``centre`` (init value) is the diverging map's white."""
     names = list(values)
     # Plain subplots_adjust and no colour bars: constrained layout and one colour-bar axes per panel
     # made this figure cost seconds per draw; the colour range is printed in each title instead.
@@ -81,8 +80,7 @@ def layernorm_heatmap(steps: Sequence[int], values: Mapping[str, np.ndarray], fl
 
 def mean_vector_figure(mean: np.ndarray, outliers: Sequence[Sequence[int]], step: int) -> Figure:
     """One panel per layer of ``mean`` [L, d] (row 0 = embedding output), the ``outliers`` dims labelled (Luo et al.
-    2021, Figs. 1–2).
-    """
+    2021, Figs. 1–2)."""
     mean = np.asarray(mean, dtype=float)
     n, d = mean.shape
     cols = 1 if n <= 4 else 2

@@ -29,8 +29,7 @@ def publish(tracker: Any, step: int, rows: Sequence, summary: dict, *, history: 
             out_dir: str | Path | None = None) -> None:
     """Write one computed record of ``tracker`` (``rows, summary`` from ``tracker.compute`` at ``step``) to ``history``
     (None: e.g. re-logging a step it holds) and ``writers``; ``images``: an image record; ``out_dir``: the PNGs' folder
-    (default: the history's).
-    """
+    (default: the history's)."""
     if history is not None:
         history.append(rows)
     for w in writers:

@@ -50,8 +50,7 @@ def write_json(path: Path, obj: Any) -> Path:
 def log_tables(tb, prefix: str, rows: Sequence[Mapping[str, Any]]) -> int:
     """The per-layer values as TensorBoard text: one Markdown table per transform (and STS data set and sub-set), tagged
     ``<prefix>/<transform>[/<dataset>][/<subset>]``, a row per layer, a column per numeric statistic; returns the number
-    of tables.  Not scalars at step = layer: TensorBoard would smooth them on a step axis among training curves.
-    """
+    of tables.  Not scalars at step = layer: TensorBoard would smooth them on a step axis among training curves."""
     if tb is None:
         return 0
     groups: dict[str, list[Mapping[str, Any]]] = {}
@@ -169,8 +168,7 @@ _SHARE = re.compile(r"top(\d+)_share")
 def geometry_table(results: Sequence[Any]) -> str:
     """The Table-1 layout of the geometry: per layer and transform, anisotropy (Ethayarajh 2019), its top-k share
     (Timkey & van Schijndel 2021; ``share_k``, default 3) and IsoScore (Rudman et al. 2022), from the ``anisotropy`` and
-    ``isotropy`` rows ("" when neither ran).
-    """
+    ``isotropy`` rows ("" when neither ran)."""
     by = {r.name: r.rows for r in results if r.name in ("anisotropy", "isotropy")}
     if not by:
         return ""
@@ -217,8 +215,7 @@ def write_report(out_dir: Path, header: str, sections: Sequence[str], drawn: Ite
 def write_outputs(out_dir: Path, results: Sequence[Any], meta: Mapping[str, Any], header: str,
                   columns: Mapping[str, Sequence[str]] | None = None, tb=None) -> dict[str, Path]:
     """``<name>.csv`` per analysis, ``results.json``, ``report.md`` and TensorBoard's per-layer tables from the
-    ``AnalysisResult`` s; ``columns`` fixes a CSV's header (a skipped analysis still writes its columns).
-    """
+    ``AnalysisResult`` s; ``columns`` fixes a CSV's header (a skipped analysis still writes its columns)."""
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     for r in results:

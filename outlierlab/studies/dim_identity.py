@@ -44,8 +44,7 @@ def use_from(cell: Cell, until: int | None = None) -> dict[str, float]:
     """The validation at which the cell's order use (``val/order_use``, nats) first reached the run's
     ``order_use_threshold`` (``use_from``) and the one before (``use_before``, 0 if first), in optimizer steps: a layer
     settled as the model began to use order when ``use_before < held_since <= use_from``.  NaN where not measured or
-    never reached.
-    """
+    never reached."""
     nan = {"use_before": float("nan"), "use_from": float("nan")}
     path = cell.path / "csv" / "metrics.csv"
     if not path.is_file():
@@ -97,8 +96,7 @@ def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until:
 def summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per group (one group's cells in several folders pooled) and layer: seeds, median ``held_fraction``, mean share,
     seeds ending on the previous layer's dimension, median ``layers_sharing``, and of the seeds that came to use order
-    (``use_measured``) those that settled the dimension in that interval (``with_use``, ``use_from``).
-    """
+    (``use_measured``) those that settled the dimension in that interval (``with_use``, ``use_from``)."""
     t = table.sort_values(["group", "folder", "seed", "layer"]).copy()
     previous = t.groupby(["group", "folder", "seed"])["dim"].shift()
     t["as_previous"] = t["dim"].eq(previous) & t["layer"].gt(0)

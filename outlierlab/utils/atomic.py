@@ -32,8 +32,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 def figure_bytes(fig: Any, **savefig_kwargs: Any) -> bytes:
     """``fig`` (a matplotlib Figure) encoded in memory, PNG unless ``format=`` says otherwise: the one ``savefig``, so a
-    kill or full disk never leaves a torn image under the final name (tests/test_figures_atomic.py).
-    """
+    kill or full disk never leaves a torn image under the final name (tests/test_figures_atomic.py)."""
     savefig_kwargs.setdefault("format", "png")
     buf = io.BytesIO()
     fig.savefig(buf, **savefig_kwargs)

@@ -69,8 +69,7 @@ def read_holder(path: Path) -> dict[str, Any] | None:
 
 def await_holder(path: Path, timeout: float = 2.0) -> dict[str, Any] | None:
     """The holder's record, waiting up to ``timeout`` s for it to appear (a contender losing the race by microseconds
-    can read an empty file); still missing, it is reported as "no record yet".
-    """
+    can read an empty file); still missing, it is reported as "no record yet"."""
     deadline = time.monotonic() + timeout
     while True:
         holder = read_holder(path)

@@ -21,8 +21,7 @@ from torch import Tensor
 class DiskLayers:
     """``[num_layers, rows, cols]`` float32 (or float64) on disk; ``x[i]``, ``x[a:b]``, ``x[[i, j]]`` read those layers,
     ``x[i] = m`` writes one.  Only what the maps' readers need: ``shape``, ``dtype``, ``ndim``, ``device`` (CPU),
-    first-axis indexing and ``to`` (the whole stack in memory).
-    """
+    first-axis indexing and ``to`` (the whole stack in memory)."""
 
     def __init__(self, num_layers: int, rows: int, cols: int, dtype: torch.dtype = torch.float32,
                  directory: str | os.PathLike | None = None) -> None:

@@ -39,8 +39,7 @@ def token_bound(encoder, texts: Sequence[str], exact: bool = False) -> int:
 def check_room(encoder, texts: Sequence[str], what: str, fix: str, per_token_bytes: int | None = None,
                extra_bytes: int = 0, directory: str | None = None) -> None:
     """Raise ``OSError`` (one line: what needs how much where, what is free, ``fix``) when ``N_tokens × per_token_bytes
-    + extra_bytes`` (default per token: ``(L+1)·d·itemsize``) does not fit in ``directory``.
-    """
+    + extra_bytes`` (default per token: ``(L+1)·d·itemsize``) does not fit in ``directory``."""
     directory = directory or tempfile.gettempdir()
     free = shutil.disk_usage(directory).free * HEADROOM
     if per_token_bytes is None:

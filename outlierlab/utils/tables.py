@@ -38,8 +38,7 @@ def joined(v: Any) -> Any:
 def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
               cell: Callable[[Any], Any] | None = None) -> Path:
     """Write ``rows`` (dicts) to ``path`` atomically.  ``columns`` fixes the header (an empty table still gets it; other
-    keys are left out); None: every key in first-seen order.  ``cell`` maps each value (``joined`` for list cells).
-    """
+    keys are left out); None: every key in first-seen order.  ``cell`` maps each value (``joined`` for list cells)."""
     cols = list(columns) if columns is not None else columns_of(rows)
     buf = io.StringIO()
     w = csv.DictWriter(buf, cols, extrasaction="ignore")

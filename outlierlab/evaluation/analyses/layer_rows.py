@@ -19,8 +19,7 @@ from outlierlab.datamodules.features import LayerTokenStore
 
 class LayerRows:
     """``n_rows`` vectors of every layer (``[L+1, n_rows, d]``) on disk under ``$TMPDIR`` (``prefix``); rows never
-    written read as zeros.
-    """
+    written read as zeros."""
 
     def __init__(self, num_layers: int, dim: int, n_rows: int, prefix: str = "outlierlab-rows-") -> None:
         self.store = LayerTokenStore(tempfile.mkdtemp(prefix=prefix), num_layers, dim)
@@ -62,8 +61,7 @@ class LayerRows:
 
 def pair_cosines(ft, names, num_layers: int, dim: int, pairs_at) -> dict[str, Tensor]:
     """Cosine of every pair's two vectors after each transform, ``{name: [L, P]}``: ``pairs_at(layer)`` gives ``[2, P,
-    d]`` and each transform of ``ft`` is taken for that layer alone (one layer in memory).
-    """
+    d]`` and each transform of ``ft`` is taken for that layer alone (one layer in memory)."""
     cos: dict[str, list] = {t: [] for t in names}
     for layer in range(num_layers):
         v = pairs_at(layer)

@@ -43,8 +43,7 @@ POSITION_SUFFIX = "embeddings.position_embeddings.weight"
 def position_table(model: nn.Module) -> tuple[str, torch.Tensor] | None:
     """``(name, rows actually used)`` of a learned absolute position table, or None: the family's ``position_weight``
     (GPT-2's ``wpe``), else an ``nn.Embedding`` named ``*embeddings.position_embeddings``. RoBERTa-style tables
-    (``padding_idx`` set) drop rows ``0..padding_idx``, which positions never use.
-    """
+    (``padding_idx`` set) drop rows ``0..padding_idx``, which positions never use."""
     if not hasattr(model, "named_layernorms"):
         try:
             return family_of(model).position_weight(model)

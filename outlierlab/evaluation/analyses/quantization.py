@@ -43,8 +43,7 @@ def quantization_rows(loaded: LoadedModel, batches: Sequence[dict], bits: int = 
                       per_layer: bool = True) -> list[dict]:
     """The rows of ``COLUMNS`` for ``batches`` (with ``labels``; without an LM head only ``input_ids`` and
     ``attention_mask``): each batch runs in full precision and once per condition, so ``delta_loss`` and ``kl`` compare
-    the same tokens.
-    """
+    the same tokens."""
     scored = loaded.has_mlm_head
     n_blocks = len({name.split(".", 1)[0] for name in linear_layers(loaded.model)})
     scopes = [("all", None)] + ([(str(i), [i]) for i in range(1, n_blocks + 1)] if per_layer else [])

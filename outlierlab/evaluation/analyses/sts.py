@@ -101,8 +101,7 @@ def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool 
     """Mean-pooled vectors of every text (``SentenceVectors``, float32 ``[N, d]`` per layer, on disk) and Bool[N] (text
     had a token).  Each distinct text is encoded once by the per-layer stream (``notes`` gets how many, and the
     truncation warning), and each layer is pooled and written as produced: the ``(L+1)·N·d`` vectors (21 GiB at 70B) are
-    never in memory together.
-    """
+    never in memory together."""
     unique, index = distinct_texts(texts)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     check_room(encoder, [], "STS's sentence vectors", "set TMPDIR to a larger disk or evaluate fewer pairs "

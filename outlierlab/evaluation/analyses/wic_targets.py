@@ -35,8 +35,7 @@ class TargetVectors(LayerRows):
 
 class TargetMeans(Consumer):
     """Each target's vector in every layer, appended to ``targets``; ``occurrences``: per distinct text, the target rows
-    (``0..2P-1``) it is the sentence of; ``spans``: per target row, its ``(start, end)``.
-    """
+    (``0..2P-1``) it is the sentence of; ``spans``: per target row, its ``(start, end)``."""
 
     def __init__(self, targets: TargetVectors, occurrences: list[list[int]], spans: list[tuple[int, int]]) -> None:
         self.targets, self.occurrences, self.spans = targets, occurrences, spans
