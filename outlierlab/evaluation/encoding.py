@@ -26,9 +26,8 @@ class EncodeLog:
 
 
 def token_offsets(encoder, tok) -> tuple[list, list]:
-    """Per text, the character offsets of its tokens and their special-token mask, as ``encoder.tokenize`` kept
-    them in ``tok`` (``FrozenEncoder.tokenize``, with a fast tokenizer): what
-    word-level analyses map words to tokens with."""
+    """Per text, its tokens' character offsets and special-token mask as ``FrozenEncoder.tokenize`` kept them in ``tok``
+    (fast tokenizer): what word-level analyses map words to tokens with."""
     if getattr(tok, "offsets", None) is None:
         tk = encoder.tokenizer
         raise ValueError(f"the tokenizer of {encoder.source.name} ({type(tk).__name__}) gives no character offsets; "

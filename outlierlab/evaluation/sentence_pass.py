@@ -84,9 +84,8 @@ def _model_dtype(encoder) -> torch.dtype:
 
 # ------------------------------------------------------------------------------ what the pass subscribes
 class OutlierCounts(Consumer):
-    """Luo et al. 2021 §2: per-layer mean vector and argmax/argmin counts of the token vectors after
-    ``transform`` (``OutlierAccumulator``, one per layer).  One per
-    transform in a run: the outliers analysis and clip's detection share the raw ones (``key``)."""
+    """Luo et al. 2021 §2: per-layer mean vector and argmax/argmin counts after ``transform`` (``OutlierAccumulator``);
+    the outliers analysis and clip's detection share the raw ones (``key``)."""
 
     def __init__(self, transform: str, num_layers: int) -> None:
         self.transform, self.layers, self.key = transform, [None] * num_layers, ("outlier_counts", transform)
@@ -105,9 +104,8 @@ class OutlierCounts(Consumer):
 
 class AnisotropyReservoir(Consumer):
     """Ethayarajh 2019; Luo §4.1: one random raw token of each of at most ``capacity`` sentences per layer
-    (``AnisotropyAccumulator``, in the model's dtype).  Raw only: draws do not depend on values, so transforming the
-    reservoir afterwards (``pairs``) equals drawing transformed vectors.  Anisotropy, isotropy and self-similarity share
-    it (equal ``key``)."""
+    (``AnisotropyAccumulator``, model dtype).  Draws do not depend on values, so transforming the reservoir afterwards
+    (``pairs``) equals drawing transformed vectors; anisotropy, isotropy and self-similarity share it (``key``)."""
 
     def __init__(self, capacity: int, seed: int) -> None:
         self.capacity, self.seed, self.key = capacity, seed, ("anisotropy_reservoir", capacity, seed)
@@ -344,9 +342,8 @@ def pass_needs(module, ctx) -> set[str]:
 
 
 def sentence_stats(ctx) -> SentenceStats:
-    """The shared pass of an ``evaluate.py`` run (run once, kept in ``ctx.shared.sentence_stats``), configured
-    from the sections of ``ctx.root_cfg`` for every selected analysis at once: what their ``SENTENCE_PASS``
-    declare (``ctx.shared.needs``, ``PASS_NEEDS``) and the subscribers they added."""
+    """The shared pass of an ``evaluate.py`` run (once, in ``ctx.shared.sentence_stats``), configured for every selected
+    analysis: their ``SENTENCE_PASS`` declarations (``ctx.shared.needs``, ``PASS_NEEDS``) and subscribers."""
     if ctx.shared.sentence_stats is not None:
         return ctx.shared.sentence_stats
     cfg, needs = ctx.root_cfg, ctx.shared.needs

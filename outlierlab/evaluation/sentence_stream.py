@@ -179,9 +179,8 @@ class LayerStream:
 
     # ------------------------------------------------------------------------------------------ loop 1
     def forward(self, consumers: Sequence[Consumer], transforms=None, desc: str = "pass 1/1") -> None:
-        """The encoder's forward over the texts: each consumer gets every layer of every batch once (its
-        ``transform`` must be ready in ``transforms``, a
-        ``FittedTransforms``)."""
+        """The encoder's forward over the texts: each consumer gets every layer of every batch once (its ``transform``
+        ready in ``transforms``, a ``FittedTransforms``)."""
         tf = _LayerTransforms(transforms, self.dim)
         if self.keep_tokens and self.store is None:  # fails in one line now, not with ENOSPC hours into the pass
             what, advice, extra = self.room
@@ -306,10 +305,9 @@ class LayerStream:
             yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
 
     def fit(self, settings, names, keep_cov: bool = False, repeat: Sequence[Tensor | None] | None = None):
-        """The fitted transforms' sums from the stored tokens, one layer at a time (``WhitenSettings.fit_by_layer`` with
-        ``names, keep_cov``; ``repeat``: see ``layer_chunks``), after returning the forward's freed buffers to the OS. Σ
-        and the maps go to ``DiskLayers`` files beside the store: ``(L+1)·2d²`` float32 (40 GiB at 70B) never in
-        memory."""
+        """The fitted transforms' sums from the stored tokens, one layer at a time (``WhitenSettings.fit_by_layer``;
+        ``repeat``: see ``layer_chunks``), after the forward's freed buffers go back to the OS.  Σ and the maps go to
+        ``DiskLayers`` files: ``(L+1)·2d²`` float32 (40 GiB at 70B) is never in memory."""
         release_freed_memory()
         return settings.fit_by_layer(self.num_layers, self.dim, lambda layer: self.layer_chunks(layer, repeat),
                                      names, keep_cov=keep_cov, on_disk=self.store.directory.parent)

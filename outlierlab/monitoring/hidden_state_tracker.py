@@ -67,9 +67,8 @@ def heldout_max_length(model: nn.Module, tokenizer: Any = None, max_length: int 
 
 
 def position_limit(model: nn.Module) -> int | None:
-    """How many tokens ``model`` can take at most, where a table fixes it: our model's ``max_len``, a Hugging Face
-    model's learned position table (``position_embeddings``, GPT-2's ``wpe``; RoBERTa-style tables lose
-    ``pad_token_id + 1`` rows); None for rotary, relative or no positions, which set no hard limit."""
+    """The most tokens ``model`` takes where a table fixes it: our ``max_len``, a learned position table
+    (``position_embeddings``, GPT-2's ``wpe``; RoBERTa-style tables lose ``pad_token_id + 1`` rows); None otherwise."""
     config = getattr(model, "config", None)
     if getattr(config, "max_len", None):
         return int(config.max_len)
@@ -228,9 +227,8 @@ class HiddenStateTracker:
                 m.training = mode
 
     def _order_use_rows(self, model: nn.Module, step: int, attentions, summary: dict) -> list[tuple]:
-        """Order use and attention locality on the held-out batch
-        (``heldout_order_use`` and ``order_use_records``, as the post-hoc job
-        writes them for a Trainer checkpoint); ``summary`` gets them for TensorBoard."""
+        """Order use and attention locality on the held-out batch (``heldout_order_use``, ``order_use_records``, as the
+        post-hoc job writes them); ``summary`` gets them for TensorBoard."""
         special, mask_id = self.order_ids or (set(), None)
         causal = is_causal_lm(model)
         if self.headless:

@@ -150,10 +150,8 @@ def history_frame(path: str | os.PathLike, statistics: Iterable[str] | None = No
 
 
 def vectors_by_step(rows: Iterable[dict], statistic: str) -> dict[str, tuple[list[int], torch.Tensor]]:
-    """``name -> (steps, Tensor[S, d])`` for a per-dim statistic (``gain``, ``bias``, ``mean``).
-
-    E.g. per-dim divergence from initialisation: ``gain[s] - gain[0]`` (step 0 is always recorded).
-    """
+    """``name -> (steps, Tensor[S, d])`` for a per-dim statistic (``gain``, ``bias``, ``mean``), e.g. per-dim divergence
+    from init: ``gain[s] - gain[0]`` (step 0 is always recorded)."""
     acc: dict[str, dict[int, dict[int, float]]] = {}
     for r in rows:
         if r["statistic"] == statistic and r["dim"] is not None:
@@ -171,9 +169,8 @@ def vectors_by_step(rows: Iterable[dict], statistic: str) -> dict[str, tuple[lis
 
 
 def wide_by_layer(rows: Iterable, statistics: Sequence[str], with_dims: Sequence[str] = ()) -> list[dict]:
-    """Long history rows (dicts or ``(step, name, statistic, dim, value)`` tuples) -> one dict per (step, layer) for
-    names ``layer_{i}``: ``{"step", "layer", <statistic>: value, ...}``, ``statistics`` in order, plus
-    ``<statistic>_dim`` for those in ``with_dims``; missing values are empty strings (ready for CSV)."""
+    """Long history rows (dicts or ``(step, name, statistic, dim, value)``) -> one dict per (step, layer) of the
+    ``layer_{i}`` names, ``statistics`` in order plus ``<statistic>_dim`` for ``with_dims``; missing values are ""."""
     table: dict[tuple[int, int], dict] = {}
     for r in rows:
         step, name, stat, dim, value = ((r["step"], r["name"], r["statistic"], r["dim"], r["value"])

@@ -62,9 +62,8 @@ LOCK_FILE = "monitor.lock"
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The model itself inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers, the
-    Hugging Face model inside a sentence-transformers ``SentenceTransformer`` and inside a PEFT (LoRA, ...)
-    ``PeftModel``: the norms and blocks are found by the family registry on the model's own module names."""
+    """The model inside DDP / ``DataParallel`` / ``torch.compile`` wrappers, a ``SentenceTransformer`` or a PEFT
+    ``PeftModel``, whose own module names the family registry finds the norms and blocks by."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module

@@ -165,9 +165,9 @@ def metric_curves_figure(curves: Mapping[str, Mapping[int, tuple[Sequence[int], 
 
 
 def position_rows_figure(table: np.ndarray, stats: Mapping, name: str = "") -> Figure:
-    """A position table row by row (Luo et al. 2021, Figs. 3–4): the rows × dims heatmap with the
-    most common argmax/argmin dims marked, and per dim the share of rows having it as argmax, argmin
-    or as a kσ dim (``outlierlab.metrics.outlier_dims.position_row_stats``)."""
+    """A position table row by row (Luo et al. 2021, Figs. 3–4): the rows × dims heatmap with the most common
+    argmax/argmin dims marked, and per dim the share of rows having it as argmax, argmin or kσ dim
+    (``position_row_stats``)."""
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     lim = float(np.abs(table).max()) or 1.0

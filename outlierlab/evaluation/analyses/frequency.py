@@ -55,9 +55,8 @@ TITLE = "## Outlier dims vs token frequency (Puccetti et al. 2022)"
 
 
 class DimColumns(Consumer):
-    """``(token ids [n], values [L+1, n, len(dims)])`` of every batch's valid tokens, the chunks
-    ``frequency_spearman`` reads: each layer's ``dims`` columns are taken as the layer is produced
-    (never all layers × d)."""
+    """``(token ids [n], values [L+1, n, len(dims)])`` of every batch's valid tokens for ``frequency_spearman``, each
+    layer's ``dims`` columns taken as the layer is produced."""
 
     def __init__(self, dims: Sequence[int]) -> None:
         self.idx = torch.as_tensor(list(dims), dtype=torch.long)

@@ -55,9 +55,8 @@ RULES = ("macocco", "unembedding", "argmax_share", "layernorm")
 
 
 def late_labels(batches, position: int) -> tuple[list[dict], int]:
-    """Macocco et al.'s position protocol: keep in each sequence only the label at ``position`` (the vector
-    at that token scored against the next one); ``(batches, sequences left out)`` — a sequence whose
-    ``position`` has no target (too short, or its next token is special) is left out."""
+    """Macocco et al.'s position protocol: keep only each sequence's label at ``position``; returns ``(batches,
+    sequences left out)``, those whose ``position`` has no target (too short, or a special next token)."""
     out, skipped = [], 0
     for b in batches:
         lab = b["labels"]

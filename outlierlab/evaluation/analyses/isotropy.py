@@ -31,9 +31,8 @@ COLUMNS = ["layer", "transform", "isoscore", "isoscore_star", "zeta", "dims", "n
 
 
 def transformed_layer_covariance(st, name: str, layer: int, cov: torch.Tensor) -> torch.Tensor:
-    """WᵀΣW of ``name`` at ``layer`` for Σ = ``cov`` ``[1, d, d]`` float64, on ``cov``'s device: Σ itself for
-    none and Σ with the clipped dims' rows and columns zeroed for clip (what IᵀΣI and diag(k)ᵀΣdiag(k) give,
-    without two d³ products each — at d = 8192 those dominated the analysis), the product for a fitted map."""
+    """WᵀΣW of ``name`` at ``layer`` for Σ = ``cov`` ``[1, d, d]`` float64: Σ for none, Σ with the clipped rows and
+    columns zeroed for clip (no d³ products: they dominated at d = 8192), the product for a fitted map."""
     if name == "none":
         return cov
     if name == "clip":

@@ -98,10 +98,9 @@ class SentenceMeans(Consumer):
 
 def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool = False,
                      notes: list[str] | None = None, what: str = "STS") -> tuple[SentenceVectors, torch.Tensor]:
-    """Mean-pooled vectors of every text (``SentenceVectors``, float32 ``[N, d]`` per layer, on disk) and Bool[N] (text
-    had a token).  Each distinct text is encoded once by the per-layer stream (``notes`` gets how many, and the
-    truncation warning), and each layer is pooled and written as produced: the ``(L+1)·N·d`` vectors (21 GiB at 70B) are
-    never in memory together."""
+    """Mean-pooled vectors of every text (``SentenceVectors``, float32 ``[N, d]`` per layer on disk) and Bool[N] (text
+    had a token).  Distinct texts are encoded once (``notes`` says how many); each layer is pooled and written as
+    produced, so the ``(L+1)·N·d`` vectors (21 GiB at 70B) are never in memory together."""
     unique, index = distinct_texts(texts)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     check_room(encoder, [], "STS's sentence vectors", "set TMPDIR to a larger disk or evaluate fewer pairs "
