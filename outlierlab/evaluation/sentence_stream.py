@@ -85,11 +85,9 @@ class WordVectors(NamedTuple):
 
 
 class Consumer:
-    """An analysis' subscription to a ``LayerStream``: set ``transform`` and ``words``, implement ``update``.
-
-    ``update`` is called once per (layer, batch): in the forward, a batch's layers in order before the next batch; in a
-    replay, a layer's batches in order before the next layer.  Vectors are shared: never modify them in place.
-    """
+    """An analysis' subscription to a ``LayerStream``: set ``transform`` and ``words``, implement ``update``. ``update``
+    comes once per (layer, batch): in the forward a batch's layers before the next batch, in a replay a layer's batches
+    before the next layer.  Vectors are shared: never modify them in place."""
 
     transform: str = "none"
     words: bool = False

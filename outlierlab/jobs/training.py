@@ -85,10 +85,9 @@ def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None)
 
 def report_order_use(metrics: dict[str, float], threshold: float | None, config: EncoderConfig | None = None
                      ) -> str | None:
-    """Say in one line (the run's log: the console and its train.log) when the run ends below ``threshold`` nats of
-    order use: its loss is then that of a bag-of-words model (``outlierlab.metrics.word_order``) -- "not yet",
-    or, for a masked model without positions (``config``), "cannot".  Nothing when order use was not measured
-    (``module.order_use=false``) or ``threshold`` is null."""
+    """Say in one line (the run's log) when the run ends below ``threshold`` nats of order use: a bag-of-words model's
+    loss (``metrics.word_order``) -- "not yet", or "cannot" for a masked model without positions.  Nothing when order
+    use was not measured or ``threshold`` is null."""
     value = metrics.get("val/order_use")
     if value is None or threshold is None:
         return None
@@ -137,9 +136,8 @@ def _release_ddp(env_before: dict[str, str | None]) -> None:
 
 def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float],
                    config: dict[str, Any] | None = None) -> dict[str, float]:
-    """manifest.json, then finished.json (``outlierlab.jobs.run_state.mark_finished``), with the optimizer's
-    class, the device kind and whether deterministic algorithms were enforced (``trainer.deterministic=true``: Lightning calls
-    ``torch.use_deterministic_algorithms`` and sets ``CUBLAS_WORKSPACE_CONFIG``)."""
+    """manifest.json, then finished.json (``run_state.mark_finished``), with the optimizer's class, the device kind and
+    whether deterministic algorithms were enforced (``trainer.deterministic=true``)."""
     how = {"accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
            "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
            # the optimizer that trained it (its settings are in config.yaml and the card): a study's arms, at a glance

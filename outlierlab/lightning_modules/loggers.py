@@ -96,11 +96,9 @@ def validation_at(log_dir: str, step: int) -> dict[str, float]:
 
 
 class TensorBoardResumePurge(Callback):
-    """On resume, purge the TensorBoard events the interrupted run wrote at or after the resumed step.
-
-    Works with Lightning's ``TensorBoardLogger``; the step is read in ``on_load_checkpoint``, before the new session
-    logs.  ``purged_from``: the step of the last marker written (None: not resumed).
-    """
+    """On resume, purge the TensorBoard events the interrupted run wrote at or after the resumed step (with Lightning's
+    ``TensorBoardLogger``; the step is read in ``on_load_checkpoint``, before the new session logs). ``purged_from``:
+    the step of the last marker written (None: not resumed)."""
 
     def __init__(self) -> None:
         self.purged_from: int | None = None

@@ -254,9 +254,9 @@ class MLMLitModule(L.LightningModule):
                                   "lower the learning rate or raise gradient clipping (trainer.gradient_clip_val)")
 
     def _guard_finite(self, loss: Tensor) -> None:
-        """Stop the run at a NaN/inf loss. On CPU at once; on an accelerator the first bad step is recorded on
-        the device without a host read, and ``_raise_if_nonfinite`` reads it every
-        ``finite_check_every_n_steps`` steps and before every checkpoint."""
+        """Stop the run at a NaN/inf loss: on CPU at once; on an accelerator the first bad step is recorded on the
+        device and ``_raise_if_nonfinite`` reads it every ``finite_check_every_n_steps`` steps and before every
+        checkpoint."""
         if self._defer_finite_check is None:
             self._defer_finite_check = loss.device.type != "cpu"
         if not self._defer_finite_check:

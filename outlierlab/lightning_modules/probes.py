@@ -144,11 +144,9 @@ class PositionProbe(LayerwiseProbe):
 
 
 class SentenceClassifier(LayerwiseProbe):
-    """Luo et al. 2021 §4.4: linear classifier on mean-pooled sentence vectors, per layer.
-
-    ``bias=False`` is the paper's ``W ∈ R^{d×N}``: every class score a pure projection, so a clipped or whitened vector
-    cannot be compensated by a learned offset.  ``bias=True`` (default) is the usual logistic-regression probe.
-    """
+    """Luo et al. 2021 §4.4: linear classifier on mean-pooled sentence vectors, per layer.  ``bias=False`` is the
+    paper's ``W ∈ R^{d×N}`` (a clipped or whitened vector cannot be compensated by a learned offset); ``bias=True``
+    (default) is the usual logistic-regression probe."""
 
     def __init__(self, num_layers: int, dim: int, num_classes: int, lr: float = 1e-3,
                  layer_ids: Sequence[int] | None = None, seed: int = 0, tag: str = "none", prefix: str = "probe",

@@ -83,11 +83,9 @@ def _looks_like_path(name: str) -> bool:
 
 
 def resolve_encoder(name_or_path: str, revision: str | None = None) -> EncoderSource:
-    """Turn ``encoder.name_or_path`` (and ``encoder.revision`` for a hub id) into an ``EncoderSource``.
-
-    Raises FileNotFoundError (no such path, or no model there), ``EncoderUnavailableError`` (a hub id or revision not
-    cached while offline) or ValueError (a ``revision`` with a local path).
-    """
+    """Turn ``encoder.name_or_path`` (and ``encoder.revision`` for a hub id) into an ``EncoderSource``.  Raises
+    FileNotFoundError (no such path or model), ``EncoderUnavailableError`` (a hub id or revision not cached while
+    offline) or ValueError (a ``revision`` with a local path)."""
     name = str(name_or_path)
     if not name.strip():  # Path("") is the working directory: it was searched for a model
         raise ValueError("encoder.name_or_path is empty: give a train.py run directory, a model directory, a *.ckpt "

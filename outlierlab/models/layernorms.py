@@ -66,10 +66,9 @@ def model_layernorms(model: nn.Module, include_head: bool = False) -> dict[str, 
 
 
 def select_layernorms(layernorms: Mapping[str, nn.Module], kinds: Iterable[str]) -> dict[str, nn.Module]:
-    """The norms of the given kinds or roles (``output`` — in a pre-LN model both per-layer norms,
-    ``outlierlab.metrics.layernorm_rule.KIND_ROLES`` —, ``attention_output``, ``attention_input``,
-    ``mlp_input``, ``embeddings``, ``final``, ``head``; ``all`` = every per-layer norm), in model order.
-    Raises on an empty choice or a kind this model does not have, naming what it has."""
+    """The norms of the given kinds or roles, in model order: ``output`` (in a pre-LN model both per-layer norms,
+    ``layernorm_rule.KIND_ROLES``), ``attention_output``, ``attention_input``, ``mlp_input``, ``embeddings``, ``final``,
+    ``head``; ``all`` = every per-layer norm.  Raises, naming what the model has, on an empty or unknown kind."""
     kinds = [str(k) for k in kinds]
     present = sorted({layernorm_kind(k) for k in layernorms})
     roles = set(present) | {KIND_ROLES[k] for k in present if k in KIND_ROLES} | {"all"}
@@ -94,9 +93,8 @@ def norm_layer(name: str) -> int | None:
 
 
 def layernorms_of_layers(layernorms: Mapping[str, nn.Module], layers: Iterable[int]) -> dict[str, nn.Module]:
-    """The norms of ``layernorms`` that belong to ``layers`` (``norm_layer``; the final and head norms belong to
-    none), in model order: where a dim is read, asked one layer at a time.  Raises, naming the layers there are,
-    when a layer is not among them or nothing is left."""
+    """The norms of ``layernorms`` that belong to ``layers`` (``norm_layer``; final and head norms belong to none), in
+    model order.  Raises, naming the layers there are, for an unknown layer or an empty result."""
     layers = [int(x) for x in layers]
     present = sorted({n for n in map(norm_layer, layernorms) if n is not None})
     missing = sorted(set(layers) - set(present))

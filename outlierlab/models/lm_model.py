@@ -128,9 +128,8 @@ class LoadedModel:
 
 
 def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
-    """``encoder`` (a ``FrozenEncoder``, whose weights are used, or an ``encoder.name_or_path`` string placed on
-    ``device``, default CPU) as a ``LoadedModel``; ``has_mlm_head`` False (with a reason) for encoder-only
-    checkpoints."""
+    """``encoder`` (a ``FrozenEncoder``, whose weights are used, or a ``name_or_path`` placed on ``device``, default
+    CPU) as a ``LoadedModel``; ``has_mlm_head`` False (with a reason) for encoder-only checkpoints."""
     if isinstance(encoder, (str, os.PathLike)):
         encoder = FrozenEncoder(str(encoder), device=str(device) if device is not None else "cpu", lm_head=True)
     src = encoder.source
@@ -148,8 +147,8 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
 # ------------------------------------------------------------------------------------- the output layer
 def output_layer(loaded: LoadedModel) -> tuple[nn.Module, bool, Tensor, Tensor | None, str]:
     """``(module, hook_output, W [V, d], b [V] or None, norm key)``: where h is read (the module's output when
-    ``hook_output``, else its input), the output layer's weight and bias, and the key of the norm producing h
-    in ``loaded.layernorms`` ("head" for an MLM head, "final" for a pre-LN decoder)."""
+    ``hook_output``, else its input), the output layer's weight and bias, and ``loaded.layernorms``' key of the norm
+    producing h ("head" for an MLM head, "final" for a pre-LN decoder)."""
     model = loaded.model
     norm_key = "final" if loaded.is_decoder else "head"
     if loaded.kind == "outlierlab":  # our LMHead: dense -> GELU -> layer_norm -> F.linear(tied embeddings, bias)

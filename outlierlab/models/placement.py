@@ -53,9 +53,8 @@ def missing_head_keys(model: nn.Module, loading_info: dict) -> list[str]:
 
 def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None, offload_folder: str | None = None,
                   lm_head: bool = False) -> HFModel:
-    """The model at ``src.revision`` in ``dtype``, placed by ``device_map``; with ``lm_head`` its LM-head class.
-
-    A missing model or revision is one ``EncoderUnavailableError`` line."""
+    """The model at ``src.revision`` in ``dtype``, placed by ``device_map``; with ``lm_head`` its LM-head class.  A
+    missing model or revision is one ``EncoderUnavailableError`` line."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
     from transformers.utils import logging as hf_logging
 

@@ -69,10 +69,8 @@ class LearnedPositionEmbedding(nn.Embedding):
 
 
 def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
-    """Fixed sinusoidal table of Vaswani et al. (2017), §3.5, interleaved sin/cos.
-
-    ``PE[p, 2i] = sin(p / base^(2i/dim))`` and ``PE[p, 2i+1] = cos(p / base^(2i/dim))``.
-    """
+    """Fixed sinusoidal table of Vaswani et al. (2017), §3.5, interleaved: ``PE[p, 2i] = sin(p / base^(2i/dim))``,
+    ``PE[p, 2i+1] = cos(p / base^(2i/dim))``."""
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
     two_i = torch.arange(0, dim, 2, dtype=torch.float64)
     angle = pos / base ** (two_i / dim)

@@ -37,9 +37,8 @@ def qk_projections(model: nn.Module) -> list[QKProjection]:
 
 
 def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: float) -> list[RotarySpec | None]:
-    """The rotary scheme of every layer (None where a layer does not rotate): θ_i from the model's own rotary
-    module (``outlierlab.models.rotary_layers.rotary_layers``: ``inv_freq``, scaled RoPE and partial rotary
-    included; per layer type) and the layer's reach (a sliding-window layer: its window)."""
+    """The rotary scheme of every layer (None where it does not rotate): θ_i from the model's own rotary module
+    (``rotary_layers.rotary_layers``: scaled and partial rotary included) and the layer's reach (a sliding window)."""
     try:
         layers = rotary_layers(model)
     except ValueError:  # an unregistered family: magnitudes alone

@@ -31,9 +31,9 @@ class RotaryLayer(NamedTuple):
 
 
 def _rotary_module(root: nn.Module) -> tuple[str, nn.Module] | None:
-    """The first submodule holding rotary frequencies: an ``inv_freq`` buffer (transformers'
-    ``*RotaryEmbedding``, per layer type ``{type}_inv_freq``: ModernBERT), or — duck typing our own
-    ``outlierlab.models.positions.RotaryPositions`` — a float ``base`` and an int ``dim``."""
+    """The first submodule holding rotary frequencies: an ``inv_freq`` buffer (transformers' ``*RotaryEmbedding``; per
+    layer type ``{type}_inv_freq``, ModernBERT) or, duck typing our ``RotaryPositions``, a float ``base`` and an int
+    ``dim``."""
     for name, mod in root.named_modules():
         bufs = dict(mod.named_buffers(recurse=False))
         if "inv_freq" in bufs or any(b.endswith("_inv_freq") and not b.endswith("original_inv_freq") for b in bufs):
@@ -45,11 +45,9 @@ def _rotary_module(root: nn.Module) -> tuple[str, nn.Module] | None:
 
 
 def rotary_layers(model: nn.Module) -> list[RotaryLayer | None]:
-    """Per block the ``RotaryLayer`` (frequencies and reach), or None for a model that does not rotate.
-
-    Read from each attention's rotary module, else the model's (``model.rotary_emb``), per layer type where kept so
-    (``config.layer_types``).  Ours (``pos=rope``): θ_i = base^(−2i/dim), as ``positions.rope_cos_sin``.
-    """
+    """Per block the ``RotaryLayer`` (frequencies and reach), or None for a model that does not rotate: from each
+    attention's rotary module, else the model's (``model.rotary_emb``), per layer type where kept so
+    (``config.layer_types``).  Ours (``pos=rope``): θ_i = base^(−2i/dim), as ``positions.rope_cos_sin``."""
     cfg = getattr(model, "config", None)
     blocks = family_of(model).block_list(model)
     shared = _rotary_module(model)

@@ -66,9 +66,9 @@ def use_from(cell: Cell, until: int | None = None) -> dict[str, float]:
 
 def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until: int | None = None
             ) -> tuple[pd.DataFrame, list[str]]:
-    """Every finished cell's ``layer_identity`` with its group, folder, data set (its ``data=`` override),
-    objective, scheme and seed, and when the model began to use order (``use_from``); ``until``: of its history up to that
-    step, cells stopped after it admitted.  And one line for each cell left out."""
+    """Every finished cell's ``layer_identity`` with its group, folder, data set, objective, scheme, seed and
+    ``use_from``, and one line per cell left out; ``until``: histories up to that step, cells stopped after it admitted.
+    """
     found, skipped = [], []
     for cell in find_cells(paths, until):
         history = cell.path / HISTORY

@@ -84,10 +84,8 @@ def pooled_sd(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def tost(a: Sequence[float], b: Sequence[float], margin: float, paired: bool) -> float:
-    """p-value of the two one-sided tests that ``mean(a) - mean(b)`` lies within ``(-margin, margin)``.
-
-    NaN when the data are constant (no variance: the t statistics are undefined) or too few.
-    """
+    """p-value of the two one-sided tests that ``mean(a) - mean(b)`` lies within ``(-margin, margin)``; NaN for constant
+    data (undefined t statistics) or too few values."""
     from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
     from outlierlab.studies.seed_statistics import is_constant
