@@ -246,8 +246,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
         )
     ckpt_path, start_step, trained_config = resume_point(cfg, run_dir, config)
     module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config)
-    # Lightning's model summary counts FLOPs on this input (torch's FlopCounterMode over one forward): one
-    # training block; without it the summary printed "Total FLOPs: 0".  Token ids do not change the count.
+    # one training block, on which Lightning's model summary counts FLOPs (token ids do not change the count)
     module.example_input_array = {"input_ids": torch.zeros(1, datamodule.block_size, dtype=torch.long)}
     ensure_room(run_dir, module, cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -258,8 +257,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     log.info("%d intra-op thread(s) for this run", threads)
     if trainer.global_rank == 0:
         changes = {} if ckpt_path is None else config_changes(trained_config or run_dir / "config.yaml", resolved)
-        # code_versions.jsonl: a resume on other code, or with other settings, says so (and the model card, the
-        # study's notes), since config.yaml then states only this start's
+        # code_versions.jsonl records a resume on other code or settings (config.yaml states only this start's)
         start = record_start(run_dir, start_step, config_changes=changes)
         if changes:
             log.warning("resuming with %d setting(s) other than its checkpoint trained with (recorded in %s): %s",
@@ -272,11 +270,9 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
         if cfg.get("ckpt_path") not in (None, "", "null", "last"):  # a checkpoint named: maybe a roll-back
             for line in set_aside_later_timeline(run_dir, start_step):
                 log.warning(line)
-        # whole or not at all: a full disk left it cut short under its own name, and readers of the run (the model
-        # card, post-hoc monitors, export) took a torn config for the one it trained with
+        # whole or not at all: the card, post-hoc monitors and export must never read a torn config
         write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
-        # the run directory is self-contained from the start: post-hoc analysis and probe.py on a checkpoint
-        # find the tokenizer here even when the run stops early or export=false
+        # self-contained from the start: post-hoc analysis and probe.py find the tokenizer even without an export
         tokenizer.save_pretrained(str(run_dir / "tokenizer"))
     _relaunch_args_for_ddp_children(run_dir)
     # MLMLitModule.on_before_batch_transfer prepares any MLM batch on the host (it does not replace a
@@ -320,8 +316,7 @@ def _finish(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module, config: 
         out = _export_dir(run_dir, config)
         tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
         with staged_dir(out) as staging:  # written beside hf/ (model/), renamed into place when complete
-            # remote_code: model/ also loads with transformers alone (trust_remote_code); the card after fit, when
-            # the validation metrics are in csv/metrics.csv 
+            # remote_code: model/ also loads with transformers alone; the card once csv/metrics.csv has validation
             fmt = save_pretrained(module.model, staging, tokenizer=tokenizer, remote_code=True)
             record_trained_steps(staging, trainer.global_step)  # export_run's card of a run stopped early reads it
             write_model_card(run_dir, staging, global_step=trainer.global_step)

@@ -160,8 +160,7 @@ class MLMLitModule(L.LightningModule):
             raise ValueError(f"module.compile must be true, false, auto or a dict of torch.compile options, got {compile!r}")
         if fused_optimizer not in (True, False, "auto"):
             raise ValueError(f"module.fused_optimizer must be true, false or auto, got {fused_optimizer!r}")
-        # "auto": decided on the first training step, by the device (compiled on CUDA only: measured there; on a
-        # CPU it gained nothing, docs/training_speed.md)
+        # "auto": decided on the first training step, by the device (CUDA only; no gain on CPU, docs/training_speed.md)
         self.compile_auto = compile == "auto"
         if not isinstance(compile, (bool, str)):  # Hydra hands a DictConfig
             compile = dict(compile)
@@ -183,8 +182,7 @@ class MLMLitModule(L.LightningModule):
         if int(finite_check_every_n_steps) < 1:
             raise ValueError(f"module.finite_check_every_n_steps must be >= 1, got {finite_check_every_n_steps}")
         self.finite_check_every_n_steps = int(finite_check_every_n_steps)
-        # Global step of the first non-finite training loss, -1 while none; lives on the training device
-        # (not a buffer: it is not part of the model, and not in checkpoints).
+        # Global step of the first non-finite training loss, -1 while none; on the device, not a buffer (not saved).
         self._first_nonfinite_step: Tensor | None = None
         self._defer_finite_check: bool | None = None  # None: decided by the device on the first step
 
@@ -293,8 +291,7 @@ class MLMLitModule(L.LightningModule):
         first = batch_idx == 0 and self.order_use
         out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
                          output_attentions=first, masked_positions=batch.get("masked_positions"))
-        # Weighted by predicted-token count: val/loss is the per-token mean over the whole split
-        # (synchronised across DDP ranks by torchmetrics).
+        # Weighted by predicted-token count: the per-token mean over the split (synchronised across DDP ranks).
         self.val_loss.update(out.loss, n_predicted)
         self.val_accuracy.update(predicted_accuracy(out, batch, self.config.causal), n_predicted)
         if not self.order_use:

@@ -70,14 +70,12 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
         elif callable(getattr(model, "get_base_model", None)) and model.get_base_model() is not model:
-            # a PeftModel: the transformers model with the adapters injected into its linear layers (they run in its
-            # forward, so the monitors see the adapted model); duck-typed, so peft stays optional
+            # a PeftModel: the transformers model with the adapters in its linear layers (duck-typed: peft optional)
             model = model.get_base_model()
         elif isinstance(model, nn.Sequential) and len(model) and isinstance(getattr(model[0], "auto_model", None),
                                                                             nn.Module):
-            # a SentenceTransformer is an nn.Sequential whose first module (its ``Transformer``) holds the Hugging Face
-            # model as ``auto_model``; pooling and normalisation after it have no weights the monitors read.  Duck-
-            # typed, so sentence-transformers stays optional
+            # a SentenceTransformer's first module holds the Hugging Face model as ``auto_model`` (pooling after it
+            # has no weights the monitors read); duck-typed, so sentence-transformers stays optional
             model = model[0].auto_model
         else:
             return model
@@ -232,8 +230,7 @@ class OutlierMonitor:
         if self.hidden is not None and self.hidden.batch is None:
             self.hidden.tokenize(self.tokenizer, model, self.sentences)
         if not resumed:
-            # a fresh run in an earlier run's folder starts it anew: the history (and init snapshot) of a monitor that
-            # is off now would sit beside this run's files as if it were this run's
+            # a fresh run in an earlier run's folder: a monitor that is off now must not leave files as if this run's
             for off, filename in ((self.layernorm is None, LayerNormTracker.filename),
                                   (self.hidden is None, HiddenStateTracker.filename)):
                 if off:
@@ -247,8 +244,7 @@ class OutlierMonitor:
                 tracker.reload(history.path)
             elif resumed and tracker is self.hidden:
                 tracker.reload(history.rows())
-        # purge_step: TensorBoard drops the events a prior run of the folder wrote at steps >= this one -- after a
-        # resume the abandoned steps, after a fresh start (0) every prior run's, which it showed mixed with this one's
+        # purge_step: TensorBoard drops a prior run's events at steps >= this one (after a fresh start: all of them)
         self._open_writer(step)
         self.last_step = None  # a new session records its start even where an earlier one stopped
         self.record(model, step, images=True)
