@@ -13,17 +13,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DataBudget:
-    """Training data seen by one run.
-
-    Attributes
-    ----------
-    train_blocks, train_tokens : int
-        Blocks and real (non-padding) tokens in one epoch of the training split.
-    blocks_per_step : int
-        Blocks per optimizer step: batch size x devices x gradient accumulation.
-    steps : int
-        Optimizer steps the run will take.
-    """
+    """Training data seen by one run: ``train_blocks``/``train_tokens`` (blocks and real tokens in one epoch of the
+    training split), ``blocks_per_step`` (batch size x devices x accumulation) and ``steps``."""
 
     train_blocks: int
     train_tokens: int

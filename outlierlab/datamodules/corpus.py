@@ -1,15 +1,9 @@
 """Read pretraining text: the embedded corpus, user text files, or a Hugging Face hub dataset.
 
-A *document* is one non-empty line of a text file (the embedded corpus stores one paragraph or verse per
-line), or one record of a hub dataset (one Wikipedia article).  Every loader returns ``list[str]`` of
-documents in a fixed order, and each source has a cheap *identity* string (a content hash or the hub
-coordinates) that keys the tokenizer and block caches without re-reading the text.
-
-The ``iter_*`` functions stream the same documents one at a time (pretraining corpora can be larger than
-memory; ``outlierlab.datamodules.documents`` wraps them as re-iterable sources with progress).
-
-Only the standard library is imported at module level; ``datasets``/``huggingface_hub`` are imported inside
-``load_hub_texts`` so that config validation stays fast.
+A *document* is one non-empty line of a text file, or one record of a hub dataset.  Every loader returns ``list[str]``
+in a fixed order, and each source has a cheap *identity* string (content hash or hub coordinates) keying the tokenizer
+and block caches.  The ``iter_*`` functions stream the same documents (``outlierlab.datamodules.documents`` wraps them).
+``datasets``/``huggingface_hub`` are imported lazily.
 """
 from __future__ import annotations
 
@@ -36,32 +30,16 @@ def embedded_files() -> list[Path]:
 
 
 def read_text_file(path: str | os.PathLike) -> list[str]:
-    """Documents (non-empty, stripped lines) of one UTF-8 ``.txt`` or gzip ``.txt.gz`` file, as a list.
-
-    See ``iter_text_file``, which streams them; this is ``list(iter_text_file(path))``.
-    """
+    """``list(iter_text_file(path))``."""
     return list(iter_text_file(path))
 
 
 def iter_text_file(path: str | os.PathLike, raw_position: list[int] | None = None) -> Iterator[str]:
     """Stream the documents (non-empty, stripped lines) of one UTF-8 ``.txt`` or gzip ``.txt.gz`` file.
 
-    Lines that are not valid UTF-8 are SKIPPED (not decoded with replacement characters, which would put
-    U+FFFD tokens into the training data), with one warning naming the file and the number of skipped lines.
-    Only one line is held at a time.
-
-    Parameters
-    ----------
-    path : path-like
-    raw_position : list of one int, optional
-        Updated in place with the bytes of the file read so far (compressed bytes for ``.gz``), for progress.
-
-    Raises
-    ------
-    FileNotFoundError
-        If ``path`` does not exist.
-    ValueError
-        If the file holds no non-empty line (raised when the end is reached) or is not valid gzip.
+    Lines that are not valid UTF-8 are SKIPPED (no U+FFFD tokens in training data), with one warning naming the file and
+    count.  ``raw_position`` (a list of one int) receives the bytes read so far (compressed for ``.gz``).  Raises
+    FileNotFoundError, or ValueError for a file without a non-empty line (at its end) or invalid gzip.
     """
     p = Path(path).expanduser()
     if not p.is_file():
@@ -92,10 +70,7 @@ def iter_text_file(path: str | os.PathLike, raw_position: list[int] | None = Non
 
 def load_texts_from_files(files: str | os.PathLike | Sequence[str | os.PathLike],
                           max_documents: int | None = None) -> list[str]:
-    """Documents of several text files, in the given order (see ``read_text_file``).
-
-    All paths are checked before any is read, so a typo fails at once with the missing path in the message.
-    """
+    """Documents of several text files, in order; all paths are checked before any is read."""
     paths = corpus_paths(files)
     for p in paths:
         if not p.is_file():
@@ -128,21 +103,10 @@ def load_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "202311
                    cache_dir: str | os.PathLike | None = None) -> list[str]:
     """First ``max_documents`` non-empty documents of a ``datasets.load_dataset`` dataset.
 
-    The default is English Wikipedia (``wikimedia/wikipedia``, ``20231101.en``), streamed so that only the
-    needed shards are read.  ``path`` may also be a packaged local loader, e.g.
-    ``load_hub_texts("text", None, data_files=["a.txt"])``.
-
-    Offline a hub id fails fast (see ``hub_is_offline``) with one line saying what to do instead.
-    Non-streaming loads are tried offline too, because ``datasets`` can serve them from its cache.
-
-    Raises
-    ------
-    ValueError
-        ``max_documents`` missing for a streamed dataset, missing ``text_column``, or no text.
-    ConnectionError
-        A hub id is streamed while offline (``HF_HUB_OFFLINE`` set or the hub unreachable).
-    RuntimeError
-        ``datasets.load_dataset`` or reading the first rows failed (message: the cause's first line).
+    Default: English Wikipedia (``wikimedia/wikipedia``, ``20231101.en``), streamed.  ``path`` may be a packaged local
+    loader, e.g. ``load_hub_texts("text", None, data_files=["a.txt"])``.  Offline a streamed hub id fails fast with one
+    line (ConnectionError); non-streaming loads are tried from the cache.  ValueError: ``max_documents`` missing for a
+    streamed dataset, missing ``text_column``, or no text; RuntimeError: loading or reading failed.
     """
     if streaming and not max_documents:
         raise ValueError(f"data.max_documents must be set (>0) to stream {path}, e.g. data.max_documents=10000")
@@ -154,14 +118,9 @@ def iter_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "202311
                    text_column: str = "text", max_documents: int | None = None, streaming: bool = True,
                    data_files: str | Sequence[str] | None = None, revision: str | None = None,
                    cache_dir: str | os.PathLike | None = None, progress: list[int] | None = None) -> Iterator[str]:
-    """Stream the first ``max_documents`` (None: all) non-empty documents of a ``datasets`` dataset.
-
-    ``streaming=True`` reads the hub's shards as they are needed (``datasets.IterableDataset``);
-    ``streaming=False`` reads the memory-mapped Arrow cache (downloaded once) in batches of 1,000 rows.  Either
-    way one batch of rows is held at a time, so a whole Wikipedia dump passes through in bounded memory.
-    Arguments and errors as ``load_hub_texts``; ``progress``, a list of two ints, receives
-    ``[documents yielded, documents expected or 0 when unknown]``.
-    """
+    """Stream the first ``max_documents`` (None: all) non-empty documents of a ``datasets`` dataset, one batch of rows
+    at a time (streamed shards, or the Arrow cache in batches of 1,000).  As ``load_hub_texts``; ``progress`` (two ints)
+    receives ``[documents yielded, expected or 0]``."""
     local = path in _LOCAL_BUILDERS or Path(path).expanduser().exists()
     what = f"{path}" + (f" ({name})" if name else "")
     advice = ("use data=embedded, or data=files data.files=[a.txt,b.txt.gz] for local text, or pre-download "
@@ -236,9 +195,8 @@ def _go_offline(datasets_module) -> None:
 def file_identity(files: Sequence[str | os.PathLike], memo_dir: str | os.PathLike | None = None) -> str:
     """sha256 over the raw bytes of ``files`` (in order): changes when any file changes, not when it moves.
 
-    With ``memo_dir`` the digest is remembered there, keyed by each file's (real path, size, mtime in ns,
-    inode) -- the stat check git's index and ccache use -- so a warm run does not re-read gigabytes of text
-    (sha256 reads ~0.5 GB/s).  A file rewritten in place changes its mtime, so its digest is computed again.
+    With ``memo_dir`` the digest is remembered per (real path, size, mtime ns, inode), as git's index and ccache do, so
+    a warm run does not re-read gigabytes; an in-place rewrite changes the mtime.
     """
     paths = corpus_paths(files)
     for p in paths:

@@ -1,13 +1,9 @@
 """Pretraining documents as a stream: re-iterable sources that read one line (or one batch of rows) at a time.
 
-``outlierlab.datamodules.corpus`` returns ``list[str]`` (right for the small sentence files of probing and
-evaluation); pretraining corpora can be larger than memory, so the token-file build and the BPE trainer read
-them through these objects instead.  Each ``iter()`` starts a fresh pass over the source (the BPE trainer and the
-tokenizer each make one), and ``Documents.fraction`` tells how far the current pass is, for the build's ETA:
-bytes of the files read so far (compressed bytes for ``.gz``), or documents of the expected count for a hub
-dataset.
-
-Standard library only at import (``datasets`` is imported when a hub pass starts).
+``outlierlab.datamodules.corpus`` returns ``list[str]`` (fine for small sentence files); pretraining corpora can be
+larger than memory, so the token-file build and the BPE trainer read them through these objects.  Each ``iter()`` starts
+a fresh pass; ``Documents.fraction`` tells how far it is (bytes read, compressed for ``.gz``, or documents of the
+expected count for a hub dataset).  Standard library only at import.
 """
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
 """Loaders for the small real evaluation sets shipped in ``outlierlab/datamodules/data/eval/``.
 
-Plain Python (gzip + json only; no torch), so probe.py/evaluate.py can validate data before heavy
-imports. What each file holds, how it was built, counts and licence terms: ``data/eval/NOTICE.md``;
-the builder is ``scripts/build_eval_data.py``.
+Plain Python (gzip + json; no torch).  Contents, provenance and licences: ``data/eval/NOTICE.md``; builder:
+``scripts/build_eval_data.py``.
 
-- ``load_sentences`` — *Persuasion* sentences (anisotropy, self-similarity, outlier statistics,
-  position probe; Ethayarajh 2019, Luo et al. 2021 §3, §4.1).
-- ``load_wic`` — WiC-style pairs from WordNet examples with identical target forms
-  (Pilehvar & Camacho-Collados 2019; Luo et al. §4.2).
-- ``load_wordnet_pos`` — WordNet definitions labelled with their part of speech, a 4-class
-  set for the linear-classifier probe (stand-in for SST-2, Luo et al. §4.4).
+- ``load_sentences`` — *Persuasion* sentences (anisotropy, self-similarity, outlier statistics, position probe;
+  Ethayarajh 2019, Luo et al. 2021 §3, §4.1).
+- ``load_wic`` — WiC-style pairs from WordNet examples (Pilehvar & Camacho-Collados 2019; Luo et al. §4.2).
+- ``load_wordnet_pos`` — WordNet definitions labelled with part of speech, a 4-class stand-in for SST-2
+  (Luo et al. §4.4).
 """
 
 from __future__ import annotations
@@ -49,43 +47,22 @@ def _read_jsonl(path: Path, split: str | None) -> list[dict]:
 
 
 def load_sentences(path: str | Path | None = None) -> list[str]:
-    """Held-out English sentences (Austen, *Persuasion*), one string per sentence.
-
-    Parameters
-    ----------
-    path : str or Path, optional
-        A gzip text file with one sentence per line; ``None`` = the shipped ``sentences.txt.gz``.
-    """
+    """Held-out English sentences (Austen, *Persuasion*); ``path``: a gzip text file, one per line (None: the shipped
+    ``sentences.txt.gz``)."""
     with gzip.open(_resolve(path, SENTENCES_FILE), "rt", encoding="utf-8") as fh:
         return [line.rstrip("\n") for line in fh if line.strip()]
 
 
 def load_wic(path: str | Path | None = None, split: str | None = None) -> list[dict]:
-    """WiC-style pairs: ``word, pos, sentence1, sentence2, start1, end1, start2, end2, label,
-    synset1, synset2, split``; ``sentenceK[startK:endK]`` is the target token (end exclusive)
-    and ``label`` is True when both occurrences belong to the same WordNet synset.
-
-    Parameters
-    ----------
-    path : str or Path, optional
-        A gzip JSONL file; ``None`` = the shipped ``wic_wordnet.jsonl.gz``.
-    split : {"train", "dev", "test"}, optional
-        Keep only this split (splits are disjoint by lemma); ``None`` = all rows.
-    """
+    """WiC-style pairs: ``word, pos, sentence1, sentence2, start1, end1, start2, end2, label, synset1, synset2, split``;
+    ``sentenceK[startK:endK]`` is the target (end exclusive), ``label`` True for the same WordNet synset. ``path``: gzip
+    JSONL (None: the shipped file); ``split`` ("train", "dev", "test"; disjoint by lemma) or None: all."""
     _check_split(split, WIC_SPLITS)
     return _read_jsonl(_resolve(path, WIC_FILE), split)
 
 
 def load_wordnet_pos(path: str | Path | None = None, split: str | None = None) -> list[dict]:
-    """Definitions labelled with the part of speech of the defined word: ``text, label (int,
-    index into POS_LABELS), label_name, split, synset``.
-
-    Parameters
-    ----------
-    path : str or Path, optional
-        A gzip JSONL file; ``None`` = the shipped ``wordnet_pos.jsonl.gz``.
-    split : {"train", "validation", "test"}, optional
-        Keep only this split; ``None`` = all rows.
-    """
+    """Definitions labelled with the defined word's part of speech: ``text, label`` (index into ``POS_LABELS``),
+    ``label_name, split, synset``.  ``path``: gzip JSONL (None: shipped); ``split`` or None: all."""
     _check_split(split, POS_SPLITS)
     return _read_jsonl(_resolve(path, POS_FILE), split)

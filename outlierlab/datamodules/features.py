@@ -99,11 +99,8 @@ class FeatureSet:
 
 def extract_features(encoder, texts: Sequence[str], cache_root: str | os.PathLike | None, store_tokens: bool = True,
                      batch_size: int | None = None, progress: bool = True) -> FeatureSet:
-    """Encode ``texts`` once with a ``FrozenEncoder`` and cache all layers under
-    ``cache_root`` (None: in memory, no file).
-
-    Returns the cached ``FeatureSet`` at once if this encoder+data was extracted before.
-    """
+    """Encode ``texts`` once with a ``FrozenEncoder`` and cache all layers under ``cache_root`` (None: in memory);
+    returns the cached ``FeatureSet`` at once when this encoder and data were extracted before."""
     texts = list(texts)
     if not texts:
         raise ValueError("no texts to encode")
@@ -210,11 +207,8 @@ def iter_chunks(array: np.ndarray, rows: np.ndarray, chunk: int = 8192) -> Itera
 
 
 class RowBatches(torch.utils.data.Dataset):
-    """Batches ``(x [L', B, d] float32, y [B])`` of rows of a ``[L, N, d]`` feature array.
-
-    Indexed by a LIST of positions into ``rows`` (use ``row_loader``, whose BatchSampler yields
-    lists): one fancy-index read per batch instead of B small reads.
-    """
+    """Batches ``(x [L', B, d] float32, y [B])`` of rows of a ``[L, N, d]`` array, indexed by a LIST of positions
+    (``row_loader``'s BatchSampler): one fancy-index read per batch."""
 
     def __init__(self, array: np.ndarray, rows: np.ndarray, labels: np.ndarray, transform=None,
                  layers: Sequence[int] | None = None):
@@ -267,15 +261,10 @@ def detect_train_outliers(stats: dict[str, Tensor], method: str = "share", thres
 class LayerTokenStore:
     """Token vectors of every layer appended batch by batch, one file per layer, in the model's dtype.
 
-    The one-pass evaluation (``outlierlab.evaluation.sentence_stream``) writes each layer's valid tokens here as
-    the layer is produced and reads them back one layer at a time once the transforms are fitted, instead
-    of encoding the sentences a second time.  Disk: ``N_tokens × (L+1) × d × itemsize`` bytes (MiniLM,
-    2,000 sentences: ≈ 0.3 GB in float32; 84 GB for a 70B model); memory: one layer's rows at a time.
-    bfloat16 (which numpy lacks) is stored as its raw 16 bits.
-
-    The files are unnamed (``tempfile.TemporaryFile`` in ``directory``: ``O_TMPFILE``, or unlinked at once), so the
-    file system takes their space back however the process ends — a killed 70B run left 84 GB in ``$TMPDIR``
-    while they had names.  Reads are ``pread``s of the rows asked for.
+    The one-pass evaluation writes each layer's valid tokens as produced and reads them back a layer at a time once the
+    transforms are fitted, instead of encoding twice.  Disk ``N_tokens × (L+1) × d × itemsize`` (84 GB at 70B), memory
+    one layer; bfloat16 is stored as raw 16 bits.  The files are unnamed (``tempfile.TemporaryFile``), so the space
+    returns however the process ends; reads are ``pread``s.
     """
 
     def __init__(self, directory: str | os.PathLike, num_layers: int, dim: int) -> None:

@@ -29,12 +29,8 @@ def batch_seed(seed: int, indices: Sequence[int]) -> int:
 
 
 class DeterministicMLMCollator:
-    """Collate ``{"index", "input_ids", "attention_mask"}`` examples into a masked MLM batch.
-
-    Returns ``{"input_ids", "attention_mask", "labels"}`` (long tensors), ready for ``model(**batch)``.
-    Never selected for masking: every special token of the tokenizer (``<s>``, ``</s>``, ``<pad>``, ...)
-    and every position with ``attention_mask == 0``.
-    """
+    """Collate ``{"index", "input_ids", "attention_mask"}`` examples into a masked batch ``{"input_ids",
+    "attention_mask", "labels"}``; special tokens and padding are never selected."""
 
     def __init__(self, tokenizer, mlm_probability: float = 0.15, seed: int = 0,
                  mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1) -> None:
@@ -60,12 +56,8 @@ class DeterministicMLMCollator:
 
 
 class CausalLMCollator:
-    """Collate ``{"index", "input_ids", "attention_mask"}`` examples into a causal-LM batch (``objective=clm``).
-
-    Returns ``{"input_ids", "attention_mask", "labels"}`` with ``labels`` = the input ids, -100 at padding:
-    transformers' ``DataCollatorForLanguageModeling(mlm=False)``. Unshifted: the model shifts (position ``t``
-    predicts ``labels[t + 1]``), as transformers' causal LMs do. Nothing is random, so resume is exact as is.
-    """
+    """Collate examples into a causal-LM batch (``objective=clm``): ``labels`` = the input ids, -100 at padding,
+    unshifted (the model shifts), as ``DataCollatorForLanguageModeling(mlm=False)``.  Nothing is random."""
 
     def __init__(self, tokenizer) -> None:
         self.hf = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=False, return_tensors="pt")

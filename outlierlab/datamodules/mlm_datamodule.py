@@ -2,27 +2,21 @@
 
 Pipeline (RoBERTa / fairseq style pretraining data, Liu et al. 2019):
 
-1. documents from ``source`` (``outlierlab.datamodules.corpus``): the embedded corpus, user text files, or a hub dataset;
-2. tokenizer (``outlierlab.datamodules.tokenizer``): byte-level BPE trained on these documents (cached), or any HF one;
-3. the documents are streamed (``outlierlab.datamodules.documents``) and tokenized in ``num_proc`` processes,
-   ``</s>`` after every document, into ONE flat token file (``outlierlab.datamodules.token_cache``: ``uint16``
-   when the vocabulary fits, else ``int32``) under ``<cache_dir>/tokens/<hash>``, keyed by (corpus identity,
-   tokenizer); built once, atomically, in memory bounded by ``tokenize_chunk_mb``, so a second run (and every
-   other DDP rank) just memory-maps it.  Blocks are cut from the map when read
-   (``outlierlab.datamodules.token_blocks``): EVERY block is ``<s>`` + the next ``block_size - 1`` stream tokens,
-   so position 0 always carries ``<s>`` -- the token whose position artefacts Luo et al. (2021) study; blocks
-   may start mid-document.  Only the final block is padded (``attention_mask`` 0, derived), so no token is lost;
-4. train/validation split by blocks, a seeded permutation of block ids (``val_blocks`` or ``val_fraction``).
-   Neighbouring blocks of one document may fall on both sides of the split;
-5. batches: a ``ResumableSampler`` (shuffled per epoch with ``seed + epoch``, sharded
-   by ``trainer.global_rank``/``world_size``; set ``use_distributed_sampler: False`` in the Trainer) and the
-   HF MLM collator seeded per batch (``outlierlab.datamodules.masking``: 15 % selected, 80/10/10).
+1. documents from ``source`` (``outlierlab.datamodules.corpus``): the embedded corpus, text files, or a hub dataset;
+2. tokenizer (``outlierlab.datamodules.tokenizer``): byte-level BPE trained on these documents, or any HF one;
+3. documents streamed and tokenized in ``num_proc`` processes, ``</s>`` after each, into ONE flat token file
+   (``outlierlab.datamodules.token_cache``) keyed by (corpus, tokenizer), built once and memory-mapped by every
+   run and rank.  Blocks are cut when read (``outlierlab.datamodules.token_blocks``): EVERY block is ``<s>`` + the
+   next ``block_size - 1`` stream tokens, so position 0 always carries ``<s>`` -- the token whose position
+   artefacts Luo et al. (2021) study; blocks may start mid-document; only the final block is padded;
+4. train/validation split by a seeded permutation of block ids (``val_blocks`` or ``val_fraction``);
+5. batches: a ``ResumableSampler`` (shuffled with ``seed + epoch``, sharded by rank; set
+   ``use_distributed_sampler: False``) and the MLM collator seeded per batch (``outlierlab.datamodules.masking``:
+   15 % selected, 80/10/10).
 
-Resume: ``state_dict()`` (Lightning stores it in every checkpoint) records the data epoch and how many batches
-of it the trainer consumed; ``load_state_dict()`` makes the next train dataloader skip exactly those.
-
-Call ``prepare_data(); setup("fit")`` before building the model to read ``tokenizer``, ``vocab_size`` and
-``pad_token_id``; both are idempotent and cheap on a second call.
+Resume: ``state_dict()`` records the data epoch and the batches consumed; ``load_state_dict()`` makes the next train
+dataloader skip exactly those.  Call ``prepare_data(); setup("fit")`` before building the model to read ``tokenizer``,
+``vocab_size`` and ``pad_token_id``; both are idempotent.
 """
 from __future__ import annotations
 
@@ -68,11 +62,10 @@ AUTO_WORKERS = 2
 def loader_settings(num_workers: int | str, pin_memory: bool | str, trainer=None) -> tuple[int, bool]:
     """``(num_workers, pin_memory)`` for the loaders of ``trainer``, ``"auto"`` resolved.
 
-    On a CPU (or with no trainer: a datamodule used on its own) the training process collates: a worker would
-    take a core from the compute threads (on 2 cores a worker cost ~35 % per step, configs/data/embedded.yaml).
-    On an accelerator the batch is masked in ``AUTO_WORKERS`` workers per device process (fewer where this
-    process has fewer spare cores: DDP starts one process per device, each with its own workers) while the device
-    computes, and pinned for an asynchronous copy when it is a CUDA device."""
+    On a CPU (or without a trainer) the training process collates: a worker would take a core from the compute threads
+    (~35 % per step on 2 cores).  On an accelerator ``AUTO_WORKERS`` workers per device process (fewer where cores are
+    short) mask while the device computes, pinned for CUDA.
+    """
     from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 
     accelerator = getattr(trainer, "accelerator", None)
@@ -89,10 +82,9 @@ def loader_settings(num_workers: int | str, pin_memory: bool | str, trainer=None
 def ignore_stop_signals(worker_id: int) -> None:
     """A DataLoader worker's ``worker_init_fn``: SIGTERM and SIGINT are the training process's to handle.
 
-    A scheduler's preemption (SLURM signals every process of the job) or Ctrl-C (the whole foreground group)
-    reaches the workers too; a worker that dies of it makes the training process fail with "DataLoader worker
-    is killed by signal" before it saves ``last.ckpt`` and exits 143 (seen with ``data.num_workers=2``).  Ignored
-    here, the training process saves, stops and shuts its workers down; they also exit when it is gone."""
+    Preemption or Ctrl-C reaches the workers too; a worker dying of it fails the training process ("DataLoader worker is
+    killed by signal") before it saves ``last.ckpt``.  Ignored here, the trainer saves and shuts them down.
+    """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -100,47 +92,21 @@ def ignore_stop_signals(worker_id: int) -> None:
 class MLMDataModule(L.LightningDataModule):
     """Masked-LM pretraining data (see module docstring).
 
-    Parameters
-    ----------
-    source : {"embedded", "files", "hub"}
-        Embedded corpus (Austen, Moby Dick, KJV Pentateuch), ``files``, or ``datasets.load_dataset(**hub)``.
-    files : list of str
-        Text files, one document per line, ``.txt`` or ``.txt.gz`` (source "files").
-    hub : dict
-        ``path, name, split, text_column, streaming, data_files, revision`` for ``datasets.load_dataset``.
-    tokenizer : dict
-        ``name_or_path`` (null: train byte-level BPE), ``vocab_size`` (BPE size, default 8192),
-        ``min_frequency`` (BPE, default 2), ``max_training_documents`` (BPE trained on the first N documents
-        only; null: all -- cap it for corpora whose distinct words would not fit in memory).
-    block_size : int
-        Tokens per block including the leading ``<s>`` (the model's sequence length).
-    batch_size : int
-        Blocks per batch per device.
-    val_fraction, val_blocks : float, int or None
-        Validation blocks: ``val_blocks`` if given, else ``round(val_fraction * n_blocks)`` (at least 1 when
-        ``val_fraction > 0``).  Both 0: no validation loader.
-    num_workers, pin_memory : int and bool, or "auto"
-        DataLoader workers and pinned batches. ``"auto"`` (``loader_settings``): none and unpinned when the
-        trainer runs on a CPU, where a worker competes with the compute threads; on an accelerator two workers
-        per device process and pinned batches (CUDA), so the next batch is masked while the device computes.
-    mlm_probability, mask_replace_prob, random_replace_prob : float or None
-        Masking recipe (BERT/RoBERTa: 0.15, 0.8, 0.1); null under ``objective="clm"``.
-    objective : {"mlm", "clm"}
-        ``mlm``: dynamic masking (``DeterministicMLMCollator``); ``clm``: the
-        blocks as they are, labels = inputs (``CausalLMCollator``).
-    cache_dir : str or None
-        Tokenizer and block caches; default ``$OUTLIERLAB_CACHE`` or ``~/.cache/outlierlab``.
-    seed : int
-        Split, shuffling and masking seed.
-    max_documents : int or None
-        Use only the first N documents (required for streamed hub data; handy for small experiments).
-    limit_blocks : int or None
-        Use only the first N packed blocks (tiny tests).
-    num_proc : int or None
-        Processes that tokenize the corpus when its token file is built; None: this machine's cores.
-    tokenize_chunk_mb : float
-        Millions of characters per tokenization chunk; the build holds about ``2 x num_proc`` chunks (and each
-        worker the tokenizer's encodings of one, ~120 bytes per token), so this, not the corpus, bounds its memory.
+    source : {"embedded", "files", "hub"} — the embedded corpus, ``files`` (``.txt``/``.txt.gz``, one document per
+        line), or ``datasets.load_dataset(**hub)`` (``path, name, split, text_column, streaming, data_files,
+        revision``).
+    tokenizer : ``name_or_path`` (null: train byte-level BPE), ``vocab_size`` (default 8192), ``min_frequency``
+        (default 2), ``max_training_documents`` (BPE on the first N documents; null: all).
+    block_size : tokens per block including ``<s>``; batch_size : blocks per batch per device.
+    val_fraction, val_blocks : ``val_blocks`` if given, else ``round(val_fraction * n_blocks)`` (≥ 1 when
+        ``val_fraction > 0``); both 0: no validation loader.
+    num_workers, pin_memory : or "auto" (``loader_settings``).
+    mlm_probability, mask_replace_prob, random_replace_prob : the masking recipe (0.15, 0.8, 0.1); null for clm.
+    objective : ``mlm`` (``DeterministicMLMCollator``) or ``clm`` (``CausalLMCollator``, labels = inputs).
+    cache_dir : default ``$OUTLIERLAB_CACHE`` or ``~/.cache/outlierlab``; seed : split, shuffling and masking.
+    max_documents, limit_blocks : the first N documents (required for streamed hub data) / blocks.
+    num_proc : tokenizing processes (None: the machine's cores); tokenize_chunk_mb : millions of characters per
+        chunk; the build holds about ``2 x num_proc`` chunks, which bounds its memory.
     """
 
     def __init__(self, source: str = "embedded", files: Sequence[str] | None = None, hub: dict | None = None,

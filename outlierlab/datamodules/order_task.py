@@ -1,19 +1,14 @@
 """A synthetic task whose answer depends on word order only: ``data=order_task``.
 
-Each block is ``<s>`` followed by ``block_size - 1`` symbols drawn uniformly from ``num_symbols`` ids.  At *copy
-positions* the symbol equals the one ``offset`` places to its left (``offset = 2``: "the token two places to the
-left").  A masked LM sees every copy position as ``<mask>`` and predicts it; a causal LM predicts the copy
-positions as next tokens (the loss is on those positions only).  No copy position's source is itself a copy
-position, so the answer is always an unmasked token of the block.
+Each block is ``<s>`` and ``block_size - 1`` symbols drawn uniformly from ``num_symbols`` ids.  At *copy positions* the
+symbol equals the one ``offset`` places to its left; a masked LM sees them as ``<mask>`` and predicts them, a causal LM
+predicts them as next tokens (loss on those positions only).  No source is itself a copy position, so the answer is
+always an unmasked token.
 
-What it diagnoses: a bag-of-words model (no positions, masked objective) can at best spread its prediction over the
-symbols present in the block -- about ln(distinct symbols) nats -- while any model that attends to offset
-``-offset`` solves it (accuracy 1).  A position scheme whose path to attention is broken stays at the bag-of-words
-loss; docs/order_use.md tabulates what each scheme learns within a stated budget.  It is a diagnostic, not language:
-nothing here models text.
-
-Blocks are generated on the fly from ``(seed, split, index)``: no files, the same block at the same index on every
-run, and a resumed run sees exactly the batches of an uninterrupted one (the sampler is Lightning's).
+A bag-of-words model can at best spread its prediction over the block's symbols (about ln(distinct symbols) nats), while
+any model attending to offset ``-offset`` solves it; a scheme whose path to attention is broken stays at the
+bag-of-words loss (docs/order_use.md).  A diagnostic, not language.  Blocks are generated from ``(seed, split, index)``:
+no files, and a resumed run sees exactly the batches of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -84,20 +79,11 @@ class OrderTaskDataModule(L.LightningDataModule):
     """The order task as train/validation dataloaders, with the interface train.py reads from any data module
     (``tokenizer``, ``block_size``, ``batch_size``, ``stats``).
 
-    Parameters
-    ----------
-    num_symbols : int
-        Distinct symbols (200: a bag-of-words model then sits near ln(~55 distinct symbols per block) nats).
-    block_size : int
-        Tokens per block, ``<s>`` included (64).
-    offset : int
-        The copy distance: a copy position holds the symbol ``offset`` places to its left (2).
-    copy_rate : float
-        Share of positions drawn as copy positions before the no-chained-copies rule (0.15, BERT's masking rate).
-    objective : {"mlm", "clm"}
-        ``mlm``: copy positions are ``<mask>`` and predicted; ``clm``: predicted as next tokens, unmasked.
-    train_blocks, val_blocks : int
-        Blocks per epoch (generated on the fly) and in the fixed validation split.
+    num_symbols : distinct symbols (200: a bag-of-words model sits near ln(~55 distinct symbols per block) nats).
+    block_size : tokens per block, ``<s>`` included (64); offset : the copy distance (2). copy_rate : share of positions
+    drawn as copies before the no-chained-copies rule (0.15, BERT's masking rate). objective : ``mlm`` (copies are
+    ``<mask>`` and predicted) or ``clm`` (predicted as next tokens, unmasked). train_blocks, val_blocks : blocks per
+    epoch (generated on the fly) and in the fixed validation split.
     """
 
     def __init__(self, num_symbols: int = 200, block_size: int = 64, offset: int = 2, copy_rate: float = 0.15,

@@ -2,12 +2,10 @@
 
 * position probe: sentences from local text files (one per line, ``.txt``/``.txt.gz``) or the shipped
   held-out sentences (``outlierlab.datamodules.eval_data.load_sentences``);
-* classifiers: Hugging Face hub tasks through ``datasets`` (``stanfordnlp/sst2``, ``SetFit/sst5``,
-  ``stanfordnlp/imdb``; served from the local cache when the hub is unreachable, else one clear line),
-  local CSV/JSON files with ``text``/``label`` columns, or the shipped WordNet part-of-speech set.
-
-Every classifier source ends as ``ClassificationData`` with train/validation/test splits; a
-missing or unlabelled split (GLUE-style test labels of -1) is replaced as recorded in ``notes``.
+* classifiers: hub tasks through ``datasets`` (``stanfordnlp/sst2``, ``SetFit/sst5``, ``stanfordnlp/imdb``; from
+  the local cache when offline), local CSV/JSON files with ``text``/``label`` columns, or the shipped WordNet
+  part-of-speech set, each as ``ClassificationData`` with train/validation/test splits (a missing or unlabelled
+  split is replaced as recorded in ``notes``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """A seeded, epoch-aware, rank-sharding sampler that can resume in the middle of an epoch.
 
-Why not ``torch.utils.data.DistributedSampler``: it cannot skip the batches already consumed, so a run resumed
-from a mid-epoch checkpoint would see other data than an uninterrupted run.  This sampler produces the same
-per-epoch order as ``DistributedSampler`` would in spirit (permutation seeded by ``seed + epoch``, padded by
-wrapping to a multiple of ``world_size``, rank ``r`` takes every ``world_size``-th index from ``r``) and, after
-``load_state_dict({"epoch": e, "batches_consumed": k})``, starts epoch ``e`` at batch ``k``.
+``DistributedSampler`` cannot skip consumed batches, so a mid-epoch resume would see other data.  This sampler gives the
+same kind of per-epoch order (permutation seeded by ``seed + epoch``, wrapped to a multiple of ``world_size``, rank
+``r`` takes every ``world_size``-th index from ``r``) and after ``load_state_dict({"epoch": e, "batches_consumed": k})``
+starts epoch ``e`` at batch ``k``.
 
-Lightning calls ``set_epoch`` with its own epoch counter at every epoch start.  After resuming from a
-checkpoint taken at ``max_steps`` in the middle of an epoch, Lightning's counter is one ahead of the data
-epoch (it closed that epoch when it stopped); the first ``set_epoch`` call after ``load_state_dict`` therefore
-only records the offset between the two counters, and later calls apply it.  ``__len__`` stays the full
-epoch length, because Lightning adds the restored batch count to the number it fetches.
+After a resume from a mid-epoch ``max_steps`` checkpoint Lightning's epoch counter is one ahead of the data epoch, so
+the first ``set_epoch`` after ``load_state_dict`` only records the offset and later calls apply it. ``__len__`` stays
+the full epoch (Lightning adds the restored batch count itself).
 """
 from __future__ import annotations
 
@@ -23,17 +20,8 @@ from torch.utils.data import Sampler
 class ResumableSampler(Sampler[int]):
     """Indices ``0..num_samples-1``, shuffled per epoch, sharded by rank, resumable after ``k`` batches.
 
-    Parameters
-    ----------
-    num_samples : int
-        Dataset size (all ranks together).
-    batch_size : int
-        Per-device batch size (to turn "batches consumed" into samples to skip).
-    shuffle : bool
-        Permute with ``torch.randperm`` seeded by ``seed + epoch``; else keep order (validation).
-    seed : int
-    rank, world_size : int
-        This process' shard; every rank gets ``ceil(num_samples / world_size)`` indices.
+    ``batch_size``: per device (turns batches consumed into samples).  ``shuffle``: ``torch.randperm`` seeded by ``seed
+    + epoch``, else in order (validation).  Every rank gets ``ceil(num_samples / world_size)`` indices.
     """
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool = True, seed: int = 0,
@@ -106,9 +94,8 @@ class ResumableSampler(Sampler[int]):
     def load_state_dict(self, state: dict, roll_over: bool = True) -> None:
         """Make the next iteration start at batch ``batches_consumed`` of epoch ``epoch``.
 
-        If that epoch was complete, ``roll_over=True`` starts the next epoch; ``roll_over=False`` yields an
-        empty remainder instead -- what Lightning expects when it resumes a ``max_steps`` run: it first
-        finishes the restored (complete) epoch, then calls ``set_epoch`` for the next one.
+        If that epoch was complete, ``roll_over=True`` starts the next one; ``roll_over=False`` yields an empty
+        remainder (Lightning resuming a ``max_steps`` run first finishes the restored epoch, then calls ``set_epoch``).
         """
         epoch, k = int(state["epoch"]), int(state["batches_consumed"])
         if k >= self.num_batches and roll_over:

@@ -20,12 +20,8 @@ __all__ = ["pack_texts", "masked_batches", "next_token_batches"]
 
 
 def pack_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[str]:
-    """Join consecutive texts (with a space) into pieces of at most ``max_length`` tokens incl. specials.
-
-    MLM pretraining sees blocks of running text, not isolated sentences; packing held-out sentences the
-    same way gives the model its usual context.  A text longer than the budget stays alone (and is
-    truncated when tokenized).
-    """
+    """Join consecutive texts (with a space) into pieces of at most ``max_length`` tokens incl. specials, the
+    running-text context MLM pretraining sees.  A text longer than the budget stays alone (truncated when tokenized)."""
     budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
     lengths = [len(x) for x in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
     out, cur, used = [], [], 0
@@ -46,10 +42,9 @@ def masked_batches(tokenizer, texts: Sequence[str], max_length: int = 128, batch
                    mlm_probability: float = 0.15, seed: int = 0) -> list[dict[str, Tensor]]:
     """Deterministically masked evaluation batches: ``{"input_ids", "attention_mask", "labels"}``.
 
-    Each non-special, non-pad token is selected with probability ``mlm_probability`` and replaced by
-    ``<mask>`` (``mask_replace_prob=1``: no random/unchanged replacements at evaluation); labels are -100
-    elsewhere.  The masking is ``outlierlab.datamodules.masking.DeterministicMLMCollator`` (transformers'
-    collator seeded per batch from ``seed`` and the text indices), so the same call gives the same masks.
+    Each non-special token is selected with probability ``mlm_probability`` and becomes ``<mask>`` (no 80/10/10 at
+    evaluation); ``DeterministicMLMCollator`` seeded from ``seed`` and the text indices, so the same call gives the same
+    masks.
     """
     if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no mask or pad token: masked-LM evaluation is impossible")
@@ -73,9 +68,7 @@ def next_token_batches(tokenizer, texts: Sequence[str], max_length: int = 128,
 
     .. math:: \text{labels}_{b,t} = x_{b,t+1}\ \text{if } t+1 \text{ is a real, non-special token, else } -100
 
-    so ``logits[b, t]`` (the model's prediction from tokens ``0..t``) is scored against the next token.
-    Special tokens (a tokenizer's ``<s>``/``[SEP]``) are never targets — as masked-LM evaluation masks only
-    non-special tokens — and padding (the eos id when the tokenizer has no pad token) is masked out.
+    Special tokens are never targets (as masked-LM evaluation masks only non-special tokens); padding is masked out.
     """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:

@@ -1,11 +1,9 @@
 """MLM blocks cut from the memory-mapped token stream when they are read: nothing is packed or stored per block.
 
-Block ``i`` of size ``B`` is ``<s>`` followed by stream tokens ``[i (B-1), (i+1) (B-1))`` -- RoBERTa's
-FULL-SENTENCES packing with ``<s>`` at position 0 of every block, as Luo et al. (2021) study it; the layout and
-its in-memory reference are ``outlierlab.datamodules.packing.pack_blocks``.  Only the last block can be
-short: it is right-padded with ``<pad>``, and the attention mask (1 up to the block's last stream token, 0 after)
-is derived, not stored.  The stream is an ``np.memmap`` of ``outlierlab.datamodules.token_cache``'s file:
-every process (DDP rank, DataLoader worker) maps the same file, and the OS keeps one copy in its page cache.
+Block ``i`` of size ``B`` is ``<s>`` followed by stream tokens ``[i (B-1), (i+1) (B-1))`` -- RoBERTa's FULL-SENTENCES
+packing with ``<s>`` at position 0, as Luo et al. (2021) study it; the reference is
+``outlierlab.datamodules.packing.pack_blocks``.  Only the last block is short: right-padded, its attention mask derived.
+Every process maps the same ``token_cache`` file, and the OS keeps one copy in its page cache.
 """
 from __future__ import annotations
 
@@ -20,23 +18,9 @@ from .token_cache import open_tokens
 
 
 class TokenBlocks:
-    """Fixed-size ``<s>``-led blocks over a token file, read on demand.
-
-    Parameters
-    ----------
-    path : Path
-        Token cache folder (``tokens.bin`` + ``meta.json``).
-    meta : dict
-        Its ``meta.json`` (dtype, token count).
-    block_size : int
-        Tokens per block including ``<s>``; must be >= 2.
-    bos_id, pad_id : int
-    limit : int, optional
-        Use only the first ``limit`` blocks.
-
-    The memory map is opened lazily in each process and dropped when pickled (a DataLoader worker started with
-    spawn, ``ddp_spawn``), so no process ever pickles or copies the stream.
-    """
+    """Fixed-size ``<s>``-led blocks over a token file (``path`` with ``tokens.bin``; ``meta`` its ``meta.json``), read
+    on demand; ``block_size`` ≥ 2 includes ``<s>``; ``limit``: the first blocks only.  The memory map is opened lazily
+    per process and dropped when pickled, so the stream is never copied."""
 
     def __init__(self, path: Path, meta: dict[str, Any], block_size: int, bos_id: int, pad_id: int,
                  limit: int | None = None) -> None:
@@ -117,12 +101,8 @@ class BlockDataset(Dataset):
 
 
 class ResumableDataLoader(DataLoader):
-    """A DataLoader Lightning recognises as resumable (it has ``state_dict``/``load_state_dict``).
-
-    The data position itself lives in ``MLMDataModule.state_dict`` (applied to the sampler before the
-    loader is built), so these are no-ops; they only stop Lightning from warning that a mid-epoch resume
-    is unreliable.
-    """
+    """A DataLoader Lightning recognises as resumable.  The data position lives in ``MLMDataModule.state_dict`` (applied
+    to the sampler), so these methods are no-ops that stop Lightning's warning."""
 
     def state_dict(self) -> dict:
         return {}

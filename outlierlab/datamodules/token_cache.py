@@ -1,18 +1,16 @@
 """The corpus as one flat token file, built once out of core and memory-mapped by every process (nanoGPT's format).
 
-``<cache_dir>/tokens/<hash>/`` (the hash keys corpus identity, tokenizer and ``FORMAT_VERSION``; not the
-block size -- blocks are cut from the stream when read, ``outlierlab.datamodules.token_blocks``) holds
+``<cache_dir>/tokens/<hash>/`` (keyed by corpus identity, tokenizer and ``FORMAT_VERSION``, not the block size: blocks
+are cut when read, ``outlierlab.datamodules.token_blocks``) holds
 
-* ``tokens.bin`` -- the token stream: every document's ids followed by ``</s>``, in corpus order, as raw
-  little-endian ``uint16`` when the vocabulary has at most 65,536 ids (ids 0..65535), else ``int32``;
-* ``meta.json`` -- the small index: format version, dtype, token/document/character counts, special ids.
+* ``tokens.bin`` -- every document's ids followed by ``</s>``, in corpus order, as little-endian ``uint16`` when
+  the vocabulary has at most 65,536 ids, else ``int32``;
+* ``meta.json`` -- format version, dtype, token/document/character counts, special ids.
 
-The build streams documents (``outlierlab.datamodules.documents``) through
-``encode_documents`` straight into the file, so its memory is set
-by ``data.tokenize_chunk_mb`` and ``data.num_proc``, not by the corpus.  It is atomic: written under a
-temporary name (``.<hash>.<uuid>``), fsync'ed, then renamed; a cache is trusted only if ``meta.json`` has this
-format version and ``tokens.bin`` has exactly the bytes it announces, so a killed build never leaves a cache a
-later run accepts.  A file lock makes one process build while the others (DDP ranks) wait, then map the file.
+The build streams documents through ``encode_documents`` into the file, in memory set by ``data.tokenize_chunk_mb`` and
+``data.num_proc``.  It is atomic (temporary name ``.<hash>.<uuid>``, fsync, rename); a cache is trusted only if
+``meta.json`` has this format version and ``tokens.bin`` the bytes it announces.  A file lock makes one process build
+while the others (DDP ranks) wait.
 """
 from __future__ import annotations
 
@@ -70,11 +68,8 @@ def read_meta(path: Path) -> dict[str, Any] | None:
 
 
 def ensure_token_file(path: Path, build) -> tuple[dict[str, Any], bool]:
-    """``(meta, built)``: run ``build(path)`` unless ``path`` holds a trusted token file; one process builds.
-
-    Other processes block on the lock (no timeout) and then read the finished file.  Leftovers of killed
-    builds (``.<name>.*`` folders) are removed by the next builder, which holds the lock.
-    """
+    """``(meta, built)``: run ``build(path)`` unless ``path`` holds a trusted token file; one process builds, the others
+    block on the lock (no timeout).  The builder removes leftovers of killed builds (``.<name>.*``)."""
     meta = read_meta(path)
     if meta is not None:
         return meta, False
@@ -98,26 +93,11 @@ def ensure_token_file(path: Path, build) -> tuple[dict[str, Any], bool]:
 def write_token_file(documents: Iterable[str], tokenizer, eos_id: int, path: Path, meta: dict[str, Any],
                      num_proc: int = 1, chunk_chars: int = 1_000_000, fraction=None,
                      log_every_s: float = 30.0) -> dict[str, Any]:
-    """Tokenize ``documents`` (read once) into ``path/tokens.bin`` + ``meta.json``, atomically.
+    """Tokenize ``documents`` (a stream, read once) into ``path/tokens.bin`` + ``meta.json``, atomically.
 
-    Parameters
-    ----------
-    documents : iterable of str
-        Read once, as a stream.
-    tokenizer
-        HF tokenizer; ``len(tokenizer)`` picks the dtype (``token_dtype``).
-    eos_id : int
-        Appended after every document.
-    path : Path
-        Final folder; written as ``.<name>.<uuid>`` next to it and renamed when complete.
-    meta : dict
-        Extra fields for ``meta.json`` (corpus id, source ...).
-    num_proc, chunk_chars
-        Parallelism and memory bound of the tokenizer pass (``encode_documents``).
-    fraction : callable, optional
-        Share of the corpus read so far (None when unknown), for the ETA of the progress lines.
-    log_every_s : float
-        Seconds between two INFO progress lines (one more at the end).
+    ``len(tokenizer)`` picks the dtype; ``eos_id`` follows every document; ``meta`` adds fields to ``meta.json``;
+    ``num_proc, chunk_chars`` bound the tokenizer pass (``encode_documents``); ``fraction()`` (share read so far, or
+    None) feeds the progress ETA, logged every ``log_every_s`` seconds.
     """
     dtype = token_dtype(len(tokenizer))
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")

@@ -63,13 +63,8 @@ def pretraining_data(source) -> dict | None:
 
 
 def pretraining_counts(source, tokenizer, cache_dir: Path) -> tuple[np.ndarray, str]:
-    """Token counts of the run's pretraining corpus (cached under ``cache_dir/token_counts``).
-
-    Raises
-    ------
-    FileNotFoundError / ValueError / ConnectionError / RuntimeError
-        The run config names data that cannot be read here (the caller falls back, with a note).
-    """
+    """Token counts of the run's pretraining corpus (cached under ``cache_dir/token_counts``); raises FileNotFoundError
+    / ValueError / ConnectionError / RuntimeError when its data cannot be read here."""
     data = pretraining_data(source)
     if data is None:
         raise FileNotFoundError(f"{source.name} is not a train.py run (no config.yaml naming data.source)")

@@ -1,20 +1,14 @@
 """Tokenize a document stream in parallel, in order, with bounded memory: ``</s>``-terminated id chunks.
 
-Documents are grouped into chunks of about ``chunk_chars`` characters; each chunk is encoded by one of
-``num_proc`` worker processes into one flat id array (every document's ids followed by ``</s>``), and the chunks
-come back **in input order**, so the token stream is identical for every ``num_proc``.  At most
-``2 * num_proc`` chunks are in flight, so peak memory is about ``2 * num_proc * chunk_chars`` characters of text
-plus their ids, whatever the corpus size.
+Documents are grouped into chunks of about ``chunk_chars`` characters, each encoded by one of ``num_proc`` worker
+processes into one flat id array, and returned **in input order**, so the stream is the same for every ``num_proc``.  At
+most ``2 * num_proc`` chunks are in flight, bounding memory whatever the corpus.
 
-Why multiprocessing by hand and not ``datasets.Dataset.map(num_proc=...)`` (HF ``run_mlm.py``): ``map`` shards
-a *materialised* Dataset (an Arrow copy of the whole text on disk, then an Arrow copy of every token list --
-tens of GB extra for Wikipedia) and cannot shard a streamed ``IterableDataset`` across processes; and
-``multiprocessing.Pool.imap`` reads its input without limit.  A window of ``apply_async`` results is the
-smallest thing that reads a stream once, keeps the order and bounds memory.  The workers run the Rust
-``tokenizers.Tokenizer`` behind a fast HF tokenizer (``encode_batch`` -- exactly what
-``PreTrainedTokenizerFast.__call__`` runs, or its offset-free twin ``encode_batch_fast``), rebuilt from its JSON in each worker, so a worker imports neither
-torch nor transformers; a slow (Python) tokenizer is sent to the workers as it is.  The Rust thread pool is
-switched off in the workers (``TOKENIZERS_PARALLELISM=false``): ``num_proc`` alone sets the parallelism.
+Not ``datasets.Dataset.map(num_proc=...)``: it needs a materialised Arrow copy of the text and of every token list, and
+cannot shard a streamed ``IterableDataset``; ``Pool.imap`` reads its input without limit.  The workers run the Rust
+``tokenizers.Tokenizer`` behind a fast HF tokenizer (``encode_batch``/``encode_batch_fast``, what
+``PreTrainedTokenizerFast.__call__`` runs), rebuilt from JSON, so they import neither torch nor transformers; a slow
+tokenizer is sent as is.  ``TOKENIZERS_PARALLELISM=false`` in the workers: ``num_proc`` sets the parallelism.
 """
 from __future__ import annotations
 
@@ -93,22 +87,10 @@ def chunk_documents(documents: Iterable[str], chunk_chars: int) -> Iterator[list
 
 def encode_documents(documents: Iterable[str], tokenizer, eos_id: int, dtype, num_proc: int = 1,
                      chunk_chars: int = 1_000_000) -> Iterator[tuple[np.ndarray, int, int]]:
-    """Yield ``(ids, documents, bytes)`` per chunk of ``documents``, in order (see the module docstring).
+    """Yield ``(ids, documents, bytes)`` per chunk of ``documents`` (read once, lazily), in order.
 
-    Parameters
-    ----------
-    documents : iterable of str
-        Read once, lazily (never turned into a list).
-    tokenizer
-        HF tokenizer; ids come from ``tokenizer(texts, add_special_tokens=False)``.
-    eos_id : int
-        Appended after every document (``</s>``/``[SEP]``).
-    dtype : numpy dtype
-        Of the yielded ids; an id that does not fit raises ``ValueError``.
-    num_proc : int
-        Worker processes; 1 encodes in this process.
-    chunk_chars : int
-        Characters per chunk (memory bound: about ``2 * num_proc`` chunks in flight).
+    Ids come from ``tokenizer(texts, add_special_tokens=False)``, ``eos_id`` after every document, as ``dtype`` (an id
+    that does not fit raises ``ValueError``).  ``num_proc`` 1 encodes in this process; ``chunk_chars`` per chunk.
     """
     if num_proc < 1 or chunk_chars < 1:
         raise ValueError(f"data.num_proc and data.tokenize_chunk_mb must be positive, got {num_proc}, {chunk_chars}")

@@ -1,15 +1,12 @@
 """Tokenizers for MLM pretraining: a byte-level BPE trained on the corpus (default) or any HF tokenizer.
 
-Default (``tokenizer.name_or_path: null``): byte-level BPE as in RoBERTa (Liu et al. 2019; GPT-2's byte-level
-alphabet, so there are no unknown tokens), trained with the ``tokenizers`` library on the training documents,
-special tokens in RoBERTa's order and ids -- ``<s>``=0, ``<pad>``=1, ``</s>``=2, ``<unk>``=3, ``<mask>``=4 -- and a
-``RobertaProcessing`` post-processor (``<s> A </s>``, ``<s> A </s></s> B </s>``).  It is wrapped as
-``transformers.PreTrainedTokenizerFast`` and cached with ``save_pretrained`` (which writes tokenizer_config.json;
-without it ``AutoTokenizer`` adds no ``<s>``/``</s>``) under ``<cache_dir>/tokenizers/bpe<V>-<hash>``, the hash
-keyed by (corpus identity, vocab size, recipe), so a second run loads it in milliseconds.
+Default (``tokenizer.name_or_path: null``): byte-level BPE as in RoBERTa (Liu et al. 2019; no unknown tokens), trained
+with ``tokenizers`` on the training documents, special tokens in RoBERTa's order and ids -- ``<s>``=0, ``<pad>``=1,
+``</s>``=2, ``<unk>``=3, ``<mask>``=4 -- and a ``RobertaProcessing`` post-processor.  Wrapped as
+``PreTrainedTokenizerFast`` and cached with ``save_pretrained`` (without its tokenizer_config.json ``AutoTokenizer``
+adds no ``<s>``/``</s>``) under ``<cache_dir>/tokenizers/bpe<V>-<hash>``, keyed by corpus, vocab size and recipe.
 
-Otherwise ``name_or_path`` is loaded with ``AutoTokenizer``: a local directory works offline; a hub id while
-offline fails at once with one line saying what to do.
+Otherwise ``name_or_path`` is loaded with ``AutoTokenizer``; a hub id while offline fails at once with one line.
 """
 from __future__ import annotations
 
@@ -41,11 +38,9 @@ MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # byte alphabet + specials
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 8192, min_frequency: int = 2):
     """Train a RoBERTa-style byte-level BPE on ``texts``; returns a ``PreTrainedTokenizerFast``.
 
-    ``texts`` is read once, as a stream (``Tokenizer.train_from_iterator``): the trainer keeps word counts, not
-    the text, so its memory grows with the number of distinct pre-tokenized words, not with the corpus -- for
-    a huge corpus cap the sample (``tokenizer.max_training_documents``).  Training is deterministic for the same
-    texts and arguments.  A corpus too small for ``vocab_size`` yields a smaller vocabulary
-    (``len(tokenizer)``), with a warning.
+    ``texts`` is streamed once: memory grows with the distinct pre-tokenized words, not the corpus (cap it with
+    ``tokenizer.max_training_documents``).  Deterministic; a corpus too small for ``vocab_size`` gives a smaller
+    vocabulary, with a warning.
     """
     if vocab_size < MIN_VOCAB:
         raise ValueError(f"data.tokenizer.vocab_size must be >= {MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} "
@@ -81,13 +76,10 @@ def bpe_cache_path(cache_dir: str | os.PathLike, corpus_id: str, vocab_size: int
 
 def load_or_train_bpe(texts: Callable[[], Iterable[str]] | Iterable[str], corpus_id: str, vocab_size: int,
                       cache_dir: str | os.PathLike, min_frequency: int = 2, max_training_documents: int | None = None):
-    """Load the cached BPE tokenizer for ``corpus_id`` or train (``texts()`` is only called then) and cache it.
+    """Load the cached BPE tokenizer for ``corpus_id`` or train it (only then is ``texts()`` called) and cache it.
 
-    ``texts`` (or what ``texts()`` returns) is streamed once; with ``max_training_documents`` only its first
-    that many documents are read -- the sample cap for corpora whose distinct words would not fit in memory
-    (the first documents of a Wikipedia dump are in page-id order, a spread of topics).
-    Returns ``(tokenizer, path, trained)``.  Safe with several processes (DDP ranks): a file lock serialises
-    training, and the folder appears atomically (written to a temporary name, then renamed).
+    With ``max_training_documents`` only that many first documents are read.  Returns ``(tokenizer, path, trained)``.
+    Safe with several processes: a file lock serialises training and the folder appears atomically.
     """
     if max_training_documents is not None and int(max_training_documents) < 1:
         raise ValueError(f"data.tokenizer.max_training_documents must be >= 1 or null, got {max_training_documents}")
@@ -141,10 +133,8 @@ def load_tokenizer(name_or_path: str):
 
 
 def mlm_special_ids(tokenizer) -> dict[str, int]:
-    """Ids the packer and collator need: ``bos`` (``<s>``/``[CLS]``), ``eos`` (``</s>``/``[SEP]``), ``pad``, ``mask``.
-
-    Raises ``ValueError`` naming what is missing (e.g. GPT-2 has no pad or mask token).
-    """
+    """Ids the packer and collator need: ``bos`` (``<s>``/``[CLS]``), ``eos`` (``</s>``/``[SEP]``), ``pad``, ``mask``;
+    ``ValueError`` names what is missing (e.g. GPT-2 has no pad or mask token)."""
     ids = {
         "bos": tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id,
         "eos": tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id,

@@ -1,23 +1,20 @@
 """One validation of every user data file, run by the entry points before any model is loaded.
 
-Plain Python (csv, json, gzip; no torch, no datasets), so a bad file fails in a second with one line that
-names the file and the fault, instead of a traceback from pandas/datasets after the model has loaded:
+Plain Python (csv, json, gzip), so a bad file fails in a second with one line naming the file and the fault:
 
-=====================  =====================================================================================
-input                  config key (entry point)
-=====================  =====================================================================================
-training corpus        ``data.files`` (train.py, ``data=files``): text, one document per line
-sentence files         ``data.files`` (probe.py position probe, evaluate.py): text, one sentence per line
-classifier files       ``task.files`` (probe.py ``task=local``): CSV/TSV/JSON(L) with text/label columns
-WiC pairs              ``wic.files`` (evaluate.py): sentence1, sentence2, start1, end1, start2, end2, label
-STS pairs              ``sts.files`` (evaluate.py): sentence1, sentence2, score
-encoder                ``encoder.name_or_path`` (probe.py, evaluate.py): run dir, checkpoint, model dir
+=====================  ===================================================================================== input
+config key (entry point) =====================
+===================================================================================== training corpus
+``data.files`` (train.py, ``data=files``): text, one document per line sentence files         ``data.files`` (probe.py
+position probe, evaluate.py): text, one sentence per line classifier files       ``task.files`` (probe.py
+``task=local``): CSV/TSV/JSON(L) with text/label columns WiC pairs              ``wic.files`` (evaluate.py): sentence1,
+sentence2, start1, end1, start2, end2, label STS pairs              ``sts.files`` (evaluate.py): sentence1, sentence2,
+score encoder                ``encoder.name_or_path`` (probe.py, evaluate.py): run dir, checkpoint, model dir
 =====================  =====================================================================================
 
-Faults (each one line, ``DataFileError``): missing file; empty file; header with no rows; missing or
-misspelled column (the existing columns are listed); a value of the wrong type (row and column named);
-bytes that are not UTF-8 (line named); a split empty or too small after carving validation/test out (sizes
-and the setting); a truncated gzip.  Valid-but-weak input (fewer than 30 STS pairs) is a warning.
+Faults (``DataFileError``): missing or empty file; header without rows; missing column (existing ones listed); a
+wrong-typed value (row and column named); non-UTF-8 bytes (line named); a split too small after carving (sizes and
+setting); a truncated gzip.  Fewer than 30 STS pairs is a warning.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """The modern outlier metrics in ``evaluate.py``'s streaming pass, for any encoder (ours or Hugging Face).
 
-``ActivationObserver`` subscribes to the forward of ``outlierlab.evaluation.sentence_pass.run_sentence_pass``
-(the pass that already computes Luo et al.'s argmax/argmin shares), so the metrics cost no extra encoding:
+``ActivationObserver`` subscribes to the forward of ``run_sentence_pass``, so these cost no extra encoding:
 
-* ``outlierlab.metrics.activations.ActivationAccumulator`` on the raw token vectors of every hidden state —
-  activation kurtosis (He et al. 2024) and max/median ratio (He et al. 2024; Sun et al. 2024) over the
-  non-special, non-pad tokens, the largest |x| with its dim and token, the |x|-argmax share;
-* ``outlierlab.metrics.position_shares.PositionArgmaxCounts`` — the |x|-argmax counts by position bucket
-  (is a layer's dominant dimension positional? Luo et al. 2021 §3);
-* ``outlierlab.models.sites.InfNormRecorder`` hooks on the encoder's blocks — ‖x‖∞ at the FFN output and
-  around the output LayerNorm (Bondarenko et al. 2023) over the non-pad tokens, special tokens included
-  (their largest BERT activations sit on ``[SEP]``).
+* ``activations.ActivationAccumulator`` on every hidden state's raw tokens — kurtosis (He et al. 2024), max/median
+  (He et al. 2024; Sun et al. 2024), the largest |x| with its dim and token, the |x|-argmax share;
+* ``position_shares.PositionArgmaxCounts`` — |x|-argmax counts by position bucket (Luo et al. 2021 §3);
+* ``models.sites.InfNormRecorder`` hooks — ‖x‖∞ at the FFN output and around the output LayerNorm (Bondarenko et al.
+  2023) over the non-pad tokens, special tokens included (BERT's largest sit on ``[SEP]``).
 
-``activation_columns`` and ``activation_section`` turn the result into ``outliers.csv`` columns
-and a report section.
+``activation_columns`` and ``activation_section`` give ``outliers.csv`` columns and a report section.
 """
 
 from __future__ import annotations
@@ -37,15 +32,9 @@ ACTIVATION_COLUMNS = ["kurtosis", "max_median", "max_abs", "max_abs_dim", "max_a
 
 
 class ActivationObserver(Consumer):
-    """A subscriber of the forward of the shared sentence pass (``outlierlab.evaluation.sentence_pass``): each
-    layer's raw valid tokens go into that layer's ``ActivationAccumulator``; the inf-norm hooks sit on the
-    model while the forward runs (``open`` / ``close``).
-
-    Parameters
-    ----------
-    encoder : outlierlab.models.loading.FrozenEncoder
-        Its ``model`` gets the inf-norm hooks; its tokenizer maps the max-|x| token id to text.
-    """
+    """A subscriber of the sentence pass's forward: each layer's raw valid tokens go into its ``ActivationAccumulator``;
+    the inf-norm hooks sit on ``encoder.model`` while the forward runs (``open`` / ``close``); the encoder's tokenizer
+    maps the max-|x| token id to text."""
 
     def __init__(self, encoder) -> None:
         self.encoder = encoder

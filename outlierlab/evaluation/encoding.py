@@ -26,9 +26,8 @@ class EncodeLog:
 
 
 def token_offsets(encoder, tok) -> tuple[list, list]:
-    """Per text, the character offsets of its tokens and their special-token mask, as ``encoder.tokenize`` kept
-    them in ``tok`` (``FrozenEncoder.tokenize``, with a fast tokenizer): what
-    word-level analyses map words to tokens with."""
+    """Per text, its tokens' character offsets and special-token mask as ``FrozenEncoder.tokenize`` kept them in ``tok``
+    (fast tokenizer): what word-level analyses map words to tokens with."""
     if getattr(tok, "offsets", None) is None:
         tk = encoder.tokenizer
         raise ValueError(f"the tokenizer of {encoder.source.name} ({type(tk).__name__}) gives no character offsets; "
@@ -46,11 +45,8 @@ def finish_encode_log(stats: EncodeLog, what: str, notes: list[str]) -> None:
 
 
 def distinct_texts(texts: Sequence[str]) -> tuple[list[str], list[int]]:
-    """``(unique, index)``: the distinct texts in first-seen order and, per occurrence, its index in ``unique``.
-
-    Encoding is deterministic (eval mode, no dropout), so encoding each distinct text once and reusing its
-    vectors gives exactly what encoding every occurrence would.
-    """
+    """``(unique, index)``: the distinct texts in first-seen order and, per occurrence, its index in ``unique``
+    (encoding is deterministic, so one encoding per distinct text gives the same vectors)."""
     where: dict[str, int] = {}
     index = [where.setdefault(t, len(where)) for t in texts]
     return list(where), index

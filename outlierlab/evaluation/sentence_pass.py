@@ -1,27 +1,20 @@
-"""The shared pass over the evaluation sentences: outliers, anisotropy, isotropy and self-similarity subscribe
-their statistics to one ``LayerStream``.
+"""The shared pass over the evaluation sentences: outliers, anisotropy, isotropy and self-similarity subscribe their
+statistics to one ``LayerStream``.
 
-Memory never grows with the number of sentences: texts are tokenized ``chunk`` at a time and each layer of each
-batch is reduced into running statistics as the model produces it.  The subscribers (``Consumer`` each;
-those of the analyses, ``outlierlab.evaluation.registry``, shared by their ``key``):
+Memory never grows with the sentences: texts are tokenized ``chunk`` at a time and each layer of each batch is reduced
+as produced.  The subscribers (``Consumer``; shared by ``key``):
 
-* ``OutlierCounts`` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2), per transform (the
-  outliers analysis'; the raw ones are the pass's own too: clip detects its dims from them);
-* ``AnisotropyReservoir`` — one random raw token of each of at most ``n_sentences`` sentences (Ethayarajh
-  2019; Luo §4.1: 2000 sentences → 1000 pairs); a fitted transform is applied to it afterwards (anisotropy's,
-  read by isotropy and self-similarity too);
-* ``WordSimilarity`` — per target word Σ of unit vectors, and intra-sentence similarities (Ethayarajh 2019;
-  self-similarity's, one per transform);
-* ``ActivationObserver`` — kurtosis, max/median, inf-norms (the
-  outliers analysis').
+* ``OutlierCounts`` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2), per transform (the raw ones
+  also give clip its dims);
+* ``AnisotropyReservoir`` — one random raw token of each of at most ``n_sentences`` sentences (Ethayarajh 2019;
+  Luo §4.1), transformed afterwards;
+* ``WordSimilarity`` — per target word Σ of unit vectors, and intra-sentence similarities (Ethayarajh 2019);
+* ``ActivationObserver`` — kurtosis, max/median, inf-norms.
 
-Clip needs its outlier dims and whiten (standardize, abtt, center) a fitted map before they can be applied, so
-the pass is two loops with **the fit** between them (``_fit``): the forward feeds the raw statistics (clip
-detects its dims from the raw outlier counts) and stores the tokens; the fitted maps are summed from the stored
-tokens one layer at a time (``outlierlab.metrics.whitening.Whitener.fit_by_layer``, guarded against fits on
-too few distinct vectors); the replay feeds the statistics of the transforms fitted only then.  With a replay,
-the word statistics of every transform are taken there, one layer at a time (their ``[K, d]`` sums would be
-``[L, K, d]`` float64 beside the forward).  The replay is skipped when nothing needs it.
+Clip needs its dims and the fitted maps a fit before they apply, so the pass is two loops with **the fit** between
+(``_fit``): the forward feeds the raw statistics and stores the tokens; the maps are summed from the stored tokens layer
+by layer (``Whitener.fit_by_layer``, guarded); the replay feeds the transforms fitted then (and, with a replay, every
+transform's word statistics, one layer at a time).  No replay when nothing needs it.
 """
 
 from __future__ import annotations
@@ -51,10 +44,9 @@ from outlierlab.evaluation.words import select_words
 # -------------------------------------------------------------------------------------------- the pass
 @dataclass
 class SentenceStats:
-    """What the shared pass itself knows, built by ``run_sentence_pass``: the transforms it fitted (clip's
-    dims, the fitted maps, Σ), the raw outlier counts clip detects its dims from, the target words its word
-    consumers were fed, and how the texts were encoded.  Every statistic an analysis reads is its own
-    subscriber's ``result()`` (``Consumer``), not a field here."""
+    """What the shared pass itself knows: the transforms it fitted (clip's dims, the maps, Σ), the raw outlier counts
+    clip detects from, the target words and how the texts were encoded.  Statistics live in each subscriber's
+    ``result()``, not here."""
 
     num_layers: int  # L+1 (embedding output + every layer)
     dim: int
@@ -92,9 +84,8 @@ def _model_dtype(encoder) -> torch.dtype:
 
 # ------------------------------------------------------------------------------ what the pass subscribes
 class OutlierCounts(Consumer):
-    """Luo et al. 2021 §2: per-layer mean vector and argmax/argmin counts of the token vectors after
-    ``transform`` (``OutlierAccumulator``, one per layer).  One per
-    transform in a run: the outliers analysis and clip's detection share the raw ones (``key``)."""
+    """Luo et al. 2021 §2: per-layer mean vector and argmax/argmin counts after ``transform`` (``OutlierAccumulator``);
+    the outliers analysis and clip's detection share the raw ones (``key``)."""
 
     def __init__(self, transform: str, num_layers: int) -> None:
         self.transform, self.layers, self.key = transform, [None] * num_layers, ("outlier_counts", transform)
@@ -113,10 +104,8 @@ class OutlierCounts(Consumer):
 
 class AnisotropyReservoir(Consumer):
     """Ethayarajh 2019; Luo §4.1: one random raw token of each of at most ``capacity`` sentences per layer
-    (``AnisotropyAccumulator``, held in the model's dtype).  Raw only: a
-    fitted transform is applied to the reservoir afterwards (``pairs``) — the draws do not depend on vector
-    values, so that equals drawing from transformed vectors.  Anisotropy, isotropy (IsoScore*) and
-    self-similarity (its adjustment) read the same one: equal ``key``, subscribed once."""
+    (``AnisotropyAccumulator``, model dtype).  Draws do not depend on values, so transforming the reservoir afterwards
+    (``pairs``) equals drawing transformed vectors; anisotropy, isotropy and self-similarity share it (``key``)."""
 
     def __init__(self, capacity: int, seed: int) -> None:
         self.capacity, self.seed, self.key = capacity, seed, ("anisotropy_reservoir", capacity, seed)
@@ -155,11 +144,9 @@ class AnisotropyReservoir(Consumer):
 
 
 class WordSimilarity(Consumer):
-    """Ethayarajh 2019: per target word the sum of its unit vectors (self-similarity) and per sentence the
-    mean similarity of its words (intra-sentence similarity), after ``transform``; the target words are the
-    pass's (``select_words``, ``SentenceStats.words``).  A layer's ``[K, d]``
-    sums are compacted to their squared norms as soon as the layer is complete: in a replay, one layer's at a
-    time."""
+    """Ethayarajh 2019: per target word the sum of its unit vectors (self-similarity) and per sentence the mean
+    similarity of its words (intra-sentence), after ``transform``.  Each layer's ``[K, d]`` sums are compacted to
+    squared norms as soon as the layer is complete."""
 
     words = True
 
@@ -229,25 +216,17 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                       seed: int = 0, batch_size: int | None = None, progress: bool = False,
                       need_whitener: bool = False, need_covariance: bool = False,
                       consumers: Sequence[Consumer] = ()) -> SentenceStats:
-    """The shared pass over ``texts``: ``consumers`` subscribe to one ``LayerStream``; see the module
-    docstring.  Its settings are the sections of ``configs/evaluate.yaml`` as their frozen classes
-    (``outlierlab.evaluation.settings``, whose Python defaults equal the YAML's); ``**pass_settings(cfg)``
-    passes a composed config's.
+    """The shared pass over ``texts`` (module docstring).  Settings are ``configs/evaluate.yaml``'s sections as their
+    frozen classes (``outlierlab.evaluation.settings``); ``**pass_settings(cfg)`` passes a composed config's.
 
     transforms : to compare (subset of ``TRANSFORMS``)
-    outliers : the rule clip detects its dims with (Luo et al. App. D.1), unless ``transform.dims`` or
-        ``transform.dims_by_layer`` give them (``outlierlab.metrics.outlier_dims.detect_outlier_dims``)
-    self_similarity : which words are target words, when a consumer reads word vectors
-    data : ``chunk`` (texts tokenized at a time) and ``one_pass`` (replay the stored tokens after the fit;
-        False: no disk, the replay is a second forward)
-    transform : clip's given dims, whiten's k, abtt's D and the degenerate-fit guard
-        (``outlierlab.metrics.transform_fit.WhitenSettings.from_settings``)
-    need_whitener : fit the fitted transforms even if no consumer reads vectors after them (the anisotropy
-        reservoir is raw and transformed afterwards; WiC/STS with ``fit_on=sentences``)
-    need_covariance : keep Σ of every layer (``transforms.source.cov``: IsoScore)
-    consumers : the analyses' subscribers (``outlierlab.evaluation.registry``), fed in the forward when their
-        transform is ready, else in the replay after the fit; raw outlier counts among them (key
-        ``("outlier_counts", "none")``) are the ones clip detects its dims from; each keeps its own ``result()``
+    outliers : the rule clip detects its dims with (Luo et al. App. D.1) unless ``transform.dims``/``dims_by_layer``
+    self_similarity : which words are targets; data : ``chunk`` and ``one_pass`` (False: the replay is a second forward)
+    transform : clip's dims, whiten's k, abtt's D and the guard (``WhitenSettings.from_settings``)
+    need_whitener : fit the maps even if no consumer reads them (the reservoir; WiC/STS with ``fit_on=sentences``)
+    need_covariance : keep every layer's Σ (IsoScore)
+    consumers : fed in the forward when their transform is ready, else in the replay; the raw outlier counts (key
+        ``("outlier_counts", "none")``) are the ones clip detects from
     """
     texts, extra = _checked(texts, transforms, consumers)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
@@ -363,9 +342,8 @@ def pass_needs(module, ctx) -> set[str]:
 
 
 def sentence_stats(ctx) -> SentenceStats:
-    """The shared pass of an ``evaluate.py`` run (run once, kept in ``ctx.shared.sentence_stats``), configured
-    from the sections of ``ctx.root_cfg`` for every selected analysis at once: what their ``SENTENCE_PASS``
-    declare (``ctx.shared.needs``, ``PASS_NEEDS``) and the subscribers they added."""
+    """The shared pass of an ``evaluate.py`` run (once, in ``ctx.shared.sentence_stats``), configured for every selected
+    analysis: their ``SENTENCE_PASS`` declarations (``ctx.shared.needs``, ``PASS_NEEDS``) and subscribers."""
     if ctx.shared.sentence_stats is not None:
         return ctx.shared.sentence_stats
     cfg, needs = ctx.root_cfg, ctx.shared.needs

@@ -1,23 +1,13 @@
 """One per-layer stream of token vectors that analyses subscribe to.
 
-A ``LayerStream`` encodes a list of texts once, one layer in memory at a time
-(``outlierlab.models.loading.FrozenEncoder.forward_layers``), and hands every layer of every batch — its
-non-special, non-pad token vectors — to each subscribed ``Consumer`` exactly once.  A consumer declares
-what it needs and nothing else:
+A ``LayerStream`` encodes texts once, one layer in memory at a time (``FrozenEncoder.forward_layers``), and hands every
+layer of every batch (its valid token vectors) to each subscribed ``Consumer`` exactly once.  A consumer declares
+``transform`` (``"none"`` = raw, or a transform applied per layer by the stream) and ``words`` (word vectors, the mean
+of each word's subwords, Ethayarajh 2019), and receives ``start``, ``update(layer, vectors, batch)``,
+``start_batch``/``end_batch`` around a forward, ``end_layer``, and keeps its own ``result()``.  Every analysis reading
+hidden states does so here.
 
-* ``transform``: the vectors it wants (``"none"`` = raw; ``"clip"``, ``"whiten"``, ... = after that transform,
-  applied by the stream, each layer with its own map);
-* ``words``: word vectors (the mean of each word's subword tokens, Ethayarajh 2019) instead of token vectors;
-
-and it receives them through a public interface: ``Consumer.start`` once, ``Consumer.update``
-``(layer, vectors, batch)`` per layer and batch, ``Consumer.start_batch`` / ``Consumer.end_batch`` around a batch's forward,
-``Consumer.end_layer`` once a layer has been seen in full, and its own ``result()``.  Every analysis of
-``evaluate.py`` that reads hidden states does so here: the shared sentence pass
-(``outlierlab.evaluation.sentence_pass``), WiC's targets, STS's sentence means, qk_outliers' hooks and
-frequency's columns, each over its own texts.
-
-A transform that must be fitted on the same vectors (clip's detected dims, whiten/standardize/abtt/center) is
-applied in a second loop after the fit — **the fit is a phase between two loops**, written by the caller:
+A transform fitted on the same vectors is applied in a second loop — **the fit is a phase between two loops**:
 
 .. code-block:: python
 
@@ -26,13 +16,10 @@ applied in a second loop after the fit — **the fit is a phase between two loop
     whitener = stream.fit(settings, ["whiten"])      # the fit: from the stored tokens, one layer at a time
     stream.replay([clip_counts, whiten_words], transforms)  # loop 2: the stored tokens, one layer at a time
 
-The replay reads the tokens the forward stored on disk (``outlierlab.datamodules.features.LayerTokenStore``,
-the model's dtype) back one layer at a time, batch by batch in the forward's order — the same numbers as a
-second encoding (the encoder is deterministic in eval mode), and every float64 sum added in the same order.
-Without a store (``keep_tokens=False``: no disk, ``data.one_pass=false``) the replay *is* a second forward.
-
-Why hand-written: no library streams a model's layers to several statistics at once and replays them after a fit
-(TransformerLens and nnsight cache whole activations; that is the ``[L, N, d]`` memory this design avoids).
+The replay reads the tokens the forward stored (``features.LayerTokenStore``, model dtype) one layer at a time in the
+forward's batch order: the same numbers as a second encoding, float64 sums in the same order.  Without a store
+(``keep_tokens=False``) the replay *is* a second forward.  (TransformerLens and nnsight cache whole activations, the
+``[L, N, d]`` memory this avoids.)
 """
 
 from __future__ import annotations
@@ -62,19 +49,11 @@ __all__ = ["Consumer", "LayerStream", "StreamBatch", "WordVectors"]
 class StreamBatch:
     """One encoded batch as every consumer sees it, for each of its layers.
 
-    index : the batch's number in the pass
-    n_rows : sentences in the batch
-    n_tokens : its valid (non-special, non-pad) tokens — the rows of the vectors a consumer gets
-    sentence_ids : ``[N]`` the batch row of each valid token
-    token_ids : ``[N]`` their token ids
-    attention_mask : ``[B, T]`` (the forward only; None in a replay from the store)
-    words : the batch's word plan over its valid tokens (``outlierlab.evaluation.words.word_plan``), or None
-    start : its first row in the token store
-    rows : the index in the stream's texts of each batch row
-    valid : ``[B, T]`` the valid tokens over the padded grid (the vectors are its True cells, row-major)
-    texts : the batch rows' texts
-    offsets, special : per row, the tokens' character offsets and special-token mask (``LayerStream(...,
-        offsets=True)`` or a ``word_index``; else None)
+    index : the batch's number; n_rows : its sentences; rows : each row's index in the stream's texts; texts : theirs
+    n_tokens : its valid tokens (the rows of a consumer's vectors); sentence_ids, token_ids : ``[N]`` per valid token
+    attention_mask : ``[B, T]`` (None in a replay); valid : ``[B, T]`` valid cells (the vectors, row-major) words : the
+    batch's ``word_plan`` or None; start : its first row in the token store offsets, special : per row, character
+    offsets and special mask (``offsets=True`` or a ``word_index``; else None)
     """
 
     index: int
@@ -106,12 +85,9 @@ class WordVectors(NamedTuple):
 
 
 class Consumer:
-    """An analysis' subscription to a ``LayerStream``.
-
-    Subclasses set ``transform`` and ``words`` and implement ``update``; the other hooks are optional.
-    ``update`` is called once for every (layer, batch); in the forward, layers of one batch come in order
-    before the next batch; in a replay from the store, batches of one layer come in order before the next
-    layer.  Vectors are shared between consumers: never modify them in place."""
+    """An analysis' subscription to a ``LayerStream``: set ``transform`` and ``words``, implement ``update``. ``update``
+    comes once per (layer, batch): in the forward a batch's layers before the next batch, in a replay a layer's batches
+    before the next layer.  Vectors are shared: never modify them in place."""
 
     transform: str = "none"
     words: bool = False
@@ -165,17 +141,10 @@ class _LayerTransforms:
 class LayerStream:
     """The texts' token vectors, one layer at a time, for any number of consumers.
 
-    Parameters
-    ----------
-    encoder : ``outlierlab.models.loading.FrozenEncoder`` (or anything with its ``tokenize``/``batches``)
-    texts : the sentences, encoded ``chunk`` at a time, ``batch_size`` per forward
-    word_index : target word -> index, for consumers of word vectors (None: no word plans, no offsets)
-    lowercase : match words case-insensitively
-    keep_tokens : store every layer's valid tokens on disk for ``replay`` and ``layer_chunks``
-    progress : a progress bar per loop
-    offsets : give each ``StreamBatch`` its rows' character offsets (implied by ``word_index``)
-    room : ``(what, advice, extra_bytes)`` of the free-disk check before a store is written (default: the
-        sentence pass's token store and fitted maps)
+    ``encoder``: a ``FrozenEncoder`` (or anything with its ``tokenize``/``batches``); ``texts`` encoded ``chunk`` at a
+    time, ``batch_size`` per forward.  ``word_index``: target word -> index for word consumers (``lowercase``: match
+    case-insensitively).  ``keep_tokens``: store valid tokens on disk for ``replay`` and ``layer_chunks``.  ``offsets``:
+    give batches their character offsets.  ``room``: ``(what, advice, extra_bytes)`` of the free-disk check.
     """
 
     def __init__(self, encoder, texts: Sequence[str], *, batch_size: int | None = None, chunk: int = 1024,
@@ -208,9 +177,8 @@ class LayerStream:
 
     # ------------------------------------------------------------------------------------------ loop 1
     def forward(self, consumers: Sequence[Consumer], transforms=None, desc: str = "pass 1/1") -> None:
-        """The encoder's forward over the texts: each consumer gets every layer of every batch once (its
-        ``transform`` must be ready in ``transforms``, a
-        ``FittedTransforms``)."""
+        """The encoder's forward over the texts: each consumer gets every layer of every batch once (its ``transform``
+        ready in ``transforms``, a ``FittedTransforms``)."""
         tf = _LayerTransforms(transforms, self.dim)
         if self.keep_tokens and self.store is None:  # fails in one line now, not with ENOSPC hours into the pass
             what, advice, extra = self.room
@@ -305,10 +273,10 @@ class LayerStream:
               sb: StreamBatch) -> None:
         """Every consumer's view of one layer of one batch; each (transform, tokens|words) computed once.
 
-        Word vectors are pooled from the transformed tokens: every transform is affine per layer (clip zeroes
-        dims; whiten, standardize, abtt and center are ``(x - μ)W``), so the mean of the transformed tokens is
-        the transformed mean, and the map is applied once per token instead of once more per word slot (a batch
-        has ``B × W_max`` slots, more than its tokens).  Equal up to float32 rounding; docs/evaluation_scale.md."""
+        Word vectors are pooled from the transformed tokens: every transform is affine per layer, so the mean of
+        transformed tokens is the transformed mean, and the map runs once per token rather than per word slot (``B ×
+        W_max``).  Equal up to float32 rounding; docs/evaluation_scale.md.
+        """
         views: dict[tuple[str, bool], Any] = {}
         for c in consumers:
             key = (c.transform, c.words)
@@ -335,16 +303,9 @@ class LayerStream:
             yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
 
     def fit(self, settings, names, keep_cov: bool = False, repeat: Sequence[Tensor | None] | None = None):
-        """The fitted transforms' sums from the stored tokens, one layer at a time: never
-        ``(L+1)·d²`` of them beside the model's forward; the forward's freed buffers go back to the OS first.
-
-        settings : ``outlierlab.metrics.transform_fit.WhitenSettings``
-        names, keep_cov : the maps to be fitted and whether Σ is kept (``WhitenSettings.fit_by_layer``)
-        repeat : see ``layer_chunks``
-
-        Σ and the maps are written to files beside the token store
-        (``outlierlab.utils.disk_layers.DiskLayers``) and read back one layer at a time: ``(L+1)·2d²``
-        float32 (40 GiB at 70B) never sits in memory."""
+        """The fitted transforms' sums from the stored tokens, one layer at a time (``WhitenSettings.fit_by_layer``;
+        ``repeat``: see ``layer_chunks``), after the forward's freed buffers go back to the OS.  Σ and the maps go to
+        ``DiskLayers`` files: ``(L+1)·2d²`` float32 (40 GiB at 70B) is never in memory."""
         release_freed_memory()
         return settings.fit_by_layer(self.num_layers, self.dim, lambda layer: self.layer_chunks(layer, repeat),
                                      names, keep_cov=keep_cov, on_disk=self.store.directory.parent)

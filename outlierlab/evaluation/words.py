@@ -1,9 +1,8 @@
 """Words of a text mapped to its tokens (self-similarity, intra-sentence similarity, WiC targets).
 
-Words are regex words of the text (``WORD_RE``), mapped to tokens through a fast tokenizer's character
-offsets (``return_offsets_mapping``); a word split into several subword tokens is represented by the mean
-of its tokens' vectors (Ethayarajh 2019 leaves the choice open; clip and whiten are affine, so transforming
-that mean equals averaging the transformed tokens).
+Regex words (``WORD_RE``) mapped to tokens through a fast tokenizer's character offsets; a multi-token word is the mean
+of its tokens' vectors (Ethayarajh 2019 leaves the choice open; clip and whiten are affine, so transforming the mean
+equals averaging the transformed tokens).
 """
 
 from __future__ import annotations
@@ -22,11 +21,8 @@ WORD_RE = re.compile(r"[A-Za-z0-9]+(?:['’-][A-Za-z0-9]+)*")
 
 
 def char_span_tokens(offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int, end: int) -> list[int]:
-    """Indices of the non-special tokens whose character span overlaps ``[start, end)`` (end exclusive).
-
-    ``offsets`` are a fast tokenizer's ``offset_mapping`` of one text (character, not byte, offsets).
-    A token that overlaps the span partly (``"bank"`` inside ``"riverbank"``) counts.
-    """
+    """Indices of the non-special tokens whose character span (``offsets``: a fast tokenizer's ``offset_mapping``)
+    overlaps ``[start, end)``, partly overlapping ones included (``"bank"`` in ``"riverbank"``)."""
     return [i for i, ((s, e), sp) in enumerate(zip(offsets, special))
             if not sp and e > s and s < end and e > start]
 
@@ -44,13 +40,13 @@ def select_words(texts: Sequence[str], min_sentences: int = 10, max_words: int |
 
 
 def word_plan(b, word_index: dict, t_len: int, lowercase: bool = True):
-    """Which tokens make which word slot in a batch (text work only, done once per batch and reused for
-    every layer): ``(src, dst, counts, keys, w_max)`` or None when no row has a word; see ``plan_vectors``.
+    """Which tokens make which word slot in a batch, done once per batch for every layer: ``(src, dst, counts, keys,
+    w_max)`` or None when no row has a word (see ``plan_vectors``).
 
-    Every regex word of each row with the non-special tokens its characters overlap, words without a token dropped,
-    found for the whole batch at once in numpy instead of a Python scan of every token for every word (4.9 -> 0.8 ms
-    for 32 sentences; tests/test_words.py compares the two).  A row's words are disjoint and in order, so the words a token ``[s, e)`` overlaps are
-    one run, ``end > s`` and ``start < e``: two binary searches, memory O(words + tokens)."""
+    Every regex word of each row with the non-special tokens it overlaps (words without a token dropped), found in numpy
+    for the whole batch (4.9 -> 0.8 ms for 32 sentences; tests/test_words.py).  A row's words are disjoint and in order,
+    so a token's words are one run found by two binary searches.
+    """
     bsz = len(b.texts)
     row_words, row_spans = [], []
     for t in b.texts:
@@ -119,13 +115,12 @@ def _ragged_index(lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plan_vectors(flat: Tensor, plan, bsz: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Word vectors of a batch from its ``word_plan``, the mean of each word's subword tokens: ``flat [L, n, d]``
-    holds the batch's token vectors (any L, e.g. one layer) at the indices the plan's ``src`` names (the ``[B, T]``
-    grid flattened, or a store's rows).
+    """Word vectors of a batch from its ``word_plan``, the mean of each word's subwords; ``flat [L, n, d]`` holds the
+    token vectors at the plan's ``src`` indices.
 
-    Returns ``(vectors [L, B, W, d], mask [B, W] bool, keys [B, W] long)``: W = most words in a row; ``keys`` holds
-    the target-word index of the FIRST occurrence of a target word in its sentence and -1 elsewhere (Ethayarajh: at
-    most one occurrence per sentence)."""
+    Returns ``(vectors [L, B, W, d], mask [B, W] bool, keys [B, W] long)``; ``keys`` holds the target-word index of a
+    target's FIRST occurrence in its sentence and -1 elsewhere (Ethayarajh: one per sentence).
+    """
     src, dst, counts, keys, w_max = plan
     n_layers, d, dev = flat.shape[0], flat.shape[-1], flat.device
     n_slots = bsz * w_max

@@ -1,13 +1,9 @@
 """Checkpoints and exports written like the rest of our files: staged beside their destination.
 
-Lightning's ``TorchCheckpointIO`` saves through ``_atomic_save``, which stages the bytes in an fsspec transaction
-under ``$TMPDIR`` and then *moves* the file to the run directory. Across file systems that move is a copy, not a
-rename: with a full disk it left a 45 MB torn file under the checkpoint's own name (good ones: 64 MB), and on
-clusters whose ``$TMPDIR`` is small it fails even when the run directory has room -- Lightning issue #21253,
-fix proposed in PR #21744. Remove ``StagedCheckpointIO`` once a Lightning release carries that fix.
-
-This module also sizes the free-space check from the model (``checkpoint_bytes``, ``check_free_space``)
-and stages the ``hf/`` / ``model/`` exports (``staged_dir``).
+Lightning's ``TorchCheckpointIO`` stages the bytes under ``$TMPDIR`` and *moves* the file; across file systems that is a
+copy, which with a full disk left a torn file under the checkpoint's name, and fails where ``$TMPDIR`` is small
+(Lightning issue #21253, PR #21744; remove ``StagedCheckpointIO`` once a release carries the fix).  This module also
+sizes the free-space check (``checkpoint_bytes``, ``check_free_space``) and stages the exports (``staged_dir``).
 """
 
 from __future__ import annotations
@@ -34,12 +30,8 @@ MARGIN_BYTES = 64 * 2**20
 
 
 class StagedCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` into ``<dest>.partial-<pid>`` in the destination's directory, fsync, ``os.replace``.
-
-    No file under a checkpoint's name is ever partial: a failure (disk full, a kill, an error while
-    serialising) leaves the previous file with that name, and the staging file is removed on any exception.
-    Remote paths (``s3://`` and the like) are left to Lightning's own writer.
-    """
+    """``torch.save`` into ``<dest>.partial-<pid>`` in the destination's directory, fsync, ``os.replace``: a failure
+    leaves the previous file and removes the staging file.  Remote paths go to Lightning's writer."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
@@ -102,11 +94,8 @@ def check_free_space(run_dir: Path, need: int) -> None:
 
 @contextmanager
 def staged_dir(dest: Path) -> Iterator[Path]:
-    """Yield a sibling staging directory ``.<name>.partial-<pid>``; on success it replaces ``dest``.
-
-    A directory cannot be renamed over a non-empty one, so an existing ``dest`` is moved aside first and removed
-    after; a failure inside the block removes the staging directory and leaves ``dest`` as it was.
-    """
+    """Yield a sibling staging directory ``.<name>.partial-<pid>`` that replaces ``dest`` on success (an existing
+    ``dest`` moved aside first, then removed); a failure removes it and leaves ``dest`` as it was."""
     dest = Path(dest)
     tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -142,12 +131,9 @@ STAGING_NAME = re.compile(r"\.(partial|old)-(\d+)$")
 
 
 def remove_dead_partials(run_dir: Path) -> list[Path]:
-    """Remove the staging files and directories of dead writers in ``run_dir``, ``checkpoints/`` and ``monitor*/``
-    (a killed run's half-written checkpoint or export: megabytes that no reader will ever use); return them.
-
-    Only those whose pid is not a live process other than this one are removed: the caller holds the run's lock,
-    so no live writer of this run can own one, and a recycled pid merely keeps a file for the next start.
-    """
+    """Remove dead writers' staging files and directories in ``run_dir``, ``checkpoints/`` and ``monitor*/``; return
+    them.  Only those whose pid is not a live process other than this one (the caller holds the run's lock; a recycled
+    pid merely keeps a file for the next start)."""
     removed = []
     dirs = [run_dir, run_dir / "checkpoints", *sorted(run_dir.glob("monitor*"))]
     for d in dirs:

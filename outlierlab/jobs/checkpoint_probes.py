@@ -3,17 +3,13 @@
     python -m outlierlab.jobs.checkpoint_probes multirun/objective_positions          # every finished cell
     python -m outlierlab.jobs.checkpoint_probes <run_dir> [--max-sentences 1000] [probe.py overrides ...]
 
-For each ``<run>/checkpoints/step*.ckpt`` (step 0 is the random initialisation that
-``InitialCheckpoint`` saves) this runs exactly what
-``python probe.py encoder.name_or_path=<ckpt>`` runs -- Luo et al.'s bias-free position probe on every layer, with
-its accuracy and mean absolute position error, and the similarity by distance of Zuo et al. (2025) -- composed
-from ``configs/probe.yaml`` with the overrides given. Per step its outputs go to ``<run>/probe_posthoc/step<N>/``
-(features cached in a temporary directory, removed after); the tables the study reads gather every step:
-``<run>/probe_posthoc/position.csv`` (``step, layer, accuracy, mean_abs_error, chance, ...``, transform ``none``) and
-``<run>/probe_posthoc/similarity_by_distance.csv`` (``step, layer, distance, cosine, n_pairs``) and
-``<run>/probe_posthoc/order_use.csv`` (``step, order_use, loss, ...``: whether each checkpoint uses the order its
-probe decodes, probe.py's ``order_use``) with ``order_use_layers.csv`` (``step, layer, attn_local,
-pooled_order_change``). Steps already probed are skipped, so an interrupted pass continues.
+For each ``<run>/checkpoints/step*.ckpt`` (step 0: ``InitialCheckpoint``'s random init) this runs what ``python probe.py
+encoder.name_or_path=<ckpt>`` runs -- Luo et al.'s bias-free position probe on every layer (accuracy, mean absolute
+position error) and Zuo et al. (2025)'s similarity by distance -- from ``configs/probe.yaml`` with the overrides given,
+into ``<run>/probe_posthoc/step<N>/``.  The tables gather every step: ``<run>/probe_posthoc/position.csv`` (``step,
+layer, accuracy, mean_abs_error, chance, ...``), ``similarity_by_distance.csv`` (``step, layer, distance, cosine,
+n_pairs``), ``order_use.csv`` (``step, order_use, loss, ...``) and ``order_use_layers.csv`` (``step, layer, attn_local,
+pooled_order_change``).  Probed steps are skipped, so an interrupted pass continues.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The rule evaluate and probe follow in a directory that may hold an earlier run of theirs: the run's index file
-(``results.json``, ``probe_info.json``) names every file the run wrote, and the next run removes exactly those,
-the index first, before it writes its own.
-
-Without it a reused directory keeps the earlier run's files that this one does not write (a table of an analysis
-or a probe step now off, its figures, its TensorBoard events beside the new ones) next to a report and an index
-that do not mention them.  Only what that run wrote is removed -- never other files of a directory given as
-``out_dir`` -- and the index first: a run stopped half-way leaves no index, so the directory does not read as a
-finished run.
+(``results.json``, ``probe_info.json``) names every file the run wrote, and the next run removes exactly those, the
+index first, before writing its own.  Otherwise a reused directory keeps stale tables, figures and events beside an
+index that does not mention them.  Nothing else of an ``out_dir`` is removed; a run stopped half-way leaves no index, so
+the directory does not read as finished.
 """
 
 from __future__ import annotations
@@ -26,10 +22,9 @@ def output_names(paths: Sequence[str | Path], index: str, tensorboard: bool) -> 
 
 
 def remove_earlier_outputs(run_dir: Path, index: str, listed: Callable[[Any], Sequence[Any] | None]) -> list[str]:
-    """Remove the files an earlier run in ``run_dir`` wrote, as its ``index`` (a JSON file) names them; return them.
-
-    ``listed`` takes the parsed index and gives the names it lists (``None``: not this job's index, nothing is
-    removed).  Names with a path separator are skipped: both jobs write only at the top of their directory."""
+    """Remove the files an earlier run in ``run_dir`` wrote, as its ``index`` (JSON) names them; return them. ``listed``
+    gives the names a parsed index lists (``None``: not this job's index, nothing removed); names with a path separator
+    are skipped (both jobs write only at the top of their directory)."""
     try:
         earlier = json.loads((run_dir / index).read_text())
     except (OSError, ValueError):

@@ -60,12 +60,9 @@ def _git(*args: str) -> str | None:
 
 
 def code_version() -> dict[str, Any]:
-    """``{"commit", "dirty", "describe"}`` of the git checkout holding this package; nulls outside one.
-
-    ``dirty``: tracked files differ from HEAD (untracked files are not counted: scratch files are common and
-    ``git status`` over them is slow on large trees). Outside a checkout, ``$OUTLIERLAB_CODE_VERSION`` (the commit a
-    clean ``git archive`` was made from) is recorded with ``stated_by``.
-    """
+    """``{"commit", "dirty", "describe"}`` of the git checkout holding this package; nulls outside one. ``dirty``:
+    tracked files differ from HEAD (untracked ones are not counted).  Outside a checkout, ``$OUTLIERLAB_CODE_VERSION``
+    is recorded with ``stated_by``."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         # code shipped without git metadata (``git archive <commit>`` to a cluster node, a container, an accelerator
@@ -125,11 +122,8 @@ def code_versions(run_dir: Path) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------ finished / failed
 def finished_run(run_dir: Path) -> dict[str, Any] | None:
-    """``finished.json`` of a completed run, or None: THE definition of finished (trainer and aggregator).
-
-    Finished means the marker parses and records an integer ``global_step >= max_steps``; a torn or partial
-    marker, or one of a run stopped short of its budget, is not finished.
-    """
+    """``finished.json`` of a completed run, or None: THE definition of finished (trainer and aggregator), a marker that
+    parses with an integer ``global_step >= max_steps``."""
     done = read_json(Path(run_dir) / FINISHED_MARKER)
     if not isinstance(done, dict):
         return None
@@ -185,14 +179,10 @@ def mark_failed(run_dir: Path, error: str, global_step: int | None) -> dict[str,
 
 def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict[str, float],
                   config: dict[str, Any] | None, how: dict[str, Any] | None = None) -> dict[str, float]:
-    """Write ``manifest.json``, then ``finished.json`` (both atomically), and drop an earlier ``failed.json``;
-    return the metrics recorded.
-    ``how`` records how the run computed (``accelerator``, ``deterministic``): replicates are only expected to agree
-    bit for bit where both ran deterministic algorithms on the same kind of device.
-
-    A run finished at this very step before (re-entered with ``skip_finished=false``: no step is trained and no
-    validation runs, so ``metrics`` is empty) keeps the metrics its marker recorded, updated by any given now:
-    they describe the same model, and the marker was rewritten with none."""
+    """Write ``manifest.json``, then ``finished.json`` (atomically), drop an earlier ``failed.json``; return the metrics
+    recorded.  ``how`` records how the run computed (``accelerator``, ``deterministic``): replicates agree bit for bit
+    only under deterministic algorithms on the same device kind.  Re-entering a run finished at this step (no training,
+    empty ``metrics``) keeps its marker's metrics, updated by any given now."""
     run_dir = Path(run_dir)
     earlier = finished_run(run_dir)
     if earlier is not None and earlier["global_step"] == int(global_step) and isinstance(earlier.get("metrics"), dict):
@@ -207,13 +197,9 @@ def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict
 
 # ------------------------------------------------------------------------------------------ manifest
 def result_files(run_dir: Path) -> list[str]:
-    """Relative paths (POSIX) of the result files a manifest covers, sorted.
-
-    Not ``.hydra/``: Hydra rewrites it at every launch before any job code runs -- also for a finished cell the
-    launch skips, or one another process holds -- and its ``hydra.yaml`` holds launch state (the job's number in
-    the sweep, the launcher), so a re-launched study would read as tampered with. The cell's overrides are kept in
-    the manifest instead (``"overrides"``), its resolved config in ``config.yaml`` and ``"config"``.
-    """
+    """Relative POSIX paths of the result files a manifest covers, sorted.  Not ``.hydra/``: Hydra rewrites it at every
+    launch (launch state in ``hydra.yaml``), so a re-launched study would read as tampered with; the overrides and
+    resolved config are in the manifest instead."""
     run_dir = Path(run_dir)
     out = []
     for root, dirs, files in os.walk(run_dir):
@@ -304,12 +290,9 @@ def csv_problem(path: Path) -> str | None:
 
 
 def verify_manifest(run_dir: Path) -> list[str]:
-    """Problems of a finished cell, one string per file (``<cell dir>: <file>: <what is wrong>``); [] if intact.
-
-    Checks ``finished.json`` (``finished_run``), ``manifest.json`` itself, and each file it lists: missing,
-    CSV structure (empty, header-only where the manifest had rows, last line cut, a row of another width),
-    row count, size and SHA-256.
-    """
+    """Problems of a finished cell, one string per file (``<cell dir>: <file>: <what is wrong>``); [] if intact:
+    ``finished.json``, ``manifest.json``, and each listed file's presence, CSV structure, row count, size and
+    SHA-256."""
     run_dir = Path(run_dir)
     problems = []
     if finished_run(run_dir) is None:

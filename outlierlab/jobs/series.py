@@ -1,22 +1,16 @@
-"""Published training-checkpoint series as studies: a cell's training step (and seed) read from its hub
-revision or model name, so ``python -m outlierlab.studies.aggregate`` draws emergence curves over published training
-with the same tables and plots as our own runs.
+"""Published training-checkpoint series as studies: a cell's training step (and seed) read from its hub revision or
+model name, so ``python -m outlierlab.studies.aggregate`` draws emergence curves over published training like our own
+runs.
 
     python evaluate.py -m encoder=pythia_160m encoder.revision=step0,step1000,step8000,step143000
     python evaluate.py -m encoder=multiberts encoder.name_or_path=google/multiberts-seed_0-step_0k,google/multiberts-seed_0-step_20k
     python -m outlierlab.studies.aggregate multirun/<date>/<time>
 
-What is read (``series_point``):
-
-* ``encoder.revision`` — Pythia's ``step1000`` (Biderman et al. 2023: 154 checkpoints, ``step0`` .. ``step143000``),
-  OLMo's ``step20000-tokens84B`` (Groeneveld et al. 2024): the step; the revision becomes ``step*`` in the cell's
-  identity, so every checkpoint of one model forms one group whose x axis is the step;
-* ``encoder.name_or_path`` — MultiBERTs (Sellam et al. 2022): ``google/multiberts-seed_3`` is seed 3,
-  ``google/multiberts-seed_3-step_20k`` seed 3 at step 20,000 (the intermediate checkpoints are separate hub
-  models); a local directory whose last component is ``step<N>`` (or ``step_<N>k``) gives the step too
-  (checkpoints saved by hand).  The name keeps ``seed_*`` / ``step*`` in the identity.
-
-The cell's numbers, which evaluate.py writes at step -1, are moved to that step (``outlierlab.studies.cells``).
+``series_point`` reads ``encoder.revision`` — Pythia's ``step1000`` (Biderman et al. 2023), OLMo's
+``step20000-tokens84B`` (Groeneveld et al. 2024): identity ``step*``, so one model's checkpoints form one group — and
+``encoder.name_or_path`` — MultiBERTs (Sellam et al. 2022): ``google/multiberts-seed_3-step_20k`` is seed 3 at step
+20,000; a local directory named ``step<N>`` (or ``step_<N>k``) gives the step too.  evaluate.py's numbers, written at
+step -1, are moved to that step (``outlierlab.studies.cells``).
 """
 
 from __future__ import annotations
@@ -70,14 +64,8 @@ def series_point(key: str, value: str) -> SeriesPoint:
 
 
 def apply_series(overrides: dict[str, str], config: dict) -> tuple[int | None, int | None]:
-    """Read every ``SERIES_KEYS`` override of a cell: replace it (and the same key of its flattened resolved
-    ``config``, which the study compares across a group) by its identity form; return ``(seed, step)``.
-
-    Raises
-    ------
-    ValueError
-        Two overrides name different steps (a revision AND a step in the model name).
-    """
+    """Replace every ``SERIES_KEYS`` override of a cell (and that key of its flattened ``config``) by its identity form;
+    return ``(seed, step)``.  ValueError when two overrides name different steps."""
     seed = step = None
     for key in SERIES_KEYS:
         if key not in overrides:

@@ -1,14 +1,10 @@
 """A multirun that survives a failing cell and says so at its end.
 
-Hydra's basic launcher stops a sweep at the first exception a job raises, so later cells never ran. The entry
-points' ``outlierlab.jobs.run_errors.run_main`` now returns from a failing cell instead (after writing its
-``failed.json``) and records the outcome here; ``SweepOutcomes``, a Hydra callback
-(``configs/hydra/callbacks/run_safety.yaml``), prints the failed and the skipped cells once every cell ran and
-exits non-zero if any failed.
-
-Cells may run in other processes (joblib) or on other machines (submitit), so outcomes travel through files in
-the sweep directory: ``<sweep dir>/.sweep_outcomes/<launch id>/<digest>.json``, the launch id handed to the jobs
-in the environment variable ``OUTLIERLAB_SWEEP_ID`` (two launches of one study into one directory keep apart).
+Hydra's basic launcher stops at a job's first exception; ``run_errors.run_main`` instead returns from a failing cell
+(after ``failed.json``) and records the outcome here, and ``SweepOutcomes``, a Hydra callback
+(``configs/hydra/callbacks/run_safety.yaml``), prints the failed and skipped cells at the end and exits non-zero if any
+failed.  Outcomes travel as files, ``<sweep dir>/.sweep_outcomes/<launch id>/<digest>.json`` (joblib or submitit cells),
+the launch id in ``OUTLIERLAB_SWEEP_ID``.
 """
 
 from __future__ import annotations

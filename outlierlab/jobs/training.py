@@ -85,10 +85,9 @@ def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None)
 
 def report_order_use(metrics: dict[str, float], threshold: float | None, config: EncoderConfig | None = None
                      ) -> str | None:
-    """Say in one line (the run's log: the console and its train.log) when the run ends below ``threshold`` nats of
-    order use: its loss is then that of a bag-of-words model (``outlierlab.metrics.word_order``) -- "not yet",
-    or, for a masked model without positions (``config``), "cannot".  Nothing when order use was not measured
-    (``module.order_use=false``) or ``threshold`` is null."""
+    """Say in one line (the run's log) when the run ends below ``threshold`` nats of order use: a bag-of-words model's
+    loss (``metrics.word_order``) -- "not yet", or "cannot" for a masked model without positions.  Nothing when order
+    use was not measured or ``threshold`` is null."""
     value = metrics.get("val/order_use")
     if value is None or threshold is None:
         return None
@@ -122,12 +121,8 @@ _DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE
 
 
 def _release_ddp(env_before: dict[str, str | None]) -> None:
-    """Undo what Lightning's launcher left in *this* process after a DDP fit.
-
-    Lightning sets LOCAL_RANK & co. in the launching process and keeps its process group; the
-    next job of a Hydra multirun in the same process would then believe its ranks are launched
-    externally and wait for children that no longer exist. Only the launching process does this.
-    """
+    """Undo what Lightning's launcher left in *this* process after a DDP fit (LOCAL_RANK & co., its process group),
+    which would make the next job of a Hydra multirun wait for children that no longer exist."""
     if env_before.get("LOCAL_RANK") is not None:
         return  # ranks launched from outside (torchrun, SLURM, or a child of ours): leave them be
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -141,9 +136,8 @@ def _release_ddp(env_before: dict[str, str | None]) -> None:
 
 def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float],
                    config: dict[str, Any] | None = None) -> dict[str, float]:
-    """manifest.json, then finished.json (``outlierlab.jobs.run_state.mark_finished``), with the optimizer's
-    class, the device kind and whether deterministic algorithms were enforced (``trainer.deterministic=true``: Lightning calls
-    ``torch.use_deterministic_algorithms`` and sets ``CUBLAS_WORKSPACE_CONFIG``)."""
+    """manifest.json, then finished.json (``run_state.mark_finished``), with the optimizer's class, the device kind and
+    whether deterministic algorithms were enforced (``trainer.deterministic=true``)."""
     how = {"accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
            "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
            # the optimizer that trained it (its settings are in config.yaml and the card): a study's arms, at a glance
@@ -179,12 +173,9 @@ def set_threads(threads: int | None) -> int:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run MLM pretraining as configured; return the final logged metrics.
 
-    The run directory is locked for this process first (``outlierlab.jobs.run_lock``: a second process on it
-    gets one line naming the holder). A run directory whose ``finished.json`` records the same
-    ``trainer.max_steps`` is skipped (its metrics are returned), and one with a checkpoint but no such marker
-    resumes from it (``resume: true``; also a finished run given more steps) -- so re-running a stopped multirun
-    continues it cell by cell instead of starting over. A run that fails writes ``failed.json`` (the one-line
-    error and the step reached, ``outlierlab.jobs.run_state.failed_run``).
+    The run directory is locked first (``outlierlab.jobs.run_lock``).  A run whose ``finished.json`` records the same
+    ``trainer.max_steps`` is skipped; one with a checkpoint but no such marker resumes (``resume: true``; also a
+    finished run given more steps), so re-running a stopped multirun continues it.  A failure writes ``failed.json``.
     """
     one_console_for_lightning()
     run_dir = Path(cfg.run_dir).resolve()
@@ -255,8 +246,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
         )
     ckpt_path, start_step, trained_config = resume_point(cfg, run_dir, config)
     module: MLMLitModule = hydra.utils.instantiate(cfg.module, model=config)
-    # Lightning's model summary counts FLOPs on this input (torch's FlopCounterMode over one forward): one
-    # training block; without it the summary printed "Total FLOPs: 0".  Token ids do not change the count.
+    # one training block, on which Lightning's model summary counts FLOPs (token ids do not change the count)
     module.example_input_array = {"input_ids": torch.zeros(1, datamodule.block_size, dtype=torch.long)}
     ensure_room(run_dir, module, cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -267,8 +257,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
     log.info("%d intra-op thread(s) for this run", threads)
     if trainer.global_rank == 0:
         changes = {} if ckpt_path is None else config_changes(trained_config or run_dir / "config.yaml", resolved)
-        # code_versions.jsonl: a resume on other code, or with other settings, says so (and the model card, the
-        # study's notes), since config.yaml then states only this start's
+        # code_versions.jsonl records a resume on other code or settings (config.yaml states only this start's)
         start = record_start(run_dir, start_step, config_changes=changes)
         if changes:
             log.warning("resuming with %d setting(s) other than its checkpoint trained with (recorded in %s): %s",
@@ -281,11 +270,9 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
         if cfg.get("ckpt_path") not in (None, "", "null", "last"):  # a checkpoint named: maybe a roll-back
             for line in set_aside_later_timeline(run_dir, start_step):
                 log.warning(line)
-        # whole or not at all: a full disk left it cut short under its own name, and readers of the run (the model
-        # card, post-hoc monitors, export) took a torn config for the one it trained with
+        # whole or not at all: the card, post-hoc monitors and export must never read a torn config
         write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
-        # the run directory is self-contained from the start: post-hoc analysis and probe.py on a checkpoint
-        # find the tokenizer here even when the run stops early or export=false
+        # self-contained from the start: post-hoc analysis and probe.py find the tokenizer even without an export
         tokenizer.save_pretrained(str(run_dir / "tokenizer"))
     _relaunch_args_for_ddp_children(run_dir)
     # MLMLitModule.on_before_batch_transfer prepares any MLM batch on the host (it does not replace a
@@ -329,8 +316,7 @@ def _finish(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module, config: 
         out = _export_dir(run_dir, config)
         tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
         with staged_dir(out) as staging:  # written beside hf/ (model/), renamed into place when complete
-            # remote_code: model/ also loads with transformers alone (trust_remote_code); the card after fit, when
-            # the validation metrics are in csv/metrics.csv 
+            # remote_code: model/ also loads with transformers alone; the card once csv/metrics.csv has validation
             fmt = save_pretrained(module.model, staging, tokenizer=tokenizer, remote_code=True)
             record_trained_steps(staging, trainer.global_step)  # export_run's card of a run stopped early reads it
             write_model_card(run_dir, staging, global_step=trainer.global_step)

@@ -1,14 +1,12 @@
 """Loggers whose history survives resuming into the same run directory.
 
-* Lightning's CSVLogger deletes an existing ``metrics.csv`` when a run resumes, losing the history a
-  researcher plots. ``ResumableCSVLogger`` keeps it: on its first write it drops only the rows of
-  the abandoned timeline (steps at or after the first step the resumed run logs) and appends from there,
-  so the file has no gap and no duplicated step.
-* TensorBoard keeps every event file of a run directory: after a crash at step 14 and a resume from the
-  step-10 checkpoint, steps 11-14 show twice. ``TensorBoardResumePurge`` writes TensorBoard's
-  restart marker (a ``SessionLog.START`` event at the resumed step, what ``SummaryWriter(purge_step=…)``
-  writes) the moment the checkpoint is loaded, before anything of the new session is logged; TensorBoard's
-  reader then discards the earlier events at or after that step.
+* Lightning's CSVLogger deletes ``metrics.csv`` on resume.  ``ResumableCSVLogger`` keeps it: on its first write it
+  drops only the abandoned timeline's rows (steps at or after the resumed run's first) and appends, so the file has
+  no gap and no duplicated step.
+* TensorBoard keeps every event file: after a crash at step 14 and a resume from step 10, steps 11-14 show twice.
+  ``TensorBoardResumePurge`` writes TensorBoard's restart marker (``SessionLog.START`` at the resumed step, as
+  ``SummaryWriter(purge_step=…)``) when the checkpoint loads, before the new session logs; the reader then
+  discards earlier events at or after that step.
 """
 
 from __future__ import annotations
@@ -50,10 +48,9 @@ class _ResumableWriter(ExperimentWriter):
 
 
 def _kept(row: dict, first_new: int) -> bool:
-    """Whether a row of the interrupted session belongs to the resumed timeline. The resumed session's first row is
-    its first update's training metrics, at Lightning's batch counter: the checkpoint's step S. A validation is
-    logged at the model's step (marked by ``MODEL_STEP``), so the one after S updates is also at S; it ran after the
-    step-S checkpoint was written and is not run again, so it stays. Every other row at or after S is redone."""
+    """Whether a row of the interrupted session belongs to the resumed timeline.  Rows at or after the checkpoint's step
+    S are redone, except the validation logged at S (``MODEL_STEP``): it ran after the step-S checkpoint was written and
+    is not run again."""
     step = int(float(row["step"]))
     return step < first_new or (step == first_new and row.get(MODEL_STEP) not in (None, ""))
 
@@ -71,12 +68,9 @@ class ResumableCSVLogger(CSVLogger):
 
 
 def write_purge_marker(writer, step: int) -> None:
-    """Mark a restart at ``step`` in a ``torch.utils.tensorboard.SummaryWriter``'s event file.
-
-    The same two events ``SummaryWriter(purge_step=step)`` writes when it opens a file: the file version
-    (TensorBoard honours restart markers only in version-2 files) and ``SessionLog.START``, on which the
-    reader purges every event seen so far with a step >= ``step``.
-    """
+    """Mark a restart at ``step`` in a ``SummaryWriter``'s event file: the two events ``SummaryWriter(purge_step=step)``
+    writes, the file version (markers count in version-2 files only) and ``SessionLog.START``, on which the reader
+    purges every earlier event with a step >= ``step``."""
     file_writer = writer._get_file_writer()
     file_writer.add_event(Event(step=int(step), file_version="brain.Event:2"))
     file_writer.add_event(Event(step=int(step), session_log=SessionLog(status=SessionLog.START)))
@@ -84,10 +78,8 @@ def write_purge_marker(writer, step: int) -> None:
 
 
 def validation_at(log_dir: str, step: int) -> dict[str, float]:
-    """The validation scalars (``val/*``) the event files in ``log_dir`` hold at ``step``. A validation is logged at
-    the model's step, and the one after S updates runs after the step-S checkpoint is written: a resume from that
-    checkpoint does not run it again, and the restart marker at S would purge it with the redone steps, so the
-    marker's writer logs it once more after the marker."""
+    """The validation scalars (``val/*``) the event files in ``log_dir`` hold at ``step``: the validation after S
+    updates is not rerun on resume but the marker at S would purge it, so the marker's writer logs it again."""
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     if not os.path.isdir(log_dir):
@@ -104,16 +96,9 @@ def validation_at(log_dir: str, step: int) -> dict[str, float]:
 
 
 class TensorBoardResumePurge(Callback):
-    """On resume, purge the TensorBoard events the interrupted run wrote at or after the resumed step.
-
-    Works with Lightning's own ``TensorBoardLogger``; the step is read
-    from the checkpoint in ``on_load_checkpoint``, which runs before the new session logs anything.
-
-    Attributes
-    ----------
-    purged_from : int or None
-        The step of the last marker written (None: this run did not resume).
-    """
+    """On resume, purge the TensorBoard events the interrupted run wrote at or after the resumed step (with Lightning's
+    ``TensorBoardLogger``; the step is read in ``on_load_checkpoint``, before the new session logs). ``purged_from``:
+    the step of the last marker written (None: not resumed)."""
 
     def __init__(self) -> None:
         self.purged_from: int | None = None

@@ -24,11 +24,8 @@ def batch_size_of(batch: dict[str, Tensor]) -> int:
 
 
 def tokens_in(batch: dict[str, Tensor]) -> int:
-    """Real (non-padding) tokens in a batch: what ``train/items_per_sec`` counts.
-
-    A batch without ``attention_mask`` is unpadded (``MLMLitModule.on_before_batch_transfer`` drops an
-    all-ones mask), so its size needs no device read; only a padded batch sums its mask.
-    """
+    """Real (non-padding) tokens in a batch, what ``train/items_per_sec`` counts; a batch without ``attention_mask``
+    (dropped when all ones) needs no device read."""
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].numel())
 
 
@@ -60,12 +57,9 @@ def predicted_accuracy(out, batch: dict[str, Tensor], causal: bool) -> Tensor:
 def prepare_mlm_batch(batch: dict[str, Tensor], causal: bool = False) -> dict[str, Tensor]:
     """Host-side batch preparation that spares the accelerator two waits (called before the transfer).
 
-    * an all-ones ``attention_mask`` is dropped: the encoder then runs attention without a mask, so
-      ``F.scaled_dot_product_attention`` can take its flash kernel (packed blocks: all but the last are
-      unpadded);
-    * ``masked_positions``: flat indices of the labelled positions, so the MLM head can gather them without
-      a ``nonzero`` on the device (``outlierlab.models.encoder.RobertaMaskedLM.forward``); not for the
-      causal objective, whose loss reads every position.
+    * an all-ones ``attention_mask`` is dropped, so ``F.scaled_dot_product_attention`` can take its flash kernel;
+    * ``masked_positions``: flat indices of the labelled positions, so the MLM head gathers them without a device
+      ``nonzero`` (``RobertaMaskedLM.forward``); not for the causal objective, which reads every position.
     """
     batch = dict(batch)
     mask = batch.get("attention_mask")
@@ -88,24 +82,12 @@ def _is_norm(module: nn.Module) -> bool:
 def weight_decay_groups(model: nn.Module, scope: str = "no_norm_bias") -> list[dict[str, Any]]:
     """Optimizer parameter groups that say which parameters get weight decay.
 
-    Parameters
-    ----------
-    model : nn.Module
-        The module whose trainable parameters are optimised.
-    scope : {"all", "no_norm_bias"}
-        ``"all"``: one group, decay on every parameter -- what fairseq does, and so what RoBERTa
-        (Liu et al. 2019) and Luo et al. (2021), who pretrained with fairseq, used: fairseq's
-        ``Trainer._build_optimizer`` hands the optimizer every ``requires_grad`` parameter in one list and
-        ``FairseqAdam`` applies the decoupled decay ``p -= lr * wd * p`` to each, LayerNorm gains and
-        biases included.  ``"no_norm_bias"``: no decay on biases and on normalisation gains/biases
-        (the BERT / Hugging Face ``Trainer`` convention), nor on the OP block's trainable β.  Decay pulls LayerNorm gains towards 0, so the
-        choice may change how the gain outliers of Kovaleva et al. (2021) emerge.
+    ``scope="all"``: one group, decay on every parameter -- fairseq's ``Trainer._build_optimizer`` and ``FairseqAdam``,
+    so RoBERTa (Liu et al. 2019) and Luo et al. (2021), LayerNorm gains and biases included.  ``"no_norm_bias"``: no
+    decay on biases, normalisation gains/biases, nor the OP block's β (the BERT / HF ``Trainer`` convention).  Decay
+    pulls gains towards 0, so the choice may change how Kovaleva et al. (2021)'s gain outliers emerge.
 
-    Returns
-    -------
-    list of dict
-        ``[{"params": decayed}, {"params": exempt, "weight_decay": 0.0}]``; the second group is absent
-        for ``"all"``.  The decayed group takes the optimizer's own ``weight_decay``.
+    Returns ``[{"params": decayed}, {"params": exempt, "weight_decay": 0.0}]`` (the second absent for ``"all"``).
     """
     if scope not in WEIGHT_DECAY_SCOPES:
         raise ValueError(f"unknown module.weight_decay_scope {scope!r}; choose one of {', '.join(WEIGHT_DECAY_SCOPES)}")
@@ -126,49 +108,27 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class MLMLitModule(L.LightningModule):
-    """Pretrains a RoBERTa encoder with the masked-LM objective, or a decoder of the same blocks with the
-    causal-LM objective when ``model.causal`` is true (``objective=clm``).
+    """Pretrains a RoBERTa encoder with the masked-LM objective, or a decoder of the same blocks with the causal-LM
+    objective when ``model.causal`` is true (``objective=clm``).
 
-    Parameters
-    ----------
-    model : EncoderConfig or dict
-        Architecture and position scheme (``configs/model`` + ``configs/pos``).
-    optimizer : callable
-        ``params -> Optimizer``, e.g. a Hydra ``_partial_`` of ``torch.optim.AdamW``
-        (paper: β = (0.9, 0.98), ε = 1e-6, weight decay 0.01).
-    scheduler : callable, optional
-        ``optimizer -> LRScheduler`` stepped every optimizer step (paper: linear warm-up then
+    model : ``EncoderConfig`` or dict — architecture and position scheme (``configs/model`` + ``configs/pos``).
+    optimizer : ``params -> Optimizer``, e.g. a Hydra ``_partial_`` of AdamW (paper: β = (0.9, 0.98), ε = 1e-6, weight
+        decay 0.01); scheduler : ``optimizer -> LRScheduler`` stepped every optimizer step (paper: linear warm-up then
         polynomial decay, ``outlierlab.models.schedules.warmup_polynomial_decay``).
-    seed : int
-        Dropout is re-seeded from ``(seed, global_step, rank)`` before every step, so a run
-        resumed from a checkpoint draws exactly the dropout masks of an uninterrupted run.
-    weight_decay_scope : {"no_norm_bias", "all"}
-        Which parameters the optimizer's weight decay applies to (``weight_decay_groups``);
-        ``experiment=paper_roberta_base`` uses ``"all"`` as fairseq did.
-    order_use : bool
-        At every validation also compute *order use* -- the validation loss with each block's tokens permuted
-        minus the intact loss (``outlierlab.metrics.word_order.order_use``; one more forward per validation
-        batch) -- logged as ``val/order_use``, and on the first validation batch the *attention locality* of
-        every layer (``val/attn_local/layer_i``, its uniform baseline ``val/attn_local/uniform``).  The
-        permutations are drawn from ``(seed, batch_idx)``: every validation of a run permutes the same way.
-    finite_check_every_n_steps : int
-        On an accelerator, how often the non-finite-loss guard reads its flag back (a host read waits for
-        the device; Lightning's own logging reads every ``log_every_n_steps``, 10 by default). The flag is
-        set on the device at every step, so the error still names the first bad step, and it is read before
-        any checkpoint is written. On CPU the check is immediate (it costs nothing there).
-    compile : bool or dict
-        Run the training forward through ``torch.compile`` (a dict: its keyword arguments, e.g.
-        ``{mode: max-autotune-no-cudagraphs}``).  Only the training step is compiled: validation and
-        the monitors call the eager model, so their hooks and ``eval()`` never trigger a recompilation,
-        and checkpoints keep the eager parameter names.  ``benchmarks/train_throughput.py --compare``
-        measures the gain.  ``"auto"``: compiled on CUDA only.
-    fused_optimizer : bool or "auto"
-        Fused AdamW/Adam (``fused=True``: one kernel for the whole update); ``auto`` uses it on CUDA unless fp16
-        mixed precision is on. Under bf16 the module clips the gradients itself (Lightning's plugin refuses to
-        for a fused optimizer). Equal to the unfused update (tests/test_fast_paths.py).
-    activation_checkpointing : bool
-        Recompute each layer's activations in the backward pass (``torch.utils.checkpoint``): less memory for
-        ~one more forward; the same loss and gradients (tests/test_fast_paths.py).
+    seed : dropout is re-seeded from ``(seed, global_step, rank)`` before every step, so a resumed run draws the
+        dropout masks of an uninterrupted one.
+    weight_decay_scope : ``weight_decay_groups``'s scope; ``experiment=paper_roberta_base`` uses ``"all"`` as fairseq.
+    order_use : at every validation also log ``val/order_use`` (``word_order.order_use``; one more forward per batch)
+        and, on the first batch, ``val/attn_local/layer_i`` with ``val/attn_local/uniform``; permutations drawn from
+        ``(seed, batch_idx)``, the same at every validation.
+    finite_check_every_n_steps : on an accelerator, how often the non-finite-loss flag (set on the device every step)
+        is read back; the error still names the first bad step and is read before any checkpoint.  Immediate on CPU.
+    compile : ``torch.compile`` the training forward only (a dict: its kwargs; ``"auto"``: on CUDA), so validation,
+        the monitors and checkpoints use the eager model (``benchmarks/train_throughput.py --compare``).
+    fused_optimizer : fused AdamW/Adam; ``auto``: on CUDA unless fp16.  Under bf16 the module clips gradients itself
+        (Lightning refuses for a fused optimizer).  Equal to the unfused update (tests/test_fast_paths.py).
+    activation_checkpointing : recompute each layer's activations in the backward (``torch.utils.checkpoint``): less
+        memory for ~one more forward, the same loss and gradients.
     """
 
     def __init__(
@@ -200,8 +160,7 @@ class MLMLitModule(L.LightningModule):
             raise ValueError(f"module.compile must be true, false, auto or a dict of torch.compile options, got {compile!r}")
         if fused_optimizer not in (True, False, "auto"):
             raise ValueError(f"module.fused_optimizer must be true, false or auto, got {fused_optimizer!r}")
-        # "auto": decided on the first training step, by the device (compiled on CUDA only: measured there; on a
-        # CPU it gained nothing, docs/training_speed.md)
+        # "auto": decided on the first training step, by the device (CUDA only; no gain on CPU, docs/training_speed.md)
         self.compile_auto = compile == "auto"
         if not isinstance(compile, (bool, str)):  # Hydra hands a DictConfig
             compile = dict(compile)
@@ -223,8 +182,7 @@ class MLMLitModule(L.LightningModule):
         if int(finite_check_every_n_steps) < 1:
             raise ValueError(f"module.finite_check_every_n_steps must be >= 1, got {finite_check_every_n_steps}")
         self.finite_check_every_n_steps = int(finite_check_every_n_steps)
-        # Global step of the first non-finite training loss, -1 while none; lives on the training device
-        # (not a buffer: it is not part of the model, and not in checkpoints).
+        # Global step of the first non-finite training loss, -1 while none; on the device, not a buffer (not saved).
         self._first_nonfinite_step: Tensor | None = None
         self._defer_finite_check: bool | None = None  # None: decided by the device on the first step
 
@@ -294,9 +252,9 @@ class MLMLitModule(L.LightningModule):
                                   "lower the learning rate or raise gradient clipping (trainer.gradient_clip_val)")
 
     def _guard_finite(self, loss: Tensor) -> None:
-        """Stop the run at a NaN/inf loss. On CPU at once; on an accelerator the first bad step is recorded on
-        the device without a host read, and ``_raise_if_nonfinite`` reads it every
-        ``finite_check_every_n_steps`` steps and before every checkpoint."""
+        """Stop the run at a NaN/inf loss: on CPU at once; on an accelerator the first bad step is recorded on the
+        device and ``_raise_if_nonfinite`` reads it every ``finite_check_every_n_steps`` steps and before every
+        checkpoint."""
         if self._defer_finite_check is None:
             self._defer_finite_check = loss.device.type != "cpu"
         if not self._defer_finite_check:
@@ -333,8 +291,7 @@ class MLMLitModule(L.LightningModule):
         first = batch_idx == 0 and self.order_use
         out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
                          output_attentions=first, masked_positions=batch.get("masked_positions"))
-        # Weighted by predicted-token count: val/loss is the per-token mean over the whole split
-        # (synchronised across DDP ranks by torchmetrics).
+        # Weighted by predicted-token count: the per-token mean over the split (synchronised across DDP ranks).
         self.val_loss.update(out.loss, n_predicted)
         self.val_accuracy.update(predicted_accuracy(out, batch, self.config.causal), n_predicted)
         if not self.order_use:
@@ -371,12 +328,10 @@ class MLMLitModule(L.LightningModule):
         self._log_validation(values)
 
     def _log_validation(self, values: dict[str, Tensor]) -> None:
-        """The validation scalars at the model's step, ``trainer.global_step``: the updates done, as the console and
-        the monitors count them.  ``self.log`` alone would hand them to the loggers at Lightning's batch counter,
-        which inside the training loop is one below (99 for the validation after 100 updates), so they go to the
-        loggers here and to ``self.log`` only for the callbacks (checkpoint monitor, progress line, finished.json).
-        The CSV also gets the step as ``global_step``: the mark by which a reader tells such a row from one logged
-        the old way (``outlierlab.utils.tables.model_step``)."""
+        """The validation scalars at the model's step, ``trainer.global_step`` (updates done).  ``self.log`` alone would
+        log them at Lightning's batch counter, one below inside the training loop, so they go to the loggers here and to
+        ``self.log`` only for the callbacks; the CSV also gets ``global_step``, the mark
+        ``outlierlab.utils.tables.model_step`` reads."""
         from lightning.pytorch.loggers import CSVLogger
 
         for name, value in values.items():

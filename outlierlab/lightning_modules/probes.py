@@ -1,14 +1,13 @@
 """Linear probes trained on ALL layers at once (Luo, Kulmizev & Mao 2021, §3 and §4.4).
 
-``BatchedLinear`` holds one weight tensor ``[L, d, C]`` and applies L independent linear maps with one
-``torch.bmm``; the training loss is the SUM of the per-layer cross-entropies, so layer l's gradient is
-exactly the gradient of its own loss and (Adam being element-wise) every layer trains as if alone — but the
-cached features are read once per batch for all layers instead of once per layer.
+``BatchedLinear`` applies L independent linear maps ``[L, d, C]`` with one ``torch.bmm``; the loss is the SUM of
+per-layer cross-entropies, so (Adam being element-wise) every layer trains as if alone, while the cached features are
+read once per batch for all layers.
 
-* ``PositionProbe`` — bias-free ``W ∈ R^{d×M}`` predicting each token's position (Luo §3); at test time
-  it also accumulates the neuron contributions ``c_i = |w_{y,i} v_i|`` (``outlierlab.metrics.probe_contributions.contribution``).
+* ``PositionProbe`` — bias-free ``W ∈ R^{d×M}`` predicting each token's position (Luo §3); at test time it
+  also accumulates the neuron contributions ``c_i = |w_{y,i} v_i|`` (``probe_contributions.contribution``).
 * ``SentenceClassifier`` — ``W ∈ R^{d×N}`` on mean-pooled sentence vectors (Luo §4.4), with a bias by
-  default or bias-free exactly as the paper writes it (``probe.classifier_bias=false``).
+  default or bias-free as the paper writes it (``probe.classifier_bias=false``).
 """
 
 from __future__ import annotations
@@ -26,11 +25,8 @@ from outlierlab.metrics.probe_contributions import contribution
 
 
 class BatchedLinear(nn.Module):
-    """``L`` independent linear maps ``[L, B, d] -> [L, B, C]`` in one batched matmul.
-
-    Layer ``l``'s weight is initialised U(±1/√d) (``nn.Linear``'s bound) from a generator seeded by
-    ``(seed, l)``, so probing one layer alone starts from exactly the weights it gets in the batch.
-    """
+    """``L`` independent linear maps ``[L, B, d] -> [L, B, C]`` in one batched matmul.  Layer ``l`` starts at U(±1/√d)
+    (``nn.Linear``'s bound) from a generator seeded by ``(seed, l)``, as it would alone."""
 
     def __init__(self, num_layers: int, in_dim: int, out_dim: int, bias: bool = True,
                  layer_ids: Sequence[int] | None = None, seed: int = 0):
@@ -53,19 +49,9 @@ class BatchedLinear(nn.Module):
 class LayerwiseProbe(L.LightningModule):
     """Shared training/eval logic of the all-layers linear probes.
 
-    Parameters
-    ----------
-    num_layers, dim, num_classes : int
-        Layers probed together (L', after any selection), input width, classes (M positions or N labels).
-    bias : bool
-    lr : float
-        Adam learning rate (Luo et al.: Adam; 1e-3 default).
-    layer_ids : list[int], optional
-        Which encoder layer each probe row is (names the logged scalars and seeds the init).
-    seed : int
-    tag : str
-        Transform name, used in the TensorBoard tags ``<prefix>/<tag>/layer_<i>/accuracy``.
-    prefix : str
+    ``num_layers, dim, num_classes``: layers probed together, input width, classes (M positions or N labels).  ``lr``:
+    Adam's (Luo et al.: Adam; 1e-3).  ``layer_ids``: the encoder layer of each row (names the scalars, seeds the init).
+    ``tag``/``prefix``: TensorBoard tags ``<prefix>/<tag>/layer_<i>/accuracy``.
     """
 
     def __init__(self, num_layers: int, dim: int, num_classes: int, bias: bool, lr: float = 1e-3,
@@ -158,12 +144,9 @@ class PositionProbe(LayerwiseProbe):
 
 
 class SentenceClassifier(LayerwiseProbe):
-    """Luo et al. 2021 §4.4: linear classifier on mean-pooled sentence vectors, per layer.
-
-    ``bias=False`` is the paper's map exactly, ``W ∈ R^{d×N}`` with no offset: every class score is then a
-    pure projection of the sentence vector, so a clipped or whitened vector cannot be compensated for by a
-    learned offset.  ``bias=True`` (default) adds one bias per class, the usual logistic-regression probe.
-    """
+    """Luo et al. 2021 §4.4: linear classifier on mean-pooled sentence vectors, per layer.  ``bias=False`` is the
+    paper's ``W ∈ R^{d×N}`` (a clipped or whitened vector cannot be compensated by a learned offset); ``bias=True``
+    (default) is the usual logistic-regression probe."""
 
     def __init__(self, num_layers: int, dim: int, num_classes: int, lr: float = 1e-3,
                  layer_ids: Sequence[int] | None = None, seed: int = 0, tag: str = "none", prefix: str = "probe",
@@ -173,13 +156,8 @@ class SentenceClassifier(LayerwiseProbe):
 
 def train_probe(module: LayerwiseProbe, train_loader, val_loader, test_loader, epochs: int = 10,
                 logger=None, accelerator: str = "auto", progress: bool = False, validate: bool = True) -> dict:
-    """Fit ``module`` for ``epochs`` with a Lightning Trainer, test it, return ``module.results``.
-
-    Returns
-    -------
-    dict with ``accuracy`` {layer: test acc}, ``val_accuracy`` {layer: last-epoch val acc} (if
-    ``validate``), ``contribution`` Tensor[L', d] mean |w_{y,i} v_i| over test vectors.
-    """
+    """Fit ``module`` for ``epochs`` with a Lightning Trainer, test it, return ``module.results``: ``accuracy`` {layer:
+    test acc}, ``val_accuracy`` (if ``validate``) and ``contribution`` [L', d], mean |w_{y,i} v_i|."""
     trainer = L.Trainer(max_epochs=epochs, accelerator=accelerator, devices=1, logger=logger or False,
                         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=progress,
                         num_sanity_val_steps=0, log_every_n_steps=50,

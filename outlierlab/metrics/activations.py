@@ -1,23 +1,18 @@
 """Continuous outlier-feature metrics of the residual stream: activation kurtosis and max/median ratio.
 
-Luo et al. (2021) ask whether one dim holds the argmax of most tokens — a yes/no event that, in small
-models, comes late or never.  The later literature measures the same phenomenon on a continuous scale
-that rises long before:
+Luo et al. (2021)'s argmax question is a yes/no event that in small models comes late or never; the later literature
+measures the phenomenon on a continuous scale that rises long before:
 
 * **activation kurtosis** (He, Noci, Paliotta, Schlag & Hofmann 2024, "Understanding and Minimising
-  Outlier Features in Transformer Training", NeurIPS 2024, their Eq. 1) — how unequal the per-dim RMS of
-  the residual stream is: 1 when every dim has the same RMS, d when one dim holds all the energy;
+  Outlier Features in Transformer Training", NeurIPS 2024, Eq. 1): how unequal the per-dim RMS is, 1 when every
+  dim has the same RMS, d when one dim holds all the energy;
 * **max / median ratio** (He et al. 2024; Sun, Chen, Kolter & Liu 2024, "Massive Activations in Large
-  Language Models") — per token, the largest |activation| against the median one; "massive" activations
-  are ≫ 100 in large models (Pythia-14M peaks near 83).
+  Language Models"): per token, the largest |activation| against the median one; "massive" activations are
+  ≫ 100 in large models (Pythia-14M peaks near 83).
 
-Each quantity has a one-shot function on a batch of token vectors and a streaming accumulator
-(``ActivationAccumulator``) whose result equals the one-shot function on all tokens at once — the
-training monitor, ``evaluate.py`` and the post-hoc checkpoint analysis use the accumulator.
-
-Token vectors are passed either already selected, ``[..., N, d]`` (e.g. ``hidden[:, valid]``), or as
-``[..., B, T, d]`` together with a ``[B, T]`` bool mask of the tokens that count (non-special, non-pad:
-``outlierlab.metrics.outlier_stats.valid_token_mask``).  Leading dims (e.g. the layer axis) are kept.
+Each has a one-shot function and a streaming ``ActivationAccumulator`` whose result equals it on all tokens at once.
+Token vectors come selected, ``[..., N, d]``, or as ``[..., B, T, d]`` with a ``[B, T]`` bool mask of the tokens that
+count (``outlierlab.metrics.outlier_stats.valid_token_mask``).  Leading dims (e.g. layers) are kept.
 """
 
 from __future__ import annotations
@@ -60,21 +55,9 @@ def activation_kurtosis(x: Tensor, mask: Tensor | None = None) -> Tensor:
 
     .. math:: \mathrm{Kurt}(x) = \frac{\tfrac1d\sum_i s_i^4}{\big(\tfrac1d\sum_i s_i^2\big)^2}
 
-    It is 1 exactly when every dim has the same RMS and d exactly when one dim holds all the energy
-    (Cauchy–Schwarz bounds it to [1, d]).  He et al. compute it on the residual stream after each
-    block; the uncentred second moment is theirs (an outlier dim shows up through a large mean as
-    much as through a large variance).
-
-    Parameters
-    ----------
-    x : Tensor[..., N, d], or Tensor[..., B, T, d] with ``mask``
-        Residual-stream vectors, e.g. ``torch.stack(hidden_states)[:, valid]`` → one value per layer.
-    mask : Bool[B, T], optional
-        Tokens that count (non-special, non-pad).
-
-    Returns
-    -------
-    Tensor[...] float64 (a scalar for ``[N, d]``).
+    1 exactly when every dim has the same RMS, d when one dim holds all the energy (Cauchy–Schwarz: [1, d]).  The
+    uncentred second moment is He et al.'s (an outlier dim shows through a large mean as much as a large variance).
+    ``x``: [..., N, d], or [..., B, T, d] with ``mask``.  Returns Tensor[...] float64 (a scalar for [N, d]).
     """
     t = select_tokens(x, mask)
     if t.shape[-2] == 0:
@@ -92,12 +75,8 @@ def _sum_squares(t: Tensor, in_place: bool = False) -> Tensor:
 
 
 def _token_ratios(t: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per token ``max_i|x| / median_i|x|`` (float64), ``|x|`` in the input's floating dtype, and the
-    per-token max and its dim; median = mean of the two middle values.
-
-    |x| is exact in any float dtype, so the order statistics are taken there and only the ratio is formed
-    in float64 — the same numbers as sorting float64 copies.
-    """
+    """Per token ``max_i|x| / median_i|x|`` (float64), the per-token max and its dim; median = mean of the two middle
+    values.  |x| is exact in any float dtype, so order statistics are taken there, only the ratio in float64."""
     a = t.detach().abs()
     if not a.is_floating_point():
         a = a.to(torch.float64)
@@ -128,22 +107,12 @@ def max_median_ratio(x: Tensor, mask: Tensor | None = None, eps: float = 1e-12) 
 
     .. math:: \mathrm{MMR} = \frac1N\sum_t \frac{\max_i |x_{t,i}|}{\operatorname{median}_i |x_{t,i}|}
 
-    (He et al. 2024 track it during training; Sun et al. 2024 call activations with ratios in the
-    thousands "massive").  The median of an even number of dims is the mean of the two middle values
-    (numpy's convention); a token whose median |x| is 0 uses ``eps`` instead (a huge ratio, not NaN).
+    (He et al. 2024 track it in training; Sun et al. 2024 call ratios in the thousands "massive").  An even number of
+    dims takes the mean of the two middle values (numpy's convention); a zero median uses ``eps`` (a huge ratio, not
+    NaN).
 
-    Parameters
-    ----------
-    x : Tensor[..., N, d], or Tensor[..., B, T, d] with ``mask``
-    mask : Bool[B, T], optional
-    eps : float
-
-    Returns
-    -------
-    dict of Tensor[...]:
-        ``ratio`` (float64), ``max_abs`` (float64, the largest |x| over all tokens and dims), ``max_dim``
-        (its dim) and ``max_token`` (its index among the N selected tokens; with a mask, the index into
-        ``mask.nonzero()`` — row-major order of the [B, T] grid — so the caller can look up the token).
+    Returns Tensor[...] ``ratio`` and ``max_abs`` (float64), ``max_dim`` and ``max_token`` (index among the N selected
+    tokens; with a mask, into ``mask.nonzero()``, row-major over [B, T]).
     """
     t = select_tokens(x, mask)
     n, d = t.shape[-2], t.shape[-1]
@@ -158,15 +127,10 @@ def max_median_ratio(x: Tensor, mask: Tensor | None = None, eps: float = 1e-12) 
 class ActivationAccumulator:
     """Streaming ``activation_kurtosis`` and ``max_median_ratio`` per layer over batches.
 
-    Keeps, per layer, the float64 sum of squares of every dim (kurtosis needs only the per-dim mean
-    square), the sum of per-token max/median ratios, the running largest |x| with its dim and token, and
-    the count of tokens whose largest |x| falls on each dim (the |x| form of Luo et al.'s argmax share,
-    reported beside the signed one: docs/design.md notes the two can disagree in small models).  Memory
-    O(L·d); the results equal the one-shot functions on all tokens (up to float64 summation order).
-
-    Parameters
-    ----------
-    num_layers, dim : int
+    Keeps per layer the float64 sum of squares per dim, the sum of per-token ratios, the running largest |x| with its
+    dim and token, and per dim the count of tokens whose largest |x| falls there (the |x| form of Luo et al.'s argmax
+    share; docs/design.md notes the two can disagree in small models).  Memory O(L·d); equals the one-shot functions up
+    to float64 summation order.
     """
 
     #: Running tensors with one row per layer (:func:`outlierlab.metrics.layer_accumulators.stack_layers`).

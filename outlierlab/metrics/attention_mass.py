@@ -54,19 +54,10 @@ def special_token_attention_mass(attn: Tensor, key_is_special: Tensor | Mapping[
 
     .. math:: m_h = \frac{1}{|Q|}\sum_{(b,q)\in Q}\ \sum_{k:\ \text{special}(b,k)} A_{b,h,q,k}
 
-    Parameters
-    ----------
-    attn : Tensor[B, H, Tq, Tk] or Tensor[L, B, H, Tq, Tk]
-        Attention probabilities (rows sum to 1), e.g. ``torch.stack(outputs.attentions)``.
-    key_is_special : Bool[B, Tk], or a mapping name -> Bool[B, Tk]
-        Keys whose mass is counted; a mapping (e.g. from ``special_key_masks``) gives one result
-        per entry, e.g. separately for ``<s>`` and ``</s>``.
-    query_mask : Bool[B, Tq] or None
-        Queries to average over (typically non-pad tokens); None: all queries.
-
-    Returns
-    -------
-    Tensor[H] (Tensor[L, H] with a layer axis), float64 — or a dict of those for a mapping.
+    ``attn``: probabilities Tensor[B, H, Tq, Tk] or [L, B, H, Tq, Tk] (e.g. ``torch.stack(outputs.attentions)``).
+    ``key_is_special``: Bool[B, Tk], or a mapping name -> Bool[B, Tk] (e.g. ``special_key_masks``) for one result per
+    entry.  ``query_mask``: Bool[B, Tq] of the queries to average over (None: all). Returns Tensor[H] (or [L, H])
+    float64, or a dict of those for a mapping.
     """
     if isinstance(key_is_special, Mapping):
         return {k: special_token_attention_mass(attn, m, query_mask) for k, m in key_is_special.items()}
@@ -100,16 +91,8 @@ def later_key_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
 
     .. math:: f_{h} = \frac{1}{|Q|}\sum_{(b,q)\in Q}\sum_{k>q} A_{b,h,q,k}
 
-    A check that a decoder's attention respects its causal mask (an encoder's is its right-context mass).
-
-    Parameters
-    ----------
-    attn : Tensor[..., B, H, T, T]
-    query_mask : Bool[B, T] or None (all queries)
-
-    Returns
-    -------
-    Tensor[..., H] float64
+    Checks that a decoder respects its causal mask (for an encoder it is the right-context mass).  ``attn``: Tensor[...,
+    B, H, T, T]; ``query_mask``: Bool[B, T] or None (all).  Returns Tensor[..., H] float64.
     """
     t = attn.shape[-1]
     later = torch.ones(t, t, dtype=torch.bool, device=attn.device).triu(1)
@@ -124,14 +107,8 @@ def later_key_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
 
 
 class _QueryMean:
-    """A per-query statistic summed over batches with the number of queries (float64), so that the mean over all
-    queries equals the one-shot value; memory O(L·H).
-
-    Parameters
-    ----------
-    shape : tuple
-        Shape of one result, ``(H,)`` or ``(L, H)``.
-    """
+    """A per-query statistic summed over batches with the number of queries (float64), so the mean over all queries
+    equals the one-shot value; memory O(L·H).  ``shape`` is one result's, ``(H,)`` or ``(L, H)``."""
 
     def __init__(self, shape: tuple[int, ...]):
         self.sum = torch.zeros(shape, dtype=torch.float64)
@@ -162,19 +139,9 @@ def sink_head_share(mass: Tensor, threshold: float = SINK_THRESHOLD) -> Tensor:
     .. math:: \text{Sink}_l = \frac1H\sum_{h=1}^{H} \mathbb 1\big[m_{l,h} > \varepsilon\big],
               \qquad \varepsilon = 0.3
 
-    with ``m_{l,h}`` the mass that head h of layer l puts on ``<s>`` (or ``</s>``), averaged over the
-    real queries (``special_token_attention_mass``).  Gu et al. report the mean over layers of this
-    share, for the first token; they saw it reach 18-36% in 60M-parameter models depending on the
-    position encoding.  Strictly greater, as in their definition.
-
-    Parameters
-    ----------
-    mass : Tensor[..., H]
-    threshold : float in [0, 1)
-
-    Returns
-    -------
-    Tensor[...] float64
+    with ``m_{l,h}`` (``mass``, Tensor[..., H]) the mass head h of layer l puts on ``<s>`` (or ``</s>``), averaged over
+    the real queries.  Gu et al. report its mean over layers for the first token (18-36% in 60M-parameter models,
+    depending on the position encoding).  Strictly greater, as in their definition.  Returns Tensor[...] float64.
     """
     if not 0.0 <= threshold < 1.0:
         raise ValueError(f"sink threshold must be in [0, 1), got {threshold}")
@@ -200,22 +167,13 @@ def _entropy_sums(attn: Tensor, query_mask: Tensor | None) -> tuple[Tensor, Tens
 
 
 def attention_entropy(attn: Tensor, query_mask: Tensor | None = None) -> Tensor:
-    r"""Mean attention entropy per head (nats), over the real queries.
+    r"""Mean attention entropy per head (nats), over the real queries (``query_mask``, None: all).
 
     .. math:: E_{l,h} = \frac{1}{|Q|}\sum_{(b,q)\in Q} -\sum_k A^{(l)}_{b,h,q,k}\,\log A^{(l)}_{b,h,q,k}
 
-    0 for a head that puts all mass on one key, log n for one uniform over n keys.  Falling entropy is
-    the signature of sink heads (Gu et al. 2025) and of the "entropy collapse" He et al. (2024) link
-    to outlier features.
-
-    Parameters
-    ----------
-    attn : Tensor[B, H, Tq, Tk] or Tensor[L, B, H, Tq, Tk]
-    query_mask : Bool[B, Tq] or None
-
-    Returns
-    -------
-    Tensor[H] or Tensor[L, H], float64
+    0 for a head on one key, log n for one uniform over n keys.  Falling entropy is the signature of sink heads (Gu et
+    al. 2025) and of the "entropy collapse" He et al. (2024) link to outlier features. Returns Tensor[H] (or [L, H] for
+    a layer axis), float64.
     """
     return _query_mean(*_entropy_sums(attn, query_mask))
 
@@ -225,18 +183,9 @@ def attention_row_mass(attn: Tensor, query_mask: Tensor | None = None) -> Tensor
 
     .. math:: M_{l,h} = \frac{1}{|Q|}\sum_{(b,q)\in Q} \sum_k A^{(l)}_{b,h,q,k}
 
-    Exactly 1 for softmax attention.  The clipped softmax of Bondarenko et al. (2023) lets rows sum to
-    less (a head "doing nothing"); 0 means the head attends to nothing at all — with small initial
-    logits and a large |γ| that can hold from initialisation on, since clipped probabilities get no gradient.
-
-    Parameters
-    ----------
-    attn : Tensor[B, H, Tq, Tk] or Tensor[L, B, H, Tq, Tk]
-    query_mask : Bool[B, Tq] or None
-
-    Returns
-    -------
-    Tensor[H] or Tensor[L, H], float64
+    Exactly 1 for softmax.  The clipped softmax of Bondarenko et al. (2023) lets rows sum to less (a head "doing
+    nothing"); 0 — possible from initialisation on with small logits and a large |γ|, since clipped probabilities get no
+    gradient — means the head attends to nothing.  Shapes as ``attention_entropy``.
     """
     return _query_mean(*_row_sums(attn, lambda a: a.sum(-1), query_mask))
 
@@ -255,22 +204,13 @@ def sink_masses(forward_attentions: Callable[[Tensor, Tensor], Sequence[Tensor]]
 
     .. math:: m_{l,h}^{(s)} = \frac{1}{|Q|}\sum_{(b,q)\in Q}\ \sum_{k:\ x_{b,k}=s} A^{(l)}_{b,h,q,k}
 
-    with Q all non-pad query positions of all batches (special-token queries included) — streamed with
-    ``AttentionMassAccumulator``.
+    with Q all non-pad query positions (special-token queries included), streamed with ``AttentionMassAccumulator``.
+    ``forward_attentions(input_ids, attention_mask)`` returns per-layer attention [B, H, T, T]; ``batches`` yields
+    ``(input_ids, attention_mask)``; ``first_token`` (decoders): ``bos`` is each sequence's first token, whatever its
+    id.
 
-    Parameters
-    ----------
-    forward_attentions : callable ``(input_ids, attention_mask) -> per-layer attention [B, H, T, T]``
-    batches : iterable of ``(input_ids [B, T], attention_mask [B, T])``
-    bos_token_id, eos_token_id : ids of ``<s>``/``[CLS]`` and ``</s>``/``[SEP]``
-    first_token : decoders: ``bos`` is each sequence's first token, whatever its id
-
-    Returns
-    -------
-    ``{"bos", "eos", "special"}`` -> Tensor[L, H] float64, ``"entropy"`` -> Tensor[L, H]: the mean
-    attention entropy (nats) of the same queries (``attention_entropy``),
-    and ``"later"`` -> Tensor[L, H]: their mean mass on later keys
-    (``later_key_mass``; 0 under a causal mask)
+    Returns ``{"bos", "eos", "special"}`` -> Tensor[L, H] float64, plus ``"entropy"`` (``attention_entropy``, nats) and
+    ``"later"`` (``later_key_mass``; 0 under a causal mask) of the same queries.
     """
     accs: dict[str, AttentionMassAccumulator] = {}
     entropy: AttentionEntropyAccumulator | None = None

@@ -1,15 +1,13 @@
 """Similarity of two tokens' vectors as a function of their distance within a sentence (Zuo et al. 2025).
 
-Zuo, Guerzhoy & Guerzhoy (COLING 2025) observe that in causal transformers *without* position encodings the
-vectors of nearby tokens are more similar than those of distant ones -- already at random initialisation --
-and that position can be read from that similarity; Haviv et al. (2022) explain why position is learnable at all
-there: under the causal mask a token can count its predecessors. A bidirectional model without positions is
-permutation-equivariant, so its curve is flat. One statistic, defined here once:
+Zuo, Guerzhoy & Guerzhoy (COLING 2025) observe that in causal transformers *without* position encodings nearby tokens'
+vectors are more similar than distant ones' -- already at random initialisation -- so position can be read from that
+similarity; Haviv et al. (2022): under the causal mask a token can count its predecessors.  A bidirectional model
+without positions is permutation-equivariant, so its curve is flat.
 
     sim_l(δ) = mean over sentences s and positions i of cos(h_l[s, i], h_l[s, i + δ]),   δ = 1 … D
 
-over the pairs whose both tokens are valid (``mask``; pass special tokens as invalid to leave them out).
-Accumulated as sums and counts so that any number of batches streams through it in constant memory.
+over pairs of valid tokens (``mask``; special tokens passed as invalid are left out), streamed as sums and counts.
 """
 
 from __future__ import annotations
@@ -23,21 +21,9 @@ __all__ = ["distance_cosine_sums", "DistanceSimilarity"]
 def distance_cosine_sums(hidden: Tensor, mask: Tensor, max_distance: int) -> tuple[Tensor, Tensor]:
     """Sums of ``cos(h[i], h[i + δ])`` over the valid pairs at each distance, per layer.
 
-    Parameters
-    ----------
-    hidden : Tensor
-        ``[L, B, T, d]`` token vectors of ``L`` layers (any float dtype; the cosines are taken in float64).
-    mask : Tensor
-        ``[B, T]``, true (or 1) for tokens to use.
-    max_distance : int
-        Largest distance ``D``; distances beyond ``T - 1`` get zero counts.
-
-    Returns
-    -------
-    sums : Tensor
-        ``[L, D]`` float64, sum of cosines at distances ``1 … D``.
-    counts : Tensor
-        ``[D]`` float64, number of valid pairs at each distance (the same for every layer).
+    ``hidden``: ``[L, B, T, d]`` (cosines in float64); ``mask``: ``[B, T]`` tokens to use; ``max_distance``: D
+    (distances beyond ``T - 1`` get zero counts).  Returns ``sums`` ``[L, D]`` and ``counts`` ``[D]`` (the same for
+    every layer), float64.
     """
     L, B, T, _ = hidden.shape
     h = hidden.double()
@@ -54,15 +40,8 @@ def distance_cosine_sums(hidden: Tensor, mask: Tensor, max_distance: int) -> tup
 
 
 class DistanceSimilarity:
-    """Streaming ``distance_cosine_sums``: ``update`` per batch, ``compute`` the mean cosine per distance.
-
-    Parameters
-    ----------
-    num_layers : int
-        Layers of the hidden states given to ``update``.
-    max_distance : int
-        Largest distance ``D``.
-    """
+    """Streaming ``distance_cosine_sums`` over ``num_layers`` layers up to ``max_distance``: ``update`` per batch,
+    ``compute`` the mean cosine per distance."""
 
     def __init__(self, num_layers: int, max_distance: int) -> None:
         if max_distance < 1:

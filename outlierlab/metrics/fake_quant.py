@@ -1,12 +1,11 @@
 """Symmetric absmax fake quantization, the W8A8 scheme of Bondarenko et al. (2023, "Quantizable Transformers") and
-Dettmers et al. (2022, "LLM.int8()"), and LLM.int8()'s decomposition that keeps a few outlier input dimensions in
-full precision.
+Dettmers et al. (2022, "LLM.int8()"), and LLM.int8()'s decomposition that keeps a few outlier input dimensions in full
+precision.
 
-``q = clamp(round(x / s), -(2^(b-1) - 1), 2^(b-1) - 1)``, ``x_hat = q * s``, ``s = absmax / (2^(b-1) - 1)``: one scale
-per tensor for activations (dynamic: computed from the tensor being quantized) and one per output channel for
-weights. The rounding and clamping are torch's own fake-quantization kernels (``torch.fake_quantize_per_tensor_affine``
-and ``..._per_channel_affine``, zero point 0, range ±127 at 8 bits); what they do not do -- choose the symmetric
-absmax scale, and leave chosen input dimensions unquantized -- is written here.
+``q = clamp(round(x / s), -(2^(b-1) - 1), 2^(b-1) - 1)``, ``x_hat = q * s``, ``s = absmax / (2^(b-1) - 1)``: one dynamic
+scale per tensor for activations, one per output channel for weights.  Rounding and clamping are torch's
+fake-quantization kernels (zero point 0, ±127 at 8 bits); the symmetric absmax scale and the unquantized dims are added
+here.
 """
 
 from __future__ import annotations

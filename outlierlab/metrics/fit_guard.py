@@ -1,9 +1,6 @@
 """Is a fitted whitening (or standardize / all-but-the-top / center) map trustworthy?  The sample-size guard of
-``outlierlab.metrics.whitening.Whitener.check``: a fit on too few distinct vectors for the directions it
-estimates is refused in one line (or kept, marked degenerate), and what it was fitted on becomes CSV columns.
-
-Split from ``outlierlab.metrics.whitening`` (fitting and applying the maps); the guard reads a fitted
-``Whitener`` (its ``n``, ``n_distinct``, ``rank``, ``out_dim``, ...) and changes nothing but its ``fit_info``.
+``Whitener.check``: a fit on too few distinct vectors is refused in one line (or kept, marked degenerate), and what it
+was fitted on becomes CSV columns.  It reads a fitted ``Whitener`` and changes only its ``fit_info``.
 """
 
 from __future__ import annotations
@@ -22,11 +19,10 @@ MIN_FIT_RATIO = 2.0
 class DegenerateWhiteningError(ValueError):
     """Whitening was fitted on too few distinct vectors for the dims it is asked to keep (one-line message).
 
-    Besides the message (in command-line terms), what a caller needs to say it in its own terms: ``problem`` (what
-    happened), ``need`` and ``found`` (distinct fit ``unit``: vectors, or texts, required and present), ``method``,
-    ``fixes`` (the settings that make the fit pass, as overrides: ``transform.k=24``, ...) and ``texts`` (how many
-    of the caller's texts the fit vectors came from, set by the caller that fitted on them; None when the fit was on
-    a data set's own pairs).  ``ol.evaluate`` words them as Python arguments."""
+    For callers that word it their own way: ``problem``, ``need`` and ``found`` (distinct fit ``unit``s), ``method``,
+    ``fixes`` (overrides that make the fit pass, e.g. ``transform.k=24``) and ``texts`` (the caller's texts behind the
+    fit; None for a data set's own pairs).
+    """
 
     def __init__(self, message: str, *, problem: str = "", need: int | None = None, found: int | None = None,
                  unit: str = "vectors", fixes: tuple[str, ...] = (), method: str = "whiten") -> None:
@@ -83,33 +79,19 @@ class WhiteningFit:
 def check_fit(w, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: bool = False) -> WhiteningFit:
     r"""Refuse a whitening fitted on too few distinct vectors for the ``k`` dims it keeps.
 
-    Why the threshold, N_distinct ≥ ``min_ratio`` · k (default 2):
+    Why N_distinct ≥ ``min_ratio`` · k (default 2):
 
-    * N distinct points span an affine space of dimension ≤ N−1.  With k ≥ N−1 kept dims the whitened
-      fitted points satisfy ZᵀZ = (N−1)·I and Z's rows sum to 0, so ZZᵀ = (N−1)(I − 11ᵀ/N): every
-      point has the same norm and every pair the same cosine −1/(N−1) — a regular simplex.  Any
-      similarity computed on them (STS, WiC, anisotropy) is then numerical noise, and a vector outside
-      the fit set is divided by √ε in the d−N+1 unseen directions.  So N_distinct ≤ k is always wrong.
-    * Above that, the smallest of k sample eigenvalues of N points is biased low:
-      λ_min/λ ≈ (1 − √(k/N))² (Marchenko–Pastur).  At N = 2k that is 0.09 (the least-variance kept
-      direction is blown up ≈ 3.4×), at N = k it is 0.  Below 2k the whitened coordinates are
-      dominated by sampling noise in the smallest directions, so we refuse there; 2k is also where
-      Su et al. 2021 operate when they keep k = 256 of 768 dims on a few thousand STS sentences.
+    * N distinct points span at most N−1 dims.  With k ≥ N−1 the whitened fit points satisfy ZZᵀ = (N−1)(I − 11ᵀ/N):
+      equal norms and pairwise cosine −1/(N−1), a regular simplex, so any similarity on them is noise, and a new vector
+      is divided by √ε in the unseen directions.  N_distinct ≤ k is always wrong.
+    * Above that, the smallest of k sample eigenvalues is biased low: λ_min/λ ≈ (1 − √(k/N))² (Marchenko–Pastur),
+      0.09 at N = 2k (that direction blown up ≈ 3.4×).  2k is also where Su et al. 2021 operate (k = 256 of 768 on a few
+      thousand STS sentences).
 
-    The numerical rank is reported, not judged: a post-LayerNorm layer has rank d−1 whatever N is
-    (its normalised vectors sum to zero), and a direction no vector varies in does no harm.
-
-    Parameters
-    ----------
-    what : which texts/vectors the whitener was fitted on (for the message and the CSV).
-    min_ratio : distinct fit vectors required per kept dim.
-    allow_degenerate : return the fit marked ``degenerate`` instead of raising.
-
-    Raises
-    ------
-    DegenerateWhiteningError
-        One line: what happened and what to do (``transform.fit_on=sentences``, a larger split,
-        ``transform.k=`` below N_distinct / min_ratio, or ``transform.allow_degenerate=true``).
+    The numerical rank is reported, not judged (a post-LayerNorm layer has rank d−1 whatever N).  ``what``: the fit
+    data, for the message and CSV; ``allow_degenerate`` returns the fit marked ``degenerate`` instead of raising
+    ``DegenerateWhiteningError`` (whose line names the fixes: ``transform.fit_on=sentences``, a larger split, a smaller
+    ``transform.k=``, or ``transform.allow_degenerate=true``).
     """
     if w.W is None:
         raise ValueError("Whitener is not fitted: call finalize() first.")

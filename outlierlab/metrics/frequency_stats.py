@@ -21,14 +21,8 @@ __all__ = ["TokenValueAccumulator", "token_frequency_spearman", "FrequencyTable"
 
 
 class TokenValueAccumulator:
-    """Streaming per-token-type sums of selected dims (``index_add`` by token id; float64).
-
-    Memory ``L × vocab_size × n_dims`` — select the outlier dims first, do not pass all d.
-
-    Parameters
-    ----------
-    vocab_size, num_layers, n_dims : int
-    """
+    """Streaming per-token-type float64 sums of selected dims (``index_add`` by token id). Memory ``L × vocab_size ×
+    n_dims``: select the outlier dims first."""
 
     def __init__(self, vocab_size: int, num_layers: int, n_dims: int, device: torch.device | str | None = None):
         dev = torch.device("cpu") if device is None else torch.device(device)
@@ -37,13 +31,7 @@ class TokenValueAccumulator:
         self.counts = torch.zeros(vocab_size, dtype=torch.long, device=dev)
 
     def update(self, token_ids: Tensor, values: Tensor) -> None:
-        """Add occurrences.
-
-        Parameters
-        ----------
-        token_ids : LongTensor[N]   (valid tokens only)
-        values : Tensor[L, N, n_dims]   e.g. ``hidden[:, valid][..., outlier_dims]``
-        """
+        """Add occurrences: ``token_ids`` LongTensor[N] (valid tokens only), ``values`` [L, N, n_dims]."""
         ids = token_ids.detach().flatten().to(self.sum.device, torch.long)
         if values.ndim != 3 or values.shape[0] != self.num_layers or values.shape[2] != self.n_dims \
                 or values.shape[1] != ids.numel():
@@ -55,12 +43,8 @@ class TokenValueAccumulator:
         self.counts.index_add_(0, ids, torch.ones_like(ids))
 
     def result(self, min_count: int = 1) -> tuple[Tensor, Tensor, Tensor]:
-        """Token types seen at least ``min_count`` times.
-
-        Returns
-        -------
-        (token_ids LongTensor[V_seen], counts LongTensor[V_seen], means Tensor[L, V_seen, n_dims] float64)
-        """
+        """Token types seen ≥ ``min_count`` times: ``(token_ids [V_seen], counts [V_seen], means [L, V_seen, n_dims]
+        float64)``."""
         seen = (self.counts >= max(1, min_count)).nonzero().flatten()
         c = self.counts[seen]
         return seen, c, self.sum[:, seen] / c[None, :, None].to(torch.float64)
@@ -71,18 +55,8 @@ def token_frequency_spearman(freqs: Tensor, values: Tensor) -> Tensor:
 
     .. math:: \rho_{l,j} = \operatorname{spearman}_{v \in V_\text{seen}}\big(f_v,\ \bar h_{l,v,j}\big)
 
-    (Puccetti et al. 2022.)  Uses torchmetrics' Spearman (average ranks for ties: many types share a
-    count); NaN where a dim's means or the frequencies are constant.
-
-    Parameters
-    ----------
-    freqs : Tensor[V_seen]
-        Frequency of each type (counts in this corpus, or in the pretraining corpus).
-    values : Tensor[L, V_seen, n_dims]  (or [V_seen, n_dims])
-
-    Returns
-    -------
-    Tensor[L, n_dims] float64 (or [n_dims]).
+    (Puccetti et al. 2022.)  torchmetrics' Spearman (average ranks for ties); NaN where a side is constant. ``freqs``
+    [V_seen], ``values`` [L, V_seen, n_dims] (or [V_seen, n_dims]) -> [L, n_dims] float64.
     """
     squeeze = values.ndim == 2
     v = values.unsqueeze(0) if squeeze else values
@@ -110,22 +84,10 @@ def frequency_table(chunks: Iterable[tuple[np.ndarray | Tensor, Tensor]], dims: 
                        picked: bool = False) -> FrequencyTable:
     """Per-type mean of each outlier dim, its frequency, and Spearman ρ per layer × dim (Puccetti et al. 2022).
 
-    With ``magnitude`` (default) the per-type value is the mean of |h_j| — the outlier dim's magnitude,
-    which Puccetti et al. correlate with frequency: an outlier dim that is large and negative on frequent
-    tokens then correlates positively, as it should; otherwise the signed mean.
-
-    Parameters
-    ----------
-    chunks : iterable of ``(token_ids [n], values Tensor[L, n, d])``
-        The tokens to analyse (the caller leaves out special and pad tokens) and their hidden states,
-        streamed batch by batch.
-    dims : the outlier dims (indices into d)
-    freq_counts : int array [vocab]
-        Frequency of every token id (pretraining corpus or evaluated text); defines the id space.
-    min_occurrences : int
-        Types seen fewer times in the analysed tokens are left out (noisy means).
-    picked : bool
-        The chunks' values hold only the ``dims`` columns already (``[L, n, len(dims)]``: what ``evaluate.py``'s frequency analysis streams).
+    With ``magnitude`` the per-type value is the mean |h_j|, the magnitude Puccetti et al. correlate with frequency (a
+    large negative dim then correlates positively); otherwise the signed mean.  ``chunks`` yields ``(token_ids [n],
+    values [L, n, d])`` of the analysed (non-special) tokens, or only the ``dims`` columns when ``picked``.
+    ``freq_counts`` [vocab] defines the id space; types seen fewer than ``min_occurrences`` times are left out.
     """
     dims = [int(d) for d in dims]
     if not dims:

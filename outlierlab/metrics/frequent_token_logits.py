@@ -1,34 +1,26 @@
-r"""The frequent-token heuristic of last-layer outlier dims (Macocco et al. 2025, "Outlier dimensions favor
-frequent tokens in language models").
+r"""The frequent-token heuristic of last-layer outlier dims (Macocco et al. 2025, "Outlier dimensions favor frequent
+tokens in language models").
 
-The LM head's logits are linear in the vector h that enters its output layer (a decoder's final-normed residual;
-an MLM head's transformed vector): ``\ell = hW^\top + b``, so they split over any set of dims S,
+The LM head's logits are linear in the vector h entering its output layer: ``\ell = hW^\top + b``, so they split over
+any set of dims S,
 
 .. math:: \ell = \underbrace{h_S W_S^\top}_{\text{the dims } S \text{ alone}} + \underbrace{h_{\bar S}
           W_{\bar S}^\top + b}_{\text{everything but } S},
 
-Macocco et al.'s ``h[:, S] @ W[S, :]``.  Their claim: with S the last layer's outlier dims, the logits of S alone
-rank tokens by corpus frequency — the heuristic "predict a frequent token" — and removing S moves the prediction
-away from frequent tokens.  This module holds the pieces, pure tensor code:
+Macocco et al.'s ``h[:, S] @ W[S, :]``.  Their claim: with S the last layer's outlier dims, S alone ranks tokens by
+corpus frequency ("predict a frequent token"), and removing S moves predictions away from frequent tokens.
 
-* ``macocco_outlier_dims`` — their rule (``outlier_dims_quantile`` of their ``src/evaluate.py``): dims whose
-  median |h_d| over inputs exceeds the 99th percentile of all |h| values — applied to the last layer's vectors
-  *and* to the unembedding matrix's rows (their ``only_out``/``ablate_out`` conditions);
-* ``split_logits`` — the two parts above (the bias stays with "everything but S": it is the rest of the
-  model; S alone is the bias-free term of the equation);
-* ``ConditionStats`` — per condition, streamed over positions: KL(full ‖ condition), entropy, top-1
-  accuracy, mean surprisal, the count of each token as top-1 prediction and each token's mean log-probability;
-* ``lin_coeff`` — Macocco et al.'s measure (``lin_coeff`` of their ``src/analysis.py``): over the tokens a
-  condition predicts at least once (and that the corpus counts), Spearman ρ and the least-squares slope of
-  prediction frequency on corpus frequency, with the number of distinct predicted tokens; a condition whose
-  predictions leave fewer than two such tokens is reported as such (NaN and a status, where their code writes 0);
-* ``score_conditions`` — every condition (the model, the bias, per dim set *only*/*without* and their random
-  controls) streamed over the positions, one row of ``COLUMNS`` each;
-* ``frequency_spearman`` — ours, beside theirs: Spearman of frequency with a per-token value over *every*
-  counted token (the mean log-probability: does the condition *rank* the vocabulary by frequency — a dim whose
-  decoder weights are log-frequency gives ρ = 1).
-
-Written by hand: the decomposition is one matrix product; no library computes these statistics for a head.
+* ``macocco_outlier_dims`` — their rule (``outlier_dims_quantile``, ``src/evaluate.py``), on the last layer's
+  vectors *and* on the unembedding rows (their ``only_out``/``ablate_out`` conditions);
+* ``split_logits`` — the two parts above (the bias stays with "everything but S");
+* ``ConditionStats`` — per condition, streamed: KL(full ‖ condition), entropy, top-1 accuracy, surprisal, top-1
+  counts and mean log-probability per token;
+* ``lin_coeff`` — their measure (``src/analysis.py``): Spearman ρ and slope of prediction frequency on corpus
+  frequency over the predicted, counted tokens (NaN and a status where their code writes 0);
+* ``score_conditions`` — every condition (model, bias, per dim set *only*/*without* and random controls), one row
+  of ``COLUMNS`` each;
+* ``frequency_spearman`` — ours: Spearman of frequency with a per-token value over *every* counted token (does the
+  condition *rank* the vocabulary by frequency).
 """
 
 from __future__ import annotations
@@ -59,11 +51,10 @@ COLUMNS = (["rule", "condition", "n_dims", "dims", *METRICS, "lin_status"] + [f"
 
 
 def macocco_outlier_dims(h: Tensor, percentile: float = 99.0, local_quantile: float = 0.5) -> list[int]:
-    """Macocco et al. 2025's outlier dims: d such that the ``local_quantile`` (median) of ``|h_{n,d}|`` over
-    the rows n exceeds the ``percentile``-th percentile of every ``|h_{n,d'}|``; sorted by that median,
-    largest first.  As their ``outlier_dims_quantile(X, loc=0.5, glo=0.99)`` (``src/evaluate.py``): NumPy
-    quantiles with linear interpolation on both sides (an even number of rows: the mean of the two middle
-    values), strict ``>``.  ``h`` ``[N, d]``: the last layer's vectors, or the unembedding matrix ``[V, d]``."""
+    """Macocco et al. 2025's outlier dims of ``h`` [N, d] (last-layer vectors, or the unembedding [V, d]): d such that
+    the ``local_quantile`` (median) of ``|h_{n,d}|`` over rows exceeds the ``percentile``-th percentile of all ``|h|``,
+    strict ``>``, sorted by that median, largest first — their ``outlier_dims_quantile(X, loc=0.5, glo=0.99)`` with
+    NumPy's linear-interpolation quantiles."""
     if h.ndim != 2 or h.shape[0] == 0:
         raise ValueError(f"expected vectors [N, d] with N >= 1, got {tuple(h.shape)}")
     a = h.detach().abs().to(torch.float64).cpu().numpy()
@@ -89,11 +80,9 @@ def split_logits(h: Tensor, weight: Tensor, dims: Sequence[int], bias: Tensor | 
 class ConditionStats:
     """Streaming statistics of one condition's distribution against the full one, over N positions.
 
-    ``update`` with ``logits [n, V]`` of the condition, ``full [n, V]`` (the model's logits) and ``labels
-    [n]`` (the masked / next token; -100 = none); ``result`` returns mean KL(p_full ‖ p_cond) (nats), mean
-    entropy of p_cond (nats), top-1 accuracy, mean surprisal −log p_cond(label) (nats; Macocco et al.'s
-    boxplots), ``top1_counts`` ``[V]`` (how often each token is the argmax) and ``mean_logprob`` ``[V]`` (each
-    token's log-probability averaged over the positions).
+    ``update(logits [n, V], full [n, V], labels [n])`` (-100 = none); ``result``: mean KL(p_full ‖ p_cond), mean entropy
+    of p_cond, top-1 accuracy, mean surprisal −log p_cond(label) (nats; Macocco et al.'s boxplots), ``top1_counts`` [V]
+    and ``mean_logprob`` [V].
     """
 
     def __init__(self, vocab_size: int):
@@ -149,11 +138,9 @@ class LinCoeff:
     """Macocco et al.'s per-condition frequency measures (``lin_coeff``).
 
     spearman, slope : ρ and least-squares slope of prediction frequency on corpus frequency (NaN when undefined)
-    n_tokens : distinct tokens predicted at least once (their ``n_tokens``, counted or not)
-    n_correlated : of those, the tokens the corpus counts (the points of the fit)
-    status : ``ok``; ``no prediction`` (no position, or no predicted token counted in the corpus); ``one token``
-        (a single such token: nothing to correlate); ``constant`` (all points share one corpus or one
-        prediction frequency: ρ undefined; the slope is 0 when only the predictions are constant)
+    n_tokens : distinct tokens predicted at least once; n_correlated : those the corpus counts (the fit's points)
+    status : ``ok``; ``no prediction``; ``one token`` (nothing to correlate); ``constant`` (ρ undefined; the slope is
+        0 when only the predictions are constant)
     """
 
     spearman: float
@@ -164,23 +151,15 @@ class LinCoeff:
 
 
 def lin_coeff(corpus_counts: Tensor, top1_counts: Tensor, min_count: int = 1) -> LinCoeff:
-    r"""Macocco et al. 2025's ``lin_coeff`` (imacocco/llms_outlier_dimensions, ``src/analysis.py``): over the
-    tokens V_c a condition predicts at least once that the corpus counts (``corpus_counts >= min_count``; their
-    counts file lists the counted tokens),
+    r"""Macocco et al. 2025's ``lin_coeff`` (imacocco/llms_outlier_dimensions, ``src/analysis.py``) over the tokens V_c
+    a condition predicts at least once and the corpus counts (``corpus_counts >= min_count``),
 
     .. math:: f_t = \frac{\text{corpus count}_t}{\sum_{t'} \text{corpus count}_{t'}}, \qquad
               g_t = \frac{\text{top-1 count}_t}{N}, \qquad t \in V_c
 
-    Spearman ρ(f, g) (``scipy.stats.spearmanr``) and the slope of ``scipy.stats.linregress(f, g)``, as their
-    code calls them; N = the scored positions (the sum of the top-1 counts).  Never-predicted tokens are *not*
-    points (a correlation over the whole vocabulary ties them at 0 and can flip the sign).  Where their
-    ``try/except`` writes 0 for an undefined fit, this returns NaN and says why in ``status``.
-
-    Parameters
-    ----------
-    corpus_counts : Tensor[V] — each token's count in the corpus
-    top1_counts : Tensor[V] — how often the condition's argmax is each token
-    min_count : int — tokens counted fewer times are not in the corpus list
+    Spearman ρ(f, g) and the slope of ``scipy.stats.linregress(f, g)``, as their code; N = sum of ``top1_counts``.
+    Never-predicted tokens are *not* points (ties at 0 can flip the sign).  Where their ``try/except`` writes 0, this
+    returns NaN and says why in ``status``.
     """
     counts = corpus_counts.flatten().to(torch.float64).cpu().numpy()
     pred = top1_counts.flatten().to(torch.float64).cpu().numpy()

@@ -1,20 +1,18 @@
 """The gradient noise scale of a parameter group: how large a batch its gradient needs before signal beats noise.
 
 McCandlish, Kaplan, Amodei et al. (2018, "An Empirical Model of Large-Batch Training", eq. 2.8): with G the true
-gradient and Σ the per-example covariance of the gradient, the *simple noise scale* is
+gradient and Σ the per-example gradient covariance, the *simple noise scale* is
 
     B_simple = tr(Σ) / |G|²,
 
-the batch size at which a batch gradient's noise (tr(Σ)/B) equals its signal (|G|²). Estimated from K gradients
-g_1..g_K of batches of B examples each (Σ_B = Σ/B):
+the batch size at which a batch gradient's noise (tr(Σ)/B) equals its signal (|G|²). From K gradients g_1..g_K of
+batches of B examples (Σ_B = Σ/B):
 
     ḡ = mean g_i,   tr(Σ_B) ≈ Σ|g_i − ḡ|² / (K − 1),   |G|² ≈ |ḡ|² − tr(Σ_B)/K   (unbiased),
     B_simple ≈ B · tr(Σ_B) / |G|²,   signal-to-noise at batch b: |G|² / (tr(Σ_B) · B / b) = b / B_simple.
 
-|G|² can come out ≤ 0 when the signal is below what K batches resolve: then B_simple is reported as inf (no
-signal detected), never as a negative batch size. No library computes this per parameter group (it is a few sums),
-hence by hand. Used in docs/order_use.md to ask whether a learned position table's gradient is noise-dominated
-at the batch sizes where the masked LM stays in the bag-of-words plateau.
+|G|² ≤ 0 (signal below what K batches resolve) reports B_simple as inf, never a negative batch size.  Used in
+docs/order_use.md for a learned position table's gradient during the bag-of-words plateau.
 """
 
 from __future__ import annotations

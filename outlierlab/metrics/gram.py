@@ -1,18 +1,12 @@
 """The Gram matrix xᵀx — the arithmetic under every covariance this package fits (the whitener's float64 sums,
 IsoScore's covariance).
 
-Written here because torch has no symmetric rank-k update (BLAS ``syrk``): ``x.mT @ x`` runs a general GEMM that
-computes both triangles.  ``gram`` computes the upper triangle by column blocks — block ``i`` against blocks
-``i..k`` — and mirrors it, which is (k+1)/2k of the GEMM's multiply-adds (5/8 at k = 4), in torch's own BLAS and
-thread pool, on any device.  Each entry is the same float64 dot product over the same tokens (the results agree
-with ``x.mT @ x`` to ~1e-15 relative) and the result is exactly symmetric.
-
-numpy's ``matmul`` would call ``syrk`` (half the multiply-adds), and measured faster on one thread (2.4 ms against
-3.4 ms for 1,000 × 384) — but its OpenBLAS threads, spinning beside torch's after each call, made the torch
-matrix products that follow 3× slower with 2 threads (18.8 ms against 6.4 ms in a loop alternating the two), so
-the blocked product stays inside torch.  Measured on this project's 2-core CPU (benchmarks/whitening_gram_precision.py
-times the whitener's Gram over real tokens): 1,000 × 384, 2.3 ms against 3.1 ms for the GEMM on one thread, 1.3 ms
-against 1.7 ms on two; 4,000 × 1,024, 71 ms against 99 ms (one thread), 34 ms against 47 ms (two).
+torch has no symmetric rank-k update (BLAS ``syrk``): ``x.mT @ x`` runs a GEMM computing both triangles.  ``gram``
+computes the upper triangle by column blocks and mirrors it, (k+1)/2k of the GEMM's multiply-adds (5/8 at k = 4), in
+torch's BLAS on any device; entries agree with ``x.mT @ x`` to ~1e-15 relative and the result is exactly symmetric.
+numpy's ``syrk`` is faster alone, but its OpenBLAS threads spinning beside torch's made the following torch products 3×
+slower on 2 threads, so the product stays in torch.  On a 2-core CPU (benchmarks/whitening_gram_precision.py): 1,000 ×
+384, 2.3 ms against 3.1 ms for the GEMM on one thread; 4,000 × 1,024, 71 ms against 99 ms.
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
-r"""IsoScore (Rudman et al. 2022, "IsoScore: Measuring the Uniformity of Embedding Space Utilization") and
-IsoScore* (Rudman & Eickhoff 2023, "Stable Anisotropic Regularization", ICLR 2024), from a covariance.
+r"""IsoScore (Rudman et al. 2022, "IsoScore: Measuring the Uniformity of Embedding Space Utilization") and IsoScore*
+(Rudman & Eickhoff 2023, "Stable Anisotropic Regularization", ICLR 2024), from a covariance.
 
-Written to match the authors' code line by line (github.com/bcbi-edu/p_eickhoff_isoscore: ``IsoScore.py``
-steps 2–7 and ``I-STAR/regularizers.py`` ``istar.isoscore_star``/``isoscore_cov``):
+Matches the authors' code (github.com/bcbi-edu/p_eickhoff_isoscore: ``IsoScore.py`` steps 2–7 and
+``I-STAR/regularizers.py`` ``istar.isoscore_star``/``isoscore_cov``):
 
-1. the variance vector of the PCA-rotated points, i.e. the eigenvalues λ of the sample covariance (ddof = 1,
-   ``np.cov``; ``svdvals`` of the PSD covariance in I-STAR);
-2. normalised to norm √n: ``\hat\lambda = \sqrt n\,\lambda/\lVert\lambda\rVert`` (n = dims);
-3. isotropy defect ``\delta = \lVert\hat\lambda - \mathbf 1\rVert / \sqrt{2(n-\sqrt n)}``;
-4. ``\text{IsoScore} = \big((n - \delta^2(n-\sqrt n))^2 - n\big) / \big(n(n-1)\big)``.
+1. the eigenvalues λ of the sample covariance (ddof = 1), i.e. the variances of the PCA-rotated points; 2. normalised to
+norm √n: ``\hat\lambda = \sqrt n\,\lambda/\lVert\lambda\rVert`` (n = dims); 3. isotropy defect ``\delta =
+\lVert\hat\lambda - \mathbf 1\rVert / \sqrt{2(n-\sqrt n)}``; 4. ``\text{IsoScore} = \big((n - \delta^2(n-\sqrt n))^2 -
+n\big) / \big(n(n-1)\big)``.
 
-Algebraically this is ``(\mathrm{PR}-1)/(n-1)`` with the participation ratio
-``\mathrm{PR} = (\sum\lambda)^2/\sum\lambda^2``: 1 when every direction has the same variance, 0 when one
-direction holds all of it (points on a line).  IsoScore* replaces the covariance C of the points by the
-shrinkage covariance ``(1-\zeta)\,C + \zeta\,C_0`` (Rudman & Eickhoff: C0 the covariance of a larger sample
-of the same distribution, or the identity when none exists; their analysis uses ζ = 0.75), which keeps the score
-stable when there are fewer points than dims; ζ = 0 is IsoScore.
-
-Why by hand: the authors' code is a script (NumPy + scikit-learn PCA on the points, or a CUDA-defaulting torch
-module), not an installable library, and we start from the float64 covariance evaluate.py already streams
-(``outlierlab.metrics.whitening.Whitener``), never from the points.
+Algebraically ``(\mathrm{PR}-1)/(n-1)`` with ``\mathrm{PR} = (\sum\lambda)^2/\sum\lambda^2``: 1 when every direction has
+the same variance, 0 when one holds all of it.  IsoScore* uses the shrinkage covariance ``(1-\zeta)\,C + \zeta\,C_0``
+(C0 from a larger sample, or the identity; their analysis uses ζ = 0.75), stable with fewer points than dims; ζ = 0 is
+IsoScore.  We start from the float64 covariance evaluate.py streams, never from the points.
 """
 
 from __future__ import annotations
@@ -73,12 +66,8 @@ def isoscore(points: Tensor) -> Tensor:
 def isoscore_star(cov: Tensor, cov0: Tensor | None, zeta: float) -> Tensor:
     r"""IsoScore* (Rudman & Eickhoff 2023): IsoScore of ``(1-\zeta)\,C + \zeta\,C_0``.
 
-    Parameters
-    ----------
-    cov : Tensor[..., n, n] — C, the covariance of the points scored
-    cov0 : Tensor[..., n, n] or None — the shrinkage covariance C0 (a larger sample); None = the identity, as
-        the authors advise when no larger sample exists
-    zeta : shrinkage in [0, 1]; 0 = IsoScore, 1 = the score of C0 alone
+    ``cov``: C [..., n, n] of the points scored; ``cov0``: C0 from a larger sample (None = the identity, as the authors
+    advise); ``zeta`` in [0, 1]: 0 = IsoScore, 1 = C0 alone.
     """
     if not 0.0 <= zeta <= 1.0:
         raise ValueError(f"IsoScore* shrinkage zeta must be in [0, 1], got {zeta}")

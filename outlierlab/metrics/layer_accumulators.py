@@ -1,11 +1,9 @@
 """Accumulators of one layer joined into one of many layers, and split back.
 
-The evaluation stream (``outlierlab.evaluation.sentence_stream``) and probe.py's feature extraction
-(``outlierlab.datamodules.features``) feed each layer's hidden states to a single-layer accumulator as the model
-produces them (one layer in memory); the analyses read one ``L``-layer accumulator.  Every accumulator class of
-``outlierlab.metrics`` keeps its per-layer state in tensors with one row per layer and says which they are
-(``LAYER_STATE``; ``LAYER_LISTS`` for per-layer lists), so joining is a concatenation of those rows.  A class whose
-single-layer copies need their own state (a generator, a counter fed once) says so in ``own_layer_view()``.
+The evaluation stream and probe.py's feature extraction feed each layer's hidden states to a single-layer accumulator as
+produced (one layer in memory); the analyses read one ``L``-layer accumulator.  Every accumulator keeps its per-layer
+state in tensors with one row per layer, named in ``LAYER_STATE`` (``LAYER_LISTS`` for lists), so joining is a
+concatenation; a class whose single-layer copies need their own state says so in ``own_layer_view()``.
 """
 
 from __future__ import annotations
@@ -27,12 +25,9 @@ def _layout(acc: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def stack_layers(accs: list, base: Any = None) -> Any:
-    """Single-layer accumulators of one class, fed the same tokens layer by layer, as ONE accumulator of
-    ``len(accs)`` layers — equal to feeding that accumulator ``[L, N, d]`` batches (per-layer state is
-    independent; the anisotropy reservoirs draw the same tokens because they share the seed and the calls).
-
-    With ``base`` (the accumulator ``layer_views`` made them from), tensors the accumulators updated in
-    place are already ``base``'s rows and are not copied: the large float64 sums never exist twice."""
+    """Single-layer accumulators of one class, fed the same tokens layer by layer, as ONE accumulator of ``len(accs)``
+    layers, equal to feeding it ``[L, N, d]`` batches (the anisotropy reservoirs share seed and calls). With ``base``
+    (``layer_views``' source) rows updated in place are not copied: the float64 sums never exist twice."""
     first = accs[0]
     rows, lists = _layout(first)
     out = copy.copy(first) if base is None else base

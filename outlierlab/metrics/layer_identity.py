@@ -1,12 +1,10 @@
 """Which dimension carries each layer's concentration, and since when: one monitor history's answer.
 
-The live monitors (``outlierlab.monitoring``: our Trainer's callbacks, the Hugging Face Trainer callback and the
-plain-loop monitor) write, per record and layer, the share of tokens whose largest |value| falls on the most common
-dimension *and that dimension* (the ``dim`` column of the ``abs_argmax_share`` row of ``hidden_states.csv``; likewise
-``argmax_share``/``argmin_share``, Luo et al. 2021 §2).  Kovaleva et al. (2021) found BERT's outlier dimensions at
-the same index in every layer, early in pretraining and kept; ``layer_identity`` reads both properties off one
-history (defined in docs/design.md's formulas table, "dimension identity").  Many runs at once:
-``outlierlab.studies.dim_identity``; from a notebook: ``ol.dim_identity``.
+The live monitors write per record and layer the share of tokens whose largest |value| falls on the most common
+dimension *and that dimension* (``abs_argmax_share`` rows of ``hidden_states.csv``; likewise
+``argmax_share``/``argmin_share``, Luo et al. 2021 §2).  Kovaleva et al. (2021) found BERT's outlier dimensions at the
+same index in every layer, early and kept; ``layer_identity`` reads both properties off one history (docs/design.md,
+"dimension identity").  Many runs: ``outlierlab.studies.dim_identity``; notebooks: ``ol.dim_identity``.
 """
 
 from __future__ import annotations
@@ -23,13 +21,13 @@ def layer_identity(history: pd.DataFrame, statistic: str = "abs_argmax_share") -
     """Per layer of one run's monitor history (long rows ``step, name, statistic, dim, value``):
 
     * ``dim``, ``share``: the dimension and its share at the last record (``last_step``);
-    * ``held_since``: the first step from which every later record names that same dimension (0: since the first
-      record; the last step: it changed at the very end), and ``held_fraction`` = 1 − held_since / last step;
-    * ``layers_sharing``: how many layers (this one included) end on the same dimension -- Kovaleva's "same index
-      in every layer" is ``layers_sharing`` = the number of layers.
+    * ``held_since``: the first step from which every later record names that dimension (0: since the first record),
+      and ``held_fraction`` = 1 − held_since / last step;
+    * ``layers_sharing``: how many layers end on the same dimension (Kovaleva's "same index in every layer" is all).
 
-    Indices are arbitrary between runs (any permutation of the hidden units is the same network): compare identity
-    within a run.  A layer without concentration has a share near 1/d and a most common dimension that is noise."""
+    Indices are arbitrary between runs (hidden units permute): compare identity within a run.  A layer without
+    concentration has a share near 1/d and a noise dimension.
+    """
     rows = history[(history["statistic"] == statistic) & history["name"].str.fullmatch(r"layer_\d+")]
     if rows.empty:
         raise ValueError(f"no '{statistic}' rows of layers in the history (a monitor history is "

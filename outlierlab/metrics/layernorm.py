@@ -1,20 +1,16 @@
 """LayerNorm weight outliers: the one LayerNorm-outlier rule, the 3σ criterion, divergence from initialisation.
 
-Kovaleva et al. (2021), "BERT Busters: Outlier Dimensions that Disrupt Transformers", flag the dims of each
-layer's *output* LayerNorm whose gain (scaling factor) **and** bias both lie outside mean ± 3σ of that
-LayerNorm's weights; Puccetti et al. (2022), "Outlier Dimensions that Disrupt Transformers Are Driven by
-Frequency", keep the 3σ rule and call a dim an outlier of the *model* when it is flagged in more than 3 of
-BERT-base's 12 layers.  Both track how far gain/bias move from their initial values (gain₀ = 1, bias₀ = 0).
+Kovaleva et al. (2021), "BERT Busters: Outlier Dimensions that Disrupt Transformers", flag the dims of each layer's
+*output* LayerNorm whose gain **and** bias both lie outside mean ± 3σ of that LayerNorm's weights; Puccetti et al.
+(2022), "Outlier Dimensions that Disrupt Transformers Are Driven by Frequency", call a dim an outlier of the *model*
+when it is flagged in more than 3 of BERT-base's 12 layers.  Both track how far gain/bias move from init (1, 0).
 
-``outlierlab.metrics.layernorm_rule.LayerNormRule`` + ``outlierlab.metrics.layernorm_rule.layernorm_outliers`` are THE rule: the training monitor, ``evaluate.py``'s
-outliers analysis, the ablation, the frequency and the attention-sink analyses all call them with the
-``ln_rule`` config group (``configs/ln_rule/``), so they flag identical dims on the same weights.
-``layernorm_stats`` is descriptive (gain and bias judged separately, z-scores, divergence) and
-flags nothing at the model level.
+``outlierlab.metrics.layernorm_rule.LayerNormRule`` + ``layernorm_outliers`` are THE rule (monitor, outliers, ablation,
+frequency and attention-sink analyses, all with the ``ln_rule`` config group), so identical weights give identical dims.
+``layernorm_stats`` is descriptive and flags nothing at the model level.
 
-LayerNorm names are the canonical keys of ``outlierlab.models.layernorms.model_layernorms``: ``embeddings``,
-``layer.{i}.attention_output``, ``layer.{i}.output`` (and ``head`` for the MLM head's LayerNorm, only
-when asked).  Every function here is pure (tensors in, tensors / plain Python out).
+LayerNorm names are the keys of ``outlierlab.models.layernorms.model_layernorms``: ``embeddings``,
+``layer.{i}.attention_output``, ``layer.{i}.output`` (and ``head`` when asked).  Every function here is pure.
 """
 
 from __future__ import annotations
@@ -36,26 +32,14 @@ __all__ = [
 
 
 def sigma_outlier_mask(values: Tensor, k: float = 3.0) -> Tensor:
-    r"""Boolean mask of entries lying outside mean ± k·σ along the last dimension.
+    r"""Boolean mask of entries outside mean ± k·σ along the last dimension of ``values`` [..., d].
 
     .. math:: \text{out}_i = |v_i - \bar v| > k\,\sigma,\qquad
               \bar v = \tfrac1d\sum_j v_j,\quad \sigma = \sqrt{\tfrac1d\sum_j (v_j-\bar v)^2}
 
-    The 3σ rule of Kovaleva et al. (2021) and Puccetti et al. (2022).  σ is the *population* standard
-    deviation (ddof = 0) over the ``d`` entries of one row, computed in float64.  The outlier itself
-    enters μ and σ (as in the papers), so a single value among ``d`` can reach at most a z-score of
-    ``sqrt(d - 1)``: for d ≤ 10 the 3σ rule can never fire.  A constant row (σ = 0) flags nothing.
-
-    Parameters
-    ----------
-    values : Tensor[..., d]
-        Any leading (batch/layer) dimensions; each row is judged on its own statistics.
-    k : float
-        Number of standard deviations.
-
-    Returns
-    -------
-    Tensor[..., d] (bool)
+    The 3σ rule of Kovaleva et al. (2021) and Puccetti et al. (2022): population σ (ddof 0) per row, in float64.  The
+    outlier enters μ and σ (as in the papers), so one value among ``d`` reaches at most z = ``sqrt(d - 1)``: for d ≤ 10
+    the rule never fires.  A constant row flags nothing.
     """
     if values.ndim == 0:
         raise ValueError("sigma_outlier_mask needs at least one dimension (the d dims of a row).")
@@ -66,17 +50,8 @@ def sigma_outlier_mask(values: Tensor, k: float = 3.0) -> Tensor:
 
 
 def sigma_outlier_dims(values: Tensor, k: float = 3.0) -> list:
-    """Dims outside mean ± k·σ (see ``sigma_outlier_mask``), sorted by |z| descending.
-
-    Parameters
-    ----------
-    values : Tensor[d] or Tensor[R, d]
-    k : float
-
-    Returns
-    -------
-    list[int] for a 1-D input, list[list[int]] (one list per row) for a 2-D input.
-    """
+    """Dims outside mean ± k·σ (``sigma_outlier_mask``), sorted by |z| descending: a list for a [d] input, one list per
+    row for [R, d]."""
     if values.ndim not in (1, 2):
         raise ValueError(f"sigma_outlier_dims expects [d] or [rows, d], got shape {tuple(values.shape)}.")
     rows = values.detach().to(torch.float64).reshape(-1, values.shape[-1])
@@ -96,14 +71,9 @@ def layernorm_divergence(weight: Tensor, bias: Tensor | None, weight0: Tensor | 
 
     .. math:: \Delta\gamma_i = \gamma_i - \gamma^{(0)}_i,\qquad \Delta\beta_i = \beta_i - \beta^{(0)}_i
 
-    (Puccetti et al. 2022 track how outlier gains grow away from init.)  If ``weight0``/``bias0`` are
-    None the standard init (γ₀ = 1, β₀ = 0) is used.  Works on any leading dims ``[..., d]``.
-
-    Returns
-    -------
-    dict with ``gain_div`` / ``bias_div`` (Tensor[..., d], float64), ``max_abs_gain_div`` /
-    ``max_abs_bias_div`` (Tensor[...]) and ``argmax_abs_gain_div`` / ``argmax_abs_bias_div`` (Tensor[...]).
-    Bias entries are omitted when ``bias`` is None (LayerNorm without bias).
+    (Puccetti et al. 2022 track how outlier gains grow away from init.)  ``weight0``/``bias0`` None: γ₀ = 1, β₀ = 0.
+    Returns ``gain_div``/``bias_div`` ([..., d] float64), ``max_abs_*_div`` and ``argmax_abs_*_div`` ([...]); no bias
+    entries when ``bias`` is None.
     """
     w = weight.detach().to(torch.float64)
     w0 = torch.ones_like(w) if weight0 is None else weight0.detach().to(w)
@@ -141,37 +111,19 @@ def _join(xs: Iterable, fmt: str = "{}") -> str:
 def layernorm_stats(named_layernorms: Mapping[str, tuple[Tensor, Tensor | None]],
                     initial: Mapping[str, tuple[Tensor, Tensor | None]] | None = None,
                     k: float = 3.0, top_k: int = 5) -> list[dict]:
-    """One flat, CSV-friendly record per LayerNorm: 3σ outliers of gain and bias, divergence from init.
+    """One flat, CSV-friendly record per LayerNorm (keys ``LAYERNORM_ROW_FIELDS``): 3σ outliers of gain and bias,
+    divergence from init (Kovaleva et al. 2021; Puccetti et al. 2022); the training monitor's and ``evaluate.py``'s.
 
-    The single function used by the training-time LayerNorm monitor and by ``evaluate.py``
-    (Kovaleva et al. 2021; Puccetti et al. 2022).
+    ``named_layernorms``: name -> (weight [d], bias [d] or None), e.g. ``layernorm_tensors``.  ``initial``: the same at
+    init; None, or a missing name, measures from gain 1, bias 0.  ``top_k``: length of the ``top_*_dims``/``top_*_z``
+    columns, the largest-|z| dims whether flagged or not (to watch outliers emerge).
 
-    Parameters
-    ----------
-    named_layernorms : Mapping[str, (weight Tensor[d], bias Tensor[d] | None)]
-        e.g. from ``outlierlab.models.layernorms.layernorm_tensors``.
-    initial : same mapping at initialisation, or None
-        If None, divergence is measured from the standard init (gain 1, bias 0); a name missing from
-        ``initial`` also falls back to that.
-    k : float
-        σ multiplier of the outlier rule.
-    top_k : int
-        Length of the ``top_*_dims`` / ``top_*_z`` columns: the dims with the largest |z-score|
-        whether or not they pass k·σ, to watch outliers *emerge* before they are flagged.
+    - ``*_outlier_dims``: flagged dims, largest |z| first, ``";"``-joined (``""`` if none); ``*_outlier_values``: their
+      raw values (``%.6g``).  ``top_*_z``: signed z-scores (``%.4g``).
+    - ``max_abs_*_div`` / ``argmax_abs_*_div``: largest |value − initial value| and its dim.
+    - A LayerNorm without bias gets NaN / ``""`` / 0 / −1 in the bias columns.
 
-    Returns
-    -------
-    list[dict]
-        Keys are ``LAYERNORM_ROW_FIELDS``; every value is a str, int or float, so the list can go
-        straight to ``outlierlab.utils.tables.write_csv(path, rows, LAYERNORM_ROW_FIELDS)``.
-
-        - ``*_outlier_dims``: every flagged dim, largest |z| first, ``";"``-joined (``"588;77"``;
-          ``""`` if none); ``*_outlier_values``: their raw gain/bias values (``%.6g``).
-        - ``top_*_dims`` / ``top_*_z``: top-|z| dims and their signed z-scores (``%.4g``).
-        - ``max_abs_*_div`` / ``argmax_abs_*_div``: largest |value − initial value| and its dim.
-        - A LayerNorm without bias gets NaN / ``""`` / 0 / −1 in the bias columns.
-
-        ``flagged_from_rows`` turns rows back into ``{name: flagged dims}``.
+    ``flagged_from_rows`` turns rows back into ``{name: flagged dims}``.
     """
     rows = []
     for name, (weight, bias) in named_layernorms.items():

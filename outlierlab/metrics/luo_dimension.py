@@ -1,18 +1,13 @@
 """The Luo-type outlier dimension, defined once (docs/design.md, "Luo-type dimension").
 
-Luo, Kulmizev & Mao (2021) find in BERT and RoBERTa one hidden dimension that holds the largest value of most
-tokens' vectors in most layers (RoBERTa-base's 588, BERT-base's 308). Operationally, from the monitors' per-layer
-``abs_argmax_share`` rows (the share of tokens whose largest |value| sits in one dimension, and that dimension):
+Luo, Kulmizev & Mao (2021) find in BERT and RoBERTa one hidden dimension holding the largest value of most tokens'
+vectors in most layers (RoBERTa-base's 588, BERT-base's 308).  From the monitors' per-layer ``abs_argmax_share`` rows:
 
     a checkpoint has a Luo-type dimension d when d is the |x| argmax of at least ``share`` (0.5) of the tokens
-    in at least ``layer_fraction`` (half) of the encoder layers (layer_1 .. layer_L; the embedding output is not
-    an encoder layer).
+    in at least ``layer_fraction`` (half) of the encoder layers (layer_1 .. layer_L, not the embedding output).
 
-A dimension dominant in one layer only is not one; nor are different dimensions dominant in different layers.
-The definition is the weakest form of Luo et al.'s picture: with 4 layers, two at a share of 0.5 meet it, and
-some 4 x 128 runs here do, at some checkpoints (docs/findings.md).  How strong and how lasting the dimension is
--- its share, the layers it holds, the checkpoints that have one -- says how close a model comes to RoBERTa's
-588 (``luo_by_step``; the scale ladder's summary reports them).
+One layer alone, or different dimensions in different layers, do not count.  The weakest form of Luo et al.'s picture
+(with 4 layers, two at 0.5 meet it); ``luo_by_step`` gives how strong and lasting it is.
 """
 
 from __future__ import annotations

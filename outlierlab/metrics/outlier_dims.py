@@ -1,11 +1,9 @@
 """Which dimensions are outliers: the project's single rule and the ablation control draw.
 
-``detect_outlier_dims`` turns the statistics of ``outlierlab.metrics.outlier_stats.OutlierAccumulator``
-into a list of outlier dims per layer (used by clip's auto-detection, the monitors, evaluate.py): by
-default Luo, Kulmizev & Mao (2021) §2's argmax/argmin share, or a 3σ rule on the mean vector.
-``random_dims`` draws the random-dims control of Kovaleva et al. (2021), and
-``position_row_stats`` reads the same argmax/argmin shares off the rows of a learned position
-table (Luo et al. §3, Figs. 3–4).
+``detect_outlier_dims`` turns ``outlierlab.metrics.outlier_stats.OutlierAccumulator`` statistics into outlier dims per
+layer: Luo, Kulmizev & Mao (2021) §2's argmax/argmin share, or a 3σ rule on the mean vector. ``random_dims`` draws the
+random-dims control of Kovaleva et al. (2021); ``position_row_stats`` reads the argmax/argmin shares off the rows of a
+learned position table (Luo et al. §3, Figs. 3–4).
 """
 
 from __future__ import annotations
@@ -38,23 +36,12 @@ def outlier_dims_by_share(argmax_share: Tensor, argmin_share: Tensor,
     .. math:: \text{outlier}_l = \{ i : \max(\text{argmax\_share}_{l,i},\ \text{argmin\_share}_{l,i})
               \ge \text{threshold} \}
 
-    Why 0.25 by default: with no outlier structure each dim holds ~1/d of the argmaxes (0.13% at
-    d = 768), while the dim Luo et al. report (557 in BERT-base) holds the minimum of 96.60% of token
-    vectors.  A quarter of all tokens is ~190× the
-    uniform rate at d = 768 (~64× at d = 256), and at most 4 dims per direction can reach it, so the
-    rule never returns a long list.  Caveat: a non-zero token-type embedding row can make one dim the
-    argmax of 20-40% of tokens at random init (docs/design.md pitfalls), which this threshold would flag;
-    zero that row and record step-0 statistics.
+    Why 0.25: without outlier structure each dim holds ~1/d of the argmaxes (0.13% at d = 768), while Luo et al.'s dim
+    557 in BERT-base holds the minimum of 96.60% of tokens; a quarter is ~190× uniform at d = 768 and at most 4 dims per
+    direction can reach it.  Caveat: a non-zero token-type embedding row can make one dim the argmax of 20-40% of tokens
+    at random init (docs/design.md pitfalls); zero that row and record step-0 statistics.
 
-    Parameters
-    ----------
-    argmax_share, argmin_share : Tensor[L, d] (or [d])
-    threshold : float in (0, 1]
-
-    Returns
-    -------
-    list[list[int]]
-        Per layer, the outlier dims sorted by their (larger) share, descending.
+    ``argmax_share, argmin_share``: Tensor[L, d] (or [d]).  Returns per layer the dims sorted by share, descending.
     """
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"share threshold must be in (0, 1], got {threshold}.")
@@ -70,18 +57,8 @@ def outlier_dims_by_sigma(mean: Tensor, k: float = 3.0) -> list[list[int]]:
 
     .. math:: \text{outlier}_l = \{ i : |\mu_{l,i} - \bar\mu_l| > k\,\sigma(\mu_l) \}
 
-    The same 3σ rule as for LayerNorm weights (``outlierlab.metrics.layernorm.sigma_outlier_mask``,
-    Kovaleva et al. 2021), applied to Luo et al.'s per-layer mean vector.
-
-    Parameters
-    ----------
-    mean : Tensor[L, d] (or [d])
-    k : float
-
-    Returns
-    -------
-    list[list[int]]
-        Per layer, flagged dims sorted by |μ_i − mean(μ)| descending.
+    The 3σ rule for LayerNorm weights (``layernorm.sigma_outlier_mask``, Kovaleva et al. 2021) applied to Luo et al.'s
+    per-layer mean vector ``mean`` [L, d] (or [d]).  Returns per layer the dims sorted by |μ_i − mean(μ)|, descending.
     """
     m = torch.atleast_2d(mean).to(torch.float64)
     mask = sigma_outlier_mask(m, k)
@@ -96,29 +73,16 @@ def _sorted_dims(mask: Tensor, score: Tensor) -> list[int]:
 
 def detect_outlier_dims(acc_or_stats: "OutlierAccumulator | Mapping[str, Tensor]", method: str = "share",
                         threshold: float = DEFAULT_SHARE_THRESHOLD, k: float = 3.0) -> list[list[int]]:
-    """THE outlier-dimension rule of the project (clip auto-detection, monitors, evaluate.py).
+    """THE outlier-dimension rule of the project (clip auto-detection, monitors, evaluate.py): dims per layer, strongest
+    first.
 
-    Parameters
-    ----------
-    acc_or_stats : OutlierAccumulator or Mapping
-        An accumulator, or a mapping with ``argmax_share`` and ``argmin_share`` (method "share") or
-        ``mean`` (method "sigma"), each Tensor[L, d] — e.g. ``OutlierAccumulator.stats``.
-    method : {"share", "sigma"}
-        ``"share"`` (default): ``outlier_dims_by_share`` with ``threshold``.  ``"sigma"``:
-        ``outlier_dims_by_sigma`` with ``k``.
-    threshold, k : float
+    ``acc_or_stats``: an ``OutlierAccumulator`` or a mapping with ``argmax_share``/``argmin_share`` ("share") or
+    ``mean`` ("sigma"), each [L, d].  ``method="share"`` (default) is ``outlier_dims_by_share`` with ``threshold``,
+    ``"sigma"`` is ``outlier_dims_by_sigma`` with ``k``.
 
-    Returns
-    -------
-    list[list[int]]
-        Outlier dims per layer, strongest first.
-
-    Notes
-    -----
-    Default "share" because it is Luo et al.'s own definition and it is scale-free and robust: it asks
-    whether a dim *dominates* token vectors.  The 3σ rule on the mean vector flags by chance ~0.3% of
-    dims of any Gaussian-looking vector (≈ 2 dims at d = 768) and flags dims in every layer even when
-    no dim dominates any token, so it over-detects in young or healthy models.
+    "share" is Luo et al.'s own definition, scale-free and robust (does a dim *dominate* token vectors?).  The 3σ rule
+    flags ~0.3% of dims of any Gaussian-looking vector (≈ 2 at d = 768) in every layer, so it over-detects in young or
+    healthy models.
     """
     if isinstance(acc_or_stats, OutlierAccumulator):
         acc_or_stats = acc_or_stats.stats()
@@ -136,23 +100,10 @@ def detect_outlier_dims(acc_or_stats: "OutlierAccumulator | Mapping[str, Tensor]
 
 def random_dims(dim: int, n: int, exclude: Iterable[int] = (),
                 generator: torch.Generator | int | None = None) -> list[int]:
-    """``n`` distinct random dims in ``[0, dim)`` that avoid ``exclude`` — the ablation control draw.
+    """``n`` distinct random dims in ``[0, dim)`` avoiding ``exclude``, sorted: the ablation control draw.
 
-    The control of Kovaleva et al. (2021): disabling as many random dims as outlier dims shows that the
-    effect of disabling the outliers is not that of removing *any* few dims.
-
-    Parameters
-    ----------
-    dim : int
-    n : int
-    exclude : Iterable[int]
-        Dims never returned (the outlier dims).
-    generator : torch.Generator or int seed or None
-        An int seeds a fresh generator, so the same seed gives the same dims.
-
-    Returns
-    -------
-    list[int], sorted ascending.
+    Kovaleva et al. (2021)'s control: disabling as many random dims as outlier dims shows the outliers' effect is not
+    that of removing *any* few dims.  An int ``generator`` seeds a fresh generator (same seed, same dims).
     """
     excl = {int(e) for e in exclude}
     bad = [e for e in excl if not 0 <= e < dim]
@@ -170,25 +121,13 @@ def random_dims(dim: int, n: int, exclude: Iterable[int] = (),
 def position_row_stats(table: Tensor, k: float = 3.0) -> dict:
     r"""Row-by-row outlier statistics of a position-embedding table (Luo et al. 2021 §3, Figs. 3–4).
 
-    Averaging the rows (one mean position vector) hides an artefact carried by single rows; Luo et al.
-    look at every row: in RoBERTa-base dim 588 is the argmax of 99.8% of the position embeddings.  For
-    each row p of ``table`` this takes its argmax and argmin dim and its dims outside mean ± kσ *of that
-    row* (``outlierlab.metrics.layernorm.sigma_outlier_mask`` on the row), then counts rows per dim.
+    Averaging rows hides an artefact carried by single rows; Luo et al. look at every row (RoBERTa-base: dim 588 is the
+    argmax of 99.8% of position embeddings).  Per row of ``table`` [P, d] (the rows actually used) this takes its
+    argmax/argmin dim and its dims outside mean ± kσ of that row, then counts rows per dim.
 
-    Parameters
-    ----------
-    table : Tensor[P, d]
-        The rows actually used (e.g. without RoBERTa's padding rows).
-    k : float
-
-    Returns
-    -------
-    dict with
-        ``rows`` (P); ``argmax`` / ``argmin`` LongTensor[P] (per-row dim); ``argmax_dim``,
-        ``argmax_share`` (the dim most rows have as argmax, and that share of rows), ``argmin_dim``,
-        ``argmin_share``; ``sigma_mask`` Bool[P, d] (per-row kσ dims); ``sigma_row_share`` Tensor[d]
-        (share of rows flagging each dim); ``sigma_dims`` (dims flagged in at least half the rows, most
-        rows first).
+    Returns ``rows`` (P); ``argmax``/``argmin`` LongTensor[P]; ``argmax_dim``/``argmax_share`` and
+    ``argmin_dim``/``argmin_share`` (the dim most rows pick, and that share); ``sigma_mask`` Bool[P, d];
+    ``sigma_row_share`` Tensor[d]; ``sigma_dims`` (dims flagged in at least half the rows, most rows first).
     """
     t = table.detach().to(torch.float64)
     if t.ndim != 2 or t.shape[0] == 0:

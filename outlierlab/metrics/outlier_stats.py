@@ -1,12 +1,10 @@
 """Per-layer statistics of hidden-state token vectors for outlier dimensions (Luo, Kulmizev & Mao 2021, §2).
 
-Luo et al. (2021), "Positional Artefacts Propagate Through Masked Language Model Embeddings", average
-every layer's token vectors (non-special, non-pad tokens) and find a few dimensions whose mean value is
-huge; per token, those dims also hold the vector's maximum or minimum.  The paper's figure is an
-*argmin* share pooled over layers: in BERT-base dim 557 holds the minimum of 96.60% of all token vectors
-of all non-input layers (``pooled_share``).  ``OutlierAccumulator`` collects exactly those
-statistics in one pass, with memory independent of the number of tokens; which dims they make outliers
-is decided in ``outlierlab.metrics.outlier_dims``.
+Luo et al. (2021), "Positional Artefacts Propagate Through Masked Language Model Embeddings", average every layer's
+(non-special, non-pad) token vectors and find a few dims with huge mean values that also hold each token's maximum or
+minimum.  The paper's figure is an *argmin* share pooled over layers: in BERT-base dim 557 holds the minimum of 96.60%
+of all token vectors of all non-input layers (``pooled_share``).  ``OutlierAccumulator`` collects these in one pass,
+memory independent of the token count; ``outlierlab.metrics.outlier_dims`` decides which dims are outliers.
 """
 
 from __future__ import annotations
@@ -23,20 +21,8 @@ __all__ = [
 
 
 def valid_token_mask(attention_mask: Tensor, special_tokens_mask: Tensor | None = None) -> Tensor:
-    """Bool mask of tokens that count for outlier statistics: not padding and not special.
-
-    Parameters
-    ----------
-    attention_mask : Tensor[B, T]
-        1 (or True) for real tokens, 0 for padding (HF convention).
-    special_tokens_mask : Tensor[B, T] or None
-        1 for special tokens (``<s>``, ``</s>``, ``[CLS]``...; HF tokenizers return it with
-        ``return_special_tokens_mask=True``).  None: only padding is excluded.
-
-    Returns
-    -------
-    Tensor[B, T] (bool)
-    """
+    """Bool[B, T] of tokens that count for outlier statistics: not padding (``attention_mask`` 0) and not special
+    (``special_tokens_mask`` 1, as HF tokenizers return it; None: only padding is excluded)."""
     valid = attention_mask.bool()
     if special_tokens_mask is not None:
         if special_tokens_mask.shape != attention_mask.shape:
@@ -47,13 +33,11 @@ def valid_token_mask(attention_mask: Tensor, special_tokens_mask: Tensor | None 
 
 
 def _argmax_argmin_counts(h: Tensor) -> tuple[Tensor, Tensor]:
-    """Per layer, how many of the ``N`` token vectors of ``h [L, N, d]`` have their largest (smallest) component on
-    each dim: two int64 ``[L, d]``, on ``h``'s device.
+    """Per layer, how many of the ``N`` vectors of ``h [L, N, d]`` have their largest (smallest) component on each dim:
+    two int64 ``[L, d]`` on ``h``'s device.
 
-    On the CPU, numpy's SIMD ``argmax``/``argmin`` and ``bincount`` are ~8x faster than ``Tensor.argmax`` /
-    ``argmin`` + ``scatter_add_`` (0.17 ms against 1.3 ms for each of 2,339 x 384 float32 on one core),
-    with the same indices: the first of tied extremes, the first NaN when a row holds one, ``-0.0 == 0.0``
-    (tests/test_analysis_outliers.py compares them).  Other devices and dtypes keep torch's kernels.
+    On the CPU numpy's ``argmax``/``bincount`` are ~8x faster than torch's with the same indices (first of tied
+    extremes, first NaN, ``-0.0 == 0.0``; tests/test_analysis_outliers.py compares them).  Other devices keep torch.
     """
     n_layers, _, d = h.shape
     if h.device.type == "cpu" and h.dtype in (torch.float32, torch.float64):
@@ -76,21 +60,9 @@ class OutlierAccumulator:
     .. math:: \mu_l = \tfrac1n \sum_t h_{l,t},\qquad
               \text{argmax\_share}_{l,i} = \tfrac1n\,\#\{t : \arg\max_j h_{l,t,j} = i\}
 
-    and likewise ``argmin_share``.  Running sums are float64, counts int64; memory is O(L·d).
-
-    Parameters
-    ----------
-    num_layers, dim : int
-        L and d of the hidden states that ``update`` will receive.
-    device : torch.device or str, optional
-        Where the running tensors live (default CPU).  Reductions run on the input's device, only the
-        [L, d] results are moved.
-
-    Notes
-    -----
-    For DDP, all-reduce (SUM) every tensor of ``tensors`` in place, e.g.
-    ``for t in acc.tensors(): torch.distributed.all_reduce(t)`` (move the accumulator to the GPU
-    first with ``to`` under NCCL); or ``merge`` accumulators by hand.
+    and likewise ``argmin_share``.  Sums float64, counts int64, memory O(L·d) on ``device`` (reductions run on the
+    input's device).  For DDP, all-reduce (SUM) every tensor of ``tensors()`` in place (on the GPU under NCCL), or
+    ``merge`` accumulators.
     """
 
     #: Running tensors with one row per layer (:func:`outlierlab.metrics.layer_accumulators.stack_layers` joins
@@ -109,17 +81,8 @@ class OutlierAccumulator:
 
     # -- accumulation -------------------------------------------------------------------------
     def update(self, hidden: Tensor, mask: Tensor | None = None) -> None:
-        """Add tokens.
-
-        Parameters
-        ----------
-        hidden : Tensor[L, N, d]
-            Token vectors of the valid tokens only (the caller selects them, e.g.
-            ``hs[:, valid_token_mask(...)]`` on a stacked ``[L, B, T, d]`` tensor), or ``[L, B, T, d]``
-            together with ``mask``.
-        mask : Tensor[B, T] (bool), optional
-            If given, ``hidden`` is ``[L, B, T, d]`` and only ``hidden[:, mask]`` is used.
-        """
+        """Add tokens: ``hidden`` [L, N, d] of valid tokens only (e.g. ``hs[:, valid_token_mask(...)]``), or [L, B, T,
+        d] with a Bool[B, T] ``mask`` selecting ``hidden[:, mask]``."""
         if mask is not None:
             if hidden.ndim != 4 or tuple(hidden.shape[1:3]) != tuple(mask.shape):
                 raise ValueError(f"with a mask, hidden must be [L, B, T, d] matching mask [B, T]; got "
@@ -198,12 +161,8 @@ class OutlierAccumulator:
         return pooled_share(counts, self.count, layers)
 
     def summary(self, top_k: int = 5) -> list[dict]:
-        """One flat record per layer.
-
-        Keys: ``layer``, ``n_tokens``, ``top_dims`` (list of the ``top_k`` dims with largest |mean|),
-        ``top_values`` (their mean values), ``argmax_dim`` / ``argmax_share`` (the dim most often
-        holding the token's maximum and its share), ``argmin_dim`` / ``argmin_share``.
-        """
+        """One flat record per layer: ``layer``, ``n_tokens``, ``top_dims``/``top_values`` (the ``top_k`` dims with
+        largest |mean|), ``argmax_dim``/``argmax_share`` and ``argmin_dim``/``argmin_share``."""
         mean, smax, smin = self.mean(), self.argmax_share(), self.argmin_share()
         k = min(top_k, self.dim)
         top = mean.abs().topk(k, dim=-1).indices
@@ -218,30 +177,15 @@ class OutlierAccumulator:
 
 
 def pooled_share(counts: Tensor, n_tokens: int, layers: slice | None = None) -> tuple[int, float]:
-    r"""Luo et al. (2021) §2's pooled share: the dim holding the argmin (argmax) of the largest share of
-    all token vectors of all non-input layers.
+    r"""Luo et al. (2021) §2's pooled share: the dim holding the argmin (argmax) of the largest share of all token
+    vectors of all non-input layers, as ``(dim, share)``.
 
     .. math:: \text{pooled}_i = \frac{\sum_{l \in \mathcal L} \#\{t : \arg\min_j h_{l,t,j} = i\}}
               {|\mathcal L|\cdot n}
 
-    Luo et al.'s "dim 557 holds the minimum of 96.60% of all token vectors of BERT-base" is this number
-    for argmin counts over layers 1..12 (the embedding output, layer 0, left out).  Each layer sees the
-    same n tokens, so this equals the mean over those layers of the per-layer shares of one dim — but of
-    the *same* dim in every layer, which is why it can be lower than every per-layer maximum.
-
-    Parameters
-    ----------
-    counts : Tensor[L+1, d]
-        argmin (or argmax) counts per layer, layer 0 = embedding output (``OutlierAccumulator``).
-    n_tokens : int
-        Tokens counted per layer.
-    layers : slice, optional
-        Layers pooled; default ``slice(1, None)`` (all non-input layers).  A single-layer model pools
-        layer 0 only if asked.
-
-    Returns
-    -------
-    (dim, share) : the dim with the largest pooled count, and its share in [0, 1].
+    "dim 557 holds the minimum of 96.60% of all token vectors of BERT-base" is this for argmin over layers 1..12.  It is
+    the mean of one *same* dim's per-layer shares, so it can be below every per-layer maximum.  ``counts`` [L+1, d]
+    (layer 0 = embedding output), ``n_tokens`` per layer, ``layers`` default ``slice(1, None)``.
     """
     sel = counts[slice(1, None) if layers is None else layers]
     if sel.ndim != 2 or sel.shape[0] == 0:

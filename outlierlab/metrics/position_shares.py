@@ -1,17 +1,10 @@
 """Whose largest |value| a token has, by the token's position: is an outlier dimension positional?
 
-Luo, Kulmizev & Mao (2021) trace the outlier dimensions of BERT and RoBERTa to the position embeddings (§3) and
-show that they propagate through the layers. A dimension's |x|-argmax share over all tokens (He et al. 2024;
-``outlierlab.metrics.activations.ActivationAccumulator``) mixes positions: a dimension that holds every token
-of the first 15 positions and none after 32 reads 0.58 on short sentences and 0.32 on paragraphs. Counting the
-argmax per position bucket separates the two.
-
-Buckets double in width, so a model of any context length has few of them: position 0, 1, 2–3, 4–7, 8–15, ...
-(bucket b holds positions 2^(b-1) .. 2^b - 1). Positions are indices in the tokenized sequence, 0 = ``<s>`` /
-``[CLS]`` (the position probe's convention, ``outlierlab.models.loading``); special tokens are not counted,
-so an encoder's bucket 0 is empty.
-
-Written by hand: a bincount over (bucket, dim); no library counts argmaxes by position.
+Luo, Kulmizev & Mao (2021) trace the outlier dimensions of BERT and RoBERTa to the position embeddings (§3).  A
+dimension's |x|-argmax share over all tokens (He et al. 2024) mixes positions: one holding every token of the first 15
+positions and none after 32 reads 0.58 on short sentences, 0.32 on paragraphs.  Counting per position bucket separates
+the two.  Buckets double in width: 0, 1, 2–3, 4–7, ... (bucket b holds 2^(b-1) .. 2^b - 1); positions index the
+tokenized sequence, 0 = ``<s>`` (special tokens are not counted, so an encoder's bucket 0 is empty).
 """
 
 from __future__ import annotations
@@ -58,10 +51,9 @@ def bucket_columns(b: int) -> dict:
 class PositionArgmaxCounts:
     """Per layer and position bucket, how many tokens have their largest |x| on each dim.
 
-    ``update(layer, vectors [N, d], positions [N])``; ``rows()`` gives one row per (layer, non-empty bucket) with
-    the bucket's own |x|-argmax dim and share, and the share in that bucket of the layer's |x|-argmax dim over all
-    its tokens (``layer_dim``): that dim's profile across positions. The buckets' counts add up to the layer's, so
-    ``sum_b n_b · layer_dim_share_b / n`` is the layer's overall share (tests/test_position_shares.py).
+    ``update(layer, vectors [N, d], positions [N])``; ``rows()``: per (layer, non-empty bucket) the bucket's own
+    |x|-argmax dim and share, and the share there of the layer's overall dim (``layer_dim``).  Bucket counts add up, so
+    ``sum_b n_b · layer_dim_share_b / n`` is the layer's overall share.
     """
 
     def __init__(self, num_layers: int, dim: int) -> None:

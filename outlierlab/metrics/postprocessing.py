@@ -1,26 +1,18 @@
 r"""The affine post-processing maps fitted from a mean and covariance: ``\hat x = (x-\mu)\,W``.
 
-One matrix W per method, from the float64 covariance Σ that ``outlierlab.metrics.whitening.Whitener``
-streams (so every method is fitted on the same data, with the same guard):
+One W per method, from the float64 Σ that ``outlierlab.metrics.whitening.Whitener`` streams:
 
 * ``whiten`` — ``W = U\,\mathrm{diag}(1/\sqrt S)`` (Su et al. 2021), optionally its first k columns;
-* ``standardize`` — ``W = \mathrm{diag}(1/\sigma)``, ``\sigma_i = \sqrt{\Sigma_{ii}}``: every dim mean 0,
-  std 1 (Timkey & van Schijndel 2021 §5, "standardization");
+* ``standardize`` — ``W = \mathrm{diag}(1/\sigma)``, ``\sigma_i = \sqrt{\Sigma_{ii}}`` (Timkey & van Schijndel 2021
+  §5, "standardization");
 * ``abtt`` — all-but-the-top (Mu & Viswanath 2018, "All-but-the-Top: Simple and Effective Postprocessing for
-  Word Representations", Alg. 1): remove the mean, then the projections on the top D principal directions
-  ``u_1..u_D`` of Σ, ``W = I - \sum_{j\le D} u_j u_j^\top``; D ≈ d/100 (their rule of thumb);
+  Word Representations", Alg. 1): remove the mean and the top D principal directions of Σ,
+  ``W = I - \sum_{j\le D} u_j u_j^\top``; D ≈ d/100 (their rule of thumb);
 * ``center`` — ``W = I`` (mean removal; ``abtt`` with D = 0).
 
-How many distinct fit vectors each fit needs (``fit_size``, the guard of
-``outlierlab.metrics.whitening.Whitener.check``): a fit estimates ``p`` directions — whiten its k kept dims,
-abtt the mean and D directions (p = D + 1: with N ≤ D + 1 distinct points the centred points span ≤ D
-dims, all of them removed, and every fitted vector becomes 0), standardize the mean and one scale per dim
-(p = 2: two distinct points standardize to ±1 in every coordinate — antipodal, every cosine −1), center the
-mean (p = 1: one distinct vector centres to 0).  N_distinct ≤ p is exactly degenerate; below
-``min_ratio``·p the estimate is dominated by sampling noise, and is refused as whitening is.
-
-Pure tensor code; no library offers these maps on a streamed covariance (scikit-learn's StandardScaler and PCA
-need the points), and each is one line of linear algebra.
+``fit_size`` (the guard of ``Whitener.check``): a fit estimates ``p`` directions — whiten its k kept dims, abtt p = D +
+1 (with N ≤ D + 1 points every fitted vector becomes 0), standardize p = 2 (two points standardize to ±1, every cosine
+−1), center p = 1.  N_distinct ≤ p is exactly degenerate; below ``min_ratio``·p it is refused.
 """
 
 from __future__ import annotations
@@ -59,21 +51,11 @@ def fit_size(method: str, dim: int, k: int | None = None, abtt_d: int | None = N
 
 def affine_matrix(method: str, cov: Tensor, eigvals: Tensor, eigvecs: Tensor, *, k: int | None, abtt_d: int | None,
                   eps: float) -> Tensor:
-    """W of ``method`` for every layer.
+    """W of ``method`` for every layer: [L, d, k] (whiten) or [L, d, d], float64.
 
-    Parameters
-    ----------
-    cov : Tensor[L, d, d] float64, the covariance Σ
-    eigvals, eigvecs : Σ's eigenvalues ``[L, d]`` (descending, ≥ 0) and eigenvectors ``[L, d, d]`` (columns)
-    k : whiten's kept dims (None = d)
-    abtt_d : all-but-the-top's D (None = ``default_abtt_d``); 0 is mean removal
-    eps : relative floor: a variance below ``eps`` × the largest is raised to it before 1/√ (whiten: the
-        eigenvalues, standardize: the per-dim variances), so a direction without variance is scaled by at
-        most 1/√(eps·max) instead of inf/NaN
-
-    Returns
-    -------
-    Tensor[L, d, k] (whiten) or [L, d, d] float64
+    ``cov``: Σ [L, d, d]; ``eigvals, eigvecs``: its eigenvalues (descending) and eigenvector columns.  ``k``: whiten's
+    kept dims (None = d); ``abtt_d``: D (None = ``default_abtt_d``; 0 is mean removal).  ``eps``: a variance below
+    ``eps`` × the largest (whiten: eigenvalues, standardize: per-dim variances) is raised to it before 1/√.
     """
     num_layers, dim = cov.shape[0], cov.shape[-1]
     tiny = torch.finfo(torch.float64).tiny

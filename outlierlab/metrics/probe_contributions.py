@@ -23,21 +23,9 @@ __all__ = ["contribution", "rank_of_dims", "top_dims", "chance_accuracy"]
 def contribution(weight: Tensor, features: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
     r"""Per-neuron contribution ``c_i = |w_{y,i} v_i|`` to the true-class logit (Luo et al. 2021 §3).
 
-    Parameters
-    ----------
-    weight : Tensor[d, M] or Tensor[L, d, M]
-        The probe's weight (logits = ``v @ W``); one matrix per layer for the batched form.
-    features : Tensor[N, d] or Tensor[L, N, d]
-        Token (or sentence) vectors exactly as the probe sees them (after any transform).
-    labels : Tensor[N] (int)
-        True class of each vector (the token's position for the position probe).
-    reduction : {"mean", "sum", "none"}
-        Average over the N vectors (Luo's definition), sum them (for streaming accumulation), or
-        return every ``c_{t,i}``.
-
-    Returns
-    -------
-    Tensor[d] / Tensor[L, d] (``mean``/``sum``) or Tensor[N, d] / Tensor[L, N, d] (``none``).
+    ``weight``: the probe's [d, M] (logits = ``v @ W``) or [L, d, M]; ``features``: [N, d] or [L, N, d] vectors as the
+    probe sees them; ``labels``: [N] true classes.  ``reduction`` "mean" (Luo's definition), "sum" (for streaming) ->
+    [d] / [L, d], or "none" -> every ``c_{t,i}``.
     """
     if weight.ndim != features.ndim or weight.ndim not in (2, 3):
         raise ValueError(f"weight {tuple(weight.shape)} and features {tuple(features.shape)} must both be 2-D "

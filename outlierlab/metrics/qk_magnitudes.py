@@ -1,26 +1,20 @@
 r"""Query/key outlier features and the rotary pairs they sit in (Jonasson 2025, "Rotary Offset Features in Large
 Language Models", arXiv:2503.01832).
 
-Jonasson shows (their Fig. 1: max |q_d|, |k_d| per layer, head and dim) that the large query/key values of RoPE
-models sit in the rotary pairs rotated by the *lowest* frequencies — pairs that complete less than one cycle
-over the context, so that a large constant component there acts as an offset the attention can rely on at
-every distance ("rotary offset features").  This module holds the pieces, pure tensor code:
+Jonasson (Fig. 1: max |q_d|, |k_d| per layer, head and dim) shows that RoPE models' large query/key values sit in the
+pairs rotated by the *lowest* frequencies, less than one cycle over the context, where a large constant component acts
+as an offset at every distance ("rotary offset features").
 
-* ``QKAccumulator`` — per layer × head × dim, max |q_d| and mean |q_d| (the same for k) over tokens,
-  streamed; q and k are taken where the model rotates them, just *before* the rotation (after any QK-norm —
-  Qwen3's ``q_norm``/``k_norm``, our OP block's ``query_norm``/``key_norm`` — else the projections' outputs;
-  the rotation keeps each pair's norm).
-* ``magnitude_outliers`` — our rule for an outlier dim (Jonasson does not fix one): within one (layer,
-  head), a dim whose max |·| lies more than k standard deviations above the mean over that head's dims (the
-  one-sided form of the project's σ rule, ``outlierlab.metrics.layernorm.sigma_outlier_mask``; k = 3 in
+* ``QKAccumulator`` — per layer × head × dim, max and mean |q_d| (and k) over tokens, streamed; q and k taken just
+  *before* the rotation (after any QK-norm, else the projections' outputs; the rotation keeps each pair's norm).
+* ``magnitude_outliers`` — our rule (Jonasson fixes none): within one (layer, head), a dim whose max |·| is more than
+  k standard deviations above the head's mean (one-sided ``layernorm.sigma_outlier_mask``; k = 3 in
   ``configs/qk_outliers/default.yaml``).
-* ``RotarySpec`` — which dims a rotary scheme pairs (``half``: dim i with i + r/2, GPT-NeoX /
-  transformers ``rotate_half``, also our ``pos=rope``; ``interleaved``: 2i with 2i+1, the RoFormer paper), each
-  pair's frequency θ_i *as the model rotates it* (the ``inv_freq`` of its rotary module, scaled RoPE included;
-  ``RotarySpec.from_base`` gives the unscaled ``\theta_i = \text{base}^{-2i/r}``, r = rotary dims) and
-  its number of cycles over the context T the layer attends, ``c_i = \theta_i T / 2\pi``.  The partial-cycle bound (Jonasson §4, as we state it):
-  pairs with ``c_i < 1`` — rotated by less than a full turn over the context — are those that can carry
-  offset features; ``RotarySpec.max_cycles`` holds the bound (1), stated in the YAML.
+* ``RotarySpec`` — which dims a scheme pairs (``half``: i with i + r/2, GPT-NeoX ``rotate_half`` and our
+  ``pos=rope``; ``interleaved``: 2i with 2i+1, RoFormer), each pair's frequency θ_i as the model rotates it (its
+  ``inv_freq``, scaled RoPE included; ``from_base`` gives ``\theta_i = \text{base}^{-2i/r}``) and its cycles over the
+  attended context T, ``c_i = \theta_i T / 2\pi``.  Partial-cycle bound (Jonasson §4, as we state it): pairs with
+  ``c_i < 1`` can carry offset features; ``RotarySpec.max_cycles`` holds the bound (1).
 """
 
 from __future__ import annotations
@@ -35,13 +29,8 @@ __all__ = ["QKAccumulator", "magnitude_outliers", "RotarySpec"]
 
 
 class QKAccumulator:
-    """Streaming max and mean |q_d|, |k_d| per layer × head × dim.
-
-    Parameters
-    ----------
-    num_layers, num_heads, head_dim : int
-    num_kv_heads : int or None (grouped-query attention: fewer key heads; None = num_heads)
-    """
+    """Streaming max and mean |q_d|, |k_d| per layer × head × dim (``num_kv_heads``: fewer key heads under grouped-query
+    attention; None = num_heads)."""
 
     def __init__(self, num_layers: int, num_heads: int, head_dim: int, num_kv_heads: int | None = None):
         kv = num_heads if num_kv_heads is None else int(num_kv_heads)

@@ -1,5 +1,5 @@
-r"""Rogue dimensions: each dimension's share of the anisotropy (Timkey & van Schijndel 2021, "All Bark and No
-Bite: Rogue Dimensions in Transformer Language Models Obscure Representational Quality", §3).
+r"""Rogue dimensions: each dimension's share of the anisotropy (Timkey & van Schijndel 2021, "All Bark and No Bite:
+Rogue Dimensions in Transformer Language Models Obscure Representational Quality", §3).
 
 The cosine of a pair splits exactly into one term per dimension,
 
@@ -7,14 +7,10 @@ The cosine of a pair splits exactly into one term per dimension,
           CC_i = \mathbb E_{(x,y)}\Big[\frac{x_i\,y_i}{\lVert x\rVert\,\lVert y\rVert}\Big], \qquad
           \sum_i CC_i = \mathbb E[\cos(x, y)] = \text{anisotropy},
 
-over the anisotropy pairs (``outlierlab.metrics.similarity.paired_sentence_tokens``).  The share of the
-top k dims, ``\sum_{i\in\text{top}_k} CC_i / \sum_i CC_i``, says how much of the anisotropy they cause
-(Luo et al. 2021's "the outliers are the major cause of anisotropy").  Timkey & van Schijndel also measure how
-much the similarity *ranking* changes without those dims: the correlation (r², Spearman) between the pair
-cosines with every dim and with the top k dims removed (``ranking_without_top``).
-
-Pure tensor code, batched over layers ``[L, P, d]``.  Written here because no library computes it: it is one
-line of tensor algebra, normalised exactly as ``outlierlab.metrics.similarity.pairwise_cosine``.
+over the anisotropy pairs (``similarity.paired_sentence_tokens``).  The top k dims' share ``\sum_{i\in\text{top}_k} CC_i
+/ \sum_i CC_i`` says how much of the anisotropy they cause (Luo et al. 2021's "the outliers are the major cause of
+anisotropy"); ``ranking_without_top`` measures how much the similarity *ranking* changes without them (r², Spearman).
+Batched over layers ``[L, P, d]``, normalised as ``similarity.pairwise_cosine``.
 """
 
 from __future__ import annotations
@@ -39,19 +35,11 @@ _EPS = 1e-8  # the eps of torch.nn.functional.cosine_similarity (and of pairwise
 
 
 def cosine_contributions(a: Tensor, b: Tensor, eps: float = _EPS) -> Tensor:
-    r"""Per-dimension contribution to the mean pair cosine, ``CC_i = \tfrac1P\sum_p
-    a_{p,i}b_{p,i}/(\lVert a_p\rVert\lVert b_p\rVert)`` (Timkey & van Schijndel 2021, Eq. 2).
+    r"""Per-dimension contribution to the mean pair cosine, ``CC_i = \tfrac1P\sum_p a_{p,i}b_{p,i}/(\lVert
+    a_p\rVert\lVert b_p\rVert)`` (Timkey & van Schijndel 2021, Eq. 2).
 
-    Parameters
-    ----------
-    a, b : Tensor[L, P, d] (or [P, d])
-        The paired vectors (same shape), e.g. ``AnisotropyAccumulator.pair_vectors()``.
-    eps : each norm is clamped at ``eps`` (as ``F.cosine_similarity``), so a zero vector contributes 0.
-
-    Returns
-    -------
-    Tensor[L, d] (or [d]) float64 whose sum over d equals the mean pair cosine (the anisotropy) up to
-    float64 rounding.
+    ``a, b``: paired Tensor[L, P, d] (or [P, d]), e.g. ``AnisotropyAccumulator.pair_vectors()``; norms are clamped at
+    ``eps`` (a zero vector contributes 0).  Returns Tensor[L, d] float64 summing over d to the anisotropy.
     """
     if a.shape != b.shape:
         raise ValueError(f"paired vectors differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
@@ -87,15 +75,8 @@ def share_defined(a: Tensor, b: Tensor, min_z: float = MIN_Z) -> Tensor:
 def ranking_without_top(a: Tensor, b: Tensor, dims: Tensor) -> tuple[Tensor, Tensor]:
     """How much the pair-similarity ranking changes without some dims (Timkey & van Schijndel 2021 §4).
 
-    Parameters
-    ----------
-    a, b : Tensor[L, P, d] paired vectors
-    dims : LongTensor[L, k] the dims to remove in each layer (e.g. the top k by ``cosine_contributions``)
-
-    Returns
-    -------
-    (r2, spearman) : Tensor[L] float64 each — squared Pearson r and Spearman ρ between the P pair cosines with
-        every dim and with ``dims`` set to 0 in both vectors (torchmetrics; NaN where a side is constant).
+    ``a, b``: paired Tensor[L, P, d]; ``dims``: LongTensor[L, k] to remove per layer.  Returns ``(r2, spearman)``,
+    Tensor[L] float64 each, between the P pair cosines with every dim and with ``dims`` zeroed (NaN where constant).
     """
     if a.ndim != 3 or dims.ndim != 2 or dims.shape[0] != a.shape[0]:
         raise ValueError(f"expected a, b [L, P, d] and dims [L, k], got {tuple(a.shape)} and {tuple(dims.shape)}")
@@ -118,13 +99,9 @@ def ranking_without_top(a: Tensor, b: Tensor, dims: Tensor) -> tuple[Tensor, Ten
 class RogueSummary:
     """Everything the anisotropy table reports about rogue dims, per layer (``rogue_summary``).
 
-    Attributes
-    ----------
-    cc : Tensor[L, d] float64 — ``CC_i`` (sums to the anisotropy)
-    order : LongTensor[L, d] — dims by descending ``CC_i``
-    share : dict k -> Tensor[L] — share of the top k dims (``top_share``); NaN where the anisotropy is
-        within ``min_z`` standard errors of 0 (``share_defined``)
-    r2, spearman : dict k -> Tensor[L] — ranking with the top k removed (``ranking_without_top``)
+    cc : Tensor[L, d] float64 — ``CC_i``; order : LongTensor[L, d] — dims by descending ``CC_i`` share : k -> Tensor[L]
+    — share of the top k dims; NaN where the anisotropy is within ``min_z`` standard errors of 0 r2, spearman : k ->
+    Tensor[L] — ranking with the top k removed (``ranking_without_top``)
     """
 
     def __init__(self, cc: Tensor, order: Tensor, share: dict, r2: dict, spearman: dict):

@@ -20,17 +20,14 @@ __all__ = ["logits_at", "mlm_scores"]
 
 @contextmanager
 def logits_at(model: nn.Module, rows: torch.Tensor | None):
-    """Inside the block, ``model``'s vocabulary projection runs at the positions ``rows`` (Bool ``[B, T]``) alone, and
-    its ``logits`` are ``[n, V]`` in row-major order of those positions; yields whether it could (False: the
-    logits stay ``[B, T, V]`` and the caller indexes them).
+    """Inside the block, ``model``'s vocabulary projection runs at the positions ``rows`` (Bool ``[B, T]``) alone,
+    giving ``logits`` ``[n, V]`` in row-major order; yields whether it could (False: the logits stay ``[B, T, V]``).
 
-    A Hugging Face LM head projects every position onto the vocabulary: at 15 % masking that ``[B·T, V]``
-    product is most of a small masked LM's forward and a fifth of BERT-base's (768 × 30,522 against its body's
-    ≈ 85M multiply-adds per token).  A forward pre-hook on the output embedding (``get_output_embeddings()``, the
-    head's last Linear) hands it the selected rows, as fairseq's ``masked_tokens`` and our own
-    ``RobertaMaskedLM`` (its ``masked_positions``) do; the logits equal the full projection's rows up to float
-    rounding (tests/test_order_use.py, tests/test_scored_rows.py).  Hand-written: transformers' masked-LM classes take
-    no such argument.  A model whose output embedding is not an ``nn.Linear`` (ours) is left as it is."""
+    A Hugging Face LM head projects every position (at 15 % masking that product is most of a small masked LM's forward,
+    a fifth of BERT-base's).  A forward pre-hook on ``get_output_embeddings()`` hands it the selected rows, as fairseq's
+    ``masked_tokens`` and our ``RobertaMaskedLM`` do; equal to the full projection's rows up to float rounding.  A model
+    whose output embedding is not an ``nn.Linear`` (ours) is left as it is.
+    """
     get = getattr(model, "get_output_embeddings", None)
     head = get() if rows is not None and callable(get) else None
     if not isinstance(head, nn.Linear):
@@ -56,21 +53,12 @@ def mlm_scores(forward_logits: Callable[[Tensor, Tensor, Tensor], Tensor], batch
     .. math:: \text{loss} = \frac{1}{N}\sum_{(b,t):\,y_{bt}\ne-100} -\log p(y_{bt}\mid x_b),\qquad
               \text{ppl} = e^{\text{loss}},\qquad \text{top1} = \frac1N\#\{\arg\max_v p(v\mid x_b)_t = y_{bt}\}
 
-    Parameters
-    ----------
-    forward_logits : callable ``(input_ids, attention_mask, rows) -> logits``: ``rows`` (Bool ``[B, T]``) are the
-        scored positions; the logits at them ``[n, V]`` (``LoadedModel.forward(..., rows=rows)``: a Hugging Face
-        head then projects those rows alone), or at every position ``[B, T, V]``
-    batches : iterable of ``{"input_ids", "attention_mask", "labels"}``
-    by_position : also the same scores per position bucket of the scored rows (1, 2–3, 4–7, ...:
-        ``position_bucket``; a row's position counts the real tokens before
-        it, 0 = ``<s>``): the masked token's position, or a decoder's predicting token's
+    ``forward_logits(input_ids, attention_mask, rows)`` returns the logits at the scored positions ``rows`` ``[n, V]``
+    (``LoadedModel.forward(..., rows=rows)``) or everywhere ``[B, T, V]``.  ``by_position`` adds the same scores per
+    position bucket (``position_bucket``; a row's position counts the real tokens before it, 0 = ``<s>``).
 
-    Returns
-    -------
-    dict with ``loss``, ``ppl``, ``top1``, ``n_masked``; with ``by_position``, also ``by_position``:
-    ``{bucket: {"loss", "top1", "n_masked"}}``, buckets in order, the empty ones left out (their ``n_masked`` add up
-    to the whole's).
+    Returns ``loss``, ``ppl``, ``top1``, ``n_masked`` and, with ``by_position``, ``{bucket: {"loss", "top1",
+    "n_masked"}}`` in order, empty buckets left out.
     """
     total, correct, n = 0.0, 0, 0
     per = torch.zeros(0, 3, dtype=torch.float64)  # per bucket: loss sum, correct, count

@@ -53,18 +53,9 @@ def cosine_matrix(a: Tensor, b: Tensor | None = None, eps: float = _EPS) -> Tens
 
 
 def one_token_per_sentence(sentence_ids: Tensor, generator: torch.Generator | int | None = None) -> Tensor:
-    """Index of one uniformly random token of every sentence.
+    """Index of one uniformly random token of every sentence: LongTensor[S] on CPU, by ascending sentence id.
 
-    Parameters
-    ----------
-    sentence_ids : LongTensor[N]
-        Sentence of each token (any integer ids; tokens of a sentence need not be contiguous).
-    generator : torch.Generator, int seed or None
-
-    Returns
-    -------
-    LongTensor[S] (on CPU)
-        One token index per distinct sentence, ordered by ascending sentence id.
+    ``sentence_ids`` (LongTensor[N]) gives each token's sentence (any ids; tokens of a sentence need not be contiguous).
     """
     sid = sentence_ids.detach().flatten().cpu()
     if sid.numel() == 0:
@@ -77,13 +68,8 @@ def one_token_per_sentence(sentence_ids: Tensor, generator: torch.Generator | in
 
 def paired_sentence_tokens(sentence_ids: Tensor, generator: torch.Generator | int | None = None
                            ) -> tuple[Tensor, Tensor]:
-    """Luo et al. §4.1 / Ethayarajh's sampling: one random token per sentence, sentences shuffled and
-    paired two by two, so S sentences give ⌊S/2⌋ pairs of tokens from different sentences.
-
-    Returns
-    -------
-    (idx_a, idx_b) : LongTensor[⌊S/2⌋] each (CPU)
-    """
+    """Luo et al. §4.1 / Ethayarajh's sampling: one random token per sentence, sentences shuffled and paired two by two,
+    so S sentences give ⌊S/2⌋ pairs ``(idx_a, idx_b)`` (LongTensor each, CPU) from different sentences."""
     g = _gen(generator)
     tok = one_token_per_sentence(sentence_ids, g)
     if tok.numel() < 2:
@@ -95,14 +81,11 @@ def paired_sentence_tokens(sentence_ids: Tensor, generator: torch.Generator | in
 
 def sample_cross_sentence_pairs(sentence_ids: Tensor, n_pairs: int,
                                 generator: torch.Generator | int | None = None) -> tuple[Tensor, Tensor]:
-    """``n_pairs`` random token pairs (uniform over tokens, with replacement) from different sentences.
+    """``n_pairs`` random token pairs ``(idx_a, idx_b)`` (uniform over tokens, with replacement) from different
+    sentences.
 
-    A pair never joins a token with itself nor two tokens of one sentence (rejection sampling).
-    For the paper's protocol (one token per sentence) use ``paired_sentence_tokens``.
-
-    Returns
-    -------
-    (idx_a, idx_b) : LongTensor[n_pairs] each (CPU)
+    Rejection sampling: a pair never joins a token with itself nor two tokens of one sentence.  For the paper's protocol
+    (one token per sentence) use ``paired_sentence_tokens``.
     """
     sid = sentence_ids.detach().flatten().cpu()
     if sid.unique().numel() < 2:
@@ -128,15 +111,8 @@ def anisotropy(vectors_a: Tensor, vectors_b: Tensor) -> Tensor:
 
     .. math:: \text{aniso}_l = \tfrac1P\sum_{p=1}^P \cos(a_{l,p}, b_{l,p})
 
-    Parameters
-    ----------
-    vectors_a, vectors_b : Tensor[L, P, d] (or [P, d])
-        Paired vectors, e.g. ``hidden[:, idx_a]`` and ``hidden[:, idx_b]`` from
-        ``paired_sentence_tokens``.
-
-    Returns
-    -------
-    Tensor[L] (or scalar): ≈ 0 for an isotropic space, → 1 when all vectors share a direction.
+    ``vectors_a, vectors_b``: Tensor[L, P, d] (or [P, d]), e.g. ``hidden[:, idx_a]`` from ``paired_sentence_tokens``.
+    Returns Tensor[L] (or scalar): ≈ 0 for an isotropic space, → 1 when all vectors share a direction.
     """
     if vectors_a.shape != vectors_b.shape:
         raise ValueError(f"paired vectors differ in shape: {tuple(vectors_a.shape)} vs {tuple(vectors_b.shape)}.")
@@ -146,29 +122,14 @@ def anisotropy(vectors_a: Tensor, vectors_b: Tensor) -> Tensor:
 class AnisotropyAccumulator:
     """Streaming anisotropy with the paper's sampling (one random token per sentence).
 
-    Each ``update`` picks one uniformly random token of every sentence in the batch and offers it to
-    a reservoir of ``n_sentences_max`` slots (Vitter's Algorithm R over sentences: the kept sentences
-    are a uniform random subset of all sentences seen).  Memory is ``n_sentences_max × L × d`` floats,
-    independent of the number of tokens.  ``compute`` shuffles the kept sentences with a fixed
-    permutation (seeded by ``seed + 1``, so repeated calls agree), pairs them two by two and returns
-    ``anisotropy`` per layer — 2000 sentences → 1000 pairs, as in Luo et al. §4.1.
+    Each ``update`` offers one random token of every sentence to a reservoir of ``n_sentences_max`` slots (paper: 2000;
+    Vitter's Algorithm R over sentences, so the kept sentences are a uniform subset).  Memory is ``n_sentences_max × L ×
+    d``, independent of the token count.  ``compute`` shuffles the kept sentences with a fixed permutation (``seed +
+    1``), pairs them and returns ``anisotropy`` per layer — 2000 sentences → 1000 pairs, as in Luo et al. §4.1.
+    ``seed`` fixes token choice and replacement.  ``dtype`` may be the model's own (bf16 loses nothing and halves the
+    reservoir: 2.5 GiB instead of 4.9 at 70B); ``pair_vectors`` returns float32 either way.
 
-    Parameters
-    ----------
-    num_layers, dim : int
-    n_sentences_max : int
-        Reservoir size (paper: 2000).
-    seed : int
-        Seeds token choice and reservoir replacement: the same stream gives the same result.
-    device : where the reservoir lives (default CPU).
-    dtype : what the reservoir holds (default float32).  The model's own dtype (bfloat16 for a bf16 model) loses
-        nothing — every kept value came out of the model in it — and halves the reservoir (2.5 GiB instead of
-        4.9 at 70B, 81 × 2000 × 8192); ``pair_vectors`` returns float32 either way.
-
-    Notes
-    -----
-    Not SUM-reducible across DDP ranks: run it on one rank, or gather each rank's
-    ``pair_vectors`` and average the per-pair cosines.
+    Not SUM-reducible across DDP ranks: run it on one rank, or gather each rank's ``pair_vectors``.
     """
 
     #: Running tensors with one row per layer (:func:`outlierlab.metrics.layer_accumulators.stack_layers`).
@@ -193,15 +154,10 @@ class AnisotropyAccumulator:
         return min(self.n_seen, self.capacity)
 
     def update(self, hidden: Tensor, sentence_ids: Tensor) -> None:
-        """Offer the sentences of one batch.
+        """Offer the sentences of one batch: ``hidden`` Tensor[L, N, d] of valid tokens only.
 
-        Parameters
-        ----------
-        hidden : Tensor[L, N, d]
-            Valid tokens only (non-special, non-pad).
-        sentence_ids : LongTensor[N]
-            Sentence of each token *within this call* (e.g. the batch row index); sentences of
-            different calls are always treated as different sentences.
+        ``sentence_ids`` (LongTensor[N]) is each token's sentence within this call; different calls never share
+        sentences.
         """
         if hidden.ndim != 3 or hidden.shape[0] != self.num_layers or hidden.shape[2] != self.dim:
             raise ValueError(f"hidden must be [L={self.num_layers}, N, d={self.dim}], got {tuple(hidden.shape)}.")
@@ -229,9 +185,8 @@ class AnisotropyAccumulator:
         self.n_seen += s
 
     def pair_vectors(self, layer: int | None = None) -> tuple[Tensor, Tensor]:
-        """The kept vectors, shuffled (fixed seed) and paired: two float32 Tensor[L, ⌊n_kept/2⌋, d] — or, with
-        ``layer``, two Tensor[1, ⌊n_kept/2⌋, d] of that layer alone, the same pairs (what the analyses read:
-        one layer's copies at a time, not the whole reservoir's)."""
+        """The kept vectors, shuffled (fixed seed) and paired: two float32 Tensor[L, ⌊n_kept/2⌋, d], or with ``layer``
+        the same pairs of that layer alone ([1, ...])."""
         n = self.n_kept
         if n < 2:
             raise ValueError(f"anisotropy needs at least 2 sentences, got {n}.")
@@ -252,19 +207,9 @@ def self_similarity(vectors: Tensor, anisotropy: Tensor | None = None) -> Tensor
     .. math:: \text{SelfSim}_l(w) = \frac{1}{n(n-1)/2}\sum_{i<j}\cos(v_{l,i}, v_{l,j})
               \;-\; \text{aniso}_l
 
-    computed as ``(\lVert\sum_i u_i\rVert^2 - \sum_i \lVert u_i\rVert^2) / (n(n-1))`` with
-    ``u_i = v_i/\lVert v_i\rVert`` (no n×n matrix).  The anisotropy subtraction is Ethayarajh's
-    baseline adjustment; pass None for the raw value.
-
-    Parameters
-    ----------
-    vectors : Tensor[L, n_occ, d] (or [n_occ, d])
-        The word's vectors in n_occ ≥ 2 different sentences (Ethayarajh: ≥ 5; DESIGN: ≥ 10).
-    anisotropy : Tensor[L] or None
-
-    Returns
-    -------
-    Tensor[L] (float64)
+    computed as ``(\lVert\sum_i u_i\rVert^2 - \sum_i \lVert u_i\rVert^2) / (n(n-1))`` with ``u_i = v_i/\lVert
+    v_i\rVert`` (no n×n matrix).  ``vectors``: Tensor[L, n_occ, d] (or [n_occ, d]), n_occ ≥ 2 sentences (Ethayarajh: ≥
+    5; DESIGN: ≥ 10).  ``anisotropy`` is Ethayarajh's baseline (None: raw).  Returns Tensor[L] float64.
     """
     if vectors.shape[-2] < 2:
         raise ValueError(f"self-similarity needs at least 2 occurrences, got {vectors.shape[-2]}.")
@@ -281,17 +226,8 @@ def intra_sentence_similarity(vectors: Tensor, anisotropy: Tensor | None = None,
     .. math:: \text{IntraSim}_l(s) = \frac1n\sum_{i=1}^n \cos(\bar v_{l}, v_{l,i}) - \text{aniso}_l,
               \qquad \bar v_l = \frac1n\sum_i v_{l,i}
 
-    Parameters
-    ----------
-    vectors : Tensor[L, n_tok, d] (one sentence) or Tensor[L, B, T, d] with ``mask``
-    anisotropy : Tensor[L] or None
-        Baseline subtracted per layer (None: raw).
-    mask : Bool[B, T] or None
-        Valid tokens of each sentence for the batched form.
-
-    Returns
-    -------
-    Tensor[L] for one sentence, Tensor[L, B] for a batch (float64).
+    ``vectors``: Tensor[L, n_tok, d] (one sentence → Tensor[L]) or Tensor[L, B, T, d] with ``mask`` Bool[B, T] of valid
+    tokens (→ Tensor[L, B]), float64.  ``anisotropy`` (Tensor[L]) is subtracted per layer; None gives the raw value.
     """
     # cosines in the vectors' precision (float32 for a model's states, relative error ~1e-7 per cosine),
     # averaged in float64: float64 copies of every word vector cost 6x the float32 cosines
@@ -315,31 +251,20 @@ def intra_sentence_similarity(vectors: Tensor, anisotropy: Tensor | None = None,
 
 
 def _cosine_to_centre(v: Tensor, centre: Tensor) -> Tensor:
-    """``F.cosine_similarity(v, centre, dim=-1, eps=_EPS)`` for ``centre [..., 1, d]`` broadcast over the tokens of
-    ``v [..., n, d]`` (same dtype), bitwise: torch's formula, ``sum((v / max(|v|, eps)) * (c / max(|c|, eps)))``,
-    but the centre's norm and unit vector computed once rather than on its copy expanded to ``v``'s shape —
-    0.67 ms against 0.97 ms for [1, 32, 60, 384] float32 on one core.  tests/test_analysis_similarity.py
-    compares it with ``F.cosine_similarity``."""
+    """``F.cosine_similarity(v, centre, dim=-1, eps=_EPS)`` for ``centre [..., 1, d]``, bitwise, but with the centre's
+    norm computed once rather than on its expanded copy (0.67 vs 0.97 ms for [1, 32, 60, 384] on one core)."""
     v_norm = torch.linalg.vector_norm(v, 2, dim=-1, keepdim=True).clamp_min_(_EPS)
     c_norm = torch.linalg.vector_norm(centre, 2, dim=-1, keepdim=True).clamp_min_(_EPS)
     return (v / v_norm).mul_(centre / c_norm).sum(-1)
 
 
 class SelfSimilarityAccumulator:
-    """Streaming ``self_similarity`` for a fixed set of target words.
+    """Streaming ``self_similarity`` for a fixed set of target words ``keys`` (token or word-type ids).
 
-    Keeps, per word and layer, the float64 sum of unit vectors, the sum of their squared norms and the
-    occurrence count — memory ``L × K × d`` for K words, independent of the number of occurrences —
-    which is all ``self_similarity``'s closed form needs.  Once every occurrence is in,
-    ``compact`` keeps only each sum's squared norm (``L × K``): 4.9 GiB → 0.6 MiB for 1000 words at 70B.
-
-    Parameters
-    ----------
-    num_layers, dim : int
-    keys : Sequence[int]
-        Ids of the target words (token ids, or word-type ids of the caller's own vocabulary).
-        Occurrences count separately; to follow Ethayarajh (one occurrence per context), feed at most
-        one occurrence of a word per sentence.  Multi-token words: the caller pools or picks a subword.
+    Keeps, per word and layer, the float64 sum of unit vectors, the sum of squared norms and the count (``L × K × d``);
+    ``compact`` then keeps only each sum's squared norm (``L × K``: 4.9 GiB → 0.6 MiB for 1000 words at 70B).
+    Occurrences count separately: to follow Ethayarajh, feed at most one per sentence; multi-token words are pooled by
+    the caller.
     """
 
     #: Running tensors with one row per layer (:func:`outlierlab.metrics.layer_accumulators.stack_layers`).
@@ -396,11 +321,9 @@ class SelfSimilarityAccumulator:
         self.counts.index_add_(0, p, torch.ones_like(p))
 
     def compute(self, min_occurrences: int = 10, anisotropy: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Self-similarity of every word seen at least ``min_occurrences`` (≥ 2) times.
+        """Self-similarity of every word seen ≥ ``min_occurrences`` (≥ 2) times.
 
-        Returns
-        -------
-        (keys LongTensor[K'], values Tensor[L, K'] float64); average over words with ``values.mean(1)``.
+        Returns ``(keys LongTensor[K'], values Tensor[L, K'] float64)``; average over words with ``values.mean(1)``.
         """
         sel = (self.counts >= max(2, min_occurrences)).nonzero().flatten()
         n = self.counts[sel].to(torch.float64)

@@ -16,11 +16,8 @@ __all__ = ["spearman_columns", "sts_spearman", "mean_pool"]
 
 
 def spearman_columns(values: Tensor, target: Tensor) -> Tensor:
-    """Spearman's ρ of every column of ``values`` [P, C] with ``target`` [P] → Tensor[C] (float64).
-
-    Uses torchmetrics' ``spearman_corrcoef`` (average ranks for ties, like scipy).  A constant column or
-    target has no defined rank correlation: NaN is returned there (torchmetrics would return 0).
-    """
+    """Spearman's ρ of every column of ``values`` [P, C] with ``target`` [P] → Tensor[C] float64 (torchmetrics, average
+    ranks for ties; NaN where a column or the target is constant, where torchmetrics gives 0)."""
     v = (values[:, None] if values.ndim == 1 else values).to(torch.float64)
     t = target.flatten().to(v.device, torch.float64)
     if v.shape[0] != t.numel():
@@ -34,36 +31,21 @@ def spearman_columns(values: Tensor, target: Tensor) -> Tensor:
 
 
 def sts_spearman(cosines: Tensor, gold: Tensor) -> Tensor:
-    r"""Per-layer Spearman ρ between sentence-pair cosines and gold scores (SentEval's STS metric).
+    r"""Per-layer Spearman ρ between sentence-pair cosines [L, P] and gold scores [P] (SentEval's STS metric).
 
     .. math:: \rho_l = \operatorname{spearman}\big(\cos(\bar s^{(1)}_{l,p}, \bar s^{(2)}_{l,p}),\ g_p\big)
 
-    Parameters
-    ----------
-    cosines : Tensor[L, P] (or [P])
-        e.g. ``outlierlab.metrics.similarity.pairwise_cosine(mean_pool(h1, m1), mean_pool(h2, m2))``.
-    gold : Tensor[P]
-
-    Returns
-    -------
-    Tensor[L] float64 (NaN for a layer whose cosines are all equal).
+    Returns Tensor[L] float64, NaN for a layer whose cosines are all equal.
     """
     return spearman_columns(torch.atleast_2d(cosines).T, gold)
 
 
 def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
-    r"""Mean of the valid token vectors of each sentence, for all layers at once.
+    r"""Mean of the valid token vectors of each sentence, for all layers at once: [L, B, T, d] -> [L, B, d].
 
     .. math:: \bar s_{l,b} = \frac{\sum_t m_{b,t}\, h_{l,b,t}}{\sum_t m_{b,t}}
 
-    Parameters
-    ----------
-    hidden : Tensor[L, B, T, d]
-    mask : Tensor[B, T]  (1/True = token to include: attention mask, optionally minus special tokens)
-
-    Returns
-    -------
-    Tensor[L, B, d] in at least float32.
+    ``mask`` [B, T]: tokens to include (attention mask, optionally minus special tokens).  At least float32.
     """
     if hidden.ndim != 4 or tuple(hidden.shape[1:3]) != tuple(mask.shape):
         raise ValueError(f"mean_pool expects hidden [L, B, T, d] and mask [B, T]; got {tuple(hidden.shape)} "

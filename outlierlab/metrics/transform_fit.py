@@ -1,21 +1,15 @@
 """Fitting the transforms: the one place where ``probe.py`` and ``evaluate.py`` fit them.
 
-The transforms themselves are defined in ``outlierlab.metrics.transforms`` (clip, ``FittedTransform``),
-``outlierlab.metrics.whitening`` (``Whitener``: the streamed float64 sums and the guard) and
-``outlierlab.metrics.postprocessing`` (whiten, standardize, abtt, center from those sums).  Fitting them is
+The transforms are defined in ``outlierlab.metrics.transforms`` (clip, ``FittedTransform``),
+``outlierlab.metrics.whitening`` (``Whitener``) and ``outlierlab.metrics.postprocessing``.  Fitting them is
 
 * clip: the dims given (``transform.dims`` / ``dims_by_layer``) or detected on the fit data (``clip_dims``);
-* the fitted maps: one set of float64 sums (``WhitenSettings``), streamed either from ``[L, n, d]`` chunks
-  of every layer (``WhitenSettings.fit_chunks``; ``evaluate.py``'s two-pass stream adds them itself with
-  ``WhitenSettings.new``) or layer by layer (``WhitenSettings.fit_by_layer``: a token store, maps on
-  disk), from which ``WhitenSettings.fit_all`` fits every map asked for (whiten with ``k``, abtt with
-  ``abtt_d``), each under the degenerate-fit guard (``min_ratio``, ``allow_degenerate``, a ``what`` for the
-  message and the CSV columns).
+* the fitted maps: one set of float64 sums (``WhitenSettings``), streamed from ``[L, n, d]`` chunks
+  (``fit_chunks``, or ``new`` for ``evaluate.py``'s two-pass stream) or layer by layer (``fit_by_layer``), from
+  which ``fit_all`` fits every map asked for, each under the degenerate-fit guard.
 
-``probe.py`` fits one transform at a time on the training features (``fit_transform``) and keeps float64
-maps; ``evaluate.py`` fits every map at once into a ``FittedTransforms`` and keeps float32 ones in the
-sums' memory (``compact``).  Pure tensor code: the settings come in as plain values or as
-``evaluate.py``'s ``transform`` section, read by attribute.
+``probe.py`` fits one transform at a time on training features (``fit_transform``, float64); ``evaluate.py`` fits every
+map at once into ``FittedTransforms`` (float32 in the sums' memory, ``compact``).
 """
 
 from __future__ import annotations
@@ -45,9 +39,8 @@ class WhitenSettings:
 
     @classmethod
     def from_settings(cls, t) -> "WhitenSettings":
-        """From ``evaluate.py``'s ``transform`` section (``outlierlab.evaluation.settings.TransformSettings``).
-        A key is absent when no group that sets it is selected (then nothing uses it): the guard then keeps
-        the analysis library's own defaults."""
+        """From ``evaluate.py``'s ``transform`` section (``TransformSettings``); an absent key (no group sets it, so
+        nothing uses it) keeps the library's defaults."""
         guard = {name: value for name, value in (("min_ratio", t.min_fit_ratio),
                                                  ("allow_degenerate", t.allow_degenerate)) if value is not None}
         return cls(t.k, **guard, abtt_d=t.abtt_d)
@@ -65,10 +58,8 @@ class WhitenSettings:
 
     def fit_by_layer(self, num_layers: int, dim: int, chunks: Callable[[int], Iterable[Tensor]], names=FITTED,
                      keep_cov: bool = False, on_disk: str | bool | None = None) -> Whitener:
-        """Fitted from per-layer streams of vectors, one layer at a time
-        (``outlierlab.metrics.whitening.Whitener.fit_by_layer``), for the maps ``names`` (``fit_all``);
-        Σ is kept when asked (IsoScore) or when a map other than whiten is derived from it; ``on_disk``: Σ and
-        the maps in files, read one layer at a time."""
+        """Fitted from per-layer streams, one layer at a time (``Whitener.fit_by_layer``), for the maps ``names``; Σ is
+        kept for IsoScore or a derived map; ``on_disk``: Σ and the maps in files."""
         keep = keep_cov or any(n in FITTED and n != "whiten" for n in names)
         return Whitener.fit_by_layer(num_layers, dim, chunks, k=self.k, keep_cov=keep, on_disk=on_disk)
 
@@ -81,13 +72,12 @@ class WhitenSettings:
 
     def fit_all(self, acc: Whitener, names, what: str,
                 compact: bool = True) -> dict[str, tuple[Whitener, WhiteningFit]]:
-        """Every fitted transform among ``names`` from the sums of ``acc`` (one pass fits them all), each
-        guarded: ``{name: (fitted Whitener, its WhiteningFit)}``.
+        """Every fitted transform among ``names`` from ``acc``'s sums, each guarded: ``{name: (fitted Whitener, its
+        WhiteningFit)}``.
 
-        ``compact``: Σ and W in float32, in the memory of the float64 sums (``evaluate.py``: the sums of a 70B
-        model are 43 GB); the maps derived from Σ then read that float32 Σ.  False: Σ and every map
-        in float64 (``probe.py``, whose maps have always been fitted so: its results stay the same).  A fit
-        of ``fit_by_layer`` is compact already."""
+        ``compact``: Σ and W in float32 in the sums' memory (``evaluate.py``; 43 GB at 70B), derived maps read that Σ.
+        False: float64 throughout (``probe.py``).  A ``fit_by_layer`` fit is compact already.
+        """
         out = {}
         wanted = [n for n in FITTED if n in names]
         if acc.W is None and wanted and compact:
@@ -126,11 +116,10 @@ def given_clip_dims(t, num_layers: int, dim: int) -> tuple[list[list[int]] | Non
 
 @dataclass
 class FittedTransforms:
-    """The per-layer transforms of one analysis: ``none``, ``clip`` (Luo et al. 2021 §4: zero the outlier
-    dims) and the fitted maps of ``outlierlab.metrics.postprocessing.FITTED`` (``whiten``, Su et al. 2021;
-    ``standardize``; ``abtt``, Mu & Viswanath 2018; ``center``), with a line saying how each was obtained
-    (``info``) and what each fitted map was fitted on (``fits``, CSV columns).  ``source`` is the accumulator
-    whose float64 sums they were fitted from (its ``cov`` is Σ of the fit data, for IsoScore)."""
+    """The per-layer transforms of one analysis: ``none``, ``clip`` (Luo et al. 2021 §4: zero the outlier dims) and the
+    maps of ``postprocessing.FITTED`` (``whiten``, Su et al. 2021; ``standardize``; ``abtt``, Mu & Viswanath 2018;
+    ``center``), with ``info`` (how each was obtained) and ``fits`` (what each was fitted on, CSV columns).  ``source``:
+    the accumulator they were fitted from (its ``cov`` is Σ, for IsoScore)."""
 
     clip_dims: list[list[int]] | None = None
     fitted: dict[str, Whitener] = field(default_factory=dict)
@@ -191,17 +180,10 @@ def fit_transform(name: str, num_layers: int, dim: int, train_chunks: Callable[[
                   allow_degenerate: bool = False, abtt_d: int | None = None) -> FittedTransform:
     """Fit one transform on the TRAINING features only (``probe.py``), in float64 (``WhitenSettings.fit_all``).
 
-    Parameters
-    ----------
-    name : {"none", "clip", "whiten", "standardize", "abtt", "center"}
-    train_chunks : callable returning an iterator of ``(rows, float32 [L, n, d])`` training chunks
-        (``outlierlab.datamodules.features.iter_chunks``; the fitted maps stream float64 sums over them).
-    outlier_dims : per-layer dims detected on the training features (clip with no dims given).
-    dims, dims_by_layer : dims to clip in every layer / per layer range (``clip_dims``), overriding detection.
-    k : whitening dimension (Su et al. 2021), None = all.
-    abtt_d : all-but-the-top's D (Mu & Viswanath 2018), None = d/100 (``outlierlab.metrics.postprocessing``).
-    fit_what, min_ratio, allow_degenerate : the guard (``Whitener.check``):
-        a fit on too few distinct vectors raises one line unless ``allow_degenerate``.
+    ``train_chunks()`` iterates ``(rows, float32 [L, n, d])`` chunks (``datamodules.features.iter_chunks``).
+    ``outlier_dims``: per-layer dims detected on them (clip with no dims given); ``dims``/``dims_by_layer`` override
+    detection (``clip_dims``).  ``k``: whitening dimension (Su et al. 2021), None = all.  ``abtt_d``: all-but-the-top's
+    D (Mu & Viswanath 2018), None = d/100.  ``fit_what, min_ratio, allow_degenerate``: the guard (``Whitener.check``).
     """
     ft = FittedTransforms()
     if name == "clip":

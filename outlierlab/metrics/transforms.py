@@ -1,11 +1,8 @@
-"""Post-hoc vector transforms: clipping outlier dims (Luo et al. 2021 §4), whitening (Su et al. 2021),
-standardization (Timkey & van Schijndel 2021), all-but-the-top (Mu & Viswanath 2018) and mean removal.
+"""Post-hoc vector transforms: clipping outlier dims (Luo et al. 2021 §4), whitening (Su et al. 2021), standardization
+(Timkey & van Schijndel 2021), all-but-the-top (Mu & Viswanath 2018) and mean removal.
 
-All operate on batched layers ``[L, N, d]`` so that one call transforms every layer.  This module is the
-ONE definition of clip (``clip``, ``clip_dims_per_layer``) and of a fitted transform applied by name
-(``FittedTransform``); the fitted affine maps (whiten, standardize, abtt, center) are one
-``Whitener`` each (``outlierlab.metrics.whitening``, ``outlierlab.metrics.postprocessing``), with
-one sample-size guard (``Whitener.check``).  probe.py and evaluate.py fit them all through
+All operate on batched layers ``[L, N, d]``.  The ONE definition of clip (``clip``, ``clip_dims_per_layer``) and of a
+fitted transform applied by name (``FittedTransform``); the fitted affine maps are one ``Whitener`` each, fitted through
 ``outlierlab.metrics.transform_fit``.
 """
 
@@ -58,20 +55,10 @@ def clip_mask(dims, num_layers: int, dim: int, device: torch.device | str | None
 
 
 def clip(x: Tensor, dims: Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
-    """Zero the given dimensions (Luo et al. 2021 §4: "clipping" the outlier dims).
+    """Zero the given dimensions (Luo et al. 2021 §4: "clipping" the outlier dims); returns a new tensor.
 
-    Parameters
-    ----------
-    x : Tensor[L, ..., d] or Tensor[N, d]
-        With a per-layer ``dims`` the first axis is the layer axis; with shared dims any shape works.
-    dims : list[int] or list[list[int]]
-        One list applied to every layer, or one list per layer (e.g. the output of
-        ``outlierlab.metrics.outlier_dims.detect_outlier_dims``).
-
-    Returns
-    -------
-    Tensor
-        A new tensor (the input is not modified) equal to ``x`` with the dims set to 0.
+    ``dims``: one list for every layer (any shape of ``x``), or one list per layer (``detect_outlier_dims``), the first
+    axis of ``x`` [L, ..., d] being the layer axis.
     """
     if x.ndim < 2:
         raise ValueError(f"clip expects at least [N, d], got shape {tuple(x.shape)}.")
@@ -94,24 +81,15 @@ def clip_dims_per_layer(num_layers: int, dim: int, dims: Sequence[int] | None = 
                         detected: Sequence[Sequence[int]] | None = None) -> tuple[list[list[int]], str]:
     """The dims ``clip`` zeroes in each hidden state, and where they came from.
 
-    Luo et al. 2021 (App. D.1) clip *given* dims in *given* layers — the non-input layers only, not the
-    embedding output.  Three forms, in this order of precedence:
+    Luo et al. 2021 (App. D.1) clip *given* dims in *given* layers, the non-input ones.  In order of precedence:
 
-    * ``dims_by_layer={"1-12": [588, 77], "3": [12]}`` — per inclusive layer range (hidden-state numbering:
-      0 = embedding output, 1..L = the layers); ranges may overlap (their dims are united); layers no range
-      names are left unclipped.  This is the paper's form.
+    * ``dims_by_layer={"1-12": [588, 77], "3": [12]}`` — per inclusive layer range (0 = embedding output); overlapping
+      ranges unite their dims; unnamed layers are left unclipped.  The paper's form.
     * ``dims=[557]`` — the same dims in every hidden state, layer 0 included.
-    * ``detected`` — per-layer dims found by ``outlierlab.metrics.outlier_dims.detect_outlier_dims`` on the fit data.
+    * ``detected`` — per-layer dims from ``detect_outlier_dims`` on the fit data.
 
-    Returns
-    -------
-    (per_layer, source) : list of ``num_layers`` sorted lists of ints, and "given" / "given per layer range" /
-    "detected".
-
-    Raises
-    ------
-    ValueError
-        Both ``dims`` and ``dims_by_layer``; a malformed range; a layer or dim out of range; nothing given.
+    Returns ``(per_layer, source)``: ``num_layers`` sorted lists and "given" / "given per layer range" / "detected".
+    Raises ValueError for both forms, a malformed range, a layer or dim out of range, or nothing given.
     """
     if dims is not None and dims_by_layer:
         raise ValueError("give transform.dims (every layer) or transform.dims_by_layer (per layer range), not both")
@@ -151,13 +129,9 @@ def clip_description(dims: Sequence[Sequence[int]], source: str) -> str:
 
 @dataclass
 class FittedTransform:
-    """One fitted per-layer transform of ``[L, ..., d]`` vectors, applied by name: ``none``, ``clip``
-    (Luo et al. 2021 §4: zero the outlier dims of each layer) or one of ``FITTED`` (``whiten``, Su et al.
-    2021; ``standardize``; ``abtt``, Mu & Viswanath 2018; ``center``), whose map is ``whitener``
-    (a ``Whitener`` fitted with that ``method``).
-
-    ``info`` says how it was obtained (report line); ``fit`` is the fitted map's ``WhiteningFit``.
-    """
+    """One fitted per-layer transform of ``[L, ..., d]`` vectors, applied by name: ``none``, ``clip`` (Luo et al. 2021
+    §4) or one of ``FITTED`` (``whiten``, Su et al. 2021; ``standardize``; ``abtt``, Mu & Viswanath 2018; ``center``)
+    whose map is ``whitener``.  ``info``: how it was obtained; ``fit``: the map's ``WhiteningFit``."""
 
     name: str
     dim: int

@@ -1,7 +1,6 @@
-"""Whitening (Su et al. 2021, "Whitening Sentence Representations for Better Semantics and Faster Retrieval"),
-fitted per layer by streaming float64 sums, with the sample-size guard of ``Whitener.check``
-(``outlierlab.metrics.fit_guard``) — and, from the same sums and under the same guard, the other affine
-post-processing maps of
+"""Whitening (Su et al. 2021, "Whitening Sentence Representations for Better Semantics and Faster Retrieval"), fitted
+per layer by streaming float64 sums under the sample-size guard of ``Whitener.check``
+(``outlierlab.metrics.fit_guard``), and from the same sums the other affine maps of
 ``outlierlab.metrics.postprocessing`` (standardize, all-but-the-top, center; ``Whitener(method=...)``).
 
 Pure tensor code: no config, no files.  Re-exported by ``outlierlab.metrics.transforms``.
@@ -23,8 +22,8 @@ from outlierlab.utils.memory import release_freed_memory
 __all__ = ["Whitener", "WhiteningFit", "DegenerateWhiteningError", "MIN_FIT_RATIO"]
 
 class Whitener:
-    r"""Streaming whitening transform fitted per layer (Su et al. 2021, "Whitening Sentence
-    Representations for Better Semantics and Faster Retrieval"; Luo's thesis §3.2.3).
+    r"""Streaming whitening transform fitted per layer (Su et al. 2021, "Whitening Sentence Representations for Better
+    Semantics and Faster Retrieval"; Luo's thesis §3.2.3).
 
     .. math:: \mu = \tfrac1N\sum_t x_t,\quad
               \Sigma = \tfrac1{N-1}\sum_t (x_t-\mu)(x_t-\mu)^\top,\quad
@@ -32,48 +31,23 @@ class Whitener:
               W = U\,\operatorname{diag}(1/\sqrt{\max(S, \varepsilon S_1)}),\quad
               \hat x = (x-\mu)\,W_{[:, :k]}
 
-    Σ uses N−1 like ``np.cov`` in Su et al.'s reference code, so the fitted vectors' sample covariance
-    (ddof=1) is exactly I.  ``partial_fit`` only accumulates float64 sums Σ(x−x₀) and Σ(x−x₀)(x−x₀)ᵀ
-    about the first vector x₀ (the shifted-data algorithm: Σ does not change, and a large mean — outlier
-    dims — no longer cancels catastrophically, so the numerical rank is honest); memory O(L·d²), never the
-    vectors.  ``finalize`` turns the sums into μ, W, the numerical rank of Σ and the number of distinct
-    fitted vectors (64-bit hashes of the rows, counted exactly up to ``distinct_cap``).
+    Σ uses N−1 like ``np.cov`` in Su et al.'s code, so the fitted vectors' sample covariance is exactly I.
+    ``partial_fit`` accumulates float64 sums Σ(x−x₀) and Σ(x−x₀)(x−x₀)ᵀ about the first vector x₀ (shifted data: a large
+    mean — outlier dims — does not cancel catastrophically, so the numerical rank is honest); memory O(L·d²).
+    ``finalize`` gives μ, W, the numerical rank of Σ and the number of distinct fitted vectors (64-bit row hashes, exact
+    up to ``distinct_cap``, None: 16·d, enough for ``check``).
 
-    Parameters
-    ----------
-    num_layers, dim : int
-    k : int or None
-        Keep the first k columns of W (dimension reduction, Su et al.); None keeps all d.
-    eps : float
-        Relative floor for singular values: each S_i is raised to at least ``eps · S_1`` before the
-        inverse square root, so directions with (near-)zero variance — e.g. dims zeroed by
-        ``outlierlab.metrics.transforms.clip`` before whitening, or N ≤ d — are scaled by at most 1/√(eps·S_1) instead of
-        blowing up to inf/NaN.  Such directions are then *not* whitened to unit variance (their
-        variance stays ≤ 1); with full-rank data and the default 1e-10 nothing changes.
+    ``k`` keeps the first k columns of W (Su et al.'s reduction; None: all d).  ``eps`` floors each S_i at ``eps ·
+    S_1``, so (near-)zero-variance directions (dims zeroed by ``transforms.clip``, or N ≤ d) are scaled by at most
+    1/√(eps·S_1) instead of inf/NaN, and are then not whitened to unit variance; full-rank data is unaffected.
+    ``method`` ∈ {"whiten", "standardize", "abtt", "center"} picks the map ``finalize`` fits
+    (``postprocessing.affine_matrix``; ``k`` is whiten's only); ``derive`` fits another from the same sums. ``abtt_d``:
+    all-but-the-top's D (None: ``postprocessing.default_abtt_d``, d/100).
 
-    distinct_cap : int or None
-        Count distinct vectors exactly up to this many per layer (None: 16·d; ``check`` needs only
-        ``min_ratio · k`` ≤ 16·d of them).
-    method : {"whiten", "standardize", "abtt", "center"}
-        The map ``finalize`` fits from the same sums (``outlierlab.metrics.postprocessing.affine_matrix``);
-        ``k`` applies to ``whiten`` only.  ``derive`` fits another method from this one's sums.
-    abtt_d : int or None
-        All-but-the-top's D (None: ``outlierlab.metrics.postprocessing.default_abtt_d``, d/100).
-
-    Attributes (after ``finalize``)
-    ----------------------------------
-    mean : Tensor[L, d] float64
-    W : Tensor[L, d, k] float64 (whiten) or [L, d, d] (the other methods)
-    cov : Tensor[L, d, d] float64 — Σ of the fitted vectors (ddof = 1; IsoScore reads it)
-    singular_values : Tensor[L, d] float64 (before the floor)
-    rank : Tensor[L] long — eigenvalues above ``S_1 · d · 1e4 · eps(float64)`` (the rounding of the
-        float64 sums stays ~100× below that; a post-LayerNorm layer has rank ≤ d−1 because the normalised
-        vector sums to zero — harmless: every vector, fitted or not, has no component there)
-    n_distinct : Tensor[L] long (capped at ``distinct_cap``)
-
-    Notes
-    -----
-    Fit on training vectors only (the caller's job); ``transform`` never changes the fit.
+    After ``finalize``: ``mean`` [L, d], ``W`` [L, d, k] (whiten) or [L, d, d], ``cov`` [L, d, d] (ddof 1; IsoScore
+    reads it), ``singular_values`` [L, d] (before the floor), all float64; ``rank`` [L] — eigenvalues above ``S_1 · d ·
+    1e4 · eps(float64)`` (a post-LayerNorm layer has rank ≤ d−1: harmless, no vector has a component there);
+    ``n_distinct`` [L] (capped).  Fit on training vectors only; ``transform`` never changes the fit.
     """
 
     #: Running tensors with one row per layer, and lists with one entry per layer
@@ -165,20 +139,12 @@ class Whitener:
         return self.partial_fit(x).finalize()
 
     def finalize(self, release_sums: bool = False, keep_eigvecs: bool = True) -> "Whitener":
-        """Compute μ, Σ and W (of ``method``) from the accumulated sums; returns self.
+        """Compute μ, Σ and W (of ``method``) from the accumulated sums, one layer at a time in float64; returns self.
 
-        One layer at a time: Σ's eigendecomposition and W are computed per layer, in float64, so the
-        working set beside the stored results is one layer's d x d matrices, not a batched eigh's copies.
-
-        Parameters
-        ----------
-        release_sums : the one-shot fit of ``evaluate.py`` (``compact``): each layer's Σ and W are stored
-            as float32 in the memory that layer's float64 Σxxᵀ occupied (8 bytes per entry = 4 for Σ + 4 for W),
-            so the fit allocates no second ``(L+1)·d²`` array — 43 GB each for a 70B model.  float32 is what W
-            is applied in to a model's float32 states anyway, and what IsoScore needs of Σ; the sums are gone
-            (no later ``partial_fit``).  False: Σ and W in float64, the sums kept.
-        keep_eigvecs : keep Σ's eigenvectors for ``derive`` (without them a derived whiten/abtt recomputes
-            each layer's eigendecomposition — the same numbers)
+        ``release_sums`` (``evaluate.py``'s one-shot fit, ``compact``): each layer's Σ and W are stored as float32 in
+        the memory its float64 Σxxᵀ occupied, so no second ``(L+1)·d²`` array is allocated (43 GB at 70B); the sums are
+        gone (no later ``partial_fit``).  False: float64 Σ and W, sums kept.  ``keep_eigvecs``: keep Σ's eigenvectors
+        for ``derive`` (otherwise a derived whiten/abtt recomputes them — the same numbers).
         """
         if self.n < 2:
             raise ValueError(f"{self.method} needs at least 2 fit vectors, got {self.n}.")
@@ -250,19 +216,14 @@ class Whitener:
                      k: int | None = None, eps: float = 1e-10, distinct_cap: int | None = None,
                      method: str = "whiten", keep_cov: bool = True,
                      on_disk: str | bool | None = None) -> "Whitener":
-        """Fit every layer from its own stream of vectors, one layer after the other.
+        """Fit every layer from its own stream: ``chunks(layer)`` yields that layer's ``[N, d]`` vectors, in the same
+        chunks and order for every layer.
 
-        ``chunks(layer)`` yields that layer's vectors ``[N, d]`` in the same chunks and order for every layer.
-        The result equals feeding the ``[L, N, d]`` chunks to ``partial_fit`` and calling
-        ``finalize(release_sums=True)`` — the same float64 sums, added in the same order, so the same Σ and W
-        (stored in float32, ``compact``) — but the float64 sums exist for one layer at a time: memory is
-        the float32 ``[L, d, d]`` Σ and W plus one layer's sums, instead of ``(L+1)·d²`` float64 sums beside
-        the model during its forward passes (one third of a bf16 checkpoint's size, for any Llama shape).
-        ``keep_cov=False``: only W is kept (Σ is what IsoScore and the maps ``derive`` fits read).
-        ``on_disk``: Σ and W go to files (``outlierlab.utils.disk_layers.DiskLayers``; True = ``$TMPDIR``,
-        or a directory) and are read back one layer at a time by ``transform``, ``select`` and
-        IsoScore — memory is then one layer's matrices, not ``(L+1)·2d²`` floats (40 GiB at 70B); the maps
-        ``derive`` fits from such a fit are written there too.  The numbers are the same.
+        Equals ``partial_fit`` on ``[L, N, d]`` chunks then ``finalize(release_sums=True)`` (same sums, same order), but
+        the float64 sums exist for one layer at a time instead of ``(L+1)·d²`` beside the model.  ``keep_cov=False``
+        keeps only W (Σ is what IsoScore and ``derive`` read).  ``on_disk`` (True = ``$TMPDIR``, or a directory): Σ and
+        W go to ``outlierlab.utils.disk_layers.DiskLayers`` files, read back a layer at a time (40 GiB saved at 70B), as
+        do the maps ``derive`` fits from it.  The numbers are the same.
         """
         out = cls(num_layers, dim, k=k, eps=eps, distinct_cap=distinct_cap, method=method, allocate=False)
         k_out = out.out_dim
@@ -341,10 +302,8 @@ class Whitener:
         return check_fit(self, what, min_ratio, allow_degenerate)
 
     def transform(self, x: Tensor) -> Tensor:
-        """``\\hat x = (x-\\mu)W`` for ``x`` of shape [L, ..., d] (or [N, d] when L=1), in ``x``'s dtype.
-
-        float64 inputs are transformed in float64, everything else in float32.
-        """
+        """``\hat x = (x-\mu)W`` for ``x`` [L, ..., d] (or [N, d] when L=1), in ``x``'s dtype (float64 stays float64,
+        everything else float32)."""
         if self.W is None:
             raise ValueError("Whitener is not fitted: call partial_fit(...) then finalize() first.")
         squeeze = x.ndim == 2 and self.num_layers == 1

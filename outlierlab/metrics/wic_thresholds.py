@@ -1,11 +1,8 @@
 """Word-in-Context by cosine threshold (Luo et al. 2021 §4.2; Pilehvar & Camacho-Collados 2019).
 
-WiC asks whether a target word has the same sense in two sentences.  The unsupervised baseline:
-cosine of the word's vectors in the two sentences, predict "same sense" when it is above a
-threshold; Luo et al. sweep thresholds 0.1 … 0.9 for every layer on the WiC training split and report the
-best — an upper bound.  ``choose_then_report`` is the honest protocol beside it: the threshold (per layer,
-and the best layer) is chosen on one split and the accuracy reported on another, whose labels never enter
-the choice.
+Predict "same sense" when the cosine of a word's vectors in two sentences is above a threshold.  Luo et al. sweep 0.1 …
+0.9 per layer on the WiC training split and report the best (an upper bound); ``choose_then_report`` is the honest
+protocol: thresholds and best layer chosen on one split, accuracy reported on another.
 """
 
 from __future__ import annotations
@@ -34,19 +31,11 @@ def _check(cosines: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def wic_accuracy(cosines: Tensor, labels: Tensor, threshold: float | Tensor) -> Tensor:
-    r"""Accuracy of predicting "same sense" iff cosine > threshold.
+    r"""Accuracy of predicting "same sense" (``labels`` True) iff cosine > threshold, per layer (float64).
 
     .. math:: \text{acc}_l = \tfrac1P\sum_p [\,(\cos_{l,p} > \tau_l) = y_p\,]
 
-    Parameters
-    ----------
-    cosines : Tensor[L, P] (or [P])
-    labels : Bool[P]  (True = same sense)
-    threshold : float, or Tensor[L] (one per layer, e.g. chosen on the training split)
-
-    Returns
-    -------
-    Tensor[L] float64
+    ``cosines`` [L, P] (or [P]); ``threshold``: a float or Tensor[L] (e.g. chosen on the training split).
     """
     cos, lab = _check(cosines, labels)
     thr = torch.as_tensor(threshold, dtype=torch.float64, device=cos.device)
@@ -55,18 +44,7 @@ def wic_accuracy(cosines: Tensor, labels: Tensor, threshold: float | Tensor) -> 
 
 
 def threshold_sweep(cosines: Tensor, labels: Tensor, thresholds: Tensor | None = None) -> Tensor:
-    """Accuracy for every layer and threshold (strict ``cos > τ`` ⇒ "same sense").
-
-    Parameters
-    ----------
-    cosines : Tensor[L, P] (or [P])
-    labels : Bool[P]
-    thresholds : Tensor[T], default ``default_thresholds`` (0.1 … 0.9)
-
-    Returns
-    -------
-    Tensor[L, T] float64
-    """
+    """Accuracy [L, T] float64 for every layer and threshold (strict ``cos > τ``; default 0.1 … 0.9)."""
     cos, lab = _check(cosines, labels)
     thr = (default_thresholds() if thresholds is None else torch.as_tensor(thresholds)).to(cos.device, torch.float64)
     pred = cos.to(torch.float64).unsqueeze(-1) > thr  # [L, P, T]
@@ -106,21 +84,10 @@ def choose_then_report(cos_choose: Tensor, labels_choose: Tensor, cos_report: Te
                        thresholds: Tensor | None = None) -> dict:
     """Threshold chosen on one split, accuracy reported on another (the honest counterpart of the paper's sweep).
 
-    Per layer, the threshold with the best accuracy on the *choose* split (ties → lowest,
-    ``best_per_layer``) is applied unchanged to the *report* split (``wic_accuracy``); the best layer is
-    also chosen on the choose split.  ``labels_report`` is used only to score, never to choose.
-
-    Parameters
-    ----------
-    cos_choose : Tensor[L, P_c];  labels_choose : Bool[P_c]
-    cos_report : Tensor[L, P_r];  labels_report : Bool[P_r]
-    thresholds : Tensor[T], default ``default_thresholds``
-
-    Returns
-    -------
-    dict with ``threshold`` Tensor[L] (chosen per layer), ``choose_accuracy`` Tensor[L], ``report_accuracy``
-    Tensor[L], ``best_layer`` int, ``best_threshold`` float and ``best_report_accuracy`` float (all chosen on
-    the choose split, the last scored on the report split).
+    Per layer, the best threshold on the *choose* split (ties → lowest) is applied unchanged to the *report* split; the
+    best layer is chosen on the choose split too.  ``labels_report`` only scores, never chooses.  Returns ``threshold``,
+    ``choose_accuracy``, ``report_accuracy`` (Tensor[L]), ``best_layer``, ``best_threshold`` and
+    ``best_report_accuracy``.
     """
     acc = threshold_sweep(cos_choose, labels_choose, thresholds)
     thr_l, acc_l = best_per_layer(acc, thresholds)

@@ -1,30 +1,23 @@
 """Does a language model use word order?  *Order use* and *attention locality*.
 
-A masked LM without positions is a bag-of-words model: each prediction depends only on the multiset of tokens in
-its block (self-attention without positions is permutation-equivariant).  A model *with* a position scheme can sit
-at exactly that bag-of-words loss for thousands of steps before it starts to use its positions -- the plateau that
-Chen et al. (2024, "Sudden drops in the loss: syntax acquisition, phase transitions, and simplicity bias in MLMs",
-ICLR 2024) describe and that ended at no budget of this project's ``experiment=emergence_cpu`` for learned
-positions (docs/order_use.md).  A learned-vs-none comparison between two such models compares two bag-of-words
-models, so every run and every evaluated model reports these two numbers (our definitions, docs/design.md):
+A masked LM without positions is a bag-of-words model (self-attention without positions is permutation-equivariant). A
+model *with* positions can sit at that bag-of-words loss for thousands of steps before using them -- the plateau of Chen
+et al. (2024, "Sudden drops in the loss: syntax acquisition, phase transitions, and simplicity bias in MLMs", ICLR
+2024); see docs/order_use.md.  A learned-vs-none comparison of two such models compares two bag-of-words models, so
+every run and evaluated model reports these numbers (our definitions, docs/design.md):
 
-* **order use** (``order_use``): the model's own loss -- masked tokens for a masked LM, next token for a causal
-  LM -- on the validation blocks with each block's tokens randomly permuted (special tokens, padding and the
-  position ids left in place; a token moves together with its label), minus the loss on the intact blocks, in nats.
-  Exactly 0 (up to float summation order) for a masked LM without positions; > 0 for any model whose predictions
-  depend on order, a causal LM without positions included (its mask is an order signal, Haviv et al. 2022).
-* **sentence-vector order change** (``pooled_order_change``): for a model judged by its vectors rather than
-  by a loss (a sentence encoder without an LM head, or any encoder), per layer the mean over texts of
-  1 - cos(mean-pooled vector of the intact text, of the same text with its tokens shuffled).  Exactly 0 (up to float
-  summation order) for an encoder without positions or causal mask; layer 0 is the floor a per-token embedding
-  LayerNorm leaves (the mean of the position vectors is the same in any order); near 0 in the top layers, the
-  encoder's sentence vectors are a bag of words.
-* **attention locality** (``attention_locality``): per layer, the mean attention mass a query puts on the keys
-  within distance <= ``LOCAL_WINDOW`` of itself (itself included), against the mass a uniform row over the same
-  visible keys would put there.  Uniform attention (the bag-of-words plateau) gives mass = baseline.
+* **order use** (``order_use``): the model's own loss (masked or next token) on the validation blocks with each
+  block's tokens randomly permuted (special tokens, padding and position ids in place; a token moves with its
+  label), minus the intact loss, in nats.  Exactly 0 (up to float summation order) for a masked LM without
+  positions; > 0 for any order-dependent model, a causal LM without positions included (Haviv et al. 2022).
+* **sentence-vector order change** (``pooled_order_change``): per layer, the mean over texts of 1 - cos(mean-pooled
+  vector of the intact text, of its shuffled tokens), for models judged by their vectors.  Exactly 0 for an
+  encoder without positions or causal mask; layer 0 is the floor an embedding LayerNorm leaves.
+* **attention locality** (``attention_locality``): per layer, the mean attention mass within distance
+  <= ``LOCAL_WINDOW`` of the query (itself included), against a uniform row over the same visible keys.
+  Uniform attention (the bag-of-words plateau) gives mass = baseline.
 
-Pure functions: no config, no files, no Lightning.  The training module, the post-hoc job and the study aggregator
-call these; nothing else defines them.
+Pure functions: no config, no files, no Lightning.
 """
 
 from __future__ import annotations
@@ -52,11 +45,10 @@ ORDER_USE_THRESHOLD = 0.1
 
 def movable_positions(input_ids: Tensor, labels: Tensor | None, attention_mask: Tensor | None,
                       special_ids: Iterable[int]) -> Tensor:
-    """``Bool[B, T]``: positions whose token may be moved by ``permute_block_tokens``.
+    """``Bool[B, T]``: positions whose token ``permute_block_tokens`` may move.
 
-    Fixed are padding (``attention_mask == 0``) and special tokens (``<s>``, ``</s>``, ``<pad>``) -- unless the
-    position carries a label: a position to predict always moves with its token, so that a ``<mask>`` and its
-    answer travel together and a masked LM without positions sees the same problem in another order.
+    Padding and special tokens stay -- unless the position carries a label: a ``<mask>`` always moves with its answer,
+    so a masked LM without positions sees the same problem in another order.
     """
     special = torch.zeros_like(input_ids, dtype=torch.bool)
     for i in special_ids:
@@ -71,13 +63,12 @@ def movable_positions(input_ids: Tensor, labels: Tensor | None, attention_mask: 
 
 def permute_block_tokens(fields: Mapping[str, Tensor], movable: Tensor,
                          generator: torch.Generator | None = None) -> dict[str, Tensor]:
-    """Shuffle, within each row, the values of every per-token field (``input_ids``, ``labels``, ...) among that
-    row's ``movable`` positions with one random permutation per row, the same for every field; fixed positions
-    keep their values.  Fields that are not ``[B, T]`` (``masked_positions``) are dropped: they no longer apply.
+    """Shuffle every per-token field (``input_ids``, ``labels``, ...) among each row's ``movable`` positions, with one
+    random permutation per row shared by all fields; fixed positions keep their values.  Fields that are not ``[B, T]``
+    (``masked_positions``) are dropped: they no longer apply.
 
-    Vectorised: sorting random keys (fixed positions: +inf, so they sort last in both orders, stably, and are
-    written onto themselves) gives each row's source order; the movable positions in ascending order are the
-    destinations.
+    Vectorised: sorting random keys (fixed positions +inf, so they sort last, stably, onto themselves) gives each row's
+    source order; the movable positions in ascending order are the destinations.
     """
     B, T = movable.shape
     keys = torch.rand(B, T, generator=generator).to(movable.device).masked_fill(~movable, float("inf"))
@@ -100,23 +91,12 @@ def order_use(loss_sum: LossFn, batches: Iterable[Mapping[str, Tensor]], special
               seed: int = 0) -> dict[str, float]:
     """Order use of a model on ``batches``: permuted-block loss minus intact loss, per predicted token, in nats.
 
-    Parameters
-    ----------
-    loss_sum : callable
-        ``batch -> (summed loss over the batch's predicted tokens, number of those tokens)``: the model's own
-        objective (masked tokens, or next tokens).  Called once on each intact and once on each permuted batch.
-    batches : iterable of dict
-        ``input_ids`` and ``labels`` (-100 = not predicted), optionally ``attention_mask``; ``[B, T]`` each.
-    special_ids : sequence of int
-        Ids that stay where they are (``<s>``, ``</s>``, ``<pad>``).
-    seed : int
-        The permutations are drawn from ``torch.Generator().manual_seed(seed)`` (on the CPU), so two calls on the
-        same batches permute identically.
+    ``loss_sum(batch) -> (summed loss over predicted tokens, their number)`` is the model's own objective, called once
+    per intact and once per permuted batch.  ``batches``: dicts with ``input_ids``, ``labels`` (-100 = not predicted),
+    optionally ``attention_mask``.  ``special_ids`` stay in place.  Permutations come from
+    ``torch.Generator().manual_seed(seed)`` on the CPU, so two calls permute identically.
 
-    Returns
-    -------
-    dict
-        ``loss`` (intact), ``loss_permuted`` and ``order_use`` = ``loss_permuted - loss``, and ``tokens``.
+    Returns ``loss`` (intact), ``loss_permuted``, ``order_use`` = ``loss_permuted - loss`` and ``tokens``.
     """
     generator = torch.Generator().manual_seed(int(seed))
     intact = permuted = 0.0
@@ -154,23 +134,12 @@ def pooled_order_change(hidden_states: HiddenFn, batches: Iterable[tuple[Tensor,
 
     .. math::  c_\ell = \frac{1}{N}\sum_{n=1}^{N} \Big(1 - \cos\big(\bar h_\ell(x_n),\ \bar h_\ell(\pi_n x_n)\big)\Big)
 
-    ``\bar h_\ell`` is the mean of layer ``\ell``'s vectors over the non-special, non-padding tokens (the
-    same set in both orders); ``\pi_n`` shuffles those tokens within text ``n``
-    (``permute_block_tokens``, special tokens and padding in place).
+    ``\bar h_\ell``: mean of layer ``\ell`` over the non-special, non-padding tokens; ``\pi_n`` shuffles those tokens
+    (``permute_block_tokens``).  ``hidden_states(input_ids, attention_mask)`` returns L+1 tensors [B, T, d]; ``batches``
+    yields right-padded ``(input_ids, attention_mask)``; permutations from ``manual_seed(seed)`` on the CPU.
 
-    Parameters
-    ----------
-    hidden_states : callable
-        ``(input_ids, attention_mask) -> L+1 tensors [B, T, d]`` (the embedding output, then every layer).
-    batches : iterable of ``(input_ids, attention_mask)``, ``[B, T]`` each, right-padded texts.
-    special_ids : ids that stay in place (``<s>``, ``</s>``, ``<pad>``).
-    seed : the permutations come from ``torch.Generator().manual_seed(seed)`` on the CPU.
-
-    Returns
-    -------
-    dict
-        ``change``: Tensor[L+1] float64; ``texts``: the number of texts with at least two movable tokens (a text
-        with fewer has nothing to shuffle and is left out).
+    Returns ``change`` (Tensor[L+1] float64) and ``texts``: those with at least two movable tokens (others are left
+    out).
     """
     generator = torch.Generator().manual_seed(int(seed))
     total, n = None, 0
@@ -203,23 +172,11 @@ def attention_locality(attentions: Sequence[Tensor], attention_mask: Tensor | No
     .. math::  m_\ell = \frac{1}{|Q|}\sum_{(b,h,q)} \sum_{k:\,|k-q|\le w} A^{\ell}_{b,h,q,k}, \qquad
                u = \frac{1}{|Q|}\sum_{(b,h,q)} \frac{|\{k \text{ visible}: |k-q|\le w\}|}{|\{k \text{ visible}\}|}
 
-    Visible keys are the non-padding ones (and, for a causal model, those at or before the query); queries are
-    the non-padding positions.  The baseline is what a uniform row over the visible keys puts in the window: the
-    bag-of-words plateau has ``m = u`` in every layer (docs/order_use.md).
+    Visible keys are the non-padding ones (at or before the query if ``causal``); queries are the non-padding positions.
+    The bag-of-words plateau has ``m = u`` in every layer.  ``attentions``: per layer Tensor[B, H, T, T] (or stacked [L,
+    ...]); ``attention_mask``: 1 = token (None: no padding).
 
-    Parameters
-    ----------
-    attentions : sequence of Tensor[B, H, T, T], or Tensor[L, B, H, T, T]
-        One per layer, rows summing to one (``output_attentions=True``).
-    attention_mask : Tensor[B, T] or None
-        1 = token, 0 = padding; None: no padding.
-    causal : bool
-        Whether the model attends to the past only.
-
-    Returns
-    -------
-    dict
-        ``mass``: Tensor[L] float64; ``uniform``: the baseline (a 0-d float64 tensor, the same for every layer).
+    Returns ``mass`` (Tensor[L] float64) and ``uniform`` (0-d float64, the same for every layer).
     """
     if len(attentions) == 0:
         raise ValueError("attention locality needs the attention probabilities of at least one layer")
@@ -250,10 +207,11 @@ def cannot_use_order(pos: str | None, causal: bool) -> bool:
 
 
 def order_use_message(value: float, threshold: float = ORDER_USE_THRESHOLD, orderless: bool = False) -> str | None:
-    """The one line a run (or a study cell) gets when its order use is below ``threshold``; None above it.
+    """The one line a run (or study cell) gets when its order use is below ``threshold``; None above it.
 
-    ``orderless``: the model cannot see order at all (a masked LM without positions: permutation-equivariant, so
-    its order use is 0 by construction) -- then the line says so instead of "not yet"."""
+    ``orderless`` (a masked LM without positions: order use 0 by construction) makes the line say so instead of "not
+    yet".
+    """
     if value >= threshold:
         return None
     if orderless:
@@ -294,10 +252,9 @@ def lm_loss_sum(model, causal: bool) -> LossFn:
 
 
 def labelled_loss_sum(model) -> LossFn:
-    """``lm_loss_sum`` of a masked LM with the vocabulary projection applied at the labelled positions only
-    (``outlierlab.metrics.scored_rows.logits_at``: the loop monitors measure order use at every record); the
-    summed cross-entropy is the same up to float rounding (tests/test_order_use.py).  A model whose head cannot be
-    narrowed (ours: it already projects the labelled rows only) gets ``lm_loss_sum``."""
+    """``lm_loss_sum`` of a masked LM with the vocabulary projection at the labelled positions only
+    (``outlierlab.metrics.scored_rows.logits_at``); the same summed cross-entropy up to float rounding.  A model whose
+    head cannot be narrowed gets ``lm_loss_sum``."""
     def loss_sum(batch: Mapping[str, Tensor]) -> tuple[Tensor, int]:
         labels = batch["labels"]
         keep = labels != -100
@@ -311,9 +268,8 @@ def labelled_loss_sum(model) -> LossFn:
 
 
 def heldout_special_ids(config: Any, tokenizer: Any = None) -> set[int]:
-    """The ids that stay in place when a held-out sequence is permuted: the model's ``bos``/``eos``/``pad`` and
-    the tokenizer's ``cls``/``sep``/``bos``/``eos``/``pad`` (``[CLS]``/``[SEP]`` for BERT, ``<s>``/``</s>`` for ours
-    and RoBERTa: the same set either way)."""
+    """The ids that stay in place when a held-out sequence is permuted: the model's ``bos``/``eos``/``pad`` and the
+    tokenizer's ``cls``/``sep``/``bos``/``eos``/``pad``."""
     names = ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id")
     ids = [getattr(config, n, None) for n in names[:3]] + [getattr(tokenizer, n, None) for n in names]
     return {int(i) for i in ids if isinstance(i, int)}
@@ -335,11 +291,10 @@ def heldout_problem(batch: Mapping[str, Tensor], causal: bool, mask_token_id: in
 def heldout_order_use(model, batch: Mapping[str, Tensor], causal: bool, special_ids: Iterable[int],
                       mask_token_id: int | None = None, attentions: Sequence[Tensor] | None = None
                       ) -> tuple[dict[str, float], dict[str, Tensor] | None]:
-    """Order use and attention locality of ``model`` on a fixed held-out batch (``input_ids``, ``attention_mask``,
-    ``special_tokens_mask``; the monitors' batch): the masked objective predicts the fixed, seeded 15 % of
-    ``masked_for_order_use`` (the same problem at every step), the causal one every next token.  ``attentions``
-    (the probabilities of a forward on the intact batch, e.g. the monitors') give the locality; None: not measured.
-    The post-hoc job and the loop monitors call this one function, so a checkpoint's rows equal the live ones."""
+    """Order use and attention locality of ``model`` on the monitors' fixed held-out batch (``input_ids``,
+    ``attention_mask``, ``special_tokens_mask``), scored on ``heldout_problem``.  ``attentions`` (of a forward on the
+    intact batch) give the locality; None: not measured.  The post-hoc job and the loop monitors both call this, so a
+    checkpoint's rows equal the live ones."""
     device = next(model.parameters()).device
     mask = batch["attention_mask"]
     problem = heldout_problem(batch, causal, mask_token_id)

@@ -1,29 +1,19 @@
 """Multi-head self-attention with the ``model.attention`` switch and optional QK-norm.
 
-Three kinds of attention (``EncoderConfig.attention``):
+* ``softmax`` — RoBERTa's scaled dot-product attention (``F.scaled_dot_product_attention`` unless the probabilities
+  are asked for);
+* ``clipped_softmax`` — Bondarenko, Nagel & Blankevoort (2023), "Quantizable Transformers: Removing Outliers by
+  Helping Attention Heads Do Nothing", §4.1: ``clip((ζ - γ)·softmax(x) + γ, 0, 1)``.  With γ < 0 a head gives a key
+  *exactly* zero weight from finite logits, so "doing nothing" needs no huge logits and their outlier activations;
+* ``gated`` — the same paper, §4.2: ``π(G(x)) ⊙ softmax(QKᵀ/√d) V`` per head, π the sigmoid and G a small function
+  of the token's input (``HeadGate``): a head switches off through its gate.
 
-* ``softmax`` — RoBERTa's scaled dot-product attention (through ``F.scaled_dot_product_attention``
-  unless the probabilities are asked for);
-* ``clipped_softmax`` — Bondarenko, Nagel & Blankevoort (2023), "Quantizable Transformers: Removing
-  Outliers by Helping Attention Heads Do Nothing", §4.1:
-  ``clip((ζ - γ)·softmax(x) + γ, 0, 1)``. With γ < 0 a head can give a key *exactly* zero weight
-  (and with ζ > 1 exactly one) from finite logits, so a head that wants to "do nothing" no longer
-  needs the huge logits — and the outlier activations that produce them;
-* ``gated`` — the same paper, §4.2: ``π(G(x)) ⊙ softmax(QKᵀ/√d) V`` per head, with π the
-  sigmoid and G a small gating function of the token's own input ``x``; a head can switch its update
-  off through the gate instead of through its attention pattern (``HeadGate``).
+With ``causal=True`` a query sees only itself and earlier keys: SDPA's ``is_causal=True`` when nothing else needs a
+mask, else the same additive bias (``hide_future``).  Position schemes act before the probabilities (rotating q/k or
+biasing logits), so they compose with each kind; only plain softmax uses the fused kernel.
 
-With ``causal=True`` (the causal-LM objective) each query sees only its own and earlier keys: the fused
-SDPA call takes ``is_causal=True`` when nothing else needs a mask; otherwise the future is hidden in the same
-additive bias (``hide_future``).
-
-Every position scheme of ``outlierlab.models.positions`` acts before the probabilities are formed (it rotates
-q/k or adds a bias to the logits), so it composes with each kind unchanged. Only plain softmax can use
-the fused SDPA kernel; the other kinds take the explicit path.
-
-QK-norm (``qk_norm=True``; used by the Outlier-Protected block, ``outlierlab.models.blocks``) normalises
-queries and keys per head before the position scheme and the dot product — the entropy-regulation
-mechanism of He et al. (2024) (Dehghani et al. 2023; Wortsman et al. 2023).
+QK-norm (``qk_norm=True``; the OP block) normalises queries and keys per head before the position scheme — the
+entropy-regulation mechanism of He et al. (2024) (Dehghani et al. 2023; Wortsman et al. 2023).
 """
 
 from __future__ import annotations
@@ -51,11 +41,8 @@ def future_mask(T: int, device: torch.device) -> Tensor:
 
 
 def hide_future(scores_or_bias: Tensor, T: int) -> Tensor:
-    """The causal mask applied to logits or an additive bias (broadcast to ``[..., T, T]``).
-
-    ``torch.where`` with the dtype's smallest finite value rather than adding ``-inf``: a padded query row whose
-    every visible key is padding stays finite (uniform), where ``-inf`` would give NaN.
-    """
+    """The causal mask applied to logits or an additive bias (broadcast to ``[..., T, T]``), with the dtype's smallest
+    finite value rather than ``-inf``, so a padded row with no visible real key stays finite, not NaN."""
     future = future_mask(T, scores_or_bias.device)
     return torch.where(future, torch.finfo(scores_or_bias.dtype).min, scores_or_bias)
 
@@ -63,14 +50,10 @@ def hide_future(scores_or_bias: Tensor, T: int) -> Tensor:
 def clipped_softmax(scores: Tensor, gamma: float, zeta: float, dim: int = -1) -> Tensor:
     """Clipped softmax of Bondarenko et al. (2023), §4.1: ``clip((ζ - γ)·softmax(x) + γ, 0, 1)``.
 
-    The softmax is stretched from (0, 1) to (γ, ζ) and clipped back to [0, 1]; γ = 0, ζ = 1 is the
-    plain softmax. Where the stretched value leaves [0, 1] the result is exactly 0 or 1 and its gradient
-    is zero — that is the point: a probability that is already clipped stops pulling its logit towards
-    ±∞. Their BERT setting is γ = -0.025, ζ = 1 at sequence length T = 128 (α = -γ·T = 3.2); for OPT they
-    state γ = -α/T with α = 12 at T = 512 (github.com/qualcomm-ai-research/outlier-free-transformers, the
-    bert/opt clipped-softmax scripts). Keeping their BERT α at another length: γ = -3.2/T.
-
-    Rows no longer sum to one in general; that is part of the method.
+    The softmax is stretched to (γ, ζ) and clipped to [0, 1] (γ = 0, ζ = 1 is softmax); a clipped value is exactly 0 or
+    1 with zero gradient, so it stops pulling its logit towards ±∞.  Their BERT setting: γ = -0.025, ζ = 1 at T = 128 (α
+    = -γ·T = 3.2); for OPT γ = -α/T with α = 12 at T = 512 (github.com/qualcomm-ai-research/outlier-free-transformers).
+    Keeping their BERT α at another length: γ = -3.2/T.  Rows need not sum to one.
     """
     return ((zeta - gamma) * scores.softmax(dim=dim) + gamma).clamp(0.0, 1.0)
 
@@ -78,12 +61,11 @@ def clipped_softmax(scores: Tensor, gamma: float, zeta: float, dim: int = -1) ->
 class HeadGate(nn.Module):
     """Per-head sigmoid gate of gated attention (Bondarenko et al. 2023, §4.2).
 
-    ``gate_h(x_t) = sigmoid(G_h(x_t))`` multiplies head ``h``'s output at token ``t``. ``G`` is (config
-    ``gate``): ``linear`` — per head, a linear map of that head's slice ``x_t[h·d_h:(h+1)·d_h]`` of the
-    input (``n_heads·(d_h + 1)`` parameters; their OPT recipe); ``mlp`` — per head, a one-hidden-layer ReLU
-    MLP of the same slice, width ``gate_hidden`` (default ``d_h // 4``; their BERT recipe and our default);
-    ``all_heads_linear`` — one linear map of the full ``x_t`` to all heads. The output bias starts at ``gate_bias_init``, so the initial gate is
-    ``sigmoid(gate_bias_init)`` (the paper's π_init).
+    ``gate_h(x_t) = sigmoid(G_h(x_t))`` multiplies head ``h``'s output at token ``t``; ``G`` (config ``gate``):
+    ``linear`` — per head, a linear map of the head's slice ``x_t[h·d_h:(h+1)·d_h]`` (their OPT recipe); ``mlp`` — per
+    head, a one-hidden-layer ReLU MLP of that slice, width ``gate_hidden`` (default ``d_h // 4``; their BERT recipe, our
+    default); ``all_heads_linear`` — one map of the full ``x_t``.  The initial gate is ``sigmoid(gate_bias_init)``
+    (their π_init).
     """
 
     def __init__(self, config: EncoderConfig) -> None:

@@ -1,10 +1,8 @@
 """Transformer blocks of the encoder: RoBERTa's (post- or pre-LN) and the Outlier-Protected block.
 
-Module names follow ``transformers.RobertaLayer`` (``attention.self``, ``attention.output.dense``,
-``attention.output.LayerNorm``, ``intermediate.dense``, ``output.dense``, ``output.LayerNorm``) in every
-variant, so hooks written for RoBERTa (``layer.output.dense`` = FFN output) keep working and the default
-block's state dict is unchanged. ``Layer.sites`` names the activations the outlier literature
-measures, per variant.
+Module names follow ``transformers.RobertaLayer`` in every variant, so RoBERTa hooks (``layer.output.dense`` = FFN
+output) keep working and the default state dict is unchanged.  ``Layer.sites`` names the activations the outlier
+literature measures.
 
 Post-LN (RoBERTa; Liu et al. 2019), with ``f`` the attention or FFN sublayer::
 
@@ -14,22 +12,20 @@ Pre-LN (Xiong et al. 2020, "On Layer Normalization in the Transformer Architectu
 
     x ← x + f(LN(x))            … and one more LN after the last block (in the encoder)
 
-Here each sublayer keeps its RoBERTa-named norm: ``attention.output.LayerNorm`` normalises the input of
-the attention, ``output.LayerNorm`` the input of the FFN.
+each sublayer keeping its RoBERTa-named norm (``attention.output.LayerNorm`` before attention, ``output.LayerNorm``
+before the FFN).
 
-Outlier-Protected block (He, Noci, Paliotta, Schlag & Hofmann 2024, "Understanding and Minimising
-Outlier Features in Transformer Training", NeurIPS 2024, §4 and their Fig. 3)::
+Outlier-Protected block (He, Noci, Paliotta, Schlag & Hofmann 2024, "Understanding and Minimising Outlier Features in
+Transformer Training", NeurIPS 2024, §4 and Fig. 3)::
 
     x ← x + β_SA · W_O · MHA(x)      with  A = softmax(N(x W_Q) N(x W_K)ᵀ / √d_h)   (QK-norm)
     x ← x + β_FF · W_2 · GELU(W_1 x)
 
-with no normalisation in either residual branch, the entropy-regulation mechanism being the
-normalisation N of queries and keys (per head; RMSNorm with a gain, their ``qk_norm_type``), and scalars
-β < 1 down-weighting the branches against the skip, which they show restores signal propagation without
-norms. As in their configuration (github.com/bobby-he/simplified_transformers, ``config/model/op.yaml``):
-β = 0.2 at 12 layers, scaled as 1/√depth (``op_beta`` overrides it), fixed rather than learned
-(``op_beta_trainable`` is their optional variant). Their optional scaling of the MLP input is not used. The embeddings LayerNorm and the MLM head's
-LayerNorm are not in a residual branch and are kept, so the stream starts at unit scale as in RoBERTa.
+No normalisation in the residual branches; entropy is regulated by the per-head RMSNorm N of queries and keys, and β < 1
+down-weights the branches to restore signal propagation.  As their configuration
+(github.com/bobby-he/simplified_transformers, ``config/model/op.yaml``): β = 0.2 at 12 layers scaled as 1/√depth, fixed
+(``op_beta``, ``op_beta_trainable`` override); no MLP-input scaling.  The embeddings and MLM-head LayerNorms are outside
+the branches and kept.
 """
 
 from __future__ import annotations
@@ -115,14 +111,10 @@ class Layer(nn.Module):
         return self.residual_out(out(self.intermediate(x), x)), probs
 
     def sites(self) -> dict[str, Site]:
-        """Activations by name (Bondarenko et al. 2023 measure the inf-norm at these).
-
-        ``ffn_output`` — the FFN's down-projection output (before dropout); ``residual`` — the stream
-        this block outputs; post-LN only: ``ln_input`` — residual + FFN output, the input of the output
-        LayerNorm, and ``ln_output`` — that LayerNorm's output (= ``residual``). In a pre-LN block the sum
-        after the FFN is not normalised inside the block, so ``ln_input`` is the block output and there
-        is no ``ln_output``.
-        """
+        """Activations by name (Bondarenko et al. 2023 measure the inf-norm at these): ``ffn_output`` (the FFN's
+        down-projection, before dropout), ``residual`` (the block's output) and, post-LN only, ``ln_input`` (the output
+        LayerNorm's input) and ``ln_output`` (= ``residual``).  Pre-LN: ``ln_input`` is the block output, no
+        ``ln_output``."""
         sites: dict[str, Site] = {"ffn_output": (self.output.dense, "output"),
                                   "residual": (self.residual_out, "output")}
         if self.pre_norm:

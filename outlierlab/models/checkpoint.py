@@ -1,9 +1,7 @@
 """Reading a ``train.py`` checkpoint file — the one place that knows how.
 
-Lightning's ``load_from_checkpoint`` would rebuild the whole ``MLMModule``
-(optimizer settings, data hyper-parameters) and import Lightning into ``outlierlab/models/``, which stays plain torch so
-that ``probe.py``/``evaluate.py``/post-hoc analysis can read a run without a trainer; what they need is the
-checkpoint dict (``state_dict``, ``hyper_parameters['model']``, ``global_step``, the callbacks' state).
+Lightning's ``load_from_checkpoint`` would rebuild the whole module and import Lightning into ``outlierlab/models/``,
+which stays plain torch so probe.py/evaluate.py/post-hoc read a run without a trainer from the checkpoint dict.
 """
 
 from __future__ import annotations
@@ -20,23 +18,11 @@ __all__ = ["read_checkpoint", "model_from_checkpoint"]
 
 
 def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """The checkpoint dict of ``path``, on CPU.
+    """The checkpoint dict of ``path``, on CPU (``mmap``: tensors read lazily).
 
-    Parameters
-    ----------
-    path : a ``.ckpt`` file written by Lightning.
-    mmap : read tensors lazily (a cheap look at ``global_step``; a truncated zip fails at once).
-
-    Raises
-    ------
-    ValueError
-        One line naming the file, when it cannot be read (truncated, not a checkpoint).
-
-    Notes
-    -----
-    The safe unpickler (``weights_only=True``) is tried first; the project's own runs may store plain Python
-    objects in ``hyper_parameters`` (omegaconf containers) that it refuses, so a full unpickle follows —
-    only ever for a file the user pointed at.
+    ValueError (one line naming the file) when it cannot be read.  The safe unpickler (``weights_only=True``) is tried
+    first; our runs may store omegaconf containers in ``hyper_parameters``, so a full unpickle follows, only for a file
+    the user pointed at.
     """
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -48,14 +34,8 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
 
 
 def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path = "checkpoint") -> RobertaMaskedLM:
-    """The encoder of a ``train.py`` checkpoint dict: built from ``hyper_parameters['model']``, weights from the
-    ``model.``-prefixed ``state_dict`` entries (the LightningModule's ``self.model``), in train mode.
-
-    Raises
-    ------
-    ValueError
-        One line naming ``where`` when the checkpoint was not written by ``train.py``.
-    """
+    """The encoder of a ``train.py`` checkpoint dict, built from ``hyper_parameters['model']`` with the
+    ``model.``-prefixed weights, in train mode; ValueError naming ``where`` for another writer's checkpoint."""
     hp = ckpt.get("hyper_parameters") or {}
     if "model" not in hp:
         raise ValueError(f"{where} was not written by train.py (no hyper_parameters['model'])")

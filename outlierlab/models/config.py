@@ -1,8 +1,8 @@
-"""Configuration of the RoBERTa encoder (Liu et al. 2019) with a pluggable position scheme
-and architecture switches against outlier features (see docs/architectures.md).
+"""Configuration of the RoBERTa encoder (Liu et al. 2019) with a pluggable position scheme and architecture switches
+against outlier features (see docs/architectures.md).
 
-A plain dataclass so that Hydra can build it with ``_target_`` and it can be saved
-as JSON next to the weights. The defaults are plain post-LayerNorm RoBERTa.
+A plain dataclass, built by Hydra with ``_target_`` and saved as JSON next to the weights.  The defaults are
+post-LayerNorm RoBERTa, so a config saved without the switches loads into the same model.
 """
 
 from __future__ import annotations
@@ -30,65 +30,34 @@ POS_OPTION_DEFAULTS = {"init": "normal", "init_scale": 1.0}
 class EncoderConfig:
     """Architecture of a post-LayerNorm RoBERTa encoder.
 
-    Parameters
-    ----------
-    vocab_size : int
-        Size of the token vocabulary (set from the tokenizer at run time).
-    hidden_size, num_layers, num_heads, intermediate_size : int
-        Transformer dimensions (paper Table 4, RoBERTa-base: 768, 12, 12, 3072).
-    dropout, attention_dropout : float
-        Dropout on hidden states and on attention probabilities.
-    max_len : int
-        Longest sequence the model accepts, in tokens including ``<s>`` and ``</s>``.
-        Learned positions follow RoBERTa and allocate ``max_len + 2`` rows because
-        position ids start after ``pad_token_id``.
-    pos : dict
-        Position scheme: ``{"name": <registered scheme>, **options}``; see
-        ``outlierlab.models.positions``.
-    norm_placement : {"post", "pre"}
-        ``post``: RoBERTa, ``x = LN(x + f(x))``; ``pre``: ``x = x + f(LN(x))`` and a final
-        LayerNorm after the last block (Xiong et al. 2020).
-    norm : {"layernorm", "layernorm_noaffine", "rmsnorm"}
-        Kind of every normalisation layer of the encoder body (``outlierlab.models.norms``); the MLM head
-        keeps RoBERTa's affine LayerNorm.
-    attention : {"softmax", "clipped_softmax", "gated"}
-        Attention probabilities: softmax; clipped softmax ``clip((ζ-γ)·softmax + γ, 0, 1)``; or softmax
-        attention whose per-head output is multiplied by a sigmoid gate of the token's input
-        (Bondarenko et al. 2023; ``outlierlab.models.attention``).
-    block : {"roberta", "op"}
-        ``roberta``: the block chosen by ``norm_placement``; ``op``: the Outlier-Protected block of
-        He et al. (2024) — no normalisation in the residual branches, QK-norm, down-scaled branches.
-    clip_gamma, clip_zeta : float
-        γ ≤ 0 and ζ ≥ 1 of the clipped softmax. Bondarenko et al.'s BERT setting is γ = -0.025, ζ = 1 at
-        sequence length T = 128 (their BERT script); for OPT they scale γ with the length, γ = -α/T
-        (α = 12 at T = 512). The BERT value is α = 3.2, i.e. γ = -0.05 at T = 64.
-    gate : {"linear", "mlp", "all_heads_linear"}
-        Gating function of gated attention (Bondarenko et al. 2023, §4.2): per head a one-hidden-layer
-        ReLU MLP (their BERT recipe, the default) or a linear map (their OPT recipe) of that head's slice
-        of the input, or one linear map of the full input to all heads.
-    gate_hidden : int or None
-        Hidden width of the ``mlp`` gate; None: ``head_dim // 4``, as their code does.
-    gate_bias_init : float
-        Initial bias of the gate logits; the initial gate value is ``sigmoid(gate_bias_init)``
-        (the paper's π_init; 0 gives 0.5).
-    op_beta : float or None
-        The scalar β that scales the OP block's residual branches, ``x + β·f(x)``. None: He et al.'s
-        depth rule, 0.2 at 12 layers scaled as 1/√depth, i.e. ``0.2·√(12/num_layers)`` (their
-        ``resid_gain`` 0.2 "O(1/sqrt(depth))").
-    causal : bool
-        ``False``: a bidirectional encoder (the masked-LM objective). ``True``: every token attends only to
-        itself and the tokens before it -- the decoder of the causal-LM objective (``objective=clm``; Radford
-        et al. 2019; Haviv et al. 2022), with the same blocks, schemes and switches. How each position scheme
-        reads under the causal mask: docs/architectures.md.
-    op_beta_trainable : bool
-        Learn β (one scalar per branch and layer). Off, as in He et al.'s configuration, where trainable
-        gains are an option they leave off: a learned β can grow back and undo the down-scaling.
-    vocab_multiple : int
-        Rows of the token embedding (and columns of the tied LM head) rounded up to a multiple of this
-        (nanoGPT's 50,257 -> 50,304; RoBERTa's 50,265 -> 50,304 at 64), so the two largest matmuls of a
-        base-size model get GPU-friendly shapes. Exact: the padded classes' logits are -inf (a -inf bias), so
-        the loss and every gradient equal the unpadded model's, the padded rows get no gradient, and the
-        ``logits`` returned are the real vocabulary's; exports drop the padded rows. 1 (the default): none.
+    vocab_size : token vocabulary (set from the tokenizer at run time).
+    hidden_size, num_layers, num_heads, intermediate_size : paper Table 4, RoBERTa-base: 768, 12, 12, 3072.
+    dropout, attention_dropout : on hidden states and on attention probabilities.
+    max_len : longest sequence in tokens, ``<s>`` and ``</s>`` included (learned positions allocate ``max_len + 2``
+        rows, RoBERTa's ids starting after ``pad_token_id``).
+    pos : ``{"name": <registered scheme>, **options}`` (``outlierlab.models.positions``).
+    norm_placement : ``post`` (RoBERTa, ``x = LN(x + f(x))``) or ``pre`` (``x = x + f(LN(x))`` and a final LayerNorm;
+        Xiong et al. 2020).
+    norm : ``layernorm``, ``layernorm_noaffine`` or ``rmsnorm`` for the body (``outlierlab.models.norms``); the MLM
+        head keeps RoBERTa's affine LayerNorm.
+    attention : ``softmax``; ``clipped_softmax`` ``clip((ζ-γ)·softmax + γ, 0, 1)``; or ``gated``, each head's output
+        times a sigmoid gate of the token's input (Bondarenko et al. 2023; ``outlierlab.models.attention``).
+    block : ``roberta`` (per ``norm_placement``) or ``op``, the Outlier-Protected block of He et al. (2024): no norms
+        in the residual branches, QK-norm, down-scaled branches.
+    clip_gamma, clip_zeta : γ ≤ 0 and ζ ≥ 1.  Bondarenko et al.: γ = -0.025, ζ = 1 at T = 128 for BERT; γ = -α/T for
+        OPT (α = 12 at T = 512).  The BERT value is α = 3.2, i.e. γ = -0.05 at T = 64.
+    gate : ``mlp`` (per head, a one-hidden-layer ReLU MLP of the head's input slice: their BERT recipe, the default),
+        ``linear`` (their OPT recipe) or ``all_heads_linear`` (one map of the full input); Bondarenko et al. §4.2.
+    gate_hidden : the ``mlp`` gate's width; None: ``head_dim // 4``, as their code.
+    gate_bias_init : initial gate-logit bias; the initial gate is ``sigmoid(gate_bias_init)`` (their π_init).
+    op_beta : the β of the OP block's ``x + β·f(x)``; None: He et al.'s ``0.2·√(12/num_layers)`` (their
+        ``resid_gain`` 0.2, "O(1/sqrt(depth))").
+    causal : each token attends to itself and earlier tokens only: the decoder of ``objective=clm`` (Radford et al.
+        2019; Haviv et al. 2022), same blocks and switches; docs/architectures.md.
+    op_beta_trainable : learn β per branch and layer (off, as He et al.: a learned β can undo the down-scaling).
+    vocab_multiple : round the embedding rows (and tied head columns) up to a multiple of this (RoBERTa's 50,265 ->
+        50,304 at 64) for GPU-friendly shapes.  Exact: padded logits are -inf, so loss and gradients equal the unpadded
+        model's, and returned ``logits`` and exports cover the real vocabulary.  1: none.
     """
 
     vocab_size: int = 8192

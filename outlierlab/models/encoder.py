@@ -1,16 +1,10 @@
 """RoBERTa encoder with a pluggable position scheme, architecture switches, and its masked-LM head.
 
-By default post-LayerNorm blocks as in RoBERTa (Liu et al. 2019): an embeddings LayerNorm, and per
-layer an attention-output LayerNorm and an output LayerNorm — the LayerNorms whose gain
-and bias the outlier literature tracks (Kovaleva et al. 2021; Puccetti et al. 2022).
-The switches of ``EncoderConfig`` (norm placement, norm kind, attention kind, the
-Outlier-Protected block) live in ``outlierlab.models.norms``, ``outlierlab.models.attention`` and
-``outlierlab.models.blocks``; docs/architectures.md describes them.
-
-Written here rather than taken from transformers because transformers 5 dropped relative
-positions from RoBERTa and never had "no positions" (see docs/design.md). Parameter names are
-those of ``transformers.RobertaForMaskedLM`` so learned/none models export unchanged
-(``outlierlab.models.export``).
+By default post-LayerNorm blocks as in RoBERTa (Liu et al. 2019), whose LayerNorm gains and biases the outlier
+literature tracks (Kovaleva et al. 2021; Puccetti et al. 2022).  The switches of ``EncoderConfig`` live in ``norms``,
+``attention`` and ``blocks`` (docs/architectures.md).  Our own code because transformers 5 dropped relative positions
+from RoBERTa and never had "no positions" (docs/design.md); parameter names are ``transformers.RobertaForMaskedLM``'s,
+so learned/none models export unchanged.
 """
 
 from __future__ import annotations
@@ -211,18 +205,12 @@ class RobertaMaskedLM(nn.Module):
     ) -> MaskedLMOutput:
         """Encoder + MLM head; with ``labels`` (-100 = not predicted) also the mean cross-entropy.
 
-        With ``labels`` the head runs only at the labelled (masked) positions, as fairseq's RoBERTa does
-        (``masked_tokens`` in its ``RobertaLMHead``): at 15 % masking the head's dense, LayerNorm and the
-        ``[·, V]`` vocabulary projection -- more than half the FLOPs of a small model -- cost 0.15x, and no
-        full ``[B·T, V]`` fp32 logit tensor is made. Loss and gradients equal those of the full head
-        (tests/test_masked_head.py). ``logits`` are then ``[N, V]`` at ``masked_positions`` (flat indices
-        into ``B·T``), which the caller may pass precomputed: computing them from ``labels`` on a GPU waits
-        for the device (``nonzero``), so the training module computes them on the host before the batch
-        moves. ``full_logits=True`` (or no ``labels``) gives ``[B, T, V]`` as before.
-
-        ``masked_positions`` without ``labels``: the head at those positions alone, ``logits`` ``[N, V]`` and no
-        loss -- the scored rows of the evaluation analyses (``outlierlab.metrics.scored_rows.logits_at``
-        does the same for a Hugging Face head), for either objective.
+        With ``labels`` the head runs only at the labelled positions, as fairseq's ``masked_tokens``: at 15 % masking
+        the head (more than half a small model's FLOPs) costs 0.15x and no ``[B·T, V]`` logits are made; loss and
+        gradients are the full head's (tests/test_masked_head.py).  ``logits`` are then ``[N, V]`` at
+        ``masked_positions`` (flat indices into ``B·T``), which the caller may precompute on the host (``nonzero`` on a
+        GPU waits for the device). ``full_logits=True`` (or no ``labels``) gives ``[B, T, V]``.  ``masked_positions``
+        without ``labels``: those rows' logits and no loss, for either objective.
         """
         out = self.roberta(input_ids, attention_mask, output_hidden_states, output_attentions)
         decoder = self.roberta.embeddings.word_embeddings.weight
@@ -255,13 +243,11 @@ class RobertaMaskedLM(nn.Module):
 
     def _next_token_loss(self, out: EncoderOutput, hidden: Tensor, decoder: Tensor, labels: Tensor,
                          full_logits: bool) -> MaskedLMOutput:
-        """Causal-LM loss: the vector at position ``t`` predicts ``labels[t + 1]`` (Radford et al. 2019).
+        """Causal-LM loss: position ``t`` predicts ``labels[t + 1]`` (Radford et al. 2019).
 
-        ``labels`` are the input ids with padding (and anything else not to predict) set to -100, unshifted,
-        as transformers' causal LMs take them; the shift happens here. The head runs on positions ``0..T-2``
-        only (the last position has no next token in the block), so ``logits`` are ``[B, T-1, V]``, or
-        ``[B, T, V]`` with ``full_logits``. The loss is the mean over the predicted tokens (sum / max(N, 1): a
-        batch with nothing to predict gives 0, not NaN, and N stays on the device -- no host sync).
+        ``labels`` are unshifted input ids with -100 where not predicted; the head runs on positions ``0..T-2``, so
+        ``logits`` are ``[B, T-1, V]`` (``[B, T, V]`` with ``full_logits``).  Mean over predicted tokens, sum / max(N,
+        1): nothing to predict gives 0, not NaN, without a host sync.
         """
         logits = self.lm_head(hidden if full_logits else hidden[:, :-1], decoder)
         shifted = logits[:, :-1] if full_logits else logits
@@ -272,14 +258,10 @@ class RobertaMaskedLM(nn.Module):
         return MaskedLMOutput(loss, self._vocab(logits), out.hidden_states, out.attentions)
 
     def named_layernorms(self) -> dict[str, nn.Module]:
-        """The encoder's normalisation layers on the residual stream, in depth order — the single list
-        the LayerNorm monitor, rule and ablation read: ``embeddings``, then per layer
-        ``layer.{i}.attention_output`` and ``layer.{i}.output``, then ``final`` (pre-LN only).
-
-        Whatever norms exist are returned (``nn.LayerNorm``, also without gain/bias, or ``nn.RMSNorm``
-        with a gain only); the Outlier-Protected block has none in its layers, so only ``embeddings``.
-        QK-norms and the MLM head's LayerNorm are not listed.
-        """
+        """The normalisation layers on the residual stream, in depth order — the one list the LayerNorm monitor, rule
+        and ablation read: ``embeddings``, per layer ``layer.{i}.attention_output`` and ``layer.{i}.output``, then
+        ``final`` (pre-LN).  Whatever norms exist are listed (the OP block has none in its layers); QK-norms and the
+        head's LayerNorm are not."""
         lns: dict[str, nn.Module] = {"embeddings": self.roberta.embeddings.LayerNorm}
         for i, layer in enumerate(self.roberta.encoder.layer):
             for key, norm in (("attention_output", layer.attention.output.LayerNorm),

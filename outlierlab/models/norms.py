@@ -1,15 +1,11 @@
 """The normalisation layers the ``model.norm`` switch chooses between.
 
-* ``layernorm`` — LayerNorm with a gain and a bias per dim (Ba et al. 2016), RoBERTa's choice and the
-  parameters whose 3σ dims Kovaleva et al. (2021) and Puccetti et al. (2022) track;
-* ``layernorm_noaffine`` — the same normalisation without gain and bias, so there is no per-dim
-  parameter that can grow an outlier (He et al. 2024 still find outlier features with gain-free norms);
-* ``rmsnorm`` — RMSNorm (Zhang & Sennrich 2019): ``y = x / sqrt(mean(x²) + eps) * g``, no centring,
-  no bias.
+* ``layernorm`` — gain and bias per dim (Ba et al. 2016), RoBERTa's, whose 3σ dims Kovaleva et al. (2021) and
+  Puccetti et al. (2022) track;
+* ``layernorm_noaffine`` — no per-dim parameter to grow an outlier (He et al. 2024 still find outlier features);
+* ``rmsnorm`` — RMSNorm (Zhang & Sennrich 2019): ``y = x / sqrt(mean(x²) + eps) * g``, no centring, no bias.
 
-All are torch's own modules (``nn.LayerNorm``, ``nn.RMSNorm``), so the LayerNorm monitor reads
-``weight``/``bias`` the same way for each (``bias`` is ``None`` for RMSNorm, both are ``None`` for
-the no-affine LayerNorm).
+torch's own modules, so the monitor reads ``weight``/``bias`` alike (``None`` where absent).
 """
 
 from __future__ import annotations
@@ -23,13 +19,7 @@ NORM_TYPES = (nn.LayerNorm, nn.RMSNorm)
 
 
 def make_norm(kind: str, dim: int, eps: float) -> nn.Module:
-    """A normalisation layer of ``kind`` (see ``NORM_KINDS``) over the last ``dim`` features.
-
-    Raises
-    ------
-    ValueError
-        ``kind`` is not one of ``NORM_KINDS``.
-    """
+    """A normalisation layer of ``kind`` (``NORM_KINDS``, else ValueError) over the last ``dim`` features."""
     if kind == "layernorm":
         return nn.LayerNorm(dim, eps=eps)
     if kind == "layernorm_noaffine":

@@ -47,10 +47,9 @@ class _States(Mapping):
 class SplitOptimizer(torch.optim.Optimizer):
     """Several optimizers over disjoint parameter groups, stepped together as one optimizer.
 
-    The parameter groups are the inner optimizers' own dicts, so an LR scheduler that scales ``param_groups`` scales
-    every inner optimizer; ``state`` is a view of their states (Lightning moves it between devices); the state dict
-    has torch's format over all groups in order, with ``split`` recording how many groups each inner optimizer owns,
-    so a checkpoint restores each inner optimizer's state exactly.
+    ``param_groups`` are the inner optimizers' own dicts (a scheduler scales them all); ``state`` is a view of their
+    states; the state dict has torch's format over all groups, with ``split`` recording each optimizer's share, so a
+    checkpoint restores each exactly.
     """
 
     def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
@@ -98,23 +97,15 @@ class SplitOptimizer(torch.optim.Optimizer):
 
 
 class MuonWithAdamW(SplitOptimizer):
-    """Muon (Jordan et al. 2024; ``torch.optim.Muon``) on the transformer blocks' 2-D weight matrices, AdamW on
-    everything else (embeddings, position tables, norms, biases, the LM head) -- the split Muon's authors prescribe.
+    """Muon (Jordan et al. 2024; ``torch.optim.Muon``) on the blocks' 2-D weight matrices, AdamW on everything else
+    (embeddings, position tables, norms, biases, LM head) -- the split Muon's authors prescribe.
 
-    Parameters
-    ----------
-    params : list of dict
-        The parameter groups (``outlierlab.lightning_modules.mlm_module.weight_decay_groups``); each group's own
-        ``weight_decay`` (0 for the exempt group) holds for both parts.
-    matrices : list of Tensor
-        The parameters Muon updates (``hidden_matrices``); every other parameter goes to AdamW.
-    lr : float
-        The peak rate of both parts. With ``adjust_lr_fn="match_rms_adamw"`` (Liu et al. 2025, "Muon is Scalable for
-        LLM Training") Muon's update is rescaled to AdamW's RMS (0.2 sqrt(max(A, B))), so AdamW's rate serves both.
-    betas, eps, weight_decay : AdamW's settings (``weight_decay`` is Muon's too).
-    momentum, nesterov, ns_steps, adjust_lr_fn : Muon's (torch's defaults but the rate rule).
-    fused : bool, optional
-        AdamW's fused kernel for its part (CUDA).
+    params : parameter groups (``weight_decay_groups``); each group's ``weight_decay`` holds for both parts.
+    matrices : the parameters Muon updates (``hidden_matrices``); the rest go to AdamW.
+    lr : both parts' peak rate; with ``adjust_lr_fn="match_rms_adamw"`` (Liu et al. 2025, "Muon is Scalable for LLM
+        Training") Muon's update is rescaled to AdamW's RMS (0.2 sqrt(max(A, B))), so one rate serves both.
+    betas, eps, weight_decay : AdamW's (``weight_decay`` is Muon's too); momentum, nesterov, ns_steps, adjust_lr_fn :
+        Muon's (torch's defaults but the rate rule); fused : AdamW's fused kernel (CUDA).
     """
 
     needs_matrices = True
@@ -178,8 +169,3 @@ def can_fuse(factory: Callable[..., torch.optim.Optimizer]) -> bool:
     """Whether the factory's optimizer has a fused kernel to ask for (AdamW/Adam, or Muon's AdamW part)."""
     target = getattr(factory, "func", factory)
     return (target in FUSABLE or target is MuonWithAdamW) and "fused" not in getattr(factory, "keywords", {})
-
-
-def optimizer_name(target: str | None) -> str | None:
-    """The name a run's card and ``finished.json`` give its optimizer: the class of its ``_target_``."""
-    return None if not target else str(target).rsplit(".", 1)[-1]

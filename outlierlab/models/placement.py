@@ -1,17 +1,12 @@
-"""Loading a Hugging Face model — the one place that calls ``from_pretrained`` for weights — and its precision
-and placement: ``encoder.dtype``, ``encoder.device_map``, ``encoder.revision``.
+"""Loading a Hugging Face model — the one place that calls ``from_pretrained`` for weights — and its precision and
+placement: ``encoder.dtype``, ``encoder.device_map``, ``encoder.revision``.
 
     load_hf_model(source, "bfloat16", "auto")   # accelerate spreads the layers over every GPU, then CPU memory
 
-``dtype="auto"`` keeps the checkpoint's own (``from_pretrained(dtype="auto")``: Pythia float16, most Llama-style
-hubs bfloat16).  A ``device_map`` mapping places modules by hand; entries set to ``"disk"`` are offloaded
-(accelerate keeps their weights on the ``meta`` device and reads them for each forward — from the safetensors
-file itself, or from ``offload_folder``).  The statistics downstream accumulate in float64 whatever the dtype.
-
-``lm_head=True`` loads the model WITH its own LM head (``AutoModelForMaskedLM`` for encoders,
-``AutoModelForCausalLM`` for decoders: ``outlierlab.models.families.causal_or_masked``), whose body is the
-very module ``AutoModel`` would give: the frozen encoder runs the body and the MLM analyses the head, one copy
-of the weights.
+``dtype="auto"`` keeps the checkpoint's own.  A ``device_map`` mapping places modules by hand; ``"disk"`` entries are
+offloaded (weights on the ``meta`` device, read per forward from the safetensors file or ``offload_folder``). Statistics
+downstream accumulate in float64 whatever the dtype.  ``lm_head=True`` loads the model WITH its own LM head
+(``families.causal_or_masked``), whose body is the module ``AutoModel`` would give: one copy of the weights.
 """
 
 from __future__ import annotations
@@ -38,14 +33,9 @@ def torch_dtype(name: str):
 
 @dataclass
 class HFModel:
-    """What ``load_hf_model`` loaded.
-
-    body : the encoder/decoder body (``AutoModel``'s module), what the frozen encoder runs
-    lm : the same weights under the model's own LM head; None without ``lm_head=True`` or when the checkpoint
-        has no head (``no_head_reason`` says why: its random initialisation is not used)
-    objective : ``masked_lm`` or ``next_token``; None without ``lm_head=True`` (the head was not asked for)
-    offload_folder : where ``"disk"`` entries of the ``device_map`` keep their weights
-    """
+    """What ``load_hf_model`` loaded: ``body`` (``AutoModel``'s module, what the frozen encoder runs), ``lm`` (the same
+    weights under its own LM head; None without ``lm_head=True`` or without head weights, ``no_head_reason`` saying
+    why), ``objective`` (``masked_lm``/``next_token``; None without ``lm_head``) and ``offload_folder``."""
 
     body: nn.Module
     lm: nn.Module | None = None
@@ -63,9 +53,8 @@ def missing_head_keys(model: nn.Module, loading_info: dict) -> list[str]:
 
 def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None, offload_folder: str | None = None,
                   lm_head: bool = False) -> HFModel:
-    """The model at ``src.revision`` in ``dtype``, placed by ``device_map``; with ``lm_head`` its LM-head class.
-
-    A missing model or revision is one ``EncoderUnavailableError`` line."""
+    """The model at ``src.revision`` in ``dtype``, placed by ``device_map``; with ``lm_head`` its LM-head class.  A
+    missing model or revision is one ``EncoderUnavailableError`` line."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
     from transformers.utils import logging as hf_logging
 
@@ -110,12 +99,9 @@ def load_hf_model(src: EncoderSource, dtype: str = "float32", device_map=None, o
 
 @contextmanager
 def eager_attention(model: nn.Module):
-    """Run ``model`` with eager attention inside the block, then with its own again.
-
-    Only eager attention returns attention probabilities, and the MLM analyses have always scored with it;
-    the frozen encoder keeps SDPA (faster) on the same weights.  Switching is a config flag in transformers
-    (``set_attn_implementation``).  A model that cannot switch (DeBERTa, MPNet) only has eager attention;
-    our own model takes ``output_attentions`` on its eager path and has no such flag."""
+    """Run ``model`` with eager attention inside the block, then with its own again: only eager attention returns
+    probabilities, while the frozen encoder keeps SDPA on the same weights (``set_attn_implementation``).  A model that
+    cannot switch (DeBERTa, MPNet) is eager only; ours takes ``output_attentions`` on its eager path."""
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
     can = getattr(model, "_can_set_attn_implementation", None)

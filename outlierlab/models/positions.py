@@ -1,20 +1,13 @@
 """Position schemes as plug-ins behind one registry.
 
-A scheme contributes at most two things:
+A scheme contributes at most an *input* module added to the token embeddings before the embeddings LayerNorm
+(``learned``, ``sinusoidal``; ``module(position_ids, attention_mask)``) and a per-layer *attention* module that may
+rotate q/k and/or bias the scaled logits (``relative``, ``rope``, ``alibi``; ``module(q, k, position_ids) -> (q, k,
+bias)``, ``q, k`` ``[B, H, T, Dh]``).
 
-* an *input* module, added to the token embeddings before the embeddings LayerNorm
-  (absolute schemes: ``learned``, ``sinusoidal``), called as ``module(position_ids, attention_mask)``;
-* a per-layer *attention* module that may rotate queries/keys and/or return an additive
-  bias on the scaled attention logits (``relative``, ``rope``, ``alibi``), called as
-  ``module(q, k, position_ids) -> (q, k, bias)`` with ``q, k`` of shape ``[B, H, T, Dh]``.
-
-``position_ids`` are 0-based indices of each token among the non-padding tokens of its
-row (the first token, ``<s>``, has position 0). The ``learned`` scheme converts them to
-RoBERTa's convention (``padding_idx + 1 + position``) so that its table loads in Hugging
-Face's ``RobertaModel`` unchanged.
-
-The names in ``POSITION_SCHEMES`` must match the files in ``configs/pos/``; a test
-checks it, and the entry points validate ``pos=`` against those files before importing torch.
+``position_ids`` are 0-based among each row's non-padding tokens (``<s>`` = 0); ``learned`` converts them to RoBERTa's
+``padding_idx + 1 + position`` so its table loads in ``RobertaModel``.  ``POSITION_SCHEMES`` must match ``configs/pos/``
+(a test checks; entry points validate ``pos=`` before importing torch).
 """
 
 from __future__ import annotations
@@ -36,12 +29,9 @@ LEARNED_INITS = ("normal", "sinusoidal")
 
 
 class LearnedPositionEmbedding(nn.Embedding):
-    """Learned absolute positions, RoBERTa convention (Liu et al. 2019; Devlin et al. 2019).
-
-    Row ``padding_idx`` belongs to padding; token ``t`` (0-based) uses row ``padding_idx + 1 + t``,
-    hence ``max_len + padding_idx + 1`` rows. Same as ``create_position_ids_from_input_ids`` in
-    transformers for right- or left-padded input.
-    """
+    """Learned absolute positions, RoBERTa convention (Liu et al. 2019; Devlin et al. 2019): token ``t`` uses row
+    ``padding_idx + 1 + t`` (``max_len + padding_idx + 1`` rows), as transformers'
+    ``create_position_ids_from_input_ids``."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__(
@@ -57,11 +47,9 @@ class LearnedPositionEmbedding(nn.Embedding):
         # default init draws exactly the random numbers of the plain N(0, std²) table (seeded runs unchanged).
 
     def reset_parameters(self) -> None:
-        """The table's initial values (``pos.init``, ``pos.init_scale``): ``normal`` is BERT/RoBERTa's
-        N(0, (initializer_range·init_scale)²); ``sinusoidal`` starts the *learned* table at Vaswani et al.'s
-        sinusoids with the token embeddings' RMS times ``init_scale`` (``sinusoidal_scale`` "match_tokens") --
-        a table that already holds relative-offset structure, trained like any other (docs/order_use.md: one
-        candidate of the order-use recipe sweep).  The padding row stays zero."""
+        """Initial values (``pos.init``, ``pos.init_scale``): ``normal`` is BERT/RoBERTa's N(0,
+        (initializer_range·init_scale)²); ``sinusoidal`` starts the *learned* table at Vaswani et al.'s sinusoids with
+        the token embeddings' RMS times ``init_scale`` (docs/order_use.md).  The padding row stays zero."""
         if not hasattr(self, "init"):  # nn.Embedding.__init__ calls this before our attributes exist
             return super().reset_parameters()
         with torch.no_grad():
@@ -81,10 +69,8 @@ class LearnedPositionEmbedding(nn.Embedding):
 
 
 def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
-    """Fixed sinusoidal table of Vaswani et al. (2017), §3.5, interleaved sin/cos.
-
-    ``PE[p, 2i] = sin(p / base^(2i/dim))`` and ``PE[p, 2i+1] = cos(p / base^(2i/dim))``.
-    """
+    """Fixed sinusoidal table of Vaswani et al. (2017), §3.5, interleaved: ``PE[p, 2i] = sin(p / base^(2i/dim))``,
+    ``PE[p, 2i+1] = cos(p / base^(2i/dim))``."""
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
     two_i = torch.arange(0, dim, 2, dtype=torch.float64)
     angle = pos / base ** (two_i / dim)
@@ -97,11 +83,9 @@ def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> Ten
 def sinusoidal_scale(scale: float | str, initializer_range: float) -> float:
     """Factor on the sinusoidal table: a number, or ``"match_tokens"`` = ``initializer_range·√2``.
 
-    The table has unit amplitude (RMS 1/√2 per entry). Vaswani et al. balance it against token embeddings
-    multiplied by √d_model; RoBERTa's token embeddings start at N(0, 0.02²) and are not scaled, so an
-    unscaled table outweighs them ~35:1 at initialisation (d = 128) and the embedding LayerNorm's output is
-    almost all position — at emergence_cpu's budget every such model collapsed (docs/emergence.md).
-    ``match_tokens`` gives the table the token embeddings' initial RMS instead (our choice, not a paper's).
+    The table has RMS 1/√2 per entry; Vaswani et al. balance it against token embeddings times √d_model, but RoBERTa's
+    start at N(0, 0.02²) unscaled, so an unscaled table outweighs them ~35:1 at d = 128 and every such model collapsed
+    at emergence_cpu's budget (docs/emergence.md).  ``match_tokens`` gives it the tokens' initial RMS (our choice).
     """
     if scale == "match_tokens":
         return float(initializer_range) * math.sqrt(2.0)
@@ -140,19 +124,12 @@ def relative_offsets(position_ids: Tensor) -> Tensor:
 class RelativeKeyQuery(nn.Module):
     """Learned relative-position representations in attention, clipped at a max distance.
 
-    Shaw et al. (2018) add ``q_i · a_{ij}`` to the logits; Huang et al. (2020, "Improve
-    Transformer Models with Better Relative Position Embeddings", method 4) also add
-    ``k_j · a_{ij}`` — what transformers 4.x called ``relative_key_query`` and the variant
-    Luo et al. (2021) trained. ``a_{ij} = A[clip(i - j, -K, K) + K]`` with one table
-    ``A ∈ R^{(2K+1) × d_head}`` per layer, shared by its heads (as in transformers 4.x).
-
-    Chosen over T5's bucketed scalar bias because it is the scheme the paper compares
-    against, and its vectors interact with content (``q·a``, ``k·a``), so position can
-    leak into hidden states the way the paper's probes test.
-
-    Causal form (``config.causal``): a query never sees a later key, so only offsets ``i - j >= 0`` occur;
-    the table is one-directional, ``A ∈ R^{(K+1) × d_head}`` indexed by ``clip(i - j, 0, K)`` (as T5's
-    decoder buckets are one-directional), rather than 2K+1 rows of which K would never receive a gradient.
+    Shaw et al. (2018) add ``q_i · a_{ij}`` to the logits; Huang et al. (2020, "Improve Transformer Models with Better
+    Relative Position Embeddings", method 4) also ``k_j · a_{ij}`` — transformers 4.x's ``relative_key_query``, the
+    variant Luo et al. (2021) trained.  ``a_{ij} = A[clip(i - j, -K, K) + K]``, one ``A ∈ R^{(2K+1) × d_head}`` per
+    layer shared by its heads.  Its vectors interact with content, so position can leak into hidden states as the
+    paper's probes test.  Causal form: only ``i - j >= 0`` occurs, so ``A ∈ R^{(K+1) × d_head}`` indexed by ``clip(i -
+    j, 0, K)`` (as T5's decoder buckets).
     """
 
     def __init__(self, config: EncoderConfig) -> None:
@@ -194,12 +171,8 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 class RotaryPositions(nn.Module):
-    """Rotary position embedding, RoPE (Su et al. 2021, "RoFormer").
-
-    Queries and keys are rotated by position-dependent angles so that
-    ``<R_i q, R_j k> = <q, R_{j-i} k>`` depends on positions only through ``j - i``.
-    Uses the half-rotation layout of GPT-NeoX / transformers (``rotate_half``).
-    """
+    """Rotary position embedding, RoPE (Su et al. 2021, "RoFormer"): q and k rotated so that ``<R_i q, R_j k> = <q,
+    R_{j-i} k>``; GPT-NeoX / transformers' half-rotation layout (``rotate_half``)."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
@@ -232,11 +205,9 @@ def alibi_slopes(num_heads: int) -> Tensor:
 class ALiBiPositions(nn.Module):
     """Attention with Linear Biases, ALiBi (Press et al. 2022), symmetric for an encoder.
 
-    Adds ``-m_h · |i - j|`` to head ``h``'s logits. The original paper is causal
-    (``j <= i``); bidirectional encoders (e.g. MosaicBERT) use the symmetric distance. Under the causal mask
-    (``config.causal``) only ``j <= i`` is seen, where ``|i - j| = i - j``: exactly Press et al.'s decoder bias
-    (their ``m·[-(i-1), …, 0]`` per query row differs from ``-m(i - j)`` by a per-row constant, which the
-    softmax ignores), so one module serves both objectives.
+    Adds ``-m_h · |i - j|`` to head ``h``'s logits (bidirectional encoders such as MosaicBERT use the symmetric
+    distance).  Under the causal mask this is exactly Press et al.'s decoder bias up to a per-row constant the softmax
+    ignores, so one module serves both objectives.
     """
 
     def __init__(self, config: EncoderConfig) -> None:

@@ -1,8 +1,6 @@
-"""Queries and keys where a model rotates them, hooked while it runs (Jonasson 2025, "Rotary Offset Features in
-Large Language Models"): ``qk_projections`` finds them (the query/key projections, or a block's QK-norm where it
-has one), ``rotary_specs`` reads each layer's rotary frequencies, and ``QKRecorder`` streams per layer ×
-head × dim the magnitudes of the real tokens' q and k into a ``QKAccumulator``,
-one layer's projections held at a time.  Used by ``evaluate.py``'s ``qk_outliers`` analysis.
+"""Queries and keys where a model rotates them, hooked while it runs (Jonasson 2025, "Rotary Offset Features in Large
+Language Models"): ``qk_projections`` finds them, ``rotary_specs`` reads each layer's rotary frequencies, and
+``QKRecorder`` streams per layer × head × dim the real tokens' q/k magnitudes into a ``QKAccumulator``.
 """
 
 from __future__ import annotations
@@ -21,10 +19,9 @@ __all__ = ["qk_projections", "rotary_specs", "QKRecorder"]
 
 
 def qk_projections(model: nn.Module) -> list[QKProjection]:
-    """Each block's queries and keys where the model rotates them: the family registry's
-    (``outlierlab.models.family_spec.Family.qk_projections``: the projections, or Qwen3's per-head
-    ``q_norm``/``k_norm``), or for our encoder its ``query_norm``/``key_norm`` (the OP block's QK-norm, applied
-    before the position scheme) where it has them, else its ``query``/``key`` Linear layers."""
+    """Each block's queries and keys where the model rotates them: the family's (``Family.qk_projections``: the
+    projections, or Qwen3's ``q_norm``/``k_norm``), or for our encoder its OP block's ``query_norm``/``key_norm`` where
+    present, else its ``query``/``key`` Linears."""
     if not hasattr(model, "named_layernorms"):
         return family_of(model).qk_projections(model)
     cfg, fam = model.config, family_of(model)
@@ -41,9 +38,8 @@ def qk_projections(model: nn.Module) -> list[QKProjection]:
 
 
 def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: float) -> list[RotarySpec | None]:
-    """The rotary scheme of every layer (None where a layer does not rotate): θ_i from the model's own rotary
-    module (``outlierlab.models.rotary_layers.rotary_layers``: ``inv_freq``, scaled RoPE and partial rotary
-    included; per layer type) and the layer's reach (a sliding-window layer: its window)."""
+    """The rotary scheme of every layer (None where it does not rotate): θ_i from the model's own rotary module
+    (``rotary_layers.rotary_layers``: scaled and partial rotary included) and the layer's reach (a sliding window)."""
     try:
         layers = rotary_layers(model)
     except ValueError:  # an unregistered family: magnitudes alone
@@ -55,12 +51,9 @@ def rotary_specs(model: nn.Module, num_layers: int, head_dim: int, max_cycles: f
 
 
 class QKRecorder:
-    """Hooks every layer's q/k projections; ``observe`` after each forward adds the real tokens' q/k
-    (``attention_mask`` ``[B, T]``) to ``acc``.
-
-    Given the batch's mask before its forward (``expect``), each layer's q/k are reduced in the hook that
-    produces the last of them, so no more than one layer's projections are ever held — not every
-    layer's until the forward returns."""
+    """Hooks every layer's q/k projections; ``observe`` after each forward adds the real tokens' q/k (``attention_mask``
+    ``[B, T]``) to ``acc``.  With the mask given first (``expect``) each layer is reduced in its hook, so at most one
+    layer's projections are held."""
 
     def __init__(self, model: nn.Module):
         self.projs = qk_projections(model)

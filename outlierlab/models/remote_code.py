@@ -1,23 +1,18 @@
 """Hugging Face ``trust_remote_code`` export of every model a plain RoBERTa cannot express.
 
-``transformers`` has no class for RoBERTa with sinusoidal, relative, rotary or ALiBi positions, pre-LN,
-RMSNorm, clipped softmax, gated attention or the Outlier-Protected block (see ``outlierlab.models.export``,
-docs/design.md), so such a model ships its own code, the Hub's convention for architectures outside the library
-(``auto_map`` in ``config.json``; https://huggingface.co/docs/transformers/custom_models):
+transformers has no class for our other position schemes or architecture switches (``outlierlab.models.export``), so
+such a model ships its own code, the Hub's convention (``auto_map`` in ``config.json``;
+https://huggingface.co/docs/transformers/custom_models):
 
-* ``configuration_outlierlab.py`` — ``OutlierLabConfig``, a ``PretrainedConfig`` holding the fields of
-  ``EncoderConfig``;
-* ``modeling_outlierlab.py`` — GENERATED here from the sources of ``config.py``, ``norms.py``,
-  ``positions.py``, ``attention.py``, ``blocks.py`` and ``encoder.py`` (their package-relative imports removed),
-  followed by thin ``PreTrainedModel`` wrappers whose ``forward`` is ``RobertaMaskedLM``'s own. The exported
-  code is therefore the code that trained the model, not a second hand-written copy that could drift; the
-  generator refuses a source that imports anything of ``outlierlab`` outside those six modules.
+* ``configuration_outlierlab.py`` — ``OutlierLabConfig``, a ``PretrainedConfig`` with ``EncoderConfig``'s fields;
+* ``modeling_outlierlab.py`` — GENERATED from ``config.py``, ``norms.py``, ``positions.py``, ``attention.py``,
+  ``blocks.py`` and ``encoder.py`` (package-relative imports removed), plus thin ``PreTrainedModel`` wrappers whose
+  ``forward`` is ``RobertaMaskedLM``'s: the code that trained the model, never a drifting copy (a source importing
+  any other ``outlierlab`` module is refused);
 * ``config.json`` with ``auto_map`` (AutoConfig, AutoModel, AutoModelForMaskedLM or AutoModelForCausalLM).
 
-The weights are our own ``model.safetensors``: the wrappers keep our module names (``roberta.*``, ``lm_head.*``),
-so the same file serves ``load_pretrained`` and ``from_pretrained``. The files are
-written beside ``outlierlab_config.json`` (which ``load_pretrained`` and ``resolve_encoder`` read first),
-so ``<run>/model/`` stays what outlierlab's loaders expect and is also a Hugging Face model directory::
+The wrappers keep our module names, so our ``model.safetensors`` serves ``load_pretrained`` and ``from_pretrained``, and
+``<run>/model/`` is both outlierlab's directory and a Hugging Face one::
 
     AutoModelForMaskedLM.from_pretrained("<run>/model", trust_remote_code=True)   # objective=mlm
     AutoModelForCausalLM.from_pretrained("<run>/model", trust_remote_code=True)   # objective=clm

@@ -18,12 +18,10 @@ __all__ = ["RotaryLayer", "rotary_layers"]
 class RotaryLayer(NamedTuple):
     """How one layer rotates its queries and keys (Su et al. 2021), as the model itself does it.
 
-    inv_freq : ``[r/2]`` float64, θ_i of pair i in radians per position (r = the rotated dims of a head; r <
-        head_dim for partial rotary, GPT-NeoX/Pythia) — read from the model's rotary module, so every scaling
-        transformers applies (linear, dynamic, YaRN, LongRoPE, llama3) is in it
-    context : the largest distance the layer attends: ``sliding_window`` for a sliding-window layer (ModernBERT's
-        local layers: 64, half of ``local_attention`` = 128; a causal window such as Mistral's reaches one token
-        less, which we do not subtract), else the position limit
+    inv_freq : ``[r/2]`` float64 θ_i, radians per position (r < head_dim for partial rotary), from the model's rotary
+        module, so every transformers scaling (linear, dynamic, YaRN, LongRoPE, llama3) is in it
+    context : the farthest distance attended: ``sliding_window`` (ModernBERT's local layers: 64; a causal window's one
+        token less is not subtracted), else the position limit
     source : where ``inv_freq`` was read (said in reports)
     """
 
@@ -33,9 +31,9 @@ class RotaryLayer(NamedTuple):
 
 
 def _rotary_module(root: nn.Module) -> tuple[str, nn.Module] | None:
-    """The first submodule holding rotary frequencies: an ``inv_freq`` buffer (transformers'
-    ``*RotaryEmbedding``, per layer type ``{type}_inv_freq``: ModernBERT), or — duck typing our own
-    ``outlierlab.models.positions.RotaryPositions`` — a float ``base`` and an int ``dim``."""
+    """The first submodule holding rotary frequencies: an ``inv_freq`` buffer (transformers' ``*RotaryEmbedding``; per
+    layer type ``{type}_inv_freq``, ModernBERT) or, duck typing our ``RotaryPositions``, a float ``base`` and an int
+    ``dim``."""
     for name, mod in root.named_modules():
         bufs = dict(mod.named_buffers(recurse=False))
         if "inv_freq" in bufs or any(b.endswith("_inv_freq") and not b.endswith("original_inv_freq") for b in bufs):
@@ -47,13 +45,9 @@ def _rotary_module(root: nn.Module) -> tuple[str, nn.Module] | None:
 
 
 def rotary_layers(model: nn.Module) -> list[RotaryLayer | None]:
-    """Per block, the frequencies the model rotates q/k by and the layer's reach (``RotaryLayer``), or
-    None for every block of a model that does not rotate.
-
-    Read from the rotary module of each block's attention if it has one, else the model's (transformers:
-    ``model.rotary_emb``); per layer type where the module keeps one set per type (``config.layer_types``).
-    Ours (``pos=rope``): θ_i = base^(−2i/dim) with the module's own ``base`` and ``dim``, as
-    ``outlierlab.models.positions.rope_cos_sin`` computes them."""
+    """Per block the ``RotaryLayer`` (frequencies and reach), or None for a model that does not rotate: from each
+    attention's rotary module, else the model's (``model.rotary_emb``), per layer type where kept so
+    (``config.layer_types``).  Ours (``pos=rope``): θ_i = base^(−2i/dim), as ``positions.rope_cos_sin``."""
     cfg = getattr(model, "config", None)
     blocks = family_of(model).block_list(model)
     shared = _rotary_module(model)

@@ -1,12 +1,9 @@
 """Learning-rate schedule of RoBERTa pretraining: linear warm-up, then polynomial decay (plain torch).
 
-Liu et al. (2019) and Luo, Kulmizev & Mao (2021, Table 4) warm the learning rate up linearly over
-``num_warmup_steps`` and then decay it polynomially (power 1 = linear, as fairseq's recipe) to ``lr_end``
-at ``num_training_steps``. ``transformers.get_polynomial_decay_schedule_with_warmup`` computes the same
-curve but divides by ``num_training_steps - num_warmup_steps``: a run whose ``trainer.max_steps`` equals
-the warm-up crashes with ``ZeroDivisionError`` at its last step. Here, when no decay steps
-remain, the learning rate **holds the peak** after the warm-up: a smoke run of exactly the warm-up length
-ends at the configured rate instead of crashing.
+Liu et al. (2019) and Luo, Kulmizev & Mao (2021, Table 4) warm up linearly over ``num_warmup_steps`` and decay
+polynomially (power 1 = linear, fairseq's recipe) to ``lr_end`` at ``num_training_steps``.
+``transformers.get_polynomial_decay_schedule_with_warmup`` gives the same curve but divides by zero when
+``trainer.max_steps`` equals the warm-up; here the peak is then **held** after the warm-up.
 """
 
 from __future__ import annotations
@@ -41,26 +38,10 @@ def warmup_polynomial_decay(optimizer: torch.optim.Optimizer, num_warmup_steps: 
                             lr_end: float = 0.0, power: float = 1.0, last_epoch: int = -1) -> LambdaLR:
     """Linear warm-up then polynomial decay to ``lr_end`` (Liu et al. 2019; Luo et al. 2021, Table 4).
 
-    Same arguments and curve as ``transformers.get_polynomial_decay_schedule_with_warmup``, except that
-    ``num_training_steps <= num_warmup_steps`` holds the peak after the warm-up instead of dividing by zero.
-
-    Parameters
-    ----------
-    optimizer : torch.optim.Optimizer
-        Its ``lr`` (the first param group's ``initial_lr`` on resume) is the peak rate.
-    num_warmup_steps : int
-        Steps of the linear warm-up from 0 to the peak (>= 0).
-    num_training_steps : int
-        Step at which the decay reaches ``lr_end`` (``trainer.max_steps``; >= 1).
-    lr_end : float
-        Final learning rate; must not exceed the peak.
-    power : float
-        Polynomial power of the decay (1 = linear).
-
-    Raises
-    ------
-    ValueError
-        Negative warm-up, non-positive training steps, or ``lr_end`` above the peak.
+    As ``transformers.get_polynomial_decay_schedule_with_warmup``, except that ``num_training_steps <=
+    num_warmup_steps`` holds the peak.  The peak is the optimizer's ``lr`` (``initial_lr`` on resume); the decay reaches
+    ``lr_end`` (≤ peak) at ``num_training_steps`` (``trainer.max_steps``); ``power`` 1 = linear.  ValueError for a
+    negative warm-up, non-positive training steps, or ``lr_end`` above the peak.
     """
     if num_warmup_steps < 0:
         raise ValueError(f"num_warmup_steps must be >= 0, got {num_warmup_steps}")

@@ -1,11 +1,10 @@
 """W8A8 fake quantization of a model's linear layers, for as long as a ``with`` block lasts.
 
 Bondarenko et al. (2023, "Quantizable Transformers") measure what outlier dimensions cost as the loss of a model whose
-linear layers compute in 8 bits: each layer's input quantized per tensor (symmetric absmax, dynamic) and its weight
-per output channel. Dettmers et al. (2022, "LLM.int8()") keep the few outlier input dimensions in 16 bits and the
-damage goes away. ``quantized`` applies both to the linear layers of the transformer blocks -- where the
-residual stream and its outlier dimensions enter every matrix -- and leaves embeddings and the LM head in full
-precision, so the cost it measures is the blocks'. The arithmetic is ``outlierlab.metrics.fake_quant``'s.
+linears compute in 8 bits (input per tensor, symmetric absmax, dynamic; weight per output channel); Dettmers et al.
+(2022, "LLM.int8()") keep the few outlier input dims in 16 bits and the damage goes away.  ``quantized`` applies both to
+the transformer blocks' linears only (embeddings and LM head stay full precision), with
+``outlierlab.metrics.fake_quant``'s arithmetic.
 """
 
 from __future__ import annotations
@@ -110,14 +109,13 @@ def _scored_logits(model: nn.Module, problem: dict, causal: bool) -> tuple[torch
 
 def w8a8_cost(model: nn.Module, batch: dict, causal: bool, mask_token_id: int | None, keep: int = 4,
               bits: int = 8) -> dict[str, float]:
-    """What 8 bits cost the model on the monitors' fixed held-out batch (``input_ids``, ``attention_mask``,
-    ``special_tokens_mask``), for a live curve. On the batch's fixed problem (the masked one of order use,
-    ``outlierlab.metrics.word_order.masked_for_order_use``, or every next token), with all the blocks' linear
-    layers in W8A8: the loss minus the full-precision loss (``loss_delta``, nats per token) and the mean KL divergence
-    of the predictions from the full-precision ones (``kl``: the damage itself, >= 0 whatever the model's quality);
-    ``keep_loss_delta`` and ``keep_kl`` with ``keep`` largest-|x| input dims in full precision. A model that gives no
-    logits (a body without its LM head) gets the relative error of its last hidden states instead (``rel_error``,
-    ``keep_rel_error``)."""
+    """What 8 bits cost the model on the monitors' fixed held-out batch, for a live curve.
+
+    On ``word_order.heldout_problem`` with all block linears in W8A8: ``loss_delta`` (nats per token) and ``kl`` (mean
+    KL of the predictions from full precision, >= 0: the damage itself); ``keep_loss_delta``/``keep_kl`` with ``keep``
+    largest-|x| input dims in full precision.  A model without logits gets ``rel_error``/``keep_rel_error`` of its last
+    hidden states.
+    """
     from outlierlab.metrics.word_order import heldout_problem
 
     device = next(model.parameters()).device

@@ -1,10 +1,8 @@
 """Checks of the monitors' settings, each a one-line ``TypeError``/``ValueError`` naming the argument.
 
-The monitors used to coerce their settings with ``int()``, ``float()`` and ``bool()``, which accepted what a caller
-never meant: ``every_n_steps="5"`` and ``2.7`` (recorded every 2 steps), ``vectors="no"`` (true), ``n_pairs=0``, a
-bare string as ``sentences`` (its characters became the held-out batch). Settings reach the monitors from Python
-calls and from Hydra configs (plain ``int``/``float``/``bool`` there, mappings as ``DictConfig``); numpy scalars
-are accepted as the numbers they are.
+``int()``/``float()``/``bool()`` would accept ``every_n_steps="5"`` or ``2.7``, ``vectors="no"`` (true), a bare string
+as ``sentences``.  Settings come from Python calls and Hydra configs (``DictConfig`` mappings); numpy scalars are
+accepted as the numbers they are.
 """
 
 from __future__ import annotations
@@ -59,16 +57,13 @@ def number(name: str, value: Any, low: float, high: float, low_open: bool = True
 
 
 def texts(name: str, value: Any) -> list[str] | None:
-    """None (the shipped sentences), or the texts as a list of strings: the one check of a list of sentences, for the
-    monitors' ``sentences`` and the API's ``texts``.
+    """None (the shipped sentences), or the texts as a list of strings: the one check of a list of sentences (the
+    monitors' ``sentences``, the API's ``texts``).
 
-    Any sequence of strings is taken in its order: a list, a tuple, a generator, a pandas ``Series`` (its values;
-    ``df["text"]``).  Refused in one line, never read as something else: a bare string (its characters would be the
-    sentences), a table of one column or many (a pandas ``DataFrame`` iterates over its column names, which were
-    evaluated as the sentences; the line names the column to pass), a mapping (its keys would be the sentences)
-    or a set (its order changes with the process: str hashes are salted), no items, an item that is not a string
-    (``42`` or ``None`` would become the sentences "42" and "None"), an empty or blank one (a row of padding between
-    special tokens, measured as a sentence) -- each naming the offending positions."""
+    Any sequence of strings in its order (list, tuple, generator, pandas ``Series``).  Refused in one line naming the
+    offending positions: a bare string, a ``DataFrame`` (it iterates over column names; the line names the column), a
+    mapping, a set (unordered), no items, a non-string item, an empty or blank one.
+    """
     if value is None:
         return None
     if isinstance(value, (str, bytes)):

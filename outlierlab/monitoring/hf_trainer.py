@@ -6,36 +6,22 @@
     trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collator,
                       callbacks=[OutlierMonitorCallback(tokenizer=tok, every_n_steps=50)])
 
-LayerNorm outlier dims (Kovaleva et al. 2021; Puccetti et al. 2022) and activation outlier dims on a fixed
-held-out batch (Luo et al. 2021) of the model being trained — our ``RobertaMaskedLM`` or any model of a
-registered family (``BertForMaskedLM``, ``RobertaForMaskedLM``, ModernBERT, ``GPT2LMHeadModel``, Llama-style,
-...; the body inside a sentence-transformers ``SentenceTransformer``, whose ``SentenceTransformerTrainer`` is a
-``Trainer``; the adapted model inside a PEFT ``PeftModel``) — computed by ``outlierlab.monitoring.loop_monitor.OutlierMonitor``, i.e. by the same trackers and the
-same pure functions as the Lightning callbacks, into ``<args.output_dir>/monitor/layernorm.csv`` and
-``hidden_states.csv`` (the columns of ``outlierlab.monitoring.history``) -- with order use and attention locality
-at every record (does the model use word order yet? ``outlierlab.metrics.word_order``; one line at the end of
-training when it does not; ``order_use=False`` turns it off).
+LayerNorm outlier dims (Kovaleva et al. 2021; Puccetti et al. 2022) and activation outlier dims on a fixed held-out
+batch (Luo et al. 2021) of the model being trained — our ``RobertaMaskedLM`` or any registered family (also the body of
+a sentence-transformers model, or the adapted model of a PEFT ``PeftModel``) — computed by ``OutlierMonitor`` into
+``<args.output_dir>/monitor/layernorm.csv`` and ``hidden_states.csv``, with order use and attention locality at every
+record (``outlierlab.metrics.word_order``; ``order_use=False`` turns it off).
 
-When: at ``on_train_begin`` (``state.global_step``: 0, or the step of the checkpoint a resume starts from),
-at ``on_step_end`` every ``every_n_steps`` optimizer steps (``state.global_step``), after every checkpoint save
-(``on_save``: so every ``checkpoint-N`` has its row, and ``python -m outlierlab.jobs.posthoc`` on the checkpoints
-reproduces them), and at the end of training; only on the world's process zero (``state.is_world_process_zero``).
+When: at ``on_train_begin`` (step 0, or the resumed checkpoint's), every ``every_n_steps`` optimizer steps, after every
+checkpoint save (so ``python -m outlierlab.jobs.posthoc`` reproduces each ``checkpoint-N``'s row) and at the end; on the
+world's process zero only.  Resume: rows at steps ≥ the checkpoint's are dropped and the history continues; the init
+snapshot is read from ``<out_dir>/layernorm_initial.pt``.
 
-Resume (``trainer.train(resume_from_checkpoint=...)``): the rows at steps ≥ the checkpoint's step are dropped
-and the history continues (``OutlierMonitor``); the LayerNorm snapshot
-at initialisation is read back from ``<out_dir>/layernorm_initial.pt``.
-
-TensorBoard: a ``TrainerCallback`` gets no handle on the Trainer's own ``TensorBoardCallback``, and by the time
-a user callback's ``on_log`` runs, the reporting callbacks (added before it) have already written that step's
-logs — so the monitor cannot slip its scalars into them.  Instead, when ``args.report_to`` includes
-``tensorboard``, the monitor opens its own ``SummaryWriter`` in the Trainer's TensorBoard folder
-(``$TENSORBOARD_LOGGING_DIR`` or ``<output_dir>/runs``), sub-folder ``outlier_monitor``: one more run beside the
-Trainer's in the same TensorBoard; after a resume it opens with ``purge_step`` at the checkpoint's step, so the
-redone steps show once.  To put the scalars in the Trainer's very event file, give both callbacks one
-writer: ``TensorBoardCallback(tb_writer=w)`` and ``OutlierMonitorCallback(..., writer=w)``.
-
-Weights & Biases and MLflow (``report_to`` wandb / mlflow): their callbacks keep the run in the library's global
-state, so the scalars go straight into the Trainer's own run (``TrackerRuns``).
+TensorBoard: a callback cannot reach the Trainer's ``TensorBoardCallback`` writer, so with ``tensorboard`` in
+``args.report_to`` the monitor opens its own ``SummaryWriter`` in the Trainer's folder, sub-folder ``outlier_monitor``
+(with ``purge_step`` after a resume).  To share one event file pass one writer to both:
+``TensorBoardCallback(tb_writer=w)`` and ``OutlierMonitorCallback(..., writer=w)``.  Weights & Biases and MLflow runs
+get the scalars directly (``TrackerRuns``).
 """
 
 from __future__ import annotations
@@ -63,11 +49,9 @@ def _reports_to_tensorboard(args: Any) -> bool:
 
 
 class TrackerRuns:
-    """A writer (the ``add_scalar`` of TensorBoard's) that hands the monitor's scalars to the experiment trackers the
-    Trainer reports to, into *their* runs: the Weights & Biases run ``WandbCallback`` started (``wandb.run``; logged
-    with ``train/global_step``, the step metric that callback declares) and the MLflow run ``MLFlowCallback`` started
-    (``mlflow.active_run()``, ``step=``). A tracker with no active run is left alone; histograms and images stay in
-    TensorBoard and the PNGs."""
+    """An ``add_scalar`` writer handing the monitor's scalars to the trackers' own runs: ``wandb.run`` (with
+    ``train/global_step``, ``WandbCallback``'s step metric) and ``mlflow.active_run()`` (``step=``).  A tracker without
+    an active run is left alone; histograms and images stay in TensorBoard and the PNGs."""
 
     def __init__(self, wandb: bool, mlflow: bool) -> None:
         self.wandb, self.mlflow = wandb, mlflow
@@ -124,11 +108,9 @@ class OutlierMonitorCallback(TrainerCallback):
     sentences : sequence of str, optional
         Held-out texts (default: the shipped held-out sentences).
     writer : a SummaryWriter-like writer, None or False
-        TensorBoard writer for the scalars; None: the Trainer's TensorBoard folder when it reports to
-        TensorBoard, else none; False: none.
+        None: the Trainer's TensorBoard folder when it reports to TensorBoard, else none; False: none.
     **monitor_kwargs
-        Any other setting of ``OutlierMonitor`` (``image_every_n_steps``,
-        ``vectors``, ``figures``, ``layernorm``, ``hidden_states``, ``rule``, ``n_sequences``, ``n_pairs``, ...).
+        Any other ``OutlierMonitor`` setting (``image_every_n_steps``, ``layernorm``, ``rule``, ``n_sequences``, ...).
 
     Attributes
     ----------

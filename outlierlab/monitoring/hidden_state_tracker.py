@@ -1,21 +1,16 @@
 """The hidden-state half of every outlier monitor: activation outlier dims on a fixed held-out batch, any model.
 
-At every record the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out sequences
-(one forward pass, ``outlierlab.models.sites.monitored_forward``, with eager attention for that pass), and
-``outlierlab.metrics.monitor_records.hidden_state_records`` computes per layer the mean token vector, the share of
-tokens whose argmax/argmin falls on the most common dim (Luo et al. 2021 §2), anisotropy (Ethayarajh 2019) with
-its rogue-dim shares (Timkey & van Schijndel 2021) and IsoScore (Rudman et al. 2022), kurtosis and max/median
-(He et al. 2024; Sun et al. 2024), inf-norms by site (Bondarenko et al. 2023) and sink heads (Gu et al. 2025).
-Train mode is restored afterwards, module by module.
+At every record the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out sequences (one
+forward, ``models.sites.monitored_forward``, eager attention), and ``monitor_records.hidden_state_records`` computes per
+layer the mean token vector, the argmax/argmin share of the most common dim (Luo et al. 2021 §2), anisotropy (Ethayarajh
+2019) with rogue-dim shares (Timkey & van Schijndel 2021) and IsoScore (Rudman et al. 2022), kurtosis and max/median (He
+et al. 2024; Sun et al. 2024), inf-norms by site (Bondarenko et al. 2023) and sink heads (Gu et al. 2025).  Train mode
+is restored module by module.
 
-``HiddenStateTracker`` holds the batch and the curve history and is framework-free: the Lightning
-``HiddenStateMonitor``, the plain-loop
-``OutlierMonitor`` and the Hugging Face
-``OutlierMonitorCallback`` drive this one object, so a run's
-``hidden_states.csv`` has the same rows whichever loop trained it.  The held-out text is the shipped held-out
-sentences (``outlierlab.datamodules.eval_data.load_sentences``, Austen's *Persuasion*, not in the training
-corpus) unless the caller gives its own, tokenised by the model's own tokenizer
-(``outlierlab.metrics.monitor_records.tokenize_heldout``), the batch ``outlierlab.jobs.posthoc`` uses too.
+``HiddenStateTracker`` is framework-free: the Lightning, plain-loop and HF monitors drive it, so ``hidden_states.csv``
+has the same rows whichever loop trained.  The held-out text is the shipped sentences (Austen's *Persuasion*, not in the
+training corpus) unless given, tokenised by the model's own tokenizer (``monitor_records.tokenize_heldout``), the batch
+``outlierlab.jobs.posthoc`` uses too.
 """
 
 from __future__ import annotations
@@ -47,10 +42,9 @@ _NO_LIMIT = 10**6
 
 
 def heldout_max_length(model: nn.Module, tokenizer: Any = None, max_length: int | None = None) -> int:
-    """Truncation length of the held-out batch: ``max_length`` if given, else our model's ``max_len``, else the
-    smaller of the model's position table (RoBERTa-style tables lose ``pad_token_id + 1`` rows) and the
-    tokenizer's ``model_max_length``; 512 when neither says.  The live monitors and the post-hoc analysis of a
-    checkpoint call this one function so they truncate alike."""
+    """Truncation length of the held-out batch: ``max_length``, else our model's ``max_len``, else the smaller of the
+    position table (RoBERTa-style tables lose ``pad_token_id + 1`` rows) and ``model_max_length``; 512 when neither
+    says.  The monitors and the post-hoc analysis both call it."""
     if max_length:
         limit = position_limit(model)
         if limit is not None and max_length > limit:  # a longer batch failed in the model's embedding at record 1
@@ -73,9 +67,8 @@ def heldout_max_length(model: nn.Module, tokenizer: Any = None, max_length: int 
 
 
 def position_limit(model: nn.Module) -> int | None:
-    """How many tokens ``model`` can take at most, where a table fixes it: our model's ``max_len``, a Hugging Face
-    model's learned position table (``position_embeddings``, GPT-2's ``wpe``; RoBERTa-style tables lose
-    ``pad_token_id + 1`` rows); None for rotary, relative or no positions, which set no hard limit."""
+    """The most tokens ``model`` takes where a table fixes it: our ``max_len``, a learned position table
+    (``position_embeddings``, GPT-2's ``wpe``; RoBERTa-style tables lose ``pad_token_id + 1`` rows); None otherwise."""
     config = getattr(model, "config", None)
     if getattr(config, "max_len", None):
         return int(config.max_len)
@@ -116,12 +109,9 @@ def locality_records(step: int, local: dict | None) -> list[tuple]:
 
 def vector_order_records(step: int, model: nn.Module, batch: dict, special: set[int], causal: bool, attentions,
                          seed: int = 0) -> tuple[list[tuple], list[float], dict | None]:
-    """For a model without an LM head: the sentence-vector order change of every layer on the held-out batch
-    (``pooled_order_change``, two more forwards of the body; rows
-    ``layer_i/pooled_order_change``) and the attention locality of ``attentions`` (the record's forward; None: not
-    measured).  The live monitors and the post-hoc job of a Trainer run call this one function.
-
-    Returns ``(rows, the per-layer changes, the locality or None)``."""
+    """For a model without an LM head: each layer's sentence-vector order change on the held-out batch
+    (``pooled_order_change``, rows ``layer_i/pooled_order_change``) and the locality of ``attentions`` (None: not
+    measured).  Returns ``(rows, the per-layer changes, the locality or None)``."""
     device = model_device(model)
 
     def hidden_states(ids, mask):
@@ -144,36 +134,17 @@ def model_device(model: nn.Module) -> torch.device:
 class HiddenStateTracker:
     """Per-layer activation outlier statistics of one model on a fixed held-out batch (Luo et al. 2021).
 
-    Parameters
-    ----------
-    n_sequences : int
-        Held-out sequences (small: one forward pass of this batch per record); ≥ 2 (anisotropy pairs tokens
-        of different sequences).
-    sentences_path : str, optional
-        Other sentences file (gzip text, one per line) instead of the shipped one.
-    max_length : int, optional
-        Truncation length in tokens (default ``heldout_max_length``).
-    top_k : int
-        Dims with the largest |mean| written per layer.
-    n_pairs, seed : int
-        Cross-sentence token pairs of the anisotropy and their seed.
-    sink_threshold : float
-        Gu et al. (2025)'s ε for a sink head.
-    order_use : bool
-        Also measure order use and attention locality on the batch
-        (``outlierlab.metrics.word_order.heldout_order_use``: two more forwards through the model's LM head);
-        rows ``model/order_use`` and ``layer_i/attn_local``.  The loop monitors' default (a Trainer or a plain loop
-        has no validation that measures it); ``train.py`` logs ``val/order_use`` at every validation instead.
-        A model without an LM head (no ``loss`` from ``labels=``: a sentence encoder fine-tuned with its own loss)
-        gets one notice and, at every record, the sentence-vector order change of every layer instead
-        (``outlierlab.metrics.word_order.pooled_order_change``; rows ``layer_i/pooled_order_change``) with the
-        attention locality.
-    w8a8 : bool
-        Also measure what 8 bits cost the model on the batch (``outlierlab.models.w8a8.w8a8_cost``: the
-        LM loss change and the predictions' KL from full precision with the blocks' linear layers in W8A8, and with 4
-        outlier dims kept in full precision; Bondarenko et al. 2023, LLM.int8()): rows ``model/w8a8_loss_delta``,
-        ``model/w8a8_kl`` and their ``w8a8_keep_`` twins (nats), or ``model/w8a8_rel_error``/``..._keep_rel_error`` for
-        a model without an LM head.
+    ``n_sequences`` ≥ 2 held-out sequences (anisotropy pairs different sequences); ``sentences_path``: another gzip
+    sentences file; ``max_length`` (default ``heldout_max_length``); ``top_k`` dims with the largest |mean| per layer;
+    ``n_pairs, seed``: the anisotropy's pairs; ``sink_threshold``: Gu et al. (2025)'s ε.
+
+    ``order_use``: also order use and attention locality (``word_order.heldout_order_use``, two more forwards; rows
+    ``model/order_use``, ``layer_i/attn_local``), the loop monitors' default (``train.py`` logs ``val/order_use``
+    instead).  A model without an LM head gets one notice and ``pooled_order_change`` rows instead.
+
+    ``w8a8``: also what 8 bits cost (``models.w8a8.w8a8_cost``: loss change and KL from full precision with the blocks'
+    linears in W8A8, and with 4 outlier dims kept; Bondarenko et al. 2023, LLM.int8()): rows ``model/w8a8_loss_delta``,
+    ``model/w8a8_kl`` and ``w8a8_keep_`` twins (nats), or ``..._rel_error`` without an LM head.
     """
 
     filename = "hidden_states.csv"
@@ -256,9 +227,8 @@ class HiddenStateTracker:
                 m.training = mode
 
     def _order_use_rows(self, model: nn.Module, step: int, attentions, summary: dict) -> list[tuple]:
-        """Order use and attention locality on the held-out batch
-        (``heldout_order_use`` and ``order_use_records``, as the post-hoc job
-        writes them for a Trainer checkpoint); ``summary`` gets them for TensorBoard."""
+        """Order use and attention locality on the held-out batch (``heldout_order_use``, ``order_use_records``, as the
+        post-hoc job writes them); ``summary`` gets them for TensorBoard."""
         special, mask_id = self.order_ids or (set(), None)
         causal = is_causal_lm(model)
         if self.headless:

@@ -7,29 +7,15 @@ Long format, one row per step × LayerNorm/layer × statistic (× dim)::
     50,layer.1.output,gain_outlier,77,1.734
     50,layer_4,argmax_share,77,0.41
 
-Columns
--------
-step : int
-    Optimizer step (``trainer.global_step``) at which the statistic was measured; 0 = before any update.
-name : str
-    ``layernorm.csv``: a LayerNorm (``embeddings``, ``layer.{i}.attention_output``, ``layer.{i}.output``)
-    or ``model`` for model-level rows.  ``hidden_states.csv``: ``layer_{i}``, i = 0 the embedding
-    output, i = 1..L the output of encoder layer i.
-statistic : str
-    See ``outlierlab.metrics.monitor_records.layernorm_records`` / ``outlierlab.metrics.monitor_records.hidden_state_records``.
-dim : int or empty
-    The hidden dimension the value belongs to; empty for per-LayerNorm/per-layer scalars.
-value : float
-    ``%.8g``.
+``step``: optimizer step (0 = before any update).  ``name``: a LayerNorm (``embeddings``,
+``layer.{i}.attention_output``, ``layer.{i}.output``) or ``model``; in ``hidden_states.csv`` ``layer_{i}`` (0 = the
+embedding output).  ``statistic``: see ``monitor_records.layernorm_records`` / ``hidden_state_records``.  ``dim``: the
+hidden dimension, empty for scalars.  ``value``: ``%.8g``.
 
-Rows are appended with flush + ``os.fsync`` after every record, so a crash loses at most the record
-being written; a write that fails (a full disk) cuts the file back to its last complete row before the error
-is raised, and a line torn by a kill mid-write is skipped by every reader here and removed on the next start.
-On resume the rows after the resumed step are removed by an atomic rewrite (temporary file + ``os.replace``)
-before appending goes on, so every step appears once.
-
-Read it with ``history_frame`` (a pandas DataFrame) or ``read_history`` (dicts): both return complete rows
-only. A bare ``pandas.read_csv`` would parse a torn last line (``0.11982517`` cut to ``0.1``) as a number.
+Rows are appended with flush + ``os.fsync`` per record; a failed write (full disk) cuts the file back to its last
+complete row, and a line torn by a kill is skipped by every reader here and removed on the next start.  On resume the
+rows after the resumed step go by an atomic rewrite.  Read with ``history_frame`` or ``read_history`` (complete rows
+only; a bare ``pandas.read_csv`` would parse a torn ``0.11982517`` cut to ``0.1``).
 """
 
 from __future__ import annotations
@@ -99,10 +85,8 @@ class HistoryCSV:
         return {r["step"] for r in self.rows()}
 
     def truncate_after(self, step: int) -> None:
-        """Keep only rows with ``row.step <= step`` (and drop malformed lines), atomically.
-
-        ``step = -1`` empties the history (a fresh run in an old directory).
-        """
+        """Keep only rows with ``row.step <= step`` (dropping malformed lines), atomically; ``step = -1`` empties the
+        history."""
         if not self.path.is_file():
             return
         raw, rows = self._lines()
@@ -166,10 +150,8 @@ def history_frame(path: str | os.PathLike, statistics: Iterable[str] | None = No
 
 
 def vectors_by_step(rows: Iterable[dict], statistic: str) -> dict[str, tuple[list[int], torch.Tensor]]:
-    """``name -> (steps, Tensor[S, d])`` for a per-dim statistic (``gain``, ``bias``, ``mean``).
-
-    E.g. per-dim divergence from initialisation: ``gain[s] - gain[0]`` (step 0 is always recorded).
-    """
+    """``name -> (steps, Tensor[S, d])`` for a per-dim statistic (``gain``, ``bias``, ``mean``), e.g. per-dim divergence
+    from init: ``gain[s] - gain[0]`` (step 0 is always recorded)."""
     acc: dict[str, dict[int, dict[int, float]]] = {}
     for r in rows:
         if r["statistic"] == statistic and r["dim"] is not None:
@@ -187,13 +169,8 @@ def vectors_by_step(rows: Iterable[dict], statistic: str) -> dict[str, tuple[lis
 
 
 def wide_by_layer(rows: Iterable, statistics: Sequence[str], with_dims: Sequence[str] = ()) -> list[dict]:
-    """Long history rows -> one dict per (step, layer): ``{"step", "layer", <statistic>: value, ...}``.
-
-    ``rows`` are dicts (``read_history``) or tuples ``(step, name, statistic, dim, value)``; only names
-    ``layer_{i}`` are kept (``layer`` = i).  ``statistics`` are the columns, in order; a statistic in ``with_dims``
-    also gets a ``<statistic>_dim`` column (e.g. ``argmax_share`` with the dim holding it).  Missing values are
-    empty strings, so the result writes straight to CSV.
-    """
+    """Long history rows (dicts or ``(step, name, statistic, dim, value)``) -> one dict per (step, layer) of the
+    ``layer_{i}`` names, ``statistics`` in order plus ``<statistic>_dim`` for ``with_dims``; missing values are ""."""
     table: dict[tuple[int, int], dict] = {}
     for r in rows:
         step, name, stat, dim, value = ((r["step"], r["name"], r["statistic"], r["dim"], r["value"])

@@ -1,20 +1,11 @@
 """The LayerNorm half of every outlier monitor: gain/bias 3σ outliers and divergence from init, on any model.
 
-Kovaleva et al. (2021) flag the dims of each layer's output LayerNorm whose gain and bias both lie outside
-mean ± 3σ; Puccetti et al. (2022) call a dim an outlier of the model when more than 3 of 12 layers flag it and
-follow how far gains move from their initial values.  ``LayerNormTracker`` holds what watching that during
-training needs — the initial snapshot, the heatmap history, the dims already shown as scalars — and calls the
-pure functions every monitor shares: ``outlierlab.metrics.monitor_records.layernorm_records`` (which calls
-``outlierlab.metrics.layernorm.layernorm_stats`` and THE rule
-``outlierlab.metrics.layernorm_rule.layernorm_outliers``) on the norms
-``outlierlab.models.layernorms.model_layernorms`` finds (our encoder, or a Hugging Face model of a registered
-family: BERT/RoBERTa, ModernBERT, GPT-2, Llama-style, ...).
-
-No training framework here: the Lightning callback
-(``outlierlab.monitoring.layernorm_monitor.LayerNormMonitor``), the plain-loop
-``outlierlab.monitoring.loop_monitor.OutlierMonitor`` and the Hugging Face
-``outlierlab.monitoring.hf_trainer.OutlierMonitorCallback`` all drive this one object, so they write the
-same rows (``layernorm.csv``, columns of ``outlierlab.monitoring.history``) and the same TensorBoard tags.
+Kovaleva et al. (2021) flag the dims of each output LayerNorm whose gain and bias both lie outside mean ± 3σ; Puccetti
+et al. (2022) call a dim a model outlier when more than 3 of 12 layers flag it, and follow how far gains move from init.
+``LayerNormTracker`` holds the initial snapshot, the heatmap history and the dims shown as scalars, and calls
+``monitor_records.layernorm_records`` (THE rule, ``layernorm_rule.layernorm_outliers``) on the norms
+``models.layernorms.model_layernorms`` finds.  The Lightning, plain-loop and HF monitors all drive this one object, so
+they write the same rows and tags.
 """
 
 from __future__ import annotations
@@ -62,22 +53,10 @@ def layernorm_outliers_notice(layernorms: Mapping[str, nn.Module], rule: LayerNo
 class LayerNormTracker:
     """LayerNorm gain/bias statistics of one model over training (Kovaleva et al. 2021; Puccetti et al. 2022).
 
-    Parameters
-    ----------
-    rule : LayerNormRule or mapping
-        THE LayerNorm-outlier rule (None: Kovaleva et al.'s default); its ``k`` also sets the σ of the
-        per-LayerNorm statistics.
-    top_k : int
-        Strongest flagged dims per LayerNorm shown as TensorBoard scalars, and top-|z| dims written per LayerNorm.
-    histograms : bool
-        Log gain/bias histograms per LayerNorm.
-    max_heatmap_rows : int
-        Steps kept (evenly thinned) for the heatmap figure, bounding memory on long runs.
-
-    Attributes
-    ----------
-    initial : {name: (gain, bias | None)} or None
-        The snapshot divergence is measured from (None: the standard init, gain 1 and bias 0).
+    ``rule``: THE LayerNorm-outlier rule (None: Kovaleva et al.'s default; its ``k`` is also the statistics' σ).
+    ``top_k``: flagged dims per LayerNorm shown as scalars, and top-|z| dims written.  ``histograms``: gain/bias
+    histograms.  ``max_heatmap_rows``: steps kept (evenly thinned) for the heatmap.  ``initial``: the snapshot
+    divergence is measured from (None: gain 1, bias 0).
     """
 
     filename = "layernorm.csv"
@@ -112,11 +91,8 @@ class LayerNormTracker:
 
     # -- session ---------------------------------------------------------------------------------------
     def begin(self, model: nn.Module, resumed: bool) -> list[str]:
-        """Start a training session; returns notices for the caller to warn with (its framework's way).
-
-        A fresh session (``resumed=False``, before any update) snapshots the norms as the initial values; a
-        resumed one keeps the snapshot restored by ``load_state_dict``, else measures from gain 1 / bias 0.
-        """
+        """Start a training session; returns notices for the caller to warn with.  A fresh session snapshots the norms
+        as initial values; a resumed one keeps the snapshot ``load_state_dict`` restored, else gain 1 / bias 0."""
         lns = model_layernorms(model)
         notices = []
         det = layernorm_outliers_notice(lns, self.rule)

@@ -1,9 +1,8 @@
 """The outlier monitors for any training loop: one object, ``monitor.step(model, step)``.
 
-Watches LayerNorm outlier dims emerge (Kovaleva et al. 2021; Puccetti et al. 2022) and activation outlier dims
-on a fixed held-out batch (Luo et al. 2021), on our own ``RobertaMaskedLM`` or any Hugging Face model of a
-registered family (``outlierlab.models.families``: ``BertForMaskedLM``, ``RobertaForMaskedLM``, ModernBERT,
-``GPT2LMHeadModel``, Llama-style, ...), trained by a hand-written loop::
+Watches LayerNorm outlier dims emerge (Kovaleva et al. 2021; Puccetti et al. 2022) and activation outlier dims on a
+fixed held-out batch (Luo et al. 2021), on our ``RobertaMaskedLM`` or any registered Hugging Face family
+(``outlierlab.models.families``), trained by a hand-written loop::
 
     monitor = OutlierMonitor(model, tokenizer=tok, out_dir="run/monitor", every_n_steps=50)
     monitor.step(model, 0)                      # before the first update: the init snapshot and step 0
@@ -12,30 +11,21 @@ registered family (``outlierlab.models.families``: ``BertForMaskedLM``, ``Robert
         monitor.step(model, step)               # records at step multiples of every_n_steps
     monitor.close()
 
-It computes the same statistics with the same code as the Lightning callbacks
-(``outlierlab.monitoring.layernorm_monitor``, ``outlierlab.monitoring.hidden_state_monitor``): both drive ``LayerNormTracker`` and
-``HiddenStateTracker`` and write through ``publish``, so the files
-are the same — ``<out_dir>/layernorm.csv`` and ``<out_dir>/hidden_states.csv`` (``step,name,statistic,dim,value``,
-``outlierlab.monitoring.history``), the PNG figures, and the ``monitor/...`` TensorBoard scalars (own
-``SummaryWriter`` in ``<out_dir>/tensorboard`` unless the caller passes one).
+The same trackers and ``publish`` as the Lightning callbacks, so the same files: ``<out_dir>/layernorm.csv`` and
+``hidden_states.csv`` (``outlierlab.monitoring.history``), the PNG figures and the ``monitor/...`` TensorBoard scalars
+(own ``SummaryWriter`` in ``<out_dir>/tensorboard`` unless the caller passes one).
 
-When it records: at the first call (the session's start), then every ``every_n_steps`` steps, at ``max_steps``,
-and whenever ``OutlierMonitor.record`` is called (e.g. at a checkpoint save) — at most once per step.
+Records at the first call, every ``every_n_steps`` steps, at ``max_steps`` and on ``OutlierMonitor.record`` (e.g. at a
+checkpoint save), at most once per step.
 
-Resume: the first call of a new monitor at step S > 0 starts a resumed session: the history's rows at steps
-≥ S (written by the interrupted run, possibly past its last checkpoint) are dropped, S is recorded again and
-appending goes on — no gap, no duplicate, as ``outlierlab.lightning_modules.loggers.ResumableCSVLogger``
-does for ``metrics.csv``.  The LayerNorm snapshot at initialisation is written to
-``<out_dir>/layernorm_initial.pt`` by a fresh session and read back by a resumed one (or restored with
-``OutlierMonitor.load_state_dict`` from the caller's own checkpoint), so divergence is always measured from
-the true init.  Its own TensorBoard writer opens with ``purge_step=S``, so TensorBoard drops the interrupted
-run's events at steps ≥ S; a fresh session (S = 0) removes an earlier run's event files from a reused folder.
-A fresh session in an earlier run's folder starts new files: its histories are emptied, and those of a monitor
-that is off now are removed.
+Resume: a new monitor's first call at step S > 0 drops the history's rows at steps ≥ S and records S again (no gap, no
+duplicate, as ``ResumableCSVLogger``).  The init LayerNorm snapshot is written to ``<out_dir>/layernorm_initial.pt`` by
+a fresh session and read back by a resumed one (or restored with ``load_state_dict``).  Its TensorBoard writer opens
+with ``purge_step=S``; a fresh session (S = 0) removes an earlier run's event files and histories from a reused folder
+(those of a monitor now off are removed).
 
-Distributed: only global rank 0 computes and writes (the statistics are on rank 0's copy of the weights,
-identical under DDP); other ranks return at once.  A ``DistributedDataParallel`` or ``torch.compile`` wrapper
-is looked through.
+Distributed: only global rank 0 computes and writes (identical weights under DDP).  DDP and ``torch.compile`` wrappers
+are looked through.
 """
 
 from __future__ import annotations
@@ -72,23 +62,20 @@ LOCK_FILE = "monitor.lock"
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The model itself inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers, the
-    Hugging Face model inside a sentence-transformers ``SentenceTransformer`` and inside a PEFT (LoRA, ...)
-    ``PeftModel``: the norms and blocks are found by the family registry on the model's own module names."""
+    """The model inside DDP / ``DataParallel`` / ``torch.compile`` wrappers, a ``SentenceTransformer`` or a PEFT
+    ``PeftModel``, whose own module names the family registry finds the norms and blocks by."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
         elif callable(getattr(model, "get_base_model", None)) and model.get_base_model() is not model:
-            # a PeftModel: the transformers model with the adapters injected into its linear layers (they run in its
-            # forward, so the monitors see the adapted model); duck-typed, so peft stays optional
+            # a PeftModel: the transformers model with the adapters in its linear layers (duck-typed: peft optional)
             model = model.get_base_model()
         elif isinstance(model, nn.Sequential) and len(model) and isinstance(getattr(model[0], "auto_model", None),
                                                                             nn.Module):
-            # a SentenceTransformer is an nn.Sequential whose first module (its ``Transformer``) holds the Hugging Face
-            # model as ``auto_model``; pooling and normalisation after it have no weights the monitors read.  Duck-
-            # typed, so sentence-transformers stays optional
+            # a SentenceTransformer's first module holds the Hugging Face model as ``auto_model`` (pooling after it
+            # has no weights the monitors read); duck-typed, so sentence-transformers stays optional
             model = model[0].auto_model
         else:
             return model
@@ -106,60 +93,37 @@ class OutlierMonitor:
     Parameters
     ----------
     model : nn.Module, optional
-        Given here, the held-out batch is tokenised at once (a bad tokenizer fails before training starts).
+        Given here, the held-out batch is tokenised at once (a bad tokenizer fails before training).
     tokenizer : a Hugging Face tokenizer
-        The model's own; tokenises the held-out sentences (needed for the hidden-state statistics).
+        The model's own; tokenises the held-out sentences.
     out_dir : str or Path
-        Folder of the history CSVs, the PNG figures, the init snapshot and (by default) TensorBoard events.
+        Folder of the history CSVs, figures, init snapshot and (by default) TensorBoard events.
     every_n_steps : int
         Record every this many steps (besides the first call, ``max_steps`` and ``record``).
     sentences : sequence of str, optional
-        Held-out texts (the first ``n_sequences``); default the shipped held-out sentences the Lightning
-        monitors and ``python -m outlierlab.jobs.posthoc`` use, so live and post-hoc numbers agree.
+        Held-out texts (the first ``n_sequences``); default the shipped sentences the Lightning monitors and
+        ``python -m outlierlab.jobs.posthoc`` use, so live and post-hoc numbers agree.
     image_every_n_steps : int
-        Figures and per-dim vector rows at step multiples of this (and at the first and the last record).
-    vectors : bool
-        Write per-dim vector rows at image records.
-    figures : bool
-        Render figures at image records.
+        Figures and per-dim vector rows at step multiples of this (and at the first and last record).
+    vectors, figures : bool
+        Write per-dim vector rows / render figures at image records.
     max_steps : int, optional
         The last step: recorded (with figures) even off the cadence.
-    layernorm : bool
-        Run the LayerNorm gain/bias monitor.
-    hidden_states : bool
-        Run the hidden-state monitor.
+    layernorm, hidden_states : bool
+        Run the LayerNorm gain/bias monitor / the hidden-state monitor.
     rule : LayerNormRule or mapping, optional
-        The LayerNorm-outlier rule (None: Kovaleva et al.'s default); LayerNorm settings are ``LayerNormTracker``'s.
-    ln_top_k : int
-        Strongest flagged dims per LayerNorm shown as scalars (``LayerNormTracker``'s ``top_k``).
-    histograms : bool
-        Log gain/bias histograms per LayerNorm.
-    max_heatmap_rows : int
-        Steps kept (evenly thinned) for the LayerNorm heatmap figure.
-    n_sequences : int
-        Held-out sequences, at least 2; hidden-state settings are ``HiddenStateTracker``'s.
-    sentences_path : str, optional
-        Other sentences file (gzip text, one per line) instead of the shipped one.
-    max_length : int, optional
-        Truncation length in tokens.
-    top_k : int
-        Dims with the largest |mean| written per layer.
-    n_pairs : int
-        Cross-sentence token pairs of the anisotropy.
-    seed : int
-        Seed of those pairs.
-    sink_threshold : float
-        Gu et al. (2025)'s ε for a sink head.
+        The LayerNorm-outlier rule (None: Kovaleva et al.'s default).
+    ln_top_k, histograms, max_heatmap_rows
+        ``LayerNormTracker``'s ``top_k``, ``histograms`` and ``max_heatmap_rows``.
+    n_sequences, sentences_path, max_length, top_k, n_pairs, seed, sink_threshold
+        ``HiddenStateTracker``'s settings (at least 2 sequences).
     order_use : bool
-        Measure order use (the LM's loss with each held-out sequence's tokens permuted minus the intact loss,
-        nats) and attention locality at every record (docs/order_use.md); ``close`` says in one line when the
-        last record is below ``ORDER_USE_THRESHOLD`` (the model does not use
-        token order yet: it is a bag-of-words model).  Needs the model with its LM head.
+        Measure order use (nats) and attention locality at every record (docs/order_use.md); ``close`` says in one
+        line when the last record is below ``ORDER_USE_THRESHOLD`` (a bag-of-words model).  Needs the LM head.
     writer : a SummaryWriter-like writer, None or False
-        Where the TensorBoard scalars go: a writer of the caller's; None (default) a
-        ``torch.utils.tensorboard.SummaryWriter`` in ``<out_dir>/tensorboard``; False none.
+        A writer of the caller's; None (default) a ``SummaryWriter`` in ``<out_dir>/tensorboard``; False none.
     global_zero : bool, optional
-        Whether this process writes (default: global rank 0 of ``torch.distributed``, or no process group).
+        Whether this process writes (default: global rank 0, or no process group).
     warn : callable
         How notices are shown (default ``warnings.warn``).
     """
@@ -238,11 +202,8 @@ class OutlierMonitor:
 
     # -- session ---------------------------------------------------------------------------------------
     def start(self, model: nn.Module, step: int = 0) -> None:
-        """Start the session at ``step`` (0: a fresh run, before any update; S > 0: resumed at S) and record it.
-
-        Called by the first ``step``; call it yourself to start before the loop.  Rows at steps ≥ ``step``
-        are dropped from the histories first (a fresh run in an old folder starts new files).
-        """
+        """Start the session at ``step`` (0: fresh, before any update; S > 0: resumed) and record it, after dropping
+        rows at steps ≥ ``step``.  Called by the first ``step``; call it yourself to start before the loop."""
         step = arguments.step(step)
         if not self.is_global_zero:
             self.started = True
@@ -269,8 +230,7 @@ class OutlierMonitor:
         if self.hidden is not None and self.hidden.batch is None:
             self.hidden.tokenize(self.tokenizer, model, self.sentences)
         if not resumed:
-            # a fresh run in an earlier run's folder starts it anew: the history (and init snapshot) of a monitor that
-            # is off now would sit beside this run's files as if it were this run's
+            # a fresh run in an earlier run's folder: a monitor that is off now must not leave files as if this run's
             for off, filename in ((self.layernorm is None, LayerNormTracker.filename),
                                   (self.hidden is None, HiddenStateTracker.filename)):
                 if off:
@@ -284,8 +244,7 @@ class OutlierMonitor:
                 tracker.reload(history.path)
             elif resumed and tracker is self.hidden:
                 tracker.reload(history.rows())
-        # purge_step: TensorBoard drops the events a prior run of the folder wrote at steps >= this one -- after a
-        # resume the abandoned steps, after a fresh start (0) every prior run's, which it showed mixed with this one's
+        # purge_step: TensorBoard drops a prior run's events at steps >= this one (after a fresh start: all of them)
         self._open_writer(step)
         self.last_step = None  # a new session records its start even where an earlier one stopped
         self.record(model, step, images=True)

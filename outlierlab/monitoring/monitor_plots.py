@@ -1,13 +1,10 @@
 """Figures of the outlier monitors (matplotlib, Agg canvas; no pyplot state, safe on headless servers).
 
-- ``layernorm_heatmap`` — gain or bias of every LayerNorm per dimension over training steps, the
-  view of Kovaleva et al. (2021), Fig. 3 (middle panel), with the dims flagged by the 3σ rule at the
-  latest step marked.
-- ``mean_vector_figure`` — the average token vector of every layer, Luo et al. (2021) Figs. 1–2,
-  with the detected outlier dims labelled.
+- ``layernorm_heatmap`` — gain or bias of every LayerNorm per dim over steps, Kovaleva et al. (2021) Fig. 3
+  (middle), the 3σ-flagged dims of the latest step marked.
+- ``mean_vector_figure`` — the average token vector of every layer, Luo et al. (2021) Figs. 1–2, outliers labelled.
 
-``render`` turns a figure into an RGB array that goes to TensorBoard (``add_image``) and, unchanged,
-to a PNG in the run directory — rendered once for both.
+``render`` gives one RGB array for both TensorBoard and the PNG.
 """
 
 from __future__ import annotations
@@ -54,16 +51,8 @@ def thin(steps: Sequence[int], max_rows: int) -> list[int]:
 
 def layernorm_heatmap(steps: Sequence[int], values: Mapping[str, np.ndarray], flagged: Mapping[str, Sequence[int]],
                       part: str, centre: float) -> Figure:
-    """Heatmap per LayerNorm: rows = training steps, columns = dims, colour = gain (or bias).
-
-    Parameters
-    ----------
-    steps : the S recorded steps (rows, oldest at the top).
-    values : LayerNorm name -> array [S, d].
-    flagged : LayerNorm name -> dims flagged at the latest step (marked with red triangles on top).
-    part : "gain" or "bias" (titles).
-    centre : value at initialisation (1 for gain, 0 for bias): the white of the diverging colour map.
-    """
+    """Heatmap per LayerNorm: rows = the S ``steps`` (oldest on top), columns = dims, colour = ``values[name]`` [S, d];
+    ``flagged`` dims marked with red triangles; ``centre`` (init value) is the diverging map's white."""
     names = list(values)
     # Plain subplots_adjust and no colour bars: constrained layout and one colour-bar axes per panel
     # made this figure cost seconds per draw; the colour range is printed in each title instead.
@@ -90,14 +79,8 @@ def layernorm_heatmap(steps: Sequence[int], values: Mapping[str, np.ndarray], fl
 
 
 def mean_vector_figure(mean: np.ndarray, outliers: Sequence[Sequence[int]], step: int) -> Figure:
-    """One panel per layer: the average token vector over dims (Luo et al. 2021, Figs. 1–2).
-
-    Parameters
-    ----------
-    mean : array [L, d] (row 0 = embedding output).
-    outliers : per layer, dims to label (e.g. ``outlierlab.metrics.outlier_dims.detect_outlier_dims``).
-    step : training step (title).
-    """
+    """One panel per layer of ``mean`` [L, d] (row 0 = embedding output), the ``outliers`` dims labelled (Luo et al.
+    2021, Figs. 1–2)."""
     mean = np.asarray(mean, dtype=float)
     n, d = mean.shape
     cols = 1 if n <= 4 else 2
@@ -182,9 +165,9 @@ def metric_curves_figure(curves: Mapping[str, Mapping[int, tuple[Sequence[int], 
 
 
 def position_rows_figure(table: np.ndarray, stats: Mapping, name: str = "") -> Figure:
-    """A position table row by row (Luo et al. 2021, Figs. 3–4): the rows × dims heatmap with the
-    most common argmax/argmin dims marked, and per dim the share of rows having it as argmax, argmin
-    or as a kσ dim (``outlierlab.metrics.outlier_dims.position_row_stats``)."""
+    """A position table row by row (Luo et al. 2021, Figs. 3–4): the rows × dims heatmap with the most common
+    argmax/argmin dims marked, and per dim the share of rows having it as argmax, argmin or kσ dim
+    (``position_row_stats``)."""
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     lim = float(np.abs(table).max()) or 1.0

@@ -1,17 +1,9 @@
 """One record of a tracker, written the same way by every monitor: history rows, TensorBoard, figures.
 
-A *tracker* (``LayerNormTracker``,
-``HiddenStateTracker``) computes rows and a summary; this
-module decides what a record writes so that the Lightning callbacks, the plain-loop monitor and the Hugging Face
-Trainer callback cannot drift apart:
-
-* the rows go to the tracker's history file (``<out_dir>/layernorm.csv`` / ``hidden_states.csv``,
-  ``outlierlab.monitoring.history.HistoryCSV``: flushed and fsynced per record);
-* the scalars go to every TensorBoard writer given;
-* at image records the figures are rendered once, logged to every writer and saved as
-  ``<out_dir>/<tag>.png`` (rendering costs more than the statistics, hence its own cadence);
-* per-dim vector rows are written at image records only: they are most of the rows (2·d per LayerNorm,
-  d per layer), so their cadence bounds the file size.
+A *tracker* (``LayerNormTracker``, ``HiddenStateTracker``) computes rows and a summary; this module decides what a
+record writes, so the Lightning callbacks, the loop monitor and the HF callback cannot drift apart: rows to the history
+file (``HistoryCSV``, fsynced per record), scalars to every TensorBoard writer, and at image records only the figures
+(``<out_dir>/<tag>.png``, rendered once) and the per-dim vector rows (most of the rows).
 """
 
 from __future__ import annotations
@@ -35,17 +27,9 @@ def is_image_step(step: int, image_every_n_steps: int, forced: bool = False) -> 
 def publish(tracker: Any, step: int, rows: Sequence, summary: dict, *, history: HistoryCSV | None,
             writers: Sequence[Any] = (), images: bool = False, figures: bool = True,
             out_dir: str | Path | None = None) -> None:
-    """Write one computed record of ``tracker``.
-
-    Parameters
-    ----------
-    tracker : has ``log_to(writer, step, summary, images)`` and ``figures(step, summary)``.
-    rows, summary : what ``tracker.compute`` returned for ``step``.
-    history : the history file, or None (e.g. TensorBoard re-logging a step the history already holds).
-    writers : TensorBoard ``SummaryWriter``-like objects (``add_scalar``, ``add_histogram``, ``add_image``).
-    images : an image record (figures drawn when ``figures``).
-    out_dir : where the figures' PNGs go (default: the history's folder).
-    """
+    """Write one computed record of ``tracker`` (``rows, summary`` from ``tracker.compute`` at ``step``) to ``history``
+    (None: e.g. re-logging a step it holds) and ``writers``; ``images``: an image record; ``out_dir``: the PNGs' folder
+    (default: the history's)."""
     if history is not None:
         history.append(rows)
     for w in writers:

@@ -48,14 +48,9 @@ def write_json(path: Path, obj: Any) -> Path:
 
 # ------------------------------------------------------------------------------------------- TensorBoard
 def log_tables(tb, prefix: str, rows: Sequence[Mapping[str, Any]]) -> int:
-    """The per-layer values as TensorBoard text: one Markdown table per transform (and STS data set and sub-set),
-    tagged ``<prefix>/<transform>[/<dataset>][/<subset>]`` (``eval/<analysis>``, ``probe/position_probe``), a row
-    per layer and a column per numeric statistic.
-
-    Not scalars at step = layer: TensorBoard draws a scalar series on its training-step axis and smooths it, and
-    under ``tensorboard --logdir outputs`` it sits among the training runs' curves, its layers read as steps.
-    Returns the number of tables written.
-    """
+    """The per-layer values as TensorBoard text: one Markdown table per transform (and STS data set and sub-set), tagged
+    ``<prefix>/<transform>[/<dataset>][/<subset>]``, a row per layer, a column per numeric statistic; returns the number
+    of tables.  Not scalars at step = layer: TensorBoard would smooth them on a step axis among training curves."""
     if tb is None:
         return 0
     groups: dict[str, list[Mapping[str, Any]]] = {}
@@ -142,15 +137,13 @@ def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequenc
 
 
 def _bars(ax, v: Sequence[float]) -> None:
-    """Unit-width bars of ``v`` from 0 as ONE filled step patch — what ``ax.stairs(v, edges, fill=True,
-    baseline=0)`` draws, pixel for pixel (tests/test_evaluation_report.py).
+    """Unit-width bars of ``v`` from 0 as ONE filled step patch, pixel for pixel what ``ax.stairs(v, edges, fill=True,
+    baseline=0)`` draws (tests/test_evaluation_report.py).
 
-    Written by hand because both library routes are slow at a model's width: ``ax.bar`` makes one Rectangle per dim
-    (4,096 per panel for a 7B model; it made plotting cost more than the statistics), and ``ax.stairs``'
-    ``add_patch`` — and ``tight_layout`` after it — walk the patch's path segment by segment in Python to find its
-    extent (4.4 s for the 33 × 4,096-dim figure of a 7B model, 18 s at 70B's 81 × 8,192).  The extent is known:
-    the data limits are set from the edges and the values' range, and the patch, inside the axes, is left out of
-    the layout."""
+    ``ax.bar`` makes one Rectangle per dim and ``ax.stairs``/``tight_layout`` walk the path in Python (18 s for a 70B
+    model's 81 × 8,192 figure); here the data limits are set from the edges and values and the patch is left out of the
+    layout.
+    """
     edges = [k - 0.5 for k in range(len(v) + 1)]
     patch = StepPatch(v, edges, fill=True, baseline=0.0, facecolor="tab:blue", linewidth=0)  # as stairs
     ax.add_artist(patch)  # add_patch would update the data limits from the path, segment by segment
@@ -173,10 +166,9 @@ _SHARE = re.compile(r"top(\d+)_share")
 
 
 def geometry_table(results: Sequence[Any]) -> str:
-    """The Table-1 layout of the geometry: per layer, for every transform, anisotropy (Ethayarajh 2019), the
-    share of it held by the top-k dims (Timkey & van Schijndel 2021; k by ``share_k``, 3 by default, as the
-    anisotropy section) and IsoScore (Rudman et al. 2022), from the rows of the ``anisotropy`` and ``isotropy``
-    analyses ("" when neither ran)."""
+    """The Table-1 layout of the geometry: per layer and transform, anisotropy (Ethayarajh 2019), its top-k share
+    (Timkey & van Schijndel 2021; ``share_k``, default 3) and IsoScore (Rudman et al. 2022), from the ``anisotropy`` and
+    ``isotropy`` rows ("" when neither ran)."""
     by = {r.name: r.rows for r in results if r.name in ("anisotropy", "isotropy")}
     if not by:
         return ""
@@ -222,11 +214,8 @@ def write_report(out_dir: Path, header: str, sections: Sequence[str], drawn: Ite
 
 def write_outputs(out_dir: Path, results: Sequence[Any], meta: Mapping[str, Any], header: str,
                   columns: Mapping[str, Sequence[str]] | None = None, tb=None) -> dict[str, Path]:
-    """``<name>.csv`` per analysis, ``results.json``, ``report.md`` and TensorBoard's per-layer tables.
-
-    ``results`` are ``outlierlab.evaluation.registry.AnalysisResult``; ``columns`` fixes a CSV's header
-    (so a skipped analysis still writes its columns).
-    """
+    """``<name>.csv`` per analysis, ``results.json``, ``report.md`` and TensorBoard's per-layer tables from the
+    ``AnalysisResult`` s; ``columns`` fixes a CSV's header (a skipped analysis still writes its columns)."""
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     for r in results:

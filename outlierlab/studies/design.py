@@ -8,25 +8,20 @@ The design is declared beside the sweep, in the experiment config (``configs/exp
       primary: [hidden/argmax_share@layer_4, val/ppl@model]   # metric@layer, at the last step every cell reached
       equivalence_margin: {hidden/argmax_share: 0.1}          # in the metric's own units (TOST)
 
-or on the command line (``--primary``, ``--equivalence-margin``), which wins. Read from, in order: the command
-line, the cells' resolved config (cells made since the key exists), ``configs/experiment/<experiment>.yaml`` of the
-cells' ``experiment=`` override.
+or on the command line (``--primary``, ``--equivalence-margin``), which wins; then the cells' resolved config, then
+``configs/experiment/<experiment>.yaml``.  Every contrast row gets a ``family``; corrections stay within a family:
 
-Every contrast row gets a ``family``; corrections are made within a family, never across:
-
-* ``primary`` -- the confirmatory family of outlier claims: the declared outlier (or geometry) metric@layer at the
-  last step every cell of both groups reached, in the primary contrasts; nothing declared: ``DEFAULT_PRIMARY``.
-  Holm-adjusted ``p_holm`` (family-wise error) and BH ``q_bh``, both within the family.
+* ``primary`` -- the declared outlier (or geometry) metric@layer at the last step all cells of both groups reached,
+  in the primary contrasts (nothing declared: ``DEFAULT_PRIMARY``); Holm ``p_holm`` and BH ``q_bh`` within it.
 * ``performance`` -- the declared loss, accuracy, perplexity or order-use metric@layer (``PERFORMANCE``) at that
-  step: their own confirmatory family, Holm and BH within it; never pooled with an outlier measure.
-* ``exploratory`` -- every other outlier or geometry row: other layers, other contrasts, and every earlier step (the
-  curves: per-step rows are not confirmatory tests); BH ``q_bh`` within the exploratory rows.
-* ``exploratory performance`` -- every other performance row; BH within them.
-* ``not tested`` (p is NaN: constant across seeds or one seed) and ``duplicate`` (a post-hoc row at a step where the
-  live monitor recorded the same statistic of the same model): in no family.
+  step: its own confirmatory family, Holm and BH, never pooled with outlier measures.
+* ``exploratory`` -- every other outlier or geometry row (other layers, contrasts, earlier steps); BH within.
+* ``exploratory performance`` -- every other performance row; BH within.
+* ``not tested`` (p NaN: constant or one seed) and ``duplicate`` (a post-hoc row where the live monitor recorded the
+  same statistic): in no family.
 
-Confirmatory rows also get the minimum detectable effect at 80 % power (``mde``) and, where a margin is declared,
-the TOST p-value (``tost_p``) -- ``outlierlab.studies.study_inference``.
+Confirmatory rows also get the 80 %-power minimum detectable effect (``mde``) and, with a margin, the TOST p
+(``tost_p``) -- ``outlierlab.studies.study_inference``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,19 @@
 """Which dimension carries each layer's concentration, since when, and in how many layers (Kovaleva et al. 2021).
 
-    python -m outlierlab.studies.dim_identity docs/order_use/cells_schemes_large.parquet docs/order_use/cells_large_mlm.parquet \\
+    python -m outlierlab.studies.dim_identity docs/order_use/cells_schemes_large.parquet docs/order_use/cells_large_mlm.parquet \
         --out docs/order_use/dim_identity_large
 
-Kovaleva et al. (2021, "BERT Busters") found BERT's outlier dimensions early in pretraining, at the *same index in
-every layer* (308 and 381 in BERT-base), and kept to the end.  The study aggregator averages *how concentrated* a
-layer is (``abs_argmax_share``), not *which* dimension that is; the live monitor records the dimension beside the
-share, and the exported cells keep it.  Per finished cell and layer this job gives
-``outlierlab.metrics.layer_identity.layer_identity`` (the dimension and share at the last record, ``held_since``,
-``held_fraction``, ``layers_sharing``) with the cell's group (every identity override that differs between the
-cells, as the study aggregator names groups: ``pos=rope``, ``arch=op``), folder, data set, objective, scheme and seed.
+Kovaleva et al. (2021, "BERT Busters") found BERT's outlier dimensions early, at the *same index in every layer* (308
+and 381 in BERT-base), and kept.  The study aggregator averages *how concentrated* a layer is; this job gives, per
+finished cell and layer, ``metrics.layer_identity.layer_identity`` (dimension and share at the last record,
+``held_since``, ``held_fraction``, ``layers_sharing``) with the cell's group (identity overrides that differ, as the
+aggregator names groups), folder, data set, objective, scheme and seed.
 
-Dimension indices are arbitrary between seeds, so identity is compared within a cell, never across seeds.  Chance
-levels, for reading the numbers: two layers' most common dimensions coincide with probability 1/d if unrelated
-(1/128 at this project's recipes), and a layer without concentration has a share near 1/d.  Descriptive, no test:
-the summary gives per group and layer the median ``held_fraction``, the mean share,
-the seeds whose layer ends on the previous layer's dimension, the median ``layers_sharing`` and the seeds whose
-dimension settled in the validation interval in which they began to use order (``use_from``).  ``--until STEP``
-reads every history up to STEP and admits cells the clock stopped after it (the study aggregator's ``--until``).
-One run's history (ours, or a Hugging Face Trainer's or plain loop's ``hidden_states.csv``): ``ol.dim_identity``.
+Indices are arbitrary between seeds: identity is compared within a cell.  Chance: two unrelated layers' dimensions
+coincide with probability 1/d, and a layer without concentration has a share near 1/d.  Descriptive, no test: the
+summary gives per group and layer the median ``held_fraction``, the mean share, the seeds ending on the previous layer's
+dimension, the median ``layers_sharing`` and the seeds whose dimension settled in the interval in which they began to
+use order (``use_from``).  ``--until STEP`` as the aggregator's.  One run's history: ``ol.dim_identity``.
 
 Writes ``<out>/dim_identity.csv`` (a row per cell and layer) and ``<out>/dim_identity.md`` (the summary).
 """
@@ -46,11 +41,10 @@ def _group(cell: Cell) -> dict[str, str]:
 
 
 def use_from(cell: Cell, until: int | None = None) -> dict[str, float]:
-    """The validation at which the cell's order use (``val/order_use`` in ``csv/metrics.csv``, nats) first reached the
-    run's ``order_use_threshold`` (0.1 by default), ``use_from``, and the validation before it, ``use_before`` (0 if
-    it was the first), in optimizer steps like ``held_since``: a layer's dimension settled in the interval in which
-    the model began to use order when ``use_before < held_since <= use_from``.
-    NaN where order use was not measured or never reached the threshold (a model without positions)."""
+    """The validation at which the cell's order use (``val/order_use``, nats) first reached the run's
+    ``order_use_threshold`` (``use_from``) and the one before (``use_before``, 0 if first), in optimizer steps: a layer
+    settled as the model began to use order when ``use_before < held_since <= use_from``.  NaN where not measured or
+    never reached."""
     nan = {"use_before": float("nan"), "use_from": float("nan")}
     path = cell.path / "csv" / "metrics.csv"
     if not path.is_file():
@@ -72,9 +66,9 @@ def use_from(cell: Cell, until: int | None = None) -> dict[str, float]:
 
 def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until: int | None = None
             ) -> tuple[pd.DataFrame, list[str]]:
-    """Every finished cell's ``layer_identity`` with its group, folder, data set (its ``data=`` override),
-    objective, scheme and seed, and when the model began to use order (``use_from``); ``until``: of its history up to that
-    step, cells stopped after it admitted.  And one line for each cell left out."""
+    """Every finished cell's ``layer_identity`` with its group, folder, data set, objective, scheme, seed and
+    ``use_from``, and one line per cell left out; ``until``: histories up to that step, cells stopped after it admitted.
+    """
     found, skipped = [], []
     for cell in find_cells(paths, until):
         history = cell.path / HISTORY
@@ -100,11 +94,9 @@ def collect(paths: list[str | Path], statistic: str = "abs_argmax_share", until:
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per group (every identity override that differs between the cells; one group's cells in several folders
-    pooled) and layer: seeds, median
-    ``held_fraction``, mean share, how many seeds end the layer on the previous layer's dimension, the median
-    ``layers_sharing``, and how many of the seeds that came to use order (``use_measured``) settled the layer's
-    dimension in the validation interval in which they did (``with_use``, ``use_from``)."""
+    """Per group (one group's cells in several folders pooled) and layer: seeds, median ``held_fraction``, mean share,
+    seeds ending on the previous layer's dimension, median ``layers_sharing``, and of the seeds that came to use order
+    (``use_measured``) those that settled the dimension in that interval (``with_use``, ``use_from``)."""
     t = table.sort_values(["group", "folder", "seed", "layer"]).copy()
     previous = t.groupby(["group", "folder", "seed"])["dim"].shift()
     t["as_previous"] = t["dim"].eq(previous) & t["layer"].gt(0)

@@ -4,33 +4,22 @@
     python -m outlierlab.studies.ladder multirun/scale_ladder --out strict.csv --share 0.9 --layer-fraction 0.75
     python -m outlierlab.studies.ladder docs/gpu/ladder_cpu.parquet --out docs/gpu/ladder_cpu.csv.xz --markdown docs/gpu/ladder_cpu.md
 
-Reads each train.py cell under the given folders or packed studies (its resolved ``config.yaml``, ``csv/metrics.csv`` and the live
-monitors' ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv``) and writes
+Reads each train.py cell (``config.yaml``, ``csv/metrics.csv``, ``monitor/hidden_states.csv``/``layernorm.csv``) under
+the given folders or packed studies and writes
 
-* ``--out`` (long): ``cell, rung, layers, hidden, objective, pos, seed, step, tokens, metric, layer, value`` with ``val/loss`` and
-  ``val/order_use`` (layer ``model``), the LayerNorm 3-sigma count ``layernorm/n_outlier_dims`` (Kovaleva's rule,
-  ``model``), and per encoder layer ``abs_argmax_share``, ``abs_argmax_dim``, ``kurtosis``, ``max_median`` and, for
-  cells whose monitors record them, ``abs_argmax_share_pos_<bucket>`` (that dimension's share per position bucket);
+* ``--out`` (long): ``cell, rung, layers, hidden, objective, pos, seed, step, tokens, metric, layer, value`` with
+  ``val/loss``, ``val/order_use``, ``layernorm/n_outlier_dims`` (Kovaleva's rule) and per encoder layer
+  ``abs_argmax_share``, ``abs_argmax_dim``, ``kurtosis``, ``max_median`` and ``abs_argmax_share_pos_<bucket>``;
   ``tokens`` = step x batch x block x accumulation x devices;
 * ``<out stem>_summary.csv``: per cell the first step (and tokens) with a Luo-type dimension
-  (``outlierlab.metrics.luo_dimension``), that dimension and its layers; how lasting and how strong it is --
-  the share of checkpoints from then on that have one (``luo_kept``), and at the last step the dimension, the
-  layers it holds and its mean share there (``luo_final_*``: Luo et al.'s RoBERTa-base dimension holds nearly
-  every token in nearly every layer; the definition's weakest form, half the tokens in half the layers, is met by
-  some 4 x 128 runs), and the largest share of any encoder layer (``max_share``) with that layer's dimension's share
-  in each position bucket at the last step (``final_position_shares``, e.g. ``1:1.00 2-3:1.00 ... 32-63:0.00``: a
-  positional dimension, whose share over all tokens follows the held-out sentences' lengths; empty for cells
-  whose monitors predate these rows); the first step with a LayerNorm
-  outlier dimension, the last step, the final and the best validation loss (a final loss above the best says
-  held-out loss rose); and, to order the two events, the first step at which order use reaches
-  ``ORDER_USE_THRESHOLD`` (``order_use_step``, 0.1 nats: docs/order_use.md) and the first at which an encoder
-  layer's dominant dimension is *positional* (``marker_step``, ``marker_layer``, ``marker_dim``,
-  ``marker_buckets``): it holds at least ``MARKER_HIGH`` (0.9) of the tokens of some position bucket and at most
-  ``MARKER_LOW`` (0.1) of another's (rule fixed before any cell was read; NaN where the monitors predate the
-  by-position rows).
-
-Written by hand: a table of this study's own shape; the seed-study aggregator (outlierlab.studies.aggregate) compares
-groups, while this reads when something first happens in each cell.
+  (``metrics.luo_dimension``), its dimension and layers; the share of later checkpoints that keep one
+  (``luo_kept``); at the last step the dimension, layers and mean share (``luo_final_*``), the largest layer share
+  (``max_share``) with its share per position bucket (``final_position_shares``, e.g. ``1:1.00 ... 32-63:0.00``: a
+  positional dimension); the first step with a LayerNorm outlier, the last step, the final and best validation loss;
+  and, to order the two events, the first step with order use ≥ ``ORDER_USE_THRESHOLD`` (``order_use_step``, 0.1
+  nats: docs/order_use.md) and the first at which an encoder layer's dimension is *positional* (``marker_step``,
+  ``marker_layer``, ``marker_dim``, ``marker_buckets``): ≥ ``MARKER_HIGH`` (0.9) of some position bucket's tokens
+  and ≤ ``MARKER_LOW`` (0.1) of another's (rule fixed before any cell was read; NaN without by-position rows).
 """
 
 from __future__ import annotations

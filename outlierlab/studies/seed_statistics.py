@@ -1,31 +1,18 @@
 """Across-seed statistics: the mean of a quantity over independent training runs and how far to trust it.
 
-A claim about position schemes or architecture switches is a contrast between groups of runs that differ
-only in their seed (docs/design.md, "compare"). The spread across seeds is the only error bar such a claim has:
-the monitor statistics of one run are deterministic given its seed.
+A claim about position schemes or switches is a contrast between groups of runs differing only in their seed
+(docs/design.md, "compare"); the spread across seeds is its only error bar.
 
-* ``summarize`` -- n, mean, sample standard deviation, a 95 % confidence interval of the mean from
-  Student's t distribution with n - 1 degrees of freedom (the seeds are few, so the normal approximation
-  would be too narrow: t_{0.975, 2} = 4.30 for three seeds vs 1.96), min and max.
-* ``contrast`` -- the difference of two groups' means with its confidence interval: a paired t interval
-  when both groups hold the same seeds (each seed's data order, masks and initialisation are shared, so
-  the per-seed difference removes that variance), Welch's unequal-variance t otherwise; its p-value; and
-  whether the ordering is the same in every seed (paired) or every run of one group lies above every run of
-  the other (unpaired).
+* ``summarize`` -- n, mean, sample std, a 95 % interval of the mean from Student's t with n - 1 df (few seeds:
+  t_{0.975, 2} = 4.30 for three vs 1.96), min and max.
+* ``contrast`` -- the difference of two groups' means with its interval: paired t when both hold the same seeds
+  (shared data order, masks and init cancel), Welch's t otherwise; its p; and whether the ordering holds in every
+  seed (paired) or every run of one group lies above the other's (unpaired).
 
-Zero variance (a setting fixed by the design, or every seed at the same value) has no interval and no test:
-the interval and p are NaN with the note "constant across seeds", never a zero-width interval and p = 0.  Values
-that differ only by float rounding (``ROUNDING``: one sum taken in another order) are the same value: a t statistic
-of their spread is noise, and scipy's moments lose every digit on them (its "Precision loss ... catastrophic
-cancellation" warning).  Welch's test with one group constant is the one-sample t of the other group against that
-value (Welch-Satterthwaite gives it n - 1 degrees of freedom), computed as such: scipy's Welch takes the constant
-group's variance too and warns on it.
-Pairing uses the seeds both groups hold (a seed missing in one group drops out of the pairs, it does not turn the
-test into Welch's); Welch only when the groups share fewer than two seeds. Multiple-comparison corrections, power
-and equivalence: ``outlierlab.studies.study_inference``.
-
-Plain numpy + scipy.stats; written here only to fix the protocol in one place (which interval, which test,
-what "the same ordering" means) for the study aggregator and its tests.
+Zero variance has no interval and no test: NaN with "constant across seeds", never a zero-width interval and p = 0.
+Values differing only by float rounding (``ROUNDING``) are the same value (scipy's moments lose every digit on them).
+Welch with one group constant is the one-sample t of the other (n - 1 df), computed as such.  Pairing uses the shared
+seeds; Welch only below two.  Corrections, power, equivalence: ``studies.study_inference``.
 """
 
 from __future__ import annotations
@@ -108,11 +95,9 @@ class Contrast:
 def contrast(a: Mapping[int, float], b: Mapping[int, float], confidence: float = CONFIDENCE) -> Contrast:
     """Group ``a`` minus group ``b``, each a mapping seed -> value.
 
-    Paired (the groups share at least two seeds): over the shared seeds S, the mean of d_s = a_s - b_s, its t
-    interval (|S| - 1 df) and the paired t-test -- ``scipy.stats.ttest_rel`` on the shared seeds; a seed held by
-    one group only is left out of the pairs and named in ``note``. Otherwise Welch: the difference of means,
-    ``se = sqrt(s_a²/n_a + s_b²/n_b)`` with Welch–Satterthwaite degrees of freedom, and Welch's t-test.
-    Zero variance: interval and p NaN, ``note`` "constant across seeds".
+    Paired (≥ 2 shared seeds): the mean of d_s = a_s - b_s over the shared seeds, its t interval and
+    ``scipy.stats.ttest_rel``; unshared seeds are named in ``note``.  Otherwise Welch: ``se = sqrt(s_a²/n_a +
+    s_b²/n_b)`` with Welch–Satterthwaite df.  Zero variance: interval and p NaN, ``note`` "constant across seeds".
     """
     from outlierlab.studies.study_inference import pooled_sd
 

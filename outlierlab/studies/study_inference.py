@@ -1,30 +1,18 @@
-"""What a seed study may claim: corrected p-values, the smallest effect it could see, equivalence, and intervals
-that respect a measure's range.
+"""What a seed study may claim: corrected p-values, the smallest effect it could see, equivalence, and intervals that
+respect a measure's range.  Every number comes from statsmodels or scipy; this fixes the protocol.
 
-* ``adjust_pvalues`` -- Holm's step-down correction (Holm 1979; family-wise error over the declared primary
-  metrics) or Benjamini & Hochberg's false-discovery-rate q-values (1995; every other contrast), through
-  ``statsmodels.stats.multitest.multipletests``; NaN p-values (a constant contrast) stay NaN and do not count
-  in the family.
-* ``minimum_detectable_effect`` -- the smallest true difference a two-sided t-test at level 0.05 detects with
-  80 % power at the study's n: paired, from the standard deviation of the per-seed differences
-  (``statsmodels.stats.power.TTestPower``); unpaired, from the pooled standard deviation
-  (``TTestIndPower``; the equal-variance power formula, the usual planning approximation for Welch's test).
-  A null result smaller than this is absence of evidence, not evidence of absence.
-* ``tost`` -- two one-sided tests of equivalence (Schuirmann 1987; Lakens 2017) within ``±margin``:
-  ``statsmodels.stats.weightstats.ttost_paired`` / ``ttost_ind`` (Welch). p < 0.05 supports "no difference
-  larger than the margin".
-* ``bounded_interval`` -- a 95 % interval of a mean that stays inside a measure's range (shares in [0, 1],
-  cosines in [-1, 1]): the bootstrap percentile interval over seeds (``scipy.stats.bootstrap``) when n >= 5,
-  else a Student-t interval on the logit (for [0, 1]) or Fisher-z (for [-1, 1]) scale mapped back (values at the
-  bounds are pulled in by 1e-6 first).
-* ``difference_range`` / ``clip_to_range`` -- a difference of two bounded measures lies in ``[lo - hi, hi - lo]``
-  (two shares: [-1, 1]); its t interval, which knows no range (at n = 2, t_{0.975, 1} = 12.7 times the spread),
-  is clipped there, and the contrast's note says so.  Clipping keeps the t interval where it is informative and
-  only drops the part no difference can reach; no transform makes a difference of two logits a difference of
-  shares.
-
-Written here only to fix the protocol in one place (level, power, which test, the transforms); every number
-comes from statsmodels or scipy.
+* ``adjust_pvalues`` -- Holm's step-down correction (Holm 1979; the primary family) or Benjamini & Hochberg's
+  q-values (1995; every other contrast), via ``multipletests``; NaN p-values stay NaN, outside the family.
+* ``minimum_detectable_effect`` -- the smallest true difference a two-sided t-test at 0.05 detects with 80 % power:
+  paired from the sd of per-seed differences (``TTestPower``), unpaired from the pooled sd (``TTestIndPower``, the
+  usual planning approximation for Welch).  A null result below it is absence of evidence.
+* ``tost`` -- two one-sided tests of equivalence (Schuirmann 1987; Lakens 2017) within ``±margin``
+  (``ttost_paired`` / ``ttost_ind``, Welch); p < 0.05 supports "no difference larger than the margin".
+* ``bounded_interval`` -- a 95 % interval of a mean inside a measure's range (shares [0, 1], cosines [-1, 1]):
+  bootstrap percentile over seeds when n >= 5, else Student t on the logit or Fisher-z scale mapped back (bound
+  values pulled in by 1e-6).
+* ``difference_range`` / ``clip_to_range`` -- a difference of two bounded measures lies in ``[lo - hi, hi - lo]``;
+  its t interval (12.7 times the spread at n = 2) is clipped there, said in the note.
 """
 
 from __future__ import annotations
@@ -96,10 +84,8 @@ def pooled_sd(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def tost(a: Sequence[float], b: Sequence[float], margin: float, paired: bool) -> float:
-    """p-value of the two one-sided tests that ``mean(a) - mean(b)`` lies within ``(-margin, margin)``.
-
-    NaN when the data are constant (no variance: the t statistics are undefined) or too few.
-    """
+    """p-value of the two one-sided tests that ``mean(a) - mean(b)`` lies within ``(-margin, margin)``; NaN for constant
+    data (undefined t statistics) or too few values."""
     from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
     from outlierlab.studies.seed_statistics import is_constant

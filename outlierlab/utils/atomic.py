@@ -1,9 +1,6 @@
-"""Files that readers never see half-written: a temporary file in the destination's own directory, fsync, then
-``os.replace`` (atomic on one file system), and an fsync of the directory so the rename survives a crash.
-
-Written by hand: the standard library has the pieces (``os.replace``, ``os.fsync``) but no function joining them,
-and Lightning's ``_atomic_save`` stages in ``$TMPDIR``, which makes the final move a copy across file systems
-(Lightning issue #21253).
+"""Files that readers never see half-written: a temporary file in the destination's own directory, fsync, ``os.replace``
+(atomic on one file system), and an fsync of the directory so the rename survives a crash. (Lightning's ``_atomic_save``
+stages in ``$TMPDIR``, making the final move a copy; Lightning issue #21253.)
 """
 
 from __future__ import annotations
@@ -17,11 +14,7 @@ __all__ = ["write_atomic", "fsync_dir", "figure_bytes", "save_figure"]
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write ``path`` through a temporary file in its own directory, fsync it, ``os.replace`` it over ``path``.
-
-    The rename is atomic on one file system, so readers never see a partial file (a temporary file elsewhere,
-    e.g. ``$TMPDIR``, would make the final move a copy -- see Lightning issue #21253).
-    """
+    """Write ``path`` through a temporary file in its own directory, fsync it, ``os.replace`` it over ``path``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     payload = data.encode() if isinstance(data, str) else data
@@ -38,11 +31,8 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def figure_bytes(fig: Any, **savefig_kwargs: Any) -> bytes:
-    """``fig`` (a matplotlib Figure) encoded in memory, PNG unless ``format=`` says otherwise.
-
-    The one place in outlierlab that calls ``savefig``: matplotlib writes a file as it encodes, so a kill or a full
-    disk mid-``savefig(path)`` left a torn image under the final name (tests/test_figures_atomic.py keeps it so).
-    """
+    """``fig`` (a matplotlib Figure) encoded in memory, PNG unless ``format=`` says otherwise: the one ``savefig``, so a
+    kill or full disk never leaves a torn image under the final name (tests/test_figures_atomic.py)."""
     savefig_kwargs.setdefault("format", "png")
     buf = io.BytesIO()
     fig.savefig(buf, **savefig_kwargs)

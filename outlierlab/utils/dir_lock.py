@@ -1,18 +1,16 @@
 """One writer per directory: an advisory lock taken before anything is written there.
 
-Two processes writing into one directory (a job resubmitted beside the original, a study launched twice, two
-training loops given the same monitor folder) both ran to the end and wrote every row twice. ``lock_dir``
-takes an exclusive ``flock`` on a lock file in the directory and writes the holder into it (host, pid, start time,
-``SLURM_JOB_ID``); a second writer gets ``DirBusy``, one line naming the holder and what to do. The kernel drops
-the lock when its holder dies, so a crashed writer's directory is free at once; the dead holder's record is reported
-as taken over. A lock that is still held although its recorded holder is dead on this host (a forked worker kept
-the descriptor), or that is held by an earlier run of this very scheduler job (a requeue: same ``SLURM_JOB_ID``), is
-broken: the file is replaced and the new one locked. Used for run directories
-(``outlierlab.jobs.run_lock``) and the loop monitors' folders (``outlierlab.monitoring.loop_monitor``).
+Two processes writing into one directory (a resubmitted job, a study launched twice, two loops on one monitor folder)
+would write every row twice.  ``lock_dir`` takes an exclusive ``flock`` on a lock file and writes the holder into it
+(host, pid, start time, ``SLURM_JOB_ID``); a second writer gets ``DirBusy``, one line naming the holder and what to do.
+The kernel drops the lock when its holder dies (the dead holder's record is reported as taken over). A lock still held
+although its recorded holder is dead on this host (a forked worker kept the descriptor), or held by an earlier run of
+the same scheduler job (a requeue), is broken: the file is replaced and the new one locked. Used for run directories
+(``jobs.run_lock``) and the loop monitors' folders.
 
-``fcntl`` directly, not the ``filelock`` library: the holder record lives in the lock file, and filelock before
-3.30 truncated the holder's file on every contending open (tox-dev/filelock#591); breaking a lock also needs the
-unlink-and-compare-inode dance, which filelock does not expose. Windows has no ``fcntl``: nothing is locked there.
+``fcntl`` directly, not ``filelock``: the holder record lives in the lock file, which filelock before 3.30 truncated on
+every contending open (tox-dev/filelock#591), and breaking a lock needs the unlink-and-compare-inode dance. Windows has
+no ``fcntl``: nothing is locked there.
 """
 
 from __future__ import annotations
@@ -70,12 +68,8 @@ def read_holder(path: Path) -> dict[str, Any] | None:
 
 
 def await_holder(path: Path, timeout: float = 2.0) -> dict[str, Any] | None:
-    """The holder's record, waiting up to ``timeout`` s for it to appear.
-
-    A holder writes its record just after taking the flock (truncate, then write), so a contender that loses the
-    race by microseconds can read an empty or half-written file; a record still missing after ``timeout`` is
-    reported as "no record yet".
-    """
+    """The holder's record, waiting up to ``timeout`` s for it to appear (a contender losing the race by microseconds
+    can read an empty file); still missing, it is reported as "no record yet"."""
     deadline = time.monotonic() + timeout
     while True:
         holder = read_holder(path)

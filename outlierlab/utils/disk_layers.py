@@ -1,16 +1,10 @@
 """A stack of per-layer matrices ``[L, r, c]`` kept in a file, one layer in memory at a time.
 
-The fitted maps of ``evaluate.py`` (whiten, standardize, abtt, center: one ``d × d`` W per layer) and the
-covariance Σ that IsoScore reads are ``(L+1)·d²`` floats each — 20 GiB apiece in float32 for a 70B model, and a
-third of a bf16 checkpoint for any Llama shape (W and Σ together).  Every reader needs them one layer at a time
-(the replay of the stored tokens, IsoScore, a transform applied to ``[L, ..., d]`` vectors layer by layer), so
-they live on disk beside the token store and each read returns a fresh tensor of the layers asked for: resident
-memory is the layers being used, not the stack.  Reads are plain ``pread``s (no memory map), so nothing of the
-file stays mapped into the process; the page cache keeps a small stack (MiniLM: 8 MB) as fast as memory.
-
-Written by hand: ``torch.from_file``/``numpy.memmap`` map the whole file (its touched pages count as resident
-until unmapped) and neither gives a tensor whose slices are read on demand.  The file has no name: its space
-goes back when the array is garbage-collected or the process ends, however it ends.
+``evaluate.py``'s fitted maps (one ``d × d`` W per layer) and IsoScore's Σ are ``(L+1)·d²`` floats each (20 GiB apiece
+in float32 at 70B), and every reader needs one layer at a time, so they live on disk and each read returns a fresh
+tensor of the layers asked for.  Reads are plain ``pread``s: nothing stays mapped (``torch.from_file`` and
+``numpy.memmap`` map the whole file, whose touched pages count as resident), and the page cache keeps a small stack as
+fast as memory.  The file is unnamed: its space returns however the process ends.
 """
 
 from __future__ import annotations
@@ -25,13 +19,9 @@ from torch import Tensor
 
 
 class DiskLayers:
-    """``[num_layers, rows, cols]`` float32 (or float64) on disk; ``x[i]``, ``x[a:b]``, ``x[[i, j]]`` read
-    those layers, ``x[i] = m`` writes one.
-
-    Only what the fitted maps' readers need of a tensor: ``shape``, ``dtype``, ``ndim``, ``device`` (always
-    CPU: a reader moves the layer it reads), indexing along the first axis and ``to`` (the whole stack, for
-    callers that want it in memory — e.g. a small model's cached state).
-    """
+    """``[num_layers, rows, cols]`` float32 (or float64) on disk; ``x[i]``, ``x[a:b]``, ``x[[i, j]]`` read those layers,
+    ``x[i] = m`` writes one.  Only what the maps' readers need: ``shape``, ``dtype``, ``ndim``, ``device`` (CPU),
+    first-axis indexing and ``to`` (the whole stack in memory)."""
 
     def __init__(self, num_layers: int, rows: int, cols: int, dtype: torch.dtype = torch.float32,
                  directory: str | os.PathLike | None = None) -> None:

@@ -1,12 +1,10 @@
-"""Will what a pass writes to disk fit there?  Checked before the pass, so a run that would fill ``$TMPDIR``
-fails in one line at the start instead of with ``No space left on device`` hours into a 70B model's pass.
+"""Will what a pass writes to disk fit there?  Checked before the pass, so a run that would fill ``$TMPDIR`` fails in
+one line at the start, not with ``No space left on device`` hours into a 70B model's pass.
 
-The one-pass evaluation keeps every valid token of every layer in a token store
-(``outlierlab.datamodules.features.LayerTokenStore``, the model's dtype: 84 GB for 63k tokens of a 70B
-model), the fitted maps and Σ on disk (``outlierlab.utils.disk_layers.DiskLayers``, (L+1)·2d²·4 B), and
-WiC/STS their vectors (``outlierlab.evaluation.analyses.layer_rows.LayerRows``).  The number of tokens is bounded
-without tokenizing — a token of any tokenizer in use (byte-level BPE, WordPiece, SentencePiece with byte
-fallback) covers at least one UTF-8 byte of its text — and counted exactly only when that bound does not fit.
+The one-pass evaluation stores every valid token of every layer (``features.LayerTokenStore``, model dtype: 84 GB for
+63k tokens of a 70B model), the fitted maps and Σ (``disk_layers.DiskLayers``, (L+1)·2d²·4 B), and WiC/STS vectors
+(``layer_rows.LayerRows``).  The token count is bounded without tokenizing (any tokenizer in use covers at least one
+UTF-8 byte per token) and counted exactly only when that bound does not fit.
 """
 
 from __future__ import annotations
@@ -40,11 +38,8 @@ def token_bound(encoder, texts: Sequence[str], exact: bool = False) -> int:
 
 def check_room(encoder, texts: Sequence[str], what: str, fix: str, per_token_bytes: int | None = None,
                extra_bytes: int = 0, directory: str | None = None) -> None:
-    """Raise ``OSError`` (one line: what needs how much where, what is free, ``fix``) when ``N_tokens ×
-    per_token_bytes + extra_bytes`` does not fit in ``directory`` (``$TMPDIR``).
-
-    ``per_token_bytes`` defaults to a token's vectors of every layer in the model's dtype, ``(L+1)·d·itemsize``.
-    """
+    """Raise ``OSError`` (one line: what needs how much where, what is free, ``fix``) when ``N_tokens × per_token_bytes
+    + extra_bytes`` (default per token: ``(L+1)·d·itemsize``) does not fit in ``directory``."""
     directory = directory or tempfile.gettempdir()
     free = shutil.disk_usage(directory).free * HEADROOM
     if per_token_bytes is None:

@@ -4,16 +4,13 @@ Per trained token, forward + backward (Kaplan et al. 2020; the PaLM paper's MFU,
 
     F = 6 · N_body  +  6 · N_head · f  +  12 · L · T · d
 
-* ``N_body`` = L · (4 d² + 2 d · d_ff): the weight matrices of attention (q, k, v, output) and the FFN, i.e. the
-  parameters that multiply every token (embedding lookups, biases and norms are not matmuls: left out);
-* ``N_head`` = d² + d · V: the LM head's dense layer and its decoder (tied to the embeddings), which multiply only the
-  tokens the head projects -- ``f`` of them: the masked fraction for the masked LM (its head runs on masked tokens
-  only), 1 for the causal LM;
-* ``12 · L · T · d``: the attention scores and the weighted sum of values (2 · 2 · T · d per token per layer
-  forward, times 3 for forward + backward) at sequence length T.
+* ``N_body`` = L · (4 d² + 2 d · d_ff): attention (q, k, v, output) and FFN matrices (lookups, biases and norms are
+  not matmuls);
+* ``N_head`` = d² + d · V: the LM head's dense layer and tied decoder, applied to the fraction ``f`` of tokens the
+  head projects (the masked fraction for the masked LM, 1 for the causal LM);
+* ``12 · L · T · d``: attention scores and the weighted sum of values at sequence length T.
 
-Written by hand: no library counts a masked-position LM head for the tokens it projects (fvcore and torch's
-FlopCounterMode count the modules that ran, and on a GPU a fused attention kernel is opaque to them).
+fvcore and torch's FlopCounterMode count modules that ran and cannot see inside a fused attention kernel.
 """
 
 from __future__ import annotations

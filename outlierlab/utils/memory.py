@@ -1,10 +1,8 @@
 """Give the memory freed by a large computation back to the operating system (glibc only).
 
-glibc's allocator keeps freed heap memory for reuse, and raises its mmap threshold after large frees, so the
-tens of MiB a bf16 forward allocates per layer stay resident after the pass: +270 MiB for a 1B Llama on
-the CPU (benchmarks/evaluate_memory.py).  A fit that allocates its ``[L, d, d]`` state right after the pass
-then adds to that instead of reusing it (a fresh large allocation is a new mapping).  ``malloc_trim(0)``
-returns the free pages; nothing in torch or the standard library does this, hence by hand.
+glibc keeps freed heap memory and raises its mmap threshold after large frees, so a bf16 forward's per-layer buffers
+stay resident after the pass (+270 MiB for a 1B Llama on CPU, benchmarks/evaluate_memory.py) and a fit allocated right
+after adds to them.  ``malloc_trim(0)`` returns the free pages.
 """
 
 from __future__ import annotations

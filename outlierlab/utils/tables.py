@@ -1,8 +1,7 @@
-"""The two table writers of the project: row dicts to a CSV file (``write_csv``) and rows to a Markdown
-table (``md_table``).  Every report and job writes its tables through these, so all CSVs share one
-dialect (the csv module's default: ``,``, minimal quoting, ``\\r\\n`` line ends, ``str()`` of each value, an
-empty cell for None or a missing key) and all Markdown tables one layout; ``read_rows`` reads such a CSV back
-as the strings it holds; ``model_step`` reads the step of a row of a training run's ``metrics.csv``.
+"""The two table writers of the project: row dicts to a CSV file (``write_csv``) and rows to a Markdown table
+(``md_table``), so all CSVs share one dialect (csv's default: ``,``, minimal quoting, ``\r\n``, ``str()`` of each value,
+empty for None or a missing key) and all Markdown tables one layout.  ``read_rows`` reads such a CSV back as strings;
+``model_step`` reads a ``metrics.csv`` row's step.
 """
 
 from __future__ import annotations
@@ -38,11 +37,8 @@ def joined(v: Any) -> Any:
 
 def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
               cell: Callable[[Any], Any] | None = None) -> Path:
-    """Write ``rows`` (dicts) to ``path`` atomically (``outlierlab.utils.atomic.write_atomic``).
-
-    ``columns`` fixes the header (an empty table still gets it; keys not in it are left out); None: every
-    key in first-seen order.  ``cell`` maps each value before the csv module writes it (default: as is;
-    ``joined`` for evaluate.py's list cells)."""
+    """Write ``rows`` (dicts) to ``path`` atomically.  ``columns`` fixes the header (an empty table still gets it; other
+    keys are left out); None: every key in first-seen order.  ``cell`` maps each value (``joined`` for list cells)."""
     cols = list(columns) if columns is not None else columns_of(rows)
     buf = io.StringIO()
     w = csv.DictWriter(buf, cols, extrasaction="ignore")

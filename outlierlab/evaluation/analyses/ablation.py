@@ -1,37 +1,24 @@
 """``evaluate.py`` analysis ``ablation``: disable LayerNorm outlier dims, measure masked-LM quality.
 
-Kovaleva et al. (2021), "BERT Busters: Outlier Dimensions that Disrupt Transformers": zeroing the gain and
-bias of a handful of LayerNorm dims that are outliers in many layers (BERT-base: 308 and 381) wrecks the
-masked-LM, while zeroing as many random dims does almost nothing.  This module reproduces their
-"Random vs Outliers" comparison for any encoder with an MLM head:
+Kovaleva et al. (2021), "BERT Busters: Outlier Dimensions that Disrupt Transformers": zeroing the gain and bias of a few
+LayerNorm dims that are outliers in many layers (BERT-base: 308 and 381) wrecks the masked LM, while as many random dims
+do almost nothing.  Their "Random vs Outliers" comparison, for any model with an LM head:
 
-* **outlier dims** — the model's LayerNorm outlier dims by THE rule,
-  ``outlierlab.metrics.layernorm_rule.layernorm_outliers`` with the ``ln_rule`` settings (default: each layer's
-  output LayerNorm, gain AND bias outside mean ± 3σ, in more than a quarter of the layers — Kovaleva et
-  al.'s criterion with Puccetti et al.'s layer count), the same dims the training monitor and the outliers
-  analysis flag on the same weights;
-* **disabled** — those dims of the output of the norms the rule judged (or ``ablation.layernorms``) set to 0 -- the
-  output of a norm whose gain and bias are zeroed there, Kovaleva et al.'s surgery, to the bit -- by hooks at the
-  norms' named sites (``outlierlab.models.hook_points``: ``blocks.{i}.ln_ffn``, ...; the sites
-  ``ol.run_with_hooks`` changes), so no weight is touched; or, with ``ablation.mode=mean``, set to their mean over the
-  scored batches' tokens in the intact model: Sun et al. (2024, "Massive Activations in Large Language Models") set a
-  massive activation to its mean, which keeps the constant it adds and removes only how it varies (the ``mode``
-  column says which);
-* **controls** — the intact model; the same number of random dims (``n_random`` seeded draws,
-  ``outlierlab.metrics.outlier_dims.random_dims``, never including the outlier dims nor the user's), reported as
-  mean ± std; and
-  the dims the user names (``ablation.dims``);
-* **score** — with the model's own LM head: for encoders the masked-LM loss, perplexity (exp of the mean
-  loss per masked token) and top-1 accuracy on held-out text — evaluation masking is deterministic: 15% of
-  the non-special tokens, seeded per batch, ALL replaced by ``<mask>`` (no 80/10/10 split: at evaluation the
-  random/unchanged replacements only add noise); for decoders (GPT-2, Pythia, Llama-style) the next-token
-  loss of every non-special token given its left context (``outlierlab.datamodules.scoring_batches.next_token_batches``).  The
-  ``objective`` column says which; the same batches are scored under every condition.
-* **pre-LN models** — the dims are zeroed in both per-layer norms and the final norm before the LM head
-  (``outlierlab.evaluation.analyses.ln_rule.zeroed_kinds``; docs/fidelity.md).
-
-The weight surgery (``outlierlab.models.layernorms``) and the masked-LM scoring (``outlierlab.datamodules.scoring_batches``, ``outlierlab.metrics.scored_rows.mlm_scores``) are
-plain functions, usable without evaluate.py.
+* **outlier dims** — by THE rule, ``layernorm_rule.layernorm_outliers`` with the ``ln_rule`` settings (default:
+  output LayerNorms, gain AND bias outside mean ± 3σ, in more than a quarter of the layers — Kovaleva et al.'s
+  criterion with Puccetti et al.'s layer count), the dims the monitor and the outliers analysis flag;
+* **disabled** — those dims of the judged norms' outputs (or ``ablation.layernorms``) set to 0 by hooks at the
+  norms' named sites (``models.hook_points``), bit for bit Kovaleva et al.'s surgery without touching a weight;
+  or with ``ablation.mode=mean`` set to their mean over the scored tokens in the intact model, as Sun et al. (2024,
+  "Massive Activations in Large Language Models") do (the ``mode`` column says which);
+* **controls** — the intact model; ``n_random`` seeded draws of as many random dims (``outlier_dims.random_dims``,
+  avoiding the outlier and user dims), mean ± std; the dims the user names (``ablation.dims``);
+* **score** — with the model's own head: for encoders masked-LM loss, perplexity and top-1 on held-out text with
+  deterministic masking (15% of non-special tokens, seeded, ALL ``<mask>``: no 80/10/10 at evaluation); for decoders
+  the next-token loss (``scoring_batches.next_token_batches``); the ``objective`` column says which; the same
+  batches under every condition;
+* **pre-LN models** — the dims are zeroed in both per-layer norms and the final norm (``ln_rule.zeroed_kinds``;
+  docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -113,20 +100,14 @@ def run_ablation(loaded: LoadedModel, batches: Sequence[Mapping[str, Tensor]], k
                  mode: str = "zero") -> AblationOutcome:
     """Score ``batches`` intact, with the outlier dims, random dims and user dims disabled.
 
-    Random control: ``n_random`` draws of ``len(outlier_dims)`` dims (if no outlier dims are given:
-    ``len(user_dims)``) avoiding the outlier dims and the user's -- both are under study, so a draw holding one
-    would not be random -- from one generator seeded with ``seed``.  Rows: ``intact``, ``outliers``, ``random``
-    (mean ± sample std over draws), one ``random_draw`` per draw, ``user`` (see ``ROW_FIELDS``); the same per
-    position bucket in ``by_position`` (``POSITION_FIELDS``; ``random``: the mean over the draws).
-    ``n_random``, ``seed`` and ``top_k`` have no Python default: ``configs/evaluate.yaml`` (section ``ablation``)
-    states them once.  ``batches`` hold ``labels`` aligned with the logits: masked positions
-    (``masked_batches``, encoders) or next tokens (``next_token_batches``, decoders); ``loaded.objective``
-    names which in every row.  ``layers``: zero only in the ``kinds`` norms of these layers
-    (``outlierlab.models.layernorms.layernorms_of_layers``; None: every layer).
-
-    The dims are disabled at the norms' outputs through their named sites (hooks; no weight changes): ``mode="zero"``
-    sets them to 0 -- what zeroing the norms' gain and bias gives, bit for bit -- and ``mode="mean"`` to their mean
-    over the real tokens of ``batches`` in the intact model (one more forward over them; Sun et al. 2024).
+    Random control: ``n_random`` draws of ``len(outlier_dims)`` dims (else ``len(user_dims)``) avoiding both sets (they
+    are under study), from one generator seeded with ``seed``.  Rows: ``intact``, ``outliers``, ``random`` (mean ±
+    sample std), one ``random_draw`` per draw, ``user`` (``ROW_FIELDS``); the same per position bucket in
+    ``by_position`` (``POSITION_FIELDS``).  ``n_random``, ``seed``, ``top_k`` are stated once, in
+    ``configs/evaluate.yaml``.  ``batches`` hold ``labels`` aligned with the logits (``masked_batches`` or
+    ``next_token_batches``; ``loaded.objective`` names which).  ``layers``: zero only in the ``kinds`` norms of these
+    layers (None: every layer).  ``mode="zero"`` sets the dims to 0 at the norms' outputs (hooks), ``"mean"`` to their
+    intact-model mean over the real tokens (one more forward; Sun et al. 2024).
     """
     if not loaded.has_mlm_head:
         raise ValueError(f"{loaded.name} has no LM head: {loaded.no_head_reason}")

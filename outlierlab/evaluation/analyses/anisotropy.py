@@ -1,15 +1,12 @@
-"""Anisotropy of every layer for every transform (Ethayarajh 2019; Luo et al. 2021 §4.1, Fig. 6), and how much of
-it each dimension causes (rogue dimensions, Timkey & van Schijndel 2021).
+"""Anisotropy of every layer for every transform (Ethayarajh 2019; Luo et al. 2021 §4.1, Fig. 6), and how much of it
+each dimension causes (rogue dimensions, Timkey & van Schijndel 2021).
 
-Paper protocol (outlierlab.metrics.similarity.AnisotropyAccumulator): one random token (non-special, non-pad) of each
-of ``anisotropy.n_sentences`` sentences (default 2000, a seeded uniform reservoir when there are more), the
-sentences shuffled and paired two by two → 1000 pairs of tokens from different sentences (never a token
-with itself); anisotropy = mean cosine of the pairs.  The same pairs are used for every transform.
-
-On the same pairs, ``outlierlab.metrics.rogue_dims.rogue_summary``: each dim's contribution CC_i (Σ_i CC_i
-= anisotropy exactly), the dims of largest CC_i with their share, the share of the top k
-(``anisotropy.rogue_k``, default 1/3/5) and r²/Spearman between the pair cosines with all dims and without
-the top k.  The whole CC vector goes to ``anisotropy_contributions.csv`` (layer, transform, dim, cc, share).
+Paper protocol (``similarity.AnisotropyAccumulator``): one random valid token of each of ``anisotropy.n_sentences``
+sentences (default 2000, a seeded reservoir when there are more), shuffled and paired → 1000 pairs from different
+sentences; anisotropy = their mean cosine.  The same pairs for every transform.  On them ``rogue_dims.rogue_summary``:
+each dim's CC_i (Σ_i CC_i = anisotropy), the top dims and their share, the top-k share (``anisotropy.rogue_k``, default
+1/3/5) and r²/Spearman of pair cosines without the top k.  The whole CC vector goes to ``anisotropy_contributions.csv``
+(layer, transform, dim, cc, share).
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """``evaluate.py`` analysis ``attention_sinks``: attention mass on ``<s>``/``[CLS]`` and ``</s>``/``[SEP]``.
 
-Many BERT heads park most of their attention on the special tokens (Kovaleva et al. 2019, "Revealing the
-Dark Secrets of BERT"; Clark et al. 2019); Kovaleva et al. (2021) and Puccetti et al. (2022) tie this to the
-LayerNorm outlier dims.  Per layer and head we report the attention probability that the sequence's real
-(non-pad) queries put on the first special token (``<s>``/``[CLS]``) and on the separator
-(``</s>``/``[SEP]``), averaged over queries (``outlierlab.metrics.attention_mass.special_token_attention_mass``), for
-the intact model, with the LayerNorm outlier dims disabled (``outlierlab.models.layernorms.zero_layernorm_dims``,
-the same dims and LayerNorms as the ablation), and, as a control, with as many random dims disabled.
-Probabilities come from eager attention (our encoder with ``output_attentions=True``; Hugging Face models
-loaded with ``attn_implementation="eager"``).
-Per layer, the share of *sink heads* — heads whose mean attention on ``<s>`` (``</s>``) exceeds ε = 0.3 — and
-every head's mean attention entropy follow Gu et al. (2025, "When Attention Sink Emerges in Language Models")
-(``outlierlab.metrics.attention_mass.sink_head_share``, ``outlierlab.metrics.attention_mass.attention_entropy``).
-Layer numbering: l = 1..L is the attention inside transformer block l (hidden-state layer l).
+Many BERT heads park their attention on special tokens (Kovaleva et al. 2019, "Revealing the Dark Secrets of BERT";
+Clark et al. 2019); Kovaleva et al. (2021) and Puccetti et al. (2022) tie this to the LayerNorm outlier dims.  Per layer
+and head: the mass real queries put on ``<s>`` and on ``</s>`` (``special_token_attention_mass``), intact, with the
+LayerNorm outlier dims disabled (``zero_layernorm_dims``, as the ablation) and with as many random dims disabled.  Eager
+attention probabilities.  Per layer the share of *sink heads* (mass on ``<s>``/``</s>`` above ε = 0.3) and each head's
+attention entropy follow Gu et al. (2025, "When Attention Sink Emerges in Language Models").  Layer l = 1..L is the
+attention inside block l.
 
-Decoders (GPT-2, Pythia, Llama-style): the ``<s>`` column is the sequence's FIRST token whatever its id —
-the sink of a causal model is the initial token every query sees (Xiao et al. 2024, "Efficient Streaming
-Language Models with Attention Sinks"; Gu et al. 2025) — and the causal mask is checked, not assumed: the
-``later`` column is the mean mass queries put on later keys, 0 when the mask is respected (an encoder's
-right-context mass).  Entropies of a decoder's early queries are bounded by their few visible keys.
+Decoders: the ``<s>`` column is the FIRST token whatever its id (the initial-token sink, Xiao et al. 2024, "Efficient
+Streaming Language Models with Attention Sinks"; Gu et al. 2025), and the ``later`` column checks the causal mask (0
+when respected).  Early queries' entropies are bounded by their few visible keys.
 """
 
 from __future__ import annotations

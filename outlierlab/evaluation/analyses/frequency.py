@@ -1,30 +1,23 @@
 """``evaluate.py`` analysis ``frequency``: outlier-dim magnitude vs token frequency (Puccetti et al. 2022).
 
-Puccetti et al. (2022), "Outlier Dimensions that Disrupt Transformers Are Driven by Frequency": the value a
-LayerNorm outlier dim takes on a token grows with how often that token occurred in *pretraining*.  Here, per
-token type seen in the evaluation text (non-special tokens only):
+Puccetti et al. (2022), "Outlier Dimensions that Disrupt Transformers Are Driven by Frequency": a LayerNorm outlier
+dim's value on a token grows with the token's *pretraining* frequency.  Per token type of the evaluation text
+(non-special tokens):
 
-* frequency — its count in the model's own pretraining corpus when we can know it (our train.py runs: the
-  run's ``config.yaml``/``.hydra/config.yaml`` names the data; the corpus is re-read with
-  ``outlierlab.datamodules.corpus.load_texts`` and tokenised with the run's tokenizer, counts cached), otherwise
-  its count in the evaluation text itself (``frequency.counts_from``);
-* value — per layer, the mean MAGNITUDE |h_j| of each outlier dim over the type's occurrences (Puccetti et
-  al. correlate frequency with the outlier dim's magnitude; ``frequency.value=signed`` uses the signed mean
-  instead) (``outlierlab.metrics.frequency_stats.TokenValueAccumulator``) on the hidden states ``evaluate.py`` extracts
-  (streamed from the FrozenEncoder batch by batch; layer 0 = embedding output, layer l = output of block l);
-* Spearman ρ per layer × dim (``outlierlab.metrics.frequency_stats.token_frequency_spearman``), and a scatter plot
-  (log₁₀ frequency vs mean magnitude) of the strongest outlier dim at a middle and the last layer.
+* frequency — its count in the model's pretraining corpus when known (our train.py runs: the run's config names the
+  data, re-read and tokenised with the run's tokenizer, cached), else in the evaluation text
+  (``frequency.counts_from``);
+* value — per layer, the mean |h_j| of each outlier dim over the type's occurrences (``frequency.value=signed``: the
+  signed mean; ``frequency_stats.TokenValueAccumulator``), layer 0 = embedding output;
+* Spearman ρ per layer × dim (``frequency_stats.token_frequency_spearman``) and a scatter plot (log₁₀ frequency vs
+  magnitude) of the strongest dim at a middle and the last layer.
 
-With the model's own LM head (masked-LM for encoders, next-token for decoders; the ``objective`` column):
-the Spearman ρ between a type's frequency and the head's output weight on each outlier dim, ``W_out[v, j]``
-(``head_spearman``; layer-independent) — the route by which Macocco et al. (2025) find last-layer outlier dims
-favouring frequent tokens.  Only where the output layer reads the hidden dims themselves (decoders: the final norm
-is elementwise); a masked-LM head's dense transform mixes the dims first, and a checkpoint may have no head
-weights — then the column is empty and the report says why.
+With the model's LM head (the ``objective`` column): ρ between frequency and the output weight ``W_out[v, j]``
+(``head_spearman``), Macocco et al. (2025)'s route; only where the output layer reads the hidden dims themselves
+(decoders), else the column is empty and the report says why.
 
-Outlier dims: ``frequency.dims`` if given, else the LayerNorm outlier dims by the one rule
-(``outlierlab.metrics.layernorm_rule.layernorm_outliers``, ``ln_rule`` settings); if the model has none, the activation outlier
-dims (``outlierlab.metrics.outlier_dims.detect_outlier_dims``, Luo et al.'s argmax/argmin share), said in the report.
+Outlier dims: ``frequency.dims``, else the LayerNorm outlier dims by the one rule (``ln_rule``); if none, the activation
+outlier dims (``detect_outlier_dims``, Luo et al.'s share), said in the report.
 """
 
 from __future__ import annotations
@@ -62,9 +55,8 @@ TITLE = "## Outlier dims vs token frequency (Puccetti et al. 2022)"
 
 
 class DimColumns(Consumer):
-    """``(token ids [n], values [L+1, n, len(dims)])`` of every batch's valid tokens, the chunks
-    ``frequency_spearman`` reads: each layer's ``dims`` columns are taken as the layer is produced
-    (never all layers × d)."""
+    """``(token ids [n], values [L+1, n, len(dims)])`` of every batch's valid tokens for ``frequency_spearman``, each
+    layer's ``dims`` columns taken as the layer is produced."""
 
     def __init__(self, dims: Sequence[int]) -> None:
         self.idx = torch.as_tensor(list(dims), dtype=torch.long)

@@ -1,27 +1,21 @@
-"""``evaluate.py`` analysis ``frequent_tokens``: do the last layer's outlier dims implement "predict a frequent
-token"?  (Macocco et al. 2025, "Outlier dimensions favor frequent tokens in language models"; their code:
+"""``evaluate.py`` analysis ``frequent_tokens``: do the last layer's outlier dims implement "predict a frequent token"?
+(Macocco et al. 2025, "Outlier dimensions favor frequent tokens in language models"; their code:
 imacocco/llms_outlier_dimensions.  Shown there for decoders, here for any model with its own LM head.)
 
-**Positions.** Decoders, by default (``positions: late``), as Macocco et al.: ONE late position per sequence —
-the vector at token ``late_position`` (default 100; they take the last token of the 100th word of each
-Wikipedia sequence, ``src/running.py``) scored against the next token; sequences too short are left out (said
-so).  ``positions: every`` scores every next-token position (the first included), our earlier protocol.  The
-masked-LM analogue keeps its definition: the masked positions (deterministic 15% masking, as the ablation).
-The vector h that enters the output layer (a decoder's final-normed residual, the MLM head's transformed
-vector) is captured and the logits ``hW^T + b`` are split over a set of dims S
-(``outlierlab.metrics.frequent_token_logits.split_logits``):
+**Positions.** Decoders by default (``positions: late``), as Macocco et al.: ONE late position per sequence, token
+``late_position`` (default 100; they take the last token of the 100th word, ``src/running.py``), scored against the next
+token; shorter sequences are left out (said so).  ``positions: every`` scores every next-token position. Masked LMs: the
+masked positions (deterministic 15%, as the ablation).  The vector h entering the output layer is captured and the
+logits ``hW^T + b`` split over dims S (``frequent_token_logits.split_logits``):
 
-* **S** by four rules — ``macocco`` (theirs on h: median |h_d| above the 99th percentile of all |h|),
-  ``unembedding`` (the same rule on the output layer's weight rows: their ``only_out``/``ablate_out``),
-  ``argmax_share`` (Luo et al.'s rule on h) and ``layernorm`` (THE LayerNorm rule on the norm producing h);
-* **conditions** — ``full`` (the model), ``only`` (h_S W_S^T), ``without`` (the model minus that term), the same
-  two for ``n_random`` draws of |S| random dims that avoid S AND both Macocco sets (last-layer and unembedding
-  outliers, as their ``not_rd``), and ``bias`` (the output layer's bias alone, when it has one);
-* **per condition** — Macocco et al.'s ``lin_coeff`` (``lin_coeff``):
-  Spearman ρ and slope of prediction frequency on corpus frequency over the tokens the condition predicts at
-  least once, the number of distinct predicted tokens, top-1 accuracy; KL(full ‖ condition), entropy and
-  surprisal; and ours beside them, ``logprob_spearman`` (frequency vs mean log-probability over every counted
-  token).  A condition with no correlatable prediction gets NaN and its ``lin_status``.
+* **S** by four rules — ``macocco`` (theirs on h), ``unembedding`` (theirs on the output weight rows:
+  ``only_out``/``ablate_out``), ``argmax_share`` (Luo et al.'s rule on h) and ``layernorm`` (THE LayerNorm rule on
+  the norm producing h);
+* **conditions** — ``full``, ``only`` (h_S W_S^T), ``without`` (the model minus that term), both for ``n_random``
+  draws of |S| random dims avoiding S and both Macocco sets (their ``not_rd``), and ``bias`` (when there is one);
+* **per condition** — their ``lin_coeff`` (Spearman ρ and slope of prediction frequency on corpus frequency over
+  the predicted tokens, distinct predicted tokens), top-1 accuracy, KL(full ‖ condition), entropy and surprisal;
+  and ours, ``logprob_spearman`` over every counted token.  No correlatable prediction: NaN and ``lin_status``.
 """
 
 from __future__ import annotations
@@ -61,9 +55,8 @@ RULES = ("macocco", "unembedding", "argmax_share", "layernorm")
 
 
 def late_labels(batches, position: int) -> tuple[list[dict], int]:
-    """Macocco et al.'s position protocol: keep in each sequence only the label at ``position`` (the vector
-    at that token scored against the next one); ``(batches, sequences left out)`` — a sequence whose
-    ``position`` has no target (too short, or its next token is special) is left out."""
+    """Macocco et al.'s position protocol: keep only each sequence's label at ``position``; returns ``(batches,
+    sequences left out)``, those whose ``position`` has no target (too short, or a special next token)."""
     out, skipped = [], 0
     for b in batches:
         lab = b["labels"]

@@ -1,12 +1,8 @@
-"""Per-row vectors of every layer, kept on disk as the layers are produced and read back one layer at a time:
-WiC's target vectors (``outlierlab.evaluation.analyses.wic_targets``) and STS's mean-pooled sentence
-vectors (``outlierlab.evaluation.analyses.sts.sentence_vectors``).
+"""Per-row vectors of every layer, kept on disk as the layers are produced and read back one layer at a time: WiC's
+target vectors (``wic_targets``) and STS's sentence vectors (``sts.sentence_vectors``).
 
-Both are ``(L+1)·N·d`` floats — 27 GiB in float32 for all 5,512 WordNet WiC pairs of a 70B model, 21 GiB for
-4,300 STS pairs — and both are scored layer by layer (a cosine per pair, then a threshold sweep or a Spearman
-ρ per layer), so they are appended to a float32 ``outlierlab.datamodules.features.LayerTokenStore`` (the
-machinery of the evaluation token store and probe.py's feature cache) in the order the batches produce them,
-with the row each stored vector belongs to; ``LayerRows.layer`` puts one layer back in row order.
+Both are ``(L+1)·N·d`` floats (27 GiB for the WordNet WiC pairs of a 70B model) scored layer by layer, so they are
+appended to a float32 ``features.LayerTokenStore`` with each vector's row; ``LayerRows.layer`` restores row order.
 """
 
 from __future__ import annotations
@@ -22,13 +18,8 @@ from outlierlab.datamodules.features import LayerTokenStore
 
 
 class LayerRows:
-    """``n_rows`` vectors of every layer on disk; rows never written read as zeros.
-
-    Parameters
-    ----------
-    num_layers, dim, n_rows : the ``[L+1, n_rows, d]`` stack this stands for
-    prefix : the temporary directory's name prefix (under ``$TMPDIR``)
-    """
+    """``n_rows`` vectors of every layer (``[L+1, n_rows, d]``) on disk under ``$TMPDIR`` (``prefix``); rows never
+    written read as zeros."""
 
     def __init__(self, num_layers: int, dim: int, n_rows: int, prefix: str = "outlierlab-rows-") -> None:
         self.store = LayerTokenStore(tempfile.mkdtemp(prefix=prefix), num_layers, dim)
@@ -69,10 +60,8 @@ class LayerRows:
 
 
 def pair_cosines(ft, names, num_layers: int, dim: int, pairs_at) -> dict[str, Tensor]:
-    """Cosine of the two vectors of every pair after each transform, ``{name: [L, P]}`` (WiC's targets, STS's
-    sentences): ``pairs_at(layer)`` gives that layer's ``[2, P, d]``, and each transform of ``ft``
-    (``outlierlab.metrics.transform_fit.FittedTransforms``) is taken for that layer alone — one layer's
-    vectors and maps in memory at a time (the maps may be on disk)."""
+    """Cosine of every pair's two vectors after each transform, ``{name: [L, P]}``: ``pairs_at(layer)`` gives ``[2, P,
+    d]`` and each transform of ``ft`` is taken for that layer alone (one layer in memory)."""
     cos: dict[str, list] = {t: [] for t in names}
     for layer in range(num_layers):
         v = pairs_at(layer)

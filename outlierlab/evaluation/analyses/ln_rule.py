@@ -1,11 +1,9 @@
-"""The ``ln_rule`` config group, read once, for the analyses that disable or correlate LayerNorm outlier dims
-(ablation, frequency, attention sinks, outliers).
+"""The ``ln_rule`` config group, read once, for the analyses that disable or correlate LayerNorm outlier dims (ablation,
+frequency, attention sinks, outliers).
 
-The rule itself is ``outlierlab.metrics.layernorm_rule.layernorm_outliers`` (Kovaleva et al. 2021; Puccetti et
-al. 2022); the norms come from ``outlierlab.models.layernorms.model_layernorms``.  ``evaluate.py`` composes
-``ln_rule`` at the top level (``configs/ln_rule/kovaleva.yaml``), so ``ln_rule=gain`` or
-``ln_rule.criterion=either`` changes every analysis at once — and ``train.py`` passes the same group to
-the LayerNorm monitor.
+The rule is ``layernorm_rule.layernorm_outliers`` (Kovaleva et al. 2021; Puccetti et al. 2022) on the norms of
+``models.layernorms.model_layernorms``.  ``evaluate.py`` composes ``ln_rule`` at the top level, so ``ln_rule=gain``
+changes every analysis at once; ``train.py`` passes the same group to the LayerNorm monitor.
 """
 
 from __future__ import annotations
@@ -37,13 +35,12 @@ def detect_layernorm_outliers(layernorms: Mapping[str, nn.Module], rule: LayerNo
 
 
 def zeroed_kinds(settings, rule: LayerNormRule, layernorms: Mapping[str, nn.Module] | None = None) -> list[str]:
-    """Where dims are disabled: ``<section>.layernorms`` if set, else the norms the rule judged (frequency
-    disables nothing and has no such key: the rule's norms are checked).
+    """Where dims are disabled: ``<section>.layernorms`` if set, else the norms the rule judged (frequency has no such
+    key: the rule's norms are checked).
 
-    In a pre-LN model (``layernorms`` given and holding a ``final`` norm) the rule's default adds ``final``:
-    a pre-LN block never normalises the residual stream it writes, so Kovaleva et al.'s intervention —
-    the dim removed wherever a norm hands the stream on — needs every norm that reads it: the two per-layer
-    norms before each sublayer and the final norm before the LM head (docs/fidelity.md).
+    In a pre-LN model (``layernorms`` holding a ``final`` norm) the default adds ``final``: a pre-LN block never
+    normalises the stream it writes, so Kovaleva et al.'s intervention needs every norm reading it — both per-layer
+    norms and the final norm before the LM head (docs/fidelity.md).
     """
     kinds = getattr(settings, "layernorms", None)
     if kinds is not None:

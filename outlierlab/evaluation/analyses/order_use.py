@@ -1,14 +1,10 @@
-"""``order_use`` for evaluate.py: does a model -- a run of ours or any Hugging Face encoder or decoder with its LM
-head -- use word order? The model's own loss on held-out text with each piece's tokens permuted minus the intact
-loss (``outlierlab.metrics.word_order.order_use``), the attention locality of every layer
-(``outlierlab.metrics.word_order.attention_locality``) and, for every model -- the only order measure of one
-without an LM head, such as a sentence encoder -- how far shuffling each text's tokens moves every layer's
-mean-pooled vector (``outlierlab.metrics.word_order.pooled_order_change``); docs/order_use.md.
+"""``order_use`` for evaluate.py: does a model (ours or any Hugging Face model with its LM head) use word order?
 
-Masked LMs score a fixed, seeded 15 % of the tokens behind the mask token (the masking of the ablation,
-``outlierlab.datamodules.scoring_batches.masked_batches``, on the same packed running-text pieces); causal LMs every
-next token. A model below the threshold gets the one line train.py prints ("cannot" for a masked LM of ours
-without positions).
+The loss on held-out text with each piece's tokens permuted minus the intact loss (``word_order.order_use``), every
+layer's attention locality (``word_order.attention_locality``) and, for every model (the only measure without an LM
+head), how far shuffling moves each layer's mean-pooled vector (``word_order.pooled_order_change``); docs/order_use.md.
+Masked LMs score the ablation's fixed, seeded 15 % (``scoring_batches.masked_batches``), causal LMs every next token.
+Below the threshold a model gets train.py's line ("cannot" for our masked LM without positions).
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
-"""Outlier dimensions of every layer (Luo, Kulmizev & Mao 2021 §2) and of the weights that feed them:
-the position-embedding table (Luo §3, Figs. 3–4) and every LayerNorm (Kovaleva et al. 2021; Puccetti et al. 2022).
+"""Outlier dimensions of every layer (Luo, Kulmizev & Mao 2021 §2) and of the weights that feed them: the
+position-embedding table (Luo §3, Figs. 3–4) and every LayerNorm (Kovaleva et al. 2021; Puccetti et al. 2022).
 
-Activations: per layer the average token vector (non-special, non-pad tokens; Figs. 1–2), the share of
-tokens whose argmax/argmin falls on each of the top dims, and the outlier dims by
-``outlierlab.metrics.outlier_dims.detect_outlier_dims`` — for every transform (after whitening the coordinates are
-principal directions, not neurons: compare those rows with care).  Weights: the mean position vector and
-its 3σ dims (learned absolute tables only: where the model family keeps one, ``outlierlab.models.families``
-— BERT's ``embeddings.position_embeddings``, GPT-2's ``wpe``; rotary/ALiBi/relative models have none, said
-so), and ``outlierlab.metrics.layernorm.layernorm_stats`` of every norm of the family, judged by the one
-rule with the norms it judged named (pre-LN: both per-layer norms; bias-free norms on their gain alone).
-A model whose ``model_type`` is not registered gets one line saying how to add it; the rest still runs.
+Activations: per layer the mean token vector (Figs. 1–2), the argmax/argmin shares of the top dims and the outlier dims
+(``detect_outlier_dims``), for every transform (after whitening coordinates are principal directions, not neurons).
+Weights: the mean position vector and its 3σ dims (learned absolute tables only, as the family declares them;
+rotary/ALiBi/relative models have none, said so), and ``layernorm_stats`` of every norm, judged by the one rule (pre-LN:
+both per-layer norms; bias-free norms on their gain).  An unregistered ``model_type`` gets one line saying how to add
+it; the rest still runs.
 """
 
 from __future__ import annotations
@@ -44,13 +41,9 @@ POSITION_SUFFIX = "embeddings.position_embeddings.weight"
 
 
 def position_table(model: nn.Module) -> tuple[str, torch.Tensor] | None:
-    """``(name, rows actually used)`` of a learned absolute position table, or None.
-
-    Hugging Face models: the table their family declares (``outlierlab.models.family_spec.Family.position_weight``;
-    GPT-2's ``wpe``).  Ours and unregistered models: an ``nn.Embedding`` named
-    ``*embeddings.position_embeddings``.  RoBERTa-style tables (``padding_idx`` set) never use rows
-    ``0..padding_idx`` (positions start at ``padding_idx + 1``), so those rows are dropped.
-    """
+    """``(name, rows actually used)`` of a learned absolute position table, or None: the family's ``position_weight``
+    (GPT-2's ``wpe``), else an ``nn.Embedding`` named ``*embeddings.position_embeddings``. RoBERTa-style tables
+    (``padding_idx`` set) drop rows ``0..padding_idx``, which positions never use."""
     if not hasattr(model, "named_layernorms"):
         try:
             return family_of(model).position_weight(model)

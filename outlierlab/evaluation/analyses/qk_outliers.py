@@ -1,22 +1,16 @@
-"""``evaluate.py`` analysis ``qk_outliers``: query/key outlier features per layer × head × dim, and for rotary
-positions the pair and frequency each lies in (Jonasson 2025, "Rotary Offset Features in Large Language Models").
+"""``evaluate.py`` analysis ``qk_outliers``: query/key outlier features per layer × head × dim, and for rotary positions
+the pair and frequency each lies in (Jonasson 2025, "Rotary Offset Features in Large Language Models").
 
-The seeds trace outliers from position *embeddings* through LayerNorm; this traces them from *rotary positions*
-into attention.  q and k are hooked where the model rotates them, just before the rotation (``outlierlab.models.qk_recorder.qk_projections``:
-the query/key projections, or a block's QK-norm where it has one — Qwen3's per-head ``q_norm``/``k_norm``, our OP
-block's ``query_norm``/``key_norm`` — whose gains scale dims before the rotation) while the evaluation sentences
-are encoded; per layer × head × dim the max and mean
-|q_d|, |k_d| over every real token (special tokens included: attention sinks live there) are streamed
-(``outlierlab.metrics.qk_magnitudes.QKAccumulator``), and a dim is an outlier of its head by
-``magnitude_outliers`` (max |·| more than ``qk_outliers.k`` σ above the
-head's mean).  With rotary positions (our ``pos=rope``; hub models whose family rotates: Llama, GPT-NeoX,
-ModernBERT, Qwen3) each dim is named with its rotary pair, frequency θ_i — read from the model's rotary module
-(``inv_freq``: every RoPE scaling transformers applies, partial rotary, one set per layer type) — and cycles over
-the context (T = the layer's reach: the position limit, a sliding-window layer's window), beside the partial-cycle bound (``RotarySpec``); schemes
-without rotation (learned, none, sinusoidal, relative, ALiBi, BERT-style hub encoders) get the magnitudes alone.
+q and k are hooked just before the rotation (``models.qk_recorder.qk_projections``: the projections, or a QK-norm where
+a block has one) while the evaluation sentences are encoded; per layer × head × dim the max and mean |q_d|, |k_d| over
+every real token (special tokens included: sinks live there) are streamed (``QKAccumulator``); a dim is an outlier of
+its head by ``magnitude_outliers`` (max more than ``qk_outliers.k`` σ above the head's mean).  With rotary positions
+(our ``pos=rope``; Llama, GPT-NeoX, ModernBERT, Qwen3) each dim gets its pair, frequency θ_i (the model's ``inv_freq``:
+scaling, partial rotary, per layer type) and cycles over the layer's reach T, beside the partial-cycle bound
+(``RotarySpec``); other schemes get the magnitudes alone.
 
-Output: ``qk_outliers.csv`` (one row per layer × head × dim), ``qk_outliers.png`` (max |q|, max |k| as heatmaps of
-(layer, head) × dim, Jonasson's Fig. 1, rotary pair halves marked), a report table per layer.
+Output: ``qk_outliers.csv`` (per layer × head × dim), ``qk_outliers.png`` (max |q|, |k| heatmaps of (layer, head) × dim,
+Jonasson's Fig. 1, pair halves marked), a report table per layer.
 """
 
 from __future__ import annotations

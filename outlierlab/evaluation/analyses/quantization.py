@@ -1,23 +1,19 @@
 """``evaluate.py`` analysis ``quantization``: what a model's outliers cost under 8-bit inference.
 
-Bondarenko et al. (2023, "Quantizable Transformers") take the loss of the W8A8-quantized model as the ground truth of
-what outliers cost (BERT: full precision 4.54, INT8 4.66 perplexity with their fixes); Dettmers et al. (2022,
-"LLM.int8()") show that keeping the few outlier input dimensions in 16 bits removes the damage; and kurtosis or
-max/mean ratios do not predict that cost across optimizers (2026, "Beyond Outliers"), so it is measured, not inferred.
-Rows (one per condition, ``quantization.csv``):
+Bondarenko et al. (2023, "Quantizable Transformers") take the W8A8 model's loss as the ground truth of what outliers
+cost (BERT: 4.54 full precision, 4.66 INT8 perplexity with their fixes); Dettmers et al. (2022, "LLM.int8()") keep the
+few outlier input dims in 16 bits; kurtosis or max/mean ratios do not predict the cost across optimizers (2026, "Beyond
+Outliers"), so it is measured.  Rows (``quantization.csv``):
 
-* ``full_precision`` -- the intact model's masked-LM loss (decoders: next-token loss) on fixed masks;
-* ``w8a8`` -- every linear layer of the blocks with its weight per output channel and its input per tensor in
-  ``bits`` bits (``outlierlab.models.w8a8.quantized``), ``layers`` = ``all``; with ``per_layer`` also one block at
-  a time (``layers`` = its number): where the damage comes from;
-* ``w8a8_keep`` -- the same with the ``keep`` largest-|x| input dimensions of every input in full precision
-  (LLM.int8()'s decomposition): whether the outlier dimensions are the damage;
-* ``delta_loss`` -- the condition's loss minus the full-precision loss on the same masked tokens, and ``kl`` the mean
-  KL divergence of its predictions from the intact model's there (the damage itself: >= 0 for any model, where a
-  barely trained model's loss change can have either sign).
+* ``full_precision`` -- the intact model's masked-LM (or next-token) loss on fixed masks;
+* ``w8a8`` -- every block linear with weights per output channel and inputs per tensor in ``bits`` bits
+  (``models.w8a8.quantized``), ``layers`` = ``all``; with ``per_layer`` also one block at a time;
+* ``w8a8_keep`` -- the same keeping the ``keep`` largest-|x| input dims in full precision (LLM.int8());
+* ``delta_loss`` (loss minus full precision, either sign for a barely trained model) and ``kl`` (mean KL from the
+  intact predictions, >= 0: the damage itself).
 
-A model without an LM head has no loss: its rows give the relative error of its last hidden states instead
-(``objective`` = ``hidden_rel_error``: ``||h_q - h|| / ||h||`` over the tokens), said as such in the report.
+Without an LM head the rows give the last hidden states' relative error ``||h_q - h|| / ||h||`` (``objective`` =
+``hidden_rel_error``).
 """
 
 from __future__ import annotations
@@ -45,13 +41,9 @@ COLUMNS = ["condition", "layers", "bits", "kept_dims", "objective", "loss", "ppl
 
 def quantization_rows(loaded: LoadedModel, batches: Sequence[dict], bits: int = 8, keep: int = 4,
                       per_layer: bool = True) -> list[dict]:
-    """The rows of ``COLUMNS`` for ``batches`` (masked or next-token batches with ``labels``; a model without an
-    LM head needs only ``input_ids`` and ``attention_mask``).
-
-    Each batch runs once in full precision and once per condition, so every condition is compared with the intact
-    model on the same tokens: ``delta_loss`` (the cost in the model's own objective; for a poorly trained model its
-    sign can be either) and ``kl``, the mean KL divergence of the quantized model's predictions from the intact
-    model's at the scored tokens (the damage itself, >= 0 whatever the model's quality)."""
+    """The rows of ``COLUMNS`` for ``batches`` (with ``labels``; without an LM head only ``input_ids`` and
+    ``attention_mask``): each batch runs in full precision and once per condition, so ``delta_loss`` and ``kl`` compare
+    the same tokens."""
     scored = loaded.has_mlm_head
     n_blocks = len({name.split(".", 1)[0] for name in linear_layers(loaded.model)})
     scopes = [("all", None)] + ([(str(i), [i]) for i in range(1, n_blocks + 1)] if per_layer else [])

@@ -1,17 +1,13 @@
 """Self-similarity and intra-sentence similarity per layer (Ethayarajh 2019), before/after clip and whiten.
 
-Words are regex words of the text (``outlierlab.evaluation.words.WORD_RE``, lower-cased by default) mapped to
-tokens through the tokenizer's character offsets; a word split into several subword tokens is the mean of
-its tokens' vectors.  Target words: types occurring in ≥ ``self_similarity.min_sentences`` sentences
-(default 10), a seeded sample of ``max_words`` when there are more (paper: 1000); only a word's first
-occurrence in a sentence counts (one vector per context, as Ethayarajh).
+Words are regex words (``words.WORD_RE``, lower-cased by default) mapped to tokens by character offsets, a multi-token
+word being the mean of its tokens.  Target words: types in ≥ ``self_similarity.min_sentences`` sentences (default 10), a
+seeded sample of ``max_words`` (paper: 1000); only a word's first occurrence per sentence counts.
 
-* self-similarity(w) = mean pairwise cosine of w's vectors across sentences, averaged over target words,
-  minus the layer's anisotropy (the ``self_similarity`` column; ``self_similarity_raw`` before subtracting);
-* intra-sentence similarity = mean cosine between each word of a sentence and the sentence's mean word
-  vector, averaged over sentences, minus anisotropy (``intra_sentence``; ``intra_sentence_raw``).
-
-The anisotropy subtracted is the same transform's (outlierlab/evaluation/analyses/anisotropy.py protocol).
+* self-similarity(w) = mean pairwise cosine of w's vectors across sentences, averaged over words, minus the same
+  transform's anisotropy (``self_similarity``; ``self_similarity_raw`` before);
+* intra-sentence similarity = mean cosine of each word to its sentence's mean word vector, averaged over sentences,
+  minus anisotropy (``intra_sentence``; ``intra_sentence_raw``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """Semantic Textual Similarity, every layer, before/after clip and whiten (Luo et al. 2021 §4.3, Table 2; SentEval).
 
-Sentence vector = mean of its non-special, non-pad token vectors (``outlierlab.metrics.sts_scores.mean_pool``); score =
-cosine of the two sentence vectors; quality = Spearman's ρ with the gold scores
-(``outlierlab.metrics.sts_scores.sts_spearman``).  Clip and whiten are affine, so transforming the mean-pooled vector
-equals pooling the transformed tokens.
+Sentence vector = mean of its valid token vectors (``sts_scores.mean_pool``); score = cosine; quality = Spearman's ρ
+with the gold scores (``sts_scores.sts_spearman``).  Clip and whiten are affine, so transforming the pooled vector
+equals pooling transformed tokens.
 
-Aggregation as SentEval reports it (Conneau & Kiela 2018): per data set, every pair pooled (``subset`` =
-``all``) and, when the data carry a sub-set column (``sts.subset_field``, e.g. STS12-16's genres), ρ per
-sub-set and their unweighted mean (``subset`` = ``mean``, SentEval's headline for STS12-16); across data sets
-the ``dataset`` = ``mean`` rows average each data set's headline (the sub-set mean where there are sub-sets,
-else the pooled ρ).  ``sts.files=[a.csv,b.csv]`` gives one data set per file.
+Aggregation as SentEval (Conneau & Kiela 2018): per data set every pair pooled (``subset`` = ``all``) and, with a
+sub-set column (``sts.subset_field``, e.g. STS12-16's genres), ρ per sub-set and their unweighted mean (``subset`` =
+``mean``, SentEval's headline); the ``dataset`` = ``mean`` rows average each data set's headline.
+``sts.files=[a.csv,b.csv]`` gives one data set per file.  Each distinct text is encoded once.
 
-Each distinct text is encoded once and its vector reused for every occurrence (an STS file built from 50
-documents has 1,225 pairs but 50 texts); the log and the report say how many.
-
-No STS data can be shipped (licences), so by default this analysis is skipped with a note.  Give
-``sts.datasets=[stsb,sickr,sts12,...]`` (Hugging Face hub names through ``datasets``; offline they must be
-in the local datasets cache, else one clear line) or ``sts.files=[pairs.csv]`` (columns sentence1,
-sentence2, score; .csv/.tsv/.json/.jsonl).
+No STS data can be shipped (licences): skipped with a note unless ``sts.datasets=[stsb,sickr,sts12,...]`` (hub, through
+``datasets``; offline from its cache) or ``sts.files=[pairs.csv]`` (sentence1, sentence2, score;
+.csv/.tsv/.json/.jsonl).
 """
 
 from __future__ import annotations
@@ -104,14 +98,9 @@ class SentenceMeans(Consumer):
 
 def sentence_vectors(encoder, texts: list[str], batch_size=None, progress: bool = False,
                      notes: list[str] | None = None, what: str = "STS") -> tuple[SentenceVectors, torch.Tensor]:
-    """Mean-pooled vectors of every text (``SentenceVectors``: ``[N, d]`` float32 per layer, kept on disk)
-    and Bool[N] (text had a token).
-
-    Each distinct text is encoded once, by the per-layer stream (``outlierlab.evaluation.sentence_stream.
-    LayerStream``); repeated texts get the same vector (``notes``, if given, gets the line saying how many texts
-    were encoded, and the pass's truncation warning).  Each layer is pooled as it is produced and written to
-    disk: the ``(L+1)·N·d`` vectors (21 GiB for 4,300 pairs of a 70B model) are never in memory
-    together."""
+    """Mean-pooled vectors of every text (``SentenceVectors``, float32 ``[N, d]`` per layer on disk) and Bool[N] (text
+    had a token).  Distinct texts are encoded once (``notes`` says how many); each layer is pooled and written as
+    produced, so the ``(L+1)·N·d`` vectors (21 GiB at 70B) are never in memory together."""
     unique, index = distinct_texts(texts)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     check_room(encoder, [], "STS's sentence vectors", "set TMPDIR to a larger disk or evaluate fewer pairs "

@@ -1,19 +1,15 @@
 """Word-in-Context by cosine threshold, every layer, before/after clip and whiten (Luo et al. 2021 §4.2, Table 1).
 
-Target vector = mean of the vectors of the tokens overlapping the target's character span
-(``start``/``end`` offsets, end exclusive; subword pieces averaged).  Per layer the cosine of the two
-target vectors predicts "same sense" above a threshold; accuracy for thresholds 0.1 … 0.9
-(``outlierlab.metrics.wic_thresholds.threshold_sweep``).  The paper's sweep picks the best (layer, threshold) on the WiC
-*training* split itself (``wic.split``, default ``train``) — an upper bound.  Beside it, the honest protocol
-(``outlierlab.metrics.wic_thresholds.choose_then_report``): the threshold per layer and the best layer chosen on ``wic.split``
-are applied unchanged to ``wic.report_split`` (SuperGLUE: ``validation``; shipped WordNet set: ``test``),
-whose labels never enter the choice — CSV columns ``report_*`` and a second table in the report.
+Target vector = mean of the tokens overlapping the target's character span (end exclusive).  Per layer the cosine of the
+two targets predicts "same sense" above a threshold, 0.1 … 0.9 (``wic_thresholds.threshold_sweep``).  The paper's sweep
+picks the best (layer, threshold) on the split itself (``wic.split``, default ``train``): an upper bound.  Beside it the
+honest protocol (``wic_thresholds.choose_then_report``): choices on ``wic.split`` applied unchanged to
+``wic.report_split`` (SuperGLUE: ``validation``; WordNet set: ``test``) — ``report_*`` columns and a second report
+table.
 
-Sources (``wic.source``): ``wordnet`` — the shipped WordNet WiC-style pairs (offline default, see
-``outlierlab/datamodules/data/eval/NOTICE.md``); ``superglue`` — SuperGLUE WiC (Pilehvar & Camacho-Collados 2019) via
-``datasets`` (``aps/super_glue``, ``wic``; its test split is unlabelled, so ``validation`` by default);
-``wic.files=[...]`` — local jsonl/csv/tsv in the same format (sentence1, sentence2, start1, end1, start2,
-end2, label; optional ``split`` column filtered by ``wic.split``).
+Sources (``wic.source``): ``wordnet`` (shipped, offline default; ``data/eval/NOTICE.md``); ``superglue`` (Pilehvar &
+Camacho-Collados 2019, ``aps/super_glue``/``wic`` via ``datasets``; test unlabelled, so ``validation``);
+``wic.files=[...]`` (jsonl/csv/tsv: sentence1, sentence2, start1, end1, start2, end2, label; optional ``split``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The WiC target vectors of every layer, from the one per-layer stream, kept on disk.
 
-Target vector = mean of the vectors of the tokens overlapping the target's character span (Luo et al. 2021
-§4.2; ``outlierlab.evaluation.words.char_span_tokens``).  Every pair's two targets of every layer are
-``(L+1)·2P·d`` floats — 27 GiB in float32 for all 5,512 WordNet pairs of a 70B model — so the
-``TargetMeans`` consumer of a ``outlierlab.evaluation.sentence_stream.LayerStream`` appends them to disk
-(``outlierlab.evaluation.analyses.layer_rows.LayerRows``) as each layer is produced, and ``TargetVectors.layer``
-reads one layer back as ``[2, P, d]``: the scoring (cosine, threshold sweep) runs layer by layer.
+Target vector = mean of the tokens overlapping the target's character span (Luo et al. 2021 §4.2;
+``words.char_span_tokens``).  All pairs' targets are ``(L+1)·2P·d`` floats (27 GiB at 70B for the WordNet pairs), so
+``TargetMeans`` appends them to disk (``layer_rows.LayerRows``) as each layer is produced, and ``TargetVectors.layer``
+reads one layer back as ``[2, P, d]`` for layer-by-layer scoring.
 """
 
 from __future__ import annotations
@@ -36,11 +34,8 @@ class TargetVectors(LayerRows):
 
 
 class TargetMeans(Consumer):
-    """Each target's vector (the mean of its span's tokens) in every layer, appended to ``targets``.
-
-    occurrences : per distinct text, the target rows (``0..2P-1``) it is the sentence of
-    spans : per target row, its ``(start, end)`` character span
-    """
+    """Each target's vector in every layer, appended to ``targets``; ``occurrences``: per distinct text, the target rows
+    (``0..2P-1``) it is the sentence of; ``spans``: per target row, its ``(start, end)``."""
 
     def __init__(self, targets: TargetVectors, occurrences: list[list[int]], spans: list[tuple[int, int]]) -> None:
         self.targets, self.occurrences, self.spans = targets, occurrences, spans
@@ -83,14 +78,10 @@ def target_vectors(encoder, pairs: list[dict], fit: WhitenSettings | None = None
                    fit_names=FITTED) -> tuple[TargetVectors, Tensor, Whitener | None]:
     """Target-word vectors of every pair: ``(TargetVectors, found Bool[P], fitted)``.
 
-    ``fit``: also fit the transforms on every non-special token of the pairs' sentences (``fit_on=eval``),
-    each sentence as often as it occurs (as if every occurrence were encoded); ``fitted`` is the fitted
-    ``Whitener`` (else None), from whose sums the maps ``fit_names`` are fitted.  The stream stores the
-    tokens on disk in the model's dtype and the fit reads them back one layer at a time
-    (``LayerStream.fit``): no ``(L+1)·d²`` float64 sums beside the model's forward.
-    A pair whose target span maps to no token (e.g. truncated away) has ``found`` False.
-    Each distinct sentence is encoded once; ``notes`` (if given) gets the line saying how many, and the pass's
-    truncation warning.
+    ``fit`` (``fit_on=eval``): also fit the transforms on every non-special token of the pairs' sentences, each as often
+    as it occurs; ``fitted`` is that ``Whitener`` (else None), fitted layer by layer from the stored tokens
+    (``LayerStream.fit``).  ``found`` is False where a span maps to no token (truncated).  Each distinct sentence is
+    encoded once; ``notes`` gets how many, and the truncation warning.
     """
     texts = [p["sentence1"] for p in pairs] + [p["sentence2"] for p in pairs]
     spans = [(p["start1"], p["end1"]) for p in pairs] + [(p["start2"], p["end2"]) for p in pairs]

@@ -1,10 +1,9 @@
 """Save the randomly initialised model as a step-0 checkpoint, so every post-hoc analysis has its baseline.
 
-Zuo et al. (2025) find position readable from a causal model without positions *at initialisation*; whether a
-measure is learned or present from the start (the token-type confound of docs/design.md) can only be told with the
-untrained weights beside the trained ones. Lightning's ``ModelCheckpoint`` saves after training steps only, so
-this callback writes ``<dirpath>/step0000000.ckpt`` (the ``ModelCheckpoint`` naming) once, when a run starts at
-step 0; a resumed run already has it and writes nothing.
+Zuo et al. (2025) find position readable from a causal model without positions *at initialisation*; whether a measure is
+learned or present from the start (the token-type confound of docs/design.md) needs the untrained weights.
+``ModelCheckpoint`` saves after training steps only, so this writes ``<dirpath>/step0000000.ckpt`` once, when a run
+starts at step 0.
 """
 
 from __future__ import annotations
@@ -16,15 +15,8 @@ from lightning.pytorch.callbacks import Callback
 
 
 class InitialCheckpoint(Callback):
-    """Write the step-0 checkpoint at the start of a fresh run.
-
-    Parameters
-    ----------
-    dirpath : str
-        The checkpoint directory (``${run_dir}/checkpoints``, as ``callbacks.model_checkpoint.dirpath``).
-    filename : str
-        File name of the step-0 checkpoint (``ModelCheckpoint``'s ``step{step:07d}`` at step 0).
-    """
+    """Write the step-0 checkpoint at the start of a fresh run into ``dirpath`` (``${run_dir}/checkpoints``), named
+    ``filename`` (``ModelCheckpoint``'s ``step{step:07d}`` at step 0)."""
 
     def __init__(self, dirpath: str, filename: str = "step0000000.ckpt") -> None:
         self.path = Path(dirpath) / filename

@@ -1,28 +1,16 @@
 """Save ``last.ckpt`` when a scheduler or a person stops training with SIGTERM, or training stops early by itself
 (``trainer.max_time``, early stopping), so a resumed run loses at most the step in flight.
 
-Lightning already turns SIGTERM into an orderly stop: its signal handler sets ``trainer.received_sigterm``,
-and the training loop raises ``SIGTERMException`` at the end of the current batch -- after the optimizer
-step, the schedulers and the loggers, i.e. at a consistent state -- then calls every callback's
-``on_exception``. Lightning's ``OnExceptionCheckpoint`` saves on *any*
-exception, including a non-finite loss or a bug, whose checkpoint must not become the one a resumed run
-trusts; this callback saves only for SIGTERM, and under the name the resume logic reads (``last.ckpt``),
-written to a temporary name and renamed so a kill during the write leaves the previous ``last.ckpt`` intact.
+Lightning turns SIGTERM into ``SIGTERMException`` at the end of the current batch (a consistent state) and calls every
+callback's ``on_exception``.  Lightning's ``OnExceptionCheckpoint`` saves on *any* exception (a non-finite loss, a bug),
+which a resume must not trust; this saves only for SIGTERM, as ``last.ckpt``, via a temporary name and rename.  It is a
+plain ``Callback``: with an ``OnExceptionCheckpoint`` among the callbacks Lightning 2.6 turns ``ckpt_path=None`` into
+``"last"``; which checkpoint a run starts from is decided once, in ``outlierlab.jobs.run_resume.resolve_checkpoint``.
 
-It is a plain ``Callback``, not an ``OnExceptionCheckpoint`` subclass: with
-one of those among the callbacks, Lightning 2.6 turns ``trainer.fit(ckpt_path=None)`` into ``ckpt_path="last"``
-(``_checkpoint_connector._parse_ckpt_path``) -- so ``resume=false`` on a run directory holding ``last.ckpt``
-silently restored it (with the new seed's config, zero steps trained), and every fresh run printed two
-misleading warnings. Which checkpoint a run starts from is decided once, in
-``outlierlab.jobs.run_resume.resolve_checkpoint``.
-
-SLURM sends SIGTERM at preemption and at the time limit (then SIGKILL after ``KillWait``). Under submitit
-(``hydra/launcher=submitit_slurm``) the job is warned earlier by ``SIGUSR2`` (``signal_delay_s`` before the
-limit, or at preemption), and submitit's handler requeues the job and exits at once -- mid-step, without a
-checkpoint. So while training runs, a handler already installed for ``SIGUSR2`` is deferred: the signal only
-asks Lightning to stop at the end of the current step (as SIGTERM does), ``last.ckpt`` is written, and then the
-original handler runs (submitit requeues the cell, which finds ``last.ckpt`` and resumes,
-``outlierlab.jobs.training``).
+SLURM sends SIGTERM at preemption and at the time limit.  Under submitit (``hydra/launcher=submitit_slurm``) ``SIGUSR2``
+comes earlier and submitit's handler requeues and exits mid-step, without a checkpoint.  So while training runs, an
+installed ``SIGUSR2`` handler is deferred: the signal asks Lightning to stop after the step, ``last.ckpt`` is written,
+then the original handler runs (the requeued cell resumes from ``last.ckpt``).
 """
 
 from __future__ import annotations
