@@ -37,6 +37,14 @@ def is_constant(values: Sequence[float]) -> bool:
     return x.size > 1 and float(np.ptp(x)) <= ROUNDING * float(np.abs(x).max())
 
 
+def pooled_sd(a: Sequence[float], b: Sequence[float]) -> float:
+    """``sqrt(((n_a-1)s_a² + (n_b-1)s_b²) / (n_a+n_b-2))``; NaN below two values per group."""
+    xa, xb = np.asarray(a, float), np.asarray(b, float)
+    if xa.size < 2 or xb.size < 2:
+        return math.nan
+    return float(math.sqrt(((xa.size - 1) * xa.var(ddof=1) + (xb.size - 1) * xb.var(ddof=1)) / (xa.size + xb.size - 2)))
+
+
 @dataclass(frozen=True)
 class Summary:
     n: int
@@ -99,7 +107,6 @@ def contrast(a: Mapping[int, float], b: Mapping[int, float], confidence: float =
     ``scipy.stats.ttest_rel``; unshared seeds are named in ``note``.  Otherwise Welch: ``se = sqrt(s_a²/n_a +
     s_b²/n_b)`` with Welch–Satterthwaite df.  Zero variance: interval and p NaN, ``note`` "constant across seeds".
     """
-    from outlierlab.studies.study_inference import pooled_sd
 
     a = {k: float(v) for k, v in a.items() if math.isfinite(float(v))}
     b = {k: float(v) for k, v in b.items() if math.isfinite(float(v))}

@@ -24,6 +24,8 @@ from typing import Sequence
 import numpy as np
 from scipy import stats
 
+from outlierlab.studies.seed_statistics import is_constant
+
 ALPHA = 0.05
 POWER = 0.80
 BOOTSTRAP_MIN_N = 5
@@ -75,20 +77,12 @@ def minimum_detectable_effect(n_a: int, n_b: int, sd: float, paired: bool, alpha
     return float(np.asarray(d).item() * sd)
 
 
-def pooled_sd(a: Sequence[float], b: Sequence[float]) -> float:
-    """``sqrt(((n_a-1)s_a² + (n_b-1)s_b²) / (n_a+n_b-2))``; NaN below two values per group."""
-    xa, xb = np.asarray(a, float), np.asarray(b, float)
-    if xa.size < 2 or xb.size < 2:
-        return math.nan
-    return float(math.sqrt(((xa.size - 1) * xa.var(ddof=1) + (xb.size - 1) * xb.var(ddof=1)) / (xa.size + xb.size - 2)))
-
 
 def tost(a: Sequence[float], b: Sequence[float], margin: float, paired: bool) -> float:
     """p-value of the two one-sided tests that ``mean(a) - mean(b)`` lies within ``(-margin, margin)``; NaN for constant
     data (undefined t statistics) or too few values."""
     from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
-    from outlierlab.studies.seed_statistics import is_constant
 
     xa, xb = np.asarray(a, float), np.asarray(b, float)
     if not (margin > 0) or min(xa.size, xb.size) < 2:
@@ -121,7 +115,6 @@ def bounded_interval(values: Sequence[float], lo: float, hi: float, confidence: 
     transformed values -- logit of ``(x - lo) / (hi - lo)`` for [0, 1]-type ranges, Fisher z = artanh for
     [-1, 1] -- mapped back. NaN with method ``"constant across seeds"`` when every value is the same.
     """
-    from outlierlab.studies.seed_statistics import is_constant
 
     x = np.asarray([v for v in values if math.isfinite(v)], float)
     if x.size < 2:
