@@ -449,3 +449,33 @@ def test_metric_curves_label_log_panels_in_plain_numbers_inside_the_figure():
     for t in labels:
         box = t.get_window_extent(renderer)
         assert box.x0 >= 0 and box.x1 <= width and box.y0 >= 0 and box.y1 <= height, (t.get_text(), box)
+
+
+def test_metric_curves_have_one_legend_for_every_panel_and_draw_rounding_noise_flat():
+    """Every panel's layer colours are named once, in a figure legend listing each layer; a statistic constant up to
+    float rounding (a softmax row's mass, 1 ± 1e-7) spans at least 1 % of its value, not its noise magnified."""
+    from outlierlab.monitoring import monitor_plots as plots
+
+    steps = list(range(0, 500, 50))
+    noise = [1.0 + 1e-7 * (-1) ** i for i in range(len(steps))]
+    curves = {"kurtosis": {layer: (steps, [3.0 + layer] * len(steps)) for layer in range(1, 4)},
+              "attn_row_mass": {layer: (steps, noise) for layer in range(0, 4)}}
+    fig = plots.metric_curves_figure(curves)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [f"layer {i}" for i in range(4)]
+    assert not any(ax.get_legend() for ax in fig.axes)
+    low, high = fig.axes[1].get_ylim()
+    assert high - low >= 0.01 - 1e-12 and low < 1.0 < high
+
+
+def test_heatmap_colours_span_the_bulk_of_the_values_and_name_the_saturated_largest():
+    """A few outlier entries saturate instead of setting the colour scale (which left the rest white)."""
+    import numpy as np
+
+    from outlierlab.monitoring import monitor_plots as plots
+
+    values = np.full((10, 200), 0.01)
+    values[:, 7] = 1.9  # one dim of 200: 0.5 % of the entries
+    span, largest = plots.colour_span(values)
+    assert span == pytest.approx(0.01) and largest == pytest.approx(1.9)
+    fig = plots.layernorm_heatmap([0, 10], {"ln": np.vstack([values[0], values[1]])}, {"ln": [7]}, "bias", 0.0)
+    assert "beyond saturates; largest 1.9" in fig.axes[0].get_title(loc="left")

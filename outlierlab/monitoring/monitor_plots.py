@@ -49,6 +49,22 @@ def thin(steps: Sequence[int], max_rows: int) -> list[int]:
     return sorted(set(np.linspace(0, n - 1, max_rows).round().astype(int).tolist()))
 
 
+#: The share of a heatmap's values inside its colour range: the few outlier entries would otherwise set the scale and
+#: leave every other cell white (a bias heatmap at ±1.9 for values near 0); they saturate instead and stay marked.
+COLOUR_QUANTILE = 0.99
+
+
+def colour_span(deviation: np.ndarray) -> tuple[float, float]:
+    """``(span, largest)``: the ``COLOUR_QUANTILE`` quantile of ``|deviation|`` (the colour range ±span) and its
+    largest value; a tiny floor keeps an all-zero map drawable."""
+    a = np.abs(np.asarray(deviation, dtype=float))
+    a = a[np.isfinite(a)]
+    if not a.size:
+        return 1e-6, 0.0
+    largest = float(a.max())
+    return max(float(np.quantile(a, COLOUR_QUANTILE)), 1e-6), largest
+
+
 def layernorm_heatmap(steps: Sequence[int], values: Mapping[str, np.ndarray], flagged: Mapping[str, Sequence[int]],
                       part: str, centre: float) -> Figure:
     """Heatmap per LayerNorm: rows = the S ``steps`` (oldest on top), columns = dims, colour = ``values[name]`` [S, d];
@@ -62,14 +78,15 @@ def layernorm_heatmap(steps: Sequence[int], values: Mapping[str, np.ndarray], fl
     axes = fig.subplots(len(names), 1, squeeze=False, sharex=True)[:, 0]
     for ax, name in zip(axes, names):
         v = np.asarray(values[name], dtype=float)
-        span = max(float(np.nanmax(np.abs(v - centre))) if np.isfinite(v).any() else 0.0, 1e-6)
+        span, largest = colour_span(v - centre)
         ax.imshow(v, aspect="auto", interpolation="nearest", cmap="RdBu_r",
                   norm=Normalize(centre - span, centre + span), extent=(-0.5, v.shape[1] - 0.5, len(steps) - 0.5, -0.5))
         dims = list(flagged.get(name, ()))
         if dims:
             ax.plot(dims, [-0.5] * len(dims), "v", color="red", markersize=4, clip_on=False)
         ax.set_yticks([0, len(steps) - 1], [str(steps[0]), str(steps[-1])])
-        ax.set_title(f"{name}: colour {centre:g} ± {span:.3g};  {len(dims)} dims > 3σ at step {steps[-1]}",
+        saturated = f" (beyond saturates; largest {largest:.3g})" if largest > span else ""
+        ax.set_title(f"{name}: colour {centre:g} ± {span:.3g}{saturated};  {len(dims)} dims > 3σ at step {steps[-1]}",
                      fontsize=7, loc="left", pad=2)
         ax.tick_params(labelsize=6, length=2, pad=1)
     axes[-1].set_xlabel("dimension", fontsize=7)
@@ -85,8 +102,8 @@ def mean_vector_figure(mean: np.ndarray, outliers: Sequence[Sequence[int]], step
     n, d = mean.shape
     cols = 1 if n <= 4 else 2
     rows = -(-n // cols)
-    height = 0.5 + 1.2 * rows
-    fig = Figure(figsize=(5 * cols, height), dpi=72)
+    height = 0.5 + 1.7 * rows  # a panel per layer tall enough to read its dims' bars and labels
+    fig = Figure(figsize=(5 * cols, height), dpi=90)
     fig.subplots_adjust(left=0.06, right=0.99, top=1 - 0.45 / height, bottom=0.3 / height, hspace=0.6, wspace=0.12)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     x = np.arange(d)
@@ -128,6 +145,26 @@ def curves_from_rows(rows: Sequence) -> dict[str, dict[int, tuple[list[int], lis
             for s, per in out.items()}
 
 
+#: The smallest y range a linear panel spans, as a share of its values' magnitude: a statistic that is constant up
+#: to float rounding (a softmax row's mass, 1 ± 1e-7) is drawn as the flat line it is, not as magnified noise.
+MIN_RELATIVE_SPAN = 0.01
+
+
+def _floor_span(ax, values: Sequence[float]) -> None:
+    """Widen a linear panel's y range to at least ``MIN_RELATIVE_SPAN`` of its values' magnitude, without the offset
+    notation ("1e-7 + 1") that made rounding look like a trend."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    ax.ticklabel_format(axis="y", useOffset=False)
+    if not v.size:
+        return
+    lo, hi, size = float(v.min()), float(v.max()), float(np.abs(v).max())
+    floor = MIN_RELATIVE_SPAN * size if size > 0 else 1.0
+    if hi - lo < floor:
+        mid = (hi + lo) / 2
+        ax.set_ylim(mid - floor / 2, mid + floor / 2)
+
+
 def metric_curves_figure(curves: Mapping[str, Mapping[int, tuple[Sequence[int], Sequence[float]]]],
                          title: str = "") -> Figure:
     """One panel per statistic, one line per layer, vs optimizer step (the emergence view of He et al.
@@ -136,29 +173,36 @@ def metric_curves_figure(curves: Mapping[str, Mapping[int, tuple[Sequence[int], 
     ncols = min(3, len(stats))
     nrows = -(-len(stats) // ncols)
     # Fixed margins at 72 dpi, as the heatmaps: constrained layout took ~2 s per draw of this 15-panel figure
-    # (it is drawn at every image record of a training run); the panels' labels fit these margins.
-    width, height = 4.2 * ncols, 2.6 * nrows + (0.5 if title else 0.0)
+    # (it is drawn at every image record of a training run); the panels' labels fit these margins.  One legend for
+    # all panels, in a row of its own above them: the colour of a layer is the same in every panel.
+    head = (0.5 if title else 0.0) + 0.35
+    width, height = 4.2 * ncols, 2.6 * nrows + head
     fig = Figure(figsize=(width, height), dpi=72)
     fig.subplots_adjust(left=0.6 / width, right=1 - 0.15 / width, bottom=0.5 / height,
-                        top=1 - (0.8 if title else 0.3) / height, wspace=0.28, hspace=0.62)
+                        top=1 - (head + 0.3) / height, wspace=0.28, hspace=0.62)
+    layers: dict[int, object] = {}
     for k, stat in enumerate(stats):
         ax = fig.add_subplot(nrows, ncols, k + 1)
         per = curves.get(stat, {})
         for layer, (steps, values) in per.items():
             # colour fixed by layer: panels without layer 0 (sites, sinks) keep the legend's colours
-            ax.plot(steps, values, marker="." if len(steps) < 30 else None, lw=1.2, label=f"layer {layer}",
-                    color=f"C{layer % 10}")
+            layers[layer], = ax.plot(steps, values, marker="." if len(steps) < 30 else None, lw=1.2,
+                                     color=f"C{layer % 10}")
         if stat in _LOG_SCALE and any(v > 0 for _, vs in per.values() for v in vs):
             ax.set_yscale("log")
             # "3", "1e+04": not "3 × 10⁰", which the fixed margin would cut; minor labels only over < 2 decades
             ax.yaxis.set_major_formatter(LogFormatter())
             ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        else:
+            _floor_span(ax, [v for _, vs in per.values() for v in vs])
         ax.set_title(stat, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(which="both", labelsize=7)  # the log panels label minor ticks too
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps
-        if k == 0 and per:
-            ax.legend(fontsize=6, ncol=2)
+    if layers:
+        order = sorted(layers)
+        fig.legend([layers[i] for i in order], [f"layer {i}" for i in order], loc="upper center", fontsize=8,
+                   ncol=min(len(order), 13), frameon=False, bbox_to_anchor=(0.5, 1 - (head - 0.35) / height))
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
@@ -170,13 +214,14 @@ def position_rows_figure(table: np.ndarray, stats: Mapping, name: str = "") -> F
     (``position_row_stats``)."""
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     ax, bx = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    lim = float(np.abs(table).max()) or 1.0
+    lim, largest = colour_span(table)
     im = ax.imshow(table, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
     for key, color in (("argmax_dim", "k"), ("argmin_dim", "g")):
         ax.axvline(stats[key], color=color, lw=0.8, ls="--", label=f"{key[:6]} dim {stats[key]}")
     ax.set(xlabel="dim", ylabel="position (row)", title=f"{name} ({table.shape[0]} rows)")
     ax.legend(fontsize=7, loc="upper right")
-    fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.colorbar(im, ax=ax, shrink=0.8, extend="both" if largest > lim else "neither",
+                 label=f"value (±{lim:.3g}; largest |value| {largest:.3g})")
     d = table.shape[1]
     x = np.arange(d)
     for key, label in (("argmax", "argmax"), ("argmin", "argmin")):
