@@ -121,11 +121,14 @@ def test_missing_path_is_a_clear_error(tmp_path):
         FrozenEncoder(str(tmp_path / "nope"))
 
 
-def test_truncation_warns_with_count_or_fails(tiny_bert):
+def test_truncation_warns_with_count_or_fails(tiny_bert, caplog):
     texts = ["word " * 100, "short one", "word " * 80]
     enc = FrozenEncoder(str(tiny_bert), max_length=16)
-    with pytest.warns(UserWarning, match="2 of 3 texts were longer than max_length=16"):
+    with caplog.at_level("WARNING"):
         tok = enc.tokenize(texts)
+        enc.tokenize(texts, report=False)  # a pass that tokenizes in chunks reports once itself
+    assert [r.getMessage() for r in caplog.records] == [
+        "tokenize: 2 of 3 texts were longer than max_length=16 tokens and were truncated (152 tokens dropped)"]
     assert tok.lengths == [16, 4, 16] and tok.n_truncated == 2
     assert tok.truncated_tokens == (102 - 16) + (82 - 16)
     assert tok.input_ids[0][-1] == enc.tokenizer.sep_token_id  # truncation keeps [SEP]
@@ -204,3 +207,22 @@ def test_probe_report_of_a_model_without_positions_names_the_content_baseline(tm
         run(cfg, tmp_path / f"probe_{pos}")
     assert "no position input" in (tmp_path / "probe_none" / "probe_report.md").read_text()
     assert "no position input" not in (tmp_path / "probe_learned" / "probe_report.md").read_text()
+
+
+def test_evaluate_and_probe_report_truncation_in_the_same_one_line(tiny_bert, caplog):
+    """evaluate's layer stream (in chunks) and probe's feature extraction say what truncation removed the same way:
+    one warning line per pass with the count and the tokens dropped, never a line per chunk."""
+    from outlierlab.datamodules.features import extract_features
+    from outlierlab.evaluation.sentence_stream import Consumer, LayerStream
+
+    class Count(Consumer):
+        def update(self, layer, vectors, batch):
+            pass
+
+    texts = ["word " * 100, "short one", "word " * 80, "another short one"]
+    enc = FrozenEncoder(str(tiny_bert), max_length=16)
+    with caplog.at_level("WARNING"):
+        LayerStream(enc, texts, chunk=1, batch_size=2).forward([Count()], desc="pass 1/1")
+        extract_features(enc, texts, None, progress=False)
+    tail = "2 of 4 texts were longer than max_length=16 tokens and were truncated (152 tokens dropped)"
+    assert [r.getMessage() for r in caplog.records] == [f"pass 1/1: {tail}", f"features: {tail}"]

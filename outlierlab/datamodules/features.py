@@ -37,6 +37,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 
 from outlierlab.metrics.outlier_dims import detect_outlier_dims
 from outlierlab.metrics.outlier_stats import OutlierAccumulator, valid_token_mask
+from outlierlab.models.encoder_inputs import report_truncation
 from outlierlab.utils.disk_layers import read_at
 
 LAYOUT_VERSION = 1
@@ -129,7 +130,8 @@ def extract_features(encoder, texts: Sequence[str], cache_root: str | os.PathLik
 def _write(encoder, texts: list[str], out: Path | None, store_tokens: bool, batch_size,
            progress: bool) -> FeatureSet | None:
     """Encode ``texts`` into the files of ``out`` (None: into memory, returned as a ``FeatureSet``)."""
-    tok = encoder.tokenize(texts)
+    tok = encoder.tokenize(texts, report=False)
+    report_truncation("features", tok.n_truncated, len(texts), tok.truncated_tokens, encoder.max_length)
     lengths = np.asarray(tok.lengths, dtype=np.int64)
     n_layers, dim, n_tok = encoder.num_layers + 1, encoder.hidden_size, int(lengths.sum())
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])

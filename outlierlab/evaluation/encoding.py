@@ -11,6 +11,8 @@ import logging
 from dataclasses import dataclass
 from typing import Sequence
 
+from outlierlab.models.encoder_inputs import report_truncation
+
 log = logging.getLogger(__name__)
 
 
@@ -35,13 +37,11 @@ def token_offsets(encoder, tok) -> tuple[list, list]:
     return tok.offsets, tok.special_tokens_mask
 
 
-def finish_encode_log(stats: EncodeLog, what: str, notes: list[str]) -> None:
-    """One truncation warning (and report note) for a whole pass."""
-    if stats.n_truncated:
-        msg = (f"{what}: {stats.n_truncated} texts were longer than the encoder accepts and were truncated "
-               f"({stats.truncated_tokens} tokens dropped)")
-        log.warning(msg)
-        notes.append(msg)
+def finish_encode_log(stats: EncodeLog, what: str, notes: list[str], max_length: int) -> None:
+    """One truncation line (``report_truncation``) for a whole pass, kept as a report note."""
+    line = report_truncation(what, stats.n_truncated, stats.n_texts, stats.truncated_tokens, max_length)
+    if line:
+        notes.append(line)
 
 
 def distinct_texts(texts: Sequence[str]) -> tuple[list[str], list[int]]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -227,7 +226,7 @@ class LayerStream:
                 c.end_layer(layer)
         if not self.logs:
             self.batches = batches
-            finish_encode_log(log_, desc, self.notes)
+            finish_encode_log(log_, desc, self.notes, self.encoder.max_length)
         self.logs.append(log_)
 
     def _batches(self, first: int, store, log_: EncodeLog, bar) -> Iterator[tuple[StreamBatch, Any]]:
@@ -237,9 +236,7 @@ class LayerStream:
         chunk = max(1, int(self.chunk))
         for c0 in range(0, len(self.texts), chunk):
             part = self.texts[c0:c0 + chunk]
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*were longer than max_length.*")
-                tok = self.encoder.tokenize(part)
+            tok = self.encoder.tokenize(part, report=False)
             log_.n_truncated += tok.n_truncated
             log_.truncated_tokens += tok.truncated_tokens
             offs, special = token_offsets(self.encoder, tok) if self.offsets else (None, None)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
+import logging
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 
 class EncodedBatch(NamedTuple):
@@ -59,12 +61,25 @@ def tokenizer_fingerprint(tok) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def tokenize_texts(tokenizer, texts: Sequence[str], max_length: int, on_overflow: str) -> Tokenized:
+def report_truncation(what: str, n_truncated: int, n_texts: int, truncated_tokens: int, max_length: int) -> str | None:
+    """The one line that says what truncation removed, the same for every pass (evaluate's stream, probe's features,
+    a direct ``FrozenEncoder.tokenize``): logged as a warning and returned (for a report's notes); None when nothing
+    was truncated."""
+    if not n_truncated:
+        return None
+    line = (f"{what}: {n_truncated} of {n_texts} texts were longer than max_length={max_length} tokens and were truncated "
+            f"({truncated_tokens} tokens dropped)")
+    log.warning(line)
+    return line
+
+
+def tokenize_texts(tokenizer, texts: Sequence[str], max_length: int, on_overflow: str, report: bool = True) -> Tokenized:
     """Token ids (with special tokens) of every text, truncated to ``max_length``.
 
     One tokenizer call over all texts (ids, special-token mask and, with a fast tokenizer, character
     offsets); only the texts found longer than ``max_length`` are tokenized again, with truncation — the
-    same ids as truncating every text, at a third of the tokenizer's time.
+    same ids as truncating every text, at a third of the tokenizer's time.  ``report``: say what truncation removed
+    (``report_truncation``); a pass that tokenizes in chunks passes False and reports once for all of them.
     """
     texts = list(texts)
     fast = bool(getattr(tokenizer, "is_fast", False))
@@ -85,8 +100,8 @@ def tokenize_texts(tokenizer, texts: Sequence[str], max_length: int, on_overflow
             ids[i], special[i] = short["input_ids"][j], short["special_tokens_mask"][j]
             if fast:
                 offsets[i] = short["offset_mapping"][j]
-        warnings.warn(f"{len(over)} of {len(texts)} texts were longer than max_length={max_length} tokens "
-                      f"and were truncated ({cut} tokens dropped)", stacklevel=3)
+        if report:
+            report_truncation("tokenize", len(over), len(texts), cut, max_length)
     offsets = [[tuple(o) for o in row] for row in offsets] if fast else None
     return Tokenized(ids, special, len(over), cut, offsets)
 

@@ -327,9 +327,9 @@ class FrozenEncoder:
         return out
 
     # -- running ----------------------------------------------------------------------------------------
-    def tokenize(self, texts: Sequence[str]) -> Tokenized:
+    def tokenize(self, texts: Sequence[str], report: bool = True) -> Tokenized:
         """Token ids (with special tokens) of every text, truncated to ``max_length`` (``tokenize_texts``)."""
-        return tokenize_texts(self.tokenizer, texts, self.max_length, self.on_overflow)
+        return tokenize_texts(self.tokenizer, texts, self.max_length, self.on_overflow, report)
 
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -180,7 +180,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     s = check(ctx)
     enc = ctx.encoder
     texts, what = analysis_texts(ctx, s)
-    tokenized = enc.tokenize(texts)
+    tokenized = enc.tokenize(texts, report=False)  # the pass over the same texts reports the truncation
     # Luo et al.'s per-layer statistics: one extra pass, only when no LayerNorm outlier exists
     dims, dim_tag, dims_from = choose_dims(
         ctx, s, lambda: _stream(ctx, texts, OutlierCounts("none", enc.num_layers + 1)).result(enc.hidden_size).stats())
