@@ -15,8 +15,9 @@ from omegaconf import OmegaConf
 
 from conftest import compose
 from outlierlab.evaluation.registry import ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
-from outlierlab.evaluation.settings import (AblationSettings, DataSettings, OutliersSettings, TransformSettings, WicSettings,
-                                 load_settings, section_settings)
+from outlierlab.configuration.analysis_settings import AblationSettings, OutliersSettings, WicSettings
+from outlierlab.configuration.run_settings import DataSettings, TransformSettings
+from outlierlab.configuration.settings_store import load_settings, section_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = list(dict.fromkeys([*RUN_SETTINGS, *SETTINGS.values()]))

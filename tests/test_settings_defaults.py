@@ -14,9 +14,10 @@ from omegaconf import OmegaConf
 
 from conftest import compose
 from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS
-from outlierlab.evaluation.settings import (AblationSettings, DataSettings, EncoderSettings, OutliersSettings,
-                                            TransformSettings, WicSettings, load_settings, section_settings)
-from outlierlab.evaluation.settings import ABSENT
+from outlierlab.configuration.analysis_settings import AblationSettings, OutliersSettings, WicSettings
+from outlierlab.configuration.run_settings import DataSettings, EncoderSettings, TransformSettings
+from outlierlab.configuration.settings_store import load_settings, section_settings
+from outlierlab.configuration.typed_settings import ABSENT
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = list(dict.fromkeys([*RUN_SETTINGS, *SETTINGS.values()]))
@@ -53,8 +54,8 @@ def restated_defaults(configs: Path) -> list[str]:
     written a second time."""
     import yaml
 
-    from outlierlab.evaluation.settings_store import (DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS, PRESET_STATES,
-                                                      TRANSFORM_GUARD, defaults_node)
+    from outlierlab.configuration.settings_store import (DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS, PRESET_STATES,
+                                                         TRANSFORM_GUARD, defaults_node)
 
     found = []
     for cls in DEFAULTS_FROM_PYTHON:
@@ -91,7 +92,7 @@ def test_every_preset_starts_from_its_class_defaults():
     would lack every key it does not state (refused by the loader as missing)."""
     import yaml
 
-    from outlierlab.evaluation.settings_store import DEFAULTS_FROM_PYTHON
+    from outlierlab.configuration.settings_store import DEFAULTS_FROM_PYTHON
 
     for cls in DEFAULTS_FROM_PYTHON:
         for f in sorted((ROOT / "configs" / cls.SECTION).glob("*.yaml")):

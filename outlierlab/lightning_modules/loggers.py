@@ -9,12 +9,15 @@
   restart marker (a ``SessionLog.START`` event at the resumed step, what ``SummaryWriter(purge_step=…)``
   writes) the moment the checkpoint is loaded, before anything of the new session is logged; TensorBoard's
   reader then discards the earlier events at or after that step.
+* ``one_console_for_lightning``: each Lightning log line printed once, without its advertisements.
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 import os
+import sys
 from typing import Any
 
 import lightning as L
@@ -129,3 +132,43 @@ class TensorBoardResumePurge(Callback):
                 for tag, value in kept.items():
                     logger.experiment.add_scalar(tag, value, step)
                 self.purged_from = step
+
+
+def _drop_lightning_tips(record: logging.LogRecord) -> bool:
+    """False for Lightning's "💡 Tip:" advertisements (see ``one_console_for_lightning``)."""
+    return not str(record.msg).startswith("💡 Tip:")
+
+
+#: Rich's console width when the console is a log file (see :func:`one_console_for_lightning`).
+LOG_COLUMNS = 120
+
+
+def one_console_for_lightning() -> None:
+    """Print each Lightning log line once.  ``import lightning`` gives the ``lightning`` logger a console handler of its
+    own ("INFO: Seed set to 42") and lets its records propagate too; under Hydra, whose root handlers write the
+    console and the run's log file, every Lightning line came out twice (Hydra issue #2898).  The jobs import
+    Lightning only after Hydra has set up logging (a bad config fails before the slow imports), so a
+    ``hydra.job_logging`` entry cannot reach that handler: the jobs call this when they start instead.
+    Without handlers on the root logger (Lightning used outside Hydra) the handler stays.
+
+    It also drops Lightning's product advertisements ("💡 Tip: ... try installing litlogger", "... litmodels"),
+    logged at INFO at every Trainer start and not configurable in Lightning 2.6: a run's log says what the run
+    did.  Every other Lightning line passes.
+
+    And where the console is a file (``nohup``, Slurm, ``> train.log``) and ``COLUMNS`` is unset, Rich's console --
+    the model summary's table and the progress bar -- gets ``LOG_COLUMNS`` columns instead of its
+    fallback of 80, which cut the summary's module types to "Robert…" once FLOPs and in/out sizes joined it."""
+    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+        import rich  # Lightning's dependency for its rich bar and summary
+
+        if rich.get_console().width < LOG_COLUMNS:
+            rich.reconfigure(width=LOG_COLUMNS)
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _drop_lightning_tips not in rank_zero.filters:
+        rank_zero.addFilter(_drop_lightning_tips)
+    if not logging.getLogger().hasHandlers():
+        return
+    lightning_logger = logging.getLogger("lightning")
+    for handler in list(lightning_logger.handlers):
+        if type(handler) is logging.StreamHandler:  # Lightning's own console handler, not a file of the user's
+            lightning_logger.removeHandler(handler)

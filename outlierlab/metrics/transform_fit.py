@@ -45,7 +45,7 @@ class WhitenSettings:
 
     @classmethod
     def from_settings(cls, t) -> "WhitenSettings":
-        """From ``evaluate.py``'s ``transform`` section (``outlierlab.evaluation.settings.TransformSettings``).
+        """From ``evaluate.py``'s ``transform`` section (``outlierlab.configuration.run_settings.TransformSettings``).
         A key is absent when no group that sets it is selected (then nothing uses it): the guard then keeps
         the analysis library's own defaults."""
         guard = {name: value for name, value in (("min_ratio", t.min_fit_ratio),

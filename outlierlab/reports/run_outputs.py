@@ -28,8 +28,8 @@ def output_names(paths: Sequence[str | Path], index: str, tensorboard: bool) -> 
 def remove_earlier_outputs(run_dir: Path, index: str, listed: Callable[[Any], Sequence[Any] | None]) -> list[str]:
     """Remove the files an earlier run in ``run_dir`` wrote, as its ``index`` (a JSON file) names them; return them.
 
-    ``listed`` takes the parsed index and gives the names it lists (``None``: not this job's index, nothing is
-    removed).  Names with a path separator are skipped: both jobs write only at the top of their directory."""
+    ``listed`` takes the parsed index and gives the names it lists (``None``: not this writer's index, nothing
+    is removed).  Names with a path separator are skipped: both writers write only at the top of their directory."""
     try:
         earlier = json.loads((run_dir / index).read_text())
     except (OSError, ValueError):

@@ -1,9 +1,9 @@
-"""The command line's overrides, checked before Hydra composes anything and before any heavy import.
+"""Where the Hydra configs live (``CONFIG_DIR``) and the command line's overrides, checked before Hydra composes
+anything and before any heavy import.
 
 ``python train.py pos=nope`` or ``trainer.max_step=10`` fails within a second with one line (the valid names, or
 the closest keys) instead of Hydra's several lines; an unwritable ``hydra.run.dir=`` fails before training.  The
-entry points call ``check_overrides`` first; checks of the composed config are
-``outlierlab.jobs.startup``'s.
+entry points call ``check_overrides`` first.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG
 
     from hydra import compose, initialize_config_dir
 
-    from outlierlab.evaluation.settings_store import register_defaults
+    from outlierlab.configuration.settings_store import register_defaults
 
     register_defaults()  # the presets start from the sections' defaults
     try:
