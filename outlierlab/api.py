@@ -175,7 +175,7 @@ def _check_encoder(encoder: Any) -> None:
                     "in memory: ol.load_encoder(model, tokenizer=tokenizer))")
 
 
-#: ``encoder.*`` keys that say how an encoder is loaded: with the encoder given, an override of one was ignored.
+#: ``encoder.*`` keys that say how an encoder is loaded, refused as overrides (the encoder is given, loaded).
 _LOADING_KEYS = ("name_or_path", "max_length", "on_overflow", "device", "dtype", "device_map", "revision")
 
 
@@ -263,7 +263,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     settings
         typed sections instead of strings, each replacing its whole section, e.g.
         ``[OutliersSettings(threshold=0.3), AnisotropySettings(n_sentences=500)]`` (the frozen classes of
-        ``outlierlab.evaluation.settings``, whose defaults are the configuration's; ``transform`` is set with
+        ``outlierlab.configuration``, whose defaults are the configuration's; ``transform`` is set with
         ``transforms`` and ``overrides``); an override of a key of a section given here is refused.
     plots
         PNG figures, with ``out_dir`` (off by default: a notebook draws its own from the tables).

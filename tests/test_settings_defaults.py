@@ -145,7 +145,7 @@ def test_the_loader_still_requires_every_key_despite_the_defaults(default_cfg):
 
 
 def test_optional_keys_take_their_absent_value_not_the_default(default_cfg):
-    """transform.min_fit_ratio defaults to 2.0 but is None when absent; data.one_pass is True when absent."""
+    """transform.min_fit_ratio defaults to 2.0 but is None when absent; a data section without one_pass is refused."""
     node = OmegaConf.to_container(default_cfg.transform)
     optional = [f.name for f in dataclasses.fields(TransformSettings) if ABSENT in f.metadata]
     assert set(optional) == {"dims", "dims_by_layer", "k", "min_fit_ratio", "allow_degenerate", "abtt_d"}
@@ -153,11 +153,12 @@ def test_optional_keys_take_their_absent_value_not_the_default(default_cfg):
     assert all(getattr(t, k) is None for k in optional)
     data = OmegaConf.to_container(default_cfg.data)
     del data["one_pass"]
-    assert load_settings(DataSettings, data).one_pass is True
+    with pytest.raises(ValueError, match=r"missing key\(s\) data.one_pass"):
+        load_settings(DataSettings, data)
 
 
 def test_why_there_are_no_configstore_schemas():
-    """The reasons settings.py's docstring gives for keeping load_settings over Hydra structured configs.
+    """The reasons settings_store.py's docstring gives for keeping load_settings over Hydra structured configs.
     If OmegaConf lifts them, this fails: revisit that decision (and the docstring)."""
     with pytest.raises(Exception, match="Unexpected type annotation: Literal"):  # a choice among values
         OmegaConf.structured(EncoderSettings)

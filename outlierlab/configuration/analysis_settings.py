@@ -199,8 +199,6 @@ class AblationSettings(_TextSettings):
                f"ablation.example must contain the placeholder {{mask}}: {self.example!r}")
 
 
-
-
 @settings_class
 class QuantizationSettings(_TextSettings):
     """``quantization`` (``configs/quantization/default.yaml``): the W8A8 cost of the model's outliers (Bondarenko et

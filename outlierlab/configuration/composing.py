@@ -53,7 +53,7 @@ def cell_overrides(task, exclude_keys, item_sep: str = ",", kv_sep: str = "=") -
     sub-key added later, and a cell set up with one is a different directory, which a rerun would train again
     instead of skipping. Everything else is Hydra's own ``get_overrides_dirname``: its parser, each override's
     text as given, sorted, joined with ``item_sep``, every ``=`` written as ``kv_sep`` — so the names of cells
-    without such sub-keys are what they were.
+    without such sub-keys are Hydra's own.
     """
     import re
 
@@ -70,11 +70,10 @@ def cell_overrides(task, exclude_keys, item_sep: str = ",", kv_sep: str = "=") -
 
 
 def _cell_dir(overrides, naming=None) -> str:
-    """``${cell_dir:${hydra.overrides.task},${hydra.job.config.override_dirname}}`` (configs/train.yaml), or the
-    older one-argument form ``${cell_dir:${hydra.job.override_dirname}}`` that earlier cells' ``.hydra/hydra.yaml``
-    holds."""
+    """``${cell_dir:${hydra.overrides.task},${hydra.job.config.override_dirname}}`` (configs/train.yaml)."""
     if naming is None:
-        return cell_dir_name(str(overrides))
+        raise ValueError("${cell_dir:...} takes two arguments: ${hydra.overrides.task},"
+                         "${hydra.job.config.override_dirname} (configs/train.yaml)")
     return cell_dir_name(cell_overrides(list(overrides), list(naming.get("exclude_keys") or []),
                                         str(naming.get("item_sep", ",")), str(naming.get("kv_sep", "="))))
 

@@ -28,7 +28,8 @@ class DataSettings:
     max_sentences: AtLeast2 | None = 2000
     #: sentences tokenized at a time (bounds memory; results do not depend on it)
     chunk: AtLeast1 = 1024
-    one_pass: bool = optional(True, absent=True)  # absent in older configs: the one-pass default
+    #: keep the tokens on disk for the later passes (false: encode twice)
+    one_pass: bool = True
 
 
 @settings_class

@@ -91,7 +91,7 @@ def settings_class(cls: type[S]) -> type[S]:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         keys = {f.name for f in dataclasses.fields(cls) if f.init}
         if len(args) == 1 and not kwargs and isinstance(args[0], dict) and args[0] and set(args[0]) <= keys:
-            # a section as a dict, given positionally, was refused as a bad value of the first key
+            # a section as a dict, given positionally, would read as a bad value of the first key
             raise TypeError(f"{cls.__name__} takes the keys as keywords, not a dict: {cls.__name__}(**{args[0]!r})")
         try:
             validated_init(self, *args, **kwargs)
