@@ -166,7 +166,8 @@ def test_why_there_are_no_configstore_schemas():
         OmegaConf.merge({"ablation": OmegaConf.structured(AblationSettings)}, {"ablation": {"n_random": 7}})
     with pytest.raises(Exception):  # one file without brackets: the loader's coercion, not a schema's
         OmegaConf.merge(OmegaConf.structured(DataSettings), {"files": "a.txt"})
-    assert load_settings(DataSettings, {"files": "a.txt", "max_sentences": 10, "chunk": 2}).files == ("a.txt",)
+    data = {"files": "a.txt", "max_sentences": 10, "chunk": 2, "one_pass": True}
+    assert load_settings(DataSettings, data).files == ("a.txt",)
 
 
 def test_a_preset_that_forgets_the_defaults_is_told_how_to_start(tmp_path):
