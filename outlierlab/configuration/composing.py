@@ -47,13 +47,11 @@ def cell_overrides(task, exclude_keys, item_sep: str = ",", kv_sep: str = "=") -
     also excludes every key under it: ``posthoc_probe`` drops ``posthoc_probe.max_sentences=200`` and
     ``+posthoc_probe.overrides=[...]`` too.
 
-    Hydra (1.3) compares ``exclude_keys`` with each override's whole key, and has no wildcard or pattern for them
-    (Hydra issue #1873, open; the workaround suggested there is this one: build the name from
-    ``hydra.overrides.task`` in a resolver). Listing each sub-key in ``exclude_keys`` instead would leak every
-    sub-key added later, and a cell set up with one is a different directory, which a rerun would train again
-    instead of skipping. Everything else is Hydra's own ``get_overrides_dirname``: its parser, each override's
-    text as given, sorted, joined with ``item_sep``, every ``=`` written as ``kv_sep`` — so the names of cells
-    without such sub-keys are Hydra's own.
+    Hydra (1.3) compares ``exclude_keys`` with each override's whole key and has no wildcard for them (Hydra issue
+    #1873; the workaround suggested there is this resolver), and a sub-key listed alone would let every later one
+    move a cell to a new directory, trained again instead of skipped.  Everything else is Hydra's own
+    ``get_overrides_dirname``: its parser, each override's text as given, sorted, joined with ``item_sep``, every
+    ``=`` written as ``kv_sep``.
     """
     import re
 

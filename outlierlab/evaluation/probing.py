@@ -296,10 +296,7 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str]
     run_dir.mkdir(parents=True, exist_ok=True)
     # before the logger opens its event file: the earlier probe's events and tables (order_use.csv of a run with
     # the order-use step on) went on sitting beside a report that no longer named them
-    replaced = remove_earlier_outputs(run_dir, PROBE_INFO, _listed_outputs)
-    if replaced:
-        print(f"[probe] {run_dir} held an earlier probe: its {len(replaced)} output(s) are replaced by this run's "
-              f"({', '.join(replaced[:6])}{', ...' if len(replaced) > 6 else ''})", flush=True)
+    remove_earlier_outputs(run_dir, PROBE_INFO, _listed_outputs, say=("probe", "probe"))
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     result = probe(cfg, encoder, texts, logger)
     # the per-layer results as a table (TensorBoard's text tab), not a series on the probes' training-step axis
@@ -318,7 +315,7 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str]
 def _listed_outputs(earlier: Any) -> list | None:
     """The files an earlier probe_info.json names."""
     if not isinstance(earlier, dict) or "task" not in earlier or "transforms" not in earlier:
-        return None  # not a probe's probe_info.json: nothing here is known to be the probe's
+        return None  # not a probe's probe_info.json: nothing is removed
     if not isinstance(earlier.get("files"), list):
         raise ValueError(f"the directory's {PROBE_INFO} names no output files: remove its probe outputs, or probe "
                          "into another directory")

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 from omegaconf import DictConfig
 
 from outlierlab.evaluation.core import run_analyses
+from outlierlab.reports import run_outputs
 
 
 def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[str, Any] | None = None,
@@ -31,10 +32,7 @@ def _evaluate(cfg: DictConfig, run_dir: Path, encoder, given, texts) -> dict:
     from outlierlab.utils.tables import joined, write_csv
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    replaced = remove_earlier_outputs(run_dir)
-    if replaced:
-        print(f"[evaluate] {run_dir} held an earlier evaluation: its {len(replaced)} output(s) are replaced by this "
-              f"run's ({', '.join(replaced[:6])}{', ...' if len(replaced) > 6 else ''})", flush=True)
+    run_outputs.remove_earlier_outputs(run_dir, _RESULTS, _listed, say=("evaluate", "evaluation"))
     tb = None
     if cfg.tensorboard:
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when tensorboard is on
@@ -65,25 +63,17 @@ _REPORT = "report.md"
 def outputs_of(results: Sequence[Any], tensorboard: bool) -> list[str]:
     """The names, relative to the run directory, of every file an evaluation with these results writes: each
     analysis' CSV, its side tables and figures, ``results.json``, ``report.md`` and (``tensorboard/``) its events."""
-    from outlierlab.reports.run_outputs import output_names
-
     names = {f"{r.name}.csv" for r in results}
     names |= {f"{t}.csv" for r in results for t in r.tables}
     names |= {Path(f).name for r in results for f in r.figures}
-    return output_names(sorted(names | {_REPORT}), _RESULTS, tensorboard)
-
-
-def remove_earlier_outputs(run_dir: Path) -> list[str]:
-    """Remove the outputs of an earlier evaluation in ``run_dir``, those its ``results.json`` names
-    (``outlierlab.reports.run_outputs.remove_earlier_outputs``, the rule probe.py follows too); return them."""
-    from outlierlab.reports import run_outputs
-
-    return run_outputs.remove_earlier_outputs(run_dir, _RESULTS, _listed)
+    return run_outputs.output_names(sorted(names | {_REPORT}), _RESULTS, tensorboard)
 
 
 def _listed(earlier: Any) -> list | None:
+    """The files an earlier evaluation's ``results.json`` names (``reports.run_outputs``: the rule probe.py follows
+    too)."""
     if not isinstance(earlier, dict) or not isinstance(earlier.get("meta"), dict):
-        return None  # not an evaluation's results.json: nothing here is known to be an evaluation's
+        return None  # not an evaluation's results.json: nothing is removed
     files = earlier["meta"].get("files")
     if not isinstance(files, list):
         raise ValueError(f"the directory's {_RESULTS} names no output files: remove its evaluation outputs, or "

@@ -145,19 +145,12 @@ LOG_COLUMNS = 120
 
 def one_console_for_lightning() -> None:
     """Print each Lightning log line once.  ``import lightning`` gives the ``lightning`` logger a console handler of its
-    own ("INFO: Seed set to 42") and lets its records propagate too; under Hydra, whose root handlers write the
-    console and the run's log file, every Lightning line came out twice (Hydra issue #2898).  The jobs import
-    Lightning only after Hydra has set up logging (a bad config fails before the slow imports), so a
-    ``hydra.job_logging`` entry cannot reach that handler: the jobs call this when they start instead.
-    Without handlers on the root logger (Lightning used outside Hydra) the handler stays.
-
-    It also drops Lightning's product advertisements ("💡 Tip: ... try installing litlogger", "... litmodels"),
-    logged at INFO at every Trainer start and not configurable in Lightning 2.6: a run's log says what the run
-    did.  Every other Lightning line passes.
-
-    And where the console is a file (``nohup``, Slurm, ``> train.log``) and ``COLUMNS`` is unset, Rich's console --
-    the model summary's table and the progress bar -- gets ``LOG_COLUMNS`` columns instead of its
-    fallback of 80, which cut the summary's module types to "Robert…" once FLOPs and in/out sizes joined it."""
+    own and lets its records propagate too, so under Hydra, whose root handlers write the console and the run's log
+    file, each line would print twice (Hydra issue #2898).  Lightning loads after Hydra has set up logging, out of a
+    ``hydra.job_logging`` entry's reach, so the jobs call this when they start; without root handlers (Lightning
+    outside Hydra) the handler stays.  Also drops Lightning's "💡 Tip:" advertisements (INFO at every Trainer start,
+    not configurable in Lightning 2.6) and, where the console is a file and ``COLUMNS`` is unset, gives Rich's
+    console (the model summary, the progress bar) ``LOG_COLUMNS`` columns instead of 80."""
     if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
         import rich  # Lightning's dependency for its rich bar and summary
 
