@@ -24,10 +24,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from outlierlab.jobs.evaluation import evaluate
-from outlierlab.jobs.overrides import check_overrides
+from outlierlab.configuration.composing import register_resolvers
+from outlierlab.configuration.overrides import check_overrides
+from outlierlab.evaluation.run_writer import evaluate
 from outlierlab.jobs.run_errors import run_main
-from outlierlab.jobs.startup import check_device, register_resolvers
+from outlierlab.jobs.startup import check_device
 
 
 @hydra.main(config_path="configs", config_name="evaluate", version_base="1.3")

@@ -13,10 +13,10 @@ layer x transform), ``probe_report.md``, PNG plots, ``probe_info.json``, TensorB
 
 from __future__ import annotations
 
-from outlierlab.jobs.run_errors import CELL_FAILED
-from outlierlab.jobs.overrides import check_overrides
-from outlierlab.jobs.run_errors import run_main
-from outlierlab.jobs.startup import check_device, register_resolvers
+from outlierlab.configuration.composing import register_resolvers
+from outlierlab.configuration.overrides import check_overrides
+from outlierlab.jobs.run_errors import CELL_FAILED, run_main
+from outlierlab.jobs.startup import check_device
 
 register_resolvers()
 check_overrides(config_name="probe")  # unknown encoder=/task=/transform= -> one line listing valid names, before slow imports
@@ -46,7 +46,7 @@ def _check(cfg: DictConfig) -> None:
 def main(cfg: DictConfig) -> None:
     if run_main(_check, cfg) is CELL_FAILED:  # missing value, bad path, offline hub: fail now, in one line
         return  # a multirun cell that failed its checks (recorded); the sweep goes on
-    from outlierlab.jobs.probing import run  # lazy: heavy imports only after the config is valid
+    from outlierlab.evaluation.probing import run  # lazy: heavy imports only after the config is valid
 
     run_dir = HydraConfig.get().runtime.output_dir
     # run() holds the directory's lock (one process per output directory: a study launched twice)

@@ -1,7 +1,7 @@
 """The one build step pyproject.toml cannot state: the wheel carries the repository's ``configs/`` as
 ``outlierlab/configs/``, so the Python API (``ol.evaluate``, ``ol.probe_positions``) composes the same configs from a
 regular ``pip install`` as from a clone.  package-data cannot name a folder outside the package; an editable install
-reads the repository's ``configs/`` directly (``outlierlab.jobs.overrides.CONFIG_DIR``) and copies nothing.
+reads the repository's ``configs/`` directly (``outlierlab.configuration.overrides.CONFIG_DIR``) and copies nothing.
 """
 
 import shutil

@@ -7,9 +7,10 @@ import json
 import os
 import sys
 
-from outlierlab.jobs.overrides import check_overrides
+from outlierlab.configuration.composing import register_resolvers
+from outlierlab.configuration.overrides import check_overrides
 from outlierlab.jobs.run_errors import run_main
-from outlierlab.jobs.startup import check_train_config, describe_plan, register_resolvers
+from outlierlab.jobs.startup import check_train_config, describe_plan
 
 if os.environ.get("LOCAL_RANK", "0") != "0" and "OUTLIERLAB_CHILD_ARGV" in os.environ:
     # A DDP child started by Lightning: run exactly the parent's job, never a new sweep.

@@ -61,7 +61,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from outlierlab.datamodules.eval_data import load_sentences  # noqa: E402
 from outlierlab.evaluation.sentence_pass import (AnisotropyReservoir, OutlierCounts, WordSimilarity,  # noqa: E402
                                                 pass_settings, run_sentence_pass)
-from outlierlab.evaluation.settings import AnisotropySettings, section_settings  # noqa: E402
+from outlierlab.configuration.analysis_settings import AnisotropySettings  # noqa: E402
+from outlierlab.configuration.settings_store import section_settings  # noqa: E402
 from outlierlab.models.loading import FrozenEncoder  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, also when loaded by path (tests)
@@ -78,7 +79,7 @@ def _rss_mb() -> float:
 
 def evaluate_defaults():
     """configs/evaluate.yaml as evaluate.py composes it (the settings of the shared pass come from there)."""
-    from outlierlab.jobs.startup import compose_config
+    from outlierlab.configuration.composing import compose_config
 
     return compose_config("evaluate")
 

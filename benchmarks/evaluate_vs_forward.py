@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def compose(overrides: list[str]):
-    from outlierlab.jobs.startup import compose_config
+    from outlierlab.configuration.composing import compose_config
 
     return compose_config("evaluate", overrides)
 
@@ -70,7 +70,8 @@ def bare_forward(encoder_cfg, texts: list[str], batch_size: int) -> tuple[float,
 
 def wic_texts(cfg) -> list[str]:
     """The distinct sentences WiC encodes (its sweep split and its report split)."""
-    from outlierlab.evaluation.settings import WicSettings, load_settings
+    from outlierlab.configuration.analysis_settings import WicSettings
+    from outlierlab.configuration.settings_store import load_settings
     from outlierlab.evaluation.analyses.wic import load_pairs
 
     s = load_settings(WicSettings, cfg.wic)

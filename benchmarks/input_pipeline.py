@@ -33,7 +33,7 @@ def main() -> None:
     args = p.parse_args()
     import hydra
 
-    from outlierlab.jobs.startup import compose_config
+    from outlierlab.configuration.composing import compose_config
 
     torch.set_num_threads(1)
     print(f"{'batch x block':>14} {'ms/batch (median)':>18} {'tokens/s per process':>21}")

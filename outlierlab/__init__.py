@@ -3,7 +3,8 @@ positional artefacts (Luo, Kulmizev & Mao 2021; Kovaleva et al. 2021; Puccetti e
 
 One sub-package per role; each imports only the ones below it (tests/test_layout.py checks it; docs/layout.md):
 
-    studies → jobs → lightning_modules → evaluation → monitoring → reports → datamodules → models → metrics → utils
+    studies → jobs → evaluation → lightning_modules → monitoring → reports → configuration → datamodules → models
+    → metrics → utils
 
 The entry points ``train.py``, ``probe.py`` and ``evaluate.py`` sit in the repository root, beside ``configs/``.
 Everything lives under this one name so that installing the project never shadows another package
@@ -34,11 +35,12 @@ _LAZY = {"OutlierMonitor": "outlierlab.monitoring.loop_monitor",
          "Consumer": "outlierlab.evaluation.sentence_stream", "LayerStream": "outlierlab.evaluation.sentence_stream",
          "AnalysisResult": "outlierlab.evaluation.registry",
          # the typed sections ol.evaluate(settings=[...]) takes (their defaults are the configuration's)
-         **{name: "outlierlab.evaluation.settings" for name in (
-             "DataSettings", "OutliersSettings", "AnisotropySettings", "IsotropySettings", "SelfSimilaritySettings",
-             "WicSettings", "StsSettings", "AblationSettings", "FrequencySettings", "AttentionSinksSettings",
-             "FrequentTokensSettings", "QKOutliersSettings", "OrderUseSettings", "QuantizationSettings")},
-         "ProbeSettings": "outlierlab.jobs.probe_settings",
+         "DataSettings": "outlierlab.configuration.run_settings",
+         **{name: "outlierlab.configuration.analysis_settings" for name in (
+             "OutliersSettings", "AnisotropySettings", "IsotropySettings", "SelfSimilaritySettings", "WicSettings",
+             "StsSettings", "AblationSettings", "FrequencySettings", "AttentionSinksSettings", "FrequentTokensSettings",
+             "QKOutliersSettings", "OrderUseSettings", "QuantizationSettings")},
+         "ProbeSettings": "outlierlab.configuration.probe_settings",
          # named sites (docs/sites.md): every activation by one name, cached, hooked, patched
          "sites": "outlierlab.site_runs", "run_with_cache": "outlierlab.site_runs",
          **{name: "outlierlab.scored_runs" for name in ("run_with_hooks", "patch_sites", "interventions")},

@@ -9,8 +9,9 @@
 
 Each call composes the same configuration the command line would (``configs/evaluate.yaml`` or ``configs/probe.yaml``
 with the arguments as overrides; a wheel carries them inside the package, setup.py), then runs in memory the
-computation whose results the command line's job writes out (``outlierlab.evaluation.core.run_analyses``,
-``outlierlab.jobs.probing.probe``), and writes nothing unless given ``out_dir``.  tests/test_api.py compares
+computation whose results the command line writes out (``outlierlab.evaluation.core.run_analyses``,
+``outlierlab.evaluation.probing.probe``), and writes nothing unless given ``out_dir``, where it writes what the command
+line writes (``outlierlab.evaluation.run_writer``, ``outlierlab.evaluation.probing.run``).  tests/test_api.py compares
 both with the command line's CSVs.
 """
 
@@ -62,9 +63,8 @@ LOAD_KWARGS = ("device_map", "revision", "batch_size", "on_overflow", "offload_f
 
 
 def _check_load_arguments(device: Any, kwargs: dict) -> None:
-    """The loading arguments a notebook gets wrong, in one line before anything loads: an unknown keyword (it was
-    read as one for a model that is loaded), a device torch does not know (torch's own message names no argument),
-    a batch size that is not a positive integer (``"8"`` and ``0`` were taken and failed at the first forward)."""
+    """The loading arguments, each refused in one line before anything loads: an unknown keyword, a device torch
+    does not know (torch's own message names no argument), a batch size that is not a positive integer."""
     unknown = sorted(set(kwargs) - set(LOAD_KWARGS))
     if unknown:
         raise TypeError(f"load_encoder got unknown argument(s) {', '.join(unknown)}; valid: name_or_path, dtype, "
@@ -82,8 +82,7 @@ def _check_load_arguments(device: Any, kwargs: dict) -> None:
 
 def _check_placement(model: Any, device: str, dtype: str) -> None:
     """``device=`` and ``dtype=`` say where and how a model is loaded; a model in memory is used where and as it is,
-    so one that names another device or dtype is refused in one line rather than ignored (``dtype='bfloat16'``
-    on a float32 model would have measured float32)."""
+    so naming another device or dtype is refused in one line rather than ignored."""
     import torch
 
     from outlierlab.models.placement import DTYPES
@@ -127,21 +126,20 @@ def _in_memory(model: Any, tokenizer: Any) -> tuple[Any, Any]:
 
 
 def _compose(config_name: str, overrides: Sequence[str]):
-    from outlierlab.jobs.overrides import CONFIG_DIR
+    from outlierlab.configuration.overrides import CONFIG_DIR
 
     if not (CONFIG_DIR / f"{config_name}.yaml").is_file():
         raise FileNotFoundError(f"{CONFIG_DIR / (config_name + '.yaml')} not found: the API reads the project's "
                                 "configs/, which its wheel carries; reinstall outlierlab from its repository "
                                 "(pip install . or pip install -e .)")
-    from outlierlab.jobs.startup import compose_config  # after the check: imports Hydra
+    from outlierlab.configuration.composing import compose_config  # after the check: imports Hydra
 
     return compose_config(config_name, overrides)
 
 
 def _names(value: Any, what: str, strings: bool = True) -> list[Any]:
-    """A list of names (analyses, transforms, overrides): a bare string would be iterated one character at a time,
-    so it is refused in one line, as is None or a number (not a list) and, with ``strings``, an item that is not a
-    string (``[None]`` failed in a ``str.join`` deep inside, ``[42]`` as an AttributeError)."""
+    """A list of names (analyses, transforms, overrides): a bare string (iterated one character at a time), None or a
+    number and, with ``strings``, an item that is not a string are refused in one line."""
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what}={value!r} is a single string: pass a list, e.g. {what}=[{value!r}]")
     try:
@@ -156,8 +154,7 @@ def _names(value: Any, what: str, strings: bool = True) -> list[Any]:
 
 
 def _out_dir(out_dir: Any) -> Path | None:
-    """``out_dir`` as a Path, or one line: not a path, or an existing file (found only after the analyses ran,
-    as ``[Errno 17] File exists``)."""
+    """``out_dir`` as a Path, or one line: not a path, or an existing file (checked before the analyses run)."""
     if out_dir is None:
         return None
     if not isinstance(out_dir, (str, os.PathLike)):
@@ -166,8 +163,7 @@ def _out_dir(out_dir: Any) -> Path | None:
 
 
 def _check_encoder(encoder: Any) -> None:
-    """The first argument is what ``load_encoder`` returns; a model, a name or a path is refused in one line
-    saying so (each failed as an AttributeError on ``.source``)."""
+    """The first argument is what ``load_encoder`` returns; a model, a name or a path is refused in one line."""
     from outlierlab.models.loading import FrozenEncoder
 
     if isinstance(encoder, FrozenEncoder):
@@ -179,13 +175,13 @@ def _check_encoder(encoder: Any) -> None:
                     "in memory: ol.load_encoder(model, tokenizer=tokenizer))")
 
 
-#: ``encoder.*`` keys that say how an encoder is loaded: with the encoder given, an override of one was ignored.
+#: ``encoder.*`` keys that say how an encoder is loaded, refused as overrides (the encoder is given, loaded).
 _LOADING_KEYS = ("name_or_path", "max_length", "on_overflow", "device", "dtype", "device_map", "revision")
 
 
 def _check_overrides(overrides: list[str]) -> None:
-    """Each override is ``key=value`` (``~key`` deletes): ``'nokey'`` was Hydra's several-line parse error.  One of
-    how the encoder loads is refused: the encoder is the first argument, loaded already."""
+    """Each override is ``key=value`` (``~key`` deletes), else one line instead of Hydra's several-line parse error.
+    One of how the encoder loads is refused: the encoder is the first argument, loaded already."""
     for override in overrides:
         if "=" not in override and not override.startswith("~"):
             raise ValueError(f"overrides={override!r}: expected key=value, e.g. 'outliers.k=2.5'")
@@ -219,7 +215,7 @@ def _check_choices(overrides: list[str], config_name: str) -> None:
     """An unknown config-group choice (``transform=[whitening]``, ``wic=nope``) in one line with the valid names,
     and an unknown key (``outliers.treshold=0.3``) with the closest ones, as evaluate.py and probe.py say them,
     instead of Hydra's MissingConfigException or its several lines advising ``+key=``."""
-    from outlierlab.jobs.overrides import find_override_errors, find_key_errors
+    from outlierlab.configuration.overrides import find_override_errors, find_key_errors
 
     errors = find_override_errors(overrides)
     if not errors:  # the keys depend on the group choices: a wrong choice first
@@ -260,19 +256,20 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
         a list, as ``transform=[...]`` on the command line (valid names below), compared side by side.
     out_dir
         also write everything evaluate.py writes (CSVs, report.md, results.json, figures) there, by the
-        same job; named in each table's ``attrs["run_dir"]``.
+        same writer; named in each table's ``attrs["run_dir"]``.
     overrides
         any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]`` (one of what
         an argument sets, ``transform=``, ``analyses=``, ``seed=``, is refused).
     settings
         typed sections instead of strings, each replacing its whole section, e.g.
         ``[OutliersSettings(threshold=0.3), AnisotropySettings(n_sentences=500)]`` (the frozen classes of
-        ``outlierlab.evaluation.settings``, whose defaults are the configuration's; ``transform`` is set with
+        ``outlierlab.configuration``, whose defaults are the configuration's; ``transform`` is set with
         ``transforms`` and ``overrides``); an override of a key of a section given here is refused.
     plots
         PNG figures, with ``out_dir`` (off by default: a notebook draws its own from the tables).
     """
-    from outlierlab.evaluation.core import run_analyses, selected_analyses
+    from outlierlab.configuration.settings_store import given_sections
+    from outlierlab.evaluation.core import analysis_name, given_analyses, run_analyses, selected_analyses
 
     texts, seed = check_texts(texts), arguments.count("seed", seed, None)
     analyses = _names(analyses, "analyses", strings=False)  # an analysis may be an object
@@ -281,14 +278,14 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     out_dir = _out_dir(out_dir)
     _check_overrides(overrides)
     _check_arguments(overrides, ("analyses", "transform", "seed", "plots", "progress"))
-    given = _given_analyses(analyses)
-    names = [a if isinstance(a, str) else _analysis_name(a) for a in analyses]
+    given = given_analyses(analyses)
+    names = [a if isinstance(a, str) else analysis_name(a) for a in analyses]
     selected_analyses({"analyses": names}, given)  # an unknown name: one line, before anything is composed
     if plots and out_dir is None:
         raise ValueError("plots=True draws PNG files: give out_dir= (where they go), or read the tables")
     choices = [f"transform=[{','.join(transforms)}]", *overrides]
     _check_choices(choices, "evaluate")
-    sections = _sections(settings, _evaluate_sections(), overrides)
+    sections = given_sections(settings, _evaluate_sections(), overrides)
     _check_encoder(encoder)  # last: the checks above never touch it (a test stands an object there that fails)
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={seed}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
@@ -300,9 +297,9 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     try:
         if out_dir is None:
             return run_analyses(cfg, encoder, given, texts).tables()
-        from outlierlab.jobs.evaluation import evaluate as run_job
+        from outlierlab.evaluation.run_writer import evaluate as write_evaluation
 
-        tables = run_job(cfg, out_dir, encoder=encoder, given=given, texts=texts)["evaluation"].tables()
+        tables = write_evaluation(cfg, out_dir, encoder=encoder, given=given, texts=texts)["evaluation"].tables()
     except DegenerateWhiteningError as e:
         raise _in_python(e, "ol.evaluate") from None
     for table in tables.values():
@@ -312,8 +309,8 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
 
 def _in_python(e, call: str):
     """A degenerate fit (too few sentences for a whitening, ...) is an expected refusal, not a fault: the API call
-    raises it again (``from None``: without the frames inside the job) in one line worded as the call's arguments --
-    the job's message names command-line overrides (``transform.k=24``), which Python takes only as
+    raises it again (``from None``: without the frames inside the engine) in one line worded as the call's arguments --
+    the engine's message names command-line overrides (``transform.k=24``), which Python takes only as
     ``overrides=[...]`` -- with how much the fit needs and how many sentences like the caller's that is."""
     import math
 
@@ -338,63 +335,9 @@ def _evaluate_sections() -> list[type]:
     """The sections ``ol.evaluate(settings=[...])`` takes: every analysis' and the run's, but the encoder (the first
     argument) and the transforms (``transforms=``)."""
     from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS
-    from outlierlab.evaluation.settings import EncoderSettings, TransformSettings
+    from outlierlab.configuration.run_settings import EncoderSettings, TransformSettings
 
     return [c for c in dict.fromkeys([*RUN_SETTINGS, *SETTINGS.values()]) if c not in (EncoderSettings, TransformSettings)]
-
-
-def _sections(settings: Sequence[Any] | None, allowed: Sequence[type], overrides: Sequence[str]) -> dict[str, dict]:
-    """``settings`` (typed sections, each of a class in ``allowed``) as plain config sections, each class at most
-    once, or one line naming the bad item; an override of a key of a section given whole is refused (composed
-    first, the section would replace it without a word)."""
-    from outlierlab.evaluation.settings_store import as_node
-
-    if settings is None:
-        return {}
-    if isinstance(settings, (str, bytes)) or not isinstance(settings, Sequence):
-        raise TypeError(f"settings={settings!r}: expected a list of settings objects, e.g. "
-                        f"[{allowed[0].__name__}()]")
-    out = {}
-    for item in settings:
-        if type(item) not in allowed:
-            raise TypeError(f"settings: {item!r} is not a section's settings; expected one of "
-                            f"{', '.join(sorted(c.__name__ for c in allowed))} (the encoder is the first argument, "
-                            "the transforms are transforms=)")
-        if item.SECTION in out:
-            raise ValueError(f"settings: two {type(item).__name__} given; give each section once")
-        out[item.SECTION] = as_node(item)
-    for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if "." in key and key.split(".", 1)[0] in out:
-            name = type(next(s for s in settings if s.SECTION == key.split(".", 1)[0])).__name__
-            raise ValueError(f"overrides={override!r} sets a key of the section settings= gives whole ({name}): "
-                             f"set it there, e.g. {name}({key.rsplit('.', 1)[-1]}=...)")
-    return out
-
-
-def _given_analyses(analyses: list[Any]) -> dict[str, Any]:
-    """The analysis objects by name.  A name is the table the object's rows come back as, so it may name neither a
-    built-in analysis (which it would replace, unasked) nor a second object (one of the two would not run)."""
-    from outlierlab.evaluation.registry import ANALYSIS_MODULES
-
-    given: dict[str, Any] = {}
-    for analysis in (a for a in analyses if not isinstance(a, str)):
-        name = _analysis_name(analysis)
-        if name in ANALYSIS_MODULES:
-            raise ValueError(f"analysis {analysis!r} is named {name!r}, as a built-in analysis: give it a NAME of its "
-                             "own (its table comes back by that name)")
-        if given.get(name, analysis) is not analysis:
-            raise ValueError(f"two analysis objects are named {name!r}: give each a NAME of its own")
-        given[name] = analysis
-    return given
-
-
-def _analysis_name(analysis) -> str:
-    """The name an analysis object is selected and written (``<name>.csv``) by: its ``NAME``, else ``__name__``."""
-    name = getattr(analysis, "NAME", None) or getattr(analysis, "__name__", None)
-    if not name or not callable(getattr(analysis, "run", None)):
-        raise ValueError(f"analysis {analysis!r}: expected a name (str) or an object with run(ctx) and a NAME")
-    return str(name)
 
 
 def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Sequence[str] = ("none",), seed: int = 0,
@@ -403,7 +346,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     """probe.py's position probe (Luo et al. 2021 §3) on ``encoder``, in memory: a DataFrame, the rows of
     ``position_probe.csv`` (one per layer x transform: accuracy, mean absolute position error, the top neurons by
     contribution).  Nothing is written unless ``out_dir`` is given: then everything probe.py writes goes there (CSVs,
-    ``probe_info.json``, ``probe_report.md``, PNG plots, TensorBoard), by the same job, named in each table's
+    ``probe_info.json``, ``probe_report.md``, PNG plots, TensorBoard), by the same writer, named in each table's
     ``attrs["run_dir"]``.  The features are held in memory; ``overrides=["features.cache_dir=<dir>"]`` caches them
     there for repeated calls, as probe.py does.
 
@@ -420,9 +363,9 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     empty cell is NaN; the columns listing dims (``top_neurons``, ``outlier_dims``, ``outlier_rank``,
     ``clipped_dims``) hold their space-separated strings (``"308 381"``).  ``progress``: the tqdm bar while encoding,
     as in ``evaluate``.  ``settings``: typed sections, each replacing its whole section as in ``evaluate``:
-    ``[ol.ProbeSettings(epochs=2, max_positions=64)]`` (``outlierlab.jobs.probe_settings.ProbeSettings``) and
+    ``[ol.ProbeSettings(epochs=2, max_positions=64)]`` (``outlierlab.configuration.probe_settings.ProbeSettings``) and
     the outlier rule clip detects its dims with, ``ol.OutliersSettings``."""
-    from outlierlab.jobs.probing import probe, run
+    from outlierlab.evaluation.probing import probe, run
 
     texts, seed = check_texts(texts), arguments.count("seed", seed, None)
     choices = [f"transform=[{','.join(_names(transforms, 'transforms'))}]", *_names(overrides, "overrides")]
@@ -435,10 +378,11 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
         raise ValueError(f"overrides={task!r}: probe_positions runs the position task; run a sentence classifier "
                          "with `python probe.py task=sst2` (configs/task/)")
     _check_choices(choices, "probe")
-    from outlierlab.evaluation.settings import OutliersSettings
-    from outlierlab.jobs.probe_settings import ProbeSettings
+    from outlierlab.configuration.analysis_settings import OutliersSettings
+    from outlierlab.configuration.probe_settings import ProbeSettings
+    from outlierlab.configuration.settings_store import given_sections
 
-    sections = _sections(settings, [ProbeSettings, OutliersSettings], choices[1:])
+    sections = given_sections(settings, [ProbeSettings, OutliersSettings], choices[1:])
     _check_encoder(encoder)
     cfg = _compose("probe", ["task=position", f"seed={seed}", f"progress={str(bool(progress)).lower()}",
                              "features.cache_dir=null", *_encoder_overrides(encoder), *choices])
@@ -478,7 +422,7 @@ def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
                                     "(a monitor's out_dir) or a train.py run directory (its monitor/hidden_states.csv)")
         history = pd.read_csv(found[0])
     missing = [c for c in ("step", "name", "statistic", "dim", "value") if c not in history.columns]
-    if missing:  # was a KeyError of the first one looked up
+    if missing:
         raise ValueError(f"history has no column(s) {', '.join(missing)}: a monitor history has the columns step, "
                          "name, statistic, dim, value (hidden_states.csv, or ol.history_frame's)")
     return layer_identity(history, statistic)
@@ -488,7 +432,7 @@ def _valid_names_doc() -> str:
     """The valid analyses and transforms, read from the registry and ``configs/transform/`` (what evaluate.py
     accepts), for ``help(ol.evaluate)``."""
     from outlierlab.evaluation.registry import ANALYSIS_MODULES
-    from outlierlab.jobs.overrides import group_options
+    from outlierlab.configuration.overrides import group_options
 
     return (f"\n    Valid analyses: {', '.join(ANALYSIS_MODULES)} (default: {', '.join(DEFAULT_ANALYSES)}), or the "
             f"dotted module path of one's own.\n    Valid transforms: {', '.join(group_options('transform'))}.\n")

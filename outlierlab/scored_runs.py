@@ -117,7 +117,7 @@ def run_with_hooks(model: Any, texts: Sequence[str], hooks: Mapping[str, Callabl
         model); ``seed`` as the ablation's with ``ablation.seed=null`` (the global seed, 0)
     keep_logits : keep the scored rows' logits (``run.logits``)
     """
-    from outlierlab.evaluation.settings import AblationSettings
+    from outlierlab.configuration.analysis_settings import AblationSettings
 
     loaded = as_loaded(model, tokenizer)
     if not loaded.has_mlm_head:

@@ -18,7 +18,7 @@ def valid_names() -> str:
         sys.path.insert(0, root)
     from outlierlab.api import DEFAULT_ANALYSES
     from outlierlab.evaluation.registry import ANALYSIS_MODULES
-    from outlierlab.jobs.overrides import group_options
+    from outlierlab.configuration.overrides import group_options
 
     def code(names) -> str:
         return ", ".join(f"`{n}`" for n in names)

@@ -27,7 +27,7 @@ import torch
 from omegaconf import OmegaConf
 
 from outlierlab.metrics.gradient_noise import NoiseScale
-from outlierlab.jobs.startup import register_resolvers
+from outlierlab.configuration.composing import register_resolvers
 from outlierlab.utils.tables import md_table
 
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 def main(overrides: list[str]) -> dict:
     from hydra.utils import instantiate
 
-    from outlierlab.jobs.startup import compose_config
+    from outlierlab.configuration.composing import compose_config
 
     cfg = compose_config("train", overrides)
     dm = instantiate(cfg.data)

@@ -75,7 +75,7 @@ def compose(config_name: str, overrides: list[str] | None = None):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from outlierlab.jobs.startup import register_resolvers
+    from outlierlab.configuration.composing import register_resolvers
 
     register_resolvers()
     GlobalHydra.instance().clear()

@@ -10,7 +10,8 @@ import torch
 
 from probe_fixtures import minilm_path
 
-from outlierlab.evaluation.settings import AnisotropySettings, DataSettings, OutliersSettings, SelfSimilaritySettings
+from outlierlab.configuration.analysis_settings import AnisotropySettings, OutliersSettings, SelfSimilaritySettings
+from outlierlab.configuration.run_settings import DataSettings
 
 #: run_sentence_pass's settings for the small test passes (the oracle takes the same keywords, and ``anisotropy``).
 PASS = dict(outliers=OutliersSettings(method="share", threshold=0.25, k=3.0),

@@ -14,10 +14,10 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TOKENIZERS
 
 @contextmanager
 def held_run_lock(run_dir: Path):
-    """Another process takes ``run_dir``'s lock (:func:`outlierlab.jobs.run_lock.lock_run_dir`) and holds it until the
+    """Another process takes ``run_dir``'s lock (:func:`outlierlab.utils.dir_lock.lock_run_dir`) and holds it until the
     block ends; yields its pid."""
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from outlierlab.jobs.run_lock import lock_run_dir\n"
+                               "from outlierlab.utils.dir_lock import lock_run_dir\n"
                                f"lock = lock_run_dir({str(run_dir)!r}); print('held', flush=True); time.sleep(120)"],
                               cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
     try:

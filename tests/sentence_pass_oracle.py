@@ -23,7 +23,7 @@ from outlierlab.metrics.similarity import (AnisotropyAccumulator, SelfSimilarity
 from outlierlab.metrics.transforms import FITTED, clip_dims_per_layer
 from outlierlab.evaluation.encoding import token_offsets
 from outlierlab.metrics.transform_fit import FittedTransforms, WhitenSettings
-from outlierlab.evaluation.settings import TransformSettings
+from outlierlab.configuration.run_settings import TransformSettings
 from outlierlab.evaluation.words import WORD_RE, char_span_tokens, plan_vectors, select_words, word_plan
 
 

@@ -199,14 +199,6 @@ def test_fits_on_too_few_distinct_vectors_are_refused_as_whitening_is(method, p)
         assert tiny.transform(pts[:5]).abs().max() < 1e-9
 
 
-def test_the_evaluation_core_restates_the_transform_names_of_the_analysis_package():
-    # restated there so that a typo in transform=[...] fails before torch loads
-    from outlierlab.metrics.transforms import FITTED, TRANSFORMS
-    from outlierlab.evaluation import core
-
-    assert core.TRANSFORMS == TRANSFORMS and core.FITTED == FITTED
-
-
 def test_a_share_of_an_anisotropy_indistinguishable_from_zero_is_not_given():
     x, y = torch.randn(2, 2, 500, 16, generator=_g(14), dtype=torch.float64).unbind(0)  # centred, isotropic
     y[1] += 3.0

@@ -245,7 +245,7 @@ def test_a_callers_own_hydra_context_survives_an_api_call(tmp_path):
 def test_an_install_without_the_configs_is_told_what_to_do(tmp_path, monkeypatch):
     """An install whose configs are missing (a wheel built from an sdist without them): one line naming the missing
     file and the fix."""
-    import outlierlab.jobs.overrides as overrides
+    import outlierlab.configuration.overrides as overrides
     from outlierlab.api import _compose
 
     monkeypatch.setattr(overrides, "CONFIG_DIR", tmp_path / "configs")

@@ -157,8 +157,8 @@ def test_help_lists_every_analysis_and_transform():
     """The lists in help(ol.evaluate) are read from the registry and configs/transform/, so a new analysis or
     transform shows there without editing the docstring."""
     from outlierlab.evaluation.registry import ANALYSIS_MODULES
-    from outlierlab.evaluation.core import TRANSFORMS
-    from outlierlab.jobs.overrides import CONFIG_DIR
+    from outlierlab.metrics.transforms import TRANSFORMS
+    from outlierlab.configuration.overrides import CONFIG_DIR
 
     doc = ol.evaluate.__doc__
     analyses = doc.split("Valid analyses: ", 1)[1].split(" (default")[0]
@@ -174,7 +174,7 @@ def test_bad_settings_are_refused_in_one_line_before_the_encoder():
     assert _one_line(e).startswith("settings: 42 is not a section's settings; expected one of AblationSettings")
     with pytest.raises(TypeError, match=r"expected a list of settings objects"):
         ol.evaluate(_NoEncoder(), ["A sentence."], settings=ol.OutliersSettings())
-    from outlierlab.evaluation.settings import EncoderSettings
+    from outlierlab.configuration.run_settings import EncoderSettings
 
     with pytest.raises(TypeError, match=r"the encoder is the first argument, the transforms are transforms="):
         ol.evaluate(_NoEncoder(), ["A sentence."], settings=[EncoderSettings()])

@@ -187,7 +187,7 @@ def test_objective_misconfigurations_fail_in_one_line(compose_cfg, overrides, me
 
 
 def test_unknown_objective_is_one_line():
-    from outlierlab.jobs.overrides import find_override_errors
+    from outlierlab.configuration.overrides import find_override_errors
 
     assert find_override_errors(["objective=mlmm"]) == ["unknown objective 'mlmm'; valid: clm, mlm"]
 

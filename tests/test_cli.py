@@ -2,7 +2,7 @@
 
 import pytest
 
-from outlierlab.jobs.overrides import find_override_errors, group_options
+from outlierlab.configuration.overrides import find_override_errors, group_options
 
 
 def test_valid_overrides_pass():
@@ -25,7 +25,7 @@ def test_sweep_lists_are_checked_item_by_item():
 
 def test_unknown_setting_gives_one_line_with_the_closest_keys():
     """Hydra's message for a typo'd key is five lines and advises ``+key=``, which adds a key nothing reads."""
-    from outlierlab.jobs.overrides import find_key_errors
+    from outlierlab.configuration.overrides import find_key_errors
 
     cfg_hint = "(`python train.py --cfg job` lists every setting)"
     assert find_key_errors(["trainer.max_step=10"], "train") == [
@@ -47,7 +47,7 @@ def test_unknown_setting_gives_one_line_with_the_closest_keys():
 
 
 def test_known_settings_pass_whatever_group_or_append_brings_them():
-    from outlierlab.jobs.overrides import find_key_errors
+    from outlierlab.configuration.overrides import find_key_errors
 
     assert find_key_errors(["pos=learned,none", "model.hidden_size=64", "seed=1,2", "trainer.max_steps=3",
                               "hydra.run.dir=/tmp/x", "hydra/launcher=joblib", "-m"], "train") == []
@@ -79,13 +79,13 @@ def test_train_py_refuses_a_typo_in_one_line_before_any_heavy_import():
     ("probe", "probe.include_special=off", "probe.include_special must be true or false, got 'off'"),
 ])
 def test_a_switch_given_a_word_is_refused_in_one_line(config, override, message):
-    from outlierlab.jobs.overrides import find_key_errors
+    from outlierlab.configuration.overrides import find_key_errors
 
     assert find_key_errors([override], config) == [message]
 
 
 def test_switches_given_true_or_false_and_other_keys_pass():
-    from outlierlab.jobs.overrides import find_key_errors
+    from outlierlab.configuration.overrides import find_key_errors
 
     assert find_key_errors(["resume=false", "export=true,false", "data.num_workers=2", "seed=3",
                             "module.compile=auto", "posthoc=${oc.env:POSTHOC,false}"], "train") == []

@@ -7,7 +7,7 @@ import hydra
 import pytest
 from omegaconf import OmegaConf
 
-from outlierlab.jobs.overrides import group_options
+from outlierlab.configuration.overrides import group_options
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 from tests.conftest import compose
 

@@ -11,7 +11,7 @@ import torch
 from llama_fixtures import save_tiny_llama, similarity_pass
 from llama_fixtures import texts as _texts
 from outlierlab.utils import disk_room
-from outlierlab.evaluation.settings import DataSettings
+from outlierlab.configuration.run_settings import DataSettings
 from outlierlab.models.loading import FrozenEncoder
 
 Usage = namedtuple("Usage", "total used free")

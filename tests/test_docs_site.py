@@ -121,7 +121,7 @@ def test_the_reference_renders_numpy_sections(site):
 @pytest.mark.slow
 def test_the_reference_names_every_valid_analysis_and_transform(site):
     from outlierlab.evaluation.registry import ANALYSIS_MODULES
-    from outlierlab.jobs.overrides import group_options
+    from outlierlab.configuration.overrides import group_options
 
     reference = (site / "reference" / "index.html").read_text()
     evaluate = reference[reference.index('id="outlierlab.api.evaluate"'):reference.index('id="outlierlab.api.probe_positions"')]

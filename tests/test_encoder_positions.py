@@ -7,7 +7,7 @@ import torch
 
 from outlierlab.models import POSITION_SCHEMES, EncoderConfig, RobertaMaskedLM
 from outlierlab.models.positions import alibi_slopes, sinusoidal_table
-from outlierlab.jobs.overrides import group_options
+from outlierlab.configuration.overrides import group_options
 
 
 def tiny(pos: str, **kw) -> RobertaMaskedLM:

@@ -98,7 +98,7 @@ def test_the_command_line_in_a_reused_run_dir_keeps_one_runs_tensorboard_events(
 def test_a_second_process_evaluating_into_the_same_out_dir_is_refused_before_it_touches_it(tmp_path, minilm):
     """ol.evaluate(out_dir=X) took no lock (only evaluate.py did): a second process wrote X beside the first."""
     import outlierlab as ol
-    from outlierlab.jobs.run_lock import RunDirBusy
+    from outlierlab.utils.dir_lock import RunDirBusy
 
     out = tmp_path / "run"
     ol.evaluate(minilm, _texts(), analyses=["outliers"], transforms=["none"], out_dir=out, progress=False)

@@ -178,7 +178,8 @@ def test_unknown_transform_group_fails_before_hydra(tmp_path):
 
 def test_offline_hub_datasets_fail_fast_with_the_message(compose_cfg):
     from outlierlab.datamodules.pair_sets import load_sts_pairs
-    from outlierlab.evaluation.settings import WicSettings, section_settings
+    from outlierlab.configuration.analysis_settings import WicSettings
+    from outlierlab.configuration.settings_store import section_settings
     from outlierlab.evaluation.analyses.wic import load_pairs as wic_pairs
 
     with pytest.raises(ConnectionError, match=r"cannot load hub dataset 'mteb/sts12-sts' split 'test'.*offline.*"

@@ -1,4 +1,4 @@
-"""Typed settings of the evaluate.py analyses (outlierlab/evaluation/settings.py): evaluate.py reads the composed
+"""Typed settings of the evaluate.py analyses (outlierlab/configuration/run_settings.py and analysis_settings.py): evaluate.py reads the composed
 YAML (the dataclasses' Python defaults are kept equal to it by tests/test_settings_defaults.py), load_settings
 refuses unknown/missing keys and wrong types in one line, and evaluate.py checks every selected section before
 any model is loaded."""
@@ -15,8 +15,9 @@ from omegaconf import OmegaConf
 
 from conftest import compose
 from outlierlab.evaluation.registry import ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, EvalContext, SharedPasses
-from outlierlab.evaluation.settings import (AblationSettings, DataSettings, OutliersSettings, TransformSettings, WicSettings,
-                                 load_settings, section_settings)
+from outlierlab.configuration.analysis_settings import AblationSettings, OutliersSettings, WicSettings
+from outlierlab.configuration.run_settings import DataSettings, TransformSettings
+from outlierlab.configuration.settings_store import load_settings, section_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = list(dict.fromkeys([*RUN_SETTINGS, *SETTINGS.values()]))

@@ -416,7 +416,7 @@ def test_presets_load_through_the_hub_path_and_name_their_family(family_hub, tmp
     probe.py's report names the family and the norms the rule judges."""
     from conftest import compose
 
-    from outlierlab.jobs.probing import run
+    from outlierlab.evaluation.probing import run
     from outlierlab.models.loading import FrozenEncoder
 
     for preset, repo in family_hub.items():
@@ -464,7 +464,7 @@ def test_frequency_reads_the_model_own_lm_head(tmp_path):
 def test_every_norm_kind_of_the_registry_can_be_named_in_a_layernorms_setting():
     """ablation/attention_sinks `layernorms=[...]` accepts every per-layer kind a family declares (OLMo 2's
     reordered kinds were refused by the settings check)."""
-    from outlierlab.evaluation.settings import LAYERNORM_KINDS
+    from outlierlab.configuration.analysis_settings import LAYERNORM_KINDS
     from outlierlab.models.family_spec import POST_KINDS, PRE_KINDS, REORDERED_KINDS
 
     assert set(POST_KINDS + PRE_KINDS + REORDERED_KINDS) <= set(LAYERNORM_KINDS)

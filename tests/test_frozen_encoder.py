@@ -197,7 +197,7 @@ def test_own_model_names_its_position_scheme_in_every_form(tmp_path, pos):
 
 
 def test_probe_report_of_a_model_without_positions_names_the_content_baseline(tmp_path, compose_cfg):
-    from outlierlab.jobs.probing import run
+    from outlierlab.evaluation.probing import run
 
     for pos in ("none", "learned"):
         save_own_run(tmp_path / pos, pos=pos)

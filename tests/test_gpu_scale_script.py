@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from outlierlab.jobs.overrides import check_overrides
+from outlierlab.configuration.overrides import check_overrides
 from tests.conftest import ROOT, compose
 
 

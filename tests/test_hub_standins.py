@@ -166,7 +166,8 @@ def test_probe_tasks_load_the_hub_layout(hub, task, labels):
 
 def test_superglue_wic_and_sts_load_the_hub_layout(hub):
     from outlierlab.datamodules.pair_sets import STS_HUB, load_sts_pairs
-    from outlierlab.evaluation.settings import WicSettings, section_settings
+    from outlierlab.configuration.analysis_settings import WicSettings
+    from outlierlab.configuration.settings_store import section_settings
     from outlierlab.evaluation.analyses.wic import load_pairs as load_wic_pairs
 
     pairs, _ = load_wic_pairs(section_settings(WicSettings, compose("evaluate", ["wic=superglue"])), split="validation")
@@ -191,7 +192,7 @@ def test_wikipedia_corpus_loads_the_hub_layout(hub):
 @pytest.mark.slow
 def test_probe_job_with_hub_encoder_and_hub_task(hub, tmp_path, monkeypatch):
     """probe.py's job as `python probe.py encoder=bert_base_uncased task=sst2` runs it (Luo et al. §4.4)."""
-    from outlierlab.jobs.probing import run
+    from outlierlab.evaluation.probing import run
 
     monkeypatch.setenv("OUTLIERLAB_CACHE", str(tmp_path / "cache"))
     cfg = compose("probe", ["encoder=bert_base_uncased", "task=sst2", "probe.epochs=1", "progress=false",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from outlierlab.studies import ladder
-from outlierlab.jobs.overrides import check_overrides
+from outlierlab.configuration.overrides import check_overrides
 from outlierlab.jobs.startup import check_train_config
 from tests.conftest import compose
 

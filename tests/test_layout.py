@@ -1,7 +1,7 @@
 """The layout docs/layout.md promises: every package imports only packages below it (no cycle, no upward import),
 one file name per module, the installed package reads nothing of the repository around it (the docs generators
-are the repository's lab/), the evaluation engine and its analyses import no job, and outlierlab/lightning_modules/
-holds only LightningModules, callbacks and loggers."""
+are the repository's lab/), the evaluation engine, its analyses and the Python API import no job, and
+outlierlab/lightning_modules/ holds only LightningModules, callbacks and loggers."""
 
 import ast
 from collections import defaultdict
@@ -9,9 +9,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "outlierlab"
-# docs/layout.md, top to bottom; entry scripts, api.py, hooked.py, scripts/ and lab/ sit above all of them
-ORDER = ["studies", "jobs", "lightning_modules", "evaluation", "monitoring", "reports", "datamodules", "models",
-         "metrics", "utils"]
+# docs/layout.md, top to bottom; entry scripts, api.py, site_runs.py, scored_runs.py, scripts/ and lab/ sit above all
+# of them
+ORDER = ["studies", "jobs", "evaluation", "lightning_modules", "monitoring", "reports", "configuration", "datamodules",
+         "models", "metrics", "utils"]
 
 
 def _module_of(path: Path) -> str:
@@ -56,14 +57,24 @@ def test_imports_run_one_way():
     assert not upward, "imports against the layout:\n" + "\n".join(upward)
 
 
+def _job_imports(files) -> list[str]:
+    return [f"{f.relative_to(ROOT)}: {m}" for f in files for m in _imports(f)
+            if m == "outlierlab.jobs" or m.startswith("outlierlab.jobs.")]
+
+
 def test_evaluation_imports_no_job():
-    """The engine and its analyses (a user's own analysis is written against them) run without the job layer: the
-    job that writes a run directory calls them, never the other way round.  api.py is not held to it: it composes
-    the configs through jobs/overrides.py and jobs/startup.py, ``ol.probe_positions`` is the probe job's own
-    function (jobs/probing.py, with jobs/probe_settings.py) and ``out_dir=`` writes the jobs' run directory."""
-    offenders = [f"{f.relative_to(ROOT)}: {m}" for f in sorted((PACKAGE / "evaluation").rglob("*.py"))
-                 for m in _imports(f) if m == "outlierlab.jobs" or m.startswith("outlierlab.jobs.")]
+    """The engine, the probes and the analyses (a user's own analysis is written against them) run without the job
+    layer: a job calls them, never the other way round.  The configs are composed and checked by configuration/,
+    and what a run writes into its directory (the evaluation's and the probe's tables, report and index) is written
+    by evaluation/run_writer.py and evaluation/probing.py, for the command line and ``out_dir=`` alike."""
+    offenders = _job_imports(sorted((PACKAGE / "evaluation").rglob("*.py")))
     assert not offenders, "evaluation imports the jobs:\n" + "\n".join(offenders)
+
+
+def test_the_python_api_imports_no_job():
+    """``ol.evaluate``, ``ol.probe_positions`` and the named sites stand on the engine and the configuration alone."""
+    offenders = _job_imports([PACKAGE / "api.py", PACKAGE / "site_runs.py", PACKAGE / "scored_runs.py"])
+    assert not offenders, "the Python API imports the jobs:\n" + "\n".join(offenders)
 
 
 def test_lightning_modules_holds_only_lightning_code():
@@ -159,7 +170,7 @@ def test_the_installed_package_reads_no_docs():
         if _docs_paths(tree):
             docs[rel] = _docs_paths(tree)
     assert not docs, f"modules naming the repository's docs/ as a path (they belong in lab/): {docs}"
-    assert set(outside) == {"outlierlab/jobs/overrides.py"}, f"modules reaching outside the package: {outside}"
+    assert set(outside) == {"outlierlab/configuration/overrides.py"}, f"modules reaching outside the package: {outside}"
 
 
 def test_lab_is_the_repository_s_and_not_imported_by_the_package():

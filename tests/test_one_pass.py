@@ -12,7 +12,8 @@ import torch
 from llama_fixtures import PASS, save_tiny_llama, similarity_pass
 from llama_fixtures import texts as _texts
 from probe_fixtures import minilm_path
-from outlierlab.evaluation.settings import AnisotropySettings, TransformSettings
+from outlierlab.configuration.analysis_settings import AnisotropySettings
+from outlierlab.configuration.run_settings import TransformSettings
 from outlierlab.evaluation.sentence_pass import run_sentence_pass
 from outlierlab.models.loading import FrozenEncoder
 from outlierlab.utils.disk_layers import DiskLayers
@@ -20,7 +21,7 @@ from outlierlab.utils.disk_layers import DiskLayers
 
 # ------------------------------------------------------------------------------------------------ one pass
 def _run_evaluate(cfg, out: Path) -> dict:
-    from outlierlab.jobs.evaluation import evaluate  # the job evaluate.py runs
+    from outlierlab.evaluation.run_writer import evaluate  # what evaluate.py runs
 
     return evaluate(cfg, out)
 
@@ -330,7 +331,7 @@ def test_the_sentence_maps_are_released_before_wic_unless_wic_reads_them(tmp_pat
     from outlierlab.evaluation.analyses import isotropy, sts, wic
     from outlierlab.evaluation.registry import EvalContext
     from outlierlab.evaluation.sentence_pass import pass_needs
-    from outlierlab.jobs import evaluation as mod
+    from outlierlab.evaluation import run_writer as mod
 
     def context(cfg):
         return EvalContext(None, None, cfg, [], None)

@@ -23,7 +23,7 @@ TEXTS = ["The cat sat on the mat by the door.", "A dog ran across the park in th
 SCRIPT = """
 import json, sys
 import outlierlab as ol
-import outlierlab.jobs.overrides as overrides
+import outlierlab.configuration.overrides as overrides
 enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
 table = ol.evaluate(enc, json.loads(sys.argv[1]), analyses=["outliers"], transforms=["none", "clip"], seed=1,
                     out_dir=sys.argv[2], progress=False)["outliers"]

@@ -33,14 +33,14 @@ def _rows(path: Path) -> list[dict]:
 
 def test_defaults_compose_to_offline_minilm_position_probe(compose_cfg):
     from outlierlab.models.encoder_source import resolve_encoder
-    from outlierlab.jobs.probing import selected_transforms
+    from outlierlab.evaluation.core import selected_transforms
 
     cfg = compose_cfg("probe")
-    assert cfg.task.kind == "position" and selected_transforms(cfg.transform) == ["none"]
+    assert cfg.task.kind == "position" and selected_transforms(cfg) == ["none"]
     assert resolve_encoder(cfg.encoder.name_or_path).kind == "hf"  # bundled all-MiniLM-L6-v2, no network
     assert (cfg.probe.max_positions, cfg.probe.epochs, cfg.probe.batch_size, cfg.probe.lr) == (300, 10, 128, 1e-3)
     many = compose_cfg("probe", ["transform=[none,clip,whiten]", "transform.dims=[3]", "transform.k=8"])
-    assert selected_transforms(many.transform) == ["none", "clip", "whiten"]
+    assert selected_transforms(many) == ["none", "clip", "whiten"]
     assert list(many.transform.dims) == [3] and many.transform.k == 8
 
 
@@ -100,7 +100,7 @@ def test_position_probe_end_to_end_three_transforms(tiny_bert, tmp_path):
 
 
 def test_classifier_on_shipped_wordnet_pos_and_planted_local_csv(tiny_bert, tmp_path, compose_cfg):
-    from outlierlab.jobs.probing import run
+    from outlierlab.evaluation.probing import run
 
     common = [f"encoder.name_or_path={tiny_bert}", f"features.cache_dir={tmp_path / 'cache'}", "progress=false"]
     out = run(compose_cfg("probe", common + ["task=wordnet_pos", "task.max_train=120", "task.max_eval=40",
@@ -162,7 +162,7 @@ def test_bad_names_and_offline_hub_fail_with_one_line(tmp_path):
     ("probe.splits=[0.8,0.1,x]", "probe.splits[2]='x': expected float, got str"),
 ])
 def test_bad_probe_settings_refused_in_one_line_naming_the_key(compose_cfg, override, message):
-    from outlierlab.jobs.probing import check_settings
+    from outlierlab.evaluation.probing import check_settings
 
     check_settings(compose_cfg("probe"))  # the defaults pass
     with pytest.raises(ValueError) as e:
@@ -173,8 +173,8 @@ def test_bad_probe_settings_refused_in_one_line_naming_the_key(compose_cfg, over
 def test_probe_settings_defaults_are_the_composed_config(compose_cfg):
     """The class states configs/probe.yaml's defaults (so ``ProbeSettings(epochs=2)`` is the YAML with one change);
     a default changed on one side only fails here."""
-    from outlierlab.evaluation.settings import load_settings
-    from outlierlab.jobs.probe_settings import ProbeSettings
+    from outlierlab.configuration.settings_store import load_settings
+    from outlierlab.configuration.probe_settings import ProbeSettings
 
     assert load_settings(ProbeSettings, compose_cfg("probe").probe) == ProbeSettings()
     assert ProbeSettings(epochs=2).epochs == 2

@@ -65,8 +65,8 @@ def test_a_reused_out_dir_holds_the_last_probe_and_the_callers_own_files(tmp_pat
 
 
 def test_a_probe_info_json_of_another_tool_removes_nothing(tmp_path):
-    from outlierlab.jobs.probing import PROBE_INFO, _listed_outputs
-    from outlierlab.jobs.run_outputs import remove_earlier_outputs
+    from outlierlab.evaluation.probing import PROBE_INFO, _listed_outputs
+    from outlierlab.reports.run_outputs import remove_earlier_outputs
 
     (tmp_path / PROBE_INFO).write_text(json.dumps({"files": ["mine.csv"]}))  # no probe's facts: not the probe's
     (tmp_path / "mine.csv").write_text("x\n")
@@ -81,7 +81,7 @@ def test_a_probe_info_json_of_another_tool_removes_nothing(tmp_path):
 def test_a_second_process_probing_into_the_same_out_dir_is_refused_before_it_touches_it(tmp_path, tiny):
     """ol.probe_positions(out_dir=X) took no lock (only probe.py did): a second process wrote X beside the first."""
     import outlierlab as ol
-    from outlierlab.jobs.run_lock import RunDirBusy
+    from outlierlab.utils.dir_lock import RunDirBusy
 
     enc, texts = tiny
     out = tmp_path / "run"
@@ -121,7 +121,7 @@ def test_probe_py_twice_in_one_run_dir_keeps_only_the_second_runs_files(tmp_path
 def test_a_refused_probe_setting_leaves_the_earlier_probe_in_place(tmp_path, compose_cfg):
     """The settings are checked before the earlier outputs are removed: a typo'd second run does not empty the
     directory of the first."""
-    from outlierlab.jobs.probing import PROBE_INFO, run
+    from outlierlab.evaluation.probing import PROBE_INFO, run
 
     out = tmp_path / "run"
     out.mkdir()

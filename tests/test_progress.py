@@ -179,7 +179,7 @@ def test_lightning_lines_reach_the_root_handlers_once():
 
     import lightning  # noqa: F401  (adds the handler)
 
-    from outlierlab.jobs.startup import one_console_for_lightning
+    from outlierlab.lightning_modules.loggers import one_console_for_lightning
 
     lg, root = logging.getLogger("lightning"), logging.getLogger()
     saved_lg, saved_root = list(lg.handlers), list(root.handlers)
@@ -208,7 +208,7 @@ def test_a_probe_leaves_lightning_logging_and_warnings_as_it_found_them(tmp_path
 
     from probe_fixtures import save_tiny_bert
 
-    from outlierlab.jobs.probing import run
+    from outlierlab.evaluation.probing import run
 
     bert = save_tiny_bert(tmp_path / "bert")
     levels = {n: logging.getLogger(n).level for n in ("lightning.pytorch", "lightning.fabric")}
@@ -227,7 +227,7 @@ def test_lightning_advertisements_are_dropped_and_its_other_lines_kept():
 
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-    from outlierlab.jobs.startup import _drop_lightning_tips, one_console_for_lightning
+    from outlierlab.lightning_modules.loggers import _drop_lightning_tips, one_console_for_lightning
 
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     saved_level, stream = rank_zero.level, io.StringIO()
@@ -260,7 +260,7 @@ def test_the_model_summary_in_a_log_file_names_every_type_in_full(monkeypatch):
     from lightning.pytorch.utilities.model_summary import summarize
     from rich.console import Console
 
-    from outlierlab.jobs.startup import LOG_COLUMNS, one_console_for_lightning
+    from outlierlab.lightning_modules.loggers import LOG_COLUMNS, one_console_for_lightning
 
     class RobertaMaskedLanguageModel(torch.nn.Linear):  # a long type name, as ours
         pass

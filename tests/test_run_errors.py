@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from outlierlab.jobs import run_errors
 from outlierlab.jobs.run_errors import error_line, run_main
-from outlierlab.jobs.run_lock import lock_run_dir
+from outlierlab.utils.dir_lock import lock_run_dir
 from outlierlab.jobs.run_state import failed_run, finished_run
 from tests.conftest import ROOT
 from tests.test_train import SMALL

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from outlierlab.jobs.run_lock import RunDirBusy, lock_run_dir
+from outlierlab.utils.dir_lock import RunDirBusy, lock_run_dir
 from outlierlab.utils.dir_lock import is_primary_process, read_holder
 from tests.conftest import ROOT
 from tests.test_train import SMALL

@@ -1,4 +1,4 @@
-"""The settings dataclasses (outlierlab/evaluation/settings.py) are the one source of the evaluate sections'
+"""The settings dataclasses (outlierlab/configuration/run_settings.py and analysis_settings.py) are the one source of the evaluate sections'
 defaults: Hydra composes them (ConfigStore ``settings/<section>``, ``settings/evaluate``), every preset states
 only what it changes, and the default composed config equals the classes."""
 
@@ -14,9 +14,10 @@ from omegaconf import OmegaConf
 
 from conftest import compose
 from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS
-from outlierlab.evaluation.settings import (AblationSettings, DataSettings, EncoderSettings, OutliersSettings,
-                                            TransformSettings, WicSettings, load_settings, section_settings)
-from outlierlab.evaluation.settings import ABSENT
+from outlierlab.configuration.analysis_settings import AblationSettings, OutliersSettings, WicSettings
+from outlierlab.configuration.run_settings import DataSettings, EncoderSettings, TransformSettings
+from outlierlab.configuration.settings_store import load_settings, section_settings
+from outlierlab.configuration.typed_settings import ABSENT
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = list(dict.fromkeys([*RUN_SETTINGS, *SETTINGS.values()]))
@@ -53,8 +54,8 @@ def restated_defaults(configs: Path) -> list[str]:
     written a second time."""
     import yaml
 
-    from outlierlab.evaluation.settings_store import (DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS, PRESET_STATES,
-                                                      TRANSFORM_GUARD, defaults_node)
+    from outlierlab.configuration.settings_store import (DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS, PRESET_STATES,
+                                                         TRANSFORM_GUARD, defaults_node)
 
     found = []
     for cls in DEFAULTS_FROM_PYTHON:
@@ -91,7 +92,7 @@ def test_every_preset_starts_from_its_class_defaults():
     would lack every key it does not state (refused by the loader as missing)."""
     import yaml
 
-    from outlierlab.evaluation.settings_store import DEFAULTS_FROM_PYTHON
+    from outlierlab.configuration.settings_store import DEFAULTS_FROM_PYTHON
 
     for cls in DEFAULTS_FROM_PYTHON:
         for f in sorted((ROOT / "configs" / cls.SECTION).glob("*.yaml")):
@@ -144,7 +145,7 @@ def test_the_loader_still_requires_every_key_despite_the_defaults(default_cfg):
 
 
 def test_optional_keys_take_their_absent_value_not_the_default(default_cfg):
-    """transform.min_fit_ratio defaults to 2.0 but is None when absent; data.one_pass is True when absent."""
+    """transform.min_fit_ratio defaults to 2.0 but is None when absent; a data section without one_pass is refused."""
     node = OmegaConf.to_container(default_cfg.transform)
     optional = [f.name for f in dataclasses.fields(TransformSettings) if ABSENT in f.metadata]
     assert set(optional) == {"dims", "dims_by_layer", "k", "min_fit_ratio", "allow_degenerate", "abtt_d"}
@@ -152,11 +153,12 @@ def test_optional_keys_take_their_absent_value_not_the_default(default_cfg):
     assert all(getattr(t, k) is None for k in optional)
     data = OmegaConf.to_container(default_cfg.data)
     del data["one_pass"]
-    assert load_settings(DataSettings, data).one_pass is True
+    with pytest.raises(ValueError, match=r"missing key\(s\) data.one_pass"):
+        load_settings(DataSettings, data)
 
 
 def test_why_there_are_no_configstore_schemas():
-    """The reasons settings.py's docstring gives for keeping load_settings over Hydra structured configs.
+    """The reasons settings_store.py's docstring gives for keeping load_settings over Hydra structured configs.
     If OmegaConf lifts them, this fails: revisit that decision (and the docstring)."""
     with pytest.raises(Exception, match="Unexpected type annotation: Literal"):  # a choice among values
         OmegaConf.structured(EncoderSettings)
@@ -164,7 +166,8 @@ def test_why_there_are_no_configstore_schemas():
         OmegaConf.merge({"ablation": OmegaConf.structured(AblationSettings)}, {"ablation": {"n_random": 7}})
     with pytest.raises(Exception):  # one file without brackets: the loader's coercion, not a schema's
         OmegaConf.merge(OmegaConf.structured(DataSettings), {"files": "a.txt"})
-    assert load_settings(DataSettings, {"files": "a.txt", "max_sentences": 10, "chunk": 2}).files == ("a.txt",)
+    data = {"files": "a.txt", "max_sentences": 10, "chunk": 2, "one_pass": True}
+    assert load_settings(DataSettings, data).files == ("a.txt",)
 
 
 def test_a_preset_that_forgets_the_defaults_is_told_how_to_start(tmp_path):

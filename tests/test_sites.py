@@ -290,7 +290,7 @@ def test_the_ablation_analysis_takes_mode_mean_from_its_settings(tmp_path):
     from test_ablation import make_ctx, save_planted
 
     from outlierlab.evaluation.analyses.ablation import run
-    from outlierlab.evaluation.settings import AblationSettings
+    from outlierlab.configuration.analysis_settings import AblationSettings
     from outlierlab.models.loading import FrozenEncoder
 
     enc = FrozenEncoder(str(save_planted(tmp_path / "model")), device="cpu")

@@ -16,7 +16,7 @@ from sentence_pass_oracle import oracle_pass
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream
 from outlierlab.evaluation.sentence_pass import OutlierCounts, run_sentence_pass
 from outlierlab.metrics.transform_fit import FittedTransforms
-from outlierlab.evaluation.settings import TransformSettings
+from outlierlab.configuration.run_settings import TransformSettings
 from outlierlab.models.loading import FrozenEncoder
 
 ALL = ["none", "clip", "whiten", "standardize", "abtt", "center"]
@@ -134,7 +134,7 @@ def test_an_analysis_written_in_one_module_subscribes_to_the_stream_and_is_in_th
     data they were fitted on), and its rows are ``toypkg.norms.csv`` -- and ol.evaluate's table of that name."""
     import csv
 
-    from outlierlab.jobs.evaluation import evaluate
+    from outlierlab.evaluation.run_writer import evaluate
 
     (tmp_path / "toypkg").mkdir()
     (tmp_path / "toypkg" / "__init__.py").write_text("")

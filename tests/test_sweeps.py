@@ -252,7 +252,7 @@ def test_submitit_local_launcher_runs_a_cell(tmp_path, shared_cache):
 
 
 def test_long_cell_names_are_cut_keep_the_seed_and_stay_unique():
-    from outlierlab.jobs.startup import cell_dir_name
+    from outlierlab.configuration.composing import cell_dir_name
 
     assert cell_dir_name("pos=none,seed=2") == "pos=none,seed=2"  # short: the overrides themselves
     assert cell_dir_name("") == "default"  # never the sweep directory itself
@@ -269,7 +269,7 @@ def _cell_name(overrides: list[str]) -> str:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from outlierlab.jobs.startup import register_resolvers
+    from outlierlab.configuration.composing import register_resolvers
     from tests.conftest import CONFIG_DIR
 
     register_resolvers()
@@ -295,7 +295,7 @@ def test_sub_keys_of_an_excluded_key_stay_out_of_the_cell_name(overrides):
 def test_cell_names_of_other_overrides_are_hydras_override_dirname():
     """Everything but the excluded keys and their sub-keys is named exactly as before (Hydra's sort and join, a
     list value's commas included), so existing cells keep their directories."""
-    from outlierlab.jobs.startup import cell_overrides
+    from outlierlab.configuration.composing import cell_overrides
 
     overrides = ["seed=3", "model.norm=rmsnorm", "data=files", "data.files=[a.txt,b.txt]",
                  "+posthoc_probe.max_sentences=2", "posthoc_probe_extra=1", "trainer.enable_progress_bar=false",
@@ -305,8 +305,10 @@ def test_cell_names_of_other_overrides_are_hydras_override_dirname():
     assert cell_overrides(overrides, excluded) == expected  # posthoc_probe_extra is not under posthoc_probe
     assert cell_overrides(["a=1", "b=2"], [], item_sep="__", kv_sep="-") == "a-1__b-2"
     assert _cell_name(["seed=3", "model.norm=rmsnorm", "pos=none"]) == "model.norm=rmsnorm,pos=none,seed=3"
-    from omegaconf import OmegaConf  # earlier cells' .hydra/hydra.yaml: ${cell_dir:${hydra.job.override_dirname}}
-    assert OmegaConf.create({"n": "pos=none,seed=2", "d": "${cell_dir:${n}}"}).d == "pos=none,seed=2"
+    from omegaconf import OmegaConf
+
+    with pytest.raises(Exception, match="takes two arguments"):  # the one-argument form is refused in one line
+        OmegaConf.create({"n": "pos=none,seed=2", "d": "${cell_dir:${n}}"}).d
 
 
 def test_named_studies_carry_their_sweep_and_slurm_preset_resolves():
@@ -340,7 +342,7 @@ def test_tracker_run_names_are_the_cells_directory_names(logger, key):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from outlierlab.jobs.startup import register_resolvers
+    from outlierlab.configuration.composing import register_resolvers
     from tests.conftest import CONFIG_DIR
 
     register_resolvers()
@@ -359,7 +361,7 @@ def test_tracker_run_names_are_the_cells_directory_names(logger, key):
 def test_a_slash_in_an_override_value_keeps_the_cell_one_directory():
     """tokenizer.name_or_path=FacebookAI/roberta-base nested the cell two directories deep (Hydra #3018), where the
     study aggregator, which reads a sweep directory's children, never found it."""
-    from outlierlab.jobs.startup import cell_dir_name
+    from outlierlab.configuration.composing import cell_dir_name
 
     name = _cell_name(["tokenizer.name_or_path=FacebookAI/roberta-base", "seed=1"])
     assert name == "seed=1,tokenizer.name_or_path=FacebookAI%2Froberta-base" and "/" not in name

@@ -1,10 +1,10 @@
 """The evaluation itself, in memory: every selected analysis (``outlierlab.evaluation.registry``) on one frozen
 encoder, their rows returned as tables.  Nothing is written here but the figures of a run that asks for them.
 
-``outlierlab.api.evaluate`` returns what ``run_analyses`` computes; the ``evaluate.py`` job
-(``outlierlab.jobs.evaluation``) writes the same results as ``<name>.csv``, ``report.md``, ``results.json`` and
-TensorBoard scalars, so the command line and the Python API are equal by construction.  The checks before the
-model loads (names, settings, files) need no torch.
+``outlierlab.api.evaluate`` returns what ``run_analyses`` computes; ``outlierlab.evaluation.run_writer`` writes the
+same results as ``<name>.csv``, ``report.md``, ``results.json`` and TensorBoard scalars (``python evaluate.py``,
+``ol.evaluate(out_dir=...)``), so the command line and the Python API are equal by construction.  The checks before
+the model loads (names, settings, files) need no torch.
 """
 
 from __future__ import annotations
@@ -23,12 +23,8 @@ from omegaconf import OmegaConf
 from outlierlab.datamodules.validation import validate_inputs
 from outlierlab.evaluation.registry import (ANALYSIS_MODULES, RUN_SETTINGS, SETTINGS, AnalysisResult, EvalContext,
                                             SharedPasses)
-from outlierlab.evaluation.settings import EncoderSettings, section_settings
-
-#: = outlierlab.metrics.transforms.TRANSFORMS (restated here so a typo fails before torch loads; a test keeps them equal)
-TRANSFORMS = ("none", "clip", "whiten", "standardize", "abtt", "center")
-#: The transforms fitted on data; their CSV rows carry ``<name>_fit``, ``<name>_n``, ... columns.
-FITTED = TRANSFORMS[2:]
+from outlierlab.configuration.run_settings import EncoderSettings
+from outlierlab.configuration.settings_store import section_settings
 
 
 # ----------------------------------------------------------------------------------- light validation
@@ -61,7 +57,33 @@ def selected_analyses(cfg, given: Mapping[str, Any] | None = None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def given_analyses(analyses: Sequence[Any]) -> dict[str, Any]:
+    """The analysis objects of ``analyses`` (names aside) by name.  A name is the table the object's rows come back
+    as, so it may name neither a built-in analysis (which it would replace, unasked) nor a second object."""
+    given: dict[str, Any] = {}
+    for analysis in (a for a in analyses if not isinstance(a, str)):
+        name = analysis_name(analysis)
+        if name in ANALYSIS_MODULES:
+            raise ValueError(f"analysis {analysis!r} is named {name!r}, as a built-in analysis: give it a NAME of its "
+                             "own (its table comes back by that name)")
+        if given.get(name, analysis) is not analysis:
+            raise ValueError(f"two analysis objects are named {name!r}: give each a NAME of its own")
+        given[name] = analysis
+    return given
+
+
+def analysis_name(analysis) -> str:
+    """The name an analysis object is selected and written (``<name>.csv``) by: its ``NAME``, else ``__name__``."""
+    name = getattr(analysis, "NAME", None) or getattr(analysis, "__name__", None)
+    if not name or not callable(getattr(analysis, "run", None)):
+        raise ValueError(f"analysis {analysis!r}: expected a name (str) or an object with run(ctx) and a NAME")
+    return str(name)
+
+
 def selected_transforms(cfg) -> list[str]:
+    """The transforms ``transform.use`` selects, in ``outlierlab.metrics.transforms.TRANSFORMS`` order."""
+    from outlierlab.metrics.transforms import TRANSFORMS  # imports torch: after the settings and files are checked
+
     use = (cfg.get("transform") or {}).get("use") or {}
     names = [n for n in TRANSFORMS if use.get(n)]
     bad = [n for n, on in use.items() if on and n not in TRANSFORMS]
@@ -71,7 +93,7 @@ def selected_transforms(cfg) -> list[str]:
 
 
 def check_settings(cfg, analyses: list[str]) -> dict[type, Any]:
-    """Every config section the run reads, built as its typed settings (``outlierlab.evaluation.settings``, no
+    """Every config section the run reads, built as its typed settings (``outlierlab.configuration``, no
     torch) and returned by class: an unknown or missing key, a wrong type or a value out of range fails here in one
     line."""
     return {cls: section_settings(cls, cfg)
@@ -132,7 +154,7 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
     ``cfg.analyses`` selects them with; ``texts``: the evaluation sentences, in place of ``data.files``;
     ``out_dir``: where figures go (None: none are drawn); ``tb``: a SummaryWriter an analysis may log to."""
     given = dict(given or {})
-    analyses, transforms = selected_analyses(cfg, given), selected_transforms(cfg)
+    analyses = selected_analyses(cfg, given)
     settings = check_settings(cfg, analyses)
     check_files(cfg, encoder_given=encoder is not None)
     plots = cfg.get("plots", True)
@@ -143,7 +165,8 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
     if isinstance(seed, bool) or not isinstance(seed, int):  # int('abc') below would not name the key
         raise ValueError(f"seed={seed!r}: expected an integer (it seeds every sampled draw of the run)")
     t_start = time.time()
-    # lazy: torch and the models load only after every setting and file above was checked (fails in a second)
+    # torch and the models load only after every setting and file above was checked (fails in a second)
+    transforms = selected_transforms(cfg)
     import torch
 
     from outlierlab.models.loading import FrozenEncoder
@@ -209,6 +232,7 @@ def _release_consumers(contexts: Mapping[str, EvalContext], analyses: Sequence[s
 def _columns(results: list[AnalysisResult], modules: Mapping[str, Any]) -> dict[str, list[str]]:
     """Each table's header: a module's ``COLUMNS`` (a skipped analysis, STS without data, still has one) plus the
     fit columns its fitted rows carry (whiten_n, abtt_d, ...); else its rows' keys, layer and transform first."""
+    from outlierlab.metrics.transforms import FITTED
     from outlierlab.utils.tables import columns_of
 
     out = {}
@@ -226,6 +250,8 @@ def _fit_columns(res, shared, needs: set[str], consumers: list) -> None:
     """Fitted rows (whiten, standardize, abtt, center) of an analysis computed on the shared pass (its
     ``consumers``, or the statistics of its ``SENTENCE_PASS``, ``needs``) state what their map was fitted on;
     those that only borrow the fitted maps (WiC/STS with ``transform.fit_on=sentences``) add their own."""
+    from outlierlab.metrics.transforms import FITTED
+
     st = shared.sentence_stats
     if not (needs - {"fitted_maps"} or consumers) or st is None:
         return

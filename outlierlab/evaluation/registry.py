@@ -30,10 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from outlierlab.evaluation.settings import (AblationSettings, AnisotropySettings, AttentionSinksSettings, DataSettings,
-                                 EncoderSettings, FrequencySettings, FrequentTokensSettings, IsotropySettings,
-                                 OrderUseSettings, OutliersSettings, QKOutliersSettings, QuantizationSettings,
-                                 SelfSimilaritySettings, StsSettings, TransformSettings, WicSettings, section_settings)
+from outlierlab.configuration.analysis_settings import (AblationSettings, AnisotropySettings, AttentionSinksSettings,
+                                                        FrequencySettings, FrequentTokensSettings, IsotropySettings,
+                                                        OrderUseSettings, OutliersSettings, QKOutliersSettings,
+                                                        QuantizationSettings, SelfSimilaritySettings, StsSettings,
+                                                        WicSettings)
+from outlierlab.configuration.run_settings import DataSettings, EncoderSettings, TransformSettings
+from outlierlab.configuration.settings_store import section_settings
 
 if TYPE_CHECKING:  # annotations only: the registry stays free of torch
     from outlierlab.models.lm_model import LoadedModel
@@ -113,7 +116,7 @@ class EvalContext:
     consumers: list = field(default_factory=list)
 
     def settings(self, cls: type[S]) -> S:
-        """The run's section ``cls.SECTION`` as its typed settings (``outlierlab.evaluation.settings``), built
+        """The run's section ``cls.SECTION`` as its typed settings (``outlierlab.configuration``), built
         from ``root_cfg`` once per run and shared by every analysis (evaluate.py built each selected one before
         any model loaded)."""
         built = self.shared.settings

@@ -35,8 +35,9 @@ from outlierlab.metrics.transforms import (FITTED, TRANSFORMS, DegenerateWhiteni
                                             clip_dims_per_layer)
 from outlierlab.datamodules.probe_data import load_position_texts
 from outlierlab.evaluation.encoding import EncodeLog
-from outlierlab.evaluation.settings import (DataSettings, EncoderSettings, OutliersSettings,
-                                            SelfSimilaritySettings, TransformSettings, section_settings)
+from outlierlab.configuration.run_settings import DataSettings, EncoderSettings, TransformSettings
+from outlierlab.configuration.analysis_settings import OutliersSettings, SelfSimilaritySettings
+from outlierlab.configuration.settings_store import section_settings
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch, WordVectors
 from outlierlab.metrics.transform_fit import FittedTransforms, WhitenSettings, given_clip_dims
 from outlierlab.evaluation.words import select_words
@@ -217,7 +218,7 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                       need_whitener: bool = False, need_covariance: bool = False,
                       consumers: Sequence[Consumer] = ()) -> SentenceStats:
     """The shared pass over ``texts`` (module docstring).  Settings are ``configs/evaluate.yaml``'s sections as their
-    frozen classes (``outlierlab.evaluation.settings``); ``**pass_settings(cfg)`` passes a composed config's.
+    frozen classes (``outlierlab.configuration``); ``**pass_settings(cfg)`` passes a composed config's.
 
     transforms : to compare (subset of ``TRANSFORMS``)
     outliers : the rule clip detects its dims with (Luo et al. App. D.1) unless ``transform.dims``/``dims_by_layer``

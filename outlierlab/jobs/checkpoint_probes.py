@@ -77,8 +77,8 @@ def gather(run_out: Path, steps: list[int]) -> None:
 
 def probe_run(run_dir: str | Path, overrides: list[str] | None = None, max_sentences: int = 1000) -> list[int]:
     """Probe every step checkpoint of ``run_dir`` not probed yet; return the steps probed now."""
-    from outlierlab.jobs.probing import run
-    from outlierlab.jobs.startup import compose_config
+    from outlierlab.evaluation.probing import run
+    from outlierlab.configuration.composing import compose_config
 
     run_dir = Path(run_dir)
     checkpoints = step_checkpoints(run_dir)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.finished_only and finished_run(d) is None:
             print(f"[checkpoint_probes] {d}: training not finished, skipped (--all probes it anyway)", flush=True)
             continue
-        from outlierlab.jobs.run_lock import RunDirBusy, lock_run_dir  # one writer per run directory
+        from outlierlab.utils.dir_lock import RunDirBusy, lock_run_dir  # one writer per run directory
         from outlierlab.jobs.run_state import refresh_manifest
 
         try:

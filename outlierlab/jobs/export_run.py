@@ -14,7 +14,7 @@
   ``create_repo`` + ``upload_folder``). Offline (``HF_HUB_OFFLINE=1`` or the hub unreachable within seconds,
   ``outlierlab.models.hub.hub_is_offline``) it stops at once with one line instead of retrying.
 
-The run directory is locked while it is written (one writer per run, ``outlierlab.jobs.run_lock``).
+The run directory is locked while it is written (one writer per run, ``outlierlab.utils.dir_lock``).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def push_to_hub(folder: Path, repo_id: str, private: bool = False, message: str 
 def export_run(run_dir: str | Path, repo_id: str | None = None, private: bool = False,
                message: str | None = None) -> dict[str, str]:
     """Remote code where missing, the card, the manifest, and the push; returns what it did (paths, URL)."""
-    from outlierlab.jobs.run_lock import lock_run_dir
+    from outlierlab.utils.dir_lock import lock_run_dir
     from outlierlab.jobs.run_state import refresh_manifest
 
     run = Path(run_dir)
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--private", action="store_true", help="create the repository private")
     parser.add_argument("--message", default=None, help="commit message of the upload")
     args = parser.parse_args(argv)
-    from outlierlab.jobs.run_lock import RunDirBusy
+    from outlierlab.utils.dir_lock import RunDirBusy
 
     try:
         done = export_run(args.run_dir, args.push_to_hub, args.private, args.message)

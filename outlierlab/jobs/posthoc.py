@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"analysed steps {res['steps']} -> {res['layernorm']}, {res['hidden_states']}, {res['order_use']}")
             return 0
         find_checkpoints(args.run_dir)  # fail in a second, before importing torch
-        from outlierlab.jobs.run_lock import lock_run_dir  # one writer per run directory
+        from outlierlab.utils.dir_lock import lock_run_dir  # one writer per run directory
         from outlierlab.jobs.run_state import refresh_manifest
 
         with lock_run_dir(Path(args.run_dir)):

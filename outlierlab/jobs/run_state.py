@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from outlierlab.utils.atomic import write_atomic
-from outlierlab.utils.dir_lock import now_iso
+from outlierlab.utils.dir_lock import LOCK_FILE, now_iso
 
 FINISHED_MARKER = "finished.json"
 FAILED_MARKER = "failed.json"
 MANIFEST = "manifest.json"
 CODE_VERSIONS = "code_versions.jsonl"
-LOCK_FILE = "run.lock"
 MANIFEST_SCHEMA = 1
 #: Environment variable stating the commit of code that runs without git metadata (see :func:`code_version`).
 CODE_VERSION_ENV = "OUTLIERLAB_CODE_VERSION"

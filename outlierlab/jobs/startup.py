@@ -1,9 +1,8 @@
 """Start-up checks of the composed config for the Hydra entry points, importing nothing heavy.
 
 ``import lightning`` and ``import transformers`` take 10–15 s each on a small machine: a setting that cannot
-work (``check_train_config``) fails before them, in one line.  Also here: the run plan line, sweep cell
-names, Hydra's resolvers, the device check and Lightning's console.  The command line itself is checked
-earlier, before Hydra composes, by ``outlierlab.jobs.overrides``.
+work (``check_train_config``) fails before them, in one line.  Also here: the run plan line and the device check.
+The command line itself is checked earlier, before Hydra composes, by ``outlierlab.configuration.overrides``.
 """
 
 from __future__ import annotations
@@ -11,15 +10,14 @@ from __future__ import annotations
 import ast
 import importlib.machinery
 import importlib.util
-import logging
-import os
 import re
-import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf, open_dict
 
-from outlierlab.jobs.overrides import CONFIG_DIR
+import outlierlab.configuration.composing  # noqa: F401 - registers the configs' resolvers (launcher workers)
+from outlierlab.configuration.overrides import CONFIG_DIR
+from outlierlab.configuration.typed_settings import as_int
 
 
 def _target_error(target: str, where: str) -> str | None:
@@ -51,12 +49,6 @@ def _target_error(target: str, where: str) -> str | None:
         if attr not in names:
             return f"{where}._target_={target}: {module} has no {attr!r}"
     return None
-
-
-def _as_int(value, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ValueError(f"{key} must be an integer, got {value!r}")
-    return int(value)
 
 
 def _duration(value) -> bool:
@@ -116,9 +108,9 @@ def check_train_config(cfg) -> list[str]:
         # the same rule EncoderConfig enforces, said here before data and model load
         raise ValueError(f"model.hidden_size={hidden} is not divisible by model.num_heads={heads}; "
                          "change one of them (e.g. model.hidden_size=" + str(hidden - hidden % heads) + ")")
-    _as_int(cfg.get("seed"), "seed")  # seed=abc failed after the data loaded, as int()'s "invalid literal"
+    as_int(cfg.get("seed"), "seed")  # seed=abc failed after the data loaded, as int()'s "invalid literal"
     threads = cfg.get("threads")
-    if threads is not None and _as_int(threads, "threads") < 1:  # 0 read as null: all cores, unasked
+    if threads is not None and as_int(threads, "threads") < 1:  # 0 read as null: all cores, unasked
         raise ValueError(f"threads must be >= 1 or null (null: $OMP_NUM_THREADS, else the cores), got {threads}")
     for key in ("lr", "optimizer.lr"):
         lr = OmegaConf.select(cfg, key)
@@ -129,7 +121,7 @@ def check_train_config(cfg) -> list[str]:
     if max_time is not None and not _duration(max_time):  # Lightning's Timer refused it after the data loaded
         raise ValueError(f"trainer.max_time must be DD:HH:MM:SS (e.g. +trainer.max_time=00:02:00:00) or null, "
                          f"got {max_time!r}")
-    max_steps = _as_int(trainer.max_steps, "trainer.max_steps")
+    max_steps = as_int(trainer.max_steps, "trainer.max_steps")
     if max_steps <= 0:
         raise ValueError(f"trainer.max_steps must be >= 1 optimizer steps, got {max_steps} "
                          "(e.g. trainer.max_steps=300)")
@@ -141,7 +133,7 @@ def check_train_config(cfg) -> list[str]:
                 raise ValueError(error)
     sched = OmegaConf.select(cfg, "module.scheduler")
     if sched is not None and "num_warmup_steps" in sched:
-        warmup = _as_int(sched.num_warmup_steps, "module.scheduler.num_warmup_steps")
+        warmup = as_int(sched.num_warmup_steps, "module.scheduler.num_warmup_steps")
         if warmup < 0:
             raise ValueError(f"module.scheduler.num_warmup_steps must be >= 0, got {warmup}")
         if warmup >= max_steps:
@@ -160,7 +152,7 @@ def check_train_config(cfg) -> list[str]:
             warnings.append(f"trainer.val_check_interval={vci} exceeds the run ({batches} batches): "
                             f"validating once, at batch {batches}")
     every = OmegaConf.select(cfg, "callbacks.model_checkpoint.every_n_train_steps")
-    if every is not None and _as_int(every, "callbacks.model_checkpoint.every_n_train_steps") < 1:
+    if every is not None and as_int(every, "callbacks.model_checkpoint.every_n_train_steps") < 1:
         raise ValueError(f"callbacks.model_checkpoint.every_n_train_steps must be >= 1, got {every} (0 never saves "
                          "a checkpoint to resume from; to save none use ~callbacks.model_checkpoint)")
     if every is not None and max_steps < int(every):
@@ -219,122 +211,6 @@ def describe_plan(cfg) -> str:
     return line + f", precision {t.get('precision', '32-true')}, strategy {t.get('strategy', 'auto')}"
 
 
-#: Longest multirun cell directory name written as is (file systems allow 255 bytes per name).
-CELL_NAME_MAX = 150
-
-
-def cell_dir_name(override_dirname: str, limit: int = CELL_NAME_MAX) -> str:
-    """A sweep cell's directory name: its overrides (``hydra.job.override_dirname``), readable and stable.
-
-    A ``/`` inside a value (``tokenizer.name_or_path=FacebookAI/roberta-base``) is written ``%2F``.
-    Beyond ``limit`` characters (a run with many overrides would exceed the file system's 255) the name
-    is cut at an override boundary, the ``seed=`` item is kept, and a 10-hex digest of the full name keeps it
-    unique; the full overrides stay in the cell's ``.hydra/overrides.yaml``, which is what the study aggregator
-    reads.
-    """
-    import hashlib
-
-    if not override_dirname:  # a sweep cell with nothing but excluded overrides (e.g. -m experiment=x)
-        return "default"
-    # a '/' in a value (a hub id, a path) would nest the cell in sub-directories, where neither a rerun's
-    # skip nor the study aggregator finds it (Hydra issue #3018): written as %2F, one directory per cell
-    override_dirname = override_dirname.replace("/", "%2F")
-    if len(override_dirname) <= limit:
-        return override_dirname
-    digest = hashlib.sha1(override_dirname.encode()).hexdigest()[:10]
-    seed = next((item for item in override_dirname.split(",") if item.startswith("seed=")), None)
-    keep = limit - len(digest) - 1 - (len(seed) + 1 if seed else 0)
-    prefix = override_dirname[:keep].rsplit(",", 1)[0]
-    return ",".join(x for x in (prefix, seed, digest) if x)
-
-
-def cell_overrides(task, exclude_keys, item_sep: str = ",", kv_sep: str = "=") -> str:
-    """``hydra.job.override_dirname`` of a cell's overrides (``hydra.overrides.task``), except that an excluded key
-    also excludes every key under it: ``posthoc_probe`` drops ``posthoc_probe.max_sentences=200`` and
-    ``+posthoc_probe.overrides=[...]`` too.
-
-    Hydra (1.3) compares ``exclude_keys`` with each override's whole key, and has no wildcard or pattern for them
-    (Hydra issue #1873, open; the workaround suggested there is this one: build the name from
-    ``hydra.overrides.task`` in a resolver). Listing each sub-key in ``exclude_keys`` instead would leak every
-    sub-key added later, and a cell set up with one is a different directory, which a rerun would train again
-    instead of skipping. Everything else is Hydra's own ``get_overrides_dirname``: its parser, each override's
-    text as given, sorted, joined with ``item_sep``, every ``=`` written as ``kv_sep`` — so the names of cells
-    without such sub-keys are what they were.
-    """
-    import re
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    excluded = [str(k) for k in exclude_keys]
-
-    def is_excluded(key: str) -> bool:
-        return any(key == k or key.startswith((k + ".", k + "/")) for k in excluded)
-
-    lines = sorted(o.input_line for o in OverridesParser.create().parse_overrides([str(t) for t in task])
-                   if not is_excluded(o.key_or_group))
-    return re.sub("=", kv_sep, item_sep.join(lines))
-
-
-def _cell_dir(overrides, naming=None) -> str:
-    """``${cell_dir:${hydra.overrides.task},${hydra.job.config.override_dirname}}`` (configs/train.yaml), or the
-    older one-argument form ``${cell_dir:${hydra.job.override_dirname}}`` that earlier cells' ``.hydra/hydra.yaml``
-    holds."""
-    if naming is None:
-        return cell_dir_name(str(overrides))
-    return cell_dir_name(cell_overrides(list(overrides), list(naming.get("exclude_keys") or []),
-                                        str(naming.get("item_sep", ",")), str(naming.get("kv_sep", "="))))
-
-
-def register_resolvers() -> None:
-    """OmegaConf resolvers used by the configs, and the evaluation sections' defaults they compose from
-    (``outlierlab.evaluation.settings_store.register_defaults``); idempotent.
-
-    Also run when this module is imported: Hydra's joblib and submitit launchers resolve a cell's output
-    directory (``${cell_dir:...}``) in their worker process, which imports this module while unpickling the
-    task function but never runs ``train.py``'s module code.
-    """
-    def accumulation(global_batch: int, per_device: int, devices, num_nodes=1) -> int:
-        # Paper batch 256 = per-device batch x devices x nodes x accumulation (Luo et al. Table 4).
-        devices = 1 if devices in ("auto", None) else (len(devices) if isinstance(devices, (list, tuple)) else int(devices))
-        per_step = int(per_device) * devices * int(num_nodes)
-        if int(global_batch) % per_step:
-            raise ValueError(f"global batch {global_batch} is not a multiple of {per_device} x {devices} devices x {num_nodes} nodes")
-        return int(global_batch) // per_step
-
-    if not OmegaConf.has_resolver("accumulation"):
-        OmegaConf.register_new_resolver("accumulation", accumulation)
-    if not OmegaConf.has_resolver("cell_dir"):
-        OmegaConf.register_new_resolver("cell_dir", _cell_dir)
-    if not OmegaConf.has_resolver("lr_scale"):  # configs/optimizer/lion.yaml: a rate as a multiple of the recipe's
-        OmegaConf.register_new_resolver("lr_scale", lambda lr, factor: float(lr) * float(factor))
-    from outlierlab.evaluation.settings_store import register_defaults  # light: no torch
-
-    register_defaults()  # the sections' defaults (ConfigStore) that every preset of them starts from
-
-
-def compose_config(config_name: str, overrides=()):
-    """``configs/<config_name>.yaml`` composed with ``overrides`` from Python, as the command line would (the
-    Python API, the per-checkpoint probes).
-
-    Hydra keeps one global state and its ``initialize`` refuses to start while another is set, so a caller's own
-    Hydra app or ``initialize`` context (a researcher's script that calls ``ol.evaluate``) is set aside while this
-    composes and put back after -- not cleared for good, which would break that caller's next ``compose``.
-    """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_resolvers()
-    theirs = GlobalHydra.instance().hydra
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            return compose(config_name=config_name, overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
-        if theirs is not None:
-            GlobalHydra.instance().initialize(theirs)
-
-
 def check_device(device, key: str = "encoder.device") -> None:
     """A requested accelerator that this machine lacks is one line at start, not an assertion deep in torch when
     the model first moves (``Torch not compiled with CUDA enabled``). Imports torch: call it after the light checks."""
@@ -353,45 +229,3 @@ def check_device(device, key: str = "encoder.device") -> None:
     elif kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise ValueError(f"{key}={name} but MPS is not available here; use {key}=auto or {key}=cpu")
 
-
-def _drop_lightning_tips(record: logging.LogRecord) -> bool:
-    """False for Lightning's "💡 Tip:" advertisements (see ``one_console_for_lightning``)."""
-    return not str(record.msg).startswith("💡 Tip:")
-
-
-#: Rich's console width when the console is a log file (see :func:`one_console_for_lightning`).
-LOG_COLUMNS = 120
-
-
-def one_console_for_lightning() -> None:
-    """Print each Lightning log line once.  ``import lightning`` gives the ``lightning`` logger a console handler of its
-    own ("INFO: Seed set to 42") and lets its records propagate too; under Hydra, whose root handlers write the
-    console and the run's log file, every Lightning line came out twice (Hydra issue #2898).  The jobs import
-    Lightning only after Hydra has set up logging (a bad config fails before the slow imports), so a
-    ``hydra.job_logging`` entry cannot reach that handler: the jobs call this when they start instead.
-    Without handlers on the root logger (Lightning used outside Hydra) the handler stays.
-
-    It also drops Lightning's product advertisements ("💡 Tip: ... try installing litlogger", "... litmodels"),
-    logged at INFO at every Trainer start and not configurable in Lightning 2.6: a run's log says what the run
-    did.  Every other Lightning line passes.
-
-    And where the console is a file (``nohup``, Slurm, ``> train.log``) and ``COLUMNS`` is unset, Rich's console --
-    the model summary's table and the progress bar -- gets ``LOG_COLUMNS`` columns instead of its
-    fallback of 80, which cut the summary's module types to "Robert…" once FLOPs and in/out sizes joined it."""
-    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
-        import rich  # Lightning's dependency for its rich bar and summary
-
-        if rich.get_console().width < LOG_COLUMNS:
-            rich.reconfigure(width=LOG_COLUMNS)
-    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if _drop_lightning_tips not in rank_zero.filters:
-        rank_zero.addFilter(_drop_lightning_tips)
-    if not logging.getLogger().hasHandlers():
-        return
-    lightning_logger = logging.getLogger("lightning")
-    for handler in list(lightning_logger.handlers):
-        if type(handler) is logging.StreamHandler:  # Lightning's own console handler, not a file of the user's
-            lightning_logger.removeHandler(handler)
-
-
-register_resolvers()  # see its docstring: launcher workers need the resolvers too

@@ -31,14 +31,14 @@ from outlierlab.lightning_modules.callbacks.progress_lines import StepRichProgre
 from outlierlab.lightning_modules.mlm_module import MLMLitModule
 from outlierlab.jobs.checkpoint_io import (StagedCheckpointIO, check_free_space, checkpoint_bytes, checkpoints_kept,
                                            free_bytes_needed, remove_dead_partials, staged_dir)
-from outlierlab.jobs.overrides import unwritable_run_dir
+from outlierlab.configuration.overrides import unwritable_run_dir
 from outlierlab.jobs.run_errors import disk_full_error, error_line
-from outlierlab.jobs.run_lock import lock_run_dir
+from outlierlab.utils.dir_lock import lock_run_dir
 from outlierlab.jobs.run_resume import (ConfigInCheckpoint, config_changes, resume_point, set_aside_end_state,
                                         set_aside_later_timeline)
 from outlierlab.jobs.run_state import (CODE_VERSIONS, FAILED_MARKER, changes_text, finished_run, mark_failed,
                                        mark_finished, record_start, release_room, reserve_room)
-from outlierlab.jobs.startup import one_console_for_lightning
+from outlierlab.lightning_modules.loggers import one_console_for_lightning
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
 
@@ -173,7 +173,7 @@ def set_threads(threads: int | None) -> int:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run MLM pretraining as configured; return the final logged metrics.
 
-    The run directory is locked first (``outlierlab.jobs.run_lock``).  A run whose ``finished.json`` records the same
+    The run directory is locked first (``outlierlab.utils.dir_lock``).  A run whose ``finished.json`` records the same
     ``trainer.max_steps`` is skipped; one with a checkpoint but no such marker resumes (``resume: true``; also a
     finished run given more steps), so re-running a stopped multirun continues it.  A failure writes ``failed.json``.
     """

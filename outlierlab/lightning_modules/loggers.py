@@ -7,12 +7,15 @@
   ``TensorBoardResumePurge`` writes TensorBoard's restart marker (``SessionLog.START`` at the resumed step, as
   ``SummaryWriter(purge_step=…)``) when the checkpoint loads, before the new session logs; the reader then
   discards earlier events at or after that step.
+* ``one_console_for_lightning``: each Lightning log line printed once, without its advertisements.
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 import os
+import sys
 from typing import Any
 
 import lightning as L
@@ -114,3 +117,36 @@ class TensorBoardResumePurge(Callback):
                 for tag, value in kept.items():
                     logger.experiment.add_scalar(tag, value, step)
                 self.purged_from = step
+
+
+def _drop_lightning_tips(record: logging.LogRecord) -> bool:
+    """False for Lightning's "💡 Tip:" advertisements (see ``one_console_for_lightning``)."""
+    return not str(record.msg).startswith("💡 Tip:")
+
+
+#: Rich's console width when the console is a log file (see :func:`one_console_for_lightning`).
+LOG_COLUMNS = 120
+
+
+def one_console_for_lightning() -> None:
+    """Print each Lightning log line once.  ``import lightning`` gives the ``lightning`` logger a console handler of its
+    own and lets its records propagate too, so under Hydra, whose root handlers write the console and the run's log
+    file, each line would print twice (Hydra issue #2898).  Lightning loads after Hydra has set up logging, out of a
+    ``hydra.job_logging`` entry's reach, so the jobs call this when they start; without root handlers (Lightning
+    outside Hydra) the handler stays.  Also drops Lightning's "💡 Tip:" advertisements (INFO at every Trainer start,
+    not configurable in Lightning 2.6) and, where the console is a file and ``COLUMNS`` is unset, gives Rich's
+    console (the model summary, the progress bar) ``LOG_COLUMNS`` columns instead of 80."""
+    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+        import rich  # Lightning's dependency for its rich bar and summary
+
+        if rich.get_console().width < LOG_COLUMNS:
+            rich.reconfigure(width=LOG_COLUMNS)
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _drop_lightning_tips not in rank_zero.filters:
+        rank_zero.addFilter(_drop_lightning_tips)
+    if not logging.getLogger().hasHandlers():
+        return
+    lightning_logger = logging.getLogger("lightning")
+    for handler in list(lightning_logger.handlers):
+        if type(handler) is logging.StreamHandler:  # Lightning's own console handler, not a file of the user's
+            lightning_logger.removeHandler(handler)

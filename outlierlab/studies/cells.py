@@ -48,7 +48,7 @@ from outlierlab.utils.tables import MODEL_STEP, model_steps
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named, and where its caches live
 #: (``paths.cache_dir``: the same cells run on another machine set it; ``SEED_DEPENDENT`` below ignores it already).
 #: Each also excludes every key under it (``posthoc_probe.max_sentences=200``), as in the cells' directory names
-#: (:func:`outlierlab.jobs.startup.cell_overrides`).
+#: (:func:`outlierlab.configuration.composing.cell_overrides`).
 NOT_IDENTITY = {"study", "ckpt_path", "resume", "skip_finished", "threads", "paths", "posthoc", "posthoc_probe",
                 "trainer.enable_progress_bar", "callbacks.progress.when", "progress", "tensorboard", "plots"}
 #: Resolved-config keys that legitimately differ between the seeds of one group: the seed itself, where a

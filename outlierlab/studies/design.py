@@ -38,7 +38,7 @@ import yaml
 from outlierlab.studies.study_inference import (CONFIRMATORY, DUPLICATE, EXPLORATORY, EXPLORATORY_PERFORMANCE,
                                                 NOT_TESTED, adjust_pvalues, family_rules, is_performance,
                                                 minimum_detectable_effect, tost)
-from outlierlab.jobs.overrides import CONFIG_DIR
+from outlierlab.configuration.overrides import CONFIG_DIR
 from outlierlab.studies.cells import current_name
 
 CONFIGS = CONFIG_DIR / "experiment"

@@ -6,7 +6,7 @@ would write every row twice.  ``lock_dir`` takes an exclusive ``flock`` on a loc
 The kernel drops the lock when its holder dies (the dead holder's record is reported as taken over). A lock still held
 although its recorded holder is dead on this host (a forked worker kept the descriptor), or held by an earlier run of
 the same scheduler job (a requeue), is broken: the file is replaced and the new one locked. Used for run directories
-(``jobs.run_lock``) and the loop monitors' folders.
+(``lock_run_dir``: train, probe, evaluate, post-hoc, export) and the loop monitors' folders.
 
 ``fcntl`` directly, not ``filelock``: the holder record lives in the lock file, which filelock before 3.30 truncated on
 every contending open (tox-dev/filelock#591), and breaking a lock needs the unlink-and-compare-inode dance. Windows has
@@ -185,6 +185,28 @@ def lock_dir(directory: Path, filename: str, what: str = "directory",
     os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
     os.fsync(fd)
     return DirLock(path, fd, record)
+
+
+#: A run directory's lock file.
+LOCK_FILE = "run.lock"
+
+
+class RunDirBusy(DirBusy):
+    """Another live process holds the run directory; ``holder`` is its record."""
+
+    def __init__(self, run_dir: Path, holder: dict | None) -> None:
+        super().__init__(run_dir, holder, "run directory",
+                         "wait for it to finish, stop it, or choose another directory (hydra.run.dir=)")
+        self.run_dir = Path(run_dir)
+
+
+def lock_run_dir(run_dir: Path) -> DirLock:
+    """Take ``<run_dir>/run.lock`` for this process, before anything is written, or raise ``RunDirBusy`` (one line
+    naming the holder)."""
+    try:
+        return lock_dir(run_dir, LOCK_FILE)
+    except DirBusy as e:
+        raise RunDirBusy(run_dir, e.holder) from None
 
 
 def is_primary_process() -> bool:

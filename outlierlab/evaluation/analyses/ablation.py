@@ -39,7 +39,7 @@ from outlierlab.evaluation.analyses.ln_rule import check_common, detect_layernor
 from outlierlab.metrics.scored_rows import mlm_scores
 from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
 from outlierlab.models.lm_model import LoadedModel, fill_mask, predict_next
-from outlierlab.evaluation.settings import AblationSettings
+from outlierlab.configuration.analysis_settings import AblationSettings
 from outlierlab.models.hook_points import attached, norm_site, site_means, site_table
 from outlierlab.models.interventions import mean as set_to_mean, zero
 from outlierlab.models.layernorms import layernorms_of_layers, select_layernorms
@@ -235,7 +235,7 @@ def _by_position_markdown(rows: Sequence[Mapping], loss: str) -> list[str]:
 
 def check(ctx: EvalContext) -> LayerNormRule:
     """Settings and files, before any encoding (called by evaluate.py); returns the outlier rule.  The value
-    ranges are checked when the settings are built (``outlierlab.evaluation.settings.AblationSettings``)."""
+    ranges are checked when the settings are built (``outlierlab.configuration.analysis_settings.AblationSettings``)."""
     return check_common(ctx, ctx.settings(AblationSettings))
 
 

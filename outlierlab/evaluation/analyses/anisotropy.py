@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from outlierlab.metrics.rogue_dims import MIN_Z, RogueSummary, rogue_summary
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.evaluation.settings import AnisotropySettings
+from outlierlab.configuration.analysis_settings import AnisotropySettings
 from outlierlab.evaluation.sentence_pass import AnisotropyReservoir, sentence_stats
 from outlierlab.reports.evaluation_report import plot_layers, share_k
 from outlierlab.utils.tables import md_table

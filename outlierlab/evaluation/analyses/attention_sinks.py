@@ -28,7 +28,7 @@ from outlierlab.metrics.outlier_dims import random_dims
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm, skip_result
 from outlierlab.evaluation.analyses.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
-from outlierlab.evaluation.settings import AttentionSinksSettings
+from outlierlab.configuration.analysis_settings import AttentionSinksSettings
 from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table
 

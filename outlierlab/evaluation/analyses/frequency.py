@@ -37,7 +37,8 @@ from outlierlab.datamodules.mlm_datamodule import default_cache_dir  # the one d
 from outlierlab.datamodules.token_counts import count_tokens, pretraining_counts
 from outlierlab.evaluation.analyses.ln_rule import check_common, detect_layernorm_outliers, ln_rule
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm
-from outlierlab.evaluation.settings import DataSettings, FrequencySettings
+from outlierlab.configuration.run_settings import DataSettings
+from outlierlab.configuration.analysis_settings import FrequencySettings
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.sentence_pass import OutlierCounts
 from outlierlab.models.families import unembedding
@@ -143,7 +144,7 @@ def head_spearman(loaded, table: FrequencyTable) -> tuple[list[float] | None, st
 
 def check(ctx: EvalContext) -> FrequencySettings:
     """Settings and files, before any encoding (called by evaluate.py); the value checks (``counts_from``,
-    ``value``, ...) run when the settings are built (``outlierlab.evaluation.settings.FrequencySettings``)."""
+    ``value``, ...) run when the settings are built (``outlierlab.configuration.analysis_settings.FrequencySettings``)."""
     s = ctx.settings(FrequencySettings)
     check_common(ctx, s)  # also its texts and count_files
     # the encoder's depth is known before its first forward: a layer it lacks fails now, not after the pass

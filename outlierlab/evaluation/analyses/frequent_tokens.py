@@ -37,7 +37,7 @@ from outlierlab.evaluation.analyses.ln_rule import ln_rule
 from outlierlab.evaluation.analyses.frequency import frequency_counts
 from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
 from outlierlab.models.lm_model import LoadedModel, last_vectors, output_layer
-from outlierlab.evaluation.settings import FrequentTokensSettings
+from outlierlab.configuration.analysis_settings import FrequentTokensSettings
 from outlierlab.models.layernorms import layernorm_tensors
 from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table

@@ -18,7 +18,7 @@ from outlierlab.metrics.isoscore import covariance, isoscore_from_covariance, is
 from outlierlab.metrics.transforms import clip_mask
 from outlierlab.evaluation.analyses.anisotropy import reservoir, transform_lines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
-from outlierlab.evaluation.settings import IsotropySettings
+from outlierlab.configuration.analysis_settings import IsotropySettings
 from outlierlab.evaluation.sentence_pass import sentence_stats
 from outlierlab.reports.evaluation_report import plot_layers
 from outlierlab.utils.tables import md_table

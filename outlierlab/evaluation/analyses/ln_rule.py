@@ -16,7 +16,7 @@ from torch import nn
 from outlierlab.metrics.layernorm_rule import (LayerNormOutliers, LayerNormRule, layernorm_kind, layernorm_outliers,
                                                 layernorm_role)
 from outlierlab.evaluation.registry import EvalContext, check_texts
-from outlierlab.evaluation.settings import LAYERNORM_KINDS
+from outlierlab.configuration.analysis_settings import LAYERNORM_KINDS
 from outlierlab.models.layernorms import layernorm_tensors
 
 __all__ = ["ln_rule", "detect_layernorm_outliers", "zeroed_kinds", "check_common"]

@@ -17,7 +17,7 @@ from outlierlab.metrics.word_order import (attention_locality, cannot_use_order,
 from outlierlab.evaluation.analyses.attention_sinks import text_batches
 from outlierlab.datamodules.scoring_batches import masked_batches, pack_texts
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, check_texts, shared_mlm
-from outlierlab.evaluation.settings import OrderUseSettings
+from outlierlab.configuration.analysis_settings import OrderUseSettings
 
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
 LM_HEAD = True

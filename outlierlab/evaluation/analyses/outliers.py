@@ -27,7 +27,7 @@ from outlierlab.monitoring import monitor_plots
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.reports.evaluation_report import plot_vectors
 from outlierlab.utils.tables import md_table
-from outlierlab.evaluation.settings import OutliersSettings
+from outlierlab.configuration.analysis_settings import OutliersSettings
 from outlierlab.evaluation.sentence_pass import OutlierCounts, sentence_stats
 
 #: read from the shared pass (outlierlab.evaluation.sentence_pass.PASS_NEEDS): none of its statistics, only its

@@ -23,7 +23,8 @@ import torch
 from outlierlab.metrics.qk_magnitudes import RotarySpec, magnitude_outliers
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, check_texts
-from outlierlab.evaluation.settings import DataSettings, QKOutliersSettings
+from outlierlab.configuration.run_settings import DataSettings
+from outlierlab.configuration.analysis_settings import QKOutliersSettings
 from outlierlab.models.family_spec import is_norm
 from outlierlab.models.qk_recorder import QKRecorder, rotary_specs
 from outlierlab.utils.atomic import save_figure

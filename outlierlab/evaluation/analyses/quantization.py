@@ -25,7 +25,7 @@ import torch
 
 from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, check_texts, shared_mlm
-from outlierlab.evaluation.settings import QuantizationSettings
+from outlierlab.configuration.analysis_settings import QuantizationSettings
 from outlierlab.models.lm_model import LoadedModel
 from outlierlab.models.w8a8 import KeptDims, linear_layers, quantized
 from outlierlab.utils.tables import md_table

@@ -31,7 +31,8 @@ from outlierlab.utils.disk_room import check_room
 from outlierlab.evaluation.analyses.layer_rows import LayerRows, pair_cosines
 from outlierlab.evaluation.registry import AnalysisResult, EvalContext
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
-from outlierlab.evaluation.settings import EncoderSettings, StsSettings, TransformSettings
+from outlierlab.configuration.run_settings import EncoderSettings, TransformSettings
+from outlierlab.configuration.analysis_settings import StsSettings
 from outlierlab.evaluation.sentence_pass import borrow_fitted_maps, fit_on_sentences, task_transforms
 from outlierlab.metrics.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.reports.evaluation_report import plot_layers

@@ -26,7 +26,8 @@ from outlierlab.utils.tables import md_table
 from outlierlab.datamodules.pair_sets import load_wic_pairs
 from outlierlab.evaluation.analyses.layer_rows import pair_cosines
 from outlierlab.evaluation.analyses.wic_targets import TargetVectors, target_vectors  # noqa: F401 (re-exported)
-from outlierlab.evaluation.settings import EncoderSettings, TransformSettings, WicSettings
+from outlierlab.configuration.run_settings import EncoderSettings, TransformSettings
+from outlierlab.configuration.analysis_settings import WicSettings
 from outlierlab.metrics.transform_fit import FittedTransforms, WhitenSettings
 from outlierlab.evaluation.sentence_pass import borrow_fitted_maps, fit_on_sentences, task_transforms
 

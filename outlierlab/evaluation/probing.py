@@ -1,4 +1,5 @@
-"""What ``python probe.py`` does: extract (cached) features, fit transforms on train, probe all layers, report.
+"""The linear probes of ``python probe.py`` and ``ol.probe_positions``: extract (cached) features, fit transforms on
+train, probe all layers, report.
 
 Flow (data flows one way): config -> ``FrozenEncoder`` ->
 ``extract_features`` (cached) -> per transform: fit on the TRAINING split ->
@@ -27,28 +28,19 @@ from outlierlab.metrics.distance_similarity import DistanceSimilarity
 from outlierlab.metrics.word_order import cannot_use_order
 from outlierlab.metrics.probe_contributions import chance_accuracy, rank_of_dims, top_dims
 from outlierlab.metrics.transform_fit import fit_transform
-from outlierlab.metrics.transforms import MIN_FIT_RATIO, TRANSFORMS, DegenerateWhiteningError
+from outlierlab.metrics.transforms import MIN_FIT_RATIO, DegenerateWhiteningError
 from outlierlab.datamodules.features import (RowBatches, chunk_outlier_stats, detect_train_outliers, extract_features,
-                                  iter_chunks, row_loader)
+                                             iter_chunks, row_loader)
 from outlierlab.models.loading import FrozenEncoder
 from outlierlab.datamodules.probe_data import load_classification, load_position_texts, split_indices
 from outlierlab.lightning_modules.probes import PositionProbe, SentenceClassifier, train_probe
-from outlierlab.jobs.probe_settings import ProbeSettings, check_settings
-from outlierlab.jobs.startup import one_console_for_lightning
+from outlierlab.configuration.probe_settings import ProbeSettings, check_settings
+from outlierlab.evaluation.core import rows_table, selected_transforms
+from outlierlab.lightning_modules.loggers import one_console_for_lightning
 from outlierlab.reports.probe_report import COLUMNS, LIST_COLUMNS, write_outputs
 from outlierlab.utils.tables import write_csv
 
 log = logging.getLogger(__name__)
-
-
-def selected_transforms(transform_cfg: Mapping) -> list[str]:
-    """Transform names in selection order (``transform=[none,clip,whiten]`` -> those three; also standardize,
-    abtt, center)."""
-    names = [str(n) for n, on in (transform_cfg.get("use") or {}).items() if on]
-    bad = [n for n in names if n not in TRANSFORMS]
-    if bad or not names:
-        raise ValueError(f"unknown or no transform {bad}; valid: {', '.join(TRANSFORMS)}")
-    return names
 
 
 def transform_settings(tcfg: Mapping, fit_what: str) -> dict:
@@ -128,7 +120,7 @@ def run_position(cfg, p: ProbeSettings, encoder: FrozenEncoder, texts: list[str]
               "dropped_tokens": beyond + int(fs.meta["truncated_tokens"]),
               "truncated_sequences": int(fs.meta["n_truncated"])}
     out, contribs, by_position, fits = [], {}, [], {}
-    for name in selected_transforms(cfg.transform):
+    for name in selected_transforms(cfg):
         t0 = time.time()
         try:
             vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(fs.tokens, rows["train"]), outliers,
@@ -198,7 +190,7 @@ def run_classifier(cfg, p: ProbeSettings, encoder: FrozenEncoder, logger) -> Pro
               "truncated_sequences": sum(int(fs.meta["n_truncated"]) for fs in fss.values())}
     out, contribs, fits = [], {}, {}
     train_sent = arrays["train"]
-    for name in selected_transforms(cfg.transform):
+    for name in selected_transforms(cfg):
         vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(*train_sent), outliers,
                            **transform_settings(cfg.transform, f"the {len(labels['train'])} mean-pooled "
                                                                 "training sentence vectors"))
@@ -257,8 +249,6 @@ class ProbeResult:
         """Every table as a pandas DataFrame named by its CSV stem, with its CSV's header and cells (an empty cell
         as NaN); the columns listing dims (``top_neurons``, ``outlier_dims``, ...) are their CSV strings
         (``"308 381"``) whatever the dims, so one dim is not read as a number."""
-        from outlierlab.evaluation.core import rows_table
-
         import pandas as pd
 
         main = rows_table(self.rows, COLUMNS)
@@ -283,12 +273,10 @@ def probe(cfg, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None
 def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None = None) -> dict:
     """``probe`` (``encoder``, ``texts`` as there) with every output written into ``run_dir``: the tables as
     CSVs, ``probe_info.json``, ``probe_report.md``, the PNG plots and TensorBoard scalars -- holding the directory's
-    lock (``outlierlab.jobs.run_lock``; a second writer gets one line naming the holder)."""
-    from outlierlab.jobs.run_lock import lock_run_dir
+    lock (``utils.dir_lock.lock_run_dir``: one writer per directory, from the command line or Python)."""
+    from outlierlab.utils.dir_lock import lock_run_dir
 
     run_dir = Path(run_dir)
-    # one writer per directory, taken here and not by probe.py alone: two ol.probe_positions(out_dir=X) in two
-    # processes both wrote X, and the second would remove the outputs the first was writing
     with lock_run_dir(run_dir):
         return _run(cfg, run_dir, encoder, texts)
 
@@ -300,7 +288,7 @@ PROBE_INFO = "probe_info.json"
 def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str] | None) -> dict:
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from outlierlab.jobs.run_outputs import output_names, remove_earlier_outputs
+    from outlierlab.reports.run_outputs import output_names, remove_earlier_outputs
     from outlierlab.reports.evaluation_report import log_tables
     from outlierlab.utils.atomic import write_atomic
 
@@ -308,10 +296,7 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str]
     run_dir.mkdir(parents=True, exist_ok=True)
     # before the logger opens its event file: the earlier probe's events and tables (order_use.csv of a run with
     # the order-use step on) went on sitting beside a report that no longer named them
-    replaced = remove_earlier_outputs(run_dir, PROBE_INFO, _listed_outputs)
-    if replaced:
-        print(f"[probe] {run_dir} held an earlier probe: its {len(replaced)} output(s) are replaced by this run's "
-              f"({', '.join(replaced[:6])}{', ...' if len(replaced) > 6 else ''})", flush=True)
+    remove_earlier_outputs(run_dir, PROBE_INFO, _listed_outputs, say=("probe", "probe"))
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     result = probe(cfg, encoder, texts, logger)
     # the per-layer results as a table (TensorBoard's text tab), not a series on the probes' training-step axis
@@ -328,17 +313,13 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str]
 
 
 def _listed_outputs(earlier: Any) -> list | None:
-    """The files an earlier probe_info.json names; one written before they were named: the files any probe of its
-    task writes (tables, report, plots, events)."""
+    """The files an earlier probe_info.json names."""
     if not isinstance(earlier, dict) or "task" not in earlier or "transforms" not in earlier:
-        return None  # not a probe's probe_info.json: nothing here is known to be this job's
-    if isinstance(earlier.get("files"), list):
-        return earlier["files"]
-    stem = "position_probe" if earlier["task"] == "position" else "classifier"
-    tables = ["position_probe_by_position", "similarity_by_distance", "order_use", "order_use_layers"] \
-        if stem == "position_probe" else []
-    return [f"{t}.csv" for t in [stem, *tables]] + [f"{stem}_{p}.png" for p in (
-        "accuracy", "contribution", "contribution_heatmap")] + ["probe_report.md", PROBE_INFO, "tensorboard/"]
+        return None  # not a probe's probe_info.json: nothing is removed
+    if not isinstance(earlier.get("files"), list):
+        raise ValueError(f"the directory's {PROBE_INFO} names no output files: remove its probe outputs, or probe "
+                         "into another directory")
+    return earlier["files"]
 
 
 @contextmanager
@@ -366,7 +347,7 @@ def order_use(encoder: FrozenEncoder, texts: list[str], seed: int):
     (docs/order_use.md): the model's row, one per layer, and a section of the report.  A learned table's rows are
     decodable in a model that ignores order, so the probe's accuracy alone cannot say it."""
     from outlierlab.evaluation.analyses.order_use import measure
-    from outlierlab.evaluation.settings import OrderUseSettings
+    from outlierlab.configuration.analysis_settings import OrderUseSettings
     from outlierlab.models.lm_model import load_mlm
 
     s = OrderUseSettings()
@@ -388,7 +369,7 @@ def _probe(cfg, p: ProbeSettings, encoder: FrozenEncoder | None, texts: Sequence
         result = run_classifier(cfg, p, encoder, logger)
     result.info.update(encoder=str(encoder.source.name), encoder_kind=encoder.source.kind,
                        layers=encoder.num_layers + 1, hidden=encoder.hidden_size,
-                       transforms=selected_transforms(cfg.transform), seed=int(cfg.seed),
+                       transforms=selected_transforms(cfg), seed=int(cfg.seed),
                        family=encoder.family_line(), layernorms=layernorm_note(encoder),
                        orderless=cannot_use_order(getattr(encoder, "pos", None), getattr(encoder, "causal", False)))
     if measure_use:

@@ -9,9 +9,8 @@ where a tuple is declared (YAML has no tuples) and one name without brackets (``
 list.  pydantic does the validation; what is written here is only the wording, which pydantic's several-line
 reports do not give.
 
-The settings of ``evaluate.py`` (``outlierlab.evaluation.settings``) and of ``probe.py``
-(``outlierlab.jobs.probe_settings``) are built with it.  Kept free of heavy imports (no torch): the entry points
-validate before torch loads.
+The settings of ``evaluate.py`` (``run_settings``, ``analysis_settings``) and of ``probe.py`` (``probe_settings``)
+are built with it.  Kept free of heavy imports (no torch): the entry points validate before torch loads.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import Annotated, Any, TypeVar, Union
 import pydantic
 import pydantic.dataclasses
 
-__all__ = ["settings_class", "require", "Names", "Ints", "Floats", "AtLeast0", "AtLeast1", "AtLeast2", "Positive",
+__all__ = ["settings_class", "require", "optional", "as_int", "ABSENT", "Names", "Ints", "Floats", "AtLeast0", "AtLeast1", "AtLeast2", "Positive",
            "Share", "Probability"]
 
 S = TypeVar("S")
@@ -35,6 +34,24 @@ def require(ok: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``ok`` (the checks of a class's ``__post_init__``)."""
     if not ok:
         raise ValueError(message)
+
+
+def as_int(value: Any, key: str) -> int:
+    """``value`` as an int, or one line naming ``key`` (a bool, a string or a fraction is refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    return int(value)
+
+
+#: ``dataclasses.field`` metadata key marking a key the composed config may lack (its group not selected, e.g.
+#: ``transform.dims`` without the clip group): ``settings_store.load_settings`` then passes ``metadata[ABSENT]``.
+ABSENT = "absent"
+
+
+def optional(default: Any, absent: Any = None) -> Any:
+    """A key the composed config may lack (its group not selected): ``default`` is the default composed config's
+    value, ``absent`` what ``load_settings`` passes when the key is missing."""
+    return dataclasses.field(default=default, metadata={ABSENT: absent})
 
 
 def _as_tuple(value: Any) -> Any:
@@ -74,7 +91,7 @@ def settings_class(cls: type[S]) -> type[S]:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         keys = {f.name for f in dataclasses.fields(cls) if f.init}
         if len(args) == 1 and not kwargs and isinstance(args[0], dict) and args[0] and set(args[0]) <= keys:
-            # a section as a dict, given positionally, was refused as a bad value of the first key
+            # a section as a dict, given positionally, would read as a bad value of the first key
             raise TypeError(f"{cls.__name__} takes the keys as keywords, not a dict: {cls.__name__}(**{args[0]!r})")
         try:
             validated_init(self, *args, **kwargs)

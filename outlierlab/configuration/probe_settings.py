@@ -1,5 +1,5 @@
 """Typed settings of ``probe.py``: the ``probe`` section as one frozen, strictly typed pydantic dataclass, written as
-evaluate.py's sections are (``outlierlab.evaluation.settings``), and ``check_settings``, which builds it with
+evaluate.py's sections are (``analysis_settings``), and ``check_settings``, which builds it with
 the run's other settings the probe reads (``seed``, ``task.batch_size``, ``outliers``).
 
 Every refusal is one ``ValueError`` line naming its key, before any model loads or any text is encoded, where a
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from outlierlab.evaluation.settings import OutliersSettings, load_settings
-from outlierlab.utils.typed_settings import AtLeast1, Floats, Positive, require, settings_class
+from outlierlab.configuration.analysis_settings import OutliersSettings
+from outlierlab.configuration.settings_store import load_settings
+from outlierlab.configuration.typed_settings import AtLeast1, Floats, Positive, as_int, require, settings_class
 
 __all__ = ["ProbeSettings", "check_settings"]
 
@@ -61,11 +62,9 @@ def check_settings(cfg) -> ProbeSettings:
     naming its key; returns the ``probe`` section."""
     from omegaconf import OmegaConf
 
-    from outlierlab.jobs.startup import _as_int
-
-    _as_int(cfg.seed, "seed")
+    as_int(cfg.seed, "seed")
     task_batch = cfg.task.get("batch_size")
-    if task_batch is not None and _as_int(task_batch, "task.batch_size") < 1:
+    if task_batch is not None and as_int(task_batch, "task.batch_size") < 1:
         raise ValueError(f"task.batch_size must be >= 1, got {task_batch}")
     # the same rule evaluate.py's outliers section states (method, threshold in (0, 1], k > 0)
     OutliersSettings(**OmegaConf.to_container(cfg.outliers, resolve=True))

@@ -1,9 +1,9 @@
-"""The command line's overrides, checked before Hydra composes anything and before any heavy import.
+"""Where the Hydra configs live (``CONFIG_DIR``) and the command line's overrides, checked before Hydra composes
+anything and before any heavy import.
 
 ``python train.py pos=nope`` or ``trainer.max_step=10`` fails within a second with one line (the valid names, or
 the closest keys) instead of Hydra's several lines; an unwritable ``hydra.run.dir=`` fails before training.  The
-entry points call ``check_overrides`` first; checks of the composed config are
-``outlierlab.jobs.startup``'s.
+entry points call ``check_overrides`` first.
 """
 
 from __future__ import annotations
@@ -78,15 +78,12 @@ def _has_key(cfg, key: str) -> bool:
 
 
 def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG_DIR) -> list[str]:
-    """One line per ``key=value`` override whose key the composed config does not have, with the closest keys,
-    and per switch given a word (``resume=no``).
-
-    Hydra's own message is five lines and advises ``+key=value``, which adds a key that nothing reads (a typo
-    such as ``trainer.max_step=10`` would then train the default number of steps).  A key whose default is true
-    or false takes only ``true`` or ``false``: Hydra reads ``no``, ``off`` or ``0`` as the string or the number,
-    and a string is true (``resume=no`` resumed).  Composes the config (with the override's group choices, the
-    first of a sweep list) only when a key override is there to check; ``+``/``++``/``~`` overrides (composed
-    with: they may add the keys others set) and ``hydra.*`` keys are left to Hydra."""
+    """One line per ``key=value`` override whose key the composed config does not have, with the closest keys
+    (Hydra's five lines advise ``+key=value``, which adds a key nothing reads), and per switch given anything but
+    ``true``/``false`` (Hydra reads ``resume=no`` as a string, and a string is true).  Composes the config (with the
+    overrides' group choices, the first of a sweep list) only when a key override is there to check;
+    ``+``/``++``/``~`` overrides (composed with: they may add the keys others set) and ``hydra.*`` keys are left to
+    Hydra."""
     composing, keys = [], []  # what the config is composed with; the keys to look up in it
     for arg in argv:
         if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
@@ -107,7 +104,7 @@ def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG
 
     from hydra import compose, initialize_config_dir
 
-    from outlierlab.evaluation.settings_store import register_defaults
+    from outlierlab.configuration.settings_store import register_defaults
 
     register_defaults()  # the presets start from the sections' defaults
     try:

@@ -1,8 +1,6 @@
-"""The evaluate job behind ``python evaluate.py``: the evaluation of ``outlierlab.evaluation.core`` (the one
-``outlierlab.api.evaluate`` returns) and its outputs (``<name>.csv``, ``report.md``, ``results.json``, figures,
-TensorBoard) in one run directory -- the only writer of them.
-
-Kept out of ``evaluate.py`` so that the entry point stays thin.
+"""An evaluation written into a directory: the engine's results (``outlierlab.evaluation.core``) as ``<name>.csv``,
+``report.md``, ``results.json``, figures and TensorBoard -- the only writer of them, for ``python evaluate.py`` and
+``ol.evaluate(out_dir=...)`` alike.
 """
 
 from __future__ import annotations
@@ -12,19 +10,19 @@ from typing import Any, Mapping, Sequence
 
 from omegaconf import DictConfig
 
-from outlierlab.evaluation.core import FITTED, run_analyses
+from outlierlab.evaluation.core import run_analyses
+from outlierlab.reports import run_outputs
 
 
 def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[str, Any] | None = None,
              texts: Sequence[str] | None = None) -> dict:
     """Run every selected analysis (``outlierlab.evaluation.core.run_analyses``: ``encoder``, ``given`` and
-    ``texts`` as there) and write the outputs into ``run_dir``, holding its lock (``outlierlab.jobs.run_lock``;
-    a second writer gets one line naming the holder); returns the results, the run's facts and the paths written."""
-    from outlierlab.jobs.run_lock import lock_run_dir
+    ``texts`` as there) and write the outputs into ``run_dir``, holding its lock (``utils.dir_lock.lock_run_dir``:
+    one writer per directory, from the command line or Python); returns the results, the run's facts and the paths
+    written."""
+    from outlierlab.utils.dir_lock import lock_run_dir
 
     run_dir = Path(run_dir)
-    # one writer per directory, taken here and not by evaluate.py alone: two ol.evaluate(out_dir=X) in two
-    # processes both wrote X, and the second would remove the outputs the first was writing
     with lock_run_dir(run_dir):
         return _evaluate(cfg, run_dir, encoder, given, texts)
 
@@ -34,10 +32,7 @@ def _evaluate(cfg: DictConfig, run_dir: Path, encoder, given, texts) -> dict:
     from outlierlab.utils.tables import joined, write_csv
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    replaced = remove_earlier_outputs(run_dir)
-    if replaced:
-        print(f"[evaluate] {run_dir} held an earlier evaluation: its {len(replaced)} output(s) are replaced by this "
-              f"run's ({', '.join(replaced[:6])}{', ...' if len(replaced) > 6 else ''})", flush=True)
+    run_outputs.remove_earlier_outputs(run_dir, _RESULTS, _listed, say=("evaluate", "evaluation"))
     tb = None
     if cfg.tensorboard:
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when tensorboard is on
@@ -68,32 +63,22 @@ _REPORT = "report.md"
 def outputs_of(results: Sequence[Any], tensorboard: bool) -> list[str]:
     """The names, relative to the run directory, of every file an evaluation with these results writes: each
     analysis' CSV, its side tables and figures, ``results.json``, ``report.md`` and (``tensorboard/``) its events."""
-    from outlierlab.jobs.run_outputs import output_names
-
     names = {f"{r.name}.csv" for r in results}
     names |= {f"{t}.csv" for r in results for t in r.tables}
     names |= {Path(f).name for r in results for f in r.figures}
-    return output_names(sorted(names | {_REPORT}), _RESULTS, tensorboard)
-
-
-def remove_earlier_outputs(run_dir: Path) -> list[str]:
-    """Remove the outputs of an earlier evaluation in ``run_dir``, those its ``results.json`` names
-    (``outlierlab.jobs.run_outputs.remove_earlier_outputs``, the rule probe.py follows too); return them.
-    A results.json written before the outputs were named gives its analyses' CSVs and figures."""
-    from outlierlab.jobs import run_outputs
-
-    return run_outputs.remove_earlier_outputs(run_dir, _RESULTS, _listed)
+    return run_outputs.output_names(sorted(names | {_REPORT}), _RESULTS, tensorboard)
 
 
 def _listed(earlier: Any) -> list | None:
+    """The files an earlier evaluation's ``results.json`` names (``reports.run_outputs``: the rule probe.py follows
+    too)."""
     if not isinstance(earlier, dict) or not isinstance(earlier.get("meta"), dict):
-        return None  # not an evaluation's results.json: nothing here is known to be this job's
+        return None  # not an evaluation's results.json: nothing is removed
     files = earlier["meta"].get("files")
-    if isinstance(files, list):
-        return files
-    analyses = earlier.get("analyses") if isinstance(earlier.get("analyses"), dict) else {}
-    return [f"{a}.csv" for a in analyses] + [f for a in analyses.values() if isinstance(a, dict)
-                                             for f in a.get("figures") or []] + [_RESULTS, _REPORT]
+    if not isinstance(files, list):
+        raise ValueError(f"the directory's {_RESULTS} names no output files: remove its evaluation outputs, or "
+                         "evaluate into another directory")
+    return files
 
 
 def _header(meta: dict) -> str:
@@ -108,6 +93,8 @@ def _header(meta: dict) -> str:
              f"- analyses: {', '.join(meta['analyses'])}; "
              + (f"transforms side by side: {', '.join(meta['transforms'])}; " if meta.get("transformed", True) else "")
              + f"seed {meta['seed']}; {meta['seconds']:.0f} s in all"]
+    from outlierlab.metrics.transforms import FITTED
+
     fitted = [t for t in meta["transforms"] if t in FITTED] if meta.get("transformed", True) else []
     if fitted:
         label = "/".join({"whiten": "whitening"}.get(t, t) for t in fitted)

@@ -21,10 +21,12 @@ def output_names(paths: Sequence[str | Path], index: str, tensorboard: bool) -> 
     return sorted({Path(p).name for p in paths} | {index} | ({TENSORBOARD} if tensorboard else set()))
 
 
-def remove_earlier_outputs(run_dir: Path, index: str, listed: Callable[[Any], Sequence[Any] | None]) -> list[str]:
+def remove_earlier_outputs(run_dir: Path, index: str, listed: Callable[[Any], Sequence[Any] | None],
+                           say: tuple[str, str] | None = None) -> list[str]:
     """Remove the files an earlier run in ``run_dir`` wrote, as its ``index`` (JSON) names them; return them. ``listed``
-    gives the names a parsed index lists (``None``: not this job's index, nothing removed); names with a path separator
-    are skipped (both jobs write only at the top of their directory)."""
+    gives the names a parsed index lists (``None``: not this writer's index, nothing removed); names with a path
+    separator are skipped (both writers write only at the top of their directory). ``say``: (tool, what it writes),
+    to print one line naming what was replaced."""
     try:
         earlier = json.loads((run_dir / index).read_text())
     except (OSError, ValueError):
@@ -48,4 +50,7 @@ def remove_earlier_outputs(run_dir: Path, index: str, listed: Callable[[Any], Se
         if path.is_file():
             path.unlink()
             removed.append(name)
+    if removed and say:
+        print(f"[{say[0]}] {run_dir} held an earlier {say[1]}: its {len(removed)} output(s) are replaced by this run's "
+              f"({', '.join(removed[:6])}{', ...' if len(removed) > 6 else ''})", flush=True)
     return removed

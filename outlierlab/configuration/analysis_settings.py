@@ -1,183 +1,32 @@
-"""Typed settings of the ``evaluate.py`` analyses: one frozen dataclass per config section, validated by pydantic.
+"""Typed settings of the ``evaluate.py`` analyses: one frozen, strictly typed class per section
+(``outlierlab.configuration.typed_settings``), the one source of the defaults.
 
-The classes are the one source of the defaults.  Hydra composes them:
-``outlierlab.evaluation.settings_store.register_defaults`` stores each
-section's defaults in Hydra's ConfigStore (``settings/<section>`` for the sections that are config groups,
-``settings/evaluate`` for data, outliers, anisotropy, isotropy, self_similarity and the transform guard), every
-preset starts from them (``defaults: [/settings/<section>@_here_, _self_]``) and states only what it changes (``wic=superglue``:
-source and splits; ``encoder=pythia_70m``: the model, its length and dtype), and ``configs/evaluate.yaml`` keeps the
-group choices and comments.  So ``OutliersSettings()`` (or ``OutliersSettings(threshold=0.4)``) builds from Python,
-the composed default config equals the classes, and ``tests/test_settings_defaults.py`` fails where a YAML file
-states a default again.  Each key is explained by the comment above its field.  Two exceptions, each stated where
-it lives: ``transform`` is a multi-select group whose keys are the union of the groups selected, so only its
-guard keys come from here; an encoder preset states its ``name_or_path`` itself (both in
-``outlierlab.evaluation.settings_store``).
-
-Every class is a strictly typed pydantic dataclass (``outlierlab.utils.typed_settings.settings_class``): a
-wrong type, a value outside its declared range or an unknown key is refused when the object is built -- from a
-config or from Python, so ``OutliersSettings(threshold=2)`` fails as the YAML would -- in one ``ValueError`` line
-naming ``section.key``.
-
-``load_settings`` builds a class from a composed section, with the two rules of a *composed* config that a
-class cannot know: ``???`` (a value only the user can give) is refused, and a section composed without its
-defaults (a hand-written mapping) must state every key -- a key missing there is a typo, and the run's saved
-config would not say what it ran with; only the keys whose group may be unselected (``transform.dims`` without the
-clip group) may be absent, declared with ``_optional``, and then take their "absent" value.  ``evaluate.py``
-builds every selected section before any model is loaded, so a bad setting fails in seconds.
-
-The ConfigStore nodes are plain, not OmegaConf structured-config schemas (OmegaConf 2.3 cannot represent
-``str | dict | None`` and cannot merge presets onto frozen nodes: docs/design.md, "Decisions already taken").
-
-Kept free of heavy imports (no torch): ``evaluate.py`` validates with it before torch loads.
+Hydra composes them (``outlierlab.configuration.settings_store``): every preset starts from a section's defaults
+(``defaults: [/settings/<section>@_here_, _self_]``) and states only what it changes, so ``OutliersSettings()``
+builds from Python, the composed default config equals the classes, and ``tests/test_settings_defaults.py`` fails
+where a YAML file states a default again.  A wrong type, a value outside its declared range or an unknown key is
+refused when the object is built, from a config or from Python, in one ``ValueError`` line naming
+``section.key``.  Each key is explained by the comment above its field.  No heavy imports (no torch).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
-from dataclasses import field
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, ClassVar, Literal
 
 import pydantic
 
-from omegaconf import OmegaConf
+from outlierlab.configuration.typed_settings import (AtLeast0, AtLeast1, AtLeast2, Floats, Ints, Names, Positive,
+                                                     Probability, Share, require, settings_class)
 
-from outlierlab.utils.typed_settings import (AtLeast0, AtLeast1, AtLeast2, Floats, Ints, Names, Positive, Probability,
-                                             Share, require, settings_class)
-
-__all__ = ["load_settings", "section_settings", "DataSettings", "EncoderSettings", "TransformSettings",
-           "OutliersSettings", "AnisotropySettings", "IsotropySettings", "SelfSimilaritySettings", "WicSettings", "StsSettings",
-           "AblationSettings", "FrequencySettings", "AttentionSinksSettings", "FrequentTokensSettings",
-           "QKOutliersSettings", "OrderUseSettings", "LAYERNORM_KINDS"]
+__all__ = ["OutliersSettings", "AnisotropySettings", "IsotropySettings", "SelfSimilaritySettings", "WicSettings",
+           "StsSettings", "AblationSettings", "FrequencySettings", "AttentionSinksSettings", "FrequentTokensSettings",
+           "QKOutliersSettings", "OrderUseSettings", "QuantizationSettings", "LAYERNORM_KINDS"]
 
 #: LayerNorm kinds a ``layernorms`` list may name (:func:`outlierlab.models.layernorms.select_layernorms`).
 LAYERNORM_KINDS = ("output", "attention_output", "attention_input", "mlp_input", "attention_update", "mlp_update",
                    "embeddings", "final", "head", "all")
 
-
-#: The ``encoder.device_map`` strings accelerate accepts (a mapping ``{module: device}`` also works).
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-
-#: ``dataclasses.field`` metadata key marking a key the composed config may lack (its group not selected, e.g.
-#: ``transform.dims`` without the clip group): :func:`load_settings` then passes ``metadata[ABSENT]``.
-ABSENT = "absent"
-
-S = TypeVar("S")
-
-
-def _optional(default, absent=None):
-    """A key the composed config may lack (its group not selected, or an older config): ``default`` is the
-    default composed config's value, ``absent`` what ``load_settings`` passes when the key is missing."""
-    return field(default=default, metadata={ABSENT: absent})
-
-
 CountsFrom = Literal["auto", "pretraining", "eval", "files"]
-
-
-def load_settings(cls: type[S], node: Any, section: str | None = None) -> S:
-    """``cls`` (a settings class) from a config node (DictConfig, mapping, or None: an absent section).
-
-    Raises ``ValueError`` in one line naming the section: ``???`` left unset, unknown keys (with the valid keys),
-    missing keys, a wrong type or a value out of range."""
-    section = section or cls.SECTION
-    if OmegaConf.is_dict(node):
-        unset = [str(k) for k in node if OmegaConf.is_missing(node, k)]
-        if unset:  # ``???`` in the YAML: a value only the user can give
-            raise ValueError(f"{section}.{unset[0]} must be given (e.g. {section}.{unset[0]}=...)")
-    values = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else (node or {})
-    if not isinstance(values, Mapping):
-        raise ValueError(f"{section}: expected a mapping of settings, got {type(values).__name__} {values!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    missing = [n for n, f in fields.items() if n not in values and ABSENT not in f.metadata]
-    if missing and not set(values) - set(fields):  # an unknown key is named first (it may be the missing one misspelt)
-        raise ValueError(f"missing key(s) {', '.join(f'{section}.{k}' for k in missing)}: {_how_to_complete(section)}")
-    # an absent optional key takes its "absent" value, not the class default (the default preset's value):
-    # transform=[none] has no clip dims, whatever the clip preset says
-    absent = {n: f.metadata[ABSENT] for n, f in fields.items() if n not in values and ABSENT in f.metadata}
-    return cls(**{str(k): v for k, v in values.items()}, **absent)
-
-
-def _how_to_complete(section: str) -> str:
-    """What makes a section complete: its preset starting from the class defaults, or every key stated."""
-    from outlierlab.evaluation.settings_store import DEFAULTS_FROM_PYTHON, EVALUATE_SECTIONS  # lazy: imports this module
-
-    if any(c.SECTION == section for c in DEFAULTS_FROM_PYTHON):
-        return (f"a preset in configs/{section}/ starts with `defaults: [/settings/{section}@_here_, _self_]` "
-                "(the class defaults), or states every key")
-    if any(c.SECTION == section for c in EVALUATE_SECTIONS):
-        return "configs/evaluate.yaml composes its defaults (`settings/evaluate`), or state every key"
-    return "state every key"
-
-
-def section_settings(cls: type[S], root_cfg: Any) -> S:
-    """``load_settings`` of the section ``cls.SECTION`` of the whole evaluate config."""
-    node = root_cfg.get(cls.SECTION) if root_cfg is not None and hasattr(root_cfg, "get") else None
-    return load_settings(cls, node)
-
-
-# ------------------------------------------------------------------------------------- shared sections
-@settings_class
-class DataSettings:
-    """``data``: the evaluation sentences of the shared streaming pass (and the texts' fallback)."""
-
-    SECTION: ClassVar[str] = "data"
-    #: [a.txt, b.txt.gz]: one sentence per line; null = shipped Persuasion sentences
-    files: Names | None = None
-    #: first N in file order; null = all (shipped: 2703)
-    max_sentences: AtLeast2 | None = 2000
-    #: sentences tokenized at a time (bounds memory; results do not depend on it)
-    chunk: AtLeast1 = 1024
-    one_pass: bool = _optional(True, absent=True)  # absent in older configs: the one-pass default
-
-
-@settings_class
-class EncoderSettings:
-    """``encoder`` (``configs/encoder/``): which encoder ``evaluate.py`` loads and how it batches.
-
-    Defaults: the default preset, ``encoder=all_minilm_l6_v2`` (``configs/encoder/all_minilm_l6_v2.yaml``);
-    another preset (``encoder=bert_base_uncased``) changes several keys at once, so compose it rather than
-    overriding this class's name_or_path alone."""
-
-    SECTION: ClassVar[str] = "encoder"
-    name_or_path: str = "all-minilm-l6-v2"
-    #: null = the model's maximum (512)
-    max_length: AtLeast2 | None = None
-    #: longer sequences: warn (truncate, count) | error (one-line failure)
-    on_overflow: Literal["warn", "error"] = "warn"
-    #: auto = cuda if available
-    device: str = "auto"
-    batch_size: AtLeast1 = 32
-    #: auto = the checkpoint's own
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "float32"
-    device_map: str | dict | None = None  # null (one device) | auto | {module: device} (accelerate)
-    revision: str | None = None  # a hub revision (branch, tag, commit: Pythia's step1000)
-
-    def __post_init__(self) -> None:
-        require(self.device_map is None or isinstance(self.device_map, dict) or self.device_map in DEVICE_MAPS,
-               f"encoder.device_map must be null, a mapping or one of {', '.join(DEVICE_MAPS)}, "
-               f"got {self.device_map!r}")
-
-
-@settings_class
-class TransformSettings:
-    """``transform``: which transforms are compared and how they are fitted.  ``dims``, ``dims_by_layer``
-    (clip group), ``k`` (whiten group) and ``abtt_d`` (abtt group) are absent when their group is not
-    selected (then None); ``min_fit_ratio`` and ``allow_degenerate`` guard every fitted transform
-    (evaluate.yaml).
-
-    Defaults: the default group list, ``transform=[none,clip,whiten]`` (``configs/transform/``), so ``use``
-    names those three and ``abtt_d`` is None (abtt not selected)."""
-
-    SECTION: ClassVar[str] = "transform"
-    # a factory: a dict default would be shared by every instance (dataclasses refuse it)
-    use: dict = field(default_factory=lambda: {"none": True, "clip": True, "whiten": True})
-    fit_on: str = "eval"
-    dims: Ints | None = _optional(None)
-    dims_by_layer: dict | None = _optional(None)
-    k: AtLeast1 | None = _optional(None)
-    min_fit_ratio: Positive | None = _optional(2.0)
-    allow_degenerate: bool | None = _optional(False)
-    abtt_d: AtLeast0 | None = _optional(None)
 
 
 # ----------------------------------------------------------------------------- the sentence analyses
@@ -348,8 +197,6 @@ class AblationSettings(_TextSettings):
         require(self.mode in ("zero", "mean"), f"ablation.mode must be zero or mean, got {self.mode!r}")
         require(not self.example or "{mask}" in self.example,
                f"ablation.example must contain the placeholder {{mask}}: {self.example!r}")
-
-
 
 
 @settings_class
