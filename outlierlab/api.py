@@ -361,7 +361,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     ``similarity_by_distance`` (mean cosine of two tokens by their distance, per layer), ``order_use`` (the model's
     row) and ``order_use_layers`` (one per layer; both absent with ``probe.order_use=false``).  In every table an
     empty cell is NaN; the columns listing dims (``top_neurons``, ``outlier_dims``, ``outlier_rank``,
-    ``clipped_dims``) hold their space-separated strings (``"308 381"``).  ``progress``: the tqdm bar while encoding,
+    ``clipped_dims``) hold their ";"-separated strings (``"308;381"``), as evaluate's tables do.  ``progress``: the tqdm bar while encoding,
     as in ``evaluate``.  ``settings``: typed sections, each replacing its whole section as in ``evaluate``:
     ``[ol.ProbeSettings(epochs=2, max_positions=64)]`` (``outlierlab.configuration.probe_settings.ProbeSettings``) and
     the outlier rule clip detects its dims with, ``ol.OutliersSettings``."""

@@ -171,7 +171,7 @@ def test_probe_positions_runs_in_memory_writes_nothing_and_equals_probe_py(tmp_p
     for name, table in tables.items():
         assert len(table) > 0, name
         pd.testing.assert_frame_equal(table, _probe_csv(cli / f"{name}.csv"), check_exact=True, obj=name)
-    assert len(tables["position_probe"]) == 3 and tables["position_probe"]["top_neurons"].str.count(" ").eq(4).all()
+    assert len(tables["position_probe"]) == 3 and tables["position_probe"]["top_neurons"].str.count(";").eq(4).all()
 
     table = ol.probe_positions(enc, texts, seed=2, overrides=few, progress=False, out_dir=tmp_path / "api")
     pd.testing.assert_frame_equal(table, tables["position_probe"], check_exact=True)

@@ -45,7 +45,7 @@ def test_a_monitor_figure_is_synced_before_its_rename_and_a_full_disk_leaves_the
 def test_a_full_disk_leaves_the_earlier_probe_report(tmp_path, monkeypatch):
     from outlierlab.reports.probe_report import write_markdown
 
-    row = {"layer": 0, "transform": "none", "accuracy": 0.5, "val_accuracy": 0.5, "top_neurons": "1 2",
+    row = {"layer": 0, "transform": "none", "accuracy": 0.5, "val_accuracy": 0.5, "top_neurons": "1;2",
            "outlier_dims": "", "outlier_rank": "", "contribution_outlier": 0.1, "contribution_mean": 0.1,
            "n_train": 10, "n_val": 5, "n_test": 5, "chance": 0.2, "dropped_tokens": 0, "truncated_sequences": 0}
     report = tmp_path / "probe_report.md"

@@ -74,11 +74,11 @@ def test_position_probe_end_to_end_three_transforms(tiny_bert, tmp_path):
     for row in rows:
         assert int(row["n_train"]) + int(row["n_val"]) + int(row["n_test"]) == n_tokens
         assert 0.0 <= float(row["accuracy"]) <= 1.0 and int(row["dropped_tokens"]) == 0
-        assert row["clipped_dims"] == ("0 5" if row["transform"] == "clip" else "")
+        assert row["clipped_dims"] == ("0;5" if row["transform"] == "clip" else "")  # ";" as evaluate's tables
     # clipped dims contribute nothing: they are absent from the clip rows' top neurons
     for row in rows:
         if row["transform"] == "clip":
-            assert not {"0", "5"} & set(row["top_neurons"].split())
+            assert not {"0", "5"} & set(row["top_neurons"].split(";"))
     # per-position accuracy: test-token counts per position add up to n_test, and weighted by them the
     # per-position accuracies give back each layer's overall accuracy
     by_pos = _rows(run / "position_probe_by_position.csv")

@@ -73,12 +73,12 @@ def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], commo
             # position task: mean |predicted - true position| (Haviv et al. 2022 read position this way too)
             **({"mean_abs_error": results["mean_abs_error"][layer]} if position else {}),
             "val_accuracy": results.get("val_accuracy", {}).get(layer, float("nan")), **common,
-            "top_neurons": " ".join(map(str, top_dims(c, top_k))),
-            "outlier_dims": " ".join(map(str, dims)),
-            "outlier_rank": " ".join(map(str, rank_of_dims(c, dims))) if comparable else "",
+            "top_neurons": ";".join(map(str, top_dims(c, top_k))),
+            "outlier_dims": ";".join(map(str, dims)),
+            "outlier_rank": ";".join(map(str, rank_of_dims(c, dims))) if comparable else "",
             "contribution_outlier": float(c[dims[0]]) if comparable else float("nan"),
             "contribution_mean": float(c.mean()),
-            "clipped_dims": " ".join(map(str, vt.clip_dims[layer])) if vt.clip_dims is not None else "",
+            "clipped_dims": ";".join(map(str, vt.clip_dims[layer])) if vt.clip_dims is not None else "",
             **vt.columns(),  # what a whitened result was fitted on (n, distinct, rank, k, degenerate)
         })
     return rows

@@ -21,7 +21,7 @@ COLUMNS = ["layer", "transform", "accuracy", "mean_abs_error", "val_accuracy", "
            *(f"{m}_{c}" for m in ("whiten", "standardize", "abtt", "center")
              for c in ("fit", "n", "distinct", "rank", *(("k",) if m == "whiten" else ()),
                        *(("d",) if m == "abtt" else ()), "degenerate"))]
-#: Columns listing dims or ranks, space-separated ("308 381"; empty: none).
+#: Columns listing dims or ranks, ";"-separated as in every evaluate.py table ("308;381"; empty: none).
 LIST_COLUMNS = ("top_neurons", "outlier_dims", "outlier_rank", "clipped_dims")
 #: Under every position-probe report: decodable is not used (docs/order_use.md, "Position probes").
 POSITION_CAVEAT = ("- reads: a linear probe finds the position a layer *carries*, not one the model *uses* -- a learned "
