@@ -116,6 +116,7 @@ def test_the_docs_show_many_commands():
     assert {ENTRY.search(c).group(1) for _, c, _ in COMMANDS} == {"train", "probe", "evaluate", "scripts/prepare_data"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["train", "probe", "evaluate"])
 def test_every_documented_command_composes_and_passes_the_preflight_check(entry):
     failures = []

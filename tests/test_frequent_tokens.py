@@ -142,6 +142,7 @@ def test_late_position_protocol_keeps_one_label_per_long_enough_sequence():
 
 
 # ------------------------------------------------------------------------------------- the two analyses
+@pytest.mark.slow
 def test_frequent_tokens_and_qk_outliers_run_on_our_model_and_a_hub_bert(tmp_path):
     from probe_fixtures import minilm_path
     from test_ablation import make_ctx, save_planted

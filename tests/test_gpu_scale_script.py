@@ -37,6 +37,7 @@ def _first_of_each_sweep(overrides: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("env", [{}, {"LADDER_POS": "learned,none,rope", "LADDER_SEEDS": "1 2",
                                      "LADDER_OPTIMIZERS": "adamw,muon,sgd"}])
+@pytest.mark.slow
 def test_every_command_of_the_script_parses_and_composes(env, tmp_path):
     commands = dry_run("pack,smoke,bench,determinism,ladder", tmp_path / "gpu_out", **env)
     trains = [c for c in commands if c[:2] == ["python", "train.py"]]

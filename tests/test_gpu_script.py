@@ -13,6 +13,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, compose
 
 MODES = "study,haviv,schemes,large,long,switches,sweep"
@@ -34,6 +36,7 @@ def recorded_cells(tmp_path: Path, modes: str = MODES, **env_extra: str) -> list
     return [[a for a in c[1:] if not a.startswith("hydra.") and a != "--cfg" and a != "job"] for c in cells]
 
 
+@pytest.mark.slow
 def test_every_cell_of_the_gpu_script_composes_and_passes_the_preflight_check(tmp_path):
     from outlierlab.jobs.startup import check_train_config
 

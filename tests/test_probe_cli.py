@@ -184,6 +184,7 @@ def test_probe_settings_defaults_are_the_composed_config(compose_cfg):
         ProbeSettings(epoch=2)
 
 
+@pytest.mark.slow
 def test_negative_epochs_fail_before_the_model_loads(tmp_path):
     # Lightning's max_epochs=-1 is "no limit": this probe ran until killed, with nothing on the console
     r = _probe("probe.epochs=-1", "data.max_sentences=20", f"hydra.run.dir={tmp_path / 'a'}")

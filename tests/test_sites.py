@@ -417,6 +417,7 @@ def cache_corpus():
     return model, tok, [" ".join(SENTENCES[i % 8:] + SENTENCES[:i % 8]) for i in range(40)]
 
 
+@pytest.mark.slow
 def test_a_disk_cache_larger_than_the_memory_budget_stays_under_it_and_reads_back_equal(tmp_path):
     if not os.access("/proc/self/clear_refs", os.W_OK):
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident memory")

@@ -67,6 +67,7 @@ def _contrasts(tmp_path: Path, name: str, loss_rows: bool, **kw) -> tuple[pd.Dat
     return pd.read_csv(res["out"] / "contrasts.csv"), (res["out"] / "study.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_planted_effects_q_does_not_depend_on_how_many_loss_rows_the_study_logs(tmp_path):
     """The default confirmatory family (nothing declared): the outlier measures at the last step.  Adding 99 steps
     of val/loss and val/acc that differ with p ~ 1e-9 leaves the planted metric's Holm p and BH q unchanged -- in
@@ -99,6 +100,7 @@ def test_per_step_rows_are_exploratory_curves(tmp_path):
                                                                      "not tested"}
 
 
+@pytest.mark.slow
 def test_study_md_states_each_familys_size_and_rule(tmp_path):
     """Declared val/loss goes to the performance family (at its last step, 100: the validation after 100 updates,
     logged at 99 by Lightning's batch counter, read at the monitors' step), the declared outlier measures to the

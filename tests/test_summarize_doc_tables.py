@@ -11,6 +11,7 @@ from tests.conftest import ROOT
 
 @pytest.mark.parametrize("doc", ["docs/emergence.md", "docs/findings.md", "docs/order_use.md", "docs/loop_monitors.md",
                                  "docs/objectives.md"])
+@pytest.mark.slow
 def test_every_generated_block_equals_what_the_committed_csvs_give(doc, capsys):
     text = (ROOT / doc).read_text()
     assert "<!-- generated: " in text
