@@ -1,9 +1,8 @@
 """Where the Hydra configs live (``CONFIG_DIR``) and the command line's overrides, checked before Hydra composes
 anything and before any heavy import.
 
-``python train.py pos=nope`` or ``trainer.max_step=10`` fails within a second with one line (the valid names, or
-the closest keys) instead of Hydra's several lines; an unwritable ``hydra.run.dir=`` fails before training.  The
-entry points call ``check_overrides`` first.
+``python train.py pos=nope`` or ``trainer.max_step=10`` fails within a second with one line (the valid names, or the
+closest keys); an unwritable ``hydra.run.dir=`` fails before training.
 """
 
 from __future__ import annotations
@@ -27,11 +26,8 @@ def group_options(group: str, config_dir: Path = CONFIG_DIR) -> list[str]:
 
 
 def find_override_errors(argv: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
-    """One message per ``group=value`` override whose value is not a file of that group.
-
-    Handles Hydra's ``+group=``/``++group=`` prefixes and multirun lists (``pos=a,b``).
-    Dotted keys (``trainer.devices=2``) are values, not group choices, and are left to Hydra.
-    """
+    """One message per ``group=value`` override (``+``/``++``, sweep lists too) whose value is not a file of that
+    group; dotted keys are left to Hydra."""
     errors = []
     for arg in argv:
         if "=" not in arg or arg.startswith("-"):
@@ -78,12 +74,9 @@ def _has_key(cfg, key: str) -> bool:
 
 
 def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG_DIR) -> list[str]:
-    """One line per ``key=value`` override whose key the composed config does not have, with the closest keys
-    (Hydra's five lines advise ``+key=value``, which adds a key nothing reads), and per switch given anything but
-    ``true``/``false`` (Hydra reads ``resume=no`` as a string, and a string is true).  Composes the config (with the
-    overrides' group choices, the first of a sweep list) only when a key override is there to check;
-    ``+``/``++``/``~`` overrides (composed with: they may add the keys others set) and ``hydra.*`` keys are left to
-    Hydra."""
+    """One line per ``key=value`` override whose key the composed config lacks (with the closest keys), and per
+    switch given anything but ``true``/``false`` (``resume=no`` is a true string).  ``+``/``++``/``~`` and ``hydra.*``
+    keys are left to Hydra."""
     composing, keys = [], []  # what the config is composed with; the keys to look up in it
     for arg in argv:
         if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
@@ -133,9 +126,8 @@ def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG
 
 
 def _other_options_hint(config_dir: Path, choices: dict, key: str) -> str:
-    """For ``data.files`` under ``data=embedded``: the options of the group ``data`` that have the setting (a key of
-    another option, not a typo): ``; data=embedded has no files: the data options with it are english_large, files
-    (e.g. data=english_large data.files=...)``; "" when no option has it. ``choices``: Hydra's chosen options."""
+    """For a key of another option of its group (``data.files`` under ``data=embedded``), the options that have it;
+    "" when none has."""
     group, _, rest = key.partition(".")
     if not rest or not (config_dir / group).is_dir():
         return ""

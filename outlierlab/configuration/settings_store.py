@@ -7,11 +7,8 @@ from its node (``defaults: [/settings/<section>@_here_, _self_]``) and states on
 schemas (OmegaConf 2.3 cannot represent ``str | dict | None`` nor merge presets onto frozen nodes: docs/design.md,
 "Decisions already taken").
 
-``load_settings`` builds a class from a composed section, with the two rules of a composed config that a class
-cannot know: ``???`` (a value only the user can give) is refused, and a section composed without its defaults (a
-hand-written mapping) must state every key -- a key missing there is a typo, and the run's saved config would not
-say what it ran with; only the keys whose group may be unselected (``typed_settings.optional``) may be absent.
-Kept free of heavy imports (no torch).
+``load_settings`` builds a class from a composed section, refusing ``???`` and, in a section composed without its
+defaults, a missing key (the saved config would not say what ran), but those of an unselected group.  No torch.
 """
 
 from __future__ import annotations
@@ -78,10 +75,8 @@ def register_defaults() -> None:
 
 
 def load_settings(cls: type[S], node: Any, section: str | None = None) -> S:
-    """``cls`` (a settings class) from a config node (DictConfig, mapping, or None: an absent section).
-
-    Raises ``ValueError`` in one line naming the section: ``???`` left unset, unknown keys (with the valid keys),
-    missing keys, a wrong type or a value out of range."""
+    """``cls`` from a config node (None: an absent section); a bad node raises one ``ValueError`` line naming the
+    section."""
     section = section or cls.SECTION
     if OmegaConf.is_dict(node):
         unset = [str(k) for k in node if OmegaConf.is_missing(node, k)]
@@ -117,9 +112,8 @@ def section_settings(cls: type[S], root_cfg: Any) -> S:
 
 
 def given_sections(settings: Sequence[Any] | None, allowed: Sequence[type], overrides: Sequence[str]) -> dict[str, dict]:
-    """``settings`` (typed sections, each of a class in ``allowed``) as plain config sections, each class at most
-    once, or one line naming the bad item; an override of a key of a section given whole is refused (composed
-    first, the section would replace it without a word)."""
+    """``settings`` (typed sections of the ``allowed`` classes, each once) as plain config sections; an override of
+    a key of a section given whole is refused (the section would replace it silently)."""
     if settings is None:
         return {}
     if isinstance(settings, (str, bytes)) or not isinstance(settings, Sequence):

@@ -32,9 +32,8 @@ ACTIVATION_COLUMNS = ["kurtosis", "max_median", "max_abs", "max_abs_dim", "max_a
 
 
 class ActivationObserver(Consumer):
-    """A subscriber of the sentence pass's forward: each layer's raw valid tokens go into its ``ActivationAccumulator``;
-    the inf-norm hooks sit on ``encoder.model`` while the forward runs (``open`` / ``close``); the encoder's tokenizer
-    maps the max-|x| token id to text."""
+    """A subscriber of the sentence pass's forward: raw valid tokens into an ``ActivationAccumulator``, inf-norm
+    hooks on the model while the forward runs."""
 
     def __init__(self, encoder) -> None:
         self.encoder = encoder

@@ -1,10 +1,8 @@
 """The evaluation itself, in memory: every selected analysis (``outlierlab.evaluation.registry``) on one frozen
 encoder, their rows returned as tables.  Nothing is written here but the figures of a run that asks for them.
 
-``outlierlab.api.evaluate`` returns what ``run_analyses`` computes; ``outlierlab.evaluation.run_writer`` writes the
-same results as ``<name>.csv``, ``report.md``, ``results.json`` and TensorBoard scalars (``python evaluate.py``,
-``ol.evaluate(out_dir=...)``), so the command line and the Python API are equal by construction.  The checks before
-the model loads (names, settings, files) need no torch.
+``ol.evaluate`` returns what ``run_analyses`` computes and ``run_writer`` writes it, so the command line and the
+Python API are equal by construction.  The checks before the model loads need no torch.
 """
 
 from __future__ import annotations
@@ -93,17 +91,14 @@ def selected_transforms(cfg) -> list[str]:
 
 
 def check_settings(cfg, analyses: list[str]) -> dict[type, Any]:
-    """Every config section the run reads, built as its typed settings (``outlierlab.configuration``, no
-    torch) and returned by class: an unknown or missing key, a wrong type or a value out of range fails here in one
-    line."""
+    """Every config section the run reads as its typed settings, by class: a bad key or value fails in one line."""
     return {cls: section_settings(cls, cfg)
             for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses if n in SETTINGS)])}
 
 
 def check_files(cfg, encoder_given: bool = False) -> list[str]:
-    """Every data file the user gave is usable (outlierlab.datamodules.validation), before the model loads; returns
-    warnings about valid-but-weak input (printed, and kept in the report). ``encoder_given``: the encoder is already
-    loaded (or a model in memory), so ``encoder.name_or_path`` is only its name, not something to look for."""
+    """Every data file given is usable, before the model loads; returns warnings about weak input.
+    ``encoder_given``: ``encoder.name_or_path`` is only a name, not something to look for."""
     return validate_inputs(cfg, "evaluate", check_encoder=not encoder_given)
 
 
@@ -117,9 +112,8 @@ class Evaluation:
     columns: dict[str, list[str]] = field(default_factory=dict)
 
     def tables(self) -> dict[str, Any]:
-        """One pandas DataFrame per analysis and per side table (``anisotropy_contributions``, ``layernorm``,
-        ``position_rows``), with the header and the cells of its CSV: list cells joined by ``;``, an empty cell
-        as NaN; ``attrs["skipped"]`` says why a skipped analysis has no rows."""
+        """One DataFrame per analysis and side table, as its CSV (lists ``;``-joined, empty cells NaN);
+        ``attrs["skipped"]`` says why a skipped analysis has no rows."""
         out = {}
         for res in self.results:
             out[res.name] = rows_table(res.rows, self.columns[res.name])
@@ -147,12 +141,9 @@ def rows_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]):
 
 def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, texts: Sequence[str] | None = None,
                  out_dir: str | Path | None = None, tb=None) -> Evaluation:
-    """Every analysis ``cfg.analyses`` selects on one frozen encoder, in memory.
-
-    ``encoder``: an already loaded ``FrozenEncoder`` (else the one ``cfg.encoder``
-    names); ``given``: analyses as objects (a module or anything with its ``run``/``consumers``), by the name
-    ``cfg.analyses`` selects them with; ``texts``: the evaluation sentences, in place of ``data.files``;
-    ``out_dir``: where figures go (None: none are drawn); ``tb``: a SummaryWriter an analysis may log to."""
+    """Every analysis ``cfg.analyses`` selects on one frozen encoder (given, else ``cfg.encoder``'s), in memory;
+    ``given``: analyses as objects by name; ``texts``: in place of ``data.files``; ``out_dir``: figures (None:
+    none)."""
     given = dict(given or {})
     analyses = selected_analyses(cfg, given)
     settings = check_settings(cfg, analyses)
@@ -247,9 +238,8 @@ def _columns(results: list[AnalysisResult], modules: Mapping[str, Any]) -> dict[
 
 
 def _fit_columns(res, shared, needs: set[str], consumers: list) -> None:
-    """Fitted rows (whiten, standardize, abtt, center) of an analysis computed on the shared pass (its
-    ``consumers``, or the statistics of its ``SENTENCE_PASS``, ``needs``) state what their map was fitted on;
-    those that only borrow the fitted maps (WiC/STS with ``transform.fit_on=sentences``) add their own."""
+    """Add to the fitted rows of an analysis computed on the shared pass what their map was fitted on (WiC/STS,
+    borrowing the maps, add their own)."""
     from outlierlab.metrics.transforms import FITTED
 
     st = shared.sentence_stats

@@ -1,8 +1,5 @@
-"""What encoding texts with a frozen encoder needs around the forward (the forward itself is
-``outlierlab.evaluation.sentence_stream.LayerStream``'s): the pass's log (``EncodeLog``, one truncation warning
-per pass), the tokens' character offsets for word-level analyses (``token_offsets``), and
-``distinct_texts``, which maps repeated texts (an STS file built from 50 documents has 1,225 pairs but 50
-texts) to one encoding each, with ``encode_log_line`` saying how many were encoded.
+"""What encoding texts needs around the forward: the pass's log (``EncodeLog``, one truncation warning per pass), the
+tokens' character offsets (``token_offsets``) and ``distinct_texts`` (repeated texts, e.g. STS pairs, encoded once).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""An evaluation written into a directory: the engine's results (``outlierlab.evaluation.core``) as ``<name>.csv``,
-``report.md``, ``results.json``, figures and TensorBoard -- the only writer of them, for ``python evaluate.py`` and
-``ol.evaluate(out_dir=...)`` alike.
+"""An evaluation written into a directory (``<name>.csv``, ``report.md``, ``results.json``, figures, TensorBoard): the
+only writer of them, for ``python evaluate.py`` and ``ol.evaluate(out_dir=...)`` alike.
 """
 
 from __future__ import annotations
@@ -16,10 +15,8 @@ from outlierlab.reports import run_outputs
 
 def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[str, Any] | None = None,
              texts: Sequence[str] | None = None) -> dict:
-    """Run every selected analysis (``outlierlab.evaluation.core.run_analyses``: ``encoder``, ``given`` and
-    ``texts`` as there) and write the outputs into ``run_dir``, holding its lock (``utils.dir_lock.lock_run_dir``:
-    one writer per directory, from the command line or Python); returns the results, the run's facts and the paths
-    written."""
+    """``run_analyses`` with the outputs written into ``run_dir`` (holding its lock); returns the results, the run's
+    facts and the paths written."""
     from outlierlab.utils.dir_lock import lock_run_dir
 
     run_dir = Path(run_dir)

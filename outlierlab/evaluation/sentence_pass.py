@@ -11,10 +11,9 @@ as produced.  The subscribers (``Consumer``; shared by ``key``):
 * ``WordSimilarity`` — per target word Σ of unit vectors, and intra-sentence similarities (Ethayarajh 2019);
 * ``ActivationObserver`` — kurtosis, max/median, inf-norms.
 
-Clip needs its dims and the fitted maps a fit before they apply, so the pass is two loops with **the fit** between
-(``_fit``): the forward feeds the raw statistics and stores the tokens; the maps are summed from the stored tokens layer
-by layer (``Whitener.fit_by_layer``, guarded); the replay feeds the transforms fitted then (and, with a replay, every
-transform's word statistics, one layer at a time).  No replay when nothing needs it.
+Clip's dims and the fitted maps need a fit before they apply, so the pass is two loops with **the fit** between: the
+forward feeds the raw statistics and stores the tokens, the maps are summed from them layer by layer, and the replay
+feeds the fitted transforms.  No replay when nothing needs it.
 """
 
 from __future__ import annotations
@@ -45,9 +44,8 @@ from outlierlab.evaluation.words import select_words
 # -------------------------------------------------------------------------------------------- the pass
 @dataclass
 class SentenceStats:
-    """What the shared pass itself knows: the transforms it fitted (clip's dims, the maps, Σ), the raw outlier counts
-    clip detects from, the target words and how the texts were encoded.  Statistics live in each subscriber's
-    ``result()``, not here."""
+    """What the shared pass itself knows: its fitted transforms, the raw outlier counts, the target words and how
+    the texts were encoded (statistics live in each subscriber's ``result()``)."""
 
     num_layers: int  # L+1 (embedding output + every layer)
     dim: int
@@ -60,9 +58,8 @@ class SentenceStats:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def release_layer_state(self) -> None:
-        """Drop what grows with L·d² — the fitted maps and Σ (``[L, d, d]``) — once no analysis left reads them
-        (``evaluate.py``, before WiC/STS encode their own sentences and fit their own maps: not both at once: maps
-        kept on disk delete their files).  Clip's dims and the fit descriptions (CSV columns) stay."""
+        """Drop the fitted maps and Σ (``[L, d, d]``) once no analysis reads them, before WiC/STS fit their own;
+        clip's dims and the fit descriptions stay."""
         for w in {id(w): w for w in [*self.transforms.fitted.values(), self.transforms.source] if w}.values():
             w.release_maps()
 
@@ -104,9 +101,8 @@ class OutlierCounts(Consumer):
 
 
 class AnisotropyReservoir(Consumer):
-    """Ethayarajh 2019; Luo §4.1: one random raw token of each of at most ``capacity`` sentences per layer
-    (``AnisotropyAccumulator``, model dtype).  Draws do not depend on values, so transforming the reservoir afterwards
-    (``pairs``) equals drawing transformed vectors; anisotropy, isotropy and self-similarity share it (``key``)."""
+    """Ethayarajh 2019; Luo §4.1: one random raw token of each of at most ``capacity`` sentences per layer.  Draws
+    do not depend on values, so transforming the reservoir afterwards equals drawing transformed vectors."""
 
     def __init__(self, capacity: int, seed: int) -> None:
         self.capacity, self.seed, self.key = capacity, seed, ("anisotropy_reservoir", capacity, seed)
@@ -217,18 +213,11 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                       seed: int = 0, batch_size: int | None = None, progress: bool = False,
                       need_whitener: bool = False, need_covariance: bool = False,
                       consumers: Sequence[Consumer] = ()) -> SentenceStats:
-    """The shared pass over ``texts`` (module docstring).  Settings are ``configs/evaluate.yaml``'s sections as their
-    frozen classes (``outlierlab.configuration``); ``**pass_settings(cfg)`` passes a composed config's.
-
-    transforms : to compare (subset of ``TRANSFORMS``)
-    outliers : the rule clip detects its dims with (Luo et al. App. D.1) unless ``transform.dims``/``dims_by_layer``
-    self_similarity : which words are targets; data : ``chunk`` and ``one_pass`` (False: the replay is a second forward)
-    transform : clip's dims, whiten's k, abtt's D and the guard (``WhitenSettings.from_settings``)
-    need_whitener : fit the maps even if no consumer reads them (the reservoir; WiC/STS with ``fit_on=sentences``)
-    need_covariance : keep every layer's Σ (IsoScore)
-    consumers : fed in the forward when their transform is ready, else in the replay; the raw outlier counts (key
-        ``("outlier_counts", "none")``) are the ones clip detects from
-    """
+    """The shared pass over ``texts``; settings are evaluate.yaml's sections as typed classes
+    (``**pass_settings(cfg)``).  ``outliers``: the rule clip detects its dims with (Luo et al. App. D.1) unless
+    ``transform.dims`` is set; ``need_whitener``: fit the maps even if no consumer reads them; ``need_covariance``:
+    keep every layer's Σ (IsoScore); ``consumers``: fed in the forward when their transform is ready, else in the
+    replay."""
     texts, extra = _checked(texts, transforms, consumers)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     ss = self_similarity

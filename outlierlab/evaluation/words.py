@@ -40,13 +40,9 @@ def select_words(texts: Sequence[str], min_sentences: int = 10, max_words: int |
 
 
 def word_plan(b, word_index: dict, t_len: int, lowercase: bool = True):
-    """Which tokens make which word slot in a batch, done once per batch for every layer: ``(src, dst, counts, keys,
-    w_max)`` or None when no row has a word (see ``plan_vectors``).
-
-    Every regex word of each row with the non-special tokens it overlaps (words without a token dropped), found in numpy
-    for the whole batch (4.9 -> 0.8 ms for 32 sentences; tests/test_words.py).  A row's words are disjoint and in order,
-    so a token's words are one run found by two binary searches.
-    """
+    """Which tokens make which word slot in a batch, once for every layer: ``(src, dst, counts, keys, w_max)`` or
+    None when no row has a word.  Each regex word with the non-special tokens it overlaps, in numpy for the whole
+    batch; a row's words are disjoint and in order, so a token's words are found by two binary searches."""
     bsz = len(b.texts)
     row_words, row_spans = [], []
     for t in b.texts:
@@ -115,12 +111,9 @@ def _ragged_index(lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plan_vectors(flat: Tensor, plan, bsz: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Word vectors of a batch from its ``word_plan``, the mean of each word's subwords; ``flat [L, n, d]`` holds the
-    token vectors at the plan's ``src`` indices.
-
-    Returns ``(vectors [L, B, W, d], mask [B, W] bool, keys [B, W] long)``; ``keys`` holds the target-word index of a
-    target's FIRST occurrence in its sentence and -1 elsewhere (Ethayarajh: one per sentence).
-    """
+    """Word vectors of a batch, the mean of each word's subwords of ``flat [L, n, d]``: ``(vectors [L, B, W, d],
+    mask [B, W], keys [B, W])``, ``keys`` the target-word index of a target's FIRST occurrence in its sentence, else -1
+    (Ethayarajh: one per sentence)."""
     src, dst, counts, keys, w_max = plan
     n_layers, d, dev = flat.shape[0], flat.shape[-1], flat.device
     n_slots = bsz * w_max

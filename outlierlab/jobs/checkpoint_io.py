@@ -1,9 +1,8 @@
 """Checkpoints and exports written like the rest of our files: staged beside their destination.
 
-Lightning's ``TorchCheckpointIO`` stages the bytes under ``$TMPDIR`` and *moves* the file; across file systems that is a
-copy, which with a full disk left a torn file under the checkpoint's name, and fails where ``$TMPDIR`` is small
-(Lightning issue #21253, PR #21744; remove ``StagedCheckpointIO`` once a release carries the fix).  This module also
-sizes the free-space check (``checkpoint_bytes``, ``check_free_space``) and stages the exports (``staged_dir``).
+Lightning's ``TorchCheckpointIO`` stages under ``$TMPDIR`` and moves the file, a copy across file systems that a full
+disk leaves torn (Lightning #21253, PR #21744; remove ``StagedCheckpointIO`` once a release carries the fix).  Also the
+free-space check and the staged exports.
 """
 
 from __future__ import annotations
@@ -76,9 +75,8 @@ def checkpoints_kept(cfg) -> int:
 
 
 def free_bytes_needed(ckpt_bytes: int, kept: int, export_bytes: int = 0, existing: int = 0) -> int:
-    """Bytes the run directory must have free: one checkpoint per file kept and one more being staged
-    (``kept + 1``), less the ``existing`` checkpoint files a resumed run replaces (at least the staging one),
-    plus the export and ``MARGIN_BYTES``."""
+    """Bytes the run directory must have free: ``kept + 1`` checkpoints less the ``existing`` ones a resume
+    replaces (at least one staged), plus the export and ``MARGIN_BYTES``."""
     files = max(1, kept + 1 - existing)
     return ckpt_bytes * files + export_bytes + MARGIN_BYTES
 
@@ -109,9 +107,8 @@ def staged_dir(dest: Path) -> Iterator[Path]:
 
 
 def replace_dir(staging: Path, dest: Path) -> None:
-    """Put the complete directory ``staging`` in place of ``dest`` (whose previous content goes): ``dest`` is moved
-    aside to ``.<name>.old-<pid>`` first (a directory cannot be renamed over a non-empty one), and moved back if the
-    rename fails; a kill between the two renames leaves the old copy, which ``remove_dead_partials`` restores."""
+    """Put the complete directory ``staging`` in place of ``dest``: ``dest`` moves aside to ``.<name>.old-<pid>``
+    first (restored if the rename fails, or by ``remove_dead_partials`` after a kill)."""
     old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
     if dest.exists():
         os.replace(dest, old)
@@ -131,9 +128,7 @@ STAGING_NAME = re.compile(r"\.(partial|old)-(\d+)$")
 
 
 def remove_dead_partials(run_dir: Path) -> list[Path]:
-    """Remove dead writers' staging files and directories in ``run_dir``, ``checkpoints/`` and ``monitor*/``; return
-    them.  Only those whose pid is not a live process other than this one (the caller holds the run's lock; a recycled
-    pid merely keeps a file for the next start)."""
+    """Remove (and return) the staging files of dead writers in ``run_dir``, ``checkpoints/`` and ``monitor*/``."""
     removed = []
     dirs = [run_dir, run_dir / "checkpoints", *sorted(run_dir.glob("monitor*"))]
     for d in dirs:

@@ -1,30 +1,11 @@
 """The model card (``README.md``) of a run's export, generated from the run directory.
 
-A model on the Hub is read without its run directory; the card carries what the run knows about it so that the
-weights are never separated from how they were made (Mitchell et al. 2019, "Model Cards for Model Reporting"):
-the architecture and position scheme, the objective, the recipe, the data and tokens seen, the validation loss,
-the order use, the outlier statistics at the last monitored step, the command, and the code version. Every number
-is read from the run's own files, never re-measured:
-
-=====================================  ==============================================================
-card line                              read from
-=====================================  ==============================================================
-architecture, recipe, data             ``config.yaml`` (the resolved config; else the manifest's)
-steps                                  ``finished.json`` (else the ``global_step`` given by training, which
-                                       train.py also records in the export: ``trained_steps.json``)
-validation loss / perplexity / acc     ``csv/metrics.csv``: the last non-empty ``val/loss`` ... row
-order use                              ``csv/metrics.csv``: the last ``val/order_use``
-tokens seen                            steps x sequences per step x block size (packed blocks); and
-                                       ``train/lengths`` (Lightning's ThroughputMonitor) where logged
-outlier summary                        ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv`` at
-                                       their last step
-command                                ``.hydra/overrides.yaml`` (else the manifest's ``overrides``)
-code version                           ``code_versions.jsonl`` (one line per start or resume, with the
-                                       settings a resume changed)
-=====================================  ==============================================================
-
-A file that is missing leaves its section saying so. ``card_data`` returns the numbers (tests compare them with
-the CSVs), ``render_card`` the Markdown, ``write_model_card`` writes ``<export>/README.md``.
+The card keeps the weights with how they were made (Mitchell et al. 2019, "Model Cards for Model Reporting"):
+architecture, objective, recipe, data and tokens seen (``config.yaml``), steps (``finished.json``, else
+``trained_steps.json``), the last validation loss and order use (``csv/metrics.csv``), the outlier statistics at the
+last monitored step (``monitor/``), the command (``.hydra/overrides.yaml``) and the code version
+(``code_versions.jsonl``).  Every number is read from the run's files, never re-measured; a missing file leaves its
+section saying so.
 """
 
 from __future__ import annotations
@@ -418,10 +399,8 @@ def _changed(start: dict) -> str:
 
 
 def write_model_card(run_dir: str | Path, export_dir: str | Path, global_step: int | None = None) -> Path:
-    """Write ``<export_dir>/README.md`` from ``run_dir`` (see the module docstring) and return its path.
-
-    ``global_step``: the steps trained, when the run has not written ``finished.json`` yet (train.py writes the
-    card right after the export, before it marks the run finished)."""
+    """Write ``<export_dir>/README.md`` from ``run_dir`` and return its path; ``global_step``: the steps trained,
+    before ``finished.json`` is written."""
     d = card_data(run_dir, export_dir, global_step)
     path = Path(export_dir) / CARD
     write_atomic(path, render_card(d))

@@ -43,9 +43,8 @@ from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
 
 log = logging.getLogger(__name__)
-#: The exit status of a run stopped by SIGTERM (as a shell reports a process killed by it: 128 + 15). Lightning stops
-#: at the end of the step and raises ``SIGTERMException``, a ``SystemExit`` without a code -- status 0 -- so
-#: ``python train.py ... && python evaluate.py ...`` would go on with an unfinished run.
+#: The exit status of a run stopped by SIGTERM (128 + 15): Lightning's own exits 0, and ``train.py && evaluate.py``
+#: would go on with an unfinished run.
 SIGTERM_EXIT = 143
 
 
@@ -85,9 +84,7 @@ def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None)
 
 def report_order_use(metrics: dict[str, float], threshold: float | None, config: EncoderConfig | None = None
                      ) -> str | None:
-    """Say in one line (the run's log) when the run ends below ``threshold`` nats of order use: a bag-of-words model's
-    loss (``metrics.word_order``) -- "not yet", or "cannot" for a masked model without positions.  Nothing when order
-    use was not measured or ``threshold`` is null."""
+    """Log one line when the run ends below ``threshold`` nats of order use (a bag-of-words model's loss)."""
     value = metrics.get("val/order_use")
     if value is None or threshold is None:
         return None
@@ -103,16 +100,14 @@ def _export_dir(run_dir: Path, config: EncoderConfig) -> Path:
 
 
 def _relaunch_args_for_ddp_children(run_dir: Path) -> None:
-    """Lightning relaunches ranks >= 1 with the original argv; under ``-m`` that starts a new
-    sweep in each child (lightning-hydra-template #393). Record this job's own overrides so
-    ``train.py`` can hand exactly those to the children (see ``train.py``)."""
+    """Record this job's overrides for DDP ranks >= 1: relaunched with the original argv, under ``-m`` each would
+    start a new sweep (lightning-hydra-template #393)."""
     try:
         overrides = list(HydraConfig.get().overrides.task)
     except ValueError:  # not running under @hydra.main (tests calling train() directly)
         return
     os.environ["OUTLIERLAB_CHILD_ARGV"] = json.dumps(
-        # quoted: a sweep cell's directory holds '=' and ',' (multirun/<study>/pos=none,seed=2), which Hydra's
-        # override grammar would otherwise read as a key and a sweep
+        # quoted: a sweep cell's directory holds '=' and ','
         [o for o in overrides if not o.startswith("hydra.")] + [f'hydra.run.dir="{run_dir}"', "hydra.output_subdir=null"]
     )
 
@@ -159,10 +154,8 @@ def parallel_cells() -> int:
 
 
 def set_threads(threads: int | None) -> int:
-    """Intra-op threads for this process: ``threads``; else ``$OMP_NUM_THREADS`` where the environment sets it (a
-    cluster's job slot, a test worker: the share of the machine it was given); else the machine's cores divided among
-    the cells that run in parallel (joblib starts each cell in its own process, and torch would otherwise give every
-    one of them all the cores -- N cells x all cores oversubscribes the machine and each runs slower)."""
+    """Intra-op threads: ``threads``, else ``$OMP_NUM_THREADS``, else the cores divided among the cells running in
+    parallel (each would otherwise take all of them)."""
     given = os.environ.get("OMP_NUM_THREADS", "")
     n = (int(threads) if threads else int(given) if given.isdigit() and int(given) > 0
          else max(1, (os.cpu_count() or 1) // parallel_cells()))
@@ -171,12 +164,8 @@ def set_threads(threads: int | None) -> int:
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Run MLM pretraining as configured; return the final logged metrics.
-
-    The run directory is locked first (``outlierlab.utils.dir_lock``).  A run whose ``finished.json`` records the same
-    ``trainer.max_steps`` is skipped; one with a checkpoint but no such marker resumes (``resume: true``; also a
-    finished run given more steps), so re-running a stopped multirun continues it.  A failure writes ``failed.json``.
-    """
+    """Run MLM pretraining as configured (run directory locked); return the final logged metrics.  A run finished at
+    the same ``trainer.max_steps`` is skipped, one with a checkpoint resumes; a failure writes ``failed.json``."""
     one_console_for_lightning()
     run_dir = Path(cfg.run_dir).resolve()
     primary = is_primary_process()  # DDP ranks >= 1 share rank 0's lock and write no markers
@@ -275,8 +264,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
         # self-contained from the start: post-hoc analysis and probe.py find the tokenizer even without an export
         tokenizer.save_pretrained(str(run_dir / "tokenizer"))
     _relaunch_args_for_ddp_children(run_dir)
-    # MLMLitModule.on_before_batch_transfer prepares any MLM batch on the host (it does not replace a
-    # datamodule hook); Lightning warns whenever a module overrides it while a datamodule is passed.
+    # MLMLitModule.on_before_batch_transfer does not replace a datamodule hook; Lightning warns anyway
     warnings.filterwarnings("ignore", message=r".*overridden `on_before_batch_transfer` in `LightningModule`")
     # Lightning 2.6's own pytree helper calls an API torch 2.13 deprecates: printed at every start, nothing to act on
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
@@ -300,8 +288,7 @@ def _make_trainer(cfg: DictConfig, *own: L.Callback) -> L.Trainer:
             and not any(isinstance(c, ProgressBar) for c in callbacks):  # the bar Lightning would add, reading
         callbacks.append(StepRichProgressBar())  # "Epoch 0" rather than "Epoch 0/-2" under max_epochs=-1
     if trainer_cfg.get("enable_checkpointing") is None and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-        # without one of ours Lightning adds its own ModelCheckpoint (epoch=E-step=S.ckpt every epoch), which
-        # `callbacks=none` says it does not have and the disk check (checkpoints_kept) does not count
+        # else Lightning adds its own ModelCheckpoint, which the disk check does not count
         trainer_cfg["enable_checkpointing"] = False
     trainer: L.Trainer = hydra.utils.instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False,
                                                  plugins=plugins)
