@@ -115,7 +115,7 @@ def _in_memory(model: Any, tokenizer: Any) -> tuple[Any, Any]:
     return body, tokenizer
 
 
-def _compose(config_name: str, overrides: Sequence[str]):
+def _compose(config_name: str, overrides: Sequence[str], sections: dict | None = None):
     from outlierlab.configuration.overrides import CONFIG_DIR
 
     if not (CONFIG_DIR / f"{config_name}.yaml").is_file():
@@ -124,7 +124,10 @@ def _compose(config_name: str, overrides: Sequence[str]):
                                 "(pip install . or pip install -e .)")
     from outlierlab.configuration.composing import compose_config  # after the check: imports Hydra
 
-    return compose_config(config_name, overrides)
+    cfg = compose_config(config_name, overrides)
+    for section, values in (sections or {}).items():  # whole sections, after the presets: what the caller built
+        cfg[section] = values
+    return cfg
 
 
 def _names(value: Any, what: str, strings: bool = True) -> list[Any]:
@@ -265,9 +268,8 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     _check_encoder(encoder)  # last: the checks above never touch it (a test stands an object there that fails)
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={seed}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
-                                f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices])
-    for section, values in sections.items():  # whole sections, after the presets: what the caller built is used
-        cfg[section] = values
+                                f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices],
+                   sections)
     from outlierlab.metrics.whitening import DegenerateWhiteningError
 
     try:
@@ -284,8 +286,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
 
 
 def _in_python(e, call: str):
-    """A degenerate fit's error reworded as the call's arguments (``overrides=[...]``, ``texts``), with how many
-    sentences like the caller's the fit needs."""
+    """A degenerate fit's error worded as the call's arguments, with how many texts like these the fit needs."""
     import math
 
     from outlierlab.metrics.whitening import DegenerateWhiteningError
@@ -350,9 +351,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     sections = given_sections(settings, [ProbeSettings, OutliersSettings], choices[1:])
     _check_encoder(encoder)
     cfg = _compose("probe", ["task=position", f"seed={seed}", f"progress={str(bool(progress)).lower()}",
-                             "features.cache_dir=null", *_encoder_overrides(encoder), *choices])
-    for section, values in sections.items():  # whole sections, after the presets, as in evaluate()
-        cfg[section] = values
+                             "features.cache_dir=null", *_encoder_overrides(encoder), *choices], sections)
     from outlierlab.metrics.whitening import DegenerateWhiteningError
 
     try:

@@ -58,8 +58,7 @@ class HookedRun:
 
 def _scored_batches(loaded, texts: list[str], masks_from: list[str] | None, length: int, batch_size: int,
                     mlm_probability: float, seed: int) -> list[dict]:
-    """The ablation's scoring batches: ``texts`` masked as ``masked_batches`` masks them (or ``masks_from``, each
-    text of as many tokens); for a decoder the next-token batches."""
+    """The ablation's scoring batches, masked as ``masked_batches`` masks ``texts`` (or ``masks_from``)."""
     from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches
 
     tok = loaded.tokenizer

@@ -33,8 +33,7 @@ __all__ = ["sites", "run_with_cache"]
 
 # ---------------------------------------------------------------------------------------------- the model
 def as_loaded(model: Any, tokenizer: Any = None):
-    """``model`` (a loaded encoder, a ``LoadedModel``, or a model in memory with ``tokenizer=``) as a
-    ``LoadedModel``, with its LM head where it has one."""
+    """``model`` (a loaded encoder or a model in memory with ``tokenizer=``) as a ``LoadedModel``, head included."""
     from torch import nn
 
     from outlierlab.models.encoder import RobertaEncoder, RobertaMaskedLM
@@ -144,8 +143,7 @@ def run_length(loaded, max_length: int | None) -> int:
 
 
 def plain_batches(tokenizer, texts: Sequence[str], max_length: int, batch_size: int) -> list[dict]:
-    """Right-padded batches of consecutive texts, tokenized as the scoring batches are (truncated to
-    ``max_length``)."""
+    """Right-padded batches of consecutive texts, truncated to ``max_length`` as the scoring batches are."""
     ids = tokenizer(list(texts), truncation=True, max_length=int(max_length))["input_ids"]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out = []

@@ -137,8 +137,7 @@ class StsSettings:
 # ------------------------------------------------------------------ the LayerNorm-outlier analyses
 @settings_class
 class _TextSettings:
-    """Keys every LayerNorm-outlier analysis has: its own texts (else ``data.files``) and how many (each
-    subclass restates ``max_sentences`` with its own preset's default)."""
+    """Keys every LayerNorm-outlier analysis has: its own texts (else ``data.files``) and how many."""
 
     SECTION: ClassVar[str] = ""
     files: Names | None = None
@@ -196,8 +195,7 @@ class AblationSettings(_TextSettings):
 
 @settings_class
 class QuantizationSettings(_TextSettings):
-    """``quantization`` (``configs/quantization/default.yaml``): the W8A8 cost of the model's outliers (Bondarenko et
-    al. 2023; Dettmers et al. 2022, LLM.int8())."""
+    """``quantization``: the W8A8 cost of outliers (Bondarenko et al. 2023; Dettmers et al. 2022, LLM.int8())."""
 
     SECTION: ClassVar[str] = "quantization"
     #: first N sentences (the ablation's texts by default, so the two analyses score the same tokens); null = all

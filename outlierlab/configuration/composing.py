@@ -83,8 +83,7 @@ def register_resolvers() -> None:
 
 
 def compose_config(config_name: str, overrides=()):
-    """``configs/<config_name>.yaml`` composed with ``overrides`` from Python, as the command line would.  A
-    caller's own Hydra global state is set aside while this composes and put back after."""
+    """``configs/<config_name>.yaml`` composed with ``overrides``; a caller's Hydra state is put back after."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 

@@ -52,8 +52,7 @@ class ProbeSettings:
 
 
 def check_settings(cfg) -> ProbeSettings:
-    """The probe's settings (``probe.*``, ``outliers.*``, ``seed``, ``task.batch_size``), each refused in one line
-    naming its key; returns the ``probe`` section."""
+    """The ``probe`` section, with ``outliers``, ``seed`` and ``task.batch_size`` checked; one line per refusal."""
     from omegaconf import OmegaConf
 
     as_int(cfg.seed, "seed")

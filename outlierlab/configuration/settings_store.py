@@ -29,18 +29,14 @@ from outlierlab.configuration.typed_settings import ABSENT
 
 S = TypeVar("S")
 
-#: The sections whose defaults Hydra composes from the classes above: each is stored in Hydra's ConfigStore as
-#: ``settings/<section>`` (:func:`register_defaults`), and every preset of the section (``configs/wic/superglue.yaml``,
-#: ``configs/encoder/bert_base_uncased.yaml``) starts from it and states only what it changes.  ``transform`` is not
-#: among them: its keys are the union of the transform groups a run selects (``transform=[none,clip]``), so its
-#: defaults are that selection, not one node.
+#: The config groups whose defaults are stored as ``settings/<section>`` for every preset to start from; not
+#: ``transform``, whose keys are the union of the groups a run selects.
 DEFAULTS_FROM_PYTHON: tuple[type, ...] = (EncoderSettings, WicSettings, StsSettings, AblationSettings, FrequencySettings,
                                           AttentionSinksSettings, FrequentTokensSettings, QKOutliersSettings,
                                           OrderUseSettings, QuantizationSettings)
 #: The transform keys every selection shares (the rest come from the transform groups selected).
 TRANSFORM_GUARD = ("fit_on", "min_fit_ratio", "allow_degenerate")
-#: The evaluate.yaml sections that are not config groups: one stored node, ``settings/evaluate``, holds them all
-#: (with :data:`TRANSFORM_GUARD`).
+#: The evaluate.yaml sections that are not config groups, stored in one node, ``settings/evaluate``.
 EVALUATE_SECTIONS: tuple[type, ...] = (DataSettings, OutliersSettings, AnisotropySettings, IsotropySettings,
                                        SelfSimilaritySettings)
 
@@ -62,8 +58,7 @@ def defaults_node(cls: type) -> dict:
 
 
 def register_defaults() -> None:
-    """Store every section's defaults in Hydra's ConfigStore (idempotent; run before any config is composed: the
-    entry points and ``outlierlab.configuration.composing.compose_config`` do)."""
+    """Store every section's defaults in Hydra's ConfigStore; idempotent, before any composition."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
@@ -75,8 +70,7 @@ def register_defaults() -> None:
 
 
 def load_settings(cls: type[S], node: Any, section: str | None = None) -> S:
-    """``cls`` from a config node (None: an absent section); a bad node raises one ``ValueError`` line naming the
-    section."""
+    """``cls`` from a config node (None: absent); a bad node is one ``ValueError`` line naming the section."""
     section = section or cls.SECTION
     if OmegaConf.is_dict(node):
         unset = [str(k) for k in node if OmegaConf.is_missing(node, k)]
@@ -112,8 +106,7 @@ def section_settings(cls: type[S], root_cfg: Any) -> S:
 
 
 def given_sections(settings: Sequence[Any] | None, allowed: Sequence[type], overrides: Sequence[str]) -> dict[str, dict]:
-    """``settings`` (typed sections of the ``allowed`` classes, each once) as plain config sections; an override of
-    a key of a section given whole is refused (the section would replace it silently)."""
+    """Typed ``settings`` as config sections; an override of a key of a section given whole is refused."""
     if settings is None:
         return {}
     if isinstance(settings, (str, bytes)) or not isinstance(settings, Sequence):

@@ -43,8 +43,7 @@ ABSENT = "absent"
 
 
 def optional(default: Any, absent: Any = None) -> Any:
-    """A key the composed config may lack (its group not selected): ``default`` is the default composed config's
-    value, ``absent`` what ``load_settings`` passes when the key is missing."""
+    """A key the composed config may lack (group not selected): its ``default`` and its ``absent`` value."""
     return dataclasses.field(default=default, metadata={ABSENT: absent})
 
 

@@ -32,8 +32,7 @@ ACTIVATION_COLUMNS = ["kurtosis", "max_median", "max_abs", "max_abs_dim", "max_a
 
 
 class ActivationObserver(Consumer):
-    """A subscriber of the sentence pass's forward: raw valid tokens into an ``ActivationAccumulator``, inf-norm
-    hooks on the model while the forward runs."""
+    """Raw valid tokens into an ``ActivationAccumulator``, inf-norm hooks on the model during the forward."""
 
     def __init__(self, encoder) -> None:
         self.encoder = encoder
@@ -57,8 +56,7 @@ class ActivationObserver(Consumer):
             self.recorder.__exit__(None, None, None)
 
     def update(self, layer: int, vectors: Tensor, batch) -> None:
-        """One layer of one batch: ``vectors [1, N, d]`` (non-special, non-pad); the batch's token ids name the
-        max-|x| token."""
+        """One layer of one batch: ``vectors [1, N, d]``; the batch's token ids name the max-|x| token."""
         acc = self.layer_accs[layer]
         offset, before = acc.n_tokens, acc.max_token.clone()
         acc.update(vectors)
@@ -118,8 +116,7 @@ def activation_section(cols: list[dict], note: str = "") -> str:
 
 
 def position_share_section(rows: list[dict]) -> str:
-    """Markdown: per layer, the share of its |x|-argmax dim in each position bucket
-    (``PositionArgmaxCounts`` rows), with the tokens of each bucket."""
+    """Markdown: per layer, the share of its |x|-argmax dim in each position bucket, with their tokens."""
     buckets = list(dict.fromkeys(r["positions"] for r in sorted(rows, key=lambda r: r["first_position"])))
     by_layer: dict[int, dict[str, dict]] = {}
     for r in rows:

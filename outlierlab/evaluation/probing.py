@@ -158,8 +158,7 @@ def _where(fs) -> str:
 
 
 def similarity_by_distance(fs, max_distance: int) -> list[dict]:
-    """Mean cosine of two tokens of one sentence by their distance, per layer (Zuo et al. 2025), from the cached
-    token features of every sentence, special tokens left out: rows ``layer, distance, cosine, n_pairs``."""
+    """Mean cosine of two tokens of a sentence by distance, per layer, specials left out (Zuo et al. 2025)."""
     acc = DistanceSimilarity(fs.num_layers, max_distance)
     sid, special = np.asarray(fs.sentence_id), np.asarray(fs.special)
     starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])  # rows of a sentence are contiguous, in order
@@ -204,8 +203,7 @@ def run_classifier(cfg, p: ProbeSettings, encoder: FrozenEncoder, logger) -> Pro
 
 
 def layernorm_note(encoder: FrozenEncoder) -> str:
-    """One line for the report: the norms the LayerNorm-outlier rule (default settings, as the training
-    monitor) judges in this encoder's family, the dims it flags, and how they relate to ``clip``."""
+    """One report line: the norms the LayerNorm-outlier rule judges here, the dims it flags, and clip."""
     from outlierlab.metrics.layernorm_rule import LayerNormRule, layernorm_outliers
     from outlierlab.models.layernorms import UnknownFamilyError, layernorm_tensors, model_layernorms
 
@@ -226,8 +224,7 @@ def layernorm_note(encoder: FrozenEncoder) -> str:
 
 @dataclass
 class ProbeResult:
-    """One probe run in memory: everything ``run`` writes (rows per layer x transform, facts, contributions, side
-    tables ``{name: (rows, columns)}``, extra report sections)."""
+    """One probe run in memory: everything ``run`` writes (rows, facts, contributions, side tables)."""
 
     name: str  # position_probe | classifier: the table's CSV stem
     rows: list[dict]
@@ -242,8 +239,7 @@ class ProbeResult:
             self.tables[name] = (rows, columns)
 
     def frames(self) -> dict[str, Any]:
-        """Every table as a DataFrame named by its CSV stem, as its CSV (empty cells NaN); dim columns stay strings
-        (``"308;381"``), so one dim is not read as a number."""
+        """Every table as a DataFrame named by its CSV stem; dim columns stay ``;``-joined strings."""
         import pandas as pd
 
         main = rows_table(self.rows, COLUMNS)
@@ -255,8 +251,7 @@ class ProbeResult:
 
 def probe(cfg, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None = None,
           logger=None) -> ProbeResult:
-    """The probe described by ``cfg``, in memory (files only for ``features.cache_dir`` or a ``logger``);
-    ``encoder`` and ``texts`` replace ``cfg.encoder``'s and ``data.files``."""
+    """The probe described by ``cfg``, in memory; ``encoder`` and ``texts`` replace the configured ones."""
     p = check_settings(cfg)
     one_console_for_lightning()
     seed_everything(int(cfg.seed), verbose=False)
@@ -265,8 +260,7 @@ def probe(cfg, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None
 
 
 def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None = None) -> dict:
-    """``probe`` with every output written into ``run_dir`` (CSVs, ``probe_info.json``, ``probe_report.md``, PNGs,
-    TensorBoard), holding the directory's lock."""
+    """``probe`` with every output written into ``run_dir``, holding the directory's lock."""
     from outlierlab.utils.dir_lock import lock_run_dir
 
     run_dir = Path(run_dir)
@@ -315,8 +309,7 @@ def _listed_outputs(earlier: Any) -> list | None:
 
 @contextmanager
 def _quiet_lightning():
-    """Without Lightning's per-Trainer banners and data-loader hints (one Trainer per layer and transform), and
-    with both back as they were afterwards: ``ol.probe_positions`` in a notebook leaves a later run's logs alone."""
+    """Without Lightning's per-Trainer banners and hints, both restored afterwards."""
     names = ("lightning.pytorch", "lightning.fabric")
     levels = {name: logging.getLogger(name).level for name in names}
     with warnings.catch_warnings():
@@ -332,9 +325,8 @@ def _quiet_lightning():
 
 
 def order_use(encoder: FrozenEncoder, texts: list[str], seed: int):
-    """Whether the model *uses* the order the probe decodes (a learned table's rows are decodable in a model that
-    ignores order): evaluate.py's ``order_use`` on the probe's first sentences (docs/order_use.md), its rows and a
-    report section."""
+    """Whether the model *uses* the order the probe decodes (a learned table's rows are decodable anyway):
+    evaluate.py's ``order_use`` on the probe's first sentences, its rows and a report section."""
     from outlierlab.evaluation.analyses.order_use import measure
     from outlierlab.configuration.analysis_settings import OrderUseSettings
     from outlierlab.models.lm_model import load_mlm

@@ -86,8 +86,7 @@ class EvalContext:
 
 @dataclass
 class AnalysisResult:
-    """CSV rows, a report section (``##`` heading), PNG paths, headline numbers (``summary``) and side tables,
-    name -> (rows, columns), each written as ``<name>.csv``."""
+    """Rows, a ``##`` report section, PNG paths, headline ``summary`` and side tables ``{name: (rows, columns)}``."""
 
     name: str
     rows: list[dict[str, Any]]

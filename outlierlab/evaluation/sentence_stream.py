@@ -65,8 +65,7 @@ class StreamBatch:
 
 
 class WordVectors(NamedTuple):
-    """A batch's word vectors in one layer: ``vectors [1, B, W, d']``, ``mask [B, W]`` (slot holds a word),
-    ``keys [B, W]`` (the target-word index of a word's first occurrence in its sentence, else -1)."""
+    """A batch's word vectors in one layer: ``vectors [1, B, W, d']``, ``mask [B, W]``, ``keys [B, W]``."""
 
     vectors: Tensor
     mask: Tensor
@@ -86,8 +85,7 @@ class Consumer:
     key: Any = None
 
     def start(self, stream: "LayerStream") -> None:
-        """Once, before the first layer it is fed, in the forward or a replay: state sized by the stream (its
-        ``num_layers``, ``dim``, ``texts``, ``word_index``, ``encoder``)."""
+        """Once, before the first layer it is fed: state sized by the stream (``num_layers``, ``dim``, ...)."""
 
     def open(self, stream: "LayerStream") -> None:
         """Before the forward (e.g. hooks on the model)."""
@@ -166,8 +164,7 @@ class LayerStream:
 
     # ------------------------------------------------------------------------------------------ loop 1
     def forward(self, consumers: Sequence[Consumer], transforms=None, desc: str = "pass 1/1") -> None:
-        """The encoder's forward over the texts: each consumer gets every layer of every batch once (its ``transform``
-        ready in ``transforms``, a ``FittedTransforms``)."""
+        """The encoder's forward: each consumer gets every layer of every batch once, its transform ready."""
         tf = _LayerTransforms(transforms, self.dim)
         if self.keep_tokens and self.store is None:  # fails in one line now, not with ENOSPC hours into the pass
             what, advice, extra = self.room
@@ -220,8 +217,7 @@ class LayerStream:
         self.logs.append(log_)
 
     def _batches(self, first: int, store, log_: EncodeLog, bar) -> Iterator[tuple[StreamBatch, Any]]:
-        """``(batch, run)`` per encoder batch, ``run(fn)`` its forward feeding ``fn(layer, [B, T, d])``; texts
-        tokenized ``chunk`` at a time, sorted by length within it, truncation counted in ``log_``."""
+        """``(batch, run)`` per batch, ``run(fn)`` feeding ``fn(layer, [B, T, d])``; chunks sorted by length."""
         chunk = max(1, int(self.chunk))
         for c0 in range(0, len(self.texts), chunk):
             part = self.texts[c0:c0 + chunk]
@@ -274,8 +270,7 @@ class LayerStream:
 
     # ------------------------------------------------------------------------------------------- the fit
     def layer_chunks(self, layer: int, repeat: Sequence[Tensor | None] | None = None) -> Iterator[Tensor]:
-        """The stored tokens of ``layer``, batch by batch in the forward's order, float32; ``repeat``: per batch,
-        how often each token counts (None: once)."""
+        """The stored tokens of ``layer``, batch by batch, float32; ``repeat``: per-token counts (None: once)."""
         if self.store is None:
             raise RuntimeError("layer_chunks needs the stored tokens: LayerStream(..., keep_tokens=True)")
         for i, sb in enumerate(self.batches):
@@ -284,16 +279,14 @@ class LayerStream:
             yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
 
     def fit(self, settings, names, keep_cov: bool = False, repeat: Sequence[Tensor | None] | None = None):
-        """The fitted transforms from the stored tokens, one layer at a time; Σ and the maps go to ``DiskLayers``
-        files, so ``(L+1)·2d²`` float32 (40 GiB at 70B) is never in memory."""
+        """The fitted transforms from the stored tokens, layer by layer; Σ and the maps on disk (``DiskLayers``)."""
         release_freed_memory()
         return settings.fit_by_layer(self.num_layers, self.dim, lambda layer: self.layer_chunks(layer, repeat),
                                      names, keep_cov=keep_cov, on_disk=self.store.directory.parent)
 
     # ------------------------------------------------------------------------------------------ loop 2
     def replay(self, consumers: Sequence[Consumer], transforms, desc: str = "pass 2/2 (apply)") -> None:
-        """Every layer once more for ``consumers`` (their transforms fitted after the forward): from the stored
-        tokens, one layer at a time — or, without a store, a second forward.  The store is removed after."""
+        """Every layer once more for ``consumers``, from the stored tokens (else a second forward); store removed."""
         if not consumers:
             self.close()
             return

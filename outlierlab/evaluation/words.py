@@ -21,16 +21,14 @@ WORD_RE = re.compile(r"[A-Za-z0-9]+(?:['’-][A-Za-z0-9]+)*")
 
 
 def char_span_tokens(offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int, end: int) -> list[int]:
-    """Indices of the non-special tokens whose character span (``offsets``: a fast tokenizer's ``offset_mapping``)
-    overlaps ``[start, end)``, partly overlapping ones included (``"bank"`` in ``"riverbank"``)."""
+    """Non-special tokens whose ``offsets`` span overlaps ``[start, end)``, partly too ("bank" in "riverbank")."""
     return [i for i, ((s, e), sp) in enumerate(zip(offsets, special))
             if not sp and e > s and s < end and e > start]
 
 
 def select_words(texts: Sequence[str], min_sentences: int = 10, max_words: int | None = 1000, seed: int = 0,
                  lowercase: bool = True) -> list[str]:
-    """Target words of self-similarity: types occurring in ≥ ``min_sentences`` sentences (Ethayarajh 2019),
-    a seeded uniform sample of ``max_words`` of them when there are more (paper: 1000), sorted."""
+    """Self-similarity's targets: types in ≥ ``min_sentences`` sentences (Ethayarajh 2019), sampled, sorted."""
     counts = Counter(w for t in texts for w in {w.lower() if lowercase else w for w in WORD_RE.findall(t)})
     eligible = sorted(w for w, c in counts.items() if c >= min_sentences)
     if max_words is not None and len(eligible) > max_words:
@@ -123,10 +121,8 @@ def plan_vectors(flat: Tensor, plan, bsz: int) -> tuple[Tensor, Tensor, Tensor]:
             1, dst.to(dev), flat[:, src.to(dev)])
         out = out / counts.to(dev).clamp_min(1)[None, :, None]
         return out.reshape(n_layers, bsz, w_max, d), (counts > 0).reshape(bsz, w_max).to(dev), keys
-    # The same numbers as ``zeros.index_add_(dst, flat[src]) / counts``: a word's tokens
-    # (consecutive in ``dst``) summed in their order from 0.0, divided by their count.  Most words are one
-    # token, so: one gather of every slot's first token, ``+ 0.0`` (what adding it to 0.0 does to -0.0), the
-    # later tokens added by the same sequential index_add_, and only words of several tokens divided (x / 1 == x).
+    # The same numbers as the index_add_ above, faster: most words are one token, so gather every slot's first token
+    # (``+ 0.0`` as adding to 0.0 does to -0.0), index_add_ the later ones, and divide only words of several tokens.
     first = torch.ones_like(dst, dtype=torch.bool)
     first[1:] = dst[1:] != dst[:-1]
     idx = torch.zeros(n_slots, dtype=torch.long).index_put_((dst[first],), src[first])

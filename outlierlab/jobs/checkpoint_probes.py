@@ -35,8 +35,7 @@ def step_checkpoints(run_dir: Path) -> dict[int, Path]:
 
 
 def quoted(value) -> str:
-    """A value for Hydra's override grammar: quoted, since a sweep cell's path holds '=' and ','
-    (multirun/<study>/objective=clm,pos=none,seed=1) that the grammar would read as a key and a sweep."""
+    """A value for Hydra's override grammar, quoted: a sweep cell's path holds '=' and ','."""
     text = str(value)
     quote = "'" if "'" not in text else '"'
     return f"{quote}{text}{quote}"
@@ -65,8 +64,7 @@ GATHERED = ("position_probe.csv", "similarity_by_distance.csv",
 
 
 def gather(run_out: Path, steps: list[int]) -> None:
-    """(Re)write every gathered table from the probed ``steps``; a table none of them holds is removed (it would
-    describe steps no longer probed here)."""
+    """(Re)write every gathered table from the probed ``steps``; a table none of them holds is removed."""
     for name in GATHERED:
         if _gather(run_out, name, steps) is None:
             (run_out / name).unlink(missing_ok=True)

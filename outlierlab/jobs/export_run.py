@@ -23,8 +23,7 @@ class ExportError(RuntimeError):
 
 
 def export_dir_of(run_dir: Path) -> Path:
-    """``<run>/hf`` or ``<run>/model``, whichever the run exported (as train.py chose it); otherwise one line saying
-    what the folder is and what to pass instead."""
+    """``<run>/hf`` or ``<run>/model``, whichever the run exported; else one line saying what to pass."""
     for sub in ("hf", "model"):
         d = run_dir / sub
         if (d / "config.json").is_file() or (d / "outlierlab_config.json").is_file():
@@ -45,8 +44,7 @@ def export_dir_of(run_dir: Path) -> Path:
 
 
 def export_problems(export: Path) -> list[str]:
-    """What keeps ``export`` from loading with transformers (empty when it loads): ``config.json`` missing, empty
-    or not JSON, and for a remote-code ``model/`` export its two code files missing or empty."""
+    """What keeps ``export`` from loading (``config.json`` or remote-code files missing or empty); [] if none."""
     from outlierlab.models.remote_code import CONFIG_FILE, MODELING_FILE
 
     problems = []
@@ -67,8 +65,7 @@ def export_problems(export: Path) -> list[str]:
 
 
 def ensure_remote_code(export: Path) -> bool:
-    """(Re)write the transformers remote-code files and ``config.json`` of a ``model/`` export that lacks them or
-    holds a broken one (a full disk during an earlier write); True if it wrote them."""
+    """Rewrite a ``model/`` export's missing or broken ``config.json`` and code files; True if it wrote them."""
     if not (export / "outlierlab_config.json").is_file() or not export_problems(export):
         return False
     from outlierlab.models.config import EncoderConfig

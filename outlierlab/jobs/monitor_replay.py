@@ -40,8 +40,7 @@ def apply_overrides(ln_cfg: dict, hs_cfg: dict, overrides: dict) -> tuple[dict, 
 
 
 def tokenizer_from(tokenizer: Any, dirs: Sequence[Path], missing: str):
-    """``tokenizer`` if given as an object, else loaded from the directory given or the first of ``dirs`` holding
-    tokenizer files; ``missing``: the one line when none does."""
+    """``tokenizer`` as an object, else from it or the first of ``dirs`` holding one; else ``missing``."""
     if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer
     from transformers import AutoTokenizer
@@ -55,8 +54,7 @@ def tokenizer_from(tokenizer: Any, dirs: Sequence[Path], missing: str):
 
 def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str, mask_id: int | None = None
                 ) -> tuple[list, Any]:
-    """The hidden-state monitor's rows of one checkpoint and that forward's attention probabilities; with
-    ``hs_cfg["w8a8"]`` also the W8A8 cost rows (masks drawn with ``mask_id``)."""
+    """The hidden-state monitor's rows of one checkpoint and that forward's attention probabilities."""
     import torch
 
     from outlierlab.metrics.monitor_records import hidden_state_records
@@ -80,8 +78,7 @@ def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str, mask_i
 
 
 class StagedHistories:
-    """One generation of a post-hoc analysis' outputs, written to a staging folder (``dir``) that ``commit`` puts
-    in place of ``out`` whole: a kill leaves the previous generation or the new one, never a mix."""
+    """Staged post-hoc outputs that ``commit`` puts in place of ``out`` whole: a kill never leaves a mix."""
 
     NAMES = ("layernorm", "hidden_states")
 

@@ -156,8 +156,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
 
 
 def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str) -> list[tuple]:
-    """Order use (``layer`` = ``model``) and attention locality (per block) of one checkpoint on the held-out
-    sentences (not the validation blocks: ``val/order_use`` differs in level)."""
+    """Order use and per-block attention locality of one checkpoint on the held-out sentences."""
     from outlierlab.metrics.word_order import heldout_order_use, heldout_special_ids
 
     special = heldout_special_ids(model.config, tokenizer)

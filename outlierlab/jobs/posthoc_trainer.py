@@ -30,8 +30,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 
 
 def find_hf_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
-    """``{global_step: <output_dir>/checkpoint-<step>}`` of a Hugging Face Trainer run (empty: none): checkpoints
-    holding a model (``config.json``) or a PEFT adapter (``adapter_config.json``)."""
+    """``{global_step: checkpoint dir}`` of a Trainer run holding a model or a PEFT adapter."""
     out = Path(output_dir)
     found = {}
     for d in out.glob(f"{HF_CHECKPOINT_PREFIX}*"):
@@ -42,8 +41,7 @@ def find_hf_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
 
 
 def load_checkpoint(path: Path):
-    """``(model, headless)``: a checkpoint's model with its LM head (else its body), by ``load_hf_model``; an
-    adapter checkpoint is its base model with the adapter merged (what the live monitor saw, up to rounding)."""
+    """``(model, headless)``: a checkpoint's model with its LM head, or base model with the adapter merged."""
     from outlierlab.models.encoder_source import EncoderSource
     from outlierlab.models.placement import load_hf_model
 

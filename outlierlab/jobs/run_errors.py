@@ -60,8 +60,7 @@ def is_user_error(exc: BaseException) -> bool:
 
 
 def _message(exc: BaseException) -> str:
-    """The exception's text on one line: its first three non-empty lines joined (Lightning words some errors over
-    two: 'You requested gpu: [0, 1]' / 'But your machine only has: [0]'), at most 400 characters."""
+    """The exception's first three non-empty lines on one line, at most 400 characters."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if _is_instantiation_error(exc) and len(lines) > 1:  # 'Error in call to target ...:' / 'ValueError("...")'
         lines = lines[1:2]
@@ -90,8 +89,7 @@ def disk_full_error(exc: BaseException | None) -> OSError | None:
 
 
 def error_line(exc: BaseException, where: str | Path | None = None) -> str:
-    """One line for any failure: the root cause's message and, where we can tell, the override that fixes it. A full
-    disk names the file (or ``where``, the folder being written) and the remedy."""
+    """One line: the root cause and, where known, the override that fixes it (a full disk: file, remedy)."""
     full = disk_full_error(exc)
     if full is not None:
         target = full.filename or where
@@ -141,8 +139,7 @@ def _record_cell_failure(exc: BaseException, line: str, cell: Path | None) -> No
 
 
 def run_main(job, cfg) -> Any:
-    """Run ``job(cfg)``; a user error becomes ``error: <message>`` on stderr and exit status 1.  In a multirun a
-    failure is recorded and ``CELL_FAILED`` returned (a held cell is skipped); debug mode re-raises."""
+    """Run ``job(cfg)``: a user error is one line and status 1; a multirun cell's failure is recorded."""
     try:
         return job(cfg)
     except Exception as e:  # noqa: BLE001 - sorted below: one line, recorded, or re-raised

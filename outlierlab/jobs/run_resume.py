@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from outlierlab.jobs.run_state import FINISHED_MARKER, MANIFEST
+from outlierlab.jobs.run_state import FINISHED_MARKER, MANIFEST, read_yaml
 from outlierlab.models import EncoderConfig
 from outlierlab.models.checkpoint import read_checkpoint
 
@@ -37,8 +37,7 @@ def _readable(path: Path) -> dict[str, Any] | None:
 
 
 def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
-    """``ckpt_path`` (``null``, ``last`` or a path) as a readable checkpoint file; ``last``: the readable one of
-    ``<run_dir>/checkpoints/`` holding the highest step (with a warning where that is not ``last.ckpt``)."""
+    """``ckpt_path`` as a readable checkpoint; ``last``: the readable one holding the highest step."""
     if ckpt_path in (None, "", "null"):
         return None, None
     if ckpt_path == "last":
@@ -90,8 +89,7 @@ def check_checkpoint_matches(ckpt: dict[str, Any], config: EncoderConfig, path: 
 
 
 class ConfigInCheckpoint(L.Callback):
-    """Writes the start's resolved config into every checkpoint (``TRAINED_CONFIG``), what a resume's
-    ``config_changes`` compare against: ``config.yaml`` may hold a failed start's settings that never trained."""
+    """The start's resolved config in every checkpoint: what a resume's ``config_changes`` compare against."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
@@ -102,8 +100,7 @@ class ConfigInCheckpoint(L.Callback):
 
 def resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig
                  ) -> tuple[str | None, int, dict[str, Any] | None]:
-    """``(ckpt_path, its step, the config it trained with or None)``: the requested checkpoint, or the last one of
-    an unfinished run in ``run_dir``, checked against the model about to be built."""
+    """``(ckpt_path, step, trained config)``: the requested or an unfinished run's last checkpoint, checked."""
     requested = cfg.get("ckpt_path")
     if requested in (None, "", "null") and any((run_dir / "checkpoints").glob("*.ckpt")):
         if not cfg.get("resume", True):
@@ -179,10 +176,8 @@ def _unused(path: Path) -> Path:
 
 
 def set_aside_later_timeline(run_dir: Path, resumed_from: int) -> list[str]:
-    """A roll-back (resumed from before its newest checkpoints): checkpoints and probe outputs past ``resumed_from``
-    move to ``abandoned-after-step<N>/`` folders (probe tables regathered), ``monitor_posthoc/`` to
-    ``monitor_posthoc.before-resume-at-step<N>/``, so ``ckpt_path=last`` continues the new timeline.  Returns one
-    line per folder that received files."""
+    """A roll-back: checkpoints and probe outputs past ``resumed_from`` move to ``abandoned-after-step<N>/``,
+    ``monitor_posthoc/`` aside, so ``ckpt_path=last`` continues the new timeline; one line per folder moved."""
     from outlierlab.models.checkpoint import read_checkpoint  # lazy: torch only where a run resumes
 
     run_dir, n = Path(run_dir), int(resumed_from)
@@ -223,9 +218,8 @@ def set_aside_later_timeline(run_dir: Path, resumed_from: int) -> list[str]:
 
 
 def optimizer_settings_ignored(ckpt: dict[str, Any], optimizer: dict[str, Any] | None) -> list[str]:
-    """The resolved ``optimizer`` settings that differ from those ``ckpt`` trained with, one
-    ``optimizer.<key>=<asked> (the checkpoint's: <value>)`` each: a resume restores the optimizer state, so they
-    would not take effect.  Compared with the first parameter group of each part (peak rate: ``initial_lr``)."""
+    """``optimizer.<key>=<asked> (the checkpoint's: <value>)`` per setting ``ckpt`` did not train with: a resume
+    restores the optimizer state, so it would not take effect (first group of each part; ``initial_lr``)."""
     states = ckpt.get("optimizer_states") or []
     groups = states[0].get("param_groups") if states and isinstance(states[0], dict) else None
     if not optimizer or not groups:
@@ -279,13 +273,8 @@ def config_changes(before: dict[str, Any] | Path, config: dict[str, Any]) -> dic
     """``{key: [before, now]}`` for every setting of ``config`` that differs from ``before`` (the trained config, or
     a ``config.yaml`` path; {} when unreadable), ``RUN_CONTROLS`` aside.  Recorded, not refused: a resume may rightly
     change ``trainer.max_steps``; whether a changed ``data.files`` matters is the user's to judge."""
-    import yaml
-
     if not isinstance(before, dict):
-        try:
-            before = yaml.safe_load(Path(before).read_text())
-        except (OSError, ValueError):
-            return {}
+        before = read_yaml(before)
     if not isinstance(before, dict):
         return {}
     old, new = dotted_keys(before), dotted_keys(config)

@@ -62,8 +62,7 @@ def series_point(key: str, value: str) -> SeriesPoint:
 
 
 def apply_series(overrides: dict[str, str], config: dict) -> tuple[int | None, int | None]:
-    """Replace every ``SERIES_KEYS`` override of a cell (and that key of its flattened ``config``) by its identity form;
-    return ``(seed, step)``.  ValueError when two overrides name different steps."""
+    """Replace a cell's ``SERIES_KEYS`` overrides by their identity form; return ``(seed, step)``."""
     seed = step = None
     for key in SERIES_KEYS:
         if key not in overrides:

@@ -20,8 +20,7 @@ from outlierlab.configuration.typed_settings import as_int
 
 
 def _target_error(target: str, where: str) -> str | None:
-    """Whether ``module.attr`` of a Hydra ``_target_`` exists, without executing the module; the attribute is
-    checked only in this repository's own source files, where a missing name is a typo."""
+    """Whether a Hydra ``_target_`` exists, without importing it (attributes checked in our own files only)."""
     module, _, attr = str(target).rpartition(".")
     parts = module.split(".") if module else []
     spec = importlib.util.find_spec(parts[0]) if parts else None
@@ -57,8 +56,7 @@ MASKED_ONLY_DATA_KEYS = ("mlm_probability", "mask_replace_prob", "random_replace
 
 
 def _check_objective(cfg) -> None:
-    """``objective=clm`` with a masked-LM setting, or ``model.causal`` / ``data.objective`` edited apart from
-    the objective group: one line each, before anything heavy loads."""
+    """One line per masked-LM setting under ``objective=clm``, or objective keys edited apart."""
     objective = OmegaConf.select(cfg, "objective", default="mlm")
     if objective not in ("mlm", "clm"):
         raise ValueError(f"unknown objective {objective!r}; valid: clm, mlm (objective=clm)")
@@ -170,8 +168,7 @@ def clipped_softmax_warning(gamma: float, zeta: float, length: int) -> str | Non
 
 
 def describe_plan(cfg) -> str:
-    """One line saying what the run will do: steps, devices, global batch, tokens and precision, printed before the
-    heavy imports so a misread multi-GPU setting shows early (Luo et al. Table 4: batch 256)."""
+    """One line: steps, devices, global batch, tokens and precision (Luo et al. Table 4: batch 256)."""
     t = cfg.trainer
     per_device = OmegaConf.select(cfg, "data.batch_size")
     block = OmegaConf.select(cfg, "data.block_size")
@@ -188,8 +185,7 @@ def describe_plan(cfg) -> str:
 
 
 def check_device(device, key: str = "encoder.device") -> None:
-    """A requested accelerator that this machine lacks is one line at start, not an assertion deep in torch when
-    the model first moves (``Torch not compiled with CUDA enabled``). Imports torch: call it after the light checks."""
+    """A requested accelerator this machine lacks, in one line at start; imports torch."""
     name = str(device or "auto")
     if name in ("auto", "cpu", "meta"):
         return

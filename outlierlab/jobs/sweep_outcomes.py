@@ -43,8 +43,7 @@ def record(cell: Path | None, kind: str, line: str, sweep_dir: Path | None = Non
     folder = sweep_dir / OUTCOMES / launch
     folder.mkdir(parents=True, exist_ok=True)
     name = hashlib.sha1(str(cell).encode()).hexdigest()[:16]
-    # whole or not at all: a torn outcome is skipped by read(), so a failed cell cut short by a full disk was left
-    # out of the sweep's list of failures, and the sweep ended with status 0
+    # whole or not at all: read() skips a torn outcome, which would drop a failure from the sweep's list
     write_atomic(folder / f"{name}.json", json.dumps({"cell": str(cell), "kind": kind, "error": line}))
 
 

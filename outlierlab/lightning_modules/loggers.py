@@ -46,15 +46,13 @@ class _ResumableWriter(ExperimentWriter):
 
 
 def _kept(row: dict, first_new: int) -> bool:
-    """Whether a row of the interrupted session is kept: rows at or after the checkpoint's step S are redone, except
-    the validation logged at S, which is not run again."""
+    """Whether an interrupted session's row is kept: before step S, or the validation logged at S."""
     step = int(float(row["step"]))
     return step < first_new or (step == first_new and row.get(MODEL_STEP) not in (None, ""))
 
 
 class ResumableCSVLogger(CSVLogger):
-    """``lightning.pytorch.loggers.CSVLogger`` that appends to, rather than deletes, an earlier
-    run's ``metrics.csv`` when resuming into the same directory."""
+    """A ``CSVLogger`` that appends to an earlier run's ``metrics.csv`` on resume instead of deleting it."""
 
     @property
     def experiment(self) -> ExperimentWriter:
@@ -65,8 +63,7 @@ class ResumableCSVLogger(CSVLogger):
 
 
 def write_purge_marker(writer, step: int) -> None:
-    """Mark a restart at ``step`` as ``SummaryWriter(purge_step=step)`` does (file version 2, ``SessionLog.START``):
-    the reader purges earlier events with a step >= ``step``."""
+    """Mark a restart at ``step`` as ``SummaryWriter(purge_step=step)`` does."""
     file_writer = writer._get_file_writer()
     file_writer.add_event(Event(step=int(step), file_version="brain.Event:2"))
     file_writer.add_event(Event(step=int(step), session_log=SessionLog(status=SessionLog.START)))
@@ -74,8 +71,7 @@ def write_purge_marker(writer, step: int) -> None:
 
 
 def validation_at(log_dir: str, step: int) -> dict[str, float]:
-    """The validation scalars (``val/*``) the event files in ``log_dir`` hold at ``step``: the validation after S
-    updates is not rerun on resume but the marker at S would purge it, so the marker's writer logs it again."""
+    """The ``val/*`` scalars at ``step`` in ``log_dir``'s events, relogged as the marker at S purges them."""
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     if not os.path.isdir(log_dir):
@@ -92,8 +88,7 @@ def validation_at(log_dir: str, step: int) -> dict[str, float]:
 
 
 class TensorBoardResumePurge(Callback):
-    """On resume, purge the TensorBoard events written at or after the resumed step; ``purged_from``: the last
-    marker's step (None: not resumed)."""
+    """On resume, purge TensorBoard events at or after the resumed step; ``purged_from``: that step."""
 
     def __init__(self) -> None:
         self.purged_from: int | None = None

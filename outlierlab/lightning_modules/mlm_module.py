@@ -24,14 +24,12 @@ def batch_size_of(batch: dict[str, Tensor]) -> int:
 
 
 def tokens_in(batch: dict[str, Tensor]) -> int:
-    """Real (non-padding) tokens in a batch, what ``train/items_per_sec`` counts; a batch without ``attention_mask``
-    (dropped when all ones) needs no device read."""
+    """Real (non-padding) tokens in a batch, what ``train/items_per_sec`` counts."""
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].numel())
 
 
 def predicted_tokens(batch: dict[str, Tensor], causal: bool) -> int:
-    """Tokens the loss of a (host-side) batch averages over: masked positions (MLM), or every labelled
-    position after the first (CLM: position t predicts token t + 1)."""
+    """Tokens a batch's loss averages over: the masked ones (MLM), or every labelled one after the first."""
     if causal:
         return int((batch["labels"][:, 1:] != -100).sum())
     if "masked_positions" in batch:
@@ -40,8 +38,7 @@ def predicted_tokens(batch: dict[str, Tensor], causal: bool) -> int:
 
 
 def predicted_accuracy(out, batch: dict[str, Tensor], causal: bool) -> Tensor:
-    """Top-1 accuracy over the tokens the loss averages over: the masked ones (``out.logits`` are then ``[N, V]`` at
-    ``out.masked_positions``) or, causal, every labelled next token (``out.logits`` ``[B, T-1, V]``)."""
+    """Top-1 accuracy over the tokens the loss averages over (masked, or causal next tokens)."""
     labels = batch["labels"]
     if causal:
         targets = labels[:, 1:]
@@ -105,12 +102,13 @@ class MLMLitModule(L.LightningModule):
     """Pretrains a RoBERTa encoder with the masked-LM objective, or a decoder of the same blocks with the causal-LM
     objective when ``model.causal`` is true (``objective=clm``).
 
-    ``optimizer`` and ``scheduler`` are Hydra partials (paper: AdamW β = (0.9, 0.98), ε = 1e-6, weight decay 0.01;
-    linear warm-up then polynomial decay).  Dropout is re-seeded from ``(seed, global_step, rank)`` every step, so a
-    resume is exact.  ``order_use``: also log ``val/order_use`` and ``val/attn_local/*`` at every validation (fixed
-    permutations).  ``finite_check_every_n_steps``: how often an accelerator's non-finite-loss flag is read (always
-    before a checkpoint).  ``compile``: ``torch.compile`` the training forward only.  ``fused_optimizer``: ``auto``, on
-    CUDA unless fp16.  ``activation_checkpointing``: less memory for ~one more forward, the same gradients.
+    ``model``: an ``EncoderConfig`` or dict.  ``optimizer`` and ``scheduler`` are Hydra partials (paper: AdamW β =
+    (0.9, 0.98), ε = 1e-6, weight decay 0.01, ``weight_decay_scope`` as ``weight_decay_groups``; linear warm-up then
+    polynomial decay).  Dropout is re-seeded from ``(seed, global_step, rank)`` every step, so a resume is exact.
+    ``order_use``: also log ``val/order_use`` and ``val/attn_local/*`` at every validation (fixed permutations).
+    ``finite_check_every_n_steps``: how often an accelerator's non-finite-loss flag is read (always before a
+    checkpoint).  ``compile``: ``torch.compile`` the training forward only.  ``fused_optimizer``: ``auto``, on CUDA
+    unless fp16.  ``activation_checkpointing``: less memory for ~one more forward, the same gradients.
     """
 
     def __init__(
@@ -213,8 +211,7 @@ class MLMLitModule(L.LightningModule):
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip here under bf16 with a fused optimizer, which Lightning's precision plugin refuses (needed only for
-        fp16's GradScaler)."""
+        """Clip under bf16 with a fused optimizer, which Lightning's precision plugin refuses."""
         if gradient_clip_val and getattr(optimizer, "_step_supports_amp_scaling", False) and \
                 not str(self.trainer.precision).startswith("16"):
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -231,8 +228,7 @@ class MLMLitModule(L.LightningModule):
                                   "lower the learning rate or raise gradient clipping (trainer.gradient_clip_val)")
 
     def _guard_finite(self, loss: Tensor) -> None:
-        """Stop at a NaN/inf loss: on CPU at once; on an accelerator the first bad step is recorded on the device and
-        read every ``finite_check_every_n_steps`` steps and before every checkpoint."""
+        """Stop at a NaN/inf loss: at once on CPU; on an accelerator read every few steps and before checkpoints."""
         if self._defer_finite_check is None:
             self._defer_finite_check = loss.device.type != "cpu"
         if not self._defer_finite_check:
@@ -279,8 +275,7 @@ class MLMLitModule(L.LightningModule):
         self.val_loss_permuted.update(self.permuted_loss(batch, batch_idx), n_predicted)
 
     def permuted_loss(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        """The loss of ``batch`` with each block's tokens permuted (special tokens and positions in place; a token
-        moves with its label): the first term of order use (``outlierlab.metrics.word_order``)."""
+        """The loss with each block's tokens permuted (specials in place): order use's first term."""
         config = self.config
         movable = movable_positions(batch["input_ids"], batch.get("labels"), batch.get("attention_mask"),
                                     {config.bos_token_id, config.eos_token_id, config.pad_token_id})
@@ -306,8 +301,7 @@ class MLMLitModule(L.LightningModule):
         self._log_validation(values)
 
     def _log_validation(self, values: dict[str, Tensor]) -> None:
-        """The validation scalars at ``trainer.global_step`` (``self.log`` alone logs one below, mid-loop), with
-        ``global_step`` in the CSV; ``self.log`` only for the callbacks."""
+        """The validation scalars at ``trainer.global_step`` (``self.log`` alone logs one below)."""
         from lightning.pytorch.loggers import CSVLogger
 
         for name, value in values.items():
@@ -320,8 +314,7 @@ class MLMLitModule(L.LightningModule):
             logger.log_metrics({**scalars, MODEL_STEP: step} if isinstance(logger, CSVLogger) else scalars, step=step)
 
     def _use_fused(self) -> bool:
-        """Fused AdamW/Adam (for Muon, its AdamW part): where asked, else on CUDA unless fp16 (clipping would see
-        scaled gradients)."""
+        """Fused AdamW/Adam: where asked, else on CUDA unless fp16 (clipping would see scaled gradients)."""
         if not can_fuse(self.optimizer_factory):
             return False
         if self.fused_optimizer != "auto":

@@ -14,16 +14,14 @@ TENSORBOARD = "tensorboard/"
 
 
 def output_names(paths: Sequence[str | Path], index: str, tensorboard: bool) -> list[str]:
-    """The names an index lists: the files written (``paths``, at the top of the run directory), the index itself
-    and, with ``tensorboard``, the event files (``TENSORBOARD``)."""
+    """The names an index lists: the files written, the index itself and, with ``tensorboard``, the events."""
     return sorted({Path(p).name for p in paths} | {index} | ({TENSORBOARD} if tensorboard else set()))
 
 
 def remove_earlier_outputs(run_dir: Path, index: str, listed: Callable[[Any], Sequence[Any] | None],
                            say: tuple[str, str] | None = None) -> list[str]:
-    """Remove (and return) the files an earlier run in ``run_dir`` wrote, as ``listed`` reads them from its ``index``
-    (None: not this writer's index); names with a path separator are skipped.  ``say``: (tool, what it writes), for
-    one line naming what was replaced."""
+    """Remove (and return) the files an earlier run's ``index`` lists (``listed`` None: not this writer's), names with
+    a path separator aside; ``say``: (tool, what it writes), for one line naming what was replaced."""
     try:
         earlier = json.loads((run_dir / index).read_text())
     except (OSError, ValueError):

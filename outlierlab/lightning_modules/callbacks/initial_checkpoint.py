@@ -13,8 +13,7 @@ from lightning.pytorch.callbacks import Callback
 
 
 class InitialCheckpoint(Callback):
-    """Write the step-0 checkpoint at the start of a fresh run into ``dirpath`` (``${run_dir}/checkpoints``), named
-    ``filename`` (``ModelCheckpoint``'s ``step{step:07d}`` at step 0)."""
+    """Write the step-0 checkpoint of a fresh run into ``dirpath``, named ``filename``."""
 
     def __init__(self, dirpath: str, filename: str = "step0000000.ckpt") -> None:
         self.path = Path(dirpath) / filename

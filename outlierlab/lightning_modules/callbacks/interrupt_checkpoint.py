@@ -23,8 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class InterruptCheckpoint(Callback):
-    """On SIGTERM, or when training ends short of ``trainer.max_steps``: write ``<dirpath>/<filename>.ckpt`` (default
-    ``last.ckpt``) at the end of the current step."""
+    """On SIGTERM or a stop short of ``max_steps``: write ``<dirpath>/<filename>.ckpt`` after the step."""
 
     #: Signals whose existing handler (a scheduler's requeue) runs only after the checkpoint is written.
     DEFERRED_SIGNALS = ("SIGUSR2",)
@@ -65,10 +64,7 @@ class InterruptCheckpoint(Callback):
         self._deferring = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Training that ends short of trainer.max_steps without an exception: the time limit (trainer.max_time:
-        # Lightning's Timer sets should_stop) or an early-stopping callback. The periodic checkpoint may be up to
-        # every_n_train_steps - 1 steps older, and rerunning the cell (the scale ladder's fixed-length calls) would
-        # train those steps again -- and drop their monitor rows as an abandoned timeline.
+        # stopped short of max_steps (max_time, early stopping): the periodic checkpoint may be steps older
         if 0 < trainer.max_steps and trainer.global_step < trainer.max_steps:
             self._save(trainer, "stopped before trainer.max_steps")
 
