@@ -2,13 +2,10 @@
 
 ``ActivationObserver`` subscribes to the forward of ``run_sentence_pass``, so these cost no extra encoding:
 
-* ``activations.ActivationAccumulator`` on every hidden state's raw tokens — kurtosis (He et al. 2024), max/median
-  (He et al. 2024; Sun et al. 2024), the largest |x| with its dim and token, the |x|-argmax share;
-* ``position_shares.PositionArgmaxCounts`` — |x|-argmax counts by position bucket (Luo et al. 2021 §3);
-* ``models.sites.InfNormRecorder`` hooks — ‖x‖∞ at the FFN output and around the output LayerNorm (Bondarenko et al.
-  2023) over the non-pad tokens, special tokens included (BERT's largest sit on ``[SEP]``).
-
-``activation_columns`` and ``activation_section`` give ``outliers.csv`` columns and a report section.
+kurtosis (He et al. 2024), max/median (He et al. 2024; Sun et al. 2024), the largest |x| with its dim and token and
+the |x|-argmax share of every hidden state's raw tokens; |x|-argmax counts by position bucket (Luo et al. 2021 §3);
+‖x‖∞ at the FFN output and around the output LayerNorm (Bondarenko et al. 2023) over the non-pad tokens, special
+tokens included (BERT's largest sit on ``[SEP]``).
 """
 
 from __future__ import annotations

@@ -2,14 +2,8 @@
 statistics to one ``LayerStream``.
 
 Memory never grows with the sentences: texts are tokenized ``chunk`` at a time and each layer of each batch is reduced
-as produced.  The subscribers (``Consumer``; shared by ``key``):
-
-* ``OutlierCounts`` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2), per transform (the raw ones
-  also give clip its dims);
-* ``AnisotropyReservoir`` — one random raw token of each of at most ``n_sentences`` sentences (Ethayarajh 2019;
-  Luo §4.1), transformed afterwards;
-* ``WordSimilarity`` — per target word Σ of unit vectors, and intra-sentence similarities (Ethayarajh 2019);
-* ``ActivationObserver`` — kurtosis, max/median, inf-norms.
+as produced.  The subscribers: ``OutlierCounts`` (Luo et al. 2021 §2; the raw ones give clip its dims),
+``AnisotropyReservoir`` (Ethayarajh 2019; Luo §4.1), ``WordSimilarity`` (Ethayarajh 2019) and ``ActivationObserver``.
 
 Clip's dims and the fitted maps need a fit before they apply, so the pass is two loops with **the fit** between: the
 forward feeds the raw statistics and stores the tokens, the maps are summed from them layer by layer, and the replay
