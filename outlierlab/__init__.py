@@ -11,15 +11,8 @@ Everything lives under this one name so that installing the project never shadow
 (``evaluate``, ``utils``, ``models`` are common top-level names).
 """
 
-# The one-line monitors for other loops (outlierlab/monitoring/, docs/loop_monitors.md), loaded on first access:
-# ``import outlierlab`` stays free of torch and transformers.
-# The Python API (outlierlab/api.py: ``ol.load_encoder``, ``ol.evaluate``, ``ol.probe_positions``, ``ol.dim_identity``),
-# loaded the same way,
-# what an analysis written in a notebook subclasses or returns (``ol.Consumer``, ``ol.AnalysisResult``; its own
-# pass over other texts: ``ol.LayerStream``), and the typed settings ``ol.evaluate(settings=[...])`` and
-# ``ol.probe_positions(settings=[...])`` take.
-# Named sites (outlierlab/site_runs.py: ``ol.sites``, ``ol.run_with_cache``; outlierlab/scored_runs.py:
-# ``ol.run_with_hooks``, ``ol.patch_sites``, ``ol.interventions``; ``ol.load_cache``), loaded the same way.
+# The monitors, the Python API, what a notebook analysis subclasses or returns, the typed settings and the named
+# sites, loaded on first access: ``import outlierlab`` stays free of torch and transformers.
 try:  # the installed distribution's version; a bare source tree (no install) says so instead of guessing
     from importlib.metadata import PackageNotFoundError, version as _version
 

@@ -7,12 +7,8 @@
     tables["anisotropy"]              # a DataFrame: the rows evaluate.py writes to anisotropy.csv
     ol.probe_positions(enc, texts)    # a DataFrame: probe.py's position_probe.csv
 
-Each call composes the same configuration the command line would (``configs/evaluate.yaml`` or ``configs/probe.yaml``
-with the arguments as overrides; a wheel carries them inside the package, setup.py), then runs in memory the
-computation whose results the command line writes out (``outlierlab.evaluation.core.run_analyses``,
-``outlierlab.evaluation.probing.probe``), and writes nothing unless given ``out_dir``, where it writes what the command
-line writes (``outlierlab.evaluation.run_writer``, ``outlierlab.evaluation.probing.run``).  tests/test_api.py compares
-both with the command line's CSVs.
+Each call composes the configuration the command line would (the arguments as overrides), runs the same computation
+in memory, and writes nothing unless given ``out_dir``, where it writes what the command line writes.
 """
 
 from __future__ import annotations
@@ -32,13 +28,10 @@ DEFAULT_ANALYSES = ("outliers", "anisotropy", "isotropy", "self_similarity", "wi
 
 def load_encoder(name_or_path: Any, dtype: str = "float32", device: str = "auto", max_length: int | None = None,
                  tokenizer: Any = None, **kwargs: Any):
-    """A frozen encoder or decoder (``outlierlab.models.loading.FrozenEncoder``): a ``train.py`` run directory,
-    a saved model directory or a Hugging Face hub id (offline: a cached one; otherwise one line saying what to do) --
-    or a model in memory: a ``transformers`` model with its ``tokenizer=``, or a sentence-transformers
-    ``SentenceTransformer`` (its body and tokenizer), e.g. one just fine-tuned in the notebook.  A model in memory is
-    used as it is (``FrozenEncoder.from_model``): no copy and no file, on its own
-    device and in its own dtype (``device`` and ``dtype`` apply to a model that is loaded; naming another device or
-    dtype than a model in memory's is refused), put in eval mode, read live.  ``dtype``: ``float32``, ``bfloat16``,
+    """A frozen encoder or decoder (``outlierlab.models.loading.FrozenEncoder``) from a ``train.py`` run directory, a
+    saved model directory or a Hugging Face hub id (offline: a cached one), or a model in memory: a ``transformers``
+    model with its ``tokenizer=``, or a ``SentenceTransformer``.  A model in memory is used as it is (no copy, its own
+    device and dtype: naming another is refused), in eval mode, read live.  ``dtype``: ``float32``, ``bfloat16``,
     ``float16`` or ``auto`` (the checkpoint's); ``kwargs``: ``device_map``, ``revision``, ``batch_size``,
     ``on_overflow``, ``offload_folder``."""
     from outlierlab.models.loading import FrozenEncoder
@@ -63,8 +56,7 @@ LOAD_KWARGS = ("device_map", "revision", "batch_size", "on_overflow", "offload_f
 
 
 def _check_load_arguments(device: Any, kwargs: dict) -> None:
-    """The loading arguments, each refused in one line before anything loads: an unknown keyword, a device torch
-    does not know (torch's own message names no argument), a batch size that is not a positive integer."""
+    """Refuse an unknown keyword, an unknown device or a bad batch size in one line, before anything loads."""
     unknown = sorted(set(kwargs) - set(LOAD_KWARGS))
     if unknown:
         raise TypeError(f"load_encoder got unknown argument(s) {', '.join(unknown)}; valid: name_or_path, dtype, "
@@ -81,8 +73,7 @@ def _check_load_arguments(device: Any, kwargs: dict) -> None:
 
 
 def _check_placement(model: Any, device: str, dtype: str) -> None:
-    """``device=`` and ``dtype=`` say where and how a model is loaded; a model in memory is used where and as it is,
-    so naming another device or dtype is refused in one line rather than ignored."""
+    """Refuse (rather than ignore) a ``device=`` or ``dtype=`` other than a model in memory's own."""
     import torch
 
     from outlierlab.models.placement import DTYPES
@@ -104,8 +95,7 @@ def _check_placement(model: Any, device: str, dtype: str) -> None:
 
 
 def _in_memory(model: Any, tokenizer: Any) -> tuple[Any, Any]:
-    """The transformers module inside ``model`` (DDP / torch.compile wrappers and a SentenceTransformer looked
-    through) and its tokenizer, or one line saying what to pass."""
+    """The transformers module inside ``model`` (wrappers looked through) and its tokenizer."""
     from outlierlab.monitoring.loop_monitor import unwrap_model
 
     if callable(getattr(model, "get_base_model", None)):  # a PeftModel: its adapters are modules of the base
@@ -125,7 +115,7 @@ def _in_memory(model: Any, tokenizer: Any) -> tuple[Any, Any]:
     return body, tokenizer
 
 
-def _compose(config_name: str, overrides: Sequence[str]):
+def _compose(config_name: str, overrides: Sequence[str], sections: dict | None = None):
     from outlierlab.configuration.overrides import CONFIG_DIR
 
     if not (CONFIG_DIR / f"{config_name}.yaml").is_file():
@@ -134,12 +124,14 @@ def _compose(config_name: str, overrides: Sequence[str]):
                                 "(pip install . or pip install -e .)")
     from outlierlab.configuration.composing import compose_config  # after the check: imports Hydra
 
-    return compose_config(config_name, overrides)
+    cfg = compose_config(config_name, overrides)
+    for section, values in (sections or {}).items():  # whole sections, after the presets: what the caller built
+        cfg[section] = values
+    return cfg
 
 
 def _names(value: Any, what: str, strings: bool = True) -> list[Any]:
-    """A list of names (analyses, transforms, overrides): a bare string (iterated one character at a time), None or a
-    number and, with ``strings``, an item that is not a string are refused in one line."""
+    """``value`` as a list; a bare string, a non-iterable and (with ``strings``) a non-string item are refused."""
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what}={value!r} is a single string: pass a list, e.g. {what}=[{value!r}]")
     try:
@@ -154,7 +146,7 @@ def _names(value: Any, what: str, strings: bool = True) -> list[Any]:
 
 
 def _out_dir(out_dir: Any) -> Path | None:
-    """``out_dir`` as a Path, or one line: not a path, or an existing file (checked before the analyses run)."""
+    """``out_dir`` as a Path; not a path or an existing file is refused."""
     if out_dir is None:
         return None
     if not isinstance(out_dir, (str, os.PathLike)):
@@ -163,7 +155,7 @@ def _out_dir(out_dir: Any) -> Path | None:
 
 
 def _check_encoder(encoder: Any) -> None:
-    """The first argument is what ``load_encoder`` returns; a model, a name or a path is refused in one line."""
+    """Refuse anything but what ``load_encoder`` returns."""
     from outlierlab.models.loading import FrozenEncoder
 
     if isinstance(encoder, FrozenEncoder):
@@ -180,8 +172,7 @@ _LOADING_KEYS = ("name_or_path", "max_length", "on_overflow", "device", "dtype",
 
 
 def _check_overrides(overrides: list[str]) -> None:
-    """Each override is ``key=value`` (``~key`` deletes), else one line instead of Hydra's several-line parse error.
-    One of how the encoder loads is refused: the encoder is the first argument, loaded already."""
+    """Each override is ``key=value`` (or ``~key``) and sets nothing of how the (given) encoder loads."""
     for override in overrides:
         if "=" not in override and not override.startswith("~"):
             raise ValueError(f"overrides={override!r}: expected key=value, e.g. 'outliers.k=2.5'")
@@ -195,15 +186,13 @@ def _check_overrides(overrides: list[str]) -> None:
 
 
 def check_texts(texts: Any) -> list[str] | None:
-    """``texts`` as the sentences to evaluate (whitespace runs folded to one space), or None (the shipped ones); what
-    is refused, in one line naming the offending positions: ``outlierlab.monitoring.arguments.texts``."""
+    """``texts`` checked (``arguments.texts``) with whitespace runs folded to one space, or None (the shipped ones)."""
     texts = arguments.texts("texts", texts)
     return None if texts is None else [" ".join(t.split()) for t in texts]
 
 
 def _check_arguments(overrides: list[str], arguments: Sequence[str]) -> None:
-    """An override of what an argument of the call sets (``transform=[none]`` beside ``transforms=``) is refused in
-    one line: composed after the argument, it would replace it without a word."""
+    """Refuse an override of what an argument sets: composed after it, it would replace it silently."""
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if key in arguments:
@@ -212,9 +201,7 @@ def _check_arguments(overrides: list[str], arguments: Sequence[str]) -> None:
 
 
 def _check_choices(overrides: list[str], config_name: str) -> None:
-    """An unknown config-group choice (``transform=[whitening]``, ``wic=nope``) in one line with the valid names,
-    and an unknown key (``outliers.treshold=0.3``) with the closest ones, as evaluate.py and probe.py say them,
-    instead of Hydra's MissingConfigException or its several lines advising ``+key=``."""
+    """Refuse an unknown group choice or key in one line, as evaluate.py and probe.py do."""
     from outlierlab.configuration.overrides import find_override_errors, find_key_errors
 
     errors = find_override_errors(overrides)
@@ -233,38 +220,30 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
              overrides: Sequence[str] = (), plots: bool = False, progress: bool = True,
              settings: Sequence[Any] | None = None) -> dict[str, Any]:
     """Run evaluate.py's analyses on ``encoder`` (from ``load_encoder``), in memory: one pandas DataFrame per
-    analysis, the rows of its ``<analysis>.csv``, and one per side table it writes beside it
-    (``anisotropy_contributions``, ``outliers_by_position``, ``layernorm``, ``position_rows``,
-    ``ablation_by_position``, ``order_use_layers``; docs/tables.md).  Nothing is written unless ``out_dir`` is given.
-
-    A skipped analysis (no LM head, no STS data) is an empty table whose ``attrs["skipped"]`` says why.  A bare
-    string for ``texts`` (or any list argument), a text that is not a string, an empty text or an unknown name is
-    refused in one line naming it.
+    analysis (the rows of its ``<analysis>.csv``) and per side table (docs/tables.md).  Nothing is written unless
+    ``out_dir`` is given.  A skipped analysis (no LM head, no STS data) is an empty table whose ``attrs["skipped"]``
+    says why.  A bad argument (a bare string for a list, an empty text, an unknown name) is refused in one line.
 
     Parameters
     ----------
     texts
-        the sentences of the analyses (outliers, anisotropy, isotropy, self-similarity, and those with texts
-        of their own not set), all of them: a list of strings (or a pandas Series, ``df["text"]``; a DataFrame is
-        refused: pass one column); None: the shipped held-out sentences (as ``python evaluate.py``).
+        the sentences of every analysis without texts of its own: a list of strings (or a pandas Series,
+        ``df["text"]``); None: the shipped held-out sentences (as ``python evaluate.py``).
     analyses
-        a list, as ``analyses=[...]`` on the command line (valid names below); an analysis may also be an
-        object — a module, a class, a ``types.SimpleNamespace`` — with its
-        ``run(ctx)`` and optional ``consumers(ctx)`` (``outlierlab.evaluation.registry``), named by its ``NAME``
-        or ``__name__``: an analysis written in the notebook itself.
+        a list, as ``analyses=[...]`` on the command line (valid names below), or an object (module, class,
+        ``types.SimpleNamespace``) with ``run(ctx)`` and optional ``consumers(ctx)``
+        (``outlierlab.evaluation.registry``), named by its ``NAME`` or ``__name__``.
     transforms
         a list, as ``transform=[...]`` on the command line (valid names below), compared side by side.
     out_dir
-        also write everything evaluate.py writes (CSVs, report.md, results.json, figures) there, by the
-        same writer; named in each table's ``attrs["run_dir"]``.
+        also write there everything evaluate.py writes (CSVs, report.md, results.json, figures); named in each
+        table's ``attrs["run_dir"]``.
     overrides
         any other command-line override, e.g. ``["wic=superglue", "transform.dims=[588]"]`` (one of what
         an argument sets, ``transform=``, ``analyses=``, ``seed=``, is refused).
     settings
-        typed sections instead of strings, each replacing its whole section, e.g.
-        ``[OutliersSettings(threshold=0.3), AnisotropySettings(n_sentences=500)]`` (the frozen classes of
-        ``outlierlab.configuration``, whose defaults are the configuration's; ``transform`` is set with
-        ``transforms`` and ``overrides``); an override of a key of a section given here is refused.
+        typed sections, each replacing its whole section, e.g. ``[OutliersSettings(threshold=0.3)]`` (the frozen
+        classes of ``outlierlab.configuration``); an override of a key of a section given here is refused.
     plots
         PNG figures, with ``out_dir`` (off by default: a notebook draws its own from the tables).
     """
@@ -289,9 +268,8 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     _check_encoder(encoder)  # last: the checks above never touch it (a test stands an object there that fails)
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={seed}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
-                                f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices])
-    for section, values in sections.items():  # whole sections, after the presets: what the caller built is used
-        cfg[section] = values
+                                f"progress={str(bool(progress)).lower()}", *_encoder_overrides(encoder), *choices],
+                   sections)
     from outlierlab.metrics.whitening import DegenerateWhiteningError
 
     try:
@@ -308,10 +286,7 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
 
 
 def _in_python(e, call: str):
-    """A degenerate fit (too few sentences for a whitening, ...) is an expected refusal, not a fault: the API call
-    raises it again (``from None``: without the frames inside the engine) in one line worded as the call's arguments --
-    the engine's message names command-line overrides (``transform.k=24``), which Python takes only as
-    ``overrides=[...]`` -- with how much the fit needs and how many sentences like the caller's that is."""
+    """A degenerate fit's error worded as the call's arguments, with how many texts like these the fit needs."""
     import math
 
     from outlierlab.metrics.whitening import DegenerateWhiteningError
@@ -332,8 +307,7 @@ def _in_python(e, call: str):
 
 
 def _evaluate_sections() -> list[type]:
-    """The sections ``ol.evaluate(settings=[...])`` takes: every analysis' and the run's, but the encoder (the first
-    argument) and the transforms (``transforms=``)."""
+    """The sections ``ol.evaluate(settings=[...])`` takes: all but the encoder's and the transforms'."""
     from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS
     from outlierlab.configuration.run_settings import EncoderSettings, TransformSettings
 
@@ -345,26 +319,18 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
                     tables: bool = False, settings: Sequence[Any] | None = None):
     """probe.py's position probe (Luo et al. 2021 §3) on ``encoder``, in memory: a DataFrame, the rows of
     ``position_probe.csv`` (one per layer x transform: accuracy, mean absolute position error, the top neurons by
-    contribution).  Nothing is written unless ``out_dir`` is given: then everything probe.py writes goes there (CSVs,
-    ``probe_info.json``, ``probe_report.md``, PNG plots, TensorBoard), by the same writer, named in each table's
-    ``attrs["run_dir"]``.  The features are held in memory; ``overrides=["features.cache_dir=<dir>"]`` caches them
-    there for repeated calls, as probe.py does.
+    contribution).  Nothing is written unless ``out_dir`` is given: then everything probe.py writes goes there, named
+    in each table's ``attrs["run_dir"]``.  ``overrides=["features.cache_dir=<dir>"]`` caches the features.
 
     The accuracy is the position a layer carries, not one the model uses: a learned table's rows are decodable
     (1.000 at every layer) in a model whose order use is 0.003 nats (docs/order_use.md, "Position probes").  So the
-    probe also measures use, as probe.py does: evaluate.py's ``order_use`` on the first 200 texts (in nats with an
-    LM head; for every model the sentence-vector order change of every layer; ``overrides=["probe.order_use=false"]``
+    probe also runs evaluate.py's ``order_use`` on the first 200 texts (``overrides=["probe.order_use=false"]``
     skips it).
 
-    ``tables=True`` returns every table of the run instead, a dict of DataFrames named by probe.py's CSV files:
-    ``position_probe`` (the table above), ``position_probe_by_position`` (test accuracy at each position),
-    ``similarity_by_distance`` (mean cosine of two tokens by their distance, per layer), ``order_use`` (the model's
-    row) and ``order_use_layers`` (one per layer; both absent with ``probe.order_use=false``).  In every table an
-    empty cell is NaN; the columns listing dims (``top_neurons``, ``outlier_dims``, ``outlier_rank``,
-    ``clipped_dims``) hold their ";"-separated strings (``"308;381"``), as evaluate's tables do.  ``progress``: the tqdm bar while encoding,
-    as in ``evaluate``.  ``settings``: typed sections, each replacing its whole section as in ``evaluate``:
-    ``[ol.ProbeSettings(epochs=2, max_positions=64)]`` (``outlierlab.configuration.probe_settings.ProbeSettings``) and
-    the outlier rule clip detects its dims with, ``ol.OutliersSettings``."""
+    ``tables=True`` returns every table of the run, a dict named by probe.py's CSV files: ``position_probe``,
+    ``position_probe_by_position``, ``similarity_by_distance``, ``order_use`` and ``order_use_layers``.  An empty cell
+    is NaN; the dim columns (``top_neurons``, ``outlier_dims``, ...) hold ";"-separated strings (``"308;381"``).
+    ``settings``: typed sections as in ``evaluate``, ``[ol.ProbeSettings(epochs=2), ol.OutliersSettings(...)]``."""
     from outlierlab.evaluation.probing import probe, run
 
     texts, seed = check_texts(texts), arguments.count("seed", seed, None)
@@ -385,9 +351,7 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
     sections = given_sections(settings, [ProbeSettings, OutliersSettings], choices[1:])
     _check_encoder(encoder)
     cfg = _compose("probe", ["task=position", f"seed={seed}", f"progress={str(bool(progress)).lower()}",
-                             "features.cache_dir=null", *_encoder_overrides(encoder), *choices])
-    for section, values in sections.items():  # whole sections, after the presets, as in evaluate()
-        cfg[section] = values
+                             "features.cache_dir=null", *_encoder_overrides(encoder), *choices], sections)
     from outlierlab.metrics.whitening import DegenerateWhiteningError
 
     try:
@@ -402,9 +366,8 @@ def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Seq
 
 def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
     """Which dimension carries each layer's concentration, since when, in how many layers (Kovaleva et al. 2021):
-    ``outlierlab.metrics.layer_identity.layer_identity`` of one run's monitor history -- a DataFrame, a
-    ``hidden_states.csv``, or the directory holding it (a ``train.py`` run's ``monitor/``, or the ``out_dir`` of
-    ``ol.OutlierMonitor`` / ``ol.OutlierMonitorCallback``).  A DataFrame, a row per layer."""
+    ``outlierlab.metrics.layer_identity.layer_identity`` of a monitor history (a DataFrame, a ``hidden_states.csv``
+    or the directory holding it), a row per layer."""
     import pandas as pd
 
     from outlierlab.metrics.layer_identity import HISTORY, layer_identity
@@ -429,8 +392,7 @@ def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
 
 
 def _valid_names_doc() -> str:
-    """The valid analyses and transforms, read from the registry and ``configs/transform/`` (what evaluate.py
-    accepts), for ``help(ol.evaluate)``."""
+    """The valid analyses and transforms, for ``help(ol.evaluate)``."""
     from outlierlab.evaluation.registry import ANALYSIS_MODULES
     from outlierlab.configuration.overrides import group_options
 

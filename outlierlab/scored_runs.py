@@ -58,9 +58,7 @@ class HookedRun:
 
 def _scored_batches(loaded, texts: list[str], masks_from: list[str] | None, length: int, batch_size: int,
                     mlm_probability: float, seed: int) -> list[dict]:
-    """The ablation's scoring batches (``outlierlab.datamodules.scoring_batches``): for a masked LM ``texts``
-    masked as ``masked_batches`` masks them (or at the positions it masks ``masks_from``, each text of as many
-    tokens); for a decoder the next-token batches."""
+    """The ablation's scoring batches, masked as ``masked_batches`` masks ``texts`` (or ``masks_from``)."""
     from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches
 
     tok = loaded.tokenizer
@@ -96,13 +94,10 @@ def run_with_hooks(model: Any, texts: Sequence[str], hooks: Mapping[str, Callabl
                    keep_logits: bool = False) -> HookedRun:
     """The model's loss on ``texts``, per token, with ``hooks`` changing its activations on the way.
 
-    Scored as the ablation analysis scores (``evaluate.py analyses=[ablation]``, ``outlierlab.evaluation.analyses.ablation``):
-    a masked LM on fixed, seeded masks -- ``mlm_probability`` of the non-special tokens replaced by the mask token
-    (no 80/10/10), drawn per batch from ``seed`` and the texts' indices
-    (``outlierlab.datamodules.scoring_batches.masked_batches``), so a run with hooks and one without, and the
-    ablation on the same texts, score the same tokens; a decoder on every non-special next token.  (The ablation
-    packs its sentences into sequences of ``max_length`` tokens first, ``ablation.pack``: pass
-    ``outlierlab.datamodules.scoring_batches.pack_texts(tokenizer, texts, 128)`` to score what it scores.)
+    Scored as the ablation analysis scores: a masked LM on fixed, seeded masks (``mlm_probability`` of the
+    non-special tokens replaced by the mask token, no 80/10/10, drawn from ``seed`` and the texts' indices), so runs
+    with and without hooks score the same tokens; a decoder on every non-special next token.  The ablation packs its
+    sentences first: pass ``outlierlab.datamodules.scoring_batches.pack_texts(tokenizer, texts, 128)`` to match it.
 
     Parameters
     ----------
@@ -111,8 +106,7 @@ def run_with_hooks(model: Any, texts: Sequence[str], hooks: Mapping[str, Callabl
         ``attention_mask``); a list of functions: each in turn.  Ready ones: ``outlierlab.models.interventions``
         (``ol.interventions.zero / mean / clip / scale / quantize / patch``)
     cache, to, dtype : also cache these sites of this run (after the hooks), as ``run_with_cache`` does
-    masks_from : texts whose masks to use (text ``i``'s masked positions on text ``i`` here, of as many tokens): the
-        source run of activation patching, a corrupted text scored where the clean one is
+    masks_from : texts whose masks to use (text ``i``'s masked positions on text ``i``, of as many tokens)
     mlm_probability, batch_size, max_length : None: the ablation's (``configs/ablation``: 0.15, 16, 128 capped by the
         model); ``seed`` as the ablation's with ``ablation.seed=null`` (the global seed, 0)
     keep_logits : keep the scored rows' logits (``run.logits``)
@@ -163,10 +157,9 @@ def patch_sites(model: Any, texts: Sequence[str], source: Sequence[str], sites: 
     ``source`` (Vig et al. 2020; Meng et al. 2022; Heimersheim & Nanda 2024, "How to use and interpret activation
     patching"), as a pandas DataFrame.
 
-    Text ``i`` of ``source`` is patched into text ``i`` of ``texts``, token by token (each pair of as many tokens),
-    both scored on ``texts``' masks (a masked LM: ``source`` masked where ``texts`` is, ``masks_from``).  Patching a
-    corrupted source into the clean texts asks what each site carries that the corruption destroys (noising);
-    swap the two to ask what restores the clean loss (denoising).
+    Text ``i`` of ``source`` is patched into text ``i`` of ``texts`` token by token (as many tokens), both scored on
+    ``texts``' masks.  A corrupted source into clean texts asks what the corruption destroys (noising); swapped, what
+    restores the clean loss (denoising).
 
     Parameters
     ----------

@@ -33,10 +33,7 @@ __all__ = ["sites", "run_with_cache"]
 
 # ---------------------------------------------------------------------------------------------- the model
 def as_loaded(model: Any, tokenizer: Any = None):
-    """``model`` as a ``outlierlab.models.lm_model.LoadedModel`` (with its LM head where it has one): what
-    ``outlierlab.api.load_encoder`` returns, a ``LoadedModel``, or a model in memory with its ``tokenizer=`` (ours:
-    ``RobertaMaskedLM`` / ``RobertaEncoder``; a transformers model, taken as ``ol.load_encoder(model, tokenizer=)``
-    takes it)."""
+    """``model`` (a loaded encoder or a model in memory with ``tokenizer=``) as a ``LoadedModel``, head included."""
     from torch import nn
 
     from outlierlab.models.encoder import RobertaEncoder, RobertaMaskedLM
@@ -65,7 +62,7 @@ def as_loaded(model: Any, tokenizer: Any = None):
 
 
 def _ours(model, tokenizer):
-    """Our encoder in memory, put in eval mode (as ``ol.load_encoder`` does with a model in memory)."""
+    """Our encoder in memory, put in eval mode."""
     from outlierlab.models.encoder import RobertaMaskedLM
     from outlierlab.models.hook_points import model_family
     from outlierlab.models.lm_model import LoadedModel, layernorm_map
@@ -87,12 +84,9 @@ def sites(model: Any, tokenizer: Any = None, hidden_states: bool = False) -> lis
     hidden state ``i``), ``ln_final``, ``ln_head``; a site the model lacks is absent.  Which tensor each one is, and
     its shape: ``outlierlab.models.hook_points``.
 
-    ``model``: what ``outlierlab.api.load_encoder`` returns (its LM head's norm is ``ln_head``), or a model in
-    memory with its ``tokenizer=`` (ours, or a transformers model).
-
-    ``hidden_states=True``: the ``L + 1`` sites that are ``output_hidden_states``, indexed as the hidden states and
-    as the layers of evaluate.py's tables and the monitors' ``layer_<i>``: ``embed``, ``blocks.{i}.resid``, and for
-    the last of a model with a final norm ``ln_final``."""
+    ``model``: what ``outlierlab.api.load_encoder`` returns, or a model in memory with its ``tokenizer=``.
+    ``hidden_states=True``: the ``L + 1`` sites that are ``output_hidden_states`` (the layers of evaluate.py's tables
+    and the monitors' ``layer_<i>``): ``embed``, ``blocks.{i}.resid``, and ``ln_final`` last where there is one."""
     from outlierlab.models.hook_points import hidden_state_sites, site_names
 
     model = as_loaded(model, tokenizer).model
@@ -149,8 +143,7 @@ def run_length(loaded, max_length: int | None) -> int:
 
 
 def plain_batches(tokenizer, texts: Sequence[str], max_length: int, batch_size: int) -> list[dict]:
-    """Right-padded batches of consecutive texts, tokenized as the scoring batches are (truncated to
-    ``max_length``)."""
+    """Right-padded batches of consecutive texts, truncated to ``max_length`` as the scoring batches are."""
     ids = tokenizer(list(texts), truncation=True, max_length=int(max_length))["input_ids"]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out = []
@@ -177,8 +170,7 @@ def token_index(batches: Sequence[dict], labels: bool) -> TokenIndex:
 
 
 def _forward(loaded, batch: dict, plan: RunPlan, scored: bool):
-    """One forward of ``batch``: the logits at its scored rows ``[n, V]`` (``scored``), else the body's (or, when
-    the head's norm is asked for, the whole model's) forward, whose outputs the hooks have read."""
+    """One forward of ``batch``: the logits at its scored rows ``[n, V]`` (``scored``), else None (the hooks read)."""
     from outlierlab.models.family_spec import base_model
     from outlierlab.models.placement import eager_attention
 
@@ -258,8 +250,7 @@ def execute_run(loaded, batches: Sequence[dict], plan: RunPlan, writer: CacheWri
 
 
 def _score(batch: dict, logits, start: int, scores: dict, keep_logits: bool) -> None:
-    """Per scored token: its loss and whether the top prediction is right; the sums in the order
-    ``outlierlab.metrics.scored_rows.mlm_scores`` adds them, so the mean equals the ablation's to the bit."""
+    """Per scored token its loss and top-1 hit, summed in ``mlm_scores``' order (the ablation's mean to the bit)."""
     sel = batch["labels"] != -100
     y = batch["labels"].to(logits.device)[sel.to(logits.device)]
     lg = logits.float()

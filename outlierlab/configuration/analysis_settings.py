@@ -1,12 +1,9 @@
 """Typed settings of the ``evaluate.py`` analyses: one frozen, strictly typed class per section
 (``outlierlab.configuration.typed_settings``), the one source of the defaults.
 
-Hydra composes them (``outlierlab.configuration.settings_store``): every preset starts from a section's defaults
-(``defaults: [/settings/<section>@_here_, _self_]``) and states only what it changes, so ``OutliersSettings()``
-builds from Python, the composed default config equals the classes, and ``tests/test_settings_defaults.py`` fails
-where a YAML file states a default again.  A wrong type, a value outside its declared range or an unknown key is
-refused when the object is built, from a config or from Python, in one ``ValueError`` line naming
-``section.key``.  Each key is explained by the comment above its field.  No heavy imports (no torch).
+Every preset starts from a section's defaults and states only what it changes, so ``OutliersSettings()`` builds from
+Python and equals the composed default config.  A wrong type, a value out of range or an unknown key is refused when
+the object is built, in one ``ValueError`` line naming ``section.key``.  No heavy imports (no torch).
 """
 
 from __future__ import annotations
@@ -92,8 +89,7 @@ class SelfSimilaritySettings:
 class WicSettings:
     """``wic`` (``configs/wic/``): the pairs, the splits to choose and report on, the threshold sweep.
 
-    Defaults: the default preset, ``wic=wordnet`` (``configs/wic/wordnet.yaml``, the shipped pairs);
-    ``wic=superglue`` changes source and splits together."""
+    Defaults: ``wic=wordnet`` (the shipped pairs); ``wic=superglue`` changes source and splits together."""
 
     SECTION: ClassVar[str] = "wic"
     source: str = "wordnet"
@@ -123,8 +119,7 @@ class WicSettings:
 class StsSettings:
     """``sts`` (``configs/sts/``): hub data sets and/or local files, the split, the sub-set column.
 
-    Defaults: the default preset, ``sts=none`` (``configs/sts/none.yaml``): no data set, so STS is skipped
-    (no STS data can be shipped); ``sts=paper`` lists Luo et al.'s."""
+    Defaults: ``sts=none`` (no STS data can be shipped: skipped); ``sts=paper`` lists Luo et al.'s."""
 
     SECTION: ClassVar[str] = "sts"
     #: short names (see outlierlab/evaluation/analyses/sts.py HUB) or any hub id with sentence1/sentence2/score
@@ -142,8 +137,7 @@ class StsSettings:
 # ------------------------------------------------------------------ the LayerNorm-outlier analyses
 @settings_class
 class _TextSettings:
-    """Keys every LayerNorm-outlier analysis has: its own texts (else ``data.files``) and how many (each
-    subclass restates ``max_sentences`` with its own preset's default)."""
+    """Keys every LayerNorm-outlier analysis has: its own texts (else ``data.files``) and how many."""
 
     SECTION: ClassVar[str] = ""
     files: Names | None = None
@@ -201,8 +195,7 @@ class AblationSettings(_TextSettings):
 
 @settings_class
 class QuantizationSettings(_TextSettings):
-    """``quantization`` (``configs/quantization/default.yaml``): the W8A8 cost of the model's outliers (Bondarenko et
-    al. 2023; Dettmers et al. 2022, LLM.int8())."""
+    """``quantization``: the W8A8 cost of outliers (Bondarenko et al. 2023; Dettmers et al. 2022, LLM.int8())."""
 
     SECTION: ClassVar[str] = "quantization"
     #: first N sentences (the ablation's texts by default, so the two analyses score the same tokens); null = all

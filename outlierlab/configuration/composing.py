@@ -1,9 +1,8 @@
 """Where the Hydra configs live and how they are composed: ``compose_config`` (the command line's composition,
 from Python), the resolvers the configs use (``register_resolvers``) and the sweep cells' directory names.
 
-``register_resolvers`` also runs when this module is imported: Hydra's joblib and submitit launchers resolve a
-cell's output directory (``${cell_dir:...}``) in their worker process, which imports this module while unpickling
-the task function but never runs ``train.py``'s module code.
+``register_resolvers`` also runs at import: launcher workers resolve ``${cell_dir:...}`` without running
+``train.py``'s module code.
 """
 
 from __future__ import annotations
@@ -18,14 +17,8 @@ CELL_NAME_MAX = 150
 
 
 def cell_dir_name(override_dirname: str, limit: int = CELL_NAME_MAX) -> str:
-    """A sweep cell's directory name: its overrides (``hydra.job.override_dirname``), readable and stable.
-
-    A ``/`` inside a value (``tokenizer.name_or_path=FacebookAI/roberta-base``) is written ``%2F``.
-    Beyond ``limit`` characters (a run with many overrides would exceed the file system's 255) the name
-    is cut at an override boundary, the ``seed=`` item is kept, and a 10-hex digest of the full name keeps it
-    unique; the full overrides stay in the cell's ``.hydra/overrides.yaml``, which is what the study aggregator
-    reads.
-    """
+    """A sweep cell's directory name: its overrides, readable and stable (``/`` written ``%2F``).  Beyond ``limit``
+    characters it is cut at an override boundary, ``seed=`` kept, with a 10-hex digest of the full name."""
     import hashlib
 
     if not override_dirname:  # a sweep cell with nothing but excluded overrides (e.g. -m experiment=x)
@@ -43,16 +36,8 @@ def cell_dir_name(override_dirname: str, limit: int = CELL_NAME_MAX) -> str:
 
 
 def cell_overrides(task, exclude_keys, item_sep: str = ",", kv_sep: str = "=") -> str:
-    """``hydra.job.override_dirname`` of a cell's overrides (``hydra.overrides.task``), except that an excluded key
-    also excludes every key under it: ``posthoc_probe`` drops ``posthoc_probe.max_sentences=200`` and
-    ``+posthoc_probe.overrides=[...]`` too.
-
-    Hydra (1.3) compares ``exclude_keys`` with each override's whole key and has no wildcard for them (Hydra issue
-    #1873; the workaround suggested there is this resolver), and a sub-key listed alone would let every later one
-    move a cell to a new directory, trained again instead of skipped.  Everything else is Hydra's own
-    ``get_overrides_dirname``: its parser, each override's text as given, sorted, joined with ``item_sep``, every
-    ``=`` written as ``kv_sep``.
-    """
+    """Hydra's ``override_dirname`` of a cell's overrides, except that an excluded key also excludes every key under
+    it (``posthoc_probe`` drops ``posthoc_probe.max_sentences=200``): Hydra 1.3 has no wildcard (issue #1873)."""
     import re
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -77,10 +62,7 @@ def _cell_dir(overrides, naming=None) -> str:
 
 
 def register_resolvers() -> None:
-    """OmegaConf resolvers used by the configs, and the evaluation sections' defaults they compose from
-    (``settings_store.register_defaults``); idempotent.
-
-    Also run when this module is imported (see the module's docstring)."""
+    """OmegaConf resolvers used by the configs, and the sections' defaults; idempotent."""
     def accumulation(global_batch: int, per_device: int, devices, num_nodes=1) -> int:
         # Paper batch 256 = per-device batch x devices x nodes x accumulation (Luo et al. Table 4).
         devices = 1 if devices in ("auto", None) else (len(devices) if isinstance(devices, (list, tuple)) else int(devices))
@@ -101,13 +83,7 @@ def register_resolvers() -> None:
 
 
 def compose_config(config_name: str, overrides=()):
-    """``configs/<config_name>.yaml`` composed with ``overrides`` from Python, as the command line would (the
-    Python API, the per-checkpoint probes).
-
-    Hydra keeps one global state and its ``initialize`` refuses to start while another is set, so a caller's own
-    Hydra app or ``initialize`` context (a researcher's script that calls ``ol.evaluate``) is set aside while this
-    composes and put back after -- not cleared for good, which would break that caller's next ``compose``.
-    """
+    """``configs/<config_name>.yaml`` composed with ``overrides``; a caller's Hydra state is put back after."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 

@@ -1,9 +1,8 @@
 """Where the Hydra configs live (``CONFIG_DIR``) and the command line's overrides, checked before Hydra composes
 anything and before any heavy import.
 
-``python train.py pos=nope`` or ``trainer.max_step=10`` fails within a second with one line (the valid names, or
-the closest keys) instead of Hydra's several lines; an unwritable ``hydra.run.dir=`` fails before training.  The
-entry points call ``check_overrides`` first.
+``python train.py pos=nope`` or ``trainer.max_step=10`` fails within a second with one line (the valid names, or the
+closest keys); an unwritable ``hydra.run.dir=`` fails before training.
 """
 
 from __future__ import annotations
@@ -27,11 +26,7 @@ def group_options(group: str, config_dir: Path = CONFIG_DIR) -> list[str]:
 
 
 def find_override_errors(argv: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
-    """One message per ``group=value`` override whose value is not a file of that group.
-
-    Handles Hydra's ``+group=``/``++group=`` prefixes and multirun lists (``pos=a,b``).
-    Dotted keys (``trainer.devices=2``) are values, not group choices, and are left to Hydra.
-    """
+    """One message per ``group=value`` override whose value is not a file of that group."""
     errors = []
     for arg in argv:
         if "=" not in arg or arg.startswith("-"):
@@ -78,12 +73,8 @@ def _has_key(cfg, key: str) -> bool:
 
 
 def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG_DIR) -> list[str]:
-    """One line per ``key=value`` override whose key the composed config does not have, with the closest keys
-    (Hydra's five lines advise ``+key=value``, which adds a key nothing reads), and per switch given anything but
-    ``true``/``false`` (Hydra reads ``resume=no`` as a string, and a string is true).  Composes the config (with the
-    overrides' group choices, the first of a sweep list) only when a key override is there to check;
-    ``+``/``++``/``~`` overrides (composed with: they may add the keys others set) and ``hydra.*`` keys are left to
-    Hydra."""
+    """One line per override whose key the composed config lacks (with the closest keys), and per switch given
+    anything but ``true``/``false`` (``resume=no`` is a true string); ``+``/``~`` and ``hydra.*`` left to Hydra."""
     composing, keys = [], []  # what the config is composed with; the keys to look up in it
     for arg in argv:
         if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
@@ -133,9 +124,7 @@ def find_key_errors(argv: list[str], config_name: str, config_dir: Path = CONFIG
 
 
 def _other_options_hint(config_dir: Path, choices: dict, key: str) -> str:
-    """For ``data.files`` under ``data=embedded``: the options of the group ``data`` that have the setting (a key of
-    another option, not a typo): ``; data=embedded has no files: the data options with it are english_large, files
-    (e.g. data=english_large data.files=...)``; "" when no option has it. ``choices``: Hydra's chosen options."""
+    """The options of a key's group that have it (``data.files`` under ``data=embedded``); "" when none."""
     group, _, rest = key.partition(".")
     if not rest or not (config_dir / group).is_dir():
         return ""
@@ -184,15 +173,13 @@ def unwritable_run_dir(path: Path) -> str | None:
 
 
 def find_run_dir_error(argv: list[str]) -> str | None:
-    """``hydra.run.dir=`` that cannot be created or written: say so now, not in a Hydra traceback
-    (and not after an hour of training, when the first checkpoint is saved)."""
+    """``hydra.run.dir=`` that cannot be created or written, said now rather than at the first checkpoint."""
     dirs = [Path(arg.split("=", 1)[1].strip("'\"")) for arg in argv if arg.startswith("hydra.run.dir=")]
     return next(filter(None, map(unwritable_run_dir, dirs)), None)
 
 
 def check_overrides(argv: list[str] | None = None, config_dir: Path = CONFIG_DIR, config_name: str | None = None) -> None:
-    """Exit with status 2 and one line per bad ``group=value`` override, unknown setting (``config_name``
-    given: the entry point's config) or unusable run directory."""
+    """Exit with status 2 and one line per bad group choice, unknown setting or unusable run directory."""
     argv = sys.argv[1:] if argv is None else argv
     errors = find_override_errors(argv, config_dir)
     if config_name is not None and not errors:  # a wrong group choice first: the keys depend on the groups

@@ -1,13 +1,7 @@
-"""Typed settings of ``probe.py``: the ``probe`` section as one frozen, strictly typed pydantic dataclass, written as
-evaluate.py's sections are (``analysis_settings``), and ``check_settings``, which builds it with
-the run's other settings the probe reads (``seed``, ``task.batch_size``, ``outliers``).
-
-Every refusal is one ``ValueError`` line naming its key, before any model loads or any text is encoded, where a
-wrong value would fail deep in the run (``int('two')`` after encoding) or never end (``probe.epochs=-1``).  The
-defaults live in ``configs/probe.yaml``; the class states the same ones, so that ``ProbeSettings(epochs=2)`` builds
-from Python, and tests/test_probe_cli.py fails where the two differ.
-
-Kept free of heavy imports (no torch).
+"""Typed settings of ``probe.py``: the ``probe`` section as one frozen, strictly typed dataclass, and
+``check_settings``, which builds it with the other settings the probe reads (``seed``, ``task.batch_size``,
+``outliers``).  Every refusal is one ``ValueError`` line naming its key, before any model loads.  The class states
+``configs/probe.yaml``'s defaults, so ``ProbeSettings(epochs=2)`` builds from Python.  No heavy imports.
 """
 
 from __future__ import annotations
@@ -58,8 +52,7 @@ class ProbeSettings:
 
 
 def check_settings(cfg) -> ProbeSettings:
-    """The probe's settings (``probe.*``, ``outliers.*``, ``seed``, ``task.batch_size``), each refused in one line
-    naming its key; returns the ``probe`` section."""
+    """The ``probe`` section, with ``outliers``, ``seed`` and ``task.batch_size`` checked; one line per refusal."""
     from omegaconf import OmegaConf
 
     as_int(cfg.seed, "seed")

@@ -36,9 +36,8 @@ class DataSettings:
 class EncoderSettings:
     """``encoder`` (``configs/encoder/``): which encoder ``evaluate.py`` loads and how it batches.
 
-    Defaults: the default preset, ``encoder=all_minilm_l6_v2`` (``configs/encoder/all_minilm_l6_v2.yaml``);
-    another preset (``encoder=bert_base_uncased``) changes several keys at once, so compose it rather than
-    overriding this class's name_or_path alone."""
+    Defaults: ``encoder=all_minilm_l6_v2``; another preset changes several keys at once, so compose it rather
+    than overriding ``name_or_path`` alone."""
 
     SECTION: ClassVar[str] = "encoder"
     name_or_path: str = "all-minilm-l6-v2"
@@ -62,13 +61,9 @@ class EncoderSettings:
 
 @settings_class
 class TransformSettings:
-    """``transform``: which transforms are compared and how they are fitted.  ``dims``, ``dims_by_layer``
-    (clip group), ``k`` (whiten group) and ``abtt_d`` (abtt group) are absent when their group is not
-    selected (then None); ``min_fit_ratio`` and ``allow_degenerate`` guard every fitted transform
-    (evaluate.yaml).
-
-    Defaults: the default group list, ``transform=[none,clip,whiten]`` (``configs/transform/``), so ``use``
-    names those three and ``abtt_d`` is None (abtt not selected)."""
+    """``transform``: which transforms are compared and how they are fitted.  ``dims``/``dims_by_layer`` (clip),
+    ``k`` (whiten) and ``abtt_d`` (abtt) are None when their group is not selected (default:
+    ``transform=[none,clip,whiten]``); ``min_fit_ratio`` and ``allow_degenerate`` guard every fitted transform."""
 
     SECTION: ClassVar[str] = "transform"
     # a factory: a dict default would be shared by every instance (dataclasses refuse it)

@@ -7,11 +7,8 @@ from its node (``defaults: [/settings/<section>@_here_, _self_]``) and states on
 schemas (OmegaConf 2.3 cannot represent ``str | dict | None`` nor merge presets onto frozen nodes: docs/design.md,
 "Decisions already taken").
 
-``load_settings`` builds a class from a composed section, with the two rules of a composed config that a class
-cannot know: ``???`` (a value only the user can give) is refused, and a section composed without its defaults (a
-hand-written mapping) must state every key -- a key missing there is a typo, and the run's saved config would not
-say what it ran with; only the keys whose group may be unselected (``typed_settings.optional``) may be absent.
-Kept free of heavy imports (no torch).
+``load_settings`` builds a class from a composed section, refusing ``???`` and, in a section composed without its
+defaults, a missing key (the saved config would not say what ran), but those of an unselected group.  No torch.
 """
 
 from __future__ import annotations
@@ -32,18 +29,14 @@ from outlierlab.configuration.typed_settings import ABSENT
 
 S = TypeVar("S")
 
-#: The sections whose defaults Hydra composes from the classes above: each is stored in Hydra's ConfigStore as
-#: ``settings/<section>`` (:func:`register_defaults`), and every preset of the section (``configs/wic/superglue.yaml``,
-#: ``configs/encoder/bert_base_uncased.yaml``) starts from it and states only what it changes.  ``transform`` is not
-#: among them: its keys are the union of the transform groups a run selects (``transform=[none,clip]``), so its
-#: defaults are that selection, not one node.
+#: The config groups whose defaults are stored as ``settings/<section>`` for every preset to start from; not
+#: ``transform``, whose keys are the union of the groups a run selects.
 DEFAULTS_FROM_PYTHON: tuple[type, ...] = (EncoderSettings, WicSettings, StsSettings, AblationSettings, FrequencySettings,
                                           AttentionSinksSettings, FrequentTokensSettings, QKOutliersSettings,
                                           OrderUseSettings, QuantizationSettings)
 #: The transform keys every selection shares (the rest come from the transform groups selected).
 TRANSFORM_GUARD = ("fit_on", "min_fit_ratio", "allow_degenerate")
-#: The evaluate.yaml sections that are not config groups: one stored node, ``settings/evaluate``, holds them all
-#: (with :data:`TRANSFORM_GUARD`).
+#: The evaluate.yaml sections that are not config groups, stored in one node, ``settings/evaluate``.
 EVALUATE_SECTIONS: tuple[type, ...] = (DataSettings, OutliersSettings, AnisotropySettings, IsotropySettings,
                                        SelfSimilaritySettings)
 
@@ -65,8 +58,7 @@ def defaults_node(cls: type) -> dict:
 
 
 def register_defaults() -> None:
-    """Store every section's defaults in Hydra's ConfigStore (idempotent; run before any config is composed: the
-    entry points and ``outlierlab.configuration.composing.compose_config`` do)."""
+    """Store every section's defaults in Hydra's ConfigStore; idempotent, before any composition."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
@@ -78,10 +70,7 @@ def register_defaults() -> None:
 
 
 def load_settings(cls: type[S], node: Any, section: str | None = None) -> S:
-    """``cls`` (a settings class) from a config node (DictConfig, mapping, or None: an absent section).
-
-    Raises ``ValueError`` in one line naming the section: ``???`` left unset, unknown keys (with the valid keys),
-    missing keys, a wrong type or a value out of range."""
+    """``cls`` from a config node (None: absent); a bad node is one ``ValueError`` line naming the section."""
     section = section or cls.SECTION
     if OmegaConf.is_dict(node):
         unset = [str(k) for k in node if OmegaConf.is_missing(node, k)]
@@ -117,9 +106,7 @@ def section_settings(cls: type[S], root_cfg: Any) -> S:
 
 
 def given_sections(settings: Sequence[Any] | None, allowed: Sequence[type], overrides: Sequence[str]) -> dict[str, dict]:
-    """``settings`` (typed sections, each of a class in ``allowed``) as plain config sections, each class at most
-    once, or one line naming the bad item; an override of a key of a section given whole is refused (composed
-    first, the section would replace it without a word)."""
+    """Typed ``settings`` as config sections; an override of a key of a section given whole is refused."""
     if settings is None:
         return {}
     if isinstance(settings, (str, bytes)) or not isinstance(settings, Sequence):

@@ -1,16 +1,10 @@
 """Strictly typed settings classes whose every refusal is one line naming ``section.key``.
 
-``settings_class`` makes a class with a ``SECTION`` name and annotated fields a frozen pydantic dataclass in strict
-mode: a wrong type (``threshold='high'``, ``top_k=2.5``, ``top_k=True``), a value outside the range or choices its
-type declares (``Share``: (0, 1]; ``Literal["share", "sigma"]``) or an unknown key is refused when the object is
-built -- from a config or from Python -- as one ``ValueError`` line (``outliers.threshold must be <= 1, got 2``), and
-``__post_init__`` checks what involves several keys with ``require``.  Two conversions a config needs: a list
-where a tuple is declared (YAML has no tuples) and one name without brackets (``data.files=a.txt``) as a one-item
-list.  pydantic does the validation; what is written here is only the wording, which pydantic's several-line
-reports do not give.
-
-The settings of ``evaluate.py`` (``run_settings``, ``analysis_settings``) and of ``probe.py`` (``probe_settings``)
-are built with it.  Kept free of heavy imports (no torch): the entry points validate before torch loads.
+``settings_class`` makes a class with a ``SECTION`` name and annotated fields a frozen, strict pydantic dataclass: a
+wrong type, a value outside its declared range or choices, or an unknown key is refused when built, as one
+``ValueError`` line (``outliers.threshold must be <= 1, got 2``); ``__post_init__`` checks several keys with
+``require``.  A list is taken where a tuple is declared, and one name without brackets (``data.files=a.txt``) as a
+one-item list.  No heavy imports: the entry points validate before torch loads.
 """
 
 from __future__ import annotations
@@ -49,8 +43,7 @@ ABSENT = "absent"
 
 
 def optional(default: Any, absent: Any = None) -> Any:
-    """A key the composed config may lack (its group not selected): ``default`` is the default composed config's
-    value, ``absent`` what ``load_settings`` passes when the key is missing."""
+    """A key the composed config may lack (group not selected): its ``default`` and its ``absent`` value."""
     return dataclasses.field(default=default, metadata={ABSENT: absent})
 
 

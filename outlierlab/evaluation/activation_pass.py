@@ -2,13 +2,10 @@
 
 ``ActivationObserver`` subscribes to the forward of ``run_sentence_pass``, so these cost no extra encoding:
 
-* ``activations.ActivationAccumulator`` on every hidden state's raw tokens — kurtosis (He et al. 2024), max/median
-  (He et al. 2024; Sun et al. 2024), the largest |x| with its dim and token, the |x|-argmax share;
-* ``position_shares.PositionArgmaxCounts`` — |x|-argmax counts by position bucket (Luo et al. 2021 §3);
-* ``models.sites.InfNormRecorder`` hooks — ‖x‖∞ at the FFN output and around the output LayerNorm (Bondarenko et al.
-  2023) over the non-pad tokens, special tokens included (BERT's largest sit on ``[SEP]``).
-
-``activation_columns`` and ``activation_section`` give ``outliers.csv`` columns and a report section.
+kurtosis (He et al. 2024), max/median (He et al. 2024; Sun et al. 2024), the largest |x| with its dim and token and
+the |x|-argmax share of every hidden state's raw tokens; |x|-argmax counts by position bucket (Luo et al. 2021 §3);
+‖x‖∞ at the FFN output and around the output LayerNorm (Bondarenko et al. 2023) over the non-pad tokens, special
+tokens included (BERT's largest sit on ``[SEP]``).
 """
 
 from __future__ import annotations
@@ -32,9 +29,7 @@ ACTIVATION_COLUMNS = ["kurtosis", "max_median", "max_abs", "max_abs_dim", "max_a
 
 
 class ActivationObserver(Consumer):
-    """A subscriber of the sentence pass's forward: each layer's raw valid tokens go into its ``ActivationAccumulator``;
-    the inf-norm hooks sit on ``encoder.model`` while the forward runs (``open`` / ``close``); the encoder's tokenizer
-    maps the max-|x| token id to text."""
+    """Raw valid tokens into an ``ActivationAccumulator``, inf-norm hooks on the model during the forward."""
 
     def __init__(self, encoder) -> None:
         self.encoder = encoder
@@ -58,8 +53,7 @@ class ActivationObserver(Consumer):
             self.recorder.__exit__(None, None, None)
 
     def update(self, layer: int, vectors: Tensor, batch) -> None:
-        """One layer of one batch: ``vectors [1, N, d]`` (non-special, non-pad); the batch's token ids name the
-        max-|x| token."""
+        """One layer of one batch: ``vectors [1, N, d]``; the batch's token ids name the max-|x| token."""
         acc = self.layer_accs[layer]
         offset, before = acc.n_tokens, acc.max_token.clone()
         acc.update(vectors)
@@ -119,8 +113,7 @@ def activation_section(cols: list[dict], note: str = "") -> str:
 
 
 def position_share_section(rows: list[dict]) -> str:
-    """Markdown: per layer, the share of its |x|-argmax dim in each position bucket
-    (``PositionArgmaxCounts`` rows), with the tokens of each bucket."""
+    """Markdown: per layer, the share of its |x|-argmax dim in each position bucket, with their tokens."""
     buckets = list(dict.fromkeys(r["positions"] for r in sorted(rows, key=lambda r: r["first_position"])))
     by_layer: dict[int, dict[str, dict]] = {}
     for r in rows:

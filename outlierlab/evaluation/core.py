@@ -1,10 +1,8 @@
 """The evaluation itself, in memory: every selected analysis (``outlierlab.evaluation.registry``) on one frozen
 encoder, their rows returned as tables.  Nothing is written here but the figures of a run that asks for them.
 
-``outlierlab.api.evaluate`` returns what ``run_analyses`` computes; ``outlierlab.evaluation.run_writer`` writes the
-same results as ``<name>.csv``, ``report.md``, ``results.json`` and TensorBoard scalars (``python evaluate.py``,
-``ol.evaluate(out_dir=...)``), so the command line and the Python API are equal by construction.  The checks before
-the model loads (names, settings, files) need no torch.
+``ol.evaluate`` returns what ``run_analyses`` computes and ``run_writer`` writes it, so the command line and the
+Python API are equal by construction.  The checks before the model loads need no torch.
 """
 
 from __future__ import annotations
@@ -29,14 +27,12 @@ from outlierlab.configuration.settings_store import section_settings
 
 # ----------------------------------------------------------------------------------- light validation
 def analysis_module(name: str) -> str:
-    """The module of analysis ``name``: a built-in's (``ANALYSIS_MODULES``), or ``name`` itself when it is a
-    dotted module path (an analysis of one's own, ``outlierlab.evaluation.registry``)."""
+    """The module of analysis ``name``: a built-in's, or ``name`` itself when it is a dotted module path."""
     return ANALYSIS_MODULES.get(name, name)
 
 
 def selected_analyses(cfg, given: Mapping[str, Any] | None = None) -> list[str]:
-    """``analyses=[...]`` checked against the registry, the import path and the analysis objects ``given`` by a
-    Python caller (no torch import)."""
+    """``analyses=[...]`` checked against the registry, the import path and the objects ``given`` (no torch)."""
     names = cfg.get("analyses")
     names = [names] if isinstance(names, str) else [str(n) for n in (names or [])]
     if not names:
@@ -58,8 +54,7 @@ def selected_analyses(cfg, given: Mapping[str, Any] | None = None) -> list[str]:
 
 
 def given_analyses(analyses: Sequence[Any]) -> dict[str, Any]:
-    """The analysis objects of ``analyses`` (names aside) by name.  A name is the table the object's rows come back
-    as, so it may name neither a built-in analysis (which it would replace, unasked) nor a second object."""
+    """The analysis objects of ``analyses`` by name; a name may be neither a built-in's nor a second object's."""
     given: dict[str, Any] = {}
     for analysis in (a for a in analyses if not isinstance(a, str)):
         name = analysis_name(analysis)
@@ -93,33 +88,26 @@ def selected_transforms(cfg) -> list[str]:
 
 
 def check_settings(cfg, analyses: list[str]) -> dict[type, Any]:
-    """Every config section the run reads, built as its typed settings (``outlierlab.configuration``, no
-    torch) and returned by class: an unknown or missing key, a wrong type or a value out of range fails here in one
-    line."""
+    """Every config section the run reads as its typed settings, by class: a bad key or value fails in one line."""
     return {cls: section_settings(cls, cfg)
             for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses if n in SETTINGS)])}
 
 
 def check_files(cfg, encoder_given: bool = False) -> list[str]:
-    """Every data file the user gave is usable (outlierlab.datamodules.validation), before the model loads; returns
-    warnings about valid-but-weak input (printed, and kept in the report). ``encoder_given``: the encoder is already
-    loaded (or a model in memory), so ``encoder.name_or_path`` is only its name, not something to look for."""
+    """Warnings about weak input once every data file is found usable, before the model loads."""
     return validate_inputs(cfg, "evaluate", check_encoder=not encoder_given)
 
 
 @dataclass
 class Evaluation:
-    """What one evaluation computed: each analysis' result (rows, report section, summary, side tables), the
-    run's facts (``meta``: encoder, sentences, fits, seconds) and each CSV's header (``columns``)."""
+    """What one evaluation computed: each analysis' result, the run's facts (``meta``) and each CSV's header."""
 
     results: list[AnalysisResult]
     meta: dict[str, Any]
     columns: dict[str, list[str]] = field(default_factory=dict)
 
     def tables(self) -> dict[str, Any]:
-        """One pandas DataFrame per analysis and per side table (``anisotropy_contributions``, ``layernorm``,
-        ``position_rows``), with the header and the cells of its CSV: list cells joined by ``;``, an empty cell
-        as NaN; ``attrs["skipped"]`` says why a skipped analysis has no rows."""
+        """One DataFrame per table, as its CSV; ``attrs["skipped"]`` says why a skipped analysis has no rows."""
         out = {}
         for res in self.results:
             out[res.name] = rows_table(res.rows, self.columns[res.name])
@@ -147,12 +135,8 @@ def rows_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]):
 
 def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, texts: Sequence[str] | None = None,
                  out_dir: str | Path | None = None, tb=None) -> Evaluation:
-    """Every analysis ``cfg.analyses`` selects on one frozen encoder, in memory.
-
-    ``encoder``: an already loaded ``FrozenEncoder`` (else the one ``cfg.encoder``
-    names); ``given``: analyses as objects (a module or anything with its ``run``/``consumers``), by the name
-    ``cfg.analyses`` selects them with; ``texts``: the evaluation sentences, in place of ``data.files``;
-    ``out_dir``: where figures go (None: none are drawn); ``tb``: a SummaryWriter an analysis may log to."""
+    """Every analysis ``cfg.analyses`` selects on one frozen encoder, in memory; ``given``: analysis objects by
+    name; ``texts``: in place of ``data.files``; ``out_dir``: figures (None: none)."""
     given = dict(given or {})
     analyses = selected_analyses(cfg, given)
     settings = check_settings(cfg, analyses)
@@ -221,8 +205,7 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
 
 
 def _release_consumers(contexts: Mapping[str, EvalContext], analyses: Sequence[str]) -> None:
-    """Drop the subscribers of ``analyses[0]`` (just run) that no later analysis reads: what they hold (the
-    anisotropy reservoir, ``[L+1, 2000, d]``) is freed before WiC/STS encode their own sentences."""
+    """Free the subscribers of ``analyses[0]`` no later analysis reads (e.g. the anisotropy reservoir)."""
     later = {id(c) for n in analyses[1:] for c in contexts[n].consumers}
     shared = contexts[analyses[0]].shared
     shared.consumers = [c for c in shared.consumers if id(c) in later or c not in contexts[analyses[0]].consumers]
@@ -230,8 +213,7 @@ def _release_consumers(contexts: Mapping[str, EvalContext], analyses: Sequence[s
 
 
 def _columns(results: list[AnalysisResult], modules: Mapping[str, Any]) -> dict[str, list[str]]:
-    """Each table's header: a module's ``COLUMNS`` (a skipped analysis, STS without data, still has one) plus the
-    fit columns its fitted rows carry (whiten_n, abtt_d, ...); else its rows' keys, layer and transform first."""
+    """Each table's header: its ``COLUMNS`` plus its fit columns, else its rows' keys (layer, transform first)."""
     from outlierlab.metrics.transforms import FITTED
     from outlierlab.utils.tables import columns_of
 
@@ -247,9 +229,7 @@ def _columns(results: list[AnalysisResult], modules: Mapping[str, Any]) -> dict[
 
 
 def _fit_columns(res, shared, needs: set[str], consumers: list) -> None:
-    """Fitted rows (whiten, standardize, abtt, center) of an analysis computed on the shared pass (its
-    ``consumers``, or the statistics of its ``SENTENCE_PASS``, ``needs``) state what their map was fitted on;
-    those that only borrow the fitted maps (WiC/STS with ``transform.fit_on=sentences``) add their own."""
+    """Add what their map was fitted on to an analysis' fitted rows computed on the shared pass."""
     from outlierlab.metrics.transforms import FITTED
 
     st = shared.sentence_stats

@@ -1,8 +1,5 @@
-"""What encoding texts with a frozen encoder needs around the forward (the forward itself is
-``outlierlab.evaluation.sentence_stream.LayerStream``'s): the pass's log (``EncodeLog``, one truncation warning
-per pass), the tokens' character offsets for word-level analyses (``token_offsets``), and
-``distinct_texts``, which maps repeated texts (an STS file built from 50 documents has 1,225 pairs but 50
-texts) to one encoding each, with ``encode_log_line`` saying how many were encoded.
+"""What encoding texts needs around the forward: the pass's log (``EncodeLog``, one truncation warning per pass), the
+tokens' character offsets (``token_offsets``) and ``distinct_texts`` (repeated texts, e.g. STS pairs, encoded once).
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ class EncodeLog:
 
 
 def token_offsets(encoder, tok) -> tuple[list, list]:
-    """Per text, its tokens' character offsets and special-token mask as ``FrozenEncoder.tokenize`` kept them in ``tok``
-    (fast tokenizer): what word-level analyses map words to tokens with."""
+    """Per text, its tokens' character offsets and special mask as ``FrozenEncoder.tokenize`` kept them."""
     if getattr(tok, "offsets", None) is None:
         tk = encoder.tokenizer
         raise ValueError(f"the tokenizer of {encoder.source.name} ({type(tk).__name__}) gives no character offsets; "
@@ -45,8 +41,7 @@ def finish_encode_log(stats: EncodeLog, what: str, notes: list[str], max_length:
 
 
 def distinct_texts(texts: Sequence[str]) -> tuple[list[str], list[int]]:
-    """``(unique, index)``: the distinct texts in first-seen order and, per occurrence, its index in ``unique``
-    (encoding is deterministic, so one encoding per distinct text gives the same vectors)."""
+    """``(unique, index)``: the distinct texts in first-seen order and each occurrence's index in ``unique``."""
     where: dict[str, int] = {}
     index = [where.setdefault(t, len(where)) for t in texts]
     return list(where), index

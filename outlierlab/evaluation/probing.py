@@ -1,12 +1,9 @@
 """The linear probes of ``python probe.py`` and ``ol.probe_positions``: extract (cached) features, fit transforms on
 train, probe all layers, report.
 
-Flow (data flows one way): config -> ``FrozenEncoder`` ->
-``extract_features`` (cached) -> per transform: fit on the TRAINING split ->
-``PositionProbe`` / ``SentenceClassifier``
-on all layers at once -> rows (layer x transform) and side tables, in memory (``probe``, a ``ProbeResult``:
-what ``outlierlab.api.probe_positions`` returns) -> CSV / Markdown / PNG / TensorBoard in the run dir
-(``run``, the only writer of them).
+Flow: config -> ``FrozenEncoder`` -> ``extract_features`` -> per transform, fit on the TRAINING split ->
+``PositionProbe`` / ``SentenceClassifier`` on all layers at once -> a ``ProbeResult`` in memory (``probe``) -> files
+in the run dir (``run``, their only writer).
 """
 
 from __future__ import annotations
@@ -161,8 +158,7 @@ def _where(fs) -> str:
 
 
 def similarity_by_distance(fs, max_distance: int) -> list[dict]:
-    """Mean cosine of two tokens of one sentence by their distance, per layer (Zuo et al. 2025), from the cached
-    token features of every sentence, special tokens left out: rows ``layer, distance, cosine, n_pairs``."""
+    """Mean cosine of two tokens of a sentence by distance, per layer, specials left out (Zuo et al. 2025)."""
     acc = DistanceSimilarity(fs.num_layers, max_distance)
     sid, special = np.asarray(fs.sentence_id), np.asarray(fs.special)
     starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])  # rows of a sentence are contiguous, in order
@@ -207,8 +203,7 @@ def run_classifier(cfg, p: ProbeSettings, encoder: FrozenEncoder, logger) -> Pro
 
 
 def layernorm_note(encoder: FrozenEncoder) -> str:
-    """One line for the report: the norms the LayerNorm-outlier rule (default settings, as the training
-    monitor) judges in this encoder's family, the dims it flags, and how they relate to ``clip``."""
+    """One report line: the norms the LayerNorm-outlier rule judges here, the dims it flags, and clip."""
     from outlierlab.metrics.layernorm_rule import LayerNormRule, layernorm_outliers
     from outlierlab.models.layernorms import UnknownFamilyError, layernorm_tensors, model_layernorms
 
@@ -229,9 +224,7 @@ def layernorm_note(encoder: FrozenEncoder) -> str:
 
 @dataclass
 class ProbeResult:
-    """One probe run, in memory: the rows of ``<name>.csv`` (one per layer x transform), the facts of
-    ``probe_info.json``, the contributions behind the heatmap, the side tables ``{name: (rows, columns)}`` and
-    the report's extra sections -- everything ``run`` writes, before any file."""
+    """One probe run in memory: everything ``run`` writes (rows, facts, contributions, side tables)."""
 
     name: str  # position_probe | classifier: the table's CSV stem
     rows: list[dict]
@@ -246,9 +239,7 @@ class ProbeResult:
             self.tables[name] = (rows, columns)
 
     def frames(self) -> dict[str, Any]:
-        """Every table as a pandas DataFrame named by its CSV stem, with its CSV's header and cells (an empty cell
-        as NaN); the columns listing dims (``top_neurons``, ``outlier_dims``, ...) are their CSV strings
-        (``"308 381"``) whatever the dims, so one dim is not read as a number."""
+        """Every table as a DataFrame named by its CSV stem; dim columns stay ``;``-joined strings."""
         import pandas as pd
 
         main = rows_table(self.rows, COLUMNS)
@@ -260,9 +251,7 @@ class ProbeResult:
 
 def probe(cfg, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None = None,
           logger=None) -> ProbeResult:
-    """The probe described by ``cfg`` (configs/probe.yaml), in memory: no file unless ``features.cache_dir`` is set
-    (the feature cache) or ``logger`` writes.  ``encoder``: an already loaded one instead of ``cfg.encoder``'s;
-    ``texts``: the position probe's sentences instead of ``data.files``."""
+    """The probe described by ``cfg``, in memory; ``encoder`` and ``texts`` replace the configured ones."""
     p = check_settings(cfg)
     one_console_for_lightning()
     seed_everything(int(cfg.seed), verbose=False)
@@ -271,9 +260,7 @@ def probe(cfg, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None
 
 
 def run(cfg, run_dir: str | Path, encoder: FrozenEncoder | None = None, texts: Sequence[str] | None = None) -> dict:
-    """``probe`` (``encoder``, ``texts`` as there) with every output written into ``run_dir``: the tables as
-    CSVs, ``probe_info.json``, ``probe_report.md``, the PNG plots and TensorBoard scalars -- holding the directory's
-    lock (``utils.dir_lock.lock_run_dir``: one writer per directory, from the command line or Python)."""
+    """``probe`` with every output written into ``run_dir``, holding the directory's lock."""
     from outlierlab.utils.dir_lock import lock_run_dir
 
     run_dir = Path(run_dir)
@@ -294,8 +281,7 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str]
 
     check_settings(cfg)  # a refused setting leaves the earlier probe's outputs where they are
     run_dir.mkdir(parents=True, exist_ok=True)
-    # before the logger opens its event file: the earlier probe's events and tables (order_use.csv of a run with
-    # the order-use step on) went on sitting beside a report that no longer named them
+    # before the logger opens its event file: no earlier probe's outputs beside a report that does not name them
     remove_earlier_outputs(run_dir, PROBE_INFO, _listed_outputs, say=("probe", "probe"))
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     result = probe(cfg, encoder, texts, logger)
@@ -304,8 +290,7 @@ def _run(cfg, run_dir: Path, encoder: FrozenEncoder | None, texts: Sequence[str]
     paths = [write_csv(run_dir / f"{name}.csv", rows, cols) for name, (rows, cols) in result.tables.items()]
     paths += write_outputs(result.rows, result.info, run_dir, result.name, result.contributions, result.sections)
     logger.finalize("success")
-    # written last and naming every output, so that a probe_info.json on disk means they are all there and the
-    # next probe in this directory removes exactly these
+    # written last, naming every output: its presence means they are all there
     info = {**result.info, "files": output_names(paths, PROBE_INFO, tensorboard=True)}
     write_atomic(run_dir / PROBE_INFO, json.dumps(info, indent=2, default=str))
     paths.append(run_dir / PROBE_INFO)
@@ -324,8 +309,7 @@ def _listed_outputs(earlier: Any) -> list | None:
 
 @contextmanager
 def _quiet_lightning():
-    """Without Lightning's per-Trainer banners and data-loader hints (one Trainer per layer and transform), and
-    with both back as they were afterwards: ``ol.probe_positions`` in a notebook leaves a later run's logs alone."""
+    """Without Lightning's per-Trainer banners and hints, both restored afterwards."""
     names = ("lightning.pytorch", "lightning.fabric")
     levels = {name: logging.getLogger(name).level for name in names}
     with warnings.catch_warnings():
@@ -341,11 +325,8 @@ def _quiet_lightning():
 
 
 def order_use(encoder: FrozenEncoder, texts: list[str], seed: int):
-    """Whether the model *uses* the order the position probe decodes: evaluate.py's ``order_use``
-    (``outlierlab.evaluation.analyses.order_use.measure``, its default settings) on the probe's first sentences --
-    order use in nats with the model's LM head, else how far shuffling moves each layer's sentence vectors
-    (docs/order_use.md): the model's row, one per layer, and a section of the report.  A learned table's rows are
-    decodable in a model that ignores order, so the probe's accuracy alone cannot say it."""
+    """Whether the model *uses* the order the probe decodes (a learned table's rows are decodable anyway):
+    evaluate.py's ``order_use`` on the probe's first sentences, its rows and a report section."""
     from outlierlab.evaluation.analyses.order_use import measure
     from outlierlab.configuration.analysis_settings import OrderUseSettings
     from outlierlab.models.lm_model import load_mlm

@@ -1,6 +1,5 @@
-"""An evaluation written into a directory: the engine's results (``outlierlab.evaluation.core``) as ``<name>.csv``,
-``report.md``, ``results.json``, figures and TensorBoard -- the only writer of them, for ``python evaluate.py`` and
-``ol.evaluate(out_dir=...)`` alike.
+"""An evaluation written into a directory (``<name>.csv``, ``report.md``, ``results.json``, figures, TensorBoard): the
+only writer of them, for ``python evaluate.py`` and ``ol.evaluate(out_dir=...)`` alike.
 """
 
 from __future__ import annotations
@@ -16,10 +15,7 @@ from outlierlab.reports import run_outputs
 
 def evaluate(cfg: DictConfig, run_dir: str | Path, encoder=None, given: Mapping[str, Any] | None = None,
              texts: Sequence[str] | None = None) -> dict:
-    """Run every selected analysis (``outlierlab.evaluation.core.run_analyses``: ``encoder``, ``given`` and
-    ``texts`` as there) and write the outputs into ``run_dir``, holding its lock (``utils.dir_lock.lock_run_dir``:
-    one writer per directory, from the command line or Python); returns the results, the run's facts and the paths
-    written."""
+    """``run_analyses`` with its outputs written into ``run_dir`` (locked); returns results, facts and paths."""
     from outlierlab.utils.dir_lock import lock_run_dir
 
     run_dir = Path(run_dir)
@@ -61,8 +57,7 @@ _REPORT = "report.md"
 
 
 def outputs_of(results: Sequence[Any], tensorboard: bool) -> list[str]:
-    """The names, relative to the run directory, of every file an evaluation with these results writes: each
-    analysis' CSV, its side tables and figures, ``results.json``, ``report.md`` and (``tensorboard/``) its events."""
+    """The names, relative to the run directory, of every file an evaluation with these results writes."""
     names = {f"{r.name}.csv" for r in results}
     names |= {f"{t}.csv" for r in results for t in r.tables}
     names |= {Path(f).name for r in results for f in r.figures}
@@ -70,8 +65,7 @@ def outputs_of(results: Sequence[Any], tensorboard: bool) -> list[str]:
 
 
 def _listed(earlier: Any) -> list | None:
-    """The files an earlier evaluation's ``results.json`` names (``reports.run_outputs``: the rule probe.py follows
-    too)."""
+    """The files an earlier evaluation's ``results.json`` names (``reports.run_outputs``)."""
     if not isinstance(earlier, dict) or not isinstance(earlier.get("meta"), dict):
         return None  # not an evaluation's results.json: nothing is removed
     files = earlier["meta"].get("files")

@@ -2,19 +2,12 @@
 statistics to one ``LayerStream``.
 
 Memory never grows with the sentences: texts are tokenized ``chunk`` at a time and each layer of each batch is reduced
-as produced.  The subscribers (``Consumer``; shared by ``key``):
+as produced.  The subscribers: ``OutlierCounts`` (Luo et al. 2021 §2; the raw ones give clip its dims),
+``AnisotropyReservoir`` (Ethayarajh 2019; Luo §4.1), ``WordSimilarity`` (Ethayarajh 2019) and ``ActivationObserver``.
 
-* ``OutlierCounts`` — per-layer mean vector, argmax/argmin counts (Luo et al. 2021 §2), per transform (the raw ones
-  also give clip its dims);
-* ``AnisotropyReservoir`` — one random raw token of each of at most ``n_sentences`` sentences (Ethayarajh 2019;
-  Luo §4.1), transformed afterwards;
-* ``WordSimilarity`` — per target word Σ of unit vectors, and intra-sentence similarities (Ethayarajh 2019);
-* ``ActivationObserver`` — kurtosis, max/median, inf-norms.
-
-Clip needs its dims and the fitted maps a fit before they apply, so the pass is two loops with **the fit** between
-(``_fit``): the forward feeds the raw statistics and stores the tokens; the maps are summed from the stored tokens layer
-by layer (``Whitener.fit_by_layer``, guarded); the replay feeds the transforms fitted then (and, with a replay, every
-transform's word statistics, one layer at a time).  No replay when nothing needs it.
+Clip's dims and the fitted maps need a fit before they apply, so the pass is two loops with **the fit** between: the
+forward feeds the raw statistics and stores the tokens, the maps are summed from them layer by layer, and the replay
+feeds the fitted transforms.  No replay when nothing needs it.
 """
 
 from __future__ import annotations
@@ -45,9 +38,7 @@ from outlierlab.evaluation.words import select_words
 # -------------------------------------------------------------------------------------------- the pass
 @dataclass
 class SentenceStats:
-    """What the shared pass itself knows: the transforms it fitted (clip's dims, the maps, Σ), the raw outlier counts
-    clip detects from, the target words and how the texts were encoded.  Statistics live in each subscriber's
-    ``result()``, not here."""
+    """What the shared pass itself knows: fitted transforms, raw outlier counts, target words, the encoding."""
 
     num_layers: int  # L+1 (embedding output + every layer)
     dim: int
@@ -60,9 +51,7 @@ class SentenceStats:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def release_layer_state(self) -> None:
-        """Drop what grows with L·d² — the fitted maps and Σ (``[L, d, d]``) — once no analysis left reads them
-        (``evaluate.py``, before WiC/STS encode their own sentences and fit their own maps: not both at once: maps
-        kept on disk delete their files).  Clip's dims and the fit descriptions (CSV columns) stay."""
+        """Drop the fitted maps and Σ (``[L, d, d]``) once no analysis reads them; clip's dims stay."""
         for w in {id(w): w for w in [*self.transforms.fitted.values(), self.transforms.source] if w}.values():
             w.release_maps()
 
@@ -85,8 +74,7 @@ def _model_dtype(encoder) -> torch.dtype:
 
 # ------------------------------------------------------------------------------ what the pass subscribes
 class OutlierCounts(Consumer):
-    """Luo et al. 2021 §2: per-layer mean vector and argmax/argmin counts after ``transform`` (``OutlierAccumulator``);
-    the outliers analysis and clip's detection share the raw ones (``key``)."""
+    """Luo et al. 2021 §2: per-layer mean vector and argmax/argmin counts after ``transform``."""
 
     def __init__(self, transform: str, num_layers: int) -> None:
         self.transform, self.layers, self.key = transform, [None] * num_layers, ("outlier_counts", transform)
@@ -97,16 +85,13 @@ class OutlierCounts(Consumer):
         self.layers[layer].update(vectors)
 
     def result(self, dim: int | None = None) -> OutlierAccumulator:
-        """The layers stacked; a layer that saw no token is empty, of width ``dim`` (default: the width the other
-        layers had after the transform, ``d'``)."""
+        """The layers stacked; a layer that saw no token is empty, of width ``dim`` (default: the others' ``d'``)."""
         dim = next((a.sum.shape[-1] for a in self.layers if a is not None), dim)
         return stack_layers([a if a is not None else OutlierAccumulator(1, dim) for a in self.layers])
 
 
 class AnisotropyReservoir(Consumer):
-    """Ethayarajh 2019; Luo §4.1: one random raw token of each of at most ``capacity`` sentences per layer
-    (``AnisotropyAccumulator``, model dtype).  Draws do not depend on values, so transforming the reservoir afterwards
-    (``pairs``) equals drawing transformed vectors; anisotropy, isotropy and self-similarity share it (``key``)."""
+    """Ethayarajh 2019; Luo §4.1: a random raw token of each of at most ``capacity`` sentences per layer."""
 
     def __init__(self, capacity: int, seed: int) -> None:
         self.capacity, self.seed, self.key = capacity, seed, ("anisotropy_reservoir", capacity, seed)
@@ -133,8 +118,7 @@ class AnisotropyReservoir(Consumer):
         return self.stacked
 
     def pairs(self, transforms: FittedTransforms, name: str, layer: int) -> tuple[Tensor, Tensor]:
-        """One layer's anisotropy pairs after transform ``name``: two float32 ``[1, P, d']``.  Read one layer at a
-        time: ``[L, P, d]`` float64 copies would be ≈ 10 GB at 70B."""
+        """One layer's anisotropy pairs after ``name``, two float32 ``[1, P, d']`` (all layers: ≈ 10 GB at 70B)."""
         a, b = self.result().pair_vectors(layer)
         return tuple(transforms.get(name, self.full.vectors.shape[-1]).select([layer])(x) for x in (a, b))
 
@@ -146,8 +130,7 @@ class AnisotropyReservoir(Consumer):
 
 class WordSimilarity(Consumer):
     """Ethayarajh 2019: per target word the sum of its unit vectors (self-similarity) and per sentence the mean
-    similarity of its words (intra-sentence), after ``transform``.  Each layer's ``[K, d]`` sums are compacted to
-    squared norms as soon as the layer is complete."""
+    similarity of its words (intra-sentence), after ``transform``; each layer's sums kept as squared norms."""
 
     words = True
 
@@ -196,8 +179,7 @@ class WordSimilarity(Consumer):
 
 
 class WhitenerSums(Consumer):
-    """The float64 Σx and Σxxᵀ the fitted transforms come from, streamed along the forward: only without a
-    token store (``data.one_pass=false``); with one, they are summed from the stored tokens after the pass."""
+    """Σx and Σxxᵀ (float64) streamed along the forward, only without a token store (``data.one_pass=false``)."""
 
     def __init__(self, whitener: Whitener) -> None:
         self.full, self.views = whitener, layer_views(whitener)
@@ -217,18 +199,11 @@ def run_sentence_pass(encoder, texts: Sequence[str], transforms: Sequence[str] =
                       seed: int = 0, batch_size: int | None = None, progress: bool = False,
                       need_whitener: bool = False, need_covariance: bool = False,
                       consumers: Sequence[Consumer] = ()) -> SentenceStats:
-    """The shared pass over ``texts`` (module docstring).  Settings are ``configs/evaluate.yaml``'s sections as their
-    frozen classes (``outlierlab.configuration``); ``**pass_settings(cfg)`` passes a composed config's.
-
-    transforms : to compare (subset of ``TRANSFORMS``)
-    outliers : the rule clip detects its dims with (Luo et al. App. D.1) unless ``transform.dims``/``dims_by_layer``
-    self_similarity : which words are targets; data : ``chunk`` and ``one_pass`` (False: the replay is a second forward)
-    transform : clip's dims, whiten's k, abtt's D and the guard (``WhitenSettings.from_settings``)
-    need_whitener : fit the maps even if no consumer reads them (the reservoir; WiC/STS with ``fit_on=sentences``)
-    need_covariance : keep every layer's Σ (IsoScore)
-    consumers : fed in the forward when their transform is ready, else in the replay; the raw outlier counts (key
-        ``("outlier_counts", "none")``) are the ones clip detects from
-    """
+    """The shared pass over ``texts``; settings are evaluate.yaml's sections as typed classes
+    (``**pass_settings(cfg)``).  ``outliers``: the rule clip detects its dims with (Luo et al. App. D.1) unless
+    ``transform.dims`` is set; ``need_whitener``: fit the maps even if no consumer reads them; ``need_covariance``:
+    keep every layer's Σ (IsoScore); ``consumers``: fed in the forward when their transform is ready, else in the
+    replay."""
     texts, extra = _checked(texts, transforms, consumers)
     n_layers, dim = encoder.num_layers + 1, encoder.hidden_size
     ss = self_similarity
@@ -286,8 +261,7 @@ def _checked(texts: Sequence[str], transforms: Sequence[str], consumers: Sequenc
 
 def _fit(st: SentenceStats, transforms, fitted, whiten: WhitenSettings, stream: LayerStream, sums, need_covariance,
          rule: OutliersSettings) -> None:
-    """The phase between the two loops: clip's dims detected from the raw outlier counts, the fitted maps from
-    the stored tokens one layer at a time (or from the sums streamed along the forward)."""
+    """The phase between the two loops: clip's dims from the raw counts, the maps from the stored tokens."""
     ft, n_texts = st.transforms, len(stream.texts)
     if "clip" in transforms and ft.clip_dims is None:
         acc = st.outliers["none"]
@@ -317,16 +291,13 @@ def evaluation_sentences(data: DataSettings) -> list[str]:
 
 
 def pass_settings(cfg) -> dict[str, Any]:
-    """The settings keywords of ``run_sentence_pass`` from a composed ``evaluate.py`` config: its sections
-    ``outliers``, ``self_similarity``, ``data`` and ``transform``, and the top-level ``seed``."""
+    """``run_sentence_pass``'s settings keywords from a composed ``evaluate.py`` config."""
     return dict(outliers=section_settings(OutliersSettings, cfg),
                 self_similarity=section_settings(SelfSimilaritySettings, cfg), data=section_settings(DataSettings, cfg),
                 transform=section_settings(TransformSettings, cfg), seed=int(cfg.seed))
 
 
-#: What an analysis may ask the shared pass's fit for beyond what its subscribers need (their statistics are their
-#: own ``result()``): it lists them in its module's ``SENTENCE_PASS`` (a set, or a function of its context returning
-#: one), and the pass fits the union of the selected analyses' needs.
+#: What an analysis may ask the shared pass's fit for (its module's ``SENTENCE_PASS``); the pass fits the union.
 PASS_NEEDS = {"covariance": "Σ of every layer (IsoScore)",
               "fitted_maps": "the fitted transforms, applied after the pass (to the anisotropy reservoir) or by WiC/STS"}
 
@@ -343,8 +314,7 @@ def pass_needs(module, ctx) -> set[str]:
 
 
 def sentence_stats(ctx) -> SentenceStats:
-    """The shared pass of an ``evaluate.py`` run (once, in ``ctx.shared.sentence_stats``), configured for every selected
-    analysis: their ``SENTENCE_PASS`` declarations (``ctx.shared.needs``, ``PASS_NEEDS``) and subscribers."""
+    """The shared pass of an ``evaluate.py`` run (once), configured for every selected analysis."""
     if ctx.shared.sentence_stats is not None:
         return ctx.shared.sentence_stats
     cfg, needs = ctx.root_cfg, ctx.shared.needs
@@ -363,8 +333,7 @@ def sentence_stats(ctx) -> SentenceStats:
 
 
 def task_transforms(ctx) -> FittedTransforms:
-    """The transforms of an analysis that encodes its own texts (WiC, STS), clip ready: ``transform.dims`` /
-    ``dims_by_layer`` or the dims detected on the evaluation sentences; the fitted maps are the analysis' to add."""
+    """The transforms of an analysis encoding its own texts (WiC, STS), clip's dims ready; maps its own."""
     ft = FittedTransforms()
     if "clip" not in ctx.transforms:
         return ft
@@ -378,14 +347,12 @@ def task_transforms(ctx) -> FittedTransforms:
 
 
 def borrow_fitted_maps(ctx, ft: FittedTransforms, names) -> None:
-    """The sentence pass's fitted maps ``names`` put into ``ft`` with what they were fitted on
-    (``transform.fit_on=sentences``: WiC and STS apply the evaluation sentences' maps)."""
+    """Put the sentence pass's fitted maps ``names`` into ``ft`` (``transform.fit_on=sentences``)."""
     st = sentence_stats(ctx)
     for name in names:
         ft.set_whitener(st.transforms.fitted[name], st.transforms.fits[name])
 
 
 def fit_on_sentences(ctx) -> set[str]:
-    """``SENTENCE_PASS`` of WiC and STS: the sentence pass's fitted maps when they are theirs too
-    (``transform.fit_on=sentences``), else nothing."""
+    """WiC's and STS's ``SENTENCE_PASS``: the fitted maps with ``transform.fit_on=sentences``, else nothing."""
     return {"fitted_maps"} if ctx.settings(TransformSettings).fit_on == "sentences" else set()

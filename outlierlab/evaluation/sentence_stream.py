@@ -1,11 +1,8 @@
 """One per-layer stream of token vectors that analyses subscribe to.
 
 A ``LayerStream`` encodes texts once, one layer in memory at a time (``FrozenEncoder.forward_layers``), and hands every
-layer of every batch (its valid token vectors) to each subscribed ``Consumer`` exactly once.  A consumer declares
-``transform`` (``"none"`` = raw, or a transform applied per layer by the stream) and ``words`` (word vectors, the mean
-of each word's subwords, Ethayarajh 2019), and receives ``start``, ``update(layer, vectors, batch)``,
-``start_batch``/``end_batch`` around a forward, ``end_layer``, and keeps its own ``result()``.  Every analysis reading
-hidden states does so here.
+layer of every batch (its valid token vectors) to each subscribed ``Consumer`` exactly once, raw or transformed,
+as tokens or words (the mean of each word's subwords, Ethayarajh 2019).
 
 A transform fitted on the same vectors is applied in a second loop — **the fit is a phase between two loops**:
 
@@ -16,10 +13,8 @@ A transform fitted on the same vectors is applied in a second loop — **the fit
     whitener = stream.fit(settings, ["whiten"])      # the fit: from the stored tokens, one layer at a time
     stream.replay([clip_counts, whiten_words], transforms)  # loop 2: the stored tokens, one layer at a time
 
-The replay reads the tokens the forward stored (``features.LayerTokenStore``, model dtype) one layer at a time in the
-forward's batch order: the same numbers as a second encoding, float64 sums in the same order.  Without a store
-(``keep_tokens=False``) the replay *is* a second forward.  (TransformerLens and nnsight cache whole activations, the
-``[L, N, d]`` memory this avoids.)
+The replay reads the tokens the forward stored (model dtype) one layer at a time in the forward's batch order: the
+same numbers as a second encoding.  Without a store (``keep_tokens=False``) the replay *is* a second forward.
 """
 
 from __future__ import annotations
@@ -46,14 +41,9 @@ __all__ = ["Consumer", "LayerStream", "StreamBatch", "WordVectors"]
 
 @dataclass
 class StreamBatch:
-    """One encoded batch as every consumer sees it, for each of its layers.
-
-    index : the batch's number; n_rows : its sentences; rows : each row's index in the stream's texts; texts : theirs
-    n_tokens : its valid tokens (the rows of a consumer's vectors); sentence_ids, token_ids : ``[N]`` per valid token
-    attention_mask : ``[B, T]`` (None in a replay); valid : ``[B, T]`` valid cells (the vectors, row-major) words : the
-    batch's ``word_plan`` or None; start : its first row in the token store offsets, special : per row, character
-    offsets and special mask (``offsets=True`` or a ``word_index``; else None)
-    """
+    """One encoded batch as every consumer sees it: its rows and texts, ``n_tokens`` valid tokens (``valid [B, T]``,
+    row-major; ``sentence_ids``/``token_ids`` ``[N]``), ``attention_mask`` (None in a replay), its ``word_plan``, its
+    first row in the token store (``start``) and, where asked, character offsets and special masks."""
 
     index: int
     n_rows: int
@@ -75,8 +65,7 @@ class StreamBatch:
 
 
 class WordVectors(NamedTuple):
-    """A batch's word vectors in one layer: ``vectors [1, B, W, d']``, ``mask [B, W]`` (slot holds a word),
-    ``keys [B, W]`` (the target-word index of a word's first occurrence in its sentence, else -1)."""
+    """A batch's word vectors in one layer: ``vectors [1, B, W, d']``, ``mask [B, W]``, ``keys [B, W]``."""
 
     vectors: Tensor
     mask: Tensor
@@ -96,8 +85,7 @@ class Consumer:
     key: Any = None
 
     def start(self, stream: "LayerStream") -> None:
-        """Once, before the first layer it is fed, in the forward or a replay: state sized by the stream (its
-        ``num_layers``, ``dim``, ``texts``, ``word_index``, ``encoder``)."""
+        """Once, before the first layer it is fed: state sized by the stream (``num_layers``, ``dim``, ...)."""
 
     def open(self, stream: "LayerStream") -> None:
         """Before the forward (e.g. hooks on the model)."""
@@ -176,8 +164,7 @@ class LayerStream:
 
     # ------------------------------------------------------------------------------------------ loop 1
     def forward(self, consumers: Sequence[Consumer], transforms=None, desc: str = "pass 1/1") -> None:
-        """The encoder's forward over the texts: each consumer gets every layer of every batch once (its ``transform``
-        ready in ``transforms``, a ``FittedTransforms``)."""
+        """The encoder's forward: each consumer gets every layer of every batch once, its transform ready."""
         tf = _LayerTransforms(transforms, self.dim)
         if self.keep_tokens and self.store is None:  # fails in one line now, not with ENOSPC hours into the pass
             what, advice, extra = self.room
@@ -230,9 +217,7 @@ class LayerStream:
         self.logs.append(log_)
 
     def _batches(self, first: int, store, log_: EncodeLog, bar) -> Iterator[tuple[StreamBatch, Any]]:
-        """``(batch, run)`` per encoder batch, ``run(fn)`` its forward feeding ``fn(layer, [B, T, d])``: the texts
-        tokenized ``chunk`` at a time and sorted by length inside a chunk (less padding); truncation counted in
-        ``log_`` (one warning per pass, ``finish_encode_log``), not warned per chunk."""
+        """``(batch, run)`` per batch, ``run(fn)`` feeding ``fn(layer, [B, T, d])``; chunks sorted by length."""
         chunk = max(1, int(self.chunk))
         for c0 in range(0, len(self.texts), chunk):
             part = self.texts[c0:c0 + chunk]
@@ -268,12 +253,8 @@ class LayerStream:
 
     def _feed(self, consumers: Sequence[Consumer], tf: _LayerTransforms, layer: int, tok: Tensor,
               sb: StreamBatch) -> None:
-        """Every consumer's view of one layer of one batch; each (transform, tokens|words) computed once.
-
-        Word vectors are pooled from the transformed tokens: every transform is affine per layer, so the mean of
-        transformed tokens is the transformed mean, and the map runs once per token rather than per word slot (``B ×
-        W_max``).  Equal up to float32 rounding; docs/evaluation_scale.md.
-        """
+        """Every consumer's view of one layer of one batch; each (transform, tokens|words) computed once.  Words
+        are pooled from transformed tokens: every transform is affine, so this equals transforming the mean."""
         views: dict[tuple[str, bool], Any] = {}
         for c in consumers:
             key = (c.transform, c.words)
@@ -289,9 +270,7 @@ class LayerStream:
 
     # ------------------------------------------------------------------------------------------- the fit
     def layer_chunks(self, layer: int, repeat: Sequence[Tensor | None] | None = None) -> Iterator[Tensor]:
-        """The stored tokens of ``layer``, batch by batch in the forward's order, float32 on the device the
-        layer ran on: what a fit reads between the two loops (one layer in memory).  ``repeat``: per batch,
-        how often each of its tokens counts (None: once), as WiC's repeated sentences do."""
+        """The stored tokens of ``layer``, batch by batch, float32; ``repeat``: per-token counts (None: once)."""
         if self.store is None:
             raise RuntimeError("layer_chunks needs the stored tokens: LayerStream(..., keep_tokens=True)")
         for i, sb in enumerate(self.batches):
@@ -300,17 +279,14 @@ class LayerStream:
             yield x if mult is None else x.repeat_interleave(mult.to(x.device), dim=0)
 
     def fit(self, settings, names, keep_cov: bool = False, repeat: Sequence[Tensor | None] | None = None):
-        """The fitted transforms' sums from the stored tokens, one layer at a time (``WhitenSettings.fit_by_layer``;
-        ``repeat``: see ``layer_chunks``), after the forward's freed buffers go back to the OS.  Σ and the maps go to
-        ``DiskLayers`` files: ``(L+1)·2d²`` float32 (40 GiB at 70B) is never in memory."""
+        """The fitted transforms from the stored tokens, layer by layer; Σ and the maps on disk (``DiskLayers``)."""
         release_freed_memory()
         return settings.fit_by_layer(self.num_layers, self.dim, lambda layer: self.layer_chunks(layer, repeat),
                                      names, keep_cov=keep_cov, on_disk=self.store.directory.parent)
 
     # ------------------------------------------------------------------------------------------ loop 2
     def replay(self, consumers: Sequence[Consumer], transforms, desc: str = "pass 2/2 (apply)") -> None:
-        """Every layer once more for ``consumers`` (their transforms fitted after the forward): from the stored
-        tokens, one layer at a time — or, without a store, a second forward.  The store is removed after."""
+        """Every layer once more for ``consumers``, from the stored tokens (else a second forward); store removed."""
         if not consumers:
             self.close()
             return

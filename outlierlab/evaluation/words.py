@@ -21,16 +21,14 @@ WORD_RE = re.compile(r"[A-Za-z0-9]+(?:['’-][A-Za-z0-9]+)*")
 
 
 def char_span_tokens(offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int, end: int) -> list[int]:
-    """Indices of the non-special tokens whose character span (``offsets``: a fast tokenizer's ``offset_mapping``)
-    overlaps ``[start, end)``, partly overlapping ones included (``"bank"`` in ``"riverbank"``)."""
+    """Non-special tokens whose ``offsets`` span overlaps ``[start, end)``, partly too ("bank" in "riverbank")."""
     return [i for i, ((s, e), sp) in enumerate(zip(offsets, special))
             if not sp and e > s and s < end and e > start]
 
 
 def select_words(texts: Sequence[str], min_sentences: int = 10, max_words: int | None = 1000, seed: int = 0,
                  lowercase: bool = True) -> list[str]:
-    """Target words of self-similarity: types occurring in ≥ ``min_sentences`` sentences (Ethayarajh 2019),
-    a seeded uniform sample of ``max_words`` of them when there are more (paper: 1000), sorted."""
+    """Self-similarity's targets: types in ≥ ``min_sentences`` sentences (Ethayarajh 2019), sampled, sorted."""
     counts = Counter(w for t in texts for w in {w.lower() if lowercase else w for w in WORD_RE.findall(t)})
     eligible = sorted(w for w, c in counts.items() if c >= min_sentences)
     if max_words is not None and len(eligible) > max_words:
@@ -40,13 +38,9 @@ def select_words(texts: Sequence[str], min_sentences: int = 10, max_words: int |
 
 
 def word_plan(b, word_index: dict, t_len: int, lowercase: bool = True):
-    """Which tokens make which word slot in a batch, done once per batch for every layer: ``(src, dst, counts, keys,
-    w_max)`` or None when no row has a word (see ``plan_vectors``).
-
-    Every regex word of each row with the non-special tokens it overlaps (words without a token dropped), found in numpy
-    for the whole batch (4.9 -> 0.8 ms for 32 sentences; tests/test_words.py).  A row's words are disjoint and in order,
-    so a token's words are one run found by two binary searches.
-    """
+    """Which tokens make which word slot in a batch, once for every layer: ``(src, dst, counts, keys, w_max)`` or
+    None when no row has a word.  Each regex word with the non-special tokens it overlaps, in numpy for the whole
+    batch; a row's words are disjoint and in order, so a token's words are found by two binary searches."""
     bsz = len(b.texts)
     row_words, row_spans = [], []
     for t in b.texts:
@@ -115,12 +109,9 @@ def _ragged_index(lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plan_vectors(flat: Tensor, plan, bsz: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Word vectors of a batch from its ``word_plan``, the mean of each word's subwords; ``flat [L, n, d]`` holds the
-    token vectors at the plan's ``src`` indices.
-
-    Returns ``(vectors [L, B, W, d], mask [B, W] bool, keys [B, W] long)``; ``keys`` holds the target-word index of a
-    target's FIRST occurrence in its sentence and -1 elsewhere (Ethayarajh: one per sentence).
-    """
+    """Word vectors of a batch, the mean of each word's subwords of ``flat [L, n, d]``: ``(vectors [L, B, W, d],
+    mask [B, W], keys [B, W])``, ``keys`` the target-word index of a target's FIRST occurrence in its sentence, else -1
+    (Ethayarajh: one per sentence)."""
     src, dst, counts, keys, w_max = plan
     n_layers, d, dev = flat.shape[0], flat.shape[-1], flat.device
     n_slots = bsz * w_max
@@ -130,10 +121,8 @@ def plan_vectors(flat: Tensor, plan, bsz: int) -> tuple[Tensor, Tensor, Tensor]:
             1, dst.to(dev), flat[:, src.to(dev)])
         out = out / counts.to(dev).clamp_min(1)[None, :, None]
         return out.reshape(n_layers, bsz, w_max, d), (counts > 0).reshape(bsz, w_max).to(dev), keys
-    # The same numbers as ``zeros.index_add_(dst, flat[src]) / counts``: a word's tokens
-    # (consecutive in ``dst``) summed in their order from 0.0, divided by their count.  Most words are one
-    # token, so: one gather of every slot's first token, ``+ 0.0`` (what adding it to 0.0 does to -0.0), the
-    # later tokens added by the same sequential index_add_, and only words of several tokens divided (x / 1 == x).
+    # The same numbers as the index_add_ above, faster: most words are one token, so gather every slot's first token
+    # (``+ 0.0`` as adding to 0.0 does to -0.0), index_add_ the later ones, and divide only words of several tokens.
     first = torch.ones_like(dst, dtype=torch.bool)
     first[1:] = dst[1:] != dst[:-1]
     idx = torch.zeros(n_slots, dtype=torch.long).index_put_((dst[first],), src[first])

@@ -1,9 +1,8 @@
 """Checkpoints and exports written like the rest of our files: staged beside their destination.
 
-Lightning's ``TorchCheckpointIO`` stages the bytes under ``$TMPDIR`` and *moves* the file; across file systems that is a
-copy, which with a full disk left a torn file under the checkpoint's name, and fails where ``$TMPDIR`` is small
-(Lightning issue #21253, PR #21744; remove ``StagedCheckpointIO`` once a release carries the fix).  This module also
-sizes the free-space check (``checkpoint_bytes``, ``check_free_space``) and stages the exports (``staged_dir``).
+Lightning's ``TorchCheckpointIO`` stages under ``$TMPDIR`` and moves the file, a copy across file systems that a full
+disk leaves torn (Lightning #21253, PR #21744; remove ``StagedCheckpointIO`` once a release carries the fix).  Also the
+free-space check and the staged exports.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ MARGIN_BYTES = 64 * 2**20
 
 
 class StagedCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` into ``<dest>.partial-<pid>`` in the destination's directory, fsync, ``os.replace``: a failure
-    leaves the previous file and removes the staging file.  Remote paths go to Lightning's writer."""
+    """``torch.save`` staged beside the destination, fsync, ``os.replace``; remote paths: Lightning's writer."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
@@ -55,14 +53,12 @@ class StagedCheckpointIO(TorchCheckpointIO):
 
 
 def checkpoint_bytes(module: torch.nn.Module, optimizer_states: int = 2) -> int:
-    """Approximate bytes of one checkpoint: the parameters plus Adam's two moment tensors per parameter
-    (``optimizer_states=2``), each at the parameter's own element size (fp32 master weights: 4 bytes)."""
+    """Approximate bytes of one checkpoint: the parameters plus Adam's two moments, at their element size."""
     return sum(p.numel() * p.element_size() for p in module.parameters()) * (1 + optimizer_states)
 
 
 def checkpoints_kept(cfg) -> int:
-    """How many checkpoint files a run keeps at once: ``save_top_k`` step checkpoints (-1: every one the run
-    writes) plus ``last.ckpt``; 1 without a ModelCheckpoint callback (the SIGTERM ``last.ckpt``)."""
+    """Checkpoint files a run keeps at once: ``save_top_k`` (-1: all) plus ``last.ckpt``; 1 without one."""
     from omegaconf import OmegaConf
 
     mc = OmegaConf.select(cfg, "callbacks.model_checkpoint")
@@ -76,9 +72,7 @@ def checkpoints_kept(cfg) -> int:
 
 
 def free_bytes_needed(ckpt_bytes: int, kept: int, export_bytes: int = 0, existing: int = 0) -> int:
-    """Bytes the run directory must have free: one checkpoint per file kept and one more being staged
-    (``kept + 1``), less the ``existing`` checkpoint files a resumed run replaces (at least the staging one),
-    plus the export and ``MARGIN_BYTES``."""
+    """Free bytes needed: ``kept + 1`` checkpoints less ``existing`` ones, plus the export and a margin."""
     files = max(1, kept + 1 - existing)
     return ckpt_bytes * files + export_bytes + MARGIN_BYTES
 
@@ -94,8 +88,7 @@ def check_free_space(run_dir: Path, need: int) -> None:
 
 @contextmanager
 def staged_dir(dest: Path) -> Iterator[Path]:
-    """Yield a sibling staging directory ``.<name>.partial-<pid>`` that replaces ``dest`` on success (an existing
-    ``dest`` moved aside first, then removed); a failure removes it and leaves ``dest`` as it was."""
+    """A staging directory ``.<name>.partial-<pid>`` that replaces ``dest`` on success, removed on failure."""
     dest = Path(dest)
     tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -109,9 +102,7 @@ def staged_dir(dest: Path) -> Iterator[Path]:
 
 
 def replace_dir(staging: Path, dest: Path) -> None:
-    """Put the complete directory ``staging`` in place of ``dest`` (whose previous content goes): ``dest`` is moved
-    aside to ``.<name>.old-<pid>`` first (a directory cannot be renamed over a non-empty one), and moved back if the
-    rename fails; a kill between the two renames leaves the old copy, which ``remove_dead_partials`` restores."""
+    """Put the complete ``staging`` in place of ``dest``, moved aside first (restored if the rename fails)."""
     old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
     if dest.exists():
         os.replace(dest, old)
@@ -125,15 +116,12 @@ def replace_dir(staging: Path, dest: Path) -> None:
     fsync_dir(dest.parent)
 
 
-#: What :class:`StagedCheckpointIO`, :func:`staged_dir` and :func:`outlierlab.utils.atomic.write_atomic` leave behind
-#: when their process is killed mid-write: ``<name>.partial-<pid>``, ``.<name>.partial-<pid>``, ``.<name>.old-<pid>``.
+#: What a staged write killed mid-way leaves: ``[.]<name>.partial-<pid>``, ``.<name>.old-<pid>``.
 STAGING_NAME = re.compile(r"\.(partial|old)-(\d+)$")
 
 
 def remove_dead_partials(run_dir: Path) -> list[Path]:
-    """Remove dead writers' staging files and directories in ``run_dir``, ``checkpoints/`` and ``monitor*/``; return
-    them.  Only those whose pid is not a live process other than this one (the caller holds the run's lock; a recycled
-    pid merely keeps a file for the next start)."""
+    """Remove (and return) the staging files of dead writers in ``run_dir``, ``checkpoints/`` and ``monitor*/``."""
     removed = []
     dirs = [run_dir, run_dir / "checkpoints", *sorted(run_dir.glob("monitor*"))]
     for d in dirs:

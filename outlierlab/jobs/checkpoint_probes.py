@@ -3,13 +3,10 @@
     python -m outlierlab.jobs.checkpoint_probes multirun/objective_positions          # every finished cell
     python -m outlierlab.jobs.checkpoint_probes <run_dir> [--max-sentences 1000] [probe.py overrides ...]
 
-For each ``<run>/checkpoints/step*.ckpt`` (step 0: ``InitialCheckpoint``'s random init) this runs what ``python probe.py
-encoder.name_or_path=<ckpt>`` runs -- Luo et al.'s bias-free position probe on every layer (accuracy, mean absolute
-position error) and Zuo et al. (2025)'s similarity by distance -- from ``configs/probe.yaml`` with the overrides given,
-into ``<run>/probe_posthoc/step<N>/``.  The tables gather every step: ``<run>/probe_posthoc/position.csv`` (``step,
-layer, accuracy, mean_abs_error, chance, ...``), ``similarity_by_distance.csv`` (``step, layer, distance, cosine,
-n_pairs``), ``order_use.csv`` (``step, order_use, loss, ...``) and ``order_use_layers.csv`` (``step, layer, attn_local,
-pooled_order_change``).  Probed steps are skipped, so an interrupted pass continues.
+For each ``<run>/checkpoints/step*.ckpt`` (step 0: the random init) this runs ``python probe.py`` -- Luo et al.'s
+bias-free position probe and Zuo et al. (2025)'s similarity by distance -- into ``<run>/probe_posthoc/step<N>/``, and
+gathers every step into ``position.csv``, ``similarity_by_distance.csv``, ``order_use.csv`` and
+``order_use_layers.csv`` there.  Probed steps are skipped, so an interrupted pass continues.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ def step_checkpoints(run_dir: Path) -> dict[int, Path]:
 
 
 def quoted(value) -> str:
-    """A value for Hydra's override grammar: quoted, since a sweep cell's path holds '=' and ','
-    (multirun/<study>/objective=clm,pos=none,seed=1) that the grammar would read as a key and a sweep."""
+    """A value for Hydra's override grammar, quoted: a sweep cell's path holds '=' and ','."""
     text = str(value)
     quote = "'" if "'" not in text else '"'
     return f"{quote}{text}{quote}"
@@ -68,8 +64,7 @@ GATHERED = ("position_probe.csv", "similarity_by_distance.csv",
 
 
 def gather(run_out: Path, steps: list[int]) -> None:
-    """(Re)write every gathered table from the probed ``steps``; a table none of them holds is removed (it would
-    describe steps no longer probed here)."""
+    """(Re)write every gathered table from the probed ``steps``; a table none of them holds is removed."""
     for name in GATHERED:
         if _gather(run_out, name, steps) is None:
             (run_out / name).unlink(missing_ok=True)

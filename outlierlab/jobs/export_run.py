@@ -2,19 +2,10 @@
 
     python -m outlierlab.jobs.export_run <run_dir> [--push-to-hub USER/NAME] [--private] [--message TEXT]
 
-* the export is ``<run>/hf/`` (a plain RoBERTa) or ``<run>/model/`` (everything else); a ``model/`` whose
-  ``config.json`` or code files a full disk left missing or empty gets its ``config.json``,
-  ``configuration_outlierlab.py`` and ``modeling_outlierlab.py`` now (generated from the installed outlierlab; the
-  line printed says so, since that code may be newer than the code that trained the run — its versions are in the
-  card);
-* ``README.md`` in the export is rewritten from the run directory (``outlierlab.jobs.model_card``), e.g. after
-  ``python -m outlierlab.jobs.posthoc`` or with a newer card format; a finished run's manifest is refreshed so that
-  ``run_state.verify_manifest`` keeps passing;
-* ``--push-to-hub`` creates the repository if needed and uploads the export folder (``huggingface_hub``'s
-  ``create_repo`` + ``upload_folder``). Offline (``HF_HUB_OFFLINE=1`` or the hub unreachable within seconds,
-  ``outlierlab.models.hub.hub_is_offline``) it stops at once with one line instead of retrying.
-
-The run directory is locked while it is written (one writer per run, ``outlierlab.utils.dir_lock``).
+The export is ``<run>/hf/`` (a plain RoBERTa) or ``<run>/model/``; a ``model/`` missing its config or code files
+(a full disk) gets them from the installed outlierlab, said in a line.  ``README.md`` is rewritten from the run
+directory and a finished run's manifest refreshed.  ``--push-to-hub`` creates the repository if needed and uploads the
+export; offline it stops at once with one line.  The run directory is locked while written.
 """
 
 from __future__ import annotations
@@ -32,8 +23,7 @@ class ExportError(RuntimeError):
 
 
 def export_dir_of(run_dir: Path) -> Path:
-    """``<run>/hf`` or ``<run>/model``, whichever the run exported (as train.py chose it); otherwise one line saying
-    what the folder is and what to pass instead."""
+    """``<run>/hf`` or ``<run>/model``, whichever the run exported; else one line saying what to pass."""
     for sub in ("hf", "model"):
         d = run_dir / sub
         if (d / "config.json").is_file() or (d / "outlierlab_config.json").is_file():
@@ -54,8 +44,7 @@ def export_dir_of(run_dir: Path) -> Path:
 
 
 def export_problems(export: Path) -> list[str]:
-    """What keeps ``export`` from loading with transformers (empty when it loads): ``config.json`` missing, empty
-    or not JSON, and for a remote-code ``model/`` export its two code files missing or empty."""
+    """What keeps ``export`` from loading (``config.json`` or remote-code files missing or empty); [] if none."""
     from outlierlab.models.remote_code import CONFIG_FILE, MODELING_FILE
 
     problems = []
@@ -76,8 +65,7 @@ def export_problems(export: Path) -> list[str]:
 
 
 def ensure_remote_code(export: Path) -> bool:
-    """(Re)write the transformers remote-code files and ``config.json`` of a ``model/`` export that lacks them or
-    holds a broken one (a full disk during an earlier write); True if it wrote them."""
+    """Rewrite a ``model/`` export's missing or broken ``config.json`` and code files; True if it wrote them."""
     if not (export / "outlierlab_config.json").is_file() or not export_problems(export):
         return False
     from outlierlab.models.config import EncoderConfig

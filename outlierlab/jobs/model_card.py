@@ -1,30 +1,11 @@
 """The model card (``README.md``) of a run's export, generated from the run directory.
 
-A model on the Hub is read without its run directory; the card carries what the run knows about it so that the
-weights are never separated from how they were made (Mitchell et al. 2019, "Model Cards for Model Reporting"):
-the architecture and position scheme, the objective, the recipe, the data and tokens seen, the validation loss,
-the order use, the outlier statistics at the last monitored step, the command, and the code version. Every number
-is read from the run's own files, never re-measured:
-
-=====================================  ==============================================================
-card line                              read from
-=====================================  ==============================================================
-architecture, recipe, data             ``config.yaml`` (the resolved config; else the manifest's)
-steps                                  ``finished.json`` (else the ``global_step`` given by training, which
-                                       train.py also records in the export: ``trained_steps.json``)
-validation loss / perplexity / acc     ``csv/metrics.csv``: the last non-empty ``val/loss`` ... row
-order use                              ``csv/metrics.csv``: the last ``val/order_use``
-tokens seen                            steps x sequences per step x block size (packed blocks); and
-                                       ``train/lengths`` (Lightning's ThroughputMonitor) where logged
-outlier summary                        ``monitor/hidden_states.csv`` / ``monitor/layernorm.csv`` at
-                                       their last step
-command                                ``.hydra/overrides.yaml`` (else the manifest's ``overrides``)
-code version                           ``code_versions.jsonl`` (one line per start or resume, with the
-                                       settings a resume changed)
-=====================================  ==============================================================
-
-A file that is missing leaves its section saying so. ``card_data`` returns the numbers (tests compare them with
-the CSVs), ``render_card`` the Markdown, ``write_model_card`` writes ``<export>/README.md``.
+The card keeps the weights with how they were made (Mitchell et al. 2019, "Model Cards for Model Reporting"):
+architecture, objective, recipe, data and tokens seen (``config.yaml``), steps (``finished.json``, else
+``trained_steps.json``), the last validation loss and order use (``csv/metrics.csv``), the outlier statistics at the
+last monitored step (``monitor/``), the command (``.hydra/overrides.yaml``) and the code version
+(``code_versions.jsonl``).  Every number is read from the run's files, never re-measured; a missing file leaves its
+section saying so.
 """
 
 from __future__ import annotations
@@ -35,22 +16,13 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from outlierlab.jobs.run_state import changes_text, code_versions, finished_run, read_json
+from outlierlab.jobs.run_state import changes_text, code_versions, finished_run, read_json, read_yaml
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import model_step, read_rows
 
 CARD = "README.md"
 #: The validation metrics the card reports, in order (the run logs them in csv/metrics.csv).
 VAL_METRICS = ("val/loss", "val/ppl", "val/acc", "val/order_use")
-
-
-def _read_yaml(path: Path) -> Any:
-    import yaml  # lazy: only the card needs it
-
-    try:
-        return yaml.safe_load(path.read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
 
 
 def _float(v: Any) -> float | None:
@@ -62,8 +34,7 @@ def _float(v: Any) -> float | None:
 
 
 def last_logged(rows: list[dict[str, str]], column: str) -> tuple[int, float] | None:
-    """(step, value) of the last row of ``metrics.csv`` where ``column`` holds a number; the step of the model it
-    measured (``outlierlab.utils.tables.model_step``: 300 for the validation after 300 updates)."""
+    """(step, value) of the last ``metrics.csv`` row where ``column`` holds a number (the model's step)."""
     for row in reversed(rows):
         v = _float(row.get(column))
         if v is not None:
@@ -72,8 +43,7 @@ def last_logged(rows: list[dict[str, str]], column: str) -> tuple[int, float] | 
 
 
 def hidden_state_summary(path: Path) -> dict[str, Any] | None:
-    """The loop monitor's outlier statistics at its last step: per layer ``argmax_share`` (with its dim),
-    ``kurtosis`` and ``max_median``; the largest of each over the layers (docs/outlier_metrics.md)."""
+    """The loop monitor's per-layer ``argmax_share``, ``kurtosis`` and ``max_median`` at its last step."""
     rows = read_rows(path)
     steps = [int(r["step"]) for r in rows if (r.get("step") or "").isdigit()]
     if not steps:
@@ -104,8 +74,7 @@ def hidden_state_summary(path: Path) -> dict[str, Any] | None:
 
 
 def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
-    """Per layer: its |x| argmax dimension at the last record, that dimension's share, and the step since which it
-    has held that place (``outlierlab.metrics.layer_identity.layer_identity``; Kovaleva et al. 2021)."""
+    """Per layer: its |x| argmax dim at the last record, its share, and since when (Kovaleva et al. 2021)."""
     import pandas as pd
 
     from outlierlab.metrics.layer_identity import layer_identity
@@ -117,8 +86,7 @@ def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
 
 
 def layernorm_summary(path: Path) -> dict[str, Any] | None:
-    """The LayerNorm rule's count at the monitor's last step: ``n_outlier_dims`` (dims whose gain and bias lie
-    outside 3σ in at least ``min_layers`` LayerNorms; Kovaleva et al. 2021; ``outlierlab.metrics.layernorm_rule``)."""
+    """The LayerNorm rule's ``n_outlier_dims`` at the monitor's last step (Kovaleva et al. 2021)."""
     rows = [r for r in read_rows(path) if r.get("name") == "model" and (r.get("step") or "").isdigit()]
     if not rows:
         return None
@@ -141,14 +109,13 @@ def _export_kind(export_dir: Path) -> str:
 
 
 def _model_config(run: Path, export: Path | None, config: dict) -> dict:
-    """The model's EncoderConfig as trained: config.yaml holds the model section before the tokenizer's vocabulary
-    size and special ids were filled in, so the export's own config (or the logger's hparams) comes first."""
+    """The model's EncoderConfig as trained: the export's config (vocabulary filled in) before config.yaml's."""
     if export is not None:
         ours = read_json(export / "outlierlab_config.json")
         if isinstance(ours, dict):
             return ours
     for hp in (run / "csv" / "hparams.yaml", run / "tensorboard" / "hparams.yaml"):
-        node = _read_yaml(hp)
+        node = read_yaml(hp)
         if isinstance(node, dict) and isinstance(node.get("model"), dict):
             return node["model"]
     model = dict(config.get("model") or {})
@@ -158,9 +125,7 @@ def _model_config(run: Path, export: Path | None, config: dict) -> dict:
     return model
 
 
-#: The step an export holds, written into it by train.py: a run stopped early (``max_time``, a signal) has no
-#: ``finished.json``, and its export may hold a step past its last checkpoint, so a card rewritten later
-#: (``python -m outlierlab.jobs.export_run``) reads the step here instead of stating none.
+#: The step an export holds, for the card of a run stopped early (no ``finished.json``).
 TRAINED_STEPS = "trained_steps.json"
 
 
@@ -179,7 +144,7 @@ def card_data(run_dir: str | Path, export_dir: str | Path | None = None, global_
     run = Path(run_dir)
     export = Path(export_dir) if export_dir is not None else None
     manifest = read_json(run / "manifest.json") or {}
-    config = _read_yaml(run / "config.yaml") or manifest.get("config") or {}
+    config = read_yaml(run / "config.yaml") or manifest.get("config") or {}
     finished = finished_run(run)
     if finished is not None:
         global_step = int(finished["global_step"])
@@ -201,7 +166,7 @@ def card_data(run_dir: str | Path, export_dir: str | Path | None = None, global_
     tokens = None
     if seqs_per_step is not None and global_step is not None and data_cfg.get("block_size"):
         tokens = int(global_step) * seqs_per_step * int(data_cfg["block_size"])
-    overrides = _read_yaml(run / ".hydra" / "overrides.yaml")
+    overrides = read_yaml(run / ".hydra" / "overrides.yaml")
     if not isinstance(overrides, list):
         overrides = manifest.get("overrides")
     return {
@@ -418,10 +383,7 @@ def _changed(start: dict) -> str:
 
 
 def write_model_card(run_dir: str | Path, export_dir: str | Path, global_step: int | None = None) -> Path:
-    """Write ``<export_dir>/README.md`` from ``run_dir`` (see the module docstring) and return its path.
-
-    ``global_step``: the steps trained, when the run has not written ``finished.json`` yet (train.py writes the
-    card right after the export, before it marks the run finished)."""
+    """Write ``<export_dir>/README.md`` from ``run_dir``; ``global_step``: before ``finished.json`` exists."""
     d = card_data(run_dir, export_dir, global_step)
     path = Path(export_dir) / CARD
     write_atomic(path, render_card(d))

@@ -1,6 +1,5 @@
-"""The live monitors replayed on saved checkpoints: their settings (defaults and overrides), their rows of one
-checkpoint, its tokenizer, and the staged output folder -- shared by ``outlierlab.jobs.posthoc`` (``train.py`` runs)
-and ``outlierlab.jobs.posthoc_trainer`` (transformers ``Trainer`` runs), so both write what the live monitors write.
+"""The live monitors replayed on saved checkpoints (settings, rows, tokenizer, staged output), shared by
+``outlierlab.jobs.posthoc`` and ``outlierlab.jobs.posthoc_trainer``.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ def apply_overrides(ln_cfg: dict, hs_cfg: dict, overrides: dict) -> tuple[dict, 
 
 
 def tokenizer_from(tokenizer: Any, dirs: Sequence[Path], missing: str):
-    """``tokenizer`` if given as an object, else loaded from the directory given or the first of ``dirs`` holding
-    tokenizer files; ``missing``: the one line when none does."""
+    """``tokenizer`` as an object, else from it or the first of ``dirs`` holding one; else ``missing``."""
     if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer
     from transformers import AutoTokenizer
@@ -56,9 +54,7 @@ def tokenizer_from(tokenizer: Any, dirs: Sequence[Path], missing: str):
 
 def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str, mask_id: int | None = None
                 ) -> tuple[list, Any]:
-    """The hidden-state monitor's rows of one checkpoint (the live monitor's function on the same held-out batch),
-    and the attention probabilities of that forward (order use's locality reads them). With ``hs_cfg["w8a8"]``
-    also the live monitor's W8A8 cost rows (``outlierlab.models.w8a8.w8a8_cost``, masks drawn with ``mask_id``)."""
+    """The hidden-state monitor's rows of one checkpoint and that forward's attention probabilities."""
     import torch
 
     from outlierlab.metrics.monitor_records import hidden_state_records
@@ -82,11 +78,7 @@ def hidden_rows(step: int, model, batch: dict, hs_cfg: dict, device: str, mask_i
 
 
 class StagedHistories:
-    """One generation of a post-hoc analysis' outputs: ``layernorm.csv``, ``hidden_states.csv`` and every other file
-    the job writes (``metrics.csv``, ``order_use.csv``, figures) go to a staging folder beside ``out``
-    (``dir``), which ``commit`` puts in place of ``out`` whole once every checkpoint is done. A kill at any
-    moment leaves either the previous generation or the new one, never files of both (a history from one run beside
-    metrics from another); the staging folder of a killed analysis is removed at the next start."""
+    """Staged post-hoc outputs that ``commit`` puts in place of ``out`` whole: a kill never leaves a mix."""
 
     NAMES = ("layernorm", "hidden_states")
 

@@ -2,37 +2,19 @@
 
     python -m outlierlab.jobs.posthoc <run_dir> [--n-sequences 32] [--out DIR]
 
-For each ``<run>/checkpoints/*.ckpt`` (one per global step; ``last.ckpt`` is skipped when a step
-checkpoint holds the same step) the model is rebuilt from ``hyper_parameters["model"]`` and the
-``model.``-prefixed weights of ``state_dict``, and the *same* functions as the live monitors compute the
-*same* statistics: ``outlierlab.metrics.monitor_records.layernorm_records`` (LayerNorm 3σ outliers, divergence from
-init, shared dims; Kovaleva et al. 2021, Puccetti et al. 2022) and
-``outlierlab.metrics.monitor_records.hidden_state_records`` (per-layer mean vector, argmax/argmin share, top dims,
-anisotropy, kurtosis, max/median, inf-norm by site, sink heads; Luo et al. 2021, Ethayarajh 2019, He et al.
-2024, Sun et al. 2024, Bondarenko et al. 2023, Gu et al. 2025) on the shipped held-out sentences tokenised
-with the run's tokenizer (``<run>/hf`` or ``<run>/model``).  Output in ``<run>/monitor_posthoc/``:
-``layernorm.csv`` and ``hidden_states.csv`` in the format of ``outlierlab.monitoring.history``; ``metrics.csv``, one
-row per checkpoint step and layer (``METRIC_COLUMNS``: kurtosis, max/median, inf-norms by site,
-signed and |x| argmax/argmin shares with their dims, sink-head shares, attention entropy, anisotropy, the
-top-1 (with its dim) and top-3 dims' share of it (Timkey & van Schijndel 2021), IsoScore (Rudman et al. 2022) and
-the number of LayerNorm outlier dims the project's rule flags in that layer,
-``outlierlab.metrics.layernorm_rule.layernorm_outliers``); ``metrics.png``, those curves vs step per layer; ``order_use.csv``, one row per
-checkpoint: order use on the held-out sentences (``order_use_rows``; the per-layer attention locality is the
-``attn_local`` column of ``metrics.csv``).
+For each checkpoint step (``last.ckpt`` skipped where a step checkpoint holds its step) the model is rebuilt and
+the live monitors' own functions compute the same statistics on the shipped held-out sentences:
+``layernorm_records`` (LayerNorm 3σ outliers, divergence from init, shared dims; Kovaleva et al. 2021, Puccetti et al.
+2022) and ``hidden_state_records`` (Luo et al. 2021, Ethayarajh 2019, He et al. 2024, Sun et al. 2024, Bondarenko et
+al. 2023, Gu et al. 2025).  Output in ``<run>/monitor_posthoc/``: ``layernorm.csv`` and ``hidden_states.csv``;
+``metrics.csv``, a row per step and layer (``METRIC_COLUMNS``, with the rogue dims' share, Timkey & van Schijndel
+2021, IsoScore, Rudman et al. 2022, and the LayerNorm rule's outlier count); ``metrics.png``; ``order_use.csv``, a
+row per checkpoint.
 
-Settings (rule, top_k, n_sequences, n_pairs, seed, ...) default to those of the run's
-monitors, read from ``<run>/config.yaml``, so that for ``source: sentences`` the post-hoc rows of a
-checkpoint's step reproduce the live rows.  Divergence from init uses the initial LayerNorm snapshot
-that ``LayerNormMonitor`` stores in every checkpoint
-(and that snapshot also gives LayerNorm rows for step 0); without it, the standard init (gain 1, bias 0).
-
-A transformers ``Trainer`` output directory (``checkpoint-<step>/`` folders, e.g. a run monitored by
-``outlierlab.monitoring.hf_trainer.OutlierMonitorCallback``) is analysed by
-``outlierlab.jobs.posthoc_trainer.analyze_hf_checkpoints``
-(``layernorm.csv``, ``hidden_states.csv`` with order use and attention locality as the live monitor writes them,
-and ``order_use.csv``; the CLI picks it when the directory has no ``checkpoints/``).
-
-Imports no Lightning: usable from ``evaluate.py`` and on machines without a trainer.
+Settings default to the run's monitors' (``<run>/config.yaml``), so with ``source: sentences`` a step's post-hoc rows
+reproduce the live ones.  Divergence from init uses the initial LayerNorm snapshot stored in every checkpoint (also
+step 0's rows); without it, the standard init (gain 1, bias 0).  A transformers ``Trainer`` output directory
+(``checkpoint-<step>/``) goes to ``posthoc_trainer.analyze_hf_checkpoints``.  Imports no Lightning.
 """
 
 from __future__ import annotations
@@ -109,29 +91,15 @@ def _initial_snapshot(ckpt: dict) -> dict | None:
 
 def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, tokenizer: Any = None,
                 out_dir: str | os.PathLike | None = None, device: str = "cpu", **overrides: Any) -> dict[str, Any]:
-    """Write post-hoc monitor histories for every checkpoint of ``run_dir``.
-
-    Parameters
-    ----------
-    run_dir : a ``train.py`` run directory (with ``checkpoints/``).
-    texts : held-out texts (default: the first ``n_sequences`` of the shipped held-out sentences, as the
-        live ``HiddenStateMonitor`` with ``source: sentences`` uses).
-    tokenizer : a Hugging Face tokenizer or a directory (default: the run's ``hf/`` or ``model/``).
-    out_dir : default ``<run>/monitor_posthoc``.
-    device : where the forward passes run.
-    **overrides : monitor settings — ``rule`` (the LayerNorm rule's mapping), ``ln_top_k`` (LayerNorm top_k),
-        ``top_k``, ``n_sequences``, ``n_pairs``, ``seed``, ``max_length``, ``vectors``, ``sentences_path``.
-
-    Returns
-    -------
-    dict with ``layernorm`` and ``hidden_states`` (paths of the CSVs) and ``steps`` (analysed steps).
-    """
+    """Write post-hoc monitor histories for every checkpoint of ``run_dir`` (default texts: the first
+    ``n_sequences`` shipped sentences; tokenizer: the run's; out_dir: ``<run>/monitor_posthoc``); ``overrides``:
+    monitor settings (``rule``, ``ln_top_k``, ``top_k``, ``n_sequences``, ``n_pairs``, ``seed``, ``max_length``,
+    ``vectors``, ``sentences_path``).  Returns the CSV paths and the analysed ``steps``."""
     run = Path(run_dir)
     ckpt_paths = find_checkpoints(run)
     ln_cfg, hs_cfg = apply_overrides(*monitor_settings(run), overrides)
 
-    # lazy: `python -m outlierlab.jobs.posthoc BAD_DIR` fails in a second, before torch loads; and HF_HUB_OFFLINE
-    # must be set before transformers is imported (it reads the flag at import)
+    # lazy: a bad directory fails before torch loads; HF_HUB_OFFLINE is read at transformers' import
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from outlierlab.metrics.layernorm_rule import layernorm_outliers
     from outlierlab.metrics.monitor_records import layernorm_records, layernorm_snapshot, tokenize_heldout
@@ -168,8 +136,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
         files["hidden_states"].append(rows)
         # the project's one LayerNorm rule (default: output LN, gain AND bias outside 3σ), per block
         det = layernorm_outliers(layernorm_tensors(model_layernorms(model)))
-        # only layers whose LayerNorm the rule can judge: no row (an empty cell), not 0, for a block without
-        # affine norms (no-affine LayerNorm, the OP block); RMSNorm is judged on its gain alone
+        # no row (not 0) for a block without affine norms; RMSNorm is judged on its gain alone
         ln_counts = [(step, f"layer_{i + 1}", "n_layernorm_outliers", None, len(det.per_layer[f"layer.{i}"]))
                      for i in range(config.num_layers) if f"layer.{i}" in det.per_layer]
         metric_rows += [r for r in rows if r[2] in METRIC_COLUMNS] + ln_counts
@@ -189,9 +156,7 @@ def analyze_run(run_dir: str | os.PathLike, texts: Sequence[str] | None = None, 
 
 
 def order_use_rows(step: int, model, batch: dict, attentions, tokenizer, device: str) -> list[tuple]:
-    """Order use (``layer`` = ``model``) and attention locality (per block, ``layer_{i+1}``) of one checkpoint on the
-    held-out sentences (``outlierlab.metrics.word_order.heldout_order_use``): these are the held-out sentences,
-    not the run's validation blocks, so the values differ from ``val/order_use`` in level but not in what they say."""
+    """Order use and per-block attention locality of one checkpoint on the held-out sentences."""
     from outlierlab.metrics.word_order import heldout_order_use, heldout_special_ids
 
     special = heldout_special_ids(model.config, tokenizer)

@@ -1,11 +1,8 @@
 """Post-hoc monitor histories of a Hugging Face ``Trainer`` run: every ``<output_dir>/checkpoint-<step>``.
 
-The counterpart of ``outlierlab.jobs.posthoc.analyze_run`` (our ``train.py`` runs) for runs monitored by
-``outlierlab.monitoring.hf_trainer.OutlierMonitorCallback`` -- or any Trainer run of a registered family --
-with the same monitor settings, the same held-out batch and the same functions (``hidden_rows`` and the LayerNorm
-records), so the live rows of a checkpoint's step are reproduced.  A PEFT run's adapter-only checkpoints are rebuilt
-as base model plus merged adapter (``load_checkpoint``). ``python -m outlierlab.jobs.posthoc <output_dir>``
-picks it when the directory has ``checkpoint-*`` folders and no ``checkpoints/``.
+The counterpart of ``outlierlab.jobs.posthoc.analyze_run`` for Trainer runs (e.g. monitored by
+``OutlierMonitorCallback``), with the same settings, held-out batch and functions, so a step's live rows are
+reproduced.  A PEFT run's adapter checkpoints are rebuilt as base model plus merged adapter.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 
 
 def find_hf_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
-    """``{global_step: <output_dir>/checkpoint-<step>}`` of a Hugging Face Trainer run (empty: none): checkpoints
-    holding a model (``config.json``) or a PEFT adapter (``adapter_config.json``)."""
+    """``{global_step: checkpoint dir}`` of a Trainer run holding a model or a PEFT adapter."""
     out = Path(output_dir)
     found = {}
     for d in out.glob(f"{HF_CHECKPOINT_PREFIX}*"):
@@ -45,11 +41,7 @@ def find_hf_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
 
 
 def load_checkpoint(path: Path):
-    """A checkpoint's model through the one Hugging Face loader (``outlierlab.models.placement.load_hf_model``):
-    ``(model, headless)``, the model with its LM head, or its body when the checkpoint has none.  An adapter
-    checkpoint (LoRA and the other PEFT methods) is its base model, loaded the same way from the
-    ``base_model_name_or_path`` the adapter names, with the adapter merged into the weights -- the adapted model the
-    live monitor saw, up to float rounding."""
+    """``(model, headless)``: a checkpoint's model with its LM head, or base model with the adapter merged."""
     from outlierlab.models.encoder_source import EncoderSource
     from outlierlab.models.placement import load_hf_model
 
@@ -76,33 +68,13 @@ def load_checkpoint(path: Path):
 def analyze_hf_checkpoints(output_dir: str | os.PathLike, texts: Sequence[str] | None = None, tokenizer: Any = None,
                            out_dir: str | os.PathLike | None = None, monitor_dir: str | os.PathLike | None = None,
                            device: str = "cpu", **overrides: Any) -> dict[str, Any]:
-    """Post-hoc monitor histories for every ``checkpoint-<step>`` of a Hugging Face ``Trainer`` run.
-
-    The counterpart of ``analyze_run`` for runs monitored by
-    ``outlierlab.monitoring.hf_trainer.OutlierMonitorCallback`` (or any Trainer run): each checkpoint is
-    loaded with its own LM head by the one Hugging Face loader (``outlierlab.models.placement.load_hf_model``:
-    ``AutoModelForMaskedLM`` / ``AutoModelForCausalLM`` by the family's objective; a checkpoint saved without its
-    head -- a sentence encoder, a sentence-transformers checkpoint -- is its body), and the same pure functions as the
-    live monitors — ``outlierlab.metrics.monitor_records.layernorm_records`` (Kovaleva et al. 2021; Puccetti et al.
-    2022) and ``outlierlab.metrics.monitor_records.hidden_state_records`` (Luo et al. 2021 and the later metrics) —
-    run on the same held-out batch (the shipped sentences, the checkpoint's own tokenizer, truncated by
-    ``outlierlab.monitoring.hidden_state_tracker.heldout_max_length``), so a checkpoint's rows reproduce the
-    live rows of its step.  Divergence from init reads the live monitor's snapshot
-    (``<monitor_dir>/layernorm_initial.pt``, default ``<output_dir>/monitor``), which also gives LayerNorm rows
-    for step 0; without it, the standard init (gain 1, bias 0).
-
-    Parameters
-    ----------
-    output_dir : the Trainer's ``args.output_dir``.
-    texts, tokenizer, device, **overrides : as ``analyze_run`` (defaults: the monitors' defaults).
-    out_dir : default ``<output_dir>/monitor_posthoc``.
-    monitor_dir : where the live monitor wrote (for its init snapshot).
-
-    Returns
-    -------
-    dict with ``layernorm``, ``hidden_states`` and ``order_use`` (CSV paths: order use and attention locality are
-    rows of ``hidden_states.csv`` too, as the live monitor writes them) and ``steps`` (analysed steps).
-    """
+    """Post-hoc monitor histories for every ``checkpoint-<step>`` of a Hugging Face ``Trainer`` run
+    (``output_dir``): each checkpoint with its LM head (a headless one: its body) through the live monitors' functions,
+    ``layernorm_records`` (Kovaleva et al. 2021; Puccetti et al. 2022) and ``hidden_state_records`` (Luo et al.
+    2021), on the same held-out batch, so its rows reproduce the live rows of its step.  Divergence from init reads
+    ``<monitor_dir>/layernorm_initial.pt`` (default ``<output_dir>/monitor``; also step 0's rows), else the standard
+    init.  Other arguments as ``analyze_run``; ``out_dir`` default ``<output_dir>/monitor_posthoc``.  Returns the CSV
+    paths (``layernorm``, ``hidden_states``, ``order_use``) and the analysed ``steps``."""
     run = Path(output_dir)
     ckpts = find_hf_checkpoints(run)
     if not ckpts:

@@ -1,13 +1,8 @@
 """How the entry points (train.py, probe.py, evaluate.py) end a job that failed.
 
-* A user error -- a bad value, a missing file, a constructor rejecting the config inside Hydra's instantiate, an
-  accelerator that is not there -- is one line on stderr, ``error: <root cause> (<the override that fixes it>)``,
-  and exit status 1. ``HYDRA_FULL_ERROR=1`` (or ``OUTLIERLAB_DEBUG=1``) gives the full traceback instead.
-* Inside a multirun a failing cell does not end the sweep: the cell's directory gets ``failed.json``, the error is
-  recorded for ``outlierlab.jobs.sweep_outcomes.SweepOutcomes``, and the job returns; the sweep exits
-  non-zero at its end with the list of failed cells. A cell whose directory another process holds is skipped.
-
-Imports nothing heavy (the entry points import this before torch).
+A user error is one line on stderr, ``error: <root cause> (<the override that fixes it>)``, exit status 1
+(``HYDRA_FULL_ERROR=1`` or ``OUTLIERLAB_DEBUG=1``: the traceback).  In a multirun a failing cell writes
+``failed.json`` and the sweep goes on, exiting non-zero at its end.  Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -65,8 +60,7 @@ def is_user_error(exc: BaseException) -> bool:
 
 
 def _message(exc: BaseException) -> str:
-    """The exception's text on one line: its first three non-empty lines joined (Lightning words some errors over
-    two: 'You requested gpu: [0, 1]' / 'But your machine only has: [0]'), at most 400 characters."""
+    """The exception's first three non-empty lines on one line, at most 400 characters."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if _is_instantiation_error(exc) and len(lines) > 1:  # 'Error in call to target ...:' / 'ValueError("...")'
         lines = lines[1:2]
@@ -95,8 +89,7 @@ def disk_full_error(exc: BaseException | None) -> OSError | None:
 
 
 def error_line(exc: BaseException, where: str | Path | None = None) -> str:
-    """One line for any failure: the root cause's message and, where we can tell, the override that fixes it. A full
-    disk names the file (or ``where``, the folder being written) and the remedy."""
+    """One line: the root cause and, where known, the override that fixes it (a full disk: file, remedy)."""
     full = disk_full_error(exc)
     if full is not None:
         target = full.filename or where
@@ -146,12 +139,7 @@ def _record_cell_failure(exc: BaseException, line: str, cell: Path | None) -> No
 
 
 def run_main(job, cfg) -> Any:
-    """Run ``job(cfg)``; a user error becomes ``error: <message>`` on stderr and exit status 1.
-
-    In a multirun every failure of the cell (user error or not) is recorded (``failed.json``, the sweep's list)
-    and ``CELL_FAILED`` is returned so the next cell runs; a cell held by another process is skipped.
-    ``OUTLIERLAB_DEBUG=1`` or ``HYDRA_FULL_ERROR=1``: the full traceback instead, and a multirun stops there.
-    """
+    """Run ``job(cfg)``: a user error is one line and status 1; a multirun cell's failure is recorded."""
     try:
         return job(cfg)
     except Exception as e:  # noqa: BLE001 - sorted below: one line, recorded, or re-raised

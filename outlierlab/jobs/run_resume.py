@@ -1,11 +1,6 @@
-"""What a resume does to a run directory: which checkpoint it starts from (``resume_point``: the one named, or
-the newest readable one of an unfinished run, checked against the model); what the run's last end, or an abandoned
-timeline, wrote leaves the names readers take as the run's own; a resume whose settings its checkpoint would
-override is refused, and every other setting a resume changes is recorded (``config_changes``, in that start's
-line of ``code_versions.jsonl``) against the settings its checkpoint trained with (``ConfigInCheckpoint``).
-
-train.py calls these at a start that resumes (``outlierlab.jobs.training.train``); the markers and the manifest
-themselves are ``outlierlab.jobs.run_state``'s (docs/run_directories.md, the lifecycle table).
+"""What a resume does to a run directory: which checkpoint it starts from (``resume_point``), what its last end or an
+abandoned timeline wrote is set aside, settings its checkpoint would override are refused, and every other setting it
+changes is recorded (``config_changes``) against those its checkpoint trained with (docs/run_directories.md).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from typing import Any
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from outlierlab.jobs.run_state import FINISHED_MARKER, MANIFEST
+from outlierlab.jobs.run_state import FINISHED_MARKER, MANIFEST, read_yaml
 from outlierlab.models import EncoderConfig
 from outlierlab.models.checkpoint import read_checkpoint
 
@@ -42,12 +37,7 @@ def _readable(path: Path) -> dict[str, Any] | None:
 
 
 def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[str | None, dict[str, Any] | None]:
-    """Turn ``ckpt_path`` (``null``, ``last`` or a path) into a readable checkpoint file.
-
-    ``last`` means ``<run_dir>/checkpoints/last.ckpt``; if that file is unreadable (a crash
-    while the file system flushed, a truncated copy) the newest readable checkpoint next to it
-    is used instead, with a warning.
-    """
+    """``ckpt_path`` as a readable checkpoint; ``last``: the readable one holding the highest step."""
     if ckpt_path in (None, "", "null"):
         return None, None
     if ckpt_path == "last":
@@ -58,8 +48,7 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[str | None
                 f"ckpt_path=last but {ckpt_dir} holds no checkpoint; start without ckpt_path, or pass "
                 "hydra.run.dir= of the run to resume"
             )
-        # The newest by the step it holds, not by its name: a kill during last.ckpt's rewrite leaves the previous
-        # last.ckpt (staged writes never tear it) behind a complete step checkpoint written just before it.
+        # by step, not name: a kill during last.ckpt's rewrite leaves it behind a newer step checkpoint
         best: tuple[Path, dict[str, Any], int] | None = None
         unreadable = []
         for cand in candidates:
@@ -100,11 +89,7 @@ def check_checkpoint_matches(ckpt: dict[str, Any], config: EncoderConfig, path: 
 
 
 class ConfigInCheckpoint(L.Callback):
-    """Writes the start's resolved config into every checkpoint it saves (under ``TRAINED_CONFIG``).
-
-    A resume's ``config_changes`` compare against it: the settings the resumed state trained with.
-    ``config.yaml`` cannot serve -- a start that failed before its first step (an OOM after raising the batch size)
-    rewrote it with settings that never trained, and the next start would have been recorded as changing those."""
+    """The start's resolved config in every checkpoint: what a resume's ``config_changes`` compare against."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
@@ -115,14 +100,11 @@ class ConfigInCheckpoint(L.Callback):
 
 def resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig
                  ) -> tuple[str | None, int, dict[str, Any] | None]:
-    """``(ckpt_path for trainer.fit, its step, the config it trained with)``: the requested checkpoint, or the last
-    one of an unfinished run in ``run_dir`` (a re-run cell of a sweep continues), checked against the model about to
-    be built.  The config is None for a fresh start, and for a checkpoint written before checkpoints held one."""
+    """``(ckpt_path, step, trained config)``: the requested or an unfinished run's last checkpoint, checked."""
     requested = cfg.get("ckpt_path")
     if requested in (None, "", "null") and any((run_dir / "checkpoints").glob("*.ckpt")):
         if not cfg.get("resume", True):
-            # a fresh run there would write step*-v1.ckpt and last-v1.ckpt beside the old run's last.ckpt (which the
-            # next resume would then read) and append to its logs: two runs mixed in one directory
+            # a fresh run there would mix its checkpoints and logs with the old run's
             raise ValueError(f"resume=false, but {run_dir / 'checkpoints'} holds the checkpoints of an earlier run: "
                              f"give this run another run_dir, or delete {run_dir} first to start over there")
         # an interrupted cell of a sweep (or a re-run into the same hydra.run.dir): continue it
@@ -152,22 +134,11 @@ def resume_point(cfg: DictConfig, run_dir: Path, config: EncoderConfig
 
 
 def set_aside_end_state(run_dir: Path, resumed_from: int) -> list[str]:
-    """A run about to train past ``resumed_from``: what its last end wrote stops describing it, so it leaves the
-    names readers take as the run's result. ``finished.json`` (a run given more steps is unfinished again) is
-    removed first, then ``manifest.json`` (it describes the files of that end: the study aggregator takes a cell
-    with a manifest as checked by it, and skipped the CSV checks of an extended cell stopped before its new end),
-    then the export ``hf/`` or ``model/``:
-
-    * the end of a run stopped early by ``max_time`` (a signal exports nothing) exported the step of the checkpoint
-      this resume starts from (``trained_steps.json`` says which): a copy of it, **removed** -- a GPU run trained in
-      fixed-length calls would otherwise keep one full model per call;
-    * any other (a finished run given more steps; a stopped run resumed from an older checkpoint) is renamed to
-      ``<name>.before-resume-at-step<N>``: it holds a model no checkpoint of the run may hold any more.
-
-    So ``encoder.name_or_path=<run>`` of a resumed run stopped before its end loads the newer ``last.ckpt``, not an
-    older export. The run's end writes a new export and manifest. Returns one line per export. (Each step is one
-    rename or unlink, a removal renames first: a kill leaves an export whole under one name, or under a hidden name
-    that is no export.)"""
+    """A run about to train past ``resumed_from``: what its last end wrote stops describing it.  ``finished.json``
+    and ``manifest.json`` are removed; an export (``hf/``, ``model/``) of exactly the resumed step of an unfinished
+    run is removed (a copy of the checkpoint; one per call would pile up), any other is renamed
+    ``<name>.before-resume-at-step<N>``.  Returns one line per export.  Each step is one rename or unlink, so a kill
+    leaves an export whole or under a hidden name."""
     from outlierlab.jobs.model_card import trained_steps  # lazy: the card's module reads the run's files
 
     run_dir, step = Path(run_dir), int(resumed_from)
@@ -205,13 +176,8 @@ def _unused(path: Path) -> Path:
 
 
 def set_aside_later_timeline(run_dir: Path, resumed_from: int) -> list[str]:
-    """A run resumed from an earlier step than its newest checkpoints (``ckpt_path=<run>/checkpoints/step….ckpt``:
-    a roll-back): what the abandoned steps wrote leaves the names readers take as the run's. Its checkpoints past
-    ``resumed_from`` move to ``checkpoints/abandoned-after-step<N>/``, the probe outputs of their steps
-    (``probe_posthoc/step<M>/``) to ``probe_posthoc/abandoned-after-step<N>/`` with the gathered tables rewritten
-    from the steps kept, and ``monitor_posthoc/`` to ``monitor_posthoc.before-resume-at-step<N>/`` (the run's end
-    recomputes it from every checkpoint), so a later resume (``ckpt_path=last``) continues the new timeline and the
-    checkpoint probes read its steps only. Returns one line per folder that received files."""
+    """A roll-back: checkpoints and probe outputs past ``resumed_from`` move to ``abandoned-after-step<N>/``,
+    ``monitor_posthoc/`` aside, so ``ckpt_path=last`` continues the new timeline; one line per folder moved."""
     from outlierlab.models.checkpoint import read_checkpoint  # lazy: torch only where a run resumes
 
     run_dir, n = Path(run_dir), int(resumed_from)
@@ -252,16 +218,8 @@ def set_aside_later_timeline(run_dir: Path, resumed_from: int) -> list[str]:
 
 
 def optimizer_settings_ignored(ckpt: dict[str, Any], optimizer: dict[str, Any] | None) -> list[str]:
-    """The settings of ``optimizer`` (the resolved ``optimizer``: ``lr``, ``betas``, ``eps``,
-    ``weight_decay``, ...) that differ from those checkpoint ``ckpt`` trained with, one
-    ``optimizer.<key>=<asked> (the checkpoint's: <value>)`` each; [] when they agree.
-
-    A resume restores the checkpoint's optimizer state -- its parameter groups' settings, and the scheduler's base
-    rates -- so such a setting never takes effect, while ``config.yaml``, the manifest and the model card would state
-    it (``optimizer.lr=0.05`` given at a resume trains on at the checkpoint's 7e-4 under a config.yaml saying
-    0.05). The peak rate is the group's ``initial_lr`` (set by the scheduler), else its ``lr``; the first
-    parameter group is compared (it takes the optimizer's own settings; the others only lower weight decay), of each
-    part of a split optimizer."""
+    """``optimizer.<key>=<asked> (the checkpoint's: <value>)`` per setting ``ckpt`` did not train with: a resume
+    restores the optimizer state, so it would not take effect (first group of each part; ``initial_lr``)."""
     states = ckpt.get("optimizer_states") or []
     groups = states[0].get("param_groups") if states and isinstance(states[0], dict) else None
     if not optimizer or not groups:
@@ -302,9 +260,7 @@ def dotted_keys(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-#: Settings of how a run is launched, resumed or shown, not of what it trains (with every key under them): the keys
-#: ``configs/train.yaml`` leaves out of a cell's name (``override_dirname.exclude_keys``; a test holds the two equal).
-#: A resume with ``ckpt_path=last`` is the documented way to resume, not a change of the run.
+#: Settings of how a run is launched, resumed or shown, not of what it trains: the keys a cell's name leaves out.
 RUN_CONTROLS = ("study", "ckpt_path", "resume", "skip_finished", "threads", "paths", "posthoc", "posthoc_probe",
                 "trainer.enable_progress_bar", "callbacks.progress.when")
 
@@ -314,22 +270,11 @@ def _run_control(key: str) -> bool:
 
 
 def config_changes(before: dict[str, Any] | Path, config: dict[str, Any]) -> dict[str, list[Any]]:
-    """``{key: [before, now]}`` for every setting of ``config`` (the resolved config of a start that resumes) that
-    differs from ``before``: the config its checkpoint trained with (``TRAINED_CONFIG``), or for a checkpoint
-    that holds none the ``config.yaml`` the run's last start wrote (a path); a key only one side has pairs with
-    None; ``RUN_CONTROLS`` are not compared. {} when the file is absent or unreadable.
-
-    Recorded, not refused: a resume may rightly change what does not touch the trained state (``trainer.max_steps``
-    extended, ``trainer.max_time``, a monitor's interval), and one that does (``data.files``, the masking rate)
-    is the user's to judge; without the record the run's ``config.yaml``, manifest and model card stated only the
-    last start's settings, as if the whole run had trained with them."""
-    import yaml
-
+    """``{key: [before, now]}`` for every setting of ``config`` that differs from ``before`` (the trained config, or
+    a ``config.yaml`` path; {} when unreadable), ``RUN_CONTROLS`` aside.  Recorded, not refused: a resume may rightly
+    change ``trainer.max_steps``; whether a changed ``data.files`` matters is the user's to judge."""
     if not isinstance(before, dict):
-        try:
-            before = yaml.safe_load(Path(before).read_text())
-        except (OSError, ValueError):
-            return {}
+        before = read_yaml(before)
     if not isinstance(before, dict):
         return {}
     old, new = dotted_keys(before), dotted_keys(config)

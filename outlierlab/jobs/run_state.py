@@ -1,17 +1,10 @@
 """What a run directory says about itself: the code it ran on, whether it finished or failed, and a manifest
 of its result files that a reader can verify.
 
-One definition shared by the trainer (skip a finished cell, resume an unfinished one) and the study aggregator
-(average finished cells only, name torn ones). The lifecycle is documented in ``docs/run_directories.md``:
-
-* at every start (and resume) one JSON line is appended to ``code_versions.jsonl`` (``record_start``): the code
-  version, the start's overrides and the settings a resume changed;
-* at the end ``write_manifest`` writes ``manifest.json`` -- every result file with its size, SHA-256 and CSV
-  row count, the code version and the resolved config -- and only then ``finished.json`` (``mark_finished``);
-* a failed cell writes ``failed.json`` instead (``mark_failed``).
-
-Every file here is written atomically (a temporary file in the same directory, fsync, ``os.replace``), so a
-reader sees the old file or the new one, never a torn one.
+Shared by the trainer and the study aggregator (docs/run_directories.md): every start appends a line to
+``code_versions.jsonl``; the end writes ``manifest.json`` (each result file's size, SHA-256 and CSV row count, the
+code version and config), then ``finished.json``; a failed cell writes ``failed.json``.  Every file is written
+atomically, so a reader never sees a torn one.
 """
 
 from __future__ import annotations
@@ -49,6 +42,16 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
+def read_yaml(path: Path) -> Any | None:
+    """A YAML file's content, or None where it is missing or unreadable."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+
+
 # ------------------------------------------------------------------------------------------ code version
 def _git(*args: str) -> str | None:
     try:
@@ -59,9 +62,8 @@ def _git(*args: str) -> str | None:
 
 
 def code_version() -> dict[str, Any]:
-    """``{"commit", "dirty", "describe"}`` of the git checkout holding this package; nulls outside one. ``dirty``:
-    tracked files differ from HEAD (untracked ones are not counted).  Outside a checkout, ``$OUTLIERLAB_CODE_VERSION``
-    is recorded with ``stated_by``."""
+    """``{"commit", "dirty", "describe"}`` of the git checkout holding this package (``dirty``: tracked files only);
+    outside one, ``$OUTLIERLAB_CODE_VERSION`` with ``stated_by``, else nulls."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         # code shipped without git metadata (``git archive <commit>`` to a cluster node, a container, an accelerator
@@ -77,9 +79,7 @@ def code_version() -> dict[str, Any]:
 
 def record_start(run_dir: Path, global_step: int,
                  config_changes: dict[str, list[Any]] | None = None) -> dict[str, Any]:
-    """Append this start's line to ``<run_dir>/code_versions.jsonl``: its code version (a resume on other code says
-    so), its command-line overrides (``.hydra/overrides.yaml``, which Hydra rewrites at every start) and, for a
-    resume, the settings it changed (``{key: [before, now]}``, ``outlierlab.jobs.run_resume.config_changes``)."""
+    """Append this start's code version, overrides and resume changes to ``code_versions.jsonl``."""
     line = {"started": now_iso(), "global_step_at_start": int(global_step), **code_version(),
             "overrides": _overrides(run_dir)}
     if config_changes:
@@ -92,9 +92,7 @@ def record_start(run_dir: Path, global_step: int,
 
 
 def changes_text(start: dict[str, Any], markdown: bool = False) -> str:
-    """The settings a start's line of ``code_versions.jsonl`` records as changed (``config_changes``), as
-    ``key before -> after, ...`` (``markdown``: keys as code, an arrow); "" when it changed none. The one wording
-    of the log, the model card and the study's notes."""
+    """A start's changed settings as ``key before -> after, ...`` (``markdown``: keys as code); "" for none."""
     changes = start.get("config_changes")
     if not isinstance(changes, dict):
         return ""
@@ -121,8 +119,7 @@ def code_versions(run_dir: Path) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------ finished / failed
 def finished_run(run_dir: Path) -> dict[str, Any] | None:
-    """``finished.json`` of a completed run, or None: THE definition of finished (trainer and aggregator), a marker that
-    parses with an integer ``global_step >= max_steps``."""
+    """``finished.json`` of a completed run (``global_step >= max_steps``), or None: THE definition."""
     done = read_json(Path(run_dir) / FINISHED_MARKER)
     if not isinstance(done, dict):
         return None
@@ -148,9 +145,7 @@ def failed_line(info: dict[str, Any]) -> str:
     return (f"step {step}: " if isinstance(step, int) else "") + str(info.get("error", "no error recorded"))
 
 
-#: A small file kept in a running run's directory and given up when the disk is full, so that ``failed.json`` (a
-#: few hundred bytes) can still be written on a disk that has no byte left: without it the run would end with no
-#: record of why. Removed when the run finishes.
+#: A small file given up when the disk is full, so that ``failed.json`` can still be written.
 ROOM_FILE = ".room"
 ROOM_BYTES = 64 * 1024
 
@@ -178,10 +173,8 @@ def mark_failed(run_dir: Path, error: str, global_step: int | None) -> dict[str,
 
 def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict[str, float],
                   config: dict[str, Any] | None, how: dict[str, Any] | None = None) -> dict[str, float]:
-    """Write ``manifest.json``, then ``finished.json`` (atomically), drop an earlier ``failed.json``; return the metrics
-    recorded.  ``how`` records how the run computed (``accelerator``, ``deterministic``): replicates agree bit for bit
-    only under deterministic algorithms on the same device kind.  Re-entering a run finished at this step (no training,
-    empty ``metrics``) keeps its marker's metrics, updated by any given now."""
+    """Write ``manifest.json``, then ``finished.json``, drop ``failed.json``; return the metrics recorded (a re-entry
+    keeps the marker's).  ``how``: whether replicates can agree bit for bit (accelerator, determinism)."""
     run_dir = Path(run_dir)
     earlier = finished_run(run_dir)
     if earlier is not None and earlier["global_step"] == int(global_step) and isinstance(earlier.get("metrics"), dict):
@@ -196,9 +189,7 @@ def mark_finished(run_dir: Path, global_step: int, max_steps: int, metrics: dict
 
 # ------------------------------------------------------------------------------------------ manifest
 def result_files(run_dir: Path) -> list[str]:
-    """Relative POSIX paths of the result files a manifest covers, sorted.  Not ``.hydra/``: Hydra rewrites it at every
-    launch (launch state in ``hydra.yaml``), so a re-launched study would read as tampered with; the overrides and
-    resolved config are in the manifest instead."""
+    """Sorted relative paths of the result files a manifest covers; not ``.hydra/`` (rewritten at launch)."""
     run_dir = Path(run_dir)
     out = []
     for root, dirs, files in os.walk(run_dir):
@@ -246,9 +237,7 @@ def write_manifest(run_dir: Path, config: dict[str, Any] | None, global_step: in
 
 
 def refresh_manifest(run_dir: Path, tool: str) -> dict[str, Any] | None:
-    """Re-describe the result files of a finished cell after ``tool`` (a post-hoc analysis run on it later) wrote
-    or rewrote some, keeping its code, config and steps; the refresh is recorded under ``"refreshed"``. A cell
-    without a manifest (unfinished, or from before manifests) is left alone (None)."""
+    """Re-describe a finished cell's files after ``tool`` wrote some; None without a manifest."""
     run_dir = Path(run_dir)
     manifest = read_json(run_dir / MANIFEST)
     if not isinstance(manifest, dict) or finished_run(run_dir) is None:
@@ -261,18 +250,12 @@ def refresh_manifest(run_dir: Path, tool: str) -> dict[str, Any] | None:
 
 def _overrides(run_dir: Path) -> list[str] | None:
     """The cell's Hydra overrides (``.hydra/overrides.yaml``) when it finished; None if absent or unreadable."""
-    try:
-        import yaml
-
-        value = yaml.safe_load((Path(run_dir) / ".hydra" / "overrides.yaml").read_text())
-    except (OSError, ValueError, ImportError):
-        return None
+    value = read_yaml(Path(run_dir) / ".hydra" / "overrides.yaml")
     return [str(v) for v in value] if isinstance(value, list) else None
 
 
 def csv_problem(path: Path) -> str | None:
-    """What is wrong with a CSV's structure (zero bytes, header only, last line cut, a row of another width), or
-    None -- the check a manifest's hash cannot name, and the whole check of a cell that has no manifest."""
+    """What is wrong with a CSV's structure (empty, header only, cut, ragged), or None."""
     data = path.read_bytes()
     if not data.strip():
         return "empty file (zero bytes)" if not data else "empty file"
@@ -289,9 +272,7 @@ def csv_problem(path: Path) -> str | None:
 
 
 def verify_manifest(run_dir: Path) -> list[str]:
-    """Problems of a finished cell, one string per file (``<cell dir>: <file>: <what is wrong>``); [] if intact:
-    ``finished.json``, ``manifest.json``, and each listed file's presence, CSV structure, row count, size and
-    SHA-256."""
+    """Problems of a finished cell, one ``<cell dir>: <file>: <what is wrong>`` per file; [] if intact."""
     run_dir = Path(run_dir)
     problems = []
     if finished_run(run_dir) is None:

@@ -6,11 +6,9 @@ runs.
     python evaluate.py -m encoder=multiberts encoder.name_or_path=google/multiberts-seed_0-step_0k,google/multiberts-seed_0-step_20k
     python -m outlierlab.studies.aggregate multirun/<date>/<time>
 
-``series_point`` reads ``encoder.revision`` — Pythia's ``step1000`` (Biderman et al. 2023), OLMo's
-``step20000-tokens84B`` (Groeneveld et al. 2024): identity ``step*``, so one model's checkpoints form one group — and
-``encoder.name_or_path`` — MultiBERTs (Sellam et al. 2022): ``google/multiberts-seed_3-step_20k`` is seed 3 at step
-20,000; a local directory named ``step<N>`` (or ``step_<N>k``) gives the step too.  evaluate.py's numbers, written at
-step -1, are moved to that step (``outlierlab.studies.cells``).
+``series_point`` reads ``encoder.revision`` (Pythia's ``step1000``, Biderman et al. 2023; OLMo's
+``step20000-tokens84B``, Groeneveld et al. 2024) and ``encoder.name_or_path`` (MultiBERTs, Sellam et al. 2022:
+``google/multiberts-seed_3-step_20k``; a local ``step<N>`` directory).
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ def series_point(key: str, value: str) -> SeriesPoint:
 
 
 def apply_series(overrides: dict[str, str], config: dict) -> tuple[int | None, int | None]:
-    """Replace every ``SERIES_KEYS`` override of a cell (and that key of its flattened ``config``) by its identity form;
-    return ``(seed, step)``.  ValueError when two overrides name different steps."""
+    """Replace a cell's ``SERIES_KEYS`` overrides by their identity form; return ``(seed, step)``."""
     seed = step = None
     for key in SERIES_KEYS:
         if key not in overrides:

@@ -1,8 +1,7 @@
 """Start-up checks of the composed config for the Hydra entry points, importing nothing heavy.
 
-``import lightning`` and ``import transformers`` take 10–15 s each on a small machine: a setting that cannot
-work (``check_train_config``) fails before them, in one line.  Also here: the run plan line and the device check.
-The command line itself is checked earlier, before Hydra composes, by ``outlierlab.configuration.overrides``.
+``import lightning`` and ``import transformers`` take 10–15 s each on a small machine: a setting that cannot work
+fails before them, in one line.  Also here: the run plan line and the device check.
 """
 
 from __future__ import annotations
@@ -21,11 +20,7 @@ from outlierlab.configuration.typed_settings import as_int
 
 
 def _target_error(target: str, where: str) -> str | None:
-    """Whether ``module.attr`` of a Hydra ``_target_`` exists, without executing the module (no heavy import).
-
-    The top-level package is located with ``find_spec``, submodules on its search path with ``PathFinder``;
-    the attribute is checked only in this repository's own source files, where a missing name is a typo.
-    """
+    """Whether a Hydra ``_target_`` exists, without importing it (attributes checked in our own files only)."""
     module, _, attr = str(target).rpartition(".")
     parts = module.split(".") if module else []
     spec = importlib.util.find_spec(parts[0]) if parts else None
@@ -52,9 +47,7 @@ def _target_error(target: str, where: str) -> str | None:
 
 
 def _duration(value) -> bool:
-    """Whether Lightning's ``Timer`` reads ``value`` as a duration string: ``DD:HH:MM:SS`` with two-digit hours,
-    minutes and seconds (its own pattern). A mapping (``{hours: 2}``) reaches it as an OmegaConf node, which it
-    cannot read, so it is refused here too."""
+    """Whether Lightning's ``Timer`` reads ``value`` as ``DD:HH:MM:SS`` (a mapping reaches it unreadable)."""
     return isinstance(value, str) and re.fullmatch(r"\d+:\d\d:\d\d:\d\d", value.strip()) is not None
 
 
@@ -63,8 +56,7 @@ MASKED_ONLY_DATA_KEYS = ("mlm_probability", "mask_replace_prob", "random_replace
 
 
 def _check_objective(cfg) -> None:
-    """``objective=clm`` with a masked-LM setting, or ``model.causal`` / ``data.objective`` edited apart from
-    the objective group: one line each, before anything heavy loads."""
+    """One line per masked-LM setting under ``objective=clm``, or objective keys edited apart."""
     objective = OmegaConf.select(cfg, "objective", default="mlm")
     if objective not in ("mlm", "clm"):
         raise ValueError(f"unknown objective {objective!r}; valid: clm, mlm (objective=clm)")
@@ -81,22 +73,10 @@ def _check_objective(cfg) -> None:
 
 
 def check_train_config(cfg) -> list[str]:
-    """Validate the optimisation setup of a composed ``train.yaml`` before the heavy imports.
-
-    Combinations that cannot work raise ``ValueError`` with one line; combinations with a sensible
-    reading are adjusted in ``cfg`` and returned as one-line warnings (which the caller prints):
-
-    * ``seed`` an integer, ``threads`` null or >= 1, ``lr`` and ``optimizer.lr`` > 0, ``trainer.max_time`` a duration;
-    * ``trainer.max_steps`` must be >= 1 (``-1``, Lightning's "use max_epochs", would also make the
-      schedule's length negative);
-    * the scheduler's and optimizer's ``_target_`` must exist; the warm-up must be >= 0; a warm-up >=
-      max_steps only warns (the schedule holds the peak, ``outlierlab.models.schedules``);
-    * ``trainer.val_check_interval`` (batches) above the run's length is lowered to it: one validation at
-      the end instead of none;
-    * ``callbacks.model_checkpoint.every_n_train_steps`` must be >= 1 (0 saves nothing to resume from);
-    * ``data.block_size`` must not exceed ``model.max_len``;
-    * a clipped softmax that zeroes a uniform attention row warns (``clipped_softmax_warning``).
-    """
+    """Validate a composed ``train.yaml`` before the heavy imports: what cannot work raises ``ValueError`` in one
+    line (``trainer.max_steps`` < 1, a missing ``_target_``, ``data.block_size`` > ``model.max_len``, ...); what has a
+    sensible reading is adjusted in ``cfg`` and returned as warnings (``val_check_interval`` above the run's length
+    lowered to it, a warm-up >= max_steps, a clipped softmax that zeroes a uniform row)."""
     warnings: list[str] = []
     for key in ("resume", "skip_finished", "posthoc", "export"):
         value = cfg.get(key, False)
@@ -173,12 +153,9 @@ def check_train_config(cfg) -> list[str]:
 def clipped_softmax_warning(gamma: float, zeta: float, length: int) -> str | None:
     """One line when the clipped softmax zeroes a uniform attention row (None otherwise).
 
-    ``clip((ζ-γ)·p + γ, 0, 1)`` is exactly 0, with zero gradient, for every ``p < -γ/(ζ-γ)``. Attention
-    starts near uniform (``p ≈ 1/T``) when the initial logits are small, so if ``-γ/(ζ-γ) >= 1/T`` every
-    probability is clipped at initialisation and the queries and keys get no gradient: attention may never
-    switch on. We measured exactly that on the emergence_cpu model (d = 128, T = 64) at Bondarenko et al.'s
-    BERT α (γ = -0.05): zero attention mass at every checkpoint (docs/emergence.md). BERT-base's larger
-    initial logits make it less likely there, but the rule γ = -α/T does not account for the logit scale.
+    ``clip((ζ-γ)·p + γ, 0, 1)`` is 0, with zero gradient, for every ``p < -γ/(ζ-γ)``; attention starts near uniform
+    (``p ≈ 1/T``), so if ``-γ/(ζ-γ) >= 1/T`` queries and keys get no gradient and attention may never switch on (the
+    emergence_cpu model at Bondarenko et al.'s BERT α, γ = -0.05: zero attention mass throughout, docs/emergence.md).
     """
     threshold = -gamma / (zeta - gamma)
     if threshold < 1.0 / length:
@@ -191,11 +168,7 @@ def clipped_softmax_warning(gamma: float, zeta: float, length: int) -> str | Non
 
 
 def describe_plan(cfg) -> str:
-    """One line saying what the run will do: steps, devices, global batch, tokens and precision.
-
-    Printed before the heavy imports, so a misread multi-GPU setting (global batch, accumulation) shows
-    before hours of compute, e.g. for ``experiment=paper_roberta_base`` (Luo et al. Table 4: batch 256).
-    """
+    """One line: steps, devices, global batch, tokens and precision (Luo et al. Table 4: batch 256)."""
     t = cfg.trainer
     per_device = OmegaConf.select(cfg, "data.batch_size")
     block = OmegaConf.select(cfg, "data.block_size")
@@ -212,8 +185,7 @@ def describe_plan(cfg) -> str:
 
 
 def check_device(device, key: str = "encoder.device") -> None:
-    """A requested accelerator that this machine lacks is one line at start, not an assertion deep in torch when
-    the model first moves (``Torch not compiled with CUDA enabled``). Imports torch: call it after the light checks."""
+    """A requested accelerator this machine lacks, in one line at start; imports torch."""
     name = str(device or "auto")
     if name in ("auto", "cpu", "meta"):
         return

@@ -1,10 +1,8 @@
 """A multirun that survives a failing cell and says so at its end.
 
-Hydra's basic launcher stops at a job's first exception; ``run_errors.run_main`` instead returns from a failing cell
-(after ``failed.json``) and records the outcome here, and ``SweepOutcomes``, a Hydra callback
-(``configs/hydra/callbacks/run_safety.yaml``), prints the failed and skipped cells at the end and exits non-zero if any
-failed.  Outcomes travel as files, ``<sweep dir>/.sweep_outcomes/<launch id>/<digest>.json`` (joblib or submitit cells),
-the launch id in ``OUTLIERLAB_SWEEP_ID``.
+``run_errors.run_main`` returns from a failing cell and records its outcome as a file
+(``<sweep dir>/.sweep_outcomes/<launch id>/<digest>.json``); ``SweepOutcomes``, a Hydra callback, prints the failed and
+skipped cells at the end and exits non-zero if any failed.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ def record(cell: Path | None, kind: str, line: str, sweep_dir: Path | None = Non
     folder = sweep_dir / OUTCOMES / launch
     folder.mkdir(parents=True, exist_ok=True)
     name = hashlib.sha1(str(cell).encode()).hexdigest()[:16]
-    # whole or not at all: a torn outcome is skipped by read(), so a failed cell cut short by a full disk was left
-    # out of the sweep's list of failures, and the sweep ended with status 0
+    # whole or not at all: read() skips a torn outcome, which would drop a failure from the sweep's list
     write_atomic(folder / f"{name}.json", json.dumps({"cell": str(cell), "kind": kind, "error": line}))
 
 

@@ -43,23 +43,20 @@ from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
 
 log = logging.getLogger(__name__)
-#: The exit status of a run stopped by SIGTERM (as a shell reports a process killed by it: 128 + 15). Lightning stops
-#: at the end of the step and raises ``SIGTERMException``, a ``SystemExit`` without a code -- status 0 -- so
-#: ``python train.py ... && python evaluate.py ...`` would go on with an unfinished run.
+#: The exit status of a run stopped by SIGTERM (128 + 15): Lightning's own exits 0, and ``train.py && evaluate.py``
+#: would go on with an unfinished run.
 SIGTERM_EXIT = 143
 
 
 def ensure_writable(run_dir: Path) -> None:
-    """Fail at start, not after an hour, if the run directory cannot be written (free space: once the model is
-    built, ``outlierlab.jobs.checkpoint_io.check_free_space``)."""
+    """Fail at start, not after an hour, if the run directory cannot be written."""
     error = unwritable_run_dir(run_dir)
     if error:
         raise OSError(error)
 
 
 def ensure_room(run_dir: Path, module: L.LightningModule, cfg: DictConfig) -> int:
-    """Refuse to start, in one line, unless the run directory can hold this model's checkpoints (parameters and
-    Adam state, for every checkpoint kept plus the one being staged) and its export; return the bytes needed."""
+    """Refuse to start unless the run directory can hold the checkpoints and export; return the bytes."""
     ckpt = checkpoint_bytes(module)
     existing = len(list((run_dir / "checkpoints").glob("*.ckpt")))
     export = ckpt // 3 if cfg.get("export", True) else 0
@@ -69,8 +66,7 @@ def ensure_room(run_dir: Path, module: L.LightningModule, cfg: DictConfig) -> in
 
 
 def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None) -> DataBudget:
-    """Log tokens per epoch, the tokens this run will see and its epochs over the data; warn above
-    ``warn_above`` epochs (``data_epochs_warning``: a memorisation regime, see ``outlierlab.datamodules.budget``)."""
+    """Log the run's data budget; warn above ``warn_above`` epochs (a memorisation regime)."""
     budget = data_budget(int(datamodule.stats["train_blocks"]), int(datamodule.stats["train_tokens"]),
                          datamodule.batch_size, trainer.world_size, trainer.accumulate_grad_batches,
                          trainer.max_steps, trainer.max_epochs)
@@ -85,9 +81,7 @@ def report_data_budget(datamodule, trainer: L.Trainer, warn_above: float | None)
 
 def report_order_use(metrics: dict[str, float], threshold: float | None, config: EncoderConfig | None = None
                      ) -> str | None:
-    """Say in one line (the run's log) when the run ends below ``threshold`` nats of order use: a bag-of-words model's
-    loss (``metrics.word_order``) -- "not yet", or "cannot" for a masked model without positions.  Nothing when order
-    use was not measured or ``threshold`` is null."""
+    """Log one line when the run ends below ``threshold`` nats of order use (a bag-of-words model's loss)."""
     value = metrics.get("val/order_use")
     if value is None or threshold is None:
         return None
@@ -103,16 +97,13 @@ def _export_dir(run_dir: Path, config: EncoderConfig) -> Path:
 
 
 def _relaunch_args_for_ddp_children(run_dir: Path) -> None:
-    """Lightning relaunches ranks >= 1 with the original argv; under ``-m`` that starts a new
-    sweep in each child (lightning-hydra-template #393). Record this job's own overrides so
-    ``train.py`` can hand exactly those to the children (see ``train.py``)."""
+    """Record this job's overrides for DDP ranks >= 1 (lightning-hydra-template #393)."""
     try:
         overrides = list(HydraConfig.get().overrides.task)
     except ValueError:  # not running under @hydra.main (tests calling train() directly)
         return
     os.environ["OUTLIERLAB_CHILD_ARGV"] = json.dumps(
-        # quoted: a sweep cell's directory holds '=' and ',' (multirun/<study>/pos=none,seed=2), which Hydra's
-        # override grammar would otherwise read as a key and a sweep
+        # quoted: a sweep cell's directory holds '=' and ','
         [o for o in overrides if not o.startswith("hydra.")] + [f'hydra.run.dir="{run_dir}"', "hydra.output_subdir=null"]
     )
 
@@ -121,8 +112,7 @@ _DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE
 
 
 def _release_ddp(env_before: dict[str, str | None]) -> None:
-    """Undo what Lightning's launcher left in *this* process after a DDP fit (LOCAL_RANK & co., its process group),
-    which would make the next job of a Hydra multirun wait for children that no longer exist."""
+    """Undo what Lightning's DDP launcher left in this process, for the next job of a multirun."""
     if env_before.get("LOCAL_RANK") is not None:
         return  # ranks launched from outside (torchrun, SLURM, or a child of ours): leave them be
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -136,8 +126,7 @@ def _release_ddp(env_before: dict[str, str | None]) -> None:
 
 def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float],
                    config: dict[str, Any] | None = None) -> dict[str, float]:
-    """manifest.json, then finished.json (``run_state.mark_finished``), with the optimizer's class, the device kind and
-    whether deterministic algorithms were enforced (``trainer.deterministic=true``)."""
+    """``run_state.mark_finished`` with the optimizer's class, device kind and determinism."""
     how = {"accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
            "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
            # the optimizer that trained it (its settings are in config.yaml and the card): a study's arms, at a glance
@@ -146,8 +135,7 @@ def _mark_finished(run_dir: Path, trainer: L.Trainer, metrics: dict[str, float],
 
 
 def parallel_cells() -> int:
-    """How many sweep cells run at once on this machine: ``hydra.launcher.n_jobs`` under the joblib
-    launcher (``-1``: one per core), else 1."""
+    """How many sweep cells run at once: joblib's ``n_jobs`` (-1: one per core), else 1."""
     try:
         launcher = HydraConfig.get().launcher
     except ValueError:  # not under @hydra.main
@@ -159,10 +147,7 @@ def parallel_cells() -> int:
 
 
 def set_threads(threads: int | None) -> int:
-    """Intra-op threads for this process: ``threads``; else ``$OMP_NUM_THREADS`` where the environment sets it (a
-    cluster's job slot, a test worker: the share of the machine it was given); else the machine's cores divided among
-    the cells that run in parallel (joblib starts each cell in its own process, and torch would otherwise give every
-    one of them all the cores -- N cells x all cores oversubscribes the machine and each runs slower)."""
+    """Intra-op threads: ``threads``, else ``$OMP_NUM_THREADS``, else the cores shared among parallel cells."""
     given = os.environ.get("OMP_NUM_THREADS", "")
     n = (int(threads) if threads else int(given) if given.isdigit() and int(given) > 0
          else max(1, (os.cpu_count() or 1) // parallel_cells()))
@@ -171,12 +156,7 @@ def set_threads(threads: int | None) -> int:
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Run MLM pretraining as configured; return the final logged metrics.
-
-    The run directory is locked first (``outlierlab.utils.dir_lock``).  A run whose ``finished.json`` records the same
-    ``trainer.max_steps`` is skipped; one with a checkpoint but no such marker resumes (``resume: true``; also a
-    finished run given more steps), so re-running a stopped multirun continues it.  A failure writes ``failed.json``.
-    """
+    """Run pretraining as configured (run directory locked, finished runs skipped); return the metrics."""
     one_console_for_lightning()
     run_dir = Path(cfg.run_dir).resolve()
     primary = is_primary_process()  # DDP ranks >= 1 share rank 0's lock and write no markers
@@ -275,8 +255,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
         # self-contained from the start: post-hoc analysis and probe.py find the tokenizer even without an export
         tokenizer.save_pretrained(str(run_dir / "tokenizer"))
     _relaunch_args_for_ddp_children(run_dir)
-    # MLMLitModule.on_before_batch_transfer prepares any MLM batch on the host (it does not replace a
-    # datamodule hook); Lightning warns whenever a module overrides it while a datamodule is passed.
+    # MLMLitModule.on_before_batch_transfer does not replace a datamodule hook; Lightning warns anyway
     warnings.filterwarnings("ignore", message=r".*overridden `on_before_batch_transfer` in `LightningModule`")
     # Lightning 2.6's own pytree helper calls an API torch 2.13 deprecates: printed at every start, nothing to act on
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
@@ -286,8 +265,7 @@ def _train(cfg: DictConfig, progress: dict[str, Any]) -> dict[str, float]:
 
 
 def _make_trainer(cfg: DictConfig, *own: L.Callback) -> L.Trainer:
-    """The Lightning Trainer of ``cfg.trainer`` with the configured callbacks, ``own`` (the run's bookkeeping, not
-    a choice), loggers and checkpoint IO."""
+    """The Lightning Trainer with the configured callbacks, the run's own, loggers and checkpoint IO."""
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     callbacks += own
     loggers = [hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
@@ -300,8 +278,7 @@ def _make_trainer(cfg: DictConfig, *own: L.Callback) -> L.Trainer:
             and not any(isinstance(c, ProgressBar) for c in callbacks):  # the bar Lightning would add, reading
         callbacks.append(StepRichProgressBar())  # "Epoch 0" rather than "Epoch 0/-2" under max_epochs=-1
     if trainer_cfg.get("enable_checkpointing") is None and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-        # without one of ours Lightning adds its own ModelCheckpoint (epoch=E-step=S.ckpt every epoch), which
-        # `callbacks=none` says it does not have and the disk check (checkpoints_kept) does not count
+        # else Lightning adds its own ModelCheckpoint, which the disk check does not count
         trainer_cfg["enable_checkpointing"] = False
     trainer: L.Trainer = hydra.utils.instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False,
                                                  plugins=plugins)
@@ -310,8 +287,7 @@ def _make_trainer(cfg: DictConfig, *own: L.Callback) -> L.Trainer:
 
 def _finish(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module, config: EncoderConfig,
             tokenizer) -> dict[str, float]:
-    """After ``trainer.fit``: the export with its model card, the order-use line, the post-hoc analyses and
-    ``finished.json`` (rank 0); returns the run's scalar metrics."""
+    """After ``trainer.fit``: export, model card, order-use line, post-hoc analyses, ``finished.json``."""
     if cfg.get("export", True) and trainer.global_rank == 0:
         out = _export_dir(run_dir, config)
         tokenizer.model_max_length = config.max_len  # so HF tools truncate to what the model accepts
@@ -342,8 +318,7 @@ def _finish(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module, config: 
 
 
 def closing_line(run_dir: str | os.PathLike, step: int, metrics: dict[str, float]) -> str:
-    """train.py's last console line: the step reached, the last validation loss, the run directory and the commands
-    that read it (TensorBoard, probe.py)."""
+    """train.py's last line: the step, the last validation loss, the run directory, what reads it."""
     loss = metrics.get("val/loss")
     return (f"[train] done at step {step}" + (f", val/loss {loss:.4f}" if loss is not None else "")
             + f": run directory {run_dir} (tensorboard --logdir {run_dir}; python probe.py "

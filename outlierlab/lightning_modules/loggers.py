@@ -1,13 +1,8 @@
 """Loggers whose history survives resuming into the same run directory.
 
-* Lightning's CSVLogger deletes ``metrics.csv`` on resume.  ``ResumableCSVLogger`` keeps it: on its first write it
-  drops only the abandoned timeline's rows (steps at or after the resumed run's first) and appends, so the file has
-  no gap and no duplicated step.
-* TensorBoard keeps every event file: after a crash at step 14 and a resume from step 10, steps 11-14 show twice.
-  ``TensorBoardResumePurge`` writes TensorBoard's restart marker (``SessionLog.START`` at the resumed step, as
-  ``SummaryWriter(purge_step=…)``) when the checkpoint loads, before the new session logs; the reader then
-  discards earlier events at or after that step.
-* ``one_console_for_lightning``: each Lightning log line printed once, without its advertisements.
+``ResumableCSVLogger`` keeps ``metrics.csv`` (Lightning's deletes it), dropping only the abandoned timeline's rows;
+``TensorBoardResumePurge`` writes TensorBoard's restart marker at the resumed step, so redone steps do not show twice;
+``one_console_for_lightning`` prints each Lightning log line once.
 """
 
 from __future__ import annotations
@@ -51,16 +46,13 @@ class _ResumableWriter(ExperimentWriter):
 
 
 def _kept(row: dict, first_new: int) -> bool:
-    """Whether a row of the interrupted session belongs to the resumed timeline.  Rows at or after the checkpoint's step
-    S are redone, except the validation logged at S (``MODEL_STEP``): it ran after the step-S checkpoint was written and
-    is not run again."""
+    """Whether an interrupted session's row is kept: before step S, or the validation logged at S."""
     step = int(float(row["step"]))
     return step < first_new or (step == first_new and row.get(MODEL_STEP) not in (None, ""))
 
 
 class ResumableCSVLogger(CSVLogger):
-    """``lightning.pytorch.loggers.CSVLogger`` that appends to, rather than deletes, an earlier
-    run's ``metrics.csv`` when resuming into the same directory."""
+    """A ``CSVLogger`` that appends to an earlier run's ``metrics.csv`` on resume instead of deleting it."""
 
     @property
     def experiment(self) -> ExperimentWriter:
@@ -71,9 +63,7 @@ class ResumableCSVLogger(CSVLogger):
 
 
 def write_purge_marker(writer, step: int) -> None:
-    """Mark a restart at ``step`` in a ``SummaryWriter``'s event file: the two events ``SummaryWriter(purge_step=step)``
-    writes, the file version (markers count in version-2 files only) and ``SessionLog.START``, on which the reader
-    purges every earlier event with a step >= ``step``."""
+    """Mark a restart at ``step`` as ``SummaryWriter(purge_step=step)`` does."""
     file_writer = writer._get_file_writer()
     file_writer.add_event(Event(step=int(step), file_version="brain.Event:2"))
     file_writer.add_event(Event(step=int(step), session_log=SessionLog(status=SessionLog.START)))
@@ -81,8 +71,7 @@ def write_purge_marker(writer, step: int) -> None:
 
 
 def validation_at(log_dir: str, step: int) -> dict[str, float]:
-    """The validation scalars (``val/*``) the event files in ``log_dir`` hold at ``step``: the validation after S
-    updates is not rerun on resume but the marker at S would purge it, so the marker's writer logs it again."""
+    """The ``val/*`` scalars at ``step`` in ``log_dir``'s events, relogged as the marker at S purges them."""
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     if not os.path.isdir(log_dir):
@@ -99,9 +88,7 @@ def validation_at(log_dir: str, step: int) -> dict[str, float]:
 
 
 class TensorBoardResumePurge(Callback):
-    """On resume, purge the TensorBoard events the interrupted run wrote at or after the resumed step (with Lightning's
-    ``TensorBoardLogger``; the step is read in ``on_load_checkpoint``, before the new session logs). ``purged_from``:
-    the step of the last marker written (None: not resumed)."""
+    """On resume, purge TensorBoard events at or after the resumed step; ``purged_from``: that step."""
 
     def __init__(self) -> None:
         self.purged_from: int | None = None
@@ -129,13 +116,9 @@ LOG_COLUMNS = 120
 
 
 def one_console_for_lightning() -> None:
-    """Print each Lightning log line once.  ``import lightning`` gives the ``lightning`` logger a console handler of its
-    own and lets its records propagate too, so under Hydra, whose root handlers write the console and the run's log
-    file, each line would print twice (Hydra issue #2898).  Lightning loads after Hydra has set up logging, out of a
-    ``hydra.job_logging`` entry's reach, so the jobs call this when they start; without root handlers (Lightning
-    outside Hydra) the handler stays.  Also drops Lightning's "💡 Tip:" advertisements (INFO at every Trainer start,
-    not configurable in Lightning 2.6) and, where the console is a file and ``COLUMNS`` is unset, gives Rich's
-    console (the model summary, the progress bar) ``LOG_COLUMNS`` columns instead of 80."""
+    """Print each Lightning log line once: its own console handler beside Hydra's root handlers doubles every line
+    (Hydra issue #2898); kept where there are no root handlers.  Also drops Lightning's "💡 Tip:" lines and, where the
+    console is a file and ``COLUMNS`` unset, gives Rich ``LOG_COLUMNS`` columns instead of 80."""
     if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
         import rich  # Lightning's dependency for its rich bar and summary
 

@@ -24,14 +24,12 @@ def batch_size_of(batch: dict[str, Tensor]) -> int:
 
 
 def tokens_in(batch: dict[str, Tensor]) -> int:
-    """Real (non-padding) tokens in a batch, what ``train/items_per_sec`` counts; a batch without ``attention_mask``
-    (dropped when all ones) needs no device read."""
+    """Real (non-padding) tokens in a batch, what ``train/items_per_sec`` counts."""
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].numel())
 
 
 def predicted_tokens(batch: dict[str, Tensor], causal: bool) -> int:
-    """Tokens the loss of a (host-side) batch averages over: masked positions (MLM), or every labelled
-    position after the first (CLM: position t predicts token t + 1)."""
+    """Tokens a batch's loss averages over: the masked ones (MLM), or every labelled one after the first."""
     if causal:
         return int((batch["labels"][:, 1:] != -100).sum())
     if "masked_positions" in batch:
@@ -40,8 +38,7 @@ def predicted_tokens(batch: dict[str, Tensor], causal: bool) -> int:
 
 
 def predicted_accuracy(out, batch: dict[str, Tensor], causal: bool) -> Tensor:
-    """Top-1 accuracy over the tokens the loss averages over: the masked ones (``out.logits`` are then ``[N, V]`` at
-    ``out.masked_positions``) or, causal, every labelled next token (``out.logits`` ``[B, T-1, V]``)."""
+    """Top-1 accuracy over the tokens the loss averages over (masked, or causal next tokens)."""
     labels = batch["labels"]
     if causal:
         targets = labels[:, 1:]
@@ -55,12 +52,9 @@ def predicted_accuracy(out, batch: dict[str, Tensor], causal: bool) -> Tensor:
 
 
 def prepare_mlm_batch(batch: dict[str, Tensor], causal: bool = False) -> dict[str, Tensor]:
-    """Host-side batch preparation that spares the accelerator two waits (called before the transfer).
-
-    * an all-ones ``attention_mask`` is dropped, so ``F.scaled_dot_product_attention`` can take its flash kernel;
-    * ``masked_positions``: flat indices of the labelled positions, so the MLM head gathers them without a device
-      ``nonzero`` (``RobertaMaskedLM.forward``); not for the causal objective, which reads every position.
-    """
+    """Host-side batch preparation before the transfer: an all-ones ``attention_mask`` is dropped (SDPA's flash
+    kernel), and ``masked_positions`` (flat indices of the labelled positions) spare the MLM head a device
+    ``nonzero``; not for the causal objective."""
     batch = dict(batch)
     mask = batch.get("attention_mask")
     if mask is not None and bool(mask.all()):
@@ -80,14 +74,11 @@ def _is_norm(module: nn.Module) -> bool:
 
 
 def weight_decay_groups(model: nn.Module, scope: str = "no_norm_bias") -> list[dict[str, Any]]:
-    """Optimizer parameter groups that say which parameters get weight decay.
+    """``[{"params": decayed}, {"params": exempt, "weight_decay": 0.0}]`` (the second absent for ``scope="all"``).
 
-    ``scope="all"``: one group, decay on every parameter -- fairseq's ``Trainer._build_optimizer`` and ``FairseqAdam``,
-    so RoBERTa (Liu et al. 2019) and Luo et al. (2021), LayerNorm gains and biases included.  ``"no_norm_bias"``: no
-    decay on biases, normalisation gains/biases, nor the OP block's β (the BERT / HF ``Trainer`` convention).  Decay
-    pulls gains towards 0, so the choice may change how Kovaleva et al. (2021)'s gain outliers emerge.
-
-    Returns ``[{"params": decayed}, {"params": exempt, "weight_decay": 0.0}]`` (the second absent for ``"all"``).
+    ``"all"``: decay on every parameter, as fairseq (RoBERTa, Liu et al. 2019; Luo et al. 2021).  ``"no_norm_bias"``:
+    none on biases, norm gains/biases and the OP block's β (the BERT / HF ``Trainer`` convention).  Decay pulls gains
+    towards 0, so the choice may change how Kovaleva et al. (2021)'s gain outliers emerge.
     """
     if scope not in WEIGHT_DECAY_SCOPES:
         raise ValueError(f"unknown module.weight_decay_scope {scope!r}; choose one of {', '.join(WEIGHT_DECAY_SCOPES)}")
@@ -111,24 +102,13 @@ class MLMLitModule(L.LightningModule):
     """Pretrains a RoBERTa encoder with the masked-LM objective, or a decoder of the same blocks with the causal-LM
     objective when ``model.causal`` is true (``objective=clm``).
 
-    model : ``EncoderConfig`` or dict — architecture and position scheme (``configs/model`` + ``configs/pos``).
-    optimizer : ``params -> Optimizer``, e.g. a Hydra ``_partial_`` of AdamW (paper: β = (0.9, 0.98), ε = 1e-6, weight
-        decay 0.01); scheduler : ``optimizer -> LRScheduler`` stepped every optimizer step (paper: linear warm-up then
-        polynomial decay, ``outlierlab.models.schedules.warmup_polynomial_decay``).
-    seed : dropout is re-seeded from ``(seed, global_step, rank)`` before every step, so a resumed run draws the
-        dropout masks of an uninterrupted one.
-    weight_decay_scope : ``weight_decay_groups``'s scope; ``experiment=paper_roberta_base`` uses ``"all"`` as fairseq.
-    order_use : at every validation also log ``val/order_use`` (``word_order.order_use``; one more forward per batch)
-        and, on the first batch, ``val/attn_local/layer_i`` with ``val/attn_local/uniform``; permutations drawn from
-        ``(seed, batch_idx)``, the same at every validation.
-    finite_check_every_n_steps : on an accelerator, how often the non-finite-loss flag (set on the device every step)
-        is read back; the error still names the first bad step and is read before any checkpoint.  Immediate on CPU.
-    compile : ``torch.compile`` the training forward only (a dict: its kwargs; ``"auto"``: on CUDA), so validation,
-        the monitors and checkpoints use the eager model (``benchmarks/train_throughput.py --compare``).
-    fused_optimizer : fused AdamW/Adam; ``auto``: on CUDA unless fp16.  Under bf16 the module clips gradients itself
-        (Lightning refuses for a fused optimizer).  Equal to the unfused update (tests/test_fast_paths.py).
-    activation_checkpointing : recompute each layer's activations in the backward (``torch.utils.checkpoint``): less
-        memory for ~one more forward, the same loss and gradients.
+    ``model``: an ``EncoderConfig`` or dict.  ``optimizer`` and ``scheduler`` are Hydra partials (paper: AdamW β =
+    (0.9, 0.98), ε = 1e-6, weight decay 0.01, ``weight_decay_scope`` as ``weight_decay_groups``; linear warm-up then
+    polynomial decay).  Dropout is re-seeded from ``(seed, global_step, rank)`` every step, so a resume is exact.
+    ``order_use``: also log ``val/order_use`` and ``val/attn_local/*`` at every validation (fixed permutations).
+    ``finite_check_every_n_steps``: how often an accelerator's non-finite-loss flag is read (always before a
+    checkpoint).  ``compile``: ``torch.compile`` the training forward only.  ``fused_optimizer``: ``auto``, on CUDA
+    unless fp16.  ``activation_checkpointing``: less memory for ~one more forward, the same gradients.
     """
 
     def __init__(
@@ -171,8 +151,7 @@ class MLMLitModule(L.LightningModule):
         # A compiled *function* (not a module attribute): it shares the eager parameters, and the
         # state_dict gains no ``_orig_mod.`` copies.  Built lazily on the first training step.
         self._train_forward: Callable[..., Any] | None = None
-        # Lightning's ThroughputMonitor reads ``flops_per_batch`` (set per step: the head projects only the masked
-        # tokens) to report FLOP/s and MFU; the count is outlierlab.utils.flops' (6·N + 12·L·T·d).
+        # read by Lightning's ThroughputMonitor (FLOP/s, MFU), set per step: 6·N + 12·L·T·d
         self.flops_per_batch: int | None = None
         self.val_loss = MeanMetric()
         self.order_use = bool(order_use)
@@ -218,8 +197,7 @@ class MLMLitModule(L.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         forward = self._training_forward()
         if forward is not self.model and batch.get("masked_positions") is not None:
-            # the number of masked tokens changes every batch: compiled with a symbolic length from the start,
-            # or the second batch recompiles the whole forward (torch.compile's automatic dynamic shapes)
+            # the masked count changes every batch: a symbolic length from the start, not a recompile
             torch._dynamo.maybe_mark_dynamic(batch["masked_positions"], 0)
         loss = forward(batch["input_ids"], batch.get("attention_mask"), batch.get("labels"),
                        masked_positions=batch.get("masked_positions")).loss
@@ -233,9 +211,7 @@ class MLMLitModule(L.LightningModule):
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales internally (a fused
-        AdamW) -- right for fp16's GradScaler, needless under bf16, which scales nothing: there the gradients are
-        clipped here, as the plugin would have."""
+        """Clip under bf16 with a fused optimizer, which Lightning's precision plugin refuses."""
         if gradient_clip_val and getattr(optimizer, "_step_supports_amp_scaling", False) and \
                 not str(self.trainer.precision).startswith("16"):
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -252,9 +228,7 @@ class MLMLitModule(L.LightningModule):
                                   "lower the learning rate or raise gradient clipping (trainer.gradient_clip_val)")
 
     def _guard_finite(self, loss: Tensor) -> None:
-        """Stop the run at a NaN/inf loss: on CPU at once; on an accelerator the first bad step is recorded on the
-        device and ``_raise_if_nonfinite`` reads it every ``finite_check_every_n_steps`` steps and before every
-        checkpoint."""
+        """Stop at a NaN/inf loss: at once on CPU; on an accelerator read every few steps and before checkpoints."""
         if self._defer_finite_check is None:
             self._defer_finite_check = loss.device.type != "cpu"
         if not self._defer_finite_check:
@@ -301,8 +275,7 @@ class MLMLitModule(L.LightningModule):
         self.val_loss_permuted.update(self.permuted_loss(batch, batch_idx), n_predicted)
 
     def permuted_loss(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        """The loss of ``batch`` with each block's tokens permuted (special tokens and positions in place; a token
-        moves with its label): the first term of order use (``outlierlab.metrics.word_order``)."""
+        """The loss with each block's tokens permuted (specials in place): order use's first term."""
         config = self.config
         movable = movable_positions(batch["input_ids"], batch.get("labels"), batch.get("attention_mask"),
                                     {config.bos_token_id, config.eos_token_id, config.pad_token_id})
@@ -328,10 +301,7 @@ class MLMLitModule(L.LightningModule):
         self._log_validation(values)
 
     def _log_validation(self, values: dict[str, Tensor]) -> None:
-        """The validation scalars at the model's step, ``trainer.global_step`` (updates done).  ``self.log`` alone would
-        log them at Lightning's batch counter, one below inside the training loop, so they go to the loggers here and to
-        ``self.log`` only for the callbacks; the CSV also gets ``global_step``, the mark
-        ``outlierlab.utils.tables.model_step`` reads."""
+        """The validation scalars at ``trainer.global_step`` (``self.log`` alone logs one below)."""
         from lightning.pytorch.loggers import CSVLogger
 
         for name, value in values.items():
@@ -344,9 +314,7 @@ class MLMLitModule(L.LightningModule):
             logger.log_metrics({**scalars, MODEL_STEP: step} if isinstance(logger, CSVLogger) else scalars, step=step)
 
     def _use_fused(self) -> bool:
-        """Fused AdamW/Adam (one kernel for the whole update; for Muon, its AdamW part): where asked, or by default on
-        CUDA unless fp16 mixed precision is on (its GradScaler unscales inside a fused step, so clipping before it
-        would see scaled gradients)."""
+        """Fused AdamW/Adam: where asked, else on CUDA unless fp16 (clipping would see scaled gradients)."""
         if not can_fuse(self.optimizer_factory):
             return False
         if self.fused_optimizer != "auto":

@@ -25,8 +25,7 @@ from outlierlab.metrics.probe_contributions import contribution
 
 
 class BatchedLinear(nn.Module):
-    """``L`` independent linear maps ``[L, B, d] -> [L, B, C]`` in one batched matmul.  Layer ``l`` starts at U(±1/√d)
-    (``nn.Linear``'s bound) from a generator seeded by ``(seed, l)``, as it would alone."""
+    """``L`` linear maps ``[L, B, d] -> [L, B, C]`` in one bmm; layer ``l`` initialised as alone, seeded."""
 
     def __init__(self, num_layers: int, in_dim: int, out_dim: int, bias: bool = True,
                  layer_ids: Sequence[int] | None = None, seed: int = 0):
@@ -47,12 +46,8 @@ class BatchedLinear(nn.Module):
 
 
 class LayerwiseProbe(L.LightningModule):
-    """Shared training/eval logic of the all-layers linear probes.
-
-    ``num_layers, dim, num_classes``: layers probed together, input width, classes (M positions or N labels).  ``lr``:
-    Adam's (Luo et al.: Adam; 1e-3).  ``layer_ids``: the encoder layer of each row (names the scalars, seeds the init).
-    ``tag``/``prefix``: TensorBoard tags ``<prefix>/<tag>/layer_<i>/accuracy``.
-    """
+    """Shared training/eval logic of the all-layers linear probes: ``num_classes`` M positions or N labels, Adam at
+    ``lr`` (Luo et al.: 1e-3), ``layer_ids`` naming the scalars ``<prefix>/<tag>/layer_<i>/accuracy`` and seeds."""
 
     def __init__(self, num_layers: int, dim: int, num_classes: int, bias: bool, lr: float = 1e-3,
                  layer_ids: Sequence[int] | None = None, seed: int = 0, tag: str = "none", prefix: str = "probe"):
@@ -144,9 +139,8 @@ class PositionProbe(LayerwiseProbe):
 
 
 class SentenceClassifier(LayerwiseProbe):
-    """Luo et al. 2021 §4.4: linear classifier on mean-pooled sentence vectors, per layer.  ``bias=False`` is the
-    paper's ``W ∈ R^{d×N}`` (a clipped or whitened vector cannot be compensated by a learned offset); ``bias=True``
-    (default) is the usual logistic-regression probe."""
+    """Luo et al. 2021 §4.4: linear classifier on mean-pooled sentence vectors, per layer; ``bias=False`` is the
+    paper's ``W ∈ R^{d×N}`` (no learned offset to compensate a transform)."""
 
     def __init__(self, num_layers: int, dim: int, num_classes: int, lr: float = 1e-3,
                  layer_ids: Sequence[int] | None = None, seed: int = 0, tag: str = "none", prefix: str = "probe",

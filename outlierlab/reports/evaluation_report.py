@@ -48,9 +48,8 @@ def write_json(path: Path, obj: Any) -> Path:
 
 # ------------------------------------------------------------------------------------------- TensorBoard
 def log_tables(tb, prefix: str, rows: Sequence[Mapping[str, Any]]) -> int:
-    """The per-layer values as TensorBoard text: one Markdown table per transform (and STS data set and sub-set), tagged
-    ``<prefix>/<transform>[/<dataset>][/<subset>]``, a row per layer, a column per numeric statistic; returns the number
-    of tables.  Not scalars at step = layer: TensorBoard would smooth them on a step axis among training curves."""
+    """The per-layer values as TensorBoard text, one Markdown table per ``<prefix>/<transform>[/<dataset>][/<subset>]``
+    (a row per layer); returns the number of tables.  Not scalars: TensorBoard would smooth them on a step axis."""
     if tb is None:
         return 0
     groups: dict[str, list[Mapping[str, Any]]] = {}
@@ -103,8 +102,7 @@ def plot_layers(path: Path, series: Mapping[str, Sequence[float]], ylabel: str, 
 
 def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequence[str],
                  marks: Sequence[Sequence[int]] | None = None, suptitle: str = "", ncols: int = 4) -> Path:
-    """Small multiples of d-dimensional vectors (value per dimension), marked dims annotated —
-    the average-vector plots of Luo et al. Figs. 1–4."""
+    """Small multiples of d-dim vectors, marked dims annotated (Luo et al. Figs. 1–4)."""
     n = len(vectors)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
@@ -137,13 +135,9 @@ def plot_vectors(path: Path, vectors: Sequence[Sequence[float]], titles: Sequenc
 
 
 def _bars(ax, v: Sequence[float]) -> None:
-    """Unit-width bars of ``v`` from 0 as ONE filled step patch, pixel for pixel what ``ax.stairs(v, edges, fill=True,
-    baseline=0)`` draws (tests/test_evaluation_report.py).
-
-    ``ax.bar`` makes one Rectangle per dim and ``ax.stairs``/``tight_layout`` walk the path in Python (18 s for a 70B
-    model's 81 × 8,192 figure); here the data limits are set from the edges and values and the patch is left out of the
-    layout.
-    """
+    """Unit-width bars of ``v`` from 0 as ONE filled step patch, pixel for pixel ``ax.stairs(v, edges, fill=True)``,
+    with the data limits set directly and the patch out of the layout (``ax.bar``/``ax.stairs`` took 18 s for a 70B
+    model's 81 × 8,192 figure)."""
     edges = [k - 0.5 for k in range(len(v) + 1)]
     patch = StepPatch(v, edges, fill=True, baseline=0.0, facecolor="tab:blue", linewidth=0)  # as stairs
     ax.add_artist(patch)  # add_patch would update the data limits from the path, segment by segment
@@ -156,8 +150,7 @@ def _bars(ax, v: Sequence[float]) -> None:
 
 # ------------------------------------------------------------------------------------------------ report
 def share_k(ks: Iterable[int]) -> int:
-    """The k whose top-k share the reports show of the ks ``anisotropy.rogue_k`` computed: 3 (Timkey & van
-    Schijndel's table) when it is one of them, else the largest -- a share that was computed, never a blank column."""
+    """The top-k share the reports show: k = 3 (Timkey & van Schijndel) if computed, else the largest."""
     ks = {int(k) for k in ks}
     return 3 if 3 in ks else max(ks)
 
@@ -166,9 +159,8 @@ _SHARE = re.compile(r"top(\d+)_share")
 
 
 def geometry_table(results: Sequence[Any]) -> str:
-    """The Table-1 layout of the geometry: per layer and transform, anisotropy (Ethayarajh 2019), its top-k share
-    (Timkey & van Schijndel 2021; ``share_k``, default 3) and IsoScore (Rudman et al. 2022), from the ``anisotropy`` and
-    ``isotropy`` rows ("" when neither ran)."""
+    """The Table-1 geometry per layer and transform: anisotropy (Ethayarajh 2019), its top-k share (Timkey & van
+    Schijndel 2021) and IsoScore (Rudman et al. 2022); "" when neither analysis ran."""
     by = {r.name: r.rows for r in results if r.name in ("anisotropy", "isotropy")}
     if not by:
         return ""
@@ -201,8 +193,7 @@ _IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s/]+\.png)\)\n?")
 
 
 def write_report(out_dir: Path, header: str, sections: Sequence[str], drawn: Iterable[str] | None = None) -> Path:
-    """``report.md``: the header and the sections.  ``drawn``: the names of the figures this run drew — an image
-    of any other file (``plots=false``) is left out, not linked broken or to an older run's PNG."""
+    """``report.md``: the header and sections, linking only the figures this run ``drawn``."""
     path = out_dir / "report.md"
     text = header.rstrip() + "\n\n" + "\n\n".join(s.strip() for s in sections if s.strip()) + "\n"
     if drawn is not None:
@@ -214,8 +205,7 @@ def write_report(out_dir: Path, header: str, sections: Sequence[str], drawn: Ite
 
 def write_outputs(out_dir: Path, results: Sequence[Any], meta: Mapping[str, Any], header: str,
                   columns: Mapping[str, Sequence[str]] | None = None, tb=None) -> dict[str, Path]:
-    """``<name>.csv`` per analysis, ``results.json``, ``report.md`` and TensorBoard's per-layer tables from the
-    ``AnalysisResult`` s; ``columns`` fixes a CSV's header (a skipped analysis still writes its columns)."""
+    """Write each CSV, ``results.json``, ``report.md`` and the TensorBoard tables; ``columns`` fix the headers."""
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     for r in results:

@@ -109,8 +109,7 @@ def write_plots(rows: list[dict], run_dir: Path, stem: str) -> list[Path]:
 
 
 def write_heatmap(contrib: dict, run_dir: Path, stem: str, per_layer: int = 3, extra_dims=()) -> Path | None:
-    """Heatmap layers x dims of mean contribution; dims = union of each layer's top ``per_layer`` (first
-    panel) and ``extra_dims`` (the detected outlier dims)."""
+    """Heatmap layers x dims of mean contribution: each layer's top ``per_layer`` dims and ``extra_dims``."""
     panels = {t: c for t, c in contrib.items() if t not in MIXING}
     if not panels:
         return None
@@ -130,8 +129,7 @@ def write_heatmap(contrib: dict, run_dir: Path, stem: str, per_layer: int = 3, e
 
 def write_outputs(rows: list[dict], info: dict, run_dir: Path, stem: str, contrib: dict | None = None,
                   sections: Sequence[str] = ()) -> list[Path]:
-    """Write ``<stem>.csv``, ``probe_report.md`` (``sections``: Markdown appended after the table) and the PNGs into
-    ``run_dir``; return the paths."""
+    """Write ``<stem>.csv``, ``probe_report.md`` (``sections`` appended) and the PNGs; return the paths."""
     run_dir = Path(run_dir)
     title = "Position probe (Luo et al. 2021 §3)" if stem == "position_probe" else \
         "Linear classifier on sentence vectors (Luo et al. 2021 §4.4)"

@@ -1,8 +1,6 @@
-"""The rule evaluate and probe follow in a directory that may hold an earlier run of theirs: the run's index file
-(``results.json``, ``probe_info.json``) names every file the run wrote, and the next run removes exactly those, the
-index first, before writing its own.  Otherwise a reused directory keeps stale tables, figures and events beside an
-index that does not mention them.  Nothing else of an ``out_dir`` is removed; a run stopped half-way leaves no index, so
-the directory does not read as finished.
+"""The rule evaluate and probe follow in a reused directory: the run's index file (``results.json``,
+``probe_info.json``) names every file it wrote, and the next run removes exactly those, the index first, before
+writing its own.  Nothing else of an ``out_dir`` is removed; a run stopped half-way leaves no index.
 """
 
 from __future__ import annotations
@@ -16,17 +14,14 @@ TENSORBOARD = "tensorboard/"
 
 
 def output_names(paths: Sequence[str | Path], index: str, tensorboard: bool) -> list[str]:
-    """The names an index lists: the files written (``paths``, at the top of the run directory), the index itself
-    and, with ``tensorboard``, the event files (``TENSORBOARD``)."""
+    """The names an index lists: the files written, the index itself and, with ``tensorboard``, the events."""
     return sorted({Path(p).name for p in paths} | {index} | ({TENSORBOARD} if tensorboard else set()))
 
 
 def remove_earlier_outputs(run_dir: Path, index: str, listed: Callable[[Any], Sequence[Any] | None],
                            say: tuple[str, str] | None = None) -> list[str]:
-    """Remove the files an earlier run in ``run_dir`` wrote, as its ``index`` (JSON) names them; return them. ``listed``
-    gives the names a parsed index lists (``None``: not this writer's index, nothing removed); names with a path
-    separator are skipped (both writers write only at the top of their directory). ``say``: (tool, what it writes),
-    to print one line naming what was replaced."""
+    """Remove (and return) the files an earlier run's ``index`` lists (``listed`` None: not this writer's), names with
+    a path separator aside; ``say``: (tool, what it writes), for one line naming what was replaced."""
     try:
         earlier = json.loads((run_dir / index).read_text())
     except (OSError, ValueError):

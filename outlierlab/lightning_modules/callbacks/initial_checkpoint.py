@@ -1,9 +1,7 @@
 """Save the randomly initialised model as a step-0 checkpoint, so every post-hoc analysis has its baseline.
 
-Zuo et al. (2025) find position readable from a causal model without positions *at initialisation*; whether a measure is
-learned or present from the start (the token-type confound of docs/design.md) needs the untrained weights.
-``ModelCheckpoint`` saves after training steps only, so this writes ``<dirpath>/step0000000.ckpt`` once, when a run
-starts at step 0.
+Zuo et al. (2025) find position readable from a causal model without positions *at initialisation*; telling learned
+from present needs the untrained weights.  Writes ``<dirpath>/step0000000.ckpt`` once, when a run starts at step 0.
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ from lightning.pytorch.callbacks import Callback
 
 
 class InitialCheckpoint(Callback):
-    """Write the step-0 checkpoint at the start of a fresh run into ``dirpath`` (``${run_dir}/checkpoints``), named
-    ``filename`` (``ModelCheckpoint``'s ``step{step:07d}`` at step 0)."""
+    """Write the step-0 checkpoint of a fresh run into ``dirpath``, named ``filename``."""
 
     def __init__(self, dirpath: str, filename: str = "step0000000.ckpt") -> None:
         self.path = Path(dirpath) / filename

@@ -1,16 +1,10 @@
 """Save ``last.ckpt`` when a scheduler or a person stops training with SIGTERM, or training stops early by itself
 (``trainer.max_time``, early stopping), so a resumed run loses at most the step in flight.
 
-Lightning turns SIGTERM into ``SIGTERMException`` at the end of the current batch (a consistent state) and calls every
-callback's ``on_exception``.  Lightning's ``OnExceptionCheckpoint`` saves on *any* exception (a non-finite loss, a bug),
-which a resume must not trust; this saves only for SIGTERM, as ``last.ckpt``, via a temporary name and rename.  It is a
-plain ``Callback``: with an ``OnExceptionCheckpoint`` among the callbacks Lightning 2.6 turns ``ckpt_path=None`` into
-``"last"``; which checkpoint a run starts from is decided once, in ``outlierlab.jobs.run_resume.resolve_checkpoint``.
-
-SLURM sends SIGTERM at preemption and at the time limit.  Under submitit (``hydra/launcher=submitit_slurm``) ``SIGUSR2``
-comes earlier and submitit's handler requeues and exits mid-step, without a checkpoint.  So while training runs, an
-installed ``SIGUSR2`` handler is deferred: the signal asks Lightning to stop after the step, ``last.ckpt`` is written,
-then the original handler runs (the requeued cell resumes from ``last.ckpt``).
+Lightning raises ``SIGTERMException`` at the end of the batch (a consistent state).  Unlike Lightning's
+``OnExceptionCheckpoint``, which saves on *any* exception (a non-finite loss, a bug) a resume must not trust, this saves
+only for SIGTERM, staged and renamed.  Under submitit an installed ``SIGUSR2`` handler (which requeues mid-step) is
+deferred while training runs: Lightning stops after the step, ``last.ckpt`` is written, then the handler runs.
 """
 
 from __future__ import annotations
@@ -29,8 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class InterruptCheckpoint(Callback):
-    """On SIGTERM, or when training ends short of ``trainer.max_steps``: write ``<dirpath>/<filename>.ckpt`` (default
-    ``last.ckpt``) at the end of the current step."""
+    """On SIGTERM or a stop short of ``max_steps``: write ``<dirpath>/<filename>.ckpt`` after the step."""
 
     #: Signals whose existing handler (a scheduler's requeue) runs only after the checkpoint is written.
     DEFERRED_SIGNALS = ("SIGUSR2",)
@@ -71,10 +64,7 @@ class InterruptCheckpoint(Callback):
         self._deferring = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Training that ends short of trainer.max_steps without an exception: the time limit (trainer.max_time:
-        # Lightning's Timer sets should_stop) or an early-stopping callback. The periodic checkpoint may be up to
-        # every_n_train_steps - 1 steps older, and rerunning the cell (the scale ladder's fixed-length calls) would
-        # train those steps again -- and drop their monitor rows as an abandoned timeline.
+        # stopped short of max_steps (max_time, early stopping): the periodic checkpoint may be steps older
         if 0 < trainer.max_steps and trainer.global_step < trainer.max_steps:
             self._save(trainer, "stopped before trainer.max_steps")
 

@@ -1,14 +1,11 @@
 """Plain training-progress lines when stdout is not a terminal (``nohup``, a scheduler, CI).
 
-Lightning's Rich/tqdm bars redraw one terminal line; in a log file a run shows nothing between the model
-summary and the end. ``ProgressLines`` prints one complete line every ``every_n_steps`` optimizer
-steps, and one after each validation::
+``ProgressLines`` prints one line every ``every_n_steps`` optimizer steps, and one after each validation::
 
     [train] step 120/300 (40%) | loss 5.432 | 3,100 tok/s | elapsed 0:01:12 | ETA 0:01:48
     [train] step 100/300 validation | val/loss 5.310 | val/ppl 202.3 | val/order_use 0.001 | val/acc 0.12 | ...
 
-On a terminal where the progress bar draws it stays silent (``when: auto``), so nothing is doubled.  That bar is
-``StepRichProgressBar`` (train.py adds it), Lightning's Rich bar for a run that stops at ``max_steps``.
+On a terminal where the progress bar (``StepRichProgressBar``) draws it stays silent (``when: auto``).
 """
 
 from __future__ import annotations
@@ -36,25 +33,10 @@ def default_tokens(batch: Any) -> int:
 
 
 class ProgressLines(Callback):
-    """Print step/max, mean loss, tokens/s, elapsed time and ETA every ``every_n_steps`` steps.
-
-    Parameters
-    ----------
-    every_n_steps : int
-        Optimizer steps between two lines (the last step always prints).
-    when : {"auto", "always", "never"}
-        ``auto``: only when stdout is not a terminal or the trainer has no progress bar.
-    length_fn : callable, optional
-        ``batch -> tokens`` (default ``default_tokens``). Tokens/s counts rank 0's batches times the
-        world size: an estimate for all devices, exact when the ranks see equal-length batches.
-    stream : file, optional
-        Where to print (default stdout, read at print time so captured output works).
-
-    Notes
-    -----
-    Rates and the ETA use only the steps since this process started, so a resumed run does not count the steps of the
-    interrupted one as instantaneous.
-    """
+    """Print step/max, mean loss, tokens/s, elapsed time and ETA every ``every_n_steps`` steps (and the last).
+    ``when``: ``auto`` (only without a terminal or progress bar), ``always`` or ``never``; ``length_fn``: ``batch ->
+    tokens`` (rank 0's times the world size); ``stream``: default stdout, read at print time.  Rates count only this
+    process's steps, so a resumed run's are not instantaneous."""
 
     def __init__(self, every_n_steps: int = 50, when: str = "auto", length_fn: Callable[[Any], int] | None = None,
                  stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic):
@@ -139,9 +121,8 @@ class ProgressLines(Callback):
 class StepRichProgressBar(RichProgressBar):
     """Lightning's Rich progress bar without a negative epoch total.
 
-    train.py trains for ``max_steps`` with ``max_epochs=-1`` (no epoch limit), where Lightning 2.6's bar reads
-    "Epoch 0/-2" for the whole run (Lightning issue #21925, fixed by PR #21924 after 2.6.6, the newest release the
-    package registries offer); this bar reads "Epoch 0".  Drop it once the lower bound of ``lightning`` has the fix.
+    With ``max_epochs=-1`` Lightning 2.6's bar reads "Epoch 0/-2" (issue #21925, fixed by PR #21924 after 2.6.6);
+    this one reads "Epoch 0".  Drop it once the lower bound of ``lightning`` has the fix.
     """
 
     def _get_train_description(self, current_epoch: int) -> str:
