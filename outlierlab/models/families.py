@@ -148,8 +148,10 @@ def family_for_type(model_type: str, placement: str = "post", causal: bool = Fal
 
 
 def family_of(model: nn.Module) -> Family:
-    """The ``Family`` of a loaded model (Hugging Face, with or without head, or our own encoder)."""
-    if hasattr(model, "named_layernorms"):
+    """The ``Family`` of a loaded model (Hugging Face, with or without head, or our own encoder or its body)."""
+    from outlierlab.models.encoder import RobertaEncoder  # lazy: the encoder's modules import the registry
+
+    if hasattr(model, "named_layernorms") or isinstance(model, RobertaEncoder):
         layers = list(getattr(getattr(base_model(model), "encoder", None), "layer", []) or [])
         return ours("pre" if layers and getattr(layers[0], "pre_norm", False) else "post",
                     bool(getattr(getattr(model, "config", None), "causal", False)))

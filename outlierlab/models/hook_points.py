@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from outlierlab.models.families import UnknownFamilyError, family_of, ours
+from outlierlab.models.families import UnknownFamilyError, family_of
 from outlierlab.models.family_spec import Family, submodule
 
 __all__ = ["BLOCK_SITES", "Site", "HookPoint", "HookFn", "site_table", "site_names", "resolve_sites", "norm_site",
@@ -125,13 +125,7 @@ class HookPoint:
 
 # ------------------------------------------------------------------------------------------------ the registry
 def model_family(model: nn.Module) -> Family:
-    """The family of ``model``; our bare encoder body (``RobertaEncoder``, which has
-    no ``named_layernorms``) from its blocks."""
-    from outlierlab.models.encoder import RobertaEncoder
-
-    if isinstance(model, RobertaEncoder):
-        return ours("pre" if getattr(model.encoder.layer[0], "pre_norm", False) else "post",
-                    bool(getattr(model.config, "causal", False)))
+    """The family of ``model`` (``family_of``), its error naming the sites."""
     try:
         return family_of(model)
     except UnknownFamilyError as e:

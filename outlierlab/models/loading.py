@@ -90,7 +90,7 @@ class FrozenEncoder:
     Attributes
     ----------
     n_forward_calls : int
-        Forward passes run so far (tests use it to check that cached features skip the encoder).
+        Forward passes run so far (a cached feature skips the encoder).
     causal, pos : whether it is a decoder, and our position scheme's name (``model.pos``) for a model of ours
         (a run, its exports, a checkpoint; None for other models), read from its config without loading weights
     """
@@ -211,10 +211,7 @@ class FrozenEncoder:
         """(layers, hidden size, longest accepted sequence) without loading weights."""
         src = self.source
         if src.kind == "ckpt":
-            cfg = self._ckpt_payload()["hyper_parameters"]["model"]
-            self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
-            self.pos = _pos_name(cfg.get("pos"))
-            return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
+            return self._our_config(self._ckpt_payload()["hyper_parameters"]["model"])
         # ours: outlierlab_config.json, or only the config.json of a remote-code export that transformers re-saved
         # (EncoderConfig's fields plus outlierlab_pos; AutoConfig would need trust_remote_code to read it). A native
         # RoBERTa export's config.json also names outlierlab_pos but holds HF's fields: AutoConfig below reads it.
@@ -222,14 +219,17 @@ class FrozenEncoder:
         ours = [json.loads(f.read_text()) for f in files if src.kind == "outlierlab" and f.is_file()]
         ours = [c for c in ours if "num_layers" in c]
         if ours:
-            cfg = ours[0]
-            self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
-            self.pos = _pos_name(cfg.get("pos", cfg.get("outlierlab_pos")))
-            return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
+            return self._our_config(ours[0])
         from transformers import AutoConfig
 
         return self._hf_config(AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only,
                                                           revision=src.revision))
+
+    def _our_config(self, cfg: dict) -> tuple[int, int, int]:
+        """``_read_config`` from our model's config (a checkpoint's hyperparameters or an export's JSON)."""
+        self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
+        self.pos = _pos_name(cfg.get("pos", cfg.get("outlierlab_pos")))
+        return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
 
     def _hf_config(self, cfg) -> tuple[int, int, int]:
         """``_read_config`` from a transformers config (read from disk, or a model in memory's own)."""
@@ -334,13 +334,7 @@ class FrozenEncoder:
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Hidden states ``[L+1, B, T, d]`` (float32, on ``self.device``) of one padded batch."""
-        model = self.model
-        input_ids, attention_mask = input_ids.to(self.input_device), attention_mask.to(self.input_device)
-        self.n_forward_calls += 1
-        if self.source.kind == "hf":
-            out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-        else:
-            out = model.roberta(input_ids, attention_mask, output_hidden_states=True)
+        out = self._call(input_ids, attention_mask)(True)
         if getattr(out, "hidden_states", None) is None:
             raise ValueError(f"{self.source.name} returned no hidden_states; it is not an encoder AutoModel supports")
         return torch.stack(out.hidden_states).float()
@@ -352,16 +346,17 @@ class FrozenEncoder:
         (``outlierlab.models.layer_taps.tap_layers``)."""
         from outlierlab.models.layer_taps import tap_layers
 
+        tap_layers(self.model, self._call(input_ids, attention_mask), fn)
+
+    def _call(self, input_ids: Tensor, attention_mask: Tensor):
+        """``call(all_states)``: the body's forward pass over one batch (counted in ``n_forward_calls``)."""
         model = self.model
         input_ids, attention_mask = input_ids.to(self.input_device), attention_mask.to(self.input_device)
         self.n_forward_calls += 1
         if self.source.kind == "hf":
-            def call(all_states: bool):
-                return model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=all_states)
-        else:
-            def call(all_states: bool):
-                return model.roberta(input_ids, attention_mask, output_hidden_states=all_states)
-        tap_layers(model, call, fn)
+            return lambda all_states: model(input_ids=input_ids, attention_mask=attention_mask,
+                                            output_hidden_states=all_states)
+        return lambda all_states: model.roberta(input_ids, attention_mask, output_hidden_states=all_states)
 
     def batches(self, tokenized: Tokenized, batch_size: int | None = None, sort_by_length: bool = False,
                 progress: bool = False, layerwise: bool = False) -> Iterator[EncodedBatch]:

@@ -52,7 +52,7 @@ _BLOCK_LISTS = ("roberta.encoder.layer", "encoder.layer", "transformer.layer", "
 
 def _family(model: nn.Module):
     try:
-        return None if hasattr(model, "named_layernorms") else family_of(model)
+        return family_of(model)
     except UnknownFamilyError:
         return None
 

@@ -44,10 +44,6 @@ def _reports_to(args: Any, name: str) -> bool:
     return name in report or "all" in report
 
 
-def _reports_to_tensorboard(args: Any) -> bool:
-    return _reports_to(args, "tensorboard")
-
-
 class TrackerRuns:
     """An ``add_scalar`` writer handing the monitor's scalars to the trackers' own runs: ``wandb.run`` (with
     ``train/global_step``, ``WandbCallback``'s step metric) and ``mlflow.active_run()`` (``step=``).  A tracker without
@@ -139,7 +135,7 @@ class OutlierMonitorCallback(TrainerCallback):
     def _tensorboard(self, args: Any, step: int) -> Any:
         if self.writer is not None:
             return self.writer
-        if not _reports_to_tensorboard(args):
+        if not _reports_to(args, "tensorboard"):
             return False
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when the Trainer reports to TensorBoard
 

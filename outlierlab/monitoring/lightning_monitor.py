@@ -1,11 +1,8 @@
 """The Lightning side of the two outlier monitors: when to record, resume handling, the trainer's loggers.
 
-What a record computes and writes is not here: each monitor is an adapter over a framework-free tracker of
-``outlierlab.monitoring`` (``LayerNormTracker``,
-``HiddenStateTracker``), and a record is written by
-``outlierlab.monitoring.recording.publish`` — the same objects the plain-loop
-``OutlierMonitor`` and the Hugging Face
-``OutlierMonitorCallback`` use, so every loop writes the same rows.
+What a record computes and writes is not here: each monitor is an adapter over a framework-free tracker
+(``LayerNormTracker``, ``HiddenStateTracker``), written by ``outlierlab.monitoring.recording.publish``: the same
+objects ``OutlierMonitor`` and ``OutlierMonitorCallback`` use, so every loop writes the same rows.
 
 A monitor records at step 0 (in ``on_train_start``, before the first optimizer update), every
 ``every_n_steps`` optimizer steps, whenever a checkpoint is saved, and at the end of training — at most
@@ -32,8 +29,7 @@ from outlierlab.monitoring.history import HistoryCSV
 
 
 class LightningOutlierMonitor(L.Callback):
-    """Base class; subclasses set ``tracker`` (whose ``filename`` names the history) and implement ``prepare``
-    and ``compute``.
+    """Base class; subclasses set ``tracker`` (its ``filename`` names the history), ``prepare`` and ``compute``.
 
     Parameters
     ----------
