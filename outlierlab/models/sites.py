@@ -26,13 +26,14 @@ embedding output, which has no sites.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterable
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
 
 from outlierlab.models.families import UnknownFamilyError, family_of
+from outlierlab.models.placement import eager_attention
 
 __all__ = ["SITE_NAMES", "encoder_blocks", "block_sites", "InfNormRecorder", "eager_attention", "monitored_forward"]
 
@@ -173,29 +174,6 @@ class InfNormRecorder:
     def result(self) -> dict[str, Tensor]:
         """``{site: Tensor[L+1]}`` float64, index = hidden-state layer (0 and missing sites: NaN)."""
         return {s: v.clone() for s, v in self.max.items()}
-
-
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Run a Hugging Face model with eager attention inside the block, and restore its own implementation after.
-
-    Only eager attention returns attention *probabilities* (the sink-head and entropy rows; Gu et al. 2025); a
-    model being trained usually runs ``sdpa``, whose ``output_attentions=True`` silently gives None.  The switch
-    is transformers' ``set_attn_implementation`` (no weights change), so the monitor of a live model and the
-    post-hoc analysis of its checkpoint (loaded as it comes, switched here the same way) compute the same numbers.
-    Our own encoder (always eager) and models without the switch are left as they are.
-    """
-    config = getattr(model, "config", None)
-    current = getattr(config, "_attn_implementation", None)
-    switch = getattr(model, "set_attn_implementation", None)
-    if current in (None, "eager") or not callable(switch):
-        yield
-        return
-    switch("eager")
-    try:
-        yield
-    finally:
-        switch(current)
 
 
 def monitored_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, attentions: bool = True,
