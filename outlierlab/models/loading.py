@@ -59,40 +59,21 @@ def _pos_name(pos) -> str | None:
 class FrozenEncoder:
     """A frozen encoder returning all hidden states: ``encode(texts)`` yields ``EncodedBatch``.
 
-    Parameters
-    ----------
-    name_or_path : str
-        See the module docstring.
-    max_length : int, optional
-        Truncation length in tokens (incl. special tokens); None = the model's maximum.
-    on_overflow : {"warn", "error"}
-        Longer sequences: truncate and warn once with the count, or raise ValueError.
-    device : str
-        "auto" (CUDA if available), "cpu", "cuda", ...; where the model goes without a ``device_map``.
-    batch_size : int
-        Default batch size of ``encode``.
-    dtype : {"float32", "auto", "bfloat16", "float16"}
-        Precision of the weights and activations; "auto" keeps the checkpoint's own (Pythia: float16, most
-        Llama-style hubs: bfloat16).  Every statistic still accumulates in float32/float64: the accumulators
-        upcast what they receive.
-    device_map : None, "auto" or a mapping
-        accelerate's placement (Hugging Face models only): "auto" spreads the layers over every GPU, then CPU
-        memory; a mapping ``{module name: device}`` places them by hand ("disk" offloads to ``offload_folder``).
-    revision : str, optional
-        Hub revision (branch, tag or commit, e.g. Pythia's ``step1000``) of the model AND its tokenizer.
-    offload_folder : str, optional
-        Where ``device_map`` entries set to "disk" keep their weights (default: a temporary directory).
-    lm_head : bool
-        Hugging Face models: load the model with its own LM head and run its body (the same hidden states as
-        ``AutoModel``), so that ``lm_model`` reuses these weights instead of loading them again.  evaluate.py
-        sets it when an analysis that scores with the head is selected.
+    ``name_or_path``: see the module docstring.  ``max_length``: truncation in tokens, special tokens included (None:
+    the model's maximum); ``on_overflow``: ``warn`` (truncate, one warning with the count) or ``error``.  ``device``:
+    ``auto`` (CUDA if available), ``cpu``, ``cuda``, ..., where the model goes without a ``device_map``;
+    ``batch_size``: the default of ``encode``.  ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the
+    checkpoint's own: Pythia float16, most Llama-style hubs bfloat16); every statistic still accumulates in
+    float32/float64.  ``device_map``: accelerate's placement (Hugging Face models only): ``auto`` spreads the layers
+    over every GPU, then CPU memory; a mapping ``{module name: device}`` places them by hand (``disk`` offloads to
+    ``offload_folder``, default a temporary directory).  ``revision``: hub revision (branch, tag or commit, e.g.
+    Pythia's ``step1000``) of the model AND its tokenizer.  ``lm_head``: load a Hugging Face model with its own LM head
+    and run its body (the same hidden states as ``AutoModel``), so ``lm_model`` reuses these weights; evaluate.py sets
+    it when an analysis scores with the head.
 
-    Attributes
-    ----------
-    n_forward_calls : int
-        Forward passes run so far (a cached feature skips the encoder).
-    causal, pos : whether it is a decoder, and our position scheme's name (``model.pos``) for a model of ours
-        (a run, its exports, a checkpoint; None for other models), read from its config without loading weights
+    Attributes: ``n_forward_calls`` (forward passes so far: a cached feature skips the encoder); ``causal`` and
+    ``pos`` (whether it is a decoder, and our position scheme's name for a model of ours, None for others), read
+    from its config without loading weights.
     """
 
     def __init__(self, name_or_path: str = "all-minilm-l6-v2", max_length: int | None = None,

@@ -108,12 +108,8 @@ class InfNormRecorder:
     same recorder serves one batch (the monitor) or a stream of batches (``evaluate.py``).  Call
     ``commit`` after every forward pass made inside the context.
 
-    Parameters
-    ----------
-    model : nn.Module
-        Our ``RobertaMaskedLM``/``RobertaEncoder`` or a Hugging Face BERT/RoBERTa/DistilBERT model.
-    sites : iterable of str
-        Site names to record (default ``SITE_NAMES``); a site a block lacks gives NaN for that layer.
+    ``model``: ours (``RobertaMaskedLM``, ``RobertaEncoder``) or a Hugging Face encoder or decoder; ``sites``: the
+    site names to record (default ``SITE_NAMES``); a site a block lacks gives NaN for that layer.
 
     Examples
     --------

@@ -77,33 +77,16 @@ def heldout_from_val(datamodule: Any, n_sequences: int, special_ids: set[int]) -
 class HiddenStateMonitor(LightningOutlierMonitor):
     """Per-layer activation outlier statistics on a fixed held-out batch.
 
-    Parameters
-    ----------
-    out_dir, every_n_steps, image_every_n_steps, vectors
-        See ``lightning_monitor.LightningOutlierMonitor`` (``vectors``: write the whole ``mean`` vector of every layer).
-    n_sequences : int
-        Held-out sequences (small: one forward pass of this batch per record).
-    source : {"sentences", "val"}
-        Where the held-out batch comes from (module docstring).
-    sentences_path : str, optional
-        Other sentences file for ``source="sentences"`` (gzip text, one per line).
-    tokenizer : str, optional
-        Tokenizer directory to use when the datamodule has no ``tokenizer`` attribute.
-    max_length : int, optional
-        Truncation length in tokens (default: the model's ``max_len``).
-    top_k : int
-        Dims with the largest |mean| written per layer.
-    n_pairs, seed : int
-        Cross-sentence token pairs of the anisotropy (with replacement; default 1,000) and their
-        seed; its standard error (``anisotropy_se``, a delete-one-sentence jackknife) is written beside it.
-        ``anisotropy_one_per_sentence`` keeps the evaluation protocol (one token of each of the
-        ``n_sequences`` sentences, n/2 pairs: 16 on the default batch, too few to contrast runs).
-    sink_threshold : float
-        Gu et al. (2025)'s ε for a sink head (mean attention on the token above it).
-    w8a8 : bool
-        Also record what 8 bits cost the model on the batch (``monitor/w8a8/loss_delta`` and ``keep_loss_delta``:
-        the LM loss change with the blocks' linear layers in W8A8, without and with 4 outlier dims kept in full
-        precision; ``outlierlab.models.w8a8.w8a8_cost``).
+    ``out_dir``, ``every_n_steps``, ``image_every_n_steps``, ``vectors`` (the whole ``mean`` vector of every layer):
+    ``LightningOutlierMonitor``.  ``n_sequences`` held-out sequences (small: one forward pass per record) from
+    ``source`` (module docstring); ``sentences_path``: another gzip sentences file for ``source="sentences"``;
+    ``tokenizer``: a tokenizer directory when the datamodule has none; ``max_length``: truncation in tokens (default:
+    the model's ``max_len``); ``top_k``: dims of largest |mean| written per layer.  ``n_pairs`` cross-sentence token
+    pairs (with replacement, seeded by ``seed``) give the anisotropy and its jackknife ``anisotropy_se``;
+    ``anisotropy_one_per_sentence`` keeps the evaluation protocol (n/2 pairs: 16 on the default batch, too few to
+    contrast runs).  ``sink_threshold``: Gu et al. (2025)'s ε for a sink head.  ``w8a8``: also record what 8 bits
+    cost on the batch (``monitor/w8a8/loss_delta`` and ``keep_loss_delta``: the LM loss change with the blocks'
+    linear layers in W8A8, without and with 4 outlier dims kept in full precision; ``outlierlab.models.w8a8``).
     """
 
     filename = HiddenStateTracker.filename

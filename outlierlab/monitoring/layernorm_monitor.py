@@ -40,20 +40,11 @@ from .lightning_monitor import LightningOutlierMonitor
 class LayerNormMonitor(LightningOutlierMonitor):
     """LayerNorm gain/bias: 3σ outlier dims, divergence from init, dims shared across layers.
 
-    Parameters
-    ----------
-    out_dir, every_n_steps, image_every_n_steps, vectors
-        See ``lightning_monitor.LightningOutlierMonitor`` (``vectors``: write every dim's ``gain``/``bias``).
-    rule : LayerNormRule or mapping
-        THE LayerNorm-outlier rule (``ln_rule`` config group; None: Kovaleva et al.'s default).  Its ``k``
-        also sets the σ of the per-LayerNorm gain/bias statistics.
-    top_k : int
-        Strongest flagged dims per LayerNorm whose values go to TensorBoard scalars, and the number of
-        top-|z| dims written to the CSV (``top_gain_z``) whether flagged or not.
-    histograms : bool
-        Log gain/bias histograms per LayerNorm.
-    max_heatmap_rows : int
-        Steps kept (evenly thinned) for the heatmap image, bounding memory on long runs.
+    ``out_dir``, ``every_n_steps``, ``image_every_n_steps``, ``vectors`` (every dim's ``gain``/``bias``):
+    ``LightningOutlierMonitor``.  ``rule``: THE LayerNorm-outlier rule (``ln_rule`` config group; None: Kovaleva et
+    al.'s default), whose ``k`` also sets the σ of the per-LayerNorm statistics; ``top_k``: flagged dims per
+    LayerNorm drawn as TensorBoard scalars, and top-|z| dims written to the CSV whether flagged or not;
+    ``histograms``: log gain/bias histograms; ``max_heatmap_rows``: steps kept (evenly thinned) for the heatmap.
     """
 
     filename = LayerNormTracker.filename
