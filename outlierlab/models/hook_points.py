@@ -249,30 +249,28 @@ def _listing(table: Mapping[str, Site]) -> str:
 
 
 # -------------------------------------------------------------------------------------------------- the hooks
-def _take(site: Site, value):
-    """The activation of ``site`` inside what its hook sees (a tuple, a fused projection's output)."""
-    x = value[site.item] if isinstance(value, (tuple, list)) else value
-    if site.part is None:
-        return x
-    layout, j, sizes, dh = site.part
+def _part(x: Tensor, part: tuple) -> Tensor:
+    """The slice of a fused projection's output ``x`` that ``part`` names: a view where ``x`` is contiguous."""
+    layout, j, sizes, dh = part
     if layout == "qkv":
         start = sum(sizes[:j])
         return x[..., start:start + sizes[j]]
-    per = x.reshape(*x.shape[:-1], -1, 3 * dh)  # head_qkv: per head [q_h | k_h | v_h]
-    return per[..., j * dh:(j + 1) * dh].reshape(*x.shape[:-1], -1)
+    return x.reshape(*x.shape[:-1], -1, 3 * dh)[..., j * dh:(j + 1) * dh]  # head_qkv: per head [q_h | k_h | v_h]
+
+
+def _take(site: Site, value):
+    """The activation of ``site`` inside what its hook sees (a tuple, a fused projection's output)."""
+    x = value[site.item] if isinstance(value, (tuple, list)) else value
+    return x if site.part is None else _part(x, site.part).reshape(*x.shape[:-1], -1)
 
 
 def _put(site: Site, value, new: Tensor):
     """``value`` with the activation of ``site`` replaced by ``new`` (a new tuple / a new fused output)."""
     x = value[site.item] if isinstance(value, (tuple, list)) else value
     if site.part is not None:
-        layout, j, sizes, dh = site.part
         out = x.clone()
-        if layout == "qkv":
-            start = sum(sizes[:j])
-            out[..., start:start + sizes[j]] = new
-        else:
-            out.view(*x.shape[:-1], -1, 3 * dh)[..., j * dh:(j + 1) * dh] = new.reshape(*x.shape[:-1], -1, dh)
+        view = _part(out, site.part)
+        view[...] = new.reshape(view.shape)
         new = out
     if isinstance(value, (tuple, list)):
         items = list(value)
