@@ -12,16 +12,12 @@ a sentence-transformers model, or the adapted model of a PEFT ``PeftModel``) —
 ``<args.output_dir>/monitor/layernorm.csv`` and ``hidden_states.csv``, with order use and attention locality at every
 record (``outlierlab.metrics.word_order``; ``order_use=False`` turns it off).
 
-When: at ``on_train_begin`` (step 0, or the resumed checkpoint's), every ``every_n_steps`` optimizer steps, after every
-checkpoint save (so ``python -m outlierlab.jobs.posthoc`` reproduces each ``checkpoint-N``'s row) and at the end; on the
-world's process zero only.  Resume: rows at steps ≥ the checkpoint's are dropped and the history continues; the init
-snapshot is read from ``<out_dir>/layernorm_initial.pt``.
-
-TensorBoard: a callback cannot reach the Trainer's ``TensorBoardCallback`` writer, so with ``tensorboard`` in
-``args.report_to`` the monitor opens its own ``SummaryWriter`` in the Trainer's folder, sub-folder ``outlier_monitor``
-(with ``purge_step`` after a resume).  To share one event file pass one writer to both:
-``TensorBoardCallback(tb_writer=w)`` and ``OutlierMonitorCallback(..., writer=w)``.  Weights & Biases and MLflow runs
-get the scalars directly (``TrackerRuns``).
+Records at ``on_train_begin`` (step 0, or the resumed checkpoint's), every ``every_n_steps`` optimizer steps, after
+every checkpoint save (so ``python -m outlierlab.jobs.posthoc`` reproduces each ``checkpoint-N``'s row) and at the end,
+on the world's process zero only.  With ``tensorboard`` in ``args.report_to`` the monitor opens its own
+``SummaryWriter`` in the Trainer's folder, sub-folder ``outlier_monitor`` (a callback cannot reach the
+``TensorBoardCallback`` writer; pass one writer to both to share a file); Weights & Biases and MLflow runs get the
+scalars directly (``TrackerRuns``).  docs/loop_monitors.md says it at length.
 """
 
 from __future__ import annotations

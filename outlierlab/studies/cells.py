@@ -17,14 +17,11 @@ ran, ``finished.json`` (train.py) whether it completed. Its numbers come from th
 Per-layer monitor metrics also get a derived layer ``max_layer``: the largest value over the encoder layers
 (``layer_1`` .. ``layer_L``, not the embedding output), taken within each run before averaging.
 
-Cells that cannot be read wrong: a training cell is finished by ``outlierlab.jobs.run_state.finished_run``
-(the trainer's own definition; a torn ``finished.json`` is not finished), and its marker must cover the budget its
-config asks for (a cell extended past it and interrupted is not finished). A cell with ``manifest.json`` is checked
-by ``outlierlab.jobs.run_state.verify_manifest``; one without (cells made before manifests) has every CSV it
-contributes checked here (zero bytes, header only, last line cut, a row of another width) and its code version is
-unknown. A torn ``.hydra/overrides.yaml`` or ``config.yaml`` is one problem line, not a traceback. Every problem
-is ``<cell>: <file>: <what>``; a cell with any is unusable, listed and never averaged. A scalar statistic with
-more than one row per step is an error naming it (it is not dropped for that seed).
+Cells that cannot be read wrong (``outlierlab.studies.cell_checks``): a training cell is finished when the trainer's
+marker (``outlierlab.jobs.run_state.finished_run``) covers the budget its config asks for, and its files are checked
+against its manifest, or without one (its code version then unknown) for what a crash or copy leaves.  A torn
+``.hydra/overrides.yaml`` or ``config.yaml`` is one problem line, not a traceback; a cell with any problem is
+unusable, listed and never averaged.  A scalar statistic with more than one row per step is an error naming it.
 """
 
 from __future__ import annotations
