@@ -18,16 +18,11 @@ The registry of the families, keyed by ``config.model_type``: ``outlierlab.model
     rewrites the residual stream inside a block (the sublayers read it raw), each norm's gain scales what its
     sublayer adds to it; one ``final`` norm before the LM head.
 
-  Which kinds the rule judges by default (both pre-LN norms, and both reordered ones, in the role of
-  Kovaleva's output LayerNorm) is decided in ``outlierlab.metrics.layernorm_rule.KIND_ROLES`` and argued
-  in docs/fidelity.md.
+  Which kinds the rule judges by default: ``outlierlab.metrics.layernorm_rule.KIND_ROLES`` (docs/fidelity.md).
 * ``Family.position_table``, ``Family.positions`` — a learned absolute table (GPT-2's ``wpe``,
   BERT's ``position_embeddings``) or what the model uses instead (rotary, relative, ...).
-* ``Family.blocks``, ``Family.qk_projections`` (q/k where the model
-  rotates them: the projections, clipped where the model clips them, or a QK-norm; ``split_qk`` for fused
-  projections),
-  ``outlierlab.models.rotary_layers.rotary_layers`` (per block the rotary frequencies the model uses, read from
-  its rotary module, and the layer's reach), ``Family.sites`` (Bondarenko et al. 2023's activation sites).
+* ``Family.blocks``, ``Family.qk_projections`` (q/k where the model rotates them; ``split_qk`` for fused
+  projections), ``Family.sites`` (Bondarenko et al. 2023's activation sites).
 
 Paths are dotted module paths: block paths from the *base model* (``model.base_model``, so a model with or
 without its LM head resolves alike), norm/projection paths from one block, ``head_norm`` from the full

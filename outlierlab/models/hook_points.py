@@ -42,17 +42,15 @@ site                       the tensor                                           
 ``ln_head``                the LM head's own norm's output (a masked LM's head)         ``[B, T, d]``
 =========================  ===========================================================  ==================
 
-Each site is a module's output or first input (``ffn.post``, ``embed``), so a hook that returns a new tensor
-changes exactly what the name says downstream: a norm site is the tensor the next sublayer or block reads, a
-block's ``resid`` the stream.  The one exception is a Hugging Face ``attn.pattern``: transformers computes the
-probabilities inside a function, not a module, and returns them after they have weighed the values, so there the
-site can be read, not replaced (a hook returning another tensor is refused in one line); our encoder marks them
-with a module (``attention.self.pattern``), so there it can be replaced.
+Each site is a module's output or first input (``ffn.post``, ``embed``), so a hook that returns a new tensor changes
+exactly what the name says downstream.  The exception is a Hugging Face ``attn.pattern``: transformers computes the
+probabilities inside a function and returns them after they weighed the values, so there the site can be read, not
+replaced (refused in one line); our encoder marks them with a module (``attention.self.pattern``), replaceable.
 
-The norm sites are the norms of ``outlierlab.models.layernorms.model_layernorms`` (``norm_site`` maps
-their keys), so a dimension ablated here is one the LayerNorm rule judged.  Written by hand because neither
-transformers nor torch names a model's activations across architectures; TransformerLens does for the models it
-reimplements, which include no RoBERTa and no masked-LM loss.
+The norm sites are the norms of ``outlierlab.models.layernorms.model_layernorms`` (``norm_site`` maps their keys), so a
+dimension ablated here is one the LayerNorm rule judged.  Written by hand because neither transformers nor torch names a
+model's activations across architectures; TransformerLens does for the models it reimplements, which include no RoBERTa
+and no masked-LM loss.
 """
 
 from __future__ import annotations

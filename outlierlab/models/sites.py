@@ -10,14 +10,9 @@ so here every value is tagged by its site:
 * ``ln_output`` — that LayerNorm's output (= the block's output in a post-LN block);
 * ``residual`` — the stream the block hands on (our encoder only).
 
-Where the sites are: a block may declare them itself with a ``sites()`` method returning
-``{name: (module, "input" | "output")}`` — the activation is that module's first positional input or its
-output (our ``outlierlab.models.blocks.Layer`` and ``outlierlab.models.blocks.OPLayer`` do, so pre-LN and
-Outlier-Protected blocks name their own sites and simply omit those they lack).  Hugging Face blocks get
-theirs from their family (``outlierlab.models.family_spec.Family.sites``: the FFN down-projection; the
-output LayerNorm of a post-LN block; the block output of a pre-LN one, GPT-2/Llama/Pythia/ModernBERT);
-an unregistered model falls back to BERT/RoBERTa (``output.dense``, ``output.LayerNorm``) and DistilBERT
-(``ffn.lin2``, ``output_layer_norm``) module names.
+Where the sites are: a block's own ``sites()`` method (``{name: (module, "input" | "output")}``: our
+``outlierlab.models.blocks.Layer`` and ``OPLayer``, which omit the sites they lack), else its family's
+(``outlierlab.models.family_spec.Family.sites``), else BERT/RoBERTa and DistilBERT module names (``block_sites``).
 
 Layers are numbered like hidden states: block i (1-based) produces hidden state i; hidden state 0 is the
 embedding output, which has no sites.
