@@ -5,8 +5,7 @@
   held-out batch; in the loop monitors also order use and attention locality.
 - ``recording`` — what one record writes (history CSV, TensorBoard, figures), for every monitor alike.
 - ``loop_monitor`` — ``OutlierMonitor``; ``hf_trainer`` — ``OutlierMonitorCallback``, a ``TrainerCallback``.
-- ``layernorm_monitor`` — ``LayerNormMonitor`` and ``hidden_state_monitor`` — ``HiddenStateMonitor``: train.py's
-  Lightning callbacks over the same trackers, their recording, resume and loggers in ``lightning_monitor``.
+- ``layernorm_monitor``, ``hidden_state_monitor`` — train.py's Lightning callbacks (base: ``lightning_monitor``).
 - ``history`` — the append-only ``monitor/*.csv`` and reading it back; ``monitor_plots`` — the figures.
 
 Every monitor goes through the same trackers and ``recording.publish``, so every loop writes the same rows.  The classes

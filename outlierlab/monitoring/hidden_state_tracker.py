@@ -1,11 +1,8 @@
 """The hidden-state half of every outlier monitor: activation outlier dims on a fixed held-out batch, any model.
 
 At every record the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out sequences (one
-forward, ``models.sites.monitored_forward``, eager attention), and ``monitor_records.hidden_state_records`` computes per
-layer the mean token vector, the argmax/argmin share of the most common dim (Luo et al. 2021 §2), anisotropy (Ethayarajh
-2019) with rogue-dim shares (Timkey & van Schijndel 2021) and IsoScore (Rudman et al. 2022), kurtosis and max/median (He
-et al. 2024; Sun et al. 2024), inf-norms by site (Bondarenko et al. 2023) and sink heads (Gu et al. 2025).  Train mode
-is restored module by module.
+forward, ``models.sites.monitored_forward``, eager attention), ``monitor_records.hidden_state_records`` computes the
+per-layer statistics (Luo et al. 2021 §2 and the later ones listed there), and train mode is restored module by module.
 
 ``HiddenStateTracker`` is framework-free: the Lightning, plain-loop and HF monitors drive it, so ``hidden_states.csv``
 has the same rows whichever loop trained.  The held-out text is the shipped sentences (Austen's *Persuasion*, not in the
