@@ -138,39 +138,25 @@ def base_model(model: nn.Module) -> nn.Module:
 class Family:
     """One block structure of the registry (see the module docstring for the paths' roots).
 
-    Parameters
-    ----------
-    name : short name shown in reports
-    model_types : the ``config.model_type`` values it covers
-    placement : ``post``, ``pre`` (where the per-layer norms sit; Xiong et al. 2020) or ``reordered`` (on the
-        sublayers' outputs before the residual add; OLMo 2)
-    decoder : causal (next-token) model; its token vectors see only their left context
-    blocks : path of the ``ModuleList`` of blocks, from the base model
-    norms : ``(path in a block, kind)`` per per-layer norm, in block order (kinds: ``POST_KINDS``,
-        ``PRE_KINDS``, ``REORDERED_KINDS``)
-    embeddings_norm, final_norm : paths from the base model (None: the family has none)
-    head_norm : path of the LM head's own norm, from the full model (None: none)
-    position_table : path of a learned absolute position ``nn.Embedding``, from the base model (None: none)
-    positions : what the family uses for positions, said in the reports
-    attention : path of the attention module in a block
-    q, k : paths of the query / key projections in a block (the same path for a fused projection)
-    qk_layout : see ``QKProjection``
-    ffn_output : path of the FFN down-projection in a block (Bondarenko et al. 2023's ``ffn_output`` site)
-    norm_kind : the norm class in words, said in reports
-    optional_norms : block norm paths that may be ``nn.Identity`` (left out) in some blocks
-    qk_norms : paths of query/key norms in a block, used where a block has them (Qwen3's per-head, OLMo 2's
-        whole-projection ``q_norm``/``k_norm``): the model rotates their outputs, so q/k are read there
-    qk_norm_layout : the layout of the QK-norms' outputs: ``heads`` (Qwen3) or ``separate`` (OLMo 2)
-    qk_clip : the config attribute holding the value q/k are clamped to before the rotation (OLMo's
-        ``clip_qkv``; unset or None in the config: no clipping)
-    v : path of the value projection in a block (the same path as ``q`` for a fused projection)
-    attention_out : path of the attention's output projection in a block (its output: the attention's update
-        before dropout and the residual add)
-    ffn_input : path of the FFN's first projection in a block (a gated FFN: the gate's, whose output the
-        activation reads; ModernBERT: ``Wi``, input and gate side by side)
+    ``name`` (shown in reports); ``model_types`` (the ``config.model_type`` values it covers); ``placement``: ``post``,
+    ``pre`` (where the per-layer norms sit; Xiong et al. 2020) or ``reordered`` (on the sublayers' outputs before the
+    residual add; OLMo 2); ``decoder``: causal (a token vector sees only its left context).
 
-    ``v``, ``attention_out`` and ``ffn_input`` name the rest of a block's sites
-    (``outlierlab.models.hook_points``); empty: the family has none there.
+    Paths: ``blocks`` (the ``ModuleList`` of blocks, from the base model); ``norms``, ``(path in a block, kind)`` per
+    per-layer norm in block order (kinds: ``POST_KINDS``, ``PRE_KINDS``, ``REORDERED_KINDS``); ``embeddings_norm``,
+    ``final_norm`` (from the base model; None: none); ``head_norm`` (the LM head's own norm, from the full model);
+    ``position_table`` (a learned absolute position ``nn.Embedding``, from the base model); in a block:
+    ``attention``, ``q`` / ``k`` / ``v`` (the same path for a fused projection, laid out as ``qk_layout``: see
+    ``QKProjection``), ``attention_out`` (its output projection: the update before dropout and the residual add),
+    ``ffn_input`` (the FFN's first projection; a gated FFN: the gate's; ModernBERT: ``Wi``, input and gate side by
+    side), ``ffn_output`` (the down-projection: Bondarenko et al. 2023's ``ffn_output`` site); ``optional_norms``
+    (block norms that may be ``nn.Identity``); ``qk_norms`` (query/key norms where a block has them, Qwen3's per head,
+    OLMo 2's over the whole projection: the model rotates their outputs, so q/k are read there; layout
+    ``qk_norm_layout``, ``heads`` or ``separate``).  Empty ``v``, ``attention_out``, ``ffn_input``: no such site.
+
+    Words for reports: ``positions`` (what the family uses for positions), ``norm_kind`` (the norm class).
+    ``qk_clip``: the config attribute holding the value q/k are clamped to before the rotation (OLMo's ``clip_qkv``;
+    unset or None: no clipping).
     """
 
     name: str
