@@ -40,7 +40,7 @@ from outlierlab.jobs.run_resume import dotted_keys
 from outlierlab.jobs.run_state import code_versions
 from outlierlab.jobs.series import apply_series
 from outlierlab.studies.table import is_cell, resolve
-from outlierlab.utils.tables import MODEL_STEP, model_steps
+from outlierlab.utils.tables import MODEL_STEP, read_metrics
 
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named, and where its caches live
 #: (``paths.cache_dir``: the same cells run on another machine set it; ``SEED_DEPENDENT`` below ignores it already).
@@ -237,9 +237,7 @@ def _order_use(path: Path) -> pd.DataFrame:
 
 
 def _lightning_csv(path: Path) -> pd.DataFrame:
-    df = pd.read_csv(path)
-    # every row at the step of the model it measured: a validation logged the old way is one below the monitors'
-    df["step"] = model_steps(df)
+    df = read_metrics(path)  # every row at the step of the model it measured
     cols = [c for c in df.columns if c not in ("step", "epoch", MODEL_STEP)]
     long = df.melt(id_vars=["step"], value_vars=cols, var_name="metric", value_name="value").dropna(subset=["value"])
     long = long[~long["metric"].str.match(BOOKKEEPING)]

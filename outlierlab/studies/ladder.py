@@ -38,7 +38,7 @@ from outlierlab.metrics.luo_dimension import LAYER_FRACTION, SHARE, luo_by_step
 from outlierlab.metrics.word_order import ORDER_USE_THRESHOLD
 from outlierlab.monitoring.history import history_frame
 from outlierlab.utils.atomic import write_atomic
-from outlierlab.utils.tables import md_table, model_steps
+from outlierlab.utils.tables import md_table, read_metrics
 
 COLUMNS = ["cell", "rung", "layers", "hidden", "objective", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
 PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
@@ -92,9 +92,7 @@ def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_F
     ln = history_frame(ln_path, ["n_outlier_dims"]) if ln_path.is_file() else pd.DataFrame(columns=["step", "value"])
     parts.append(pd.DataFrame({"step": ln["step"], "metric": "layernorm/n_outlier_dims", "layer": "model",
                                "value": ln["value"]}))
-    metrics = pd.read_csv(cell / "csv" / "metrics.csv") if (cell / "csv" / "metrics.csv").is_file() else pd.DataFrame()
-    if len(metrics):
-        metrics["step"] = model_steps(metrics)  # a validation logged the old way is one below the monitors' record
+    metrics = read_metrics(cell / "csv" / "metrics.csv")
     for m in ("val/loss", "val/order_use"):
         if m in metrics:
             v = metrics[["step", m]].dropna()
