@@ -159,17 +159,9 @@ def jackknife_se_by_sentence(cosines: Tensor, sentence_a: Tensor, sentence_b: Te
 
     With S sentences and θ₍ₖ₎ the mean over the pairs that do not involve sentence k,
     SE = √((S − 1)/S · Σₖ (θ₍ₖ₎ − θ̄)²), θ̄ = mean of the θ₍ₖ₎. Pairs drawn from a small batch share sentences
-    (1,000 pairs from 32 sentences), so they are not independent and sd/√P understates the error.
-
-    Parameters
-    ----------
-    cosines : Tensor[L, P]
-    sentence_a, sentence_b : LongTensor[P]
-        The sentence of each pair's two tokens.
-
-    Returns
-    -------
-    Tensor[L] (float64); NaN with fewer than 3 sentences.
+    (1,000 pairs from 32 sentences), so they are not independent and sd/√P understates the error.  ``cosines``
+    ``[L, P]``; ``sentence_a``, ``sentence_b`` ``[P]``: the sentence of each pair's two tokens.  Returns ``[L]``
+    float64, NaN with fewer than 3 sentences.
     """
     ids = torch.cat([sentence_a, sentence_b]).cpu().unique()
     n_layers = cosines.shape[0]

@@ -123,13 +123,8 @@ def model_type_of(model_or_config) -> str:
 
 
 def family_for_type(model_type: str, placement: str = "post", causal: bool = False) -> Family:
-    """The family of a ``model_type`` (``outlierlab`` with the given placement for ours).
-
-    Raises
-    ------
-    UnknownFamilyError
-        One line naming the type and how to add it.
-    """
+    """The family of a ``model_type`` (``outlierlab`` with the given placement for ours); an unregistered type
+    raises ``UnknownFamilyError``, one line naming it and how to add it."""
     if model_type == "outlierlab":
         return ours(placement, causal)
     try:

@@ -201,13 +201,8 @@ class Family:
         return mod
 
     def layernorms(self, model: nn.Module, include_head: bool = False) -> dict[str, nn.Module]:
-        """The norms on the residual stream by canonical key, in depth order (see the module docstring).
-
-        Raises
-        ------
-        ValueError
-            A declared norm is missing (and not optional) or is not a normalisation layer.
-        """
+        """The norms on the residual stream by canonical key, in depth order (see the module docstring); a
+        declared norm that is missing (and not optional) or not a normalisation layer raises ValueError."""
         base = base_model(model)
         out: dict[str, nn.Module] = {}
         emb = submodule(base, self.embeddings_norm)

@@ -152,13 +152,8 @@ def _heads(model: nn.Module, family: Family) -> tuple[int, int, int]:
 def site_table(model: nn.Module) -> dict[str, Site]:
     """Every site of ``model`` by name, in depth order (see the module docstring).
 
-    ``model``: our ``RobertaMaskedLM`` or ``RobertaEncoder``, or a Hugging
-    Face model of a registered family, with or without its LM head (``ln_head`` only with it).
-
-    Raises
-    ------
-    UnknownFamilyError
-        One line: the model's ``model_type`` is not registered, and how to add it.
+    ``model``: our ``RobertaMaskedLM`` or ``RobertaEncoder``, or a Hugging Face model of a registered family, with
+    or without its LM head (``ln_head`` only with it); an unregistered ``model_type`` raises ``UnknownFamilyError``.
     """
     family = model_family(model)
     blocks = family.block_list(model)

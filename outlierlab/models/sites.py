@@ -176,13 +176,9 @@ def monitored_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     attention probabilities, inside an ``InfNormRecorder`` committed over the non-pad tokens — special
     tokens included, because Bondarenko et al. (2023) find BERT's largest activations on ``[SEP]`` and
     punctuation.  A Hugging Face model running ``sdpa`` is switched to eager attention for this pass only
-    (``eager_attention``).  The caller chooses eval mode and ``torch.inference_mode()``.
-
-    Returns
-    -------
-    hidden : Tensor[L+1, B, T, d] (layer 0 = embedding output)
-    attn : Tensor[L, B, H, T, T] or None (``attentions=False``)
-    inf_norms : {site: Tensor[L+1]} (see ``InfNormRecorder.result``)
+    (``eager_attention``).  The caller chooses eval mode and ``torch.inference_mode()``.  Returns ``hidden``
+    ``[L+1, B, T, d]`` (layer 0: the embedding output), ``attn`` ``[L, B, H, T, T]`` (None with ``attentions=False``)
+    and ``inf_norms`` ``{site: Tensor[L+1]}`` (``InfNormRecorder.result``).
     """
     body = getattr(model, "roberta", model)
     with (eager_attention(model) if attentions else nullcontext()), InfNormRecorder(body, sites) as rec:
