@@ -37,8 +37,8 @@ from typing import NamedTuple
 
 from torch import Tensor, nn
 
-__all__ = ["Family", "QKProjection", "split_qk", "base_model", "is_norm", "submodule", "POST_KINDS", "PRE_KINDS",
-           "REORDERED_KINDS"]
+__all__ = ["Family", "QKProjection", "split_qk", "base_model", "is_norm", "submodule", "usable_positions", "POST_KINDS",
+           "PRE_KINDS", "REORDERED_KINDS"]
 
 #: Per-layer norm kinds of a post-LN block, in block order (Kovaleva et al. 2021 judge ``output``).
 POST_KINDS = ("attention_output", "output")
@@ -124,6 +124,17 @@ def is_norm(module: nn.Module | None) -> bool:
         return True
     weight = getattr(module, "weight", None)
     return "norm" in type(module).__name__.lower() and (weight is None or weight.dim() == 1)
+
+
+#: transformers model types whose position ids start after ``pad_token_id`` (their table has ``pad + 1`` rows unused).
+PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl", "mpnet"}
+
+
+def usable_positions(config, rows: int) -> int:
+    """The tokens a position table of ``rows`` rows takes under ``config`` (RoBERTa-style: ``PADDING_OFFSET_TYPES``)."""
+    if getattr(config, "model_type", "") in PADDING_OFFSET_TYPES:
+        rows -= (getattr(config, "pad_token_id", 1) or 0) + 1
+    return rows
 
 
 def base_model(model: nn.Module) -> nn.Module:

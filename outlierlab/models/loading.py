@@ -30,11 +30,9 @@ from outlierlab.models.checkpoint import model_from_checkpoint, read_checkpoint
 from outlierlab.models.encoder_inputs import (EncodedBatch, Tokenized, padded, tokenize_texts,
                                               tokenizer_fingerprint)
 from outlierlab.models.encoder_source import EncoderSource, EncoderUnavailableError, resolve_encoder
+from outlierlab.models.family_spec import usable_positions
 from outlierlab.models.placement import DTYPES, input_device, load_hf_model
 from outlierlab.utils.progress import progress_bar
-
-# Position ids start after padding_idx in these models: max_position_embeddings - (pad + 1) usable tokens.
-_ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl", "mpnet"}
 
 
 # ---------------------------------------------------------------------------------------------- the encoder
@@ -206,9 +204,7 @@ class FrozenEncoder:
         self.pos = _pos_name(getattr(cfg, "outlierlab_pos", None))  # our native export names it; hub models: None
         if self.source.kind == "hf":
             self.model_type = str(getattr(cfg, "model_type", "") or type(cfg).__name__)
-        positions = getattr(cfg, "max_position_embeddings", None) or 10**9
-        if getattr(cfg, "model_type", "") in _ROBERTA_LIKE:  # position ids start after padding_idx
-            positions -= (getattr(cfg, "pad_token_id", 1) or 0) + 1
+        positions = usable_positions(cfg, getattr(cfg, "max_position_embeddings", None) or 10**9)
         return int(cfg.num_hidden_layers), int(cfg.hidden_size), int(positions)
 
     def _ckpt_payload(self) -> dict:

@@ -23,6 +23,7 @@ from outlierlab.metrics.monitor_records import hidden_state_records, tokenize_he
 from outlierlab.metrics.word_order import (attention_locality, heldout_order_use, heldout_special_ids,
                                            pooled_order_change)
 from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.models.family_spec import usable_positions
 from outlierlab.models.sites import monitored_forward
 from outlierlab.models.w8a8 import w8a8_cost
 from outlierlab.monitoring import monitor_plots as plots
@@ -31,9 +32,6 @@ from . import arguments
 __all__ = ["HiddenStateTracker", "heldout_max_length", "model_device", "is_causal_lm", "order_use_records",
            "locality_records", "vector_order_records"]
 
-#: transformers model types whose position ids start after ``pad_token_id`` (their table has 2 rows unused)
-_PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl",
-                         "mpnet"}
 #: what a tokenizer without a real limit reports as ``model_max_length`` (transformers' VERY_LARGE_INTEGER)
 _NO_LIMIT = 10**6
 
@@ -54,9 +52,7 @@ def heldout_max_length(model: nn.Module, tokenizer: Any = None, max_length: int 
     limits = []
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if positions:
-        if getattr(config, "model_type", "") in _PADDING_OFFSET_TYPES:
-            positions -= (getattr(config, "pad_token_id", 1) or 0) + 1
-        limits.append(int(positions))
+        limits.append(int(usable_positions(config, positions)))
     tok_max = getattr(tokenizer, "model_max_length", None)
     if tok_max and tok_max < _NO_LIMIT:
         limits.append(int(tok_max))
@@ -71,10 +67,7 @@ def position_limit(model: nn.Module) -> int | None:
         return int(config.max_len)
     for name, module in model.named_modules():
         if isinstance(module, nn.Embedding) and name.rsplit(".", 1)[-1] in ("position_embeddings", "wpe"):
-            rows = module.num_embeddings
-            if getattr(config, "model_type", "") in _PADDING_OFFSET_TYPES:
-                rows -= (getattr(config, "pad_token_id", 1) or 0) + 1
-            return rows
+            return usable_positions(config, module.num_embeddings)
     return None
 
 

@@ -167,9 +167,7 @@ def find_cells(paths: list[str | Path], until: int | None = None) -> list[Cell]:
 
 
 # ----------------------------------------------------------------------------------------------- numbers
-#: Metrics read under the name they have now (one name per quantity).  The hidden-state monitor once wrote its
-#: 1,000-pair anisotropy twice, as ``anisotropy`` and ``token_pair_cosine``, and before that its ``anisotropy`` was
-#: the 16-pair estimate of evaluate.py's protocol beside a 1,000-pair ``token_pair_cosine``.
+#: Metrics read under the name they have now (one name per quantity; ``_current_statistics`` says which cells differ).
 RENAMED = {"hidden/token_pair_cosine": "hidden/anisotropy"}
 
 
