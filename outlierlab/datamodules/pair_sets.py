@@ -11,15 +11,14 @@ import torch
 
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.datamodules.eval_data import load_wic
+from outlierlab.datamodules.validation import _FALSE, _TRUE, STS, WIC
 
 __all__ = ["load_wic_pairs", "WIC_FIELDS", "WIC_DEFAULT_SPLIT", "load_sts_pairs", "StsPairs", "STS_HUB", "STS_FIELDS"]
 
 
 # ------------------------------------------------------------------------------------------------ WiC
-WIC_FIELDS = ("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label")
+WIC_FIELDS = WIC.required
 WIC_DEFAULT_SPLIT = {"wordnet": "train", "superglue": "train", "files": None}  # the paper sweeps on WiC's train split
-_TRUE = {"t", "true", "1", "yes", "y"}
-_FALSE = {"f", "false", "0", "no", "n"}
 
 
 def _label(v) -> bool:
@@ -87,7 +86,7 @@ STS_HUB = {
     "sts15": "mteb/sts15-sts",
     "sts16": "mteb/sts16-sts",
 }
-STS_FIELDS = ("sentence1", "sentence2", "score")
+STS_FIELDS = STS.required
 STS_ADVICE = "pass local pairs instead: sts.files=[pairs.csv] (columns sentence1, sentence2, score)"
 
 @dataclass
