@@ -77,15 +77,8 @@ def load_wic_pairs(source: str, split: str | None = None, files=None, hub_path: 
 # ------------------------------------------------------------------------------------------------ STS
 #: Short names → hub ids (all with columns sentence1, sentence2, score).  STS-B scores are in [0, 1],
 #: the others in [0, 5]; Spearman does not care.
-STS_HUB = {
-    "stsb": "sentence-transformers/stsb",
-    "sickr": "mteb/sickr-sts",
-    "sts12": "mteb/sts12-sts",
-    "sts13": "mteb/sts13-sts",
-    "sts14": "mteb/sts14-sts",
-    "sts15": "mteb/sts15-sts",
-    "sts16": "mteb/sts16-sts",
-}
+STS_HUB = {"stsb": "sentence-transformers/stsb", "sickr": "mteb/sickr-sts", "sts12": "mteb/sts12-sts",
+           "sts13": "mteb/sts13-sts", "sts14": "mteb/sts14-sts", "sts15": "mteb/sts15-sts", "sts16": "mteb/sts16-sts"}
 STS_FIELDS = STS.required
 STS_ADVICE = "pass local pairs instead: sts.files=[pairs.csv] (columns sentence1, sentence2, score)"
 

@@ -18,14 +18,8 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor
 
-__all__ = [
-    "sigma_outlier_mask",
-    "sigma_outlier_dims",
-    "layernorm_divergence",
-    "layernorm_stats",
-    "flagged_from_rows",
-    "LAYERNORM_ROW_FIELDS",
-]
+__all__ = ["sigma_outlier_mask", "sigma_outlier_dims", "layernorm_divergence", "layernorm_stats", "flagged_from_rows",
+           "LAYERNORM_ROW_FIELDS"]
 
 
 def sigma_outlier_mask(values: Tensor, k: float = 3.0) -> Tensor:

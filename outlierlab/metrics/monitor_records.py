@@ -34,13 +34,7 @@ from outlierlab.metrics.isoscore import isoscore
 from outlierlab.metrics.rogue_dims import cosine_contributions, share_defined, top_share
 from outlierlab.metrics.similarity import anisotropy, paired_sentence_tokens, pairwise_cosine, sample_cross_sentence_pairs
 
-__all__ = [
-    "Row",
-    "layernorm_snapshot",
-    "layernorm_records",
-    "tokenize_heldout",
-    "hidden_state_records",
-]
+__all__ = ["Row", "layernorm_snapshot", "layernorm_records", "tokenize_heldout", "hidden_state_records"]
 
 #: One history row: (step, name, statistic, dim or None, value).
 Row = tuple[int, str, str, "int | None", float]

@@ -112,9 +112,7 @@ class EncoderConfig:
             if key in self.pos and self.pos[key] == default:
                 del self.pos[key]
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
-            )
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.max_len < 2:
             raise ValueError(f"max_len must be >= 2 (got {self.max_len})")
         for key, valid in SWITCH_CHOICES.items():

@@ -87,13 +87,8 @@ class RobertaEncoder(nn.Module):
         # activations are recomputed in the backward pass instead of kept, trading ~one extra forward for memory.
         self.activation_checkpointing = False
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> EncoderOutput:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> EncoderOutput:
         """``attention_mask`` ``[B, T]`` (1 = token, 0 = padding), or ``None`` when no position is padding
         (as in ``transformers``: ``None`` means all ones). ``None`` runs attention without a mask."""
         if input_ids.shape[1] > self.config.max_len:
@@ -193,16 +188,9 @@ class RobertaMaskedLM(nn.Module):
         elif isinstance(module, NORM_TYPES):
             reset_norm(module)  # unit gain, zero bias where the norm has them
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        labels: Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        masked_positions: Tensor | None = None,
-        full_logits: bool = False,
-    ) -> MaskedLMOutput:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                masked_positions: Tensor | None = None, full_logits: bool = False) -> MaskedLMOutput:
         """Encoder + MLM head; with ``labels`` (-100 = not predicted) also the mean cross-entropy.
 
         With ``labels`` the head runs only at the labelled positions, as fairseq's ``masked_tokens``: at 15 % masking

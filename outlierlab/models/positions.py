@@ -34,9 +34,7 @@ class LearnedPositionEmbedding(nn.Embedding):
     ``create_position_ids_from_input_ids``."""
 
     def __init__(self, config: EncoderConfig) -> None:
-        super().__init__(
-            config.max_position_embeddings, config.hidden_size, padding_idx=config.pad_token_id
-        )
+        super().__init__(config.max_position_embeddings, config.hidden_size, padding_idx=config.pad_token_id)
         self.pad = config.pad_token_id
         self.init = str(config.pos.get("init", "normal"))
         self.init_scale = float(config.pos.get("init_scale", 1.0))
@@ -104,9 +102,8 @@ class SinusoidalPositionEmbedding(nn.Module):
         base = float(config.pos.get("base", 10000.0))
         factor = sinusoidal_scale(config.pos.get("scale", 1.0), config.initializer_range)
         # Not persistent: the table is a function of the config, so checkpoints stay small.
-        self.register_buffer(
-            "table", sinusoidal_table(config.max_len, config.hidden_size, base) * factor, persistent=False
-        )
+        self.register_buffer("table", sinusoidal_table(config.max_len, config.hidden_size, base) * factor,
+                             persistent=False)
 
     def forward(self, position_ids: Tensor, attention_mask: Tensor) -> Tensor:
         pos = position_ids.clamp(max=self.table.shape[0] - 1)
