@@ -14,12 +14,9 @@ from typing import Any
 
 #: Valid values of each architecture switch; the first is the default (plain RoBERTa).
 SWITCH_CHOICES: dict[str, tuple[str, ...]] = {
-    "norm_placement": ("post", "pre"),
-    "norm": ("layernorm", "layernorm_noaffine", "rmsnorm"),
-    "attention": ("softmax", "clipped_softmax", "gated"),
-    "block": ("roberta", "op"),
-    "gate": ("linear", "mlp", "all_heads_linear"),
-}
+    "norm_placement": ("post", "pre"), "norm": ("layernorm", "layernorm_noaffine", "rmsnorm"),
+    "attention": ("softmax", "clipped_softmax", "gated"), "block": ("roberta", "op"),
+    "gate": ("linear", "mlp", "all_heads_linear")}
 
 
 #: Position-scheme options whose default value is not recorded in ``EncoderConfig.pos``.

@@ -126,11 +126,8 @@ class RobertaEncoder(nn.Module):
             # As GPT-2 in transformers: the last hidden state is the final LN's output.
             x = self.encoder.LayerNorm(x)
             hidden[-1] = x
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden) if output_hidden_states else None,
-            attentions=tuple(attns) if output_attentions else None,
-        )
+        return EncoderOutput(last_hidden_state=x, hidden_states=tuple(hidden) if output_hidden_states else None,
+                             attentions=tuple(attns) if output_attentions else None)
 
 
 def _upcast(logits: Tensor) -> Tensor:

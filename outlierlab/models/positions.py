@@ -222,19 +222,11 @@ class ALiBiPositions(nn.Module):
 class PositionScheme:
     """One registry entry: builders for the input and the per-layer attention plug-ins."""
 
-    def __init__(
-        self,
-        name: str,
-        input_module: Callable[[EncoderConfig], nn.Module] | None = None,
-        attention_module: Callable[[EncoderConfig], nn.Module] | None = None,
-        hf_exportable: bool = False,
-        description: str = "",
-    ) -> None:
-        self.name = name
-        self.input_module = input_module
-        self.attention_module = attention_module
-        self.hf_exportable = hf_exportable
-        self.description = description
+    def __init__(self, name: str, input_module: Callable[[EncoderConfig], nn.Module] | None = None,
+                 attention_module: Callable[[EncoderConfig], nn.Module] | None = None, hf_exportable: bool = False,
+                 description: str = "") -> None:
+        self.name, self.input_module, self.attention_module = name, input_module, attention_module
+        self.hf_exportable, self.description = hf_exportable, description
 
 
 POSITION_SCHEMES: dict[str, PositionScheme] = {}

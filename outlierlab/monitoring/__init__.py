@@ -14,16 +14,10 @@ load on first attribute access, so importing the package is cheap.
 
 import importlib
 
-_LAZY = {
-    "OutlierMonitor": "loop_monitor",
-    "OutlierMonitorCallback": "hf_trainer",
-    "LayerNormTracker": "layernorm_tracker",
-    "HiddenStateTracker": "hidden_state_tracker",
-    "publish": "recording",
-    "LayerNormMonitor": "layernorm_monitor",
-    "HiddenStateMonitor": "hidden_state_monitor",
-    "LightningOutlierMonitor": "lightning_monitor",
-}
+_LAZY = {"OutlierMonitor": "loop_monitor", "OutlierMonitorCallback": "hf_trainer",
+         "LayerNormTracker": "layernorm_tracker", "HiddenStateTracker": "hidden_state_tracker", "publish": "recording",
+         "LayerNormMonitor": "layernorm_monitor", "HiddenStateMonitor": "hidden_state_monitor",
+         "LightningOutlierMonitor": "lightning_monitor"}
 
 __all__ = list(_LAZY)
 
