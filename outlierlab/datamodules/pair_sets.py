@@ -1,7 +1,6 @@
 """The sentence-pair evaluation sets of ``evaluate.py``, from the shipped files, the hub (``datasets``) or local
 files: Word-in-Context pairs (Pilehvar & Camacho-Collados 2019; Luo et al. 2021 §4.2) and STS pairs with gold
-scores (SentEval; Luo et al. §4.3).  Plain arguments, no config: the analyses pass their settings' values.
-"""
+scores (SentEval; Luo et al. §4.3).  Plain arguments, no config: the analyses pass their settings' values."""
 
 from __future__ import annotations
 

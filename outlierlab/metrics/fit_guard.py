@@ -1,7 +1,6 @@
 """Is a fitted whitening (or standardize / all-but-the-top / center) map trustworthy?  The sample-size guard of
 ``Whitener.check``: a fit on too few distinct vectors is refused in one line (or kept, marked degenerate), and what it
-was fitted on becomes CSV columns.  It reads a fitted ``Whitener`` and changes only its ``fit_info``.
-"""
+was fitted on becomes CSV columns.  It reads a fitted ``Whitener`` and changes only its ``fit_info``."""
 
 from __future__ import annotations
 

@@ -92,10 +92,8 @@ class RobertaEncoder(nn.Module):
         """``attention_mask`` ``[B, T]`` (1 = token, 0 = padding), or ``None`` when no position is padding
         (as in ``transformers``: ``None`` means all ones). ``None`` runs attention without a mask."""
         if input_ids.shape[1] > self.config.max_len:
-            raise ValueError(
-                f"sequence length {input_ids.shape[1]} exceeds the model's max_len={self.config.max_len}; "
-                "truncate the input or use a model with more positions"
-            )
+            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds the model's max_len={self.config.max_len}; "
+                             "truncate the input or use a model with more positions")
         if attention_mask is None:
             # No padding: attention runs without any mask, so F.scaled_dot_product_attention may take its
             # FlashAttention / memory-efficient kernels on a GPU (an additive mask rules those out). Packed

@@ -140,10 +140,8 @@ def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokeni
 def _load_hf_roberta(directory: Path) -> RobertaMaskedLM:
     hf_cfg = json.loads((directory / "config.json").read_text())
     if hf_cfg.get("model_type") != "roberta":
-        raise ValueError(
-            f"{directory} holds a {hf_cfg.get('model_type')!r} model; only RoBERTa checkpoints import into "
-            "RobertaMaskedLM (use outlierlab.models.loading for other encoders)"
-        )
+        raise ValueError(f"{directory} holds a {hf_cfg.get('model_type')!r} model; only RoBERTa checkpoints import "
+                         "into RobertaMaskedLM (use outlierlab.models.loading for other encoders)")
     if hf_cfg.get("hidden_act", "gelu") != "gelu":
         raise ValueError(f"{directory}: hidden_act={hf_cfg['hidden_act']!r} is not supported (only exact gelu)")
     files = sorted(directory.glob("*.safetensors"))

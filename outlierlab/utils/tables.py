@@ -1,8 +1,7 @@
 """The two table writers of the project: row dicts to a CSV file (``write_csv``) and rows to a Markdown table
 (``md_table``), so all CSVs share one dialect (csv's default: ``,``, minimal quoting, ``\r\n``, ``str()`` of each value,
 empty for None or a missing key) and all Markdown tables one layout.  ``read_rows`` reads such a CSV back as strings;
-``model_step`` reads a ``metrics.csv`` row's step, ``read_metrics`` the whole file.
-"""
+``model_step`` reads a ``metrics.csv`` row's step, ``read_metrics`` the whole file."""
 
 from __future__ import annotations
 
