@@ -21,9 +21,7 @@ from torch import Tensor, nn
 from .config import EncoderConfig
 
 
-# ----------------------------------------------------------------------------------------
-# Input (absolute) schemes
-# ----------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------- input (absolute) schemes
 #: ``pos.init`` values of the learned table.
 LEARNED_INITS = ("normal", "sinusoidal")
 
@@ -110,9 +108,7 @@ class SinusoidalPositionEmbedding(nn.Module):
         return self.table[pos] * attention_mask[..., None].to(self.table.dtype)
 
 
-# ----------------------------------------------------------------------------------------
-# Attention (relative) schemes
-# ----------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------- attention (relative) schemes
 def relative_offsets(position_ids: Tensor) -> Tensor:
     """``offset[b, i, j] = pos[b, i] - pos[b, j]`` (query minus key), shape ``[B, T, T]``."""
     return position_ids[:, :, None] - position_ids[:, None, :]
@@ -216,9 +212,7 @@ class ALiBiPositions(nn.Module):
         return q, k, -self.slopes.to(q.dtype)[None, :, None, None] * dist[:, None]
 
 
-# ----------------------------------------------------------------------------------------
-# Registry
-# ----------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------- registry
 class PositionScheme:
     """One registry entry: builders for the input and the per-layer attention plug-ins."""
 
