@@ -8,39 +8,17 @@ prefixes; a site a model lacks is absent.  **Blocks are numbered from 1, as hidd
 produces hidden state ``i``; the tables of evaluate.py number layers so, and ``ablation.layers`` too), so
 ``blocks.{i}.resid`` is ``output_hidden_states[i]``; TransformerLens counts blocks from 0.
 
-=========================  ===========================================================  ==================
-site                       the tensor                                                   shape
-=========================  ===========================================================  ==================
-``embed``                  the first block's input: hidden state 0, the embeddings'     ``[B, T, d]``
-                           output
-``ln_embed``               the embeddings' norm's output (BERT family, ModernBERT,      ``[B, T, d]``
-                           ours)
-``blocks.{i}.attn.q``      the query projection's output, before heads are split,       ``[B, T, H·dh]``
-                           QK-norms or rotary positions; ``k`` and ``v`` alike          (``k``, ``v``:
-                           (a fused projection, GPT-2's ``c_attn``: its slice)           ``[B, T, Hkv·dh]``)
-``blocks.{i}.attn.pattern``  the attention probabilities (needs eager attention; the     ``[B, H, T, T]``
-                           runner switches to it)
-``blocks.{i}.attn.out``    the attention's output projection: its update before         ``[B, T, d]``
-                           dropout and the residual add
-``blocks.{i}.ln_attn``     the output of the block's attention norm: post-LN after the  ``[B, T, d]``
-                           attention's residual add; pre-LN before the attention;
-                           reordered (OLMo 2) on the attention's update
-``blocks.{i}.ffn.pre``     the FFN's first projection (a gated FFN: the gate's) before  ``[B, T, f]``
-                           its activation
-``blocks.{i}.ffn.post``    the input of the FFN's down-projection: after the            ``[B, T, f]``
-                           activation (and gate)
-``blocks.{i}.ffn.out``     the FFN's down-projection output, before dropout and the     ``[B, T, d]``
-                           residual add (Bondarenko et al. 2023's ``ffn_output``)
-``blocks.{i}.ln_ffn``      the output of the block's FFN norm: post-LN the output       ``[B, T, d]``
-                           LayerNorm (= ``resid``; Kovaleva et al. 2021's); pre-LN
-                           before the FFN; reordered on the FFN's update
-``blocks.{i}.resid``       the block's output, the residual stream it hands on:         ``[B, T, d]``
-                           ``output_hidden_states[i]``, but for the last block of a
-                           model with a final norm (there: ``ln_final``)
-``ln_final``               the final norm's output (pre-LN and reordered models):       ``[B, T, d]``
-                           ``last_hidden_state``
-``ln_head``                the LM head's own norm's output (a masked LM's head)         ``[B, T, d]``
-=========================  ===========================================================  ==================
+The sites (docs/sites.md has them with their shapes): ``embed`` (hidden state 0, the first block's input);
+``ln_embed`` (the embeddings' norm); per block ``blocks.{i}.attn.q`` / ``k`` / ``v`` (the projections' outputs before
+heads are split, QK-norms or rotary positions; of a fused projection its slice), ``attn.pattern`` (the probabilities;
+the runner switches to eager attention), ``attn.out`` (the attention's update before dropout and the residual add),
+``ln_attn`` (the attention norm's output: post-LN after the attention's residual add, pre-LN before the attention,
+reordered on its update), ``ffn.pre`` (the FFN's first projection before its activation; gated: the gate's),
+``ffn.post`` (the down-projection's input), ``ffn.out`` (its output before dropout and the residual add; Bondarenko et
+al. 2023's ``ffn_output``), ``ln_ffn`` (the FFN norm's output: post-LN the output LayerNorm, Kovaleva et al.'s, =
+``resid``; pre-LN before the FFN; reordered on its update) and ``resid`` (the block's output:
+``output_hidden_states[i]``, but for the last block of a model with a final norm); ``ln_final`` (the final norm's
+output, ``last_hidden_state``) and ``ln_head`` (the LM head's own norm).
 
 Each site is a module's output or first input (``ffn.post``, ``embed``), so a hook that returns a new tensor changes
 exactly what the name says downstream.  The exception is a Hugging Face ``attn.pattern``: transformers computes the
