@@ -15,6 +15,8 @@ import warnings
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from outlierlab.utils.atomic import write_atomic
+
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "data" / "corpus"
 _LOCAL_BUILDERS = {"text", "json", "csv", "parquet", "arrow"}  # datasets' packaged loaders for local files
@@ -192,24 +194,38 @@ def _go_offline(datasets_module) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ identity
+def stat_memo(directory: str | os.PathLike, paths: Sequence[Path]) -> Path:
+    """The memo file under ``directory`` of ``paths`` as they are now, keyed by each one's (real path, size, mtime ns,
+    inode) as git's index and ccache do: an in-place rewrite changes the mtime, so it gets a new memo."""
+    stats = [(str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino) for p, st in ((p, p.stat()) for p in paths)]
+    return Path(directory).expanduser() / (hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:24] + ".json")
+
+
+def read_memo(memo: Path, key: str):
+    """``key`` of a memo file, or None when there is none (or it is torn)."""
+    try:
+        return json.loads(memo.read_text())[key]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def write_memo(memo: Path, payload: dict) -> None:
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(memo, json.dumps(payload))
+
+
 def file_identity(files: Sequence[str | os.PathLike], memo_dir: str | os.PathLike | None = None) -> str:
     """sha256 over the raw bytes of ``files`` (in order): changes when any file changes, not when it moves.
 
-    With ``memo_dir`` the digest is remembered per (real path, size, mtime ns, inode), as git's index and ccache do, so
-    a warm run does not re-read gigabytes; an in-place rewrite changes the mtime.
+    With ``memo_dir`` the digest is remembered per file stat (``stat_memo``), so a warm run does not re-read gigabytes.
     """
     paths = corpus_paths(files)
     for p in paths:
         if not p.is_file():
             raise FileNotFoundError(f"text file not found: {p}")
-    memo = None
-    if memo_dir is not None:
-        stats = [(str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino) for p, st in ((p, p.stat()) for p in paths)]
-        memo = Path(memo_dir).expanduser() / (hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:24] + ".json")
-        try:
-            return json.loads(memo.read_text())["sha256"]
-        except (OSError, ValueError, KeyError):
-            pass
+    memo = None if memo_dir is None else stat_memo(memo_dir, paths)
+    if memo is not None and (digest := read_memo(memo, "sha256")) is not None:
+        return digest
     h = hashlib.sha256()
     for p in paths:
         h.update(str(p.stat().st_size).encode())
@@ -217,10 +233,7 @@ def file_identity(files: Sequence[str | os.PathLike], memo_dir: str | os.PathLik
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     if memo is not None:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"files": [str(p) for p in paths], "sha256": h.hexdigest()}))
-        os.replace(tmp, memo)
+        write_memo(memo, {"files": [str(p) for p in paths], "sha256": h.hexdigest()})
     return h.hexdigest()
 
 

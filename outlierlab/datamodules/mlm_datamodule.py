@@ -1,18 +1,13 @@
 """``MLMDataModule``: text -> tokenizer -> memory-mapped token file -> blocks -> seeded dynamic masking, resumable.
 
-Pipeline (RoBERTa / fairseq style pretraining data, Liu et al. 2019):
-
-1. documents from ``source`` (``outlierlab.datamodules.corpus``): the embedded corpus, text files, or a hub dataset;
-2. tokenizer (``outlierlab.datamodules.tokenizer``): byte-level BPE trained on these documents, or any HF one;
-3. documents streamed and tokenized in ``num_proc`` processes, ``</s>`` after each, into ONE flat token file
-   (``outlierlab.datamodules.token_cache``) keyed by (corpus, tokenizer), built once and memory-mapped by every
-   run and rank.  Blocks are cut when read (``outlierlab.datamodules.token_blocks``): EVERY block is ``<s>`` + the
-   next ``block_size - 1`` stream tokens, so position 0 always carries ``<s>`` -- the token whose position
-   artefacts Luo et al. (2021) study; blocks may start mid-document; only the final block is padded;
-4. train/validation split by a seeded permutation of block ids (``val_blocks`` or ``val_fraction``);
-5. batches: a ``ResumableSampler`` (shuffled with ``seed + epoch``, sharded by rank; set
-   ``use_distributed_sampler: False``) and the MLM collator seeded per batch (``outlierlab.datamodules.masking``:
-   15 % selected, 80/10/10).
+Pipeline (RoBERTa / fairseq style pretraining data, Liu et al. 2019; docs/data_pipeline.md): documents from
+``source`` (``outlierlab.datamodules.corpus``); a tokenizer (``outlierlab.datamodules.tokenizer``: byte-level BPE
+trained on them, or any HF one); the documents tokenized in ``num_proc`` processes, ``</s>`` after each, into ONE flat
+token file (``outlierlab.datamodules.token_cache``) built once and memory-mapped by every run and rank; blocks cut when
+read (``outlierlab.datamodules.token_blocks``), EVERY block ``<s>`` + the next ``block_size - 1`` stream tokens, so
+position 0 always carries ``<s>``, the token whose position artefacts Luo et al. (2021) study; a train/validation split
+by a seeded permutation of block ids; batches from a ``ResumableSampler`` (``seed + epoch``, sharded by rank; set
+``use_distributed_sampler: False``) and the MLM collator seeded per batch (``outlierlab.datamodules.masking``).
 
 Resume: ``state_dict()`` records the data epoch and the batches consumed; ``load_state_dict()`` makes the next train
 dataloader skip exactly those.  Call ``prepare_data(); setup("fit")`` before building the model to read ``tokenizer``,

@@ -1,7 +1,6 @@
 """The sentence-pair evaluation sets of ``evaluate.py``, from the shipped files, the hub (``datasets``) or local
 files: Word-in-Context pairs (Pilehvar & Camacho-Collados 2019; Luo et al. 2021 §4.2) and STS pairs with gold
-scores (SentEval; Luo et al. §4.3).  Plain arguments, no config: the analyses pass their settings' values.
-"""
+scores (SentEval; Luo et al. §4.3).  Plain arguments, no config: the analyses pass their settings' values."""
 
 from __future__ import annotations
 
@@ -11,15 +10,14 @@ import torch
 
 from outlierlab.datamodules.dataset_sources import load_hub, load_local
 from outlierlab.datamodules.eval_data import load_wic
+from outlierlab.datamodules.validation import _FALSE, _TRUE, STS, WIC
 
 __all__ = ["load_wic_pairs", "WIC_FIELDS", "WIC_DEFAULT_SPLIT", "load_sts_pairs", "StsPairs", "STS_HUB", "STS_FIELDS"]
 
 
 # ------------------------------------------------------------------------------------------------ WiC
-WIC_FIELDS = ("sentence1", "sentence2", "start1", "end1", "start2", "end2", "label")
+WIC_FIELDS = WIC.required
 WIC_DEFAULT_SPLIT = {"wordnet": "train", "superglue": "train", "files": None}  # the paper sweeps on WiC's train split
-_TRUE = {"t", "true", "1", "yes", "y"}
-_FALSE = {"f", "false", "0", "no", "n"}
 
 
 def _label(v) -> bool:
@@ -78,16 +76,9 @@ def load_wic_pairs(source: str, split: str | None = None, files=None, hub_path: 
 # ------------------------------------------------------------------------------------------------ STS
 #: Short names → hub ids (all with columns sentence1, sentence2, score).  STS-B scores are in [0, 1],
 #: the others in [0, 5]; Spearman does not care.
-STS_HUB = {
-    "stsb": "sentence-transformers/stsb",
-    "sickr": "mteb/sickr-sts",
-    "sts12": "mteb/sts12-sts",
-    "sts13": "mteb/sts13-sts",
-    "sts14": "mteb/sts14-sts",
-    "sts15": "mteb/sts15-sts",
-    "sts16": "mteb/sts16-sts",
-}
-STS_FIELDS = ("sentence1", "sentence2", "score")
+STS_HUB = {"stsb": "sentence-transformers/stsb", "sickr": "mteb/sickr-sts", "sts12": "mteb/sts12-sts",
+           "sts13": "mteb/sts13-sts", "sts14": "mteb/sts14-sts", "sts15": "mteb/sts15-sts", "sts16": "mteb/sts16-sts"}
+STS_FIELDS = STS.required
 STS_ADVICE = "pass local pairs instead: sts.files=[pairs.csv] (columns sentence1, sentence2, score)"
 
 @dataclass

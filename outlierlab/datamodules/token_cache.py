@@ -1,16 +1,11 @@
 """The corpus as one flat token file, built once out of core and memory-mapped by every process (nanoGPT's format).
 
 ``<cache_dir>/tokens/<hash>/`` (keyed by corpus identity, tokenizer and ``FORMAT_VERSION``, not the block size: blocks
-are cut when read, ``outlierlab.datamodules.token_blocks``) holds
-
-* ``tokens.bin`` -- every document's ids followed by ``</s>``, in corpus order, as little-endian ``uint16`` when
-  the vocabulary has at most 65,536 ids, else ``int32``;
-* ``meta.json`` -- format version, dtype, token/document/character counts, special ids.
-
-The build streams documents through ``encode_documents`` into the file, in memory set by ``data.tokenize_chunk_mb`` and
-``data.num_proc``.  It is atomic (temporary name ``.<hash>.<uuid>``, fsync, rename); a cache is trusted only if
-``meta.json`` has this format version and ``tokens.bin`` the bytes it announces.  A file lock makes one process build
-while the others (DDP ranks) wait.
+are cut when read, ``outlierlab.datamodules.token_blocks``) holds ``tokens.bin``, every document's ids followed by
+``</s>`` (little-endian ``uint16`` up to 65,536 ids, else ``int32``), and ``meta.json`` (format version, dtype, counts,
+special ids).  The build streams documents through ``encode_documents``; it is atomic (temporary name, fsync, rename),
+a cache is trusted only if ``meta.json`` has this format version and ``tokens.bin`` the bytes it announces, and a file
+lock makes one process build while the others (DDP ranks) wait (docs/data_pipeline.md).
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """How often each token id occurs in a text list, and in the pretraining corpus of a ``train.py`` run (what
 Puccetti et al. 2022 correlate outlier magnitude with): the run's ``config.yaml`` names its data, which is re-read
 with ``outlierlab.datamodules.corpus.load_texts`` and tokenised with the run's tokenizer; the counts are cached
-under the cache root, keyed by the corpus and the tokenizer.  Used by ``evaluate.py``'s ``frequency`` analysis.
-"""
+under the cache root, keyed by the corpus and the tokenizer.  Used by ``evaluate.py``'s ``frequency`` analysis."""
 
 from __future__ import annotations
 

@@ -135,12 +135,9 @@ def load_tokenizer(name_or_path: str):
 def mlm_special_ids(tokenizer) -> dict[str, int]:
     """Ids the packer and collator need: ``bos`` (``<s>``/``[CLS]``), ``eos`` (``</s>``/``[SEP]``), ``pad``, ``mask``;
     ``ValueError`` names what is missing (e.g. GPT-2 has no pad or mask token)."""
-    ids = {
-        "bos": tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id,
-        "eos": tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id,
-        "pad": tokenizer.pad_token_id,
-        "mask": tokenizer.mask_token_id,
-    }
+    ids = {"bos": tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id,
+           "eos": tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id,
+           "pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id}
     missing = [k for k, v in ids.items() if v is None]
     if missing:
         raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} lacks token(s) needed for MLM: "

@@ -1,16 +1,10 @@
 """One validation of every user data file, run by the entry points before any model is loaded.
 
-Plain Python (csv, json, gzip), so a bad file fails in a second with one line naming the file and the fault:
-
-=====================  ===================================================================================== input
-config key (entry point) =====================
-===================================================================================== training corpus
-``data.files`` (train.py, ``data=files``): text, one document per line sentence files         ``data.files`` (probe.py
-position probe, evaluate.py): text, one sentence per line classifier files       ``task.files`` (probe.py
-``task=local``): CSV/TSV/JSON(L) with text/label columns WiC pairs              ``wic.files`` (evaluate.py): sentence1,
-sentence2, start1, end1, start2, end2, label STS pairs              ``sts.files`` (evaluate.py): sentence1, sentence2,
-score encoder                ``encoder.name_or_path`` (probe.py, evaluate.py): run dir, checkpoint, model dir
-=====================  =====================================================================================
+Plain Python (csv, json, gzip), so a bad file fails in a second with one line naming the file and the fault.
+Inputs: ``data.files`` (train.py ``data=files``: one document per line; probe.py, evaluate.py: one sentence per
+line), ``task.files`` (probe.py ``task=local``: CSV/TSV/JSON(L) with text/label columns), ``wic.files``
+(evaluate.py: sentence1, sentence2, start1, end1, start2, end2, label), ``sts.files`` (evaluate.py: sentence1,
+sentence2, score) and ``encoder.name_or_path`` (probe.py, evaluate.py: run dir, checkpoint, model dir).
 
 Faults (``DataFileError``): missing or empty file; header without rows; missing column (existing ones listed); a
 wrong-typed value (row and column named); non-UTF-8 bytes (line named); a split too small after carving (sizes and
@@ -22,17 +16,15 @@ from __future__ import annotations
 import csv
 import difflib
 import gzip
-import hashlib
 import io
 import json
 import math
-import os
 import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .corpus import corpus_paths
+from .corpus import corpus_paths, read_memo, stat_memo, write_memo
 
 __all__ = ["DataFileError", "MissingDataFileError", "read_lines", "read_table", "validate_inputs",
            "FEW_STS_PAIRS"]
@@ -63,22 +55,25 @@ def read_lines(path: str | Path, key: str) -> list[str]:
         raise MissingDataFileError(f"{key}: file not found: {path}")
     try:
         raw = gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
-    except EOFError:
-        raise _fail(key, path, "the gzip file is truncated (incomplete download or copy?): recompress or "
-                               "re-copy it") from None
-    except (gzip.BadGzipFile, zlib.error, OSError) as e:
-        raise _fail(key, path, f"not a valid gzip file ({e}); drop the .gz suffix if it is plain text") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
+        raise _unreadable(key, path, e) from None
     if not raw.strip():
         raise _fail(key, path, "the file is empty")
-    lines = raw.split(b"\n")
-    out = []
-    for i, line in enumerate(lines, 1):
-        try:
-            out.append(line.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise _fail(key, path, f"line {i} is not UTF-8 (byte {line[e.start]:#x} at column {e.start + 1}); "
-                                   "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-    return [x.removesuffix("\r") for x in out]
+    return [_utf8(line, i, key, path).removesuffix("\r") for i, line in enumerate(raw.split(b"\n"), 1)]
+
+
+def _utf8(line: bytes, i: int, key: str, path) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _fail(key, path, f"line {i} is not UTF-8 (byte {line[e.start]:#x} at column {e.start + 1}); "
+                               "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def _unreadable(key: str, path, e: Exception) -> DataFileError:
+    if isinstance(e, EOFError):
+        return _fail(key, path, "the gzip file is truncated (incomplete download or copy?): recompress or re-copy it")
+    return _fail(key, path, f"not a valid gzip file ({e}); drop the .gz suffix if it is plain text")
 
 
 def count_text_lines(path: str | Path, key: str) -> int:
@@ -92,42 +87,29 @@ def count_text_lines(path: str | Path, key: str) -> int:
         with open(p, "rb") as raw:
             f = gzip.GzipFile(fileobj=raw) if p.name.endswith(".gz") else raw
             for i, line in enumerate(f, 1):
-                try:
-                    text = line.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise _fail(key, path, f"line {i} is not UTF-8 (byte {line[e.start]:#x} at column "
-                                           f"{e.start + 1}); re-save the file as UTF-8 (e.g. iconv -f latin1 -t "
-                                           "utf-8)") from None
+                text = _utf8(line, i, key, path)
                 if text.strip():
                     n, seen = n + 1, True
                 elif line.strip():  # e.g. a line of U+FEFF / non-breaking spaces: bytes, no text
                     seen = True
-    except EOFError:
-        raise _fail(key, path, "the gzip file is truncated (incomplete download or copy?): recompress or "
-                               "re-copy it") from None
-    except (gzip.BadGzipFile, zlib.error, OSError) as e:
-        raise _fail(key, path, f"not a valid gzip file ({e}); drop the .gz suffix if it is plain text") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
+        raise _unreadable(key, path, e) from None
     if not n and not seen:
         raise _fail(key, path, "the file is empty")
     return n
 
 
 def _counted_before(path: str, memo_dir) -> tuple[Path | None, int | None]:
-    """A training corpus checked by an earlier run: the count recorded under ``memo_dir``, keyed by the file's
-    (real path, size, mtime, inode) -- a rewritten file has a new stat and is checked again."""
+    """A training corpus checked by an earlier run: the count recorded under ``memo_dir`` by the file's stat
+    (``corpus.stat_memo``): a rewritten file is checked again."""
     if memo_dir is None:
         return None, None
-    p = Path(str(path)).expanduser()
     try:
-        st = p.stat()
+        memo = stat_memo(Path(str(memo_dir)).expanduser() / "checked_files", [Path(str(path)).expanduser()])
     except OSError:
         return None, None
-    key = json.dumps([str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino])
-    memo = Path(str(memo_dir)).expanduser() / "checked_files" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
-    try:
-        return memo, int(json.loads(memo.read_text())["lines"])
-    except (OSError, ValueError, KeyError):
-        return memo, None
+    n = read_memo(memo, "lines")
+    return memo, None if n is None else int(n)
 
 
 def read_table(path: str | Path, key: str) -> tuple[list[str], list[dict], list[int]]:
@@ -252,10 +234,7 @@ def _sentences(cfg, key: str, minimum: int, why: str, memo_dir=None) -> None:
         if n == 0:
             raise _fail(key, f, "holds only blank lines")
         if memo is not None:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({"file": str(f), "lines": n}))
-            os.replace(tmp, memo)
+            write_memo(memo, {"file": str(f), "lines": n})
         total += n
     cap = _select(cfg, "data.max_sentences")
     total = min(total, int(cap)) if cap is not None else total

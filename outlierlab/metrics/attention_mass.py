@@ -36,16 +36,11 @@ def _mass_sums(attn: Tensor, key_mask: Tensor, query_mask: Tensor | None) -> tup
     """Sum over valid queries of the attention mass on ``key_mask`` keys → (Tensor[..., H], n_queries)."""
     if attn.ndim < 4:
         raise ValueError(f"attention must be [..., B, H, Tq, Tk], got {tuple(attn.shape)}.")
-    b, _, tq, tk = attn.shape[-4:]
+    b, tk = attn.shape[-4], attn.shape[-1]
     if tuple(key_mask.shape) != (b, tk):
         raise ValueError(f"key mask must be [B={b}, Tk={tk}], got {tuple(key_mask.shape)}.")
-    a = attn.detach().to(torch.float64)
-    per_query = torch.einsum("...bhqk,bk->...bhq", a, key_mask.to(a.device, torch.float64))
-    qm = torch.ones(b, tq, dtype=torch.float64, device=a.device) if query_mask is None \
-        else query_mask.to(a.device, torch.float64)
-    if tuple(qm.shape) != (b, tq):
-        raise ValueError(f"query mask must be [B={b}, Tq={tq}], got {tuple(qm.shape)}.")
-    return torch.einsum("...bhq,bq->...h", per_query, qm), qm.sum()
+    return _row_sums(attn, lambda a: torch.einsum("...bhqk,bk->...bhq", a, key_mask.to(a.device, torch.float64)),
+                     query_mask)
 
 
 def special_token_attention_mass(attn: Tensor, key_is_special: Tensor | Mapping[str, Tensor],

@@ -1,7 +1,6 @@
 """Is a fitted whitening (or standardize / all-but-the-top / center) map trustworthy?  The sample-size guard of
 ``Whitener.check``: a fit on too few distinct vectors is refused in one line (or kept, marked degenerate), and what it
-was fitted on becomes CSV columns.  It reads a fitted ``Whitener`` and changes only its ``fit_info``.
-"""
+was fitted on becomes CSV columns.  It reads a fitted ``Whitener`` and changes only its ``fit_info``."""
 
 from __future__ import annotations
 
@@ -97,10 +96,7 @@ def check_fit(w, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: 
         raise ValueError("Whitener is not fitted: call finalize() first.")
     if w.method != "whiten":
         return _check_other(w, what, min_ratio, allow_degenerate)
-    low = int(w.n_distinct.argmin())
-    n_distinct = int(w.n_distinct[low])
-    exact = getattr(w, "distinct_exact", None)
-    capped = n_distinct >= w.distinct_cap and (exact is None or not bool(exact[low]))
+    n_distinct, capped = _fewest_distinct(w)
     k, need = w.out_dim, math.ceil(float(min_ratio) * w.out_dim)
     fit = WhiteningFit(what, w.n, n_distinct, capped, int(w.rank.min()), k, w.dim, float(min_ratio),
                        method="whiten")
@@ -122,14 +118,20 @@ def check_fit(w, what: str, min_ratio: float = MIN_FIT_RATIO, allow_degenerate: 
         "of 768), or keep this result marked degenerate with transform.allow_degenerate=true",
         problem=problem, need=need, found=n_distinct, fixes=(f"transform.k={k_ok}",))
 
+
+def _fewest_distinct(w) -> tuple[int, bool]:
+    """The fewest distinct fit vectors of any layer, and whether that count stopped at ``distinct_cap``."""
+    low = int(w.n_distinct.argmin())
+    exact = getattr(w, "distinct_exact", None)
+    n_distinct = int(w.n_distinct[low])
+    return n_distinct, n_distinct >= w.distinct_cap and (exact is None or not bool(exact[low]))
+
+
 def _check_other(w, what: str, min_ratio: float, allow_degenerate: bool) -> WhiteningFit:
     """``check_fit`` for standardize / abtt / center: N_distinct ≥ min_ratio · p with p the directions the
     fit estimates (``outlierlab.metrics.postprocessing.fit_size``, where the module docstring says
     what goes wrong below it)."""
-    low = int(w.n_distinct.argmin())
-    n_distinct = int(w.n_distinct[low])
-    exact = getattr(w, "distinct_exact", None)
-    capped = n_distinct >= w.distinct_cap and (exact is None or not bool(exact[low]))
+    n_distinct, capped = _fewest_distinct(w)
     p = fit_size(w.method, w.dim, abtt_d=w.abtt_d)
     need = math.ceil(float(min_ratio) * p)
     fit = WhiteningFit(what, w.n, n_distinct, capped, int(w.rank.min()), w.dim, w.dim,

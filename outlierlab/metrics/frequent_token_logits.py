@@ -10,17 +10,12 @@ any set of dims S,
 Macocco et al.'s ``h[:, S] @ W[S, :]``.  Their claim: with S the last layer's outlier dims, S alone ranks tokens by
 corpus frequency ("predict a frequent token"), and removing S moves predictions away from frequent tokens.
 
-* ``macocco_outlier_dims`` — their rule (``outlier_dims_quantile``, ``src/evaluate.py``), on the last layer's
-  vectors *and* on the unembedding rows (their ``only_out``/``ablate_out`` conditions);
-* ``split_logits`` — the two parts above (the bias stays with "everything but S");
-* ``ConditionStats`` — per condition, streamed: KL(full ‖ condition), entropy, top-1 accuracy, surprisal, top-1
-  counts and mean log-probability per token;
-* ``lin_coeff`` — their measure (``src/analysis.py``): Spearman ρ and slope of prediction frequency on corpus
-  frequency over the predicted, counted tokens (NaN and a status where their code writes 0);
-* ``score_conditions`` — every condition (model, bias, per dim set *only*/*without* and random controls), one row
-  of ``COLUMNS`` each;
-* ``frequency_spearman`` — ours: Spearman of frequency with a per-token value over *every* counted token (does the
-  condition *rank* the vocabulary by frequency).
+``macocco_outlier_dims`` is their rule (``outlier_dims_quantile``, ``src/evaluate.py``), on the last layer's vectors
+*and* on the unembedding rows (their ``only_out``/``ablate_out`` conditions); ``split_logits`` the two parts above (the
+bias stays with "everything but S"); ``ConditionStats`` streams each condition's KL from the full model, entropy,
+accuracy and per-token counts; ``lin_coeff`` is their measure (``src/analysis.py``; NaN and a status where their code
+writes 0); ``score_conditions`` scores every condition, one row of ``COLUMNS`` each; ``frequency_spearman`` is ours,
+over *every* counted token (does the condition *rank* the vocabulary by frequency).
 """
 
 from __future__ import annotations

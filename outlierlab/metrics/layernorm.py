@@ -5,12 +5,9 @@ Kovaleva et al. (2021), "BERT Busters: Outlier Dimensions that Disrupt Transform
 (2022), "Outlier Dimensions that Disrupt Transformers Are Driven by Frequency", call a dim an outlier of the *model*
 when it is flagged in more than 3 of BERT-base's 12 layers.  Both track how far gain/bias move from init (1, 0).
 
-``outlierlab.metrics.layernorm_rule.LayerNormRule`` + ``layernorm_outliers`` are THE rule (monitor, outliers, ablation,
-frequency and attention-sink analyses, all with the ``ln_rule`` config group), so identical weights give identical dims.
-``layernorm_stats`` is descriptive and flags nothing at the model level.
-
-LayerNorm names are the keys of ``outlierlab.models.layernorms.model_layernorms``: ``embeddings``,
-``layer.{i}.attention_output``, ``layer.{i}.output`` (and ``head`` when asked).  Every function here is pure.
+THE rule is ``outlierlab.metrics.layernorm_rule.layernorm_outliers``, built on ``sigma_outlier_mask`` here;
+``layernorm_stats`` is descriptive and flags nothing at the model level.  Names are the keys of
+``outlierlab.models.layernorms.model_layernorms``; every function here is pure.
 """
 
 from __future__ import annotations
@@ -21,14 +18,8 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor
 
-__all__ = [
-    "sigma_outlier_mask",
-    "sigma_outlier_dims",
-    "layernorm_divergence",
-    "layernorm_stats",
-    "flagged_from_rows",
-    "LAYERNORM_ROW_FIELDS",
-]
+__all__ = ["sigma_outlier_mask", "sigma_outlier_dims", "layernorm_divergence", "layernorm_stats", "flagged_from_rows",
+           "LAYERNORM_ROW_FIELDS"]
 
 
 def sigma_outlier_mask(values: Tensor, k: float = 3.0) -> Tensor:

@@ -16,10 +16,7 @@ the MLP (``mlp_input``).  Both play the role of Kovaleva's output LayerNorm (``K
 choice and its sources: docs/fidelity.md), so ``layernorms=[output]`` judges both and a layer flags a dim
 when either does.  OLMo 2's "reordered norm" blocks (``x ← x + RMSNorm(f(x))``) have neither: their norms sit
 on each sublayer's output before the residual add (``attention_update``, ``mlp_update``) and take the same role.
-Norms without a bias (RMSNorm; ModernBERT's bias-free LayerNorm) are judged on their gain alone under
-``both``/``either`` and listed in ``LayerNormOutliers.gain_only``; norms with neither gain nor bias (OLMo's
-non-parametric LayerNorm, our ``model.norm=layernorm_noaffine``) cannot be judged and are listed in
-``LayerNormOutliers.unjudged``.
+Norms without a bias are judged on their gain alone, norms without gain and bias not at all (``layernorm_outliers``).
 """
 
 from __future__ import annotations
@@ -43,14 +40,11 @@ __all__ = ["CRITERIA", "KIND_ROLES", "LayerNormRule", "LayerNormOutliers", "laye
 #: How gain and bias combine per dim: ``both`` (Kovaleva et al. 2021, the default), ``either``, ``gain``, ``bias``.
 CRITERIA = ("both", "either", "gain", "bias")
 _LAYER_RE = re.compile(r"^layer\.(\d+)\.")
-#: The rule role of each per-layer norm kind that is not a role itself.  Pre-LN blocks have no output
-#: LayerNorm; the norms before the attention and before the MLP both take its role (docs/fidelity.md:
-#: Dettmers et al. 2022 and Wei et al. 2023 find the outlier channels of pre-LN LLMs at the output of both;
-#: Sun et al. 2024's massive activations sit in the residual stream both read).  Reordered-norm blocks (OLMo 2 and
-#: 3: Team OLMo 2024, "2 OLMo 2 Furious") have no norm on the stream inside a block either: every write to the
-#: stream is ``γ ⊙ RMSNorm(f(x))``, so the norms on the attention's and the MLP's outputs are the per-channel gains
-#: through which each layer shapes the stream — the writing half of the post-LN output LayerNorm's role, as the
-#: pre-LN norms are its reading half — and both take it too (docs/fidelity.md).
+#: The rule role of each per-layer norm kind that is not a role itself: pre-LN blocks' norms before the attention and
+#: the MLP (Dettmers et al. 2022 and Wei et al. 2023 find pre-LN LLMs' outlier channels at the output of both; Sun et
+#: al. 2024's massive activations sit in the stream both read), and reordered-norm blocks' norms on each sublayer's
+#: output (OLMo 2 and 3: every write to the stream is ``γ ⊙ RMSNorm(f(x))``) take the output LayerNorm's role
+#: (docs/fidelity.md).
 KIND_ROLES = {"attention_input": "output", "mlp_input": "output", "attention_update": "output",
               "mlp_update": "output"}
 #: What the report says the ``output`` role judged, per mapped kind.
@@ -111,21 +105,13 @@ def min_layers_for(spec: int | float | str, num_layers: int) -> int:
 class LayerNormRule:
     """Settings of the LayerNorm-outlier rule (``configs/ln_rule/kovaleva.yaml``; see ``layernorm_outliers``).
 
-    Parameters
-    ----------
-    k : float
-        σ multiplier (3 in both papers).
-    criterion : {"both", "either", "gain", "bias"}
-        ``both`` (default, Kovaleva et al. 2021): gain AND bias outside mean ± kσ; ``either``: gain OR bias;
-        ``gain`` / ``bias``: that parameter alone.
-    layernorms : sequence of str
-        LayerNorm kinds judged: ``output`` (default, Kovaleva et al.: each layer's output LayerNorm; pre-LN:
-        both per-layer norms; reordered: both, ``KIND_ROLES``), ``attention_output``, ``attention_input`` /
-        ``mlp_input`` (one pre-LN norm alone), ``attention_update`` / ``mlp_update`` (one reordered norm),
-        ``embeddings``, ``final`` (pre-LN, reordered), ``head`` (the MLM head's), or ``all`` (every per-layer norm;
-        the embeddings', final and head's still only when named).
-    min_layers : int, float or "a/b"
-        Layers that must flag a dim for a model-level outlier (``min_layers_for``; default ``"4/12"``).
+    ``k``: σ multiplier (3 in both papers).  ``criterion``: ``both`` (default, Kovaleva et al. 2021: gain AND bias
+    outside mean ± kσ), ``either`` (gain OR bias), ``gain`` or ``bias`` alone.  ``layernorms``: the kinds judged:
+    ``output`` (default, Kovaleva et al.: each layer's output LayerNorm; pre-LN and reordered blocks: both per-layer
+    norms, ``KIND_ROLES``), ``attention_output``, ``attention_input`` / ``mlp_input`` (one pre-LN norm alone),
+    ``attention_update`` / ``mlp_update`` (one reordered norm), ``embeddings``, ``final``, ``head`` (the MLM head's),
+    or ``all`` (every per-layer norm; the embeddings', final and head's still only when named).  ``min_layers``:
+    layers that must flag a dim for a model-level outlier (``min_layers_for``; default ``"4/12"``).
     """
 
     k: float = 3.0
@@ -239,17 +225,10 @@ def layernorm_outliers(params: Mapping[str, tuple[Tensor | None, Tensor | None]]
     number of layers)`` layers flag it — Puccetti et al.'s "more than 3 of 12", scaled up for other depths
     (2 of 4 for a 4-layer model).
 
-    Parameters
-    ----------
-    params : Mapping[name, (gain Tensor[d] | None, bias Tensor[d] | None)]
-        Canonical keys (``outlierlab.models.layernorms.layernorm_tensors``).  A norm without the parameters the
-        criterion needs (no-affine LayerNorm; ``criterion="bias"`` on RMSNorm) is listed in ``unjudged`` with
-        the reason instead of raising.
-    rule : LayerNormRule, mapping, or None (default rule)
-
-    Returns
-    -------
-    LayerNormOutliers
+    ``params``: ``{canonical key: (gain [d] | None, bias [d] | None)}``
+    (``outlierlab.models.layernorms.layernorm_tensors``); a norm without the parameters the criterion needs
+    (OLMo's non-parametric LayerNorm, ``model.norm=layernorm_noaffine``; ``criterion="bias"`` on RMSNorm) is listed
+    in ``unjudged`` with the reason instead of raising.  ``rule``: None is the default rule.
     """
     rule = LayerNormRule.from_mapping(rule)
     flagged: dict[str, list[int]] = {}

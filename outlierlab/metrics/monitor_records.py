@@ -34,13 +34,7 @@ from outlierlab.metrics.isoscore import isoscore
 from outlierlab.metrics.rogue_dims import cosine_contributions, share_defined, top_share
 from outlierlab.metrics.similarity import anisotropy, paired_sentence_tokens, pairwise_cosine, sample_cross_sentence_pairs
 
-__all__ = [
-    "Row",
-    "layernorm_snapshot",
-    "layernorm_records",
-    "tokenize_heldout",
-    "hidden_state_records",
-]
+__all__ = ["Row", "layernorm_snapshot", "layernorm_records", "tokenize_heldout", "hidden_state_records"]
 
 #: One history row: (step, name, statistic, dim or None, value).
 Row = tuple[int, str, str, "int | None", float]
@@ -69,29 +63,19 @@ def layernorm_records(step: int, params: Mapping[str, tuple[Tensor | None, Tenso
                       vectors: bool = True, rule: LayerNormRule | Mapping | None = None) -> tuple[list[Row], dict]:
     """History rows for every LayerNorm at one step, via ``outlierlab.metrics.layernorm.layernorm_stats``.
 
-    Parameters
-    ----------
-    step : int
-    params : Mapping[name, (gain Tensor[d] | None, bias Tensor[d] | None)]
-        Current values, e.g. from ``outlierlab.models.layernorms.layernorm_tensors`` (norms without a gain get
-        no per-LayerNorm statistics; the rule lists them as not judged).
-    initial : same, or None
-        Values at initialisation (None: gain₀ = 1, bias₀ = 0).
-    rule : LayerNormRule, mapping or None (the rule's defaults)
-        THE LayerNorm-outlier rule (``outlierlab.metrics.layernorm_rule.layernorm_outliers``); its k also sets the
-        σ of the descriptive per-LayerNorm statistics.
-    top_k : int
-        Dims with the largest |z-score| written per LayerNorm whether flagged or not (``top_gain_z``
-        rows), to watch an outlier emerge before it crosses kσ.
-    vectors : bool
-        Also write every dim's gain and bias (``gain``/``bias`` rows; d rows each per LayerNorm).
+    ``params``: ``{name: (gain [d] | None, bias [d] | None)}`` now (``outlierlab.models.layernorms.layernorm_tensors``;
+    a norm without a gain gets no per-LayerNorm statistics, and the rule lists it as not judged); ``initial``: the same
+    at initialisation (None: gain₀ = 1, bias₀ = 0); ``rule``: THE LayerNorm-outlier rule
+    (``outlierlab.metrics.layernorm_rule.layernorm_outliers``; None: its defaults), whose k also sets the σ of the
+    descriptive statistics; ``top_k``: dims of largest |z| written per LayerNorm whether flagged or not, to watch an
+    outlier emerge before it crosses kσ; ``vectors``: also write every dim's gain and bias.
 
     Returns
     -------
     rows : list[Row]
         Statistics per LayerNorm name: ``gain_mean gain_std bias_mean bias_std n_gain_outliers
-        n_bias_outliers`` (dim empty; the ``bias_*`` rows only for a norm that has a bias — RMSNorm has none), ``gain_outlier`` / ``bias_outlier`` (dim = flagged dim, value =
-        its gain/bias, strongest |z| first), ``top_gain_z`` / ``top_bias_z`` (the ``top_k`` dims of
+        n_bias_outliers`` (dim empty; ``bias_*`` rows only for a norm with a bias), ``gain_outlier`` /
+        ``bias_outlier`` (dim = flagged dim, value = its gain/bias, strongest |z| first), ``top_gain_z`` / ``top_bias_z`` (the ``top_k`` dims of
         largest |z|, value = signed z-score), ``max_abs_gain_div`` / ``max_abs_bias_div`` (dim = the
         dim that moved most from init, value = |Δ|), ``gain`` / ``bias`` (every dim, if ``vectors``).
         ``rule_outlier`` (dim flagged by the rule in that LayerNorm, value = its gain, or bias for
@@ -169,17 +153,9 @@ def jackknife_se_by_sentence(cosines: Tensor, sentence_a: Tensor, sentence_b: Te
 
     With S sentences and θ₍ₖ₎ the mean over the pairs that do not involve sentence k,
     SE = √((S − 1)/S · Σₖ (θ₍ₖ₎ − θ̄)²), θ̄ = mean of the θ₍ₖ₎. Pairs drawn from a small batch share sentences
-    (1,000 pairs from 32 sentences), so they are not independent and sd/√P understates the error.
-
-    Parameters
-    ----------
-    cosines : Tensor[L, P]
-    sentence_a, sentence_b : LongTensor[P]
-        The sentence of each pair's two tokens.
-
-    Returns
-    -------
-    Tensor[L] (float64); NaN with fewer than 3 sentences.
+    (1,000 pairs from 32 sentences), so they are not independent and sd/√P understates the error.  ``cosines``
+    ``[L, P]``; ``sentence_a``, ``sentence_b`` ``[P]``: the sentence of each pair's two tokens.  Returns ``[L]``
+    float64, NaN with fewer than 3 sentences.
     """
     ids = torch.cat([sentence_a, sentence_b]).cpu().unique()
     n_layers = cosines.shape[0]
@@ -203,68 +179,44 @@ def hidden_state_records(step: int, hidden: Tensor, attention_mask: Tensor,
     """History rows for every layer's hidden states on one batch (Luo et al. 2021 §2, §4.1 and the modern
     outlier metrics of docs/design.md).
 
-    Parameters
-    ----------
-    step : int
-    hidden : Tensor[L, B, T, d]
-        The stacked hidden states (``outlierlab.models.sites.monitored_forward``); layer 0 is the
-        embedding output.
-    attention_mask, special_tokens_mask : Tensor[B, T]
-        Only non-pad, non-special tokens count (``outlierlab.metrics.outlier_stats.valid_token_mask``).
-    top_k : int
-        Dims with the largest |mean| written per layer.
-    n_pairs : int
-        Token pairs for ``anisotropy`` (uniform over tokens, with replacement, from different sentences;
-        ``outlierlab.metrics.similarity.sample_cross_sentence_pairs``, generator seed ``seed``).
-    seed : int
-        Seeds the pairs: the same batch and seed give the same pairs at every step.
-    vectors : bool
-        Also write the whole mean vector (``mean`` rows, d per layer).
-    attentions : Tensor[L-1, B, H, T, T], optional
-        Attention probabilities of every block; with ``input_ids`` and the ``<s>``/``</s>`` ids, the
-        sink rows are written (Gu et al. 2025).
-    inf_norms : {site: Tensor[L]}, optional
-        From ``outlierlab.models.sites.InfNormRecorder`` (index = hidden-state layer).
-    sink_threshold : float
-        Gu et al.'s ε.
+    ``hidden`` ``[L, B, T, d]`` comes from ``outlierlab.models.sites.monitored_forward`` (layer 0: the embedding
+    output); only non-pad, non-special tokens count (``valid_token_mask``).  ``top_k`` dims of largest |mean| are
+    written per layer; ``n_pairs`` cross-sentence token pairs (with replacement, seeded by ``seed``: the same pairs at
+    every step) give the anisotropy; ``vectors`` also writes every dim's ``mean``.  ``attentions``
+    ``[L-1, B, H, T, T]`` with ``input_ids`` and the ``<s>``/``</s>`` ids add the sink rows (Gu et al. 2025; ε =
+    ``sink_threshold``); ``inf_norms`` ``{site: Tensor[L]}`` comes from ``outlierlab.models.sites.InfNormRecorder``.
 
     Returns
     -------
     rows : list[Row]
-        Per layer name ``layer_{i}``: ``n_tokens``; ``argmax_share`` / ``argmin_share`` (dim = the dim
-        holding most tokens' max/min, value = that share of tokens; signed values); ``abs_argmax_share``
-        (the same for |x|); ``anisotropy`` — the mean cosine of ``n_pairs`` (default 1,000) token pairs from
-        different sentences (Ethayarajh 2019; uniform over tokens, with replacement,
-        ``outlierlab.metrics.similarity.sample_cross_sentence_pairs``), with ``anisotropy_se``, its
-        delete-one-sentence jackknife standard error (``jackknife_se_by_sentence``: the pairs reuse the
-        batch's few sentences, so sd/√P would be too small), and ``n_anisotropy_pairs``;
-        ``anisotropy_one_per_sentence`` (evaluate.py's protocol, one random token per sentence, sentences
-        paired without replacement: on a 32-sentence batch only 16 pairs — the monitor's ``anisotropy`` before
-        ``outlierlab.metrics.similarity.paired_sentence_tokens``, Luo et al. §4.1);
-        ``rogue_top1_share`` (dim = the dim of largest contribution CC_i to the anisotropy, value =
-        its share of it) and ``rogue_top3_share`` (Timkey & van Schijndel 2021, on the anisotropy pairs;
-        ``outlierlab.metrics.rogue_dims``; NaN where the anisotropy is within 2 standard errors of 0); ``isoscore`` (Rudman et al. 2022, from the covariance of
-        the valid tokens; ``outlierlab.metrics.isoscore``); ``kurtosis`` (He et al. 2024); ``max_median`` (He et al. 2024; Sun et al. 2024);
-        ``max_abs`` (dim = its dim, value = the largest |x|) and ``max_abs_token_id`` (value = the id of
-        the token holding it, when ``input_ids`` is given); ``top_abs_mean`` (dim, value = mean, largest
-        |mean| first); ``outlier_dim`` (dims found by ``outlierlab.metrics.outlier_dims.detect_outlier_dims``,
-        value = their larger share); ``mean`` (every dim); for layers ≥ 1 with ``inf_norms``:
-        ``inf_norm_<site>`` (Bondarenko et al. 2023); with ``attentions``: ``sink_share_bos`` /
-        ``sink_share_eos`` (share of heads with mean mass > ε on ``<s>`` / ``</s>``), ``attn_entropy``
-        (mean over heads, nats), ``attn_entropy_head`` (dim = head) and ``attn_row_mass`` (mean total
-        attention weight of a query row, mean over heads: 1 for softmax, < 1 under clipped softmax).  Under name ``model``:
-        ``pooled_argmin_share`` / ``pooled_argmax_share`` (dim, value; Luo et al. §2's pooled share over
-        layers 1..L-1, ``outlierlab.metrics.outlier_stats.pooled_share``). Per layer and position bucket
-        that holds tokens (0, 1, 2–3, 4–7, ...; ``outlierlab.metrics.position_shares``):
+        Per layer name ``layer_{i}``: ``n_tokens``; ``argmax_share`` / ``argmin_share`` (dim = the dim holding most
+        tokens' max/min, value = that share; signed values) and ``abs_argmax_share`` (the same for |x|);
+        ``anisotropy``, the mean cosine of ``n_pairs`` token pairs from different sentences (Ethayarajh 2019;
+        ``outlierlab.metrics.similarity.sample_cross_sentence_pairs``), with ``anisotropy_se`` (delete-one-sentence
+        jackknife, ``jackknife_se_by_sentence``: the pairs reuse the batch's few sentences, so sd/√P would be too
+        small) and ``n_anisotropy_pairs``; ``anisotropy_one_per_sentence`` (evaluate.py's protocol, one random
+        token per sentence, sentences paired without replacement: 16 pairs on 32 sentences; Luo et al. §4.1);
+        ``rogue_top1_share`` (dim = the largest contribution CC_i to the anisotropy, value = its share) and
+        ``rogue_top3_share`` (Timkey & van Schijndel 2021, ``outlierlab.metrics.rogue_dims``; NaN where the
+        anisotropy is within 2 standard errors of 0); ``isoscore`` (Rudman et al. 2022); ``kurtosis`` (He et al.
+        2024); ``max_median`` (He et al. 2024; Sun et al. 2024); ``max_abs`` (dim, the largest |x|) and
+        ``max_abs_token_id`` (its token, with ``input_ids``); ``top_abs_mean`` (dim, mean; largest |mean| first);
+        ``outlier_dim`` (``outlierlab.metrics.outlier_dims.detect_outlier_dims``, value = the larger share);
+        ``mean`` (every dim); for layers ≥ 1 with ``inf_norms``: ``inf_norm_<site>`` (Bondarenko et al. 2023);
+        with ``attentions``: ``sink_share_bos`` / ``sink_share_eos`` (share of heads with mean mass > ε on
+        ``<s>`` / ``</s>``), ``attn_entropy`` (mean over heads, nats), ``attn_entropy_head`` (dim = head) and
+        ``attn_row_mass`` (mean total attention weight of a query row: 1 for softmax, < 1 under clipped softmax).
+        Under name ``model``: ``pooled_argmin_share`` / ``pooled_argmax_share`` (dim, value; Luo et al. §2's
+        pooled share over layers 1..L-1, ``outlierlab.metrics.outlier_stats.pooled_share``).  Per layer and
+        position bucket that holds tokens (0, 1, 2–3, 4–7, ...; ``outlierlab.metrics.position_shares``):
         ``abs_argmax_share_pos_<first>-<last>`` (``_pos_1`` for the one-position bucket; dim = the layer's
         ``abs_argmax_share`` dim, value = its share among the bucket's tokens): is the dominant dimension
         positional? (Its all-token share then follows the batch's sentence lengths.)
     summary : dict
         ``mean`` Tensor[L, d], ``layers`` (``OutlierAccumulator.summary`` merged with
-        ``outlierlab.metrics.activations.ActivationAccumulator.summary``), ``anisotropy`` Tensor[L],
-        ``outliers`` list[list[int]], ``pooled`` {"argmin"|"argmax":
-        (dim, share)}, ``inf_norms``, ``sinks`` ({"bos", "eos", "entropy"}: Tensor[L-1, H]) or None,
-        ``position_shares`` (``PositionArgmaxCounts.rows``).
+        ``ActivationAccumulator.summary``), ``anisotropy`` Tensor[L], ``outliers`` list[list[int]], ``pooled``
+        {"argmin"|"argmax": (dim, share)}, ``inf_norms``, ``sinks`` ({"bos", "eos", "entropy"}: Tensor[L-1, H]) or
+        None, ``position_shares`` (``PositionArgmaxCounts.rows``).
     """
     if hidden.ndim != 4:
         raise ValueError(f"hidden must be [L, B, T, d], got {tuple(hidden.shape)}")

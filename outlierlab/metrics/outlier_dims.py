@@ -16,14 +16,8 @@ from torch import Tensor
 from outlierlab.metrics.layernorm import sigma_outlier_mask
 from outlierlab.metrics.outlier_stats import OutlierAccumulator
 
-__all__ = [
-    "outlier_dims_by_share",
-    "outlier_dims_by_sigma",
-    "detect_outlier_dims",
-    "random_dims",
-    "position_row_stats",
-    "DEFAULT_SHARE_THRESHOLD",
-]
+__all__ = ["outlier_dims_by_share", "outlier_dims_by_sigma", "detect_outlier_dims", "random_dims", "position_row_stats",
+           "DEFAULT_SHARE_THRESHOLD"]
 
 #: Default share threshold for :func:`outlier_dims_by_share` (see its docstring for the reason).
 DEFAULT_SHARE_THRESHOLD = 0.25

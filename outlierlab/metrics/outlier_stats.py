@@ -13,11 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = [
-    "valid_token_mask",
-    "OutlierAccumulator",
-    "pooled_share",
-]
+__all__ = ["valid_token_mask", "OutlierAccumulator", "pooled_share"]
 
 
 def valid_token_mask(attention_mask: Tensor, special_tokens_mask: Tensor | None = None) -> Tensor:

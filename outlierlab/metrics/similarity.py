@@ -14,18 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = [
-    "pairwise_cosine",
-    "cosine_matrix",
-    "one_token_per_sentence",
-    "paired_sentence_tokens",
-    "sample_cross_sentence_pairs",
-    "anisotropy",
-    "AnisotropyAccumulator",
-    "self_similarity",
-    "intra_sentence_similarity",
-    "SelfSimilarityAccumulator",
-]
+__all__ = ["pairwise_cosine", "cosine_matrix", "one_token_per_sentence", "paired_sentence_tokens",
+           "sample_cross_sentence_pairs", "anisotropy", "AnisotropyAccumulator", "self_similarity",
+           "intra_sentence_similarity", "SelfSimilarityAccumulator"]
 
 _EPS = 1e-8
 

@@ -32,22 +32,20 @@ class Whitener:
               \hat x = (x-\mu)\,W_{[:, :k]}
 
     Σ uses N−1 like ``np.cov`` in Su et al.'s code, so the fitted vectors' sample covariance is exactly I.
-    ``partial_fit`` accumulates float64 sums Σ(x−x₀) and Σ(x−x₀)(x−x₀)ᵀ about the first vector x₀ (shifted data: a large
-    mean — outlier dims — does not cancel catastrophically, so the numerical rank is honest); memory O(L·d²).
-    ``finalize`` gives μ, W, the numerical rank of Σ and the number of distinct fitted vectors (64-bit row hashes, exact
-    up to ``distinct_cap``, None: 16·d, enough for ``check``).
+    ``partial_fit`` accumulates float64 sums Σ(x−x₀) and Σ(x−x₀)(x−x₀)ᵀ about the first vector x₀ (a large mean, the
+    outlier dims, then does not cancel catastrophically, so the numerical rank is honest); memory O(L·d²).  It also
+    counts distinct fitted vectors (64-bit row hashes, exact up to ``distinct_cap``, None: 16·d, enough for ``check``).
 
     ``k`` keeps the first k columns of W (Su et al.'s reduction; None: all d).  ``eps`` floors each S_i at ``eps ·
     S_1``, so (near-)zero-variance directions (dims zeroed by ``transforms.clip``, or N ≤ d) are scaled by at most
-    1/√(eps·S_1) instead of inf/NaN, and are then not whitened to unit variance; full-rank data is unaffected.
-    ``method`` ∈ {"whiten", "standardize", "abtt", "center"} picks the map ``finalize`` fits
-    (``postprocessing.affine_matrix``; ``k`` is whiten's only); ``derive`` fits another from the same sums. ``abtt_d``:
-    all-but-the-top's D (None: ``postprocessing.default_abtt_d``, d/100).
+    1/√(eps·S_1) instead of inf/NaN; full-rank data is unaffected.  ``method`` ∈ {"whiten", "standardize", "abtt",
+    "center"} picks the map ``finalize`` fits (``postprocessing.affine_matrix``; ``k`` is whiten's only; ``abtt_d``:
+    all-but-the-top's D, None: d/100); ``derive`` fits another from the same sums.
 
     After ``finalize``: ``mean`` [L, d], ``W`` [L, d, k] (whiten) or [L, d, d], ``cov`` [L, d, d] (ddof 1; IsoScore
-    reads it), ``singular_values`` [L, d] (before the floor), all float64; ``rank`` [L] — eigenvalues above ``S_1 · d ·
-    1e4 · eps(float64)`` (a post-LayerNorm layer has rank ≤ d−1: harmless, no vector has a component there);
-    ``n_distinct`` [L] (capped).  Fit on training vectors only; ``transform`` never changes the fit.
+    reads it), ``singular_values`` [L, d] (before the floor), all float64; ``rank`` [L], the eigenvalues above ``S_1 · d
+    · 1e4 · eps(float64)`` (a post-LayerNorm layer has rank ≤ d−1: harmless); ``n_distinct`` [L] (capped).  Fit on
+    training vectors only; ``transform`` never changes the fit.
     """
 
     #: Running tensors with one row per layer, and lists with one entry per layer

@@ -6,16 +6,5 @@ from .export import hf_exportable, load_pretrained, save_pretrained
 from .encoder import EncoderOutput, MaskedLMOutput, RobertaEncoder, RobertaMaskedLM, position_ids_from_mask
 from .positions import POSITION_SCHEMES, get_scheme
 
-__all__ = [
-    "EncoderConfig",
-    "EncoderOutput",
-    "MaskedLMOutput",
-    "POSITION_SCHEMES",
-    "RobertaEncoder",
-    "RobertaMaskedLM",
-    "get_scheme",
-    "hf_exportable",
-    "load_pretrained",
-    "position_ids_from_mask",
-    "save_pretrained",
-]
+__all__ = ["EncoderConfig", "EncoderOutput", "MaskedLMOutput", "POSITION_SCHEMES", "RobertaEncoder", "RobertaMaskedLM",
+           "get_scheme", "hf_exportable", "load_pretrained", "position_ids_from_mask", "save_pretrained"]

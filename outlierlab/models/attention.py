@@ -162,9 +162,8 @@ class SelfAttention(nn.Module):
             return clipped_softmax(scores, self.gamma, self.zeta)
         return scores.softmax(dim=-1)
 
-    def forward(
-        self, x: Tensor, key_mask_bias: Tensor | None, position_ids: Tensor, output_attentions: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, key_mask_bias: Tensor | None, position_ids: Tensor,
+                output_attentions: bool = False) -> tuple[Tensor, Tensor | None]:
         """``key_mask_bias`` ``[B, 1, 1, T]``: 0 for real keys, a large negative for padding; ``None`` when
         nothing is padded -- then plain softmax with a bias-free scheme calls SDPA with no mask at all, and a
         causal model passes ``is_causal=True`` (the fused causal kernels; no ``[T, T]`` mask is made)."""

@@ -42,9 +42,9 @@ from .norms import make_norm
 class AttentionOutput(nn.Module):
     """Attention output projection; ``LayerNorm`` is ``None`` in the OP block."""
 
-    def __init__(self, config: EncoderConfig, norm: bool = True) -> None:
+    def __init__(self, config: EncoderConfig, norm: bool = True, in_features: int | None = None) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
         self.LayerNorm = make_norm(config.norm, config.hidden_size, config.layer_norm_eps) if norm else None
         self.dropout = nn.Dropout(config.dropout)
 
@@ -69,18 +69,11 @@ class Intermediate(nn.Module):
         return F.gelu(self.dense(x))  # exact (erf) GELU, as HF's "gelu"
 
 
-class Output(nn.Module):
+class Output(AttentionOutput):
     """FFN down-projection; ``LayerNorm`` is ``None`` in the OP block."""
 
     def __init__(self, config: EncoderConfig, norm: bool = True) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = make_norm(config.norm, config.hidden_size, config.layer_norm_eps) if norm else None
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
-        """Post-LN sublayer end: ``LN(dropout(W h) + residual)``."""
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+        super().__init__(config, norm, config.intermediate_size)
 
 
 #: A hook site: (module, "input" | "output") — the activation is that module's first input or its output.

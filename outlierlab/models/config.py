@@ -14,12 +14,9 @@ from typing import Any
 
 #: Valid values of each architecture switch; the first is the default (plain RoBERTa).
 SWITCH_CHOICES: dict[str, tuple[str, ...]] = {
-    "norm_placement": ("post", "pre"),
-    "norm": ("layernorm", "layernorm_noaffine", "rmsnorm"),
-    "attention": ("softmax", "clipped_softmax", "gated"),
-    "block": ("roberta", "op"),
-    "gate": ("linear", "mlp", "all_heads_linear"),
-}
+    "norm_placement": ("post", "pre"), "norm": ("layernorm", "layernorm_noaffine", "rmsnorm"),
+    "attention": ("softmax", "clipped_softmax", "gated"), "block": ("roberta", "op"),
+    "gate": ("linear", "mlp", "all_heads_linear")}
 
 
 #: Position-scheme options whose default value is not recorded in ``EncoderConfig.pos``.
@@ -36,22 +33,17 @@ class EncoderConfig:
     max_len : longest sequence in tokens, ``<s>`` and ``</s>`` included (learned positions allocate ``max_len + 2``
         rows, RoBERTa's ids starting after ``pad_token_id``).
     pos : ``{"name": <registered scheme>, **options}`` (``outlierlab.models.positions``).
-    norm_placement : ``post`` (RoBERTa, ``x = LN(x + f(x))``) or ``pre`` (``x = x + f(LN(x))`` and a final LayerNorm;
-        Xiong et al. 2020).
-    norm : ``layernorm``, ``layernorm_noaffine`` or ``rmsnorm`` for the body (``outlierlab.models.norms``); the MLM
-        head keeps RoBERTa's affine LayerNorm.
-    attention : ``softmax``; ``clipped_softmax`` ``clip((ζ-γ)·softmax + γ, 0, 1)``; or ``gated``, each head's output
-        times a sigmoid gate of the token's input (Bondarenko et al. 2023; ``outlierlab.models.attention``).
-    block : ``roberta`` (per ``norm_placement``) or ``op``, the Outlier-Protected block of He et al. (2024): no norms
-        in the residual branches, QK-norm, down-scaled branches.
-    clip_gamma, clip_zeta : γ ≤ 0 and ζ ≥ 1.  Bondarenko et al.: γ = -0.025, ζ = 1 at T = 128 for BERT; γ = -α/T for
-        OPT (α = 12 at T = 512).  The BERT value is α = 3.2, i.e. γ = -0.05 at T = 64.
-    gate : ``mlp`` (per head, a one-hidden-layer ReLU MLP of the head's input slice: their BERT recipe, the default),
-        ``linear`` (their OPT recipe) or ``all_heads_linear`` (one map of the full input); Bondarenko et al. §4.2.
-    gate_hidden : the ``mlp`` gate's width; None: ``head_dim // 4``, as their code.
-    gate_bias_init : initial gate-logit bias; the initial gate is ``sigmoid(gate_bias_init)`` (their π_init).
-    op_beta : the β of the OP block's ``x + β·f(x)``; None: He et al.'s ``0.2·√(12/num_layers)`` (their
-        ``resid_gain`` 0.2, "O(1/sqrt(depth))").
+    norm_placement, norm, attention, block : the switches (docs/architectures.md gives each with its paper's values):
+        ``post`` (``x = LN(x + f(x))``) or ``pre`` (``x = x + f(LN(x))`` and a final LayerNorm; Xiong et al. 2020);
+        ``layernorm``, ``layernorm_noaffine`` or ``rmsnorm`` for the body (the MLM head keeps RoBERTa's LayerNorm);
+        ``softmax``, ``clipped_softmax`` (``clip((ζ-γ)·softmax + γ, 0, 1)``) or ``gated`` (each head's output times a
+        sigmoid gate of the token's input; Bondarenko et al. 2023); ``roberta`` or ``op``, the Outlier-Protected block
+        of He et al. (2024).
+    clip_gamma, clip_zeta : γ ≤ 0 and ζ ≥ 1 (Bondarenko et al.: γ = -0.025, ζ = 1 at T = 128 for BERT; γ = -α/T).
+    gate, gate_hidden, gate_bias_init : ``mlp`` (per head, their BERT recipe, the default), ``linear`` (their OPT
+        recipe) or ``all_heads_linear``; the ``mlp`` gate's width (None: ``head_dim // 4``); the initial gate is
+        ``sigmoid(gate_bias_init)`` (their π_init).
+    op_beta : the β of the OP block's ``x + β·f(x)``; None: He et al.'s ``0.2·√(12/num_layers)``.
     causal : each token attends to itself and earlier tokens only: the decoder of ``objective=clm`` (Radford et al.
         2019; Haviv et al. 2022), same blocks and switches; docs/architectures.md.
     op_beta_trainable : learn β per branch and layer (off, as He et al.: a learned β can undo the down-scaling).
@@ -112,9 +104,7 @@ class EncoderConfig:
             if key in self.pos and self.pos[key] == default:
                 del self.pos[key]
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
-            )
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.max_len < 2:
             raise ValueError(f"max_len must be >= 2 (got {self.max_len})")
         for key, valid in SWITCH_CHOICES.items():

@@ -87,20 +87,13 @@ class RobertaEncoder(nn.Module):
         # activations are recomputed in the backward pass instead of kept, trading ~one extra forward for memory.
         self.activation_checkpointing = False
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> EncoderOutput:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> EncoderOutput:
         """``attention_mask`` ``[B, T]`` (1 = token, 0 = padding), or ``None`` when no position is padding
         (as in ``transformers``: ``None`` means all ones). ``None`` runs attention without a mask."""
         if input_ids.shape[1] > self.config.max_len:
-            raise ValueError(
-                f"sequence length {input_ids.shape[1]} exceeds the model's max_len={self.config.max_len}; "
-                "truncate the input or use a model with more positions"
-            )
+            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds the model's max_len={self.config.max_len}; "
+                             "truncate the input or use a model with more positions")
         if attention_mask is None:
             # No padding: attention runs without any mask, so F.scaled_dot_product_attention may take its
             # FlashAttention / memory-efficient kernels on a GPU (an additive mask rules those out). Packed
@@ -131,11 +124,8 @@ class RobertaEncoder(nn.Module):
             # As GPT-2 in transformers: the last hidden state is the final LN's output.
             x = self.encoder.LayerNorm(x)
             hidden[-1] = x
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden) if output_hidden_states else None,
-            attentions=tuple(attns) if output_attentions else None,
-        )
+        return EncoderOutput(last_hidden_state=x, hidden_states=tuple(hidden) if output_hidden_states else None,
+                             attentions=tuple(attns) if output_attentions else None)
 
 
 def _upcast(logits: Tensor) -> Tensor:
@@ -193,16 +183,9 @@ class RobertaMaskedLM(nn.Module):
         elif isinstance(module, NORM_TYPES):
             reset_norm(module)  # unit gain, zero bias where the norm has them
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        labels: Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        masked_positions: Tensor | None = None,
-        full_logits: bool = False,
-    ) -> MaskedLMOutput:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                masked_positions: Tensor | None = None, full_logits: bool = False) -> MaskedLMOutput:
         """Encoder + MLM head; with ``labels`` (-100 = not predicted) also the mean cross-entropy.
 
         With ``labels`` the head runs only at the labelled positions, as fairseq's ``masked_tokens``: at 15 % masking

@@ -1,7 +1,6 @@
 """Texts to a frozen encoder's inputs (``outlierlab.models.loading.FrozenEncoder``): token ids truncated to the
 model's length with what truncation removed counted (``Tokenized``), padded batches, and what one encoded batch
-holds (``EncodedBatch``).
-"""
+holds (``EncodedBatch``)."""
 
 from __future__ import annotations
 

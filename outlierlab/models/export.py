@@ -53,29 +53,18 @@ def _hf_config(config: EncoderConfig):
     # lazy: `import models` is part of the start-up checks (resolve_encoder); transformers takes seconds
     from transformers import RobertaConfig
 
+    # a causal run is exactly RobertaForCausalLM (the same body and head, causal mask from is_decoder);
+    # outlierlab_pos is recorded for humans and for our importer, transformers ignores it
     return RobertaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        intermediate_size=config.intermediate_size,
-        hidden_act="gelu",
-        hidden_dropout_prob=config.dropout,
-        attention_probs_dropout_prob=config.attention_dropout,
-        max_position_embeddings=config.max_position_embeddings,
-        type_vocab_size=1,
-        initializer_range=config.initializer_range,
-        layer_norm_eps=config.layer_norm_eps,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        tie_word_embeddings=True,
-        # a causal run is exactly RobertaForCausalLM: the same body and head, causal mask from is_decoder
-        is_decoder=bool(config.causal),
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads, intermediate_size=config.intermediate_size, hidden_act="gelu",
+        hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.attention_dropout,
+        max_position_embeddings=config.max_position_embeddings, type_vocab_size=1,
+        initializer_range=config.initializer_range, layer_norm_eps=config.layer_norm_eps,
+        pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+        tie_word_embeddings=True, is_decoder=bool(config.causal),
         architectures=["RobertaForCausalLM" if config.causal else "RobertaForMaskedLM"],
-        # Recorded for humans and for our importer; transformers itself ignores it.
-        outlierlab_pos=config.pos_name,
-    )
+        outlierlab_pos=config.pos_name)
 
 
 def unpadded_state_dict(model: RobertaMaskedLM) -> dict[str, torch.Tensor]:
@@ -151,10 +140,8 @@ def save_pretrained(model: RobertaMaskedLM, directory: str | os.PathLike, tokeni
 def _load_hf_roberta(directory: Path) -> RobertaMaskedLM:
     hf_cfg = json.loads((directory / "config.json").read_text())
     if hf_cfg.get("model_type") != "roberta":
-        raise ValueError(
-            f"{directory} holds a {hf_cfg.get('model_type')!r} model; only RoBERTa checkpoints import into "
-            "RobertaMaskedLM (use outlierlab.models.loading for other encoders)"
-        )
+        raise ValueError(f"{directory} holds a {hf_cfg.get('model_type')!r} model; only RoBERTa checkpoints import "
+                         "into RobertaMaskedLM (use outlierlab.models.loading for other encoders)")
     if hf_cfg.get("hidden_act", "gelu") != "gelu":
         raise ValueError(f"{directory}: hidden_act={hf_cfg['hidden_act']!r} is not supported (only exact gelu)")
     files = sorted(directory.glob("*.safetensors"))
@@ -173,22 +160,14 @@ def _load_hf_roberta(directory: Path) -> RobertaMaskedLM:
     pos_is_zero = bool(pos_table.abs().max() == 0)
     name = "none" if pos_is_zero and bool(tt_row.abs().max() == 0) else "learned"
     config = EncoderConfig(
-        vocab_size=hf_cfg["vocab_size"],
-        hidden_size=hf_cfg["hidden_size"],
-        num_layers=hf_cfg["num_hidden_layers"],
-        num_heads=hf_cfg["num_attention_heads"],
-        intermediate_size=hf_cfg["intermediate_size"],
+        vocab_size=hf_cfg["vocab_size"], hidden_size=hf_cfg["hidden_size"], num_layers=hf_cfg["num_hidden_layers"],
+        num_heads=hf_cfg["num_attention_heads"], intermediate_size=hf_cfg["intermediate_size"],
         dropout=hf_cfg.get("hidden_dropout_prob", 0.1),
         attention_dropout=hf_cfg.get("attention_probs_dropout_prob", 0.1),
-        max_len=hf_cfg["max_position_embeddings"] - pad - 1,
-        pos={"name": name},
-        pad_token_id=pad,
-        bos_token_id=hf_cfg.get("bos_token_id", 0),
-        eos_token_id=hf_cfg.get("eos_token_id", 2),
-        layer_norm_eps=hf_cfg.get("layer_norm_eps", 1e-5),
-        initializer_range=hf_cfg.get("initializer_range", 0.02),
-        causal=bool(hf_cfg.get("is_decoder", False)),
-    )
+        max_len=hf_cfg["max_position_embeddings"] - pad - 1, pos={"name": name}, pad_token_id=pad,
+        bos_token_id=hf_cfg.get("bos_token_id", 0), eos_token_id=hf_cfg.get("eos_token_id", 2),
+        layer_norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), initializer_range=hf_cfg.get("initializer_range", 0.02),
+        causal=bool(hf_cfg.get("is_decoder", False)))
     if name == "learned":
         table = pos_table + tt_row  # exact: every (non-pad) token adds both rows
         table[pad] = pos_table[pad] + tt_row

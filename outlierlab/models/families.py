@@ -3,18 +3,13 @@ declares: ``outlierlab.models.family_spec.Family``).  Every analysis that needs 
 module (``family_of``), never a regex over parameter names; ``lm_head`` / ``unembedding`` name the model's own
 output layer (``get_output_embeddings``).
 
-Written by hand because transformers has no API that lists a model's per-layer norms or says where they
-sit: each modeling file names its own (``ln_1``, ``input_layernorm``, ``attn_norm``, ``attention.output.LayerNorm``)
-and pre- or post-LN is only visible in its forward code.  The registry states them once; ``tests/test_families.py``
-checks every entry against the installed transformers by building each model type.  What transformers does
-provide is used: ``config.model_type`` keys the registry, ``base_model`` roots the paths, ``get_output_embeddings``
-is the LM head, and the auto mappings decide masked-LM vs causal-LM for an unregistered type.
-
-Adding a family: one ``Family`` entry in ``FAMILIES`` with its ``model_types``; the test
-``tests/test_families.py`` then plants an outlier dim in a tiny random model of that type and checks that
-the rule finds exactly it.  Our own encoder (``outlierlab``) is resolved from its ``named_layernorms``
-with the placement its blocks were built with (``model.norm_placement``), so a pre-LN run of ours and a
-pre-LN hub model get the same kinds.
+Written by hand because transformers has no API that lists a model's per-layer norms or says where they sit (each
+modeling file names its own, and pre- or post-LN is only visible in its forward code).  What transformers does provide
+is used: ``config.model_type`` keys the registry, ``base_model`` roots the paths, ``get_output_embeddings`` is the LM
+head, and the auto mappings decide masked-LM vs causal-LM for an unregistered type.  Adding a family is one ``Family``
+entry; ``tests/test_families.py`` builds a tiny random model of each type, plants an outlier dim and checks that the
+rule finds exactly it.  Our own encoder (``outlierlab``) is resolved from its blocks' placement, so a pre-LN run of
+ours and a pre-LN hub model get the same kinds.
 """
 
 from __future__ import annotations
@@ -128,13 +123,8 @@ def model_type_of(model_or_config) -> str:
 
 
 def family_for_type(model_type: str, placement: str = "post", causal: bool = False) -> Family:
-    """The family of a ``model_type`` (``outlierlab`` with the given placement for ours).
-
-    Raises
-    ------
-    UnknownFamilyError
-        One line naming the type and how to add it.
-    """
+    """The family of a ``model_type`` (``outlierlab`` with the given placement for ours); an unregistered type
+    raises ``UnknownFamilyError``, one line naming it and how to add it."""
     if model_type == "outlierlab":
         return ours(placement, causal)
     try:
@@ -148,8 +138,10 @@ def family_for_type(model_type: str, placement: str = "post", causal: bool = Fal
 
 
 def family_of(model: nn.Module) -> Family:
-    """The ``Family`` of a loaded model (Hugging Face, with or without head, or our own encoder)."""
-    if hasattr(model, "named_layernorms"):
+    """The ``Family`` of a loaded model (Hugging Face, with or without head, or our own encoder or its body)."""
+    from outlierlab.models.encoder import RobertaEncoder  # lazy: the encoder's modules import the registry
+
+    if hasattr(model, "named_layernorms") or isinstance(model, RobertaEncoder):
         layers = list(getattr(getattr(base_model(model), "encoder", None), "layer", []) or [])
         return ours("pre" if layers and getattr(layers[0], "pre_norm", False) else "post",
                     bool(getattr(getattr(model, "config", None), "causal", False)))

@@ -18,16 +18,11 @@ The registry of the families, keyed by ``config.model_type``: ``outlierlab.model
     rewrites the residual stream inside a block (the sublayers read it raw), each norm's gain scales what its
     sublayer adds to it; one ``final`` norm before the LM head.
 
-  Which kinds the rule judges by default (both pre-LN norms, and both reordered ones, in the role of
-  Kovaleva's output LayerNorm) is decided in ``outlierlab.metrics.layernorm_rule.KIND_ROLES`` and argued
-  in docs/fidelity.md.
+  Which kinds the rule judges by default: ``outlierlab.metrics.layernorm_rule.KIND_ROLES`` (docs/fidelity.md).
 * ``Family.position_table``, ``Family.positions`` — a learned absolute table (GPT-2's ``wpe``,
   BERT's ``position_embeddings``) or what the model uses instead (rotary, relative, ...).
-* ``Family.blocks``, ``Family.qk_projections`` (q/k where the model
-  rotates them: the projections, clipped where the model clips them, or a QK-norm; ``split_qk`` for fused
-  projections),
-  ``outlierlab.models.rotary_layers.rotary_layers`` (per block the rotary frequencies the model uses, read from
-  its rotary module, and the layer's reach), ``Family.sites`` (Bondarenko et al. 2023's activation sites).
+* ``Family.blocks``, ``Family.qk_projections`` (q/k where the model rotates them; ``split_qk`` for fused
+  projections), ``Family.sites`` (Bondarenko et al. 2023's activation sites).
 
 Paths are dotted module paths: block paths from the *base model* (``model.base_model``, so a model with or
 without its LM head resolves alike), norm/projection paths from one block, ``head_norm`` from the full
@@ -42,8 +37,8 @@ from typing import NamedTuple
 
 from torch import Tensor, nn
 
-__all__ = ["Family", "QKProjection", "split_qk", "base_model", "is_norm", "submodule", "POST_KINDS", "PRE_KINDS",
-           "REORDERED_KINDS"]
+__all__ = ["Family", "QKProjection", "split_qk", "base_model", "is_norm", "submodule", "usable_positions", "POST_KINDS",
+           "PRE_KINDS", "REORDERED_KINDS"]
 
 #: Per-layer norm kinds of a post-LN block, in block order (Kovaleva et al. 2021 judge ``output``).
 POST_KINDS = ("attention_output", "output")
@@ -131,6 +126,17 @@ def is_norm(module: nn.Module | None) -> bool:
     return "norm" in type(module).__name__.lower() and (weight is None or weight.dim() == 1)
 
 
+#: transformers model types whose position ids start after ``pad_token_id`` (their table has ``pad + 1`` rows unused).
+PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl", "mpnet"}
+
+
+def usable_positions(config, rows: int) -> int:
+    """The tokens a position table of ``rows`` rows takes under ``config`` (RoBERTa-style: ``PADDING_OFFSET_TYPES``)."""
+    if getattr(config, "model_type", "") in PADDING_OFFSET_TYPES:
+        rows -= (getattr(config, "pad_token_id", 1) or 0) + 1
+    return rows
+
+
 def base_model(model: nn.Module) -> nn.Module:
     """The encoder/decoder body: ``model.base_model`` of a Hugging Face model (itself for ``AutoModel``),
     ``model.roberta`` of ours."""
@@ -143,39 +149,25 @@ def base_model(model: nn.Module) -> nn.Module:
 class Family:
     """One block structure of the registry (see the module docstring for the paths' roots).
 
-    Parameters
-    ----------
-    name : short name shown in reports
-    model_types : the ``config.model_type`` values it covers
-    placement : ``post``, ``pre`` (where the per-layer norms sit; Xiong et al. 2020) or ``reordered`` (on the
-        sublayers' outputs before the residual add; OLMo 2)
-    decoder : causal (next-token) model; its token vectors see only their left context
-    blocks : path of the ``ModuleList`` of blocks, from the base model
-    norms : ``(path in a block, kind)`` per per-layer norm, in block order (kinds: ``POST_KINDS``,
-        ``PRE_KINDS``, ``REORDERED_KINDS``)
-    embeddings_norm, final_norm : paths from the base model (None: the family has none)
-    head_norm : path of the LM head's own norm, from the full model (None: none)
-    position_table : path of a learned absolute position ``nn.Embedding``, from the base model (None: none)
-    positions : what the family uses for positions, said in the reports
-    attention : path of the attention module in a block
-    q, k : paths of the query / key projections in a block (the same path for a fused projection)
-    qk_layout : see ``QKProjection``
-    ffn_output : path of the FFN down-projection in a block (Bondarenko et al. 2023's ``ffn_output`` site)
-    norm_kind : the norm class in words, said in reports
-    optional_norms : block norm paths that may be ``nn.Identity`` (left out) in some blocks
-    qk_norms : paths of query/key norms in a block, used where a block has them (Qwen3's per-head, OLMo 2's
-        whole-projection ``q_norm``/``k_norm``): the model rotates their outputs, so q/k are read there
-    qk_norm_layout : the layout of the QK-norms' outputs: ``heads`` (Qwen3) or ``separate`` (OLMo 2)
-    qk_clip : the config attribute holding the value q/k are clamped to before the rotation (OLMo's
-        ``clip_qkv``; unset or None in the config: no clipping)
-    v : path of the value projection in a block (the same path as ``q`` for a fused projection)
-    attention_out : path of the attention's output projection in a block (its output: the attention's update
-        before dropout and the residual add)
-    ffn_input : path of the FFN's first projection in a block (a gated FFN: the gate's, whose output the
-        activation reads; ModernBERT: ``Wi``, input and gate side by side)
+    ``name`` (shown in reports); ``model_types`` (the ``config.model_type`` values it covers); ``placement``: ``post``,
+    ``pre`` (where the per-layer norms sit; Xiong et al. 2020) or ``reordered`` (on the sublayers' outputs before the
+    residual add; OLMo 2); ``decoder``: causal (a token vector sees only its left context).
 
-    ``v``, ``attention_out`` and ``ffn_input`` name the rest of a block's sites
-    (``outlierlab.models.hook_points``); empty: the family has none there.
+    Paths: ``blocks`` (the ``ModuleList`` of blocks, from the base model); ``norms``, ``(path in a block, kind)`` per
+    per-layer norm in block order (kinds: ``POST_KINDS``, ``PRE_KINDS``, ``REORDERED_KINDS``); ``embeddings_norm``,
+    ``final_norm`` (from the base model; None: none); ``head_norm`` (the LM head's own norm, from the full model);
+    ``position_table`` (a learned absolute position ``nn.Embedding``, from the base model); in a block:
+    ``attention``, ``q`` / ``k`` / ``v`` (the same path for a fused projection, laid out as ``qk_layout``: see
+    ``QKProjection``), ``attention_out`` (its output projection: the update before dropout and the residual add),
+    ``ffn_input`` (the FFN's first projection; a gated FFN: the gate's; ModernBERT: ``Wi``, input and gate side by
+    side), ``ffn_output`` (the down-projection: Bondarenko et al. 2023's ``ffn_output`` site); ``optional_norms``
+    (block norms that may be ``nn.Identity``); ``qk_norms`` (query/key norms where a block has them, Qwen3's per head,
+    OLMo 2's over the whole projection: the model rotates their outputs, so q/k are read there; layout
+    ``qk_norm_layout``, ``heads`` or ``separate``).  Empty ``v``, ``attention_out``, ``ffn_input``: no such site.
+
+    Words for reports: ``positions`` (what the family uses for positions), ``norm_kind`` (the norm class).
+    ``qk_clip``: the config attribute holding the value q/k are clamped to before the rotation (OLMo's ``clip_qkv``;
+    unset or None: no clipping).
     """
 
     name: str
@@ -220,13 +212,8 @@ class Family:
         return mod
 
     def layernorms(self, model: nn.Module, include_head: bool = False) -> dict[str, nn.Module]:
-        """The norms on the residual stream by canonical key, in depth order (see the module docstring).
-
-        Raises
-        ------
-        ValueError
-            A declared norm is missing (and not optional) or is not a normalisation layer.
-        """
+        """The norms on the residual stream by canonical key, in depth order (see the module docstring); a
+        declared norm that is missing (and not optional) or not a normalisation layer raises ValueError."""
         base = base_model(model)
         out: dict[str, nn.Module] = {}
         emb = submodule(base, self.embeddings_norm)

@@ -8,51 +8,27 @@ prefixes; a site a model lacks is absent.  **Blocks are numbered from 1, as hidd
 produces hidden state ``i``; the tables of evaluate.py number layers so, and ``ablation.layers`` too), so
 ``blocks.{i}.resid`` is ``output_hidden_states[i]``; TransformerLens counts blocks from 0.
 
-=========================  ===========================================================  ==================
-site                       the tensor                                                   shape
-=========================  ===========================================================  ==================
-``embed``                  the first block's input: hidden state 0, the embeddings'     ``[B, T, d]``
-                           output
-``ln_embed``               the embeddings' norm's output (BERT family, ModernBERT,      ``[B, T, d]``
-                           ours)
-``blocks.{i}.attn.q``      the query projection's output, before heads are split,       ``[B, T, H·dh]``
-                           QK-norms or rotary positions; ``k`` and ``v`` alike          (``k``, ``v``:
-                           (a fused projection, GPT-2's ``c_attn``: its slice)           ``[B, T, Hkv·dh]``)
-``blocks.{i}.attn.pattern``  the attention probabilities (needs eager attention; the     ``[B, H, T, T]``
-                           runner switches to it)
-``blocks.{i}.attn.out``    the attention's output projection: its update before         ``[B, T, d]``
-                           dropout and the residual add
-``blocks.{i}.ln_attn``     the output of the block's attention norm: post-LN after the  ``[B, T, d]``
-                           attention's residual add; pre-LN before the attention;
-                           reordered (OLMo 2) on the attention's update
-``blocks.{i}.ffn.pre``     the FFN's first projection (a gated FFN: the gate's) before  ``[B, T, f]``
-                           its activation
-``blocks.{i}.ffn.post``    the input of the FFN's down-projection: after the            ``[B, T, f]``
-                           activation (and gate)
-``blocks.{i}.ffn.out``     the FFN's down-projection output, before dropout and the     ``[B, T, d]``
-                           residual add (Bondarenko et al. 2023's ``ffn_output``)
-``blocks.{i}.ln_ffn``      the output of the block's FFN norm: post-LN the output       ``[B, T, d]``
-                           LayerNorm (= ``resid``; Kovaleva et al. 2021's); pre-LN
-                           before the FFN; reordered on the FFN's update
-``blocks.{i}.resid``       the block's output, the residual stream it hands on:         ``[B, T, d]``
-                           ``output_hidden_states[i]``, but for the last block of a
-                           model with a final norm (there: ``ln_final``)
-``ln_final``               the final norm's output (pre-LN and reordered models):       ``[B, T, d]``
-                           ``last_hidden_state``
-``ln_head``                the LM head's own norm's output (a masked LM's head)         ``[B, T, d]``
-=========================  ===========================================================  ==================
+The sites (docs/sites.md has them with their shapes): ``embed`` (hidden state 0, the first block's input);
+``ln_embed`` (the embeddings' norm); per block ``blocks.{i}.attn.q`` / ``k`` / ``v`` (the projections' outputs before
+heads are split, QK-norms or rotary positions; of a fused projection its slice), ``attn.pattern`` (the probabilities;
+the runner switches to eager attention), ``attn.out`` (the attention's update before dropout and the residual add),
+``ln_attn`` (the attention norm's output: post-LN after the attention's residual add, pre-LN before the attention,
+reordered on its update), ``ffn.pre`` (the FFN's first projection before its activation; gated: the gate's),
+``ffn.post`` (the down-projection's input), ``ffn.out`` (its output before dropout and the residual add; Bondarenko et
+al. 2023's ``ffn_output``), ``ln_ffn`` (the FFN norm's output: post-LN the output LayerNorm, Kovaleva et al.'s, =
+``resid``; pre-LN before the FFN; reordered on its update) and ``resid`` (the block's output:
+``output_hidden_states[i]``, but for the last block of a model with a final norm); ``ln_final`` (the final norm's
+output, ``last_hidden_state``) and ``ln_head`` (the LM head's own norm).
 
-Each site is a module's output or first input (``ffn.post``, ``embed``), so a hook that returns a new tensor
-changes exactly what the name says downstream: a norm site is the tensor the next sublayer or block reads, a
-block's ``resid`` the stream.  The one exception is a Hugging Face ``attn.pattern``: transformers computes the
-probabilities inside a function, not a module, and returns them after they have weighed the values, so there the
-site can be read, not replaced (a hook returning another tensor is refused in one line); our encoder marks them
-with a module (``attention.self.pattern``), so there it can be replaced.
+Each site is a module's output or first input (``ffn.post``, ``embed``), so a hook that returns a new tensor changes
+exactly what the name says downstream.  The exception is a Hugging Face ``attn.pattern``: transformers computes the
+probabilities inside a function and returns them after they weighed the values, so there the site can be read, not
+replaced (refused in one line); our encoder marks them with a module (``attention.self.pattern``), replaceable.
 
-The norm sites are the norms of ``outlierlab.models.layernorms.model_layernorms`` (``norm_site`` maps
-their keys), so a dimension ablated here is one the LayerNorm rule judged.  Written by hand because neither
-transformers nor torch names a model's activations across architectures; TransformerLens does for the models it
-reimplements, which include no RoBERTa and no masked-LM loss.
+The norm sites are the norms of ``outlierlab.models.layernorms.model_layernorms`` (``norm_site`` maps their keys), so a
+dimension ablated here is one the LayerNorm rule judged.  Written by hand because neither transformers nor torch names a
+model's activations across architectures; TransformerLens does for the models it reimplements, which include no RoBERTa
+and no masked-LM loss.
 """
 
 from __future__ import annotations
@@ -65,7 +41,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from outlierlab.models.families import UnknownFamilyError, family_of, ours
+from outlierlab.models.families import UnknownFamilyError, family_of
 from outlierlab.models.family_spec import Family, submodule
 
 __all__ = ["BLOCK_SITES", "Site", "HookPoint", "HookFn", "site_table", "site_names", "resolve_sites", "norm_site",
@@ -125,13 +101,7 @@ class HookPoint:
 
 # ------------------------------------------------------------------------------------------------ the registry
 def model_family(model: nn.Module) -> Family:
-    """The family of ``model``; our bare encoder body (``RobertaEncoder``, which has
-    no ``named_layernorms``) from its blocks."""
-    from outlierlab.models.encoder import RobertaEncoder
-
-    if isinstance(model, RobertaEncoder):
-        return ours("pre" if getattr(model.encoder.layer[0], "pre_norm", False) else "post",
-                    bool(getattr(model.config, "causal", False)))
+    """The family of ``model`` (``family_of``), its error naming the sites."""
     try:
         return family_of(model)
     except UnknownFamilyError as e:
@@ -160,13 +130,8 @@ def _heads(model: nn.Module, family: Family) -> tuple[int, int, int]:
 def site_table(model: nn.Module) -> dict[str, Site]:
     """Every site of ``model`` by name, in depth order (see the module docstring).
 
-    ``model``: our ``RobertaMaskedLM`` or ``RobertaEncoder``, or a Hugging
-    Face model of a registered family, with or without its LM head (``ln_head`` only with it).
-
-    Raises
-    ------
-    UnknownFamilyError
-        One line: the model's ``model_type`` is not registered, and how to add it.
+    ``model``: our ``RobertaMaskedLM`` or ``RobertaEncoder``, or a Hugging Face model of a registered family, with
+    or without its LM head (``ln_head`` only with it); an unregistered ``model_type`` raises ``UnknownFamilyError``.
     """
     family = model_family(model)
     blocks = family.block_list(model)
@@ -255,30 +220,28 @@ def _listing(table: Mapping[str, Site]) -> str:
 
 
 # -------------------------------------------------------------------------------------------------- the hooks
-def _take(site: Site, value):
-    """The activation of ``site`` inside what its hook sees (a tuple, a fused projection's output)."""
-    x = value[site.item] if isinstance(value, (tuple, list)) else value
-    if site.part is None:
-        return x
-    layout, j, sizes, dh = site.part
+def _part(x: Tensor, part: tuple) -> Tensor:
+    """The slice of a fused projection's output ``x`` that ``part`` names: a view where ``x`` is contiguous."""
+    layout, j, sizes, dh = part
     if layout == "qkv":
         start = sum(sizes[:j])
         return x[..., start:start + sizes[j]]
-    per = x.reshape(*x.shape[:-1], -1, 3 * dh)  # head_qkv: per head [q_h | k_h | v_h]
-    return per[..., j * dh:(j + 1) * dh].reshape(*x.shape[:-1], -1)
+    return x.reshape(*x.shape[:-1], -1, 3 * dh)[..., j * dh:(j + 1) * dh]  # head_qkv: per head [q_h | k_h | v_h]
+
+
+def _take(site: Site, value):
+    """The activation of ``site`` inside what its hook sees (a tuple, a fused projection's output)."""
+    x = value[site.item] if isinstance(value, (tuple, list)) else value
+    return x if site.part is None else _part(x, site.part).reshape(*x.shape[:-1], -1)
 
 
 def _put(site: Site, value, new: Tensor):
     """``value`` with the activation of ``site`` replaced by ``new`` (a new tuple / a new fused output)."""
     x = value[site.item] if isinstance(value, (tuple, list)) else value
     if site.part is not None:
-        layout, j, sizes, dh = site.part
         out = x.clone()
-        if layout == "qkv":
-            start = sum(sizes[:j])
-            out[..., start:start + sizes[j]] = new
-        else:
-            out.view(*x.shape[:-1], -1, 3 * dh)[..., j * dh:(j + 1) * dh] = new.reshape(*x.shape[:-1], -1, dh)
+        view = _part(out, site.part)
+        view[...] = new.reshape(view.shape)
         new = out
     if isinstance(value, (tuple, list)):
         items = list(value)

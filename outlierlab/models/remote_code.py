@@ -1,15 +1,12 @@
 """Hugging Face ``trust_remote_code`` export of every model a plain RoBERTa cannot express.
 
 transformers has no class for our other position schemes or architecture switches (``outlierlab.models.export``), so
-such a model ships its own code, the Hub's convention (``auto_map`` in ``config.json``;
-https://huggingface.co/docs/transformers/custom_models):
-
-* ``configuration_outlierlab.py`` — ``OutlierLabConfig``, a ``PretrainedConfig`` with ``EncoderConfig``'s fields;
-* ``modeling_outlierlab.py`` — GENERATED from ``config.py``, ``norms.py``, ``positions.py``, ``attention.py``,
-  ``blocks.py`` and ``encoder.py`` (package-relative imports removed), plus thin ``PreTrainedModel`` wrappers whose
-  ``forward`` is ``RobertaMaskedLM``'s: the code that trained the model, never a drifting copy (a source importing
-  any other ``outlierlab`` module is refused);
-* ``config.json`` with ``auto_map`` (AutoConfig, AutoModel, AutoModelForMaskedLM or AutoModelForCausalLM).
+such a model ships its own code, the Hub's convention (``auto_map`` in ``config.json``; docs/export.md):
+``configuration_outlierlab.py`` (``OutlierLabConfig``, ``EncoderConfig``'s fields), ``modeling_outlierlab.py``
+(GENERATED from ``config.py``, ``norms.py``, ``positions.py``, ``attention.py``, ``blocks.py`` and ``encoder.py`` with
+package-relative imports removed, plus thin ``PreTrainedModel`` wrappers whose ``forward`` is ``RobertaMaskedLM``'s:
+the code that trained the model, never a drifting copy; a source importing any other ``outlierlab`` module is refused)
+and ``config.json`` with ``auto_map``.
 
 The wrappers keep our module names, so our ``model.safetensors`` serves ``load_pretrained`` and ``from_pretrained``, and
 ``<run>/model/`` is both outlierlab's directory and a Hugging Face one::

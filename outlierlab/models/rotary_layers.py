@@ -1,8 +1,7 @@
 """Where each layer of a model rotates its queries and keys, read from the model itself (Su et al. 2021; Jonasson
 2025): the frequencies θ_i of its rotary module (``inv_freq``, so every scaling transformers applies is in them) and
 the layer's reach (a sliding window or the position limit). Used by the query/key outlier analysis
-(``outlierlab.evaluation.analyses.qk_outliers``); the blocks come from the family registry.
-"""
+(``outlierlab.evaluation.analyses.qk_outliers``); the blocks come from the family registry."""
 
 from __future__ import annotations
 

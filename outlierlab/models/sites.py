@@ -10,14 +10,9 @@ so here every value is tagged by its site:
 * ``ln_output`` — that LayerNorm's output (= the block's output in a post-LN block);
 * ``residual`` — the stream the block hands on (our encoder only).
 
-Where the sites are: a block may declare them itself with a ``sites()`` method returning
-``{name: (module, "input" | "output")}`` — the activation is that module's first positional input or its
-output (our ``outlierlab.models.blocks.Layer`` and ``outlierlab.models.blocks.OPLayer`` do, so pre-LN and
-Outlier-Protected blocks name their own sites and simply omit those they lack).  Hugging Face blocks get
-theirs from their family (``outlierlab.models.family_spec.Family.sites``: the FFN down-projection; the
-output LayerNorm of a post-LN block; the block output of a pre-LN one, GPT-2/Llama/Pythia/ModernBERT);
-an unregistered model falls back to BERT/RoBERTa (``output.dense``, ``output.LayerNorm``) and DistilBERT
-(``ffn.lin2``, ``output_layer_norm``) module names.
+Where the sites are: a block's own ``sites()`` method (``{name: (module, "input" | "output")}``: our
+``outlierlab.models.blocks.Layer`` and ``OPLayer``, which omit the sites they lack), else its family's
+(``outlierlab.models.family_spec.Family.sites``), else BERT/RoBERTa and DistilBERT module names (``block_sites``).
 
 Layers are numbered like hidden states: block i (1-based) produces hidden state i; hidden state 0 is the
 embedding output, which has no sites.
@@ -26,13 +21,14 @@ embedding output, which has no sites.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterable
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
 
 from outlierlab.models.families import UnknownFamilyError, family_of
+from outlierlab.models.placement import eager_attention
 
 __all__ = ["SITE_NAMES", "encoder_blocks", "block_sites", "InfNormRecorder", "eager_attention", "monitored_forward"]
 
@@ -52,7 +48,7 @@ _BLOCK_LISTS = ("roberta.encoder.layer", "encoder.layer", "transformer.layer", "
 
 def _family(model: nn.Module):
     try:
-        return None if hasattr(model, "named_layernorms") else family_of(model)
+        return family_of(model)
     except UnknownFamilyError:
         return None
 
@@ -107,12 +103,8 @@ class InfNormRecorder:
     same recorder serves one batch (the monitor) or a stream of batches (``evaluate.py``).  Call
     ``commit`` after every forward pass made inside the context.
 
-    Parameters
-    ----------
-    model : nn.Module
-        Our ``RobertaMaskedLM``/``RobertaEncoder`` or a Hugging Face BERT/RoBERTa/DistilBERT model.
-    sites : iterable of str
-        Site names to record (default ``SITE_NAMES``); a site a block lacks gives NaN for that layer.
+    ``model``: ours (``RobertaMaskedLM``, ``RobertaEncoder``) or a Hugging Face encoder or decoder; ``sites``: the
+    site names to record (default ``SITE_NAMES``); a site a block lacks gives NaN for that layer.
 
     Examples
     --------
@@ -175,29 +167,6 @@ class InfNormRecorder:
         return {s: v.clone() for s, v in self.max.items()}
 
 
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Run a Hugging Face model with eager attention inside the block, and restore its own implementation after.
-
-    Only eager attention returns attention *probabilities* (the sink-head and entropy rows; Gu et al. 2025); a
-    model being trained usually runs ``sdpa``, whose ``output_attentions=True`` silently gives None.  The switch
-    is transformers' ``set_attn_implementation`` (no weights change), so the monitor of a live model and the
-    post-hoc analysis of its checkpoint (loaded as it comes, switched here the same way) compute the same numbers.
-    Our own encoder (always eager) and models without the switch are left as they are.
-    """
-    config = getattr(model, "config", None)
-    current = getattr(config, "_attn_implementation", None)
-    switch = getattr(model, "set_attn_implementation", None)
-    if current in (None, "eager") or not callable(switch):
-        yield
-        return
-    switch("eager")
-    try:
-        yield
-    finally:
-        switch(current)
-
-
 def monitored_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, attentions: bool = True,
                       sites: Iterable[str] = SITE_NAMES) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
     """One forward pass of the encoder body giving everything the outlier monitors read.
@@ -207,13 +176,9 @@ def monitored_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     attention probabilities, inside an ``InfNormRecorder`` committed over the non-pad tokens — special
     tokens included, because Bondarenko et al. (2023) find BERT's largest activations on ``[SEP]`` and
     punctuation.  A Hugging Face model running ``sdpa`` is switched to eager attention for this pass only
-    (``eager_attention``).  The caller chooses eval mode and ``torch.inference_mode()``.
-
-    Returns
-    -------
-    hidden : Tensor[L+1, B, T, d] (layer 0 = embedding output)
-    attn : Tensor[L, B, H, T, T] or None (``attentions=False``)
-    inf_norms : {site: Tensor[L+1]} (see ``InfNormRecorder.result``)
+    (``eager_attention``).  The caller chooses eval mode and ``torch.inference_mode()``.  Returns ``hidden``
+    ``[L+1, B, T, d]`` (layer 0: the embedding output), ``attn`` ``[L, B, H, T, T]`` (None with ``attentions=False``)
+    and ``inf_norms`` ``{site: Tensor[L+1]}`` (``InfNormRecorder.result``).
     """
     body = getattr(model, "roberta", model)
     with (eager_attention(model) if attentions else nullcontext()), InfNormRecorder(body, sites) as rec:

@@ -5,8 +5,7 @@
   held-out batch; in the loop monitors also order use and attention locality.
 - ``recording`` — what one record writes (history CSV, TensorBoard, figures), for every monitor alike.
 - ``loop_monitor`` — ``OutlierMonitor``; ``hf_trainer`` — ``OutlierMonitorCallback``, a ``TrainerCallback``.
-- ``layernorm_monitor`` — ``LayerNormMonitor`` and ``hidden_state_monitor`` — ``HiddenStateMonitor``: train.py's
-  Lightning callbacks over the same trackers, their recording, resume and loggers in ``lightning_monitor``.
+- ``layernorm_monitor``, ``hidden_state_monitor`` — train.py's Lightning callbacks (base: ``lightning_monitor``).
 - ``history`` — the append-only ``monitor/*.csv`` and reading it back; ``monitor_plots`` — the figures.
 
 Every monitor goes through the same trackers and ``recording.publish``, so every loop writes the same rows.  The classes
@@ -15,16 +14,10 @@ load on first attribute access, so importing the package is cheap.
 
 import importlib
 
-_LAZY = {
-    "OutlierMonitor": "loop_monitor",
-    "OutlierMonitorCallback": "hf_trainer",
-    "LayerNormTracker": "layernorm_tracker",
-    "HiddenStateTracker": "hidden_state_tracker",
-    "publish": "recording",
-    "LayerNormMonitor": "layernorm_monitor",
-    "HiddenStateMonitor": "hidden_state_monitor",
-    "LightningOutlierMonitor": "lightning_monitor",
-}
+_LAZY = {"OutlierMonitor": "loop_monitor", "OutlierMonitorCallback": "hf_trainer",
+         "LayerNormTracker": "layernorm_tracker", "HiddenStateTracker": "hidden_state_tracker", "publish": "recording",
+         "LayerNormMonitor": "layernorm_monitor", "HiddenStateMonitor": "hidden_state_monitor",
+         "LightningOutlierMonitor": "lightning_monitor"}
 
 __all__ = list(_LAZY)
 

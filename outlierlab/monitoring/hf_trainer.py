@@ -12,16 +12,12 @@ a sentence-transformers model, or the adapted model of a PEFT ``PeftModel``) —
 ``<args.output_dir>/monitor/layernorm.csv`` and ``hidden_states.csv``, with order use and attention locality at every
 record (``outlierlab.metrics.word_order``; ``order_use=False`` turns it off).
 
-When: at ``on_train_begin`` (step 0, or the resumed checkpoint's), every ``every_n_steps`` optimizer steps, after every
-checkpoint save (so ``python -m outlierlab.jobs.posthoc`` reproduces each ``checkpoint-N``'s row) and at the end; on the
-world's process zero only.  Resume: rows at steps ≥ the checkpoint's are dropped and the history continues; the init
-snapshot is read from ``<out_dir>/layernorm_initial.pt``.
-
-TensorBoard: a callback cannot reach the Trainer's ``TensorBoardCallback`` writer, so with ``tensorboard`` in
-``args.report_to`` the monitor opens its own ``SummaryWriter`` in the Trainer's folder, sub-folder ``outlier_monitor``
-(with ``purge_step`` after a resume).  To share one event file pass one writer to both:
-``TensorBoardCallback(tb_writer=w)`` and ``OutlierMonitorCallback(..., writer=w)``.  Weights & Biases and MLflow runs
-get the scalars directly (``TrackerRuns``).
+Records at ``on_train_begin`` (step 0, or the resumed checkpoint's), every ``every_n_steps`` optimizer steps, after
+every checkpoint save (so ``python -m outlierlab.jobs.posthoc`` reproduces each ``checkpoint-N``'s row) and at the end,
+on the world's process zero only.  With ``tensorboard`` in ``args.report_to`` the monitor opens its own
+``SummaryWriter`` in the Trainer's folder, sub-folder ``outlier_monitor`` (a callback cannot reach the
+``TensorBoardCallback`` writer; pass one writer to both to share a file); Weights & Biases and MLflow runs get the
+scalars directly (``TrackerRuns``).  docs/loop_monitors.md says it at length.
 """
 
 from __future__ import annotations
@@ -44,10 +40,6 @@ def _reports_to(args: Any, name: str) -> bool:
     return name in report or "all" in report
 
 
-def _reports_to_tensorboard(args: Any) -> bool:
-    return _reports_to(args, "tensorboard")
-
-
 class TrackerRuns:
     """An ``add_scalar`` writer handing the monitor's scalars to the trackers' own runs: ``wandb.run`` (with
     ``train/global_step``, ``WandbCallback``'s step metric) and ``mlflow.active_run()`` (``step=``).  A tracker without
@@ -68,17 +60,10 @@ class TrackerRuns:
             if mlflow.active_run() is not None:
                 mlflow.log_metric(tag, float(value), step=int(step))
 
-    def add_histogram(self, *args: Any, **kwargs: Any) -> None:
-        pass
+    def _nothing(self, *args: Any, **kwargs: Any) -> None:
+        """Histograms and images stay in TensorBoard; the trackers' runs need no flush or close."""
 
-    def add_image(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    add_histogram = add_image = flush = close = _nothing
 
 
 class _Tee:
@@ -139,7 +124,7 @@ class OutlierMonitorCallback(TrainerCallback):
     def _tensorboard(self, args: Any, step: int) -> Any:
         if self.writer is not None:
             return self.writer
-        if not _reports_to_tensorboard(args):
+        if not _reports_to(args, "tensorboard"):
             return False
         from torch.utils.tensorboard import SummaryWriter  # lazy: only when the Trainer reports to TensorBoard
 

@@ -1,46 +1,27 @@
 """Watch activation outlier dimensions emerge during pretraining, on a fixed held-out batch (Luo et al. 2021 §2).
 
 A thin Lightning adapter over ``outlierlab.monitoring.hidden_state_tracker.HiddenStateTracker``, the object
-the plain-loop and Hugging Face Trainer monitors (``outlierlab.monitoring``) drive too; only the choice of the
-held-out batch (the datamodule's tokenizer, or its validation blocks) is Lightning's.
+the plain-loop and Hugging Face Trainer monitors drive too; only the choice of the held-out batch is Lightning's.
+At every record (see ``lightning_monitor``) the model runs once in eval mode under ``torch.inference_mode()`` on
+the *same* held-out sequences (``outlierlab.models.sites.monitored_forward``), and
+``outlierlab.metrics.monitor_records.hidden_state_records`` computes the per-layer statistics (listed there:
+Luo et al.'s argmax/argmin shares, anisotropy, rogue dims, IsoScore, kurtosis, max/median, inf-norms, sink heads
+and attention entropy).  Special tokens and padding are left out of the activation statistics.  Train mode is
+restored afterwards, module by module.
 
-At every record (step 0 before any update, every ``every_n_steps``, at checkpoints and at the end; see
-``lightning_monitor``) the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out
-sequences (one forward pass, ``outlierlab.models.sites.monitored_forward``), and
-``outlierlab.metrics.monitor_records.hidden_state_records`` computes per layer the mean token vector, the share of
-tokens whose argmax/argmin falls on the most common dim (Luo et al. 2021 §2; their 96.60% on dim 557 of
-BERT-base is a pooled *argmin* share, also written), the dims with the largest |mean|, anisotropy from
-1,000 cross-sentence token pairs with its jackknife standard error (Ethayarajh 2019) with the top-1/top-3 dims' share of it (Timkey & van Schijndel 2021)
-and IsoScore (Rudman et al. 2022), activation kurtosis and max/median ratio (He et al. 2024; Sun et
-al. 2024), the inf-norm at the FFN output and around the output LayerNorm (Bondarenko et al. 2023), and
-sink-head shares and attention entropy (Gu et al. 2025).  Special tokens and padding are left out of the
-activation statistics (the inf-norm and the attention queries keep special tokens, see
-``outlierlab.models.sites``).  Train mode is restored afterwards, module by module.
-
-Outputs: ``<out_dir>/hidden_states.csv`` (``step,name,statistic,dim,value``; names ``layer_{i}``,
-i = 0 the embedding output, and ``model``; statistics listed in
-``outlierlab.metrics.monitor_records.hidden_state_records``; the per-dim ``mean`` rows only at image records),
-``<out_dir>/hidden_metrics.png`` (curves vs step per layer, at image records), and in TensorBoard:
-
-- scalars ``monitor/hidden/layer_{i}/argmax_share``, ``…/argmin_share``, ``…/argmax_dim``,
-  ``…/argmin_dim``, ``…/anisotropy``, ``…/max_abs_mean``, ``…/n_outlier_dims``, ``…/kurtosis``,
-  ``…/max_median``, ``…/max_abs``, ``…/abs_argmax_share``, ``…/abs_argmax_dim``,
-  ``…/rogue_top1_share``,
-  ``…/rogue_top3_share``, ``…/isoscore``,
-  ``…/sink_share_bos``, ``…/sink_share_eos``, ``…/attn_entropy``, ``…/attn_row_mass``; ``monitor/inf_norm/<site>/layer_{i}``
-  (site = ``ffn_output``, ``ln_input``, ``ln_output``); ``monitor/hidden/model/pooled_argmin_share``
-  and ``…/pooled_argmax_share``;
-- image ``monitor/hidden/mean_vectors`` (average vector of every layer, Luo et al. Figs. 1–2), also
-  saved as ``<out_dir>/hidden_mean_vectors.png``.
+Outputs: ``<out_dir>/hidden_states.csv`` (``step,name,statistic,dim,value``; names ``layer_{i}``, i = 0 the
+embedding output, and ``model``; the per-dim ``mean`` rows only at image records), ``<out_dir>/hidden_metrics.png``
+and ``<out_dir>/hidden_mean_vectors.png`` (Luo et al. Figs. 1–2), and TensorBoard scalars
+``monitor/hidden/layer_{i}/<statistic>``, ``monitor/inf_norm/<site>/layer_{i}``, ``monitor/hidden/model/...``
+and image ``monitor/hidden/mean_vectors``.
 
 Held-out batch (``source``):
 
 - ``"sentences"`` (default): the first ``n_sequences`` shipped held-out sentences
   (``outlierlab.datamodules.eval_data.load_sentences``, Austen's *Persuasion*, not in the training corpus),
-  tokenised with ``trainer.datamodule.tokenizer``.  Same text for every run and position scheme, and the
-  same batch ``outlierlab.jobs.posthoc`` uses, so live and post-hoc numbers agree.
-- ``"val"``: the first ``n_sequences`` validation blocks of ``trainer.datamodule`` (in-distribution text,
-  unmasked; see ``heldout_from_val``).
+  tokenised with ``trainer.datamodule.tokenizer``: the batch ``outlierlab.jobs.posthoc`` uses, so live and
+  post-hoc numbers agree.
+- ``"val"``: the first ``n_sequences`` validation blocks of ``trainer.datamodule`` (unmasked; ``heldout_from_val``).
 """
 
 from __future__ import annotations
@@ -96,33 +77,16 @@ def heldout_from_val(datamodule: Any, n_sequences: int, special_ids: set[int]) -
 class HiddenStateMonitor(LightningOutlierMonitor):
     """Per-layer activation outlier statistics on a fixed held-out batch.
 
-    Parameters
-    ----------
-    out_dir, every_n_steps, image_every_n_steps, vectors
-        See ``lightning_monitor.LightningOutlierMonitor`` (``vectors``: write the whole ``mean`` vector of every layer).
-    n_sequences : int
-        Held-out sequences (small: one forward pass of this batch per record).
-    source : {"sentences", "val"}
-        Where the held-out batch comes from (module docstring).
-    sentences_path : str, optional
-        Other sentences file for ``source="sentences"`` (gzip text, one per line).
-    tokenizer : str, optional
-        Tokenizer directory to use when the datamodule has no ``tokenizer`` attribute.
-    max_length : int, optional
-        Truncation length in tokens (default: the model's ``max_len``).
-    top_k : int
-        Dims with the largest |mean| written per layer.
-    n_pairs, seed : int
-        Cross-sentence token pairs of the anisotropy (with replacement; default 1,000) and their
-        seed; its standard error (``anisotropy_se``, a delete-one-sentence jackknife) is written beside it.
-        ``anisotropy_one_per_sentence`` keeps the evaluation protocol (one token of each of the
-        ``n_sequences`` sentences, n/2 pairs: 16 on the default batch, too few to contrast runs).
-    sink_threshold : float
-        Gu et al. (2025)'s ε for a sink head (mean attention on the token above it).
-    w8a8 : bool
-        Also record what 8 bits cost the model on the batch (``monitor/w8a8/loss_delta`` and ``keep_loss_delta``:
-        the LM loss change with the blocks' linear layers in W8A8, without and with 4 outlier dims kept in full
-        precision; ``outlierlab.models.w8a8.w8a8_cost``).
+    ``out_dir``, ``every_n_steps``, ``image_every_n_steps``, ``vectors`` (the whole ``mean`` vector of every layer):
+    ``LightningOutlierMonitor``.  ``n_sequences`` held-out sequences (small: one forward pass per record) from
+    ``source`` (module docstring); ``sentences_path``: another gzip sentences file for ``source="sentences"``;
+    ``tokenizer``: a tokenizer directory when the datamodule has none; ``max_length``: truncation in tokens (default:
+    the model's ``max_len``); ``top_k``: dims of largest |mean| written per layer.  ``n_pairs`` cross-sentence token
+    pairs (with replacement, seeded by ``seed``) give the anisotropy and its jackknife ``anisotropy_se``;
+    ``anisotropy_one_per_sentence`` keeps the evaluation protocol (n/2 pairs: 16 on the default batch, too few to
+    contrast runs).  ``sink_threshold``: Gu et al. (2025)'s ε for a sink head.  ``w8a8``: also record what 8 bits
+    cost on the batch (``monitor/w8a8/loss_delta`` and ``keep_loss_delta``: the LM loss change with the blocks'
+    linear layers in W8A8, without and with 4 outlier dims kept in full precision; ``outlierlab.models.w8a8``).
     """
 
     filename = HiddenStateTracker.filename

@@ -1,11 +1,8 @@
 """The hidden-state half of every outlier monitor: activation outlier dims on a fixed held-out batch, any model.
 
 At every record the model runs in eval mode under ``torch.inference_mode()`` on the *same* held-out sequences (one
-forward, ``models.sites.monitored_forward``, eager attention), and ``monitor_records.hidden_state_records`` computes per
-layer the mean token vector, the argmax/argmin share of the most common dim (Luo et al. 2021 §2), anisotropy (Ethayarajh
-2019) with rogue-dim shares (Timkey & van Schijndel 2021) and IsoScore (Rudman et al. 2022), kurtosis and max/median (He
-et al. 2024; Sun et al. 2024), inf-norms by site (Bondarenko et al. 2023) and sink heads (Gu et al. 2025).  Train mode
-is restored module by module.
+forward, ``models.sites.monitored_forward``, eager attention), ``monitor_records.hidden_state_records`` computes the
+per-layer statistics (Luo et al. 2021 §2 and the later ones listed there), and train mode is restored module by module.
 
 ``HiddenStateTracker`` is framework-free: the Lightning, plain-loop and HF monitors drive it, so ``hidden_states.csv``
 has the same rows whichever loop trained.  The held-out text is the shipped sentences (Austen's *Persuasion*, not in the
@@ -26,6 +23,7 @@ from outlierlab.metrics.monitor_records import hidden_state_records, tokenize_he
 from outlierlab.metrics.word_order import (attention_locality, heldout_order_use, heldout_special_ids,
                                            pooled_order_change)
 from outlierlab.datamodules.eval_data import load_sentences
+from outlierlab.models.family_spec import usable_positions
 from outlierlab.models.sites import monitored_forward
 from outlierlab.models.w8a8 import w8a8_cost
 from outlierlab.monitoring import monitor_plots as plots
@@ -34,9 +32,6 @@ from . import arguments
 __all__ = ["HiddenStateTracker", "heldout_max_length", "model_device", "is_causal_lm", "order_use_records",
            "locality_records", "vector_order_records"]
 
-#: transformers model types whose position ids start after ``pad_token_id`` (their table has 2 rows unused)
-_PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xlm-roberta-xl",
-                         "mpnet"}
 #: what a tokenizer without a real limit reports as ``model_max_length`` (transformers' VERY_LARGE_INTEGER)
 _NO_LIMIT = 10**6
 
@@ -57,9 +52,7 @@ def heldout_max_length(model: nn.Module, tokenizer: Any = None, max_length: int 
     limits = []
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if positions:
-        if getattr(config, "model_type", "") in _PADDING_OFFSET_TYPES:
-            positions -= (getattr(config, "pad_token_id", 1) or 0) + 1
-        limits.append(int(positions))
+        limits.append(int(usable_positions(config, positions)))
     tok_max = getattr(tokenizer, "model_max_length", None)
     if tok_max and tok_max < _NO_LIMIT:
         limits.append(int(tok_max))
@@ -74,10 +67,7 @@ def position_limit(model: nn.Module) -> int | None:
         return int(config.max_len)
     for name, module in model.named_modules():
         if isinstance(module, nn.Embedding) and name.rsplit(".", 1)[-1] in ("position_embeddings", "wpe"):
-            rows = module.num_embeddings
-            if getattr(config, "model_type", "") in _PADDING_OFFSET_TYPES:
-                rows -= (getattr(config, "pad_token_id", 1) or 0) + 1
-            return rows
+            return usable_positions(config, module.num_embeddings)
     return None
 
 

@@ -1,39 +1,26 @@
 """Watch LayerNorm gain/bias outlier dimensions emerge during pretraining (Kovaleva et al. 2021; Puccetti et al. 2022).
 
 A thin Lightning adapter over ``outlierlab.monitoring.layernorm_tracker.LayerNormTracker``, the object the
-plain-loop and Hugging Face Trainer monitors (``outlierlab.monitoring``) drive too.  At step 0 (before any
-update) the callback keeps a snapshot of every LayerNorm's gain and bias; it is
-part of the callback's ``state_dict`` and so of every checkpoint, and a resumed run measures divergence
-from the true initialisation.  At every record (see ``lightning_monitor`` for when) it calls
-``outlierlab.metrics.monitor_records.layernorm_records`` — i.e. ``outlierlab.metrics.layernorm.layernorm_stats``
-(descriptive) and THE LayerNorm-outlier rule ``outlierlab.metrics.layernorm_rule.layernorm_outliers`` with the
-``ln_rule`` settings, the same call ``evaluate.py``'s outliers and ablation analyses make — and writes:
+plain-loop and Hugging Face Trainer monitors drive too.  At step 0 (before any update) it keeps a snapshot of every
+LayerNorm's gain and bias, part of the callback's ``state_dict`` and so of every checkpoint: a resumed run measures
+divergence from the true initialisation.  At every record (see ``lightning_monitor``) it calls
+``outlierlab.metrics.monitor_records.layernorm_records`` (descriptive 3σ statistics, and THE LayerNorm-outlier rule
+with the ``ln_rule`` settings, the same call ``evaluate.py`` makes) and writes:
 
-``<out_dir>/layernorm.csv`` (columns ``step,name,statistic,dim,value``; see ``history``), names
-``embeddings``, ``layer.{i}.attention_output``, ``layer.{i}.output`` and ``model``; statistics
-``gain_mean gain_std bias_mean bias_std n_gain_outliers n_bias_outliers gain_outlier bias_outlier
-top_gain_z top_bias_z max_abs_gain_div max_abs_bias_div rule_outlier gain bias`` and (``model``)
-``min_layers n_outlier_dims outlier_dim`` (the rule's model-level dims, value = layers flagging).  Per-dim
-divergence from init is ``gain(step) - gain(0)`` of the ``gain`` rows.  The per-dim ``gain``/``bias``
-rows are written at image records only (step 0, multiples of ``image_every_n_steps``, the last step),
-the other statistics at every record.
+``<out_dir>/layernorm.csv`` (``step,name,statistic,dim,value``; names ``embeddings``,
+``layer.{i}.attention_output``, ``layer.{i}.output`` and ``model``; statistics listed in ``layernorm_records``).
+Per-dim divergence from init is ``gain(step) - gain(0)`` of the ``gain`` rows, written at image records only.
 
-TensorBoard (every TensorBoardLogger of the trainer), with ``<ln>`` a LayerNorm name:
+TensorBoard, with ``<ln>`` a LayerNorm name: scalars ``monitor/layernorm/<ln>/n_gain_outliers``,
+``…/n_bias_outliers``, ``…/max_abs_gain_div``, ``…/max_abs_bias_div``, ``…/gain_dim_<j>`` and ``…/bias_dim_<j>``
+(j = the ``top_k`` strongest 3σ dims, kept once seen, at most ``3·top_k``), ``monitor/layernorm/n_outlier_dims``;
+histograms ``monitor/layernorm/<ln>/gain`` and ``…/bias``; images ``monitor/layernorm/heatmap_gain`` and
+``…/heatmap_bias`` (Kovaleva et al. Fig. 3 middle), also saved as ``<out_dir>/layernorm_heatmap_{gain,bias}.png``.
 
-- scalars ``monitor/layernorm/<ln>/n_gain_outliers``, ``…/n_bias_outliers``, ``…/max_abs_gain_div``,
-  ``…/max_abs_bias_div``, ``…/gain_dim_<j>`` and ``…/bias_dim_<j>`` (value of dim j; j = the ``top_k``
-  strongest 3σ dims of that LayerNorm, kept once seen, at most ``3·top_k`` per LayerNorm), and
-  ``monitor/layernorm/n_outlier_dims`` (the rule's model-level dims);
-- histograms ``monitor/layernorm/<ln>/gain`` and ``monitor/layernorm/<ln>/bias``;
-- images ``monitor/layernorm/heatmap_gain`` and ``monitor/layernorm/heatmap_bias`` (per-dim value over
-  the recorded steps, Kovaleva et al. Fig. 3 middle; flagged dims marked), also saved as
-  ``<out_dir>/layernorm_heatmap_gain.png`` / ``layernorm_heatmap_bias.png``.
-
-Model-level outliers: by default Kovaleva et al.'s criterion (gain AND bias outside mean ± 3σ of each
-layer's output LayerNorm) in more than 3 of 12 layers (Puccetti et al.), scaled: ``"4/12"`` rounded up is
-2 of 4 layers for the tiny model (``outlierlab.metrics.layernorm_rule.min_layers_for``).  A model whose norms
-have no gain/bias (``model.norm=layernorm_noaffine``, no norms at all) or no bias (RMSNorm, under the
-``both`` criterion) gets a one-line notice and only the model-level rows, never a crash.
+Model-level outliers: by default Kovaleva et al.'s criterion (gain AND bias outside mean ± 3σ of each layer's output
+LayerNorm) in more than 3 of 12 layers (Puccetti et al.), scaled (``outlierlab.metrics.layernorm_rule.min_layers_for``).
+A model whose norms have no gain/bias, or no bias under the ``both`` criterion, gets a one-line notice and only the
+model-level rows, never a crash.
 """
 
 from __future__ import annotations
@@ -53,20 +40,11 @@ from .lightning_monitor import LightningOutlierMonitor
 class LayerNormMonitor(LightningOutlierMonitor):
     """LayerNorm gain/bias: 3σ outlier dims, divergence from init, dims shared across layers.
 
-    Parameters
-    ----------
-    out_dir, every_n_steps, image_every_n_steps, vectors
-        See ``lightning_monitor.LightningOutlierMonitor`` (``vectors``: write every dim's ``gain``/``bias``).
-    rule : LayerNormRule or mapping
-        THE LayerNorm-outlier rule (``ln_rule`` config group; None: Kovaleva et al.'s default).  Its ``k``
-        also sets the σ of the per-LayerNorm gain/bias statistics.
-    top_k : int
-        Strongest flagged dims per LayerNorm whose values go to TensorBoard scalars, and the number of
-        top-|z| dims written to the CSV (``top_gain_z``) whether flagged or not.
-    histograms : bool
-        Log gain/bias histograms per LayerNorm.
-    max_heatmap_rows : int
-        Steps kept (evenly thinned) for the heatmap image, bounding memory on long runs.
+    ``out_dir``, ``every_n_steps``, ``image_every_n_steps``, ``vectors`` (every dim's ``gain``/``bias``):
+    ``LightningOutlierMonitor``.  ``rule``: THE LayerNorm-outlier rule (``ln_rule`` config group; None: Kovaleva et
+    al.'s default), whose ``k`` also sets the σ of the per-LayerNorm statistics; ``top_k``: flagged dims per
+    LayerNorm drawn as TensorBoard scalars, and top-|z| dims written to the CSV whether flagged or not;
+    ``histograms``: log gain/bias histograms; ``max_heatmap_rows``: steps kept (evenly thinned) for the heatmap.
     """
 
     filename = LayerNormTracker.filename

@@ -1,11 +1,8 @@
 """The Lightning side of the two outlier monitors: when to record, resume handling, the trainer's loggers.
 
-What a record computes and writes is not here: each monitor is an adapter over a framework-free tracker of
-``outlierlab.monitoring`` (``LayerNormTracker``,
-``HiddenStateTracker``), and a record is written by
-``outlierlab.monitoring.recording.publish`` — the same objects the plain-loop
-``OutlierMonitor`` and the Hugging Face
-``OutlierMonitorCallback`` use, so every loop writes the same rows.
+What a record computes and writes is not here: each monitor is an adapter over a framework-free tracker
+(``LayerNormTracker``, ``HiddenStateTracker``), written by ``outlierlab.monitoring.recording.publish``: the same
+objects ``OutlierMonitor`` and ``OutlierMonitorCallback`` use, so every loop writes the same rows.
 
 A monitor records at step 0 (in ``on_train_start``, before the first optimizer update), every
 ``every_n_steps`` optimizer steps, whenever a checkpoint is saved, and at the end of training — at most
@@ -32,22 +29,13 @@ from outlierlab.monitoring.history import HistoryCSV
 
 
 class LightningOutlierMonitor(L.Callback):
-    """Base class; subclasses set ``tracker`` (whose ``filename`` names the history) and implement ``prepare``
-    and ``compute``.
+    """Base class; subclasses set ``tracker`` (its ``filename`` names the history), ``prepare`` and ``compute``.
 
-    Parameters
-    ----------
-    out_dir : str, optional
-        Folder of the CSV history and the latest PNG figures (config: ``${run_dir}/monitor``);
-        default ``<trainer.default_root_dir>/monitor``.
-    every_n_steps : int
-        Record every this many optimizer steps (besides step 0, checkpoints and the last step).
-    image_every_n_steps : int
-        Draw the figures only at records whose step is a multiple of this (and at the first and the
-        last record): rendering costs more than the statistics.
-    vectors : bool
-        At those same image records, also write whole per-dim vectors to the CSV (see the subclasses);
-        they are most of the rows, so their cadence bounds the file size.
+    ``out_dir``: folder of the CSV history and the latest PNGs (config: ``${run_dir}/monitor``; default
+    ``<trainer.default_root_dir>/monitor``).  ``every_n_steps``: record every this many optimizer steps (besides
+    step 0, checkpoints and the last step).  ``image_every_n_steps``: draw the figures only at records whose step is a
+    multiple of this (and the first and last): rendering costs more than the statistics.  ``vectors``: at those same
+    image records also write whole per-dim vectors (most of the rows, so their cadence bounds the file size).
     """
 
     filename = "monitor.csv"

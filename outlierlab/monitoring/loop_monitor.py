@@ -11,21 +11,13 @@ fixed held-out batch (Luo et al. 2021), on our ``RobertaMaskedLM`` or any regist
         monitor.step(model, step)               # records at step multiples of every_n_steps
     monitor.close()
 
-The same trackers and ``publish`` as the Lightning callbacks, so the same files: ``<out_dir>/layernorm.csv`` and
-``hidden_states.csv`` (``outlierlab.monitoring.history``), the PNG figures and the ``monitor/...`` TensorBoard scalars
-(own ``SummaryWriter`` in ``<out_dir>/tensorboard`` unless the caller passes one).
-
-Records at the first call, every ``every_n_steps`` steps, at ``max_steps`` and on ``OutlierMonitor.record`` (e.g. at a
-checkpoint save), at most once per step.
-
-Resume: a new monitor's first call at step S > 0 drops the history's rows at steps ≥ S and records S again (no gap, no
-duplicate, as ``ResumableCSVLogger``).  The init LayerNorm snapshot is written to ``<out_dir>/layernorm_initial.pt`` by
-a fresh session and read back by a resumed one (or restored with ``load_state_dict``).  Its TensorBoard writer opens
-with ``purge_step=S``; a fresh session (S = 0) removes an earlier run's event files and histories from a reused folder
-(those of a monitor now off are removed).
-
-Distributed: only global rank 0 computes and writes (identical weights under DDP).  DDP and ``torch.compile`` wrappers
-are looked through.
+The same trackers and ``publish`` as the Lightning callbacks, so the same files (``<out_dir>/layernorm.csv``,
+``hidden_states.csv``, the PNG figures) and TensorBoard tags (own ``SummaryWriter`` in ``<out_dir>/tensorboard``
+unless the caller passes one).  Records at the first call, every ``every_n_steps`` steps, at ``max_steps`` and on
+``OutlierMonitor.record``, at most once per step; only global rank 0 writes (DDP and ``torch.compile`` wrappers are
+looked through).  Resume: a first call at step S > 0 drops the history's rows at steps ≥ S and records S again; the
+init LayerNorm snapshot is kept in ``<out_dir>/layernorm_initial.pt``; a fresh session (S = 0) removes an earlier
+run's event files and histories from a reused folder.  docs/loop_monitors.md says it at length.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
 * ``aggregate`` -- ``python -m outlierlab.studies.aggregate <sweeps or tables>``: a seed study's
   means, confidence intervals, contrasts and declared families of tests, ``study.md`` and its curves;
-* ``cells`` (reading a study's run directories, each checked by
-  ``cell_checks``), ``design`` (which tests are corrected together),
-  ``replicates`` (the same configuration and seed on two code versions),
-  ``report`` (``study.md`` and the curves);
+* ``cells`` (a study's run directories, each checked by ``cell_checks``), ``design`` (which tests are corrected
+  together), ``replicates`` (one configuration and seed on two code versions), ``report`` (``study.md``, curves);
 * the statistics they apply: ``seed_statistics`` (means and confidence intervals over seeds, contrasts) and
   ``study_inference`` (families of tests and their corrections, equivalence, detectable effects);
 * ``table`` -- a study's run directories as one Parquet table, and back;

@@ -4,18 +4,15 @@
     python -m outlierlab.studies.ablation_table outputs/evaluate/<date>      # a folder of evaluate.py run dirs
 
 One row per run directory with ``ablation.csv`` (``analyses=[ablation]``) and per set of dims it disabled (the
-``outliers`` condition: the rule's dims or ``ablation.outlier_dims``; the ``user`` one: ``ablation.dims``; with the
-norms and layers it was zeroed in when they were not every layer's output LayerNorm): the intact
-model's loss, how much zeroing the set's LayerNorm gain and bias raised the loss and changed top-1 accuracy, what each
-random draw of as many dims did (mean, smallest, largest), and how many of the draws the set's rise exceeds.  Above
-all ``n`` draws is the one-sided rank test of "these dims matter more than random ones" at p = 1/(n+1); the draws
-are of as many dims as the ``outliers`` set, so a ``user`` set of another size gets no comparison ("–").
+``outliers`` condition, or the ``user`` one: ``ablation.dims``; with the norms and layers it was zeroed in when not
+every layer's output LayerNorm): the intact model's loss, how much zeroing the set's LayerNorm gain and bias raised the
+loss and changed top-1 accuracy, what each random draw of as many dims did (mean, smallest, largest), and how many
+draws the set's rise exceeds: above all ``n`` is the one-sided rank test of "these dims matter more than random ones"
+at p = 1/(n+1).  A ``user`` set of another size than the ``outliers`` one gets no comparison ("–").
 
-``--by-position`` gives the same rise per position bucket of the scored tokens (``ablation_by_position.csv``): one
-row per run and disabled set, one column per bucket, each cell the set's rise and, in brackets, the random draws'
-mean rise there and how many of the draws the set's rise exceeds there (``k/n``; draws of as many dims only).  A
-bucket's rank is descriptive: with ``n`` draws its smallest one-sided p is 1/(n+1), so across a row's buckets no
-correction for the family leaves one significant at 20 draws.
+``--by-position`` gives the same rise per position bucket of the scored tokens (``ablation_by_position.csv``), each
+cell the set's rise and, in brackets, the draws' mean rise and ``k/n``.  Descriptive: across a row's buckets no
+correction leaves one significant at 20 draws.
 """
 
 from __future__ import annotations

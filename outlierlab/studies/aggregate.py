@@ -12,20 +12,17 @@ every override except the seed, and writes into ``<sweep>/study/`` (or ``--out``
 * ``contrasts.csv`` -- those contrasts at every step;
 * ``curves/<metric>__<layer>.png`` -- mean and CI band per group over steps, the seeds drawn faintly behind.
 
-Refused in one line, before anything is written: a group whose cells ran different step budgets, or differ
-in a resolved setting that is not an override (so the grouping cannot tell them apart), or repeat a seed, or ran
-on different code versions (unless ``--allow-mixed-code``; cells without a manifest count as one unknown version).
-Unfinished cells are listed and left out -- unless ``--until STEP`` admits the training cells stopped before their
-budget (a wall-clock cut) whose numbers reach STEP; then every cell's rows after STEP are dropped, so all groups are
-compared on the same steps, and study.md names each admitted cell and where it stopped. Unusable cells (a torn, truncated, header-only or changed file, a torn
-marker, a cell extended and interrupted: ``outlierlab.studies.cells``) are listed one line each and left out,
-never averaged. Every row states its n; ``n_below_seeds`` marks a row with fewer seeds than its group holds.
+Refused in one line, before anything is written: a group whose cells ran different step budgets, differ in a
+resolved setting that is not an override, repeat a seed, or ran on different code versions (unless
+``--allow-mixed-code``; cells without a manifest count as one unknown version).  Unfinished cells are listed and
+left out, unless ``--until STEP`` admits training cells stopped before their budget whose numbers reach STEP (every
+cell's rows after STEP are then dropped).  Unusable cells (``outlierlab.studies.cells``) are listed one line each,
+never averaged.  Every row states its n; ``n_below_seeds`` marks a row with fewer seeds than its group holds.
 Bounded measures (shares, cosines) get intervals inside their range; contrasts get corrected p-values within declared
-families -- the outlier measures at the last step every cell reached (``--primary`` or the config's
-``study_design``, else a default set), the declared performance measures, and the exploratory rest, loss never pooled
-with an outlier measure -- the minimum detectable effect and TOST (``outlierlab.studies.design``). Paired
-tests pair on each cell's resolved seed. A group that mixes code versions is checked against the replicates of its
-own configuration (``--replicates`` adds cells read only for that: ``outlierlab.studies.replicates``).
+families (outlier measures at the last step every cell reached, performance measures, the exploratory rest; loss
+never pooled with an outlier measure), the minimum detectable effect and TOST (``outlierlab.studies.design``).
+Paired tests pair on each cell's resolved seed.  A group that mixes code versions is checked against the replicates
+of its own configuration (``--replicates``: ``outlierlab.studies.replicates``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Whether a cell of a sweep can be read: finished by the trainer's own definition, and every file it contributes
 intact.  Every problem is one line, ``<cell>: <file>: <what>``.  A cell with a manifest is verified against it
 (``run_state.verify_manifest``); one without has its CSVs checked for what a crash or copy leaves: zero bytes, header
-only, a cut last line, a row of another width.
-"""
+only, a cut last line, a row of another width."""
 
 from __future__ import annotations
 

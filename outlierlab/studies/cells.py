@@ -17,14 +17,11 @@ ran, ``finished.json`` (train.py) whether it completed. Its numbers come from th
 Per-layer monitor metrics also get a derived layer ``max_layer``: the largest value over the encoder layers
 (``layer_1`` .. ``layer_L``, not the embedding output), taken within each run before averaging.
 
-Cells that cannot be read wrong: a training cell is finished by ``outlierlab.jobs.run_state.finished_run``
-(the trainer's own definition; a torn ``finished.json`` is not finished), and its marker must cover the budget its
-config asks for (a cell extended past it and interrupted is not finished). A cell with ``manifest.json`` is checked
-by ``outlierlab.jobs.run_state.verify_manifest``; one without (cells made before manifests) has every CSV it
-contributes checked here (zero bytes, header only, last line cut, a row of another width) and its code version is
-unknown. A torn ``.hydra/overrides.yaml`` or ``config.yaml`` is one problem line, not a traceback. Every problem
-is ``<cell>: <file>: <what>``; a cell with any is unusable, listed and never averaged. A scalar statistic with
-more than one row per step is an error naming it (it is not dropped for that seed).
+Cells that cannot be read wrong (``outlierlab.studies.cell_checks``): a training cell is finished when the trainer's
+marker (``outlierlab.jobs.run_state.finished_run``) covers the budget its config asks for, and its files are checked
+against its manifest, or without one (its code version then unknown) for what a crash or copy leaves.  A torn
+``.hydra/overrides.yaml`` or ``config.yaml`` is one problem line, not a traceback; a cell with any problem is
+unusable, listed and never averaged.  A scalar statistic with more than one row per step is an error naming it.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ from outlierlab.jobs.run_resume import dotted_keys
 from outlierlab.jobs.run_state import code_versions
 from outlierlab.jobs.series import apply_series
 from outlierlab.studies.table import is_cell, resolve
-from outlierlab.utils.tables import MODEL_STEP, model_steps
+from outlierlab.utils.tables import MODEL_STEP, read_metrics
 
 #: Overrides that do not change what a cell computes: how it was launched, resumed or named, and where its caches live
 #: (``paths.cache_dir``: the same cells run on another machine set it; ``SEED_DEPENDENT`` below ignores it already).
@@ -170,9 +167,7 @@ def find_cells(paths: list[str | Path], until: int | None = None) -> list[Cell]:
 
 
 # ----------------------------------------------------------------------------------------------- numbers
-#: Metrics read under the name they have now (one name per quantity).  The hidden-state monitor once wrote its
-#: 1,000-pair anisotropy twice, as ``anisotropy`` and ``token_pair_cosine``, and before that its ``anisotropy`` was
-#: the 16-pair estimate of evaluate.py's protocol beside a 1,000-pair ``token_pair_cosine``.
+#: Metrics read under the name they have now (one name per quantity; ``_current_statistics`` says which cells differ).
 RENAMED = {"hidden/token_pair_cosine": "hidden/anisotropy"}
 
 
@@ -240,9 +235,7 @@ def _order_use(path: Path) -> pd.DataFrame:
 
 
 def _lightning_csv(path: Path) -> pd.DataFrame:
-    df = pd.read_csv(path)
-    # every row at the step of the model it measured: a validation logged the old way is one below the monitors'
-    df["step"] = model_steps(df)
+    df = read_metrics(path)  # every row at the step of the model it measured
     cols = [c for c in df.columns if c not in ("step", "epoch", MODEL_STEP)]
     long = df.melt(id_vars=["step"], value_vars=cols, var_name="metric", value_name="value").dropna(subset=["value"])
     long = long[~long["metric"].str.match(BOOKKEEPING)]

@@ -9,19 +9,13 @@ The design is declared beside the sweep, in the experiment config (``configs/exp
       equivalence_margin: {hidden/argmax_share: 0.1}          # in the metric's own units (TOST)
 
 or on the command line (``--primary``, ``--equivalence-margin``), which wins; then the cells' resolved config, then
-``configs/experiment/<experiment>.yaml``.  Every contrast row gets a ``family``; corrections stay within a family:
-
-* ``primary`` -- the declared outlier (or geometry) metric@layer at the last step all cells of both groups reached,
-  in the primary contrasts (nothing declared: ``DEFAULT_PRIMARY``); Holm ``p_holm`` and BH ``q_bh`` within it.
-* ``performance`` -- the declared loss, accuracy, perplexity or order-use metric@layer (``PERFORMANCE``) at that
-  step: its own confirmatory family, Holm and BH, never pooled with outlier measures.
-* ``exploratory`` -- every other outlier or geometry row (other layers, contrasts, earlier steps); BH within.
-* ``exploratory performance`` -- every other performance row; BH within.
-* ``not tested`` (p NaN: constant or one seed) and ``duplicate`` (a post-hoc row where the live monitor recorded the
-  same statistic): in no family.
-
-Confirmatory rows also get the 80 %-power minimum detectable effect (``mde``) and, with a margin, the TOST p
-(``tost_p``) -- ``outlierlab.studies.study_inference``.
+``configs/experiment/<experiment>.yaml``.  Every contrast row gets a ``family`` (docs/studies.md) and corrections stay
+within it: ``primary`` (the declared outlier metric@layer at the last step all cells of both groups reached, in the
+primary contrasts; nothing declared: ``DEFAULT_PRIMARY``; Holm ``p_holm`` and BH ``q_bh``), ``performance`` (the
+declared ``PERFORMANCE`` metrics at that step; Holm and BH, never pooled with outlier measures), ``exploratory`` and
+``exploratory performance`` (every other row; BH), and in no family ``not tested`` (p NaN) and ``duplicate`` (a
+post-hoc row the live monitor recorded too).  Confirmatory rows also get the 80 %-power minimum detectable effect
+(``mde``) and, with a margin, the TOST p (``tost_p``): ``outlierlab.studies.study_inference``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import pandas as pd
 from outlierlab.metrics.layer_identity import HISTORY, layer_identity
 from outlierlab.studies.cells import Cell, find_cells
 from outlierlab.utils.atomic import write_atomic
-from outlierlab.utils.tables import md_table, model_steps
+from outlierlab.utils.tables import md_table, read_metrics
 
 STATISTICS = ("abs_argmax_share", "argmax_share", "argmin_share")  # the monitor rows that carry a dimension
 
@@ -46,13 +46,9 @@ def use_from(cell: Cell, until: int | None = None) -> dict[str, float]:
     settled as the model began to use order when ``use_before < held_since <= use_from``.  NaN where not measured or
     never reached."""
     nan = {"use_before": float("nan"), "use_from": float("nan")}
-    path = cell.path / "csv" / "metrics.csv"
-    if not path.is_file():
-        return nan
-    m = pd.read_csv(path)
+    m = read_metrics(cell.path / "csv" / "metrics.csv")  # at the monitors' step of the same point
     if "val/order_use" not in m:
         return nan
-    m["step"] = model_steps(m)  # the monitors' step of the same point (a validation logged the old way: one below)
     v = m.dropna(subset=["val/order_use"])[["step", "val/order_use"]]
     v = v[v["step"] <= until] if until is not None else v
     threshold = cell.config.get("order_use_threshold")

@@ -5,21 +5,14 @@
     python -m outlierlab.studies.ladder docs/gpu/ladder_cpu.parquet --out docs/gpu/ladder_cpu.csv.xz --markdown docs/gpu/ladder_cpu.md
 
 Reads each train.py cell (``config.yaml``, ``csv/metrics.csv``, ``monitor/hidden_states.csv``/``layernorm.csv``) under
-the given folders or packed studies and writes
-
-* ``--out`` (long): ``cell, rung, layers, hidden, objective, pos, seed, step, tokens, metric, layer, value`` with
-  ``val/loss``, ``val/order_use``, ``layernorm/n_outlier_dims`` (Kovaleva's rule) and per encoder layer
-  ``abs_argmax_share``, ``abs_argmax_dim``, ``kurtosis``, ``max_median`` and ``abs_argmax_share_pos_<bucket>``;
-  ``tokens`` = step x batch x block x accumulation x devices;
-* ``<out stem>_summary.csv``: per cell the first step (and tokens) with a Luo-type dimension
-  (``metrics.luo_dimension``), its dimension and layers; the share of later checkpoints that keep one
-  (``luo_kept``); at the last step the dimension, layers and mean share (``luo_final_*``), the largest layer share
-  (``max_share``) with its share per position bucket (``final_position_shares``, e.g. ``1:1.00 ... 32-63:0.00``: a
-  positional dimension); the first step with a LayerNorm outlier, the last step, the final and best validation loss;
-  and, to order the two events, the first step with order use ≥ ``ORDER_USE_THRESHOLD`` (``order_use_step``, 0.1
-  nats: docs/order_use.md) and the first at which an encoder layer's dimension is *positional* (``marker_step``,
-  ``marker_layer``, ``marker_dim``, ``marker_buckets``): ≥ ``MARKER_HIGH`` (0.9) of some position bucket's tokens
-  and ≤ ``MARKER_LOW`` (0.1) of another's (rule fixed before any cell was read; NaN without by-position rows).
+the given folders or packed studies and writes ``--out`` (long: ``COLUMNS``; ``val/loss``, ``val/order_use``,
+``layernorm/n_outlier_dims`` and per encoder layer ``PER_LAYER`` and ``abs_argmax_share_pos_<bucket>``; ``tokens`` =
+step x batch x block x accumulation x devices) and ``<out stem>_summary.csv``: per cell the first step with a Luo-type
+dimension (``metrics.luo_dimension``) and how lasting and strong it is (``luo_kept``, ``luo_final_*``, ``max_share``,
+``final_position_shares``), the first LayerNorm outlier, the final and best validation loss, and, to order the two
+events, the first step with order use ≥ ``ORDER_USE_THRESHOLD`` (``order_use_step``) and the first at which a layer's
+dimension is a position marker (``marker_*``: ≥ ``MARKER_HIGH`` of one bucket's tokens and ≤ ``MARKER_LOW`` of
+another's; rule fixed before any cell was read).  docs/gpu.md defines every column.
 """
 
 from __future__ import annotations
@@ -38,7 +31,7 @@ from outlierlab.metrics.luo_dimension import LAYER_FRACTION, SHARE, luo_by_step
 from outlierlab.metrics.word_order import ORDER_USE_THRESHOLD
 from outlierlab.monitoring.history import history_frame
 from outlierlab.utils.atomic import write_atomic
-from outlierlab.utils.tables import md_table, model_steps
+from outlierlab.utils.tables import md_table, read_metrics
 
 COLUMNS = ["cell", "rung", "layers", "hidden", "objective", "pos", "seed", "step", "tokens", "metric", "layer", "value"]
 PER_LAYER = ("abs_argmax_share", "abs_argmax_dim", "kurtosis", "max_median")
@@ -92,9 +85,7 @@ def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_F
     ln = history_frame(ln_path, ["n_outlier_dims"]) if ln_path.is_file() else pd.DataFrame(columns=["step", "value"])
     parts.append(pd.DataFrame({"step": ln["step"], "metric": "layernorm/n_outlier_dims", "layer": "model",
                                "value": ln["value"]}))
-    metrics = pd.read_csv(cell / "csv" / "metrics.csv") if (cell / "csv" / "metrics.csv").is_file() else pd.DataFrame()
-    if len(metrics):
-        metrics["step"] = model_steps(metrics)  # a validation logged the old way is one below the monitors' record
+    metrics = read_metrics(cell / "csv" / "metrics.csv")
     for m in ("val/loss", "val/order_use"):
         if m in metrics:
             v = metrics[["step", m]].dropna()

@@ -6,11 +6,9 @@ It is evidence for the configuration it ran and no other. On a GPU, a learned po
 atomic adds, so replicates of one seed differ slightly unless ``trainer.deterministic=true``. A no-position path has
 no such adds and reproduces exactly. So this module compares the paths actually run:
 
-* ``replicate_rows``: every pair of readable cells, finished or stopped before their end (the study's, plus any
-  cells given only for this check) with one configuration and seed, each validation metric of ``COMPARED`` at
-  every step both logged: the largest
-  absolute difference, with both cells' code versions and how they computed (``finished.json``: ``accelerator``,
-  ``deterministic``; "not recorded" for cells written before it was recorded);
+* ``replicate_rows``: every pair of readable cells (the study's, plus any given only for this check) with one
+  configuration and seed, each metric of ``COMPARED`` at every step both logged: the largest absolute difference,
+  with both cells' code versions and how they computed (``finished.json``: ``accelerator``, ``deterministic``);
 * ``python -m outlierlab.studies.replicates RUN_DIR_OR_SWEEP ... [--out pairs.csv]``: those rows for any run
   directories, e.g. two replicates of one seed with ``trainer.deterministic=true`` (``scripts/gpu_scale.sh
   determinism``); exit 1 when no two cells share a configuration and seed;

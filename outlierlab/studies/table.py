@@ -3,19 +3,15 @@
     python -m outlierlab.studies.table pack docs/order_use/cells docs/order_use/cells.parquet
     python -m outlierlab.studies.aggregate docs/order_use/cells.parquet --contrast pos=learned,none    # as from the folder
 
-One Parquet table (Brotli, ``COMPRESSION``) per study, one row per file of every cell that the readers use -- the resolved
-``config.yaml``, ``.hydra/overrides.yaml``, ``manifest.json``, ``finished.json``, ``code_versions.jsonl`` and every CSV
-the cell wrote -- with columns ``cell`` (the run directory's name), ``file`` (its path in the cell) and ``text``.
-No checkpoint, figure, TensorBoard event or model: those stay where the study ran. A machine's absolute paths
-(``/scratch/...``, a user's home: run directories, caches) are replaced by ``<local>/<last component>``; the manifest's
-size and hash of each file so rewritten are updated, and the manifest lists them under ``"scrubbed"``, so
-``outlierlab.jobs.run_state.verify_manifest`` still checks every byte. Each cell is verified before it is
-packed (a cell the aggregator would refuse is packed as it is, and refused the same way when read).
+One Parquet table (Brotli, ``COMPRESSION``) per study, one row per file of every cell that the readers use (``KEEP``:
+the resolved config, overrides, manifest, markers and every CSV), columns ``cell`` (the run directory's name), ``file``
+(its path in the cell) and ``text``; no checkpoint, figure, event file or model.  A machine's absolute paths are
+replaced by ``<local>/<last component>`` (``scrub``), and the manifest's size and hash of each file so rewritten are
+updated and listed under ``"scrubbed"``, so ``outlierlab.jobs.run_state.verify_manifest`` still checks every byte.
 
-Every reader of run directories takes the table in their place (``cells_dir``): the study aggregator, the
-dimension-identity job, the doc tables. It extracts the files once into ``$OUTLIERLAB_CACHE/studies/<hash>/`` and
-hands that folder to the unchanged readers, so the numbers are the run directories' by construction
-(tests/test_study_table.py checks the round trip). For one's own analysis:
+Every reader of run directories takes the table in their place (``resolve``): it is extracted once into
+``$OUTLIERLAB_CACHE/studies/<hash>/`` and that folder handed to the unchanged readers, so the numbers are the run
+directories' by construction (docs/studies.md).  For one's own analysis:
 
     import pandas as pd
     files = pd.read_parquet("docs/order_use/cells.parquet")           # cell, file, text

@@ -1,7 +1,6 @@
 """Files that readers never see half-written: a temporary file in the destination's own directory, fsync, ``os.replace``
 (atomic on one file system), and an fsync of the directory so the rename survives a crash. (Lightning's ``_atomic_save``
-stages in ``$TMPDIR``, making the final move a copy; Lightning issue #21253.)
-"""
+stages in ``$TMPDIR``, making the final move a copy; Lightning issue #21253.)"""
 
 from __future__ import annotations
 

@@ -46,22 +46,10 @@ class PlainBar:
     """tqdm's stand-in off a terminal: counts work done, prints a plain line at most every ``every_s`` seconds and once
     at the end.
 
-    Drop-in for the part of tqdm's interface the encoding loops use (``update(n)``, ``close()``).
-
-    Parameters
-    ----------
-    total : int or None
-        Units of work expected (None: no percentage or ETA).
-    desc : str
-        What is running, e.g. ``"[evaluate] pass 1/1"``.
-    unit : str
-        Name of one unit in the line (``"sentences"``).
-    every_s : float
-        Minimum seconds between two lines (0 prints on every update).
-    stream : file, optional
-        Default stdout.
-    clock : callable
-        Time source (tests pass a fake one).
+    Drop-in for the part of tqdm's interface the encoding loops use (``update(n)``, ``close()``).  ``total``: units of
+    work expected (None: no percentage or ETA); ``desc``: what is running (``"[evaluate] pass 1/1"``); ``unit``: one
+    unit's name (``"sentences"``); ``every_s``: minimum seconds between two lines (0: every update); ``stream``:
+    default stdout; ``clock``: the time source (tests pass a fake one).
     """
 
     def __init__(self, total: int | None, desc: str, unit: str = "sentences", every_s: float = 30.0,

@@ -1,8 +1,7 @@
 """The two table writers of the project: row dicts to a CSV file (``write_csv``) and rows to a Markdown table
 (``md_table``), so all CSVs share one dialect (csv's default: ``,``, minimal quoting, ``\r\n``, ``str()`` of each value,
 empty for None or a missing key) and all Markdown tables one layout.  ``read_rows`` reads such a CSV back as strings;
-``model_step`` reads a ``metrics.csv`` row's step.
-"""
+``model_step`` reads a ``metrics.csv`` row's step, ``read_metrics`` the whole file."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from outlierlab.utils.atomic import write_atomic
 
 __all__ = ["columns_of", "joined", "write_csv", "read_rows", "decimals", "md_table", "MODEL_STEP", "model_step",
-           "model_steps"]
+           "model_steps", "read_metrics"]
 
 
 def columns_of(rows: Iterable[Mapping[str, Any]], first: Sequence[str] = ()) -> list[str]:
@@ -129,3 +128,14 @@ def model_steps(frame: Any) -> Any:
     logged = (pd.to_numeric(frame[MODEL_STEP], errors="coerce") if MODEL_STEP in frame.columns
               else pd.Series(float("nan"), index=frame.index))
     return logged.where(logged.notna(), step + validation.astype(int)).astype(int)
+
+
+def read_metrics(path: str | Path) -> Any:
+    """A Lightning ``metrics.csv`` as a pandas DataFrame, every row at the step of the model it measured
+    (``model_steps``: a validation logged the old way is one below the monitors' record); empty when absent."""
+    import pandas as pd
+
+    if not Path(path).is_file():
+        return pd.DataFrame()
+    frame = pd.read_csv(path)
+    return frame.assign(step=model_steps(frame))
