@@ -469,6 +469,28 @@ def optimizer_cells() -> dict:
                 vlm=f3(mu.val_loss_final), v950=f3(adam.loc[950].val_loss))
 
 
+def optimizer_sgd() -> dict:
+    r = pd.read_csv(OPT / "readings.csv")
+    summary = pd.read_csv(OPT / "ladder_summary.csv").set_index("cell")
+    adam, muon, sgd = (r[r.cell == f"4x256_learned_4_{a}"].set_index("step") for a in ("adamw", "muon", "sgd"))
+    sg = summary.loc["4x256_learned_4_sgd"]
+    assert pd.isna(sg.marker_step) and pd.isna(sg.luo_step) and pd.isna(sg.order_use_step)
+    assert sgd.val_loss.min() > adam.loc[950].val_loss  # never at AdamW's loss at the onset: not credited
+    top = sgd.loc[sgd.max_share.idxmax()]
+    long = pd.read_csv(OPT / "ladder.csv.xz", dtype={"layer": str})
+    layer1 = long[(long.cell == "4x256_learned_4_sgd") & (long.layer == "1") & (long.step == 1000)
+                  & (long.metric == "abs_argmax_share")].value.iloc[0]
+    buckets = long[(long.cell == "4x256_learned_4_sgd") & long.metric.str.startswith("abs_argmax_share_pos_")
+                   & (long.layer != "0")].value.max()
+    final = sgd.val_loss.dropna().iloc[-1]
+    a_at, m_at = (int(x[x.val_loss <= final].index.min()) for x in (adam, muon))
+    return dict(last=steps(sg.last_step), s=f2(top.max_share), l=int(top.max_share_layer), d=int(top.max_share_dim),
+                t=steps(top.name), l1=f2(layer1), k=f2(sgd.loc[1000].max_kurtosis), v=f3(sgd.loc[1000].val_loss),
+                vl=f3(sg.val_loss_final), ou=f"{sgd.order_use.max() + 0.00005:.4f}", pos=f2(buckets),
+                a_at=steps(a_at), a_v=f3(adam.loc[a_at].val_loss), m_at=steps(m_at), m_v=f3(muon.loc[m_at].val_loss),
+                a_top=f2(adam.loc[:a_at].max_share.max()), m_top=f2(muon.loc[:m_at].max_share.max()))
+
+
 def optimizer_w8a8() -> dict:
     q = pd.read_csv(OPT / "quantization.csv")
     q = q[q.layers == "all"].set_index(["cell", "step", "condition"])["delta_loss"]
@@ -476,7 +498,7 @@ def optimizer_w8a8() -> dict:
     def d(arm, step, condition):
         return f"{q.loc[(f'4x256_learned_4_{arm}', step, condition)]:+.4f}".replace("-", "−")
     return {f"{arm}{step}{'k' if keep else ''}": d(arm, step, "w8a8_keep" if keep else "w8a8")
-            for arm in ("adamw", "muon") for step in (500, 1000) for keep in (False, True)}
+            for arm in ("adamw", "muon", "sgd") for step in (500, 1000) for keep in (False, True)}
 
 
 @dataclass(frozen=True)
@@ -689,9 +711,25 @@ CLAIMS += [
           optimizer_cells),
     Claim("docs/optimizers.md", "AdamW's validation loss is {v950} at its marker onset (step {onset}) and {va} at step "
           "1,000", optimizer_cells),
-    Claim("docs/optimizers.md", "AdamW reached step {last_a} and Muon {last_m}", optimizer_cells),
-    Claim("docs/optimizers.md", "| 500 | {adamw500} | {adamw500k} | {muon500} | {muon500k} |", optimizer_w8a8),
-    Claim("docs/optimizers.md", "| 1,000 | {adamw1000} | {adamw1000k} | {muon1000} | {muon1000k} |", optimizer_w8a8),
+    Claim("docs/optimizers.md", "AdamW reached step {last_a}, Muon {last_m} and SGD", optimizer_cells),
+    Claim("docs/optimizers.md", "| 500 | {adamw500} | {adamw500k} | {muon500} | {muon500k} | {sgd500} | {sgd500k} |",
+          optimizer_w8a8),
+    Claim("docs/optimizers.md", "| 1,000 | {adamw1000} | {adamw1000k} | {muon1000} | {muon1000k} | {sgd1000} | "
+          "{sgd1000k} |", optimizer_w8a8),
+    Claim("docs/optimizers.md", "| largest share of any layer (layer, dimension, step) | 0.52 (2, 4, 1,100) | "
+          "0.25 (2, 133, 900) | {s} ({l}, {d}, {t}) |", optimizer_sgd),
+    Claim("docs/optimizers.md", "| layer 1's largest share at step 1,000 | 0.49 (dimension 4) | 0.07 | {l1} |",
+          optimizer_sgd),
+    Claim("docs/optimizers.md", "| largest kurtosis over the layers at step 1,000 | 2.64 | 1.44 | {k} |", optimizer_sgd),
+    Claim("docs/optimizers.md", "| order use passes 0.1 nats | step 700 | step 800 | never (at most {ou}) |",
+          optimizer_sgd),
+    Claim("docs/optimizers.md", "| validation loss at step 1,000 / at the last step | 5.125 / 4.873 | 4.992 / 4.357 | "
+          "{v} / {vl} |", optimizer_sgd),
+    Claim("docs/optimizers.md", "its validation loss is {v} at step 1,000 and {vl} at its last step, {last}, which "
+          "AdamW reached by step {a_at} ({a_v}) and Muon by step {m_at} ({m_v})", optimizer_sgd),
+    Claim("docs/optimizers.md", "(largest share of any layer up to step {a_at}: AdamW {a_top}; up to step {m_at}: Muon "
+          "{m_top})", optimizer_sgd),
+    Claim("docs/optimizers.md", "the largest share of one position bucket {pos})", optimizer_sgd),
 ]
 
 
