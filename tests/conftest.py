@@ -98,7 +98,7 @@ def shared_cache() -> Path:
 def cfg_train(tmp_path, shared_cache):
     """``configs/train.yaml`` composed for a fast CPU test run in a temporary run directory: the suite's small
     model on a corpus slice (``tests/test_train.py: SMALL``; 4 steps of the default model took ~28 s)."""
-    from tests.test_train import SMALL
+    from tests.run_fixtures import SMALL
 
     return compose("train", [f"run_dir={tmp_path}", *SMALL, "trainer.max_steps=4", "trainer.val_check_interval=2",
                              "trainer.limit_val_batches=2"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import compose
-from tests.test_train import SMALL, small_cfg, train_losses
+from tests.run_fixtures import SMALL, small_cfg, train_losses
 
 # each test trains the causal model end to end (and resumes or evaluates it): the full suite's, not the fast tier's
 pytestmark = pytest.mark.slow

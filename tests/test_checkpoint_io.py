@@ -14,8 +14,8 @@ from outlierlab.jobs import checkpoint_io
 from outlierlab.jobs.checkpoint_io import (MARGIN_BYTES, StagedCheckpointIO, checkpoint_bytes, checkpoints_kept,
                                            free_bytes_needed, staged_dir)
 from tests.conftest import compose
-from tests.test_sweeps import CELL
-from tests.test_train import final_weights, small_cfg
+from tests.run_fixtures import CELL
+from tests.run_fixtures import final_weights, small_cfg
 
 
 class Bomb:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_train import final_weights, small_cfg, train_losses
+from tests.run_fixtures import final_weights, small_cfg, train_losses
 
 pytestmark = pytest.mark.slow
 

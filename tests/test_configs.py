@@ -116,7 +116,7 @@ def test_bf16_mixed_trains_on_cpu_and_resumes_exactly(tmp_path, shared_cache):
     import math
 
     from outlierlab.jobs.training import train
-    from tests.test_train import small_cfg, train_losses
+    from tests.run_fixtures import small_cfg, train_losses
 
     common = ["trainer.precision=bf16-mixed", "trainer.limit_val_batches=0", "module.scheduler.num_warmup_steps=4",
               "module.scheduler.num_training_steps=20",  # one LR curve for the 10-step session and the 20-step run

@@ -35,7 +35,7 @@ def test_unbounded_or_empty_runs_are_refused():
 @pytest.mark.slow
 def test_train_logs_the_budget_and_warns_in_the_memorisation_regime(tmp_path, shared_cache, caplog):
     from outlierlab.jobs.training import train
-    from tests.test_train import small_cfg
+    from tests.run_fixtures import small_cfg
 
     caplog.set_level(logging.INFO, logger="outlierlab.jobs.training")
     train(small_cfg(tmp_path, "trainer.max_steps=2", "trainer.limit_val_batches=0", "export=false",

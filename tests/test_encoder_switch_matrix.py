@@ -69,7 +69,7 @@ def test_cli_sweep_over_schemes_and_attention_kinds(tmp_path, shared_cache):
     import sys
 
     from tests.conftest import ROOT
-    from tests.test_train import SMALL
+    from tests.run_fixtures import SMALL
 
     sweep = tmp_path / "sweep"
     env = {**{k: v for k, v in os.environ.items() if k != "OUTLIERLAB_DEBUG"}, "HF_HUB_OFFLINE": "1"}

@@ -17,7 +17,7 @@ import torch
 from outlierlab.models import EncoderConfig
 from outlierlab.models.encoder import RobertaMaskedLM
 from outlierlab.models.positions import POSITION_SCHEMES as SCHEMES
-from tests.test_train import final_weights, small_cfg
+from tests.run_fixtures import final_weights, small_cfg
 
 TINY = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_len=24)
 #: float32 on CPU; the kernels differ only in summation order

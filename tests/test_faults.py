@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
-from tests.test_train import SMALL
+from tests.run_fixtures import SMALL
 
 
 def _steps(csv_path: Path) -> list[int]:

@@ -114,7 +114,7 @@ def test_a_full_disk_leaves_a_runs_earlier_config_yaml(tmp_path, shared_cache, m
     """The resolved config of a run (read back by the model card, post-hoc monitors and export) was cut short
     under its own name when the disk filled as train.py wrote it."""
     from outlierlab.jobs.training import train
-    from tests.test_train import small_cfg
+    from tests.run_fixtures import small_cfg
 
     (tmp_path / "config.yaml").write_text(EARLIER)
     cfg = small_cfg(tmp_path, "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1")

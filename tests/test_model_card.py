@@ -139,7 +139,7 @@ def test_training_writes_a_card_and_a_remote_code_export(tmp_path, shared_cache)
     from outlierlab.jobs.training import train
     from outlierlab.models import load_pretrained
     from tests.test_remote_code_export import run_without_outlierlab
-    from tests.test_train import small_cfg
+    from tests.run_fixtures import small_cfg
 
     run = tmp_path / "run"
     train(small_cfg(run, "objective=clm", "pos=alibi", "trainer.max_steps=2", "trainer.val_check_interval=2",

@@ -15,7 +15,7 @@ from outlierlab.lightning_modules.mlm_module import MLMLitModule, weight_decay_g
 from outlierlab.models import EncoderConfig
 from outlierlab.models.optimizers import MuonWithAdamW, build_optimizer, hidden_matrices
 from tests.conftest import compose
-from tests.test_train import small_cfg, train_losses
+from tests.run_fixtures import small_cfg, train_losses
 
 ARMS = ["adamw", "sgd", "muon", "soap", "adafactor", "lion"]
 CLASSES = {"adamw": "AdamW", "sgd": "SGD", "muon": "MuonWithAdamW", "soap": "SOAP", "adafactor": "Adafactor",

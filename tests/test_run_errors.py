@@ -4,9 +4,6 @@ failing cell."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,8 +13,8 @@ from outlierlab.jobs import run_errors
 from outlierlab.jobs.run_errors import error_line, run_main
 from outlierlab.utils.dir_lock import lock_run_dir
 from outlierlab.jobs.run_state import failed_run, finished_run
-from tests.conftest import ROOT
-from tests.test_train import SMALL
+from tests.run_fixtures import SMALL
+from tests.run_fixtures import cli, one_error
 
 HIDDEN_130 = ("hidden_size=130 is not divisible by num_heads=4 (in model: change it with model.hidden_size=... or "
               "model.num_heads=...)")
@@ -79,19 +76,6 @@ def test_a_bug_is_not_hidden_as_a_user_error(monkeypatch):
     with pytest.raises(KeyError):  # a traceback (Hydra prints it), not a one-line "error:"
         run_main(job, None)
 
-
-def cli(script: str, args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    for key in ("OUTLIERLAB_DEBUG", "HYDRA_FULL_ERROR", "SLURM_JOB_ID"):
-        env.pop(key, None)
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=env)
-
-
-def one_error(stderr: str) -> str:
-    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in stderr and "HYDRA_FULL_ERROR" not in stderr, stderr[-2000:]
-    return errors[0]
 
 
 @pytest.mark.slow

@@ -17,8 +17,8 @@ import yaml
 
 from outlierlab.jobs import export_run, run_resume, run_state
 from outlierlab.jobs.run_state import failed_run, finished_run, verify_manifest
-from tests.test_run_state import make_cell
-from tests.test_train import small_cfg
+from tests.run_fixtures import make_cell
+from tests.run_fixtures import small_cfg
 
 # every test trains and resumes the small model end to end: the full suite's, not the fast tier's
 pytestmark = pytest.mark.slow

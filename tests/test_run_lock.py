@@ -19,7 +19,7 @@ import pytest
 from outlierlab.utils.dir_lock import RunDirBusy, lock_run_dir
 from outlierlab.utils.dir_lock import is_primary_process, read_holder
 from tests.conftest import ROOT
-from tests.test_train import SMALL
+from tests.run_fixtures import SMALL
 
 HOLD = """
 import fcntl, json, os, sys, time

@@ -12,30 +12,7 @@ import pytest
 from outlierlab.jobs import run_resume, run_state
 from outlierlab.jobs.run_state import (code_version, failed_run, finished_run, mark_failed, mark_finished,
                                        record_start, result_files, verify_manifest)
-
-METRICS_CSV = "step,train/loss,val/ppl\n0,6.9,\n10,5.1,\n20,4.2,329.7\n"
-MONITOR_CSV = "step,name,statistic,dim,value\n0,layer_0,mean,,0.78697\n10,layer_0,mean,,0.5\n"
-
-
-def make_cell(root: Path, steps: int = 20, max_steps: int = 20) -> Path:
-    """A hand-made finished training cell: two CSVs, a config, a checkpoint, an event file and HF weights."""
-    (root / "csv").mkdir(parents=True)
-    (root / "monitor").mkdir()
-    (root / "checkpoints").mkdir()
-    (root / "tensorboard").mkdir()
-    (root / "hf").mkdir()
-    (root / ".hydra").mkdir()
-    (root / "csv" / "metrics.csv").write_text(METRICS_CSV)
-    (root / "monitor" / "hidden_states.csv").write_text(MONITOR_CSV)
-    (root / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
-    (root / "config.yaml").write_text("seed: 1\n")
-    (root / "checkpoints" / "last.ckpt").write_bytes(b"\0" * 64)
-    (root / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"ev")
-    (root / "hf" / "model.safetensors").write_bytes(b"w" * 32)
-    (root / "hf" / "config.json").write_text("{}")
-    record_start(root, 0)
-    mark_finished(root, steps, max_steps, {"val/ppl": 329.7}, {"seed": 1})
-    return root
+from tests.run_fixtures import METRICS_CSV, MONITOR_CSV, make_cell
 
 
 @pytest.fixture
@@ -179,7 +156,7 @@ def test_staging_files_are_not_results(tmp_path):
 @pytest.mark.slow
 def test_a_training_run_records_each_start_and_finishes_with_a_clean_manifest(tmp_path, shared_cache):
     from outlierlab.jobs.training import train
-    from tests.test_train import small_cfg
+    from tests.run_fixtures import small_cfg
 
     train(small_cfg(tmp_path, "trainer.max_steps=2", "trainer.limit_val_batches=0"))
     train(small_cfg(tmp_path, "trainer.max_steps=3", "trainer.limit_val_batches=0"))  # more steps: a resume
@@ -257,7 +234,7 @@ def test_a_resumed_run_stopped_before_its_end_loads_as_its_last_checkpoint(tmp_p
     claiming to be the run (the loader would take the step-2 model over last.ckpt)."""
     from outlierlab.jobs import training
     from outlierlab.models.encoder_source import resolve_encoder
-    from tests.test_train import small_cfg
+    from tests.run_fixtures import small_cfg
 
     common = ("trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=1")
     training.train(small_cfg(tmp_path, "trainer.max_steps=2", *common))

@@ -11,7 +11,7 @@ import pytest
 
 from outlierlab.jobs import run_state
 from outlierlab.studies import aggregate as study
-from tests.test_study import plant_cell, plant_study
+from tests.study_fixtures import plant_cell, plant_study
 
 V = {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 900.0}, 100: {"kurtosis": 50.0, "share": 0.9, "ppl": 100.0}}
 EXP = {"experiment": "emergence_seeds"}

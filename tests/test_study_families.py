@@ -16,7 +16,7 @@ import yaml
 from outlierlab.studies.study_inference import adjust_pvalues
 from outlierlab.studies import aggregate as study
 from outlierlab.studies.design import is_performance
-from tests.test_study import row
+from tests.study_fixtures import row
 
 SEEDS = (1, 2, 3, 4, 5)
 STEPS = list(range(0, 101, 10))  # monitor rows every 10 steps; the last step is 100

@@ -13,7 +13,7 @@ from scipy import optimize, stats
 from outlierlab.studies.seed_statistics import contrast, summarize
 from outlierlab.studies.study_inference import adjust_pvalues, bounded_interval, minimum_detectable_effect, tost
 from outlierlab.studies import aggregate as study
-from tests.test_study import plant_study, row
+from tests.study_fixtures import plant_study, row
 
 P = [0.001, 0.008, 0.039, 0.041, 0.042, 0.06, 0.074, 0.205]
 # Holm: p_(i)·(m − i + 1), then the running maximum
@@ -150,7 +150,7 @@ def test_study_uses_bounded_intervals_for_shares(tmp_path):
 
 def test_the_design_is_read_from_the_cells_resolved_config(tmp_path):
     """Cells made since study_design exists carry it in config.yaml: primary family, contrast and margins."""
-    from tests.test_study import plant_cell
+    from tests.study_fixtures import plant_cell
 
     design = {"study_design": {"contrasts": ["pos=learned,none"], "primary": ["hidden/kurtosis@layer_2"],
                                "equivalence_margin": {"hidden/kurtosis": 5.0}}}

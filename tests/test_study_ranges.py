@@ -12,7 +12,7 @@ import pytest
 
 from outlierlab.studies.seed_statistics import CONSTANT, contrast, is_constant, summarize
 from outlierlab.studies import aggregate as study
-from tests.test_study import plant_cell, row
+from tests.study_fixtures import plant_cell, row
 
 
 def _rounded(x: float) -> float:

@@ -10,7 +10,7 @@ from outlierlab.jobs import run_state
 from outlierlab.studies import aggregate as study
 from outlierlab.studies.cells import find_cells
 from outlierlab.studies.replicates import configuration, linked, mixed_code_coverage, replicate_rows
-from tests.test_study import plant_cell
+from tests.study_fixtures import plant_cell
 
 V = {0: {"kurtosis": 1.0, "share": 0.1, "ppl": 900.0}, 100: {"kurtosis": 2.0, "share": 0.2, "ppl": 300.0}}
 

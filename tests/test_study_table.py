@@ -13,7 +13,7 @@ import pytest
 from outlierlab.studies import aggregate as study, table as study_table
 from outlierlab.jobs.run_state import verify_manifest, write_manifest
 from tests.conftest import ROOT
-from tests.test_study import plant_cell, plant_study
+from tests.study_fixtures import plant_cell, plant_study
 
 
 @pytest.fixture(autouse=True)

@@ -17,10 +17,8 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
-from tests.test_train import SMALL, final_weights, small_cfg
-
-CELL = [*SMALL, "trainer.limit_val_batches=0", "export=false", "callbacks.model_checkpoint.every_n_train_steps=3",
-        "trainer.max_steps=6"]
+from tests.run_fixtures import SMALL, final_weights, small_cfg
+from tests.run_fixtures import CELL
 
 
 class SignalAtStep(L.Callback):

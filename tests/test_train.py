@@ -13,36 +13,8 @@ import lightning as L
 import pytest
 import torch
 
-from tests.conftest import ROOT, compose
-
-SMALL = [
-    "data.max_documents=400",
-    "data.val_blocks=4",
-    "data.batch_size=8",
-    "data.block_size=64",
-    "tokenizer.vocab_size=1000",
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=2",
-    "model.intermediate_size=128",
-    "model.max_len=64",
-    "trainer.log_every_n_steps=1",
-    "trainer.enable_progress_bar=false",
-    "trainer.enable_model_summary=false",
-]
-
-
-def small_cfg(run_dir: Path, *overrides: str):
-    return compose("train", [f"run_dir={run_dir}", *SMALL, *overrides])
-
-
-def train_losses(run_dir: Path) -> dict[int, float]:
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+from tests.conftest import ROOT
+from tests.run_fixtures import SMALL, final_weights, small_cfg, train_losses
 
 
 def test_training_lowers_the_loss_and_exports(tmp_path, shared_cache):

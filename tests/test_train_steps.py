@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from outlierlab.utils.tables import model_step, model_steps
-from tests.test_train import small_cfg
+from tests.run_fixtures import small_cfg
 
 
 def _scalars(run_dir, tag: str) -> list[int]:

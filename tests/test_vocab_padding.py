@@ -72,8 +72,8 @@ def test_a_value_of_the_wrong_type_is_refused_naming_its_key(key, value, message
     ("0", "model.vocab_multiple must be >= 1 (1: no padding; 64 on a GPU), got 0"),
 ])
 def test_train_py_refuses_a_bad_multiple_in_one_line(tmp_path, value, message):
-    from tests.test_run_errors import cli, one_error
-    from tests.test_train import SMALL
+    from tests.run_fixtures import cli, one_error
+    from tests.run_fixtures import SMALL
 
     r = cli("train.py", [f"hydra.run.dir={tmp_path}", *SMALL, f"model.vocab_multiple={value}", "trainer.max_steps=2"])
     assert r.returncode == 1 and one_error(r.stderr).startswith(f"error: {message}")
