@@ -7,6 +7,7 @@ import csv
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import torch
@@ -87,3 +88,17 @@ def one_error(stderr: str) -> str:
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in stderr and "HYDRA_FULL_ERROR" not in stderr, stderr[-2000:]
     return errors[0]
+
+
+def run_without_outlierlab(script: str, tmp: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``script`` in a Python where ``import outlierlab`` raises ImportError, from a directory outside the
+    repository, offline, with transformers' remote-code module cache under ``tmp``."""
+    shim = tmp / "no_outlierlab"
+    shim.mkdir(exist_ok=True)
+    (shim / "outlierlab.py").write_text('raise ImportError("outlierlab is blocked: transformers alone must do")\n')
+    (tmp / "check.py").write_text(textwrap.dedent(script))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+    env.update(PYTHONPATH=str(shim), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
+               HF_MODULES_CACHE=str(tmp / "hf_modules"), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([sys.executable, str(tmp / "check.py")], cwd=tmp, env=env, capture_output=True, text=True,
+                          timeout=timeout)

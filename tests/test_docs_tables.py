@@ -10,7 +10,7 @@ import pytest
 from outlierlab.metrics.layernorm import LAYERNORM_ROW_FIELDS
 from outlierlab.evaluation.analyses import ablation, frequent_tokens, isotropy, order_use, outliers, qk_outliers, sts
 from tests.conftest import ROOT
-from tests.test_evaluate_run import COLUMNS as WRITTEN
+from tests.evaluate_fixtures import COLUMNS as WRITTEN
 
 DOC = (ROOT / "docs" / "tables.md").read_text()
 SECTIONS = dict(re.findall(r"^## (\S+).*?\n(.*?)(?=^## |\Z)", DOC, re.S | re.M))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from outlierlab.models import POSITION_SCHEMES, RobertaMaskedLM, load_pretrained, save_pretrained
-from tests.test_encoder_switches import batch, cfg
+from tests.encoder_fixtures import batch, cfg
 
 
 # ------------------------------------------------------------------------------ every scheme x switch

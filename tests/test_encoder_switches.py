@@ -15,19 +15,7 @@ from outlierlab.models import EncoderConfig, RobertaMaskedLM
 from outlierlab.models.attention import HeadGate, SelfAttention, clipped_softmax
 from outlierlab.models.blocks import Layer, OPLayer
 from outlierlab.models.norms import NORM_TYPES, make_norm
-
-SMALL = dict(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, max_len=12)
-
-
-def cfg(**kw) -> EncoderConfig:
-    return EncoderConfig(**{**SMALL, "dropout": 0.0, "attention_dropout": 0.0, **kw})
-
-
-def batch():
-    ids = torch.randint(5, 40, (3, 10), generator=torch.Generator().manual_seed(1))
-    ids[:, 0] = 0
-    ids[1, 7:] = 1  # right padding
-    return ids, (ids != 1).long()
+from tests.encoder_fixtures import batch, cfg
 
 
 # ------------------------------------------------------------------------------ defaults are today's model

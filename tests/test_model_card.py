@@ -138,7 +138,7 @@ def test_training_writes_a_card_and_a_remote_code_export(tmp_path, shared_cache)
     and transformers alone gives the logits of outlierlab's loader; the finished run's manifest covers the card."""
     from outlierlab.jobs.training import train
     from outlierlab.models import load_pretrained
-    from tests.test_remote_code_export import run_without_outlierlab
+    from tests.run_fixtures import run_without_outlierlab
     from tests.run_fixtures import small_cfg
 
     run = tmp_path / "run"

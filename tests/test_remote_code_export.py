@@ -10,10 +10,6 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -21,6 +17,7 @@ import torch
 
 from outlierlab.models import EncoderConfig, RobertaMaskedLM, hf_exportable, load_pretrained, save_pretrained
 from outlierlab.models import remote_code
+from tests.run_fixtures import run_without_outlierlab
 
 SCHEMES = ("learned", "none", "sinusoidal", "relative", "rope", "alibi")
 SWITCHES = {
@@ -62,20 +59,6 @@ def batch():
     ids[:, 0] = 0
     ids[1, 8:] = 1  # right padding: the mask reaches the exported model
     return ids, (ids != 1).long()
-
-
-def run_without_outlierlab(script: str, tmp: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``script`` in a Python where ``import outlierlab`` raises ImportError, from a directory outside the
-    repository, offline, with transformers' remote-code module cache under ``tmp``."""
-    shim = tmp / "no_outlierlab"
-    shim.mkdir(exist_ok=True)
-    (shim / "outlierlab.py").write_text('raise ImportError("outlierlab is blocked: transformers alone must do")\n')
-    (tmp / "check.py").write_text(textwrap.dedent(script))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
-    env.update(PYTHONPATH=str(shim), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
-               HF_MODULES_CACHE=str(tmp / "hf_modules"), PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run([sys.executable, str(tmp / "check.py")], cwd=tmp, env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 #: The check run in the subprocess: outlierlab unimportable, then per cell load / compare / re-save / reload.
