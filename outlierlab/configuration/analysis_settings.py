@@ -272,8 +272,8 @@ class AttentionSinksSettings(_TextSettings):
 
     SECTION: ClassVar[str] = "attention_sinks"
     max_sentences: AtLeast1 | None = 200
-    #: where the outlier dims are disabled (as ablation.layernorms; null = the rule's LayerNorms) outlier dims: the
-    #: one LayerNorm rule, configs/ln_rule
+    #: where the outlier dims are disabled (as ablation.layernorms; null = the LayerNorms the one rule judges,
+    #: configs/ln_rule)
     layernorms: Names | None = None
     #: null: the detected outlier dims; or e.g. [308, 381]
     dims: Ints | None = None
