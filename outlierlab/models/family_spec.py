@@ -160,7 +160,7 @@ class Family:
     ``attention``, ``q`` / ``k`` / ``v`` (the same path for a fused projection, laid out as ``qk_layout``: see
     ``QKProjection``), ``attention_out`` (its output projection: the update before dropout and the residual add),
     ``ffn_input`` (the FFN's first projection; a gated FFN: the gate's; ModernBERT: ``Wi``, input and gate side by
-    side), ``ffn_output`` (the down-projection: Bondarenko et al. 2023's ``ffn_output`` site); ``optional_norms``
+    side), ``ffn_up`` (a gated FFN's up projection, reading the gate's input), ``ffn_output`` (the down-projection: Bondarenko et al. 2023's ``ffn_output`` site); ``optional_norms``
     (block norms that may be ``nn.Identity``); ``qk_norms`` (query/key norms where a block has them, Qwen3's per head,
     OLMo 2's over the whole projection: the model rotates their outputs, so q/k are read there; layout
     ``qk_norm_layout``, ``heads`` or ``separate``).  Empty ``v``, ``attention_out``, ``ffn_input``: no such site.
@@ -194,6 +194,7 @@ class Family:
     v: str = ""
     attention_out: str = ""
     ffn_input: str = ""
+    ffn_up: str = ""
 
     # -- structure ------------------------------------------------------------------------------------------
     def block_list(self, model: nn.Module) -> list[nn.Module]:
