@@ -229,3 +229,27 @@ def test_a_block_linear_at_no_site_is_refused_in_one_line():
         with quantized(loaded.model):
             pass
     assert "\n" not in str(e.value)
+
+
+def test_an_adapted_linear_is_quantized_at_its_site_with_the_linears_it_wraps():
+    """PEFT's LoRA wraps a projection (base layer, lora_A, lora_B): the wrapper's input is the site, every linear it
+    holds has its weight rounded (and restored), so the quantized linears are still all of ``linear_layers``'."""
+    peft = pytest.importorskip("peft")
+    from outlierlab.models.w8a8 import site_linears
+
+    loaded, batches = planted_mlm(True)
+    model = peft.get_peft_model(loaded.model, peft.LoraConfig(r=2, target_modules=["query", "value"])).base_model.model
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # an adapter that changes the output
+    sites = linear_input_sites(model)
+    assert {id(m) for m in site_linears(sites.values())} == {id(m) for m in linear_layers(model).values()}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids, mask = batches[0]["input_ids"], batches[0]["attention_mask"]
+    with torch.no_grad():
+        full = model(ids, mask).logits
+        with quantized(model, keep=1):
+            rounded = model(ids, mask).logits
+    assert not torch.equal(full, rounded)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

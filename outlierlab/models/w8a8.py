@@ -12,7 +12,7 @@ weights -- parameters, not activations -- by ``rounded_weights``, which restores
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from outlierlab.metrics.fake_quant import fake_quantize, fake_quantize_weight, largest_dims
 from outlierlab.models.hook_points import LINEAR_INPUT_SITES, HookPoint, Site, attached, model_family, site_table
 
-__all__ = ["linear_layers", "linear_input_sites", "quantized", "rounded_weights", "KeptDims", "w8a8_cost"]
+__all__ = ["linear_layers", "linear_input_sites", "site_linears", "quantized", "rounded_weights", "KeptDims", "w8a8_cost"]
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -51,13 +51,20 @@ def linear_input_sites(model: nn.Module, blocks: Sequence[int] | None = None,
     table = site_table(model) if table is None else table
     sites = {n: s for n, s in table.items() if n.split(".", 2)[-1] in LINEAR_INPUT_SITES
              and (blocks is None or s.layer in blocks)}
-    reached = {id(m) for s in sites.values() for m in (s.module, *s.also)}
+    reached = {id(m) for m in site_linears(sites.values())}
     missing = [name for name, m in linear_layers(model, blocks).items() if id(m) not in reached]
     if missing:
         raise ValueError(f"the linear layers {', '.join(missing)} of {type(model).__name__} read no named site "
                          f"({', '.join(LINEAR_INPUT_SITES)}): add their paths to its family in "
                          "outlierlab/models/families.py")
     return sites
+
+
+def site_linears(sites: Iterable[Site]) -> list[nn.Module]:
+    """The linear layers at ``sites``: each site's modules, or the linears inside one that wraps them (an adapter
+    such as PEFT's LoRA, whose base layer and ``lora_A`` read the site; ``lora_B`` reads ``lora_A``'s rank-r output,
+    which no site names, so only its weight is rounded)."""
+    return [sub for s in sites for m in (s.module, *s.also) for sub in m.modules() if _is_linear(sub)]
 
 
 class KeptDims(Counter):
@@ -114,7 +121,7 @@ def quantized(model: nn.Module, blocks: Sequence[int] | None = None, bits: int =
     an error."""
     sites = linear_input_sites(model, blocks)
     hook = _input_rounding(bits, keep, kept)
-    with rounded_weights([m for s in sites.values() for m in (s.module, *s.also)], bits), \
+    with rounded_weights(site_linears(sites.values()), bits), \
             attached(model, {name: hook for name in sites}):
         yield
 
