@@ -102,12 +102,15 @@ def test_the_input_sites_hold_what_each_linear_layer_and_the_ffn_norm_receive(ki
     assert {id(m) for n in names if not n.endswith("ln_ffn.in") for m in (table[n].module, *table[n].also)} == \
         {id(m) for m in linear_layers(model).values()}
     seen, handles = {}, []
+
+    def record(key):
+        def pre(_m, args, kwargs):
+            seen[key] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+        return pre
+
     for name in names:
         for j, module in enumerate((table[name].module, *table[name].also)):
-            handles.append(module.register_forward_pre_hook(
-                lambda m, args, kwargs, key=(name, j): seen.__setitem__(key, (args[0] if args else
-                                                                              kwargs["hidden_states"]).detach().clone()),
-                with_kwargs=True))
+            handles.append(module.register_forward_pre_hook(record((name, j)), with_kwargs=True))
     try:
         cache = ol.run_with_cache(model, TEXTS[:1], sites=names, tokenizer=tok)
     finally:
@@ -363,7 +366,8 @@ def test_patching_with_its_own_activations_changes_nothing_and_with_another_text
     # the whole stream patched anywhere (a post-LN block's norms write it) makes the rest of the run the source's:
     # one loss, the clean labels scored on the source's predictions
     # (the output norm's input too: the norm writes the stream from it)
-    stream = other[other.site.str.contains(r"^(?:embed|ln_embed|ln_head|blocks\.\d\.(?:ln_attn|ln_ffn\.in|ln_ffn|resid))$")]
+    stream_sites = r"^(?:embed|ln_embed|ln_head|blocks\.\d\.(?:ln_attn|ln_ffn\.in|ln_ffn|resid))$"
+    stream = other[other.site.str.contains(stream_sites)]
     assert len(stream) == 2 + 1 + 4 * 2 and stream.loss.nunique() == 1
     assert (stream.effect != 0).all() and (stream.share == stream.effect / (stream.loss_source - stream.loss_base)).all()
     parts = other[~other.index.isin(stream.index)]

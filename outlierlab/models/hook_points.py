@@ -26,10 +26,10 @@ head's own norm).
 Each site is a module's output or first input (``embed``, ``ln_ffn.in`` and the linear layers' inputs), so a hook
 that returns a new tensor changes exactly what the name says downstream. Every linear layer of a block reads one of
 ``LINEAR_INPUT_SITES`` (``attn.in``, ``attn.z``, ``ffn.in``, ``ffn.post``); where several read one activation
-(separate q/k/v, a gated FFN's gate and up projections) the hook runs at each one's input. The one site that
-cannot be replaced is a Hugging Face ``attn.pattern``: transformers computes the probabilities inside a function and returns them after they
-weighed the values, so there the site can be read, not replaced (refused in one line); our encoder marks them with a
-module (``attention.self.pattern``), replaceable.
+(separate q/k/v, a gated FFN's gate and up projections) the hook runs at each one's input. The one site that cannot
+be replaced is a Hugging Face ``attn.pattern``: transformers computes the probabilities inside a function and
+returns them after they weighed the values, so there the site can be read, not replaced (refused in one line); our
+encoder marks them with a module (``attention.self.pattern``), replaceable.
 
 The norm sites are the norms of ``outlierlab.models.layernorms.model_layernorms`` (``norm_site`` maps their keys), so a
 dimension ablated here is one the LayerNorm rule judged.  Written by hand because neither transformers nor torch names a
@@ -50,8 +50,8 @@ from torch import Tensor, nn
 from outlierlab.models.families import UnknownFamilyError, family_of
 from outlierlab.models.family_spec import Family, submodule
 
-__all__ = ["BLOCK_SITES", "LINEAR_INPUT_SITES", "Site", "HookPoint", "HookFn", "site_table", "site_names", "resolve_sites", "norm_site",
-           "hidden_state_sites", "attached", "site_means"]
+__all__ = ["BLOCK_SITES", "LINEAR_INPUT_SITES", "Site", "HookPoint", "HookFn", "site_table", "site_names",
+           "resolve_sites", "norm_site", "hidden_state_sites", "attached", "site_means"]
 
 #: A hook: ``fn(activation, point) -> Tensor | None`` (None: the activation goes on as it is).
 HookFn = Callable[[Tensor, "HookPoint"], "Tensor | None"]

@@ -21,7 +21,8 @@ from torch import Tensor, nn
 from outlierlab.metrics.fake_quant import fake_quantize, fake_quantize_weight, largest_dims
 from outlierlab.models.hook_points import LINEAR_INPUT_SITES, HookPoint, Site, attached, model_family, site_table
 
-__all__ = ["linear_layers", "linear_input_sites", "site_linears", "quantized", "rounded_weights", "KeptDims", "w8a8_cost"]
+__all__ = ["linear_layers", "linear_input_sites", "site_linears", "quantized", "rounded_weights", "KeptDims",
+           "w8a8_cost"]
 
 
 def _is_linear(module: nn.Module) -> bool:
