@@ -86,7 +86,7 @@ def rounded_weights(modules: Sequence[nn.Module], bits: int = 8) -> Iterator[Non
     saved = []
     try:
         with torch.no_grad():
-            for module in modules:
+            for module in {id(m): m for m in modules}.values():  # once each: restored in one pass
                 w = module.weight
                 saved.append((w, w.detach().clone()))
                 # Conv1D stores (in, out): its output channels are columns
