@@ -12,7 +12,8 @@ from outlierlab.metrics.attention_mass import (AttentionEntropyAccumulator, atte
 from outlierlab.metrics.outlier_dims import position_row_stats
 from outlierlab.metrics.outlier_stats import OutlierAccumulator, pooled_share
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
-from outlierlab.models.sites import InfNormRecorder, block_sites, encoder_blocks, monitored_forward
+from outlierlab.models.hook_points import site_table
+from outlierlab.models.sites import InfNormRecorder, monitor_sites, monitored_forward
 
 
 # ----------------------------------------------------------------------------------------------- kurtosis
@@ -272,11 +273,19 @@ def test_padding_never_enters_the_inf_norm():
     assert rec.result()["ffn_output"][1].item() < 1e6
 
 
+def _block_sites(model, layer: int = 1) -> dict:
+    """Block ``layer``'s monitor sites as ``{name: (module, "input" | "output")}``."""
+    table = site_table(model)
+    return {key: (table[name].module, table[name].where) for (key, i), name in monitor_sites(model).items()
+            if i == layer}
+
+
 def test_block_variants_declare_their_sites():
-    op = encoder_blocks(_tiny(block="op"))[0]
-    pre = encoder_blocks(_tiny(norm_placement="pre"))[0]
-    assert "ln_output" not in block_sites(op) and block_sites(op)["ln_input"][0] is op.residual_out
-    assert block_sites(pre)["ln_input"] == (pre.residual_out, "output")
+    op_model, pre_model = _tiny(block="op"), _tiny(norm_placement="pre")
+    op, pre = op_model.roberta.encoder.layer[0], pre_model.roberta.encoder.layer[0]
+    # the block output: the block itself (its output's first element is residual_out's)
+    assert "ln_output" not in _block_sites(op_model) and _block_sites(op_model)["ln_input"] == (op, "output")
+    assert _block_sites(pre_model)["ln_input"] == (pre, "output")
     with torch.no_grad():
         _, _, inf = monitored_forward(_tiny(block="op"), torch.tensor([[0, 5, 2]]), torch.ones(1, 3))
     assert math.isnan(inf["ln_output"][1].item()) and inf["ffn_output"][1].item() > 0
@@ -287,7 +296,7 @@ def test_hf_bert_sites_fallback_uses_module_names():
     cfg = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=32, max_position_embeddings=16)
     bert = transformers.BertModel(cfg).eval()
-    sites = block_sites(encoder_blocks(bert)[1])
+    sites = _block_sites(bert, 2)
     assert sites["ffn_output"][0] is bert.encoder.layer[1].output.dense
     ids = torch.tensor([[2, 5, 6, 3]])
     with InfNormRecorder(bert) as rec, torch.no_grad():

@@ -319,8 +319,15 @@ def test_op_block_matches_its_equations_on_a_small_input():
 
 # ------------------------------------------------------------------------------ sites
 def test_sites_name_the_bondarenko_activations():
-    post = RobertaMaskedLM(cfg()).roberta.encoder.layer[0]
-    assert post.sites()["ffn_output"][0] is post.output.dense
-    assert post.sites()["ln_output"] == (post.output.LayerNorm, "output")
-    op = RobertaMaskedLM(cfg(block="op")).roberta.encoder.layer[0]
-    assert "ln_output" not in op.sites() and op.sites()["ffn_output"][0] is op.output.dense
+    from outlierlab.models.hook_points import site_table
+    from outlierlab.models.sites import monitor_sites
+
+    model = RobertaMaskedLM(cfg())
+    post, table = model.roberta.encoder.layer[0], site_table(model)
+    sites = {key: table[name] for key, name in monitor_sites(model).items()}
+    assert sites["ffn_output", 1].module is post.output.dense
+    assert (sites["ln_output", 1].module, sites["ln_output", 1].where) == (post.output.LayerNorm, "output")
+    model = RobertaMaskedLM(cfg(block="op"))
+    op, table = model.roberta.encoder.layer[0], site_table(model)
+    sites = {key: table[name] for key, name in monitor_sites(model).items()}
+    assert ("ln_output", 1) not in sites and sites["ffn_output", 1].module is op.output.dense

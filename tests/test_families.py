@@ -314,9 +314,9 @@ def test_olmo_rotary_layers_and_sites(model_type):
     """Per layer the model's own θ_i and reach (OLMo 3: a 16-token sliding window, then a full layer with its own
     frequencies); Bondarenko et al.'s sites: the FFN down-projection and the block output (no norm on the
     stream inside an OLMo block), the latter equal to the hidden state the model hands on."""
-    from outlierlab.models.families import family_of
+    from outlierlab.models.hook_points import site_table
     from outlierlab.models.rotary_layers import rotary_layers
-    from outlierlab.models.sites import InfNormRecorder
+    from outlierlab.models.sites import InfNormRecorder, monitor_sites
 
     model, tok = build(model_type)
     rot = model.model.rotary_emb
@@ -329,9 +329,10 @@ def test_olmo_rotary_layers_and_sites(model_type):
     else:
         assert [r.context for r in layers] == [512, 512]
         assert all(torch.equal(r.inv_freq, rot.inv_freq.double()) for r in layers)
-    family = family_of(model)
-    for b in model.model.layers:
-        sites = family.sites(b)
+    table = site_table(model)
+    for i, b in enumerate(model.model.layers, start=1):
+        sites = {key: (table[name].module, table[name].where) for (key, layer), name in monitor_sites(model).items()
+                 if layer == i}
         assert sites == {"ffn_output": (b.mlp.down_proj, "output"), "ln_input": (b, "output"),
                          "residual": (b, "output")}
     ids = tok(["the captain read the letter again", "a lady"], padding=True, return_tensors="pt")

@@ -161,7 +161,7 @@ def test_a_model_without_the_monitors_layers_is_refused_when_given_and_before_th
     linear = torch.nn.Linear(4, 4)
     with pytest.raises(ValueError, match=r"^model_type 'Linear' is not in the model-family registry"):
         OutlierMonitor(linear, out_dir=tmp_path / "a", hidden_states=False)
-    with pytest.raises(ValueError, match=r"^cannot find the encoder blocks of Linear: expected a ModuleList"):
+    with pytest.raises(ValueError, match=r"^no named sites for Linear: model_type 'Linear' is not in the model-family"):
         OutlierMonitor(linear, tokenizer=lambda *a, **k: None, out_dir=tmp_path / "b", layernorm=False)
     monitor = OutlierMonitor(out_dir=tmp_path / "c", hidden_states=False, writer=False)
     with pytest.raises(ValueError, match=r"^model_type 'Linear' is not in the model-family registry"):

@@ -39,7 +39,7 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     assert all(1 / 384 <= v <= 1 for v in values)
     # named sites: the scheme's first names, and a last-layer dimension holding a share of the tokens in (0, 1]
     sites = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "run_with_cache" in c.source)
-    assert "['embed', 'ln_embed', 'blocks.1.attn.q'" in outputs[sites]
+    assert "['embed', 'ln_embed', 'blocks.1.attn.in', 'blocks.1.attn.q'" in outputs[sites]
     share = float(outputs[sites].split(" holds the largest |value| of ")[1].split()[0])
     assert 0 < share <= 1
 

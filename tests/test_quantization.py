@@ -3,14 +3,18 @@ the formula on hand cases, and what a planted outlier dimension costs in 8 bits.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
+from family_models import DECODERS, SPECS, build
+from outlierlab.evaluation.analyses import quantization
 from outlierlab.evaluation.analyses.quantization import quantization_rows
 from outlierlab.metrics.fake_quant import absmax_scale, fake_quantize, fake_quantize_weight, largest_dims
-from outlierlab.datamodules.scoring_batches import masked_batches
+from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches
 from outlierlab.models.lm_model import LoadedModel
-from outlierlab.models.w8a8 import KeptDims, linear_layers, quantized
+from outlierlab.models.w8a8 import KeptDims, linear_input_sites, linear_layers, quantized
 from probe_fixtures import SENTENCES, byte_level_tokenizer
 
 PLANTED = 7
@@ -40,7 +44,7 @@ def test_weights_are_rounded_per_output_channel_and_clamped_at_127():
     assert torch.equal(largest_dims(torch.tensor([[0.1, -5.0, 2.0], [0.3, 1.0, -2.5]]), 2), torch.tensor([1, 2]))
 
 
-def planted_mlm(plant: bool, seed: int = 0, scale: float = 60.0):
+def planted_mlm(plant: bool, seed: int = 0, scale: float = 60.0, placement: str = "post", block: str = "roberta"):
     """Our RobertaMaskedLM, 2 layers x 32; ``plant``: in every block, value dimension 7 scaled up by ``scale`` and
     the attention output's input column 7 down by as much -- the same function (attention is linear in its values),
     but the attention output projection now reads an input with one outlier dimension, as Bondarenko et al.'s
@@ -50,7 +54,8 @@ def planted_mlm(plant: bool, seed: int = 0, scale: float = 60.0):
     torch.manual_seed(seed)
     tok = byte_level_tokenizer()
     cfg = EncoderConfig(vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                        max_len=64, pos={"name": "learned"}, dropout=0.0, attention_dropout=0.0)
+                        max_len=64, pos={"name": "learned"}, dropout=0.0, attention_dropout=0.0,
+                        norm_placement=placement, block=block)
     model = RobertaMaskedLM(cfg).eval()
     with torch.no_grad():
         model.roberta.embeddings.word_embeddings.weight.normal_(0, 1)
@@ -95,7 +100,7 @@ def test_quantized_restores_the_weights_exactly_and_counts_kept_dims():
     before = {k: v.clone() for k, v in loaded.model.state_dict().items()}
     weights = {k: m.weight.clone() for k, m in layers.items()}
     kept = KeptDims()
-    with quantized(layers, keep=2, kept=kept):
+    with quantized(loaded.model, keep=2, kept=kept):
         changed = all(not torch.equal(m.weight, weights[k]) for k, m in layers.items())
         loaded.forward(batches[0]["input_ids"], batches[0]["attention_mask"])
     assert changed
@@ -146,3 +151,105 @@ def test_the_monitor_records_what_8_bits_cost_on_its_batch():
         deltas[plant] = got
     assert deltas[True]["w8a8_kl"] > 5 * deltas[False]["w8a8_kl"] > 0, deltas
     assert 0 < deltas[True]["w8a8_keep_kl"] < 0.2 * deltas[True]["w8a8_kl"], deltas
+
+
+# ------------------------------------------------------------------- W8A8 through the named sites
+@contextmanager
+def pre_hook_w8a8(model, blocks=None, bits: int = 8, keep: int = 0, kept: KeptDims | None = None):
+    """The reference: W8A8 as a forward pre-hook on every linear layer ``linear_layers`` finds (its input rounded per
+    tensor, ``keep`` largest-|x| dims left out) and its weight rounded per output channel -- no sites involved."""
+    layers, saved, handles = linear_layers(model, blocks), {}, []
+
+    def quantize_input(module, args):
+        x = args[0]
+        dims = largest_dims(x, keep) if keep > 0 else None
+        if kept is not None and dims is not None:
+            kept.update(dims.tolist())
+            kept.inputs += 1
+        return (fake_quantize(x, bits, keep=dims), *args[1:])
+
+    try:
+        with torch.no_grad():
+            for name, module in layers.items():
+                saved[name] = module.weight.detach().clone()
+                w = module.weight
+                w.copy_(fake_quantize_weight(w.t(), bits).t() if type(module).__name__ == "Conv1D" else
+                        fake_quantize_weight(w, bits))
+                handles.append(module.register_forward_pre_hook(quantize_input))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for name, w in saved.items():
+                layers[name].weight.copy_(w)
+
+
+def _loaded(kind: str):
+    """A stand-in of every family (and ours: post-LN with a planted outlier, pre-LN, Outlier-Protected) with its
+    scored batches."""
+    if kind.startswith("ours"):
+        placement, block = {"ours-post": ("post", "roberta"), "ours-pre": ("pre", "roberta"),
+                            "ours-op": ("post", "op")}[kind]
+        return planted_mlm(True, placement=placement, block=block)
+    model, tok = build(kind)
+    decoder = kind in DECODERS
+    loaded = LoadedModel(model=model, tokenizer=tok, layernorms={}, kind="hf", name=kind, has_mlm_head=True,
+                         max_length=64, objective="next_token" if decoder else "masked_lm")
+    batches = (next_token_batches(tok, SENTENCES, 64, 4) if decoder else
+               masked_batches(tok, SENTENCES, 64, 4, 0.15, seed=3))
+    return loaded, batches
+
+
+FAMILIES = [*(t for t in SPECS if t != "albert"), "ours-post", "ours-pre", "ours-op"]
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_w8a8_through_the_sites_gives_the_pre_hook_paths_numbers_and_quantizes_every_block_linear(kind, monkeypatch):
+    """quantization_rows with the inputs rounded at the named sites equals, to the bit, the same rows with a
+    forward pre-hook on every linear layer (the whole model and each block alone, with and without LLM.int8()'s kept
+    dims and their counts); the sites feed exactly the linears ``linear_layers`` finds by type."""
+    loaded, batches = _loaded(kind)
+    for blocks in (None, [1], [2]):
+        sites = linear_input_sites(loaded.model, blocks)
+        quantized_here = {id(m) for s in sites.values() for m in (s.module, *s.also)}
+        assert quantized_here == {id(m) for m in linear_layers(loaded.model, blocks).values()}, blocks
+    through_sites = quantization_rows(loaded, batches, bits=8, keep=2)
+    monkeypatch.setattr(quantization, "quantized", pre_hook_w8a8)
+    by_pre_hooks = quantization_rows(loaded, batches, bits=8, keep=2)
+    assert through_sites == by_pre_hooks
+    # W8A8 moved the loss (the rows compare something), and the kept dims were counted
+    assert len(through_sites) == 7 and through_sites[1]["delta_loss"] != 0 and through_sites[4]["most_kept"]
+
+
+def test_a_block_linear_at_no_site_is_refused_in_one_line():
+    loaded, batches = planted_mlm(True)
+    loaded.model.roberta.encoder.layer[1].extra = torch.nn.Linear(32, 32)
+    with pytest.raises(ValueError, match=r"^the linear layers 2\.extra of RobertaMaskedLM read no named site") as e:
+        with quantized(loaded.model):
+            pass
+    assert "\n" not in str(e.value)
+
+
+def test_an_adapted_linear_is_quantized_at_its_site_with_the_linears_it_wraps():
+    """PEFT's LoRA wraps a projection (base layer, lora_A, lora_B): the wrapper's input is the site, every linear it
+    holds has its weight rounded (and restored), so the quantized linears are still all of ``linear_layers``'."""
+    peft = pytest.importorskip("peft")
+    from outlierlab.models.w8a8 import site_linears
+
+    loaded, batches = planted_mlm(True)
+    model = peft.get_peft_model(loaded.model, peft.LoraConfig(r=2, target_modules=["query", "value"])).base_model.model
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # an adapter that changes the output
+    sites = linear_input_sites(model)
+    assert {id(m) for m in site_linears(sites.values())} == {id(m) for m in linear_layers(model).values()}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids, mask = batches[0]["input_ids"], batches[0]["attention_mask"]
+    with torch.no_grad():
+        full = model(ids, mask).logits
+        with quantized(model, keep=1):
+            rounded = model(ids, mask).logits
+    assert not torch.equal(full, rounded)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -73,6 +73,7 @@ def test_cached_hidden_states_equal_output_hidden_states_and_an_identity_hook_ch
 
     table = site_table(model)
     writable = [n for n, s in table.items() if s.writable and s.layout == "tokens"]
+    assert {"blocks.1.attn.in", "blocks.1.attn.z", "blocks.1.ffn.in", "blocks.1.ffn.post"} <= set(writable)
     base = ol.run_with_hooks(model, TEXTS, tokenizer=tok, keep_logits=True, batch_size=2)
     # a new tensor equal to the old at every site: through every path a hook takes (module inputs and outputs,
     # tuple outputs, slices of fused q/k/v projections written back)
@@ -85,6 +86,39 @@ def test_cached_hidden_states_equal_output_hidden_states_and_an_identity_hook_ch
     doubled = ol.run_with_hooks(model, TEXTS, hooks={names[1]: scale(2.0)}, tokenizer=tok, keep_logits=True,
                                 batch_size=2)
     assert not torch.equal(doubled.logits, base.logits)
+
+
+@pytest.mark.parametrize("kind", [*REGISTERED, *OURS])
+def test_the_input_sites_hold_what_each_linear_layer_and_the_ffn_norm_receive(kind):
+    """``attn.in``, ``attn.z``, ``ffn.in``, ``ffn.post`` and ``ln_ffn.in`` cached equal, to the bit, the first input a
+    plain forward pre-hook on each of the site's modules sees (every q/k/v projection, a gated FFN's gate and up
+    projections); together they feed every linear layer of the blocks."""
+    from outlierlab.models.hook_points import LINEAR_INPUT_SITES
+    from outlierlab.models.w8a8 import linear_layers
+
+    model, tok = model_of(kind)
+    table = site_table(model)
+    names = [n for n in table if n.split(".", 2)[-1] in (*LINEAR_INPUT_SITES, "ln_ffn.in")]
+    assert {id(m) for n in names if not n.endswith("ln_ffn.in") for m in (table[n].module, *table[n].also)} == \
+        {id(m) for m in linear_layers(model).values()}
+    seen, handles = {}, []
+
+    def record(key):
+        def pre(_m, args, kwargs):
+            seen[key] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+        return pre
+
+    for name in names:
+        for j, module in enumerate((table[name].module, *table[name].also)):
+            handles.append(module.register_forward_pre_hook(record((name, j)), with_kwargs=True))
+    try:
+        cache = ol.run_with_cache(model, TEXTS[:1], sites=names, tokenizer=tok)
+    finally:
+        for h in handles:
+            h.remove()
+    assert sum(n.endswith(".attn.in") for n in names) == 2 and all(f"blocks.1.{s}" in names for s in LINEAR_INPUT_SITES)
+    for (name, _), x in seen.items():
+        torch.testing.assert_close(cache.text(0, name), x.reshape(-1, x.shape[-1]), atol=0, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("kind", ["bert", "modernbert", "gpt2", "llama", "olmo2", *OURS])
@@ -331,8 +365,10 @@ def test_patching_with_its_own_activations_changes_nothing_and_with_another_text
     assert other.loss_source.iloc[0] != other.loss_base.iloc[0]
     # the whole stream patched anywhere (a post-LN block's norms write it) makes the rest of the run the source's:
     # one loss, the clean labels scored on the source's predictions
-    stream = other[other.site.str.contains(r"^(?:embed|ln_embed|ln_head|blocks\.\d\.(?:ln_attn|ln_ffn|resid))$")]
-    assert len(stream) == 2 + 1 + 3 * 2 and stream.loss.nunique() == 1
+    # (the output norm's input too: the norm writes the stream from it)
+    stream_sites = r"^(?:embed|ln_embed|ln_head|blocks\.\d\.(?:ln_attn|ln_ffn\.in|ln_ffn|resid))$"
+    stream = other[other.site.str.contains(stream_sites)]
+    assert len(stream) == 2 + 1 + 4 * 2 and stream.loss.nunique() == 1
     assert (stream.effect != 0).all() and (stream.share == stream.effect / (stream.loss_source - stream.loss_base)).all()
     parts = other[~other.index.isin(stream.index)]
     assert (parts.effect.abs() < stream.effect.abs().iloc[0]).all()  # one sublayer carries part of the change
@@ -466,10 +502,12 @@ def test_an_unknown_site_is_one_line_listing_the_valid_ones():
             call()
         message = str(e.value)
         assert "\n" not in message and message.startswith("unknown site '")
-        assert message.endswith("; valid: embed, ln_embed, blocks.{1..2}.attn.q, blocks.{1..2}.attn.k, "
-                                "blocks.{1..2}.attn.v, blocks.{1..2}.attn.pattern, blocks.{1..2}.attn.out, "
-                                "blocks.{1..2}.ln_attn, blocks.{1..2}.ffn.pre, blocks.{1..2}.ffn.post, "
-                                "blocks.{1..2}.ffn.out, blocks.{1..2}.ln_ffn, blocks.{1..2}.resid, ln_final, ln_head")
+        assert message.endswith("; valid: embed, ln_embed, blocks.{1..2}.attn.in, blocks.{1..2}.attn.q, "
+                                "blocks.{1..2}.attn.k, blocks.{1..2}.attn.v, blocks.{1..2}.attn.pattern, "
+                                "blocks.{1..2}.attn.z, blocks.{1..2}.attn.out, blocks.{1..2}.ln_attn, "
+                                "blocks.{1..2}.ffn.in, blocks.{1..2}.ffn.pre, blocks.{1..2}.ffn.post, "
+                                "blocks.{1..2}.ffn.out, blocks.{1..2}.ln_ffn.in, blocks.{1..2}.ln_ffn, "
+                                "blocks.{1..2}.resid, ln_final, ln_head")
     assert ol.sites(model, tokenizer=tok)[-2:] == ["ln_final", "ln_head"]
     # a glob that matches nothing is unknown too; one that matches picks in depth order
     with pytest.raises(ValueError, match=r"^unknown site 'blocks\.\*\.mlp'"):

@@ -1,8 +1,8 @@
 """Transformer blocks of the encoder: RoBERTa's (post- or pre-LN) and the Outlier-Protected block.
 
 Module names follow ``transformers.RobertaLayer`` in every variant, so RoBERTa hooks (``layer.output.dense`` = FFN
-output) keep working and the default state dict is unchanged.  ``Layer.sites`` names the activations the outlier
-literature measures.
+output) keep working and the default state dict is unchanged; ``outlierlab.models.hook_points`` names their
+activations.
 
 Post-LN (RoBERTa; Liu et al. 2019), with ``f`` the attention or FFN sublayer::
 
@@ -76,10 +76,6 @@ class Output(AttentionOutput):
         super().__init__(config, norm, config.intermediate_size)
 
 
-#: A hook site: (module, "input" | "output") — the activation is that module's first input or its output.
-Site = tuple[nn.Module, str]
-
-
 class Layer(nn.Module):
     """RoBERTa block, post-LN (default) or pre-LN (``config.norm_placement``)."""
 
@@ -102,20 +98,6 @@ class Layer(nn.Module):
         ctx, probs = attn.self(x, key_mask_bias, position_ids, output_attentions)
         x = attn.output(ctx, x)
         return self.residual_out(out(self.intermediate(x), x)), probs
-
-    def sites(self) -> dict[str, Site]:
-        """Activations by name (Bondarenko et al. 2023 measure the inf-norm at these): ``ffn_output`` (the FFN's
-        down-projection, before dropout), ``residual`` (the block's output) and, post-LN only, ``ln_input`` (the output
-        LayerNorm's input) and ``ln_output`` (= ``residual``).  Pre-LN: ``ln_input`` is the block output, no
-        ``ln_output``."""
-        sites: dict[str, Site] = {"ffn_output": (self.output.dense, "output"),
-                                  "residual": (self.residual_out, "output")}
-        if self.pre_norm:
-            sites["ln_input"] = (self.residual_out, "output")
-        else:
-            sites["ln_input"] = (self.output.LayerNorm, "input")
-            sites["ln_output"] = (self.output.LayerNorm, "output")
-        return sites
 
 
 class OPLayer(nn.Module):
@@ -141,12 +123,6 @@ class OPLayer(nn.Module):
         x = x + self.attention_beta * attn.output.dropout(attn.output.dense(ctx))
         x = x + self.output_beta * out.dropout(out.dense(self.intermediate(x)))
         return self.residual_out(x), probs
-
-    def sites(self) -> dict[str, Site]:
-        """``ffn_output`` (before β) and ``residual``; ``ln_input`` is the block output (the sum a
-        post-LN block would normalise); there is no LayerNorm, so no ``ln_output``."""
-        return {"ffn_output": (self.output.dense, "output"), "residual": (self.residual_out, "output"),
-                "ln_input": (self.residual_out, "output")}
 
 
 def make_layer(config: EncoderConfig) -> nn.Module:

@@ -73,14 +73,14 @@ FAMILIES: tuple[Family, ...] = (
            None, "rotary (RoPE)", "self_attn", "self_attn.q_proj", "self_attn.k_proj",
            "separate", "mlp.down_proj", "RMSNorm (gain, no bias)",
            qk_norms=("self_attn.q_norm", "self_attn.k_norm"),  # Qwen3; absent in Llama, Mistral, Qwen2
-           v="self_attn.v_proj", attention_out="self_attn.o_proj", ffn_input="mlp.gate_proj"),
+           v="self_attn.v_proj", attention_out="self_attn.o_proj", ffn_input="mlp.gate_proj", ffn_up="mlp.up_proj"),
     # OLMo (Groeneveld et al. 2024, "OLMo: Accelerating the Science of Language Models"): Llama's block with a
     # LayerNorm without gain or bias ("non-parametric"), so the rule cannot judge it and says so; q/k/v clamped
     # to ±clip_qkv before the rotation where the config sets it
     Family("olmo", ("olmo",), "pre", True, "layers", _LLAMA_NORMS, None, "norm", None, None, "rotary (RoPE)",
            "self_attn", "self_attn.q_proj", "self_attn.k_proj", "separate", "mlp.down_proj",
            "LayerNorm without gain or bias (non-parametric: nothing for the rule to judge)", qk_clip="clip_qkv",
-           v="self_attn.v_proj", attention_out="self_attn.o_proj", ffn_input="mlp.gate_proj"),
+           v="self_attn.v_proj", attention_out="self_attn.o_proj", ffn_input="mlp.gate_proj", ffn_up="mlp.up_proj"),
     # OLMo 2 (Team OLMo 2024, "2 OLMo 2 Furious") and OLMo 3 (the same block; sliding-window layers):
     # "reordered norm", x ← x + RMSNorm(f(x)) — Llama's module name post_attention_layernorm, another place —
     # and a QK-norm over the whole q / k projection (not per head) before the rotation
@@ -89,7 +89,7 @@ FAMILIES: tuple[Family, ...] = (
            None, None, "rotary (RoPE; OLMo 3: sliding-window layers beside full ones)", "self_attn",
            "self_attn.q_proj", "self_attn.k_proj", "separate", "mlp.down_proj", "RMSNorm (gain, no bias)",
            qk_norms=("self_attn.q_norm", "self_attn.k_norm"), qk_norm_layout="separate",
-           v="self_attn.v_proj", attention_out="self_attn.o_proj", ffn_input="mlp.gate_proj"),
+           v="self_attn.v_proj", attention_out="self_attn.o_proj", ffn_input="mlp.gate_proj", ffn_up="mlp.up_proj"),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 

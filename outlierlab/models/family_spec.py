@@ -22,7 +22,7 @@ The registry of the families, keyed by ``config.model_type``: ``outlierlab.model
 * ``Family.position_table``, ``Family.positions`` — a learned absolute table (GPT-2's ``wpe``,
   BERT's ``position_embeddings``) or what the model uses instead (rotary, relative, ...).
 * ``Family.blocks``, ``Family.qk_projections`` (q/k where the model rotates them; ``split_qk`` for fused
-  projections), ``Family.sites`` (Bondarenko et al. 2023's activation sites).
+  projections); the activation sites the paths give: ``outlierlab.models.hook_points.site_table``.
 
 Paths are dotted module paths: block paths from the *base model* (``model.base_model``, so a model with or
 without its LM head resolves alike), norm/projection paths from one block, ``head_norm`` from the full
@@ -160,7 +160,7 @@ class Family:
     ``attention``, ``q`` / ``k`` / ``v`` (the same path for a fused projection, laid out as ``qk_layout``: see
     ``QKProjection``), ``attention_out`` (its output projection: the update before dropout and the residual add),
     ``ffn_input`` (the FFN's first projection; a gated FFN: the gate's; ModernBERT: ``Wi``, input and gate side by
-    side), ``ffn_output`` (the down-projection: Bondarenko et al. 2023's ``ffn_output`` site); ``optional_norms``
+    side), ``ffn_up`` (a gated FFN's up projection, reading the gate's input), ``ffn_output`` (the down-projection: Bondarenko et al. 2023's ``ffn_output`` site); ``optional_norms``
     (block norms that may be ``nn.Identity``); ``qk_norms`` (query/key norms where a block has them, Qwen3's per head,
     OLMo 2's over the whole projection: the model rotates their outputs, so q/k are read there; layout
     ``qk_norm_layout``, ``heads`` or ``separate``).  Empty ``v``, ``attention_out``, ``ffn_input``: no such site.
@@ -194,6 +194,7 @@ class Family:
     v: str = ""
     attention_out: str = ""
     ffn_input: str = ""
+    ffn_up: str = ""
 
     # -- structure ------------------------------------------------------------------------------------------
     def block_list(self, model: nn.Module) -> list[nn.Module]:
@@ -279,21 +280,6 @@ class Family:
                                         self._required(b, self.k, "key projection"), self.qk_layout, heads, kv,
                                         head_dim, clip))
         return out
-
-    def sites(self, block: nn.Module) -> dict[str, tuple[nn.Module, str]]:
-        """Bondarenko et al. (2023)'s activation sites of one block, ``{site: (module, "input" | "output")}``
-        (``outlierlab.models.sites``): ``ffn_output``; post-LN: ``ln_input``/``ln_output`` around the
-        output LayerNorm; pre-LN and reordered: ``ln_input`` = the block output (the sum a post-LN block would
-        normalise, as our own pre-LN blocks declare it; a reordered block normalises only the FFN's output, which
-        is ``ffn_output`` before its gain) and ``residual``."""
-        sites = {"ffn_output": (self._required(block, self.ffn_output, "FFN output projection"), "output")}
-        if self.placement == "post":
-            path = next(p for p, kind in self.norms if kind == "output")
-            ln = self._required(block, path, "output LayerNorm")
-            sites.update(ln_input=(ln, "input"), ln_output=(ln, "output"))
-        else:
-            sites.update(ln_input=(block, "output"), residual=(block, "output"))
-        return sites
 
     def describe(self) -> str:
         """One line: the family, its block kind, norms and positions."""

@@ -9,21 +9,27 @@ produces hidden state ``i``; the tables of evaluate.py number layers so, and ``a
 ``blocks.{i}.resid`` is ``output_hidden_states[i]``; TransformerLens counts blocks from 0.
 
 The sites (docs/sites.md has them with their shapes): ``embed`` (hidden state 0, the first block's input);
-``ln_embed`` (the embeddings' norm); per block ``blocks.{i}.attn.q`` / ``k`` / ``v`` (the projections' outputs before
-heads are split, QK-norms or rotary positions; of a fused projection its slice), ``attn.pattern`` (the probabilities;
-the runner switches to eager attention), ``attn.out`` (the attention's update before dropout and the residual add),
-``ln_attn`` (the attention norm's output: post-LN after the attention's residual add, pre-LN before the attention,
-reordered on its update), ``ffn.pre`` (the FFN's first projection before its activation; gated: the gate's),
-``ffn.post`` (the down-projection's input), ``ffn.out`` (its output before dropout and the residual add; Bondarenko et
-al. 2023's ``ffn_output``), ``ln_ffn`` (the FFN norm's output: post-LN the output LayerNorm, Kovaleva et al.'s, =
-``resid``; pre-LN before the FFN; reordered on its update) and ``resid`` (the block's output:
-``output_hidden_states[i]``, but for the last block of a model with a final norm); ``ln_final`` (the final norm's
-output, ``last_hidden_state``) and ``ln_head`` (the LM head's own norm).
+``ln_embed`` (the embeddings' norm); per block ``blocks.{i}.attn.in`` (the q/k/v projections' input:
+TransformerLens's ``hook_attn_in``), ``attn.q`` / ``k`` / ``v`` (the projections' outputs before heads are split,
+QK-norms or rotary positions; of a fused projection its slice), ``attn.pattern`` (the probabilities; the runner
+switches to eager attention), ``attn.z`` (the output projection's input, heads merged: TL's ``hook_z``),
+``attn.out`` (the attention's update before dropout and the residual add), ``ln_attn`` (the attention norm's output:
+post-LN after the attention's residual add, pre-LN before the attention, reordered on its update), ``ffn.in`` (the
+FFN's first projections' input: TL's ``hook_mlp_in``), ``ffn.pre`` (the FFN's first projection before its
+activation; gated: the gate's), ``ffn.post`` (the down-projection's input), ``ffn.out`` (its output before dropout
+and the residual add; Bondarenko et al. 2023's ``ffn_output``), ``ln_ffn.in`` (the FFN norm's input), ``ln_ffn``
+(the FFN norm's output: post-LN the output LayerNorm, Kovaleva et al.'s, = ``resid``; pre-LN before the FFN;
+reordered on its update) and ``resid`` (the block's output: ``output_hidden_states[i]``, but for the last block of a
+model with a final norm); ``ln_final`` (the final norm's output, ``last_hidden_state``) and ``ln_head`` (the LM
+head's own norm).
 
-Each site is a module's output or first input (``ffn.post``, ``embed``), so a hook that returns a new tensor changes
-exactly what the name says downstream.  The exception is a Hugging Face ``attn.pattern``: transformers computes the
-probabilities inside a function and returns them after they weighed the values, so there the site can be read, not
-replaced (refused in one line); our encoder marks them with a module (``attention.self.pattern``), replaceable.
+Each site is a module's output or first input (``embed``, ``ln_ffn.in`` and the linear layers' inputs), so a hook
+that returns a new tensor changes exactly what the name says downstream. Every linear layer of a block reads one of
+``LINEAR_INPUT_SITES`` (``attn.in``, ``attn.z``, ``ffn.in``, ``ffn.post``); where several read one activation
+(separate q/k/v, a gated FFN's gate and up projections) the hook runs at each one's input. The one site that cannot
+be replaced is a Hugging Face ``attn.pattern``: transformers computes the probabilities inside a function and
+returns them after they weighed the values, so there the site can be read, not replaced (refused in one line); our
+encoder marks them with a module (``attention.self.pattern``), replaceable.
 
 The norm sites are the norms of ``outlierlab.models.layernorms.model_layernorms`` (``norm_site`` maps their keys), so a
 dimension ablated here is one the LayerNorm rule judged.  Written by hand because neither transformers nor torch names a
@@ -44,8 +50,8 @@ from torch import Tensor, nn
 from outlierlab.models.families import UnknownFamilyError, family_of
 from outlierlab.models.family_spec import Family, submodule
 
-__all__ = ["BLOCK_SITES", "Site", "HookPoint", "HookFn", "site_table", "site_names", "resolve_sites", "norm_site",
-           "hidden_state_sites", "attached", "site_means"]
+__all__ = ["BLOCK_SITES", "LINEAR_INPUT_SITES", "Site", "HookPoint", "HookFn", "site_table", "site_names",
+           "resolve_sites", "norm_site", "hidden_state_sites", "attached", "site_means"]
 
 #: A hook: ``fn(activation, point) -> Tensor | None`` (None: the activation goes on as it is).
 HookFn = Callable[[Tensor, "HookPoint"], "Tensor | None"]
@@ -54,8 +60,10 @@ _KIND_SLOT = {"attention_output": "ln_attn", "attention_input": "ln_attn", "atte
               "output": "ln_ffn", "mlp_input": "ln_ffn", "mlp_update": "ln_ffn"}
 _LAYER = re.compile(r"^layer\.(\d+)\.(\w+)$")
 #: The sites of one block, in the order ``site_table`` lists them.
-BLOCK_SITES = ("attn.q", "attn.k", "attn.v", "attn.pattern", "attn.out", "ln_attn", "ffn.pre", "ffn.post", "ffn.out",
-               "ln_ffn", "resid")
+BLOCK_SITES = ("attn.in", "attn.q", "attn.k", "attn.v", "attn.pattern", "attn.z", "attn.out", "ln_attn", "ffn.in",
+               "ffn.pre", "ffn.post", "ffn.out", "ln_ffn.in", "ln_ffn", "resid")
+#: The block sites that are linear layers' inputs: every linear of a block reads one (W8A8 rounds them there).
+LINEAR_INPUT_SITES = ("attn.in", "attn.z", "ffn.in", "ffn.post")
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,8 @@ class Site:
 
     name : the site's name
     module : the module whose output (``where="output"``) or first input (``"input"``) it is
+    also : further modules whose first input is the same activation (separate q/k/v projections, a gated FFN's
+        gate and up projections): a hook runs at each one's input, and each receives what it returns
     item : the element of a tuple output (a block's ``(hidden, ...)``: 0; an attention's probabilities: 1)
     part : a slice of a fused projection's output: ``(layout, index, sizes, head_dim)`` with layout ``qkv``
         (``[q | k | v]``) or ``head_qkv`` (per head ``[q_h | k_h | v_h]``, GPT-NeoX), index 0/1/2 = q/k/v
@@ -76,6 +86,7 @@ class Site:
     name: str
     module: nn.Module
     where: str = "output"
+    also: tuple[nn.Module, ...] = ()
     item: int = 0
     part: tuple | None = None
     layer: int | None = None
@@ -144,6 +155,7 @@ def site_table(model: nn.Module) -> dict[str, Site]:
     fused = family.qk_layout in ("qkv", "head_qkv")
     for i, block in enumerate(blocks, start=1):
         p = f"blocks.{i}."
+        _add_input(table, p + "attn.in", block, (family.q, family.k, family.v), i)
         for j, (slot, path) in enumerate((("q", family.q), ("k", family.k), ("v", family.v))):
             module = submodule(block, path)
             if module is not None:
@@ -156,21 +168,32 @@ def site_table(model: nn.Module) -> dict[str, Site]:
             table[p + "attn.pattern"] = Site(p + "attn.pattern", attention, item=1, layer=i, layout="pattern",
                                              writable=False)
         if (out := submodule(block, family.attention_out)) is not None:
+            table[p + "attn.z"] = Site(p + "attn.z", out, "input", layer=i)
             table[p + "attn.out"] = Site(p + "attn.out", out, layer=i)
         if p + "ln_attn" in norms:
             table[p + "ln_attn"] = Site(p + "ln_attn", norms[p + "ln_attn"], layer=i)
+        _add_input(table, p + "ffn.in", block, (family.ffn_input, family.ffn_up), i)
         if (up := submodule(block, family.ffn_input)) is not None:
             table[p + "ffn.pre"] = Site(p + "ffn.pre", up, layer=i)
         if (down := submodule(block, family.ffn_output)) is not None:
             table[p + "ffn.post"] = Site(p + "ffn.post", down, "input", layer=i)
             table[p + "ffn.out"] = Site(p + "ffn.out", down, layer=i)
         if p + "ln_ffn" in norms:
+            table[p + "ln_ffn.in"] = Site(p + "ln_ffn.in", norms[p + "ln_ffn"], "input", layer=i)
             table[p + "ln_ffn"] = Site(p + "ln_ffn", norms[p + "ln_ffn"], layer=i)
         table[p + "resid"] = Site(p + "resid", block, layer=i)
     for name in ("ln_final", "ln_head"):
         if name in norms:
             table[name] = Site(name, norms[name])
     return table
+
+
+def _add_input(table: dict[str, Site], name: str, block: nn.Module, paths: Sequence[str], layer: int) -> None:
+    """The site ``name``: the first input of the modules at ``paths`` in ``block`` (a fused projection's one module),
+    where the block has them."""
+    modules = list({id(m): m for m in (submodule(block, path) for path in paths) if m is not None}.values())
+    if modules:
+        table[name] = Site(name, modules[0], "input", also=tuple(modules[1:]), layer=layer)
 
 
 def site_names(model: nn.Module) -> list[str]:
@@ -300,7 +323,7 @@ def attached(model: nn.Module, hooks: Mapping[str, HookFn | Sequence[HookFn]], t
                         return (_apply(site, point, fns, args[0]), *args[1:]), kwargs
                     return args, {**kwargs, "hidden_states": _apply(site, point, fns, kwargs["hidden_states"])}
 
-                handles.append(site.module.register_forward_pre_hook(pre, with_kwargs=True))
+                handles += [m.register_forward_pre_hook(pre, with_kwargs=True) for m in (site.module, *site.also)]
             else:
                 def post(_m, _args, out, site=site, point=point, fns=fns):
                     return _apply(site, point, fns, out)

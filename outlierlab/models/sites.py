@@ -1,19 +1,19 @@
-"""Named activation sites inside each encoder block, and the inf-norm recorded there by forward hooks.
+"""The inf-norm of every block's activations at Bondarenko et al.'s (2023) sites, read through the named sites.
 
 Bondarenko, Nagel & Blankevoort (2023, "Quantizable Transformers: Removing Outliers by Helping Attention
 Heads Do Nothing", NeurIPS 2023) report the inf-norm ‖x‖∞ = max |x| of BERT activations at the FFN output
 and around the output LayerNorm; users of their code could not tell which tensor a number referred to,
-so here every value is tagged by its site:
+so here every value is tagged by its site, under the names the monitors' histories carry, each one a site of
+``outlierlab.models.hook_points.site_table`` (``monitor_sites``):
 
-* ``ffn_output`` — the FFN down-projection's output, before dropout and the residual add;
-* ``ln_input`` — residual + FFN output, the input of the block's output LayerNorm (a forward pre-hook);
-* ``ln_output`` — that LayerNorm's output (= the block's output in a post-LN block);
-* ``residual`` — the stream the block hands on (our encoder only).
+* ``ffn_output`` — ``blocks.{i}.ffn.out``: the FFN down-projection's output, before dropout and the residual add;
+* ``ln_input`` — post-LN: ``blocks.{i}.ln_ffn.in``, residual + FFN output, the input of the block's output
+  LayerNorm; pre-LN, reordered-norm and Outlier-Protected blocks: ``blocks.{i}.resid``, the block output (the sum a
+  post-LN block would normalise; no norm there writes the stream);
+* ``ln_output`` — post-LN only: ``blocks.{i}.ln_ffn``, that LayerNorm's output (= the block's output);
+* ``residual`` — ``blocks.{i}.resid``: the stream the block hands on.
 
-Where the sites are: a block's own ``sites()`` method (``{name: (module, "input" | "output")}``: our
-``outlierlab.models.blocks.Layer`` and ``OPLayer``, which omit the sites they lack), else its family's
-(``outlierlab.models.family_spec.Family.sites``), else BERT/RoBERTa and DistilBERT module names (``block_sites``).
-
+A model without a site table (an unregistered ``model_type``) is refused in one line naming how to register it.
 Layers are numbered like hidden states: block i (1-based) produces hidden state i; hidden state 0 is the
 embedding output, which has no sites.
 """
@@ -27,70 +27,28 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor, nn
 
-from outlierlab.models.families import UnknownFamilyError, family_of
+from outlierlab.models.hook_points import Site, attached, model_family, site_table
 from outlierlab.models.placement import eager_attention
 
-__all__ = ["SITE_NAMES", "encoder_blocks", "block_sites", "InfNormRecorder", "eager_attention", "monitored_forward"]
+__all__ = ["SITE_NAMES", "monitor_sites", "InfNormRecorder", "eager_attention", "monitored_forward"]
 
 #: The sites recorded by default (Bondarenko et al. 2023).
 SITE_NAMES = ("ffn_output", "ln_input", "ln_output")
 
-# Hugging Face fallbacks: (site, dotted module path inside the block, "input" | "output").
-_HF_SITES = (
-    (("ffn_output", "output.dense", "output"), ("ln_input", "output.LayerNorm", "input"),
-     ("ln_output", "output.LayerNorm", "output")),  # BertLayer, RobertaLayer, ...
-    (("ffn_output", "ffn.lin2", "output"), ("ln_input", "output_layer_norm", "input"),
-     ("ln_output", "output_layer_norm", "output")),  # DistilBERT TransformerBlock
-)
-_BLOCK_LISTS = ("roberta.encoder.layer", "encoder.layer", "transformer.layer", "bert.encoder.layer",
-                "distilbert.transformer.layer")
 
-
-def _family(model: nn.Module):
-    try:
-        return family_of(model)
-    except UnknownFamilyError:
-        return None
-
-
-def encoder_blocks(model: nn.Module) -> list[nn.Module]:
-    """The blocks in depth order (ours, a registered Hugging Face family, else BERT/DistilBERT-style names;
-    with or without the LM head)."""
-    family = _family(model)
-    if family is not None:
-        return family.block_list(model)
-    for path in _BLOCK_LISTS:
-        mod = model
-        try:
-            for part in path.split("."):
-                mod = getattr(mod, part)
-        except AttributeError:
-            continue
-        if isinstance(mod, nn.ModuleList) and len(mod):
-            return list(mod)
-    raise ValueError(f"cannot find the encoder blocks of {type(model).__name__}: expected a ModuleList at one of "
-                     f"{', '.join(_BLOCK_LISTS)}")
-
-
-def block_sites(block: nn.Module, family=None) -> dict[str, tuple[nn.Module, str]]:
-    """``{site: (module, "input" | "output")}`` of one block: its own ``sites()``, its family's
-    (``outlierlab.models.family_spec.Family.sites``), else the HF BERT/DistilBERT names."""
-    if callable(getattr(block, "sites", None)):
-        return dict(block.sites())
-    if family is not None:
-        return family.sites(block)
-    for table in _HF_SITES:
-        found = {}
-        for site, path, kind in table:
-            try:
-                found[site] = (block.get_submodule(path), kind)
-            except AttributeError:
-                break
-        else:
-            return found
-    raise ValueError(f"block {type(block).__name__} has no sites() method and no known FFN/LayerNorm module "
-                     "names (output.dense/output.LayerNorm or ffn.lin2/output_layer_norm); give it a sites() "
-                     "method returning {name: (module, 'input'|'output')}")
+def monitor_sites(model: nn.Module, table: dict[str, Site] | None = None) -> dict[tuple[str, int], str]:
+    """``{(monitor site, layer): named site}`` for every block of ``model`` (see the module docstring); a site a
+    block lacks is absent (an Outlier-Protected block's ``ln_output``)."""
+    table = site_table(model) if table is None else table
+    post = model_family(model).placement == "post"
+    out = {}
+    for layer in sorted({s.layer for n, s in table.items() if n.startswith("blocks.")}):
+        p = f"blocks.{layer}."
+        normed = post and p + "ln_ffn" in table  # a post-LN block's output norm writes the stream
+        names = {"ffn_output": "ffn.out", "ln_input": "ln_ffn.in" if normed else "resid",
+                 "ln_output": "ln_ffn" if normed else None, "residual": "resid"}
+        out.update({(key, layer): p + site for key, site in names.items() if site and p + site in table})
+    return out
 
 
 class InfNormRecorder:
@@ -115,36 +73,30 @@ class InfNormRecorder:
     """
 
     def __init__(self, model: nn.Module, sites: Iterable[str] = SITE_NAMES) -> None:
-        self.blocks = encoder_blocks(model)
-        self.sites = tuple(sites)
-        family = _family(model)
-        per_block = [block_sites(b, family) for b in self.blocks]
-        self.where = {(s, i + 1): bs[s] for i, bs in enumerate(per_block) for s in self.sites if s in bs}
-        self.max = {s: torch.full((len(self.blocks) + 1,), math.nan, dtype=torch.float64) for s in self.sites}
+        self.model, self.sites = model, tuple(sites)
+        self.table = site_table(model)
+        self.where = {key: name for key, name in monitor_sites(model, self.table).items() if key[0] in self.sites}
+        n_blocks = sum(n.endswith(".resid") for n in self.table)
+        self.max = {s: torch.full((n_blocks + 1,), math.nan, dtype=torch.float64) for s in self.sites}
         self._pending: dict[tuple[str, int], Tensor] = {}
-        self._handles: list = []
+        self._hooks = None
 
-    # -- hooks -----------------------------------------------------------------------------------------
-    def _store(self, key: tuple[str, int], x) -> None:
-        if isinstance(x, tuple):  # some HF modules return tuples; the activation is the first element
-            x = x[0]
+    # -- hooks: readers at the named sites, which leave every activation as it is ----------------------
+    def _store(self, key: tuple[str, int], x: Tensor) -> None:
         self._pending[key] = x.detach().abs().amax(-1).to(torch.float64)
 
     def __enter__(self) -> "InfNormRecorder":
-        for key, (module, kind) in self.where.items():
-            if kind == "input":
-                h = module.register_forward_pre_hook(lambda m, args, key=key: self._store(key, args[0]))
-            elif kind == "output":
-                h = module.register_forward_hook(lambda m, args, out, key=key: self._store(key, out))
-            else:
-                raise ValueError(f"site {key[0]} of layer {key[1]}: kind must be 'input' or 'output', got {kind!r}")
-            self._handles.append(h)
+        readers: dict[str, list] = {}
+        for key, name in self.where.items():
+            readers.setdefault(name, []).append(lambda x, point, key=key: self._store(key, x))
+        self._hooks = attached(self.model, readers, self.table)
+        self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        if self._hooks is not None:
+            self._hooks.__exit__(None, None, None)
+            self._hooks = None
         self._pending.clear()
 
     # -- reduction -------------------------------------------------------------------------------------

@@ -168,13 +168,13 @@ class OutlierMonitor:
         """That ``model`` has what the monitors that are on read -- its LayerNorms (a registered family, or ours),
         its blocks -- or one line naming what is missing, before anything is written to ``out_dir``."""
         from outlierlab.models.layernorms import model_layernorms
-        from outlierlab.models.sites import encoder_blocks
+        from outlierlab.models.hook_points import site_table
 
         model = unwrap_model(model)
         if self.layernorm is not None:
             model_layernorms(model)
         if self.hidden is not None:
-            encoder_blocks(getattr(model, "roberta", model))  # the body monitored_forward runs
+            site_table(getattr(model, "roberta", model))  # the sites of the body monitored_forward runs
 
     @property
     def is_global_zero(self) -> bool:

@@ -7,7 +7,8 @@ Outliers"), so it is measured.  Rows (``quantization.csv``):
 
 * ``full_precision`` -- the intact model's masked-LM (or next-token) loss on fixed masks;
 * ``w8a8`` -- every block linear with weights per output channel and inputs per tensor in ``bits`` bits
-  (``models.w8a8.quantized``), ``layers`` = ``all``; with ``per_layer`` also one block at a time;
+  (``models.w8a8.quantized``: the inputs rounded by hooks at the named sites the linears read), ``layers`` =
+  ``all``; with ``per_layer`` also one block at a time;
 * ``w8a8_keep`` -- the same keeping the ``keep`` largest-|x| input dims in full precision (LLM.int8());
 * ``delta_loss`` (loss minus full precision, either sign for a barely trained model) and ``kl`` (mean KL from the
   intact predictions, >= 0: the damage itself).
@@ -72,7 +73,7 @@ def quantization_rows(loaded: LoadedModel, batches: Sequence[dict], bits: int = 
                 if i == 0:
                     got = ref
                 else:
-                    with quantized(linear_layers(loaded.model, blocks), bits, keep=k, kept=kept[i - 1]):
+                    with quantized(loaded.model, blocks, bits, keep=k, kept=kept[i - 1]):
                         got = measure(b)
                 if scored:
                     logp = got.log_softmax(-1)
