@@ -247,8 +247,10 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
     plots
         PNG figures, with ``out_dir`` (off by default: a notebook draws its own from the tables).
     """
+    from outlierlab.configuration.run_settings import EncoderSettings, TransformSettings
     from outlierlab.configuration.settings_store import given_sections
     from outlierlab.evaluation.core import analysis_name, given_analyses, run_analyses, selected_analyses
+    from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS
 
     texts, seed = check_texts(texts), arguments.count("seed", seed, None)
     analyses = _names(analyses, "analyses", strings=False)  # an analysis may be an object
@@ -264,7 +266,9 @@ def evaluate(encoder, texts: Sequence[str] | None = None, analyses: Sequence[Any
         raise ValueError("plots=True draws PNG files: give out_dir= (where they go), or read the tables")
     choices = [f"transform=[{','.join(transforms)}]", *overrides]
     _check_choices(choices, "evaluate")
-    sections = given_sections(settings, _evaluate_sections(), overrides)
+    # the sections ol.evaluate(settings=[...]) takes: all but the encoder's and the transforms'
+    takes = [c for c in dict.fromkeys([*RUN_SETTINGS, *SETTINGS.values()]) if c not in (EncoderSettings, TransformSettings)]
+    sections = given_sections(settings, takes, overrides)
     _check_encoder(encoder)  # last: the checks above never touch it (a test stands an object there that fails)
     cfg = _compose("evaluate", [f"analyses=[{','.join(names)}]", f"seed={seed}",
                                 f"plots={str(bool(plots)).lower()}", "tensorboard=false",
@@ -304,14 +308,6 @@ def _in_python(e, call: str):
     return DegenerateWhiteningError(f"{e.problem}; {need + ': ' if need else ''}{', or '.join(fixes)}",
                                     problem=e.problem, need=e.need, found=e.found, unit=e.unit, fixes=e.fixes,
                                     method=e.method)
-
-
-def _evaluate_sections() -> list[type]:
-    """The sections ``ol.evaluate(settings=[...])`` takes: all but the encoder's and the transforms'."""
-    from outlierlab.evaluation.registry import RUN_SETTINGS, SETTINGS
-    from outlierlab.configuration.run_settings import EncoderSettings, TransformSettings
-
-    return [c for c in dict.fromkeys([*RUN_SETTINGS, *SETTINGS.values()]) if c not in (EncoderSettings, TransformSettings)]
 
 
 def probe_positions(encoder, texts: Sequence[str] | None = None, transforms: Sequence[str] = ("none",), seed: int = 0,

@@ -7,6 +7,7 @@ closest keys); an unwritable ``hydra.run.dir=`` fails before training.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -172,21 +173,16 @@ def unwritable_run_dir(path: Path) -> str | None:
     return None
 
 
-def find_run_dir_error(argv: list[str]) -> str | None:
-    """``hydra.run.dir=`` that cannot be created or written, said now rather than at the first checkpoint."""
-    dirs = [Path(arg.split("=", 1)[1].strip("'\"")) for arg in argv if arg.startswith("hydra.run.dir=")]
-    return next(filter(None, map(unwritable_run_dir, dirs)), None)
-
-
 def check_overrides(argv: list[str] | None = None, config_dir: Path = CONFIG_DIR, config_name: str | None = None) -> None:
     """Exit with status 2 and one line per bad group choice, unknown setting or unusable run directory."""
     argv = sys.argv[1:] if argv is None else argv
     errors = find_override_errors(argv, config_dir)
     if config_name is not None and not errors:  # a wrong group choice first: the keys depend on the groups
         errors += find_key_errors(argv, config_name, config_dir)
-    if "-m" not in argv and "--multirun" not in argv:
-        run_dir_error = find_run_dir_error(argv)
-        errors += [run_dir_error] if run_dir_error else []
+    if "-m" not in argv and "--multirun" not in argv:  # a hydra.run.dir= that cannot be created or written, said
+        # now rather than at the first checkpoint
+        dirs = [Path(arg.split("=", 1)[1].strip("'\"")) for arg in argv if arg.startswith("hydra.run.dir=")]
+        errors += list(itertools.islice(filter(None, map(unwritable_run_dir, dirs)), 1))
     if errors:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)

@@ -31,14 +31,6 @@ def default_num_proc() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def encoder_spec(tokenizer) -> tuple[str, Any]:
-    """What a worker needs to rebuild the tokenizer: ``("rust", json)`` for fast tokenizers, else ``("hf", tok)``."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return "rust", backend.to_str()
-    return "hf", tokenizer
-
-
 def _init_worker(spec: tuple[str, Any], eos_id: int, dtype: str) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: num_proc is the parallelism
     kind, obj = spec
@@ -94,7 +86,10 @@ def encode_documents(documents: Iterable[str], tokenizer, eos_id: int, dtype, nu
     """
     if num_proc < 1 or chunk_chars < 1:
         raise ValueError(f"data.num_proc and data.tokenize_chunk_mb must be positive, got {num_proc}, {chunk_chars}")
-    args = (encoder_spec(tokenizer), int(eos_id), np.dtype(dtype).str)
+    # what a worker needs to rebuild the tokenizer: ("rust", json) for fast tokenizers, else ("hf", tok)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    spec = ("rust", backend.to_str()) if backend is not None else ("hf", tokenizer)
+    args = (spec, int(eos_id), np.dtype(dtype).str)
     chunks = chunk_documents(documents, chunk_chars)
     if num_proc == 1:
         saved = os.environ.get("TOKENIZERS_PARALLELISM")

@@ -162,24 +162,11 @@ class TableSpec:
     fix: str = ""
 
 
-def _check_columns(key, path, columns, spec: TableSpec) -> None:
-    for col in spec.required:
-        if col not in columns:
-            close = difflib.get_close_matches(col, columns, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise _fail(key, path, f"no column {col!r}{hint}; the file has columns {', '.join(columns) or '(none)'}"
-                        + (f"; {spec.fix}" if spec.fix else ""))
-
-
 def _ok(value, kind: str) -> bool:
-    if kind == "float":
+    if kind in ("float", "int"):
         try:
-            return math.isfinite(float(value)) and not isinstance(value, bool)
-        except (TypeError, ValueError):
-            return False
-    if kind == "int":
-        try:
-            return not isinstance(value, bool) and float(value) == int(float(value))
+            x = float(value)
+            return not isinstance(value, bool) and (math.isfinite(x) if kind == "float" else x == int(x))
         except (TypeError, ValueError):
             return False
     if kind == "bool":
@@ -194,17 +181,18 @@ _KIND_TEXT = {"float": "a number", "int": "an integer", "bool": "true/false, T/F
               "label": "an integer or a class name"}
 
 
-def _check_types(key, path, rows, where, spec: TableSpec) -> None:
+def check_table(path, key: str, spec: TableSpec) -> tuple[list[str], list[dict]]:
+    columns, rows, where = read_table(path, key)
+    for col in spec.required:
+        if col not in columns:
+            close = difflib.get_close_matches(col, columns, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _fail(key, path, f"no column {col!r}{hint}; the file has columns {', '.join(columns) or '(none)'}"
+                        + (f"; {spec.fix}" if spec.fix else ""))
     for r, line in zip(rows, where):
         for col, kind in spec.types.items():
             if not _ok(r.get(col), kind):
                 raise _fail(key, path, f"row at line {line}, column {col!r}: {r.get(col)!r} is not {_KIND_TEXT[kind]}")
-
-
-def check_table(path, key: str, spec: TableSpec) -> tuple[list[str], list[dict]]:
-    columns, rows, where = read_table(path, key)
-    _check_columns(key, path, columns, spec)
-    _check_types(key, path, rows, where, spec)
     return columns, rows
 
 

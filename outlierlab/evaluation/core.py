@@ -93,11 +93,6 @@ def check_settings(cfg, analyses: list[str]) -> dict[type, Any]:
             for cls in dict.fromkeys([*RUN_SETTINGS, *(SETTINGS[n] for n in analyses if n in SETTINGS)])}
 
 
-def check_files(cfg, encoder_given: bool = False) -> list[str]:
-    """Warnings about weak input once every data file is found usable, before the model loads."""
-    return validate_inputs(cfg, "evaluate", check_encoder=not encoder_given)
-
-
 @dataclass
 class Evaluation:
     """What one evaluation computed: each analysis' result, the run's facts (``meta``) and each CSV's header."""
@@ -140,7 +135,7 @@ def run_analyses(cfg, encoder=None, given: Mapping[str, Any] | None = None, text
     given = dict(given or {})
     analyses = selected_analyses(cfg, given)
     settings = check_settings(cfg, analyses)
-    check_files(cfg, encoder_given=encoder is not None)
+    validate_inputs(cfg, "evaluate", check_encoder=encoder is None)  # every data file usable, before the model loads
     plots = cfg.get("plots", True)
     if not isinstance(plots, bool):
         raise ValueError(f"plots={plots!r}: expected true (PNG figures) or false (CSVs, report and JSON only)")

@@ -49,11 +49,6 @@ def transform_settings(tcfg: Mapping, fit_what: str) -> dict:
             "allow_degenerate": bool(tcfg.get("allow_degenerate", False))}
 
 
-def _loaders(ds: dict, batch_size: int, seed: int) -> tuple:
-    return (row_loader(ds["train"], batch_size, True, seed), row_loader(ds["validation"], 4 * batch_size, False),
-            row_loader(ds["test"], 4 * batch_size, False))
-
-
 def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], common: dict, top_k: int,
               position: bool = False) -> list[dict]:
     """One CSV row per layer for one transform (Luo Fig. 5b/c columns)."""
@@ -90,7 +85,9 @@ def _probe_all(vt, arrays: dict, labels: dict, make_module, cfg, p: ProbeSetting
         print(f"[probe] {name}: fitting one probe per layer, {p.epochs} epoch(s) over {len(labels['train']):,} "
               "training rows", flush=True)
     t0 = time.time()
-    res = train_probe(module, *_loaders(ds, batch_size, int(cfg.seed)), epochs=p.epochs, logger=logger,
+    loaders = (row_loader(ds["train"], batch_size, True, int(cfg.seed)),
+               row_loader(ds["validation"], 4 * batch_size, False), row_loader(ds["test"], 4 * batch_size, False))
+    res = train_probe(module, *loaders, epochs=p.epochs, logger=logger,
                       accelerator=cfg.trainer.accelerator, progress=bool(cfg.trainer.enable_progress_bar),
                       validate=p.validate)
     if say:

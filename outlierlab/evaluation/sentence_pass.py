@@ -285,11 +285,6 @@ def _fit(st: SentenceStats, transforms, fitted, whiten: WhitenSettings, stream: 
     ft.set_all(fits, source=whitener.finalize(release_sums=True, keep_eigvecs=False) if whitener.W is None else whitener)
 
 # -------------------------------------------------------------------------------------------- from a context
-def evaluation_sentences(data: DataSettings) -> list[str]:
-    """``data.files`` (one sentence per line) or the shipped *Persuasion* sentences, first ``data.max_sentences``."""
-    return load_position_texts(None if data.files is None else list(data.files), data.max_sentences)
-
-
 def pass_settings(cfg) -> dict[str, Any]:
     """``run_sentence_pass``'s settings keywords from a composed ``evaluate.py`` config."""
     return dict(outliers=section_settings(OutliersSettings, cfg),
@@ -321,8 +316,11 @@ def sentence_stats(ctx) -> SentenceStats:
     settings = dict(outliers=ctx.settings(OutliersSettings), self_similarity=ctx.settings(SelfSimilaritySettings),
                     data=ctx.settings(DataSettings), transform=ctx.settings(TransformSettings), seed=ctx.seed)
     data, given = settings["data"], ctx.shared.texts
+    # else data.files (one sentence per line) or the shipped Persuasion sentences, first data.max_sentences
+    texts = given if given is not None else load_position_texts(None if data.files is None else list(data.files),
+                                                                data.max_sentences)
     st = run_sentence_pass(
-        ctx.encoder, given if given is not None else evaluation_sentences(data), ctx.transforms, **settings,
+        ctx.encoder, texts, ctx.transforms, **settings,
         need_whitener="fitted_maps" in needs, batch_size=ctx.settings(EncoderSettings).batch_size,
         progress=bool(cfg.progress),
         need_covariance="covariance" in needs, consumers=ctx.shared.consumers)

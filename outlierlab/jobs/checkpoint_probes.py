@@ -26,12 +26,8 @@ _STEP = re.compile(r"step(\d+)\.ckpt$")
 
 def step_checkpoints(run_dir: Path) -> dict[int, Path]:
     """``{step: path}`` of the step checkpoints (``last.ckpt`` repeats one of them and is skipped)."""
-    out = {}
-    for path in sorted((run_dir / "checkpoints").glob("step*.ckpt")):
-        m = _STEP.search(path.name)
-        if m:
-            out[int(m.group(1))] = path
-    return out
+    paths = sorted((run_dir / "checkpoints").glob("step*.ckpt"))
+    return {int(m.group(1)): path for path in paths if (m := _STEP.search(path.name))}
 
 
 def quoted(value) -> str:

@@ -151,21 +151,16 @@ def card_data(run_dir: str | Path, export_dir: str | Path | None = None, global_
     elif global_step is None and export is not None:  # an export of a run stopped early, its card rewritten later
         global_step = trained_steps(export)
     metrics_rows = read_rows(run / "csv" / "metrics.csv")
-    val = {}
-    for key in VAL_METRICS:
-        hit = last_logged(metrics_rows, key)
-        if hit is not None:
-            val[key] = {"step": hit[0], "value": hit[1]}
+    hits = {key: last_logged(metrics_rows, key) for key in VAL_METRICS}
+    val = {key: {"step": hit[0], "value": hit[1]} for key, hit in hits.items() if hit is not None}
     lengths = last_logged(metrics_rows, "train/lengths")
     data_cfg, trainer_cfg = config.get("data") or {}, config.get("trainer") or {}
-    world = int(trainer_cfg.get("devices") or 1) if str(trainer_cfg.get("devices", 1)).isdigit() else None
-    world = world * int(trainer_cfg.get("num_nodes") or 1) if world is not None else None
-    seqs_per_step = None
-    if data_cfg.get("batch_size") and world is not None:
+    seqs_per_step = tokens = None
+    if data_cfg.get("batch_size") and str(trainer_cfg.get("devices", 1)).isdigit():
+        world = int(trainer_cfg.get("devices") or 1) * int(trainer_cfg.get("num_nodes") or 1)
         seqs_per_step = int(data_cfg["batch_size"]) * int(trainer_cfg.get("accumulate_grad_batches") or 1) * world
-    tokens = None
-    if seqs_per_step is not None and global_step is not None and data_cfg.get("block_size"):
-        tokens = int(global_step) * seqs_per_step * int(data_cfg["block_size"])
+        if global_step is not None and data_cfg.get("block_size"):
+            tokens = int(global_step) * seqs_per_step * int(data_cfg["block_size"])
     overrides = read_yaml(run / ".hydra" / "overrides.yaml")
     if not isinstance(overrides, list):
         overrides = manifest.get("overrides")

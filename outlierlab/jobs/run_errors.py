@@ -112,10 +112,6 @@ def error_line(exc: BaseException, where: str | Path | None = None) -> str:
     return msg
 
 
-def _debug() -> bool:
-    return bool(os.environ.get("OUTLIERLAB_DEBUG") or os.environ.get("HYDRA_FULL_ERROR") == "1")
-
-
 def _hydra_job() -> tuple[bool, Path | None]:
     """(whether this job is a cell of a multirun, its output directory); (False, None) outside Hydra."""
     try:
@@ -143,7 +139,7 @@ def run_main(job, cfg) -> Any:
     try:
         return job(cfg)
     except Exception as e:  # noqa: BLE001 - sorted below: one line, recorded, or re-raised
-        if _debug():
+        if os.environ.get("OUTLIERLAB_DEBUG") or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         multirun, cell = _hydra_job()
         user = is_user_error(e)

@@ -265,10 +265,6 @@ RUN_CONTROLS = ("study", "ckpt_path", "resume", "skip_finished", "threads", "pat
                 "trainer.enable_progress_bar", "callbacks.progress.when")
 
 
-def _run_control(key: str) -> bool:
-    return any(key == c or key.startswith(c + ".") for c in RUN_CONTROLS)
-
-
 def config_changes(before: dict[str, Any] | Path, config: dict[str, Any]) -> dict[str, list[Any]]:
     """``{key: [before, now]}`` for every setting of ``config`` that differs from ``before`` (the trained config, or
     a ``config.yaml`` path; {} when unreadable), ``RUN_CONTROLS`` aside.  Recorded, not refused: a resume may rightly
@@ -279,4 +275,5 @@ def config_changes(before: dict[str, Any] | Path, config: dict[str, Any]) -> dic
         return {}
     old, new = dotted_keys(before), dotted_keys(config)
     return {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys())
-            if not _run_control(k) and not _same_setting(old.get(k), new.get(k))}
+            if not any(k == c or k.startswith(c + ".") for c in RUN_CONTROLS)
+            and not _same_setting(old.get(k), new.get(k))}

@@ -68,11 +68,6 @@ def prepare_mlm_batch(batch: dict[str, Tensor], causal: bool = False) -> dict[st
 WEIGHT_DECAY_SCOPES = ("all", "no_norm_bias")
 
 
-def _is_norm(module: nn.Module) -> bool:
-    """LayerNorm/RMSNorm-like modules, ours included (their class names end in ``Norm``)."""
-    return isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or type(module).__name__.endswith("Norm")
-
-
 def weight_decay_groups(model: nn.Module, scope: str = "no_norm_bias") -> list[dict[str, Any]]:
     """``[{"params": decayed}, {"params": exempt, "weight_decay": 0.0}]`` (the second absent for ``scope="all"``).
 
@@ -86,7 +81,8 @@ def weight_decay_groups(model: nn.Module, scope: str = "no_norm_bias") -> list[d
         return [{"params": [p for p in model.parameters() if p.requires_grad]}]
     decay, exempt = [], []
     for module in model.modules():
-        norm = _is_norm(module)
+        # LayerNorm/RMSNorm-like modules, ours included (their class names end in ``Norm``)
+        norm = isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or type(module).__name__.endswith("Norm")
         for name, p in module.named_parameters(recurse=False):
             if p.requires_grad:
                 # *_beta: the OP block's branch scales (when trainable), gains like a norm's (He et al. exempt them)

@@ -159,8 +159,7 @@ class Whitener:
                 self.cov = torch.empty_like(self.sum_outer)
             self._eig = None
         needs_vectors = self.method in ("whiten", "abtt")
-        vals = self._eig[0] if self._eig is not None else None
-        vecs = self._eig[1] if self._eig is not None else None
+        vals, vecs = self._eig if self._eig is not None else (None, None)
         fresh = vals is None
         if fresh:
             vals = torch.empty(num_layers, dim, dtype=torch.float64, device=self.sum.device)
@@ -253,11 +252,8 @@ class Whitener:
             release_freed_memory()
             for name, got in parts.items():
                 got.append(getattr(one, name)[0])
-        out.sum, out.shift, out.mean = (torch.stack(parts[n]) for n in ("sum", "shift", "mean"))
-        out.singular_values = torch.stack(parts["singular_values"])
-        out.rank, out.n_distinct, out.distinct_exact = (torch.stack(parts[n]) for n in
-                                                        ("rank", "n_distinct", "distinct_exact"))
-        out._hashes, out._distinct_stopped = parts["_hashes"], parts["_distinct_stopped"]
+        for name, got in parts.items():  # the tensors stacked over layers, the per-layer lists joined
+            setattr(out, name, got if name.startswith("_") else torch.stack(got))
         out.cov, out.W, out.compact = cov32, w32, True
         out._eig = (out.singular_values, None)
         return out

@@ -35,15 +35,10 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (torch.cumsum(mask, dim=1) - 1).clamp(min=0) * mask
 
 
-def future_mask(T: int, device: torch.device) -> Tensor:
-    """``[T, T]`` boolean, True where key ``j`` lies after query ``i`` (``j > i``): what a causal mask hides."""
-    return torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
-
-
 def hide_future(scores_or_bias: Tensor, T: int) -> Tensor:
     """The causal mask applied to logits or an additive bias (broadcast to ``[..., T, T]``), with the dtype's smallest
     finite value rather than ``-inf``, so a padded row with no visible real key stays finite, not NaN."""
-    future = future_mask(T, scores_or_bias.device)
+    future = torch.ones(T, T, dtype=torch.bool, device=scores_or_bias.device).triu(1)  # key j after query i: j > i
     return torch.where(future, torch.finfo(scores_or_bias.dtype).min, scores_or_bias)
 
 

@@ -40,12 +40,6 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def write_json(path: Path, obj: Any) -> Path:
-    # atomic, as the CSVs: a kill or a full disk mid-write left a torn results.json that readers failed to parse
-    write_atomic(path, json.dumps(_jsonable(obj), indent=2))
-    return path
-
-
 # ------------------------------------------------------------------------------------------- TensorBoard
 def log_tables(tb, prefix: str, rows: Sequence[Mapping[str, Any]]) -> int:
     """The per-layer values as TensorBoard text, one Markdown table per ``<prefix>/<transform>[/<dataset>][/<subset>]``
@@ -212,10 +206,12 @@ def write_outputs(out_dir: Path, results: Sequence[Any], meta: Mapping[str, Any]
         cols = (columns or {}).get(r.name) or columns_of(r.rows, ("layer", "transform"))
         paths[f"{r.name}.csv"] = write_csv(out_dir / f"{r.name}.csv", r.rows, cols, cell=joined)
         log_tables(tb, f"eval/{r.name}", r.rows)
-    paths["results.json"] = write_json(out_dir / "results.json", {
+    # atomic, as the CSVs: a kill or a full disk mid-write left a torn results.json that readers failed to parse
+    paths["results.json"] = out_dir / "results.json"
+    write_atomic(paths["results.json"], json.dumps(_jsonable({
         "meta": meta,
         "analyses": {r.name: {"summary": r.summary, "rows": r.rows,
-                              "figures": [Path(f).name for f in r.figures]} for r in results}})
+                              "figures": [Path(f).name for f in r.figures]} for r in results}}), indent=2))
     paths["report.md"] = write_report(out_dir, header, [geometry_table(results), *(r.markdown for r in results)],
                                       drawn=[Path(f).name for r in results for f in r.figures])
     return paths

@@ -387,14 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"groups: {groups}")
     if res["unfinished"]:
         print(f"unfinished (left out): {', '.join(res['unfinished'])}")
-    for name, line in res["failed"].items():
-        print(f"failed (left out): {name}: {line}")
-    for problem in res["unusable"]:
-        print(f"unusable (left out): {problem}")
-    for note in res["notes"]:
-        print(f"note: {note}")
-    for line in res["no_order_use"]:
-        print(f"does not use token order: {line}")
+    failed = [f"{name}: {line}" for name, line in res["failed"].items()]
+    for what, lines in (("failed (left out)", failed), ("unusable (left out)", res["unusable"]),
+                        ("note", res["notes"]), ("does not use token order", res["no_order_use"])):
+        for line in lines:
+            print(f"{what}: {line}")
     for group, rows in res["replicates"].items():
         if not rows.attrs.get("linked"):
             print(f"mixed code versions not linked by a replicate of its own configuration: {group}")

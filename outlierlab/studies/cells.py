@@ -101,10 +101,6 @@ def _read_config(path: Path, problems: list[str]) -> dict[str, Any]:
     return {}
 
 
-def _not_identity(key: str) -> bool:
-    return any(key == k or key.startswith((k + ".", k + "/")) for k in NOT_IDENTITY)
-
-
 def read_cell(path: Path) -> Cell:
     """One cell: its identity (overrides without the seed), seed, completion and resolved config."""
     overrides: dict[str, str] = {}
@@ -123,7 +119,8 @@ def read_cell(path: Path) -> Cell:
         key = key.lstrip("+~")
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":  # a quoted value (paths with ',' or '=')
             value = value[1:-1]
-        if key.startswith(("hydra.", "hydra/")) or _not_identity(key):
+        if key.startswith(("hydra.", "hydra/")) or any(key == k or key.startswith((k + ".", k + "/"))
+                                                        for k in NOT_IDENTITY):
             continue
         if key == "seed":
             seed = int(value)

@@ -68,19 +68,16 @@ def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_F
                 or 1) * int(cfg.trainer.get("devices") if str(cfg.trainer.get("devices")).isdigit() else 1))
     ident = {"cell": cell.name, "rung": f"{layers}x{hidden}", "layers": layers, "hidden": hidden,
              "objective": str(cfg.get("objective") or "mlm"), "pos": str(cfg.pos.name), "seed": int(cfg.seed)}
-    parts = []
     hs = history_frame(cell / "monitor" / "hidden_states.csv")
-    enc = hs[hs["name"].str.fullmatch(r"layer_\d+") & hs["statistic"].isin(PER_LAYER)].copy()
-    enc["layer"] = enc["name"].str.removeprefix("layer_").astype(int)
-    enc = enc[enc["layer"] >= 1]  # encoder layers; layer_0 is the embedding output
+    hs = hs[hs["name"].str.fullmatch(r"layer_\d+")].copy()
+    hs["layer"] = hs["name"].str.removeprefix("layer_").astype(int)
+    hs = hs[hs["layer"] >= 1]  # encoder layers; layer_0 is the embedding output
+    enc = hs[hs["statistic"].isin(PER_LAYER)]
     dims = enc[enc["statistic"] == "abs_argmax_share"]
-    by_pos = hs[hs["name"].str.fullmatch(r"layer_\d+") & hs["statistic"].str.startswith(POSITION_PREFIX)].copy()
-    by_pos["layer"] = by_pos["name"].str.removeprefix("layer_").astype(int)
-    by_pos = by_pos[by_pos["layer"] >= 1]
-    parts.append(by_pos.assign(metric=by_pos["statistic"])[["step", "metric", "layer", "value"]])
-    parts.append(enc.assign(metric=enc["statistic"])[["step", "metric", "layer", "value"]])
-    parts.append(dims.assign(metric="abs_argmax_dim", value=dims["dim"].astype(float))[["step", "metric", "layer",
-                                                                                         "value"]])
+    by_pos = hs[hs["statistic"].str.startswith(POSITION_PREFIX)]
+    cols = ["step", "metric", "layer", "value"]
+    parts = [by_pos.assign(metric=by_pos["statistic"])[cols], enc.assign(metric=enc["statistic"])[cols],
+             dims.assign(metric="abs_argmax_dim", value=dims["dim"].astype(float))[cols]]
     ln_path = cell / "monitor" / "layernorm.csv"
     ln = history_frame(ln_path, ["n_outlier_dims"]) if ln_path.is_file() else pd.DataFrame(columns=["step", "value"])
     parts.append(pd.DataFrame({"step": ln["step"], "metric": "layernorm/n_outlier_dims", "layer": "model",
@@ -92,8 +89,7 @@ def _cell_rows(cell: Path, share: float = SHARE, layer_fraction: float = LAYER_F
             parts.append(pd.DataFrame({"step": v["step"].astype(int), "metric": m, "layer": "model", "value": v[m]}))
     rows = pd.concat(parts, ignore_index=True)
     rows["tokens"] = rows["step"].astype(int) * per_step
-    for k, v in ident.items():
-        rows[k] = v
+    rows = rows.assign(**ident)
     by_step = luo_by_step(zip(dims["step"], dims["layer"], dims["dim"], dims["value"]), layers, share, layer_fraction)
     first = next((step for step, found in by_step.items() if found is not None), None)
     luo = (first, *by_step[first][:2]) if first is not None else None

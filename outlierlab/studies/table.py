@@ -112,10 +112,6 @@ def table_bytes(table: pd.DataFrame) -> bytes:
     return buf.getvalue()
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("OUTLIERLAB_CACHE", "~/.cache/outlierlab")).expanduser() / "studies"
-
-
 def cells_dir(table: str | Path) -> Path:
     """The folder of run directories a packed study unpacks to (once per table content; read-only use)."""
     table = Path(table)
@@ -123,7 +119,8 @@ def cells_dir(table: str | Path) -> Path:
         raise FileNotFoundError(f"study table {table} not found")
     digest = hashlib.sha256(table.read_bytes()).hexdigest()[:16]
     # named as the folder it was packed from: readers that print a cell's folder print the same name
-    root = _cache_root() / digest / table.stem
+    cache = Path(os.environ.get("OUTLIERLAB_CACHE", "~/.cache/outlierlab")).expanduser()
+    root = cache / "studies" / digest / table.stem
     if (root / ".complete").is_file():
         return root
     frame = pd.read_parquet(table)

@@ -54,11 +54,6 @@ def describe_holder(holder: dict[str, Any] | None) -> str:
     return f"pid {holder.get('pid')} on {holder.get('host')}{job} since {holder.get('started')}"
 
 
-def holder_record() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": now_iso(),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID") or None}
-
-
 def read_holder(path: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(Path(path).read_text() or "null")
@@ -159,7 +154,8 @@ def lock_dir(directory: Path, filename: str, what: str = "directory",
     run_dir = Path(directory)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / filename
-    record = holder_record()
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": now_iso(),
+              "slurm_job_id": os.environ.get("SLURM_JOB_ID") or None}
     if fcntl is None:  # pragma: no cover
         log.warning("no fcntl on this platform: %s is not locked against a second process", run_dir)
         return DirLock(path, None, record)

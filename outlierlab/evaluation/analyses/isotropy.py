@@ -42,13 +42,6 @@ def transformed_layer_covariance(st, name: str, layer: int, cov: torch.Tensor) -
     return transformed_covariance(cov, st.transforms.fitted[name].W[layer:layer + 1].to(cov.device, torch.float64))
 
 
-def _device(encoder) -> torch.device:
-    """Where the d x d float64 algebra runs: the encoder's GPU when it has one (eigvalsh of an 8192² matrix is
-    minutes on a CPU core), else the CPU."""
-    dev = torch.device(getattr(encoder, "device", "cpu"))
-    return dev if dev.type == "cuda" else torch.device("cpu")
-
-
 def consumers(ctx: EvalContext) -> list:
     """IsoScore*'s point cloud: the anisotropy reservoir (shared with anisotropy when both run)."""
     return [reservoir(ctx)]
@@ -64,7 +57,10 @@ def run(ctx: EvalContext) -> AnalysisResult:
     n_star = 2 * (sample_acc.n_kept // 2)  # the anisotropy tokens
     tfs = {t: st.transforms.get(t, st.dim) for t in ctx.transforms}
     iso, star, dims = {t: [] for t in tfs}, {t: [] for t in tfs}, {}
-    dev = _device(ctx.encoder)
+    # the d x d float64 algebra runs on the encoder's GPU when it has one (eigvalsh of an 8192² matrix is minutes on
+    # a CPU core), else on the CPU
+    dev = torch.device(getattr(ctx.encoder, "device", "cpu"))
+    dev = dev if dev.type == "cuda" else torch.device("cpu")
     for layer in range(st.num_layers):  # one layer's d x d float64 matrices at a time (Σ and W may be on disk)
         cov = source.cov[layer:layer + 1].to(dev, torch.float64)
         sample = torch.cat(sample_acc.pair_vectors(layer), 1).to(torch.float64)  # [1, 2P, d]

@@ -44,6 +44,11 @@ COLUMNS = ["layer", "transform", "dataset", "subset", "split", "spearman", "n_pa
 SENTENCE_PASS = fit_on_sentences
 #: Below this many pairs a Spearman ρ is printed with a warning (its 95% interval is wider than ±0.35).
 FEW_PAIRS = 30
+#: How the report says the numbers were made.
+METHOD = ("Spearman ρ × 100 between the cosine of mean-pooled sentence vectors (non-special, non-pad tokens) and "
+          "the gold scores, as SentEval reports it: per data set every pair pooled, or — where the data have "
+          "sub-sets (`sts.subset_field`) — the unweighted mean of the sub-sets' ρ (all rows in sts.csv); the "
+          "**mean** row averages the data sets. Best layer = the layer with the highest ρ for that data set.")
 
 
 def requested(s: StsSettings) -> list[tuple[str, str | list]]:
@@ -282,7 +287,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
         rows += _rho_rows("mean", t, mean[t], "headline", "", sum(i["n_pairs"] for i in infos.values()), {})
     fig = plot_layers(ctx.out_dir / "sts.png", curves, "Spearman ρ", "STS: cosine of mean-pooled vectors vs gold"
                       ) if ctx.plots else None
-    md = [head, _method_text(), "\n".join(
+    md = [head, METHOD, "\n".join(
         [*(f"- {n}: {i['data']}, {i['n_pairs']} pairs" + (f", sub-sets {', '.join(i['subsets'])}" if i["subsets"]
                                                             else "") + "; "
            + "; ".join(f"**{t}**: {i[t]}" for t in transforms if t in i) for n, i in infos.items()),
@@ -294,13 +299,6 @@ def run(ctx: EvalContext) -> AnalysisResult:
                                                                                    for t in transforms},
                "notes": notes}
     return AnalysisResult("sts", rows, "\n\n".join(md), [fig], summary)
-
-
-def _method_text() -> str:
-    return ("Spearman ρ × 100 between the cosine of mean-pooled sentence vectors (non-special, non-pad tokens) and "
-            "the gold scores, as SentEval reports it: per data set every pair pooled, or — where the data have "
-            "sub-sets (`sts.subset_field`) — the unweighted mean of the sub-sets' ρ (all rows in sts.csv); the "
-            "**mean** row averages the data sets. Best layer = the layer with the highest ρ for that data set.")
 
 
 def _table(headlines: dict, mean: dict, transforms: list[str]) -> list[list]:
