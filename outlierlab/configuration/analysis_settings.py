@@ -144,13 +144,49 @@ class _TextSettings:
     max_sentences: AtLeast1 | None = None
 
 
+@settings_class
+class _BatchSettings(_TextSettings):
+    """The texts as the batches a model scores, and the seed of what is drawn at random."""
+
+    #: tokens per sequence incl. special tokens (capped by the model)
+    max_length: AtLeast2 = 128
+    batch_size: AtLeast1 = 16
+    #: masking and random draws; null = the global seed
+    seed: int | None = None
+
+
+@settings_class
+class _MaskedSettings(_BatchSettings):
+    """Scored as the ablation is: masked (or next-token) loss on the texts, packed into running text."""
+
+    #: evaluation masking: this share of non-special tokens -> <mask> (no 80/10/10)
+    mlm_probability: Probability = 0.15
+    #: join consecutive sentences into sequences of <= max_length tokens (pretraining-like context)
+    pack: bool = True
+
+
+@settings_class
+class _CountedSettings(_TextSettings):
+    """Where the token frequencies come from (the frequency and frequent_tokens analyses)."""
+
+    #: auto: our runs -> their pretraining corpus (run config.yaml), other models -> the evaluated text | pretraining
+    #: (required) | eval | files (count_files)
+    counts_from: CountsFrom = "auto"
+    #: [a.txt, b.txt.gz] for counts_from=files
+    count_files: Names | None = None
+
+    def __post_init__(self) -> None:
+        require(self.counts_from != "files" or bool(self.count_files),
+               f"{self.SECTION}.counts_from=files needs {self.SECTION}.count_files=[a.txt,...]")
+
+
 def _check_layernorms(section: str, kinds: tuple[str, ...] | None) -> None:
     require(kinds is None or (bool(kinds) and set(kinds) <= set(LAYERNORM_KINDS)),
            f"{section}.layernorms={list(kinds or [])}: choose from {sorted(LAYERNORM_KINDS)}")
 
 
 @settings_class
-class AblationSettings(_TextSettings):
+class AblationSettings(_MaskedSettings):
     """``ablation`` (``configs/ablation/default.yaml``): Kovaleva et al.'s masked-LM ablation."""
 
     SECTION: ClassVar[str] = "ablation"
@@ -171,15 +207,6 @@ class AblationSettings(_TextSettings):
     #: how a disabled dim is set at the norms' output: zero (Kovaleva et al. 2021: gain and bias zeroed) | mean (its
     #: mean over the scored tokens in the intact model: Sun et al. 2024's set-to-mean); the table's `mode` column
     mode: str = "zero"
-    #: masking and random draws; null = the global seed
-    seed: int | None = None
-    #: evaluation masking: this share of non-special tokens -> <mask> (no 80/10/10)
-    mlm_probability: Probability = 0.15
-    #: join consecutive sentences into sequences of <= max_length tokens (pretraining-like context)
-    pack: bool = True
-    #: tokens per sequence incl. special tokens (capped by the model)
-    max_length: AtLeast2 = 128
-    batch_size: AtLeast1 = 16
     #: fill-in-the-blank shown per condition
     example: str | None = "She opened the door and walked slowly into the {mask}."
     top_k: AtLeast1 = 5
@@ -194,7 +221,7 @@ class AblationSettings(_TextSettings):
 
 
 @settings_class
-class QuantizationSettings(_TextSettings):
+class QuantizationSettings(_MaskedSettings):
     """``quantization``: the W8A8 cost of outliers (Bondarenko et al. 2023; Dettmers et al. 2022, LLM.int8())."""
 
     SECTION: ClassVar[str] = "quantization"
@@ -206,31 +233,17 @@ class QuantizationSettings(_TextSettings):
     keep: AtLeast0 = 4
     #: also one block quantized at a time (where the damage comes from)
     per_layer: bool = True
-    #: masking; null = the global seed
-    seed: int | None = None
-    #: evaluation masking: this share of non-special tokens -> <mask> (no 80/10/10), as the ablation's
-    mlm_probability: Probability = 0.15
-    #: join consecutive sentences into sequences of <= max_length tokens (pretraining-like context)
-    pack: bool = True
-    #: tokens per sequence incl. special tokens (capped by the model)
-    max_length: AtLeast2 = 128
-    batch_size: AtLeast1 = 16
 
     def __post_init__(self) -> None:
         require(2 <= self.bits <= 16, f"quantization.bits must be between 2 and 16, got {self.bits}")
 
 
 @settings_class
-class FrequencySettings(_TextSettings):
+class FrequencySettings(_CountedSettings):
     """``frequency`` (``configs/frequency/default.yaml``): Puccetti et al.'s frequency correlation."""
 
     SECTION: ClassVar[str] = "frequency"
     max_sentences: AtLeast1 | None = 1000
-    #: auto: our runs -> their pretraining corpus (run config.yaml), other models -> the evaluated text | pretraining
-    #: (required) | eval | files (frequency.count_files)
-    counts_from: CountsFrom = "auto"
-    #: [a.txt, b.txt.gz] for counts_from=files
-    count_files: Names | None = None
     #: null: LayerNorm outlier dims (detect: below), else activation outliers; or e.g. [308, 381]
     dims: Ints | None = None
     #: at most this many dims (strongest first) (LayerNorm outlier dims: the one rule, configs/ln_rule)
@@ -244,30 +257,23 @@ class FrequencySettings(_TextSettings):
     #: hidden-state layers of the scatter (0 = embeddings); null = [middle, last]
     plot_layers: Ints | None = None
 
-    def __post_init__(self) -> None:
-        require(self.counts_from != "files" or bool(self.count_files),
-               "frequency.counts_from=files needs frequency.count_files=[a.txt,...]")
-
 
 @settings_class
-class OrderUseSettings(_TextSettings):
+class OrderUseSettings(_BatchSettings):
     """``order_use`` (``configs/order_use/default.yaml``): permuted-token loss minus intact loss, attention locality."""
 
     SECTION: ClassVar[str] = "order_use"
     max_sentences: AtLeast1 | None = 200
     #: masked LMs: sentences packed into running-text pieces of this many tokens
     max_length: Annotated[int, pydantic.Field(ge=4)] = 128
-    batch_size: AtLeast1 = 16
     #: masked LMs: share of tokens masked (all behind the mask token), seeded
     mlm_probability: Probability = 0.15
     #: below this: "the model does not use token order yet"
     threshold: float = 0.1
-    #: masking and permutations; null = the global seed
-    seed: int | None = None
 
 
 @settings_class
-class AttentionSinksSettings(_TextSettings):
+class AttentionSinksSettings(_BatchSettings):
     """``attention_sinks`` (``configs/attention_sinks/default.yaml``): attention mass on special tokens."""
 
     SECTION: ClassVar[str] = "attention_sinks"
@@ -277,29 +283,21 @@ class AttentionSinksSettings(_TextSettings):
     layernorms: Names | None = None
     #: null: the detected outlier dims; or e.g. [308, 381]
     dims: Ints | None = None
-    max_length: AtLeast2 = 128
-    batch_size: AtLeast1 = 16
     #: Gu et al. 2025: a sink head puts mean attention > 0.3 on <s> (</s>)
     sink_threshold: Probability = 0.3
     #: control: as many random dims disabled (never the outlier dims), mean over draws; 0 = none
     n_random: AtLeast0 = 1
-    #: random draws; null = the global seed
-    seed: int | None = None
 
     def __post_init__(self) -> None:
         _check_layernorms("attention_sinks", self.layernorms)
 
 
 @settings_class
-class FrequentTokensSettings(_TextSettings):
+class FrequentTokensSettings(_MaskedSettings, _CountedSettings):
     """``frequent_tokens`` (``configs/frequent_tokens/default.yaml``): Macocco et al. 2025's heuristic."""
 
     SECTION: ClassVar[str] = "frequent_tokens"
     max_sentences: AtLeast1 | None = 600
-    #: token frequency as the frequency analysis: auto = our runs' pretraining corpus, else the evaluated text (said
-    #: so) | pretraining | eval | files (count_files)
-    counts_from: CountsFrom = "auto"
-    count_files: Names | None = None
     #: Macocco et al.: median |h_d| above this percentile of all |h| (and of |W| rows)
     percentile: Annotated[float, pydantic.Field(gt=0, lt=100)] = 99.0
     #: Luo et al.'s argmax/argmin share rule on h
@@ -307,25 +305,13 @@ class FrequentTokensSettings(_TextSettings):
     #: random-dim control draws: as many dims as each rule found, never those nor either Macocco set (last-layer,
     #: unembedding outliers); they draw 5
     n_random: AtLeast0 = 5
-    #: masking and random draws; null = the global seed
-    seed: int | None = None
     #: tokens counted fewer times are not in the corpus list (left out of every Spearman)
     min_count: AtLeast1 = 1
-    #: evaluation masking, as the ablation (all masked tokens -> <mask>)
-    mlm_probability: Probability = 0.15
-    #: join sentences into sequences of <= max_length tokens (pretraining-like context)
-    pack: bool = True
-    max_length: AtLeast2 = 128
-    batch_size: AtLeast1 = 16
     #: decoders: late = Macocco et al.'s one position per sequence (token late_position, scored against the next);
     #: every = every next-token position (ours before)
     positions: Literal["late", "every"] = "late"
     #: 0-based token index (special tokens counted); shorter sequences are left out
     late_position: AtLeast0 = 100
-
-    def __post_init__(self) -> None:
-        require(self.counts_from != "files" or bool(self.count_files),
-               "frequent_tokens.counts_from=files needs frequent_tokens.count_files=[a.txt,...]")
 
 
 @settings_class
