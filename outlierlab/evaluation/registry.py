@@ -183,3 +183,16 @@ def analysis_texts(ctx, settings) -> tuple[list[str], str]:
     if not texts:
         raise ValueError("no evaluation texts: set data.files or max_sentences > 0")
     return texts, f"{len(texts)} texts from {what}"
+
+
+def scored_texts(ctx, settings, loaded) -> tuple[list[str], str, int, int]:
+    """``analysis_texts`` as ``loaded`` scores them: ``settings.max_length`` capped by the model's, the texts packed
+    into running text of that many tokens where ``settings.pack``, and the seed of the masking and random draws
+    (``settings.seed``; null: the global seed)."""
+    texts, what = analysis_texts(ctx, settings)
+    max_length = min(settings.max_length, loaded.max_length)
+    if getattr(settings, "pack", False):
+        from outlierlab.datamodules.scoring_batches import pack_texts  # lazy: the registry stays free of torch
+
+        texts = pack_texts(loaded.tokenizer, texts, max_length)
+    return texts, what, max_length, ctx.seed if settings.seed is None else settings.seed

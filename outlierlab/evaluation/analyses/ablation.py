@@ -34,10 +34,10 @@ from torch import Tensor
 from outlierlab.metrics.layernorm_rule import LayerNormRule
 from outlierlab.metrics.outlier_dims import random_dims
 from outlierlab.metrics.position_shares import bucket_columns
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm, skip_result
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, scored_texts, shared_mlm, skip_result
 from outlierlab.evaluation.analyses.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.metrics.scored_rows import mlm_scores
-from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
+from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches
 from outlierlab.models.lm_model import LoadedModel, fill_mask, predict_next
 from outlierlab.configuration.analysis_settings import AblationSettings
 from outlierlab.models.hook_points import attached, norm_site, site_means, site_table
@@ -261,16 +261,11 @@ def run(ctx: EvalContext) -> AnalysisResult:
         outliers = list(given) if given else det.dims
         user = list(s.dims)
         found = det.describe()
-    texts, what = analysis_texts(ctx, s)
-    max_length = min(s.max_length, loaded.max_length)
-    if s.pack:
-        texts = pack_texts(loaded.tokenizer, texts, max_length)
-    seed = s.seed if s.seed is not None else ctx.seed  # null: the global seed
+    texts, what, max_length, seed = scored_texts(ctx, s, loaded)
     p = s.mlm_probability
     batches = (next_token_batches(loaded.tokenizer, texts, max_length, s.batch_size) if decoder
                else masked_batches(loaded.tokenizer, texts, max_length, s.batch_size, p, seed))
-    example = s.example
-    out = run_ablation(loaded, batches, kinds, outliers, user, n_random=s.n_random, seed=seed, example=example,
+    out = run_ablation(loaded, batches, kinds, outliers, user, n_random=s.n_random, seed=seed, example=s.example,
                        top_k=s.top_k, layers=layers, mode=s.mode)
     n_lns = len(chosen)
     how = ("LayerNorms zeroed (gain and bias)" if s.mode == "zero" else
@@ -300,5 +295,5 @@ def run(ctx: EvalContext) -> AnalysisResult:
                **({"outliers_ppl": by["outliers"]["ppl"]} if "outliers" in by else {}),
                **({"random_ppl_mean": by["random"]["ppl"]} if "random" in by else {}),
                **({"user_ppl": by["user"]["ppl"]} if "user" in by else {})}
-    return AnalysisResult("ablation", out.rows, ablation_markdown(out, notes, example, decoder), summary=summary,
+    return AnalysisResult("ablation", out.rows, ablation_markdown(out, notes, s.example, decoder), summary=summary,
                           tables={"ablation_by_position": (out.by_position, list(POSITION_FIELDS))})

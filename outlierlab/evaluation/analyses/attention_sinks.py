@@ -25,7 +25,7 @@ from torch import Tensor
 from outlierlab.metrics.attention_mass import SINK_KEYS as KEYS  # the columns of the rows below
 from outlierlab.metrics.attention_mass import sink_head_share, sink_masses
 from outlierlab.metrics.outlier_dims import random_dims
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, shared_mlm, skip_result
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, scored_texts, shared_mlm, skip_result
 from outlierlab.evaluation.analyses.ln_rule import check_common, detect_layernorm_outliers, zeroed_kinds
 from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 from outlierlab.configuration.analysis_settings import AttentionSinksSettings
@@ -111,8 +111,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
         given = s.dims
         dims = list(given) if given else det.dims
         found = det.describe()
-    texts, what = analysis_texts(ctx, s)
-    max_length = min(s.max_length, loaded.max_length)
+    texts, what, max_length, seed = scored_texts(ctx, s, loaded)
     batches = text_batches(loaded.tokenizer, texts, max_length, s.batch_size)
 
     def attentions(ids, mask):
@@ -129,7 +128,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
             results["outliers_disabled"] = sink_masses(attentions, batches, bos, eos, decoder)
         dims_text["outliers_disabled"] = ";".join(map(str, dims))
         if n_random > 0:  # control: as many random dims (never the outlier dims), mean over the draws
-            gen = torch.Generator().manual_seed(s.seed if s.seed is not None else ctx.seed)  # null: global
+            gen = torch.Generator().manual_seed(seed)
             draws = [random_dims(loaded.hidden_size, len(dims), exclude=dims, generator=gen) for _ in range(n_random)]
             per = []
             for ds in draws:

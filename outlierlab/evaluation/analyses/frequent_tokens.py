@@ -31,11 +31,11 @@ from outlierlab.metrics.frequent_token_logits import COLUMNS, METRICS, macocco_o
 from outlierlab.metrics.layernorm_rule import LayerNormRule, layernorm_outliers
 from outlierlab.metrics.outlier_dims import detect_outlier_dims
 from outlierlab.metrics.outlier_stats import OutlierAccumulator
-from outlierlab.evaluation.registry import (AnalysisResult, EvalContext, analysis_texts, check_texts, shared_mlm,
+from outlierlab.evaluation.registry import (AnalysisResult, EvalContext, check_texts, scored_texts, shared_mlm,
                                             skip_result)
 from outlierlab.evaluation.analyses.ln_rule import ln_rule
 from outlierlab.evaluation.analyses.frequency import frequency_counts
-from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
+from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches
 from outlierlab.models.lm_model import LoadedModel, last_vectors, output_layer
 from outlierlab.configuration.analysis_settings import FrequentTokensSettings
 from outlierlab.models.layernorms import layernorm_tensors
@@ -148,11 +148,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     loaded = shared_mlm(ctx)
     if not loaded.has_mlm_head:
         return skip_result("frequent_tokens", TITLE, f"{loaded.name}: {loaded.no_head_reason}.")
-    texts, what = analysis_texts(ctx, s)
-    max_length = min(s.max_length, loaded.max_length)
-    if s.pack:
-        texts = pack_texts(loaded.tokenizer, texts, max_length)
-    seed = s.seed if s.seed is not None else ctx.seed
+    texts, what, max_length, seed = scored_texts(ctx, s, loaded)
     batches, where = _batches(loaded, s, texts, max_length, seed)
     h, labels = last_vectors(loaded, batches)
     _, _, weight, bias, norm_key = output_layer(loaded)

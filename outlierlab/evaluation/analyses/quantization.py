@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches, pack_texts
-from outlierlab.evaluation.registry import AnalysisResult, EvalContext, analysis_texts, check_texts, shared_mlm
+from outlierlab.datamodules.scoring_batches import masked_batches, next_token_batches
+from outlierlab.evaluation.registry import AnalysisResult, EvalContext, check_texts, scored_texts, shared_mlm
 from outlierlab.configuration.analysis_settings import QuantizationSettings
 from outlierlab.models.lm_model import LoadedModel
 from outlierlab.models.w8a8 import KeptDims, linear_layers, quantized
@@ -128,11 +128,7 @@ def run(ctx: EvalContext) -> AnalysisResult:
     s = check(ctx)
     loaded = shared_mlm(ctx)
     decoder = loaded.objective == "next_token"
-    texts, what = analysis_texts(ctx, s)
-    max_length = min(s.max_length, loaded.max_length)
-    if s.pack:
-        texts = pack_texts(loaded.tokenizer, texts, max_length)
-    seed = s.seed if s.seed is not None else ctx.seed
+    texts, what, max_length, seed = scored_texts(ctx, s, loaded)
     if decoder:
         batches = next_token_batches(loaded.tokenizer, texts, max_length, s.batch_size)
     elif loaded.has_mlm_head:
