@@ -76,23 +76,36 @@ def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], commo
     return rows
 
 
-def _probe_all(vt, arrays: dict, labels: dict, make_module, cfg, p: ProbeSettings, logger, name: str) -> dict:
-    ds = {s: RowBatches(arrays[s][0], arrays[s][1], labels[s], vt) for s in arrays}
-    module = make_module(vt.out_dim)
+def _probe_transforms(cfg, p: ProbeSettings, logger, n_layers: int, dim: int, arrays: dict, labels: dict,
+                      fit_what: str, make_module, outliers: list[list[int]], common: dict, each=None
+                      ) -> tuple[list[dict], dict, dict]:
+    """Per selected transform: fitted on the training rows of ``arrays``, a probe ``make_module(name, width)`` on
+    every layer at once; ``each(name, result, seconds)`` after each.  The CSV rows, contributions and fits."""
+    out, contribs, fits = [], {}, {}
     batch_size = int(cfg.task.get("batch_size") or p.batch_size)  # the paper's per-task batch (configs/task)
     say = bool(cfg.progress)  # the fits take minutes: a line before and after each, not silence
-    if say:
-        print(f"[probe] {name}: fitting one probe per layer, {p.epochs} epoch(s) over {len(labels['train']):,} "
-              "training rows", flush=True)
-    t0 = time.time()
-    loaders = (row_loader(ds["train"], batch_size, True, int(cfg.seed)),
-               row_loader(ds["validation"], 4 * batch_size, False), row_loader(ds["test"], 4 * batch_size, False))
-    res = train_probe(module, *loaders, epochs=p.epochs, logger=logger,
-                      accelerator=cfg.trainer.accelerator, progress=bool(cfg.trainer.enable_progress_bar),
-                      validate=p.validate)
-    if say:
-        print(f"[probe] {name}: fitted in {time.time() - t0:.1f} s", flush=True)
-    return res
+    for name in selected_transforms(cfg):
+        t0 = time.time()
+        vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(*arrays["train"]), outliers,
+                           **transform_settings(cfg.transform, fit_what))
+        ds = {s: RowBatches(arrays[s][0], arrays[s][1], labels[s], vt) for s in arrays}
+        module = make_module(name, vt.out_dim)
+        if say:
+            print(f"[probe] {name}: fitting one probe per layer, {p.epochs} epoch(s) over {len(labels['train']):,} "
+                  "training rows", flush=True)
+        t1 = time.time()
+        loaders = (row_loader(ds["train"], batch_size, True, int(cfg.seed)),
+                   row_loader(ds["validation"], 4 * batch_size, False), row_loader(ds["test"], 4 * batch_size, False))
+        res = train_probe(module, *loaders, epochs=p.epochs, logger=logger, accelerator=cfg.trainer.accelerator,
+                          progress=bool(cfg.trainer.enable_progress_bar), validate=p.validate)
+        if say:
+            print(f"[probe] {name}: fitted in {time.time() - t1:.1f} s", flush=True)
+        out += _rows_for(name, res, vt, outliers, common, p.top_k, position=True)
+        contribs[name] = res["contribution"]
+        fits.update({name: vt.info} if name != "none" else {})
+        if each is not None:
+            each(name, res, time.time() - t0)
+    return out, contribs, fits
 
 
 def run_position(cfg, p: ProbeSettings, encoder: FrozenEncoder, texts: list[str], logger) -> ProbeResult:
@@ -113,27 +126,25 @@ def run_position(cfg, p: ProbeSettings, encoder: FrozenEncoder, texts: list[str]
               "chance": chance_accuracy(torch.from_numpy(labels["test"])),
               "dropped_tokens": beyond + int(fs.meta["truncated_tokens"]),
               "truncated_sequences": int(fs.meta["n_truncated"])}
-    out, contribs, by_position, fits = [], {}, [], {}
-    for name in selected_transforms(cfg):
-        t0 = time.time()
-        try:
-            vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(fs.tokens, rows["train"]), outliers,
-                               **transform_settings(cfg.transform, f"the {len(rows['train'])} training token vectors "
-                                                                    f"of {len(split['train'])} sentences"))
-        except DegenerateWhiteningError as e:
-            # all the texts, not the training split's: a caller's extra sentences are split in the same shares
-            e.texts = int(fs.meta["n_texts"])
-            raise
-        make = lambda d, name=name: PositionProbe(n_layers, d, m, p.lr, seed=int(cfg.seed), tag=name)  # noqa
-        res = _probe_all(vt, {s: (fs.tokens, r) for s, r in rows.items()}, labels, make, cfg, p, logger, name)
-        out += _rows_for(name, res, vt, outliers, common, p.top_k, position=True)
-        contribs[name] = res["contribution"]
-        fits.update({name: vt.info} if name != "none" else {})
+    by_position = []
+
+    def each(name: str, res: dict, seconds: float) -> None:
         count, acc = res["per_class_count"], res["per_class_accuracy"]
-        by_position += [{"layer": layer, "transform": name, "position": pos, "n_test": int(count[pos]),
-                         "accuracy": float(acc[j, pos])}
-                        for j, layer in enumerate(sorted(res["accuracy"])) for pos in range(len(count)) if count[pos] > 0]
-        log.info("position probe [%s]: %d layers in %.1f s", name, n_layers, time.time() - t0)
+        by_position.extend({"layer": layer, "transform": name, "position": pos, "n_test": int(count[pos]),
+                            "accuracy": float(acc[j, pos])}
+                           for j, layer in enumerate(sorted(res["accuracy"]))
+                           for pos in range(len(count)) if count[pos] > 0)
+        log.info("position probe [%s]: %d layers in %.1f s", name, n_layers, seconds)
+
+    try:
+        out, contribs, fits = _probe_transforms(
+            cfg, p, logger, n_layers, dim, {s: (fs.tokens, r) for s, r in rows.items()}, labels,
+            f"the {len(rows['train'])} training token vectors of {len(split['train'])} sentences",
+            lambda name, d: PositionProbe(n_layers, d, m, p.lr, seed=int(cfg.seed), tag=name), outliers, common, each)
+    except DegenerateWhiteningError as e:
+        # all the texts, not the training split's: a caller's extra sentences are split in the same shares
+        e.texts = int(fs.meta["n_texts"])
+        raise
     info = {"task": "position", "n_texts": fs.meta["n_texts"], "n_tokens": fs.meta["n_tokens"],
             "beyond_max_positions": beyond, "max_positions": m, "features": [_where(fs)],
             "outlier_dims": outliers, "transform_fits": fits,
@@ -181,18 +192,11 @@ def run_classifier(cfg, p: ProbeSettings, encoder: FrozenEncoder, logger) -> Pro
               "chance": chance_accuracy(torch.from_numpy(labels["test"])),
               "dropped_tokens": sum(int(fs.meta["truncated_tokens"]) for fs in fss.values()),
               "truncated_sequences": sum(int(fs.meta["n_truncated"]) for fs in fss.values())}
-    out, contribs, fits = [], {}, {}
-    train_sent = arrays["train"]
-    for name in selected_transforms(cfg):
-        vt = fit_transform(name, n_layers, dim, lambda: iter_chunks(*train_sent), outliers,
-                           **transform_settings(cfg.transform, f"the {len(labels['train'])} mean-pooled "
-                                                                "training sentence vectors"))
-        make = lambda d, name=name: SentenceClassifier(n_layers, d, data.num_classes, p.lr,  # noqa
-                                                       seed=int(cfg.seed), tag=name, bias=p.classifier_bias)
-        res = _probe_all(vt, arrays, labels, make, cfg, p, logger, name)
-        out += _rows_for(name, res, vt, outliers, common, p.top_k, position=True)
-        contribs[name] = res["contribution"]
-        fits.update({name: vt.info} if name != "none" else {})
+    out, contribs, fits = _probe_transforms(
+        cfg, p, logger, n_layers, dim, arrays, labels,
+        f"the {len(labels['train'])} mean-pooled training sentence vectors",
+        lambda name, d: SentenceClassifier(n_layers, d, data.num_classes, p.lr, seed=int(cfg.seed), tag=name,
+                                           bias=p.classifier_bias), outliers, common)
     info = {"task": str(cfg.task.name), "source": data.source, "labels": data.label_names,
             "features": [_where(fs) for fs in fss.values()], "outlier_dims": outliers,
             "transform_fits": fits, "notes": data.notes + [f"{t}: {i}" for t, i in fits.items()]}
