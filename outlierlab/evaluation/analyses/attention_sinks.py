@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from outlierlab.metrics.attention_mass import SINK_KEYS as KEYS  # the columns of the rows below
@@ -31,9 +31,6 @@ from outlierlab.models.layernorms import select_layernorms, zero_layernorm_dims
 from outlierlab.configuration.analysis_settings import AttentionSinksSettings
 from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table
-
-matplotlib.use("Agg")  # headless: the heatmap is written to a file
-import matplotlib.pyplot as plt  # noqa: E402
 
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
 LM_HEAD = True
@@ -73,8 +70,8 @@ def _heatmap(by_condition: Mapping[str, Mapping[str, Tensor]], path: Path, title
     conds = list(by_condition)
     L, H = by_condition[conds[0]]["bos"].shape
     panel_w, panel_h = max(3.0, 0.35 * H + 1.2), max(2.5, 0.3 * L + 1.2)
-    fig, axes = plt.subplots(2, len(conds), figsize=(panel_w * len(conds) + 1, 2 * panel_h), squeeze=False,
-                             layout="constrained")
+    fig = Figure(figsize=(panel_w * len(conds) + 1, 2 * panel_h), layout="constrained")
+    axes = fig.subplots(2, len(conds), squeeze=False)
     for j, cond in enumerate(conds):
         for i, (key, label) in enumerate((("bos", "<s>/[CLS]"), ("eos", "</s>/[SEP]"))):
             ax = axes[i, j]
@@ -85,7 +82,6 @@ def _heatmap(by_condition: Mapping[str, Mapping[str, Tensor]], path: Path, title
     fig.colorbar(im, ax=axes, shrink=0.6)
     fig.suptitle(title, fontsize=9)
     save_figure(fig, path, dpi=110)
-    plt.close(fig)
     return path
 
 

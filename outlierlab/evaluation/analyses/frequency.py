@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from outlierlab.metrics.frequency_stats import FrequencyTable, frequency_table, token_frequency_spearman
@@ -45,9 +45,6 @@ from outlierlab.models.families import unembedding
 from outlierlab.models.layernorms import UnknownFamilyError, model_layernorms
 from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table
-
-matplotlib.use("Agg")  # headless: the plots are written to files
-import matplotlib.pyplot as plt  # noqa: E402
 
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
 LM_HEAD = True
@@ -108,7 +105,8 @@ def choose_dims(ctx, s: FrequencySettings, stats_fn) -> tuple[list[int], str, st
 
 def _scatter(table: FrequencyTable, layers: Sequence[int], strongest: dict[int, int], path: Path, what: str,
              title: str) -> Path:
-    fig, axes = plt.subplots(1, len(layers), figsize=(5 * len(layers), 4), squeeze=False)
+    fig = Figure(figsize=(5 * len(layers), 4))
+    axes = fig.subplots(1, len(layers), squeeze=False)
     keep = table.freqs > 0
     x = np.log10(table.freqs[keep])
     for ax, layer in zip(axes[0], layers):
@@ -120,7 +118,6 @@ def _scatter(table: FrequencyTable, layers: Sequence[int], strongest: dict[int, 
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
-    plt.close(fig)
     return path
 
 

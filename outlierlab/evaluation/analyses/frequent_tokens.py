@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import matplotlib
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from outlierlab.metrics.frequent_token_logits import COLUMNS, METRICS, macocco_outlier_dims, score_conditions
@@ -41,9 +41,6 @@ from outlierlab.configuration.analysis_settings import FrequentTokensSettings
 from outlierlab.models.layernorms import layernorm_tensors
 from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 #: Scores with the model's LM head: evaluate.py loads the encoder with it, once.
 LM_HEAD = True
@@ -100,7 +97,8 @@ def _plot(rows: list[dict], path) -> None:
     labels = [f"{r['rule']}:{r['condition']}" if r["rule"] != "model" else r["condition"] for r in rows]
     colors = ["tab:grey" if r["rule"] == "model" else "tab:red" if not r["condition"].startswith("random")
               else "tab:blue" for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(2 * max(5, 0.5 * len(rows) + 2), 3.8))
+    fig = Figure(figsize=(2 * max(5, 0.5 * len(rows) + 2), 3.8))
+    axes = fig.subplots(1, 2)
     for ax, key, ylabel in zip(axes, ("spearman", "logprob_spearman"), ("ρ(corpus, prediction freq.), predicted",
                                                                          "ρ(frequency, mean log p), all counted")):
         vals = [0.0 if r[key] != r[key] else r[key] for r in rows]
@@ -115,7 +113,6 @@ def _plot(rows: list[dict], path) -> None:
                  fontsize=9)
     fig.tight_layout()
     save_figure(fig, path, dpi=120)
-    plt.close(fig)
 
 
 def check(ctx: EvalContext) -> FrequentTokensSettings:

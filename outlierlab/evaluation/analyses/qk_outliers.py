@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 
-import matplotlib
 import torch
+from matplotlib.figure import Figure
 
 from outlierlab.metrics.qk_magnitudes import RotarySpec, magnitude_outliers
 from outlierlab.evaluation.sentence_stream import Consumer, LayerStream, StreamBatch
@@ -29,9 +29,6 @@ from outlierlab.models.family_spec import is_norm
 from outlierlab.models.qk_recorder import QKRecorder, rotary_specs
 from outlierlab.utils.atomic import save_figure
 from outlierlab.utils.tables import md_table
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 TITLE = "## Query/key outlier features and rotary pairs (Jonasson 2025)"
 COLUMNS = ["layer", "head", "dim", "q_max", "q_mean", "k_max", "k_mean", "q_z", "k_z", "q_outlier", "k_outlier",
@@ -91,7 +88,8 @@ def qk_rows(stats: dict, specs: list[RotarySpec | None], k: float) -> list[dict]
 
 def _heatmap(stats: dict, specs, path, title: str) -> None:
     panels = [("max |q|", stats["q_max"]), ("max |k|", stats["k_max"])]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig = Figure(figsize=(11, 4.5))
+    axes = fig.subplots(1, 2)
     for ax, (name, v) in zip(axes, panels):
         n_layers, n_heads, hd = v.shape
         im = ax.imshow(v.reshape(n_layers * n_heads, hd).numpy(), aspect="auto", cmap="viridis", interpolation="nearest")
@@ -106,7 +104,6 @@ def _heatmap(stats: dict, specs, path, title: str) -> None:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------- the job
