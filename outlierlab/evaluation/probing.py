@@ -77,10 +77,13 @@ def _rows_for(name: str, results: dict, vt, outlier_dims: list[list[int]], commo
 
 
 def _probe_transforms(cfg, p: ProbeSettings, logger, n_layers: int, dim: int, arrays: dict, labels: dict,
-                      fit_what: str, make_module, outliers: list[list[int]], common: dict, each=None
+                      fit_what: str, make_module, outliers: list[list[int]], dropped: dict, each=None
                       ) -> tuple[list[dict], dict, dict]:
     """Per selected transform: fitted on the training rows of ``arrays``, a probe ``make_module(name, width)`` on
-    every layer at once; ``each(name, result, seconds)`` after each.  The CSV rows, contributions and fits."""
+    every layer at once; ``each(name, result, seconds)`` after each.  The CSV rows (the split sizes, chance and
+    ``dropped`` in each), contributions and fits."""
+    common = {"n_train": len(labels["train"]), "n_val": len(labels["validation"]), "n_test": len(labels["test"]),
+              "chance": chance_accuracy(torch.from_numpy(labels["test"])), **dropped}
     out, contribs, fits = [], {}, {}
     batch_size = int(cfg.task.get("batch_size") or p.batch_size)  # the paper's per-task batch (configs/task)
     say = bool(cfg.progress)  # the fits take minutes: a line before and after each, not silence
@@ -122,10 +125,8 @@ def run_position(cfg, p: ProbeSettings, encoder: FrozenEncoder, texts: list[str]
     labels = {s: fs.position[r].astype(np.int64) for s, r in rows.items()}
     stats = chunk_outlier_stats(iter_chunks(fs.tokens, rows["train"]), ~np.asarray(fs.special), n_layers, dim)
     outliers = detect_train_outliers(stats, **cfg.outliers)
-    common = {"n_train": len(rows["train"]), "n_val": len(rows["validation"]), "n_test": len(rows["test"]),
-              "chance": chance_accuracy(torch.from_numpy(labels["test"])),
-              "dropped_tokens": beyond + int(fs.meta["truncated_tokens"]),
-              "truncated_sequences": int(fs.meta["n_truncated"])}
+    dropped = {"dropped_tokens": beyond + int(fs.meta["truncated_tokens"]),
+               "truncated_sequences": int(fs.meta["n_truncated"])}
     by_position = []
 
     def each(name: str, res: dict, seconds: float) -> None:
@@ -140,7 +141,7 @@ def run_position(cfg, p: ProbeSettings, encoder: FrozenEncoder, texts: list[str]
         out, contribs, fits = _probe_transforms(
             cfg, p, logger, n_layers, dim, {s: (fs.tokens, r) for s, r in rows.items()}, labels,
             f"the {len(rows['train'])} training token vectors of {len(split['train'])} sentences",
-            lambda name, d: PositionProbe(n_layers, d, m, p.lr, seed=int(cfg.seed), tag=name), outliers, common, each)
+            lambda name, d: PositionProbe(n_layers, d, m, p.lr, seed=int(cfg.seed), tag=name), outliers, dropped, each)
     except DegenerateWhiteningError as e:
         # all the texts, not the training split's: a caller's extra sentences are split in the same shares
         e.texts = int(fs.meta["n_texts"])
@@ -188,15 +189,13 @@ def run_classifier(cfg, p: ProbeSettings, encoder: FrozenEncoder, logger) -> Pro
         raise ValueError(f"labels exceed the {data.num_classes} label names")
     arrays = {s: (fs.sentences, np.arange(fs.meta["n_texts"])) for s, fs in fss.items()}
     outliers = detect_train_outliers(fss["train"].outlier_stats(), **cfg.outliers)
-    common = {"n_train": len(labels["train"]), "n_val": len(labels["validation"]), "n_test": len(labels["test"]),
-              "chance": chance_accuracy(torch.from_numpy(labels["test"])),
-              "dropped_tokens": sum(int(fs.meta["truncated_tokens"]) for fs in fss.values()),
-              "truncated_sequences": sum(int(fs.meta["n_truncated"]) for fs in fss.values())}
+    dropped = {"dropped_tokens": sum(int(fs.meta["truncated_tokens"]) for fs in fss.values()),
+               "truncated_sequences": sum(int(fs.meta["n_truncated"]) for fs in fss.values())}
     out, contribs, fits = _probe_transforms(
         cfg, p, logger, n_layers, dim, arrays, labels,
         f"the {len(labels['train'])} mean-pooled training sentence vectors",
         lambda name, d: SentenceClassifier(n_layers, d, data.num_classes, p.lr, seed=int(cfg.seed), tag=name,
-                                           bias=p.classifier_bias), outliers, common)
+                                           bias=p.classifier_bias), outliers, dropped)
     info = {"task": str(cfg.task.name), "source": data.source, "labels": data.label_names,
             "features": [_where(fs) for fs in fss.values()], "outlier_dims": outliers,
             "transform_fits": fits, "notes": data.notes + [f"{t}: {i}" for t, i in fits.items()]}
