@@ -18,8 +18,8 @@ from typing import Annotated, Any, TypeVar, Union
 import pydantic
 import pydantic.dataclasses
 
-__all__ = ["settings_class", "require", "optional", "as_int", "ABSENT", "Names", "Ints", "Floats", "AtLeast0", "AtLeast1", "AtLeast2", "Positive",
-           "Share", "Probability"]
+__all__ = ["settings_class", "require", "optional", "as_int", "ABSENT", "Names", "Ints", "Floats", "AtLeast0",
+           "AtLeast1", "AtLeast2", "Positive", "Share", "Probability"]
 
 S = TypeVar("S")
 
@@ -98,20 +98,19 @@ def settings_class(cls: type[S]) -> type[S]:
 def _one_line(cls: type, error: pydantic.ValidationError) -> str:
     """pydantic's report of ``cls``'s first fault (or of every unknown key) as one line naming ``section.key``."""
     section, faults = cls.SECTION, error.errors(include_url=False)
+    keys = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = [str(f["loc"][0]) for f in faults if f["type"] == "unexpected_keyword_argument"]
     if unknown:
         return (f"unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}; valid keys of {section}: "
-                f"{', '.join(f.name for f in dataclasses.fields(cls) if f.init)}")
+                f"{', '.join(keys)}")
     fault = faults[0]
     if fault["type"] == "unexpected_positional_argument":  # loc is the argument's index, past the last field
-        keys = [f.name for f in dataclasses.fields(cls) if f.init]
         extra = sum(f["type"] == "unexpected_positional_argument" for f in faults)
         return (f"{section} takes at most {len(keys)} positional values ({', '.join(keys)}), got "
                 f"{len(keys) + extra}; name them, e.g. {cls.__name__}({keys[0]}=...)")
     if not fault["loc"]:  # a check of __post_init__ (between keys, or a list's items): its message names the key
         return fault["msg"].removeprefix("Value error, ")
-    fields = [f.name for f in dataclasses.fields(cls) if f.init]
-    name = fields[fault["loc"][0]] if isinstance(fault["loc"][0], int) else str(fault["loc"][0])  # positional
+    name = keys[fault["loc"][0]] if isinstance(fault["loc"][0], int) else str(fault["loc"][0])  # positional
     hint = typing.get_type_hints(cls)[name]
     index = next((i for i in fault["loc"][1:] if isinstance(i, int)), None)
     where = f"{section}.{name}" if index is None else f"{section}.{name}[{index}]"
