@@ -497,8 +497,30 @@ def optimizer_w8a8() -> dict:
 
     def d(arm, step, condition):
         return f"{q.loc[(f'4x256_learned_4_{arm}', step, condition)]:+.4f}".replace("-", "−")
-    return {f"{arm}{step}{'k' if keep else ''}": d(arm, step, "w8a8_keep" if keep else "w8a8")
-            for arm in ("adamw", "muon", "sgd") for step in (500, 1000) for keep in (False, True)}
+    arms = {"adamw": "adamw", "muon": "muon", "sgd": "sgd", "eps": "adamw-eps1e-6"}
+    return {f"{key}{step}{'k' if keep else ''}": d(arm, step, "w8a8_keep" if keep else "w8a8")
+            for key, arm in arms.items() for step in (500, 1000) for keep in (False, True)}
+
+
+def optimizer_eps() -> dict:
+    """AdamW with ε 1e-6 against the recipe's AdamW (ε 1e-12), docs/optimizers.md."""
+    r = pd.read_csv(OPT / "readings.csv")
+    summary = pd.read_csv(OPT / "ladder_summary.csv").set_index("cell")
+    adam, eps = (r[r.cell == f"4x256_learned_4_{a}"].set_index("step") for a in ("adamw", "adamw-eps1e-6"))
+    ep, ad = summary.loc["4x256_learned_4_adamw-eps1e-6"], summary.loc["4x256_learned_4_adamw"]
+    assert pd.isna(ep.luo_step) and pd.isna(ep.ln_outlier_step)
+    assert ep.marker_step > ad.marker_step  # later than AdamW's
+    above = eps[eps.max_share > 0.16].index.min()
+    assert above == adam[adam.max_share > 0.16].index.min()  # the concentration from the same step
+    assert (eps.loc[850:1100].max_kurtosis < adam.loc[850:1100].max_kurtosis).all()  # lower at every step from 850
+    matched = int(eps[eps.val_loss <= adam.loc[950].val_loss].index.min())
+    assert matched < ep.marker_step  # at AdamW's onset loss before its own marker
+    top = eps.loc[eps.max_share.idxmax()]
+    return dict(onset=steps(ep.marker_step), layer=int(ep.marker_layer), dim=int(ep.marker_dim), above=steps(above),
+                s=f2(top.max_share), l=int(top.max_share_layer), d=int(top.max_share_dim), t=steps(top.name),
+                l1=f2(eps.loc[1000].max_share), k=f2(eps.loc[1000].max_kurtosis), ka=f2(adam.loc[1000].max_kurtosis),
+                kl=f2(eps.max_kurtosis.iloc[-1]), kal=f2(adam.max_kurtosis.iloc[-1]), v=f3(eps.loc[1000].val_loss),
+                vl=f3(ep.val_loss_final), ou=steps(ep.order_use_step), matched=steps(matched))
 
 
 @dataclass(frozen=True)
@@ -712,10 +734,12 @@ CLAIMS += [
     Claim("docs/optimizers.md", "AdamW's validation loss is {v950} at its marker onset (step {onset}) and {va} at step "
           "1,000", optimizer_cells),
     Claim("docs/optimizers.md", "AdamW reached step {last_a}, Muon {last_m} and SGD", optimizer_cells),
-    Claim("docs/optimizers.md", "| 500 | {adamw500} | {adamw500k} | {muon500} | {muon500k} | {sgd500} | {sgd500k} |",
-          optimizer_w8a8),
+    Claim("docs/optimizers.md", "| 500 | {adamw500} | {adamw500k} | {muon500} | {muon500k} | {sgd500} | {sgd500k} | "
+          "{eps500} | {eps500k} |", optimizer_w8a8),
     Claim("docs/optimizers.md", "| 1,000 | {adamw1000} | {adamw1000k} | {muon1000} | {muon1000k} | {sgd1000} | "
-          "{sgd1000k} |", optimizer_w8a8),
+          "{sgd1000k} | {eps1000} | {eps1000k} |", optimizer_w8a8),
+    Claim("docs/optimizers.md", "With ε 1e-6 AdamW's cost at step 1,000 is {eps1000}, {eps1000k} with 4 dimensions kept.",
+          optimizer_w8a8),
     Claim("docs/optimizers.md", "| largest share of any layer (layer, dimension, step) | 0.52 (2, 4, 1,100) | "
           "0.25 (2, 133, 900) | {s} ({l}, {d}, {t}) |", optimizer_sgd),
     Claim("docs/optimizers.md", "| layer 1's largest share at step 1,000 | 0.49 (dimension 4) | 0.07 | {l1} |",
@@ -730,6 +754,19 @@ CLAIMS += [
     Claim("docs/optimizers.md", "(largest share of any layer up to step {a_at}: AdamW {a_top}; up to step {m_at}: Muon "
           "{m_top})", optimizer_sgd),
     Claim("docs/optimizers.md", "the largest share of one position bucket {pos})", optimizer_sgd),
+    Claim("docs/optimizers.md", "| none through step 1,051 | from step {onset} (the last): layer {layer}, dimension {dim} "
+          "(positions 4–7) |", optimizer_eps),
+    Claim("docs/optimizers.md", "| 0.15 (3, 12, 400) | {s} ({l}, {d}, {t}) |", optimizer_eps),
+    Claim("docs/optimizers.md", "| 0.07 | 0.07 | {l1} (dimension 98) |", optimizer_eps),
+    Claim("docs/optimizers.md", "| largest kurtosis over the layers at step 1,000 | {ka} | 1.44 | 1.33 | {k} |", optimizer_eps),
+    Claim("docs/optimizers.md", "| never (at most 0.0007) | step {ou} |", optimizer_eps),
+    Claim("docs/optimizers.md", "| 6.057 / 6.043 | {v} / {vl} |", optimizer_eps),
+    Claim("docs/optimizers.md", "from step {above} a layer holds more than 0.16 of the tokens on one dimension, as under "
+          "AdamW", optimizer_eps),
+    Claim("docs/optimizers.md", "pace (validation loss {v} at step 1,000 against 5.125; at or below AdamW's onset loss "
+          "from step {matched}, with no marker until step {onset})", optimizer_eps),
+    Claim("docs/optimizers.md", "layers is lower at every step from 850 ({k} at step 1,000 against {ka}; {kl} at its last "
+          "step against AdamW's {kal}", optimizer_eps),
 ]
 
 
