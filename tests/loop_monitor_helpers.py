@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from outlierlab.datamodules.eval_data import load_sentences
-from outlierlab.jobs.posthoc_trainer import analyze_hf_checkpoints
+from outlierlab.monitoring.replay import analyze_hf_checkpoints
 from outlierlab.models.layernorms import model_layernorms
 from outlierlab.monitoring.history import read_history
 

@@ -19,7 +19,7 @@ import torch
 from outlierlab.metrics.monitor_records import hidden_state_records, layernorm_records, layernorm_snapshot, tokenize_heldout
 from outlierlab.metrics.word_order import attention_locality, lm_loss_sum, masked_for_order_use, order_use
 from outlierlab.datamodules.eval_data import load_sentences
-from outlierlab.jobs.posthoc_trainer import analyze_hf_checkpoints
+from outlierlab.monitoring.replay import analyze_hf_checkpoints
 from outlierlab.models.layernorms import model_layernorms
 from outlierlab.models.sites import monitored_forward
 from outlierlab.monitoring.hidden_state_tracker import heldout_max_length

@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from outlierlab.jobs.posthoc import analyze_run, main, monitor_settings
+from outlierlab.jobs.posthoc import main
+from outlierlab.monitoring.replay import analyze_run, monitor_settings
 from test_monitors import fit, tiny_tokenizer
 
 
@@ -47,7 +48,10 @@ def test_posthoc_rows_equal_live_rows_for_checkpointed_steps(run):
     assert {k: post_ln[k] for k in live_ln} == live_ln
     live_hs = rows_by_key(run / "monitor" / "hidden_states.csv", {10, 20})
     post_hs = rows_by_key(res["hidden_states"], {0, 10, 20})
-    assert set(live_hs) <= set(post_hs) and {k[2] for k in set(post_hs) - set(live_hs)} == {"mean"}
+    # beyond the live rows: every dim's mean (live at image steps only), and the loop monitors' order-use rows, which
+    # train.py's monitor leaves to its validation (val/order_use)
+    assert set(live_hs) <= set(post_hs) and {k[2] for k in set(post_hs) - set(live_hs)} == {
+        "mean", "order_use", "attn_local", "attn_local_uniform"}
     # NaN where both are undefined (a rogue-dimension share of an anisotropy within 2 standard errors of 0)
     assert all(post_hs[k] == pytest.approx(live_hs[k], rel=1e-4, abs=1e-5, nan_ok=True) for k in live_hs), \
         [(k, post_hs[k], live_hs[k]) for k in live_hs
@@ -119,20 +123,20 @@ def test_a_posthoc_analysis_killed_between_its_outputs_leaves_one_generation(run
     """The histories of a second analysis are written, then it dies before its order_use.csv: the folder still holds
     the first generation byte for byte (no history of one run beside metrics of another), and the next analysis
     clears the dead one's staging folder."""
-    import outlierlab.jobs.posthoc as posthoc
+    import outlierlab.monitoring.replay as replay
 
     out = tmp_path / "post"
     analyze_run(run, out_dir=out)
     first = {p.name: p.read_bytes() for p in out.iterdir()}
     assert {"layernorm.csv", "hidden_states.csv", "metrics.csv", "order_use.csv"} <= set(first)
-    real = posthoc.write_csv
+    real = replay.write_csv
 
     def dies_at_order_use(path, *a, **k):
         if path.name == "order_use.csv":
             raise KeyboardInterrupt  # stands in for a kill: nothing after this point runs
         return real(path, *a, **k)
 
-    monkeypatch.setattr(posthoc, "write_csv", dies_at_order_use)
+    monkeypatch.setattr(replay, "write_csv", dies_at_order_use)
     with pytest.raises(KeyboardInterrupt):
         analyze_run(run, out_dir=out, n_sequences=3)  # another setting: its rows would differ
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first

@@ -246,7 +246,7 @@ def test_ddp_on_cpu_with_two_processes_in_a_sweep(tmp_path, shared_cache):
 def test_norm_switches_train_with_the_monitors_on_and_analyse_post_hoc(tmp_path, shared_cache, switch, gain):
     """Every norm kind trains from train.py's default config, LayerNorm monitor included (torch's RMSNorm
     has a gain and no ``bias`` attribute at all, which crashed the monitor's first snapshot), and post-hoc reads it."""
-    from outlierlab.jobs.posthoc import analyze_run
+    from outlierlab.monitoring.replay import analyze_run
     from outlierlab.jobs.training import train
 
     train(small_cfg(tmp_path, switch, "trainer.max_steps=4", "trainer.limit_val_batches=0", "export=false",

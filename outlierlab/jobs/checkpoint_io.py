@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from outlierlab.jobs.run_errors import os_error_in
-from outlierlab.utils.atomic import fsync_dir
+from outlierlab.utils.atomic import fsync_dir, replace_dir
 from outlierlab.utils.dir_lock import pid_alive
 
 log = logging.getLogger(__name__)
@@ -99,21 +99,6 @@ def staged_dir(dest: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def replace_dir(staging: Path, dest: Path) -> None:
-    """Put the complete ``staging`` in place of ``dest``, moved aside first (restored if the rename fails)."""
-    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-    if dest.exists():
-        os.replace(dest, old)
-    try:
-        os.replace(staging, dest)
-    except BaseException:
-        if old.exists() and not dest.exists():
-            os.replace(old, dest)  # the previous generation stays where it was
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-    fsync_dir(dest.parent)
 
 
 #: What a staged write killed mid-way leaves: ``[.]<name>.partial-<pid>``, ``.<name>.old-<pid>``.

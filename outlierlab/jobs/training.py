@@ -302,7 +302,7 @@ def _finish(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, module, config: 
         report_order_use(metrics, cfg.get("order_use_threshold", ORDER_USE_THRESHOLD), config)
     if trainer.global_rank == 0 and trainer.global_step >= trainer.max_steps > 0:
         if cfg.get("posthoc", False):
-            from outlierlab.jobs.posthoc import analyze_run  # every checkpoint, the monitors' statistics
+            from outlierlab.monitoring.replay import analyze_run  # every checkpoint, the monitors' statistics
 
             res = analyze_run(run_dir)
             log.info("post-hoc analysis of steps %s -> %s", res["steps"], res["metrics"])

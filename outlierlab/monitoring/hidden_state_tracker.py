@@ -233,6 +233,7 @@ class HiddenStateTracker:
                           "head for order use in nats)")
             return self._vector_order_rows(model, step, attentions, summary, special, causal)
         self.last_order_use = summary["order_use"] = value["order_use"]
+        summary["order_use_detail"] = value  # loss, loss_permuted, tokens: the post-hoc order_use.csv
         if local is not None:
             summary["attn_local"] = [float(m) for m in local["mass"]]
         return order_use_records(step, value, local)

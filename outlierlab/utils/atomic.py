@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_atomic", "fsync_dir", "figure_bytes", "save_figure"]
+__all__ = ["write_atomic", "replace_dir", "fsync_dir", "figure_bytes", "save_figure"]
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -27,6 +28,21 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def replace_dir(staging: Path, dest: Path) -> None:
+    """Put the complete ``staging`` in place of ``dest``, moved aside first (restored if the rename fails)."""
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        os.replace(dest, old)
+    try:
+        os.replace(staging, dest)
+    except BaseException:
+        if old.exists() and not dest.exists():
+            os.replace(old, dest)  # the previous generation stays where it was
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    fsync_dir(dest.parent)
 
 
 def figure_bytes(fig: Any, **savefig_kwargs: Any) -> bytes:
