@@ -262,7 +262,7 @@ def test_push_when_offline_fails_at_once_in_one_line(tmp_path):
 def test_push_calls_the_hub_with_the_export(tmp_path, monkeypatch):
     import huggingface_hub
 
-    from outlierlab.models import hub
+    from outlierlab.utils import hub
 
     export = plant_run(tmp_path / "run")
     calls = []

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from outlierlab.utils.atomic import write_atomic
+from outlierlab.utils.hub import hub_is_offline
 
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "data" / "corpus"
@@ -91,14 +92,6 @@ def load_embedded_texts(max_documents: int | None = None) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------- hub
-def hub_is_offline(endpoint: str | None = None, timeout: float = 3.0) -> bool:
-    """``outlierlab.models.hub.hub_is_offline`` (the one definition), imported lazily: ``models`` imports torch, and this
-    module must stay light for the start-up checks."""
-    from outlierlab.models.hub import hub_is_offline as _check  # lazy: see the docstring
-
-    return _check(endpoint, timeout)
-
-
 def load_hub_texts(path: str = "wikimedia/wikipedia", name: str | None = "20231101.en", split: str = "train",
                    text_column: str = "text", max_documents: int | None = 10_000, streaming: bool = True,
                    data_files: str | Sequence[str] | None = None, revision: str | None = None,

@@ -83,7 +83,7 @@ def push_to_hub(folder: Path, repo_id: str, private: bool = False, message: str 
     ExportError
         One line: offline, not logged in, or the hub refused (the first line of its answer).
     """
-    from outlierlab.models.hub import hub_is_offline
+    from outlierlab.utils.hub import hub_is_offline
 
     if hub_is_offline():  # before any hub call: huggingface_hub would otherwise retry for tens of seconds
         raise ExportError(f"cannot push to {repo_id}: the Hugging Face Hub is unreachable (HF_HUB_OFFLINE is set or "

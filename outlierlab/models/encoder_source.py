@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .hub import hub_is_offline
+from outlierlab.utils.hub import hub_is_offline
 
 #: Special names resolved to locally installed models (no network needed).
 BUNDLED = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
