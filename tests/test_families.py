@@ -197,7 +197,7 @@ def _planted_sink_gpt2():
 def test_attention_sinks_on_a_planted_decoder(tmp_path):
     """All mass on token 0 in a decoder: the first token is the sink (share 1 in every layer and head), and
     the causal mask is respected (no mass on later tokens)."""
-    from test_ablation import make_ctx
+    from ablation_fixtures import make_ctx
 
     from outlierlab.evaluation.analyses.attention_sinks import run
     from outlierlab.models.loading import FrozenEncoder
@@ -442,7 +442,7 @@ def test_presets_load_through_the_hub_path_and_name_their_family(family_hub, tmp
 def test_frequency_reads_the_model_own_lm_head(tmp_path):
     """A decoder whose LM-head weight on dim 5 is each token's count in the text: ρ(frequency, W_out[:, 5]) = 1,
     named with the head's objective; a dim with random head weights is far from it."""
-    from test_ablation import make_ctx
+    from ablation_fixtures import make_ctx
 
     from outlierlab.evaluation.analyses.frequency import run
     from outlierlab.models.loading import FrozenEncoder

@@ -9,8 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from ablation_fixtures import PLANTED_DIM, make_ctx, save_planted
 from probe_fixtures import SENTENCES
-from test_ablation import PLANTED_DIM, make_ctx, save_planted
 
 CORPUS = ["the the the the the cat", "the cat sat", "a dog", "the cat and the dog and the bird"]
 

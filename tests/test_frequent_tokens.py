@@ -145,7 +145,7 @@ def test_late_position_protocol_keeps_one_label_per_long_enough_sequence():
 @pytest.mark.slow
 def test_frequent_tokens_and_qk_outliers_run_on_our_model_and_a_hub_bert(tmp_path):
     from probe_fixtures import minilm_path
-    from test_ablation import make_ctx, save_planted
+    from ablation_fixtures import make_ctx, save_planted
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     def save_tiny_bert_mlm(directory):  # a hub-style BERT WITH its masked-LM head (random weights)
@@ -198,7 +198,7 @@ def test_frequent_tokens_and_qk_outliers_run_on_our_model_and_a_hub_bert(tmp_pat
 def test_a_decoder_is_scored_at_one_late_position_per_sequence_by_default(tmp_path):
     """Macocco et al.'s protocol (one late position per sequence) by default; positions=every as an option."""
     from family_models import build, save
-    from test_ablation import make_ctx
+    from ablation_fixtures import make_ctx
 
     from outlierlab.datamodules.scoring_batches import pack_texts
     from outlierlab.evaluation.analyses import frequent_tokens

@@ -1,9 +1,11 @@
 """The layout docs/layout.md promises: every package imports only packages below it (no cycle, no upward import),
 one file name per module, the installed package reads nothing of the repository around it (the docs generators
-are the repository's lab/), the evaluation engine, its analyses and the Python API import no job, and
-outlierlab/lightning_modules/ holds only LightningModules, callbacks and loggers."""
+are the repository's lab/), the evaluation engine, its analyses and the Python API import no job,
+outlierlab/lightning_modules/ holds only LightningModules, callbacks and loggers, and no file of tests/ imports a test
+module (shared helpers live in the fixtures and helper modules beside them)."""
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -179,3 +181,78 @@ def test_lab_is_the_repository_s_and_not_imported_by_the_package():
     offenders = [f"{f.relative_to(ROOT)}: {m}" for f in sorted(PACKAGE.rglob("*.py")) for m in _imports(f)
                  if m == "lab" or m.startswith("lab.")]
     assert not offenders, "the package imports lab/, which is not installed:\n" + "\n".join(offenders)
+
+
+# An import of a test module written out in a string: the script a test runs in a fresh process.
+_TEST_MODULE_IMPORT_TEXT = re.compile(r"(?<![\w.])(?:from\s+(?:tests\.)?test_\w+[\w.]*\s+import\b"
+                                      r"|from\s+tests\s+import\s+test_\w+|import\s+(?:tests\.)?test_\w+)")
+
+
+def _is_test_module(name: str) -> bool:
+    return any(part.startswith("test_") for part in name.split("."))
+
+
+def _test_module_imports(path: Path, root: Path = ROOT) -> list[str]:
+    """``file:line: what`` for every import of a module named ``test_*`` in ``path``: Import and ImportFrom nodes
+    anywhere in it (inside functions too, relative ones, a test module named as a member of tests/), and such imports
+    written in its string literals (f-strings too): the code a test hands to a subprocess imports like any other."""
+    source = path.read_text()
+    tree = ast.parse(source, filename=str(path))
+    rel = path.relative_to(root)
+    found = []
+    in_fstring = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in ast.walk(n) if v is not n}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names if _is_test_module(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            if _is_test_module(node.module or ""):
+                found.append((node.lineno, f"from {base} import {', '.join(a.name for a in node.names)}"))
+            elif (node.module or "").split(".")[-1] in ("", "tests", "parity"):
+                found += [(node.lineno, f"from {base} import {a.name}") for a in node.names if _is_test_module(a.name)]
+        elif (isinstance(node, ast.JoinedStr) or isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in in_fstring):
+            text = ast.get_source_segment(source, node) or ""
+            found += [(node.lineno + text[:m.start()].count("\n"), f"{m.group(0)!r} in a string")
+                      for m in _TEST_MODULE_IMPORT_TEXT.finditer(text)]
+    return [f"{rel}:{line}: {what}" for line, what in sorted(set(found))]
+
+
+def test_no_file_of_tests_imports_a_test_module():
+    """A test module is what pytest collects, not a library: a helper taken from one drags that module's imports,
+    constants and fixtures into every importer (a fresh subprocess included), ties the importer to the name pytest's
+    import mode gives the module, and breaks when the module's tests are reorganised.  What several files share lives
+    in a fixtures or helper module of tests/ (probe_fixtures.py, ablation_fixtures.py, monitor_fixtures.py,
+    cache_fixtures.py, ...)."""
+    offenders = [hit for f in sorted((ROOT / "tests").rglob("*.py")) for hit in _test_module_imports(f)]
+    assert not offenders, ("test modules imported (move the helper into a fixtures module of tests/):\n"
+                           + "\n".join(offenders))
+
+
+def test_the_test_module_import_check_sees_every_form(tmp_path):
+    """The check above finds each way of writing the import, and nothing that only looks like one."""
+    sample = tmp_path / "tests" / "test_sample.py"
+    sample.parent.mkdir()
+    sample.write_text("""import TEST_a
+import tests.TEST_b as b
+from TEST_c import x
+from tests.TEST_d import y
+from tests import TEST_e
+from .TEST_f import z
+
+
+def helper(folder):
+    import TEST_g
+    code = f\"\"\"
+import json
+from TEST_h import w
+print({folder!r})
+\"\"\"
+    other = "import TEST_i"
+    fine = ("from probe_fixtures import SENTENCES", "test_j", "import latest_k", "from contest_l import m")
+    return code, other, fine
+""".replace("TEST_", "test_"))
+    hits = [h.split(": ", 1)[0] for h in _test_module_imports(sample, tmp_path)]
+    name = str(Path("tests") / "test_sample.py")
+    assert hits == [f"{name}:{n}" for n in (1, 2, 3, 4, 5, 6, 10, 13, 16)], hits
+

@@ -206,7 +206,7 @@ def test_qk_outliers_runs_on_hub_families_with_their_rotary_layers(tmp_path, mod
     """evaluate.py's qk_outliers on saved hub-format models: per-layer θ and reach in the CSV rows, the source
     of θ and the QK-norm reading point in the report."""
     from family_models import build, save
-    from test_ablation import make_ctx
+    from ablation_fixtures import make_ctx
 
     from outlierlab.evaluation.analyses import qk_outliers
     from outlierlab.models.loading import FrozenEncoder

@@ -122,7 +122,7 @@ def test_evaluate_runs_the_analysis_and_writes_its_table(tmp_path):
     from outlierlab.evaluation.analyses.quantization import run
     from outlierlab.models.loading import FrozenEncoder
     from outlierlab.models import save_pretrained
-    from test_ablation import make_ctx
+    from ablation_fixtures import make_ctx
 
     loaded, _ = planted_mlm(True)
     save_pretrained(loaded.model, tmp_path / "model", tokenizer=loaded.tokenizer)

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
+from monitor_fixtures import fit, tiny_tokenizer
 from outlierlab.jobs.posthoc import main
 from outlierlab.monitoring.replay import analyze_run, monitor_settings
-from test_monitors import fit, tiny_tokenizer
 
 
 def rows_by_key(path, steps):

@@ -4,37 +4,21 @@ through the same hooks, activation patching, caches on disk within a memory budg
 
 from __future__ import annotations
 
-import gc
 import os
 
 import pytest
 import torch
 
 import outlierlab as ol
+from cache_fixtures import CACHE_SITES, cache_corpus, ours
 from family_models import DECODERS, SPECS, build
-from probe_fixtures import SENTENCES, byte_level_tokenizer
+from probe_fixtures import SENTENCES
 from outlierlab.models.hook_points import hidden_state_sites, norm_site, site_table
 from outlierlab.models.interventions import clip, mean, patch, quantize, scale, zero
 
 REGISTERED = [t for t in SPECS if t != "albert"]
 OURS = ("ours-post", "ours-pre", "ours-op")
 TEXTS = SENTENCES[:5]  # 5 texts of different lengths: batches of 2 are padded
-
-
-def ours(kind: str = "post", hidden: int = 32, layers: int = 2, ffn: int = 64, seed: int = 0, tok=None):
-    """Our RobertaMaskedLM: post-LN, pre-LN (a final norm) or the Outlier-Protected block (no block norms)."""
-    from outlierlab.models import EncoderConfig, RobertaMaskedLM
-
-    tok = tok or byte_level_tokenizer()
-    placement, block = ("post", "op") if kind == "op" else (kind, "roberta")
-    cfg = EncoderConfig(vocab_size=len(tok), hidden_size=hidden, num_layers=layers, num_heads=2,
-                        intermediate_size=ffn, max_len=128, pos={"name": "learned"}, norm_placement=placement,
-                        block=block)
-    torch.manual_seed(seed)
-    model = RobertaMaskedLM(cfg).eval()
-    with torch.no_grad():  # peaked predictions, so a changed activation shows in the loss
-        model.roberta.embeddings.word_embeddings.weight.normal_(0, 1)
-    return model, tok
 
 
 def model_of(kind: str):
@@ -227,7 +211,7 @@ def test_interventions_change_exactly_the_chosen_dims_and_positions():
 # ------------------------------------------------------------------------------- the ablation through hooks
 def planted(seed: int = 0):
     """Ours with dim 7 of every output LayerNorm huge (the ablation tests' planted outlier)."""
-    from test_ablation import PLANTED_DIM, tiny_mlm
+    from ablation_fixtures import PLANTED_DIM, tiny_mlm
 
     model, tok = tiny_mlm(layers=2, seed=seed)
     return model, tok, PLANTED_DIM
@@ -285,7 +269,7 @@ def test_mean_ablation_keeps_what_zeroing_destroys_and_equals_hooks_with_the_cac
     dimension of every output LayerNorm that is nearly constant and large (gain 0.05, bias 20), as Sun et al.'s
     massive activations are: zeroing it wrecks the model, its mean does not.  The ablation's mean mode equals
     run_with_hooks with mean() of a cache of the same scored inputs."""
-    from test_ablation import tiny_mlm
+    from ablation_fixtures import tiny_mlm
 
     from outlierlab.evaluation.analyses.ablation import run_ablation
     from outlierlab.datamodules.scoring_batches import masked_batches
@@ -321,7 +305,7 @@ def test_mean_ablation_keeps_what_zeroing_destroys_and_equals_hooks_with_the_cac
 
 
 def test_the_ablation_analysis_takes_mode_mean_from_its_settings(tmp_path):
-    from test_ablation import make_ctx, save_planted
+    from ablation_fixtures import make_ctx, save_planted
 
     from outlierlab.evaluation.analyses.ablation import run
     from outlierlab.configuration.analysis_settings import AblationSettings
@@ -398,24 +382,6 @@ def test_patching_texts_of_different_lengths_is_one_line():
 
 
 # ----------------------------------------------------------------------------------------- caches on disk
-def _peak_rss_mb() -> float:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM")) / 1024
-
-
-def _current_rss_mb() -> float:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024
-
-
-def _reset_peak() -> float:
-    """Reset the process's peak resident memory to its current size (Linux's clear_refs "5"); the size."""
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-    return _current_rss_mb()
-
-
 def _cache_peaks(folder) -> dict:
     """In a fresh process (one that has freed nothing yet: pages an earlier test freed but the allocator kept would
     hide what a cache costs): the peak resident memory of caching the test's corpus to disk, then in memory."""
@@ -428,29 +394,20 @@ def _cache_peaks(folder) -> dict:
 import json, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 import outlierlab as ol
-from test_sites import CACHE_SITES, _peak_rss_mb, _reset_peak, cache_corpus
+from cache_fixtures import CACHE_SITES, cache_corpus, peak_rss_mb, reset_peak
 model, tok, texts = cache_corpus()
 ol.run_with_cache(model, texts[:1], sites=CACHE_SITES, to={str(folder / "warm")!r}, tokenizer=tok)  # first kernels
-start = _reset_peak()
+start = reset_peak()
 disk = ol.run_with_cache(model, texts, sites=CACHE_SITES, to={str(folder / "cache")!r}, tokenizer=tok, batch_size=4)
-disk_peak = _peak_rss_mb() - start
+disk_peak = peak_rss_mb() - start
 size = sum(disk[s].numel() * disk[s].element_size() for s in disk) / 2**20
 del disk
-start = _reset_peak()
+start = reset_peak()
 memory = ol.run_with_cache(model, texts, sites=CACHE_SITES, tokenizer=tok, batch_size=4)
-print(json.dumps({{"disk": disk_peak, "memory": _peak_rss_mb() - start, "size": size}}))
+print(json.dumps({{"disk": disk_peak, "memory": peak_rss_mb() - start, "size": size}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-CACHE_SITES = ["blocks.*.resid", "blocks.*.ffn.pre", "blocks.*.ffn.post"]
-
-
-def cache_corpus():
-    """A model with wide FFNs (much to cache, little to compute) and 40 texts of 128 tokens."""
-    model, tok = ours("post", hidden=128, layers=4, ffn=1024)
-    return model, tok, [" ".join(SENTENCES[i % 8:] + SENTENCES[:i % 8]) for i in range(40)]
 
 
 @pytest.mark.slow
