@@ -31,7 +31,6 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from outlierlab.datamodules.eval_data import load_sentences
 from outlierlab.monitoring.history import HistoryCSV, wide_by_layer
 from outlierlab.utils.atomic import replace_dir
 from outlierlab.utils.dir_lock import pid_alive
