@@ -1,6 +1,7 @@
 """The optimizer study's figure, from its readings: per cell, the largest |x| argmax share of any layer, the largest
 share of one position bucket's tokens that a layer's dominant dimension holds (the high side of the position-marker
-rule), and the validation loss, by step.
+rule), and the validation loss, by step, to the last step of the seed-4 AdamW cell; colour by optimizer, the line by
+seed.
 
     python scripts/optimizers_figure.py docs/optimizers
 
@@ -18,7 +19,9 @@ from typing import Sequence
 
 import pandas as pd
 
-COLOURS = ["#08306b", "#d94801", "#238b45", "#6a51a3", "#525252", "#a50f15"]
+COLOURS = {"adamw": "#08306b", "muon": "#d94801", "sgd": "#238b45", "adamw-eps1e-6": "#6a51a3"}
+OTHER_COLOURS = ["#525252", "#a50f15"]
+SEED_STYLES = {"4": "-", "3": "--"}  # the seed-4 cells solid, a second seed dashed
 MARKER_HIGH = 0.9
 SHARE_BOUND = 0.16  # the declared "prevents" rule's bound (docs/optimizers.md)
 
@@ -32,15 +35,18 @@ def figure(folder: Path):
     fig = Figure(figsize=(12.0, 3.8), dpi=100)
     FigureCanvasAgg(fig)
     share_ax, pos_ax, loss_ax = fig.subplots(1, 3)
+    last = int(readings[readings.cell.str.endswith("_4_adamw")].step.max())  # the seed-4 cells' span
     for i, (cell, rows) in enumerate(readings.groupby("cell", sort=True)):
-        colour, label = COLOURS[i % len(COLOURS)], cell.rsplit("_", 1)[-1]
-        rows = rows.sort_values("step")
-        share_ax.plot(rows.step, rows.max_share, color=colour, label=label, lw=1.4)
+        seed, optimizer = cell.split("_")[2:4]  # <rung>_<pos>_<seed>_<optimizer>
+        style = dict(color=COLOURS.get(optimizer, OTHER_COLOURS[i % len(OTHER_COLOURS)]), lw=1.4,
+                     ls=SEED_STYLES.get(seed, ":"), label=f"{optimizer}, seed {seed}")
+        rows = rows[rows.step <= last].sort_values("step")
+        share_ax.plot(rows.step, rows.max_share, **style)
         by_pos = long[(long.cell == cell) & long.metric.str.startswith("abs_argmax_share_pos_") & (long.layer != "0")]
-        top = by_pos.groupby("step").value.max()
-        pos_ax.plot(top.index, top.values, color=colour, label=label, lw=1.4)
+        top = by_pos[by_pos.step <= last].groupby("step").value.max()
+        pos_ax.plot(top.index, top.values, **style)
         loss = rows.dropna(subset=["val_loss"])
-        loss_ax.plot(loss.step, loss.val_loss, color=colour, label=label, lw=1.4)
+        loss_ax.plot(loss.step, loss.val_loss, **style)
     share_ax.axhline(SHARE_BOUND, color="#999999", ls=":", lw=1)
     share_ax.set(xlabel="step", ylabel="largest |x| argmax share of any layer", ylim=(0, 1.0),
                  title="concentration on one dimension")
