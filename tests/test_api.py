@@ -30,30 +30,6 @@ def _cli(script: str, *args: str) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
 
 
-@pytest.mark.slow
-def test_evaluate_tables_equal_the_cli_csvs(tmp_path):
-    import outlierlab as ol
-
-    enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
-    tables = ol.evaluate(enc, TEXTS, analyses=["outliers", "anisotropy"], transforms=["none", "clip", "whiten"],
-                         seed=1, out_dir=tmp_path / "api", progress=False)
-    # each analysis' table, and the side tables the CLI writes beside them
-    assert sorted(tables) == ["anisotropy", "anisotropy_contributions", "layernorm", "outliers", "outliers_by_position",
-                             "position_rows"]
-    assert set(tables["anisotropy"]["transform"]) == {"none", "clip", "whiten"}
-    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
-    _cli("evaluate.py", "analyses=[outliers,anisotropy]", "transform=[none,clip,whiten]", "seed=1",
-         f"data.files=[{tmp_path / 'texts.txt'}]", "data.max_sentences=null", "plots=false", "tensorboard=false",
-         f"hydra.run.dir={tmp_path / 'cli'}")
-    for name, table in tables.items():
-        pd.testing.assert_frame_equal(table, pd.read_csv(tmp_path / "cli" / f"{name}.csv"), check_exact=True)
-    assert tables["outliers"].attrs["run_dir"] == str(tmp_path / "api")
-    # one list separator: every list-valued column holds ";"-separated items, never spaces
-    for name, column in (("anisotropy", "rogue_dims"), ("anisotropy", "rogue_share"), ("outliers", "top_dims")):
-        values = tables[name][column].dropna().astype(str)
-        assert values.str.contains(";").any() and not values.str.contains(" ").any(), (name, column)
-
-
 def _listing(*dirs: Path) -> set[str]:
     return {str(p) for d in dirs for p in d.rglob("*")}
 
@@ -69,31 +45,43 @@ def _fresh_cwd_and_tmpdir(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_evaluate_runs_in_memory_writes_nothing_and_equals_the_cli(tmp_path, monkeypatch, capsys):
-    """On 50 texts ol.evaluate creates no file or directory -- the temporary directory and the working directory
-    are listed before and after -- and its tables, side tables included, equal evaluate.py's CSVs exactly."""
+def test_evaluate_in_memory_writes_nothing_and_its_tables_equal_the_cli_csvs(tmp_path, monkeypatch, capsys):
+    """ol.evaluate creates no file or directory (the temporary and the working directories are listed before and
+    after); with out_dir it writes the run and names it; either way its tables, side tables included, equal
+    evaluate.py's CSVs exactly for the same texts and seed."""
     import outlierlab as ol
 
-    texts, analyses = TEXTS[:50], ["outliers", "anisotropy", "isotropy", "self_similarity"]
-    few = ["transform.allow_degenerate=true"]  # 50 sentences are too few distinct tokens for a full whitening
+    analyses = ["outliers", "anisotropy", "isotropy", "self_similarity"]
     enc = ol.load_encoder("all-minilm-l6-v2", device="cpu")
     enc.tokenize(["warm up"]), enc.model  # noqa: B018 - the tokenizer's and weights' own caches are not the run's
     work, tmp = _fresh_cwd_and_tmpdir(tmp_path, monkeypatch)
     before = _listing(work, tmp)
-    tables = ol.evaluate(enc, texts, analyses=analyses, transforms=["none", "clip", "whiten"], overrides=few,
-                         progress=False)
+    tables = ol.evaluate(enc, TEXTS, analyses=analyses, transforms=["none", "clip", "whiten"], seed=1, progress=False)
     assert _listing(work, tmp) == before == set()
     assert "[evaluate]" not in capsys.readouterr().out  # progress=False: quiet, the tables say it all
     assert all("run_dir" not in t.attrs for t in tables.values())
-    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
-    _cli("evaluate.py", f"analyses=[{','.join(analyses)}]", "transform=[none,clip,whiten]", *few,
+    # each analysis' table, and the side tables the CLI writes beside them
+    assert sorted(tables) == ["anisotropy", "anisotropy_contributions", "isotropy", "layernorm", "outliers",
+                              "outliers_by_position", "position_rows", "self_similarity"]
+    assert set(tables["anisotropy"]["transform"]) == {"none", "clip", "whiten"}
+    written = ol.evaluate(enc, TEXTS, analyses=analyses, transforms=["none", "clip", "whiten"], seed=1,
+                          out_dir=tmp_path / "api", progress=False)
+    assert written["outliers"].attrs["run_dir"] == str(tmp_path / "api")
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+    _cli("evaluate.py", f"analyses=[{','.join(analyses)}]", "transform=[none,clip,whiten]", "seed=1",
          f"data.files=[{tmp_path / 'texts.txt'}]", "data.max_sentences=null", "plots=false", "tensorboard=false",
          f"hydra.run.dir={tmp_path / 'cli'}")
-    written = sorted(p.stem for p in (tmp_path / "cli").glob("*.csv"))
-    assert sorted(tables) == written and len(written) == 8  # 4 analyses + anisotropy_contributions, layernorm,
-    for name, table in tables.items():                      # position_rows, outliers_by_position
-        assert len(table) > 0
-        pd.testing.assert_frame_equal(table, pd.read_csv(tmp_path / "cli" / f"{name}.csv"), check_exact=True)
+    assert sorted(p.stem for p in (tmp_path / "cli").glob("*.csv")) == sorted(tables) == sorted(written)
+    for name, table in tables.items():
+        assert len(table) > 0, name
+        cli = pd.read_csv(tmp_path / "cli" / f"{name}.csv")
+        pd.testing.assert_frame_equal(table, cli, check_exact=True, obj=name)
+        pd.testing.assert_frame_equal(written[name], cli, check_exact=True, obj=name)
+        assert (tmp_path / "api" / f"{name}.csv").read_bytes() == (tmp_path / "cli" / f"{name}.csv").read_bytes()
+    # one list separator: every list-valued column holds ";"-separated items, never spaces
+    for name, column in (("anisotropy", "rogue_dims"), ("anisotropy", "rogue_share"), ("outliers", "top_dims")):
+        values = tables[name][column].dropna().astype(str)
+        assert values.str.contains(";").any() and not values.str.contains(" ").any(), (name, column)
 
 
 def test_an_analysis_defined_in_the_notebook_rides_the_shared_stream(tmp_path):
