@@ -34,8 +34,10 @@ def _check(cfg: DictConfig) -> None:
                                ("task", "files", "task.files=[train.csv]")):
         if key in cfg[node].keys() and OmegaConf.is_missing(cfg[node], key):  # `in` is False for ???
             raise ValueError(f"{node}.{key} is required here: e.g. {example}")
+    from outlierlab.configuration.probe_settings import check_settings
     from outlierlab.datamodules.validation import validate_inputs  # lazy: module level imports only startup + Hydra
 
+    check_settings(cfg)  # a refused probe setting: one line before torch and Lightning load
     validate_inputs(cfg, "probe")  # every data file and the encoder path, one line per fault
     rev = cfg.encoder.get("revision")
     resolve_encoder(str(cfg.encoder.name_or_path), None if rev is None else str(rev))
