@@ -8,6 +8,7 @@ and its model card, and what ``encoder.name_or_path=<run>`` loads."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import lightning as L
@@ -126,23 +127,39 @@ def test_a_failed_run_resumed_and_stopped_by_a_signal_is_not_read_as_failed(tmp_
     assert failed_run(tmp_path)["global_step"] == 5
 
 
-def test_a_finished_run_given_more_steps_drops_its_manifest_until_its_new_end(tmp_path, shared_cache, monkeypatch):
+def test_a_finished_run_given_more_steps_drops_its_manifest_and_export_until_its_new_end(tmp_path, shared_cache,
+                                                                                        monkeypatch):
     """(c) manifest.json describes the files of the end that wrote it: an extended run stopped before its new end
     kept it, and the study aggregator, which trusts a cell with a manifest to be checked by it, then skipped the
-    CSV checks of the cell it admits with ``--until`` (a CSV cut mid-row passed)."""
+    CSV checks of the cell it admits with ``--until`` (a CSV cut mid-row passed).  Its export goes the same way:
+    ``hf/`` must not keep claiming to be the run (the loader would take the step-2 model over last.ckpt).  Once
+    finished at its new end, (c, shorter) re-run with a smaller ``trainer.max_steps`` is refused: it rewrote
+    finished.json as "4 of 2" and config.yaml as a 2-step run, and a study of 2-step cells counted a 4-step model.
+
+    One run walks all three (they were three tests training the same 2-step run, the same killed resume to 4 and
+    the same finished 4-step run): the export's half was ``tests/test_run_state.py``'s
+    ``test_a_resumed_run_stopped_before_its_end_loads_as_its_last_checkpoint``, the refusal
+    ``test_a_finished_run_resumed_with_a_smaller_budget_is_refused``."""
     from outlierlab.jobs import training
+    from outlierlab.models.encoder_source import resolve_encoder
     from outlierlab.studies.cell_checks import check_cell
 
     training.train(small_cfg(tmp_path, "trainer.max_steps=2", *COMMON))
     assert verify_manifest(tmp_path) == []
+    assert Path(resolve_encoder(str(tmp_path)).model).name == "hf" and finished_run(tmp_path)["global_step"] == 2
 
-    def killed(*args, **kwargs):  # the process dies after training, before its end
+    def killed(*args, **kwargs):  # the process dies after training, before its end (and its end's export)
         raise RuntimeError("killed before the end")
 
     monkeypatch.setattr(training, "_finish", killed)
     with pytest.raises(RuntimeError, match="killed"):
         training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))
     assert finished_run(tmp_path) is None and not (tmp_path / "manifest.json").exists()
+    assert not (tmp_path / "hf").exists()
+    src = resolve_encoder(str(tmp_path))
+    assert src.kind == "ckpt" and Path(src.model).name == "last.ckpt"
+    card = (tmp_path / "hf.before-resume-at-step2" / "README.md").read_text()
+    assert "**Steps:** 2 of max_steps 2" in card  # the earlier export, kept whole under its new name
     metrics = tmp_path / "csv" / "metrics.csv"
     whole = metrics.read_bytes()
     metrics.write_bytes(whole[:-5])  # cut mid-row, as a copy or a full disk leaves it
@@ -151,9 +168,17 @@ def test_a_finished_run_given_more_steps_drops_its_manifest_until_its_new_end(tm
     metrics.write_bytes(whole)
 
     monkeypatch.undo()
-    training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))
+    training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))  # its end: a new export, the run finished
     assert finished_run(tmp_path)["global_step"] == 4 and verify_manifest(tmp_path) == []
     assert run_state.read_json(tmp_path / "manifest.json")["global_step"] == 4
+    assert Path(resolve_encoder(str(tmp_path)).model).name == "hf"
+    assert "**Steps:** 4 of max_steps 4" in (tmp_path / "hf" / "README.md").read_text()
+
+    # (c, shorter): finished at step 4, re-run with trainer.max_steps=2
+    with pytest.raises(ValueError, match=r"last\.ckpt holds step 4, past trainer\.max_steps=2: a resume cannot "
+                                         r"shorten a run; give trainer\.max_steps>=4, or train 2 steps in another"):
+        training.train(small_cfg(tmp_path, "trainer.max_steps=2", *COMMON))
+    assert finished_run(tmp_path)["max_steps"] == 4 and verify_manifest(tmp_path) == []
 
 
 def test_a_finished_run_reentered_at_its_budget_keeps_its_final_metrics(tmp_path, shared_cache):
@@ -204,6 +229,15 @@ def test_a_resume_refuses_optimizer_settings_its_checkpoint_would_override(tmp_p
     card = (tmp_path / "hf" / "README.md").read_text()
     assert (f"settings changed at this resume: `module.scheduler.num_training_steps` 2 → 4, "
             f"`module.scheduler.num_warmup_steps` {warmup!r} → 1, `trainer.max_steps` 2 → 4") in card
+    # each start is recorded, and the resumed run finishes with a clean manifest of its last start's settings (was
+    # tests/test_run_state.py's test_a_training_run_records_each_start_and_finishes_with_a_clean_manifest, which
+    # trained the same 2 steps and resumed them)
+    lines = [json.loads(x) for x in (tmp_path / "code_versions.jsonl").read_text().splitlines()]
+    assert [x["global_step_at_start"] for x in lines] == [0, 2]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert (manifest["global_step"], manifest["max_steps"], manifest["config"]["trainer"]["max_steps"]) == (4, 4, 4)
+    assert manifest["code_versions"] == lines and "csv/metrics.csv" in manifest["files"]
+    assert verify_manifest(tmp_path) == []
 
 
 def test_a_resume_that_failed_at_once_is_not_the_baseline_of_the_next_ones_changes(tmp_path, shared_cache,
@@ -247,18 +281,6 @@ def test_optimizer_settings_ignored_compares_the_first_group_and_its_peak_rate()
     assert run_resume.optimizer_settings_ignored(no_scheduler, {"lr": 7e-4, "weight_decay": 0.1}) == [
         "optimizer.weight_decay=0.1 (the checkpoint's: 0.01)"]
     assert run_resume.optimizer_settings_ignored({}, same) == [] and run_resume.optimizer_settings_ignored(ckpt, None) == []
-
-
-def test_a_finished_run_resumed_with_a_smaller_budget_is_refused(tmp_path, shared_cache):
-    """(c, shorter) A run finished at step 4 re-run with ``trainer.max_steps=2`` rewrote finished.json as "4 of 2"
-    and config.yaml as a 2-step run: a study of 2-step cells counted a 4-step model."""
-    from outlierlab.jobs import training
-
-    training.train(small_cfg(tmp_path, "trainer.max_steps=4", *COMMON))
-    with pytest.raises(ValueError, match=r"last\.ckpt holds step 4, past trainer\.max_steps=2: a resume cannot "
-                                         r"shorten a run; give trainer\.max_steps>=4, or train 2 steps in another"):
-        training.train(small_cfg(tmp_path, "trainer.max_steps=2", *COMMON))
-    assert finished_run(tmp_path)["max_steps"] == 4 and verify_manifest(tmp_path) == []
 
 
 def test_a_run_rolled_back_to_an_earlier_checkpoint_never_continues_the_abandoned_steps(tmp_path, shared_cache):

@@ -153,21 +153,6 @@ def test_staging_files_are_not_results(tmp_path):
     assert result_files(tmp_path) == ["report.md"]
 
 
-@pytest.mark.slow
-def test_a_training_run_records_each_start_and_finishes_with_a_clean_manifest(tmp_path, shared_cache):
-    from outlierlab.jobs.training import train
-    from tests.run_fixtures import small_cfg
-
-    train(small_cfg(tmp_path, "trainer.max_steps=2", "trainer.limit_val_batches=0"))
-    train(small_cfg(tmp_path, "trainer.max_steps=3", "trainer.limit_val_batches=0"))  # more steps: a resume
-    lines = [json.loads(x) for x in (tmp_path / "code_versions.jsonl").read_text().splitlines()]
-    assert [x["global_step_at_start"] for x in lines] == [0, 2]
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert (manifest["global_step"], manifest["max_steps"], manifest["config"]["trainer"]["max_steps"]) == (3, 3, 3)
-    assert manifest["code_versions"] == lines and "csv/metrics.csv" in manifest["files"]
-    assert verify_manifest(tmp_path) == []
-
-
 def test_a_later_analysis_refreshes_the_manifest(cell, tmp_path):
     (cell / "monitor_posthoc").mkdir()
     (cell / "monitor_posthoc" / "metrics.csv").write_text("step,value\n0,1.5\n")
@@ -226,34 +211,3 @@ def test_set_aside_end_state_removes_the_export_of_a_stop_at_the_step_it_resumes
     record_trained_steps(cell / "hf", 30)  # a stop at 30, resumed from the step-20 checkpoint: the only step 30
     run_resume.set_aside_end_state(cell, 20)
     assert (cell / "hf.before-resume-at-step20" / "trained_steps.json").exists()
-
-
-@pytest.mark.slow
-def test_a_resumed_run_stopped_before_its_end_loads_as_its_last_checkpoint(tmp_path, shared_cache, monkeypatch):
-    """A run exported at step 2, then resumed towards 4 and stopped before its end: ``hf/`` must not keep
-    claiming to be the run (the loader would take the step-2 model over last.ckpt)."""
-    from outlierlab.jobs import training
-    from outlierlab.models.encoder_source import resolve_encoder
-    from tests.run_fixtures import small_cfg
-
-    common = ("trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=1")
-    training.train(small_cfg(tmp_path, "trainer.max_steps=2", *common))
-    assert Path(resolve_encoder(str(tmp_path)).model).name == "hf" and finished_run(tmp_path)["global_step"] == 2
-
-    def killed(*args, **kwargs):  # the process dies after training, before its end's export
-        raise RuntimeError("killed before the end")
-
-    monkeypatch.setattr(training, "_finish", killed)
-    with pytest.raises(RuntimeError, match="killed"):
-        training.train(small_cfg(tmp_path, "trainer.max_steps=4", *common))
-    assert finished_run(tmp_path) is None and not (tmp_path / "hf").exists()
-    src = resolve_encoder(str(tmp_path))
-    assert src.kind == "ckpt" and Path(src.model).name == "last.ckpt"
-    card = (tmp_path / "hf.before-resume-at-step2" / "README.md").read_text()
-    assert "**Steps:** 2 of max_steps 2" in card  # the earlier export, kept whole under its new name
-
-    monkeypatch.undo()
-    training.train(small_cfg(tmp_path, "trainer.max_steps=4", *common))  # its end: a new export, the run finished
-    assert finished_run(tmp_path)["global_step"] == 4 and Path(resolve_encoder(str(tmp_path)).model).name == "hf"
-    assert "**Steps:** 4 of max_steps 4" in (tmp_path / "hf" / "README.md").read_text()
-    assert verify_manifest(tmp_path) == []

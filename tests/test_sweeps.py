@@ -38,12 +38,22 @@ def killer(step: int, signum: int) -> list[str]:
             f"+callbacks.killer.signum={int(signum)}"]
 
 
-@pytest.mark.slow
-def test_sigterm_saves_last_ckpt_and_resume_equals_a_straight_run(tmp_path, shared_cache):
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, shared_cache) -> Path:
+    """A :data:`CELL` run trained straight through, the reference both stop-and-resume tests compare their resumed
+    run with (trained once per module; only read)."""
     from outlierlab.jobs.training import train
 
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    train(small_cfg(straight, *CELL))
+    run = tmp_path_factory.mktemp("straight_cell") / "straight"
+    train(small_cfg(run, *CELL))
+    return run
+
+
+@pytest.mark.slow
+def test_sigterm_saves_last_ckpt_and_resume_equals_a_straight_run(tmp_path, straight):
+    from outlierlab.jobs.training import train
+
+    stopped = tmp_path / "stopped"
     with pytest.raises(SystemExit) as stop:  # Lightning's SIGTERMException, raised at the end of the step
         train(small_cfg(stopped, *CELL, *killer(4, signal.SIGTERM)))
     assert stop.value.code == 143  # not 0: `train.py && evaluate.py` must not go on with an unfinished run
@@ -73,13 +83,12 @@ class StopAtStep(L.Callback):
 
 
 @pytest.mark.slow
-def test_a_time_limited_stop_saves_last_ckpt_and_resume_equals_a_straight_run(tmp_path, shared_cache):
+def test_a_time_limited_stop_saves_last_ckpt_and_resume_equals_a_straight_run(tmp_path, straight):
     # the scale ladder's cells stop at trainer.max_time and are resumed by the next call: the periodic checkpoint
     # (every 3 steps here; 1,000 in the ladder) was all they left, so the steps since were trained again
     from outlierlab.jobs.training import train
 
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    train(small_cfg(straight, *CELL))
+    stopped = tmp_path / "stopped"
     train(small_cfg(stopped, *CELL, f"+callbacks.stopper._target_={__name__}.StopAtStep", "+callbacks.stopper.step=5"))
     ckpt = torch.load(stopped / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 5  # not the periodic checkpoint of step 3

@@ -76,13 +76,42 @@ def test_resume_equals_uninterrupted(tmp_path, shared_cache):
     assert torch.allclose(opt_a[0]["exp_avg_sq"], opt_b[0]["exp_avg_sq"], rtol=1e-4, atol=1e-10)
 
 
-@pytest.mark.slow
-def test_identical_commands_give_identical_runs(tmp_path, shared_cache):
+#: One small finished run (4 steps, checkpoints at steps 2 and 4, no export) that several tests below read or copy:
+#: trained once per module by :func:`four_steps` instead of once per test.
+FOUR_STEPS = ["trainer.max_steps=4", "trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2",
+              "export=false"]
+
+
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory, shared_cache):
+    """``(run_dir, warnings)``: the :data:`FOUR_STEPS` run, trained from a fresh directory, and every warning that
+    fresh start raised.  Shared: a test that changes the run works on its own copy (:func:`copy_of`)."""
+    import warnings
+
     from outlierlab.jobs.training import train
 
-    for d in ("a", "b"):
-        train(small_cfg(tmp_path / d, "trainer.max_steps=5", "trainer.limit_val_batches=0"))
-    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
+    run = tmp_path_factory.mktemp("four_steps") / "run"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(small_cfg(run, *FOUR_STEPS))
+    return run, [str(w.message) for w in caught]
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    """A copy of a shared run in this test's own directory (``tmp_path`` itself), to change freely."""
+    import shutil
+
+    shutil.copytree(run, tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_identical_commands_give_identical_runs(tmp_path, four_steps):
+    from outlierlab.jobs.training import train
+
+    a, _ = four_steps  # the same command, trained earlier in this process (another test may have run in between)
+    train(small_cfg(tmp_path / "b", *FOUR_STEPS))
+    assert train_losses(a) == train_losses(tmp_path / "b")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,22 +134,20 @@ def test_missing_checkpoint_is_refused(tmp_path, shared_cache):
 
 
 @pytest.mark.slow
-def test_checkpoint_of_another_model_is_refused(tmp_path, shared_cache):
+def test_checkpoint_of_another_model_is_refused(tmp_path, four_steps):
     from outlierlab.jobs.training import train
 
     common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
-    train(small_cfg(tmp_path, "trainer.max_steps=2", *common))
+    run = copy_of(four_steps[0], tmp_path)  # pos=learned, at step 4
     with pytest.raises(ValueError, match=r"belongs to a different model config \(.*pos: \{'name': 'learned'\} in checkpoint"):
-        train(small_cfg(tmp_path, "pos=none", "trainer.max_steps=4", "ckpt_path=last", *common))
+        train(small_cfg(run, "pos=none", "trainer.max_steps=6", "ckpt_path=last", *common))
 
 
 @pytest.mark.slow
-def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache):
+def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, four_steps):
     from outlierlab.jobs.run_resume import resolve_checkpoint
-    from outlierlab.jobs.training import train
 
-    common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
-    train(small_cfg(tmp_path, "trainer.max_steps=4", *common))
+    copy_of(four_steps[0], tmp_path)  # checkpoints of steps 2 and 4, last.ckpt at step 4
     last = tmp_path / "checkpoints" / "last.ckpt"
     data = last.read_bytes()
     last.write_bytes(data[: len(data) // 2])
@@ -131,16 +158,14 @@ def test_truncated_last_checkpoint_falls_back_to_previous(tmp_path, shared_cache
 
 
 @pytest.mark.slow
-def test_stale_last_checkpoint_loses_to_a_newer_step(tmp_path, shared_cache):
+def test_stale_last_checkpoint_loses_to_a_newer_step(tmp_path, four_steps):
     """A kill during last.ckpt's rewrite leaves the previous last.ckpt (step 2) beside a complete step0000004.ckpt:
     ckpt_path=last resumes after step 4, not step 2 (the newest readable checkpoint by global step)."""
     import shutil
 
     from outlierlab.jobs.run_resume import resolve_checkpoint
-    from outlierlab.jobs.training import train
 
-    common = ["trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2", "export=false"]
-    train(small_cfg(tmp_path, "trainer.max_steps=4", *common))
+    copy_of(four_steps[0], tmp_path)  # checkpoints of steps 2 and 4, last.ckpt at step 4
     ckpts = tmp_path / "checkpoints"
     shutil.copyfile(ckpts / "step0000002.ckpt", ckpts / "last.ckpt")  # the rewrite to step 4 never landed
     os.utime(ckpts / "last.ckpt", (1e9, 2e9))  # newest file on disk, oldest step inside
@@ -269,8 +294,7 @@ def test_norm_switches_train_with_the_monitors_on_and_analyse_post_hoc(tmp_path,
 
 
 @pytest.mark.slow
-def test_resume_false_where_checkpoints_exist_is_refused_and_a_fresh_start_warns_nothing(tmp_path, shared_cache,
-                                                                                         recwarn):
+def test_resume_false_where_checkpoints_exist_is_refused_and_a_fresh_start_warns_nothing(tmp_path, four_steps):
     """``resume=false`` in a run directory holding an earlier run's checkpoints is refused in one line, its files
     untouched (found: Lightning restored last.ckpt whenever an on-exception checkpoint callback was configured, so
     the "new" run trained zero steps; and with that fixed a second run wrote step*-v1.ckpt and last-v1.ckpt beside
@@ -278,10 +302,10 @@ def test_resume_false_where_checkpoints_exist_is_refused_and_a_fresh_start_warns
     ckpt_path warnings."""
     from outlierlab.jobs.training import train
 
-    common = ["trainer.max_steps=4", "trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2",
-              "export=false"]
-    train(small_cfg(tmp_path, *common))
-    assert not [w for w in recwarn if "ckpt_path" in str(w.message)], [str(w.message) for w in recwarn]
+    common = FOUR_STEPS
+    run, fresh_start_warnings = four_steps  # trained from an empty directory, its warnings recorded
+    assert not [w for w in fresh_start_warnings if "ckpt_path" in w], fresh_start_warnings
+    copy_of(run, tmp_path)
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").iterdir()}
     with pytest.raises(ValueError) as err:
         train(small_cfg(tmp_path, *common, "seed=7", "resume=false", "skip_finished=false"))
