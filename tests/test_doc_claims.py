@@ -523,6 +523,38 @@ def optimizer_eps() -> dict:
                 vl=f3(ep.val_loss_final), ou=steps(ep.order_use_step), matched=steps(matched))
 
 
+def optimizer_muon3() -> dict:
+    """Muon seed 3 against AdamW's committed seed-3 cell, docs/optimizers.md."""
+    r = pd.read_csv(OPT / "readings.csv")
+    summary = pd.read_csv(OPT / "ladder_summary.csv").set_index("cell")
+    adam, muon = (r[r.cell == f"4x256_learned_3_{a}"].set_index("step") for a in ("adamw", "muon"))
+    ad, mu = summary.loc["4x256_learned_3_adamw"], summary.loc["4x256_learned_3_muon"]
+    assert pd.isna(mu.marker_step) and pd.isna(mu.luo_step) and pd.isna(mu.ln_outlier_step)
+    matched = int(muon[muon.val_loss <= adam.loc[1000].val_loss].index.min())
+    assert (muon.loc[:matched].max_share <= 0.16).all()  # the declared "prevents" rule, met
+    last = int(mu.last_step)
+    a_top = adam.loc[:last].loc[adam.loc[:last].max_share.idxmax()]
+    top = muon.loc[muon.max_share.idxmax()]
+    long = pd.read_csv(OPT / "ladder.csv.xz", dtype={"layer": str})
+    buckets = {c: long[(long.cell == c) & long.metric.str.startswith("abs_argmax_share_pos_") & (long.layer != "0")
+                       & (long.step <= last)].groupby("step").value.max() for c in ("4x256_learned_3_adamw",
+                                                                                   "4x256_learned_3_muon")}
+    mb, ab = buckets["4x256_learned_3_muon"], buckets["4x256_learned_3_adamw"]
+    q = pd.read_csv(OPT / "quantization.csv").set_index(["cell", "step", "condition", "layers"])["delta_loss"]
+    w = {f"{c}{s}": f"{q.loc[('4x256_learned_3_muon', s, c, 'all')]:+.4f}".replace("-", "−")
+         for c in ("w8a8", "w8a8_keep") for s in (500, 1000)}
+    return dict(onset=steps(ad.marker_step), last=steps(last), s=f2(top.max_share), l=int(top.max_share_layer),
+                d=int(top.max_share_dim), t=steps(top.name), sa=f2(a_top.max_share), la=int(a_top.max_share_layer),
+                da=int(a_top.max_share_dim), ta=steps(a_top.name), l1a=f2(adam.loc[1000].max_share),
+                l1=f2(long[(long.cell == "4x256_learned_3_muon") & (long.layer == "1") & (long.step == 1000)
+                           & (long.metric == "abs_argmax_share")].value.iloc[0]),
+                ka=f2(adam.loc[1000].max_kurtosis), k=f2(muon.loc[1000].max_kurtosis),
+                kmin=f"{muon.max_kurtosis.min():.1f}", kmax=f2(muon.max_kurtosis.max() + 0.005),
+                v=f3(muon.loc[1000].val_loss), va=f3(adam.loc[1000].val_loss), vl=f3(mu.val_loss_final),
+                matched=steps(matched), ou=steps(mu.order_use_step), ouv=f2(muon.loc[mu.order_use_step].order_use),
+                pos=f2(mb.max()), pos_t=steps(mb.idxmax()), apos=f2(ab.max()), **w)
+
+
 @dataclass(frozen=True)
 class Claim:
     page: str
@@ -738,7 +770,7 @@ CLAIMS += [
           "{eps500} | {eps500k} |", optimizer_w8a8),
     Claim("docs/optimizers.md", "| 1,000 | {adamw1000} | {adamw1000k} | {muon1000} | {muon1000k} | {sgd1000} | "
           "{sgd1000k} | {eps1000} | {eps1000k} |", optimizer_w8a8),
-    Claim("docs/optimizers.md", "With ε 1e-6 AdamW's cost at step 1,000 is {eps1000}, {eps1000k} with 4 dimensions kept.",
+    Claim("docs/optimizers.md", "With ε 1e-6 AdamW's cost at step 1,000 is {eps1000}, {eps1000k} with 4 dimensions kept;",
           optimizer_w8a8),
     Claim("docs/optimizers.md", "| largest share of any layer (layer, dimension, step) | 0.52 (2, 4, 1,100) | "
           "0.25 (2, 133, 900) | {s} ({l}, {d}, {t}) |", optimizer_sgd),
@@ -767,6 +799,25 @@ CLAIMS += [
           "from step {matched}, with no marker until step {onset})", optimizer_eps),
     Claim("docs/optimizers.md", "layers is lower at every step from 850 ({k} at step 1,000 against {ka}; {kl} at its last "
           "step against AdamW's {kal}", optimizer_eps),
+    Claim("docs/optimizers.md", "| from step {onset}: layer 1, dimension 4 (positions 4–7) | none through step {last} |",
+          optimizer_muon3),
+    Claim("docs/optimizers.md", "| {sa} ({la}, {da}, {ta}), to step {last} | {s} ({l}, {d}, {t}) |", optimizer_muon3),
+    Claim("docs/optimizers.md", "| {l1a} (dimension 4) | {l1} |", optimizer_muon3),
+    Claim("docs/optimizers.md", "| 2.40 | {ka} | {k} |", optimizer_muon3),
+    Claim("docs/optimizers.md", "| 5.156 / 4.894 | 5.133 / 4.826 (step 1,150) | {v} / {vl} |", optimizer_muon3),
+    Claim("docs/optimizers.md", "no position marker through step {last}, where AdamW seed 3 marks positions 4–7 on layer "
+          "1's dimension 4 from step {onset}", optimizer_muon3),
+    Claim("docs/optimizers.md", "than {s} of the monitor's tokens at any step (its largest, layer {l}'s dimension {d} at step "
+          "{t}; the largest share of one position bucket {pos}, at step {pos_t}, against AdamW seed 3's {apos})",
+          optimizer_muon3),
+    Claim("docs/optimizers.md", "(validation loss {v} at step 1,000 against {va}) and is at or below AdamW seed 3's loss at "
+          "step 1,000 from step {matched}", optimizer_muon3),
+    Claim("docs/optimizers.md", "stays between {kmin} and {kmax} ({k} at step 1,000, AdamW seed 3: {ka}), and it uses word "
+          "order from step {ou} ({ouv} nats)", optimizer_muon3),
+    Claim("docs/optimizers.md", "| +0.0006 | +0.0002 | {w8a81000} | {w8a8_keep1000} |", optimizer_muon3),
+    Claim("docs/optimizers.md", "| −0.0000 | −0.0000 | {w8a8500} | {w8a8_keep500} |", optimizer_muon3),
+    Claim("docs/optimizers.md", "Muon seed 3's is {w8a81000} at step 1,000, with or without kept dimensions",
+          optimizer_muon3),
 ]
 
 
