@@ -212,6 +212,9 @@ def _test_module_imports(path: Path, root: Path = ROOT) -> list[str]:
                 found += [(node.lineno, f"from {base} import {a.name}") for a in node.names if _is_test_module(a.name)]
         elif (isinstance(node, ast.JoinedStr) or isinstance(node, ast.Constant) and isinstance(node.value, str)
               and id(node) not in in_fstring):
+            parts = [node] if isinstance(node, ast.Constant) else node.values
+            if not any("import" in str(getattr(v, "value", "")) for v in parts):
+                continue  # the source segment below costs a pass over the file: only for strings that could hold one
             text = ast.get_source_segment(source, node) or ""
             found += [(node.lineno + text[:m.start()].count("\n"), f"{m.group(0)!r} in a string")
                       for m in _TEST_MODULE_IMPORT_TEXT.finditer(text)]
