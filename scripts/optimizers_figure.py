@@ -35,9 +35,9 @@ def figure(folder: Path):
     fig = Figure(figsize=(12.0, 3.8), dpi=100)
     FigureCanvasAgg(fig)
     share_ax, pos_ax, loss_ax = fig.subplots(1, 3)
-    last = int(readings[readings.cell.str.endswith("_4_adamw")].step.max())  # the seed-4 cells' span
+    last = int(readings[readings.cell == "4x256_learned_4_adamw"].step.max())  # the seed-4 cells' span
     for i, (cell, rows) in enumerate(readings.groupby("cell", sort=True)):
-        seed, optimizer = cell.split("_")[2:4]  # <rung>_<pos>_<seed>_<optimizer>
+        seed, optimizer = (cell.split("_") + ["adamw"])[2:4]  # <rung>_<pos>_<seed>[_<optimizer>]: the ladder's are AdamW
         style = dict(color=COLOURS.get(optimizer, OTHER_COLOURS[i % len(OTHER_COLOURS)]), lw=1.4,
                      ls=SEED_STYLES.get(seed, ":"), label=f"{optimizer}, seed {seed}")
         rows = rows[rows.step <= last].sort_values("step")

@@ -527,8 +527,8 @@ def optimizer_muon3() -> dict:
     """Muon seed 3 against AdamW's committed seed-3 cell, docs/optimizers.md."""
     r = pd.read_csv(OPT / "readings.csv")
     summary = pd.read_csv(OPT / "ladder_summary.csv").set_index("cell")
-    adam, muon = (r[r.cell == f"4x256_learned_3_{a}"].set_index("step") for a in ("adamw", "muon"))
-    ad, mu = summary.loc["4x256_learned_3_adamw"], summary.loc["4x256_learned_3_muon"]
+    adam, muon = (r[r.cell == c].set_index("step") for c in ("4x256_learned_3", "4x256_learned_3_muon"))
+    ad, mu = summary.loc["4x256_learned_3"], summary.loc["4x256_learned_3_muon"]
     assert pd.isna(mu.marker_step) and pd.isna(mu.luo_step) and pd.isna(mu.ln_outlier_step)
     matched = int(muon[muon.val_loss <= adam.loc[1000].val_loss].index.min())
     assert (muon.loc[:matched].max_share <= 0.16).all()  # the declared "prevents" rule, met
@@ -537,9 +537,9 @@ def optimizer_muon3() -> dict:
     top = muon.loc[muon.max_share.idxmax()]
     long = pd.read_csv(OPT / "ladder.csv.xz", dtype={"layer": str})
     buckets = {c: long[(long.cell == c) & long.metric.str.startswith("abs_argmax_share_pos_") & (long.layer != "0")
-                       & (long.step <= last)].groupby("step").value.max() for c in ("4x256_learned_3_adamw",
+                       & (long.step <= last)].groupby("step").value.max() for c in ("4x256_learned_3",
                                                                                    "4x256_learned_3_muon")}
-    mb, ab = buckets["4x256_learned_3_muon"], buckets["4x256_learned_3_adamw"]
+    mb, ab = buckets["4x256_learned_3_muon"], buckets["4x256_learned_3"]
     q = pd.read_csv(OPT / "quantization.csv").set_index(["cell", "step", "condition", "layers"])["delta_loss"]
     w = {f"{c}{s}": f"{q.loc[('4x256_learned_3_muon', s, c, 'all')]:+.4f}".replace("-", "−")
          for c in ("w8a8", "w8a8_keep") for s in (500, 1000)}

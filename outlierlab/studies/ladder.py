@@ -47,14 +47,15 @@ MARKER_HIGH, MARKER_LOW = 0.9, 0.1
 def find_cells(paths: Sequence[str | Path]) -> list[Path]:
     """Every train.py run directory under ``paths`` (a folder holding ``config.yaml`` and ``monitor/``); a packed
     study (``docs/order_use/cells_schemes_large_cut.parquet``, ``outlierlab.studies.table``) reads as the folder
-    it was packed from, so a committed 4 x 128 study sits in the same table as the ladder's rungs."""
+    it was packed from (and ``<table>.parquet/<cell>`` as that cell), so a committed 4 x 128 study sits in the same
+    table as the ladder's rungs."""
     from outlierlab.studies.table import resolve
 
     cells = []
     for given in paths:
-        if not Path(given).exists():
+        p = resolve(given)  # also one cell of a packed study: docs/gpu/ladder_cpu.parquet/4x256_learned_3
+        if not p.exists():
             raise FileNotFoundError(f"{given} does not exist")
-        p = resolve(given)
         cells += sorted(c.parent for c in p.rglob("config.yaml") if (c.parent / "monitor").is_dir())
     if not cells:
         raise ValueError(f"no train.py run directory (config.yaml + monitor/) under {', '.join(map(str, paths))}")
