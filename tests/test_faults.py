@@ -74,6 +74,38 @@ def test_sigkill_mid_epoch_then_resume(tmp_path, shared_cache):
     assert sorted(loss_steps) == list(range(40))
 
 
+@pytest.mark.slow
+def test_a_kill_between_a_checkpoint_and_the_row_before_it_loses_no_row(tmp_path, shared_cache):
+    """Lightning saves step S's checkpoint (a callback's on_train_batch_end) before its loop logs the training row of
+    step S - 1, and a resume from S never relogs that row: a SIGKILL between the two would lose it for good.  Here a
+    finished run's metrics.csv is cut as such a kill leaves it (the row of step 2 missing, step 3's checkpoint
+    written), and the resume from step 3 must give back the same losses, every step once."""
+    from outlierlab.jobs.training import train
+    from tests.run_fixtures import CELL, small_cfg, train_losses
+
+    run = tmp_path / "run"
+    train(small_cfg(run, *CELL))
+    before = train_losses(run)
+    assert sorted(before) == list(range(6))
+    metrics = run / "csv" / "metrics.csv"
+    with open(metrics, newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = reader.fieldnames, [r for r in reader if int(r["step"]) < 2]
+    with open(metrics, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
+
+    train(small_cfg(run, *CELL, f"ckpt_path={run / 'checkpoints' / 'step0000003.ckpt'}"))
+    assert train_losses(run) == before
+    assert sorted(_steps_with_loss(metrics)) == list(range(6))
+
+
+def _steps_with_loss(csv_path: Path) -> list[int]:
+    with open(csv_path) as f:
+        return [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")]
+
+
 def test_unwritable_run_dir_fails_at_start(tmp_path):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("x")

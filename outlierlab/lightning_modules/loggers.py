@@ -1,6 +1,7 @@
 """Loggers whose history survives resuming into the same run directory.
 
-``ResumableCSVLogger`` keeps ``metrics.csv`` (Lightning's deletes it), dropping only the abandoned timeline's rows;
+``ResumableCSVLogger`` keeps ``metrics.csv`` (Lightning's deletes it), dropping only the abandoned timeline's rows
+and adding the training row a kill right after a checkpoint lost (the checkpoint holds it: ``TRAIN_ROW``);
 ``TensorBoardResumePurge`` writes TensorBoard's restart marker at the resumed step, so redone steps do not show twice;
 ``one_console_for_lightning`` prints each Lightning log line once.
 """
@@ -22,9 +23,14 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from outlierlab.utils.tables import MODEL_STEP, VALIDATION, write_csv
 
 
+#: The checkpoint key of the training row a checkpoint is saved before (``MLMLitModule.on_save_checkpoint``).
+TRAIN_ROW = "outlierlab_train_row"
+
+
 class _ResumableWriter(ExperimentWriter):
     def __init__(self, log_dir: str) -> None:
         self._reconciled = False
+        self.restored_row: dict[str, Any] | None = None  # the resumed checkpoint's TRAIN_ROW
         super().__init__(log_dir)
 
     def _check_log_dir_exists(self) -> None:  # the parent deletes metrics.csv here
@@ -39,6 +45,10 @@ class _ResumableWriter(ExperimentWriter):
                 reader = csv.DictReader(f)
                 header = list(reader.fieldnames or [])
                 keep = [r for r in reader if r.get("step") not in (None, "") and _kept(r, first_new)]
+            row = self.restored_row
+            if row is not None and row["step"] < first_new and not any(
+                    int(float(r["step"])) == row["step"] and r.get("train/loss") not in (None, "") for r in keep):
+                keep.append(row)  # killed between the checkpoint and the row: the checkpoint kept it
             self.metrics_keys = sorted(set(self.metrics_keys) | set(header))
             write_csv(self.metrics_file_path, keep, self.metrics_keys)  # atomic: a crash leaves the old file intact
         self._reconciled = True

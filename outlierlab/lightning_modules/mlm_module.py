@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
+from outlierlab.lightning_modules.loggers import TRAIN_ROW, ResumableCSVLogger
 from outlierlab.metrics.word_order import attention_locality, movable_positions, permute_block_tokens
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 from outlierlab.models.optimizers import build_optimizer, can_fuse
@@ -160,6 +161,7 @@ class MLMLitModule(L.LightningModule):
         # Global step of the first non-finite training loss, -1 while none; on the device, not a buffer (not saved).
         self._first_nonfinite_step: Tensor | None = None
         self._defer_finite_check: bool | None = None  # None: decided by the device on the first step
+        self._last_loss: Tensor | None = None  # this step's training loss, for the checkpoint (on_save_checkpoint)
 
     @property
     def config(self) -> EncoderConfig:
@@ -204,6 +206,7 @@ class MLMLitModule(L.LightningModule):
             batch["masked_positions"].numel() / ids.numel()
         self.flops_per_batch = int(flops_per_token(self.config, ids.shape[1], fraction) * ids.numel())
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        self._last_loss = loss.detach()
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
@@ -250,6 +253,20 @@ class MLMLitModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._raise_if_nonfinite()  # never save weights updated from a non-finite loss as if they were good
+        trainer = self.trainer
+        # Lightning saves step S's checkpoint (a callback's on_train_batch_end) before its loop logs the row of step
+        # S - 1: a kill between the two would lose that row for good, since a resume from S never relogs it.  The
+        # checkpoint carries it; a resume adds it to metrics.csv where missing (ResumableCSVLogger).
+        if trainer.training and self._last_loss is not None and trainer.log_every_n_steps and \
+                self.global_step % trainer.log_every_n_steps == 0:
+            checkpoint[TRAIN_ROW] = {"step": self.global_step - 1, "epoch": trainer.current_epoch,
+                                     "train/loss": float(self._last_loss)}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if TRAIN_ROW in checkpoint and self._trainer is not None:
+            for logger in self.trainer.loggers:
+                if isinstance(logger, ResumableCSVLogger):
+                    logger.experiment.restored_row = checkpoint[TRAIN_ROW]
 
     def on_train_end(self) -> None:
         self._raise_if_nonfinite()
