@@ -6,7 +6,8 @@ sums, and the sentences are encoded a second time to apply them.  Written the pl
 engine (:mod:`outlierlab.evaluation.sentence_stream`, :func:`outlierlab.evaluation.sentence_pass.run_sentence_pass`) is
 checked against something that shares none of its machinery except the accumulators themselves.  Beside it, the
 plain word-to-token scan (:func:`word_occurrences`) that the batched word plan of
-:mod:`outlierlab.evaluation.words` is compared with.
+:mod:`outlierlab.evaluation.words` is compared with, and the stacked mean pooling (:func:`mean_pool`) that STS's
+layer-by-layer sentence vectors are.
 """
 
 from __future__ import annotations
@@ -128,3 +129,21 @@ def word_vectors(hidden: Tensor, b, word_index: dict, lowercase: bool = True
     if plan is None:
         return None, None, None
     return plan_vectors(hidden.reshape(n_layers, bsz * t_len, d), plan, bsz)
+
+
+def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
+    r"""Mean of the valid token vectors of each sentence, for all layers at once: [L, B, T, d] -> [L, B, d].
+
+    .. math:: \bar s_{l,b} = \frac{\sum_t m_{b,t}\, h_{l,b,t}}{\sum_t m_{b,t}}
+
+    ``mask`` [B, T]: tokens to include (attention mask, optionally minus special tokens).  At least float32.
+    """
+    if hidden.ndim != 4 or tuple(hidden.shape[1:3]) != tuple(mask.shape):
+        raise ValueError(f"mean_pool expects hidden [L, B, T, d] and mask [B, T]; got {tuple(hidden.shape)} "
+                         f"and {tuple(mask.shape)}.")
+    h = hidden.to(torch.promote_types(hidden.dtype, torch.float32))
+    m = mask.to(h.device, h.dtype)
+    n = m.sum(-1)
+    if (n == 0).any():
+        raise ValueError("mean_pool: a sentence has no valid token (all-zero mask row).")
+    return torch.einsum("lbtd,bt->lbd", h, m) / n[None, :, None]

@@ -6,9 +6,10 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
+from sentence_pass_oracle import mean_pool
 from outlierlab.metrics.attention_mass import AttentionMassAccumulator, special_key_masks, special_token_attention_mass
 from outlierlab.metrics.frequency_stats import TokenValueAccumulator, token_frequency_spearman
-from outlierlab.metrics.sts_scores import mean_pool, spearman_columns, sts_spearman
+from outlierlab.metrics.sts_scores import spearman_columns, sts_spearman
 from outlierlab.metrics.wic_thresholds import (all_true_baseline, best_per_layer, best_threshold, choose_then_report, default_thresholds,
                           threshold_sweep, wic_accuracy)
 

@@ -7,7 +7,7 @@ import pytest
 
 from outlierlab.datamodules.corpus import load_hub_texts, load_texts_from_files, read_text_file
 from outlierlab.datamodules.mlm_datamodule import MLMDataModule
-from outlierlab.datamodules.packing import pack_blocks
+from outlierlab.datamodules.token_blocks import TokenBlocks
 from outlierlab.datamodules.tokenizer import load_tokenizer, mlm_special_ids, train_bpe_tokenizer
 
 
@@ -90,9 +90,9 @@ def test_tokenizer_read_before_setup(tmp_path):
         MLMDataModule(cache_dir=str(tmp_path)).vocab_size
 
 
-def test_pack_rejects_block_size_one():
+def test_blocks_reject_block_size_one(tmp_path):
     with pytest.raises(ValueError, match="block_size must be >= 2"):
-        pack_blocks([5, 6, 7], block_size=1, bos_id=0, pad_id=1)
+        TokenBlocks(tmp_path, {"tokens": 3}, block_size=1, bos_id=0, pad_id=1)
 
 
 def test_tokenizer_hub_id_offline(monkeypatch):

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from packing_fixtures import build_stream, pack_blocks
 from outlierlab.datamodules import token_cache
 from outlierlab.datamodules.token_blocks import TokenBlocks
 from outlierlab.datamodules.corpus import load_embedded_texts
 from outlierlab.datamodules.masking import DeterministicMLMCollator
 from outlierlab.datamodules.mlm_datamodule import MLMDataModule
-from outlierlab.datamodules.packing import build_stream, pack_blocks
 from outlierlab.datamodules.token_cache import read_meta, token_dtype, write_token_file
 from outlierlab.datamodules.tokenizer import train_bpe_tokenizer
 
@@ -83,7 +83,7 @@ def test_memmap_blocks_masks_split_and_masking_equal_the_in_memory_path(tmp_path
     # the same masked positions, batch by batch, for the seed: collate the reference blocks of the same indices
     collator = DeterministicMLMCollator(dm.tokenizer, seed=dm.seed)
     loader = dm.train_dataloader()
-    order = dm._train_sampler.epoch_indices(0)
+    order = dm._train_sampler._epoch_order(0).tolist()
     for b, batch in zip(range(3), loader):
         rows = [int(dm.train_dataset.rows[i]) for i in order[b * 8:(b + 1) * 8]]
         ref = collator([{"index": r, "input_ids": torch.from_numpy(ref_ids[r]),
@@ -277,7 +277,8 @@ def test_sampler_int32_permutation_is_the_int64_one_of_earlier_versions():
             order = torch.randperm(n, generator=g).tolist()  # earlier versions: int64, a list
             total = len(s) * world
             order += order[: total - n]
-            assert s.epoch_indices(2) == order[rank:total:world]
+            s.set_epoch(2)
+            assert list(s) == order[rank:total:world]
 
 
 def test_training_corpus_check_streams_and_runs_once_per_file_version(tmp_path, monkeypatch, compose_cfg):

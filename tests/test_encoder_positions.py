@@ -49,7 +49,8 @@ def test_relative_schemes_scores_depend_only_on_offset(pos):
     model = tiny(pos, **({"max_distance": 4} if pos == "relative" else {}))
     attn = model.roberta.encoder.layer[0].attention.self
     x = torch.randn(1, 1, 32).expand(1, 10, 32)
-    s = attn.attention_logits(x)[0]  # [H, T, T]
+    q, k, bias = attn._qk(x, torch.arange(10).expand(1, 10))  # the scaled pre-softmax scores incl. position bias
+    s = (q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim) + (0 if bias is None else bias))[0]  # [H, T, T]
     for i in range(9):
         for j in range(9):
             assert torch.allclose(s[:, i, j], s[:, i + 1, j + 1], atol=1e-5)

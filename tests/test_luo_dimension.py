@@ -2,7 +2,12 @@
 
 import pytest
 
-from outlierlab.metrics.luo_dimension import first_luo_step, luo_by_step, luo_dimension
+from outlierlab.metrics.luo_dimension import luo_by_step, luo_dimension
+
+
+def first_luo_step(rows, num_layers, **kw):
+    """The first step with a Luo-type dimension (the ladder's table reports it): ``(step, dim, n_layers)`` or None."""
+    return next(((step, f[0], f[1]) for step, f in luo_by_step(rows, num_layers, **kw).items() if f is not None), None)
 
 
 def test_one_dimension_in_half_the_layers_is_one():

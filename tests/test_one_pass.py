@@ -132,7 +132,7 @@ def test_layers_one_at_a_time_equal_the_stacked_hidden_states(tmp_path, arch):
 def test_wic_and_sts_vectors_one_layer_at_a_time_equal_the_stacked_path(tmp_path):
     """WiC target vectors (+ the fit_on=eval whitener sums, repeated sentences weighted) and STS mean-pooled
     sentence vectors, taken layer by layer, equal what the stacked [L+1, B, T, d] batches give."""
-    from outlierlab.metrics.sts_scores import mean_pool
+    from sentence_pass_oracle import mean_pool
     from outlierlab.metrics.transforms import Whitener
     from outlierlab.evaluation.analyses.sts import sentence_vectors
     from outlierlab.metrics.transform_fit import WhitenSettings

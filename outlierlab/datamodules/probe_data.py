@@ -44,10 +44,7 @@ def load_position_texts(files: Sequence[str] | str | None = None, max_sentences:
 
     The first ``max_sentences`` (text order; None = all) are kept, so the cache key is seed-independent.
     """
-    if files:
-        texts = load_texts_from_files(files, max_sentences)
-    else:
-        texts = load_sentences()
+    texts = load_texts_from_files(files, max_sentences) if files else load_sentences()
     if max_sentences is not None:
         if max_sentences < 1:
             raise ValueError(f"data.max_sentences must be >= 1 or null, got {max_sentences}")

@@ -53,10 +53,6 @@ class ResumableSampler(Sampler[int]):
             order = torch.cat([order, order[: total - len(order)]])  # wrap-pad: every rank gets as many batches
         return order[self.rank : total : self.world_size].clone()
 
-    def epoch_indices(self, epoch: int) -> list[int]:
-        """This rank's full index order for ``epoch`` (before any resume skip)."""
-        return self._epoch_order(epoch).tolist()
-
     def __len__(self) -> int:
         return -(-self.num_samples // self.world_size)
 

@@ -2,7 +2,7 @@
 
 Block ``i`` of size ``B`` is ``<s>`` followed by stream tokens ``[i (B-1), (i+1) (B-1))`` -- RoBERTa's FULL-SENTENCES
 packing with ``<s>`` at position 0, as Luo et al. (2021) study it; the reference is
-``outlierlab.datamodules.packing.pack_blocks``.  Only the last block is short: right-padded, its attention mask derived.
+``pack_blocks`` of tests/packing_fixtures.py.  Only the last block is short: right-padded, its attention mask derived.
 Every process maps the same ``token_cache`` file, and the OS keeps one copy in its page cache.
 """
 from __future__ import annotations

@@ -51,11 +51,3 @@ def luo_by_step(rows: Iterable[tuple[int, int, int, float]], num_layers: int, sh
             found = (found[0], found[1], sum(held) / len(held))
         out[step] = found
     return out
-
-
-def first_luo_step(rows: Iterable[tuple[int, int, int, float]], num_layers: int, share: float = SHARE,
-                   layer_fraction: float = LAYER_FRACTION) -> tuple[int, int, int] | None:
-    """The first step with a Luo-type dimension, from ``(step, layer, dim, share)`` rows: ``(step, dim, n_layers)``
-    or None."""
-    found = luo_by_step(rows, num_layers, share, layer_fraction)
-    return next(((step, f[0], f[1]) for step, f in found.items() if f is not None), None)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["pairwise_cosine", "cosine_matrix", "one_token_per_sentence", "paired_sentence_tokens",
+__all__ = ["pairwise_cosine", "one_token_per_sentence", "paired_sentence_tokens",
            "sample_cross_sentence_pairs", "anisotropy", "AnisotropyAccumulator", "self_similarity",
            "intra_sentence_similarity", "SelfSimilarityAccumulator"]
 
@@ -34,13 +34,6 @@ def pairwise_cosine(a: Tensor, b: Tensor, eps: float = _EPS) -> Tensor:
     if a.shape[-1] != b.shape[-1]:
         raise ValueError(f"vector sizes differ: {tuple(a.shape)} vs {tuple(b.shape)}.")
     return F.cosine_similarity(_f(a), _f(b), dim=-1, eps=eps)
-
-
-def cosine_matrix(a: Tensor, b: Tensor | None = None, eps: float = _EPS) -> Tensor:
-    """All-pairs cosine: Tensor[..., N, d] × Tensor[..., M, d] → Tensor[..., N, M] (``b=None``: a vs a)."""
-    an = F.normalize(_f(a), dim=-1, eps=eps)
-    bn = an if b is None else F.normalize(_f(b), dim=-1, eps=eps)
-    return an @ bn.transpose(-1, -2)
 
 
 def one_token_per_sentence(sentence_ids: Tensor, generator: torch.Generator | int | None = None) -> Tensor:

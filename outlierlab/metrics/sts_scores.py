@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.regression import spearman_corrcoef
 
-__all__ = ["spearman_columns", "sts_spearman", "mean_pool"]
+__all__ = ["spearman_columns", "sts_spearman"]
 
 
 def spearman_columns(values: Tensor, target: Tensor) -> Tensor:
@@ -39,20 +39,3 @@ def sts_spearman(cosines: Tensor, gold: Tensor) -> Tensor:
     """
     return spearman_columns(torch.atleast_2d(cosines).T, gold)
 
-
-def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
-    r"""Mean of the valid token vectors of each sentence, for all layers at once: [L, B, T, d] -> [L, B, d].
-
-    .. math:: \bar s_{l,b} = \frac{\sum_t m_{b,t}\, h_{l,b,t}}{\sum_t m_{b,t}}
-
-    ``mask`` [B, T]: tokens to include (attention mask, optionally minus special tokens).  At least float32.
-    """
-    if hidden.ndim != 4 or tuple(hidden.shape[1:3]) != tuple(mask.shape):
-        raise ValueError(f"mean_pool expects hidden [L, B, T, d] and mask [B, T]; got {tuple(hidden.shape)} "
-                         f"and {tuple(mask.shape)}.")
-    h = hidden.to(torch.promote_types(hidden.dtype, torch.float32))
-    m = mask.to(h.device, h.dtype)
-    n = m.sum(-1)
-    if (n == 0).any():
-        raise ValueError("mean_pool: a sentence has no valid token (all-zero mask row).")
-    return torch.einsum("lbtd,bt->lbd", h, m) / n[None, :, None]

@@ -188,12 +188,3 @@ class SelfAttention(nn.Module):
             ctx = ctx * self.gate(x)  # [B, H, T, Dh] * [B, H, T, 1]: each head's update, per token
         B, H, T, D = ctx.shape
         return ctx.transpose(1, 2).reshape(B, T, H * D), (probs if output_attentions else None)
-
-    def attention_logits(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Scaled pre-softmax scores incl. the position bias, ``[B, H, T, T]`` (for outlierlab/metrics/tests)."""
-        B, T, _ = x.shape
-        mask = torch.ones(B, T, dtype=torch.long, device=x.device) if attention_mask is None else attention_mask
-        q, k, pos_bias = self._qk(x, position_ids_from_mask(mask))
-        bias = torch.zeros((), dtype=x.dtype, device=x.device) if pos_bias is None else pos_bias
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias
-        return hide_future(scores, T) if self.causal else scores

@@ -9,21 +9,5 @@
 - ``replay`` — the same trackers on every checkpoint of a finished run (``python -m outlierlab.jobs.posthoc``).
 - ``history`` — the append-only ``monitor/*.csv`` and reading it back; ``monitor_plots`` — the figures.
 
-Every monitor goes through the same trackers and ``recording.publish``, so every loop writes the same rows.  The classes
-load on first attribute access, so importing the package is cheap.
+Every monitor goes through the same trackers and ``recording.publish``, so every loop writes the same rows.
 """
-
-import importlib
-
-_LAZY = {"OutlierMonitor": "loop_monitor", "OutlierMonitorCallback": "hf_trainer",
-         "LayerNormTracker": "layernorm_tracker", "HiddenStateTracker": "hidden_state_tracker", "publish": "recording",
-         "LayerNormMonitor": "layernorm_monitor", "HiddenStateMonitor": "hidden_state_monitor",
-         "LightningOutlierMonitor": "lightning_monitor"}
-
-__all__ = list(_LAZY)
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,10 +19,7 @@ __all__ = ["columns_of", "joined", "write_csv", "read_rows", "decimals", "md_tab
 
 def columns_of(rows: Iterable[Mapping[str, Any]], first: Sequence[str] = ()) -> list[str]:
     """Column order: ``first`` (those present), then every other key in first-seen order."""
-    seen: dict[str, None] = {}
-    for r in rows:
-        for k in r:
-            seen.setdefault(k, None)
+    seen = dict.fromkeys(k for r in rows for k in r)
     head = [c for c in first if c in seen]
     return head + [c for c in seen if c not in head]
 

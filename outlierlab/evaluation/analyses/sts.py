@@ -1,6 +1,6 @@
 """Semantic Textual Similarity, every layer, before/after clip and whiten (Luo et al. 2021 §4.3, Table 2; SentEval).
 
-Sentence vector = mean of its valid token vectors (``sts_scores.mean_pool``); score = cosine; quality = Spearman's ρ
+Sentence vector = mean of its valid token vectors (``SentenceVectors``); score = cosine; quality = Spearman's ρ
 with the gold scores (``sts_scores.sts_spearman``).  Clip and whiten are affine, so transforming the pooled vector
 equals pooling transformed tokens.
 

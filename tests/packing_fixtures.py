@@ -10,8 +10,8 @@ in RoBERTa pretraining.  Only the last block is right-padded (``attention_mask``
 ``sum(attention_mask) - n_blocks == len(stream)``.  (``transformers``' ``group_texts`` drops every batch's remainder and
 adds no ``<s>``.)
 
-Training cuts these blocks from the memory-mapped stream (``token_blocks.TokenBlocks``); ``pack_blocks`` is the
-in-memory definition the tests hold it to.
+Training cuts these blocks from the memory-mapped stream (``outlierlab.datamodules.token_blocks.TokenBlocks``);
+``pack_blocks`` is the in-memory definition the tests hold it to.
 """
 from __future__ import annotations
 
