@@ -195,8 +195,8 @@ class MLMDataModule(L.LightningDataModule):
                                                memo_dir=self.cache_dir / "file_hashes")
 
         def documents():  # a fresh stream per pass; nothing is read unless a cache is missing
-            return open_documents(self.source, self.files, {**self.hub, "cache_dir": self._hf_cache()},
-                                  self.max_documents)
+            hub = {**self.hub, "cache_dir": str(self.cache_dir / "hf_datasets")}
+            return open_documents(self.source, self.files, hub, self.max_documents)
 
         name = self.tokenizer_cfg["name_or_path"]
         if name:
@@ -211,8 +211,8 @@ class MLMDataModule(L.LightningDataModule):
 
         def build(p: Path) -> None:
             docs = documents()
-            log.info("building the token cache (format %s: one flat memory-mapped token file, %d process(es))"
-                     "%s -> %s", FORMAT_VERSION, self.num_proc, self._old_cache_note(), p)
+            log.info("building the token cache (format %s: one flat memory-mapped token file, %d process(es)) -> %s",
+                     FORMAT_VERSION, self.num_proc, p)
             write_token_file(docs, tok, ids["eos"], p, {"corpus_id": corpus_id, "source": self.source,
                                                         "tokenizer": str(getattr(tok, "name_or_path", "")) or "bpe",
                                                         "special_ids": ids},
@@ -222,16 +222,6 @@ class MLMDataModule(L.LightningDataModule):
         self.tokenizer, self.blocks_path = tok, path
         self.cache_hits = {"tokenizer": not trained, "blocks": not built}
         self.timings["prepare_s"] = time.perf_counter() - t0
-
-    def _old_cache_note(self) -> str:
-        """Say so when caches of the earlier format (packed Arrow blocks, v1) exist: they are not used."""
-        old = self.cache_dir / "blocks"
-        if not old.is_dir() or not any(old.iterdir()):
-            return ""
-        return f"; the packed-block caches of earlier versions in {old} are not used (delete them to free the space)"
-
-    def _hf_cache(self) -> str:
-        return str(self.cache_dir / "hf_datasets")
 
     def setup(self, stage: str | None = None) -> None:
         """Memory-map the token file and split its blocks into train/validation (idempotent)."""

@@ -40,9 +40,8 @@ def find_run_config(source) -> Path | None:
     p = Path(source.model)
     for d in [p, *list(p.parents)[:2]]:
         for cand in (d / "config.yaml", d / ".hydra" / "config.yaml"):
-            if cand.is_file():
-                if OmegaConf.select(OmegaConf.load(cand), "data.source", default=None) is not None:
-                    return cand
+            if cand.is_file() and OmegaConf.select(OmegaConf.load(cand), "data.source", default=None) is not None:
+                return cand
     return None
 
 

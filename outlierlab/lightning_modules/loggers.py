@@ -23,8 +23,7 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from outlierlab.utils.tables import MODEL_STEP, VALIDATION, write_csv
 
 
-#: The checkpoint key of the training row a checkpoint is saved before (``MLMLitModule.on_save_checkpoint``).
-TRAIN_ROW = "outlierlab_train_row"
+TRAIN_ROW = "outlierlab_train_row"  #: the checkpoint's key of the row its save came before (MLMLitModule)
 
 
 class _ResumableWriter(ExperimentWriter):
@@ -45,8 +44,7 @@ class _ResumableWriter(ExperimentWriter):
                 reader = csv.DictReader(f)
                 header = list(reader.fieldnames or [])
                 keep = [r for r in reader if r.get("step") not in (None, "") and _kept(r, first_new)]
-            row = self.restored_row
-            if row is not None and row["step"] < first_new and not any(
+            if (row := self.restored_row) is not None and row["step"] < first_new and not any(
                     int(float(r["step"])) == row["step"] and r.get("train/loss") not in (None, "") for r in keep):
                 keep.append(row)  # killed between the checkpoint and the row: the checkpoint kept it
             self.metrics_keys = sorted(set(self.metrics_keys) | set(header))

@@ -44,7 +44,6 @@ COLUMNS = (["rule", "condition", "n_dims", "dims", *METRICS, "lin_status"] + [f"
            + ["n_draws", "n_positions", "n_tokens_counted", "positions", "objective"])
 
 
-
 def macocco_outlier_dims(h: Tensor, percentile: float = 99.0, local_quantile: float = 0.5) -> list[int]:
     """Macocco et al. 2025's outlier dims of ``h`` [N, d] (last-layer vectors, or the unembedding [V, d]): d such that
     the ``local_quantile`` (median) of ``|h_{n,d}|`` over rows exceeds the ``percentile``-th percentile of all ``|h|``,

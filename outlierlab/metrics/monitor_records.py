@@ -73,18 +73,17 @@ def layernorm_records(step: int, params: Mapping[str, tuple[Tensor | None, Tenso
     Returns
     -------
     rows : list[Row]
-        Statistics per LayerNorm name: ``gain_mean gain_std bias_mean bias_std n_gain_outliers
-        n_bias_outliers`` (dim empty; ``bias_*`` rows only for a norm with a bias), ``gain_outlier`` /
-        ``bias_outlier`` (dim = flagged dim, value = its gain/bias, strongest |z| first), ``top_gain_z`` / ``top_bias_z`` (the ``top_k`` dims of
-        largest |z|, value = signed z-score), ``max_abs_gain_div`` / ``max_abs_bias_div`` (dim = the
-        dim that moved most from init, value = |Δ|), ``gain`` / ``bias`` (every dim, if ``vectors``).
-        ``rule_outlier`` (dim flagged by the rule in that LayerNorm, value = its gain, or bias for
-        ``criterion=bias``).  Under name ``model``: ``min_layers``, ``n_outlier_dims`` and
-        ``outlier_dim`` (dim, value = number of layers flagging it) — the rule's model-level dims.
+        Statistics per LayerNorm name: ``gain_mean gain_std bias_mean bias_std n_gain_outliers n_bias_outliers`` (dim
+        empty; ``bias_*`` rows only for a norm with a bias), ``gain_outlier`` / ``bias_outlier`` (dim = flagged dim,
+        value = its gain/bias, strongest |z| first), ``top_gain_z`` / ``top_bias_z`` (the ``top_k`` dims of largest |z|,
+        value = signed z-score), ``max_abs_gain_div`` / ``max_abs_bias_div`` (dim = the dim that moved most from init,
+        value = |Δ|), ``gain`` / ``bias`` (every dim, if ``vectors``). ``rule_outlier`` (dim flagged by the rule in that
+        LayerNorm, value = its gain, or bias for ``criterion=bias``).  Under name ``model``: ``min_layers``,
+        ``n_outlier_dims`` and ``outlier_dim`` (dim, value = number of layers flagging it) — the rule's model-level
+        dims.
     summary : dict
-        ``stats`` (the ``layernorm_stats`` records), ``flagged`` ({"gain"|"bias": {name: dims}},
-        descriptive), ``outliers`` (the rule's ``LayerNormOutliers``),
-        ``min_layers`` (int).
+        ``stats`` (the ``layernorm_stats`` records), ``flagged`` ({"gain"|"bias": {name: dims}}, descriptive),
+        ``outliers`` (the rule's ``LayerNormOutliers``), ``min_layers`` (int).
     """
     rule = LayerNormRule.from_mapping(rule)
     stats = layernorm_stats({n: p for n, p in params.items() if p[0] is not None}, initial, k=rule.k, top_k=top_k)

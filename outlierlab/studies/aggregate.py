@@ -1,14 +1,13 @@
 """Aggregate a sweep over seeds: ``python -m outlierlab.studies.aggregate multirun/<study> [--contrast key=a,b]``.
 
-Reads every cell of one or more sweep directories (``outlierlab.studies.cells``), groups the cells by
-every override except the seed, and writes into ``<sweep>/study/`` (or ``--out``):
+Reads every cell of one or more sweep directories (``outlierlab.studies.cells``), groups the cells by every override
+except the seed, and writes into ``<sweep>/study/`` (or ``--out``):
 
 * ``study.csv`` -- group x step x layer x metric: n seeds, mean, std, the 95 % confidence interval of the mean
   (Student t with n - 1 df, ``outlierlab.studies.seed_statistics``), min, max and the seeds;
-* ``study.md`` -- the groups, the unfinished cells, the headline metrics at chosen steps (default: step 0, the
-  middle and the last recorded step), and for each ``--contrast key=a,b`` the difference of means with its
-  CI, a paired t-test when both groups hold the same seeds (else Welch's), and whether the ordering holds in
-  every seed;
+* ``study.md`` -- the groups, the unfinished cells, the headline metrics at chosen steps (default: step 0, the middle
+  and the last recorded step), and for each ``--contrast key=a,b`` the difference of means with its CI, a paired
+  t-test when both groups hold the same seeds (else Welch's), and whether the ordering holds in every seed;
 * ``contrasts.csv`` -- those contrasts at every step;
 * ``curves/<metric>__<layer>.png`` -- mean and CI band per group over steps, the seeds drawn faintly behind.
 

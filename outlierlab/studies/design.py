@@ -39,7 +39,6 @@ CONFIGS = CONFIG_DIR / "experiment"
 DESIGN_KEY = "study_design"
 
 
-
 def parse_primary(items: Sequence[str]) -> list[tuple[str, str]]:
     """``["hidden/kurtosis@layer_4"]`` -> ``[("hidden/kurtosis", "layer_4")]`` (layer ``model`` when omitted)."""
     out = []

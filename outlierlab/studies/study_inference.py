@@ -77,12 +77,10 @@ def minimum_detectable_effect(n_a: int, n_b: int, sd: float, paired: bool, alpha
     return float(np.asarray(d).item() * sd)
 
 
-
 def tost(a: Sequence[float], b: Sequence[float], margin: float, paired: bool) -> float:
     """p-value of the two one-sided tests that ``mean(a) - mean(b)`` lies within ``(-margin, margin)``; NaN for constant
     data (undefined t statistics) or too few values."""
     from statsmodels.stats.weightstats import ttost_ind, ttost_paired
-
 
     xa, xb = np.asarray(a, float), np.asarray(b, float)
     if not (margin > 0) or min(xa.size, xb.size) < 2:
