@@ -10,6 +10,7 @@ import sys
 from outlierlab.configuration.composing import register_resolvers
 from outlierlab.configuration.overrides import check_overrides
 from outlierlab.jobs.run_errors import run_main
+from outlierlab.jobs.run_state import skip_finished
 from outlierlab.jobs.startup import check_train_config, describe_plan
 
 if os.environ.get("LOCAL_RANK", "0") != "0" and "OUTLIERLAB_CHILD_ARGV" in os.environ:
@@ -25,6 +26,9 @@ from omegaconf import DictConfig  # noqa: E402
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     def job(cfg: DictConfig) -> dict[str, float]:
+        skipped = skip_finished(cfg)  # a finished cell of a relaunched study: said in one line, before torch loads
+        if skipped is not None:
+            return skipped
         rank0 = os.environ.get("LOCAL_RANK", "0") == "0"  # DDP children validate too, but say it once
         for warning in check_train_config(cfg):  # a setting that cannot work fails here, in seconds
             if rank0:

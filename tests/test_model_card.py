@@ -120,6 +120,19 @@ def test_card_numbers_are_the_runs_csvs(tmp_path):
     assert "`model.attention=gated`" in card and "Position scheme:** `alibi`" in card
 
 
+def test_a_monitor_row_torn_by_a_kill_is_not_on_the_card(tmp_path):
+    """A kill mid-write leaves a last line without its newline ("0.11982517" cut to "0.1"): the card reads the
+    histories as the monitors' own reader does, and skips it."""
+    export = plant_run(tmp_path / "run")
+    before = card_data(tmp_path / "run", export)
+    for name, line in (("hidden_states.csv", "15,layer_1,argmax_share,2,0.9"), ("layernorm.csv", "15,model,n_outl")):
+        with open(tmp_path / "run" / "monitor" / name, "a") as f:
+            f.write(line)
+    after = card_data(tmp_path / "run", export)
+    assert after["hidden_states"] == before["hidden_states"] and after["hidden_states"]["step"] == 10
+    assert after["layernorm"] == before["layernorm"] and after["layernorm"]["step"] == 10
+
+
 def test_card_of_a_native_export_and_of_a_bare_run(tmp_path):
     """A plain RoBERTa export needs no remote code; missing files leave their sections saying so."""
     model = RobertaMaskedLM(EncoderConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from outlierlab.jobs.run_state import changes_text, code_versions, finished_run, read_json, read_yaml
+from outlierlab.monitoring.history import history_frame, read_history
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.tables import model_step, read_rows
 
@@ -44,27 +45,22 @@ def last_logged(rows: list[dict[str, str]], column: str) -> tuple[int, float] | 
 
 def hidden_state_summary(path: Path) -> dict[str, Any] | None:
     """The loop monitor's per-layer ``argmax_share``, ``kurtosis`` and ``max_median`` at its last step."""
-    rows = read_rows(path)
-    steps = [int(r["step"]) for r in rows if (r.get("step") or "").isdigit()]
-    if not steps:
+    stats = ("argmax_share", "kurtosis", "max_median")
+    # the history reader: a row torn by a kill mid-write is skipped, not read as a shorter number
+    rows = [r for r in read_history(path, stats) if math.isfinite(r["value"])] if Path(path).is_file() else []
+    if not rows:
         return None
-    step = max(steps)
+    step = max(r["step"] for r in rows)
     layers: dict[str, dict[str, Any]] = {}
     for r in rows:
-        if r.get("step") != str(step) or r.get("statistic") not in ("argmax_share", "kurtosis", "max_median"):
-            continue
-        v = _float(r.get("value"))
-        if v is None:
-            continue
-        entry = layers.setdefault(r["name"], {})
-        entry[r["statistic"]] = v
-        if r["statistic"] == "argmax_share":
-            entry["argmax_dim"] = int(r["dim"]) if (r.get("dim") or "").lstrip("-").isdigit() else None
-    if not layers:
-        return None
+        if r["step"] == step:
+            entry = layers.setdefault(r["name"], {})
+            entry[r["statistic"]] = r["value"]
+            if r["statistic"] == "argmax_share":
+                entry["argmax_dim"] = r["dim"]
     _add_dim_identity(path, layers)
     out: dict[str, Any] = {"step": step, "layers": layers}
-    for stat in ("argmax_share", "kurtosis", "max_median"):
+    for stat in stats:
         have = {name: e[stat] for name, e in layers.items() if stat in e}
         if have:
             name = max(have, key=lambda n: (have[n], n))
@@ -75,11 +71,9 @@ def hidden_state_summary(path: Path) -> dict[str, Any] | None:
 
 def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
     """Per layer: its |x| argmax dim at the last record, its share, and since when (Kovaleva et al. 2021)."""
-    import pandas as pd
-
     from outlierlab.metrics.layer_identity import layer_identity
 
-    for r in layer_identity(pd.read_csv(path)).itertuples():
+    for r in layer_identity(history_frame(path)).itertuples():
         if f"layer_{r.layer}" in layers:
             layers[f"layer_{r.layer}"].update(abs_argmax_dim=int(r.dim), abs_argmax_share=float(r.share),
                                               held_since=int(r.held_since))
@@ -87,11 +81,11 @@ def _add_dim_identity(path: Path, layers: dict[str, dict[str, Any]]) -> None:
 
 def layernorm_summary(path: Path) -> dict[str, Any] | None:
     """The LayerNorm rule's ``n_outlier_dims`` at the monitor's last step (Kovaleva et al. 2021)."""
-    rows = [r for r in read_rows(path) if r.get("name") == "model" and (r.get("step") or "").isdigit()]
+    rows = [r for r in read_history(path) if r["name"] == "model"] if Path(path).is_file() else []
     if not rows:
         return None
-    step = max(int(r["step"]) for r in rows)
-    vals = {r["statistic"]: _float(r.get("value")) for r in rows if int(r["step"]) == step}
+    step = max(r["step"] for r in rows)
+    vals = {r["statistic"]: _float(r["value"]) for r in rows if r["step"] == step}
     out: dict[str, Any] = {"step": step}
     for key in ("n_outlier_dims", "min_layers"):
         if vals.get(key) is not None:

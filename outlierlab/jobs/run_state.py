@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -127,6 +128,20 @@ def finished_run(run_dir: Path) -> dict[str, Any] | None:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (step, max_steps)) or step < max_steps:
         return None
     return done
+
+
+def skip_finished(cfg: Any) -> dict[str, float] | None:
+    """A finished run's final metrics where ``cfg`` only re-enters it (the same ``trainer.max_steps``, no ``ckpt_path``,
+    ``skip_finished`` on), said in one line; else None.  train.py asks before torch loads: milliseconds per cell."""
+    run_dir = Path(cfg.run_dir).resolve()
+    done = finished_run(run_dir)
+    if done is None or done.get("max_steps") != (cfg.get("trainer") or {}).get("max_steps") or \
+            not cfg.get("skip_finished", True) or cfg.get("ckpt_path") not in (None, "", "null"):
+        return None
+    logging.getLogger(__name__).info("%s finished earlier (step %s): skipped; delete it, or give another run_dir, to "
+                                     "train it again (skip_finished=false re-enters it from its last checkpoint: "
+                                     "export and post-hoc run again)", run_dir, done.get("global_step"))
+    return {k: float(v) for k, v in (done.get("metrics") or {}).items()}
 
 
 def failed_run(run_dir: Path) -> dict[str, Any] | None:

@@ -36,8 +36,8 @@ from outlierlab.jobs.run_errors import disk_full_error, error_line
 from outlierlab.utils.dir_lock import lock_run_dir
 from outlierlab.jobs.run_resume import (ConfigInCheckpoint, config_changes, resume_point, set_aside_end_state,
                                         set_aside_later_timeline)
-from outlierlab.jobs.run_state import (CODE_VERSIONS, FAILED_MARKER, changes_text, finished_run, mark_failed,
-                                       mark_finished, record_start, release_room, reserve_room)
+from outlierlab.jobs.run_state import (CODE_VERSIONS, FAILED_MARKER, changes_text, mark_failed, mark_finished,
+                                       record_start, release_room, reserve_room, skip_finished)
 from outlierlab.lightning_modules.loggers import one_console_for_lightning
 from outlierlab.utils.atomic import write_atomic
 from outlierlab.utils.dir_lock import is_primary_process
@@ -167,13 +167,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if primary:  # under the lock no other writer is alive here: staging files of a killed run are litter
             remove_dead_partials(run_dir)
             reserve_room(run_dir)  # room for failed.json on a disk that fills up during the run
-        done = finished_run(run_dir)
-        same_budget = done is not None and done.get("max_steps") == OmegaConf.select(cfg, "trainer.max_steps")
-        if same_budget and cfg.get("skip_finished", True) and cfg.get("ckpt_path") in (None, "", "null"):
-            log.info("%s finished earlier (step %s): skipped; delete it, or give another run_dir, to train it again "
-                     "(skip_finished=false re-enters it from its last checkpoint: export and post-hoc run again)",
-                     run_dir, done.get("global_step"))
-            return {k: float(v) for k, v in (done.get("metrics") or {}).items()}
+        skipped = skip_finished(cfg)  # asked again under the lock: another process may have finished it since
+        if skipped is not None:
+            return skipped
         env_before = {k: os.environ.get(k) for k in _DDP_ENV}
         progress: dict[str, Any] = {}
         try:
