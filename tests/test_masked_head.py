@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outlierlab.lightning_modules.mlm_module import MLMLitModule, NonFiniteLossError, prepare_mlm_batch, tokens_in
+from outlierlab.lightning_modules.callbacks.progress_lines import default_tokens
+from outlierlab.lightning_modules.mlm_module import MLMLitModule, NonFiniteLossError, prepare_mlm_batch
 from outlierlab.models import EncoderConfig, RobertaMaskedLM
 
 SCHEMES = ["none", "learned", "sinusoidal", "relative", "rope", "alibi"]
@@ -105,11 +106,11 @@ def test_prepare_batch_drops_only_an_all_ones_mask_and_indexes_the_labels():
     full = prepare_mlm_batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
     assert "attention_mask" not in full
     assert full["masked_positions"].tolist() == (labels.reshape(-1) != -100).nonzero().flatten().tolist()
-    assert tokens_in(full) == ids.numel()
+    assert default_tokens(full) == ids.numel()
     mask = torch.ones_like(ids)
     mask[-1, -4:] = 0
     padded = prepare_mlm_batch({"input_ids": ids, "attention_mask": mask, "labels": labels})
-    assert padded["attention_mask"] is mask and tokens_in(padded) == ids.numel() - 4
+    assert padded["attention_mask"] is mask and default_tokens(padded) == ids.numel() - 4
 
 
 def _module() -> MLMLitModule:

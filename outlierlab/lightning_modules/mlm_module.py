@@ -24,11 +24,6 @@ def batch_size_of(batch: dict[str, Tensor]) -> int:
     return int(batch["input_ids"].shape[0])
 
 
-def tokens_in(batch: dict[str, Tensor]) -> int:
-    """Real (non-padding) tokens in a batch, what ``train/items_per_sec`` counts."""
-    return int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].numel())
-
-
 def predicted_tokens(batch: dict[str, Tensor], causal: bool) -> int:
     """Tokens a batch's loss averages over: the masked ones (MLM), or every labelled one after the first."""
     if causal:

@@ -23,7 +23,7 @@ from outlierlab.utils.progress import eta_seconds, format_duration, is_terminal
 
 
 def default_tokens(batch: Any) -> int:
-    """Real tokens of a batch: the attention mask's sum (padding excluded), else the ids' size."""
+    """Real tokens of a batch (``train/items_per_sec`` counts these): the attention mask's sum, else the ids' size."""
     if isinstance(batch, dict):
         if "attention_mask" in batch:
             return int(batch["attention_mask"].sum())
