@@ -372,6 +372,7 @@ def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
         raise TypeError(f"history is a {type(history).__name__}: pass a DataFrame of a monitor history, a "
                         "hidden_states.csv, or the directory holding one")
     if not isinstance(history, pd.DataFrame):
+        from outlierlab.monitoring.history import history_frame
         from outlierlab.studies.table import resolve
 
         path = resolve(history)  # also a cell of a packed study: docs/order_use/cells.parquet/pos=none,seed=2
@@ -379,7 +380,7 @@ def dim_identity(history: Any, statistic: str = "abs_argmax_share"):
         if not found:
             raise FileNotFoundError(f"no monitor history at {path}: give a hidden_states.csv, a directory holding one "
                                     "(a monitor's out_dir) or a train.py run directory (its monitor/hidden_states.csv)")
-        history = pd.read_csv(found[0])
+        history = history_frame(found[0])  # complete rows only: a live monitor's last line may be torn
     missing = [c for c in ("step", "name", "statistic", "dim", "value") if c not in history.columns]
     if missing:
         raise ValueError(f"history has no column(s) {', '.join(missing)}: a monitor history has the columns step, "

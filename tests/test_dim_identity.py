@@ -90,6 +90,18 @@ def test_a_loop_monitors_history_and_a_run_directory_from_the_api():
         ol.dim_identity(ROOT / "docs")
 
 
+def test_a_live_history_torn_mid_line_is_read_to_its_last_complete_row(tmp_path):
+    """A monitor killed mid-write leaves its last line cut ("layer_6,abs_argmax_share,223" cut to "2"): ol.dim_identity
+    reads the file as the monitors do, so the cut row does not become the layer's last dimension."""
+    import outlierlab as ol
+
+    text = (ROOT / "docs" / "loop_monitors" / "minilm_wic" / "hidden_states.csv").read_text()
+    last = max(int(line.split(",")[0]) for line in text.splitlines()[1:])
+    (tmp_path / "hidden_states.csv").write_text(text + f"{last + 1},layer_6,abs_argmax_share,2")
+    pd.testing.assert_frame_equal(ol.dim_identity(tmp_path), ol.dim_identity(ROOT / "docs" / "loop_monitors"
+                                                                             / "minilm_wic"))
+
+
 def test_cells_that_differ_in_another_override_are_other_groups(tmp_path):
     """The committed switch study (plain, OP block, pre-LN; all learned positions, 5 seeds each): three groups named
     by the override that differs, not one pooled 'learned' group."""

@@ -44,9 +44,9 @@ def last_logged(rows: list[dict[str, str]], column: str) -> tuple[int, float] | 
 
 
 def hidden_state_summary(path: Path) -> dict[str, Any] | None:
-    """The loop monitor's per-layer ``argmax_share``, ``kurtosis`` and ``max_median`` at its last step."""
+    """The loop monitor's per-layer ``argmax_share``, ``kurtosis`` and ``max_median`` at its last step, read as the
+    monitors read their histories (a row torn by a kill mid-write is skipped, not read as a shorter number)."""
     stats = ("argmax_share", "kurtosis", "max_median")
-    # the history reader: a row torn by a kill mid-write is skipped, not read as a shorter number
     rows = [r for r in read_history(path, stats) if math.isfinite(r["value"])] if Path(path).is_file() else []
     if not rows:
         return None

@@ -249,8 +249,7 @@ class MLMLitModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._raise_if_nonfinite()  # never save weights updated from a non-finite loss as if they were good
         trainer = self.trainer
-        # Lightning saves step S's checkpoint before its loop logs step S - 1's row, which a resume from S never
-        # relogs: the checkpoint carries it, and a resume adds it to metrics.csv where a kill lost it.
+        # Lightning saves step S's checkpoint before it logs step S-1's row, which a resume never relogs: keep it here
         if trainer.training and self._last_loss is not None and trainer.log_every_n_steps and \
                 self.global_step % trainer.log_every_n_steps == 0:
             checkpoint[TRAIN_ROW] = {"step": self.global_step - 1, "epoch": trainer.current_epoch,
