@@ -47,7 +47,8 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
 from outlierlab.datamodules.sampler import ResumableSampler  # noqa: E402
-from outlierlab.lightning_modules.mlm_module import MLMLitModule, tokens_in  # noqa: E402 (import cost outside every timing)
+from outlierlab.lightning_modules.callbacks.progress_lines import default_tokens  # noqa: E402
+from outlierlab.lightning_modules.mlm_module import MLMLitModule  # noqa: E402 (import cost outside every timing)
 from outlierlab.models import RobertaMaskedLM  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
@@ -128,7 +129,7 @@ def lightning_loop(cfg, dm, config, warmup: int, steps: int, callbacks: bool, ti
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if self.t0 is not None:
-                self.tokens += tokens_in(batch)
+                self.tokens += default_tokens(batch)
                 self.t1 = time.perf_counter()
 
     torch.manual_seed(0)
