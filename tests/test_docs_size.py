@@ -1,4 +1,4 @@
-"""docs/ stays at most 15 MB (docs/studies.md, "What docs/ weighs"): the study tables are Brotli-compressed Parquet
+"""docs/ stays at most 15.5 MB (docs/studies.md, "What docs/ weighs"): the study tables are Brotli-compressed Parquet
 and every committed figure is a palette PNG, so the page a reader opens and the data its numbers come from travel
 with every checkout without crowding it."""
 
@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
 #: The budget of docs/, in bytes (the files' sizes, as ``du -sb docs`` adds them).
-LIMIT = 15_000_000
+LIMIT = 15_500_000
 
 
 def docs_bytes() -> int:
